@@ -1,0 +1,14 @@
+#ifndef LD_CACHE_H
+#define LD_CACHE_H
+
+#include "ld_common.h"
+
+/* Cache-aside: registers the cache.* ops and owns the invalidation journal
+ * (opened and replayed here). Returns LD_ERR when the journal cannot be
+ * opened. */
+int ld_cache_init(void);
+/* Graceful stop: flush and fsync the journal. */
+void ld_cache_shutdown(void);
+void ld_cache_free(void);
+
+#endif

@@ -1,0 +1,112 @@
+#ifndef LD_CONF_H
+#define LD_CONF_H
+
+#include "ld_common.h"
+
+#include <sys/types.h>
+
+/* The typed configuration. Every YAML key of conf/leased.yml has a field
+ * here named after it; numbers carry their unit in the name. Strings are
+ * heap-allocated and owned by the struct (never NULL after defaults). */
+
+enum ld_redis_mode { LD_REDIS_STANDALONE, LD_REDIS_SENTINEL, LD_REDIS_CLUSTER };
+enum ld_lock_layout { LD_LAYOUT_LEASED, LD_LAYOUT_REDISSON };
+enum ld_fsync_mode { LD_FSYNC_ALWAYS, LD_FSYNC_EVERYSEC };
+enum ld_log_target { LD_LOG_TARGET_STDERR, LD_LOG_TARGET_SYSLOG };
+
+struct ld_strlist {
+    char **items;
+    size_t count;
+};
+
+struct ld_config {
+    struct {
+        char *unix_path;        /* listen.unix; "" disables */
+        mode_t unix_mode;       /* listen.unix_mode, octal string in YAML */
+        char *tcp;              /* listen.tcp "host:port"; "" disables */
+        char *auth_token;       /* listen.auth_token */
+    } listen;
+    struct {
+        enum ld_redis_mode mode;
+        char *address;          /* host:port or an absolute unix socket path */
+        struct ld_strlist addresses;
+        char *master_name;
+        char *username;
+        char *password;
+        int db;                 /* 0..15 */
+        int connections;        /* 1..64 */
+        int timeout_ms;         /* 1..600000 */
+    } redis;
+    struct {
+        char *prefix;
+        long long watchdog_ms;  /* 100..86400000 */
+        long long max_hold_ms;  /* 0 = unlimited */
+        int wait_replicas;      /* 0..16 */
+        enum ld_lock_layout layout;
+        struct ld_strlist redlock;
+    } lock;
+    struct {
+        char *prefix;
+        long long ttl_ms;
+        long long null_ttl_ms;
+        double ttl_jitter;      /* 0..0.5 */
+        long long fill_lease_ms;
+        long long wait_ms;
+        long long double_delete_ms;
+        struct {
+            bool enabled;
+            long long max_bytes;
+            long long max_value_bytes;
+        } near;
+    } cache;
+    struct {
+        char *path;
+        enum ld_fsync_mode fsync;
+    } journal;
+    struct {
+        long long max_clients;
+        long long max_request_bytes;
+        long long max_key_bytes;
+        long long max_waiters;
+        long long max_pending;  /* per session, requests awaiting reply */
+    } limits;
+    struct {
+        char *listen;           /* "host:port"; "" disables */
+    } metrics;
+    struct {
+        int level;              /* enum ld_log_level */
+        enum ld_log_target target;
+    } log;
+};
+
+/* Fill in the built-in defaults of product.md. Socket and journal paths
+ * follow $RUNTIME_DIRECTORY / $STATE_DIRECTORY when systemd sets them. */
+void ld_conf_defaults(struct ld_config *cfg);
+
+/* Parse PATH over the values already in CFG. A missing file is not an
+ * error when MISSING_OK. On error returns LD_ERR and writes
+ * "file:line:col: key: message" into ERR. CFG may be partially updated on
+ * error: load into a scratch copy when that matters (reload does). */
+int ld_conf_load(struct ld_config *cfg, const char *path, bool missing_ok,
+                 char *err, size_t errlen);
+
+/* Same, from a string; NAME is used as the file name in messages. */
+int ld_conf_load_string(struct ld_config *cfg, const char *yaml, size_t len,
+                        const char *name, char *err, size_t errlen);
+
+void ld_conf_free(struct ld_config *cfg);
+
+/* Copy the reloadable settings of NEWCFG into LIVE and log, one line each,
+ * the settings that differ but need a restart. */
+void ld_conf_apply_reload(struct ld_config *live,
+                          const struct ld_config *newcfg);
+
+/* Deep copy (for reload scratch copies). */
+void ld_conf_copy(struct ld_config *dst, const struct ld_config *src);
+
+/* Visit every known key (dotted name, "reloadable" flag), for the docs
+ * check in the test suite. */
+typedef void ld_conf_key_fn(const char *dotted, bool reloadable, void *arg);
+void ld_conf_each_key(ld_conf_key_fn *fn, void *arg);
+
+#endif

@@ -1,0 +1,27 @@
+#ifndef LD_FRAME_H
+#define LD_FRAME_H
+
+#include "ld_common.h"
+
+struct evbuffer;
+
+/* NDJSON framing over an input buffer, a pure function of its bytes:
+ * returns the next complete line, or says the line was over the limit (and
+ * arranges to skip it up to its newline), or that more bytes are needed. */
+
+enum ld_frame_result {
+    LD_FRAME_NEED_MORE,
+    LD_FRAME_LINE,       /* *LINE (malloc'd, NUL-terminated, without the
+                            \n or \r\n) and *LEN set */
+    LD_FRAME_TOO_LARGE   /* one over-long line reported (once per line) */
+};
+
+struct ld_framer {
+    size_t max_bytes;
+    bool discarding;     /* inside an over-long line: drop until \n */
+};
+
+enum ld_frame_result ld_frame_next(struct ld_framer *f, struct evbuffer *in,
+                                   char **line, size_t *len);
+
+#endif

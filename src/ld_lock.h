@@ -1,0 +1,13 @@
+#ifndef LD_LOCK_H
+#define LD_LOCK_H
+
+#include "ld_common.h"
+
+/* Locks: registers lock, unlock, extend and lock.info, the session close
+ * hook and the watchdog pass. Reads ld_srv.cfg live, so reloads apply. */
+int ld_lock_init(void);
+/* Graceful stop: release every session-bound lock now. */
+void ld_lock_shutdown(void);
+void ld_lock_free(void);
+
+#endif

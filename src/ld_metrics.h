@@ -1,0 +1,14 @@
+#ifndef LD_METRICS_H
+#define LD_METRICS_H
+
+#include "ld_common.h"
+
+struct event_base;
+
+/* Prometheus text at http://metrics.listen/metrics (libevent's evhttp).
+ * LISTEN "" disables. Port 0 binds a free port; *BOUND_PORT gets it. */
+int ld_metrics_start(struct event_base *base, const char *listen,
+                     int *bound_port);
+void ld_metrics_stop(void);
+
+#endif

@@ -1,0 +1,87 @@
+#ifndef LD_PROTO_H
+#define LD_PROTO_H
+
+#include "ld_common.h"
+
+#include <jansson.h>
+
+/* The closed list of error codes of the wire contract. */
+#define LD_ERRCODES(X)                                                        \
+    X(BAD_REQUEST, "bad_request")                                             \
+    X(UNKNOWN_OP, "unknown_op")                                               \
+    X(TOO_LARGE, "too_large")                                                 \
+    X(UNAUTHORIZED, "unauthorized")                                           \
+    X(NOT_HELD, "not_held")                                                   \
+    X(REDIS_UNAVAILABLE, "redis_unavailable")                                 \
+    X(BUSY, "busy")                                                           \
+    X(WRONG_TYPE, "wrong_type")                                               \
+    X(SHUTTING_DOWN, "shutting_down")                                         \
+    X(INTERNAL, "internal")
+
+enum ld_errcode {
+#define LD_ERR_ENUM(sym, name) LD_E_##sym,
+    LD_ERRCODES(LD_ERR_ENUM)
+#undef LD_ERR_ENUM
+    LD_E__COUNT
+};
+
+const char *ld_errcode_name(int code);
+
+struct ld_session;
+
+/* One request in flight. The handler that receives it must, exactly once
+ * and possibly much later, answer it with ld_reply_ok or ld_reply_error*,
+ * which free it. The request keeps its session alive (not open) until
+ * then; when the session has closed meanwhile the answer is dropped. */
+struct ld_req {
+    struct ld_session *sess;
+    json_t *id;          /* the request's id, NULL when it had none */
+    json_t *body;        /* the whole request object */
+    const char *op;      /* points into body */
+    uint64_t start_us;
+};
+
+/* Parse one line. On success returns a new request object in *OUT. On
+ * failure returns the error code (bad_request) and writes a message that
+ * names the field; *ID_OUT gets the id when one could be read, so the
+ * error can still carry it. */
+int ld_proto_parse(const char *line, size_t len, json_t **out,
+                   json_t **id_out, char *msg, size_t msglen);
+
+/* Build {"id":ID,"ok":true,...FIELDS} (FIELDS stolen, may be NULL) or the
+ * error form, serialised with a trailing newline (caller frees). */
+char *ld_proto_ok_line(json_t *id, json_t *fields, size_t *len);
+char *ld_proto_error_line(json_t *id, int code, json_t *extra,
+                          const char *message, size_t *len);
+
+/* Answers. FIELDS is stolen. EXTRA (stolen, may be NULL) is merged into the
+ * error object, e.g. {"reason":"other"} for not_held. */
+void ld_reply_ok(struct ld_req *req, json_t *fields);
+void ld_reply_error(struct ld_req *req, int code, const char *fmt, ...)
+    LD_PRINTF(3, 4);
+void ld_reply_error_extra(struct ld_req *req, int code, json_t *extra,
+                          const char *fmt, ...) LD_PRINTF(4, 5);
+
+/* Is the session that sent REQ still connected? */
+bool ld_req_session_open(const struct ld_req *req);
+
+/* Field access. Each returns LD_OK, or replies bad_request naming the field
+ * (which consumes REQ) and returns LD_ERR: the handler must then return
+ * without touching REQ. An optional field that is absent or JSON null
+ * leaves the output at the caller's default and sets *PRESENT false. */
+int ld_req_key(struct ld_req *req, const char *field, const char **key,
+               size_t *len);
+int ld_req_str(struct ld_req *req, const char *field, bool required,
+               const char **s, size_t *len, bool *present);
+int ld_req_int(struct ld_req *req, const char *field, bool required,
+               long long min, long long max, long long *out, bool *present);
+int ld_req_bool(struct ld_req *req, const char *field, bool *out);
+/* An array of keys (each checked like ld_req_key), at most MAX entries.
+ * *ARR borrows the array from the request. */
+int ld_req_keys(struct ld_req *req, const char *field, size_t max,
+                json_t **arr);
+
+/* Check a key taken from an array element; same rules as ld_req_key. */
+bool ld_key_valid(const char *key, size_t len);
+
+#endif

@@ -1,0 +1,37 @@
+#ifndef LD_PUBSUB_H
+#define LD_PUBSUB_H
+
+#include "ld_common.h"
+
+struct event_base;
+struct ld_config;
+
+/* One subscriber connection per daemon. Channels are subscribed while at
+ * least one local subscription wants them and unsubscribed after. */
+
+enum ld_pubsub_event {
+    LD_PUBSUB_SUBSCRIBED, /* Redis confirmed the subscription (again after a
+                             reconnect): messages from now on will arrive */
+    LD_PUBSUB_MESSAGE,    /* a message was published on the channel */
+    LD_PUBSUB_LOST        /* the subscriber connection broke: messages may
+                             have been missed; SUBSCRIBED follows once it is
+                             back */
+};
+
+typedef void ld_pubsub_cb(enum ld_pubsub_event ev, const char *msg,
+                          size_t len, void *arg);
+
+struct ld_pubsub_sub;
+
+/* Callbacks are never called from inside subscribe/unsubscribe; a callback
+ * may unsubscribe its own or any other subscription. */
+struct ld_pubsub_sub *ld_pubsub_subscribe(const char *channel, size_t len,
+                                          ld_pubsub_cb *cb, void *arg);
+void ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub);
+
+int ld_pubsub_init(struct event_base *base, const struct ld_config *cfg);
+void ld_pubsub_start(void);
+void ld_pubsub_free(void);
+bool ld_pubsub_ready(void);
+
+#endif

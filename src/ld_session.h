@@ -1,0 +1,58 @@
+#ifndef LD_SESSION_H
+#define LD_SESSION_H
+
+#include "ld_common.h"
+
+#include <jansson.h>
+
+struct ld_listener;
+struct ld_req;
+
+/* One client connection. Feature modules keep their per-session state in
+ * the slots below and drop it from their close hook. */
+struct ld_session {
+    uint64_t id;
+    char name[40];            /* the session id string sent in hello */
+    int fd;
+    struct bufferevent *bev;
+    struct ld_listener *listener;
+    bool open;                /* false once closing has begun */
+    bool authed;
+    bool discarding;          /* skipping the rest of a too-long line */
+    unsigned refs;            /* 1 while open + one per request in flight */
+    long long pending;        /* requests awaiting their reply */
+    char client[64];          /* from hello, for logs */
+    void *lock_state;         /* owned by ld_lock */
+    void *cache_state;        /* owned by ld_cache */
+    struct ld_session *prev, *next;
+};
+
+/* Called once per session when it closes, before its requests are
+ * dropped; modules release what the session held. */
+typedef void ld_session_hook(struct ld_session *s);
+void ld_session_on_close(ld_session_hook *fn);
+
+struct ld_session *ld_session_new(int fd, struct ld_listener *l);
+
+/* Send an unsolicited event (stolen) to the session, if still open. */
+void ld_session_event(struct ld_session *s, json_t *event);
+
+/* Write raw bytes (a whole response line). */
+void ld_session_write(struct ld_session *s, const char *buf, size_t len);
+
+/* Begin closing: hooks run, the socket closes once output is flushed
+ * (bounded), the struct is freed when the last request is answered. */
+void ld_session_close(struct ld_session *s, const char *why);
+
+void ld_session_ref(struct ld_session *s);
+void ld_session_unref(struct ld_session *s);
+
+/* Every open session, for shutdown and stats. */
+struct ld_session *ld_session_first(void);
+long long ld_session_count(void);
+
+/* Graceful stop: send {"event":"shutdown"} to every session and close it
+ * once its output has drained. */
+void ld_session_shutdown_all(void);
+
+#endif

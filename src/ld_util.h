@@ -1,0 +1,43 @@
+#ifndef LD_UTIL_H
+#define LD_UTIL_H
+
+#include "ld_common.h"
+
+/* Monotonic clock, for deadlines and latencies. */
+uint64_t ld_now_us(void);
+uint64_t ld_now_ms(void);
+
+/* Fill BUF with LEN bytes from the kernel CSPRNG (getrandom). */
+int ld_random_bytes(void *buf, size_t len);
+
+/* An unguessable token: 128 random bits as 32 lowercase hex characters.
+ * OUT must hold LD_TOKEN_LEN + 1 bytes. */
+#define LD_TOKEN_LEN 32
+int ld_token_new(char out[LD_TOKEN_LEN + 1]);
+
+/* Uniform in [0, 1), from a fast PRNG seeded once from the CSPRNG; for TTL
+ * jitter and backoff spreading, never for tokens. */
+double ld_random_unit(void);
+
+/* TTL spread uniformly by +-JITTER (0..0.5), never below 1 ms. */
+long long ld_jitter_ttl(long long ttl_ms, double jitter);
+
+/* 64-bit FNV-1a, for routing and hash tables. */
+uint64_t ld_hash(const void *data, size_t len);
+
+/* Redis Cluster hash slot of KEY (CRC16 with hash tags). */
+unsigned ld_key_slot(const char *key, size_t len);
+
+/* Constant-time comparison of two strings (auth tokens). */
+bool ld_secure_equal(const char *a, size_t alen, const char *b, size_t blen);
+
+/* "host:port" into parts; HOST gets at most HOSTLEN-1 chars. */
+int ld_parse_hostport(const char *s, char *host, size_t hostlen, int *port);
+
+/* Is HOST a loopback address or "localhost"? */
+bool ld_host_is_loopback(const char *host);
+
+/* Create the parent directory of PATH (one level) if missing. */
+int ld_mkdir_parent(const char *path, unsigned mode);
+
+#endif

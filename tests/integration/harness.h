@@ -1,0 +1,115 @@
+#ifndef LD_HARNESS_H
+#define LD_HARNESS_H
+
+/* Integration test harness: real redis-server processes on free loopback
+ * ports, the real leased binary, and protocol connections. Everything
+ * started is tracked by pid and killed at exit (also when a test fails or
+ * aborts), and its temporary directory removed. Binaries come from the
+ * environment set by make check: LEASED_BIN, REDIS_SERVER, LEASECTL_BIN. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include <hiredis/hiredis.h>
+#include <jansson.h>
+
+struct h_redis {
+    pid_t pid;
+    int port;
+    char dir[256];          /* its own temp dir (config, dump, log) */
+    char extra[512];        /* extra redis-server arguments, for restart */
+};
+
+struct h_daemon {
+    pid_t pid;
+    char dir[256];          /* temp dir: socket, config, journal, log */
+    char sock[300];         /* Unix socket path */
+    char conf[300];         /* config file path */
+    char log[300];          /* stderr of the daemon */
+    char journal[300];
+    int tcp_port;           /* read from stats after start */
+    int metrics_port;       /* 0 unless metrics were enabled */
+    char yaml_extra[4096];  /* kept for restarts */
+    int redis_port;
+};
+
+/* Protocol connection (blocking socket, line buffered). Events received
+ * while waiting for a reply are queued for h_event. */
+struct h_conn;
+
+/* --- redis-server --------------------------------------------------- */
+/* Start on a free port; EXTRA_ARGS (may be NULL) are appended, e.g.
+ * "--replicaof 127.0.0.1 1234". Waits until PING answers. Returns 0. */
+int h_redis_start(struct h_redis *r, const char *extra_args);
+/* Same port again (after h_redis_kill), waits for PING. */
+int h_redis_restart(struct h_redis *r);
+void h_redis_kill(struct h_redis *r);   /* SIGKILL, reaped */
+void h_redis_stop(struct h_redis *r);   /* kill + remove dir */
+/* A direct synchronous connection for checks from the test. */
+redisContext *h_redis_connect(const struct h_redis *r);
+/* Run a command directly (printf-style like redisCommand); returns reply
+ * (caller frees with freeReplyObject) or NULL. Opens and closes a
+ * connection each time. */
+redisReply *h_redis_cmd(const struct h_redis *r, const char *fmt, ...);
+
+/* --- leased ---------------------------------------------------------- */
+/* Write a config (listen.unix in its temp dir, listen.tcp 127.0.0.1:0,
+ * metrics.listen "", journal in its dir, redis.address of R, log level
+ * debug) followed by YAML_EXTRA (whole top-level sections such as
+ * "lock:\n  watchdog_ms: 600\n"; a section named there replaces the
+ * harness's own section of the same name), start leased -f -c, wait until
+ * it answers ping on the socket, and read tcp_port from stats. */
+int h_daemon_start(struct h_daemon *d, const struct h_redis *r,
+                   const char *yaml_extra);
+/* Start again with the same dir, socket, journal and config. */
+int h_daemon_restart(struct h_daemon *d);
+/* SIGTERM and wait (bounded); returns the exit status (as from waitpid's
+ * WEXITSTATUS) or -1 when it had to be killed. */
+int h_daemon_stop(struct h_daemon *d);
+void h_daemon_kill(struct h_daemon *d);    /* SIGKILL, reaped */
+void h_daemon_cleanup(struct h_daemon *d); /* stop if running, rm dir */
+void h_daemon_signal(struct h_daemon *d, int sig);
+/* Print the daemon's log to stderr (called on test failure). */
+void h_daemon_dump_log(const struct h_daemon *d);
+
+/* --- protocol -------------------------------------------------------- */
+struct h_conn *h_connect(const struct h_daemon *d);           /* Unix */
+struct h_conn *h_connect_tcp(const struct h_daemon *d);
+void h_close(struct h_conn *c);
+int h_send_raw(struct h_conn *c, const char *bytes, size_t len);
+/* Send one JSON line built from FMT (jansson json_pack format). */
+int h_send(struct h_conn *c, const char *fmt, ...);
+/* Next reply line (not an event), waiting up to TIMEOUT_MS; NULL on
+ * timeout or EOF. */
+json_t *h_recv(struct h_conn *c, int timeout_ms);
+/* Send REQ (stolen) with a fresh numeric id and wait up to TIMEOUT_MS for
+ * the reply with that id (replies with other ids are kept for later
+ * h_recv_id). */
+json_t *h_call(struct h_conn *c, json_t *req, int timeout_ms);
+/* h_call with a json_pack format: h_callf(c, 2000, "{s:s,s:s}", "op",
+ * "lock", "key", "k"). */
+json_t *h_callf(struct h_conn *c, int timeout_ms, const char *fmt, ...);
+json_t *h_recv_id(struct h_conn *c, json_int_t id, int timeout_ms);
+/* Next unsolicited event, waiting up to TIMEOUT_MS; NULL on timeout. */
+json_t *h_event(struct h_conn *c, int timeout_ms);
+/* True once the peer closed (read returns EOF within TIMEOUT_MS). */
+bool h_wait_closed(struct h_conn *c, int timeout_ms);
+
+/* --- helpers --------------------------------------------------------- */
+/* Poll COND every few ms until true or TIMEOUT_MS; returns its last
+ * value. */
+bool h_wait_until(bool (*cond)(void *), void *arg, int timeout_ms);
+long long h_now_ms(void);
+/* Integer field of a stats reply ("locks_held", ...); -1 if absent. */
+long long h_stat(struct h_conn *c, const char *name);
+/* Shorthand checks on reply objects. */
+bool h_ok(const json_t *reply);
+const char *h_errcode(const json_t *reply);  /* NULL when ok */
+/* A free loopback TCP port. */
+int h_free_port(void);
+/* Register a pid to be SIGKILLed at exit (for extra child processes). */
+void h_track_pid(pid_t pid);
+void h_untrack_pid(pid_t pid);
+
+#endif
