@@ -1,0 +1,384 @@
+/* Counters, gauges and histograms of the daemon, and their two views: the
+ * `stats` op (JSON) and the Prometheus text exposition format 0.0.4.
+ *
+ * Everything here runs on the one event-loop thread, so the figures are
+ * plain integers; no atomics, no locks. */
+
+#include "ld_stats.h"
+
+#include "ld_proto.h"
+#include "ld_server.h"
+#include "ld_util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ld_stats ld_stats;
+
+/* Per-op counts. Op names arrive as strings from the dispatcher; the set
+ * of ops is small and closed, so a short array searched linearly beats a
+ * hash table. Should more distinct names ever arrive than there are slots,
+ * the rest are counted under "other" rather than dropped, so the per-op
+ * figures still add up to `requests`. */
+#define LD_STATS_MAX_OPS 32
+#define LD_STATS_OP_NAME_MAX 32
+
+struct op_count {
+    char name[LD_STATS_OP_NAME_MAX];
+    long long count;
+};
+
+static struct op_count op_counts[LD_STATS_MAX_OPS];
+static size_t op_used;
+static long long op_other;
+
+static long long err_counts[LD_E__COUNT];
+
+/* Histogram bucket upper bounds in microseconds, from 50 us (a Redis round
+ * trip on loopback) to 10 s (a long lock wait). The +Inf bucket is
+ * implicit: it is the total count. Counts are kept per bucket and made
+ * cumulative only when exposed. */
+static const uint64_t histo_bounds_us[] = {
+    50,      100,     250,     500,      1000,     2500,
+    5000,    10000,   25000,   50000,    100000,   250000,
+    500000,  1000000, 2500000, 5000000,  10000000,
+};
+#define LD_HISTO_BUCKETS LD_ARRAY_LEN(histo_bounds_us)
+
+struct histo {
+    uint64_t buckets[LD_HISTO_BUCKETS + 1]; /* last one: above every bound */
+    uint64_t sum_us;
+    uint64_t count;
+};
+
+static struct histo histos[LD_HISTO__COUNT];
+
+static const struct {
+    const char *name;
+    const char *help;
+} histo_info[LD_HISTO__COUNT] = {
+    [LD_HISTO_LOCK_WAIT] = {"lock_wait_seconds",
+                            "Time from a lock request to its grant"},
+    [LD_HISTO_LOCK_HOLD] = {"lock_hold_seconds",
+                            "Time locks were held, from grant to release"},
+    [LD_HISTO_REDIS_RTT] = {"redis_rtt_seconds",
+                            "Round-trip time of Redis commands"},
+};
+
+void
+ld_stats_init(void)
+{
+    memset(&ld_stats, 0, sizeof(ld_stats));
+    memset(op_counts, 0, sizeof(op_counts));
+    op_used = 0;
+    op_other = 0;
+    memset(err_counts, 0, sizeof(err_counts));
+    memset(histos, 0, sizeof(histos));
+}
+
+void
+ld_stats_count_op(const char *op)
+{
+    size_t i, len;
+
+    if (op == NULL) {
+        op_other++;
+        return;
+    }
+    for (i = 0; i < op_used; i++) {
+        if (strcmp(op_counts[i].name, op) == 0) {
+            op_counts[i].count++;
+            return;
+        }
+    }
+    len = strlen(op);
+    if (op_used == LD_STATS_MAX_OPS || len == 0
+        || len >= LD_STATS_OP_NAME_MAX) {
+        op_other++;
+        return;
+    }
+    memcpy(op_counts[op_used].name, op, len + 1);
+    op_counts[op_used].count = 1;
+    op_used++;
+}
+
+void
+ld_stats_count_error(int code)
+{
+    if (code >= 0 && code < LD_E__COUNT) {
+        err_counts[code]++;
+    }
+}
+
+void
+ld_stats_observe(enum ld_histo h, uint64_t us)
+{
+    struct histo *hs;
+    size_t i;
+
+    if ((int)h < 0 || h >= LD_HISTO__COUNT) {
+        return;
+    }
+    hs = &histos[h];
+    for (i = 0; i < LD_HISTO_BUCKETS; i++) {
+        if (us <= histo_bounds_us[i]) {
+            break;
+        }
+    }
+    hs->buckets[i]++;
+    hs->sum_us += us;
+    hs->count++;
+}
+
+static long long
+uptime_s(void)
+{
+    uint64_t now = ld_now_ms();
+
+    if (ld_srv.start_ms == 0 || now < ld_srv.start_ms) {
+        return 0;
+    }
+    return (long long)((now - ld_srv.start_ms) / 1000);
+}
+
+json_t *
+ld_stats_json(void)
+{
+    json_t *o, *ops, *errs;
+    size_t i;
+    int c;
+
+    o = json_object();
+    ops = json_object();
+    errs = json_object();
+    if (o == NULL || ops == NULL || errs == NULL) {
+        json_decref(o);
+        json_decref(ops);
+        json_decref(errs);
+        return NULL;
+    }
+
+    json_object_set_new(o, "uptime_s", json_integer(uptime_s()));
+    json_object_set_new(o, "version", json_string(PACKAGE_VERSION));
+    json_object_set_new(o, "instance", json_string(ld_srv.instance));
+    json_object_set_new(o, "tcp_port", json_integer(ld_srv.tcp_port));
+
+#define LD_STATS_JSON(kind, name, help)                                       \
+    json_object_set_new(o, #name, json_integer(ld_stats.name));
+    LD_STATS_FIELDS(LD_STATS_JSON)
+#undef LD_STATS_JSON
+
+    for (i = 0; i < op_used; i++) {
+        json_object_set_new(ops, op_counts[i].name,
+                            json_integer(op_counts[i].count));
+    }
+    if (op_other > 0) {
+        json_object_set_new(ops, "other", json_integer(op_other));
+    }
+    json_object_set_new(o, "requests_by_op", ops);
+
+    for (c = 0; c < LD_E__COUNT; c++) {
+        json_object_set_new(errs, ld_errcode_name(c),
+                            json_integer(err_counts[c]));
+    }
+    json_object_set_new(o, "errors_by_code", errs);
+    return o;
+}
+
+/* A growing text buffer for the exposition. Allocation failure is sticky
+ * and reported once at the end, which keeps the writers below linear. */
+struct text {
+    char *buf;
+    size_t len;
+    size_t cap;
+    bool failed;
+};
+
+static void text_printf(struct text *t, const char *fmt, ...) LD_PRINTF(2, 3);
+
+static void
+text_printf(struct text *t, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (t->failed) {
+        return;
+    }
+    for (;;) {
+        size_t room = t->cap - t->len;
+
+        va_start(ap, fmt);
+        n = vsnprintf(t->buf + t->len, room, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->failed = true;
+            return;
+        }
+        if ((size_t)n < room) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t ncap = t->cap * 2;
+        while (ncap - t->len <= (size_t)n) {
+            ncap *= 2;
+        }
+        char *nbuf = realloc(t->buf, ncap);
+        if (nbuf == NULL) {
+            t->failed = true;
+            return;
+        }
+        t->buf = nbuf;
+        t->cap = ncap;
+    }
+}
+
+/* Label values must escape backslash, double quote and newline. Op names
+ * come from clients' requests, so they are escaped even though the
+ * dispatcher only counts known ops today. */
+static void
+text_label_value(struct text *t, const char *s)
+{
+    for (; *s != '\0'; s++) {
+        switch (*s) {
+        case '\\':
+            text_printf(t, "\\\\");
+            break;
+        case '"':
+            text_printf(t, "\\\"");
+            break;
+        case '\n':
+            text_printf(t, "\\n");
+            break;
+        default:
+            text_printf(t, "%c", *s);
+            break;
+        }
+    }
+}
+
+static void
+text_family(struct text *t, const char *name, const char *type,
+            const char *help)
+{
+    text_printf(t, "# HELP leased_%s %s\n# TYPE leased_%s %s\n", name, help,
+                name, type);
+}
+
+/* Seconds as a short decimal ("0.00025", "2.5", "10"): "le" values must
+ * be identical from one scrape to the next, and plain decimals read
+ * better than exponents. */
+static void
+format_seconds(char *out, size_t outlen, uint64_t us)
+{
+    size_t n;
+
+    snprintf(out, outlen, "%llu.%06llu", (unsigned long long)(us / 1000000),
+             (unsigned long long)(us % 1000000));
+    n = strlen(out);
+    while (n > 0 && out[n - 1] == '0') {
+        out[--n] = '\0';
+    }
+    if (n > 0 && out[n - 1] == '.') {
+        out[--n] = '\0';
+    }
+}
+
+static void
+text_histogram(struct text *t, const struct histo *hs, const char *name,
+               const char *help)
+{
+    char le[32], sum[32];
+    uint64_t cum = 0;
+    size_t i;
+
+    text_family(t, name, "histogram", help);
+    for (i = 0; i < LD_HISTO_BUCKETS; i++) {
+        cum += hs->buckets[i];
+        format_seconds(le, sizeof(le), histo_bounds_us[i]);
+        text_printf(t, "leased_%s_bucket{le=\"%s\"} %llu\n", name, le,
+                    (unsigned long long)cum);
+    }
+    text_printf(t, "leased_%s_bucket{le=\"+Inf\"} %llu\n", name,
+                (unsigned long long)hs->count);
+    format_seconds(sum, sizeof(sum), hs->sum_us);
+    text_printf(t, "leased_%s_sum %s\n", name, sum);
+    text_printf(t, "leased_%s_count %llu\n", name,
+                (unsigned long long)hs->count);
+}
+
+char *
+ld_stats_prometheus(size_t *len)
+{
+    struct text t = {0};
+    size_t i;
+    int c;
+
+    if (len != NULL) {
+        *len = 0;
+    }
+    t.cap = 8192;
+    t.buf = malloc(t.cap);
+    if (t.buf == NULL) {
+        return NULL;
+    }
+    t.buf[0] = '\0';
+
+    text_family(&t, "build_info", "gauge",
+                "Always 1; the version is in the label");
+    text_printf(&t, "leased_build_info{version=\"%s\"} 1\n",
+                PACKAGE_VERSION);
+    text_family(&t, "uptime_seconds", "gauge",
+                "Seconds since the daemon started");
+    text_printf(&t, "leased_uptime_seconds %lld\n", uptime_s());
+
+    /* Counters get the _total suffix of the Prometheus naming convention;
+     * gauges keep their name. */
+#define LD_STATS_PROM(kind, name, help)                                       \
+    if (strcmp(#kind, "counter") == 0) {                                      \
+        text_family(&t, #name "_total", "counter", help);                     \
+        text_printf(&t, "leased_" #name "_total %lld\n", ld_stats.name);      \
+    } else {                                                                  \
+        text_family(&t, #name, "gauge", help);                                \
+        text_printf(&t, "leased_" #name " %lld\n", ld_stats.name);            \
+    }
+    LD_STATS_FIELDS(LD_STATS_PROM)
+#undef LD_STATS_PROM
+
+    text_family(&t, "requests_by_op_total", "counter",
+                "Requests received, by op");
+    for (i = 0; i < op_used; i++) {
+        text_printf(&t, "leased_requests_by_op_total{op=\"");
+        text_label_value(&t, op_counts[i].name);
+        text_printf(&t, "\"} %lld\n", op_counts[i].count);
+    }
+    if (op_other > 0) {
+        text_printf(&t, "leased_requests_by_op_total{op=\"other\"} %lld\n",
+                    op_other);
+    }
+
+    /* Every code is listed, zeros included, so that rate() over a code
+     * that appears for the first time does not miss its first errors. */
+    text_family(&t, "errors_total", "counter", "Error replies, by code");
+    for (c = 0; c < LD_E__COUNT; c++) {
+        text_printf(&t, "leased_errors_total{code=\"");
+        text_label_value(&t, ld_errcode_name(c));
+        text_printf(&t, "\"} %lld\n", err_counts[c]);
+    }
+
+    for (i = 0; i < LD_HISTO__COUNT; i++) {
+        text_histogram(&t, &histos[i], histo_info[i].name,
+                       histo_info[i].help);
+    }
+
+    if (t.failed) {
+        free(t.buf);
+        return NULL;
+    }
+    if (len != NULL) {
+        *len = t.len;
+    }
+    return t.buf;
+}
