@@ -59,14 +59,30 @@ redisReply *h_redis_cmd(const struct h_redis *r, const char *fmt, ...);
  * debug) followed by YAML_EXTRA (whole top-level sections such as
  * "lock:\n  watchdog_ms: 600\n"; a section named there replaces the
  * harness's own section of the same name), start leased -f -c, wait until
- * it answers ping on the socket, and read tcp_port from stats. */
+ * it answers ping on the socket, and read tcp_port from stats.
+ * Every "@DIR@" in YAML_EXTRA becomes the daemon's temp dir, so a test
+ * that replaces the listen section keeps the socket there:
+ * "listen:\n  unix: @DIR@/leased.sock\n  tcp: 127.0.0.1:0\n  ...".
+ * R may be NULL: redis.address then points at a closed port. Start-up
+ * failures print the daemon's log. Returns 0, or -1. */
 int h_daemon_start(struct h_daemon *d, const struct h_redis *r,
                    const char *yaml_extra);
+/* Like h_daemon_start, but pass LISTEN_FD to leased as fd 3 the way
+ * systemd socket activation does (LISTEN_FDS=1, LISTEN_PID), and use
+ * SOCK_PATH (the path LISTEN_FD is bound to) as d->sock for readiness and
+ * h_connect. The configured listen.unix stays in the daemon's dir. */
+int h_daemon_start_fd(struct h_daemon *d, const struct h_redis *r,
+                      const char *yaml_extra, int listen_fd,
+                      const char *sock_path);
 /* Start again with the same dir, socket, journal and config. */
 int h_daemon_restart(struct h_daemon *d);
 /* SIGTERM and wait (bounded); returns the exit status (as from waitpid's
  * WEXITSTATUS) or -1 when it had to be killed. */
 int h_daemon_stop(struct h_daemon *d);
+/* (A daemon that died of a signal by itself gives 128 + the signal.) */
+/* Wait (no signal sent) up to TIMEOUT_MS for the daemon to exit on its
+ * own; the exit status as h_daemon_stop, or -1 if still running. */
+int h_daemon_wait(struct h_daemon *d, int timeout_ms);
 void h_daemon_kill(struct h_daemon *d);    /* SIGKILL, reaped */
 void h_daemon_cleanup(struct h_daemon *d); /* stop if running, rm dir */
 void h_daemon_signal(struct h_daemon *d, int sig);
@@ -111,5 +127,31 @@ int h_free_port(void);
 /* Register a pid to be SIGKILLed at exit (for extra child processes). */
 void h_track_pid(pid_t pid);
 void h_untrack_pid(pid_t pid);
+/* $LEASED_BIN (or "src/leased"). */
+const char *h_leased_bin(void);
+/* Run ARGV (NULL-terminated; argv[0] a path or a name in $PATH) under a
+ * deadline, capturing stdout into OUT and stderr into ERR (each may be
+ * NULL; NUL-terminated, truncated to fit). Returns the exit status, 128 +
+ * signal if it died of one, or -1 when it was killed at TIMEOUT_MS. */
+int h_run(const char *const argv[], char *out, size_t outlen, char *err,
+          size_t errlen, int timeout_ms);
+/* A fresh temp dir (tracked: removed at exit) and its recursive removal. */
+int h_tmpdir(char *buf, size_t len);
+void h_rmdir(const char *path);
+
+/* --- logs of failed tests -------------------------------------------- */
+/* Check (fork mode) ends a failed test with _exit(), so no teardown in the
+ * test process runs and children die by PDEATHSIG. To still see their
+ * logs, wire each TCase (one test per TCase) like this:
+ *   tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
+ *   tcase_add_checked_fixture(tc, NULL, h_case_passed);
+ * h_case_setup points $TMPDIR at a fresh case dir, so every temp dir the
+ * harness makes during the test lands inside it; h_case_passed (reached
+ * only when the test body returned) marks it; h_case_teardown, back in
+ * the runner process, prints every *.log in it unless marked, and
+ * removes it. */
+void h_case_setup(void);
+void h_case_passed(void);
+void h_case_teardown(void);
 
 #endif

@@ -1,0 +1,1570 @@
+/* Integration test harness: see harness.h for the contract.
+ *
+ * Every child is started with PR_SET_PDEATHSIG(SIGKILL), so when Check
+ * kills a test process on timeout (or a failed assertion ends it with
+ * _exit), its redis-server and leased die with it. Normal exits also kill
+ * whatever is still tracked from an atexit handler. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#define H_REDIS_READY_MS 10000
+#define H_DAEMON_READY_MS 20000
+#define H_DAEMON_STOP_MS 15000
+#define H_SEND_MS 10000
+#define H_LOG_TAIL_BYTES (256 * 1024)
+#define H_MAX_TRACKED 128
+/* h_call ids start high so they never meet ids a test picks by hand. */
+#define H_FIRST_CALL_ID 1000000
+
+/* --- process and directory tracking ----------------------------------- */
+
+/* Entries remember which process registered them: a Check test process is
+ * a fork of the runner, and must not kill what its parent started. */
+struct h_tracked_pid {
+    pid_t pid;
+    pid_t owner;
+};
+
+struct h_tracked_dir {
+    char path[256];
+    pid_t owner;
+};
+
+static struct h_tracked_pid tracked_pids[H_MAX_TRACKED];
+static struct h_tracked_dir tracked_dirs[H_MAX_TRACKED];
+static bool atexit_registered;
+
+static void rm_rf(const char *path);
+
+static void h_atexit(void)
+{
+    pid_t self = getpid();
+
+    for (int i = 0; i < H_MAX_TRACKED; i++) {
+        if (tracked_pids[i].pid > 0 && tracked_pids[i].owner == self) {
+            kill(tracked_pids[i].pid, SIGKILL);
+            waitpid(tracked_pids[i].pid, NULL, 0);
+            tracked_pids[i].pid = 0;
+        }
+    }
+    for (int i = 0; i < H_MAX_TRACKED; i++) {
+        if (tracked_dirs[i].path[0] && tracked_dirs[i].owner == self) {
+            rm_rf(tracked_dirs[i].path);
+            tracked_dirs[i].path[0] = '\0';
+        }
+    }
+}
+
+static void ensure_atexit(void)
+{
+    if (!atexit_registered) {
+        atexit(h_atexit);
+        atexit_registered = true;
+    }
+}
+
+void h_track_pid(pid_t pid)
+{
+    ensure_atexit();
+    for (int i = 0; i < H_MAX_TRACKED; i++) {
+        if (tracked_pids[i].pid <= 0) {
+            tracked_pids[i].pid = pid;
+            tracked_pids[i].owner = getpid();
+            return;
+        }
+    }
+    fprintf(stderr, "harness: too many tracked pids\n");
+}
+
+void h_untrack_pid(pid_t pid)
+{
+    for (int i = 0; i < H_MAX_TRACKED; i++) {
+        if (tracked_pids[i].pid == pid) {
+            tracked_pids[i].pid = 0;
+        }
+    }
+}
+
+static void track_dir(const char *path)
+{
+    ensure_atexit();
+    for (int i = 0; i < H_MAX_TRACKED; i++) {
+        if (!tracked_dirs[i].path[0]) {
+            snprintf(tracked_dirs[i].path, sizeof tracked_dirs[i].path, "%s",
+                     path);
+            tracked_dirs[i].owner = getpid();
+            return;
+        }
+    }
+    fprintf(stderr, "harness: too many tracked dirs\n");
+}
+
+static void untrack_dir(const char *path)
+{
+    for (int i = 0; i < H_MAX_TRACKED; i++) {
+        if (tracked_dirs[i].path[0] && !strcmp(tracked_dirs[i].path, path)) {
+            tracked_dirs[i].path[0] = '\0';
+        }
+    }
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag,
+                  struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void rm_rf(const char *path)
+{
+    /* A dying child may still create a file while we walk; try again. */
+    for (int i = 0; i < 5; i++) {
+        nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        if (access(path, F_OK) != 0) {
+            return;
+        }
+        usleep(20000);
+    }
+}
+
+/* --- small utilities -------------------------------------------------- */
+
+long long h_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+}
+
+bool h_wait_until(bool (*cond)(void *), void *arg, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+
+    for (;;) {
+        if (cond(arg)) {
+            return true;
+        }
+        if (h_now_ms() >= deadline) {
+            return cond(arg);
+        }
+        sleep_ms(5);
+    }
+}
+
+int h_free_port(void)
+{
+    struct sockaddr_in sa;
+    socklen_t len = sizeof sa;
+    int fd, port = -1;
+
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -1;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = 0;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0
+        && getsockname(fd, (struct sockaddr *)&sa, &len) == 0) {
+        port = ntohs(sa.sin_port);
+    }
+    close(fd);
+    return port;
+}
+
+const char *h_leased_bin(void)
+{
+    const char *p = getenv("LEASED_BIN");
+
+    return p && *p ? p : "src/leased";
+}
+
+static const char *redis_bin(void)
+{
+    const char *p = getenv("REDIS_SERVER");
+
+    return p && *p ? p : "redis-server";
+}
+
+/* A fresh directory under $TMPDIR (or /tmp). Unix socket paths inside it
+ * must stay well below sun_path's 108 bytes, so a long $TMPDIR is
+ * ignored. */
+static int make_tmpdir(char *buf, size_t len, const char *tag)
+{
+    const char *base = getenv("TMPDIR");
+
+    if (!base || !*base || strlen(base) > 60) {
+        base = "/tmp";
+    }
+    if ((size_t)snprintf(buf, len, "%s/%s-XXXXXX", base, tag) >= len) {
+        return -1;
+    }
+    if (!mkdtemp(buf)) {
+        fprintf(stderr, "harness: mkdtemp %s: %s\n", buf, strerror(errno));
+        buf[0] = '\0';
+        return -1;
+    }
+    track_dir(buf);
+    return 0;
+}
+
+int h_tmpdir(char *buf, size_t len)
+{
+    return make_tmpdir(buf, len, "ldt");
+}
+
+void h_rmdir(const char *path)
+{
+    if (path && path[0]) {
+        rm_rf(path);
+        untrack_dir(path);
+    }
+}
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "we");
+
+    if (!f) {
+        fprintf(stderr, "harness: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    fputs(text, f);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* Print the last H_LOG_TAIL_BYTES of a file to stderr. */
+static void dump_file(const char *title, const char *path)
+{
+    FILE *f = fopen(path, "re");
+    char buf[8192];
+    size_t n;
+    long size;
+
+    fprintf(stderr, "---- %s: %s ----\n", title, path);
+    if (!f) {
+        fprintf(stderr, "(cannot open: %s)\n", strerror(errno));
+        return;
+    }
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) > H_LOG_TAIL_BYTES) {
+        fprintf(stderr, "(first %ld bytes omitted)\n",
+                size - H_LOG_TAIL_BYTES);
+        fseek(f, size - H_LOG_TAIL_BYTES, SEEK_SET);
+    } else {
+        fseek(f, 0, SEEK_SET);
+    }
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        fwrite(buf, 1, n, stderr);
+    }
+    fclose(f);
+    fprintf(stderr, "---- end of %s ----\n", title);
+    fflush(stderr);
+}
+
+/* --- child processes -------------------------------------------------- */
+
+/* Fork and exec ARGV with stdout/stderr on OUT_FD/ERR_FD (-1: /dev/null)
+ * and, when LISTEN_FD >= 0, that socket passed as fd 3 the way systemd's
+ * socket activation does. The child dies with the test process. */
+static pid_t spawn(const char *const argv[], int out_fd, int err_fd,
+                   int listen_fd)
+{
+    pid_t parent = getpid();
+    pid_t pid;
+
+    fflush(NULL);
+    pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "harness: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid > 0) {
+        h_track_pid(pid);
+        return pid;
+    }
+
+    /* child */
+    sigset_t none;
+    int devnull;
+    unsigned first_close = 3;
+
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) {
+        _exit(127);     /* the test process died before prctl */
+    }
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+
+    devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+    }
+    dup2(out_fd >= 0 ? out_fd : devnull, 1);
+    dup2(err_fd >= 0 ? err_fd : devnull, 2);
+
+    /* Never leak the test's systemd context into the daemon. */
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("LISTEN_FDS");
+    unsetenv("LISTEN_PID");
+    unsetenv("LISTEN_FDNAMES");
+    if (listen_fd >= 0) {
+        char pidbuf[32];
+
+        if (listen_fd != 3) {
+            dup2(listen_fd, 3);
+        }
+        fcntl(3, F_SETFD, 0);
+        snprintf(pidbuf, sizeof pidbuf, "%ld", (long)getpid());
+        setenv("LISTEN_FDS", "1", 1);
+        setenv("LISTEN_PID", pidbuf, 1);
+        first_close = 4;
+    }
+    if (close_range(first_close, ~0U, 0) < 0) {
+        for (int fd = (int)first_close; fd < 1024; fd++) {
+            close(fd);
+        }
+    }
+    execvp(argv[0], (char *const *)argv);
+    dprintf(2, "harness: exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+/* Decode a wait status the way harness.h promises. */
+static int exit_code(int status)
+{
+    if (WIFEXITED(status)) {
+        return WEXITSTATUS(status);
+    }
+    if (WIFSIGNALED(status)) {
+        return 128 + WTERMSIG(status);
+    }
+    return -1;
+}
+
+/* waitpid with a deadline: returns the pid when reaped, 0 on timeout. */
+static pid_t wait_deadline(pid_t pid, int *status, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+
+    for (;;) {
+        pid_t r = waitpid(pid, status, WNOHANG);
+
+        if (r == pid) {
+            return pid;
+        }
+        if (r < 0 && errno != EINTR) {
+            *status = 0;
+            return pid;     /* not our child any more: nothing to wait */
+        }
+        if (h_now_ms() >= deadline) {
+            return 0;
+        }
+        sleep_ms(5);
+    }
+}
+
+static void kill_reap(pid_t pid)
+{
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+        h_untrack_pid(pid);
+    }
+}
+
+int h_run(const char *const argv[], char *out, size_t outlen, char *err,
+          size_t errlen, int timeout_ms)
+{
+    int po[2], pe[2], status = 0;
+    size_t used[2] = { 0, 0 };
+    char *bufs[2] = { out, err };
+    size_t lens[2] = { outlen, errlen };
+    struct pollfd pfd[2];
+    long long deadline = h_now_ms() + timeout_ms;
+    pid_t pid;
+    int open_fds = 2;
+
+    if (out && outlen) {
+        out[0] = '\0';
+    }
+    if (err && errlen) {
+        err[0] = '\0';
+    }
+    if (pipe2(po, O_CLOEXEC) < 0) {
+        return -1;
+    }
+    if (pipe2(pe, O_CLOEXEC) < 0) {
+        close(po[0]);
+        close(po[1]);
+        return -1;
+    }
+    pid = spawn(argv, po[1], pe[1], -1);
+    close(po[1]);
+    close(pe[1]);
+    if (pid < 0) {
+        close(po[0]);
+        close(pe[0]);
+        return -1;
+    }
+    pfd[0].fd = po[0];
+    pfd[1].fd = pe[0];
+    pfd[0].events = pfd[1].events = POLLIN;
+    while (open_fds > 0) {
+        long long left = deadline - h_now_ms();
+
+        if (left <= 0 || poll(pfd, 2, (int)left) < 0) {
+            if (left > 0 && errno == EINTR) {
+                continue;
+            }
+            break;
+        }
+        for (int i = 0; i < 2; i++) {
+            char tmp[4096];
+            ssize_t n;
+
+            if (pfd[i].fd < 0 || !pfd[i].revents) {
+                continue;
+            }
+            n = read(pfd[i].fd, tmp, sizeof tmp);
+            if (n <= 0) {
+                close(pfd[i].fd);
+                pfd[i].fd = -1;
+                open_fds--;
+                continue;
+            }
+            if (bufs[i] && lens[i] > used[i] + 1) {
+                size_t room = lens[i] - used[i] - 1;
+                size_t k = (size_t)n < room ? (size_t)n : room;
+
+                memcpy(bufs[i] + used[i], tmp, k);
+                used[i] += k;
+                bufs[i][used[i]] = '\0';
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (pfd[i].fd >= 0) {
+            close(pfd[i].fd);
+        }
+    }
+    {
+        long long left = deadline - h_now_ms();
+
+        if (wait_deadline(pid, &status, left > 0 ? (int)left : 0) == 0) {
+            fprintf(stderr, "harness: %s did not finish in %d ms\n", argv[0],
+                    timeout_ms);
+            kill_reap(pid);
+            return -1;
+        }
+    }
+    h_untrack_pid(pid);
+    return exit_code(status);
+}
+
+/* --- redis-server ----------------------------------------------------- */
+
+/* Split redis arguments on blanks; "..." groups (and may be empty). */
+static int split_args(char *s, const char **argv, int max)
+{
+    int n = 0;
+
+    while (*s) {
+        char *tok;
+
+        while (*s == ' ' || *s == '\t') {
+            s++;
+        }
+        if (!*s) {
+            break;
+        }
+        if (*s == '"') {
+            tok = ++s;
+            while (*s && *s != '"') {
+                s++;
+            }
+        } else {
+            tok = s;
+            while (*s && *s != ' ' && *s != '\t') {
+                s++;
+            }
+        }
+        if (*s) {
+            *s++ = '\0';
+        }
+        if (n >= max) {
+            return -1;
+        }
+        argv[n++] = tok;
+    }
+    return n;
+}
+
+redisContext *h_redis_connect(const struct h_redis *r)
+{
+    struct timeval tv = { 2, 0 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+
+    if (!c) {
+        return NULL;
+    }
+    if (c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    return c;
+}
+
+redisReply *h_redis_cmd(const struct h_redis *r, const char *fmt, ...)
+{
+    redisContext *c = h_redis_connect(r);
+    redisReply *reply;
+    va_list ap;
+
+    if (!c) {
+        return NULL;
+    }
+    va_start(ap, fmt);
+    reply = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    redisFree(c);
+    return reply;
+}
+
+/* True when the server on R's port is R's own process and answers. The pid
+ * check matters: a busy port may be served by someone else's redis. */
+static bool redis_is_ours(const struct h_redis *r)
+{
+    redisContext *c = h_redis_connect(r);
+    redisReply *reply;
+    bool ours = false;
+
+    if (!c) {
+        return false;
+    }
+    reply = redisCommand(c, "INFO server");
+    if (reply && reply->type == REDIS_REPLY_STRING) {
+        const char *p = strstr(reply->str, "process_id:");
+
+        ours = p && atol(p + strlen("process_id:")) == (long)r->pid;
+    }
+    if (reply) {
+        freeReplyObject(reply);
+    }
+    if (ours) {
+        reply = redisCommand(c, "PING");
+        ours = reply && reply->type == REDIS_REPLY_STATUS
+               && !strcmp(reply->str, "PONG");
+        if (reply) {
+            freeReplyObject(reply);
+        }
+    }
+    redisFree(c);
+    return ours;
+}
+
+/* Start redis-server on r->port and wait until it answers. Returns 0, -2
+ * when it exited early (typically: port taken), -1 otherwise. */
+static int redis_spawn_wait(struct h_redis *r)
+{
+    char port[16], logfile[300], extra[sizeof r->extra];
+    const char *argv[64];
+    int argc = 0, n, fd, status;
+    long long deadline;
+
+    snprintf(port, sizeof port, "%d", r->port);
+    snprintf(logfile, sizeof logfile, "%s/redis.log", r->dir);
+    argv[argc++] = redis_bin();
+    argv[argc++] = "--port";
+    argv[argc++] = port;
+    argv[argc++] = "--bind";
+    argv[argc++] = "127.0.0.1";
+    argv[argc++] = "--save";
+    argv[argc++] = "";
+    argv[argc++] = "--appendonly";
+    argv[argc++] = "no";
+    argv[argc++] = "--dir";
+    argv[argc++] = r->dir;
+    argv[argc++] = "--daemonize";
+    argv[argc++] = "no";
+    argv[argc++] = "--logfile";
+    argv[argc++] = logfile;
+    snprintf(extra, sizeof extra, "%s", r->extra);
+    n = split_args(extra, argv + argc, 63 - argc);
+    if (n < 0) {
+        fprintf(stderr, "harness: too many redis arguments\n");
+        return -1;
+    }
+    argc += n;
+    argv[argc] = NULL;
+
+    fd = open(logfile, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    r->pid = spawn(argv, fd, fd, -1);
+    if (fd >= 0) {
+        close(fd);
+    }
+    if (r->pid < 0) {
+        r->pid = 0;
+        return -1;
+    }
+    deadline = h_now_ms() + H_REDIS_READY_MS;
+    while (h_now_ms() < deadline) {
+        if (waitpid(r->pid, &status, WNOHANG) == r->pid) {
+            h_untrack_pid(r->pid);
+            r->pid = 0;
+            return -2;
+        }
+        if (redis_is_ours(r)) {
+            return 0;
+        }
+        sleep_ms(10);
+    }
+    fprintf(stderr, "harness: redis-server on port %d not ready in %d ms\n",
+            r->port, H_REDIS_READY_MS);
+    kill_reap(r->pid);
+    r->pid = 0;
+    return -1;
+}
+
+int h_redis_start(struct h_redis *r, const char *extra_args)
+{
+    int rc = -1;
+
+    memset(r, 0, sizeof *r);
+    if (extra_args) {
+        if (strlen(extra_args) >= sizeof r->extra) {
+            fprintf(stderr, "harness: redis extra arguments too long\n");
+            return -1;
+        }
+        snprintf(r->extra, sizeof r->extra, "%s", extra_args);
+    }
+    if (make_tmpdir(r->dir, sizeof r->dir, "ldr") < 0) {
+        return -1;
+    }
+    /* The port was free a moment ago; another test may take it first. */
+    for (int attempt = 0; attempt < 10; attempt++) {
+        r->port = h_free_port();
+        if (r->port <= 0) {
+            break;
+        }
+        rc = redis_spawn_wait(r);
+        if (rc != -2) {
+            break;
+        }
+    }
+    if (rc != 0) {
+        char log[300];
+
+        snprintf(log, sizeof log, "%s/redis.log", r->dir);
+        dump_file("redis log", log);
+        h_rmdir(r->dir);
+        r->dir[0] = '\0';
+        r->port = 0;
+        return -1;
+    }
+    return 0;
+}
+
+int h_redis_restart(struct h_redis *r)
+{
+    long long deadline = h_now_ms() + H_REDIS_READY_MS;
+    int rc;
+
+    if (r->pid > 0) {
+        h_redis_kill(r);
+    }
+    /* The old socket may linger for a moment; retry the same port. */
+    do {
+        rc = redis_spawn_wait(r);
+        if (rc != -2) {
+            break;
+        }
+        sleep_ms(50);
+    } while (h_now_ms() < deadline);
+    if (rc != 0) {
+        char log[300];
+
+        snprintf(log, sizeof log, "%s/redis.log", r->dir);
+        dump_file("redis log", log);
+        return -1;
+    }
+    return 0;
+}
+
+void h_redis_kill(struct h_redis *r)
+{
+    if (r->pid > 0) {
+        kill_reap(r->pid);
+        r->pid = 0;
+    }
+}
+
+void h_redis_stop(struct h_redis *r)
+{
+    h_redis_kill(r);
+    if (r->dir[0]) {
+        h_rmdir(r->dir);
+        r->dir[0] = '\0';
+    }
+}
+
+/* --- leased ----------------------------------------------------------- */
+
+/* Does EXTRA define the top-level section NAME (a line "NAME:")? */
+static bool has_section(const char *extra, const char *name)
+{
+    size_t nlen = strlen(name);
+    const char *line = extra;
+
+    while (line && *line) {
+        size_t k = 0;
+
+        while ((line[k] >= 'a' && line[k] <= 'z') || line[k] == '_') {
+            k++;
+        }
+        if (k > 0 && line[k] == ':' && k == nlen && !memcmp(line, name, k)) {
+            return true;
+        }
+        line = strchr(line, '\n');
+        if (line) {
+            line++;
+        }
+    }
+    return false;
+}
+
+/* Copy IN to OUT replacing every "@DIR@" by DIR. */
+static int subst_dir(const char *in, const char *dir, char *out, size_t len)
+{
+    size_t used = 0, dlen = strlen(dir);
+
+    while (*in) {
+        if (!strncmp(in, "@DIR@", 5)) {
+            if (used + dlen >= len) {
+                return -1;
+            }
+            memcpy(out + used, dir, dlen);
+            used += dlen;
+            in += 5;
+        } else {
+            if (used + 1 >= len) {
+                return -1;
+            }
+            out[used++] = *in++;
+        }
+    }
+    out[used] = '\0';
+    return 0;
+}
+
+static int write_daemon_conf(struct h_daemon *d)
+{
+    char *text = NULL;
+    size_t size = 0;
+    FILE *m = open_memstream(&text, &size);
+    const char *x = d->yaml_extra;
+    int rc;
+
+    if (!m) {
+        return -1;
+    }
+    fprintf(m, "# written by the integration test harness\n");
+    if (!has_section(x, "listen")) {
+        fprintf(m, "listen:\n  unix: \"%s\"\n  tcp: \"127.0.0.1:0\"\n",
+                d->sock);
+    }
+    if (!has_section(x, "metrics")) {
+        fprintf(m, "metrics:\n  listen: \"\"\n");
+    }
+    if (!has_section(x, "redis")) {
+        fprintf(m, "redis:\n  address: \"127.0.0.1:%d\"\n", d->redis_port);
+    }
+    if (!has_section(x, "journal")) {
+        fprintf(m, "journal:\n  path: \"%s\"\n", d->journal);
+    }
+    if (!has_section(x, "log")) {
+        fprintf(m, "log:\n  level: debug\n");
+    }
+    fputs(x, m);
+    if (*x && x[strlen(x) - 1] != '\n') {
+        fputc('\n', m);
+    }
+    fclose(m);
+    rc = write_file(d->conf, text);
+    free(text);
+    return rc;
+}
+
+/* Connect, ping and read the bound ports from stats. */
+static bool daemon_answers(struct h_daemon *d)
+{
+    struct h_conn *c = h_connect(d);
+    json_t *reply;
+    bool ok = false;
+
+    if (!c) {
+        return false;
+    }
+    reply = h_callf(c, 2000, "{s:s}", "op", "ping");
+    if (h_ok(reply)) {
+        json_t *st;
+
+        json_decref(reply);
+        reply = h_callf(c, 2000, "{s:s}", "op", "stats");
+        st = json_object_get(reply, "stats");
+        if (h_ok(reply) && st) {
+            d->tcp_port = (int)json_integer_value(
+                json_object_get(st, "tcp_port"));
+            d->metrics_port = (int)json_integer_value(
+                json_object_get(st, "metrics_port"));
+            ok = true;
+        }
+    }
+    json_decref(reply);
+    h_close(c);
+    return ok;
+}
+
+static int daemon_spawn_wait(struct h_daemon *d, int listen_fd)
+{
+    const char *argv[] = { h_leased_bin(), "-f", "-c", d->conf, NULL };
+    long long deadline;
+    int fd, status;
+
+    fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "harness: %s: %s\n", d->log, strerror(errno));
+        return -1;
+    }
+    d->pid = spawn(argv, fd, fd, listen_fd);
+    close(fd);
+    if (d->pid < 0) {
+        d->pid = 0;
+        return -1;
+    }
+    deadline = h_now_ms() + H_DAEMON_READY_MS;
+    while (h_now_ms() < deadline) {
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            fprintf(stderr, "harness: leased exited during start-up "
+                    "(status %d)\n", exit_code(status));
+            h_untrack_pid(d->pid);
+            d->pid = 0;
+            h_daemon_dump_log(d);
+            return -1;
+        }
+        if (daemon_answers(d)) {
+            return 0;
+        }
+        sleep_ms(10);
+    }
+    fprintf(stderr, "harness: leased did not answer ping on %s in %d ms\n",
+            d->sock, H_DAEMON_READY_MS);
+    kill_reap(d->pid);
+    d->pid = 0;
+    h_daemon_dump_log(d);
+    return -1;
+}
+
+static int daemon_prepare(struct h_daemon *d, const struct h_redis *r,
+                          const char *yaml_extra)
+{
+    memset(d, 0, sizeof *d);
+    d->redis_port = r ? r->port : 1;
+    if (make_tmpdir(d->dir, sizeof d->dir, "ldd") < 0) {
+        return -1;
+    }
+    snprintf(d->sock, sizeof d->sock, "%s/leased.sock", d->dir);
+    snprintf(d->conf, sizeof d->conf, "%s/leased.yml", d->dir);
+    snprintf(d->log, sizeof d->log, "%s/leased.log", d->dir);
+    snprintf(d->journal, sizeof d->journal, "%s/journal", d->dir);
+    if (subst_dir(yaml_extra ? yaml_extra : "", d->dir, d->yaml_extra,
+                  sizeof d->yaml_extra) < 0) {
+        fprintf(stderr, "harness: yaml_extra too long\n");
+        return -1;
+    }
+    return write_daemon_conf(d);
+}
+
+int h_daemon_start(struct h_daemon *d, const struct h_redis *r,
+                   const char *yaml_extra)
+{
+    if (daemon_prepare(d, r, yaml_extra) < 0) {
+        return -1;
+    }
+    return daemon_spawn_wait(d, -1);
+}
+
+int h_daemon_start_fd(struct h_daemon *d, const struct h_redis *r,
+                      const char *yaml_extra, int listen_fd,
+                      const char *sock_path)
+{
+    if (daemon_prepare(d, r, yaml_extra) < 0) {
+        return -1;
+    }
+    snprintf(d->sock, sizeof d->sock, "%s", sock_path);
+    return daemon_spawn_wait(d, listen_fd);
+}
+
+int h_daemon_restart(struct h_daemon *d)
+{
+    if (d->pid > 0) {
+        h_daemon_stop(d);
+    }
+    d->tcp_port = 0;
+    d->metrics_port = 0;
+    return daemon_spawn_wait(d, -1);
+}
+
+int h_daemon_wait(struct h_daemon *d, int timeout_ms)
+{
+    int status;
+
+    if (d->pid <= 0) {
+        return -1;
+    }
+    if (wait_deadline(d->pid, &status, timeout_ms) == 0) {
+        return -1;
+    }
+    h_untrack_pid(d->pid);
+    d->pid = 0;
+    return exit_code(status);
+}
+
+int h_daemon_stop(struct h_daemon *d)
+{
+    int status;
+
+    if (d->pid <= 0) {
+        return -1;
+    }
+    kill(d->pid, SIGTERM);
+    if (wait_deadline(d->pid, &status, H_DAEMON_STOP_MS) == 0) {
+        fprintf(stderr, "harness: leased pid %ld ignored SIGTERM for %d ms\n",
+                (long)d->pid, H_DAEMON_STOP_MS);
+        kill_reap(d->pid);
+        d->pid = 0;
+        return -1;
+    }
+    h_untrack_pid(d->pid);
+    d->pid = 0;
+    return exit_code(status);
+}
+
+void h_daemon_kill(struct h_daemon *d)
+{
+    if (d->pid > 0) {
+        kill_reap(d->pid);
+        d->pid = 0;
+    }
+}
+
+void h_daemon_cleanup(struct h_daemon *d)
+{
+    if (d->pid > 0) {
+        h_daemon_stop(d);
+    }
+    if (d->dir[0]) {
+        h_rmdir(d->dir);
+        d->dir[0] = '\0';
+    }
+}
+
+void h_daemon_signal(struct h_daemon *d, int sig)
+{
+    if (d->pid > 0) {
+        kill(d->pid, sig);
+    }
+}
+
+void h_daemon_dump_log(const struct h_daemon *d)
+{
+    if (d->log[0]) {
+        dump_file("leased log", d->log);
+    }
+}
+
+/* --- per-test-case failure logs --------------------------------------- */
+
+static char case_root[128];
+static char case_saved_tmpdir[512];
+static bool case_had_tmpdir;
+
+void h_case_setup(void)
+{
+    const char *base = getenv("TMPDIR");
+
+    case_had_tmpdir = base != NULL;
+    snprintf(case_saved_tmpdir, sizeof case_saved_tmpdir, "%s",
+             base ? base : "");
+    if (!base || !*base || strlen(base) > 40) {
+        base = "/tmp";
+    }
+    snprintf(case_root, sizeof case_root, "%s/ldcase-XXXXXX", base);
+    if (!mkdtemp(case_root)) {
+        fprintf(stderr, "harness: mkdtemp %s: %s\n", case_root,
+                strerror(errno));
+        case_root[0] = '\0';
+        return;
+    }
+    setenv("TMPDIR", case_root, 1);
+}
+
+void h_case_passed(void)
+{
+    char marker[200];
+
+    if (case_root[0]) {
+        snprintf(marker, sizeof marker, "%s/.passed", case_root);
+        write_file(marker, "");
+    }
+}
+
+static int dump_logs_one(const char *path, const struct stat *st, int flag,
+                         struct FTW *ftw)
+{
+    size_t n = strlen(path);
+
+    (void)st;
+    (void)ftw;
+    if (flag == FTW_F && n > 4 && !strcmp(path + n - 4, ".log")) {
+        dump_file("log of the failed test", path);
+    }
+    return 0;
+}
+
+void h_case_teardown(void)
+{
+    char marker[200];
+
+    if (!case_root[0]) {
+        return;
+    }
+    snprintf(marker, sizeof marker, "%s/.passed", case_root);
+    if (access(marker, F_OK) != 0) {
+        fprintf(stderr, "harness: the test did not finish cleanly; "
+                "its logs follow\n");
+        nftw(case_root, dump_logs_one, 16, FTW_PHYS);
+    }
+    rm_rf(case_root);
+    case_root[0] = '\0';
+    if (case_had_tmpdir) {
+        setenv("TMPDIR", case_saved_tmpdir, 1);
+    } else {
+        unsetenv("TMPDIR");
+    }
+}
+
+/* --- protocol connections --------------------------------------------- */
+
+struct h_item {
+    json_t *msg;
+    struct h_item *next;
+};
+
+struct h_queue {
+    struct h_item *head, *tail;
+};
+
+struct h_conn {
+    int fd;
+    bool eof;
+    char *buf;
+    size_t len, cap;
+    struct h_queue replies;
+    struct h_queue events;
+    json_int_t next_id;
+};
+
+static void q_push(struct h_queue *q, json_t *msg)
+{
+    struct h_item *it = malloc(sizeof *it);
+
+    if (!it) {
+        json_decref(msg);
+        return;
+    }
+    it->msg = msg;
+    it->next = NULL;
+    if (q->tail) {
+        q->tail->next = it;
+    } else {
+        q->head = it;
+    }
+    q->tail = it;
+}
+
+/* Remove and return the first message MATCH accepts (all when NULL). */
+static json_t *q_take(struct h_queue *q, bool (*match)(json_t *, void *),
+                      void *arg)
+{
+    struct h_item *prev = NULL;
+
+    for (struct h_item *it = q->head; it; prev = it, it = it->next) {
+        json_t *msg;
+
+        if (match && !match(it->msg, arg)) {
+            continue;
+        }
+        if (prev) {
+            prev->next = it->next;
+        } else {
+            q->head = it->next;
+        }
+        if (q->tail == it) {
+            q->tail = prev;
+        }
+        msg = it->msg;
+        free(it);
+        return msg;
+    }
+    return NULL;
+}
+
+static void q_clear(struct h_queue *q)
+{
+    json_t *msg;
+
+    while ((msg = q_take(q, NULL, NULL))) {
+        json_decref(msg);
+    }
+}
+
+static void conn_line(struct h_conn *c, const char *line, size_t len)
+{
+    json_error_t err;
+    json_t *msg;
+
+    if (len > 0 && line[len - 1] == '\r') {
+        len--;
+    }
+    msg = json_loadb(line, len, 0, &err);
+    if (!msg) {
+        /* Surface it as a failed reply so the test that waits sees it. */
+        fprintf(stderr, "harness: server sent a line that is not JSON "
+                "(%s): %.*s\n", err.text, (int)(len > 200 ? 200 : len), line);
+        msg = json_pack("{s:b,s:{s:s,s:s#}}", "ok", 0, "error", "code",
+                        "harness_invalid_json", "message", line,
+                        (int)(len > 200 ? 200 : len));
+        if (!msg) {
+            return;
+        }
+    }
+    if (json_is_object(msg) && json_object_get(msg, "event")
+        && !json_object_get(msg, "id")) {
+        q_push(&c->events, msg);
+    } else {
+        q_push(&c->replies, msg);
+    }
+}
+
+static void conn_parse(struct h_conn *c)
+{
+    size_t start = 0;
+    char *nl;
+
+    while ((nl = memchr(c->buf + start, '\n', c->len - start))) {
+        size_t end = (size_t)(nl - c->buf);
+
+        conn_line(c, c->buf + start, end - start);
+        start = end + 1;
+    }
+    if (start > 0) {
+        memmove(c->buf, c->buf + start, c->len - start);
+        c->len -= start;
+    }
+}
+
+/* Wait up to TIMEOUT_MS for input and queue every complete line. Returns
+ * 1 when data came, 0 on timeout, -1 on EOF or error. */
+static int conn_read(struct h_conn *c, int timeout_ms)
+{
+    struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+    ssize_t n;
+    int pr;
+
+    if (c->eof) {
+        return -1;
+    }
+    pr = poll(&pfd, 1, timeout_ms < 0 ? 0 : timeout_ms);
+    if (pr < 0) {
+        return errno == EINTR ? 0 : -1;
+    }
+    if (pr == 0) {
+        return 0;
+    }
+    if (c->cap - c->len < 65536) {
+        size_t ncap = c->cap ? c->cap * 2 : 131072;
+        char *nb = realloc(c->buf, ncap);
+
+        if (!nb) {
+            return -1;
+        }
+        c->buf = nb;
+        c->cap = ncap;
+    }
+    n = recv(c->fd, c->buf + c->len, c->cap - c->len, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        return 0;
+    }
+    if (n <= 0) {
+        c->eof = true;
+        if (c->len > 0) {
+            /* A last line without its newline still counts. */
+            conn_line(c, c->buf, c->len);
+            c->len = 0;
+        }
+        return -1;
+    }
+    c->len += (size_t)n;
+    conn_parse(c);
+    return 1;
+}
+
+static struct h_conn *conn_new(int fd)
+{
+    struct h_conn *c = calloc(1, sizeof *c);
+
+    if (!c) {
+        close(fd);
+        return NULL;
+    }
+    c->fd = fd;
+    c->next_id = H_FIRST_CALL_ID;
+    return c;
+}
+
+struct h_conn *h_connect(const struct h_daemon *d)
+{
+    struct sockaddr_un sa;
+    int fd;
+
+    if (strlen(d->sock) >= sizeof sa.sun_path) {
+        return NULL;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return NULL;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, d->sock, strlen(d->sock) + 1);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        int e = errno;
+
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    return conn_new(fd);
+}
+
+struct h_conn *h_connect_tcp(const struct h_daemon *d)
+{
+    struct sockaddr_in sa;
+    int fd, one = 1;
+
+    if (d->tcp_port <= 0) {
+        errno = ENOTCONN;
+        return NULL;
+    }
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return NULL;
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons((uint16_t)d->tcp_port);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        int e = errno;
+
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    return conn_new(fd);
+}
+
+void h_close(struct h_conn *c)
+{
+    if (!c) {
+        return;
+    }
+    close(c->fd);
+    q_clear(&c->replies);
+    q_clear(&c->events);
+    free(c->buf);
+    free(c);
+}
+
+int h_send_raw(struct h_conn *c, const char *bytes, size_t len)
+{
+    long long deadline = h_now_ms() + H_SEND_MS;
+    size_t off = 0;
+
+    /* Keep reading while writing: a server that stops reading until its
+     * replies drain would otherwise deadlock a large pipelined send. */
+    while (off < len) {
+        struct pollfd pfd = { .fd = c->fd, .events = POLLOUT };
+        long long left = deadline - h_now_ms();
+        ssize_t n;
+
+        if (left <= 0) {
+            fprintf(stderr, "harness: send stalled for %d ms\n", H_SEND_MS);
+            return -1;
+        }
+        if (!c->eof) {
+            pfd.events |= POLLIN;
+        }
+        if (poll(&pfd, 1, (int)left) < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        if (pfd.revents & POLLIN) {
+            conn_read(c, 0);
+        }
+        if (!(pfd.revents & (POLLOUT | POLLERR | POLLHUP))) {
+            continue;
+        }
+        n = send(c->fd, bytes + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        off += (size_t)n;
+    }
+    return 0;
+}
+
+static int send_json(struct h_conn *c, json_t *msg)
+{
+    char *text = json_dumps(msg, JSON_COMPACT);
+    size_t n;
+    int rc;
+
+    if (!text) {
+        return -1;
+    }
+    n = strlen(text);
+    text = realloc(text, n + 2);
+    if (!text) {
+        return -1;
+    }
+    text[n] = '\n';
+    text[n + 1] = '\0';
+    rc = h_send_raw(c, text, n + 1);
+    free(text);
+    return rc;
+}
+
+static json_t *vpack(const char *fmt, va_list ap)
+{
+    json_error_t err;
+    json_t *msg = json_vpack_ex(&err, 0, fmt, ap);
+
+    if (!msg) {
+        fprintf(stderr, "harness: json_pack(\"%s\"): %s\n", fmt, err.text);
+    }
+    return msg;
+}
+
+int h_send(struct h_conn *c, const char *fmt, ...)
+{
+    va_list ap;
+    json_t *msg;
+    int rc;
+
+    va_start(ap, fmt);
+    msg = vpack(fmt, ap);
+    va_end(ap);
+    if (!msg) {
+        return -1;
+    }
+    rc = send_json(c, msg);
+    json_decref(msg);
+    return rc;
+}
+
+/* Take from Q what MATCH accepts, reading until TIMEOUT_MS. */
+static json_t *wait_for(struct h_conn *c, struct h_queue *q,
+                        bool (*match)(json_t *, void *), void *arg,
+                        int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+
+    for (;;) {
+        json_t *msg = q_take(q, match, arg);
+        long long left;
+
+        if (msg) {
+            return msg;
+        }
+        left = deadline - h_now_ms();
+        if (c->eof || (left <= 0 && conn_read(c, 0) <= 0)) {
+            return q_take(q, match, arg);
+        }
+        if (left > 0) {
+            conn_read(c, (int)left);
+        }
+    }
+}
+
+json_t *h_recv(struct h_conn *c, int timeout_ms)
+{
+    return wait_for(c, &c->replies, NULL, NULL, timeout_ms);
+}
+
+static bool id_matches(json_t *msg, void *arg)
+{
+    json_t *id = json_object_get(msg, "id");
+
+    return json_is_integer(id) && json_integer_value(id) == *(json_int_t *)arg;
+}
+
+json_t *h_recv_id(struct h_conn *c, json_int_t id, int timeout_ms)
+{
+    return wait_for(c, &c->replies, id_matches, &id, timeout_ms);
+}
+
+json_t *h_event(struct h_conn *c, int timeout_ms)
+{
+    return wait_for(c, &c->events, NULL, NULL, timeout_ms);
+}
+
+json_t *h_call(struct h_conn *c, json_t *req, int timeout_ms)
+{
+    json_int_t id;
+    int rc;
+
+    if (!req) {
+        return NULL;
+    }
+    id = c->next_id++;
+    json_object_set_new(req, "id", json_integer(id));
+    rc = send_json(c, req);
+    json_decref(req);
+    if (rc < 0) {
+        return NULL;
+    }
+    return h_recv_id(c, id, timeout_ms);
+}
+
+json_t *h_callf(struct h_conn *c, int timeout_ms, const char *fmt, ...)
+{
+    va_list ap;
+    json_t *req;
+
+    va_start(ap, fmt);
+    req = vpack(fmt, ap);
+    va_end(ap);
+    return h_call(c, req, timeout_ms);
+}
+
+bool h_wait_closed(struct h_conn *c, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+
+    while (!c->eof) {
+        long long left = deadline - h_now_ms();
+
+        if (left <= 0) {
+            conn_read(c, 0);
+            break;
+        }
+        conn_read(c, (int)left);
+    }
+    return c->eof;
+}
+
+/* --- reply helpers ---------------------------------------------------- */
+
+long long h_stat(struct h_conn *c, const char *name)
+{
+    json_t *reply = h_callf(c, 5000, "{s:s}", "op", "stats");
+    json_t *v = json_object_get(reply, "stats");
+    char path[256], *save = NULL;
+    long long out = -1;
+
+    /* "requests_by_op.ping" walks into nested objects. */
+    snprintf(path, sizeof path, "%s", name);
+    for (char *part = strtok_r(path, ".", &save); part && v;
+         part = strtok_r(NULL, ".", &save)) {
+        v = json_object_get(v, part);
+    }
+    if (json_is_integer(v)) {
+        out = json_integer_value(v);
+    } else if (json_is_real(v)) {
+        out = (long long)json_real_value(v);
+    } else if (json_is_boolean(v)) {
+        out = json_is_true(v) ? 1 : 0;
+    }
+    json_decref(reply);
+    return out;
+}
+
+bool h_ok(const json_t *reply)
+{
+    return reply && json_is_true(json_object_get(reply, "ok"));
+}
+
+const char *h_errcode(const json_t *reply)
+{
+    json_t *code;
+
+    if (!reply) {
+        return "(no reply)";
+    }
+    if (h_ok(reply)) {
+        return NULL;
+    }
+    code = json_object_get(json_object_get(reply, "error"), "code");
+    return json_is_string(code) ? json_string_value(code) : "(no code)";
+}
