@@ -1,0 +1,723 @@
+/* Foundation integration tests: framing, errors, identity, limits, TCP
+ * auth, Redis loss and return, graceful stop, command line, socket
+ * activation and clean-up, against a real redis-server and the real
+ * leased. Every test starts its own processes. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <check.h>
+#include <errno.h>
+#include <regex.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define T_MS 5000   /* how long a reply may take */
+
+static struct h_redis R;
+static struct h_daemon D;
+
+static void setup(void)
+{
+    memset(&R, 0, sizeof R);
+    memset(&D, 0, sizeof D);
+}
+
+static void teardown(void)
+{
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R);
+}
+
+static void start(const char *yaml_extra)
+{
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
+}
+
+static struct h_conn *connect_ok(void)
+{
+    struct h_conn *c = h_connect(&D);
+
+    ck_assert_msg(c != NULL, "connect %s: %s", D.sock, strerror(errno));
+    return c;
+}
+
+static bool matches(const char *re, const char *s)
+{
+    regex_t rx;
+    bool ok;
+
+    ck_assert_int_eq(regcomp(&rx, re, REG_EXTENDED | REG_NOSUB), 0);
+    ok = s && regexec(&rx, s, 0, NULL, 0) == 0;
+    regfree(&rx);
+    return ok;
+}
+
+static void assert_ping(struct h_conn *c)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s}", "op", "ping");
+
+    ck_assert_msg(h_ok(r), "ping failed: %s", h_errcode(r));
+    json_decref(r);
+}
+
+/* Send LINE raw and expect the very next reply to be error CODE. Returns
+ * the reply (caller frees) for further checks. */
+static json_t *expect_error(struct h_conn *c, const char *line,
+                            const char *code)
+{
+    json_t *r;
+
+    ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
+    r = h_recv(c, T_MS);
+    ck_assert_msg(r != NULL, "no reply to %s", line);
+    ck_assert_msg(!h_ok(r), "expected %s for %s", code, line);
+    ck_assert_str_eq(h_errcode(r), code);
+    ck_assert(json_is_string(
+        json_object_get(json_object_get(r, "error"), "message")));
+    return r;
+}
+
+#define PAD_HEAD "{\"op\":\"ping\",\"id\":21,\"pad\":\""
+
+static int send_str(struct h_conn *c, const char *s)
+{
+    return h_send_raw(c, s, strlen(s));
+}
+
+static const char *err_message(const json_t *r)
+{
+    return json_string_value(
+        json_object_get(json_object_get(r, "error"), "message"));
+}
+
+/* --- hello, ping, stats ------------------------------------------------ */
+
+START_TEST(test_hello_ping_stats)
+{
+    struct h_conn *c, *c2;
+    json_t *r, *st;
+    const char *s1;
+    char sess1[64];
+
+    start(NULL);
+    c = connect_ok();
+    assert_ping(c);
+
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "hello", "client", "core-test");
+    ck_assert_msg(h_ok(r), "hello: %s", h_errcode(r));
+    ck_assert_str_eq(json_string_value(json_object_get(r, "server")),
+                     "leased");
+    ck_assert_msg(matches("^[0-9]+\\.[0-9]+\\.[0-9]+",
+                          json_string_value(json_object_get(r, "version"))),
+                  "version is not semver");
+    ck_assert(json_is_integer(json_object_get(r, "protocol")));
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "protocol")), 1);
+    s1 = json_string_value(json_object_get(r, "session"));
+    ck_assert_msg(s1 && *s1, "hello has no session id");
+    snprintf(sess1, sizeof sess1, "%s", s1);
+    json_decref(r);
+
+    /* Another connection is another session. */
+    c2 = connect_ok();
+    r = h_callf(c2, T_MS, "{s:s}", "op", "hello");
+    ck_assert_msg(h_ok(r), "hello without client: %s", h_errcode(r));
+    ck_assert_str_ne(json_string_value(json_object_get(r, "session")),
+                     sess1);
+    json_decref(r);
+
+    r = h_callf(c, T_MS, "{s:s}", "op", "stats");
+    ck_assert_msg(h_ok(r), "stats: %s", h_errcode(r));
+    st = json_object_get(r, "stats");
+    ck_assert(json_is_object(st));
+    ck_assert(json_is_number(json_object_get(st, "uptime_s")));
+    ck_assert(json_is_integer(json_object_get(st, "sessions")));
+    ck_assert_int_eq(json_integer_value(json_object_get(st, "sessions")), 2);
+    ck_assert(json_is_object(json_object_get(st, "requests_by_op")));
+    ck_assert(json_is_object(json_object_get(st, "errors_by_code")));
+    ck_assert_int_ge(json_integer_value(json_object_get(
+        json_object_get(st, "requests_by_op"), "ping")), 1);
+    ck_assert_int_ge(json_integer_value(json_object_get(
+        json_object_get(st, "requests_by_op"), "hello")), 2);
+    json_decref(r);
+
+    /* The daemon connects to Redis on its own, without any request. */
+    ck_assert_int_ge(h_stat(c, "redis_connected"), 1);
+
+    h_close(c2);
+    h_close(c);
+}
+END_TEST
+
+/* --- bad input keeps the connection usable ----------------------------- */
+
+START_TEST(test_errors)
+{
+    struct h_conn *c;
+    json_t *r;
+    char *line;
+    size_t n;
+
+    start("limits:\n  max_request_bytes: 1024\n");
+    c = connect_ok();
+
+    /* Not JSON. */
+    json_decref(expect_error(c, "{nope\n", "bad_request"));
+    assert_ping(c);
+    /* JSON, but not an object. */
+    json_decref(expect_error(c, "[1]\n", "bad_request"));
+    assert_ping(c);
+    json_decref(expect_error(c, "42\n", "bad_request"));
+    assert_ping(c);
+    /* No op: the message names the field, the id is echoed. */
+    r = expect_error(c, "{\"id\":11}\n", "bad_request");
+    ck_assert_msg(strstr(err_message(r), "op") != NULL,
+                  "message does not name op: %s", err_message(r));
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "id")), 11);
+    json_decref(r);
+    assert_ping(c);
+    /* op of the wrong type. */
+    r = expect_error(c, "{\"op\":5,\"id\":12}\n", "bad_request");
+    ck_assert_msg(strstr(err_message(r), "op") != NULL,
+                  "message does not name op: %s", err_message(r));
+    json_decref(r);
+    assert_ping(c);
+    /* Unknown op, id echoed. */
+    r = expect_error(c, "{\"op\":\"no.such.op\",\"id\":13}\n", "unknown_op");
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "id")), 13);
+    json_decref(r);
+    assert_ping(c);
+    /* A field of the wrong type, in an op the core has. */
+    r = expect_error(c, "{\"op\":\"hello\",\"client\":5}\n", "bad_request");
+    ck_assert_msg(strstr(err_message(r), "client") != NULL,
+                  "message does not name client: %s", err_message(r));
+    json_decref(r);
+    assert_ping(c);
+    /* Invalid UTF-8 inside a string. */
+    json_decref(expect_error(c, "{\"op\":\"ping\",\"x\":\"\xff\xfe\"}\n",
+                             "bad_request"));
+    assert_ping(c);
+
+    /* A line over max_request_bytes, sent in pieces: one too_large, the
+     * rest of the line discarded, then back to normal. */
+    n = 5000;
+    line = malloc(n + 1);
+    ck_assert_ptr_nonnull(line);
+    memset(line, 'x', n);
+    memcpy(line, PAD_HEAD, strlen(PAD_HEAD));
+    memcpy(line + n - 3, "\"}\n", 3);
+    line[n] = '\0';
+    ck_assert_int_eq(h_send_raw(c, line, 1000), 0);
+    ck_assert_int_eq(h_send_raw(c, line + 1000, 1000), 0);
+    ck_assert_int_eq(h_send_raw(c, line + 2000, n - 2000), 0);
+    r = h_recv(c, T_MS);
+    ck_assert_str_eq(h_errcode(r), "too_large");
+    json_decref(r);
+    /* The next reply is the ping's: nothing else came from that line. */
+    ck_assert_int_eq(send_str(c, "{\"op\":\"ping\",\"id\":22}\n"), 0);
+    r = h_recv(c, T_MS);
+    ck_assert_msg(h_ok(r), "ping after too_large: %s", h_errcode(r));
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "id")), 22);
+    json_decref(r);
+    /* A line just under the limit is fine. */
+    memcpy(line + 900 - 3, "\"}\n", 3);
+    ck_assert_int_eq(h_send_raw(c, line, 900), 0);
+    r = h_recv(c, T_MS);
+    ck_assert_msg(h_ok(r), "900-byte ping: %s", h_errcode(r));
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "id")), 21);
+    json_decref(r);
+    free(line);
+
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_ids_and_crlf)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start(NULL);
+    c = connect_ok();
+
+    ck_assert_int_eq(h_send(c, "{s:s,s:s}", "op", "ping", "id", "req-a7"),
+                     0);
+    r = h_recv(c, T_MS);
+    ck_assert(h_ok(r));
+    ck_assert_str_eq(json_string_value(json_object_get(r, "id")), "req-a7");
+    json_decref(r);
+
+    ck_assert_int_eq(h_send(c, "{s:s,s:I}", "op", "ping", "id",
+                            (json_int_t)9007199254740993LL), 0);
+    r = h_recv(c, T_MS);
+    ck_assert(h_ok(r));
+    ck_assert(json_is_integer(json_object_get(r, "id")));
+    ck_assert(json_integer_value(json_object_get(r, "id"))
+              == 9007199254740993LL);
+    json_decref(r);
+
+    ck_assert_int_eq(h_send(c, "{s:s,s:f}", "op", "ping", "id", 2.5), 0);
+    r = h_recv(c, T_MS);
+    ck_assert(h_ok(r));
+    ck_assert(json_is_real(json_object_get(r, "id")));
+    ck_assert(json_real_value(json_object_get(r, "id")) == 2.5);
+    json_decref(r);
+
+    /* No id at all: a reply without one. */
+    ck_assert_int_eq(send_str(c, "{\"op\":\"ping\"}\n"), 0);
+    r = h_recv(c, T_MS);
+    ck_assert(h_ok(r));
+    ck_assert_ptr_null(json_object_get(r, "id"));
+    json_decref(r);
+
+    /* CRLF line endings. */
+    ck_assert_int_eq(send_str(c, "{\"op\":\"ping\",\"id\":31}\r\n"), 0);
+    r = h_recv(c, T_MS);
+    ck_assert_msg(h_ok(r), "CRLF ping: %s", h_errcode(r));
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "id")), 31);
+    json_decref(r);
+
+    /* Two requests in one write, the second split across writes. */
+    ck_assert_int_eq(send_str(c, "{\"op\":\"ping\",\"id\":32}\n{\"op\":"),
+                     0);
+    ck_assert_int_eq(send_str(c, "\"ping\",\"id\":33}\n"), 0);
+    r = h_recv_id(c, 32, T_MS);
+    ck_assert(h_ok(r));
+    json_decref(r);
+    r = h_recv_id(c, 33, T_MS);
+    ck_assert(h_ok(r));
+    json_decref(r);
+
+    h_close(c);
+}
+END_TEST
+
+/* --- pipelining --------------------------------------------------------- */
+
+START_TEST(test_pipelined_pings)
+{
+    enum { N = 10000 };
+    struct h_conn *c;
+    char *buf;
+    size_t used = 0;
+    unsigned char *seen;
+
+    start("log:\n  level: info\n");
+    c = connect_ok();
+    buf = malloc((size_t)N * 40);
+    seen = calloc(N + 1, 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_ptr_nonnull(seen);
+    for (int i = 1; i <= N; i++) {
+        used += (size_t)sprintf(buf + used, "{\"op\":\"ping\",\"id\":%d}\n", i);
+    }
+    ck_assert_int_eq(h_send_raw(c, buf, used), 0);
+    free(buf);
+
+    for (int i = 0; i < N; i++) {
+        json_t *r = h_recv(c, T_MS);
+        json_t *id = json_object_get(r, "id");
+        json_int_t v;
+
+        ck_assert_msg(r != NULL, "only %d of %d replies", i, N);
+        ck_assert_msg(h_ok(r), "reply %d not ok: %s", i, h_errcode(r));
+        ck_assert(json_is_integer(id));
+        v = json_integer_value(id);
+        ck_assert_msg(v >= 1 && v <= N, "unexpected id %lld", (long long)v);
+        ck_assert_msg(!seen[v], "id %lld answered twice", (long long)v);
+        seen[v] = 1;
+        json_decref(r);
+    }
+    free(seen);
+    /* Nothing beyond the N replies. */
+    {
+        json_t *extra = h_recv(c, 200);
+
+        ck_assert_ptr_null(extra);
+    }
+    assert_ping(c);
+    h_close(c);
+}
+END_TEST
+
+/* --- TCP and auth ------------------------------------------------------ */
+
+START_TEST(test_tcp_plain)
+{
+    struct h_conn *c;
+
+    start(NULL);
+    ck_assert_int_gt(D.tcp_port, 0);
+    c = h_connect_tcp(&D);
+    ck_assert_msg(c != NULL, "tcp connect: %s", strerror(errno));
+    assert_ping(c);
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_tcp_auth)
+{
+    struct h_conn *c, *u;
+    json_t *r;
+
+    start("listen:\n"
+          "  unix: \"@DIR@/leased.sock\"\n"
+          "  tcp: \"127.0.0.1:0\"\n"
+          "  auth_token: \"s3cret-T0ken\"\n");
+    ck_assert_int_gt(D.tcp_port, 0);
+    c = h_connect_tcp(&D);
+    ck_assert_msg(c != NULL, "tcp connect: %s", strerror(errno));
+
+    r = h_callf(c, T_MS, "{s:s}", "op", "ping");
+    ck_assert_str_eq(h_errcode(r), "unauthorized");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s}", "op", "stats");
+    ck_assert_str_eq(h_errcode(r), "unauthorized");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s}", "op", "hello");
+    ck_assert_str_eq(h_errcode(r), "unauthorized");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "hello", "auth", "s3cret-T0kem");
+    ck_assert_str_eq(h_errcode(r), "unauthorized");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "hello", "auth", "s3cret");
+    ck_assert_str_eq(h_errcode(r), "unauthorized");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s}", "op", "ping");
+    ck_assert_str_eq(h_errcode(r), "unauthorized");
+    json_decref(r);
+
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "hello", "client", "t",
+                "auth", "s3cret-T0ken");
+    ck_assert_msg(h_ok(r), "hello with the token: %s", h_errcode(r));
+    ck_assert_str_eq(json_string_value(json_object_get(r, "server")),
+                     "leased");
+    json_decref(r);
+    assert_ping(c);
+
+    /* Authentication belongs to the session, not the client address. */
+    {
+        struct h_conn *c2 = h_connect_tcp(&D);
+
+        ck_assert_ptr_nonnull(c2);
+        r = h_callf(c2, T_MS, "{s:s}", "op", "ping");
+        ck_assert_str_eq(h_errcode(r), "unauthorized");
+        json_decref(r);
+        h_close(c2);
+    }
+    /* The Unix socket is not behind the token. */
+    u = connect_ok();
+    assert_ping(u);
+    h_close(u);
+    h_close(c);
+}
+END_TEST
+
+/* --- limits.max_clients -------------------------------------------------- */
+
+struct stat_want {
+    struct h_conn *c;
+    const char *name;
+    long long value;
+};
+
+static bool stat_is(void *arg)
+{
+    struct stat_want *w = arg;
+
+    return h_stat(w->c, w->name) == w->value;
+}
+
+static bool stat_at_least(void *arg)
+{
+    struct stat_want *w = arg;
+
+    return h_stat(w->c, w->name) >= w->value;
+}
+
+START_TEST(test_max_clients)
+{
+    struct h_conn *c[3], *extra;
+    struct stat_want w;
+    json_t *r;
+
+    start("limits:\n  max_clients: 3\n");
+    c[0] = connect_ok();
+    /* The harness's readiness probes must be gone before we count. */
+    w = (struct stat_want){ c[0], "sessions", 1 };
+    ck_assert_msg(h_wait_until(stat_is, &w, T_MS), "sessions != 1");
+    for (int i = 1; i < 3; i++) {
+        c[i] = connect_ok();
+        assert_ping(c[i]);
+    }
+
+    extra = h_connect(&D);
+    ck_assert_ptr_nonnull(extra);
+    r = h_recv(extra, T_MS);
+    ck_assert_msg(r != NULL, "the 4th connection got no line");
+    ck_assert_str_eq(h_errcode(r), "busy");
+    json_decref(r);
+    ck_assert_msg(h_wait_closed(extra, T_MS), "the 4th was not closed");
+    ck_assert_ptr_null(h_recv(extra, 0));
+    h_close(extra);
+
+    /* The three keep working, and a freed slot can be taken again. */
+    for (int i = 0; i < 3; i++) {
+        assert_ping(c[i]);
+    }
+    h_close(c[2]);
+    w = (struct stat_want){ c[0], "sessions", 2 };
+    ck_assert_msg(h_wait_until(stat_is, &w, T_MS), "sessions != 2");
+    c[2] = connect_ok();
+    assert_ping(c[2]);
+    for (int i = 0; i < 3; i++) {
+        h_close(c[i]);
+    }
+}
+END_TEST
+
+/* --- Redis goes away and comes back ----------------------------------- */
+
+START_TEST(test_redis_restart)
+{
+    struct h_conn *c;
+    struct stat_want w;
+    pid_t pid;
+
+    start(NULL);
+    pid = D.pid;
+    c = connect_ok();
+    w = (struct stat_want){ c, "redis_connected", 1 };
+    ck_assert_msg(h_wait_until(stat_at_least, &w, 10000),
+                  "never connected to Redis");
+
+    h_redis_kill(&R);
+    w = (struct stat_want){ c, "redis_connected", 0 };
+    ck_assert_msg(h_wait_until(stat_is, &w, 10000),
+                  "redis_connected stayed above 0 with Redis dead");
+    /* Still serving while Redis is away. */
+    for (int i = 0; i < 20; i++) {
+        assert_ping(c);
+    }
+
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    w = (struct stat_want){ c, "redis_connected", 1 };
+    ck_assert_msg(h_wait_until(stat_at_least, &w, 20000),
+                  "did not reconnect to the restarted Redis");
+    ck_assert_int_ge(h_stat(c, "redis_reconnects"), 1);
+    assert_ping(c);
+
+    /* Same process, same connection. */
+    ck_assert_int_eq(D.pid, pid);
+    ck_assert_int_eq(kill(pid, 0), 0);
+    ck_assert_int_eq(waitpid(pid, NULL, WNOHANG), 0);
+    h_close(c);
+}
+END_TEST
+
+/* --- graceful stop ------------------------------------------------------- */
+
+START_TEST(test_sigterm)
+{
+    struct h_conn *c;
+    json_t *ev, *r;
+    char sock[sizeof D.sock];
+    int status;
+
+    start(NULL);
+    snprintf(sock, sizeof sock, "%s", D.sock);
+    c = connect_ok();
+    assert_ping(c);
+
+    h_daemon_signal(&D, SIGTERM);
+    ev = h_event(c, 10000);
+    ck_assert_msg(ev != NULL, "no shutdown event");
+    ck_assert_str_eq(json_string_value(json_object_get(ev, "event")),
+                     "shutdown");
+    ck_assert_ptr_null(json_object_get(ev, "id"));
+    json_decref(ev);
+    ck_assert_msg(h_wait_closed(c, 10000), "connection not closed");
+    /* Nothing else (no stray reply) before the close. */
+    r = h_recv(c, 0);
+    ck_assert_ptr_null(r);
+
+    status = h_daemon_wait(&D, 15000);
+    ck_assert_msg(status == 0, "exit status %d", status);
+    ck_assert_msg(access(sock, F_OK) != 0 && errno == ENOENT,
+                  "socket file %s left behind", sock);
+    h_close(c);
+}
+END_TEST
+
+/* --- command line -------------------------------------------------------- */
+
+START_TEST(test_cmdline)
+{
+    char dir[256], good[300], bad[300], out[4096], err[4096];
+    int rc;
+
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(good, sizeof good, "%s/good.yml", dir);
+    snprintf(bad, sizeof bad, "%s/bad.yml", dir);
+    {
+        FILE *f = fopen(good, "w");
+
+        ck_assert_ptr_nonnull(f);
+        fputs("redis:\n  address: 127.0.0.1:6379\n"
+              "limits:\n  max_clients: 50\nlog:\n  level: warn\n", f);
+        fclose(f);
+        f = fopen(bad, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs("log:\n  level: info\n  no_such_key: 1\n", f);
+        fclose(f);
+    }
+    {
+        const char *argv[] = { h_leased_bin(), "-t", "-c", good, NULL };
+
+        rc = h_run(argv, out, sizeof out, err, sizeof err, 10000);
+        ck_assert_msg(rc == 0, "-t good.yml: exit %d, stderr: %s", rc, err);
+    }
+    {
+        const char *argv[] = { h_leased_bin(), "-t", "-c", bad, NULL };
+
+        rc = h_run(argv, out, sizeof out, err, sizeof err, 10000);
+        ck_assert_msg(rc == 1, "-t bad.yml: exit %d, stderr: %s", rc, err);
+        ck_assert_msg(strstr(err, "bad.yml:3:") != NULL,
+                      "no bad.yml:3: position in: %s", err);
+        ck_assert_msg(strstr(err, "no_such_key") != NULL,
+                      "the bad key is not named in: %s", err);
+    }
+    {
+        const char *argv[] = { h_leased_bin(), "-v", NULL };
+
+        rc = h_run(argv, out, sizeof out, err, sizeof err, 10000);
+        ck_assert_msg(rc == 0, "-v: exit %d", rc);
+        ck_assert_msg(matches("[0-9]+\\.[0-9]+\\.[0-9]+", out),
+                      "-v printed no version: %s", out);
+    }
+    h_rmdir(dir);
+    ck_assert_int_ne(access(dir, F_OK), 0);
+}
+END_TEST
+
+/* --- socket activation --------------------------------------------------- */
+
+START_TEST(test_socket_activation)
+{
+    char dir[256], path[300];
+    struct sockaddr_un sa;
+    struct h_conn *c;
+    int fd;
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/activated.sock", dir);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(fd, 16), 0);
+
+    ck_assert_int_eq(h_daemon_start_fd(&D, &R, NULL, fd, path), 0);
+    close(fd);   /* only the daemon holds it now */
+
+    c = connect_ok();
+    assert_ping(c);
+    {
+        json_t *r = h_callf(c, T_MS, "{s:s}", "op", "hello");
+
+        ck_assert_msg(h_ok(r), "hello over the adopted socket: %s",
+                      h_errcode(r));
+        json_decref(r);
+    }
+    h_close(c);
+    h_daemon_cleanup(&D);
+    h_rmdir(dir);
+}
+END_TEST
+
+/* --- nothing left behind -------------------------------------------------- */
+
+START_TEST(test_cleanup)
+{
+    pid_t rpid, dpid;
+    char rdir[sizeof R.dir], ddir[sizeof D.dir];
+
+    start(NULL);
+    rpid = R.pid;
+    dpid = D.pid;
+    snprintf(rdir, sizeof rdir, "%s", R.dir);
+    snprintf(ddir, sizeof ddir, "%s", D.dir);
+    ck_assert_int_gt(rpid, 0);
+    ck_assert_int_gt(dpid, 0);
+    ck_assert_int_eq(access(ddir, F_OK), 0);
+
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R);
+
+    ck_assert_int_eq(D.pid, 0);
+    ck_assert_int_eq(R.pid, 0);
+    errno = 0;
+    ck_assert_int_eq(kill(dpid, 0), -1);
+    ck_assert_int_eq(errno, ESRCH);
+    errno = 0;
+    ck_assert_int_eq(kill(rpid, 0), -1);
+    ck_assert_int_eq(errno, ESRCH);
+    ck_assert_int_ne(access(rdir, F_OK), 0);
+    ck_assert_int_ne(access(ddir, F_OK), 0);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+
+    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, NULL, h_case_passed);
+    tcase_set_timeout(tc, timeout_s);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("core");
+    SRunner *sr;
+    int failed;
+
+    add(s, "hello_ping_stats", test_hello_ping_stats, 60);
+    add(s, "errors", test_errors, 60);
+    add(s, "ids_and_crlf", test_ids_and_crlf, 60);
+    add(s, "pipelined_pings", test_pipelined_pings, 120);
+    add(s, "tcp_plain", test_tcp_plain, 60);
+    add(s, "tcp_auth", test_tcp_auth, 60);
+    add(s, "max_clients", test_max_clients, 60);
+    add(s, "redis_restart", test_redis_restart, 90);
+    add(s, "sigterm", test_sigterm, 60);
+    add(s, "cmdline", test_cmdline, 60);
+    add(s, "socket_activation", test_socket_activation, 60);
+    add(s, "cleanup", test_cleanup, 60);
+
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_ENV);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
