@@ -19,6 +19,7 @@ enum ld_frame_result {
 struct ld_framer {
     size_t max_bytes;
     bool discarding;     /* inside an over-long line: drop until \n */
+    size_t scanned;      /* leading bytes already known to hold no \n */
 };
 
 enum ld_frame_result ld_frame_next(struct ld_framer *f, struct evbuffer *in,

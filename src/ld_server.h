@@ -19,4 +19,18 @@ struct ld_server {
 
 extern struct ld_server ld_srv;
 
+struct ld_options {
+    const char *conf_path;
+    bool conf_explicit;          /* -c given: a missing file is an error */
+    bool foreground;
+};
+
+/* Load the configuration (defaults when the default file is missing);
+ * on error prints "file:line:col: message" to stderr. */
+int ld_server_load_config(const struct ld_options *opt,
+                          struct ld_config *cfg);
+
+/* Run the daemon until it stops; returns the process exit status. */
+int ld_server_run(const struct ld_options *opt, struct ld_config *cfg);
+
 #endif

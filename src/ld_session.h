@@ -18,7 +18,7 @@ struct ld_session {
     struct ld_listener *listener;
     bool open;                /* false once closing has begun */
     bool authed;
-    bool discarding;          /* skipping the rest of a too-long line */
+    struct session_io *io;    /* framing state, private to ld_session.c */
     unsigned refs;            /* 1 while open + one per request in flight */
     long long pending;        /* requests awaiting their reply */
     char client[64];          /* from hello, for logs */
@@ -43,6 +43,9 @@ void ld_session_write(struct ld_session *s, const char *buf, size_t len);
 /* Begin closing: hooks run, the socket closes once output is flushed
  * (bounded), the struct is freed when the last request is answered. */
 void ld_session_close(struct ld_session *s, const char *why);
+
+/* A request of the session got its answer (or was dropped). */
+void ld_session_req_done(struct ld_session *s);
 
 void ld_session_ref(struct ld_session *s);
 void ld_session_unref(struct ld_session *s);

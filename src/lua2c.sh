@@ -5,7 +5,7 @@ set -e
 out=$1; shift
 tmpc="$out.c.tmp"; tmph="$out.h.tmp"
 {
-    echo "/* generated from src/lua/*.lua by lua2c.sh; do not edit */"
+    echo "/* generated from the scripts in src/lua by lua2c.sh; do not edit */"
     echo "#ifndef LD_LUA_H"
     echo "#define LD_LUA_H"
     printf '#define LD_LUA_SCRIPTS(X)'
@@ -21,7 +21,7 @@ tmpc="$out.c.tmp"; tmph="$out.h.tmp"
     echo "#endif"
 } > "$tmph"
 {
-    echo "/* generated from src/lua/*.lua by lua2c.sh; do not edit */"
+    echo "/* generated from the scripts in src/lua by lua2c.sh; do not edit */"
     echo "#include \"ld_lua.h\""
     for f in "$@"; do
         n=$(basename "$f" .lua)

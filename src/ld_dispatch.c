@@ -1,0 +1,156 @@
+/*
+ * The op table. Core ops (hello, ping, stats) live here; feature modules
+ * add theirs at init, so an op whose module is absent is simply unknown.
+ */
+#include "ld_dispatch.h"
+
+#include "ld_conf.h"
+#include "ld_log.h"
+#include "ld_proto.h"
+#include "ld_server.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+#include "ld_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_OPS 32
+
+struct op_entry {
+    const char *name;
+    ld_handler *fn;
+};
+
+static struct op_entry ops[MAX_OPS];
+static size_t n_ops;
+
+int
+ld_dispatch_register(const char *op, ld_handler *fn)
+{
+    for (size_t i = 0; i < n_ops; i++) {
+        if (strcmp(ops[i].name, op) == 0) {
+            ops[i].fn = fn;
+            return LD_OK;
+        }
+    }
+    if (n_ops == MAX_OPS) {
+        log_error("dispatch table full op=%s", op);
+        return LD_ERR;
+    }
+    ops[n_ops].name = op;
+    ops[n_ops].fn = fn;
+    n_ops++;
+    return LD_OK;
+}
+
+static const struct op_entry *
+find_op(const char *name)
+{
+    for (size_t i = 0; i < n_ops; i++) {
+        if (strcmp(ops[i].name, name) == 0) {
+            return &ops[i];
+        }
+    }
+    return NULL;
+}
+
+static void
+op_ping(struct ld_req *req)
+{
+    ld_reply_ok(req, NULL);
+}
+
+static void
+op_hello(struct ld_req *req)
+{
+    const char *client = NULL;
+    const char *auth = NULL;
+    size_t client_len = 0;
+    size_t auth_len = 0;
+    bool has_auth = false;
+
+    if (ld_req_str(req, "client", false, &client, &client_len, NULL) != LD_OK ||
+        ld_req_str(req, "auth", false, &auth, &auth_len, &has_auth) != LD_OK) {
+        return;
+    }
+    struct ld_session *s = req->sess;
+    const char *token = ld_srv.cfg->listen.auth_token;
+    size_t token_len = strlen(token);
+
+    /* A token, when configured, is checked wherever it is offered; it is
+     * required only where the listener says so. */
+    if (token_len > 0 && (has_auth || !s->authed)) {
+        if (!has_auth ||
+            !ld_secure_equal(auth, auth_len, token, token_len)) {
+            log_warn("hello refused session=%s reason=bad_auth", s->name);
+            ld_reply_error(req, LD_E_UNAUTHORIZED, "bad or missing auth");
+            return;
+        }
+    }
+    s->authed = true;
+    if (client != NULL) {
+        snprintf(s->client, sizeof(s->client), "%.*s",
+                 (int)(client_len < sizeof(s->client) - 1
+                           ? client_len
+                           : sizeof(s->client) - 1),
+                 client);
+    }
+    ld_reply_ok(req, json_pack("{s:s,s:s,s:i,s:s}", "server", "leased",
+                               "version", PACKAGE_VERSION, "protocol", 1,
+                               "session", s->name));
+}
+
+static void
+op_stats(struct ld_req *req)
+{
+    ld_reply_ok(req, json_pack("{s:o}", "stats", ld_stats_json()));
+}
+
+void
+ld_dispatch(struct ld_req *req)
+{
+    struct ld_session *s = req->sess;
+    const struct op_entry *e = find_op(req->op);
+
+    if (e != NULL) {
+        ld_stats_count_op(e->name);
+    }
+    if (!s->authed && (e == NULL || e->fn != op_hello)) {
+        ld_reply_error(req, LD_E_UNAUTHORIZED,
+                       "this listener requires hello with auth first");
+        return;
+    }
+    if (e == NULL) {
+        ld_reply_error(req, LD_E_UNKNOWN_OP, "unknown op '%s'", req->op);
+        return;
+    }
+    if (ld_srv.shutting_down) {
+        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+        return;
+    }
+    /* pending already counts this request. */
+    if (s->pending > ld_srv.cfg->limits.max_pending) {
+        ld_reply_error(req, LD_E_BUSY,
+                       "too many requests in flight on this connection "
+                       "(limits.max_pending %lld)",
+                       ld_srv.cfg->limits.max_pending);
+        return;
+    }
+    e->fn(req);
+}
+
+void
+ld_dispatch_init(void)
+{
+    n_ops = 0;
+    ld_dispatch_register("hello", op_hello);
+    ld_dispatch_register("ping", op_ping);
+    ld_dispatch_register("stats", op_stats);
+}
+
+void
+ld_dispatch_free(void)
+{
+    n_ops = 0;
+}

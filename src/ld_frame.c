@@ -1,0 +1,72 @@
+/*
+ * NDJSON framing. Kept free of sockets so that split reads, several lines
+ * per read, CRLF and over-long lines can be tested from raw bytes.
+ */
+#include "ld_frame.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+enum ld_frame_result
+ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
+              size_t *len)
+{
+    for (;;) {
+        size_t avail = evbuffer_get_length(in);
+        if (avail == 0) {
+            return LD_FRAME_NEED_MORE;
+        }
+        /* Resume the search where the last one stopped: a long line
+         * arriving in small reads would otherwise be rescanned from its
+         * start on every read. */
+        struct evbuffer_ptr start;
+        if (f->scanned > avail) {
+            f->scanned = 0;
+        }
+        evbuffer_ptr_set(in, &start, f->scanned, EVBUFFER_PTR_SET);
+        struct evbuffer_ptr nl = evbuffer_search(in, "\n", 1, &start);
+        f->scanned = nl.pos < 0 ? avail : 0;
+
+        if (f->discarding) {
+            if (nl.pos < 0) {
+                evbuffer_drain(in, avail);
+                return LD_FRAME_NEED_MORE;
+            }
+            evbuffer_drain(in, (size_t)nl.pos + 1);
+            f->discarding = false;
+            continue;
+        }
+
+        if (nl.pos < 0) {
+            if (avail > f->max_bytes) {
+                /* Report now rather than buffering the whole line. */
+                evbuffer_drain(in, avail);
+                f->scanned = 0;
+                f->discarding = true;
+                return LD_FRAME_TOO_LARGE;
+            }
+            return LD_FRAME_NEED_MORE;
+        }
+
+        size_t n = (size_t)nl.pos;          /* bytes before the \n */
+        if (n > f->max_bytes) {
+            evbuffer_drain(in, n + 1);
+            return LD_FRAME_TOO_LARGE;
+        }
+        char *buf = malloc(n + 1);
+        if (buf == NULL) {
+            return LD_FRAME_NEED_MORE;
+        }
+        evbuffer_remove(in, buf, n);
+        evbuffer_drain(in, 1);
+        if (n > 0 && buf[n - 1] == '\r') {
+            n--;
+        }
+        buf[n] = '\0';
+        *line = buf;
+        *len = n;
+        return LD_FRAME_LINE;
+    }
+}

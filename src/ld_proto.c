@@ -1,0 +1,356 @@
+/*
+ * Requests and replies: NDJSON lines to request objects, field checks that
+ * name the offending field, and the one place replies are serialised.
+ */
+#include "ld_proto.h"
+
+#include "ld_conf.h"
+#include "ld_server.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+#include "ld_util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *errcode_names[] = {
+#define LD_ERR_NAME(sym, name) name,
+    LD_ERRCODES(LD_ERR_NAME)
+#undef LD_ERR_NAME
+};
+
+const char *
+ld_errcode_name(int code)
+{
+    if (code < 0 || code >= LD_E__COUNT) {
+        return "internal";
+    }
+    return errcode_names[code];
+}
+
+int
+ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
+               char *msg, size_t msglen)
+{
+    json_error_t jerr;
+    *out = NULL;
+    *id_out = NULL;
+
+    json_t *obj = json_loadb(line, len, 0, &jerr);
+    if (obj == NULL) {
+        snprintf(msg, msglen, "invalid JSON at column %d: %s", jerr.column,
+                 jerr.text);
+        return LD_E_BAD_REQUEST;
+    }
+    if (!json_is_object(obj)) {
+        json_decref(obj);
+        snprintf(msg, msglen, "request must be a JSON object");
+        return LD_E_BAD_REQUEST;
+    }
+    json_t *id = json_object_get(obj, "id");
+    if (id != NULL) {
+        if (json_is_object(id) || json_is_array(id)) {
+            json_decref(obj);
+            snprintf(msg, msglen, "field 'id' must be a scalar");
+            return LD_E_BAD_REQUEST;
+        }
+        *id_out = json_incref(id);
+    }
+    json_t *op = json_object_get(obj, "op");
+    if (op == NULL) {
+        json_decref(obj);
+        snprintf(msg, msglen, "missing field 'op'");
+        return LD_E_BAD_REQUEST;
+    }
+    if (!json_is_string(op)) {
+        json_decref(obj);
+        snprintf(msg, msglen, "field 'op' must be a string");
+        return LD_E_BAD_REQUEST;
+    }
+    *out = obj;
+    return LD_OK;
+}
+
+static char *
+dump_line(json_t *obj, size_t *len)
+{
+    char *s = json_dumps(obj, JSON_COMPACT);
+    if (s == NULL) {
+        return NULL;
+    }
+    size_t n = strlen(s);
+    char *line = realloc(s, n + 2);
+    if (line == NULL) {
+        free(s);
+        return NULL;
+    }
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    *len = n + 1;
+    return line;
+}
+
+char *
+ld_proto_ok_line(json_t *id, json_t *fields, size_t *len)
+{
+    json_t *obj = json_object();
+    if (id != NULL) {
+        json_object_set(obj, "id", id);
+    }
+    json_object_set_new(obj, "ok", json_true());
+    if (fields != NULL) {
+        json_object_update(obj, fields);
+        json_decref(fields);
+    }
+    char *line = dump_line(obj, len);
+    json_decref(obj);
+    return line;
+}
+
+char *
+ld_proto_error_line(json_t *id, int code, json_t *extra, const char *message,
+                    size_t *len)
+{
+    json_t *obj = json_object();
+    json_t *err = json_object();
+    if (id != NULL) {
+        json_object_set(obj, "id", id);
+    }
+    json_object_set_new(obj, "ok", json_false());
+    json_object_set_new(err, "code", json_string(ld_errcode_name(code)));
+    /* The message may quote client input cut at a byte limit: never let
+     * that make the reply itself unencodable. */
+    json_t *m = json_string(message);
+    if (m == NULL) {
+        m = json_string("(message not valid UTF-8)");
+    }
+    json_object_set_new(err, "message", m);
+    if (extra != NULL) {
+        json_object_update(err, extra);
+        json_decref(extra);
+    }
+    json_object_set_new(obj, "error", err);
+    char *line = dump_line(obj, len);
+    json_decref(obj);
+    return line;
+}
+
+static void
+req_free(struct ld_req *req)
+{
+    if (req->id != NULL) {
+        json_decref(req->id);
+    }
+    if (req->body != NULL) {
+        json_decref(req->body);
+    }
+    struct ld_session *s = req->sess;
+    free(req);
+    if (s != NULL) {
+        ld_session_req_done(s);
+    }
+}
+
+static void
+send_line(struct ld_req *req, char *line, size_t len)
+{
+    if (line != NULL) {
+        if (req->sess != NULL && req->sess->open) {
+            ld_session_write(req->sess, line, len);
+        }
+        free(line);
+    }
+    req_free(req);
+}
+
+void
+ld_reply_ok(struct ld_req *req, json_t *fields)
+{
+    size_t len = 0;
+    char *line = ld_proto_ok_line(req->id, fields, &len);
+    send_line(req, line, len);
+}
+
+static void
+reply_error_v(struct ld_req *req, int code, json_t *extra, const char *fmt,
+              va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    ld_stats_count_error(code);
+    size_t len = 0;
+    char *line = ld_proto_error_line(req->id, code, extra, msg, &len);
+    send_line(req, line, len);
+}
+
+void
+ld_reply_error(struct ld_req *req, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    reply_error_v(req, code, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void
+ld_reply_error_extra(struct ld_req *req, int code, json_t *extra,
+                     const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    reply_error_v(req, code, extra, fmt, ap);
+    va_end(ap);
+}
+
+bool
+ld_req_session_open(const struct ld_req *req)
+{
+    return req->sess != NULL && req->sess->open;
+}
+
+bool
+ld_key_valid(const char *key, size_t len)
+{
+    LD_UNUSED(key);
+    return len > 0 && (long long)len <= ld_srv.cfg->limits.max_key_bytes;
+}
+
+static int
+bad_field(struct ld_req *req, const char *field, const char *what)
+{
+    ld_reply_error(req, LD_E_BAD_REQUEST, "field '%s' %s", field, what);
+    return LD_ERR;
+}
+
+int
+ld_req_key(struct ld_req *req, const char *field, const char **key,
+           size_t *len)
+{
+    json_t *v = json_object_get(req->body, field);
+    if (v == NULL || json_is_null(v)) {
+        return bad_field(req, field, "is required");
+    }
+    if (!json_is_string(v)) {
+        return bad_field(req, field, "must be a string");
+    }
+    size_t n = json_string_length(v);
+    if (n == 0) {
+        return bad_field(req, field, "must not be empty");
+    }
+    if ((long long)n > ld_srv.cfg->limits.max_key_bytes) {
+        char what[96];
+        snprintf(what, sizeof(what), "is longer than %lld bytes",
+                 ld_srv.cfg->limits.max_key_bytes);
+        return bad_field(req, field, what);
+    }
+    *key = json_string_value(v);
+    *len = n;
+    return LD_OK;
+}
+
+int
+ld_req_str(struct ld_req *req, const char *field, bool required,
+           const char **s, size_t *len, bool *present)
+{
+    json_t *v = json_object_get(req->body, field);
+    if (present != NULL) {
+        *present = false;
+    }
+    if (v == NULL || json_is_null(v)) {
+        if (required) {
+            return bad_field(req, field, "is required");
+        }
+        return LD_OK;
+    }
+    if (!json_is_string(v)) {
+        return bad_field(req, field, "must be a string");
+    }
+    *s = json_string_value(v);
+    if (len != NULL) {
+        *len = json_string_length(v);
+    }
+    if (present != NULL) {
+        *present = true;
+    }
+    return LD_OK;
+}
+
+int
+ld_req_int(struct ld_req *req, const char *field, bool required,
+           long long min, long long max, long long *out, bool *present)
+{
+    json_t *v = json_object_get(req->body, field);
+    if (present != NULL) {
+        *present = false;
+    }
+    if (v == NULL || json_is_null(v)) {
+        if (required) {
+            return bad_field(req, field, "is required");
+        }
+        return LD_OK;
+    }
+    if (!json_is_integer(v)) {
+        return bad_field(req, field, "must be an integer");
+    }
+    long long n = json_integer_value(v);
+    if (n < min || n > max) {
+        char what[96];
+        snprintf(what, sizeof(what), "must be between %lld and %lld", min,
+                 max);
+        return bad_field(req, field, what);
+    }
+    *out = n;
+    if (present != NULL) {
+        *present = true;
+    }
+    return LD_OK;
+}
+
+int
+ld_req_bool(struct ld_req *req, const char *field, bool *out)
+{
+    json_t *v = json_object_get(req->body, field);
+    if (v == NULL || json_is_null(v)) {
+        return LD_OK;
+    }
+    if (!json_is_boolean(v)) {
+        return bad_field(req, field, "must be true or false");
+    }
+    *out = json_is_true(v);
+    return LD_OK;
+}
+
+int
+ld_req_keys(struct ld_req *req, const char *field, size_t max, json_t **arr)
+{
+    json_t *v = json_object_get(req->body, field);
+    if (v == NULL || json_is_null(v)) {
+        return bad_field(req, field, "is required");
+    }
+    if (!json_is_array(v)) {
+        return bad_field(req, field, "must be an array of strings");
+    }
+    size_t n = json_array_size(v);
+    if (n == 0) {
+        return bad_field(req, field, "must not be empty");
+    }
+    if (n > max) {
+        char what[64];
+        snprintf(what, sizeof(what), "has more than %zu keys", max);
+        return bad_field(req, field, what);
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *k = json_array_get(v, i);
+        if (!json_is_string(k)) {
+            return bad_field(req, field, "must be an array of strings");
+        }
+        if (!ld_key_valid(json_string_value(k), json_string_length(k))) {
+            return bad_field(req, field,
+                             "holds an empty or over-long key");
+        }
+    }
+    *arr = v;
+    return LD_OK;
+}

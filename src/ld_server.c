@@ -1,0 +1,249 @@
+/*
+ * Start-up, the loop, reload and the graceful stop.
+ *
+ * Stop is a small state machine with a bound: on the first TERM/INT we
+ * stop accepting, tell every session {"event":"shutdown"} and close it
+ * (which releases its locks through the close hooks), flush the journal,
+ * then keep the loop turning until Redis has answered what we sent or
+ * the drain bound passes. A second signal exits at once.
+ */
+#include "ld_server.h"
+
+#include "ld_cache.h"
+#include "ld_conf.h"
+#include "ld_dispatch.h"
+#include "ld_listen.h"
+#include "ld_lock.h"
+#include "ld_log.h"
+#include "ld_metrics.h"
+#include "ld_pubsub.h"
+#include "ld_redis.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+#include "ld_systemd.h"
+#include "ld_util.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+#include <jansson.h>
+#include <yaml.h>
+
+#define DRAIN_CHECK_MS 10
+#define DRAIN_MAX_MS 3000
+
+struct ld_server ld_srv;
+
+static struct {
+    struct event *sig_term;
+    struct event *sig_int;
+    struct event *sig_hup;
+    struct event *drain_ev;
+    uint64_t drain_deadline_ms;
+    int signals_seen;
+} S;
+
+int
+ld_server_load_config(const struct ld_options *opt, struct ld_config *cfg)
+{
+    char err[1024];
+    ld_conf_defaults(cfg);
+    if (ld_conf_load(cfg, opt->conf_path, !opt->conf_explicit, err,
+                     sizeof(err)) != LD_OK) {
+        fprintf(stderr, "%s\n", err);
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
+static void
+drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    if (ld_redis_outstanding() == 0 || ld_now_ms() >= S.drain_deadline_ms) {
+        event_base_loopexit(ld_srv.base, NULL);
+        return;
+    }
+    struct timeval tv = {0, DRAIN_CHECK_MS * 1000};
+    event_add(S.drain_ev, &tv);
+}
+
+static void
+begin_shutdown(const char *why)
+{
+    log_info("shutting down reason=%s sessions=%lld", why,
+             ld_session_count());
+    ld_srv.shutting_down = true;
+    ld_systemd_notify("STOPPING=1");
+    ld_listen_stop();
+    ld_metrics_stop();
+    ld_session_shutdown_all();
+    ld_lock_shutdown();
+    ld_cache_shutdown();
+    S.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
+    struct timeval tv = {0, 0};
+    event_add(S.drain_ev, &tv);
+}
+
+static void
+stop_signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    if (S.signals_seen++ > 0) {
+        log_warn("second stop signal, exiting now signal=%d", (int)sig);
+        ld_cache_shutdown();
+        _exit(0);
+    }
+    begin_shutdown(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void
+reload(void)
+{
+    struct ld_config fresh;
+    char err[1024];
+
+    ld_systemd_notify("RELOADING=1");
+    ld_conf_copy(&fresh, ld_srv.cfg);
+    if (ld_conf_load(&fresh, ld_srv.conf_path, true, err, sizeof(err)) !=
+        LD_OK) {
+        log_error("reload failed, keeping the running configuration "
+                  "error=\"%s\"",
+                  err);
+    } else {
+        ld_conf_apply_reload(ld_srv.cfg, &fresh);
+        ld_log_set_level(ld_srv.cfg->log.level);
+        log_info("configuration reloaded path=%s", ld_srv.conf_path);
+    }
+    ld_conf_free(&fresh);
+    ld_systemd_notify("READY=1");
+}
+
+static void
+hup_cb(evutil_socket_t sig, short what, void *arg)
+{
+    LD_UNUSED(sig);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    reload();
+}
+
+static void
+make_instance_id(void)
+{
+    unsigned char raw[8];
+    static const char hex[] = "0123456789abcdef";
+    if (ld_random_bytes(raw, sizeof(raw)) != LD_OK) {
+        memset(raw, 0, sizeof(raw));
+    }
+    for (size_t i = 0; i < sizeof(raw); i++) {
+        ld_srv.instance[2 * i] = hex[raw[i] >> 4];
+        ld_srv.instance[2 * i + 1] = hex[raw[i] & 15];
+    }
+    ld_srv.instance[16] = '\0';
+}
+
+static void
+banner(void)
+{
+    log_info("leased %s starting config=%s pid=%d hiredis=%d.%d.%d "
+             "libevent=%s jansson=%s libyaml=%s",
+             PACKAGE_VERSION, ld_srv.conf_path, (int)getpid(), HIREDIS_MAJOR,
+             HIREDIS_MINOR, HIREDIS_PATCH, event_get_version(),
+             JANSSON_VERSION, yaml_get_version_string());
+}
+
+static int
+start(struct ld_config *cfg)
+{
+    if (ld_redis_init(ld_srv.base, cfg) != LD_OK ||
+        ld_pubsub_init(ld_srv.base, cfg) != LD_OK) {
+        return LD_ERR;
+    }
+    ld_dispatch_init();
+    if (ld_lock_init() != LD_OK) {
+        return LD_ERR;
+    }
+    if (ld_cache_init() != LD_OK) {
+        return LD_ERR;
+    }
+    if (ld_listen_start(ld_srv.base, cfg) != LD_OK) {
+        return LD_ERR;
+    }
+    if (cfg->metrics.listen[0] != '\0') {
+        int port = 0;
+        if (ld_metrics_start(ld_srv.base, cfg->metrics.listen, &port) !=
+            LD_OK) {
+            return LD_ERR;
+        }
+        log_info("metrics listening addr=%s port=%d", cfg->metrics.listen,
+                 port);
+    }
+    ld_redis_start();
+    ld_pubsub_start();
+    return LD_OK;
+}
+
+int
+ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
+{
+    memset(&S, 0, sizeof(S));
+    ld_srv.cfg = cfg;
+    ld_srv.conf_path = opt->conf_path;
+    ld_srv.start_ms = ld_now_ms();
+    make_instance_id();
+    ld_stats_init();
+
+    ld_srv.base = event_base_new();
+    if (ld_srv.base == NULL) {
+        log_error("event_base_new failed");
+        return 1;
+    }
+    banner();
+
+    S.sig_term = evsignal_new(ld_srv.base, SIGTERM, stop_signal_cb, NULL);
+    S.sig_int = evsignal_new(ld_srv.base, SIGINT, stop_signal_cb, NULL);
+    S.sig_hup = evsignal_new(ld_srv.base, SIGHUP, hup_cb, NULL);
+    S.drain_ev = evtimer_new(ld_srv.base, drain_cb, NULL);
+    event_add(S.sig_term, NULL);
+    event_add(S.sig_int, NULL);
+    event_add(S.sig_hup, NULL);
+
+    int status = 0;
+    if (start(cfg) != LD_OK) {
+        log_error("start-up failed");
+        status = 1;
+    } else {
+        /* Tell systemd the truth: we are listening now. */
+        ld_systemd_notify("READY=1");
+        log_info("ready redis=%s tcp_port=%d", ld_redis_address(),
+                 ld_srv.tcp_port);
+        event_base_dispatch(ld_srv.base);
+        log_info("stopped");
+    }
+
+    ld_listen_stop();
+    ld_metrics_stop();
+    ld_session_shutdown_all();
+    ld_lock_free();
+    ld_cache_free();
+    ld_pubsub_free();
+    ld_redis_free();
+    ld_dispatch_free();
+    event_free(S.sig_term);
+    event_free(S.sig_int);
+    event_free(S.sig_hup);
+    event_free(S.drain_ev);
+    event_base_free(ld_srv.base);
+    ld_srv.base = NULL;
+    return status;
+}

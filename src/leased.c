@@ -1,0 +1,137 @@
+/*
+ * leased: defaults -> options -> config -> daemon -> loop -> shutdown.
+ */
+#include "ld_common.h"
+
+#include "ld_conf.h"
+#include "ld_log.h"
+#include "ld_server.h"
+
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define DEFAULT_CONF LD_SYSCONFDIR "/leased/leased.yml"
+
+static void
+usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: leased [-f] [-t] [-c FILE]\n"
+            "\n"
+            "Distributed locks and cache-aside over Redis, as a sidecar.\n"
+            "\n"
+            "  -c FILE  configuration file (default %s;\n"
+            "           when the default file is missing, built-in defaults)\n"
+            "  -t       test the configuration and exit (0 good, 1 bad)\n"
+            "  -f       stay in the foreground (implied under systemd)\n"
+            "  -v       print the version and exit\n"
+            "  -h       print this help and exit\n",
+            DEFAULT_CONF);
+}
+
+/* Classic double fork. stderr stays open so `leased 2>>file` keeps the
+ * log; stdin and stdout go to /dev/null. */
+static int
+daemonize(void)
+{
+    pid_t pid = fork();
+    if (pid < 0) {
+        return LD_ERR;
+    }
+    if (pid > 0) {
+        _exit(0);
+    }
+    if (setsid() < 0) {
+        return LD_ERR;
+    }
+    pid = fork();
+    if (pid < 0) {
+        return LD_ERR;
+    }
+    if (pid > 0) {
+        _exit(0);
+    }
+    if (chdir("/") != 0) {
+        return LD_ERR;
+    }
+    int fd = open("/dev/null", O_RDWR);
+    if (fd >= 0) {
+        dup2(fd, STDIN_FILENO);
+        dup2(fd, STDOUT_FILENO);
+        if (fd > STDERR_FILENO) {
+            close(fd);
+        }
+    }
+    return LD_OK;
+}
+
+int
+main(int argc, char **argv)
+{
+    struct ld_options opt = {DEFAULT_CONF, false, false};
+    bool test_only = false;
+    int ch;
+
+    while ((ch = getopt(argc, argv, "c:tfvh")) != -1) {
+        switch (ch) {
+        case 'c':
+            opt.conf_path = optarg;
+            opt.conf_explicit = true;
+            break;
+        case 't':
+            test_only = true;
+            break;
+        case 'f':
+            opt.foreground = true;
+            break;
+        case 'v':
+            printf("leased %s (protocol 1)\n", PACKAGE_VERSION);
+            return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+
+    /* Before any socket exists: a client that hangs up mid-reply must
+     * not kill the daemon. */
+    signal(SIGPIPE, SIG_IGN);
+
+    struct ld_config cfg;
+    if (ld_server_load_config(&opt, &cfg) != LD_OK) {
+        ld_conf_free(&cfg);
+        return 1;
+    }
+    if (test_only) {
+        printf("configuration %s is valid\n", opt.conf_path);
+        ld_conf_free(&cfg);
+        return 0;
+    }
+
+    ld_log_open("leased", cfg.log.target == LD_LOG_TARGET_SYSLOG);
+    ld_log_set_level(cfg.log.level);
+
+    if (!opt.foreground && getenv("NOTIFY_SOCKET") == NULL &&
+        daemonize() != LD_OK) {
+        log_error("daemonize failed");
+        return 1;
+    }
+
+    int status = ld_server_run(&opt, &cfg);
+    ld_conf_free(&cfg);
+    ld_log_close();
+    return status;
+}
