@@ -39,6 +39,10 @@ void ld_redis_start(void);
 
 bool ld_redis_ready(void);
 
+/* Commands sent and not yet answered, over all connections (the graceful
+ * stop waits for this to reach zero, within a bound). */
+long long ld_redis_outstanding(void);
+
 /* Send a command. ROUTE (usually the Redis key) picks the connection. */
 void ld_redis_command(const char *route, size_t route_len, int argc,
                       const char **argv, const size_t *argvlen,
@@ -58,6 +62,10 @@ void ld_redis_on_state(ld_redis_state_fn *fn, void *arg);
 /* Host/port/path of the configured standalone address, for the subscriber
  * connection and logs. */
 const char *ld_redis_address(void);
+
+/* "host:port" or an absolute Unix socket path. */
+int ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
+                           int *port, bool *is_unix);
 
 /* Helpers for reply checks. */
 bool ld_reply_is_error(const redisReply *r, const char *prefix);

@@ -1,0 +1,809 @@
+/*
+ * The Redis backend: a fixed set of pipelined command connections.
+ *
+ * hiredis 0.14 has no timeouts in its async API, frees the context itself
+ * after a failed connect or a disconnect, and may hand callbacks a NULL
+ * reply. So this module owns the lifecycle: every command is wrapped in a
+ * struct rcmd queued per connection in send order (Redis answers in that
+ * order), one timer per connection watches the oldest command, and a
+ * command older than redis.timeout_ms takes the connection down, which
+ * answers everything queued on it with NULL at once. Reconnects back off
+ * exponentially up to a cap, and each new connection authenticates,
+ * selects its database and loads the scripts before it takes traffic.
+ *
+ * The libevent adapter of hiredis is all static functions, so it is
+ * included here and in ld_pubsub.c only.
+ */
+#include "ld_redis.h"
+
+#include "ld_conf.h"
+#include "ld_log.h"
+#include "ld_server.h"
+#include "ld_stats.h"
+#include "ld_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <hiredis/async.h>
+#include <hiredis/adapters/libevent.h>
+
+#define MAX_CONNS 64
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 2000
+#define STACK_ARGS 32
+
+enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
+
+struct rconn;
+
+struct rcmd {
+    ld_redis_cb *cb;
+    void *arg;
+    struct rconn *conn;
+    uint64_t sent_us;
+    struct rcmd *next;        /* connection FIFO, or the failure list */
+    int script;               /* -1 unless an EVALSHA */
+    int argc;                 /* script: keys + args, kept for NOSCRIPT */
+    char **argv;
+    size_t *argvlen;
+    bool internal;            /* handshake step: cb gets the rconn */
+};
+
+struct rconn {
+    int idx;
+    redisAsyncContext *ac;
+    enum conn_state state;
+    int backoff_ms;
+    struct event *retry_ev;
+    struct event *timeout_ev;
+    uint64_t connect_started_us;
+    struct rcmd *head, *tail; /* sent, awaiting replies */
+    unsigned handshake_left;
+    bool handshake_failed;
+};
+
+struct state_watcher {
+    ld_redis_state_fn *fn;
+    void *arg;
+};
+
+static struct {
+    struct event_base *base;
+    const struct ld_config *cfg;
+    struct rconn conns[MAX_CONNS];
+    int n_conns;
+    int n_ready;
+    char host[256];
+    int port;
+    bool is_unix;
+    char address[300];
+    char shas[LD_SCRIPT__COUNT + 1][41];
+    struct rcmd *fail_head, *fail_tail;
+    struct event *fail_ev;
+    struct state_watcher watchers[8];
+    int n_watchers;
+    double rtt_us;
+} R;
+
+static const char *script_bodies[] = {
+#define LD_SCRIPT_BODY(name) ld_lua_##name,
+    LD_LUA_SCRIPTS(LD_SCRIPT_BODY)
+#undef LD_SCRIPT_BODY
+    NULL
+};
+
+static const char *script_names[] = {
+#define LD_SCRIPT_NAME(name) #name,
+    LD_LUA_SCRIPTS(LD_SCRIPT_NAME)
+#undef LD_SCRIPT_NAME
+    NULL
+};
+
+static void conn_start(struct rconn *c);
+static void conn_down(struct rconn *c, const char *why);
+
+bool
+ld_reply_is_error(const redisReply *r, const char *prefix)
+{
+    if (r == NULL || r->type != REDIS_REPLY_ERROR) {
+        return false;
+    }
+    return prefix == NULL || strncmp(r->str, prefix, strlen(prefix)) == 0;
+}
+
+const char *
+ld_redis_address(void)
+{
+    return R.address;
+}
+
+bool
+ld_redis_ready(void)
+{
+    return R.n_ready > 0;
+}
+
+long long
+ld_redis_outstanding(void)
+{
+    long long n = 0;
+    for (int i = 0; i < R.n_conns; i++) {
+        for (struct rcmd *c = R.conns[i].head; c != NULL; c = c->next) {
+            n++;
+        }
+    }
+    return n;
+}
+
+void
+ld_redis_on_state(ld_redis_state_fn *fn, void *arg)
+{
+    if (R.n_watchers < (int)LD_ARRAY_LEN(R.watchers)) {
+        R.watchers[R.n_watchers].fn = fn;
+        R.watchers[R.n_watchers].arg = arg;
+        R.n_watchers++;
+    }
+}
+
+static void
+notify_state(bool up)
+{
+    for (int i = 0; i < R.n_watchers; i++) {
+        R.watchers[i].fn(up, R.watchers[i].arg);
+    }
+}
+
+/* Call before changing c->state: it compares with the old state. */
+static void
+set_ready(struct rconn *c, bool ready)
+{
+    bool was = c->state == CONN_READY;
+    if (was == ready) {
+        return;
+    }
+    R.n_ready += ready ? 1 : -1;
+    ld_stats.redis_connected = R.n_ready;
+    if (ready && R.n_ready == 1) {
+        log_info("redis up address=%s", R.address);
+        notify_state(true);
+    } else if (!ready && R.n_ready == 0) {
+        log_warn("redis down address=%s", R.address);
+        notify_state(false);
+    }
+}
+
+static void
+rcmd_free(struct rcmd *cmd)
+{
+    if (cmd->argv != NULL) {
+        free(cmd->argv);       /* one block: argv, argvlen and the bytes */
+    }
+    free(cmd);
+}
+
+/* Answer a command that never reached Redis, from the loop rather than
+ * from inside the caller. */
+static void
+fail_later(struct rcmd *cmd)
+{
+    cmd->next = NULL;
+    if (R.fail_tail != NULL) {
+        R.fail_tail->next = cmd;
+    } else {
+        R.fail_head = cmd;
+    }
+    R.fail_tail = cmd;
+    event_active(R.fail_ev, EV_TIMEOUT, 0);
+}
+
+static void
+fail_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    struct rcmd *list = R.fail_head;
+    R.fail_head = R.fail_tail = NULL;
+    while (list != NULL) {
+        struct rcmd *cmd = list;
+        list = cmd->next;
+        ld_stats.redis_errors++;
+        cmd->cb(NULL, cmd->arg);
+        rcmd_free(cmd);
+    }
+}
+
+static void
+arm_timeout(struct rconn *c)
+{
+    if (c->head == NULL || event_pending(c->timeout_ev, EV_TIMEOUT, NULL)) {
+        return;
+    }
+    uint64_t deadline = c->head->sent_us +
+                        (uint64_t)R.cfg->redis.timeout_ms * 1000;
+    uint64_t now = ld_now_us();
+    uint64_t wait = deadline > now ? deadline - now : 0;
+    struct timeval tv = {(time_t)(wait / 1000000),
+                         (suseconds_t)(wait % 1000000)};
+    event_add(c->timeout_ev, &tv);
+}
+
+static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
+
+static int
+send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
+          const size_t *argvlen)
+{
+    if (redisAsyncCommandArgv(c->ac, reply_cb, cmd, argc, argv, argvlen) !=
+        REDIS_OK) {
+        return LD_ERR;
+    }
+    cmd->conn = c;
+    cmd->sent_us = ld_now_us();
+    cmd->next = NULL;
+    if (c->tail != NULL) {
+        c->tail->next = cmd;
+    } else {
+        c->head = cmd;
+    }
+    c->tail = cmd;
+    ld_stats.redis_commands++;
+    arm_timeout(c);
+    return LD_OK;
+}
+
+static void handshake_reply(struct rconn *c, redisReply *reply,
+                            struct rcmd *cmd);
+static void resend_as_eval(struct rconn *c, struct rcmd *cmd);
+
+static void
+reply_cb(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct rcmd *cmd = privdata;
+    struct rconn *c = ac->data;
+    redisReply *reply = r;
+
+    /* Replies arrive in send order, so this is the head of the queue. */
+    if (c != NULL && c->head == cmd) {
+        c->head = cmd->next;
+        if (c->head == NULL) {
+            c->tail = NULL;
+        }
+    }
+    if (reply != NULL) {
+        double sample = (double)(ld_now_us() - cmd->sent_us);
+        R.rtt_us = R.rtt_us == 0 ? sample : R.rtt_us * 0.875 + sample * 0.125;
+        ld_stats.redis_rtt_us = (long long)R.rtt_us;
+        ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
+    } else {
+        ld_stats.redis_errors++;
+    }
+
+    if (cmd->internal) {
+        handshake_reply(c, reply, cmd);
+        rcmd_free(cmd);
+        return;
+    }
+    if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
+        c != NULL && c->state == CONN_READY) {
+        /* The script cache was flushed under us (SCRIPT FLUSH, or a
+         * restart we did not notice): EVAL carries the body and reloads
+         * it, so the caller never sees the difference. */
+        ld_stats.redis_noscript++;
+        resend_as_eval(c, cmd);
+        return;
+    }
+    cmd->cb(reply, cmd->arg);
+    rcmd_free(cmd);
+}
+
+static void
+resend_as_eval(struct rconn *c, struct rcmd *cmd)
+{
+    const char *stack_argv[STACK_ARGS + 3];
+    size_t stack_len[STACK_ARGS + 3];
+    const char **argv = stack_argv;
+    size_t *argvlen = stack_len;
+    int total = cmd->argc + 3;
+    char nkeys[24];
+
+    if (cmd->argc > STACK_ARGS) {
+        argv = malloc(sizeof(*argv) * (size_t)total);
+        argvlen = malloc(sizeof(*argvlen) * (size_t)total);
+    }
+    /* argv[0..argc) holds the keys then args; the key count was stored as
+     * the first entry when the command was built. */
+    argv[0] = "EVAL";
+    argvlen[0] = 4;
+    argv[1] = script_bodies[cmd->script];
+    argvlen[1] = strlen(script_bodies[cmd->script]);
+    int nk = (int)strtol(cmd->argv[0], NULL, 10);
+    snprintf(nkeys, sizeof(nkeys), "%d", nk);
+    argv[2] = nkeys;
+    argvlen[2] = strlen(nkeys);
+    for (int i = 1; i < cmd->argc; i++) {
+        argv[i + 2] = cmd->argv[i];
+        argvlen[i + 2] = cmd->argvlen[i];
+    }
+    if (send_argv(c, cmd, cmd->argc + 2, argv, argvlen) != LD_OK) {
+        fail_later(cmd);
+    }
+    if (argv != stack_argv) {
+        free(argv);
+        free(argvlen);
+    }
+}
+
+static struct rconn *
+pick_conn(const char *route, size_t len)
+{
+    if (R.n_ready == 0) {
+        return NULL;
+    }
+    int start = (int)(ld_hash(route, len) % (uint64_t)R.n_conns);
+    for (int i = 0; i < R.n_conns; i++) {
+        struct rconn *c = &R.conns[(start + i) % R.n_conns];
+        if (c->state == CONN_READY) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+void
+ld_redis_command(const char *route, size_t route_len, int argc,
+                 const char **argv, const size_t *argvlen, ld_redis_cb *cb,
+                 void *arg)
+{
+    struct rcmd *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL) {
+        return;
+    }
+    cmd->cb = cb;
+    cmd->arg = arg;
+    cmd->script = -1;
+    struct rconn *c = pick_conn(route, route_len);
+    if (c == NULL || send_argv(c, cmd, argc, argv, argvlen) != LD_OK) {
+        fail_later(cmd);
+    }
+}
+
+/* Keep the key count and the script's keys and args in one allocation,
+ * for the rare NOSCRIPT resend. */
+static int
+keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
+          const size_t *argvlen)
+{
+    char nk[24];
+    int n = argc + 1;
+    size_t bytes = 0;
+    snprintf(nk, sizeof(nk), "%d", nkeys);
+    for (int i = 0; i < argc; i++) {
+        bytes += argvlen[i] + 1;
+    }
+    bytes += strlen(nk) + 1;
+    size_t head = sizeof(char *) * (size_t)n + sizeof(size_t) * (size_t)n;
+    char *block = malloc(head + bytes);
+    if (block == NULL) {
+        return LD_ERR;
+    }
+    cmd->argv = (char **)block;
+    cmd->argvlen = (size_t *)(block + sizeof(char *) * (size_t)n);
+    char *p = block + head;
+    memcpy(p, nk, strlen(nk) + 1);
+    cmd->argv[0] = p;
+    cmd->argvlen[0] = strlen(nk);
+    p += strlen(nk) + 1;
+    for (int i = 0; i < argc; i++) {
+        memcpy(p, argv[i], argvlen[i]);
+        p[argvlen[i]] = '\0';
+        cmd->argv[i + 1] = p;
+        cmd->argvlen[i + 1] = argvlen[i];
+        p += argvlen[i] + 1;
+    }
+    cmd->argc = n;
+    return LD_OK;
+}
+
+void
+ld_redis_script(enum ld_script_id script, const char *route,
+                size_t route_len, int nkeys, int argc, const char **argv,
+                const size_t *argvlen, ld_redis_cb *cb, void *arg)
+{
+    struct rcmd *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL) {
+        return;
+    }
+    cmd->cb = cb;
+    cmd->arg = arg;
+    cmd->script = (int)script;
+    if (keep_args(cmd, nkeys, argc, argv, argvlen) != LD_OK) {
+        fail_later(cmd);
+        return;
+    }
+    struct rconn *c = pick_conn(route, route_len);
+    if (c == NULL) {
+        fail_later(cmd);
+        return;
+    }
+
+    const char *stack_argv[STACK_ARGS + 3];
+    size_t stack_len[STACK_ARGS + 3];
+    const char **av = stack_argv;
+    size_t *al = stack_len;
+    if (argc > STACK_ARGS) {
+        av = malloc(sizeof(*av) * (size_t)(argc + 3));
+        al = malloc(sizeof(*al) * (size_t)(argc + 3));
+    }
+    av[0] = "EVALSHA";
+    al[0] = 7;
+    av[1] = R.shas[script];
+    al[1] = 40;
+    av[2] = cmd->argv[0];
+    al[2] = cmd->argvlen[0];
+    for (int i = 0; i < argc; i++) {
+        av[i + 3] = argv[i];
+        al[i + 3] = argvlen[i];
+    }
+    if (send_argv(c, cmd, argc + 3, av, al) != LD_OK) {
+        fail_later(cmd);
+    }
+    if (av != stack_argv) {
+        free(av);
+        free(al);
+    }
+}
+
+/* ---- connection lifecycle ------------------------------------------- */
+
+static void
+schedule_retry(struct rconn *c)
+{
+    int ms = c->backoff_ms;
+    /* Spread reconnects so that many daemons do not stampede a Redis
+     * that just came back. */
+    ms = ms / 2 + (int)(ld_random_unit() * (ms / 2 + 1));
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    event_add(c->retry_ev, &tv);
+    c->backoff_ms *= 2;
+    if (c->backoff_ms > BACKOFF_MAX_MS) {
+        c->backoff_ms = BACKOFF_MAX_MS;
+    }
+}
+
+/* Take the connection down now: every command queued on it is answered
+ * with NULL from inside redisAsyncFree. */
+static void
+conn_down(struct rconn *c, const char *why)
+{
+    redisAsyncContext *ac = c->ac;
+    bool was_ready = c->state == CONN_READY;
+    set_ready(c, false);
+    c->state = CONN_DOWN;
+    c->ac = NULL;
+    event_del(c->timeout_ev);
+    if (ac != NULL) {
+        if (was_ready) {
+            log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
+                     why);
+        } else {
+            log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx,
+                      why);
+        }
+        redisAsyncFree(ac);
+    }
+    /* Commands whose callbacks hiredis did not run (none expected)
+     * must still be answered. */
+    while (c->head != NULL) {
+        struct rcmd *cmd = c->head;
+        c->head = cmd->next;
+        fail_later(cmd);
+    }
+    c->tail = NULL;
+    schedule_retry(c);
+}
+
+static void
+timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct rconn *c = arg;
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    uint64_t limit = (uint64_t)R.cfg->redis.timeout_ms * 1000;
+    uint64_t now = ld_now_us();
+
+    if (c->state == CONN_CONNECTING) {
+        if (now - c->connect_started_us >= limit) {
+            conn_down(c, "connect timeout");
+        } else {
+            struct timeval tv = {0, 100000};
+            event_add(c->timeout_ev, &tv);
+        }
+        return;
+    }
+    if (c->head != NULL && now - c->head->sent_us >= limit) {
+        ld_stats.redis_timeouts++;
+        conn_down(c, "command timeout");
+        return;
+    }
+    arm_timeout(c);
+}
+
+static void
+retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    conn_start(arg);
+}
+
+static void
+handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
+{
+    if (c == NULL || c->state != CONN_HANDSHAKE) {
+        return;
+    }
+    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+        if (!c->handshake_failed) {
+            c->handshake_failed = true;
+            log_error("redis handshake failed conn=%d step=%s error=\"%s\"",
+                      c->idx, (const char *)cmd->arg,
+                      reply != NULL ? reply->str : "no reply");
+        }
+    } else if (cmd->script >= 0 && reply->type == REDIS_REPLY_STRING &&
+               reply->len == 40) {
+        memcpy(R.shas[cmd->script], reply->str, 40);
+        R.shas[cmd->script][40] = '\0';
+    }
+    if (--c->handshake_left > 0) {
+        return;
+    }
+    if (c->handshake_failed) {
+        /* Bad credentials or database: retrying fast only floods the
+         * log, so this backs off like any other failure. */
+        conn_down(c, "handshake failed");
+        return;
+    }
+    c->backoff_ms = BACKOFF_MIN_MS;
+    set_ready(c, true);
+    c->state = CONN_READY;
+    ld_stats.redis_reconnects++;
+    log_debug("redis connection ready conn=%d", c->idx);
+}
+
+static void
+handshake_send(struct rconn *c, const char *step, int script, int argc,
+               const char **argv, const size_t *argvlen)
+{
+    struct rcmd *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL) {
+        return;
+    }
+    cmd->internal = true;
+    cmd->script = script;
+    cmd->arg = (void *)step;
+    c->handshake_left++;
+    if (send_argv(c, cmd, argc, argv, argvlen) != LD_OK) {
+        c->handshake_left--;
+        c->handshake_failed = true;
+        free(cmd);
+    }
+}
+
+static void
+handshake(struct rconn *c)
+{
+    const struct ld_config *cfg = R.cfg;
+    c->state = CONN_HANDSHAKE;
+    c->handshake_left = 0;
+    c->handshake_failed = false;
+
+    if (cfg->redis.password[0] != '\0') {
+        if (cfg->redis.username[0] != '\0') {
+            const char *av[] = {"AUTH", cfg->redis.username,
+                                cfg->redis.password};
+            size_t al[] = {4, strlen(av[1]), strlen(av[2])};
+            handshake_send(c, "auth", -1, 3, av, al);
+        } else {
+            const char *av[] = {"AUTH", cfg->redis.password};
+            size_t al[] = {4, strlen(av[1])};
+            handshake_send(c, "auth", -1, 2, av, al);
+        }
+    }
+    if (cfg->redis.db != 0) {
+        char db[16];
+        snprintf(db, sizeof(db), "%d", cfg->redis.db);
+        const char *av[] = {"SELECT", db};
+        size_t al[] = {6, strlen(db)};
+        handshake_send(c, "select", -1, 2, av, al);
+    }
+    {
+        const char *av[] = {"CLIENT", "SETNAME", "leased"};
+        size_t al[] = {6, 7, 6};
+        handshake_send(c, "setname", -1, 3, av, al);
+    }
+    for (int i = 0; i < LD_SCRIPT__COUNT; i++) {
+        const char *av[] = {"SCRIPT", "LOAD", script_bodies[i]};
+        size_t al[] = {6, 4, strlen(script_bodies[i])};
+        handshake_send(c, script_names[i], i, 3, av, al);
+    }
+    /* Replies never arrive before we return to the loop, so the count
+     * cannot reach zero while steps are still being queued. */
+    if (c->handshake_left == 0) {
+        conn_down(c, "handshake could not be sent");
+    }
+}
+
+static void
+connect_cb(const redisAsyncContext *ac, int status)
+{
+    struct rconn *c = ac->data;
+    if (c == NULL || c->ac != ac) {
+        return;
+    }
+    if (status != REDIS_OK) {
+        /* hiredis frees the context after this callback returns. */
+        c->ac = NULL;
+        event_del(c->timeout_ev);
+        c->state = CONN_DOWN;
+        log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
+                  ac->errstr);
+        schedule_retry(c);
+        return;
+    }
+    event_del(c->timeout_ev);
+    handshake(c);
+}
+
+static void
+disconnect_cb(const redisAsyncContext *ac, int status)
+{
+    struct rconn *c = ac->data;
+    LD_UNUSED(status);
+    if (c == NULL || c->ac != ac) {
+        return;            /* we took it down ourselves */
+    }
+    /* hiredis frees the context after this callback; the queued commands
+     * were already answered with NULL. */
+    bool was_ready = c->state == CONN_READY;
+    set_ready(c, false);
+    c->state = CONN_DOWN;
+    c->ac = NULL;
+    event_del(c->timeout_ev);
+    if (was_ready) {
+        log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
+                 ac->errstr[0] ? ac->errstr : "closed by server");
+    }
+    while (c->head != NULL) {
+        struct rcmd *cmd = c->head;
+        c->head = cmd->next;
+        fail_later(cmd);
+    }
+    c->tail = NULL;
+    schedule_retry(c);
+}
+
+static void
+conn_start(struct rconn *c)
+{
+    redisAsyncContext *ac;
+    if (R.is_unix) {
+        ac = redisAsyncConnectUnix(R.host);
+    } else {
+        ac = redisAsyncConnect(R.host, R.port);
+    }
+    if (ac == NULL) {
+        schedule_retry(c);
+        return;
+    }
+    if (ac->err) {
+        log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
+                  ac->errstr);
+        redisAsyncFree(ac);
+        schedule_retry(c);
+        return;
+    }
+    ac->data = c;
+    c->ac = ac;
+    c->state = CONN_CONNECTING;
+    c->connect_started_us = ld_now_us();
+    redisLibeventAttach(ac, R.base);
+    redisAsyncSetConnectCallback(ac, connect_cb);
+    redisAsyncSetDisconnectCallback(ac, disconnect_cb);
+    struct timeval tv = {0, 100000};
+    event_add(c->timeout_ev, &tv);
+}
+
+int
+ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
+                       int *port, bool *is_unix)
+{
+    if (addr[0] == '/') {
+        snprintf(host, hostlen, "%s", addr);
+        *port = 0;
+        *is_unix = true;
+        return LD_OK;
+    }
+    *is_unix = false;
+    return ld_parse_hostport(addr, host, hostlen, port);
+}
+
+int
+ld_redis_init(struct event_base *base, const struct ld_config *cfg)
+{
+    memset(&R, 0, sizeof(R));
+    R.base = base;
+    R.cfg = cfg;
+    if (cfg->redis.mode != LD_REDIS_STANDALONE) {
+        log_error("redis.mode %s is not available in this version; use "
+                  "standalone",
+                  cfg->redis.mode == LD_REDIS_SENTINEL ? "sentinel"
+                                                       : "cluster");
+        return LD_ERR;
+    }
+    if (ld_redis_parse_address(cfg->redis.address, R.host, sizeof(R.host),
+                               &R.port, &R.is_unix) != LD_OK) {
+        log_error("bad redis.address value=%s", cfg->redis.address);
+        return LD_ERR;
+    }
+    snprintf(R.address, sizeof(R.address), "%s", cfg->redis.address);
+    R.n_conns = cfg->redis.connections;
+    if (R.n_conns < 1) {
+        R.n_conns = 1;
+    }
+    if (R.n_conns > MAX_CONNS) {
+        R.n_conns = MAX_CONNS;
+    }
+    R.fail_ev = event_new(base, -1, 0, fail_cb, NULL);
+    for (int i = 0; i < R.n_conns; i++) {
+        struct rconn *c = &R.conns[i];
+        c->idx = i;
+        c->backoff_ms = BACKOFF_MIN_MS;
+        c->retry_ev = evtimer_new(base, retry_cb, c);
+        c->timeout_ev = evtimer_new(base, timeout_cb, c);
+    }
+    return LD_OK;
+}
+
+void
+ld_redis_start(void)
+{
+    for (int i = 0; i < R.n_conns; i++) {
+        conn_start(&R.conns[i]);
+    }
+}
+
+void
+ld_redis_free(void)
+{
+    for (int i = 0; i < R.n_conns; i++) {
+        struct rconn *c = &R.conns[i];
+        if (c->ac != NULL) {
+            redisAsyncContext *ac = c->ac;
+            c->ac = NULL;
+            set_ready(c, false);
+            c->state = CONN_DOWN;
+            redisAsyncFree(ac);
+        }
+        while (c->head != NULL) {
+            struct rcmd *cmd = c->head;
+            c->head = cmd->next;
+            rcmd_free(cmd);
+        }
+        if (c->retry_ev != NULL) {
+            event_free(c->retry_ev);
+        }
+        if (c->timeout_ev != NULL) {
+            event_free(c->timeout_ev);
+        }
+    }
+    /* Late failures still owe their callers an answer. */
+    if (R.fail_ev != NULL) {
+        fail_cb(-1, 0, NULL);
+        event_free(R.fail_ev);
+    }
+    R.n_conns = 0;
+}
