@@ -134,10 +134,11 @@ ld_metrics_start(struct event_base *base, const char *listen,
         ld_metrics_stop();
         return LD_ERR;
     }
+    /* The endpoint has no authentication; say so when it is exposed.
+     * The caller logs the listening address itself. */
     if (!ld_host_is_loopback(host)) {
         log_warn("metrics listening beyond loopback host=%s", host);
     }
-    log_info("metrics listening host=%s port=%d", host, port);
     if (bound_port != NULL) {
         *bound_port = port;
     }
