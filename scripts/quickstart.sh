@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# From a fresh Debian/Ubuntu checkout to a running leased in one command:
+# install the build and test dependencies, build in the source tree, make
+# sure a Redis answers on 127.0.0.1:6379, start the freshly built daemon
+# on its built-in defaults and prove it answers on its socket.
+#
+# Run as root or through sudo. Under sudo the build runs as the calling
+# user (so a later plain `make check` can write to the tree) and so does
+# the daemon (so that user can talk to its socket). Safe to run again: what
+# is already installed, built or running is left as it is.
+#
+# The daemon's pid goes to ./leased.pid and its output to ./leased.log.
+
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+TOP=$(pwd)
+SOCK=/run/leased/leased.sock
+PIDFILE=$TOP/leased.pid
+LOGFILE=$TOP/leased.log
+PACKAGES="build-essential autoconf automake pkg-config libhiredis-dev
+libevent-dev libjansson-dev libyaml-dev check redis-server redis-tools
+socat python3 nodejs"
+
+say() { printf 'quickstart: %s\n' "$*"; }
+die() { printf 'quickstart: error: %s\n' "$*" >&2; exit 1; }
+
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 ||
+        die "run as root (sudo is not installed)"
+    exec sudo "$0" "$@"
+fi
+
+# Who builds and runs the daemon: the user behind sudo, else root.
+RUN_UID=0
+RUN_GID=0
+if [ -n "${SUDO_UID:-}" ] && [ "${SUDO_UID}" != 0 ]; then
+    RUN_UID=$SUDO_UID
+    RUN_GID=${SUDO_GID:-$SUDO_UID}
+fi
+as_user() {
+    if [ "$RUN_UID" = 0 ]; then
+        "$@"
+    else
+        setpriv --reuid="$RUN_UID" --regid="$RUN_GID" --init-groups -- "$@"
+    fi
+}
+
+answers_ping() {
+    local out
+    out=$(printf '{"op":"ping"}\n' |
+        timeout 5 socat -t 2 - "UNIX-CONNECT:$SOCK" 2>/dev/null) || true
+    [[ $out == *'"ok":true'* ]]
+}
+
+# --- packages ------------------------------------------------------------
+missing=""
+for p in $PACKAGES; do
+    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || true
+    if [ "$status" != "install ok installed" ]; then
+        missing="$missing $p"
+    fi
+done
+if [ -n "$missing" ]; then
+    say "installing:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update
+    # shellcheck disable=SC2086
+    apt-get install -y $PACKAGES
+else
+    say "all packages are installed"
+fi
+
+# --- build ----------------------------------------------------------------
+say "building"
+as_user autoreconf -fi
+as_user ./configure -q
+as_user make -j2
+
+# --- redis ----------------------------------------------------------------
+if [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null || true)" = PONG ]
+then
+    say "redis is already answering on 127.0.0.1:6379"
+else
+    say "starting redis-server on 127.0.0.1:6379"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 \
+        --save "" --appendonly no --dir /tmp \
+        --logfile /tmp/leased-quickstart-redis.log
+    for _ in $(seq 100); do
+        [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null || true)" = PONG ] &&
+            break
+        sleep 0.1
+    done
+    [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null || true)" = PONG ] ||
+        die "redis-server did not answer PING (see /tmp/leased-quickstart-redis.log)"
+fi
+
+# --- leased ---------------------------------------------------------------
+if answers_ping; then
+    say "a leased is already answering on $SOCK; not starting another"
+else
+    if [ -f "$PIDFILE" ]; then
+        old=$(cat "$PIDFILE")
+        if [ -n "$old" ] && kill -0 "$old" 2>/dev/null &&
+                grep -q leased "/proc/$old/cmdline" 2>/dev/null; then
+            say "stopping the earlier leased (pid $old) that does not answer"
+            kill "$old" 2>/dev/null || true
+            for _ in $(seq 100); do
+                kill -0 "$old" 2>/dev/null || break
+                sleep 0.1
+            done
+            kill -9 "$old" 2>/dev/null || true
+        fi
+        rm -f "$PIDFILE"
+    fi
+    # The built-in defaults put the socket and the journal here.
+    mkdir -p /run/leased /var/lib/leased
+    chown "$RUN_UID:$RUN_GID" /run/leased /var/lib/leased
+    say "starting src/leased (log: $LOGFILE)"
+    # setpriv execs in place, so $! is the daemon itself.
+    (unset RUNTIME_DIRECTORY STATE_DIRECTORY NOTIFY_SOCKET LISTEN_FDS \
+         LISTEN_PID
+     exec </dev/null >>"$LOGFILE" 2>&1
+     if [ "$RUN_UID" = 0 ]; then
+         exec "$TOP/src/leased" -f
+     else
+         exec setpriv --reuid="$RUN_UID" --regid="$RUN_GID" --init-groups \
+             -- "$TOP/src/leased" -f
+     fi) &
+    echo $! >"$PIDFILE"
+    for _ in $(seq 100); do
+        answers_ping && break
+        kill -0 "$(cat "$PIDFILE")" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! answers_ping; then
+        tail -n 40 "$LOGFILE" >&2 || true
+        die "leased did not answer on $SOCK"
+    fi
+    say "leased is running, pid $(cat "$PIDFILE")"
+fi
+
+say "echo '{\"op\":\"ping\"}' | socat - UNIX-CONNECT:$SOCK"
+echo '{"op":"ping"}' | socat - "UNIX-CONNECT:$SOCK"
