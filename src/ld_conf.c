@@ -1,0 +1,1186 @@
+/* Configuration: YAML into struct ld_config through a table of directives.
+ *
+ * Every setting is one row of `directives` below: its dotted name, type,
+ * bounds, default and whether SIGHUP may change it. The same table drives
+ * the defaults, the parser, reload, the deep copy and the docs check in the
+ * test suite, so a new setting is one new row (plus its struct field, its
+ * line in conf/leased.yml and its entry in leased.yml(5)).
+ *
+ * Parsing goes through libyaml's document API: the whole file becomes a
+ * node tree, so duplicate keys can be found within a mapping and every
+ * error can point at the node it is about. */
+#include "ld_conf.h"
+
+#include "ld_log.h"
+#include "ld_util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/un.h>
+#include <yaml.h>
+
+enum conf_type {
+    CT_STRING,
+    CT_INT,      /* int field */
+    CT_LLONG,    /* long long field */
+    CT_DOUBLE,
+    CT_BOOL,
+    CT_ENUM,     /* int-sized enum field, names in the row */
+    CT_MODE,     /* mode_t, written as an octal string */
+    CT_STRLIST,  /* a YAML sequence of addresses */
+    CT_HOSTPORT, /* "host:port" (or more, see the flags) */
+};
+
+#define F_RELOAD 0x01u   /* SIGHUP may change it */
+#define F_EMPTY_OK 0x02u /* hostport: "" disables the listener */
+#define F_UNIX_OK 0x04u  /* address: an absolute path is a Unix socket */
+#define F_LISTEN 0x08u   /* hostport: port 0 (any free port) is fine */
+#define F_NONEMPTY 0x10u /* string: "" is not allowed */
+#define F_SUNPATH 0x20u  /* string: must fit a sockaddr_un */
+
+struct conf_enum {
+    const char *name;
+    int value;
+};
+
+struct conf_directive {
+    const char *name;
+    enum conf_type type;
+    size_t offset;
+    unsigned flags;
+    const char *def; /* default as YAML text; NULL: computed at run time */
+    long long min, max;
+    double dmin, dmax;
+    const struct conf_enum *names; /* NULL-terminated */
+};
+
+/* The enum fields are written through an int pointer. */
+_Static_assert(sizeof(enum ld_redis_mode) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum ld_lock_layout) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum ld_fsync_mode) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum ld_log_target) == sizeof(int), "enum size");
+
+static const struct conf_enum redis_modes[] = {
+    {"standalone", LD_REDIS_STANDALONE},
+    {"sentinel", LD_REDIS_SENTINEL},
+    {"cluster", LD_REDIS_CLUSTER},
+    {NULL, 0},
+};
+static const struct conf_enum lock_layouts[] = {
+    {"leased", LD_LAYOUT_LEASED},
+    {"redisson", LD_LAYOUT_REDISSON},
+    {NULL, 0},
+};
+static const struct conf_enum fsync_modes[] = {
+    {"always", LD_FSYNC_ALWAYS},
+    {"everysec", LD_FSYNC_EVERYSEC},
+    {NULL, 0},
+};
+static const struct conf_enum log_levels[] = {
+    {"debug", LD_LOG_DEBUG},
+    {"info", LD_LOG_INFO},
+    {"warn", LD_LOG_WARN},
+    {"error", LD_LOG_ERROR},
+    {NULL, 0},
+};
+static const struct conf_enum log_targets[] = {
+    {"stderr", LD_LOG_TARGET_STDERR},
+    {"syslog", LD_LOG_TARGET_SYSLOG},
+    {NULL, 0},
+};
+
+#define OFF(field) offsetof(struct ld_config, field)
+#define STRING(n, f, fl, d)                                                   \
+    {.name = n, .type = CT_STRING, .offset = OFF(f), .flags = fl, .def = d}
+#define INT(n, f, fl, d, lo, hi)                                              \
+    {.name = n, .type = CT_INT, .offset = OFF(f), .flags = fl, .def = d,      \
+     .min = lo, .max = hi}
+#define LLONG(n, f, fl, d, lo, hi)                                            \
+    {.name = n, .type = CT_LLONG, .offset = OFF(f), .flags = fl, .def = d,    \
+     .min = lo, .max = hi}
+#define DOUBLE(n, f, fl, d, lo, hi)                                           \
+    {.name = n, .type = CT_DOUBLE, .offset = OFF(f), .flags = fl, .def = d,   \
+     .dmin = lo, .dmax = hi}
+#define BOOL(n, f, fl, d)                                                     \
+    {.name = n, .type = CT_BOOL, .offset = OFF(f), .flags = fl, .def = d}
+#define ENUM(n, f, fl, d, tab)                                                \
+    {.name = n, .type = CT_ENUM, .offset = OFF(f), .flags = fl, .def = d,     \
+     .names = tab}
+#define MODE(n, f, fl, d)                                                     \
+    {.name = n, .type = CT_MODE, .offset = OFF(f), .flags = fl, .def = d}
+#define STRLIST(n, f, fl)                                                     \
+    {.name = n, .type = CT_STRLIST, .offset = OFF(f), .flags = fl, .def = ""}
+#define HOSTPORT(n, f, fl, d)                                                 \
+    {.name = n, .type = CT_HOSTPORT, .offset = OFF(f), .flags = fl, .def = d}
+
+#define DAY_MS 86400000LL
+#define YEAR_MS (365 * DAY_MS)
+#define HOUR_MS 3600000LL
+
+/* Keep in step with conf/leased.yml and man/leased.yml.5 (make check
+ * fails when a key is missing from either). */
+static const struct conf_directive directives[] = {
+    STRING("listen.unix", listen.unix_path, F_SUNPATH, NULL),
+    MODE("listen.unix_mode", listen.unix_mode, 0, "0660"),
+    HOSTPORT("listen.tcp", listen.tcp, F_EMPTY_OK | F_LISTEN,
+             "127.0.0.1:7379"),
+    STRING("listen.auth_token", listen.auth_token, 0, ""),
+
+    ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes),
+    HOSTPORT("redis.address", redis.address, F_UNIX_OK, "127.0.0.1:6379"),
+    STRLIST("redis.addresses", redis.addresses, F_UNIX_OK),
+    STRING("redis.master_name", redis.master_name, 0, "mymaster"),
+    STRING("redis.username", redis.username, 0, ""),
+    STRING("redis.password", redis.password, 0, ""),
+    INT("redis.db", redis.db, 0, "0", 0, 1000000),
+    INT("redis.connections", redis.connections, 0, "2", 1, 64),
+    INT("redis.timeout_ms", redis.timeout_ms, 0, "1000", 1, 600000),
+
+    STRING("lock.prefix", lock.prefix, 0, "leased:lock:"),
+    LLONG("lock.watchdog_ms", lock.watchdog_ms, F_RELOAD, "30000", 100,
+          DAY_MS),
+    LLONG("lock.max_hold_ms", lock.max_hold_ms, F_RELOAD, "0", 0, YEAR_MS),
+    INT("lock.wait_replicas", lock.wait_replicas, F_RELOAD, "0", 0, 16),
+    ENUM("lock.layout", lock.layout, 0, "leased", lock_layouts),
+    STRLIST("lock.redlock", lock.redlock, F_UNIX_OK),
+
+    STRING("cache.prefix", cache.prefix, 0, "leased:cache:"),
+    LLONG("cache.ttl_ms", cache.ttl_ms, F_RELOAD, "600000", 1, YEAR_MS),
+    LLONG("cache.null_ttl_ms", cache.null_ttl_ms, F_RELOAD, "60000", 1,
+          YEAR_MS),
+    DOUBLE("cache.ttl_jitter", cache.ttl_jitter, F_RELOAD, "0.1", 0.0, 0.5),
+    LLONG("cache.fill_lease_ms", cache.fill_lease_ms, F_RELOAD, "5000", 10,
+          HOUR_MS),
+    LLONG("cache.wait_ms", cache.wait_ms, F_RELOAD, "3000", 0, HOUR_MS),
+    LLONG("cache.double_delete_ms", cache.double_delete_ms, F_RELOAD, "1000",
+          0, HOUR_MS),
+    BOOL("cache.near.enabled", cache.near.enabled, 0, "false"),
+    LLONG("cache.near.max_bytes", cache.near.max_bytes, 0, "67108864", 0,
+          1LL << 40),
+    LLONG("cache.near.max_value_bytes", cache.near.max_value_bytes, 0,
+          "65536", 1, 1LL << 30),
+
+    STRING("journal.path", journal.path, F_NONEMPTY, NULL),
+    ENUM("journal.fsync", journal.fsync, 0, "always", fsync_modes),
+
+    LLONG("limits.max_clients", limits.max_clients, F_RELOAD, "10000", 1,
+          1000000),
+    LLONG("limits.max_request_bytes", limits.max_request_bytes, F_RELOAD,
+          "1048576", 64, 1LL << 30),
+    LLONG("limits.max_key_bytes", limits.max_key_bytes, F_RELOAD, "1024", 1,
+          65536),
+    LLONG("limits.max_waiters", limits.max_waiters, F_RELOAD, "100000", 0,
+          100000000),
+    LLONG("limits.max_pending", limits.max_pending, F_RELOAD, "1024", 1,
+          1000000),
+
+    HOSTPORT("metrics.listen", metrics.listen, F_EMPTY_OK | F_LISTEN,
+             "127.0.0.1:9379"),
+
+    ENUM("log.level", log.level, F_RELOAD, "info", log_levels),
+    ENUM("log.target", log.target, 0, "stderr", log_targets),
+};
+
+#define NDIRECTIVES LD_ARRAY_LEN(directives)
+
+/* ------------------------------------------------------------------------
+ * Field access and memory */
+
+static void *
+field(struct ld_config *cfg, const struct conf_directive *d)
+{
+    return (char *)cfg + d->offset;
+}
+
+static const void *
+cfield(const struct ld_config *cfg, const struct conf_directive *d)
+{
+    return (const char *)cfg + d->offset;
+}
+
+/* The configuration is a few hundred bytes; running out of memory while
+ * copying it leaves nothing sensible to do. */
+static void *
+xmalloc(size_t n)
+{
+    void *p = malloc(n != 0 ? n : 1);
+    if (p == NULL) {
+        log_error("config: out of memory");
+        abort();
+    }
+    return p;
+}
+
+static char *
+xstrndup(const char *s, size_t len)
+{
+    char *p = xmalloc(len + 1);
+    memcpy(p, s, len);
+    p[len] = '\0';
+    return p;
+}
+
+static char *
+xstrdup(const char *s)
+{
+    return xstrndup(s, strlen(s));
+}
+
+static void
+strlist_free(struct ld_strlist *l)
+{
+    for (size_t i = 0; i < l->count; i++) {
+        free(l->items[i]);
+    }
+    free(l->items);
+    l->items = NULL;
+    l->count = 0;
+}
+
+static void
+strlist_copy(struct ld_strlist *dst, const struct ld_strlist *src)
+{
+    dst->count = src->count;
+    dst->items = NULL;
+    if (src->count > 0) {
+        dst->items = xmalloc(src->count * sizeof(*dst->items));
+        for (size_t i = 0; i < src->count; i++) {
+            dst->items[i] = xstrdup(src->items[i]);
+        }
+    }
+}
+
+static bool
+strlist_equal(const struct ld_strlist *a, const struct ld_strlist *b)
+{
+    if (a->count != b->count) {
+        return false;
+    }
+    for (size_t i = 0; i < a->count; i++) {
+        if (strcmp(a->items[i], b->items[i]) != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void
+set_string(struct ld_config *cfg, const struct conf_directive *d, char *s)
+{
+    char **p = field(cfg, d);
+    free(*p);
+    *p = s;
+}
+
+/* Free whatever the directive owns and copy SRC's value into DST. */
+static void
+value_copy(struct ld_config *dst, const struct ld_config *src,
+           const struct conf_directive *d)
+{
+    switch (d->type) {
+    case CT_STRING:
+    case CT_HOSTPORT:
+        set_string(dst, d, xstrdup(*(char *const *)cfield(src, d)));
+        break;
+    case CT_STRLIST:
+        strlist_free(field(dst, d));
+        strlist_copy(field(dst, d), cfield(src, d));
+        break;
+    case CT_INT:
+    case CT_ENUM:
+        *(int *)field(dst, d) = *(const int *)cfield(src, d);
+        break;
+    case CT_LLONG:
+        *(long long *)field(dst, d) = *(const long long *)cfield(src, d);
+        break;
+    case CT_DOUBLE:
+        *(double *)field(dst, d) = *(const double *)cfield(src, d);
+        break;
+    case CT_BOOL:
+        *(bool *)field(dst, d) = *(const bool *)cfield(src, d);
+        break;
+    case CT_MODE:
+        *(mode_t *)field(dst, d) = *(const mode_t *)cfield(src, d);
+        break;
+    }
+}
+
+static bool
+value_equal(const struct ld_config *a, const struct ld_config *b,
+            const struct conf_directive *d)
+{
+    switch (d->type) {
+    case CT_STRING:
+    case CT_HOSTPORT:
+        return strcmp(*(char *const *)cfield(a, d),
+                      *(char *const *)cfield(b, d)) == 0;
+    case CT_STRLIST:
+        return strlist_equal(cfield(a, d), cfield(b, d));
+    case CT_INT:
+    case CT_ENUM:
+        return *(const int *)cfield(a, d) == *(const int *)cfield(b, d);
+    case CT_LLONG:
+        return *(const long long *)cfield(a, d) ==
+               *(const long long *)cfield(b, d);
+    case CT_DOUBLE:
+        return *(const double *)cfield(a, d) == *(const double *)cfield(b, d);
+    case CT_BOOL:
+        return *(const bool *)cfield(a, d) == *(const bool *)cfield(b, d);
+    case CT_MODE:
+        return *(const mode_t *)cfield(a, d) == *(const mode_t *)cfield(b, d);
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------------
+ * Converting one scalar. Each converter either stores the value and
+ * returns true, or leaves the config alone and writes a message. */
+
+struct scalar {
+    const char *text; /* NUL-terminated by libyaml */
+    size_t len;
+    bool plain; /* unquoted: may be a number, a bool or null */
+};
+
+static bool
+is_null(const struct scalar *s)
+{
+    return s->plain &&
+           (s->len == 0 || strcmp(s->text, "~") == 0 ||
+            strcmp(s->text, "null") == 0 || strcmp(s->text, "Null") == 0 ||
+            strcmp(s->text, "NULL") == 0);
+}
+
+static bool
+all_digits(const char *s, size_t min_len)
+{
+    size_t n = 0;
+    for (; *s != '\0'; s++, n++) {
+        if (*s < '0' || *s > '9') {
+            return false;
+        }
+    }
+    return n >= min_len;
+}
+
+static bool
+conv_integer(const struct conf_directive *d, const struct scalar *s,
+             long long *out, char *msg, size_t msglen)
+{
+    const char *t = s->text;
+    /* Quoted numbers are strings in YAML; accepting them would hide a
+     * template that put quotes around the wrong value. */
+    if (!s->plain || strlen(t) != s->len ||
+        !all_digits(t + (t[0] == '-' || t[0] == '+'), 1)) {
+        snprintf(msg, msglen, "expected an integer");
+        return false;
+    }
+    errno = 0;
+    long long v = strtoll(t, NULL, 10);
+    if (errno == ERANGE || v < d->min || v > d->max) {
+        snprintf(msg, msglen, "must be %lld..%lld", d->min, d->max);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool
+conv_double(const struct conf_directive *d, const struct scalar *s,
+            double *out, char *msg, size_t msglen)
+{
+    const char *t = s->text;
+    char *end;
+    /* strtod also takes hex floats, "inf" and "nan"; only decimal
+     * notation is a YAML float a person would write here. */
+    bool ok = s->plain && s->len > 0 && strlen(t) == s->len &&
+              strspn(t, "0123456789+-.eE") == s->len;
+    double v = 0;
+    if (ok) {
+        errno = 0;
+        v = strtod(t, &end);
+        ok = *end == '\0' && errno == 0 && isfinite(v);
+    }
+    if (!ok) {
+        snprintf(msg, msglen, "expected a number");
+        return false;
+    }
+    if (v < d->dmin || v > d->dmax) {
+        snprintf(msg, msglen, "must be %g..%g", d->dmin, d->dmax);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool
+conv_bool(const struct scalar *s, bool *out, char *msg, size_t msglen)
+{
+    static const char *const yes[] = {"true", "yes", "on"};
+    static const char *const no[] = {"false", "no", "off"};
+    if (s->plain) {
+        for (size_t i = 0; i < LD_ARRAY_LEN(yes); i++) {
+            if (strcasecmp(s->text, yes[i]) == 0) {
+                *out = true;
+                return true;
+            }
+            if (strcasecmp(s->text, no[i]) == 0) {
+                *out = false;
+                return true;
+            }
+        }
+    }
+    snprintf(msg, msglen, "expected true or false");
+    return false;
+}
+
+static bool
+conv_enum(const struct conf_directive *d, const struct scalar *s, int *out,
+          char *msg, size_t msglen)
+{
+    for (const struct conf_enum *e = d->names; e->name != NULL; e++) {
+        if (strcmp(s->text, e->name) == 0) {
+            *out = e->value;
+            return true;
+        }
+    }
+    size_t n = (size_t)snprintf(msg, msglen, "must be one of");
+    for (const struct conf_enum *e = d->names; e->name != NULL && n < msglen;
+         e++) {
+        n += (size_t)snprintf(msg + n, msglen - n, "%s %s",
+                              e == d->names ? "" : ",", e->name);
+    }
+    return false;
+}
+
+static bool
+conv_mode(const struct scalar *s, mode_t *out, char *msg, size_t msglen)
+{
+    if (s->len >= 1 && s->len <= 4 && strlen(s->text) == s->len &&
+        strspn(s->text, "01234567") == s->len) {
+        long v = strtol(s->text, NULL, 8);
+        if (v <= 0777) {
+            *out = (mode_t)v;
+            return true;
+        }
+    }
+    snprintf(msg, msglen, "expected an octal mode such as \"0660\" (at most "
+                          "0777)");
+    return false;
+}
+
+/* An address to listen on or connect to. */
+static bool
+check_address(const struct conf_directive *d, const char *t, char *msg,
+              size_t msglen)
+{
+    char host[256];
+    int port;
+
+    if (t[0] == '\0' && (d->flags & F_EMPTY_OK)) {
+        return true;
+    }
+    if (t[0] == '/' && (d->flags & F_UNIX_OK)) {
+        if (strlen(t) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+            snprintf(msg, msglen, "socket path longer than %zu bytes",
+                     sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+            return false;
+        }
+        return true;
+    }
+    if (ld_parse_hostport(t, host, sizeof(host), &port) != LD_OK) {
+        snprintf(msg, msglen, "expected host:port%s",
+                 (d->flags & F_UNIX_OK) ? " or an absolute socket path"
+                                        : "");
+        return false;
+    }
+    if (port == 0 && !(d->flags & F_LISTEN)) {
+        snprintf(msg, msglen, "port must be 1..65535");
+        return false;
+    }
+    return true;
+}
+
+static bool
+conv_string(const struct conf_directive *d, const struct scalar *s,
+            char *msg, size_t msglen)
+{
+    if (strlen(s->text) != s->len) {
+        snprintf(msg, msglen, "must not contain NUL bytes");
+        return false;
+    }
+    if ((d->flags & F_NONEMPTY) && s->len == 0) {
+        snprintf(msg, msglen, "must not be empty");
+        return false;
+    }
+    if ((d->flags & F_SUNPATH) &&
+        s->len >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+        snprintf(msg, msglen, "socket path longer than %zu bytes",
+                 sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+        return false;
+    }
+    return true;
+}
+
+/* Store scalar S into the field of D, or explain why not. */
+static bool
+set_scalar(struct ld_config *cfg, const struct conf_directive *d,
+           const struct scalar *in, char *msg, size_t msglen)
+{
+    struct scalar s = *in;
+    long long ll;
+
+    switch (d->type) {
+    case CT_STRING:
+    case CT_HOSTPORT:
+        /* An empty value ("key:" with nothing after it) is YAML null; for
+         * strings it reads naturally as "". */
+        if (is_null(&s)) {
+            s.text = "";
+            s.len = 0;
+        }
+        if (!conv_string(d, &s, msg, msglen)) {
+            return false;
+        }
+        if (d->type == CT_HOSTPORT && !check_address(d, s.text, msg, msglen)) {
+            return false;
+        }
+        set_string(cfg, d, xstrndup(s.text, s.len));
+        return true;
+    case CT_INT:
+        if (!conv_integer(d, &s, &ll, msg, msglen)) {
+            return false;
+        }
+        *(int *)field(cfg, d) = (int)ll;
+        return true;
+    case CT_LLONG:
+        return conv_integer(d, &s, field(cfg, d), msg, msglen);
+    case CT_DOUBLE:
+        return conv_double(d, &s, field(cfg, d), msg, msglen);
+    case CT_BOOL:
+        return conv_bool(&s, field(cfg, d), msg, msglen);
+    case CT_ENUM:
+        return conv_enum(d, &s, field(cfg, d), msg, msglen);
+    case CT_MODE:
+        return conv_mode(&s, field(cfg, d), msg, msglen);
+    case CT_STRLIST:
+        break;
+    }
+    snprintf(msg, msglen, "expected a list");
+    return false;
+}
+
+static const char *
+type_noun(const struct conf_directive *d)
+{
+    switch (d->type) {
+    case CT_INT:
+    case CT_LLONG:
+        return "an integer";
+    case CT_DOUBLE:
+        return "a number";
+    case CT_BOOL:
+        return "true or false";
+    case CT_MODE:
+        return "an octal mode";
+    case CT_STRLIST:
+        return "a list";
+    case CT_HOSTPORT:
+        return "host:port";
+    default:
+        return "a string";
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Defaults */
+
+/* systemd may pass several directories separated by ':' when a unit names
+ * more than one; ours is the first. */
+static char *
+path_under_env(const char *env, const char *file, const char *fallback)
+{
+    const char *dir = getenv(env);
+    if (dir == NULL || dir[0] == '\0') {
+        return xstrdup(fallback);
+    }
+    size_t dlen = strcspn(dir, ":");
+    size_t flen = strlen(file);
+    char *p = xmalloc(dlen + 1 + flen + 1);
+    memcpy(p, dir, dlen);
+    p[dlen] = '/';
+    memcpy(p + dlen + 1, file, flen + 1);
+    return p;
+}
+
+void
+ld_conf_defaults(struct ld_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        const struct conf_directive *d = &directives[i];
+        char msg[128];
+        if (d->def == NULL || d->type == CT_STRLIST) {
+            continue; /* computed below; lists start empty */
+        }
+        struct scalar s = {d->def, strlen(d->def), true};
+        if (!set_scalar(cfg, d, &s, msg, sizeof(msg))) {
+            log_error("config: bad built-in default key=%s: %s", d->name, msg);
+            abort();
+        }
+    }
+    cfg->listen.unix_path = path_under_env("RUNTIME_DIRECTORY", "leased.sock",
+                                           "/run/leased/leased.sock");
+    cfg->journal.path =
+        path_under_env("STATE_DIRECTORY", "invalidations.journal",
+                       "/var/lib/leased/invalidations.journal");
+}
+
+void
+ld_conf_free(struct ld_config *cfg)
+{
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        const struct conf_directive *d = &directives[i];
+        if (d->type == CT_STRING || d->type == CT_HOSTPORT) {
+            set_string(cfg, d, NULL);
+        } else if (d->type == CT_STRLIST) {
+            strlist_free(field(cfg, d));
+        }
+    }
+}
+
+void
+ld_conf_copy(struct ld_config *dst, const struct ld_config *src)
+{
+    memset(dst, 0, sizeof(*dst));
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        value_copy(dst, src, &directives[i]);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Loading */
+
+struct conf_load {
+    struct ld_config *cfg;
+    const char *name; /* file name for messages */
+    const char *input;
+    size_t input_len;
+    yaml_document_t *doc;
+    char *err;
+    size_t errlen;
+    bool seen[NDIRECTIVES];        /* set by this document */
+    yaml_mark_t marks[NDIRECTIVES]; /* where its value starts */
+};
+
+static int LD_PRINTF(4, 5)
+conf_error(struct conf_load *st, yaml_mark_t mark, const char *key,
+           const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    /* libyaml counts lines and columns from 0, editors from 1. */
+    if (key != NULL) {
+        snprintf(st->err, st->errlen, "%s:%zu:%zu: %s: %s", st->name,
+                 mark.line + 1, mark.column + 1, key, msg);
+    } else {
+        snprintf(st->err, st->errlen, "%s:%zu:%zu: %s", st->name,
+                 mark.line + 1, mark.column + 1, msg);
+    }
+    return LD_ERR;
+}
+
+static const struct conf_directive *
+find_directive(const char *name)
+{
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        if (strcmp(directives[i].name, name) == 0) {
+            return &directives[i];
+        }
+    }
+    return NULL;
+}
+
+/* Is NAME a section, i.e. the prefix of some dotted key? */
+static bool
+is_section(const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        if (strncmp(directives[i].name, name, n) == 0 &&
+            directives[i].name[n] == '.') {
+            return true;
+        }
+    }
+    return false;
+}
+
+static const char *
+node_kind(const yaml_node_t *node)
+{
+    switch (node->type) {
+    case YAML_MAPPING_NODE:
+        return "a mapping";
+    case YAML_SEQUENCE_NODE:
+        return "a list";
+    default:
+        return "a scalar";
+    }
+}
+
+static struct scalar
+node_scalar(const yaml_node_t *node)
+{
+    struct scalar s = {
+        (const char *)node->data.scalar.value,
+        node->data.scalar.length,
+        node->data.scalar.style == YAML_PLAIN_SCALAR_STYLE,
+    };
+    return s;
+}
+
+static bool
+node_is_null(const yaml_node_t *node)
+{
+    if (node->type != YAML_SCALAR_NODE) {
+        return false;
+    }
+    struct scalar s = node_scalar(node);
+    return is_null(&s);
+}
+
+static int
+set_list(struct conf_load *st, const struct conf_directive *d,
+         yaml_node_t *node)
+{
+    struct ld_strlist list = {NULL, 0};
+
+    if (node->type == YAML_SCALAR_NODE) {
+        if (!node_is_null(node)) {
+            return conf_error(st, node->start_mark, d->name,
+                              "expected a list, got a scalar");
+        }
+    } else if (node->type != YAML_SEQUENCE_NODE) {
+        return conf_error(st, node->start_mark, d->name,
+                          "expected a list, got %s", node_kind(node));
+    } else {
+        yaml_node_item_t *start = node->data.sequence.items.start;
+        yaml_node_item_t *top = node->data.sequence.items.top;
+        list.items = xmalloc((size_t)(top - start) * sizeof(*list.items));
+        for (yaml_node_item_t *it = start; it < top; it++) {
+            yaml_node_t *item = yaml_document_get_node(st->doc, *it);
+            char msg[200];
+            if (item->type != YAML_SCALAR_NODE) {
+                strlist_free(&list);
+                return conf_error(st, item->start_mark, d->name,
+                                  "list items must be scalars, got %s",
+                                  node_kind(item));
+            }
+            struct scalar s = node_scalar(item);
+            if (strlen(s.text) != s.len ||
+                !check_address(d, s.text, msg, sizeof(msg))) {
+                strlist_free(&list);
+                return conf_error(st, item->start_mark, d->name, "%s",
+                                  strlen(s.text) != s.len
+                                      ? "must not contain NUL bytes"
+                                      : msg);
+            }
+            list.items[list.count++] = xstrndup(s.text, s.len);
+        }
+    }
+    struct ld_strlist *dst = field(st->cfg, d);
+    strlist_free(dst);
+    *dst = list;
+    return LD_OK;
+}
+
+static int
+set_value(struct conf_load *st, const struct conf_directive *d,
+          yaml_node_t *node)
+{
+    size_t idx = (size_t)(d - directives);
+    st->seen[idx] = true;
+    st->marks[idx] = node->start_mark;
+
+    if (d->type == CT_STRLIST) {
+        return set_list(st, d, node);
+    }
+    if (node->type != YAML_SCALAR_NODE) {
+        return conf_error(st, node->start_mark, d->name, "expected %s, got %s",
+                          type_noun(d), node_kind(node));
+    }
+    char msg[200];
+    struct scalar s = node_scalar(node);
+    if (!set_scalar(st->cfg, d, &s, msg, sizeof(msg))) {
+        return conf_error(st, node->start_mark, d->name, "%s", msg);
+    }
+    return LD_OK;
+}
+
+static bool
+same_key(const yaml_node_t *a, const yaml_node_t *b)
+{
+    return a->type == YAML_SCALAR_NODE && b->type == YAML_SCALAR_NODE &&
+           a->data.scalar.length == b->data.scalar.length &&
+           memcmp(a->data.scalar.value, b->data.scalar.value,
+                  a->data.scalar.length) == 0;
+}
+
+/* Walk the mapping of section PREFIX ("" at the top level). */
+static int
+walk_mapping(struct conf_load *st, yaml_node_t *map, const char *prefix)
+{
+    yaml_node_pair_t *start = map->data.mapping.pairs.start;
+    yaml_node_pair_t *top = map->data.mapping.pairs.top;
+
+    for (yaml_node_pair_t *pair = start; pair < top; pair++) {
+        yaml_node_t *key = yaml_document_get_node(st->doc, pair->key);
+        yaml_node_t *value = yaml_document_get_node(st->doc, pair->value);
+        char name[160];
+
+        if (key->type != YAML_SCALAR_NODE) {
+            return conf_error(st, key->start_mark,
+                              prefix[0] != '\0' ? prefix : NULL,
+                              "keys must be plain names, got %s",
+                              node_kind(key));
+        }
+        /* A dot inside a key would let "redis.db" at the top level alias
+         * "db" under "redis" and slip past the duplicate check. */
+        size_t klen = key->data.scalar.length;
+        const char *ktext = (const char *)key->data.scalar.value;
+        bool plain_name = klen > 0 && klen <= 64 && strlen(ktext) == klen &&
+                          strchr(ktext, '.') == NULL;
+        snprintf(name, sizeof(name), "%s%s%.*s", prefix,
+                 prefix[0] != '\0' ? "." : "", (int)(klen > 64 ? 64 : klen),
+                 ktext);
+
+        for (yaml_node_pair_t *prev = start; prev < pair; prev++) {
+            if (same_key(yaml_document_get_node(st->doc, prev->key), key)) {
+                return conf_error(st, key->start_mark, name, "duplicate key");
+            }
+        }
+        if (!plain_name) {
+            return conf_error(st, key->start_mark, name, "unknown key");
+        }
+
+        const struct conf_directive *d = find_directive(name);
+        if (d != NULL) {
+            if (set_value(st, d, value) != LD_OK) {
+                return LD_ERR;
+            }
+        } else if (is_section(name)) {
+            if (value->type == YAML_MAPPING_NODE) {
+                if (walk_mapping(st, value, name) != LD_OK) {
+                    return LD_ERR;
+                }
+            } else {
+                /* "section:" with every line below commented out. */
+                if (!node_is_null(value)) {
+                    return conf_error(st, value->start_mark, name,
+                                      "expected a mapping, got %s",
+                                      node_kind(value));
+                }
+            }
+        } else {
+            return conf_error(st, key->start_mark, name, "unknown key");
+        }
+    }
+    return LD_OK;
+}
+
+static size_t
+directive_index(const char *name)
+{
+    const struct conf_directive *d = find_directive(name);
+    return (size_t)(d - directives);
+}
+
+/* Where to point an error about the relation of two settings: at the first
+ * of them that this file sets, else at the top of the file. */
+static yaml_mark_t
+mark_of(const struct conf_load *st, const char *a, const char *b)
+{
+    yaml_mark_t none = {0, 0, 0};
+    size_t ia = directive_index(a);
+    if (st->seen[ia]) {
+        return st->marks[ia];
+    }
+    if (b != NULL) {
+        size_t ib = directive_index(b);
+        if (st->seen[ib]) {
+            return st->marks[ib];
+        }
+    }
+    return none;
+}
+
+/* Rules that tie settings together, checked on the final values so that
+ * their order in the file does not matter. */
+static int
+check_relations(struct conf_load *st)
+{
+    const struct ld_config *c = st->cfg;
+
+    if (c->listen.tcp[0] != '\0' && c->listen.auth_token[0] == '\0') {
+        char host[256];
+        int port;
+        if (ld_parse_hostport(c->listen.tcp, host, sizeof(host), &port) ==
+                LD_OK &&
+            !ld_host_is_loopback(host)) {
+            return conf_error(st,
+                              mark_of(st, "listen.tcp", "listen.auth_token"),
+                              "listen.tcp",
+                              "non-loopback tcp requires listen.auth_token");
+        }
+    }
+    if (c->redis.mode == LD_REDIS_SENTINEL) {
+        if (c->redis.addresses.count == 0) {
+            return conf_error(st, mark_of(st, "redis.mode", "redis.addresses"),
+                              "redis.mode",
+                              "sentinel mode requires redis.addresses (the "
+                              "sentinels)");
+        }
+        if (c->redis.master_name[0] == '\0') {
+            return conf_error(st,
+                              mark_of(st, "redis.master_name", "redis.mode"),
+                              "redis.master_name",
+                              "must not be empty in sentinel mode");
+        }
+    }
+    if (c->redis.mode == LD_REDIS_CLUSTER && c->redis.addresses.count == 0 &&
+        c->redis.address[0] == '\0') {
+        return conf_error(st, mark_of(st, "redis.mode", "redis.addresses"),
+                          "redis.mode",
+                          "cluster mode requires redis.addresses or "
+                          "redis.address as a seed");
+    }
+    if (c->redis.mode == LD_REDIS_CLUSTER && c->redis.db != 0) {
+        return conf_error(st, mark_of(st, "redis.db", "redis.mode"),
+                          "redis.db", "must be 0 in cluster mode");
+    }
+    if (c->lock.redlock.count > 0 && c->lock.redlock.count < 3) {
+        return conf_error(st, mark_of(st, "lock.redlock", NULL),
+                          "lock.redlock",
+                          "needs at least 3 addresses (or none), got %zu",
+                          c->lock.redlock.count);
+    }
+    if (strcmp(c->lock.prefix, c->cache.prefix) == 0) {
+        return conf_error(st, mark_of(st, "cache.prefix", "lock.prefix"),
+                          "cache.prefix", "must differ from lock.prefix");
+    }
+    if (c->cache.near.enabled &&
+        c->cache.near.max_value_bytes > c->cache.near.max_bytes) {
+        return conf_error(st,
+                          mark_of(st, "cache.near.max_value_bytes",
+                                  "cache.near.max_bytes"),
+                          "cache.near.max_value_bytes",
+                          "must not exceed cache.near.max_bytes");
+    }
+    return LD_OK;
+}
+
+/* Line and column of byte OFFSET, for reader errors, which libyaml reports
+ * by offset only. */
+static yaml_mark_t
+mark_at_offset(const char *input, size_t len, size_t offset)
+{
+    yaml_mark_t m = {offset, 0, 0};
+    for (size_t i = 0; i < offset && i < len; i++) {
+        if (input[i] == '\n') {
+            m.line++;
+            m.column = 0;
+        } else {
+            m.column++;
+        }
+    }
+    return m;
+}
+
+static int
+syntax_error(struct conf_load *st, const yaml_parser_t *p)
+{
+    const char *problem = p->problem != NULL ? p->problem : "unknown error";
+
+    switch (p->error) {
+    case YAML_MEMORY_ERROR:
+        snprintf(st->err, st->errlen, "%s: out of memory", st->name);
+        return LD_ERR;
+    case YAML_READER_ERROR:
+        return conf_error(
+            st, mark_at_offset(st->input, st->input_len, p->problem_offset),
+            NULL, "syntax error: %s", problem);
+    default:
+        break;
+    }
+    if (p->context != NULL) {
+        return conf_error(st, p->problem_mark, NULL,
+                          "syntax error: %s (%s at %zu:%zu)", problem,
+                          p->context, p->context_mark.line + 1,
+                          p->context_mark.column + 1);
+    }
+    return conf_error(st, p->problem_mark, NULL, "syntax error: %s", problem);
+}
+
+int
+ld_conf_load_string(struct ld_config *cfg, const char *yaml, size_t len,
+                    const char *name, char *err, size_t errlen)
+{
+    struct conf_load st;
+    yaml_parser_t parser;
+    yaml_document_t doc, extra;
+    int rc = LD_ERR;
+
+    memset(&st, 0, sizeof(st));
+    st.cfg = cfg;
+    st.name = name;
+    st.input = yaml;
+    st.input_len = len;
+    st.doc = &doc;
+    st.err = err;
+    st.errlen = errlen;
+    if (errlen > 0) {
+        err[0] = '\0';
+    }
+
+    if (!yaml_parser_initialize(&parser)) {
+        snprintf(err, errlen, "%s: out of memory", name);
+        return LD_ERR;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        syntax_error(&st, &parser);
+        yaml_parser_delete(&parser);
+        return LD_ERR;
+    }
+
+    /* A second document would be silently ignored otherwise. */
+    if (!yaml_parser_load(&parser, &extra)) {
+        syntax_error(&st, &parser);
+        goto out_doc;
+    }
+    yaml_node_t *extra_root = yaml_document_get_root_node(&extra);
+    if (extra_root != NULL) {
+        conf_error(&st, extra.start_mark, NULL,
+                   "only one YAML document is allowed");
+        yaml_document_delete(&extra);
+        goto out_doc;
+    }
+    yaml_document_delete(&extra);
+
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root == NULL) {
+        rc = LD_OK; /* empty, or only comments: all defaults */
+    } else if (root->type == YAML_MAPPING_NODE) {
+        rc = walk_mapping(&st, root, "");
+        if (rc == LD_OK) {
+            rc = check_relations(&st);
+        }
+    } else {
+        if (node_is_null(root)) {
+            rc = LD_OK;
+        } else {
+            rc = conf_error(&st, root->start_mark, NULL,
+                            "expected a mapping of sections at the top, "
+                            "got %s",
+                            node_kind(root));
+        }
+    }
+
+out_doc:
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+int
+ld_conf_load(struct ld_config *cfg, const char *path, bool missing_ok,
+             char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        if (errno == ENOENT && missing_ok) {
+            return LD_OK;
+        }
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return LD_ERR;
+    }
+
+    /* Read it whole: reader errors are reported by byte offset, which is
+     * turned into a line and column with the text at hand. */
+    size_t cap = 8192, len = 0;
+    char *buf = xmalloc(cap);
+    for (;;) {
+        if (len == cap) {
+            cap *= 2;
+            char *nb = realloc(buf, cap);
+            if (nb == NULL) {
+                free(buf);
+                fclose(f);
+                snprintf(err, errlen, "%s: out of memory", path);
+                return LD_ERR;
+            }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0) {
+            break;
+        }
+    }
+    if (ferror(f)) {
+        snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        free(buf);
+        fclose(f);
+        return LD_ERR;
+    }
+    fclose(f);
+
+    int rc = ld_conf_load_string(cfg, buf, len, path, err, errlen);
+    free(buf);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * Reload */
+
+void
+ld_conf_apply_reload(struct ld_config *live, const struct ld_config *newcfg)
+{
+    int old_level = live->log.level;
+
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        const struct conf_directive *d = &directives[i];
+        if (value_equal(live, newcfg, d)) {
+            continue;
+        }
+        if (d->flags & F_RELOAD) {
+            value_copy(live, newcfg, d);
+            log_info("config: %s reloaded", d->name);
+        } else {
+            log_warn("config: %s changed, needs restart", d->name);
+        }
+    }
+    /* The level is the one setting whose live copy is a global of its own
+     * module rather than a field that other modules read. */
+    if (live->log.level != old_level) {
+        ld_log_set_level(live->log.level);
+    }
+}
+
+void
+ld_conf_each_key(ld_conf_key_fn *fn, void *arg)
+{
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        fn(directives[i].name, (directives[i].flags & F_RELOAD) != 0, arg);
+    }
+}
