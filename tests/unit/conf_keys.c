@@ -1,0 +1,22 @@
+/* Prints every configuration key the daemon knows, one per line, for
+ * check_docs.sh: the directive table is the source of truth, so a key added
+ * to it without docs fails the test suite. */
+#include "ld_common.h"
+
+#include "ld_conf.h"
+
+#include <stdio.h>
+
+static void
+print_key(const char *dotted, bool reloadable, void *arg)
+{
+    LD_UNUSED(arg);
+    printf("%s %s\n", dotted, reloadable ? "reload" : "restart");
+}
+
+int
+main(void)
+{
+    ld_conf_each_key(print_key, NULL);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
