@@ -33,7 +33,7 @@ struct ld_config {
         char *master_name;
         char *username;
         char *password;
-        int db;                 /* 0..15 */
+        int db;                 /* 0..1000000; 0 in cluster mode */
         int connections;        /* 1..64 */
         int timeout_ms;         /* 1..600000 */
     } redis;
@@ -97,7 +97,8 @@ int ld_conf_load_string(struct ld_config *cfg, const char *yaml, size_t len,
 void ld_conf_free(struct ld_config *cfg);
 
 /* Copy the reloadable settings of NEWCFG into LIVE and log, one line each,
- * the settings that differ but need a restart. */
+ * the settings that differ but need a restart. A changed log.level is also
+ * applied to ld_log_level. */
 void ld_conf_apply_reload(struct ld_config *live,
                           const struct ld_config *newcfg);
 
