@@ -1,0 +1,339 @@
+#include "ld_lockwait.h"
+
+#include "ld_conf.h"
+#include "ld_dict.h"
+#include "ld_log.h"
+#include "ld_pubsub.h"
+#include "ld_server.h"
+#include "ld_stats.h"
+#include "ld_util.h"
+
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Slack added to the holder's lease before retrying: Redis treats a key as
+ * expired only once its expiry time is strictly in the past. */
+#define LW_EXPIRY_SLACK_MS 2
+
+struct ld_lockwait_q {
+    char *route;
+    size_t route_len;
+    char *chan;
+    size_t chan_len;
+    struct ld_lockwait *head, *tail;
+    struct ld_pubsub_sub *sub;
+    struct event *retry_ev;     /* at the holder's lease end */
+    bool wake_pending;          /* a wake-up came while the head was trying */
+    long long pttl;             /* holder's lease as last seen, -1 unknown */
+    uint64_t pttl_at_ms;
+};
+
+static struct {
+    struct ld_dict *queues;     /* route -> struct ld_lockwait_q */
+    ld_lockwait_try_fn *try_fn;
+    ld_lockwait_expire_fn *expire_fn;
+} lw;
+
+static void q_head_try(struct ld_lockwait_q *q);
+
+void ld_lockwait_init(ld_lockwait_try_fn *try_fn,
+                      ld_lockwait_expire_fn *expire_fn)
+{
+    lw.queues = ld_dict_new();
+    lw.try_fn = try_fn;
+    lw.expire_fn = expire_fn;
+}
+
+static void q_destroy(struct ld_lockwait_q *q)
+{
+    ld_dict_del(lw.queues, q->route, q->route_len);
+    if (q->sub != NULL) {
+        ld_pubsub_unsubscribe(q->sub);
+    }
+    event_free(q->retry_ev);
+    free(q->route);
+    free(q->chan);
+    free(q);
+}
+
+static long long q_ttl_estimate(const struct ld_lockwait_q *q)
+{
+    if (q->pttl <= 0) {
+        return -1;
+    }
+    long long left = q->pttl - (long long)(ld_now_ms() - q->pttl_at_ms);
+    return left > 0 ? left : -1;
+}
+
+/* Unlink W; destroys the queue when it empties. Returns the queue, or
+ * NULL when it was destroyed. */
+static struct ld_lockwait_q *w_unlink(struct ld_lockwait *w)
+{
+    struct ld_lockwait_q *q = w->q;
+    if (w->prev != NULL) {
+        w->prev->next = w->next;
+    } else {
+        q->head = w->next;
+    }
+    if (w->next != NULL) {
+        w->next->prev = w->prev;
+    } else {
+        q->tail = w->prev;
+    }
+    w->prev = w->next = NULL;
+    w->q = NULL;
+    if (w->deadline_ev != NULL) {
+        event_free(w->deadline_ev);
+        w->deadline_ev = NULL;
+    }
+    ld_stats.lock_waiters--;
+    if (q->head == NULL) {
+        q_destroy(q);
+        return NULL;
+    }
+    return q;
+}
+
+static void q_arm_retry(struct ld_lockwait_q *q, long long pttl)
+{
+    long long ms;
+    if (pttl > 0) {
+        ms = pttl + LW_EXPIRY_SLACK_MS;
+    } else if (pttl == -1) {
+        /* A lock without expiry (written by someone else): no lease end to
+         * wait for, so look again now and then. */
+        ms = ld_srv.cfg->lock.watchdog_ms / 3;
+        if (ms < 10) {
+            ms = 10;
+        }
+    } else {
+        ms = 1;
+    }
+    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+    evtimer_add(q->retry_ev, &tv);
+}
+
+static void q_on_retry_timer(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct ld_lockwait_q *q = arg;
+    ld_stats.lock_wakeups++;
+    q_head_try(q);
+}
+
+static void q_on_pubsub(enum ld_pubsub_event ev, const char *msg, size_t len,
+                        void *arg)
+{
+    LD_UNUSED(msg);
+    LD_UNUSED(len);
+    struct ld_lockwait_q *q = arg;
+    switch (ev) {
+    case LD_PUBSUB_SUBSCRIBED:
+        /* The holder may have unlocked between the head's failed try and
+         * this confirmation; that message was never ours to receive. */
+        q_head_try(q);
+        break;
+    case LD_PUBSUB_MESSAGE:
+        ld_stats.lock_wakeups++;
+        q_head_try(q);
+        break;
+    case LD_PUBSUB_LOST:
+        /* Messages may be missed until SUBSCRIBED comes again, which
+         * retries; the lease timer keeps running meanwhile. */
+        break;
+    }
+}
+
+static void q_head_try(struct ld_lockwait_q *q)
+{
+    struct ld_lockwait *h = q->head;
+    if (h == NULL) {
+        return;
+    }
+    if (h->trying) {
+        q->wake_pending = true;
+        return;
+    }
+    q->wake_pending = false;
+    evtimer_del(q->retry_ev);
+    h->trying = true;
+    lw.try_fn(h);
+}
+
+static void q_subscribe(struct ld_lockwait_q *q)
+{
+    if (q->sub != NULL) {
+        return;
+    }
+    q->sub = ld_pubsub_subscribe(q->chan, q->chan_len, q_on_pubsub, q);
+    if (q->sub == NULL) {
+        log_warn("lock wait queue could not subscribe; waking on lease end "
+                 "only");
+    }
+}
+
+/* The head's attempt saw another holder with lease PTTL. */
+static void q_taken(struct ld_lockwait_q *q, long long pttl)
+{
+    q->pttl = pttl;
+    q->pttl_at_ms = ld_now_ms();
+    q_subscribe(q);
+    if (q->wake_pending) {
+        q_head_try(q);
+    } else {
+        q_arm_retry(q, pttl);
+    }
+}
+
+static void w_on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct ld_lockwait *w = arg;
+    struct ld_lockwait_q *q = w->q;
+    w->timed_out = true;
+    if (w == q->head) {
+        /* One last attempt: the lock may be free even though no wake-up
+         * reached us (a lost message, a holder without lease). Its
+         * outcome answers the request. */
+        if (!w->trying) {
+            q->wake_pending = false;
+            w->trying = true;
+            lw.try_fn(w);
+        }
+        return;
+    }
+    long long ttl = q_ttl_estimate(q);
+    w_unlink(w);
+    lw.expire_fn(w, ttl);
+}
+
+void ld_lockwait_join(struct ld_lockwait *w, const char *route,
+                      size_t route_len, const char *chan, size_t chan_len,
+                      long long wait_ms, bool tried, long long pttl)
+{
+    struct ld_lockwait_q *q = ld_dict_get(lw.queues, route, route_len);
+    if (q == NULL) {
+        q = calloc(1, sizeof(*q));
+        q->route = malloc(route_len + 1);
+        memcpy(q->route, route, route_len);
+        q->route[route_len] = '\0';
+        q->route_len = route_len;
+        q->chan = malloc(chan_len + 1);
+        memcpy(q->chan, chan, chan_len);
+        q->chan[chan_len] = '\0';
+        q->chan_len = chan_len;
+        q->pttl = -1;
+        q->retry_ev = evtimer_new(ld_srv.base, q_on_retry_timer, q);
+        ld_dict_set(lw.queues, route, route_len, q);
+    }
+    w->q = q;
+    w->next = NULL;
+    w->prev = q->tail;
+    if (q->tail != NULL) {
+        q->tail->next = w;
+    } else {
+        q->head = w;
+    }
+    q->tail = w;
+    w->trying = false;
+    w->timed_out = false;
+    ld_stats.lock_waiters++;
+    if (wait_ms >= 0) {
+        struct timeval tv = { (time_t)(wait_ms / 1000),
+                              (suseconds_t)(wait_ms % 1000) * 1000 };
+        w->deadline_ev = evtimer_new(ld_srv.base, w_on_deadline, w);
+        evtimer_add(w->deadline_ev, &tv);
+    }
+    if (q->head != w) {
+        if (tried) {
+            q->pttl = pttl;
+            q->pttl_at_ms = ld_now_ms();
+        }
+        return;
+    }
+    if (tried) {
+        q_taken(q, pttl);
+    } else {
+        w->trying = true;
+        lw.try_fn(w);
+    }
+}
+
+void ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
+                      long long pttl)
+{
+    struct ld_lockwait_q *q = w->q;
+    w->trying = false;
+    if (q == NULL) {
+        return;
+    }
+    if (res == LD_LOCKWAIT_TAKEN) {
+        if (!w->timed_out) {
+            q_taken(q, pttl);
+            return;
+        }
+        q->pttl = pttl;
+        q->pttl_at_ms = ld_now_ms();
+        q_arm_retry(q, pttl);
+        q_subscribe(q);
+        q = w_unlink(w);
+        if (q != NULL && q->wake_pending) {
+            q_head_try(q);
+        }
+        lw.expire_fn(w, pttl);
+        return;
+    }
+    /* Granted or answered with an error: the next head tries once right
+     * away. After a grant it fails fast and learns the new holder's lease;
+     * after an error (Redis down) it gets its own answer. */
+    q->wake_pending = false;
+    q = w_unlink(w);
+    if (q != NULL) {
+        q_head_try(q);
+    }
+}
+
+void ld_lockwait_leave(struct ld_lockwait *w)
+{
+    struct ld_lockwait_q *q = w->q;
+    if (q == NULL) {
+        return;
+    }
+    bool was_trying_head = (q->head == w && w->trying);
+    q = w_unlink(w);
+    if (q != NULL && was_trying_head) {
+        /* The outcome of that attempt no longer reaches the queue. */
+        q_head_try(q);
+    }
+}
+
+void ld_lockwait_free(void)
+{
+    if (lw.queues == NULL) {
+        return;
+    }
+    struct ld_dict_iter it;
+    void *v;
+    ld_dict_iter_init(&it, lw.queues);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct ld_lockwait_q *q = v;
+        while (q->head != NULL) {
+            struct ld_lockwait *w = q->head;
+            q->head = w->next;
+            w->q = NULL;
+            w->prev = w->next = NULL;
+            if (w->deadline_ev != NULL) {
+                event_free(w->deadline_ev);
+                w->deadline_ev = NULL;
+            }
+            ld_stats.lock_waiters--;
+        }
+        q->tail = NULL;
+        q_destroy(q);
+    }
+    ld_dict_free(lw.queues);
+    lw.queues = NULL;
+}

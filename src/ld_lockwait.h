@@ -1,0 +1,67 @@
+#ifndef LD_LOCKWAIT_H
+#define LD_LOCKWAIT_H
+
+#include "ld_common.h"
+
+/* Lock waiters of this daemon, one FIFO queue per lock. Internal to the
+ * lock module: ld_lock.c embeds a struct ld_lockwait in every waiting
+ * request, decides how one attempt is made and how a request is answered;
+ * this module decides when the queue head tries again.
+ *
+ * Only the head of a queue ever talks to Redis. It retries when the
+ * subscription to the lock's unlock channel is confirmed (which closes the
+ * race between its failed try and the subscription), when an unlock
+ * message arrives, and when the holder's lease should have run out. After
+ * a grant the next head tries once at once. A release therefore costs a
+ * constant number of Redis calls however many requests wait. */
+
+struct event;
+struct ld_lockwait_q;
+
+struct ld_lockwait {
+    struct ld_lockwait_q *q;          /* NULL when not queued */
+    struct ld_lockwait *prev, *next;
+    struct event *deadline_ev;        /* NULL when waiting without limit */
+    bool trying;                      /* an attempt is in flight */
+    bool timed_out;                   /* the deadline passed */
+};
+
+enum ld_lockwait_result {
+    LD_LOCKWAIT_GRANTED,  /* the attempt acquired the lock */
+    LD_LOCKWAIT_TAKEN,    /* another holder has it; PTTL is its lease */
+    LD_LOCKWAIT_FAILED    /* the request was answered with an error */
+};
+
+/* Make one attempt for W; its outcome must come back through
+ * ld_lockwait_done. Called with W->trying already set. */
+typedef void ld_lockwait_try_fn(struct ld_lockwait *w);
+/* W's deadline passed without a grant; W has left its queue. TTL_MS is the
+ * holder's remaining lease as last seen, -1 when unknown. */
+typedef void ld_lockwait_expire_fn(struct ld_lockwait *w, long long ttl_ms);
+
+void ld_lockwait_init(ld_lockwait_try_fn *try_fn,
+                      ld_lockwait_expire_fn *expire_fn);
+/* Drops every queue; waiters must have left already. */
+void ld_lockwait_free(void);
+
+/* Queue W (zeroed by the caller) behind the other waiters for the lock
+ * whose Redis key is ROUTE and whose unlock channel is CHAN. WAIT_MS is
+ * how much longer W may wait (-1: no limit). TRIED says W has just failed
+ * an attempt that saw the holder's lease PTTL. When W is the only waiter
+ * and has not tried, it tries now. */
+void ld_lockwait_join(struct ld_lockwait *w, const char *route,
+                      size_t route_len, const char *chan, size_t chan_len,
+                      long long wait_ms, bool tried, long long pttl);
+
+/* The outcome of W's attempt. GRANTED and FAILED take W out of its queue;
+ * TAKEN keeps it waiting, unless its deadline passed meanwhile: then W
+ * leaves and the expire function is called for it. */
+void ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
+                      long long pttl);
+
+/* Take W out of its queue without any callback (its session closed, or the
+ * daemon stops). An attempt of W still in flight is W's owner's to
+ * finish; the queue carries on without it. */
+void ld_lockwait_leave(struct ld_lockwait *w);
+
+#endif

@@ -1,0 +1,15 @@
+-- Report a lock: KEYS[1] lock hash, ARGV[1] holder field ("" for none).
+-- Returns {-1} the key holds another type, {0, -2, 0} free,
+-- {1, pttl, count of ARGV[1]} held.
+local t = redis.call('type', KEYS[1]).ok
+if t == 'none' then
+    return {0, -2, 0}
+end
+if t ~= 'hash' then
+    return {-1}
+end
+local n = 0
+if ARGV[1] ~= '' then
+    n = tonumber(redis.call('hget', KEYS[1], ARGV[1])) or 0
+end
+return {1, redis.call('pttl', KEYS[1]), n}

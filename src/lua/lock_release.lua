@@ -1,0 +1,26 @@
+-- Release one hold (unlock) or every hold (session end) of a holder.
+-- KEYS[1] lock hash
+-- ARGV[1] holder field   ARGV[2] "1" one hold, "a" all holds
+-- ARGV[3] unlock channel ARGV[4] unlock message
+-- The channel is an argument, not a key: channels have no hash slot.
+-- Returns {1, 0} released (and published), {0, count} holds remain,
+-- {-1} the key holds another type, {-2} no lock, {-3} held by another.
+local t = redis.call('type', KEYS[1]).ok
+if t == 'none' then
+    return {-2}
+end
+if t ~= 'hash' then
+    return {-1}
+end
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    return {-3}
+end
+if ARGV[2] == '1' then
+    local n = redis.call('hincrby', KEYS[1], ARGV[1], -1)
+    if n > 0 then
+        return {0, n}
+    end
+end
+redis.call('del', KEYS[1])
+redis.call('publish', ARGV[3], ARGV[4])
+return {1, 0}
