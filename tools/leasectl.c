@@ -1,0 +1,839 @@
+/* leasectl: the command-line client of leased, on libleased.
+ *
+ *   leasectl [-s SOCKET | -H HOST:PORT] [--auth TOKEN] COMMAND ...
+ *
+ * Exit statuses follow sysexits.h so scripts can tell "the lock is taken"
+ * (75, EX_TEMPFAIL) from "leased is not running" (69, EX_UNAVAILABLE) and
+ * from the status of the command run under a lock; leasectl(1) lists
+ * them. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "config.h"
+
+#include "leased/client.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sysexits.h>
+#include <unistd.h>
+
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+
+#include <jansson.h>
+
+#define CTL_NAME "leasectl"
+
+/* The options every command accepts, and the connection they describe. */
+struct ctl {
+    const char *target;         /* -s / -H / $LEASED_SOCKET / default */
+    const char *auth;           /* --auth / $LEASED_AUTH */
+    int timeout_ms;             /* --timeout */
+    bool quiet;
+    const char *cmd;            /* the command's name, for messages */
+    struct leased_conn *conn;
+};
+
+/* One option of a command. VAL receives the argument (or "1" for a
+ * flag). */
+struct optdef {
+    const char *name;           /* long name, without "--" */
+    char short_name;            /* 0: none */
+    bool has_arg;
+    const char **val;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: " CTL_NAME " [options] COMMAND [ARGS]\n"
+        "\n"
+        "commands:\n"
+        "  ping                          check that leased answers\n"
+        "  stats [--json]                the daemon's figures\n"
+        "  lock KEY [--ttl MS] [--wait MS] [--owner S] [--lost-exit N]\n"
+        "       [-q] -- CMD [ARGS...]    run CMD while holding KEY\n"
+        "  get KEY [--json]              print a cached value (exit 1: miss)\n"
+        "  set KEY VALUE [--ttl MS]      store a value (--null: not found)\n"
+        "  invalidate KEY... [--delay MS]  delete cached keys\n"
+        "  info KEY [--owner S] [--token T]  is KEY locked (exit 1: no)\n"
+        "\n"
+        "options:\n"
+        "  -s, --socket PATH   the daemon's Unix socket (default: "
+        "$LEASED_SOCKET,\n"
+        "                      else " LEASED_DEFAULT_SOCKET ")\n"
+        "  -H, --host H:P      the daemon's TCP address instead\n"
+        "      --auth TOKEN    the listener's auth token (or $LEASED_AUTH)\n"
+        "  -t, --timeout MS    how long to wait for a reply (default %d)\n"
+        "  -q, --quiet         no message when a lock is not acquired\n"
+        "  -h, --help          this text\n"
+        "  -V, --version       the version\n"
+        "\nSee leasectl(1).\n", LEASED_DEFAULT_TIMEOUT_MS);
+}
+
+static int usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+    fprintf(stderr, CTL_NAME ": ");
+    if (cmd) {
+        fprintf(stderr, "%s: ", cmd);
+    }
+    fprintf(stderr, fmt, arg ? arg : "");
+    fprintf(stderr, "\nTry '" CTL_NAME " --help'.\n");
+    return EX_USAGE;
+}
+
+/* The exit status for a libleased error. */
+static int exit_for(int code)
+{
+    switch (code) {
+    case LEASED_E_CONNECT:
+    case LEASED_E_IO:
+        return EX_UNAVAILABLE;
+    case LEASED_E_TIMEOUT:
+    case LEASED_E_REDIS_UNAVAILABLE:
+    case LEASED_E_BUSY:
+    case LEASED_E_SHUTTING_DOWN:
+        return EX_TEMPFAIL;
+    case LEASED_E_UNAUTHORIZED:
+        return EX_NOPERM;
+    case LEASED_E_BAD_REQUEST:
+    case LEASED_E_TOO_LARGE:
+    case LEASED_E_WRONG_TYPE:
+    case LEASED_E_INVALID:
+        return EX_DATAERR;
+    case LEASED_E_UNKNOWN_OP:
+    case LEASED_E_PROTOCOL:
+        return EX_PROTOCOL;
+    case LEASED_E_NOMEM:
+        return EX_OSERR;
+    default:
+        return EX_SOFTWARE;
+    }
+}
+
+static int fail(const struct ctl *ctl, const struct leased_error *err)
+{
+    fprintf(stderr, CTL_NAME ": %s: %s: %s\n", ctl->cmd,
+            leased_strerror(err->code), err->message);
+    return exit_for(err->code);
+}
+
+/* A whole decimal number in [MIN, MAX]. */
+static bool parse_num(const char *s, long long min, long long max,
+                      long long *out)
+{
+    char *end;
+    long long v;
+
+    if (!s || !*s) {
+        return false;
+    }
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || *end || v < min || v > max) {
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* Parse ARGV (after the command name) for the options of DEFS plus the
+ * global ones. Positional arguments are collected in POS (*NPOS); with
+ * STOP_AT_SECOND (lock) everything from "--" or from the second
+ * positional argument on is left as *REST. Returns 0 or EX_USAGE. */
+static int parse_args(struct ctl *ctl, int argc, char **argv,
+                      const struct optdef *defs, char **pos, int *npos,
+                      int maxpos, bool stop_at_second, char ***rest,
+                      int *nrest)
+{
+    const char *timeout = NULL, *quiet = NULL, *sock = NULL, *host = NULL;
+    const char *help = NULL;
+    const struct optdef globals[] = {
+        { "help", 'h', false, &help },
+        { "socket", 's', true, &sock },
+        { "host", 'H', true, &host },
+        { "auth", 0, true, &ctl->auth },
+        { "timeout", 't', true, &timeout },
+        { "quiet", 'q', false, &quiet },
+        { NULL, 0, false, NULL },
+    };
+    int i;
+
+    *npos = 0;
+    if (rest) {
+        *rest = NULL;
+        *nrest = 0;
+    }
+    for (i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const struct optdef *found = NULL;
+        const char *eq = NULL;
+
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (a[0] != '-' || a[1] == '\0') {
+            if (stop_at_second && *npos == 1) {
+                break;
+            }
+            if (*npos >= maxpos) {
+                return usage_error(ctl->cmd, "unexpected argument '%s'", a);
+            }
+            pos[(*npos)++] = argv[i];
+            continue;
+        }
+        for (int set = 0; set < 2 && !found; set++) {
+            const struct optdef *d = set ? globals : defs;
+
+            for (; d && d->name; d++) {
+                if (a[1] == '-') {
+                    size_t n = strlen(d->name);
+
+                    if (!strncmp(a + 2, d->name, n)
+                        && (a[2 + n] == '\0'
+                            || (a[2 + n] == '=' && d->has_arg))) {
+                        found = d;
+                        eq = a[2 + n] == '=' ? a + 3 + n : NULL;
+                        break;
+                    }
+                } else if (d->short_name && a[1] == d->short_name
+                           && a[2] == '\0') {
+                    found = d;
+                    break;
+                }
+            }
+        }
+        if (!found) {
+            return usage_error(ctl->cmd, "unknown option '%s'", a);
+        }
+        if (!found->has_arg) {
+            *found->val = "1";
+        } else if (eq) {
+            *found->val = eq;
+        } else if (i + 1 < argc) {
+            *found->val = argv[++i];
+        } else {
+            return usage_error(ctl->cmd, "option '%s' needs a value", a);
+        }
+    }
+    if (rest) {
+        *rest = argv + i;
+        *nrest = argc - i;
+    } else if (i < argc) {
+        /* Everything after "--" is positional for the other commands. */
+        for (; i < argc; i++) {
+            if (*npos >= maxpos) {
+                return usage_error(ctl->cmd, "unexpected argument '%s'",
+                                   argv[i]);
+            }
+            pos[(*npos)++] = argv[i];
+        }
+    }
+    if (help) {
+        usage(stdout);
+        exit(0);
+    }
+    if (sock && host) {
+        return usage_error(ctl->cmd, "-s and -H exclude each other%s", "");
+    }
+    if (sock) {
+        ctl->target = sock;
+    } else if (host) {
+        if (!strchr(host, ':')) {
+            return usage_error(ctl->cmd, "-H wants HOST:PORT, not '%s'",
+                               host);
+        }
+        ctl->target = host;
+    }
+    if (timeout) {
+        long long v;
+
+        if (!parse_num(timeout, 1, 86400000, &v)) {
+            return usage_error(ctl->cmd, "bad --timeout '%s'", timeout);
+        }
+        ctl->timeout_ms = (int)v;
+    }
+    if (quiet) {
+        ctl->quiet = true;
+    }
+    return 0;
+}
+
+/* A milliseconds option: absent leaves *OUT alone. */
+static int opt_ms(const struct ctl *ctl, const char *name, const char *s,
+                  long long min, long long *out)
+{
+    if (s && !parse_num(s, min, 86400000LL * 365, out)) {
+        char msg[64];
+
+        snprintf(msg, sizeof msg, "bad --%s '%%s'", name);
+        return usage_error(ctl->cmd, msg, s);
+    }
+    return 0;
+}
+
+static int open_conn(struct ctl *ctl)
+{
+    struct leased_options opt;
+    struct leased_error err;
+
+    leased_options_init(&opt);
+    opt.client = CTL_NAME;
+    opt.auth = ctl->auth;
+    opt.timeout_ms = ctl->timeout_ms;
+    ctl->conn = leased_connect(ctl->target, &opt, &err);
+    if (!ctl->conn) {
+        return fail(ctl, &err);
+    }
+    return 0;
+}
+
+/* --- ping, stats ---------------------------------------------------------- */
+
+static int cmd_ping(struct ctl *ctl, int argc, char **argv)
+{
+    struct leased_error err;
+    char *pos[1];
+    int npos, rc;
+
+    if ((rc = parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL,
+                         NULL))
+        || (rc = open_conn(ctl))) {
+        return rc;
+    }
+    if (leased_ping(ctl->conn, &err) != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    printf("pong\n");
+    return 0;
+}
+
+static void print_stat(const char *prefix, const char *name, json_t *v)
+{
+    char full[256];
+
+    snprintf(full, sizeof full, "%s%s%s", prefix, *prefix ? "." : "", name);
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *sub;
+
+        json_object_foreach(v, k, sub) {
+            print_stat(full, k, sub);
+        }
+        return;
+    }
+    printf("%-36s ", full);
+    if (json_is_integer(v)) {
+        printf("%lld\n", (long long)json_integer_value(v));
+    } else if (json_is_real(v)) {
+        printf("%.3f\n", json_real_value(v));
+    } else if (json_is_string(v)) {
+        printf("%s\n", json_string_value(v));
+    } else if (json_is_boolean(v)) {
+        printf("%s\n", json_is_true(v) ? "true" : "false");
+    } else {
+        char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+
+        printf("%s\n", s ? s : "-");
+        free(s);
+    }
+}
+
+static int cmd_stats(struct ctl *ctl, int argc, char **argv)
+{
+    const char *as_json = NULL;
+    const struct optdef defs[] = {
+        { "json", 'j', false, &as_json },
+        { NULL, 0, false, NULL },
+    };
+    struct leased_error err;
+    char *pos[1];
+    int npos, rc;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
+                         NULL))
+        || (rc = open_conn(ctl))) {
+        return rc;
+    }
+    if (as_json) {
+        char *text;
+
+        if (leased_stats_text(ctl->conn, &text, &err) != LEASED_OK) {
+            return fail(ctl, &err);
+        }
+        printf("%s\n", text);
+        leased_free(text);
+    } else {
+        json_t *st, *v;
+        const char *k;
+
+        if (leased_stats(ctl->conn, &st, &err) != LEASED_OK) {
+            return fail(ctl, &err);
+        }
+        json_object_foreach(st, k, v) {
+            print_stat("", k, v);
+        }
+        json_decref(st);
+    }
+    return 0;
+}
+
+/* --- cache ------------------------------------------------------------------- */
+
+static int cmd_get(struct ctl *ctl, int argc, char **argv)
+{
+    const char *as_json = NULL;
+    const struct optdef defs[] = {
+        { "json", 'j', false, &as_json },
+        { NULL, 0, false, NULL },
+    };
+    struct leased_cache_result res;
+    struct leased_error err;
+    char *pos[1];
+    int npos, rc;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
+                         NULL))) {
+        return rc;
+    }
+    if (npos != 1) {
+        return usage_error(ctl->cmd, "wants one KEY%s", "");
+    }
+    if ((rc = open_conn(ctl))) {
+        return rc;
+    }
+    /* A plain read: a command-line user will not fill the key, so taking
+     * a fill lease would only make other readers wait for nothing. */
+    if (leased_cache_get(ctl->conn, pos[0], LEASED_UNSET, false, &res, &err)
+        != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    if (!res.hit) {
+        leased_cache_result_free(&res);
+        return 1;
+    }
+    if (as_json) {
+        json_t *v = res.is_null ? json_null()
+                                : json_stringn(res.value, res.value_len);
+        char *s = v ? json_dumps(v, JSON_ENCODE_ANY) : NULL;
+
+        printf("%s\n", s ? s : "null");
+        free(s);
+        json_decref(v);
+    } else if (!res.is_null) {
+        fwrite(res.value, 1, res.value_len, stdout);
+        putchar('\n');
+    }
+    leased_cache_result_free(&res);
+    return fflush(stdout) == 0 ? 0 : EX_IOERR;
+}
+
+static int cmd_set(struct ctl *ctl, int argc, char **argv)
+{
+    const char *ttl = NULL, *null = NULL;
+    const struct optdef defs[] = {
+        { "ttl", 0, true, &ttl },
+        { "null", 0, false, &null },
+        { NULL, 0, false, NULL },
+    };
+    struct leased_error err;
+    long long ttl_ms = 0;
+    char *pos[2];
+    int npos, rc;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 2, false, NULL,
+                         NULL))
+        || (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms))) {
+        return rc;
+    }
+    if (npos != (null ? 1 : 2)) {
+        return usage_error(ctl->cmd, "wants KEY VALUE, or KEY --null%s", "");
+    }
+    if ((rc = open_conn(ctl))) {
+        return rc;
+    }
+    if (leased_cache_set(ctl->conn, pos[0], null ? NULL : pos[1], (size_t)-1,
+                         ttl_ms, &err)
+        != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    return 0;
+}
+
+static int cmd_invalidate(struct ctl *ctl, int argc, char **argv)
+{
+    const char *delay = NULL;
+    const struct optdef defs[] = {
+        { "delay", 0, true, &delay },
+        { NULL, 0, false, NULL },
+    };
+    struct leased_invalidate_result res;
+    struct leased_error err;
+    long long delay_ms = LEASED_UNSET;
+    char **pos;
+    int npos, rc;
+
+    pos = calloc((size_t)argc + 1, sizeof *pos);
+    if (!pos) {
+        fprintf(stderr, CTL_NAME ": out of memory\n");
+        return EX_OSERR;
+    }
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, argc, false,
+                         NULL, NULL))
+        || (rc = opt_ms(ctl, "delay", delay, 0, &delay_ms))) {
+        free(pos);
+        return rc;
+    }
+    if (npos < 1) {
+        free(pos);
+        return usage_error(ctl->cmd, "wants at least one KEY%s", "");
+    }
+    if ((rc = open_conn(ctl))) {
+        free(pos);
+        return rc;
+    }
+    rc = leased_cache_invalidate(ctl->conn, (const char *const *)pos,
+                                 (size_t)npos, delay_ms, &res, &err);
+    free(pos);
+    if (rc != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    printf("deleted=%lld pending=%lld%s\n", res.deleted, res.pending,
+           res.queued ? " queued=true" : "");
+    if (res.queued && !ctl->quiet) {
+        fprintf(stderr, CTL_NAME ": %s: Redis is unavailable; the "
+                "invalidation is journaled and will be retried\n", ctl->cmd);
+    }
+    return 0;
+}
+
+/* --- locks ---------------------------------------------------------------- */
+
+static int cmd_info(struct ctl *ctl, int argc, char **argv)
+{
+    const char *owner = NULL, *token = NULL;
+    const struct optdef defs[] = {
+        { "owner", 0, true, &owner },
+        { "token", 0, true, &token },
+        { NULL, 0, false, NULL },
+    };
+    struct leased_lock_info info;
+    struct leased_error err;
+    char *pos[1];
+    int npos, rc;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
+                         NULL))) {
+        return rc;
+    }
+    if (npos != 1) {
+        return usage_error(ctl->cmd, "wants one KEY%s", "");
+    }
+    if ((rc = open_conn(ctl))) {
+        return rc;
+    }
+    if (leased_lock_info(ctl->conn, pos[0], owner, token, &info, &err)
+        != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    printf("locked %s\n", info.locked ? "yes" : "no");
+    if (info.locked) {
+        printf("ttl_ms %lld\n", info.ttl_ms);
+        if (owner || token) {
+            printf("mine %s\n", info.mine ? "yes" : "no");
+            if (info.mine && info.count >= 0) {
+                printf("count %lld\n", info.count);
+            }
+        }
+    }
+    return info.locked ? 0 : 1;
+}
+
+/* The child: the signal mask leasectl had, and death with leasectl, so
+ * that CMD never runs on without the lock when leasectl is killed. */
+static void run_child(char **cmd, const sigset_t *oldmask, pid_t parent)
+{
+    int e;
+
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) {
+        _exit(EX_SOFTWARE);
+    }
+    sigprocmask(SIG_SETMASK, oldmask, NULL);
+    execvp(cmd[0], cmd);
+    e = errno;
+    fprintf(stderr, CTL_NAME ": lock: %s: %s\n", cmd[0], strerror(e));
+    _exit(e == ENOENT ? 127 : 126);
+}
+
+static int status_of(int wstatus)
+{
+    if (WIFEXITED(wstatus)) {
+        return WEXITSTATUS(wstatus);
+    }
+    if (WIFSIGNALED(wstatus)) {
+        return 128 + WTERMSIG(wstatus);
+    }
+    return EX_SOFTWARE;
+}
+
+/* Hold the lock while CMD runs: wait on the child (SIGCHLD through a
+ * signalfd) and on the daemon's socket at once. The daemon renews a
+ * watchdog lock for as long as this connection lives, so there is
+ * nothing to send; what matters is noticing lock_lost, shutdown or the
+ * connection's end, and stopping CMD then. */
+static int hold_while(struct ctl *ctl, const char *key, const char *owner,
+                      const char *token, char **cmd, int lost_exit)
+{
+    sigset_t set, oldmask;
+    struct leased_error err;
+    bool lost = false, term_sent = false;
+    int sfd, wstatus = 0;
+    pid_t pid, parent = getpid();
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    /* An inherited SIG_IGN for SIGCHLD would reap CMD behind our back. */
+    signal(SIGCHLD, SIG_DFL);
+    sigprocmask(SIG_BLOCK, &set, &oldmask);
+    sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) {
+        fprintf(stderr, CTL_NAME ": lock: signalfd: %s\n", strerror(errno));
+        return EX_OSERR;
+    }
+    fflush(NULL);
+    pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, CTL_NAME ": lock: fork: %s\n", strerror(errno));
+        close(sfd);
+        return EX_OSERR;
+    }
+    if (pid == 0) {
+        close(sfd);
+        run_child(cmd, &oldmask, parent);
+    }
+
+    for (;;) {
+        struct leased_event ev;
+        struct pollfd pfd[2];
+        const char *why = NULL;
+        char whybuf[300];
+        int nfd = 1, rc = LEASED_OK;
+
+        /* Events may already sit in the library's buffer. */
+        while (!lost
+               && (rc = leased_next_event(ctl->conn, 0, &ev, &err))
+                      == LEASED_OK) {
+            if (ev.type == LEASED_EV_LOCK_LOST && ev.key
+                && !strcmp(ev.key, key)
+                && (!ev.token || !strcmp(ev.token, token))) {
+                snprintf(whybuf, sizeof whybuf, "lock lost (%s)",
+                         ev.reason ? ev.reason : "no reason given");
+                why = whybuf;
+                lost = true;
+            } else if (ev.type == LEASED_EV_SHUTDOWN) {
+                why = "leased is shutting down";
+                lost = true;
+            }
+            leased_event_clear(&ev);
+        }
+        if (!lost && rc != LEASED_OK && rc != LEASED_E_TIMEOUT) {
+            /* The session is gone, and its locks with it. */
+            snprintf(whybuf, sizeof whybuf, "connection to leased lost (%s)",
+                     err.message);
+            why = whybuf;
+            lost = true;
+        }
+        if (lost && !term_sent) {
+            fprintf(stderr, CTL_NAME ": lock: %s: %s; stopping the "
+                    "command\n", key, why ? why : "lock lost");
+            kill(pid, SIGTERM);
+            term_sent = true;
+        }
+
+        pfd[0].fd = sfd;
+        pfd[0].events = POLLIN;
+        pfd[0].revents = 0;
+        if (!lost && leased_fd(ctl->conn) >= 0) {
+            pfd[1].fd = leased_fd(ctl->conn);
+            pfd[1].events = POLLIN;
+            pfd[1].revents = 0;
+            nfd = 2;
+        }
+        if (poll(pfd, (nfds_t)nfd, -1) < 0 && errno != EINTR) {
+            fprintf(stderr, CTL_NAME ": lock: poll: %s\n", strerror(errno));
+            kill(pid, SIGTERM);
+        }
+        if (pfd[0].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            bool reaped = false;
+
+            while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+                int sig = (int)si.ssi_signo;
+
+                if (sig == SIGCHLD) {
+                    pid_t r = waitpid(pid, &wstatus, WNOHANG);
+
+                    if (r == pid) {
+                        reaped = true;
+                    }
+                } else if (!(sig == SIGINT && si.ssi_code == SI_KERNEL)) {
+                    /* A keyboard ^C reached CMD already: it is in our
+                     * process group. Everything else is passed on. */
+                    kill(pid, sig);
+                }
+            }
+            if (reaped) {
+                break;
+            }
+        }
+    }
+    close(sfd);
+    sigprocmask(SIG_SETMASK, &oldmask, NULL);
+
+    if (lost) {
+        return lost_exit;
+    }
+    /* Give the lock back now rather than when the connection closes, so
+     * that a failure to do so is reported. */
+    if (leased_unlock(ctl->conn, key, owner, NULL, NULL, &err) != LEASED_OK
+        && err.code != LEASED_E_NOT_HELD) {
+        fprintf(stderr, CTL_NAME ": lock: %s: unlock: %s: %s\n", key,
+                leased_strerror(err.code), err.message);
+    }
+    return status_of(wstatus);
+}
+
+static int cmd_lock(struct ctl *ctl, int argc, char **argv)
+{
+    const char *ttl = NULL, *wait = NULL, *owner = NULL, *lost = NULL;
+    const struct optdef defs[] = {
+        { "ttl", 0, true, &ttl },
+        { "wait", 'w', true, &wait },
+        { "owner", 0, true, &owner },
+        { "lost-exit", 0, true, &lost },
+        { NULL, 0, false, NULL },
+    };
+    struct leased_lock_args args = { 0 };
+    struct leased_lock_result res;
+    struct leased_error err;
+    long long lost_exit = EX_SOFTWARE;
+    char *pos[1], **cmd;
+    int npos, ncmd, rc;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
+                         &ncmd))
+        || (rc = opt_ms(ctl, "ttl", ttl, 1, &args.ttl_ms))
+        || (rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms))) {
+        return rc;
+    }
+    if (lost && !parse_num(lost, 0, 255, &lost_exit)) {
+        return usage_error(ctl->cmd, "bad --lost-exit '%s' (0..255)", lost);
+    }
+    if (npos != 1) {
+        return usage_error(ctl->cmd, "wants KEY -- CMD [ARGS...]%s", "");
+    }
+    if (ncmd < 1) {
+        return usage_error(ctl->cmd, "no command to run after KEY%s", "");
+    }
+    if ((rc = open_conn(ctl))) {
+        return rc;
+    }
+    args.owner = owner;
+    if (leased_lock(ctl->conn, pos[0], &args, &res, &err) != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    if (!res.acquired) {
+        if (!ctl->quiet) {
+            fprintf(stderr, CTL_NAME ": lock: %s: held by another holder "
+                    "(lease left %lld ms); not running %s\n", pos[0],
+                    res.ttl_ms, cmd[0]);
+        }
+        return EX_TEMPFAIL;
+    }
+    return hold_while(ctl, pos[0], owner, res.token, cmd, (int)lost_exit);
+}
+
+/* ---------------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int (*fn)(struct ctl *ctl, int argc, char **argv);
+} commands[] = {
+    { "ping", cmd_ping },
+    { "stats", cmd_stats },
+    { "lock", cmd_lock },
+    { "get", cmd_get },
+    { "set", cmd_set },
+    { "invalidate", cmd_invalidate },
+    { "info", cmd_info },
+};
+
+int main(int argc, char **argv)
+{
+    struct ctl ctl;
+    int i, rc;
+
+    memset(&ctl, 0, sizeof ctl);
+    ctl.auth = getenv("LEASED_AUTH");
+    if (ctl.auth && !*ctl.auth) {
+        ctl.auth = NULL;
+    }
+    /* Find the command: the first word that is neither an option nor the
+     * value of one. The options before it are parsed like those after. */
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+
+        if (a[0] != '-' || a[1] == '\0') {
+            break;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
+            printf(CTL_NAME " " PACKAGE_VERSION " (protocol %d)\n",
+                   LEASED_PROTOCOL_VERSION);
+            return 0;
+        }
+        if ((!strcmp(a, "-s") || !strcmp(a, "--socket") || !strcmp(a, "-H")
+             || !strcmp(a, "--host") || !strcmp(a, "--auth")
+             || !strcmp(a, "-t") || !strcmp(a, "--timeout"))
+            && i + 1 < argc) {
+            i++;
+        }
+    }
+    if (i >= argc) {
+        return usage_error(NULL, "no command%s", "");
+    }
+    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
+        if (!strcmp(argv[i], commands[k].name)) {
+            const struct optdef none[] = { { NULL, 0, false, NULL } };
+            char *pos[1];
+            int npos;
+
+            ctl.cmd = commands[k].name;
+            rc = parse_args(&ctl, i - 1, argv + 1, none, pos, &npos, 0,
+                            false, NULL, NULL);
+            if (rc) {
+                return rc;
+            }
+            rc = commands[k].fn(&ctl, argc - i - 1, argv + i + 1);
+            leased_close(ctl.conn);
+            return rc;
+        }
+    }
+    return usage_error(NULL, "unknown command '%s'", argv[i]);
+}
