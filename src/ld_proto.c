@@ -42,19 +42,19 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     if (obj == NULL) {
         snprintf(msg, msglen, "invalid JSON at column %d: %s", jerr.column,
                  jerr.text);
-        return LD_E_BAD_REQUEST;
+        return LD_ERR;
     }
     if (!json_is_object(obj)) {
         json_decref(obj);
         snprintf(msg, msglen, "request must be a JSON object");
-        return LD_E_BAD_REQUEST;
+        return LD_ERR;
     }
     json_t *id = json_object_get(obj, "id");
     if (id != NULL) {
         if (json_is_object(id) || json_is_array(id)) {
             json_decref(obj);
             snprintf(msg, msglen, "field 'id' must be a scalar");
-            return LD_E_BAD_REQUEST;
+            return LD_ERR;
         }
         *id_out = json_incref(id);
     }
@@ -62,12 +62,12 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     if (op == NULL) {
         json_decref(obj);
         snprintf(msg, msglen, "missing field 'op'");
-        return LD_E_BAD_REQUEST;
+        return LD_ERR;
     }
     if (!json_is_string(op)) {
         json_decref(obj);
         snprintf(msg, msglen, "field 'op' must be a string");
-        return LD_E_BAD_REQUEST;
+        return LD_ERR;
     }
     *out = obj;
     return LD_OK;

@@ -41,9 +41,9 @@ struct ld_req {
     uint64_t start_us;
 };
 
-/* Parse one line. On success returns a new request object in *OUT. On
- * failure returns the error code (bad_request) and writes a message that
- * names the field; *ID_OUT gets the id when one could be read, so the
+/* Parse one line. On success returns LD_OK and a new request object in
+ * *OUT. On failure (always a bad_request) returns LD_ERR and writes a
+ * message that names the field; *ID_OUT gets the id when one could be read, so the
  * error can still carry it. */
 int ld_proto_parse(const char *line, size_t len, json_t **out,
                    json_t **id_out, char *msg, size_t msglen);

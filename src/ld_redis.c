@@ -308,22 +308,19 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
     const char **argv = stack_argv;
     size_t *argvlen = stack_len;
     int total = cmd->argc + 3;
-    char nkeys[24];
+    const char *body = script_bodies[cmd->script];
 
     if (cmd->argc > STACK_ARGS) {
         argv = malloc(sizeof(*argv) * (size_t)total);
         argvlen = malloc(sizeof(*argvlen) * (size_t)total);
     }
-    /* argv[0..argc) holds the keys then args; the key count was stored as
-     * the first entry when the command was built. */
+    /* The kept arguments start with the key count, then keys and args. */
     argv[0] = "EVAL";
     argvlen[0] = 4;
-    argv[1] = script_bodies[cmd->script];
-    argvlen[1] = strlen(script_bodies[cmd->script]);
-    int nk = (int)strtol(cmd->argv[0], NULL, 10);
-    snprintf(nkeys, sizeof(nkeys), "%d", nk);
-    argv[2] = nkeys;
-    argvlen[2] = strlen(nkeys);
+    argv[1] = body != NULL ? body : "";
+    argvlen[1] = strlen(argv[1]);
+    argv[2] = cmd->argv[0];
+    argvlen[2] = cmd->argvlen[0];
     for (int i = 1; i < cmd->argc; i++) {
         argv[i + 2] = cmd->argv[i];
         argvlen[i + 2] = cmd->argvlen[i];

@@ -197,9 +197,8 @@ handle_line(struct ld_session *s, const char *line, size_t len)
     char msg[256];
 
     ld_stats.requests++;
-    int rc = ld_proto_parse(line, len, &body, &id, msg, sizeof(msg));
-    if (rc != LD_OK) {
-        reply_bare_error(s, id, rc, msg);
+    if (ld_proto_parse(line, len, &body, &id, msg, sizeof(msg)) != LD_OK) {
+        reply_bare_error(s, id, LD_E_BAD_REQUEST, msg);
         if (id != NULL) {
             json_decref(id);
         }
