@@ -92,8 +92,7 @@ enum lk_kind {
     LK_INFO,
     LK_RENEW,        /* watchdog renewal */
     LK_CHECK,        /* is a fixed lease still there? */
-    LK_RELEASE,      /* release all holds: session end, loss, shutdown */
-    LK_UNDO          /* give one hold back after a failed WAIT */
+    LK_RELEASE       /* release all holds: session end, loss, shutdown */
 };
 
 /* One request or internal command in flight. */
@@ -113,6 +112,7 @@ struct lk_op {
     bool answered_early;           /* answered while its try was out */
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
+    long long replicas_got;        /* WAIT's answer, -1 when none */
     struct ld_lockwait w;
     struct lk_sess *ls;            /* set while in ls->waiting */
     struct lk_op *wprev, *wnext;
@@ -578,7 +578,7 @@ static void op_wait_add(struct lk_op *op, struct lk_sess *ls)
 static void release_all_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
-    long long v[2];
+    long long v[2] = { 0, 0 };
     if (!lk.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
         ld_stats.lock_released++;
     }
@@ -636,8 +636,21 @@ static void undo_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
-    long long v[2];
+    long long v[2] = { 0, 0 };
     int n = reply_ints(r, v, 2);
+    op->inflight = false;
+    if (!lk.freed && op->req != NULL) {
+        int need = ld_srv.cfg->lock.wait_replicas;
+        if (op->replicas_got < 0) {
+            ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
+                           "WAIT for %d replicas got no answer", need);
+        } else {
+            ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
+                           "only %lld of %d replicas confirmed the lock",
+                           op->replicas_got, need);
+        }
+        op->req = NULL;
+    }
     if (!lk.freed && rec->linked && n >= 1) {
         if (v[0] == 1) {
             ld_stats.lock_released++;
@@ -668,26 +681,17 @@ static void acq_on_wait(redisReply *r, void *arg)
         return;
     }
     /* Not enough replicas have the lock: a failover now could hand it to
-     * someone else, so give this hold back and say so. */
+     * someone else, so give this hold back, then say so (the answer then
+     * means what redis_unavailable means: nothing changed). */
     struct lk_rec *rec = op->rec;
-    if (got < 0) {
-        ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
-                       "WAIT for %d replicas got no answer", need);
-    } else {
-        ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
-                       "only %lld of %d replicas confirmed the lock", got,
-                       need);
-    }
-    op->req = NULL;
-    struct lk_op *undo = op_new(LK_UNDO, NULL, rec);
+    op->replicas_got = got;
     const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
                            LK_UNLOCK_MSG };
     size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
                       strlen(LK_UNLOCK_MSG) };
-    undo->inflight = true;
+    op->inflight = true;
     script(LD_SCRIPT_lock_release, &rec->n, 1, 5, args, lens, undo_on_reply,
-           undo);
-    op_free(op);
+           op);
 }
 
 /* The acquisition was granted with hold count N. Returns true when OP was

@@ -1,0 +1,1116 @@
+/* The lock part of the wire contract against one real leased and a real
+ * redis-server: lock, unlock, extend, lock.info, lock_lost, waiting,
+ * fencing, limits, Redis loss, the Redisson layout and WAIT. Tests that
+ * need several daemons or client processes are in check_lock_multi.c. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "lock_util.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static struct h_redis R;
+static struct h_redis R2;
+static struct h_daemon D;
+
+static void setup(void)
+{
+    memset(&R, 0, sizeof R);
+    memset(&R2, 0, sizeof R2);
+    memset(&D, 0, sizeof D);
+}
+
+static void teardown(void)
+{
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R2);
+    h_redis_stop(&R);
+}
+
+static void start(const char *yaml_extra)
+{
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
+}
+
+static bool is_token(const char *t)
+{
+    if (t == NULL || strlen(t) < 32) {
+        return false;
+    }
+    for (const char *p = t; *p; p++) {
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void expect_bad(struct h_conn *c, const char *line, const char *field)
+{
+    json_t *r;
+    ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
+    r = h_recv(c, T_MS);
+    ck_assert_msg(r != NULL, "no reply to %s", line);
+    ck_assert_msg(!h_ok(r), "expected bad_request for %s", line);
+    ck_assert_str_eq(h_errcode(r), "bad_request");
+    const char *msg = json_string_value(
+        json_object_get(json_object_get(r, "error"), "message"));
+    ck_assert_msg(msg != NULL && strstr(msg, field) != NULL,
+                  "message for %s does not name %s: %s", line, field, msg);
+    json_decref(r);
+}
+
+/* --- acquire, reentry, release, fencing, Redis layout ------------------ */
+
+START_TEST(test_lock_reentry_fence)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char tok[80];
+    long long fence;
+
+    start("lock:\n  watchdog_ms: 3000\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+
+    r = lk_must(a, "order:42", NULL, NO_TTL, 0);
+    ck_assert_msg(is_token(jstr(r, "token")), "token %s", jstr(r, "token"));
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    ck_assert_int_eq(jint(r, "count"), 1);
+    ck_assert_int_eq(jint(r, "lease_ms"), 3000);
+    fence = jint(r, "fence");
+    ck_assert_int_ge(fence, 1);
+    json_decref(r);
+
+    /* Redisson's layout: a hash, our token as field, the count as value;
+     * the fence counter beside it without TTL, in the same slot. */
+    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{order:42} %s", tok), 1);
+    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{order:42}"), 0);
+    ck_assert_int_eq(r_int(&R, "GET leased:lock:{order:42}:fence"), fence);
+    ck_assert_int_eq(r_int(&R, "PTTL leased:lock:{order:42}:fence"), -1);
+
+    /* Reentry: same token, same fence, count 2. */
+    r = lk_must(a, "order:42", NULL, NO_TTL, 0);
+    ck_assert_str_eq(jstr(r, "token"), tok);
+    ck_assert_int_eq(jint(r, "count"), 2);
+    ck_assert_int_eq(jint(r, "fence"), fence);
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{order:42} %s", tok), 2);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 1);
+
+    /* Another owner of the same session, and another session: no. */
+    r = lk_lock(a, "order:42", "worker-2", NO_TTL, 0);
+    ck_assert(h_ok(r));
+    ck_assert(!jtrue(r, "acquired"));
+    ck_assert_int_gt(jint(r, "ttl_ms"), 0);
+    ck_assert_int_le(jint(r, "ttl_ms"), 3000);
+    ck_assert_ptr_null(json_object_get(r, "token"));
+    json_decref(r);
+    r = lk_lock(b, "order:42", NULL, NO_TTL, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    json_decref(r);
+
+    /* lock.info: mine with the count for the holder, not for others. */
+    r = lk_info(a, "order:42");
+    ck_assert(jtrue(r, "locked"));
+    ck_assert(jtrue(r, "mine"));
+    ck_assert_int_eq(jint(r, "count"), 2);
+    ck_assert_int_gt(jint(r, "ttl_ms"), 0);
+    json_decref(r);
+    r = lk_info(b, "order:42");
+    ck_assert(jtrue(r, "locked"));
+    ck_assert(!jtrue(r, "mine"));
+    ck_assert_ptr_null(json_object_get(r, "count"));
+    json_decref(r);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key",
+                "order:42", "token", tok);
+    ck_assert(h_ok(r) && jtrue(r, "mine"));
+    ck_assert_int_eq(jint(r, "count"), 2);
+    json_decref(r);
+
+    /* Unlock twice: a hold remains, then the lock is free. */
+    r = lk_unlock(a, "order:42", NULL);
+    ck_assert(h_ok(r));
+    ck_assert(!jtrue(r, "released"));
+    ck_assert_int_eq(jint(r, "count"), 1);
+    json_decref(r);
+    r = lk_unlock(a, "order:42", NULL);
+    ck_assert(h_ok(r));
+    ck_assert(jtrue(r, "released"));
+    ck_assert_int_eq(jint(r, "count"), 0);
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{order:42}"), 0);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 0);
+    r = lk_info(a, "order:42");
+    ck_assert(!jtrue(r, "locked"));
+    ck_assert(!jtrue(r, "mine"));
+    json_decref(r);
+
+    /* A new acquisition: new token, next fence. */
+    r = lk_must(b, "order:42", NULL, NO_TTL, 0);
+    ck_assert_str_ne(jstr(r, "token"), tok);
+    ck_assert_int_eq(jint(r, "fence"), fence + 1);
+    ck_assert_int_eq(jint(r, "count"), 1);
+    json_decref(r);
+    lk_unlock_ok(b, "order:42", NULL);
+
+    /* The fence survives expiry: a lease that runs out still moves it. */
+    r = lk_must(a, "order:42", NULL, 100, 0);
+    ck_assert_int_eq(jint(r, "fence"), fence + 2);
+    ck_assert_int_eq(jint(r, "lease_ms"), 100);
+    json_decref(r);
+    r = lk_must(b, "order:42", NULL, NO_TTL, 2000);   /* after expiry */
+    ck_assert_int_eq(jint(r, "fence"), fence + 3);
+    json_decref(r);
+
+    ck_assert_int_ge(h_stat(a, "lock_acquired"), 5);
+    ck_assert_int_ge(h_stat(a, "lock_released"), 2);
+    ck_assert_int_ge(h_stat(a, "lock_contended"), 2);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* --- field validation -------------------------------------------------- */
+
+START_TEST(test_validation)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start("limits:\n  max_key_bytes: 16\n");
+    c = lk_connect(&D);
+
+    expect_bad(c, "{\"op\":\"lock\"}\n", "key");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"\"}\n", "key");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":7}\n", "key");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k23456789012345678\"}\n",
+               "key");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":0}\n", "ttl_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":-5}\n",
+               "ttl_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":2147483649}\n",
+               "ttl_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":\"1000\"}\n",
+               "ttl_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"wait_ms\":-2}\n",
+               "wait_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"wait_ms\":2147483649}\n",
+               "wait_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"wait_ms\":1.5}\n",
+               "wait_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"owner\":3}\n", "owner");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"detach\":\"yes\"}\n",
+               "detach");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"detach\":true}\n",
+               "ttl_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"token\":\"\"}\n",
+               "token");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"token\":5}\n", "token");
+    expect_bad(c, "{\"op\":\"unlock\"}\n", "key");
+    expect_bad(c, "{\"op\":\"unlock\",\"key\":\"k\",\"token\":\"\"}\n",
+               "token");
+    expect_bad(c, "{\"op\":\"extend\",\"key\":\"k\"}\n", "ttl_ms");
+    expect_bad(c, "{\"op\":\"extend\",\"key\":\"k\",\"ttl_ms\":0}\n",
+               "ttl_ms");
+    expect_bad(c, "{\"op\":\"lock.info\",\"key\":\"\"}\n", "key");
+    expect_bad(c, "{\"op\":\"lock.info\",\"key\":\"k\",\"owner\":[]}\n",
+               "owner");
+    /* Nothing above took a lock. */
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{k}"), 0);
+
+    /* The bounds themselves are accepted. */
+    r = lk_must(c, "k", NULL, 2147483648LL, 0);
+    ck_assert_int_eq(jint(r, "lease_ms"), 2147483648LL);
+    json_decref(r);
+    lk_unlock_ok(c, "k", NULL);
+    r = lk_must(c, "k", NULL, 1000, 2147483648LL);
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
+                "owner", "");
+    ck_assert_msg(h_ok(r), "unlock with owner \"\": %s", h_errcode(r));
+    ck_assert(jtrue(r, "released"));
+    json_decref(r);
+    /* The id comes back on errors too, and the connection stays usable. */
+    ck_assert_int_eq(h_send_raw(c, "{\"op\":\"lock\",\"id\":\"x1\"}\n", 24),
+                     0);
+    r = h_recv(c, T_MS);
+    ck_assert_str_eq(jstr(r, "id"), "x1");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s}", "op", "ping");
+    ck_assert(h_ok(r));
+    json_decref(r);
+    h_close(c);
+}
+END_TEST
+
+/* --- not_held and the holder's lock untouched --------------------------- */
+
+START_TEST(test_not_held)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char tok[80];
+
+    start(NULL);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+
+    /* Never held: absent. */
+    r = lk_unlock(a, "nothing", NULL);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "absent");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "nothing",
+                "ttl_ms", 1000);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "absent");
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{nothing}"), 0);
+
+    r = lk_must(a, "k", NULL, 20000, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    r = lk_must(a, "k", NULL, 20000, 0);
+    json_decref(r);
+
+    /* Someone else: other, and nothing changes. */
+    r = lk_unlock(b, "k", NULL);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "other");
+    json_decref(r);
+    r = lk_unlock(a, "k", "another-owner");
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "other");
+    json_decref(r);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
+                "token", "0123456789abcdef0123456789abcdef");
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "other");
+    json_decref(r);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "k",
+                "ttl_ms", 99999999);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "other");
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{k} %s", tok), 2);
+    ck_assert_int_le(r_int(&R, "PTTL leased:lock:{k}"), 20000);
+    r = lk_info(a, "k");
+    ck_assert(jtrue(r, "mine"));
+    ck_assert_int_eq(jint(r, "count"), 2);
+    json_decref(r);
+
+    /* A lock whose lease ran out is absent for its former holder. */
+    r = lk_must(a, "short", NULL, 150, 0);
+    json_decref(r);
+    usleep(400 * 1000);   /* the lease running out is what is tested */
+    r = lk_unlock(a, "short", NULL);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "absent");
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* --- tokens across sessions, detached locks ---------------------------- */
+
+START_TEST(test_tokens_and_detach)
+{
+    struct h_conn *a, *b, *c;
+    json_t *r;
+    char tok[80], dtok[80];
+    long long fence;
+
+    start(NULL);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+
+    r = lk_must(a, "t", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    fence = jint(r, "fence");
+    json_decref(r);
+
+    /* Reenter by token from another session: same token and fence. */
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "t", "token",
+                tok);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "token reentry: %s",
+                  h_errcode(r));
+    ck_assert_str_eq(jstr(r, "token"), tok);
+    ck_assert_int_eq(jint(r, "count"), 2);
+    ck_assert_int_eq(jint(r, "fence"), fence);
+    json_decref(r);
+    /* A token that holds nothing reenters nothing, and never takes a
+     * free lock. */
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "t", "token",
+                "ffffffffffffffffffffffffffffffff");
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "other");
+    json_decref(r);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "free",
+                "token", tok);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    ck_assert_str_eq(jreason(r), "absent");
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{free}"), 0);
+
+    /* Extend and unlock by token from the other session. */
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key", "t",
+                "token", tok, "ttl_ms", 50000);
+    ck_assert_msg(h_ok(r), "extend by token: %s", h_errcode(r));
+    ck_assert_int_eq(jint(r, "lease_ms"), 50000);
+    json_decref(r);
+    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{t}"), 45000);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "t",
+                "token", tok);
+    ck_assert(h_ok(r) && !jtrue(r, "released"));
+    ck_assert_int_eq(jint(r, "count"), 1);
+    json_decref(r);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "t",
+                "token", tok);
+    ck_assert(h_ok(r) && jtrue(r, "released"));
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{t}"), 0);
+    /* The holder's daemon learnt it: a's lock is gone, not lost. */
+    r = lk_info(a, "t");
+    ck_assert(!jtrue(r, "locked"));
+    json_decref(r);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 0);
+
+    /* Detached: survives the session, unlocked by token elsewhere. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i,s:b}", "op", "lock", "key", "d",
+                "ttl_ms", 30000, "detach", 1);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "detached lock: %s",
+                  h_errcode(r));
+    snprintf(dtok, sizeof dtok, "%s", jstr(r, "token"));
+    json_decref(r);
+    /* The same owner asking for a session-bound hold of it is refused. */
+    r = lk_lock(a, "d", NULL, 30000, 0);
+    ck_assert_str_eq(h_errcode(r), "bad_request");
+    json_decref(r);
+    h_close(a);
+    c = lk_connect(&D);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{d}"), 1);
+    r = lk_lock(c, "d", NULL, NO_TTL, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key", "d",
+                "token", dtok, "ttl_ms", 60000);
+    ck_assert(h_ok(r));
+    json_decref(r);
+    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{d}"), 55000);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "d",
+                "token", dtok);
+    ck_assert(h_ok(r) && jtrue(r, "released"));
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{d}"), 0);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
+/* --- leases: fixed, extend, watchdog ------------------------------------ */
+
+START_TEST(test_leases)
+{
+    struct h_conn *a;
+    json_t *r;
+
+    start("lock:\n  watchdog_ms: 300\n");
+    a = lk_connect(&D);
+
+    /* Watchdog: held well past three leases while the session lives. */
+    r = lk_must(a, "wd", NULL, NO_TTL, 0);
+    ck_assert_int_eq(jint(r, "lease_ms"), 300);
+    json_decref(r);
+    /* A fixed lease is never renewed. */
+    r = lk_must(a, "fixed", NULL, 300, 0);
+    json_decref(r);
+    usleep(1200 * 1000);   /* time passing is the thing under test */
+    r = lk_info(a, "wd");
+    ck_assert_msg(jtrue(r, "locked") && jtrue(r, "mine"),
+                  "watchdog lock lost after 4 leases");
+    ck_assert_int_gt(jint(r, "ttl_ms"), 0);
+    ck_assert_int_le(jint(r, "ttl_ms"), 300);
+    json_decref(r);
+    r = lk_info(a, "fixed");
+    ck_assert_msg(!jtrue(r, "locked"), "fixed lease was renewed");
+    ck_assert_int_eq(jint(r, "ttl_ms"), -2);
+    json_decref(r);
+    ck_assert_int_ge(h_stat(a, "lock_renewals_ok"), 5);
+    ck_assert_int_eq(h_stat(a, "lock_lost"), 0);
+    ck_assert_ptr_null(h_event(a, 0));
+
+    /* extend sets the remaining lease; renewal never shortens it. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "wd",
+                "ttl_ms", 5000);
+    ck_assert(h_ok(r));
+    ck_assert_int_eq(jint(r, "lease_ms"), 5000);
+    json_decref(r);
+    usleep(400 * 1000);
+    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{wd}"), 4000);
+
+    /* extend of a fixed lease: only that. */
+    r = lk_must(a, "fixed2", NULL, 200, 0);
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "fixed2",
+                "ttl_ms", 900);
+    ck_assert(h_ok(r));
+    json_decref(r);
+    usleep(500 * 1000);
+    r = lk_info(a, "fixed2");
+    ck_assert_msg(jtrue(r, "locked"), "extended lease did not hold");
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
+/* --- lock_lost ------------------------------------------------------------ */
+
+START_TEST(test_lock_lost)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    char tok[80];
+    long long t0;
+
+    start("lock:\n  watchdog_ms: 300\n");
+    a = lk_connect(&D);
+
+    r = lk_must(a, "gone", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    t0 = h_now_ms();
+    ck_assert_int_eq(r_int(&R, "DEL leased:lock:{gone}"), 1);
+    ev = h_event(a, 3000);
+    ck_assert_msg(ev != NULL, "no lock_lost after the key was deleted");
+    ck_assert_msg(h_now_ms() - t0 < 600, "lock_lost took %lld ms",
+                  h_now_ms() - t0);
+    ck_assert_str_eq(jstr(ev, "event"), "lock_lost");
+    ck_assert_str_eq(jstr(ev, "key"), "gone");
+    ck_assert_str_eq(jstr(ev, "token"), tok);
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    ck_assert_ptr_null(json_object_get(ev, "id"));
+    json_decref(ev);
+    ck_assert_int_eq(h_stat(a, "lock_lost"), 1);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 0);
+
+    /* Held by someone else behind our back: taken. */
+    r = lk_must(a, "stolen", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    redisReply *rep = h_redis_cmd(&R, "EVAL %s 1 %s",
+        "redis.call('del', KEYS[1]); redis.call('hset', KEYS[1], 'x', 1); "
+        "redis.call('pexpire', KEYS[1], 60000)", "leased:lock:{stolen}");
+    ck_assert(rep != NULL);
+    freeReplyObject(rep);
+    ev = h_event(a, 3000);
+    ck_assert_msg(ev != NULL, "no lock_lost after the lock was taken");
+    ck_assert_str_eq(jstr(ev, "reason"), "taken");
+    ck_assert_str_eq(jstr(ev, "token"), tok);
+    json_decref(ev);
+    /* The other holder's lock is left alone. */
+    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{stolen} x"), 1);
+    r = lk_unlock(a, "stolen", NULL);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
+START_TEST(test_max_hold)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    long long t0, dt;
+
+    start("lock:\n  watchdog_ms: 300\n  max_hold_ms: 1000\n");
+    a = lk_connect(&D);
+    t0 = h_now_ms();
+    r = lk_must(a, "capped", NULL, NO_TTL, 0);
+    json_decref(r);
+    ev = h_event(a, 5000);
+    dt = h_now_ms() - t0;
+    ck_assert_msg(ev != NULL, "no lock_lost at max_hold");
+    ck_assert_str_eq(jstr(ev, "reason"), "max_hold");
+    ck_assert_str_eq(jstr(ev, "key"), "capped");
+    json_decref(ev);
+    ck_assert_msg(dt >= 900 && dt < 1600, "max_hold lock_lost after %lld ms",
+                  dt);
+    /* Renewal had kept it until then; now it is free. */
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{capped}"), 0);
+    r = lk_info(a, "capped");
+    ck_assert(!jtrue(r, "locked"));
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
+/* --- waiting ----------------------------------------------------------- */
+
+START_TEST(test_wait)
+{
+    struct h_conn *a, *w[3];
+    json_t *r;
+    long long t0, dt;
+
+    start(NULL);
+    a = lk_connect(&D);
+    for (int i = 0; i < 3; i++) {
+        w[i] = lk_connect(&D);
+    }
+    r = lk_must(a, "q", NULL, NO_TTL, 0);
+    json_decref(r);
+
+    /* wait_ms honoured to within a few ms. */
+    t0 = h_now_ms();
+    r = lk_lock(w[0], "q", NULL, NO_TTL, 300);
+    dt = h_now_ms() - t0;
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    ck_assert_int_gt(jint(r, "ttl_ms"), 0);
+    json_decref(r);
+    ck_assert_msg(dt >= 295 && dt < 400, "wait_ms 300 took %lld ms", dt);
+    /* Try once does not wait. */
+    t0 = h_now_ms();
+    r = lk_lock(w[0], "q", NULL, NO_TTL, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    json_decref(r);
+    ck_assert_int_lt(h_now_ms() - t0, 100);
+
+    /* First come, first served. */
+    for (int i = 0; i < 3; i++) {
+        lk_send(w[i], 100 + i, "q", NULL, NO_TTL, -1);
+        for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != i + 1; k++) {
+            usleep(5000);
+        }
+        ck_assert_int_eq(h_stat(a, "lock_waiters"), i + 1);
+    }
+    /* Waiting does not hold up other requests of the same session. */
+    r = h_callf(w[0], T_MS, "{s:s}", "op", "ping");
+    ck_assert(h_ok(r));
+    json_decref(r);
+
+    struct h_conn *holder = a;
+    for (int i = 0; i < 3; i++) {
+        t0 = h_now_ms();
+        lk_unlock_ok(holder, "q", NULL);
+        r = h_recv_id(w[i], 100 + i, 3000);
+        ck_assert_msg(r != NULL, "waiter %d not woken", i);
+        ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "waiter %d: %s", i,
+                      h_errcode(r));
+        ck_assert_msg(h_now_ms() - t0 < 200, "wake-up took %lld ms",
+                      h_now_ms() - t0);
+        json_decref(r);
+        for (int k = i + 1; k < 3; k++) {
+            ck_assert_ptr_null(h_recv(w[k], 0));
+        }
+        holder = w[i];
+    }
+    lk_unlock_ok(holder, "q", NULL);
+    ck_assert_int_eq(h_stat(a, "lock_waiters"), 0);
+    ck_assert_int_ge(h_stat(a, "lock_wakeups"), 3);
+
+    /* A reentrant request never waits behind others. */
+    r = lk_must(a, "q", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(w[0], 200, "q", NULL, NO_TTL, -1);
+    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 1; k++) {
+        usleep(5000);
+    }
+    t0 = h_now_ms();
+    r = lk_lock(a, "q", NULL, NO_TTL, 5000);
+    ck_assert(h_ok(r) && jtrue(r, "acquired"));
+    ck_assert_int_eq(jint(r, "count"), 2);
+    json_decref(r);
+    ck_assert_int_lt(h_now_ms() - t0, 100);
+
+    /* Lease end wakes a waiter without any unlock. */
+    lk_unlock_ok(a, "q", NULL);
+    lk_unlock_ok(a, "q", NULL);
+    r = h_recv_id(w[0], 200, 3000);
+    ck_assert(h_ok(r) && jtrue(r, "acquired"));
+    json_decref(r);
+    lk_unlock_ok(w[0], "q", NULL);
+    r = lk_must(a, "lease", NULL, 500, 0);
+    json_decref(r);
+    t0 = h_now_ms();
+    r = lk_lock(w[1], "lease", NULL, NO_TTL, 5000);
+    dt = h_now_ms() - t0;
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not woken by lease end");
+    json_decref(r);
+    ck_assert_msg(dt >= 350 && dt < 800, "lease end wake-up after %lld ms",
+                  dt);
+
+    /* A waiter whose session closes leaves the queue. */
+    r = lk_must(a, "c", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(w[2], 300, "c", NULL, NO_TTL, -1);
+    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 1; k++) {
+        usleep(5000);
+    }
+    h_close(w[2]);
+    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 0; k++) {
+        usleep(5000);
+    }
+    ck_assert_int_eq(h_stat(a, "lock_waiters"), 0);
+    lk_unlock_ok(a, "c", NULL);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{c}"), 0);
+
+    h_close(a);
+    h_close(w[0]);
+    h_close(w[1]);
+}
+END_TEST
+
+/* --- session end releases --------------------------------------------- */
+
+START_TEST(test_session_close)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    long long t0;
+
+    start(NULL);   /* watchdog 30 s: only the release can free it soon */
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    r = lk_must(a, "s1", NULL, NO_TTL, 0);
+    json_decref(r);
+    r = lk_must(a, "s1", NULL, NO_TTL, 0);          /* count 2 */
+    json_decref(r);
+    r = lk_must(a, "s2", "other", 60000, 0);
+    json_decref(r);
+    lk_send(b, 7, "s1", NULL, NO_TTL, 20000);
+    for (int k = 0; k < 200 && h_stat(b, "lock_waiters") != 1; k++) {
+        usleep(5000);
+    }
+    t0 = h_now_ms();
+    h_close(a);
+    r = h_recv_id(b, 7, 5000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"),
+                  "waiter not granted after the holder's session closed");
+    ck_assert_msg(h_now_ms() - t0 < 1000, "release took %lld ms",
+                  h_now_ms() - t0);
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{s2}"), 0);
+    ck_assert_int_eq(h_stat(b, "locks_held"), 1);
+    h_close(b);
+}
+END_TEST
+
+/* --- wrong_type ----------------------------------------------------------- */
+
+START_TEST(test_wrong_type)
+{
+    struct h_conn *a;
+    json_t *r;
+    redisReply *rep;
+
+    start(NULL);
+    a = lk_connect(&D);
+    rep = h_redis_cmd(&R, "SET leased:lock:{s} plain");
+    freeReplyObject(rep);
+
+    r = lk_lock(a, "s", NULL, NO_TTL, 0);
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    r = lk_lock(a, "s", NULL, NO_TTL, 1000);
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    r = lk_unlock(a, "s", NULL);
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "s",
+                "ttl_ms", 1000);
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key", "s");
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    rep = h_redis_cmd(&R, "GET leased:lock:{s}");
+    ck_assert(rep != NULL && rep->type == REDIS_REPLY_STRING);
+    ck_assert_str_eq(rep->str, "plain");
+    freeReplyObject(rep);
+    ck_assert_int_eq(r_int(&R, "PTTL leased:lock:{s}"), -1);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{s}:fence"), 0);
+
+    /* A fence counter that is not a number: nothing is written either. */
+    rep = h_redis_cmd(&R, "SET leased:lock:{f}:fence abc");
+    freeReplyObject(rep);
+    r = lk_lock(a, "f", NULL, NO_TTL, 0);
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{f}"), 0);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 0);
+    h_close(a);
+}
+END_TEST
+
+/* --- limits ----------------------------------------------------------------- */
+
+START_TEST(test_max_waiters)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+
+    start("limits:\n  max_waiters: 2\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    r = lk_must(a, "mw", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(b, 1, "mw", "o1", NO_TTL, -1);
+    lk_send(b, 2, "mw", "o2", NO_TTL, 10000);
+    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 2; k++) {
+        usleep(5000);
+    }
+    ck_assert_int_eq(h_stat(a, "lock_waiters"), 2);
+    r = lk_lock(b, "mw", "o3", NO_TTL, 10000);
+    ck_assert_str_eq(h_errcode(r), "busy");
+    json_decref(r);
+    r = lk_lock(a, "other", "o3", NO_TTL, 10000);   /* global count */
+    ck_assert_str_eq(h_errcode(r), "busy");
+    json_decref(r);
+    /* Try-once and reentry do not wait, so they are not limited. */
+    r = lk_lock(b, "mw", "o3", NO_TTL, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    json_decref(r);
+    r = lk_must(a, "mw", NULL, NO_TTL, 10000);
+    ck_assert_int_eq(jint(r, "count"), 2);
+    json_decref(r);
+    h_close(a);
+    r = h_recv_id(b, 1, 5000);
+    ck_assert(r != NULL && jtrue(r, "acquired"));
+    json_decref(r);
+    h_close(b);
+}
+END_TEST
+
+START_TEST(test_max_pending)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+
+    start("limits:\n  max_pending: 2\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    r = lk_must(a, "mp", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(b, 1, "mp", "o1", NO_TTL, -1);
+    lk_send(b, 2, "mp", "o2", NO_TTL, -1);
+    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 2; k++) {
+        usleep(5000);
+    }
+    r = h_callf(b, T_MS, "{s:s}", "op", "ping");
+    ck_assert_msg(r != NULL, "no answer");
+    ck_assert_str_eq(h_errcode(r), "busy");
+    json_decref(r);
+    lk_unlock_ok(a, "mp", NULL);
+    r = h_recv_id(b, 1, 5000);
+    ck_assert(r != NULL && jtrue(r, "acquired"));
+    json_decref(r);
+    r = h_callf(b, T_MS, "{s:s}", "op", "ping");
+    ck_assert(h_ok(r));
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* --- Redis goes away and comes back ---------------------------------------- */
+
+static struct h_conn *probe;
+
+static bool lock_works(void *arg)
+{
+    json_t *r = h_call(probe, lk_req((const char *)arg, NULL, 5000, 0), 3000);
+    bool ok = r != NULL && h_ok(r) && jtrue(r, "acquired");
+    json_decref(r);
+    return ok;
+}
+
+START_TEST(test_redis_killed)
+{
+    struct h_conn *a, *b, *c;
+    json_t *r, *ev;
+    char yaml[256];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "lock:\n  watchdog_ms: 600\n"
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    c = lk_connect(&D);
+    r = lk_must(a, "rk", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(b, 1, "rk", NULL, NO_TTL, -1);
+    lk_send(c, 2, "rk", NULL, NO_TTL, 20000);
+    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 2; k++) {
+        usleep(5000);
+    }
+    h_redis_kill(&R);
+
+    /* The holder learns within about a lease that it lost the lock. */
+    ev = h_event(a, 5000);
+    ck_assert_msg(ev != NULL, "no lock_lost with Redis gone");
+    ck_assert_str_eq(jstr(ev, "reason"), "redis_unavailable");
+    json_decref(ev);
+    /* Waiters get an error, not a hang. */
+    r = h_recv_id(b, 1, 5000);
+    ck_assert_msg(r != NULL, "waiter left hanging");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    r = h_recv_id(c, 2, 5000);
+    ck_assert_msg(r != NULL, "waiter left hanging");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    r = lk_lock(a, "x", NULL, NO_TTL, 0);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    r = lk_unlock(a, "x", NULL);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s}", "op", "ping");
+    ck_assert(h_ok(r));
+    json_decref(r);
+    ck_assert_int_ge(h_stat(a, "lock_renewals_failed"), 1);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 0);
+
+    /* Back again: locks work. */
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    probe = a;
+    ck_assert_msg(h_wait_until(lock_works, (void *)"rk", 15000),
+                  "locks do not work after Redis came back");
+    r = lk_lock(b, "rk", NULL, NO_TTL, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
+/* --- Redisson compatibility ------------------------------------------------- */
+
+/* Redisson's RLock scripts, as the Java side would run them. */
+static const char *java_lock =
+    "if (redis.call('exists', KEYS[1]) == 0) then "
+    "redis.call('hset', KEYS[1], ARGV[2], 1); "
+    "redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; "
+    "if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then "
+    "redis.call('hincrby', KEYS[1], ARGV[2], 1); "
+    "redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; "
+    "return redis.call('pttl', KEYS[1]);";
+static const char *java_unlock =
+    "if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; "
+    "local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); "
+    "if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); "
+    "return 0; else redis.call('del', KEYS[1]); "
+    "redis.call('publish', KEYS[2], ARGV[1]); return 1; end; return nil;";
+
+START_TEST(test_redisson_layout)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    redisReply *rep;
+    long long t0;
+    char tok[80];
+
+    start("lock:\n  layout: redisson\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+
+    /* The Java side holds it. */
+    rep = h_redis_cmd(&R, "EVAL %s 1 %s %s %s", java_lock, "inventory:7",
+                      "30000", "uuid-java:1");
+    ck_assert(rep != NULL && rep->type == REDIS_REPLY_NIL);
+    freeReplyObject(rep);
+    r = lk_lock(a, "inventory:7", NULL, NO_TTL, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    ck_assert_int_gt(jint(r, "ttl_ms"), 25000);
+    json_decref(r);
+    r = lk_unlock(a, "inventory:7", NULL);
+    ck_assert_str_eq(jreason(r), "other");
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "HGET inventory:7 uuid-java:1"), 1);
+
+    /* Java's unlock publishes "0" on Redisson's channel: our waiter
+     * proceeds at once. */
+    lk_send(b, 5, "inventory:7", NULL, NO_TTL, 20000);
+    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 1; k++) {
+        usleep(5000);
+    }
+    usleep(100 * 1000);   /* let the subscription settle */
+    t0 = h_now_ms();
+    rep = h_redis_cmd(&R, "EVAL %s 2 %s %s %s %s %s", java_unlock,
+                      "inventory:7", "redisson_lock__channel:{inventory:7}",
+                      "0", "30000", "uuid-java:1");
+    ck_assert(rep != NULL && rep->type == REDIS_REPLY_INTEGER
+              && rep->integer == 1);
+    freeReplyObject(rep);
+    r = h_recv_id(b, 5, 5000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"),
+                  "not granted after the Java unlock");
+    ck_assert_msg(h_now_ms() - t0 < 300, "wake-up took %lld ms",
+                  h_now_ms() - t0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    ck_assert_int_ge(jint(r, "fence"), 1);
+    /* Redisson's names: the lock is the key itself, our token the
+     * field; the fence counter is redisson_lock_token:{KEY}. */
+    ck_assert_int_eq(r_int(&R, "HGET inventory:7 %s", tok), 1);
+    ck_assert_int_eq(r_int(&R, "GET redisson_lock_token:{inventory:7}"),
+                     jint(r, "fence"));
+    json_decref(r);
+
+    /* And the Java side sees us: its lock script returns our lease. */
+    rep = h_redis_cmd(&R, "EVAL %s 1 %s %s %s", java_lock, "inventory:7",
+                      "30000", "uuid-java:1");
+    ck_assert(rep != NULL && rep->type == REDIS_REPLY_INTEGER);
+    ck_assert_int_gt(rep->integer, 0);
+    freeReplyObject(rep);
+
+    /* Our unlock publishes "0" where Redisson listens. */
+    redisContext *sub = h_redis_connect(&R);
+    ck_assert(sub != NULL);
+    rep = redisCommand(sub, "SUBSCRIBE redisson_lock__channel:{inventory:7}");
+    freeReplyObject(rep);
+    lk_unlock_ok(b, "inventory:7", NULL);
+    ck_assert_int_eq(redisGetReply(sub, (void **)&rep), REDIS_OK);
+    ck_assert(rep->type == REDIS_REPLY_ARRAY && rep->elements == 3);
+    ck_assert_str_eq(rep->element[0]->str, "message");
+    ck_assert_str_eq(rep->element[2]->str, "0");
+    freeReplyObject(rep);
+    redisFree(sub);
+
+    /* A name with its own hash tag keeps it, like Redisson's
+     * prefixName. */
+    r = lk_must(a, "{user:1}:cart", NULL, NO_TTL, 0);
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS redisson_lock_token:{user:1}:cart"), 1);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* --- WAIT for replicas --------------------------------------------------- */
+
+static bool replica_linked(void *arg)
+{
+    (void)arg;
+    redisReply *rep = h_redis_cmd(&R, "INFO replication");
+    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING
+              && strstr(rep->str, "connected_slaves:1") != NULL
+              && strstr(rep->str, "state=online") != NULL;
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return ok;
+}
+
+START_TEST(test_wait_replicas)
+{
+    struct h_conn *a;
+    json_t *r;
+    char args[64];
+
+    char yaml[256];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "lock:\n  wait_replicas: 1\n"
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 400\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    a = lk_connect(&D);
+    /* No replica: the grant is given back and reported. */
+    r = lk_lock(a, "rep", NULL, NO_TTL, 0);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(strstr(json_string_value(json_object_get(
+                      json_object_get(r, "error"), "message")), "replica"),
+                  "not refused for want of replicas");
+    json_decref(r);
+    ck_assert_int_ge(h_stat(a, "lock_released"), 1);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{rep}"), 0);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 0);
+
+    snprintf(args, sizeof args, "--replicaof 127.0.0.1 %d", R.port);
+    ck_assert_int_eq(h_redis_start(&R2, args), 0);
+    ck_assert_msg(h_wait_until(replica_linked, NULL, 15000),
+                  "replica did not link");
+    r = lk_must(a, "rep", NULL, NO_TTL, 0);
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R2, "EXISTS leased:lock:{rep}"), 1);
+    h_close(a);
+}
+END_TEST
+
+/* --- graceful stop releases ------------------------------------------------ */
+
+START_TEST(test_shutdown_releases)
+{
+    struct h_conn *a;
+    json_t *r;
+
+    start(NULL);
+    a = lk_connect(&D);
+    r = lk_must(a, "sd", NULL, NO_TTL, 0);
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i,s:b}", "op", "lock", "key", "sd2",
+                "ttl_ms", 60000, "detach", 1);
+    ck_assert(h_ok(r) && jtrue(r, "acquired"));
+    json_decref(r);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{sd}"), 0);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{sd2}"), 1);
+    h_close(a);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+
+    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, NULL, h_case_passed);
+    tcase_set_timeout(tc, timeout_s);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("locks");
+    SRunner *sr;
+    int failed;
+
+    add(s, "lock_reentry_fence", test_lock_reentry_fence, 60);
+    add(s, "validation", test_validation, 60);
+    add(s, "not_held", test_not_held, 60);
+    add(s, "tokens_and_detach", test_tokens_and_detach, 60);
+    add(s, "leases", test_leases, 60);
+    add(s, "lock_lost", test_lock_lost, 60);
+    add(s, "max_hold", test_max_hold, 60);
+    add(s, "wait", test_wait, 60);
+    add(s, "session_close", test_session_close, 60);
+    add(s, "wrong_type", test_wrong_type, 60);
+    add(s, "max_waiters", test_max_waiters, 60);
+    add(s, "max_pending", test_max_pending, 60);
+    add(s, "redis_killed", test_redis_killed, 90);
+    add(s, "redisson_layout", test_redisson_layout, 60);
+    add(s, "wait_replicas", test_wait_replicas, 60);
+    add(s, "shutdown_releases", test_shutdown_releases, 60);
+
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_ENV);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
