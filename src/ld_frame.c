@@ -32,6 +32,7 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
         if (f->discarding) {
             if (nl.pos < 0) {
                 evbuffer_drain(in, avail);
+                f->scanned = 0;
                 return LD_FRAME_NEED_MORE;
             }
             evbuffer_drain(in, (size_t)nl.pos + 1);

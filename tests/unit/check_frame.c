@@ -1,0 +1,237 @@
+/* Framing and request parsing, from raw bytes. */
+#include "ld_conf.h"
+#include "ld_frame.h"
+#include "ld_proto.h"
+#include "ld_server.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+static struct ld_config cfg;
+
+static void
+setup(void)
+{
+    ld_conf_defaults(&cfg);
+    ld_srv.cfg = &cfg;
+}
+
+static void
+teardown(void)
+{
+    ld_conf_free(&cfg);
+    ld_srv.cfg = NULL;
+}
+
+/* Feed BYTES in chunks of CHUNK and collect what the framer yields into
+ * OUT as "L:<line>" / "T" entries joined by '|'. */
+static void
+feed(struct ld_framer *f, const char *bytes, size_t len, size_t chunk,
+     char *out, size_t outlen)
+{
+    struct evbuffer *in = evbuffer_new();
+    out[0] = '\0';
+    for (size_t off = 0; off < len; off += chunk) {
+        size_t n = len - off < chunk ? len - off : chunk;
+        evbuffer_add(in, bytes + off, n);
+        for (;;) {
+            char *line = NULL;
+            size_t ll = 0;
+            enum ld_frame_result r = ld_frame_next(f, in, &line, &ll);
+            if (r == LD_FRAME_NEED_MORE) {
+                break;
+            }
+            if (r == LD_FRAME_TOO_LARGE) {
+                strncat(out, "T|", outlen - strlen(out) - 1);
+            } else {
+                ck_assert_uint_eq(strlen(line), ll);
+                strncat(out, "L:", outlen - strlen(out) - 1);
+                strncat(out, line, outlen - strlen(out) - 1);
+                strncat(out, "|", outlen - strlen(out) - 1);
+                free(line);
+            }
+        }
+    }
+    evbuffer_free(in);
+}
+
+START_TEST(split_reads)
+{
+    const char *bytes = "{\"op\":\"ping\"}\n{\"op\":\"stats\"}\n";
+    char out[256];
+    /* Every chunk size from one byte up gives the same two lines. */
+    for (size_t chunk = 1; chunk <= strlen(bytes); chunk++) {
+        struct ld_framer f = {.max_bytes = 1024};
+        feed(&f, bytes, strlen(bytes), chunk, out, sizeof(out));
+        ck_assert_str_eq(out, "L:{\"op\":\"ping\"}|L:{\"op\":\"stats\"}|");
+    }
+}
+END_TEST
+
+START_TEST(several_per_read_and_crlf)
+{
+    const char *bytes = "a\r\nb\n\nc\r\n";
+    char out[256];
+    struct ld_framer f = {.max_bytes = 1024};
+    feed(&f, bytes, strlen(bytes), strlen(bytes), out, sizeof(out));
+    ck_assert_str_eq(out, "L:a|L:b|L:|L:c|");
+}
+END_TEST
+
+START_TEST(partial_line_waits)
+{
+    char out[256];
+    struct ld_framer f = {.max_bytes = 1024};
+    feed(&f, "{\"op\":", 6, 6, out, sizeof(out));
+    ck_assert_str_eq(out, "");
+}
+END_TEST
+
+START_TEST(oversize_line_skipped)
+{
+    /* 20-byte limit: the long line is reported once, skipped up to its
+     * newline, and the next line comes through whole. */
+    char bytes[256];
+    memset(bytes, 'x', 100);
+    memcpy(bytes + 100, "\nok\n", 5);
+    for (size_t chunk = 1; chunk <= 104; chunk += 7) {
+        char out[256];
+        struct ld_framer f = {.max_bytes = 20};
+        feed(&f, bytes, 104, chunk, out, sizeof(out));
+        ck_assert_str_eq(out, "T|L:ok|");
+    }
+}
+END_TEST
+
+START_TEST(line_at_limit_accepted)
+{
+    char out[256];
+    struct ld_framer f = {.max_bytes = 5};
+    feed(&f, "12345\n123456\nz\n", 15, 15, out, sizeof(out));
+    ck_assert_str_eq(out, "L:12345|T|L:z|");
+}
+END_TEST
+
+static int
+parse(const char *line, json_t **body, json_t **id, char *msg)
+{
+    return ld_proto_parse(line, strlen(line), body, id, msg, 256);
+}
+
+START_TEST(parse_good)
+{
+    json_t *body, *id;
+    char msg[256];
+    ck_assert_int_eq(parse("{\"op\":\"ping\",\"id\":\"x\"}", &body, &id, msg),
+                     LD_OK);
+    ck_assert_str_eq(json_string_value(id), "x");
+    ck_assert_str_eq(json_string_value(json_object_get(body, "op")),
+                     "ping");
+    json_decref(body);
+    json_decref(id);
+}
+END_TEST
+
+START_TEST(parse_errors_name_the_field)
+{
+    static const struct {
+        const char *line;
+        const char *msg_part;
+        bool has_id;
+    } cases[] = {
+        {"{bad", "invalid JSON", false},
+        {"[1,2]", "JSON object", false},
+        {"42", "invalid JSON", false},
+        {"\"op\"", "invalid JSON", false},
+        {"{\"id\":3}", "'op'", true},
+        {"{\"id\":3,\"op\":7}", "'op'", true},
+        {"{\"id\":[1],\"op\":\"ping\"}", "'id'", false},
+        {"{\"op\":\"ping\",\"k\":\"\xc3\x28\"}", "invalid JSON", false},
+        {"{\"op\":\"ping\"} trailing", "invalid JSON", false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_t *body = NULL, *id = NULL;
+        char msg[256] = "";
+        ck_assert_int_eq(parse(cases[i].line, &body, &id, msg), LD_ERR);
+        ck_assert_ptr_null(body);
+        ck_assert_msg(strstr(msg, cases[i].msg_part) != NULL,
+                      "case %zu: message '%s' lacks '%s'", i, msg,
+                      cases[i].msg_part);
+        ck_assert_int_eq(id != NULL, cases[i].has_id);
+        if (id != NULL) {
+            json_decref(id);
+        }
+    }
+}
+END_TEST
+
+START_TEST(reply_lines)
+{
+    size_t len = 0;
+    json_t *id = json_integer(7);
+    char *ok = ld_proto_ok_line(id, json_pack("{s:b}", "acquired", 1), &len);
+    ck_assert_str_eq(ok, "{\"id\":7,\"ok\":true,\"acquired\":true}\n");
+    ck_assert_uint_eq(len, strlen(ok));
+    free(ok);
+    char *err = ld_proto_error_line(id, LD_E_NOT_HELD,
+                                    json_pack("{s:s}", "reason", "other"),
+                                    "lock 'k' is not held", &len);
+    ck_assert_str_eq(err, "{\"id\":7,\"ok\":false,\"error\":{\"code\":"
+                          "\"not_held\",\"message\":\"lock 'k' is not "
+                          "held\",\"reason\":\"other\"}}\n");
+    free(err);
+    /* A message that is not valid UTF-8 still yields a valid line. */
+    err = ld_proto_error_line(NULL, LD_E_BAD_REQUEST, NULL, "bad \xff", &len);
+    json_t *back = json_loads(err, 0, NULL);
+    ck_assert_ptr_nonnull(back);
+    json_decref(back);
+    free(err);
+    json_decref(id);
+}
+END_TEST
+
+START_TEST(error_code_names)
+{
+    ck_assert_str_eq(ld_errcode_name(LD_E_BAD_REQUEST), "bad_request");
+    ck_assert_str_eq(ld_errcode_name(LD_E_REDIS_UNAVAILABLE),
+                     "redis_unavailable");
+    ck_assert_str_eq(ld_errcode_name(LD_E_SHUTTING_DOWN), "shutting_down");
+    ck_assert_str_eq(ld_errcode_name(LD_E__COUNT), "internal");
+}
+END_TEST
+
+START_TEST(key_limits)
+{
+    cfg.limits.max_key_bytes = 4;
+    ck_assert(ld_key_valid("abcd", 4));
+    ck_assert(!ld_key_valid("abcde", 5));
+    ck_assert(!ld_key_valid("", 0));
+}
+END_TEST
+
+int
+main(void)
+{
+    Suite *s = suite_create("frame");
+    TCase *tc = tcase_create("frame");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, split_reads);
+    tcase_add_test(tc, several_per_read_and_crlf);
+    tcase_add_test(tc, partial_line_waits);
+    tcase_add_test(tc, oversize_line_skipped);
+    tcase_add_test(tc, line_at_limit_accepted);
+    tcase_add_test(tc, parse_good);
+    tcase_add_test(tc, parse_errors_name_the_field);
+    tcase_add_test(tc, reply_lines);
+    tcase_add_test(tc, error_code_names);
+    tcase_add_test(tc, key_limits);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
