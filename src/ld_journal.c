@@ -1,0 +1,754 @@
+/*
+ * The invalidation journal (format and guarantees in ld_journal.h).
+ *
+ * Writes go straight to the file with pwrite, never through a user-space
+ * buffer: a record that write() accepted is in the page cache and survives
+ * the death of the process (SIGKILL included); only a machine crash needs
+ * the fdatasync, and that is what the fsync mode decides on.
+ *
+ * The live adds are also kept in memory, keyed by id, so that compaction
+ * and the stats never have to read the file back.
+ */
+#include "ld_journal.h"
+
+#include "ld_dict.h"
+#include "ld_log.h"
+#include "ld_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define COMPACT_MIN_BYTES_DEFAULT (1u << 20)
+
+struct jrec {
+    uint64_t id;
+    int64_t due_ms;
+    size_t key_len;
+    char key[];
+};
+
+struct ld_journal {
+    int fd;
+    char *path;
+    enum ld_fsync_mode mode;
+    uint64_t size;           /* bytes in the file, all of them good */
+    uint64_t live_bytes;     /* bytes of the live add records */
+    struct ld_dict *live;    /* id (8 bytes, host order) -> struct jrec */
+    uint64_t next_id;
+    bool dirty;              /* appended since the last sync */
+    uint64_t syncs;
+    uint64_t dropped_bytes;
+    uint64_t compact_min_bytes;
+};
+
+/* ---- CRC-32 ---------------------------------------------------------- */
+
+static uint32_t crc_table[256];
+static bool crc_ready;
+
+static void
+crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) {
+            c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+        }
+        crc_table[i] = c;
+    }
+    crc_ready = true;
+}
+
+uint32_t
+ld_crc32(const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    uint32_t c = 0xffffffffu;
+
+    if (!crc_ready) {
+        crc_init();
+    }
+    for (size_t i = 0; i < len; i++) {
+        c = crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+    }
+    return c ^ 0xffffffffu;
+}
+
+/* ---- encoding -------------------------------------------------------- */
+
+static void
+put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static void
+put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static uint32_t
+get_u32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+static uint64_t
+get_u64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+/* Encode one record into BUF (LD_JOURNAL_RECORD_OVERHEAD +
+ * LD_JOURNAL_BODY_MIN + KEY_LEN bytes); returns its length. */
+static size_t
+encode(unsigned char *buf, enum ld_journal_type type, uint64_t id,
+       int64_t due_ms, const char *key, size_t key_len)
+{
+    unsigned char *body = buf + LD_JOURNAL_RECORD_OVERHEAD;
+    size_t body_len = LD_JOURNAL_BODY_MIN + key_len;
+
+    body[0] = (unsigned char)type;
+    put_u64(body + 1, id);
+    put_u64(body + 9, (uint64_t)due_ms);
+    if (key_len > 0) {
+        memcpy(body + LD_JOURNAL_BODY_MIN, key, key_len);
+    }
+    put_u32(buf, (uint32_t)body_len);
+    put_u32(buf + 4, ld_crc32(body, body_len));
+    return LD_JOURNAL_RECORD_OVERHEAD + body_len;
+}
+
+/* ---- file helpers ---------------------------------------------------- */
+
+static int
+write_all_at(int fd, const unsigned char *p, size_t len, uint64_t off)
+{
+    while (len > 0) {
+        ssize_t n = pwrite(fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return LD_ERR;
+        }
+        if (n == 0) {
+            errno = EIO;
+            return LD_ERR;
+        }
+        p += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return LD_OK;
+}
+
+/* Make a rename or a new file in PATH's directory durable. */
+static int
+sync_parent_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir;
+
+    if (slash == NULL) {
+        dir = strdup(".");
+    } else if (slash == path) {
+        dir = strdup("/");
+    } else {
+        dir = strndup(path, (size_t)(slash - path));
+    }
+    if (dir == NULL) {
+        return LD_ERR;
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0) {
+        return LD_ERR;
+    }
+    int rc = fsync(fd) == 0 ? LD_OK : LD_ERR;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+static int
+read_file(int fd, unsigned char **out, size_t *len)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        return LD_ERR;
+    }
+    size_t size = (size_t)st.st_size;
+    unsigned char *buf = malloc(size > 0 ? size : 1);
+    if (buf == NULL) {
+        return LD_ERR;
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = pread(fd, buf + got, size - got, (off_t)got);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            break; /* shrank under us: parse what we have */
+        }
+        got += (size_t)n;
+    }
+    *out = buf;
+    *len = got;
+    return LD_OK;
+}
+
+/* ---- live set -------------------------------------------------------- */
+
+static size_t
+rec_bytes(size_t key_len)
+{
+    return LD_JOURNAL_RECORD_OVERHEAD + LD_JOURNAL_BODY_MIN + key_len;
+}
+
+static int
+live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, const char *key,
+         size_t key_len)
+{
+    struct jrec *r = malloc(sizeof(*r) + key_len);
+    if (r == NULL) {
+        return LD_ERR;
+    }
+    r->id = id;
+    r->due_ms = due_ms;
+    r->key_len = key_len;
+    memcpy(r->key, key, key_len);
+    ld_dict_set(j->live, &r->id, sizeof(r->id), r);
+    j->live_bytes += rec_bytes(key_len);
+    return LD_OK;
+}
+
+static bool
+live_del(struct ld_journal *j, uint64_t id)
+{
+    struct jrec *r = ld_dict_del(j->live, &id, sizeof(id));
+    if (r == NULL) {
+        return false;
+    }
+    j->live_bytes -= rec_bytes(r->key_len);
+    free(r);
+    return true;
+}
+
+/* ---- replay ---------------------------------------------------------- */
+
+/* Parse records from BUF+OFF; returns the offset just past the last good
+ * record, and the reason parsing stopped early in *WHY (NULL at a clean
+ * end). */
+static size_t
+replay(struct ld_journal *j, const unsigned char *buf, size_t len,
+       size_t off, const char **why)
+{
+    *why = NULL;
+    while (off < len) {
+        if (len - off < LD_JOURNAL_RECORD_OVERHEAD) {
+            *why = "short header";
+            break;
+        }
+        uint32_t body_len = get_u32(buf + off);
+        uint32_t crc = get_u32(buf + off + 4);
+        if (body_len < LD_JOURNAL_BODY_MIN ||
+            body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_MAX_KEY) {
+            *why = "bad length";
+            break;
+        }
+        if (len - off - LD_JOURNAL_RECORD_OVERHEAD < body_len) {
+            *why = "short record";
+            break;
+        }
+        const unsigned char *body = buf + off + LD_JOURNAL_RECORD_OVERHEAD;
+        if (ld_crc32(body, body_len) != crc) {
+            *why = "bad crc";
+            break;
+        }
+        uint64_t id = get_u64(body + 1);
+        int64_t due = (int64_t)get_u64(body + 9);
+        size_t key_len = body_len - LD_JOURNAL_BODY_MIN;
+        if (body[0] == LD_JOURNAL_ADD) {
+            if (key_len == 0 ||
+                ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
+                *why = "bad add record";
+                break;
+            }
+            if (live_add(j, id, due,
+                         (const char *)body + LD_JOURNAL_BODY_MIN,
+                         key_len) != LD_OK) {
+                *why = "out of memory";
+                break;
+            }
+        } else if (body[0] == LD_JOURNAL_DONE) {
+            /* A done for an id we do not know retires nothing; it can
+             * only come from a damaged file, and is harmless. */
+            live_del(j, id);
+        } else {
+            *why = "bad record type";
+            break;
+        }
+        if (id >= j->next_id) {
+            j->next_id = id + 1;
+        }
+        off += LD_JOURNAL_RECORD_OVERHEAD + body_len;
+    }
+    return off;
+}
+
+static int
+write_header(struct ld_journal *j)
+{
+    if (ftruncate(j->fd, 0) != 0 ||
+        write_all_at(j->fd, (const unsigned char *)LD_JOURNAL_MAGIC,
+                     LD_JOURNAL_HEADER_BYTES, 0) != LD_OK ||
+        fdatasync(j->fd) != 0) {
+        return LD_ERR;
+    }
+    j->syncs++;
+    j->size = LD_JOURNAL_HEADER_BYTES;
+    /* The file itself may be new: make its directory entry durable. */
+    return sync_parent_dir(j->path);
+}
+
+static int
+load(struct ld_journal *j)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0;
+
+    if (read_file(j->fd, &buf, &len) != LD_OK) {
+        log_error("journal read failed path=%s error=\"%s\"", j->path,
+                  strerror(errno));
+        return LD_ERR;
+    }
+    if (len < LD_JOURNAL_HEADER_BYTES) {
+        /* Empty, or the header of a new file was torn: start afresh.
+         * Anything else this short is not ours to overwrite. */
+        if (memcmp(buf, LD_JOURNAL_MAGIC, len) != 0) {
+            free(buf);
+            log_error("journal is not a leased journal path=%s", j->path);
+            errno = EINVAL;
+            return LD_ERR;
+        }
+        free(buf);
+        if (write_header(j) != LD_OK) {
+            log_error("journal create failed path=%s error=\"%s\"",
+                      j->path, strerror(errno));
+            return LD_ERR;
+        }
+        return LD_OK;
+    }
+    if (memcmp(buf, LD_JOURNAL_MAGIC, LD_JOURNAL_HEADER_BYTES) != 0) {
+        free(buf);
+        log_error("journal is not a leased journal path=%s", j->path);
+        errno = EINVAL;
+        return LD_ERR;
+    }
+    const char *why = NULL;
+    size_t good = replay(j, buf, len, LD_JOURNAL_HEADER_BYTES, &why);
+    free(buf);
+    j->size = good;
+    if (good < len) {
+        j->dropped_bytes = len - good;
+        log_warn("journal tail dropped path=%s offset=%zu bytes=%zu "
+                 "reason=\"%s\"",
+                 j->path, good, len - good, why != NULL ? why : "unknown");
+        if (ftruncate(j->fd, (off_t)good) != 0 || fdatasync(j->fd) != 0) {
+            log_error("journal truncate failed path=%s error=\"%s\"",
+                      j->path, strerror(errno));
+            return LD_ERR;
+        }
+        j->syncs++;
+    }
+    return LD_OK;
+}
+
+static char *
+tmp_path(const char *path)
+{
+    size_t n = strlen(path);
+    char *p = malloc(n + 5);
+    if (p != NULL) {
+        memcpy(p, path, n);
+        memcpy(p + n, ".tmp", 5);
+    }
+    return p;
+}
+
+int
+ld_journal_open(struct ld_journal **out, const char *path,
+                enum ld_fsync_mode mode)
+{
+    struct ld_journal *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        return LD_ERR;
+    }
+    j->fd = -1;
+    j->mode = mode;
+    j->next_id = 1;
+    j->compact_min_bytes = COMPACT_MIN_BYTES_DEFAULT;
+    j->path = strdup(path);
+    j->live = ld_dict_new();
+    if (j->path == NULL || j->live == NULL) {
+        goto fail;
+    }
+    if (ld_mkdir_parent(path, 0700) != LD_OK) {
+        log_error("journal directory failed path=%s error=\"%s\"", path,
+                  strerror(errno));
+        goto fail;
+    }
+    j->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (j->fd < 0) {
+        log_error("journal open failed path=%s error=\"%s\"", path,
+                  strerror(errno));
+        goto fail;
+    }
+    if (flock(j->fd, LOCK_EX | LOCK_NB) != 0) {
+        log_error("journal is locked by another process path=%s", path);
+        goto fail;
+    }
+    /* A compaction that died before its rename leaves this behind; the
+     * journal itself is still whole. */
+    char *tmp = tmp_path(path);
+    if (tmp != NULL) {
+        unlink(tmp);
+        free(tmp);
+    }
+    if (load(j) != LD_OK) {
+        goto fail;
+    }
+    *out = j;
+    return LD_OK;
+
+fail:;
+    int saved = errno;
+    ld_journal_close(j);
+    errno = saved;
+    return LD_ERR;
+}
+
+static void
+free_live(struct ld_journal *j)
+{
+    struct ld_dict_iter it;
+    void *v;
+
+    ld_dict_iter_init(&it, j->live);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        free(v);
+    }
+    ld_dict_free(j->live);
+    j->live = NULL;
+}
+
+void
+ld_journal_close(struct ld_journal *j)
+{
+    if (j == NULL) {
+        return;
+    }
+    if (j->fd >= 0) {
+        ld_journal_sync(j);
+        close(j->fd);
+    }
+    if (j->live != NULL) {
+        free_live(j);
+    }
+    free(j->path);
+    free(j);
+}
+
+static int
+append(struct ld_journal *j, enum ld_journal_type type, uint64_t id,
+       int64_t due_ms, const char *key, size_t key_len)
+{
+    unsigned char stack[256];
+    size_t need = rec_bytes(key_len);
+    unsigned char *buf = need <= sizeof(stack) ? stack : malloc(need);
+
+    if (buf == NULL) {
+        return LD_ERR;
+    }
+    size_t n = encode(buf, type, id, due_ms, key, key_len);
+    int rc = write_all_at(j->fd, buf, n, j->size);
+    int saved = errno;
+    if (buf != stack) {
+        free(buf);
+    }
+    if (rc != LD_OK) {
+        /* Leave no partial record: the next append would land behind it
+         * and replay would stop at the torn one, losing both. */
+        if (ftruncate(j->fd, (off_t)j->size) != 0) {
+            log_error("journal truncate after failed write failed path=%s "
+                      "error=\"%s\"",
+                      j->path, strerror(errno));
+        }
+        log_error("journal write failed path=%s error=\"%s\"", j->path,
+                  strerror(saved));
+        errno = saved;
+        return LD_ERR;
+    }
+    j->size += n;
+    j->dirty = true;
+    return LD_OK;
+}
+
+int
+ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
+               size_t key_len, uint64_t *id)
+{
+    if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY) {
+        errno = EINVAL;
+        return LD_ERR;
+    }
+    uint64_t nid = j->next_id;
+    if (append(j, LD_JOURNAL_ADD, nid, due_ms, key, key_len) != LD_OK) {
+        return LD_ERR;
+    }
+    if (live_add(j, nid, due_ms, key, key_len) != LD_OK) {
+        return LD_ERR;
+    }
+    j->next_id++;
+    *id = nid;
+    return LD_OK;
+}
+
+int
+ld_journal_done(struct ld_journal *j, uint64_t id)
+{
+    if (ld_dict_get(j->live, &id, sizeof(id)) == NULL) {
+        return LD_OK;
+    }
+    if (append(j, LD_JOURNAL_DONE, id, 0, NULL, 0) != LD_OK) {
+        /* The delete happened; without its done record a restart merely
+         * repeats it, which is harmless. Forget it in memory anyway. */
+        live_del(j, id);
+        return LD_ERR;
+    }
+    live_del(j, id);
+    return LD_OK;
+}
+
+static int
+cmp_rec(const void *a, const void *b)
+{
+    const struct jrec *ra = *(const struct jrec *const *)a;
+    const struct jrec *rb = *(const struct jrec *const *)b;
+    return ra->id < rb->id ? -1 : ra->id > rb->id;
+}
+
+/* The live adds sorted by id; caller frees the array (not the records). */
+static struct jrec **
+sorted_live(const struct ld_journal *j, size_t *n)
+{
+    size_t count = ld_dict_size(j->live);
+    struct jrec **v = malloc(sizeof(*v) * (count > 0 ? count : 1));
+    struct ld_dict_iter it;
+    void *val;
+    size_t i = 0;
+
+    if (v == NULL) {
+        return NULL;
+    }
+    ld_dict_iter_init(&it, j->live);
+    while (ld_dict_iter_next(&it, NULL, NULL, &val) && i < count) {
+        v[i++] = val;
+    }
+    qsort(v, i, sizeof(*v), cmp_rec);
+    *n = i;
+    return v;
+}
+
+void
+ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
+                void *arg)
+{
+    size_t n = 0;
+    struct jrec **v = sorted_live(j, &n);
+
+    if (v == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct ld_journal_entry e = {v[i]->id, v[i]->due_ms, v[i]->key,
+                                     v[i]->key_len};
+        fn(&e, arg);
+    }
+    free(v);
+}
+
+int
+ld_journal_sync(struct ld_journal *j)
+{
+    if (!j->dirty) {
+        return LD_OK;
+    }
+    if (fdatasync(j->fd) != 0) {
+        log_error("journal fsync failed path=%s error=\"%s\"", j->path,
+                  strerror(errno));
+        return LD_ERR;
+    }
+    j->syncs++;
+    j->dirty = false;
+    return LD_OK;
+}
+
+bool
+ld_journal_should_compact(const struct ld_journal *j)
+{
+    uint64_t records = j->size - LD_JOURNAL_HEADER_BYTES;
+    uint64_t dead = records - j->live_bytes;
+    return dead >= j->compact_min_bytes && dead * 4 >= records * 3;
+}
+
+void
+ld_journal_set_compact_min_bytes(struct ld_journal *j, uint64_t bytes)
+{
+    j->compact_min_bytes = bytes;
+}
+
+int
+ld_journal_compact(struct ld_journal *j)
+{
+    char *tmp = tmp_path(j->path);
+    size_t n = 0;
+    struct jrec **v = NULL;
+    unsigned char *buf = NULL;
+    int fd = -1;
+    uint64_t size = LD_JOURNAL_HEADER_BYTES;
+    uint64_t before = j->size;
+
+    if (tmp == NULL) {
+        return LD_ERR;
+    }
+    v = sorted_live(j, &n);
+    if (v == NULL) {
+        goto fail;
+    }
+    size_t max_key = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i]->key_len > max_key) {
+            max_key = v[i]->key_len;
+        }
+    }
+    buf = malloc(rec_bytes(max_key));
+    if (buf == NULL) {
+        goto fail;
+    }
+    fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        goto fail;
+    }
+    if (write_all_at(fd, (const unsigned char *)LD_JOURNAL_MAGIC,
+                     LD_JOURNAL_HEADER_BYTES, 0) != LD_OK) {
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t len = encode(buf, LD_JOURNAL_ADD, v[i]->id, v[i]->due_ms,
+                            v[i]->key, v[i]->key_len);
+        if (write_all_at(fd, buf, len, size) != LD_OK) {
+            goto fail;
+        }
+        size += len;
+    }
+    /* The new file must be whole on disk before its name replaces the
+     * old one, or a crash could leave a name pointing at nothing. */
+    if (fsync(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        goto fail;
+    }
+    j->syncs++;
+    if (rename(tmp, j->path) != 0) {
+        goto fail;
+    }
+    if (sync_parent_dir(j->path) != LD_OK) {
+        /* The rename is done; only its durability is in doubt, and both
+         * files are whole, so carry on with the new one. */
+        log_warn("journal directory sync failed path=%s error=\"%s\"",
+                 j->path, strerror(errno));
+    }
+    close(j->fd);
+    j->fd = fd;
+    j->size = size;
+    j->dirty = false;
+    log_info("journal compacted path=%s bytes_before=%llu bytes_after=%llu "
+             "live=%zu",
+             j->path, (unsigned long long)before, (unsigned long long)size,
+             n);
+    free(v);
+    free(buf);
+    free(tmp);
+    return LD_OK;
+
+fail:;
+    int saved = errno;
+    log_error("journal compaction failed path=%s error=\"%s\"", j->path,
+              strerror(saved));
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    }
+    free(v);
+    free(buf);
+    free(tmp);
+    errno = saved;
+    return LD_ERR;
+}
+
+enum ld_fsync_mode
+ld_journal_mode(const struct ld_journal *j)
+{
+    return j->mode;
+}
+
+uint64_t
+ld_journal_bytes(const struct ld_journal *j)
+{
+    return j->size;
+}
+
+size_t
+ld_journal_live(const struct ld_journal *j)
+{
+    return ld_dict_size(j->live);
+}
+
+bool
+ld_journal_dirty(const struct ld_journal *j)
+{
+    return j->dirty;
+}
+
+uint64_t
+ld_journal_syncs(const struct ld_journal *j)
+{
+    return j->syncs;
+}
+
+uint64_t
+ld_journal_dropped_bytes(const struct ld_journal *j)
+{
+    return j->dropped_bytes;
+}

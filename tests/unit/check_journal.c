@@ -1,0 +1,527 @@
+/* ld_journal: records written, replayed, retired and compacted; torn and
+ * corrupt tails cut off at every byte; the fsync modes. Plain files in a
+ * private temp dir, no daemon. */
+
+#include "ld_common.h"
+
+#include "ld_journal.h"
+#include "ld_log.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[256];
+static char path[300];
+
+static void
+setup(void)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof(dir), "%s/check_journal.XXXXXX",
+             t != NULL && t[0] != '\0' ? t : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    /* One level below the temp dir, so that open creates the parent. */
+    snprintf(path, sizeof(path), "%s/state/inv.journal", dir);
+}
+
+static void
+teardown(void)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static off_t
+file_size(const char *p)
+{
+    struct stat st;
+    ck_assert_int_eq(stat(p, &st), 0);
+    return st.st_size;
+}
+
+static unsigned char *
+slurp(const char *p, size_t *len)
+{
+    FILE *f = fopen(p, "rb");
+    ck_assert_ptr_nonnull(f);
+    size_t cap = (size_t)file_size(p) + 1;
+    unsigned char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    *len = fread(buf, 1, cap, f);
+    fclose(f);
+    return buf;
+}
+
+static void
+spit(const char *p, const unsigned char *buf, size_t len)
+{
+    FILE *f = fopen(p, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(buf, 1, len, f), len);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static struct ld_journal *
+jopen(enum ld_fsync_mode mode)
+{
+    struct ld_journal *j = NULL;
+    ck_assert_int_eq(ld_journal_open(&j, path, mode), LD_OK);
+    ck_assert_ptr_nonnull(j);
+    return j;
+}
+
+static uint64_t
+add(struct ld_journal *j, int64_t due, const char *key)
+{
+    uint64_t id = 0;
+    ck_assert_int_eq(ld_journal_add(j, due, key, strlen(key), &id), LD_OK);
+    ck_assert_uint_gt(id, 0);
+    return id;
+}
+
+/* What ld_journal_each reported, flattened for comparisons. */
+struct seen {
+    size_t n;
+    uint64_t ids[256];
+    int64_t dues[256];
+    char keys[256][32];
+};
+
+static void
+collect(const struct ld_journal_entry *e, void *arg)
+{
+    struct seen *s = arg;
+    ck_assert_uint_lt(s->n, 256);
+    s->ids[s->n] = e->id;
+    s->dues[s->n] = e->due_ms;
+    ck_assert_uint_lt(e->key_len, sizeof(s->keys[0]));
+    memcpy(s->keys[s->n], e->key, e->key_len);
+    s->keys[s->n][e->key_len] = '\0';
+    s->n++;
+}
+
+static void
+seen_of(struct ld_journal *j, struct seen *s)
+{
+    memset(s, 0, sizeof(*s));
+    ld_journal_each(j, collect, s);
+    ck_assert_uint_eq(s->n, ld_journal_live(j));
+}
+
+START_TEST(test_crc32_vector)
+{
+    /* The check value of CRC-32/ISO-HDLC (zlib's crc32). */
+    ck_assert_uint_eq(ld_crc32("123456789", 9), 0xcbf43926u);
+    ck_assert_uint_eq(ld_crc32("", 0), 0);
+}
+END_TEST
+
+START_TEST(test_append_replay)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    ck_assert_uint_eq(ld_journal_bytes(j), LD_JOURNAL_HEADER_BYTES);
+    ck_assert_uint_eq(ld_journal_live(j), 0);
+
+    uint64_t a = add(j, 1000, "user:1");
+    uint64_t b = add(j, 2000, "user:2");
+    uint64_t c = add(j, -5, "a key with spaces {and} braces");
+    ck_assert(a < b && b < c);
+    ck_assert_uint_eq(ld_journal_live(j), 3);
+    ck_assert(ld_journal_dirty(j));
+    ck_assert_int_eq(ld_journal_sync(j), LD_OK);
+    ck_assert(!ld_journal_dirty(j));
+    ck_assert_uint_eq(ld_journal_bytes(j), (uint64_t)file_size(path));
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 3);
+    ck_assert_uint_eq(s.ids[0], a);
+    ck_assert_uint_eq(s.ids[1], b);
+    ck_assert_uint_eq(s.ids[2], c);
+    ck_assert_int_eq(s.dues[0], 1000);
+    ck_assert_int_eq(s.dues[1], 2000);
+    ck_assert_int_eq(s.dues[2], -5);
+    ck_assert_str_eq(s.keys[0], "user:1");
+    ck_assert_str_eq(s.keys[1], "user:2");
+    ck_assert_str_eq(s.keys[2], "a key with spaces {and} braces");
+    ck_assert_uint_eq(ld_journal_dropped_bytes(j), 0);
+
+    /* Ids keep growing across a reopen, so a done never hits the wrong
+     * add. */
+    uint64_t d = add(j, 3000, "user:3");
+    ck_assert_uint_gt(d, c);
+    ld_journal_close(j);
+}
+END_TEST
+
+START_TEST(test_done_records)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    uint64_t a = add(j, 1, "k1");
+    uint64_t b = add(j, 2, "k2");
+    uint64_t c = add(j, 3, "k3");
+    ck_assert_int_eq(ld_journal_done(j, b), LD_OK);
+    ck_assert_uint_eq(ld_journal_live(j), 2);
+    /* Twice, and an id never added: no record, no effect. */
+    uint64_t before = ld_journal_bytes(j);
+    ck_assert_int_eq(ld_journal_done(j, b), LD_OK);
+    ck_assert_int_eq(ld_journal_done(j, 9999), LD_OK);
+    ck_assert_uint_eq(ld_journal_bytes(j), before);
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(s.ids[0], a);
+    ck_assert_uint_eq(s.ids[1], c);
+    ck_assert_int_eq(ld_journal_done(j, a), LD_OK);
+    ck_assert_int_eq(ld_journal_done(j, c), LD_OK);
+    ck_assert_uint_eq(ld_journal_live(j), 0);
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    ck_assert_uint_eq(ld_journal_live(j), 0);
+    ld_journal_close(j);
+}
+END_TEST
+
+/* Three adds and a done; returns the file offsets where the last record
+ * starts and ends. */
+static void
+write_four(off_t *last_start, off_t *last_end)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    add(j, 10, "first");
+    uint64_t b = add(j, 20, "second");
+    add(j, 30, "third");
+    *last_start = (off_t)ld_journal_bytes(j);
+    ck_assert_int_eq(ld_journal_done(j, b), LD_OK);
+    *last_end = (off_t)ld_journal_bytes(j);
+    ld_journal_close(j);
+    /* ...and one more add after the done, so the last record is an add
+     * with a key (the torn case with the most bytes to cut through). */
+    j = jopen(LD_FSYNC_ALWAYS);
+    add(j, 40, "fourth-key");
+    *last_start = *last_end;
+    *last_end = (off_t)ld_journal_bytes(j);
+    ld_journal_close(j);
+}
+
+START_TEST(test_torn_tail_every_offset)
+{
+    off_t start, end;
+    write_four(&start, &end);
+    size_t len;
+    unsigned char *whole = slurp(path, &len);
+    ck_assert_uint_eq(len, (size_t)end);
+
+    for (off_t cut = start; cut < end; cut++) {
+        spit(path, whole, (size_t)cut);
+        struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+        struct seen s;
+        seen_of(j, &s);
+        /* first and third live, second retired, fourth torn away. */
+        ck_assert_msg(s.n == 2, "cut at %lld: %zu live", (long long)cut,
+                      s.n);
+        ck_assert_str_eq(s.keys[0], "first");
+        ck_assert_str_eq(s.keys[1], "third");
+        ck_assert_uint_eq(ld_journal_bytes(j), (uint64_t)start);
+        ck_assert_uint_eq(ld_journal_dropped_bytes(j),
+                          (uint64_t)(cut - start));
+        /* The torn bytes are gone from the file, and the next append
+         * follows the last good record and replays cleanly. */
+        ck_assert_int_eq(file_size(path), start);
+        add(j, 50, "after");
+        ld_journal_close(j);
+
+        j = jopen(LD_FSYNC_ALWAYS);
+        seen_of(j, &s);
+        ck_assert_uint_eq(s.n, 3);
+        ck_assert_str_eq(s.keys[2], "after");
+        ck_assert_uint_eq(ld_journal_dropped_bytes(j), 0);
+        ld_journal_close(j);
+    }
+    free(whole);
+}
+END_TEST
+
+START_TEST(test_bad_crc_every_byte)
+{
+    off_t start, end;
+    write_four(&start, &end);
+    size_t len;
+    unsigned char *whole = slurp(path, &len);
+
+    /* Flip one bit anywhere in the last record: length, CRC, type, id,
+     * due or key. Every one must be caught. */
+    for (off_t at = start; at < end; at++) {
+        unsigned char *bad = malloc(len);
+        ck_assert_ptr_nonnull(bad);
+        memcpy(bad, whole, len);
+        bad[at] ^= 0x10;
+        spit(path, bad, len);
+        free(bad);
+
+        struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+        struct seen s;
+        seen_of(j, &s);
+        ck_assert_msg(s.n == 2, "flip at %lld: %zu live", (long long)at,
+                      s.n);
+        ck_assert_uint_eq(ld_journal_bytes(j), (uint64_t)start);
+        ck_assert_uint_eq(ld_journal_dropped_bytes(j),
+                          (uint64_t)(end - start));
+        ck_assert_int_eq(file_size(path), start);
+        ld_journal_close(j);
+    }
+    free(whole);
+}
+END_TEST
+
+START_TEST(test_garbage_appended)
+{
+    off_t start, end;
+    write_four(&start, &end);
+    FILE *f = fopen(path, "ab");
+    ck_assert_ptr_nonnull(f);
+    fputs("this is not a record, just junk at the end\n", f);
+    fclose(f);
+
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 3);
+    ck_assert_str_eq(s.keys[2], "fourth-key");
+    ck_assert_uint_eq(ld_journal_bytes(j), (uint64_t)end);
+    ck_assert_int_eq(file_size(path), end);
+    ld_journal_close(j);
+}
+END_TEST
+
+START_TEST(test_not_a_journal)
+{
+    struct ld_journal *j = NULL;
+    char sub[300];
+
+    snprintf(sub, sizeof(sub), "%s/state", dir);
+    mkdir(sub, 0700);
+    spit(path, (const unsigned char *)"hello, world\n", 13);
+    ck_assert_int_eq(ld_journal_open(&j, path, LD_FSYNC_ALWAYS), LD_ERR);
+    /* Nothing was overwritten. */
+    ck_assert_int_eq(file_size(path), 13);
+
+    /* Too short to be a header, and not the start of one. */
+    spit(path, (const unsigned char *)"xy", 2);
+    ck_assert_int_eq(ld_journal_open(&j, path, LD_FSYNC_ALWAYS), LD_ERR);
+
+    /* A header torn while the file was being created is just a new
+     * journal. */
+    spit(path, (const unsigned char *)"LDJ", 3);
+    j = jopen(LD_FSYNC_ALWAYS);
+    ck_assert_uint_eq(ld_journal_live(j), 0);
+    ck_assert_int_eq(file_size(path), LD_JOURNAL_HEADER_BYTES);
+    ld_journal_close(j);
+}
+END_TEST
+
+START_TEST(test_exclusive_lock)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    struct ld_journal *k = NULL;
+    /* flock locks belong to the open file description, so a second open
+     * in the same process conflicts just as another daemon would. */
+    ck_assert_int_eq(ld_journal_open(&k, path, LD_FSYNC_ALWAYS), LD_ERR);
+    ld_journal_close(j);
+    k = jopen(LD_FSYNC_ALWAYS);
+    ld_journal_close(k);
+}
+END_TEST
+
+START_TEST(test_compaction)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_EVERYSEC);
+    uint64_t ids[100];
+    char key[32];
+
+    ld_journal_set_compact_min_bytes(j, 512);
+    for (int i = 0; i < 100; i++) {
+        snprintf(key, sizeof(key), "key:%d", i);
+        ids[i] = add(j, 1000 + i, key);
+    }
+    ck_assert(!ld_journal_should_compact(j));
+    for (int i = 0; i < 100; i++) {
+        if (i % 10 != 3) {
+            ck_assert_int_eq(ld_journal_done(j, ids[i]), LD_OK);
+        }
+    }
+    ck_assert_uint_eq(ld_journal_live(j), 10);
+    ck_assert(ld_journal_should_compact(j));
+    uint64_t before = ld_journal_bytes(j);
+    uint64_t syncs = ld_journal_syncs(j);
+
+    ck_assert_int_eq(ld_journal_compact(j), LD_OK);
+    ck_assert_uint_lt(ld_journal_bytes(j), before / 10);
+    ck_assert_uint_eq(ld_journal_bytes(j), (uint64_t)file_size(path));
+    ck_assert_uint_gt(ld_journal_syncs(j), syncs);
+    ck_assert(!ld_journal_should_compact(j));
+    ck_assert(!ld_journal_dirty(j));
+    char tmp[320];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    ck_assert_int_ne(access(tmp, F_OK), 0);
+
+    /* Appends continue in the new file and the lock moved with it. */
+    uint64_t extra = add(j, 5, "extra");
+    ck_assert_uint_gt(extra, ids[99]);
+    struct ld_journal *k = NULL;
+    ck_assert_int_eq(ld_journal_open(&k, path, LD_FSYNC_ALWAYS), LD_ERR);
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 11);
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof(key), "key:%d", i * 10 + 3);
+        ck_assert_str_eq(s.keys[i], key);
+        ck_assert_uint_eq(s.ids[i], ids[i * 10 + 3]);
+        ck_assert_int_eq(s.dues[i], 1000 + i * 10 + 3);
+    }
+    ck_assert_str_eq(s.keys[10], "extra");
+    ld_journal_close(j);
+}
+END_TEST
+
+START_TEST(test_compaction_to_empty)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    ld_journal_set_compact_min_bytes(j, 64);
+    for (int i = 0; i < 20; i++) {
+        uint64_t id = add(j, i, "k");
+        ck_assert_int_eq(ld_journal_done(j, id), LD_OK);
+    }
+    ck_assert(ld_journal_should_compact(j));
+    ck_assert_int_eq(ld_journal_compact(j), LD_OK);
+    ck_assert_uint_eq(ld_journal_bytes(j), LD_JOURNAL_HEADER_BYTES);
+    ld_journal_close(j);
+    j = jopen(LD_FSYNC_ALWAYS);
+    ck_assert_uint_eq(ld_journal_live(j), 0);
+    ld_journal_close(j);
+}
+END_TEST
+
+START_TEST(test_stale_tmp_removed)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    add(j, 1, "kept");
+    ld_journal_close(j);
+    /* A compaction that died before its rename. */
+    char tmp[320];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    spit(tmp, (const unsigned char *)"LDJRNL1\npartial", 15);
+    j = jopen(LD_FSYNC_ALWAYS);
+    ck_assert_uint_eq(ld_journal_live(j), 1);
+    ck_assert_int_ne(access(tmp, F_OK), 0);
+    ld_journal_close(j);
+}
+END_TEST
+
+START_TEST(test_fsync_modes)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_EVERYSEC);
+    ck_assert_int_eq(ld_journal_mode(j), LD_FSYNC_EVERYSEC);
+    uint64_t s0 = ld_journal_syncs(j);
+
+    /* Appends never sync by themselves: under everysec the periodic
+     * timer does it, under always the caller before it answers. */
+    uint64_t a = add(j, 1, "a");
+    add(j, 2, "b");
+    ld_journal_done(j, a);
+    ck_assert_uint_eq(ld_journal_syncs(j), s0);
+    ck_assert(ld_journal_dirty(j));
+
+    /* One sync covers everything appended since the last one... */
+    ck_assert_int_eq(ld_journal_sync(j), LD_OK);
+    ck_assert_uint_eq(ld_journal_syncs(j), s0 + 1);
+    ck_assert(!ld_journal_dirty(j));
+    /* ...and a sync with nothing new costs nothing. */
+    ck_assert_int_eq(ld_journal_sync(j), LD_OK);
+    ck_assert_uint_eq(ld_journal_syncs(j), s0 + 1);
+
+    /* The data is in the file before any sync (a killed process loses
+     * nothing that write() took). */
+    add(j, 3, "c");
+    ck_assert(ld_journal_dirty(j));
+    ck_assert_uint_eq((uint64_t)file_size(path), ld_journal_bytes(j));
+    ck_assert_uint_eq(ld_journal_syncs(j), s0 + 1);
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    ck_assert_uint_eq(ld_journal_live(j), 2);
+    ld_journal_close(j);
+}
+END_TEST
+
+START_TEST(test_bad_keys_refused)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    uint64_t id = 0;
+    uint64_t before = ld_journal_bytes(j);
+    ck_assert_int_eq(ld_journal_add(j, 1, "", 0, &id), LD_ERR);
+    ck_assert_uint_eq(ld_journal_bytes(j), before);
+    ld_journal_close(j);
+}
+END_TEST
+
+static Suite *
+journal_suite(void)
+{
+    Suite *s = suite_create("journal");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } tests[] = {
+        {"crc32_vector", test_crc32_vector},
+        {"append_replay", test_append_replay},
+        {"done_records", test_done_records},
+        {"torn_tail_every_offset", test_torn_tail_every_offset},
+        {"bad_crc_every_byte", test_bad_crc_every_byte},
+        {"garbage_appended", test_garbage_appended},
+        {"not_a_journal", test_not_a_journal},
+        {"exclusive_lock", test_exclusive_lock},
+        {"compaction", test_compaction},
+        {"compaction_to_empty", test_compaction_to_empty},
+        {"stale_tmp_removed", test_stale_tmp_removed},
+        {"fsync_modes", test_fsync_modes},
+        {"bad_keys_refused", test_bad_keys_refused},
+    };
+    for (size_t i = 0; i < LD_ARRAY_LEN(tests); i++) {
+        TCase *tc = tcase_create(tests[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 30);
+        tcase_add_test(tc, tests[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int
+main(void)
+{
+    /* Torn tails are logged at warn by design; keep the test log to
+     * what fails. */
+    ld_log_set_level(LD_LOG_ERROR);
+    SRunner *sr = srunner_create(journal_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
