@@ -113,7 +113,9 @@ reload(void)
     char err[1024];
 
     ld_systemd_notify("RELOADING=1");
-    ld_conf_copy(&fresh, ld_srv.cfg);
+    /* From the defaults, as at start: a key removed from the file goes
+     * back to its default rather than keeping its old value. */
+    ld_conf_defaults(&fresh);
     if (ld_conf_load(&fresh, ld_srv.conf_path, true, err, sizeof(err)) !=
         LD_OK) {
         log_error("reload failed, keeping the running configuration "

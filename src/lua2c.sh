@@ -1,9 +1,10 @@
 #!/bin/sh
 # Turns the Lua scripts into C strings so the daemon carries them in its
 # binary: usage lua2c.sh OUTBASE file.lua...  writes OUTBASE.c and OUTBASE.h.
+# Temporary names carry the pid: make -j may run the rule twice at once.
 set -e
 out=$1; shift
-tmpc="$out.c.tmp"; tmph="$out.h.tmp"
+tmpc="$out.c.tmp.$$"; tmph="$out.h.tmp.$$"
 {
     echo "/* generated from the scripts in src/lua by lua2c.sh; do not edit */"
     echo "#ifndef LD_LUA_H"
