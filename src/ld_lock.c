@@ -53,6 +53,7 @@ struct lk_sess {
     struct ld_session *sess;
     struct ld_dict *recs;          /* (owner, key) -> struct lk_rec */
     struct lk_op *waiting;         /* its queued lock requests */
+    bool closing;
 };
 
 /* What this daemon knows of one (session, owner, key): the token, and the
@@ -853,10 +854,11 @@ static void acq_try(struct ld_lockwait *w)
 {
     /* While stopping, every waiter is being answered and dropped; an
      * attempt now would only take a lock to give back. */
-    if (lk.stopping || lk.freed) {
+    struct lk_op *op = container_of(w, struct lk_op, w);
+    if (lk.stopping || lk.freed || (op->ls != NULL && op->ls->closing)) {
         return;
     }
-    acq_send(container_of(w, struct lk_op, w));
+    acq_send(op);
 }
 
 static void acq_expire(struct ld_lockwait *w, long long ttl_ms)
@@ -942,7 +944,8 @@ static int parse_target(struct ld_req *req, struct lk_target *t)
         return LD_ERR;
     }
     if (t->has_token && t->token_len == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST, "token: must not be empty");
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'token' must not be empty");
         return LD_ERR;
     }
     return LD_OK;
@@ -1018,7 +1021,8 @@ static void op_lock(struct ld_req *req)
         return;
     }
     if (has_token && tlen == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST, "token: must not be empty");
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'token' must not be empty");
         return;
     }
     if (lk.stopping) {
@@ -1027,8 +1031,8 @@ static void op_lock(struct ld_req *req)
     }
     if (detach && !has_ttl) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "ttl_ms: required with detach (a detached lock is "
-                       "never renewed)");
+                       "field 'ttl_ms' is required with detach (a "
+                       "detached lock is never renewed)");
         return;
     }
 
@@ -1057,7 +1061,8 @@ static void op_lock(struct ld_req *req)
         free(d);
         if (rec->detached != detach) {
             ld_reply_error(req, LD_E_BAD_REQUEST,
-                           "detach: this owner holds lock '%.*s' %s",
+                           "field 'detach' does not match: this owner "
+                           "holds lock '%.*s' %s",
                            (int)klen, key,
                            rec->detached ? "detached" : "session-bound");
             return;
@@ -1384,7 +1389,6 @@ static void pass_run(evutil_socket_t fd, short what, void *arg)
              * meanwhile, Redis was unreachable for longer than it. */
             if (now >= rec->lease_end_ms) {
                 rec->refs++;
-                ld_stats.lock_renewals_failed++;
                 rec_lost(rec, "redis_unavailable", true);
                 rec_unref(rec);
             }
@@ -1442,6 +1446,7 @@ static void on_session_close(struct ld_session *s)
         return;
     }
     s->lock_state = NULL;
+    ls->closing = true;
     /* Requests of a closed session are dropped, whatever they answer. */
     sess_drop_waiters(ls, -1, NULL);
     struct ld_dict_iter it;
