@@ -1,25 +1,1374 @@
-/* cache-aside end to end: real redis-server, real leased. */
+/* The cache part of the wire contract against real leased daemons and a
+ * real redis-server: cache.get/fill/release/set/invalidate/mget, single
+ * flight across daemons, waiting and its wake-ups, stale fills, TTLs and
+ * jitter, delayed double delete, and the journal that makes invalidations
+ * survive kill -9, Redis outages and torn writes. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
 #include "harness.h"
 
 #include <check.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
-START_TEST(test_placeholder)
+#define T_MS 5000
+#define PREFIX "leased:cache:"
+
+static struct h_redis R;
+static struct h_daemon D;
+static struct h_daemon D2;
+
+static void setup(void)
 {
-    ck_assert(1);
+    memset(&R, 0, sizeof R);
+    memset(&D, 0, sizeof D);
+    memset(&D2, 0, sizeof D2);
+}
+
+static void teardown(void)
+{
+    h_daemon_cleanup(&D2);
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R);
+}
+
+static void start(const char *yaml_extra)
+{
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
+}
+
+/* --- small helpers ----------------------------------------------------- */
+
+static const char *dump(const json_t *j)
+{
+    static char buf[2048];
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    snprintf(buf, sizeof buf, "%s", s ? s : "(null)");
+    free(s);
+    return buf;
+}
+
+static json_t *must(json_t *r)
+{
+    ck_assert_msg(h_ok(r), "expected ok, got %s", dump(r));
+    return r;
+}
+
+static bool jtrue(const json_t *o, const char *k)
+{
+    return json_is_true(json_object_get(o, k));
+}
+
+static const char *jstr(const json_t *o, const char *k)
+{
+    return json_string_value(json_object_get(o, k));
+}
+
+static long long jint(const json_t *o, const char *k)
+{
+    return json_integer_value(json_object_get(o, k));
+}
+
+static bool is_null_field(const json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return v != NULL && json_is_null(v);
+}
+
+static bool is_token(const char *t)
+{
+    if (t == NULL || strlen(t) < 32) {
+        return false;
+    }
+    for (const char *p = t; *p; p++) {
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+static struct h_conn *conn(const struct h_daemon *d)
+{
+    struct h_conn *c = h_connect(d);
+    ck_assert_msg(c != NULL, "cannot connect to %s", d->sock);
+    return c;
+}
+
+/* A Redis command's integer (or integer-looking string) reply. */
+static long long r_int(const char *fmt, ...)
+{
+    va_list ap;
+    redisContext *c = h_redis_connect(&R);
+    ck_assert_msg(c != NULL, "cannot connect to redis");
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    long long v = -999;
+    if (rep != NULL && rep->type == REDIS_REPLY_INTEGER) {
+        v = rep->integer;
+    } else if (rep != NULL && rep->type == REDIS_REPLY_STRING) {
+        v = atoll(rep->str);
+    }
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    redisFree(c);
+    return v;
+}
+
+/* A Redis command's string reply, copied into BUF ("" when none). */
+static const char *r_str(char *buf, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    redisContext *c = h_redis_connect(&R);
+    ck_assert_msg(c != NULL, "cannot connect to redis");
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    buf[0] = '\0';
+    if (rep != NULL && (rep->type == REDIS_REPLY_STRING ||
+                        rep->type == REDIS_REPLY_STATUS)) {
+        snprintf(buf, len, "%.*s", (int)rep->len, rep->str);
+    }
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    redisFree(c);
+    return buf;
+}
+
+static void r_ok(const char *fmt, ...)
+{
+    va_list ap;
+    redisContext *c = h_redis_connect(&R);
+    ck_assert_msg(c != NULL, "cannot connect to redis");
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(rep != NULL && rep->type != REDIS_REPLY_ERROR,
+                  "redis command failed: %s", rep ? rep->str : "no reply");
+    freeReplyObject(rep);
+    redisFree(c);
+}
+
+static bool entry_exists(const char *key)
+{
+    return r_int("EXISTS " PREFIX "{%s}", key) == 1;
+}
+
+static long long entry_pttl(const char *key)
+{
+    return r_int("PTTL " PREFIX "{%s}", key);
+}
+
+struct gone_arg {
+    const char *key;
+};
+
+static bool gone_cond(void *arg)
+{
+    return !entry_exists(((struct gone_arg *)arg)->key);
+}
+
+static bool wait_gone(const char *key, int timeout_ms)
+{
+    struct gone_arg a = {key};
+    return h_wait_until(gone_cond, &a, timeout_ms);
+}
+
+/* --- protocol helpers -------------------------------------------------- */
+
+static json_t *get(struct h_conn *c, const char *key)
+{
+    return h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", key);
+}
+
+static json_t *get_plain(struct h_conn *c, const char *key)
+{
+    return h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", key,
+                   "lease", 0);
+}
+
+/* cache.get that must miss with a lease; the lease, copied. */
+static char *get_lease(struct h_conn *c, const char *key)
+{
+    json_t *r = must(get(c, key));
+    ck_assert_msg(!jtrue(r, "hit") && is_token(jstr(r, "lease")),
+                  "expected a miss with a lease for %s, got %s", key,
+                  dump(r));
+    char *lease = strdup(jstr(r, "lease"));
+    json_decref(r);
+    return lease;
+}
+
+static bool fill(struct h_conn *c, const char *key, const char *lease,
+                 const char *value)
+{
+    json_t *r;
+    if (value != NULL) {
+        r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key",
+                    key, "lease", lease, "value", value);
+    } else {
+        r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:n}", "op", "cache.fill", "key",
+                    key, "lease", lease, "value");
+    }
+    must(r);
+    ck_assert_msg(json_is_boolean(json_object_get(r, "stored")),
+                  "fill reply %s", dump(r));
+    bool stored = jtrue(r, "stored");
+    json_decref(r);
+    return stored;
+}
+
+static void set_value(struct h_conn *c, const char *key, const char *value)
+{
+    json_t *r;
+    if (value != NULL) {
+        r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", key,
+                    "value", value);
+    } else {
+        r = h_callf(c, T_MS, "{s:s,s:s,s:n}", "op", "cache.set", "key", key,
+                    "value");
+    }
+    json_decref(must(r));
+}
+
+static json_t *invalidate(struct h_conn *c, const char *key, long long delay)
+{
+    return h_callf(c, T_MS, "{s:s,s:s,s:I}", "op", "cache.invalidate", "key",
+                   key, "delay_ms", (json_int_t)delay);
+}
+
+/* Expect a hit with VALUE (NULL: the cached null). */
+static void expect_hit(json_t *r, const char *value)
+{
+    must(r);
+    ck_assert_msg(jtrue(r, "hit"), "expected a hit, got %s", dump(r));
+    if (value == NULL) {
+        ck_assert_msg(is_null_field(r, "value"), "expected null, got %s",
+                      dump(r));
+    } else {
+        ck_assert_msg(jstr(r, "value") != NULL &&
+                          strcmp(jstr(r, "value"), value) == 0,
+                      "expected \"%s\", got %s", value, dump(r));
+    }
+}
+
+static void expect_miss_no_lease(json_t *r)
+{
+    must(r);
+    ck_assert_msg(!jtrue(r, "hit") && is_null_field(r, "lease"),
+                  "expected a miss with lease null, got %s", dump(r));
+}
+
+static void send_get(struct h_conn *c, json_int_t id, const char *key,
+                     long long wait_ms)
+{
+    ck_assert_int_eq(h_send(c, "{s:I,s:s,s:s,s:I}", "id", id, "op",
+                            "cache.get", "key", key, "wait_ms",
+                            (json_int_t)wait_ms),
+                     0);
+}
+
+struct stat_arg {
+    struct h_conn *c;
+    const char *name;
+    long long want;
+};
+
+static bool stat_cond(void *arg)
+{
+    struct stat_arg *a = arg;
+    return h_stat(a->c, a->name) == a->want;
+}
+
+static void wait_stat(struct h_conn *c, const char *name, long long want)
+{
+    struct stat_arg a = {c, name, want};
+    ck_assert_msg(h_wait_until(stat_cond, &a, T_MS),
+                  "stat %s stayed at %lld, expected %lld", name,
+                  h_stat(c, name), want);
+}
+
+static void expect_bad(struct h_conn *c, const char *line, const char *field)
+{
+    ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
+    json_t *r = h_recv(c, T_MS);
+    ck_assert_msg(r != NULL, "no reply to %s", line);
+    ck_assert_msg(!h_ok(r) && strcmp(h_errcode(r), "bad_request") == 0,
+                  "expected bad_request for %s, got %s", line, dump(r));
+    const char *msg = json_string_value(
+        json_object_get(json_object_get(r, "error"), "message"));
+    ck_assert_msg(msg != NULL && strstr(msg, field) != NULL,
+                  "message for %s does not name %s: %s", line, field, msg);
+    json_decref(r);
+}
+
+static int count_in_file(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    int n = 0;
+    if (f == NULL) {
+        return -1;
+    }
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strstr(line, needle) != NULL) {
+            n++;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+static long long wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* EVALSHA calls Redis has served (INFO commandstats). */
+static long long evalsha_calls(void)
+{
+    char buf[65536];
+    r_str(buf, sizeof buf, "INFO commandstats");
+    const char *p = strstr(buf, "cmdstat_evalsha:calls=");
+    return p ? atoll(p + strlen("cmdstat_evalsha:calls=")) : 0;
+}
+
+/* --- read path: get, fill, layout -------------------------------------- */
+
+START_TEST(test_get_fill_hit)
+{
+    start("cache:\n  fill_lease_ms: 4000\n");
+    struct h_conn *a = conn(&D);
+    char buf[256];
+
+    /* A cold key: a miss with a fresh lease, which Redis holds in the
+     * entry hash with the fill lease's TTL. */
+    char *lease = get_lease(a, "user:7");
+    ck_assert_str_eq(r_str(buf, sizeof buf, "TYPE " PREFIX "{user:7}"),
+                     "hash");
+    ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{user:7} l"),
+                     lease);
+    long long pttl = entry_pttl("user:7");
+    ck_assert_msg(pttl > 3000 && pttl <= 4000, "lease pttl %lld", pttl);
+
+    /* Only one caller holds the lease: a second get without waiting is
+     * told to load but not to fill. */
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key",
+                        "user:7", "wait_ms", 0);
+    expect_miss_no_lease(r);
+    json_decref(r);
+
+    ck_assert(fill(a, "user:7", lease, "{\"name\":\"Ann\"}"));
+    r = get(a, "user:7");
+    expect_hit(r, "{\"name\":\"Ann\"}");
+    ck_assert_ptr_null(json_object_get(r, "lease"));
+    json_decref(r);
+    ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{user:7} v"),
+                     "{\"name\":\"Ann\"}");
+    ck_assert_int_eq(r_int("HEXISTS " PREFIX "{user:7} l"), 0);
+
+    /* The lease is spent: filling again is refused and changes nothing. */
+    ck_assert(!fill(a, "user:7", lease, "other"));
+    r = get(a, "user:7");
+    expect_hit(r, "{\"name\":\"Ann\"}");
+    json_decref(r);
+    free(lease);
+
+    /* lease:false is a plain read: no lease, no waiting, no Redis key. */
+    r = get_plain(a, "user:8");
+    expect_miss_no_lease(r);
+    json_decref(r);
+    ck_assert(!entry_exists("user:8"));
+
+    /* A lease that was never granted stores nothing. */
+    ck_assert(!fill(a, "user:8", "0123456789abcdef0123456789abcdef", "x"));
+    ck_assert(!entry_exists("user:8"));
+    h_close(a);
 }
 END_TEST
 
-int
-main(void)
+START_TEST(test_null_and_empty)
+{
+    start("cache:\n  null_ttl_ms: 4000\n  ttl_jitter: 0.1\n");
+    struct h_conn *a = conn(&D);
+
+    /* A cached "not found" is a hit with value null... */
+    char *lease = get_lease(a, "missing");
+    ck_assert(fill(a, "missing", lease, NULL));
+    free(lease);
+    json_t *r = get(a, "missing");
+    expect_hit(r, NULL);
+    json_decref(r);
+    ck_assert_int_eq(r_int("HGET " PREFIX "{missing} n"), 1);
+    ck_assert_int_eq(r_int("HEXISTS " PREFIX "{missing} v"), 0);
+    /* ...that lives null_ttl_ms, spread by the jitter. */
+    long long pttl = entry_pttl("missing");
+    ck_assert_msg(pttl >= 3600 - 500 && pttl <= 4400,
+                  "null entry pttl %lld", pttl);
+
+    /* ...and differs from the empty string. */
+    lease = get_lease(a, "empty");
+    ck_assert(fill(a, "empty", lease, ""));
+    free(lease);
+    r = get(a, "empty");
+    expect_hit(r, "");
+    ck_assert(json_is_string(json_object_get(r, "value")));
+    json_decref(r);
+
+    /* Non-ASCII text, quotes, backslashes and newlines survive the round
+     * trip unchanged. */
+    static const char odd[] = "\xc3\xa9t\xc3\xa9 \"q\" \\ \n\t \xe2\x82\xac";
+    lease = get_lease(a, "odd");
+    ck_assert(fill(a, "odd", lease, odd));
+    free(lease);
+    r = get(a, "odd");
+    expect_hit(r, odd);
+    json_decref(r);
+
+    /* cache.set with null caches a null, also for null_ttl_ms (a caller's
+     * ttl_ms is for values: a "not found" stays short-lived). */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:n,s:i}", "op", "cache.set", "key", "s",
+                "value", "ttl_ms", 100000);
+    json_decref(must(r));
+    r = get(a, "s");
+    expect_hit(r, NULL);
+    json_decref(r);
+    pttl = entry_pttl("s");
+    ck_assert_msg(pttl > 0 && pttl <= 4400, "set null pttl %lld", pttl);
+
+    /* A negative fill never overwrites a real value. */
+    lease = get_lease(a, "neg");
+    set_value(a, "neg", "real");
+    ck_assert(!fill(a, "neg", lease, NULL));
+    free(lease);
+    r = get(a, "neg");
+    expect_hit(r, "real");
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
+START_TEST(test_ttls_and_jitter)
+{
+    start("cache:\n  ttl_ms: 600000\n  ttl_jitter: 0.1\n");
+    struct h_conn *a = conn(&D);
+
+    /* The default TTL, spread by the jitter. */
+    char *lease = get_lease(a, "dflt");
+    ck_assert(fill(a, "dflt", lease, "v"));
+    free(lease);
+    long long pttl = entry_pttl("dflt");
+    ck_assert_msg(pttl >= 540000 - 5000 && pttl <= 660000, "pttl %lld",
+                  pttl);
+
+    /* 200 keys filled with the same ttl_ms expire spread over
+     * +-10%, not all at once. */
+    long long lo = -1, hi = -1;
+    char key[32];
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof key, "spread:%d", i);
+        lease = get_lease(a, key);
+        json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s,s:i}", "op",
+                            "cache.fill", "key", key, "lease", lease,
+                            "value", "x", "ttl_ms", 100000);
+        ck_assert(jtrue(must(r), "stored"));
+        json_decref(r);
+        free(lease);
+    }
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof key, "spread:%d", i);
+        pttl = entry_pttl(key);
+        ck_assert_msg(pttl >= 90000 - 10000 && pttl <= 110000,
+                      "%s pttl %lld", key, pttl);
+        lo = lo < 0 || pttl < lo ? pttl : lo;
+        hi = pttl > hi ? pttl : hi;
+    }
+    /* Uniform over 20 s: 200 samples span well over 10 s unless the
+     * jitter is missing. */
+    ck_assert_msg(hi - lo > 10000, "pttls span only %lld..%lld", lo, hi);
+
+    /* cache.set takes ttl_ms too. */
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "cache.set",
+                        "key", "st", "value", "v", "ttl_ms", 50000);
+    json_decref(must(r));
+    pttl = entry_pttl("st");
+    ck_assert_msg(pttl >= 45000 - 5000 && pttl <= 55000, "pttl %lld", pttl);
+    h_close(a);
+}
+END_TEST
+
+/* --- single flight and waiting ----------------------------------------- */
+
+START_TEST(test_single_flight_two_daemons)
+{
+    enum { N = 50 };
+    struct h_conn *c[N];
+    json_t *got[N] = {0};
+    int holder = -1;
+
+    start("cache:\n  fill_lease_ms: 10000\n");
+    ck_assert_int_eq(h_daemon_start(&D2, &R, "cache:\n  fill_lease_ms: "
+                                               "10000\n"),
+                     0);
+    struct h_conn *s1 = conn(&D);
+    struct h_conn *s2 = conn(&D2);
+
+    for (int i = 0; i < N; i++) {
+        c[i] = conn(i % 2 ? &D2 : &D);
+    }
+    for (int i = 0; i < N; i++) {
+        send_get(c[i], 1, "hot", 20000);
+    }
+    /* Exactly one caller, in either daemon, gets the lease; everybody
+     * else waits for its fill. */
+    long long deadline = h_now_ms() + T_MS;
+    while (holder < 0 && h_now_ms() < deadline) {
+        for (int i = 0; i < N; i++) {
+            if (got[i] == NULL && (got[i] = h_recv(c[i], 0)) != NULL) {
+                ck_assert_msg(holder < 0, "a second answer before the fill: "
+                                          "%s",
+                              dump(got[i]));
+                must(got[i]);
+                ck_assert_msg(is_token(jstr(got[i], "lease")),
+                              "first answer is not a lease: %s",
+                              dump(got[i]));
+                holder = i;
+            }
+        }
+        sleep_ms(5);
+    }
+    ck_assert_msg(holder >= 0, "nobody got a lease");
+    /* All the others are parked, in both daemons. */
+    long long waits = 0;
+    deadline = h_now_ms() + T_MS;
+    while (h_now_ms() < deadline) {
+        waits = h_stat(s1, "cache_waits") + h_stat(s2, "cache_waits");
+        if (waits == N - 1) {
+            break;
+        }
+        sleep_ms(10);
+    }
+    ck_assert_int_eq(waits, N - 1);
+    for (int i = 0; i < N; i++) {
+        if (i != holder) {
+            ck_assert_ptr_null(h_recv(c[i], 0));
+        }
+    }
+    /* The loader ran once: one lease granted across both daemons. */
+    ck_assert_int_eq(h_stat(s1, "cache_leases_granted") +
+                         h_stat(s2, "cache_leases_granted"),
+                     1);
+
+    ck_assert(fill(c[holder], "hot", jstr(got[holder], "lease"), "V"));
+    for (int i = 0; i < N; i++) {
+        if (i == holder) {
+            continue;
+        }
+        got[i] = h_recv(c[i], T_MS);
+        ck_assert_msg(got[i] != NULL, "waiter %d got nothing", i);
+        expect_hit(got[i], "V");
+    }
+    ck_assert_int_eq(h_stat(s1, "cache_leases_granted") +
+                         h_stat(s2, "cache_leases_granted"),
+                     1);
+    ck_assert_int_eq(h_stat(s1, "cache_hits") + h_stat(s2, "cache_hits"),
+                     N - 1);
+    for (int i = 0; i < N; i++) {
+        json_decref(got[i]);
+        h_close(c[i]);
+    }
+    h_close(s1);
+    h_close(s2);
+}
+END_TEST
+
+START_TEST(test_coalesced_round_trip)
+{
+    enum { N = 30 };
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    set_value(a, "shared", "S");
+
+    /* Thirty gets of one key that reach the daemon together cost one
+     * Redis round trip (one script call), not thirty. */
+    char line[128], buf[N * 128];
+    size_t len = 0;
+    for (int i = 0; i < N; i++) {
+        int n = snprintf(line, sizeof line,
+                         "{\"id\":%d,\"op\":\"cache.get\",\"key\":"
+                         "\"shared\"}\n",
+                         i + 1);
+        memcpy(buf + len, line, (size_t)n);
+        len += (size_t)n;
+    }
+    long long before = evalsha_calls();
+    ck_assert_int_eq(h_send_raw(a, buf, len), 0);
+    for (int i = 0; i < N; i++) {
+        json_t *r = h_recv(a, T_MS);
+        ck_assert_msg(r != NULL, "reply %d missing", i);
+        expect_hit(r, "S");
+        json_decref(r);
+    }
+    ck_assert_int_eq(evalsha_calls() - before, 1);
+    h_close(a);
+}
+END_TEST
+
+START_TEST(test_loader_dies)
+{
+    start("cache:\n  fill_lease_ms: 500\n");
+    struct h_conn *a = conn(&D);
+    struct h_conn *b = conn(&D);
+    struct h_conn *s = conn(&D);
+
+    long long t0 = h_now_ms();
+    char *lease = get_lease(a, "k");
+    send_get(b, 7, "k", 5000);
+    wait_stat(s, "cache_waits", 1);
+    /* The loader vanishes without filling or releasing. */
+    h_close(a);
+
+    json_t *r = h_recv(b, T_MS);
+    long long took = h_now_ms() - t0;
+    must(r);
+    ck_assert_msg(!jtrue(r, "hit") && is_token(jstr(r, "lease")),
+                  "expected a new lease, got %s", dump(r));
+    ck_assert_str_ne(jstr(r, "lease"), lease);
+    /* ...once the lease ran out, not before, and not at wait_ms. */
+    ck_assert_msg(took >= 450 && took < 3000, "new lease after %lld ms",
+                  took);
+    ck_assert(fill(b, "k", jstr(r, "lease"), "from-b"));
+    /* The first loader's late fill is stale. */
+    ck_assert(!fill(s, "k", lease, "late"));
+    json_decref(r);
+    r = get(s, "k");
+    expect_hit(r, "from-b");
+    json_decref(r);
+    free(lease);
+    h_close(b);
+    h_close(s);
+}
+END_TEST
+
+START_TEST(test_release_and_fifo)
+{
+    start(NULL); /* fill_lease_ms 5000: a release must not wait for it */
+    struct h_conn *a = conn(&D);
+    struct h_conn *b = conn(&D);
+    struct h_conn *c = conn(&D);
+    struct h_conn *s = conn(&D);
+
+    char *lease = get_lease(a, "k");
+    send_get(b, 1, "k", 10000);
+    wait_stat(s, "cache_waits", 1);
+    send_get(c, 1, "k", 10000);
+    wait_stat(s, "cache_waits", 2);
+
+    long long t0 = h_now_ms();
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release",
+                        "key", "k", "lease", lease);
+    ck_assert(jtrue(must(r), "released"));
+    json_decref(r);
+
+    /* The oldest waiter gets the next lease at once... */
+    json_t *rb = h_recv(b, T_MS);
+    ck_assert_msg(rb != NULL && is_token(jstr(rb, "lease")),
+                  "b expected a lease, got %s", dump(rb));
+    ck_assert_msg(h_now_ms() - t0 < 1500, "lease came after %lld ms",
+                  h_now_ms() - t0);
+    /* ...and the younger one keeps waiting for b's fill. */
+    ck_assert_ptr_null(h_recv(c, 200));
+    ck_assert(fill(b, "k", jstr(rb, "lease"), "B"));
+    json_t *rc = h_recv(c, T_MS);
+    expect_hit(rc, "B");
+
+    /* Releasing a lease that is no longer current does nothing. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key", "k",
+                "lease", lease);
+    must(r);
+    ck_assert(json_is_false(json_object_get(r, "released")));
+    json_decref(r);
+    r = get(a, "k");
+    expect_hit(r, "B");
+    json_decref(r);
+    free(lease);
+    json_decref(rb);
+    json_decref(rc);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+    h_close(s);
+}
+END_TEST
+
+START_TEST(test_waiter_session_closes)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    struct h_conn *b = conn(&D);
+    struct h_conn *c = conn(&D);
+    struct h_conn *s = conn(&D);
+
+    char *lease = get_lease(a, "k");
+    send_get(b, 1, "k", 10000);
+    wait_stat(s, "cache_waits", 1);
+    send_get(c, 1, "k", 10000);
+    wait_stat(s, "cache_waits", 2);
+    /* b goes away while waiting: it must not be handed the next lease. */
+    h_close(b);
+    wait_stat(s, "sessions", 3);
+
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release",
+                        "key", "k", "lease", lease);
+    ck_assert(jtrue(must(r), "released"));
+    json_decref(r);
+    r = h_recv(c, 1500);
+    ck_assert_msg(r != NULL && is_token(jstr(r, "lease")),
+                  "c expected the lease at once, got %s", dump(r));
+    json_decref(r);
+    free(lease);
+    h_close(a);
+    h_close(c);
+    h_close(s);
+}
+END_TEST
+
+START_TEST(test_wait_limits)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    struct h_conn *b = conn(&D);
+
+    char *lease = get_lease(a, "k");
+
+    /* wait_ms runs out while the loader is still busy: load, but do not
+     * fill. */
+    long long t0 = h_now_ms();
+    json_t *r = h_callf(b, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key",
+                        "k", "wait_ms", 400);
+    long long took = h_now_ms() - t0;
+    expect_miss_no_lease(r);
+    json_decref(r);
+    ck_assert_msg(took >= 350 && took < 2500, "waited %lld ms", took);
+
+    /* wait_ms 0 and lease:false answer at once. */
+    t0 = h_now_ms();
+    r = h_callf(b, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key", "k",
+                "wait_ms", 0);
+    expect_miss_no_lease(r);
+    json_decref(r);
+    r = get_plain(b, "k");
+    expect_miss_no_lease(r);
+    json_decref(r);
+    ck_assert_int_lt(h_now_ms() - t0, 300);
+    ck_assert_int_eq(h_stat(b, "cache_waits"), 1);
+
+    /* The default wait is cache.wait_ms (3000); a fill ends it early. */
+    send_get(b, 3, "k", 3000);
+    json_t *rr = NULL;
+    ck_assert_ptr_null(rr = h_recv(b, 200));
+    ck_assert(fill(a, "k", lease, "done"));
+    rr = h_recv(b, T_MS);
+    expect_hit(rr, "done");
+    json_decref(rr);
+    free(lease);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+START_TEST(test_writes_wake_waiters)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    struct h_conn *b = conn(&D);
+    struct h_conn *s = conn(&D);
+
+    /* cache.set while a load is under way: the waiter gets the set
+     * value, and the loader's fill is stale. */
+    char *lease = get_lease(a, "k1");
+    send_get(b, 1, "k1", 10000);
+    wait_stat(s, "cache_waits", 1);
+    set_value(s, "k1", "from-set");
+    json_t *r = h_recv(b, 2000);
+    expect_hit(r, "from-set");
+    json_decref(r);
+    ck_assert(!fill(a, "k1", lease, "stale"));
+    ck_assert(!fill(a, "k1", lease, NULL));
+    r = get(a, "k1");
+    expect_hit(r, "from-set");
+    json_decref(r);
+    free(lease);
+
+    /* cache.invalidate while a load is under way: the waiter gets a new
+     * lease at once, the old loader's fill is refused, the key stays a
+     * miss. */
+    lease = get_lease(a, "k2");
+    send_get(b, 2, "k2", 10000);
+    wait_stat(s, "cache_waits", 2);
+    r = invalidate(s, "k2", 0);
+    must(r);
+    ck_assert_int_eq(jint(r, "deleted"), 1);
+    ck_assert_int_eq(jint(r, "pending"), 0);
+    json_decref(r);
+    r = h_recv(b, 2000);
+    ck_assert_msg(r != NULL && is_token(jstr(r, "lease")),
+                  "waiter expected a new lease, got %s", dump(r));
+    ck_assert_str_ne(jstr(r, "lease"), lease);
+    char *lease_b = strdup(jstr(r, "lease"));
+    json_decref(r);
+    ck_assert(!fill(a, "k2", lease, "stale"));
+    r = get_plain(a, "k2");
+    expect_miss_no_lease(r);
+    json_decref(r);
+    ck_assert(fill(b, "k2", lease_b, "fresh"));
+    free(lease_b);
+    free(lease);
+
+    /* An invalidation in between get and fill, nobody waiting: stale. */
+    lease = get_lease(a, "k3");
+    json_decref(must(invalidate(s, "k3", 0)));
+    ck_assert(!fill(a, "k3", lease, "stale"));
+    ck_assert(!entry_exists("k3"));
+    free(lease);
+    h_close(a);
+    h_close(b);
+    h_close(s);
+}
+END_TEST
+
+/* --- mget --------------------------------------------------------------- */
+
+START_TEST(test_mget)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    struct h_conn *b = conn(&D);
+
+    set_value(a, "a", "1");
+    set_value(a, "b", NULL);
+    json_t *r = h_callf(a, T_MS, "{s:s,s:[s,s,s,s,s]}", "op", "cache.mget",
+                        "keys", "a", "b", "c", "a", "d");
+    must(r);
+    json_t *res = json_object_get(r, "results");
+    ck_assert_int_eq(json_array_size(res), 5);
+    expect_hit(json_array_get(res, 0), "1");
+    expect_hit(json_array_get(res, 1), NULL);
+    expect_hit(json_array_get(res, 3), "1");
+    const char *lc = jstr(json_array_get(res, 2), "lease");
+    const char *ld = jstr(json_array_get(res, 4), "lease");
+    ck_assert_msg(is_token(lc) && is_token(ld), "leases: %s", dump(r));
+    ck_assert_str_ne(lc, ld);
+    ck_assert(!jtrue(json_array_get(res, 2), "hit"));
+    /* Each miss's lease is its own. */
+    ck_assert(fill(a, "c", lc, "C"));
+    ck_assert(fill(a, "d", ld, "D"));
+    json_decref(r);
+
+    /* The same cold key twice: one lease, for the first occurrence. */
+    r = h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget", "keys", "e",
+                "e");
+    must(r);
+    res = json_object_get(r, "results");
+    ck_assert(is_token(jstr(json_array_get(res, 0), "lease")));
+    expect_miss_no_lease(json_array_get(res, 1));
+    char *le = strdup(jstr(json_array_get(res, 0), "lease"));
+    json_decref(r);
+
+    /* A miss whose lease is held elsewhere waits like cache.get; the
+     * answer comes once every key is settled. */
+    ck_assert_int_eq(h_send(b, "{s:i,s:s,s:[s,s],s:i}", "id", 9, "op",
+                            "cache.mget", "keys", "e", "a", "wait_ms",
+                            10000),
+                     0);
+    ck_assert_ptr_null(h_recv(b, 300));
+    ck_assert(fill(a, "e", le, "E"));
+    free(le);
+    r = h_recv(b, T_MS);
+    must(r);
+    res = json_object_get(r, "results");
+    expect_hit(json_array_get(res, 0), "E");
+    expect_hit(json_array_get(res, 1), "1");
+    json_decref(r);
+
+    /* lease:false: plain reads. */
+    r = h_callf(a, T_MS, "{s:s,s:[s,s],s:b}", "op", "cache.mget", "keys",
+                "x", "c", "lease", 0);
+    must(r);
+    res = json_object_get(r, "results");
+    expect_miss_no_lease(json_array_get(res, 0));
+    expect_hit(json_array_get(res, 1), "C");
+    json_decref(r);
+    ck_assert(!entry_exists("x"));
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* --- wrong type and bad requests ------------------------------------------ */
+
+START_TEST(test_wrong_type)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    char buf[64];
+
+    r_ok("SET " PREFIX "{str} foreign");
+    r_ok("HSET " PREFIX "{hash} other field");
+
+    json_t *r = get(a, "str");
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    r = get_plain(a, "str");
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    r = get(a, "hash");
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key",
+                "str", "lease", "x", "value", "v");
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "str",
+                "value", "v");
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    /* Nothing was changed. */
+    ck_assert_str_eq(r_str(buf, sizeof buf, "GET " PREFIX "{str}"),
+                     "foreign");
+    ck_assert_int_eq(entry_pttl("str"), -1);
+
+    /* mget reports it per key and still serves the others. */
+    r = h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget", "keys", "str",
+                "fine");
+    must(r);
+    json_t *res = json_object_get(r, "results");
+    ck_assert_str_eq(h_errcode(json_array_get(res, 0)), "wrong_type");
+    ck_assert(is_token(jstr(json_array_get(res, 1), "lease")));
+    json_decref(r);
+
+    /* An invalidation removes whatever is there. */
+    r = invalidate(a, "str", 0);
+    ck_assert_int_eq(jint(must(r), "deleted"), 1);
+    json_decref(r);
+    ck_assert(!entry_exists("str"));
+    h_close(a);
+}
+END_TEST
+
+START_TEST(test_bad_requests)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    char line[1200];
+
+    expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\","
+                  "\"value\":5}\n", "value");
+    expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\"}\n",
+               "value");
+    expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"value\":\"v\"}\n",
+               "lease");
+    expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\","
+                  "\"value\":\"v\",\"ttl_ms\":0}\n", "ttl_ms");
+    expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":[1]}\n",
+               "value");
+    expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":true}\n",
+               "value");
+    expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\"}\n", "value");
+    expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":\"v\","
+                  "\"ttl_ms\":\"10\"}\n", "ttl_ms");
+    expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":\"v\","
+                  "\"ttl_ms\":2000000000000}\n", "ttl_ms");
+    expect_bad(a, "{\"op\":\"cache.get\",\"key\":\"\"}\n", "key");
+    expect_bad(a, "{\"op\":\"cache.get\"}\n", "key");
+    expect_bad(a, "{\"op\":\"cache.get\",\"key\":5}\n", "key");
+    expect_bad(a, "{\"op\":\"cache.get\",\"key\":\"k\",\"wait_ms\":-1}\n",
+               "wait_ms");
+    expect_bad(a, "{\"op\":\"cache.get\",\"key\":\"k\",\"wait_ms\":1.5}\n",
+               "wait_ms");
+    expect_bad(a, "{\"op\":\"cache.get\",\"key\":\"k\",\"lease\":\"yes\"}\n",
+               "lease");
+    expect_bad(a, "{\"op\":\"cache.mget\",\"keys\":\"k\"}\n", "keys");
+    expect_bad(a, "{\"op\":\"cache.mget\",\"keys\":[]}\n", "keys");
+    expect_bad(a, "{\"op\":\"cache.mget\",\"keys\":[\"a\",\"\"]}\n", "keys");
+    expect_bad(a, "{\"op\":\"cache.mget\",\"keys\":[\"a\",1]}\n", "keys");
+    expect_bad(a, "{\"op\":\"cache.mget\"}\n", "keys");
+    expect_bad(a, "{\"op\":\"cache.release\",\"key\":\"k\"}\n", "lease");
+    expect_bad(a, "{\"op\":\"cache.invalidate\"}\n", "key");
+    expect_bad(a, "{\"op\":\"cache.invalidate\",\"key\":\"a\","
+                  "\"keys\":[\"b\"]}\n", "key");
+    expect_bad(a, "{\"op\":\"cache.invalidate\",\"keys\":\"a\"}\n", "keys");
+    expect_bad(a, "{\"op\":\"cache.invalidate\",\"keys\":[]}\n", "keys");
+    expect_bad(a, "{\"op\":\"cache.invalidate\",\"key\":\"a\","
+                  "\"delay_ms\":-1}\n", "delay_ms");
+    expect_bad(a, "{\"op\":\"cache.invalidate\",\"key\":\"a\","
+                  "\"delay_ms\":86400001}\n", "delay_ms");
+    /* A key one byte over limits.max_key_bytes (1024). */
+    int n = snprintf(line, sizeof line, "{\"op\":\"cache.get\",\"key\":\"");
+    memset(line + n, 'k', 1025);
+    snprintf(line + n + 1025, sizeof line - (size_t)n - 1025, "\"}\n");
+    expect_bad(a, line, "key");
+
+    /* Bad requests changed nothing: Redis is empty, nothing journaled. */
+    ck_assert_int_eq(r_int("DBSIZE"), 0);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations"), 0);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 0);
+    /* ...and the connection is still usable. */
+    json_t *r = get_plain(a, "k");
+    expect_miss_no_lease(r);
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
+/* --- invalidation -------------------------------------------------------- */
+
+START_TEST(test_invalidate_keys)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+
+    set_value(a, "i1", "1");
+    set_value(a, "i2", "2");
+    json_t *r = h_callf(a, T_MS, "{s:s,s:[s,s,s],s:i}", "op",
+                        "cache.invalidate", "keys", "i1", "i2", "i3",
+                        "delay_ms", 0);
+    must(r);
+    /* deleted counts what was there; no second delete with delay 0. */
+    ck_assert_int_eq(jint(r, "deleted"), 2);
+    ck_assert_int_eq(jint(r, "pending"), 0);
+    ck_assert_ptr_null(json_object_get(r, "queued"));
+    json_decref(r);
+    ck_assert(!entry_exists("i1") && !entry_exists("i2"));
+    ck_assert_int_eq(h_stat(a, "cache_invalidations"), 3);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 0);
+
+    /* The default delay is cache.double_delete_ms (1000). */
+    set_value(a, "i1", "1");
+    long long t0 = h_now_ms();
+    r = h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "cache.invalidate", "keys",
+                "i1", "i2");
+    must(r);
+    ck_assert_int_eq(jint(r, "deleted"), 1);
+    ck_assert_int_eq(jint(r, "pending"), 2);
+    json_decref(r);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
+    wait_stat(a, "cache_invalidations_pending", 0);
+    ck_assert_msg(h_now_ms() - t0 >= 900, "second deletes after %lld ms",
+                  h_now_ms() - t0);
+    ck_assert_int_gt(h_stat(a, "journal_bytes"), 8);
+    h_close(a);
+}
+END_TEST
+
+START_TEST(test_double_delete)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+
+    set_value(a, "dd", "old");
+    long long t0 = h_now_ms();
+    json_t *r = invalidate(a, "dd", 800);
+    must(r);
+    ck_assert_int_eq(jint(r, "deleted"), 1);
+    ck_assert_int_eq(jint(r, "pending"), 1);
+    json_decref(r);
+    ck_assert(!entry_exists("dd"));
+
+    /* A reader that loaded before the database commit writes the old
+     * value back after the first delete... */
+    sleep_ms(100);
+    r_ok("SET " PREFIX "{dd} stale");
+    /* ...it is still there a while later (time passing is the point)... */
+    sleep_ms(500 - (h_now_ms() - t0) > 0 ? 500 - (h_now_ms() - t0) : 0);
+    ck_assert(entry_exists("dd"));
+    /* ...and the second delete removes it after delay_ms. */
+    ck_assert(wait_gone("dd", 1500 - (int)(h_now_ms() - t0)));
+    ck_assert_int_ge(h_now_ms() - t0, 750);
+    wait_stat(a, "cache_invalidations_pending", 0);
+    h_close(a);
+}
+END_TEST
+
+static void durable_after_kill(const char *yaml)
+{
+    start(yaml);
+    struct h_conn *a = conn(&D);
+
+    set_value(a, "dur", "old");
+    long long t0 = h_now_ms();
+    json_t *r = invalidate(a, "dur", 2500);
+    must(r);
+    ck_assert_int_eq(jint(r, "pending"), 1);
+    json_decref(r);
+    /* Acknowledged; the daemon dies before the second delete. */
+    h_daemon_kill(&D);
+    h_close(a);
+    r_ok("SET " PREFIX "{dur} stale");
+
+    ck_assert_int_eq(h_daemon_restart(&D), 0);
+    ck_assert_int_ge(count_in_file(D.log, "pending=1"), 1);
+    /* The replayed delete waits for its due time, then happens. */
+    if (h_now_ms() - t0 < 2000) {
+        ck_assert(entry_exists("dur"));
+    }
+    ck_assert(wait_gone("dur", 8000));
+    ck_assert_int_ge(h_now_ms() - t0, 2400);
+    a = conn(&D);
+    wait_stat(a, "cache_invalidations_pending", 0);
+    h_close(a);
+}
+
+START_TEST(test_durable_kill9_always)
+{
+    durable_after_kill(NULL);
+}
+END_TEST
+
+START_TEST(test_durable_kill9_everysec)
+{
+    /* write() has put the records in the page cache, which outlives the
+     * process; everysec only risks a machine crash. */
+    durable_after_kill("journal:\n  path: \"@DIR@/journal\"\n"
+                       "  fsync: everysec\n");
+}
+END_TEST
+
+START_TEST(test_redis_down_queued)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+
+    set_value(a, "q", "old");
+    h_redis_kill(&R);
+    long long t0 = h_now_ms();
+    json_t *r = invalidate(a, "q", 2000);
+    must(r);
+    ck_assert_msg(jtrue(r, "queued"), "reply %s", dump(r));
+    ck_assert_int_eq(jint(r, "deleted"), 0);
+    ck_assert_int_eq(jint(r, "pending"), 1);
+    json_decref(r);
+    ck_assert_int_lt(h_now_ms() - t0, 3000);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
+
+    /* A single delete while Redis is down: queued as well. */
+    r = invalidate(a, "q2", 0);
+    must(r);
+    ck_assert(jtrue(r, "queued"));
+    ck_assert_int_eq(jint(r, "pending"), 1);
+    json_decref(r);
+
+    /* Redis comes back empty; someone writes the old value again. */
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    r_ok("SET " PREFIX "{q} stale");
+    r_ok("SET " PREFIX "{q2} stale");
+    ck_assert(wait_gone("q", 10000));
+    wait_stat(a, "cache_invalidations_pending", 0);
+    ck_assert_int_gt(h_stat(a, "cache_invalidations_retried"), 0);
+    h_close(a);
+}
+END_TEST
+
+/* --- the journal file, written by hand --------------------------------- */
+
+static uint32_t crc32_bitwise(const unsigned char *p, size_t n)
+{
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) {
+            c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+        }
+    }
+    return ~c;
+}
+
+static void le(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+/* Append one record in the documented format; returns its size. */
+static size_t jrec(FILE *f, int type, uint64_t id, long long due,
+                   const char *key, size_t cut)
+{
+    unsigned char rec[300];
+    size_t klen = key ? strlen(key) : 0;
+    size_t body = 17 + klen;
+    rec[8] = (unsigned char)type;
+    le(rec + 9, id, 8);
+    le(rec + 17, (uint64_t)due, 8);
+    if (klen) {
+        memcpy(rec + 25, key, klen);
+    }
+    le(rec, body, 4);
+    le(rec + 4, crc32_bitwise(rec + 8, body), 4);
+    size_t n = 8 + body;
+    size_t w = cut && cut < n ? cut : n;
+    ck_assert_uint_eq(fwrite(rec, 1, w, f), w);
+    return n;
+}
+
+START_TEST(test_journal_torn_tail)
+{
+    char dir[256], path[300], yaml[512];
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/inv.journal", dir);
+    snprintf(yaml, sizeof yaml, "journal:\n  path: \"%s\"\n", path);
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    const char *keys[] = {"t1", "t2", "t3", "t4", "t5"};
+    for (size_t i = 0; i < 5; i++) {
+        r_ok("SET " PREFIX "{%s} stale", keys[i]);
+    }
+    long long now = wall_ms();
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fwrite("LDJRNL1\n", 1, 8, f);
+    jrec(f, 1, 1, now - 1000, "t1", 0);             /* overdue */
+    jrec(f, 1, 2, now - 1000, "t2", 0);             /* overdue */
+    jrec(f, 1, 3, now - 1000, "t3", 0);
+    jrec(f, 2, 3, 0, NULL, 0);                      /* t3 was done */
+    jrec(f, 1, 4, now + 1500, "t5", 0);             /* due later */
+    jrec(f, 1, 5, now - 1000, "t4", 20);            /* torn mid-record */
+    fclose(f);
+
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    ck_assert_int_eq(count_in_file(D.log, "journal tail dropped"), 1);
+    ck_assert(wait_gone("t1", T_MS));
+    ck_assert(wait_gone("t2", T_MS));
+    /* t5 is due 1.5 s after the file was written. */
+    ck_assert(wait_gone("t5", T_MS));
+    ck_assert_int_ge(wall_ms() - now, 1400);
+    /* Done and torn records were not executed. */
+    ck_assert(entry_exists("t3"));
+    ck_assert(entry_exists("t4"));
+
+    /* Garbage after good records: the good ones still run. */
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+    f = fopen(path, "ab");
+    ck_assert_ptr_nonnull(f);
+    jrec(f, 1, 100, wall_ms() - 1, "g1", 0);
+    fputs("\x13garbage that is not a record", f);
+    fclose(f);
+    r_ok("SET " PREFIX "{g1} stale");
+    ck_assert_int_eq(h_daemon_restart(&D), 0);
+    ck_assert(wait_gone("g1", T_MS));
+    ck_assert_int_eq(count_in_file(D.log, "journal tail dropped"), 2);
+    ck_assert(entry_exists("t4"));
+}
+END_TEST
+
+START_TEST(test_journal_unusable)
+{
+    char dir[256], yaml[512];
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    /* A directory where the journal file should be: leased refuses to
+     * start rather than run without durable invalidations. */
+    snprintf(yaml, sizeof yaml, "journal:\n  path: \"%s\"\n", dir);
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_ne(h_daemon_start(&D, &R, yaml), 0);
+}
+END_TEST
+
+/* --- stats ----------------------------------------------------------------- */
+
+START_TEST(test_stats_move)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+
+    char *lease = get_lease(a, "s1");                  /* miss + lease */
+    ck_assert(fill(a, "s1", lease, "v"));              /* stored */
+    ck_assert(!fill(a, "s1", lease, "v"));             /* rejected */
+    free(lease);
+    json_decref(get(a, "s1"));                         /* hit */
+    set_value(a, "s2", NULL);
+    json_decref(get(a, "s2"));                         /* negative hit */
+    json_decref(get_plain(a, "s3"));                   /* miss */
+    json_decref(must(invalidate(a, "s1", 0)));         /* invalidation */
+
+    ck_assert_int_eq(h_stat(a, "cache_hits"), 1);
+    ck_assert_int_eq(h_stat(a, "cache_negative_hits"), 1);
+    ck_assert_int_eq(h_stat(a, "cache_misses"), 2);
+    ck_assert_int_eq(h_stat(a, "cache_leases_granted"), 1);
+    ck_assert_int_eq(h_stat(a, "cache_fills_stored"), 1);
+    ck_assert_int_eq(h_stat(a, "cache_fills_rejected"), 1);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations"), 1);
+    ck_assert_int_eq(h_stat(a, "cache_waits"), 0);
+    ck_assert_int_gt(h_stat(a, "journal_bytes"), 8);
+    h_close(a);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+
+    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, NULL, h_case_passed);
+    tcase_set_timeout(tc, timeout_s);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
+int main(void)
 {
     Suite *s = suite_create("cache");
-    TCase *tc = tcase_create("placeholder");
-    tcase_add_test(tc, test_placeholder);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
+    SRunner *sr;
+    int failed;
+
+    add(s, "get_fill_hit", test_get_fill_hit, 60);
+    add(s, "null_and_empty", test_null_and_empty, 60);
+    add(s, "ttls_and_jitter", test_ttls_and_jitter, 60);
+    add(s, "single_flight_two_daemons", test_single_flight_two_daemons, 60);
+    add(s, "coalesced_round_trip", test_coalesced_round_trip, 60);
+    add(s, "loader_dies", test_loader_dies, 60);
+    add(s, "release_and_fifo", test_release_and_fifo, 60);
+    add(s, "waiter_session_closes", test_waiter_session_closes, 60);
+    add(s, "wait_limits", test_wait_limits, 60);
+    add(s, "writes_wake_waiters", test_writes_wake_waiters, 60);
+    add(s, "mget", test_mget, 60);
+    add(s, "wrong_type", test_wrong_type, 60);
+    add(s, "bad_requests", test_bad_requests, 60);
+    add(s, "invalidate_keys", test_invalidate_keys, 60);
+    add(s, "double_delete", test_double_delete, 60);
+    add(s, "durable_kill9_always", test_durable_kill9_always, 60);
+    add(s, "durable_kill9_everysec", test_durable_kill9_everysec, 60);
+    add(s, "redis_down_queued", test_redis_down_queued, 90);
+    add(s, "journal_torn_tail", test_journal_torn_tail, 60);
+    add(s, "journal_unusable", test_journal_unusable, 60);
+    add(s, "stats_move", test_stats_move, 60);
+
+    sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
+    failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

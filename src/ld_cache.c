@@ -1,0 +1,1718 @@
+/*
+ * Cache-aside: cache.get, cache.mget, cache.fill, cache.release,
+ * cache.set and cache.invalidate, with single-flight fills and delayed
+ * double delete that survives crashes.
+ *
+ * Redis layout. An entry is one hash at cache.prefix + "{" + key + "}"
+ * (so an entry and its channel share a hash tag) with the fields
+ *   v  the value                      (absent while there is none)
+ *   n  "1": a cached null ("not found", distinct from every string)
+ *   l  the current fill lease token   (only while there is no value)
+ * While the entry holds only a lease its TTL is cache.fill_lease_ms, so the
+ * lease of a loader that vanished ends with the key; once a value or a
+ * null is stored the TTL is the entry's. Every write publishes on
+ * entry + ":fill", which is what waiters everywhere listen to. Each op is
+ * one Lua script (src/lua/cache_*.lua), so a check and the write it guards
+ * are atomic: a fill stores only under the lease that is current, and a
+ * cache.set or an invalidation (which delete or replace the hash, lease and
+ * all) makes every older lease worthless.
+ *
+ * Reading (struct ckey, one per key somebody in this daemon is reading or
+ * waiting for). Every getter of a key in this daemon attaches to the one
+ * cache_get script in flight for that key (struct fetch), so concurrent
+ * getters cost one Redis round trip. A fetch that finds the lease held
+ * turns its getters into waiters; the key then subscribes to its channel,
+ * and a message, the subscription's confirmation (which covers a fill that
+ * happened before we listened), or the end of the holder's lease (by its
+ * PTTL) wakes the waiters into one new fetch. When that fetch grants a
+ * lease, the oldest waiter gets it and the rest wait on. A "generation"
+ * counter per key, bumped by every wake-up and every local write, keeps
+ * getters from attaching to a fetch that was sent before the change they
+ * are meant to see.
+ *
+ * Invalidation (struct del, one per promised delete). cache.invalidate
+ * records a first delete (due now) and a second delete (due after
+ * delay_ms) per key in the journal (ld_journal.c), syncs it (one fdatasync
+ * for all invalidations of a loop iteration under fsync "always"), then
+ * deletes. Each delete is retried with capped backoff until Redis takes it,
+ * then retired by a done record. At start the journal is replayed: every
+ * delete not retired runs at its due time, or at once when overdue.
+ */
+#include "ld_cache.h"
+
+#include "ld_conf.h"
+#include "ld_dict.h"
+#include "ld_dispatch.h"
+#include "ld_journal.h"
+#include "ld_log.h"
+#include "ld_proto.h"
+#include "ld_pubsub.h"
+#include "ld_redis.h"
+#include "ld_server.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+#include "ld_util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+
+#define MGET_MAX_KEYS 1000
+#define INVALIDATE_MAX_KEYS 1000
+#define TTL_MAX_MS (1LL << 40)
+#define DELAY_MAX_MS 86400000LL
+#define WAIT_MAX_MS 600000LL
+#define RETRY_MIN_MS 100
+#define RETRY_MAX_MS 5000
+/* PTTL is rounded and Redis expires a key a little after its time; waking
+ * a touch late saves a fetch that would only find the lease still there. */
+#define LEASE_SLACK_US 3000
+#define TICK_MS 1000
+#define CHAN_SUFFIX ":fill"
+
+struct ckey;
+struct fetch;
+struct cop;
+
+/* ---- small lists ----------------------------------------------------- */
+
+enum gstate { G_IDLE, G_FETCH, G_WAIT, G_DONE };
+
+/* One key of a cache.get or cache.mget on its way to an answer. */
+struct getter {
+    struct cop *op;
+    size_t slot;
+    struct ckey *ck;
+    bool want_lease;
+    bool waited;              /* counted in cache_waits */
+    uint64_t deadline_us;     /* end of wait_ms, monotonic */
+    uint64_t seq;             /* arrival order: waiters are served FIFO */
+    enum gstate state;
+    struct fetch *fetch;      /* while G_FETCH */
+    struct getter *prev, *next;
+};
+
+struct glist {
+    struct getter *head, *tail;
+    size_t n;
+};
+
+/* A cache.get (one slot) or cache.mget (one slot per key) request. */
+struct cop {
+    struct ld_req *req;
+    bool mget;
+    size_t n;
+    size_t left;              /* slots not answered yet */
+    json_t **results;         /* mget: each slot's result object */
+    size_t *dup_of;           /* mget: earlier slot with the same key */
+    struct getter *g;         /* n getters (dups unused) */
+    struct cop *prev, *next;  /* its session's list */
+    struct csess *cs;
+};
+
+/* A session's cache state (ld_session.cache_state). */
+struct csess {
+    struct cop *ops;
+};
+
+/* One cache_get script in flight. */
+struct fetch {
+    struct ckey *ck;          /* NULL once orphaned by ld_cache_free */
+    struct glist getters;
+    uint64_t gen;             /* the key's generation when it was sent */
+    bool grant;
+    char token[LD_TOKEN_LEN + 1];
+    struct fetch *prev, *next;   /* every fetch in flight */
+};
+
+struct ckey {
+    char *key;
+    size_t key_len;
+    char *names;              /* entry key followed by ":fill" */
+    size_t entry_len, chan_len;
+    struct fetch *fetch;      /* newest fetch in flight, or NULL */
+    unsigned nfetch;          /* fetches in flight for this key */
+    uint64_t gen;
+    struct glist waiters;
+    struct ld_pubsub_sub *sub;
+    struct event *timer;      /* lease end or a waiter's deadline */
+    uint64_t lease_end_us;    /* 0: unknown, or no expiry */
+};
+
+/* One cache.invalidate request awaiting its first deletes. */
+struct inv {
+    struct ld_req *req;
+    struct del **firsts;
+    size_t n;
+    size_t left;
+    long long deleted;
+    long long pending;
+    bool queued;
+    bool journal_failed;
+    struct inv *next;         /* the sync queue */
+};
+
+/* One promised delete: in the journal (id != 0) until done. */
+struct del {
+    uint64_t id;
+    int64_t due_ms;           /* wall clock */
+    struct inv *inv;          /* the request waiting for it, if any */
+    struct event *ev;         /* due time or retry backoff */
+    int backoff_ms;
+    bool running;             /* its script is in flight */
+    bool retrying;            /* failed before; the timer is a backoff */
+    bool orphan;              /* ld_cache_free ran while it was running */
+    bool second;              /* the delayed one */
+    struct del *prev, *next;
+    size_t key_len;
+    char key[];
+};
+
+static struct {
+    bool inited;
+    bool hooks_registered;
+    struct ld_journal *journal;
+    struct ld_dict *keys;     /* user key -> struct ckey */
+    struct fetch *fetches;
+    struct del *dels;
+    struct event *tick_ev;
+    struct event *sync_ev;
+    struct inv *sync_head, *sync_tail;
+    long long n_waiters;
+    uint64_t next_seq;
+} C;
+
+static void
+glist_push(struct glist *l, struct getter *g)
+{
+    g->next = NULL;
+    g->prev = l->tail;
+    if (l->tail != NULL) {
+        l->tail->next = g;
+    } else {
+        l->head = g;
+    }
+    l->tail = g;
+    l->n++;
+}
+
+static void
+glist_remove(struct glist *l, struct getter *g)
+{
+    if (g->prev != NULL) {
+        g->prev->next = g->next;
+    } else {
+        l->head = g->next;
+    }
+    if (g->next != NULL) {
+        g->next->prev = g->prev;
+    } else {
+        l->tail = g->prev;
+    }
+    g->prev = g->next = NULL;
+    l->n--;
+}
+
+static struct getter *
+glist_pop(struct glist *l)
+{
+    struct getter *g = l->head;
+    if (g != NULL) {
+        glist_remove(l, g);
+    }
+    return g;
+}
+
+/* Merge SRC into DST, both in arrival order; SRC ends empty. */
+static void
+glist_merge(struct glist *dst, struct glist *src)
+{
+    struct glist out = {0};
+    while (dst->head != NULL || src->head != NULL) {
+        struct glist *from;
+        if (dst->head == NULL) {
+            from = src;
+        } else if (src->head == NULL) {
+            from = dst;
+        } else {
+            from = src->head->seq < dst->head->seq ? src : dst;
+        }
+        glist_push(&out, glist_pop(from));
+    }
+    *dst = out;
+}
+
+/* ---- helpers --------------------------------------------------------- */
+
+static int64_t
+wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* prefix "{" key "}" ":fill" in one buffer: the entry key is its first
+ * *ENTRY_LEN bytes, the channel all of it. */
+static char *
+make_names(const char *key, size_t len, size_t *entry_len, size_t *chan_len)
+{
+    const char *prefix = ld_srv.cfg->cache.prefix;
+    size_t plen = strlen(prefix);
+    size_t elen = plen + 1 + len + 1;
+    size_t slen = sizeof(CHAN_SUFFIX) - 1;
+    char *buf = malloc(elen + slen + 1);
+    if (buf == NULL) {
+        return NULL;
+    }
+    memcpy(buf, prefix, plen);
+    buf[plen] = '{';
+    memcpy(buf + plen + 1, key, len);
+    buf[plen + 1 + len] = '}';
+    memcpy(buf + elen, CHAN_SUFFIX, slen);
+    buf[elen + slen] = '\0';
+    *entry_len = elen;
+    *chan_len = elen + slen;
+    return buf;
+}
+
+static void
+set_timer(struct event *ev, uint64_t delay_us)
+{
+    struct timeval tv = {(time_t)(delay_us / 1000000),
+                         (suseconds_t)(delay_us % 1000000)};
+    event_add(ev, &tv);
+}
+
+static void
+update_journal_stats(void)
+{
+    if (C.journal != NULL) {
+        ld_stats.journal_bytes = (long long)ld_journal_bytes(C.journal);
+        ld_stats.cache_invalidations_pending =
+            (long long)ld_journal_live(C.journal);
+    }
+}
+
+/* The "value" field: required, a string or null. */
+static int
+req_value(struct ld_req *req, const char **v, size_t *len, bool *is_null)
+{
+    json_t *x = json_object_get(req->body, "value");
+    if (x == NULL) {
+        ld_reply_error(req, LD_E_BAD_REQUEST, "field 'value' is required");
+        return LD_ERR;
+    }
+    if (json_is_null(x)) {
+        *is_null = true;
+        *v = "";
+        *len = 0;
+        return LD_OK;
+    }
+    if (!json_is_string(x)) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'value' must be a string or null");
+        return LD_ERR;
+    }
+    *is_null = false;
+    *v = json_string_value(x);
+    *len = json_string_length(x);
+    return LD_OK;
+}
+
+/* A local write to KEY: getters arriving from now on must not share a
+ * fetch that was sent before it. */
+static void
+key_touched(const char *key, size_t len)
+{
+    struct ckey *ck = ld_dict_get(C.keys, key, len);
+    if (ck != NULL) {
+        ck->gen++;
+    }
+}
+
+/* ---- per-session bookkeeping ----------------------------------------- */
+
+static struct csess *
+csess_of(struct ld_session *s)
+{
+    if (s->cache_state == NULL) {
+        s->cache_state = calloc(1, sizeof(struct csess));
+    }
+    return s->cache_state;
+}
+
+static void
+cop_link(struct cop *op)
+{
+    struct csess *cs = csess_of(op->req->sess);
+    op->cs = cs;
+    if (cs == NULL) {
+        return;
+    }
+    op->prev = NULL;
+    op->next = cs->ops;
+    if (cs->ops != NULL) {
+        cs->ops->prev = op;
+    }
+    cs->ops = op;
+}
+
+static void
+cop_unlink(struct cop *op)
+{
+    struct csess *cs = op->cs;
+    if (cs == NULL) {
+        return;
+    }
+    if (op->prev != NULL) {
+        op->prev->next = op->next;
+    } else {
+        cs->ops = op->next;
+    }
+    if (op->next != NULL) {
+        op->next->prev = op->prev;
+    }
+    op->cs = NULL;
+}
+
+static void
+cop_free(struct cop *op)
+{
+    if (op->results != NULL) {
+        for (size_t i = 0; i < op->n; i++) {
+            json_decref(op->results[i]);
+        }
+    }
+    free(op->results);
+    free(op->dup_of);
+    free(op->g);
+    free(op);
+}
+
+/* ---- answering getters ----------------------------------------------- */
+
+static json_t *
+error_object(int code, const char *msg)
+{
+    return json_pack("{s:b,s:{s:s,s:s}}", "ok", 0, "error", "code",
+                     ld_errcode_name(code), "message", msg);
+}
+
+static void
+mget_finish(struct cop *op)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < op->n; i++) {
+        json_t *r;
+        if (op->dup_of[i] != SIZE_MAX) {
+            /* The same key again: the same answer, but a lease belongs
+             * to one caller only, and the first occurrence has it. */
+            r = json_deep_copy(op->results[op->dup_of[i]]);
+            json_t *lease = json_object_get(r, "lease");
+            if (lease != NULL && json_is_string(lease)) {
+                json_object_set_new(r, "lease", json_null());
+            }
+        } else {
+            r = json_incref(op->results[i]);
+        }
+        json_array_append_new(arr, r);
+    }
+    cop_unlink(op);
+    ld_reply_ok(op->req, json_pack("{s:o}", "results", arr));
+    cop_free(op);
+}
+
+/* Answer one getter: FIELDS (stolen) on success, else CODE and MSG. */
+static void
+getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
+{
+    struct cop *op = g->op;
+    g->state = G_DONE;
+    if (!op->mget) {
+        cop_unlink(op);
+        if (fields != NULL) {
+            ld_reply_ok(op->req, fields);
+        } else {
+            ld_reply_error(op->req, code, "%s", msg);
+        }
+        cop_free(op);
+        return;
+    }
+    if (fields != NULL) {
+        json_object_set_new(fields, "ok", json_true());
+        op->results[g->slot] = fields;
+    } else {
+        op->results[g->slot] = error_object(code, msg);
+    }
+    if (--op->left == 0) {
+        mget_finish(op);
+    }
+}
+
+static void
+settle_hit(struct getter *g, const char *v, size_t len)
+{
+    json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
+    if (f == NULL) {
+        getter_settle(g, NULL, LD_E_WRONG_TYPE,
+                      "the cached value is not valid UTF-8; leased did not "
+                      "write it");
+        return;
+    }
+    ld_stats.cache_hits++;
+    getter_settle(g, f, 0, NULL);
+}
+
+static void
+settle_null(struct getter *g)
+{
+    ld_stats.cache_negative_hits++;
+    getter_settle(g, json_pack("{s:b,s:n}", "hit", 1, "value"), 0, NULL);
+}
+
+static void
+settle_miss(struct getter *g, const char *lease)
+{
+    ld_stats.cache_misses++;
+    json_t *f = lease != NULL
+                    ? json_pack("{s:b,s:s}", "hit", 0, "lease", lease)
+                    : json_pack("{s:b,s:n}", "hit", 0, "lease");
+    getter_settle(g, f, 0, NULL);
+}
+
+/* ---- keys, fetches and waiting --------------------------------------- */
+
+static void fetch_cb(redisReply *reply, void *arg);
+static void ckey_timer_cb(evutil_socket_t fd, short what, void *arg);
+
+static struct ckey *
+ckey_get(const char *key, size_t len)
+{
+    struct ckey *ck = ld_dict_get(C.keys, key, len);
+    if (ck != NULL) {
+        return ck;
+    }
+    ck = calloc(1, sizeof(*ck));
+    if (ck == NULL) {
+        return NULL;
+    }
+    ck->key = malloc(len + 1);
+    ck->names = make_names(key, len, &ck->entry_len, &ck->chan_len);
+    ck->timer = evtimer_new(ld_srv.base, ckey_timer_cb, ck);
+    if (ck->key == NULL || ck->names == NULL || ck->timer == NULL) {
+        free(ck->key);
+        free(ck->names);
+        if (ck->timer != NULL) {
+            event_free(ck->timer);
+        }
+        free(ck);
+        return NULL;
+    }
+    memcpy(ck->key, key, len);
+    ck->key[len] = '\0';
+    ck->key_len = len;
+    ld_dict_set(C.keys, key, len, ck);
+    return ck;
+}
+
+/* Forget a key nobody reads or waits for any more. */
+static void
+ckey_maybe_free(struct ckey *ck)
+{
+    if (ck->waiters.n > 0 || ck->nfetch > 0) {
+        return;
+    }
+    if (ck->sub != NULL) {
+        ld_pubsub_unsubscribe(ck->sub);
+    }
+    event_free(ck->timer);
+    ld_dict_del(C.keys, ck->key, ck->key_len);
+    free(ck->key);
+    free(ck->names);
+    free(ck);
+}
+
+static bool
+attachable(const struct ckey *ck, bool want_lease)
+{
+    return ck->fetch != NULL && ck->fetch->gen == ck->gen &&
+           (ck->fetch->grant || !want_lease);
+}
+
+static struct fetch *
+fetch_start(struct ckey *ck, bool grant)
+{
+    struct fetch *f = calloc(1, sizeof(*f));
+    if (f == NULL) {
+        return NULL;
+    }
+    f->ck = ck;
+    f->gen = ck->gen;
+    f->grant = grant;
+    if (grant && ld_token_new(f->token) != LD_OK) {
+        free(f);
+        return NULL;
+    }
+    f->next = C.fetches;
+    if (C.fetches != NULL) {
+        C.fetches->prev = f;
+    }
+    C.fetches = f;
+    ck->fetch = f;
+    ck->nfetch++;
+
+    char lease_ms[24];
+    snprintf(lease_ms, sizeof(lease_ms), "%lld",
+             ld_srv.cfg->cache.fill_lease_ms);
+    const char *argv[] = {ck->names, f->token, lease_ms, grant ? "1" : "0"};
+    size_t argvlen[] = {ck->entry_len, strlen(f->token), strlen(lease_ms),
+                        1};
+    ld_redis_script(LD_SCRIPT_cache_get, ck->names, ck->entry_len, 1, 4,
+                    argv, argvlen, fetch_cb, f);
+    return f;
+}
+
+/* Put G on a fetch of its key: the one in flight when it is fresh enough,
+ * else a new one. */
+static void
+getter_fetch(struct getter *g)
+{
+    struct ckey *ck = g->ck;
+    struct fetch *f = attachable(ck, g->want_lease)
+                          ? ck->fetch
+                          : fetch_start(ck, g->want_lease);
+    if (f == NULL) {
+        getter_settle(g, NULL, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    g->state = G_FETCH;
+    g->fetch = f;
+    if (f->getters.tail != NULL && f->getters.tail->seq > g->seq) {
+        struct glist one = {0};
+        glist_push(&one, g);
+        glist_merge(&f->getters, &one);
+    } else {
+        glist_push(&f->getters, g);
+    }
+}
+
+/* The waiters need a fresh look at the entry: one fetch for all. */
+static void
+ckey_refresh(struct ckey *ck)
+{
+    if (ck->waiters.n == 0) {
+        return;
+    }
+    struct fetch *f = attachable(ck, true) ? ck->fetch : fetch_start(ck, true);
+    if (f == NULL) {
+        return; /* the timer or the next wake-up tries again */
+    }
+    C.n_waiters -= (long long)ck->waiters.n;
+    for (struct getter *g = ck->waiters.head; g != NULL; g = g->next) {
+        g->state = G_FETCH;
+        g->fetch = f;
+    }
+    glist_merge(&f->getters, &ck->waiters);
+    event_del(ck->timer);
+}
+
+static void
+ckey_wake(struct ckey *ck)
+{
+    ck->gen++;
+    ckey_refresh(ck);
+}
+
+static void
+ckey_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    ckey_wake(arg);
+}
+
+static void
+ckey_arm(struct ckey *ck)
+{
+    if (ck->waiters.n == 0) {
+        event_del(ck->timer);
+        return;
+    }
+    uint64_t at = ck->lease_end_us;
+    for (struct getter *g = ck->waiters.head; g != NULL; g = g->next) {
+        if (at == 0 || g->deadline_us < at) {
+            at = g->deadline_us;
+        }
+    }
+    uint64_t now = ld_now_us();
+    set_timer(ck->timer, at > now ? at - now : 0);
+}
+
+static void
+sub_cb(enum ld_pubsub_event ev, const char *msg, size_t len, void *arg)
+{
+    LD_UNUSED(msg);
+    LD_UNUSED(len);
+    struct ckey *ck = arg;
+    /* SUBSCRIBED as well as MESSAGE: a fill may have landed between the
+     * fetch that said "held" and the moment we started listening. LOST
+     * needs nothing, SUBSCRIBED follows it. */
+    if (ev == LD_PUBSUB_MESSAGE || ev == LD_PUBSUB_SUBSCRIBED) {
+        ckey_wake(ck);
+    }
+}
+
+/* A lease nobody can use any more (its getter went away meanwhile): give
+ * it back so that others need not wait for it to run out. */
+static void
+ignore_cb(redisReply *reply, void *arg)
+{
+    LD_UNUSED(reply);
+    LD_UNUSED(arg);
+}
+
+static void
+release_unused(const struct ckey *ck, const char *token)
+{
+    const char *argv[] = {ck->names, token, ck->names};
+    size_t argvlen[] = {ck->entry_len, strlen(token), ck->chan_len};
+    ld_redis_script(LD_SCRIPT_cache_release, ck->names, ck->entry_len, 1, 3,
+                    argv, argvlen, ignore_cb, NULL);
+}
+
+enum fres { R_HIT, R_NULL, R_HELD, R_GRANTED, R_MISS, R_WRONG, R_DOWN,
+            R_ERROR };
+
+static enum fres
+parse_fetch(const redisReply *r, const redisReply **value,
+            long long *pttl)
+{
+    if (r == NULL) {
+        return R_DOWN;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_STRING) {
+        return R_ERROR;
+    }
+    const char *k = r->element[0]->str;
+    if (strcmp(k, "hit") == 0 && r->elements >= 2 &&
+        r->element[1]->type == REDIS_REPLY_STRING) {
+        *value = r->element[1];
+        return R_HIT;
+    }
+    if (strcmp(k, "null") == 0) {
+        return R_NULL;
+    }
+    if (strcmp(k, "held") == 0 && r->elements >= 2 &&
+        r->element[1]->type == REDIS_REPLY_INTEGER) {
+        *pttl = r->element[1]->integer;
+        return R_HELD;
+    }
+    if (strcmp(k, "granted") == 0) {
+        return R_GRANTED;
+    }
+    if (strcmp(k, "miss") == 0) {
+        return R_MISS;
+    }
+    if (strcmp(k, "wrong_type") == 0) {
+        return R_WRONG;
+    }
+    return R_ERROR;
+}
+
+static void
+fetch_unlink(struct fetch *f)
+{
+    if (f->prev != NULL) {
+        f->prev->next = f->next;
+    } else {
+        C.fetches = f->next;
+    }
+    if (f->next != NULL) {
+        f->next->prev = f->prev;
+    }
+}
+
+static void
+fetch_cb(redisReply *reply, void *arg)
+{
+    struct fetch *f = arg;
+    struct ckey *ck = f->ck;
+
+    if (ck == NULL) {
+        free(f); /* orphaned by ld_cache_free; its getters were answered */
+        return;
+    }
+    fetch_unlink(f);
+    ck->nfetch--;
+    if (ck->fetch == f) {
+        ck->fetch = NULL;
+    }
+
+    const redisReply *value = NULL;
+    long long pttl = -1;
+    enum fres res = parse_fetch(reply, &value, &pttl);
+    uint64_t now = ld_now_us();
+    char errmsg[160];
+
+    if (res == R_ERROR) {
+        snprintf(errmsg, sizeof(errmsg), "unexpected reply to cache.get: %s",
+                 reply != NULL && reply->type == REDIS_REPLY_ERROR
+                     ? reply->str
+                     : "bad shape");
+        log_error("cache get script failed error=\"%s\"", errmsg);
+    }
+    if (res == R_HELD) {
+        ck->lease_end_us = pttl >= 0
+                               ? now + (uint64_t)pttl * 1000 + LEASE_SLACK_US
+                               : 0;
+    } else if (res == R_GRANTED) {
+        ck->lease_end_us =
+            now + (uint64_t)ld_srv.cfg->cache.fill_lease_ms * 1000 +
+            LEASE_SLACK_US;
+    }
+
+    bool given = false;
+    struct glist keep = {0};
+    struct getter *g;
+    while ((g = glist_pop(&f->getters)) != NULL) {
+        g->fetch = NULL;
+        g->state = G_IDLE;
+        switch (res) {
+        case R_HIT:
+            settle_hit(g, value->str, value->len);
+            continue;
+        case R_NULL:
+            settle_null(g);
+            continue;
+        case R_WRONG:
+            getter_settle(g, NULL, LD_E_WRONG_TYPE,
+                          "the entry's Redis key holds data leased did not "
+                          "write");
+            continue;
+        case R_DOWN:
+            getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE,
+                          "redis did not answer in time");
+            continue;
+        case R_ERROR:
+            getter_settle(g, NULL, LD_E_INTERNAL, errmsg);
+            continue;
+        case R_MISS:
+            settle_miss(g, NULL);
+            continue;
+        case R_GRANTED:
+            if (g->want_lease && !given) {
+                given = true;
+                ld_stats.cache_leases_granted++;
+                settle_miss(g, f->token);
+                continue;
+            }
+            break;
+        case R_HELD:
+            break;
+        }
+        /* Somebody else loads the value. */
+        if (!g->want_lease || now >= g->deadline_us) {
+            settle_miss(g, NULL);
+        } else if (!g->waited &&
+                   C.n_waiters >= ld_srv.cfg->limits.max_waiters) {
+            getter_settle(g, NULL, LD_E_BUSY,
+                          "too many waiters (limits.max_waiters)");
+        } else {
+            if (!g->waited) {
+                g->waited = true;
+                ld_stats.cache_waits++;
+            }
+            g->state = G_WAIT;
+            glist_push(&keep, g);
+        }
+    }
+    if (res == R_GRANTED && !given) {
+        release_unused(ck, f->token);
+    }
+    uint64_t sent_gen = f->gen;
+    free(f);
+
+    if (keep.n > 0) {
+        C.n_waiters += (long long)keep.n;
+        glist_merge(&ck->waiters, &keep);
+        if (ck->sub == NULL) {
+            ck->sub =
+                ld_pubsub_subscribe(ck->names, ck->chan_len, sub_cb, ck);
+        }
+        /* Something happened to the entry while this answer was on its
+         * way (a message, a local write): the "held" it says may already
+         * be stale, and the wake-up that said so went to others. */
+        if (ck->gen != sent_gen) {
+            ckey_refresh(ck);
+        }
+    }
+    ckey_arm(ck);
+    ckey_maybe_free(ck);
+}
+
+/* ---- cache.get / cache.mget ------------------------------------------ */
+
+static struct cop *
+cop_new(struct ld_req *req, size_t n, bool mget)
+{
+    struct cop *op = calloc(1, sizeof(*op));
+    if (op == NULL) {
+        return NULL;
+    }
+    op->req = req;
+    op->mget = mget;
+    op->n = n;
+    op->left = n;
+    op->g = calloc(n, sizeof(*op->g));
+    if (mget) {
+        op->results = calloc(n, sizeof(*op->results));
+        op->dup_of = malloc(n * sizeof(*op->dup_of));
+    }
+    if (op->g == NULL || (mget && (op->results == NULL ||
+                                   op->dup_of == NULL))) {
+        cop_free(op);
+        return NULL;
+    }
+    return op;
+}
+
+/* Set up slot I of OP for KEY and send it on its way. */
+static void
+getter_begin(struct cop *op, size_t i, const char *key, size_t len,
+             bool want_lease, long long wait_ms)
+{
+    struct getter *g = &op->g[i];
+    g->op = op;
+    g->slot = i;
+    g->want_lease = want_lease;
+    g->seq = ++C.next_seq;
+    g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
+    g->ck = ckey_get(key, len);
+    if (g->ck == NULL) {
+        getter_settle(g, NULL, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    getter_fetch(g);
+}
+
+static int
+get_params(struct ld_req *req, long long *wait_ms, bool *lease)
+{
+    *wait_ms = ld_srv.cfg->cache.wait_ms;
+    *lease = true;
+    if (ld_req_int(req, "wait_ms", false, 0, WAIT_MAX_MS, wait_ms, NULL) !=
+            LD_OK ||
+        ld_req_bool(req, "lease", lease) != LD_OK) {
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
+static bool
+drop_if_closed(struct ld_req *req)
+{
+    /* A request of a session that has closed is answered into the void:
+     * its close hook has run, so nothing may be parked for it. */
+    if (!ld_req_session_open(req)) {
+        ld_reply_ok(req, NULL);
+        return true;
+    }
+    return false;
+}
+
+static void
+op_get(struct ld_req *req)
+{
+    const char *key;
+    size_t len;
+    long long wait_ms;
+    bool lease;
+
+    if (ld_req_key(req, "key", &key, &len) != LD_OK ||
+        get_params(req, &wait_ms, &lease) != LD_OK || drop_if_closed(req)) {
+        return;
+    }
+    struct cop *op = cop_new(req, 1, false);
+    if (op == NULL) {
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    cop_link(op);
+    getter_begin(op, 0, key, len, lease, wait_ms);
+}
+
+static void
+op_mget(struct ld_req *req)
+{
+    json_t *keys;
+    long long wait_ms;
+    bool lease;
+
+    if (ld_req_keys(req, "keys", MGET_MAX_KEYS, &keys) != LD_OK ||
+        get_params(req, &wait_ms, &lease) != LD_OK || drop_if_closed(req)) {
+        return;
+    }
+    size_t n = json_array_size(keys);
+    struct cop *op = cop_new(req, n, true);
+    struct ld_dict *seen = ld_dict_new();
+    if (op == NULL || seen == NULL) {
+        if (op != NULL) {
+            cop_free(op);
+        }
+        if (seen != NULL) {
+            ld_dict_free(seen);
+        }
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    /* Count the duplicates out first: the op may complete (and be freed)
+     * inside the loop below once every real slot has an answer. */
+    for (size_t i = 0; i < n; i++) {
+        json_t *k = json_array_get(keys, i);
+        const char *s = json_string_value(k);
+        size_t len = json_string_length(k);
+        void *prev = ld_dict_get(seen, s, len);
+        if (prev != NULL) {
+            op->dup_of[i] = (size_t)(uintptr_t)prev - 1;
+            op->left--;
+        } else {
+            op->dup_of[i] = SIZE_MAX;
+            ld_dict_set(seen, s, len, (void *)(uintptr_t)(i + 1));
+        }
+    }
+    ld_dict_free(seen);
+    cop_link(op);
+    /* The request body (and KEYS) stays alive as long as REQ does, and
+     * REQ is freed with the op: stop touching either once the last slot
+     * has settled. Callbacks are never synchronous, so that can only
+     * happen here for slots that fail at once. */
+    size_t real = op->left;
+    for (size_t i = 0; i < n && real > 0; i++) {
+        if (op->dup_of[i] != SIZE_MAX) {
+            continue;
+        }
+        json_t *k = json_array_get(keys, i);
+        real--;
+        getter_begin(op, i, json_string_value(k), json_string_length(k),
+                     lease, wait_ms);
+    }
+}
+
+/* ---- cache.fill / cache.release / cache.set -------------------------- */
+
+static int
+ttl_param(struct ld_req *req, long long *ttl_ms, bool *present)
+{
+    return ld_req_int(req, "ttl_ms", false, 1, TTL_MAX_MS, ttl_ms, present);
+}
+
+/* The TTL an entry gets: nulls always cache.null_ttl_ms (a "not found"
+ * must stay short-lived whatever TTL the caller uses for values), values
+ * ttl_ms or cache.ttl_ms; spread by cache.ttl_jitter either way. */
+static long long
+entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
+{
+    const struct ld_config *cfg = ld_srv.cfg;
+    long long base = is_null ? cfg->cache.null_ttl_ms
+                             : (ttl_given ? ttl_ms : cfg->cache.ttl_ms);
+    return ld_jitter_ttl(base, cfg->cache.ttl_jitter);
+}
+
+/* Common checks of a write script's reply; returns true when the caller
+ * should go on with REPLY->integer. */
+static bool
+write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
+{
+    if (reply == NULL) {
+        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
+                       "redis did not answer in time");
+        return false;
+    }
+    if (reply->type != REDIS_REPLY_INTEGER) {
+        const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
+                                                            : "bad shape";
+        log_error("cache script failed op=%s error=\"%s\"", op, why);
+        ld_reply_error(req, LD_E_INTERNAL, "unexpected reply to %s: %s", op,
+                       why);
+        return false;
+    }
+    if (reply->integer < 0) {
+        ld_reply_error(req, LD_E_WRONG_TYPE,
+                       "the entry's Redis key holds data leased did not "
+                       "write; nothing was changed");
+        return false;
+    }
+    return true;
+}
+
+static void
+fill_cb(redisReply *reply, void *arg)
+{
+    struct ld_req *req = arg;
+    if (!write_reply_ok(req, reply, "cache.fill")) {
+        return;
+    }
+    bool stored = reply->integer == 1;
+    if (stored) {
+        ld_stats.cache_fills_stored++;
+    } else {
+        ld_stats.cache_fills_rejected++;
+    }
+    ld_reply_ok(req, json_pack("{s:b}", "stored", stored));
+}
+
+static void
+release_cb(redisReply *reply, void *arg)
+{
+    struct ld_req *req = arg;
+    if (!write_reply_ok(req, reply, "cache.release")) {
+        return;
+    }
+    ld_reply_ok(req, json_pack("{s:b}", "released", reply->integer == 1));
+}
+
+static void
+set_cb(redisReply *reply, void *arg)
+{
+    struct ld_req *req = arg;
+    if (!write_reply_ok(req, reply, "cache.set")) {
+        return;
+    }
+    ld_reply_ok(req, NULL);
+}
+
+/* Run a write script on KEY's entry: ARGV[0] is replaced by the entry key
+ * and every NULL element of ARGV by the channel. */
+static void
+run_write(struct ld_req *req, enum ld_script_id script, const char *key,
+          size_t len, int argc, const char **argv, size_t *argvlen,
+          ld_redis_cb *cb)
+{
+    size_t elen, clen;
+    char *names = make_names(key, len, &elen, &clen);
+    if (names == NULL) {
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    argv[0] = names;
+    argvlen[0] = elen;
+    for (int i = 1; i < argc; i++) {
+        if (argv[i] == NULL) {
+            argv[i] = names;
+            argvlen[i] = clen;
+        }
+    }
+    key_touched(key, len);
+    ld_redis_script(script, names, elen, 1, argc, argv, argvlen, cb, req);
+    free(names);
+}
+
+static void
+op_fill(struct ld_req *req)
+{
+    const char *key, *lease, *value;
+    size_t len, lease_len, value_len;
+    bool is_null, ttl_given;
+    long long ttl_ms = 0;
+
+    if (ld_req_key(req, "key", &key, &len) != LD_OK ||
+        ld_req_str(req, "lease", true, &lease, &lease_len, NULL) != LD_OK ||
+        req_value(req, &value, &value_len, &is_null) != LD_OK ||
+        ttl_param(req, &ttl_ms, &ttl_given) != LD_OK) {
+        return;
+    }
+    char ttl[24];
+    snprintf(ttl, sizeof(ttl), "%lld", entry_ttl(is_null, ttl_given, ttl_ms));
+    const char *argv[] = {NULL, lease, is_null ? "n" : "v", value, ttl, NULL};
+    size_t argvlen[] = {0, lease_len, 1, value_len, strlen(ttl), 0};
+    run_write(req, LD_SCRIPT_cache_fill, key, len, 6, argv, argvlen, fill_cb);
+}
+
+static void
+op_release(struct ld_req *req)
+{
+    const char *key, *lease;
+    size_t len, lease_len;
+
+    if (ld_req_key(req, "key", &key, &len) != LD_OK ||
+        ld_req_str(req, "lease", true, &lease, &lease_len, NULL) != LD_OK) {
+        return;
+    }
+    const char *argv[] = {NULL, lease, NULL};
+    size_t argvlen[] = {0, lease_len, 0};
+    run_write(req, LD_SCRIPT_cache_release, key, len, 3, argv, argvlen,
+              release_cb);
+}
+
+static void
+op_set(struct ld_req *req)
+{
+    const char *key, *value;
+    size_t len, value_len;
+    bool is_null, ttl_given;
+    long long ttl_ms = 0;
+
+    if (ld_req_key(req, "key", &key, &len) != LD_OK ||
+        req_value(req, &value, &value_len, &is_null) != LD_OK ||
+        ttl_param(req, &ttl_ms, &ttl_given) != LD_OK) {
+        return;
+    }
+    char ttl[24];
+    snprintf(ttl, sizeof(ttl), "%lld", entry_ttl(is_null, ttl_given, ttl_ms));
+    const char *argv[] = {NULL, is_null ? "n" : "v", value, ttl, NULL};
+    size_t argvlen[] = {0, 1, value_len, strlen(ttl), 0};
+    run_write(req, LD_SCRIPT_cache_set, key, len, 5, argv, argvlen, set_cb);
+}
+
+/* ---- cache.invalidate and the deletes it promises -------------------- */
+
+static void del_timer_cb(evutil_socket_t fd, short what, void *arg);
+static void del_cb(redisReply *reply, void *arg);
+
+static struct del *
+del_new(const char *key, size_t len, int64_t due_ms, bool second)
+{
+    struct del *d = calloc(1, sizeof(*d) + len);
+    if (d == NULL) {
+        return NULL;
+    }
+    d->ev = evtimer_new(ld_srv.base, del_timer_cb, d);
+    if (d->ev == NULL) {
+        free(d);
+        return NULL;
+    }
+    d->due_ms = due_ms;
+    d->second = second;
+    d->key_len = len;
+    memcpy(d->key, key, len);
+    d->next = C.dels;
+    if (C.dels != NULL) {
+        C.dels->prev = d;
+    }
+    C.dels = d;
+    return d;
+}
+
+static void
+del_unlink(struct del *d)
+{
+    if (d->prev != NULL) {
+        d->prev->next = d->next;
+    } else {
+        C.dels = d->next;
+    }
+    if (d->next != NULL) {
+        d->next->prev = d->prev;
+    }
+    d->prev = d->next = NULL;
+}
+
+static void
+del_free(struct del *d)
+{
+    del_unlink(d);
+    if (d->ev != NULL) {
+        event_free(d->ev);
+    }
+    free(d);
+}
+
+/* Run D at its due time (at once when that has passed). */
+static void
+del_schedule(struct del *d)
+{
+    int64_t wait = d->due_ms - wall_ms();
+    set_timer(d->ev, wait > 0 ? (uint64_t)wait * 1000 : 0);
+}
+
+static void inv_first_result(struct inv *inv, bool ok, long long n);
+
+static void
+del_failed(struct del *d)
+{
+    if (d->inv != NULL) {
+        struct inv *inv = d->inv;
+        d->inv = NULL;
+        inv_first_result(inv, false, 0);
+    }
+    d->retrying = true;
+    d->backoff_ms = d->backoff_ms == 0 ? RETRY_MIN_MS : d->backoff_ms * 2;
+    if (d->backoff_ms > RETRY_MAX_MS) {
+        d->backoff_ms = RETRY_MAX_MS;
+    }
+    /* Spread the retries of many deletes queued at the same moment. */
+    uint64_t us = (uint64_t)d->backoff_ms * 1000;
+    us = us * 3 / 4 + (uint64_t)(ld_random_unit() * (double)(us / 2));
+    set_timer(d->ev, us);
+}
+
+static void
+del_run(struct del *d)
+{
+    if (d->running) {
+        return;
+    }
+    if (!ld_redis_ready()) {
+        del_failed(d);
+        return;
+    }
+    size_t elen, clen;
+    char *names = make_names(d->key, d->key_len, &elen, &clen);
+    if (names == NULL) {
+        del_failed(d);
+        return;
+    }
+    d->running = true;
+    const char *argv[] = {names, names};
+    size_t argvlen[] = {elen, clen};
+    ld_redis_script(LD_SCRIPT_cache_del, names, elen, 1, 2, argv, argvlen,
+                    del_cb, d);
+    free(names);
+}
+
+static void
+del_cb(redisReply *reply, void *arg)
+{
+    struct del *d = arg;
+    d->running = false;
+    if (d->orphan) {
+        free(d); /* ld_cache_free ran; the journal keeps it for next time */
+        return;
+    }
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
+        if (reply != NULL && !d->retrying) {
+            log_warn("cache delete failed, will retry id=%llu error=\"%s\"",
+                     (unsigned long long)d->id,
+                     reply->type == REDIS_REPLY_ERROR ? reply->str
+                                                      : "bad shape");
+        }
+        del_failed(d);
+        return;
+    }
+    if (d->inv != NULL) {
+        struct inv *inv = d->inv;
+        d->inv = NULL;
+        inv_first_result(inv, true, reply->integer);
+    }
+    if (d->id != 0) {
+        ld_journal_done(C.journal, d->id);
+        update_journal_stats();
+    }
+    del_free(d);
+}
+
+static void
+del_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct del *d = arg;
+    if (d->retrying) {
+        ld_stats.cache_invalidations_retried++;
+    }
+    del_run(d);
+}
+
+/* Redis is back: every delete waiting out a backoff goes now. */
+static void
+redis_state_cb(bool up, void *arg)
+{
+    LD_UNUSED(arg);
+    if (!up || !C.inited) {
+        return;
+    }
+    struct del *next;
+    for (struct del *d = C.dels; d != NULL; d = next) {
+        next = d->next;
+        if (d->retrying && !d->running) {
+            event_del(d->ev);
+            ld_stats.cache_invalidations_retried++;
+            del_run(d);
+        }
+    }
+}
+
+static void
+inv_reply(struct inv *inv)
+{
+    if (inv->journal_failed) {
+        ld_reply_error(inv->req, LD_E_INTERNAL,
+                       "the invalidation could not be made durable in the "
+                       "journal; the deletes run but would not survive a "
+                       "crash");
+    } else {
+        json_t *f = json_pack("{s:I,s:I}", "deleted",
+                              (json_int_t)inv->deleted, "pending",
+                              (json_int_t)inv->pending);
+        if (inv->queued) {
+            json_object_set_new(f, "queued", json_true());
+        }
+        ld_reply_ok(inv->req, f);
+    }
+    free(inv->firsts);
+    free(inv);
+}
+
+static void
+inv_first_result(struct inv *inv, bool ok, long long n)
+{
+    if (ok) {
+        inv->deleted += n;
+    } else {
+        inv->queued = true;
+        /* A key whose second delete is scheduled is already counted. */
+        if (inv->pending < (long long)inv->n) {
+            inv->pending++;
+        }
+    }
+    if (--inv->left == 0) {
+        inv_reply(inv);
+    }
+}
+
+static void
+inv_start(struct inv *inv)
+{
+    /* Hold the request: a delete can fail (and answer) synchronously. */
+    inv->left++;
+    for (size_t i = 0; i < inv->n; i++) {
+        if (inv->firsts[i] != NULL) {
+            del_run(inv->firsts[i]);
+        }
+    }
+    if (--inv->left == 0) {
+        inv_reply(inv);
+    }
+}
+
+/* One fdatasync for every invalidation of this loop iteration. */
+static void
+sync_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    struct inv *list = C.sync_head;
+    C.sync_head = C.sync_tail = NULL;
+    int rc = ld_journal_sync(C.journal);
+    while (list != NULL) {
+        struct inv *inv = list;
+        list = inv->next;
+        if (rc != LD_OK) {
+            inv->journal_failed = true;
+        }
+        inv_start(inv);
+    }
+}
+
+static void
+op_invalidate(struct ld_req *req)
+{
+    json_t *jkey = json_object_get(req->body, "key");
+    json_t *jkeys = json_object_get(req->body, "keys");
+    json_t *keys = NULL;
+    const char *key = NULL;
+    size_t len = 0;
+    long long delay_ms = ld_srv.cfg->cache.double_delete_ms;
+
+    if (jkey != NULL && !json_is_null(jkey) && jkeys != NULL &&
+        !json_is_null(jkeys)) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'key' and field 'keys' exclude each other");
+        return;
+    }
+    if (jkeys != NULL && !json_is_null(jkeys)) {
+        if (ld_req_keys(req, "keys", INVALIDATE_MAX_KEYS, &keys) != LD_OK) {
+            return;
+        }
+    } else if (ld_req_key(req, "key", &key, &len) != LD_OK) {
+        return;
+    }
+    if (ld_req_int(req, "delay_ms", false, 0, DELAY_MAX_MS, &delay_ms,
+                   NULL) != LD_OK) {
+        return;
+    }
+    size_t n = keys != NULL ? json_array_size(keys) : 1;
+    struct inv *inv = calloc(1, sizeof(*inv));
+    if (inv == NULL || (inv->firsts = calloc(n, sizeof(*inv->firsts))) ==
+                           NULL) {
+        free(inv);
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    inv->req = req;
+    inv->n = n;
+    inv->left = n;
+    int64_t now = wall_ms();
+    for (size_t i = 0; i < n; i++) {
+        if (keys != NULL) {
+            key = json_string_value(json_array_get(keys, i));
+            len = json_string_length(json_array_get(keys, i));
+        }
+        ld_stats.cache_invalidations++;
+        key_touched(key, len);
+        struct del *d1 = del_new(key, len, now, false);
+        if (d1 == NULL) {
+            inv->journal_failed = true;
+            inv->left--;
+            continue;
+        }
+        if (ld_journal_add(C.journal, now, key, len, &d1->id) != LD_OK) {
+            d1->id = 0;
+            inv->journal_failed = true;
+        }
+        d1->inv = inv;
+        inv->firsts[i] = d1;
+        if (delay_ms > 0) {
+            struct del *d2 = del_new(key, len, now + delay_ms, true);
+            if (d2 == NULL) {
+                inv->journal_failed = true;
+                continue;
+            }
+            if (ld_journal_add(C.journal, now + delay_ms, key, len,
+                               &d2->id) != LD_OK) {
+                d2->id = 0;
+                inv->journal_failed = true;
+            }
+            inv->pending++;
+            del_schedule(d2);
+        }
+    }
+    update_journal_stats();
+    if (ld_journal_mode(C.journal) == LD_FSYNC_ALWAYS) {
+        inv->next = NULL;
+        if (C.sync_tail != NULL) {
+            C.sync_tail->next = inv;
+        } else {
+            C.sync_head = inv;
+        }
+        C.sync_tail = inv;
+        event_active(C.sync_ev, EV_TIMEOUT, 0);
+    } else {
+        inv_start(inv);
+    }
+}
+
+/* ---- journal replay and the periodic duty ---------------------------- */
+
+static void
+replay_one(const struct ld_journal_entry *e, void *arg)
+{
+    size_t *count = arg;
+    struct del *d = del_new(e->key, e->key_len, e->due_ms, true);
+    if (d == NULL) {
+        log_error("cache replay out of memory id=%llu",
+                  (unsigned long long)e->id);
+        return;
+    }
+    d->id = e->id;
+    del_schedule(d);
+    (*count)++;
+}
+
+static void
+tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    /* The whole of fsync "everysec"; under "always" it makes the done
+     * records durable too, which spares a restart redundant deletes. */
+    ld_journal_sync(C.journal);
+    if (ld_journal_should_compact(C.journal)) {
+        ld_journal_compact(C.journal);
+    }
+    update_journal_stats();
+}
+
+/* ---- sessions, init and teardown ------------------------------------- */
+
+static void
+getter_detach(struct getter *g)
+{
+    struct ckey *ck = g->ck;
+    switch (g->state) {
+    case G_FETCH:
+        glist_remove(&g->fetch->getters, g);
+        g->fetch = NULL;
+        break;
+    case G_WAIT:
+        glist_remove(&ck->waiters, g);
+        C.n_waiters--;
+        ckey_arm(ck);
+        ckey_maybe_free(ck);
+        break;
+    default:
+        break;
+    }
+    g->state = G_DONE;
+}
+
+static void
+on_session_close(struct ld_session *s)
+{
+    struct csess *cs = s->cache_state;
+    if (cs == NULL) {
+        return;
+    }
+    s->cache_state = NULL;
+    /* Its waiters leave the queues, so that a lease is never handed to a
+     * caller that can no longer load the value. */
+    while (cs->ops != NULL) {
+        struct cop *op = cs->ops;
+        cop_unlink(op);
+        for (size_t i = 0; i < op->n; i++) {
+            getter_detach(&op->g[i]);
+        }
+        ld_reply_ok(op->req, NULL); /* into the void: the session is gone */
+        cop_free(op);
+    }
+    free(cs);
+}
+
+int
+ld_cache_init(void)
+{
+    const struct ld_config *cfg = ld_srv.cfg;
+    bool hooks = C.hooks_registered;
+
+    memset(&C, 0, sizeof(C));
+    C.hooks_registered = hooks;
+    C.keys = ld_dict_new();
+    if (C.keys == NULL) {
+        return LD_ERR;
+    }
+    if (ld_journal_open(&C.journal, cfg->journal.path, cfg->journal.fsync) !=
+        LD_OK) {
+        log_error("cannot open the invalidation journal path=%s",
+                  cfg->journal.path);
+        ld_dict_free(C.keys);
+        C.keys = NULL;
+        return LD_ERR;
+    }
+    size_t replayed = 0;
+    ld_journal_each(C.journal, replay_one, &replayed);
+    log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
+             cfg->journal.path,
+             cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",
+             (unsigned long long)ld_journal_bytes(C.journal), replayed);
+    update_journal_stats();
+
+    C.tick_ev = event_new(ld_srv.base, -1, EV_PERSIST, tick_cb, NULL);
+    C.sync_ev = event_new(ld_srv.base, -1, 0, sync_cb, NULL);
+    struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
+    event_add(C.tick_ev, &tv);
+
+    if (!C.hooks_registered) {
+        ld_session_on_close(on_session_close);
+        ld_redis_on_state(redis_state_cb, NULL);
+        C.hooks_registered = true;
+    }
+    C.inited = true;
+    if (ld_dispatch_register("cache.get", op_get) != LD_OK ||
+        ld_dispatch_register("cache.mget", op_mget) != LD_OK ||
+        ld_dispatch_register("cache.fill", op_fill) != LD_OK ||
+        ld_dispatch_register("cache.release", op_release) != LD_OK ||
+        ld_dispatch_register("cache.set", op_set) != LD_OK ||
+        ld_dispatch_register("cache.invalidate", op_invalidate) != LD_OK) {
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
+void
+ld_cache_shutdown(void)
+{
+    if (C.journal != NULL) {
+        ld_journal_sync(C.journal);
+    }
+}
+
+void
+ld_cache_free(void)
+{
+    if (!C.inited) {
+        return;
+    }
+    C.inited = false;
+
+    /* Fetches still in flight: answer their getters now and leave the
+     * structs to their callbacks, which ld_redis_free may still run. */
+    for (struct fetch *f = C.fetches; f != NULL; f = f->next) {
+        struct getter *g;
+        while ((g = glist_pop(&f->getters)) != NULL) {
+            g->state = G_IDLE;
+            getter_settle(g, NULL, LD_E_SHUTTING_DOWN,
+                          "the daemon is stopping");
+        }
+        f->ck = NULL;
+    }
+    C.fetches = NULL;
+
+    struct ld_dict_iter it;
+    void *v;
+    ld_dict_iter_init(&it, C.keys);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct ckey *ck = v;
+        struct getter *g;
+        while ((g = glist_pop(&ck->waiters)) != NULL) {
+            g->state = G_IDLE;
+            getter_settle(g, NULL, LD_E_SHUTTING_DOWN,
+                          "the daemon is stopping");
+        }
+        if (ck->sub != NULL) {
+            ld_pubsub_unsubscribe(ck->sub);
+        }
+        event_free(ck->timer);
+        free(ck->key);
+        free(ck->names);
+        free(ck);
+    }
+    ld_dict_free(C.keys);
+    C.keys = NULL;
+    C.n_waiters = 0;
+
+    /* Deletes stay in the journal for the next start. */
+    C.sync_head = C.sync_tail = NULL;
+    struct del *next;
+    for (struct del *d = C.dels; d != NULL; d = next) {
+        next = d->next;
+        if (d->inv != NULL) {
+            struct inv *inv = d->inv;
+            d->inv = NULL;
+            if (--inv->left == 0) {
+                ld_reply_error(inv->req, LD_E_SHUTTING_DOWN,
+                               "the daemon is stopping; the invalidation "
+                               "is journaled and runs at the next start");
+                free(inv->firsts);
+                free(inv);
+            }
+        }
+        event_free(d->ev);
+        d->ev = NULL;
+        if (d->running) {
+            d->orphan = true;
+            d->prev = d->next = NULL;
+        } else {
+            free(d);
+        }
+    }
+    C.dels = NULL;
+
+    if (C.tick_ev != NULL) {
+        event_free(C.tick_ev);
+    }
+    if (C.sync_ev != NULL) {
+        event_free(C.sync_ev);
+    }
+    C.tick_ev = C.sync_ev = NULL;
+    ld_journal_close(C.journal);
+    C.journal = NULL;
+    ld_stats.journal_bytes = 0;
+}
