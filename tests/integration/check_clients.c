@@ -1,0 +1,117 @@
+/* The client examples under clients/, each against its own redis-server
+ * and leased: Python (standard library), Node.js (no npm packages) and
+ * POSIX shell with leasectl and socat. Each example is a test program of
+ * its own; this driver starts the servers, runs it under a deadline and
+ * asserts that it exits 0, printing its output when it does not.
+ *
+ * python3, node and socat (or nc) are required: a missing interpreter
+ * fails its test (exit 127 from exec), it is not skipped. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RUN_MS 120000
+
+static struct h_redis R;
+static struct h_daemon D;
+static char out[65536], err[65536];
+
+static void setup(void)
+{
+    memset(&R, 0, sizeof R);
+    memset(&D, 0, sizeof D);
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, "log:\n  level: info\n"), 0);
+    /* Keep the source tree clean (and usable read-only, for distcheck). */
+    setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
+}
+
+static void teardown(void)
+{
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R);
+}
+
+static const char *srcdir(void)
+{
+    const char *p = getenv("LD_SRCDIR");
+
+    return p && *p ? p : ".";
+}
+
+/* Run an example: INTERP SRCDIR/SCRIPT SOCKET. */
+static void run_example(const char *interp, const char *script)
+{
+    char path[1024];
+    const char *argv[] = { interp, path, D.sock, NULL };
+    int rc;
+
+    snprintf(path, sizeof path, "%s/%s", srcdir(), script);
+    rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
+    /* LD_VERBOSE=1 shows what a passing example printed, too. */
+    if (rc != 0 || getenv("LD_VERBOSE")) {
+        fprintf(stderr, "---- %s %s: exit %d ----\n%s\n---- stderr ----\n"
+                "%s\n---- end ----\n", interp, script, rc, out, err);
+    }
+    ck_assert_msg(rc == 0, "%s %s exited %d%s", interp, script, rc,
+                  rc == 127 ? " (is it installed?)" : "");
+}
+
+START_TEST(test_python)
+{
+    run_example("python3", "clients/python/test_leased.py");
+}
+END_TEST
+
+START_TEST(test_node)
+{
+    run_example("node", "clients/node/test_leased.js");
+    ck_assert_msg(strstr(out, "ok 2 -"), "output: %s", out);
+}
+END_TEST
+
+START_TEST(test_shell)
+{
+    if (!getenv("LEASECTL_BIN")) {
+        setenv("LEASECTL_BIN", "tools/leasectl", 1);
+    }
+    run_example("sh", "clients/shell/test_cron.sh");
+    ck_assert_msg(!strstr(out, "not ok"), "output: %s", out);
+}
+END_TEST
+
+static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+
+    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, NULL, h_case_passed);
+    tcase_set_timeout(tc, timeout_s);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("clients");
+    SRunner *sr;
+    int failed;
+
+    add(s, "python", test_python, 150);
+    add(s, "node", test_node, 150);
+    add(s, "shell", test_shell, 150);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
