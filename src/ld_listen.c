@@ -280,6 +280,10 @@ ld_listen_start(struct event_base *base, const struct ld_config *cfg)
     LD_UNUSED(base);
     int *fds = NULL;
     int n = ld_systemd_listen_fds(&fds);
+    if (n < 0) {
+        log_error("LISTEN_FDS is set but the sockets passed are unusable");
+        return LD_ERR;
+    }
     if (n > 0) {
         int rc = adopt(cfg, fds, n);
         free(fds);

@@ -451,7 +451,12 @@ connect_cb(const redisAsyncContext *ac, int status)
         return;
     }
     redisAsyncContext *mac = P.ac;
-    redisEnableKeepAlive(&mac->c);
+    if (!P.is_unix) {
+        /* A subscriber hears nothing for long stretches; keepalive is how
+         * a dead peer is noticed. (It fails on Unix sockets, whose peer
+         * cannot vanish silently, and would poison the context.) */
+        redisEnableKeepAlive(&mac->c);
+    }
     const struct ld_config *cfg = P.cfg;
     if (cfg->redis.password[0] != '\0') {
         if (cfg->redis.username[0] != '\0') {
