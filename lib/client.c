@@ -515,6 +515,8 @@ static int conn_read(struct leased_conn *c, long long deadline)
 {
     int rc;
 
+    /* Events read while sending wait here for the callback. */
+    deliver_events(c);
     for (;;) {
         struct pollfd pfd;
         int pr;
