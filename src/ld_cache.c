@@ -444,8 +444,11 @@ getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
         return;
     }
     if (fields != NULL) {
-        json_object_set_new(fields, "ok", json_true());
-        op->results[g->slot] = fields;
+        /* Each result reads like a cache.get reply, "ok" first. */
+        json_t *res = json_pack("{s:b}", "ok", 1);
+        json_object_update(res, fields);
+        json_decref(fields);
+        op->results[g->slot] = res;
     } else {
         op->results[g->slot] = error_object(code, msg);
     }

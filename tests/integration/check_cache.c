@@ -1179,6 +1179,21 @@ START_TEST(test_redis_down_queued)
     ck_assert_int_eq(jint(r, "pending"), 1);
     json_decref(r);
 
+    /* Reads and writes cannot be served, and say so. */
+    r = get(a, "q");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "q",
+                "value", "v");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:[s]}", "op", "cache.mget", "keys", "q");
+    must(r);
+    ck_assert_str_eq(h_errcode(json_array_get(json_object_get(r, "results"),
+                                              0)),
+                     "redis_unavailable");
+    json_decref(r);
+
     /* Redis comes back empty; someone writes the old value again. */
     ck_assert_int_eq(h_redis_restart(&R), 0);
     r_ok("SET " PREFIX "{q} stale");
