@@ -113,9 +113,12 @@ else
         fi
         rm -f "$PIDFILE"
     fi
-    # The built-in defaults put the socket and the journal here.
+    # The built-in defaults put the socket and the journal here; the
+    # journal may be left from a run as another user.
     mkdir -p /run/leased /var/lib/leased
-    chown "$RUN_UID:$RUN_GID" /run/leased /var/lib/leased
+    chown -R "$RUN_UID:$RUN_GID" /run/leased /var/lib/leased
+    touch "$LOGFILE" "$PIDFILE"
+    chown "$RUN_UID:$RUN_GID" "$LOGFILE" "$PIDFILE"
     say "starting src/leased (log: $LOGFILE)"
     # setpriv execs in place, so $! is the daemon itself.
     (unset RUNTIME_DIRECTORY STATE_DIRECTORY NOTIFY_SOCKET LISTEN_FDS \
@@ -135,6 +138,7 @@ else
     done
     if ! answers_ping; then
         tail -n 40 "$LOGFILE" >&2 || true
+        rm -f "$PIDFILE"
         die "leased did not answer on $SOCK"
     fi
     say "leased is running, pid $(cat "$PIDFILE")"
