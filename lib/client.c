@@ -1511,6 +1511,7 @@ int leased_lock_info(struct leased_conn *c, const char *key,
 void leased_cache_result_free(struct leased_cache_result *r)
 {
     if (r) {
+        free(r->error_message);
         free(r->value);
         free(r->lease);
         memset(r, 0, sizeof *r);
@@ -1524,6 +1525,14 @@ static int parse_get(json_t *obj, struct leased_cache_result *out,
     json_t *v;
 
     memset(out, 0, sizeof *out);
+    if (json_is_false(json_object_get(obj, "ok"))) {
+        /* One key of a cache.mget failed on its own. */
+        struct leased_error kerr;
+
+        out->error = reply_status(obj, &kerr);
+        out->error_message = strdup(kerr.message);
+        return out->error_message ? LEASED_OK : nomem(err);
+    }
     if (!json_is_object(obj) || !bool_field(obj, "hit", &out->hit)) {
         return missing(err, "cache.get", "hit");
     }

@@ -282,6 +282,10 @@ int leased_lock_info(struct leased_conn *c, const char *key,
 /* --- cache ----------------------------------------------------------------- */
 
 struct leased_cache_result {
+    int error;                  /* cache.mget: LEASED_OK, or this key's own
+                                   error (e.g. LEASED_E_WRONG_TYPE); the
+                                   other fields are then empty */
+    char *error_message;        /* with error: the daemon's message */
     bool hit;
     bool is_null;               /* hit on a cached null ("not found") */
     char *value;                /* hit: the value, NUL-terminated (it may
@@ -331,7 +335,8 @@ int leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
                             struct leased_error *err);
 
 /* RESULTS has NKEYS entries, filled in order (free each with
- * leased_cache_result_free; they are zeroed on error). */
+ * leased_cache_result_free; they are zeroed on error). A key that failed
+ * on its own (the call still returns LEASED_OK) has its code in .error. */
 int leased_cache_mget(struct leased_conn *c, const char *const *keys,
                       size_t nkeys, long long wait_ms, bool lease,
                       struct leased_cache_result *results,

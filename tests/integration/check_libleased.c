@@ -537,6 +537,28 @@ START_TEST(test_cache)
     ck_assert(!g.hit);
     leased_cache_result_free(&g);
 
+    /* Foreign data under a cache key: wrong_type, for that key alone in
+     * an mget. */
+    {
+        redisReply *r = h_redis_cmd(&R, "MSET leased:cache:{c:alien} x "
+                                    "leased:cache:c:alien x");
+        const char *k[2] = { "c:alien", "c:b" };
+
+        ck_assert_ptr_nonnull(r);
+        freeReplyObject(r);
+        rc = leased_cache_get(c, "c:alien", LEASED_UNSET, false, &g, &err);
+        CK_CODE(rc, err, LEASED_E_WRONG_TYPE, "cache.get of a string key");
+        rc = leased_cache_mget(c, k, 2, LEASED_UNSET, false, m, &err);
+        CK_OK(rc, err, "cache.mget with a string key");
+        ck_assert_int_eq(m[0].error, LEASED_E_WRONG_TYPE);
+        ck_assert_ptr_nonnull(m[0].error_message);
+        ck_assert(!m[0].hit);
+        ck_assert_int_eq(m[1].error, LEASED_OK);
+        ck_assert(m[1].hit);
+        leased_cache_result_free(&m[0]);
+        leased_cache_result_free(&m[1]);
+    }
+
     /* One key, default delay: a second delete is pending. */
     rc = leased_cache_invalidate(c, keys + 1, 1, LEASED_UNSET, &inv, &err);
     CK_OK(rc, err, "cache.invalidate one key");
