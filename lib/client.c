@@ -160,7 +160,7 @@ static int nomem(struct leased_error *err)
     return set_err(err, LEASED_E_NOMEM, ENOMEM, "out of memory");
 }
 
-/* --- time ------------------------------------------------------------------ */
+/* --- time --------------------------------------------------------------- */
 
 static long long now_ms(void)
 {
@@ -200,7 +200,7 @@ static long long call_timeout(const struct leased_conn *c, long long wait_ms)
     return (long long)c->timeout_ms + wait_ms;
 }
 
-/* --- connection state ---------------------------------------------------- */
+/* --- connection state --------------------------------------------------- */
 
 static void conn_break(struct leased_conn *c, int code, int sys_errno,
                        const char *why)
@@ -873,7 +873,7 @@ int leased_wait_reply(struct leased_conn *c, uint64_t id, int timeout_ms,
     return rc;
 }
 
-/* --- connecting ---------------------------------------------------------- */
+/* --- connecting --------------------------------------------------------- */
 
 void leased_options_init(struct leased_options *opt)
 {
@@ -1291,7 +1291,7 @@ static json_t *key_req(const char *op, const char *key)
     return req;
 }
 
-/* --- session ops ----------------------------------------------------------- */
+/* --- session ops -------------------------------------------------------- */
 
 int leased_ping(struct leased_conn *c, struct leased_error *err)
 {
@@ -1372,7 +1372,7 @@ int leased_stats_text(struct leased_conn *c, char **json_text,
     return rc;
 }
 
-/* --- locks ------------------------------------------------------------------ */
+/* --- locks -------------------------------------------------------------- */
 
 int leased_lock(struct leased_conn *c, const char *key,
                 const struct leased_lock_args *args,
@@ -1506,7 +1506,7 @@ int leased_lock_info(struct leased_conn *c, const char *key,
     return rc;
 }
 
-/* --- cache -------------------------------------------------------------------- */
+/* --- cache -------------------------------------------------------------- */
 
 void leased_cache_result_free(struct leased_cache_result *r)
 {

@@ -297,7 +297,7 @@ static int open_conn(struct ctl *ctl)
     return 0;
 }
 
-/* --- ping, stats ---------------------------------------------------------- */
+/* --- ping, stats -------------------------------------------------------- */
 
 static int cmd_ping(struct ctl *ctl, int argc, char **argv)
 {
@@ -387,7 +387,7 @@ static int cmd_stats(struct ctl *ctl, int argc, char **argv)
     return 0;
 }
 
-/* --- cache ------------------------------------------------------------------- */
+/* --- cache -------------------------------------------------------------- */
 
 static int cmd_get(struct ctl *ctl, int argc, char **argv)
 {
@@ -516,7 +516,7 @@ static int cmd_invalidate(struct ctl *ctl, int argc, char **argv)
     return 0;
 }
 
-/* --- locks ---------------------------------------------------------------- */
+/* --- locks -------------------------------------------------------------- */
 
 static int cmd_info(struct ctl *ctl, int argc, char **argv)
 {
@@ -766,7 +766,7 @@ static int cmd_lock(struct ctl *ctl, int argc, char **argv)
     return hold_while(ctl, pos[0], owner, res.token, cmd, (int)lost_exit);
 }
 
-/* ---------------------------------------------------------------------------- */
+/* ------------------------------------------------------------------------ */
 
 static const struct {
     const char *name;

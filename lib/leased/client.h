@@ -200,7 +200,7 @@ int leased_next_event(struct leased_conn *c, int timeout_ms,
 int leased_dispatch(struct leased_conn *c, int timeout_ms,
                     struct leased_error *err);
 
-/* --- session ops --------------------------------------------------------- */
+/* --- session ops -------------------------------------------------------- */
 
 struct leased_hello_info {
     char server[32];            /* "leased" */
@@ -225,7 +225,7 @@ struct json_t;
 int leased_stats(struct leased_conn *c, struct json_t **stats,
                  struct leased_error *err);
 
-/* --- locks --------------------------------------------------------------- */
+/* --- locks -------------------------------------------------------------- */
 
 /* Optional fields of lock; a zeroed struct (or NULL) is a session-bound
  * watchdog lock for owner "", tried once. */
@@ -279,7 +279,7 @@ int leased_lock_info(struct leased_conn *c, const char *key,
                      const char *owner, const char *token,
                      struct leased_lock_info *out, struct leased_error *err);
 
-/* --- cache ----------------------------------------------------------------- */
+/* --- cache -------------------------------------------------------------- */
 
 struct leased_cache_result {
     int error;                  /* cache.mget: LEASED_OK, or this key's own
@@ -342,7 +342,7 @@ int leased_cache_mget(struct leased_conn *c, const char *const *keys,
                       struct leased_cache_result *results,
                       struct leased_error *err);
 
-/* --- raw requests ------------------------------------------------------------ */
+/* --- raw requests ------------------------------------------------------- */
 
 /* Send REQUEST (a JSON object as text; its "id", if any, is replaced by
  * the library's) and wait for the reply, returned as text in *REPLY (may

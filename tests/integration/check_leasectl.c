@@ -229,7 +229,7 @@ static void delete_lock_key(const char *key)
     freeReplyObject(r);
 }
 
-/* --- ping, stats, usage --------------------------------------------------- */
+/* --- ping, stats, usage ------------------------------------------------- */
 
 START_TEST(test_ping_stats_usage)
 {
@@ -309,7 +309,7 @@ START_TEST(test_ping_stats_usage)
 }
 END_TEST
 
-/* --- get, set, invalidate -------------------------------------------------- */
+/* --- get, set, invalidate ----------------------------------------------- */
 
 START_TEST(test_cache_cmds)
 {
@@ -407,7 +407,7 @@ START_TEST(test_info)
 }
 END_TEST
 
-/* --- lock -- CMD ------------------------------------------------------------- */
+/* --- lock -- CMD -------------------------------------------------------- */
 
 START_TEST(test_lock_runs_cmd)
 {
@@ -600,7 +600,7 @@ START_TEST(test_lock_daemon_stops)
 }
 END_TEST
 
-/* --- auth, Redis down ---------------------------------------------------------- */
+/* --- auth, Redis down --------------------------------------------------- */
 
 START_TEST(test_auth)
 {
