@@ -42,8 +42,18 @@ static uint64_t next_session_id = 1;
 static ld_session_hook *close_hooks[MAX_HOOKS];
 static size_t n_close_hooks;
 
+/* A client that half-closes (shutdown(SHUT_WR), as `socat` and `nc -N`
+ * do after the last request) still wants the answers to what it sent.
+ * We stop reading, wait for the requests in flight, within this bound
+ * past redis.timeout_ms, and then end the session. The bound also caps
+ * what a crashed client, indistinguishable from a half-closed one, can
+ * keep alive. */
+#define LINGER_EXTRA_MS 2000
+
 struct session_io {
     struct ld_framer framer;
+    bool eof;                  /* peer finished sending */
+    struct event *linger_ev;   /* ends a half-closed session */
 };
 
 void
@@ -85,7 +95,20 @@ ld_session_req_done(struct ld_session *s)
 {
     s->pending--;
     ld_stats.requests_pending--;
+    if (s->open && s->io->eof && s->pending == 0) {
+        /* Not from here: the module answering may still be working on
+         * this session's state. */
+        event_active(s->io->linger_ev, EV_TIMEOUT, 0);
+    }
     ld_session_unref(s);
+}
+
+static void
+linger_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    ld_session_close(arg, "eof");
 }
 
 static void
@@ -145,6 +168,7 @@ ld_session_close(struct ld_session *s, const char *why)
                               NULL);
         }
     }
+    event_free(s->io->linger_ev);
     free(s->io);
     s->io = NULL;
     ld_session_unref(s);
@@ -273,9 +297,17 @@ static void
 event_cb(struct bufferevent *bev, short what, void *arg)
 {
     struct ld_session *s = arg;
-    LD_UNUSED(bev);
     if (what & BEV_EVENT_EOF) {
-        ld_session_close(s, "eof");
+        if (s->pending == 0) {
+            ld_session_close(s, "eof");
+            return;
+        }
+        s->io->eof = true;
+        bufferevent_disable(bev, EV_READ);
+        long long ms = ld_srv.cfg->redis.timeout_ms + LINGER_EXTRA_MS;
+        struct timeval tv = {(time_t)(ms / 1000),
+                             (suseconds_t)(ms % 1000) * 1000};
+        event_add(s->io->linger_ev, &tv);
     } else if (what & BEV_EVENT_ERROR) {
         ld_session_close(s, strerror(EVUTIL_SOCKET_ERROR()));
     }
@@ -311,7 +343,13 @@ ld_session_new(int fd, struct ld_listener *l)
     struct session_io *io = calloc(1, sizeof(*io));
     struct bufferevent *bev = bufferevent_socket_new(
         ld_srv.base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (s == NULL || io == NULL || bev == NULL) {
+    if (io != NULL) {
+        io->linger_ev = evtimer_new(ld_srv.base, linger_cb, s);
+    }
+    if (s == NULL || io == NULL || bev == NULL || io->linger_ev == NULL) {
+        if (io != NULL && io->linger_ev != NULL) {
+            event_free(io->linger_ev);
+        }
         free(s);
         free(io);
         if (bev != NULL) {
