@@ -86,6 +86,7 @@ static struct {
     struct state_watcher watchers[8];
     int n_watchers;
     double rtt_us;
+    bool freeing;
 } R;
 
 static const char *script_bodies[] = {
@@ -169,7 +170,7 @@ set_ready(struct rconn *c, bool ready)
     if (ready && R.n_ready == 1) {
         log_info("redis up address=%s", R.address);
         notify_state(true);
-    } else if (!ready && R.n_ready == 0 && R.n_watchers > 0) {
+    } else if (!ready && R.n_ready == 0 && !R.freeing) {
         log_warn("redis down address=%s", R.address);
         notify_state(false);
     }
@@ -776,8 +777,8 @@ ld_redis_start(void)
 void
 ld_redis_free(void)
 {
-    /* Nobody is left to tell: going down here is not news. */
-    R.n_watchers = 0;
+    /* Going down at exit is not news. */
+    R.freeing = true;
     for (int i = 0; i < R.n_conns; i++) {
         struct rconn *c = &R.conns[i];
         if (c->ac != NULL) {
