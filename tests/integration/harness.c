@@ -868,11 +868,67 @@ static bool daemon_answers(struct h_daemon *d)
     return ok;
 }
 
+/* $LEASED_WRAPPER (e.g. "valgrind -q --error-exitcode=99
+ * --leak-check=full") runs the daemon under a memory checker: the same
+ * suite, one switch. Words are split on spaces. */
+static int daemon_argv(struct h_daemon *d, const char **argv, size_t max,
+                       char *buf, size_t buflen)
+{
+    const char *w = getenv("LEASED_WRAPPER");
+    size_t n = 0;
+
+    if (w && *w) {
+        snprintf(buf, buflen, "%s", w);
+        for (char *tok = strtok(buf, " "); tok && n + 5 < max;
+             tok = strtok(NULL, " ")) {
+            argv[n++] = tok;
+        }
+    }
+    argv[n++] = h_leased_bin();
+    argv[n++] = "-f";
+    argv[n++] = "-c";
+    argv[n++] = d->conf;
+    argv[n] = NULL;
+    return 0;
+}
+
+/* A sanitizer or valgrind report in the daemon's log fails the test even
+ * when every protocol assertion passed. */
+static void check_memory_report(const struct h_daemon *d)
+{
+    static const char *marks[] = {
+        "ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+        "runtime error:", "Invalid read", "Invalid write",
+        "definitely lost in", "uninitialised value",
+    };
+    char line[1024];
+    FILE *f = fopen(d->log, "r");
+
+    if (!f) {
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+            if (strstr(line, marks[i])) {
+                fclose(f);
+                fprintf(stderr, "harness: memory error reported by leased "
+                        "(%s)\n", marks[i]);
+                h_daemon_dump_log(d);
+                exit(1);
+            }
+        }
+    }
+    fclose(f);
+}
+
 static int daemon_spawn_wait(struct h_daemon *d, int listen_fd)
 {
-    const char *argv[] = { h_leased_bin(), "-f", "-c", d->conf, NULL };
+    const char *argv[32];
+    char wbuf[512];
     long long deadline;
     int fd, status;
+
+    daemon_argv(d, argv, sizeof argv / sizeof argv[0], wbuf, sizeof wbuf);
 
     fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -1005,6 +1061,9 @@ void h_daemon_cleanup(struct h_daemon *d)
 {
     if (d->pid > 0) {
         h_daemon_stop(d);
+    }
+    if (d->log[0] && d->dir[0]) {
+        check_memory_report(d);
     }
     if (d->dir[0]) {
         h_rmdir(d->dir);
