@@ -83,8 +83,8 @@ fi
 
 # --- raw protocol sessions ---------------------------------------------------
 # A session is a connection: keep it open with a FIFO on fd 3, so that
-# replies to requests that take a Redis round trip are not lost when the
-# client half-closes, and session-bound locks live as long as fd 3.
+# session-bound locks live as long as fd 3 rather than ending with the
+# pipeline's input.
 
 if command -v socat > /dev/null 2>&1; then
     tool=socat
