@@ -820,6 +820,14 @@ static void acq_on_reply(redisReply *r, void *arg)
     }
 
     /* Wrong type, Redis unreachable or an error reply. */
+    if (r == NULL && rec->count == 0 && rec->pending == 1 && !lk.stopping) {
+        /* The script may have run although its answer was lost: then the
+         * lock is held under a token nobody will ever use, for a whole
+         * lease. Nothing else can hold this token, so giving it back is
+         * safe, and it makes redis_unavailable mean "nothing changed"
+         * whenever Redis answers the release. */
+        rec_release_all(rec);
+    }
     if (op->req != NULL) {
         if (n >= 1 && v[0] == -1) {
             reply_wrong_type(op->req, rec->key, rec->key_len);
