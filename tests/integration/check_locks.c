@@ -698,6 +698,30 @@ START_TEST(test_session_close)
     json_decref(r);
     ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{s2}"), 0);
     ck_assert_int_eq(h_stat(b, "locks_held"), 1);
+
+    /* The same when the closing client still has a request waiting:
+     * the connection is gone, so its locks go at once too. */
+    struct h_conn *c = lk_connect(&D);
+    struct h_conn *d = lk_connect(&D);
+    r = lk_must(c, "s3", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(c, 8, "s1", NULL, NO_TTL, -1);      /* b holds s1 */
+    lk_send(d, 9, "s3", NULL, NO_TTL, 20000);
+    for (int k = 0; k < 200 && h_stat(b, "lock_waiters") != 2; k++) {
+        usleep(5000);
+    }
+    ck_assert_int_eq(h_stat(b, "lock_waiters"), 2);
+    t0 = h_now_ms();
+    h_close(c);
+    r = h_recv_id(d, 9, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"),
+                  "waiter not granted after the holder's session closed");
+    ck_assert_msg(h_now_ms() - t0 < 1000,
+                  "release took %lld ms with a request of the closed "
+                  "session still waiting", h_now_ms() - t0);
+    json_decref(r);
+    ck_assert_int_eq(h_stat(b, "lock_waiters"), 0);
+    h_close(d);
     h_close(b);
 }
 END_TEST
