@@ -131,6 +131,14 @@ static struct {
 
 static void rec_release_all(struct lk_rec *rec);
 
+static struct timeval tv_ms(long long ms)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)(ms / 1000);
+    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+    return tv;
+}
+
 /* ---------------------------------------------------------------- names */
 
 static char *put(char *p, const void *s, size_t len)
@@ -469,7 +477,7 @@ static void rec_arm_cap(struct lk_rec *rec)
     }
     uint64_t now = ld_now_ms();
     uint64_t ms = rec->lease_end_ms > now ? rec->lease_end_ms - now : 0;
-    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+    struct timeval tv = tv_ms((long long)ms);
     evtimer_add(rec->cap_ev, &tv);
 }
 
@@ -1363,7 +1371,7 @@ static long long pass_period_ms(void)
 static void pass_arm(void)
 {
     long long ms = pass_period_ms();
-    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+    struct timeval tv = tv_ms((long long)ms);
     evtimer_add(lk.pass_ev, &tv);
 }
 

@@ -37,6 +37,14 @@ static struct {
 
 static void q_head_try(struct ld_lockwait_q *q);
 
+static struct timeval tv_ms(long long ms)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)(ms / 1000);
+    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+    return tv;
+}
+
 void ld_lockwait_init(ld_lockwait_try_fn *try_fn,
                       ld_lockwait_expire_fn *expire_fn)
 {
@@ -110,7 +118,7 @@ static void q_arm_retry(struct ld_lockwait_q *q, long long pttl)
     } else {
         ms = 1;
     }
-    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+    struct timeval tv = tv_ms((long long)ms);
     evtimer_add(q->retry_ev, &tv);
 }
 
@@ -242,8 +250,7 @@ void ld_lockwait_join(struct ld_lockwait *w, const char *route,
     w->timed_out = false;
     ld_stats.lock_waiters++;
     if (wait_ms >= 0) {
-        struct timeval tv = { (time_t)(wait_ms / 1000),
-                              (suseconds_t)(wait_ms % 1000) * 1000 };
+        struct timeval tv = tv_ms(wait_ms);
         w->deadline_ev = evtimer_new(ld_srv.base, w_on_deadline, w);
         evtimer_add(w->deadline_ev, &tv);
     }

@@ -203,7 +203,7 @@ static int holder_child(const struct h_daemon *d, int fd)
     }
 }
 
-/* --- two daemons ---------------------------------------------------------- */
+/* --- two daemons --------------------------------------------------------- */
 
 START_TEST(test_two_daemons)
 {
@@ -307,7 +307,7 @@ START_TEST(test_release_on_close_and_crash)
 }
 END_TEST
 
-/* --- racing processes -------------------------------------------------------- */
+/* --- racing processes ---------------------------------------------------- */
 
 START_TEST(test_counter)
 {
@@ -351,7 +351,7 @@ START_TEST(test_ticket_seller)
 }
 END_TEST
 
-/* --- many waiters, few Redis calls ------------------------------------------ */
+/* --- many waiters, few Redis calls --------------------------------------- */
 
 static bool hot_free(void *arg)
 {

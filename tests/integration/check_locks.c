@@ -470,7 +470,7 @@ START_TEST(test_leases)
 }
 END_TEST
 
-/* --- lock_lost ------------------------------------------------------------ */
+/* --- lock_lost ----------------------------------------------------------- */
 
 START_TEST(test_lock_lost)
 {
@@ -726,7 +726,7 @@ START_TEST(test_session_close)
 }
 END_TEST
 
-/* --- wrong_type ----------------------------------------------------------- */
+/* --- wrong_type ---------------------------------------------------------- */
 
 START_TEST(test_wrong_type)
 {
@@ -774,7 +774,7 @@ START_TEST(test_wrong_type)
 }
 END_TEST
 
-/* --- limits ----------------------------------------------------------------- */
+/* --- limits -------------------------------------------------------------- */
 
 START_TEST(test_max_waiters)
 {
@@ -844,7 +844,7 @@ START_TEST(test_max_pending)
 }
 END_TEST
 
-/* --- Redis goes away and comes back ---------------------------------------- */
+/* --- Redis goes away and comes back -------------------------------------- */
 
 static struct h_conn *probe;
 
@@ -920,7 +920,7 @@ START_TEST(test_redis_killed)
 }
 END_TEST
 
-/* --- Redisson compatibility ------------------------------------------------- */
+/* --- Redisson compatibility ---------------------------------------------- */
 
 /* Redisson's RLock scripts, as the Java side would run them. */
 static const char *java_lock =
@@ -1073,7 +1073,7 @@ START_TEST(test_wait_replicas)
 }
 END_TEST
 
-/* --- graceful stop releases ------------------------------------------------ */
+/* --- graceful stop releases ---------------------------------------------- */
 
 START_TEST(test_shutdown_releases)
 {
