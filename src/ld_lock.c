@@ -728,17 +728,23 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
     ld_stats.lock_acquired++;
     op->grant_count = n;
     op->grant_fence = rec->fence;
-    if (rec->ls == NULL || (lk.stopping && !rec->detached)) {
+    if (!rec->detached && (rec->ls == NULL || lk.stopping)) {
         /* Its session ended (or the daemon is stopping) while the request
-         * was on its way: a session-bound lock must not outlive it. */
-        if (!rec->detached) {
-            rec_release_all(rec);
-        }
+         * was on its way: a session-bound lock must not outlive it. A
+         * client that only half-closed still reads this answer, which
+         * says what happened: granted, then released with its session,
+         * like every other lock the session held. A detached lock does
+         * not depend on its session and is answered as usual. */
+        rec_release_all(rec);
         rec_set_count(rec, 0);
         if (op->req != NULL) {
-            ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
-                           "the session ended before the lock was granted");
-            op->req = NULL;
+            if (lk.stopping) {
+                ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
+                               "the daemon is stopping");
+                op->req = NULL;
+            } else {
+                acq_reply_granted(op);
+            }
         }
         return false;
     }

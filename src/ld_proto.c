@@ -157,7 +157,9 @@ static void
 send_line(struct ld_req *req, char *line, size_t len)
 {
     if (line != NULL) {
-        if (req->sess != NULL && req->sess->open) {
+        /* Also after the session ended: a half-closed client still
+         * reads the answers to what it sent (see ld_session.c). */
+        if (req->sess != NULL) {
             ld_session_write(req->sess, line, len);
         }
         free(line);

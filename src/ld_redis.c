@@ -60,6 +60,7 @@ struct rconn {
     struct event *retry_ev;
     struct event *timeout_ev;
     uint64_t connect_started_us;
+    uint64_t last_reply_us;   /* progress: when Redis last answered */
     struct rcmd *head, *tail; /* sent, awaiting replies */
     unsigned handshake_left;
     bool handshake_failed;
@@ -217,13 +218,25 @@ fail_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* The clock of redis.timeout_ms starts when the oldest unanswered
+ * command was sent or when Redis last answered, whichever is later: a
+ * connection still answering a long pipelined burst (100,000 watchdog
+ * renewals, say) is slow, not unreachable, and dropping it would fail
+ * every command on it for nothing. */
+static uint64_t
+stall_start(const struct rconn *c)
+{
+    return c->head->sent_us > c->last_reply_us ? c->head->sent_us
+                                               : c->last_reply_us;
+}
+
 static void
 arm_timeout(struct rconn *c)
 {
     if (c->head == NULL || event_pending(c->timeout_ev, EV_TIMEOUT, NULL)) {
         return;
     }
-    uint64_t deadline = c->head->sent_us +
+    uint64_t deadline = stall_start(c) +
                         (uint64_t)R.cfg->redis.timeout_ms * 1000;
     uint64_t now = ld_now_us();
     uint64_t wait = deadline > now ? deadline - now : 0;
@@ -269,6 +282,7 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
 
     /* Replies arrive in send order, so this is the head of the queue. */
     if (c != NULL && c->head == cmd) {
+        c->last_reply_us = ld_now_us();
         c->head = cmd->next;
         if (c->head == NULL) {
             c->tail = NULL;
@@ -522,7 +536,7 @@ timeout_cb(evutil_socket_t fd, short what, void *arg)
         }
         return;
     }
-    if (c->head != NULL && now - c->head->sent_us >= limit) {
+    if (c->head != NULL && now - stall_start(c) >= limit) {
         ld_stats.redis_timeouts++;
         conn_down(c, "command timeout");
         return;

@@ -31,8 +31,6 @@
  * bound: past this much unsent output we stop reading its requests. */
 #define OUTPUT_HIGH_BYTES (4u * 1024 * 1024)
 #define OUTPUT_LOW_BYTES (1u * 1024 * 1024)
-/* How long a closing session may take to flush what is queued for it. */
-#define CLOSE_FLUSH_SEC 2
 
 #define MAX_HOOKS 8
 
@@ -43,17 +41,17 @@ static ld_session_hook *close_hooks[MAX_HOOKS];
 static size_t n_close_hooks;
 
 /* A client that half-closes (shutdown(SHUT_WR), as `socat` and `nc -N`
- * do after the last request) still wants the answers to what it sent.
- * We stop reading, wait for the requests in flight, within this bound
- * past redis.timeout_ms, and then end the session. The bound also caps
- * what a crashed client, indistinguishable from a half-closed one, can
- * keep alive. */
+ * do after the last request) still wants the answers to what it sent. At
+ * EOF the session ends at once, as for any closed connection: its locks
+ * are released and its waiters leave their queues. But the socket stays
+ * open for writing until the requests already in flight are answered,
+ * within this bound past redis.timeout_ms, which also caps what a crashed
+ * client (indistinguishable from a half-closed one) keeps alive. */
 #define LINGER_EXTRA_MS 2000
 
 struct session_io {
     struct ld_framer framer;
-    bool eof;                  /* peer finished sending */
-    struct event *linger_ev;   /* ends a half-closed session */
+    struct event *linger_ev;   /* bounds the writing after close */
 };
 
 void
@@ -86,8 +84,31 @@ void
 ld_session_unref(struct ld_session *s)
 {
     if (--s->refs == 0) {
+        event_free(s->io->linger_ev);
+        free(s->io);
         free(s);
     }
+}
+
+/* After close: the socket is kept (holding a reference) only to write
+ * what is queued and the answers still owed; this drops it. */
+static void
+release_socket(struct ld_session *s)
+{
+    if (s->bev == NULL) {
+        return;
+    }
+    bufferevent_free(s->bev);
+    s->bev = NULL;
+    event_del(s->io->linger_ev);
+    ld_session_unref(s);
+}
+
+static bool
+closed_and_done(struct ld_session *s)
+{
+    return !s->open && s->bev != NULL && s->pending == 0 &&
+           evbuffer_get_length(bufferevent_get_output(s->bev)) == 0;
 }
 
 void
@@ -95,7 +116,7 @@ ld_session_req_done(struct ld_session *s)
 {
     s->pending--;
     ld_stats.requests_pending--;
-    if (s->open && s->io->eof && s->pending == 0) {
+    if (closed_and_done(s)) {
         /* Not from here: the module answering may still be working on
          * this session's state. */
         event_active(s->io->linger_ev, EV_TIMEOUT, 0);
@@ -108,24 +129,25 @@ linger_cb(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
-    ld_session_close(arg, "eof");
+    release_socket(arg);
 }
 
 static void
-flush_done_cb(struct bufferevent *bev, void *arg)
+closed_write_cb(struct bufferevent *bev, void *arg)
 {
-    LD_UNUSED(arg);
-    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
-        bufferevent_free(bev);
+    LD_UNUSED(bev);
+    struct ld_session *s = arg;
+    if (closed_and_done(s)) {
+        release_socket(s);
     }
 }
 
 static void
-flush_event_cb(struct bufferevent *bev, short what, void *arg)
+closed_event_cb(struct bufferevent *bev, short what, void *arg)
 {
+    LD_UNUSED(bev);
     LD_UNUSED(what);
-    LD_UNUSED(arg);
-    bufferevent_free(bev);
+    release_socket(arg);
 }
 
 void
@@ -135,7 +157,8 @@ ld_session_close(struct ld_session *s, const char *why)
         return;
     }
     s->open = false;
-    log_debug("session closed session=%s reason=%s", s->name, why);
+    log_debug("session closed session=%s reason=%s pending=%lld", s->name,
+              why, s->pending);
 
     for (size_t i = 0; i < n_close_hooks; i++) {
         close_hooks[i](s);
@@ -152,32 +175,31 @@ ld_session_close(struct ld_session *s, const char *why)
     session_count--;
     ld_stats.sessions = session_count;
 
-    struct bufferevent *bev = s->bev;
-    s->bev = NULL;
-    if (bev != NULL) {
-        /* Whatever is already queued (the shutdown event, the last
-         * replies) still goes out, within a bound. */
-        bufferevent_disable(bev, EV_READ);
-        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
-            bufferevent_free(bev);
+    if (s->bev != NULL) {
+        /* What is queued (the shutdown event, the last replies) and the
+         * answers still owed go out, within a bound; the socket keeps
+         * the session's memory alive meanwhile. */
+        bufferevent_disable(s->bev, EV_READ);
+        ld_session_ref(s);
+        if (closed_and_done(s)) {
+            release_socket(s);
         } else {
-            struct timeval tv = {CLOSE_FLUSH_SEC, 0};
-            bufferevent_set_timeouts(bev, NULL, &tv);
-            bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-            bufferevent_setcb(bev, NULL, flush_done_cb, flush_event_cb,
-                              NULL);
+            long long ms = ld_srv.cfg->redis.timeout_ms + LINGER_EXTRA_MS;
+            struct timeval tv = {(time_t)(ms / 1000),
+                                 (suseconds_t)(ms % 1000) * 1000};
+            bufferevent_setwatermark(s->bev, EV_WRITE, 0, 0);
+            bufferevent_setcb(s->bev, NULL, closed_write_cb,
+                              closed_event_cb, s);
+            event_add(s->io->linger_ev, &tv);
         }
     }
-    event_free(s->io->linger_ev);
-    free(s->io);
-    s->io = NULL;
     ld_session_unref(s);
 }
 
 void
 ld_session_write(struct ld_session *s, const char *buf, size_t len)
 {
-    if (!s->open || s->bev == NULL) {
+    if (s->bev == NULL) {
         return;
     }
     struct evbuffer *out = bufferevent_get_output(s->bev);
@@ -297,17 +319,9 @@ static void
 event_cb(struct bufferevent *bev, short what, void *arg)
 {
     struct ld_session *s = arg;
+    LD_UNUSED(bev);
     if (what & BEV_EVENT_EOF) {
-        if (s->pending == 0) {
-            ld_session_close(s, "eof");
-            return;
-        }
-        s->io->eof = true;
-        bufferevent_disable(bev, EV_READ);
-        long long ms = ld_srv.cfg->redis.timeout_ms + LINGER_EXTRA_MS;
-        struct timeval tv = {(time_t)(ms / 1000),
-                             (suseconds_t)(ms % 1000) * 1000};
-        event_add(s->io->linger_ev, &tv);
+        ld_session_close(s, "eof");
     } else if (what & BEV_EVENT_ERROR) {
         ld_session_close(s, strerror(EVUTIL_SOCKET_ERROR()));
     }

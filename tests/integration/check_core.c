@@ -526,6 +526,51 @@ START_TEST(test_redis_restart)
 }
 END_TEST
 
+/* --- half-close ----------------------------------------------------------- */
+
+/* socat and nc -N shut their write side after the last request: the answers
+ * to requests that need Redis must still arrive, and the session must end
+ * at once (its session-bound lock released, not held until the lease). */
+START_TEST(test_half_close)
+{
+    struct h_conn *c, *other;
+    json_t *r;
+    const char *reqs =
+        "{\"id\":1,\"op\":\"lock\",\"key\":\"hc-bound\"}\n"
+        "{\"id\":2,\"op\":\"lock\",\"key\":\"hc-detached\","
+        "\"detach\":true,\"ttl_ms\":60000}\n";
+
+    start(NULL);
+    c = connect_ok();
+    ck_assert_int_eq(h_send_raw(c, reqs, strlen(reqs)), 0);
+    ck_assert_int_eq(h_shutdown_write(c), 0);
+    for (int id = 1; id <= 2; id++) {
+        r = h_recv_id(c, id, T_MS);
+        ck_assert_msg(r != NULL, "no answer to request %d after half-close",
+                      id);
+        ck_assert_msg(json_is_true(json_object_get(r, "acquired")),
+                      "request %d not acquired", id);
+        json_decref(r);
+    }
+    ck_assert(h_wait_closed(c, T_MS));
+    h_close(c);
+
+    other = connect_ok();
+    /* Session-bound: released when the session ended, long before the
+     * 30 s watchdog lease. Detached: still held. */
+    r = h_callf(other, T_MS, "{s:s,s:s}", "op", "lock", "key", "hc-bound");
+    ck_assert_msg(json_is_true(json_object_get(r, "acquired")),
+                  "session-bound lock survived its half-closed session");
+    json_decref(r);
+    r = h_callf(other, T_MS, "{s:s,s:s}", "op", "lock", "key",
+                "hc-detached");
+    ck_assert(h_ok(r));
+    ck_assert(json_is_false(json_object_get(r, "acquired")));
+    json_decref(r);
+    h_close(other);
+}
+END_TEST
+
 /* --- graceful stop ------------------------------------------------------- */
 
 START_TEST(test_sigterm)
@@ -710,6 +755,7 @@ int main(void)
     add(s, "tcp_auth", test_tcp_auth, 60);
     add(s, "max_clients", test_max_clients, 60);
     add(s, "redis_restart", test_redis_restart, 90);
+    add(s, "half_close", test_half_close, 60);
     add(s, "sigterm", test_sigterm, 60);
     add(s, "cmdline", test_cmdline, 60);
     add(s, "socket_activation", test_socket_activation, 60);

@@ -1400,6 +1400,11 @@ void h_close(struct h_conn *c)
     free(c);
 }
 
+int h_shutdown_write(struct h_conn *c)
+{
+    return shutdown(c->fd, SHUT_WR);
+}
+
 int h_send_raw(struct h_conn *c, const char *bytes, size_t len)
 {
     long long deadline = h_now_ms() + H_SEND_MS;

@@ -94,6 +94,8 @@ struct h_conn *h_connect(const struct h_daemon *d);           /* Unix */
 struct h_conn *h_connect_tcp(const struct h_daemon *d);
 void h_close(struct h_conn *c);
 int h_send_raw(struct h_conn *c, const char *bytes, size_t len);
+/* Half-close: no more requests, but replies are still read. */
+int h_shutdown_write(struct h_conn *c);
 /* Send one JSON line built from FMT (jansson json_pack format). */
 int h_send(struct h_conn *c, const char *fmt, ...);
 /* Next reply line (not an event), waiting up to TIMEOUT_MS; NULL on
