@@ -1047,7 +1047,7 @@ START_TEST(test_wait_replicas)
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
     snprintf(yaml, sizeof yaml,
              "lock:\n  wait_replicas: 1\n"
-             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 400\n",
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 2000\n",
              R.port);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
     a = lk_connect(&D);
