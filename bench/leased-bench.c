@@ -1,0 +1,1798 @@
+/* leased-bench: closed-loop load against leased and, for comparison, the
+ * same work done straight against Redis the way an application with an
+ * in-process library does it, so that the daemon's cost comes out as a
+ * ratio taken on the same machine at the same time.
+ *
+ * One libevent loop drives every connection of both sides. Each
+ * connection has exactly one operation in flight (closed loop): the next
+ * one leaves when the previous one is answered. Latency is taken per
+ * operation with CLOCK_MONOTONIC and every sample is kept, so p99.9 is
+ * exact rather than a bucket edge.
+ *
+ * Replies of leased are classified by looking for the field that decides
+ * the outcome ("acquired":true, "hit":true, ...) in the reply line rather
+ * than by building a JSON tree: the daemon writes compact JSON, the bench
+ * shares the CPUs with the daemon and Redis, and hiredis does not build
+ * anything heavier on the direct side either.
+ *
+ * Keys carry the pid and a run number, so a run never meets a lock that an
+ * earlier run abandoned when it stopped with operations in flight. */
+
+/* vasprintf */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/adapters/libevent.h>
+#include <jansson.h>
+
+#ifndef LB_LUA_DIR
+#define LB_LUA_DIR "src/lua"
+#endif
+
+#define LOCK_LEASE_MS 30000    /* leased's default lock.watchdog_ms */
+#define CACHE_TTL_MS 3600000   /* pre-filled entries outlive any run */
+#define MAX_ERRORS_SHOWN 5
+#define WAITERS_TIMEOUT_S 60
+
+enum mode { M_LOCK, M_CONTENDED, M_GET, M_MIX, M_PING, M_HOLD, M_ISOLATION,
+            M_WAITERS /* internal: the queued waiters of --mode isolation */ };
+static const char *const mode_names[] = {
+    "lock", "lock-contended", "get", "mix", "ping", "hold", "isolation",
+    "waiters"
+};
+
+enum target { T_LEASED, T_DIRECT };
+static const char *const target_names[] = { "leased", "direct" };
+
+enum step {
+    S_IDLE,
+    S_ACQ,          /* lock request or acquire script in flight */
+    S_REL,          /* unlock request or release script in flight */
+    S_GET,
+    S_PING,
+    S_SUBSCRIBING,  /* direct: lock taken, SUBSCRIBE sent, retry on reply */
+    S_PAUSE,        /* direct: waiting for an unlock message or the pttl */
+    S_HELD          /* hold/waiters: holding, nothing in flight */
+};
+
+struct run;
+
+struct client {
+    struct run *run;
+    int idx;
+    enum step step;
+    uint64_t t_start_ns;
+    uint64_t deadline_ns;       /* contended: give up the wait */
+    uint64_t rng;
+    int held;                   /* hold mode: locks taken so far */
+    bool wake;                  /* direct: unlock message during a try */
+    int sub_state;              /* direct: 0 none, 1 sent, 2 subscribed */
+    int fd;                     /* leased */
+    struct event *rev;          /* leased: readable */
+    struct event *wev;          /* leased: writable, only after a short
+                                 * write */
+    struct evbuffer *in, *out;  /* leased */
+    redisAsyncContext *ac;      /* direct commands */
+    redisAsyncContext *sub;     /* direct: its subscriber connection */
+    struct event *timer;        /* direct: retry after the pttl */
+    /* Requests, built once per run: a JSON line for leased, RESP for
+     * Redis. */
+    char *lock_req, *unlock_req, *get_req, *sub_req;
+    size_t lock_len, unlock_len, get_len, sub_len;
+};
+
+struct cpu {
+    double bench_s, leased_s, redis_s;
+};
+
+struct run {
+    enum mode mode;
+    enum target target;
+    int conns;
+    size_t size;
+    int id;
+    struct client *cl;
+    int nconnected, nneeded;
+    bool recording, closing, started, churn;
+    uint64_t t0_ns, t1_ns;
+    uint64_t *lat;
+    size_t nlat, caplat;
+    long long ops, errors, timeouts, events, ops_limit;
+    int done_clients;           /* hold: clients holding all their locks */
+    int acquired;               /* waiters: acquisitions seen */
+    int shown_errors;
+    struct event *warm_ev, *end_ev;
+    struct cpu cpu0, cpu1;
+};
+
+struct result {
+    enum mode mode;
+    enum target target;
+    int conns;
+    size_t size;
+    long long ops, errors, timeouts;
+    double secs, ops_s, p50, p99, p999, max, mean;   /* microseconds */
+    double bench_cpu, leased_cpu, redis_cpu;         /* % of one core */
+};
+
+static struct {
+    enum mode mode;
+    bool want[2];
+    bool direct_first;
+    const char *sock;
+    char redis_host[256];
+    int redis_port;
+    int conns;
+    size_t size;
+    double duration_s, warmup_s;
+    int repeat;
+    long long ops_limit;
+    const char *lua_dir;
+    long long wait_ms;
+    bool json;
+    pid_t leased_pid, redis_pid;
+    int locks;
+    double hold_s;
+    int waiters;
+    bool churn;
+    int mix_lock_pct;
+    uint64_t seed;
+} o;
+
+static struct event_base *base;
+static char acq_sha[41], rel_sha[41];
+static int run_counter;
+static char *value_buf;          /* SIZE bytes of 'x', NUL-terminated */
+
+/* ---------------------------------------------------------------- util */
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2),
+                                                      noreturn));
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("leased-bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n);
+    if (p == NULL) {
+        die("out of memory");
+    }
+    return p;
+}
+
+static char *xasprintf(size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static char *xasprintf(size_t *len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        die("out of memory");
+    }
+    if (len != NULL) {
+        *len = (size_t)n;
+    }
+    return s;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static struct timeval tv_of(double s)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)s;
+    tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
+    return tv;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    /* xorshift64*: cheap and the same sequence for both targets. */
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 2685821657736338717ULL;
+}
+
+static void random_hex(char *out, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char b[64];
+    size_t need = (n + 1) / 2;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || need > sizeof(b) || read(fd, b, need) != (ssize_t)need) {
+        die("cannot read /dev/urandom");
+    }
+    close(fd);
+    for (size_t i = 0; i < n; i++) {
+        out[i] = hex[(b[i / 2] >> ((i % 2) * 4)) & 15];
+    }
+    out[n] = '\0';
+}
+
+/* CPU seconds of a process from /proc/PID/stat (utime + stime). */
+static double proc_cpu_s(pid_t pid)
+{
+    if (pid <= 0) {
+        return 0;
+    }
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* The command name may hold spaces; the fields start after its ')'. */
+    char *p = strrchr(buf, ')');
+    if (p == NULL) {
+        return 0;
+    }
+    unsigned long long ut = 0, st = 0;
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+               &ut, &st) != 2) {
+        return 0;
+    }
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* A line "NAME: <n> kB" of /proc/PID/status, in kB; -1 if absent. */
+static long proc_status_kb(pid_t pid, const char *name)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    long v = -1;
+    size_t nl = strlen(name);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, name, nl) == 0 && line[nl] == ':') {
+            v = strtol(line + nl + 1, NULL, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6
+           + (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+static void cpu_snap(struct cpu *c)
+{
+    c->bench_s = self_cpu_s();
+    c->leased_s = proc_cpu_s(o.leased_pid);
+    c->redis_s = proc_cpu_s(o.redis_pid);
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        die("%s: %s", path, strerror(errno));
+    }
+    size_t cap = 4096, len = 0;
+    char *s = xmalloc(cap);
+    size_t n;
+    while ((n = fread(s + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 2) {
+            cap *= 2;
+            s = realloc(s, cap);
+            if (s == NULL) {
+                die("out of memory");
+            }
+        }
+    }
+    fclose(f);
+    s[len] = '\0';
+    return s;
+}
+
+/* ------------------------------------------------- blocking helpers */
+
+static int unix_connect(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        die("socket: %s", strerror(errno));
+    }
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        die("socket path too long: %s", path);
+    }
+    strcpy(sa.sun_path, path);
+    /* A blocking connect waits while the listen backlog is full, which is
+     * what opening 10,000 sessions in a row needs. */
+    while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        if (errno != EINTR) {
+            die("connect %s: %s", path, strerror(errno));
+        }
+    }
+    return fd;
+}
+
+static void write_all(int fd, const char *s, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, s, len);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            die("write: %s", strerror(errno));
+        }
+        s += n;
+        len -= (size_t)n;
+    }
+}
+
+/* Send LINE on a blocking socket and return the next reply line that is
+ * not an event (caller frees). */
+static char *blocking_call(int fd, const char *line, size_t len)
+{
+    write_all(fd, line, len);
+    size_t cap = 4096, n = 0;
+    char *buf = xmalloc(cap);
+    for (;;) {
+        char ch;
+        ssize_t k = read(fd, &ch, 1);
+        if (k < 0 && errno == EINTR) {
+            continue;
+        }
+        if (k <= 0) {
+            die("leased closed the connection");
+        }
+        if (ch == '\n') {
+            buf[n] = '\0';
+            if (strncmp(buf, "{\"event\"", 8) == 0) {
+                n = 0;
+                continue;
+            }
+            return buf;
+        }
+        if (n + 2 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            if (buf == NULL) {
+                die("out of memory");
+            }
+        }
+        buf[n++] = ch;
+    }
+}
+
+static long long stats_field(int fd, const char *name)
+{
+    static const char req[] = "{\"op\":\"stats\"}\n";
+    char *line = blocking_call(fd, req, sizeof(req) - 1);
+    json_error_t err;
+    json_t *j = json_loads(line, 0, &err);
+    free(line);
+    if (j == NULL) {
+        die("stats reply is not JSON: %s", err.text);
+    }
+    json_t *v = json_object_get(json_object_get(j, "stats"), name);
+    long long r = json_is_integer(v) ? (long long)json_integer_value(v) : -1;
+    json_decref(j);
+    return r;
+}
+
+static redisContext *redis_sync(void)
+{
+    redisContext *rc = redisConnect(o.redis_host, o.redis_port);
+    if (rc == NULL || rc->err) {
+        die("redis %s:%d: %s", o.redis_host, o.redis_port,
+            rc ? rc->errstr : "cannot connect");
+    }
+    return rc;
+}
+
+/* The direct side runs the daemon's own scripts, read from --lua-dir, so
+ * both sides do exactly the same work inside Redis. */
+static void load_scripts(void)
+{
+    static const char *const names[] = { "lock_acquire", "lock_release" };
+    char *shas[] = { acq_sha, rel_sha };
+    redisContext *rc = redis_sync();
+    for (int i = 0; i < 2; i++) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s.lua", o.lua_dir, names[i]);
+        char *text = read_file(path);
+        redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", text);
+        free(text);
+        if (r == NULL || r->type != REDIS_REPLY_STRING || r->len != 40) {
+            die("SCRIPT LOAD %s failed: %s", path,
+                r && r->type == REDIS_REPLY_ERROR ? r->str : "?");
+        }
+        memcpy(shas[i], r->str, 41);
+        freeReplyObject(r);
+    }
+    redisFree(rc);
+}
+
+/* ----------------------------------------------------------- run state */
+
+static void lat_push(struct run *r, uint64_t ns)
+{
+    if (r->nlat == r->caplat) {
+        r->caplat = r->caplat ? r->caplat * 2 : 65536;
+        r->lat = realloc(r->lat, r->caplat * sizeof(*r->lat));
+        if (r->lat == NULL) {
+            die("out of memory");
+        }
+    }
+    r->lat[r->nlat++] = ns;
+}
+
+static void finish(struct run *r)
+{
+    if (r->recording) {
+        r->t1_ns = now_ns();
+        cpu_snap(&r->cpu1);
+        r->recording = false;
+    }
+    event_base_loopbreak(base);
+}
+
+static void show_error(struct run *r, const char *what, const char *s,
+                       size_t len)
+{
+    r->errors++;
+    if (r->shown_errors++ < MAX_ERRORS_SHOWN) {
+        fprintf(stderr, "leased-bench: %s %s: %.*s\n",
+                target_names[r->target], what, (int)(len > 300 ? 300 : len),
+                s);
+    }
+}
+
+static void next_op(struct client *c);
+
+static void op_done(struct client *c)
+{
+    struct run *r = c->run;
+    uint64_t t = now_ns();
+    c->step = S_IDLE;
+    if (r->recording) {
+        r->ops++;
+        lat_push(r, t - c->t_start_ns);
+        if (r->ops_limit > 0 && r->ops >= r->ops_limit) {
+            finish(r);
+            return;
+        }
+    }
+    next_op(c);
+}
+
+/* ------------------------------------------------------------ leased */
+
+/* Requests go out with one write() at once rather than on the next loop
+ * iteration: that is one syscall per request and no epoll change, the
+ * least a client can do, and the same on the direct side. */
+static void leased_send(struct client *c, const char *s, size_t len,
+                        enum step st)
+{
+    c->step = st;
+    if (evbuffer_get_length(c->out) == 0) {
+        ssize_t n = write(c->fd, s, len);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) {
+            die("write to leased: %s", strerror(errno));
+        }
+        if (n > 0) {
+            s += n;
+            len -= (size_t)n;
+        }
+        if (len == 0) {
+            return;
+        }
+    }
+    evbuffer_add(c->out, s, len);
+    event_add(c->wev, NULL);
+}
+
+static void leased_writable(evutil_socket_t fd, short what, void *arg)
+{
+    struct client *c = arg;
+    if (evbuffer_write(c->out, fd) < 0 && errno != EAGAIN && errno != EINTR) {
+        die("write to leased: %s", strerror(errno));
+    }
+    if (evbuffer_get_length(c->out) > 0) {
+        event_add(c->wev, NULL);
+    }
+}
+
+static void hold_next(struct client *c)
+{
+    size_t len;
+    char *line = xasprintf(&len, "{\"op\":\"lock\",\"key\":\"b%d.%d.h%d.%d\"}\n",
+                           (int)getpid(), c->run->id, c->idx, c->held);
+    leased_send(c, line, len, S_ACQ);
+    free(line);
+}
+
+static bool line_has(struct evbuffer *in, size_t len, const char *needle)
+{
+    struct evbuffer_ptr end;
+    if (evbuffer_ptr_set(in, &end, len, EVBUFFER_PTR_SET) < 0) {
+        return false;
+    }
+    struct evbuffer_ptr p =
+        evbuffer_search_range(in, needle, strlen(needle), NULL, &end);
+    return p.pos >= 0;
+}
+
+static void leased_error(struct client *c, struct evbuffer *in, size_t len)
+{
+    const char *s = (const char *)evbuffer_pullup(in, (ev_ssize_t)
+                                                  (len > 300 ? 300 : len));
+    show_error(c->run, "reply", s, len);
+}
+
+static void leased_reply(struct client *c, struct evbuffer *in, size_t len)
+{
+    struct run *r = c->run;
+    if (line_has(in, len, "{\"event\":") && !line_has(in, len, "\"ok\":")) {
+        r->events++;
+        return;
+    }
+    switch (c->step) {
+    case S_ACQ:
+        if (line_has(in, len, "\"acquired\":true")) {
+            if (r->mode == M_HOLD) {
+                if (++c->held < o.locks) {
+                    hold_next(c);
+                } else {
+                    c->step = S_HELD;
+                    if (++r->done_clients == r->conns) {
+                        event_base_loopbreak(base);
+                    }
+                }
+            } else if (r->mode == M_WAITERS) {
+                r->acquired++;
+                if (r->churn) {
+                    leased_send(c, c->unlock_req, c->unlock_len, S_REL);
+                } else {
+                    c->step = S_HELD;
+                }
+            } else {
+                leased_send(c, c->unlock_req, c->unlock_len, S_REL);
+            }
+        } else if (line_has(in, len, "\"acquired\":false")) {
+            r->timeouts++;
+            next_op(c);
+        } else {
+            leased_error(c, in, len);
+            next_op(c);
+        }
+        break;
+    case S_REL:
+        if (r->mode == M_WAITERS) {
+            leased_send(c, c->lock_req, c->lock_len, S_ACQ);
+        } else if (line_has(in, len, "\"released\":true")) {
+            op_done(c);
+        } else {
+            leased_error(c, in, len);
+            next_op(c);
+        }
+        break;
+    case S_GET:
+        if (line_has(in, len, "\"hit\":true")
+            && len >= r->size) {
+            op_done(c);
+        } else {
+            leased_error(c, in, len);
+            next_op(c);
+        }
+        break;
+    case S_PING:
+        if (line_has(in, len, "\"ok\":true")) {
+            op_done(c);
+        } else {
+            leased_error(c, in, len);
+            next_op(c);
+        }
+        break;
+    default:
+        leased_error(c, in, len);
+        break;
+    }
+}
+
+static void leased_read(evutil_socket_t fd, short what, void *arg)
+{
+    struct client *c = arg;
+    struct evbuffer *in = c->in;
+    int n = evbuffer_read(in, fd, -1);
+    if (n <= 0) {
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            return;
+        }
+        if (c->run->closing) {
+            return;
+        }
+        die("leased closed connection %d of the %s run (%s)", c->idx,
+            mode_names[c->run->mode], n == 0 ? "eof" : strerror(errno));
+    }
+    for (;;) {
+        size_t eol_len = 0;
+        struct evbuffer_ptr p =
+            evbuffer_search_eol(in, NULL, &eol_len, EVBUFFER_EOL_LF);
+        if (p.pos < 0) {
+            return;
+        }
+        leased_reply(c, in, (size_t)p.pos);
+        evbuffer_drain(in, (size_t)p.pos + eol_len);
+    }
+}
+
+/* ------------------------------------------------------------ direct */
+
+static void direct_send(struct client *c, redisCallbackFn *cb,
+                        const char *cmd, size_t len, enum step st)
+{
+    c->step = st;
+    if (redisAsyncFormattedCommand(c->ac, cb, c, cmd, len) != REDIS_OK) {
+        die("redis command failed: %s", c->ac->errstr);
+    }
+    /* Write now, as leased_send does, instead of from a write event on
+     * the next loop iteration. */
+    redisAsyncHandleWrite(c->ac);
+}
+
+static void direct_reply_error(struct client *c, const redisReply *rep)
+{
+    if (rep->type == REDIS_REPLY_ERROR || rep->type == REDIS_REPLY_STATUS
+        || rep->type == REDIS_REPLY_STRING) {
+        show_error(c->run, "reply", rep->str, rep->len);
+    } else {
+        char buf[64];
+        int n = snprintf(buf, sizeof(buf), "type %d", rep->type);
+        show_error(c->run, "reply", buf, (size_t)n);
+    }
+}
+
+static long long elem_int(const redisReply *rep, size_t i)
+{
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements <= i
+        || rep->element[i]->type != REDIS_REPLY_INTEGER) {
+        return LLONG_MIN;
+    }
+    return rep->element[i]->integer;
+}
+
+static void direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv);
+static void direct_sub_cb(redisAsyncContext *ac, void *reply, void *priv);
+
+static void direct_try(struct client *c)
+{
+    c->wake = false;
+    direct_send(c, direct_acq_cb, c->lock_req, c->lock_len, S_ACQ);
+}
+
+static void direct_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing) {
+        return;
+    }
+    if (elem_int(rep, 0) == 1) {
+        op_done(c);
+    } else {
+        direct_reply_error(c, rep);
+        next_op(c);
+    }
+}
+
+/* Redisson's wait: the try failed, so listen on the unlock channel and try
+ * again on a message or when the holder's lease (the returned pttl) runs
+ * out. A message that came in while a try was on its way counts as well
+ * (Redisson's semaphore keeps that permit), so no wake-up is lost. */
+static void direct_wait(struct client *c, long long pttl)
+{
+    uint64_t t = now_ns();
+    if (t >= c->deadline_ns) {
+        c->run->timeouts++;
+        next_op(c);
+        return;
+    }
+    if (c->sub_state == 0) {
+        c->sub_state = 1;
+        c->step = S_SUBSCRIBING;
+        if (redisAsyncFormattedCommand(c->sub, direct_sub_cb, c, c->sub_req,
+                                       c->sub_len) != REDIS_OK) {
+            die("SUBSCRIBE failed: %s", c->sub->errstr);
+        }
+        redisAsyncHandleWrite(c->sub);
+        return;
+    }
+    if (c->wake) {
+        direct_try(c);
+        return;
+    }
+    uint64_t left_ns = c->deadline_ns - t;
+    uint64_t wait_ns = pttl > 0 ? (uint64_t)pttl * 1000000u : 100000000u;
+    if (wait_ns > left_ns) {
+        wait_ns = left_ns;
+    }
+    c->step = S_PAUSE;
+    struct timeval tv = tv_of((double)wait_ns / 1e9);
+    evtimer_add(c->timer, &tv);
+}
+
+static void direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing) {
+        return;
+    }
+    long long v = elem_int(rep, 0);
+    if (v == 1) {
+        direct_send(c, direct_rel_cb, c->unlock_req, c->unlock_len, S_REL);
+    } else if (v == 0 && c->run->mode == M_CONTENDED) {
+        direct_wait(c, elem_int(rep, 1));
+    } else {
+        direct_reply_error(c, rep);
+        next_op(c);
+    }
+}
+
+static void direct_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct client *c = arg;
+    if (c->step == S_PAUSE && !c->run->closing) {
+        direct_try(c);
+    }
+}
+
+/* Subscription replies: hiredis calls the callback given with SUBSCRIBE
+ * for the confirmation and for every later message on the channel. */
+static void direct_sub_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing || rep->type != REDIS_REPLY_ARRAY
+        || rep->elements < 3 || rep->element[0]->type != REDIS_REPLY_STRING) {
+        return;
+    }
+    const char *kind = rep->element[0]->str;
+    if (strcmp(kind, "subscribe") == 0) {
+        c->sub_state = 2;
+        if (c->step == S_SUBSCRIBING) {
+            direct_try(c);
+        }
+    } else if (strcmp(kind, "message") == 0) {
+        if (c->step == S_PAUSE) {
+            evtimer_del(c->timer);
+            direct_try(c);
+        } else if (c->step == S_ACQ) {
+            c->wake = true;
+        }
+    }
+}
+
+static void direct_get_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing) {
+        return;
+    }
+    if (rep->type == REDIS_REPLY_STRING && (size_t)rep->len == c->run->size) {
+        op_done(c);
+    } else {
+        direct_reply_error(c, rep);
+        next_op(c);
+    }
+}
+
+static void direct_ping_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing) {
+        return;
+    }
+    if (rep->type == REDIS_REPLY_STATUS && strcmp(rep->str, "PONG") == 0) {
+        op_done(c);
+    } else {
+        direct_reply_error(c, rep);
+        next_op(c);
+    }
+}
+
+/* --------------------------------------------------------- operations */
+
+static bool op_is_lock(struct client *c)
+{
+    switch (c->run->mode) {
+    case M_LOCK:
+    case M_CONTENDED:
+        return true;
+    case M_MIX:
+        return (int)(rng_next(&c->rng) % 100) < o.mix_lock_pct;
+    default:
+        return false;
+    }
+}
+
+static void next_op(struct client *c)
+{
+    struct run *r = c->run;
+    if (r->closing) {
+        return;
+    }
+    c->t_start_ns = now_ns();
+    if (r->mode == M_HOLD) {
+        hold_next(c);
+        return;
+    }
+    if (r->mode == M_WAITERS) {
+        leased_send(c, c->lock_req, c->lock_len, S_ACQ);
+        return;
+    }
+    bool lock = op_is_lock(c);
+    if (r->target == T_LEASED) {
+        if (lock) {
+            leased_send(c, c->lock_req, c->lock_len, S_ACQ);
+        } else if (r->mode == M_PING) {
+            leased_send(c, c->get_req, c->get_len, S_PING);
+        } else {
+            leased_send(c, c->get_req, c->get_len, S_GET);
+        }
+        return;
+    }
+    if (lock) {
+        c->deadline_ns = c->t_start_ns + (uint64_t)o.wait_ms * 1000000u;
+        direct_try(c);
+    } else if (r->mode == M_PING) {
+        direct_send(c, direct_ping_cb, c->get_req, c->get_len, S_PING);
+    } else {
+        direct_send(c, direct_get_cb, c->get_req, c->get_len, S_GET);
+    }
+}
+
+/* ------------------------------------------------------------ clients */
+
+static char *resp(size_t *len, int argc, const char **argv)
+{
+    char *cmd = NULL;
+    int n = redisFormatCommandArgv(&cmd, argc, argv, NULL);
+    if (n < 0) {
+        die("out of memory");
+    }
+    *len = (size_t)n;
+    return cmd;
+}
+
+static void build_leased(struct run *r, struct client *c, const char *base_key)
+{
+    if (r->mode == M_CONTENDED || r->mode == M_WAITERS) {
+        c->lock_req = xasprintf(&c->lock_len,
+                                "{\"op\":\"lock\",\"key\":\"b%d.%d.c\","
+                                "\"wait_ms\":%lld}\n",
+                                (int)getpid(), r->id, o.wait_ms);
+        c->unlock_req = xasprintf(&c->unlock_len,
+                                  "{\"op\":\"unlock\",\"key\":\"b%d.%d.c\"}\n",
+                                  (int)getpid(), r->id);
+    } else {
+        c->lock_req = xasprintf(&c->lock_len,
+                                "{\"op\":\"lock\",\"key\":\"%s.l\"}\n",
+                                base_key);
+        c->unlock_req = xasprintf(&c->unlock_len,
+                                  "{\"op\":\"unlock\",\"key\":\"%s.l\"}\n",
+                                  base_key);
+    }
+    if (r->mode == M_PING) {
+        c->get_req = xasprintf(&c->get_len, "{\"op\":\"ping\"}\n");
+    } else {
+        c->get_req = xasprintf(&c->get_len,
+                               "{\"op\":\"cache.get\",\"key\":\"%s.g\"}\n",
+                               base_key);
+    }
+}
+
+static void build_direct(struct run *r, struct client *c, const char *base_key)
+{
+    char key[128], hash[160], fence[170], chan[170], field[33];
+    if (r->mode == M_CONTENDED) {
+        snprintf(key, sizeof(key), "b%d.%d.c", (int)getpid(), r->id);
+    } else {
+        snprintf(key, sizeof(key), "%s.l", base_key);
+    }
+    /* The daemon's key layout under another prefix, and a 32-hex-digit
+     * holder field per connection like the daemon's tokens. */
+    snprintf(hash, sizeof(hash), "benchd:lock:{%s}", key);
+    snprintf(fence, sizeof(fence), "%s:fence", hash);
+    snprintf(chan, sizeof(chan), "%s:unlock", hash);
+    random_hex(field, 32);
+    char lease[24];
+    snprintf(lease, sizeof(lease), "%d", LOCK_LEASE_MS);
+    const char *acq[] = { "EVALSHA", acq_sha, "2", hash, fence, lease, field,
+                          "0" };
+    const char *rel[] = { "EVALSHA", rel_sha, "1", hash, field, "1", chan,
+                          "0" };
+    c->lock_req = resp(&c->lock_len, 8, acq);
+    c->unlock_req = resp(&c->unlock_len, 8, rel);
+    const char *sub[] = { "SUBSCRIBE", chan };
+    c->sub_req = resp(&c->sub_len, 2, sub);
+    if (r->mode == M_PING) {
+        const char *ping[] = { "PING" };
+        c->get_req = resp(&c->get_len, 1, ping);
+    } else {
+        char gkey[160];
+        snprintf(gkey, sizeof(gkey), "benchd:get:%s.g", base_key);
+        const char *get[] = { "GET", gkey };
+        c->get_req = resp(&c->get_len, 2, get);
+    }
+}
+
+static void start(struct run *r);
+
+static void direct_connected(const redisAsyncContext *ac, int status)
+{
+    struct client *c = ac->data;
+    if (status != REDIS_OK) {
+        die("connect to redis: %s", ac->errstr);
+    }
+    if (++c->run->nconnected == c->run->nneeded) {
+        start(c->run);
+    }
+}
+
+static void direct_disconnected(const redisAsyncContext *ac, int status)
+{
+    struct client *c = ac->data;
+    if (!c->run->closing && status != REDIS_OK) {
+        die("redis closed a connection: %s", ac->errstr);
+    }
+}
+
+static redisAsyncContext *direct_connect(struct client *c)
+{
+    redisAsyncContext *ac = redisAsyncConnect(o.redis_host, o.redis_port);
+    if (ac == NULL || ac->err) {
+        die("redis %s:%d: %s", o.redis_host, o.redis_port,
+            ac ? ac->errstr : "cannot connect");
+    }
+    ac->data = c;
+    redisLibeventAttach(ac, base);
+    redisAsyncSetConnectCallback(ac, direct_connected);
+    redisAsyncSetDisconnectCallback(ac, direct_disconnected);
+    return ac;
+}
+
+/* Pre-fill the values the get and mix runs read. */
+static void prefill(struct run *r)
+{
+    if (r->mode != M_GET && r->mode != M_MIX) {
+        return;
+    }
+    if (r->target == T_DIRECT) {
+        redisContext *rc = redis_sync();
+        for (int i = 0; i < r->conns; i++) {
+            redisReply *rep = redisCommand(rc, "SET benchd:get:b%d.%d.%d.g %b",
+                                           (int)getpid(), r->id, i, value_buf,
+                                           r->size);
+            if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
+                die("SET failed");
+            }
+            freeReplyObject(rep);
+        }
+        redisFree(rc);
+        return;
+    }
+    int fd = unix_connect(o.sock);
+    for (int i = 0; i < r->conns; i++) {
+        size_t len;
+        char *req = xasprintf(&len,
+                              "{\"op\":\"cache.set\",\"key\":\"b%d.%d.%d.g\","
+                              "\"value\":\"%s\",\"ttl_ms\":%d}\n",
+                              (int)getpid(), r->id, i, value_buf,
+                              CACHE_TTL_MS);
+        char *line = blocking_call(fd, req, len);
+        if (strstr(line, "\"ok\":true") == NULL) {
+            die("cache.set failed: %.300s", line);
+        }
+        free(line);
+        free(req);
+    }
+    close(fd);
+}
+
+static void clients_open(struct run *r)
+{
+    r->cl = calloc((size_t)r->conns, sizeof(*r->cl));
+    if (r->cl == NULL) {
+        die("out of memory");
+    }
+    r->nneeded = r->target == T_DIRECT
+                     ? r->conns * (r->mode == M_CONTENDED ? 2 : 1)
+                     : r->conns;
+    for (int i = 0; i < r->conns; i++) {
+        struct client *c = &r->cl[i];
+        char base_key[96];
+        snprintf(base_key, sizeof(base_key), "b%d.%d.%d", (int)getpid(),
+                 r->id, i);
+        c->run = r;
+        c->idx = i;
+        c->rng = o.seed + (uint64_t)i * 0x9E3779B97F4A7C15ULL + 1;
+        if (r->target == T_LEASED) {
+            build_leased(r, c, base_key);
+            c->fd = unix_connect(o.sock);
+            evutil_make_socket_nonblocking(c->fd);
+            c->in = evbuffer_new();
+            c->out = evbuffer_new();
+            c->rev = event_new(base, c->fd, EV_READ | EV_PERSIST, leased_read,
+                               c);
+            c->wev = event_new(base, c->fd, EV_WRITE, leased_writable, c);
+            if (c->in == NULL || c->out == NULL || c->rev == NULL
+                || c->wev == NULL) {
+                die("out of memory");
+            }
+            event_add(c->rev, NULL);
+            r->nconnected++;
+        } else {
+            build_direct(r, c, base_key);
+            c->ac = direct_connect(c);
+            if (r->mode == M_CONTENDED) {
+                c->sub = direct_connect(c);
+                c->timer = evtimer_new(base, direct_timer, c);
+            }
+        }
+    }
+}
+
+static void clients_close(struct run *r)
+{
+    r->closing = true;
+    for (int i = 0; i < r->conns; i++) {
+        struct client *c = &r->cl[i];
+        if (c->rev != NULL) {
+            event_free(c->rev);
+            event_free(c->wev);
+            evbuffer_free(c->in);
+            evbuffer_free(c->out);
+            close(c->fd);
+        }
+        if (c->ac != NULL) {
+            redisAsyncFree(c->ac);
+        }
+        if (c->sub != NULL) {
+            redisAsyncFree(c->sub);
+        }
+        if (c->timer != NULL) {
+            event_free(c->timer);
+        }
+        if (r->target == T_DIRECT) {
+            redisFreeCommand(c->lock_req);
+            redisFreeCommand(c->unlock_req);
+            redisFreeCommand(c->get_req);
+            redisFreeCommand(c->sub_req);
+        } else {
+            free(c->lock_req);
+            free(c->unlock_req);
+            free(c->get_req);
+        }
+    }
+    free(r->cl);
+    r->cl = NULL;
+    if (r->warm_ev != NULL) {
+        event_free(r->warm_ev);
+    }
+    if (r->end_ev != NULL) {
+        event_free(r->end_ev);
+    }
+    free(r->lat);
+    r->lat = NULL;
+}
+
+static void on_end(evutil_socket_t fd, short what, void *arg)
+{
+    finish(arg);
+}
+
+static void begin_recording(struct run *r)
+{
+    r->recording = true;
+    r->t0_ns = now_ns();
+    cpu_snap(&r->cpu0);
+    if (r->ops_limit <= 0) {
+        struct timeval tv = tv_of(o.duration_s);
+        r->end_ev = evtimer_new(base, on_end, r);
+        evtimer_add(r->end_ev, &tv);
+    }
+}
+
+static void on_warm(evutil_socket_t fd, short what, void *arg)
+{
+    begin_recording(arg);
+}
+
+static void start(struct run *r)
+{
+    if (r->started) {
+        return;
+    }
+    r->started = true;
+    if (r->mode != M_HOLD && r->mode != M_WAITERS) {
+        if (o.warmup_s > 0) {
+            struct timeval tv = tv_of(o.warmup_s);
+            r->warm_ev = evtimer_new(base, on_warm, r);
+            evtimer_add(r->warm_ev, &tv);
+        } else {
+            begin_recording(r);
+        }
+    }
+    for (int i = 0; i < r->conns; i++) {
+        next_op(&r->cl[i]);
+    }
+}
+
+/* ------------------------------------------------------------ results */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct_us(const uint64_t *v, size_t n, double q)
+{
+    if (n == 0) {
+        return 0;
+    }
+    size_t i = (size_t)ceil(q * (double)n);
+    i = i == 0 ? 0 : i - 1;
+    if (i >= n) {
+        i = n - 1;
+    }
+    return (double)v[i] / 1000.0;
+}
+
+static void compute(struct run *r, struct result *res)
+{
+    memset(res, 0, sizeof(*res));
+    res->mode = r->mode;
+    res->target = r->target;
+    res->conns = r->conns;
+    res->size = r->size;
+    res->ops = r->ops;
+    res->errors = r->errors;
+    res->timeouts = r->timeouts;
+    res->secs = (double)(r->t1_ns - r->t0_ns) / 1e9;
+    res->ops_s = res->secs > 0 ? (double)r->ops / res->secs : 0;
+    qsort(r->lat, r->nlat, sizeof(*r->lat), cmp_u64);
+    res->p50 = pct_us(r->lat, r->nlat, 0.50);
+    res->p99 = pct_us(r->lat, r->nlat, 0.99);
+    res->p999 = pct_us(r->lat, r->nlat, 0.999);
+    res->max = r->nlat ? (double)r->lat[r->nlat - 1] / 1000.0 : 0;
+    double sum = 0;
+    for (size_t i = 0; i < r->nlat; i++) {
+        sum += (double)r->lat[i];
+    }
+    res->mean = r->nlat ? sum / (double)r->nlat / 1000.0 : 0;
+    if (res->secs > 0) {
+        res->bench_cpu = (r->cpu1.bench_s - r->cpu0.bench_s) / res->secs * 100;
+        res->leased_cpu =
+            (r->cpu1.leased_s - r->cpu0.leased_s) / res->secs * 100;
+        res->redis_cpu = (r->cpu1.redis_s - r->cpu0.redis_s) / res->secs * 100;
+    }
+}
+
+static void print_result(const struct result *s)
+{
+    if (o.json) {
+        json_t *j = json_pack(
+            "{s:s,s:s,s:i,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,"
+            "s:f,s:f,s:f}",
+            "mode", mode_names[s->mode], "target", target_names[s->target],
+            "conns", s->conns, "size", (json_int_t)s->size,
+            "ops", (json_int_t)s->ops, "secs", s->secs, "ops_s", s->ops_s,
+            "p50_us", s->p50, "p99_us", s->p99, "p999_us", s->p999,
+            "max_us", s->max, "mean_us", s->mean,
+            "errors", (json_int_t)s->errors,
+            "timeouts", (json_int_t)s->timeouts,
+            "bench_cpu_pct", s->bench_cpu, "leased_cpu_pct", s->leased_cpu,
+            "redis_cpu_pct", s->redis_cpu);
+        char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        puts(txt);
+        free(txt);
+        json_decref(j);
+    } else {
+        printf("mode=%s target=%s conns=%d size=%zu ops=%lld secs=%.3f "
+               "ops_s=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f "
+               "max_us=%.1f mean_us=%.1f errors=%lld timeouts=%lld "
+               "bench_cpu_pct=%.0f leased_cpu_pct=%.0f redis_cpu_pct=%.0f\n",
+               mode_names[s->mode], target_names[s->target], s->conns,
+               s->size, s->ops, s->secs, s->ops_s, s->p50, s->p99, s->p999,
+               s->max, s->mean, s->errors, s->timeouts, s->bench_cpu,
+               s->leased_cpu, s->redis_cpu);
+    }
+    fflush(stdout);
+}
+
+static struct result run_one(enum mode m, enum target t, int conns,
+                             size_t size)
+{
+    struct run r;
+    memset(&r, 0, sizeof(r));
+    r.mode = m;
+    r.target = t;
+    r.conns = conns;
+    r.size = size;
+    r.id = ++run_counter;
+    r.ops_limit = o.ops_limit;
+    prefill(&r);
+    clients_open(&r);
+    if (t == T_LEASED) {
+        start(&r);
+    }
+    event_base_dispatch(base);
+    if (r.recording) {
+        die("the event loop ran dry during the %s run", mode_names[m]);
+    }
+    struct result res;
+    compute(&r, &res);
+    clients_close(&r);
+    return res;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Both sides, R times, in the order L D D L L D ... so that a drift of the
+ * machine's load over the pairs falls on both alike; the summary takes
+ * the median of each figure. */
+static void run_pairs(void)
+{
+    int n = o.repeat;
+    double ops[2][n], p50[2][n], p99[2][n], p999[2][n];
+    int cnt[2] = { 0, 0 };
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 2; k++) {
+            int t = ((i % 2) ^ k ^ (int)o.direct_first) ? T_DIRECT : T_LEASED;
+            if (!o.want[t]) {
+                continue;
+            }
+            struct result res = run_one(o.mode, (enum target)t, o.conns,
+                                        o.size);
+            print_result(&res);
+            ops[t][cnt[t]] = res.ops_s;
+            p50[t][cnt[t]] = res.p50;
+            p99[t][cnt[t]] = res.p99;
+            p999[t][cnt[t]] = res.p999;
+            cnt[t]++;
+        }
+    }
+    if (cnt[0] == 0 || cnt[1] == 0) {
+        return;
+    }
+    double lo = median(ops[0], cnt[0]), dop = median(ops[1], cnt[1]);
+    double l50 = median(p50[0], cnt[0]), d50 = median(p50[1], cnt[1]);
+    double l99 = median(p99[0], cnt[0]), d99 = median(p99[1], cnt[1]);
+    double l999 = median(p999[0], cnt[0]), d999 = median(p999[1], cnt[1]);
+    double ratio = dop > 0 ? lo / dop : 0;
+    if (o.json) {
+        json_t *j = json_pack(
+            "{s:s,s:s,s:i,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}",
+            "mode", mode_names[o.mode], "target", "both", "conns", o.conns,
+            "size", (json_int_t)o.size, "repeat", n,
+            "leased_ops_s", lo, "direct_ops_s", dop, "ratio", ratio,
+            "leased_p50_us", l50, "direct_p50_us", d50,
+            "leased_p99_us", l99, "direct_p99_us", d99,
+            "leased_p999_us", l999, "direct_p999_us", d999);
+        char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        puts(txt);
+        free(txt);
+        json_decref(j);
+    } else {
+        printf("mode=%s target=both conns=%d size=%zu repeat=%d "
+               "leased_ops_s=%.0f direct_ops_s=%.0f ratio=%.3f "
+               "leased_p50_us=%.1f direct_p50_us=%.1f leased_p99_us=%.1f "
+               "direct_p99_us=%.1f leased_p999_us=%.1f direct_p999_us=%.1f\n",
+               mode_names[o.mode], o.conns, o.size, n, lo, dop, ratio, l50,
+               d50, l99, d99, l999, d999);
+    }
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------ hold (resources) */
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    event_base_loopbreak(base);
+}
+
+/* Run the loop for S seconds (the held sessions' events are read). */
+static void loop_for(double s)
+{
+    struct timeval tv = tv_of(s);
+    struct event *ev = evtimer_new(base, on_tick, NULL);
+    evtimer_add(ev, &tv);
+    event_base_dispatch(base);
+    event_free(ev);
+}
+
+static void emit_kv(json_t *j, const char *k, double v, bool integer)
+{
+    if (o.json) {
+        json_object_set_new(j, k, integer ? json_integer((json_int_t)v)
+                                          : json_real(v));
+    } else if (integer) {
+        printf(" %s=%lld", k, (long long)v);
+    } else {
+        printf(" %s=%.2f", k, v);
+    }
+}
+
+/* CONNS sessions, each taking LOCKS watchdog locks with distinct keys one
+ * after the other; then the daemon's memory and its CPU over HOLD seconds
+ * of doing nothing but keeping them (the watchdog renews every third of
+ * lock.watchdog_ms). */
+static void run_hold(void)
+{
+    if (o.leased_pid <= 0) {
+        die("--mode hold needs --pid of leased");
+    }
+    int ctl = unix_connect(o.sock);
+    long rss_idle = proc_status_kb(o.leased_pid, "VmRSS");
+    struct run r;
+    memset(&r, 0, sizeof(r));
+    r.mode = M_HOLD;
+    r.target = T_LEASED;
+    r.conns = o.conns;
+    r.id = ++run_counter;
+    uint64_t t_setup = now_ns();
+    clients_open(&r);
+    start(&r);
+    event_base_dispatch(base);
+    double setup_s = (double)(now_ns() - t_setup) / 1e9;
+    if (r.done_clients != r.conns) {
+        die("only %d of %d sessions took their locks", r.done_clients,
+            r.conns);
+    }
+    long long held = stats_field(ctl, "locks_held");
+    long long ren0 = stats_field(ctl, "lock_renewals_ok");
+    long long fail0 = stats_field(ctl, "lock_renewals_failed");
+    long rss_held = proc_status_kb(o.leased_pid, "VmRSS");
+    struct cpu c0, c1;
+    cpu_snap(&c0);
+    uint64_t t0 = now_ns();
+    loop_for(o.hold_s);
+    cpu_snap(&c1);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    long long ren1 = stats_field(ctl, "lock_renewals_ok");
+    long long fail1 = stats_field(ctl, "lock_renewals_failed");
+    long rss_end = proc_status_kb(o.leased_pid, "VmRSS");
+    long hwm = proc_status_kb(o.leased_pid, "VmHWM");
+    long long locks = (long long)o.conns * o.locks;
+    json_t *j = o.json ? json_object() : NULL;
+    if (o.json) {
+        json_object_set_new(j, "mode", json_string("hold"));
+    } else {
+        printf("mode=hold");
+    }
+    emit_kv(j, "conns", o.conns, true);
+    emit_kv(j, "locks", (double)locks, true);
+    emit_kv(j, "locks_held", (double)held, true);
+    emit_kv(j, "setup_s", setup_s, false);
+    emit_kv(j, "secs", secs, false);
+    emit_kv(j, "rss_idle_kb", (double)rss_idle, true);
+    emit_kv(j, "rss_held_kb", (double)rss_held, true);
+    emit_kv(j, "rss_end_kb", (double)rss_end, true);
+    emit_kv(j, "rss_hwm_kb", (double)hwm, true);
+    emit_kv(j, "bytes_per_lock",
+            (double)(rss_end - rss_idle) * 1024.0 / (double)locks, false);
+    emit_kv(j, "leased_cpu_pct", (c1.leased_s - c0.leased_s) / secs * 100,
+            false);
+    emit_kv(j, "redis_cpu_pct", (c1.redis_s - c0.redis_s) / secs * 100,
+            false);
+    emit_kv(j, "bench_cpu_pct", (c1.bench_s - c0.bench_s) / secs * 100,
+            false);
+    emit_kv(j, "renewals", (double)(ren1 - ren0), true);
+    emit_kv(j, "renewals_failed", (double)(fail1 - fail0), true);
+    emit_kv(j, "events", (double)r.events, true);
+    if (o.json) {
+        char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        puts(txt);
+        free(txt);
+        json_decref(j);
+    } else {
+        putchar('\n');
+    }
+    fflush(stdout);
+    clients_close(&r);
+    close(ctl);
+}
+
+/* ---------------------------------------------------------- isolation */
+
+static void on_poll_waiters(evutil_socket_t fd, short what, void *arg)
+{
+    int *ctl = arg;
+    if (stats_field(*ctl, "lock_waiters") >= o.waiters) {
+        event_base_loopbreak(base);
+    }
+}
+
+static void wait_for_waiters(int ctl)
+{
+    struct timeval tv = { 0, 50000 };
+    struct event *ev = event_new(base, -1, EV_PERSIST, on_poll_waiters, &ctl);
+    struct event *guard = evtimer_new(base, on_tick, NULL);
+    struct timeval gtv = { WAITERS_TIMEOUT_S, 0 };
+    evtimer_add(ev, &tv);
+    evtimer_add(guard, &gtv);
+    event_base_dispatch(base);
+    event_free(ev);
+    event_free(guard);
+    long long n = stats_field(ctl, "lock_waiters");
+    if (n < o.waiters) {
+        die("only %lld of %d waiters queued", n, o.waiters);
+    }
+}
+
+static void iso_print(const char *phase, const struct result *s,
+                      long long waiting, int acquired)
+{
+    if (o.json) {
+        json_t *j = json_pack("{s:s,s:s,s:i,s:I,s:I,s:I,s:f,s:f,s:f,s:f,"
+                              "s:f,s:I,s:i,s:f,s:f}",
+                              "mode", "isolation", "phase", phase,
+                              "conns", s->conns, "size", (json_int_t)s->size,
+                              "waiters", (json_int_t)waiting,
+                              "ops", (json_int_t)s->ops, "ops_s", s->ops_s,
+                              "p50_us", s->p50, "p99_us", s->p99,
+                              "p999_us", s->p999, "max_us", s->max,
+                              "errors", (json_int_t)s->errors,
+                              "acquired", acquired,
+                              "leased_cpu_pct", s->leased_cpu,
+                              "redis_cpu_pct", s->redis_cpu);
+        char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        puts(txt);
+        free(txt);
+        json_decref(j);
+    } else {
+        printf("mode=isolation phase=%s conns=%d size=%zu waiters=%lld "
+               "ops=%lld ops_s=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f "
+               "max_us=%.1f errors=%lld acquired=%d leased_cpu_pct=%.0f "
+               "redis_cpu_pct=%.0f\n",
+               phase, s->conns, s->size, waiting, s->ops, s->ops_s, s->p50,
+               s->p99, s->p999, s->max, s->errors, acquired, s->leased_cpu,
+               s->redis_cpu);
+    }
+    fflush(stdout);
+}
+
+/* cache.get p99 at CONNS connections alone, then while WAITERS sessions
+ * wait on one lock that another session holds, then alone again (the
+ * second "alone" shows how much the machine itself drifted). With
+ * --churn, also while the waiters take and release that lock in turn. */
+static void run_isolation(void)
+{
+    struct result alone1 = run_one(M_GET, T_LEASED, o.conns, o.size);
+    iso_print("alone", &alone1, 0, 0);
+
+    int ctl = unix_connect(o.sock);
+    struct run w;
+    memset(&w, 0, sizeof(w));
+    w.mode = M_WAITERS;
+    w.target = T_LEASED;
+    w.conns = o.waiters;
+    w.id = ++run_counter;
+    int holder = unix_connect(o.sock);
+    size_t len;
+    char *req = xasprintf(&len, "{\"op\":\"lock\",\"key\":\"b%d.%d.c\"}\n",
+                          (int)getpid(), w.id);
+    char *line = blocking_call(holder, req, len);
+    if (strstr(line, "\"acquired\":true") == NULL) {
+        die("holder could not lock: %s", line);
+    }
+    free(line);
+    free(req);
+    long long saved_wait = o.wait_ms;
+    o.wait_ms = -1;
+    clients_open(&w);
+    o.wait_ms = saved_wait;
+    start(&w);
+    wait_for_waiters(ctl);
+
+    struct result queued = run_one(M_GET, T_LEASED, o.conns, o.size);
+    long long still = stats_field(ctl, "lock_waiters");
+    iso_print("waiters", &queued, still, w.acquired);
+
+    if (o.churn) {
+        w.churn = true;
+        req = xasprintf(&len, "{\"op\":\"unlock\",\"key\":\"b%d.%d.c\"}\n",
+                        (int)getpid(), w.id);
+        line = blocking_call(holder, req, len);
+        free(line);
+        free(req);
+        struct result churn = run_one(M_GET, T_LEASED, o.conns, o.size);
+        iso_print("churn", &churn, stats_field(ctl, "lock_waiters"),
+                  w.acquired);
+        w.churn = false;
+    }
+    close(holder);
+    clients_close(&w);
+    close(ctl);
+
+    struct result alone2 = run_one(M_GET, T_LEASED, o.conns, o.size);
+    iso_print("alone-after", &alone2, 0, 0);
+    double ratio = alone1.p99 > 0 ? queued.p99 / alone1.p99 : 0;
+    if (o.json) {
+        printf("{\"mode\":\"isolation\",\"phase\":\"summary\","
+               "\"p99_alone_us\":%.1f,\"p99_waiters_us\":%.1f,"
+               "\"p99_alone_after_us\":%.1f,\"p99_ratio\":%.3f}\n",
+               alone1.p99, queued.p99, alone2.p99, ratio);
+    } else {
+        printf("mode=isolation phase=summary p99_alone_us=%.1f "
+               "p99_waiters_us=%.1f p99_alone_after_us=%.1f p99_ratio=%.3f\n",
+               alone1.p99, queued.p99, alone2.p99, ratio);
+    }
+    fflush(stdout);
+}
+
+/* --------------------------------------------------------------- main */
+
+static void usage(FILE *f)
+{
+    fputs(
+"usage: leased-bench [options]\n"
+"  -m, --mode MODE      lock | lock-contended | get | mix | ping | hold |\n"
+"                       isolation (default lock)\n"
+"  -t, --target T       both | leased | direct (default both)\n"
+"      --direct-first   run direct before leased in each pair\n"
+"  -s, --socket PATH    leased's Unix socket\n"
+"  -r, --redis H:P      Redis for the direct side (default 127.0.0.1:6379)\n"
+"  -c, --conns N        concurrent connections (default 10)\n"
+"  -z, --size BYTES     value size for get and mix (default 100)\n"
+"  -d, --duration S     measured seconds (default 2)\n"
+"  -w, --warmup S       unmeasured seconds before (default 0.5)\n"
+"  -n, --repeat N       run each side N times, alternating (default 1)\n"
+"      --ops N          stop after N measured ops instead of a duration\n"
+"      --lua-dir DIR    the daemon's Lua scripts (default " LB_LUA_DIR ")\n"
+"      --wait-ms MS     lock-contended: wait_ms (default 10000)\n"
+"      --mix-lock-pct P mix: percent of lock+unlock ops (default 10)\n"
+"      --pid PID        leased's pid (CPU and memory figures)\n"
+"      --redis-pid PID  redis-server's pid (CPU figures)\n"
+"      --locks N        hold: locks per connection (default 1)\n"
+"      --hold S         hold: seconds to watch the held locks (default 30)\n"
+"      --waiters N      isolation: waiters on the held key (default 1000)\n"
+"      --churn          isolation: also measure while the waiters take turns\n"
+"      --seed N         mix: random seed\n"
+"      --json           one JSON object per line instead of key=value\n"
+"  -h, --help\n", f);
+}
+
+static void parse_hostport(const char *s)
+{
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || (size_t)(colon - s) >= sizeof(o.redis_host)) {
+        die("bad --redis %s (want host:port)", s);
+    }
+    memcpy(o.redis_host, s, (size_t)(colon - s));
+    o.redis_host[colon - s] = '\0';
+    o.redis_port = atoi(colon + 1);
+    if (o.redis_port <= 0 || o.redis_port > 65535) {
+        die("bad --redis port in %s", s);
+    }
+}
+
+static void parse_args(int argc, char **argv)
+{
+    enum { O_LUA = 256, O_WAIT, O_PID, O_RPID, O_LOCKS, O_HOLD, O_WAITERS,
+           O_JSON, O_OPS, O_SEED, O_MIX, O_DFIRST, O_CHURN };
+    static const struct option lo[] = {
+        { "mode", required_argument, NULL, 'm' },
+        { "target", required_argument, NULL, 't' },
+        { "socket", required_argument, NULL, 's' },
+        { "redis", required_argument, NULL, 'r' },
+        { "conns", required_argument, NULL, 'c' },
+        { "size", required_argument, NULL, 'z' },
+        { "duration", required_argument, NULL, 'd' },
+        { "warmup", required_argument, NULL, 'w' },
+        { "repeat", required_argument, NULL, 'n' },
+        { "ops", required_argument, NULL, O_OPS },
+        { "lua-dir", required_argument, NULL, O_LUA },
+        { "wait-ms", required_argument, NULL, O_WAIT },
+        { "pid", required_argument, NULL, O_PID },
+        { "redis-pid", required_argument, NULL, O_RPID },
+        { "locks", required_argument, NULL, O_LOCKS },
+        { "hold", required_argument, NULL, O_HOLD },
+        { "waiters", required_argument, NULL, O_WAITERS },
+        { "churn", no_argument, NULL, O_CHURN },
+        { "seed", required_argument, NULL, O_SEED },
+        { "mix-lock-pct", required_argument, NULL, O_MIX },
+        { "direct-first", no_argument, NULL, O_DFIRST },
+        { "json", no_argument, NULL, O_JSON },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    o.mode = M_LOCK;
+    o.want[T_LEASED] = o.want[T_DIRECT] = true;
+    o.sock = "/run/leased/leased.sock";
+    strcpy(o.redis_host, "127.0.0.1");
+    o.redis_port = 6379;
+    o.conns = 10;
+    o.size = 100;
+    o.duration_s = 2;
+    o.warmup_s = 0.5;
+    o.repeat = 1;
+    o.lua_dir = LB_LUA_DIR;
+    o.wait_ms = 10000;
+    o.locks = 1;
+    o.hold_s = 30;
+    o.waiters = 1000;
+    o.mix_lock_pct = 10;
+    o.seed = 42;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "m:t:s:r:c:z:d:w:n:h", lo, NULL))
+           != -1) {
+        switch (ch) {
+        case 'm': {
+            size_t i;
+            for (i = 0; i < M_WAITERS; i++) {
+                if (strcmp(optarg, mode_names[i]) == 0) {
+                    break;
+                }
+            }
+            if (i == M_WAITERS) {
+                die("unknown mode %s", optarg);
+            }
+            o.mode = (enum mode)i;
+            break;
+        }
+        case 't':
+            o.want[T_LEASED] = strcmp(optarg, "direct") != 0;
+            o.want[T_DIRECT] = strcmp(optarg, "leased") != 0;
+            if (strcmp(optarg, "both") && strcmp(optarg, "leased")
+                && strcmp(optarg, "direct")) {
+                die("unknown target %s", optarg);
+            }
+            break;
+        case 's': o.sock = optarg; break;
+        case 'r': parse_hostport(optarg); break;
+        case 'c': o.conns = atoi(optarg); break;
+        case 'z': o.size = (size_t)strtoull(optarg, NULL, 10); break;
+        case 'd': o.duration_s = atof(optarg); break;
+        case 'w': o.warmup_s = atof(optarg); break;
+        case 'n': o.repeat = atoi(optarg); break;
+        case O_OPS: o.ops_limit = atoll(optarg); break;
+        case O_LUA: o.lua_dir = optarg; break;
+        case O_WAIT: o.wait_ms = atoll(optarg); break;
+        case O_PID: o.leased_pid = (pid_t)atoi(optarg); break;
+        case O_RPID: o.redis_pid = (pid_t)atoi(optarg); break;
+        case O_LOCKS: o.locks = atoi(optarg); break;
+        case O_HOLD: o.hold_s = atof(optarg); break;
+        case O_WAITERS: o.waiters = atoi(optarg); break;
+        case O_CHURN: o.churn = true; break;
+        case O_SEED: o.seed = strtoull(optarg, NULL, 10); break;
+        case O_MIX: o.mix_lock_pct = atoi(optarg); break;
+        case O_DFIRST: o.direct_first = true; break;
+        case O_JSON: o.json = true; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); exit(2);
+        }
+    }
+    if (optind != argc) {
+        usage(stderr);
+        exit(2);
+    }
+    if (o.conns < 1 || o.repeat < 1 || o.repeat > 100 || o.locks < 1
+        || o.waiters < 1 || o.duration_s <= 0 || o.size > (64u << 20)) {
+        die("bad numeric option (see --help)");
+    }
+}
+
+/* Each leased session and each Redis connection is a descriptor, and the
+ * resource runs open 10,000 of them. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    parse_args(argc, argv);
+    signal(SIGPIPE, SIG_IGN);
+    raise_nofile();
+    value_buf = xmalloc(o.size + 1);
+    memset(value_buf, 'x', o.size);
+    value_buf[o.size] = '\0';
+    /* hiredis's libevent adapter re-adds its one-shot read event after
+     * every reply; with the change list, that delete and add within one
+     * loop iteration cost no epoll_ctl. */
+    struct event_config *ecfg = event_config_new();
+    event_config_set_flag(ecfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+    base = event_base_new_with_config(ecfg);
+    event_config_free(ecfg);
+    if (base == NULL) {
+        die("event_base_new failed");
+    }
+    if (o.want[T_DIRECT] && o.mode != M_HOLD && o.mode != M_ISOLATION) {
+        load_scripts();
+    }
+    switch (o.mode) {
+    case M_HOLD:
+        run_hold();
+        break;
+    case M_ISOLATION:
+        run_isolation();
+        break;
+    default:
+        run_pairs();
+        break;
+    }
+    event_base_free(base);
+    free(value_buf);
+    return 0;
+}
