@@ -493,6 +493,7 @@ START_TEST(test_redis_restart)
 {
     struct h_conn *c;
     struct stat_want w;
+    json_t *r;
     pid_t pid;
 
     start(NULL);
@@ -506,10 +507,15 @@ START_TEST(test_redis_restart)
     w = (struct stat_want){ c, "redis_connected", 0 };
     ck_assert_msg(h_wait_until(stat_is, &w, 10000),
                   "redis_connected stayed above 0 with Redis dead");
-    /* Still serving while Redis is away. */
+    /* Still serving while Redis is away, and an op that needs Redis gets
+     * a clear answer rather than silence. */
     for (int i = 0; i < 20; i++) {
         assert_ping(c);
     }
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "rr");
+    ck_assert_msg(r != NULL, "no answer to lock with Redis dead");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
 
     ck_assert_int_eq(h_redis_restart(&R), 0);
     w = (struct stat_want){ c, "redis_connected", 1 };
@@ -517,11 +523,262 @@ START_TEST(test_redis_restart)
                   "did not reconnect to the restarted Redis");
     ck_assert_int_ge(h_stat(c, "redis_reconnects"), 1);
     assert_ping(c);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "rr");
+    ck_assert_msg(h_ok(r) && json_is_true(json_object_get(r, "acquired")),
+                  "lock did not work again after Redis came back");
+    json_decref(r);
 
     /* Same process, same connection. */
     ck_assert_int_eq(D.pid, pid);
     ck_assert_int_eq(kill(pid, 0), 0);
     ck_assert_int_eq(waitpid(pid, NULL, WNOHANG), 0);
+    h_close(c);
+}
+END_TEST
+
+/* --- the Redis backend ------------------------------------------------------ */
+
+static json_t *lock_ok(struct h_conn *c, const char *key)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", key);
+
+    ck_assert_msg(r != NULL, "no answer to lock %s", key);
+    ck_assert_msg(h_ok(r), "lock %s: %s", key, h_errcode(r));
+    ck_assert_msg(json_is_true(json_object_get(r, "acquired")),
+                  "lock %s not acquired", key);
+    return r;
+}
+
+/* Redis with requirepass and an ACL user: the daemon authenticates every
+ * connection (commands and subscriber) and selects redis.db. */
+START_TEST(test_redis_auth_db)
+{
+    char yaml[512];
+    struct h_conn *c;
+    redisContext *rc;
+    redisReply *rep;
+    json_t *r;
+
+    ck_assert_int_eq(h_redis_start(&R, "--requirepass s3cret"), 0);
+    rc = h_redis_connect(&R);
+    ck_assert_ptr_nonnull(rc);
+    rep = redisCommand(rc, "AUTH s3cret");
+    ck_assert(rep && rep->type == REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "ACL SETUSER app on >apppw ~* &* +@all");
+    ck_assert(rep && rep->type == REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  username: app\n"
+             "  password: apppw\n  db: 3\n", R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    c = connect_ok();
+    r = lock_ok(c, "authdb");
+    json_decref(r);
+
+    rep = redisCommand(rc, "SELECT 3");
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "EXISTS leased:lock:{authdb}");
+    ck_assert(rep && rep->type == REDIS_REPLY_INTEGER);
+    ck_assert_int_eq(rep->integer, 1);
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "SELECT 0");
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "EXISTS leased:lock:{authdb}");
+    ck_assert_int_eq(rep->integer, 0);
+    freeReplyObject(rep);
+    redisFree(rc);
+    h_close(c);
+}
+END_TEST
+
+/* A wrong password: the daemon keeps running, answers redis_unavailable
+ * and logs why, instead of exiting or hanging. */
+START_TEST(test_redis_bad_auth)
+{
+    char yaml[256];
+    struct h_conn *c;
+    json_t *r;
+
+    ck_assert_int_eq(h_redis_start(&R, "--requirepass s3cret"), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  password: wrong\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    c = connect_ok();
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "x");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    ck_assert_int_eq(h_stat(c, "redis_connected"), 0);
+    h_close(c);
+}
+END_TEST
+
+/* redis.address as a Unix socket path. */
+START_TEST(test_redis_unix_socket)
+{
+    char dir[200], args[300], yaml[400];
+    struct h_conn *c;
+    json_t *r;
+
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(args, sizeof args, "--unixsocket %s/r.sock", dir);
+    ck_assert_int_eq(h_redis_start(&R, args), 0);
+    snprintf(yaml, sizeof yaml, "redis:\n  address: \"%s/r.sock\"\n", dir);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    c = connect_ok();
+    r = lock_ok(c, "unix");
+    json_decref(r);
+    /* The subscriber works over the socket too: a waiter is woken. */
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key", "unix");
+    ck_assert(h_ok(r));
+    json_decref(r);
+    h_close(c);
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R);
+    h_rmdir(dir);
+}
+END_TEST
+
+/* Scripts run by EVALSHA; after SCRIPT FLUSH the daemon falls back to EVAL
+ * and the client never notices. */
+START_TEST(test_noscript_fallback)
+{
+    struct h_conn *c;
+    redisReply *rep;
+    json_t *r;
+
+    start(NULL);
+    c = connect_ok();
+    r = lock_ok(c, "ns1");
+    json_decref(r);
+    rep = h_redis_cmd(&R, "SCRIPT FLUSH");
+    ck_assert(rep && rep->type == REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+    r = lock_ok(c, "ns2");
+    json_decref(r);
+    ck_assert_int_ge(h_stat(c, "redis_noscript"), 1);
+    r = lock_ok(c, "ns3");
+    json_decref(r);
+    h_close(c);
+}
+END_TEST
+
+/* A Redis that stops answering (SIGSTOP) is noticed by the daemon's own
+ * timer: redis_unavailable after about redis.timeout_ms, not a hang, and
+ * everything works again once it answers. */
+START_TEST(test_redis_timeout)
+{
+    struct h_conn *c;
+    struct stat_want w;
+    json_t *r;
+    long long t0, took;
+
+    char yaml[256];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    c = connect_ok();
+    r = lock_ok(c, "to1");
+    json_decref(r);
+
+    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    t0 = h_now_ms();
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "to2");
+    took = h_now_ms() - t0;
+    kill(R.pid, SIGCONT);
+    ck_assert_msg(r != NULL, "no answer while Redis was stopped");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    ck_assert_msg(took >= 250 && took < 2000,
+                  "answered after %lld ms with timeout_ms 300", took);
+    ck_assert_int_ge(h_stat(c, "redis_timeouts"), 1);
+
+    w = (struct stat_want){ c, "redis_connected", 1 };
+    ck_assert(h_wait_until(stat_at_least, &w, 10000));
+    r = lock_ok(c, "to3");
+    json_decref(r);
+    h_close(c);
+}
+END_TEST
+
+static bool log_has_reload_failure(void *arg)
+{
+    const struct h_daemon *d = arg;
+    char buf[512];
+    bool found = false;
+    FILE *f = fopen(d->log, "r");
+
+    if (!f) {
+        return false;
+    }
+    while (!found && fgets(buf, sizeof buf, f)) {
+        found = strstr(buf, "reload failed") != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
+/* SIGHUP applies what can change live and keeps the old configuration
+ * when the new file is bad. */
+START_TEST(test_reload)
+{
+    struct h_conn *c;
+    json_t *r;
+    FILE *f;
+    char line[700];
+
+    start("limits:\n  max_request_bytes: 100000\n");
+    c = connect_ok();
+    memset(line, 0, sizeof line);
+    snprintf(line, sizeof line, "{\"op\":\"ping\",\"id\":5,\"pad\":\"");
+    memset(line + strlen(line), 'x', 500);
+    strcat(line, "\"}\n");
+    r = h_recv(c, 0);
+    ck_assert(r == NULL);
+    ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
+    r = h_recv(c, T_MS);
+    ck_assert(h_ok(r));
+    json_decref(r);
+
+    /* Lower the limit in the file and reload. */
+    {
+        char cmd[800];
+        snprintf(cmd, sizeof cmd,
+                 "sed -i 's/max_request_bytes: 100000/"
+                 "max_request_bytes: 200/' '%s'", D.conf);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    h_daemon_signal(&D, SIGHUP);
+    for (int i = 0; i < 200; i++) {
+        ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
+        r = h_recv(c, T_MS);
+        ck_assert_ptr_nonnull(r);
+        bool refused = h_errcode(r) && strcmp(h_errcode(r), "too_large") == 0;
+        json_decref(r);
+        if (refused) {
+            break;
+        }
+        ck_assert_msg(i < 199, "reload did not lower max_request_bytes");
+        usleep(10000);
+    }
+
+    /* A broken file: the daemon logs, keeps running with what it had. */
+    f = fopen(D.conf, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("nonsense_key: 1\n", f);
+    fclose(f);
+    h_daemon_signal(&D, SIGHUP);
+    ck_assert(h_wait_until(log_has_reload_failure, &D, 5000));
+    assert_ping(c);
+    ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
+    r = h_recv(c, T_MS);
+    ck_assert_str_eq(h_errcode(r), "too_large");
+    json_decref(r);
     h_close(c);
 }
 END_TEST
@@ -755,6 +1012,12 @@ int main(void)
     add(s, "tcp_auth", test_tcp_auth, 60);
     add(s, "max_clients", test_max_clients, 60);
     add(s, "redis_restart", test_redis_restart, 90);
+    add(s, "redis_auth_db", test_redis_auth_db, 60);
+    add(s, "redis_bad_auth", test_redis_bad_auth, 60);
+    add(s, "redis_unix_socket", test_redis_unix_socket, 60);
+    add(s, "noscript_fallback", test_noscript_fallback, 60);
+    add(s, "redis_timeout", test_redis_timeout, 60);
+    add(s, "reload", test_reload, 60);
     add(s, "half_close", test_half_close, 60);
     add(s, "sigterm", test_sigterm, 60);
     add(s, "cmdline", test_cmdline, 60);

@@ -46,7 +46,8 @@ int h_redis_start(struct h_redis *r, const char *extra_args);
 int h_redis_restart(struct h_redis *r);
 void h_redis_kill(struct h_redis *r);   /* SIGKILL, reaped */
 void h_redis_stop(struct h_redis *r);   /* kill + remove dir */
-/* A direct synchronous connection for checks from the test. */
+/* A direct synchronous connection for checks from the test (it sends AUTH
+ * when the server was started with --requirepass in its extra args). */
 redisContext *h_redis_connect(const struct h_redis *r);
 /* Run a command directly (printf-style like redisCommand); returns reply
  * (caller frees with freeReplyObject) or NULL. Opens and closes a
