@@ -706,9 +706,8 @@ START_TEST(test_redis_timeout)
 }
 END_TEST
 
-static bool log_has_reload_failure(void *arg)
+static bool log_has(const struct h_daemon *d, const char *needle)
 {
-    const struct h_daemon *d = arg;
     char buf[512];
     bool found = false;
     FILE *f = fopen(d->log, "r");
@@ -717,10 +716,15 @@ static bool log_has_reload_failure(void *arg)
         return false;
     }
     while (!found && fgets(buf, sizeof buf, f)) {
-        found = strstr(buf, "reload failed") != NULL;
+        found = strstr(buf, needle) != NULL;
     }
     fclose(f);
     return found;
+}
+
+static bool log_has_reload_failure(void *arg)
+{
+    return log_has(arg, "reload failed");
 }
 
 /* SIGHUP applies what can change live and keeps the old configuration
@@ -780,6 +784,33 @@ START_TEST(test_reload)
     ck_assert_str_eq(h_errcode(r), "too_large");
     json_decref(r);
     h_close(c);
+}
+END_TEST
+
+/* Settings of the file format that this version does not implement make
+ * the daemon refuse to start, saying why, rather than run without them. */
+START_TEST(test_unsupported_refused)
+{
+    static const struct {
+        const char *yaml;
+        const char *says;
+    } cases[] = {
+        {"cache:\n  near: { enabled: true }\n", "near cache is not"},
+        {"lock:\n  redlock: [\"127.0.0.1:1\", \"127.0.0.1:2\", "
+         "\"127.0.0.1:3\"]\n", "Redlock is not"},
+        {"redis:\n  mode: sentinel\n  addresses: [\"127.0.0.1:1\"]\n",
+         "sentinel is not"},
+    };
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(&D, 0, sizeof D);
+        ck_assert_msg(h_daemon_start(&D, &R, cases[i].yaml) != 0,
+                      "started with: %s", cases[i].yaml);
+        ck_assert_msg(log_has(&D, cases[i].says), "log does not say '%s'",
+                      cases[i].says);
+        h_daemon_cleanup(&D);
+    }
 }
 END_TEST
 
@@ -1018,6 +1049,7 @@ int main(void)
     add(s, "noscript_fallback", test_noscript_fallback, 60);
     add(s, "redis_timeout", test_redis_timeout, 60);
     add(s, "reload", test_reload, 60);
+    add(s, "unsupported_refused", test_unsupported_refused, 60);
     add(s, "half_close", test_half_close, 60);
     add(s, "sigterm", test_sigterm, 60);
     add(s, "cmdline", test_cmdline, 60);
