@@ -1343,21 +1343,12 @@ END_TEST
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
 {
-    TCase *tc = tcase_create(name);
-
-    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_checked_fixture(tc, NULL, h_case_passed);
-    tcase_set_timeout(tc, timeout_s);
-    tcase_add_test(tc, t);
-    suite_add_tcase(s, tc);
+    h_add_test(s, name, t, timeout_s, setup, teardown);
 }
 
 int main(void)
 {
     Suite *s = suite_create("cache");
-    SRunner *sr;
-    int failed;
 
     add(s, "get_fill_hit", test_get_fill_hit, 60);
     add(s, "null_and_empty", test_null_and_empty, 60);
@@ -1381,9 +1372,5 @@ int main(void)
     add(s, "journal_unusable", test_journal_unusable, 60);
     add(s, "stats_move", test_stats_move, 60);
 
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return h_run_suite(s);
 }

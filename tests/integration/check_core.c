@@ -1019,21 +1019,12 @@ END_TEST
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
 {
-    TCase *tc = tcase_create(name);
-
-    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_checked_fixture(tc, NULL, h_case_passed);
-    tcase_set_timeout(tc, timeout_s);
-    tcase_add_test(tc, t);
-    suite_add_tcase(s, tc);
+    h_add_test(s, name, t, timeout_s, setup, teardown);
 }
 
 int main(void)
 {
     Suite *s = suite_create("core");
-    SRunner *sr;
-    int failed;
 
     add(s, "hello_ping_stats", test_hello_ping_stats, 60);
     add(s, "errors", test_errors, 60);
@@ -1056,9 +1047,5 @@ int main(void)
     add(s, "socket_activation", test_socket_activation, 60);
     add(s, "cleanup", test_cleanup, 60);
 
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return h_run_suite(s);
 }

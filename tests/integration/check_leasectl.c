@@ -659,21 +659,12 @@ END_TEST
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
 {
-    TCase *tc = tcase_create(name);
-
-    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_checked_fixture(tc, NULL, h_case_passed);
-    tcase_set_timeout(tc, timeout_s);
-    tcase_add_test(tc, t);
-    suite_add_tcase(s, tc);
+    h_add_test(s, name, t, timeout_s, setup, teardown);
 }
 
 int main(void)
 {
     Suite *s = suite_create("leasectl");
-    SRunner *sr;
-    int failed;
 
     add(s, "ping_stats_usage", test_ping_stats_usage, 60);
     add(s, "cache_cmds", test_cache_cmds, 60);
@@ -685,9 +676,5 @@ int main(void)
     add(s, "lock_daemon_stops", test_lock_daemon_stops, 60);
     add(s, "auth", test_auth, 60);
     add(s, "redis_down", test_redis_down, 60);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return h_run_suite(s);
 }

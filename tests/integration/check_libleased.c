@@ -1075,21 +1075,12 @@ END_TEST
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
 {
-    TCase *tc = tcase_create(name);
-
-    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_checked_fixture(tc, NULL, h_case_passed);
-    tcase_set_timeout(tc, timeout_s);
-    tcase_add_test(tc, t);
-    suite_add_tcase(s, tc);
+    h_add_test(s, name, t, timeout_s, setup, teardown);
 }
 
 int main(void)
 {
     Suite *s = suite_create("libleased");
-    SRunner *sr;
-    int failed;
 
     add(s, "connect", test_connect, 60);
     add(s, "stats", test_stats, 60);
@@ -1105,9 +1096,5 @@ int main(void)
     add(s, "reconnect", test_reconnect, 90);
     add(s, "timeout", test_timeout, 60);
     add(s, "pipelining", test_pipelining, 60);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return h_run_suite(s);
 }

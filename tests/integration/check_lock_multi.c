@@ -430,21 +430,12 @@ END_TEST
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
 {
-    TCase *tc = tcase_create(name);
-
-    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_checked_fixture(tc, NULL, h_case_passed);
-    tcase_set_timeout(tc, timeout_s);
-    tcase_add_test(tc, t);
-    suite_add_tcase(s, tc);
+    h_add_test(s, name, t, timeout_s, setup, teardown);
 }
 
 int main(void)
 {
     Suite *s = suite_create("lock_multi");
-    SRunner *sr;
-    int failed;
 
     add(s, "two_daemons", test_two_daemons, 60);
     add(s, "release_on_close_and_crash", test_release_on_close_and_crash, 60);
@@ -452,9 +443,5 @@ int main(void)
     add(s, "ticket_seller", test_ticket_seller, 150);
     add(s, "thousand_waiters", test_thousand_waiters, 90);
 
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return h_run_suite(s);
 }

@@ -1644,3 +1644,29 @@ const char *h_errcode(const json_t *reply)
     code = json_object_get(json_object_get(reply, "error"), "code");
     return json_is_string(code) ? json_string_value(code) : "(no code)";
 }
+
+/* --- Check suites -------------------------------------------------------- */
+
+void h_add_test(Suite *s, const char *name, const TTest *t, int timeout_s,
+                SFun setup, SFun teardown)
+{
+    TCase *tc = tcase_create(name);
+
+    tcase_add_unchecked_fixture(tc, h_case_setup, h_case_teardown);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, NULL, h_case_passed);
+    tcase_set_timeout(tc, timeout_s);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
+int h_run_suite(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    int failed;
+
+    srunner_run_all(sr, CK_ENV);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

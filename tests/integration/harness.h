@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include <check.h>
 #include <hiredis/hiredis.h>
 #include <jansson.h>
 
@@ -114,6 +115,16 @@ json_t *h_recv_id(struct h_conn *c, json_int_t id, int timeout_ms);
 json_t *h_event(struct h_conn *c, int timeout_ms);
 /* True once the peer closed (read returns EOF within TIMEOUT_MS). */
 bool h_wait_closed(struct h_conn *c, int timeout_ms);
+
+/* --- Check suites ------------------------------------------------------ */
+/* One test case per test, with the harness's per-case log collection
+ * (see h_case_setup) around the checked fixtures SETUP and TEARDOWN (either
+ * may be NULL) and a TIMEOUT_S generous enough for a loaded machine. */
+void h_add_test(Suite *s, const char *name, const TTest *t, int timeout_s,
+                SFun setup, SFun teardown);
+/* Run the suite as make check wants it (CK_ENV, so CK_VERBOSITY and
+ * CK_RUN_CASE apply) and return the process exit status. */
+int h_run_suite(Suite *s);
 
 /* --- helpers --------------------------------------------------------- */
 /* Poll COND every few ms until true or TIMEOUT_MS; returns its last
