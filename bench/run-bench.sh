@@ -1,0 +1,422 @@
+#!/bin/sh
+# The standard benchmark of leased against direct Redis (make bench).
+#
+# Starts a redis-server of its own on a free port and the built leased on a
+# temporary config (Unix socket in a temp dir, no TCP, no metrics, journal
+# in the temp dir, log level warn), then:
+#   1. redis.connections 1..4: lock and get at 50 connections, leased only;
+#      the best count is used for everything after;
+#   2. the matrix: lock, lock-contended, get and mix at 1, 10, 50 and 200
+#      connections, values of 100 B and 10 KB for get and mix, each run
+#      against leased and against Redis directly, one after the other;
+#   3. the target cells again, three pairs each, medians;
+#   4. isolation: get p99 alone and with 1,000 waiters on a held lock;
+#   5. resources.sh: memory, renewal CPU, instructions per op;
+# and writes bench/results.md. Text below the marker line of an existing
+# results.md (the hand-written analysis) is kept.
+set -eu
+
+here=$(dirname "$0")
+. "$here/lib.sh"
+bench_args "$@"
+bench_init
+[ -n "$out" ] || out=$srcdir/bench/results.md
+
+dur=2
+warm=0.5
+rep=3
+conns_list="1 10 50 200"
+sweep_list="1 2 3 4"
+if [ "$quick" = 1 ]; then
+    dur=0.3
+    warm=0.1
+    rep=1
+    conns_list="1 10"
+    sweep_list="1 2"
+fi
+rawfile=$tmp/raw.txt
+: >"$rawfile"
+t_start=$(date +%s)
+load_before=$(uptime | sed 's/.*load average: *//')
+
+# rec SECTION ARGS...: one bench invocation, its lines tagged.
+rec() {
+    section=$1
+    shift
+    say "$section: $*"
+    run_bench -d "$dur" -w "$warm" "$@" >"$tmp/one.txt"
+    sed "s/^/section=$section /" "$tmp/one.txt" >>"$rawfile"
+    cat "$tmp/one.txt" >&2
+}
+
+start_redis
+
+if [ -n "$connections" ]; then
+    best=$connections
+else
+    for rc in $sweep_list; do
+        start_leased "$rc"
+        rec "sweep redis_connections=$rc" -t leased -m lock -c 50
+        rec "sweep redis_connections=$rc" -t leased -m get -c 50 -z 100
+        stop_leased
+    done
+    # The count with the best sum of lock and get throughput, each relative
+    # to its best.
+    best=$(awk '
+        $1 == "section=sweep" {
+            split($2, a, "="); n = a[2]
+            for (i = 3; i <= NF; i++) {
+                split($i, kv, "=")
+                if (kv[1] == "mode") m = kv[2]
+                if (kv[1] == "ops_s") v = kv[2]
+            }
+            val[n, m] = v; ns[n] = 1
+            if (v + 0 > top[m] + 0) top[m] = v
+        }
+        END {
+            for (n in ns) {
+                s = val[n, "lock"] / top["lock"] + val[n, "get"] / top["get"]
+                if (s > bs + 0) { bs = s; b = n }
+            }
+            print b
+        }' "$rawfile")
+fi
+say "redis.connections $best for the rest"
+start_leased "$best"
+
+for c in $conns_list; do
+    rec matrix -m lock -c "$c"
+    rec matrix -m lock-contended -c "$c"
+    for z in 100 10000; do
+        rec matrix -m get -c "$c" -z "$z"
+        rec matrix -m mix -c "$c" -z "$z"
+    done
+done
+
+rec targets -m lock -c 50 -n "$rep"
+rec targets -m lock -c 1 -n "$rep"
+rec targets -m get -c 50 -z 100 -n "$rep"
+
+waiters=1000
+[ "$quick" = 1 ] && waiters=100
+rec isolation -m isolation -c 10 -z 100 --waiters "$waiters" --churn
+
+stop_leased
+stop_pid "$redis_pid"
+redis_pid=
+
+if [ "$resources" = 1 ]; then
+    qflag=
+    [ "$quick" = 1 ] && qflag=--quick
+    sh "$here/resources.sh" --builddir "$builddir" \
+        --redis-server "$redis_server" --connections "$best" \
+        --raw "$tmp/res.txt" $qflag
+    sed 's/^/section=resources /' "$tmp/res.txt" >>"$rawfile"
+    cat "$tmp/res.txt" >&2
+fi
+
+t_end=$(date +%s)
+load_after=$(uptime | sed 's/.*load average: *//')
+
+# ------------------------------------------------------------ results.md
+marker='<!-- run-bench.sh keeps everything below this line. -->'
+notes=$tmp/notes.md
+if [ -f "$out" ] && grep -qF "$marker" "$out"; then
+    sed -n "/^$marker\$/,\$p" "$out" | sed 1d >"$notes"
+else
+    printf '\n## Analysis\n\n(none yet)\n' >"$notes"
+fi
+
+cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -n 1)
+rver=$("$redis_server" --version | sed 's/.* v=\([^ ]*\).*/\1/')
+lver=$(git -C "$srcdir" describe --always --dirty 2>/dev/null || echo unknown)
+quicknote=
+[ "$quick" = 1 ] && quicknote="QUICK RUN (--quick): tiny durations and a reduced matrix; not a result."
+
+{
+awk -v date="$(date -u '+%Y-%m-%d %H:%M UTC')" -v nproc="$(nproc)" \
+    -v cpu="$cpu" -v kernel="$(uname -r)" -v rver="$rver" -v lver="$lver" \
+    -v lb="$load_before" -v la="$load_after" -v secs="$((t_end - t_start))" \
+    -v best="$best" -v dur="$dur" -v warm="$warm" -v rep="$rep" \
+    -v quicknote="$quicknote" -v mem="$(free -m | awk '/^Mem:/ {print $2}')" '
+function parse(line,   i, n, f, kv, p) {
+    delete F
+    n = split(line, f, " ")
+    for (i = 1; i <= n; i++) {
+        p = index(f[i], "=")
+        if (p == 0) continue
+        k = substr(f[i], 1, p - 1)
+        if (k == "fn") { F[k] = substr(line, index(line, "fn=") + 3); break }
+        F[k] = substr(f[i], p + 1)
+    }
+}
+function fmt(v) { return sprintf("%.0f", v) }
+function f1(v) { return sprintf("%.1f", v) }
+function yn(ok) { return ok ? "**met**" : "**missed**" }
+{
+    parse($0)
+    s = F["section"]
+    if (s == "sweep") {
+        sw[F["redis_connections"], F["mode"]] = F["ops_s"]
+        swn[F["redis_connections"]] = 1
+    } else if ((s == "matrix" || s == "targets") && F["target"] == "both") {
+        key = s SUBSEP F["mode"] SUBSEP F["conns"] SUBSEP F["size"]
+        both[key] = $0
+        if (s == "matrix") order[++nm] = key
+    } else if ((s == "matrix" || s == "targets") && F["target"] == "leased") {
+        lcpu[s, F["mode"], F["conns"], F["size"]] = F["leased_cpu_pct"]
+    } else if ((s == "matrix" || s == "targets") && F["target"] == "direct") {
+        dcpu[s, F["mode"], F["conns"], F["size"]] = F["redis_cpu_pct"]
+        bcpu[s, F["mode"], F["conns"], F["size"]] = F["bench_cpu_pct"]
+    } else if (s == "isolation") {
+        iso[++ni] = $0
+    } else if (s == "resources" && F["mode"] == "hold") {
+        hold[++nh] = $0
+    } else if (s == "resources" && F["mode"] == "instructions") {
+        ins[++nins] = $0
+    } else if (s == "resources" && F["mode"] == "profile") {
+        prof[++np] = $0
+    }
+    rawl[++nr] = $0
+}
+END {
+    print "# leased benchmark results"
+    print ""
+    print "Written by `make bench` (bench/run-bench.sh) on " date "."
+    if (quicknote != "") { print ""; print quicknote }
+    print "The machine is shared with other work while this runs, so the"
+    print "absolute figures move from run to run: read the **ratios** (leased"
+    print "against direct Redis, measured back to back in the same invocation)."
+    print ""
+    print "## Machine"
+    print ""
+    print "| | |"
+    print "|---|---|"
+    print "| CPUs (nproc) | " nproc " |"
+    print "| CPU model | " cpu " |"
+    print "| memory | " mem " MB |"
+    print "| kernel | " kernel " |"
+    print "| redis-server | " rver " |"
+    print "| leased (git) | " lver " |"
+    print "| load average before / after | " lb " / " la " |"
+    print "| whole run | " secs " s |"
+    print "| each measured run | " dur " s after " warm " s warm-up |"
+    print "| leased redis.connections | " best " (best of the sweep below) |"
+    print ""
+
+    print "## Targets"
+    print ""
+    print "| target | measured | |"
+    print "|---|---|---|"
+    k = "targets" SUBSEP "lock" SUBSEP "50" SUBSEP "100"
+    if (k in both) {
+        parse(both[k])
+        print "| lock+unlock, 50 conns: leased >= 1.0x direct ops/s | " \
+              sprintf("%.2fx (%s vs %s ops/s, median of %s pairs)", \
+                      F["ratio"], fmt(F["leased_ops_s"]), \
+                      fmt(F["direct_ops_s"]), F["repeat"]) " | " \
+              yn(F["ratio"] + 0 >= 1.0) " |"
+    }
+    k = "targets" SUBSEP "lock" SUBSEP "1" SUBSEP "100"
+    if (k in both) {
+        parse(both[k])
+        d = F["leased_p50_us"] - F["direct_p50_us"]
+        print "| lock+unlock, 1 conn: leased p50 <= direct p50 + 40 us | " \
+              sprintf("%s vs %s us (%+.1f us, median of %s pairs)", \
+                      f1(F["leased_p50_us"]), f1(F["direct_p50_us"]), d, \
+                      F["repeat"]) " | " yn(d <= 40) " |"
+    }
+    k = "targets" SUBSEP "get" SUBSEP "50" SUBSEP "100"
+    if (k in both) {
+        parse(both[k])
+        print "| cache.get hit 100 B, 50 conns: leased >= 0.9x direct GET | " \
+              sprintf("%.2fx (%s vs %s ops/s, median of %s pairs)", \
+                      F["ratio"], fmt(F["leased_ops_s"]), \
+                      fmt(F["direct_ops_s"]), F["repeat"]) " | " \
+              yn(F["ratio"] + 0 >= 0.9) " |"
+    }
+    for (i = 1; i <= nh; i++) {
+        parse(hold[i])
+        if (F["locks"] + 0 == F["conns"] + 0) {
+            mb = F["rss_end_kb"] / 1024
+            print "| " F["conns"] " sessions each holding a lock: RSS <= 64 MB | " \
+                  sprintf("%.1f MB (peak %.1f MB, %.1f MB idle before)", \
+                          mb, F["rss_hwm_kb"] / 1024, \
+                          F["rss_idle_kb"] / 1024) " | " \
+                  (F["conns"] + 0 >= 10000 ? yn(mb <= 64) : "n/a (fewer sessions)") " |"
+        } else {
+            print "| renewing " F["locks"] " locks: <= 10% of one core | " \
+                  sprintf("%.1f%% over %.0f s (%s renewals)", \
+                          F["leased_cpu_pct"], F["secs"], F["renewals"]) \
+                  " | " (F["locks"] + 0 >= 100000 ? yn(F["leased_cpu_pct"] + 0 <= 10) \
+                                                : "n/a (fewer locks)") " |"
+        }
+    }
+    for (i = 1; i <= ni; i++) {
+        parse(iso[i])
+        if (F["phase"] == "summary") {
+            print "| waiters on one key: get p99 <= 2x get p99 alone | " \
+                  sprintf("%s us alone, %s us with waiters (%.2fx)", \
+                          F["p99_alone_us"], F["p99_waiters_us"], \
+                          F["p99_ratio"]) " | " yn(F["p99_ratio"] + 0 <= 2) " |"
+        }
+    }
+    print ""
+
+    print "## redis.connections (leased only, 50 connections, 100 B)"
+    print ""
+    print "| redis.connections | lock+unlock ops/s | cache.get ops/s |"
+    print "|---|---|---|"
+    for (n = 1; n <= 64; n++)
+        if (n in swn)
+            print "| " n (n == best ? " (used)" : "") " | " \
+                  fmt(sw[n, "lock"]) " | " fmt(sw[n, "get"]) " |"
+    print ""
+
+    print "## Matrix"
+    print ""
+    print "One op: `lock` = lock + unlock of a key of its own per connection;"
+    print "`lock-contended` = lock (waiting) + unlock, every connection on"
+    print "one key; `get` = a cache hit (leased `cache.get`, direct `GET`);"
+    print "`mix` = 90% get, 10% lock+unlock. Latencies in microseconds."
+    print "CPU: % of one core during the measured window (leased daemon in"
+    print "the leased run; redis-server and this bench in the direct run)."
+    print ""
+    print "| mode | conns | size | leased ops/s | direct ops/s | ratio | leased p50 | direct p50 | leased p99 | direct p99 | leased CPU | redis CPU (direct) | bench CPU (direct) |"
+    print "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    for (i = 1; i <= nm; i++) {
+        parse(both[order[i]])
+        m = F["mode"]; c = F["conns"]; z = F["size"]
+        print "| " m " | " c " | " (m ~ /^lock/ ? "-" : z) " | " \
+              fmt(F["leased_ops_s"]) " | " fmt(F["direct_ops_s"]) " | " \
+              sprintf("%.2f", F["ratio"]) " | " f1(F["leased_p50_us"]) " | " \
+              f1(F["direct_p50_us"]) " | " f1(F["leased_p99_us"]) " | " \
+              f1(F["direct_p99_us"]) " | " lcpu["matrix", m, c, z] "% | " \
+              dcpu["matrix", m, c, z] "% | " bcpu["matrix", m, c, z] "% |"
+    }
+    print ""
+
+    print "## Isolation: cache.get beside a lock with queued waiters"
+    print ""
+    print "10 connections read 100 B hits; `waiters`: meanwhile that many"
+    print "sessions wait (wait_ms -1) on one key another session holds;"
+    print "`churn`: the same waiters take and release the key in turn;"
+    print "`alone-after`: alone again, to show the drift of the machine."
+    print ""
+    print "| phase | waiters | get ops/s | p50 us | p99 us | p99.9 us | leased CPU |"
+    print "|---|---|---|---|---|---|---|"
+    for (i = 1; i <= ni; i++) {
+        parse(iso[i])
+        if (F["phase"] == "summary") continue
+        print "| " F["phase"] " | " F["waiters"] " | " fmt(F["ops_s"]) " | " \
+              F["p50_us"] " | " F["p99_us"] " | " F["p999_us"] " | " \
+              F["leased_cpu_pct"] "% |"
+    }
+    print ""
+
+    print "## Resources"
+    print ""
+    print "Sessions hold watchdog locks (lock.watchdog_ms 30000: renewed"
+    print "every 10 s). RSS (VmRSS, peak VmHWM) from /proc/PID/status, on a"
+    print "fresh daemon per row; CPU from utime+stime in /proc/PID/stat over"
+    print "the window that follows the locking, in % of one core."
+    print ""
+    print "| sessions | locks | setup s | RSS idle MB | RSS after locking MB | RSS at end MB | peak RSS MB | bytes per lock (end) | window s | leased CPU | redis CPU | renewals in window | renewals failed |"
+    print "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    for (i = 1; i <= nh; i++) {
+        parse(hold[i])
+        print "| " F["conns"] " | " F["locks"] " | " F["setup_s"] " | " \
+              sprintf("%.1f", F["rss_idle_kb"] / 1024) " | " \
+              sprintf("%.1f", F["rss_held_kb"] / 1024) " | " \
+              sprintf("%.1f", F["rss_end_kb"] / 1024) " | " \
+              sprintf("%.1f", F["rss_hwm_kb"] / 1024) " | " \
+              fmt(F["bytes_per_lock"]) " | " F["secs"] " | " \
+              F["leased_cpu_pct"] "% | " F["redis_cpu_pct"] "% | " \
+              F["renewals"] " | " F["renewals_failed"] " |"
+    }
+    print ""
+    print "### Instructions per operation (callgrind, leased only)"
+    print ""
+    print "User-space instructions of the daemon and its libraries (libevent,"
+    print "hiredis, jansson, libc; not the kernel), one connection: counters"
+    print "zeroed, N ops, dumped; minus the instructions of the same time idle."
+    print ""
+    print "| op | N | instructions | idle per s | per op |"
+    print "|---|---|---|---|---|"
+    for (i = 1; i <= nins; i++) {
+        parse(ins[i])
+        print "| " F["op"] " | " F["ops"] " | " F["ir"] " | " \
+              F["ir_idle_per_s"] " | " F["ir_per_op"] " |"
+    }
+    print ""
+    if (np > 0) {
+        print "<details><summary>Where they go (inclusive, per op)</summary>"
+        print ""
+        print "| phase | instructions per op | function |"
+        print "|---|---|---|"
+        for (i = 1; i <= np; i++) {
+            parse(prof[i])
+            print "| " F["phase"] " | " F["ir_per_op"] " | `" F["fn"] "` |"
+        }
+        print ""
+        print "</details>"
+        print ""
+    }
+    print "## How it is measured"
+    print ""
+    print "* `bench/leased-bench` (C, one libevent loop for every connection of"
+    print "  both sides). Closed loop: each connection has one operation in"
+    print "  flight and sends the next when the previous is answered. Latency"
+    print "  per op by CLOCK_MONOTONIC; every sample kept, so p99.9 is exact."
+    print "  A run: connect, warm up, measure, then close everything (ops"
+    print "  still in flight at the end are not counted). Keys carry the pid"
+    print "  and a run number, so runs never share a key."
+    print "* leased side: NDJSON over the Unix socket, one request at a time"
+    print "  per connection; session-bound watchdog locks (no ttl_ms)."
+    print "* direct side: what an app with an in-process library does, one"
+    print "  hiredis async context per connection (TCP loopback, as leased"
+    print "  uses), one op in flight on each. Locks run the **daemon'"'"'s own"
+    print "  scripts** `src/lua/lock_acquire.lua` and `lock_release.lua`, read at"
+    print "  run time (`--lua-dir`) and sent by EVALSHA with the same key layout"
+    print "  (hash, fence counter, unlock channel) under another prefix, a"
+    print "  30000 ms lease and a 32-hex-digit holder field."
+    print "* direct `lock-contended` works the Redisson way: try the script;"
+    print "  when it is taken, SUBSCRIBE (on a second connection of that"
+    print "  client) to the unlock channel and try again on a message or when"
+    print "  the returned pttl ends; a message that arrives while a try is on"
+    print "  its way is kept (Redisson'"'"'s semaphore). Each connection stands for"
+    print "  one process: every unlock wakes every waiter. It stays subscribed"
+    print "  for the run (Redisson unsubscribes after each acquisition, which"
+    print "  would cost the direct side more)."
+    print "* direct `get` is a plain `GET` of a string of the same size, while"
+    print "  leased keeps a cache entry as a hash read by a Lua script (fill"
+    print "  lease, null marker): the baseline is the cheapest possible read."
+    print "* Both sides write a request with one write() as soon as it is"
+    print "  ready and read replies from one event loop; the bench classifies"
+    print "  leased replies by the deciding field (`\"hit\":true` ...) without"
+    print "  building a JSON tree."
+    print "* The near cache (cache.near) is off, as by default."
+    print ""
+    print "## Reproduce"
+    print ""
+    print "    mkdir build && cd build && ../configure && make"
+    print "    make bench            # about 5 minutes; rewrites bench/results.md"
+    print "    make bench BENCH_FLAGS=--quick    # a 1-minute smoke run"
+    print "    # one cell by hand, against a running leased and Redis:"
+    print "    bench/leased-bench -m lock -c 50 -s /run/leased/leased.sock \\"
+    print "        -r 127.0.0.1:6379 -n 3 --json"
+    print ""
+    print "<details><summary>Raw output</summary>"
+    print ""
+    print "```text"
+    for (i = 1; i <= nr; i++) print rawl[i]
+    print "```"
+    print ""
+    print "</details>"
+    print ""
+}' "$rawfile"
+echo "$marker"
+cat "$notes"
+} >"$out.tmp"
+mv "$out.tmp" "$out"
+say "wrote $out in $((t_end - t_start)) s"
