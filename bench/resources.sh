@@ -4,6 +4,7 @@
 #    lock;
 #  * CPU spent keeping 100,000 locks (100 sessions x 1,000 keys) renewed
 #    with lock.watchdog_ms 30000 over 30 s of steady state;
+#  * system calls per lock+unlock and per cache hit (strace -c);
 #  * instructions per lock+unlock and per cache hit, under callgrind:
 #    counters zeroed, N operations, dumped, minus the same time idle.
 # Writes key=value lines to --raw FILE (default stdout). Run by make
@@ -22,11 +23,13 @@ hold_10k_s=20
 hold_100k_s=30
 sessions=10000
 cg_ops=3000
+st_ops=20000
 if [ "$quick" = 1 ]; then
     hold_10k_s=2
     hold_100k_s=2
     sessions=1000
     cg_ops=200
+    st_ops=1000
 fi
 
 start_redis
@@ -41,6 +44,36 @@ say "hold: 100 sessions x 1000 locks, ${hold_100k_s} s"
 start_leased "$connections"
 run_bench -m hold -c 100 --locks 1000 --hold "$hold_100k_s" >>"$raw"
 stop_leased
+
+# System calls per operation at 50 connections, counted by strace -c
+# (which slows the daemon down; the counts are what matter here).
+if command -v strace >/dev/null; then
+    say "strace: syscalls per op"
+    start_leased "$connections"
+    for m in lock get; do
+        strace -c -f -p "$leased_pid" -o "$tmp/strace.$m" 2>/dev/null &
+        st=$!
+        sleep 1
+        run_bench -t leased -m "$m" -c 50 -w 0 --ops "$st_ops" >/dev/null
+        kill -INT "$st"
+        wait "$st" || true
+        op=$m
+        [ "$m" = lock ] && op=lock+unlock
+        [ "$m" = get ] && op=cache.get-hit-100B
+        awk -v op="$op" -v ops="$st_ops" '
+            $NF == "total" { total = $4 + 0 }
+            $1 ~ /^[0-9.]+$/ && $NF != "total" {
+                # calls is the 4th column; "errors" may be empty.
+                calls[$NF] = $4 + 0; names[++n] = $NF }
+            END {
+                printf "mode=syscalls op=%s conns=50 ops=%d per_op=%.2f", \
+                       op, ops, total / ops
+                for (i = 1; i <= n; i++)
+                    printf " %s=%.2f", names[i], calls[names[i]] / ops
+                printf "\n" }' "$tmp/strace.$m" >>"$raw"
+    done
+    stop_leased
+fi
 
 # callgrind: the daemon runs some 50x slower, so one connection and a
 # fixed number of operations. callgrind_control zeroes the counters before

@@ -85,6 +85,7 @@ say "redis.connections $best for the rest"
 start_leased "$best"
 
 for c in $conns_list; do
+    rec matrix -m ping -c "$c"
     rec matrix -m lock -c "$c"
     rec matrix -m lock-contended -c "$c"
     for z in 100 10000; do
@@ -174,6 +175,8 @@ function yn(ok) { return ok ? "**met**" : "**missed**" }
         hold[++nh] = $0
     } else if (s == "resources" && F["mode"] == "instructions") {
         ins[++nins] = $0
+    } else if (s == "resources" && F["mode"] == "syscalls") {
+        sys[++nsys] = $0
     } else if (s == "resources" && F["mode"] == "profile") {
         prof[++np] = $0
     }
@@ -278,7 +281,9 @@ END {
     print "One op: `lock` = lock + unlock of a key of its own per connection;"
     print "`lock-contended` = lock (waiting) + unlock, every connection on"
     print "one key; `get` = a cache hit (leased `cache.get`, direct `GET`);"
-    print "`mix` = 90% get, 10% lock+unlock. Latencies in microseconds."
+    print "`mix` = 90% get, 10% lock+unlock; `ping` = leased `ping` (no"
+    print "Redis behind it) against Redis `PING`: the cost of the extra hop"
+    print "alone. Latencies in microseconds."
     print "CPU: % of one core during the measured window (leased daemon in"
     print "the leased run; redis-server and this bench in the direct run)."
     print ""
@@ -287,7 +292,7 @@ END {
     for (i = 1; i <= nm; i++) {
         parse(both[order[i]])
         m = F["mode"]; c = F["conns"]; z = F["size"]
-        print "| " m " | " c " | " (m ~ /^lock/ ? "-" : z) " | " \
+        print "| " m " | " c " | " (m ~ /^(lock|ping)/ ? "-" : z) " | " \
               fmt(F["leased_ops_s"]) " | " fmt(F["direct_ops_s"]) " | " \
               sprintf("%.2f", F["ratio"]) " | " f1(F["leased_p50_us"]) " | " \
               f1(F["direct_p50_us"]) " | " f1(F["leased_p99_us"]) " | " \
@@ -335,6 +340,22 @@ END {
               F["renewals"] " | " F["renewals_failed"] " |"
     }
     print ""
+    if (nsys > 0) {
+        print "### System calls per operation (strace -c, leased, 50 connections)"
+        print ""
+        print "| op | syscalls per op | of which |"
+        print "|---|---|---|"
+        for (i = 1; i <= nsys; i++) {
+            parse(sys[i])
+            rest = ""
+            n2 = split(sys[i], ff, " ")
+            for (j = 1; j <= n2; j++)
+                if (ff[j] !~ /^(section|mode|op|conns|ops|per_op)=/)
+                    rest = rest (rest == "" ? "" : ", ") ff[j]
+            print "| " F["op"] " | " F["per_op"] " | " rest " |"
+        }
+        print ""
+    }
     print "### Instructions per operation (callgrind, leased only)"
     print ""
     print "User-space instructions of the daemon and its libraries (libevent,"
