@@ -59,10 +59,11 @@
 #define WAITERS_TIMEOUT_S 60
 
 enum mode { M_LOCK, M_CONTENDED, M_GET, M_MIX, M_PING, M_HOLD, M_ISOLATION,
+            M_RENEWAL,
             M_WAITERS /* internal: the queued waiters of --mode isolation */ };
 static const char *const mode_names[] = {
     "lock", "lock-contended", "get", "mix", "ping", "hold", "isolation",
-    "waiters"
+    "renewal", "waiters"
 };
 
 enum target { T_LEASED, T_DIRECT };
@@ -158,6 +159,7 @@ static struct {
     int locks;
     double hold_s;
     int waiters;
+    int holders;
     bool churn;
     int mix_lock_pct;
     uint64_t seed;
@@ -1502,13 +1504,13 @@ static void wait_for_waiters(int ctl)
     }
 }
 
-static void iso_print(const char *phase, const struct result *s,
-                      long long waiting, int acquired)
+static void iso_print(const char *mode, const char *phase,
+                      const struct result *s, long long waiting, int acquired)
 {
     if (o.json) {
         json_t *j = json_pack("{s:s,s:s,s:i,s:I,s:I,s:I,s:f,s:f,s:f,s:f,"
                               "s:f,s:I,s:i,s:f,s:f}",
-                              "mode", "isolation", "phase", phase,
+                              "mode", mode, "phase", phase,
                               "conns", s->conns, "size", (json_int_t)s->size,
                               "waiters", (json_int_t)waiting,
                               "ops", (json_int_t)s->ops, "ops_s", s->ops_s,
@@ -1523,11 +1525,11 @@ static void iso_print(const char *phase, const struct result *s,
         free(txt);
         json_decref(j);
     } else {
-        printf("mode=isolation phase=%s conns=%d size=%zu waiters=%lld "
+        printf("mode=%s phase=%s conns=%d size=%zu waiters=%lld "
                "ops=%lld ops_s=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f "
                "max_us=%.1f errors=%lld acquired=%d leased_cpu_pct=%.0f "
                "redis_cpu_pct=%.0f\n",
-               phase, s->conns, s->size, waiting, s->ops, s->ops_s, s->p50,
+               mode, phase, s->conns, s->size, waiting, s->ops, s->ops_s, s->p50,
                s->p99, s->p999, s->max, s->errors, acquired, s->leased_cpu,
                s->redis_cpu);
     }
@@ -1541,7 +1543,7 @@ static void iso_print(const char *phase, const struct result *s,
 static void run_isolation(void)
 {
     struct result alone1 = run_one(M_GET, T_LEASED, o.conns, o.size);
-    iso_print("alone", &alone1, 0, 0);
+    iso_print("isolation", "alone", &alone1, 0, 0);
 
     int ctl = unix_connect(o.sock);
     struct run w;
@@ -1569,7 +1571,7 @@ static void run_isolation(void)
 
     struct result queued = run_one(M_GET, T_LEASED, o.conns, o.size);
     long long still = stats_field(ctl, "lock_waiters");
-    iso_print("waiters", &queued, still, w.acquired);
+    iso_print("isolation", "waiters", &queued, still, w.acquired);
 
     if (o.churn) {
         w.churn = true;
@@ -1579,7 +1581,7 @@ static void run_isolation(void)
         free(line);
         free(req);
         struct result churn = run_one(M_GET, T_LEASED, o.conns, o.size);
-        iso_print("churn", &churn, stats_field(ctl, "lock_waiters"),
+        iso_print("isolation", "churn", &churn, stats_field(ctl, "lock_waiters"),
                   w.acquired);
         w.churn = false;
     }
@@ -1588,7 +1590,7 @@ static void run_isolation(void)
     close(ctl);
 
     struct result alone2 = run_one(M_GET, T_LEASED, o.conns, o.size);
-    iso_print("alone-after", &alone2, 0, 0);
+    iso_print("isolation", "alone-after", &alone2, 0, 0);
     double ratio = alone1.p99 > 0 ? queued.p99 / alone1.p99 : 0;
     if (o.json) {
         printf("{\"mode\":\"isolation\",\"phase\":\"summary\","
@@ -1603,6 +1605,58 @@ static void run_isolation(void)
     fflush(stdout);
 }
 
+/* ------------------------------------------------------------ renewal */
+
+/* cache.get latency alone, then while the daemon keeps HOLDERS x LOCKS
+ * watchdog locks renewed; both windows last --hold seconds, more than the
+ * renewal period (a third of lock.watchdog_ms), so the second one spans a
+ * renewal pass. */
+static void run_renewal(void)
+{
+    double saved = o.duration_s;
+    o.duration_s = o.hold_s;
+    int ctl = unix_connect(o.sock);
+    struct result alone = run_one(M_GET, T_LEASED, o.conns, o.size);
+    iso_print("renewal", "alone", &alone, 0, 0);
+
+    struct run h;
+    memset(&h, 0, sizeof(h));
+    h.mode = M_HOLD;
+    h.target = T_LEASED;
+    h.conns = o.holders;
+    h.id = ++run_counter;
+    clients_open(&h);
+    start(&h);
+    event_base_dispatch(base);
+    if (h.done_clients != h.conns) {
+        die("only %d of %d sessions took their locks", h.done_clients,
+            h.conns);
+    }
+    long long held = stats_field(ctl, "locks_held");
+    long long ren0 = stats_field(ctl, "lock_renewals_ok");
+    struct result busy = run_one(M_GET, T_LEASED, o.conns, o.size);
+    long long ren1 = stats_field(ctl, "lock_renewals_ok");
+    iso_print("renewal", "renewing", &busy, 0, 0);
+    clients_close(&h);
+    close(ctl);
+    o.duration_s = saved;
+    if (o.json) {
+        printf("{\"mode\":\"renewal\",\"phase\":\"summary\","
+               "\"locks\":%lld,\"renewals\":%lld,\"secs\":%.1f,"
+               "\"p99_alone_us\":%.1f,\"p99_renewing_us\":%.1f,"
+               "\"max_alone_us\":%.1f,\"max_renewing_us\":%.1f}\n",
+               held, ren1 - ren0, busy.secs, alone.p99, busy.p99, alone.max,
+               busy.max);
+    } else {
+        printf("mode=renewal phase=summary locks=%lld renewals=%lld "
+               "secs=%.1f p99_alone_us=%.1f p99_renewing_us=%.1f "
+               "max_alone_us=%.1f max_renewing_us=%.1f\n",
+               held, ren1 - ren0, busy.secs, alone.p99, busy.p99, alone.max,
+               busy.max);
+    }
+    fflush(stdout);
+}
+
 /* --------------------------------------------------------------- main */
 
 static void usage(FILE *f)
@@ -1610,7 +1664,7 @@ static void usage(FILE *f)
     fputs(
 "usage: leased-bench [options]\n"
 "  -m, --mode MODE      lock | lock-contended | get | mix | ping | hold |\n"
-"                       isolation (default lock)\n"
+"                       isolation | renewal (default lock)\n"
 "  -t, --target T       both | leased | direct (default both)\n"
 "      --direct-first   run direct before leased in each pair\n"
 "  -s, --socket PATH    leased's Unix socket\n"
@@ -1626,8 +1680,10 @@ static void usage(FILE *f)
 "      --mix-lock-pct P mix: percent of lock+unlock ops (default 10)\n"
 "      --pid PID        leased's pid (CPU and memory figures)\n"
 "      --redis-pid PID  redis-server's pid (CPU figures)\n"
-"      --locks N        hold: locks per connection (default 1)\n"
-"      --hold S         hold: seconds to watch the held locks (default 30)\n"
+"      --locks N        hold, renewal: locks per connection (default 1)\n"
+"      --hold S         hold: seconds to watch the held locks; renewal:\n"
+"                       length of each get window (default 30)\n"
+"      --holders N      renewal: sessions holding locks (default 100)\n"
 "      --waiters N      isolation: waiters on the held key (default 1000)\n"
 "      --churn          isolation: also measure while the waiters take turns\n"
 "      --seed N         mix: random seed\n"
@@ -1652,7 +1708,7 @@ static void parse_hostport(const char *s)
 static void parse_args(int argc, char **argv)
 {
     enum { O_LUA = 256, O_WAIT, O_PID, O_RPID, O_LOCKS, O_HOLD, O_WAITERS,
-           O_JSON, O_OPS, O_SEED, O_MIX, O_DFIRST, O_CHURN };
+           O_JSON, O_OPS, O_SEED, O_MIX, O_DFIRST, O_CHURN, O_HOLDERS };
     static const struct option lo[] = {
         { "mode", required_argument, NULL, 'm' },
         { "target", required_argument, NULL, 't' },
@@ -1672,6 +1728,7 @@ static void parse_args(int argc, char **argv)
         { "hold", required_argument, NULL, O_HOLD },
         { "waiters", required_argument, NULL, O_WAITERS },
         { "churn", no_argument, NULL, O_CHURN },
+        { "holders", required_argument, NULL, O_HOLDERS },
         { "seed", required_argument, NULL, O_SEED },
         { "mix-lock-pct", required_argument, NULL, O_MIX },
         { "direct-first", no_argument, NULL, O_DFIRST },
@@ -1694,6 +1751,7 @@ static void parse_args(int argc, char **argv)
     o.locks = 1;
     o.hold_s = 30;
     o.waiters = 1000;
+    o.holders = 100;
     o.mix_lock_pct = 10;
     o.seed = 42;
     int ch;
@@ -1737,6 +1795,7 @@ static void parse_args(int argc, char **argv)
         case O_HOLD: o.hold_s = atof(optarg); break;
         case O_WAITERS: o.waiters = atoi(optarg); break;
         case O_CHURN: o.churn = true; break;
+        case O_HOLDERS: o.holders = atoi(optarg); break;
         case O_SEED: o.seed = strtoull(optarg, NULL, 10); break;
         case O_MIX: o.mix_lock_pct = atoi(optarg); break;
         case O_DFIRST: o.direct_first = true; break;
@@ -1750,7 +1809,7 @@ static void parse_args(int argc, char **argv)
         exit(2);
     }
     if (o.conns < 1 || o.repeat < 1 || o.repeat > 100 || o.locks < 1
-        || o.waiters < 1 || o.duration_s <= 0 || o.size > (64u << 20)) {
+        || o.waiters < 1 || o.holders < 1 || o.duration_s <= 0 || o.size > (64u << 20)) {
         die("bad numeric option (see --help)");
     }
 }
@@ -1784,7 +1843,8 @@ int main(int argc, char **argv)
     if (base == NULL) {
         die("event_base_new failed");
     }
-    if (o.want[T_DIRECT] && o.mode != M_HOLD && o.mode != M_ISOLATION) {
+    if (o.want[T_DIRECT] && o.mode != M_HOLD && o.mode != M_ISOLATION
+        && o.mode != M_RENEWAL) {
         load_scripts();
     }
     switch (o.mode) {
@@ -1793,6 +1853,9 @@ int main(int argc, char **argv)
         break;
     case M_ISOLATION:
         run_isolation();
+        break;
+    case M_RENEWAL:
+        run_renewal();
         break;
     default:
         run_pairs();

@@ -102,6 +102,14 @@ waiters=1000
 [ "$quick" = 1 ] && waiters=100
 rec isolation -m isolation -c 10 -z 100 --waiters "$waiters" --churn
 
+# get latency over a window that spans a renewal pass of 100,000 locks
+# (every 10 s), against the same window without them.
+if [ "$quick" = 1 ]; then
+    rec renewal -m renewal -c 10 -z 100 --holders 10 --locks 100 --hold 1
+else
+    rec renewal -m renewal -c 10 -z 100 --holders 100 --locks 1000 --hold 11
+fi
+
 stop_leased
 stop_pid "$redis_pid"
 redis_pid=
@@ -171,6 +179,8 @@ function yn(ok) { return ok ? "**met**" : "**missed**" }
         bcpu[s, F["mode"], F["conns"], F["size"]] = F["bench_cpu_pct"]
     } else if (s == "isolation") {
         iso[++ni] = $0
+    } else if (s == "renewal") {
+        ren[++nren] = $0
     } else if (s == "resources" && F["mode"] == "hold") {
         hold[++nh] = $0
     } else if (s == "resources" && F["mode"] == "instructions") {
@@ -319,6 +329,30 @@ END {
     }
     print ""
 
+    if (nren > 0) {
+        print "## cache.get while the watchdog renews many locks"
+        print ""
+        print "10 connections read 100 B hits for the same window length"
+        print "alone and while other sessions hold watchdog locks; the window"
+        print "is longer than the renewal period, so it spans one pass."
+        print ""
+        print "| phase | get ops/s | p50 us | p99 us | p99.9 us | max us | leased CPU |"
+        print "|---|---|---|---|---|---|---|"
+        for (i = 1; i <= nren; i++) {
+            parse(ren[i])
+            if (F["phase"] == "summary") { rsum = ren[i]; continue }
+            print "| " F["phase"] " | " fmt(F["ops_s"]) " | " F["p50_us"] \
+                  " | " F["p99_us"] " | " F["p999_us"] " | " F["max_us"] \
+                  " | " F["leased_cpu_pct"] "% |"
+        }
+        if (rsum != "") {
+            parse(rsum)
+            print ""
+            print "Locks held: " F["locks"] "; renewals during the window: " \
+                  F["renewals"] "."
+        }
+        print ""
+    }
     print "## Resources"
     print ""
     print "Sessions hold watchdog locks (lock.watchdog_ms 30000: renewed"
