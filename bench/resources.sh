@@ -23,12 +23,14 @@ hold_10k_s=20
 hold_100k_s=30
 sessions=10000
 cg_ops=3000
-st_ops=20000
+cg_ops_big=600     # 10 KB hits: 1M instructions each under callgrind
+st_ops=10000
 if [ "$quick" = 1 ]; then
     hold_10k_s=2
     hold_100k_s=2
     sessions=1000
     cg_ops=200
+    cg_ops_big=50
     st_ops=1000
 fi
 
@@ -111,23 +113,24 @@ then
         el=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
     }
     cgb() {
-        run_bench -w 0 --ops "$cg_ops" -c 1 -t leased "$@"
+        run_bench -w 0 -c 1 -t leased "$@"
     }
     # Warm up: scripts loaded, buffers grown, the allocator settled.
     run_bench -w 0 --ops 300 -c 1 -t leased -m lock >/dev/null
     run_bench -w 0 --ops 300 -c 1 -t leased -m get >/dev/null
-    cg_phase lock cgb -m lock
+    cg_phase lock cgb -m lock --ops "$cg_ops"
     lock_ir=$ir lock_s=$el
-    cg_phase get100 cgb -m get -z 100
+    cg_phase get100 cgb -m get -z 100 --ops "$cg_ops"
     get_ir=$ir get_s=$el
-    cg_phase get10k cgb -m get -z 10000
+    cg_phase get10k cgb -m get -z 10000 --ops "$cg_ops_big"
     getk_ir=$ir getk_s=$el
     cg_phase idle idle "$lock_s"
     idle_ir=$ir idle_s=$el
-    for row in "lock+unlock $lock_ir $lock_s" "cache.get-hit-100B $get_ir $get_s" \
-        "cache.get-hit-10KB $getk_ir $getk_s"; do
+    for row in "lock+unlock $lock_ir $lock_s $cg_ops" \
+        "cache.get-hit-100B $get_ir $get_s $cg_ops" \
+        "cache.get-hit-10KB $getk_ir $getk_s $cg_ops_big"; do
         set -- $row
-        echo "$1 $2 $3 $idle_ir $idle_s $cg_ops" | awk '{
+        echo "$1 $2 $3 $idle_ir $idle_s $4" | awk '{
             idle = $4 / $5 * $3
             printf "mode=instructions op=%s ops=%d secs=%.2f ir=%.0f " \
                    "ir_idle_per_s=%.0f ir_per_op=%.0f\n", \
@@ -136,8 +139,10 @@ then
     # The hottest functions of each phase (inclusive), for the analysis;
     # the frames every phase shares (main, the loop) left out.
     for name in lock get100 get10k; do
+        ops=$cg_ops
+        [ "$name" = get10k ] && ops=$cg_ops_big
         callgrind_annotate --inclusive=yes "$tmp/cg.$name.out" 2>/dev/null |
-            awk -v n="$name" -v ops="$cg_ops" '
+            awk -v n="$name" -v ops="$ops" '
                 /file:function/ { on = 1; next }
                 !on || !/^ *[0-9,]+ / { next }
                 /below main|libc_start|ld_server_run|event_base_dispatch/ {

@@ -9,7 +9,7 @@
 #   2. the matrix: lock, lock-contended, get and mix at 1, 10, 50 and 200
 #      connections, values of 100 B and 10 KB for get and mix, each run
 #      against leased and against Redis directly, one after the other;
-#   3. the target cells again, three pairs each, medians;
+#   3. the target cells again, five pairs each, medians;
 #   4. isolation: get p99 alone and with 1,000 waiters on a held lock;
 #   5. resources.sh: memory, renewal CPU, instructions per op;
 # and writes bench/results.md. Text below the marker line of an existing
@@ -24,7 +24,7 @@ bench_init
 
 dur=2
 warm=0.5
-rep=3
+rep=5
 conns_list="1 10 50 200"
 sweep_list="1 2 3 4"
 if [ "$quick" = 1 ]; then
@@ -455,7 +455,7 @@ END {
     print "## Reproduce"
     print ""
     print "    mkdir build && cd build && ../configure && make"
-    print "    make bench            # about 5 minutes; rewrites bench/results.md"
+    print "    make bench            # about 7 minutes; rewrites bench/results.md"
     print "    make bench BENCH_FLAGS=--quick    # a 1-minute smoke run"
     print "    # one cell by hand, against a running leased and Redis:"
     print "    bench/leased-bench -m lock -c 50 -s /run/leased/leased.sock \\"
