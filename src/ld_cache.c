@@ -125,6 +125,7 @@ struct fetch {
     struct glist getters;
     uint64_t gen;             /* the key's generation when it was sent */
     bool grant;
+    bool probing;             /* the HMGET is out, not yet the script */
     char token[LD_TOKEN_LEN + 1];
     struct fetch *prev, *next;   /* every fetch in flight */
 };
@@ -557,10 +558,6 @@ fetch_start(struct ckey *ck, bool grant)
     f->ck = ck;
     f->gen = ck->gen;
     f->grant = grant;
-    if (grant && ld_token_new(f->token) != LD_OK) {
-        free(f);
-        return NULL;
-    }
     f->next = C.fetches;
     if (C.fetches != NULL) {
         C.fetches->prev = f;
@@ -569,15 +566,36 @@ fetch_start(struct ckey *ck, bool grant)
     ck->fetch = f;
     ck->nfetch++;
 
+    /* Most reads are hits: a plain HMGET answers them in one cheap
+     * command, with no script and no lease token. Only when it finds no
+     * value does the script run, to decide about the lease atomically. */
+    static const char *fields[] = {"HMGET", NULL, "v", "n"};
+    const char *argv[4];
+    size_t argvlen[4] = {5, ck->entry_len, 1, 1};
+    memcpy(argv, fields, sizeof(argv));
+    argv[1] = ck->names;
+    f->probing = true;
+    ld_redis_command(ck->names, ck->entry_len, 4, argv, argvlen, fetch_cb, f);
+    return f;
+}
+
+static int
+fetch_send_script(struct fetch *f)
+{
+    struct ckey *ck = f->ck;
+    if (f->grant && ld_token_new(f->token) != LD_OK) {
+        return LD_ERR;
+    }
     char lease_ms[24];
     snprintf(lease_ms, sizeof(lease_ms), "%lld",
              ld_srv.cfg->cache.fill_lease_ms);
-    const char *argv[] = {ck->names, f->token, lease_ms, grant ? "1" : "0"};
+    const char *argv[] = {ck->names, f->token, lease_ms,
+                          f->grant ? "1" : "0"};
     size_t argvlen[] = {ck->entry_len, strlen(f->token), strlen(lease_ms),
                         1};
     ld_redis_script(LD_SCRIPT_cache_get, ck->names, ck->entry_len, 1, 4,
                     argv, argvlen, fetch_cb, f);
-    return f;
+    return LD_OK;
 }
 
 /* Put G on a fetch of its key: the one in flight when it is fresh enough,
@@ -741,15 +759,54 @@ fetch_unlink(struct fetch *f)
     }
 }
 
+/* The HMGET probe decides hits, cached nulls, a key of another type and
+ * an unreachable Redis; R_MISS means "ask the script". */
+static enum fres
+parse_probe(const redisReply *r, const redisReply **value)
+{
+    if (r == NULL) {
+        return R_DOWN;
+    }
+    if (ld_reply_is_error(r, "WRONGTYPE")) {
+        return R_WRONG;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+        return R_ERROR;
+    }
+    if (r->element[0]->type == REDIS_REPLY_STRING) {
+        *value = r->element[0];
+        return R_HIT;
+    }
+    if (r->element[1]->type == REDIS_REPLY_STRING) {
+        return R_NULL;
+    }
+    return R_MISS;
+}
+
 static void
 fetch_cb(redisReply *reply, void *arg)
 {
     struct fetch *f = arg;
     struct ckey *ck = f->ck;
+    const redisReply *value = NULL;
+    long long pttl = -1;
+    enum fres res;
 
     if (ck == NULL) {
         free(f); /* orphaned by ld_cache_free; its getters were answered */
         return;
+    }
+    if (f->probing) {
+        f->probing = false;
+        res = parse_probe(reply, &value);
+        if (res == R_MISS) {
+            if (fetch_send_script(f) == LD_OK) {
+                return;       /* still in flight, getters still attached */
+            }
+            res = R_ERROR;
+        }
+    } else {
+        res = parse_fetch(reply, &value, &pttl);
     }
     fetch_unlink(f);
     ck->nfetch--;
@@ -757,9 +814,6 @@ fetch_cb(redisReply *reply, void *arg)
         ck->fetch = NULL;
     }
 
-    const redisReply *value = NULL;
-    long long pttl = -1;
-    enum fres res = parse_fetch(reply, &value, &pttl);
     uint64_t now = ld_now_us();
     char errmsg[160];
 

@@ -83,12 +83,25 @@ int
 ld_token_new(char out[LD_TOKEN_LEN + 1])
 {
     static const char hex[] = "0123456789abcdef";
+    /* Tokens are drawn on hot paths (every new lock, every cache miss), so
+     * kernel randomness is fetched a page at a time rather than with one
+     * getrandom() per token; every byte is still the kernel CSPRNG's and
+     * is used once. The daemon forks before it makes any token. */
+    static unsigned char pool[4096];
+    static size_t pool_left;
     unsigned char raw[LD_TOKEN_LEN / 2];
 
-    if (ld_random_bytes(raw, sizeof(raw)) != LD_OK) {
-        out[0] = '\0';
-        return LD_ERR;
+    if (pool_left < sizeof(raw)) {
+        if (ld_random_bytes(pool, sizeof(pool)) != LD_OK) {
+            out[0] = '\0';
+            return LD_ERR;
+        }
+        pool_left = sizeof(pool);
     }
+    memcpy(raw, pool + sizeof(pool) - pool_left, sizeof(raw));
+    /* Consumed bytes do not linger in memory. */
+    memset(pool + sizeof(pool) - pool_left, 0, sizeof(raw));
+    pool_left -= sizeof(raw);
     for (size_t i = 0; i < sizeof(raw); i++) {
         out[2 * i] = hex[raw[i] >> 4];
         out[2 * i + 1] = hex[raw[i] & 0x0f];
