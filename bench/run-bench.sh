@@ -37,6 +37,10 @@ fi
 rawfile=$tmp/raw.txt
 : >"$rawfile"
 t_start=$(date +%s)
+# The tree as the run starts (make bench has just rebuilt from it); others
+# may commit while it runs.
+lver=$(git -C "$srcdir" describe --always --dirty 2>/dev/null || echo unknown)
+lbuilt=$(date -u -r "$leased" '+%Y-%m-%d %H:%M UTC')
 load_before=$(uptime | sed 's/.*load average: *//')
 
 # rec SECTION ARGS...: one bench invocation, its lines tagged.
@@ -138,13 +142,13 @@ fi
 
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -n 1)
 rver=$("$redis_server" --version | sed 's/.* v=\([^ ]*\).*/\1/')
-lver=$(git -C "$srcdir" describe --always --dirty 2>/dev/null || echo unknown)
 quicknote=
 [ "$quick" = 1 ] && quicknote="QUICK RUN (--quick): tiny durations and a reduced matrix; not a result."
 
 {
 awk -v date="$(date -u '+%Y-%m-%d %H:%M UTC')" -v nproc="$(nproc)" \
     -v cpu="$cpu" -v kernel="$(uname -r)" -v rver="$rver" -v lver="$lver" \
+    -v lbuilt="$lbuilt" \
     -v lb="$load_before" -v la="$load_after" -v secs="$((t_end - t_start))" \
     -v best="$best" -v dur="$dur" -v warm="$warm" -v rep="$rep" \
     -v quicknote="$quicknote" -v mem="$(free -m | awk '/^Mem:/ {print $2}')" '
@@ -210,7 +214,7 @@ END {
     print "| memory | " mem " MB |"
     print "| kernel | " kernel " |"
     print "| redis-server | " rver " |"
-    print "| leased (git) | " lver " |"
+    print "| leased (git at the start) | " lver ", src/leased built " lbuilt " |"
     print "| load average before / after | " lb " / " la " |"
     print "| whole run | " secs " s |"
     print "| each measured run | " dur " s after " warm " s warm-up |"
