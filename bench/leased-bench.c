@@ -375,7 +375,8 @@ static void write_all(int fd, const char *s, size_t len)
             if (errno == EINTR) {
                 continue;
             }
-            die("write: %s", strerror(errno));
+            die("write to leased: %s (did it close the session?)",
+                strerror(errno));
         }
         s += n;
         len -= (size_t)n;

@@ -14,12 +14,13 @@ raw=
 quick=0
 resources=1
 connections=
+rev=
 
 bench_usage() {
     cat <<EOF
 usage: $0 [--builddir DIR] [--srcdir DIR] [--redis-server PATH]
           [--out FILE] [--raw FILE] [--connections N] [--quick]
-          [--no-resources]
+          [--no-resources] [--rev NAME]
 EOF
 }
 
@@ -32,6 +33,7 @@ bench_args() {
         --out) out=$2; shift 2 ;;
         --raw) raw=$2; shift 2 ;;
         --connections) connections=$2; shift 2 ;;
+        --rev) rev=$2; shift 2 ;;
         --quick) quick=1; shift ;;
         --no-resources) resources=0; shift ;;
         -h|--help) bench_usage; exit 0 ;;

@@ -39,7 +39,11 @@ rawfile=$tmp/raw.txt
 t_start=$(date +%s)
 # The tree as the run starts (make bench has just rebuilt from it); others
 # may commit while it runs.
-lver=$(git -C "$srcdir" describe --always --dirty 2>/dev/null || echo unknown)
+# (--rev names it when the sources are an export, not a checkout.)
+lver=$rev
+[ -n "$lver" ] ||
+    lver=$(git -C "$srcdir" describe --always --dirty 2>/dev/null ||
+        echo unknown)
 lbuilt=$(date -u -r "$leased" '+%Y-%m-%d %H:%M UTC')
 load_before=$(uptime | sed 's/.*load average: *//')
 
