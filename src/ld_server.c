@@ -68,7 +68,8 @@ drain_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    if (ld_redis_outstanding() == 0 || ld_now_ms() >= S.drain_deadline_ms) {
+    bool drained = ld_redis_outstanding() == 0 && ld_session_lingering() == 0;
+    if (drained || ld_now_ms() >= S.drain_deadline_ms) {
         event_base_loopexit(ld_srv.base, NULL);
         return;
     }
@@ -256,7 +257,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
 
     ld_listen_stop();
     ld_metrics_stop();
-    ld_session_shutdown_all();
+    ld_session_cleanup();
     ld_lock_free();
     ld_cache_free();
     ld_pubsub_free();

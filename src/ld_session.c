@@ -52,7 +52,71 @@ static size_t n_close_hooks;
 struct session_io {
     struct ld_framer framer;
     struct event *linger_ev;   /* bounds the writing after close */
+    bool dirty;                /* on the flush list */
+    struct ld_session *next_dirty;
 };
+
+/* Output is written the way Redis does it: replies produced while the
+ * loop works through its ready events are appended to the session's
+ * buffer, and one event activated by the first of them, which runs after
+ * the events already queued, writes them straight to the socket. A write
+ * event is registered only when the socket cannot take everything.
+ * Letting the bufferevent schedule every write itself would cost two
+ * epoll_ctl calls and a loop turn per reply. (A lower priority would not
+ * do: libevent runs lower priorities only in a turn with nothing else to
+ * do, which a busy daemon may never have.) */
+static struct event *flush_ev;
+static struct ld_session *dirty_head;
+static long long lingering;    /* closed sessions still writing */
+
+static void
+mark_dirty(struct ld_session *s)
+{
+    if (s->io->dirty) {
+        return;
+    }
+    s->io->dirty = true;
+    s->io->next_dirty = dirty_head;
+    dirty_head = s;
+    ld_session_ref(s);
+    if (flush_ev == NULL) {
+        return;
+    }
+    event_active(flush_ev, EV_WRITE, 0);
+}
+
+static void
+flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    struct ld_session *list = dirty_head;
+    dirty_head = NULL;
+    while (list != NULL) {
+        struct ld_session *s = list;
+        list = s->io->next_dirty;
+        s->io->dirty = false;
+        struct evbuffer *out =
+            s->bev != NULL ? bufferevent_get_output(s->bev) : NULL;
+        if (s->open && out != NULL && evbuffer_get_length(out) > 0) {
+            /* A socket bufferevent keeps the front of its output frozen
+             * so only it drains it; it unfreezes the same way for its
+             * own writes. */
+            evbuffer_unfreeze(out, 1);
+            int n = evbuffer_write(out, bufferevent_getfd(s->bev));
+            evbuffer_freeze(out, 1);
+            if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                errno != EINTR) {
+                ld_session_close(s, strerror(errno));
+            } else if (evbuffer_get_length(out) > 0) {
+                /* The socket is full: let the bufferevent finish. */
+                bufferevent_enable(s->bev, EV_WRITE);
+            }
+        }
+        ld_session_unref(s);
+    }
+}
 
 void
 ld_session_on_close(ld_session_hook *fn)
@@ -101,7 +165,14 @@ release_socket(struct ld_session *s)
     bufferevent_free(s->bev);
     s->bev = NULL;
     event_del(s->io->linger_ev);
+    lingering--;
     ld_session_unref(s);
+}
+
+long long
+ld_session_lingering(void)
+{
+    return lingering;
 }
 
 static bool
@@ -181,6 +252,7 @@ ld_session_close(struct ld_session *s, const char *why)
          * the session's memory alive meanwhile. */
         bufferevent_disable(s->bev, EV_READ);
         ld_session_ref(s);
+        lingering++;
         if (closed_and_done(s)) {
             release_socket(s);
         } else {
@@ -190,6 +262,7 @@ ld_session_close(struct ld_session *s, const char *why)
             bufferevent_setwatermark(s->bev, EV_WRITE, 0, 0);
             bufferevent_setcb(s->bev, NULL, closed_write_cb,
                               closed_event_cb, s);
+            bufferevent_enable(s->bev, EV_WRITE);
             event_add(s->io->linger_ev, &tv);
         }
     }
@@ -204,8 +277,11 @@ ld_session_write(struct ld_session *s, const char *buf, size_t len)
     }
     struct evbuffer *out = bufferevent_get_output(s->bev);
     evbuffer_add(out, buf, len);
-    if (evbuffer_get_length(out) > OUTPUT_HIGH_BYTES) {
-        bufferevent_disable(s->bev, EV_READ);
+    if (s->open) {
+        mark_dirty(s);
+        if (evbuffer_get_length(out) > OUTPUT_HIGH_BYTES) {
+            bufferevent_disable(s->bev, EV_READ);
+        }
     }
 }
 
@@ -308,9 +384,12 @@ static void
 write_cb(struct bufferevent *bev, void *arg)
 {
     struct ld_session *s = arg;
-    if (s->open &&
-        evbuffer_get_length(bufferevent_get_output(bev)) <=
-            OUTPUT_LOW_BYTES) {
+    size_t left = evbuffer_get_length(bufferevent_get_output(bev));
+    if (left == 0) {
+        /* Back to writing from flush_cb (see mark_dirty). */
+        bufferevent_disable(bev, EV_WRITE);
+    }
+    if (s->open && left <= OUTPUT_LOW_BYTES) {
         bufferevent_enable(bev, EV_READ);
     }
 }
@@ -394,9 +473,14 @@ ld_session_new(int fd, struct ld_listener *l)
     ld_stats.sessions = session_count;
     ld_stats.connections_accepted++;
 
+    if (flush_ev == NULL) {
+        flush_ev = event_new(ld_srv.base, -1, 0, flush_cb, NULL);
+    }
     bufferevent_setcb(bev, read_cb, write_cb, event_cb, s);
     bufferevent_setwatermark(bev, EV_WRITE, OUTPUT_LOW_BYTES, 0);
-    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    /* A new bufferevent has writing enabled; flush_cb writes instead. */
+    bufferevent_disable(bev, EV_WRITE);
+    bufferevent_enable(bev, EV_READ);
     log_debug("session opened session=%s listener=%s", s->name,
               l != NULL ? l->name : "-");
     return s;
@@ -410,5 +494,16 @@ ld_session_shutdown_all(void)
         json_t *ev = json_pack("{s:s}", "event", "shutdown");
         ld_session_event(s, ev);
         ld_session_close(s, "shutdown");
+    }
+}
+
+void
+ld_session_cleanup(void)
+{
+    ld_session_shutdown_all();
+    flush_cb(-1, 0, NULL);
+    if (flush_ev != NULL) {
+        event_free(flush_ev);
+        flush_ev = NULL;
     }
 }

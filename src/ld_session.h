@@ -54,8 +54,15 @@ void ld_session_unref(struct ld_session *s);
 struct ld_session *ld_session_first(void);
 long long ld_session_count(void);
 
+/* Closed sessions whose socket is still writing what they were owed (the
+ * graceful stop waits for these, within its bound). */
+long long ld_session_lingering(void);
+
 /* Graceful stop: send {"event":"shutdown"} to every session and close it
  * once its output has drained. */
 void ld_session_shutdown_all(void);
+
+/* At exit, after the loop: close what is left and free module state. */
+void ld_session_cleanup(void);
 
 #endif
