@@ -125,9 +125,20 @@ static struct {
     struct lk_rec *held;
     struct lk_op *ops;
     struct event *pass_ev;
+    struct event *step_ev;         /* continues a pass on a later turn */
+    struct lk_rec *cursor;         /* next record of the pass running */
+    bool passing;
+    long long renew_inflight;      /* renewals and checks sent, unanswered */
     bool stopping;
     bool freed;
 } lk;
+
+/* A pass over 100,000 locks must not monopolise the loop nor put 100,000
+ * scripts in Redis ahead of client commands: it goes in steps of at most
+ * PASS_STEP records, with at most RENEW_INFLIGHT_MAX renewals out at a
+ * time; replies bring the next step. */
+#define PASS_STEP 500
+#define RENEW_INFLIGHT_MAX 1000
 
 static void rec_release_all(struct lk_rec *rec);
 
@@ -308,6 +319,9 @@ static void held_unlink(struct lk_rec *rec)
 {
     if (!rec->in_held) {
         return;
+    }
+    if (lk.cursor == rec) {
+        lk.cursor = rec->hnext;
     }
     if (rec->hprev != NULL) {
         rec->hprev->hnext = rec->hnext;
@@ -1307,11 +1321,18 @@ static void op_info(struct ld_req *req)
 
 /* ------------------------------------------------------------ watchdog */
 
+static void pass_continue(void);
+
 static void renew_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
     rec->renewing = false;
+    lk.renew_inflight--;
+    if (lk.passing && !lk.freed &&
+        lk.renew_inflight <= RENEW_INFLIGHT_MAX / 2) {
+        pass_continue();
+    }
     /* Replies come in command order, so a record that was released or
      * lost meanwhile simply ignores what this renewal found. */
     if (lk.freed || !rec->linked || rec->count == 0 || rec->ls == NULL) {
@@ -1364,6 +1385,7 @@ static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     rec->renewing = true;
     op->sent_ms = ld_now_ms();
     op->inflight = true;
+    lk.renew_inflight++;
     script(LD_SCRIPT_lock_renew, &rec->n, 1, 4, args, lens, renew_on_reply,
            op);
 }
@@ -1381,61 +1403,97 @@ static void pass_arm(void)
     evtimer_add(lk.pass_ev, &tv);
 }
 
-/* The one periodic pass: renew every watchdog lock (the commands leave
- * pipelined, in one write per connection), stop renewing at max_hold, and
- * look after fixed leases that should have run out. */
+/* What the pass does for one record: renew a watchdog lock, stop renewing
+ * at max_hold, look after a fixed lease that should have run out. */
+static void pass_visit(struct lk_rec *rec, uint64_t now)
+{
+    const struct ld_config *cfg = ld_srv.cfg;
+    if (rec->ls == NULL) {
+        return;
+    }
+    if (!rec->watchdog) {
+        if (!rec->renewing && now >= rec->lease_end_ms) {
+            renew_send(rec, LK_CHECK, 0);
+        }
+        return;
+    }
+    if (rec->capped) {
+        return;
+    }
+    if (rec->renewing) {
+        /* The last renewal is still out; when the lease has passed
+         * meanwhile, Redis was unreachable for longer than it. */
+        if (now >= rec->lease_end_ms) {
+            rec->refs++;
+            rec_lost(rec, "redis_unavailable", true);
+            rec_unref(rec);
+        }
+        return;
+    }
+    long long lease = cfg->lock.watchdog_ms;
+    if (cfg->lock.max_hold_ms > 0) {
+        long long left = cfg->lock.max_hold_ms
+                         - (long long)(now - rec->acquired_ms);
+        if (left <= lease) {
+            /* The last renewal: it ends the lease at max_hold. */
+            rec->capped = true;
+            if (left <= 0) {
+                rec_arm_cap(rec);
+                return;
+            }
+            lease = left;
+        }
+    }
+    renew_send(rec, LK_RENEW, lease);
+    if (rec->capped) {
+        rec->lease_end_ms = now + (uint64_t)lease;
+        rec_arm_cap(rec);
+    }
+}
+
+/* One step of the pass. The renewals of a step leave pipelined, in one
+ * write per connection. The cursor survives records leaving the list
+ * (held_unlink moves it on); records added meanwhile are new and wait for
+ * the next pass. */
+static void pass_step(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    uint64_t now = ld_now_ms();
+    int visited = 0;
+    while (lk.cursor != NULL && visited < PASS_STEP &&
+           lk.renew_inflight < RENEW_INFLIGHT_MAX) {
+        struct lk_rec *rec = lk.cursor;
+        lk.cursor = rec->hnext;
+        pass_visit(rec, now);
+        visited++;
+    }
+    if (lk.cursor == NULL) {
+        lk.passing = false;
+    } else if (lk.renew_inflight < RENEW_INFLIGHT_MAX) {
+        pass_continue();
+    }
+    /* else: renew_on_reply continues once replies have come back. */
+}
+
+static void pass_continue(void)
+{
+    event_active(lk.step_ev, EV_TIMEOUT, 0);
+}
+
+/* The one periodic timer starts a pass over every held lock, unless the
+ * last one is still going (Redis slow), which then simply goes on. */
 static void pass_run(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    const struct ld_config *cfg = ld_srv.cfg;
-    uint64_t now = ld_now_ms();
-    struct lk_rec *next;
-    for (struct lk_rec *rec = lk.held; rec != NULL; rec = next) {
-        next = rec->hnext;
-        if (rec->ls == NULL) {
-            continue;
-        }
-        if (!rec->watchdog) {
-            if (!rec->renewing && now >= rec->lease_end_ms) {
-                renew_send(rec, LK_CHECK, 0);
-            }
-            continue;
-        }
-        if (rec->capped) {
-            continue;
-        }
-        if (rec->renewing) {
-            /* The last renewal is still out; when the lease has passed
-             * meanwhile, Redis was unreachable for longer than it. */
-            if (now >= rec->lease_end_ms) {
-                rec->refs++;
-                rec_lost(rec, "redis_unavailable", true);
-                rec_unref(rec);
-            }
-            continue;
-        }
-        long long lease = cfg->lock.watchdog_ms;
-        if (cfg->lock.max_hold_ms > 0) {
-            long long left = cfg->lock.max_hold_ms
-                             - (long long)(now - rec->acquired_ms);
-            if (left <= lease) {
-                /* The last renewal: it ends the lease at max_hold. */
-                rec->capped = true;
-                if (left <= 0) {
-                    rec_arm_cap(rec);
-                    continue;
-                }
-                lease = left;
-            }
-        }
-        renew_send(rec, LK_RENEW, lease);
-        if (rec->capped) {
-            rec->lease_end_ms = now + (uint64_t)lease;
-            rec_arm_cap(rec);
-        }
+    if (!lk.passing) {
+        lk.passing = true;
+        lk.cursor = lk.held;
     }
+    pass_step(-1, 0, NULL);
     pass_arm();
 }
 
@@ -1498,7 +1556,8 @@ int ld_lock_init(void)
     lk.by_token = ld_dict_new();
     ld_lockwait_init(acq_try, acq_expire);
     lk.pass_ev = evtimer_new(ld_srv.base, pass_run, NULL);
-    if (lk.by_token == NULL || lk.pass_ev == NULL) {
+    lk.step_ev = event_new(ld_srv.base, -1, 0, pass_step, NULL);
+    if (lk.by_token == NULL || lk.pass_ev == NULL || lk.step_ev == NULL) {
         return LD_ERR;
     }
     pass_arm();
@@ -1580,6 +1639,10 @@ void ld_lock_free(void)
     ld_lockwait_free();
     event_free(lk.pass_ev);
     lk.pass_ev = NULL;
+    if (lk.step_ev != NULL) {
+        event_free(lk.step_ev);
+        lk.step_ev = NULL;
+    }
     ld_dict_free(lk.by_token);
     lk.by_token = NULL;
 }

@@ -426,6 +426,54 @@ START_TEST(test_thousand_waiters)
 }
 END_TEST
 
+/* --- many locks ---------------------------------------------------------- */
+
+/* The watchdog pass goes in steps (a bounded number of renewals out at a
+ * time): with several thousand locks it must still renew every one of
+ * them, pass after pass, and lose none. */
+START_TEST(test_many_watchdog_locks)
+{
+    enum { N = 3000 };
+    struct h_conn *c, *q;
+    char key[32];
+    json_t *r;
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    /* All N requests are pipelined: room for them in flight. */
+    ck_assert_int_eq(h_daemon_start(&D1, &R,
+                                    "lock:\n  watchdog_ms: 900\n"
+                                    "limits:\n  max_pending: 10000\n"),
+                     0);
+    c = lk_connect(&D1);
+    q = lk_connect(&D1);
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "many:%d", i);
+        lk_send(c, i + 1, key, NULL, NO_TTL, 0);
+    }
+    for (int i = 0; i < N; i++) {
+        r = h_recv(c, 10000);
+        ck_assert_msg(r != NULL && jtrue(r, "acquired"), "lock %d", i);
+        json_decref(r);
+    }
+    ck_assert_int_eq(h_stat(q, "locks_held"), N);
+    long long renewed = h_stat(q, "lock_renewals_ok");
+
+    /* Three watchdog periods: every lease would have run out twice over
+     * without renewal. */
+    usleep(2700 * 1000);
+    ck_assert_int_eq(h_stat(q, "locks_held"), N);
+    ck_assert_int_eq(h_stat(q, "lock_lost"), 0);
+    ck_assert_int_ge(h_stat(q, "lock_renewals_ok") - renewed, 2 * N);
+    for (int i = 0; i < N; i += 499) {
+        snprintf(key, sizeof key, "many:%d", i);
+        ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{%s}", key), 0);
+    }
+    ck_assert(h_event(c, 0) == NULL);
+    h_close(q);
+    h_close(c);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
@@ -442,6 +490,7 @@ int main(void)
     add(s, "counter", test_counter, 150);
     add(s, "ticket_seller", test_ticket_seller, 150);
     add(s, "thousand_waiters", test_thousand_waiters, 90);
+    add(s, "many_watchdog_locks", test_many_watchdog_locks, 90);
 
     return h_run_suite(s);
 }
