@@ -461,6 +461,21 @@ getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
 static void
 settle_hit(struct getter *g, const char *v, size_t len)
 {
+    struct cop *op = g->op;
+    if (!op->mget) {
+        /* The common case, built straight into the reply line: a JSON
+         * tree would check and escape a large value byte by byte. */
+        struct ld_req *req = op->req;
+        op->req = NULL;
+        if (ld_reply_ok_hit(req, v, len) == LD_OK) {
+            ld_stats.cache_hits++;
+            g->state = G_DONE;
+            cop_unlink(op);
+            cop_free(op);
+            return;
+        }
+        op->req = req;    /* not UTF-8: answered below */
+    }
     json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
     if (f == NULL) {
         getter_settle(g, NULL, LD_E_WRONG_TYPE,
@@ -974,10 +989,10 @@ get_params(struct ld_req *req, long long *wait_ms, bool *lease)
 static bool
 drop_if_closed(struct ld_req *req)
 {
-    /* A request of a session that has closed is answered into the void:
-     * its close hook has run, so nothing may be parked for it. */
+    /* A request of a session that has closed: its close hook has run,
+     * so nothing may be parked for it. */
     if (!ld_req_session_open(req)) {
-        ld_reply_ok(req, NULL);
+        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the session has ended");
         return true;
     }
     return false;
@@ -1623,12 +1638,25 @@ on_session_close(struct ld_session *s)
      * caller that can no longer load the value. */
     while (cs->ops != NULL) {
         struct cop *op = cs->ops;
-        cop_unlink(op);
         for (size_t i = 0; i < op->n; i++) {
             getter_detach(&op->g[i]);
         }
-        ld_reply_ok(op->req, NULL); /* into the void: the session is gone */
-        cop_free(op);
+        /* A client that only half-closed still reads this answer: the
+         * read did not finish, so it is a miss without a lease ("load,
+         * but do not fill"), always a safe answer in cache-aside. */
+        if (op->mget) {
+            for (size_t i = 0; i < op->n; i++) {
+                if (op->results[i] == NULL && op->dup_of[i] == SIZE_MAX) {
+                    op->results[i] = json_pack("{s:b,s:b,s:n}", "ok", 1,
+                                               "hit", 0, "lease");
+                }
+            }
+            mget_finish(op);
+        } else {
+            cop_unlink(op);
+            ld_reply_ok(op->req, json_pack("{s:b,s:n}", "hit", 0, "lease"));
+            cop_free(op);
+        }
     }
     free(cs);
 }

@@ -167,6 +167,147 @@ send_line(struct ld_req *req, char *line, size_t len)
     req_free(req);
 }
 
+/* Length of the valid UTF-8 sequence starting at P (at most N bytes
+ * available), 0 when invalid: no overlong forms, no surrogates, nothing
+ * above U+10FFFF, as RFC 3629 and jansson require. */
+static size_t
+utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    size_t want;
+    unsigned min;
+    unsigned cp;
+    if (c < 0x80) {
+        return 1;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+        want = 2;
+        min = 0x80;
+        cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        want = 3;
+        min = 0x800;
+        cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        want = 4;
+        min = 0x10000;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if (n < want) {
+        return 0;
+    }
+    for (size_t i = 1; i < want; i++) {
+        if ((p[i] & 0xc0) != 0x80) {
+            return 0;
+        }
+        cp = (cp << 6) | (p[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+        return 0;
+    }
+    return want;
+}
+
+size_t
+ld_json_quote(char *out, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789ABCDEF";   /* as jansson */
+    const unsigned char *p = (const unsigned char *)s;
+    char *o = out;
+    size_t i = 0;
+
+    *o++ = '"';
+    while (i < len) {
+        /* Copy the longest run that needs no escape in one go. */
+        size_t run = i;
+        while (run < len && p[run] >= 0x20 && p[run] < 0x80 &&
+               p[run] != '"' && p[run] != '\\') {
+            run++;
+        }
+        if (run > i) {
+            memcpy(o, p + i, run - i);
+            o += run - i;
+            i = run;
+            continue;
+        }
+        unsigned c = p[i];
+        if (c >= 0x80) {
+            size_t n = utf8_seq(p + i, len - i);
+            if (n == 0) {
+                return 0;
+            }
+            memcpy(o, p + i, n);
+            o += n;
+            i += n;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        default:
+            *o++ = 'u';
+            *o++ = '0';
+            *o++ = '0';
+            *o++ = hex[c >> 4];
+            *o++ = hex[c & 15];
+            break;
+        }
+        i++;
+    }
+    *o++ = '"';
+    return (size_t)(o - out);
+}
+
+int
+ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
+{
+    static const char mid[] = "\"ok\":true,\"hit\":true,\"value\":";
+    char *idtext = NULL;
+    size_t idlen = 0;
+    if (req->id != NULL) {
+        idtext = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (idtext == NULL) {
+            return LD_ERR;
+        }
+        idlen = strlen(idtext);
+    }
+    size_t cap = 8 + idlen + sizeof(mid) + ld_json_quote_max(len) + 3;
+    char *line = malloc(cap);
+    if (line == NULL) {
+        free(idtext);
+        return LD_ERR;
+    }
+    char *o = line;
+    *o++ = '{';
+    if (idtext != NULL) {
+        memcpy(o, "\"id\":", 5);
+        o += 5;
+        memcpy(o, idtext, idlen);
+        o += idlen;
+        *o++ = ',';
+        free(idtext);
+    }
+    memcpy(o, mid, sizeof(mid) - 1);
+    o += sizeof(mid) - 1;
+    size_t q = ld_json_quote(o, v, len);
+    if (q == 0) {
+        free(line);
+        return LD_ERR;
+    }
+    o += q;
+    *o++ = '}';
+    *o++ = '\n';
+    send_line(req, line, (size_t)(o - line));
+    return LD_OK;
+}
+
 void
 ld_reply_ok(struct ld_req *req, json_t *fields)
 {

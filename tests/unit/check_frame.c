@@ -193,6 +193,101 @@ START_TEST(reply_lines)
 }
 END_TEST
 
+/* ld_json_quote must write exactly what jansson writes for every valid
+ * string, and refuse what jansson refuses. */
+static void
+check_quote_like_jansson(const char *s, size_t len)
+{
+    char *mine = malloc(ld_json_quote_max(len) + 1);
+    size_t n = ld_json_quote(mine, s, len);
+    json_t *js = json_stringn(s, len);
+    if (js == NULL) {
+        ck_assert_msg(n == 0, "accepted what jansson refuses");
+    } else {
+        char *theirs = json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT);
+        ck_assert_msg(n == strlen(theirs) && memcmp(mine, theirs, n) == 0,
+                      "ld_json_quote differs: %.*s vs %s", (int)n, mine,
+                      theirs);
+        free(theirs);
+        json_decref(js);
+    }
+    free(mine);
+}
+
+static size_t
+put_utf8(unsigned char *o, unsigned cp)
+{
+    if (cp < 0x80) {
+        o[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (unsigned char)(0xc0 | (cp >> 6));
+        o[1] = (unsigned char)(0x80 | (cp & 0x3f));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (unsigned char)(0xe0 | (cp >> 12));
+        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
+        o[2] = (unsigned char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    o[0] = (unsigned char)(0xf0 | (cp >> 18));
+    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f));
+    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
+    o[3] = (unsigned char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+START_TEST(json_quote)
+{
+    static const struct {
+        const char *s;
+        size_t len;
+    } fixed[] = {
+        {"", 0}, {"plain", 5}, {"q\"b\\s/", 6}, {"\n\r\t\b\f", 5},
+        {"nul\0in", 6}, {"\x01\x1f\x7f", 3}, {"\xc3\xa9t\xc3\xa9", 6},
+        {"\xe2\x82\xac", 3}, {"\xf0\x9f\x98\x80", 4},
+        /* refused: overlong, surrogate, above U+10FFFF, bad lead, cut */
+        {"\xc0\x80", 2}, {"\xed\xa0\x80", 3}, {"\xf4\x90\x80\x80", 4},
+        {"\xf5\x80\x80\x80", 4}, {"\xff", 1}, {"\xe2\x82", 2},
+        {"ok\x80", 3},
+    };
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+        check_quote_like_jansson(fixed[i].s, fixed[i].len);
+    }
+    /* Every single control and ASCII character. */
+    for (unsigned c = 1; c < 0x80; c++) {
+        char one = (char)c;
+        check_quote_like_jansson(&one, 1);
+    }
+    /* Random strings of random code points, mostly ASCII. */
+    srand(7);
+    for (int round = 0; round < 2000; round++) {
+        unsigned char buf[256];
+        size_t len = 0;
+        int n = rand() % 40;
+        for (int k = 0; k < n; k++) {
+            unsigned cp;
+            switch (rand() % 4) {
+            case 0: cp = (unsigned)(rand() % 0x80); break;
+            case 1: cp = 0x80 + (unsigned)(rand() % 0x780); break;
+            case 2: cp = 0x800 + (unsigned)(rand() % 0xf800); break;
+            default: cp = 0x10000 + (unsigned)(rand() % 0x100000); break;
+            }
+            if (cp >= 0xd800 && cp <= 0xdfff) {
+                cp = 'x';
+            }
+            len += put_utf8(buf + len, cp);
+        }
+        if (rand() % 8 == 0 && len > 0) {
+            buf[rand() % len] = (unsigned char)(rand() % 256); /* maybe break it */
+        }
+        check_quote_like_jansson((const char *)buf, len);
+    }
+}
+END_TEST
+
 START_TEST(error_code_names)
 {
     ck_assert_str_eq(ld_errcode_name(LD_E_BAD_REQUEST), "bad_request");
@@ -227,6 +322,7 @@ main(void)
     tcase_add_test(tc, parse_errors_name_the_field);
     tcase_add_test(tc, reply_lines);
     tcase_add_test(tc, error_code_names);
+    tcase_add_test(tc, json_quote);
     tcase_add_test(tc, key_limits);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
