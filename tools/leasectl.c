@@ -297,6 +297,23 @@ static int open_conn(struct ctl *ctl)
     return 0;
 }
 
+/* The options of a subcommand that takes exactly one KEY (into POS[0]),
+ * then the connection. */
+static int one_key_cmd(struct ctl *ctl, int argc, char **argv,
+                       const struct optdef *defs, char **pos)
+{
+    int npos, rc;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
+                         NULL))) {
+        return rc;
+    }
+    if (npos != 1) {
+        return usage_error(ctl->cmd, "wants one KEY%s", "");
+    }
+    return open_conn(ctl);
+}
+
 /* --- ping, stats -------------------------------------------------------- */
 
 static int cmd_ping(struct ctl *ctl, int argc, char **argv)
@@ -399,16 +416,9 @@ static int cmd_get(struct ctl *ctl, int argc, char **argv)
     struct leased_cache_result res;
     struct leased_error err;
     char *pos[1];
-    int npos, rc;
+    int rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
-                         NULL))) {
-        return rc;
-    }
-    if (npos != 1) {
-        return usage_error(ctl->cmd, "wants one KEY%s", "");
-    }
-    if ((rc = open_conn(ctl))) {
+    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
         return rc;
     }
     /* A plain read: a command-line user will not fill the key, so taking
@@ -529,16 +539,9 @@ static int cmd_info(struct ctl *ctl, int argc, char **argv)
     struct leased_lock_info info;
     struct leased_error err;
     char *pos[1];
-    int npos, rc;
+    int rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
-                         NULL))) {
-        return rc;
-    }
-    if (npos != 1) {
-        return usage_error(ctl->cmd, "wants one KEY%s", "");
-    }
-    if ((rc = open_conn(ctl))) {
+    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
         return rc;
     }
     if (leased_lock_info(ctl->conn, pos[0], owner, token, &info, &err)
