@@ -28,6 +28,7 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include <errno.h>
 #include <event2/event.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +244,45 @@ static int reply_ints(const redisReply *r, long long *v, int max)
         v[n++] = r->element[i]->integer;
     }
     return n;
+}
+
+/* Read lock_acquire's reply into V: like reply_ints, but a grant carries
+ * its fence as a decimal string (fences never pass through Lua numbers),
+ * read here exactly. Returns -1 for anything else, also for a fence that
+ * is not a positive 64-bit integer (0 means unknown, on a reentry). */
+static int reply_acquire(const redisReply *r, long long v[4])
+{
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1
+        || r->element[0]->type != REDIS_REPLY_INTEGER) {
+        return -1;
+    }
+    if (r->element[0]->integer != 1) {
+        return reply_ints(r, v, 4);
+    }
+    if (r->elements != 4 || r->element[1]->type != REDIS_REPLY_INTEGER
+        || r->element[2]->type != REDIS_REPLY_STRING
+        || r->element[3]->type != REDIS_REPLY_INTEGER) {
+        return -1;
+    }
+    const redisReply *f = r->element[2];
+    char buf[24];
+    if (f->len == 0 || f->len >= sizeof(buf)) {
+        return -1;
+    }
+    memcpy(buf, f->str, f->len);
+    buf[f->len] = '\0';
+    char *end;
+    errno = 0;
+    long long fence = strtoll(buf, &end, 10);
+    if (errno != 0 || *end != '\0' || fence < 0 || buf[0] == '-'
+        || buf[0] == '+' || (buf[0] == '0' && f->len > 1)) {
+        return -1;
+    }
+    v[0] = 1;
+    v[1] = r->element[1]->integer;
+    v[2] = fence;
+    v[3] = r->element[3]->integer;
+    return 4;
 }
 
 /* Answer REQ for a command that got no usable reply. */
@@ -794,7 +834,7 @@ static void acq_on_reply(redisReply *r, void *arg)
     }
     struct lk_rec *rec = op->rec;
     long long v[4] = { 0, 0, 0, 0 };
-    int n = reply_ints(r, v, 4);
+    int n = reply_acquire(r, v);
     bool queued = op->w.q != NULL;
 
     if (n >= 4 && v[0] == 1) {
@@ -856,6 +896,10 @@ static void acq_on_reply(redisReply *r, void *arg)
          * whenever Redis answers the release. */
         rec_release_all(rec);
     }
+    if (n >= 1 && v[0] == -1) {
+        log_warn("lock '%.*s': its redis keys hold data leased did not "
+                 "write; nothing changed", (int)rec->key_len, rec->key);
+    }
     if (op->req != NULL) {
         if (n >= 1 && v[0] == -1) {
             reply_wrong_type(op->req, rec->key, rec->key_len);
@@ -876,12 +920,13 @@ static void acq_send(struct lk_op *op)
     struct lk_rec *rec = op->rec;
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
-    const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token, "0" };
+    const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token, "0",
+                           "0" };
     size_t lens[] = { rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
-                      LD_TOKEN_LEN, 1 };
+                      LD_TOKEN_LEN, 1, 1 };
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    script(LD_SCRIPT_lock_acquire, &rec->n, 2, 5, args, lens, acq_on_reply,
+    script(LD_SCRIPT_lock_acquire, &rec->n, 2, 6, args, lens, acq_on_reply,
            op);
 }
 
@@ -918,7 +963,7 @@ static void acq_token_on_reply(redisReply *r, void *arg)
         return;
     }
     long long v[4] = { 0, 0, 0, 0 };
-    int n = reply_ints(r, v, 4);
+    int n = reply_acquire(r, v);
     size_t klen;
     const char *key = op_key(op, &klen);
     if (n >= 4 && v[0] == 1) {
@@ -1079,12 +1124,13 @@ static void op_lock(struct ld_req *req)
         const struct lk_names *n = op_names(op);
         char lbuf[24];
         snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
-        const char *args[] = { n->hash, n->fence, lbuf, op->field, "1" };
+        const char *args[] = { n->hash, n->fence, lbuf, op->field, "1",
+                               "0" };
         size_t lens[] = { n->hash_len, n->fence_len, strlen(lbuf),
-                          op->field_len, 1 };
+                          op->field_len, 1, 1 };
         op->sent_ms = ld_now_ms();
         op->inflight = true;
-        script(LD_SCRIPT_lock_acquire, n, 2, 5, args, lens,
+        script(LD_SCRIPT_lock_acquire, n, 2, 6, args, lens,
                acq_token_on_reply, op);
         return;
     }
@@ -1359,6 +1405,10 @@ static void renew_on_reply(redisReply *r, void *arg)
             rec_arm_cap(rec);
         }
     } else if (n >= 1 && v[0] < 0) {
+        if (v[0] == -1) {
+            log_warn("lock '%.*s': its redis key holds data leased did not "
+                     "write", (int)rec->key_len, rec->key);
+        }
         if (renew) {
             ld_stats.lock_renewals_failed++;
             rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);

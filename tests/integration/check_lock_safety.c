@@ -1,0 +1,211 @@
+/* Lock safety against one real leased and a real redis-server: a token is
+ * never reused for a new acquisition, fences never go backwards (also when
+ * Redis loses data) and stay exact integers, lock_lost comes before the
+ * lease it vouched for can run out, max_hold holds exactly, and foreign
+ * data in the lock keys is wrong_type, never a script error. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "lock_util.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+static struct h_redis R;
+static struct h_daemon D;
+static bool r_stopped;
+
+static void setup(void)
+{
+    memset(&R, 0, sizeof R);
+    memset(&D, 0, sizeof D);
+    r_stopped = false;
+}
+
+static void teardown(void)
+{
+    if (r_stopped && R.pid > 0) {
+        kill(R.pid, SIGCONT);
+    }
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R);
+}
+
+static void start(const char *yaml_extra)
+{
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
+}
+
+/* The next lock_lost event for KEY (other events are dropped), or NULL
+ * after TIMEOUT_MS. */
+static json_t *lost_event(struct h_conn *c, const char *key, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+    for (;;) {
+        long long left = deadline - h_now_ms();
+        json_t *ev = h_event(c, left > 0 ? (int)left : 0);
+        if (ev == NULL) {
+            return NULL;
+        }
+        if (jstr(ev, "event") != NULL
+            && strcmp(jstr(ev, "event"), "lock_lost") == 0
+            && jstr(ev, "key") != NULL && strcmp(jstr(ev, "key"), key) == 0) {
+            return ev;
+        }
+        json_decref(ev);
+    }
+}
+
+static const char *err_message(const json_t *r)
+{
+    return json_string_value(
+        json_object_get(json_object_get(r, "error"), "message"));
+}
+
+/* --- exact fences -------------------------------------------------------- */
+
+/* Lock KEY with a fixed lease and return the fence, or -1 after asserting
+ * wrong_type naming KEY. Unlocks what it got. */
+static long long fence_of(struct h_conn *c, const char *key)
+{
+    json_t *r = lk_lock(c, key, NULL, 60000, 0);
+    long long f;
+    if (!h_ok(r)) {
+        ck_assert_str_eq(h_errcode(r), "wrong_type");
+        ck_assert_msg(err_message(r) != NULL
+                          && strstr(err_message(r), key) != NULL,
+                      "wrong_type does not name %s", key);
+        json_decref(r);
+        return -1;
+    }
+    ck_assert_msg(jtrue(r, "acquired"), "%s not acquired", key);
+    f = jint(r, "fence");
+    json_decref(r);
+    lk_unlock_ok(c, key, NULL);
+    return f;
+}
+
+static void set_counter(const char *key, const char *value)
+{
+    redisReply *rep = h_redis_cmd(&R, "SET leased:lock:{%s}:fence %s", key,
+                                  value);
+    ck_assert_ptr_nonnull(rep);
+    freeReplyObject(rep);
+}
+
+static void expect_foreign(struct h_conn *c, const char *key,
+                           const char *value)
+{
+    set_counter(key, value);
+    ck_assert_int_eq(fence_of(c, key), -1);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{%s}", key), 0);
+    redisReply *rep = h_redis_cmd(&R, "GET leased:lock:{%s}:fence", key);
+    ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STRING
+                      && strcmp(rep->str, value) == 0,
+                  "counter of %s changed", key);
+    freeReplyObject(rep);
+}
+
+START_TEST(test_fences_exact)
+{
+    struct h_conn *a;
+
+    start(NULL);
+    a = lk_connect(&D);
+
+    set_counter("f53a", "9007199254740991");
+    ck_assert_int_eq(fence_of(a, "f53a"), 9007199254740992LL);
+    ck_assert_int_eq(fence_of(a, "f53a"), 9007199254740993LL);
+    ck_assert_int_eq(fence_of(a, "f53a"), 9007199254740994LL);
+
+    set_counter("f53b", "9007199254740992");
+    ck_assert_int_eq(fence_of(a, "f53b"), 9007199254740993LL);
+    ck_assert_int_eq(fence_of(a, "f53b"), 9007199254740994LL);
+
+    /* The last fence there is; after it the counter is foreign data. */
+    set_counter("f63", "9223372036854775806");
+    ck_assert_int_eq(fence_of(a, "f63"), 9223372036854775807LL);
+    ck_assert_int_eq(fence_of(a, "f63"), -1);
+
+    expect_foreign(a, "fmax", "9223372036854775807");
+    expect_foreign(a, "fneg", "-5");
+    expect_foreign(a, "fabc", "abc");
+    expect_foreign(a, "fzero", "0");
+    expect_foreign(a, "flead", "007");
+    expect_foreign(a, "fbig", "99999999999999999999");
+    h_close(a);
+}
+END_TEST
+
+/* --- foreign data in lock hashes ---------------------------------------- */
+
+START_TEST(test_foreign_hold_count)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    char tok[80];
+    redisReply *rep;
+
+    start("lock:\n  watchdog_ms: 600\n");
+    a = lk_connect(&D);
+
+    /* A reentry on a hold count leased did not write. */
+    r = lk_must(a, "W", NULL, 60000, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    rep = h_redis_cmd(&R, "HSET leased:lock:{W} %s notanumber", tok);
+    ck_assert_ptr_nonnull(rep);
+    freeReplyObject(rep);
+    r = lk_lock(a, "W", NULL, 60000, 0);
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    ck_assert_msg(strstr(err_message(r), "'W'") != NULL, "key not named");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "W", "token",
+                tok);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+
+    /* A hash with an empty field name is someone else's lock. */
+    rep = h_redis_cmd(&R, "HSET leased:lock:{E} %s 1", "");
+    ck_assert_ptr_nonnull(rep);
+    freeReplyObject(rep);
+    r = lk_lock(a, "E", NULL, 60000, 0);
+    ck_assert_msg(h_ok(r), "empty field: %s", h_errcode(r));
+    ck_assert(!jtrue(r, "acquired"));
+    json_decref(r);
+
+    /* The watchdog finds a count it did not write: the lock is lost. */
+    r = lk_must(a, "V", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    rep = h_redis_cmd(&R, "HSET leased:lock:{V} %s 1.5", tok);
+    ck_assert_ptr_nonnull(rep);
+    freeReplyObject(rep);
+    ev = lost_event(a, "V", 5000);
+    ck_assert_msg(ev != NULL, "no lock_lost for a foreign hold count");
+    ck_assert_str_eq(jstr(ev, "reason"), "taken");
+    json_decref(ev);
+    h_close(a);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
+{
+    h_add_test(s, name, t, timeout_s, setup, teardown);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("lock_safety");
+
+    add(s, "fences_exact", test_fences_exact, 60);
+    add(s, "foreign_hold_count", test_foreign_hold_count, 60);
+
+    return h_run_suite(s);
+}
