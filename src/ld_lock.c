@@ -76,6 +76,7 @@ struct lk_rec {
     bool detached;
     bool capped;                   /* lock.max_hold_ms reached */
     bool renewing;                 /* a renewal or check is in flight */
+    bool token_used;               /* granted once under this token */
     unsigned refs;                 /* commands in flight that name it */
     unsigned pending;              /* acquisitions in flight or queued */
     uint64_t acquired_us;
@@ -112,6 +113,7 @@ struct lk_op {
     bool watchdog;                 /* this acquisition asked for one */
     bool inflight;
     bool answered_early;           /* answered while its try was out */
+    bool reenter;                  /* sent as reentry only */
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
     long long replicas_got;        /* WAIT's answer, -1 when none */
@@ -535,6 +537,24 @@ static void rec_arm_cap(struct lk_rec *rec)
     evtimer_add(rec->cap_ev, &tv);
 }
 
+/* A new acquisition after a hold ended gets a new token: the old one may
+ * still be in the hands of someone who must not be able to use it on
+ * the new hold (an unlock by token, a reentry by token). */
+static int rec_retoken(struct lk_rec *rec)
+{
+    char tok[LD_TOKEN_LEN + 1];
+    if (ld_token_new(tok) != LD_OK) {
+        return LD_ERR;
+    }
+    if (rec->linked) {
+        ld_dict_del(lk.by_token, rec->token, LD_TOKEN_LEN);
+        ld_dict_set(lk.by_token, tok, LD_TOKEN_LEN, rec);
+    }
+    memcpy(rec->token, tok, sizeof(tok));
+    rec->token_used = false;
+    return LD_OK;
+}
+
 /* ----------------------------------------------------------------- ops */
 
 static struct lk_op *op_new(enum lk_kind kind, struct ld_req *req,
@@ -765,11 +785,13 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
     struct lk_rec *rec = op->rec;
     if (n == 1 && rec->count > 0) {
         /* A fresh acquisition although we believed it held: the old hold
-         * had ended (expired, or released by token elsewhere). */
-        rec_set_count(rec, 0);
+         * had ended (expired, or released by token elsewhere) between two
+         * acquisitions sent together. Its holder hears of it first. */
+        rec_lost(rec, "expired", false);
     }
     bool fresh = rec->count == 0;
     rec_set_count(rec, n);
+    rec->token_used = true;
     if (fresh || rec->fence <= 0) {
         rec->fence = fence;
     }
@@ -836,6 +858,25 @@ static void acq_on_reply(redisReply *r, void *arg)
     long long v[4] = { 0, 0, 0, 0 };
     int n = reply_acquire(r, v);
     bool queued = op->w.q != NULL;
+
+    if (op->reenter && n >= 1 && (v[0] == -2 || v[0] == -3)) {
+        /* We believed this owner held the lock, but its hold is gone (a
+         * fixed lease ran out, Redis lost it, an unlock by token): tell
+         * the holder before anything else, then this request is a new
+         * acquisition, under a new token. */
+        if (rec->count > 0) {
+            rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
+        }
+        if (op->req == NULL) {
+            op_free(op);
+            return;
+        }
+        if (v[0] == -2) {
+            acq_send(op);
+            return;
+        }
+        v[0] = 0;
+    }
 
     if (n >= 4 && v[0] == 1) {
         bool kept = acq_granted(op, v[1], v[2], v[3]);
@@ -918,10 +959,17 @@ static void acq_on_reply(redisReply *r, void *arg)
 static void acq_send(struct lk_op *op)
 {
     struct lk_rec *rec = op->rec;
+    /* While this daemon believes the owner holds the lock, the request is
+     * a reentry and nothing else: should the hold be gone, the reply says
+     * so, and only then is a new acquisition sent. */
+    op->reenter = rec->count > 0;
+    if (!op->reenter && rec->token_used && rec_retoken(rec) != LD_OK) {
+        log_error("no random bytes for a lock token");
+    }
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
-    const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token, "0",
-                           "0" };
+    const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token,
+                           op->reenter ? "1" : "0", "0" };
     size_t lens[] = { rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
                       LD_TOKEN_LEN, 1, 1 };
     op->sent_ms = ld_now_ms();

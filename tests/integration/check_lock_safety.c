@@ -10,7 +10,11 @@
 
 #include "lock_util.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 static struct h_redis R;
@@ -64,6 +68,153 @@ static const char *err_message(const json_t *r)
     return json_string_value(
         json_object_get(json_object_get(r, "error"), "message"));
 }
+
+/* --- a raw connection, to see the order of events and replies ---------- */
+
+struct raw {
+    int fd;
+    char buf[65536];
+    size_t len;
+};
+
+static void raw_open(struct raw *c, const char *path)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t n = strlen(path);
+    ck_assert_uint_lt(n, sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, n + 1);
+    c->fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert_int_ge(c->fd, 0);
+    ck_assert_int_eq(connect(c->fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    c->len = 0;
+}
+
+static void raw_send(struct raw *c, const char *line)
+{
+    size_t n = strlen(line);
+    ck_assert_int_eq(write(c->fd, line, n), (ssize_t)n);
+}
+
+/* The next line as JSON, or NULL after TIMEOUT_MS. */
+static json_t *raw_line(struct raw *c, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+    for (;;) {
+        char *nl = memchr(c->buf, '\n', c->len);
+        if (nl != NULL) {
+            size_t n = (size_t)(nl - c->buf);
+            json_t *j = json_loadb(c->buf, n, 0, NULL);
+            memmove(c->buf, nl + 1, c->len - n - 1);
+            c->len -= n + 1;
+            return j;
+        }
+        long long left = deadline - h_now_ms();
+        if (left <= 0 || c->len == sizeof c->buf) {
+            return NULL;
+        }
+        struct pollfd p = { .fd = c->fd, .events = POLLIN };
+        int rc = poll(&p, 1, (int)left);
+        if (rc < 0 && errno == EINTR) {
+            continue;
+        }
+        if (rc <= 0) {
+            return NULL;
+        }
+        ssize_t got = read(c->fd, c->buf + c->len, sizeof c->buf - c->len);
+        if (got <= 0) {
+            return NULL;
+        }
+        c->len += (size_t)got;
+    }
+}
+
+/* --- tokens ------------------------------------------------------------ */
+
+struct exists_arg {
+    const char *key;
+    long long want;
+};
+
+static bool redis_exists_is(void *arg)
+{
+    const struct exists_arg *a = arg;
+    return r_int(&R, "EXISTS %s", a->key) == a->want;
+}
+
+/* A fixed lease runs out; the same owner locks again before anything
+ * noticed: that is a new acquisition, so it gets a new token and a new
+ * fence, the lost hold is reported first, and the old token no longer
+ * unlocks anything. */
+START_TEST(test_token_after_silent_loss)
+{
+    struct raw a;
+    struct h_conn *b, *c;
+    json_t *r, *ev = NULL, *rep = NULL;
+    char tok[80];
+    long long fence;
+
+    start("lock:\n  watchdog_ms: 60000\n");
+    raw_open(&a, D.sock);
+    b = lk_connect(&D);
+    c = lk_connect(&D);
+
+    raw_send(&a, "{\"id\":1,\"op\":\"lock\",\"key\":\"d\",\"detach\":true,"
+                 "\"ttl_ms\":300}\n");
+    r = raw_line(&a, T_MS);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "first lock failed");
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    fence = jint(r, "fence");
+    json_decref(r);
+
+    struct exists_arg gone = { "leased:lock:{d}", 0 };
+    ck_assert_msg(h_wait_until(redis_exists_is, &gone, 10000),
+                  "the 300 ms lease never ran out");
+
+    raw_send(&a, "{\"id\":2,\"op\":\"lock\",\"key\":\"d\",\"detach\":true,"
+                 "\"ttl_ms\":60000}\n");
+    /* Read until the reply: the loss must come before it. */
+    for (int i = 0; i < 10 && rep == NULL; i++) {
+        json_t *j = raw_line(&a, T_MS);
+        ck_assert_msg(j != NULL, "no reply to the second lock");
+        if (jstr(j, "event") != NULL) {
+            ck_assert_msg(rep == NULL, "event after the reply");
+            ck_assert_str_eq(jstr(j, "event"), "lock_lost");
+            ck_assert_ptr_null(ev);
+            ev = j;
+        } else {
+            rep = j;
+        }
+    }
+    ck_assert_msg(rep != NULL && jtrue(rep, "acquired"),
+                  "second lock not acquired");
+    ck_assert_msg(ev != NULL, "no lock_lost before the new acquisition");
+    ck_assert_str_eq(jstr(ev, "key"), "d");
+    ck_assert_str_eq(jstr(ev, "token"), tok);
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    ck_assert_int_eq(jint(rep, "count"), 1);
+    ck_assert_msg(strcmp(jstr(rep, "token"), tok) != 0,
+                  "a new acquisition reused the old token %s", tok);
+    ck_assert_int_gt(jint(rep, "fence"), fence);
+    json_decref(ev);
+    json_decref(rep);
+
+    /* The stale token is no longer a key to the lock. */
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "d",
+                "token", tok);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    r = lk_lock(c, "d", NULL, 60000, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    json_decref(r);
+
+    close(a.fd);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
 
 /* --- exact fences -------------------------------------------------------- */
 
@@ -204,6 +355,7 @@ int main(void)
 {
     Suite *s = suite_create("lock_safety");
 
+    add(s, "token_after_silent_loss", test_token_after_silent_loss, 60);
     add(s, "fences_exact", test_fences_exact, 60);
     add(s, "foreign_hold_count", test_foreign_hold_count, 60);
 
