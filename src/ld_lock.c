@@ -49,6 +49,22 @@ struct lk_names {
 
 struct lk_op;
 
+/* The highest fence this daemon handed out for one lock, so that a fence
+ * never goes backwards here when Redis loses the counter (FLUSHALL, a
+ * restart without persistence, an eviction). An entry is kept while a
+ * record of the lock exists, then among the FENCE_IDLE_MAX most recently
+ * released ones: memory is bounded by the records plus that many. */
+struct lk_fmemo {
+    char *name;                    /* the lock hash's Redis name */
+    size_t len;
+    long long fence;
+    unsigned refs;                 /* records of this lock */
+    bool idle;
+    struct lk_fmemo *prev, *next;  /* idle list, oldest first */
+};
+
+#define FENCE_IDLE_MAX 65536
+
 /* A session's lock state (ld_session.lock_state). */
 struct lk_sess {
     struct ld_session *sess;
@@ -83,6 +99,7 @@ struct lk_rec {
     uint64_t acquired_ms;
     uint64_t lease_end_ms;         /* Redis keeps the lock at least until */
     struct event *cap_ev;          /* lease end once capped */
+    struct lk_fmemo *fm;
     struct lk_rec *hprev, *hnext;  /* list of held records */
     bool in_held;
 };
@@ -132,6 +149,10 @@ static struct {
     struct lk_rec *cursor;         /* next record of the pass running */
     bool passing;
     long long renew_inflight;      /* renewals and checks sent, unanswered */
+    bool check_all;                /* this pass checks fixed leases too */
+    struct ld_dict *fences;        /* lock hash name -> struct lk_fmemo */
+    struct lk_fmemo *idle_head, *idle_tail;
+    size_t idle_n;
     bool stopping;
     bool freed;
 } lk;
@@ -144,6 +165,7 @@ static struct {
 #define RENEW_INFLIGHT_MAX 1000
 
 static void rec_release_all(struct lk_rec *rec);
+static void recheck_start(void);
 
 static struct timeval tv_ms(long long ms)
 {
@@ -341,6 +363,75 @@ static void script(enum ld_script_id id, const struct lk_names *n, int nkeys,
                     arg);
 }
 
+/* ---------------------------------------------------------- fence memo */
+
+static void fmemo_idle_unlink(struct lk_fmemo *fm)
+{
+    if (fm->prev != NULL) {
+        fm->prev->next = fm->next;
+    } else {
+        lk.idle_head = fm->next;
+    }
+    if (fm->next != NULL) {
+        fm->next->prev = fm->prev;
+    } else {
+        lk.idle_tail = fm->prev;
+    }
+    fm->prev = fm->next = NULL;
+    fm->idle = false;
+    lk.idle_n--;
+}
+
+static void fmemo_free(struct lk_fmemo *fm)
+{
+    free(fm->name);
+    free(fm);
+}
+
+static struct lk_fmemo *fmemo_get(const struct lk_names *n)
+{
+    struct lk_fmemo *fm = ld_dict_get(lk.fences, n->hash, n->hash_len);
+    if (fm == NULL) {
+        fm = calloc(1, sizeof(*fm));
+        fm->name = malloc(n->hash_len);
+        memcpy(fm->name, n->hash, n->hash_len);
+        fm->len = n->hash_len;
+        ld_dict_set(lk.fences, fm->name, fm->len, fm);
+    } else if (fm->idle) {
+        fmemo_idle_unlink(fm);
+    }
+    fm->refs++;
+    return fm;
+}
+
+static void fmemo_put(struct lk_fmemo *fm)
+{
+    if (--fm->refs > 0) {
+        return;
+    }
+    if (lk.fences == NULL) {
+        /* The module was freed while this record waited for a reply. */
+        fmemo_free(fm);
+        return;
+    }
+    fm->idle = true;
+    fm->next = NULL;
+    fm->prev = lk.idle_tail;
+    if (lk.idle_tail != NULL) {
+        lk.idle_tail->next = fm;
+    } else {
+        lk.idle_head = fm;
+    }
+    lk.idle_tail = fm;
+    lk.idle_n++;
+    while (lk.idle_n > FENCE_IDLE_MAX) {
+        struct lk_fmemo *old = lk.idle_head;
+        fmemo_idle_unlink(old);
+        ld_dict_del(lk.fences, old->name, old->len);
+        fmemo_free(old);
+    }
+}
+
 /* ------------------------------------------------------------- records */
 
 static void held_link(struct lk_rec *rec)
@@ -398,6 +489,7 @@ static void rec_free(struct lk_rec *rec)
     if (rec->cap_ev != NULL) {
         event_free(rec->cap_ev);
     }
+    fmemo_put(rec->fm);
     free(rec->n.buf);
     free(rec->dkey);
     free(rec->key);
@@ -472,6 +564,7 @@ static struct lk_rec *rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
     rec->key_len = klen;
     rec->detached = detached;
     names_build(&rec->n, key, klen);
+    rec->fm = fmemo_get(&rec->n);
     rec->linked = true;
     ld_dict_set(ls->recs, dkey, dlen, rec);
     ld_dict_set(lk.by_token, rec->token, LD_TOKEN_LEN, rec);
@@ -795,6 +888,9 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
     if (fresh || rec->fence <= 0) {
         rec->fence = fence;
     }
+    if (fresh && fence > rec->fm->fence) {
+        rec->fm->fence = fence;
+    }
     rec->watchdog = fresh ? op->watchdog : (rec->watchdog || op->watchdog);
     rec->lease_end_ms = op->sent_ms
                         + (uint64_t)(pttl >= 0 ? pttl : op->lease_ms);
@@ -865,7 +961,12 @@ static void acq_on_reply(redisReply *r, void *arg)
          * the holder before anything else, then this request is a new
          * acquisition, under a new token. */
         if (rec->count > 0) {
+            bool early = ld_now_ms() < rec->lease_end_ms;
             rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
+            if (early) {
+                /* Gone before its lease: Redis may have lost data. */
+                recheck_start();
+            }
         }
         if (op->req == NULL) {
             op_free(op);
@@ -966,12 +1067,13 @@ static void acq_send(struct lk_op *op)
     if (!op->reenter && rec->token_used && rec_retoken(rec) != LD_OK) {
         log_error("no random bytes for a lock token");
     }
-    char lbuf[24];
+    char lbuf[24], fbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
+    snprintf(fbuf, sizeof(fbuf), "%lld", rec->fm->fence);
     const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token,
-                           op->reenter ? "1" : "0", "0" };
+                           op->reenter ? "1" : "0", fbuf };
     size_t lens[] = { rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
-                      LD_TOKEN_LEN, 1, 1 };
+                      LD_TOKEN_LEN, 1, strlen(fbuf) };
     op->sent_ms = ld_now_ms();
     op->inflight = true;
     script(LD_SCRIPT_lock_acquire, &rec->n, 2, 6, args, lens, acq_on_reply,
@@ -1453,6 +1555,10 @@ static void renew_on_reply(redisReply *r, void *arg)
             rec_arm_cap(rec);
         }
     } else if (n >= 1 && v[0] < 0) {
+        /* Found gone before the lease it last confirmed could end in
+         * Redis: Redis lost data (FLUSHALL, a restart without
+         * persistence, an eviction), so look at every lock at once. */
+        bool early = ld_now_ms() < rec->lease_end_ms;
         if (v[0] == -1) {
             log_warn("lock '%.*s': its redis key holds data leased did not "
                      "write", (int)rec->key_len, rec->key);
@@ -1460,9 +1566,14 @@ static void renew_on_reply(redisReply *r, void *arg)
         if (renew) {
             ld_stats.lock_renewals_failed++;
             rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
+        } else if (early) {
+            rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
         } else {
             /* A fixed lease ran out: that is what the client asked for. */
             rec_set_count(rec, 0);
+        }
+        if (early && v[0] != -1) {
+            recheck_start();
         }
     } else if (renew) {
         ld_stats.lock_renewals_failed++;
@@ -1510,7 +1621,7 @@ static void pass_visit(struct lk_rec *rec, uint64_t now)
         return;
     }
     if (!rec->watchdog) {
-        if (!rec->renewing && now >= rec->lease_end_ms) {
+        if (!rec->renewing && (lk.check_all || now >= rec->lease_end_ms)) {
             renew_send(rec, LK_CHECK, 0);
         }
         return;
@@ -1569,6 +1680,7 @@ static void pass_step(evutil_socket_t fd, short what, void *arg)
     }
     if (lk.cursor == NULL) {
         lk.passing = false;
+        lk.check_all = false;
     } else if (lk.renew_inflight < RENEW_INFLIGHT_MAX) {
         pass_continue();
     }
@@ -1593,6 +1705,30 @@ static void pass_run(evutil_socket_t fd, short what, void *arg)
     }
     pass_step(-1, 0, NULL);
     pass_arm();
+}
+
+/* Check every held lock now, fixed leases too, in one pass bounded like
+ * the watchdog's: Redis came back (it may have restarted without its
+ * data) or a lock was found gone before its lease. Locks that did not
+ * survive are reported at once instead of a pass later, and fixed-lease
+ * locks at all. */
+static void recheck_start(void)
+{
+    if (lk.freed || lk.stopping || (lk.passing && lk.check_all)) {
+        return;
+    }
+    lk.check_all = true;
+    lk.passing = true;
+    lk.cursor = lk.held;
+    pass_continue();
+}
+
+static void on_redis_state(bool up, void *arg)
+{
+    LD_UNUSED(arg);
+    if (up) {
+        recheck_start();
+    }
 }
 
 /* ------------------------------------------------------ session close */
@@ -1652,6 +1788,7 @@ static void on_session_close(struct ld_session *s)
 int ld_lock_init(void)
 {
     lk.by_token = ld_dict_new();
+    lk.fences = ld_dict_new();
     ld_lockwait_init(acq_try, acq_expire);
     lk.pass_ev = evtimer_new(ld_srv.base, pass_run, NULL);
     lk.step_ev = event_new(ld_srv.base, -1, 0, pass_step, NULL);
@@ -1660,6 +1797,7 @@ int ld_lock_init(void)
     }
     pass_arm();
     ld_session_on_close(on_session_close);
+    ld_redis_on_state(on_redis_state, NULL);
     if (ld_dispatch_register("lock", op_lock) != LD_OK
         || ld_dispatch_register("unlock", op_unlock) != LD_OK
         || ld_dispatch_register("extend", op_extend) != LD_OK
@@ -1743,4 +1881,12 @@ void ld_lock_free(void)
     }
     ld_dict_free(lk.by_token);
     lk.by_token = NULL;
+    /* Entries still pinned by a record go with their last record. */
+    while (lk.idle_head != NULL) {
+        struct lk_fmemo *fm = lk.idle_head;
+        fmemo_idle_unlink(fm);
+        fmemo_free(fm);
+    }
+    ld_dict_free(lk.fences);
+    lk.fences = NULL;
 }

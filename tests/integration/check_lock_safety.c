@@ -216,6 +216,107 @@ START_TEST(test_token_after_silent_loss)
 }
 END_TEST
 
+/* --- fences when Redis loses data --------------------------------------- */
+
+/* FLUSHALL while A holds a watchdog lock and a fixed-lease lock: B's
+ * fence from this daemon is still above A's, and A hears of both losses
+ * soon, the fixed lease long before it would have run out. */
+START_TEST(test_fence_after_flushall)
+{
+    struct h_conn *a, *b;
+    json_t *r, *ev;
+    long long fence = 0, t0;
+
+    start("lock:\n  watchdog_ms: 3000\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    for (int i = 0; i < 6; i++) {
+        r = lk_must(a, "w", NULL, NO_TTL, 0);
+        ck_assert_int_gt(jint(r, "fence"), fence);
+        fence = jint(r, "fence");
+        json_decref(r);
+        if (i < 5) {
+            lk_unlock_ok(a, "w", NULL);
+        }
+    }
+    r = lk_must(a, "f", NULL, 60000, 0);
+    json_decref(r);
+
+    redisReply *rep = h_redis_cmd(&R, "FLUSHALL");
+    ck_assert_ptr_nonnull(rep);
+    freeReplyObject(rep);
+    t0 = h_now_ms();
+
+    r = lk_must(b, "w", NULL, NO_TTL, 0);
+    ck_assert_msg(jint(r, "fence") > fence,
+                  "fence went back from %lld to %lld", fence,
+                  (long long)jint(r, "fence"));
+    json_decref(r);
+
+    /* One pass (a third of watchdog_ms) finds w taken; that starts a
+     * check of every lock, which finds f gone. */
+    ev = lost_event(a, "w", 10000);
+    ck_assert_msg(ev != NULL, "no lock_lost for w");
+    ck_assert_str_eq(jstr(ev, "reason"), "taken");
+    json_decref(ev);
+    ev = lost_event(a, "f", 10000);
+    ck_assert_msg(ev != NULL, "no lock_lost for the fixed-lease lock f");
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+    ck_assert_msg(h_now_ms() - t0 < 10000, "losses reported after %lld ms",
+                  h_now_ms() - t0);
+    r = lk_unlock(a, "f", NULL);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* Redis restarts without its data: when the daemon reconnects it checks
+ * every lock at once (the pass would take 20 s here), and the next fence
+ * is still above the last one it handed out. */
+START_TEST(test_recheck_on_reconnect)
+{
+    struct h_conn *a, *b;
+    json_t *r, *ev;
+    long long fence;
+
+    start("lock:\n  watchdog_ms: 60000\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    r = lk_must(a, "w", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_unlock_ok(a, "w", NULL);
+    r = lk_must(a, "w", NULL, NO_TTL, 0);
+    fence = jint(r, "fence");
+    json_decref(r);
+    r = lk_must(a, "f", NULL, 60000, 0);
+    json_decref(r);
+
+    h_redis_kill(&R);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{w}"), 0);
+
+    ev = lost_event(a, "f", 15000);
+    ck_assert_msg(ev != NULL, "no lock_lost for f after the restart");
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+    ev = lost_event(a, "w", 15000);
+    ck_assert_msg(ev != NULL, "no lock_lost for w after the restart");
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+
+    r = lk_must(b, "w", NULL, NO_TTL, 0);
+    ck_assert_msg(jint(r, "fence") > fence,
+                  "fence went back from %lld to %lld", fence,
+                  (long long)jint(r, "fence"));
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* --- exact fences -------------------------------------------------------- */
 
 /* Lock KEY with a fixed lease and return the fence, or -1 after asserting
@@ -356,6 +457,8 @@ int main(void)
     Suite *s = suite_create("lock_safety");
 
     add(s, "token_after_silent_loss", test_token_after_silent_loss, 60);
+    add(s, "fence_after_flushall", test_fence_after_flushall, 60);
+    add(s, "recheck_on_reconnect", test_recheck_on_reconnect, 90);
     add(s, "fences_exact", test_fences_exact, 60);
     add(s, "foreign_hold_count", test_foreign_hold_count, 60);
 
