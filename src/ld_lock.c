@@ -30,6 +30,7 @@
 
 #include <errno.h>
 #include <event2/event.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,7 @@ struct lk_rec {
     bool linked;
     bool watchdog;                 /* renewed while the session lives */
     bool detached;
-    bool capped;                   /* lock.max_hold_ms reached */
+    bool capped;                   /* lock.max_hold_ms applies */
     bool renewing;                 /* a renewal or check is in flight */
     bool token_used;               /* granted once under this token */
     unsigned refs;                 /* commands in flight that name it */
@@ -98,7 +99,8 @@ struct lk_rec {
     uint64_t acquired_us;
     uint64_t acquired_ms;
     uint64_t lease_end_ms;         /* Redis keeps the lock at least until */
-    struct event *cap_ev;          /* lease end once capped */
+    uint64_t cap_end_ms;           /* max_hold ends the lock (0: never) */
+    struct event *cap_ev;          /* lock_lost when it can't be proven */
     struct lk_fmemo *fm;
     struct lk_rec *hprev, *hnext;  /* list of held records */
     bool in_held;
@@ -126,6 +128,7 @@ struct lk_op {
     char *key;                     /* the client's key, for messages */
     size_t key_len;
     long long lease_ms;            /* lease to set (0: keep) */
+    long long lease_asked;         /* before clipping at max_hold */
     long long wait_ms;
     bool watchdog;                 /* this acquisition asked for one */
     bool inflight;
@@ -544,6 +547,7 @@ static void rec_set_count(struct lk_rec *rec, long long n)
             evtimer_del(rec->cap_ev);
         }
         rec->capped = false;
+        rec->cap_end_ms = 0;
     }
 }
 
@@ -605,6 +609,16 @@ static void rec_lost(struct lk_rec *rec, const char *reason, bool release)
     rec_set_count(rec, 0);
 }
 
+/* How long before the end of a confirmed watchdog lease the daemon stops
+ * vouching for it: the lease is counted from when the confirming command
+ * was sent, which is never later than Redis started it, and the margin
+ * covers the clocks of the two hosts drifting apart (1% of a watchdog
+ * lease, as for Redlock) and the event's way to the client (2 ms). */
+static uint64_t lost_margin_ms(void)
+{
+    return 2 + (uint64_t)ld_srv.cfg->lock.watchdog_ms / 100;
+}
+
 static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
@@ -613,21 +627,74 @@ static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
     if (rec->count == 0) {
         return;
     }
+    /* A lease clipped at max_hold ends there: the cap is the reason. */
+    bool cap = rec->cap_end_ms != 0
+               && ld_now_ms() + lost_margin_ms() >= rec->cap_end_ms;
     rec->refs++;
-    rec_lost(rec, "max_hold", true);
+    rec_lost(rec, cap ? "max_hold" : "redis_unavailable", true);
     rec_unref(rec);
 }
 
-/* Renewal has stopped for good: report the loss when the lease runs out. */
+/* Arm the one timer of a held record for the earlier of: the moment the
+ * daemon can no longer prove a watchdog lease (lease end minus the
+ * margin), and max_hold. Called whenever either changes. */
 static void rec_arm_cap(struct lk_rec *rec)
 {
+    if (rec->count == 0) {
+        return;
+    }
+    uint64_t at = UINT64_MAX;
+    if (rec->watchdog && rec->ls != NULL) {
+        uint64_t m = lost_margin_ms();
+        at = rec->lease_end_ms > m ? rec->lease_end_ms - m : 0;
+    }
+    if (rec->cap_end_ms != 0 && rec->cap_end_ms < at) {
+        at = rec->cap_end_ms;
+    }
     if (rec->cap_ev == NULL) {
         rec->cap_ev = evtimer_new(ld_srv.base, cap_on_timer, rec);
     }
+    if (at == UINT64_MAX) {
+        evtimer_del(rec->cap_ev);
+        return;
+    }
     uint64_t now = ld_now_ms();
-    uint64_t ms = rec->lease_end_ms > now ? rec->lease_end_ms - now : 0;
+    uint64_t ms = at > now ? at - now : 0;
     struct timeval tv = tv_ms((long long)ms);
     evtimer_add(rec->cap_ev, &tv);
+}
+
+/* Follow lock.max_hold_ms (reloads apply) for a watchdog-renewed lock. */
+static void rec_cap_update(struct lk_rec *rec)
+{
+    long long max = ld_srv.cfg->lock.max_hold_ms;
+    if (!rec->watchdog || max <= 0 || rec->count == 0) {
+        rec->cap_end_ms = 0;
+    } else {
+        rec->cap_end_ms = rec->acquired_ms + (uint64_t)max;
+    }
+    rec->capped = rec->cap_end_ms != 0;
+}
+
+/* Milliseconds left under max_hold (LLONG_MAX when no cap applies; 0 or
+ * less once reached). */
+static long long rec_cap_left(const struct lk_rec *rec)
+{
+    if (rec == NULL || rec->cap_end_ms == 0) {
+        return LLONG_MAX;
+    }
+    return (long long)rec->cap_end_ms - (long long)ld_now_ms();
+}
+
+/* A lease to set on REC (grant, reentry, renewal, extend), clipped so that
+ * it never runs past max_hold. */
+static long long rec_cap_clip(const struct lk_rec *rec, long long lease)
+{
+    long long left = rec_cap_left(rec);
+    if (lease > left) {
+        lease = left > 1 ? left : 1;
+    }
+    return lease;
 }
 
 /* A new acquisition after a hold ended gets a new token: the old one may
@@ -891,12 +958,15 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
     if (fresh && fence > rec->fm->fence) {
         rec->fm->fence = fence;
     }
+    if (fresh) {
+        /* max_hold counts from when the acquisition was sent. */
+        rec->acquired_ms = op->sent_ms;
+    }
     rec->watchdog = fresh ? op->watchdog : (rec->watchdog || op->watchdog);
     rec->lease_end_ms = op->sent_ms
                         + (uint64_t)(pttl >= 0 ? pttl : op->lease_ms);
-    if (rec->capped) {
-        rec_arm_cap(rec);
-    }
+    rec_cap_update(rec);
+    rec_arm_cap(rec);
     ld_stats.lock_acquired++;
     op->grant_count = n;
     op->grant_fence = rec->fence;
@@ -1067,6 +1137,13 @@ static void acq_send(struct lk_op *op)
     if (!op->reenter && rec->token_used && rec_retoken(rec) != LD_OK) {
         log_error("no random bytes for a lock token");
     }
+    long long max = ld_srv.cfg->lock.max_hold_ms;
+    op->lease_ms = op->lease_asked;
+    if (op->reenter) {
+        op->lease_ms = rec_cap_clip(rec, op->lease_ms);
+    } else if (op->watchdog && max > 0 && op->lease_ms > max) {
+        op->lease_ms = max;
+    }
     char lbuf[24], fbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
     snprintf(fbuf, sizeof(fbuf), "%lld", rec->fm->fence);
@@ -1124,9 +1201,8 @@ static void acq_token_on_reply(redisReply *r, void *arg)
             if (v[3] >= 0) {
                 rec->lease_end_ms = op->sent_ms + (uint64_t)v[3];
             }
-            if (rec->capped) {
-                rec_arm_cap(rec);
-            }
+            rec_cap_update(rec);
+            rec_arm_cap(rec);
             if (rec->fence > 0) {
                 fence = rec->fence;
             }
@@ -1270,7 +1346,7 @@ static void op_lock(struct ld_req *req)
     if (has_token) {
         struct lk_target t = { key, klen, owner, olen, token, tlen, true };
         struct lk_op *op = target_op(LK_ACQ_TOKEN, req, &t);
-        op->lease_ms = has_ttl ? ttl : 0;
+        op->lease_ms = has_ttl ? rec_cap_clip(op->rec, ttl) : 0;
         const struct lk_names *n = op_names(op);
         char lbuf[24];
         snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
@@ -1311,6 +1387,7 @@ static void op_lock(struct ld_req *req)
     rec->pending++;
     op->watchdog = !has_ttl;
     op->lease_ms = has_ttl ? ttl : ld_srv.cfg->lock.watchdog_ms;
+    op->lease_asked = op->lease_ms;
     op->wait_ms = wait;
 
     /* A reentry never waits, and a try-once goes straight to Redis even
@@ -1456,6 +1533,7 @@ static void op_extend(struct ld_req *req)
         return;
     }
     struct lk_op *op = target_op(LK_EXTEND, req, &t);
+    ttl = rec_cap_clip(op->rec, ttl);
     op->lease_ms = ttl;
     const struct lk_names *n = op_names(op);
     size_t flen;
@@ -1551,9 +1629,7 @@ static void renew_on_reply(redisReply *r, void *arg)
         if (v[2] > 0) {
             rec_set_count(rec, v[2]);
         }
-        if (rec->capped) {
-            rec_arm_cap(rec);
-        }
+        rec_arm_cap(rec);
     } else if (n >= 1 && v[0] < 0) {
         /* Found gone before the lease it last confirmed could end in
          * Redis: Redis lost data (FLUSHALL, a restart without
@@ -1626,9 +1702,6 @@ static void pass_visit(struct lk_rec *rec, uint64_t now)
         }
         return;
     }
-    if (rec->capped) {
-        return;
-    }
     if (rec->renewing) {
         /* The last renewal is still out; when the lease has passed
          * meanwhile, Redis was unreachable for longer than it. */
@@ -1639,25 +1712,16 @@ static void pass_visit(struct lk_rec *rec, uint64_t now)
         }
         return;
     }
-    long long lease = cfg->lock.watchdog_ms;
-    if (cfg->lock.max_hold_ms > 0) {
-        long long left = cfg->lock.max_hold_ms
-                         - (long long)(now - rec->acquired_ms);
-        if (left <= lease) {
-            /* The last renewal: it ends the lease at max_hold. */
-            rec->capped = true;
-            if (left <= 0) {
-                rec_arm_cap(rec);
-                return;
-            }
-            lease = left;
-        }
-    }
-    renew_send(rec, LK_RENEW, lease);
-    if (rec->capped) {
-        rec->lease_end_ms = now + (uint64_t)lease;
+    rec_cap_update(rec);
+    long long left = rec_cap_left(rec);
+    if (left <= 0) {
+        /* max_hold is reached: the timer ends the lock now. */
         rec_arm_cap(rec);
+        return;
     }
+    /* The renewals near max_hold end the lease exactly there. */
+    renew_send(rec, LK_RENEW, rec_cap_clip(rec, cfg->lock.watchdog_ms));
+    rec_arm_cap(rec);
 }
 
 /* One step of the pass. The renewals of a step leave pipelined, in one

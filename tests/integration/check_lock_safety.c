@@ -317,6 +317,43 @@ START_TEST(test_recheck_on_reconnect)
 }
 END_TEST
 
+/* --- lock_lost before the lease ends ------------------------------------ */
+
+/* Redis stops answering while a watchdog lock is held: the holder hears
+ * lock_lost before the lease Redis granted can run out, that is before
+ * another client could be granted the lock. */
+START_TEST(test_lost_before_lease_end)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    long long t_before, pttl, t_ev;
+
+    start("lock:\n  watchdog_ms: 10000\n");
+    a = lk_connect(&D);
+    r = lk_must(a, "w", NULL, NO_TTL, 0);
+    json_decref(r);
+
+    /* Redis keeps the lock at least until t_before + pttl. */
+    t_before = h_now_ms();
+    pttl = r_int(&R, "PTTL leased:lock:{w}");
+    ck_assert_msg(pttl > 5000, "PTTL %lld", pttl);
+    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    r_stopped = true;
+
+    ev = lost_event(a, "w", 30000);
+    t_ev = h_now_ms();
+    ck_assert_msg(ev != NULL, "no lock_lost while redis was stopped");
+    ck_assert_str_eq(jstr(ev, "reason"), "redis_unavailable");
+    json_decref(ev);
+    ck_assert_msg(t_ev < t_before + pttl,
+                  "lock_lost %lld ms after the lease could end in redis",
+                  t_ev - (t_before + pttl));
+    ck_assert_int_eq(kill(R.pid, SIGCONT), 0);
+    r_stopped = false;
+    h_close(a);
+}
+END_TEST
+
 /* --- exact fences -------------------------------------------------------- */
 
 /* Lock KEY with a fixed lease and return the fence, or -1 after asserting
@@ -392,6 +429,66 @@ START_TEST(test_fences_exact)
 }
 END_TEST
 
+/* --- max_hold ------------------------------------------------------------ */
+
+static long long since;
+
+static bool past_700(void *arg)
+{
+    (void)arg;
+    return h_now_ms() - since >= 700;
+}
+
+/* A reentry and an extend just before max_hold cannot carry the lock past
+ * it: every lease is clipped to the time left, and at max_hold the lock is
+ * released with lock_lost max_hold. */
+START_TEST(test_max_hold_exact)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    long long dt, pttl;
+
+    start("lock:\n  watchdog_ms: 3000\n  max_hold_ms: 1000\n");
+    a = lk_connect(&D);
+    since = h_now_ms();
+    r = lk_must(a, "cap", NULL, NO_TTL, 0);
+    ck_assert_int_le(jint(r, "lease_ms"), 1000);
+    json_decref(r);
+    ck_assert_msg(h_wait_until(past_700, NULL, 5000), "clock");
+
+    r = lk_must(a, "cap", NULL, NO_TTL, 0);
+    ck_assert_int_eq(jint(r, "count"), 2);
+    dt = h_now_ms() - since;
+    ck_assert_msg(jint(r, "lease_ms") <= 1000 - 700,
+                  "reentry lease %lld ms past max_hold",
+                  (long long)jint(r, "lease_ms"));
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "cap",
+                "ttl_ms", 60000);
+    ck_assert_ptr_nonnull(r);
+    if (h_ok(r)) {
+        ck_assert_msg(jint(r, "lease_ms") <= 1000 - 700,
+                      "extend lease %lld ms past max_hold",
+                      (long long)jint(r, "lease_ms"));
+    }
+    json_decref(r);
+    pttl = r_int(&R, "PTTL leased:lock:{cap}");
+    dt = h_now_ms() - since;
+    ck_assert_msg(pttl <= 1000 - dt + 50 || pttl == -2,
+                  "redis keeps the lock %lld ms, %lld ms left to max_hold",
+                  pttl, 1000 - dt);
+
+    ev = lost_event(a, "cap", 5000);
+    dt = h_now_ms() - since;
+    ck_assert_msg(ev != NULL, "no lock_lost at max_hold");
+    ck_assert_str_eq(jstr(ev, "reason"), "max_hold");
+    json_decref(ev);
+    ck_assert_msg(dt < 1500, "max_hold lock_lost after %lld ms", dt);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{cap}"), 0);
+    h_close(a);
+}
+END_TEST
+
 /* --- foreign data in lock hashes ---------------------------------------- */
 
 START_TEST(test_foreign_hold_count)
@@ -459,7 +556,9 @@ int main(void)
     add(s, "token_after_silent_loss", test_token_after_silent_loss, 60);
     add(s, "fence_after_flushall", test_fence_after_flushall, 60);
     add(s, "recheck_on_reconnect", test_recheck_on_reconnect, 90);
+    add(s, "lost_before_lease_end", test_lost_before_lease_end, 90);
     add(s, "fences_exact", test_fences_exact, 60);
+    add(s, "max_hold_exact", test_max_hold_exact, 60);
     add(s, "foreign_hold_count", test_foreign_hold_count, 60);
 
     return h_run_suite(s);
