@@ -651,12 +651,14 @@ static void rec_arm_cap(struct lk_rec *rec)
     if (rec->cap_end_ms != 0 && rec->cap_end_ms < at) {
         at = rec->cap_end_ms;
     }
+    if (at == UINT64_MAX) {
+        if (rec->cap_ev != NULL) {
+            evtimer_del(rec->cap_ev);
+        }
+        return;
+    }
     if (rec->cap_ev == NULL) {
         rec->cap_ev = evtimer_new(ld_srv.base, cap_on_timer, rec);
-    }
-    if (at == UINT64_MAX) {
-        evtimer_del(rec->cap_ev);
-        return;
     }
     uint64_t now = ld_now_ms();
     uint64_t ms = at > now ? at - now : 0;
