@@ -257,7 +257,10 @@ START_TEST(test_fence_after_flushall)
      * check of every lock, which finds f gone. */
     ev = lost_event(a, "w", 10000);
     ck_assert_msg(ev != NULL, "no lock_lost for w");
-    ck_assert_str_eq(jstr(ev, "reason"), "taken");
+    /* taken, unless a renewal ran between FLUSHALL and B's lock. */
+    ck_assert_msg(strcmp(jstr(ev, "reason"), "taken") == 0
+                      || strcmp(jstr(ev, "reason"), "expired") == 0,
+                  "reason %s", jstr(ev, "reason"));
     json_decref(ev);
     ev = lost_event(a, "f", 10000);
     ck_assert_msg(ev != NULL, "no lock_lost for the fixed-lease lock f");
