@@ -28,7 +28,9 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include <errno.h>
 #include <event2/event.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +49,22 @@ struct lk_names {
 };
 
 struct lk_op;
+
+/* The highest fence this daemon handed out for one lock, so that a fence
+ * never goes backwards here when Redis loses the counter (FLUSHALL, a
+ * restart without persistence, an eviction). An entry is kept while a
+ * record of the lock exists, then among the FENCE_IDLE_MAX most recently
+ * released ones: memory is bounded by the records plus that many. */
+struct lk_fmemo {
+    char *name;                    /* the lock hash's Redis name */
+    size_t len;
+    long long fence;
+    unsigned refs;                 /* records of this lock */
+    bool idle;
+    struct lk_fmemo *prev, *next;  /* idle list, oldest first */
+};
+
+#define FENCE_IDLE_MAX 65536
 
 /* A session's lock state (ld_session.lock_state). */
 struct lk_sess {
@@ -73,14 +91,17 @@ struct lk_rec {
     bool linked;
     bool watchdog;                 /* renewed while the session lives */
     bool detached;
-    bool capped;                   /* lock.max_hold_ms reached */
+    bool capped;                   /* lock.max_hold_ms applies */
     bool renewing;                 /* a renewal or check is in flight */
+    bool token_used;               /* granted once under this token */
     unsigned refs;                 /* commands in flight that name it */
     unsigned pending;              /* acquisitions in flight or queued */
     uint64_t acquired_us;
     uint64_t acquired_ms;
     uint64_t lease_end_ms;         /* Redis keeps the lock at least until */
-    struct event *cap_ev;          /* lease end once capped */
+    uint64_t cap_end_ms;           /* max_hold ends the lock (0: never) */
+    struct event *cap_ev;          /* lock_lost when it can't be proven */
+    struct lk_fmemo *fm;
     struct lk_rec *hprev, *hnext;  /* list of held records */
     bool in_held;
 };
@@ -107,10 +128,12 @@ struct lk_op {
     char *key;                     /* the client's key, for messages */
     size_t key_len;
     long long lease_ms;            /* lease to set (0: keep) */
+    long long lease_asked;         /* before clipping at max_hold */
     long long wait_ms;
     bool watchdog;                 /* this acquisition asked for one */
     bool inflight;
     bool answered_early;           /* answered while its try was out */
+    bool reenter;                  /* sent as reentry only */
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
     long long replicas_got;        /* WAIT's answer, -1 when none */
@@ -129,6 +152,10 @@ static struct {
     struct lk_rec *cursor;         /* next record of the pass running */
     bool passing;
     long long renew_inflight;      /* renewals and checks sent, unanswered */
+    bool check_all;                /* this pass checks fixed leases too */
+    struct ld_dict *fences;        /* lock hash name -> struct lk_fmemo */
+    struct lk_fmemo *idle_head, *idle_tail;
+    size_t idle_n;
     bool stopping;
     bool freed;
 } lk;
@@ -141,6 +168,7 @@ static struct {
 #define RENEW_INFLIGHT_MAX 1000
 
 static void rec_release_all(struct lk_rec *rec);
+static void recheck_start(void);
 
 static struct timeval tv_ms(long long ms)
 {
@@ -245,6 +273,45 @@ static int reply_ints(const redisReply *r, long long *v, int max)
     return n;
 }
 
+/* Read lock_acquire's reply into V: like reply_ints, but a grant carries
+ * its fence as a decimal string (fences never pass through Lua numbers),
+ * read here exactly. Returns -1 for anything else, also for a fence that
+ * is not a positive 64-bit integer (0 means unknown, on a reentry). */
+static int reply_acquire(const redisReply *r, long long v[4])
+{
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1
+        || r->element[0]->type != REDIS_REPLY_INTEGER) {
+        return -1;
+    }
+    if (r->element[0]->integer != 1) {
+        return reply_ints(r, v, 4);
+    }
+    if (r->elements != 4 || r->element[1]->type != REDIS_REPLY_INTEGER
+        || r->element[2]->type != REDIS_REPLY_STRING
+        || r->element[3]->type != REDIS_REPLY_INTEGER) {
+        return -1;
+    }
+    const redisReply *f = r->element[2];
+    char buf[24];
+    if (f->len == 0 || f->len >= sizeof(buf)) {
+        return -1;
+    }
+    memcpy(buf, f->str, f->len);
+    buf[f->len] = '\0';
+    char *end;
+    errno = 0;
+    long long fence = strtoll(buf, &end, 10);
+    if (errno != 0 || *end != '\0' || fence < 0 || buf[0] == '-'
+        || buf[0] == '+' || (buf[0] == '0' && f->len > 1)) {
+        return -1;
+    }
+    v[0] = 1;
+    v[1] = r->element[1]->integer;
+    v[2] = fence;
+    v[3] = r->element[3]->integer;
+    return 4;
+}
+
 /* Answer REQ for a command that got no usable reply. */
 static void reply_redis_failure(struct ld_req *req, const redisReply *r)
 {
@@ -297,6 +364,75 @@ static void script(enum ld_script_id id, const struct lk_names *n, int nkeys,
 {
     ld_redis_script(id, n->hash, n->hash_len, nkeys, nargs, args, lens, cb,
                     arg);
+}
+
+/* ---------------------------------------------------------- fence memo */
+
+static void fmemo_idle_unlink(struct lk_fmemo *fm)
+{
+    if (fm->prev != NULL) {
+        fm->prev->next = fm->next;
+    } else {
+        lk.idle_head = fm->next;
+    }
+    if (fm->next != NULL) {
+        fm->next->prev = fm->prev;
+    } else {
+        lk.idle_tail = fm->prev;
+    }
+    fm->prev = fm->next = NULL;
+    fm->idle = false;
+    lk.idle_n--;
+}
+
+static void fmemo_free(struct lk_fmemo *fm)
+{
+    free(fm->name);
+    free(fm);
+}
+
+static struct lk_fmemo *fmemo_get(const struct lk_names *n)
+{
+    struct lk_fmemo *fm = ld_dict_get(lk.fences, n->hash, n->hash_len);
+    if (fm == NULL) {
+        fm = calloc(1, sizeof(*fm));
+        fm->name = malloc(n->hash_len);
+        memcpy(fm->name, n->hash, n->hash_len);
+        fm->len = n->hash_len;
+        ld_dict_set(lk.fences, fm->name, fm->len, fm);
+    } else if (fm->idle) {
+        fmemo_idle_unlink(fm);
+    }
+    fm->refs++;
+    return fm;
+}
+
+static void fmemo_put(struct lk_fmemo *fm)
+{
+    if (--fm->refs > 0) {
+        return;
+    }
+    if (lk.fences == NULL) {
+        /* The module was freed while this record waited for a reply. */
+        fmemo_free(fm);
+        return;
+    }
+    fm->idle = true;
+    fm->next = NULL;
+    fm->prev = lk.idle_tail;
+    if (lk.idle_tail != NULL) {
+        lk.idle_tail->next = fm;
+    } else {
+        lk.idle_head = fm;
+    }
+    lk.idle_tail = fm;
+    lk.idle_n++;
+    while (lk.idle_n > FENCE_IDLE_MAX) {
+        struct lk_fmemo *old = lk.idle_head;
+        fmemo_idle_unlink(old);
+        ld_dict_del(lk.fences, old->name, old->len);
+        fmemo_free(old);
+    }
 }
 
 /* ------------------------------------------------------------- records */
@@ -356,6 +492,7 @@ static void rec_free(struct lk_rec *rec)
     if (rec->cap_ev != NULL) {
         event_free(rec->cap_ev);
     }
+    fmemo_put(rec->fm);
     free(rec->n.buf);
     free(rec->dkey);
     free(rec->key);
@@ -410,6 +547,7 @@ static void rec_set_count(struct lk_rec *rec, long long n)
             evtimer_del(rec->cap_ev);
         }
         rec->capped = false;
+        rec->cap_end_ms = 0;
     }
 }
 
@@ -430,6 +568,7 @@ static struct lk_rec *rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
     rec->key_len = klen;
     rec->detached = detached;
     names_build(&rec->n, key, klen);
+    rec->fm = fmemo_get(&rec->n);
     rec->linked = true;
     ld_dict_set(ls->recs, dkey, dlen, rec);
     ld_dict_set(lk.by_token, rec->token, LD_TOKEN_LEN, rec);
@@ -470,6 +609,16 @@ static void rec_lost(struct lk_rec *rec, const char *reason, bool release)
     rec_set_count(rec, 0);
 }
 
+/* How long before the end of a confirmed watchdog lease the daemon stops
+ * vouching for it: the lease is counted from when the confirming command
+ * was sent, which is never later than Redis started it, and the margin
+ * covers the clocks of the two hosts drifting apart (1% of a watchdog
+ * lease, as for Redlock) and the event's way to the client (2 ms). */
+static uint64_t lost_margin_ms(void)
+{
+    return 2 + (uint64_t)ld_srv.cfg->lock.watchdog_ms / 100;
+}
+
 static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
@@ -478,21 +627,94 @@ static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
     if (rec->count == 0) {
         return;
     }
+    /* A lease clipped at max_hold ends there: the cap is the reason. */
+    bool cap = rec->cap_end_ms != 0
+               && ld_now_ms() + lost_margin_ms() >= rec->cap_end_ms;
     rec->refs++;
-    rec_lost(rec, "max_hold", true);
+    rec_lost(rec, cap ? "max_hold" : "redis_unavailable", true);
     rec_unref(rec);
 }
 
-/* Renewal has stopped for good: report the loss when the lease runs out. */
+/* Arm the one timer of a held record for the earlier of: the moment the
+ * daemon can no longer prove a watchdog lease (lease end minus the
+ * margin), and max_hold. Called whenever either changes. */
 static void rec_arm_cap(struct lk_rec *rec)
 {
+    if (rec->count == 0) {
+        return;
+    }
+    uint64_t at = UINT64_MAX;
+    if (rec->watchdog && rec->ls != NULL) {
+        uint64_t m = lost_margin_ms();
+        at = rec->lease_end_ms > m ? rec->lease_end_ms - m : 0;
+    }
+    if (rec->cap_end_ms != 0 && rec->cap_end_ms < at) {
+        at = rec->cap_end_ms;
+    }
+    if (at == UINT64_MAX) {
+        if (rec->cap_ev != NULL) {
+            evtimer_del(rec->cap_ev);
+        }
+        return;
+    }
     if (rec->cap_ev == NULL) {
         rec->cap_ev = evtimer_new(ld_srv.base, cap_on_timer, rec);
     }
     uint64_t now = ld_now_ms();
-    uint64_t ms = rec->lease_end_ms > now ? rec->lease_end_ms - now : 0;
+    uint64_t ms = at > now ? at - now : 0;
     struct timeval tv = tv_ms((long long)ms);
     evtimer_add(rec->cap_ev, &tv);
+}
+
+/* Follow lock.max_hold_ms (reloads apply) for a watchdog-renewed lock. */
+static void rec_cap_update(struct lk_rec *rec)
+{
+    long long max = ld_srv.cfg->lock.max_hold_ms;
+    if (!rec->watchdog || max <= 0 || rec->count == 0) {
+        rec->cap_end_ms = 0;
+    } else {
+        rec->cap_end_ms = rec->acquired_ms + (uint64_t)max;
+    }
+    rec->capped = rec->cap_end_ms != 0;
+}
+
+/* Milliseconds left under max_hold (LLONG_MAX when no cap applies; 0 or
+ * less once reached). */
+static long long rec_cap_left(const struct lk_rec *rec)
+{
+    if (rec == NULL || rec->cap_end_ms == 0) {
+        return LLONG_MAX;
+    }
+    return (long long)rec->cap_end_ms - (long long)ld_now_ms();
+}
+
+/* A lease to set on REC (grant, reentry, renewal, extend), clipped so that
+ * it never runs past max_hold. */
+static long long rec_cap_clip(const struct lk_rec *rec, long long lease)
+{
+    long long left = rec_cap_left(rec);
+    if (lease > left) {
+        lease = left > 1 ? left : 1;
+    }
+    return lease;
+}
+
+/* A new acquisition after a hold ended gets a new token: the old one may
+ * still be in the hands of someone who must not be able to use it on
+ * the new hold (an unlock by token, a reentry by token). */
+static int rec_retoken(struct lk_rec *rec)
+{
+    char tok[LD_TOKEN_LEN + 1];
+    if (ld_token_new(tok) != LD_OK) {
+        return LD_ERR;
+    }
+    if (rec->linked) {
+        ld_dict_del(lk.by_token, rec->token, LD_TOKEN_LEN);
+        ld_dict_set(lk.by_token, tok, LD_TOKEN_LEN, rec);
+    }
+    memcpy(rec->token, tok, sizeof(tok));
+    rec->token_used = false;
+    return LD_OK;
 }
 
 /* ----------------------------------------------------------------- ops */
@@ -725,20 +947,28 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
     struct lk_rec *rec = op->rec;
     if (n == 1 && rec->count > 0) {
         /* A fresh acquisition although we believed it held: the old hold
-         * had ended (expired, or released by token elsewhere). */
-        rec_set_count(rec, 0);
+         * had ended (expired, or released by token elsewhere) between two
+         * acquisitions sent together. Its holder hears of it first. */
+        rec_lost(rec, "expired", false);
     }
     bool fresh = rec->count == 0;
     rec_set_count(rec, n);
+    rec->token_used = true;
     if (fresh || rec->fence <= 0) {
         rec->fence = fence;
+    }
+    if (fresh && fence > rec->fm->fence) {
+        rec->fm->fence = fence;
+    }
+    if (fresh) {
+        /* max_hold counts from when the acquisition was sent. */
+        rec->acquired_ms = op->sent_ms;
     }
     rec->watchdog = fresh ? op->watchdog : (rec->watchdog || op->watchdog);
     rec->lease_end_ms = op->sent_ms
                         + (uint64_t)(pttl >= 0 ? pttl : op->lease_ms);
-    if (rec->capped) {
-        rec_arm_cap(rec);
-    }
+    rec_cap_update(rec);
+    rec_arm_cap(rec);
     ld_stats.lock_acquired++;
     op->grant_count = n;
     op->grant_fence = rec->fence;
@@ -794,8 +1024,32 @@ static void acq_on_reply(redisReply *r, void *arg)
     }
     struct lk_rec *rec = op->rec;
     long long v[4] = { 0, 0, 0, 0 };
-    int n = reply_ints(r, v, 4);
+    int n = reply_acquire(r, v);
     bool queued = op->w.q != NULL;
+
+    if (op->reenter && n >= 1 && (v[0] == -2 || v[0] == -3)) {
+        /* We believed this owner held the lock, but its hold is gone (a
+         * fixed lease ran out, Redis lost it, an unlock by token): tell
+         * the holder before anything else, then this request is a new
+         * acquisition, under a new token. */
+        if (rec->count > 0) {
+            bool early = ld_now_ms() < rec->lease_end_ms;
+            rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
+            if (early) {
+                /* Gone before its lease: Redis may have lost data. */
+                recheck_start();
+            }
+        }
+        if (op->req == NULL) {
+            op_free(op);
+            return;
+        }
+        if (v[0] == -2) {
+            acq_send(op);
+            return;
+        }
+        v[0] = 0;
+    }
 
     if (n >= 4 && v[0] == 1) {
         bool kept = acq_granted(op, v[1], v[2], v[3]);
@@ -856,6 +1110,10 @@ static void acq_on_reply(redisReply *r, void *arg)
          * whenever Redis answers the release. */
         rec_release_all(rec);
     }
+    if (n >= 1 && v[0] == -1) {
+        log_warn("lock '%.*s': its redis keys hold data leased did not "
+                 "write; nothing changed", (int)rec->key_len, rec->key);
+    }
     if (op->req != NULL) {
         if (n >= 1 && v[0] == -1) {
             reply_wrong_type(op->req, rec->key, rec->key_len);
@@ -874,14 +1132,30 @@ static void acq_on_reply(redisReply *r, void *arg)
 static void acq_send(struct lk_op *op)
 {
     struct lk_rec *rec = op->rec;
-    char lbuf[24];
+    /* While this daemon believes the owner holds the lock, the request is
+     * a reentry and nothing else: should the hold be gone, the reply says
+     * so, and only then is a new acquisition sent. */
+    op->reenter = rec->count > 0;
+    if (!op->reenter && rec->token_used && rec_retoken(rec) != LD_OK) {
+        log_error("no random bytes for a lock token");
+    }
+    long long max = ld_srv.cfg->lock.max_hold_ms;
+    op->lease_ms = op->lease_asked;
+    if (op->reenter) {
+        op->lease_ms = rec_cap_clip(rec, op->lease_ms);
+    } else if (op->watchdog && max > 0 && op->lease_ms > max) {
+        op->lease_ms = max;
+    }
+    char lbuf[24], fbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
-    const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token, "0" };
+    snprintf(fbuf, sizeof(fbuf), "%lld", rec->fm->fence);
+    const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token,
+                           op->reenter ? "1" : "0", fbuf };
     size_t lens[] = { rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
-                      LD_TOKEN_LEN, 1 };
+                      LD_TOKEN_LEN, 1, strlen(fbuf) };
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    script(LD_SCRIPT_lock_acquire, &rec->n, 2, 5, args, lens, acq_on_reply,
+    script(LD_SCRIPT_lock_acquire, &rec->n, 2, 6, args, lens, acq_on_reply,
            op);
 }
 
@@ -918,7 +1192,7 @@ static void acq_token_on_reply(redisReply *r, void *arg)
         return;
     }
     long long v[4] = { 0, 0, 0, 0 };
-    int n = reply_ints(r, v, 4);
+    int n = reply_acquire(r, v);
     size_t klen;
     const char *key = op_key(op, &klen);
     if (n >= 4 && v[0] == 1) {
@@ -929,9 +1203,8 @@ static void acq_token_on_reply(redisReply *r, void *arg)
             if (v[3] >= 0) {
                 rec->lease_end_ms = op->sent_ms + (uint64_t)v[3];
             }
-            if (rec->capped) {
-                rec_arm_cap(rec);
-            }
+            rec_cap_update(rec);
+            rec_arm_cap(rec);
             if (rec->fence > 0) {
                 fence = rec->fence;
             }
@@ -1075,16 +1348,17 @@ static void op_lock(struct ld_req *req)
     if (has_token) {
         struct lk_target t = { key, klen, owner, olen, token, tlen, true };
         struct lk_op *op = target_op(LK_ACQ_TOKEN, req, &t);
-        op->lease_ms = has_ttl ? ttl : 0;
+        op->lease_ms = has_ttl ? rec_cap_clip(op->rec, ttl) : 0;
         const struct lk_names *n = op_names(op);
         char lbuf[24];
         snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
-        const char *args[] = { n->hash, n->fence, lbuf, op->field, "1" };
+        const char *args[] = { n->hash, n->fence, lbuf, op->field, "1",
+                               "0" };
         size_t lens[] = { n->hash_len, n->fence_len, strlen(lbuf),
-                          op->field_len, 1 };
+                          op->field_len, 1, 1 };
         op->sent_ms = ld_now_ms();
         op->inflight = true;
-        script(LD_SCRIPT_lock_acquire, n, 2, 5, args, lens,
+        script(LD_SCRIPT_lock_acquire, n, 2, 6, args, lens,
                acq_token_on_reply, op);
         return;
     }
@@ -1115,6 +1389,7 @@ static void op_lock(struct ld_req *req)
     rec->pending++;
     op->watchdog = !has_ttl;
     op->lease_ms = has_ttl ? ttl : ld_srv.cfg->lock.watchdog_ms;
+    op->lease_asked = op->lease_ms;
     op->wait_ms = wait;
 
     /* A reentry never waits, and a try-once goes straight to Redis even
@@ -1260,6 +1535,7 @@ static void op_extend(struct ld_req *req)
         return;
     }
     struct lk_op *op = target_op(LK_EXTEND, req, &t);
+    ttl = rec_cap_clip(op->rec, ttl);
     op->lease_ms = ttl;
     const struct lk_names *n = op_names(op);
     size_t flen;
@@ -1355,16 +1631,27 @@ static void renew_on_reply(redisReply *r, void *arg)
         if (v[2] > 0) {
             rec_set_count(rec, v[2]);
         }
-        if (rec->capped) {
-            rec_arm_cap(rec);
-        }
+        rec_arm_cap(rec);
     } else if (n >= 1 && v[0] < 0) {
+        /* Found gone before the lease it last confirmed could end in
+         * Redis: Redis lost data (FLUSHALL, a restart without
+         * persistence, an eviction), so look at every lock at once. */
+        bool early = ld_now_ms() < rec->lease_end_ms;
+        if (v[0] == -1) {
+            log_warn("lock '%.*s': its redis key holds data leased did not "
+                     "write", (int)rec->key_len, rec->key);
+        }
         if (renew) {
             ld_stats.lock_renewals_failed++;
+            rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
+        } else if (early) {
             rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
         } else {
             /* A fixed lease ran out: that is what the client asked for. */
             rec_set_count(rec, 0);
+        }
+        if (early && v[0] != -1) {
+            recheck_start();
         }
     } else if (renew) {
         ld_stats.lock_renewals_failed++;
@@ -1412,12 +1699,9 @@ static void pass_visit(struct lk_rec *rec, uint64_t now)
         return;
     }
     if (!rec->watchdog) {
-        if (!rec->renewing && now >= rec->lease_end_ms) {
+        if (!rec->renewing && (lk.check_all || now >= rec->lease_end_ms)) {
             renew_send(rec, LK_CHECK, 0);
         }
-        return;
-    }
-    if (rec->capped) {
         return;
     }
     if (rec->renewing) {
@@ -1430,25 +1714,16 @@ static void pass_visit(struct lk_rec *rec, uint64_t now)
         }
         return;
     }
-    long long lease = cfg->lock.watchdog_ms;
-    if (cfg->lock.max_hold_ms > 0) {
-        long long left = cfg->lock.max_hold_ms
-                         - (long long)(now - rec->acquired_ms);
-        if (left <= lease) {
-            /* The last renewal: it ends the lease at max_hold. */
-            rec->capped = true;
-            if (left <= 0) {
-                rec_arm_cap(rec);
-                return;
-            }
-            lease = left;
-        }
-    }
-    renew_send(rec, LK_RENEW, lease);
-    if (rec->capped) {
-        rec->lease_end_ms = now + (uint64_t)lease;
+    rec_cap_update(rec);
+    long long left = rec_cap_left(rec);
+    if (left <= 0) {
+        /* max_hold is reached: the timer ends the lock now. */
         rec_arm_cap(rec);
+        return;
     }
+    /* The renewals near max_hold end the lease exactly there. */
+    renew_send(rec, LK_RENEW, rec_cap_clip(rec, cfg->lock.watchdog_ms));
+    rec_arm_cap(rec);
 }
 
 /* One step of the pass. The renewals of a step leave pipelined, in one
@@ -1471,6 +1746,7 @@ static void pass_step(evutil_socket_t fd, short what, void *arg)
     }
     if (lk.cursor == NULL) {
         lk.passing = false;
+        lk.check_all = false;
     } else if (lk.renew_inflight < RENEW_INFLIGHT_MAX) {
         pass_continue();
     }
@@ -1495,6 +1771,30 @@ static void pass_run(evutil_socket_t fd, short what, void *arg)
     }
     pass_step(-1, 0, NULL);
     pass_arm();
+}
+
+/* Check every held lock now, fixed leases too, in one pass bounded like
+ * the watchdog's: Redis came back (it may have restarted without its
+ * data) or a lock was found gone before its lease. Locks that did not
+ * survive are reported at once instead of a pass later, and fixed-lease
+ * locks at all. */
+static void recheck_start(void)
+{
+    if (lk.freed || lk.stopping || (lk.passing && lk.check_all)) {
+        return;
+    }
+    lk.check_all = true;
+    lk.passing = true;
+    lk.cursor = lk.held;
+    pass_continue();
+}
+
+static void on_redis_state(bool up, void *arg)
+{
+    LD_UNUSED(arg);
+    if (up) {
+        recheck_start();
+    }
 }
 
 /* ------------------------------------------------------ session close */
@@ -1554,6 +1854,7 @@ static void on_session_close(struct ld_session *s)
 int ld_lock_init(void)
 {
     lk.by_token = ld_dict_new();
+    lk.fences = ld_dict_new();
     ld_lockwait_init(acq_try, acq_expire);
     lk.pass_ev = evtimer_new(ld_srv.base, pass_run, NULL);
     lk.step_ev = event_new(ld_srv.base, -1, 0, pass_step, NULL);
@@ -1562,6 +1863,7 @@ int ld_lock_init(void)
     }
     pass_arm();
     ld_session_on_close(on_session_close);
+    ld_redis_on_state(on_redis_state, NULL);
     if (ld_dispatch_register("lock", op_lock) != LD_OK
         || ld_dispatch_register("unlock", op_unlock) != LD_OK
         || ld_dispatch_register("extend", op_extend) != LD_OK
@@ -1645,4 +1947,12 @@ void ld_lock_free(void)
     }
     ld_dict_free(lk.by_token);
     lk.by_token = NULL;
+    /* Entries still pinned by a record go with their last record. */
+    while (lk.idle_head != NULL) {
+        struct lk_fmemo *fm = lk.idle_head;
+        fmemo_idle_unlink(fm);
+        fmemo_free(fm);
+    }
+    ld_dict_free(lk.fences);
+    lk.fences = NULL;
 }

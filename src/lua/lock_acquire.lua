@@ -3,11 +3,37 @@
 -- KEYS[1] lock hash   KEYS[2] fence counter (same hash slot, no TTL)
 -- ARGV[1] lease in ms; 0 keeps the current lease (reentry by token)
 -- ARGV[2] holder field (the token)
--- ARGV[3] "1": reenter only, never take a free lock (reentry by token)
--- Returns {1, count, fence, pttl} granted (count 1 = new acquisition),
--- {0, pttl} held by another holder, {-1} a key holds another type,
--- {-2} reenter-only and no lock, {-3, pttl} reenter-only and held by
--- another holder.
+-- ARGV[3] "1": reenter only, never take a free lock
+-- ARGV[4] the highest fence this daemon handed out for the lock (decimal,
+--         "0" for none): a new fence is always above it, even when Redis
+--         lost the counter
+-- Returns {1, count, "fence", pttl} granted (count 1 = new acquisition),
+-- {0, pttl} held by another holder, {-1} a key holds another type or data
+-- leased did not write, {-2} reenter-only and no lock, {-3, pttl}
+-- reenter-only and held by another holder.
+-- Fences stay decimal strings here: Lua numbers are doubles, exact only
+-- up to 2^53, and Redis's INCR is exact up to 2^63-1.
+local MAX = '9223372036854775807'
+
+-- A positive integer below 2^63-1 written the way INCR writes it.
+local function valid(s)
+    if type(s) ~= 'string' or not string.find(s, '^[1-9][0-9]*$') then
+        return false
+    end
+    return #s < #MAX or (#s == #MAX and s < MAX)
+end
+
+-- A hold count leased could have written (exact as a Lua number, and
+-- far from HINCRBY's overflow).
+local function count_ok(s)
+    return type(s) == 'string' and #s <= 15
+           and string.find(s, '^[1-9][0-9]*$') ~= nil
+end
+
+local function less(a, b)
+    return #a < #b or (#a == #b and a < b)
+end
+
 local t = redis.call('type', KEYS[1]).ok
 if t ~= 'none' and t ~= 'hash' then
     return {-1}
@@ -17,15 +43,24 @@ if ft ~= 'none' and ft ~= 'string' then
     return {-1}
 end
 local lease = tonumber(ARGV[1])
-if t == 'hash' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-    local n = redis.call('hincrby', KEYS[1], ARGV[2], 1)
-    if lease > 0 then
-        redis.call('pexpire', KEYS[1], lease)
+if t == 'hash' then
+    local held = redis.call('hget', KEYS[1], ARGV[2])
+    if held then
+        if not count_ok(held) then
+            return {-1}
+        end
+        local n = redis.call('hincrby', KEYS[1], ARGV[2], 1)
+        if lease > 0 then
+            redis.call('pexpire', KEYS[1], lease)
+        end
+        -- Every new acquisition increments the counter, so while this
+        -- holder kept the lock the counter still carries its fence.
+        local f = redis.call('get', KEYS[2])
+        if not valid(f) then
+            f = '0'
+        end
+        return {1, n, f, redis.call('pttl', KEYS[1])}
     end
-    -- Every new acquisition increments the counter, so while this holder
-    -- kept the lock the counter still carries its fence.
-    local f = tonumber(redis.call('get', KEYS[2])) or 0
-    return {1, n, f, redis.call('pttl', KEYS[1])}
 end
 if ARGV[3] == '1' then
     if t == 'none' then
@@ -36,12 +71,25 @@ end
 if t == 'hash' then
     return {0, redis.call('pttl', KEYS[1])}
 end
--- Increment first: a counter that is not an integer fails here, before
--- anything was written, so the caller sees wrong_type and nothing changed.
-local f = redis.pcall('incr', KEYS[2])
-if type(f) == 'table' then
+-- Check the counter before anything is written, so that foreign data
+-- gives wrong_type and nothing changed.
+local cur = redis.call('get', KEYS[2])
+if cur and not valid(cur) then
+    return {-1}
+end
+local floor = ARGV[4] or '0'
+if floor ~= '0' and (not cur or less(cur, floor)) then
+    -- The counter went back (FLUSHALL, a restart without persistence, an
+    -- eviction): carry on from the highest fence handed out here.
+    if not valid(floor) then
+        return {-1}
+    end
+    redis.call('set', KEYS[2], floor)
+end
+local r = redis.pcall('incr', KEYS[2])
+if type(r) == 'table' then
     return {-1}
 end
 redis.call('hset', KEYS[1], ARGV[2], 1)
 redis.call('pexpire', KEYS[1], lease)
-return {1, 1, f, lease}
+return {1, 1, redis.call('get', KEYS[2]), lease}

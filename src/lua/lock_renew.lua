@@ -3,10 +3,10 @@
 -- calls: HGET, PTTL, PEXPIRE.
 -- KEYS[1] lock hash
 -- ARGV[1] holder field
--- ARGV[2] lease in ms; 0 only reports
+-- ARGV[2] lease in ms; 0 only reports (check only, nothing written)
 -- ARGV[3] "1": never shorten the lease (watchdog renewal after an extend)
--- Returns {1, pttl, count} held, {-1} the key holds another type,
--- {-2} no lock, {-3} held by another holder.
+-- Returns {1, pttl, count} held, {-1} the key holds another type or a hold
+-- count leased did not write, {-2} no lock, {-3} held by another holder.
 local v = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(v) == 'table' then
     return {-1}
@@ -17,10 +17,13 @@ if not v then
     end
     return {-3}
 end
+if #v > 15 or not string.find(v, '^[1-9][0-9]*$') then
+    return {-1}
+end
 local lease = tonumber(ARGV[2])
 local left = redis.call('pttl', KEYS[1])
 if lease > 0 and (ARGV[3] ~= '1' or left < lease) then
     redis.call('pexpire', KEYS[1], lease)
     left = lease
 end
-return {1, left, tonumber(v) or 0}
+return {1, left, tonumber(v)}
