@@ -303,6 +303,12 @@ ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
     static const char mid[] = "\"ok\":true,\"hit\":true,\"value\":";
     char *idtext = NULL;
     size_t idlen = 0;
+    /* A large value for a client that is not taking its replies (or is
+     * gone) is not worth quoting: the line would be dropped. */
+    if (req->sess != NULL && !ld_session_output_room(req->sess, len)) {
+        req_free(req);
+        return LD_OK;
+    }
     if (req->id != NULL) {
         idtext = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
         if (idtext == NULL) {

@@ -375,6 +375,20 @@ output_over_limit(struct ld_session *s, size_t len)
     }
 }
 
+bool
+ld_session_output_room(struct ld_session *s, size_t len)
+{
+    if (s->bev == NULL || s->io->over_limit) {
+        return false;
+    }
+    size_t total = evbuffer_get_length(bufferevent_get_output(s->bev)) + len;
+    if (total > ld_session_output_limit()) {
+        output_over_limit(s, total);
+        return false;
+    }
+    return true;
+}
+
 void
 ld_session_write(struct ld_session *s, const char *buf, size_t len)
 {
