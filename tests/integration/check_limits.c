@@ -615,7 +615,7 @@ END_TEST
 static bool accept_paused(void *arg)
 {
     (void)arg;
-    return log_count(&D, "pausing accept") > 0;
+    return log_count(&D, "accept failed") > 0;
 }
 
 START_TEST(test_emfile_pauses)
@@ -635,7 +635,6 @@ START_TEST(test_emfile_pauses)
     int rc = h_daemon_start(&D, &R, NULL);
     ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
     ck_assert_int_eq(rc, 0);
-    ck_assert_int_eq(log_count(&D, "is more than the open file limit"), 1);
 
     for (int i = 0; i < EMFILE_CONNS; i++) {
         fds[i] = raw_unix(D.sock);
@@ -666,6 +665,9 @@ START_TEST(test_emfile_pauses)
     struct h_conn *c = connect_ok();
     assert_ping(c);
     h_close(c);
+    ck_assert_int_ge(log_count(&D, "pausing accept"), 1);
+    /* limits.max_clients (10000) is more than 32 descriptors allow. */
+    ck_assert_int_eq(log_count(&D, "is more than the open file limit"), 1);
 }
 END_TEST
 
