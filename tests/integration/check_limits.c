@@ -531,6 +531,46 @@ START_TEST(test_resume_after_big_drain)
 }
 END_TEST
 
+/* limits.max_pending holds request by request, also for requests that
+ * arrive in one read: of six waiting locks sent in one write with the
+ * limit at 3, the last three get busy at once. */
+START_TEST(test_max_pending_per_request)
+{
+    char buf[2048];
+    size_t off = 0;
+    struct h_conn *a, *b;
+    json_t *r;
+
+    start("limits:\n  max_pending: 3\n");
+    a = connect_ok();
+    b = connect_ok();
+    r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock", "key", "mp");
+    ck_assert(h_ok(r) && json_is_true(json_object_get(r, "acquired")));
+    json_decref(r);
+    for (int i = 1; i <= 6; i++) {
+        off += (size_t)snprintf(buf + off, sizeof buf - off,
+                                "{\"op\":\"lock\",\"key\":\"mp\","
+                                "\"owner\":\"o%d\",\"wait_ms\":-1,"
+                                "\"id\":%d}\n", i, i);
+    }
+    ck_assert_int_eq(h_send_raw(b, buf, off), 0);
+    for (int i = 4; i <= 6; i++) {
+        r = h_recv_id(b, i, T_MS);
+        ck_assert_msg(r != NULL, "no answer to %d", i);
+        ck_assert_str_eq(h_errcode(r), "busy");
+        json_decref(r);
+    }
+    r = h_callf(b, T_MS, "{s:s}", "op", "ping");
+    ck_assert_str_eq(h_errcode(r), "busy");
+    json_decref(r);
+    h_close(a);
+    r = h_recv_id(b, 1, T_MS);
+    ck_assert(r != NULL && json_is_true(json_object_get(r, "acquired")));
+    json_decref(r);
+    h_close(b);
+}
+END_TEST
+
 /* --- 3. One session does not hold the loop ------------------------------ */
 
 /* A client pipelines a few MB of cache.mget lines of many keys each;
@@ -995,6 +1035,7 @@ int main(void)
     add(s, "adopted_tcp_needs_token", test_adopted_tcp_needs_token, 60);
     add(s, "output_limit", test_output_limit, 240);
     add(s, "resume_after_big_drain", test_resume_after_big_drain, 60);
+    add(s, "max_pending_per_request", test_max_pending_per_request, 60);
     add(s, "fair_turns", test_fair_turns, 240);
     add(s, "emfile_pauses", test_emfile_pauses, 60);
     add(s, "relative_paths_detached", test_relative_paths_detached, 60);
