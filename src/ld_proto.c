@@ -77,9 +77,9 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     }
     if (!json_is_string(op) ||
         strlen(json_string_value(op)) != json_string_length(op)) {
-        json_decref(obj);
         snprintf(msg, msglen, "field 'op' must be a string%s",
                  json_is_string(op) ? " without NUL" : "");
+        json_decref(obj);
         return LD_ERR;
     }
     *out = obj;
