@@ -15,6 +15,8 @@
 #include "ld_util.h"
 
 #include <errno.h>
+#include <grp.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +25,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/un.h>
+#include <unistd.h>
 #include <yaml.h>
 
 enum conf_type {
@@ -43,6 +46,7 @@ enum conf_type {
 #define F_LISTEN 0x08u   /* hostport: port 0 (any free port) is fine */
 #define F_NONEMPTY 0x10u /* string: "" is not allowed */
 #define F_SUNPATH 0x20u  /* string: must fit a sockaddr_un */
+#define F_GROUP 0x40u    /* string: "" or a known group name or gid */
 
 struct conf_enum {
     const char *name;
@@ -128,8 +132,8 @@ static const struct conf_enum log_targets[] = {
 static const struct conf_directive directives[] = {
     STRING("listen.unix", listen.unix_path, F_SUNPATH, NULL),
     MODE("listen.unix_mode", listen.unix_mode, 0, "0660"),
-    HOSTPORT("listen.tcp", listen.tcp, F_EMPTY_OK | F_LISTEN,
-             "127.0.0.1:7379"),
+    STRING("listen.unix_group", listen.unix_group, F_GROUP, ""),
+    HOSTPORT("listen.tcp", listen.tcp, F_EMPTY_OK | F_LISTEN, ""),
     STRING("listen.auth_token", listen.auth_token, 0, ""),
 
     ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes),
@@ -179,6 +183,8 @@ static const struct conf_directive directives[] = {
           100000000),
     LLONG("limits.max_pending", limits.max_pending, F_RELOAD, "1024", 1,
           1000000),
+    LLONG("limits.max_output_bytes", limits.max_output_bytes, F_RELOAD,
+          "33554432", 65536, 1LL << 40),
 
     HOSTPORT("metrics.listen", metrics.listen, F_EMPTY_OK | F_LISTEN,
              "127.0.0.1:9379"),
@@ -507,6 +513,27 @@ check_address(const struct conf_directive *d, const char *t, char *msg,
     return true;
 }
 
+bool
+ld_conf_parse_group(const char *name, gid_t *gid)
+{
+    if (name[0] >= '0' && name[0] <= '9') {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(name, &end, 10);
+        if (errno != 0 || *end != '\0' || v > (unsigned long)INT_MAX) {
+            return false;
+        }
+        *gid = (gid_t)v;
+        return true;
+    }
+    struct group *g = getgrnam(name);
+    if (g == NULL) {
+        return false;
+    }
+    *gid = g->gr_gid;
+    return true;
+}
+
 static bool
 conv_string(const struct conf_directive *d, const struct scalar *s,
             char *msg, size_t msglen)
@@ -523,6 +550,12 @@ conv_string(const struct conf_directive *d, const struct scalar *s,
         s->len >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
         snprintf(msg, msglen, "socket path longer than %zu bytes",
                  sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+        return false;
+    }
+    gid_t gid;
+    if ((d->flags & F_GROUP) && s->len > 0 &&
+        !ld_conf_parse_group(s->text, &gid)) {
+        snprintf(msg, msglen, "unknown group '%s'", s->text);
         return false;
     }
     return true;
@@ -662,6 +695,38 @@ ld_conf_copy(struct ld_config *dst, const struct ld_config *src)
     for (size_t i = 0; i < NDIRECTIVES; i++) {
         value_copy(dst, src, &directives[i]);
     }
+}
+
+static void
+absolute_path(char **path, const char *base)
+{
+    if ((*path)[0] == '\0' || (*path)[0] == '/' || base == NULL ||
+        base[0] == '\0') {
+        return;
+    }
+    size_t blen = strlen(base);
+    size_t plen = strlen(*path);
+    const char *p = *path;
+    if (plen >= 2 && p[0] == '.' && p[1] == '/') {
+        p += 2;
+        plen -= 2;
+    }
+    char *abs = xmalloc(blen + 1 + plen + 1);
+    memcpy(abs, base, blen);
+    size_t n = blen;
+    if (n == 0 || abs[n - 1] != '/') {
+        abs[n++] = '/';
+    }
+    memcpy(abs + n, p, plen + 1);
+    free(*path);
+    *path = abs;
+}
+
+void
+ld_conf_absolute_paths(struct ld_config *cfg, const char *base)
+{
+    absolute_path(&cfg->listen.unix_path, base);
+    absolute_path(&cfg->journal.path, base);
 }
 
 /* ------------------------------------------------------------------------
@@ -974,9 +1039,16 @@ check_relations(struct conf_load *st)
                           "needs at least 3 addresses (or none), got %zu",
                           c->lock.redlock.count);
     }
-    if (strcmp(c->lock.prefix, c->cache.prefix) == 0) {
+    /* One prefix inside the other would let a cache key name a lock's
+     * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */
+    size_t lp = strlen(c->lock.prefix);
+    size_t cp = strlen(c->cache.prefix);
+    if (strncmp(c->lock.prefix, c->cache.prefix, lp < cp ? lp : cp) == 0) {
         return conf_error(st, mark_of(st, "cache.prefix", "lock.prefix"),
-                          "cache.prefix", "must differ from lock.prefix");
+                          "cache.prefix",
+                          lp == cp ? "must differ from lock.prefix"
+                                   : "must not be a prefix of lock.prefix, "
+                                     "nor lock.prefix of it");
     }
     if (c->cache.near.enabled &&
         c->cache.near.max_value_bytes > c->cache.near.max_bytes) {

@@ -23,6 +23,7 @@ struct ld_config {
     struct {
         char *unix_path;        /* listen.unix; "" disables */
         mode_t unix_mode;       /* listen.unix_mode, octal string in YAML */
+        char *unix_group;       /* listen.unix_group; "" = the daemon's */
         char *tcp;              /* listen.tcp "host:port"; "" disables */
         char *auth_token;       /* listen.auth_token */
     } listen;
@@ -69,6 +70,7 @@ struct ld_config {
         long long max_key_bytes;
         long long max_waiters;
         long long max_pending;  /* per session, requests awaiting reply */
+        long long max_output_bytes; /* per session, unsent replies */
     } limits;
     struct {
         char *listen;           /* "host:port"; "" disables */
@@ -95,6 +97,14 @@ int ld_conf_load_string(struct ld_config *cfg, const char *yaml, size_t len,
                         const char *name, char *err, size_t errlen);
 
 void ld_conf_free(struct ld_config *cfg);
+
+/* A group name or a numeric gid (listen.unix_group) to its gid. */
+bool ld_conf_parse_group(const char *name, gid_t *gid);
+
+/* Make the relative file paths of CFG (listen.unix, journal.path)
+ * absolute under BASE, the directory the daemon started in, so they keep
+ * naming the same files after it detaches to "/". */
+void ld_conf_absolute_paths(struct ld_config *cfg, const char *base);
 
 /* Copy the reloadable settings of NEWCFG into LIVE and log, one line each,
  * the settings that differ but need a restart. A changed log.level is also

@@ -9,6 +9,19 @@
 
 #include <event2/buffer.h>
 
+/* Is byte N-1 of IN a \r? */
+static bool
+ends_with_cr(struct evbuffer *in, size_t n)
+{
+    struct evbuffer_ptr p;
+    char c = 0;
+    if (n == 0 || evbuffer_ptr_set(in, &p, n - 1, EVBUFFER_PTR_SET) != 0 ||
+        evbuffer_copyout_from(in, &p, &c, 1) != 1) {
+        return false;
+    }
+    return c == '\r';
+}
+
 enum ld_frame_result
 ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
               size_t *len)
@@ -41,7 +54,11 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
         }
 
         if (nl.pos < 0) {
-            if (avail > f->max_bytes) {
+            /* The terminator does not count against the limit: a line of
+             * exactly max_bytes may still be waiting for the \n of its
+             * \r\n. */
+            if (avail > f->max_bytes + 1 ||
+                (avail == f->max_bytes + 1 && !ends_with_cr(in, avail))) {
                 /* Report now rather than buffering the whole line. */
                 evbuffer_drain(in, avail);
                 f->scanned = 0;
@@ -52,7 +69,8 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
         }
 
         size_t n = (size_t)nl.pos;          /* bytes before the \n */
-        if (n > f->max_bytes) {
+        if (n > f->max_bytes &&
+            (n > f->max_bytes + 1 || !ends_with_cr(in, n))) {
             evbuffer_drain(in, n + 1);
             return LD_FRAME_TOO_LARGE;
         }

@@ -22,14 +22,30 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <netinet/in.h>
+#include <arpa/inet.h>
 
+#include <event2/event.h>
 #include <event2/listener.h>
 #include <event2/util.h>
 
 #define MAX_LISTENERS 8
 #define BACKLOG 511
 
+/* Out of descriptors (or kernel memory), accept fails while the
+ * connection stays queued, so a level-triggered listener would spin on
+ * it: accepting pauses this long, then tries again; the failure is
+ * logged at most once per ACCEPT_LOG_MS with what was left unlogged. */
+#define ACCEPT_PAUSE_MS 200
+#define ACCEPT_LOG_MS 5000
+
+struct accept_pause {
+    struct event *resume_ev;
+    uint64_t last_log_ms;
+    unsigned long suppressed;
+};
+
 static struct ld_listener listeners[MAX_LISTENERS];
+static struct accept_pause pauses[MAX_LISTENERS];
 static size_t n_listeners;
 static char unix_path_created[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
@@ -44,14 +60,42 @@ accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
 }
 
 static void
+resume_accept_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct ld_listener *l = arg;
+    if (l->evl != NULL) {
+        evconnlistener_enable(l->evl);
+    }
+}
+
+static void
 accept_error_cb(struct evconnlistener *evl, void *arg)
 {
     struct ld_listener *l = arg;
+    struct accept_pause *p = &pauses[l - listeners];
     int err = EVUTIL_SOCKET_ERROR();
-    LD_UNUSED(evl);
-    /* EMFILE and friends: log and carry on; libevent keeps listening. */
-    log_warn("accept failed listener=%s error=\"%s\"", l->name,
-             evutil_socket_error_to_string(err));
+    bool exhausted = err == EMFILE || err == ENFILE || err == ENOBUFS ||
+                     err == ENOMEM;
+    uint64_t now = ld_now_ms();
+
+    if (p->last_log_ms != 0 && now - p->last_log_ms < ACCEPT_LOG_MS) {
+        p->suppressed++;
+    } else {
+        log_warn("accept failed listener=%s error=\"%s\"%s "
+                 "suppressed=%lu",
+                 l->name, evutil_socket_error_to_string(err),
+                 exhausted ? " (pausing accept; see limits.max_clients)" : "",
+                 p->suppressed);
+        p->last_log_ms = now;
+        p->suppressed = 0;
+    }
+    if (exhausted && p->resume_ev != NULL) {
+        struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+        evconnlistener_disable(evl);
+        event_add(p->resume_ev, &tv);
+    }
 }
 
 static struct ld_listener *
@@ -74,6 +118,9 @@ add_listener(int fd, bool is_unix, const char *name)
         return NULL;
     }
     evconnlistener_set_error_cb(l->evl, accept_error_cb);
+    memset(&pauses[n_listeners], 0, sizeof(pauses[n_listeners]));
+    pauses[n_listeners].resume_ev =
+        evtimer_new(ld_srv.base, resume_accept_cb, l);
     n_listeners++;
     return l;
 }
@@ -152,6 +199,17 @@ open_unix(const struct ld_config *cfg)
         return LD_ERR;
     }
     snprintf(unix_path_created, sizeof(unix_path_created), "%s", path);
+    gid_t gid;
+    if (cfg->listen.unix_group[0] != '\0' &&
+        ld_conf_parse_group(cfg->listen.unix_group, &gid) &&
+        chown(path, (uid_t)-1, gid) != 0) {
+        /* A socket its clients cannot reach is no use: fail loudly. */
+        log_error("cannot set the socket's group path=%s group=%s "
+                  "error=\"%s\"",
+                  path, cfg->listen.unix_group, strerror(errno));
+        close(fd);
+        return LD_ERR;
+    }
     if (chmod(path, cfg->listen.unix_mode) != 0) {
         log_warn("chmod failed path=%s error=\"%s\"", path, strerror(errno));
     }
@@ -164,8 +222,10 @@ open_unix(const struct ld_config *cfg)
     if (add_listener(fd, true, path) == NULL) {
         return LD_ERR;
     }
-    log_info("listening unix=%s mode=%04o", path,
-             (unsigned)cfg->listen.unix_mode);
+    log_info("listening unix=%s mode=%04o group=%s", path,
+             (unsigned)cfg->listen.unix_mode,
+             cfg->listen.unix_group[0] != '\0' ? cfg->listen.unix_group
+                                               : "-");
     return LD_OK;
 }
 
@@ -254,11 +314,27 @@ adopt(const struct ld_config *cfg, int *fds, int n)
         evutil_make_socket_nonblocking(fds[i]);
         bool is_unix = ss.ss_family == AF_UNIX;
         char name[160];
+        char host[INET6_ADDRSTRLEN] = "";
         if (is_unix) {
             snprintf(name, sizeof(name), "%s",
                      ((struct sockaddr_un *)&ss)->sun_path);
         } else {
-            snprintf(name, sizeof(name), "tcp:%d", bound_port(fds[i]));
+            if (getnameinfo((struct sockaddr *)&ss, len, host, sizeof(host),
+                            NULL, 0, NI_NUMERICHOST) != 0) {
+                host[0] = '\0';
+            }
+            snprintf(name, sizeof(name), "%s:%d", host, bound_port(fds[i]));
+        }
+        /* The rule of listen.tcp holds for sockets systemd made too: a
+         * TCP port reachable from other hosts needs the token. */
+        if (!is_unix && cfg->listen.auth_token[0] == '\0' &&
+            !ld_host_is_loopback(host)) {
+            log_error("socket passed by systemd listens beyond loopback "
+                      "and listen.auth_token is empty; refusing to start "
+                      "listener=%s (set listen.auth_token or bind the "
+                      "socket unit to 127.0.0.1)",
+                      name);
+            return LD_ERR;
         }
         struct ld_listener *l = add_listener(fds[i], is_unix, name);
         if (l == NULL) {
@@ -311,6 +387,10 @@ ld_listen_stop(void)
         if (listeners[i].evl != NULL) {
             evconnlistener_free(listeners[i].evl);
             listeners[i].evl = NULL;
+        }
+        if (pauses[i].resume_ev != NULL) {
+            event_free(pauses[i].resume_ev);
+            pauses[i].resume_ev = NULL;
         }
     }
     n_listeners = 0;

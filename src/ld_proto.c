@@ -38,7 +38,18 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     *out = NULL;
     *id_out = NULL;
 
-    json_t *obj = json_loadb(line, len, 0, &jerr);
+    /* JSON has no place for a raw NUL byte, between tokens or inside a
+     * string (where \u0000 is the way to write one). */
+    const char *nul = memchr(line, '\0', len);
+    if (nul != NULL) {
+        snprintf(msg, msglen, "invalid JSON at column %zu: NUL byte",
+                 (size_t)(nul - line) + 1);
+        return LD_ERR;
+    }
+    /* Values are binary-safe, so \u0000 is allowed in strings; the
+     * fields that name things (op, keys, tokens) refuse it below and in
+     * the field accessors. */
+    json_t *obj = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
     if (obj == NULL) {
         snprintf(msg, msglen, "invalid JSON at column %d: %s", jerr.column,
                  jerr.text);
@@ -64,13 +75,33 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
         snprintf(msg, msglen, "missing field 'op'");
         return LD_ERR;
     }
-    if (!json_is_string(op)) {
+    if (!json_is_string(op) ||
+        strlen(json_string_value(op)) != json_string_length(op)) {
+        snprintf(msg, msglen, "field 'op' must be a string%s",
+                 json_is_string(op) ? " without NUL" : "");
         json_decref(obj);
-        snprintf(msg, msglen, "field 'op' must be a string");
         return LD_ERR;
     }
     *out = obj;
     return LD_OK;
+}
+
+static size_t utf8_seq(const unsigned char *p, size_t n);
+
+/* The longest prefix of S (LEN bytes) that is valid UTF-8. */
+static size_t
+utf8_valid_prefix(const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        size_t n = utf8_seq(p + i, len - i);
+        if (n == 0) {
+            break;
+        }
+        i += n;
+    }
+    return i;
 }
 
 static char *
@@ -120,9 +151,10 @@ ld_proto_error_line(json_t *id, int code, json_t *extra, const char *message,
     }
     json_object_set_new(obj, "ok", json_false());
     json_object_set_new(err, "code", json_string(ld_errcode_name(code)));
-    /* The message may quote client input cut at a byte limit: never let
-     * that make the reply itself unencodable. */
-    json_t *m = json_string(message);
+    /* The message may quote client input cut at a byte limit, possibly
+     * inside a character: keep what is valid up to there. */
+    json_t *m = json_stringn(message, utf8_valid_prefix(message,
+                                                        strlen(message)));
     if (m == NULL) {
         m = json_string("(message not valid UTF-8)");
     }
@@ -271,6 +303,12 @@ ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
     static const char mid[] = "\"ok\":true,\"hit\":true,\"value\":";
     char *idtext = NULL;
     size_t idlen = 0;
+    /* A large value for a client that is not taking its replies (or is
+     * gone) is not worth quoting: the line would be dropped. */
+    if (req->sess != NULL && !ld_session_output_room(req->sess, len)) {
+        req_free(req);
+        return LD_OK;
+    }
     if (req->id != NULL) {
         idtext = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
         if (idtext == NULL) {
@@ -356,8 +394,10 @@ ld_req_session_open(const struct ld_req *req)
 bool
 ld_key_valid(const char *key, size_t len)
 {
-    LD_UNUSED(key);
-    return len > 0 && (long long)len <= ld_srv.cfg->limits.max_key_bytes;
+    /* Keys become parts of Redis key names and of log lines: unlike
+     * values they may not hold NUL. */
+    return len > 0 && (long long)len <= ld_srv.cfg->limits.max_key_bytes &&
+           memchr(key, '\0', len) == NULL;
 }
 
 static int
@@ -388,6 +428,9 @@ ld_req_key(struct ld_req *req, const char *field, const char **key,
                  ld_srv.cfg->limits.max_key_bytes);
         return bad_field(req, field, what);
     }
+    if (memchr(json_string_value(v), '\0', n) != NULL) {
+        return bad_field(req, field, "must not contain NUL (\\u0000)");
+    }
     *key = json_string_value(v);
     *len = n;
     return LD_OK;
@@ -409,6 +452,12 @@ ld_req_str(struct ld_req *req, const char *field, bool required,
     }
     if (!json_is_string(v)) {
         return bad_field(req, field, "must be a string");
+    }
+    /* Names and tokens, not values (those are read apart, with their
+     * length): NUL would cut them short wherever they are used as C
+     * strings. */
+    if (memchr(json_string_value(v), '\0', json_string_length(v)) != NULL) {
+        return bad_field(req, field, "must not contain NUL (\\u0000)");
     }
     *s = json_string_value(v);
     if (len != NULL) {

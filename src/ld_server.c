@@ -24,10 +24,13 @@
 #include "ld_util.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -49,16 +52,45 @@ static struct {
     int signals_seen;
 } S;
 
+/* The directory the daemon was started in: relative paths of the
+ * configuration are taken from it, at start and on every reload, also
+ * after the daemon has detached to "/". */
+static char start_dir[PATH_MAX];
+
+/* A secret in a file other users can read is no secret. */
+static void
+check_secret_mode(const char *path, const struct ld_config *cfg)
+{
+    struct stat st;
+    if (cfg->redis.password[0] == '\0' && cfg->listen.auth_token[0] == '\0') {
+        return;
+    }
+    if (stat(path, &st) != 0 || (st.st_mode & (S_IRGRP | S_IROTH)) == 0) {
+        return;
+    }
+    log_warn("config file holds %s and is readable by %s path=%s "
+             "mode=%04o (chmod 600 it, or 640 for a trusted group)",
+             cfg->redis.password[0] != '\0' ? "redis.password"
+                                            : "listen.auth_token",
+             (st.st_mode & S_IROTH) ? "others" : "its group", path,
+             (unsigned)(st.st_mode & 07777));
+}
+
 int
 ld_server_load_config(const struct ld_options *opt, struct ld_config *cfg)
 {
     char err[1024];
+    if (start_dir[0] == '\0' && getcwd(start_dir, sizeof(start_dir)) == NULL) {
+        start_dir[0] = '\0';
+    }
     ld_conf_defaults(cfg);
     if (ld_conf_load(cfg, opt->conf_path, !opt->conf_explicit, err,
                      sizeof(err)) != LD_OK) {
         fprintf(stderr, "%s\n", err);
         return LD_ERR;
     }
+    ld_conf_absolute_paths(cfg, start_dir);
+    check_secret_mode(opt->conf_path, cfg);
     return LD_OK;
 }
 
@@ -123,6 +155,8 @@ reload(void)
                   "error=\"%s\"",
                   err);
     } else {
+        ld_conf_absolute_paths(&fresh, start_dir);
+        check_secret_mode(ld_srv.conf_path, &fresh);
         ld_conf_apply_reload(ld_srv.cfg, &fresh);
         ld_log_set_level(ld_srv.cfg->log.level);
         log_info("configuration reloaded path=%s", ld_srv.conf_path);
@@ -183,6 +217,31 @@ check_unsupported(const struct ld_config *cfg)
     return LD_OK;
 }
 
+/* Descriptors the daemon needs besides its clients: stdio, the loop,
+ * signals, listeners, metrics, the journal, Redis (counted apart) and
+ * some slack for what libraries open. */
+#define FD_RESERVE 32
+
+static void
+check_fd_limit(const struct ld_config *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) {
+        return;
+    }
+    /* The command connections and the subscriber. */
+    long long reserve = FD_RESERVE + cfg->redis.connections + 1;
+    long long room = (long long)rl.rlim_cur - reserve;
+    if (cfg->limits.max_clients > room) {
+        log_warn("limits.max_clients=%lld is more than the open file limit "
+                 "leaves for clients: RLIMIT_NOFILE=%llu, about %lld after "
+                 "%lld for the daemon; past that, accepting pauses "
+                 "(raise LimitNOFILE / ulimit -n, or lower max_clients)",
+                 cfg->limits.max_clients, (unsigned long long)rl.rlim_cur,
+                 room > 0 ? room : 0, reserve);
+    }
+}
+
 static int
 start(struct ld_config *cfg)
 {
@@ -203,6 +262,7 @@ start(struct ld_config *cfg)
     if (ld_listen_start(ld_srv.base, cfg) != LD_OK) {
         return LD_ERR;
     }
+    check_fd_limit(cfg);
     if (cfg->metrics.listen[0] != '\0') {
         int port = 0;
         if (ld_metrics_start(ld_srv.base, cfg->metrics.listen, &port) !=

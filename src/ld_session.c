@@ -17,10 +17,14 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -28,9 +32,22 @@
 #include <event2/event.h>
 
 /* A client that stops reading its replies must not grow our memory without
- * bound: past this much unsent output we stop reading its requests. */
-#define OUTPUT_HIGH_BYTES (4u * 1024 * 1024)
-#define OUTPUT_LOW_BYTES (1u * 1024 * 1024)
+ * bound (limits.max_output_bytes, as Redis' client output buffer limit).
+ * Stopping to read is not enough, one read can carry a thousand requests:
+ * above half of the limit the session's buffered lines wait unparsed, and
+ * they are dispatched again once its output is down to a quarter, so one
+ * reply landing near the mark does not toggle dispatch on every write. A
+ * session whose output still passes the limit, from replies to requests
+ * already dispatched, is closed. */
+#define output_high(limit) ((limit) / 2)
+#define output_low(limit) ((limit) / 4)
+
+/* The work done for one session per loop turn is bounded, so that a client
+ * pipelining thousands of requests, or a few huge ones, cannot hold up the
+ * others: past either bound the rest of its lines wait for a later turn
+ * (and reading waits with them, so its input does not grow meanwhile). */
+#define TURN_MAX_LINES 64
+#define TURN_MAX_BYTES (256u * 1024)
 
 #define MAX_HOOKS 8
 
@@ -52,7 +69,13 @@ static size_t n_close_hooks;
 struct session_io {
     struct ld_framer framer;
     struct event *linger_ev;   /* bounds the writing after close */
+    struct event *more_ev;     /* continue with buffered lines */
     bool dirty;                /* on the flush list */
+    bool reading;              /* EV_READ enabled on the bufferevent */
+    bool out_paused;           /* output over the high mark: no dispatch */
+    bool backlog;              /* complete lines left for a later turn */
+    bool over_limit;           /* output passed the limit: dropped */
+    bool seen_line;            /* the first line has been looked at */
     struct ld_session *next_dirty;
 };
 
@@ -118,6 +141,61 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+size_t
+ld_session_output_limit(void)
+{
+    return (size_t)ld_srv.cfg->limits.max_output_bytes;
+}
+
+size_t
+ld_session_output_bytes(const struct ld_session *s)
+{
+    if (s->bev == NULL) {
+        return 0;
+    }
+    return evbuffer_get_length(bufferevent_get_output(s->bev));
+}
+
+/* Reading follows from the session's state, whatever changed it. */
+static void
+update_reading(struct ld_session *s)
+{
+    if (s->bev == NULL || !s->open) {
+        return;
+    }
+    bool want = !s->io->out_paused && !s->io->backlog && !s->io->over_limit;
+    if (want == s->io->reading) {
+        return;
+    }
+    s->io->reading = want;
+    if (want) {
+        bufferevent_enable(s->bev, EV_READ);
+    } else {
+        bufferevent_disable(s->bev, EV_READ);
+    }
+}
+
+/* Output drains from flush_cb, from the bufferevent's own writes and from
+ * whatever else may take bytes off the buffer: watching the buffer itself
+ * resumes a paused session however its output got under the low mark
+ * (one write can drain more than the whole high mark). */
+static void
+output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+          void *arg)
+{
+    LD_UNUSED(buf);
+    struct ld_session *s = arg;
+    if (info->n_deleted == 0 || !s->io->out_paused) {
+        return;
+    }
+    size_t left = info->orig_size + info->n_added - info->n_deleted;
+    if (left <= output_low(ld_session_output_limit())) {
+        s->io->out_paused = false;
+        /* Not from here: this runs inside a write. */
+        event_active(s->io->more_ev, EV_TIMEOUT, 0);
+    }
+}
+
 void
 ld_session_on_close(ld_session_hook *fn)
 {
@@ -149,10 +227,14 @@ ld_session_unref(struct ld_session *s)
 {
     if (--s->refs == 0) {
         event_free(s->io->linger_ev);
+        event_free(s->io->more_ev);
         free(s->io);
         free(s);
     }
 }
+
+static void output_cb(struct evbuffer *buf,
+                      const struct evbuffer_cb_info *info, void *arg);
 
 /* After close: the socket is kept (holding a reference) only to write
  * what is queued and the answers still owed; this drops it. */
@@ -162,6 +244,7 @@ release_socket(struct ld_session *s)
     if (s->bev == NULL) {
         return;
     }
+    evbuffer_remove_cb(bufferevent_get_output(s->bev), output_cb, s);
     bufferevent_free(s->bev);
     s->bev = NULL;
     event_del(s->io->linger_ev);
@@ -269,18 +352,62 @@ ld_session_close(struct ld_session *s, const char *why)
     ld_session_unref(s);
 }
 
+/* The client has not taken LEN bytes of replies and more are coming: what
+ * is queued is dropped and the session ends, from the next loop turn so
+ * that the module writing the reply is not cut short. */
+static void
+output_over_limit(struct ld_session *s, size_t len)
+{
+    struct evbuffer *out = bufferevent_get_output(s->bev);
+    log_warn("session over the output limit, closing session=%s "
+             "unsent=%zu limit=%zu (limits.max_output_bytes)",
+             s->name, len, ld_session_output_limit());
+    s->io->over_limit = true;
+    evbuffer_unfreeze(out, 1);
+    evbuffer_drain(out, evbuffer_get_length(out));
+    evbuffer_freeze(out, 1);
+    update_reading(s);
+    if (s->open) {
+        event_active(s->io->more_ev, EV_TIMEOUT, 0);
+    } else {
+        /* Already closed: only the lingering socket is left to drop. */
+        event_active(s->io->linger_ev, EV_TIMEOUT, 0);
+    }
+}
+
+bool
+ld_session_output_room(struct ld_session *s, size_t len)
+{
+    if (s->bev == NULL || s->io->over_limit) {
+        return false;
+    }
+    size_t total = evbuffer_get_length(bufferevent_get_output(s->bev)) + len;
+    if (total > ld_session_output_limit()) {
+        output_over_limit(s, total);
+        return false;
+    }
+    return true;
+}
+
 void
 ld_session_write(struct ld_session *s, const char *buf, size_t len)
 {
-    if (s->bev == NULL) {
+    if (s->bev == NULL || s->io->over_limit) {
         return;
     }
     struct evbuffer *out = bufferevent_get_output(s->bev);
+    size_t total = evbuffer_get_length(out) + len;
+    size_t limit = ld_session_output_limit();
+    if (total > limit) {
+        output_over_limit(s, total);
+        return;
+    }
     evbuffer_add(out, buf, len);
     if (s->open) {
         mark_dirty(s);
-        if (evbuffer_get_length(out) > OUTPUT_HIGH_BYTES) {
-            bufferevent_disable(s->bev, EV_READ);
+        if (total > output_high(limit) && !s->io->out_paused) {
+            s->io->out_paused = true;
+            update_reading(s);
         }
     }
 }
@@ -347,16 +474,79 @@ handle_line(struct ld_session *s, const char *line, size_t len)
     ld_dispatch(req);
 }
 
+/* Describe the peer of FD for a log line. */
 static void
-read_cb(struct bufferevent *bev, void *arg)
+peer_name(int fd, char *buf, size_t len)
 {
-    struct ld_session *s = arg;
-    struct evbuffer *in = bufferevent_get_input(bev);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char host[INET6_ADDRSTRLEN];
+
+    snprintf(buf, len, "unknown");
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0) {
+        return;
+    }
+    if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+        snprintf(buf, len, "%s:%d", host, ntohs(a->sin_port));
+    } else if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+        snprintf(buf, len, "[%s]:%d", host, ntohs(a->sin6_port));
+    } else if (ss.ss_family == AF_UNIX) {
+        struct ucred cred;
+        socklen_t cl = sizeof(cred);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
+            snprintf(buf, len, "unix:pid=%d,uid=%u", (int)cred.pid,
+                     (unsigned)cred.uid);
+        } else {
+            snprintf(buf, len, "unix");
+        }
+    }
+}
+
+/* A web page can make a browser send an HTTP request to any port on the
+ * loopback interface, with a body the page chooses; its lines would run
+ * as requests. HTTP always starts with a request line, which no client of
+ * this protocol sends, so a first line that looks like one (or like a
+ * Host: header) ends the connection, as Redis does. */
+static bool
+looks_like_http(const char *line, size_t len)
+{
+    static const char *const methods[] = {
+        "GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ",
+        "PATCH ", "CONNECT ", "TRACE ",
+    };
+    for (size_t i = 0; i < LD_ARRAY_LEN(methods); i++) {
+        size_t n = strlen(methods[i]);
+        if (len >= n && memcmp(line, methods[i], n) == 0) {
+            return true;
+        }
+    }
+    return len >= 5 && strncasecmp(line, "host:", 5) == 0;
+}
+
+/* Frame and dispatch buffered lines, within the bound of one turn. */
+static void
+process_input(struct ld_session *s)
+{
+    struct evbuffer *in = bufferevent_get_input(s->bev);
+    size_t lines = 0;
+    size_t bytes = 0;
 
     /* A handler may close the session (or the daemon may begin stopping)
      * while we are still draining lines of this read. */
     ld_session_ref(s);
-    while (s->open) {
+    s->io->backlog = false;
+    while (s->open && !s->io->out_paused && !s->io->over_limit) {
+        if (lines >= TURN_MAX_LINES || bytes >= TURN_MAX_BYTES) {
+            if (evbuffer_get_length(in) > 0) {
+                s->io->backlog = true;
+                event_active(s->io->more_ev, EV_TIMEOUT, 0);
+            }
+            break;
+        }
         char *line = NULL;
         size_t len = 0;
         s->io->framer.max_bytes =
@@ -366,31 +556,78 @@ read_cb(struct bufferevent *bev, void *arg)
         if (r == LD_FRAME_NEED_MORE) {
             break;
         }
+        lines++;
         if (r == LD_FRAME_TOO_LARGE) {
             char msg[96];
+            s->io->seen_line = true;
+            bytes += (size_t)ld_srv.cfg->limits.max_request_bytes;
             ld_stats.requests++;
             snprintf(msg, sizeof(msg), "request line over %lld bytes",
                      ld_srv.cfg->limits.max_request_bytes);
             reply_bare_error(s, NULL, LD_E_TOO_LARGE, msg);
             continue;
         }
+        bytes += len;
+        if (!s->io->seen_line) {
+            s->io->seen_line = true;
+            if (looks_like_http(line, len)) {
+                char peer[96];
+                peer_name(s->fd, peer, sizeof(peer));
+                log_warn("HTTP request on a leased socket, closing "
+                         "(cross-protocol request?) session=%s "
+                         "listener=%s peer=%s",
+                         s->name,
+                         s->listener != NULL ? s->listener->name : "-",
+                         peer);
+                free(line);
+                ld_session_close(s, "http");
+                break;
+            }
+        }
         handle_line(s, line, len);
         free(line);
     }
+    update_reading(s);
     ld_session_unref(s);
+}
+
+static void
+read_cb(struct bufferevent *bev, void *arg)
+{
+    LD_UNUSED(bev);
+    process_input(arg);
+}
+
+static void
+more_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct ld_session *s = arg;
+    if (!s->open || s->bev == NULL) {
+        return;
+    }
+    if (s->io->over_limit) {
+        ld_session_ref(s);
+        ld_session_close(s, "output over limits.max_output_bytes");
+        /* Nothing more is written to this client: drop the socket now
+         * rather than lingering for the answers still owed. */
+        if (s->bev != NULL) {
+            release_socket(s);
+        }
+        ld_session_unref(s);
+        return;
+    }
+    process_input(s);
 }
 
 static void
 write_cb(struct bufferevent *bev, void *arg)
 {
-    struct ld_session *s = arg;
-    size_t left = evbuffer_get_length(bufferevent_get_output(bev));
-    if (left == 0) {
+    LD_UNUSED(arg);
+    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
         /* Back to writing from flush_cb (see mark_dirty). */
         bufferevent_disable(bev, EV_WRITE);
-    }
-    if (s->open && left <= OUTPUT_LOW_BYTES) {
-        bufferevent_enable(bev, EV_READ);
     }
 }
 
@@ -438,10 +675,15 @@ ld_session_new(int fd, struct ld_listener *l)
         ld_srv.base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (io != NULL) {
         io->linger_ev = evtimer_new(ld_srv.base, linger_cb, s);
+        io->more_ev = event_new(ld_srv.base, -1, 0, more_cb, s);
     }
-    if (s == NULL || io == NULL || bev == NULL || io->linger_ev == NULL) {
+    if (s == NULL || io == NULL || bev == NULL || io->linger_ev == NULL ||
+        io->more_ev == NULL) {
         if (io != NULL && io->linger_ev != NULL) {
             event_free(io->linger_ev);
+        }
+        if (io != NULL && io->more_ev != NULL) {
+            event_free(io->more_ev);
         }
         free(s);
         free(io);
@@ -477,10 +719,11 @@ ld_session_new(int fd, struct ld_listener *l)
         flush_ev = event_new(ld_srv.base, -1, 0, flush_cb, NULL);
     }
     bufferevent_setcb(bev, read_cb, write_cb, event_cb, s);
-    bufferevent_setwatermark(bev, EV_WRITE, OUTPUT_LOW_BYTES, 0);
+    evbuffer_add_cb(bufferevent_get_output(bev), output_cb, s);
     /* A new bufferevent has writing enabled; flush_cb writes instead. */
     bufferevent_disable(bev, EV_WRITE);
     bufferevent_enable(bev, EV_READ);
+    io->reading = true;
     log_debug("session opened session=%s listener=%s", s->name,
               l != NULL ? l->name : "-");
     return s;

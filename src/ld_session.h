@@ -37,6 +37,19 @@ struct ld_session *ld_session_new(int fd, struct ld_listener *l);
 /* Send an unsolicited event (stolen) to the session, if still open. */
 void ld_session_event(struct ld_session *s, json_t *event);
 
+/* limits.max_output_bytes: the unsent reply bytes a session may owe. A
+ * module about to build one reply larger than this should close the
+ * session (ld_session_close) instead; a write that would pass it drops
+ * the session's output and closes the session. */
+size_t ld_session_output_limit(void);
+/* Reply bytes the session owes and the client has not taken yet. */
+size_t ld_session_output_bytes(const struct ld_session *s);
+/* Before building a large reply of at least LEN bytes: false when nothing
+ * more will be written to the session (its socket is gone, or its output
+ * is over the limit), and when LEN would pass the limit, which then drops
+ * the session's output and closes it as ld_session_write would. */
+bool ld_session_output_room(struct ld_session *s, size_t len);
+
 /* Write raw bytes (a whole response line). */
 void ld_session_write(struct ld_session *s, const char *buf, size_t len);
 

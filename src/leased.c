@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +105,16 @@ main(int argc, char **argv)
     if (optind < argc) {
         usage(stderr);
         return 2;
+    }
+
+    /* Reload reads the file again after the daemon has detached to "/":
+     * a relative -c must keep naming the file it named at start. */
+    static char abs_conf[PATH_MAX];
+    if (opt.conf_path[0] != '/' && getcwd(abs_conf, sizeof(abs_conf)) &&
+        strlen(abs_conf) + 1 + strlen(opt.conf_path) < sizeof(abs_conf)) {
+        strcat(abs_conf, "/");
+        strcat(abs_conf, opt.conf_path);
+        opt.conf_path = abs_conf;
     }
 
     /* Before any socket exists: a client that hangs up mid-reply must

@@ -48,6 +48,7 @@ static void
 assert_same_settings(const struct ld_config *a, const struct ld_config *b)
 {
     ck_assert_uint_eq(a->listen.unix_mode, b->listen.unix_mode);
+    ck_assert_str_eq(a->listen.unix_group, b->listen.unix_group);
     ck_assert_str_eq(a->listen.tcp, b->listen.tcp);
     ck_assert_str_eq(a->listen.auth_token, b->listen.auth_token);
     ck_assert_int_eq(a->redis.mode, b->redis.mode);
@@ -89,6 +90,8 @@ assert_same_settings(const struct ld_config *a, const struct ld_config *b)
     ck_assert_int_eq(a->limits.max_key_bytes, b->limits.max_key_bytes);
     ck_assert_int_eq(a->limits.max_waiters, b->limits.max_waiters);
     ck_assert_int_eq(a->limits.max_pending, b->limits.max_pending);
+    ck_assert_int_eq(a->limits.max_output_bytes,
+                     b->limits.max_output_bytes);
     ck_assert_str_eq(a->metrics.listen, b->metrics.listen);
     ck_assert_int_eq(a->log.level, b->log.level);
     ck_assert_int_eq(a->log.target, b->log.target);
@@ -100,6 +103,7 @@ static const char full_yaml[] =
     "listen:\n"
     "  unix: /tmp/l.sock\n"
     "  unix_mode: \"0600\"\n"
+    "  unix_group: \"0\"\n"
     "  tcp: 10.0.0.1:7000\n"
     "  auth_token: s3cret\n"
     "redis:\n"
@@ -143,6 +147,7 @@ static const char full_yaml[] =
     "  max_key_bytes: 64\n"
     "  max_waiters: 10\n"
     "  max_pending: 7\n"
+    "  max_output_bytes: 1000000\n"
     "metrics:\n"
     "  listen: \"\"\n"
     "log:\n"
@@ -158,7 +163,8 @@ START_TEST(defaults_match_product)
     ld_conf_defaults(&c);
     ck_assert_str_eq(c.listen.unix_path, "/run/leased/leased.sock");
     ck_assert_uint_eq(c.listen.unix_mode, 0660);
-    ck_assert_str_eq(c.listen.tcp, "127.0.0.1:7379");
+    ck_assert_str_eq(c.listen.unix_group, "");
+    ck_assert_str_eq(c.listen.tcp, "");
     ck_assert_str_eq(c.listen.auth_token, "");
     ck_assert_int_eq(c.redis.mode, LD_REDIS_STANDALONE);
     ck_assert_str_eq(c.redis.address, "127.0.0.1:6379");
@@ -192,6 +198,7 @@ START_TEST(defaults_match_product)
     ck_assert_int_eq(c.limits.max_key_bytes, 1024);
     ck_assert_int_eq(c.limits.max_waiters, 100000);
     ck_assert_int_eq(c.limits.max_pending, 1024);
+    ck_assert_int_eq(c.limits.max_output_bytes, 33554432);
     ck_assert_str_eq(c.metrics.listen, "127.0.0.1:9379");
     ck_assert_int_eq(c.log.level, LD_LOG_INFO);
     ck_assert_int_eq(c.log.target, LD_LOG_TARGET_STDERR);
@@ -238,6 +245,7 @@ START_TEST(full_file_sets_every_key)
     ck_assert_msg(load(&c, full_yaml) == LD_OK, "%s", err);
     ck_assert_str_eq(c.listen.unix_path, "/tmp/l.sock");
     ck_assert_uint_eq(c.listen.unix_mode, 0600);
+    ck_assert_str_eq(c.listen.unix_group, "0");
     ck_assert_str_eq(c.listen.tcp, "10.0.0.1:7000");
     ck_assert_str_eq(c.listen.auth_token, "s3cret");
     ck_assert_int_eq(c.redis.mode, LD_REDIS_SENTINEL);
@@ -276,6 +284,7 @@ START_TEST(full_file_sets_every_key)
     ck_assert_int_eq(c.limits.max_key_bytes, 64);
     ck_assert_int_eq(c.limits.max_waiters, 10);
     ck_assert_int_eq(c.limits.max_pending, 7);
+    ck_assert_int_eq(c.limits.max_output_bytes, 1000000);
     ck_assert_str_eq(c.metrics.listen, "");
     ck_assert_int_eq(c.log.level, LD_LOG_DEBUG);
     ck_assert_int_eq(c.log.target, LD_LOG_TARGET_SYSLOG);
@@ -528,6 +537,39 @@ START_TEST(error_tcp_needs_token)
 }
 END_TEST
 
+START_TEST(unix_group_must_exist)
+{
+    expect_ok("listen:\n  unix_group: \"\"\n");
+    expect_ok("listen:\n  unix_group: \"4242\"\n");
+    expect_ok("listen:\n  unix_group: root\n");
+    expect_error("listen:\n  unix_group: no-such-group-here\n",
+                 "t.yml:2:15: listen.unix_group: unknown group "
+                 "'no-such-group-here'");
+    expect_error("listen:\n  unix_group: \"12x\"\n",
+                 "t.yml:2:15: listen.unix_group: unknown group '12x'");
+}
+END_TEST
+
+START_TEST(relative_paths_become_absolute)
+{
+    struct ld_config c;
+
+    ck_assert_msg(load(&c, "listen:\n  unix: run/l.sock\njournal:\n"
+                           "  path: ./j.journal\n") == LD_OK, "%s", err);
+    ld_conf_absolute_paths(&c, "/srv/app");
+    ck_assert_str_eq(c.listen.unix_path, "/srv/app/run/l.sock");
+    ck_assert_str_eq(c.journal.path, "/srv/app/j.journal");
+    ld_conf_absolute_paths(&c, "/elsewhere");
+    ck_assert_str_eq(c.listen.unix_path, "/srv/app/run/l.sock");
+    ld_conf_free(&c);
+    ck_assert_msg(load(&c, "listen:\n  unix: \"\"\n") == LD_OK, "%s",
+                  err);
+    ld_conf_absolute_paths(&c, "/");
+    ck_assert_str_eq(c.listen.unix_path, "");
+    ld_conf_free(&c);
+}
+END_TEST
+
 START_TEST(error_redlock_needs_three)
 {
     expect_error("lock:\n  redlock: [a:1, b:1]\n",
@@ -558,6 +600,17 @@ START_TEST(error_related_settings)
 {
     expect_error("cache:\n  prefix: \"leased:lock:\"\n",
                  "t.yml:2:11: cache.prefix: must differ from lock.prefix");
+    /* One inside the other lets a cache key name a lock's Redis key. */
+    expect_error("cache:\n  prefix: \"leased:\"\n",
+                 "t.yml:2:11: cache.prefix: must not be a prefix of "
+                 "lock.prefix, nor lock.prefix of it");
+    expect_error("lock:\n  prefix: \"leased:cache:l:\"\n",
+                 "t.yml:2:11: cache.prefix: must not be a prefix of "
+                 "lock.prefix, nor lock.prefix of it");
+    expect_error("lock:\n  prefix: \"\"\n",
+                 "t.yml:2:11: cache.prefix: must not be a prefix of "
+                 "lock.prefix, nor lock.prefix of it");
+    expect_ok("lock:\n  prefix: \"l:\"\ncache:\n  prefix: \"c:\"\n");
     expect_error("cache:\n  near: {enabled: true, max_bytes: 100}\n",
                  "t.yml:2:36: cache.near.max_value_bytes: must not exceed "
                  "cache.near.max_bytes");
@@ -756,7 +809,7 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 39);
+    ck_assert_uint_eq(s.count, 41);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
@@ -792,6 +845,8 @@ conf_suite(void)
         {"error_invalid_utf8", error_invalid_utf8},
         {"error_tcp_needs_token", error_tcp_needs_token},
         {"error_redlock_needs_three", error_redlock_needs_three},
+        {"unix_group_must_exist", unix_group_must_exist},
+        {"relative_paths_become_absolute", relative_paths_become_absolute},
         {"error_sentinel_needs_addresses", error_sentinel_needs_addresses},
         {"error_related_settings", error_related_settings},
         {"file_errors_name_the_file", file_errors_name_the_file},

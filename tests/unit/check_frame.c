@@ -115,6 +115,21 @@ START_TEST(line_at_limit_accepted)
 }
 END_TEST
 
+/* The terminator does not count: a line of exactly the limit is
+ * accepted with \r\n as with \n, however the bytes arrive. */
+START_TEST(line_at_limit_crlf)
+{
+    const char *bytes = "12345\r\n123456\r\n1234\r\r\nz\r\n";
+    for (size_t chunk = 1; chunk <= strlen(bytes); chunk++) {
+        char out[256];
+        struct ld_framer f = {.max_bytes = 5};
+        feed(&f, bytes, strlen(bytes), chunk, out, sizeof(out));
+        ck_assert_msg(strcmp(out, "L:12345|T|L:1234\r|L:z|") == 0,
+                      "chunk %zu: %s", chunk, out);
+    }
+}
+END_TEST
+
 static int
 parse(const char *line, json_t **body, json_t **id, char *msg)
 {
@@ -165,6 +180,48 @@ START_TEST(parse_errors_name_the_field)
             json_decref(id);
         }
     }
+}
+END_TEST
+
+START_TEST(parse_nul)
+{
+    json_t *body = NULL, *id = NULL;
+    char msg[256] = "";
+    /* A raw NUL between tokens is not JSON. */
+    static const char raw[] = "{\"op\":\"ping\",\"id\":1\0}";
+    ck_assert_int_eq(ld_proto_parse(raw, sizeof(raw) - 1, &body, &id, msg,
+                                    sizeof(msg)),
+                     LD_ERR);
+    ck_assert_ptr_null(body);
+    ck_assert_msg(strstr(msg, "NUL") != NULL, "message: %s", msg);
+    /* \u0000 in a value is data; in op it is refused. */
+    ck_assert_int_eq(parse("{\"op\":\"cache.set\",\"value\":\"a\\u0000b\"}",
+                           &body, &id, msg),
+                     LD_OK);
+    ck_assert_uint_eq(json_string_length(json_object_get(body, "value")), 3);
+    json_decref(body);
+    ck_assert_int_eq(parse("{\"op\":\"ping\\u0000x\"}", &body, &id, msg),
+                     LD_ERR);
+    ck_assert_msg(strstr(msg, "'op'") != NULL, "message: %s", msg);
+    /* Keys keep refusing NUL. */
+    ck_assert(!ld_key_valid("a\0b", 3));
+}
+END_TEST
+
+START_TEST(error_message_cut_at_character)
+{
+    size_t len = 0;
+    /* "é" is two bytes: a message cut after the first of them keeps
+     * everything before that character. */
+    char *err = ld_proto_error_line(NULL, LD_E_UNKNOWN_OP, NULL,
+                                    "op '\xc3\xa9\xc3\xa9\xc3", &len);
+    json_t *back = json_loads(err, 0, NULL);
+    ck_assert_ptr_nonnull(back);
+    ck_assert_str_eq(json_string_value(json_object_get(
+                         json_object_get(back, "error"), "message")),
+                     "op '\xc3\xa9\xc3\xa9");
+    json_decref(back);
+    free(err);
 }
 END_TEST
 
@@ -318,6 +375,9 @@ main(void)
     tcase_add_test(tc, partial_line_waits);
     tcase_add_test(tc, oversize_line_skipped);
     tcase_add_test(tc, line_at_limit_accepted);
+    tcase_add_test(tc, line_at_limit_crlf);
+    tcase_add_test(tc, parse_nul);
+    tcase_add_test(tc, error_message_cut_at_character);
     tcase_add_test(tc, parse_good);
     tcase_add_test(tc, parse_errors_name_the_field);
     tcase_add_test(tc, reply_lines);
