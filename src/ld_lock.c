@@ -966,6 +966,60 @@ struct lk_target {
     bool has_token;
 };
 
+static bool all_of(const char *s, size_t len, const char *set)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '\0' || strchr(set, s[i]) == NULL) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A token names a hash field in Redis, so only holder-shaped names pass:
+ * the daemon's own tokens (LD_TOKEN_LEN lowercase hex digits) and, with
+ * lock.layout redisson, Redisson's holders (<uuid>:<thread id>). Anything
+ * else could address a field of someone's hash that is not a lock. */
+static bool token_ok(const char *t, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    static const char hex_any[] = "0123456789abcdefABCDEF";
+    if (len == LD_TOKEN_LEN && all_of(t, len, hex)) {
+        return true;
+    }
+    if (ld_srv.cfg->lock.layout != LD_LAYOUT_REDISSON || len < 38
+        || len > 36 + 1 + 20) {
+        return false;
+    }
+    static const size_t group[] = { 8, 4, 4, 4, 12 };
+    size_t at = 0;
+    for (size_t g = 0; g < LD_ARRAY_LEN(group); g++) {
+        if (!all_of(t + at, group[g], hex_any)) {
+            return false;
+        }
+        at += group[g];
+        if (t[at] != (g + 1 < LD_ARRAY_LEN(group) ? '-' : ':')) {
+            return false;
+        }
+        at++;
+    }
+    return at < len && all_of(t + at, len - at, "0123456789");
+}
+
+/* Answers REQ and returns false when TOKEN cannot be a holder. */
+static bool token_check(struct ld_req *req, const char *t, size_t len)
+{
+    if (token_ok(t, len)) {
+        return true;
+    }
+    ld_reply_error(req, LD_E_BAD_REQUEST,
+                   "field 'token' is not a lock token (%d lowercase hex "
+                   "digits%s)", LD_TOKEN_LEN,
+                   ld_srv.cfg->lock.layout == LD_LAYOUT_REDISSON
+                       ? ", or a Redisson holder <uuid>:<thread id>" : "");
+    return false;
+}
+
 static int parse_target(struct ld_req *req, struct lk_target *t)
 {
     memset(t, 0, sizeof(*t));
@@ -982,6 +1036,9 @@ static int parse_target(struct ld_req *req, struct lk_target *t)
     if (t->has_token && t->token_len == 0) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'token' must not be empty");
+        return LD_ERR;
+    }
+    if (t->has_token && !token_check(req, t->token, t->token_len)) {
         return LD_ERR;
     }
     return LD_OK;
@@ -1059,6 +1116,9 @@ static void op_lock(struct ld_req *req)
     if (has_token && tlen == 0) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'token' must not be empty");
+        return;
+    }
+    if (has_token && !token_check(req, token, tlen)) {
         return;
     }
     if (lk.stopping) {
@@ -1266,11 +1326,11 @@ static void op_extend(struct ld_req *req)
     const char *field = op_field(op, &flen);
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", ttl);
-    const char *args[] = { n->hash, field, lbuf, "0" };
-    size_t lens[] = { n->hash_len, flen, strlen(lbuf), 1 };
+    const char *args[] = { n->hash, field, lbuf };
+    size_t lens[] = { n->hash_len, flen, strlen(lbuf) };
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    script(LD_SCRIPT_lock_renew, n, 1, 4, args, lens, extend_on_reply, op);
+    script(LD_SCRIPT_lock_extend, n, 1, 3, args, lens, extend_on_reply, op);
 }
 
 /* ----------------------------------------------------------- lock.info */
