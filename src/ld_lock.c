@@ -245,31 +245,79 @@ static int reply_ints(const redisReply *r, long long *v, int max)
     return n;
 }
 
-/* Answer REQ for a command that got no usable reply. */
-static void reply_redis_failure(struct ld_req *req, const redisReply *r)
+static const char *const kind_names[] = {
+    "lock", "lock", "unlock", "extend", "lock.info", "renew", "check",
+    "release"
+};
+
+/* Answer REQ for a command that got no usable reply (inside the command's
+ * callback, where ld_redis says why). WRITE: the command changes the lock,
+ * so a command sent without an answer may have happened, and the client
+ * is told "outcome":"unknown" instead of "nothing changed". OP (may be
+ * NULL) names the op and key in the log. */
+static void reply_redis_failure_op(struct ld_req *req, const redisReply *r,
+                                   const struct lk_op *op, bool write)
 {
     static const char *const unavailable[] = {
         "LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN",
         "TRYAGAIN", "NOREPLICAS", "OOM", "NOAUTH", "MOVED", "ASK",
     };
+    const char *why = ld_redis_failure_reason();
+    const char *opname = op != NULL ? kind_names[op->kind] : "lock";
+    int klen = op != NULL && op->key != NULL ? (int)op->key_len : 1;
+    const char *key = op != NULL && op->key != NULL ? op->key : "-";
+    if (op != NULL && op->key == NULL && op->rec != NULL) {
+        klen = (int)op->rec->key_len;
+        key = op->rec->key;
+    }
     if (r == NULL) {
-        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
-                       "redis did not answer within redis.timeout_ms");
+        enum ld_redis_outcome o = ld_redis_outcome();
+        bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
+        log_warn("redis failure op=%s key=%.*s outcome=%s reason=\"%s\"",
+                 opname, klen, key, unknown ? "unknown" : "unchanged", why);
+        if (req == NULL) {
+            return;
+        }
+        if (unknown) {
+            ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
+                                 json_pack("{s:s}", "outcome", "unknown"),
+                                 "redis: %s; the %s was sent and may have "
+                                 "taken effect", why, opname);
+        } else {
+            ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
+        }
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
         for (size_t i = 0; i < LD_ARRAY_LEN(unavailable); i++) {
             if (ld_reply_is_error(r, unavailable[i])) {
-                ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %.*s",
-                               (int)r->len, r->str);
+                log_warn("redis failure op=%s key=%.*s reason=\"%s\"",
+                         opname, klen, key, why);
+                if (req != NULL) {
+                    ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s",
+                                   why);
+                }
                 return;
             }
         }
-        ld_reply_error(req, LD_E_INTERNAL, "redis: %.*s", (int)r->len,
-                       r->str);
+        log_error("internal error op=%s key=%.*s redis=\"%s\"", opname,
+                  klen, key, why);
+        if (req != NULL) {
+            ld_reply_error(req, LD_E_INTERNAL, "redis: %s", why);
+        }
         return;
     }
-    ld_reply_error(req, LD_E_INTERNAL, "unexpected reply from a lock script");
+    log_error("internal error op=%s key=%.*s: unexpected reply type %d "
+              "from a lock script", opname, klen, key, r->type);
+    if (req != NULL) {
+        ld_reply_error(req, LD_E_INTERNAL,
+                       "unexpected reply from a lock script");
+    }
+}
+
+static void reply_redis_failure(struct ld_req *req, const redisReply *r)
+{
+    reply_redis_failure_op(req, r, NULL, false);
 }
 
 static void reply_not_held(struct ld_req *req, const char *key, size_t klen,
@@ -291,12 +339,23 @@ static void reply_wrong_type(struct ld_req *req, const char *key,
                    "lock", (int)klen, key);
 }
 
+/* A lock script with ld_redis options: F_LATE, or pinned to a
+ * connection. */
+static void script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
+                      const struct lk_names *n, int nkeys, int nargs,
+                      const char **args, size_t *lens, ld_redis_cb *cb,
+                      void *arg)
+{
+    struct ld_redis_opts o = { flags, LD_REDIS_POOL_SHARED, pin };
+    ld_redis_script_ex(&o, id, n->hash, n->hash_len, nkeys, nargs, args,
+                       lens, cb, arg);
+}
+
 static void script(enum ld_script_id id, const struct lk_names *n, int nkeys,
                    int nargs, const char **args, size_t *lens,
                    ld_redis_cb *cb, void *arg)
 {
-    ld_redis_script(id, n->hash, n->hash_len, nkeys, nargs, args, lens, cb,
-                    arg);
+    script_ex(0, 0, id, n, nkeys, nargs, args, lens, cb, arg);
 }
 
 /* ------------------------------------------------------------- records */
@@ -1213,11 +1272,54 @@ static void rec_forget_stale(struct lk_rec *rec)
     }
 }
 
+static void unlock_recheck_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    struct lk_rec *rec = op->rec;
+    long long v[3] = { 0, 0, 0 };
+    if (!lk.freed && rec != NULL && rec->linked
+        && reply_ints(r, v, 3) >= 3 && v[0] >= 0) {
+        rec_set_count(rec, v[2]);
+    }
+    op_free(op);
+}
+
+/* An unlock with no answer will never get one (its connection was given
+ * up): what Redis holds under the token now settles the record. */
+static void unlock_recheck(struct lk_op *op)
+{
+    struct lk_rec *rec = op->rec;
+    if (lk.freed || rec == NULL || !rec->linked) {
+        op_free(op);
+        return;
+    }
+    const char *args[] = { rec->n.hash, rec->token };
+    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN };
+    script(LD_SCRIPT_lock_info, &rec->n, 1, 2, args, lens,
+           unlock_recheck_on_reply, op);
+}
+
+/* Called once with the answer, or, when it did not come in time, once with
+ * UNKNOWN (the client hears "outcome":"unknown" and the record stays as it
+ * was) and once more with Redis' late answer, which settles the record, or
+ * LOST, when a re-check does. */
 static void unlock_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
+    enum ld_redis_outcome o = ld_redis_outcome();
+    if (o == LD_REDIS_UNKNOWN) {
+        reply_redis_failure_op(op->req, r, op, true);
+        op->req = NULL;
+        return;            /* the late answer or LOST follows */
+    }
     if (lk.freed) {
         op_free(op);
+        return;
+    }
+    if (o == LD_REDIS_LOST) {
+        reply_redis_failure_op(op->req, r, op, true);
+        op->req = NULL;
+        unlock_recheck(op);
         return;
     }
     struct lk_rec *rec = op->rec;
@@ -1228,6 +1330,10 @@ static void unlock_on_reply(redisReply *r, void *arg)
     int n = reply_ints(r, v, 2);
     size_t klen;
     const char *key = op_key(op, &klen);
+    if (o == LD_REDIS_LATE) {
+        log_info("late answer settled op=unlock key=%.*s result=%lld",
+                 (int)klen, key, n >= 1 ? v[0] : -100);
+    }
     if (n >= 2 && (v[0] == 1 || v[0] == 0)) {
         if (v[0] == 1) {
             ld_stats.lock_released++;
@@ -1235,16 +1341,23 @@ static void unlock_on_reply(redisReply *r, void *arg)
         if (rec != NULL) {
             rec_set_count(rec, v[1]);
         }
-        ld_reply_ok(op->req, json_pack("{s:b,s:I}", "released", v[0] == 1,
-                                       "count", (json_int_t)v[1]));
+        if (op->req != NULL) {
+            ld_reply_ok(op->req, json_pack("{s:b,s:I}", "released",
+                                           v[0] == 1, "count",
+                                           (json_int_t)v[1]));
+        }
     } else if (n >= 1 && (v[0] == -2 || v[0] == -3)) {
         rec_forget_stale(rec);
-        reply_not_held(op->req, key, klen, v[0] == -3);
+        if (op->req != NULL) {
+            reply_not_held(op->req, key, klen, v[0] == -3);
+        }
     } else if (n >= 1 && v[0] == -1) {
         rec_forget_stale(rec);
-        reply_wrong_type(op->req, key, klen);
+        if (op->req != NULL) {
+            reply_wrong_type(op->req, key, klen);
+        }
     } else {
-        reply_redis_failure(op->req, r);
+        reply_redis_failure_op(op->req, r, op, true);
     }
     op->req = NULL;
     op_free(op);
@@ -1264,15 +1377,26 @@ static void op_unlock(struct ld_req *req)
     size_t lens[] = { n->hash_len, flen, 1, n->chan_len,
                       strlen(LK_UNLOCK_MSG) };
     op->inflight = true;
-    script(LD_SCRIPT_lock_release, n, 1, 5, args, lens, unlock_on_reply, op);
+    script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, n, 1, 5, args,
+              lens, unlock_on_reply, op);
 }
 
 /* -------------------------------------------------------------- extend */
 
+/* Called like unlock_on_reply. A late answer settles the record's lease;
+ * when none comes the watchdog or the lease check finds out. */
 static void extend_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
-    if (lk.freed) {
+    enum ld_redis_outcome o = ld_redis_outcome();
+    if (o == LD_REDIS_UNKNOWN) {
+        reply_redis_failure_op(op->req, r, op, true);
+        op->req = NULL;
+        return;            /* the late answer or LOST follows */
+    }
+    if (lk.freed || o == LD_REDIS_LOST) {
+        reply_redis_failure_op(op->req, r, op, true);
+        op->req = NULL;
         op_free(op);
         return;
     }
@@ -1284,6 +1408,10 @@ static void extend_on_reply(redisReply *r, void *arg)
     int n = reply_ints(r, v, 3);
     size_t klen;
     const char *key = op_key(op, &klen);
+    if (o == LD_REDIS_LATE) {
+        log_info("late answer settled op=extend key=%.*s result=%lld",
+                 (int)klen, key, n >= 1 ? v[0] : -100);
+    }
     if (n >= 3 && v[0] == 1) {
         if (rec != NULL) {
             rec_set_count(rec, v[2]);
@@ -1294,16 +1422,22 @@ static void extend_on_reply(redisReply *r, void *arg)
                 rec_arm_cap(rec);
             }
         }
-        ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",
-                                       (json_int_t)op->lease_ms));
+        if (op->req != NULL) {
+            ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",
+                                           (json_int_t)op->lease_ms));
+        }
     } else if (n >= 1 && (v[0] == -2 || v[0] == -3)) {
         rec_forget_stale(rec);
-        reply_not_held(op->req, key, klen, v[0] == -3);
+        if (op->req != NULL) {
+            reply_not_held(op->req, key, klen, v[0] == -3);
+        }
     } else if (n >= 1 && v[0] == -1) {
         rec_forget_stale(rec);
-        reply_wrong_type(op->req, key, klen);
+        if (op->req != NULL) {
+            reply_wrong_type(op->req, key, klen);
+        }
     } else {
-        reply_redis_failure(op->req, r);
+        reply_redis_failure_op(op->req, r, op, true);
     }
     op->req = NULL;
     op_free(op);
@@ -1330,7 +1464,8 @@ static void op_extend(struct ld_req *req)
     size_t lens[] = { n->hash_len, flen, strlen(lbuf) };
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    script(LD_SCRIPT_lock_extend, n, 1, 3, args, lens, extend_on_reply, op);
+    script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_extend, n, 1, 3, args, lens,
+              extend_on_reply, op);
 }
 
 /* ----------------------------------------------------------- lock.info */
@@ -1357,7 +1492,7 @@ static void info_on_reply(redisReply *r, void *arg)
     } else if (n >= 1 && v[0] == -1) {
         reply_wrong_type(op->req, key, klen);
     } else {
-        reply_redis_failure(op->req, r);
+        reply_redis_failure_op(op->req, r, op, false);
     }
     op->req = NULL;
     op_free(op);
