@@ -118,6 +118,7 @@ struct lk_op {
     struct lk_sess *ls;            /* set while in ls->waiting */
     struct lk_op *wprev, *wnext;
     struct lk_op *prev, *next;     /* every op */
+    struct event *undo_ev;         /* a release by token, later */
 };
 
 static struct {
@@ -609,6 +610,9 @@ static void op_free(struct lk_op *op)
         }
         rec_unref(op->rec);
     }
+    if (op->undo_ev != NULL) {
+        event_free(op->undo_ev);
+    }
     free(op->n.buf);
     free(op->field);
     free(op->key);
@@ -744,6 +748,67 @@ static void undo_on_reply(redisReply *r, void *arg)
         }
     }
     op_free(op);
+}
+
+/* A release by token after the acquisition's connection was lost. */
+static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct lk_op *op = arg;
+    struct lk_rec *rec = op->rec;
+    /* Only while no acquisition under this token holds or is on its way:
+     * nothing else can hold the token, so all its holds are the lost
+     * one's. */
+    if (!lk.freed && !lk.stopping && rec->count == 0 && rec->pending == 0) {
+        rec_release_all(rec);
+    }
+    op_free(op);
+}
+
+static void undo_pinned_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    op->inflight = false;
+    long long v[2] = { 0, 0 };
+    if (!lk.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
+        ld_stats.lock_released++;
+    }
+    /* The record's count is the acquisitions' business: a reentry under
+     * the same token may have answered meanwhile on another connection. */
+    if (ld_redis_outcome() != LD_REDIS_NOT_SENT || lk.freed || lk.stopping) {
+        op_free(op);
+        return;
+    }
+    /* The acquisition's connection is gone: it broke after the script was
+     * sent, so Redis may have run it. A release on another connection now
+     * could come first; give Redis redis.timeout_ms to have seen the
+     * acquisition, then release by token. */
+    op->undo_ev = evtimer_new(ld_srv.base, undo_later_on_timer, op);
+    struct timeval tv = tv_ms(ld_srv.cfg->redis.timeout_ms);
+    evtimer_add(op->undo_ev, &tv);
+}
+
+/* An acquisition got no answer (inside its callback). The script may have
+ * run and then the lock is held under a token nobody will use, for a whole
+ * lease; undo it so that redis_unavailable means "nothing changed" once
+ * Redis answers the release. The release gives back one hold, on the
+ * acquisition's own connection, behind the acquisition: it undoes exactly
+ * what the acquisition did, also when a later reentry under the same token
+ * reached Redis first on another connection. */
+static void acq_undo_unanswered(struct lk_rec *rec)
+{
+    if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
+        return;            /* it never left the daemon */
+    }
+    struct lk_op *op = op_new(LK_RELEASE, NULL, rec);
+    const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
+                           LK_UNLOCK_MSG };
+    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                      strlen(LK_UNLOCK_MSG) };
+    op->inflight = true;
+    script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
+              args, lens, undo_pinned_on_reply, op);
 }
 
 static void acq_on_wait(redisReply *r, void *arg)
@@ -908,12 +973,7 @@ static void acq_on_reply(redisReply *r, void *arg)
 
     /* Wrong type, Redis unreachable or an error reply. */
     if (r == NULL && rec->count == 0 && rec->pending == 1 && !lk.stopping) {
-        /* The script may have run although its answer was lost: then the
-         * lock is held under a token nobody will ever use, for a whole
-         * lease. Nothing else can hold this token, so giving it back is
-         * safe, and it makes redis_unavailable mean "nothing changed"
-         * whenever Redis answers the release. */
-        rec_release_all(rec);
+        acq_undo_unanswered(rec);
     }
     if (op->req != NULL) {
         if (n >= 1 && v[0] == -1) {
@@ -1804,11 +1864,15 @@ void ld_lock_free(void)
     lk.freed = true;
     /* Requests still out get their answer now; their commands' replies,
      * if they still come, only free what is left. */
-    for (struct lk_op *op = lk.ops; op != NULL; op = op->next) {
+    for (struct lk_op *op = lk.ops, *next; op != NULL; op = next) {
+        next = op->next;
         if (op->req != NULL) {
             ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
                            "the daemon is stopping");
             op->req = NULL;
+        }
+        if (op->undo_ev != NULL) {
+            op_free(op);   /* a release planned for later: no command */
         }
     }
     for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
