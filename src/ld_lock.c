@@ -114,6 +114,7 @@ struct lk_op {
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
     long long replicas_got;        /* WAIT's answer, -1 when none */
+    char *wait_why;                /* why WAIT got no answer */
     struct ld_lockwait w;
     struct lk_sess *ls;            /* set while in ls->waiting */
     struct lk_op *wprev, *wnext;
@@ -340,14 +341,17 @@ static void reply_wrong_type(struct ld_req *req, const char *key,
                    "lock", (int)klen, key);
 }
 
-/* A lock script with ld_redis options: F_LATE, or pinned to a
- * connection. */
+/* Lock scripts go on the lock connections while lock.wait_replicas is
+ * set, so that the WAIT after a grant blocks none of the shared ones. */
 static void script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
                       const struct lk_names *n, int nkeys, int nargs,
                       const char **args, size_t *lens, ld_redis_cb *cb,
                       void *arg)
 {
     struct ld_redis_opts o = { flags, LD_REDIS_POOL_SHARED, pin };
+    if (ld_srv.cfg->lock.wait_replicas > 0) {
+        o.pool = LD_REDIS_POOL_LOCK;
+    }
     ld_redis_script_ex(&o, id, n->hash, n->hash_len, nkeys, nargs, args,
                        lens, cb, arg);
 }
@@ -613,6 +617,7 @@ static void op_free(struct lk_op *op)
     if (op->undo_ev != NULL) {
         event_free(op->undo_ev);
     }
+    free(op->wait_why);
     free(op->n.buf);
     free(op->field);
     free(op->key);
@@ -727,9 +732,17 @@ static void undo_on_reply(redisReply *r, void *arg)
     op->inflight = false;
     if (!lk.freed && op->req != NULL) {
         int need = ld_srv.cfg->lock.wait_replicas;
-        if (op->replicas_got < 0) {
+        if (n < 1) {
+            /* The give-back got no answer: the grant may still stand. */
+            ld_reply_error_extra(op->req, LD_E_REDIS_UNAVAILABLE,
+                                 json_pack("{s:s}", "outcome", "unknown"),
+                                 "too few replicas confirmed the lock and "
+                                 "giving it back failed: %s",
+                                 ld_redis_failure_reason());
+        } else if (op->replicas_got < 0) {
             ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
-                           "WAIT for %d replicas got no answer", need);
+                           "WAIT for %d replicas got no answer (%s)", need,
+                           op->wait_why != NULL ? op->wait_why : "");
         } else {
             ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
                            "only %lld of %d replicas confirmed the lock",
@@ -832,13 +845,18 @@ static void acq_on_wait(redisReply *r, void *arg)
      * means what redis_unavailable means: nothing changed). */
     struct lk_rec *rec = op->rec;
     op->replicas_got = got;
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+        op->wait_why = strdup(ld_redis_failure_reason());
+    }
     const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
                            LK_UNLOCK_MSG };
     size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
                       strlen(LK_UNLOCK_MSG) };
     op->inflight = true;
-    script(LD_SCRIPT_lock_release, &rec->n, 1, 5, args, lens, undo_on_reply,
-           op);
+    /* On the connection of the grant and its WAIT, so that the give-back
+     * runs after the grant even when WAIT timed out. */
+    script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
+              args, lens, undo_on_reply, op);
 }
 
 /* The acquisition was granted with hold count N. Returns true when OP was
@@ -899,9 +917,12 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
         snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
         const char *argv[] = { "WAIT", nbuf, tbuf };
         size_t lens[] = { 4, strlen(nbuf), strlen(tbuf) };
+        /* WAIT counts the writes of its own connection: the grant's. */
+        struct ld_redis_opts o = { 0, LD_REDIS_POOL_LOCK,
+                                   ld_redis_conn_id() };
         op->inflight = true;
-        ld_redis_command(rec->n.hash, rec->n.hash_len, 3, argv, lens,
-                         acq_on_wait, op);
+        ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
+                            acq_on_wait, op);
         return true;
     }
     acq_reply_granted(op);
