@@ -247,10 +247,25 @@ static int reply_ints(const redisReply *r, long long *v, int max)
     return n;
 }
 
-static const char *const kind_names[] = {
-    "lock", "lock", "unlock", "extend", "lock.info", "renew", "check",
-    "release"
-};
+static const char *kind_name(enum lk_kind kind)
+{
+    switch (kind) {
+    case LK_UNLOCK:
+        return "unlock";
+    case LK_EXTEND:
+        return "extend";
+    case LK_INFO:
+        return "lock.info";
+    case LK_RENEW:
+        return "renew";
+    case LK_CHECK:
+        return "check";
+    case LK_RELEASE:
+        return "release";
+    default:
+        return "lock";
+    }
+}
 
 /* Answer REQ for a command that got no usable reply (inside the command's
  * callback, where ld_redis says why). WRITE: the command changes the lock,
@@ -265,7 +280,7 @@ static void reply_redis_failure_op(struct ld_req *req, const redisReply *r,
         "TRYAGAIN", "NOREPLICAS", "OOM", "NOAUTH", "MOVED", "ASK",
     };
     const char *why = ld_redis_failure_reason();
-    const char *opname = op != NULL ? kind_names[op->kind] : "lock";
+    const char *opname = op != NULL ? kind_name(op->kind) : "lock";
     int klen = op != NULL && op->key != NULL ? (int)op->key_len : 1;
     const char *key = op != NULL && op->key != NULL ? op->key : "-";
     if (op != NULL && op->key == NULL && op->rec != NULL) {
