@@ -259,7 +259,7 @@ START_TEST(test_lock_timeout_not_stranded)
 }
 END_TEST
 
-/* --- 3: tokens and hashes that are not locks ------------------------------ */
+/* --- 3: tokens and hashes that are not locks ----------------------------- */
 
 static void expect_code(json_t *r, const char *code, const char *what)
 {
@@ -356,7 +356,7 @@ START_TEST(test_not_a_lock_leased)
 }
 END_TEST
 
-/* --- 4: WAIT on its own connections --------------------------------------- */
+/* --- 4: WAIT on its own connections -------------------------------------- */
 
 static bool replica_linked(void *arg)
 {
@@ -447,7 +447,7 @@ START_TEST(test_wait_own_connection)
 }
 END_TEST
 
-/* --- 5: foreign data is wrong_type, not internal ---------------------------- */
+/* --- 5: foreign data is wrong_type, not internal ------------------------- */
 
 START_TEST(test_foreign_data_wrong_type)
 {
