@@ -794,6 +794,17 @@ static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
     op_free(op);
 }
 
+/* The acquisition's connection is gone: it broke after the script was
+ * sent, so Redis may have run it. A release on another connection now
+ * could come first; give Redis redis.timeout_ms to have seen the
+ * acquisition, then release by token. */
+static void undo_later(struct lk_op *op)
+{
+    op->undo_ev = evtimer_new(ld_srv.base, undo_later_on_timer, op);
+    struct timeval tv = tv_ms(ld_srv.cfg->redis.timeout_ms);
+    evtimer_add(op->undo_ev, &tv);
+}
+
 static void undo_pinned_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
@@ -808,13 +819,7 @@ static void undo_pinned_on_reply(redisReply *r, void *arg)
         op_free(op);
         return;
     }
-    /* The acquisition's connection is gone: it broke after the script was
-     * sent, so Redis may have run it. A release on another connection now
-     * could come first; give Redis redis.timeout_ms to have seen the
-     * acquisition, then release by token. */
-    op->undo_ev = evtimer_new(ld_srv.base, undo_later_on_timer, op);
-    struct timeval tv = tv_ms(ld_srv.cfg->redis.timeout_ms);
-    evtimer_add(op->undo_ev, &tv);
+    undo_later(op);
 }
 
 /* An acquisition got no answer (inside its callback). The script may have
@@ -830,6 +835,10 @@ static void acq_undo_unanswered(struct lk_rec *rec)
         return;            /* it never left the daemon */
     }
     struct lk_op *op = op_new(LK_RELEASE, NULL, rec);
+    if (ld_redis_conn_id() == 0) {
+        undo_later(op);    /* its connection is not known, nor there */
+        return;
+    }
     const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
                            LK_UNLOCK_MSG };
     size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
