@@ -200,6 +200,30 @@ START_TEST(test_unlock_outcome_unknown)
     json_decref(r);
     h_close(a);
     h_close(b);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+}
+END_TEST
+
+/* A stop while late answers are still owed: they are given up, and the
+ * daemon exits cleanly (under a memory checker too). */
+START_TEST(test_stop_with_late_answers_owed)
+{
+    struct h_conn *a;
+    json_t *r;
+    redisContext *z;
+
+    start("  timeout_ms: 300\n  connections: 1\n", NULL);
+    a = lk_connect(&D);
+    r = lk_must(a, "q1", NULL, 60000, 0);
+    json_decref(r);
+    z = sleep_start(4);
+    r = lk_unlock(a, "q1", NULL);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_str_eq(joutcome(r), "unknown");
+    json_decref(r);
+    h_close(a);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+    sleep_end(z);
 }
 END_TEST
 
@@ -256,6 +280,7 @@ START_TEST(test_lock_timeout_not_stranded)
     json_decref(r);
     h_close(a);
     h_close(b);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
 }
 END_TEST
 
@@ -494,6 +519,8 @@ int main(void)
     Suite *s = suite_create("lock_faults");
 
     add(s, "unlock_outcome_unknown", test_unlock_outcome_unknown, 90);
+    add(s, "stop_with_late_answers_owed", test_stop_with_late_answers_owed,
+        90);
     add(s, "failure_reason", test_failure_reason, 60);
     add(s, "lock_timeout_not_stranded", test_lock_timeout_not_stranded, 90);
     add(s, "not_a_lock_redisson", test_not_a_lock_redisson, 60);
