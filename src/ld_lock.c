@@ -290,8 +290,15 @@ static void reply_redis_failure_op(struct ld_req *req, const redisReply *r,
     if (r == NULL) {
         enum ld_redis_outcome o = ld_redis_outcome();
         bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
-        log_warn("redis failure op=%s key=%.*s outcome=%s reason=\"%s\"",
-                 opname, klen, key, unknown ? "unknown" : "unchanged", why);
+        if (unknown) {
+            log_warn("redis failure op=%s key=%.*s outcome=unknown "
+                     "reason=\"%s\"", opname, klen, key, why);
+        } else {
+            /* Nothing changed; the connection's own loss is a warning
+             * already, so one line per request stays quieter. */
+            log_info("redis failure op=%s key=%.*s outcome=unchanged "
+                     "reason=\"%s\"", opname, klen, key, why);
+        }
         if (req == NULL) {
             return;
         }
