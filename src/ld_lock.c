@@ -137,10 +137,12 @@ struct lk_op {
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
     long long replicas_got;        /* WAIT's answer, -1 when none */
+    char *wait_why;                /* why WAIT got no answer */
     struct ld_lockwait w;
     struct lk_sess *ls;            /* set while in ls->waiting */
     struct lk_op *wprev, *wnext;
     struct lk_op *prev, *next;     /* every op */
+    struct event *undo_ev;         /* a release by token, later */
 };
 
 static struct {
@@ -312,31 +314,101 @@ static int reply_acquire(const redisReply *r, long long v[4])
     return 4;
 }
 
-/* Answer REQ for a command that got no usable reply. */
-static void reply_redis_failure(struct ld_req *req, const redisReply *r)
+static const char *kind_name(enum lk_kind kind)
+{
+    switch (kind) {
+    case LK_UNLOCK:
+        return "unlock";
+    case LK_EXTEND:
+        return "extend";
+    case LK_INFO:
+        return "lock.info";
+    case LK_RENEW:
+        return "renew";
+    case LK_CHECK:
+        return "check";
+    case LK_RELEASE:
+        return "release";
+    default:
+        return "lock";
+    }
+}
+
+/* Answer REQ for a command that got no usable reply (inside the command's
+ * callback, where ld_redis says why). WRITE: the command changes the lock,
+ * so a command sent without an answer may have happened, and the client
+ * is told "outcome":"unknown" instead of "nothing changed". OP (may be
+ * NULL) names the op and key in the log. */
+static void reply_redis_failure_op(struct ld_req *req, const redisReply *r,
+                                   const struct lk_op *op, bool write)
 {
     static const char *const unavailable[] = {
         "LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN",
         "TRYAGAIN", "NOREPLICAS", "OOM", "NOAUTH", "MOVED", "ASK",
     };
+    const char *why = ld_redis_failure_reason();
+    const char *opname = op != NULL ? kind_name(op->kind) : "lock";
+    int klen = op != NULL && op->key != NULL ? (int)op->key_len : 1;
+    const char *key = op != NULL && op->key != NULL ? op->key : "-";
+    if (op != NULL && op->key == NULL && op->rec != NULL) {
+        klen = (int)op->rec->key_len;
+        key = op->rec->key;
+    }
     if (r == NULL) {
-        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
-                       "redis did not answer within redis.timeout_ms");
+        enum ld_redis_outcome o = ld_redis_outcome();
+        bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
+        if (unknown) {
+            log_warn("redis failure op=%s key=%.*s outcome=unknown "
+                     "reason=\"%s\"", opname, klen, key, why);
+        } else {
+            /* Nothing changed; the connection's own loss is a warning
+             * already, so one line per request stays quieter. */
+            log_info("redis failure op=%s key=%.*s outcome=unchanged "
+                     "reason=\"%s\"", opname, klen, key, why);
+        }
+        if (req == NULL) {
+            return;
+        }
+        if (unknown) {
+            ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
+                                 json_pack("{s:s}", "outcome", "unknown"),
+                                 "redis: %s; the %s was sent and may have "
+                                 "taken effect", why, opname);
+        } else {
+            ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
+        }
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
         for (size_t i = 0; i < LD_ARRAY_LEN(unavailable); i++) {
             if (ld_reply_is_error(r, unavailable[i])) {
-                ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %.*s",
-                               (int)r->len, r->str);
+                log_warn("redis failure op=%s key=%.*s reason=\"%s\"",
+                         opname, klen, key, why);
+                if (req != NULL) {
+                    ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s",
+                                   why);
+                }
                 return;
             }
         }
-        ld_reply_error(req, LD_E_INTERNAL, "redis: %.*s", (int)r->len,
-                       r->str);
+        log_error("internal error op=%s key=%.*s redis=\"%s\"", opname,
+                  klen, key, why);
+        if (req != NULL) {
+            ld_reply_error(req, LD_E_INTERNAL, "redis: %s", why);
+        }
         return;
     }
-    ld_reply_error(req, LD_E_INTERNAL, "unexpected reply from a lock script");
+    log_error("internal error op=%s key=%.*s: unexpected reply type %d "
+              "from a lock script", opname, klen, key, r->type);
+    if (req != NULL) {
+        ld_reply_error(req, LD_E_INTERNAL,
+                       "unexpected reply from a lock script");
+    }
+}
+
+static void reply_redis_failure(struct ld_req *req, const redisReply *r)
+{
+    reply_redis_failure_op(req, r, NULL, false);
 }
 
 static void reply_not_held(struct ld_req *req, const char *key, size_t klen,
@@ -358,12 +430,26 @@ static void reply_wrong_type(struct ld_req *req, const char *key,
                    "lock", (int)klen, key);
 }
 
+/* Lock scripts go on the lock connections while lock.wait_replicas is
+ * set, so that the WAIT after a grant blocks none of the shared ones. */
+static void script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
+                      const struct lk_names *n, int nkeys, int nargs,
+                      const char **args, size_t *lens, ld_redis_cb *cb,
+                      void *arg)
+{
+    struct ld_redis_opts o = { flags, LD_REDIS_POOL_SHARED, pin };
+    if (ld_srv.cfg->lock.wait_replicas > 0) {
+        o.pool = LD_REDIS_POOL_LOCK;
+    }
+    ld_redis_script_ex(&o, id, n->hash, n->hash_len, nkeys, nargs, args,
+                       lens, cb, arg);
+}
+
 static void script(enum ld_script_id id, const struct lk_names *n, int nkeys,
                    int nargs, const char **args, size_t *lens,
                    ld_redis_cb *cb, void *arg)
 {
-    ld_redis_script(id, n->hash, n->hash_len, nkeys, nargs, args, lens, cb,
-                    arg);
+    script_ex(0, 0, id, n, nkeys, nargs, args, lens, cb, arg);
 }
 
 /* ---------------------------------------------------------- fence memo */
@@ -772,6 +858,10 @@ static void op_free(struct lk_op *op)
         }
         rec_unref(op->rec);
     }
+    if (op->undo_ev != NULL) {
+        event_free(op->undo_ev);
+    }
+    free(op->wait_why);
     free(op->n.buf);
     free(op->field);
     free(op->key);
@@ -886,9 +976,17 @@ static void undo_on_reply(redisReply *r, void *arg)
     op->inflight = false;
     if (!lk.freed && op->req != NULL) {
         int need = ld_srv.cfg->lock.wait_replicas;
-        if (op->replicas_got < 0) {
+        if (n < 1) {
+            /* The give-back got no answer: the grant may still stand. */
+            ld_reply_error_extra(op->req, LD_E_REDIS_UNAVAILABLE,
+                                 json_pack("{s:s}", "outcome", "unknown"),
+                                 "too few replicas confirmed the lock and "
+                                 "giving it back failed: %s",
+                                 ld_redis_failure_reason());
+        } else if (op->replicas_got < 0) {
             ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
-                           "WAIT for %d replicas got no answer", need);
+                           "WAIT for %d replicas got no answer (%s)", need,
+                           op->wait_why != NULL ? op->wait_why : "");
         } else {
             ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
                            "only %lld of %d replicas confirmed the lock",
@@ -907,6 +1005,76 @@ static void undo_on_reply(redisReply *r, void *arg)
         }
     }
     op_free(op);
+}
+
+/* A release by token after the acquisition's connection was lost. */
+static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct lk_op *op = arg;
+    struct lk_rec *rec = op->rec;
+    /* Only while no acquisition under this token holds or is on its way:
+     * nothing else can hold the token, so all its holds are the lost
+     * one's. */
+    if (!lk.freed && !lk.stopping && rec->count == 0 && rec->pending == 0) {
+        rec_release_all(rec);
+    }
+    op_free(op);
+}
+
+/* The acquisition's connection is gone: it broke after the script was
+ * sent, so Redis may have run it. A release on another connection now
+ * could come first; give Redis redis.timeout_ms to have seen the
+ * acquisition, then release by token. */
+static void undo_later(struct lk_op *op)
+{
+    op->undo_ev = evtimer_new(ld_srv.base, undo_later_on_timer, op);
+    struct timeval tv = tv_ms(ld_srv.cfg->redis.timeout_ms);
+    evtimer_add(op->undo_ev, &tv);
+}
+
+static void undo_pinned_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    op->inflight = false;
+    long long v[2] = { 0, 0 };
+    if (!lk.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
+        ld_stats.lock_released++;
+    }
+    /* The record's count is the acquisitions' business: a reentry under
+     * the same token may have answered meanwhile on another connection. */
+    if (ld_redis_outcome() != LD_REDIS_NOT_SENT || lk.freed || lk.stopping) {
+        op_free(op);
+        return;
+    }
+    undo_later(op);
+}
+
+/* An acquisition got no answer (inside its callback). The script may have
+ * run and then the lock is held under a token nobody will use, for a whole
+ * lease; undo it so that redis_unavailable means "nothing changed" once
+ * Redis answers the release. The release gives back one hold, on the
+ * acquisition's own connection, behind the acquisition: it undoes exactly
+ * what the acquisition did, also when a later reentry under the same token
+ * reached Redis first on another connection. */
+static void acq_undo_unanswered(struct lk_rec *rec)
+{
+    if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
+        return;            /* it never left the daemon */
+    }
+    struct lk_op *op = op_new(LK_RELEASE, NULL, rec);
+    if (ld_redis_conn_id() == 0) {
+        undo_later(op);    /* its connection is not known, nor there */
+        return;
+    }
+    const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
+                           LK_UNLOCK_MSG };
+    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                      strlen(LK_UNLOCK_MSG) };
+    op->inflight = true;
+    script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
+              args, lens, undo_pinned_on_reply, op);
 }
 
 static void acq_on_wait(redisReply *r, void *arg)
@@ -930,13 +1098,18 @@ static void acq_on_wait(redisReply *r, void *arg)
      * means what redis_unavailable means: nothing changed). */
     struct lk_rec *rec = op->rec;
     op->replicas_got = got;
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+        op->wait_why = strdup(ld_redis_failure_reason());
+    }
     const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
                            LK_UNLOCK_MSG };
     size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
                       strlen(LK_UNLOCK_MSG) };
     op->inflight = true;
-    script(LD_SCRIPT_lock_release, &rec->n, 1, 5, args, lens, undo_on_reply,
-           op);
+    /* On the connection of the grant and its WAIT, so that the give-back
+     * runs after the grant even when WAIT timed out. */
+    script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
+              args, lens, undo_on_reply, op);
 }
 
 /* The acquisition was granted with hold count N. Returns true when OP was
@@ -1005,9 +1178,12 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
         snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
         const char *argv[] = { "WAIT", nbuf, tbuf };
         size_t lens[] = { 4, strlen(nbuf), strlen(tbuf) };
+        /* WAIT counts the writes of its own connection: the grant's. */
+        struct ld_redis_opts o = { 0, LD_REDIS_POOL_LOCK,
+                                   ld_redis_conn_id() };
         op->inflight = true;
-        ld_redis_command(rec->n.hash, rec->n.hash_len, 3, argv, lens,
-                         acq_on_wait, op);
+        ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
+                            acq_on_wait, op);
         return true;
     }
     acq_reply_granted(op);
@@ -1103,12 +1279,7 @@ static void acq_on_reply(redisReply *r, void *arg)
 
     /* Wrong type, Redis unreachable or an error reply. */
     if (r == NULL && rec->count == 0 && rec->pending == 1 && !lk.stopping) {
-        /* The script may have run although its answer was lost: then the
-         * lock is held under a token nobody will ever use, for a whole
-         * lease. Nothing else can hold this token, so giving it back is
-         * safe, and it makes redis_unavailable mean "nothing changed"
-         * whenever Redis answers the release. */
-        rec_release_all(rec);
+        acq_undo_unanswered(rec);
     }
     if (n >= 1 && v[0] == -1) {
         log_warn("lock '%.*s': its redis keys hold data leased did not "
@@ -1239,6 +1410,60 @@ struct lk_target {
     bool has_token;
 };
 
+static bool all_of(const char *s, size_t len, const char *set)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '\0' || strchr(set, s[i]) == NULL) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A token names a hash field in Redis, so only holder-shaped names pass:
+ * the daemon's own tokens (LD_TOKEN_LEN lowercase hex digits) and, with
+ * lock.layout redisson, Redisson's holders (<uuid>:<thread id>). Anything
+ * else could address a field of someone's hash that is not a lock. */
+static bool token_ok(const char *t, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    static const char hex_any[] = "0123456789abcdefABCDEF";
+    if (len == LD_TOKEN_LEN && all_of(t, len, hex)) {
+        return true;
+    }
+    if (ld_srv.cfg->lock.layout != LD_LAYOUT_REDISSON || len < 38
+        || len > 36 + 1 + 20) {
+        return false;
+    }
+    static const size_t group[] = { 8, 4, 4, 4, 12 };
+    size_t at = 0;
+    for (size_t g = 0; g < LD_ARRAY_LEN(group); g++) {
+        if (!all_of(t + at, group[g], hex_any)) {
+            return false;
+        }
+        at += group[g];
+        if (t[at] != (g + 1 < LD_ARRAY_LEN(group) ? '-' : ':')) {
+            return false;
+        }
+        at++;
+    }
+    return at < len && all_of(t + at, len - at, "0123456789");
+}
+
+/* Answers REQ and returns false when TOKEN cannot be a holder. */
+static bool token_check(struct ld_req *req, const char *t, size_t len)
+{
+    if (token_ok(t, len)) {
+        return true;
+    }
+    ld_reply_error(req, LD_E_BAD_REQUEST,
+                   "field 'token' is not a lock token (%d lowercase hex "
+                   "digits%s)", LD_TOKEN_LEN,
+                   ld_srv.cfg->lock.layout == LD_LAYOUT_REDISSON
+                       ? ", or a Redisson holder <uuid>:<thread id>" : "");
+    return false;
+}
+
 static int parse_target(struct ld_req *req, struct lk_target *t)
 {
     memset(t, 0, sizeof(*t));
@@ -1255,6 +1480,9 @@ static int parse_target(struct ld_req *req, struct lk_target *t)
     if (t->has_token && t->token_len == 0) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'token' must not be empty");
+        return LD_ERR;
+    }
+    if (t->has_token && !token_check(req, t->token, t->token_len)) {
         return LD_ERR;
     }
     return LD_OK;
@@ -1332,6 +1560,9 @@ static void op_lock(struct ld_req *req)
     if (has_token && tlen == 0) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'token' must not be empty");
+        return;
+    }
+    if (has_token && !token_check(req, token, tlen)) {
         return;
     }
     if (lk.stopping) {
@@ -1428,11 +1659,54 @@ static void rec_forget_stale(struct lk_rec *rec)
     }
 }
 
+static void unlock_recheck_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    struct lk_rec *rec = op->rec;
+    long long v[3] = { 0, 0, 0 };
+    if (!lk.freed && rec != NULL && rec->linked
+        && reply_ints(r, v, 3) >= 3 && v[0] >= 0) {
+        rec_set_count(rec, v[2]);
+    }
+    op_free(op);
+}
+
+/* An unlock with no answer will never get one (its connection was given
+ * up): what Redis holds under the token now settles the record. */
+static void unlock_recheck(struct lk_op *op)
+{
+    struct lk_rec *rec = op->rec;
+    if (lk.freed || rec == NULL || !rec->linked) {
+        op_free(op);
+        return;
+    }
+    const char *args[] = { rec->n.hash, rec->token };
+    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN };
+    script(LD_SCRIPT_lock_info, &rec->n, 1, 2, args, lens,
+           unlock_recheck_on_reply, op);
+}
+
+/* Called once with the answer, or, when it did not come in time, once with
+ * UNKNOWN (the client hears "outcome":"unknown" and the record stays as it
+ * was) and once more with Redis' late answer, which settles the record, or
+ * LOST, when a re-check does. */
 static void unlock_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
+    enum ld_redis_outcome o = ld_redis_outcome();
+    if (o == LD_REDIS_UNKNOWN) {
+        reply_redis_failure_op(op->req, r, op, true);
+        op->req = NULL;
+        return;            /* the late answer or LOST follows */
+    }
     if (lk.freed) {
         op_free(op);
+        return;
+    }
+    if (o == LD_REDIS_LOST) {
+        reply_redis_failure_op(op->req, r, op, true);
+        op->req = NULL;
+        unlock_recheck(op);
         return;
     }
     struct lk_rec *rec = op->rec;
@@ -1443,6 +1717,10 @@ static void unlock_on_reply(redisReply *r, void *arg)
     int n = reply_ints(r, v, 2);
     size_t klen;
     const char *key = op_key(op, &klen);
+    if (o == LD_REDIS_LATE) {
+        log_info("late answer settled op=unlock key=%.*s result=%lld",
+                 (int)klen, key, n >= 1 ? v[0] : -100);
+    }
     if (n >= 2 && (v[0] == 1 || v[0] == 0)) {
         if (v[0] == 1) {
             ld_stats.lock_released++;
@@ -1450,16 +1728,23 @@ static void unlock_on_reply(redisReply *r, void *arg)
         if (rec != NULL) {
             rec_set_count(rec, v[1]);
         }
-        ld_reply_ok(op->req, json_pack("{s:b,s:I}", "released", v[0] == 1,
-                                       "count", (json_int_t)v[1]));
+        if (op->req != NULL) {
+            ld_reply_ok(op->req, json_pack("{s:b,s:I}", "released",
+                                           v[0] == 1, "count",
+                                           (json_int_t)v[1]));
+        }
     } else if (n >= 1 && (v[0] == -2 || v[0] == -3)) {
         rec_forget_stale(rec);
-        reply_not_held(op->req, key, klen, v[0] == -3);
+        if (op->req != NULL) {
+            reply_not_held(op->req, key, klen, v[0] == -3);
+        }
     } else if (n >= 1 && v[0] == -1) {
         rec_forget_stale(rec);
-        reply_wrong_type(op->req, key, klen);
+        if (op->req != NULL) {
+            reply_wrong_type(op->req, key, klen);
+        }
     } else {
-        reply_redis_failure(op->req, r);
+        reply_redis_failure_op(op->req, r, op, true);
     }
     op->req = NULL;
     op_free(op);
@@ -1479,15 +1764,26 @@ static void op_unlock(struct ld_req *req)
     size_t lens[] = { n->hash_len, flen, 1, n->chan_len,
                       strlen(LK_UNLOCK_MSG) };
     op->inflight = true;
-    script(LD_SCRIPT_lock_release, n, 1, 5, args, lens, unlock_on_reply, op);
+    script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, n, 1, 5, args,
+              lens, unlock_on_reply, op);
 }
 
 /* -------------------------------------------------------------- extend */
 
+/* Called like unlock_on_reply. A late answer settles the record's lease;
+ * when none comes the watchdog or the lease check finds out. */
 static void extend_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
-    if (lk.freed) {
+    enum ld_redis_outcome o = ld_redis_outcome();
+    if (o == LD_REDIS_UNKNOWN) {
+        reply_redis_failure_op(op->req, r, op, true);
+        op->req = NULL;
+        return;            /* the late answer or LOST follows */
+    }
+    if (lk.freed || o == LD_REDIS_LOST) {
+        reply_redis_failure_op(op->req, r, op, true);
+        op->req = NULL;
         op_free(op);
         return;
     }
@@ -1499,6 +1795,10 @@ static void extend_on_reply(redisReply *r, void *arg)
     int n = reply_ints(r, v, 3);
     size_t klen;
     const char *key = op_key(op, &klen);
+    if (o == LD_REDIS_LATE) {
+        log_info("late answer settled op=extend key=%.*s result=%lld",
+                 (int)klen, key, n >= 1 ? v[0] : -100);
+    }
     if (n >= 3 && v[0] == 1) {
         if (rec != NULL) {
             rec_set_count(rec, v[2]);
@@ -1509,16 +1809,22 @@ static void extend_on_reply(redisReply *r, void *arg)
                 rec_arm_cap(rec);
             }
         }
-        ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",
-                                       (json_int_t)op->lease_ms));
+        if (op->req != NULL) {
+            ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",
+                                           (json_int_t)op->lease_ms));
+        }
     } else if (n >= 1 && (v[0] == -2 || v[0] == -3)) {
         rec_forget_stale(rec);
-        reply_not_held(op->req, key, klen, v[0] == -3);
+        if (op->req != NULL) {
+            reply_not_held(op->req, key, klen, v[0] == -3);
+        }
     } else if (n >= 1 && v[0] == -1) {
         rec_forget_stale(rec);
-        reply_wrong_type(op->req, key, klen);
+        if (op->req != NULL) {
+            reply_wrong_type(op->req, key, klen);
+        }
     } else {
-        reply_redis_failure(op->req, r);
+        reply_redis_failure_op(op->req, r, op, true);
     }
     op->req = NULL;
     op_free(op);
@@ -1542,11 +1848,12 @@ static void op_extend(struct ld_req *req)
     const char *field = op_field(op, &flen);
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", ttl);
-    const char *args[] = { n->hash, field, lbuf, "0" };
-    size_t lens[] = { n->hash_len, flen, strlen(lbuf), 1 };
+    const char *args[] = { n->hash, field, lbuf };
+    size_t lens[] = { n->hash_len, flen, strlen(lbuf) };
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    script(LD_SCRIPT_lock_renew, n, 1, 4, args, lens, extend_on_reply, op);
+    script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_extend, n, 1, 3, args, lens,
+              extend_on_reply, op);
 }
 
 /* ----------------------------------------------------------- lock.info */
@@ -1573,7 +1880,7 @@ static void info_on_reply(redisReply *r, void *arg)
     } else if (n >= 1 && v[0] == -1) {
         reply_wrong_type(op->req, key, klen);
     } else {
-        reply_redis_failure(op->req, r);
+        reply_redis_failure_op(op->req, r, op, false);
     }
     op->req = NULL;
     op_free(op);
@@ -1911,11 +2218,15 @@ void ld_lock_free(void)
     lk.freed = true;
     /* Requests still out get their answer now; their commands' replies,
      * if they still come, only free what is left. */
-    for (struct lk_op *op = lk.ops; op != NULL; op = op->next) {
+    for (struct lk_op *op = lk.ops, *next; op != NULL; op = next) {
+        next = op->next;
         if (op->req != NULL) {
             ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
                            "the daemon is stopping");
             op->req = NULL;
+        }
+        if (op->undo_ev != NULL) {
+            op_free(op);   /* a release planned for later: no command */
         }
     }
     for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {

@@ -6,8 +6,12 @@
  * reply. So this module owns the lifecycle: every command is wrapped in a
  * struct rcmd queued per connection in send order (Redis answers in that
  * order), one timer per connection watches the oldest command, and a
- * command older than redis.timeout_ms takes the connection down, which
- * answers everything queued on it with NULL at once. Reconnects back off
+ * command older than redis.timeout_ms sets the connection aside: every
+ * command queued on it is answered (outcome unknown) at once, its slot
+ * reconnects, and the old connection stays open a while longer only to
+ * hand Redis' late answers to the commands that asked for them and to
+ * carry commands pinned to it (a release that must run after the acquire
+ * it undoes). Reconnects back off
  * exponentially up to a cap, and each new connection authenticates,
  * selects its database and loads the scripts before it takes traffic.
  *
@@ -30,7 +34,7 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
-#define MAX_CONNS 64
+#define MAX_CONNS 64              /* per pool */
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define STACK_ARGS 32
@@ -45,6 +49,11 @@ struct rcmd {
     struct rconn *conn;
     uint64_t sent_us;
     struct rcmd *next;        /* connection FIFO, or the failure list */
+    unsigned flags;           /* LD_REDIS_F_* */
+    bool answered;            /* the callback has had UNKNOWN already */
+    bool noscript;            /* resent as EVAL after NOSCRIPT */
+    enum ld_redis_outcome fail_outcome; /* on the failure list */
+    char *fail_reason;
     int script;               /* -1 unless an EVALSHA */
     int argc;                 /* script: keys + args, kept for NOSCRIPT */
     char **argv;
@@ -64,6 +73,13 @@ struct rconn {
     struct rcmd *head, *tail; /* sent, awaiting replies */
     unsigned handshake_left;
     bool handshake_failed;
+    uint64_t id;              /* this context's, for pinned commands */
+    int pool;                 /* enum ld_redis_pool */
+    bool draining;            /* set aside after a timeout */
+    bool closing;
+    uint64_t drain_end_us;
+    struct rconn *dnext;      /* list of draining connections */
+    char why[192];            /* why it is going down, for callbacks */
 };
 
 struct state_watcher {
@@ -74,8 +90,13 @@ struct state_watcher {
 static struct {
     struct event_base *base;
     const struct ld_config *cfg;
-    struct rconn conns[MAX_CONNS];
-    int n_conns;
+    struct rconn conns[2 * MAX_CONNS];
+    int n_conns;              /* the shared pool: conns[0, n_conns) */
+    int n_lock;               /* the lock pool after it, once started */
+    bool lock_ever_ready;
+    struct rconn *draining;
+    uint64_t next_id;
+    char last_error[160];     /* of the latest failed connect */
     int n_ready;
     char host[256];
     int port;
@@ -107,6 +128,51 @@ static const char *script_names[] = {
 static void conn_start(struct rconn *c);
 static void conn_down(struct rconn *c, const char *why);
 
+/* What the callback now running is told (ld_redis_outcome & co). */
+struct cb_context {
+    enum ld_redis_outcome outcome;
+    const char *reason;
+    uint64_t conn_id;
+};
+static struct cb_context CUR = { LD_REDIS_ANSWERED, "", 0 };
+
+enum ld_redis_outcome
+ld_redis_outcome(void)
+{
+    return CUR.outcome;
+}
+
+const char *
+ld_redis_failure_reason(void)
+{
+    return CUR.reason;
+}
+
+uint64_t
+ld_redis_conn_id(void)
+{
+    return CUR.conn_id;
+}
+
+static void
+call_cb(struct rcmd *cmd, redisReply *reply, enum ld_redis_outcome outcome,
+        const char *reason, uint64_t conn_id)
+{
+    char buf[320];
+    if (reply != NULL && reply->type == REDIS_REPLY_ERROR) {
+        snprintf(buf, sizeof(buf), "%s%.*s",
+                 cmd->noscript ? "after NOSCRIPT and reload: " : "",
+                 (int)reply->len, reply->str);
+        reason = buf;
+    }
+    struct cb_context saved = CUR;
+    CUR.outcome = outcome;
+    CUR.reason = reason != NULL ? reason : "";
+    CUR.conn_id = conn_id;
+    cmd->cb(reply, cmd->arg);
+    CUR = saved;
+}
+
 bool
 ld_reply_is_error(const redisReply *r, const char *prefix)
 {
@@ -132,9 +198,17 @@ long long
 ld_redis_outstanding(void)
 {
     long long n = 0;
-    for (int i = 0; i < R.n_conns; i++) {
+    for (int i = 0; i < R.n_conns + R.n_lock; i++) {
         for (struct rcmd *c = R.conns[i].head; c != NULL; c = c->next) {
             n++;
+        }
+    }
+    /* Late answers nobody waits for do not hold up a stop. */
+    for (struct rconn *d = R.draining; d != NULL; d = d->dnext) {
+        for (struct rcmd *c = d->head; c != NULL; c = c->next) {
+            if (!c->answered || (c->flags & LD_REDIS_F_LATE)) {
+                n++;
+            }
         }
     }
     return n;
@@ -166,6 +240,13 @@ set_ready(struct rconn *c, bool ready)
     if (was == ready) {
         return;
     }
+    if (c->pool != LD_REDIS_POOL_SHARED) {
+        /* The backend's state is the shared pool's. */
+        if (ready) {
+            R.lock_ever_ready = true;
+        }
+        return;
+    }
     R.n_ready += ready ? 1 : -1;
     ld_stats.redis_connected = R.n_ready;
     if (ready && R.n_ready == 1) {
@@ -183,14 +264,19 @@ rcmd_free(struct rcmd *cmd)
     if (cmd->argv != NULL) {
         free(cmd->argv);       /* one block: argv, argvlen and the bytes */
     }
+    free(cmd->fail_reason);
     free(cmd);
 }
 
 /* Answer a command that never reached Redis, from the loop rather than
  * from inside the caller. */
 static void
-fail_later(struct rcmd *cmd)
+fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome,
+           const char *reason)
 {
+    cmd->fail_outcome = outcome;
+    free(cmd->fail_reason);
+    cmd->fail_reason = strdup(reason);
     cmd->next = NULL;
     if (R.fail_tail != NULL) {
         R.fail_tail->next = cmd;
@@ -213,7 +299,7 @@ fail_cb(evutil_socket_t fd, short what, void *arg)
         struct rcmd *cmd = list;
         list = cmd->next;
         ld_stats.redis_errors++;
-        cmd->cb(NULL, cmd->arg);
+        call_cb(cmd, NULL, cmd->fail_outcome, cmd->fail_reason, 0);
         rcmd_free(cmd);
     }
 }
@@ -233,6 +319,9 @@ stall_start(const struct rconn *c)
 static void
 arm_timeout(struct rconn *c)
 {
+    if (c->draining) {
+        return;            /* its timer is the drain bound */
+    }
     if (c->head == NULL || event_pending(c->timeout_ev, EV_TIMEOUT, NULL)) {
         return;
     }
@@ -303,16 +392,41 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
         return;
     }
     if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
-        c != NULL && c->state == CONN_READY) {
+        c != NULL && !cmd->answered && !cmd->noscript &&
+        (c->state == CONN_READY || (c->draining && !c->closing))) {
         /* The script cache was flushed under us (SCRIPT FLUSH, or a
          * restart we did not notice): EVAL carries the body and reloads
          * it, so the caller never sees the difference. */
         ld_stats.redis_noscript++;
+        cmd->noscript = true;
         resend_as_eval(c, cmd);
         return;
     }
-    cmd->cb(reply, cmd->arg);
+    uint64_t id = c != NULL ? c->id : 0;
+    bool late = (cmd->flags & LD_REDIS_F_LATE) != 0;
+    if (reply != NULL) {
+        if (!cmd->answered) {
+            call_cb(cmd, reply, LD_REDIS_ANSWERED, "", id);
+        } else if (late) {
+            call_cb(cmd, reply, LD_REDIS_LATE, "", id);
+        }
+    } else if (!cmd->answered || late) {
+        char why[256];
+        if (ac->errstr[0] != '\0') {
+            snprintf(why, sizeof(why), "connection lost: %s", ac->errstr);
+        } else if (c != NULL && c->why[0] != '\0') {
+            snprintf(why, sizeof(why), "%s", c->why);
+        } else {
+            snprintf(why, sizeof(why), "connection closed");
+        }
+        /* No answer will ever come on this connection. */
+        call_cb(cmd, NULL, late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why, id);
+    }
     rcmd_free(cmd);
+    if (c != NULL && c->draining && !c->closing && c->head == NULL) {
+        /* All late answers are in: close it from the loop. */
+        event_active(c->timeout_ev, EV_TIMEOUT, 0);
+    }
 }
 
 static void
@@ -341,7 +455,7 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
         argvlen[i + 2] = cmd->argvlen[i];
     }
     if (send_argv(c, cmd, cmd->argc + 2, argv, argvlen) != LD_OK) {
-        fail_later(cmd);
+        fail_later(cmd, LD_REDIS_NOT_SENT, "could not resend after NOSCRIPT");
     }
     if (argv != stack_argv) {
         free(argv);
@@ -349,19 +463,49 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
     }
 }
 
+static void lock_pool_start(void);
+
+/* Where a command goes; NULL with *WHY set when nowhere. */
 static struct rconn *
-pick_conn(const char *route, size_t len)
+pick_conn(const struct ld_redis_opts *o, const char *route, size_t len,
+          char *why, size_t whylen)
 {
-    if (R.n_ready == 0) {
+    if (o != NULL && o->pin != 0) {
+        for (int i = 0; i < R.n_conns + R.n_lock; i++) {
+            if (R.conns[i].id == o->pin && R.conns[i].state == CONN_READY) {
+                return &R.conns[i];
+            }
+        }
+        for (struct rconn *d = R.draining; d != NULL; d = d->dnext) {
+            if (d->id == o->pin && d->ac != NULL && !d->closing) {
+                return d;
+            }
+        }
+        snprintf(why, whylen, "the connection of the earlier command is "
+                 "gone");
         return NULL;
     }
-    int start = (int)(ld_hash(route, len) % (uint64_t)R.n_conns);
-    for (int i = 0; i < R.n_conns; i++) {
-        struct rconn *c = &R.conns[(start + i) % R.n_conns];
+    int base = 0, n = R.n_conns;
+    if (o != NULL && o->pool == LD_REDIS_POOL_LOCK) {
+        if (R.n_lock == 0) {
+            lock_pool_start();
+        }
+        /* Until the pool has come up once (it opens on first use), the
+         * shared connections serve. */
+        if (R.lock_ever_ready) {
+            base = R.n_conns;
+            n = R.n_lock;
+        }
+    }
+    int start = (int)(ld_hash(route, len) % (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        struct rconn *c = &R.conns[base + (start + i) % n];
         if (c->state == CONN_READY) {
             return c;
         }
     }
+    snprintf(why, whylen, "no connection to redis is ready (last error: %s)",
+             R.last_error[0] != '\0' ? R.last_error : "none yet");
     return NULL;
 }
 
@@ -370,6 +514,14 @@ ld_redis_command(const char *route, size_t route_len, int argc,
                  const char **argv, const size_t *argvlen, ld_redis_cb *cb,
                  void *arg)
 {
+    ld_redis_command_ex(NULL, route, route_len, argc, argv, argvlen, cb, arg);
+}
+
+void
+ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
+                    size_t route_len, int argc, const char **argv,
+                    const size_t *argvlen, ld_redis_cb *cb, void *arg)
+{
     struct rcmd *cmd = calloc(1, sizeof(*cmd));
     if (cmd == NULL) {
         return;
@@ -377,9 +529,13 @@ ld_redis_command(const char *route, size_t route_len, int argc,
     cmd->cb = cb;
     cmd->arg = arg;
     cmd->script = -1;
-    struct rconn *c = pick_conn(route, route_len);
-    if (c == NULL || send_argv(c, cmd, argc, argv, argvlen) != LD_OK) {
-        fail_later(cmd);
+    cmd->flags = opts != NULL ? opts->flags : 0;
+    char why[256];
+    struct rconn *c = pick_conn(opts, route, route_len, why, sizeof(why));
+    if (c == NULL) {
+        fail_later(cmd, LD_REDIS_NOT_SENT, why);
+    } else if (send_argv(c, cmd, argc, argv, argvlen) != LD_OK) {
+        fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
     }
 }
 
@@ -425,6 +581,16 @@ ld_redis_script(enum ld_script_id script, const char *route,
                 size_t route_len, int nkeys, int argc, const char **argv,
                 const size_t *argvlen, ld_redis_cb *cb, void *arg)
 {
+    ld_redis_script_ex(NULL, script, route, route_len, nkeys, argc, argv,
+                       argvlen, cb, arg);
+}
+
+void
+ld_redis_script_ex(const struct ld_redis_opts *opts,
+                   enum ld_script_id script, const char *route,
+                   size_t route_len, int nkeys, int argc, const char **argv,
+                   const size_t *argvlen, ld_redis_cb *cb, void *arg)
+{
     struct rcmd *cmd = calloc(1, sizeof(*cmd));
     if (cmd == NULL) {
         return;
@@ -432,13 +598,15 @@ ld_redis_script(enum ld_script_id script, const char *route,
     cmd->cb = cb;
     cmd->arg = arg;
     cmd->script = (int)script;
+    cmd->flags = opts != NULL ? opts->flags : 0;
     if (keep_args(cmd, nkeys, argc, argv, argvlen) != LD_OK) {
-        fail_later(cmd);
+        fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
         return;
     }
-    struct rconn *c = pick_conn(route, route_len);
+    char why[256];
+    struct rconn *c = pick_conn(opts, route, route_len, why, sizeof(why));
     if (c == NULL) {
-        fail_later(cmd);
+        fail_later(cmd, LD_REDIS_NOT_SENT, why);
         return;
     }
 
@@ -461,7 +629,7 @@ ld_redis_script(enum ld_script_id script, const char *route,
         al[i + 3] = argvlen[i];
     }
     if (send_argv(c, cmd, argc + 3, av, al) != LD_OK) {
-        fail_later(cmd);
+        fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
     }
     if (av != stack_argv) {
         free(av);
@@ -497,6 +665,10 @@ conn_down(struct rconn *c, const char *why)
     c->state = CONN_DOWN;
     c->ac = NULL;
     event_del(c->timeout_ev);
+    snprintf(c->why, sizeof(c->why), "%s", why);
+    if (!was_ready) {
+        snprintf(R.last_error, sizeof(R.last_error), "%s", why);
+    }
     if (ac != NULL) {
         if (was_ready) {
             log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
@@ -512,9 +684,127 @@ conn_down(struct rconn *c, const char *why)
     while (c->head != NULL) {
         struct rcmd *cmd = c->head;
         c->head = cmd->next;
-        fail_later(cmd);
+        fail_later(cmd, LD_REDIS_UNKNOWN, why);
     }
     c->tail = NULL;
+    schedule_retry(c);
+}
+
+/* Close a connection that was set aside, from the loop (never from inside
+ * one of its own hiredis callbacks). What still waits for an answer gets
+ * its last call now. */
+static void
+drain_close(struct rconn *d)
+{
+    struct rconn **pp = &R.draining;
+    while (*pp != NULL && *pp != d) {
+        pp = &(*pp)->dnext;
+    }
+    if (*pp == d) {
+        *pp = d->dnext;
+    }
+    d->closing = true;
+    if (d->ac != NULL) {
+        redisAsyncContext *ac = d->ac;
+        d->ac = NULL;
+        if (d->head != NULL) {
+            log_warn("redis connection given up conn=%d reason=\"%s\"",
+                     d->idx, d->why);
+        }
+        redisAsyncFree(ac);
+    }
+    while (d->head != NULL) {
+        struct rcmd *cmd = d->head;
+        d->head = cmd->next;
+        if (!cmd->answered) {
+            fail_later(cmd, LD_REDIS_UNKNOWN, d->why);
+        } else if (cmd->flags & LD_REDIS_F_LATE) {
+            fail_later(cmd, LD_REDIS_LOST, d->why);
+        } else {
+            rcmd_free(cmd);
+        }
+    }
+    event_free(d->timeout_ev);
+    free(d);
+}
+
+static void
+drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct rconn *d = arg;
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    uint64_t now = ld_now_us();
+    if (d->ac == NULL || d->head == NULL || now >= d->drain_end_us) {
+        if (d->ac != NULL && d->head != NULL) {
+            snprintf(d->why, sizeof(d->why),
+                     "no answer within %d ms, connection given up",
+                     R.cfg->redis.timeout_ms * LD_REDIS_DRAIN_FACTOR);
+        }
+        drain_close(d);
+        return;
+    }
+    uint64_t wait = d->drain_end_us - now;
+    struct timeval tv = {(time_t)(wait / 1000000),
+                         (suseconds_t)(wait % 1000000)};
+    event_add(d->timeout_ev, &tv);
+}
+
+/* A command went unanswered for redis.timeout_ms: answer everything queued
+ * on C now (it may have run: outcome unknown), reconnect the slot, and
+ * keep the old context open for Redis' late answers, which settle what
+ * the callers could not know, for a bounded time. */
+static void
+conn_drain(struct rconn *c, const char *why)
+{
+    struct rconn *d = calloc(1, sizeof(*d));
+    if (d == NULL) {
+        conn_down(c, why);
+        return;
+    }
+    d->idx = c->idx;
+    d->id = c->id;
+    d->pool = c->pool;
+    d->ac = c->ac;
+    d->state = CONN_DOWN;
+    d->draining = true;
+    d->head = c->head;
+    d->tail = c->tail;
+    d->last_reply_us = c->last_reply_us;
+    d->timeout_ev = evtimer_new(R.base, drain_timeout_cb, d);
+    if (d->timeout_ev == NULL) {
+        free(d);
+        conn_down(c, why);
+        return;
+    }
+    snprintf(d->why, sizeof(d->why), "%s", why);
+    d->ac->data = d;
+    d->drain_end_us = ld_now_us() + (uint64_t)R.cfg->redis.timeout_ms *
+                                        1000 * LD_REDIS_DRAIN_FACTOR;
+    d->dnext = R.draining;
+    R.draining = d;
+
+    set_ready(c, false);
+    c->state = CONN_DOWN;
+    c->ac = NULL;
+    c->head = c->tail = NULL;
+    event_del(c->timeout_ev);
+    log_warn("redis connection stalled conn=%d reason=\"%s\"; kept for "
+             "late answers, reconnecting", c->idx, why);
+    drain_timeout_cb(-1, 0, d);
+
+    /* Callbacks may pin new commands to D (appended after LAST). */
+    struct rcmd *last = d->tail;
+    for (struct rcmd *cmd = d->head; cmd != NULL; cmd = cmd->next) {
+        if (!cmd->internal && !cmd->answered) {
+            cmd->answered = true;
+            ld_stats.redis_errors++;
+            call_cb(cmd, NULL, LD_REDIS_UNKNOWN, d->why, d->id);
+        }
+        if (cmd == last) {
+            break;
+        }
+    }
     schedule_retry(c);
 }
 
@@ -529,7 +819,10 @@ timeout_cb(evutil_socket_t fd, short what, void *arg)
 
     if (c->state == CONN_CONNECTING) {
         if (now - c->connect_started_us >= limit) {
-            conn_down(c, "connect timeout");
+            char why[96];
+            snprintf(why, sizeof(why), "connect timed out after %d ms",
+                     R.cfg->redis.timeout_ms);
+            conn_down(c, why);
         } else {
             struct timeval tv = {0, 100000};
             event_add(c->timeout_ev, &tv);
@@ -537,8 +830,15 @@ timeout_cb(evutil_socket_t fd, short what, void *arg)
         return;
     }
     if (c->head != NULL && now - stall_start(c) >= limit) {
+        char why[96];
         ld_stats.redis_timeouts++;
-        conn_down(c, "command timeout");
+        snprintf(why, sizeof(why), "timed out after %d ms",
+                 R.cfg->redis.timeout_ms);
+        if (c->state == CONN_READY) {
+            conn_drain(c, why);
+        } else {
+            conn_down(c, why);
+        }
         return;
     }
     arm_timeout(c);
@@ -564,6 +864,9 @@ handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
             log_error("redis handshake failed conn=%d step=%s error=\"%s\"",
                       c->idx, (const char *)cmd->arg,
                       reply != NULL ? reply->str : "no reply");
+            snprintf(R.last_error, sizeof(R.last_error),
+                     "handshake step %s failed: %s", (const char *)cmd->arg,
+                     reply != NULL ? reply->str : "no reply");
         }
     } else if (cmd->script >= 0 && reply->type == REDIS_REPLY_STRING &&
                reply->len == 40) {
@@ -663,6 +966,7 @@ connect_cb(const redisAsyncContext *ac, int status)
         c->state = CONN_DOWN;
         log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
                   ac->errstr);
+        snprintf(R.last_error, sizeof(R.last_error), "%s", ac->errstr);
         schedule_retry(c);
         return;
     }
@@ -678,6 +982,12 @@ disconnect_cb(const redisAsyncContext *ac, int status)
     if (c == NULL || c->ac != ac) {
         return;            /* we took it down ourselves */
     }
+    if (c->draining) {
+        /* Its commands had their last call; free it from the loop. */
+        c->ac = NULL;
+        event_active(c->timeout_ev, EV_TIMEOUT, 0);
+        return;
+    }
     /* hiredis frees the context after this callback; the queued commands
      * were already answered with NULL. */
     bool was_ready = c->state == CONN_READY;
@@ -692,7 +1002,7 @@ disconnect_cb(const redisAsyncContext *ac, int status)
     while (c->head != NULL) {
         struct rcmd *cmd = c->head;
         c->head = cmd->next;
-        fail_later(cmd);
+        fail_later(cmd, LD_REDIS_UNKNOWN, "connection closed");
     }
     c->tail = NULL;
     schedule_retry(c);
@@ -714,12 +1024,15 @@ conn_start(struct rconn *c)
     if (ac->err) {
         log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
                   ac->errstr);
+        snprintf(R.last_error, sizeof(R.last_error), "%s", ac->errstr);
         redisAsyncFree(ac);
         schedule_retry(c);
         return;
     }
     ac->data = c;
     c->ac = ac;
+    c->id = ++R.next_id;
+    c->why[0] = '\0';
     c->state = CONN_CONNECTING;
     c->connect_started_us = ld_now_us();
     redisLibeventAttach(ac, R.base);
@@ -773,6 +1086,7 @@ ld_redis_init(struct event_base *base, const struct ld_config *cfg)
     for (int i = 0; i < R.n_conns; i++) {
         struct rconn *c = &R.conns[i];
         c->idx = i;
+        c->pool = LD_REDIS_POOL_SHARED;
         c->backoff_ms = BACKOFF_MIN_MS;
         c->retry_ev = evtimer_new(base, retry_cb, c);
         c->timeout_ev = evtimer_new(base, timeout_cb, c);
@@ -780,11 +1094,39 @@ ld_redis_init(struct event_base *base, const struct ld_config *cfg)
     return LD_OK;
 }
 
+static bool started;
+
+/* The lock pool opens with the backend when lock.wait_replicas is set,
+ * else on its first use (the setting can be reloaded). */
+static void
+lock_pool_start(void)
+{
+    if (R.n_lock > 0 || !started) {
+        return;
+    }
+    for (int i = R.n_conns; i < 2 * R.n_conns; i++) {
+        struct rconn *c = &R.conns[i];
+        c->idx = i;
+        c->pool = LD_REDIS_POOL_LOCK;
+        c->backoff_ms = BACKOFF_MIN_MS;
+        c->retry_ev = evtimer_new(R.base, retry_cb, c);
+        c->timeout_ev = evtimer_new(R.base, timeout_cb, c);
+    }
+    R.n_lock = R.n_conns;
+    for (int i = R.n_conns; i < R.n_conns + R.n_lock; i++) {
+        conn_start(&R.conns[i]);
+    }
+}
+
 void
 ld_redis_start(void)
 {
+    started = true;
     for (int i = 0; i < R.n_conns; i++) {
         conn_start(&R.conns[i]);
+    }
+    if (R.cfg->lock.wait_replicas > 0) {
+        lock_pool_start();
     }
 }
 
@@ -793,7 +1135,10 @@ ld_redis_free(void)
 {
     /* Going down at exit is not news. */
     R.freeing = true;
-    for (int i = 0; i < R.n_conns; i++) {
+    while (R.draining != NULL) {
+        drain_close(R.draining);
+    }
+    for (int i = 0; i < R.n_conns + R.n_lock; i++) {
         struct rconn *c = &R.conns[i];
         if (c->ac != NULL) {
             redisAsyncContext *ac = c->ac;
@@ -820,4 +1165,6 @@ ld_redis_free(void)
         event_free(R.fail_ev);
     }
     R.n_conns = 0;
+    R.n_lock = 0;
+    started = false;
 }

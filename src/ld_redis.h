@@ -26,10 +26,64 @@ enum ld_script_id {
 
 /* REPLY is NULL when the command got no answer: no connection was ready,
  * redis.timeout_ms passed, or the connection broke (the command may then
- * have run or not). Redis errors arrive as REDIS_REPLY_ERROR replies. The
- * reply is freed after the callback returns. The callback is never called
- * from inside ld_redis_command/ld_redis_script. */
+ * have run or not; ld_redis_outcome tells which). Redis errors arrive as
+ * REDIS_REPLY_ERROR replies. The reply is freed after the callback
+ * returns. The callback is never called from inside ld_redis_command/
+ * ld_redis_script. */
 typedef void ld_redis_cb(redisReply *reply, void *arg);
+
+/* What a callback is being told. Valid only inside the callback. */
+enum ld_redis_outcome {
+    LD_REDIS_ANSWERED,  /* REPLY is Redis' answer (maybe an error reply) */
+    LD_REDIS_NOT_SENT,  /* never left the daemon: nothing changed */
+    LD_REDIS_UNKNOWN,   /* sent, no answer in time: it may have run */
+    LD_REDIS_LATE,      /* the late answer after UNKNOWN (LD_REDIS_F_LATE) */
+    LD_REDIS_LOST       /* sent, and no answer will come: it may have run */
+};
+enum ld_redis_outcome ld_redis_outcome(void);
+
+/* Why REPLY is NULL or an error, for logs and error messages ("timed out
+ * after 1000 ms", "no connection (last error: Connection refused)", the
+ * error text of Redis). "" when the command was answered normally. Valid
+ * only inside the callback. */
+const char *ld_redis_failure_reason(void);
+
+/* The connection the command went on (0: none), for
+ * ld_redis_opts.pin. Valid only inside the callback. */
+uint64_t ld_redis_conn_id(void);
+
+/* A command that got no answer within redis.timeout_ms is answered with
+ * LD_REDIS_UNKNOWN at once, but its connection is not closed then: it is
+ * set aside (no new commands, except pinned ones) and kept for up to
+ * LD_REDIS_DRAIN_FACTOR times redis.timeout_ms so that Redis' late
+ * answers still arrive. With LD_REDIS_F_LATE the callback is then called a
+ * second time, exactly once: LD_REDIS_LATE with the reply, or
+ * LD_REDIS_LOST (NULL) when the connection was given up or broke. Without
+ * the flag the late answer is dropped. A command with the flag that goes
+ * on a connection which breaks before it was answered gets one call,
+ * LD_REDIS_LOST. A write whose callback sees UNKNOWN or LOST must not be
+ * reported as "nothing changed"; writes of the cache may use this the
+ * same way as the locks. */
+#define LD_REDIS_F_LATE 1u
+#define LD_REDIS_DRAIN_FACTOR 10
+
+/* Which set of connections a command uses. LD_REDIS_POOL_LOCK is a second
+ * set of redis.connections connections, opened on first use, for the lock
+ * scripts while lock.wait_replicas is set: WAIT blocks the connection it
+ * is sent on until the replicas confirm or its timeout passes, and WAIT
+ * only counts the writes of its own connection, so a grant and its WAIT
+ * go together on one of these and never hold up the shared ones. */
+enum ld_redis_pool { LD_REDIS_POOL_SHARED, LD_REDIS_POOL_LOCK };
+
+struct ld_redis_opts {
+    unsigned flags;          /* LD_REDIS_F_* */
+    enum ld_redis_pool pool;
+    /* Non-zero: send on this connection (from ld_redis_conn_id) only,
+     * after every command sent on it before, also when it has been set
+     * aside after a timeout. When it is gone the command is answered
+     * LD_REDIS_NOT_SENT. */
+    uint64_t pin;
+};
 
 int ld_redis_init(struct event_base *base, const struct ld_config *cfg);
 void ld_redis_free(void);
@@ -53,6 +107,16 @@ void ld_redis_command(const char *route, size_t route_len, int argc,
 void ld_redis_script(enum ld_script_id script, const char *route,
                      size_t route_len, int nkeys, int argc, const char **argv,
                      const size_t *argvlen, ld_redis_cb *cb, void *arg);
+
+/* The same with options (OPTS may be NULL). */
+void ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
+                         size_t route_len, int argc, const char **argv,
+                         const size_t *argvlen, ld_redis_cb *cb, void *arg);
+void ld_redis_script_ex(const struct ld_redis_opts *opts,
+                        enum ld_script_id script, const char *route,
+                        size_t route_len, int nkeys, int argc,
+                        const char **argv, const size_t *argvlen,
+                        ld_redis_cb *cb, void *arg);
 
 /* Notified when the backend becomes usable (first connection ready after
  * none was) and when it becomes unusable (no connection ready). */

@@ -505,7 +505,8 @@ START_TEST(test_lock_lost)
     snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
     json_decref(r);
     redisReply *rep = h_redis_cmd(&R, "EVAL %s 1 %s",
-        "redis.call('del', KEYS[1]); redis.call('hset', KEYS[1], 'x', 1); "
+        "redis.call('del', KEYS[1]); redis.call('hset', KEYS[1], "
+        "'0000000000000000000000000000000f', 1); "
         "redis.call('pexpire', KEYS[1], 60000)", "leased:lock:{stolen}");
     ck_assert(rep != NULL);
     freeReplyObject(rep);
@@ -515,7 +516,8 @@ START_TEST(test_lock_lost)
     ck_assert_str_eq(jstr(ev, "token"), tok);
     json_decref(ev);
     /* The other holder's lock is left alone. */
-    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{stolen} x"), 1);
+    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{stolen} %s",
+                           "0000000000000000000000000000000f"), 1);
     r = lk_unlock(a, "stolen", NULL);
     ck_assert_str_eq(h_errcode(r), "not_held");
     json_decref(r);
@@ -931,6 +933,9 @@ END_TEST
 /* --- Redisson compatibility ---------------------------------------------- */
 
 /* Redisson's RLock scripts, as the Java side would run them. */
+/* Redisson's holder field: a UUID, a colon, a thread id. */
+#define JAVA_HOLDER "4f0c2d1e-7a3b-4c5d-9e8f-0a1b2c3d4e5f:1"
+
 static const char *java_lock =
     "if (redis.call('exists', KEYS[1]) == 0) then "
     "redis.call('hset', KEYS[1], ARGV[2], 1); "
@@ -960,7 +965,7 @@ START_TEST(test_redisson_layout)
 
     /* The Java side holds it. */
     rep = h_redis_cmd(&R, "EVAL %s 1 %s %s %s", java_lock, "inventory:7",
-                      "30000", "uuid-java:1");
+                      "30000", JAVA_HOLDER);
     ck_assert(rep != NULL && rep->type == REDIS_REPLY_NIL);
     freeReplyObject(rep);
     r = lk_lock(a, "inventory:7", NULL, NO_TTL, 0);
@@ -970,7 +975,7 @@ START_TEST(test_redisson_layout)
     r = lk_unlock(a, "inventory:7", NULL);
     ck_assert_str_eq(jreason(r), "other");
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "HGET inventory:7 uuid-java:1"), 1);
+    ck_assert_int_eq(r_int(&R, "HGET inventory:7 %s", JAVA_HOLDER), 1);
 
     /* Java's unlock publishes "0" on Redisson's channel: our waiter
      * proceeds at once. */
@@ -982,7 +987,7 @@ START_TEST(test_redisson_layout)
     t0 = h_now_ms();
     rep = h_redis_cmd(&R, "EVAL %s 2 %s %s %s %s %s", java_unlock,
                       "inventory:7", "redisson_lock__channel:{inventory:7}",
-                      "0", "30000", "uuid-java:1");
+                      "0", "30000", JAVA_HOLDER);
     ck_assert(rep != NULL && rep->type == REDIS_REPLY_INTEGER
               && rep->integer == 1);
     freeReplyObject(rep);
@@ -1002,7 +1007,7 @@ START_TEST(test_redisson_layout)
 
     /* And the Java side sees us: its lock script returns our lease. */
     rep = h_redis_cmd(&R, "EVAL %s 1 %s %s %s", java_lock, "inventory:7",
-                      "30000", "uuid-java:1");
+                      "30000", JAVA_HOLDER);
     ck_assert(rep != NULL && rep->type == REDIS_REPLY_INTEGER);
     ck_assert_int_gt(rep->integer, 0);
     freeReplyObject(rep);

@@ -1,0 +1,532 @@
+/* Locks when Redis misbehaves or holds data leased did not write: unlock
+ * and extend whose answer comes too late ("outcome":"unknown", settled by
+ * the late answer), the cause of a failure in the message, the release
+ * after an acquisition that timed out, tokens and hashes that are not
+ * locks (both layouts), WAIT on connections of its own, and foreign data
+ * reported as wrong_type rather than internal. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "lock_util.h"
+
+#include <unistd.h>
+
+static struct h_redis R;
+static struct h_redis R2;
+static struct h_daemon D;
+
+/* A Redisson holder field: a UUID, a colon, a thread id. */
+#define JAVA_HOLDER "4f0c2d1e-7a3b-4c5d-9e8f-0a1b2c3d4e5f:1"
+#define TOK32 "0123456789abcdef0123456789abcdef"
+
+static void setup(void)
+{
+    memset(&R, 0, sizeof R);
+    memset(&R2, 0, sizeof R2);
+    memset(&D, 0, sizeof D);
+}
+
+static void teardown(void)
+{
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R2);
+    h_redis_stop(&R);
+}
+
+/* Redis with DEBUG allowed, and leased with REDIS_YAML (the body of the
+ * redis section, after its address) and EXTRA (other sections). */
+static void start(const char *redis_yaml, const char *extra)
+{
+    char yaml[1024];
+    ck_assert_int_eq(h_redis_start(&R, "--enable-debug-command yes"), 0);
+    snprintf(yaml, sizeof yaml, "redis:\n  address: \"127.0.0.1:%d\"\n%s%s",
+             R.port, redis_yaml != NULL ? redis_yaml : "",
+             extra != NULL ? extra : "");
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+}
+
+/* A Redis command from the test that must not fail. */
+static void r_do(const char *fmt, ...)
+{
+    va_list ap;
+    redisContext *c = h_redis_connect(&R);
+    ck_assert_msg(c != NULL, "cannot connect to redis");
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(rep != NULL && rep->type != REDIS_REPLY_ERROR,
+                  "redis command %s failed", fmt);
+    freeReplyObject(rep);
+    redisFree(c);
+}
+
+static const char *jmsg(const json_t *r)
+{
+    return json_string_value(
+        json_object_get(json_object_get(r, "error"), "message"));
+}
+
+static const char *joutcome(const json_t *r)
+{
+    return json_string_value(
+        json_object_get(json_object_get(r, "error"), "outcome"));
+}
+
+/* True while Redis does not answer a PING within 200 ms. */
+static bool redis_asleep(void *arg)
+{
+    (void)arg;
+    struct timeval tv = { 0, 200000 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", R.port, tv);
+    if (c == NULL) {
+        return false;
+    }
+    if (c->err) {
+        redisFree(c);
+        return false;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *rep = redisCommand(c, "PING");
+    bool asleep = rep == NULL;
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    redisFree(c);
+    return asleep;
+}
+
+/* DEBUG SLEEP SECS from a connection of its own; returns once Redis has
+ * stopped answering. sleep_end waits until it answers again. */
+static redisContext *sleep_start(int secs)
+{
+    redisContext *c = h_redis_connect(&R);
+    int done = 0;
+    ck_assert_msg(c != NULL, "cannot connect to redis");
+    ck_assert_int_eq(redisAppendCommand(c, "DEBUG SLEEP %d", secs),
+                     REDIS_OK);
+    while (!done) {
+        ck_assert_int_eq(redisBufferWrite(c, &done), REDIS_OK);
+    }
+    ck_assert_msg(h_wait_until(redis_asleep, NULL, 5000),
+                  "redis did not go to sleep");
+    return c;
+}
+
+static void sleep_end(redisContext *c)
+{
+    struct timeval tv = { 60, 0 };
+    void *rep = NULL;
+    redisSetTimeout(c, tv);
+    ck_assert_int_eq(redisGetReply(c, &rep), REDIS_OK);
+    freeReplyObject(rep);
+    redisFree(c);
+}
+
+struct stat_wait {
+    struct h_conn *c;
+    const char *name;
+    long long want;
+};
+
+static bool stat_is(void *arg)
+{
+    struct stat_wait *w = arg;
+    return h_stat(w->c, w->name) == w->want;
+}
+
+/* After Redis woke, the daemon reconnects (with backoff). */
+static void wait_connected(struct h_conn *c)
+{
+    struct stat_wait w = { c, "redis_connected", 1 };
+    ck_assert_msg(h_wait_until(stat_is, &w, 15000),
+                  "leased did not reconnect");
+}
+
+/* --- 1: unlock and extend with no answer in time ------------------------ */
+
+START_TEST(test_unlock_outcome_unknown)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    redisContext *z;
+
+    start("  timeout_ms: 500\n  connections: 1\n", NULL);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    r = lk_must(a, "u1", NULL, 60000, 0);
+    json_decref(r);
+    r = lk_must(a, "e1", NULL, 60000, 0);
+    json_decref(r);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 2);
+
+    /* Both go out on the one connection before time runs out. */
+    z = sleep_start(3);
+    ck_assert_int_eq(h_send(a, "{s:i,s:s,s:s}", "id", 901, "op", "unlock",
+                            "key", "u1"), 0);
+    ck_assert_int_eq(h_send(a, "{s:i,s:s,s:s,s:i}", "id", 902, "op",
+                            "extend", "key", "e1", "ttl_ms", 7000), 0);
+    r = h_recv_id(a, 901, T_MS);
+    ck_assert_msg(r != NULL, "no reply to unlock");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(joutcome(r) != NULL && strcmp(joutcome(r), "unknown") == 0,
+                  "unlock sent without an answer must say outcome unknown");
+    ck_assert_msg(strstr(jmsg(r), "timed out after 500 ms") != NULL,
+                  "message does not say why: %s", jmsg(r));
+    json_decref(r);
+    r = h_recv_id(a, 902, T_MS);
+    ck_assert_msg(r != NULL, "no reply to extend");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(joutcome(r) != NULL && strcmp(joutcome(r), "unknown") == 0,
+                  "extend sent without an answer must say outcome unknown");
+    json_decref(r);
+    sleep_end(z);
+    wait_connected(a);
+
+    /* Redis ran both when it woke; the late answer settles the record of
+     * u1 (no longer held here), and B can take it at once. */
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{u1}"), 0);
+    ck_assert_int_le(r_int(&R, "PTTL leased:lock:{e1}"), 7000);
+    struct stat_wait w = { a, "locks_held", 1 };
+    ck_assert_msg(h_wait_until(stat_is, &w, 10000),
+                  "the late answer did not settle the record: held %lld",
+                  h_stat(a, "locks_held"));
+    r = lk_must(b, "u1", NULL, 5000, 0);
+    json_decref(r);
+    /* The unlock is not counted twice nor does it linger. */
+    r = lk_unlock(a, "u1", NULL);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+}
+END_TEST
+
+/* A stop while late answers are still owed: they are given up, and the
+ * daemon exits cleanly (under a memory checker too). */
+START_TEST(test_stop_with_late_answers_owed)
+{
+    struct h_conn *a;
+    json_t *r;
+    redisContext *z;
+
+    start("  timeout_ms: 300\n  connections: 1\n", NULL);
+    a = lk_connect(&D);
+    r = lk_must(a, "q1", NULL, 60000, 0);
+    json_decref(r);
+    z = sleep_start(4);
+    r = lk_unlock(a, "q1", NULL);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_str_eq(joutcome(r), "unknown");
+    json_decref(r);
+    h_close(a);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+    sleep_end(z);
+}
+END_TEST
+
+START_TEST(test_failure_reason)
+{
+    struct h_conn *a;
+    json_t *r;
+
+    /* No Redis at all: nothing was sent, and the message says why. */
+    ck_assert_int_eq(h_daemon_start(&D, NULL, NULL), 0);
+    a = lk_connect(&D);
+    r = lk_lock(a, "x", NULL, 5000, 0);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(strcasestr(jmsg(r), "refused") != NULL,
+                  "message does not carry the cause: %s", jmsg(r));
+    ck_assert_msg(joutcome(r) == NULL, "nothing was sent: no outcome");
+    json_decref(r);
+    r = lk_unlock(a, "x", NULL);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(joutcome(r) == NULL, "nothing was sent: no outcome");
+    ck_assert_msg(strcasestr(jmsg(r), "refused") != NULL,
+                  "message does not carry the cause: %s", jmsg(r));
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
+/* --- 2: the release after a lock that timed out ------------------------- */
+
+START_TEST(test_lock_timeout_not_stranded)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    redisContext *z;
+    long long t0;
+
+    start("  timeout_ms: 500\n  connections: 1\n", NULL);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    z = sleep_start(2);
+    r = lk_lock(a, "s1", NULL, 60000, 0);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    sleep_end(z);
+    wait_connected(a);
+    /* Redis ran the acquisition when it woke, and the release behind it:
+     * B gets the lock now, not after its 60 s lease. */
+    t0 = h_now_ms();
+    r = lk_lock(b, "s1", NULL, 5000, 15000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"),
+                  "lock stranded after a timed-out acquisition (%s)",
+                  h_errcode(r));
+    ck_assert_int_lt(h_now_ms() - t0, 15000);
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+}
+END_TEST
+
+/* --- 3: tokens and hashes that are not locks ----------------------------- */
+
+static void expect_code(json_t *r, const char *code, const char *what)
+{
+    ck_assert_msg(r != NULL, "no reply to %s", what);
+    ck_assert_msg(h_errcode(r) != NULL && strcmp(h_errcode(r), code) == 0,
+                  "%s: expected %s, got %s", what, code,
+                  h_errcode(r) != NULL ? h_errcode(r) : "ok");
+    json_decref(r);
+}
+
+START_TEST(test_not_a_lock_redisson)
+{
+    struct h_conn *a;
+    json_t *r;
+
+    start(NULL, "lock:\n  layout: redisson\n");
+    a = lk_connect(&D);
+    r_do("HSET user:42 email a@example.org name x");
+    r_do("HSET cart:1 qty 3");
+
+    /* Field names that no holder can have never reach Redis. */
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+                        "user:42", "token", "email", "ttl_ms", 1),
+                "bad_request", "extend with token email");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
+                        "cart:1", "token", "qty"),
+                "bad_request", "unlock with token qty");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key",
+                        "cart:1", "token", "qty"),
+                "bad_request", "lock with token qty");
+    ck_assert_int_eq(r_int(&R, "PTTL user:42"), -1);
+    ck_assert_int_eq(r_int(&R, "HGET cart:1 qty"), 3);
+
+    /* A holder-shaped field in a hash that is not a lock. */
+    r_do("HSET cart:2 %s 1 qty 3", JAVA_HOLDER);
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
+                        "cart:2", "token", JAVA_HOLDER),
+                "wrong_type", "unlock of a hash that is not a lock");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+                        "cart:2", "token", JAVA_HOLDER, "ttl_ms", 1),
+                "wrong_type", "extend of a hash that is not a lock");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
+                        "cart:2"),
+                "wrong_type", "lock.info of a hash that is not a lock");
+    ck_assert_int_eq(r_int(&R, "PTTL cart:2"), -1);
+    ck_assert_int_eq(r_int(&R, "HGET cart:2 %s", JAVA_HOLDER), 1);
+    ck_assert_int_eq(r_int(&R, "HGET cart:2 qty"), 3);
+
+    /* A real Redisson lock is still extended and released by its holder. */
+    r_do("HSET inv:9 %s 1", JAVA_HOLDER);
+    ck_assert_int_eq(r_int(&R, "PEXPIRE inv:9 30000"), 1);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key", "inv:9",
+                "token", JAVA_HOLDER, "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r), "extend of a Redisson lock: %s", h_errcode(r));
+    json_decref(r);
+    ck_assert_int_gt(r_int(&R, "PTTL inv:9"), 30000);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "inv:9",
+                "token", JAVA_HOLDER);
+    ck_assert_msg(h_ok(r) && jtrue(r, "released"),
+                  "unlock of a Redisson lock: %s", h_errcode(r));
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS inv:9"), 0);
+    h_close(a);
+}
+END_TEST
+
+START_TEST(test_not_a_lock_leased)
+{
+    struct h_conn *a;
+
+    start(NULL, NULL);
+    a = lk_connect(&D);
+    /* A Redisson-shaped token is no token of this layout. */
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
+                        "token", JAVA_HOLDER),
+                "bad_request", "unlock with a Redisson token");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+                        "k", "token", "email", "ttl_ms", 5),
+                "bad_request", "extend with token email");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
+                        "token", "0123456789ABCDEF0123456789ABCDEF"),
+                "bad_request", "unlock with an upper-case token");
+
+    r_do("HSET leased:lock:{h} %s 1 other x", TOK32);
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "h",
+                        "token", TOK32),
+                "wrong_type", "unlock of a hash with a foreign field");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+                        "h", "token", TOK32, "ttl_ms", 1),
+                "wrong_type", "extend of a hash with a foreign field");
+    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{h} %s", TOK32), 1);
+    ck_assert_int_eq(r_int(&R, "PTTL leased:lock:{h}"), -1);
+    h_close(a);
+}
+END_TEST
+
+/* --- 4: WAIT on its own connections -------------------------------------- */
+
+static bool replica_linked(void *arg)
+{
+    (void)arg;
+    redisReply *rep = h_redis_cmd(&R, "INFO replication");
+    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING
+              && strstr(rep->str, "connected_slaves:1") != NULL
+              && strstr(rep->str, "state=online") != NULL;
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return ok;
+}
+
+/* Count the CLIENT LIST lines that contain WHAT (at least *ARG). */
+static int clients_with(const char *what)
+{
+    redisReply *rep = h_redis_cmd(&R, "CLIENT LIST");
+    int n = 0;
+    if (rep != NULL && rep->type == REDIS_REPLY_STRING) {
+        for (const char *p = rep->str; (p = strstr(p, what)) != NULL;
+             p += strlen(what)) {
+            n++;
+        }
+    }
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return n;
+}
+
+static bool leased_conns_up(void *arg)
+{
+    return clients_with("name=leased ") >= *(int *)arg;
+}
+
+static bool wait_running(void *arg)
+{
+    (void)arg;
+    return clients_with("cmd=wait") >= 1;
+}
+
+START_TEST(test_wait_own_connection)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    long long t0, took;
+    char args[64];
+    int want = 2;
+
+    start("  timeout_ms: 4000\n  connections: 1\n",
+          "lock:\n  wait_replicas: 1\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    /* The shared connection and the lock connection: a lock sent before
+     * the latter is up goes on the shared one. (A daemon without lock
+     * connections fails below, where it matters.) */
+    (void)h_wait_until(leased_conns_up, &want, 15000);
+
+    /* No replica: the grant's WAIT blocks for 2 s (half the timeout). */
+    lk_send(a, 7, "w", NULL, NO_TTL, 0);
+    ck_assert_msg(h_wait_until(wait_running, NULL, 10000),
+                  "WAIT never ran");
+    t0 = h_now_ms();
+    r = h_callf(b, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "other");
+    took = h_now_ms() - t0;
+    ck_assert_msg(r != NULL && h_ok(r), "cache.get failed: %s",
+                  r != NULL ? h_errcode(r) : "no reply");
+    json_decref(r);
+    ck_assert_msg(took < 300, "cache.get waited %lld ms behind WAIT", took);
+    ck_assert_msg(wait_running(NULL), "WAIT ended before the check");
+    r = h_recv_id(a, 7, 15000);
+    ck_assert_msg(r != NULL, "no reply to the lock");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{w}"), 0);
+
+    /* With a replica the grant is confirmed. */
+    snprintf(args, sizeof args, "--replicaof 127.0.0.1 %d", R.port);
+    ck_assert_int_eq(h_redis_start(&R2, args), 0);
+    ck_assert_msg(h_wait_until(replica_linked, NULL, 15000),
+                  "replica did not link");
+    r = lk_must(a, "w", NULL, NO_TTL, 0);
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R2, "EXISTS leased:lock:{w}"), 1);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* --- 5: foreign data is wrong_type, not internal ------------------------- */
+
+START_TEST(test_foreign_data_wrong_type)
+{
+    struct h_conn *a;
+    json_t *r;
+
+    start(NULL, NULL);
+    a = lk_connect(&D);
+    r_do("HSET leased:lock:{W} %s notanumber", TOK32);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "W",
+                "token", TOK32);
+    ck_assert_msg(r != NULL, "no reply");
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    ck_assert_msg(strstr(jmsg(r), "'W'") != NULL, "key not named: %s",
+                  jmsg(r));
+    json_decref(r);
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key",
+                        "W", "token", TOK32),
+                "wrong_type", "lock.info of a bad count");
+    redisReply *rep = h_redis_cmd(&R, "HGET leased:lock:{W} %s", TOK32);
+    ck_assert(rep != NULL && rep->type == REDIS_REPLY_STRING
+              && strcmp(rep->str, "notanumber") == 0);
+    freeReplyObject(rep);
+
+    /* An empty field, and an unlock by an owner that holds nothing. */
+    r_do("HSET leased:lock:{W3} %b x", "", (size_t)0);
+    r = lk_unlock(a, "W3", NULL);
+    ck_assert_str_eq(h_errcode(r), "wrong_type");
+    json_decref(r);
+    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{W3}"), 1);
+    h_close(a);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+
+static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
+{
+    h_add_test(s, name, t, timeout_s, setup, teardown);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("lock_faults");
+
+    add(s, "unlock_outcome_unknown", test_unlock_outcome_unknown, 90);
+    add(s, "stop_with_late_answers_owed", test_stop_with_late_answers_owed,
+        90);
+    add(s, "failure_reason", test_failure_reason, 60);
+    add(s, "lock_timeout_not_stranded", test_lock_timeout_not_stranded, 90);
+    add(s, "not_a_lock_redisson", test_not_a_lock_redisson, 60);
+    add(s, "not_a_lock_leased", test_not_a_lock_leased, 60);
+    add(s, "wait_own_connection", test_wait_own_connection, 90);
+    add(s, "foreign_data_wrong_type", test_foreign_data_wrong_type, 60);
+
+    return h_run_suite(s);
+}
