@@ -34,6 +34,7 @@
 
 #define H_REDIS_READY_MS 10000
 #define H_DAEMON_READY_MS 20000
+#define H_REDIS_CONNECT_MS 5000
 #define H_DAEMON_STOP_MS 15000
 #define H_SEND_MS 10000
 #define H_LOG_TAIL_BYTES (256 * 1024)
@@ -933,6 +934,24 @@ static void check_memory_report(const struct h_daemon *d)
     fclose(f);
 }
 
+/* The daemon answers ping before its Redis connections are up, and until
+ * then ops answer redis_unavailable. A test that gave the daemon a Redis
+ * starts once it is connected; a Redis that is down on purpose (no
+ * connection within the bound) leaves the test to its own checks. */
+static void wait_redis_connected(struct h_daemon *d)
+{
+    long long deadline = h_now_ms() + H_REDIS_CONNECT_MS;
+    struct h_conn *c;
+
+    if (d->redis_port == 1 || !(c = h_connect(d))) {
+        return;
+    }
+    while (h_stat(c, "redis_connected") < 1 && h_now_ms() < deadline) {
+        sleep_ms(10);
+    }
+    h_close(c);
+}
+
 static int daemon_spawn_wait(struct h_daemon *d, int listen_fd)
 {
     const char *argv[32];
@@ -964,6 +983,7 @@ static int daemon_spawn_wait(struct h_daemon *d, int listen_fd)
             return -1;
         }
         if (daemon_answers(d)) {
+            wait_redis_connected(d);
             return 0;
         }
         sleep_ms(10);
