@@ -177,6 +177,9 @@ START_TEST(test_prometheus_help_type_for_every_field)
     for (i = 0; i < LD_ARRAY_LEN(fields); i++) {
         bool counter = strcmp(fields[i].kind, "counter") == 0;
 
+        if (strcmp(fields[i].kind, "smoothed_us") == 0) {
+            continue; /* test_prometheus_times_in_seconds */
+        }
         snprintf(metric, sizeof(metric), "leased_%s%s", fields[i].name,
                  counter ? "_total" : "");
         snprintf(want, sizeof(want), "# HELP %s ", metric);
@@ -192,6 +195,41 @@ START_TEST(test_prometheus_help_type_for_every_field)
     ck_assert(strstr(text, "\n# TYPE leased_uptime_seconds gauge\n"));
     ck_assert(strstr(text, "\nleased_uptime_seconds "));
     free(text);
+}
+END_TEST
+
+/* Prometheus wants base units: the smoothed round trip, kept in
+ * microseconds for `stats`, is exposed in seconds under a name without
+ * "_us", and no metric name carries an abbreviated unit. */
+START_TEST(test_prometheus_times_in_seconds)
+{
+    char *text, *at, *line, *save = NULL;
+    json_t *o;
+
+    ld_stats_init();
+    ld_stats.redis_rtt_us = 1250;
+    text = prom();
+    ck_assert(strstr(text,
+                     "\n# TYPE leased_redis_rtt_smoothed_seconds gauge\n"));
+    at = strstr(text, "\nleased_redis_rtt_smoothed_seconds ");
+    ck_assert_ptr_nonnull(at);
+    ck_assert_double_eq_tol(strtod(strchr(at + 1, ' ') + 1, NULL), 0.00125,
+                            1e-12);
+    for (line = strtok_r(text, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        ck_assert_msg(strstr(line, "_us ") == NULL &&
+                          strstr(line, "_us_") == NULL &&
+                          strstr(line, "_ms ") == NULL &&
+                          strstr(line, "_ms_") == NULL &&
+                          strstr(line, "_us{") == NULL,
+                      "abbreviated unit: %s", line);
+    }
+    free(text);
+
+    o = ld_stats_json();
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "redis_rtt_us")),
+                     1250);
+    json_decref(o);
 }
 END_TEST
 
@@ -480,6 +518,7 @@ stats_suite(void)
     tcase_add_test(tc, test_json_ops_and_errors);
     tcase_add_test(tc, test_ops_overflow_counted_as_other);
     tcase_add_test(tc, test_prometheus_help_type_for_every_field);
+    tcase_add_test(tc, test_prometheus_times_in_seconds);
     tcase_add_test(tc, test_prometheus_ops_and_errors);
     tcase_add_test(tc, test_prometheus_well_formed);
     tcase_add_test(tc, test_prometheus_histograms);
