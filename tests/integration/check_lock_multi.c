@@ -284,6 +284,9 @@ START_TEST(test_two_daemons)
     h_close(a);
     ck_assert_int_eq(h_daemon_restart(&D1), 0);
     a = lk_connect(&D1);
+    /* It answers before its Redis connections are up; a lock request in
+     * between would get redis_unavailable instead of waiting. */
+    wait_stat(a, "redis_connected", 2);
     lk_send(a, 2, "m", NULL, NO_TTL, 10000);
     wait_waiters(a, 1);
     lk_unlock_ok(b, "m", NULL);
