@@ -92,8 +92,8 @@ if [ "$prometheus_missing" = yes ]; then
     policy=/usr/sbin/policy-rc.d
     own_policy=no
     if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\n# quickstart: no services during install\nexit 101\n' \
-            >"$policy"
+        printf '#!/bin/sh\n# quickstart: no services while installing\n%s\n' \
+            'exit 101' >"$policy"
         chmod 755 "$policy"
         own_policy=yes
     fi
