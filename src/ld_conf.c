@@ -1,10 +1,11 @@
 /* Configuration: YAML into struct ld_config through a table of directives.
  *
  * Every setting is one row of `directives` below: its dotted name, type,
- * bounds, default and whether SIGHUP may change it. The same table drives
- * the defaults, the parser, reload, the deep copy and the docs check in the
- * test suite, so a new setting is one new row (plus its struct field, its
- * line in conf/leased.yml and its entry in leased.yml(5)).
+ * bounds, default, whether SIGHUP may change it and whether this version
+ * has the feature at all. The same table drives the defaults, the parser,
+ * reload and the docs check in the test suite, so a new setting is one new
+ * row (plus its struct field, its line in conf/leased.yml and its entry in
+ * leased.yml(5)).
  *
  * Parsing goes through libyaml's document API: the whole file becomes a
  * node tree, so duplicate keys can be found within a mapping and every
@@ -62,6 +63,11 @@ struct conf_directive {
     long long min, max;
     double dmin, dmax;
     const struct conf_enum *names; /* NULL-terminated */
+    /* Set on the settings of the file format whose feature this version
+     * does not have: it names the feature for the error, and any value
+     * but the default is refused, by -t, at start and on reload alike,
+     * rather than accepted and then ignored. */
+    const char *unbuilt;
 };
 
 /* The enum fields are written through an int pointer. */
@@ -100,28 +106,37 @@ static const struct conf_enum log_targets[] = {
 };
 
 #define OFF(field) offsetof(struct ld_config, field)
-#define STRING(n, f, fl, d)                                                   \
-    {.name = n, .type = CT_STRING, .offset = OFF(f), .flags = fl, .def = d}
-#define INT(n, f, fl, d, lo, hi)                                              \
+/* The optional last argument of a row adds initializers, such as
+ * NOT_BUILT(...). */
+#define STRING(n, f, fl, d, ...)                                              \
+    {.name = n, .type = CT_STRING, .offset = OFF(f), .flags = fl, .def = d,   \
+     __VA_ARGS__}
+#define INT(n, f, fl, d, lo, hi, ...)                                         \
     {.name = n, .type = CT_INT, .offset = OFF(f), .flags = fl, .def = d,      \
-     .min = lo, .max = hi}
-#define LLONG(n, f, fl, d, lo, hi)                                            \
+     .min = lo, .max = hi, __VA_ARGS__}
+#define LLONG(n, f, fl, d, lo, hi, ...)                                       \
     {.name = n, .type = CT_LLONG, .offset = OFF(f), .flags = fl, .def = d,    \
-     .min = lo, .max = hi}
-#define DOUBLE(n, f, fl, d, lo, hi)                                           \
+     .min = lo, .max = hi, __VA_ARGS__}
+#define DOUBLE(n, f, fl, d, lo, hi, ...)                                      \
     {.name = n, .type = CT_DOUBLE, .offset = OFF(f), .flags = fl, .def = d,   \
-     .dmin = lo, .dmax = hi}
-#define BOOL(n, f, fl, d)                                                     \
-    {.name = n, .type = CT_BOOL, .offset = OFF(f), .flags = fl, .def = d}
-#define ENUM(n, f, fl, d, tab)                                                \
+     .dmin = lo, .dmax = hi, __VA_ARGS__}
+#define BOOL(n, f, fl, d, ...)                                                \
+    {.name = n, .type = CT_BOOL, .offset = OFF(f), .flags = fl, .def = d,     \
+     __VA_ARGS__}
+#define ENUM(n, f, fl, d, tab, ...)                                           \
     {.name = n, .type = CT_ENUM, .offset = OFF(f), .flags = fl, .def = d,     \
-     .names = tab}
-#define MODE(n, f, fl, d)                                                     \
-    {.name = n, .type = CT_MODE, .offset = OFF(f), .flags = fl, .def = d}
-#define STRLIST(n, f, fl)                                                     \
-    {.name = n, .type = CT_STRLIST, .offset = OFF(f), .flags = fl, .def = ""}
-#define HOSTPORT(n, f, fl, d)                                                 \
-    {.name = n, .type = CT_HOSTPORT, .offset = OFF(f), .flags = fl, .def = d}
+     .names = tab, __VA_ARGS__}
+#define MODE(n, f, fl, d, ...)                                                \
+    {.name = n, .type = CT_MODE, .offset = OFF(f), .flags = fl, .def = d,     \
+     __VA_ARGS__}
+#define STRLIST(n, f, fl, ...)                                                \
+    {.name = n, .type = CT_STRLIST, .offset = OFF(f), .flags = fl,            \
+     .def = "", __VA_ARGS__}
+#define HOSTPORT(n, f, fl, d, ...)                                            \
+    {.name = n, .type = CT_HOSTPORT, .offset = OFF(f), .flags = fl,           \
+     .def = d, __VA_ARGS__}
+/* Not available in this version: only the default value is accepted. */
+#define NOT_BUILT(feature) .unbuilt = feature
 
 #define DAY_MS 86400000LL
 #define YEAR_MS (365 * DAY_MS)
@@ -136,10 +151,13 @@ static const struct conf_directive directives[] = {
     HOSTPORT("listen.tcp", listen.tcp, F_EMPTY_OK | F_LISTEN, ""),
     STRING("listen.auth_token", listen.auth_token, 0, ""),
 
-    ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes),
+    ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes,
+         NOT_BUILT("Sentinel or Cluster mode")),
     HOSTPORT("redis.address", redis.address, F_UNIX_OK, "127.0.0.1:6379"),
-    STRLIST("redis.addresses", redis.addresses, F_UNIX_OK),
-    STRING("redis.master_name", redis.master_name, 0, "mymaster"),
+    STRLIST("redis.addresses", redis.addresses, F_UNIX_OK,
+            NOT_BUILT("Sentinel or Cluster mode")),
+    STRING("redis.master_name", redis.master_name, 0, "mymaster",
+           NOT_BUILT("Sentinel mode")),
     STRING("redis.username", redis.username, 0, ""),
     STRING("redis.password", redis.password, 0, ""),
     INT("redis.db", redis.db, 0, "0", 0, 1000000),
@@ -152,7 +170,7 @@ static const struct conf_directive directives[] = {
     LLONG("lock.max_hold_ms", lock.max_hold_ms, F_RELOAD, "0", 0, YEAR_MS),
     INT("lock.wait_replicas", lock.wait_replicas, F_RELOAD, "0", 0, 16),
     ENUM("lock.layout", lock.layout, 0, "leased", lock_layouts),
-    STRLIST("lock.redlock", lock.redlock, F_UNIX_OK),
+    STRLIST("lock.redlock", lock.redlock, F_UNIX_OK, NOT_BUILT("Redlock")),
 
     STRING("cache.prefix", cache.prefix, 0, "leased:cache:"),
     LLONG("cache.ttl_ms", cache.ttl_ms, F_RELOAD, "600000", 1, YEAR_MS),
@@ -164,11 +182,12 @@ static const struct conf_directive directives[] = {
     LLONG("cache.wait_ms", cache.wait_ms, F_RELOAD, "3000", 0, HOUR_MS),
     LLONG("cache.double_delete_ms", cache.double_delete_ms, F_RELOAD, "1000",
           0, HOUR_MS),
-    BOOL("cache.near.enabled", cache.near.enabled, 0, "false"),
+    BOOL("cache.near.enabled", cache.near.enabled, 0, "false",
+         NOT_BUILT("the near cache")),
     LLONG("cache.near.max_bytes", cache.near.max_bytes, 0, "67108864", 0,
-          1LL << 40),
+          1LL << 40, NOT_BUILT("the near cache")),
     LLONG("cache.near.max_value_bytes", cache.near.max_value_bytes, 0,
-          "65536", 1, 1LL << 30),
+          "65536", 1, 1LL << 30, NOT_BUILT("the near cache")),
 
     STRING("journal.path", journal.path, F_NONEMPTY, NULL),
     ENUM("journal.fsync", journal.fsync, 0, "always", fsync_modes),
@@ -688,15 +707,6 @@ ld_conf_free(struct ld_config *cfg)
     }
 }
 
-void
-ld_conf_copy(struct ld_config *dst, const struct ld_config *src)
-{
-    memset(dst, 0, sizeof(*dst));
-    for (size_t i = 0; i < NDIRECTIVES; i++) {
-        value_copy(dst, src, &directives[i]);
-    }
-}
-
 static void
 absolute_path(char **path, const char *base)
 {
@@ -989,6 +999,54 @@ mark_of(const struct conf_load *st, const char *a, const char *b)
     return none;
 }
 
+/* A setting of a feature this version lacks may be written down, but only
+ * at its default: a file that asks for the feature is refused here, so
+ * -t, start-up and reload give the same file:line:col answer. Relations
+ * between such settings (three Redlock addresses, Sentinels for sentinel
+ * mode...) are left for when the feature exists. */
+static int
+check_unbuilt(struct conf_load *st)
+{
+    struct ld_config def;
+    const struct conf_directive *first = NULL;
+    size_t first_i = 0;
+
+    ld_conf_defaults(&def);
+    /* Of several, the one nearest the top of the file, as an editor
+     * would meet them. */
+    for (size_t i = 0; i < NDIRECTIVES; i++) {
+        const struct conf_directive *d = &directives[i];
+        if (d->unbuilt != NULL && st->seen[i] &&
+            !value_equal(st->cfg, &def, d) &&
+            (first == NULL || st->marks[i].index < st->marks[first_i].index)) {
+            first = d;
+            first_i = i;
+        }
+    }
+    ld_conf_free(&def);
+    if (first == NULL) {
+        return LD_OK;
+    }
+
+    const char *feature = first->unbuilt;
+    if (first->type == CT_ENUM) {
+        /* "sentinel is not available" says more than the row's feature. */
+        int v = *(const int *)cfield(st->cfg, first);
+        for (const struct conf_enum *e = first->names; e->name != NULL; e++) {
+            if (e->value == v) {
+                feature = e->name;
+            }
+        }
+    }
+    bool quote = first->type == CT_STRING;
+    return conf_error(st, st->marks[first_i], first->name,
+                      "%s is not available in this version (only the "
+                      "default %s%s%s is accepted)",
+                      feature, quote ? "\"" : "",
+                      first->type == CT_STRLIST ? "[]" : first->def,
+                      quote ? "\"" : "");
+}
+
 /* Rules that tie settings together, checked on the final values so that
  * their order in the file does not matter. */
 static int
@@ -1008,37 +1066,6 @@ check_relations(struct conf_load *st)
                               "non-loopback tcp requires listen.auth_token");
         }
     }
-    if (c->redis.mode == LD_REDIS_SENTINEL) {
-        if (c->redis.addresses.count == 0) {
-            return conf_error(st, mark_of(st, "redis.mode", "redis.addresses"),
-                              "redis.mode",
-                              "sentinel mode requires redis.addresses (the "
-                              "sentinels)");
-        }
-        if (c->redis.master_name[0] == '\0') {
-            return conf_error(st,
-                              mark_of(st, "redis.master_name", "redis.mode"),
-                              "redis.master_name",
-                              "must not be empty in sentinel mode");
-        }
-    }
-    if (c->redis.mode == LD_REDIS_CLUSTER && c->redis.addresses.count == 0 &&
-        c->redis.address[0] == '\0') {
-        return conf_error(st, mark_of(st, "redis.mode", "redis.addresses"),
-                          "redis.mode",
-                          "cluster mode requires redis.addresses or "
-                          "redis.address as a seed");
-    }
-    if (c->redis.mode == LD_REDIS_CLUSTER && c->redis.db != 0) {
-        return conf_error(st, mark_of(st, "redis.db", "redis.mode"),
-                          "redis.db", "must be 0 in cluster mode");
-    }
-    if (c->lock.redlock.count > 0 && c->lock.redlock.count < 3) {
-        return conf_error(st, mark_of(st, "lock.redlock", NULL),
-                          "lock.redlock",
-                          "needs at least 3 addresses (or none), got %zu",
-                          c->lock.redlock.count);
-    }
     /* One prefix inside the other would let a cache key name a lock's
      * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */
     size_t lp = strlen(c->lock.prefix);
@@ -1049,14 +1076,6 @@ check_relations(struct conf_load *st)
                           lp == cp ? "must differ from lock.prefix"
                                    : "must not be a prefix of lock.prefix, "
                                      "nor lock.prefix of it");
-    }
-    if (c->cache.near.enabled &&
-        c->cache.near.max_value_bytes > c->cache.near.max_bytes) {
-        return conf_error(st,
-                          mark_of(st, "cache.near.max_value_bytes",
-                                  "cache.near.max_bytes"),
-                          "cache.near.max_value_bytes",
-                          "must not exceed cache.near.max_bytes");
     }
     return LD_OK;
 }
@@ -1154,6 +1173,9 @@ ld_conf_load_string(struct ld_config *cfg, const char *yaml, size_t len,
         rc = LD_OK; /* empty, or only comments: all defaults */
     } else if (root->type == YAML_MAPPING_NODE) {
         rc = walk_mapping(&st, root, "");
+        if (rc == LD_OK) {
+            rc = check_unbuilt(&st);
+        }
         if (rc == LD_OK) {
             rc = check_relations(&st);
         }
@@ -1255,4 +1277,11 @@ ld_conf_each_key(ld_conf_key_fn *fn, void *arg)
     for (size_t i = 0; i < NDIRECTIVES; i++) {
         fn(directives[i].name, (directives[i].flags & F_RELOAD) != 0, arg);
     }
+}
+
+bool
+ld_conf_key_available(const char *dotted)
+{
+    const struct conf_directive *d = find_directive(dotted);
+    return d != NULL && d->unbuilt == NULL;
 }

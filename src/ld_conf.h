@@ -112,12 +112,13 @@ void ld_conf_absolute_paths(struct ld_config *cfg, const char *base);
 void ld_conf_apply_reload(struct ld_config *live,
                           const struct ld_config *newcfg);
 
-/* Deep copy (for reload scratch copies). */
-void ld_conf_copy(struct ld_config *dst, const struct ld_config *src);
-
 /* Visit every known key (dotted name, "reloadable" flag), for the docs
  * check in the test suite. */
 typedef void ld_conf_key_fn(const char *dotted, bool reloadable, void *arg);
 void ld_conf_each_key(ld_conf_key_fn *fn, void *arg);
+
+/* False for an unknown key and for a setting of a feature this version
+ * does not have (only its default is accepted), for the docs check. */
+bool ld_conf_key_available(const char *dotted);
 
 #endif

@@ -399,9 +399,3 @@ ld_listen_stop(void)
         unix_path_created[0] = '\0';
     }
 }
-
-int
-ld_listen_tcp_port(void)
-{
-    return ld_srv.tcp_port;
-}

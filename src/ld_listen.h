@@ -18,6 +18,5 @@ struct ld_listener {
 int ld_listen_start(struct event_base *base, const struct ld_config *cfg);
 /* Stop accepting (graceful stop); the Unix socket file is removed. */
 void ld_listen_stop(void);
-int ld_listen_tcp_port(void);
 
 #endif

@@ -7,7 +7,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 #include <syslog.h>
 #include <time.h>
 
@@ -59,23 +58,6 @@ ld_log_set_level(int level)
         level = LD_LOG_ERROR;
     }
     ld_log_level = level;
-}
-
-int
-ld_log_parse_level(const char *name)
-{
-    if (name == NULL) {
-        return -1;
-    }
-    for (size_t i = 0; i < LD_ARRAY_LEN(level_names); i++) {
-        if (strcasecmp(name, level_names[i]) == 0) {
-            return (int)i;
-        }
-    }
-    if (strcasecmp(name, "warning") == 0) {
-        return LD_LOG_WARN;
-    }
-    return -1;
 }
 
 const char *

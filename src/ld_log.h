@@ -10,7 +10,6 @@ extern int ld_log_level;
 
 void ld_log_open(const char *ident, bool syslog_target);
 void ld_log_set_level(int level);
-int ld_log_parse_level(const char *name); /* -1 when unknown */
 const char *ld_log_level_name(int level);
 void ld_log_close(void);
 

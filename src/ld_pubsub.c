@@ -77,12 +77,6 @@ static struct {
 static void ps_connect(void);
 static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
 
-bool
-ld_pubsub_ready(void)
-{
-    return P.state == PS_READY;
-}
-
 static void
 sub_bury(struct ld_pubsub_sub *sub)
 {

@@ -32,6 +32,5 @@ void ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub);
 int ld_pubsub_init(struct event_base *base, const struct ld_config *cfg);
 void ld_pubsub_start(void);
 void ld_pubsub_free(void);
-bool ld_pubsub_ready(void);
 
 #endif

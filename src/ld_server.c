@@ -199,24 +199,6 @@ banner(void)
              JANSSON_VERSION, yaml_get_version_string());
 }
 
-/* Settings the configuration accepts (they are part of the product's
- * file format) but this version does not implement: refusing to start is
- * honest, running without them silently is not. */
-static int
-check_unsupported(const struct ld_config *cfg)
-{
-    if (cfg->cache.near.enabled) {
-        log_error("cache.near.enabled: the near cache is not available in "
-                  "this version");
-        return LD_ERR;
-    }
-    if (cfg->lock.redlock.count > 0) {
-        log_error("lock.redlock: Redlock is not available in this version");
-        return LD_ERR;
-    }
-    return LD_OK;
-}
-
 /* Descriptors the daemon needs besides its clients: stdio, the loop,
  * signals, listeners, metrics, the journal, Redis (counted apart) and
  * some slack for what libraries open. */
@@ -245,9 +227,6 @@ check_fd_limit(const struct ld_config *cfg)
 static int
 start(struct ld_config *cfg)
 {
-    if (check_unsupported(cfg) != LD_OK) {
-        return LD_ERR;
-    }
     if (ld_redis_init(ld_srv.base, cfg) != LD_OK ||
         ld_pubsub_init(ld_srv.base, cfg) != LD_OK) {
         return LD_ERR;

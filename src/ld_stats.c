@@ -286,6 +286,25 @@ format_seconds(char *out, size_t outlen, uint64_t us)
     }
 }
 
+/* A smoothed time NAME ("redis_rtt_us") in seconds, as
+ * leased_redis_rtt_smoothed_seconds. */
+static void
+text_smoothed_us(struct text *t, const char *name, const char *help,
+                 long long us)
+{
+    char family[128], value[32];
+    size_t stem = strlen(name);
+
+    if (stem > 3 && strcmp(name + stem - 3, "_us") == 0) {
+        stem -= 3;
+    }
+    snprintf(family, sizeof(family), "%.*s_smoothed_seconds", (int)stem,
+             name);
+    format_seconds(value, sizeof(value), us > 0 ? (uint64_t)us : 0);
+    text_family(t, family, "gauge", help);
+    text_printf(t, "leased_%s %s\n", family, value);
+}
+
 static void
 text_histogram(struct text *t, const struct histo *hs, const char *name,
                const char *help)
@@ -334,12 +353,14 @@ ld_stats_prometheus(size_t *len)
                 "Seconds since the daemon started");
     text_printf(&t, "leased_uptime_seconds %lld\n", uptime_s());
 
-    /* Counters get the _total suffix of the Prometheus naming convention;
-     * gauges keep their name. */
+    /* Names and units follow the Prometheus conventions (promtool check
+     * metrics): counters end in _total, times are in seconds. */
 #define LD_STATS_PROM(kind, name, help)                                       \
     if (strcmp(#kind, "counter") == 0) {                                      \
         text_family(&t, #name "_total", "counter", help);                     \
         text_printf(&t, "leased_" #name "_total %lld\n", ld_stats.name);      \
+    } else if (strcmp(#kind, "smoothed_us") == 0) {                           \
+        text_smoothed_us(&t, #name, help, ld_stats.name);                     \
     } else {                                                                  \
         text_family(&t, #name, "gauge", help);                                \
         text_printf(&t, "leased_" #name " %lld\n", ld_stats.name);            \

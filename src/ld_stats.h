@@ -7,7 +7,17 @@
 
 /* Every figure is declared once here, with its kind and help text; the
  * table feeds the `stats` op, the Prometheus exposition and the docs.
- * Modules bump fields of the global `ld_stats` directly. */
+ * Modules bump fields of the global `ld_stats` directly.
+ *
+ * Kinds: counter (Prometheus: leased_NAME_total), gauge (leased_NAME),
+ * smoothed_us, a gauge holding a smoothed time in microseconds: `stats`
+ * shows it as it is, Prometheus in its base unit, seconds, as
+ * leased_STEM_smoothed_seconds where NAME is STEM_us (the histogram of the
+ * same times owns leased_STEM_seconds).
+ *
+ * The near_* figures stay 0 until the near cache exists: the protocol
+ * lists near-cache size and hits among the stats, and a client that reads
+ * them should find them, not an error. */
 #define LD_STATS_FIELDS(X)                                                    \
     X(counter, connections_accepted, "Client connections accepted")          \
     X(counter, connections_rejected, "Client connections refused at max_clients") \
@@ -20,7 +30,7 @@
     X(counter, redis_timeouts, "Redis commands that hit redis.timeout_ms")   \
     X(counter, redis_reconnects, "Connections to Redis re-established")      \
     X(counter, redis_noscript, "Scripts re-sent after NOSCRIPT")              \
-    X(gauge, redis_rtt_us, "Smoothed Redis round-trip time (microseconds)")  \
+    X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")          \
     X(gauge, pubsub_channels, "Channels the subscriber connection holds")    \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \
@@ -42,10 +52,11 @@
     X(gauge, cache_invalidations_pending, "Deletes waiting in the journal")  \
     X(counter, cache_invalidations_retried, "Deletes retried after a failure") \
     X(gauge, journal_bytes, "Size of the invalidation journal")              \
-    X(gauge, near_entries, "Near-cache entries")                              \
-    X(gauge, near_bytes, "Near-cache bytes")                                  \
-    X(counter, near_hits, "Near-cache hits")                                  \
-    X(counter, near_evictions, "Near-cache evictions and invalidations")
+    X(gauge, near_entries, "Near-cache entries (no near cache yet: 0)")      \
+    X(gauge, near_bytes, "Near-cache bytes (no near cache yet: 0)")          \
+    X(counter, near_hits, "Near-cache hits (no near cache yet: 0)")          \
+    X(counter, near_evictions,                                                \
+      "Near-cache evictions and invalidations (no near cache yet: 0)")
 
 struct ld_stats {
 #define LD_STATS_DECL(kind, name, help) long long name;

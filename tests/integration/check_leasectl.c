@@ -409,29 +409,53 @@ END_TEST
 
 /* --- lock -- CMD -------------------------------------------------------- */
 
+struct renewed_want {
+    struct h_conn *c;
+    long long renewals;  /* lock_renewals_ok at least this */
+    long long since_ms;  /* and at least AFTER_MS after this */
+    long long after_ms;
+};
+
+static bool renewed(void *arg)
+{
+    struct renewed_want *w = arg;
+
+    return h_now_ms() - w->since_ms >= w->after_ms &&
+           h_stat(w->c, "lock_renewals_ok") >= w->renewals;
+}
+
 START_TEST(test_lock_runs_cmd)
 {
     struct locked_want w;
+    struct renewed_want rw;
     struct h_conn *c;
     struct run r, bg;
-    long long t0;
+    char dir[256], stop[300], cmd[600];
 
-    start("lock:\n  watchdog_ms: 300\n");
+    start("lock:\n  watchdog_ms: 600\n");
     setenv("LEASED_SOCKET", D.sock, 1);
     c = connect_ok();
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(stop, sizeof stop, "%s/stop", dir);
+    /* The command runs until the test has seen what it is looking for. */
+    snprintf(cmd, sizeof cmd,
+             "echo running; while [ ! -e '%s' ]; do sleep 0.05; done; "
+             "echo finished; exit 3",
+             stop);
 
-    CTL_BG(&bg, "lock", "nightly", "--", "sh", "-c",
-           "echo running; sleep 1.2; echo finished; exit 3");
+    CTL_BG(&bg, "lock", "nightly", "--", "sh", "-c", cmd);
     w = (struct locked_want){ c, "nightly", true };
     ck_assert_msg(h_wait_until(locked_is, &w, T_MS), "never locked");
-    t0 = h_now_ms();
-    /* Time passing is the point: three watchdog periods later the lock
-     * is still there, renewed while the command runs. */
-    usleep(900 * 1000);
-    if (h_now_ms() - t0 < 1100) {
-        ck_assert_msg(is_locked(c, "nightly"),
-                      "the lock expired while the command ran");
-    }
+    /* The lock outlives two of its 600 ms leases only by being renewed
+     * while the command runs: wait for that, then look. */
+    rw = (struct renewed_want){ c, h_stat(c, "lock_renewals_ok") + 3,
+                                h_now_ms(), 1200 };
+    ck_assert_msg(h_wait_until(renewed, &rw, 30000),
+                  "fewer than 3 renewals: %lld",
+                  h_stat(c, "lock_renewals_ok"));
+    ck_assert_msg(is_locked(c, "nightly"),
+                  "the lock expired while the command ran");
+    write_file(stop, "");
     bg_join(&bg);
     CK_RC(&bg, 3);
     ck_assert_str_eq(bg.out, "running\nfinished\n");

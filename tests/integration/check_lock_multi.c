@@ -51,6 +51,36 @@ static void wait_waiters(struct h_conn *c, long long n)
     wait_stat(c, "lock_waiters", n);
 }
 
+struct numsub_want {
+    const struct h_redis *r;
+    const char *channel;
+};
+
+/* Redis counts a subscriber on the channel (PUBSUB NUMSUB). */
+static bool subscribed(void *arg)
+{
+    const struct numsub_want *w = arg;
+    redisReply *rep = h_redis_cmd(w->r, "PUBSUB NUMSUB %s", w->channel);
+    bool yes = rep != NULL && rep->type == REDIS_REPLY_ARRAY &&
+               rep->elements == 2 &&
+               rep->element[1]->type == REDIS_REPLY_INTEGER &&
+               rep->element[1]->integer >= 1;
+
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return yes;
+}
+
+/* A message published before Redis has the waiter's daemon on the
+ * channel is lost to it; wait until Redis says it is there. */
+static void wait_subscribed(const struct h_redis *r, const char *channel)
+{
+    struct numsub_want w = {r, channel};
+    ck_assert_msg(h_wait_until(subscribed, &w, 10000),
+                  "no subscriber on %s", channel);
+}
+
 /* --- client processes -------------------------------------------------- */
 
 typedef int child_fn(const struct h_daemon *d, int arg);
@@ -236,7 +266,7 @@ START_TEST(test_two_daemons)
     /* The unlock in one daemon wakes the waiter in the other at once. */
     lk_send(b, 1, "m", NULL, NO_TTL, 10000);
     wait_waiters(b, 1);
-    usleep(50 * 1000);    /* let its subscription be confirmed */
+    wait_subscribed(&R, "leased:lock:{m}:unlock");
     t0 = h_now_ms();
     lk_unlock_ok(a, "m", NULL);
     r = h_recv_id(b, 1, 5000);
@@ -254,6 +284,9 @@ START_TEST(test_two_daemons)
     h_close(a);
     ck_assert_int_eq(h_daemon_restart(&D1), 0);
     a = lk_connect(&D1);
+    /* It answers before its Redis connections are up; a lock request in
+     * between would get redis_unavailable instead of waiting. */
+    wait_stat(a, "redis_connected", 2);
     lk_send(a, 2, "m", NULL, NO_TTL, 10000);
     wait_waiters(a, 1);
     lk_unlock_ok(b, "m", NULL);
@@ -428,6 +461,20 @@ END_TEST
 
 /* --- many locks ---------------------------------------------------------- */
 
+struct renewals_want {
+    struct h_conn *c;
+    long long renewals;  /* lock_renewals_ok at least this */
+    long long since_ms;  /* and at least AFTER_MS after this */
+    long long after_ms;
+};
+
+static bool renewals_done(void *arg)
+{
+    const struct renewals_want *w = arg;
+    return h_now_ms() - w->since_ms >= w->after_ms &&
+           h_stat(w->c, "lock_renewals_ok") >= w->renewals;
+}
+
 /* The watchdog pass goes in steps (a bounded number of renewals out at a
  * time): with several thousand locks it must still renew every one of
  * them, pass after pass, and lose none. */
@@ -456,14 +503,17 @@ START_TEST(test_many_watchdog_locks)
         json_decref(r);
     }
     ck_assert_int_eq(h_stat(q, "locks_held"), N);
-    long long renewed = h_stat(q, "lock_renewals_ok");
 
-    /* Three watchdog periods: every lease would have run out twice over
-     * without renewal. */
-    usleep(2700 * 1000);
+    /* Three watchdog periods, and at least three renewals of every lock:
+     * every lease would have run out twice over without renewal. Waited
+     * for, however slowly the machine renews. */
+    struct renewals_want rw = {q, h_stat(q, "lock_renewals_ok") + 3 * N,
+                               h_now_ms(), 3 * 900};
+    ck_assert_msg(h_wait_until(renewals_done, &rw, 60000),
+                  "renewals: %lld of %lld",
+                  h_stat(q, "lock_renewals_ok"), rw.renewals);
     ck_assert_int_eq(h_stat(q, "locks_held"), N);
     ck_assert_int_eq(h_stat(q, "lock_lost"), 0);
-    ck_assert_int_ge(h_stat(q, "lock_renewals_ok") - renewed, 2 * N);
     for (int i = 0; i < N; i += 499) {
         snprintf(key, sizeof key, "many:%d", i);
         ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{%s}", key), 0);
@@ -490,7 +540,7 @@ int main(void)
     add(s, "counter", test_counter, 150);
     add(s, "ticket_seller", test_ticket_seller, 150);
     add(s, "thousand_waiters", test_thousand_waiters, 90);
-    add(s, "many_watchdog_locks", test_many_watchdog_locks, 90);
+    add(s, "many_watchdog_locks", test_many_watchdog_locks, 120);
 
     return h_run_suite(s);
 }

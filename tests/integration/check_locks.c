@@ -67,6 +67,89 @@ static void expect_bad(struct h_conn *c, const char *line, const char *field)
 
 /* --- acquire, reentry, release, fencing, Redis layout ------------------ */
 
+struct numsub_want {
+    const struct h_redis *r;
+    const char *channel;
+};
+
+/* Redis counts a subscriber on the channel (PUBSUB NUMSUB). */
+static bool subscribed(void *arg)
+{
+    const struct numsub_want *w = arg;
+    redisReply *rep = h_redis_cmd(w->r, "PUBSUB NUMSUB %s", w->channel);
+    bool yes = rep != NULL && rep->type == REDIS_REPLY_ARRAY &&
+               rep->elements == 2 &&
+               rep->element[1]->type == REDIS_REPLY_INTEGER &&
+               rep->element[1]->integer >= 1;
+
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return yes;
+}
+
+/* A message published before Redis has the waiter's daemon on the
+ * channel is lost to it; wait until Redis says it is there. */
+static void wait_subscribed(const struct h_redis *r, const char *channel)
+{
+    struct numsub_want w = {r, channel};
+    ck_assert_msg(h_wait_until(subscribed, &w, 10000),
+                  "no subscriber on %s", channel);
+}
+
+struct key_gone_want {
+    const struct h_redis *r;
+    const char *key;
+};
+
+static bool key_gone(void *arg)
+{
+    const struct key_gone_want *w = arg;
+    return r_int(w->r, "EXISTS %s", w->key) == 0;
+}
+
+/* Wait until Redis no longer has KEY (its lease ran out), and assert it. */
+static void wait_key_gone(const struct h_redis *r, const char *key)
+{
+    struct key_gone_want w = {r, key};
+    ck_assert_msg(h_wait_until(key_gone, &w, 10000), "%s still in Redis",
+                  key);
+}
+
+struct renewals_want {
+    struct h_conn *c;
+    long long renewals;  /* lock_renewals_ok at least this */
+    long long since_ms;  /* and at least AFTER_MS after this */
+    long long after_ms;
+};
+
+static bool renewals_done(void *arg)
+{
+    const struct renewals_want *w = arg;
+    return h_now_ms() - w->since_ms >= w->after_ms &&
+           h_stat(w->c, "lock_renewals_ok") >= w->renewals;
+}
+
+struct stat_want {
+    struct h_conn *c;
+    const char *name;
+    long long value;
+};
+
+static bool stat_is(void *arg)
+{
+    const struct stat_want *w = arg;
+    return h_stat(w->c, w->name) == w->value;
+}
+
+/* Wait (generously) for a stats figure to reach VALUE, and assert it. */
+static void wait_stat_eq(struct h_conn *c, const char *name, long long value)
+{
+    struct stat_want w = {c, name, value};
+    ck_assert_msg(h_wait_until(stat_is, &w, 10000), "%s is %lld, not %lld",
+                  name, h_stat(c, name), value);
+}
+
 START_TEST(test_lock_reentry_fence)
 {
     struct h_conn *a, *b;
@@ -308,7 +391,7 @@ START_TEST(test_not_held)
     /* A lock whose lease ran out is absent for its former holder. */
     r = lk_must(a, "short", NULL, 150, 0);
     json_decref(r);
-    usleep(400 * 1000);   /* the lease running out is what is tested */
+    wait_key_gone(&R, "leased:lock:{short}");
     r = lk_unlock(a, "short", NULL);
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "absent");
@@ -431,7 +514,14 @@ START_TEST(test_leases)
     /* A fixed lease is never renewed. */
     r = lk_must(a, "fixed", NULL, 300, 0);
     json_decref(r);
-    usleep(1200 * 1000);   /* time passing is the thing under test */
+    /* Time passing is the thing under test: four leases, with the fixed
+     * one gone from Redis and the watchdog one renewed at least five
+     * times, however slowly the machine gets there. */
+    long long t0 = h_now_ms();
+    wait_key_gone(&R, "leased:lock:{fixed}");
+    struct renewals_want rw = {a, 5, t0, 4 * 300};
+    ck_assert_msg(h_wait_until(renewals_done, &rw, 30000),
+                  "renewals: %lld", h_stat(a, "lock_renewals_ok"));
     r = lk_info(a, "wd");
     ck_assert_msg(jtrue(r, "locked") && jtrue(r, "mine"),
                   "watchdog lock lost after 4 leases");
@@ -452,17 +542,25 @@ START_TEST(test_leases)
     ck_assert(h_ok(r));
     ck_assert_int_eq(jint(r, "lease_ms"), 5000);
     json_decref(r);
-    usleep(400 * 1000);
-    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{wd}"), 4000);
+    /* Two renewals later (a 300 ms watchdog renews every 100 ms) the
+     * lease is still about the extended one, not cut back to 300 ms. */
+    rw = (struct renewals_want){a, h_stat(a, "lock_renewals_ok") + 2,
+                                h_now_ms(), 0};
+    ck_assert_msg(h_wait_until(renewals_done, &rw, 30000),
+                  "no renewals after extend");
+    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{wd}"), 1000);
 
     /* extend of a fixed lease: only that. */
     r = lk_must(a, "fixed2", NULL, 200, 0);
     json_decref(r);
     r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "fixed2",
-                "ttl_ms", 900);
+                "ttl_ms", 60000);
     ck_assert(h_ok(r));
     json_decref(r);
-    usleep(500 * 1000);
+    /* Past the first lease, the extended one holds: the Redis lease is
+     * longer than 200 ms could ever be, and it is not renewed. */
+    long long pttl = r_int(&R, "PTTL leased:lock:{fixed2}");
+    ck_assert_msg(pttl > 50000, "PTTL after extend %lld", pttl);
     r = lk_info(a, "fixed2");
     ck_assert_msg(jtrue(r, "locked"), "extended lease did not hold");
     json_decref(r);
@@ -595,10 +693,7 @@ START_TEST(test_wait)
     /* First come, first served. */
     for (int i = 0; i < 3; i++) {
         lk_send(w[i], 100 + i, "q", NULL, NO_TTL, -1);
-        for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != i + 1; k++) {
-            usleep(5000);
-        }
-        ck_assert_int_eq(h_stat(a, "lock_waiters"), i + 1);
+        wait_stat_eq(a, "lock_waiters", i + 1);
     }
     /* Waiting does not hold up other requests of the same session. */
     r = h_callf(w[0], T_MS, "{s:s}", "op", "ping");
@@ -629,9 +724,7 @@ START_TEST(test_wait)
     r = lk_must(a, "q", NULL, NO_TTL, 0);
     json_decref(r);
     lk_send(w[0], 200, "q", NULL, NO_TTL, -1);
-    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 1; k++) {
-        usleep(5000);
-    }
+    wait_stat_eq(a, "lock_waiters", 1);
     t0 = h_now_ms();
     r = lk_lock(a, "q", NULL, NO_TTL, 5000);
     ck_assert(h_ok(r) && jtrue(r, "acquired"));
@@ -660,14 +753,9 @@ START_TEST(test_wait)
     r = lk_must(a, "c", NULL, NO_TTL, 0);
     json_decref(r);
     lk_send(w[2], 300, "c", NULL, NO_TTL, -1);
-    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 1; k++) {
-        usleep(5000);
-    }
+    wait_stat_eq(a, "lock_waiters", 1);
     h_close(w[2]);
-    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 0; k++) {
-        usleep(5000);
-    }
-    ck_assert_int_eq(h_stat(a, "lock_waiters"), 0);
+    wait_stat_eq(a, "lock_waiters", 0);
     lk_unlock_ok(a, "c", NULL);
     ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{c}"), 0);
 
@@ -695,9 +783,7 @@ START_TEST(test_session_close)
     r = lk_must(a, "s2", "other", 60000, 0);
     json_decref(r);
     lk_send(b, 7, "s1", NULL, NO_TTL, 20000);
-    for (int k = 0; k < 200 && h_stat(b, "lock_waiters") != 1; k++) {
-        usleep(5000);
-    }
+    wait_stat_eq(b, "lock_waiters", 1);
     t0 = h_now_ms();
     h_close(a);
     r = h_recv_id(b, 7, 5000);
@@ -717,10 +803,7 @@ START_TEST(test_session_close)
     json_decref(r);
     lk_send(c, 8, "s1", NULL, NO_TTL, -1);      /* b holds s1 */
     lk_send(d, 9, "s3", NULL, NO_TTL, 20000);
-    for (int k = 0; k < 200 && h_stat(b, "lock_waiters") != 2; k++) {
-        usleep(5000);
-    }
-    ck_assert_int_eq(h_stat(b, "lock_waiters"), 2);
+    wait_stat_eq(b, "lock_waiters", 2);
     t0 = h_now_ms();
     h_close(c);
     r = h_recv_id(d, 9, 10000);
@@ -798,10 +881,7 @@ START_TEST(test_max_waiters)
     json_decref(r);
     lk_send(b, 1, "mw", "o1", NO_TTL, -1);
     lk_send(b, 2, "mw", "o2", NO_TTL, 10000);
-    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 2; k++) {
-        usleep(5000);
-    }
-    ck_assert_int_eq(h_stat(a, "lock_waiters"), 2);
+    wait_stat_eq(a, "lock_waiters", 2);
     r = lk_lock(b, "mw", "o3", NO_TTL, 10000);
     ck_assert_str_eq(h_errcode(r), "busy");
     json_decref(r);
@@ -835,9 +915,7 @@ START_TEST(test_max_pending)
     json_decref(r);
     lk_send(b, 1, "mp", "o1", NO_TTL, -1);
     lk_send(b, 2, "mp", "o2", NO_TTL, -1);
-    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 2; k++) {
-        usleep(5000);
-    }
+    wait_stat_eq(a, "lock_waiters", 2);
     r = h_callf(b, T_MS, "{s:s}", "op", "ping");
     ck_assert_msg(r != NULL, "no answer");
     ck_assert_str_eq(h_errcode(r), "busy");
@@ -885,9 +963,7 @@ START_TEST(test_redis_killed)
     json_decref(r);
     lk_send(b, 1, "rk", NULL, NO_TTL, -1);
     lk_send(c, 2, "rk", NULL, NO_TTL, 20000);
-    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 2; k++) {
-        usleep(5000);
-    }
+    wait_stat_eq(a, "lock_waiters", 2);
     h_redis_kill(&R);
 
     /* The holder learns within about a lease that it lost the lock. */
@@ -980,10 +1056,8 @@ START_TEST(test_redisson_layout)
     /* Java's unlock publishes "0" on Redisson's channel: our waiter
      * proceeds at once. */
     lk_send(b, 5, "inventory:7", NULL, NO_TTL, 20000);
-    for (int k = 0; k < 200 && h_stat(a, "lock_waiters") != 1; k++) {
-        usleep(5000);
-    }
-    usleep(100 * 1000);   /* let the subscription settle */
+    wait_stat_eq(a, "lock_waiters", 1);
+    wait_subscribed(&R, "redisson_lock__channel:{inventory:7}");
     t0 = h_now_ms();
     rep = h_redis_cmd(&R, "EVAL %s 2 %s %s %s %s %s", java_unlock,
                       "inventory:7", "redisson_lock__channel:{inventory:7}",

@@ -1,7 +1,10 @@
 #!/bin/sh
 # Every configuration key the daemon knows (the directive table, printed by
 # conf_keys) must be set in conf/leased.yml and documented in leased.yml(5),
-# where its entry must say truthfully whether SIGHUP reloads it.
+# where its entry must say truthfully whether SIGHUP reloads it and, for a
+# setting of a feature this version does not have, that it is "Not
+# available in this version" (and for every other key, that it is not).
+# The example of leased.yml(5) must pass "leased -t".
 #
 # leased.yml(5) documents a key as
 #   .TP
@@ -15,6 +18,7 @@ builddir=${LD_BUILDDIR:-.}
 yml=$srcdir/conf/leased.yml
 man=$srcdir/man/leased.yml.5
 keys_prog=$builddir/tests/unit/conf_keys
+leased=${LEASED_BIN:-$builddir/src/leased}
 
 keys=$("$keys_prog")
 if [ $? -ne 0 ] || [ -z "$keys" ]; then
@@ -65,13 +69,14 @@ yml_keys=$(awk '
     }' "$yml")
 
 nkeys=$(printf '%s\n' "$keys" | wc -l)
-echo "1..$((nkeys * 2 + 1))"
+echo "1..$((nkeys * 2 + 2))"
 echo "ok 1 - conf_keys lists $nkeys keys"
 
 n=1
 failed=0
-# Each line is "KEY reload" or "KEY restart"; the loop runs in this shell.
-while read -r key when; do
+# Each line is "KEY reload" or "KEY restart", maybe followed by "unbuilt";
+# the loop runs in this shell.
+while read -r key when built; do
     n=$((n + 1))
     if printf '%s\n' "$yml_keys" | grep -qxF "$key"; then
         echo "ok $n - $key is set in conf/leased.yml"
@@ -104,6 +109,17 @@ while read -r key when; do
         esac
     fi
     if [ -z "$problem" ]; then
+        case $built:$summary in
+        unbuilt:*"Not available in this version"*) ;;
+        unbuilt:*)
+            problem="entry does not say \"Not available in this version\""
+            ;;
+        *"Not available in this version"*)
+            problem="entry says \"Not available in this version\"; the key is"
+            ;;
+        esac
+    fi
+    if [ -z "$problem" ]; then
         echo "ok $n - $key is documented in leased.yml(5)"
     else
         echo "not ok $n - $key is documented in leased.yml(5)"
@@ -113,5 +129,23 @@ while read -r key when; do
 done <<KEYS
 $keys
 KEYS
+
+# The example in leased.yml(5), from ".nf" to ".fi" after ".SH EXAMPLE",
+# with the man escapes undone, is a file this version accepts.
+n=$((n + 1))
+example=$(mktemp)
+awk '
+    /^\.SH/ { in_example = ($0 == ".SH EXAMPLE"); next }
+    in_example && $0 == ".nf" { copying = 1; next }
+    copying && $0 == ".fi" { exit }
+    copying { gsub(/\\-/, "-"); print }' "$man" >"$example"
+if [ -s "$example" ] && out=$("$leased" -t -c "$example" 2>&1); then
+    echo "ok $n - the example of leased.yml(5) passes leased -t"
+else
+    echo "not ok $n - the example of leased.yml(5) passes leased -t"
+    printf '%s\n' "$out" | sed 's/^/# /'
+    failed=$((failed + 1))
+fi
+rm -f "$example"
 
 [ "$failed" -eq 0 ]

@@ -7,6 +7,7 @@
 #include "ld_proto.h"
 #include "ld_server.h"
 #include "ld_stats.h"
+#include "ld_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -85,7 +86,6 @@ START_TEST(test_json_has_every_field)
         ck_assert_int_eq(json_integer_value(v), field_value(fields[i].name));
     }
     ck_assert(json_is_integer(json_object_get(o, "uptime_s")));
-    ck_assert_int_ge(json_integer_value(json_object_get(o, "uptime_s")), 0);
     ck_assert_str_eq(json_string_value(json_object_get(o, "version")),
                      PACKAGE_VERSION);
     ck_assert_int_eq(json_integer_value(json_object_get(o, "tcp_port")),
@@ -94,6 +94,36 @@ START_TEST(test_json_has_every_field)
     ck_assert(json_is_object(json_object_get(o, "requests_by_op")));
     ck_assert(json_is_object(json_object_get(o, "errors_by_code")));
     json_decref(o);
+}
+END_TEST
+
+/* Uptime counts whole seconds from ld_srv.start_ms, in both views, and
+ * is 0 before the start (start_ms 0) rather than the age of the clock. */
+START_TEST(test_uptime_from_start)
+{
+    json_t *o;
+    char *text;
+    long long up;
+
+    ld_stats_init();
+    ld_srv.start_ms = 0;
+    o = ld_stats_json();
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "uptime_s")), 0);
+    json_decref(o);
+
+    /* Half a second of slack either way keeps a slow machine from
+     * crossing into the next second between here and the render. */
+    ld_srv.start_ms = ld_now_ms() - 7500;
+    o = ld_stats_json();
+    up = json_integer_value(json_object_get(o, "uptime_s"));
+    json_decref(o);
+    ck_assert_msg(up == 7 || up == 8, "uptime_s %lld, want 7", up);
+    text = prom();
+    ck_assert_msg(strstr(text, "\nleased_uptime_seconds 7\n") != NULL ||
+                      strstr(text, "\nleased_uptime_seconds 8\n") != NULL,
+                  "no leased_uptime_seconds 7 in:\n%s", text);
+    free(text);
+    ld_srv.start_ms = 0;
 }
 END_TEST
 
@@ -177,6 +207,9 @@ START_TEST(test_prometheus_help_type_for_every_field)
     for (i = 0; i < LD_ARRAY_LEN(fields); i++) {
         bool counter = strcmp(fields[i].kind, "counter") == 0;
 
+        if (strcmp(fields[i].kind, "smoothed_us") == 0) {
+            continue; /* test_prometheus_times_in_seconds */
+        }
         snprintf(metric, sizeof(metric), "leased_%s%s", fields[i].name,
                  counter ? "_total" : "");
         snprintf(want, sizeof(want), "# HELP %s ", metric);
@@ -192,6 +225,41 @@ START_TEST(test_prometheus_help_type_for_every_field)
     ck_assert(strstr(text, "\n# TYPE leased_uptime_seconds gauge\n"));
     ck_assert(strstr(text, "\nleased_uptime_seconds "));
     free(text);
+}
+END_TEST
+
+/* Prometheus wants base units: the smoothed round trip, kept in
+ * microseconds for `stats`, is exposed in seconds under a name without
+ * "_us", and no metric name carries an abbreviated unit. */
+START_TEST(test_prometheus_times_in_seconds)
+{
+    char *text, *at, *line, *save = NULL;
+    json_t *o;
+
+    ld_stats_init();
+    ld_stats.redis_rtt_us = 1250;
+    text = prom();
+    ck_assert(strstr(text,
+                     "\n# TYPE leased_redis_rtt_smoothed_seconds gauge\n"));
+    at = strstr(text, "\nleased_redis_rtt_smoothed_seconds ");
+    ck_assert_ptr_nonnull(at);
+    ck_assert_double_eq_tol(strtod(strchr(at + 1, ' ') + 1, NULL), 0.00125,
+                            1e-12);
+    for (line = strtok_r(text, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        ck_assert_msg(strstr(line, "_us ") == NULL &&
+                          strstr(line, "_us_") == NULL &&
+                          strstr(line, "_ms ") == NULL &&
+                          strstr(line, "_ms_") == NULL &&
+                          strstr(line, "_us{") == NULL,
+                      "abbreviated unit: %s", line);
+    }
+    free(text);
+
+    o = ld_stats_json();
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "redis_rtt_us")),
+                     1250);
+    json_decref(o);
 }
 END_TEST
 
@@ -477,9 +545,11 @@ stats_suite(void)
 
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_json_has_every_field);
+    tcase_add_test(tc, test_uptime_from_start);
     tcase_add_test(tc, test_json_ops_and_errors);
     tcase_add_test(tc, test_ops_overflow_counted_as_other);
     tcase_add_test(tc, test_prometheus_help_type_for_every_field);
+    tcase_add_test(tc, test_prometheus_times_in_seconds);
     tcase_add_test(tc, test_prometheus_ops_and_errors);
     tcase_add_test(tc, test_prometheus_well_formed);
     tcase_add_test(tc, test_prometheus_histograms);

@@ -1,0 +1,215 @@
+/* The configuration as the programs see it: a setting of a feature this
+ * version does not have is refused by `leased -t`, at start-up and on
+ * SIGHUP with one and the same file:line:col message, against a real
+ * redis-server and the real leased. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define T_MS 5000    /* how long a reply may take */
+#define RUN_MS 30000 /* how long leased -t or a failing start may take */
+
+static struct h_redis R;
+static struct h_daemon D;
+
+static void setup(void)
+{
+    memset(&R, 0, sizeof R);
+    memset(&D, 0, sizeof D);
+}
+
+static void teardown(void)
+{
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R);
+}
+
+/* The first line of TEXT, without its newline, into OUT. */
+static void first_line(const char *text, char *out, size_t outlen)
+{
+    size_t n = strcspn(text, "\n");
+    if (n >= outlen) {
+        n = outlen - 1;
+    }
+    memcpy(out, text, n);
+    out[n] = '\0';
+}
+
+struct log_wait {
+    const struct h_daemon *d;
+    const char *needle;
+};
+
+static bool log_has(void *arg)
+{
+    const struct log_wait *w = arg;
+    char buf[1024];
+    bool found = false;
+    FILE *f = fopen(w->d->log, "r");
+
+    if (f == NULL) {
+        return false;
+    }
+    while (!found && fgets(buf, sizeof buf, f)) {
+        found = strstr(buf, w->needle) != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Replace the first OLD in the file at PATH by NEW. */
+static void edit_file(const char *path, const char *old, const char *new)
+{
+    char buf[8192], *at;
+    size_t len;
+    FILE *f = fopen(path, "r");
+
+    ck_assert_ptr_nonnull(f);
+    len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    at = strstr(buf, old);
+    ck_assert_msg(at != NULL, "no \"%s\" in %s", old, path);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fwrite(buf, 1, (size_t)(at - buf), f);
+    fputs(new, f);
+    fputs(at + strlen(old), f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static void assert_ping(struct h_conn *c)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s}", "op", "ping");
+    ck_assert_msg(h_ok(r), "ping failed");
+    json_decref(r);
+}
+
+/* Start a daemon with EXTRA, then turn OLD into NEW in its file: -t,
+ * SIGHUP and a fresh start must each refuse the file with the message
+ * that `leased -t` prints, and a refused reload must leave the daemon
+ * running. */
+static void refused_everywhere(const char *extra, const char *old,
+                               const char *new, const char *key_says)
+{
+    char out[4096], err[4096], message[1024], reload_line[1200];
+    struct h_conn *c;
+    int status;
+
+    if (R.pid == 0) {
+        ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    }
+    ck_assert_int_eq(h_daemon_start(&D, &R, extra), 0);
+    c = h_connect(&D);
+    ck_assert_ptr_nonnull(c);
+    assert_ping(c);
+    edit_file(D.conf, old, new);
+
+    /* leased -t */
+    const char *test_argv[] = {h_leased_bin(), "-t", "-c", D.conf, NULL};
+    status = h_run(test_argv, out, sizeof out, err, sizeof err, RUN_MS);
+    ck_assert_msg(status == 1, "leased -t exited %d: %s%s", status, out,
+                  err);
+    first_line(err, message, sizeof message);
+    ck_assert_msg(strncmp(message, D.conf, strlen(D.conf)) == 0 &&
+                      message[strlen(D.conf)] == ':',
+                  "no file:line:col in \"%s\"", message);
+    ck_assert_msg(strstr(message, key_says) != NULL, "\"%s\" not in \"%s\"",
+                  key_says, message);
+
+    /* SIGHUP: refused with the same message, the running daemon stays. */
+    snprintf(reload_line, sizeof reload_line,
+             "reload failed, keeping the running configuration "
+             "error=\"%s\"",
+             message);
+    struct log_wait w = {&D, reload_line};
+    h_daemon_signal(&D, SIGHUP);
+    ck_assert_msg(h_wait_until(log_has, &w, 15000), "log has no '%s'",
+                  reload_line);
+    assert_ping(c);
+    h_close(c);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+
+    /* Start-up: exits 1 before listening, printing the same message. */
+    const char *start_argv[] = {h_leased_bin(), "-f", "-c", D.conf, NULL};
+    status = h_run(start_argv, out, sizeof out, err, sizeof err, RUN_MS);
+    ck_assert_msg(status == 1, "leased -f exited %d: %s%s", status, out,
+                  err);
+    ck_assert_msg(strstr(err, message) != NULL,
+                  "start-up did not say \"%s\":\n%s", message, err);
+}
+
+START_TEST(test_near_cache_refused)
+{
+    refused_everywhere("cache:\n  near: { enabled: false }\n",
+                       "enabled: false", "enabled: true",
+                       "cache.near.enabled: the near cache is not "
+                       "available in this version");
+}
+END_TEST
+
+START_TEST(test_redlock_refused)
+{
+    refused_everywhere("lock:\n  redlock: []\n", "redlock: []",
+                       "redlock: [\"127.0.0.1:1\", \"127.0.0.1:2\", "
+                       "\"127.0.0.1:3\"]",
+                       "lock.redlock: Redlock is not available in this "
+                       "version");
+}
+END_TEST
+
+START_TEST(test_sentinel_refused)
+{
+    char extra[256];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(extra, sizeof extra,
+             "redis:\n  address: 127.0.0.1:%d\n  mode: standalone\n",
+             R.port);
+    refused_everywhere(extra, "mode: standalone", "mode: sentinel",
+                       "redis.mode: sentinel is not available in this "
+                       "version");
+}
+END_TEST
+
+START_TEST(test_defaults_accepted)
+{
+    char out[4096], err[4096];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R,
+                                    "cache:\n  near: { enabled: false, "
+                                    "max_bytes: 67108864 }\n"
+                                    "lock:\n  redlock: []\n"),
+                     0);
+    const char *argv[] = {h_leased_bin(), "-t", "-c", D.conf, NULL};
+    ck_assert_int_eq(h_run(argv, out, sizeof out, err, sizeof err, RUN_MS),
+                     0);
+    ck_assert_msg(strstr(out, "is valid") != NULL, "-t said: %s%s", out, err);
+}
+END_TEST
+
+static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
+{
+    h_add_test(s, name, t, timeout_s, setup, teardown);
+}
+
+int main(void)
+{
+    Suite *s = suite_create("config");
+
+    add(s, "near_cache_refused", test_near_cache_refused, 90);
+    add(s, "redlock_refused", test_redlock_refused, 90);
+    add(s, "sentinel_refused", test_sentinel_refused, 90);
+    add(s, "defaults_accepted", test_defaults_accepted, 60);
+    return h_run_suite(s);
+}

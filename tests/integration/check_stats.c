@@ -1,0 +1,166 @@
+/* The Prometheus endpoint of a real leased, after real lock and cache
+ * traffic against a real redis-server, as Prometheus' own linter sees it:
+ * `promtool check metrics` (Debian package prometheus) must find nothing
+ * to say. Without promtool the whole program is skipped, saying so. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define T_MS 5000     /* how long a reply may take */
+#define RUN_MS 60000  /* promtool on a loaded machine */
+#define BODY_MAX (256 * 1024)
+
+static struct h_redis R;
+static struct h_daemon D;
+static char promtool[4096];
+
+static void setup(void)
+{
+    memset(&R, 0, sizeof R);
+    memset(&D, 0, sizeof D);
+}
+
+static void teardown(void)
+{
+    h_daemon_cleanup(&D);
+    h_redis_stop(&R);
+}
+
+/* promtool from $PROMTOOL or $PATH into `promtool`; false if none. */
+static bool find_promtool(void)
+{
+    const char *env = getenv("PROMTOOL");
+    const char *path = getenv("PATH");
+
+    if (env != NULL && env[0] != '\0') {
+        snprintf(promtool, sizeof promtool, "%s", env);
+        return access(promtool, X_OK) == 0;
+    }
+    while (path != NULL && *path != '\0') {
+        size_t n = strcspn(path, ":");
+        snprintf(promtool, sizeof promtool, "%.*s/promtool", (int)n, path);
+        if (n > 0 && access(promtool, X_OK) == 0) {
+            return true;
+        }
+        path += n + (path[n] == ':');
+    }
+    return false;
+}
+
+/* GET /metrics on 127.0.0.1:PORT; the body (caller frees), or NULL. */
+static char *get_metrics(int port)
+{
+    static const char req[] = "GET /metrics HTTP/1.0\r\n"
+                              "Host: 127.0.0.1\r\n\r\n";
+    struct sockaddr_in sa;
+    struct timeval tv = {T_MS / 1000, 0};
+    char *buf = malloc(BODY_MAX);
+    size_t len = 0;
+    ssize_t n;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_ge(fd, 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
+                  "connect metrics port %d: %s", port, strerror(errno));
+    ck_assert_int_eq(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+    while (len < BODY_MAX - 1 &&
+           (n = read(fd, buf + len, BODY_MAX - 1 - len)) > 0) {
+        len += (size_t)n;
+    }
+    close(fd);
+    buf[len] = '\0';
+    ck_assert_msg(strncmp(buf, "HTTP/1.", 7) == 0 &&
+                      strstr(buf, " 200 ") != NULL,
+                  "not a 200 reply: %.200s", buf);
+    char *body = strstr(buf, "\r\n\r\n");
+    ck_assert_ptr_nonnull(body);
+    memmove(buf, body + 4, strlen(body + 4) + 1);
+    return buf;
+}
+
+static void call_ok(json_t *reply)
+{
+    ck_assert_msg(h_ok(reply), "request failed");
+    json_decref(reply);
+}
+
+START_TEST(test_promtool_accepts_metrics)
+{
+    char yaml[128], path[512], out[8192], err[8192];
+    int port = h_free_port();
+    struct h_conn *c;
+    FILE *f;
+
+    snprintf(yaml, sizeof yaml, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+
+    /* Traffic, so that counters, per-op and per-code series and every
+     * histogram have samples to show. */
+    c = h_connect(&D);
+    ck_assert_ptr_nonnull(c);
+    call_ok(h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "m"));
+    call_ok(h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key", "m"));
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key",
+                        "m");
+    ck_assert_ptr_nonnull(r);
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s}", "op", "no.such.op");
+    ck_assert_ptr_nonnull(r);
+    ck_assert_ptr_nonnull(h_errcode(r));
+    json_decref(r);
+    h_close(c);
+
+    char *body = get_metrics(port);
+    ck_assert_msg(strstr(body, "\nleased_redis_rtt_seconds_count ") != NULL,
+                  "no Redis round-trip histogram in:\n%s", body);
+    snprintf(path, sizeof path, "%s/metrics.txt", D.dir);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_ge(fputs(body, f), 0);
+    ck_assert_int_eq(fclose(f), 0);
+    free(body);
+
+    /* promtool reads the exposition on its standard input. */
+    char script[sizeof promtool + sizeof path + 64];
+    snprintf(script, sizeof script, "exec '%s' check metrics < '%s'",
+             promtool, path);
+    const char *argv[] = {"/bin/sh", "-c", script, NULL};
+    int status = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
+    ck_assert_msg(status == 0, "promtool check metrics exited %d:\n%s%s",
+                  status, out, err);
+}
+END_TEST
+
+int main(void)
+{
+    if (!find_promtool()) {
+        /* The TAP way to skip a whole program. */
+        printf("1..0 # SKIP promtool not found (Debian package prometheus; "
+               "or set PROMTOOL)\n");
+        return 0;
+    }
+    Suite *s = suite_create("stats");
+    h_add_test(s, "promtool_accepts_metrics", test_promtool_accepts_metrics,
+               120, setup, teardown);
+    return h_run_suite(s);
+}
