@@ -59,9 +59,16 @@
 #include <string.h>
 #include <time.h>
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 
 #define MGET_MAX_KEYS 1000
+/* Until the sessions' limits.max_output_bytes can be read here, its
+ * default: one cache.mget reply larger than this closes the session. */
+#define REPLY_MAX_BYTES (32LL * 1024 * 1024)
+/* Result texts shorter than this are copied into the reply; longer ones
+ * are added by reference, so a value named many times is never copied. */
+#define REF_MIN_BYTES 512
 #define INVALIDATE_MAX_KEYS 1000
 #define TTL_MAX_MS (1LL << 40)
 #define DELAY_MAX_MS 86400000LL
@@ -107,11 +114,21 @@ struct cop {
     bool mget;
     size_t n;
     size_t left;              /* slots not answered yet */
-    json_t **results;         /* mget: each slot's result object */
+    struct chunk **texts;     /* mget: each distinct slot's result */
+    bool *leased;             /* mget: that result carries a lease */
     size_t *dup_of;           /* mget: earlier slot with the same key */
     struct getter *g;         /* n getters (dups unused) */
     struct cop *prev, *next;  /* its session's list */
     struct csess *cs;
+};
+
+/* One result of a cache.mget, serialised once: "," then the object, so
+ * that every element but the first brings its separator along. Shared by
+ * reference between the slots naming the same key and the reply. */
+struct chunk {
+    unsigned refs;
+    size_t len;
+    char data[];
 };
 
 /* A session's cache state (ld_session.cache_state). */
@@ -382,14 +399,42 @@ cop_unlink(struct cop *op)
 }
 
 static void
+chunk_unref(struct chunk *c)
+{
+    if (c != NULL && --c->refs == 0) {
+        free(c);
+    }
+}
+
+static void
+chunk_cleanup_cb(const void *data, size_t len, void *arg)
+{
+    LD_UNUSED(data);
+    LD_UNUSED(len);
+    chunk_unref(arg);
+}
+
+static struct chunk *
+chunk_new(size_t cap)
+{
+    struct chunk *c = malloc(sizeof(*c) + cap);
+    if (c != NULL) {
+        c->refs = 1;
+        c->len = 0;
+    }
+    return c;
+}
+
+static void
 cop_free(struct cop *op)
 {
-    if (op->results != NULL) {
+    if (op->texts != NULL) {
         for (size_t i = 0; i < op->n; i++) {
-            json_decref(op->results[i]);
+            chunk_unref(op->texts[i]);
         }
     }
-    free(op->results);
+    free(op->texts);
+    free(op->leased);
     free(op->dup_of);
     free(op->g);
     free(op);
@@ -404,27 +449,150 @@ error_object(int code, const char *msg)
                      ld_errcode_name(code), "message", msg);
 }
 
+/* "," and OBJ (stolen) serialised: a slot's result text. */
+static struct chunk *
+chunk_of_json(json_t *obj)
+{
+    char *s = obj != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    if (s == NULL) {
+        return NULL;
+    }
+    size_t n = strlen(s);
+    struct chunk *c = chunk_new(n + 1);
+    if (c != NULL) {
+        c->data[0] = ',';
+        memcpy(c->data + 1, s, n);
+        c->len = n + 1;
+    }
+    free(s);
+    return c;
+}
+
+/* ",{"ok":true,"hit":true,"value":"V"}", escaped once whatever the number
+ * of slots naming the key; NULL when V is not valid UTF-8 (or no
+ * memory). */
+static struct chunk *
+chunk_of_hit(const char *v, size_t len)
+{
+    static const char head[] = ",{\"ok\":true,\"hit\":true,\"value\":";
+    struct chunk *c = chunk_new(sizeof(head) + ld_json_quote_max(len) + 1);
+    if (c == NULL) {
+        return NULL;
+    }
+    memcpy(c->data, head, sizeof(head) - 1);
+    size_t q = ld_json_quote(c->data + sizeof(head) - 1, v, len);
+    if (q == 0) {
+        free(c);
+        return NULL;
+    }
+    c->len = sizeof(head) - 1 + q;
+    c->data[c->len++] = '}';
+    return c;
+}
+
+static void
+add_text(struct evbuffer *buf, const struct chunk *c, bool first)
+{
+    const char *p = c->data + (first ? 1 : 0);
+    size_t len = c->len - (first ? 1 : 0);
+    if (len < REF_MIN_BYTES) {
+        evbuffer_add(buf, p, len);
+        return;
+    }
+    struct chunk *mc = (struct chunk *)c;
+    mc->refs++;
+    if (evbuffer_add_reference(buf, p, len, chunk_cleanup_cb, mc) != 0) {
+        mc->refs--;
+        evbuffer_add(buf, p, len);
+    }
+}
+
 static void
 mget_finish(struct cop *op)
 {
-    json_t *arr = json_array();
-    for (size_t i = 0; i < op->n; i++) {
-        json_t *r;
-        if (op->dup_of[i] != SIZE_MAX) {
-            /* The same key again: the same answer, but a lease belongs
-             * to one caller only, and the first occurrence has it. */
-            r = json_deep_copy(op->results[op->dup_of[i]]);
-            json_t *lease = json_object_get(r, "lease");
-            if (lease != NULL && json_is_string(lease)) {
-                json_object_set_new(r, "lease", json_null());
-            }
-        } else {
-            r = json_incref(op->results[i]);
-        }
-        json_array_append_new(arr, r);
+    /* The same key again gets the same answer, but a lease belongs to
+     * one caller only, and the first occurrence has it. */
+    static const char dup_miss[] = ",{\"ok\":true,\"hit\":false,\"lease\":null}";
+    static const struct chunk *dup_text;
+    static char dup_buf[sizeof(struct chunk) + sizeof(dup_miss)];
+    if (dup_text == NULL) {
+        struct chunk *c = (struct chunk *)(void *)dup_buf;
+        c->refs = 1;
+        c->len = sizeof(dup_miss) - 1;
+        memcpy(c->data, dup_miss, c->len);
+        dup_text = c;
     }
     cop_unlink(op);
-    ld_reply_ok(op->req, json_pack("{s:o}", "results", arr));
+    struct ld_req *req = op->req;
+    char *idtext = NULL;
+    if (req->id != NULL) {
+        idtext = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
+    }
+    /* Size first: a reply over the output limit is never built. */
+    size_t total = 32 + (idtext != NULL ? strlen(idtext) : 0);
+    bool bad = false;
+    for (size_t i = 0; i < op->n; i++) {
+        size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
+        const struct chunk *c = op->texts[j];
+        if (c == NULL) {
+            bad = true;
+            break;
+        }
+        if (j != i && op->leased[j]) {
+            c = dup_text;
+        }
+        total += c->len;
+    }
+    if (bad) {
+        free(idtext);
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        cop_free(op);
+        return;
+    }
+    if (total > (size_t)REPLY_MAX_BYTES) {
+        struct ld_session *s = req->sess;
+        log_warn("session closed: one reply over the output limit "
+                 "session=%s op=cache.mget keys=%zu reply_bytes=%zu "
+                 "limit=%lld", s != NULL ? s->name : "-", op->n, total,
+                 REPLY_MAX_BYTES);
+        free(idtext);
+        if (s != NULL) {
+            ld_session_close(s, "reply over limits.max_output_bytes");
+        }
+        ld_reply_error(req, LD_E_BUSY,
+                       "the reply would take %zu bytes, over the output "
+                       "limit (limits.max_output_bytes); the session is "
+                       "closed", total);
+        cop_free(op);
+        return;
+    }
+    struct evbuffer *buf = evbuffer_new();
+    if (buf == NULL) {
+        free(idtext);
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        cop_free(op);
+        return;
+    }
+    if (idtext != NULL) {
+        evbuffer_add_printf(buf, "{\"id\":%s,", idtext);
+        free(idtext);
+    } else {
+        evbuffer_add(buf, "{", 1);
+    }
+    static const char results[] = "\"ok\":true,\"results\":[";
+    evbuffer_add(buf, results, sizeof(results) - 1);
+    for (size_t i = 0; i < op->n; i++) {
+        size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
+        const struct chunk *c = op->texts[j];
+        if (j != i && op->leased[j]) {
+            c = dup_text;
+        }
+        add_text(buf, c, i == 0);
+    }
+    evbuffer_add(buf, "]}\n", 3);
+    ld_reply_buffer(req, buf);
+    evbuffer_free(buf);
     cop_free(op);
 }
 
@@ -447,11 +615,13 @@ getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
     if (fields != NULL) {
         /* Each result reads like a cache.get reply, "ok" first. */
         json_t *res = json_pack("{s:b}", "ok", 1);
+        json_t *lease = json_object_get(fields, "lease");
+        op->leased[g->slot] = lease != NULL && json_is_string(lease);
         json_object_update(res, fields);
         json_decref(fields);
-        op->results[g->slot] = res;
+        op->texts[g->slot] = chunk_of_json(res);
     } else {
-        op->results[g->slot] = error_object(code, msg);
+        op->texts[g->slot] = chunk_of_json(error_object(code, msg));
     }
     if (--op->left == 0) {
         mget_finish(op);
@@ -475,6 +645,19 @@ settle_hit(struct getter *g, const char *v, size_t len)
             return;
         }
         op->req = req;    /* not UTF-8: answered below */
+    } else {
+        /* Escaped once here; the reply refers to it for every slot
+         * naming this key. */
+        struct chunk *c = chunk_of_hit(v, len);
+        if (c != NULL) {
+            ld_stats.cache_hits++;
+            op->texts[g->slot] = c;
+            g->state = G_DONE;
+            if (--op->left == 0) {
+                mget_finish(op);
+            }
+            return;
+        }
     }
     json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
     if (f == NULL) {
@@ -943,10 +1126,12 @@ cop_new(struct ld_req *req, size_t n, bool mget)
     op->left = n;
     op->g = calloc(n, sizeof(*op->g));
     if (mget) {
-        op->results = calloc(n, sizeof(*op->results));
+        op->texts = calloc(n, sizeof(*op->texts));
+        op->leased = calloc(n, sizeof(*op->leased));
         op->dup_of = malloc(n * sizeof(*op->dup_of));
     }
-    if (op->g == NULL || (mget && (op->results == NULL ||
+    if (op->g == NULL || (mget && (op->texts == NULL ||
+                                   op->leased == NULL ||
                                    op->dup_of == NULL))) {
         cop_free(op);
         return NULL;
@@ -1646,9 +1831,9 @@ on_session_close(struct ld_session *s)
          * but do not fill"), always a safe answer in cache-aside. */
         if (op->mget) {
             for (size_t i = 0; i < op->n; i++) {
-                if (op->results[i] == NULL && op->dup_of[i] == SIZE_MAX) {
-                    op->results[i] = json_pack("{s:b,s:b,s:n}", "ok", 1,
-                                               "hit", 0, "lease");
+                if (op->texts[i] == NULL && op->dup_of[i] == SIZE_MAX) {
+                    op->texts[i] = chunk_of_json(json_pack(
+                        "{s:b,s:b,s:n}", "ok", 1, "hit", 0, "lease"));
                 }
             }
             mget_finish(op);

@@ -74,6 +74,11 @@ size_t ld_json_quote(char *out, const char *s, size_t len);
  * UTF-8. */
 int ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len);
 
+/* Answer REQ with the line in BUF (built by the caller, trailing newline
+ * included); BUF's content moves to the session without a copy. */
+struct evbuffer;
+void ld_reply_buffer(struct ld_req *req, struct evbuffer *buf);
+
 /* Is the session that sent REQ still connected? */
 bool ld_req_session_open(const struct ld_req *req);
 

@@ -286,6 +286,23 @@ ld_session_write(struct ld_session *s, const char *buf, size_t len)
 }
 
 void
+ld_session_write_buffer(struct ld_session *s, struct evbuffer *buf)
+{
+    if (s->bev == NULL) {
+        evbuffer_drain(buf, evbuffer_get_length(buf));
+        return;
+    }
+    struct evbuffer *out = bufferevent_get_output(s->bev);
+    evbuffer_add_buffer(out, buf);
+    if (s->open) {
+        mark_dirty(s);
+        if (evbuffer_get_length(out) > OUTPUT_HIGH_BYTES) {
+            bufferevent_disable(s->bev, EV_READ);
+        }
+    }
+}
+
+void
 ld_session_event(struct ld_session *s, json_t *event)
 {
     if (s->open) {

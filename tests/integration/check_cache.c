@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define T_MS 5000
@@ -1349,6 +1352,216 @@ START_TEST(test_stats_move)
 }
 END_TEST
 
+/* --- big cache.mget replies ----------------------------------------------- */
+
+/* Sanitizers and valgrind make the daemon several times slower and
+ * bigger: latency and memory bounds widen there, the property checked
+ * stays the same. */
+static bool slow_build(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    return true;
+#else
+    const char *w = getenv("LEASED_WRAPPER");
+    return w != NULL && *w != '\0';
+#endif
+}
+
+/* A field of /proc/PID/status in kB (VmRSS, VmHWM), -1 when unreadable. */
+static long long proc_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long long v = -1;
+    if (f == NULL) {
+        return -1;
+    }
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            v = atoll(line + n + 1);
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+/* {"op":"cache.mget","keys":[KEY x N]} and a newline, malloc'ed. */
+static char *mget_line(const char *key, int n, size_t *len)
+{
+    size_t klen = strlen(key);
+    char *s = malloc(64 + (size_t)n * (klen + 3));
+    ck_assert_ptr_nonnull(s);
+    char *o = s + sprintf(s, "{\"op\":\"cache.mget\",\"keys\":[");
+    for (int i = 0; i < n; i++) {
+        o += sprintf(o, "%s\"%s\"", i ? "," : "", key);
+    }
+    o += sprintf(o, "]}\n");
+    *len = (size_t)(o - s);
+    return s;
+}
+
+/* A raw client that sends ROUNDS copies of LINE one after the other and
+ * reads each reply as fast as it can, without parsing it. Returns 0 when
+ * every reply was a line of at least MIN_BYTES beginning {"ok":true. Runs
+ * in a child process, beside the pinging test. */
+static int greedy_reader(const char *sock, const char *line, size_t len,
+                         int rounds, size_t min_bytes)
+{
+    struct sockaddr_un sa;
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) {
+        return 2;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(sock) >= sizeof sa.sun_path) {
+        return 3;
+    }
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        return 3;
+    }
+    static char buf[1 << 20];
+    for (int r = 0; r < rounds; r++) {
+        for (size_t off = 0; off < len;) {
+            ssize_t n = write(fd, line + off, len - off);
+            if (n <= 0) {
+                return 4;
+            }
+            off += (size_t)n;
+        }
+        size_t got = 0;
+        bool head_ok = false, done = false;
+        while (!done) {
+            ssize_t n = read(fd, buf, sizeof buf);
+            if (n <= 0) {
+                return 5;
+            }
+            if (got == 0) {
+                head_ok = n >= 10 && memcmp(buf, "{\"ok\":true", 10) == 0;
+            }
+            got += (size_t)n;
+            done = memchr(buf, '\n', (size_t)n) != NULL;
+        }
+        if (!head_ok || got < min_bytes) {
+            return 6;
+        }
+    }
+    close(fd);
+    return 0;
+}
+
+static void plant_value(const char *key, size_t bytes, char fillc)
+{
+    char *v = malloc(bytes + 1);
+    ck_assert_ptr_nonnull(v);
+    memset(v, fillc, bytes);
+    v[bytes] = '\0';
+    r_ok("HSET " PREFIX "{%s} v %s", key, v);
+    free(v);
+}
+
+static long long mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One key named 1000 times in each of many cache.mget requests, read as
+ * fast as the client can: the value is escaped once and the reply refers
+ * to it, so another session's pings are not held up and the daemon does
+ * not grow by a copy per occurrence. A reply over the output limit is
+ * never built: the session is closed. */
+START_TEST(test_mget_big_reply)
+{
+    start(NULL);
+    const size_t vbytes = 20000;
+    const int nkeys = 1000, rounds = 25;
+    plant_value("big", vbytes, 'x');
+    struct h_conn *p = conn(&D);
+    json_decref(must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
+    long long rss0 = proc_kb(D.pid, "VmRSS");
+    ck_assert_int_gt(rss0, 0);
+
+    size_t len;
+    char *line = mget_line("big", nkeys, &len);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        _exit(greedy_reader(D.sock, line, len, rounds,
+                            (size_t)nkeys * vbytes));
+    }
+    h_track_pid(pid);
+
+    static long long lat[200000];
+    size_t nlat = 0;
+    int status = -1;
+    long long deadline = h_now_ms() + 120000;
+    while (h_now_ms() < deadline) {
+        long long t0 = mono_us();
+        json_t *r = h_callf(p, T_MS, "{s:s}", "op", "ping");
+        must(r);
+        json_decref(r);
+        if (nlat < sizeof lat / sizeof lat[0]) {
+            lat[nlat++] = mono_us() - t0;
+        }
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            break;
+        }
+        /* Pings at a steady pace sample the time line evenly: a stall
+         * of the loop shows up in as many pings as it lasts. */
+        sleep_ms(2);
+    }
+    h_untrack_pid(pid);
+    ck_assert_int_gt(nlat, 10);
+    qsort(lat, nlat, sizeof lat[0], cmp_ll);
+    long long p99 = lat[nlat * 99 / 100];
+    long long bound_us = slow_build() ? 200000 : 10000;
+    fprintf(stderr, "mget_big_reply: %zu pings, p50 %lld us, p99 %lld us, "
+            "max %lld us\n", nlat, lat[nlat / 2], p99, lat[nlat - 1]);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the mget client did not finish: status %d", status);
+    ck_assert_msg(p99 < bound_us, "ping p99 %lld us over %zu pings (max %lld)",
+                  p99, nlat, lat[nlat - 1]);
+    /* Twenty copies of one 20 MB reply would be 400 MB; the reply is a
+     * list of references to one escaped value. */
+    long long hwm = proc_kb(D.pid, "VmHWM");
+    long long bound_kb = slow_build() ? 1024 * 1024 : 64 * 1024;
+    ck_assert_msg(hwm - rss0 < bound_kb, "daemon grew from %lld kB to %lld kB",
+                  rss0, hwm);
+    free(line);
+
+    /* 1000 x 40 kB is over the 32 MiB output limit: the session is
+     * closed, with one error line, and the reply is never built. */
+    plant_value("huge", 40000, 'y');
+    struct h_conn *b = conn(&D);
+    line = mget_line("huge", nkeys, &len);
+    ck_assert_int_eq(h_send_raw(b, line, len), 0);
+    free(line);
+    json_t *r = h_recv(b, T_MS);
+    ck_assert_msg(r != NULL && !h_ok(r) && strcmp(h_errcode(r), "busy") == 0,
+                  "expected busy, got %s", dump(r));
+    json_decref(r);
+    ck_assert(h_wait_closed(b, T_MS));
+    ck_assert_int_eq(count_in_file(D.log, "over the output limit"), 1);
+    long long hwm2 = proc_kb(D.pid, "VmHWM");
+    ck_assert_msg(hwm2 - rss0 < bound_kb, "daemon grew to %lld kB", hwm2);
+    json_decref(must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
+    h_close(b);
+    h_close(p);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
@@ -1381,6 +1594,7 @@ int main(void)
     add(s, "journal_torn_tail", test_journal_torn_tail, 60);
     add(s, "journal_unusable", test_journal_unusable, 60);
     add(s, "stats_move", test_stats_move, 60);
+    add(s, "mget_big_reply", test_mget_big_reply, 240);
 
     return h_run_suite(s);
 }
