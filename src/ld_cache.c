@@ -96,6 +96,7 @@ struct getter {
     struct ckey *ck;
     bool want_lease;
     bool waited;              /* counted in cache_waits */
+    bool holds_place;         /* one of C.n_waiters, until it is answered */
     uint64_t deadline_us;     /* end of wait_ms, monotonic */
     uint64_t seq;             /* arrival order: waiters are served FIFO */
     enum gstate state;
@@ -200,6 +201,9 @@ static struct {
     struct event *tick_ev;
     struct event *sync_ev;
     struct inv *sync_head, *sync_tail;
+    /* Getters that wait or once waited and are not answered yet: a
+     * waiter keeps its place under limits.max_waiters while a wake-up
+     * refetches for it, so that newcomers cannot take it meanwhile. */
     long long n_waiters;
     uint64_t next_seq;
 } C;
@@ -596,12 +600,23 @@ mget_finish(struct cop *op)
     cop_free(op);
 }
 
+/* G is answered or gone: its place among the waiters is free. */
+static void
+getter_done(struct getter *g)
+{
+    g->state = G_DONE;
+    if (g->holds_place) {
+        g->holds_place = false;
+        C.n_waiters--;
+    }
+}
+
 /* Answer one getter: FIELDS (stolen) on success, else CODE and MSG. */
 static void
 getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
 {
     struct cop *op = g->op;
-    g->state = G_DONE;
+    getter_done(g);
     if (!op->mget) {
         cop_unlink(op);
         if (fields != NULL) {
@@ -639,7 +654,7 @@ settle_hit(struct getter *g, const char *v, size_t len)
         op->req = NULL;
         if (ld_reply_ok_hit(req, v, len) == LD_OK) {
             ld_stats.cache_hits++;
-            g->state = G_DONE;
+            getter_done(g);
             cop_unlink(op);
             cop_free(op);
             return;
@@ -652,7 +667,7 @@ settle_hit(struct getter *g, const char *v, size_t len)
         if (c != NULL) {
             ld_stats.cache_hits++;
             op->texts[g->slot] = c;
-            g->state = G_DONE;
+            getter_done(g);
             if (--op->left == 0) {
                 mget_finish(op);
             }
@@ -831,7 +846,6 @@ ckey_refresh(struct ckey *ck)
     if (f == NULL) {
         return; /* the timer or the next wake-up tries again */
     }
-    C.n_waiters -= (long long)ck->waiters.n;
     for (struct getter *g = ck->waiters.head; g != NULL; g = g->next) {
         g->state = G_FETCH;
         g->fetch = f;
@@ -1074,14 +1088,20 @@ fetch_cb(redisReply *reply, void *arg)
         /* Somebody else loads the value. */
         if (!g->want_lease || now >= g->deadline_us) {
             settle_miss(g, NULL);
-        } else if (!g->waited &&
+        } else if (!g->holds_place &&
                    C.n_waiters >= ld_srv.cfg->limits.max_waiters) {
+            /* Counted one by one as they are parked: one fetch may
+             * bring any number of new waiters at once. */
             getter_settle(g, NULL, LD_E_BUSY,
                           "too many waiters (limits.max_waiters)");
         } else {
             if (!g->waited) {
                 g->waited = true;
                 ld_stats.cache_waits++;
+            }
+            if (!g->holds_place) {
+                g->holds_place = true;
+                C.n_waiters++;
             }
             g->state = G_WAIT;
             glist_push(&keep, g);
@@ -1094,7 +1114,6 @@ fetch_cb(redisReply *reply, void *arg)
     free(f);
 
     if (keep.n > 0) {
-        C.n_waiters += (long long)keep.n;
         glist_merge(&ck->waiters, &keep);
         if (ck->sub == NULL) {
             ck->sub =
@@ -1801,14 +1820,13 @@ getter_detach(struct getter *g)
         break;
     case G_WAIT:
         glist_remove(&ck->waiters, g);
-        C.n_waiters--;
         ckey_arm(ck);
         ckey_maybe_free(ck);
         break;
     default:
         break;
     }
-    g->state = G_DONE;
+    getter_done(g);
 }
 
 static void

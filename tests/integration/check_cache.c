@@ -1562,6 +1562,76 @@ START_TEST(test_mget_big_reply)
 }
 END_TEST
 
+/* --- limits.max_waiters ------------------------------------------------- */
+
+/* Many getters of one key parked by one fetch: exactly max_waiters of
+ * them wait, the rest get busy at once; the places stay taken while the
+ * waiters are woken and refetch. */
+START_TEST(test_max_waiters_exact)
+{
+    start("limits:\n  max_waiters: 5\n");
+    struct h_conn *a = conn(&D);
+    struct h_conn *b = conn(&D);
+    struct h_conn *c = conn(&D);
+    char *lease = get_lease(a, "w");
+
+    /* One write: all twelve reach the daemon in one read and share one
+     * fetch, which finds the lease held. */
+    char buf[4096];
+    size_t off = 0;
+    for (int i = 1; i <= 12; i++) {
+        off += (size_t)snprintf(buf + off, sizeof buf - off,
+                                "{\"id\":%d,\"op\":\"cache.get\","
+                                "\"key\":\"w\",\"wait_ms\":20000}\n", i);
+    }
+    ck_assert_int_eq(h_send_raw(b, buf, off), 0);
+    int busy = 0;
+    for (int i = 0; i < 7; i++) {
+        json_t *r = h_recv(b, T_MS);
+        ck_assert_msg(r != NULL && !h_ok(r) &&
+                      strcmp(h_errcode(r), "busy") == 0,
+                      "expected busy, got %s", dump(r));
+        busy++;
+        json_decref(r);
+    }
+    ck_assert_ptr_null(h_recv(b, 300));
+
+    /* A wake-up (a message on the key's channel) makes the five refetch;
+     * a newcomer meanwhile finds no free place. */
+    r_ok("PUBLISH " PREFIX "{w}:fill poke");
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key",
+                        "w", "wait_ms", 20000);
+    ck_assert_msg(r != NULL && !h_ok(r) && strcmp(h_errcode(r), "busy") == 0,
+                  "expected busy for the sixth waiter, got %s", dump(r));
+    json_decref(r);
+
+    ck_assert(fill(a, "w", lease, "val"));
+    for (int i = 0; i < 5; i++) {
+        r = h_recv(b, T_MS);
+        expect_hit(r, "val");
+        json_decref(r);
+    }
+    ck_assert_int_eq(busy, 7);
+    /* Every place is free again. */
+    free(lease);
+    lease = get_lease(a, "w2");
+    for (int i = 0; i < 5; i++) {
+        send_get(c, 100 + i, "w2", 20000);
+    }
+    ck_assert_ptr_null(h_recv(c, 300));
+    ck_assert(fill(a, "w2", lease, "v2"));
+    for (int i = 0; i < 5; i++) {
+        r = h_recv(c, T_MS);
+        expect_hit(r, "v2");
+        json_decref(r);
+    }
+    free(lease);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
@@ -1595,6 +1665,7 @@ int main(void)
     add(s, "journal_unusable", test_journal_unusable, 60);
     add(s, "stats_move", test_stats_move, 60);
     add(s, "mget_big_reply", test_mget_big_reply, 240);
+    add(s, "max_waiters_exact", test_max_waiters_exact, 60);
 
     return h_run_suite(s);
 }
