@@ -70,9 +70,6 @@
  * are added by reference, so a value named many times is never copied. */
 #define REF_MIN_BYTES 512
 #define INVALIDATE_MAX_KEYS 1000
-#define TTL_MAX_MS (1LL << 40)
-#define DELAY_MAX_MS 86400000LL
-#define WAIT_MAX_MS 600000LL
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 5000
 /* PTTL is rounded and Redis expires a key a little after its time; waking
@@ -1182,7 +1179,7 @@ get_params(struct ld_req *req, long long *wait_ms, bool *lease)
 {
     *wait_ms = ld_srv.cfg->cache.wait_ms;
     *lease = true;
-    if (ld_req_int(req, "wait_ms", false, 0, WAIT_MAX_MS, wait_ms, NULL) !=
+    if (ld_req_int(req, "wait_ms", false, 0, LD_WAIT_MS_MAX, wait_ms, NULL) !=
             LD_OK ||
         ld_req_bool(req, "lease", lease) != LD_OK) {
         return LD_ERR;
@@ -1285,7 +1282,7 @@ op_mget(struct ld_req *req)
 static int
 ttl_param(struct ld_req *req, long long *ttl_ms, bool *present)
 {
-    return ld_req_int(req, "ttl_ms", false, 1, TTL_MAX_MS, ttl_ms, present);
+    return ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, ttl_ms, present);
 }
 
 /* The TTL an entry gets: nulls always cache.null_ttl_ms (a "not found"
@@ -1710,7 +1707,7 @@ op_invalidate(struct ld_req *req)
     } else if (ld_req_key(req, "key", &key, &len) != LD_OK) {
         return;
     }
-    if (ld_req_int(req, "delay_ms", false, 0, DELAY_MAX_MS, &delay_ms,
+    if (ld_req_int(req, "delay_ms", false, 0, LD_DELAY_MS_MAX, &delay_ms,
                    NULL) != LD_OK) {
         return;
     }

@@ -1632,6 +1632,146 @@ START_TEST(test_max_waiters_exact)
 }
 END_TEST
 
+/* --- numeric ranges ------------------------------------------------------ */
+
+/* REQ (a JSON object without id) must get bad_request naming FIELD. */
+static void expect_bad_json(struct h_conn *c, const char *req,
+                            const char *field)
+{
+    char line[1024];
+    ck_assert(strlen(req) < 512);
+    snprintf(line, sizeof line, "%s\n", req);
+    expect_bad(c, line, field);
+}
+
+static json_t *call_line(struct h_conn *c, const char *fmt, long long v)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, fmt, v);
+    json_error_t e;
+    json_t *req = json_loads(buf, 0, &e);
+    ck_assert_msg(req != NULL, "bad test json %s", buf);
+    return h_call(c, req, T_MS);
+}
+
+/* ttl_ms has one range in every op (1..2^40), wait_ms another (0..2^31,
+ * and -1 for lock); the maximum is accepted and works end to end, one
+ * more is bad_request. */
+START_TEST(test_numeric_ranges)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    const long long ttl_max = 1LL << 40, wait_max = 1LL << 31;
+    const long long delay_max = 86400000LL;
+    char line[512];
+
+    /* lock: ttl_ms and wait_ms at their maximum. */
+    json_t *r = call_line(a, "{\"op\":\"lock\",\"key\":\"r1\",\"ttl_ms\":%lld,"
+                          "\"wait_ms\":2147483648}", ttl_max);
+    must(r);
+    ck_assert(jtrue(r, "acquired"));
+    ck_assert_int_eq(jint(r, "lease_ms"), ttl_max);
+    json_decref(r);
+    long long pttl = r_int("PTTL leased:lock:{r1}");
+    ck_assert_msg(pttl > ttl_max - 60000 && pttl <= ttl_max,
+                  "lock PTTL %lld", pttl);
+    r = call_line(a, "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}",
+                  ttl_max);
+    must(r);
+    ck_assert_int_eq(jint(r, "lease_ms"), ttl_max);
+    json_decref(r);
+    r = call_line(a, "{\"op\":\"lock\",\"key\":\"r2\",\"wait_ms\":%lld}", -1);
+    must(r);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    snprintf(line, sizeof line,
+             "{\"op\":\"lock\",\"key\":\"r3\",\"ttl_ms\":%lld}", ttl_max + 1);
+    expect_bad_json(a, line, "ttl_ms");
+    snprintf(line, sizeof line,
+             "{\"op\":\"lock\",\"key\":\"r3\",\"wait_ms\":%lld}", wait_max + 1);
+    expect_bad_json(a, line, "wait_ms");
+    expect_bad_json(a, "{\"op\":\"lock\",\"key\":\"r3\",\"wait_ms\":-2}",
+                    "wait_ms");
+    snprintf(line, sizeof line,
+             "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}", ttl_max + 1);
+    expect_bad_json(a, line, "ttl_ms");
+
+    /* cache.set and cache.fill: ttl_ms at its maximum reaches Redis
+     * whole (spread by the jitter). */
+    r = call_line(a, "{\"op\":\"cache.set\",\"key\":\"c1\",\"value\":\"v\","
+                  "\"ttl_ms\":%lld}", ttl_max);
+    json_decref(must(r));
+    pttl = entry_pttl("c1");
+    ck_assert_msg(pttl > ttl_max * 8 / 10 && pttl <= ttl_max * 12 / 10,
+                  "cache PTTL %lld", pttl);
+    char *lease = get_lease(a, "c2");
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.fill\",\"key\":\"c2\",\"lease\":\"%s\","
+             "\"value\":\"v\",\"ttl_ms\":%%lld}", lease);
+    r = call_line(a, line, ttl_max);
+    must(r);
+    ck_assert(jtrue(r, "stored"));
+    json_decref(r);
+    free(lease);
+    pttl = entry_pttl("c2");
+    ck_assert_msg(pttl > ttl_max * 8 / 10 && pttl <= ttl_max * 12 / 10,
+                  "cache PTTL %lld", pttl);
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.set\",\"key\":\"c1\",\"value\":\"v\","
+             "\"ttl_ms\":%lld}", ttl_max + 1);
+    expect_bad_json(a, line, "ttl_ms");
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.fill\",\"key\":\"c1\",\"lease\":\"x\","
+             "\"value\":\"v\",\"ttl_ms\":%lld}", ttl_max + 1);
+    expect_bad_json(a, line, "ttl_ms");
+
+    /* cache.get and cache.mget: wait_ms as long as lock's. */
+    r = call_line(a, "{\"op\":\"cache.get\",\"key\":\"c1\",\"wait_ms\":%lld}",
+                  wait_max);
+    expect_hit(r, "v");
+    json_decref(r);
+    r = call_line(a, "{\"op\":\"cache.mget\",\"keys\":[\"c1\"],"
+                  "\"wait_ms\":%lld}", wait_max);
+    must(r);
+    expect_hit(json_array_get(json_object_get(r, "results"), 0), "v");
+    json_decref(r);
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.get\",\"key\":\"c1\",\"wait_ms\":%lld}",
+             wait_max + 1);
+    expect_bad_json(a, line, "wait_ms");
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.mget\",\"keys\":[\"c1\"],\"wait_ms\":%lld}",
+             wait_max + 1);
+    expect_bad_json(a, line, "wait_ms");
+    expect_bad_json(a, "{\"op\":\"cache.get\",\"key\":\"c1\",\"wait_ms\":-1}",
+                    "wait_ms");
+
+    /* A waiter with the longest wait is served like any other. */
+    lease = get_lease(a, "c3");
+    struct h_conn *b = conn(&D);
+    snprintf(line, sizeof line, "{\"id\":5,\"op\":\"cache.get\",\"key\":"
+             "\"c3\",\"wait_ms\":%lld}\n", wait_max);
+    ck_assert_int_eq(h_send_raw(b, line, strlen(line)), 0);
+    ck_assert_ptr_null(h_recv(b, 200));
+    ck_assert(fill(a, "c3", lease, "filled"));
+    free(lease);
+    r = h_recv(b, T_MS);
+    expect_hit(r, "filled");
+    json_decref(r);
+    h_close(b);
+
+    /* cache.invalidate: delay_ms up to a day. */
+    r = call_line(a, "{\"op\":\"cache.invalidate\",\"key\":\"c1\","
+                  "\"delay_ms\":%lld}", delay_max);
+    json_decref(must(r));
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.invalidate\",\"key\":\"c1\",\"delay_ms\":%lld}",
+             delay_max + 1);
+    expect_bad_json(a, line, "delay_ms");
+    h_close(a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
@@ -1666,6 +1806,7 @@ int main(void)
     add(s, "stats_move", test_stats_move, 60);
     add(s, "mget_big_reply", test_mget_big_reply, 240);
     add(s, "max_waiters_exact", test_max_waiters_exact, 60);
+    add(s, "numeric_ranges", test_numeric_ranges, 60);
 
     return h_run_suite(s);
 }
