@@ -982,12 +982,18 @@ parse_probe(const redisReply *r, const redisReply **value)
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
         return R_ERROR;
     }
-    if (r->element[0]->type == REDIS_REPLY_STRING) {
+    if (r->element[0]->type == REDIS_REPLY_STRING &&
+        r->element[1]->type != REDIS_REPLY_STRING) {
         *value = r->element[0];
         return R_HIT;
     }
-    if (r->element[1]->type == REDIS_REPLY_STRING) {
-        return R_NULL;
+    if (r->element[1]->type == REDIS_REPLY_STRING &&
+        r->element[0]->type != REDIS_REPLY_STRING) {
+        /* Anything but our "1" (or a null beside a value) is not ours:
+         * the script says so. */
+        if (r->element[1]->len == 1 && r->element[1]->str[0] == '1') {
+            return R_NULL;
+        }
     }
     return R_MISS;
 }
@@ -1031,7 +1037,15 @@ fetch_cb(redisReply *reply, void *arg)
                  reply != NULL && reply->type == REDIS_REPLY_ERROR
                      ? reply->str
                      : "bad shape");
-        log_error("cache get script failed error=\"%s\"", errmsg);
+        log_error("cache script failed op=cache.get key=\"%.*s\" "
+                  "error=\"%s\"", (int)(ck->key_len > 200 ? 200
+                                                        : ck->key_len),
+                  ck->key, errmsg);
+    }
+    if (res == R_WRONG) {
+        snprintf(errmsg, sizeof(errmsg), "the Redis key of entry '%.*s' "
+                 "holds data leased did not write; nothing was changed",
+                 (int)(ck->key_len > 60 ? 60 : ck->key_len), ck->key);
     }
     if (res == R_HELD) {
         ck->lease_end_us = pttl >= 0
@@ -1057,9 +1071,7 @@ fetch_cb(redisReply *reply, void *arg)
             settle_null(g);
             continue;
         case R_WRONG:
-            getter_settle(g, NULL, LD_E_WRONG_TYPE,
-                          "the entry's Redis key holds data leased did not "
-                          "write");
+            getter_settle(g, NULL, LD_E_WRONG_TYPE, errmsg);
             continue;
         case R_DOWN:
             getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE,
@@ -1302,6 +1314,8 @@ entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
 static bool
 write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
 {
+    const char *key = json_string_value(json_object_get(req->body, "key"));
+    int klen = (int)json_string_length(json_object_get(req->body, "key"));
     if (reply == NULL) {
         ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
                        "redis did not answer in time");
@@ -1310,15 +1324,17 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
     if (reply->type != REDIS_REPLY_INTEGER) {
         const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
                                                             : "bad shape";
-        log_error("cache script failed op=%s error=\"%s\"", op, why);
+        log_error("cache script failed op=%s key=\"%.*s\" error=\"%s\"",
+                  op, klen > 200 ? 200 : klen, key != NULL ? key : "", why);
         ld_reply_error(req, LD_E_INTERNAL, "unexpected reply to %s: %s", op,
                        why);
         return false;
     }
     if (reply->integer < 0) {
         ld_reply_error(req, LD_E_WRONG_TYPE,
-                       "the entry's Redis key holds data leased did not "
-                       "write; nothing was changed");
+                       "the Redis key of entry '%.*s' holds data leased did "
+                       "not write; nothing was changed",
+                       klen > 200 ? 200 : klen, key != NULL ? key : "");
         return false;
     }
     return true;

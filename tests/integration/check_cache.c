@@ -1772,6 +1772,113 @@ START_TEST(test_numeric_ranges)
 }
 END_TEST
 
+/* --- data leased did not write ------------------------------------------ */
+
+/* Every cache op on KEY (the reads only when READS) must answer
+ * wrong_type naming the key. */
+static void expect_wrong_type_all(struct h_conn *a, const char *key,
+                                  bool reads)
+{
+    json_t *r[6];
+    r[0] = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key", key,
+                   "wait_ms", 300);
+    r[1] = get_plain(a, key);
+    r[2] = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key",
+                   key, "lease", "tok", "value", "v");
+    r[3] = h_callf(a, T_MS, "{s:s,s:s,s:s,s:n}", "op", "cache.fill", "key",
+                   key, "lease", "tok", "value");
+    r[4] = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key",
+                   key, "lease", "tok");
+    r[5] = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", key,
+                   "value", "v");
+    for (int i = 0; i < 6; i++) {
+        if (!reads && i < 2) {
+            json_decref(r[i]);
+            continue;
+        }
+        ck_assert_msg(r[i] != NULL && !h_ok(r[i]) &&
+                      strcmp(h_errcode(r[i]), "wrong_type") == 0,
+                      "op %d on %s: expected wrong_type, got %s", i, key,
+                      dump(r[i]));
+        const char *msg = json_string_value(
+            json_object_get(json_object_get(r[i], "error"), "message"));
+        ck_assert_msg(msg != NULL && strstr(msg, key) != NULL,
+                      "message does not name %s: %s", key, msg);
+        json_decref(r[i]);
+    }
+    if (!reads) {
+        return;
+    }
+    json_t *m = h_callf(a, T_MS, "{s:s,s:[s],s:i}", "op", "cache.mget",
+                        "keys", key, "wait_ms", 300);
+    must(m);
+    json_t *e = json_array_get(json_object_get(m, "results"), 0);
+    ck_assert_msg(strcmp(h_errcode(e), "wrong_type") == 0, "mget %s: %s",
+                  key, dump(m));
+    json_decref(m);
+}
+
+/* Planted straight into Redis, data of every shape leased never writes:
+ * each cache op answers wrong_type naming the key and changes nothing;
+ * no script raises an error, so nothing is internal. */
+START_TEST(test_foreign_data)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    char buf[256];
+
+    r_ok("SET " PREFIX "{fs} foreign");
+    r_ok("RPUSH " PREFIX "{fl} a b");
+    r_ok("SADD " PREFIX "{fz} a");
+    r_ok("HSET " PREFIX "{fh1} x 1");               /* none of ours */
+    r_ok("HSET " PREFIX "{fh2} v val x 1");         /* ours and more */
+    r_ok("HSET " PREFIX "{fh3} n maybe");           /* n is not "1" */
+    r_ok("HSET " PREFIX "{fh4} v val n 1");         /* value and null */
+    r_ok("HSET " PREFIX "{fh5} l tok");             /* a lease forever */
+    r_ok("HSET " PREFIX "{fh6} l tok x 1");         /* a lease and more */
+    const char *keys[] = {"fs", "fl", "fz", "fh1", "fh2", "fh3", "fh4",
+                          "fh5", "fh6"};
+    const char *types[] = {"string", "list", "set", "hash", "hash", "hash",
+                           "hash", "hash", "hash"};
+    const long long lens[] = {7, 2, 1, 1, 2, 1, 2, 1, 2};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        /* A read that finds a value field serves it without a look at
+         * the rest (the one-command hit path); writes decide on the
+         * whole entry. */
+        expect_wrong_type_all(a, keys[i], strcmp(keys[i], "fh2") != 0);
+        ck_assert_str_eq(r_str(buf, sizeof buf, "TYPE " PREFIX "{%s}",
+                               keys[i]), types[i]);
+        ck_assert_int_eq(entry_pttl(keys[i]), -1);
+        const char *lencmd = strcmp(types[i], "string") == 0 ? "STRLEN"
+                             : strcmp(types[i], "list") == 0 ? "LLEN"
+                             : strcmp(types[i], "set") == 0  ? "SCARD"
+                                                             : "HLEN";
+        ck_assert_int_eq(r_int("%s " PREFIX "{%s}", lencmd, keys[i]),
+                         lens[i]);
+    }
+    ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{fh5} l"), "tok");
+    ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{fh3} n"),
+                     "maybe");
+    ck_assert_int_eq(count_in_file(D.log, "script failed"), 0);
+    json_t *st = must(h_callf(a, T_MS, "{s:s}", "op", "stats"));
+    json_t *byc = json_object_get(json_object_get(st, "stats"),
+                                  "errors_by_code");
+    ck_assert_msg(byc != NULL, "no errors_by_code: %s", dump(st));
+    ck_assert_int_eq(json_integer_value(json_object_get(byc, "internal")), 0);
+    ck_assert_int_gt(json_integer_value(json_object_get(byc, "wrong_type")),
+                     40);
+    json_decref(st);
+
+    /* An invalidation still removes whatever is there. */
+    json_t *r = invalidate(a, "fh5", 0);
+    ck_assert_int_eq(jint(must(r), "deleted"), 1);
+    json_decref(r);
+    char *lease = get_lease(a, "fh5");
+    free(lease);
+    h_close(a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
@@ -1807,6 +1914,7 @@ int main(void)
     add(s, "mget_big_reply", test_mget_big_reply, 240);
     add(s, "max_waiters_exact", test_max_waiters_exact, 60);
     add(s, "numeric_ranges", test_numeric_ranges, 60);
+    add(s, "foreign_data", test_foreign_data, 90);
 
     return h_run_suite(s);
 }
