@@ -183,6 +183,13 @@ struct del {
     bool retrying;            /* failed before; the timer is a backoff */
     bool orphan;              /* ld_cache_free ran while it was running */
     bool second;              /* the delayed one */
+    /* A second delete waits for its first: it is due delay_ms after the
+     * first one has been carried out, not after it was promised, so the
+     * two never run together when both are late (Redis was down, or the
+     * daemon restarted). */
+    struct del *then;         /* first: the second delete waiting for it */
+    struct del *after;        /* second: the first one, while it waits */
+    int64_t delay_ms;
     struct del *prev, *next;
     size_t key_len;
     char key[];
@@ -1589,6 +1596,13 @@ del_cb(redisReply *reply, void *arg)
         d->inv = NULL;
         inv_first_result(inv, true, reply->integer);
     }
+    if (d->then != NULL) {
+        struct del *d2 = d->then;
+        d->then = NULL;
+        d2->after = NULL;
+        d2->due_ms = wall_ms() + d2->delay_ms;
+        del_schedule(d2);
+    }
     if (d->id != 0) {
         ld_journal_done(C.journal, d->id);
         update_journal_stats();
@@ -1764,13 +1778,23 @@ op_invalidate(struct ld_req *req)
                 inv->journal_failed = true;
                 continue;
             }
-            if (ld_journal_add(C.journal, now + delay_ms, key, len,
-                               &d2->id) != LD_OK) {
+            /* Recorded as waiting for the first, so that a replay keeps
+             * the two apart too. Without the first's record there is
+             * nothing to wait for in the file: a plain add then (the
+             * request is answered with an error anyway). */
+            int rc = d1->id != 0
+                         ? ld_journal_add_after(C.journal, d1->id, delay_ms,
+                                                key, len, &d2->id)
+                         : ld_journal_add(C.journal, now + delay_ms, key,
+                                          len, &d2->id);
+            if (rc != LD_OK) {
                 d2->id = 0;
                 inv->journal_failed = true;
             }
             inv->pending++;
-            del_schedule(d2);
+            d2->delay_ms = delay_ms;
+            d2->after = d1;
+            d1->then = d2;
         }
     }
     update_journal_stats();
@@ -1790,10 +1814,15 @@ op_invalidate(struct ld_req *req)
 
 /* ---- journal replay and the periodic duty ---------------------------- */
 
+struct replay_state {
+    size_t count;
+    struct ld_dict *by_id;    /* id -> struct del, while replaying */
+};
+
 static void
 replay_one(const struct ld_journal_entry *e, void *arg)
 {
-    size_t *count = arg;
+    struct replay_state *st = arg;
     struct del *d = del_new(e->key, e->key_len, e->due_ms, true);
     if (d == NULL) {
         log_error("cache replay out of memory id=%llu",
@@ -1801,8 +1830,30 @@ replay_one(const struct ld_journal_entry *e, void *arg)
         return;
     }
     d->id = e->id;
-    del_schedule(d);
-    (*count)++;
+    st->count++;
+    if (e->after_id == 0) {
+        if (st->by_id != NULL) {
+            ld_dict_set(st->by_id, &d->id, sizeof(d->id), d);
+        }
+        del_schedule(d);
+        return;
+    }
+    /* Entries come in id order, so the first delete, if still owed, is
+     * known by now: wait for it. If it is done, it happened at some time
+     * before this start, so the delay counts from now. */
+    d->delay_ms = e->due_ms;
+    struct del *first = st->by_id != NULL
+                            ? ld_dict_get(st->by_id, &e->after_id,
+                                          sizeof(e->after_id))
+                            : NULL;
+    if (first != NULL && first->then == NULL) {
+        first->then = d;
+        d->after = first;
+        d->due_ms = 0;
+    } else {
+        d->due_ms = wall_ms() + d->delay_ms;
+        del_schedule(d);
+    }
 }
 
 static void
@@ -1897,8 +1948,10 @@ ld_cache_init(void)
         C.keys = NULL;
         return LD_ERR;
     }
-    size_t replayed = 0;
-    ld_journal_each(C.journal, replay_one, &replayed);
+    struct replay_state st = {0, ld_dict_new()};
+    ld_journal_each(C.journal, replay_one, &st);
+    ld_dict_free(st.by_id);
+    size_t replayed = st.count;
     log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
              cfg->journal.path,
              cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",

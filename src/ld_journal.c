@@ -28,7 +28,8 @@
 
 struct jrec {
     uint64_t id;
-    int64_t due_ms;
+    int64_t due_ms;          /* the delay for an add after another */
+    uint64_t after;          /* 0, or the add this one waits for */
     size_t key_len;
     char key[];
 };
@@ -118,20 +119,25 @@ get_u64(const unsigned char *p)
     return v;
 }
 
-/* Encode one record into BUF (LD_JOURNAL_RECORD_OVERHEAD +
- * LD_JOURNAL_BODY_MIN + KEY_LEN bytes); returns its length. */
+/* Encode one record into BUF (rec_bytes of it); returns its length.
+ * AFTER is written only for LD_JOURNAL_ADD_AFTER. */
 static size_t
 encode(unsigned char *buf, enum ld_journal_type type, uint64_t id,
-       int64_t due_ms, const char *key, size_t key_len)
+       int64_t due_ms, uint64_t after, const char *key, size_t key_len)
 {
     unsigned char *body = buf + LD_JOURNAL_RECORD_OVERHEAD;
-    size_t body_len = LD_JOURNAL_BODY_MIN + key_len;
+    size_t head = LD_JOURNAL_BODY_MIN;
 
     body[0] = (unsigned char)type;
     put_u64(body + 1, id);
     put_u64(body + 9, (uint64_t)due_ms);
+    if (type == LD_JOURNAL_ADD_AFTER) {
+        put_u64(body + head, after);
+        head += LD_JOURNAL_AFTER_BYTES;
+    }
+    size_t body_len = head + key_len;
     if (key_len > 0) {
-        memcpy(body + LD_JOURNAL_BODY_MIN, key, key_len);
+        memcpy(body + head, key, key_len);
     }
     put_u32(buf, (uint32_t)body_len);
     put_u32(buf + 4, ld_crc32(body, body_len));
@@ -222,14 +228,15 @@ read_file(int fd, unsigned char **out, size_t *len)
 /* ---- live set -------------------------------------------------------- */
 
 static size_t
-rec_bytes(size_t key_len)
+rec_bytes(size_t key_len, bool after)
 {
-    return LD_JOURNAL_RECORD_OVERHEAD + LD_JOURNAL_BODY_MIN + key_len;
+    return LD_JOURNAL_RECORD_OVERHEAD + LD_JOURNAL_BODY_MIN +
+           (after ? LD_JOURNAL_AFTER_BYTES : 0) + key_len;
 }
 
 static int
-live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, const char *key,
-         size_t key_len)
+live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, uint64_t after,
+         const char *key, size_t key_len)
 {
     struct jrec *r = malloc(sizeof(*r) + key_len);
     if (r == NULL) {
@@ -237,10 +244,11 @@ live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, const char *key,
     }
     r->id = id;
     r->due_ms = due_ms;
+    r->after = after;
     r->key_len = key_len;
     memcpy(r->key, key, key_len);
     ld_dict_set(j->live, &r->id, sizeof(r->id), r);
-    j->live_bytes += rec_bytes(key_len);
+    j->live_bytes += rec_bytes(key_len, after != 0);
     return LD_OK;
 }
 
@@ -251,7 +259,7 @@ live_del(struct ld_journal *j, uint64_t id)
     if (r == NULL) {
         return false;
     }
-    j->live_bytes -= rec_bytes(r->key_len);
+    j->live_bytes -= rec_bytes(r->key_len, r->after != 0);
     free(r);
     return true;
 }
@@ -274,7 +282,8 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len,
         uint32_t body_len = get_u32(buf + off);
         uint32_t crc = get_u32(buf + off + 4);
         if (body_len < LD_JOURNAL_BODY_MIN ||
-            body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_MAX_KEY) {
+            body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_AFTER_BYTES +
+                           LD_JOURNAL_MAX_KEY) {
             *why = "bad length";
             break;
         }
@@ -290,14 +299,26 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len,
         uint64_t id = get_u64(body + 1);
         int64_t due = (int64_t)get_u64(body + 9);
         size_t key_len = body_len - LD_JOURNAL_BODY_MIN;
-        if (body[0] == LD_JOURNAL_ADD) {
-            if (key_len == 0 ||
+        if (body[0] == LD_JOURNAL_ADD || body[0] == LD_JOURNAL_ADD_AFTER) {
+            size_t head = LD_JOURNAL_BODY_MIN;
+            uint64_t after = 0;
+            if (body[0] == LD_JOURNAL_ADD_AFTER) {
+                if (key_len <= LD_JOURNAL_AFTER_BYTES) {
+                    *why = "bad add record";
+                    break;
+                }
+                after = get_u64(body + head);
+                head += LD_JOURNAL_AFTER_BYTES;
+                key_len -= LD_JOURNAL_AFTER_BYTES;
+            }
+            if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
+                (body[0] == LD_JOURNAL_ADD_AFTER && (after == 0 ||
+                                                     after >= id)) ||
                 ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
                 *why = "bad add record";
                 break;
             }
-            if (live_add(j, id, due,
-                         (const char *)body + LD_JOURNAL_BODY_MIN,
+            if (live_add(j, id, due, after, (const char *)body + head,
                          key_len) != LD_OK) {
                 *why = "out of memory";
                 break;
@@ -376,7 +397,8 @@ load(struct ld_journal *j)
         log_warn("journal tail dropped path=%s offset=%zu bytes=%zu "
                  "reason=\"%s\"",
                  j->path, good, len - good, why != NULL ? why : "unknown");
-        if (ftruncate(j->fd, (off_t)good) != 0 || fdatasync(j->fd) != 0) {
+        if (ftruncate(j->fd, (off_t)good) != 0 ||
+            fdatasync(j->fd) != 0) {
             log_error("journal truncate failed path=%s error=\"%s\"",
                       j->path, strerror(errno));
             return LD_ERR;
@@ -483,16 +505,16 @@ ld_journal_close(struct ld_journal *j)
 
 static int
 append(struct ld_journal *j, enum ld_journal_type type, uint64_t id,
-       int64_t due_ms, const char *key, size_t key_len)
+       int64_t due_ms, uint64_t after, const char *key, size_t key_len)
 {
     unsigned char stack[256];
-    size_t need = rec_bytes(key_len);
+    size_t need = rec_bytes(key_len, type == LD_JOURNAL_ADD_AFTER);
     unsigned char *buf = need <= sizeof(stack) ? stack : malloc(need);
 
     if (buf == NULL) {
         return LD_ERR;
     }
-    size_t n = encode(buf, type, id, due_ms, key, key_len);
+    size_t n = encode(buf, type, id, due_ms, after, key, key_len);
     int rc = write_all_at(j->fd, buf, n, j->size);
     int saved = errno;
     if (buf != stack) {
@@ -525,10 +547,33 @@ ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
         return LD_ERR;
     }
     uint64_t nid = j->next_id;
-    if (append(j, LD_JOURNAL_ADD, nid, due_ms, key, key_len) != LD_OK) {
+    if (append(j, LD_JOURNAL_ADD, nid, due_ms, 0, key, key_len) != LD_OK) {
         return LD_ERR;
     }
-    if (live_add(j, nid, due_ms, key, key_len) != LD_OK) {
+    if (live_add(j, nid, due_ms, 0, key, key_len) != LD_OK) {
+        return LD_ERR;
+    }
+    j->next_id++;
+    *id = nid;
+    return LD_OK;
+}
+
+int
+ld_journal_add_after(struct ld_journal *j, uint64_t after_id,
+                     int64_t delay_ms, const char *key, size_t key_len,
+                     uint64_t *id)
+{
+    if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY || after_id == 0 ||
+        after_id >= j->next_id) {
+        errno = EINVAL;
+        return LD_ERR;
+    }
+    uint64_t nid = j->next_id;
+    if (append(j, LD_JOURNAL_ADD_AFTER, nid, delay_ms, after_id, key,
+               key_len) != LD_OK) {
+        return LD_ERR;
+    }
+    if (live_add(j, nid, delay_ms, after_id, key, key_len) != LD_OK) {
         return LD_ERR;
     }
     j->next_id++;
@@ -542,7 +587,7 @@ ld_journal_done(struct ld_journal *j, uint64_t id)
     if (ld_dict_get(j->live, &id, sizeof(id)) == NULL) {
         return LD_OK;
     }
-    if (append(j, LD_JOURNAL_DONE, id, 0, NULL, 0) != LD_OK) {
+    if (append(j, LD_JOURNAL_DONE, id, 0, 0, NULL, 0) != LD_OK) {
         /* The delete happened; without its done record a restart merely
          * repeats it, which is harmless. Forget it in memory anyway. */
         live_del(j, id);
@@ -593,8 +638,8 @@ ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        struct ld_journal_entry e = {v[i]->id, v[i]->due_ms, v[i]->key,
-                                     v[i]->key_len};
+        struct ld_journal_entry e = {v[i]->id, v[i]->due_ms, v[i]->after,
+                                     v[i]->key, v[i]->key_len};
         fn(&e, arg);
     }
     free(v);
@@ -654,7 +699,7 @@ ld_journal_compact(struct ld_journal *j)
             max_key = v[i]->key_len;
         }
     }
-    buf = malloc(rec_bytes(max_key));
+    buf = malloc(rec_bytes(max_key, true));
     if (buf == NULL) {
         goto fail;
     }
@@ -667,8 +712,11 @@ ld_journal_compact(struct ld_journal *j)
         goto fail;
     }
     for (size_t i = 0; i < n; i++) {
-        size_t len = encode(buf, LD_JOURNAL_ADD, v[i]->id, v[i]->due_ms,
-                            v[i]->key, v[i]->key_len);
+        size_t len = encode(buf,
+                            v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
+                                             : LD_JOURNAL_ADD,
+                            v[i]->id, v[i]->due_ms, v[i]->after, v[i]->key,
+                            v[i]->key_len);
         if (write_all_at(fd, buf, len, size) != LD_OK) {
             goto fail;
         }

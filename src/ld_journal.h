@@ -15,8 +15,17 @@
  *   header  8 bytes  "LDJRNL1\n"
  *   record  u32 body_len | u32 crc32(body) | body
  *   body    u8 type (1 add, 2 done) | u64 id | i64 due_ms | key bytes
- * body_len is 17 + the key's length; done records carry no key and due 0.
- * crc32 is the IEEE/zlib CRC-32 of the body.
+ *           u8 type 3 (add after) | u64 id | i64 delay_ms | u64 after_id
+ *           | key bytes
+ * body_len is 17 + the key's length (25 + it for type 3); done records
+ * carry no key and due 0. crc32 is the IEEE/zlib CRC-32 of the body.
+ *
+ * An "add after" is a delete that is due DELAY_MS after the add AFTER_ID
+ * has been carried out (the second delete of an invalidation: it must not
+ * run together with the first when both are late). Files without type 3
+ * records read as before. When AFTER_ID is no longer live at replay, its
+ * delete happened at an unknown time before the restart, so the second
+ * one is due DELAY_MS after the replay.
  *
  * Replay stops at the first record whose length is impossible, that runs
  * past the end of the file, or whose CRC does not match: that is a write
@@ -34,7 +43,12 @@
 #define LD_JOURNAL_BODY_MIN 17       /* type, id, due */
 #define LD_JOURNAL_MAX_KEY (1u << 20)
 
-enum ld_journal_type { LD_JOURNAL_ADD = 1, LD_JOURNAL_DONE = 2 };
+enum ld_journal_type {
+    LD_JOURNAL_ADD = 1,
+    LD_JOURNAL_DONE = 2,
+    LD_JOURNAL_ADD_AFTER = 3
+};
+#define LD_JOURNAL_AFTER_BYTES 8     /* after_id, type 3 only */
 
 struct ld_journal;
 
@@ -42,7 +56,9 @@ struct ld_journal;
  * and is valid only during the callback. */
 struct ld_journal_entry {
     uint64_t id;
-    int64_t due_ms;      /* wall clock, ms since the epoch */
+    int64_t due_ms;      /* wall clock, ms since the epoch; for an add
+                          * after another, the delay after its delete */
+    uint64_t after_id;   /* 0, or the add this one waits for */
     const char *key;
     size_t key_len;
 };
@@ -63,6 +79,12 @@ void ld_journal_close(struct ld_journal *j);
  * then cut back so that no partial record is left behind. */
 int ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
                    size_t key_len, uint64_t *id);
+
+/* Append an add record due DELAY_MS after the delete of the add AFTER_ID
+ * has been carried out (see the file layout above). */
+int ld_journal_add_after(struct ld_journal *j, uint64_t after_id,
+                         int64_t delay_ms, const char *key, size_t key_len,
+                         uint64_t *id);
 
 /* Append a done record for a live add. Unknown ids are ignored. */
 int ld_journal_done(struct ld_journal *j, uint64_t id);

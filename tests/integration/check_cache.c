@@ -1879,6 +1879,116 @@ START_TEST(test_foreign_data)
 }
 END_TEST
 
+/* --- the second delete keeps its distance ------------------------------- */
+
+/* Poll the daemon's pending invalidations until they reach 0, and note
+ * when they dropped to 1 (the first delete done) and to 0 (the second). */
+static void watch_pending(struct h_conn *c, long long *t1, long long *t2,
+                          int timeout_ms)
+{
+    long long end = h_now_ms() + timeout_ms;
+    *t1 = *t2 = -1;
+    while (h_now_ms() < end) {
+        long long n = h_stat(c, "cache_invalidations_pending");
+        long long now = h_now_ms();
+        if (n <= 1 && *t1 < 0) {
+            *t1 = now;
+        }
+        if (n == 0) {
+            *t2 = now;
+            return;
+        }
+        sleep_ms(5);
+    }
+}
+
+/* Redis is down when the invalidation comes and stays down past its
+ * delay: when it is back, the first delete runs, and the second one
+ * delay_ms after it, not together with it. */
+START_TEST(test_second_delete_after_outage)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    const long long delay = 1500;
+
+    set_value(a, "sd", "old");
+    h_redis_kill(&R);
+    json_t *r = invalidate(a, "sd", delay);
+    must(r);
+    ck_assert(jtrue(r, "queued"));
+    json_decref(r);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
+    /* Well past the delay while Redis is away (time passing is the
+     * point): both deletes are due and retrying when it is back. */
+    sleep_ms(delay + 4000);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    long long t1, t2;
+    watch_pending(a, &t1, &t2, 30000);
+    fprintf(stderr, "second delete %lld ms after the first\n", t2 - t1);
+    ck_assert_msg(t1 > 0 && t2 > 0, "deletes did not complete: %lld %lld",
+                  t1, t2);
+    ck_assert_msg(t2 - t1 >= delay - 200,
+                  "second delete %lld ms after the first, delay %lld",
+                  t2 - t1, delay);
+    h_close(a);
+}
+END_TEST
+
+/* The same across a kill -9: the journal says the second delete waits for
+ * the first, so a replay with both overdue keeps them apart, with Redis
+ * down at the restart or up. */
+START_TEST(test_second_delete_after_replay)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    const long long delay = 1500;
+
+    h_redis_kill(&R);
+    json_t *r = invalidate(a, "sr", delay);
+    must(r);
+    ck_assert(jtrue(r, "queued"));
+    json_decref(r);
+    h_close(a);
+    h_daemon_kill(&D);
+    sleep_ms(delay + 500);   /* both overdue by the restart */
+
+    /* Redis still down at the restart: both wait, then keep apart. */
+    ck_assert_int_eq(h_daemon_restart(&D), 0);
+    a = conn(&D);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    long long t1, t2;
+    watch_pending(a, &t1, &t2, 30000);
+    ck_assert_msg(t1 > 0 && t2 > 0, "deletes did not complete: %lld %lld",
+                  t1, t2);
+    ck_assert_msg(t2 - t1 >= delay - 200,
+                  "second delete %lld ms after the first, delay %lld",
+                  t2 - t1, delay);
+
+    /* Redis up at the restart: the first delete runs at once, the second
+     * delay_ms later. */
+    h_redis_kill(&R);
+    r = invalidate(a, "sr2", delay);
+    must(r);
+    ck_assert(jtrue(r, "queued"));
+    json_decref(r);
+    h_close(a);
+    h_daemon_kill(&D);
+    sleep_ms(delay + 500);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    long long t0 = h_now_ms();
+    ck_assert_int_eq(h_daemon_restart(&D), 0);
+    a = conn(&D);
+    watch_pending(a, &t1, &t2, 30000);
+    ck_assert_msg(t2 > 0, "deletes did not complete");
+    ck_assert_msg(t2 - t0 >= delay - 200,
+                  "second delete %lld ms after the restart, delay %lld",
+                  t2 - t0, delay);
+    h_close(a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
@@ -1915,6 +2025,8 @@ int main(void)
     add(s, "max_waiters_exact", test_max_waiters_exact, 60);
     add(s, "numeric_ranges", test_numeric_ranges, 60);
     add(s, "foreign_data", test_foreign_data, 90);
+    add(s, "second_delete_after_outage", test_second_delete_after_outage, 90);
+    add(s, "second_delete_after_replay", test_second_delete_after_replay, 120);
 
     return h_run_suite(s);
 }

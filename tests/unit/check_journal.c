@@ -91,6 +91,7 @@ struct seen {
     size_t n;
     uint64_t ids[256];
     int64_t dues[256];
+    uint64_t afters[256];
     char keys[256][32];
 };
 
@@ -101,6 +102,7 @@ collect(const struct ld_journal_entry *e, void *arg)
     ck_assert_uint_lt(s->n, 256);
     s->ids[s->n] = e->id;
     s->dues[s->n] = e->due_ms;
+    s->afters[s->n] = e->after_id;
     ck_assert_uint_lt(e->key_len, sizeof(s->keys[0]));
     memcpy(s->keys[s->n], e->key, e->key_len);
     s->keys[s->n][e->key_len] = '\0';
@@ -481,6 +483,67 @@ START_TEST(test_bad_keys_refused)
 }
 END_TEST
 
+/* A second delete recorded as waiting for its first: read back with its
+ * link and delay, kept by compaction, retired by done; plain adds beside
+ * it read as before, and a torn "add after" is cut like any record. */
+START_TEST(test_add_after)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    uint64_t first = add(j, 1000, "k1");
+    uint64_t second = 0;
+    ck_assert_int_eq(ld_journal_add_after(j, first, 1500, "k1", 2, &second),
+                     LD_OK);
+    ck_assert_uint_gt(second, first);
+    /* Only an earlier add can be waited for. */
+    uint64_t bad = 0;
+    ck_assert_int_eq(ld_journal_add_after(j, 0, 10, "k", 1, &bad), LD_ERR);
+    ck_assert_int_eq(ld_journal_add_after(j, 999, 10, "k", 1, &bad), LD_ERR);
+    uint64_t plain = add(j, 2000, "k2");
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 3);
+    ck_assert_uint_eq(s.ids[0], first);
+    ck_assert_uint_eq(s.afters[0], 0);
+    ck_assert_uint_eq(s.ids[1], second);
+    ck_assert_uint_eq(s.afters[1], first);
+    ck_assert_int_eq(s.dues[1], 1500);
+    ck_assert_str_eq(s.keys[1], "k1");
+    ck_assert_uint_eq(s.ids[2], plain);
+    ck_assert_int_eq(s.dues[2], 2000);
+
+    /* Compaction keeps the link; done retires it. */
+    ck_assert_int_eq(ld_journal_done(j, first), LD_OK);
+    ck_assert_int_eq(ld_journal_compact(j), LD_OK);
+    ld_journal_close(j);
+    j = jopen(LD_FSYNC_ALWAYS);
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(s.ids[0], second);
+    ck_assert_uint_eq(s.afters[0], first);
+    ck_assert_int_eq(s.dues[0], 1500);
+    ck_assert_int_eq(ld_journal_done(j, second), LD_OK);
+    uint64_t third = 0;
+    ck_assert_int_eq(ld_journal_add_after(j, plain, 7, "k3", 2, &third),
+                     LD_OK);
+    ld_journal_close(j);
+
+    /* Torn in the middle of the new record: cut off, the rest stays. */
+    size_t len;
+    unsigned char *buf = slurp(path, &len);
+    spit(path, buf, len - 3);
+    free(buf);
+    j = jopen(LD_FSYNC_ALWAYS);
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_uint_eq(s.ids[0], plain);
+    ck_assert_uint_gt(ld_journal_dropped_bytes(j), 0);
+    ld_journal_close(j);
+}
+END_TEST
+
 static Suite *
 journal_suite(void)
 {
@@ -502,6 +565,7 @@ journal_suite(void)
         {"stale_tmp_removed", test_stale_tmp_removed},
         {"fsync_modes", test_fsync_modes},
         {"bad_keys_refused", test_bad_keys_refused},
+        {"add_after", test_add_after},
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(tests); i++) {
         TCase *tc = tcase_create(tests[i].name);
