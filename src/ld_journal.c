@@ -26,6 +26,9 @@
 
 #define COMPACT_MIN_BYTES_DEFAULT (1u << 20)
 
+int (*ld_journal_fdatasync_fn)(int fd) = fdatasync;
+int (*ld_journal_fsync_fn)(int fd) = fsync;
+
 struct jrec {
     uint64_t id;
     int64_t due_ms;          /* the delay for an add after another */
@@ -43,6 +46,7 @@ struct ld_journal {
     struct ld_dict *live;    /* id (8 bytes, host order) -> struct jrec */
     uint64_t next_id;
     bool dirty;              /* appended since the last sync */
+    bool failed;             /* an fdatasync failed: rewrite before trust */
     uint64_t syncs;
     uint64_t dropped_bytes;
     uint64_t compact_min_bytes;
@@ -190,7 +194,7 @@ sync_parent_dir(const char *path)
     if (fd < 0) {
         return LD_ERR;
     }
-    int rc = fsync(fd) == 0 ? LD_OK : LD_ERR;
+    int rc = ld_journal_fsync_fn(fd) == 0 ? LD_OK : LD_ERR;
     int saved = errno;
     close(fd);
     errno = saved;
@@ -345,7 +349,7 @@ write_header(struct ld_journal *j)
     if (ftruncate(j->fd, 0) != 0 ||
         write_all_at(j->fd, (const unsigned char *)LD_JOURNAL_MAGIC,
                      LD_JOURNAL_HEADER_BYTES, 0) != LD_OK ||
-        fdatasync(j->fd) != 0) {
+        ld_journal_fdatasync_fn(j->fd) != 0) {
         return LD_ERR;
     }
     j->syncs++;
@@ -398,7 +402,7 @@ load(struct ld_journal *j)
                  "reason=\"%s\"",
                  j->path, good, len - good, why != NULL ? why : "unknown");
         if (ftruncate(j->fd, (off_t)good) != 0 ||
-            fdatasync(j->fd) != 0) {
+            ld_journal_fdatasync_fn(j->fd) != 0) {
             log_error("journal truncate failed path=%s error=\"%s\"",
                       j->path, strerror(errno));
             return LD_ERR;
@@ -408,16 +412,70 @@ load(struct ld_journal *j)
     return LD_OK;
 }
 
+/* PATH followed by SUFFIX (".tmp", ".old"; four bytes). */
 static char *
-tmp_path(const char *path)
+suffixed_path(const char *path, const char *suffix)
 {
     size_t n = strlen(path);
     char *p = malloc(n + 5);
     if (p != NULL) {
         memcpy(p, path, n);
-        memcpy(p + n, ".tmp", 5);
+        memcpy(p + n, suffix, 5);
     }
     return p;
+}
+
+static char *
+tmp_path(const char *path)
+{
+    return suffixed_path(path, ".tmp");
+}
+
+/* Create the missing directories above PATH, each made durable in its
+ * own parent: a journal whose directory entry (or whose directory's)
+ * vanishes in a crash is as lost as one never written. */
+static int
+mkdir_parents_durable(const char *path)
+{
+    char *dir = strdup(path);
+    if (dir == NULL) {
+        return LD_ERR;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL || slash == dir) {
+        free(dir);
+        return LD_OK;
+    }
+    *slash = '\0';
+    /* Walk down from the top, so that each parent exists first. */
+    for (char *p = dir + 1;; p++) {
+        bool end = *p == '\0';
+        if (*p != '/' && !end) {
+            continue;
+        }
+        *p = '\0';
+        if (mkdir(dir, 0700) == 0) {
+            /* DIR is new: its entry lives in its parent, which DIR's
+             * own path names once the last component is cut. */
+            if (sync_parent_dir(dir) != LD_OK) {
+                int saved = errno;
+                free(dir);
+                errno = saved;
+                return LD_ERR;
+            }
+        } else if (errno != EEXIST) {
+            int saved = errno;
+            free(dir);
+            errno = saved;
+            return LD_ERR;
+        }
+        if (end) {
+            break;
+        }
+        *p = '/';
+    }
+    free(dir);
+    return LD_OK;
 }
 
 int
@@ -437,7 +495,7 @@ ld_journal_open(struct ld_journal **out, const char *path,
     if (j->path == NULL || j->live == NULL) {
         goto fail;
     }
-    if (ld_mkdir_parent(path, 0700) != LD_OK) {
+    if (mkdir_parents_durable(path) != LD_OK) {
         log_error("journal directory failed path=%s error=\"%s\"", path,
                   strerror(errno));
         goto fail;
@@ -458,6 +516,14 @@ ld_journal_open(struct ld_journal **out, const char *path,
     if (tmp != NULL) {
         unlink(tmp);
         free(tmp);
+    }
+    /* The second name the old file keeps while a compaction's rename is
+     * made durable; whichever file the journal's name points at is
+     * whole, and this one is not needed. */
+    char *old = suffixed_path(path, ".old");
+    if (old != NULL) {
+        unlink(old);
+        free(old);
     }
     if (load(j) != LD_OK) {
         goto fail;
@@ -648,17 +714,34 @@ ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
 int
 ld_journal_sync(struct ld_journal *j)
 {
+    if (j->failed) {
+        /* Only a whole new file, written from memory, is known to hold
+         * what was promised. */
+        if (ld_journal_compact(j) != LD_OK) {
+            return LD_ERR;
+        }
+        log_warn("journal rewritten after a failed sync path=%s", j->path);
+        return LD_OK;
+    }
     if (!j->dirty) {
         return LD_OK;
     }
-    if (fdatasync(j->fd) != 0) {
-        log_error("journal fsync failed path=%s error=\"%s\"", j->path,
-                  strerror(errno));
+    if (ld_journal_fdatasync_fn(j->fd) != 0) {
+        log_error("journal fsync failed, the journal is rewritten before "
+                  "anything is acknowledged again path=%s error=\"%s\"",
+                  j->path, strerror(errno));
+        j->failed = true;
         return LD_ERR;
     }
     j->syncs++;
     j->dirty = false;
     return LD_OK;
+}
+
+bool
+ld_journal_failed(const struct ld_journal *j)
+{
+    return j->failed;
 }
 
 bool
@@ -679,6 +762,7 @@ int
 ld_journal_compact(struct ld_journal *j)
 {
     char *tmp = tmp_path(j->path);
+    char *old = suffixed_path(j->path, ".old");
     size_t n = 0;
     struct jrec **v = NULL;
     unsigned char *buf = NULL;
@@ -686,7 +770,9 @@ ld_journal_compact(struct ld_journal *j)
     uint64_t size = LD_JOURNAL_HEADER_BYTES;
     uint64_t before = j->size;
 
-    if (tmp == NULL) {
+    if (tmp == NULL || old == NULL) {
+        free(tmp);
+        free(old);
         return LD_ERR;
     }
     v = sorted_live(j, &n);
@@ -724,23 +810,62 @@ ld_journal_compact(struct ld_journal *j)
     }
     /* The new file must be whole on disk before its name replaces the
      * old one, or a crash could leave a name pointing at nothing. */
-    if (fsync(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (ld_journal_fsync_fn(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
         goto fail;
     }
     j->syncs++;
+    /* The old file keeps a second name until the rename is durable, so
+     * that it can be put back if that cannot be made sure. */
+    unlink(old);
+    if (link(j->path, old) != 0) {
+        goto fail;
+    }
     if (rename(tmp, j->path) != 0) {
+        unlink(old);
         goto fail;
     }
     if (sync_parent_dir(j->path) != LD_OK) {
-        /* The rename is done; only its durability is in doubt, and both
-         * files are whole, so carry on with the new one. */
-        log_warn("journal directory sync failed path=%s error=\"%s\"",
-                 j->path, strerror(errno));
+        int saved = errno;
+        /* Nobody knows which name a crash would leave: go on with the
+         * old file, under its name again, and fail the compaction. */
+        if (rename(old, j->path) == 0) {
+            sync_parent_dir(j->path);
+            close(fd);
+            log_error("journal compaction failed, directory sync: the old "
+                      "file stays path=%s error=\"%s\"", j->path,
+                      strerror(saved));
+            free(v);
+            free(buf);
+            free(tmp);
+            free(old);
+            errno = saved;
+            return LD_ERR;
+        }
+        /* The name stays on the new file, which is whole: appending to
+         * the old one would write where no restart looks. Use the new
+         * one, but trust nothing until a later rewrite is durable. */
+        log_error("journal directory sync failed and the old file cannot "
+                  "be put back path=%s error=\"%s\"", j->path,
+                  strerror(saved));
+        unlink(old);
+        close(j->fd);
+        j->fd = fd;
+        j->size = size;
+        j->dirty = false;
+        j->failed = true;
+        free(v);
+        free(buf);
+        free(tmp);
+        free(old);
+        errno = saved;
+        return LD_ERR;
     }
+    unlink(old);
     close(j->fd);
     j->fd = fd;
     j->size = size;
     j->dirty = false;
+    j->failed = false;
     log_info("journal compacted path=%s bytes_before=%llu bytes_after=%llu "
              "live=%zu",
              j->path, (unsigned long long)before, (unsigned long long)size,
@@ -748,6 +873,7 @@ ld_journal_compact(struct ld_journal *j)
     free(v);
     free(buf);
     free(tmp);
+    free(old);
     return LD_OK;
 
 fail:;
@@ -761,6 +887,7 @@ fail:;
     free(v);
     free(buf);
     free(tmp);
+    free(old);
     errno = saved;
     return LD_ERR;
 }

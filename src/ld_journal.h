@@ -63,7 +63,9 @@ struct ld_journal_entry {
     size_t key_len;
 };
 
-/* Open PATH (creating it, and its parent directory, when missing), take an
+/* Open PATH (creating it, and its parent directories, when missing: each
+ * directory created is synced in its own parent, so that the journal's
+ * name survives a crash), take an
  * exclusive lock on it so that two daemons never share one journal, and
  * replay it. A torn or corrupt tail is cut off (one warning). Returns
  * LD_ERR (logged, errno kept) when the file cannot be opened, is locked by
@@ -98,15 +100,35 @@ void ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
 /* fdatasync when anything was appended since the last sync; a no-op
  * otherwise. Under fsync "always" the caller runs it before it answers
  * (one sync for every add of a loop iteration); under "everysec" a
- * once-a-second timer runs it, which is the whole of that mode. */
+ * once-a-second timer runs it, which is the whole of that mode.
+ *
+ * After a failed fdatasync the state of the file's pages is unknown (the
+ * kernel may have dropped the dirty pages and cleared the error, so a
+ * later fdatasync can succeed without the lost records ever reaching the
+ * disk). The journal is then "failed": every later sync rewrites the
+ * whole journal from memory to a new file (as compaction does) and
+ * succeeds only when that rewrite is durable; until then every sync
+ * returns LD_ERR, so nothing is acknowledged on the old file's word. */
 int ld_journal_sync(struct ld_journal *j);
+
+/* True while the journal is failed (see ld_journal_sync). */
+bool ld_journal_failed(const struct ld_journal *j);
+
+/* The calls that make data durable, replaceable by unit tests to inject
+ * failures (fsync is used for directories and the compacted file). */
+extern int (*ld_journal_fdatasync_fn)(int fd);
+extern int (*ld_journal_fsync_fn)(int fd);
 
 /* True when most of the file is dead records and rewriting it pays. */
 bool ld_journal_should_compact(const struct ld_journal *j);
 
 /* Rewrite the file with only the live adds: write a temporary file, sync
  * it, rename it over the journal and sync the directory, so that a crash
- * at any point leaves either the old or the new file whole. */
+ * at any point leaves either the old or the new file whole. When the
+ * directory sync fails, the rename's durability is unknown: the old file
+ * is put back under the journal's name (it was kept under a second name
+ * meanwhile) and the compaction fails, the journal going on with the old
+ * file. */
 int ld_journal_compact(struct ld_journal *j);
 
 /* Compaction starts once the dead records take at least this many bytes
