@@ -1541,6 +1541,12 @@ START_TEST(test_mget_big_reply)
                   rss0, hwm);
     free(line);
 
+    /* The number of keys is capped: 1000 is the most, 1001 is refused
+     * before anything is read. */
+    line = mget_line("big", 1001, &len);
+    expect_bad(p, line, "keys");
+    free(line);
+
     /* 1000 x 40 kB is over the 32 MiB output limit: the session is
      * closed, with one error line, and the reply is never built. */
     plant_value("huge", 40000, 'y');
