@@ -500,7 +500,7 @@ chunk_of_hit(const char *v, size_t len)
 }
 
 static void
-add_text(struct evbuffer *buf, const struct chunk *c, bool first)
+add_text(struct evbuffer *buf, struct chunk *c, bool first)
 {
     const char *p = c->data + (first ? 1 : 0);
     size_t len = c->len - (first ? 1 : 0);
@@ -508,10 +508,9 @@ add_text(struct evbuffer *buf, const struct chunk *c, bool first)
         evbuffer_add(buf, p, len);
         return;
     }
-    struct chunk *mc = (struct chunk *)c;
-    mc->refs++;
-    if (evbuffer_add_reference(buf, p, len, chunk_cleanup_cb, mc) != 0) {
-        mc->refs--;
+    c->refs++;
+    if (evbuffer_add_reference(buf, p, len, chunk_cleanup_cb, c) != 0) {
+        c->refs--;
         evbuffer_add(buf, p, len);
     }
 }
@@ -520,17 +519,10 @@ static void
 mget_finish(struct cop *op)
 {
     /* The same key again gets the same answer, but a lease belongs to
-     * one caller only, and the first occurrence has it. */
-    static const char dup_miss[] = ",{\"ok\":true,\"hit\":false,\"lease\":null}";
-    static const struct chunk *dup_text;
-    static char dup_buf[sizeof(struct chunk) + sizeof(dup_miss)];
-    if (dup_text == NULL) {
-        struct chunk *c = (struct chunk *)(void *)dup_buf;
-        c->refs = 1;
-        c->len = sizeof(dup_miss) - 1;
-        memcpy(c->data, dup_miss, c->len);
-        dup_text = c;
-    }
+     * one caller only, and the first occurrence has it. (A duplicate is
+     * never the first element, so its text keeps its comma.) */
+    static const char dup_miss[] =
+        ",{\"ok\":true,\"hit\":false,\"lease\":null}";
     cop_unlink(op);
     struct ld_req *req = op->req;
     char *idtext = NULL;
@@ -547,10 +539,7 @@ mget_finish(struct cop *op)
             bad = true;
             break;
         }
-        if (j != i && op->leased[j]) {
-            c = dup_text;
-        }
-        total += c->len;
+        total += j != i && op->leased[j] ? sizeof(dup_miss) - 1 : c->len;
     }
     if (bad) {
         free(idtext);
@@ -592,11 +581,11 @@ mget_finish(struct cop *op)
     evbuffer_add(buf, results, sizeof(results) - 1);
     for (size_t i = 0; i < op->n; i++) {
         size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
-        const struct chunk *c = op->texts[j];
         if (j != i && op->leased[j]) {
-            c = dup_text;
+            evbuffer_add(buf, dup_miss, sizeof(dup_miss) - 1);
+        } else {
+            add_text(buf, op->texts[j], i == 0);
         }
-        add_text(buf, c, i == 0);
     }
     evbuffer_add(buf, "]}\n", 3);
     ld_reply_buffer(req, buf);
