@@ -59,13 +59,16 @@
 #include <string.h>
 #include <time.h>
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 
 #define MGET_MAX_KEYS 1000
+/* Until the sessions' limits.max_output_bytes can be read here, its
+ * default: one cache.mget reply larger than this closes the session. */
+/* Result texts shorter than this are copied into the reply; longer ones
+ * are added by reference, so a value named many times is never copied. */
+#define REF_MIN_BYTES 512
 #define INVALIDATE_MAX_KEYS 1000
-#define TTL_MAX_MS (1LL << 40)
-#define DELAY_MAX_MS 86400000LL
-#define WAIT_MAX_MS 600000LL
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 5000
 /* PTTL is rounded and Redis expires a key a little after its time; waking
@@ -89,6 +92,7 @@ struct getter {
     struct ckey *ck;
     bool want_lease;
     bool waited;              /* counted in cache_waits */
+    bool holds_place;         /* one of C.n_waiters, until it is answered */
     uint64_t deadline_us;     /* end of wait_ms, monotonic */
     uint64_t seq;             /* arrival order: waiters are served FIFO */
     enum gstate state;
@@ -107,11 +111,21 @@ struct cop {
     bool mget;
     size_t n;
     size_t left;              /* slots not answered yet */
-    json_t **results;         /* mget: each slot's result object */
+    struct chunk **texts;     /* mget: each distinct slot's result */
+    bool *leased;             /* mget: that result carries a lease */
     size_t *dup_of;           /* mget: earlier slot with the same key */
     struct getter *g;         /* n getters (dups unused) */
     struct cop *prev, *next;  /* its session's list */
     struct csess *cs;
+};
+
+/* One result of a cache.mget, serialised once: "," then the object, so
+ * that every element but the first brings its separator along. Shared by
+ * reference between the slots naming the same key and the reply. */
+struct chunk {
+    unsigned refs;
+    size_t len;
+    char data[];
 };
 
 /* A session's cache state (ld_session.cache_state). */
@@ -168,6 +182,13 @@ struct del {
     bool retrying;            /* failed before; the timer is a backoff */
     bool orphan;              /* ld_cache_free ran while it was running */
     bool second;              /* the delayed one */
+    /* A second delete waits for its first: it is due delay_ms after the
+     * first one has been carried out, not after it was promised, so the
+     * two never run together when both are late (Redis was down, or the
+     * daemon restarted). */
+    struct del *then;         /* first: the second delete waiting for it */
+    struct del *after;        /* second: the first one, while it waits */
+    int64_t delay_ms;
     struct del *prev, *next;
     size_t key_len;
     char key[];
@@ -183,6 +204,9 @@ static struct {
     struct event *tick_ev;
     struct event *sync_ev;
     struct inv *sync_head, *sync_tail;
+    /* Getters that wait or once waited and are not answered yet: a
+     * waiter keeps its place under limits.max_waiters while a wake-up
+     * refetches for it, so that newcomers cannot take it meanwhile. */
     long long n_waiters;
     uint64_t next_seq;
 } C;
@@ -382,14 +406,42 @@ cop_unlink(struct cop *op)
 }
 
 static void
+chunk_unref(struct chunk *c)
+{
+    if (c != NULL && --c->refs == 0) {
+        free(c);
+    }
+}
+
+static void
+chunk_cleanup_cb(const void *data, size_t len, void *arg)
+{
+    LD_UNUSED(data);
+    LD_UNUSED(len);
+    chunk_unref(arg);
+}
+
+static struct chunk *
+chunk_new(size_t cap)
+{
+    struct chunk *c = malloc(sizeof(*c) + cap);
+    if (c != NULL) {
+        c->refs = 1;
+        c->len = 0;
+    }
+    return c;
+}
+
+static void
 cop_free(struct cop *op)
 {
-    if (op->results != NULL) {
+    if (op->texts != NULL) {
         for (size_t i = 0; i < op->n; i++) {
-            json_decref(op->results[i]);
+            chunk_unref(op->texts[i]);
         }
     }
-    free(op->results);
+    free(op->texts);
+    free(op->leased);
     free(op->dup_of);
     free(op->g);
     free(op);
@@ -404,28 +456,160 @@ error_object(int code, const char *msg)
                      ld_errcode_name(code), "message", msg);
 }
 
+/* "," and OBJ (stolen) serialised: a slot's result text. */
+static struct chunk *
+chunk_of_json(json_t *obj)
+{
+    char *s = obj != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    if (s == NULL) {
+        return NULL;
+    }
+    size_t n = strlen(s);
+    struct chunk *c = chunk_new(n + 1);
+    if (c != NULL) {
+        c->data[0] = ',';
+        memcpy(c->data + 1, s, n);
+        c->len = n + 1;
+    }
+    free(s);
+    return c;
+}
+
+/* ",{"ok":true,"hit":true,"value":"V"}", escaped once whatever the number
+ * of slots naming the key; NULL when V is not valid UTF-8 (or no
+ * memory). */
+static struct chunk *
+chunk_of_hit(const char *v, size_t len)
+{
+    static const char head[] = ",{\"ok\":true,\"hit\":true,\"value\":";
+    struct chunk *c = chunk_new(sizeof(head) + ld_json_quote_max(len) + 1);
+    if (c == NULL) {
+        return NULL;
+    }
+    memcpy(c->data, head, sizeof(head) - 1);
+    size_t q = ld_json_quote(c->data + sizeof(head) - 1, v, len);
+    if (q == 0) {
+        free(c);
+        return NULL;
+    }
+    c->len = sizeof(head) - 1 + q;
+    c->data[c->len++] = '}';
+    return c;
+}
+
+static void
+add_text(struct evbuffer *buf, struct chunk *c, bool first)
+{
+    const char *p = c->data + (first ? 1 : 0);
+    size_t len = c->len - (first ? 1 : 0);
+    if (len < REF_MIN_BYTES) {
+        evbuffer_add(buf, p, len);
+        return;
+    }
+    c->refs++;
+    if (evbuffer_add_reference(buf, p, len, chunk_cleanup_cb, c) != 0) {
+        c->refs--;
+        evbuffer_add(buf, p, len);
+    }
+}
+
 static void
 mget_finish(struct cop *op)
 {
-    json_t *arr = json_array();
-    for (size_t i = 0; i < op->n; i++) {
-        json_t *r;
-        if (op->dup_of[i] != SIZE_MAX) {
-            /* The same key again: the same answer, but a lease belongs
-             * to one caller only, and the first occurrence has it. */
-            r = json_deep_copy(op->results[op->dup_of[i]]);
-            json_t *lease = json_object_get(r, "lease");
-            if (lease != NULL && json_is_string(lease)) {
-                json_object_set_new(r, "lease", json_null());
-            }
-        } else {
-            r = json_incref(op->results[i]);
-        }
-        json_array_append_new(arr, r);
-    }
+    /* The same key again gets the same answer, but a lease belongs to
+     * one caller only, and the first occurrence has it. (A duplicate is
+     * never the first element, so its text keeps its comma.) */
+    static const char dup_miss[] =
+        ",{\"ok\":true,\"hit\":false,\"lease\":null}";
     cop_unlink(op);
-    ld_reply_ok(op->req, json_pack("{s:o}", "results", arr));
+    struct ld_req *req = op->req;
+    char *idtext = NULL;
+    if (req->id != NULL) {
+        idtext = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
+    }
+    /* Size first: a reply over the output limit is never built. */
+    size_t total = 32 + (idtext != NULL ? strlen(idtext) : 0);
+    bool bad = false;
+    for (size_t i = 0; i < op->n; i++) {
+        size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
+        const struct chunk *c = op->texts[j];
+        if (c == NULL) {
+            bad = true;
+            break;
+        }
+        total += j != i && op->leased[j] ? sizeof(dup_miss) - 1 : c->len;
+    }
+    if (bad) {
+        free(idtext);
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        cop_free(op);
+        return;
+    }
+    struct ld_session *s = req->sess;
+    if (s != NULL && total > ld_session_output_limit()) {
+        /* This reply alone passes limits.max_output_bytes (it could be
+         * 1000 times a large value): it is never built; the client is
+         * told why, and the session ends as the contract says. */
+        log_warn("session closed: one reply over the output limit "
+                 "session=%s op=cache.mget keys=%zu reply_bytes=%zu "
+                 "limit=%zu", s->name, op->n, total,
+                 ld_session_output_limit());
+        free(idtext);
+        ld_reply_error(req, LD_E_BUSY,
+                       "the reply would take %zu bytes, over the output "
+                       "limit (limits.max_output_bytes); the session is "
+                       "closed", total);
+        cop_free(op);
+        ld_session_close(s, "reply over limits.max_output_bytes");
+        return;
+    }
+    if (s != NULL && !ld_session_output_room(s, total)) {
+        /* With what the client has not taken yet it would pass the
+         * limit: the session is closing and its output is dropped. */
+        free(idtext);
+        ld_reply_error(req, LD_E_BUSY, "over the output limit");
+        cop_free(op);
+        return;
+    }
+    struct evbuffer *buf = evbuffer_new();
+    if (buf == NULL) {
+        free(idtext);
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        cop_free(op);
+        return;
+    }
+    if (idtext != NULL) {
+        evbuffer_add_printf(buf, "{\"id\":%s,", idtext);
+        free(idtext);
+    } else {
+        evbuffer_add(buf, "{", 1);
+    }
+    static const char results[] = "\"ok\":true,\"results\":[";
+    evbuffer_add(buf, results, sizeof(results) - 1);
+    for (size_t i = 0; i < op->n; i++) {
+        size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
+        if (j != i && op->leased[j]) {
+            evbuffer_add(buf, dup_miss, sizeof(dup_miss) - 1);
+        } else {
+            add_text(buf, op->texts[j], i == 0);
+        }
+    }
+    evbuffer_add(buf, "]}\n", 3);
+    ld_reply_buffer(req, buf);
+    evbuffer_free(buf);
     cop_free(op);
+}
+
+/* G is answered or gone: its place among the waiters is free. */
+static void
+getter_done(struct getter *g)
+{
+    g->state = G_DONE;
+    if (g->holds_place) {
+        g->holds_place = false;
+        C.n_waiters--;
+    }
 }
 
 /* Answer one getter: FIELDS (stolen) on success, else CODE and MSG. */
@@ -433,7 +617,7 @@ static void
 getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
 {
     struct cop *op = g->op;
-    g->state = G_DONE;
+    getter_done(g);
     if (!op->mget) {
         cop_unlink(op);
         if (fields != NULL) {
@@ -447,11 +631,13 @@ getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
     if (fields != NULL) {
         /* Each result reads like a cache.get reply, "ok" first. */
         json_t *res = json_pack("{s:b}", "ok", 1);
+        json_t *lease = json_object_get(fields, "lease");
+        op->leased[g->slot] = lease != NULL && json_is_string(lease);
         json_object_update(res, fields);
         json_decref(fields);
-        op->results[g->slot] = res;
+        op->texts[g->slot] = chunk_of_json(res);
     } else {
-        op->results[g->slot] = error_object(code, msg);
+        op->texts[g->slot] = chunk_of_json(error_object(code, msg));
     }
     if (--op->left == 0) {
         mget_finish(op);
@@ -469,12 +655,25 @@ settle_hit(struct getter *g, const char *v, size_t len)
         op->req = NULL;
         if (ld_reply_ok_hit(req, v, len) == LD_OK) {
             ld_stats.cache_hits++;
-            g->state = G_DONE;
+            getter_done(g);
             cop_unlink(op);
             cop_free(op);
             return;
         }
         op->req = req;    /* not UTF-8: answered below */
+    } else {
+        /* Escaped once here; the reply refers to it for every slot
+         * naming this key. */
+        struct chunk *c = chunk_of_hit(v, len);
+        if (c != NULL) {
+            ld_stats.cache_hits++;
+            op->texts[g->slot] = c;
+            getter_done(g);
+            if (--op->left == 0) {
+                mget_finish(op);
+            }
+            return;
+        }
     }
     json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
     if (f == NULL) {
@@ -648,7 +847,6 @@ ckey_refresh(struct ckey *ck)
     if (f == NULL) {
         return; /* the timer or the next wake-up tries again */
     }
-    C.n_waiters -= (long long)ck->waiters.n;
     for (struct getter *g = ck->waiters.head; g != NULL; g = g->next) {
         g->state = G_FETCH;
         g->fetch = f;
@@ -788,12 +986,18 @@ parse_probe(const redisReply *r, const redisReply **value)
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
         return R_ERROR;
     }
-    if (r->element[0]->type == REDIS_REPLY_STRING) {
+    if (r->element[0]->type == REDIS_REPLY_STRING &&
+        r->element[1]->type != REDIS_REPLY_STRING) {
         *value = r->element[0];
         return R_HIT;
     }
-    if (r->element[1]->type == REDIS_REPLY_STRING) {
-        return R_NULL;
+    if (r->element[1]->type == REDIS_REPLY_STRING &&
+        r->element[0]->type != REDIS_REPLY_STRING) {
+        /* Anything but our "1" (or a null beside a value) is not ours:
+         * the script says so. */
+        if (r->element[1]->len == 1 && r->element[1]->str[0] == '1') {
+            return R_NULL;
+        }
     }
     return R_MISS;
 }
@@ -837,7 +1041,15 @@ fetch_cb(redisReply *reply, void *arg)
                  reply != NULL && reply->type == REDIS_REPLY_ERROR
                      ? reply->str
                      : "bad shape");
-        log_error("cache get script failed error=\"%s\"", errmsg);
+        log_error("cache script failed op=cache.get key=\"%.*s\" "
+                  "error=\"%s\"", (int)(ck->key_len > 200 ? 200
+                                                        : ck->key_len),
+                  ck->key, errmsg);
+    }
+    if (res == R_WRONG) {
+        snprintf(errmsg, sizeof(errmsg), "the Redis key of entry '%.*s' "
+                 "holds data leased did not write; nothing was changed",
+                 (int)(ck->key_len > 60 ? 60 : ck->key_len), ck->key);
     }
     if (res == R_HELD) {
         ck->lease_end_us = pttl >= 0
@@ -863,9 +1075,7 @@ fetch_cb(redisReply *reply, void *arg)
             settle_null(g);
             continue;
         case R_WRONG:
-            getter_settle(g, NULL, LD_E_WRONG_TYPE,
-                          "the entry's Redis key holds data leased did not "
-                          "write");
+            getter_settle(g, NULL, LD_E_WRONG_TYPE, errmsg);
             continue;
         case R_DOWN:
             getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE,
@@ -891,14 +1101,20 @@ fetch_cb(redisReply *reply, void *arg)
         /* Somebody else loads the value. */
         if (!g->want_lease || now >= g->deadline_us) {
             settle_miss(g, NULL);
-        } else if (!g->waited &&
+        } else if (!g->holds_place &&
                    C.n_waiters >= ld_srv.cfg->limits.max_waiters) {
+            /* Counted one by one as they are parked: one fetch may
+             * bring any number of new waiters at once. */
             getter_settle(g, NULL, LD_E_BUSY,
                           "too many waiters (limits.max_waiters)");
         } else {
             if (!g->waited) {
                 g->waited = true;
                 ld_stats.cache_waits++;
+            }
+            if (!g->holds_place) {
+                g->holds_place = true;
+                C.n_waiters++;
             }
             g->state = G_WAIT;
             glist_push(&keep, g);
@@ -911,7 +1127,6 @@ fetch_cb(redisReply *reply, void *arg)
     free(f);
 
     if (keep.n > 0) {
-        C.n_waiters += (long long)keep.n;
         glist_merge(&ck->waiters, &keep);
         if (ck->sub == NULL) {
             ck->sub =
@@ -943,10 +1158,12 @@ cop_new(struct ld_req *req, size_t n, bool mget)
     op->left = n;
     op->g = calloc(n, sizeof(*op->g));
     if (mget) {
-        op->results = calloc(n, sizeof(*op->results));
+        op->texts = calloc(n, sizeof(*op->texts));
+        op->leased = calloc(n, sizeof(*op->leased));
         op->dup_of = malloc(n * sizeof(*op->dup_of));
     }
-    if (op->g == NULL || (mget && (op->results == NULL ||
+    if (op->g == NULL || (mget && (op->texts == NULL ||
+                                   op->leased == NULL ||
                                    op->dup_of == NULL))) {
         cop_free(op);
         return NULL;
@@ -978,7 +1195,7 @@ get_params(struct ld_req *req, long long *wait_ms, bool *lease)
 {
     *wait_ms = ld_srv.cfg->cache.wait_ms;
     *lease = true;
-    if (ld_req_int(req, "wait_ms", false, 0, WAIT_MAX_MS, wait_ms, NULL) !=
+    if (ld_req_int(req, "wait_ms", false, 0, LD_WAIT_MS_MAX, wait_ms, NULL) !=
             LD_OK ||
         ld_req_bool(req, "lease", lease) != LD_OK) {
         return LD_ERR;
@@ -1081,7 +1298,7 @@ op_mget(struct ld_req *req)
 static int
 ttl_param(struct ld_req *req, long long *ttl_ms, bool *present)
 {
-    return ld_req_int(req, "ttl_ms", false, 1, TTL_MAX_MS, ttl_ms, present);
+    return ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, ttl_ms, present);
 }
 
 /* The TTL an entry gets: nulls always cache.null_ttl_ms (a "not found"
@@ -1101,6 +1318,8 @@ entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
 static bool
 write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
 {
+    const char *key = json_string_value(json_object_get(req->body, "key"));
+    int klen = (int)json_string_length(json_object_get(req->body, "key"));
     if (reply == NULL) {
         ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
                        "redis did not answer in time");
@@ -1109,15 +1328,17 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
     if (reply->type != REDIS_REPLY_INTEGER) {
         const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
                                                             : "bad shape";
-        log_error("cache script failed op=%s error=\"%s\"", op, why);
+        log_error("cache script failed op=%s key=\"%.*s\" error=\"%s\"",
+                  op, klen > 200 ? 200 : klen, key != NULL ? key : "", why);
         ld_reply_error(req, LD_E_INTERNAL, "unexpected reply to %s: %s", op,
                        why);
         return false;
     }
     if (reply->integer < 0) {
         ld_reply_error(req, LD_E_WRONG_TYPE,
-                       "the entry's Redis key holds data leased did not "
-                       "write; nothing was changed");
+                       "the Redis key of entry '%.*s' holds data leased did "
+                       "not write; nothing was changed",
+                       klen > 200 ? 200 : klen, key != NULL ? key : "");
         return false;
     }
     return true;
@@ -1372,6 +1593,13 @@ del_cb(redisReply *reply, void *arg)
         d->inv = NULL;
         inv_first_result(inv, true, reply->integer);
     }
+    if (d->then != NULL) {
+        struct del *d2 = d->then;
+        d->then = NULL;
+        d2->after = NULL;
+        d2->due_ms = wall_ms() + d2->delay_ms;
+        del_schedule(d2);
+    }
     if (d->id != 0) {
         ld_journal_done(C.journal, d->id);
         update_journal_stats();
@@ -1506,7 +1734,7 @@ op_invalidate(struct ld_req *req)
     } else if (ld_req_key(req, "key", &key, &len) != LD_OK) {
         return;
     }
-    if (ld_req_int(req, "delay_ms", false, 0, DELAY_MAX_MS, &delay_ms,
+    if (ld_req_int(req, "delay_ms", false, 0, LD_DELAY_MS_MAX, &delay_ms,
                    NULL) != LD_OK) {
         return;
     }
@@ -1547,13 +1775,23 @@ op_invalidate(struct ld_req *req)
                 inv->journal_failed = true;
                 continue;
             }
-            if (ld_journal_add(C.journal, now + delay_ms, key, len,
-                               &d2->id) != LD_OK) {
+            /* Recorded as waiting for the first, so that a replay keeps
+             * the two apart too. Without the first's record there is
+             * nothing to wait for in the file: a plain add then (the
+             * request is answered with an error anyway). */
+            int rc = d1->id != 0
+                         ? ld_journal_add_after(C.journal, d1->id, delay_ms,
+                                                key, len, &d2->id)
+                         : ld_journal_add(C.journal, now + delay_ms, key,
+                                          len, &d2->id);
+            if (rc != LD_OK) {
                 d2->id = 0;
                 inv->journal_failed = true;
             }
             inv->pending++;
-            del_schedule(d2);
+            d2->delay_ms = delay_ms;
+            d2->after = d1;
+            d1->then = d2;
         }
     }
     update_journal_stats();
@@ -1573,10 +1811,15 @@ op_invalidate(struct ld_req *req)
 
 /* ---- journal replay and the periodic duty ---------------------------- */
 
+struct replay_state {
+    size_t count;
+    struct ld_dict *by_id;    /* id -> struct del, while replaying */
+};
+
 static void
 replay_one(const struct ld_journal_entry *e, void *arg)
 {
-    size_t *count = arg;
+    struct replay_state *st = arg;
     struct del *d = del_new(e->key, e->key_len, e->due_ms, true);
     if (d == NULL) {
         log_error("cache replay out of memory id=%llu",
@@ -1584,8 +1827,30 @@ replay_one(const struct ld_journal_entry *e, void *arg)
         return;
     }
     d->id = e->id;
-    del_schedule(d);
-    (*count)++;
+    st->count++;
+    if (e->after_id == 0) {
+        if (st->by_id != NULL) {
+            ld_dict_set(st->by_id, &d->id, sizeof(d->id), d);
+        }
+        del_schedule(d);
+        return;
+    }
+    /* Entries come in id order, so the first delete, if still owed, is
+     * known by now: wait for it. If it is done, it happened at some time
+     * before this start, so the delay counts from now. */
+    d->delay_ms = e->due_ms;
+    struct del *first = st->by_id != NULL
+                            ? ld_dict_get(st->by_id, &e->after_id,
+                                          sizeof(e->after_id))
+                            : NULL;
+    if (first != NULL && first->then == NULL) {
+        first->then = d;
+        d->after = first;
+        d->due_ms = 0;
+    } else {
+        d->due_ms = wall_ms() + d->delay_ms;
+        del_schedule(d);
+    }
 }
 
 static void
@@ -1616,14 +1881,13 @@ getter_detach(struct getter *g)
         break;
     case G_WAIT:
         glist_remove(&ck->waiters, g);
-        C.n_waiters--;
         ckey_arm(ck);
         ckey_maybe_free(ck);
         break;
     default:
         break;
     }
-    g->state = G_DONE;
+    getter_done(g);
 }
 
 static void
@@ -1646,9 +1910,9 @@ on_session_close(struct ld_session *s)
          * but do not fill"), always a safe answer in cache-aside. */
         if (op->mget) {
             for (size_t i = 0; i < op->n; i++) {
-                if (op->results[i] == NULL && op->dup_of[i] == SIZE_MAX) {
-                    op->results[i] = json_pack("{s:b,s:b,s:n}", "ok", 1,
-                                               "hit", 0, "lease");
+                if (op->texts[i] == NULL && op->dup_of[i] == SIZE_MAX) {
+                    op->texts[i] = chunk_of_json(json_pack(
+                        "{s:b,s:b,s:n}", "ok", 1, "hit", 0, "lease"));
                 }
             }
             mget_finish(op);
@@ -1681,8 +1945,10 @@ ld_cache_init(void)
         C.keys = NULL;
         return LD_ERR;
     }
-    size_t replayed = 0;
-    ld_journal_each(C.journal, replay_one, &replayed);
+    struct replay_state st = {0, ld_dict_new()};
+    ld_journal_each(C.journal, replay_one, &st);
+    ld_dict_free(st.by_id);
+    size_t replayed = st.count;
     log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
              cfg->journal.path,
              cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",

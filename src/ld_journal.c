@@ -26,9 +26,13 @@
 
 #define COMPACT_MIN_BYTES_DEFAULT (1u << 20)
 
+int (*ld_journal_fdatasync_fn)(int fd) = fdatasync;
+int (*ld_journal_fsync_fn)(int fd) = fsync;
+
 struct jrec {
     uint64_t id;
-    int64_t due_ms;
+    int64_t due_ms;          /* the delay for an add after another */
+    uint64_t after;          /* 0, or the add this one waits for */
     size_t key_len;
     char key[];
 };
@@ -42,6 +46,7 @@ struct ld_journal {
     struct ld_dict *live;    /* id (8 bytes, host order) -> struct jrec */
     uint64_t next_id;
     bool dirty;              /* appended since the last sync */
+    bool failed;             /* an fdatasync failed: rewrite before trust */
     uint64_t syncs;
     uint64_t dropped_bytes;
     uint64_t compact_min_bytes;
@@ -118,20 +123,25 @@ get_u64(const unsigned char *p)
     return v;
 }
 
-/* Encode one record into BUF (LD_JOURNAL_RECORD_OVERHEAD +
- * LD_JOURNAL_BODY_MIN + KEY_LEN bytes); returns its length. */
+/* Encode one record into BUF (rec_bytes of it); returns its length.
+ * AFTER is written only for LD_JOURNAL_ADD_AFTER. */
 static size_t
 encode(unsigned char *buf, enum ld_journal_type type, uint64_t id,
-       int64_t due_ms, const char *key, size_t key_len)
+       int64_t due_ms, uint64_t after, const char *key, size_t key_len)
 {
     unsigned char *body = buf + LD_JOURNAL_RECORD_OVERHEAD;
-    size_t body_len = LD_JOURNAL_BODY_MIN + key_len;
+    size_t head = LD_JOURNAL_BODY_MIN;
 
     body[0] = (unsigned char)type;
     put_u64(body + 1, id);
     put_u64(body + 9, (uint64_t)due_ms);
+    if (type == LD_JOURNAL_ADD_AFTER) {
+        put_u64(body + head, after);
+        head += LD_JOURNAL_AFTER_BYTES;
+    }
+    size_t body_len = head + key_len;
     if (key_len > 0) {
-        memcpy(body + LD_JOURNAL_BODY_MIN, key, key_len);
+        memcpy(body + head, key, key_len);
     }
     put_u32(buf, (uint32_t)body_len);
     put_u32(buf + 4, ld_crc32(body, body_len));
@@ -184,7 +194,7 @@ sync_parent_dir(const char *path)
     if (fd < 0) {
         return LD_ERR;
     }
-    int rc = fsync(fd) == 0 ? LD_OK : LD_ERR;
+    int rc = ld_journal_fsync_fn(fd) == 0 ? LD_OK : LD_ERR;
     int saved = errno;
     close(fd);
     errno = saved;
@@ -222,14 +232,15 @@ read_file(int fd, unsigned char **out, size_t *len)
 /* ---- live set -------------------------------------------------------- */
 
 static size_t
-rec_bytes(size_t key_len)
+rec_bytes(size_t key_len, bool after)
 {
-    return LD_JOURNAL_RECORD_OVERHEAD + LD_JOURNAL_BODY_MIN + key_len;
+    return LD_JOURNAL_RECORD_OVERHEAD + LD_JOURNAL_BODY_MIN +
+           (after ? LD_JOURNAL_AFTER_BYTES : 0) + key_len;
 }
 
 static int
-live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, const char *key,
-         size_t key_len)
+live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, uint64_t after,
+         const char *key, size_t key_len)
 {
     struct jrec *r = malloc(sizeof(*r) + key_len);
     if (r == NULL) {
@@ -237,10 +248,11 @@ live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, const char *key,
     }
     r->id = id;
     r->due_ms = due_ms;
+    r->after = after;
     r->key_len = key_len;
     memcpy(r->key, key, key_len);
     ld_dict_set(j->live, &r->id, sizeof(r->id), r);
-    j->live_bytes += rec_bytes(key_len);
+    j->live_bytes += rec_bytes(key_len, after != 0);
     return LD_OK;
 }
 
@@ -251,7 +263,7 @@ live_del(struct ld_journal *j, uint64_t id)
     if (r == NULL) {
         return false;
     }
-    j->live_bytes -= rec_bytes(r->key_len);
+    j->live_bytes -= rec_bytes(r->key_len, r->after != 0);
     free(r);
     return true;
 }
@@ -274,7 +286,8 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len,
         uint32_t body_len = get_u32(buf + off);
         uint32_t crc = get_u32(buf + off + 4);
         if (body_len < LD_JOURNAL_BODY_MIN ||
-            body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_MAX_KEY) {
+            body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_AFTER_BYTES +
+                           LD_JOURNAL_MAX_KEY) {
             *why = "bad length";
             break;
         }
@@ -290,14 +303,26 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len,
         uint64_t id = get_u64(body + 1);
         int64_t due = (int64_t)get_u64(body + 9);
         size_t key_len = body_len - LD_JOURNAL_BODY_MIN;
-        if (body[0] == LD_JOURNAL_ADD) {
-            if (key_len == 0 ||
+        if (body[0] == LD_JOURNAL_ADD || body[0] == LD_JOURNAL_ADD_AFTER) {
+            size_t head = LD_JOURNAL_BODY_MIN;
+            uint64_t after = 0;
+            if (body[0] == LD_JOURNAL_ADD_AFTER) {
+                if (key_len <= LD_JOURNAL_AFTER_BYTES) {
+                    *why = "bad add record";
+                    break;
+                }
+                after = get_u64(body + head);
+                head += LD_JOURNAL_AFTER_BYTES;
+                key_len -= LD_JOURNAL_AFTER_BYTES;
+            }
+            if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
+                (body[0] == LD_JOURNAL_ADD_AFTER && (after == 0 ||
+                                                     after >= id)) ||
                 ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
                 *why = "bad add record";
                 break;
             }
-            if (live_add(j, id, due,
-                         (const char *)body + LD_JOURNAL_BODY_MIN,
+            if (live_add(j, id, due, after, (const char *)body + head,
                          key_len) != LD_OK) {
                 *why = "out of memory";
                 break;
@@ -324,7 +349,7 @@ write_header(struct ld_journal *j)
     if (ftruncate(j->fd, 0) != 0 ||
         write_all_at(j->fd, (const unsigned char *)LD_JOURNAL_MAGIC,
                      LD_JOURNAL_HEADER_BYTES, 0) != LD_OK ||
-        fdatasync(j->fd) != 0) {
+        ld_journal_fdatasync_fn(j->fd) != 0) {
         return LD_ERR;
     }
     j->syncs++;
@@ -376,7 +401,8 @@ load(struct ld_journal *j)
         log_warn("journal tail dropped path=%s offset=%zu bytes=%zu "
                  "reason=\"%s\"",
                  j->path, good, len - good, why != NULL ? why : "unknown");
-        if (ftruncate(j->fd, (off_t)good) != 0 || fdatasync(j->fd) != 0) {
+        if (ftruncate(j->fd, (off_t)good) != 0 ||
+            ld_journal_fdatasync_fn(j->fd) != 0) {
             log_error("journal truncate failed path=%s error=\"%s\"",
                       j->path, strerror(errno));
             return LD_ERR;
@@ -386,16 +412,70 @@ load(struct ld_journal *j)
     return LD_OK;
 }
 
+/* PATH followed by SUFFIX (".tmp", ".old"; four bytes). */
 static char *
-tmp_path(const char *path)
+suffixed_path(const char *path, const char *suffix)
 {
     size_t n = strlen(path);
     char *p = malloc(n + 5);
     if (p != NULL) {
         memcpy(p, path, n);
-        memcpy(p + n, ".tmp", 5);
+        memcpy(p + n, suffix, 5);
     }
     return p;
+}
+
+static char *
+tmp_path(const char *path)
+{
+    return suffixed_path(path, ".tmp");
+}
+
+/* Create the missing directories above PATH, each made durable in its
+ * own parent: a journal whose directory entry (or whose directory's)
+ * vanishes in a crash is as lost as one never written. */
+static int
+mkdir_parents_durable(const char *path)
+{
+    char *dir = strdup(path);
+    if (dir == NULL) {
+        return LD_ERR;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL || slash == dir) {
+        free(dir);
+        return LD_OK;
+    }
+    *slash = '\0';
+    /* Walk down from the top, so that each parent exists first. */
+    for (char *p = dir + 1;; p++) {
+        bool end = *p == '\0';
+        if (*p != '/' && !end) {
+            continue;
+        }
+        *p = '\0';
+        if (mkdir(dir, 0700) == 0) {
+            /* DIR is new: its entry lives in its parent, which DIR's
+             * own path names once the last component is cut. */
+            if (sync_parent_dir(dir) != LD_OK) {
+                int saved = errno;
+                free(dir);
+                errno = saved;
+                return LD_ERR;
+            }
+        } else if (errno != EEXIST) {
+            int saved = errno;
+            free(dir);
+            errno = saved;
+            return LD_ERR;
+        }
+        if (end) {
+            break;
+        }
+        *p = '/';
+    }
+    free(dir);
+    return LD_OK;
 }
 
 int
@@ -415,7 +495,7 @@ ld_journal_open(struct ld_journal **out, const char *path,
     if (j->path == NULL || j->live == NULL) {
         goto fail;
     }
-    if (ld_mkdir_parent(path, 0700) != LD_OK) {
+    if (mkdir_parents_durable(path) != LD_OK) {
         log_error("journal directory failed path=%s error=\"%s\"", path,
                   strerror(errno));
         goto fail;
@@ -436,6 +516,14 @@ ld_journal_open(struct ld_journal **out, const char *path,
     if (tmp != NULL) {
         unlink(tmp);
         free(tmp);
+    }
+    /* The second name the old file keeps while a compaction's rename is
+     * made durable; whichever file the journal's name points at is
+     * whole, and this one is not needed. */
+    char *old = suffixed_path(path, ".old");
+    if (old != NULL) {
+        unlink(old);
+        free(old);
     }
     if (load(j) != LD_OK) {
         goto fail;
@@ -483,16 +571,16 @@ ld_journal_close(struct ld_journal *j)
 
 static int
 append(struct ld_journal *j, enum ld_journal_type type, uint64_t id,
-       int64_t due_ms, const char *key, size_t key_len)
+       int64_t due_ms, uint64_t after, const char *key, size_t key_len)
 {
     unsigned char stack[256];
-    size_t need = rec_bytes(key_len);
+    size_t need = rec_bytes(key_len, type == LD_JOURNAL_ADD_AFTER);
     unsigned char *buf = need <= sizeof(stack) ? stack : malloc(need);
 
     if (buf == NULL) {
         return LD_ERR;
     }
-    size_t n = encode(buf, type, id, due_ms, key, key_len);
+    size_t n = encode(buf, type, id, due_ms, after, key, key_len);
     int rc = write_all_at(j->fd, buf, n, j->size);
     int saved = errno;
     if (buf != stack) {
@@ -525,10 +613,33 @@ ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
         return LD_ERR;
     }
     uint64_t nid = j->next_id;
-    if (append(j, LD_JOURNAL_ADD, nid, due_ms, key, key_len) != LD_OK) {
+    if (append(j, LD_JOURNAL_ADD, nid, due_ms, 0, key, key_len) != LD_OK) {
         return LD_ERR;
     }
-    if (live_add(j, nid, due_ms, key, key_len) != LD_OK) {
+    if (live_add(j, nid, due_ms, 0, key, key_len) != LD_OK) {
+        return LD_ERR;
+    }
+    j->next_id++;
+    *id = nid;
+    return LD_OK;
+}
+
+int
+ld_journal_add_after(struct ld_journal *j, uint64_t after_id,
+                     int64_t delay_ms, const char *key, size_t key_len,
+                     uint64_t *id)
+{
+    if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY || after_id == 0 ||
+        after_id >= j->next_id) {
+        errno = EINVAL;
+        return LD_ERR;
+    }
+    uint64_t nid = j->next_id;
+    if (append(j, LD_JOURNAL_ADD_AFTER, nid, delay_ms, after_id, key,
+               key_len) != LD_OK) {
+        return LD_ERR;
+    }
+    if (live_add(j, nid, delay_ms, after_id, key, key_len) != LD_OK) {
         return LD_ERR;
     }
     j->next_id++;
@@ -542,7 +653,7 @@ ld_journal_done(struct ld_journal *j, uint64_t id)
     if (ld_dict_get(j->live, &id, sizeof(id)) == NULL) {
         return LD_OK;
     }
-    if (append(j, LD_JOURNAL_DONE, id, 0, NULL, 0) != LD_OK) {
+    if (append(j, LD_JOURNAL_DONE, id, 0, 0, NULL, 0) != LD_OK) {
         /* The delete happened; without its done record a restart merely
          * repeats it, which is harmless. Forget it in memory anyway. */
         live_del(j, id);
@@ -593,8 +704,8 @@ ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        struct ld_journal_entry e = {v[i]->id, v[i]->due_ms, v[i]->key,
-                                     v[i]->key_len};
+        struct ld_journal_entry e = {v[i]->id, v[i]->due_ms, v[i]->after,
+                                     v[i]->key, v[i]->key_len};
         fn(&e, arg);
     }
     free(v);
@@ -603,17 +714,34 @@ ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
 int
 ld_journal_sync(struct ld_journal *j)
 {
+    if (j->failed) {
+        /* Only a whole new file, written from memory, is known to hold
+         * what was promised. */
+        if (ld_journal_compact(j) != LD_OK) {
+            return LD_ERR;
+        }
+        log_warn("journal rewritten after a failed sync path=%s", j->path);
+        return LD_OK;
+    }
     if (!j->dirty) {
         return LD_OK;
     }
-    if (fdatasync(j->fd) != 0) {
-        log_error("journal fsync failed path=%s error=\"%s\"", j->path,
-                  strerror(errno));
+    if (ld_journal_fdatasync_fn(j->fd) != 0) {
+        log_error("journal fsync failed, the journal is rewritten before "
+                  "anything is acknowledged again path=%s error=\"%s\"",
+                  j->path, strerror(errno));
+        j->failed = true;
         return LD_ERR;
     }
     j->syncs++;
     j->dirty = false;
     return LD_OK;
+}
+
+bool
+ld_journal_failed(const struct ld_journal *j)
+{
+    return j->failed;
 }
 
 bool
@@ -634,6 +762,7 @@ int
 ld_journal_compact(struct ld_journal *j)
 {
     char *tmp = tmp_path(j->path);
+    char *old = suffixed_path(j->path, ".old");
     size_t n = 0;
     struct jrec **v = NULL;
     unsigned char *buf = NULL;
@@ -641,7 +770,9 @@ ld_journal_compact(struct ld_journal *j)
     uint64_t size = LD_JOURNAL_HEADER_BYTES;
     uint64_t before = j->size;
 
-    if (tmp == NULL) {
+    if (tmp == NULL || old == NULL) {
+        free(tmp);
+        free(old);
         return LD_ERR;
     }
     v = sorted_live(j, &n);
@@ -654,7 +785,7 @@ ld_journal_compact(struct ld_journal *j)
             max_key = v[i]->key_len;
         }
     }
-    buf = malloc(rec_bytes(max_key));
+    buf = malloc(rec_bytes(max_key, true));
     if (buf == NULL) {
         goto fail;
     }
@@ -667,8 +798,11 @@ ld_journal_compact(struct ld_journal *j)
         goto fail;
     }
     for (size_t i = 0; i < n; i++) {
-        size_t len = encode(buf, LD_JOURNAL_ADD, v[i]->id, v[i]->due_ms,
-                            v[i]->key, v[i]->key_len);
+        size_t len = encode(buf,
+                            v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
+                                             : LD_JOURNAL_ADD,
+                            v[i]->id, v[i]->due_ms, v[i]->after, v[i]->key,
+                            v[i]->key_len);
         if (write_all_at(fd, buf, len, size) != LD_OK) {
             goto fail;
         }
@@ -676,23 +810,62 @@ ld_journal_compact(struct ld_journal *j)
     }
     /* The new file must be whole on disk before its name replaces the
      * old one, or a crash could leave a name pointing at nothing. */
-    if (fsync(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (ld_journal_fsync_fn(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
         goto fail;
     }
     j->syncs++;
+    /* The old file keeps a second name until the rename is durable, so
+     * that it can be put back if that cannot be made sure. */
+    unlink(old);
+    if (link(j->path, old) != 0) {
+        goto fail;
+    }
     if (rename(tmp, j->path) != 0) {
+        unlink(old);
         goto fail;
     }
     if (sync_parent_dir(j->path) != LD_OK) {
-        /* The rename is done; only its durability is in doubt, and both
-         * files are whole, so carry on with the new one. */
-        log_warn("journal directory sync failed path=%s error=\"%s\"",
-                 j->path, strerror(errno));
+        int saved = errno;
+        /* Nobody knows which name a crash would leave: go on with the
+         * old file, under its name again, and fail the compaction. */
+        if (rename(old, j->path) == 0) {
+            sync_parent_dir(j->path);
+            close(fd);
+            log_error("journal compaction failed, directory sync: the old "
+                      "file stays path=%s error=\"%s\"", j->path,
+                      strerror(saved));
+            free(v);
+            free(buf);
+            free(tmp);
+            free(old);
+            errno = saved;
+            return LD_ERR;
+        }
+        /* The name stays on the new file, which is whole: appending to
+         * the old one would write where no restart looks. Use the new
+         * one, but trust nothing until a later rewrite is durable. */
+        log_error("journal directory sync failed and the old file cannot "
+                  "be put back path=%s error=\"%s\"", j->path,
+                  strerror(saved));
+        unlink(old);
+        close(j->fd);
+        j->fd = fd;
+        j->size = size;
+        j->dirty = false;
+        j->failed = true;
+        free(v);
+        free(buf);
+        free(tmp);
+        free(old);
+        errno = saved;
+        return LD_ERR;
     }
+    unlink(old);
     close(j->fd);
     j->fd = fd;
     j->size = size;
     j->dirty = false;
+    j->failed = false;
     log_info("journal compacted path=%s bytes_before=%llu bytes_after=%llu "
              "live=%zu",
              j->path, (unsigned long long)before, (unsigned long long)size,
@@ -700,6 +873,7 @@ ld_journal_compact(struct ld_journal *j)
     free(v);
     free(buf);
     free(tmp);
+    free(old);
     return LD_OK;
 
 fail:;
@@ -713,6 +887,7 @@ fail:;
     free(v);
     free(buf);
     free(tmp);
+    free(old);
     errno = saved;
     return LD_ERR;
 }

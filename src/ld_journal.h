@@ -15,8 +15,17 @@
  *   header  8 bytes  "LDJRNL1\n"
  *   record  u32 body_len | u32 crc32(body) | body
  *   body    u8 type (1 add, 2 done) | u64 id | i64 due_ms | key bytes
- * body_len is 17 + the key's length; done records carry no key and due 0.
- * crc32 is the IEEE/zlib CRC-32 of the body.
+ *           u8 type 3 (add after) | u64 id | i64 delay_ms | u64 after_id
+ *           | key bytes
+ * body_len is 17 + the key's length (25 + it for type 3); done records
+ * carry no key and due 0. crc32 is the IEEE/zlib CRC-32 of the body.
+ *
+ * An "add after" is a delete that is due DELAY_MS after the add AFTER_ID
+ * has been carried out (the second delete of an invalidation: it must not
+ * run together with the first when both are late). Files without type 3
+ * records read as before. When AFTER_ID is no longer live at replay, its
+ * delete happened at an unknown time before the restart, so the second
+ * one is due DELAY_MS after the replay.
  *
  * Replay stops at the first record whose length is impossible, that runs
  * past the end of the file, or whose CRC does not match: that is a write
@@ -34,7 +43,12 @@
 #define LD_JOURNAL_BODY_MIN 17       /* type, id, due */
 #define LD_JOURNAL_MAX_KEY (1u << 20)
 
-enum ld_journal_type { LD_JOURNAL_ADD = 1, LD_JOURNAL_DONE = 2 };
+enum ld_journal_type {
+    LD_JOURNAL_ADD = 1,
+    LD_JOURNAL_DONE = 2,
+    LD_JOURNAL_ADD_AFTER = 3
+};
+#define LD_JOURNAL_AFTER_BYTES 8     /* after_id, type 3 only */
 
 struct ld_journal;
 
@@ -42,12 +56,16 @@ struct ld_journal;
  * and is valid only during the callback. */
 struct ld_journal_entry {
     uint64_t id;
-    int64_t due_ms;      /* wall clock, ms since the epoch */
+    int64_t due_ms;      /* wall clock, ms since the epoch; for an add
+                          * after another, the delay after its delete */
+    uint64_t after_id;   /* 0, or the add this one waits for */
     const char *key;
     size_t key_len;
 };
 
-/* Open PATH (creating it, and its parent directory, when missing), take an
+/* Open PATH (creating it, and its parent directories, when missing: each
+ * directory created is synced in its own parent, so that the journal's
+ * name survives a crash), take an
  * exclusive lock on it so that two daemons never share one journal, and
  * replay it. A torn or corrupt tail is cut off (one warning). Returns
  * LD_ERR (logged, errno kept) when the file cannot be opened, is locked by
@@ -64,6 +82,12 @@ void ld_journal_close(struct ld_journal *j);
 int ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
                    size_t key_len, uint64_t *id);
 
+/* Append an add record due DELAY_MS after the delete of the add AFTER_ID
+ * has been carried out (see the file layout above). */
+int ld_journal_add_after(struct ld_journal *j, uint64_t after_id,
+                         int64_t delay_ms, const char *key, size_t key_len,
+                         uint64_t *id);
+
 /* Append a done record for a live add. Unknown ids are ignored. */
 int ld_journal_done(struct ld_journal *j, uint64_t id);
 
@@ -76,15 +100,35 @@ void ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
 /* fdatasync when anything was appended since the last sync; a no-op
  * otherwise. Under fsync "always" the caller runs it before it answers
  * (one sync for every add of a loop iteration); under "everysec" a
- * once-a-second timer runs it, which is the whole of that mode. */
+ * once-a-second timer runs it, which is the whole of that mode.
+ *
+ * After a failed fdatasync the state of the file's pages is unknown (the
+ * kernel may have dropped the dirty pages and cleared the error, so a
+ * later fdatasync can succeed without the lost records ever reaching the
+ * disk). The journal is then "failed": every later sync rewrites the
+ * whole journal from memory to a new file (as compaction does) and
+ * succeeds only when that rewrite is durable; until then every sync
+ * returns LD_ERR, so nothing is acknowledged on the old file's word. */
 int ld_journal_sync(struct ld_journal *j);
+
+/* True while the journal is failed (see ld_journal_sync). */
+bool ld_journal_failed(const struct ld_journal *j);
+
+/* The calls that make data durable, replaceable by unit tests to inject
+ * failures (fsync is used for directories and the compacted file). */
+extern int (*ld_journal_fdatasync_fn)(int fd);
+extern int (*ld_journal_fsync_fn)(int fd);
 
 /* True when most of the file is dead records and rewriting it pays. */
 bool ld_journal_should_compact(const struct ld_journal *j);
 
 /* Rewrite the file with only the live adds: write a temporary file, sync
  * it, rename it over the journal and sync the directory, so that a crash
- * at any point leaves either the old or the new file whole. */
+ * at any point leaves either the old or the new file whole. When the
+ * directory sync fails, the rename's durability is unknown: the old file
+ * is put back under the journal's name (it was kept under a second name
+ * meanwhile) and the compaction fails, the journal going on with the old
+ * file. */
 int ld_journal_compact(struct ld_journal *j);
 
 /* Compaction starts once the dead records take at least this many bytes

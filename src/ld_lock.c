@@ -35,7 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LK_MS_MAX 2147483648LL  /* ttl_ms and wait_ms upper bound, 2^31 */
 #define LK_UNLOCK_MSG "0"       /* Redisson's LockPubSub.UNLOCK_MESSAGE */
 
 #define container_of(ptr, type, member)                                       \
@@ -1548,9 +1547,11 @@ static void op_lock(struct ld_req *req)
     bool has_token = false, detach = false;
     if (ld_req_key(req, "key", &key, &klen) != LD_OK
         || ld_req_str(req, "owner", false, &owner, &olen, &has_owner) != LD_OK
-        || ld_req_int(req, "ttl_ms", false, 1, LK_MS_MAX, &ttl, &has_ttl)
+        || ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl,
+                      &has_ttl)
                != LD_OK
-        || ld_req_int(req, "wait_ms", false, -1, LK_MS_MAX, &wait, &has_wait)
+        || ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait,
+                      &has_wait)
                != LD_OK
         || ld_req_bool(req, "detach", &detach) != LD_OK
         || ld_req_str(req, "token", false, &token, &tlen, &has_token)
@@ -1836,7 +1837,8 @@ static void op_extend(struct ld_req *req)
     long long ttl = 0;
     bool has_ttl = false;
     if (parse_target(req, &t) != LD_OK
-        || ld_req_int(req, "ttl_ms", true, 1, LK_MS_MAX, &ttl, &has_ttl)
+        || ld_req_int(req, "ttl_ms", true, 1, LD_TTL_MS_MAX, &ttl,
+                      &has_ttl)
                != LD_OK) {
         return;
     }

@@ -347,6 +347,15 @@ ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
 }
 
 void
+ld_reply_buffer(struct ld_req *req, struct evbuffer *buf)
+{
+    if (req->sess != NULL) {
+        ld_session_write_buffer(req->sess, buf);
+    }
+    req_free(req);
+}
+
+void
 ld_reply_ok(struct ld_req *req, json_t *fields)
 {
     size_t len = 0;

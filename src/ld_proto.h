@@ -74,6 +74,11 @@ size_t ld_json_quote(char *out, const char *s, size_t len);
  * UTF-8. */
 int ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len);
 
+/* Answer REQ with the line in BUF (built by the caller, trailing newline
+ * included); BUF's content moves to the session without a copy. */
+struct evbuffer;
+void ld_reply_buffer(struct ld_req *req, struct evbuffer *buf);
+
 /* Is the session that sent REQ still connected? */
 bool ld_req_session_open(const struct ld_req *req);
 
@@ -88,6 +93,17 @@ int ld_req_str(struct ld_req *req, const char *field, bool required,
 int ld_req_int(struct ld_req *req, const char *field, bool required,
                long long min, long long max, long long *out, bool *present);
 int ld_req_bool(struct ld_req *req, const char *field, bool *out);
+
+/* The ranges of the numeric fields, one per kind of field and the same in
+ * every op (leased-protocol(7) lists them). Nothing downstream may
+ * overflow at the maximum: timers take microseconds in 64 bits, and a
+ * number that reaches Lua is a double that Redis turns back into text
+ * with 14 significant digits, so it must stay below 10^14 (2^40 is 13
+ * digits, and ttl_jitter adds at most half of it). */
+#define LD_TTL_MS_MAX (1LL << 40)     /* ttl_ms: lock, extend, cache.* */
+#define LD_WAIT_MS_MAX (1LL << 31)    /* wait_ms: lock (-1 = no limit), */
+                                      /* cache.get, cache.mget */
+#define LD_DELAY_MS_MAX 86400000LL    /* cache.invalidate delay_ms */
 /* An array of keys (each checked like ld_req_key), at most MAX entries.
  * *ARR borrows the array from the request. */
 int ld_req_keys(struct ld_req *req, const char *field, size_t max,

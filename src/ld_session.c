@@ -389,20 +389,34 @@ ld_session_output_room(struct ld_session *s, size_t len)
     return true;
 }
 
-void
-ld_session_write(struct ld_session *s, const char *buf, size_t len)
+/* Every reply line goes through here, bytes or a built buffer alike, so
+ * the output limit and the pause of dispatching hold whichever way a
+ * module writes. BUF is NULL for bytes. */
+static void
+write_out(struct ld_session *s, const char *bytes, struct evbuffer *buf,
+          size_t len)
 {
     if (s->bev == NULL || s->io->over_limit) {
+        if (buf != NULL) {
+            evbuffer_drain(buf, evbuffer_get_length(buf));
+        }
         return;
     }
     struct evbuffer *out = bufferevent_get_output(s->bev);
     size_t total = evbuffer_get_length(out) + len;
     size_t limit = ld_session_output_limit();
     if (total > limit) {
+        if (buf != NULL) {
+            evbuffer_drain(buf, evbuffer_get_length(buf));
+        }
         output_over_limit(s, total);
         return;
     }
-    evbuffer_add(out, buf, len);
+    if (buf != NULL) {
+        evbuffer_add_buffer(out, buf);
+    } else {
+        evbuffer_add(out, bytes, len);
+    }
     if (s->open) {
         mark_dirty(s);
         if (total > output_high(limit) && !s->io->out_paused) {
@@ -410,6 +424,18 @@ ld_session_write(struct ld_session *s, const char *buf, size_t len)
             update_reading(s);
         }
     }
+}
+
+void
+ld_session_write(struct ld_session *s, const char *buf, size_t len)
+{
+    write_out(s, buf, NULL, len);
+}
+
+void
+ld_session_write_buffer(struct ld_session *s, struct evbuffer *buf)
+{
+    write_out(s, NULL, buf, evbuffer_get_length(buf));
 }
 
 void

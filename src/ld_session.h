@@ -52,6 +52,10 @@ bool ld_session_output_room(struct ld_session *s, size_t len);
 
 /* Write raw bytes (a whole response line). */
 void ld_session_write(struct ld_session *s, const char *buf, size_t len);
+/* The same for a line built in an evbuffer: its chains (references
+ * included) move to the output without a copy; BUF ends empty. */
+struct evbuffer;
+void ld_session_write_buffer(struct ld_session *s, struct evbuffer *buf);
 
 /* Begin closing: hooks run, the socket closes once output is flushed
  * (bounded), the struct is freed when the last request is answered. */

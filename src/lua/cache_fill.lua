@@ -2,7 +2,8 @@
 -- KEYS[1] entry hash; ARGV[1] lease, ARGV[2] "v" (value) or "n" (null),
 -- ARGV[3] value, ARGV[4] ttl_ms (already jittered), ARGV[5] channel.
 -- Returns 1 stored, 0 refused (lease gone: expired, released, invalidated
--- or overwritten by cache.set), -1 wrong type.
+-- or overwritten by cache.set), -1 wrong type (data leased did not write,
+-- left alone).
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'none' then
     return 0
@@ -10,7 +11,21 @@ end
 if t ~= 'hash' then
     return -1
 end
-if redis.call('HGET', KEYS[1], 'l') ~= ARGV[1] then
+-- Ours: only the fields v, n ("1") and l, at least one, not v and n,
+-- and a lease alone always expires.
+local f = redis.call('HMGET', KEYS[1], 'v', 'n', 'l')
+local k = 0
+for i = 1, 3 do
+    if f[i] then
+        k = k + 1
+    end
+end
+if k == 0 or k ~= redis.call('HLEN', KEYS[1]) or (f[2] and f[2] ~= '1')
+   or (f[1] and f[2])
+   or (not f[1] and not f[2] and redis.call('PTTL', KEYS[1]) < 0) then
+    return -1
+end
+if f[3] ~= ARGV[1] then
     return 0
 end
 if ARGV[2] == 'v' then
@@ -18,7 +33,7 @@ if ARGV[2] == 'v' then
     redis.call('HDEL', KEYS[1], 'l', 'n')
 else
     -- "Not found" must never replace a real value.
-    if redis.call('HEXISTS', KEYS[1], 'v') == 1 then
+    if f[1] then
         return 0
     end
     redis.call('HSET', KEYS[1], 'n', '1')

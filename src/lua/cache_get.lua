@@ -4,6 +4,8 @@
 -- Fields: v = value, n = cached null, l = the current fill lease. While
 -- the entry holds only a lease, its TTL is the lease's, so a vanished
 -- loader's lease ends with the key.
+-- Data leased did not write is answered {'wrong_type'} and left alone; no
+-- data in Redis may make this script raise an error.
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'none' then
     if ARGV[3] == '1' then
@@ -16,15 +18,27 @@ end
 if t ~= 'hash' then
     return {'wrong_type'}
 end
+-- Ours: only the fields v, n ("1") and l, at least one, never both v
+-- and n, and a lease alone always expires.
 local f = redis.call('HMGET', KEYS[1], 'v', 'n', 'l')
+local k = 0
+for i = 1, 3 do
+    if f[i] then
+        k = k + 1
+    end
+end
+if k == 0 or k ~= redis.call('HLEN', KEYS[1]) or (f[2] and f[2] ~= '1')
+   or (f[1] and f[2]) then
+    return {'wrong_type'}
+end
 if f[1] then
     return {'hit', f[1]}
 end
 if f[2] then
     return {'null'}
 end
-if f[3] then
-    return {'held', redis.call('PTTL', KEYS[1])}
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < 0 then
+    return {'wrong_type'}
 end
--- A hash without any of our fields was not written by leased.
-return {'wrong_type'}
+return {'held', pttl}

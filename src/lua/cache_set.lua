@@ -1,9 +1,26 @@
 -- cache.set: unconditional write; any outstanding fill lease is void.
 -- KEYS[1] entry hash; ARGV[1] "v" or "n", ARGV[2] value, ARGV[3] ttl_ms
--- (already jittered), ARGV[4] channel. Returns 1, or -1 wrong type.
+-- (already jittered), ARGV[4] channel. Returns 1, or -1 wrong type (data
+-- leased did not write, left alone: cache.invalidate removes it).
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'none' and t ~= 'hash' then
     return -1
+end
+if t == 'hash' then
+    -- Ours: only the fields v, n ("1") and l, at least one, not v and n,
+    -- and a lease alone always expires.
+    local f = redis.call('HMGET', KEYS[1], 'v', 'n', 'l')
+    local k = 0
+    for i = 1, 3 do
+        if f[i] then
+            k = k + 1
+        end
+    end
+    if k == 0 or k ~= redis.call('HLEN', KEYS[1]) or
+       (f[2] and f[2] ~= '1') or (f[1] and f[2]) or
+       (not f[1] and not f[2] and redis.call('PTTL', KEYS[1]) < 0) then
+        return -1
+    end
 end
 redis.call('DEL', KEYS[1])
 if ARGV[1] == 'v' then

@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define T_MS 5000
@@ -1357,6 +1360,649 @@ START_TEST(test_stats_move)
 }
 END_TEST
 
+/* --- big cache.mget replies ----------------------------------------------- */
+
+/* Sanitizers and valgrind make the daemon several times slower and
+ * bigger: latency and memory bounds widen there, the property checked
+ * stays the same. */
+static bool slow_build(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    return true;
+#else
+    const char *w = getenv("LEASED_WRAPPER");
+    return w != NULL && *w != '\0';
+#endif
+}
+
+/* A field of /proc/PID/status in kB (VmRSS, VmHWM), -1 when unreadable. */
+static long long proc_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long long v = -1;
+    if (f == NULL) {
+        return -1;
+    }
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            v = atoll(line + n + 1);
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+/* {"op":"cache.mget","keys":[KEY x N]} and a newline, malloc'ed. */
+static char *mget_line(const char *key, int n, size_t *len)
+{
+    size_t klen = strlen(key);
+    char *s = malloc(64 + (size_t)n * (klen + 3));
+    ck_assert_ptr_nonnull(s);
+    char *o = s + sprintf(s, "{\"op\":\"cache.mget\",\"keys\":[");
+    for (int i = 0; i < n; i++) {
+        o += sprintf(o, "%s\"%s\"", i ? "," : "", key);
+    }
+    o += sprintf(o, "]}\n");
+    *len = (size_t)(o - s);
+    return s;
+}
+
+/* A raw client that sends ROUNDS copies of LINE one after the other and
+ * reads each reply as fast as it can, without parsing it. Returns 0 when
+ * every reply was a line of at least MIN_BYTES beginning {"ok":true. Runs
+ * in a child process, beside the pinging test. */
+static int greedy_reader(const char *sock, const char *line, size_t len,
+                         int rounds, size_t min_bytes)
+{
+    struct sockaddr_un sa;
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) {
+        return 2;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(sock) >= sizeof sa.sun_path) {
+        return 3;
+    }
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        return 3;
+    }
+    static char buf[1 << 20];
+    for (int r = 0; r < rounds; r++) {
+        for (size_t off = 0; off < len;) {
+            ssize_t n = write(fd, line + off, len - off);
+            if (n <= 0) {
+                return 4;
+            }
+            off += (size_t)n;
+        }
+        size_t got = 0;
+        bool head_ok = false, done = false;
+        while (!done) {
+            ssize_t n = read(fd, buf, sizeof buf);
+            if (n <= 0) {
+                return 5;
+            }
+            if (got == 0) {
+                head_ok = n >= 10 && memcmp(buf, "{\"ok\":true", 10) == 0;
+            }
+            got += (size_t)n;
+            done = memchr(buf, '\n', (size_t)n) != NULL;
+        }
+        if (!head_ok || got < min_bytes) {
+            return 6;
+        }
+    }
+    close(fd);
+    return 0;
+}
+
+static void plant_value(const char *key, size_t bytes, char fillc)
+{
+    char *v = malloc(bytes + 1);
+    ck_assert_ptr_nonnull(v);
+    memset(v, fillc, bytes);
+    v[bytes] = '\0';
+    r_ok("HSET " PREFIX "{%s} v %s", key, v);
+    free(v);
+}
+
+static long long mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One key named 1000 times in each of many cache.mget requests, read as
+ * fast as the client can: the value is escaped once and the reply refers
+ * to it, so another session's pings are not held up and the daemon does
+ * not grow by a copy per occurrence. A reply over the output limit is
+ * never built: the session is closed. */
+START_TEST(test_mget_big_reply)
+{
+    start(NULL);
+    const size_t vbytes = 20000;
+    const int nkeys = 1000, rounds = 25;
+    plant_value("big", vbytes, 'x');
+    struct h_conn *p = conn(&D);
+    json_decref(must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
+    long long rss0 = proc_kb(D.pid, "VmRSS");
+    ck_assert_int_gt(rss0, 0);
+
+    size_t len;
+    char *line = mget_line("big", nkeys, &len);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        _exit(greedy_reader(D.sock, line, len, rounds,
+                            (size_t)nkeys * vbytes));
+    }
+    h_track_pid(pid);
+
+    static long long lat[200000];
+    size_t nlat = 0;
+    int status = -1;
+    long long deadline = h_now_ms() + 120000;
+    while (h_now_ms() < deadline) {
+        long long t0 = mono_us();
+        json_t *r = h_callf(p, T_MS, "{s:s}", "op", "ping");
+        must(r);
+        json_decref(r);
+        if (nlat < sizeof lat / sizeof lat[0]) {
+            lat[nlat++] = mono_us() - t0;
+        }
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            break;
+        }
+        /* Pings at a steady pace sample the time line evenly: a stall
+         * of the loop shows up in as many pings as it lasts. */
+        sleep_ms(2);
+    }
+    h_untrack_pid(pid);
+    ck_assert_int_gt(nlat, 10);
+    qsort(lat, nlat, sizeof lat[0], cmp_ll);
+    long long p99 = lat[nlat * 99 / 100];
+    long long bound_us = slow_build() ? 200000 : 10000;
+    fprintf(stderr, "mget_big_reply: %zu pings, p50 %lld us, p99 %lld us, "
+            "max %lld us\n", nlat, lat[nlat / 2], p99, lat[nlat - 1]);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the mget client did not finish: status %d", status);
+    ck_assert_msg(p99 < bound_us, "ping p99 %lld us over %zu pings (max %lld)",
+                  p99, nlat, lat[nlat - 1]);
+    /* Twenty copies of one 20 MB reply would be 400 MB; the reply is a
+     * list of references to one escaped value. */
+    long long hwm = proc_kb(D.pid, "VmHWM");
+    long long bound_kb = slow_build() ? 1024 * 1024 : 64 * 1024;
+    ck_assert_msg(hwm - rss0 < bound_kb, "daemon grew from %lld kB to %lld kB",
+                  rss0, hwm);
+    free(line);
+
+    /* The number of keys is capped: 1000 is the most, 1001 is refused
+     * before anything is read. */
+    line = mget_line("big", 1001, &len);
+    expect_bad(p, line, "keys");
+    free(line);
+
+    /* 1000 x 40 kB is over the 32 MiB output limit: the session is
+     * closed, with one error line, and the reply is never built. */
+    plant_value("huge", 40000, 'y');
+    struct h_conn *b = conn(&D);
+    line = mget_line("huge", nkeys, &len);
+    ck_assert_int_eq(h_send_raw(b, line, len), 0);
+    free(line);
+    json_t *r = h_recv(b, T_MS);
+    ck_assert_msg(r != NULL && !h_ok(r) && strcmp(h_errcode(r), "busy") == 0,
+                  "expected busy, got %s", dump(r));
+    json_decref(r);
+    ck_assert(h_wait_closed(b, T_MS));
+    ck_assert_int_eq(count_in_file(D.log, "over the output limit"), 1);
+    long long hwm2 = proc_kb(D.pid, "VmHWM");
+    ck_assert_msg(hwm2 - rss0 < bound_kb, "daemon grew to %lld kB", hwm2);
+    json_decref(must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
+    h_close(b);
+    h_close(p);
+}
+END_TEST
+
+/* --- limits.max_waiters ------------------------------------------------- */
+
+/* Many getters of one key parked by one fetch: exactly max_waiters of
+ * them wait, the rest get busy at once; the places stay taken while the
+ * waiters are woken and refetch. */
+START_TEST(test_max_waiters_exact)
+{
+    start("limits:\n  max_waiters: 5\n");
+    struct h_conn *a = conn(&D);
+    struct h_conn *b = conn(&D);
+    struct h_conn *c = conn(&D);
+    char *lease = get_lease(a, "w");
+
+    /* One write: all twelve reach the daemon in one read and share one
+     * fetch, which finds the lease held. */
+    char buf[4096];
+    size_t off = 0;
+    for (int i = 1; i <= 12; i++) {
+        off += (size_t)snprintf(buf + off, sizeof buf - off,
+                                "{\"id\":%d,\"op\":\"cache.get\","
+                                "\"key\":\"w\",\"wait_ms\":20000}\n", i);
+    }
+    ck_assert_int_eq(h_send_raw(b, buf, off), 0);
+    int busy = 0;
+    for (int i = 0; i < 7; i++) {
+        json_t *r = h_recv(b, T_MS);
+        ck_assert_msg(r != NULL && !h_ok(r) &&
+                      strcmp(h_errcode(r), "busy") == 0,
+                      "expected busy, got %s", dump(r));
+        busy++;
+        json_decref(r);
+    }
+    ck_assert_ptr_null(h_recv(b, 300));
+
+    /* A wake-up (a message on the key's channel) makes the five refetch;
+     * a newcomer meanwhile finds no free place. */
+    r_ok("PUBLISH " PREFIX "{w}:fill poke");
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key",
+                        "w", "wait_ms", 20000);
+    ck_assert_msg(r != NULL && !h_ok(r) && strcmp(h_errcode(r), "busy") == 0,
+                  "expected busy for the sixth waiter, got %s", dump(r));
+    json_decref(r);
+
+    ck_assert(fill(a, "w", lease, "val"));
+    for (int i = 0; i < 5; i++) {
+        r = h_recv(b, T_MS);
+        expect_hit(r, "val");
+        json_decref(r);
+    }
+    ck_assert_int_eq(busy, 7);
+    /* Every place is free again. */
+    free(lease);
+    lease = get_lease(a, "w2");
+    for (int i = 0; i < 5; i++) {
+        send_get(c, 100 + i, "w2", 20000);
+    }
+    ck_assert_ptr_null(h_recv(c, 300));
+    ck_assert(fill(a, "w2", lease, "v2"));
+    for (int i = 0; i < 5; i++) {
+        r = h_recv(c, T_MS);
+        expect_hit(r, "v2");
+        json_decref(r);
+    }
+    free(lease);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
+/* --- numeric ranges ------------------------------------------------------ */
+
+/* REQ (a JSON object without id) must get bad_request naming FIELD. */
+static void expect_bad_json(struct h_conn *c, const char *req,
+                            const char *field)
+{
+    char line[1024];
+    ck_assert(strlen(req) < 512);
+    snprintf(line, sizeof line, "%s\n", req);
+    expect_bad(c, line, field);
+}
+
+static json_t *call_line(struct h_conn *c, const char *fmt, long long v)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, fmt, v);
+    json_error_t e;
+    json_t *req = json_loads(buf, 0, &e);
+    ck_assert_msg(req != NULL, "bad test json %s", buf);
+    return h_call(c, req, T_MS);
+}
+
+/* ttl_ms has one range in every op (1..2^40), wait_ms another (0..2^31,
+ * and -1 for lock); the maximum is accepted and works end to end, one
+ * more is bad_request. */
+START_TEST(test_numeric_ranges)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    const long long ttl_max = 1LL << 40, wait_max = 1LL << 31;
+    const long long delay_max = 86400000LL;
+    char line[512];
+
+    /* lock: ttl_ms and wait_ms at their maximum. */
+    json_t *r = call_line(a, "{\"op\":\"lock\",\"key\":\"r1\",\"ttl_ms\":%lld,"
+                          "\"wait_ms\":2147483648}", ttl_max);
+    must(r);
+    ck_assert(jtrue(r, "acquired"));
+    ck_assert_int_eq(jint(r, "lease_ms"), ttl_max);
+    json_decref(r);
+    long long pttl = r_int("PTTL leased:lock:{r1}");
+    ck_assert_msg(pttl > ttl_max - 60000 && pttl <= ttl_max,
+                  "lock PTTL %lld", pttl);
+    r = call_line(a, "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}",
+                  ttl_max);
+    must(r);
+    ck_assert_int_eq(jint(r, "lease_ms"), ttl_max);
+    json_decref(r);
+    r = call_line(a, "{\"op\":\"lock\",\"key\":\"r2\",\"wait_ms\":%lld}", -1);
+    must(r);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    snprintf(line, sizeof line,
+             "{\"op\":\"lock\",\"key\":\"r3\",\"ttl_ms\":%lld}", ttl_max + 1);
+    expect_bad_json(a, line, "ttl_ms");
+    snprintf(line, sizeof line,
+             "{\"op\":\"lock\",\"key\":\"r3\",\"wait_ms\":%lld}", wait_max + 1);
+    expect_bad_json(a, line, "wait_ms");
+    expect_bad_json(a, "{\"op\":\"lock\",\"key\":\"r3\",\"wait_ms\":-2}",
+                    "wait_ms");
+    snprintf(line, sizeof line,
+             "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}", ttl_max + 1);
+    expect_bad_json(a, line, "ttl_ms");
+
+    /* cache.set and cache.fill: ttl_ms at its maximum reaches Redis
+     * whole (spread by the jitter). */
+    r = call_line(a, "{\"op\":\"cache.set\",\"key\":\"c1\",\"value\":\"v\","
+                  "\"ttl_ms\":%lld}", ttl_max);
+    json_decref(must(r));
+    pttl = entry_pttl("c1");
+    ck_assert_msg(pttl > ttl_max * 8 / 10 && pttl <= ttl_max * 12 / 10,
+                  "cache PTTL %lld", pttl);
+    char *lease = get_lease(a, "c2");
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.fill\",\"key\":\"c2\",\"lease\":\"%s\","
+             "\"value\":\"v\",\"ttl_ms\":%%lld}", lease);
+    r = call_line(a, line, ttl_max);
+    must(r);
+    ck_assert(jtrue(r, "stored"));
+    json_decref(r);
+    free(lease);
+    pttl = entry_pttl("c2");
+    ck_assert_msg(pttl > ttl_max * 8 / 10 && pttl <= ttl_max * 12 / 10,
+                  "cache PTTL %lld", pttl);
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.set\",\"key\":\"c1\",\"value\":\"v\","
+             "\"ttl_ms\":%lld}", ttl_max + 1);
+    expect_bad_json(a, line, "ttl_ms");
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.fill\",\"key\":\"c1\",\"lease\":\"x\","
+             "\"value\":\"v\",\"ttl_ms\":%lld}", ttl_max + 1);
+    expect_bad_json(a, line, "ttl_ms");
+
+    /* cache.get and cache.mget: wait_ms as long as lock's. */
+    r = call_line(a, "{\"op\":\"cache.get\",\"key\":\"c1\",\"wait_ms\":%lld}",
+                  wait_max);
+    expect_hit(r, "v");
+    json_decref(r);
+    r = call_line(a, "{\"op\":\"cache.mget\",\"keys\":[\"c1\"],"
+                  "\"wait_ms\":%lld}", wait_max);
+    must(r);
+    expect_hit(json_array_get(json_object_get(r, "results"), 0), "v");
+    json_decref(r);
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.get\",\"key\":\"c1\",\"wait_ms\":%lld}",
+             wait_max + 1);
+    expect_bad_json(a, line, "wait_ms");
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.mget\",\"keys\":[\"c1\"],\"wait_ms\":%lld}",
+             wait_max + 1);
+    expect_bad_json(a, line, "wait_ms");
+    expect_bad_json(a, "{\"op\":\"cache.get\",\"key\":\"c1\",\"wait_ms\":-1}",
+                    "wait_ms");
+
+    /* A waiter with the longest wait is served like any other. */
+    lease = get_lease(a, "c3");
+    struct h_conn *b = conn(&D);
+    snprintf(line, sizeof line, "{\"id\":5,\"op\":\"cache.get\",\"key\":"
+             "\"c3\",\"wait_ms\":%lld}\n", wait_max);
+    ck_assert_int_eq(h_send_raw(b, line, strlen(line)), 0);
+    ck_assert_ptr_null(h_recv(b, 200));
+    ck_assert(fill(a, "c3", lease, "filled"));
+    free(lease);
+    r = h_recv(b, T_MS);
+    expect_hit(r, "filled");
+    json_decref(r);
+    h_close(b);
+
+    /* cache.invalidate: delay_ms up to a day. */
+    r = call_line(a, "{\"op\":\"cache.invalidate\",\"key\":\"c1\","
+                  "\"delay_ms\":%lld}", delay_max);
+    json_decref(must(r));
+    snprintf(line, sizeof line,
+             "{\"op\":\"cache.invalidate\",\"key\":\"c1\",\"delay_ms\":%lld}",
+             delay_max + 1);
+    expect_bad_json(a, line, "delay_ms");
+    h_close(a);
+}
+END_TEST
+
+/* --- data leased did not write ------------------------------------------ */
+
+/* Every cache op on KEY (the reads only when READS) must answer
+ * wrong_type naming the key. */
+static void expect_wrong_type_all(struct h_conn *a, const char *key,
+                                  bool reads)
+{
+    json_t *r[6];
+    r[0] = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key", key,
+                   "wait_ms", 300);
+    r[1] = get_plain(a, key);
+    r[2] = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key",
+                   key, "lease", "tok", "value", "v");
+    r[3] = h_callf(a, T_MS, "{s:s,s:s,s:s,s:n}", "op", "cache.fill", "key",
+                   key, "lease", "tok", "value");
+    r[4] = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key",
+                   key, "lease", "tok");
+    r[5] = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", key,
+                   "value", "v");
+    for (int i = 0; i < 6; i++) {
+        if (!reads && i < 2) {
+            json_decref(r[i]);
+            continue;
+        }
+        ck_assert_msg(r[i] != NULL && !h_ok(r[i]) &&
+                      strcmp(h_errcode(r[i]), "wrong_type") == 0,
+                      "op %d on %s: expected wrong_type, got %s", i, key,
+                      dump(r[i]));
+        const char *msg = json_string_value(
+            json_object_get(json_object_get(r[i], "error"), "message"));
+        ck_assert_msg(msg != NULL && strstr(msg, key) != NULL,
+                      "message does not name %s: %s", key, msg);
+        json_decref(r[i]);
+    }
+    if (!reads) {
+        return;
+    }
+    json_t *m = h_callf(a, T_MS, "{s:s,s:[s],s:i}", "op", "cache.mget",
+                        "keys", key, "wait_ms", 300);
+    must(m);
+    json_t *e = json_array_get(json_object_get(m, "results"), 0);
+    ck_assert_msg(strcmp(h_errcode(e), "wrong_type") == 0, "mget %s: %s",
+                  key, dump(m));
+    json_decref(m);
+}
+
+/* Planted straight into Redis, data of every shape leased never writes:
+ * each cache op answers wrong_type naming the key and changes nothing;
+ * no script raises an error, so nothing is internal. */
+START_TEST(test_foreign_data)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    char buf[256];
+
+    r_ok("SET " PREFIX "{fs} foreign");
+    r_ok("RPUSH " PREFIX "{fl} a b");
+    r_ok("SADD " PREFIX "{fz} a");
+    r_ok("HSET " PREFIX "{fh1} x 1");               /* none of ours */
+    r_ok("HSET " PREFIX "{fh2} v val x 1");         /* ours and more */
+    r_ok("HSET " PREFIX "{fh3} n maybe");           /* n is not "1" */
+    r_ok("HSET " PREFIX "{fh4} v val n 1");         /* value and null */
+    r_ok("HSET " PREFIX "{fh5} l tok");             /* a lease forever */
+    r_ok("HSET " PREFIX "{fh6} l tok x 1");         /* a lease and more */
+    const char *keys[] = {"fs", "fl", "fz", "fh1", "fh2", "fh3", "fh4",
+                          "fh5", "fh6"};
+    const char *types[] = {"string", "list", "set", "hash", "hash", "hash",
+                           "hash", "hash", "hash"};
+    const long long lens[] = {7, 2, 1, 1, 2, 1, 2, 1, 2};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        /* A read that finds a value field serves it without a look at
+         * the rest (the one-command hit path); writes decide on the
+         * whole entry. */
+        expect_wrong_type_all(a, keys[i], strcmp(keys[i], "fh2") != 0);
+        ck_assert_str_eq(r_str(buf, sizeof buf, "TYPE " PREFIX "{%s}",
+                               keys[i]), types[i]);
+        ck_assert_int_eq(entry_pttl(keys[i]), -1);
+        const char *lencmd = strcmp(types[i], "string") == 0 ? "STRLEN"
+                             : strcmp(types[i], "list") == 0 ? "LLEN"
+                             : strcmp(types[i], "set") == 0  ? "SCARD"
+                                                             : "HLEN";
+        ck_assert_int_eq(r_int("%s " PREFIX "{%s}", lencmd, keys[i]),
+                         lens[i]);
+    }
+    ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{fh5} l"), "tok");
+    ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{fh3} n"),
+                     "maybe");
+    ck_assert_int_eq(count_in_file(D.log, "script failed"), 0);
+    json_t *st = must(h_callf(a, T_MS, "{s:s}", "op", "stats"));
+    json_t *byc = json_object_get(json_object_get(st, "stats"),
+                                  "errors_by_code");
+    ck_assert_msg(byc != NULL, "no errors_by_code: %s", dump(st));
+    ck_assert_int_eq(json_integer_value(json_object_get(byc, "internal")), 0);
+    ck_assert_int_gt(json_integer_value(json_object_get(byc, "wrong_type")),
+                     40);
+    json_decref(st);
+
+    /* An invalidation still removes whatever is there. */
+    json_t *r = invalidate(a, "fh5", 0);
+    ck_assert_int_eq(jint(must(r), "deleted"), 1);
+    json_decref(r);
+    char *lease = get_lease(a, "fh5");
+    free(lease);
+    h_close(a);
+}
+END_TEST
+
+/* --- the second delete keeps its distance ------------------------------- */
+
+/* Poll the daemon's pending invalidations until they reach 0, and note
+ * when they dropped to 1 (the first delete done) and to 0 (the second). */
+static void watch_pending(struct h_conn *c, long long *t1, long long *t2,
+                          int timeout_ms)
+{
+    long long end = h_now_ms() + timeout_ms;
+    *t1 = *t2 = -1;
+    while (h_now_ms() < end) {
+        long long n = h_stat(c, "cache_invalidations_pending");
+        long long now = h_now_ms();
+        if (n <= 1 && *t1 < 0) {
+            *t1 = now;
+        }
+        if (n == 0) {
+            *t2 = now;
+            return;
+        }
+        sleep_ms(5);
+    }
+}
+
+/* Redis is down when the invalidation comes and stays down past its
+ * delay: when it is back, the first delete runs, and the second one
+ * delay_ms after it, not together with it. */
+START_TEST(test_second_delete_after_outage)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    const long long delay = 1500;
+
+    set_value(a, "sd", "old");
+    h_redis_kill(&R);
+    json_t *r = invalidate(a, "sd", delay);
+    must(r);
+    ck_assert(jtrue(r, "queued"));
+    json_decref(r);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
+    /* Well past the delay while Redis is away (time passing is the
+     * point): both deletes are due and retrying when it is back. */
+    sleep_ms(delay + 4000);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    long long t1, t2;
+    watch_pending(a, &t1, &t2, 30000);
+    fprintf(stderr, "second delete %lld ms after the first\n", t2 - t1);
+    ck_assert_msg(t1 > 0 && t2 > 0, "deletes did not complete: %lld %lld",
+                  t1, t2);
+    ck_assert_msg(t2 - t1 >= delay - 200,
+                  "second delete %lld ms after the first, delay %lld",
+                  t2 - t1, delay);
+    h_close(a);
+}
+END_TEST
+
+/* The same across a kill -9: the journal says the second delete waits for
+ * the first, so a replay with both overdue keeps them apart, with Redis
+ * down at the restart or up. */
+START_TEST(test_second_delete_after_replay)
+{
+    start(NULL);
+    struct h_conn *a = conn(&D);
+    const long long delay = 1500;
+
+    h_redis_kill(&R);
+    json_t *r = invalidate(a, "sr", delay);
+    must(r);
+    ck_assert(jtrue(r, "queued"));
+    json_decref(r);
+    h_close(a);
+    h_daemon_kill(&D);
+    sleep_ms(delay + 500);   /* both overdue by the restart */
+
+    /* Redis still down at the restart: both wait, then keep apart. */
+    ck_assert_int_eq(h_daemon_restart(&D), 0);
+    a = conn(&D);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    long long t1, t2;
+    watch_pending(a, &t1, &t2, 30000);
+    ck_assert_msg(t1 > 0 && t2 > 0, "deletes did not complete: %lld %lld",
+                  t1, t2);
+    ck_assert_msg(t2 - t1 >= delay - 200,
+                  "second delete %lld ms after the first, delay %lld",
+                  t2 - t1, delay);
+
+    /* Redis up at the restart: the first delete runs at once, the second
+     * delay_ms later. */
+    h_redis_kill(&R);
+    r = invalidate(a, "sr2", delay);
+    must(r);
+    ck_assert(jtrue(r, "queued"));
+    json_decref(r);
+    h_close(a);
+    h_daemon_kill(&D);
+    sleep_ms(delay + 500);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    long long t0 = h_now_ms();
+    ck_assert_int_eq(h_daemon_restart(&D), 0);
+    a = conn(&D);
+    watch_pending(a, &t1, &t2, 30000);
+    ck_assert_msg(t2 > 0, "deletes did not complete");
+    ck_assert_msg(t2 - t0 >= delay - 200,
+                  "second delete %lld ms after the restart, delay %lld",
+                  t2 - t0, delay);
+    h_close(a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
@@ -1389,6 +2035,12 @@ int main(void)
     add(s, "journal_torn_tail", test_journal_torn_tail, 60);
     add(s, "journal_unusable", test_journal_unusable, 60);
     add(s, "stats_move", test_stats_move, 60);
+    add(s, "mget_big_reply", test_mget_big_reply, 240);
+    add(s, "max_waiters_exact", test_max_waiters_exact, 60);
+    add(s, "numeric_ranges", test_numeric_ranges, 60);
+    add(s, "foreign_data", test_foreign_data, 90);
+    add(s, "second_delete_after_outage", test_second_delete_after_outage, 90);
+    add(s, "second_delete_after_replay", test_second_delete_after_replay, 120);
 
     return h_run_suite(s);
 }

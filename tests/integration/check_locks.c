@@ -277,7 +277,8 @@ START_TEST(test_validation)
     expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":0}\n", "ttl_ms");
     expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":-5}\n",
                "ttl_ms");
-    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":2147483649}\n",
+    expect_bad(c,
+               "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":1099511627777}\n",
                "ttl_ms");
     expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":\"1000\"}\n",
                "ttl_ms");

@@ -91,6 +91,7 @@ struct seen {
     size_t n;
     uint64_t ids[256];
     int64_t dues[256];
+    uint64_t afters[256];
     char keys[256][32];
 };
 
@@ -101,6 +102,7 @@ collect(const struct ld_journal_entry *e, void *arg)
     ck_assert_uint_lt(s->n, 256);
     s->ids[s->n] = e->id;
     s->dues[s->n] = e->due_ms;
+    s->afters[s->n] = e->after_id;
     ck_assert_uint_lt(e->key_len, sizeof(s->keys[0]));
     memcpy(s->keys[s->n], e->key, e->key_len);
     s->keys[s->n][e->key_len] = '\0';
@@ -481,6 +483,250 @@ START_TEST(test_bad_keys_refused)
 }
 END_TEST
 
+/* A second delete recorded as waiting for its first: read back with its
+ * link and delay, kept by compaction, retired by done; plain adds beside
+ * it read as before, and a torn "add after" is cut like any record. */
+START_TEST(test_add_after)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    uint64_t first = add(j, 1000, "k1");
+    uint64_t second = 0;
+    ck_assert_int_eq(ld_journal_add_after(j, first, 1500, "k1", 2, &second),
+                     LD_OK);
+    ck_assert_uint_gt(second, first);
+    /* Only an earlier add can be waited for. */
+    uint64_t bad = 0;
+    ck_assert_int_eq(ld_journal_add_after(j, 0, 10, "k", 1, &bad), LD_ERR);
+    ck_assert_int_eq(ld_journal_add_after(j, 999, 10, "k", 1, &bad), LD_ERR);
+    uint64_t plain = add(j, 2000, "k2");
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 3);
+    ck_assert_uint_eq(s.ids[0], first);
+    ck_assert_uint_eq(s.afters[0], 0);
+    ck_assert_uint_eq(s.ids[1], second);
+    ck_assert_uint_eq(s.afters[1], first);
+    ck_assert_int_eq(s.dues[1], 1500);
+    ck_assert_str_eq(s.keys[1], "k1");
+    ck_assert_uint_eq(s.ids[2], plain);
+    ck_assert_int_eq(s.dues[2], 2000);
+
+    /* Compaction keeps the link; done retires it. */
+    ck_assert_int_eq(ld_journal_done(j, first), LD_OK);
+    ck_assert_int_eq(ld_journal_compact(j), LD_OK);
+    ld_journal_close(j);
+    j = jopen(LD_FSYNC_ALWAYS);
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(s.ids[0], second);
+    ck_assert_uint_eq(s.afters[0], first);
+    ck_assert_int_eq(s.dues[0], 1500);
+    ck_assert_int_eq(ld_journal_done(j, second), LD_OK);
+    uint64_t third = 0;
+    ck_assert_int_eq(ld_journal_add_after(j, plain, 7, "k3", 2, &third),
+                     LD_OK);
+    ld_journal_close(j);
+
+    /* Torn in the middle of the new record: cut off, the rest stays. */
+    size_t len;
+    unsigned char *buf = slurp(path, &len);
+    spit(path, buf, len - 3);
+    free(buf);
+    j = jopen(LD_FSYNC_ALWAYS);
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_uint_eq(s.ids[0], plain);
+    ck_assert_uint_gt(ld_journal_dropped_bytes(j), 0);
+    ld_journal_close(j);
+}
+END_TEST
+
+/* ---- fault injection ---------------------------------------------------- */
+
+static int fail_datasync_left;   /* fdatasync calls still to fail */
+static bool fail_dir_fsync;      /* fsync of a directory fails */
+static bool fail_file_fsync;     /* fsync of a regular file fails */
+static ino_t synced_dirs[16];
+static size_t n_synced_dirs;
+
+static int
+fake_fdatasync(int fd)
+{
+    if (fail_datasync_left > 0) {
+        fail_datasync_left--;
+        errno = EIO;
+        return -1;
+    }
+    return fdatasync(fd);
+}
+
+static int
+fake_fsync(int fd)
+{
+    struct stat st;
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    if (S_ISDIR(st.st_mode)) {
+        if (n_synced_dirs < LD_ARRAY_LEN(synced_dirs)) {
+            synced_dirs[n_synced_dirs++] = st.st_ino;
+        }
+        if (fail_dir_fsync) {
+            errno = EIO;
+            return -1;
+        }
+    } else if (fail_file_fsync) {
+        errno = EIO;
+        return -1;
+    }
+    return fsync(fd);
+}
+
+static void
+faults_setup(void)
+{
+    setup();
+    fail_datasync_left = 0;
+    fail_dir_fsync = fail_file_fsync = false;
+    n_synced_dirs = 0;
+    ld_journal_fdatasync_fn = fake_fdatasync;
+    ld_journal_fsync_fn = fake_fsync;
+}
+
+static void
+faults_teardown(void)
+{
+    ld_journal_fdatasync_fn = fdatasync;
+    ld_journal_fsync_fn = fsync;
+    teardown();
+}
+
+static ino_t
+inode_of(const char *p)
+{
+    struct stat st;
+    ck_assert_int_eq(stat(p, &st), 0);
+    return st.st_ino;
+}
+
+static bool
+dir_synced(const char *p)
+{
+    ino_t ino = inode_of(p);
+    for (size_t i = 0; i < n_synced_dirs; i++) {
+        if (synced_dirs[i] == ino) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Every directory the journal's open creates is made durable in its own
+ * parent, and the new file in its directory. */
+START_TEST(test_created_dirs_synced)
+{
+    char top[300], mid[320], leaf[340];
+    snprintf(top, sizeof(top), "%s/a", dir);
+    snprintf(mid, sizeof(mid), "%s/a/b", dir);
+    snprintf(leaf, sizeof(leaf), "%s/a/b/inv.journal", dir);
+    struct ld_journal *j = NULL;
+    ck_assert_int_eq(ld_journal_open(&j, leaf, LD_FSYNC_ALWAYS), LD_OK);
+    ck_assert_msg(dir_synced(dir), "the parent of a/ was not synced");
+    ck_assert_msg(dir_synced(top), "the parent of a/b/ was not synced");
+    ck_assert_msg(dir_synced(mid), "the journal's directory was not synced");
+    ld_journal_close(j);
+
+    /* A directory sync that fails fails the open: the journal's name
+     * would not be known to survive. */
+    snprintf(leaf, sizeof(leaf), "%s/c/inv.journal", dir);
+    fail_dir_fsync = true;
+    ck_assert_int_eq(ld_journal_open(&j, leaf, LD_FSYNC_ALWAYS), LD_ERR);
+}
+END_TEST
+
+/* After a failed fdatasync nothing is trusted until the whole journal has
+ * been rewritten to a new file: a later fdatasync that succeeds is not
+ * enough (the kernel may have dropped the pages it could not write). */
+START_TEST(test_fdatasync_failure_rewrites)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    uint64_t a = add(j, 1, "a");
+    ino_t ino = inode_of(path);
+    fail_datasync_left = 1;
+    ck_assert_int_eq(ld_journal_sync(j), LD_ERR);
+    ck_assert(ld_journal_failed(j));
+
+    /* fdatasync works again, but the rewrite cannot be made durable:
+     * still failed, whatever is appended. */
+    add(j, 2, "b");
+    fail_file_fsync = true;
+    ck_assert_int_eq(ld_journal_sync(j), LD_ERR);
+    ck_assert(ld_journal_failed(j));
+    ck_assert_int_eq(ld_journal_sync(j), LD_ERR);
+    ck_assert_uint_eq(inode_of(path), ino);
+
+    /* The rewrite succeeds: a new file, whole, and trusted again. */
+    fail_file_fsync = false;
+    ck_assert_int_eq(ld_journal_sync(j), LD_OK);
+    ck_assert(!ld_journal_failed(j));
+    ck_assert_uint_ne(inode_of(path), ino);
+    ck_assert(!ld_journal_dirty(j));
+    ck_assert_int_eq(ld_journal_done(j, a), LD_OK);
+    add(j, 3, "c");
+    ck_assert_int_eq(ld_journal_sync(j), LD_OK);
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_str_eq(s.keys[0], "b");
+    ck_assert_str_eq(s.keys[1], "c");
+    ld_journal_close(j);
+}
+END_TEST
+
+/* A compaction whose directory sync fails fails, and the journal goes on
+ * with the old file under its name. */
+START_TEST(test_compaction_dirsync_failure)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    ld_journal_set_compact_min_bytes(j, 64);
+    uint64_t keep = add(j, 7, "keep");
+    for (int i = 0; i < 20; i++) {
+        ck_assert_int_eq(ld_journal_done(j, add(j, i, "gone")), LD_OK);
+    }
+    ck_assert(ld_journal_should_compact(j));
+    ino_t ino = inode_of(path);
+    uint64_t bytes = ld_journal_bytes(j);
+
+    fail_dir_fsync = true;
+    ck_assert_int_eq(ld_journal_compact(j), LD_ERR);
+    fail_dir_fsync = false;
+    ck_assert_uint_eq(inode_of(path), ino);
+    ck_assert_uint_eq(ld_journal_bytes(j), bytes);
+    char other[320];
+    snprintf(other, sizeof(other), "%s.old", path);
+    ck_assert_int_ne(access(other, F_OK), 0);
+    snprintf(other, sizeof(other), "%s.tmp", path);
+    ck_assert_int_ne(access(other, F_OK), 0);
+
+    /* Appends land in the file the name points at. */
+    add(j, 8, "after");
+    ck_assert_int_eq(ld_journal_sync(j), LD_OK);
+    ck_assert_uint_eq((uint64_t)file_size(path), ld_journal_bytes(j));
+    ld_journal_close(j);
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(s.ids[0], keep);
+    ck_assert_str_eq(s.keys[1], "after");
+    ld_journal_close(j);
+}
+END_TEST
+
 static Suite *
 journal_suite(void)
 {
@@ -502,12 +748,28 @@ journal_suite(void)
         {"stale_tmp_removed", test_stale_tmp_removed},
         {"fsync_modes", test_fsync_modes},
         {"bad_keys_refused", test_bad_keys_refused},
+        {"add_after", test_add_after},
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(tests); i++) {
         TCase *tc = tcase_create(tests[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 30);
         tcase_add_test(tc, tests[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    const struct {
+        const char *name;
+        const TTest *fn;
+    } fault_tests[] = {
+        {"created_dirs_synced", test_created_dirs_synced},
+        {"fdatasync_failure_rewrites", test_fdatasync_failure_rewrites},
+        {"compaction_dirsync_failure", test_compaction_dirsync_failure},
+    };
+    for (size_t i = 0; i < LD_ARRAY_LEN(fault_tests); i++) {
+        TCase *tc = tcase_create(fault_tests[i].name);
+        tcase_add_checked_fixture(tc, faults_setup, faults_teardown);
+        tcase_set_timeout(tc, 30);
+        tcase_add_test(tc, fault_tests[i].fn);
         suite_add_tcase(s, tc);
     }
     return s;
