@@ -49,9 +49,8 @@
 #include <hiredis/adapters/libevent.h>
 #include <jansson.h>
 
-#ifndef LB_LUA_DIR
-#define LB_LUA_DIR "src/lua"
-#endif
+#include "ld_lua.h"
+
 
 #define LOCK_LEASE_MS 30000    /* leased's default lock.watchdog_ms */
 #define CACHE_TTL_MS 3600000   /* pre-filled entries outlive any run */
@@ -152,7 +151,6 @@ static struct {
     double duration_s, warmup_s;
     int repeat;
     long long ops_limit;
-    const char *lua_dir;
     long long wait_ms;
     bool json;
     pid_t leased_pid, redis_pid;
@@ -318,30 +316,6 @@ static void cpu_snap(struct cpu *c)
     c->redis_s = proc_cpu_s(o.redis_pid);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        die("%s: %s", path, strerror(errno));
-    }
-    size_t cap = 4096, len = 0;
-    char *s = xmalloc(cap);
-    size_t n;
-    while ((n = fread(s + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (cap - len < 2) {
-            cap *= 2;
-            s = realloc(s, cap);
-            if (s == NULL) {
-                die("out of memory");
-            }
-        }
-    }
-    fclose(f);
-    s[len] = '\0';
-    return s;
-}
-
 /* ------------------------------------------------- blocking helpers */
 
 static int unix_connect(const char *path)
@@ -444,21 +418,18 @@ static redisContext *redis_sync(void)
     return rc;
 }
 
-/* The direct side runs the daemon's own scripts, read from --lua-dir, so
- * both sides do exactly the same work inside Redis. */
+/* The direct side runs the daemon's own scripts, the very text compiled
+ * into it (ld_lua.c), so both sides do exactly the same work inside
+ * Redis. */
 static void load_scripts(void)
 {
-    static const char *const names[] = { "lock_acquire", "lock_release" };
+    const char *const texts[] = { ld_lua_lock_acquire, ld_lua_lock_release };
     char *shas[] = { acq_sha, rel_sha };
     redisContext *rc = redis_sync();
     for (int i = 0; i < 2; i++) {
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/%s.lua", o.lua_dir, names[i]);
-        char *text = read_file(path);
-        redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", text);
-        free(text);
+        redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", texts[i]);
         if (r == NULL || r->type != REDIS_REPLY_STRING || r->len != 40) {
-            die("SCRIPT LOAD %s failed: %s", path,
+            die("SCRIPT LOAD of a lock script failed: %s",
                 r && r->type == REDIS_REPLY_ERROR ? r->str : "?");
         }
         memcpy(shas[i], r->str, 41);
@@ -1676,7 +1647,6 @@ static void usage(FILE *f)
 "  -w, --warmup S       unmeasured seconds before (default 0.5)\n"
 "  -n, --repeat N       run each side N times, alternating (default 1)\n"
 "      --ops N          stop after N measured ops instead of a duration\n"
-"      --lua-dir DIR    the daemon's Lua scripts (default " LB_LUA_DIR ")\n"
 "      --wait-ms MS     lock-contended: wait_ms (default 10000)\n"
 "      --mix-lock-pct P mix: percent of lock+unlock ops (default 10)\n"
 "      --pid PID        leased's pid (CPU and memory figures)\n"
@@ -1708,7 +1678,7 @@ static void parse_hostport(const char *s)
 
 static void parse_args(int argc, char **argv)
 {
-    enum { O_LUA = 256, O_WAIT, O_PID, O_RPID, O_LOCKS, O_HOLD, O_WAITERS,
+    enum { O_WAIT = 256, O_PID, O_RPID, O_LOCKS, O_HOLD, O_WAITERS,
            O_JSON, O_OPS, O_SEED, O_MIX, O_DFIRST, O_CHURN, O_HOLDERS };
     static const struct option lo[] = {
         { "mode", required_argument, NULL, 'm' },
@@ -1721,7 +1691,6 @@ static void parse_args(int argc, char **argv)
         { "warmup", required_argument, NULL, 'w' },
         { "repeat", required_argument, NULL, 'n' },
         { "ops", required_argument, NULL, O_OPS },
-        { "lua-dir", required_argument, NULL, O_LUA },
         { "wait-ms", required_argument, NULL, O_WAIT },
         { "pid", required_argument, NULL, O_PID },
         { "redis-pid", required_argument, NULL, O_RPID },
@@ -1747,7 +1716,6 @@ static void parse_args(int argc, char **argv)
     o.duration_s = 2;
     o.warmup_s = 0.5;
     o.repeat = 1;
-    o.lua_dir = LB_LUA_DIR;
     o.wait_ms = 10000;
     o.locks = 1;
     o.hold_s = 30;
@@ -1788,7 +1756,6 @@ static void parse_args(int argc, char **argv)
         case 'w': o.warmup_s = atof(optarg); break;
         case 'n': o.repeat = atoi(optarg); break;
         case O_OPS: o.ops_limit = atoll(optarg); break;
-        case O_LUA: o.lua_dir = optarg; break;
         case O_WAIT: o.wait_ms = atoll(optarg); break;
         case O_PID: o.leased_pid = (pid_t)atoi(optarg); break;
         case O_RPID: o.redis_pid = (pid_t)atoi(optarg); break;

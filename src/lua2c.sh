@@ -1,8 +1,27 @@
 #!/bin/sh
 # Turns the Lua scripts into C strings so the daemon carries them in its
 # binary: usage lua2c.sh OUTBASE file.lua...  writes OUTBASE.c and OUTBASE.h.
+# A line "--@include NAME" is replaced by src/lua/lib/NAME: Redis scripts
+# cannot share code at run time, so the shared parts are pasted in here.
 # Temporary names carry the pid: make -j may run the rule twice at once.
 set -e
+
+expand() {
+    awk -v lib="$(dirname "$1")/lib" '
+        /^--@include / {
+            path = lib "/" $2
+            while ((r = (getline line < path)) > 0) {
+                print line
+            }
+            if (r < 0) {
+                print "lua2c.sh: cannot read " path > "/dev/stderr"
+                exit 1
+            }
+            close(path)
+            next
+        }
+        { print }' "$1"
+}
 out=$1; shift
 tmpc="$out.c.tmp.$$"; tmph="$out.h.tmp.$$"
 {
@@ -27,9 +46,11 @@ tmpc="$out.c.tmp.$$"; tmph="$out.h.tmp.$$"
     for f in "$@"; do
         n=$(basename "$f" .lua)
         echo "const char ld_lua_$n[] ="
-        sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/    "/' -e 's/$/\\n"/' "$f"
+        expand "$f" > "$tmpc.src"
+        sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/    "/' -e 's/$/\\n"/' "$tmpc.src"
         echo "    ;"
     done
 } > "$tmpc"
+rm -f "$tmpc.src"
 mv "$tmph" "$out.h"
 mv "$tmpc" "$out.c"

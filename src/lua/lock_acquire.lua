@@ -9,7 +9,7 @@
 --         lost the counter
 -- Returns {1, count, "fence", pttl} granted (count 1 = new acquisition),
 -- {0, pttl} held by another holder, {-1} a key holds another type or data
--- leased did not write, {-2} reenter-only and no lock, {-3, pttl}
+-- leased did not write (a hash that is not a lock: lib/lock_shape.lua), {-2} reenter-only and no lock, {-3, pttl}
 -- reenter-only and held by another holder.
 -- Fences stay decimal strings here: Lua numbers are doubles, exact only
 -- up to 2^53, and Redis's INCR is exact up to 2^63-1.
@@ -34,8 +34,9 @@ local function less(a, b)
     return #a < #b or (#a == #b and a < b)
 end
 
+--@include lock_shape.lua
 local t = redis.call('type', KEYS[1]).ok
-if t ~= 'none' and t ~= 'hash' then
+if t ~= 'none' and (t ~= 'hash' or not is_lock(KEYS[1])) then
     return {-1}
 end
 local ft = redis.call('type', KEYS[2]).ok

@@ -503,6 +503,17 @@ START_TEST(test_foreign_data_wrong_type)
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     json_decref(r);
     ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{W3}"), 1);
+
+    /* A hash that is not a lock is not "held by someone else" either:
+     * lock answers wrong_type, waiting or not, and leaves it alone. */
+    r_do("HSET leased:lock:{W4} email a@b.c");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "lock", "key", "W4"),
+                "wrong_type", "lock of a foreign hash");
+    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key", "W4",
+                        "wait_ms", 200),
+                "wrong_type", "waiting lock of a foreign hash");
+    ck_assert_int_eq(r_int(&R, "HLEN leased:lock:{W4}"), 1);
+    ck_assert_int_eq(r_int(&R, "PTTL leased:lock:{W4}"), -1);
     h_close(a);
 }
 END_TEST
