@@ -4,7 +4,10 @@
  * costs one comparison and never formats its arguments. */
 #include "ld_log.h"
 
+#include "ld_assert.h"
+
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <syslog.h>
@@ -136,4 +139,18 @@ ld_log_write(int level, const char *fmt, ...)
         line[n - 1] = '\n';
     }
     fwrite(line, 1, (size_t)n, stderr);
+}
+
+void
+ld_assert_fail(const char *cond, const char *file, int line,
+               const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    ld_log_write(LD_LOG_ERROR, "assertion failed: %s at %s:%d%s%s", cond,
+                 file, line, msg[0] != '\0' ? ": " : "", msg);
+    abort();
 }

@@ -15,21 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *errcode_names[] = {
-#define LD_ERR_NAME(sym, name) name,
-    LD_ERRCODES(LD_ERR_NAME)
-#undef LD_ERR_NAME
-};
-
-const char *
-ld_errcode_name(int code)
-{
-    if (code < 0 || code >= LD_E__COUNT) {
-        return "internal";
-    }
-    return errcode_names[code];
-}
-
 int
 ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
                char *msg, size_t msglen)

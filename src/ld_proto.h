@@ -2,30 +2,10 @@
 #define LD_PROTO_H
 
 #include "ld_common.h"
+#include "ld_errcode.h"
 
 #include <jansson.h>
 
-/* The closed list of error codes of the wire contract. */
-#define LD_ERRCODES(X)                                                        \
-    X(BAD_REQUEST, "bad_request")                                             \
-    X(UNKNOWN_OP, "unknown_op")                                               \
-    X(TOO_LARGE, "too_large")                                                 \
-    X(UNAUTHORIZED, "unauthorized")                                           \
-    X(NOT_HELD, "not_held")                                                   \
-    X(REDIS_UNAVAILABLE, "redis_unavailable")                                 \
-    X(BUSY, "busy")                                                           \
-    X(WRONG_TYPE, "wrong_type")                                               \
-    X(SHUTTING_DOWN, "shutting_down")                                         \
-    X(INTERNAL, "internal")
-
-enum ld_errcode {
-#define LD_ERR_ENUM(sym, name) LD_E_##sym,
-    LD_ERRCODES(LD_ERR_ENUM)
-#undef LD_ERR_ENUM
-    LD_E__COUNT
-};
-
-const char *ld_errcode_name(int code);
 
 struct ld_session;
 

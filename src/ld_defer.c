@@ -1,0 +1,42 @@
+#include "ld_defer.h"
+
+#include "ld_mem.h"
+
+#include <event2/event.h>
+
+static void
+trampoline(evutil_socket_t fd, short what, void *arg)
+{
+    struct ld_defer *d = arg;
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    d->fn(d->arg);
+}
+
+void
+ld_defer_init(struct ld_defer *d, struct event_base *base,
+              void (*fn)(void *arg), void *arg)
+{
+    d->fn = fn;
+    d->arg = arg;
+    d->ev = event_new(base, -1, 0, trampoline, d);
+    if (d->ev == NULL) {
+        ld_oom(sizeof(struct event *));
+    }
+}
+
+void
+ld_defer_kick(struct ld_defer *d)
+{
+    /* An event already active stays queued once: no double run. */
+    event_active(d->ev, EV_TIMEOUT, 0);
+}
+
+void
+ld_defer_free(struct ld_defer *d)
+{
+    if (d->ev != NULL) {
+        event_free(d->ev);
+        d->ev = NULL;
+    }
+}

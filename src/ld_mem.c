@@ -1,0 +1,74 @@
+#include "ld_mem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void
+ld_oom(size_t size)
+{
+    /* No logging module here: it may need memory itself. One write(2)
+     * of a message built on the stack always works. */
+    char msg[96];
+    int n = snprintf(msg, sizeof(msg),
+                     "leased: out of memory allocating %zu bytes\n", size);
+    if (n > 0) {
+        ssize_t w = write(STDERR_FILENO, msg, (size_t)n);
+        (void)w;
+    }
+    abort();
+}
+
+void *
+ld_xmalloc(size_t size)
+{
+    void *p = malloc(size != 0 ? size : 1);
+    if (p == NULL) {
+        ld_oom(size);
+    }
+    return p;
+}
+
+void *
+ld_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n != 0 ? n : 1, size != 0 ? size : 1);
+    if (p == NULL) {
+        ld_oom(n * size);
+    }
+    return p;
+}
+
+void *
+ld_xrealloc(void *ptr, size_t size)
+{
+    void *p = realloc(ptr, size != 0 ? size : 1);
+    if (p == NULL) {
+        ld_oom(size);
+    }
+    return p;
+}
+
+char *
+ld_xstrdup(const char *s)
+{
+    return ld_xstrndup(s, strlen(s));
+}
+
+char *
+ld_xstrndup(const char *s, size_t len)
+{
+    char *p = ld_xmalloc(len + 1);
+    memcpy(p, s, len);
+    p[len] = '\0';
+    return p;
+}
+
+void *
+ld_xmemdup(const void *p, size_t len)
+{
+    void *q = ld_xmalloc(len);
+    memcpy(q, p, len);
+    return q;
+}
