@@ -810,8 +810,10 @@ class AsyncLeased:
 
     def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """`async with ld.lock(...) as held:` holds KEY for the block;
-        `held = await ld.lock(...)` takes it (unlock it yourself). Raises
-        LockNotAcquired."""
+        `held = await ld.lock(...)` takes it (unlock it yourself, with
+        owner=held.owner or token=held.token). Without OWNER each call
+        gets an owner of its own, so concurrent tasks exclude each other
+        (and do not reenter). Raises LockNotAcquired."""
         return _AsyncLock(self, key, wait_ms, ttl_ms, owner, extra)
 
     alock = lock
@@ -870,8 +872,16 @@ class AsyncLeased:
         return result
 
 
+_async_owners = itertools.count(1)
+
+
 class _AsyncLock:
     def __init__(self, ld, key, wait_ms, ttl_ms, owner, extra):
+        if owner is None:
+            # Tasks share the connection, so the session; holds of one
+            # session and owner are reentrant, so without an owner of its
+            # own two tasks would hold the key at once.
+            owner = "task-%d-%d" % (os.getpid(), next(_async_owners))
         self.ld = ld
         self.args = (key, wait_ms, ttl_ms, owner)
         self.extra = extra

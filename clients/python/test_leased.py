@@ -309,6 +309,28 @@ class Async(unittest.TestCase):
                 await ld.close()
         self.run_async(main())
 
+    def test_tasks_on_one_connection_exclude_each_other(self):
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET)
+            key = PREFIX + "aio:tasks"
+            state = {"inside": 0, "max": 0, "count": 0}
+
+            async def task():
+                for _ in range(5):
+                    async with ld.lock(key, wait_ms=20000):
+                        state["inside"] += 1
+                        state["max"] = max(state["max"], state["inside"])
+                        await asyncio.sleep(0.002)
+                        state["count"] += 1
+                        state["inside"] -= 1
+            try:
+                await asyncio.gather(*[task() for _ in range(4)])
+            finally:
+                await ld.close()
+            self.assertEqual(state["max"], 1)
+            self.assertEqual(state["count"], 20)
+        self.run_async(main())
+
     @needs_redis
     def test_held_lost_is_an_asyncio_event(self):
         async def main():
@@ -343,8 +365,7 @@ class Async(unittest.TestCase):
                 # a releases; without the cancel feature the daemon still
                 # grants the lock to b's abandoned wait, and b must give it
                 # back at once, so c gets it although b stays connected.
-                await a.unlock(key)
-                self.assertTrue(held.token)
+                await a.unlock(key, owner=held.owner)
                 r = await c.try_lock(key, wait_ms=WAIT_S * 1000)
                 self.assertTrue(r["acquired"], r)
                 await c.unlock(key)
