@@ -39,6 +39,7 @@ import os
 import queue
 import select
 import socket
+import struct
 import threading
 import time
 
@@ -97,6 +98,13 @@ class Held(dict):
     @property
     def fence(self):
         return self.get("fence")
+
+
+def _timeval(seconds):
+    if seconds is None or seconds <= 0:
+        return struct.pack("ll", 0, 0)      # no limit
+    usec = int(seconds * 1e6)
+    return struct.pack("ll", usec // 1000000, max(usec % 1000000, 1))
 
 
 def _target(target):
@@ -173,9 +181,12 @@ class Leased:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout)
             self.sock.connect(target)
-        # The timeout stays set on the socket; a call that waits longer
-        # sets its own for that call only (settimeout is a system call).
-        self.sock.settimeout(timeout)
+        # Blocking mode with SO_RCVTIMEO/SO_SNDTIMEO as the timeout: with
+        # settimeout() Python polls before every send and recv, two system
+        # calls per request that the kernel's own timeouts make needless.
+        self.sock.settimeout(None)
+        self._set_timeout(timeout)
+        self._sndtimeo(timeout)
         self.timeout = timeout
         self._ids = itertools.count(1)
         self._tail = b""
@@ -223,6 +234,15 @@ class Leased:
     def __exit__(self, *exc):
         self.close()
 
+    def _set_timeout(self, seconds):
+        """The receive timeout; None waits without limit."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                             _timeval(seconds))
+
+    def _sndtimeo(self, seconds):
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                             _timeval(seconds))
+
     def _event(self, msg):
         self.events.append(msg)
         if msg.get("event") == "lock_lost":
@@ -243,7 +263,8 @@ class Leased:
                 raise TimeoutError("no reply from leased in time")
             try:
                 chunk = self.sock.recv(65536)
-            except socket.timeout:
+            except BlockingIOError:
+                # SO_RCVTIMEO ran out.
                 raise TimeoutError("no reply from leased in time") from None
             if not chunk:
                 raise ConnectionError("leased closed the connection")
@@ -267,8 +288,8 @@ class Leased:
             if self._closed:
                 raise ConnectionError("connection closed")
             if wait_ms:
-                self.sock.settimeout(None if wait_ms < 0 else
-                                     self.timeout + wait_ms / 1000.0)
+                self._set_timeout(None if wait_ms < 0 else
+                                  self.timeout + wait_ms / 1000.0)
             try:
                 self.sock.sendall(line)
                 deadline = None if wait_ms < 0 else \
@@ -289,7 +310,7 @@ class Leased:
                         break
             finally:
                 if wait_ms:
-                    self.sock.settimeout(self.timeout)
+                    self._set_timeout(self.timeout)
         if not reply.get("ok"):
             _raise_for(reply)
         return reply

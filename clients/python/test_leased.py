@@ -180,6 +180,26 @@ class Locks(unittest.TestCase):
         self.assertEqual(state["count"], rounds * workers)
 
 
+class Timeouts(unittest.TestCase):
+    def test_a_silent_peer_times_out(self):
+        # The timeout is the socket's SO_RCVTIMEO: a call to a peer that
+        # never answers must still end at the timeout.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "mute.sock")
+            srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            srv.bind(path)
+            srv.listen(1)
+            try:
+                with Leased(path, timeout=0.5) as ld:
+                    start = time.monotonic()
+                    with self.assertRaises(TimeoutError):
+                        ld.call("ping")
+                    self.assertLess(time.monotonic() - start, 10)
+                    self.assertGreaterEqual(time.monotonic() - start, 0.45)
+            finally:
+                srv.close()
+
+
 class LockLost(unittest.TestCase):
     @needs_redis
     def test_held_lost_while_idle_in_block(self):
