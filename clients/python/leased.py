@@ -171,7 +171,8 @@ class Leased:
                  on_event=None, _holds=None):
         """TARGET: a Unix socket path or "host:port" ($LEASED_SOCKET, else
         the default socket, when None). ON_EVENT, when given, is called
-        with every event (from the watcher thread too)."""
+        with every event (from the watcher thread too, and with the
+        socket lock held: it must not make calls on this connection)."""
         target = _target(target)
         hp = _split_target(target)
         if hp:
@@ -193,6 +194,7 @@ class Leased:
         self._lines = []
         self._io = threading.Lock()
         self._holds = _holds if _holds is not None else _Holds()
+        self._late = {}     # id of a timed-out request -> its cleanup
         self._watcher = None
         self._wake = None
         self._closed = False
@@ -272,10 +274,12 @@ class Leased:
         line = self._lines.pop(0)
         return _decode(line) if line.strip() else None
 
-    def call(self, op, **fields):
+    def call(self, op, _on_late=None, **fields):
         """Send one request and return its reply; raise LeasedError on
         {"ok":false}. A request that asks the daemon to wait (wait_ms) gets
-        that much longer than the timeout; -1 waits without limit."""
+        that much longer than the timeout; -1 waits without limit. When
+        the reply does not come in time, _ON_LATE(reply) is called if it
+        comes later (so a late grant can be given back)."""
         wait_ms = fields.get("wait_ms")
         if wait_ms is None:
             # cache.get waits cache.wait_ms (3 s by default) unless told.
@@ -295,12 +299,19 @@ class Leased:
                 deadline = None if wait_ms < 0 else \
                     time.monotonic() + self.timeout + wait_ms / 1000.0
                 while True:
-                    msg = self._read_msg(deadline)
+                    try:
+                        msg = self._read_msg(deadline)
+                    except TimeoutError:
+                        if _on_late is not None:
+                            self._late[rid] = _on_late
+                        raise
                     if msg is None:
                         continue
                     mid = msg.get("id")
                     if mid is None and "event" in msg:
                         self._event(msg)
+                    elif mid in self._late:
+                        self._late.pop(mid)(msg)
                     elif mid == rid or mid is None:
                         # A reply without an id answers a line the daemon
                         # could not read; with one request at a time that
@@ -314,6 +325,14 @@ class Leased:
         if not reply.get("ok"):
             _raise_for(reply)
         return reply
+
+    def _post(self, op, **fields):
+        """Send a request whose reply nobody reads (a cleanup, from a
+        reader that holds the socket lock)."""
+        fields["op"] = op
+        fields["id"] = next(self._ids)
+        with contextlib.suppress(OSError):
+            self.sock.sendall(_encode(fields).encode() + b"\n")
 
     def _start_watcher(self):
         if self._watcher is not None or self._closed:
@@ -349,24 +368,34 @@ class Leased:
                 if not chunk:
                     return
                 self._fill(chunk)
-                # Only events can be unread here: calls read up to their
-                # own reply, and a later line with an id is a late reply.
+                # Only events can be unread here, and late replies: calls
+                # read up to their own reply.
                 while self._lines:
                     line = self._lines.pop(0)
                     if not line.strip():
                         continue
                     msg = _decode(line)
-                    if "event" in msg and "id" not in msg:
+                    mid = msg.get("id")
+                    if mid is None and "event" in msg:
                         self._event(msg)
+                    elif mid in self._late:
+                        self._late.pop(mid)(msg)
 
     # --- locks ---------------------------------------------------------------
 
     def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """The lock reply: {"acquired":true,"token":..,"fence":..} or
         {"acquired":false,"ttl_ms":..}. EXTRA goes into the request as
-        it is (e.g. detach=True, token=...)."""
-        return self.call("lock", **_lock_fields(key, wait_ms, ttl_ms, owner,
-                                                extra))
+        it is (e.g. detach=True, token=...). A lock granted after the
+        call timed out is unlocked when its reply is read."""
+        mode = _mode(extra)
+
+        def late(reply):
+            if reply.get("acquired"):
+                self._post("unlock", key=key, token=reply["token"], **mode)
+
+        return self.call("lock", _on_late=late,
+                         **_lock_fields(key, wait_ms, ttl_ms, owner, extra))
 
     def unlock(self, key, owner=None, token=None, **extra):
         fields = {"key": key}
@@ -415,8 +444,14 @@ class Leased:
     def cached(self, key, loader, ttl_ms=None):
         """The read path: the cached value, or LOADER() loaded once
         cluster-wide and filled. A loader returning None caches "not
-        found". A loader that raises gives its fill lease back."""
-        got = self.call("cache.get", key=key)
+        found". A loader that raises gives its fill lease back, and so
+        does a get that timed out when its lease comes later."""
+
+        def late(reply):
+            if reply.get("lease"):
+                self._post("cache.release", key=key, lease=reply["lease"])
+
+        got = self.call("cache.get", _on_late=late, key=key)
         if got["hit"]:
             return got["value"]
         lease = got.get("lease")
@@ -757,7 +792,7 @@ class AsyncLeased:
             self._abandon(rid, _on_abandon)
             raise
         except asyncio.TimeoutError:
-            self._pending.pop(rid, None)
+            self._abandon(rid, _on_abandon)
             raise TimeoutError("no reply from leased in time") from None
         if isinstance(msg, BaseException):
             raise msg

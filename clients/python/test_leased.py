@@ -149,6 +149,28 @@ class Locks(unittest.TestCase):
             with b.lock(key) as held2:
                 self.assertGreater(held2["fence"], held["fence"])
 
+    def test_a_late_grant_is_given_back(self):
+        key = PREFIX + "lock:late"
+        with Leased(SOCKET, timeout=10) as a, Leased(SOCKET, timeout=10) as b, \
+                Leased(SOCKET, timeout=10) as c:
+            a.try_lock(key)
+            # b gives up on the reply long before the daemon's wait ends
+            # (its deadline is timeout + wait_ms: 0.3 s here).
+            b.timeout = -9.7
+            with self.assertRaises(TimeoutError):
+                b.try_lock(key, wait_ms=10000)
+            b.timeout = 10
+            a.unlock(key)
+            # The daemon now grants b's wait; b reads that late reply
+            # with its next call and unlocks, so c gets the lock although
+            # b's session lives on.
+            deadline = time.monotonic() + WAIT_S
+            got = {"acquired": False}
+            while not got["acquired"] and time.monotonic() < deadline:
+                b.call("ping")
+                got = c.try_lock(key, wait_ms=500)
+            self.assertTrue(got["acquired"], got)
+
     def test_threads_do_not_overlap(self):
         key = PREFIX + "lock:counter"
         rounds, workers = 15, 4
