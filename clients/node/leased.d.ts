@@ -40,9 +40,11 @@ export interface LockLostEvent {
   reason: 'expired' | 'taken' | 'redis_unavailable' | 'max_hold' | 'failover';
 }
 
+/** signal.reason of using(): the lock_lost event, or the connection
+ *  (so the session and its locks) ended. */
 export interface LockLostError extends Error {
-  code: 'lock_lost';
-  event: LockLostEvent;
+  code: 'lock_lost' | 'connection_closed';
+  event?: LockLostEvent;
 }
 
 export type Using<T> = (signal: AbortSignal, held: LockReply) => Promise<T> | T;

@@ -171,6 +171,16 @@ class Leased extends EventEmitter {
   _closed(err) {
     for (const waiter of this.pending.values()) waiter.reject(err);
     this.pending.clear();
+    // The session ended: its session-bound locks went with it.
+    for (const set of this.holds.values()) {
+      for (const ac of set) {
+        const e = new Error('connection to leased closed: lock released');
+        e.code = 'connection_closed';
+        e.cause = err;
+        ac.abort(e);
+      }
+    }
+    this.holds.clear();
     if (!this.closed) {
       this.closed = true;
       this.emit('close', err);
@@ -236,6 +246,12 @@ class Leased extends EventEmitter {
     let set = this.holds.get(hk);
     if (!set) this.holds.set(hk, (set = new Set()));
     set.add(ac);
+    if (this.closed) {
+      // The connection ended right after the grant was read.
+      const e = new Error('connection to leased closed: lock released');
+      e.code = 'connection_closed';
+      ac.abort(e);
+    }
     try {
       return await fn(ac.signal, held);
     } finally {

@@ -67,6 +67,34 @@ test('using() aborts its signal on lock_lost', { skip: !REDIS && 'LEASED_TEST_RE
     }
   });
 
+test('using() aborts its signal when the connection ends', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  // A peer that grants the lock and then closes, as a stopping daemon.
+  const srv = net.createServer((c) => {
+    c.once('data', (d) => {
+      const req = JSON.parse(d.toString().split('\n')[0]);
+      c.end(JSON.stringify({ id: req.id, ok: true, acquired: true,
+        token: 't1', count: 1, fence: 1, lease_ms: 30000 }) + '\n');
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  try {
+    await assert.rejects(ld.using('k', async (signal) => {
+      if (!signal.aborted) {
+        await within(WAIT_MS, new Promise((r) =>
+          signal.addEventListener('abort', r)), 'abort');
+      }
+      assert.strictEqual(signal.reason.code, 'connection_closed');
+    }), /closed/);
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('using() releases the lock when the callback throws', async () => {
   const a = await Leased.connect(SOCK);
   const b = await Leased.connect(SOCK);

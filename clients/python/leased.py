@@ -82,7 +82,8 @@ class Held(dict):
     """A held lock: the lock reply (held["fence"] as before) with .key,
     .token, .fence, and .lost, an Event (threading.Event, or asyncio.Event
     for AsyncLeased) set when the daemon reports the lock lost; .lost_event
-    is that lock_lost event."""
+    is that lock_lost event. When the connection ends, its session's
+    locks are gone: .lost is set too, with reason "connection_closed"."""
 
     def __init__(self, reply, key, owner, lost):
         dict.__init__(self, reply)
@@ -90,6 +91,7 @@ class Held(dict):
         self.owner = owner
         self.lost = lost
         self.lost_event = None
+        self._conn = None
 
     @property
     def token(self):
@@ -156,6 +158,17 @@ class _Holds:
                 lst.remove(held)
                 if not lst:
                     del self._by[(held.key, held.token)]
+
+    def gone(self, conn):
+        """CONN's session ended: its session-bound locks went with it."""
+        with self._mu:
+            lst = [h for hs in self._by.values() for h in hs
+                   if h._conn is conn]
+        for held in lst:
+            held.lost_event = {"event": "lock_lost", "key": held.key,
+                               "token": held.token,
+                               "reason": "connection_closed"}
+            held.lost.set()
 
     def lost(self, event):
         with self._mu:
@@ -269,6 +282,7 @@ class Leased:
                 # SO_RCVTIMEO ran out.
                 raise TimeoutError("no reply from leased in time") from None
             if not chunk:
+                self._holds.gone(self)
                 raise ConnectionError("leased closed the connection")
             self._fill(chunk)
         line = self._lines.pop(0)
@@ -366,6 +380,9 @@ class Leased:
                 except (OSError, ValueError):
                     return
                 if not chunk:
+                    # The daemon ended the session (a stop, a limit): the
+                    # holds are gone with it.
+                    self._holds.gone(self)
                     return
                 self._fill(chunk)
                 # Only events can be unread here, and late replies: calls
@@ -425,6 +442,7 @@ class Leased:
         if not reply["acquired"]:
             raise LockNotAcquired(key, reply.get("ttl_ms"))
         held = Held(reply, key, owner, threading.Event())
+        held._conn = self
         self._holds.add(held)
         self._start_watcher()
         try:
@@ -750,6 +768,13 @@ class AsyncLeased:
             pending, self._pending = self._pending, {}
             for handler in pending.values():
                 handler(err)
+            # The session ended: its session-bound locks went with it.
+            for lst in list(self._holds.values()):
+                for held in lst:
+                    held.lost_event = {"event": "lock_lost",
+                                       "key": held.key, "token": held.token,
+                                       "reason": "connection_closed"}
+                    held.lost.set()
 
     def _event(self, msg):
         self.events.append(msg)
@@ -876,6 +901,12 @@ class AsyncLeased:
 
     def _add_hold(self, held):
         self._holds.setdefault((held.key, held.token), []).append(held)
+        if self._closed:
+            # The connection ended right after the grant was read.
+            held.lost_event = {"event": "lock_lost", "key": held.key,
+                               "token": held.token,
+                               "reason": "connection_closed"}
+            held.lost.set()
 
     def _remove_hold(self, held):
         lst = self._holds.get((held.key, held.token))

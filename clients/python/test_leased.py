@@ -10,6 +10,7 @@ LEASED_TEST_REDIS=host:port and a short lock.watchdog_ms in the daemon
 """
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -222,7 +223,75 @@ class Timeouts(unittest.TestCase):
                 srv.close()
 
 
+def one_shot_server(path, reply):
+    """A Unix socket peer that answers one request with REPLY (its id
+    filled in), then closes the connection, as a stopping daemon would."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            buf = b""
+            while b"\n" not in buf:
+                buf += conn.recv(4096)
+            req = json.loads(buf.split(b"\n")[0])
+            conn.sendall(json.dumps(dict(reply, id=req["id"])).encode()
+                         + b"\n")
+            time.sleep(0.2)
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+GRANT = {"ok": True, "acquired": True, "token": "t1", "count": 1,
+         "fence": 1, "lease_ms": 30000}
+
+
 class LockLost(unittest.TestCase):
+    def test_held_lost_when_the_session_ends(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.sock")
+            t = one_shot_server(path, GRANT)
+            with Leased(path, timeout=10) as ld:
+                with self.assertRaises(ConnectionError):
+                    with ld.lock("k") as held:
+                        self.assertTrue(held.lost.wait(WAIT_S))
+                        self.assertEqual(held.lost_event["reason"],
+                                         "connection_closed")
+            t.join(WAIT_S)
+
+    def test_async_held_lost_when_the_session_ends(self):
+        async def main():
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "s.sock")
+                srv_done = asyncio.Event()
+
+                async def serve(r, w):
+                    w.write(b'{"id":1,"ok":true,"session":"s"}\n')
+                    await r.readline()
+                    req = json.loads(await r.readline())
+                    w.write(json.dumps(dict(GRANT, id=req["id"])).encode()
+                            + b"\n")
+                    await w.drain()
+                    w.close()
+                    srv_done.set()
+
+                srv = await asyncio.start_unix_server(serve, path)
+                ld = await AsyncLeased.connect(path)
+                try:
+                    held = await ld.lock("k")
+                    await asyncio.wait_for(held.lost.wait(), WAIT_S)
+                    self.assertEqual(held.lost_event["reason"],
+                                     "connection_closed")
+                finally:
+                    await ld.close()
+                    srv.close()
+        asyncio.run(asyncio.wait_for(main(), 90))
+
     @needs_redis
     def test_held_lost_while_idle_in_block(self):
         key = PREFIX + "lost:idle"
