@@ -442,6 +442,59 @@ class Async(unittest.TestCase):
             self.assertEqual(state["count"], 20)
         self.run_async(main())
 
+    def test_cancel_is_sent_when_the_daemon_offers_it(self):
+        async def main():
+            seen = []
+            got_cancel = asyncio.Event()
+
+            async def serve(r, w):
+                # A daemon that offers cancel: the lock waits until it is
+                # cancelled, then answers as if wait_ms had run out.
+                hello = json.loads(await r.readline())
+                w.write(json.dumps({"id": hello["id"], "ok": True,
+                                    "session": "s",
+                                    "features": ["cancel"]}).encode()
+                        + b"\n")
+                lock = json.loads(await r.readline())
+                cancel = json.loads(await r.readline())
+                seen.extend([lock, cancel])
+                w.write(json.dumps({"id": lock["id"], "ok": True,
+                                    "acquired": False,
+                                    "ttl_ms": -1}).encode() + b"\n")
+                w.write(json.dumps({"id": cancel["id"], "ok": True,
+                                    "cancelled": True}).encode() + b"\n")
+                await w.drain()
+                got_cancel.set()
+                await r.read()
+                w.close()
+
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "s.sock")
+                srv = await asyncio.start_unix_server(serve, path)
+                ld = await AsyncLeased.connect(path)
+                try:
+                    self.assertIn("cancel", ld.features)
+                    task = asyncio.ensure_future(ld.lock("k", wait_ms=-1))
+                    while not ld._pending:
+                        await asyncio.sleep(0.01)
+                    task.cancel()
+                    with self.assertRaises(asyncio.CancelledError):
+                        await task
+                    await asyncio.wait_for(got_cancel.wait(), WAIT_S)
+                    lock, cancel = seen
+                    self.assertEqual(lock["op"], "lock")
+                    self.assertEqual(cancel["op"], "cancel")
+                    self.assertEqual(cancel["target"], lock["id"])
+                    # Both replies were taken (no unlock was needed).
+                    deadline = time.monotonic() + WAIT_S
+                    while ld._pending and time.monotonic() < deadline:
+                        await asyncio.sleep(0.01)
+                    self.assertEqual(ld._pending, {})
+                finally:
+                    await ld.close()
+                    srv.close()
+        self.run_async(main())
+
     @needs_redis
     def test_held_lost_is_an_asyncio_event(self):
         async def main():
