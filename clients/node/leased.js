@@ -7,12 +7,16 @@
 //   try { ... } finally { await ld.unlock('order:42'); }
 //   const user = await ld.cached('user:7', () => db.loadUser(7));
 //   ld.on('lock_lost', (ev) => { ... stop writing under ev.key ... });
+//   await ld.using('order:42', { wait_ms: 5000 }, async (signal, held) => {
+//     ... signal.aborted once the lock is lost ...
+//   });
 //   ld.close();
 //
 // Requests may be in flight together (pipelined); replies are matched by
 // id, and events (lock_lost, shutdown) are emitted as 'event' and under
 // their own name. One Leased is one session: closing it releases its
-// session-bound locks.
+// session-bound locks. Requests written in one tick of the event loop go
+// out in one write.
 
 const net = require('net');
 const { EventEmitter } = require('events');
@@ -29,15 +33,33 @@ class LeasedError extends Error {
   }
 }
 
+function notAcquired(key, reply) {
+  const e = new Error(`lock ${key} held elsewhere (${reply.ttl_ms} ms left)`);
+  e.code = 'not_acquired';
+  e.ttl_ms = reply.ttl_ms;
+  return e;
+}
+
+let owners = 0;
+
+function ownOwner(opts) {
+  opts = Object.assign({}, opts);
+  if (opts.owner === undefined) opts.owner = `using-${process.pid}-${++owners}`;
+  return opts;
+}
+
 class Leased extends EventEmitter {
   constructor(socket) {
     super();
     this.socket = socket;
     this.nextId = 1;
     this.pending = new Map();
-    this.buf = '';
+    this.chunks = [];       // the unfinished line, as received
+    this.holds = new Map(); // key + '\0' + token -> Set of AbortControllers
+    this.corked = false;
     this.closed = false;
-    socket.setEncoding('utf8');
+    this.features = [];
+    socket.setNoDelay && socket.setNoDelay(true);
     socket.on('data', (chunk) => this._data(chunk));
     socket.on('close', () => this._closed(new Error('leased closed the connection')));
     socket.on('error', (e) => this._closed(e));
@@ -59,6 +81,7 @@ class Leased extends EventEmitter {
           if (client !== undefined || auth !== undefined) {
             const r = await ld.call('hello', { client, auth });
             ld.session = r.session;
+            ld.features = r.features || [];
           }
           resolve(ld);
         } catch (e) {
@@ -75,40 +98,89 @@ class Leased extends EventEmitter {
     this.socket.destroy();
   }
 
+  // Split on newline bytes (UTF-8 never has 0x0a inside a character);
+  // a partial line is kept as its chunks and joined once, when its end
+  // arrives, instead of re-concatenating a growing string per chunk.
   _data(chunk) {
-    this.buf += chunk;
-    let nl;
-    while ((nl = this.buf.indexOf('\n')) >= 0) {
-      const line = this.buf.slice(0, nl);
-      this.buf = this.buf.slice(nl + 1);
-      if (line.trim() === '') continue;
-      let msg;
-      try {
-        msg = JSON.parse(line);
-      } catch (e) {
-        this._closed(new Error(`leased sent a line that is not JSON: ${e.message}`));
-        this.socket.destroy();
-        return;
+    let start = 0;
+    let nl = chunk.indexOf(10);
+    if (nl < 0) {
+      this.chunks.push(chunk);
+      return;
+    }
+    while (nl >= 0) {
+      let line;
+      if (this.chunks.length) {
+        this.chunks.push(chunk.subarray(start, nl));
+        line = Buffer.concat(this.chunks).toString('utf8');
+        this.chunks = [];
+      } else {
+        line = chunk.toString('utf8', start, nl);
       }
-      if (msg.event !== undefined && msg.id === undefined) {
-        this.emit('event', msg);
-        this.emit(msg.event, msg);
-        continue;
+      if (!this._line(line)) return;
+      start = nl + 1;
+      nl = chunk.indexOf(10, start);
+    }
+    if (start < chunk.length) this.chunks.push(chunk.subarray(start));
+  }
+
+  _line(line) {
+    if (line.length === 0 || line.trim() === '') return true;
+    let msg;
+    try {
+      msg = JSON.parse(line);
+    } catch (e) {
+      this._closed(new Error(`leased sent a line that is not JSON: ${e.message}`));
+      this.socket.destroy();
+      return false;
+    }
+    let id = msg.id;
+    if (id === undefined) {
+      if (msg.event !== undefined) {
+        this._event(msg);
+        return true;
       }
       // Without an id it answers a line the daemon could not read: the
       // oldest request still waiting.
-      const id = msg.id !== undefined ? msg.id : this.pending.keys().next().value;
-      const waiter = this.pending.get(id);
-      if (!waiter) continue;
-      this.pending.delete(id);
-      if (msg.ok) waiter.resolve(msg);
-      else waiter.reject(new LeasedError(msg));
+      id = this.pending.keys().next().value;
     }
+    const waiter = this.pending.get(id);
+    if (!waiter) return true;
+    this.pending.delete(id);
+    if (msg.ok) waiter.resolve(msg);
+    else waiter.reject(new LeasedError(msg));
+    return true;
+  }
+
+  _event(msg) {
+    if (msg.event === 'lock_lost') {
+      const set = this.holds.get(`${msg.key}\0${msg.token}`);
+      if (set) {
+        for (const ac of set) {
+          const e = new Error(`lock ${msg.key} lost (${msg.reason})`);
+          e.code = 'lock_lost';
+          e.event = msg;
+          ac.abort(e);
+        }
+      }
+    }
+    this.emit('event', msg);
+    this.emit(msg.event, msg);
   }
 
   _closed(err) {
     for (const waiter of this.pending.values()) waiter.reject(err);
     this.pending.clear();
+    // The session ended: its session-bound locks went with it.
+    for (const set of this.holds.values()) {
+      for (const ac of set) {
+        const e = new Error('connection to leased closed: lock released');
+        e.code = 'connection_closed';
+        e.cause = err;
+        ac.abort(e);
+      }
+    }
+    this.holds.clear();
     if (!this.closed) {
       this.closed = true;
       this.emit('close', err);
@@ -119,13 +191,21 @@ class Leased extends EventEmitter {
   call(op, fields = {}) {
     if (this.closed) return Promise.reject(new Error('connection closed'));
     const id = this.nextId++;
-    const req = { op, id };
-    for (const [k, v] of Object.entries(fields)) {
-      if (v !== undefined) req[k] = v;
+    // JSON.stringify leaves out fields whose value is undefined.
+    const req = Object.assign({ op, id }, fields);
+    const line = JSON.stringify(req) + '\n';
+    if (!this.corked) {
+      // Everything written until the next tick goes out as one write.
+      this.corked = true;
+      this.socket.cork();
+      process.nextTick(() => {
+        this.corked = false;
+        this.socket.uncork();
+      });
     }
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
-      this.socket.write(JSON.stringify(req) + '\n');
+      this.socket.write(line);
     });
   }
 
@@ -138,18 +218,64 @@ class Leased extends EventEmitter {
     return this.call('unlock', { key, owner, token });
   }
 
-  // Run FN while holding KEY; throws when the lock was not acquired.
-  async withLock(key, opts, fn) {
-    const held = await this.lock(key, opts);
-    if (!held.acquired) {
-      const e = new Error(`lock ${key} held elsewhere (${held.ttl_ms} ms left)`);
-      e.code = 'not_acquired';
-      throw e;
+  extend(key, ttl_ms, { owner, token } = {}) {
+    return this.call('extend', { key, ttl_ms, owner, token });
+  }
+
+  // Hold KEY while FN(signal, held) runs and release it when FN settles,
+  // also when it throws (redlock's using()). SIGNAL, an AbortSignal, is
+  // aborted when the daemon reports the lock lost (signal.reason.event is
+  // the lock_lost event): stop writing under the lock then. Throws an
+  // error with code 'not_acquired' when the lock was not acquired within
+  // wait_ms. OPTS: wait_ms, ttl_ms, owner as for lock().
+  //
+  // Without an owner each call gets one of its own: async callers share
+  // the connection, hence the session, and one session's holds of a key
+  // under one owner are reentrant, so two concurrent using() calls would
+  // otherwise both hold the key.
+  async using(key, opts, fn) {
+    if (typeof opts === 'function') {
+      fn = opts;
+      opts = {};
     }
+    opts = ownOwner(opts);
+    const held = await this.lock(key, opts);
+    if (!held.acquired) throw notAcquired(key, held);
+    const ac = new AbortController();
+    const hk = `${key}\0${held.token}`;
+    let set = this.holds.get(hk);
+    if (!set) this.holds.set(hk, (set = new Set()));
+    set.add(ac);
+    if (this.closed) {
+      // The connection ended right after the grant was read.
+      const e = new Error('connection to leased closed: lock released');
+      e.code = 'connection_closed';
+      ac.abort(e);
+    }
+    try {
+      return await fn(ac.signal, held);
+    } finally {
+      set.delete(ac);
+      if (set.size === 0) this.holds.delete(hk);
+      try {
+        await this.unlock(key, { owner: opts.owner });
+      } catch (e) {
+        // A lost lock is not ours to unlock; FN was told by the signal.
+        if (!(e.code === 'not_held' && ac.signal.aborted)) throw e;
+      }
+    }
+  }
+
+  // Run FN while holding KEY; throws when the lock was not acquired.
+  // Exclusive between concurrent callers as using() is.
+  async withLock(key, opts, fn) {
+    opts = ownOwner(opts);
+    const held = await this.lock(key, opts);
+    if (!held.acquired) throw notAcquired(key, held);
     try {
       return await fn(held);
     } finally {
-      await this.unlock(key, { owner: opts && opts.owner });
+      await this.unlock(key, { owner: opts.owner });
     }
   }
 
@@ -178,4 +304,90 @@ class Leased extends EventEmitter {
   }
 }
 
-module.exports = { Leased, LeasedError };
+// SIZE connections; each request goes to the one with the fewest
+// requests in flight. A lock is bound to the session (connection) that
+// took it: using() keeps lock and unlock on one connection; after a bare
+// lock(), unlock by token ({ token: held.token }) or through conn(key).
+class Pool extends EventEmitter {
+  constructor({ path, size = 4, client, auth } = {}) {
+    super();
+    this.target = path;
+    this.size = size;
+    this.opts = { client, auth };
+    this.conns = [];
+    this.connecting = null;
+    this.closed = false;
+  }
+
+  async _conn() {
+    if (this.conns.length < this.size) {
+      if (!this.connecting) {
+        this.connecting = Leased.connect(this.target, this.opts).then((ld) => {
+          this.connecting = null;
+          if (this.closed) {
+            ld.close();
+            throw new Error('pool closed');
+          }
+          ld.on('event', (ev) => {
+            this.emit('event', ev);
+            this.emit(ev.event, ev);
+          });
+          ld.on('close', () => {
+            this.conns = this.conns.filter((c) => c !== ld);
+          });
+          this.conns.push(ld);
+          return ld;
+        }, (e) => {
+          this.connecting = null;
+          throw e;
+        });
+      }
+      return this.connecting;
+    }
+    let best = this.conns[0];
+    for (const c of this.conns) {
+      if (c.pending.size < best.pending.size) best = c;
+    }
+    return best;
+  }
+
+  async call(op, fields) {
+    return (await this._conn()).call(op, fields);
+  }
+
+  async lock(key, opts) {
+    return (await this._conn()).lock(key, opts);
+  }
+
+  async unlock(key, opts) {
+    return (await this._conn()).unlock(key, opts);
+  }
+
+  async extend(key, ttl_ms, opts) {
+    return (await this._conn()).extend(key, ttl_ms, opts);
+  }
+
+  async using(key, opts, fn) {
+    return (await this._conn()).using(key, opts, fn);
+  }
+
+  async withLock(key, opts, fn) {
+    return (await this._conn()).withLock(key, opts, fn);
+  }
+
+  async cached(key, loader, opts) {
+    return (await this._conn()).cached(key, loader, opts);
+  }
+
+  async invalidate(keys, opts) {
+    return (await this._conn()).invalidate(keys, opts);
+  }
+
+  close() {
+    this.closed = true;
+    for (const c of this.conns) c.close();
+    this.conns = [];
+  }
+}
+
+module.exports = { Leased, LeasedError, Pool };

@@ -1,28 +1,58 @@
-"""A small client for leased, standard library only.
+"""A client for leased, standard library only, in one module.
 
     from leased import Leased
 
     with Leased("/run/leased/leased.sock") as ld:
         with ld.lock("order:42", wait_ms=5000) as held:
-            ...                     # held["fence"] guards writes
+            ...                     # held.fence guards writes
+            if held.lost.is_set():  # lock_lost: stop writing under it
+                ...
         user = ld.cached("user:7", lambda: db_load_user(7))
         ld.update(["user:7"], lambda: db_save_user(7, name))
+
+Install it with `pip install ./clients/python`, or copy this file into the
+application: it is the whole client.
 
 The protocol is newline-delimited JSON (see leased-protocol(7)). Each
 request gets an id; unsolicited events that come while waiting are kept in
 .events, so a lock_lost event is never mistaken for a reply.
-One Leased object is one session: its session-bound locks are released
-when it is closed. It is not thread-safe; use one per thread.
+
+Leased is one connection, so one session: its session-bound locks are
+released when it is closed. It is not thread-safe; share a Pool between
+threads instead. AsyncLeased is the asyncio client.
+
+Events and idle holders: a lock_lost event is read by whoever reads the
+socket. While a with-block of lock() is open, a watcher thread of the
+connection also reads the socket whenever no call is in progress, so an
+event that arrives while the application is busy elsewhere inside the
+block still sets held.lost at once. Calls and the watcher never read at
+the same time (one lock guards the socket), so replies are always read by
+the call that waits for them. The watcher starts with the first lock()
+block and ends with the connection.
 """
 
+import asyncio
 import contextlib
 import itertools
 import json
 import os
+import queue
+import select
 import socket
+import struct
+import threading
 import time
 
+__all__ = ["Leased", "Pool", "AsyncLeased", "Held", "LeasedError",
+           "LockNotAcquired", "DEFAULT_SOCKET"]
+__version__ = "0.1.0"
+
 DEFAULT_SOCKET = "/run/leased/leased.sock"
+
+# One encoder without the default ", " separators: smaller lines, and it
+# skips building an encoder per call the way json.dumps does.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+_decode = json.loads
 
 
 class LeasedError(Exception):
@@ -48,36 +78,170 @@ class LockNotAcquired(Exception):
         self.ttl_ms = ttl_ms
 
 
+class Held(dict):
+    """A held lock: the lock reply (held["fence"] as before) with .key,
+    .token, .fence, and .lost, an Event (threading.Event, or asyncio.Event
+    for AsyncLeased) set when the daemon reports the lock lost; .lost_event
+    is that lock_lost event. When the connection ends, its session's
+    locks are gone: .lost is set too, with reason "connection_closed"."""
+
+    def __init__(self, reply, key, owner, lost):
+        dict.__init__(self, reply)
+        self.key = key
+        self.owner = owner
+        self.lost = lost
+        self.lost_event = None
+        self._conn = None
+
+    @property
+    def token(self):
+        return self.get("token")
+
+    @property
+    def fence(self):
+        return self.get("fence")
+
+
+def _timeval(seconds):
+    if seconds is None or seconds <= 0:
+        return struct.pack("ll", 0, 0)      # no limit
+    usec = int(seconds * 1e6)
+    return struct.pack("ll", usec // 1000000, max(usec % 1000000, 1))
+
+
+def _target(target):
+    return target or os.environ.get("LEASED_SOCKET") or DEFAULT_SOCKET
+
+
+def _split_target(target):
+    """(host, port) for "host:port", else None (a Unix socket path)."""
+    host, _, port = target.rpartition(":")
+    if "/" not in target and port.isdigit() and host:
+        return host.strip("[]"), int(port)
+    return None
+
+
+def _raise_for(reply):
+    err = reply.get("error", {})
+    raise LeasedError(err.get("code"), err.get("message"), reply)
+
+
+def _lock_fields(key, wait_ms, ttl_ms, owner, extra):
+    fields = {"key": key}
+    if wait_ms:
+        fields["wait_ms"] = wait_ms
+    if ttl_ms:
+        fields["ttl_ms"] = ttl_ms
+    if owner is not None:
+        fields["owner"] = owner
+    fields.update(extra)
+    return fields
+
+
+class _Holds:
+    """Held locks by (key, token), for routing lock_lost events. Shared
+    by the connections of a Pool; the lock is held by the caller of add,
+    remove and lost (the watcher thread and the calling thread both)."""
+
+    def __init__(self):
+        self._by = {}
+        self._mu = threading.Lock()
+
+    def add(self, held):
+        with self._mu:
+            self._by.setdefault((held.key, held.token), []).append(held)
+
+    def remove(self, held):
+        with self._mu:
+            lst = self._by.get((held.key, held.token))
+            if lst and held in lst:
+                lst.remove(held)
+                if not lst:
+                    del self._by[(held.key, held.token)]
+
+    def gone(self, conn):
+        """CONN's session ended: its session-bound locks went with it."""
+        with self._mu:
+            lst = [h for hs in self._by.values() for h in hs
+                   if h._conn is conn]
+        for held in lst:
+            held.lost_event = {"event": "lock_lost", "key": held.key,
+                               "token": held.token,
+                               "reason": "connection_closed"}
+            held.lost.set()
+
+    def lost(self, event):
+        with self._mu:
+            lst = list(self._by.get((event.get("key"), event.get("token")),
+                                    ()))
+        for held in lst:
+            held.lost_event = event
+            held.lost.set()
+
+
 class Leased:
-    def __init__(self, target=None, timeout=30.0, client=None, auth=None):
+    def __init__(self, target=None, timeout=30.0, client=None, auth=None,
+                 on_event=None, _holds=None):
         """TARGET: a Unix socket path or "host:port" ($LEASED_SOCKET, else
-        the default socket, when None)."""
-        target = target or os.environ.get("LEASED_SOCKET") or DEFAULT_SOCKET
-        host, _, port = target.rpartition(":")
-        if "/" not in target and port.isdigit() and host:
-            self.sock = socket.create_connection((host.strip("[]"), int(port)),
-                                                 timeout)
+        the default socket, when None). ON_EVENT, when given, is called
+        with every event (from the watcher thread too, and with the
+        socket lock held: it must not make calls on this connection)."""
+        target = _target(target)
+        hp = _split_target(target)
+        if hp:
+            self.sock = socket.create_connection(hp, timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         else:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout)
             self.sock.connect(target)
+        # Blocking mode with SO_RCVTIMEO/SO_SNDTIMEO as the timeout: with
+        # settimeout() Python polls before every send and recv, two system
+        # calls per request that the kernel's own timeouts make needless.
+        self.sock.settimeout(None)
+        self._set_timeout(timeout)
+        self._sndtimeo(timeout)
         self.timeout = timeout
         self._ids = itertools.count(1)
-        self._buf = b""
+        self._tail = b""
+        self._lines = []
+        self._io = threading.Lock()
+        self._holds = _holds if _holds is not None else _Holds()
+        self._late = {}     # id of a timed-out request -> its cleanup
+        self._watcher = None
+        self._wake = None
+        self._closed = False
+        self.on_event = on_event
         self.events = []
         self.session = None
+        self.features = []
         if client is not None or auth is not None:
             fields = {}
             if client is not None:
                 fields["client"] = client
             if auth is not None:
                 fields["auth"] = auth
-            self.session = self.call("hello", **fields)["session"]
+            hello = self.call("hello", **fields)
+            self.session = hello.get("session")
+            self.features = hello.get("features", [])
 
     # --- plumbing ----------------------------------------------------------
 
     def close(self):
-        self.sock.close()
+        if self._closed:
+            return
+        self._closed = True
+        if self._wake is not None:
+            try:
+                self._wake[1].send(b"x")
+            except OSError:
+                pass
+            if self._watcher is not threading.current_thread():
+                self._watcher.join(5)
+            self._wake[0].close()
+            self._wake[1].close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
     def __enter__(self):
         return self
@@ -85,23 +249,51 @@ class Leased:
     def __exit__(self, *exc):
         self.close()
 
-    def _read_line(self, deadline):
-        while b"\n" not in self._buf:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError("no reply from leased in time")
-            self.sock.settimeout(left)
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("leased closed the connection")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return json.loads(line)
+    def _set_timeout(self, seconds):
+        """The receive timeout; None waits without limit."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                             _timeval(seconds))
 
-    def call(self, op, **fields):
+    def _sndtimeo(self, seconds):
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                             _timeval(seconds))
+
+    def _event(self, msg):
+        self.events.append(msg)
+        if msg.get("event") == "lock_lost":
+            self._holds.lost(msg)
+        if self.on_event is not None:
+            self.on_event(msg)
+
+    def _fill(self, chunk):
+        # Complete lines go to _lines; the partial last one waits in
+        # _tail. One split per chunk, however many lines it carries.
+        parts = (self._tail + chunk).split(b"\n")
+        self._tail = parts.pop()
+        self._lines.extend(parts)
+
+    def _read_msg(self, deadline):
+        while not self._lines:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError("no reply from leased in time")
+            try:
+                chunk = self.sock.recv(65536)
+            except BlockingIOError:
+                # SO_RCVTIMEO ran out.
+                raise TimeoutError("no reply from leased in time") from None
+            if not chunk:
+                self._holds.gone(self)
+                raise ConnectionError("leased closed the connection")
+            self._fill(chunk)
+        line = self._lines.pop(0)
+        return _decode(line) if line.strip() else None
+
+    def call(self, op, _on_late=None, **fields):
         """Send one request and return its reply; raise LeasedError on
         {"ok":false}. A request that asks the daemon to wait (wait_ms) gets
-        that much longer than the timeout; -1 waits without limit."""
+        that much longer than the timeout; -1 waits without limit. When
+        the reply does not come in time, _ON_LATE(reply) is called if it
+        comes later (so a late grant can be given back)."""
         wait_ms = fields.get("wait_ms")
         if wait_ms is None:
             # cache.get waits cache.wait_ms (3 s by default) unless told.
@@ -109,65 +301,175 @@ class Leased:
         rid = next(self._ids)
         fields["op"] = op
         fields["id"] = rid
-        self.sock.sendall(json.dumps(fields).encode() + b"\n")
-        deadline = None if wait_ms < 0 else \
-            time.monotonic() + self.timeout + wait_ms / 1000.0
-        while True:
-            msg = self._read_line(deadline)
-            if "event" in msg and "id" not in msg:
-                self.events.append(msg)
-            elif msg.get("id", rid) == rid:
-                # A reply without an id answers a line the daemon could not
-                # read; with one request at a time that is ours. Other ids
-                # are late replies to requests that timed out.
-                reply = msg
-                break
+        line = _encode(fields).encode() + b"\n"
+        with self._io:
+            if self._closed:
+                raise ConnectionError("connection closed")
+            if wait_ms:
+                self._set_timeout(None if wait_ms < 0 else
+                                  self.timeout + wait_ms / 1000.0)
+            try:
+                self.sock.sendall(line)
+                deadline = None if wait_ms < 0 else \
+                    time.monotonic() + self.timeout + wait_ms / 1000.0
+                while True:
+                    try:
+                        msg = self._read_msg(deadline)
+                    except TimeoutError:
+                        if _on_late is not None:
+                            self._late[rid] = _on_late
+                        raise
+                    if msg is None:
+                        continue
+                    mid = msg.get("id")
+                    if mid is None and "event" in msg:
+                        self._event(msg)
+                    elif mid in self._late:
+                        self._late.pop(mid)(msg)
+                    elif mid == rid or mid is None:
+                        # A reply without an id answers a line the daemon
+                        # could not read; with one request at a time that
+                        # is ours. Other ids are late replies to requests
+                        # that timed out.
+                        reply = msg
+                        break
+            finally:
+                if wait_ms:
+                    self._set_timeout(self.timeout)
         if not reply.get("ok"):
-            err = reply.get("error", {})
-            raise LeasedError(err.get("code"), err.get("message"), reply)
+            _raise_for(reply)
         return reply
+
+    def _post(self, op, **fields):
+        """Send a request whose reply nobody reads (a cleanup, from a
+        reader that holds the socket lock)."""
+        fields["op"] = op
+        fields["id"] = next(self._ids)
+        with contextlib.suppress(OSError):
+            self.sock.sendall(_encode(fields).encode() + b"\n")
+
+    def _start_watcher(self):
+        if self._watcher is not None or self._closed:
+            return
+        self._wake = socket.socketpair()
+        self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                         name="leased-watcher")
+        self._watcher.start()
+
+    def _watch(self):
+        """Read events while no call is in progress (see the module's
+        docstring). Woken by readable data; a reply a call is reading
+        meanwhile is left to it: after taking the socket lock the watcher
+        reads only what is still unread."""
+        sock, wake = self.sock, self._wake[0]
+        while not self._closed:
+            try:
+                r, _, _ = select.select([sock, wake], [], [])
+            except (OSError, ValueError):
+                return
+            if wake in r:
+                return
+            with self._io:
+                if self._closed:
+                    return
+                try:
+                    r, _, _ = select.select([sock], [], [], 0)
+                    if not r:
+                        continue
+                    chunk = sock.recv(65536)
+                except (OSError, ValueError):
+                    return
+                if not chunk:
+                    # The daemon ended the session (a stop, a limit): the
+                    # holds are gone with it.
+                    self._holds.gone(self)
+                    return
+                self._fill(chunk)
+                # Only events can be unread here, and late replies: calls
+                # read up to their own reply.
+                while self._lines:
+                    line = self._lines.pop(0)
+                    if not line.strip():
+                        continue
+                    msg = _decode(line)
+                    mid = msg.get("id")
+                    if mid is None and "event" in msg:
+                        self._event(msg)
+                    elif mid in self._late:
+                        self._late.pop(mid)(msg)
 
     # --- locks ---------------------------------------------------------------
 
-    def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None):
+    def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """The lock reply: {"acquired":true,"token":..,"fence":..} or
-        {"acquired":false,"ttl_ms":..}."""
-        fields = {"key": key}
-        if wait_ms:
-            fields["wait_ms"] = wait_ms
-        if ttl_ms:
-            fields["ttl_ms"] = ttl_ms
-        if owner is not None:
-            fields["owner"] = owner
-        return self.call("lock", **fields)
+        {"acquired":false,"ttl_ms":..}. EXTRA goes into the request as
+        it is (e.g. detach=True, token=...). A lock granted after the
+        call timed out is unlocked when its reply is read."""
+        mode = _mode(extra)
 
-    def unlock(self, key, owner=None, token=None):
+        def late(reply):
+            if reply.get("acquired"):
+                self._post("unlock", key=key, token=reply["token"], **mode)
+
+        return self.call("lock", _on_late=late,
+                         **_lock_fields(key, wait_ms, ttl_ms, owner, extra))
+
+    def unlock(self, key, owner=None, token=None, **extra):
         fields = {"key": key}
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
             fields["token"] = token
+        fields.update(extra)
         return self.call("unlock", **fields)
 
+    def extend(self, key, ttl_ms, owner=None, token=None):
+        fields = {"key": key, "ttl_ms": ttl_ms}
+        if owner is not None:
+            fields["owner"] = owner
+        if token is not None:
+            fields["token"] = token
+        return self.call("extend", **fields)
+
     @contextlib.contextmanager
-    def lock(self, key, wait_ms=0, ttl_ms=None, owner=None):
+    def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """Hold KEY for the with-block (renewed by the daemon while this
-        session lives, unless ttl_ms is given). Raises LockNotAcquired."""
-        held = self.try_lock(key, wait_ms=wait_ms, ttl_ms=ttl_ms, owner=owner)
-        if not held["acquired"]:
-            raise LockNotAcquired(key, held.get("ttl_ms"))
+        session lives, unless ttl_ms is given) and yield a Held: held.lost
+        is set when the daemon reports the lock lost, also while the
+        application is idle inside the block. Raises LockNotAcquired."""
+        reply = self.try_lock(key, wait_ms=wait_ms, ttl_ms=ttl_ms,
+                              owner=owner, **extra)
+        if not reply["acquired"]:
+            raise LockNotAcquired(key, reply.get("ttl_ms"))
+        held = Held(reply, key, owner, threading.Event())
+        held._conn = self
+        self._holds.add(held)
+        self._start_watcher()
         try:
             yield held
         finally:
-            self.unlock(key, owner=owner)
+            self._holds.remove(held)
+            try:
+                self.unlock(key, owner=owner, **_mode(extra))
+            except LeasedError as e:
+                # A lost lock is not ours to unlock any more; the block
+                # was told through held.lost.
+                if not (e.code == "not_held" and held.lost.is_set()):
+                    raise
 
     # --- cache-aside ---------------------------------------------------------
 
     def cached(self, key, loader, ttl_ms=None):
         """The read path: the cached value, or LOADER() loaded once
         cluster-wide and filled. A loader returning None caches "not
-        found". A loader that raises gives its fill lease back."""
-        got = self.call("cache.get", key=key)
+        found". A loader that raises gives its fill lease back, and so
+        does a get that timed out when its lease comes later."""
+
+        def late(reply):
+            if reply.get("lease"):
+                self._post("cache.release", key=key, lease=reply["lease"])
+
+        got = self.call("cache.get", _on_late=late, key=key)
         if got["hit"]:
             return got["value"]
         lease = got.get("lease")
@@ -198,3 +500,503 @@ class Leased:
         result = writer()
         self.invalidate(keys)
         return result
+
+
+def _mode(extra):
+    # unlock of a read-write lock names the same mode as its lock.
+    return {"mode": extra["mode"]} if "mode" in extra else {}
+
+
+class Pool:
+    """A thread-safe client: up to SIZE connections, each used by one
+    thread at a time. A call borrows a connection for its duration; a
+    lock() block keeps its connection for the whole block, and calls the
+    same thread makes inside the block use that connection too, so
+    reentry (same key, same owner) works and a thread never waits for a
+    second connection while holding one.
+
+    A held lock is bound to its connection's session; a connection that
+    fails is closed (its locks go, their holders see held.lost) and
+    replaced. Events go to on_event and to held.lost as with Leased.
+    """
+
+    def __init__(self, target=None, size=8, timeout=30.0, client=None,
+                 auth=None, on_event=None):
+        self.target = _target(target)
+        self.size = size
+        self._kw = {"timeout": timeout, "client": client, "auth": auth,
+                    "on_event": on_event}
+        self._idle = queue.LifoQueue()
+        self._made = 0
+        self._mu = threading.Lock()
+        self._local = threading.local()
+        self._holds = _Holds()
+        self._closed = False
+        self.timeout = timeout
+
+    def _new(self):
+        return Leased(self.target, _holds=self._holds, **self._kw)
+
+    @contextlib.contextmanager
+    def connection(self):
+        """Borrow a connection (the thread's current one inside a lock()
+        block)."""
+        mine = getattr(self._local, "conn", None)
+        if mine is not None:
+            yield mine
+            return
+        conn = self._checkout()
+        self._local.conn = conn
+        broken = False
+        try:
+            yield conn
+        except (OSError, ValueError):
+            broken = True
+            raise
+        finally:
+            self._local.conn = None
+            self._checkin(conn, broken)
+
+    def _checkout(self):
+        if self._closed:
+            raise ConnectionError("pool closed")
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._mu:
+            make = self._made < self.size
+            if make:
+                self._made += 1
+        if make:
+            try:
+                return self._new()
+            except BaseException:
+                with self._mu:
+                    self._made -= 1
+                raise
+        try:
+            return self._idle.get(timeout=self.timeout)
+        except queue.Empty:
+            raise TimeoutError("no free connection in the pool") from None
+
+    def _checkin(self, conn, broken):
+        if broken or self._closed or conn._closed:
+            conn.close()
+            with self._mu:
+                self._made -= 1
+        else:
+            self._idle.put(conn)
+
+    def close(self):
+        self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                break
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def call(self, op, **fields):
+        with self.connection() as c:
+            return c.call(op, **fields)
+
+    def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
+        """A lock that outlives the call is bound to a connection that
+        goes back to the pool: unlock it by token (any connection)."""
+        with self.connection() as c:
+            return c.try_lock(key, wait_ms, ttl_ms, owner, **extra)
+
+    def unlock(self, key, owner=None, token=None, **extra):
+        with self.connection() as c:
+            return c.unlock(key, owner, token, **extra)
+
+    def extend(self, key, ttl_ms, owner=None, token=None):
+        with self.connection() as c:
+            return c.extend(key, ttl_ms, owner, token)
+
+    @contextlib.contextmanager
+    def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
+        with self.connection() as c:
+            with c.lock(key, wait_ms, ttl_ms, owner, **extra) as held:
+                yield held
+
+    def cached(self, key, loader, ttl_ms=None):
+        # The connection is given back while LOADER runs (it may be
+        # slow); the fill goes through whichever is free then.
+        got = self.call("cache.get", key=key)
+        if got["hit"]:
+            return got["value"]
+        lease = got.get("lease")
+        try:
+            value = loader()
+        except BaseException:
+            if lease:
+                self.call("cache.release", key=key, lease=lease)
+            raise
+        if lease:
+            fields = {"key": key, "lease": lease, "value": value}
+            if ttl_ms:
+                fields["ttl_ms"] = ttl_ms
+            self.call("cache.fill", **fields)
+        return value
+
+    def invalidate(self, keys, delay_ms=None):
+        with self.connection() as c:
+            return c.invalidate(keys, delay_ms)
+
+    def update(self, keys, writer):
+        result = writer()
+        self.invalidate(keys)
+        return result
+
+
+# --- asyncio -----------------------------------------------------------------
+
+class AsyncLeased:
+    """The asyncio client: one connection, requests pipelined and matched
+    by id, a reader task that routes events (so held.lost, an
+    asyncio.Event, is set while the application awaits something else).
+
+        ld = await AsyncLeased.connect("/run/leased/leased.sock")
+        async with ld.lock("order:42", wait_ms=5000) as held:
+            ...
+        value = await ld.cached("user:7", load_user)
+        await ld.close()
+
+    Cancelling a task that awaits lock() or cached(): when the daemon
+    announces "cancel" in hello's features, a {"op":"cancel"} is sent for
+    the waiting request. In any case a lock granted after its caller was
+    cancelled is unlocked at once, and a fill lease granted so is given
+    back, so a cancelled wait never leaks a lock or holds up other
+    readers.
+    """
+
+    def __init__(self, reader, writer, timeout=30.0):
+        self._reader = reader
+        self._writer = writer
+        self.timeout = timeout
+        self._ids = itertools.count(1)
+        self._pending = {}
+        self._holds = {}
+        self._closed = False
+        self.on_event = None
+        self.events = []
+        self.session = None
+        self.features = []
+        self._task = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def connect(cls, target=None, timeout=30.0, client=None,
+                      auth=None):
+        target = _target(target)
+        hp = _split_target(target)
+        # Values up to the daemon's request limit must fit in one line.
+        limit = 64 << 20
+        if hp:
+            r, w = await asyncio.wait_for(
+                asyncio.open_connection(hp[0], hp[1], limit=limit), timeout)
+        else:
+            r, w = await asyncio.wait_for(
+                asyncio.open_unix_connection(target, limit=limit), timeout)
+        self = cls(r, w, timeout)
+        fields = {}
+        if client is not None:
+            fields["client"] = client
+        if auth is not None:
+            fields["auth"] = auth
+        try:
+            # Always: hello says which features (e.g. cancel) exist.
+            hello = await self.call("hello", **fields)
+        except BaseException:
+            await self.close()
+            raise
+        self.session = hello.get("session")
+        self.features = hello.get("features", [])
+        return self
+
+    async def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def _read(self):
+        err = ConnectionError("leased closed the connection")
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                msg = _decode(line)
+                mid = msg.get("id")
+                if mid is None and "event" in msg:
+                    self._event(msg)
+                    continue
+                if mid is None:
+                    # Answers a line the daemon could not read: the
+                    # oldest request still waiting.
+                    mid = next(iter(self._pending), None)
+                handler = self._pending.pop(mid, None)
+                if handler is not None:
+                    handler(msg)
+        except asyncio.CancelledError:
+            err = ConnectionError("connection closed")
+            raise
+        except Exception as e:  # noqa: BLE001 - handed to every waiter
+            err = e
+        finally:
+            self._closed = True
+            pending, self._pending = self._pending, {}
+            for handler in pending.values():
+                handler(err)
+            # The session ended: its session-bound locks went with it.
+            for lst in list(self._holds.values()):
+                for held in lst:
+                    held.lost_event = {"event": "lock_lost",
+                                       "key": held.key, "token": held.token,
+                                       "reason": "connection_closed"}
+                    held.lost.set()
+
+    def _event(self, msg):
+        self.events.append(msg)
+        if msg.get("event") == "lock_lost":
+            for held in list(self._holds.get((msg.get("key"),
+                                              msg.get("token")), ())):
+                held.lost_event = msg
+                held.lost.set()
+        if self.on_event is not None:
+            self.on_event(msg)
+
+    def _send(self, op, fields):
+        rid = next(self._ids)
+        fields["op"] = op
+        fields["id"] = rid
+        self._writer.write(_encode(fields).encode() + b"\n")
+        return rid
+
+    async def call(self, op, _on_abandon=None, **fields):
+        """One request; the reply, or LeasedError. Cancelling the awaiting
+        task leaves the request to _ON_ABANDON(reply) when it is given,
+        else to nobody."""
+        if self._closed:
+            raise ConnectionError("connection closed")
+        wait_ms = fields.get("wait_ms")
+        if wait_ms is None:
+            wait_ms = 3000 if op.startswith("cache.") else 0
+        fut = asyncio.get_running_loop().create_future()
+
+        def done(msg):
+            if not fut.done():
+                fut.set_result(msg)
+
+        rid = self._send(op, fields)
+        self._pending[rid] = done
+        timeout = None if wait_ms < 0 else self.timeout + wait_ms / 1000.0
+        try:
+            msg = await asyncio.wait_for(fut, timeout)
+        except asyncio.CancelledError:
+            self._abandon(rid, _on_abandon)
+            raise
+        except asyncio.TimeoutError:
+            self._abandon(rid, _on_abandon)
+            raise TimeoutError("no reply from leased in time") from None
+        if isinstance(msg, BaseException):
+            raise msg
+        if not msg.get("ok"):
+            _raise_for(msg)
+        return msg
+
+    def _abandon(self, rid, on_abandon):
+        if rid not in self._pending:
+            return
+        if on_abandon is None:
+            self._pending.pop(rid, None)
+            return
+
+        def late(msg):
+            if isinstance(msg, dict) and msg.get("ok"):
+                on_abandon(msg)
+
+        self._pending[rid] = late
+        if "cancel" in self.features and not self._closed:
+            # The reply to the cancelled request still comes (acquired
+            # false, or true when the grant won the race): late() sees it.
+            cid = self._send("cancel", {"target": rid})
+            self._pending[cid] = lambda msg: None
+
+    def _fire(self, op, **fields):
+        """A request whose reply nobody awaits (cleanup after a cancel)."""
+        if self._closed:
+            return
+        rid = self._send(op, fields)
+        self._pending[rid] = lambda msg: None
+
+    # --- locks ---------------------------------------------------------------
+
+    async def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None,
+                       **extra):
+        fields = _lock_fields(key, wait_ms, ttl_ms, owner, extra)
+        mode = _mode(extra)
+
+        def granted_too_late(reply):
+            if reply.get("acquired"):
+                self._fire("unlock", key=key, token=reply["token"], **mode)
+
+        return await self.call("lock", _on_abandon=granted_too_late,
+                               **fields)
+
+    async def unlock(self, key, owner=None, token=None, **extra):
+        fields = {"key": key}
+        if owner is not None:
+            fields["owner"] = owner
+        if token is not None:
+            fields["token"] = token
+        fields.update(extra)
+        reply = await self.call("unlock", **fields)
+        if reply.get("released"):
+            # The hold of an awaited lock() ends here, not in a block.
+            for k in [k for k in self._holds if k[0] == key]:
+                self._holds[k] = [h for h in self._holds[k]
+                                  if h.owner != owner and h.token != token]
+                if not self._holds[k]:
+                    del self._holds[k]
+        return reply
+
+    async def extend(self, key, ttl_ms, owner=None, token=None):
+        fields = {"key": key, "ttl_ms": ttl_ms}
+        if owner is not None:
+            fields["owner"] = owner
+        if token is not None:
+            fields["token"] = token
+        return await self.call("extend", **fields)
+
+    def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
+        """`async with ld.lock(...) as held:` holds KEY for the block;
+        `held = await ld.lock(...)` takes it (unlock it yourself, with
+        owner=held.owner or token=held.token). Without OWNER each call
+        gets an owner of its own, so concurrent tasks exclude each other
+        (and do not reenter). Raises LockNotAcquired."""
+        return _AsyncLock(self, key, wait_ms, ttl_ms, owner, extra)
+
+    alock = lock
+
+    def _add_hold(self, held):
+        self._holds.setdefault((held.key, held.token), []).append(held)
+        if self._closed:
+            # The connection ended right after the grant was read.
+            held.lost_event = {"event": "lock_lost", "key": held.key,
+                               "token": held.token,
+                               "reason": "connection_closed"}
+            held.lost.set()
+
+    def _remove_hold(self, held):
+        lst = self._holds.get((held.key, held.token))
+        if lst and held in lst:
+            lst.remove(held)
+            if not lst:
+                del self._holds[(held.key, held.token)]
+
+    # --- cache-aside ---------------------------------------------------------
+
+    async def cached(self, key, loader, ttl_ms=None):
+        """As Leased.cached; LOADER may be a coroutine function."""
+
+        def lease_too_late(reply):
+            if reply.get("lease"):
+                self._fire("cache.release", key=key, lease=reply["lease"])
+
+        got = await self.call("cache.get", _on_abandon=lease_too_late,
+                              key=key)
+        if got["hit"]:
+            return got["value"]
+        lease = got.get("lease")
+        try:
+            value = loader()
+            if asyncio.iscoroutine(value) or isinstance(value,
+                                                        asyncio.Future):
+                value = await value
+        except BaseException:
+            if lease:
+                self._fire("cache.release", key=key, lease=lease)
+            raise
+        if lease:
+            fields = {"key": key, "lease": lease, "value": value}
+            if ttl_ms:
+                fields["ttl_ms"] = ttl_ms
+            await self.call("cache.fill", **fields)
+        return value
+
+    async def invalidate(self, keys, delay_ms=None):
+        fields = {"keys": list(keys)}
+        if delay_ms is not None:
+            fields["delay_ms"] = delay_ms
+        return await self.call("cache.invalidate", **fields)
+
+    async def update(self, keys, writer):
+        result = writer()
+        if asyncio.iscoroutine(result):
+            result = await result
+        await self.invalidate(keys)
+        return result
+
+
+_async_owners = itertools.count(1)
+
+
+class _AsyncLock:
+    def __init__(self, ld, key, wait_ms, ttl_ms, owner, extra):
+        if owner is None:
+            # Tasks share the connection, so the session; holds of one
+            # session and owner are reentrant, so without an owner of its
+            # own two tasks would hold the key at once.
+            owner = "task-%d-%d" % (os.getpid(), next(_async_owners))
+        self.ld = ld
+        self.args = (key, wait_ms, ttl_ms, owner)
+        self.extra = extra
+        self.held = None
+
+    async def _take(self):
+        key, wait_ms, ttl_ms, owner = self.args
+        reply = await self.ld.try_lock(key, wait_ms, ttl_ms, owner,
+                                       **self.extra)
+        if not reply["acquired"]:
+            raise LockNotAcquired(key, reply.get("ttl_ms"))
+        held = Held(reply, key, owner, asyncio.Event())
+        self.ld._add_hold(held)
+        return held
+
+    def __await__(self):
+        return self._take().__await__()
+
+    async def __aenter__(self):
+        self.held = await self._take()
+        return self.held
+
+    async def __aexit__(self, *exc):
+        held, self.held = self.held, None
+        self.ld._remove_hold(held)
+        try:
+            await self.ld.unlock(held.key, owner=held.owner,
+                                 **_mode(self.extra))
+        except LeasedError as e:
+            if not (e.code == "not_held" and held.lost.is_set()):
+                raise

@@ -3,23 +3,53 @@
     python3 test_leased.py SOCKET
 
 Needs a running leased (and its Redis) on SOCKET; `make check` starts
-both (tests/integration/check_clients.c).
+both (tests/integration/check_clients.c). The tests that force a
+lock_lost delete the lock's key in Redis directly: they need
+LEASED_TEST_REDIS=host:port and a short lock.watchdog_ms in the daemon
+(check_clients sets both), else they are skipped.
 """
 
+import asyncio
+import json
 import os
+import shutil
+import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
-from leased import Leased, LeasedError, LockNotAcquired  # noqa: E402
+from leased import (AsyncLeased, Leased, LeasedError,  # noqa: E402
+                    LockNotAcquired, Pool)
 
 SOCKET = os.environ.get("LEASED_SOCKET", "")
+REDIS = os.environ.get("LEASED_TEST_REDIS", "")
 PREFIX = "py-%d-" % os.getpid()
+# Generous: the daemon may run under valgrind on a loaded machine.
+WAIT_S = 30
+
+
+def redis_del(key):
+    """DEL the Redis key of lock KEY (lock.prefix "leased:lock:" and the
+    hash tag around the key), as another party or an operator would."""
+    host, _, port = REDIS.rpartition(":")
+    name = ("leased:lock:{%s}" % key).encode()
+    cmd = b"*2\r\n$3\r\nDEL\r\n$%d\r\n%s\r\n" % (len(name), name)
+    with socket.create_connection((host, int(port)), 10) as s:
+        s.sendall(cmd)
+        reply = s.recv(100)
+    if not reply.startswith(b":1"):
+        raise AssertionError("DEL %r answered %r" % (name, reply))
+
+
+def needs_redis(test):
+    return unittest.skipUnless(REDIS, "LEASED_TEST_REDIS not set")(test)
 
 
 class Users:
@@ -120,6 +150,28 @@ class Locks(unittest.TestCase):
             with b.lock(key) as held2:
                 self.assertGreater(held2["fence"], held["fence"])
 
+    def test_a_late_grant_is_given_back(self):
+        key = PREFIX + "lock:late"
+        with Leased(SOCKET, timeout=10) as a, Leased(SOCKET, timeout=10) as b, \
+                Leased(SOCKET, timeout=10) as c:
+            a.try_lock(key)
+            # b gives up on the reply long before the daemon's wait ends
+            # (its deadline is timeout + wait_ms: 0.3 s here).
+            b.timeout = -9.7
+            with self.assertRaises(TimeoutError):
+                b.try_lock(key, wait_ms=10000)
+            b.timeout = 10
+            a.unlock(key)
+            # The daemon now grants b's wait; b reads that late reply
+            # with its next call and unlocks, so c gets the lock although
+            # b's session lives on.
+            deadline = time.monotonic() + WAIT_S
+            got = {"acquired": False}
+            while not got["acquired"] and time.monotonic() < deadline:
+                b.call("ping")
+                got = c.try_lock(key, wait_ms=500)
+            self.assertTrue(got["acquired"], got)
+
     def test_threads_do_not_overlap(self):
         key = PREFIX + "lock:counter"
         rounds, workers = 15, 4
@@ -149,6 +201,430 @@ class Locks(unittest.TestCase):
         self.assertEqual(errors, [])
         self.assertFalse(state["overlap"])
         self.assertEqual(state["count"], rounds * workers)
+
+
+class Timeouts(unittest.TestCase):
+    def test_a_silent_peer_times_out(self):
+        # The timeout is the socket's SO_RCVTIMEO: a call to a peer that
+        # never answers must still end at the timeout.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "mute.sock")
+            srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            srv.bind(path)
+            srv.listen(1)
+            try:
+                with Leased(path, timeout=0.5) as ld:
+                    start = time.monotonic()
+                    with self.assertRaises(TimeoutError):
+                        ld.call("ping")
+                    self.assertLess(time.monotonic() - start, 10)
+                    self.assertGreaterEqual(time.monotonic() - start, 0.45)
+            finally:
+                srv.close()
+
+
+def one_shot_server(path, reply):
+    """A Unix socket peer that answers one request with REPLY (its id
+    filled in), then closes the connection, as a stopping daemon would."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            buf = b""
+            while b"\n" not in buf:
+                buf += conn.recv(4096)
+            req = json.loads(buf.split(b"\n")[0])
+            conn.sendall(json.dumps(dict(reply, id=req["id"])).encode()
+                         + b"\n")
+            time.sleep(0.2)
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+GRANT = {"ok": True, "acquired": True, "token": "t1", "count": 1,
+         "fence": 1, "lease_ms": 30000}
+
+
+class LockLost(unittest.TestCase):
+    def test_held_lost_when_the_session_ends(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.sock")
+            t = one_shot_server(path, GRANT)
+            with Leased(path, timeout=10) as ld:
+                with self.assertRaises(ConnectionError):
+                    with ld.lock("k") as held:
+                        self.assertTrue(held.lost.wait(WAIT_S))
+                        self.assertEqual(held.lost_event["reason"],
+                                         "connection_closed")
+            t.join(WAIT_S)
+
+    def test_async_held_lost_when_the_session_ends(self):
+        async def main():
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "s.sock")
+                srv_done = asyncio.Event()
+
+                async def serve(r, w):
+                    w.write(b'{"id":1,"ok":true,"session":"s"}\n')
+                    await r.readline()
+                    req = json.loads(await r.readline())
+                    w.write(json.dumps(dict(GRANT, id=req["id"])).encode()
+                            + b"\n")
+                    await w.drain()
+                    w.close()
+                    srv_done.set()
+
+                srv = await asyncio.start_unix_server(serve, path)
+                ld = await AsyncLeased.connect(path)
+                try:
+                    held = await ld.lock("k")
+                    await asyncio.wait_for(held.lost.wait(), WAIT_S)
+                    self.assertEqual(held.lost_event["reason"],
+                                     "connection_closed")
+                finally:
+                    await ld.close()
+                    srv.close()
+        asyncio.run(asyncio.wait_for(main(), 90))
+
+    @needs_redis
+    def test_held_lost_while_idle_in_block(self):
+        key = PREFIX + "lost:idle"
+        with Leased(SOCKET, timeout=10) as ld:
+            with ld.lock(key) as held:
+                self.assertFalse(held.lost.is_set())
+                redis_del(key)
+                # The block makes no call: only the connection's watcher
+                # reads the socket, and it must deliver the event.
+                self.assertTrue(held.lost.wait(WAIT_S),
+                                "held.lost not set after the key vanished")
+                self.assertEqual(held.lost_event["token"], held.token)
+                self.assertIn(held.lost_event["reason"],
+                              ("taken", "expired"))
+            # The with-block ended without raising not_held.
+            self.assertEqual(ld.call("ping")["ok"], True)
+
+    @needs_redis
+    def test_other_locks_are_not_marked_lost(self):
+        k1, k2 = PREFIX + "lost:one", PREFIX + "lost:two"
+        with Leased(SOCKET, timeout=10) as ld:
+            with ld.lock(k1) as h1, ld.lock(k2) as h2:
+                redis_del(k1)
+                self.assertTrue(h1.lost.wait(WAIT_S))
+                self.assertFalse(h2.lost.is_set())
+                self.assertTrue(ld.call("lock.info", key=k2)["mine"])
+
+
+class Pools(unittest.TestCase):
+    def test_threads_share_a_pool(self):
+        key = PREFIX + "pool:counter"
+        rounds, workers = 10, 6
+        state = {"count": 0, "inside": 0, "overlap": False}
+        errors = []
+        fences = []
+        with Pool(SOCKET, size=3, timeout=10) as pool:
+            def work():
+                try:
+                    for _ in range(rounds):
+                        with pool.lock(key, wait_ms=20000) as held:
+                            state["inside"] += 1
+                            if state["inside"] != 1:
+                                state["overlap"] = True
+                            fences.append(held.fence)
+                            # A nested call in the block uses the block's
+                            # connection: the pool has fewer connections
+                            # than threads, and this must not deadlock.
+                            info = pool.call("lock.info", key=key)
+                            self.assertTrue(info["mine"])
+                            count = state["count"]
+                            time.sleep(0.001)
+                            state["count"] = count + 1
+                            state["inside"] -= 1
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=work) for _ in range(workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            self.assertLessEqual(pool._made, 3)
+        self.assertEqual(errors, [])
+        self.assertFalse(state["overlap"])
+        self.assertEqual(state["count"], rounds * workers)
+        self.assertEqual(fences, sorted(fences), "fences out of order")
+
+    def test_pool_cached_and_reentry(self):
+        key = PREFIX + "pool:cached"
+        loads = []
+        with Pool(SOCKET, size=2, timeout=10) as pool:
+            for _ in range(3):
+                self.assertEqual(
+                    pool.cached(key, lambda: loads.append(1) or "v"), "v")
+            self.assertEqual(len(loads), 1)
+            lk = PREFIX + "pool:reenter"
+            with pool.lock(lk) as outer:
+                with pool.lock(lk) as inner:
+                    self.assertEqual(inner["count"], 2)
+                    self.assertEqual(inner.token, outer.token)
+
+
+class Async(unittest.TestCase):
+    def run_async(self, coro):
+        return asyncio.run(asyncio.wait_for(coro, 90))
+
+    def test_lock_cache_and_errors(self):
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET, client="test_leased.py")
+            try:
+                key = PREFIX + "aio:lock"
+                async with ld.lock(key, wait_ms=1000) as held:
+                    self.assertGreater(held.fence, 0)
+                    self.assertFalse(held.lost.is_set())
+                    other = await AsyncLeased.connect(SOCKET)
+                    try:
+                        r = await other.try_lock(key)
+                        self.assertFalse(r["acquired"])
+                        with self.assertRaises(LockNotAcquired):
+                            async with other.lock(key):
+                                self.fail("entered a held lock")
+                    finally:
+                        await other.close()
+                info = await ld.call("lock.info", key=key)
+                self.assertFalse(info["locked"])
+                # Pipelined: many requests in flight on one connection.
+                replies = await asyncio.gather(
+                    *[ld.call("ping") for _ in range(50)])
+                self.assertTrue(all(r["ok"] for r in replies))
+                loads = []
+
+                async def load():
+                    loads.append(1)
+                    await asyncio.sleep(0.05)
+                    return "value"
+
+                ck = PREFIX + "aio:cached"
+                vals = await asyncio.gather(
+                    *[ld.cached(ck, load) for _ in range(5)])
+                self.assertEqual(vals, ["value"] * 5)
+                self.assertEqual(len(loads), 1)
+                with self.assertRaises(LeasedError) as cm:
+                    await ld.call("no.such.op")
+                self.assertEqual(cm.exception.code, "unknown_op")
+            finally:
+                await ld.close()
+        self.run_async(main())
+
+    def test_tasks_on_one_connection_exclude_each_other(self):
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET)
+            key = PREFIX + "aio:tasks"
+            state = {"inside": 0, "max": 0, "count": 0}
+
+            async def task():
+                for _ in range(5):
+                    async with ld.lock(key, wait_ms=20000):
+                        state["inside"] += 1
+                        state["max"] = max(state["max"], state["inside"])
+                        await asyncio.sleep(0.002)
+                        state["count"] += 1
+                        state["inside"] -= 1
+            try:
+                await asyncio.gather(*[task() for _ in range(4)])
+            finally:
+                await ld.close()
+            self.assertEqual(state["max"], 1)
+            self.assertEqual(state["count"], 20)
+        self.run_async(main())
+
+    def test_cancel_is_sent_when_the_daemon_offers_it(self):
+        async def main():
+            seen = []
+            got_cancel = asyncio.Event()
+
+            async def serve(r, w):
+                # A daemon that offers cancel: the lock waits until it is
+                # cancelled, then answers as if wait_ms had run out.
+                hello = json.loads(await r.readline())
+                w.write(json.dumps({"id": hello["id"], "ok": True,
+                                    "session": "s",
+                                    "features": ["cancel"]}).encode()
+                        + b"\n")
+                lock = json.loads(await r.readline())
+                cancel = json.loads(await r.readline())
+                seen.extend([lock, cancel])
+                w.write(json.dumps({"id": lock["id"], "ok": True,
+                                    "acquired": False,
+                                    "ttl_ms": -1}).encode() + b"\n")
+                w.write(json.dumps({"id": cancel["id"], "ok": True,
+                                    "cancelled": True}).encode() + b"\n")
+                await w.drain()
+                got_cancel.set()
+                await r.read()
+                w.close()
+
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "s.sock")
+                srv = await asyncio.start_unix_server(serve, path)
+                ld = await AsyncLeased.connect(path)
+                try:
+                    self.assertIn("cancel", ld.features)
+                    task = asyncio.ensure_future(ld.lock("k", wait_ms=-1))
+                    while not ld._pending:
+                        await asyncio.sleep(0.01)
+                    task.cancel()
+                    with self.assertRaises(asyncio.CancelledError):
+                        await task
+                    await asyncio.wait_for(got_cancel.wait(), WAIT_S)
+                    lock, cancel = seen
+                    self.assertEqual(lock["op"], "lock")
+                    self.assertEqual(cancel["op"], "cancel")
+                    self.assertEqual(cancel["target"], lock["id"])
+                    # Both replies were taken (no unlock was needed).
+                    deadline = time.monotonic() + WAIT_S
+                    while ld._pending and time.monotonic() < deadline:
+                        await asyncio.sleep(0.01)
+                    self.assertEqual(ld._pending, {})
+                finally:
+                    await ld.close()
+                    srv.close()
+        self.run_async(main())
+
+    @needs_redis
+    def test_held_lost_is_an_asyncio_event(self):
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET)
+            try:
+                key = PREFIX + "aio:lost"
+                async with ld.lock(key) as held:
+                    redis_del(key)
+                    await asyncio.wait_for(held.lost.wait(), WAIT_S)
+                    self.assertEqual(held.lost_event["token"], held.token)
+            finally:
+                await ld.close()
+        self.run_async(main())
+
+    def test_cancelled_wait_never_leaks_the_lock(self):
+        async def main():
+            key = PREFIX + "aio:cancel"
+            a = await AsyncLeased.connect(SOCKET)
+            b = await AsyncLeased.connect(SOCKET)
+            c = await AsyncLeased.connect(SOCKET)
+            try:
+                held = await a.lock(key)
+                waiter = asyncio.ensure_future(b.lock(key, wait_ms=-1))
+                # Let b's request reach the daemon and wait there.
+                deadline = time.monotonic() + WAIT_S
+                while not b._pending and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)
+                waiter.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await waiter
+                # a releases; without the cancel feature the daemon still
+                # grants the lock to b's abandoned wait, and b must give it
+                # back at once, so c gets it although b stays connected.
+                await a.unlock(key, owner=held.owner)
+                r = await c.try_lock(key, wait_ms=WAIT_S * 1000)
+                self.assertTrue(r["acquired"], r)
+                await c.unlock(key)
+            finally:
+                for x in (a, b, c):
+                    await x.close()
+        self.run_async(main())
+
+    def test_cancelled_cached_gives_the_lease_back(self):
+        async def main():
+            key = PREFIX + "aio:cancel-cached"
+            a = await AsyncLeased.connect(SOCKET)
+            b = await AsyncLeased.connect(SOCKET)
+            try:
+                first = await a.call("cache.get", key=key)
+                self.assertTrue(first["lease"])
+                # b waits for a's fill; cancel it, then a gives up its
+                # lease: the daemon hands the next lease to b's abandoned
+                # wait, and b must release it so c loads at once.
+                waiter = asyncio.ensure_future(
+                    b.cached(key, lambda: "never", ttl_ms=None))
+                await asyncio.sleep(0.3)
+                waiter.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await waiter
+                await a.call("cache.release", key=key, lease=first["lease"])
+                start = time.monotonic()
+                c = await AsyncLeased.connect(SOCKET)
+                try:
+                    got = await c.call("cache.get", key=key, wait_ms=10000)
+                    self.assertFalse(got["hit"])
+                    self.assertTrue(got["lease"], got)
+                finally:
+                    await c.close()
+                # Well under fill_lease_ms (5 s) plus the wait.
+                self.assertLess(time.monotonic() - start, 4.5)
+            finally:
+                await a.close()
+                await b.close()
+        self.run_async(main())
+
+
+class Package(unittest.TestCase):
+    def test_pip_install_offline_into_a_venv(self):
+        try:
+            import ensurepip  # noqa: F401 - Debian splits it off
+            import venv  # noqa: F401
+        except ImportError:
+            self.skipTest("python3-venv is not installed")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ)
+            env.pop("PYTHONPATH", None)
+            env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+            env["PIP_NO_CACHE_DIR"] = "1"
+            vdir = os.path.join(tmp, "venv")
+            subprocess.run([sys.executable, "-m", "venv", vdir], check=True,
+                           env=env, timeout=300)
+            py = os.path.join(vdir, "bin", "python")
+            # A copy: the source tree may be read-only (distcheck).
+            src = os.path.join(tmp, "src")
+            shutil.copytree(HERE, src)
+            # --no-index: nothing may come from a package index; build
+            # isolation stays on, as for a user's plain pip install.
+            r = subprocess.run([py, "-m", "pip", "install", "--no-index",
+                                src], env=env, timeout=300,
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            r = subprocess.run(
+                [py, "-c", "import leased, sys; "
+                 "l = leased.Leased(sys.argv[1]); "
+                 "print(leased.__file__, l.call('ping')['ok'])", SOCKET],
+                cwd=tmp, env=env, timeout=60, capture_output=True,
+                text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("site-packages", r.stdout)
+            self.assertTrue(r.stdout.strip().endswith("True"), r.stdout)
+
+    def test_sdist_and_wheel_contents(self):
+        import tarfile
+        import zipfile
+        sys.path.insert(0, HERE)
+        import leased_build
+        with tempfile.TemporaryDirectory() as tmp:
+            whl = leased_build.build_wheel(tmp)
+            with zipfile.ZipFile(os.path.join(tmp, whl)) as z:
+                names = z.namelist()
+                record = z.read("leased-0.1.0.dist-info/RECORD").decode()
+            self.assertIn("leased.py", names)
+            self.assertIn("leased.py,sha256=", record)
+            sd = leased_build.build_sdist(tmp)
+            with tarfile.open(os.path.join(tmp, sd)) as t:
+                names = t.getnames()
+            self.assertIn("leased-0.1.0/pyproject.toml", names)
+            self.assertIn("leased-0.1.0/leased_build.py", names)
+            self.assertIn("leased-0.1.0/PKG-INFO", names)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 /* The client examples under clients/, each against its own redis-server
  * and leased: Python (standard library), Node.js (no npm packages) and
- * POSIX shell with leasectl and socat. Each example is a test program of
- * its own; this driver starts the servers, runs it under a deadline and
- * asserts that it exits 0, printing its output when it does not.
+ * POSIX shell with leasectl and socat, with the tests of the Python and
+ * Node packages. Each example is a test program of its own; this driver
+ * starts the servers, runs it under a deadline and asserts that it exits
+ * 0, printing its output when it does not.
  *
  * python3, node and socat (or nc) are required: a missing interpreter
  * fails its test (exit 127 from exec), it is not skipped. */
@@ -18,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RUN_MS 120000
+#define RUN_MS 240000
 
 static struct h_redis R;
 static struct h_daemon D;
@@ -26,10 +27,18 @@ static char out[65536], err[65536];
 
 static void setup(void)
 {
+    char addr[64];
+
     memset(&R, 0, sizeof R);
     memset(&D, 0, sizeof D);
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, "log:\n  level: info\n"), 0);
+    /* A short watchdog: the examples force a lock_lost by deleting a
+     * lock's key in Redis (LEASED_TEST_REDIS), and the renewal that finds
+     * it gone comes within a third of watchdog_ms. */
+    ck_assert_int_eq(h_daemon_start(&D, &R, "log:\n  level: info\n"
+                                    "lock:\n  watchdog_ms: 1500\n"), 0);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", R.port);
+    setenv("LEASED_TEST_REDIS", addr, 1);
     /* Keep the source tree clean (and usable read-only, for distcheck). */
     setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
 }
@@ -78,6 +87,28 @@ START_TEST(test_node)
 }
 END_TEST
 
+/* The Node package's API tests, with node's built-in test runner; the
+ * socket comes from the environment (node --test runs the file in a
+ * child process of its own). */
+START_TEST(test_node_api)
+{
+    char path[1024];
+    const char *argv[] = { "node", "--test", path, NULL };
+    int rc;
+
+    snprintf(path, sizeof path, "%s/clients/node/test_api.js", srcdir());
+    setenv("LEASED_SOCKET", D.sock, 1);
+    rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
+    if (rc != 0 || getenv("LD_VERBOSE")) {
+        fprintf(stderr, "---- node --test test_api.js: exit %d ----\n%s\n"
+                "---- stderr ----\n%s\n---- end ----\n", rc, out, err);
+    }
+    ck_assert_msg(rc == 0, "node --test exited %d%s", rc,
+                  rc == 127 ? " (is it installed?)" : "");
+    ck_assert_msg(strstr(out, "# fail 0"), "output: %s", out);
+}
+END_TEST
+
 START_TEST(test_shell)
 {
     if (!getenv("LEASECTL_BIN")) {
@@ -97,8 +128,12 @@ int main(void)
 {
     Suite *s = suite_create("clients");
 
-    add(s, "python", test_python, 150);
-    add(s, "node", test_node, 150);
-    add(s, "shell", test_shell, 150);
+    /* Python includes a pip install into a fresh venv. Every timeout is
+     * above RUN_MS, so a hung example is killed by h_run and its output
+     * printed rather than the case being cut short by Check. */
+    add(s, "python", test_python, 300);
+    add(s, "node", test_node, 270);
+    add(s, "node_api", test_node_api, 270);
+    add(s, "shell", test_shell, 270);
     return h_run_suite(s);
 }

@@ -1,0 +1,110 @@
+// Types for leased.js, the Node.js client of leased (leased-protocol(7)).
+import { EventEmitter } from 'events';
+
+export interface Reply {
+  id?: string | number;
+  ok: boolean;
+  [field: string]: unknown;
+}
+
+export interface LockOptions {
+  /** 0 tries once (default); positive waits that long; -1 without limit. */
+  wait_ms?: number;
+  /** A fixed lease; without it the daemon renews the lock (watchdog). */
+  ttl_ms?: number;
+  owner?: string;
+  detach?: boolean;
+  token?: string;
+  mode?: 'read' | 'write';
+}
+
+export interface LockReply extends Reply {
+  acquired: boolean;
+  token?: string;
+  count?: number;
+  fence?: number;
+  lease_ms?: number;
+  /** The holder's remaining lease when not acquired (-1 unknown). */
+  ttl_ms?: number;
+}
+
+export interface UnlockReply extends Reply {
+  released: boolean;
+  count: number;
+}
+
+export interface LockLostEvent {
+  event: 'lock_lost';
+  key: string;
+  token: string;
+  reason: 'expired' | 'taken' | 'redis_unavailable' | 'max_hold' | 'failover';
+}
+
+/** signal.reason of using(): the lock_lost event, or the connection
+ *  (so the session and its locks) ended. */
+export interface LockLostError extends Error {
+  code: 'lock_lost' | 'connection_closed';
+  event?: LockLostEvent;
+}
+
+export type Using<T> = (signal: AbortSignal, held: LockReply) => Promise<T> | T;
+
+export declare class LeasedError extends Error {
+  code: string;
+  reason?: string;
+  reply: Reply;
+}
+
+export interface ConnectOptions {
+  client?: string;
+  auth?: string;
+}
+
+export declare class Leased extends EventEmitter {
+  /** TARGET: a Unix socket path or "host:port" ($LEASED_SOCKET, else
+   *  /run/leased/leased.sock). */
+  static connect(target?: string, opts?: ConnectOptions): Promise<Leased>;
+  session?: string;
+  features: string[];
+  close(): void;
+  call(op: string, fields?: Record<string, unknown>): Promise<Reply>;
+  lock(key: string, opts?: LockOptions): Promise<LockReply>;
+  unlock(key: string, opts?: { owner?: string; token?: string }):
+    Promise<UnlockReply>;
+  extend(key: string, ttl_ms: number,
+         opts?: { owner?: string; token?: string }): Promise<Reply>;
+  /** Holds KEY while FN runs; SIGNAL aborts on lock_lost; the lock is
+   *  released when FN settles. Rejects with code 'not_acquired'. */
+  using<T>(key: string, opts: LockOptions, fn: Using<T>): Promise<T>;
+  using<T>(key: string, fn: Using<T>): Promise<T>;
+  withLock<T>(key: string, opts: LockOptions | undefined,
+              fn: (held: LockReply) => Promise<T> | T): Promise<T>;
+  cached<T extends string | null>(key: string,
+                                  loader: () => Promise<T> | T,
+                                  opts?: { ttl_ms?: number }): Promise<T>;
+  invalidate(keys: string | string[], opts?: { delay_ms?: number }):
+    Promise<Reply>;
+  on(event: 'lock_lost', listener: (ev: LockLostEvent) => void): this;
+  on(event: 'event', listener: (ev: Record<string, unknown>) => void): this;
+  on(event: 'close', listener: (err: Error) => void): this;
+  on(event: string, listener: (...args: any[]) => void): this;
+}
+
+export declare class Pool extends EventEmitter {
+  constructor(opts?: { path?: string; size?: number } & ConnectOptions);
+  call(op: string, fields?: Record<string, unknown>): Promise<Reply>;
+  lock(key: string, opts?: LockOptions): Promise<LockReply>;
+  unlock(key: string, opts?: { owner?: string; token?: string }):
+    Promise<UnlockReply>;
+  extend(key: string, ttl_ms: number,
+         opts?: { owner?: string; token?: string }): Promise<Reply>;
+  using<T>(key: string, opts: LockOptions, fn: Using<T>): Promise<T>;
+  withLock<T>(key: string, opts: LockOptions | undefined,
+              fn: (held: LockReply) => Promise<T> | T): Promise<T>;
+  cached<T extends string | null>(key: string,
+                                  loader: () => Promise<T> | T,
+                                  opts?: { ttl_ms?: number }): Promise<T>;
+  invalidate(keys: string | string[], opts?: { delay_ms?: number }):
+    Promise<Reply>;
+  close(): void;
+}

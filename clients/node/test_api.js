@@ -1,0 +1,186 @@
+'use strict';
+// The package's API against a running leased, with node's test runner:
+//
+//   LEASED_SOCKET=... LEASED_TEST_REDIS=127.0.0.1:6379 node --test test_api.js
+//
+// check_clients runs it with its own daemon (lock.watchdog_ms 1500) and
+// Redis. The lock_lost test deletes the lock's key in Redis directly.
+
+const test = require('node:test');
+const assert = require('assert');
+const fs = require('fs');
+const net = require('net');
+const os = require('os');
+const path = require('path');
+const { execFileSync, spawnSync } = require('child_process');
+const { Leased, Pool } = require('./leased');
+
+const SOCK = process.env.LEASED_SOCKET;
+const REDIS = process.env.LEASED_TEST_REDIS;
+const TAG = `nodeapi-${process.pid}`;
+const WAIT_MS = 30000;
+
+function redisDel(key) {
+  const [host, port] = REDIS.split(':');
+  const name = Buffer.from(`leased:lock:{${key}}`);
+  return new Promise((resolve, reject) => {
+    const s = net.createConnection({ host, port: Number(port) }, () => {
+      s.write(`*2\r\n$3\r\nDEL\r\n$${name.length}\r\n`);
+      s.write(Buffer.concat([name, Buffer.from('\r\n')]));
+    });
+    s.once('data', (d) => {
+      s.destroy();
+      if (d.toString().startsWith(':1')) resolve();
+      else reject(new Error(`DEL answered ${d}`));
+    });
+    s.once('error', reject);
+  });
+}
+
+function within(ms, promise, what) {
+  let t;
+  return Promise.race([promise, new Promise((_, reject) => {
+    t = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms);
+  })]).finally(() => clearTimeout(t));
+}
+
+test('using() aborts its signal on lock_lost', { skip: !REDIS && 'LEASED_TEST_REDIS not set' },
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    try {
+      const key = `${TAG}:lost`;
+      const result = await ld.using(key, { wait_ms: 1000 }, async (signal, held) => {
+        assert.strictEqual(signal.aborted, false);
+        assert.ok(held.fence > 0);
+        const aborted = new Promise((r) => signal.addEventListener('abort', r));
+        await redisDel(key);
+        // Idle until the daemon's renewal finds the key gone.
+        await within(WAIT_MS, aborted, 'abort');
+        assert.strictEqual(signal.reason.code, 'lock_lost');
+        assert.strictEqual(signal.reason.event.token, held.token);
+        return 'done';
+      });
+      // The lost lock is not unlocked with an error.
+      assert.strictEqual(result, 'done');
+    } finally {
+      ld.close();
+    }
+  });
+
+test('using() aborts its signal when the connection ends', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  // A peer that grants the lock and then closes, as a stopping daemon.
+  const srv = net.createServer((c) => {
+    c.once('data', (d) => {
+      const req = JSON.parse(d.toString().split('\n')[0]);
+      c.end(JSON.stringify({ id: req.id, ok: true, acquired: true,
+        token: 't1', count: 1, fence: 1, lease_ms: 30000 }) + '\n');
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  try {
+    await assert.rejects(ld.using('k', async (signal) => {
+      if (!signal.aborted) {
+        await within(WAIT_MS, new Promise((r) =>
+          signal.addEventListener('abort', r)), 'abort');
+      }
+      assert.strictEqual(signal.reason.code, 'connection_closed');
+    }), /closed/);
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('using() releases the lock when the callback throws', async () => {
+  const a = await Leased.connect(SOCK);
+  const b = await Leased.connect(SOCK);
+  try {
+    const key = `${TAG}:throws`;
+    await assert.rejects(a.using(key, async (signal) => {
+      assert.strictEqual(signal.aborted, false);
+      const r = await b.lock(key);
+      assert.strictEqual(r.acquired, false);
+      throw new Error('boom');
+    }), /boom/);
+    const r = await b.lock(key);
+    assert.strictEqual(r.acquired, true);
+    await b.unlock(key);
+    // Held elsewhere: using() rejects with not_acquired and never runs fn.
+    await b.lock(key);
+    let ran = false;
+    await assert.rejects(a.using(key, { wait_ms: 0 }, async () => { ran = true; }),
+      (e) => e.code === 'not_acquired');
+    assert.strictEqual(ran, false);
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+test('many requests in flight, and lines split across reads', async () => {
+  const ld = await Leased.connect(SOCK);
+  try {
+    const n = 200;
+    const keys = Array.from({ length: n }, (_, i) => `${TAG}:many:${i}`);
+    const held = await Promise.all(keys.map((k) => ld.lock(k)));
+    assert.ok(held.every((h) => h.acquired));
+    const un = await Promise.all(keys.map((k) => ld.unlock(k)));
+    assert.ok(un.every((u) => u.released));
+    // A value long enough to come in several chunks, with multi-byte
+    // characters that a chunk boundary may cut.
+    const big = 'é€😀x'.repeat(40000);
+    const v = await ld.cached(`${TAG}:big`, () => big);
+    assert.strictEqual(v, big);
+    const got = await ld.call('cache.get', { key: `${TAG}:big` });
+    assert.strictEqual(got.value, big);
+  } finally {
+    ld.close();
+  }
+});
+
+test('Pool spreads work and keeps using() on one connection', async () => {
+  const pool = new Pool({ path: SOCK, size: 3 });
+  try {
+    const key = `${TAG}:pool`;
+    let inside = 0;
+    let count = 0;
+    await Promise.all(Array.from({ length: 12 }, () =>
+      pool.using(key, { wait_ms: 20000 }, async () => {
+        inside++;
+        assert.strictEqual(inside, 1, 'overlap');
+        await new Promise((r) => setTimeout(r, 2));
+        count++;
+        inside--;
+      })));
+    assert.strictEqual(count, 12);
+    assert.ok(pool.conns.length >= 1 && pool.conns.length <= 3);
+  } finally {
+    pool.close();
+  }
+});
+
+test('npm pack --dry-run', (t) => {
+  const npm = spawnSync('npm', ['--version'], { encoding: 'utf8' });
+  if (npm.error || npm.status !== 0) {
+    t.skip('npm is not installed');
+    return;
+  }
+  // A cache of its own: offline, and nothing left in $HOME.
+  const cache = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-npm-'));
+  let out;
+  try {
+    out = execFileSync('npm', ['pack', '--dry-run', '--json', '--offline'], {
+      cwd: __dirname, encoding: 'utf8',
+      env: { ...process.env, npm_config_update_notifier: 'false',
+             npm_config_cache: cache },
+    });
+  } finally {
+    fs.rmSync(cache, { recursive: true, force: true });
+  }
+  const files = JSON.parse(out)[0].files.map((f) => f.path).sort();
+  assert.deepStrictEqual(files, ['README.md', 'leased.d.ts', 'leased.js', 'package.json']);
+});
