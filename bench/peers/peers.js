@@ -133,7 +133,8 @@ function pct(sorted, p) {
   if (sorted.length === 0) {
     return null;
   }
-  const i = Math.min(sorted.length - 1, Math.ceil(p / 100 * sorted.length) - 1);
+  const i = Math.min(sorted.length - 1,
+    Math.ceil(p / 100 * sorted.length) - 1);
   return sorted[Math.max(0, i)];
 }
 
