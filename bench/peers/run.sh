@@ -94,7 +94,13 @@ fi
 
 bench_init
 ref_pid=
+kids=
+# The cells run in the background so that a signal reaches this trap at
+# once; their timeout(1) passes the TERM on.
 peers_cleanup() {
+    for _k in $kids; do
+        stop_pid "$_k"
+    done
     stop_pid "$ref_pid"
     bench_cleanup
 }
@@ -125,10 +131,15 @@ cell() {
     else
         set -- "$python" "$here/peers.py" lock "$@"
     fi
-    if timeout $((${duration%.*} + 60)) "$@" --sock="$sock" --redis="$port" \
+    timeout $((${duration%.*} + 60)) "$@" --sock="$sock" --redis="$port" \
         --referee="$ref_port" --dur="$duration" \
-        --warm="$warm" --tag="r$_rep.$$" >"$tmp/cell.txt" 2>"$tmp/cell.err"
-    then
+        --warm="$warm" --tag="r$_rep.$$" >"$tmp/cell.txt" \
+        2>"$tmp/cell.err" &
+    kids=$!
+    _rc=0
+    wait "$kids" || _rc=$?
+    kids=
+    if [ "$_rc" = 0 ]; then
         sed "s/^/rep=$_rep /" "$tmp/cell.txt" >>"$raw"
     else
         printf 'rep=%s failed %s\n' "$_rep" "$*" >>"$raw"
@@ -160,12 +171,14 @@ storm() {
             --redis="$port" --referee="$ref_port" \
             >"$tmp/storm.$_i" 2>>"$tmp/storm.err" &
         _pids="$_pids $!"
+        kids=$_pids
         _i=$((_i + 1))
     done
     _bad=0
     for _pid in $_pids; do
         wait "$_pid" || _bad=1
     done
+    kids=
     _loads=$(redis-cli -p "$ref_port" get "loads:$_key")
     if [ "$_bad" = 0 ]; then
         printf 'rep=%s storm lang=%s contender=%s p=%s loads=%s\n' \
