@@ -7,7 +7,7 @@
 //       --retry=default|tuned --tuned-ms=10 --hold-ms=1 --sock=PATH
 //       --redis=PORT --referee=PORT --tag=RUNID
 //   node peers.js storm --contender=leased|cachemgr --readers=25
-//       --key=K --start-at=EPOCH_MS --loader-ms=50 --sock=PATH
+//       --key=K --loader-ms=50 --sock=PATH
 //       --redis=PORT --referee=PORT
 //
 // The referee is a second redis-server that only the bench uses: the
@@ -267,7 +267,6 @@ async function lockCell() {
 // ---------------------------------------------------------------- storm
 async function stormCell() {
   const readers = num('readers', 25);
-  const startAt = num('start-at', Date.now());
   const loaderMs = num('loader-ms', 50);
   const key = opt.key;
   const ref = redisClient(opt.referee);
@@ -298,6 +297,13 @@ async function stormCell() {
   } else {
     throw new Error(`unknown contender ${opt.contender}`);
   }
+  // Ready, then the start time from run.sh once every process is.
+  await ref.incr(`ready:${key}`);
+  const go = await ref.blpop(`go:${key}`, 120);
+  if (!go) {
+    throw new Error('no start from run.sh');
+  }
+  const startAt = Number(go[1]);
   const late = Date.now() - startAt;
   if (late < 0) {
     await sleep(-late);

@@ -6,7 +6,7 @@ stdout (the same fields as peers.js).
         --retry=default|tuned --tuned-ms=10 --hold-ms=1 --sock=PATH
         --redis=PORT --referee=PORT --tag=RUNID
     python3 peers.py storm --contender=leased|naive --readers=25
-        --key=K --start-at=EPOCH_MS --loader-ms=50 --sock=PATH
+        --key=K --loader-ms=50 --sock=PATH
         --redis=PORT --referee=PORT
 
 Workers are threads, each with its own connections (the leased client is
@@ -211,7 +211,6 @@ def lock_cell(opt):
 
 def storm_cell(opt):
     readers = int(opt.get("readers", 25))
-    start_at = float(opt.get("start-at", time.time() * 1000)) / 1000.0
     loader_s = float(opt.get("loader-ms", 50)) / 1000.0
     key = opt["key"]
     want = "value-of-" + key
@@ -279,6 +278,12 @@ def storm_cell(opt):
                for i in range(readers)]
     for t in threads:
         t.start()
+    # Ready, then the start time from run.sh once every process is.
+    ref.incr("ready:" + key)
+    got = ref.blpop("go:" + key, 120)
+    if got is None:
+        raise SystemExit("no start from run.sh")
+    start_at = float(got[1]) / 1000.0
     late = time.time() - start_at
     if late < 0:
         time.sleep(-late)

@@ -210,7 +210,8 @@ def main():
       "than the previous holder; grants per worker show fairness (the "
       "deviation is the largest distance from the mean, in %).")
     w("* Miss storm: P processes × %s readers ask for one fresh key at the "
-      "same moment (a start time %s ms ahead, so connecting is not "
+      "same moment (once all processes have connected, they get a start "
+      "time %s ms ahead, so starting up and connecting are not "
       "measured); the loader takes 50 ms and counts its calls on the "
       "referee. *time* is until the last reader of every process has the "
       "value. leased (node): one client per process, `cached()`; leased "

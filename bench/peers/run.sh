@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || out=$here/results.md
 warm=0.5
-lead_ms=2500
+lead_ms=300
 readers=25
 if [ "$quick" = 1 ]; then
     repeats=2
@@ -148,8 +148,9 @@ cell() {
 }
 
 # storm REP P LANG CONTENDER: P processes of READERS readers on one fresh
-# key, released together at a start time far enough ahead for all of
-# them to connect.
+# key. Each one connects and says so on the referee (ready:KEY); once all
+# are, they get a start time a little ahead (go:KEY), so neither starting
+# node or python nor connecting is part of the storm.
 storm() {
     _rep=$1
     _p=$2
@@ -162,18 +163,35 @@ storm() {
     else
         set -- "$python" "$here/peers.py"
     fi
-    _at=$(($(date +%s%N) / 1000000 + lead_ms))
     _pids=
     _i=0
     while [ $_i -lt "$_p" ]; do
-        timeout 60 "$@" storm --contender="$_who" --readers="$readers" \
-            --key="$_key" --start-at="$_at" --loader-ms=50 --sock="$sock" \
+        timeout 90 "$@" storm --contender="$_who" --readers="$readers" \
+            --key="$_key" --loader-ms=50 --sock="$sock" \
             --redis="$port" --referee="$ref_port" \
             >"$tmp/storm.$_i" 2>>"$tmp/storm.err" &
         _pids="$_pids $!"
         kids=$_pids
         _i=$((_i + 1))
     done
+    _n=0
+    while [ "$(redis-cli -p "$ref_port" get "ready:$_key")" != "$_p" ]; do
+        _n=$((_n + 1))
+        if [ $_n -gt 600 ]; then
+            say "storm processes not ready after 60 s"
+            break
+        fi
+        sleep 0.1
+    done
+    _at=$(($(date +%s%N) / 1000000 + lead_ms))
+    # One RPUSH with a start for each process.
+    set --
+    _i=0
+    while [ $_i -lt "$_p" ]; do
+        set -- "$@" "$_at"
+        _i=$((_i + 1))
+    done
+    redis-cli -p "$ref_port" rpush "go:$_key" "$@" >/dev/null
     _bad=0
     for _pid in $_pids; do
         wait "$_pid" || _bad=1
