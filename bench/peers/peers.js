@@ -1,0 +1,341 @@
+'use strict';
+// The Node side of make bench-peers: one cell per run, one JSON line on
+// stdout.
+//
+//   node peers.js lock --contender=leased|redlock|semaphore
+//       --shape=uncontended|contended --workers=50 --dur=5 --warm=0.5
+//       --retry=default|tuned --tuned-ms=10 --hold-ms=1 --sock=PATH
+//       --redis=PORT --referee=PORT --tag=RUNID
+//   node peers.js storm --contender=leased|cachemgr --readers=25
+//       --key=K --loader-ms=50 --sock=PATH
+//       --redis=PORT --referee=PORT
+//
+// The referee is a second redis-server that only the bench uses: the
+// overlap counter (INCR on entry, DECR on exit) and the loader-call
+// counter live there, so they cost every contender the same and do not
+// load the Redis under test.
+
+const { performance } = require('perf_hooks');
+const Redis = require('ioredis');
+const ld = require('./adapters.js');
+
+const argv = process.argv.slice(2);
+const mode = argv.shift();
+const opt = {};
+for (const a of argv) {
+  const m = /^--([^=]+)=(.*)$/.exec(a);
+  if (!m) {
+    throw new Error(`bad argument ${a}`);
+  }
+  opt[m[1]] = m[2];
+}
+const num = (k, d) => (opt[k] === undefined ? d : Number(opt[k]));
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const now = () => performance.now();
+
+function redisClient(port) {
+  return new Redis({ host: '127.0.0.1', port: Number(port),
+    maxRetriesPerRequest: 1, enableOfflineQueue: true });
+}
+
+// ---------------------------------------------------------------- locks
+// A contender: setup() -> worker state; acquire(state, key) -> handle or
+// null (gave up, try again); release(state, handle).
+const WAIT_MS = 10000;   // leased: one request waits this long at most
+
+function leasedContender() {
+  return {
+    async setup() {
+      return { c: await ld.connect(opt.sock) };
+    },
+    async acquire(s, key, contended) {
+      const r = await ld.lock(s.c, key, contended ? WAIT_MS : 0);
+      return r.acquired ? { fence: r.fence } : null;
+    },
+    async release(s, key) {
+      await ld.unlock(s.c, key);
+    },
+    teardown(s) {
+      ld.close(s.c);
+    },
+    hasFence: true,
+  };
+}
+
+function redlockContender(tuned, tunedMs) {
+  const Redlock = require('redlock').default;
+  const { ExecutionError } = require('redlock');
+  // Tuned: only the interval (and its jitter with it); the retry count
+  // stays at the default, a give-up is simply tried again.
+  const settings = tuned ? { retryDelay: tunedMs,
+    retryJitter: Math.max(1, Math.round(tunedMs / 2)) } : {};
+  return {
+    async setup() {
+      const r = redisClient(opt.redis);
+      await r.ping();
+      return { r, rl: new Redlock([r], settings) };
+    },
+    async acquire(s, key) {
+      try {
+        return await s.rl.acquire([key], 10000);
+      } catch (e) {
+        if (e instanceof ExecutionError) {
+          return null;
+        }
+        throw e;
+      }
+    },
+    async release(s, key, h) {
+      await h.release();
+    },
+    teardown(s) {
+      s.r.disconnect();
+    },
+    hasFence: false,
+  };
+}
+
+function semaphoreContender(tuned, tunedMs) {
+  const { Mutex, TimeoutError } = require('redis-semaphore');
+  const o = { lockTimeout: 10000 };
+  if (tuned) {
+    o.retryInterval = tunedMs;
+  }
+  return {
+    async setup() {
+      const r = redisClient(opt.redis);
+      await r.ping();
+      return { r };
+    },
+    async acquire(s, key) {
+      const m = new Mutex(s.r, key, o);
+      try {
+        await m.acquire();
+        return m;
+      } catch (e) {
+        if (e instanceof TimeoutError) {
+          return null;
+        }
+        throw e;
+      }
+    },
+    async release(s, key, h) {
+      await h.release();
+    },
+    teardown(s) {
+      s.r.disconnect();
+    },
+    hasFence: false,
+  };
+}
+
+function pct(sorted, p) {
+  if (sorted.length === 0) {
+    return null;
+  }
+  const i = Math.min(sorted.length - 1,
+    Math.ceil(p / 100 * sorted.length) - 1);
+  return sorted[Math.max(0, i)];
+}
+
+async function lockCell() {
+  const contended = opt.shape === 'contended';
+  const tuned = opt.retry === 'tuned';
+  const tunedMs = num('tuned-ms', 10);
+  const workers = num('workers', 50);
+  const dur = num('dur', 5) * 1000;
+  const warm = num('warm', 0.5) * 1000;
+  const holdMs = num('hold-ms', 1);
+  const tag = opt.tag || String(process.pid);
+  const c = opt.contender === 'leased' ? leasedContender()
+    : opt.contender === 'redlock' ? redlockContender(tuned, tunedMs)
+      : opt.contender === 'semaphore' ? semaphoreContender(tuned, tunedMs)
+        : null;
+  if (!c) {
+    throw new Error(`unknown contender ${opt.contender}`);
+  }
+  const ref = redisClient(opt.referee);
+  await ref.ping();
+  const states = [];
+  for (let w = 0; w < workers; w++) {
+    states.push(await c.setup());
+  }
+  const keyOf = (w) => (contended ? `peers:${tag}:one`
+    : `peers:${tag}:w${w}`);
+  const grants = new Array(workers).fill(0);
+  const lastFence = new Map();
+  const lat = [];
+  let done = 0;
+  let gaveUp = 0;
+  let overlaps = 0;
+  let backwards = 0;
+  let handoffs = 0;
+  let lastHolder = -1;
+  let errors = 0;
+  let firstError = null;
+  const t0 = now();
+  const ws = t0 + warm;
+  const we = ws + dur;
+
+  async function worker(w) {
+    const s = states[w];
+    const key = keyOf(w);
+    const rkey = `inside:${key}`;
+    while (now() < we) {
+      const a0 = now();
+      let h = null;
+      while (h === null && now() < we + WAIT_MS) {
+        try {
+          h = await c.acquire(s, key, contended);
+        } catch (e) {
+          errors++;
+          firstError = firstError || String(e && e.message);
+          await sleep(10);
+          continue;
+        }
+        if (h === null) {
+          gaveUp++;
+        }
+      }
+      if (h === null) {
+        break;
+      }
+      const a1 = now();
+      const inside = await ref.incr(rkey);
+      if (inside > 1) {
+        overlaps++;
+      }
+      if (c.hasFence) {
+        const f = Number(h.fence);
+        const prev = lastFence.get(key);
+        if (prev !== undefined && !(f > prev)) {
+          backwards++;
+        }
+        lastFence.set(key, f);
+      }
+      const counted = a1 >= ws && a1 <= we;
+      if (contended) {
+        if (counted && lastHolder !== -1 && lastHolder !== w) {
+          handoffs++;
+        }
+        lastHolder = w;
+        await sleep(holdMs);
+      }
+      await ref.decr(rkey);
+      const r0 = now();
+      try {
+        await c.release(s, key, h);
+      } catch (e) {
+        errors++;
+        firstError = firstError || String(e && e.message);
+      }
+      const r1 = now();
+      if (contended ? counted : (a0 >= ws && r1 <= we)) {
+        done++;
+        grants[w]++;
+        // Uncontended: the pair (lock call + unlock call); contended:
+        // the wait for the grant.
+        lat.push(contended ? a1 - a0 : (a1 - a0) + (r1 - r0));
+      }
+    }
+  }
+
+  await Promise.all(states.map((_, w) => worker(w)));
+  for (const s of states) {
+    c.teardown(s);
+  }
+  ref.disconnect();
+  lat.sort((x, y) => x - y);
+  const mean = done / workers;
+  const out = {
+    lang: 'node', kind: 'lock', contender: opt.contender,
+    shape: opt.shape, retry: opt.retry || 'default', workers,
+    dur_s: dur / 1000, count: done, per_s: done / (dur / 1000),
+    p50_ms: pct(lat, 50), p99_ms: pct(lat, 99),
+    max_ms: lat.length ? lat[lat.length - 1] : null,
+    handoffs_s: contended ? handoffs / (dur / 1000) : null,
+    grants_min: Math.min(...grants), grants_max: Math.max(...grants),
+    grants_mean: mean,
+    grants_dev_pct: mean > 0 ? Math.max(...grants.map(
+      (g) => Math.abs(g - mean))) / mean * 100 : null,
+    overlaps, fence_backwards: c.hasFence ? backwards : null,
+    gave_up: gaveUp, errors, first_error: firstError,
+  };
+  process.stdout.write(JSON.stringify(out) + '\n');
+}
+
+// ---------------------------------------------------------------- storm
+async function stormCell() {
+  const readers = num('readers', 25);
+  const loaderMs = num('loader-ms', 50);
+  const key = opt.key;
+  const ref = redisClient(opt.referee);
+  await ref.ping();
+  const want = `value-of-${key}`;
+  let localLoads = 0;
+  const loader = async () => {
+    localLoads++;
+    await ref.incr(`loads:${key}`);
+    await sleep(loaderMs);
+    return want;
+  };
+  let read;
+  let teardown;
+  if (opt.contender === 'leased') {
+    const c = await ld.connect(opt.sock);
+    read = () => ld.cached(c, key, loader);
+    teardown = () => ld.close(c);
+  } else if (opt.contender === 'cachemgr') {
+    const { createCache } = require('cache-manager');
+    const { createKeyv } = require('@keyv/redis');
+    const store = createKeyv(`redis://127.0.0.1:${opt.redis}`);
+    const cache = createCache({ stores: [store] });
+    // One round trip so the connection is up before the start.
+    await cache.get(`warm:${key}`);
+    read = () => cache.wrap(key, loader, 600000);
+    teardown = () => cache.disconnect();
+  } else {
+    throw new Error(`unknown contender ${opt.contender}`);
+  }
+  // Ready, then the start time from run.sh once every process is.
+  await ref.incr(`ready:${key}`);
+  const go = await ref.blpop(`go:${key}`, 120);
+  if (!go) {
+    throw new Error('no start from run.sh');
+  }
+  const startAt = Number(go[1]);
+  const late = Date.now() - startAt;
+  if (late < 0) {
+    await sleep(-late);
+  }
+  let errors = 0;
+  let wrong = 0;
+  let firstError = null;
+  let last = 0;
+  await Promise.all(Array.from({ length: readers }, async () => {
+    try {
+      const v = await read();
+      if (v !== want) {
+        wrong++;
+      }
+    } catch (e) {
+      errors++;
+      firstError = firstError || String(e && e.message);
+    }
+    last = Math.max(last, Date.now() - startAt);
+  }));
+  await teardown();
+  ref.disconnect();
+  process.stdout.write(JSON.stringify({
+    lang: 'node', kind: 'storm', contender: opt.contender, readers,
+    late_ms: Math.max(0, late), done_ms: last, local_loads: localLoads,
+    wrong, errors, first_error: firstError,
+  }) + '\n');
+}
+
+(mode === 'lock' ? lockCell() : mode === 'storm' ? stormCell()
+  : Promise.reject(new Error(`usage: peers.js lock|storm --opt=...`)))
+  .then(() => process.exit(0), (e) => {
+    process.stderr.write(`peers.js: ${e && e.stack}\n`);
+    process.exit(1);
+  });
