@@ -16,14 +16,17 @@
 
 #include "ld_lock.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_defer.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
 #include "ld_lockwait.h"
 #include "ld_log.h"
+#include "ld_mem.h"
 #include "ld_proto.h"
 #include "ld_redis.h"
-#include "ld_server.h"
 #include "ld_session.h"
 #include "ld_stats.h"
 #include "ld_util.h"
@@ -34,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #define LK_UNLOCK_MSG "0"       /* Redisson's LockPubSub.UNLOCK_MESSAGE */
 
@@ -60,7 +64,7 @@ struct lk_fmemo {
     long long fence;
     unsigned refs;                 /* records of this lock */
     bool idle;
-    struct lk_fmemo *prev, *next;  /* idle list, oldest first */
+    TAILQ_ENTRY(lk_fmemo) idle_link; /* idle list, oldest first */
 };
 
 #define FENCE_IDLE_MAX 65536
@@ -69,7 +73,7 @@ struct lk_fmemo {
 struct lk_sess {
     struct ld_session *sess;
     struct ld_dict *recs;          /* (owner, key) -> struct lk_rec */
-    struct lk_op *waiting;         /* its queued lock requests */
+    LIST_HEAD(, lk_op) waiting;    /* its queued lock requests */
     bool closing;
 };
 
@@ -101,7 +105,7 @@ struct lk_rec {
     uint64_t cap_end_ms;           /* max_hold ends the lock (0: never) */
     struct event *cap_ev;          /* lock_lost when it can't be proven */
     struct lk_fmemo *fm;
-    struct lk_rec *hprev, *hnext;  /* list of held records */
+    TAILQ_ENTRY(lk_rec) held_link; /* list of held records */
     bool in_held;
 };
 
@@ -139,27 +143,28 @@ struct lk_op {
     char *wait_why;                /* why WAIT got no answer */
     struct ld_lockwait w;
     struct lk_sess *ls;            /* set while in ls->waiting */
-    struct lk_op *wprev, *wnext;
-    struct lk_op *prev, *next;     /* every op */
+    LIST_ENTRY(lk_op) wait_link;
+    LIST_ENTRY(lk_op) link;        /* every op */
     struct event *undo_ev;         /* a release by token, later */
 };
 
 static struct {
+    const struct ld_ctx *ctx;
     struct ld_dict *by_token;      /* token -> linked struct lk_rec */
-    struct lk_rec *held;
-    struct lk_op *ops;
+    TAILQ_HEAD(, lk_rec) held;
+    LIST_HEAD(, lk_op) ops;
     struct event *pass_ev;
-    struct event *step_ev;         /* continues a pass on a later turn */
+    struct ld_defer step;          /* continues a pass on a later turn */
     struct lk_rec *cursor;         /* next record of the pass running */
     bool passing;
     long long renew_inflight;      /* renewals and checks sent, unanswered */
     bool check_all;                /* this pass checks fixed leases too */
     struct ld_dict *fences;        /* lock hash name -> struct lk_fmemo */
-    struct lk_fmemo *idle_head, *idle_tail;
+    TAILQ_HEAD(, lk_fmemo) idle;
     size_t idle_n;
     bool stopping;
     bool freed;
-} lk;
+} lock_mod;
 
 /* A pass over 100,000 locks must not monopolise the loop nor put 100,000
  * scripts in Redis ahead of client commands: it goes in steps of at most
@@ -207,13 +212,13 @@ static size_t redisson_name(char *out, const char *prefix, const char *key,
 
 static void names_build(struct lk_names *n, const char *key, size_t len)
 {
-    const struct ld_config *cfg = ld_srv.cfg;
+    const struct ld_config *cfg = lock_mod.ctx->cfg;
     if (cfg->lock.layout == LD_LAYOUT_REDISSON) {
         static const char chan_pfx[] = "redisson_lock__channel";
         static const char fence_pfx[] = "redisson_lock_token";
         size_t cap = (len + 1) + (sizeof(chan_pfx) + len + 4)
                      + (sizeof(fence_pfx) + len + 4);
-        char *p = n->buf = malloc(cap);
+        char *p = n->buf = ld_xmalloc(cap);
         n->hash = p;
         n->hash_len = len;
         p = put(p, key, len);
@@ -229,7 +234,7 @@ static void names_build(struct lk_names *n, const char *key, size_t len)
     size_t plen = strlen(pfx);
     size_t hlen = plen + len + 2;
     size_t cap = (hlen + 1) + (hlen + 7) + (hlen + 8);
-    char *p = n->buf = malloc(cap);
+    char *p = n->buf = ld_xmalloc(cap);
     n->hash = p;
     n->hash_len = hlen;
     p = put(p, pfx, plen);
@@ -437,7 +442,7 @@ static void script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
                       void *arg)
 {
     struct ld_redis_opts o = { flags, LD_REDIS_POOL_SHARED, pin };
-    if (ld_srv.cfg->lock.wait_replicas > 0) {
+    if (lock_mod.ctx->cfg->lock.wait_replicas > 0) {
         o.pool = LD_REDIS_POOL_LOCK;
     }
     ld_redis_script_ex(&o, id, n->hash, n->hash_len, nkeys, nargs, args,
@@ -455,19 +460,10 @@ static void script(enum ld_script_id id, const struct lk_names *n, int nkeys,
 
 static void fmemo_idle_unlink(struct lk_fmemo *fm)
 {
-    if (fm->prev != NULL) {
-        fm->prev->next = fm->next;
-    } else {
-        lk.idle_head = fm->next;
-    }
-    if (fm->next != NULL) {
-        fm->next->prev = fm->prev;
-    } else {
-        lk.idle_tail = fm->prev;
-    }
-    fm->prev = fm->next = NULL;
+    LD_ASSERT(fm->idle && fm->refs == 0 && lock_mod.idle_n > 0);
+    TAILQ_REMOVE(&lock_mod.idle, fm, idle_link);
     fm->idle = false;
-    lk.idle_n--;
+    lock_mod.idle_n--;
 }
 
 static void fmemo_free(struct lk_fmemo *fm)
@@ -478,13 +474,12 @@ static void fmemo_free(struct lk_fmemo *fm)
 
 static struct lk_fmemo *fmemo_get(const struct lk_names *n)
 {
-    struct lk_fmemo *fm = ld_dict_get(lk.fences, n->hash, n->hash_len);
+    struct lk_fmemo *fm = ld_dict_get(lock_mod.fences, n->hash, n->hash_len);
     if (fm == NULL) {
-        fm = calloc(1, sizeof(*fm));
-        fm->name = malloc(n->hash_len);
-        memcpy(fm->name, n->hash, n->hash_len);
+        fm = ld_xcalloc(1, sizeof(*fm));
+        fm->name = ld_xmemdup(n->hash, n->hash_len);
         fm->len = n->hash_len;
-        ld_dict_set(lk.fences, fm->name, fm->len, fm);
+        ld_dict_set(lock_mod.fences, fm->name, fm->len, fm);
     } else if (fm->idle) {
         fmemo_idle_unlink(fm);
     }
@@ -494,28 +489,22 @@ static struct lk_fmemo *fmemo_get(const struct lk_names *n)
 
 static void fmemo_put(struct lk_fmemo *fm)
 {
+    LD_ASSERT(fm->refs > 0 && !fm->idle);
     if (--fm->refs > 0) {
         return;
     }
-    if (lk.fences == NULL) {
+    if (lock_mod.fences == NULL) {
         /* The module was freed while this record waited for a reply. */
         fmemo_free(fm);
         return;
     }
     fm->idle = true;
-    fm->next = NULL;
-    fm->prev = lk.idle_tail;
-    if (lk.idle_tail != NULL) {
-        lk.idle_tail->next = fm;
-    } else {
-        lk.idle_head = fm;
-    }
-    lk.idle_tail = fm;
-    lk.idle_n++;
-    while (lk.idle_n > FENCE_IDLE_MAX) {
-        struct lk_fmemo *old = lk.idle_head;
+    TAILQ_INSERT_TAIL(&lock_mod.idle, fm, idle_link);
+    lock_mod.idle_n++;
+    while (lock_mod.idle_n > FENCE_IDLE_MAX) {
+        struct lk_fmemo *old = TAILQ_FIRST(&lock_mod.idle);
         fmemo_idle_unlink(old);
-        ld_dict_del(lk.fences, old->name, old->len);
+        ld_dict_del(lock_mod.fences, old->name, old->len);
         fmemo_free(old);
     }
 }
@@ -527,12 +516,8 @@ static void held_link(struct lk_rec *rec)
     if (rec->in_held) {
         return;
     }
-    rec->hprev = NULL;
-    rec->hnext = lk.held;
-    if (lk.held != NULL) {
-        lk.held->hprev = rec;
-    }
-    lk.held = rec;
+    LD_ASSERT(rec->count > 0);
+    TAILQ_INSERT_HEAD(&lock_mod.held, rec, held_link);
     rec->in_held = true;
 }
 
@@ -541,18 +526,10 @@ static void held_unlink(struct lk_rec *rec)
     if (!rec->in_held) {
         return;
     }
-    if (lk.cursor == rec) {
-        lk.cursor = rec->hnext;
+    if (lock_mod.cursor == rec) {
+        lock_mod.cursor = TAILQ_NEXT(rec, held_link);
     }
-    if (rec->hprev != NULL) {
-        rec->hprev->hnext = rec->hnext;
-    } else {
-        lk.held = rec->hnext;
-    }
-    if (rec->hnext != NULL) {
-        rec->hnext->hprev = rec->hprev;
-    }
-    rec->hprev = rec->hnext = NULL;
+    TAILQ_REMOVE(&lock_mod.held, rec, held_link);
     rec->in_held = false;
 }
 
@@ -563,7 +540,7 @@ static char *dkey_build(const char *owner, size_t olen, const char *key,
      * another whatever bytes they contain. */
     uint32_t ol = (uint32_t)olen;
     size_t len = sizeof(ol) + olen + klen;
-    char *d = malloc(len);
+    char *d = ld_xmalloc(len);
     char *p = put(d, &ol, sizeof(ol));
     p = put(p, owner, olen);
     put(p, key, klen);
@@ -573,6 +550,7 @@ static char *dkey_build(const char *owner, size_t olen, const char *key,
 
 static void rec_free(struct lk_rec *rec)
 {
+    LD_ASSERT(!rec->linked && rec->refs == 0 && rec->pending == 0);
     held_unlink(rec);
     if (rec->cap_ev != NULL) {
         event_free(rec->cap_ev);
@@ -592,7 +570,7 @@ static void rec_unlink(struct lk_rec *rec)
     if (rec->ls != NULL) {
         ld_dict_del(rec->ls->recs, rec->dkey, rec->dkey_len);
     }
-    ld_dict_del(lk.by_token, rec->token, LD_TOKEN_LEN);
+    ld_dict_del(lock_mod.by_token, rec->token, LD_TOKEN_LEN);
     rec->linked = false;
 }
 
@@ -608,6 +586,7 @@ static void rec_settle(struct lk_rec *rec)
 
 static void rec_unref(struct lk_rec *rec)
 {
+    LD_ASSERT(rec->refs > 0);
     rec->refs--;
     rec_settle(rec);
 }
@@ -639,7 +618,7 @@ static void rec_set_count(struct lk_rec *rec, long long n)
 static struct lk_rec *rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
                               const char *key, size_t klen, bool detached)
 {
-    struct lk_rec *rec = calloc(1, sizeof(*rec));
+    struct lk_rec *rec = ld_xcalloc(1, sizeof(*rec));
     if (ld_token_new(rec->token) != LD_OK) {
         free(rec);
         return NULL;
@@ -647,16 +626,14 @@ static struct lk_rec *rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
     rec->ls = ls;
     rec->dkey = dkey;
     rec->dkey_len = dlen;
-    rec->key = malloc(klen + 1);
-    memcpy(rec->key, key, klen);
-    rec->key[klen] = '\0';
+    rec->key = ld_xstrndup(key, klen);
     rec->key_len = klen;
     rec->detached = detached;
     names_build(&rec->n, key, klen);
     rec->fm = fmemo_get(&rec->n);
     rec->linked = true;
     ld_dict_set(ls->recs, dkey, dlen, rec);
-    ld_dict_set(lk.by_token, rec->token, LD_TOKEN_LEN, rec);
+    ld_dict_set(lock_mod.by_token, rec->token, LD_TOKEN_LEN, rec);
     return rec;
 }
 
@@ -667,7 +644,7 @@ static struct lk_rec *rec_by_token(const char *tok, size_t len,
     if (len != LD_TOKEN_LEN) {
         return NULL;
     }
-    struct lk_rec *rec = ld_dict_get(lk.by_token, tok, len);
+    struct lk_rec *rec = ld_dict_get(lock_mod.by_token, tok, len);
     if (rec == NULL || !names_same(&rec->n, n)) {
         return NULL;
     }
@@ -701,7 +678,7 @@ static void rec_lost(struct lk_rec *rec, const char *reason, bool release)
  * lease, as for Redlock) and the event's way to the client (2 ms). */
 static uint64_t lost_margin_ms(void)
 {
-    return 2 + (uint64_t)ld_srv.cfg->lock.watchdog_ms / 100;
+    return 2 + (uint64_t)lock_mod.ctx->cfg->lock.watchdog_ms / 100;
 }
 
 static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
@@ -743,7 +720,10 @@ static void rec_arm_cap(struct lk_rec *rec)
         return;
     }
     if (rec->cap_ev == NULL) {
-        rec->cap_ev = evtimer_new(ld_srv.base, cap_on_timer, rec);
+        rec->cap_ev = evtimer_new(lock_mod.ctx->base, cap_on_timer, rec);
+        if (rec->cap_ev == NULL) {
+            ld_oom(0);
+        }
     }
     uint64_t now = ld_now_ms();
     uint64_t ms = at > now ? at - now : 0;
@@ -754,7 +734,7 @@ static void rec_arm_cap(struct lk_rec *rec)
 /* Follow lock.max_hold_ms (reloads apply) for a watchdog-renewed lock. */
 static void rec_cap_update(struct lk_rec *rec)
 {
-    long long max = ld_srv.cfg->lock.max_hold_ms;
+    long long max = lock_mod.ctx->cfg->lock.max_hold_ms;
     if (!rec->watchdog || max <= 0 || rec->count == 0) {
         rec->cap_end_ms = 0;
     } else {
@@ -794,8 +774,8 @@ static int rec_retoken(struct lk_rec *rec)
         return LD_ERR;
     }
     if (rec->linked) {
-        ld_dict_del(lk.by_token, rec->token, LD_TOKEN_LEN);
-        ld_dict_set(lk.by_token, tok, LD_TOKEN_LEN, rec);
+        ld_dict_del(lock_mod.by_token, rec->token, LD_TOKEN_LEN);
+        ld_dict_set(lock_mod.by_token, tok, LD_TOKEN_LEN, rec);
     }
     memcpy(rec->token, tok, sizeof(tok));
     rec->token_used = false;
@@ -807,52 +787,33 @@ static int rec_retoken(struct lk_rec *rec)
 static struct lk_op *op_new(enum lk_kind kind, struct ld_req *req,
                             struct lk_rec *rec)
 {
-    struct lk_op *op = calloc(1, sizeof(*op));
+    struct lk_op *op = ld_xcalloc(1, sizeof(*op));
     op->kind = kind;
     op->req = req;
     op->rec = rec;
     if (rec != NULL) {
         rec->refs++;
     }
-    op->next = lk.ops;
-    if (lk.ops != NULL) {
-        lk.ops->prev = op;
-    }
-    lk.ops = op;
+    LIST_INSERT_HEAD(&lock_mod.ops, op, link);
     return op;
 }
 
 static void op_wait_unlink(struct lk_op *op)
 {
-    struct lk_sess *ls = op->ls;
-    if (ls == NULL) {
+    if (op->ls == NULL) {
         return;
     }
-    if (op->wprev != NULL) {
-        op->wprev->wnext = op->wnext;
-    } else {
-        ls->waiting = op->wnext;
-    }
-    if (op->wnext != NULL) {
-        op->wnext->wprev = op->wprev;
-    }
-    op->wprev = op->wnext = NULL;
+    LIST_REMOVE(op, wait_link);
     op->ls = NULL;
 }
 
 static void op_free(struct lk_op *op)
 {
     op_wait_unlink(op);
-    if (op->prev != NULL) {
-        op->prev->next = op->next;
-    } else {
-        lk.ops = op->next;
-    }
-    if (op->next != NULL) {
-        op->next->prev = op->prev;
-    }
+    LIST_REMOVE(op, link);
     if (op->rec != NULL) {
         if (op->kind == LK_ACQ) {
+            LD_ASSERT(op->rec->pending > 0);
             op->rec->pending--;
         }
         rec_unref(op->rec);
@@ -898,13 +859,9 @@ static const char *op_key(const struct lk_op *op, size_t *len)
 
 static void op_wait_add(struct lk_op *op, struct lk_sess *ls)
 {
+    LD_ASSERT(op->ls == NULL && op->kind == LK_ACQ);
     op->ls = ls;
-    op->wprev = NULL;
-    op->wnext = ls->waiting;
-    if (op->wnext != NULL) {
-        op->wnext->wprev = op;
-    }
-    ls->waiting = op;
+    LIST_INSERT_HEAD(&ls->waiting, op, wait_link);
 }
 
 /* --------------------------------------------------------- release all */
@@ -913,7 +870,7 @@ static void release_all_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     long long v[2] = { 0, 0 };
-    if (!lk.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
+    if (!lock_mod.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
         ld_stats.lock_released++;
     }
     op_free(op);
@@ -923,7 +880,7 @@ static void release_all_on_reply(redisReply *r, void *arg)
  * the wake-up. The caller updates REC's count. */
 static void rec_release_all(struct lk_rec *rec)
 {
-    if (lk.freed) {
+    if (lock_mod.freed) {
         return;
     }
     struct lk_op *op = op_new(LK_RELEASE, NULL, rec);
@@ -973,8 +930,8 @@ static void undo_on_reply(redisReply *r, void *arg)
     long long v[2] = { 0, 0 };
     int n = reply_ints(r, v, 2);
     op->inflight = false;
-    if (!lk.freed && op->req != NULL) {
-        int need = ld_srv.cfg->lock.wait_replicas;
+    if (!lock_mod.freed && op->req != NULL) {
+        int need = lock_mod.ctx->cfg->lock.wait_replicas;
         if (n < 1) {
             /* The give-back got no answer: the grant may still stand. */
             ld_reply_error_extra(op->req, LD_E_REDIS_UNAVAILABLE,
@@ -993,7 +950,7 @@ static void undo_on_reply(redisReply *r, void *arg)
         }
         op->req = NULL;
     }
-    if (!lk.freed && rec->linked && n >= 1) {
+    if (!lock_mod.freed && rec->linked && n >= 1) {
         if (v[0] == 1) {
             ld_stats.lock_released++;
             rec_set_count(rec, 0);
@@ -1016,7 +973,8 @@ static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
     /* Only while no acquisition under this token holds or is on its way:
      * nothing else can hold the token, so all its holds are the lost
      * one's. */
-    if (!lk.freed && !lk.stopping && rec->count == 0 && rec->pending == 0) {
+    if (!lock_mod.freed && !lock_mod.stopping && rec->count == 0
+        && rec->pending == 0) {
         rec_release_all(rec);
     }
     op_free(op);
@@ -1028,8 +986,11 @@ static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
  * acquisition, then release by token. */
 static void undo_later(struct lk_op *op)
 {
-    op->undo_ev = evtimer_new(ld_srv.base, undo_later_on_timer, op);
-    struct timeval tv = tv_ms(ld_srv.cfg->redis.timeout_ms);
+    op->undo_ev = evtimer_new(lock_mod.ctx->base, undo_later_on_timer, op);
+    if (op->undo_ev == NULL) {
+        ld_oom(0);
+    }
+    struct timeval tv = tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
     evtimer_add(op->undo_ev, &tv);
 }
 
@@ -1038,12 +999,13 @@ static void undo_pinned_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     op->inflight = false;
     long long v[2] = { 0, 0 };
-    if (!lk.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
+    if (!lock_mod.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
         ld_stats.lock_released++;
     }
     /* The record's count is the acquisitions' business: a reentry under
      * the same token may have answered meanwhile on another connection. */
-    if (ld_redis_outcome() != LD_REDIS_NOT_SENT || lk.freed || lk.stopping) {
+    if (ld_redis_outcome() != LD_REDIS_NOT_SENT || lock_mod.freed
+        || lock_mod.stopping) {
         op_free(op);
         return;
     }
@@ -1080,11 +1042,11 @@ static void acq_on_wait(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     op->inflight = false;
-    if (lk.freed) {
+    if (lock_mod.freed) {
         op_free(op);
         return;
     }
-    int need = ld_srv.cfg->lock.wait_replicas;
+    int need = lock_mod.ctx->cfg->lock.wait_replicas;
     long long got = (r != NULL && r->type == REDIS_REPLY_INTEGER)
                         ? r->integer : -1;
     if (got >= need) {
@@ -1098,7 +1060,7 @@ static void acq_on_wait(redisReply *r, void *arg)
     struct lk_rec *rec = op->rec;
     op->replicas_got = got;
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-        op->wait_why = strdup(ld_redis_failure_reason());
+        op->wait_why = ld_xstrdup(ld_redis_failure_reason());
     }
     const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
                            LK_UNLOCK_MSG };
@@ -1144,7 +1106,7 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
     ld_stats.lock_acquired++;
     op->grant_count = n;
     op->grant_fence = rec->fence;
-    if (!rec->detached && (rec->ls == NULL || lk.stopping)) {
+    if (!rec->detached && (rec->ls == NULL || lock_mod.stopping)) {
         /* Its session ended (or the daemon is stopping) while the request
          * was on its way: a session-bound lock must not outlive it. A
          * client that only half-closed still reads this answer, which
@@ -1154,7 +1116,7 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
         rec_release_all(rec);
         rec_set_count(rec, 0);
         if (op->req != NULL) {
-            if (lk.stopping) {
+            if (lock_mod.stopping) {
                 ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
                                "the daemon is stopping");
                 op->req = NULL;
@@ -1167,12 +1129,12 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
     if (op->req == NULL) {
         return false;
     }
-    int replicas = ld_srv.cfg->lock.wait_replicas;
+    int replicas = lock_mod.ctx->cfg->lock.wait_replicas;
     if (replicas > 0) {
         char nbuf[16], tbuf[24];
         /* Half the command timeout, so the answer arrives before the
          * daemon's own timeout gives up on the connection. */
-        long long t = ld_srv.cfg->redis.timeout_ms / 2;
+        long long t = lock_mod.ctx->cfg->redis.timeout_ms / 2;
         snprintf(nbuf, sizeof(nbuf), "%d", replicas);
         snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
         const char *argv[] = { "WAIT", nbuf, tbuf };
@@ -1193,7 +1155,7 @@ static void acq_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     op->inflight = false;
-    if (lk.freed) {
+    if (lock_mod.freed) {
         op_free(op);
         return;
     }
@@ -1257,13 +1219,13 @@ static void acq_on_reply(redisReply *r, void *arg)
             left = op->wait_ms - waited;
         }
         if (op->wait_ms == 0 || (op->wait_ms > 0 && left <= 0)
-            || rec->ls == NULL || lk.stopping) {
+            || rec->ls == NULL || lock_mod.stopping) {
             acq_reply_false(op, pttl);
             op_free(op);
             return;
         }
         /* A reentry that found its hold gone: it waits like any other. */
-        if (ld_stats.lock_waiters >= ld_srv.cfg->limits.max_waiters) {
+        if (ld_lockwait_full()) {
             ld_reply_error(op->req, LD_E_BUSY,
                            "too many lock waiters (limits.max_waiters)");
             op->req = NULL;
@@ -1277,7 +1239,8 @@ static void acq_on_reply(redisReply *r, void *arg)
     }
 
     /* Wrong type, Redis unreachable or an error reply. */
-    if (r == NULL && rec->count == 0 && rec->pending == 1 && !lk.stopping) {
+    if (r == NULL && rec->count == 0 && rec->pending == 1
+        && !lock_mod.stopping) {
         acq_undo_unanswered(rec);
     }
     if (n >= 1 && v[0] == -1) {
@@ -1309,7 +1272,7 @@ static void acq_send(struct lk_op *op)
     if (!op->reenter && rec->token_used && rec_retoken(rec) != LD_OK) {
         log_error("no random bytes for a lock token");
     }
-    long long max = ld_srv.cfg->lock.max_hold_ms;
+    long long max = lock_mod.ctx->cfg->lock.max_hold_ms;
     op->lease_ms = op->lease_asked;
     if (op->reenter) {
         op->lease_ms = rec_cap_clip(rec, op->lease_ms);
@@ -1335,7 +1298,8 @@ static void acq_try(struct ld_lockwait *w)
     /* While stopping, every waiter is being answered and dropped; an
      * attempt now would only take a lock to give back. */
     struct lk_op *op = container_of(w, struct lk_op, w);
-    if (lk.stopping || lk.freed || (op->ls != NULL && op->ls->closing)) {
+    if (lock_mod.stopping || lock_mod.freed
+        || (op->ls != NULL && op->ls->closing)) {
         return;
     }
     acq_send(op);
@@ -1357,7 +1321,7 @@ static void acq_expire(struct ld_lockwait *w, long long ttl_ms)
 static void acq_token_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
-    if (lk.freed) {
+    if (lock_mod.freed) {
         op_free(op);
         return;
     }
@@ -1430,7 +1394,7 @@ static bool token_ok(const char *t, size_t len)
     if (len == LD_TOKEN_LEN && all_of(t, len, hex)) {
         return true;
     }
-    if (ld_srv.cfg->lock.layout != LD_LAYOUT_REDISSON || len < 38
+    if (lock_mod.ctx->cfg->lock.layout != LD_LAYOUT_REDISSON || len < 38
         || len > 36 + 1 + 20) {
         return false;
     }
@@ -1458,7 +1422,7 @@ static bool token_check(struct ld_req *req, const char *t, size_t len)
     ld_reply_error(req, LD_E_BAD_REQUEST,
                    "field 'token' is not a lock token (%d lowercase hex "
                    "digits%s)", LD_TOKEN_LEN,
-                   ld_srv.cfg->lock.layout == LD_LAYOUT_REDISSON
+                   lock_mod.ctx->cfg->lock.layout == LD_LAYOUT_REDISSON
                        ? ", or a Redisson holder <uuid>:<thread id>" : "");
     return false;
 }
@@ -1491,7 +1455,8 @@ static struct lk_sess *sess_get(struct ld_session *s, bool create)
 {
     struct lk_sess *ls = s->lock_state;
     if (ls == NULL && create) {
-        ls = calloc(1, sizeof(*ls));
+        ls = ld_xcalloc(1, sizeof(*ls));
+        LIST_INIT(&ls->waiting);
         ls->sess = s;
         ls->recs = ld_dict_new();
         s->lock_state = ls;
@@ -1525,14 +1490,10 @@ static struct lk_op *target_op(enum lk_kind kind, struct ld_req *req,
     } else {
         op->n = n;
     }
-    op->key = malloc(t->key_len + 1);
-    memcpy(op->key, t->key, t->key_len);
-    op->key[t->key_len] = '\0';
+    op->key = ld_xstrndup(t->key, t->key_len);
     op->key_len = t->key_len;
     if (t->has_token) {
-        op->field = malloc(t->token_len + 1);
-        memcpy(op->field, t->token, t->token_len);
-        op->field[t->token_len] = '\0';
+        op->field = ld_xstrndup(t->token, t->token_len);
         op->field_len = t->token_len;
     }
     return op;
@@ -1566,7 +1527,7 @@ static void op_lock(struct ld_req *req)
     if (has_token && !token_check(req, token, tlen)) {
         return;
     }
-    if (lk.stopping) {
+    if (lock_mod.stopping) {
         ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
         return;
     }
@@ -1620,7 +1581,7 @@ static void op_lock(struct ld_req *req)
     struct lk_op *op = op_new(LK_ACQ, req, rec);
     rec->pending++;
     op->watchdog = !has_ttl;
-    op->lease_ms = has_ttl ? ttl : ld_srv.cfg->lock.watchdog_ms;
+    op->lease_ms = has_ttl ? ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
     op->lease_asked = op->lease_ms;
     op->wait_ms = wait;
 
@@ -1630,7 +1591,7 @@ static void op_lock(struct ld_req *req)
         acq_send(op);
         return;
     }
-    if (ld_stats.lock_waiters >= ld_srv.cfg->limits.max_waiters) {
+    if (ld_lockwait_full()) {
         ld_reply_error(req, LD_E_BUSY,
                        "too many lock waiters (limits.max_waiters)");
         op->req = NULL;
@@ -1665,7 +1626,7 @@ static void unlock_recheck_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
     long long v[3] = { 0, 0, 0 };
-    if (!lk.freed && rec != NULL && rec->linked
+    if (!lock_mod.freed && rec != NULL && rec->linked
         && reply_ints(r, v, 3) >= 3 && v[0] >= 0) {
         rec_set_count(rec, v[2]);
     }
@@ -1677,7 +1638,7 @@ static void unlock_recheck_on_reply(redisReply *r, void *arg)
 static void unlock_recheck(struct lk_op *op)
 {
     struct lk_rec *rec = op->rec;
-    if (lk.freed || rec == NULL || !rec->linked) {
+    if (lock_mod.freed || rec == NULL || !rec->linked) {
         op_free(op);
         return;
     }
@@ -1700,7 +1661,7 @@ static void unlock_on_reply(redisReply *r, void *arg)
         op->req = NULL;
         return;            /* the late answer or LOST follows */
     }
-    if (lk.freed) {
+    if (lock_mod.freed) {
         op_free(op);
         return;
     }
@@ -1782,7 +1743,7 @@ static void extend_on_reply(redisReply *r, void *arg)
         op->req = NULL;
         return;            /* the late answer or LOST follows */
     }
-    if (lk.freed || o == LD_REDIS_LOST) {
+    if (lock_mod.freed || o == LD_REDIS_LOST) {
         reply_redis_failure_op(op->req, r, op, true);
         op->req = NULL;
         op_free(op);
@@ -1863,7 +1824,7 @@ static void op_extend(struct ld_req *req)
 static void info_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
-    if (lk.freed) {
+    if (lock_mod.freed) {
         op_free(op);
         return;
     }
@@ -1912,15 +1873,16 @@ static void renew_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
+    LD_ASSERT(rec->renewing && lock_mod.renew_inflight > 0);
     rec->renewing = false;
-    lk.renew_inflight--;
-    if (lk.passing && !lk.freed &&
-        lk.renew_inflight <= RENEW_INFLIGHT_MAX / 2) {
+    lock_mod.renew_inflight--;
+    if (lock_mod.passing && !lock_mod.freed &&
+        lock_mod.renew_inflight <= RENEW_INFLIGHT_MAX / 2) {
         pass_continue();
     }
     /* Replies come in command order, so a record that was released or
      * lost meanwhile simply ignores what this renewal found. */
-    if (lk.freed || !rec->linked || rec->count == 0 || rec->ls == NULL) {
+    if (lock_mod.freed || !rec->linked || rec->count == 0 || rec->ls == NULL) {
         op_free(op);
         return;
     }
@@ -1934,7 +1896,7 @@ static void renew_on_reply(redisReply *r, void *arg)
         long long pttl = v[1];
         if (pttl < 0) {
             /* Someone removed the expiry; look again in a while. */
-            pttl = ld_srv.cfg->lock.watchdog_ms;
+            pttl = lock_mod.ctx->cfg->lock.watchdog_ms;
         }
         rec->lease_end_ms = op->sent_ms + (uint64_t)pttl;
         if (v[2] > 0) {
@@ -1981,14 +1943,14 @@ static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     rec->renewing = true;
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    lk.renew_inflight++;
+    lock_mod.renew_inflight++;
     script(LD_SCRIPT_lock_renew, &rec->n, 1, 4, args, lens, renew_on_reply,
            op);
 }
 
 static long long pass_period_ms(void)
 {
-    long long p = ld_srv.cfg->lock.watchdog_ms / 3;
+    long long p = lock_mod.ctx->cfg->lock.watchdog_ms / 3;
     return p > 0 ? p : 1;
 }
 
@@ -1996,19 +1958,20 @@ static void pass_arm(void)
 {
     long long ms = pass_period_ms();
     struct timeval tv = tv_ms((long long)ms);
-    evtimer_add(lk.pass_ev, &tv);
+    evtimer_add(lock_mod.pass_ev, &tv);
 }
 
 /* What the pass does for one record: renew a watchdog lock, stop renewing
  * at max_hold, look after a fixed lease that should have run out. */
 static void pass_visit(struct lk_rec *rec, uint64_t now)
 {
-    const struct ld_config *cfg = ld_srv.cfg;
+    const struct ld_config *cfg = lock_mod.ctx->cfg;
     if (rec->ls == NULL) {
         return;
     }
     if (!rec->watchdog) {
-        if (!rec->renewing && (lk.check_all || now >= rec->lease_end_ms)) {
+        if (!rec->renewing
+            && (lock_mod.check_all || now >= rec->lease_end_ms)) {
             renew_send(rec, LK_CHECK, 0);
         }
         return;
@@ -2039,24 +2002,23 @@ static void pass_visit(struct lk_rec *rec, uint64_t now)
  * write per connection. The cursor survives records leaving the list
  * (held_unlink moves it on); records added meanwhile are new and wait for
  * the next pass. */
-static void pass_step(evutil_socket_t fd, short what, void *arg)
+static void pass_step(void *arg)
 {
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
     LD_UNUSED(arg);
     uint64_t now = ld_now_ms();
     int visited = 0;
-    while (lk.cursor != NULL && visited < PASS_STEP &&
-           lk.renew_inflight < RENEW_INFLIGHT_MAX) {
-        struct lk_rec *rec = lk.cursor;
-        lk.cursor = rec->hnext;
+    while (lock_mod.cursor != NULL && visited < PASS_STEP &&
+           lock_mod.renew_inflight < RENEW_INFLIGHT_MAX) {
+        struct lk_rec *rec = lock_mod.cursor;
+        LD_ASSERT(rec->in_held);
+        lock_mod.cursor = TAILQ_NEXT(rec, held_link);
         pass_visit(rec, now);
         visited++;
     }
-    if (lk.cursor == NULL) {
-        lk.passing = false;
-        lk.check_all = false;
-    } else if (lk.renew_inflight < RENEW_INFLIGHT_MAX) {
+    if (lock_mod.cursor == NULL) {
+        lock_mod.passing = false;
+        lock_mod.check_all = false;
+    } else if (lock_mod.renew_inflight < RENEW_INFLIGHT_MAX) {
         pass_continue();
     }
     /* else: renew_on_reply continues once replies have come back. */
@@ -2064,7 +2026,7 @@ static void pass_step(evutil_socket_t fd, short what, void *arg)
 
 static void pass_continue(void)
 {
-    event_active(lk.step_ev, EV_TIMEOUT, 0);
+    ld_defer_kick(&lock_mod.step);
 }
 
 /* The one periodic timer starts a pass over every held lock, unless the
@@ -2074,11 +2036,11 @@ static void pass_run(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    if (!lk.passing) {
-        lk.passing = true;
-        lk.cursor = lk.held;
+    if (!lock_mod.passing) {
+        lock_mod.passing = true;
+        lock_mod.cursor = TAILQ_FIRST(&lock_mod.held);
     }
-    pass_step(-1, 0, NULL);
+    pass_step(NULL);
     pass_arm();
 }
 
@@ -2089,12 +2051,13 @@ static void pass_run(evutil_socket_t fd, short what, void *arg)
  * locks at all. */
 static void recheck_start(void)
 {
-    if (lk.freed || lk.stopping || (lk.passing && lk.check_all)) {
+    if (lock_mod.freed || lock_mod.stopping
+        || (lock_mod.passing && lock_mod.check_all)) {
         return;
     }
-    lk.check_all = true;
-    lk.passing = true;
-    lk.cursor = lk.held;
+    lock_mod.check_all = true;
+    lock_mod.passing = true;
+    lock_mod.cursor = TAILQ_FIRST(&lock_mod.held);
     pass_continue();
 }
 
@@ -2110,8 +2073,8 @@ static void on_redis_state(bool up, void *arg)
 
 static void sess_drop_waiters(struct lk_sess *ls, int code, const char *msg)
 {
-    while (ls->waiting != NULL) {
-        struct lk_op *op = ls->waiting;
+    struct lk_op *op;
+    while ((op = LIST_FIRST(&ls->waiting)) != NULL) {
         op_wait_unlink(op);
         ld_lockwait_leave(&op->w);
         if (op->req != NULL) {
@@ -2160,16 +2123,23 @@ static void on_session_close(struct ld_session *s)
 
 /* -------------------------------------------------------------- module */
 
-int ld_lock_init(void)
+int ld_lock_init(const struct ld_ctx *ctx)
 {
-    lk.by_token = ld_dict_new();
-    lk.fences = ld_dict_new();
-    ld_lockwait_init(acq_try, acq_expire);
-    lk.pass_ev = evtimer_new(ld_srv.base, pass_run, NULL);
-    lk.step_ev = event_new(ld_srv.base, -1, 0, pass_step, NULL);
-    if (lk.by_token == NULL || lk.pass_ev == NULL || lk.step_ev == NULL) {
+    lock_mod.ctx = ctx;
+    TAILQ_INIT(&lock_mod.held);
+    LIST_INIT(&lock_mod.ops);
+    TAILQ_INIT(&lock_mod.idle);
+    lock_mod.by_token = ld_dict_new();
+    lock_mod.fences = ld_dict_new();
+    if (ld_lockwait_init(ctx) != LD_OK) {
         return LD_ERR;
     }
+    ld_lockwait_set_handlers(acq_try, acq_expire);
+    lock_mod.pass_ev = evtimer_new(ctx->base, pass_run, NULL);
+    if (lock_mod.pass_ev == NULL) {
+        ld_oom(0);
+    }
+    ld_defer_init(&lock_mod.step, ctx->base, pass_step, NULL);
     pass_arm();
     ld_session_on_close(on_session_close);
     ld_redis_on_state(on_redis_state, NULL);
@@ -2184,7 +2154,7 @@ int ld_lock_init(void)
 
 void ld_lock_shutdown(void)
 {
-    lk.stopping = true;
+    lock_mod.stopping = true;
     for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
         struct lk_sess *ls = s->lock_state;
         if (ls != NULL) {
@@ -2193,8 +2163,9 @@ void ld_lock_shutdown(void)
         }
     }
     struct lk_rec *next;
-    for (struct lk_rec *rec = lk.held; rec != NULL; rec = next) {
-        next = rec->hnext;
+    for (struct lk_rec *rec = TAILQ_FIRST(&lock_mod.held); rec != NULL;
+         rec = next) {
+        next = TAILQ_NEXT(rec, held_link);
         if (rec->detached) {
             continue;
         }
@@ -2207,7 +2178,7 @@ void ld_lock_shutdown(void)
 
 void ld_lock_free(void)
 {
-    if (lk.by_token == NULL) {
+    if (lock_mod.by_token == NULL) {
         return;
     }
     for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
@@ -2217,11 +2188,12 @@ void ld_lock_free(void)
                               "the daemon is stopping");
         }
     }
-    lk.freed = true;
+    lock_mod.freed = true;
     /* Requests still out get their answer now; their commands' replies,
      * if they still come, only free what is left. */
-    for (struct lk_op *op = lk.ops, *next; op != NULL; op = next) {
-        next = op->next;
+    for (struct lk_op *op = LIST_FIRST(&lock_mod.ops), *next; op != NULL;
+         op = next) {
+        next = LIST_NEXT(op, link);
         if (op->req != NULL) {
             ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
                            "the daemon is stopping");
@@ -2252,20 +2224,17 @@ void ld_lock_free(void)
         free(ls);
     }
     ld_lockwait_free();
-    event_free(lk.pass_ev);
-    lk.pass_ev = NULL;
-    if (lk.step_ev != NULL) {
-        event_free(lk.step_ev);
-        lk.step_ev = NULL;
-    }
-    ld_dict_free(lk.by_token);
-    lk.by_token = NULL;
+    event_free(lock_mod.pass_ev);
+    lock_mod.pass_ev = NULL;
+    ld_defer_free(&lock_mod.step);
+    ld_dict_free(lock_mod.by_token);
+    lock_mod.by_token = NULL;
     /* Entries still pinned by a record go with their last record. */
-    while (lk.idle_head != NULL) {
-        struct lk_fmemo *fm = lk.idle_head;
+    struct lk_fmemo *fm;
+    while ((fm = TAILQ_FIRST(&lock_mod.idle)) != NULL) {
         fmemo_idle_unlink(fm);
         fmemo_free(fm);
     }
-    ld_dict_free(lk.fences);
-    lk.fences = NULL;
+    ld_dict_free(lock_mod.fences);
+    lock_mod.fences = NULL;
 }
