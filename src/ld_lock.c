@@ -22,6 +22,7 @@
 #include "ld_defer.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_lock_codes.h"
 #include "ld_lockwait.h"
 #include "ld_log.h"
 #include "ld_mem.h"
@@ -289,7 +290,7 @@ static int reply_acquire(const redisReply *r, long long v[4])
         || r->element[0]->type != REDIS_REPLY_INTEGER) {
         return -1;
     }
-    if (r->element[0]->integer != 1) {
+    if (r->element[0]->integer != LD_LOCK_GRANTED) {
         return reply_ints(r, v, 4);
     }
     if (r->elements != 4 || r->element[1]->type != REDIS_REPLY_INTEGER
@@ -311,7 +312,7 @@ static int reply_acquire(const redisReply *r, long long v[4])
         || buf[0] == '+' || (buf[0] == '0' && f->len > 1)) {
         return -1;
     }
-    v[0] = 1;
+    v[0] = LD_LOCK_GRANTED;
     v[1] = r->element[1]->integer;
     v[2] = fence;
     v[3] = r->element[3]->integer;
@@ -408,11 +409,6 @@ static void reply_redis_failure_op(struct ld_req *req, const redisReply *r,
         ld_reply_error(req, LD_E_INTERNAL,
                        "unexpected reply from a lock script");
     }
-}
-
-static void reply_redis_failure(struct ld_req *req, const redisReply *r)
-{
-    reply_redis_failure_op(req, r, NULL, false);
 }
 
 static void reply_not_held(struct ld_req *req, const char *key, size_t klen,
@@ -864,13 +860,57 @@ static void op_wait_add(struct lk_op *op, struct lk_sess *ls)
     LIST_INSERT_HEAD(&ls->waiting, op, wait_link);
 }
 
+/* A not_held or stale answer about a record we thought held: Redis is
+ * right, the hold is gone. */
+static void rec_forget_stale(struct lk_rec *rec)
+{
+    if (rec != NULL && rec->linked && rec->count > 0) {
+        rec_set_count(rec, 0);
+    }
+}
+
+/* The one failure path of the lock handlers, for a script reply that is
+ * not a success: V holds its N integers (N < 1 when it was no usable
+ * reply). Answers OP's request when still owed. WRITE: the command
+ * changes the lock, so a code that says the hold is gone settles OP's
+ * record, and a command that got no answer may have happened ("outcome":
+ * "unknown"). */
+static void op_fail(struct lk_op *op, const redisReply *r, int n,
+                    const long long *v, bool write)
+{
+    size_t klen;
+    const char *key = op_key(op, &klen);
+    struct lk_rec *rec = op->rec;
+    if (rec != NULL && !rec->linked) {
+        rec = NULL;
+    }
+    bool wrong = n >= 1 && v[0] == LD_LOCK_WRONG_TYPE;
+    bool gone = n >= 1 && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER);
+    if (!wrong && !gone) {
+        /* No answer, an error, or one no script gives. */
+        reply_redis_failure_op(op->req, r, op, write);
+        op->req = NULL;
+        return;
+    }
+    if (write) {
+        rec_forget_stale(rec);
+    }
+    if (op->req != NULL && wrong) {
+        reply_wrong_type(op->req, key, klen);
+    } else if (op->req != NULL) {
+        reply_not_held(op->req, key, klen, v[0] == LD_LOCK_OTHER);
+    }
+    op->req = NULL;
+}
+
 /* --------------------------------------------------------- release all */
 
 static void release_all_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     long long v[2] = { 0, 0 };
-    if (!lock_mod.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
+    if (!lock_mod.freed && reply_ints(r, v, 2) >= 1
+        && v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
     op_free(op);
@@ -951,10 +991,10 @@ static void undo_on_reply(redisReply *r, void *arg)
         op->req = NULL;
     }
     if (!lock_mod.freed && rec->linked && n >= 1) {
-        if (v[0] == 1) {
+        if (v[0] == LD_LOCK_RELEASED) {
             ld_stats.lock_released++;
             rec_set_count(rec, 0);
-        } else if (v[0] == 0 && n == 2) {
+        } else if (v[0] == LD_LOCK_KEPT && n == 2) {
             rec_set_count(rec, v[1]);
         } else {
             rec_set_count(rec, 0);
@@ -999,7 +1039,8 @@ static void undo_pinned_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     op->inflight = false;
     long long v[2] = { 0, 0 };
-    if (!lock_mod.freed && reply_ints(r, v, 2) >= 1 && v[0] == 1) {
+    if (!lock_mod.freed && reply_ints(r, v, 2) >= 1
+        && v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
     /* The record's count is the acquisitions' business: a reentry under
@@ -1164,14 +1205,16 @@ static void acq_on_reply(redisReply *r, void *arg)
     int n = reply_acquire(r, v);
     bool queued = op->w.q != NULL;
 
-    if (op->reenter && n >= 1 && (v[0] == -2 || v[0] == -3)) {
+    if (op->reenter && n >= 1
+        && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER)) {
         /* We believed this owner held the lock, but its hold is gone (a
          * fixed lease ran out, Redis lost it, an unlock by token): tell
          * the holder before anything else, then this request is a new
          * acquisition, under a new token. */
         if (rec->count > 0) {
             bool early = ld_now_ms() < rec->lease_end_ms;
-            rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
+            rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
+                     false);
             if (early) {
                 /* Gone before its lease: Redis may have lost data. */
                 recheck_start();
@@ -1181,14 +1224,14 @@ static void acq_on_reply(redisReply *r, void *arg)
             op_free(op);
             return;
         }
-        if (v[0] == -2) {
+        if (v[0] == LD_LOCK_ABSENT) {
             acq_send(op);
             return;
         }
-        v[0] = 0;
+        v[0] = LD_LOCK_TAKEN;
     }
 
-    if (n >= 4 && v[0] == 1) {
+    if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
         bool kept = acq_granted(op, v[1], v[2], v[3]);
         op_wait_unlink(op);
         if (queued) {
@@ -1199,7 +1242,7 @@ static void acq_on_reply(redisReply *r, void *arg)
         }
         return;
     }
-    if (n >= 2 && v[0] == 0) {
+    if (n >= 2 && v[0] == LD_LOCK_TAKEN) {
         long long pttl = v[1];
         ld_stats.lock_contended++;
         if (op->req == NULL) {
@@ -1243,18 +1286,11 @@ static void acq_on_reply(redisReply *r, void *arg)
         && !lock_mod.stopping) {
         acq_undo_unanswered(rec);
     }
-    if (n >= 1 && v[0] == -1) {
+    if (n >= 1 && v[0] == LD_LOCK_WRONG_TYPE) {
         log_warn("lock '%.*s': its redis keys hold data leased did not "
                  "write; nothing changed", (int)rec->key_len, rec->key);
     }
-    if (op->req != NULL) {
-        if (n >= 1 && v[0] == -1) {
-            reply_wrong_type(op->req, rec->key, rec->key_len);
-        } else {
-            reply_redis_failure(op->req, r);
-        }
-        op->req = NULL;
-    }
+    op_fail(op, r, n, v, false);
     op_wait_unlink(op);
     if (queued) {
         ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
@@ -1327,9 +1363,7 @@ static void acq_token_on_reply(redisReply *r, void *arg)
     }
     long long v[4] = { 0, 0, 0, 0 };
     int n = reply_acquire(r, v);
-    size_t klen;
-    const char *key = op_key(op, &klen);
-    if (n >= 4 && v[0] == 1) {
+    if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
         struct lk_rec *rec = op->rec;
         long long fence = v[2];
         if (rec != NULL && rec->linked) {
@@ -1351,14 +1385,10 @@ static void acq_token_on_reply(redisReply *r, void *arg)
                                  (json_int_t)(op->lease_ms > 0 ? op->lease_ms
                                                                : v[3]));
         ld_reply_ok(op->req, body);
-    } else if (n >= 1 && (v[0] == -2 || v[0] == -3)) {
-        reply_not_held(op->req, key, klen, v[0] == -3);
-    } else if (n >= 1 && v[0] == -1) {
-        reply_wrong_type(op->req, key, klen);
+        op->req = NULL;
     } else {
-        reply_redis_failure(op->req, r);
+        op_fail(op, r, n, v, false);
     }
-    op->req = NULL;
     op_free(op);
 }
 
@@ -1612,22 +1642,14 @@ static void op_lock(struct ld_req *req)
 
 /* -------------------------------------------------------------- unlock */
 
-/* A not_held or stale answer about a record we thought held: Redis is
- * right, the hold is gone. */
-static void rec_forget_stale(struct lk_rec *rec)
-{
-    if (rec != NULL && rec->linked && rec->count > 0) {
-        rec_set_count(rec, 0);
-    }
-}
-
 static void unlock_recheck_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
     long long v[3] = { 0, 0, 0 };
     if (!lock_mod.freed && rec != NULL && rec->linked
-        && reply_ints(r, v, 3) >= 3 && v[0] >= 0) {
+        && reply_ints(r, v, 3) >= 3
+        && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
         rec_set_count(rec, v[2]);
     }
     op_free(op);
@@ -1683,8 +1705,8 @@ static void unlock_on_reply(redisReply *r, void *arg)
         log_info("late answer settled op=unlock key=%.*s result=%lld",
                  (int)klen, key, n >= 1 ? v[0] : -100);
     }
-    if (n >= 2 && (v[0] == 1 || v[0] == 0)) {
-        if (v[0] == 1) {
+    if (n >= 2 && (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT)) {
+        if (v[0] == LD_LOCK_RELEASED) {
             ld_stats.lock_released++;
         }
         if (rec != NULL) {
@@ -1692,23 +1714,13 @@ static void unlock_on_reply(redisReply *r, void *arg)
         }
         if (op->req != NULL) {
             ld_reply_ok(op->req, json_pack("{s:b,s:I}", "released",
-                                           v[0] == 1, "count",
-                                           (json_int_t)v[1]));
+                                           v[0] == LD_LOCK_RELEASED,
+                                           "count", (json_int_t)v[1]));
         }
-    } else if (n >= 1 && (v[0] == -2 || v[0] == -3)) {
-        rec_forget_stale(rec);
-        if (op->req != NULL) {
-            reply_not_held(op->req, key, klen, v[0] == -3);
-        }
-    } else if (n >= 1 && v[0] == -1) {
-        rec_forget_stale(rec);
-        if (op->req != NULL) {
-            reply_wrong_type(op->req, key, klen);
-        }
+        op->req = NULL;
     } else {
-        reply_redis_failure_op(op->req, r, op, true);
+        op_fail(op, r, n, v, true);
     }
-    op->req = NULL;
     op_free(op);
 }
 
@@ -1761,7 +1773,7 @@ static void extend_on_reply(redisReply *r, void *arg)
         log_info("late answer settled op=extend key=%.*s result=%lld",
                  (int)klen, key, n >= 1 ? v[0] : -100);
     }
-    if (n >= 3 && v[0] == 1) {
+    if (n >= 3 && v[0] == LD_LOCK_HELD) {
         if (rec != NULL) {
             rec_set_count(rec, v[2]);
             if (v[1] >= 0) {
@@ -1775,20 +1787,10 @@ static void extend_on_reply(redisReply *r, void *arg)
             ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",
                                            (json_int_t)op->lease_ms));
         }
-    } else if (n >= 1 && (v[0] == -2 || v[0] == -3)) {
-        rec_forget_stale(rec);
-        if (op->req != NULL) {
-            reply_not_held(op->req, key, klen, v[0] == -3);
-        }
-    } else if (n >= 1 && v[0] == -1) {
-        rec_forget_stale(rec);
-        if (op->req != NULL) {
-            reply_wrong_type(op->req, key, klen);
-        }
+        op->req = NULL;
     } else {
-        reply_redis_failure_op(op->req, r, op, true);
+        op_fail(op, r, n, v, true);
     }
-    op->req = NULL;
     op_free(op);
 }
 
@@ -1830,22 +1832,19 @@ static void info_on_reply(redisReply *r, void *arg)
     }
     long long v[3] = { 0, 0, 0 };
     int n = reply_ints(r, v, 3);
-    size_t klen;
-    const char *key = op_key(op, &klen);
-    if (n >= 3 && (v[0] == 0 || v[0] == 1)) {
-        json_t *body = json_pack("{s:b,s:I,s:b}", "locked", v[0] == 1,
+    if (n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
+        json_t *body = json_pack("{s:b,s:I,s:b}", "locked",
+                                 v[0] == LD_LOCK_HELD,
                                  "ttl_ms", (json_int_t)v[1], "mine",
                                  v[2] > 0);
         if (v[2] > 0) {
             json_object_set_new(body, "count", json_integer(v[2]));
         }
         ld_reply_ok(op->req, body);
-    } else if (n >= 1 && v[0] == -1) {
-        reply_wrong_type(op->req, key, klen);
+        op->req = NULL;
     } else {
-        reply_redis_failure_op(op->req, r, op, false);
+        op_fail(op, r, n, v, false);
     }
-    op->req = NULL;
     op_free(op);
 }
 
@@ -1889,7 +1888,7 @@ static void renew_on_reply(redisReply *r, void *arg)
     bool renew = op->kind == LK_RENEW;
     long long v[3] = { 0, 0, 0 };
     int n = reply_ints(r, v, 3);
-    if (n >= 3 && v[0] == 1) {
+    if (n >= 3 && v[0] == LD_LOCK_HELD) {
         if (renew) {
             ld_stats.lock_renewals_ok++;
         }
@@ -1908,20 +1907,22 @@ static void renew_on_reply(redisReply *r, void *arg)
          * Redis: Redis lost data (FLUSHALL, a restart without
          * persistence, an eviction), so look at every lock at once. */
         bool early = ld_now_ms() < rec->lease_end_ms;
-        if (v[0] == -1) {
+        if (v[0] == LD_LOCK_WRONG_TYPE) {
             log_warn("lock '%.*s': its redis key holds data leased did not "
                      "write", (int)rec->key_len, rec->key);
         }
         if (renew) {
             ld_stats.lock_renewals_failed++;
-            rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
+            rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
+                     false);
         } else if (early) {
-            rec_lost(rec, v[0] == -2 ? "expired" : "taken", false);
+            rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
+                     false);
         } else {
             /* A fixed lease ran out: that is what the client asked for. */
             rec_set_count(rec, 0);
         }
-        if (early && v[0] != -1) {
+        if (early && v[0] != LD_LOCK_WRONG_TYPE) {
             recheck_start();
         }
     } else if (renew) {
