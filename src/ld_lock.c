@@ -1352,6 +1352,12 @@ static void acq_expire(struct ld_lockwait *w, long long ttl_ms)
     }
 }
 
+/* Queued requests make their attempts through these. */
+static void acq_init(void)
+{
+    ld_lockwait_set_handlers(acq_try, acq_expire);
+}
+
 /* lock with "token": reenter a lock held under that token, from any
  * session. Never waits and never takes a free lock. */
 static void acq_token_on_reply(redisReply *r, void *arg)
@@ -2070,6 +2076,25 @@ static void on_redis_state(bool up, void *arg)
     }
 }
 
+/* The watchdog's one periodic timer, and rechecks when Redis is back. */
+static void watch_init(void)
+{
+    lock_mod.pass_ev = evtimer_new(lock_mod.ctx->base, pass_run, NULL);
+    if (lock_mod.pass_ev == NULL) {
+        ld_oom(0);
+    }
+    ld_defer_init(&lock_mod.step, lock_mod.ctx->base, pass_step, NULL);
+    pass_arm();
+    ld_redis_on_state(on_redis_state, NULL);
+}
+
+static void watch_free(void)
+{
+    event_free(lock_mod.pass_ev);
+    lock_mod.pass_ev = NULL;
+    ld_defer_free(&lock_mod.step);
+}
+
 /* ------------------------------------------------------ session close */
 
 static void sess_drop_waiters(struct lk_sess *ls, int code, const char *msg)
@@ -2135,15 +2160,9 @@ int ld_lock_init(const struct ld_ctx *ctx)
     if (ld_lockwait_init(ctx) != LD_OK) {
         return LD_ERR;
     }
-    ld_lockwait_set_handlers(acq_try, acq_expire);
-    lock_mod.pass_ev = evtimer_new(ctx->base, pass_run, NULL);
-    if (lock_mod.pass_ev == NULL) {
-        ld_oom(0);
-    }
-    ld_defer_init(&lock_mod.step, ctx->base, pass_step, NULL);
-    pass_arm();
+    acq_init();
+    watch_init();
     ld_session_on_close(on_session_close);
-    ld_redis_on_state(on_redis_state, NULL);
     if (ld_dispatch_register("lock", op_lock) != LD_OK
         || ld_dispatch_register("unlock", op_unlock) != LD_OK
         || ld_dispatch_register("extend", op_extend) != LD_OK
@@ -2225,9 +2244,7 @@ void ld_lock_free(void)
         free(ls);
     }
     ld_lockwait_free();
-    event_free(lock_mod.pass_ev);
-    lock_mod.pass_ev = NULL;
-    ld_defer_free(&lock_mod.step);
+    watch_free();
     ld_dict_free(lock_mod.by_token);
     lock_mod.by_token = NULL;
     /* Entries still pinned by a record go with their last record. */
