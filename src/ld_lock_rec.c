@@ -204,6 +204,12 @@ void lk_rec_unlink(struct lk_rec *rec)
     if (!rec->linked) {
         return;
     }
+    /* Linked means findable both ways, as this very record. */
+    LD_ASSERT(ld_dict_get(lock_mod.by_token, rec->token, LD_TOKEN_LEN)
+              == rec);
+    LD_ASSERT(rec->ls == NULL
+              || ld_dict_get(rec->ls->recs, rec->dkey, rec->dkey_len)
+                     == rec);
     if (rec->ls != NULL) {
         ld_dict_del(rec->ls->recs, rec->dkey, rec->dkey_len);
     }

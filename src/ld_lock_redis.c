@@ -33,7 +33,7 @@ int lk_reply_ints(const redisReply *r, long long *v, int max)
     return n;
 }
 
-/* Read lock_acquire's reply into V: like reply_ints, but a grant carries
+/* Read lock_acquire's reply into V: like lk_reply_ints, but a grant carries
  * its fence as a decimal string (fences never pass through Lua numbers),
  * read here exactly. Returns -1 for anything else, also for a fence that
  * is not a positive 64-bit integer (0 means unknown, on a reentry). */

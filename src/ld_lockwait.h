@@ -7,7 +7,7 @@
 #include <sys/queue.h>
 
 /* Lock waiters of this daemon, one FIFO queue per lock. Internal to the
- * lock module: ld_lock.c embeds a struct ld_lockwait in every waiting
+ * lock module: ld_lock_acq.c embeds a struct ld_lockwait in every waiting
  * request, decides how one attempt is made and how a request is answered;
  * this module decides when the queue head tries again.
  *
