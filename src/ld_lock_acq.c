@@ -375,7 +375,10 @@ static void acq_on_reply(redisReply *r, void *arg)
         log_warn("lock '%.*s': its redis keys hold data leased did not "
                  "write; nothing changed", (int)rec->key_len, rec->key);
     }
-    lk_op_fail(op, r, n, v, false);
+    if (op->req != NULL) {
+        /* An answered request's failure is nobody's to hear of. */
+        lk_op_fail(op, r, n, v, false);
+    }
     lk_op_wait_unlink(op);
     if (queued) {
         ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
