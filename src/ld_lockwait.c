@@ -1,10 +1,12 @@
 #include "ld_lockwait.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
+#include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_log.h"
+#include "ld_mem.h"
 #include "ld_pubsub.h"
-#include "ld_server.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
@@ -21,7 +23,7 @@ struct ld_lockwait_q {
     size_t route_len;
     char *chan;
     size_t chan_len;
-    struct ld_lockwait *head, *tail;
+    TAILQ_HEAD(, ld_lockwait) waiters;  /* FIFO; only the head tries */
     struct ld_pubsub_sub *sub;
     struct event *retry_ev;     /* at the holder's lease end */
     bool wake_pending;          /* a wake-up came while the head was trying */
@@ -30,10 +32,13 @@ struct ld_lockwait_q {
 };
 
 static struct {
+    const struct ld_ctx *ctx;
     struct ld_dict *queues;     /* route -> struct ld_lockwait_q */
     ld_lockwait_try_fn *try_fn;
     ld_lockwait_expire_fn *expire_fn;
-} lw;
+    ld_lockwait_sub_fn *sub_fn;
+    ld_lockwait_unsub_fn *unsub_fn;
+} lockwait_mod;
 
 static void q_head_try(struct ld_lockwait_q *q);
 
@@ -45,19 +50,35 @@ static struct timeval tv_ms(long long ms)
     return tv;
 }
 
-void ld_lockwait_init(ld_lockwait_try_fn *try_fn,
-                      ld_lockwait_expire_fn *expire_fn)
+int ld_lockwait_init(const struct ld_ctx *ctx)
 {
-    lw.queues = ld_dict_new();
-    lw.try_fn = try_fn;
-    lw.expire_fn = expire_fn;
+    lockwait_mod.ctx = ctx;
+    lockwait_mod.queues = ld_dict_new();
+    lockwait_mod.sub_fn = ld_pubsub_subscribe;
+    lockwait_mod.unsub_fn = ld_pubsub_unsubscribe;
+    return LD_OK;
+}
+
+void ld_lockwait_set_handlers(ld_lockwait_try_fn *try_fn,
+                              ld_lockwait_expire_fn *expire_fn)
+{
+    lockwait_mod.try_fn = try_fn;
+    lockwait_mod.expire_fn = expire_fn;
+}
+
+void ld_lockwait_set_channel(ld_lockwait_sub_fn *sub_fn,
+                             ld_lockwait_unsub_fn *unsub_fn)
+{
+    lockwait_mod.sub_fn = sub_fn;
+    lockwait_mod.unsub_fn = unsub_fn;
 }
 
 static void q_destroy(struct ld_lockwait_q *q)
 {
-    ld_dict_del(lw.queues, q->route, q->route_len);
+    LD_ASSERT(TAILQ_EMPTY(&q->waiters));
+    ld_dict_del(lockwait_mod.queues, q->route, q->route_len);
     if (q->sub != NULL) {
-        ld_pubsub_unsubscribe(q->sub);
+        lockwait_mod.unsub_fn(q->sub);
     }
     event_free(q->retry_ev);
     free(q->route);
@@ -79,24 +100,16 @@ static long long q_ttl_estimate(const struct ld_lockwait_q *q)
 static struct ld_lockwait_q *w_unlink(struct ld_lockwait *w)
 {
     struct ld_lockwait_q *q = w->q;
-    if (w->prev != NULL) {
-        w->prev->next = w->next;
-    } else {
-        q->head = w->next;
-    }
-    if (w->next != NULL) {
-        w->next->prev = w->prev;
-    } else {
-        q->tail = w->prev;
-    }
-    w->prev = w->next = NULL;
+    LD_ASSERT(q != NULL);
+    LD_ASSERT(ld_stats.lock_waiters > 0);
+    TAILQ_REMOVE(&q->waiters, w, link);
     w->q = NULL;
     if (w->deadline_ev != NULL) {
         event_free(w->deadline_ev);
         w->deadline_ev = NULL;
     }
     ld_stats.lock_waiters--;
-    if (q->head == NULL) {
+    if (TAILQ_EMPTY(&q->waiters)) {
         q_destroy(q);
         return NULL;
     }
@@ -111,7 +124,7 @@ static void q_arm_retry(struct ld_lockwait_q *q, long long pttl)
     } else if (pttl == -1) {
         /* A lock without expiry (written by someone else): no lease end to
          * wait for, so look again now and then. */
-        ms = ld_srv.cfg->lock.watchdog_ms / 3;
+        ms = lockwait_mod.ctx->cfg->lock.watchdog_ms / 3;
         if (ms < 10) {
             ms = 10;
         }
@@ -156,10 +169,11 @@ static void q_on_pubsub(enum ld_pubsub_event ev, const char *msg, size_t len,
 
 static void q_head_try(struct ld_lockwait_q *q)
 {
-    struct ld_lockwait *h = q->head;
+    struct ld_lockwait *h = TAILQ_FIRST(&q->waiters);
     if (h == NULL) {
         return;
     }
+    LD_ASSERT(h->q == q);
     if (h->trying) {
         q->wake_pending = true;
         return;
@@ -167,7 +181,7 @@ static void q_head_try(struct ld_lockwait_q *q)
     q->wake_pending = false;
     evtimer_del(q->retry_ev);
     h->trying = true;
-    lw.try_fn(h);
+    lockwait_mod.try_fn(h);
 }
 
 static void q_subscribe(struct ld_lockwait_q *q)
@@ -175,7 +189,7 @@ static void q_subscribe(struct ld_lockwait_q *q)
     if (q->sub != NULL) {
         return;
     }
-    q->sub = ld_pubsub_subscribe(q->chan, q->chan_len, q_on_pubsub, q);
+    q->sub = lockwait_mod.sub_fn(q->chan, q->chan_len, q_on_pubsub, q);
     if (q->sub == NULL) {
         log_warn("lock wait queue could not subscribe; waking on lease end "
                  "only");
@@ -201,60 +215,67 @@ static void w_on_deadline(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(what);
     struct ld_lockwait *w = arg;
     struct ld_lockwait_q *q = w->q;
+    LD_ASSERT(q != NULL);
     w->timed_out = true;
-    if (w == q->head) {
+    if (w == TAILQ_FIRST(&q->waiters)) {
         /* One last attempt: the lock may be free even though no wake-up
          * reached us (a lost message, a holder without lease). Its
          * outcome answers the request. */
         if (!w->trying) {
             q->wake_pending = false;
             w->trying = true;
-            lw.try_fn(w);
+            lockwait_mod.try_fn(w);
         }
         return;
     }
     long long ttl = q_ttl_estimate(q);
     w_unlink(w);
-    lw.expire_fn(w, ttl);
+    lockwait_mod.expire_fn(w, ttl);
+}
+
+bool ld_lockwait_full(void)
+{
+    return ld_stats.lock_waiters >= lockwait_mod.ctx->cfg->limits.max_waiters;
 }
 
 void ld_lockwait_join(struct ld_lockwait *w, const char *route,
                       size_t route_len, const char *chan, size_t chan_len,
                       long long wait_ms, bool tried, long long pttl)
 {
-    struct ld_lockwait_q *q = ld_dict_get(lw.queues, route, route_len);
+    LD_ASSERT(w->q == NULL);
+    LD_ASSERT(lockwait_mod.try_fn != NULL && lockwait_mod.expire_fn != NULL);
+    struct ld_lockwait_q *q = ld_dict_get(lockwait_mod.queues, route,
+                                          route_len);
     if (q == NULL) {
-        q = calloc(1, sizeof(*q));
-        q->route = malloc(route_len + 1);
-        memcpy(q->route, route, route_len);
-        q->route[route_len] = '\0';
+        q = ld_xcalloc(1, sizeof(*q));
+        TAILQ_INIT(&q->waiters);
+        q->route = ld_xstrndup(route, route_len);
         q->route_len = route_len;
-        q->chan = malloc(chan_len + 1);
-        memcpy(q->chan, chan, chan_len);
-        q->chan[chan_len] = '\0';
+        q->chan = ld_xstrndup(chan, chan_len);
         q->chan_len = chan_len;
         q->pttl = -1;
-        q->retry_ev = evtimer_new(ld_srv.base, q_on_retry_timer, q);
-        ld_dict_set(lw.queues, route, route_len, q);
+        q->retry_ev = evtimer_new(lockwait_mod.ctx->base, q_on_retry_timer,
+                                  q);
+        if (q->retry_ev == NULL) {
+            ld_oom(0);
+        }
+        ld_dict_set(lockwait_mod.queues, q->route, route_len, q);
     }
     w->q = q;
-    w->next = NULL;
-    w->prev = q->tail;
-    if (q->tail != NULL) {
-        q->tail->next = w;
-    } else {
-        q->head = w;
-    }
-    q->tail = w;
+    TAILQ_INSERT_TAIL(&q->waiters, w, link);
     w->trying = false;
     w->timed_out = false;
     ld_stats.lock_waiters++;
     if (wait_ms >= 0) {
         struct timeval tv = tv_ms(wait_ms);
-        w->deadline_ev = evtimer_new(ld_srv.base, w_on_deadline, w);
+        w->deadline_ev = evtimer_new(lockwait_mod.ctx->base, w_on_deadline,
+                                     w);
+        if (w->deadline_ev == NULL) {
+            ld_oom(0);
+        }
         evtimer_add(w->deadline_ev, &tv);
     }
-    if (q->head != w) {
+    if (TAILQ_FIRST(&q->waiters) != w) {
         if (tried) {
             q->pttl = pttl;
             q->pttl_at_ms = ld_now_ms();
@@ -265,7 +286,7 @@ void ld_lockwait_join(struct ld_lockwait *w, const char *route,
         q_taken(q, pttl);
     } else {
         w->trying = true;
-        lw.try_fn(w);
+        lockwait_mod.try_fn(w);
     }
 }
 
@@ -277,6 +298,8 @@ void ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
     if (q == NULL) {
         return;
     }
+    /* Only the head of a queue ever makes an attempt. */
+    LD_ASSERT(TAILQ_FIRST(&q->waiters) == w);
     if (res == LD_LOCKWAIT_TAKEN) {
         if (!w->timed_out) {
             q_taken(q, pttl);
@@ -290,7 +313,7 @@ void ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
         if (q != NULL && q->wake_pending) {
             q_head_try(q);
         }
-        lw.expire_fn(w, pttl);
+        lockwait_mod.expire_fn(w, pttl);
         return;
     }
     /* Granted or answered with an error: the next head tries once right
@@ -309,7 +332,7 @@ void ld_lockwait_leave(struct ld_lockwait *w)
     if (q == NULL) {
         return;
     }
-    bool was_trying_head = (q->head == w && w->trying);
+    bool was_trying_head = TAILQ_FIRST(&q->waiters) == w && w->trying;
     q = w_unlink(w);
     if (q != NULL && was_trying_head) {
         /* The outcome of that attempt no longer reaches the queue. */
@@ -319,28 +342,26 @@ void ld_lockwait_leave(struct ld_lockwait *w)
 
 void ld_lockwait_free(void)
 {
-    if (lw.queues == NULL) {
+    if (lockwait_mod.queues == NULL) {
         return;
     }
     struct ld_dict_iter it;
     void *v;
-    ld_dict_iter_init(&it, lw.queues);
+    ld_dict_iter_init(&it, lockwait_mod.queues);
     while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
         struct ld_lockwait_q *q = v;
-        while (q->head != NULL) {
-            struct ld_lockwait *w = q->head;
-            q->head = w->next;
+        struct ld_lockwait *w;
+        while ((w = TAILQ_FIRST(&q->waiters)) != NULL) {
+            TAILQ_REMOVE(&q->waiters, w, link);
             w->q = NULL;
-            w->prev = w->next = NULL;
             if (w->deadline_ev != NULL) {
                 event_free(w->deadline_ev);
                 w->deadline_ev = NULL;
             }
             ld_stats.lock_waiters--;
         }
-        q->tail = NULL;
         q_destroy(q);
     }
-    ld_dict_free(lw.queues);
-    lw.queues = NULL;
+    ld_dict_free(lockwait_mod.queues);
+    lockwait_mod.queues = NULL;
 }

@@ -2,9 +2,12 @@
 #define LD_LOCKWAIT_H
 
 #include "ld_common.h"
+#include "ld_pubsub.h"
+
+#include <sys/queue.h>
 
 /* Lock waiters of this daemon, one FIFO queue per lock. Internal to the
- * lock module: ld_lock.c embeds a struct ld_lockwait in every waiting
+ * lock module: ld_lock_acq.c embeds a struct ld_lockwait in every waiting
  * request, decides how one attempt is made and how a request is answered;
  * this module decides when the queue head tries again.
  *
@@ -16,11 +19,12 @@
  * constant number of Redis calls however many requests wait. */
 
 struct event;
+struct ld_ctx;
 struct ld_lockwait_q;
 
 struct ld_lockwait {
     struct ld_lockwait_q *q;          /* NULL when not queued */
-    struct ld_lockwait *prev, *next;
+    TAILQ_ENTRY(ld_lockwait) link;    /* in q's waiters, oldest first */
     struct event *deadline_ev;        /* NULL when waiting without limit */
     bool trying;                      /* an attempt is in flight */
     bool timed_out;                   /* the deadline passed */
@@ -39,10 +43,27 @@ typedef void ld_lockwait_try_fn(struct ld_lockwait *w);
  * holder's remaining lease as last seen, -1 when unknown. */
 typedef void ld_lockwait_expire_fn(struct ld_lockwait *w, long long ttl_ms);
 
-void ld_lockwait_init(ld_lockwait_try_fn *try_fn,
-                      ld_lockwait_expire_fn *expire_fn);
+/* How a queue hears of unlocks: ld_pubsub's functions, unless a test
+ * hands in its own. */
+typedef struct ld_pubsub_sub *ld_lockwait_sub_fn(const char *chan,
+                                                 size_t len,
+                                                 ld_pubsub_cb *cb,
+                                                 void *arg);
+typedef void ld_lockwait_unsub_fn(struct ld_pubsub_sub *sub);
+
+/* Reads ctx->base and ctx->cfg (live). The handlers must be set before
+ * the first join. */
+int ld_lockwait_init(const struct ld_ctx *ctx);
+void ld_lockwait_set_handlers(ld_lockwait_try_fn *try_fn,
+                              ld_lockwait_expire_fn *expire_fn);
+void ld_lockwait_set_channel(ld_lockwait_sub_fn *sub_fn,
+                             ld_lockwait_unsub_fn *unsub_fn);
 /* Drops every queue; waiters must have left already. */
 void ld_lockwait_free(void);
+
+/* True when limits.max_waiters requests wait already (in all queues):
+ * a new waiter is then refused. */
+bool ld_lockwait_full(void);
 
 /* Queue W (zeroed by the caller) behind the other waiters for the lock
  * whose Redis key is ROUTE and whose unlock channel is CHAN. WAIT_MS is

@@ -11,6 +11,7 @@
 
 #include "ld_cache.h"
 #include "ld_conf.h"
+#include "ld_ctx.h"
 #include "ld_dispatch.h"
 #include "ld_listen.h"
 #include "ld_lock.h"
@@ -232,7 +233,10 @@ start(struct ld_config *cfg)
         return LD_ERR;
     }
     ld_dispatch_init();
-    if (ld_lock_init() != LD_OK) {
+    static struct ld_ctx lock_ctx;
+    lock_ctx = (struct ld_ctx){ ld_srv.base, cfg, ld_srv.instance,
+                                ld_srv.start_ms, false };
+    if (ld_lock_init(&lock_ctx) != LD_OK) {
         return LD_ERR;
     }
     if (ld_cache_init() != LD_OK) {

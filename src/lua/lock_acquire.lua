@@ -7,10 +7,14 @@
 -- ARGV[4] the highest fence this daemon handed out for the lock (decimal,
 --         "0" for none): a new fence is always above it, even when Redis
 --         lost the counter
--- Returns {1, count, "fence", pttl} granted (count 1 = new acquisition),
--- {0, pttl} held by another holder, {-1} a key holds another type or data
--- leased did not write (a hash that is not a lock: lib/lock_shape.lua), {-2} reenter-only and no lock, {-3, pttl}
--- reenter-only and held by another holder.
+-- Returns (the codes are named in src/ld_lock_codes.h):
+--   {1, count, "fence", pttl}  GRANTED (count 1 = new acquisition)
+--   {0, pttl}                  TAKEN: held by another holder
+--   {-1}                       WRONG_TYPE: a key holds another type or data
+--                              leased did not write (a hash that is not a
+--                              lock: lib/lock_shape.lua)
+--   {-2}                       ABSENT: reenter-only and no lock
+--   {-3, pttl}                 OTHER: reenter-only and held by another
 -- Fences stay decimal strings here: Lua numbers are doubles, exact only
 -- up to 2^53, and Redis's INCR is exact up to 2^63-1.
 local MAX = '9223372036854775807'

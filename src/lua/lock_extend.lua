@@ -2,8 +2,9 @@
 -- checks that the hash is a lock first: extend names its key and holder
 -- from the request, and must never expire someone else's hash.
 -- KEYS[1] lock hash   ARGV[1] holder field   ARGV[2] lease in ms
--- Returns {1, pttl, count} held, {-1} the key holds another type or a
--- hash that is not a lock, {-2} no lock, {-3} held by another holder.
+-- Returns (the codes are named in src/ld_lock_codes.h): {1, pttl, count}
+-- HELD, {-1} WRONG_TYPE: the key holds another type or a hash that is not
+-- a lock, {-2} ABSENT: no lock, {-3} OTHER: held by another holder.
 -- A hash that is not a lock (lib/lock_shape.lua) is never changed.
 --@include lock_shape.lua
 local t = redis.call('type', KEYS[1]).ok

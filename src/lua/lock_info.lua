@@ -1,6 +1,7 @@
 -- Report a lock: KEYS[1] lock hash, ARGV[1] holder field ("" for none).
--- Returns {-1} the key holds another type or a hash that is not a lock,
--- {0, -2, 0} free, {1, pttl, count of ARGV[1]} held.
+-- Returns (the codes are named in src/ld_lock_codes.h): {-1} WRONG_TYPE:
+-- the key holds another type or a hash that is not a lock, {0, -2, 0}
+-- FREE, {1, pttl, count of ARGV[1]} HELD.
 -- A hash that is not a lock (lib/lock_shape.lua) is never changed.
 --@include lock_shape.lua
 local t = redis.call('type', KEYS[1]).ok

@@ -5,8 +5,10 @@
 -- ARGV[1] holder field
 -- ARGV[2] lease in ms; 0 only reports (check only, nothing written)
 -- ARGV[3] "1": never shorten the lease (watchdog renewal after an extend)
--- Returns {1, pttl, count} held, {-1} the key holds another type or a hold
--- count leased did not write, {-2} no lock, {-3} held by another holder.
+-- Returns (the codes are named in src/ld_lock_codes.h): {1, pttl, count}
+-- HELD, {-1} WRONG_TYPE: the key holds another type or a hold count
+-- leased did not write, {-2} ABSENT: no lock, {-3} OTHER: held by another
+-- holder.
 local v = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(v) == 'table' then
     return {-1}

@@ -1,0 +1,598 @@
+/* Locks: the lock op. Acquisition, reentry by owner or by token,
+ * waiting (the queue itself is ld_lockwait.c), WAIT for replicas, and
+ * giving a hold back when its outcome is unknown. */
+
+#include "ld_lock_int.h"
+
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_dict.h"
+#include "ld_lock_codes.h"
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_proto.h"
+#include "ld_stats.h"
+
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- acquire */
+
+static void acq_send(struct lk_op *op);
+
+static void acq_reply_granted(struct lk_op *op)
+{
+    struct lk_rec *rec = op->rec;
+    if (op->wait_ms != 0) {
+        ld_stats_observe(LD_HISTO_LOCK_WAIT,
+                         ld_now_us() - op->req->start_us);
+    }
+    json_t *body = json_pack("{s:b,s:s,s:I,s:I,s:I}", "acquired", 1,
+                             "token", rec->token, "count",
+                             (json_int_t)op->grant_count, "fence",
+                             (json_int_t)op->grant_fence, "lease_ms",
+                             (json_int_t)op->lease_ms);
+    ld_reply_ok(op->req, body);
+    op->req = NULL;
+}
+
+void lk_acq_reply_false(struct lk_op *op, long long ttl)
+{
+    if (op->req == NULL) {
+        return;
+    }
+    ld_reply_ok(op->req, json_pack("{s:b,s:I}", "acquired", 0, "ttl_ms",
+                                   (json_int_t)ttl));
+    op->req = NULL;
+}
+
+static void undo_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    struct lk_rec *rec = op->rec;
+    long long v[2] = { 0, 0 };
+    int n = lk_reply_ints(r, v, 2);
+    op->inflight = false;
+    if (!lock_mod.freed && op->req != NULL) {
+        int need = lock_mod.ctx->cfg->lock.wait_replicas;
+        if (n < 1) {
+            /* The give-back got no answer: the grant may still stand. */
+            ld_reply_error_extra(op->req, LD_E_REDIS_UNAVAILABLE,
+                                 json_pack("{s:s}", "outcome", "unknown"),
+                                 "too few replicas confirmed the lock and "
+                                 "giving it back failed: %s",
+                                 ld_redis_failure_reason());
+        } else if (op->replicas_got < 0) {
+            ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
+                           "WAIT for %d replicas got no answer (%s)", need,
+                           op->wait_why != NULL ? op->wait_why : "");
+        } else {
+            ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
+                           "only %lld of %d replicas confirmed the lock",
+                           op->replicas_got, need);
+        }
+        op->req = NULL;
+    }
+    if (!lock_mod.freed && rec->linked && n >= 1) {
+        if (v[0] == LD_LOCK_RELEASED) {
+            ld_stats.lock_released++;
+            lk_rec_set_count(rec, 0);
+        } else if (v[0] == LD_LOCK_KEPT && n == 2) {
+            lk_rec_set_count(rec, v[1]);
+        } else {
+            lk_rec_set_count(rec, 0);
+        }
+    }
+    lk_op_free(op);
+}
+
+/* A release by token after the acquisition's connection was lost. */
+static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct lk_op *op = arg;
+    struct lk_rec *rec = op->rec;
+    /* Only while no acquisition under this token holds or is on its way:
+     * nothing else can hold the token, so all its holds are the lost
+     * one's. */
+    if (!lock_mod.freed && !lock_mod.stopping && rec->count == 0
+        && rec->pending == 0) {
+        lk_rec_release_all(rec);
+    }
+    lk_op_free(op);
+}
+
+/* The acquisition's connection is gone: it broke after the script was
+ * sent, so Redis may have run it. A release on another connection now
+ * could come first; give Redis redis.timeout_ms to have seen the
+ * acquisition, then release by token. */
+static void undo_later(struct lk_op *op)
+{
+    op->undo_ev = evtimer_new(lock_mod.ctx->base, undo_later_on_timer, op);
+    if (op->undo_ev == NULL) {
+        ld_oom(0);
+    }
+    struct timeval tv = tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
+    evtimer_add(op->undo_ev, &tv);
+}
+
+static void undo_pinned_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    op->inflight = false;
+    long long v[2] = { 0, 0 };
+    if (!lock_mod.freed && lk_reply_ints(r, v, 2) >= 1
+        && v[0] == LD_LOCK_RELEASED) {
+        ld_stats.lock_released++;
+    }
+    /* The record's count is the acquisitions' business: a reentry under
+     * the same token may have answered meanwhile on another connection. */
+    if (ld_redis_outcome() != LD_REDIS_NOT_SENT || lock_mod.freed
+        || lock_mod.stopping) {
+        lk_op_free(op);
+        return;
+    }
+    undo_later(op);
+}
+
+/* An acquisition got no answer (inside its callback). The script may have
+ * run and then the lock is held under a token nobody will use, for a whole
+ * lease; undo it so that redis_unavailable means "nothing changed" once
+ * Redis answers the release. The release gives back one hold, on the
+ * acquisition's own connection, behind the acquisition: it undoes exactly
+ * what the acquisition did, also when a later reentry under the same token
+ * reached Redis first on another connection. */
+static void acq_undo_unanswered(struct lk_rec *rec)
+{
+    if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
+        return;            /* it never left the daemon */
+    }
+    struct lk_op *op = lk_op_new(LK_RELEASE, NULL, rec);
+    if (ld_redis_conn_id() == 0) {
+        undo_later(op);    /* its connection is not known, nor there */
+        return;
+    }
+    const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
+                           LK_UNLOCK_MSG };
+    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                      strlen(LK_UNLOCK_MSG) };
+    op->inflight = true;
+    lk_script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
+                 args, lens, undo_pinned_on_reply, op);
+}
+
+static void acq_on_wait(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    op->inflight = false;
+    if (lock_mod.freed) {
+        lk_op_free(op);
+        return;
+    }
+    int need = lock_mod.ctx->cfg->lock.wait_replicas;
+    long long got = (r != NULL && r->type == REDIS_REPLY_INTEGER)
+                        ? r->integer : -1;
+    if (got >= need) {
+        acq_reply_granted(op);
+        lk_op_free(op);
+        return;
+    }
+    /* Not enough replicas have the lock: a failover now could hand it to
+     * someone else, so give this hold back, then say so (the answer then
+     * means what redis_unavailable means: nothing changed). */
+    struct lk_rec *rec = op->rec;
+    op->replicas_got = got;
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+        op->wait_why = ld_xstrdup(ld_redis_failure_reason());
+    }
+    const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
+                           LK_UNLOCK_MSG };
+    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                      strlen(LK_UNLOCK_MSG) };
+    op->inflight = true;
+    /* On the connection of the grant and its WAIT, so that the give-back
+     * runs after the grant even when WAIT timed out. */
+    lk_script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
+                 args, lens, undo_on_reply, op);
+}
+
+/* The acquisition was granted with hold count N. Returns true when OP was
+ * kept for the WAIT step (the caller must not free it). */
+static bool acq_granted(struct lk_op *op, long long n, long long fence,
+                        long long pttl)
+{
+    struct lk_rec *rec = op->rec;
+    if (n == 1 && rec->count > 0) {
+        /* A fresh acquisition although we believed it held: the old hold
+         * had ended (expired, or released by token elsewhere) between two
+         * acquisitions sent together. Its holder hears of it first. */
+        lk_rec_lost(rec, "expired", false);
+    }
+    bool fresh = rec->count == 0;
+    lk_rec_set_count(rec, n);
+    rec->token_used = true;
+    if (fresh || rec->fence <= 0) {
+        rec->fence = fence;
+    }
+    if (fresh && fence > rec->fm->fence) {
+        rec->fm->fence = fence;
+    }
+    if (fresh) {
+        /* max_hold counts from when the acquisition was sent. */
+        rec->acquired_ms = op->sent_ms;
+    }
+    rec->watchdog = fresh ? op->watchdog : (rec->watchdog || op->watchdog);
+    rec->lease_end_ms = op->sent_ms
+                        + (uint64_t)(pttl >= 0 ? pttl : op->lease_ms);
+    lk_rec_cap_update(rec);
+    lk_rec_arm_cap(rec);
+    ld_stats.lock_acquired++;
+    op->grant_count = n;
+    op->grant_fence = rec->fence;
+    if (!rec->detached && (rec->ls == NULL || lock_mod.stopping)) {
+        /* Its session ended (or the daemon is stopping) while the request
+         * was on its way: a session-bound lock must not outlive it. A
+         * client that only half-closed still reads this answer, which
+         * says what happened: granted, then released with its session,
+         * like every other lock the session held. A detached lock does
+         * not depend on its session and is answered as usual. */
+        lk_rec_release_all(rec);
+        lk_rec_set_count(rec, 0);
+        if (op->req != NULL) {
+            if (lock_mod.stopping) {
+                ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
+                               "the daemon is stopping");
+                op->req = NULL;
+            } else {
+                acq_reply_granted(op);
+            }
+        }
+        return false;
+    }
+    if (op->req == NULL) {
+        return false;
+    }
+    int replicas = lock_mod.ctx->cfg->lock.wait_replicas;
+    if (replicas > 0) {
+        char nbuf[16], tbuf[24];
+        /* Half the command timeout, so the answer arrives before the
+         * daemon's own timeout gives up on the connection. */
+        long long t = lock_mod.ctx->cfg->redis.timeout_ms / 2;
+        snprintf(nbuf, sizeof(nbuf), "%d", replicas);
+        snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
+        const char *argv[] = { "WAIT", nbuf, tbuf };
+        size_t lens[] = { 4, strlen(nbuf), strlen(tbuf) };
+        /* WAIT counts the writes of its own connection: the grant's. */
+        struct ld_redis_opts o = { 0, LD_REDIS_POOL_LOCK,
+                                   ld_redis_conn_id() };
+        op->inflight = true;
+        ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
+                            acq_on_wait, op);
+        return true;
+    }
+    acq_reply_granted(op);
+    return false;
+}
+
+static void acq_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    op->inflight = false;
+    if (lock_mod.freed) {
+        lk_op_free(op);
+        return;
+    }
+    struct lk_rec *rec = op->rec;
+    long long v[4] = { 0, 0, 0, 0 };
+    int n = lk_reply_acquire(r, v);
+    bool queued = op->w.q != NULL;
+
+    if (op->reenter && n >= 1
+        && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER)) {
+        /* We believed this owner held the lock, but its hold is gone (a
+         * fixed lease ran out, Redis lost it, an unlock by token): tell
+         * the holder before anything else, then this request is a new
+         * acquisition, under a new token. */
+        if (rec->count > 0) {
+            bool early = ld_now_ms() < rec->lease_end_ms;
+            lk_rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
+                        false);
+            if (early) {
+                /* Gone before its lease: Redis may have lost data. */
+                lk_recheck_start();
+            }
+        }
+        if (op->req == NULL) {
+            lk_op_free(op);
+            return;
+        }
+        if (v[0] == LD_LOCK_ABSENT) {
+            acq_send(op);
+            return;
+        }
+        v[0] = LD_LOCK_TAKEN;
+    }
+
+    if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
+        bool kept = acq_granted(op, v[1], v[2], v[3]);
+        lk_op_wait_unlink(op);
+        if (queued) {
+            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
+        }
+        if (!kept) {
+            lk_op_free(op);
+        }
+        return;
+    }
+    if (n >= 2 && v[0] == LD_LOCK_TAKEN) {
+        long long pttl = v[1];
+        ld_stats.lock_contended++;
+        if (op->req == NULL) {
+            /* Answered already (its session closed, or it timed out). */
+            lk_op_free(op);
+            return;
+        }
+        if (queued) {
+            /* May answer and free OP through acq_expire. */
+            ld_lockwait_done(&op->w, LD_LOCKWAIT_TAKEN, pttl);
+            return;
+        }
+        long long left = -1;
+        if (op->wait_ms > 0) {
+            long long waited = (long long)((ld_now_us() - op->req->start_us)
+                                           / 1000);
+            left = op->wait_ms - waited;
+        }
+        if (op->wait_ms == 0 || (op->wait_ms > 0 && left <= 0)
+            || rec->ls == NULL || lock_mod.stopping) {
+            lk_acq_reply_false(op, pttl);
+            lk_op_free(op);
+            return;
+        }
+        /* A reentry that found its hold gone: it waits like any other. */
+        if (ld_lockwait_full()) {
+            ld_reply_error(op->req, LD_E_BUSY,
+                           "too many lock waiters (limits.max_waiters)");
+            op->req = NULL;
+            lk_op_free(op);
+            return;
+        }
+        lk_op_wait_add(op, rec->ls);
+        ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
+                         rec->n.chan_len, left, true, pttl);
+        return;
+    }
+
+    /* Wrong type, Redis unreachable or an error reply. */
+    if (r == NULL && rec->count == 0 && rec->pending == 1
+        && !lock_mod.stopping) {
+        acq_undo_unanswered(rec);
+    }
+    if (n >= 1 && v[0] == LD_LOCK_WRONG_TYPE) {
+        log_warn("lock '%.*s': its redis keys hold data leased did not "
+                 "write; nothing changed", (int)rec->key_len, rec->key);
+    }
+    if (op->req != NULL) {
+        /* An answered request's failure is nobody's to hear of. */
+        lk_op_fail(op, r, n, v, false);
+    }
+    lk_op_wait_unlink(op);
+    if (queued) {
+        ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
+    }
+    lk_op_free(op);
+}
+
+static void acq_send(struct lk_op *op)
+{
+    struct lk_rec *rec = op->rec;
+    /* While this daemon believes the owner holds the lock, the request is
+     * a reentry and nothing else: should the hold be gone, the reply says
+     * so, and only then is a new acquisition sent. */
+    op->reenter = rec->count > 0;
+    if (!op->reenter && rec->token_used && lk_rec_retoken(rec) != LD_OK) {
+        log_error("no random bytes for a lock token");
+    }
+    long long max = lock_mod.ctx->cfg->lock.max_hold_ms;
+    op->lease_ms = op->lease_asked;
+    if (op->reenter) {
+        op->lease_ms = lk_rec_cap_clip(rec, op->lease_ms);
+    } else if (op->watchdog && max > 0 && op->lease_ms > max) {
+        op->lease_ms = max;
+    }
+    char lbuf[24], fbuf[24];
+    snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
+    snprintf(fbuf, sizeof(fbuf), "%lld", rec->fm->fence);
+    const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token,
+                           op->reenter ? "1" : "0", fbuf };
+    size_t lens[] = { rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
+                      LD_TOKEN_LEN, 1, strlen(fbuf) };
+    op->sent_ms = ld_now_ms();
+    op->inflight = true;
+    lk_script(LD_SCRIPT_lock_acquire, &rec->n, 2, 6, args, lens, acq_on_reply,
+              op);
+}
+
+/* ld_lockwait calls these for queued requests. */
+static void acq_try(struct ld_lockwait *w)
+{
+    /* While stopping, every waiter is being answered and dropped; an
+     * attempt now would only take a lock to give back. */
+    struct lk_op *op = container_of(w, struct lk_op, w);
+    if (lock_mod.stopping || lock_mod.freed
+        || (op->ls != NULL && op->ls->closing)) {
+        return;
+    }
+    acq_send(op);
+}
+
+static void acq_expire(struct ld_lockwait *w, long long ttl_ms)
+{
+    struct lk_op *op = container_of(w, struct lk_op, w);
+    lk_acq_reply_false(op, ttl_ms);
+    if (!op->inflight) {
+        lk_op_free(op);
+    } else {
+        lk_op_wait_unlink(op);
+    }
+}
+
+/* Queued requests make their attempts through these. */
+void lk_acq_init(void)
+{
+    ld_lockwait_set_handlers(acq_try, acq_expire);
+}
+
+/* lock with "token": reenter a lock held under that token, from any
+ * session. Never waits and never takes a free lock. */
+static void acq_token_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    if (lock_mod.freed) {
+        lk_op_free(op);
+        return;
+    }
+    long long v[4] = { 0, 0, 0, 0 };
+    int n = lk_reply_acquire(r, v);
+    if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
+        struct lk_rec *rec = op->rec;
+        long long fence = v[2];
+        if (rec != NULL && rec->linked) {
+            lk_rec_set_count(rec, v[1]);
+            if (v[3] >= 0) {
+                rec->lease_end_ms = op->sent_ms + (uint64_t)v[3];
+            }
+            lk_rec_cap_update(rec);
+            lk_rec_arm_cap(rec);
+            if (rec->fence > 0) {
+                fence = rec->fence;
+            }
+        }
+        ld_stats.lock_acquired++;
+        json_t *body = json_pack("{s:b,s:s%,s:I,s:I,s:I}", "acquired", 1,
+                                 "token", op->field, op->field_len, "count",
+                                 (json_int_t)v[1], "fence",
+                                 (json_int_t)fence, "lease_ms",
+                                 (json_int_t)(op->lease_ms > 0 ? op->lease_ms
+                                                               : v[3]));
+        ld_reply_ok(op->req, body);
+        op->req = NULL;
+    } else {
+        lk_op_fail(op, r, n, v, false);
+    }
+    lk_op_free(op);
+}
+
+void lk_op_lock(struct ld_req *req)
+{
+    const char *key, *owner = "", *token = "";
+    size_t klen, olen = 0, tlen = 0;
+    long long ttl = 0, wait = 0;
+    bool has_owner = false, has_ttl = false, has_wait = false;
+    bool has_token = false, detach = false;
+    if (ld_req_key(req, "key", &key, &klen) != LD_OK
+        || ld_req_str(req, "owner", false, &owner, &olen, &has_owner) != LD_OK
+        || ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl,
+                      &has_ttl)
+               != LD_OK
+        || ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait,
+                      &has_wait)
+               != LD_OK
+        || ld_req_bool(req, "detach", &detach) != LD_OK
+        || ld_req_str(req, "token", false, &token, &tlen, &has_token)
+               != LD_OK) {
+        return;
+    }
+    if (has_token && tlen == 0) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'token' must not be empty");
+        return;
+    }
+    if (has_token && !lk_token_check(req, token, tlen)) {
+        return;
+    }
+    if (lock_mod.stopping) {
+        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+        return;
+    }
+    if (detach && !has_ttl) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'ttl_ms' is required with detach (a "
+                       "detached lock is never renewed)");
+        return;
+    }
+
+    if (has_token) {
+        struct lk_target t = { key, klen, owner, olen, token, tlen, true };
+        struct lk_op *op = lk_target_op(LK_ACQ_TOKEN, req, &t);
+        op->lease_ms = has_ttl ? lk_rec_cap_clip(op->rec, ttl) : 0;
+        const struct lk_names *n = lk_op_names(op);
+        char lbuf[24];
+        snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
+        const char *args[] = { n->hash, n->fence, lbuf, op->field, "1",
+                               "0" };
+        size_t lens[] = { n->hash_len, n->fence_len, strlen(lbuf),
+                          op->field_len, 1, 1 };
+        op->sent_ms = ld_now_ms();
+        op->inflight = true;
+        lk_script(LD_SCRIPT_lock_acquire, n, 2, 6, args, lens,
+                  acq_token_on_reply, op);
+        return;
+    }
+
+    struct lk_sess *ls = lk_sess_get(req->sess, true);
+    size_t dlen;
+    char *d = lk_dkey_build(owner, olen, key, klen, &dlen);
+    struct lk_rec *rec = ld_dict_get(ls->recs, d, dlen);
+    if (rec != NULL) {
+        free(d);
+        if (rec->detached != detach) {
+            ld_reply_error(req, LD_E_BAD_REQUEST,
+                           "field 'detach' does not match: this owner "
+                           "holds lock '%.*s' %s",
+                           (int)klen, key,
+                           rec->detached ? "detached" : "session-bound");
+            return;
+        }
+    } else {
+        rec = lk_rec_new(ls, d, dlen, key, klen, detach);
+        if (rec == NULL) {
+            free(d);
+            ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
+            return;
+        }
+    }
+    struct lk_op *op = lk_op_new(LK_ACQ, req, rec);
+    rec->pending++;
+    op->watchdog = !has_ttl;
+    op->lease_ms = has_ttl ? ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
+    op->lease_asked = op->lease_ms;
+    op->wait_ms = wait;
+
+    /* A reentry never waits, and a try-once goes straight to Redis even
+     * when others wait here. */
+    if (rec->count > 0 || wait == 0) {
+        acq_send(op);
+        return;
+    }
+    if (ld_lockwait_full()) {
+        ld_reply_error(req, LD_E_BUSY,
+                       "too many lock waiters (limits.max_waiters)");
+        op->req = NULL;
+        lk_op_free(op);
+        return;
+    }
+    long long left = -1;
+    if (wait > 0) {
+        left = wait - (long long)((ld_now_us() - req->start_us) / 1000);
+        if (left < 0) {
+            left = 0;
+        }
+    }
+    lk_op_wait_add(op, ls);
+    ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
+                     rec->n.chan_len, left, false, 0);
+}

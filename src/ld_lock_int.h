@@ -1,0 +1,245 @@
+#ifndef LD_LOCK_INT_H
+#define LD_LOCK_INT_H
+
+/* Inside the lock module, shared by its files and by nothing else:
+ *   ld_lock.c        ops, unlock, extend, lock.info, session close, the
+ *                    module's init and stop
+ *   ld_lock_acq.c    lock: acquisition, reentry, waiting, giving back
+ *   ld_lock_rec.c    Redis names, records and their tokens, fence memo
+ *   ld_lock_redis.c  running the scripts, reading and failing replies
+ *   ld_lock_watch.c  max_hold and lock_lost timers, the watchdog pass,
+ *                    rechecks */
+
+#include "ld_common.h"
+#include "ld_defer.h"
+#include "ld_lockwait.h"
+#include "ld_redis.h"
+#include "ld_util.h"
+
+#include <sys/queue.h>
+#include <sys/time.h>
+
+struct event;
+struct ld_ctx;
+struct ld_dict;
+struct ld_req;
+struct ld_session;
+
+#define LK_UNLOCK_MSG "0"       /* Redisson's LockPubSub.UNLOCK_MESSAGE */
+
+#define container_of(ptr, type, member)                                       \
+    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+/* The Redis names of one lock. */
+struct lk_names {
+    char *buf;
+    const char *hash, *fence, *chan;
+    size_t hash_len, fence_len, chan_len;
+};
+
+struct lk_op;
+
+/* The highest fence this daemon handed out for one lock, so that a fence
+ * never goes backwards here when Redis loses the counter (FLUSHALL, a
+ * restart without persistence, an eviction). An entry is kept while a
+ * record of the lock exists, then among the FENCE_IDLE_MAX most recently
+ * released ones: memory is bounded by the records plus that many. */
+struct lk_fmemo {
+    char *name;                    /* the lock hash's Redis name */
+    size_t len;
+    long long fence;
+    unsigned refs;                 /* records of this lock */
+    bool idle;
+    TAILQ_ENTRY(lk_fmemo) idle_link; /* idle list, oldest first */
+};
+
+#define FENCE_IDLE_MAX 65536
+
+/* A session's lock state (ld_session.lock_state). */
+struct lk_sess {
+    struct ld_session *sess;
+    struct ld_dict *recs;          /* (owner, key) -> struct lk_rec */
+    LIST_HEAD(, lk_op) waiting;    /* its queued lock requests */
+    bool closing;
+};
+
+/* What this daemon knows of one (session, owner, key): the token, and the
+ * hold count as of the last reply. A record is linked (findable by owner
+ * and by token) while it holds the lock or an acquisition for it is on its
+ * way, and freed once unlinked and no command refers to it any more. */
+struct lk_rec {
+    struct lk_sess *ls;            /* NULL once its session has closed */
+    char *dkey;
+    size_t dkey_len;
+    char *key;                     /* the client's key, for events */
+    size_t key_len;
+    struct lk_names n;
+    char token[LD_TOKEN_LEN + 1];
+    long long count;               /* 0: not held */
+    long long fence;
+    bool linked;
+    bool watchdog;                 /* renewed while the session lives */
+    bool detached;
+    bool capped;                   /* lock.max_hold_ms applies */
+    bool renewing;                 /* a renewal or check is in flight */
+    bool token_used;               /* granted once under this token */
+    unsigned refs;                 /* commands in flight that name it */
+    unsigned pending;              /* acquisitions in flight or queued */
+    uint64_t acquired_us;
+    uint64_t acquired_ms;
+    uint64_t lease_end_ms;         /* Redis keeps the lock at least until */
+    uint64_t cap_end_ms;           /* max_hold ends the lock (0: never) */
+    struct event *cap_ev;          /* lock_lost when it can't be proven */
+    struct lk_fmemo *fm;
+    TAILQ_ENTRY(lk_rec) held_entry; /* list of held records */
+    bool in_held;
+};
+
+enum lk_kind {
+    LK_ACQ,          /* lock by owner (may wait) */
+    LK_ACQ_TOKEN,    /* lock by token: reentry only */
+    LK_UNLOCK,
+    LK_EXTEND,
+    LK_INFO,
+    LK_RENEW,        /* watchdog renewal */
+    LK_CHECK,        /* is a fixed lease still there? */
+    LK_RELEASE       /* release all holds: session end, loss, shutdown */
+};
+
+/* One request or internal command in flight. */
+struct lk_op {
+    enum lk_kind kind;
+    struct ld_req *req;            /* NULL once answered or internal */
+    struct lk_rec *rec;            /* referenced; NULL for foreign tokens */
+    struct lk_names n;             /* own names when REC is NULL */
+    char *field;                   /* holder field when REC is NULL */
+    size_t field_len;
+    char *key;                     /* the client's key, for messages */
+    size_t key_len;
+    long long lease_ms;            /* lease to set (0: keep) */
+    long long lease_asked;         /* before clipping at max_hold */
+    long long wait_ms;
+    bool watchdog;                 /* this acquisition asked for one */
+    bool inflight;
+    bool answered_early;           /* answered while its try was out */
+    bool reenter;                  /* sent as reentry only */
+    uint64_t sent_ms;
+    long long grant_count, grant_fence; /* kept across the WAIT step */
+    long long replicas_got;        /* WAIT's answer, -1 when none */
+    char *wait_why;                /* why WAIT got no answer */
+    struct ld_lockwait w;
+    struct lk_sess *ls;            /* set while in ls->waiting */
+    LIST_ENTRY(lk_op) wait_link;
+    LIST_ENTRY(lk_op) link;        /* every op */
+    struct event *undo_ev;         /* a release by token, later */
+};
+
+/* The module's state, one for the daemon (defined in ld_lock.c). */
+struct lk_mod {
+    const struct ld_ctx *ctx;
+    struct ld_dict *by_token;      /* token -> linked struct lk_rec */
+    TAILQ_HEAD(, lk_rec) held;
+    LIST_HEAD(, lk_op) ops;
+    struct event *pass_ev;
+    struct ld_defer step;          /* continues a pass on a later turn */
+    struct lk_rec *cursor;         /* next record of the pass running */
+    bool passing;
+    long long renew_inflight;      /* renewals and checks sent, unanswered */
+    bool check_all;                /* this pass checks fixed leases too */
+    struct ld_dict *fences;        /* lock hash name -> struct lk_fmemo */
+    TAILQ_HEAD(, lk_fmemo) idle;
+    size_t idle_n;
+    bool stopping;
+    bool freed;
+};
+
+extern struct lk_mod lock_mod;
+
+/* A pass over 100,000 locks must not monopolise the loop nor put 100,000
+ * scripts in Redis ahead of client commands: it goes in steps of at most
+ * PASS_STEP records, with at most RENEW_INFLIGHT_MAX renewals out at a
+ * time; replies bring the next step. */
+#define PASS_STEP 500
+#define RENEW_INFLIGHT_MAX 1000
+
+/* Fields shared by unlock, extend and lock.info: the lock, and whose. */
+struct lk_target {
+    const char *key;
+    size_t key_len;
+    const char *owner;
+    size_t owner_len;
+    const char *token;
+    size_t token_len;
+    bool has_token;
+};
+
+static inline struct timeval tv_ms(long long ms)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)(ms / 1000);
+    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+    return tv;
+}
+
+/* ld_lock_rec.c */
+char *lk_dkey_build(const char *owner, size_t olen, const char *key,
+                    size_t klen, size_t *out_len);
+void lk_fmemo_free(struct lk_fmemo *fm);
+void lk_fmemo_idle_unlink(struct lk_fmemo *fm);
+void lk_names_build(struct lk_names *n, const char *key, size_t len);
+struct lk_rec *lk_rec_by_token(const char *tok, size_t len,
+                               const struct lk_names *n);
+void lk_rec_lost(struct lk_rec *rec, const char *reason, bool release);
+struct lk_rec *lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
+                          const char *key, size_t klen, bool detached);
+int lk_rec_retoken(struct lk_rec *rec);
+void lk_rec_set_count(struct lk_rec *rec, long long n);
+void lk_rec_unlink(struct lk_rec *rec);
+void lk_rec_unref(struct lk_rec *rec);
+
+/* ld_lock_redis.c */
+int lk_reply_acquire(const redisReply *r, long long v[4]);
+int lk_reply_ints(const redisReply *r, long long *v, int max);
+void lk_reply_not_held(struct ld_req *req, const char *key, size_t klen,
+                       bool other);
+void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
+                               const struct lk_op *op, bool write);
+void lk_reply_wrong_type(struct ld_req *req, const char *key,
+                         size_t klen);
+void lk_script(enum ld_script_id id, const struct lk_names *n, int nkeys,
+               int nargs, const char **args, size_t *lens,
+               ld_redis_cb *cb, void *arg);
+void lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
+                  const struct lk_names *n, int nkeys, int nargs,
+                  const char **args, size_t *lens, ld_redis_cb *cb,
+                  void *arg);
+
+/* ld_lock.c */
+void lk_op_fail(struct lk_op *op, const redisReply *r, int n,
+                const long long *v, bool write);
+void lk_op_free(struct lk_op *op);
+const struct lk_names *lk_op_names(const struct lk_op *op);
+struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,
+                        struct lk_rec *rec);
+void lk_op_wait_add(struct lk_op *op, struct lk_sess *ls);
+void lk_op_wait_unlink(struct lk_op *op);
+void lk_rec_release_all(struct lk_rec *rec);
+struct lk_sess *lk_sess_get(struct ld_session *s, bool create);
+struct lk_op *lk_target_op(enum lk_kind kind, struct ld_req *req,
+                           const struct lk_target *t);
+bool lk_token_check(struct ld_req *req, const char *t, size_t len);
+
+/* ld_lock_acq.c */
+void lk_acq_init(void);
+void lk_acq_reply_false(struct lk_op *op, long long ttl);
+void lk_op_lock(struct ld_req *req);
+
+/* ld_lock_watch.c */
+void lk_rec_arm_cap(struct lk_rec *rec);
+long long lk_rec_cap_clip(const struct lk_rec *rec, long long lease);
+void lk_rec_cap_update(struct lk_rec *rec);
+void lk_recheck_start(void);
+void lk_watch_free(void);
+void lk_watch_init(void);
+
+#endif

@@ -1,0 +1,333 @@
+/* Locks: the Redis names of a lock, the records of what this daemon
+ * holds (by session, owner and key, and by token), and the memo of the
+ * highest fence handed out per lock. */
+
+#include "ld_lock_int.h"
+
+#include "ld_assert.h"
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_dict.h"
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- names */
+
+static char *put(char *p, const void *s, size_t len)
+{
+    memcpy(p, s, len);
+    return p + len;
+}
+
+/* Redisson's prefixName: a name that carries a hash tag keeps it. */
+static size_t redisson_name(char *out, const char *prefix, const char *key,
+                            size_t len)
+{
+    char *p = out;
+    p = put(p, prefix, strlen(prefix));
+    if (memchr(key, '{', len) != NULL) {
+        p = put(p, ":", 1);
+        p = put(p, key, len);
+    } else {
+        p = put(p, ":{", 2);
+        p = put(p, key, len);
+        p = put(p, "}", 1);
+    }
+    *p = '\0';
+    return (size_t)(p - out);
+}
+
+void lk_names_build(struct lk_names *n, const char *key, size_t len)
+{
+    const struct ld_config *cfg = lock_mod.ctx->cfg;
+    if (cfg->lock.layout == LD_LAYOUT_REDISSON) {
+        static const char chan_pfx[] = "redisson_lock__channel";
+        static const char fence_pfx[] = "redisson_lock_token";
+        size_t cap = (len + 1) + (sizeof(chan_pfx) + len + 4)
+                     + (sizeof(fence_pfx) + len + 4);
+        char *p = n->buf = ld_xmalloc(cap);
+        n->hash = p;
+        n->hash_len = len;
+        p = put(p, key, len);
+        *p++ = '\0';
+        n->chan = p;
+        n->chan_len = redisson_name(p, chan_pfx, key, len);
+        p += n->chan_len + 1;
+        n->fence = p;
+        n->fence_len = redisson_name(p, fence_pfx, key, len);
+        return;
+    }
+    const char *pfx = cfg->lock.prefix;
+    size_t plen = strlen(pfx);
+    size_t hlen = plen + len + 2;
+    size_t cap = (hlen + 1) + (hlen + 7) + (hlen + 8);
+    char *p = n->buf = ld_xmalloc(cap);
+    n->hash = p;
+    n->hash_len = hlen;
+    p = put(p, pfx, plen);
+    p = put(p, "{", 1);
+    p = put(p, key, len);
+    p = put(p, "}", 1);
+    *p++ = '\0';
+    n->fence = p;
+    n->fence_len = hlen + 6;
+    p = put(p, n->hash, hlen);
+    p = put(p, ":fence", 6);
+    *p++ = '\0';
+    n->chan = p;
+    n->chan_len = hlen + 7;
+    p = put(p, n->hash, hlen);
+    p = put(p, ":unlock", 7);
+    *p = '\0';
+}
+
+static bool names_same(const struct lk_names *a, const struct lk_names *b)
+{
+    return a->hash_len == b->hash_len
+           && memcmp(a->hash, b->hash, a->hash_len) == 0;
+}
+
+/* ---------------------------------------------------------- fence memo */
+
+void lk_fmemo_idle_unlink(struct lk_fmemo *fm)
+{
+    LD_ASSERT(fm->idle && fm->refs == 0 && lock_mod.idle_n > 0);
+    TAILQ_REMOVE(&lock_mod.idle, fm, idle_link);
+    fm->idle = false;
+    lock_mod.idle_n--;
+}
+
+void lk_fmemo_free(struct lk_fmemo *fm)
+{
+    free(fm->name);
+    free(fm);
+}
+
+static struct lk_fmemo *fmemo_get(const struct lk_names *n)
+{
+    struct lk_fmemo *fm = ld_dict_get(lock_mod.fences, n->hash, n->hash_len);
+    if (fm == NULL) {
+        fm = ld_xcalloc(1, sizeof(*fm));
+        fm->name = ld_xmemdup(n->hash, n->hash_len);
+        fm->len = n->hash_len;
+        ld_dict_set(lock_mod.fences, fm->name, fm->len, fm);
+    } else if (fm->idle) {
+        lk_fmemo_idle_unlink(fm);
+    }
+    fm->refs++;
+    return fm;
+}
+
+static void fmemo_put(struct lk_fmemo *fm)
+{
+    LD_ASSERT(fm->refs > 0 && !fm->idle);
+    if (--fm->refs > 0) {
+        return;
+    }
+    if (lock_mod.fences == NULL) {
+        /* The module was freed while this record waited for a reply. */
+        lk_fmemo_free(fm);
+        return;
+    }
+    fm->idle = true;
+    TAILQ_INSERT_TAIL(&lock_mod.idle, fm, idle_link);
+    lock_mod.idle_n++;
+    while (lock_mod.idle_n > FENCE_IDLE_MAX) {
+        struct lk_fmemo *old = TAILQ_FIRST(&lock_mod.idle);
+        lk_fmemo_idle_unlink(old);
+        ld_dict_del(lock_mod.fences, old->name, old->len);
+        lk_fmemo_free(old);
+    }
+}
+
+/* ------------------------------------------------------------- records */
+
+static void held_link(struct lk_rec *rec)
+{
+    if (rec->in_held) {
+        return;
+    }
+    LD_ASSERT(rec->count > 0);
+    TAILQ_INSERT_HEAD(&lock_mod.held, rec, held_entry);
+    rec->in_held = true;
+}
+
+static void held_unlink(struct lk_rec *rec)
+{
+    if (!rec->in_held) {
+        return;
+    }
+    if (lock_mod.cursor == rec) {
+        lock_mod.cursor = TAILQ_NEXT(rec, held_entry);
+    }
+    TAILQ_REMOVE(&lock_mod.held, rec, held_entry);
+    rec->in_held = false;
+}
+
+char *lk_dkey_build(const char *owner, size_t olen, const char *key,
+                    size_t klen, size_t *out_len)
+{
+    /* Owner length first, so that no (owner, key) pair can collide with
+     * another whatever bytes they contain. */
+    uint32_t ol = (uint32_t)olen;
+    size_t len = sizeof(ol) + olen + klen;
+    char *d = ld_xmalloc(len);
+    char *p = put(d, &ol, sizeof(ol));
+    p = put(p, owner, olen);
+    put(p, key, klen);
+    *out_len = len;
+    return d;
+}
+
+static void rec_free(struct lk_rec *rec)
+{
+    LD_ASSERT(!rec->linked && rec->refs == 0 && rec->pending == 0);
+    held_unlink(rec);
+    if (rec->cap_ev != NULL) {
+        event_free(rec->cap_ev);
+    }
+    fmemo_put(rec->fm);
+    free(rec->n.buf);
+    free(rec->dkey);
+    free(rec->key);
+    free(rec);
+}
+
+void lk_rec_unlink(struct lk_rec *rec)
+{
+    if (!rec->linked) {
+        return;
+    }
+    /* Linked means findable both ways, as this very record. */
+    LD_ASSERT(ld_dict_get(lock_mod.by_token, rec->token, LD_TOKEN_LEN)
+              == rec);
+    LD_ASSERT(rec->ls == NULL
+              || ld_dict_get(rec->ls->recs, rec->dkey, rec->dkey_len)
+                     == rec);
+    if (rec->ls != NULL) {
+        ld_dict_del(rec->ls->recs, rec->dkey, rec->dkey_len);
+    }
+    ld_dict_del(lock_mod.by_token, rec->token, LD_TOKEN_LEN);
+    rec->linked = false;
+}
+
+static void rec_settle(struct lk_rec *rec)
+{
+    if (rec->linked && rec->count == 0 && rec->pending == 0) {
+        lk_rec_unlink(rec);
+    }
+    if (!rec->linked && rec->refs == 0) {
+        rec_free(rec);
+    }
+}
+
+void lk_rec_unref(struct lk_rec *rec)
+{
+    LD_ASSERT(rec->refs > 0);
+    rec->refs--;
+    rec_settle(rec);
+}
+
+/* Move the hold count to N and keep the gauges, the list of held records
+ * and the hold-time histogram in step. */
+void lk_rec_set_count(struct lk_rec *rec, long long n)
+{
+    long long was = rec->count;
+    rec->count = n;
+    if (was == 0 && n > 0) {
+        ld_stats.locks_held++;
+        rec->acquired_us = ld_now_us();
+        rec->acquired_ms = ld_now_ms();
+        rec->capped = false;
+        held_link(rec);
+    } else if (was > 0 && n == 0) {
+        ld_stats.locks_held--;
+        ld_stats_observe(LD_HISTO_LOCK_HOLD, ld_now_us() - rec->acquired_us);
+        held_unlink(rec);
+        if (rec->cap_ev != NULL) {
+            evtimer_del(rec->cap_ev);
+        }
+        rec->capped = false;
+        rec->cap_end_ms = 0;
+    }
+}
+
+struct lk_rec *lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
+                          const char *key, size_t klen, bool detached)
+{
+    struct lk_rec *rec = ld_xcalloc(1, sizeof(*rec));
+    if (ld_token_new(rec->token) != LD_OK) {
+        free(rec);
+        return NULL;
+    }
+    rec->ls = ls;
+    rec->dkey = dkey;
+    rec->dkey_len = dlen;
+    rec->key = ld_xstrndup(key, klen);
+    rec->key_len = klen;
+    rec->detached = detached;
+    lk_names_build(&rec->n, key, klen);
+    rec->fm = fmemo_get(&rec->n);
+    rec->linked = true;
+    ld_dict_set(ls->recs, dkey, dlen, rec);
+    ld_dict_set(lock_mod.by_token, rec->token, LD_TOKEN_LEN, rec);
+    return rec;
+}
+
+/* The record that holds TOKEN for KEY's lock in this daemon, if any. */
+struct lk_rec *lk_rec_by_token(const char *tok, size_t len,
+                               const struct lk_names *n)
+{
+    if (len != LD_TOKEN_LEN) {
+        return NULL;
+    }
+    struct lk_rec *rec = ld_dict_get(lock_mod.by_token, tok, len);
+    if (rec == NULL || !names_same(&rec->n, n)) {
+        return NULL;
+    }
+    return rec;
+}
+
+/* The lock is no longer this session's: tell it, and forget the hold.
+ * RELEASE also deletes it in Redis (when the daemon itself gives it up,
+ * so that waiters everywhere proceed at once). */
+void lk_rec_lost(struct lk_rec *rec, const char *reason, bool release)
+{
+    if (rec->ls != NULL) {
+        json_t *ev = json_pack("{s:s,s:s%,s:s,s:s}", "event", "lock_lost",
+                               "key", rec->key, rec->key_len, "token",
+                               rec->token, "reason", reason);
+        ld_session_event(rec->ls->sess, ev);
+    }
+    ld_stats.lock_lost++;
+    log_info("lock lost reason=%s session=%s", reason,
+             rec->ls != NULL ? rec->ls->sess->name : "-");
+    if (release) {
+        lk_rec_release_all(rec);
+    }
+    lk_rec_set_count(rec, 0);
+}
+
+/* A new acquisition after a hold ended gets a new token: the old one may
+ * still be in the hands of someone who must not be able to use it on
+ * the new hold (an unlock by token, a reentry by token). */
+int lk_rec_retoken(struct lk_rec *rec)
+{
+    char tok[LD_TOKEN_LEN + 1];
+    if (ld_token_new(tok) != LD_OK) {
+        return LD_ERR;
+    }
+    if (rec->linked) {
+        ld_dict_del(lock_mod.by_token, rec->token, LD_TOKEN_LEN);
+        ld_dict_set(lock_mod.by_token, tok, LD_TOKEN_LEN, rec);
+    }
+    memcpy(rec->token, tok, sizeof(tok));
+    rec->token_used = false;
+    return LD_OK;
+}

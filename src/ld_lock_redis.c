@@ -1,0 +1,206 @@
+/* Locks: running the lock scripts, reading their replies, and the
+ * answers for replies that are failures. */
+
+#include "ld_lock_int.h"
+
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_lock_codes.h"
+#include "ld_log.h"
+#include "ld_proto.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------- Redis helpers */
+
+/* Read a script's integer array into V; returns the count, or -1 when the
+ * reply is anything else. */
+int lk_reply_ints(const redisReply *r, long long *v, int max)
+{
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
+        return -1;
+    }
+    int n = 0;
+    for (size_t i = 0; i < r->elements && n < max; i++) {
+        if (r->element[i]->type != REDIS_REPLY_INTEGER) {
+            return -1;
+        }
+        v[n++] = r->element[i]->integer;
+    }
+    return n;
+}
+
+/* Read lock_acquire's reply into V: like lk_reply_ints, but a grant carries
+ * its fence as a decimal string (fences never pass through Lua numbers),
+ * read here exactly. Returns -1 for anything else, also for a fence that
+ * is not a positive 64-bit integer (0 means unknown, on a reentry). */
+int lk_reply_acquire(const redisReply *r, long long v[4])
+{
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1
+        || r->element[0]->type != REDIS_REPLY_INTEGER) {
+        return -1;
+    }
+    if (r->element[0]->integer != LD_LOCK_GRANTED) {
+        return lk_reply_ints(r, v, 4);
+    }
+    if (r->elements != 4 || r->element[1]->type != REDIS_REPLY_INTEGER
+        || r->element[2]->type != REDIS_REPLY_STRING
+        || r->element[3]->type != REDIS_REPLY_INTEGER) {
+        return -1;
+    }
+    const redisReply *f = r->element[2];
+    char buf[24];
+    if (f->len == 0 || f->len >= sizeof(buf)) {
+        return -1;
+    }
+    memcpy(buf, f->str, f->len);
+    buf[f->len] = '\0';
+    char *end;
+    errno = 0;
+    long long fence = strtoll(buf, &end, 10);
+    if (errno != 0 || *end != '\0' || fence < 0 || buf[0] == '-'
+        || buf[0] == '+' || (buf[0] == '0' && f->len > 1)) {
+        return -1;
+    }
+    v[0] = LD_LOCK_GRANTED;
+    v[1] = r->element[1]->integer;
+    v[2] = fence;
+    v[3] = r->element[3]->integer;
+    return 4;
+}
+
+static const char *kind_name(enum lk_kind kind)
+{
+    switch (kind) {
+    case LK_UNLOCK:
+        return "unlock";
+    case LK_EXTEND:
+        return "extend";
+    case LK_INFO:
+        return "lock.info";
+    case LK_RENEW:
+        return "renew";
+    case LK_CHECK:
+        return "check";
+    case LK_RELEASE:
+        return "release";
+    default:
+        return "lock";
+    }
+}
+
+/* Answer REQ for a command that got no usable reply (inside the command's
+ * callback, where ld_redis says why). WRITE: the command changes the lock,
+ * so a command sent without an answer may have happened, and the client
+ * is told "outcome":"unknown" instead of "nothing changed". OP (may be
+ * NULL) names the op and key in the log. */
+void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
+                               const struct lk_op *op, bool write)
+{
+    static const char *const unavailable[] = {
+        "LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN",
+        "TRYAGAIN", "NOREPLICAS", "OOM", "NOAUTH", "MOVED", "ASK",
+    };
+    const char *why = ld_redis_failure_reason();
+    const char *opname = op != NULL ? kind_name(op->kind) : "lock";
+    int klen = op != NULL && op->key != NULL ? (int)op->key_len : 1;
+    const char *key = op != NULL && op->key != NULL ? op->key : "-";
+    if (op != NULL && op->key == NULL && op->rec != NULL) {
+        klen = (int)op->rec->key_len;
+        key = op->rec->key;
+    }
+    if (r == NULL) {
+        enum ld_redis_outcome o = ld_redis_outcome();
+        bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
+        if (unknown) {
+            log_warn("redis failure op=%s key=%.*s outcome=unknown "
+                     "reason=\"%s\"", opname, klen, key, why);
+        } else {
+            /* Nothing changed; the connection's own loss is a warning
+             * already, so one line per request stays quieter. */
+            log_info("redis failure op=%s key=%.*s outcome=unchanged "
+                     "reason=\"%s\"", opname, klen, key, why);
+        }
+        if (req == NULL) {
+            return;
+        }
+        if (unknown) {
+            ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
+                                 json_pack("{s:s}", "outcome", "unknown"),
+                                 "redis: %s; the %s was sent and may have "
+                                 "taken effect", why, opname);
+        } else {
+            ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
+        }
+        return;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        for (size_t i = 0; i < LD_ARRAY_LEN(unavailable); i++) {
+            if (ld_reply_is_error(r, unavailable[i])) {
+                log_warn("redis failure op=%s key=%.*s reason=\"%s\"",
+                         opname, klen, key, why);
+                if (req != NULL) {
+                    ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s",
+                                   why);
+                }
+                return;
+            }
+        }
+        log_error("internal error op=%s key=%.*s redis=\"%s\"", opname,
+                  klen, key, why);
+        if (req != NULL) {
+            ld_reply_error(req, LD_E_INTERNAL, "redis: %s", why);
+        }
+        return;
+    }
+    log_error("internal error op=%s key=%.*s: unexpected reply type %d "
+              "from a lock script", opname, klen, key, r->type);
+    if (req != NULL) {
+        ld_reply_error(req, LD_E_INTERNAL,
+                       "unexpected reply from a lock script");
+    }
+}
+
+void lk_reply_not_held(struct ld_req *req, const char *key, size_t klen,
+                       bool other)
+{
+    ld_reply_error_extra(req, LD_E_NOT_HELD,
+                         json_pack("{s:s}", "reason",
+                                   other ? "other" : "absent"),
+                         other ? "lock '%.*s' is held by someone else"
+                               : "lock '%.*s' is not held",
+                         (int)klen, key);
+}
+
+void lk_reply_wrong_type(struct ld_req *req, const char *key,
+                         size_t klen)
+{
+    ld_reply_error(req, LD_E_WRONG_TYPE,
+                   "the redis key of lock '%.*s' holds data that is not a "
+                   "lock", (int)klen, key);
+}
+
+/* Lock scripts go on the lock connections while lock.wait_replicas is
+ * set, so that the WAIT after a grant blocks none of the shared ones. */
+void lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
+                  const struct lk_names *n, int nkeys, int nargs,
+                  const char **args, size_t *lens, ld_redis_cb *cb,
+                  void *arg)
+{
+    struct ld_redis_opts o = { flags, LD_REDIS_POOL_SHARED, pin };
+    if (lock_mod.ctx->cfg->lock.wait_replicas > 0) {
+        o.pool = LD_REDIS_POOL_LOCK;
+    }
+    ld_redis_script_ex(&o, id, n->hash, n->hash_len, nkeys, nargs, args,
+                       lens, cb, arg);
+}
+
+void lk_script(enum ld_script_id id, const struct lk_names *n, int nkeys,
+               int nargs, const char **args, size_t *lens,
+               ld_redis_cb *cb, void *arg)
+{
+    lk_script_ex(0, 0, id, n, nkeys, nargs, args, lens, cb, arg);
+}

@@ -1,0 +1,336 @@
+/* Locks: the timers that end a hold this daemon can no longer vouch
+ * for (lock_lost, max_hold), the watchdog pass that renews leases, and
+ * the rechecks of every lock when Redis may have lost them. */
+
+#include "ld_lock_int.h"
+
+#include "ld_assert.h"
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_lock_codes.h"
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_stats.h"
+
+#include <event2/event.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+/* How long before the end of a confirmed watchdog lease the daemon stops
+ * vouching for it: the lease is counted from when the confirming command
+ * was sent, which is never later than Redis started it, and the margin
+ * covers the clocks of the two hosts drifting apart (1% of a watchdog
+ * lease, as for Redlock) and the event's way to the client (2 ms). */
+static uint64_t lost_margin_ms(void)
+{
+    return 2 + (uint64_t)lock_mod.ctx->cfg->lock.watchdog_ms / 100;
+}
+
+static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct lk_rec *rec = arg;
+    if (rec->count == 0) {
+        return;
+    }
+    /* A lease clipped at max_hold ends there: the cap is the reason. */
+    bool cap = rec->cap_end_ms != 0
+               && ld_now_ms() + lost_margin_ms() >= rec->cap_end_ms;
+    rec->refs++;
+    lk_rec_lost(rec, cap ? "max_hold" : "redis_unavailable", true);
+    lk_rec_unref(rec);
+}
+
+/* Arm the one timer of a held record for the earlier of: the moment the
+ * daemon can no longer prove a watchdog lease (lease end minus the
+ * margin), and max_hold. Called whenever either changes. */
+void lk_rec_arm_cap(struct lk_rec *rec)
+{
+    if (rec->count == 0) {
+        return;
+    }
+    uint64_t at = UINT64_MAX;
+    if (rec->watchdog && rec->ls != NULL) {
+        uint64_t m = lost_margin_ms();
+        at = rec->lease_end_ms > m ? rec->lease_end_ms - m : 0;
+    }
+    if (rec->cap_end_ms != 0 && rec->cap_end_ms < at) {
+        at = rec->cap_end_ms;
+    }
+    if (at == UINT64_MAX) {
+        if (rec->cap_ev != NULL) {
+            evtimer_del(rec->cap_ev);
+        }
+        return;
+    }
+    if (rec->cap_ev == NULL) {
+        rec->cap_ev = evtimer_new(lock_mod.ctx->base, cap_on_timer, rec);
+        if (rec->cap_ev == NULL) {
+            ld_oom(0);
+        }
+    }
+    uint64_t now = ld_now_ms();
+    uint64_t ms = at > now ? at - now : 0;
+    struct timeval tv = tv_ms((long long)ms);
+    evtimer_add(rec->cap_ev, &tv);
+}
+
+/* Follow lock.max_hold_ms (reloads apply) for a watchdog-renewed lock. */
+void lk_rec_cap_update(struct lk_rec *rec)
+{
+    long long max = lock_mod.ctx->cfg->lock.max_hold_ms;
+    if (!rec->watchdog || max <= 0 || rec->count == 0) {
+        rec->cap_end_ms = 0;
+    } else {
+        rec->cap_end_ms = rec->acquired_ms + (uint64_t)max;
+    }
+    rec->capped = rec->cap_end_ms != 0;
+}
+
+/* Milliseconds left under max_hold (LLONG_MAX when no cap applies; 0 or
+ * less once reached). */
+static long long rec_cap_left(const struct lk_rec *rec)
+{
+    if (rec == NULL || rec->cap_end_ms == 0) {
+        return LLONG_MAX;
+    }
+    return (long long)rec->cap_end_ms - (long long)ld_now_ms();
+}
+
+/* A lease to set on REC (grant, reentry, renewal, extend), clipped so that
+ * it never runs past max_hold. */
+long long lk_rec_cap_clip(const struct lk_rec *rec, long long lease)
+{
+    long long left = rec_cap_left(rec);
+    if (lease > left) {
+        lease = left > 1 ? left : 1;
+    }
+    return lease;
+}
+
+/* ------------------------------------------------------------ watchdog */
+
+static void pass_continue(void);
+
+static void renew_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    struct lk_rec *rec = op->rec;
+    LD_ASSERT(rec->renewing && lock_mod.renew_inflight > 0);
+    rec->renewing = false;
+    lock_mod.renew_inflight--;
+    if (lock_mod.passing && !lock_mod.freed &&
+        lock_mod.renew_inflight <= RENEW_INFLIGHT_MAX / 2) {
+        pass_continue();
+    }
+    /* Replies come in command order, so a record that was released or
+     * lost meanwhile simply ignores what this renewal found. */
+    if (lock_mod.freed || !rec->linked || rec->count == 0 || rec->ls == NULL) {
+        lk_op_free(op);
+        return;
+    }
+    bool renew = op->kind == LK_RENEW;
+    long long v[3] = { 0, 0, 0 };
+    int n = lk_reply_ints(r, v, 3);
+    if (n >= 3 && v[0] == LD_LOCK_HELD) {
+        if (renew) {
+            ld_stats.lock_renewals_ok++;
+        }
+        long long pttl = v[1];
+        if (pttl < 0) {
+            /* Someone removed the expiry; look again in a while. */
+            pttl = lock_mod.ctx->cfg->lock.watchdog_ms;
+        }
+        rec->lease_end_ms = op->sent_ms + (uint64_t)pttl;
+        if (v[2] > 0) {
+            lk_rec_set_count(rec, v[2]);
+        }
+        lk_rec_arm_cap(rec);
+    } else if (n >= 1 && v[0] < 0) {
+        /* Found gone before the lease it last confirmed could end in
+         * Redis: Redis lost data (FLUSHALL, a restart without
+         * persistence, an eviction), so look at every lock at once. */
+        bool early = ld_now_ms() < rec->lease_end_ms;
+        if (v[0] == LD_LOCK_WRONG_TYPE) {
+            log_warn("lock '%.*s': its redis key holds data leased did not "
+                     "write", (int)rec->key_len, rec->key);
+        }
+        if (renew) {
+            ld_stats.lock_renewals_failed++;
+            lk_rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
+                        false);
+        } else if (early) {
+            lk_rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
+                        false);
+        } else {
+            /* A fixed lease ran out: that is what the client asked for. */
+            lk_rec_set_count(rec, 0);
+        }
+        if (early && v[0] != LD_LOCK_WRONG_TYPE) {
+            lk_recheck_start();
+        }
+    } else if (renew) {
+        ld_stats.lock_renewals_failed++;
+        if (ld_now_ms() >= rec->lease_end_ms) {
+            lk_rec_lost(rec, "redis_unavailable", true);
+        }
+    }
+    lk_op_free(op);
+}
+
+static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
+{
+    struct lk_op *op = lk_op_new(kind, NULL, rec);
+    char lbuf[24];
+    snprintf(lbuf, sizeof(lbuf), "%lld", lease);
+    const char *args[] = { rec->n.hash, rec->token, lbuf, "1" };
+    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, strlen(lbuf), 1 };
+    rec->renewing = true;
+    op->sent_ms = ld_now_ms();
+    op->inflight = true;
+    lock_mod.renew_inflight++;
+    lk_script(LD_SCRIPT_lock_renew, &rec->n, 1, 4, args, lens, renew_on_reply,
+              op);
+}
+
+static long long pass_period_ms(void)
+{
+    long long p = lock_mod.ctx->cfg->lock.watchdog_ms / 3;
+    return p > 0 ? p : 1;
+}
+
+static void pass_arm(void)
+{
+    long long ms = pass_period_ms();
+    struct timeval tv = tv_ms((long long)ms);
+    evtimer_add(lock_mod.pass_ev, &tv);
+}
+
+/* What the pass does for one record: renew a watchdog lock, stop renewing
+ * at max_hold, look after a fixed lease that should have run out. */
+static void pass_visit(struct lk_rec *rec, uint64_t now)
+{
+    const struct ld_config *cfg = lock_mod.ctx->cfg;
+    if (rec->ls == NULL) {
+        return;
+    }
+    if (!rec->watchdog) {
+        if (!rec->renewing
+            && (lock_mod.check_all || now >= rec->lease_end_ms)) {
+            renew_send(rec, LK_CHECK, 0);
+        }
+        return;
+    }
+    if (rec->renewing) {
+        /* The last renewal is still out; when the lease has passed
+         * meanwhile, Redis was unreachable for longer than it. */
+        if (now >= rec->lease_end_ms) {
+            rec->refs++;
+            lk_rec_lost(rec, "redis_unavailable", true);
+            lk_rec_unref(rec);
+        }
+        return;
+    }
+    lk_rec_cap_update(rec);
+    long long left = rec_cap_left(rec);
+    if (left <= 0) {
+        /* max_hold is reached: the timer ends the lock now. */
+        lk_rec_arm_cap(rec);
+        return;
+    }
+    /* The renewals near max_hold end the lease exactly there. */
+    renew_send(rec, LK_RENEW, lk_rec_cap_clip(rec, cfg->lock.watchdog_ms));
+    lk_rec_arm_cap(rec);
+}
+
+/* One step of the pass. The renewals of a step leave pipelined, in one
+ * write per connection. The cursor survives records leaving the list
+ * (held_unlink moves it on); records added meanwhile are new and wait for
+ * the next pass. */
+static void pass_step(void *arg)
+{
+    LD_UNUSED(arg);
+    uint64_t now = ld_now_ms();
+    int visited = 0;
+    while (lock_mod.cursor != NULL && visited < PASS_STEP &&
+           lock_mod.renew_inflight < RENEW_INFLIGHT_MAX) {
+        struct lk_rec *rec = lock_mod.cursor;
+        LD_ASSERT(rec->in_held);
+        lock_mod.cursor = TAILQ_NEXT(rec, held_entry);
+        pass_visit(rec, now);
+        visited++;
+    }
+    if (lock_mod.cursor == NULL) {
+        lock_mod.passing = false;
+        lock_mod.check_all = false;
+    } else if (lock_mod.renew_inflight < RENEW_INFLIGHT_MAX) {
+        pass_continue();
+    }
+    /* else: renew_on_reply continues once replies have come back. */
+}
+
+static void pass_continue(void)
+{
+    ld_defer_kick(&lock_mod.step);
+}
+
+/* The one periodic timer starts a pass over every held lock, unless the
+ * last one is still going (Redis slow), which then simply goes on. */
+static void pass_run(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    if (!lock_mod.passing) {
+        lock_mod.passing = true;
+        lock_mod.cursor = TAILQ_FIRST(&lock_mod.held);
+    }
+    pass_step(NULL);
+    pass_arm();
+}
+
+/* Check every held lock now, fixed leases too, in one pass bounded like
+ * the watchdog's: Redis came back (it may have restarted without its
+ * data) or a lock was found gone before its lease. Locks that did not
+ * survive are reported at once instead of a pass later, and fixed-lease
+ * locks at all. */
+void lk_recheck_start(void)
+{
+    if (lock_mod.freed || lock_mod.stopping
+        || (lock_mod.passing && lock_mod.check_all)) {
+        return;
+    }
+    lock_mod.check_all = true;
+    lock_mod.passing = true;
+    lock_mod.cursor = TAILQ_FIRST(&lock_mod.held);
+    pass_continue();
+}
+
+static void on_redis_state(bool up, void *arg)
+{
+    LD_UNUSED(arg);
+    if (up) {
+        lk_recheck_start();
+    }
+}
+
+/* The watchdog's one periodic timer, and rechecks when Redis is back. */
+void lk_watch_init(void)
+{
+    lock_mod.pass_ev = evtimer_new(lock_mod.ctx->base, pass_run, NULL);
+    if (lock_mod.pass_ev == NULL) {
+        ld_oom(0);
+    }
+    ld_defer_init(&lock_mod.step, lock_mod.ctx->base, pass_step, NULL);
+    pass_arm();
+    ld_redis_on_state(on_redis_state, NULL);
+}
+
+void lk_watch_free(void)
+{
+    event_free(lock_mod.pass_ev);
+    lock_mod.pass_ev = NULL;
+    ld_defer_free(&lock_mod.step);
+}
