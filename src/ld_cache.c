@@ -41,6 +41,7 @@
 #include "ld_cache.h"
 
 #include "ld_conf.h"
+#include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
 #include "ld_journal.h"
@@ -48,7 +49,6 @@
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
-#include "ld_server.h"
 #include "ld_session.h"
 #include "ld_stats.h"
 #include "ld_util.h"
@@ -92,7 +92,8 @@ struct getter {
     struct ckey *ck;
     bool want_lease;
     bool waited;              /* counted in cache_waits */
-    bool holds_place;         /* one of C.n_waiters, until it is answered */
+    bool holds_place;         /* one of cache_mod.n_waiters, until it is
+                               * answered */
     uint64_t deadline_us;     /* end of wait_ms, monotonic */
     uint64_t seq;             /* arrival order: waiters are served FIFO */
     enum gstate state;
@@ -195,6 +196,7 @@ struct del {
 };
 
 static struct {
+    const struct ld_ctx *ctx;
     bool inited;
     bool hooks_registered;
     struct ld_journal *journal;
@@ -209,7 +211,7 @@ static struct {
      * refetches for it, so that newcomers cannot take it meanwhile. */
     long long n_waiters;
     uint64_t next_seq;
-} C;
+} cache_mod;
 
 static void
 glist_push(struct glist *l, struct getter *g)
@@ -286,7 +288,7 @@ wall_ms(void)
 static char *
 make_names(const char *key, size_t len, size_t *entry_len, size_t *chan_len)
 {
-    const char *prefix = ld_srv.cfg->cache.prefix;
+    const char *prefix = cache_mod.ctx->cfg->cache.prefix;
     size_t plen = strlen(prefix);
     size_t elen = plen + 1 + len + 1;
     size_t slen = sizeof(CHAN_SUFFIX) - 1;
@@ -316,10 +318,10 @@ set_timer(struct event *ev, uint64_t delay_us)
 static void
 update_journal_stats(void)
 {
-    if (C.journal != NULL) {
-        ld_stats.journal_bytes = (long long)ld_journal_bytes(C.journal);
+    if (cache_mod.journal != NULL) {
+        ld_stats.journal_bytes = (long long)ld_journal_bytes(cache_mod.journal);
         ld_stats.cache_invalidations_pending =
-            (long long)ld_journal_live(C.journal);
+            (long long)ld_journal_live(cache_mod.journal);
     }
 }
 
@@ -354,7 +356,7 @@ req_value(struct ld_req *req, const char **v, size_t *len, bool *is_null)
 static void
 key_touched(const char *key, size_t len)
 {
-    struct ckey *ck = ld_dict_get(C.keys, key, len);
+    struct ckey *ck = ld_dict_get(cache_mod.keys, key, len);
     if (ck != NULL) {
         ck->gen++;
     }
@@ -608,7 +610,7 @@ getter_done(struct getter *g)
     g->state = G_DONE;
     if (g->holds_place) {
         g->holds_place = false;
-        C.n_waiters--;
+        cache_mod.n_waiters--;
     }
 }
 
@@ -711,7 +713,7 @@ static void ckey_timer_cb(evutil_socket_t fd, short what, void *arg);
 static struct ckey *
 ckey_get(const char *key, size_t len)
 {
-    struct ckey *ck = ld_dict_get(C.keys, key, len);
+    struct ckey *ck = ld_dict_get(cache_mod.keys, key, len);
     if (ck != NULL) {
         return ck;
     }
@@ -721,7 +723,7 @@ ckey_get(const char *key, size_t len)
     }
     ck->key = malloc(len + 1);
     ck->names = make_names(key, len, &ck->entry_len, &ck->chan_len);
-    ck->timer = evtimer_new(ld_srv.base, ckey_timer_cb, ck);
+    ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
     if (ck->key == NULL || ck->names == NULL || ck->timer == NULL) {
         free(ck->key);
         free(ck->names);
@@ -734,7 +736,7 @@ ckey_get(const char *key, size_t len)
     memcpy(ck->key, key, len);
     ck->key[len] = '\0';
     ck->key_len = len;
-    ld_dict_set(C.keys, key, len, ck);
+    ld_dict_set(cache_mod.keys, key, len, ck);
     return ck;
 }
 
@@ -749,7 +751,7 @@ ckey_maybe_free(struct ckey *ck)
         ld_pubsub_unsubscribe(ck->sub);
     }
     event_free(ck->timer);
-    ld_dict_del(C.keys, ck->key, ck->key_len);
+    ld_dict_del(cache_mod.keys, ck->key, ck->key_len);
     free(ck->key);
     free(ck->names);
     free(ck);
@@ -772,11 +774,11 @@ fetch_start(struct ckey *ck, bool grant)
     f->ck = ck;
     f->gen = ck->gen;
     f->grant = grant;
-    f->next = C.fetches;
-    if (C.fetches != NULL) {
-        C.fetches->prev = f;
+    f->next = cache_mod.fetches;
+    if (cache_mod.fetches != NULL) {
+        cache_mod.fetches->prev = f;
     }
-    C.fetches = f;
+    cache_mod.fetches = f;
     ck->fetch = f;
     ck->nfetch++;
 
@@ -802,7 +804,7 @@ fetch_send_script(struct fetch *f)
     }
     char lease_ms[24];
     snprintf(lease_ms, sizeof(lease_ms), "%lld",
-             ld_srv.cfg->cache.fill_lease_ms);
+             cache_mod.ctx->cfg->cache.fill_lease_ms);
     const char *argv[] = {ck->names, f->token, lease_ms,
                           f->grant ? "1" : "0"};
     size_t argvlen[] = {ck->entry_len, strlen(f->token), strlen(lease_ms),
@@ -965,7 +967,7 @@ fetch_unlink(struct fetch *f)
     if (f->prev != NULL) {
         f->prev->next = f->next;
     } else {
-        C.fetches = f->next;
+        cache_mod.fetches = f->next;
     }
     if (f->next != NULL) {
         f->next->prev = f->prev;
@@ -1057,7 +1059,7 @@ fetch_cb(redisReply *reply, void *arg)
                                : 0;
     } else if (res == R_GRANTED) {
         ck->lease_end_us =
-            now + (uint64_t)ld_srv.cfg->cache.fill_lease_ms * 1000 +
+            now + (uint64_t)cache_mod.ctx->cfg->cache.fill_lease_ms * 1000 +
             LEASE_SLACK_US;
     }
 
@@ -1102,7 +1104,8 @@ fetch_cb(redisReply *reply, void *arg)
         if (!g->want_lease || now >= g->deadline_us) {
             settle_miss(g, NULL);
         } else if (!g->holds_place &&
-                   C.n_waiters >= ld_srv.cfg->limits.max_waiters) {
+                   cache_mod.n_waiters >=
+                       cache_mod.ctx->cfg->limits.max_waiters) {
             /* Counted one by one as they are parked: one fetch may
              * bring any number of new waiters at once. */
             getter_settle(g, NULL, LD_E_BUSY,
@@ -1114,7 +1117,7 @@ fetch_cb(redisReply *reply, void *arg)
             }
             if (!g->holds_place) {
                 g->holds_place = true;
-                C.n_waiters++;
+                cache_mod.n_waiters++;
             }
             g->state = G_WAIT;
             glist_push(&keep, g);
@@ -1180,7 +1183,7 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     g->op = op;
     g->slot = i;
     g->want_lease = want_lease;
-    g->seq = ++C.next_seq;
+    g->seq = ++cache_mod.next_seq;
     g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
     g->ck = ckey_get(key, len);
     if (g->ck == NULL) {
@@ -1193,7 +1196,7 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
 static int
 get_params(struct ld_req *req, long long *wait_ms, bool *lease)
 {
-    *wait_ms = ld_srv.cfg->cache.wait_ms;
+    *wait_ms = cache_mod.ctx->cfg->cache.wait_ms;
     *lease = true;
     if (ld_req_int(req, "wait_ms", false, 0, LD_WAIT_MS_MAX, wait_ms, NULL) !=
             LD_OK ||
@@ -1307,7 +1310,7 @@ ttl_param(struct ld_req *req, long long *ttl_ms, bool *present)
 static long long
 entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
 {
-    const struct ld_config *cfg = ld_srv.cfg;
+    const struct ld_config *cfg = cache_mod.ctx->cfg;
     long long base = is_null ? cfg->cache.null_ttl_ms
                              : (ttl_given ? ttl_ms : cfg->cache.ttl_ms);
     return ld_jitter_ttl(base, cfg->cache.ttl_jitter);
@@ -1475,7 +1478,7 @@ del_new(const char *key, size_t len, int64_t due_ms, bool second)
     if (d == NULL) {
         return NULL;
     }
-    d->ev = evtimer_new(ld_srv.base, del_timer_cb, d);
+    d->ev = evtimer_new(cache_mod.ctx->base, del_timer_cb, d);
     if (d->ev == NULL) {
         free(d);
         return NULL;
@@ -1484,11 +1487,11 @@ del_new(const char *key, size_t len, int64_t due_ms, bool second)
     d->second = second;
     d->key_len = len;
     memcpy(d->key, key, len);
-    d->next = C.dels;
-    if (C.dels != NULL) {
-        C.dels->prev = d;
+    d->next = cache_mod.dels;
+    if (cache_mod.dels != NULL) {
+        cache_mod.dels->prev = d;
     }
-    C.dels = d;
+    cache_mod.dels = d;
     return d;
 }
 
@@ -1498,7 +1501,7 @@ del_unlink(struct del *d)
     if (d->prev != NULL) {
         d->prev->next = d->next;
     } else {
-        C.dels = d->next;
+        cache_mod.dels = d->next;
     }
     if (d->next != NULL) {
         d->next->prev = d->prev;
@@ -1601,7 +1604,7 @@ del_cb(redisReply *reply, void *arg)
         del_schedule(d2);
     }
     if (d->id != 0) {
-        ld_journal_done(C.journal, d->id);
+        ld_journal_done(cache_mod.journal, d->id);
         update_journal_stats();
     }
     del_free(d);
@@ -1624,11 +1627,11 @@ static void
 redis_state_cb(bool up, void *arg)
 {
     LD_UNUSED(arg);
-    if (!up || !C.inited) {
+    if (!up || !cache_mod.inited) {
         return;
     }
     struct del *next;
-    for (struct del *d = C.dels; d != NULL; d = next) {
+    for (struct del *d = cache_mod.dels; d != NULL; d = next) {
         next = d->next;
         if (d->retrying && !d->running) {
             event_del(d->ev);
@@ -1698,9 +1701,9 @@ sync_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    struct inv *list = C.sync_head;
-    C.sync_head = C.sync_tail = NULL;
-    int rc = ld_journal_sync(C.journal);
+    struct inv *list = cache_mod.sync_head;
+    cache_mod.sync_head = cache_mod.sync_tail = NULL;
+    int rc = ld_journal_sync(cache_mod.journal);
     while (list != NULL) {
         struct inv *inv = list;
         list = inv->next;
@@ -1719,7 +1722,7 @@ op_invalidate(struct ld_req *req)
     json_t *keys = NULL;
     const char *key = NULL;
     size_t len = 0;
-    long long delay_ms = ld_srv.cfg->cache.double_delete_ms;
+    long long delay_ms = cache_mod.ctx->cfg->cache.double_delete_ms;
 
     if (jkey != NULL && !json_is_null(jkey) && jkeys != NULL &&
         !json_is_null(jkeys)) {
@@ -1763,7 +1766,8 @@ op_invalidate(struct ld_req *req)
             inv->left--;
             continue;
         }
-        if (ld_journal_add(C.journal, now, key, len, &d1->id) != LD_OK) {
+        if (ld_journal_add(cache_mod.journal, now, key, len, &d1->id) !=
+            LD_OK) {
             d1->id = 0;
             inv->journal_failed = true;
         }
@@ -1780,10 +1784,10 @@ op_invalidate(struct ld_req *req)
              * nothing to wait for in the file: a plain add then (the
              * request is answered with an error anyway). */
             int rc = d1->id != 0
-                         ? ld_journal_add_after(C.journal, d1->id, delay_ms,
-                                                key, len, &d2->id)
-                         : ld_journal_add(C.journal, now + delay_ms, key,
-                                          len, &d2->id);
+                         ? ld_journal_add_after(cache_mod.journal, d1->id,
+                                                delay_ms, key, len, &d2->id)
+                         : ld_journal_add(cache_mod.journal, now + delay_ms,
+                                          key, len, &d2->id);
             if (rc != LD_OK) {
                 d2->id = 0;
                 inv->journal_failed = true;
@@ -1795,15 +1799,15 @@ op_invalidate(struct ld_req *req)
         }
     }
     update_journal_stats();
-    if (ld_journal_mode(C.journal) == LD_FSYNC_ALWAYS) {
+    if (ld_journal_mode(cache_mod.journal) == LD_FSYNC_ALWAYS) {
         inv->next = NULL;
-        if (C.sync_tail != NULL) {
-            C.sync_tail->next = inv;
+        if (cache_mod.sync_tail != NULL) {
+            cache_mod.sync_tail->next = inv;
         } else {
-            C.sync_head = inv;
+            cache_mod.sync_head = inv;
         }
-        C.sync_tail = inv;
-        event_active(C.sync_ev, EV_TIMEOUT, 0);
+        cache_mod.sync_tail = inv;
+        event_active(cache_mod.sync_ev, EV_TIMEOUT, 0);
     } else {
         inv_start(inv);
     }
@@ -1861,9 +1865,9 @@ tick_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(arg);
     /* The whole of fsync "everysec"; under "always" it makes the done
      * records durable too, which spares a restart redundant deletes. */
-    ld_journal_sync(C.journal);
-    if (ld_journal_should_compact(C.journal)) {
-        ld_journal_compact(C.journal);
+    ld_journal_sync(cache_mod.journal);
+    if (ld_journal_should_compact(cache_mod.journal)) {
+        ld_journal_compact(cache_mod.journal);
     }
     update_journal_stats();
 }
@@ -1926,46 +1930,47 @@ on_session_close(struct ld_session *s)
 }
 
 int
-ld_cache_init(void)
+ld_cache_init(const struct ld_ctx *ctx)
 {
-    const struct ld_config *cfg = ld_srv.cfg;
-    bool hooks = C.hooks_registered;
+    const struct ld_config *cfg = ctx->cfg;
+    bool hooks = cache_mod.hooks_registered;
 
-    memset(&C, 0, sizeof(C));
-    C.hooks_registered = hooks;
-    C.keys = ld_dict_new();
-    if (C.keys == NULL) {
+    memset(&cache_mod, 0, sizeof(cache_mod));
+    cache_mod.ctx = ctx;
+    cache_mod.hooks_registered = hooks;
+    cache_mod.keys = ld_dict_new();
+    if (cache_mod.keys == NULL) {
         return LD_ERR;
     }
-    if (ld_journal_open(&C.journal, cfg->journal.path, cfg->journal.fsync) !=
-        LD_OK) {
+    if (ld_journal_open(&cache_mod.journal, cfg->journal.path,
+                        cfg->journal.fsync) != LD_OK) {
         log_error("cannot open the invalidation journal path=%s",
                   cfg->journal.path);
-        ld_dict_free(C.keys);
-        C.keys = NULL;
+        ld_dict_free(cache_mod.keys);
+        cache_mod.keys = NULL;
         return LD_ERR;
     }
     struct replay_state st = {0, ld_dict_new()};
-    ld_journal_each(C.journal, replay_one, &st);
+    ld_journal_each(cache_mod.journal, replay_one, &st);
     ld_dict_free(st.by_id);
     size_t replayed = st.count;
     log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
              cfg->journal.path,
              cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",
-             (unsigned long long)ld_journal_bytes(C.journal), replayed);
+             (unsigned long long)ld_journal_bytes(cache_mod.journal), replayed);
     update_journal_stats();
 
-    C.tick_ev = event_new(ld_srv.base, -1, EV_PERSIST, tick_cb, NULL);
-    C.sync_ev = event_new(ld_srv.base, -1, 0, sync_cb, NULL);
+    cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, tick_cb, NULL);
+    cache_mod.sync_ev = event_new(ctx->base, -1, 0, sync_cb, NULL);
     struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
-    event_add(C.tick_ev, &tv);
+    event_add(cache_mod.tick_ev, &tv);
 
-    if (!C.hooks_registered) {
+    if (!cache_mod.hooks_registered) {
         ld_session_on_close(on_session_close);
         ld_redis_on_state(redis_state_cb, NULL);
-        C.hooks_registered = true;
+        cache_mod.hooks_registered = true;
     }
-    C.inited = true;
+    cache_mod.inited = true;
     if (ld_dispatch_register("cache.get", op_get) != LD_OK ||
         ld_dispatch_register("cache.mget", op_mget) != LD_OK ||
         ld_dispatch_register("cache.fill", op_fill) != LD_OK ||
@@ -1980,22 +1985,22 @@ ld_cache_init(void)
 void
 ld_cache_shutdown(void)
 {
-    if (C.journal != NULL) {
-        ld_journal_sync(C.journal);
+    if (cache_mod.journal != NULL) {
+        ld_journal_sync(cache_mod.journal);
     }
 }
 
 void
 ld_cache_free(void)
 {
-    if (!C.inited) {
+    if (!cache_mod.inited) {
         return;
     }
-    C.inited = false;
+    cache_mod.inited = false;
 
     /* Fetches still in flight: answer their getters now and leave the
      * structs to their callbacks, which ld_redis_free may still run. */
-    for (struct fetch *f = C.fetches; f != NULL; f = f->next) {
+    for (struct fetch *f = cache_mod.fetches; f != NULL; f = f->next) {
         struct getter *g;
         while ((g = glist_pop(&f->getters)) != NULL) {
             g->state = G_IDLE;
@@ -2004,11 +2009,11 @@ ld_cache_free(void)
         }
         f->ck = NULL;
     }
-    C.fetches = NULL;
+    cache_mod.fetches = NULL;
 
     struct ld_dict_iter it;
     void *v;
-    ld_dict_iter_init(&it, C.keys);
+    ld_dict_iter_init(&it, cache_mod.keys);
     while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
         struct ckey *ck = v;
         struct getter *g;
@@ -2025,14 +2030,14 @@ ld_cache_free(void)
         free(ck->names);
         free(ck);
     }
-    ld_dict_free(C.keys);
-    C.keys = NULL;
-    C.n_waiters = 0;
+    ld_dict_free(cache_mod.keys);
+    cache_mod.keys = NULL;
+    cache_mod.n_waiters = 0;
 
     /* Deletes stay in the journal for the next start. */
-    C.sync_head = C.sync_tail = NULL;
+    cache_mod.sync_head = cache_mod.sync_tail = NULL;
     struct del *next;
-    for (struct del *d = C.dels; d != NULL; d = next) {
+    for (struct del *d = cache_mod.dels; d != NULL; d = next) {
         next = d->next;
         if (d->inv != NULL) {
             struct inv *inv = d->inv;
@@ -2054,16 +2059,16 @@ ld_cache_free(void)
             free(d);
         }
     }
-    C.dels = NULL;
+    cache_mod.dels = NULL;
 
-    if (C.tick_ev != NULL) {
-        event_free(C.tick_ev);
+    if (cache_mod.tick_ev != NULL) {
+        event_free(cache_mod.tick_ev);
     }
-    if (C.sync_ev != NULL) {
-        event_free(C.sync_ev);
+    if (cache_mod.sync_ev != NULL) {
+        event_free(cache_mod.sync_ev);
     }
-    C.tick_ev = C.sync_ev = NULL;
-    ld_journal_close(C.journal);
-    C.journal = NULL;
+    cache_mod.tick_ev = cache_mod.sync_ev = NULL;
+    ld_journal_close(cache_mod.journal);
+    cache_mod.journal = NULL;
     ld_stats.journal_bytes = 0;
 }

@@ -11,6 +11,7 @@
 
 #include "ld_cache.h"
 #include "ld_conf.h"
+#include "ld_ctx.h"
 #include "ld_dispatch.h"
 #include "ld_listen.h"
 #include "ld_lock.h"
@@ -235,7 +236,11 @@ start(struct ld_config *cfg)
     if (ld_lock_init() != LD_OK) {
         return LD_ERR;
     }
-    if (ld_cache_init() != LD_OK) {
+    /* Until every module takes the context, the cache's is made here. */
+    static struct ld_ctx cache_ctx;
+    cache_ctx = (struct ld_ctx){ld_srv.base, cfg, ld_srv.instance,
+                                ld_srv.start_ms, false};
+    if (ld_cache_init(&cache_ctx) != LD_OK) {
         return LD_ERR;
     }
     if (ld_listen_start(ld_srv.base, cfg) != LD_OK) {
