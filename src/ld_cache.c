@@ -46,6 +46,7 @@
 #include "ld_dispatch.h"
 #include "ld_journal.h"
 #include "ld_log.h"
+#include "ld_mem.h"
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
@@ -292,10 +293,7 @@ make_names(const char *key, size_t len, size_t *entry_len, size_t *chan_len)
     size_t plen = strlen(prefix);
     size_t elen = plen + 1 + len + 1;
     size_t slen = sizeof(CHAN_SUFFIX) - 1;
-    char *buf = malloc(elen + slen + 1);
-    if (buf == NULL) {
-        return NULL;
-    }
+    char *buf = ld_xmalloc(elen + slen + 1);
     memcpy(buf, prefix, plen);
     buf[plen] = '{';
     memcpy(buf + plen + 1, key, len);
@@ -368,7 +366,7 @@ static struct csess *
 csess_of(struct ld_session *s)
 {
     if (s->cache_state == NULL) {
-        s->cache_state = calloc(1, sizeof(struct csess));
+        s->cache_state = ld_xcalloc(1, sizeof(struct csess));
     }
     return s->cache_state;
 }
@@ -378,9 +376,6 @@ cop_link(struct cop *op)
 {
     struct csess *cs = csess_of(op->req->sess);
     op->cs = cs;
-    if (cs == NULL) {
-        return;
-    }
     op->prev = NULL;
     op->next = cs->ops;
     if (cs->ops != NULL) {
@@ -576,10 +571,7 @@ mget_finish(struct cop *op)
     }
     struct evbuffer *buf = evbuffer_new();
     if (buf == NULL) {
-        free(idtext);
-        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
-        cop_free(op);
-        return;
+        ld_oom(0);
     }
     if (idtext != NULL) {
         evbuffer_add_printf(buf, "{\"id\":%s,", idtext);
@@ -717,24 +709,13 @@ ckey_get(const char *key, size_t len)
     if (ck != NULL) {
         return ck;
     }
-    ck = calloc(1, sizeof(*ck));
-    if (ck == NULL) {
-        return NULL;
-    }
-    ck->key = malloc(len + 1);
+    ck = ld_xcalloc(1, sizeof(*ck));
+    ck->key = ld_xstrndup(key, len);
     ck->names = make_names(key, len, &ck->entry_len, &ck->chan_len);
     ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
-    if (ck->key == NULL || ck->names == NULL || ck->timer == NULL) {
-        free(ck->key);
-        free(ck->names);
-        if (ck->timer != NULL) {
-            event_free(ck->timer);
-        }
-        free(ck);
-        return NULL;
+    if (ck->timer == NULL) {
+        ld_oom(0);
     }
-    memcpy(ck->key, key, len);
-    ck->key[len] = '\0';
     ck->key_len = len;
     ld_dict_set(cache_mod.keys, key, len, ck);
     return ck;
@@ -767,10 +748,7 @@ attachable(const struct ckey *ck, bool want_lease)
 static struct fetch *
 fetch_start(struct ckey *ck, bool grant)
 {
-    struct fetch *f = calloc(1, sizeof(*f));
-    if (f == NULL) {
-        return NULL;
-    }
+    struct fetch *f = ld_xcalloc(1, sizeof(*f));
     f->ck = ck;
     f->gen = ck->gen;
     f->grant = grant;
@@ -823,10 +801,6 @@ getter_fetch(struct getter *g)
     struct fetch *f = attachable(ck, g->want_lease)
                           ? ck->fetch
                           : fetch_start(ck, g->want_lease);
-    if (f == NULL) {
-        getter_settle(g, NULL, LD_E_INTERNAL, "out of memory");
-        return;
-    }
     g->state = G_FETCH;
     g->fetch = f;
     if (f->getters.tail != NULL && f->getters.tail->seq > g->seq) {
@@ -846,9 +820,6 @@ ckey_refresh(struct ckey *ck)
         return;
     }
     struct fetch *f = attachable(ck, true) ? ck->fetch : fetch_start(ck, true);
-    if (f == NULL) {
-        return; /* the timer or the next wake-up tries again */
-    }
     for (struct getter *g = ck->waiters.head; g != NULL; g = g->next) {
         g->state = G_FETCH;
         g->fetch = f;
@@ -1151,25 +1122,17 @@ fetch_cb(redisReply *reply, void *arg)
 static struct cop *
 cop_new(struct ld_req *req, size_t n, bool mget)
 {
-    struct cop *op = calloc(1, sizeof(*op));
-    if (op == NULL) {
-        return NULL;
-    }
+    /* N is at most MGET_MAX_KEYS: small. */
+    struct cop *op = ld_xcalloc(1, sizeof(*op));
     op->req = req;
     op->mget = mget;
     op->n = n;
     op->left = n;
-    op->g = calloc(n, sizeof(*op->g));
+    op->g = ld_xcalloc(n, sizeof(*op->g));
     if (mget) {
-        op->texts = calloc(n, sizeof(*op->texts));
-        op->leased = calloc(n, sizeof(*op->leased));
-        op->dup_of = malloc(n * sizeof(*op->dup_of));
-    }
-    if (op->g == NULL || (mget && (op->texts == NULL ||
-                                   op->leased == NULL ||
-                                   op->dup_of == NULL))) {
-        cop_free(op);
-        return NULL;
+        op->texts = ld_xcalloc(n, sizeof(*op->texts));
+        op->leased = ld_xcalloc(n, sizeof(*op->leased));
+        op->dup_of = ld_xmalloc(n * sizeof(*op->dup_of));
     }
     return op;
 }
@@ -1186,10 +1149,6 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     g->seq = ++cache_mod.next_seq;
     g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
     g->ck = ckey_get(key, len);
-    if (g->ck == NULL) {
-        getter_settle(g, NULL, LD_E_INTERNAL, "out of memory");
-        return;
-    }
     getter_fetch(g);
 }
 
@@ -1231,10 +1190,6 @@ op_get(struct ld_req *req)
         return;
     }
     struct cop *op = cop_new(req, 1, false);
-    if (op == NULL) {
-        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
-        return;
-    }
     cop_link(op);
     getter_begin(op, 0, key, len, lease, wait_ms);
 }
@@ -1253,13 +1208,8 @@ op_mget(struct ld_req *req)
     size_t n = json_array_size(keys);
     struct cop *op = cop_new(req, n, true);
     struct ld_dict *seen = ld_dict_new();
-    if (op == NULL || seen == NULL) {
-        if (op != NULL) {
-            cop_free(op);
-        }
-        if (seen != NULL) {
-            ld_dict_free(seen);
-        }
+    if (seen == NULL) {
+        cop_free(op);
         ld_reply_error(req, LD_E_INTERNAL, "out of memory");
         return;
     }
@@ -1392,10 +1342,6 @@ run_write(struct ld_req *req, enum ld_script_id script, const char *key,
 {
     size_t elen, clen;
     char *names = make_names(key, len, &elen, &clen);
-    if (names == NULL) {
-        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
-        return;
-    }
     argv[0] = names;
     argvlen[0] = elen;
     for (int i = 1; i < argc; i++) {
@@ -1474,14 +1420,10 @@ static void del_cb(redisReply *reply, void *arg);
 static struct del *
 del_new(const char *key, size_t len, int64_t due_ms, bool second)
 {
-    struct del *d = calloc(1, sizeof(*d) + len);
-    if (d == NULL) {
-        return NULL;
-    }
+    struct del *d = ld_xcalloc(1, sizeof(*d) + len);
     d->ev = evtimer_new(cache_mod.ctx->base, del_timer_cb, d);
     if (d->ev == NULL) {
-        free(d);
-        return NULL;
+        ld_oom(0);
     }
     d->due_ms = due_ms;
     d->second = second;
@@ -1560,10 +1502,6 @@ del_run(struct del *d)
     }
     size_t elen, clen;
     char *names = make_names(d->key, d->key_len, &elen, &clen);
-    if (names == NULL) {
-        del_failed(d);
-        return;
-    }
     d->running = true;
     const char *argv[] = {names, names};
     size_t argvlen[] = {elen, clen};
@@ -1742,13 +1680,8 @@ op_invalidate(struct ld_req *req)
         return;
     }
     size_t n = keys != NULL ? json_array_size(keys) : 1;
-    struct inv *inv = calloc(1, sizeof(*inv));
-    if (inv == NULL || (inv->firsts = calloc(n, sizeof(*inv->firsts))) ==
-                           NULL) {
-        free(inv);
-        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
-        return;
-    }
+    struct inv *inv = ld_xcalloc(1, sizeof(*inv));
+    inv->firsts = ld_xcalloc(n, sizeof(*inv->firsts));
     inv->req = req;
     inv->n = n;
     inv->left = n;
@@ -1761,11 +1694,6 @@ op_invalidate(struct ld_req *req)
         ld_stats.cache_invalidations++;
         key_touched(key, len);
         struct del *d1 = del_new(key, len, now, false);
-        if (d1 == NULL) {
-            inv->journal_failed = true;
-            inv->left--;
-            continue;
-        }
         if (ld_journal_add(cache_mod.journal, now, key, len, &d1->id) !=
             LD_OK) {
             d1->id = 0;
@@ -1775,10 +1703,6 @@ op_invalidate(struct ld_req *req)
         inv->firsts[i] = d1;
         if (delay_ms > 0) {
             struct del *d2 = del_new(key, len, now + delay_ms, true);
-            if (d2 == NULL) {
-                inv->journal_failed = true;
-                continue;
-            }
             /* Recorded as waiting for the first, so that a replay keeps
              * the two apart too. Without the first's record there is
              * nothing to wait for in the file: a plain add then (the
@@ -1825,11 +1749,6 @@ replay_one(const struct ld_journal_entry *e, void *arg)
 {
     struct replay_state *st = arg;
     struct del *d = del_new(e->key, e->key_len, e->due_ms, true);
-    if (d == NULL) {
-        log_error("cache replay out of memory id=%llu",
-                  (unsigned long long)e->id);
-        return;
-    }
     d->id = e->id;
     st->count++;
     if (e->after_id == 0) {
@@ -1962,6 +1881,9 @@ ld_cache_init(const struct ld_ctx *ctx)
 
     cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, tick_cb, NULL);
     cache_mod.sync_ev = event_new(ctx->base, -1, 0, sync_cb, NULL);
+    if (cache_mod.tick_ev == NULL || cache_mod.sync_ev == NULL) {
+        ld_oom(0);
+    }
     struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
     event_add(cache_mod.tick_ev, &tv);
 
