@@ -40,9 +40,11 @@
  */
 #include "ld_cache.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
+#include "ld_defer.h"
 #include "ld_dispatch.h"
 #include "ld_journal.h"
 #include "ld_log.h"
@@ -59,6 +61,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <sys/queue.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -99,11 +103,12 @@ struct getter {
     uint64_t seq;             /* arrival order: waiters are served FIFO */
     enum gstate state;
     struct fetch *fetch;      /* while G_FETCH */
-    struct getter *prev, *next;
+    struct glist *on;         /* the list it is on, if any */
+    TAILQ_ENTRY(getter) link;
 };
 
 struct glist {
-    struct getter *head, *tail;
+    TAILQ_HEAD(gq, getter) q;
     size_t n;
 };
 
@@ -117,7 +122,7 @@ struct cop {
     bool *leased;             /* mget: that result carries a lease */
     size_t *dup_of;           /* mget: earlier slot with the same key */
     struct getter *g;         /* n getters (dups unused) */
-    struct cop *prev, *next;  /* its session's list */
+    LIST_ENTRY(cop) link;     /* its session's list */
     struct csess *cs;
 };
 
@@ -132,7 +137,7 @@ struct chunk {
 
 /* A session's cache state (ld_session.cache_state). */
 struct csess {
-    struct cop *ops;
+    LIST_HEAD(, cop) ops;
 };
 
 /* One cache_get script in flight. */
@@ -143,7 +148,7 @@ struct fetch {
     bool grant;
     bool probing;             /* the HMGET is out, not yet the script */
     char token[LD_TOKEN_LEN + 1];
-    struct fetch *prev, *next;   /* every fetch in flight */
+    LIST_ENTRY(fetch) link;   /* every fetch in flight */
 };
 
 struct ckey {
@@ -170,7 +175,7 @@ struct inv {
     long long pending;
     bool queued;
     bool journal_failed;
-    struct inv *next;         /* the sync queue */
+    STAILQ_ENTRY(inv) link;   /* the sync queue */
 };
 
 /* One promised delete: in the journal (id != 0) until done. */
@@ -191,7 +196,7 @@ struct del {
     struct del *then;         /* first: the second delete waiting for it */
     struct del *after;        /* second: the first one, while it waits */
     int64_t delay_ms;
-    struct del *prev, *next;
+    LIST_ENTRY(del) link;     /* every delete owed, until done */
     size_t key_len;
     char key[];
 };
@@ -202,11 +207,12 @@ static struct {
     bool hooks_registered;
     struct ld_journal *journal;
     struct ld_dict *keys;     /* user key -> struct ckey */
-    struct fetch *fetches;
-    struct del *dels;
+    LIST_HEAD(, fetch) fetches;
+    LIST_HEAD(, del) dels;
     struct event *tick_ev;
-    struct event *sync_ev;
-    struct inv *sync_head, *sync_tail;
+    /* Invalidations waiting for the fdatasync of this loop turn. */
+    struct ld_defer sync_defer;
+    STAILQ_HEAD(, inv) sync_q;
     /* Getters that wait or once waited and are not answered yet: a
      * waiter keeps its place under limits.max_waiters while a wake-up
      * refetches for it, so that newcomers cannot take it meanwhile. */
@@ -215,40 +221,36 @@ static struct {
 } cache_mod;
 
 static void
+glist_init(struct glist *l)
+{
+    TAILQ_INIT(&l->q);
+    l->n = 0;
+}
+
+static void
 glist_push(struct glist *l, struct getter *g)
 {
-    g->next = NULL;
-    g->prev = l->tail;
-    if (l->tail != NULL) {
-        l->tail->next = g;
-    } else {
-        l->head = g;
-    }
-    l->tail = g;
+    LD_ASSERTF(g->on == NULL, "getter of slot %zu is on a list", g->slot);
+    TAILQ_INSERT_TAIL(&l->q, g, link);
+    g->on = l;
     l->n++;
 }
 
 static void
 glist_remove(struct glist *l, struct getter *g)
 {
-    if (g->prev != NULL) {
-        g->prev->next = g->next;
-    } else {
-        l->head = g->next;
-    }
-    if (g->next != NULL) {
-        g->next->prev = g->prev;
-    } else {
-        l->tail = g->prev;
-    }
-    g->prev = g->next = NULL;
+    LD_ASSERTF(g->on == l, "getter of slot %zu is not on this list",
+               g->slot);
+    LD_ASSERT(l->n > 0);
+    TAILQ_REMOVE(&l->q, g, link);
+    g->on = NULL;
     l->n--;
 }
 
 static struct getter *
 glist_pop(struct glist *l)
 {
-    struct getter *g = l->head;
+    struct getter *g = TAILQ_FIRST(&l->q);
     if (g != NULL) {
         glist_remove(l, g);
     }
@@ -259,19 +261,21 @@ glist_pop(struct glist *l)
 static void
 glist_merge(struct glist *dst, struct glist *src)
 {
-    struct glist out = {0};
-    while (dst->head != NULL || src->head != NULL) {
-        struct glist *from;
-        if (dst->head == NULL) {
-            from = src;
-        } else if (src->head == NULL) {
-            from = dst;
-        } else {
-            from = src->head->seq < dst->head->seq ? src : dst;
+    struct getter *pos = TAILQ_FIRST(&dst->q);
+    struct getter *g;
+    while ((g = glist_pop(src)) != NULL) {
+        while (pos != NULL && pos->seq < g->seq) {
+            pos = TAILQ_NEXT(pos, link);
         }
-        glist_push(&out, glist_pop(from));
+        if (pos == NULL) {
+            glist_push(dst, g);
+            continue;
+        }
+        TAILQ_INSERT_BEFORE(pos, g, link);
+        g->on = dst;
+        dst->n++;
     }
-    *dst = out;
+    LD_ASSERT(src->n == 0);
 }
 
 /* ---- helpers --------------------------------------------------------- */
@@ -366,7 +370,9 @@ static struct csess *
 csess_of(struct ld_session *s)
 {
     if (s->cache_state == NULL) {
-        s->cache_state = ld_xcalloc(1, sizeof(struct csess));
+        struct csess *cs = ld_xcalloc(1, sizeof(*cs));
+        LIST_INIT(&cs->ops);
+        s->cache_state = cs;
     }
     return s->cache_state;
 }
@@ -375,36 +381,26 @@ static void
 cop_link(struct cop *op)
 {
     struct csess *cs = csess_of(op->req->sess);
+    LD_ASSERT(op->cs == NULL);
     op->cs = cs;
-    op->prev = NULL;
-    op->next = cs->ops;
-    if (cs->ops != NULL) {
-        cs->ops->prev = op;
-    }
-    cs->ops = op;
+    LIST_INSERT_HEAD(&cs->ops, op, link);
 }
 
 static void
 cop_unlink(struct cop *op)
 {
-    struct csess *cs = op->cs;
-    if (cs == NULL) {
+    /* Both the answer and the session's close may unlink first. */
+    if (op->cs == NULL) {
         return;
     }
-    if (op->prev != NULL) {
-        op->prev->next = op->next;
-    } else {
-        cs->ops = op->next;
-    }
-    if (op->next != NULL) {
-        op->next->prev = op->prev;
-    }
+    LIST_REMOVE(op, link);
     op->cs = NULL;
 }
 
 static void
 chunk_unref(struct chunk *c)
 {
+    LD_ASSERT(c == NULL || c->refs > 0);
     if (c != NULL && --c->refs == 0) {
         free(c);
     }
@@ -599,8 +595,11 @@ mget_finish(struct cop *op)
 static void
 getter_done(struct getter *g)
 {
+    LD_ASSERTF(g->on == NULL, "answered getter of slot %zu still queued",
+               g->slot);
     g->state = G_DONE;
     if (g->holds_place) {
+        LD_ASSERT(cache_mod.n_waiters > 0);
         g->holds_place = false;
         cache_mod.n_waiters--;
     }
@@ -611,6 +610,7 @@ static void
 getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
 {
     struct cop *op = g->op;
+    LD_ASSERT(g->state == G_IDLE);
     getter_done(g);
     if (!op->mget) {
         cop_unlink(op);
@@ -717,6 +717,7 @@ ckey_get(const char *key, size_t len)
         ld_oom(0);
     }
     ck->key_len = len;
+    glist_init(&ck->waiters);
     ld_dict_set(cache_mod.keys, key, len, ck);
     return ck;
 }
@@ -728,6 +729,7 @@ ckey_maybe_free(struct ckey *ck)
     if (ck->waiters.n > 0 || ck->nfetch > 0) {
         return;
     }
+    LD_ASSERT(ck->fetch == NULL);
     if (ck->sub != NULL) {
         ld_pubsub_unsubscribe(ck->sub);
     }
@@ -752,11 +754,8 @@ fetch_start(struct ckey *ck, bool grant)
     f->ck = ck;
     f->gen = ck->gen;
     f->grant = grant;
-    f->next = cache_mod.fetches;
-    if (cache_mod.fetches != NULL) {
-        cache_mod.fetches->prev = f;
-    }
-    cache_mod.fetches = f;
+    glist_init(&f->getters);
+    LIST_INSERT_HEAD(&cache_mod.fetches, f, link);
     ck->fetch = f;
     ck->nfetch++;
 
@@ -803,8 +802,10 @@ getter_fetch(struct getter *g)
                           : fetch_start(ck, g->want_lease);
     g->state = G_FETCH;
     g->fetch = f;
-    if (f->getters.tail != NULL && f->getters.tail->seq > g->seq) {
-        struct glist one = {0};
+    struct getter *last = TAILQ_LAST(&f->getters.q, gq);
+    if (last != NULL && last->seq > g->seq) {
+        struct glist one;
+        glist_init(&one);
         glist_push(&one, g);
         glist_merge(&f->getters, &one);
     } else {
@@ -820,7 +821,9 @@ ckey_refresh(struct ckey *ck)
         return;
     }
     struct fetch *f = attachable(ck, true) ? ck->fetch : fetch_start(ck, true);
-    for (struct getter *g = ck->waiters.head; g != NULL; g = g->next) {
+    struct getter *g;
+    TAILQ_FOREACH(g, &ck->waiters.q, link) {
+        LD_ASSERT(g->state == G_WAIT);
         g->state = G_FETCH;
         g->fetch = f;
     }
@@ -851,7 +854,8 @@ ckey_arm(struct ckey *ck)
         return;
     }
     uint64_t at = ck->lease_end_us;
-    for (struct getter *g = ck->waiters.head; g != NULL; g = g->next) {
+    struct getter *g;
+    TAILQ_FOREACH(g, &ck->waiters.q, link) {
         if (at == 0 || g->deadline_us < at) {
             at = g->deadline_us;
         }
@@ -935,14 +939,7 @@ parse_fetch(const redisReply *r, const redisReply **value,
 static void
 fetch_unlink(struct fetch *f)
 {
-    if (f->prev != NULL) {
-        f->prev->next = f->next;
-    } else {
-        cache_mod.fetches = f->next;
-    }
-    if (f->next != NULL) {
-        f->next->prev = f->prev;
-    }
+    LIST_REMOVE(f, link);
 }
 
 /* The HMGET probe decides hits, cached nulls, a key of another type and
@@ -1001,6 +998,7 @@ fetch_cb(redisReply *reply, void *arg)
         res = parse_fetch(reply, &value, &pttl);
     }
     fetch_unlink(f);
+    LD_ASSERT(ck->nfetch > 0);
     ck->nfetch--;
     if (ck->fetch == f) {
         ck->fetch = NULL;
@@ -1035,7 +1033,8 @@ fetch_cb(redisReply *reply, void *arg)
     }
 
     bool given = false;
-    struct glist keep = {0};
+    struct glist keep;
+    glist_init(&keep);
     struct getter *g;
     while ((g = glist_pop(&f->getters)) != NULL) {
         g->fetch = NULL;
@@ -1429,26 +1428,14 @@ del_new(const char *key, size_t len, int64_t due_ms, bool second)
     d->second = second;
     d->key_len = len;
     memcpy(d->key, key, len);
-    d->next = cache_mod.dels;
-    if (cache_mod.dels != NULL) {
-        cache_mod.dels->prev = d;
-    }
-    cache_mod.dels = d;
+    LIST_INSERT_HEAD(&cache_mod.dels, d, link);
     return d;
 }
 
 static void
 del_unlink(struct del *d)
 {
-    if (d->prev != NULL) {
-        d->prev->next = d->next;
-    } else {
-        cache_mod.dels = d->next;
-    }
-    if (d->next != NULL) {
-        d->next->prev = d->prev;
-    }
-    d->prev = d->next = NULL;
+    LIST_REMOVE(d, link);
 }
 
 static void
@@ -1514,6 +1501,7 @@ static void
 del_cb(redisReply *reply, void *arg)
 {
     struct del *d = arg;
+    LD_ASSERT(d->running);
     d->running = false;
     if (d->orphan) {
         free(d); /* ld_cache_free ran; the journal keeps it for next time */
@@ -1536,6 +1524,7 @@ del_cb(redisReply *reply, void *arg)
     }
     if (d->then != NULL) {
         struct del *d2 = d->then;
+        LD_ASSERT(d2->after == d && d2->second);
         d->then = NULL;
         d2->after = NULL;
         d2->due_ms = wall_ms() + d2->delay_ms;
@@ -1569,8 +1558,8 @@ redis_state_cb(bool up, void *arg)
         return;
     }
     struct del *next;
-    for (struct del *d = cache_mod.dels; d != NULL; d = next) {
-        next = d->next;
+    for (struct del *d = LIST_FIRST(&cache_mod.dels); d != NULL; d = next) {
+        next = LIST_NEXT(d, link);
         if (d->retrying && !d->running) {
             event_del(d->ev);
             ld_stats.cache_invalidations_retried++;
@@ -1603,6 +1592,7 @@ inv_reply(struct inv *inv)
 static void
 inv_first_result(struct inv *inv, bool ok, long long n)
 {
+    LD_ASSERT(inv->left > 0);
     if (ok) {
         inv->deleted += n;
     } else {
@@ -1634,17 +1624,15 @@ inv_start(struct inv *inv)
 
 /* One fdatasync for every invalidation of this loop iteration. */
 static void
-sync_cb(evutil_socket_t fd, short what, void *arg)
+sync_run(void *arg)
 {
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
     LD_UNUSED(arg);
-    struct inv *list = cache_mod.sync_head;
-    cache_mod.sync_head = cache_mod.sync_tail = NULL;
+    STAILQ_HEAD(, inv) batch = STAILQ_HEAD_INITIALIZER(batch);
+    STAILQ_CONCAT(&batch, &cache_mod.sync_q);
     int rc = ld_journal_sync(cache_mod.journal);
-    while (list != NULL) {
-        struct inv *inv = list;
-        list = inv->next;
+    struct inv *inv;
+    while ((inv = STAILQ_FIRST(&batch)) != NULL) {
+        STAILQ_REMOVE_HEAD(&batch, link);
         if (rc != LD_OK) {
             inv->journal_failed = true;
         }
@@ -1724,14 +1712,8 @@ op_invalidate(struct ld_req *req)
     }
     update_journal_stats();
     if (ld_journal_mode(cache_mod.journal) == LD_FSYNC_ALWAYS) {
-        inv->next = NULL;
-        if (cache_mod.sync_tail != NULL) {
-            cache_mod.sync_tail->next = inv;
-        } else {
-            cache_mod.sync_head = inv;
-        }
-        cache_mod.sync_tail = inv;
-        event_active(cache_mod.sync_ev, EV_TIMEOUT, 0);
+        STAILQ_INSERT_TAIL(&cache_mod.sync_q, inv, link);
+        ld_defer_kick(&cache_mod.sync_defer);
     } else {
         inv_start(inv);
     }
@@ -1823,8 +1805,8 @@ on_session_close(struct ld_session *s)
     s->cache_state = NULL;
     /* Its waiters leave the queues, so that a lease is never handed to a
      * caller that can no longer load the value. */
-    while (cs->ops != NULL) {
-        struct cop *op = cs->ops;
+    struct cop *op;
+    while ((op = LIST_FIRST(&cs->ops)) != NULL) {
         for (size_t i = 0; i < op->n; i++) {
             getter_detach(&op->g[i]);
         }
@@ -1857,6 +1839,9 @@ ld_cache_init(const struct ld_ctx *ctx)
     memset(&cache_mod, 0, sizeof(cache_mod));
     cache_mod.ctx = ctx;
     cache_mod.hooks_registered = hooks;
+    LIST_INIT(&cache_mod.fetches);
+    LIST_INIT(&cache_mod.dels);
+    STAILQ_INIT(&cache_mod.sync_q);
     cache_mod.keys = ld_dict_new();
     if (cache_mod.keys == NULL) {
         return LD_ERR;
@@ -1880,10 +1865,10 @@ ld_cache_init(const struct ld_ctx *ctx)
     update_journal_stats();
 
     cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, tick_cb, NULL);
-    cache_mod.sync_ev = event_new(ctx->base, -1, 0, sync_cb, NULL);
-    if (cache_mod.tick_ev == NULL || cache_mod.sync_ev == NULL) {
+    if (cache_mod.tick_ev == NULL) {
         ld_oom(0);
     }
+    ld_defer_init(&cache_mod.sync_defer, ctx->base, sync_run, NULL);
     struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
     event_add(cache_mod.tick_ev, &tv);
 
@@ -1922,7 +1907,8 @@ ld_cache_free(void)
 
     /* Fetches still in flight: answer their getters now and leave the
      * structs to their callbacks, which ld_redis_free may still run. */
-    for (struct fetch *f = cache_mod.fetches; f != NULL; f = f->next) {
+    struct fetch *f;
+    LIST_FOREACH(f, &cache_mod.fetches, link) {
         struct getter *g;
         while ((g = glist_pop(&f->getters)) != NULL) {
             g->state = G_IDLE;
@@ -1931,7 +1917,7 @@ ld_cache_free(void)
         }
         f->ck = NULL;
     }
-    cache_mod.fetches = NULL;
+    LIST_INIT(&cache_mod.fetches);
 
     struct ld_dict_iter it;
     void *v;
@@ -1957,10 +1943,10 @@ ld_cache_free(void)
     cache_mod.n_waiters = 0;
 
     /* Deletes stay in the journal for the next start. */
-    cache_mod.sync_head = cache_mod.sync_tail = NULL;
+    STAILQ_INIT(&cache_mod.sync_q);
     struct del *next;
-    for (struct del *d = cache_mod.dels; d != NULL; d = next) {
-        next = d->next;
+    for (struct del *d = LIST_FIRST(&cache_mod.dels); d != NULL; d = next) {
+        next = LIST_NEXT(d, link);
         if (d->inv != NULL) {
             struct inv *inv = d->inv;
             d->inv = NULL;
@@ -1976,20 +1962,17 @@ ld_cache_free(void)
         d->ev = NULL;
         if (d->running) {
             d->orphan = true;
-            d->prev = d->next = NULL;
         } else {
             free(d);
         }
     }
-    cache_mod.dels = NULL;
+    LIST_INIT(&cache_mod.dels);
 
     if (cache_mod.tick_ev != NULL) {
         event_free(cache_mod.tick_ev);
     }
-    if (cache_mod.sync_ev != NULL) {
-        event_free(cache_mod.sync_ev);
-    }
-    cache_mod.tick_ev = cache_mod.sync_ev = NULL;
+    ld_defer_free(&cache_mod.sync_defer);
+    cache_mod.tick_ev = NULL;
     ld_journal_close(cache_mod.journal);
     cache_mod.journal = NULL;
     ld_stats.journal_bytes = 0;
