@@ -896,8 +896,23 @@ release_unused(const struct ckey *ck, const char *token)
                     argv, argvlen, ignore_cb, NULL);
 }
 
+/* What a read found. R_HIT to R_WRONG are also the answers of the
+ * cache_get script, by the names in get_replies (its header comment lists
+ * them); R_DOWN and R_ERROR are Redis' silence and anything else. */
 enum fres { R_HIT, R_NULL, R_HELD, R_GRANTED, R_MISS, R_WRONG, R_DOWN,
             R_ERROR };
+
+static const struct {
+    const char *name;
+    enum fres res;
+} get_replies[] = {
+    {"hit", R_HIT},         /* {"hit", value} */
+    {"null", R_NULL},       /* a cached "not found" */
+    {"held", R_HELD},       /* {"held", pttl}: another caller's lease */
+    {"granted", R_GRANTED}, /* the lease token sent is now the lease */
+    {"miss", R_MISS},       /* nothing there, no lease asked for */
+    {"wrong_type", R_WRONG},
+};
 
 static enum fres
 parse_fetch(const redisReply *r, const redisReply **value,
@@ -910,30 +925,30 @@ parse_fetch(const redisReply *r, const redisReply **value,
         r->element[0]->type != REDIS_REPLY_STRING) {
         return R_ERROR;
     }
-    const char *k = r->element[0]->str;
-    if (strcmp(k, "hit") == 0 && r->elements >= 2 &&
-        r->element[1]->type == REDIS_REPLY_STRING) {
+    enum fres res = R_ERROR;
+    for (size_t i = 0; i < LD_ARRAY_LEN(get_replies); i++) {
+        if (strcmp(r->element[0]->str, get_replies[i].name) == 0) {
+            res = get_replies[i].res;
+            break;
+        }
+    }
+    switch (res) {
+    case R_HIT:
+        if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_STRING) {
+            return R_ERROR;
+        }
         *value = r->element[1];
-        return R_HIT;
-    }
-    if (strcmp(k, "null") == 0) {
-        return R_NULL;
-    }
-    if (strcmp(k, "held") == 0 && r->elements >= 2 &&
-        r->element[1]->type == REDIS_REPLY_INTEGER) {
+        break;
+    case R_HELD:
+        if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_INTEGER) {
+            return R_ERROR;
+        }
         *pttl = r->element[1]->integer;
-        return R_HELD;
+        break;
+    default:
+        break;
     }
-    if (strcmp(k, "granted") == 0) {
-        return R_GRANTED;
-    }
-    if (strcmp(k, "miss") == 0) {
-        return R_MISS;
-    }
-    if (strcmp(k, "wrong_type") == 0) {
-        return R_WRONG;
-    }
-    return R_ERROR;
+    return res;
 }
 
 static void
@@ -1265,6 +1280,14 @@ entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
     return ld_jitter_ttl(base, cfg->cache.ttl_jitter);
 }
 
+/* What the write scripts (cache_fill, cache_release, cache_set) return,
+ * named once: each script's header comment uses the same names. */
+enum cache_write_rc {
+    CACHE_WRITE_WRONG_TYPE = -1, /* data leased did not write, untouched */
+    CACHE_WRITE_REFUSED = 0,     /* the lease given is not the current one */
+    CACHE_WRITE_DONE = 1,        /* stored, released, set */
+};
+
 /* Common checks of a write script's reply; returns true when the caller
  * should go on with REPLY->integer. */
 static bool
@@ -1286,7 +1309,7 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
                        why);
         return false;
     }
-    if (reply->integer < 0) {
+    if (reply->integer == CACHE_WRITE_WRONG_TYPE) {
         ld_reply_error(req, LD_E_WRONG_TYPE,
                        "the Redis key of entry '%.*s' holds data leased did "
                        "not write; nothing was changed",
@@ -1303,7 +1326,7 @@ fill_cb(redisReply *reply, void *arg)
     if (!write_reply_ok(req, reply, "cache.fill")) {
         return;
     }
-    bool stored = reply->integer == 1;
+    bool stored = reply->integer == CACHE_WRITE_DONE;
     if (stored) {
         ld_stats.cache_fills_stored++;
     } else {
@@ -1319,7 +1342,8 @@ release_cb(redisReply *reply, void *arg)
     if (!write_reply_ok(req, reply, "cache.release")) {
         return;
     }
-    ld_reply_ok(req, json_pack("{s:b}", "released", reply->integer == 1));
+    ld_reply_ok(req, json_pack("{s:b}", "released",
+                               reply->integer == CACHE_WRITE_DONE));
 }
 
 static void
