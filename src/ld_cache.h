@@ -3,10 +3,12 @@
 
 #include "ld_common.h"
 
+struct ld_ctx;
+
 /* Cache-aside: registers the cache.* ops and owns the invalidation journal
  * (opened and replayed here). Returns LD_ERR when the journal cannot be
  * opened. */
-int ld_cache_init(void);
+int ld_cache_init(const struct ld_ctx *ctx);
 /* Graceful stop: flush and fsync the journal. */
 void ld_cache_shutdown(void);
 void ld_cache_free(void);

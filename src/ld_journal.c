@@ -11,8 +11,10 @@
  */
 #include "ld_journal.h"
 
+#include "ld_assert.h"
 #include "ld_dict.h"
 #include "ld_log.h"
+#include "ld_mem.h"
 #include "ld_util.h"
 
 #include <errno.h>
@@ -180,14 +182,11 @@ sync_parent_dir(const char *path)
     char *dir;
 
     if (slash == NULL) {
-        dir = strdup(".");
+        dir = ld_xstrdup(".");
     } else if (slash == path) {
-        dir = strdup("/");
+        dir = ld_xstrdup("/");
     } else {
-        dir = strndup(path, (size_t)(slash - path));
-    }
-    if (dir == NULL) {
-        return LD_ERR;
+        dir = ld_xstrndup(path, (size_t)(slash - path));
     }
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     free(dir);
@@ -238,14 +237,14 @@ rec_bytes(size_t key_len, bool after)
            (after ? LD_JOURNAL_AFTER_BYTES : 0) + key_len;
 }
 
-static int
+static void
 live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, uint64_t after,
          const char *key, size_t key_len)
 {
-    struct jrec *r = malloc(sizeof(*r) + key_len);
-    if (r == NULL) {
-        return LD_ERR;
-    }
+    /* An id is promised once: a second add would hide the first. */
+    LD_ASSERTF(ld_dict_get(j->live, &id, sizeof(id)) == NULL,
+               "journal id %llu is live already", (unsigned long long)id);
+    struct jrec *r = ld_xmalloc(sizeof(*r) + key_len);
     r->id = id;
     r->due_ms = due_ms;
     r->after = after;
@@ -253,7 +252,6 @@ live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, uint64_t after,
     memcpy(r->key, key, key_len);
     ld_dict_set(j->live, &r->id, sizeof(r->id), r);
     j->live_bytes += rec_bytes(key_len, after != 0);
-    return LD_OK;
 }
 
 static bool
@@ -322,11 +320,7 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len,
                 *why = "bad add record";
                 break;
             }
-            if (live_add(j, id, due, after, (const char *)body + head,
-                         key_len) != LD_OK) {
-                *why = "out of memory";
-                break;
-            }
+            live_add(j, id, due, after, (const char *)body + head, key_len);
         } else if (body[0] == LD_JOURNAL_DONE) {
             /* A done for an id we do not know retires nothing; it can
              * only come from a damaged file, and is harmless. */
@@ -417,11 +411,9 @@ static char *
 suffixed_path(const char *path, const char *suffix)
 {
     size_t n = strlen(path);
-    char *p = malloc(n + 5);
-    if (p != NULL) {
-        memcpy(p, path, n);
-        memcpy(p + n, suffix, 5);
-    }
+    char *p = ld_xmalloc(n + 5);
+    memcpy(p, path, n);
+    memcpy(p + n, suffix, 5);
     return p;
 }
 
@@ -437,10 +429,7 @@ tmp_path(const char *path)
 static int
 mkdir_parents_durable(const char *path)
 {
-    char *dir = strdup(path);
-    if (dir == NULL) {
-        return LD_ERR;
-    }
+    char *dir = ld_xstrdup(path);
     char *slash = strrchr(dir, '/');
     if (slash == NULL || slash == dir) {
         free(dir);
@@ -482,17 +471,14 @@ int
 ld_journal_open(struct ld_journal **out, const char *path,
                 enum ld_fsync_mode mode)
 {
-    struct ld_journal *j = calloc(1, sizeof(*j));
-    if (j == NULL) {
-        return LD_ERR;
-    }
+    struct ld_journal *j = ld_xcalloc(1, sizeof(*j));
     j->fd = -1;
     j->mode = mode;
     j->next_id = 1;
     j->compact_min_bytes = COMPACT_MIN_BYTES_DEFAULT;
-    j->path = strdup(path);
+    j->path = ld_xstrdup(path);
     j->live = ld_dict_new();
-    if (j->path == NULL || j->live == NULL) {
+    if (j->live == NULL) {
         goto fail;
     }
     if (mkdir_parents_durable(path) != LD_OK) {
@@ -513,18 +499,14 @@ ld_journal_open(struct ld_journal **out, const char *path,
     /* A compaction that died before its rename leaves this behind; the
      * journal itself is still whole. */
     char *tmp = tmp_path(path);
-    if (tmp != NULL) {
-        unlink(tmp);
-        free(tmp);
-    }
+    unlink(tmp);
+    free(tmp);
     /* The second name the old file keeps while a compaction's rename is
      * made durable; whichever file the journal's name points at is
      * whole, and this one is not needed. */
     char *old = suffixed_path(path, ".old");
-    if (old != NULL) {
-        unlink(old);
-        free(old);
-    }
+    unlink(old);
+    free(old);
     if (load(j) != LD_OK) {
         goto fail;
     }
@@ -616,9 +598,7 @@ ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
     if (append(j, LD_JOURNAL_ADD, nid, due_ms, 0, key, key_len) != LD_OK) {
         return LD_ERR;
     }
-    if (live_add(j, nid, due_ms, 0, key, key_len) != LD_OK) {
-        return LD_ERR;
-    }
+    live_add(j, nid, due_ms, 0, key, key_len);
     j->next_id++;
     *id = nid;
     return LD_OK;
@@ -639,9 +619,7 @@ ld_journal_add_after(struct ld_journal *j, uint64_t after_id,
                key_len) != LD_OK) {
         return LD_ERR;
     }
-    if (live_add(j, nid, delay_ms, after_id, key, key_len) != LD_OK) {
-        return LD_ERR;
-    }
+    live_add(j, nid, delay_ms, after_id, key, key_len);
     j->next_id++;
     *id = nid;
     return LD_OK;
@@ -770,11 +748,6 @@ ld_journal_compact(struct ld_journal *j)
     uint64_t size = LD_JOURNAL_HEADER_BYTES;
     uint64_t before = j->size;
 
-    if (tmp == NULL || old == NULL) {
-        free(tmp);
-        free(old);
-        return LD_ERR;
-    }
     v = sorted_live(j, &n);
     if (v == NULL) {
         goto fail;

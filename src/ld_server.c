@@ -239,7 +239,11 @@ start(struct ld_config *cfg)
     if (ld_lock_init(&lock_ctx) != LD_OK) {
         return LD_ERR;
     }
-    if (ld_cache_init() != LD_OK) {
+    /* Until every module takes the context, the cache's is made here. */
+    static struct ld_ctx cache_ctx;
+    cache_ctx = (struct ld_ctx){ld_srv.base, cfg, ld_srv.instance,
+                                ld_srv.start_ms, false};
+    if (ld_cache_init(&cache_ctx) != LD_OK) {
         return LD_ERR;
     }
     if (ld_listen_start(ld_srv.base, cfg) != LD_OK) {

@@ -4,8 +4,13 @@
 -- Fields: v = value, n = cached null, l = the current fill lease. While
 -- the entry holds only a lease, its TTL is the lease's, so a vanished
 -- loader's lease ends with the key.
--- Data leased did not write is answered {'wrong_type'} and left alone; no
--- data in Redis may make this script raise an error.
+-- Returns an array whose first element names the answer (get_replies on
+-- the C side, the same names):
+--   {'hit', value}   a value        {'null'}     a cached "not found"
+--   {'held', pttl}   another's lease {'granted'} ARGV[1] is the lease now
+--   {'miss'}         nothing, no lease asked for
+--   {'wrong_type'}   data leased did not write, left alone
+-- No data in Redis may make this script raise an error.
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'none' then
     if ARGV[3] == '1' then

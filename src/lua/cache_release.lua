@@ -1,13 +1,16 @@
 -- cache.release: the loader gives its fill lease up without storing.
 -- KEYS[1] entry hash; ARGV[1] lease, ARGV[2] channel.
--- Returns 1 released, 0 when the lease was no longer the current one, -1
--- wrong type (data leased did not write, left alone).
+-- Returns (enum cache_write_rc CACHE_WRITE_ + these names on the C side):
+--   DONE 1        released
+--   REFUSED 0     the lease was no longer the current one
+--   WRONG_TYPE -1 data leased did not write, left alone
+local DONE, REFUSED, WRONG_TYPE = 1, 0, -1
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'none' then
-    return 0
+    return REFUSED
 end
 if t ~= 'hash' then
-    return -1
+    return WRONG_TYPE
 end
 -- Ours: only the fields v, n ("1") and l, at least one, not v and n,
 -- and a lease alone always expires.
@@ -21,10 +24,10 @@ end
 if k == 0 or k ~= redis.call('HLEN', KEYS[1]) or (f[2] and f[2] ~= '1')
    or (f[1] and f[2])
    or (not f[1] and not f[2] and redis.call('PTTL', KEYS[1]) < 0) then
-    return -1
+    return WRONG_TYPE
 end
 if f[3] ~= ARGV[1] then
-    return 0
+    return REFUSED
 end
 if f[1] or f[2] then
     redis.call('HDEL', KEYS[1], 'l')
@@ -32,4 +35,4 @@ else
     redis.call('DEL', KEYS[1])
 end
 redis.call('PUBLISH', ARGV[2], 'release')
-return 1
+return DONE

@@ -1,0 +1,590 @@
+/*
+ * Reading: keys, fetches, waiting and the single flight of cache.get and
+ * cache.mget (see the overview in ld_cache.c).
+ */
+#include "ld_cache_int.h"
+
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_dict.h"
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_proto.h"
+#include "ld_pubsub.h"
+#include "ld_redis.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#define MGET_MAX_KEYS 1000
+/* PTTL is rounded and Redis expires a key a little after its time; waking
+ * a touch late saves a fetch that would only find the lease still there. */
+#define LEASE_SLACK_US 3000
+
+/* ---- keys, fetches and waiting --------------------------------------- */
+
+static void fetch_cb(redisReply *reply, void *arg);
+static void ckey_timer_cb(evutil_socket_t fd, short what, void *arg);
+
+static struct ckey *
+ckey_get(const char *key, size_t len)
+{
+    struct ckey *ck = ld_dict_get(cache_mod.keys, key, len);
+    if (ck != NULL) {
+        return ck;
+    }
+    ck = ld_xcalloc(1, sizeof(*ck));
+    ck->key = ld_xstrndup(key, len);
+    ck->names = cache_make_names(key, len, &ck->entry_len, &ck->chan_len);
+    ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
+    if (ck->timer == NULL) {
+        ld_oom(0);
+    }
+    ck->key_len = len;
+    glist_init(&ck->waiters);
+    ld_dict_set(cache_mod.keys, key, len, ck);
+    return ck;
+}
+
+/* Forget a key nobody reads or waits for any more. */
+void
+cache_ckey_maybe_free(struct ckey *ck)
+{
+    if (ck->waiters.n > 0 || ck->nfetch > 0) {
+        return;
+    }
+    LD_ASSERT(ck->fetch == NULL);
+    if (ck->sub != NULL) {
+        ld_pubsub_unsubscribe(ck->sub);
+    }
+    event_free(ck->timer);
+    ld_dict_del(cache_mod.keys, ck->key, ck->key_len);
+    free(ck->key);
+    free(ck->names);
+    free(ck);
+}
+
+static bool
+attachable(const struct ckey *ck, bool want_lease)
+{
+    return ck->fetch != NULL && ck->fetch->gen == ck->gen &&
+           (ck->fetch->grant || !want_lease);
+}
+
+static struct fetch *
+fetch_start(struct ckey *ck, bool grant)
+{
+    struct fetch *f = ld_xcalloc(1, sizeof(*f));
+    f->ck = ck;
+    f->gen = ck->gen;
+    f->grant = grant;
+    glist_init(&f->getters);
+    LIST_INSERT_HEAD(&cache_mod.fetches, f, link);
+    ck->fetch = f;
+    ck->nfetch++;
+
+    /* Most reads are hits: a plain HMGET answers them in one cheap
+     * command, with no script and no lease token. Only when it finds no
+     * value does the script run, to decide about the lease atomically. */
+    static const char *fields[] = {"HMGET", NULL, "v", "n"};
+    const char *argv[4];
+    size_t argvlen[4] = {5, ck->entry_len, 1, 1};
+    memcpy(argv, fields, sizeof(argv));
+    argv[1] = ck->names;
+    f->probing = true;
+    ld_redis_command(ck->names, ck->entry_len, 4, argv, argvlen, fetch_cb, f);
+    return f;
+}
+
+static int
+fetch_send_script(struct fetch *f)
+{
+    struct ckey *ck = f->ck;
+    if (f->grant && ld_token_new(f->token) != LD_OK) {
+        return LD_ERR;
+    }
+    char lease_ms[24];
+    snprintf(lease_ms, sizeof(lease_ms), "%lld",
+             cache_mod.ctx->cfg->cache.fill_lease_ms);
+    const char *argv[] = {ck->names, f->token, lease_ms,
+                          f->grant ? "1" : "0"};
+    size_t argvlen[] = {ck->entry_len, strlen(f->token), strlen(lease_ms),
+                        1};
+    ld_redis_script(LD_SCRIPT_cache_get, ck->names, ck->entry_len, 1, 4,
+                    argv, argvlen, fetch_cb, f);
+    return LD_OK;
+}
+
+/* Put G on a fetch of its key: the one in flight when it is fresh enough,
+ * else a new one. */
+static void
+getter_fetch(struct getter *g)
+{
+    struct ckey *ck = g->ck;
+    struct fetch *f = attachable(ck, g->want_lease)
+                          ? ck->fetch
+                          : fetch_start(ck, g->want_lease);
+    g->state = G_FETCH;
+    g->fetch = f;
+    struct getter *last = TAILQ_LAST(&f->getters.q, gq);
+    if (last != NULL && last->seq > g->seq) {
+        struct glist one;
+        glist_init(&one);
+        glist_push(&one, g);
+        glist_merge(&f->getters, &one);
+    } else {
+        glist_push(&f->getters, g);
+    }
+}
+
+/* The waiters need a fresh look at the entry: one fetch for all. */
+static void
+ckey_refresh(struct ckey *ck)
+{
+    if (ck->waiters.n == 0) {
+        return;
+    }
+    struct fetch *f = attachable(ck, true) ? ck->fetch : fetch_start(ck, true);
+    struct getter *g;
+    TAILQ_FOREACH(g, &ck->waiters.q, link) {
+        LD_ASSERT(g->state == G_WAIT);
+        g->state = G_FETCH;
+        g->fetch = f;
+    }
+    glist_merge(&f->getters, &ck->waiters);
+    event_del(ck->timer);
+}
+
+static void
+ckey_wake(struct ckey *ck)
+{
+    ck->gen++;
+    ckey_refresh(ck);
+}
+
+static void
+ckey_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    ckey_wake(arg);
+}
+
+void
+cache_ckey_arm(struct ckey *ck)
+{
+    if (ck->waiters.n == 0) {
+        event_del(ck->timer);
+        return;
+    }
+    uint64_t at = ck->lease_end_us;
+    struct getter *g;
+    TAILQ_FOREACH(g, &ck->waiters.q, link) {
+        if (at == 0 || g->deadline_us < at) {
+            at = g->deadline_us;
+        }
+    }
+    uint64_t now = ld_now_us();
+    cache_set_timer(ck->timer, at > now ? at - now : 0);
+}
+
+static void
+sub_cb(enum ld_pubsub_event ev, const char *msg, size_t len, void *arg)
+{
+    LD_UNUSED(msg);
+    LD_UNUSED(len);
+    struct ckey *ck = arg;
+    /* SUBSCRIBED as well as MESSAGE: a fill may have landed between the
+     * fetch that said "held" and the moment we started listening. LOST
+     * needs nothing, SUBSCRIBED follows it. */
+    if (ev == LD_PUBSUB_MESSAGE || ev == LD_PUBSUB_SUBSCRIBED) {
+        ckey_wake(ck);
+    }
+}
+
+/* A lease nobody can use any more (its getter went away meanwhile): give
+ * it back so that others need not wait for it to run out. */
+static void
+ignore_cb(redisReply *reply, void *arg)
+{
+    LD_UNUSED(reply);
+    LD_UNUSED(arg);
+}
+
+static void
+release_unused(const struct ckey *ck, const char *token)
+{
+    const char *argv[] = {ck->names, token, ck->names};
+    size_t argvlen[] = {ck->entry_len, strlen(token), ck->chan_len};
+    ld_redis_script(LD_SCRIPT_cache_release, ck->names, ck->entry_len, 1, 3,
+                    argv, argvlen, ignore_cb, NULL);
+}
+
+/* What a read found. R_HIT to R_WRONG are also the answers of the
+ * cache_get script, by the names in get_replies (its header comment lists
+ * them); R_DOWN and R_ERROR are Redis' silence and anything else. */
+enum fres { R_HIT, R_NULL, R_HELD, R_GRANTED, R_MISS, R_WRONG, R_DOWN,
+            R_ERROR };
+
+static const struct {
+    const char *name;
+    enum fres res;
+} get_replies[] = {
+    {"hit", R_HIT},         /* {"hit", value} */
+    {"null", R_NULL},       /* a cached "not found" */
+    {"held", R_HELD},       /* {"held", pttl}: another caller's lease */
+    {"granted", R_GRANTED}, /* the lease token sent is now the lease */
+    {"miss", R_MISS},       /* nothing there, no lease asked for */
+    {"wrong_type", R_WRONG},
+};
+
+static enum fres
+parse_fetch(const redisReply *r, const redisReply **value,
+            long long *pttl)
+{
+    if (r == NULL) {
+        return R_DOWN;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_STRING) {
+        return R_ERROR;
+    }
+    enum fres res = R_ERROR;
+    for (size_t i = 0; i < LD_ARRAY_LEN(get_replies); i++) {
+        if (strcmp(r->element[0]->str, get_replies[i].name) == 0) {
+            res = get_replies[i].res;
+            break;
+        }
+    }
+    switch (res) {
+    case R_HIT:
+        if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_STRING) {
+            return R_ERROR;
+        }
+        *value = r->element[1];
+        break;
+    case R_HELD:
+        if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_INTEGER) {
+            return R_ERROR;
+        }
+        *pttl = r->element[1]->integer;
+        break;
+    default:
+        break;
+    }
+    return res;
+}
+
+static void
+fetch_unlink(struct fetch *f)
+{
+    LIST_REMOVE(f, link);
+}
+
+/* The HMGET probe decides hits, cached nulls, a key of another type and
+ * an unreachable Redis; R_MISS means "ask the script". */
+static enum fres
+parse_probe(const redisReply *r, const redisReply **value)
+{
+    if (r == NULL) {
+        return R_DOWN;
+    }
+    if (ld_reply_is_error(r, "WRONGTYPE")) {
+        return R_WRONG;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+        return R_ERROR;
+    }
+    if (r->element[0]->type == REDIS_REPLY_STRING &&
+        r->element[1]->type != REDIS_REPLY_STRING) {
+        *value = r->element[0];
+        return R_HIT;
+    }
+    if (r->element[1]->type == REDIS_REPLY_STRING &&
+        r->element[0]->type != REDIS_REPLY_STRING) {
+        /* Anything but our "1" (or a null beside a value) is not ours:
+         * the script says so. */
+        if (r->element[1]->len == 1 && r->element[1]->str[0] == '1') {
+            return R_NULL;
+        }
+    }
+    return R_MISS;
+}
+
+static void
+fetch_cb(redisReply *reply, void *arg)
+{
+    struct fetch *f = arg;
+    struct ckey *ck = f->ck;
+    const redisReply *value = NULL;
+    long long pttl = -1;
+    enum fres res;
+
+    if (ck == NULL) {
+        free(f); /* orphaned by ld_cache_free; its getters were answered */
+        return;
+    }
+    if (f->probing) {
+        f->probing = false;
+        res = parse_probe(reply, &value);
+        if (res == R_MISS) {
+            if (fetch_send_script(f) == LD_OK) {
+                return;       /* still in flight, getters still attached */
+            }
+            res = R_ERROR;
+        }
+    } else {
+        res = parse_fetch(reply, &value, &pttl);
+    }
+    fetch_unlink(f);
+    LD_ASSERT(ck->nfetch > 0);
+    ck->nfetch--;
+    if (ck->fetch == f) {
+        ck->fetch = NULL;
+    }
+
+    uint64_t now = ld_now_us();
+    char errmsg[160];
+
+    if (res == R_ERROR) {
+        snprintf(errmsg, sizeof(errmsg), "unexpected reply to cache.get: %s",
+                 reply != NULL && reply->type == REDIS_REPLY_ERROR
+                     ? reply->str
+                     : "bad shape");
+        log_error("cache script failed op=cache.get key=\"%.*s\" "
+                  "error=\"%s\"", (int)(ck->key_len > 200 ? 200
+                                                        : ck->key_len),
+                  ck->key, errmsg);
+    }
+    if (res == R_WRONG) {
+        snprintf(errmsg, sizeof(errmsg), "the Redis key of entry '%.*s' "
+                 "holds data leased did not write; nothing was changed",
+                 (int)(ck->key_len > 60 ? 60 : ck->key_len), ck->key);
+    }
+    if (res == R_HELD) {
+        ck->lease_end_us = pttl >= 0
+                               ? now + (uint64_t)pttl * 1000 + LEASE_SLACK_US
+                               : 0;
+    } else if (res == R_GRANTED) {
+        ck->lease_end_us =
+            now + (uint64_t)cache_mod.ctx->cfg->cache.fill_lease_ms * 1000 +
+            LEASE_SLACK_US;
+    }
+
+    bool given = false;
+    struct glist keep;
+    glist_init(&keep);
+    struct getter *g;
+    while ((g = glist_pop(&f->getters)) != NULL) {
+        g->fetch = NULL;
+        g->state = G_IDLE;
+        switch (res) {
+        case R_HIT:
+            cache_settle_hit(g, value->str, value->len);
+            continue;
+        case R_NULL:
+            cache_settle_null(g);
+            continue;
+        case R_WRONG:
+            cache_getter_settle(g, NULL, LD_E_WRONG_TYPE, errmsg);
+            continue;
+        case R_DOWN:
+            cache_getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE,
+                          "redis did not answer in time");
+            continue;
+        case R_ERROR:
+            cache_getter_settle(g, NULL, LD_E_INTERNAL, errmsg);
+            continue;
+        case R_MISS:
+            cache_settle_miss(g, NULL);
+            continue;
+        case R_GRANTED:
+            if (g->want_lease && !given) {
+                given = true;
+                ld_stats.cache_leases_granted++;
+                cache_settle_miss(g, f->token);
+                continue;
+            }
+            break;
+        case R_HELD:
+            break;
+        }
+        /* Somebody else loads the value. */
+        if (!g->want_lease || now >= g->deadline_us) {
+            cache_settle_miss(g, NULL);
+        } else if (!g->holds_place &&
+                   cache_mod.n_waiters >=
+                       cache_mod.ctx->cfg->limits.max_waiters) {
+            /* Counted one by one as they are parked: one fetch may
+             * bring any number of new waiters at once. */
+            cache_getter_settle(g, NULL, LD_E_BUSY,
+                          "too many waiters (limits.max_waiters)");
+        } else {
+            if (!g->waited) {
+                g->waited = true;
+                ld_stats.cache_waits++;
+            }
+            if (!g->holds_place) {
+                g->holds_place = true;
+                cache_mod.n_waiters++;
+            }
+            g->state = G_WAIT;
+            glist_push(&keep, g);
+        }
+    }
+    if (res == R_GRANTED && !given) {
+        release_unused(ck, f->token);
+    }
+    uint64_t sent_gen = f->gen;
+    free(f);
+
+    if (keep.n > 0) {
+        glist_merge(&ck->waiters, &keep);
+        if (ck->sub == NULL) {
+            ck->sub =
+                ld_pubsub_subscribe(ck->names, ck->chan_len, sub_cb, ck);
+        }
+        /* Something happened to the entry while this answer was on its
+         * way (a message, a local write): the "held" it says may already
+         * be stale, and the wake-up that said so went to others. */
+        if (ck->gen != sent_gen) {
+            ckey_refresh(ck);
+        }
+    }
+    cache_ckey_arm(ck);
+    cache_ckey_maybe_free(ck);
+}
+
+/* ---- cache.get / cache.mget ------------------------------------------ */
+
+static struct cop *
+cop_new(struct ld_req *req, size_t n, bool mget)
+{
+    /* N is at most MGET_MAX_KEYS: small. */
+    struct cop *op = ld_xcalloc(1, sizeof(*op));
+    op->req = req;
+    op->mget = mget;
+    op->n = n;
+    op->left = n;
+    op->g = ld_xcalloc(n, sizeof(*op->g));
+    if (mget) {
+        op->texts = ld_xcalloc(n, sizeof(*op->texts));
+        op->leased = ld_xcalloc(n, sizeof(*op->leased));
+        op->dup_of = ld_xmalloc(n * sizeof(*op->dup_of));
+    }
+    return op;
+}
+
+/* Set up slot I of OP for KEY and send it on its way. */
+static void
+getter_begin(struct cop *op, size_t i, const char *key, size_t len,
+             bool want_lease, long long wait_ms)
+{
+    struct getter *g = &op->g[i];
+    g->op = op;
+    g->slot = i;
+    g->want_lease = want_lease;
+    g->seq = ++cache_mod.next_seq;
+    g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
+    g->ck = ckey_get(key, len);
+    getter_fetch(g);
+}
+
+static int
+get_params(struct ld_req *req, long long *wait_ms, bool *lease)
+{
+    *wait_ms = cache_mod.ctx->cfg->cache.wait_ms;
+    *lease = true;
+    if (ld_req_int(req, "wait_ms", false, 0, LD_WAIT_MS_MAX, wait_ms, NULL) !=
+            LD_OK ||
+        ld_req_bool(req, "lease", lease) != LD_OK) {
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
+static bool
+drop_if_closed(struct ld_req *req)
+{
+    /* A request of a session that has closed: its close hook has run,
+     * so nothing may be parked for it. */
+    if (!ld_req_session_open(req)) {
+        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the session has ended");
+        return true;
+    }
+    return false;
+}
+
+void
+cache_op_get(struct ld_req *req)
+{
+    const char *key;
+    size_t len;
+    long long wait_ms;
+    bool lease;
+
+    if (ld_req_key(req, "key", &key, &len) != LD_OK ||
+        get_params(req, &wait_ms, &lease) != LD_OK || drop_if_closed(req)) {
+        return;
+    }
+    struct cop *op = cop_new(req, 1, false);
+    cache_cop_link(op);
+    getter_begin(op, 0, key, len, lease, wait_ms);
+}
+
+void
+cache_op_mget(struct ld_req *req)
+{
+    json_t *keys;
+    long long wait_ms;
+    bool lease;
+
+    if (ld_req_keys(req, "keys", MGET_MAX_KEYS, &keys) != LD_OK ||
+        get_params(req, &wait_ms, &lease) != LD_OK || drop_if_closed(req)) {
+        return;
+    }
+    size_t n = json_array_size(keys);
+    struct cop *op = cop_new(req, n, true);
+    struct ld_dict *seen = ld_dict_new();
+    if (seen == NULL) {
+        cache_cop_free(op);
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    /* Count the duplicates out first: the op may complete (and be freed)
+     * inside the loop below once every real slot has an answer. */
+    for (size_t i = 0; i < n; i++) {
+        json_t *k = json_array_get(keys, i);
+        const char *s = json_string_value(k);
+        size_t len = json_string_length(k);
+        void *prev = ld_dict_get(seen, s, len);
+        if (prev != NULL) {
+            op->dup_of[i] = (size_t)(uintptr_t)prev - 1;
+            op->left--;
+        } else {
+            op->dup_of[i] = SIZE_MAX;
+            ld_dict_set(seen, s, len, (void *)(uintptr_t)(i + 1));
+        }
+    }
+    ld_dict_free(seen);
+    cache_cop_link(op);
+    /* The request body (and KEYS) stays alive as long as REQ does, and
+     * REQ is freed with the op: stop touching either once the last slot
+     * has settled. Callbacks are never synchronous, so that can only
+     * happen here for slots that fail at once. */
+    size_t real = op->left;
+    for (size_t i = 0; i < n && real > 0; i++) {
+        if (op->dup_of[i] != SIZE_MAX) {
+            continue;
+        }
+        json_t *k = json_array_get(keys, i);
+        real--;
+        getter_begin(op, i, json_string_value(k), json_string_length(k),
+                     lease, wait_ms);
+    }
+}

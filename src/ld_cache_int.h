@@ -1,0 +1,269 @@
+#ifndef LD_CACHE_INT_H
+#define LD_CACHE_INT_H
+
+/* The cache module's own types and the calls between its files; for
+ * src/ld_cache*.c only. ld_cache.c: the ops that write and the module
+ * itself; ld_cache_get.c: keys, fetches, waiting and the single flight of
+ * cache.get and cache.mget; ld_cache_reply.c: answering getters and the
+ * mget reply; ld_cache_inval.c: cache.invalidate, the deletes it promises
+ * and the journal's replay. */
+
+#include "ld_common.h"
+#include "ld_assert.h"
+#include "ld_defer.h"
+#include "ld_util.h"
+
+#include <sys/queue.h>
+
+#include <event2/util.h>
+#include <jansson.h>
+
+struct event;
+struct ld_ctx;
+struct ld_dict;
+struct ld_journal;
+struct ld_journal_entry;
+struct ld_pubsub_sub;
+struct ld_req;
+
+struct ckey;
+struct fetch;
+struct cop;
+
+enum gstate { G_IDLE, G_FETCH, G_WAIT, G_DONE };
+
+/* One key of a cache.get or cache.mget on its way to an answer. */
+struct getter {
+    struct cop *op;
+    size_t slot;
+    struct ckey *ck;
+    bool want_lease;
+    bool waited;              /* counted in cache_waits */
+    bool holds_place;         /* one of cache_mod.n_waiters, until it is
+                               * answered */
+    uint64_t deadline_us;     /* end of wait_ms, monotonic */
+    uint64_t seq;             /* arrival order: waiters are served FIFO */
+    enum gstate state;
+    struct fetch *fetch;      /* while G_FETCH */
+    struct glist *on;         /* the list it is on, if any */
+    TAILQ_ENTRY(getter) link;
+};
+
+struct glist {
+    TAILQ_HEAD(gq, getter) q;
+    size_t n;
+};
+
+/* A cache.get (one slot) or cache.mget (one slot per key) request. */
+struct cop {
+    struct ld_req *req;
+    bool mget;
+    size_t n;
+    size_t left;              /* slots not answered yet */
+    struct chunk **texts;     /* mget: each distinct slot's result */
+    bool *leased;             /* mget: that result carries a lease */
+    size_t *dup_of;           /* mget: earlier slot with the same key */
+    struct getter *g;         /* n getters (dups unused) */
+    LIST_ENTRY(cop) link;     /* its session's list */
+    struct csess *cs;
+};
+
+/* One result of a cache.mget, serialised once: "," then the object, so
+ * that every element but the first brings its separator along. Shared by
+ * reference between the slots naming the same key and the reply. */
+struct chunk {
+    unsigned refs;
+    size_t len;
+    char data[];
+};
+
+/* A session's cache state (ld_session.cache_state). */
+struct csess {
+    LIST_HEAD(, cop) ops;
+};
+
+/* One cache_get script in flight. */
+struct fetch {
+    struct ckey *ck;          /* NULL once orphaned by ld_cache_free */
+    struct glist getters;
+    uint64_t gen;             /* the key's generation when it was sent */
+    bool grant;
+    bool probing;             /* the HMGET is out, not yet the script */
+    char token[LD_TOKEN_LEN + 1];
+    LIST_ENTRY(fetch) link;   /* every fetch in flight */
+};
+
+struct ckey {
+    char *key;
+    size_t key_len;
+    char *names;              /* entry key followed by ":fill" */
+    size_t entry_len, chan_len;
+    struct fetch *fetch;      /* newest fetch in flight, or NULL */
+    unsigned nfetch;          /* fetches in flight for this key */
+    uint64_t gen;
+    struct glist waiters;
+    struct ld_pubsub_sub *sub;
+    struct event *timer;      /* lease end or a waiter's deadline */
+    uint64_t lease_end_us;    /* 0: unknown, or no expiry */
+};
+
+/* One cache.invalidate request awaiting its first deletes. */
+struct inv {
+    struct ld_req *req;
+    struct del **firsts;
+    size_t n;
+    size_t left;
+    long long deleted;
+    long long pending;
+    bool queued;
+    bool journal_failed;
+    STAILQ_ENTRY(inv) link;   /* the sync queue */
+};
+
+/* One promised delete: in the journal (id != 0) until done. */
+struct del {
+    uint64_t id;
+    int64_t due_ms;           /* wall clock */
+    struct inv *inv;          /* the request waiting for it, if any */
+    struct event *ev;         /* due time or retry backoff */
+    int backoff_ms;
+    bool running;             /* its script is in flight */
+    bool retrying;            /* failed before; the timer is a backoff */
+    bool orphan;              /* ld_cache_free ran while it was running */
+    bool second;              /* the delayed one */
+    /* A second delete waits for its first: it is due delay_ms after the
+     * first one has been carried out, not after it was promised, so the
+     * two never run together when both are late (Redis was down, or the
+     * daemon restarted). */
+    struct del *then;         /* first: the second delete waiting for it */
+    struct del *after;        /* second: the first one, while it waits */
+    int64_t delay_ms;
+    LIST_ENTRY(del) link;     /* every delete owed, until done */
+    size_t key_len;
+    char key[];
+};
+
+struct replay_state {
+    size_t count;
+    struct ld_dict *by_id;    /* id -> struct del, while replaying */
+};
+
+struct cache_mod_state {
+    const struct ld_ctx *ctx;
+    bool inited;
+    bool hooks_registered;
+    struct ld_journal *journal;
+    struct ld_dict *keys;     /* user key -> struct ckey */
+    LIST_HEAD(, fetch) fetches;
+    LIST_HEAD(, del) dels;
+    struct event *tick_ev;
+    /* Invalidations waiting for the fdatasync of this loop turn. */
+    struct ld_defer sync_defer;
+    STAILQ_HEAD(, inv) sync_q;
+    /* Getters that wait or once waited and are not answered yet: a
+     * waiter keeps its place under limits.max_waiters while a wake-up
+     * refetches for it, so that newcomers cannot take it meanwhile. */
+    long long n_waiters;
+    uint64_t next_seq;
+};
+
+extern struct cache_mod_state cache_mod;
+
+/* ---- small lists ----------------------------------------------------- */
+
+static inline void
+glist_init(struct glist *l)
+{
+    TAILQ_INIT(&l->q);
+    l->n = 0;
+}
+
+static inline void
+glist_push(struct glist *l, struct getter *g)
+{
+    LD_ASSERTF(g->on == NULL, "getter of slot %zu is on a list", g->slot);
+    TAILQ_INSERT_TAIL(&l->q, g, link);
+    g->on = l;
+    l->n++;
+}
+
+static inline void
+glist_remove(struct glist *l, struct getter *g)
+{
+    LD_ASSERTF(g->on == l, "getter of slot %zu is not on this list",
+               g->slot);
+    LD_ASSERT(l->n > 0);
+    TAILQ_REMOVE(&l->q, g, link);
+    g->on = NULL;
+    l->n--;
+}
+
+static inline struct getter *
+glist_pop(struct glist *l)
+{
+    struct getter *g = TAILQ_FIRST(&l->q);
+    if (g != NULL) {
+        glist_remove(l, g);
+    }
+    return g;
+}
+
+/* Merge SRC into DST, both in arrival order; SRC ends empty. */
+static inline void
+glist_merge(struct glist *dst, struct glist *src)
+{
+    struct getter *pos = TAILQ_FIRST(&dst->q);
+    struct getter *g;
+    while ((g = glist_pop(src)) != NULL) {
+        while (pos != NULL && pos->seq < g->seq) {
+            pos = TAILQ_NEXT(pos, link);
+        }
+        if (pos == NULL) {
+            glist_push(dst, g);
+            continue;
+        }
+        TAILQ_INSERT_BEFORE(pos, g, link);
+        g->on = dst;
+        dst->n++;
+    }
+    LD_ASSERT(src->n == 0);
+}
+
+/* ---- ld_cache.c: helpers --------------------------------------------- */
+
+void cache_key_touched(const char *key, size_t len);
+char *cache_make_names(const char *key, size_t len, size_t *entry_len,
+                       size_t *chan_len);
+void cache_set_timer(struct event *ev, uint64_t delay_us);
+void cache_update_journal_stats(void);
+
+/* ---- ld_cache_reply.c: answering getters ----------------------------- */
+
+struct chunk *cache_chunk_of_json(json_t *obj);
+void cache_cop_free(struct cop *op);
+void cache_cop_link(struct cop *op);
+void cache_cop_unlink(struct cop *op);
+void cache_getter_done(struct getter *g);
+void cache_getter_settle(struct getter *g, json_t *fields, int code,
+                         const char *msg);
+void cache_mget_finish(struct cop *op);
+void cache_settle_hit(struct getter *g, const char *v, size_t len);
+void cache_settle_miss(struct getter *g, const char *lease);
+void cache_settle_null(struct getter *g);
+
+/* ---- ld_cache_get.c: keys, fetches, cache.get and cache.mget --------- */
+
+void cache_ckey_arm(struct ckey *ck);
+void cache_ckey_maybe_free(struct ckey *ck);
+void cache_op_get(struct ld_req *req);
+void cache_op_mget(struct ld_req *req);
+
+/* ---- ld_cache_inval.c: cache.invalidate, deletes, replay ------------- */
+
+void cache_op_invalidate(struct ld_req *req);
+void cache_redis_state_cb(bool up, void *arg);
+void cache_replay_one(const struct ld_journal_entry *e, void *arg);
+void cache_sync_run(void *arg);
+void cache_tick_cb(evutil_socket_t fd, short what, void *arg);
+
+#endif

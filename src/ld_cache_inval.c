@@ -1,0 +1,390 @@
+/*
+ * cache.invalidate, the deletes it promises and the journal's replay at
+ * start (see the overview in ld_cache.c).
+ */
+#include "ld_cache_int.h"
+
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_dict.h"
+#include "ld_journal.h"
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_proto.h"
+#include "ld_redis.h"
+#include "ld_stats.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+
+#define INVALIDATE_MAX_KEYS 1000
+#define RETRY_MIN_MS 100
+#define RETRY_MAX_MS 5000
+
+/* ---- cache.invalidate and the deletes it promises -------------------- */
+
+static int64_t
+wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void del_timer_cb(evutil_socket_t fd, short what, void *arg);
+static void del_cb(redisReply *reply, void *arg);
+
+static struct del *
+del_new(const char *key, size_t len, int64_t due_ms, bool second)
+{
+    struct del *d = ld_xcalloc(1, sizeof(*d) + len);
+    d->ev = evtimer_new(cache_mod.ctx->base, del_timer_cb, d);
+    if (d->ev == NULL) {
+        ld_oom(0);
+    }
+    d->due_ms = due_ms;
+    d->second = second;
+    d->key_len = len;
+    memcpy(d->key, key, len);
+    LIST_INSERT_HEAD(&cache_mod.dels, d, link);
+    return d;
+}
+
+static void
+del_unlink(struct del *d)
+{
+    LIST_REMOVE(d, link);
+}
+
+static void
+del_free(struct del *d)
+{
+    del_unlink(d);
+    if (d->ev != NULL) {
+        event_free(d->ev);
+    }
+    free(d);
+}
+
+/* Run D at its due time (at once when that has passed). */
+static void
+del_schedule(struct del *d)
+{
+    int64_t wait = d->due_ms - wall_ms();
+    cache_set_timer(d->ev, wait > 0 ? (uint64_t)wait * 1000 : 0);
+}
+
+static void inv_first_result(struct inv *inv, bool ok, long long n);
+
+static void
+del_failed(struct del *d)
+{
+    if (d->inv != NULL) {
+        struct inv *inv = d->inv;
+        d->inv = NULL;
+        inv_first_result(inv, false, 0);
+    }
+    d->retrying = true;
+    d->backoff_ms = d->backoff_ms == 0 ? RETRY_MIN_MS : d->backoff_ms * 2;
+    if (d->backoff_ms > RETRY_MAX_MS) {
+        d->backoff_ms = RETRY_MAX_MS;
+    }
+    /* Spread the retries of many deletes queued at the same moment. */
+    uint64_t us = (uint64_t)d->backoff_ms * 1000;
+    us = us * 3 / 4 + (uint64_t)(ld_random_unit() * (double)(us / 2));
+    cache_set_timer(d->ev, us);
+}
+
+static void
+del_run(struct del *d)
+{
+    if (d->running) {
+        return;
+    }
+    if (!ld_redis_ready()) {
+        del_failed(d);
+        return;
+    }
+    size_t elen, clen;
+    char *names = cache_make_names(d->key, d->key_len, &elen, &clen);
+    d->running = true;
+    const char *argv[] = {names, names};
+    size_t argvlen[] = {elen, clen};
+    ld_redis_script(LD_SCRIPT_cache_del, names, elen, 1, 2, argv, argvlen,
+                    del_cb, d);
+    free(names);
+}
+
+static void
+del_cb(redisReply *reply, void *arg)
+{
+    struct del *d = arg;
+    LD_ASSERT(d->running);
+    d->running = false;
+    if (d->orphan) {
+        free(d); /* ld_cache_free ran; the journal keeps it for next time */
+        return;
+    }
+    if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
+        if (reply != NULL && !d->retrying) {
+            log_warn("cache delete failed, will retry id=%llu error=\"%s\"",
+                     (unsigned long long)d->id,
+                     reply->type == REDIS_REPLY_ERROR ? reply->str
+                                                      : "bad shape");
+        }
+        del_failed(d);
+        return;
+    }
+    if (d->inv != NULL) {
+        struct inv *inv = d->inv;
+        d->inv = NULL;
+        inv_first_result(inv, true, reply->integer);
+    }
+    if (d->then != NULL) {
+        struct del *d2 = d->then;
+        LD_ASSERT(d2->after == d && d2->second);
+        d->then = NULL;
+        d2->after = NULL;
+        d2->due_ms = wall_ms() + d2->delay_ms;
+        del_schedule(d2);
+    }
+    if (d->id != 0) {
+        ld_journal_done(cache_mod.journal, d->id);
+        cache_update_journal_stats();
+    }
+    del_free(d);
+}
+
+static void
+del_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct del *d = arg;
+    if (d->retrying) {
+        ld_stats.cache_invalidations_retried++;
+    }
+    del_run(d);
+}
+
+/* Redis is back: every delete waiting out a backoff goes now. */
+void
+cache_redis_state_cb(bool up, void *arg)
+{
+    LD_UNUSED(arg);
+    if (!up || !cache_mod.inited) {
+        return;
+    }
+    struct del *next;
+    for (struct del *d = LIST_FIRST(&cache_mod.dels); d != NULL; d = next) {
+        next = LIST_NEXT(d, link);
+        if (d->retrying && !d->running) {
+            event_del(d->ev);
+            ld_stats.cache_invalidations_retried++;
+            del_run(d);
+        }
+    }
+}
+
+static void
+inv_reply(struct inv *inv)
+{
+    if (inv->journal_failed) {
+        ld_reply_error(inv->req, LD_E_INTERNAL,
+                       "the invalidation could not be made durable in the "
+                       "journal; the deletes run but would not survive a "
+                       "crash");
+    } else {
+        json_t *f = json_pack("{s:I,s:I}", "deleted",
+                              (json_int_t)inv->deleted, "pending",
+                              (json_int_t)inv->pending);
+        if (inv->queued) {
+            json_object_set_new(f, "queued", json_true());
+        }
+        ld_reply_ok(inv->req, f);
+    }
+    free(inv->firsts);
+    free(inv);
+}
+
+static void
+inv_first_result(struct inv *inv, bool ok, long long n)
+{
+    LD_ASSERT(inv->left > 0);
+    if (ok) {
+        inv->deleted += n;
+    } else {
+        inv->queued = true;
+        /* A key whose second delete is scheduled is already counted. */
+        if (inv->pending < (long long)inv->n) {
+            inv->pending++;
+        }
+    }
+    if (--inv->left == 0) {
+        inv_reply(inv);
+    }
+}
+
+static void
+inv_start(struct inv *inv)
+{
+    /* Hold the request: a delete can fail (and answer) synchronously. */
+    inv->left++;
+    for (size_t i = 0; i < inv->n; i++) {
+        if (inv->firsts[i] != NULL) {
+            del_run(inv->firsts[i]);
+        }
+    }
+    if (--inv->left == 0) {
+        inv_reply(inv);
+    }
+}
+
+/* One fdatasync for every invalidation of this loop iteration. */
+void
+cache_sync_run(void *arg)
+{
+    LD_UNUSED(arg);
+    STAILQ_HEAD(, inv) batch = STAILQ_HEAD_INITIALIZER(batch);
+    STAILQ_CONCAT(&batch, &cache_mod.sync_q);
+    int rc = ld_journal_sync(cache_mod.journal);
+    struct inv *inv;
+    while ((inv = STAILQ_FIRST(&batch)) != NULL) {
+        STAILQ_REMOVE_HEAD(&batch, link);
+        if (rc != LD_OK) {
+            inv->journal_failed = true;
+        }
+        inv_start(inv);
+    }
+}
+
+void
+cache_op_invalidate(struct ld_req *req)
+{
+    json_t *jkey = json_object_get(req->body, "key");
+    json_t *jkeys = json_object_get(req->body, "keys");
+    json_t *keys = NULL;
+    const char *key = NULL;
+    size_t len = 0;
+    long long delay_ms = cache_mod.ctx->cfg->cache.double_delete_ms;
+
+    if (jkey != NULL && !json_is_null(jkey) && jkeys != NULL &&
+        !json_is_null(jkeys)) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'key' and field 'keys' exclude each other");
+        return;
+    }
+    if (jkeys != NULL && !json_is_null(jkeys)) {
+        if (ld_req_keys(req, "keys", INVALIDATE_MAX_KEYS, &keys) != LD_OK) {
+            return;
+        }
+    } else if (ld_req_key(req, "key", &key, &len) != LD_OK) {
+        return;
+    }
+    if (ld_req_int(req, "delay_ms", false, 0, LD_DELAY_MS_MAX, &delay_ms,
+                   NULL) != LD_OK) {
+        return;
+    }
+    size_t n = keys != NULL ? json_array_size(keys) : 1;
+    struct inv *inv = ld_xcalloc(1, sizeof(*inv));
+    inv->firsts = ld_xcalloc(n, sizeof(*inv->firsts));
+    inv->req = req;
+    inv->n = n;
+    inv->left = n;
+    int64_t now = wall_ms();
+    for (size_t i = 0; i < n; i++) {
+        if (keys != NULL) {
+            key = json_string_value(json_array_get(keys, i));
+            len = json_string_length(json_array_get(keys, i));
+        }
+        ld_stats.cache_invalidations++;
+        cache_key_touched(key, len);
+        struct del *d1 = del_new(key, len, now, false);
+        if (ld_journal_add(cache_mod.journal, now, key, len, &d1->id) !=
+            LD_OK) {
+            d1->id = 0;
+            inv->journal_failed = true;
+        }
+        d1->inv = inv;
+        inv->firsts[i] = d1;
+        if (delay_ms > 0) {
+            struct del *d2 = del_new(key, len, now + delay_ms, true);
+            /* Recorded as waiting for the first, so that a replay keeps
+             * the two apart too. Without the first's record there is
+             * nothing to wait for in the file: a plain add then (the
+             * request is answered with an error anyway). */
+            int rc = d1->id != 0
+                         ? ld_journal_add_after(cache_mod.journal, d1->id,
+                                                delay_ms, key, len, &d2->id)
+                         : ld_journal_add(cache_mod.journal, now + delay_ms,
+                                          key, len, &d2->id);
+            if (rc != LD_OK) {
+                d2->id = 0;
+                inv->journal_failed = true;
+            }
+            inv->pending++;
+            d2->delay_ms = delay_ms;
+            d2->after = d1;
+            d1->then = d2;
+        }
+    }
+    cache_update_journal_stats();
+    if (ld_journal_mode(cache_mod.journal) == LD_FSYNC_ALWAYS) {
+        STAILQ_INSERT_TAIL(&cache_mod.sync_q, inv, link);
+        ld_defer_kick(&cache_mod.sync_defer);
+    } else {
+        inv_start(inv);
+    }
+}
+
+/* ---- journal replay and the periodic duty ---------------------------- */
+
+void
+cache_replay_one(const struct ld_journal_entry *e, void *arg)
+{
+    struct replay_state *st = arg;
+    struct del *d = del_new(e->key, e->key_len, e->due_ms, true);
+    d->id = e->id;
+    st->count++;
+    if (e->after_id == 0) {
+        if (st->by_id != NULL) {
+            ld_dict_set(st->by_id, &d->id, sizeof(d->id), d);
+        }
+        del_schedule(d);
+        return;
+    }
+    /* Entries come in id order, so the first delete, if still owed, is
+     * known by now: wait for it. If it is done, it happened at some time
+     * before this start, so the delay counts from now. */
+    d->delay_ms = e->due_ms;
+    struct del *first = st->by_id != NULL
+                            ? ld_dict_get(st->by_id, &e->after_id,
+                                          sizeof(e->after_id))
+                            : NULL;
+    if (first != NULL && first->then == NULL) {
+        first->then = d;
+        d->after = first;
+        d->due_ms = 0;
+    } else {
+        d->due_ms = wall_ms() + d->delay_ms;
+        del_schedule(d);
+    }
+}
+
+void
+cache_tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    /* The whole of fsync "everysec"; under "always" it makes the done
+     * records durable too, which spares a restart redundant deletes. */
+    ld_journal_sync(cache_mod.journal);
+    if (ld_journal_should_compact(cache_mod.journal)) {
+        ld_journal_compact(cache_mod.journal);
+    }
+    cache_update_journal_stats();
+}

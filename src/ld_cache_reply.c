@@ -1,0 +1,355 @@
+/*
+ * Answering the getters of cache.get and cache.mget: a cache.get is
+ * answered as soon as its one getter settles; a cache.mget keeps each
+ * distinct key's result as a serialised chunk and builds its reply once
+ * the last one is in, sized first against the output limit.
+ */
+#include "ld_cache_int.h"
+
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_proto.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+/* Result texts shorter than this are copied into the reply; longer ones
+ * are added by reference, so a value named many times is never copied. */
+#define REF_MIN_BYTES 512
+
+/* ---- per-session bookkeeping ----------------------------------------- */
+
+static struct csess *
+csess_of(struct ld_session *s)
+{
+    if (s->cache_state == NULL) {
+        struct csess *cs = ld_xcalloc(1, sizeof(*cs));
+        LIST_INIT(&cs->ops);
+        s->cache_state = cs;
+    }
+    return s->cache_state;
+}
+
+void
+cache_cop_link(struct cop *op)
+{
+    struct csess *cs = csess_of(op->req->sess);
+    LD_ASSERT(op->cs == NULL);
+    op->cs = cs;
+    LIST_INSERT_HEAD(&cs->ops, op, link);
+}
+
+void
+cache_cop_unlink(struct cop *op)
+{
+    /* Both the answer and the session's close may unlink first. */
+    if (op->cs == NULL) {
+        return;
+    }
+    LIST_REMOVE(op, link);
+    op->cs = NULL;
+}
+
+static void
+chunk_unref(struct chunk *c)
+{
+    LD_ASSERT(c == NULL || c->refs > 0);
+    if (c != NULL && --c->refs == 0) {
+        free(c);
+    }
+}
+
+static void
+chunk_cleanup_cb(const void *data, size_t len, void *arg)
+{
+    LD_UNUSED(data);
+    LD_UNUSED(len);
+    chunk_unref(arg);
+}
+
+static struct chunk *
+chunk_new(size_t cap)
+{
+    struct chunk *c = malloc(sizeof(*c) + cap);
+    if (c != NULL) {
+        c->refs = 1;
+        c->len = 0;
+    }
+    return c;
+}
+
+void
+cache_cop_free(struct cop *op)
+{
+    if (op->texts != NULL) {
+        for (size_t i = 0; i < op->n; i++) {
+            chunk_unref(op->texts[i]);
+        }
+    }
+    free(op->texts);
+    free(op->leased);
+    free(op->dup_of);
+    free(op->g);
+    free(op);
+}
+
+/* ---- answering getters ----------------------------------------------- */
+
+static json_t *
+error_object(int code, const char *msg)
+{
+    return json_pack("{s:b,s:{s:s,s:s}}", "ok", 0, "error", "code",
+                     ld_errcode_name(code), "message", msg);
+}
+
+/* "," and OBJ (stolen) serialised: a slot's result text. */
+struct chunk *
+cache_chunk_of_json(json_t *obj)
+{
+    char *s = obj != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    if (s == NULL) {
+        return NULL;
+    }
+    size_t n = strlen(s);
+    struct chunk *c = chunk_new(n + 1);
+    if (c != NULL) {
+        c->data[0] = ',';
+        memcpy(c->data + 1, s, n);
+        c->len = n + 1;
+    }
+    free(s);
+    return c;
+}
+
+/* ",{"ok":true,"hit":true,"value":"V"}", escaped once whatever the number
+ * of slots naming the key; NULL when V is not valid UTF-8 (or no
+ * memory). */
+static struct chunk *
+chunk_of_hit(const char *v, size_t len)
+{
+    static const char head[] = ",{\"ok\":true,\"hit\":true,\"value\":";
+    struct chunk *c = chunk_new(sizeof(head) + ld_json_quote_max(len) + 1);
+    if (c == NULL) {
+        return NULL;
+    }
+    memcpy(c->data, head, sizeof(head) - 1);
+    size_t q = ld_json_quote(c->data + sizeof(head) - 1, v, len);
+    if (q == 0) {
+        free(c);
+        return NULL;
+    }
+    c->len = sizeof(head) - 1 + q;
+    c->data[c->len++] = '}';
+    return c;
+}
+
+static void
+add_text(struct evbuffer *buf, struct chunk *c, bool first)
+{
+    const char *p = c->data + (first ? 1 : 0);
+    size_t len = c->len - (first ? 1 : 0);
+    if (len < REF_MIN_BYTES) {
+        evbuffer_add(buf, p, len);
+        return;
+    }
+    c->refs++;
+    if (evbuffer_add_reference(buf, p, len, chunk_cleanup_cb, c) != 0) {
+        c->refs--;
+        evbuffer_add(buf, p, len);
+    }
+}
+
+void
+cache_mget_finish(struct cop *op)
+{
+    /* The same key again gets the same answer, but a lease belongs to
+     * one caller only, and the first occurrence has it. (A duplicate is
+     * never the first element, so its text keeps its comma.) */
+    static const char dup_miss[] =
+        ",{\"ok\":true,\"hit\":false,\"lease\":null}";
+    cache_cop_unlink(op);
+    struct ld_req *req = op->req;
+    char *idtext = NULL;
+    if (req->id != NULL) {
+        idtext = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
+    }
+    /* Size first: a reply over the output limit is never built. */
+    size_t total = 32 + (idtext != NULL ? strlen(idtext) : 0);
+    bool bad = false;
+    for (size_t i = 0; i < op->n; i++) {
+        size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
+        const struct chunk *c = op->texts[j];
+        if (c == NULL) {
+            bad = true;
+            break;
+        }
+        total += j != i && op->leased[j] ? sizeof(dup_miss) - 1 : c->len;
+    }
+    if (bad) {
+        free(idtext);
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        cache_cop_free(op);
+        return;
+    }
+    struct ld_session *s = req->sess;
+    if (s != NULL && total > ld_session_output_limit()) {
+        /* This reply alone passes limits.max_output_bytes (it could be
+         * 1000 times a large value): it is never built; the client is
+         * told why, and the session ends as the contract says. */
+        log_warn("session closed: one reply over the output limit "
+                 "session=%s op=cache.mget keys=%zu reply_bytes=%zu "
+                 "limit=%zu", s->name, op->n, total,
+                 ld_session_output_limit());
+        free(idtext);
+        ld_reply_error(req, LD_E_BUSY,
+                       "the reply would take %zu bytes, over the output "
+                       "limit (limits.max_output_bytes); the session is "
+                       "closed", total);
+        cache_cop_free(op);
+        ld_session_close(s, "reply over limits.max_output_bytes");
+        return;
+    }
+    if (s != NULL && !ld_session_output_room(s, total)) {
+        /* With what the client has not taken yet it would pass the
+         * limit: the session is closing and its output is dropped. */
+        free(idtext);
+        ld_reply_error(req, LD_E_BUSY, "over the output limit");
+        cache_cop_free(op);
+        return;
+    }
+    struct evbuffer *buf = evbuffer_new();
+    if (buf == NULL) {
+        ld_oom(0);
+    }
+    if (idtext != NULL) {
+        evbuffer_add_printf(buf, "{\"id\":%s,", idtext);
+        free(idtext);
+    } else {
+        evbuffer_add(buf, "{", 1);
+    }
+    static const char results[] = "\"ok\":true,\"results\":[";
+    evbuffer_add(buf, results, sizeof(results) - 1);
+    for (size_t i = 0; i < op->n; i++) {
+        size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
+        if (j != i && op->leased[j]) {
+            evbuffer_add(buf, dup_miss, sizeof(dup_miss) - 1);
+        } else {
+            add_text(buf, op->texts[j], i == 0);
+        }
+    }
+    evbuffer_add(buf, "]}\n", 3);
+    ld_reply_buffer(req, buf);
+    evbuffer_free(buf);
+    cache_cop_free(op);
+}
+
+/* G is answered or gone: its place among the waiters is free. */
+void
+cache_getter_done(struct getter *g)
+{
+    LD_ASSERTF(g->on == NULL, "answered getter of slot %zu still queued",
+               g->slot);
+    g->state = G_DONE;
+    if (g->holds_place) {
+        LD_ASSERT(cache_mod.n_waiters > 0);
+        g->holds_place = false;
+        cache_mod.n_waiters--;
+    }
+}
+
+/* Answer one getter: FIELDS (stolen) on success, else CODE and MSG. */
+void
+cache_getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
+{
+    struct cop *op = g->op;
+    LD_ASSERT(g->state == G_IDLE);
+    cache_getter_done(g);
+    if (!op->mget) {
+        cache_cop_unlink(op);
+        if (fields != NULL) {
+            ld_reply_ok(op->req, fields);
+        } else {
+            ld_reply_error(op->req, code, "%s", msg);
+        }
+        cache_cop_free(op);
+        return;
+    }
+    if (fields != NULL) {
+        /* Each result reads like a cache.get reply, "ok" first. */
+        json_t *res = json_pack("{s:b}", "ok", 1);
+        json_t *lease = json_object_get(fields, "lease");
+        op->leased[g->slot] = lease != NULL && json_is_string(lease);
+        json_object_update(res, fields);
+        json_decref(fields);
+        op->texts[g->slot] = cache_chunk_of_json(res);
+    } else {
+        op->texts[g->slot] = cache_chunk_of_json(error_object(code, msg));
+    }
+    if (--op->left == 0) {
+        cache_mget_finish(op);
+    }
+}
+
+void
+cache_settle_hit(struct getter *g, const char *v, size_t len)
+{
+    struct cop *op = g->op;
+    if (!op->mget) {
+        /* The common case, built straight into the reply line: a JSON
+         * tree would check and escape a large value byte by byte. */
+        struct ld_req *req = op->req;
+        op->req = NULL;
+        if (ld_reply_ok_hit(req, v, len) == LD_OK) {
+            ld_stats.cache_hits++;
+            cache_getter_done(g);
+            cache_cop_unlink(op);
+            cache_cop_free(op);
+            return;
+        }
+        op->req = req;    /* not UTF-8: answered below */
+    } else {
+        /* Escaped once here; the reply refers to it for every slot
+         * naming this key. */
+        struct chunk *c = chunk_of_hit(v, len);
+        if (c != NULL) {
+            ld_stats.cache_hits++;
+            op->texts[g->slot] = c;
+            cache_getter_done(g);
+            if (--op->left == 0) {
+                cache_mget_finish(op);
+            }
+            return;
+        }
+    }
+    json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
+    if (f == NULL) {
+        cache_getter_settle(g, NULL, LD_E_WRONG_TYPE,
+                      "the cached value is not valid UTF-8; leased did not "
+                      "write it");
+        return;
+    }
+    ld_stats.cache_hits++;
+    cache_getter_settle(g, f, 0, NULL);
+}
+
+void
+cache_settle_null(struct getter *g)
+{
+    ld_stats.cache_negative_hits++;
+    cache_getter_settle(g, json_pack("{s:b,s:n}", "hit", 1, "value"), 0, NULL);
+}
+
+void
+cache_settle_miss(struct getter *g, const char *lease)
+{
+    ld_stats.cache_misses++;
+    json_t *f = lease != NULL
+                    ? json_pack("{s:b,s:s}", "hit", 0, "lease", lease)
+                    : json_pack("{s:b,s:n}", "hit", 0, "lease");
+    cache_getter_settle(g, f, 0, NULL);
+}
