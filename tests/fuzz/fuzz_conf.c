@@ -1,7 +1,8 @@
 /*
  * Fuzz target: the YAML configuration loader. Any input may be refused,
  * but the loader must not crash, leak or hang, and what it accepts must
- * survive the deep copy a reload makes.
+ * go through what start-up and a reload do with it: paths made absolute,
+ * a deep copy, the reloadable settings applied to a live config.
  */
 #include "ld_conf.h"
 #include "ld_log.h"
@@ -23,9 +24,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ld_conf_defaults(&cfg);
     if (ld_conf_load_string(&cfg, (const char *)data, size, "fuzz.yml", err,
                             sizeof(err)) == LD_OK) {
-        struct ld_config copy;
-        ld_conf_copy(&copy, &cfg);
-        ld_conf_free(&copy);
+        struct ld_config live;
+        ld_conf_absolute_paths(&cfg, "/var/lib/leased");
+        ld_conf_defaults(&live);
+        ld_conf_apply_reload(&live, &cfg);
+        ld_log_level = LD_LOG_ERROR + 1; /* the reload applied log.level */
+        ld_conf_free(&live);
+        ld_conf_copy(&live, &cfg);
+        ld_conf_free(&live);
     }
     ld_conf_free(&cfg);
     return 0;
