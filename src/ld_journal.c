@@ -27,6 +27,9 @@
 #include <unistd.h>
 
 #define COMPACT_MIN_BYTES_DEFAULT (1u << 20)
+/* Ids count up from 1 and stay far below this; a record above it is
+ * damage, and the bound keeps next_id from ever wrapping to live ids. */
+#define MAX_ID ((uint64_t)INT64_MAX)
 
 int (*ld_journal_fdatasync_fn)(int fd) = fdatasync;
 int (*ld_journal_fsync_fn)(int fd) = fsync;
@@ -301,6 +304,10 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len,
         uint64_t id = get_u64(body + 1);
         int64_t due = (int64_t)get_u64(body + 9);
         size_t key_len = body_len - LD_JOURNAL_BODY_MIN;
+        if (id > MAX_ID) {
+            *why = "bad record id";
+            break;
+        }
         if (body[0] == LD_JOURNAL_ADD || body[0] == LD_JOURNAL_ADD_AFTER) {
             size_t head = LD_JOURNAL_BODY_MIN;
             uint64_t after = 0;
@@ -595,6 +602,10 @@ ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
         return LD_ERR;
     }
     uint64_t nid = j->next_id;
+    if (nid > MAX_ID) {
+        errno = EOVERFLOW;
+        return LD_ERR;
+    }
     if (append(j, LD_JOURNAL_ADD, nid, due_ms, 0, key, key_len) != LD_OK) {
         return LD_ERR;
     }
