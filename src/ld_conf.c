@@ -13,6 +13,7 @@
 #include "ld_conf.h"
 
 #include "ld_log.h"
+#include "ld_mem.h"
 #include "ld_util.h"
 
 #include <errno.h>
@@ -229,34 +230,6 @@ cfield(const struct ld_config *cfg, const struct conf_directive *d)
     return (const char *)cfg + d->offset;
 }
 
-/* The configuration is a few hundred bytes; running out of memory while
- * copying it leaves nothing sensible to do. */
-static void *
-xmalloc(size_t n)
-{
-    void *p = malloc(n != 0 ? n : 1);
-    if (p == NULL) {
-        log_error("config: out of memory");
-        abort();
-    }
-    return p;
-}
-
-static char *
-xstrndup(const char *s, size_t len)
-{
-    char *p = xmalloc(len + 1);
-    memcpy(p, s, len);
-    p[len] = '\0';
-    return p;
-}
-
-static char *
-xstrdup(const char *s)
-{
-    return xstrndup(s, strlen(s));
-}
-
 static void
 strlist_free(struct ld_strlist *l)
 {
@@ -274,9 +247,9 @@ strlist_copy(struct ld_strlist *dst, const struct ld_strlist *src)
     dst->count = src->count;
     dst->items = NULL;
     if (src->count > 0) {
-        dst->items = xmalloc(src->count * sizeof(*dst->items));
+        dst->items = ld_xmalloc(src->count * sizeof(*dst->items));
         for (size_t i = 0; i < src->count; i++) {
-            dst->items[i] = xstrdup(src->items[i]);
+            dst->items[i] = ld_xstrdup(src->items[i]);
         }
     }
 }
@@ -311,7 +284,7 @@ value_copy(struct ld_config *dst, const struct ld_config *src,
     switch (d->type) {
     case CT_STRING:
     case CT_HOSTPORT:
-        set_string(dst, d, xstrdup(*(char *const *)cfield(src, d)));
+        set_string(dst, d, ld_xstrdup(*(char *const *)cfield(src, d)));
         break;
     case CT_STRLIST:
         strlist_free(field(dst, d));
@@ -603,7 +576,7 @@ set_scalar(struct ld_config *cfg, const struct conf_directive *d,
         if (d->type == CT_HOSTPORT && !check_address(d, s.text, msg, msglen)) {
             return false;
         }
-        set_string(cfg, d, xstrndup(s.text, s.len));
+        set_string(cfg, d, ld_xstrndup(s.text, s.len));
         return true;
     case CT_INT:
         if (!conv_integer(d, &s, &ll, msg, msglen)) {
@@ -660,11 +633,11 @@ path_under_env(const char *env, const char *file, const char *fallback)
 {
     const char *dir = getenv(env);
     if (dir == NULL || dir[0] == '\0') {
-        return xstrdup(fallback);
+        return ld_xstrdup(fallback);
     }
     size_t dlen = strcspn(dir, ":");
     size_t flen = strlen(file);
-    char *p = xmalloc(dlen + 1 + flen + 1);
+    char *p = ld_xmalloc(dlen + 1 + flen + 1);
     memcpy(p, dir, dlen);
     p[dlen] = '/';
     memcpy(p + dlen + 1, file, flen + 1);
@@ -721,7 +694,7 @@ absolute_path(char **path, const char *base)
         p += 2;
         plen -= 2;
     }
-    char *abs = xmalloc(blen + 1 + plen + 1);
+    char *abs = ld_xmalloc(blen + 1 + plen + 1);
     memcpy(abs, base, blen);
     size_t n = blen;
     if (n == 0 || abs[n - 1] != '/') {
@@ -851,7 +824,7 @@ set_list(struct conf_load *st, const struct conf_directive *d,
     } else {
         yaml_node_item_t *start = node->data.sequence.items.start;
         yaml_node_item_t *top = node->data.sequence.items.top;
-        list.items = xmalloc((size_t)(top - start) * sizeof(*list.items));
+        list.items = ld_xmalloc((size_t)(top - start) * sizeof(*list.items));
         for (yaml_node_item_t *it = start; it < top; it++) {
             yaml_node_t *item = yaml_document_get_node(st->doc, *it);
             char msg[200];
@@ -870,7 +843,7 @@ set_list(struct conf_load *st, const struct conf_directive *d,
                                       ? "must not contain NUL bytes"
                                       : msg);
             }
-            list.items[list.count++] = xstrndup(s.text, s.len);
+            list.items[list.count++] = ld_xstrndup(s.text, s.len);
         }
     }
     struct ld_strlist *dst = field(st->cfg, d);
@@ -1212,18 +1185,11 @@ ld_conf_load(struct ld_config *cfg, const char *path, bool missing_ok,
     /* Read it whole: reader errors are reported by byte offset, which is
      * turned into a line and column with the text at hand. */
     size_t cap = 8192, len = 0;
-    char *buf = xmalloc(cap);
+    char *buf = ld_xmalloc(cap);
     for (;;) {
         if (len == cap) {
             cap *= 2;
-            char *nb = realloc(buf, cap);
-            if (nb == NULL) {
-                free(buf);
-                fclose(f);
-                snprintf(err, errlen, "%s: out of memory", path);
-                return LD_ERR;
-            }
-            buf = nb;
+            buf = ld_xrealloc(buf, cap);
         }
         size_t n = fread(buf + len, 1, cap - len, f);
         len += n;
