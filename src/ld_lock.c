@@ -2185,7 +2185,8 @@ int ld_lock_init(void)
 void ld_lock_shutdown(void)
 {
     lk.stopping = true;
-    for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
+    for (struct ld_session *s = ld_session_first(); s != NULL;
+         s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
         if (ls != NULL) {
             sess_drop_waiters(ls, LD_E_SHUTTING_DOWN,
@@ -2210,7 +2211,8 @@ void ld_lock_free(void)
     if (lk.by_token == NULL) {
         return;
     }
-    for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
+    for (struct ld_session *s = ld_session_first(); s != NULL;
+         s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
         if (ls != NULL) {
             sess_drop_waiters(ls, LD_E_SHUTTING_DOWN,
@@ -2231,7 +2233,8 @@ void ld_lock_free(void)
             op_free(op);   /* a release planned for later: no command */
         }
     }
-    for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
+    for (struct ld_session *s = ld_session_first(); s != NULL;
+         s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
         if (ls == NULL) {
             continue;
