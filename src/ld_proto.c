@@ -461,7 +461,8 @@ ld_key_valid(const char *key, size_t len)
 {
     /* Keys become parts of Redis key names and of log lines: unlike
      * values they may not hold NUL. */
-    return len > 0 && (long long)len <= proto_mod.ctx->cfg->limits.max_key_bytes &&
+    return len > 0 &&
+           (long long)len <= proto_mod.ctx->cfg->limits.max_key_bytes &&
            memchr(key, '\0', len) == NULL;
 }
 

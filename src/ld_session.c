@@ -1,9 +1,10 @@
 /*
  * Client sessions: one per connection. Reads are framed into lines, each
  * line goes to the line handler the layer above gave at init (which makes
- * it a request); answers may come back in any order. A session's memory outlives its socket until the last request in
- * flight has been answered, so feature modules never see a dangling
- * session pointer inside a request.
+ * it a request); answers may come back in any order. A session's memory
+ * outlives its socket until the last request in flight has been answered,
+ * so feature modules never see a dangling session pointer inside a
+ * request.
  */
 #include "ld_session.h"
 
