@@ -7,6 +7,7 @@
  * each input byte, and the low bits pick the bucket. */
 #include "ld_dict.h"
 
+#include "ld_mem.h"
 #include "ld_util.h"
 
 #include <stdlib.h>
@@ -59,15 +60,8 @@ dict_hash(const void *key, size_t len)
 struct ld_dict *
 ld_dict_new(void)
 {
-    struct ld_dict *d = calloc(1, sizeof(*d));
-    if (d == NULL) {
-        return NULL;
-    }
-    d->buckets = calloc(DICT_MIN_BUCKETS, sizeof(*d->buckets));
-    if (d->buckets == NULL) {
-        free(d);
-        return NULL;
-    }
+    struct ld_dict *d = ld_xcalloc(1, sizeof(*d));
+    d->buckets = ld_xcalloc(DICT_MIN_BUCKETS, sizeof(*d->buckets));
     d->mask = DICT_MIN_BUCKETS - 1;
     return d;
 }
@@ -118,10 +112,7 @@ static void
 grow(struct ld_dict *d)
 {
     size_t nbuckets = (d->mask + 1) * 2;
-    struct ld_dict_entry **nb = calloc(nbuckets, sizeof(*nb));
-    if (nb == NULL) {
-        return; /* keep working with longer chains */
-    }
+    struct ld_dict_entry **nb = ld_xcalloc(nbuckets, sizeof(*nb));
     for (size_t i = 0; i <= d->mask; i++) {
         struct ld_dict_entry *e = d->buckets[i];
         while (e != NULL) {
@@ -146,10 +137,7 @@ ld_dict_set(struct ld_dict *d, const void *key, size_t len, void *value)
         (*pp)->value = value;
         return LD_OK;
     }
-    struct ld_dict_entry *e = malloc(sizeof(*e) + len);
-    if (e == NULL) {
-        return LD_ERR;
-    }
+    struct ld_dict_entry *e = ld_xmalloc(sizeof(*e) + len);
     e->next = NULL;
     e->hash = h;
     e->value = value;

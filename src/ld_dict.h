@@ -10,6 +10,7 @@
 struct ld_dict;
 struct ld_dict_entry;
 
+/* Never NULL (out of memory aborts, see ld_mem.h). */
 struct ld_dict *ld_dict_new(void);
 /* Frees the table and its key copies, not the values. */
 void ld_dict_free(struct ld_dict *d);

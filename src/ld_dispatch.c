@@ -5,9 +5,9 @@
 #include "ld_dispatch.h"
 
 #include "ld_conf.h"
+#include "ld_ctx.h"
 #include "ld_log.h"
 #include "ld_proto.h"
-#include "ld_server.h"
 #include "ld_session.h"
 #include "ld_stats.h"
 #include "ld_util.h"
@@ -22,34 +22,37 @@ struct op_entry {
     ld_handler *fn;
 };
 
-static struct op_entry ops[MAX_OPS];
-static size_t n_ops;
+static struct {
+    const struct ld_ctx *ctx;
+    struct op_entry ops[MAX_OPS];
+    size_t n_ops;
+} dispatch_mod;
 
 int
 ld_dispatch_register(const char *op, ld_handler *fn)
 {
-    for (size_t i = 0; i < n_ops; i++) {
-        if (strcmp(ops[i].name, op) == 0) {
-            ops[i].fn = fn;
+    for (size_t i = 0; i < dispatch_mod.n_ops; i++) {
+        if (strcmp(dispatch_mod.ops[i].name, op) == 0) {
+            dispatch_mod.ops[i].fn = fn;
             return LD_OK;
         }
     }
-    if (n_ops == MAX_OPS) {
+    if (dispatch_mod.n_ops == MAX_OPS) {
         log_error("dispatch table full op=%s", op);
         return LD_ERR;
     }
-    ops[n_ops].name = op;
-    ops[n_ops].fn = fn;
-    n_ops++;
+    dispatch_mod.ops[dispatch_mod.n_ops].name = op;
+    dispatch_mod.ops[dispatch_mod.n_ops].fn = fn;
+    dispatch_mod.n_ops++;
     return LD_OK;
 }
 
 static const struct op_entry *
 find_op(const char *name)
 {
-    for (size_t i = 0; i < n_ops; i++) {
-        if (strcmp(ops[i].name, name) == 0) {
-            return &ops[i];
+    for (size_t i = 0; i < dispatch_mod.n_ops; i++) {
+        if (strcmp(dispatch_mod.ops[i].name, name) == 0) {
+            return &dispatch_mod.ops[i];
         }
     }
     return NULL;
@@ -75,7 +78,7 @@ op_hello(struct ld_req *req)
         return;
     }
     struct ld_session *s = req->sess;
-    const char *token = ld_srv.cfg->listen.auth_token;
+    const char *token = dispatch_mod.ctx->cfg->listen.auth_token;
     size_t token_len = strlen(token);
 
     /* A token, when configured, is checked wherever it is offered; it is
@@ -125,32 +128,34 @@ ld_dispatch(struct ld_req *req)
         ld_reply_error(req, LD_E_UNKNOWN_OP, "unknown op '%s'", req->op);
         return;
     }
-    if (ld_srv.shutting_down) {
+    if (dispatch_mod.ctx->shutting_down) {
         ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
         return;
     }
     /* pending already counts this request. */
-    if (s->pending > ld_srv.cfg->limits.max_pending) {
+    if (s->pending > dispatch_mod.ctx->cfg->limits.max_pending) {
         ld_reply_error(req, LD_E_BUSY,
                        "too many requests in flight on this connection "
                        "(limits.max_pending %lld)",
-                       ld_srv.cfg->limits.max_pending);
+                       dispatch_mod.ctx->cfg->limits.max_pending);
         return;
     }
     e->fn(req);
 }
 
-void
-ld_dispatch_init(void)
+int
+ld_dispatch_init(const struct ld_ctx *ctx)
 {
-    n_ops = 0;
+    dispatch_mod.ctx = ctx;
+    dispatch_mod.n_ops = 0;
     ld_dispatch_register("hello", op_hello);
     ld_dispatch_register("ping", op_ping);
     ld_dispatch_register("stats", op_stats);
+    return LD_OK;
 }
 
 void
 ld_dispatch_free(void)
 {
-    n_ops = 0;
+    dispatch_mod.n_ops = 0;
 }

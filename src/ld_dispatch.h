@@ -15,7 +15,8 @@ int ld_dispatch_register(const char *op, ld_handler *fn);
  * handler. Consumes REQ. */
 void ld_dispatch(struct ld_req *req);
 
-void ld_dispatch_init(void);
+struct ld_ctx;
+int ld_dispatch_init(const struct ld_ctx *ctx);
 void ld_dispatch_free(void);
 
 #endif

@@ -5,8 +5,8 @@
 #include "ld_listen.h"
 
 #include "ld_conf.h"
+#include "ld_ctx.h"
 #include "ld_log.h"
-#include "ld_server.h"
 #include "ld_session.h"
 #include "ld_systemd.h"
 #include "ld_util.h"
@@ -47,6 +47,8 @@ struct accept_pause {
 static struct ld_listener listeners[MAX_LISTENERS];
 static struct accept_pause pauses[MAX_LISTENERS];
 static size_t n_listeners;
+static const struct ld_ctx *listen_ctx;
+static int tcp_port;             /* bound TCP port (useful with port 0) */
 static char unix_path_created[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
 static void
@@ -56,7 +58,8 @@ accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
     LD_UNUSED(evl);
     LD_UNUSED(addr);
     LD_UNUSED(socklen);
-    ld_session_new(fd, arg);
+    struct ld_listener *l = arg;
+    ld_session_new(fd, l->auth_required, l->name);
 }
 
 static void
@@ -109,7 +112,7 @@ add_listener(int fd, bool is_unix, const char *name)
     memset(l, 0, sizeof(*l));
     l->is_unix = is_unix;
     snprintf(l->name, sizeof(l->name), "%s", name);
-    l->evl = evconnlistener_new(ld_srv.base, accept_cb, l,
+    l->evl = evconnlistener_new(listen_ctx->base, accept_cb, l,
                                 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
                                 -1, fd);
     if (l->evl == NULL) {
@@ -120,7 +123,7 @@ add_listener(int fd, bool is_unix, const char *name)
     evconnlistener_set_error_cb(l->evl, accept_error_cb);
     memset(&pauses[n_listeners], 0, sizeof(pauses[n_listeners]));
     pauses[n_listeners].resume_ev =
-        evtimer_new(ld_srv.base, resume_accept_cb, l);
+        evtimer_new(listen_ctx->base, resume_accept_cb, l);
     n_listeners++;
     return l;
 }
@@ -295,7 +298,7 @@ open_tcp(const struct ld_config *cfg)
     }
     l->port = p;
     l->auth_required = cfg->listen.auth_token[0] != '\0';
-    ld_srv.tcp_port = p;
+    tcp_port = p;
     log_info("listening tcp=%s auth=%s", name,
              l->auth_required ? "required" : "off");
     return LD_OK;
@@ -343,7 +346,7 @@ adopt(const struct ld_config *cfg, int *fds, int n)
         if (!is_unix) {
             l->port = bound_port(fds[i]);
             l->auth_required = cfg->listen.auth_token[0] != '\0';
-            ld_srv.tcp_port = l->port;
+            tcp_port = l->port;
         }
         log_info("adopted socket from systemd listener=%s", name);
     }
@@ -351,9 +354,17 @@ adopt(const struct ld_config *cfg, int *fds, int n)
 }
 
 int
-ld_listen_start(struct event_base *base, const struct ld_config *cfg)
+ld_listen_tcp_port(void)
 {
-    LD_UNUSED(base);
+    return tcp_port;
+}
+
+int
+ld_listen_init(const struct ld_ctx *ctx)
+{
+    const struct ld_config *cfg = ctx->cfg;
+    listen_ctx = ctx;
+    tcp_port = 0;
     int *fds = NULL;
     int n = ld_systemd_listen_fds(&fds);
     if (n < 0) {

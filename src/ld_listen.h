@@ -3,8 +3,7 @@
 
 #include "ld_common.h"
 
-struct event_base;
-struct ld_config;
+struct ld_ctx;
 
 struct ld_listener {
     struct evconnlistener *evl;
@@ -14,8 +13,11 @@ struct ld_listener {
     int port;               /* TCP: the bound port */
 };
 
-/* Open the configured listeners, or adopt systemd's sockets when passed. */
-int ld_listen_start(struct event_base *base, const struct ld_config *cfg);
+/* Open the configured listeners, or adopt systemd's sockets when passed;
+ * accepted connections become sessions. */
+int ld_listen_init(const struct ld_ctx *ctx);
+/* The bound TCP port (0: no TCP listener). */
+int ld_listen_tcp_port(void);
 /* Stop accepting (graceful stop); the Unix socket file is removed. */
 void ld_listen_stop(void);
 

@@ -624,7 +624,8 @@ int ld_lock_init(const struct ld_ctx *ctx)
 void ld_lock_shutdown(void)
 {
     lock_mod.stopping = true;
-    for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
+    for (struct ld_session *s = ld_session_first(); s != NULL;
+         s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
         if (ls != NULL) {
             sess_drop_waiters(ls, LD_E_SHUTTING_DOWN,
@@ -650,7 +651,8 @@ void ld_lock_free(void)
     if (lock_mod.by_token == NULL) {
         return;
     }
-    for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
+    for (struct ld_session *s = ld_session_first(); s != NULL;
+         s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
         if (ls != NULL) {
             sess_drop_waiters(ls, LD_E_SHUTTING_DOWN,
@@ -672,7 +674,8 @@ void ld_lock_free(void)
             lk_op_free(op);   /* a release planned for later: no command */
         }
     }
-    for (struct ld_session *s = ld_session_first(); s != NULL; s = s->next) {
+    for (struct ld_session *s = ld_session_first(); s != NULL;
+         s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
         if (ls == NULL) {
             continue;

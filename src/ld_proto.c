@@ -4,8 +4,10 @@
  */
 #include "ld_proto.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
-#include "ld_server.h"
+#include "ld_ctx.h"
+#include "ld_mem.h"
 #include "ld_session.h"
 #include "ld_stats.h"
 #include "ld_util.h"
@@ -14,6 +16,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static struct {
+    const struct ld_ctx *ctx;
+    ld_proto_route *route;       /* where requests go: dispatch */
+} proto_mod;
+
+int
+ld_proto_init(const struct ld_ctx *ctx, ld_proto_route *route)
+{
+    proto_mod.ctx = ctx;
+    proto_mod.route = route;
+    return LD_OK;
+}
+
+void
+ld_proto_free(void)
+{
+    proto_mod.route = NULL;
+}
 
 int
 ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
@@ -154,6 +175,8 @@ ld_proto_error_line(json_t *id, int code, json_t *extra, const char *message,
     return line;
 }
 
+/* The one place a request ends; ld_proto_on_line is the one place it
+ * begins. */
 static void
 req_free(struct ld_req *req)
 {
@@ -182,6 +205,54 @@ send_line(struct ld_req *req, char *line, size_t len)
         free(line);
     }
     req_free(req);
+}
+
+char *
+ld_proto_bare_error_line(int code, const char *message, size_t *len)
+{
+    char *line = ld_proto_error_line(NULL, code, NULL, message, len);
+    if (line == NULL) {
+        ld_oom(0);
+    }
+    return line;
+}
+
+static void
+reply_bare_error(struct ld_session *s, json_t *id, int code, const char *msg)
+{
+    size_t len = 0;
+    ld_stats_count_error(code);
+    char *line = ld_proto_error_line(id, code, NULL, msg, &len);
+    if (line != NULL) {
+        ld_session_write(s, line, len);
+        free(line);
+    }
+}
+
+void
+ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
+{
+    json_t *body = NULL;
+    json_t *id = NULL;
+    char msg[256];
+
+    LD_ASSERT(proto_mod.route != NULL);
+    if (ld_proto_parse(line, len, &body, &id, msg, sizeof(msg)) != LD_OK) {
+        reply_bare_error(s, id, LD_E_BAD_REQUEST, msg);
+        if (id != NULL) {
+            json_decref(id);
+        }
+        return;
+    }
+
+    struct ld_req *req = ld_xcalloc(1, sizeof(*req));
+    req->sess = s;
+    req->id = id;
+    req->body = body;
+    req->op = json_string_value(json_object_get(body, "op"));
+    req->start_us = ld_now_us();
+    ld_session_req_begin(s);
+    proto_mod.route(req);
 }
 
 /* Length of the valid UTF-8 sequence starting at P (at most N bytes
@@ -390,7 +461,8 @@ ld_key_valid(const char *key, size_t len)
 {
     /* Keys become parts of Redis key names and of log lines: unlike
      * values they may not hold NUL. */
-    return len > 0 && (long long)len <= ld_srv.cfg->limits.max_key_bytes &&
+    return len > 0 &&
+           (long long)len <= proto_mod.ctx->cfg->limits.max_key_bytes &&
            memchr(key, '\0', len) == NULL;
 }
 
@@ -416,10 +488,10 @@ ld_req_key(struct ld_req *req, const char *field, const char **key,
     if (n == 0) {
         return bad_field(req, field, "must not be empty");
     }
-    if ((long long)n > ld_srv.cfg->limits.max_key_bytes) {
+    if ((long long)n > proto_mod.ctx->cfg->limits.max_key_bytes) {
         char what[96];
         snprintf(what, sizeof(what), "is longer than %lld bytes",
-                 ld_srv.cfg->limits.max_key_bytes);
+                 proto_mod.ctx->cfg->limits.max_key_bytes);
         return bad_field(req, field, what);
     }
     if (memchr(json_string_value(v), '\0', n) != NULL) {

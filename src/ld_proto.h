@@ -7,7 +7,14 @@
 #include <jansson.h>
 
 
+struct ld_ctx;
 struct ld_session;
+struct ld_req;
+
+/* Where a parsed request goes (dispatch, given at init from above). */
+typedef void ld_proto_route(struct ld_req *req);
+int ld_proto_init(const struct ld_ctx *ctx, ld_proto_route *route);
+void ld_proto_free(void);
 
 /* One request in flight. The handler that receives it must, exactly once
  * and possibly much later, answer it with ld_reply_ok or ld_reply_error*,
@@ -27,6 +34,12 @@ struct ld_req {
  * error can still carry it. */
 int ld_proto_parse(const char *line, size_t len, json_t **out,
                    json_t **id_out, char *msg, size_t msglen);
+
+/* The session's line handler: parse LINE, make it a request and route
+ * it; a line that is no request is answered bad_request here. */
+void ld_proto_on_line(struct ld_session *s, const char *line, size_t len);
+/* The session's error-line builder: the error form without an id. */
+char *ld_proto_bare_error_line(int code, const char *message, size_t *len);
 
 /* Build {"id":ID,"ok":true,...FIELDS} (FIELDS stolen, may be NULL) or the
  * error form, serialised with a trailing newline (caller frees). */

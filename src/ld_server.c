@@ -16,7 +16,9 @@
 #include "ld_listen.h"
 #include "ld_lock.h"
 #include "ld_log.h"
+#include "ld_mem.h"
 #include "ld_metrics.h"
+#include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
 #include "ld_session.h"
@@ -44,7 +46,14 @@
 
 struct ld_server ld_srv;
 
+/* The process state, ld_server.c's alone: modules get CTX at init and
+ * read it; only this file writes it. */
+static struct ld_ctx ctx;
+static char instance[17];       /* random id of this daemon run */
+
 static struct {
+    struct ld_config *cfg;       /* the live configuration, CTX's, writable */
+    const char *conf_path;
     struct event *sig_term;
     struct event *sig_int;
     struct event *sig_hup;
@@ -103,7 +112,7 @@ drain_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(arg);
     bool drained = ld_redis_outstanding() == 0 && ld_session_lingering() == 0;
     if (drained || ld_now_ms() >= S.drain_deadline_ms) {
-        event_base_loopexit(ld_srv.base, NULL);
+        event_base_loopexit(ctx.base, NULL);
         return;
     }
     struct timeval tv = {0, DRAIN_CHECK_MS * 1000};
@@ -115,6 +124,7 @@ begin_shutdown(const char *why)
 {
     log_info("shutting down reason=%s sessions=%lld", why,
              ld_session_count());
+    ctx.shutting_down = true;
     ld_srv.shutting_down = true;
     ld_systemd_notify("STOPPING=1");
     ld_listen_stop();
@@ -150,17 +160,16 @@ reload(void)
     /* From the defaults, as at start: a key removed from the file goes
      * back to its default rather than keeping its old value. */
     ld_conf_defaults(&fresh);
-    if (ld_conf_load(&fresh, ld_srv.conf_path, true, err, sizeof(err)) !=
-        LD_OK) {
+    if (ld_conf_load(&fresh, S.conf_path, true, err, sizeof(err)) != LD_OK) {
         log_error("reload failed, keeping the running configuration "
                   "error=\"%s\"",
                   err);
     } else {
         ld_conf_absolute_paths(&fresh, start_dir);
-        check_secret_mode(ld_srv.conf_path, &fresh);
-        ld_conf_apply_reload(ld_srv.cfg, &fresh);
-        ld_log_set_level(ld_srv.cfg->log.level);
-        log_info("configuration reloaded path=%s", ld_srv.conf_path);
+        check_secret_mode(S.conf_path, &fresh);
+        ld_conf_apply_reload(S.cfg, &fresh);
+        ld_log_set_level(S.cfg->log.level);
+        log_info("configuration reloaded path=%s", S.conf_path);
     }
     ld_conf_free(&fresh);
     ld_systemd_notify("READY=1");
@@ -184,10 +193,10 @@ make_instance_id(void)
         memset(raw, 0, sizeof(raw));
     }
     for (size_t i = 0; i < sizeof(raw); i++) {
-        ld_srv.instance[2 * i] = hex[raw[i] >> 4];
-        ld_srv.instance[2 * i + 1] = hex[raw[i] & 15];
+        instance[2 * i] = hex[raw[i] >> 4];
+        instance[2 * i + 1] = hex[raw[i] & 15];
     }
-    ld_srv.instance[16] = '\0';
+    instance[16] = '\0';
 }
 
 static void
@@ -195,7 +204,7 @@ banner(void)
 {
     log_info("leased %s starting config=%s pid=%d hiredis=%d.%d.%d "
              "libevent=%s jansson=%s libyaml=%s",
-             PACKAGE_VERSION, ld_srv.conf_path, (int)getpid(), HIREDIS_MAJOR,
+             PACKAGE_VERSION, S.conf_path, (int)getpid(), HIREDIS_MAJOR,
              HIREDIS_MINOR, HIREDIS_PATCH, event_get_version(),
              JANSSON_VERSION, yaml_get_version_string());
 }
@@ -225,35 +234,40 @@ check_fd_limit(const struct ld_config *cfg)
     }
 }
 
+/* The one place that wires the modules: each gets the ctx, and the
+ * layers above hand the layers below their callbacks, so no module
+ * includes one above it. */
 static int
 start(struct ld_config *cfg)
 {
-    if (ld_redis_init(ld_srv.base, cfg) != LD_OK ||
-        ld_pubsub_init(ld_srv.base, cfg) != LD_OK) {
+    static const struct ld_session_handlers session_handlers = {
+        .line = ld_proto_on_line,
+        .error_line = ld_proto_bare_error_line,
+    };
+
+    ld_session_init(&ctx, &session_handlers);
+    ld_proto_init(&ctx, ld_dispatch);
+    ld_dispatch_init(&ctx);
+    /* The modules below still take their old arguments; at the merge
+     * they become ld_X_init(&ctx) like the others. */
+    if (ld_redis_init(ctx.base, cfg) != LD_OK ||
+        ld_pubsub_init(ctx.base, cfg) != LD_OK) {
         return LD_ERR;
     }
-    ld_dispatch_init();
-    static struct ld_ctx lock_ctx;
-    lock_ctx = (struct ld_ctx){ ld_srv.base, cfg, ld_srv.instance,
-                                ld_srv.start_ms, false };
-    if (ld_lock_init(&lock_ctx) != LD_OK) {
+    if (ld_lock_init(&ctx) != LD_OK) {
         return LD_ERR;
     }
-    /* Until every module takes the context, the cache's is made here. */
-    static struct ld_ctx cache_ctx;
-    cache_ctx = (struct ld_ctx){ld_srv.base, cfg, ld_srv.instance,
-                                ld_srv.start_ms, false};
-    if (ld_cache_init(&cache_ctx) != LD_OK) {
+    if (ld_cache_init(&ctx) != LD_OK) {
         return LD_ERR;
     }
-    if (ld_listen_start(ld_srv.base, cfg) != LD_OK) {
+    if (ld_listen_init(&ctx) != LD_OK) {
         return LD_ERR;
     }
+    ld_stats_set_tcp_port(ld_listen_tcp_port());
     check_fd_limit(cfg);
     if (cfg->metrics.listen[0] != '\0') {
         int port = 0;
-        if (ld_metrics_start(ld_srv.base, cfg->metrics.listen, &port) !=
-            LD_OK) {
+        if (ld_metrics_start(ctx.base, cfg->metrics.listen, &port) != LD_OK) {
             return LD_ERR;
         }
         log_info("metrics listening addr=%s port=%d", cfg->metrics.listen,
@@ -268,23 +282,29 @@ int
 ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
 {
     memset(&S, 0, sizeof(S));
-    ld_srv.cfg = cfg;
-    ld_srv.conf_path = opt->conf_path;
-    ld_srv.start_ms = ld_now_ms();
+    memset(&ctx, 0, sizeof(ctx));
+    S.cfg = cfg;
+    S.conf_path = opt->conf_path;
     make_instance_id();
-    ld_stats_init();
-
-    ld_srv.base = event_base_new();
-    if (ld_srv.base == NULL) {
-        log_error("event_base_new failed");
-        return 1;
+    ctx.cfg = cfg;
+    ctx.instance = instance;
+    ctx.start_ms = ld_now_ms();
+    ctx.base = event_base_new();
+    if (ctx.base == NULL) {
+        ld_oom(0);
     }
+    ld_srv.base = ctx.base;
+    ld_srv.cfg = cfg;
+    ld_srv.start_ms = ctx.start_ms;
+    ld_srv.instance = instance;
+    ld_srv.shutting_down = false;
+    ld_stats_init(&ctx);
     banner();
 
-    S.sig_term = evsignal_new(ld_srv.base, SIGTERM, stop_signal_cb, NULL);
-    S.sig_int = evsignal_new(ld_srv.base, SIGINT, stop_signal_cb, NULL);
-    S.sig_hup = evsignal_new(ld_srv.base, SIGHUP, hup_cb, NULL);
-    S.drain_ev = evtimer_new(ld_srv.base, drain_cb, NULL);
+    S.sig_term = evsignal_new(ctx.base, SIGTERM, stop_signal_cb, NULL);
+    S.sig_int = evsignal_new(ctx.base, SIGINT, stop_signal_cb, NULL);
+    S.sig_hup = evsignal_new(ctx.base, SIGHUP, hup_cb, NULL);
+    S.drain_ev = evtimer_new(ctx.base, drain_cb, NULL);
     event_add(S.sig_term, NULL);
     event_add(S.sig_int, NULL);
     event_add(S.sig_hup, NULL);
@@ -297,8 +317,8 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
         /* Tell systemd the truth: we are listening now. */
         ld_systemd_notify("READY=1");
         log_info("ready redis=%s tcp_port=%d", ld_redis_address(),
-                 ld_srv.tcp_port);
-        event_base_dispatch(ld_srv.base);
+                 ld_listen_tcp_port());
+        event_base_dispatch(ctx.base);
         log_info("stopped");
     }
 
@@ -310,11 +330,13 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ld_pubsub_free();
     ld_redis_free();
     ld_dispatch_free();
+    ld_proto_free();
     event_free(S.sig_term);
     event_free(S.sig_int);
     event_free(S.sig_hup);
     event_free(S.drain_ev);
-    event_base_free(ld_srv.base);
-    ld_srv.base = NULL;
+    event_base_free(ctx.base);
+    ctx.base = NULL;
+    memset(&ld_srv, 0, sizeof(ld_srv));
     return status;
 }

@@ -6,17 +6,17 @@
 struct event_base;
 struct ld_config;
 
-/* Process state, in one place. */
+/* TRANSITIONAL, deleted when the lock, cache, lockwait and pubsub modules
+ * take the struct ld_ctx at init: they still read this copy of the process
+ * state, which ld_server.c keeps in step with its ctx. Nothing new may use
+ * it; the core modules read the ctx they were given. */
 struct ld_server {
     struct event_base *base;
-    struct ld_config *cfg;       /* live configuration (reload updates it) */
-    const char *conf_path;
+    struct ld_config *cfg;
     uint64_t start_ms;
-    char instance[17];           /* random id of this daemon run */
+    const char *instance;
     bool shutting_down;
-    int tcp_port;                /* bound TCP port (useful with port 0) */
 };
-
 extern struct ld_server ld_srv;
 
 struct ld_options {

@@ -1,19 +1,20 @@
 /*
  * Client sessions: one per connection. Reads are framed into lines, each
- * line becomes a request handed to dispatch; answers may come back in any
- * order. A session's memory outlives its socket until the last request in
- * flight has been answered, so feature modules never see a dangling
- * session pointer inside a request.
+ * line goes to the line handler the layer above gave at init (which makes
+ * it a request); answers may come back in any order. A session's memory
+ * outlives its socket until the last request in flight has been answered,
+ * so feature modules never see a dangling session pointer inside a
+ * request.
  */
 #include "ld_session.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
-#include "ld_dispatch.h"
+#include "ld_ctx.h"
+#include "ld_errcode.h"
 #include "ld_frame.h"
-#include "ld_listen.h"
 #include "ld_log.h"
-#include "ld_proto.h"
-#include "ld_server.h"
+#include "ld_mem.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -51,11 +53,7 @@
 
 #define MAX_HOOKS 8
 
-static struct ld_session *sessions;
-static long long session_count;
-static uint64_t next_session_id = 1;
-static ld_session_hook *close_hooks[MAX_HOOKS];
-static size_t n_close_hooks;
+TAILQ_HEAD(session_list, ld_session);
 
 /* A client that half-closes (shutdown(SHUT_WR), as `socat` and `nc -N`
  * do after the last request) still wants the answers to what it sent. At
@@ -77,6 +75,10 @@ struct session_io {
     bool over_limit;           /* output passed the limit: dropped */
     bool seen_line;            /* the first line has been looked at */
     struct ld_session *next_dirty;
+    /* On the open list (session_mod.open) from creation to close: the
+     * link is private, other modules walk the list with
+     * ld_session_foreach. */
+    TAILQ_ENTRY(ld_session) link;
 };
 
 /* Output is written the way Redis does it: replies produced while the
@@ -88,9 +90,43 @@ struct session_io {
  * epoll_ctl calls and a loop turn per reply. (A lower priority would not
  * do: libevent runs lower priorities only in a turn with nothing else to
  * do, which a busy daemon may never have.) */
-static struct event *flush_ev;
-static struct ld_session *dirty_head;
-static long long lingering;    /* closed sessions still writing */
+static struct {
+    const struct ld_ctx *ctx;
+    const struct ld_session_handlers *handlers;
+    struct session_list open;      /* every open session */
+    long long count;               /* length of OPEN */
+    uint64_t next_id;
+    ld_session_hook *close_hooks[MAX_HOOKS];
+    size_t n_close_hooks;
+    struct event *flush_ev;
+    struct ld_session *dirty_head;
+    long long lingering;           /* closed sessions still writing */
+} session_mod;
+
+#define sessions_cfg() (session_mod.ctx->cfg)
+
+static void flush_cb(evutil_socket_t fd, short what, void *arg);
+
+int
+ld_session_init(const struct ld_ctx *ctx,
+                const struct ld_session_handlers *handlers)
+{
+    LD_ASSERT(handlers != NULL && handlers->line != NULL &&
+              handlers->error_line != NULL);
+    LD_ASSERTF(session_mod.count == 0 && session_mod.lingering == 0,
+               "init with %lld sessions open, %lld lingering",
+               session_mod.count, session_mod.lingering);
+    memset(&session_mod, 0, sizeof(session_mod));
+    session_mod.ctx = ctx;
+    session_mod.handlers = handlers;
+    session_mod.next_id = 1;
+    TAILQ_INIT(&session_mod.open);
+    session_mod.flush_ev = event_new(ctx->base, -1, 0, flush_cb, NULL);
+    if (session_mod.flush_ev == NULL) {
+        ld_oom(0);
+    }
+    return LD_OK;
+}
 
 static void
 mark_dirty(struct ld_session *s)
@@ -99,13 +135,10 @@ mark_dirty(struct ld_session *s)
         return;
     }
     s->io->dirty = true;
-    s->io->next_dirty = dirty_head;
-    dirty_head = s;
+    s->io->next_dirty = session_mod.dirty_head;
+    session_mod.dirty_head = s;
     ld_session_ref(s);
-    if (flush_ev == NULL) {
-        return;
-    }
-    event_active(flush_ev, EV_WRITE, 0);
+    event_active(session_mod.flush_ev, EV_WRITE, 0);
 }
 
 static void
@@ -114,8 +147,8 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    struct ld_session *list = dirty_head;
-    dirty_head = NULL;
+    struct ld_session *list = session_mod.dirty_head;
+    session_mod.dirty_head = NULL;
     while (list != NULL) {
         struct ld_session *s = list;
         list = s->io->next_dirty;
@@ -144,7 +177,7 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
 size_t
 ld_session_output_limit(void)
 {
-    return (size_t)ld_srv.cfg->limits.max_output_bytes;
+    return (size_t)sessions_cfg()->limits.max_output_bytes;
 }
 
 size_t
@@ -199,33 +232,67 @@ output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
 void
 ld_session_on_close(ld_session_hook *fn)
 {
-    if (n_close_hooks < MAX_HOOKS) {
-        close_hooks[n_close_hooks++] = fn;
-    }
+    LD_ASSERTF(session_mod.n_close_hooks < MAX_HOOKS,
+               "more than %d close hooks", MAX_HOOKS);
+    session_mod.close_hooks[session_mod.n_close_hooks++] = fn;
 }
 
 struct ld_session *
 ld_session_first(void)
 {
-    return sessions;
+    return TAILQ_FIRST(&session_mod.open);
+}
+
+struct ld_session *
+ld_session_next(const struct ld_session *s)
+{
+    LD_ASSERT(s->open);
+    return TAILQ_NEXT(s, io->link);
+}
+
+void
+ld_session_foreach(ld_session_visit *fn, void *arg)
+{
+    struct ld_session *next;
+    for (struct ld_session *s = TAILQ_FIRST(&session_mod.open); s != NULL;
+         s = next) {
+        /* FN may close S, which unlinks it, so the step is taken first;
+         * closing any other session would leave NEXT stale. */
+        next = TAILQ_NEXT(s, io->link);
+        if (next != NULL) {
+            ld_session_ref(next);
+        }
+        fn(s, arg);
+        if (next != NULL) {
+            LD_ASSERTF(next->open, "session %s closed by a visit to "
+                       "another", next->name);
+            ld_session_unref(next);
+        }
+    }
 }
 
 long long
 ld_session_count(void)
 {
-    return session_count;
+    return session_mod.count;
 }
 
 void
 ld_session_ref(struct ld_session *s)
 {
+    LD_ASSERTF(s->refs > 0, "ref of freed session %s", s->name);
     s->refs++;
 }
 
 void
 ld_session_unref(struct ld_session *s)
 {
+    LD_ASSERTF(s->refs > 0, "unref of freed session %s", s->name);
     if (--s->refs == 0) {
+        /* The last reference: closed, unlinked, nothing owed, no
+         * socket and off the flush list (which holds a reference). */
+        LD_ASSERT(!s->open && s->pending == 0 && s->bev == NULL &&
+                  !s->io->dirty);
         event_free(s->io->linger_ev);
         event_free(s->io->more_ev);
         free(s->io);
@@ -244,18 +311,19 @@ release_socket(struct ld_session *s)
     if (s->bev == NULL) {
         return;
     }
+    LD_ASSERT(!s->open && session_mod.lingering > 0);
     evbuffer_remove_cb(bufferevent_get_output(s->bev), output_cb, s);
     bufferevent_free(s->bev);
     s->bev = NULL;
     event_del(s->io->linger_ev);
-    lingering--;
+    session_mod.lingering--;
     ld_session_unref(s);
 }
 
 long long
 ld_session_lingering(void)
 {
-    return lingering;
+    return session_mod.lingering;
 }
 
 static bool
@@ -266,8 +334,19 @@ closed_and_done(struct ld_session *s)
 }
 
 void
+ld_session_req_begin(struct ld_session *s)
+{
+    LD_ASSERT(s->open);
+    s->pending++;
+    ld_stats.requests_pending++;
+    ld_session_ref(s);
+}
+
+void
 ld_session_req_done(struct ld_session *s)
 {
+    LD_ASSERTF(s->pending > 0, "session %s: answer with none pending",
+               s->name);
     s->pending--;
     ld_stats.requests_pending--;
     if (closed_and_done(s)) {
@@ -314,20 +393,14 @@ ld_session_close(struct ld_session *s, const char *why)
     log_debug("session closed session=%s reason=%s pending=%lld", s->name,
               why, s->pending);
 
-    for (size_t i = 0; i < n_close_hooks; i++) {
-        close_hooks[i](s);
+    for (size_t i = 0; i < session_mod.n_close_hooks; i++) {
+        session_mod.close_hooks[i](s);
     }
 
-    if (s->prev != NULL) {
-        s->prev->next = s->next;
-    } else {
-        sessions = s->next;
-    }
-    if (s->next != NULL) {
-        s->next->prev = s->prev;
-    }
-    session_count--;
-    ld_stats.sessions = session_count;
+    LD_ASSERT(session_mod.count > 0);
+    TAILQ_REMOVE(&session_mod.open, s, io->link);
+    session_mod.count--;
+    ld_stats.sessions = session_mod.count;
 
     if (s->bev != NULL) {
         /* What is queued (the shutdown event, the last replies) and the
@@ -335,11 +408,11 @@ ld_session_close(struct ld_session *s, const char *why)
          * the session's memory alive meanwhile. */
         bufferevent_disable(s->bev, EV_READ);
         ld_session_ref(s);
-        lingering++;
+        session_mod.lingering++;
         if (closed_and_done(s)) {
             release_socket(s);
         } else {
-            long long ms = ld_srv.cfg->redis.timeout_ms + LINGER_EXTRA_MS;
+            long long ms = sessions_cfg()->redis.timeout_ms + LINGER_EXTRA_MS;
             struct timeval tv = {(time_t)(ms / 1000),
                                  (suseconds_t)(ms % 1000) * 1000};
             bufferevent_setwatermark(s->bev, EV_WRITE, 0, 0);
@@ -453,51 +526,13 @@ ld_session_event(struct ld_session *s, json_t *event)
 }
 
 static void
-reply_bare_error(struct ld_session *s, json_t *id, int code, const char *msg)
+reply_bare_error(struct ld_session *s, int code, const char *msg)
 {
     size_t len = 0;
     ld_stats_count_error(code);
-    char *line = ld_proto_error_line(id, code, NULL, msg, &len);
-    if (line != NULL) {
-        ld_session_write(s, line, len);
-        free(line);
-    }
-}
-
-static void
-handle_line(struct ld_session *s, const char *line, size_t len)
-{
-    json_t *body = NULL;
-    json_t *id = NULL;
-    char msg[256];
-
-    ld_stats.requests++;
-    if (ld_proto_parse(line, len, &body, &id, msg, sizeof(msg)) != LD_OK) {
-        reply_bare_error(s, id, LD_E_BAD_REQUEST, msg);
-        if (id != NULL) {
-            json_decref(id);
-        }
-        return;
-    }
-
-    struct ld_req *req = calloc(1, sizeof(*req));
-    if (req == NULL) {
-        reply_bare_error(s, id, LD_E_INTERNAL, "out of memory");
-        json_decref(body);
-        if (id != NULL) {
-            json_decref(id);
-        }
-        return;
-    }
-    req->sess = s;
-    req->id = id;
-    req->body = body;
-    req->op = json_string_value(json_object_get(body, "op"));
-    req->start_us = ld_now_us();
-    s->pending++;
-    ld_stats.requests_pending++;
-    ld_session_ref(s);
-    ld_dispatch(req);
+    char *line = session_mod.handlers->error_line(code, msg, &len);
+    ld_session_write(s, line, len);
+    free(line);
 }
 
 /* Describe the peer of FD for a log line. */
@@ -576,7 +611,7 @@ process_input(struct ld_session *s)
         char *line = NULL;
         size_t len = 0;
         s->io->framer.max_bytes =
-            (size_t)ld_srv.cfg->limits.max_request_bytes;
+            (size_t)sessions_cfg()->limits.max_request_bytes;
         enum ld_frame_result r = ld_frame_next(&s->io->framer, in, &line,
                                                &len);
         if (r == LD_FRAME_NEED_MORE) {
@@ -586,11 +621,11 @@ process_input(struct ld_session *s)
         if (r == LD_FRAME_TOO_LARGE) {
             char msg[96];
             s->io->seen_line = true;
-            bytes += (size_t)ld_srv.cfg->limits.max_request_bytes;
+            bytes += (size_t)sessions_cfg()->limits.max_request_bytes;
             ld_stats.requests++;
             snprintf(msg, sizeof(msg), "request line over %lld bytes",
-                     ld_srv.cfg->limits.max_request_bytes);
-            reply_bare_error(s, NULL, LD_E_TOO_LARGE, msg);
+                     sessions_cfg()->limits.max_request_bytes);
+            reply_bare_error(s, LD_E_TOO_LARGE, msg);
             continue;
         }
         bytes += len;
@@ -603,14 +638,14 @@ process_input(struct ld_session *s)
                          "(cross-protocol request?) session=%s "
                          "listener=%s peer=%s",
                          s->name,
-                         s->listener != NULL ? s->listener->name : "-",
-                         peer);
+                         s->listener, peer);
                 free(line);
                 ld_session_close(s, "http");
                 break;
             }
         }
-        handle_line(s, line, len);
+        ld_stats.requests++;
+        session_mod.handlers->line(s, line, len);
         free(line);
     }
     update_reading(s);
@@ -670,80 +705,56 @@ event_cb(struct bufferevent *bev, short what, void *arg)
 }
 
 struct ld_session *
-ld_session_new(int fd, struct ld_listener *l)
+ld_session_new(int fd, bool auth_required, const char *listener)
 {
-    if (session_count >= ld_srv.cfg->limits.max_clients ||
-        ld_srv.shutting_down) {
+    const struct ld_ctx *ctx = session_mod.ctx;
+    if (session_mod.count >= ctx->cfg->limits.max_clients ||
+        ctx->shutting_down) {
         /* One line and goodbye: the socket is fresh, so this small write
          * does not block in practice; if it would, the client just sees
          * the close. */
         size_t len = 0;
-        int code = ld_srv.shutting_down ? LD_E_SHUTTING_DOWN : LD_E_BUSY;
-        char *line = ld_proto_error_line(
-            NULL, code, NULL,
+        int code = ctx->shutting_down ? LD_E_SHUTTING_DOWN : LD_E_BUSY;
+        char *line = session_mod.handlers->error_line(
+            code,
             code == LD_E_BUSY ? "too many clients (limits.max_clients)"
                               : "the daemon is stopping",
             &len);
-        if (line != NULL) {
-            ssize_t w = write(fd, line, len);
-            LD_UNUSED(w);
-            free(line);
-        }
+        ssize_t w = write(fd, line, len);
+        LD_UNUSED(w);
+        free(line);
         ld_stats_count_error(code);
         ld_stats.connections_rejected++;
         close(fd);
         return NULL;
     }
 
-    struct ld_session *s = calloc(1, sizeof(*s));
-    struct session_io *io = calloc(1, sizeof(*io));
+    struct ld_session *s = ld_xcalloc(1, sizeof(*s));
+    struct session_io *io = ld_xcalloc(1, sizeof(*io));
     struct bufferevent *bev = bufferevent_socket_new(
-        ld_srv.base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (io != NULL) {
-        io->linger_ev = evtimer_new(ld_srv.base, linger_cb, s);
-        io->more_ev = event_new(ld_srv.base, -1, 0, more_cb, s);
+        ctx->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    io->linger_ev = evtimer_new(ctx->base, linger_cb, s);
+    io->more_ev = event_new(ctx->base, -1, 0, more_cb, s);
+    if (bev == NULL || io->linger_ev == NULL || io->more_ev == NULL) {
+        ld_oom(0);
     }
-    if (s == NULL || io == NULL || bev == NULL || io->linger_ev == NULL ||
-        io->more_ev == NULL) {
-        if (io != NULL && io->linger_ev != NULL) {
-            event_free(io->linger_ev);
-        }
-        if (io != NULL && io->more_ev != NULL) {
-            event_free(io->more_ev);
-        }
-        free(s);
-        free(io);
-        if (bev != NULL) {
-            bufferevent_free(bev);
-        } else {
-            close(fd);
-        }
-        log_error("session allocation failed");
-        return NULL;
-    }
-    s->id = next_session_id++;
-    snprintf(s->name, sizeof(s->name), "%s-%llu", ld_srv.instance,
+    s->id = session_mod.next_id++;
+    snprintf(s->name, sizeof(s->name), "%s-%llu", ctx->instance,
              (unsigned long long)s->id);
+    snprintf(s->listener, sizeof(s->listener), "%s",
+             listener != NULL ? listener : "-");
     s->fd = fd;
     s->bev = bev;
     s->io = io;
-    s->listener = l;
     s->open = true;
-    s->authed = (l == NULL || !l->auth_required);
+    s->authed = !auth_required;
     s->refs = 1;
 
-    s->next = sessions;
-    if (sessions != NULL) {
-        sessions->prev = s;
-    }
-    sessions = s;
-    session_count++;
-    ld_stats.sessions = session_count;
+    TAILQ_INSERT_HEAD(&session_mod.open, s, io->link);
+    session_mod.count++;
+    ld_stats.sessions = session_mod.count;
     ld_stats.connections_accepted++;
 
-    if (flush_ev == NULL) {
-        flush_ev = event_new(ld_srv.base, -1, 0, flush_cb, NULL);
-    }
     bufferevent_setcb(bev, read_cb, write_cb, event_cb, s);
     evbuffer_add_cb(bufferevent_get_output(bev), output_cb, s);
     /* A new bufferevent has writing enabled; flush_cb writes instead. */
@@ -751,28 +762,36 @@ ld_session_new(int fd, struct ld_listener *l)
     bufferevent_enable(bev, EV_READ);
     io->reading = true;
     log_debug("session opened session=%s listener=%s", s->name,
-              l != NULL ? l->name : "-");
+              s->listener);
     return s;
+}
+
+static void
+shutdown_one(struct ld_session *s, void *arg)
+{
+    LD_UNUSED(arg);
+    json_t *ev = json_pack("{s:s}", "event", "shutdown");
+    ld_session_event(s, ev);
+    ld_session_close(s, "shutdown");
 }
 
 void
 ld_session_shutdown_all(void)
 {
-    while (sessions != NULL) {
-        struct ld_session *s = sessions;
-        json_t *ev = json_pack("{s:s}", "event", "shutdown");
-        ld_session_event(s, ev);
-        ld_session_close(s, "shutdown");
-    }
+    ld_session_foreach(shutdown_one, NULL);
+    LD_ASSERT(session_mod.count == 0 && TAILQ_EMPTY(&session_mod.open));
 }
 
 void
 ld_session_cleanup(void)
 {
+    if (session_mod.ctx == NULL) {
+        return;    /* never initialised (start-up failed early) */
+    }
     ld_session_shutdown_all();
     flush_cb(-1, 0, NULL);
-    if (flush_ev != NULL) {
-        event_free(flush_ev);
-        flush_ev = NULL;
+    if (session_mod.flush_ev != NULL) {
+        event_free(session_mod.flush_ev);
+        session_mod.flush_ev = NULL;
     }
 }

@@ -5,8 +5,7 @@
 
 #include <jansson.h>
 
-struct ld_listener;
-struct ld_req;
+struct ld_ctx;
 
 /* One client connection. Feature modules keep their per-session state in
  * the slots below and drop it from their close hook. */
@@ -15,7 +14,7 @@ struct ld_session {
     char name[40];            /* the session id string sent in hello */
     int fd;
     struct bufferevent *bev;
-    struct ld_listener *listener;
+    char listener[128];       /* name of the listener it came from, logs */
     bool open;                /* false once closing has begun */
     bool authed;
     struct session_io *io;    /* framing state, private to ld_session.c */
@@ -24,15 +23,32 @@ struct ld_session {
     char client[64];          /* from hello, for logs */
     void *lock_state;         /* owned by ld_lock */
     void *cache_state;        /* owned by ld_cache */
-    struct ld_session *prev, *next;
 };
+
+/* What the layer above gives the sessions at init, so that they need not
+ * include it: LINE gets every complete request line (the session keeps
+ * LINE's bytes; the handler copies what it keeps; it starts each request
+ * with ld_session_req_begin); ERROR_LINE builds the protocol's error line
+ * (newline included, caller frees) for what the session answers itself:
+ * a refused connection, a line over the size limit. */
+struct ld_session_handlers {
+    void (*line)(struct ld_session *s, const char *line, size_t len);
+    char *(*error_line)(int code, const char *message, size_t *len);
+};
+
+/* HANDLERS must outlive the sessions. */
+int ld_session_init(const struct ld_ctx *ctx,
+                    const struct ld_session_handlers *handlers);
 
 /* Called once per session when it closes, before its requests are
  * dropped; modules release what the session held. */
 typedef void ld_session_hook(struct ld_session *s);
 void ld_session_on_close(ld_session_hook *fn);
 
-struct ld_session *ld_session_new(int fd, struct ld_listener *l);
+/* A session for the accepted socket FD (NULL when it is refused: at
+ * limits.max_clients or while stopping, with one error line). */
+struct ld_session *ld_session_new(int fd, bool auth_required,
+                                  const char *listener);
 
 /* Send an unsolicited event (stolen) to the session, if still open. */
 void ld_session_event(struct ld_session *s, json_t *event);
@@ -61,14 +77,23 @@ void ld_session_write_buffer(struct ld_session *s, struct evbuffer *buf);
  * (bounded), the struct is freed when the last request is answered. */
 void ld_session_close(struct ld_session *s, const char *why);
 
-/* A request of the session got its answer (or was dropped). */
+/* A request of the (open) session begins: it counts as pending and holds
+ * a reference until ld_session_req_done, when it got its answer (or was
+ * dropped). */
+void ld_session_req_begin(struct ld_session *s);
 void ld_session_req_done(struct ld_session *s);
 
 void ld_session_ref(struct ld_session *s);
 void ld_session_unref(struct ld_session *s);
 
-/* Every open session, for shutdown and stats. */
+/* Visit every open session. FN may close the session it is given, not
+ * another one. */
+typedef void ld_session_visit(struct ld_session *s, void *arg);
+void ld_session_foreach(ld_session_visit *fn, void *arg);
+/* The same by steps, for loops that cannot take a callback: the first
+ * open session and the one after S (which must be open), or NULL. */
 struct ld_session *ld_session_first(void);
+struct ld_session *ld_session_next(const struct ld_session *s);
 long long ld_session_count(void);
 
 /* Closed sessions whose socket is still writing what they were owed (the

@@ -6,8 +6,10 @@
 
 #include "ld_stats.h"
 
-#include "ld_proto.h"
-#include "ld_server.h"
+#include "ld_assert.h"
+#include "ld_ctx.h"
+#include "ld_errcode.h"
+#include "ld_mem.h"
 #include "ld_util.h"
 
 #include <stdarg.h>
@@ -33,6 +35,13 @@ struct op_count {
 static struct op_count op_counts[LD_STATS_MAX_OPS];
 static size_t op_used;
 static long long op_other;
+
+/* What the figures report about the daemon itself: the start time and
+ * the instance come from the ctx, the TCP port once it is bound. */
+static struct {
+    const struct ld_ctx *ctx;
+    int tcp_port;
+} stats_mod;
 
 static long long err_counts[LD_E__COUNT];
 
@@ -67,15 +76,25 @@ static const struct {
                             "Round-trip time of Redis commands"},
 };
 
-void
-ld_stats_init(void)
+int
+ld_stats_init(const struct ld_ctx *ctx)
 {
+    LD_ASSERT(ctx != NULL);
+    stats_mod.ctx = ctx;
+    stats_mod.tcp_port = 0;
     memset(&ld_stats, 0, sizeof(ld_stats));
     memset(op_counts, 0, sizeof(op_counts));
     op_used = 0;
     op_other = 0;
     memset(err_counts, 0, sizeof(err_counts));
     memset(histos, 0, sizeof(histos));
+    return LD_OK;
+}
+
+void
+ld_stats_set_tcp_port(int port)
+{
+    stats_mod.tcp_port = port;
 }
 
 void
@@ -137,10 +156,10 @@ uptime_s(void)
 {
     uint64_t now = ld_now_ms();
 
-    if (ld_srv.start_ms == 0 || now < ld_srv.start_ms) {
+    if (stats_mod.ctx->start_ms == 0 || now < stats_mod.ctx->start_ms) {
         return 0;
     }
-    return (long long)((now - ld_srv.start_ms) / 1000);
+    return (long long)((now - stats_mod.ctx->start_ms) / 1000);
 }
 
 json_t *
@@ -154,16 +173,13 @@ ld_stats_json(void)
     ops = json_object();
     errs = json_object();
     if (o == NULL || ops == NULL || errs == NULL) {
-        json_decref(o);
-        json_decref(ops);
-        json_decref(errs);
-        return NULL;
+        ld_oom(0);
     }
 
     json_object_set_new(o, "uptime_s", json_integer(uptime_s()));
     json_object_set_new(o, "version", json_string(PACKAGE_VERSION));
-    json_object_set_new(o, "instance", json_string(ld_srv.instance));
-    json_object_set_new(o, "tcp_port", json_integer(ld_srv.tcp_port));
+    json_object_set_new(o, "instance", json_string(stats_mod.ctx->instance));
+    json_object_set_new(o, "tcp_port", json_integer(stats_mod.tcp_port));
 
 #define LD_STATS_JSON(kind, name, help)                                       \
     json_object_set_new(o, #name, json_integer(ld_stats.name));
@@ -225,12 +241,7 @@ text_printf(struct text *t, const char *fmt, ...)
         while (ncap - t->len <= (size_t)n) {
             ncap *= 2;
         }
-        char *nbuf = realloc(t->buf, ncap);
-        if (nbuf == NULL) {
-            t->failed = true;
-            return;
-        }
-        t->buf = nbuf;
+        t->buf = ld_xrealloc(t->buf, ncap);
         t->cap = ncap;
     }
 }
@@ -339,10 +350,7 @@ ld_stats_prometheus(size_t *len)
         *len = 0;
     }
     t.cap = 8192;
-    t.buf = malloc(t.cap);
-    if (t.buf == NULL) {
-        return NULL;
-    }
+    t.buf = ld_xmalloc(t.cap);
     t.buf[0] = '\0';
 
     text_family(&t, "build_info", "gauge",

@@ -83,6 +83,10 @@ enum ld_histo { LD_HISTO_LOCK_WAIT, LD_HISTO_LOCK_HOLD, LD_HISTO_REDIS_RTT,
                 LD_HISTO__COUNT };
 void ld_stats_observe(enum ld_histo h, uint64_t us);
 
-void ld_stats_init(void);
+struct ld_ctx;
+/* Zeroes every figure; uptime and instance are read from CTX. */
+int ld_stats_init(const struct ld_ctx *ctx);
+/* The bound TCP port, reported by `stats` (0: none). */
+void ld_stats_set_tcp_port(int port);
 
 #endif

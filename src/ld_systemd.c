@@ -6,6 +6,8 @@
 
 #include "ld_systemd.h"
 
+#include "ld_mem.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -124,11 +126,7 @@ ld_systemd_listen_fds(int **fds)
         return 0;
     }
 
-    arr = malloc((size_t)count * sizeof(*arr));
-    if (arr == NULL) {
-        unset_listen_env();
-        return LD_ERR;
-    }
+    arr = ld_xmalloc((size_t)count * sizeof(*arr));
     for (i = 0; i < (int)count; i++) {
         int fd = LD_LISTEN_FDS_START + i;
 

@@ -2,6 +2,8 @@
  * Cluster slots, constant-time comparison and address parsing. */
 #include "ld_util.h"
 
+#include "ld_mem.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -311,12 +313,7 @@ ld_mkdir_parent(const char *path, unsigned mode)
         return LD_OK; /* relative to the cwd, or directly under "/" */
     }
     size_t len = (size_t)(slash - path);
-    char *dir = malloc(len + 1);
-    if (dir == NULL) {
-        return LD_ERR;
-    }
-    memcpy(dir, path, len);
-    dir[len] = '\0';
+    char *dir = ld_xstrndup(path, len);
 
     int rc = LD_OK;
     if (mkdir(dir, (mode_t)mode) != 0) {

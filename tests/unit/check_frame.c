@@ -1,8 +1,8 @@
 /* Framing and request parsing, from raw bytes. */
 #include "ld_conf.h"
+#include "ld_ctx.h"
 #include "ld_frame.h"
 #include "ld_proto.h"
-#include "ld_server.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -11,19 +11,22 @@
 #include <event2/buffer.h>
 
 static struct ld_config cfg;
+static struct ld_ctx ctx;
 
 static void
 setup(void)
 {
     ld_conf_defaults(&cfg);
-    ld_srv.cfg = &cfg;
+    ctx.cfg = &cfg;
+    ld_proto_init(&ctx, NULL);
 }
 
 static void
 teardown(void)
 {
     ld_conf_free(&cfg);
-    ld_srv.cfg = NULL;
+    ld_proto_free();
+    ctx.cfg = NULL;
 }
 
 /* Feed BYTES in chunks of CHUNK and collect what the framer yields into

@@ -3,9 +3,9 @@
 
 #include "ld_common.h"
 
+#include "ld_ctx.h"
 #include "ld_metrics.h"
 #include "ld_proto.h"
-#include "ld_server.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
@@ -23,6 +23,9 @@ struct field {
     const char *kind;
     const char *name;
 };
+
+/* What the daemon's ctx would hold; the tests set its start time. */
+static struct ld_ctx ctx = {.instance = "0123456789abcdef"};
 
 static const struct field fields[] = {
 #define FIELD(kind, name, help) {#kind, #name},
@@ -75,9 +78,9 @@ START_TEST(test_json_has_every_field)
     json_t *o, *v;
     size_t i;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     fill_fields();
-    ld_srv.tcp_port = 7379;
+    ld_stats_set_tcp_port(7379);
     o = ld_stats_json();
     ck_assert_ptr_nonnull(o);
     for (i = 0; i < LD_ARRAY_LEN(fields); i++) {
@@ -97,7 +100,7 @@ START_TEST(test_json_has_every_field)
 }
 END_TEST
 
-/* Uptime counts whole seconds from ld_srv.start_ms, in both views, and
+/* Uptime counts whole seconds from ctx.start_ms, in both views, and
  * is 0 before the start (start_ms 0) rather than the age of the clock. */
 START_TEST(test_uptime_from_start)
 {
@@ -105,15 +108,15 @@ START_TEST(test_uptime_from_start)
     char *text;
     long long up;
 
-    ld_stats_init();
-    ld_srv.start_ms = 0;
+    ld_stats_init(&ctx);
+    ctx.start_ms = 0;
     o = ld_stats_json();
     ck_assert_int_eq(json_integer_value(json_object_get(o, "uptime_s")), 0);
     json_decref(o);
 
     /* Half a second of slack either way keeps a slow machine from
      * crossing into the next second between here and the render. */
-    ld_srv.start_ms = ld_now_ms() - 7500;
+    ctx.start_ms = ld_now_ms() - 7500;
     o = ld_stats_json();
     up = json_integer_value(json_object_get(o, "uptime_s"));
     json_decref(o);
@@ -123,7 +126,7 @@ START_TEST(test_uptime_from_start)
                       strstr(text, "\nleased_uptime_seconds 8\n") != NULL,
                   "no leased_uptime_seconds 7 in:\n%s", text);
     free(text);
-    ld_srv.start_ms = 0;
+    ctx.start_ms = 0;
 }
 END_TEST
 
@@ -132,7 +135,7 @@ START_TEST(test_json_ops_and_errors)
     json_t *o, *ops, *errs;
     int c;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     ld_stats_count_op("lock");
     ld_stats_count_op("lock");
     ld_stats_count_op("lock");
@@ -175,7 +178,7 @@ START_TEST(test_ops_overflow_counted_as_other)
     char name[32];
     int i;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     for (i = 0; i < 40; i++) {
         snprintf(name, sizeof(name), "op%d", i);
         ld_stats_count_op(name);
@@ -201,7 +204,7 @@ START_TEST(test_prometheus_help_type_for_every_field)
     char *text;
     size_t i;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     fill_fields();
     text = prom();
     for (i = 0; i < LD_ARRAY_LEN(fields); i++) {
@@ -236,7 +239,7 @@ START_TEST(test_prometheus_times_in_seconds)
     char *text, *at, *line, *save = NULL;
     json_t *o;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     ld_stats.redis_rtt_us = 1250;
     text = prom();
     ck_assert(strstr(text,
@@ -267,7 +270,7 @@ START_TEST(test_prometheus_ops_and_errors)
 {
     char *text;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     ld_stats_count_op("lock");
     ld_stats_count_op("lock");
     ld_stats_count_error(LD_E_BUSY);
@@ -292,7 +295,7 @@ START_TEST(test_prometheus_well_formed)
     char types[128][128];
     size_t ntypes = 0, i;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     fill_fields();
     ld_stats_observe(LD_HISTO_REDIS_RTT, 120);
     text = prom();
@@ -407,7 +410,7 @@ START_TEST(test_prometheus_histograms)
     char *text;
     size_t i;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     ld_stats_observe(LD_HISTO_LOCK_WAIT, 10);
     ld_stats_observe(LD_HISTO_LOCK_WAIT, 100); /* on the bound: le counts */
     ld_stats_observe(LD_HISTO_LOCK_WAIT, 3000);
@@ -496,7 +499,7 @@ START_TEST(test_metrics_endpoint)
     struct fetch f;
     int port = -1;
 
-    ld_stats_init();
+    ld_stats_init(&ctx);
     ld_stats_count_op("ping");
     ld_stats.sessions = 3;
     base = event_base_new();
