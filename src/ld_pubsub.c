@@ -13,17 +13,21 @@
  */
 #include "ld_pubsub.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_defer.h"
 #include "ld_dict.h"
 #include "ld_log.h"
+#include "ld_mem.h"
 #include "ld_redis.h"
-#include "ld_server.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include <event2/event.h>
 #include <hiredis/async.h>
@@ -42,23 +46,23 @@ struct ld_pubsub_sub {
     void *arg;
     bool dead;
     bool notify_pending;      /* owes a SUBSCRIBED notification */
-    struct ld_pubsub_sub *prev, *next;       /* channel's list */
-    struct ld_pubsub_sub *notify_next;       /* notification queue */
+    LIST_ENTRY(ld_pubsub_sub) link;          /* channel's list */
+    STAILQ_ENTRY(ld_pubsub_sub) notify_link; /* notification queue */
+    SLIST_ENTRY(ld_pubsub_sub) grave_link;   /* freed after delivery */
 };
 
 struct chan {
     char *name;
     size_t len;
     enum chan_state state;
-    struct ld_pubsub_sub *subs;
+    LIST_HEAD(, ld_pubsub_sub) subs;
     size_t n_subs;
 };
 
 enum ps_state { PS_DOWN, PS_CONNECTING, PS_READY };
 
 static struct {
-    struct event_base *base;
-    const struct ld_config *cfg;
+    const struct ld_ctx *ctx;
     redisAsyncContext *ac;
     enum ps_state state;
     char host[256];
@@ -66,13 +70,13 @@ static struct {
     bool is_unix;
     int backoff_ms;
     struct event *retry_ev;
-    struct event *notify_ev;
+    struct ld_defer notify_defer;
     struct ld_dict *chans;
-    struct ld_pubsub_sub *notify_head, *notify_tail;
-    struct ld_pubsub_sub *graveyard;
+    STAILQ_HEAD(, ld_pubsub_sub) notify;
+    SLIST_HEAD(, ld_pubsub_sub) graveyard;
     int delivering;
     char own_channel[64];
-} P;
+} pubsub_mod;
 
 static void ps_connect(void);
 static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
@@ -80,9 +84,8 @@ static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
 static void
 sub_bury(struct ld_pubsub_sub *sub)
 {
-    if (P.delivering > 0 || sub->notify_pending) {
-        sub->next = P.graveyard;
-        P.graveyard = sub;
+    if (pubsub_mod.delivering > 0 || sub->notify_pending) {
+        SLIST_INSERT_HEAD(&pubsub_mod.graveyard, sub, grave_link);
     } else {
         free(sub);
     }
@@ -91,18 +94,27 @@ sub_bury(struct ld_pubsub_sub *sub)
 static void
 free_graveyard(void)
 {
-    if (P.delivering > 0) {
+    if (pubsub_mod.delivering > 0) {
         return;
     }
-    struct ld_pubsub_sub **pp = &P.graveyard;
-    while (*pp != NULL) {
-        struct ld_pubsub_sub *sub = *pp;
+    /* Those still owed a notification stay until notify_cb has seen
+     * them. */
+    struct ld_pubsub_sub *keep = NULL;
+    while (!SLIST_EMPTY(&pubsub_mod.graveyard)) {
+        struct ld_pubsub_sub *sub = SLIST_FIRST(&pubsub_mod.graveyard);
+        SLIST_REMOVE_HEAD(&pubsub_mod.graveyard, grave_link);
+        LD_ASSERT(sub->dead);
         if (sub->notify_pending) {
-            pp = &sub->next;
-            continue;
+            SLIST_NEXT(sub, grave_link) = keep;
+            keep = sub;
+        } else {
+            free(sub);
         }
-        *pp = sub->next;
-        free(sub);
+    }
+    while (keep != NULL) {
+        struct ld_pubsub_sub *sub = keep;
+        keep = SLIST_NEXT(sub, grave_link);
+        SLIST_INSERT_HEAD(&pubsub_mod.graveyard, sub, grave_link);
     }
 }
 
@@ -113,35 +125,29 @@ queue_notify(struct ld_pubsub_sub *sub)
         return;
     }
     sub->notify_pending = true;
-    sub->notify_next = NULL;
-    if (P.notify_tail != NULL) {
-        P.notify_tail->notify_next = sub;
-    } else {
-        P.notify_head = sub;
-    }
-    P.notify_tail = sub;
-    event_active(P.notify_ev, EV_TIMEOUT, 0);
+    STAILQ_INSERT_TAIL(&pubsub_mod.notify, sub, notify_link);
+    ld_defer_kick(&pubsub_mod.notify_defer);
 }
 
 static void
-notify_cb(evutil_socket_t fd, short what, void *arg)
+notify_cb(void *arg)
 {
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
     LD_UNUSED(arg);
-    struct ld_pubsub_sub *list = P.notify_head;
-    P.notify_head = P.notify_tail = NULL;
-    P.delivering++;
-    while (list != NULL) {
-        struct ld_pubsub_sub *sub = list;
-        list = sub->notify_next;
+    pubsub_mod.delivering++;
+    /* Subscriptions queued by these callbacks are notified next turn. */
+    STAILQ_HEAD(, ld_pubsub_sub) list = STAILQ_HEAD_INITIALIZER(list);
+    STAILQ_CONCAT(&list, &pubsub_mod.notify);
+    while (!STAILQ_EMPTY(&list)) {
+        struct ld_pubsub_sub *sub = STAILQ_FIRST(&list);
+        STAILQ_REMOVE_HEAD(&list, notify_link);
+        LD_ASSERT(sub->notify_pending);
         sub->notify_pending = false;
         if (!sub->dead && sub->chan != NULL &&
             sub->chan->state == CH_SUBSCRIBED) {
             sub->cb(LD_PUBSUB_SUBSCRIBED, NULL, 0, sub->arg);
         }
     }
-    P.delivering--;
+    pubsub_mod.delivering--;
     free_graveyard();
 }
 
@@ -159,23 +165,22 @@ deliver(struct chan *ch, enum ld_pubsub_event ev, const char *msg,
         return;
     }
     if (n > LD_ARRAY_LEN(stack)) {
-        snap = malloc(sizeof(*snap) * n);
-        if (snap == NULL) {
-            return;
-        }
+        snap = ld_xmalloc(sizeof(*snap) * n);
     }
     size_t i = 0;
-    for (struct ld_pubsub_sub *s = ch->subs; s != NULL && i < n;
-         s = s->next) {
+    struct ld_pubsub_sub *s;
+    LIST_FOREACH(s, &ch->subs, link) {
+        LD_ASSERT(i < n);
         snap[i++] = s;
     }
-    P.delivering++;
+    LD_ASSERTF(i == n, "channel subscriber count %zu, list %zu", n, i);
+    pubsub_mod.delivering++;
     for (size_t k = 0; k < i; k++) {
         if (!snap[k]->dead) {
             snap[k]->cb(ev, msg, len, snap[k]->arg);
         }
     }
-    P.delivering--;
+    pubsub_mod.delivering--;
     if (snap != stack) {
         free(snap);
     }
@@ -185,8 +190,8 @@ deliver(struct chan *ch, enum ld_pubsub_event ev, const char *msg,
 static void
 chan_free(struct chan *ch)
 {
-    ld_dict_del(P.chans, ch->name, ch->len);
-    ld_stats.pubsub_channels = (long long)ld_dict_size(P.chans);
+    ld_dict_del(pubsub_mod.chans, ch->name, ch->len);
+    ld_stats.pubsub_channels = (long long)ld_dict_size(pubsub_mod.chans);
     free(ch->name);
     free(ch);
 }
@@ -197,13 +202,13 @@ send_cmd(const char *verb, const char *name, size_t len)
     const char *argv[] = {verb, name};
     size_t argvlen[] = {strlen(verb), len};
     /* Every channel shares one callback; the reply names the channel. */
-    redisAsyncCommandArgv(P.ac, reply_cb, NULL, 2, argv, argvlen);
+    redisAsyncCommandArgv(pubsub_mod.ac, reply_cb, NULL, 2, argv, argvlen);
 }
 
 static void
 chan_want(struct chan *ch)
 {
-    if (P.state != PS_READY) {
+    if (pubsub_mod.state != PS_READY) {
         return;
     }
     if (ch->n_subs > 0 && ch->state == CH_IDLE) {
@@ -219,39 +224,21 @@ struct ld_pubsub_sub *
 ld_pubsub_subscribe(const char *channel, size_t len, ld_pubsub_cb *cb,
                     void *arg)
 {
-    struct chan *ch = ld_dict_get(P.chans, channel, len);
+    struct chan *ch = ld_dict_get(pubsub_mod.chans, channel, len);
     if (ch == NULL) {
-        ch = calloc(1, sizeof(*ch));
-        if (ch == NULL) {
-            return NULL;
-        }
-        ch->name = malloc(len + 1);
-        if (ch->name == NULL) {
-            free(ch);
-            return NULL;
-        }
-        memcpy(ch->name, channel, len);
-        ch->name[len] = '\0';
+        ch = ld_xcalloc(1, sizeof(*ch));
+        ch->name = ld_xstrndup(channel, len);
         ch->len = len;
+        LIST_INIT(&ch->subs);
         ch->state = CH_IDLE;
-        ld_dict_set(P.chans, ch->name, len, ch);
-        ld_stats.pubsub_channels = (long long)ld_dict_size(P.chans);
+        ld_dict_set(pubsub_mod.chans, ch->name, len, ch);
+        ld_stats.pubsub_channels = (long long)ld_dict_size(pubsub_mod.chans);
     }
-    struct ld_pubsub_sub *sub = calloc(1, sizeof(*sub));
-    if (sub == NULL) {
-        if (ch->n_subs == 0 && ch->state == CH_IDLE) {
-            chan_free(ch);
-        }
-        return NULL;
-    }
+    struct ld_pubsub_sub *sub = ld_xcalloc(1, sizeof(*sub));
     sub->chan = ch;
     sub->cb = cb;
     sub->arg = arg;
-    sub->next = ch->subs;
-    if (ch->subs != NULL) {
-        ch->subs->prev = sub;
-    }
-    ch->subs = sub;
+    LIST_INSERT_HEAD(&ch->subs, sub, link);
     ch->n_subs++;
     if (ch->state == CH_SUBSCRIBED) {
         queue_notify(sub);
@@ -268,14 +255,8 @@ ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub)
     }
     struct chan *ch = sub->chan;
     sub->dead = true;
-    if (sub->prev != NULL) {
-        sub->prev->next = sub->next;
-    } else {
-        ch->subs = sub->next;
-    }
-    if (sub->next != NULL) {
-        sub->next->prev = sub->prev;
-    }
+    LD_ASSERT(ch != NULL && ch->n_subs > 0);
+    LIST_REMOVE(sub, link);
     ch->n_subs--;
     sub->chan = NULL;
     sub_bury(sub);
@@ -291,7 +272,8 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply *reply = r;
     LD_UNUSED(privdata);
-    if (ac != P.ac || reply == NULL || reply->type != REDIS_REPLY_ARRAY ||
+    if (ac != pubsub_mod.ac || reply == NULL ||
+        reply->type != REDIS_REPLY_ARRAY ||
         reply->elements < 3 || reply->element[0]->type != REDIS_REPLY_STRING ||
         reply->element[1]->type != REDIS_REPLY_STRING) {
         return;
@@ -299,7 +281,7 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
     const char *kind = reply->element[0]->str;
     const char *name = reply->element[1]->str;
     size_t len = reply->element[1]->len;
-    struct chan *ch = ld_dict_get(P.chans, name, len);
+    struct chan *ch = ld_dict_get(pubsub_mod.chans, name, len);
     if (ch == NULL) {
         return;
     }
@@ -342,7 +324,7 @@ auth_cb(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply *reply = r;
     LD_UNUSED(privdata);
-    if (ac != P.ac) {
+    if (ac != pubsub_mod.ac) {
         return;
     }
     if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
@@ -356,12 +338,13 @@ auth_cb(redisAsyncContext *ac, void *r, void *privdata)
 static void
 schedule_retry(void)
 {
-    int ms = P.backoff_ms / 2 + (int)(ld_random_unit() * (P.backoff_ms / 2 + 1));
+    int b = pubsub_mod.backoff_ms;
+    int ms = b / 2 + (int)(ld_random_unit() * (b / 2 + 1));
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    event_add(P.retry_ev, &tv);
-    P.backoff_ms *= 2;
-    if (P.backoff_ms > BACKOFF_MAX_MS) {
-        P.backoff_ms = BACKOFF_MAX_MS;
+    event_add(pubsub_mod.retry_ev, &tv);
+    pubsub_mod.backoff_ms *= 2;
+    if (pubsub_mod.backoff_ms > BACKOFF_MAX_MS) {
+        pubsub_mod.backoff_ms = BACKOFF_MAX_MS;
     }
 }
 
@@ -373,7 +356,7 @@ lost_all(void)
     struct ld_dict_iter it;
     void *v;
     size_t n = 0;
-    ld_dict_iter_init(&it, P.chans);
+    ld_dict_iter_init(&it, pubsub_mod.chans);
     while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
         struct chan *ch = v;
         ch->state = CH_IDLE;
@@ -388,27 +371,18 @@ lost_all(void)
     }
     /* Subscribers may (un)subscribe from their callbacks, which changes
      * the table: walk a copy of the names and look each one up again. */
-    char **names = calloc(n, sizeof(*names));
-    size_t *lens = calloc(n, sizeof(*lens));
+    char **names = ld_xcalloc(n, sizeof(*names));
+    size_t *lens = ld_xcalloc(n, sizeof(*lens));
     size_t k = 0;
-    if (names == NULL || lens == NULL) {
-        free(names);
-        free(lens);
-        return;
-    }
-    ld_dict_iter_init(&it, P.chans);
+    ld_dict_iter_init(&it, pubsub_mod.chans);
     while (k < n && ld_dict_iter_next(&it, NULL, NULL, &v)) {
         struct chan *ch = v;
-        names[k] = malloc(ch->len + 1);
-        if (names[k] == NULL) {
-            break;
-        }
-        memcpy(names[k], ch->name, ch->len);
+        names[k] = ld_xmemdup(ch->name, ch->len);
         lens[k] = ch->len;
         k++;
     }
     for (size_t i = 0; i < k; i++) {
-        struct chan *ch = ld_dict_get(P.chans, names[i], lens[i]);
+        struct chan *ch = ld_dict_get(pubsub_mod.chans, names[i], lens[i]);
         if (ch != NULL && ch->n_subs > 0) {
             deliver(ch, LD_PUBSUB_LOST, NULL, 0);
         }
@@ -421,12 +395,12 @@ lost_all(void)
 static void
 on_ready(void)
 {
-    P.state = PS_READY;
-    P.backoff_ms = BACKOFF_MIN_MS;
+    pubsub_mod.state = PS_READY;
+    pubsub_mod.backoff_ms = BACKOFF_MIN_MS;
     log_debug("redis subscriber ready");
     struct ld_dict_iter it;
     void *v;
-    ld_dict_iter_init(&it, P.chans);
+    ld_dict_iter_init(&it, pubsub_mod.chans);
     while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
         chan_want(v);
     }
@@ -435,23 +409,23 @@ on_ready(void)
 static void
 connect_cb(const redisAsyncContext *ac, int status)
 {
-    if (ac != P.ac) {
+    if (ac != pubsub_mod.ac) {
         return;
     }
     if (status != REDIS_OK) {
-        P.ac = NULL;
-        P.state = PS_DOWN;
+        pubsub_mod.ac = NULL;
+        pubsub_mod.state = PS_DOWN;
         schedule_retry();
         return;
     }
-    redisAsyncContext *mac = P.ac;
-    if (!P.is_unix) {
+    redisAsyncContext *mac = pubsub_mod.ac;
+    if (!pubsub_mod.is_unix) {
         /* A subscriber hears nothing for long stretches; keepalive is how
          * a dead peer is noticed. (It fails on Unix sockets, whose peer
          * cannot vanish silently, and would poison the context.) */
         redisEnableKeepAlive(&mac->c);
     }
-    const struct ld_config *cfg = P.cfg;
+    const struct ld_config *cfg = pubsub_mod.ctx->cfg;
     if (cfg->redis.password[0] != '\0') {
         if (cfg->redis.username[0] != '\0') {
             redisAsyncCommand(mac, auth_cb, NULL, "AUTH %s %s",
@@ -463,7 +437,8 @@ connect_cb(const redisAsyncContext *ac, int status)
     }
     /* The connection's own channel keeps the subscription count above
      * zero for its whole life (see the top of this file). */
-    redisAsyncCommand(mac, own_cb, NULL, "SUBSCRIBE %s", P.own_channel);
+    redisAsyncCommand(mac, own_cb, NULL, "SUBSCRIBE %s",
+                      pubsub_mod.own_channel);
     on_ready();
 }
 
@@ -471,12 +446,12 @@ static void
 disconnect_cb(const redisAsyncContext *ac, int status)
 {
     LD_UNUSED(status);
-    if (ac != P.ac) {
+    if (ac != pubsub_mod.ac) {
         return;
     }
-    P.ac = NULL;
-    bool was = P.state == PS_READY;
-    P.state = PS_DOWN;
+    pubsub_mod.ac = NULL;
+    bool was = pubsub_mod.state == PS_READY;
+    pubsub_mod.state = PS_DOWN;
     if (was) {
         log_warn("redis subscriber connection lost");
     }
@@ -487,8 +462,10 @@ disconnect_cb(const redisAsyncContext *ac, int status)
 static void
 ps_connect(void)
 {
-    redisAsyncContext *ac = P.is_unix ? redisAsyncConnectUnix(P.host)
-                                      : redisAsyncConnect(P.host, P.port);
+    redisAsyncContext *ac =
+        pubsub_mod.is_unix ? redisAsyncConnectUnix(pubsub_mod.host)
+                           : redisAsyncConnect(pubsub_mod.host,
+                                               pubsub_mod.port);
     if (ac == NULL) {
         schedule_retry();
         return;
@@ -498,9 +475,9 @@ ps_connect(void)
         schedule_retry();
         return;
     }
-    P.ac = ac;
-    P.state = PS_CONNECTING;
-    redisLibeventAttach(ac, P.base);
+    pubsub_mod.ac = ac;
+    pubsub_mod.state = PS_CONNECTING;
+    redisLibeventAttach(ac, pubsub_mod.ctx->base);
     redisAsyncSetConnectCallback(ac, connect_cb);
     redisAsyncSetDisconnectCallback(ac, disconnect_cb);
 }
@@ -515,22 +492,28 @@ retry_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 int
-ld_pubsub_init(struct event_base *base, const struct ld_config *cfg)
+ld_pubsub_init(const struct ld_ctx *ctx)
 {
-    memset(&P, 0, sizeof(P));
-    P.base = base;
-    P.cfg = cfg;
-    P.backoff_ms = BACKOFF_MIN_MS;
-    if (ld_redis_parse_address(cfg->redis.address, P.host, sizeof(P.host),
-                               &P.port, &P.is_unix) != LD_OK) {
+    const struct ld_config *cfg = ctx->cfg;
+    memset(&pubsub_mod, 0, sizeof(pubsub_mod));
+    pubsub_mod.ctx = ctx;
+    STAILQ_INIT(&pubsub_mod.notify);
+    SLIST_INIT(&pubsub_mod.graveyard);
+    pubsub_mod.backoff_ms = BACKOFF_MIN_MS;
+    if (ld_redis_parse_address(cfg->redis.address, pubsub_mod.host,
+                               sizeof(pubsub_mod.host), &pubsub_mod.port,
+                               &pubsub_mod.is_unix) != LD_OK) {
         return LD_ERR;
     }
-    P.chans = ld_dict_new();
-    P.retry_ev = evtimer_new(base, retry_cb, NULL);
-    P.notify_ev = event_new(base, -1, 0, notify_cb, NULL);
-    snprintf(P.own_channel, sizeof(P.own_channel), "leased:daemon:%s",
-             ld_srv.instance);
-    return P.chans != NULL ? LD_OK : LD_ERR;
+    pubsub_mod.chans = ld_dict_new();
+    pubsub_mod.retry_ev = evtimer_new(ctx->base, retry_cb, NULL);
+    if (pubsub_mod.retry_ev == NULL) {
+        ld_oom(0);
+    }
+    ld_defer_init(&pubsub_mod.notify_defer, ctx->base, notify_cb, NULL);
+    snprintf(pubsub_mod.own_channel, sizeof(pubsub_mod.own_channel),
+             "leased:daemon:%s", ctx->instance);
+    return pubsub_mod.chans != NULL ? LD_OK : LD_ERR;
 }
 
 void
@@ -542,40 +525,39 @@ ld_pubsub_start(void)
 void
 ld_pubsub_free(void)
 {
-    if (P.ac != NULL) {
-        redisAsyncContext *ac = P.ac;
-        P.ac = NULL;
+    if (pubsub_mod.ac != NULL) {
+        redisAsyncContext *ac = pubsub_mod.ac;
+        pubsub_mod.ac = NULL;
         redisAsyncFree(ac);
     }
-    if (P.chans != NULL) {
+    if (pubsub_mod.chans != NULL) {
         struct ld_dict_iter it;
         void *v;
-        ld_dict_iter_init(&it, P.chans);
+        ld_dict_iter_init(&it, pubsub_mod.chans);
         while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
             struct chan *ch = v;
-            struct ld_pubsub_sub *s = ch->subs;
-            while (s != NULL) {
-                struct ld_pubsub_sub *n = s->next;
+            while (!LIST_EMPTY(&ch->subs)) {
+                struct ld_pubsub_sub *s = LIST_FIRST(&ch->subs);
+                LIST_REMOVE(s, link);
                 free(s);
-                s = n;
             }
             free(ch->name);
             free(ch);
         }
-        ld_dict_free(P.chans);
-        P.chans = NULL;
+        ld_dict_free(pubsub_mod.chans);
+        pubsub_mod.chans = NULL;
     }
-    P.delivering = 0;
-    P.notify_head = P.notify_tail = NULL;
-    while (P.graveyard != NULL) {
-        struct ld_pubsub_sub *n = P.graveyard->next;
-        free(P.graveyard);
-        P.graveyard = n;
+    pubsub_mod.delivering = 0;
+    STAILQ_INIT(&pubsub_mod.notify);
+    while (!SLIST_EMPTY(&pubsub_mod.graveyard)) {
+        struct ld_pubsub_sub *n = SLIST_FIRST(&pubsub_mod.graveyard);
+        SLIST_REMOVE_HEAD(&pubsub_mod.graveyard, grave_link);
+        free(n);
     }
-    if (P.retry_ev != NULL) {
-        event_free(P.retry_ev);
+    if (pubsub_mod.retry_ev != NULL) {
+        event_free(pubsub_mod.retry_ev);
     }
-    if (P.notify_ev != NULL) {
-        event_free(P.notify_ev);
+    if (pubsub_mod.notify_defer.ev != NULL) {
+        ld_defer_free(&pubsub_mod.notify_defer);
     }
 }

@@ -11,6 +11,7 @@
 
 #include "ld_cache.h"
 #include "ld_conf.h"
+#include "ld_ctx.h"
 #include "ld_dispatch.h"
 #include "ld_listen.h"
 #include "ld_lock.h"
@@ -224,11 +225,16 @@ check_fd_limit(const struct ld_config *cfg)
     }
 }
 
+static struct ld_ctx ctx;
+
 static int
 start(struct ld_config *cfg)
 {
-    if (ld_redis_init(ld_srv.base, cfg) != LD_OK ||
-        ld_pubsub_init(ld_srv.base, cfg) != LD_OK) {
+    ctx.base = ld_srv.base;
+    ctx.cfg = cfg;
+    ctx.instance = ld_srv.instance;
+    ctx.start_ms = ld_srv.start_ms;
+    if (ld_redis_init(&ctx) != LD_OK || ld_pubsub_init(&ctx) != LD_OK) {
         return LD_ERR;
     }
     ld_dispatch_init();
