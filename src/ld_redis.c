@@ -14,6 +14,29 @@
  * it undoes). Reconnects back off
  * exponentially up to a cap, and each new connection authenticates,
  * selects its database and loads the scripts before it takes traffic.
+ * A command issued while no connection is ready but one is on its way
+ * waits for it (in issue order, bounded in count and by redis.timeout_ms
+ * from the issue); once the latest attempt has failed, Redis counts as
+ * down and commands are answered NOT_SENT at once.
+ *
+ * How a request reaches Redis and how its answer comes back:
+ *   1. ld_session reads a line from the client, ld_frame cuts it out and
+ *      ld_proto parses it into a struct ld_req;
+ *   2. ld_dispatch finds the op's handler (registered by ld_lock,
+ *      ld_cache...), which calls ld_redis_command_ex or
+ *      ld_redis_script_ex with its callback and the request as argument;
+ *   3. here the route (the key) picks the connection, so commands on one
+ *      key keep their order; the command is formatted into the
+ *      connection's output buffer, its struct rcmd appended to the
+ *      connection's FIFO, and every command of the loop turn leaves in
+ *      one write (the auto-pipelining);
+ *   4. Redis answers in send order: the reply pops the FIFO's head
+ *      (asserted), the callback runs with the reply and an outcome
+ *      (ld_redis_outcome), and answers the client with ld_reply_ok or
+ *      ld_reply_error*, which ld_session writes out;
+ *   5. commands that never left (no connection, pin gone) are answered
+ *      from the loop through the failure list, never from inside the
+ *      call that issued them.
  *
  * The libevent adapter of hiredis is all static functions, so it is
  * included here and in ld_pubsub.c only.
@@ -42,6 +65,7 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define STACK_ARGS 32
+#define MAX_WAITING 4096          /* commands awaiting a connection */
 
 enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
 
@@ -52,7 +76,7 @@ struct rcmd {
     void *arg;
     struct rconn *conn;
     uint64_t sent_us;
-    TAILQ_ENTRY(rcmd) link;   /* connection FIFO, or the failure list */
+    TAILQ_ENTRY(rcmd) link;   /* connection FIFO, waiting or failure list */
     unsigned flags;           /* LD_REDIS_F_* */
     bool answered;            /* the callback has had UNKNOWN already */
     bool noscript;            /* resent as EVAL after NOSCRIPT */
@@ -63,6 +87,10 @@ struct rcmd {
     char **argv;
     size_t *argvlen;
     bool internal;            /* handshake step: cb gets the rconn */
+    bool waiting;             /* on the list of those awaiting a conn */
+    enum ld_redis_pool pool;  /* while waiting */
+    uint64_t route_hash;
+    uint64_t wait_until_us;   /* when waiting for a connection ends */
 };
 
 TAILQ_HEAD(rcmd_queue, rcmd);
@@ -110,6 +138,13 @@ static struct {
     char shas[LD_SCRIPT__COUNT + 1][41];
     struct rcmd_queue failed; /* answered from the loop by fail_defer */
     struct ld_defer fail_defer;
+    /* Commands issued while no connection was ready but one was being
+     * established, in issue order; bounded by count and by
+     * redis.timeout_ms from the issue. */
+    struct rcmd_queue waiting;
+    int n_waiting;
+    struct event *wait_ev;
+    bool known_down;          /* the latest connect attempt failed */
     struct state_watcher watchers[8];
     int n_watchers;
     double rtt_us;
@@ -202,7 +237,7 @@ ld_redis_ready(void)
 long long
 ld_redis_outstanding(void)
 {
-    long long n = 0;
+    long long n = redis_mod.n_waiting;
     for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
         struct rcmd *c;
         TAILQ_FOREACH(c, &redis_mod.conns[i].sent, link) {
@@ -462,11 +497,13 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
 
 static void lock_pool_start(void);
 
-/* Where a command goes; NULL with *WHY set when nowhere. */
+/* Where a command goes; NULL with *WHY set when nowhere. *MAY_WAIT
+ * tells whether it may wait for a connection being established. */
 static struct rconn *
-pick_conn(const struct ld_redis_opts *o, const char *route, size_t len,
-          char *why, size_t whylen)
+pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
+          size_t whylen, bool *may_wait)
 {
+    *may_wait = false;
     if (o != NULL && o->pin != 0) {
         for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
             const struct rconn *c = &redis_mod.conns[i];
@@ -496,17 +533,192 @@ pick_conn(const struct ld_redis_opts *o, const char *route, size_t len,
             n = redis_mod.n_lock;
         }
     }
-    int start = (int)(ld_hash(route, len) % (uint64_t)n);
+    int start = (int)(hash % (uint64_t)n);
+    bool pending = false;
     for (int i = 0; i < n; i++) {
         struct rconn *c = &redis_mod.conns[base + (start + i) % n];
         if (c->state == CONN_READY) {
             return c;
         }
+        if (c->state == CONN_CONNECTING || c->state == CONN_HANDSHAKE) {
+            pending = true;
+        }
     }
+    /* A connection on its way may be ready in a moment; a Redis whose
+     * last attempt failed is down, and saying so at once beats making
+     * every caller wait out the timeout. */
+    *may_wait = pending && !redis_mod.known_down;
     snprintf(why, whylen, "no connection to redis is ready (last error: %s)",
              redis_mod.last_error[0] != '\0' ? redis_mod.last_error
                                               : "none yet");
     return NULL;
+}
+
+/* Copy the arguments of a command that must wait for a connection. */
+static int
+copy_args(struct rcmd *cmd, int argc, const char **argv,
+          const size_t *argvlen)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < argc; i++) {
+        bytes += argvlen[i] + 1;
+    }
+    size_t head = (sizeof(char *) + sizeof(size_t)) * (size_t)argc;
+    /* The size is the client's: no memory is an error, not an abort. */
+    char *block = malloc(head + bytes);
+    if (block == NULL) {
+        return LD_ERR;
+    }
+    cmd->argv = (char **)block;
+    cmd->argvlen = (size_t *)(block + sizeof(char *) * (size_t)argc);
+    char *p = block + head;
+    for (int i = 0; i < argc; i++) {
+        memcpy(p, argv[i], argvlen[i]);
+        p[argvlen[i]] = '\0';
+        cmd->argv[i] = p;
+        cmd->argvlen[i] = argvlen[i];
+        p += argvlen[i] + 1;
+    }
+    cmd->argc = argc;
+    return LD_OK;
+}
+
+/* Send a script's EVALSHA from its kept arguments. */
+static int
+send_script(struct rconn *c, struct rcmd *cmd)
+{
+    const char *stack_argv[STACK_ARGS + 3];
+    size_t stack_len[STACK_ARGS + 3];
+    const char **av = stack_argv;
+    size_t *al = stack_len;
+    int argc = cmd->argc - 1;  /* the kept ones start with the key count */
+    if (argc > STACK_ARGS) {
+        av = ld_xmalloc(sizeof(*av) * (size_t)(argc + 3));
+        al = ld_xmalloc(sizeof(*al) * (size_t)(argc + 3));
+    }
+    av[0] = "EVALSHA";
+    al[0] = 7;
+    av[1] = redis_mod.shas[cmd->script];
+    al[1] = 40;
+    for (int i = 0; i <= argc; i++) {
+        av[i + 2] = cmd->argv[i];
+        al[i + 2] = cmd->argvlen[i];
+    }
+    int rc = send_argv(c, cmd, argc + 3, av, al);
+    if (av != stack_argv) {
+        free(av);
+        free(al);
+    }
+    return rc;
+}
+
+static void
+wait_arm(void)
+{
+    if (TAILQ_EMPTY(&redis_mod.waiting) ||
+        event_pending(redis_mod.wait_ev, EV_TIMEOUT, NULL)) {
+        return;
+    }
+    /* Commands wait in issue order, so the first one expires first. */
+    uint64_t now = ld_now_us();
+    uint64_t until = TAILQ_FIRST(&redis_mod.waiting)->wait_until_us;
+    uint64_t wait = until > now ? until - now : 0;
+    struct timeval tv = {(time_t)(wait / 1000000),
+                         (suseconds_t)(wait % 1000000)};
+    event_add(redis_mod.wait_ev, &tv);
+}
+
+/* Send CMD, let it wait for a connection being established, or answer it
+ * NOT_SENT. Its arguments are the kept ones unless ARGV is given. */
+static void
+route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
+          const char **argv, const size_t *argvlen)
+{
+    char why[256];
+    bool may_wait;
+    struct rconn *c = pick_conn(opts, cmd->route_hash, why, sizeof(why),
+                                &may_wait);
+    if (c != NULL) {
+        int rc;
+        if (cmd->script >= 0) {
+            rc = send_script(c, cmd);
+        } else if (argv != NULL) {
+            rc = send_argv(c, cmd, argc, argv, argvlen);
+        } else {
+            rc = send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
+                           cmd->argvlen);
+        }
+        if (rc != LD_OK) {
+            fail_later(cmd, LD_REDIS_NOT_SENT,
+                       "could not queue the command");
+        }
+        return;
+    }
+    if (!may_wait || redis_mod.n_waiting >= MAX_WAITING) {
+        fail_later(cmd, LD_REDIS_NOT_SENT, why);
+        return;
+    }
+    if (cmd->script < 0 && argv != NULL &&
+        copy_args(cmd, argc, argv, argvlen) != LD_OK) {
+        fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
+        return;
+    }
+    if (cmd->wait_until_us == 0) {
+        /* The clock runs from the issue, not from the latest retry. */
+        cmd->wait_until_us =
+            ld_now_us() +
+            (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
+    }
+    cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
+    cmd->waiting = true;
+    TAILQ_INSERT_TAIL(&redis_mod.waiting, cmd, link);
+    redis_mod.n_waiting++;
+    wait_arm();
+}
+
+/* A connection became ready, or an attempt failed: what waits is sent,
+ * waits on, or is answered. */
+static void
+waiting_retry(void)
+{
+    if (TAILQ_EMPTY(&redis_mod.waiting)) {
+        return;
+    }
+    struct rcmd_queue list = TAILQ_HEAD_INITIALIZER(list);
+    TAILQ_CONCAT(&list, &redis_mod.waiting, link);
+    redis_mod.n_waiting = 0;
+    while (!TAILQ_EMPTY(&list)) {
+        struct rcmd *cmd = TAILQ_FIRST(&list);
+        TAILQ_REMOVE(&list, cmd, link);
+        LD_ASSERT(cmd->waiting);
+        cmd->waiting = false;
+        struct ld_redis_opts o = {cmd->flags, cmd->pool, 0};
+        route_cmd(cmd, &o, 0, NULL, NULL);
+    }
+}
+
+static void
+wait_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    uint64_t now = ld_now_us();
+    while (!TAILQ_EMPTY(&redis_mod.waiting) &&
+           TAILQ_FIRST(&redis_mod.waiting)->wait_until_us <= now) {
+        struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);
+        TAILQ_REMOVE(&redis_mod.waiting, cmd, link);
+        redis_mod.n_waiting--;
+        cmd->waiting = false;
+        char why[256];
+        snprintf(why, sizeof(why), "no connection to redis was ready "
+                 "within %d ms (last error: %s)",
+                 redis_mod.ctx->cfg->redis.timeout_ms,
+                 redis_mod.last_error[0] != '\0' ? redis_mod.last_error
+                                                  : "none yet");
+        fail_later(cmd, LD_REDIS_NOT_SENT, why);
+    }
+    wait_arm();
 }
 
 void
@@ -527,13 +739,8 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
     cmd->arg = arg;
     cmd->script = -1;
     cmd->flags = opts != NULL ? opts->flags : 0;
-    char why[256];
-    struct rconn *c = pick_conn(opts, route, route_len, why, sizeof(why));
-    if (c == NULL) {
-        fail_later(cmd, LD_REDIS_NOT_SENT, why);
-    } else if (send_argv(c, cmd, argc, argv, argvlen) != LD_OK) {
-        fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
-    }
+    cmd->route_hash = ld_hash(route, route_len);
+    route_cmd(cmd, opts, argc, argv, argvlen);
 }
 
 /* Keep the key count and the script's keys and args in one allocation,
@@ -593,42 +800,12 @@ ld_redis_script_ex(const struct ld_redis_opts *opts,
     cmd->arg = arg;
     cmd->script = (int)script;
     cmd->flags = opts != NULL ? opts->flags : 0;
+    cmd->route_hash = ld_hash(route, route_len);
     if (keep_args(cmd, nkeys, argc, argv, argvlen) != LD_OK) {
         fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
         return;
     }
-    char why[256];
-    struct rconn *c = pick_conn(opts, route, route_len, why, sizeof(why));
-    if (c == NULL) {
-        fail_later(cmd, LD_REDIS_NOT_SENT, why);
-        return;
-    }
-
-    const char *stack_argv[STACK_ARGS + 3];
-    size_t stack_len[STACK_ARGS + 3];
-    const char **av = stack_argv;
-    size_t *al = stack_len;
-    if (argc > STACK_ARGS) {
-        av = ld_xmalloc(sizeof(*av) * (size_t)(argc + 3));
-        al = ld_xmalloc(sizeof(*al) * (size_t)(argc + 3));
-    }
-    av[0] = "EVALSHA";
-    al[0] = 7;
-    av[1] = redis_mod.shas[script];
-    al[1] = 40;
-    av[2] = cmd->argv[0];
-    al[2] = cmd->argvlen[0];
-    for (int i = 0; i < argc; i++) {
-        av[i + 3] = argv[i];
-        al[i + 3] = argvlen[i];
-    }
-    if (send_argv(c, cmd, argc + 3, av, al) != LD_OK) {
-        fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
-    }
-    if (av != stack_argv) {
-        free(av);
-        free(al);
-    }
+    route_cmd(cmd, opts, 0, NULL, NULL);
 }
 
 /* ---- connection lifecycle ------------------------------------------- */
@@ -646,6 +823,15 @@ schedule_retry(struct rconn *c)
     if (c->backoff_ms > BACKOFF_MAX_MS) {
         c->backoff_ms = BACKOFF_MAX_MS;
     }
+}
+
+/* A connection attempt failed: Redis counts as down until one succeeds,
+ * and what waited for a connection learns it now. */
+static void
+attempt_failed(void)
+{
+    redis_mod.known_down = true;
+    waiting_retry();
 }
 
 /* Take the connection down now: every command queued on it is answered
@@ -682,6 +868,11 @@ conn_down(struct rconn *c, const char *why)
         fail_later(cmd, LD_REDIS_UNKNOWN, why);
     }
     schedule_retry(c);
+    if (!was_ready) {
+        attempt_failed();
+    } else {
+        waiting_retry();
+    }
 }
 
 /* Close a connection that was set aside, from the loop (never from inside
@@ -871,6 +1062,8 @@ handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
     c->state = CONN_READY;
     ld_stats.redis_reconnects++;
     log_debug("redis connection ready conn=%d", c->idx);
+    redis_mod.known_down = false;
+    waiting_retry();
 }
 
 static void
@@ -950,6 +1143,7 @@ connect_cb(const redisAsyncContext *ac, int status)
         snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
                  ac->errstr);
         schedule_retry(c);
+        attempt_failed();
         return;
     }
     event_del(c->timeout_ev);
@@ -987,6 +1181,11 @@ disconnect_cb(const redisAsyncContext *ac, int status)
         fail_later(cmd, LD_REDIS_UNKNOWN, "connection closed");
     }
     schedule_retry(c);
+    if (!was_ready) {
+        attempt_failed();
+    } else {
+        waiting_retry();
+    }
 }
 
 static void
@@ -999,8 +1198,7 @@ conn_start(struct rconn *c)
         ac = redisAsyncConnect(redis_mod.host, redis_mod.port);
     }
     if (ac == NULL) {
-        schedule_retry(c);
-        return;
+        ld_oom(0);
     }
     if (ac->err) {
         log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
@@ -1009,6 +1207,7 @@ conn_start(struct rconn *c)
                  ac->errstr);
         redisAsyncFree(ac);
         schedule_retry(c);
+        attempt_failed();
         return;
     }
     ac->data = c;
@@ -1059,6 +1258,7 @@ ld_redis_init(const struct ld_ctx *ctx)
     memset(&redis_mod, 0, sizeof(redis_mod));
     redis_mod.ctx = ctx;
     TAILQ_INIT(&redis_mod.failed);
+    TAILQ_INIT(&redis_mod.waiting);
     LIST_INIT(&redis_mod.draining);
     if (cfg->redis.mode != LD_REDIS_STANDALONE) {
         log_error("redis.mode %s is not available in this version; use "
@@ -1083,6 +1283,10 @@ ld_redis_init(const struct ld_ctx *ctx)
         redis_mod.n_conns = MAX_CONNS;
     }
     ld_defer_init(&redis_mod.fail_defer, ctx->base, fail_cb, NULL);
+    redis_mod.wait_ev = evtimer_new(ctx->base, wait_cb, NULL);
+    if (redis_mod.wait_ev == NULL) {
+        ld_oom(0);
+    }
     for (int i = 0; i < redis_mod.n_conns; i++) {
         conn_init(&redis_mod.conns[i], i, LD_REDIS_POOL_SHARED);
     }
@@ -1149,6 +1353,17 @@ ld_redis_free(void)
         if (c->timeout_ev != NULL) {
             event_free(c->timeout_ev);
         }
+    }
+    while (!TAILQ_EMPTY(&redis_mod.waiting)) {
+        struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);
+        TAILQ_REMOVE(&redis_mod.waiting, cmd, link);
+        cmd->waiting = false;
+        fail_later(cmd, LD_REDIS_NOT_SENT, "the daemon is stopping");
+    }
+    redis_mod.n_waiting = 0;
+    if (redis_mod.wait_ev != NULL) {
+        event_free(redis_mod.wait_ev);
+        redis_mod.wait_ev = NULL;
     }
     /* Late failures still owe their callers an answer. */
     if (redis_mod.fail_defer.ev != NULL) {
