@@ -15,12 +15,12 @@
 
 #include "ld_assert.h"
 #include "ld_conf.h"
+#include "ld_conn.h"
 #include "ld_ctx.h"
 #include "ld_defer.h"
 #include "ld_dict.h"
 #include "ld_log.h"
 #include "ld_mem.h"
-#include "ld_redis.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
@@ -31,10 +31,7 @@
 
 #include <event2/event.h>
 #include <hiredis/async.h>
-#include <hiredis/adapters/libevent.h>
 
-#define BACKOFF_MIN_MS 50
-#define BACKOFF_MAX_MS 2000
 
 enum chan_state { CH_IDLE, CH_SUBSCRIBING, CH_SUBSCRIBED, CH_UNSUBSCRIBING };
 
@@ -65,10 +62,8 @@ static struct {
     const struct ld_ctx *ctx;
     redisAsyncContext *ac;
     enum ps_state state;
-    char host[256];
-    int port;
-    bool is_unix;
-    int backoff_ms;
+    struct ld_conn_addr addr;
+    struct ld_backoff backoff;
     struct event *retry_ev;
     struct ld_defer notify_defer;
     struct ld_dict *chans;
@@ -338,14 +333,9 @@ auth_cb(redisAsyncContext *ac, void *r, void *privdata)
 static void
 schedule_retry(void)
 {
-    int b = pubsub_mod.backoff_ms;
-    int ms = b / 2 + (int)(ld_random_unit() * (b / 2 + 1));
+    int ms = ld_backoff_next_ms(&pubsub_mod.backoff);
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     event_add(pubsub_mod.retry_ev, &tv);
-    pubsub_mod.backoff_ms *= 2;
-    if (pubsub_mod.backoff_ms > BACKOFF_MAX_MS) {
-        pubsub_mod.backoff_ms = BACKOFF_MAX_MS;
-    }
 }
 
 /* Everything subscribed is gone with the connection: tell subscribers
@@ -396,7 +386,7 @@ static void
 on_ready(void)
 {
     pubsub_mod.state = PS_READY;
-    pubsub_mod.backoff_ms = BACKOFF_MIN_MS;
+    ld_backoff_reset(&pubsub_mod.backoff);
     log_debug("redis subscriber ready");
     struct ld_dict_iter it;
     void *v;
@@ -419,21 +409,18 @@ connect_cb(const redisAsyncContext *ac, int status)
         return;
     }
     redisAsyncContext *mac = pubsub_mod.ac;
-    if (!pubsub_mod.is_unix) {
+    if (!pubsub_mod.addr.is_unix) {
         /* A subscriber hears nothing for long stretches; keepalive is how
          * a dead peer is noticed. (It fails on Unix sockets, whose peer
          * cannot vanish silently, and would poison the context.) */
         redisEnableKeepAlive(&mac->c);
     }
     const struct ld_config *cfg = pubsub_mod.ctx->cfg;
-    if (cfg->redis.password[0] != '\0') {
-        if (cfg->redis.username[0] != '\0') {
-            redisAsyncCommand(mac, auth_cb, NULL, "AUTH %s %s",
-                              cfg->redis.username, cfg->redis.password);
-        } else {
-            redisAsyncCommand(mac, auth_cb, NULL, "AUTH %s",
-                              cfg->redis.password);
-        }
+    const char *av[3];
+    size_t al[3];
+    int n = ld_conn_auth_argv(cfg, av, al);
+    if (n > 0) {
+        redisAsyncCommandArgv(mac, auth_cb, NULL, n, av, al);
     }
     /* The connection's own channel keeps the subscription count above
      * zero for its whole life (see the top of this file). */
@@ -462,22 +449,17 @@ disconnect_cb(const redisAsyncContext *ac, int status)
 static void
 ps_connect(void)
 {
-    redisAsyncContext *ac =
-        pubsub_mod.is_unix ? redisAsyncConnectUnix(pubsub_mod.host)
-                           : redisAsyncConnect(pubsub_mod.host,
-                                               pubsub_mod.port);
+    char err[160];
+    redisAsyncContext *ac = ld_conn_open(&pubsub_mod.addr,
+                                         pubsub_mod.ctx->base, err,
+                                         sizeof(err));
     if (ac == NULL) {
-        schedule_retry();
-        return;
-    }
-    if (ac->err) {
-        redisAsyncFree(ac);
+        log_debug("redis subscriber connect failed error=\"%s\"", err);
         schedule_retry();
         return;
     }
     pubsub_mod.ac = ac;
     pubsub_mod.state = PS_CONNECTING;
-    redisLibeventAttach(ac, pubsub_mod.ctx->base);
     redisAsyncSetConnectCallback(ac, connect_cb);
     redisAsyncSetDisconnectCallback(ac, disconnect_cb);
 }
@@ -499,10 +481,9 @@ ld_pubsub_init(const struct ld_ctx *ctx)
     pubsub_mod.ctx = ctx;
     STAILQ_INIT(&pubsub_mod.notify);
     SLIST_INIT(&pubsub_mod.graveyard);
-    pubsub_mod.backoff_ms = BACKOFF_MIN_MS;
-    if (ld_redis_parse_address(cfg->redis.address, pubsub_mod.host,
-                               sizeof(pubsub_mod.host), &pubsub_mod.port,
-                               &pubsub_mod.is_unix) != LD_OK) {
+    ld_backoff_reset(&pubsub_mod.backoff);
+    if (ld_conn_parse_address(cfg->redis.address, &pubsub_mod.addr) !=
+        LD_OK) {
         return LD_ERR;
     }
     pubsub_mod.chans = ld_dict_new();

@@ -38,13 +38,14 @@
  *      from the loop through the failure list, never from inside the
  *      call that issued them.
  *
- * The libevent adapter of hiredis is all static functions, so it is
- * included here and in ld_pubsub.c only.
+ * Address, transport, backoff and AUTH come from ld_conn, shared with
+ * the subscriber connection.
  */
 #include "ld_redis.h"
 
 #include "ld_assert.h"
 #include "ld_conf.h"
+#include "ld_conn.h"
 #include "ld_ctx.h"
 #include "ld_defer.h"
 #include "ld_log.h"
@@ -59,11 +60,8 @@
 
 #include <event2/event.h>
 #include <hiredis/async.h>
-#include <hiredis/adapters/libevent.h>
 
 #define MAX_CONNS 64              /* per pool */
-#define BACKOFF_MIN_MS 50
-#define BACKOFF_MAX_MS 2000
 #define STACK_ARGS 32
 #define MAX_WAITING 4096          /* commands awaiting a connection */
 
@@ -99,7 +97,7 @@ struct rconn {
     int idx;
     redisAsyncContext *ac;
     enum conn_state state;
-    int backoff_ms;
+    struct ld_backoff backoff;
     struct event *retry_ev;
     struct event *timeout_ev;
     uint64_t connect_started_us;
@@ -131,9 +129,7 @@ static struct {
     uint64_t next_id;
     char last_error[160];     /* of the latest failed connect */
     int n_ready;
-    char host[256];
-    int port;
-    bool is_unix;
+    struct ld_conn_addr addr;
     char address[300];
     char shas[LD_SCRIPT__COUNT + 1][41];
     struct rcmd_queue failed; /* answered from the loop by fail_defer */
@@ -813,16 +809,9 @@ ld_redis_script_ex(const struct ld_redis_opts *opts,
 static void
 schedule_retry(struct rconn *c)
 {
-    int ms = c->backoff_ms;
-    /* Spread reconnects so that many daemons do not stampede a Redis
-     * that just came back. */
-    ms = ms / 2 + (int)(ld_random_unit() * (ms / 2 + 1));
+    int ms = ld_backoff_next_ms(&c->backoff);
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     event_add(c->retry_ev, &tv);
-    c->backoff_ms *= 2;
-    if (c->backoff_ms > BACKOFF_MAX_MS) {
-        c->backoff_ms = BACKOFF_MAX_MS;
-    }
 }
 
 /* A connection attempt failed: Redis counts as down until one succeeds,
@@ -1057,7 +1046,7 @@ handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
         conn_down(c, "handshake failed");
         return;
     }
-    c->backoff_ms = BACKOFF_MIN_MS;
+    ld_backoff_reset(&c->backoff);
     set_ready(c, true);
     c->state = CONN_READY;
     ld_stats.redis_reconnects++;
@@ -1090,16 +1079,12 @@ handshake(struct rconn *c)
     c->handshake_left = 0;
     c->handshake_failed = false;
 
-    if (cfg->redis.password[0] != '\0') {
-        if (cfg->redis.username[0] != '\0') {
-            const char *av[] = {"AUTH", cfg->redis.username,
-                                cfg->redis.password};
-            size_t al[] = {4, strlen(av[1]), strlen(av[2])};
-            handshake_send(c, "auth", -1, 3, av, al);
-        } else {
-            const char *av[] = {"AUTH", cfg->redis.password};
-            size_t al[] = {4, strlen(av[1])};
-            handshake_send(c, "auth", -1, 2, av, al);
+    {
+        const char *av[3];
+        size_t al[3];
+        int n = ld_conn_auth_argv(cfg, av, al);
+        if (n > 0) {
+            handshake_send(c, "auth", -1, n, av, al);
         }
     }
     if (cfg->redis.db != 0) {
@@ -1191,21 +1176,15 @@ disconnect_cb(const redisAsyncContext *ac, int status)
 static void
 conn_start(struct rconn *c)
 {
-    redisAsyncContext *ac;
-    if (redis_mod.is_unix) {
-        ac = redisAsyncConnectUnix(redis_mod.host);
-    } else {
-        ac = redisAsyncConnect(redis_mod.host, redis_mod.port);
-    }
+    char err[160];
+    redisAsyncContext *ac = ld_conn_open(&redis_mod.addr,
+                                         redis_mod.ctx->base, err,
+                                         sizeof(err));
     if (ac == NULL) {
-        ld_oom(0);
-    }
-    if (ac->err) {
         log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
-                  ac->errstr);
+                  err);
         snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
-                 ac->errstr);
-        redisAsyncFree(ac);
+                 err);
         schedule_retry(c);
         attempt_failed();
         return;
@@ -1216,7 +1195,6 @@ conn_start(struct rconn *c)
     c->why[0] = '\0';
     c->state = CONN_CONNECTING;
     c->connect_started_us = ld_now_us();
-    redisLibeventAttach(ac, redis_mod.ctx->base);
     redisAsyncSetConnectCallback(ac, connect_cb);
     redisAsyncSetDisconnectCallback(ac, disconnect_cb);
     struct timeval tv = {0, 100000};
@@ -1227,14 +1205,14 @@ int
 ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
                        int *port, bool *is_unix)
 {
-    if (addr[0] == '/') {
-        snprintf(host, hostlen, "%s", addr);
-        *port = 0;
-        *is_unix = true;
-        return LD_OK;
+    struct ld_conn_addr a;
+    if (ld_conn_parse_address(addr, &a) != LD_OK) {
+        return LD_ERR;
     }
-    *is_unix = false;
-    return ld_parse_hostport(addr, host, hostlen, port);
+    snprintf(host, hostlen, "%s", a.host);
+    *port = a.port;
+    *is_unix = a.is_unix;
+    return LD_OK;
 }
 
 static void
@@ -1242,7 +1220,7 @@ conn_init(struct rconn *c, int idx, enum ld_redis_pool pool)
 {
     c->idx = idx;
     c->pool = pool;
-    c->backoff_ms = BACKOFF_MIN_MS;
+    ld_backoff_reset(&c->backoff);
     TAILQ_INIT(&c->sent);
     c->retry_ev = evtimer_new(redis_mod.ctx->base, retry_cb, c);
     c->timeout_ev = evtimer_new(redis_mod.ctx->base, timeout_cb, c);
@@ -1267,9 +1245,8 @@ ld_redis_init(const struct ld_ctx *ctx)
                                                        : "cluster");
         return LD_ERR;
     }
-    if (ld_redis_parse_address(cfg->redis.address, redis_mod.host,
-                               sizeof(redis_mod.host), &redis_mod.port,
-                               &redis_mod.is_unix) != LD_OK) {
+    if (ld_conn_parse_address(cfg->redis.address, &redis_mod.addr) !=
+        LD_OK) {
         log_error("bad redis.address value=%s", cfg->redis.address);
         return LD_ERR;
     }
