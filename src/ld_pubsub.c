@@ -13,24 +13,25 @@
  */
 #include "ld_pubsub.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
+#include "ld_conn.h"
+#include "ld_ctx.h"
+#include "ld_defer.h"
 #include "ld_dict.h"
 #include "ld_log.h"
-#include "ld_redis.h"
-#include "ld_server.h"
+#include "ld_mem.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include <event2/event.h>
 #include <hiredis/async.h>
-#include <hiredis/adapters/libevent.h>
 
-#define BACKOFF_MIN_MS 50
-#define BACKOFF_MAX_MS 2000
 
 enum chan_state { CH_IDLE, CH_SUBSCRIBING, CH_SUBSCRIBED, CH_UNSUBSCRIBING };
 
@@ -42,37 +43,35 @@ struct ld_pubsub_sub {
     void *arg;
     bool dead;
     bool notify_pending;      /* owes a SUBSCRIBED notification */
-    struct ld_pubsub_sub *prev, *next;       /* channel's list */
-    struct ld_pubsub_sub *notify_next;       /* notification queue */
+    LIST_ENTRY(ld_pubsub_sub) link;          /* channel's list */
+    STAILQ_ENTRY(ld_pubsub_sub) notify_link; /* notification queue */
+    SLIST_ENTRY(ld_pubsub_sub) grave_link;   /* freed after delivery */
 };
 
 struct chan {
     char *name;
     size_t len;
     enum chan_state state;
-    struct ld_pubsub_sub *subs;
+    LIST_HEAD(, ld_pubsub_sub) subs;
     size_t n_subs;
 };
 
 enum ps_state { PS_DOWN, PS_CONNECTING, PS_READY };
 
 static struct {
-    struct event_base *base;
-    const struct ld_config *cfg;
+    const struct ld_ctx *ctx;
     redisAsyncContext *ac;
     enum ps_state state;
-    char host[256];
-    int port;
-    bool is_unix;
-    int backoff_ms;
+    struct ld_conn_addr addr;
+    struct ld_backoff backoff;
     struct event *retry_ev;
-    struct event *notify_ev;
+    struct ld_defer notify_defer;
     struct ld_dict *chans;
-    struct ld_pubsub_sub *notify_head, *notify_tail;
-    struct ld_pubsub_sub *graveyard;
+    STAILQ_HEAD(, ld_pubsub_sub) notify;
+    SLIST_HEAD(, ld_pubsub_sub) graveyard;
     int delivering;
     char own_channel[64];
-} P;
+} pubsub_mod;
 
 static void ps_connect(void);
 static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
@@ -80,9 +79,8 @@ static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
 static void
 sub_bury(struct ld_pubsub_sub *sub)
 {
-    if (P.delivering > 0 || sub->notify_pending) {
-        sub->next = P.graveyard;
-        P.graveyard = sub;
+    if (pubsub_mod.delivering > 0 || sub->notify_pending) {
+        SLIST_INSERT_HEAD(&pubsub_mod.graveyard, sub, grave_link);
     } else {
         free(sub);
     }
@@ -91,18 +89,27 @@ sub_bury(struct ld_pubsub_sub *sub)
 static void
 free_graveyard(void)
 {
-    if (P.delivering > 0) {
+    if (pubsub_mod.delivering > 0) {
         return;
     }
-    struct ld_pubsub_sub **pp = &P.graveyard;
-    while (*pp != NULL) {
-        struct ld_pubsub_sub *sub = *pp;
+    /* Those still owed a notification stay until notify_cb has seen
+     * them. */
+    struct ld_pubsub_sub *keep = NULL;
+    while (!SLIST_EMPTY(&pubsub_mod.graveyard)) {
+        struct ld_pubsub_sub *sub = SLIST_FIRST(&pubsub_mod.graveyard);
+        SLIST_REMOVE_HEAD(&pubsub_mod.graveyard, grave_link);
+        LD_ASSERT(sub->dead);
         if (sub->notify_pending) {
-            pp = &sub->next;
-            continue;
+            SLIST_NEXT(sub, grave_link) = keep;
+            keep = sub;
+        } else {
+            free(sub);
         }
-        *pp = sub->next;
-        free(sub);
+    }
+    while (keep != NULL) {
+        struct ld_pubsub_sub *sub = keep;
+        keep = SLIST_NEXT(sub, grave_link);
+        SLIST_INSERT_HEAD(&pubsub_mod.graveyard, sub, grave_link);
     }
 }
 
@@ -113,35 +120,29 @@ queue_notify(struct ld_pubsub_sub *sub)
         return;
     }
     sub->notify_pending = true;
-    sub->notify_next = NULL;
-    if (P.notify_tail != NULL) {
-        P.notify_tail->notify_next = sub;
-    } else {
-        P.notify_head = sub;
-    }
-    P.notify_tail = sub;
-    event_active(P.notify_ev, EV_TIMEOUT, 0);
+    STAILQ_INSERT_TAIL(&pubsub_mod.notify, sub, notify_link);
+    ld_defer_kick(&pubsub_mod.notify_defer);
 }
 
 static void
-notify_cb(evutil_socket_t fd, short what, void *arg)
+notify_cb(void *arg)
 {
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
     LD_UNUSED(arg);
-    struct ld_pubsub_sub *list = P.notify_head;
-    P.notify_head = P.notify_tail = NULL;
-    P.delivering++;
-    while (list != NULL) {
-        struct ld_pubsub_sub *sub = list;
-        list = sub->notify_next;
+    pubsub_mod.delivering++;
+    /* Subscriptions queued by these callbacks are notified next turn. */
+    STAILQ_HEAD(, ld_pubsub_sub) list = STAILQ_HEAD_INITIALIZER(list);
+    STAILQ_CONCAT(&list, &pubsub_mod.notify);
+    while (!STAILQ_EMPTY(&list)) {
+        struct ld_pubsub_sub *sub = STAILQ_FIRST(&list);
+        STAILQ_REMOVE_HEAD(&list, notify_link);
+        LD_ASSERT(sub->notify_pending);
         sub->notify_pending = false;
         if (!sub->dead && sub->chan != NULL &&
             sub->chan->state == CH_SUBSCRIBED) {
             sub->cb(LD_PUBSUB_SUBSCRIBED, NULL, 0, sub->arg);
         }
     }
-    P.delivering--;
+    pubsub_mod.delivering--;
     free_graveyard();
 }
 
@@ -159,23 +160,22 @@ deliver(struct chan *ch, enum ld_pubsub_event ev, const char *msg,
         return;
     }
     if (n > LD_ARRAY_LEN(stack)) {
-        snap = malloc(sizeof(*snap) * n);
-        if (snap == NULL) {
-            return;
-        }
+        snap = ld_xmalloc(sizeof(*snap) * n);
     }
     size_t i = 0;
-    for (struct ld_pubsub_sub *s = ch->subs; s != NULL && i < n;
-         s = s->next) {
+    struct ld_pubsub_sub *s;
+    LIST_FOREACH(s, &ch->subs, link) {
+        LD_ASSERT(i < n);
         snap[i++] = s;
     }
-    P.delivering++;
+    LD_ASSERTF(i == n, "channel subscriber count %zu, list %zu", n, i);
+    pubsub_mod.delivering++;
     for (size_t k = 0; k < i; k++) {
         if (!snap[k]->dead) {
             snap[k]->cb(ev, msg, len, snap[k]->arg);
         }
     }
-    P.delivering--;
+    pubsub_mod.delivering--;
     if (snap != stack) {
         free(snap);
     }
@@ -185,8 +185,8 @@ deliver(struct chan *ch, enum ld_pubsub_event ev, const char *msg,
 static void
 chan_free(struct chan *ch)
 {
-    ld_dict_del(P.chans, ch->name, ch->len);
-    ld_stats.pubsub_channels = (long long)ld_dict_size(P.chans);
+    ld_dict_del(pubsub_mod.chans, ch->name, ch->len);
+    ld_stats.pubsub_channels = (long long)ld_dict_size(pubsub_mod.chans);
     free(ch->name);
     free(ch);
 }
@@ -197,13 +197,13 @@ send_cmd(const char *verb, const char *name, size_t len)
     const char *argv[] = {verb, name};
     size_t argvlen[] = {strlen(verb), len};
     /* Every channel shares one callback; the reply names the channel. */
-    redisAsyncCommandArgv(P.ac, reply_cb, NULL, 2, argv, argvlen);
+    redisAsyncCommandArgv(pubsub_mod.ac, reply_cb, NULL, 2, argv, argvlen);
 }
 
 static void
 chan_want(struct chan *ch)
 {
-    if (P.state != PS_READY) {
+    if (pubsub_mod.state != PS_READY) {
         return;
     }
     if (ch->n_subs > 0 && ch->state == CH_IDLE) {
@@ -219,39 +219,21 @@ struct ld_pubsub_sub *
 ld_pubsub_subscribe(const char *channel, size_t len, ld_pubsub_cb *cb,
                     void *arg)
 {
-    struct chan *ch = ld_dict_get(P.chans, channel, len);
+    struct chan *ch = ld_dict_get(pubsub_mod.chans, channel, len);
     if (ch == NULL) {
-        ch = calloc(1, sizeof(*ch));
-        if (ch == NULL) {
-            return NULL;
-        }
-        ch->name = malloc(len + 1);
-        if (ch->name == NULL) {
-            free(ch);
-            return NULL;
-        }
-        memcpy(ch->name, channel, len);
-        ch->name[len] = '\0';
+        ch = ld_xcalloc(1, sizeof(*ch));
+        ch->name = ld_xstrndup(channel, len);
         ch->len = len;
+        LIST_INIT(&ch->subs);
         ch->state = CH_IDLE;
-        ld_dict_set(P.chans, ch->name, len, ch);
-        ld_stats.pubsub_channels = (long long)ld_dict_size(P.chans);
+        ld_dict_set(pubsub_mod.chans, ch->name, len, ch);
+        ld_stats.pubsub_channels = (long long)ld_dict_size(pubsub_mod.chans);
     }
-    struct ld_pubsub_sub *sub = calloc(1, sizeof(*sub));
-    if (sub == NULL) {
-        if (ch->n_subs == 0 && ch->state == CH_IDLE) {
-            chan_free(ch);
-        }
-        return NULL;
-    }
+    struct ld_pubsub_sub *sub = ld_xcalloc(1, sizeof(*sub));
     sub->chan = ch;
     sub->cb = cb;
     sub->arg = arg;
-    sub->next = ch->subs;
-    if (ch->subs != NULL) {
-        ch->subs->prev = sub;
-    }
-    ch->subs = sub;
+    LIST_INSERT_HEAD(&ch->subs, sub, link);
     ch->n_subs++;
     if (ch->state == CH_SUBSCRIBED) {
         queue_notify(sub);
@@ -268,14 +250,8 @@ ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub)
     }
     struct chan *ch = sub->chan;
     sub->dead = true;
-    if (sub->prev != NULL) {
-        sub->prev->next = sub->next;
-    } else {
-        ch->subs = sub->next;
-    }
-    if (sub->next != NULL) {
-        sub->next->prev = sub->prev;
-    }
+    LD_ASSERT(ch != NULL && ch->n_subs > 0);
+    LIST_REMOVE(sub, link);
     ch->n_subs--;
     sub->chan = NULL;
     sub_bury(sub);
@@ -291,7 +267,8 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply *reply = r;
     LD_UNUSED(privdata);
-    if (ac != P.ac || reply == NULL || reply->type != REDIS_REPLY_ARRAY ||
+    if (ac != pubsub_mod.ac || reply == NULL ||
+        reply->type != REDIS_REPLY_ARRAY ||
         reply->elements < 3 || reply->element[0]->type != REDIS_REPLY_STRING ||
         reply->element[1]->type != REDIS_REPLY_STRING) {
         return;
@@ -299,7 +276,7 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
     const char *kind = reply->element[0]->str;
     const char *name = reply->element[1]->str;
     size_t len = reply->element[1]->len;
-    struct chan *ch = ld_dict_get(P.chans, name, len);
+    struct chan *ch = ld_dict_get(pubsub_mod.chans, name, len);
     if (ch == NULL) {
         return;
     }
@@ -342,7 +319,7 @@ auth_cb(redisAsyncContext *ac, void *r, void *privdata)
 {
     redisReply *reply = r;
     LD_UNUSED(privdata);
-    if (ac != P.ac) {
+    if (ac != pubsub_mod.ac) {
         return;
     }
     if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
@@ -356,13 +333,9 @@ auth_cb(redisAsyncContext *ac, void *r, void *privdata)
 static void
 schedule_retry(void)
 {
-    int ms = P.backoff_ms / 2 + (int)(ld_random_unit() * (P.backoff_ms / 2 + 1));
+    int ms = ld_backoff_next_ms(&pubsub_mod.backoff);
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    event_add(P.retry_ev, &tv);
-    P.backoff_ms *= 2;
-    if (P.backoff_ms > BACKOFF_MAX_MS) {
-        P.backoff_ms = BACKOFF_MAX_MS;
-    }
+    event_add(pubsub_mod.retry_ev, &tv);
 }
 
 /* Everything subscribed is gone with the connection: tell subscribers
@@ -373,7 +346,7 @@ lost_all(void)
     struct ld_dict_iter it;
     void *v;
     size_t n = 0;
-    ld_dict_iter_init(&it, P.chans);
+    ld_dict_iter_init(&it, pubsub_mod.chans);
     while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
         struct chan *ch = v;
         ch->state = CH_IDLE;
@@ -388,27 +361,18 @@ lost_all(void)
     }
     /* Subscribers may (un)subscribe from their callbacks, which changes
      * the table: walk a copy of the names and look each one up again. */
-    char **names = calloc(n, sizeof(*names));
-    size_t *lens = calloc(n, sizeof(*lens));
+    char **names = ld_xcalloc(n, sizeof(*names));
+    size_t *lens = ld_xcalloc(n, sizeof(*lens));
     size_t k = 0;
-    if (names == NULL || lens == NULL) {
-        free(names);
-        free(lens);
-        return;
-    }
-    ld_dict_iter_init(&it, P.chans);
+    ld_dict_iter_init(&it, pubsub_mod.chans);
     while (k < n && ld_dict_iter_next(&it, NULL, NULL, &v)) {
         struct chan *ch = v;
-        names[k] = malloc(ch->len + 1);
-        if (names[k] == NULL) {
-            break;
-        }
-        memcpy(names[k], ch->name, ch->len);
+        names[k] = ld_xmemdup(ch->name, ch->len);
         lens[k] = ch->len;
         k++;
     }
     for (size_t i = 0; i < k; i++) {
-        struct chan *ch = ld_dict_get(P.chans, names[i], lens[i]);
+        struct chan *ch = ld_dict_get(pubsub_mod.chans, names[i], lens[i]);
         if (ch != NULL && ch->n_subs > 0) {
             deliver(ch, LD_PUBSUB_LOST, NULL, 0);
         }
@@ -421,12 +385,12 @@ lost_all(void)
 static void
 on_ready(void)
 {
-    P.state = PS_READY;
-    P.backoff_ms = BACKOFF_MIN_MS;
+    pubsub_mod.state = PS_READY;
+    ld_backoff_reset(&pubsub_mod.backoff);
     log_debug("redis subscriber ready");
     struct ld_dict_iter it;
     void *v;
-    ld_dict_iter_init(&it, P.chans);
+    ld_dict_iter_init(&it, pubsub_mod.chans);
     while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
         chan_want(v);
     }
@@ -435,35 +399,33 @@ on_ready(void)
 static void
 connect_cb(const redisAsyncContext *ac, int status)
 {
-    if (ac != P.ac) {
+    if (ac != pubsub_mod.ac) {
         return;
     }
     if (status != REDIS_OK) {
-        P.ac = NULL;
-        P.state = PS_DOWN;
+        pubsub_mod.ac = NULL;
+        pubsub_mod.state = PS_DOWN;
         schedule_retry();
         return;
     }
-    redisAsyncContext *mac = P.ac;
-    if (!P.is_unix) {
+    redisAsyncContext *mac = pubsub_mod.ac;
+    if (!pubsub_mod.addr.is_unix) {
         /* A subscriber hears nothing for long stretches; keepalive is how
          * a dead peer is noticed. (It fails on Unix sockets, whose peer
          * cannot vanish silently, and would poison the context.) */
         redisEnableKeepAlive(&mac->c);
     }
-    const struct ld_config *cfg = P.cfg;
-    if (cfg->redis.password[0] != '\0') {
-        if (cfg->redis.username[0] != '\0') {
-            redisAsyncCommand(mac, auth_cb, NULL, "AUTH %s %s",
-                              cfg->redis.username, cfg->redis.password);
-        } else {
-            redisAsyncCommand(mac, auth_cb, NULL, "AUTH %s",
-                              cfg->redis.password);
-        }
+    const struct ld_config *cfg = pubsub_mod.ctx->cfg;
+    const char *av[3];
+    size_t al[3];
+    int n = ld_conn_auth_argv(cfg, av, al);
+    if (n > 0) {
+        redisAsyncCommandArgv(mac, auth_cb, NULL, n, av, al);
     }
     /* The connection's own channel keeps the subscription count above
      * zero for its whole life (see the top of this file). */
-    redisAsyncCommand(mac, own_cb, NULL, "SUBSCRIBE %s", P.own_channel);
+    redisAsyncCommand(mac, own_cb, NULL, "SUBSCRIBE %s",
+                      pubsub_mod.own_channel);
     on_ready();
 }
 
@@ -471,12 +433,12 @@ static void
 disconnect_cb(const redisAsyncContext *ac, int status)
 {
     LD_UNUSED(status);
-    if (ac != P.ac) {
+    if (ac != pubsub_mod.ac) {
         return;
     }
-    P.ac = NULL;
-    bool was = P.state == PS_READY;
-    P.state = PS_DOWN;
+    pubsub_mod.ac = NULL;
+    bool was = pubsub_mod.state == PS_READY;
+    pubsub_mod.state = PS_DOWN;
     if (was) {
         log_warn("redis subscriber connection lost");
     }
@@ -487,20 +449,17 @@ disconnect_cb(const redisAsyncContext *ac, int status)
 static void
 ps_connect(void)
 {
-    redisAsyncContext *ac = P.is_unix ? redisAsyncConnectUnix(P.host)
-                                      : redisAsyncConnect(P.host, P.port);
+    char err[160];
+    redisAsyncContext *ac = ld_conn_open(&pubsub_mod.addr,
+                                         pubsub_mod.ctx->base, err,
+                                         sizeof(err));
     if (ac == NULL) {
+        log_debug("redis subscriber connect failed error=\"%s\"", err);
         schedule_retry();
         return;
     }
-    if (ac->err) {
-        redisAsyncFree(ac);
-        schedule_retry();
-        return;
-    }
-    P.ac = ac;
-    P.state = PS_CONNECTING;
-    redisLibeventAttach(ac, P.base);
+    pubsub_mod.ac = ac;
+    pubsub_mod.state = PS_CONNECTING;
     redisAsyncSetConnectCallback(ac, connect_cb);
     redisAsyncSetDisconnectCallback(ac, disconnect_cb);
 }
@@ -515,22 +474,27 @@ retry_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 int
-ld_pubsub_init(struct event_base *base, const struct ld_config *cfg)
+ld_pubsub_init(const struct ld_ctx *ctx)
 {
-    memset(&P, 0, sizeof(P));
-    P.base = base;
-    P.cfg = cfg;
-    P.backoff_ms = BACKOFF_MIN_MS;
-    if (ld_redis_parse_address(cfg->redis.address, P.host, sizeof(P.host),
-                               &P.port, &P.is_unix) != LD_OK) {
+    const struct ld_config *cfg = ctx->cfg;
+    memset(&pubsub_mod, 0, sizeof(pubsub_mod));
+    pubsub_mod.ctx = ctx;
+    STAILQ_INIT(&pubsub_mod.notify);
+    SLIST_INIT(&pubsub_mod.graveyard);
+    ld_backoff_reset(&pubsub_mod.backoff);
+    if (ld_conn_parse_address(cfg->redis.address, &pubsub_mod.addr) !=
+        LD_OK) {
         return LD_ERR;
     }
-    P.chans = ld_dict_new();
-    P.retry_ev = evtimer_new(base, retry_cb, NULL);
-    P.notify_ev = event_new(base, -1, 0, notify_cb, NULL);
-    snprintf(P.own_channel, sizeof(P.own_channel), "leased:daemon:%s",
-             ld_srv.instance);
-    return P.chans != NULL ? LD_OK : LD_ERR;
+    pubsub_mod.chans = ld_dict_new();
+    pubsub_mod.retry_ev = evtimer_new(ctx->base, retry_cb, NULL);
+    if (pubsub_mod.retry_ev == NULL) {
+        ld_oom(0);
+    }
+    ld_defer_init(&pubsub_mod.notify_defer, ctx->base, notify_cb, NULL);
+    snprintf(pubsub_mod.own_channel, sizeof(pubsub_mod.own_channel),
+             "leased:daemon:%s", ctx->instance);
+    return pubsub_mod.chans != NULL ? LD_OK : LD_ERR;
 }
 
 void
@@ -542,40 +506,39 @@ ld_pubsub_start(void)
 void
 ld_pubsub_free(void)
 {
-    if (P.ac != NULL) {
-        redisAsyncContext *ac = P.ac;
-        P.ac = NULL;
+    if (pubsub_mod.ac != NULL) {
+        redisAsyncContext *ac = pubsub_mod.ac;
+        pubsub_mod.ac = NULL;
         redisAsyncFree(ac);
     }
-    if (P.chans != NULL) {
+    if (pubsub_mod.chans != NULL) {
         struct ld_dict_iter it;
         void *v;
-        ld_dict_iter_init(&it, P.chans);
+        ld_dict_iter_init(&it, pubsub_mod.chans);
         while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
             struct chan *ch = v;
-            struct ld_pubsub_sub *s = ch->subs;
-            while (s != NULL) {
-                struct ld_pubsub_sub *n = s->next;
+            while (!LIST_EMPTY(&ch->subs)) {
+                struct ld_pubsub_sub *s = LIST_FIRST(&ch->subs);
+                LIST_REMOVE(s, link);
                 free(s);
-                s = n;
             }
             free(ch->name);
             free(ch);
         }
-        ld_dict_free(P.chans);
-        P.chans = NULL;
+        ld_dict_free(pubsub_mod.chans);
+        pubsub_mod.chans = NULL;
     }
-    P.delivering = 0;
-    P.notify_head = P.notify_tail = NULL;
-    while (P.graveyard != NULL) {
-        struct ld_pubsub_sub *n = P.graveyard->next;
-        free(P.graveyard);
-        P.graveyard = n;
+    pubsub_mod.delivering = 0;
+    STAILQ_INIT(&pubsub_mod.notify);
+    while (!SLIST_EMPTY(&pubsub_mod.graveyard)) {
+        struct ld_pubsub_sub *n = SLIST_FIRST(&pubsub_mod.graveyard);
+        SLIST_REMOVE_HEAD(&pubsub_mod.graveyard, grave_link);
+        free(n);
     }
-    if (P.retry_ev != NULL) {
-        event_free(P.retry_ev);
+    if (pubsub_mod.retry_ev != NULL) {
+        event_free(pubsub_mod.retry_ev);
     }
-    if (P.notify_ev != NULL) {
-        event_free(P.notify_ev);
+    if (pubsub_mod.notify_defer.ev != NULL) {
+        ld_defer_free(&pubsub_mod.notify_defer);
     }
 }

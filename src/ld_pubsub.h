@@ -3,8 +3,7 @@
 
 #include "ld_common.h"
 
-struct event_base;
-struct ld_config;
+struct ld_ctx;
 
 /* One subscriber connection per daemon. Channels are subscribed while at
  * least one local subscription wants them and unsubscribed after. */
@@ -29,7 +28,7 @@ struct ld_pubsub_sub *ld_pubsub_subscribe(const char *channel, size_t len,
                                           ld_pubsub_cb *cb, void *arg);
 void ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub);
 
-int ld_pubsub_init(struct event_base *base, const struct ld_config *cfg);
+int ld_pubsub_init(const struct ld_ctx *ctx);
 void ld_pubsub_start(void);
 void ld_pubsub_free(void);
 

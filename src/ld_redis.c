@@ -14,30 +14,56 @@
  * it undoes). Reconnects back off
  * exponentially up to a cap, and each new connection authenticates,
  * selects its database and loads the scripts before it takes traffic.
+ * A command issued while no connection is ready but one is on its way
+ * waits for it (in issue order, bounded in count and by redis.timeout_ms
+ * from the issue); once the latest attempt has failed, Redis counts as
+ * down and commands are answered NOT_SENT at once.
  *
- * The libevent adapter of hiredis is all static functions, so it is
- * included here and in ld_pubsub.c only.
+ * How a request reaches Redis and how its answer comes back:
+ *   1. ld_session reads a line from the client, ld_frame cuts it out and
+ *      ld_proto parses it into a struct ld_req;
+ *   2. ld_dispatch finds the op's handler (registered by ld_lock,
+ *      ld_cache...), which calls ld_redis_command_ex or
+ *      ld_redis_script_ex with its callback and the request as argument;
+ *   3. here the route (the key) picks the connection, so commands on one
+ *      key keep their order; the command is formatted into the
+ *      connection's output buffer, its struct rcmd appended to the
+ *      connection's FIFO, and every command of the loop turn leaves in
+ *      one write (the auto-pipelining);
+ *   4. Redis answers in send order: the reply pops the FIFO's head
+ *      (asserted), the callback runs with the reply and an outcome
+ *      (ld_redis_outcome), and answers the client with ld_reply_ok or
+ *      ld_reply_error*, which ld_session writes out;
+ *   5. commands that never left (no connection, pin gone) are answered
+ *      from the loop through the failure list, never from inside the
+ *      call that issued them.
+ *
+ * Address, transport, backoff and AUTH come from ld_conn, shared with
+ * the subscriber connection.
  */
 #include "ld_redis.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
+#include "ld_conn.h"
+#include "ld_ctx.h"
+#include "ld_defer.h"
 #include "ld_log.h"
-#include "ld_server.h"
+#include "ld_mem.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include <event2/event.h>
 #include <hiredis/async.h>
-#include <hiredis/adapters/libevent.h>
 
 #define MAX_CONNS 64              /* per pool */
-#define BACKOFF_MIN_MS 50
-#define BACKOFF_MAX_MS 2000
 #define STACK_ARGS 32
+#define MAX_WAITING 4096          /* commands awaiting a connection */
 
 enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
 
@@ -48,7 +74,7 @@ struct rcmd {
     void *arg;
     struct rconn *conn;
     uint64_t sent_us;
-    struct rcmd *next;        /* connection FIFO, or the failure list */
+    TAILQ_ENTRY(rcmd) link;   /* connection FIFO, waiting or failure list */
     unsigned flags;           /* LD_REDIS_F_* */
     bool answered;            /* the callback has had UNKNOWN already */
     bool noscript;            /* resent as EVAL after NOSCRIPT */
@@ -59,18 +85,24 @@ struct rcmd {
     char **argv;
     size_t *argvlen;
     bool internal;            /* handshake step: cb gets the rconn */
+    bool waiting;             /* on the list of those awaiting a conn */
+    enum ld_redis_pool pool;  /* while waiting */
+    uint64_t route_hash;
+    uint64_t wait_until_us;   /* when waiting for a connection ends */
 };
+
+TAILQ_HEAD(rcmd_queue, rcmd);
 
 struct rconn {
     int idx;
     redisAsyncContext *ac;
     enum conn_state state;
-    int backoff_ms;
+    struct ld_backoff backoff;
     struct event *retry_ev;
     struct event *timeout_ev;
     uint64_t connect_started_us;
     uint64_t last_reply_us;   /* progress: when Redis last answered */
-    struct rcmd *head, *tail; /* sent, awaiting replies */
+    struct rcmd_queue sent;   /* sent, awaiting replies, in send order */
     unsigned handshake_left;
     bool handshake_failed;
     uint64_t id;              /* this context's, for pinned commands */
@@ -78,7 +110,7 @@ struct rconn {
     bool draining;            /* set aside after a timeout */
     bool closing;
     uint64_t drain_end_us;
-    struct rconn *dnext;      /* list of draining connections */
+    LIST_ENTRY(rconn) dlink;  /* list of draining connections */
     char why[192];            /* why it is going down, for callbacks */
 };
 
@@ -88,28 +120,32 @@ struct state_watcher {
 };
 
 static struct {
-    struct event_base *base;
-    const struct ld_config *cfg;
+    const struct ld_ctx *ctx;
     struct rconn conns[2 * MAX_CONNS];
     int n_conns;              /* the shared pool: conns[0, n_conns) */
     int n_lock;               /* the lock pool after it, once started */
     bool lock_ever_ready;
-    struct rconn *draining;
+    LIST_HEAD(, rconn) draining;
     uint64_t next_id;
     char last_error[160];     /* of the latest failed connect */
     int n_ready;
-    char host[256];
-    int port;
-    bool is_unix;
+    struct ld_conn_addr addr;
     char address[300];
     char shas[LD_SCRIPT__COUNT + 1][41];
-    struct rcmd *fail_head, *fail_tail;
-    struct event *fail_ev;
+    struct rcmd_queue failed; /* answered from the loop by fail_defer */
+    struct ld_defer fail_defer;
+    /* Commands issued while no connection was ready but one was being
+     * established, in issue order; bounded by count and by
+     * redis.timeout_ms from the issue. */
+    struct rcmd_queue waiting;
+    int n_waiting;
+    struct event *wait_ev;
+    bool known_down;          /* the latest connect attempt failed */
     struct state_watcher watchers[8];
     int n_watchers;
     double rtt_us;
     bool freeing;
-} R;
+} redis_mod;
 
 static const char *script_bodies[] = {
 #define LD_SCRIPT_BODY(name) ld_lua_##name,
@@ -185,27 +221,30 @@ ld_reply_is_error(const redisReply *r, const char *prefix)
 const char *
 ld_redis_address(void)
 {
-    return R.address;
+    return redis_mod.address;
 }
 
 bool
 ld_redis_ready(void)
 {
-    return R.n_ready > 0;
+    return redis_mod.n_ready > 0;
 }
 
 long long
 ld_redis_outstanding(void)
 {
-    long long n = 0;
-    for (int i = 0; i < R.n_conns + R.n_lock; i++) {
-        for (struct rcmd *c = R.conns[i].head; c != NULL; c = c->next) {
+    long long n = redis_mod.n_waiting;
+    for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
+        struct rcmd *c;
+        TAILQ_FOREACH(c, &redis_mod.conns[i].sent, link) {
             n++;
         }
     }
     /* Late answers nobody waits for do not hold up a stop. */
-    for (struct rconn *d = R.draining; d != NULL; d = d->dnext) {
-        for (struct rcmd *c = d->head; c != NULL; c = c->next) {
+    struct rconn *d;
+    LIST_FOREACH(d, &redis_mod.draining, dlink) {
+        struct rcmd *c;
+        TAILQ_FOREACH(c, &d->sent, link) {
             if (!c->answered || (c->flags & LD_REDIS_F_LATE)) {
                 n++;
             }
@@ -217,18 +256,18 @@ ld_redis_outstanding(void)
 void
 ld_redis_on_state(ld_redis_state_fn *fn, void *arg)
 {
-    if (R.n_watchers < (int)LD_ARRAY_LEN(R.watchers)) {
-        R.watchers[R.n_watchers].fn = fn;
-        R.watchers[R.n_watchers].arg = arg;
-        R.n_watchers++;
+    if (redis_mod.n_watchers < (int)LD_ARRAY_LEN(redis_mod.watchers)) {
+        redis_mod.watchers[redis_mod.n_watchers].fn = fn;
+        redis_mod.watchers[redis_mod.n_watchers].arg = arg;
+        redis_mod.n_watchers++;
     }
 }
 
 static void
 notify_state(bool up)
 {
-    for (int i = 0; i < R.n_watchers; i++) {
-        R.watchers[i].fn(up, R.watchers[i].arg);
+    for (int i = 0; i < redis_mod.n_watchers; i++) {
+        redis_mod.watchers[i].fn(up, redis_mod.watchers[i].arg);
     }
 }
 
@@ -243,17 +282,17 @@ set_ready(struct rconn *c, bool ready)
     if (c->pool != LD_REDIS_POOL_SHARED) {
         /* The backend's state is the shared pool's. */
         if (ready) {
-            R.lock_ever_ready = true;
+            redis_mod.lock_ever_ready = true;
         }
         return;
     }
-    R.n_ready += ready ? 1 : -1;
-    ld_stats.redis_connected = R.n_ready;
-    if (ready && R.n_ready == 1) {
-        log_info("redis up address=%s", R.address);
+    redis_mod.n_ready += ready ? 1 : -1;
+    ld_stats.redis_connected = redis_mod.n_ready;
+    if (ready && redis_mod.n_ready == 1) {
+        log_info("redis up address=%s", redis_mod.address);
         notify_state(true);
-    } else if (!ready && R.n_ready == 0 && !R.freeing) {
-        log_warn("redis down address=%s", R.address);
+    } else if (!ready && redis_mod.n_ready == 0 && !redis_mod.freeing) {
+        log_warn("redis down address=%s", redis_mod.address);
         notify_state(false);
     }
 }
@@ -261,9 +300,7 @@ set_ready(struct rconn *c, bool ready)
 static void
 rcmd_free(struct rcmd *cmd)
 {
-    if (cmd->argv != NULL) {
-        free(cmd->argv);       /* one block: argv, argvlen and the bytes */
-    }
+    free(cmd->argv);           /* one block: argv, argvlen and the bytes */
     free(cmd->fail_reason);
     free(cmd);
 }
@@ -276,28 +313,21 @@ fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome,
 {
     cmd->fail_outcome = outcome;
     free(cmd->fail_reason);
-    cmd->fail_reason = strdup(reason);
-    cmd->next = NULL;
-    if (R.fail_tail != NULL) {
-        R.fail_tail->next = cmd;
-    } else {
-        R.fail_head = cmd;
-    }
-    R.fail_tail = cmd;
-    event_active(R.fail_ev, EV_TIMEOUT, 0);
+    cmd->fail_reason = ld_xstrdup(reason);
+    TAILQ_INSERT_TAIL(&redis_mod.failed, cmd, link);
+    ld_defer_kick(&redis_mod.fail_defer);
 }
 
 static void
-fail_cb(evutil_socket_t fd, short what, void *arg)
+fail_cb(void *arg)
 {
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
     LD_UNUSED(arg);
-    struct rcmd *list = R.fail_head;
-    R.fail_head = R.fail_tail = NULL;
-    while (list != NULL) {
-        struct rcmd *cmd = list;
-        list = cmd->next;
+    /* Failures queued by these callbacks wait for the next turn. */
+    struct rcmd_queue list = TAILQ_HEAD_INITIALIZER(list);
+    TAILQ_CONCAT(&list, &redis_mod.failed, link);
+    while (!TAILQ_EMPTY(&list)) {
+        struct rcmd *cmd = TAILQ_FIRST(&list);
+        TAILQ_REMOVE(&list, cmd, link);
         ld_stats.redis_errors++;
         call_cb(cmd, NULL, cmd->fail_outcome, cmd->fail_reason, 0);
         rcmd_free(cmd);
@@ -312,8 +342,9 @@ fail_cb(evutil_socket_t fd, short what, void *arg)
 static uint64_t
 stall_start(const struct rconn *c)
 {
-    return c->head->sent_us > c->last_reply_us ? c->head->sent_us
-                                               : c->last_reply_us;
+    const struct rcmd *head = TAILQ_FIRST(&c->sent);
+    return head->sent_us > c->last_reply_us ? head->sent_us
+                                            : c->last_reply_us;
 }
 
 static void
@@ -322,11 +353,12 @@ arm_timeout(struct rconn *c)
     if (c->draining) {
         return;            /* its timer is the drain bound */
     }
-    if (c->head == NULL || event_pending(c->timeout_ev, EV_TIMEOUT, NULL)) {
+    if (TAILQ_EMPTY(&c->sent) ||
+        event_pending(c->timeout_ev, EV_TIMEOUT, NULL)) {
         return;
     }
     uint64_t deadline = stall_start(c) +
-                        (uint64_t)R.cfg->redis.timeout_ms * 1000;
+                        (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
     uint64_t now = ld_now_us();
     uint64_t wait = deadline > now ? deadline - now : 0;
     struct timeval tv = {(time_t)(wait / 1000000),
@@ -346,13 +378,7 @@ send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
     }
     cmd->conn = c;
     cmd->sent_us = ld_now_us();
-    cmd->next = NULL;
-    if (c->tail != NULL) {
-        c->tail->next = cmd;
-    } else {
-        c->head = cmd;
-    }
-    c->tail = cmd;
+    TAILQ_INSERT_TAIL(&c->sent, cmd, link);
     ld_stats.redis_commands++;
     arm_timeout(c);
     return LD_OK;
@@ -369,18 +395,20 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
     struct rconn *c = ac->data;
     redisReply *reply = r;
 
-    /* Replies arrive in send order, so this is the head of the queue. */
-    if (c != NULL && c->head == cmd) {
+    /* Replies arrive in send order, so this is the head of the queue;
+     * hiredis' NULL replies when a context is freed come in that order
+     * too. */
+    LD_ASSERTF(c != NULL && TAILQ_FIRST(&c->sent) == cmd,
+               "reply out of send order conn=%d", c != NULL ? c->idx : -1);
+    if (c != NULL && TAILQ_FIRST(&c->sent) == cmd) {
         c->last_reply_us = ld_now_us();
-        c->head = cmd->next;
-        if (c->head == NULL) {
-            c->tail = NULL;
-        }
+        TAILQ_REMOVE(&c->sent, cmd, link);
     }
     if (reply != NULL) {
         double sample = (double)(ld_now_us() - cmd->sent_us);
-        R.rtt_us = R.rtt_us == 0 ? sample : R.rtt_us * 0.875 + sample * 0.125;
-        ld_stats.redis_rtt_us = (long long)R.rtt_us;
+        double rtt = redis_mod.rtt_us;
+        redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
+        ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
         ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
     } else {
         ld_stats.redis_errors++;
@@ -423,7 +451,7 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
         call_cb(cmd, NULL, late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why, id);
     }
     rcmd_free(cmd);
-    if (c != NULL && c->draining && !c->closing && c->head == NULL) {
+    if (c != NULL && c->draining && !c->closing && TAILQ_EMPTY(&c->sent)) {
         /* All late answers are in: close it from the loop. */
         event_active(c->timeout_ev, EV_TIMEOUT, 0);
     }
@@ -440,8 +468,8 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
     const char *body = script_bodies[cmd->script];
 
     if (cmd->argc > STACK_ARGS) {
-        argv = malloc(sizeof(*argv) * (size_t)total);
-        argvlen = malloc(sizeof(*argvlen) * (size_t)total);
+        argv = ld_xmalloc(sizeof(*argv) * (size_t)total);
+        argvlen = ld_xmalloc(sizeof(*argvlen) * (size_t)total);
     }
     /* The kept arguments start with the key count, then keys and args. */
     argv[0] = "EVAL";
@@ -465,18 +493,22 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
 
 static void lock_pool_start(void);
 
-/* Where a command goes; NULL with *WHY set when nowhere. */
+/* Where a command goes; NULL with *WHY set when nowhere. *MAY_WAIT
+ * tells whether it may wait for a connection being established. */
 static struct rconn *
-pick_conn(const struct ld_redis_opts *o, const char *route, size_t len,
-          char *why, size_t whylen)
+pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
+          size_t whylen, bool *may_wait)
 {
+    *may_wait = false;
     if (o != NULL && o->pin != 0) {
-        for (int i = 0; i < R.n_conns + R.n_lock; i++) {
-            if (R.conns[i].id == o->pin && R.conns[i].state == CONN_READY) {
-                return &R.conns[i];
+        for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
+            const struct rconn *c = &redis_mod.conns[i];
+            if (c->id == o->pin && c->state == CONN_READY) {
+                return &redis_mod.conns[i];
             }
         }
-        for (struct rconn *d = R.draining; d != NULL; d = d->dnext) {
+        struct rconn *d;
+        LIST_FOREACH(d, &redis_mod.draining, dlink) {
             if (d->id == o->pin && d->ac != NULL && !d->closing) {
                 return d;
             }
@@ -485,28 +517,204 @@ pick_conn(const struct ld_redis_opts *o, const char *route, size_t len,
                  "gone");
         return NULL;
     }
-    int base = 0, n = R.n_conns;
+    int base = 0, n = redis_mod.n_conns;
     if (o != NULL && o->pool == LD_REDIS_POOL_LOCK) {
-        if (R.n_lock == 0) {
+        if (redis_mod.n_lock == 0) {
             lock_pool_start();
         }
         /* Until the pool has come up once (it opens on first use), the
          * shared connections serve. */
-        if (R.lock_ever_ready) {
-            base = R.n_conns;
-            n = R.n_lock;
+        if (redis_mod.lock_ever_ready) {
+            base = redis_mod.n_conns;
+            n = redis_mod.n_lock;
         }
     }
-    int start = (int)(ld_hash(route, len) % (uint64_t)n);
+    int start = (int)(hash % (uint64_t)n);
+    bool pending = false;
     for (int i = 0; i < n; i++) {
-        struct rconn *c = &R.conns[base + (start + i) % n];
+        struct rconn *c = &redis_mod.conns[base + (start + i) % n];
         if (c->state == CONN_READY) {
             return c;
         }
+        if (c->state == CONN_CONNECTING || c->state == CONN_HANDSHAKE) {
+            pending = true;
+        }
     }
+    /* A connection on its way may be ready in a moment; a Redis whose
+     * last attempt failed is down, and saying so at once beats making
+     * every caller wait out the timeout. */
+    *may_wait = pending && !redis_mod.known_down;
     snprintf(why, whylen, "no connection to redis is ready (last error: %s)",
-             R.last_error[0] != '\0' ? R.last_error : "none yet");
+             redis_mod.last_error[0] != '\0' ? redis_mod.last_error
+                                              : "none yet");
     return NULL;
+}
+
+/* Copy the arguments of a command that must wait for a connection. */
+static int
+copy_args(struct rcmd *cmd, int argc, const char **argv,
+          const size_t *argvlen)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < argc; i++) {
+        bytes += argvlen[i] + 1;
+    }
+    size_t head = (sizeof(char *) + sizeof(size_t)) * (size_t)argc;
+    /* The size is the client's: no memory is an error, not an abort. */
+    char *block = malloc(head + bytes);
+    if (block == NULL) {
+        return LD_ERR;
+    }
+    cmd->argv = (char **)block;
+    cmd->argvlen = (size_t *)(block + sizeof(char *) * (size_t)argc);
+    char *p = block + head;
+    for (int i = 0; i < argc; i++) {
+        memcpy(p, argv[i], argvlen[i]);
+        p[argvlen[i]] = '\0';
+        cmd->argv[i] = p;
+        cmd->argvlen[i] = argvlen[i];
+        p += argvlen[i] + 1;
+    }
+    cmd->argc = argc;
+    return LD_OK;
+}
+
+/* Send a script's EVALSHA from its kept arguments. */
+static int
+send_script(struct rconn *c, struct rcmd *cmd)
+{
+    const char *stack_argv[STACK_ARGS + 3];
+    size_t stack_len[STACK_ARGS + 3];
+    const char **av = stack_argv;
+    size_t *al = stack_len;
+    int argc = cmd->argc - 1;  /* the kept ones start with the key count */
+    if (argc > STACK_ARGS) {
+        av = ld_xmalloc(sizeof(*av) * (size_t)(argc + 3));
+        al = ld_xmalloc(sizeof(*al) * (size_t)(argc + 3));
+    }
+    av[0] = "EVALSHA";
+    al[0] = 7;
+    av[1] = redis_mod.shas[cmd->script];
+    al[1] = 40;
+    for (int i = 0; i <= argc; i++) {
+        av[i + 2] = cmd->argv[i];
+        al[i + 2] = cmd->argvlen[i];
+    }
+    int rc = send_argv(c, cmd, argc + 3, av, al);
+    if (av != stack_argv) {
+        free(av);
+        free(al);
+    }
+    return rc;
+}
+
+static void
+wait_arm(void)
+{
+    if (TAILQ_EMPTY(&redis_mod.waiting) ||
+        event_pending(redis_mod.wait_ev, EV_TIMEOUT, NULL)) {
+        return;
+    }
+    /* Commands wait in issue order, so the first one expires first. */
+    uint64_t now = ld_now_us();
+    uint64_t until = TAILQ_FIRST(&redis_mod.waiting)->wait_until_us;
+    uint64_t wait = until > now ? until - now : 0;
+    struct timeval tv = {(time_t)(wait / 1000000),
+                         (suseconds_t)(wait % 1000000)};
+    event_add(redis_mod.wait_ev, &tv);
+}
+
+/* Send CMD, let it wait for a connection being established, or answer it
+ * NOT_SENT. Its arguments are the kept ones unless ARGV is given. */
+static void
+route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
+          const char **argv, const size_t *argvlen)
+{
+    char why[256];
+    bool may_wait;
+    struct rconn *c = pick_conn(opts, cmd->route_hash, why, sizeof(why),
+                                &may_wait);
+    if (c != NULL) {
+        int rc;
+        if (cmd->script >= 0) {
+            rc = send_script(c, cmd);
+        } else if (argv != NULL) {
+            rc = send_argv(c, cmd, argc, argv, argvlen);
+        } else {
+            rc = send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
+                           cmd->argvlen);
+        }
+        if (rc != LD_OK) {
+            fail_later(cmd, LD_REDIS_NOT_SENT,
+                       "could not queue the command");
+        }
+        return;
+    }
+    if (!may_wait || redis_mod.n_waiting >= MAX_WAITING) {
+        fail_later(cmd, LD_REDIS_NOT_SENT, why);
+        return;
+    }
+    if (cmd->script < 0 && argv != NULL &&
+        copy_args(cmd, argc, argv, argvlen) != LD_OK) {
+        fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
+        return;
+    }
+    if (cmd->wait_until_us == 0) {
+        /* The clock runs from the issue, not from the latest retry. */
+        cmd->wait_until_us =
+            ld_now_us() +
+            (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
+    }
+    cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
+    cmd->waiting = true;
+    TAILQ_INSERT_TAIL(&redis_mod.waiting, cmd, link);
+    redis_mod.n_waiting++;
+    wait_arm();
+}
+
+/* A connection became ready, or an attempt failed: what waits is sent,
+ * waits on, or is answered. */
+static void
+waiting_retry(void)
+{
+    if (TAILQ_EMPTY(&redis_mod.waiting)) {
+        return;
+    }
+    struct rcmd_queue list = TAILQ_HEAD_INITIALIZER(list);
+    TAILQ_CONCAT(&list, &redis_mod.waiting, link);
+    redis_mod.n_waiting = 0;
+    while (!TAILQ_EMPTY(&list)) {
+        struct rcmd *cmd = TAILQ_FIRST(&list);
+        TAILQ_REMOVE(&list, cmd, link);
+        LD_ASSERT(cmd->waiting);
+        cmd->waiting = false;
+        struct ld_redis_opts o = {cmd->flags, cmd->pool, 0};
+        route_cmd(cmd, &o, 0, NULL, NULL);
+    }
+}
+
+static void
+wait_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    uint64_t now = ld_now_us();
+    while (!TAILQ_EMPTY(&redis_mod.waiting) &&
+           TAILQ_FIRST(&redis_mod.waiting)->wait_until_us <= now) {
+        struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);
+        TAILQ_REMOVE(&redis_mod.waiting, cmd, link);
+        redis_mod.n_waiting--;
+        cmd->waiting = false;
+        char why[256];
+        snprintf(why, sizeof(why), "no connection to redis was ready "
+                 "within %d ms (last error: %s)",
+                 redis_mod.ctx->cfg->redis.timeout_ms,
+                 redis_mod.last_error[0] != '\0' ? redis_mod.last_error
+                                                  : "none yet");
+        fail_later(cmd, LD_REDIS_NOT_SENT, why);
+    }
+    wait_arm();
 }
 
 void
@@ -522,21 +730,13 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
                     size_t route_len, int argc, const char **argv,
                     const size_t *argvlen, ld_redis_cb *cb, void *arg)
 {
-    struct rcmd *cmd = calloc(1, sizeof(*cmd));
-    if (cmd == NULL) {
-        return;
-    }
+    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
     cmd->cb = cb;
     cmd->arg = arg;
     cmd->script = -1;
     cmd->flags = opts != NULL ? opts->flags : 0;
-    char why[256];
-    struct rconn *c = pick_conn(opts, route, route_len, why, sizeof(why));
-    if (c == NULL) {
-        fail_later(cmd, LD_REDIS_NOT_SENT, why);
-    } else if (send_argv(c, cmd, argc, argv, argvlen) != LD_OK) {
-        fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
-    }
+    cmd->route_hash = ld_hash(route, route_len);
+    route_cmd(cmd, opts, argc, argv, argvlen);
 }
 
 /* Keep the key count and the script's keys and args in one allocation,
@@ -591,50 +791,17 @@ ld_redis_script_ex(const struct ld_redis_opts *opts,
                    size_t route_len, int nkeys, int argc, const char **argv,
                    const size_t *argvlen, ld_redis_cb *cb, void *arg)
 {
-    struct rcmd *cmd = calloc(1, sizeof(*cmd));
-    if (cmd == NULL) {
-        return;
-    }
+    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
     cmd->cb = cb;
     cmd->arg = arg;
     cmd->script = (int)script;
     cmd->flags = opts != NULL ? opts->flags : 0;
+    cmd->route_hash = ld_hash(route, route_len);
     if (keep_args(cmd, nkeys, argc, argv, argvlen) != LD_OK) {
         fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
         return;
     }
-    char why[256];
-    struct rconn *c = pick_conn(opts, route, route_len, why, sizeof(why));
-    if (c == NULL) {
-        fail_later(cmd, LD_REDIS_NOT_SENT, why);
-        return;
-    }
-
-    const char *stack_argv[STACK_ARGS + 3];
-    size_t stack_len[STACK_ARGS + 3];
-    const char **av = stack_argv;
-    size_t *al = stack_len;
-    if (argc > STACK_ARGS) {
-        av = malloc(sizeof(*av) * (size_t)(argc + 3));
-        al = malloc(sizeof(*al) * (size_t)(argc + 3));
-    }
-    av[0] = "EVALSHA";
-    al[0] = 7;
-    av[1] = R.shas[script];
-    al[1] = 40;
-    av[2] = cmd->argv[0];
-    al[2] = cmd->argvlen[0];
-    for (int i = 0; i < argc; i++) {
-        av[i + 3] = argv[i];
-        al[i + 3] = argvlen[i];
-    }
-    if (send_argv(c, cmd, argc + 3, av, al) != LD_OK) {
-        fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
-    }
-    if (av != stack_argv) {
-        free(av);
-        free(al);
-    }
+    route_cmd(cmd, opts, 0, NULL, NULL);
 }
 
 /* ---- connection lifecycle ------------------------------------------- */
@@ -642,16 +809,18 @@ ld_redis_script_ex(const struct ld_redis_opts *opts,
 static void
 schedule_retry(struct rconn *c)
 {
-    int ms = c->backoff_ms;
-    /* Spread reconnects so that many daemons do not stampede a Redis
-     * that just came back. */
-    ms = ms / 2 + (int)(ld_random_unit() * (ms / 2 + 1));
+    int ms = ld_backoff_next_ms(&c->backoff);
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     event_add(c->retry_ev, &tv);
-    c->backoff_ms *= 2;
-    if (c->backoff_ms > BACKOFF_MAX_MS) {
-        c->backoff_ms = BACKOFF_MAX_MS;
-    }
+}
+
+/* A connection attempt failed: Redis counts as down until one succeeds,
+ * and what waited for a connection learns it now. */
+static void
+attempt_failed(void)
+{
+    redis_mod.known_down = true;
+    waiting_retry();
 }
 
 /* Take the connection down now: every command queued on it is answered
@@ -667,7 +836,8 @@ conn_down(struct rconn *c, const char *why)
     event_del(c->timeout_ev);
     snprintf(c->why, sizeof(c->why), "%s", why);
     if (!was_ready) {
-        snprintf(R.last_error, sizeof(R.last_error), "%s", why);
+        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
+                 why);
     }
     if (ac != NULL) {
         if (was_ready) {
@@ -681,13 +851,17 @@ conn_down(struct rconn *c, const char *why)
     }
     /* Commands whose callbacks hiredis did not run (none expected)
      * must still be answered. */
-    while (c->head != NULL) {
-        struct rcmd *cmd = c->head;
-        c->head = cmd->next;
+    while (!TAILQ_EMPTY(&c->sent)) {
+        struct rcmd *cmd = TAILQ_FIRST(&c->sent);
+        TAILQ_REMOVE(&c->sent, cmd, link);
         fail_later(cmd, LD_REDIS_UNKNOWN, why);
     }
-    c->tail = NULL;
     schedule_retry(c);
+    if (!was_ready) {
+        attempt_failed();
+    } else {
+        waiting_retry();
+    }
 }
 
 /* Close a connection that was set aside, from the loop (never from inside
@@ -696,26 +870,21 @@ conn_down(struct rconn *c, const char *why)
 static void
 drain_close(struct rconn *d)
 {
-    struct rconn **pp = &R.draining;
-    while (*pp != NULL && *pp != d) {
-        pp = &(*pp)->dnext;
-    }
-    if (*pp == d) {
-        *pp = d->dnext;
-    }
+    LD_ASSERT(d->draining && !d->closing);
+    LIST_REMOVE(d, dlink);
     d->closing = true;
     if (d->ac != NULL) {
         redisAsyncContext *ac = d->ac;
         d->ac = NULL;
-        if (d->head != NULL) {
+        if (!TAILQ_EMPTY(&d->sent)) {
             log_warn("redis connection given up conn=%d reason=\"%s\"",
                      d->idx, d->why);
         }
         redisAsyncFree(ac);
     }
-    while (d->head != NULL) {
-        struct rcmd *cmd = d->head;
-        d->head = cmd->next;
+    while (!TAILQ_EMPTY(&d->sent)) {
+        struct rcmd *cmd = TAILQ_FIRST(&d->sent);
+        TAILQ_REMOVE(&d->sent, cmd, link);
         if (!cmd->answered) {
             fail_later(cmd, LD_REDIS_UNKNOWN, d->why);
         } else if (cmd->flags & LD_REDIS_F_LATE) {
@@ -735,11 +904,12 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     uint64_t now = ld_now_us();
-    if (d->ac == NULL || d->head == NULL || now >= d->drain_end_us) {
-        if (d->ac != NULL && d->head != NULL) {
+    if (d->ac == NULL || TAILQ_EMPTY(&d->sent) || now >= d->drain_end_us) {
+        if (d->ac != NULL && !TAILQ_EMPTY(&d->sent)) {
             snprintf(d->why, sizeof(d->why),
                      "no answer within %d ms, connection given up",
-                     R.cfg->redis.timeout_ms * LD_REDIS_DRAIN_FACTOR);
+                     redis_mod.ctx->cfg->redis.timeout_ms *
+                         LD_REDIS_DRAIN_FACTOR);
         }
         drain_close(d);
         return;
@@ -757,45 +927,39 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 static void
 conn_drain(struct rconn *c, const char *why)
 {
-    struct rconn *d = calloc(1, sizeof(*d));
-    if (d == NULL) {
-        conn_down(c, why);
-        return;
-    }
+    struct rconn *d = ld_xcalloc(1, sizeof(*d));
     d->idx = c->idx;
     d->id = c->id;
     d->pool = c->pool;
     d->ac = c->ac;
     d->state = CONN_DOWN;
     d->draining = true;
-    d->head = c->head;
-    d->tail = c->tail;
+    TAILQ_INIT(&d->sent);
+    TAILQ_CONCAT(&d->sent, &c->sent, link);
     d->last_reply_us = c->last_reply_us;
-    d->timeout_ev = evtimer_new(R.base, drain_timeout_cb, d);
+    d->timeout_ev = evtimer_new(redis_mod.ctx->base, drain_timeout_cb, d);
     if (d->timeout_ev == NULL) {
-        free(d);
-        conn_down(c, why);
-        return;
+        ld_oom(0);
     }
     snprintf(d->why, sizeof(d->why), "%s", why);
     d->ac->data = d;
-    d->drain_end_us = ld_now_us() + (uint64_t)R.cfg->redis.timeout_ms *
-                                        1000 * LD_REDIS_DRAIN_FACTOR;
-    d->dnext = R.draining;
-    R.draining = d;
+    d->drain_end_us = ld_now_us() +
+                      (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000 *
+                          LD_REDIS_DRAIN_FACTOR;
+    LIST_INSERT_HEAD(&redis_mod.draining, d, dlink);
 
     set_ready(c, false);
     c->state = CONN_DOWN;
     c->ac = NULL;
-    c->head = c->tail = NULL;
     event_del(c->timeout_ev);
     log_warn("redis connection stalled conn=%d reason=\"%s\"; kept for "
              "late answers, reconnecting", c->idx, why);
     drain_timeout_cb(-1, 0, d);
 
     /* Callbacks may pin new commands to D (appended after LAST). */
-    struct rcmd *last = d->tail;
-    for (struct rcmd *cmd = d->head; cmd != NULL; cmd = cmd->next) {
+    struct rcmd *last = TAILQ_LAST(&d->sent, rcmd_queue);
+    struct rcmd *cmd;
+    TAILQ_FOREACH(cmd, &d->sent, link) {
         if (!cmd->internal && !cmd->answered) {
             cmd->answered = true;
             ld_stats.redis_errors++;
@@ -814,14 +978,14 @@ timeout_cb(evutil_socket_t fd, short what, void *arg)
     struct rconn *c = arg;
     LD_UNUSED(fd);
     LD_UNUSED(what);
-    uint64_t limit = (uint64_t)R.cfg->redis.timeout_ms * 1000;
+    uint64_t limit = (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
     uint64_t now = ld_now_us();
 
     if (c->state == CONN_CONNECTING) {
         if (now - c->connect_started_us >= limit) {
             char why[96];
             snprintf(why, sizeof(why), "connect timed out after %d ms",
-                     R.cfg->redis.timeout_ms);
+                     redis_mod.ctx->cfg->redis.timeout_ms);
             conn_down(c, why);
         } else {
             struct timeval tv = {0, 100000};
@@ -829,11 +993,11 @@ timeout_cb(evutil_socket_t fd, short what, void *arg)
         }
         return;
     }
-    if (c->head != NULL && now - stall_start(c) >= limit) {
+    if (!TAILQ_EMPTY(&c->sent) && now - stall_start(c) >= limit) {
         char why[96];
         ld_stats.redis_timeouts++;
         snprintf(why, sizeof(why), "timed out after %d ms",
-                 R.cfg->redis.timeout_ms);
+                 redis_mod.ctx->cfg->redis.timeout_ms);
         if (c->state == CONN_READY) {
             conn_drain(c, why);
         } else {
@@ -864,14 +1028,14 @@ handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
             log_error("redis handshake failed conn=%d step=%s error=\"%s\"",
                       c->idx, (const char *)cmd->arg,
                       reply != NULL ? reply->str : "no reply");
-            snprintf(R.last_error, sizeof(R.last_error),
+            snprintf(redis_mod.last_error, sizeof(redis_mod.last_error),
                      "handshake step %s failed: %s", (const char *)cmd->arg,
                      reply != NULL ? reply->str : "no reply");
         }
     } else if (cmd->script >= 0 && reply->type == REDIS_REPLY_STRING &&
                reply->len == 40) {
-        memcpy(R.shas[cmd->script], reply->str, 40);
-        R.shas[cmd->script][40] = '\0';
+        memcpy(redis_mod.shas[cmd->script], reply->str, 40);
+        redis_mod.shas[cmd->script][40] = '\0';
     }
     if (--c->handshake_left > 0) {
         return;
@@ -882,21 +1046,20 @@ handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
         conn_down(c, "handshake failed");
         return;
     }
-    c->backoff_ms = BACKOFF_MIN_MS;
+    ld_backoff_reset(&c->backoff);
     set_ready(c, true);
     c->state = CONN_READY;
     ld_stats.redis_reconnects++;
     log_debug("redis connection ready conn=%d", c->idx);
+    redis_mod.known_down = false;
+    waiting_retry();
 }
 
 static void
 handshake_send(struct rconn *c, const char *step, int script, int argc,
                const char **argv, const size_t *argvlen)
 {
-    struct rcmd *cmd = calloc(1, sizeof(*cmd));
-    if (cmd == NULL) {
-        return;
-    }
+    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
     cmd->internal = true;
     cmd->script = script;
     cmd->arg = (void *)step;
@@ -911,21 +1074,17 @@ handshake_send(struct rconn *c, const char *step, int script, int argc,
 static void
 handshake(struct rconn *c)
 {
-    const struct ld_config *cfg = R.cfg;
+    const struct ld_config *cfg = redis_mod.ctx->cfg;
     c->state = CONN_HANDSHAKE;
     c->handshake_left = 0;
     c->handshake_failed = false;
 
-    if (cfg->redis.password[0] != '\0') {
-        if (cfg->redis.username[0] != '\0') {
-            const char *av[] = {"AUTH", cfg->redis.username,
-                                cfg->redis.password};
-            size_t al[] = {4, strlen(av[1]), strlen(av[2])};
-            handshake_send(c, "auth", -1, 3, av, al);
-        } else {
-            const char *av[] = {"AUTH", cfg->redis.password};
-            size_t al[] = {4, strlen(av[1])};
-            handshake_send(c, "auth", -1, 2, av, al);
+    {
+        const char *av[3];
+        size_t al[3];
+        int n = ld_conn_auth_argv(cfg, av, al);
+        if (n > 0) {
+            handshake_send(c, "auth", -1, n, av, al);
         }
     }
     if (cfg->redis.db != 0) {
@@ -966,8 +1125,10 @@ connect_cb(const redisAsyncContext *ac, int status)
         c->state = CONN_DOWN;
         log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
                   ac->errstr);
-        snprintf(R.last_error, sizeof(R.last_error), "%s", ac->errstr);
+        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
+                 ac->errstr);
         schedule_retry(c);
+        attempt_failed();
         return;
     }
     event_del(c->timeout_ev);
@@ -999,43 +1160,41 @@ disconnect_cb(const redisAsyncContext *ac, int status)
         log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
                  ac->errstr[0] ? ac->errstr : "closed by server");
     }
-    while (c->head != NULL) {
-        struct rcmd *cmd = c->head;
-        c->head = cmd->next;
+    while (!TAILQ_EMPTY(&c->sent)) {
+        struct rcmd *cmd = TAILQ_FIRST(&c->sent);
+        TAILQ_REMOVE(&c->sent, cmd, link);
         fail_later(cmd, LD_REDIS_UNKNOWN, "connection closed");
     }
-    c->tail = NULL;
     schedule_retry(c);
+    if (!was_ready) {
+        attempt_failed();
+    } else {
+        waiting_retry();
+    }
 }
 
 static void
 conn_start(struct rconn *c)
 {
-    redisAsyncContext *ac;
-    if (R.is_unix) {
-        ac = redisAsyncConnectUnix(R.host);
-    } else {
-        ac = redisAsyncConnect(R.host, R.port);
-    }
+    char err[160];
+    redisAsyncContext *ac = ld_conn_open(&redis_mod.addr,
+                                         redis_mod.ctx->base, err,
+                                         sizeof(err));
     if (ac == NULL) {
-        schedule_retry(c);
-        return;
-    }
-    if (ac->err) {
         log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
-                  ac->errstr);
-        snprintf(R.last_error, sizeof(R.last_error), "%s", ac->errstr);
-        redisAsyncFree(ac);
+                  err);
+        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
+                 err);
         schedule_retry(c);
+        attempt_failed();
         return;
     }
     ac->data = c;
     c->ac = ac;
-    c->id = ++R.next_id;
+    c->id = ++redis_mod.next_id;
     c->why[0] = '\0';
     c->state = CONN_CONNECTING;
     c->connect_started_us = ld_now_us();
-    redisLibeventAttach(ac, R.base);
     redisAsyncSetConnectCallback(ac, connect_cb);
     redisAsyncSetDisconnectCallback(ac, disconnect_cb);
     struct timeval tv = {0, 100000};
@@ -1046,22 +1205,39 @@ int
 ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
                        int *port, bool *is_unix)
 {
-    if (addr[0] == '/') {
-        snprintf(host, hostlen, "%s", addr);
-        *port = 0;
-        *is_unix = true;
-        return LD_OK;
+    struct ld_conn_addr a;
+    if (ld_conn_parse_address(addr, &a) != LD_OK) {
+        return LD_ERR;
     }
-    *is_unix = false;
-    return ld_parse_hostport(addr, host, hostlen, port);
+    snprintf(host, hostlen, "%s", a.host);
+    *port = a.port;
+    *is_unix = a.is_unix;
+    return LD_OK;
+}
+
+static void
+conn_init(struct rconn *c, int idx, enum ld_redis_pool pool)
+{
+    c->idx = idx;
+    c->pool = pool;
+    ld_backoff_reset(&c->backoff);
+    TAILQ_INIT(&c->sent);
+    c->retry_ev = evtimer_new(redis_mod.ctx->base, retry_cb, c);
+    c->timeout_ev = evtimer_new(redis_mod.ctx->base, timeout_cb, c);
+    if (c->retry_ev == NULL || c->timeout_ev == NULL) {
+        ld_oom(0);
+    }
 }
 
 int
-ld_redis_init(struct event_base *base, const struct ld_config *cfg)
+ld_redis_init(const struct ld_ctx *ctx)
 {
-    memset(&R, 0, sizeof(R));
-    R.base = base;
-    R.cfg = cfg;
+    const struct ld_config *cfg = ctx->cfg;
+    memset(&redis_mod, 0, sizeof(redis_mod));
+    redis_mod.ctx = ctx;
+    TAILQ_INIT(&redis_mod.failed);
+    TAILQ_INIT(&redis_mod.waiting);
+    LIST_INIT(&redis_mod.draining);
     if (cfg->redis.mode != LD_REDIS_STANDALONE) {
         log_error("redis.mode %s is not available in this version; use "
                   "standalone",
@@ -1069,27 +1245,27 @@ ld_redis_init(struct event_base *base, const struct ld_config *cfg)
                                                        : "cluster");
         return LD_ERR;
     }
-    if (ld_redis_parse_address(cfg->redis.address, R.host, sizeof(R.host),
-                               &R.port, &R.is_unix) != LD_OK) {
+    if (ld_conn_parse_address(cfg->redis.address, &redis_mod.addr) !=
+        LD_OK) {
         log_error("bad redis.address value=%s", cfg->redis.address);
         return LD_ERR;
     }
-    snprintf(R.address, sizeof(R.address), "%s", cfg->redis.address);
-    R.n_conns = cfg->redis.connections;
-    if (R.n_conns < 1) {
-        R.n_conns = 1;
+    snprintf(redis_mod.address, sizeof(redis_mod.address), "%s",
+             cfg->redis.address);
+    redis_mod.n_conns = cfg->redis.connections;
+    if (redis_mod.n_conns < 1) {
+        redis_mod.n_conns = 1;
     }
-    if (R.n_conns > MAX_CONNS) {
-        R.n_conns = MAX_CONNS;
+    if (redis_mod.n_conns > MAX_CONNS) {
+        redis_mod.n_conns = MAX_CONNS;
     }
-    R.fail_ev = event_new(base, -1, 0, fail_cb, NULL);
-    for (int i = 0; i < R.n_conns; i++) {
-        struct rconn *c = &R.conns[i];
-        c->idx = i;
-        c->pool = LD_REDIS_POOL_SHARED;
-        c->backoff_ms = BACKOFF_MIN_MS;
-        c->retry_ev = evtimer_new(base, retry_cb, c);
-        c->timeout_ev = evtimer_new(base, timeout_cb, c);
+    ld_defer_init(&redis_mod.fail_defer, ctx->base, fail_cb, NULL);
+    redis_mod.wait_ev = evtimer_new(ctx->base, wait_cb, NULL);
+    if (redis_mod.wait_ev == NULL) {
+        ld_oom(0);
+    }
+    for (int i = 0; i < redis_mod.n_conns; i++) {
+        conn_init(&redis_mod.conns[i], i, LD_REDIS_POOL_SHARED);
     }
     return LD_OK;
 }
@@ -1101,20 +1277,16 @@ static bool started;
 static void
 lock_pool_start(void)
 {
-    if (R.n_lock > 0 || !started) {
+    if (redis_mod.n_lock > 0 || !started) {
         return;
     }
-    for (int i = R.n_conns; i < 2 * R.n_conns; i++) {
-        struct rconn *c = &R.conns[i];
-        c->idx = i;
-        c->pool = LD_REDIS_POOL_LOCK;
-        c->backoff_ms = BACKOFF_MIN_MS;
-        c->retry_ev = evtimer_new(R.base, retry_cb, c);
-        c->timeout_ev = evtimer_new(R.base, timeout_cb, c);
+    for (int i = redis_mod.n_conns; i < 2 * redis_mod.n_conns; i++) {
+        conn_init(&redis_mod.conns[i], i, LD_REDIS_POOL_LOCK);
     }
-    R.n_lock = R.n_conns;
-    for (int i = R.n_conns; i < R.n_conns + R.n_lock; i++) {
-        conn_start(&R.conns[i]);
+    redis_mod.n_lock = redis_mod.n_conns;
+    for (int i = redis_mod.n_conns; i < redis_mod.n_conns + redis_mod.n_lock;
+         i++) {
+        conn_start(&redis_mod.conns[i]);
     }
 }
 
@@ -1122,10 +1294,10 @@ void
 ld_redis_start(void)
 {
     started = true;
-    for (int i = 0; i < R.n_conns; i++) {
-        conn_start(&R.conns[i]);
+    for (int i = 0; i < redis_mod.n_conns; i++) {
+        conn_start(&redis_mod.conns[i]);
     }
-    if (R.cfg->lock.wait_replicas > 0) {
+    if (redis_mod.ctx->cfg->lock.wait_replicas > 0) {
         lock_pool_start();
     }
 }
@@ -1134,12 +1306,12 @@ void
 ld_redis_free(void)
 {
     /* Going down at exit is not news. */
-    R.freeing = true;
-    while (R.draining != NULL) {
-        drain_close(R.draining);
+    redis_mod.freeing = true;
+    while (!LIST_EMPTY(&redis_mod.draining)) {
+        drain_close(LIST_FIRST(&redis_mod.draining));
     }
-    for (int i = 0; i < R.n_conns + R.n_lock; i++) {
-        struct rconn *c = &R.conns[i];
+    for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
+        struct rconn *c = &redis_mod.conns[i];
         if (c->ac != NULL) {
             redisAsyncContext *ac = c->ac;
             c->ac = NULL;
@@ -1147,9 +1319,9 @@ ld_redis_free(void)
             c->state = CONN_DOWN;
             redisAsyncFree(ac);
         }
-        while (c->head != NULL) {
-            struct rcmd *cmd = c->head;
-            c->head = cmd->next;
+        while (!TAILQ_EMPTY(&c->sent)) {
+            struct rcmd *cmd = TAILQ_FIRST(&c->sent);
+            TAILQ_REMOVE(&c->sent, cmd, link);
             rcmd_free(cmd);
         }
         if (c->retry_ev != NULL) {
@@ -1159,12 +1331,23 @@ ld_redis_free(void)
             event_free(c->timeout_ev);
         }
     }
-    /* Late failures still owe their callers an answer. */
-    if (R.fail_ev != NULL) {
-        fail_cb(-1, 0, NULL);
-        event_free(R.fail_ev);
+    while (!TAILQ_EMPTY(&redis_mod.waiting)) {
+        struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);
+        TAILQ_REMOVE(&redis_mod.waiting, cmd, link);
+        cmd->waiting = false;
+        fail_later(cmd, LD_REDIS_NOT_SENT, "the daemon is stopping");
     }
-    R.n_conns = 0;
-    R.n_lock = 0;
+    redis_mod.n_waiting = 0;
+    if (redis_mod.wait_ev != NULL) {
+        event_free(redis_mod.wait_ev);
+        redis_mod.wait_ev = NULL;
+    }
+    /* Late failures still owe their callers an answer. */
+    if (redis_mod.fail_defer.ev != NULL) {
+        fail_cb(NULL);
+        ld_defer_free(&redis_mod.fail_defer);
+    }
+    redis_mod.n_conns = 0;
+    redis_mod.n_lock = 0;
     started = false;
 }

@@ -6,8 +6,7 @@
 
 #include <hiredis/hiredis.h>
 
-struct event_base;
-struct ld_config;
+struct ld_ctx;
 
 /* The Redis backend: redis.connections pipelined command connections shared
  * by every session. Commands from all sessions are appended to the chosen
@@ -85,7 +84,7 @@ struct ld_redis_opts {
     uint64_t pin;
 };
 
-int ld_redis_init(struct event_base *base, const struct ld_config *cfg);
+int ld_redis_init(const struct ld_ctx *ctx);
 void ld_redis_free(void);
 
 /* Start connecting (called once at start). */

@@ -44,7 +44,6 @@
 #define DRAIN_CHECK_MS 10
 #define DRAIN_MAX_MS 3000
 
-struct ld_server ld_srv;
 
 /* The process state, ld_server.c's alone: modules get CTX at init and
  * read it; only this file writes it. */
@@ -125,7 +124,6 @@ begin_shutdown(const char *why)
     log_info("shutting down reason=%s sessions=%lld", why,
              ld_session_count());
     ctx.shutting_down = true;
-    ld_srv.shutting_down = true;
     ld_systemd_notify("STOPPING=1");
     ld_listen_stop();
     ld_metrics_stop();
@@ -236,28 +234,32 @@ check_fd_limit(const struct ld_config *cfg)
 
 /* The one place that wires the modules: each gets the ctx, and the
  * layers above hand the layers below their callbacks, so no module
- * includes one above it. */
-static int
-start(struct ld_config *cfg)
+ * includes one above it. No socket is opened here. */
+int
+ld_server_wire(const struct ld_ctx *c)
 {
     static const struct ld_session_handlers session_handlers = {
         .line = ld_proto_on_line,
         .error_line = ld_proto_bare_error_line,
     };
 
-    ld_session_init(&ctx, &session_handlers);
-    ld_proto_init(&ctx, ld_dispatch);
-    ld_dispatch_init(&ctx);
-    /* The modules below still take their old arguments; at the merge
-     * they become ld_X_init(&ctx) like the others. */
-    if (ld_redis_init(ctx.base, cfg) != LD_OK ||
-        ld_pubsub_init(ctx.base, cfg) != LD_OK) {
+    ld_session_init(c, &session_handlers);
+    ld_proto_init(c, ld_dispatch);
+    ld_dispatch_init(c);
+    if (ld_redis_init(c) != LD_OK || ld_pubsub_init(c) != LD_OK) {
         return LD_ERR;
     }
-    if (ld_lock_init(&ctx) != LD_OK) {
+    if (ld_lock_init(c) != LD_OK || ld_cache_init(c) != LD_OK) {
         return LD_ERR;
     }
-    if (ld_cache_init(&ctx) != LD_OK) {
+    return LD_OK;
+}
+
+/* The wired modules, then the sockets: listeners, metrics, Redis. */
+static int
+start(struct ld_config *cfg)
+{
+    if (ld_server_wire(&ctx) != LD_OK) {
         return LD_ERR;
     }
     if (ld_listen_init(&ctx) != LD_OK) {
@@ -293,11 +295,6 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     if (ctx.base == NULL) {
         ld_oom(0);
     }
-    ld_srv.base = ctx.base;
-    ld_srv.cfg = cfg;
-    ld_srv.start_ms = ctx.start_ms;
-    ld_srv.instance = instance;
-    ld_srv.shutting_down = false;
     ld_stats_init(&ctx);
     banner();
 
@@ -337,6 +334,5 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     event_free(S.drain_ev);
     event_base_free(ctx.base);
     ctx.base = NULL;
-    memset(&ld_srv, 0, sizeof(ld_srv));
     return status;
 }

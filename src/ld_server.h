@@ -5,19 +5,8 @@
 
 struct event_base;
 struct ld_config;
+struct ld_ctx;
 
-/* TRANSITIONAL, deleted when the lock, cache, lockwait and pubsub modules
- * take the struct ld_ctx at init: they still read this copy of the process
- * state, which ld_server.c keeps in step with its ctx. Nothing new may use
- * it; the core modules read the ctx they were given. */
-struct ld_server {
-    struct event_base *base;
-    struct ld_config *cfg;
-    uint64_t start_ms;
-    const char *instance;
-    bool shutting_down;
-};
-extern struct ld_server ld_srv;
 
 struct ld_options {
     const char *conf_path;
@@ -29,6 +18,11 @@ struct ld_options {
  * on error prints "file:line:col: message" to stderr. */
 int ld_server_load_config(const struct ld_options *opt,
                           struct ld_config *cfg);
+
+/* Initialise every module with CTX and connect their callbacks, opening
+ * no socket (the daemon's start, and harnesses that drive sessions
+ * without listeners). */
+int ld_server_wire(const struct ld_ctx *ctx);
 
 /* Run the daemon until it stops; returns the process exit status. */
 int ld_server_run(const struct ld_options *opt, struct ld_config *cfg);

@@ -87,19 +87,14 @@ setup(void)
     /* Malformed input is expected and its log lines are noise; a level
      * above every level silences them (ld_log_set_level keeps errors). */
     ld_log_level = LD_LOG_ERROR + 1;
-    ld_srv.cfg = &cfg;
-    ld_srv.conf_path = "fuzz";
-    memcpy(ld_srv.instance, "fuzzfuzzfuzzfuzz", sizeof(ld_srv.instance));
-    ld_stats_init();
-    ld_srv.base = event_base_new();
-    if (ld_srv.base == NULL ||
-        ld_redis_init(ld_srv.base, &cfg) != LD_OK ||
-        ld_pubsub_init(ld_srv.base, &cfg) != LD_OK) {
+    ctx.cfg = &cfg;
+    ctx.instance = "fuzzfuzzfuzzfuzz";
+    ctx.base = event_base_new();
+    if (ctx.base == NULL) {
         abort();
     }
-    ld_dispatch_init();
-    ctx = (struct ld_ctx){ ld_srv.base, &cfg, ld_srv.instance, 0, false };
-    if (ld_lock_init(&ctx) != LD_OK || ld_cache_init(&ctx) != LD_OK) {
+    ld_stats_init(&ctx);
+    if (ld_server_wire(&ctx) != LD_OK) {
         abort();
     }
 }
@@ -114,7 +109,7 @@ reset(void)
 {
     ld_cache_free();
     unlink(journal_path);
-    ld_stats_init();
+    ld_stats_init(&ctx);
     if (ld_cache_init(&ctx) != LD_OK) {
         abort();
     }
@@ -137,7 +132,7 @@ drain(int fd)
 static void
 turn(int fd)
 {
-    event_base_loop(ld_srv.base, EVLOOP_NONBLOCK);
+    event_base_loop(ctx.base, EVLOOP_NONBLOCK);
     drain(fd);
 }
 
@@ -201,7 +196,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
     fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
-    if (ld_session_new(sv[0], NULL) == NULL) {
+    if (ld_session_new(sv[0], false, "fuzz") == NULL) {
         close(sv[1]);
         return 0;
     }

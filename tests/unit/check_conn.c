@@ -1,0 +1,544 @@
+/* ld_redis' command queue against a fake Redis that this test runs in its
+ * own event loop: a listening socket whose connections are parsed with
+ * hiredis' reader and answered as the test decides (held, dropped,
+ * NOSCRIPT), so reply order, timeouts, late answers, the NOSCRIPT resend,
+ * pinning and the wait for a connection are observable without a real
+ * Redis. */
+
+#include "ld_common.h"
+
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_log.h"
+#include "ld_redis.h"
+#include "ld_util.h"
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <hiredis/hiredis.h>
+
+#define WAIT_MS 10000             /* generous: slow, loaded machines */
+#define MAX_PEERS 8
+#define FAKE_SHA "0123456789abcdef0123456789abcdef01234567"
+
+/* ---- the fake Redis ------------------------------------------------- */
+
+struct peer {
+    struct bufferevent *bev;
+    redisReader *reader;
+    int n_commands;               /* commands received, handshake included */
+    int n_handshake;              /* of which handshake steps */
+};
+
+static struct {
+    struct event_base *base;
+    struct evconnlistener *lis;
+    int port;
+    struct peer peers[MAX_PEERS];
+    int n_peers;
+    bool hold;                    /* answer nothing while set */
+    bool noscript_once;           /* the next EVALSHA gets NOSCRIPT */
+    int n_eval;                   /* EVAL commands seen */
+    int n_evalsha;
+    char last_peer_cmd[64];       /* ECHO argument and the peer: "arg@N" */
+} fake;
+
+static bool
+arg_is(const redisReply *cmd, size_t i, const char *s)
+{
+    return cmd->elements > i &&
+           strcasecmp(cmd->element[i]->str, s) == 0;
+}
+
+static void
+answer(struct peer *p, const redisReply *cmd)
+{
+    struct evbuffer *out = bufferevent_get_output(p->bev);
+    if (arg_is(cmd, 0, "SCRIPT")) {
+        p->n_handshake++;
+        evbuffer_add_printf(out, "$40\r\n%s\r\n", FAKE_SHA);
+    } else if (arg_is(cmd, 0, "AUTH") || arg_is(cmd, 0, "SELECT") ||
+               arg_is(cmd, 0, "CLIENT")) {
+        p->n_handshake++;
+        evbuffer_add_printf(out, "+OK\r\n");
+    } else if (arg_is(cmd, 0, "EVALSHA")) {
+        fake.n_evalsha++;
+        if (fake.noscript_once) {
+            fake.noscript_once = false;
+            evbuffer_add_printf(out, "-NOSCRIPT No matching script.\r\n");
+        } else {
+            evbuffer_add_printf(out, "+SHA\r\n");
+        }
+    } else if (arg_is(cmd, 0, "EVAL")) {
+        fake.n_eval++;
+        evbuffer_add_printf(out, "+EVAL\r\n");
+    } else if (arg_is(cmd, 0, "ECHO") && cmd->elements == 2) {
+        snprintf(fake.last_peer_cmd, sizeof(fake.last_peer_cmd), "%s@%d",
+                 cmd->element[1]->str, (int)(p - fake.peers));
+        evbuffer_add_printf(out, "$%zu\r\n%s\r\n", cmd->element[1]->len,
+                            cmd->element[1]->str);
+    } else {
+        evbuffer_add_printf(out, "-ERR unknown command\r\n");
+    }
+}
+
+/* Parse and answer what has arrived, unless the test holds answers. */
+static void
+peer_pump(struct peer *p)
+{
+    struct evbuffer *in = bufferevent_get_input(p->bev);
+    size_t len = evbuffer_get_length(in);
+    if (len > 0) {
+        redisReaderFeed(p->reader, (const char *)evbuffer_pullup(in, -1),
+                        len);
+        evbuffer_drain(in, len);
+    }
+    if (fake.hold) {
+        return;
+    }
+    void *r;
+    while (redisReaderGetReply(p->reader, &r) == REDIS_OK && r != NULL) {
+        p->n_commands++;
+        answer(p, r);
+        freeReplyObject(r);
+    }
+}
+
+static void
+peer_read_cb(struct bufferevent *bev, void *arg)
+{
+    LD_UNUSED(bev);
+    peer_pump(arg);
+}
+
+static void
+peer_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct peer *p = arg;
+    LD_UNUSED(bev);
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
+        bufferevent_free(p->bev);
+        p->bev = NULL;
+    }
+}
+
+static void
+accept_cb(struct evconnlistener *lis, evutil_socket_t fd,
+          struct sockaddr *sa, int salen, void *arg)
+{
+    LD_UNUSED(lis);
+    LD_UNUSED(sa);
+    LD_UNUSED(salen);
+    LD_UNUSED(arg);
+    ck_assert_int_lt(fake.n_peers, MAX_PEERS);
+    struct peer *p = &fake.peers[fake.n_peers++];
+    p->bev = bufferevent_socket_new(fake.base, fd, BEV_OPT_CLOSE_ON_FREE);
+    p->reader = redisReaderCreate();
+    bufferevent_setcb(p->bev, peer_read_cb, NULL, peer_event_cb, p);
+    bufferevent_enable(p->bev, EV_READ | EV_WRITE);
+}
+
+static void
+fake_start(struct event_base *base)
+{
+    memset(&fake, 0, sizeof(fake));
+    fake.base = base;
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    fake.lis = evconnlistener_new_bind(base, accept_cb, NULL,
+                                       LEV_OPT_CLOSE_ON_FREE |
+                                           LEV_OPT_REUSEABLE,
+                                       16, (struct sockaddr *)&sin,
+                                       sizeof(sin));
+    ck_assert_ptr_nonnull(fake.lis);
+    socklen_t sl = sizeof(sin);
+    getsockname(evconnlistener_get_fd(fake.lis), (struct sockaddr *)&sin,
+                &sl);
+    fake.port = ntohs(sin.sin_port);
+}
+
+static void
+fake_release(void)
+{
+    fake.hold = false;
+    for (int i = 0; i < fake.n_peers; i++) {
+        if (fake.peers[i].bev != NULL) {
+            peer_pump(&fake.peers[i]);
+        }
+    }
+}
+
+static void
+fake_stop(void)
+{
+    for (int i = 0; i < fake.n_peers; i++) {
+        if (fake.peers[i].bev != NULL) {
+            bufferevent_free(fake.peers[i].bev);
+        }
+        redisReaderFree(fake.peers[i].reader);
+    }
+    evconnlistener_free(fake.lis);
+}
+
+/* ---- the daemon side ------------------------------------------------ */
+
+static struct event_base *base;
+static struct ld_config cfg;
+static struct ld_ctx ctx;
+static struct event *tick;
+
+struct result {
+    int calls;
+    enum ld_redis_outcome outcome[2];
+    char text[2][64];
+    uint64_t conn_id;
+    uint64_t at_ms;
+};
+
+static void
+record_cb(redisReply *reply, void *arg)
+{
+    struct result *r = arg;
+    ck_assert_int_lt(r->calls, 2);
+    r->outcome[r->calls] = ld_redis_outcome();
+    snprintf(r->text[r->calls], sizeof(r->text[0]), "%s",
+             reply != NULL && reply->str != NULL ? reply->str : "");
+    r->conn_id = ld_redis_conn_id();
+    r->at_ms = ld_now_ms();
+    r->calls++;
+}
+
+static void
+tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+}
+
+/* Run the loop until *FLAG is at least N, within WAIT_MS. */
+static bool
+run_until(const int *flag, int n)
+{
+    uint64_t end = ld_now_ms() + WAIT_MS;
+    while (*flag < n && ld_now_ms() < end) {
+        event_base_loop(base, EVLOOP_ONCE);
+    }
+    return *flag >= n;
+}
+
+/* Run the loop for MS milliseconds. */
+static void
+run_for(int ms)
+{
+    uint64_t end = ld_now_ms() + (uint64_t)ms;
+    while (ld_now_ms() < end) {
+        event_base_loop(base, EVLOOP_ONCE);
+    }
+}
+
+static void
+setup_daemon(int port, int timeout_ms)
+{
+    char yaml[256], err[256];
+    ld_log_set_level(LD_LOG_ERROR);
+    ld_conf_defaults(&cfg);
+    int n = snprintf(yaml, sizeof(yaml),
+                     "redis:\n  address: \"127.0.0.1:%d\"\n"
+                     "  connections: 1\n  timeout_ms: %d\n",
+                     port, timeout_ms);
+    ck_assert_int_eq(ld_conf_load_string(&cfg, yaml, (size_t)n, "test",
+                                         err, sizeof(err)),
+                     LD_OK);
+    ctx.base = base;
+    ctx.cfg = &cfg;
+    ctx.instance = "0123456789abcdef";
+    ctx.start_ms = ld_now_ms();
+    ck_assert_int_eq(ld_redis_init(&ctx), LD_OK);
+    /* Wakes the loop now and then so that run_until sees the clock. */
+    tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
+    struct timeval tv = {0, 5000};
+    event_add(tick, &tv);
+}
+
+static void
+teardown_daemon(void)
+{
+    ld_redis_free();
+    event_free(tick);
+    ld_conf_free(&cfg);
+}
+
+static void
+echo(const struct ld_redis_opts *o, const char *word, struct result *r)
+{
+    const char *argv[] = {"ECHO", word};
+    size_t argvlen[] = {4, strlen(word)};
+    ld_redis_command_ex(o, word, strlen(word), 2, argv, argvlen, record_cb,
+                        r);
+}
+
+/* ---- the tests ------------------------------------------------------ */
+
+/* The daemon's side and the fake share one loop. */
+static struct event_base *
+both(int timeout_ms)
+{
+    base = event_base_new();
+    fake_start(base);
+    setup_daemon(fake.port, timeout_ms);
+    return base;
+}
+
+static void
+both_ready(void)
+{
+    ld_redis_start();
+    uint64_t end = ld_now_ms() + WAIT_MS;
+    while (!ld_redis_ready() && ld_now_ms() < end) {
+        event_base_loop(base, EVLOOP_ONCE);
+    }
+    ck_assert(ld_redis_ready());
+}
+
+static void
+both_free(struct event_base *b)
+{
+    teardown_daemon();
+    fake_stop();
+    event_base_free(b);
+}
+
+START_TEST(test_wait_for_connecting)
+{
+    /* The handshake is held: the connection is on its way, not ready. */
+    struct event_base *b = both(5000);
+    fake.hold = true;
+    ld_redis_start();
+    ck_assert(run_until(&fake.n_peers, 1));
+
+    struct result r;
+    memset(&r, 0, sizeof(r));
+    ck_assert(!ld_redis_ready());
+    long long before = ld_redis_outstanding();  /* handshake steps */
+    echo(NULL, "early", &r);
+    /* It must wait, not fail with "no connection is ready". */
+    run_for(300);
+    ck_assert_int_eq(r.calls, 0);
+    ck_assert_int_eq(ld_redis_outstanding(), before + 1);
+    fake_release();
+    ck_assert(run_until(&r.calls, 1));
+    ck_assert_int_eq(r.outcome[0], LD_REDIS_ANSWERED);
+    ck_assert_str_eq(r.text[0], "early");
+    both_free(b);
+}
+END_TEST
+
+START_TEST(test_reply_order)
+{
+    struct event_base *b = both(5000);
+    both_ready();
+    enum { N = 200 };
+    static struct result res[N];
+    static char words[N][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(words[i], sizeof(words[i]), "w%d", i);
+        echo(NULL, words[i], &res[i]);
+    }
+    ck_assert(run_until(&res[N - 1].calls, 1));
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(res[i].calls, 1);
+        ck_assert_int_eq(res[i].outcome[0], LD_REDIS_ANSWERED);
+        /* Each caller gets its own answer, not a neighbour's. */
+        ck_assert_str_eq(res[i].text[0], words[i]);
+        if (i > 0) {
+            ck_assert_uint_le(res[i - 1].at_ms, res[i].at_ms);
+        }
+    }
+    ck_assert_int_eq(ld_redis_outstanding(), 0);
+    both_free(b);
+}
+END_TEST
+
+START_TEST(test_wait_bounded_by_timeout)
+{
+    struct event_base *b = both(300);
+    fake.hold = true;
+    ld_redis_start();
+    ck_assert(run_until(&fake.n_peers, 1));
+    struct result r;
+    memset(&r, 0, sizeof(r));
+    uint64_t t0 = ld_now_ms();
+    echo(NULL, "never", &r);
+    ck_assert(run_until(&r.calls, 1));
+    /* Not at once, and not sent: nothing reached Redis. */
+    ck_assert_uint_ge(ld_now_ms() - t0, 250);
+    ck_assert_int_eq(r.outcome[0], LD_REDIS_NOT_SENT);
+    both_free(b);
+}
+END_TEST
+
+START_TEST(test_fail_fast_when_down)
+{
+    /* A port nobody listens on: bind one, note it, close it. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    socklen_t sl = sizeof(sin);
+    getsockname(fd, (struct sockaddr *)&sin, &sl);
+    close(fd);
+
+    base = event_base_new();
+    setup_daemon(ntohs(sin.sin_port), 5000);
+    ld_redis_start();
+    /* Let the first attempt fail. */
+    struct result first;
+    memset(&first, 0, sizeof(first));
+    echo(NULL, "first", &first);
+    ck_assert(run_until(&first.calls, 1));
+    ck_assert_int_eq(first.outcome[0], LD_REDIS_NOT_SENT);
+
+    struct result r;
+    memset(&r, 0, sizeof(r));
+    uint64_t t0 = ld_now_ms();
+    echo(NULL, "down", &r);
+    ck_assert(run_until(&r.calls, 1));
+    ck_assert_int_eq(r.outcome[0], LD_REDIS_NOT_SENT);
+    /* Far sooner than redis.timeout_ms (5000). */
+    ck_assert_uint_lt(ld_now_ms() - t0, 2000);
+    teardown_daemon();
+    event_base_free(base);
+}
+END_TEST
+
+START_TEST(test_timeout_unknown_then_late)
+{
+    struct event_base *b = both(200);
+    both_ready();
+    struct result r;
+    memset(&r, 0, sizeof(r));
+    struct ld_redis_opts o = {LD_REDIS_F_LATE, LD_REDIS_POOL_SHARED, 0};
+    fake.hold = true;
+    echo(&o, "slow", &r);
+    ck_assert(run_until(&r.calls, 1));
+    ck_assert_int_eq(r.outcome[0], LD_REDIS_UNKNOWN);
+    /* The connection was set aside, not closed: the answer still comes. */
+    fake_release();
+    ck_assert(run_until(&r.calls, 2));
+    ck_assert_int_eq(r.outcome[1], LD_REDIS_LATE);
+    ck_assert_str_eq(r.text[1], "slow");
+    both_free(b);
+}
+END_TEST
+
+START_TEST(test_timeout_unknown_then_lost)
+{
+    struct event_base *b = both(100);
+    both_ready();
+    struct result r;
+    memset(&r, 0, sizeof(r));
+    struct ld_redis_opts o = {LD_REDIS_F_LATE, LD_REDIS_POOL_SHARED, 0};
+    fake.hold = true;
+    echo(&o, "gone", &r);
+    ck_assert(run_until(&r.calls, 1));
+    ck_assert_int_eq(r.outcome[0], LD_REDIS_UNKNOWN);
+    /* No answer within LD_REDIS_DRAIN_FACTOR timeouts: given up. */
+    ck_assert(run_until(&r.calls, 2));
+    ck_assert_int_eq(r.outcome[1], LD_REDIS_LOST);
+    both_free(b);
+}
+END_TEST
+
+START_TEST(test_noscript_resend)
+{
+    struct event_base *b = both(2000);
+    both_ready();
+    struct result r;
+    memset(&r, 0, sizeof(r));
+    fake.noscript_once = true;
+    const char *argv[] = {"k", "v"};
+    size_t argvlen[] = {1, 1};
+    ld_redis_script((enum ld_script_id)0, "k", 1, 1, 2, argv, argvlen,
+                    record_cb, &r);
+    ck_assert(run_until(&r.calls, 1));
+    ck_assert_int_eq(r.outcome[0], LD_REDIS_ANSWERED);
+    ck_assert_str_eq(r.text[0], "EVAL");
+    ck_assert_int_eq(fake.n_evalsha, 1);
+    ck_assert_int_eq(fake.n_eval, 1);
+    both_free(b);
+}
+END_TEST
+
+START_TEST(test_pinned)
+{
+    struct event_base *b = both(2000);
+    both_ready();
+    struct result r1, r2, r3;
+    memset(&r1, 0, sizeof(r1));
+    memset(&r2, 0, sizeof(r2));
+    memset(&r3, 0, sizeof(r3));
+    echo(NULL, "one", &r1);
+    ck_assert(run_until(&r1.calls, 1));
+    ck_assert_uint_ne(r1.conn_id, 0);
+    struct ld_redis_opts o = {0, LD_REDIS_POOL_SHARED, r1.conn_id};
+    echo(&o, "two", &r2);
+    ck_assert(run_until(&r2.calls, 1));
+    ck_assert_int_eq(r2.outcome[0], LD_REDIS_ANSWERED);
+    ck_assert_uint_eq(r2.conn_id, r1.conn_id);
+    /* A connection that does not exist: never sent. */
+    o.pin = r1.conn_id + 1000;
+    echo(&o, "three", &r3);
+    ck_assert(run_until(&r3.calls, 1));
+    ck_assert_int_eq(r3.outcome[0], LD_REDIS_NOT_SENT);
+    both_free(b);
+}
+END_TEST
+
+static Suite *
+conn_suite(void)
+{
+    Suite *s = suite_create("conn");
+#define ADD(name)                                                             \
+    do {                                                                      \
+        TCase *tc = tcase_create(#name);                                      \
+        tcase_set_timeout(tc, 60);                                            \
+        tcase_add_test(tc, test_##name);                                      \
+        suite_add_tcase(s, tc);                                               \
+    } while (0)
+    ADD(reply_order);
+    ADD(wait_for_connecting);
+    ADD(wait_bounded_by_timeout);
+    ADD(fail_fast_when_down);
+    ADD(timeout_unknown_then_late);
+    ADD(timeout_unknown_then_lost);
+    ADD(noscript_resend);
+    ADD(pinned);
+#undef ADD
+    return s;
+}
+
+int
+main(void)
+{
+    SRunner *sr = srunner_create(conn_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
