@@ -11,6 +11,7 @@
 --   {'miss'}         nothing, no lease asked for
 --   {'wrong_type'}   data leased did not write, left alone
 -- No data in Redis may make this script raise an error.
+--@include cache_shape.lua
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'none' then
     if ARGV[3] == '1' then
@@ -23,17 +24,8 @@ end
 if t ~= 'hash' then
     return {'wrong_type'}
 end
--- Ours: only the fields v, n ("1") and l, at least one, never both v
--- and n, and a lease alone always expires.
-local f = redis.call('HMGET', KEYS[1], 'v', 'n', 'l')
-local k = 0
-for i = 1, 3 do
-    if f[i] then
-        k = k + 1
-    end
-end
-if k == 0 or k ~= redis.call('HLEN', KEYS[1]) or (f[2] and f[2] ~= '1')
-   or (f[1] and f[2]) then
+local f = entry_fields(KEYS[1])
+if not f then
     return {'wrong_type'}
 end
 if f[1] then
@@ -42,8 +34,5 @@ end
 if f[2] then
     return {'null'}
 end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl < 0 then
-    return {'wrong_type'}
-end
-return {'held', pttl}
+-- A lease alone: entry_fields saw it expire, so PTTL is its time left.
+return {'held', redis.call('PTTL', KEYS[1])}

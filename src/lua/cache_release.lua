@@ -4,6 +4,7 @@
 --   DONE 1        released
 --   REFUSED 0     the lease was no longer the current one
 --   WRONG_TYPE -1 data leased did not write, left alone
+--@include cache_shape.lua
 local DONE, REFUSED, WRONG_TYPE = 1, 0, -1
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'none' then
@@ -12,18 +13,8 @@ end
 if t ~= 'hash' then
     return WRONG_TYPE
 end
--- Ours: only the fields v, n ("1") and l, at least one, not v and n,
--- and a lease alone always expires.
-local f = redis.call('HMGET', KEYS[1], 'v', 'n', 'l')
-local k = 0
-for i = 1, 3 do
-    if f[i] then
-        k = k + 1
-    end
-end
-if k == 0 or k ~= redis.call('HLEN', KEYS[1]) or (f[2] and f[2] ~= '1')
-   or (f[1] and f[2])
-   or (not f[1] and not f[2] and redis.call('PTTL', KEYS[1]) < 0) then
+local f = entry_fields(KEYS[1])
+if not f then
     return WRONG_TYPE
 end
 if f[3] ~= ARGV[1] then
