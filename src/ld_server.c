@@ -59,7 +59,7 @@ static struct {
     struct event *drain_ev;
     uint64_t drain_deadline_ms;
     int signals_seen;
-} S;
+} server_mod;
 
 /* The directory the daemon was started in: relative paths of the
  * configuration are taken from it, at start and on every reload, also
@@ -110,12 +110,12 @@ drain_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(what);
     LD_UNUSED(arg);
     bool drained = ld_redis_outstanding() == 0 && ld_session_lingering() == 0;
-    if (drained || ld_now_ms() >= S.drain_deadline_ms) {
+    if (drained || ld_now_ms() >= server_mod.drain_deadline_ms) {
         event_base_loopexit(ctx.base, NULL);
         return;
     }
     struct timeval tv = {0, DRAIN_CHECK_MS * 1000};
-    event_add(S.drain_ev, &tv);
+    event_add(server_mod.drain_ev, &tv);
 }
 
 static void
@@ -130,9 +130,9 @@ begin_shutdown(const char *why)
     ld_session_shutdown_all();
     ld_lock_shutdown();
     ld_cache_shutdown();
-    S.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
+    server_mod.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
     struct timeval tv = {0, 0};
-    event_add(S.drain_ev, &tv);
+    event_add(server_mod.drain_ev, &tv);
 }
 
 static void
@@ -140,7 +140,7 @@ stop_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    if (S.signals_seen++ > 0) {
+    if (server_mod.signals_seen++ > 0) {
         log_warn("second stop signal, exiting now signal=%d", (int)sig);
         ld_cache_shutdown();
         _exit(0);
@@ -158,16 +158,16 @@ reload(void)
     /* From the defaults, as at start: a key removed from the file goes
      * back to its default rather than keeping its old value. */
     ld_conf_defaults(&fresh);
-    if (ld_conf_load(&fresh, S.conf_path, true, err, sizeof(err)) != LD_OK) {
+    if (ld_conf_load(&fresh, server_mod.conf_path, true, err, sizeof(err)) != LD_OK) {
         log_error("reload failed, keeping the running configuration "
                   "error=\"%s\"",
                   err);
     } else {
         ld_conf_absolute_paths(&fresh, start_dir);
-        check_secret_mode(S.conf_path, &fresh);
-        ld_conf_apply_reload(S.cfg, &fresh);
-        ld_log_set_level(S.cfg->log.level);
-        log_info("configuration reloaded path=%s", S.conf_path);
+        check_secret_mode(server_mod.conf_path, &fresh);
+        ld_conf_apply_reload(server_mod.cfg, &fresh);
+        ld_log_set_level(server_mod.cfg->log.level);
+        log_info("configuration reloaded path=%s", server_mod.conf_path);
     }
     ld_conf_free(&fresh);
     ld_systemd_notify("READY=1");
@@ -202,7 +202,7 @@ banner(void)
 {
     log_info("leased %s starting config=%s pid=%d hiredis=%d.%d.%d "
              "libevent=%s jansson=%s libyaml=%s",
-             PACKAGE_VERSION, S.conf_path, (int)getpid(), HIREDIS_MAJOR,
+             PACKAGE_VERSION, server_mod.conf_path, (int)getpid(), HIREDIS_MAJOR,
              HIREDIS_MINOR, HIREDIS_PATCH, event_get_version(),
              JANSSON_VERSION, yaml_get_version_string());
 }
@@ -283,10 +283,10 @@ start(struct ld_config *cfg)
 int
 ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
 {
-    memset(&S, 0, sizeof(S));
+    memset(&server_mod, 0, sizeof(server_mod));
     memset(&ctx, 0, sizeof(ctx));
-    S.cfg = cfg;
-    S.conf_path = opt->conf_path;
+    server_mod.cfg = cfg;
+    server_mod.conf_path = opt->conf_path;
     make_instance_id();
     ctx.cfg = cfg;
     ctx.instance = instance;
@@ -298,13 +298,13 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ld_stats_init(&ctx);
     banner();
 
-    S.sig_term = evsignal_new(ctx.base, SIGTERM, stop_signal_cb, NULL);
-    S.sig_int = evsignal_new(ctx.base, SIGINT, stop_signal_cb, NULL);
-    S.sig_hup = evsignal_new(ctx.base, SIGHUP, hup_cb, NULL);
-    S.drain_ev = evtimer_new(ctx.base, drain_cb, NULL);
-    event_add(S.sig_term, NULL);
-    event_add(S.sig_int, NULL);
-    event_add(S.sig_hup, NULL);
+    server_mod.sig_term = evsignal_new(ctx.base, SIGTERM, stop_signal_cb, NULL);
+    server_mod.sig_int = evsignal_new(ctx.base, SIGINT, stop_signal_cb, NULL);
+    server_mod.sig_hup = evsignal_new(ctx.base, SIGHUP, hup_cb, NULL);
+    server_mod.drain_ev = evtimer_new(ctx.base, drain_cb, NULL);
+    event_add(server_mod.sig_term, NULL);
+    event_add(server_mod.sig_int, NULL);
+    event_add(server_mod.sig_hup, NULL);
 
     int status = 0;
     if (start(cfg) != LD_OK) {
@@ -328,10 +328,10 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ld_redis_free();
     ld_dispatch_free();
     ld_proto_free();
-    event_free(S.sig_term);
-    event_free(S.sig_int);
-    event_free(S.sig_hup);
-    event_free(S.drain_ev);
+    event_free(server_mod.sig_term);
+    event_free(server_mod.sig_int);
+    event_free(server_mod.sig_hup);
+    event_free(server_mod.drain_ev);
     event_base_free(ctx.base);
     ctx.base = NULL;
     return status;
