@@ -180,8 +180,17 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
     const char *key = json_string_value(json_object_get(req->body, "key"));
     int klen = (int)json_string_length(json_object_get(req->body, "key"));
     if (reply == NULL) {
-        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
-                       "redis did not answer in time");
+        /* A write that left and got no answer may have happened: the
+         * client is told so instead of "nothing changed". */
+        bool unknown = ld_redis_outcome() != LD_REDIS_NOT_SENT;
+        ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
+                             unknown ? json_pack("{s:s}", "outcome",
+                                                 "unknown")
+                                     : NULL,
+                             "redis unavailable: %s",
+                             ld_redis_failure_reason()[0] != '\0'
+                                 ? ld_redis_failure_reason()
+                                 : "no answer");
         return false;
     }
     if (reply->type != REDIS_REPLY_INTEGER) {

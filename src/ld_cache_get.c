@@ -341,6 +341,11 @@ fetch_cb(redisReply *reply, void *arg)
     } else {
         res = parse_fetch(reply, &value, &pttl);
     }
+    /* The cause, while ld_redis can still tell it (inside this call). */
+    char downmsg[256];
+    snprintf(downmsg, sizeof(downmsg), "redis unavailable: %s",
+             ld_redis_failure_reason()[0] != '\0' ? ld_redis_failure_reason()
+                                                  : "no answer");
     fetch_unlink(f);
     LD_ASSERT(ck->nfetch > 0);
     ck->nfetch--;
@@ -394,8 +399,7 @@ fetch_cb(redisReply *reply, void *arg)
             cache_getter_settle(g, NULL, LD_E_WRONG_TYPE, errmsg);
             continue;
         case R_DOWN:
-            cache_getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE,
-                          "redis did not answer in time");
+            cache_getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE, downmsg);
             continue;
         case R_ERROR:
             cache_getter_settle(g, NULL, LD_E_INTERNAL, errmsg);
