@@ -22,23 +22,11 @@
 
 static struct h_redis R;
 static struct h_daemon D;
+static const struct h_fixture fx = {
+    .suite = "clients", .redis = { &R }, .daemons = { &D },
+    .start_yaml = "log:\n  level: info\n",
+};
 static char out[65536], err[65536];
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, "log:\n  level: info\n"), 0);
-    /* Keep the source tree clean (and usable read-only, for distcheck). */
-    setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
 
 static const char *srcdir(void)
 {
@@ -88,17 +76,15 @@ START_TEST(test_shell)
 }
 END_TEST
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("clients");
+    const struct h_case cases[] = {
+        H_CASE(python, 150),
+        H_CASE(node, 150),
+        H_CASE(shell, 150),
+    };
 
-    add(s, "python", test_python, 150);
-    add(s, "node", test_node, 150);
-    add(s, "shell", test_shell, 150);
-    return h_run_suite(s);
+    /* Keep the source tree clean (and usable read-only, for distcheck). */
+    setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
+    return H_MAIN(fx, cases);
 }
