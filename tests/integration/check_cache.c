@@ -28,26 +28,9 @@
 static struct h_redis R;
 static struct h_daemon D;
 static struct h_daemon D2;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-    memset(&D2, 0, sizeof D2);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D2);
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
-
-static void start(const char *yaml_extra)
-{
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
-}
+static const struct h_fixture fx = {
+    .suite = "cache", .redis = { &R }, .daemons = { &D, &D2 },
+};
 
 /* --- small helpers ----------------------------------------------------- */
 
@@ -66,38 +49,10 @@ static json_t *must(json_t *r)
     return r;
 }
 
-static bool jtrue(const json_t *o, const char *k)
-{
-    return json_is_true(json_object_get(o, k));
-}
-
-static const char *jstr(const json_t *o, const char *k)
-{
-    return json_string_value(json_object_get(o, k));
-}
-
-static long long jint(const json_t *o, const char *k)
-{
-    return json_integer_value(json_object_get(o, k));
-}
-
 static bool is_null_field(const json_t *o, const char *k)
 {
     json_t *v = json_object_get(o, k);
     return v != NULL && json_is_null(v);
-}
-
-static bool is_token(const char *t)
-{
-    if (t == NULL || strlen(t) < 32) {
-        return false;
-    }
-    for (const char *p = t; *p; p++) {
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) {
-            return false;
-        }
-    }
-    return true;
 }
 
 static void sleep_ms(long ms)
@@ -105,35 +60,6 @@ static void sleep_ms(long ms)
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0) {
     }
-}
-
-static struct h_conn *conn(const struct h_daemon *d)
-{
-    struct h_conn *c = h_connect(d);
-    ck_assert_msg(c != NULL, "cannot connect to %s", d->sock);
-    return c;
-}
-
-/* A Redis command's integer (or integer-looking string) reply. */
-static long long r_int(const char *fmt, ...)
-{
-    va_list ap;
-    redisContext *c = h_redis_connect(&R);
-    ck_assert_msg(c != NULL, "cannot connect to redis");
-    va_start(ap, fmt);
-    redisReply *rep = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    long long v = -999;
-    if (rep != NULL && rep->type == REDIS_REPLY_INTEGER) {
-        v = rep->integer;
-    } else if (rep != NULL && rep->type == REDIS_REPLY_STRING) {
-        v = atoll(rep->str);
-    }
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    redisFree(c);
-    return v;
 }
 
 /* A Redis command's string reply, copied into BUF ("" when none). */
@@ -157,28 +83,14 @@ static const char *r_str(char *buf, size_t len, const char *fmt, ...)
     return buf;
 }
 
-static void r_ok(const char *fmt, ...)
-{
-    va_list ap;
-    redisContext *c = h_redis_connect(&R);
-    ck_assert_msg(c != NULL, "cannot connect to redis");
-    va_start(ap, fmt);
-    redisReply *rep = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    ck_assert_msg(rep != NULL && rep->type != REDIS_REPLY_ERROR,
-                  "redis command failed: %s", rep ? rep->str : "no reply");
-    freeReplyObject(rep);
-    redisFree(c);
-}
-
 static bool entry_exists(const char *key)
 {
-    return r_int("EXISTS " PREFIX "{%s}", key) == 1;
+    return h_r_int(&R, "EXISTS " PREFIX "{%s}", key) == 1;
 }
 
 static long long entry_pttl(const char *key)
 {
-    return r_int("PTTL " PREFIX "{%s}", key);
+    return h_r_int(&R, "PTTL " PREFIX "{%s}", key);
 }
 
 struct gone_arg {
@@ -213,7 +125,7 @@ static json_t *get_plain(struct h_conn *c, const char *key)
 static char *get_lease(struct h_conn *c, const char *key)
 {
     json_t *r = must(get(c, key));
-    ck_assert_msg(!jtrue(r, "hit") && is_token(jstr(r, "lease")),
+    ck_assert_msg(!jtrue(r, "hit") && h_is_token(jstr(r, "lease")),
                   "expected a miss with a lease for %s, got %s", key,
                   dump(r));
     char *lease = strdup(jstr(r, "lease"));
@@ -290,26 +202,6 @@ static void send_get(struct h_conn *c, json_int_t id, const char *key,
                      0);
 }
 
-struct stat_arg {
-    struct h_conn *c;
-    const char *name;
-    long long want;
-};
-
-static bool stat_cond(void *arg)
-{
-    struct stat_arg *a = arg;
-    return h_stat(a->c, a->name) == a->want;
-}
-
-static void wait_stat(struct h_conn *c, const char *name, long long want)
-{
-    struct stat_arg a = {c, name, want};
-    ck_assert_msg(h_wait_until(stat_cond, &a, T_MS),
-                  "stat %s stayed at %lld, expected %lld", name,
-                  h_stat(c, name), want);
-}
-
 static void expect_bad(struct h_conn *c, const char *line, const char *field)
 {
     ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
@@ -368,8 +260,8 @@ static long long evalsha_calls(void)
 
 START_TEST(test_get_fill_hit)
 {
-    start("cache:\n  fill_lease_ms: 4000\n");
-    struct h_conn *a = conn(&D);
+    h_start("cache:\n  fill_lease_ms: 4000\n");
+    struct h_conn *a = h_connect_ok(&D);
     char buf[256];
 
     /* A cold key: a miss with a fresh lease, which Redis holds in the
@@ -396,7 +288,7 @@ START_TEST(test_get_fill_hit)
     json_decref(r);
     ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{user:7} v"),
                      "{\"name\":\"Ann\"}");
-    ck_assert_int_eq(r_int("HEXISTS " PREFIX "{user:7} l"), 0);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{user:7} l"), 0);
 
     /* The lease is spent: filling again is refused and changes nothing. */
     ck_assert(!fill(a, "user:7", lease, "other"));
@@ -420,8 +312,8 @@ END_TEST
 
 START_TEST(test_null_and_empty)
 {
-    start("cache:\n  null_ttl_ms: 4000\n  ttl_jitter: 0.1\n");
-    struct h_conn *a = conn(&D);
+    h_start("cache:\n  null_ttl_ms: 4000\n  ttl_jitter: 0.1\n");
+    struct h_conn *a = h_connect_ok(&D);
 
     /* A cached "not found" is a hit with value null... */
     char *lease = get_lease(a, "missing");
@@ -430,8 +322,8 @@ START_TEST(test_null_and_empty)
     json_t *r = get(a, "missing");
     expect_hit(r, NULL);
     json_decref(r);
-    ck_assert_int_eq(r_int("HGET " PREFIX "{missing} n"), 1);
-    ck_assert_int_eq(r_int("HEXISTS " PREFIX "{missing} v"), 0);
+    ck_assert_int_eq(h_r_int(&R, "HGET " PREFIX "{missing} n"), 1);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{missing} v"), 0);
     /* ...that lives null_ttl_ms, spread by the jitter. */
     long long pttl = entry_pttl("missing");
     ck_assert_msg(pttl >= 3600 - 500 && pttl <= 4400,
@@ -481,8 +373,8 @@ END_TEST
 
 START_TEST(test_ttls_and_jitter)
 {
-    start("cache:\n  ttl_ms: 600000\n  ttl_jitter: 0.1\n");
-    struct h_conn *a = conn(&D);
+    h_start("cache:\n  ttl_ms: 600000\n  ttl_jitter: 0.1\n");
+    struct h_conn *a = h_connect_ok(&D);
 
     /* The default TTL, spread by the jitter. */
     char *lease = get_lease(a, "dflt");
@@ -537,15 +429,15 @@ START_TEST(test_single_flight_two_daemons)
     json_t *got[N] = {0};
     int holder = -1;
 
-    start("cache:\n  fill_lease_ms: 10000\n");
+    h_start("cache:\n  fill_lease_ms: 10000\n");
     ck_assert_int_eq(h_daemon_start(&D2, &R, "cache:\n  fill_lease_ms: "
                                                "10000\n"),
                      0);
-    struct h_conn *s1 = conn(&D);
-    struct h_conn *s2 = conn(&D2);
+    struct h_conn *s1 = h_connect_ok(&D);
+    struct h_conn *s2 = h_connect_ok(&D2);
 
     for (int i = 0; i < N; i++) {
-        c[i] = conn(i % 2 ? &D2 : &D);
+        c[i] = h_connect_ok(i % 2 ? &D2 : &D);
     }
     for (int i = 0; i < N; i++) {
         send_get(c[i], 1, "hot", 20000);
@@ -560,7 +452,7 @@ START_TEST(test_single_flight_two_daemons)
                                           "%s",
                               dump(got[i]));
                 must(got[i]);
-                ck_assert_msg(is_token(jstr(got[i], "lease")),
+                ck_assert_msg(h_is_token(jstr(got[i], "lease")),
                               "first answer is not a lease: %s",
                               dump(got[i]));
                 holder = i;
@@ -616,8 +508,8 @@ END_TEST
 START_TEST(test_coalesced_round_trip)
 {
     enum { N = 30 };
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
     set_value(a, "shared", "S");
 
     /* Thirty gets of one key that reach the daemon together cost one
@@ -650,22 +542,22 @@ END_TEST
 
 START_TEST(test_loader_dies)
 {
-    start("cache:\n  fill_lease_ms: 500\n");
-    struct h_conn *a = conn(&D);
-    struct h_conn *b = conn(&D);
-    struct h_conn *s = conn(&D);
+    h_start("cache:\n  fill_lease_ms: 500\n");
+    struct h_conn *a = h_connect_ok(&D);
+    struct h_conn *b = h_connect_ok(&D);
+    struct h_conn *s = h_connect_ok(&D);
 
     long long t0 = h_now_ms();
     char *lease = get_lease(a, "k");
     send_get(b, 7, "k", 5000);
-    wait_stat(s, "cache_waits", 1);
+    h_assert_stat(s, "cache_waits", 1, T_MS);
     /* The loader vanishes without filling or releasing. */
     h_close(a);
 
     json_t *r = h_recv(b, T_MS);
     long long took = h_now_ms() - t0;
     must(r);
-    ck_assert_msg(!jtrue(r, "hit") && is_token(jstr(r, "lease")),
+    ck_assert_msg(!jtrue(r, "hit") && h_is_token(jstr(r, "lease")),
                   "expected a new lease, got %s", dump(r));
     ck_assert_str_ne(jstr(r, "lease"), lease);
     /* ...once the lease ran out, not before, and not at wait_ms. */
@@ -686,17 +578,17 @@ END_TEST
 
 START_TEST(test_release_and_fifo)
 {
-    start(NULL); /* fill_lease_ms 5000: a release must not wait for it */
-    struct h_conn *a = conn(&D);
-    struct h_conn *b = conn(&D);
-    struct h_conn *c = conn(&D);
-    struct h_conn *s = conn(&D);
+    h_start(NULL); /* fill_lease_ms 5000: a release must not wait for it */
+    struct h_conn *a = h_connect_ok(&D);
+    struct h_conn *b = h_connect_ok(&D);
+    struct h_conn *c = h_connect_ok(&D);
+    struct h_conn *s = h_connect_ok(&D);
 
     char *lease = get_lease(a, "k");
     send_get(b, 1, "k", 10000);
-    wait_stat(s, "cache_waits", 1);
+    h_assert_stat(s, "cache_waits", 1, T_MS);
     send_get(c, 1, "k", 10000);
-    wait_stat(s, "cache_waits", 2);
+    h_assert_stat(s, "cache_waits", 2, T_MS);
 
     long long t0 = h_now_ms();
     json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release",
@@ -706,7 +598,7 @@ START_TEST(test_release_and_fifo)
 
     /* The oldest waiter gets the next lease at once... */
     json_t *rb = h_recv(b, T_MS);
-    ck_assert_msg(rb != NULL && is_token(jstr(rb, "lease")),
+    ck_assert_msg(rb != NULL && h_is_token(jstr(rb, "lease")),
                   "b expected a lease, got %s", dump(rb));
     ck_assert_msg(h_now_ms() - t0 < 1500, "lease came after %lld ms",
                   h_now_ms() - t0);
@@ -737,27 +629,27 @@ END_TEST
 
 START_TEST(test_waiter_session_closes)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
-    struct h_conn *b = conn(&D);
-    struct h_conn *c = conn(&D);
-    struct h_conn *s = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    struct h_conn *b = h_connect_ok(&D);
+    struct h_conn *c = h_connect_ok(&D);
+    struct h_conn *s = h_connect_ok(&D);
 
     char *lease = get_lease(a, "k");
     send_get(b, 1, "k", 10000);
-    wait_stat(s, "cache_waits", 1);
+    h_assert_stat(s, "cache_waits", 1, T_MS);
     send_get(c, 1, "k", 10000);
-    wait_stat(s, "cache_waits", 2);
+    h_assert_stat(s, "cache_waits", 2, T_MS);
     /* b goes away while waiting: it must not be handed the next lease. */
     h_close(b);
-    wait_stat(s, "sessions", 3);
+    h_assert_stat(s, "sessions", 3, T_MS);
 
     json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release",
                         "key", "k", "lease", lease);
     ck_assert(jtrue(must(r), "released"));
     json_decref(r);
     r = h_recv(c, 1500);
-    ck_assert_msg(r != NULL && is_token(jstr(r, "lease")),
+    ck_assert_msg(r != NULL && h_is_token(jstr(r, "lease")),
                   "c expected the lease at once, got %s", dump(r));
     json_decref(r);
     free(lease);
@@ -769,9 +661,9 @@ END_TEST
 
 START_TEST(test_wait_limits)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
-    struct h_conn *b = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    struct h_conn *b = h_connect_ok(&D);
 
     char *lease = get_lease(a, "k");
 
@@ -813,16 +705,16 @@ END_TEST
 
 START_TEST(test_writes_wake_waiters)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
-    struct h_conn *b = conn(&D);
-    struct h_conn *s = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    struct h_conn *b = h_connect_ok(&D);
+    struct h_conn *s = h_connect_ok(&D);
 
     /* cache.set while a load is under way: the waiter gets the set
      * value, and the loader's fill is stale. */
     char *lease = get_lease(a, "k1");
     send_get(b, 1, "k1", 10000);
-    wait_stat(s, "cache_waits", 1);
+    h_assert_stat(s, "cache_waits", 1, T_MS);
     set_value(s, "k1", "from-set");
     json_t *r = h_recv(b, 2000);
     expect_hit(r, "from-set");
@@ -839,14 +731,14 @@ START_TEST(test_writes_wake_waiters)
      * miss. */
     lease = get_lease(a, "k2");
     send_get(b, 2, "k2", 10000);
-    wait_stat(s, "cache_waits", 2);
+    h_assert_stat(s, "cache_waits", 2, T_MS);
     r = invalidate(s, "k2", 0);
     must(r);
     ck_assert_int_eq(jint(r, "deleted"), 1);
     ck_assert_int_eq(jint(r, "pending"), 0);
     json_decref(r);
     r = h_recv(b, 2000);
-    ck_assert_msg(r != NULL && is_token(jstr(r, "lease")),
+    ck_assert_msg(r != NULL && h_is_token(jstr(r, "lease")),
                   "waiter expected a new lease, got %s", dump(r));
     ck_assert_str_ne(jstr(r, "lease"), lease);
     char *lease_b = strdup(jstr(r, "lease"));
@@ -875,9 +767,9 @@ END_TEST
 
 START_TEST(test_mget)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
-    struct h_conn *b = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    struct h_conn *b = h_connect_ok(&D);
 
     set_value(a, "a", "1");
     set_value(a, "b", NULL);
@@ -891,7 +783,7 @@ START_TEST(test_mget)
     expect_hit(json_array_get(res, 3), "1");
     const char *lc = jstr(json_array_get(res, 2), "lease");
     const char *ld = jstr(json_array_get(res, 4), "lease");
-    ck_assert_msg(is_token(lc) && is_token(ld), "leases: %s", dump(r));
+    ck_assert_msg(h_is_token(lc) && h_is_token(ld), "leases: %s", dump(r));
     ck_assert_str_ne(lc, ld);
     ck_assert(!jtrue(json_array_get(res, 2), "hit"));
     /* Each miss's lease is its own. */
@@ -904,7 +796,7 @@ START_TEST(test_mget)
                 "e");
     must(r);
     res = json_object_get(r, "results");
-    ck_assert(is_token(jstr(json_array_get(res, 0), "lease")));
+    ck_assert(h_is_token(jstr(json_array_get(res, 0), "lease")));
     expect_miss_no_lease(json_array_get(res, 1));
     char *le = strdup(jstr(json_array_get(res, 0), "lease"));
     json_decref(r);
@@ -943,12 +835,12 @@ END_TEST
 
 START_TEST(test_wrong_type)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
     char buf[64];
 
-    r_ok("SET " PREFIX "{str} foreign");
-    r_ok("HSET " PREFIX "{hash} other field");
+    h_r_do(&R, "SET " PREFIX "{str} foreign");
+    h_r_do(&R, "HSET " PREFIX "{hash} other field");
 
     json_t *r = get(a, "str");
     ck_assert_str_eq(h_errcode(r), "wrong_type");
@@ -978,7 +870,7 @@ START_TEST(test_wrong_type)
     must(r);
     json_t *res = json_object_get(r, "results");
     ck_assert_str_eq(h_errcode(json_array_get(res, 0)), "wrong_type");
-    ck_assert(is_token(jstr(json_array_get(res, 1), "lease")));
+    ck_assert(h_is_token(jstr(json_array_get(res, 1), "lease")));
     json_decref(r);
 
     /* An invalidation removes whatever is there. */
@@ -992,8 +884,8 @@ END_TEST
 
 START_TEST(test_bad_requests)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
     char line[1200];
 
     expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\","
@@ -1044,7 +936,7 @@ START_TEST(test_bad_requests)
     expect_bad(a, line, "key");
 
     /* Bad requests changed nothing: Redis is empty, nothing journaled. */
-    ck_assert_int_eq(r_int("DBSIZE"), 0);
+    ck_assert_int_eq(h_r_int(&R, "DBSIZE"), 0);
     ck_assert_int_eq(h_stat(a, "cache_invalidations"), 0);
     ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 0);
     /* ...and the connection is still usable. */
@@ -1059,8 +951,8 @@ END_TEST
 
 START_TEST(test_invalidate_keys)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
 
     set_value(a, "i1", "1");
     set_value(a, "i2", "2");
@@ -1087,7 +979,7 @@ START_TEST(test_invalidate_keys)
     ck_assert_int_eq(jint(r, "pending"), 2);
     json_decref(r);
     ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
-    wait_stat(a, "cache_invalidations_pending", 0);
+    h_assert_stat(a, "cache_invalidations_pending", 0, T_MS);
     ck_assert_msg(h_now_ms() - t0 >= 900, "second deletes after %lld ms",
                   h_now_ms() - t0);
     ck_assert_int_gt(h_stat(a, "journal_bytes"), 8);
@@ -1097,8 +989,8 @@ END_TEST
 
 START_TEST(test_double_delete)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
 
     set_value(a, "dd", "old");
     long long t0 = h_now_ms();
@@ -1112,14 +1004,14 @@ START_TEST(test_double_delete)
     /* A reader that loaded before the database commit writes the old
      * value back after the first delete... */
     sleep_ms(100);
-    r_ok("SET " PREFIX "{dd} stale");
+    h_r_do(&R, "SET " PREFIX "{dd} stale");
     /* ...it is still there a while later (time passing is the point)... */
     sleep_ms(500 - (h_now_ms() - t0) > 0 ? 500 - (h_now_ms() - t0) : 0);
     ck_assert(entry_exists("dd"));
     /* ...and the second delete removes it after delay_ms. */
     ck_assert(wait_gone("dd", 1500 - (int)(h_now_ms() - t0)));
     ck_assert_int_ge(h_now_ms() - t0, 750);
-    wait_stat(a, "cache_invalidations_pending", 0);
+    h_assert_stat(a, "cache_invalidations_pending", 0, T_MS);
     h_close(a);
 }
 END_TEST
@@ -1130,8 +1022,8 @@ END_TEST
 
 static void durable_after_kill(const char *yaml)
 {
-    start(yaml);
-    struct h_conn *a = conn(&D);
+    h_start(yaml);
+    struct h_conn *a = h_connect_ok(&D);
 
     set_value(a, "dur", "old");
     long long t0 = h_now_ms();
@@ -1142,7 +1034,7 @@ static void durable_after_kill(const char *yaml)
     /* Acknowledged; the daemon dies before the second delete. */
     h_daemon_kill(&D);
     h_close(a);
-    r_ok("SET " PREFIX "{dur} stale");
+    h_r_do(&R, "SET " PREFIX "{dur} stale");
 
     ck_assert_int_eq(h_daemon_restart(&D), 0);
     ck_assert_int_ge(count_in_file(D.log, "pending=1"), 1);
@@ -1156,8 +1048,8 @@ static void durable_after_kill(const char *yaml)
     ck_assert(entry_exists("dur"));
     ck_assert(wait_gone("dur", DURABLE_DELAY_MS + 10000));
     ck_assert_int_ge(h_now_ms() - t0, DURABLE_DELAY_MS - 100);
-    a = conn(&D);
-    wait_stat(a, "cache_invalidations_pending", 0);
+    a = h_connect_ok(&D);
+    h_assert_stat(a, "cache_invalidations_pending", 0, T_MS);
     h_close(a);
 }
 
@@ -1178,8 +1070,8 @@ END_TEST
 
 START_TEST(test_redis_down_queued)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
 
     set_value(a, "q", "old");
     h_redis_kill(&R);
@@ -1217,10 +1109,10 @@ START_TEST(test_redis_down_queued)
 
     /* Redis comes back empty; someone writes the old value again. */
     ck_assert_int_eq(h_redis_restart(&R), 0);
-    r_ok("SET " PREFIX "{q} stale");
-    r_ok("SET " PREFIX "{q2} stale");
+    h_r_do(&R, "SET " PREFIX "{q} stale");
+    h_r_do(&R, "SET " PREFIX "{q2} stale");
     ck_assert(wait_gone("q", 10000));
-    wait_stat(a, "cache_invalidations_pending", 0);
+    h_assert_stat(a, "cache_invalidations_pending", 0, T_MS);
     ck_assert_int_gt(h_stat(a, "cache_invalidations_retried"), 0);
     h_close(a);
 }
@@ -1278,7 +1170,7 @@ START_TEST(test_journal_torn_tail)
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
     const char *keys[] = {"t1", "t2", "t3", "t4", "t5"};
     for (size_t i = 0; i < 5; i++) {
-        r_ok("SET " PREFIX "{%s} stale", keys[i]);
+        h_r_do(&R, "SET " PREFIX "{%s} stale", keys[i]);
     }
     long long now = wall_ms();
     FILE *f = fopen(path, "wb");
@@ -1310,7 +1202,7 @@ START_TEST(test_journal_torn_tail)
     jrec(f, 1, 100, wall_ms() - 1, "g1", 0);
     fputs("\x13garbage that is not a record", f);
     fclose(f);
-    r_ok("SET " PREFIX "{g1} stale");
+    h_r_do(&R, "SET " PREFIX "{g1} stale");
     ck_assert_int_eq(h_daemon_restart(&D), 0);
     ck_assert(wait_gone("g1", T_MS));
     ck_assert_int_eq(count_in_file(D.log, "journal tail dropped"), 2);
@@ -1334,8 +1226,8 @@ END_TEST
 
 START_TEST(test_stats_move)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
 
     char *lease = get_lease(a, "s1");                  /* miss + lease */
     ck_assert(fill(a, "s1", lease, "v"));              /* stored */
@@ -1468,7 +1360,7 @@ static void plant_value(const char *key, size_t bytes, char fillc)
     ck_assert_ptr_nonnull(v);
     memset(v, fillc, bytes);
     v[bytes] = '\0';
-    r_ok("HSET " PREFIX "{%s} v %s", key, v);
+    h_r_do(&R, "HSET " PREFIX "{%s} v %s", key, v);
     free(v);
 }
 
@@ -1492,11 +1384,11 @@ static int cmp_ll(const void *a, const void *b)
  * never built: the session is closed. */
 START_TEST(test_mget_big_reply)
 {
-    start(NULL);
+    h_start(NULL);
     const size_t vbytes = 20000;
     const int nkeys = 1000, rounds = 25;
     plant_value("big", vbytes, 'x');
-    struct h_conn *p = conn(&D);
+    struct h_conn *p = h_connect_ok(&D);
     json_decref(must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
     long long rss0 = proc_kb(D.pid, "VmRSS");
     ck_assert_int_gt(rss0, 0);
@@ -1558,7 +1450,7 @@ START_TEST(test_mget_big_reply)
     /* 1000 x 40 kB is over the 32 MiB output limit: the session is
      * closed, with one error line, and the reply is never built. */
     plant_value("huge", 40000, 'y');
-    struct h_conn *b = conn(&D);
+    struct h_conn *b = h_connect_ok(&D);
     line = mget_line("huge", nkeys, &len);
     ck_assert_int_eq(h_send_raw(b, line, len), 0);
     free(line);
@@ -1583,10 +1475,10 @@ END_TEST
  * waiters are woken and refetch. */
 START_TEST(test_max_waiters_exact)
 {
-    start("limits:\n  max_waiters: 5\n");
-    struct h_conn *a = conn(&D);
-    struct h_conn *b = conn(&D);
-    struct h_conn *c = conn(&D);
+    h_start("limits:\n  max_waiters: 5\n");
+    struct h_conn *a = h_connect_ok(&D);
+    struct h_conn *b = h_connect_ok(&D);
+    struct h_conn *c = h_connect_ok(&D);
     char *lease = get_lease(a, "w");
 
     /* One write: all twelve reach the daemon in one read and share one
@@ -1612,7 +1504,7 @@ START_TEST(test_max_waiters_exact)
 
     /* A wake-up (a message on the key's channel) makes the five refetch;
      * a newcomer meanwhile finds no free place. */
-    r_ok("PUBLISH " PREFIX "{w}:fill poke");
+    h_r_do(&R, "PUBLISH " PREFIX "{w}:fill poke");
     json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key",
                         "w", "wait_ms", 20000);
     ck_assert_msg(r != NULL && !h_ok(r) && strcmp(h_errcode(r), "busy") == 0,
@@ -1673,8 +1565,8 @@ static json_t *call_line(struct h_conn *c, const char *fmt, long long v)
  * more is bad_request. */
 START_TEST(test_numeric_ranges)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
     const long long ttl_max = 1LL << 40, wait_max = 1LL << 31;
     const long long delay_max = 86400000LL;
     char line[512];
@@ -1686,7 +1578,7 @@ START_TEST(test_numeric_ranges)
     ck_assert(jtrue(r, "acquired"));
     ck_assert_int_eq(jint(r, "lease_ms"), ttl_max);
     json_decref(r);
-    long long pttl = r_int("PTTL leased:lock:{r1}");
+    long long pttl = h_r_int(&R, "PTTL leased:lock:{r1}");
     ck_assert_msg(pttl > ttl_max - 60000 && pttl <= ttl_max,
                   "lock PTTL %lld", pttl);
     r = call_line(a, "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}",
@@ -1762,7 +1654,7 @@ START_TEST(test_numeric_ranges)
 
     /* A waiter with the longest wait is served like any other. */
     lease = get_lease(a, "c3");
-    struct h_conn *b = conn(&D);
+    struct h_conn *b = h_connect_ok(&D);
     snprintf(line, sizeof line, "{\"id\":5,\"op\":\"cache.get\",\"key\":"
              "\"c3\",\"wait_ms\":%lld}\n", wait_max);
     ck_assert_int_eq(h_send_raw(b, line, strlen(line)), 0);
@@ -1837,19 +1729,19 @@ static void expect_wrong_type_all(struct h_conn *a, const char *key,
  * no script raises an error, so nothing is internal. */
 START_TEST(test_foreign_data)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
     char buf[256];
 
-    r_ok("SET " PREFIX "{fs} foreign");
-    r_ok("RPUSH " PREFIX "{fl} a b");
-    r_ok("SADD " PREFIX "{fz} a");
-    r_ok("HSET " PREFIX "{fh1} x 1");               /* none of ours */
-    r_ok("HSET " PREFIX "{fh2} v val x 1");         /* ours and more */
-    r_ok("HSET " PREFIX "{fh3} n maybe");           /* n is not "1" */
-    r_ok("HSET " PREFIX "{fh4} v val n 1");         /* value and null */
-    r_ok("HSET " PREFIX "{fh5} l tok");             /* a lease forever */
-    r_ok("HSET " PREFIX "{fh6} l tok x 1");         /* a lease and more */
+    h_r_do(&R, "SET " PREFIX "{fs} foreign");
+    h_r_do(&R, "RPUSH " PREFIX "{fl} a b");
+    h_r_do(&R, "SADD " PREFIX "{fz} a");
+    h_r_do(&R, "HSET " PREFIX "{fh1} x 1");               /* none of ours */
+    h_r_do(&R, "HSET " PREFIX "{fh2} v val x 1");         /* ours and more */
+    h_r_do(&R, "HSET " PREFIX "{fh3} n maybe");           /* n is not "1" */
+    h_r_do(&R, "HSET " PREFIX "{fh4} v val n 1");         /* value and null */
+    h_r_do(&R, "HSET " PREFIX "{fh5} l tok");             /* a lease forever */
+    h_r_do(&R, "HSET " PREFIX "{fh6} l tok x 1");         /* a lease and more */
     const char *keys[] = {"fs", "fl", "fz", "fh1", "fh2", "fh3", "fh4",
                           "fh5", "fh6"};
     const char *types[] = {"string", "list", "set", "hash", "hash", "hash",
@@ -1867,7 +1759,7 @@ START_TEST(test_foreign_data)
                              : strcmp(types[i], "list") == 0 ? "LLEN"
                              : strcmp(types[i], "set") == 0  ? "SCARD"
                                                              : "HLEN";
-        ck_assert_int_eq(r_int("%s " PREFIX "{%s}", lencmd, keys[i]),
+        ck_assert_int_eq(h_r_int(&R, "%s " PREFIX "{%s}", lencmd, keys[i]),
                          lens[i]);
     }
     ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{fh5} l"), "tok");
@@ -1921,8 +1813,8 @@ static void watch_pending(struct h_conn *c, long long *t1, long long *t2,
  * delay_ms after it, not together with it. */
 START_TEST(test_second_delete_after_outage)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
     const long long delay = 1500;
 
     set_value(a, "sd", "old");
@@ -1954,8 +1846,8 @@ END_TEST
  * down at the restart or up. */
 START_TEST(test_second_delete_after_replay)
 {
-    start(NULL);
-    struct h_conn *a = conn(&D);
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
     const long long delay = 1500;
 
     h_redis_kill(&R);
@@ -1969,7 +1861,7 @@ START_TEST(test_second_delete_after_replay)
 
     /* Redis still down at the restart: both wait, then keep apart. */
     ck_assert_int_eq(h_daemon_restart(&D), 0);
-    a = conn(&D);
+    a = h_connect_ok(&D);
     ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
     ck_assert_int_eq(h_redis_restart(&R), 0);
     long long t1, t2;
@@ -1993,7 +1885,7 @@ START_TEST(test_second_delete_after_replay)
     ck_assert_int_eq(h_redis_restart(&R), 0);
     long long t0 = h_now_ms();
     ck_assert_int_eq(h_daemon_restart(&D), 0);
-    a = conn(&D);
+    a = h_connect_ok(&D);
     watch_pending(a, &t1, &t2, 30000);
     ck_assert_msg(t2 > 0, "deletes did not complete");
     ck_assert_msg(t2 - t0 >= delay - 200,
@@ -2005,42 +1897,37 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("cache");
+    const struct h_case cases[] = {
+        H_CASE(get_fill_hit, 60),
+        H_CASE(null_and_empty, 60),
+        H_CASE(ttls_and_jitter, 60),
+        H_CASE(single_flight_two_daemons, 60),
+        H_CASE(coalesced_round_trip, 60),
+        H_CASE(loader_dies, 60),
+        H_CASE(release_and_fifo, 60),
+        H_CASE(waiter_session_closes, 60),
+        H_CASE(wait_limits, 60),
+        H_CASE(writes_wake_waiters, 60),
+        H_CASE(mget, 60),
+        H_CASE(wrong_type, 60),
+        H_CASE(bad_requests, 60),
+        H_CASE(invalidate_keys, 60),
+        H_CASE(double_delete, 60),
+        H_CASE(durable_kill9_always, 60),
+        H_CASE(durable_kill9_everysec, 60),
+        H_CASE(redis_down_queued, 90),
+        H_CASE(journal_torn_tail, 60),
+        H_CASE(journal_unusable, 60),
+        H_CASE(stats_move, 60),
+        H_CASE(mget_big_reply, 240),
+        H_CASE(max_waiters_exact, 60),
+        H_CASE(numeric_ranges, 60),
+        H_CASE(foreign_data, 90),
+        H_CASE(second_delete_after_outage, 90),
+        H_CASE(second_delete_after_replay, 120),
+    };
 
-    add(s, "get_fill_hit", test_get_fill_hit, 60);
-    add(s, "null_and_empty", test_null_and_empty, 60);
-    add(s, "ttls_and_jitter", test_ttls_and_jitter, 60);
-    add(s, "single_flight_two_daemons", test_single_flight_two_daemons, 60);
-    add(s, "coalesced_round_trip", test_coalesced_round_trip, 60);
-    add(s, "loader_dies", test_loader_dies, 60);
-    add(s, "release_and_fifo", test_release_and_fifo, 60);
-    add(s, "waiter_session_closes", test_waiter_session_closes, 60);
-    add(s, "wait_limits", test_wait_limits, 60);
-    add(s, "writes_wake_waiters", test_writes_wake_waiters, 60);
-    add(s, "mget", test_mget, 60);
-    add(s, "wrong_type", test_wrong_type, 60);
-    add(s, "bad_requests", test_bad_requests, 60);
-    add(s, "invalidate_keys", test_invalidate_keys, 60);
-    add(s, "double_delete", test_double_delete, 60);
-    add(s, "durable_kill9_always", test_durable_kill9_always, 60);
-    add(s, "durable_kill9_everysec", test_durable_kill9_everysec, 60);
-    add(s, "redis_down_queued", test_redis_down_queued, 90);
-    add(s, "journal_torn_tail", test_journal_torn_tail, 60);
-    add(s, "journal_unusable", test_journal_unusable, 60);
-    add(s, "stats_move", test_stats_move, 60);
-    add(s, "mget_big_reply", test_mget_big_reply, 240);
-    add(s, "max_waiters_exact", test_max_waiters_exact, 60);
-    add(s, "numeric_ranges", test_numeric_ranges, 60);
-    add(s, "foreign_data", test_foreign_data, 90);
-    add(s, "second_delete_after_outage", test_second_delete_after_outage, 90);
-    add(s, "second_delete_after_replay", test_second_delete_after_replay, 120);
-
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

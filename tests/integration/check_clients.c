@@ -23,31 +23,23 @@
 
 static struct h_redis R;
 static struct h_daemon D;
-static char out[65536], err[65536];
-
-static void setup(void)
+/* The examples force a lock_lost by deleting a lock's key in Redis
+ * (LEASED_TEST_REDIS); a short watchdog finds it gone within a third of
+ * watchdog_ms. */
+static void export_redis(void)
 {
     char addr[64];
 
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    /* A short watchdog: the examples force a lock_lost by deleting a
-     * lock's key in Redis (LEASED_TEST_REDIS), and the renewal that finds
-     * it gone comes within a third of watchdog_ms. */
-    ck_assert_int_eq(h_daemon_start(&D, &R, "log:\n  level: info\n"
-                                    "lock:\n  watchdog_ms: 1500\n"), 0);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", R.port);
     setenv("LEASED_TEST_REDIS", addr, 1);
-    /* Keep the source tree clean (and usable read-only, for distcheck). */
-    setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
 }
 
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
+static const struct h_fixture fx = {
+    .suite = "clients", .redis = { &R }, .daemons = { &D },
+    .start_yaml = "log:\n  level: info\nlock:\n  watchdog_ms: 1500\n",
+    .setup = export_redis,
+};
+static char out[65536], err[65536];
 
 static const char *srcdir(void)
 {
@@ -119,21 +111,20 @@ START_TEST(test_shell)
 }
 END_TEST
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("clients");
+    const struct h_case cases[] = {
+        /* Python includes a pip install into a fresh venv. Every
+         * timeout is above RUN_MS, so a hung example is killed by h_run
+         * and its output printed rather than the case being cut short by
+         * Check. */
+        H_CASE(python, 300),
+        H_CASE(node, 270),
+        H_CASE(node_api, 270),
+        H_CASE(shell, 270),
+    };
 
-    /* Python includes a pip install into a fresh venv. Every timeout is
-     * above RUN_MS, so a hung example is killed by h_run and its output
-     * printed rather than the case being cut short by Check. */
-    add(s, "python", test_python, 300);
-    add(s, "node", test_node, 270);
-    add(s, "node_api", test_node_api, 270);
-    add(s, "shell", test_shell, 270);
-    return h_run_suite(s);
+    /* Keep the source tree clean (and usable read-only, for distcheck). */
+    setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
+    return H_MAIN(fx, cases);
 }

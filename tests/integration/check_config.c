@@ -20,18 +20,9 @@
 
 static struct h_redis R;
 static struct h_daemon D;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
+static const struct h_fixture fx = {
+    .suite = "config", .redis = { &R }, .daemons = { &D },
+};
 
 /* The first line of TEXT, without its newline, into OUT. */
 static void first_line(const char *text, char *out, size_t outlen)
@@ -87,13 +78,6 @@ static void edit_file(const char *path, const char *old, const char *new)
     ck_assert_int_eq(fclose(f), 0);
 }
 
-static void assert_ping(struct h_conn *c)
-{
-    json_t *r = h_callf(c, T_MS, "{s:s}", "op", "ping");
-    ck_assert_msg(h_ok(r), "ping failed");
-    json_decref(r);
-}
-
 /* Start a daemon with EXTRA, then turn OLD into NEW in its file: -t,
  * SIGHUP and a fresh start must each refuse the file with the message
  * that `leased -t` prints, and a refused reload must leave the daemon
@@ -111,7 +95,7 @@ static void refused_everywhere(const char *extra, const char *old,
     ck_assert_int_eq(h_daemon_start(&D, &R, extra), 0);
     c = h_connect(&D);
     ck_assert_ptr_nonnull(c);
-    assert_ping(c);
+    h_assert_ping(c);
     edit_file(D.conf, old, new);
 
     /* leased -t */
@@ -135,7 +119,7 @@ static void refused_everywhere(const char *extra, const char *old,
     h_daemon_signal(&D, SIGHUP);
     ck_assert_msg(h_wait_until(log_has, &w, 15000), "log has no '%s'",
                   reload_line);
-    assert_ping(c);
+    h_assert_ping(c);
     h_close(c);
     ck_assert_int_eq(h_daemon_stop(&D), 0);
 
@@ -198,18 +182,14 @@ START_TEST(test_defaults_accepted)
 }
 END_TEST
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("config");
+    const struct h_case cases[] = {
+        H_CASE(near_cache_refused, 90),
+        H_CASE(redlock_refused, 90),
+        H_CASE(sentinel_refused, 90),
+        H_CASE(defaults_accepted, 60),
+    };
 
-    add(s, "near_cache_refused", test_near_cache_refused, 90);
-    add(s, "redlock_refused", test_redlock_refused, 90);
-    add(s, "sentinel_refused", test_sentinel_refused, 90);
-    add(s, "defaults_accepted", test_defaults_accepted, 60);
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

@@ -26,32 +26,9 @@
 
 static struct h_redis R;
 static struct h_daemon D;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
-
-static void start(const char *yaml_extra)
-{
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
-}
-
-static struct h_conn *connect_ok(void)
-{
-    struct h_conn *c = h_connect(&D);
-
-    ck_assert_msg(c != NULL, "connect %s: %s", D.sock, strerror(errno));
-    return c;
-}
+static const struct h_fixture fx = {
+    .suite = "core", .redis = { &R }, .daemons = { &D },
+};
 
 static bool matches(const char *re, const char *s)
 {
@@ -62,14 +39,6 @@ static bool matches(const char *re, const char *s)
     ok = s && regexec(&rx, s, 0, NULL, 0) == 0;
     regfree(&rx);
     return ok;
-}
-
-static void assert_ping(struct h_conn *c)
-{
-    json_t *r = h_callf(c, T_MS, "{s:s}", "op", "ping");
-
-    ck_assert_msg(h_ok(r), "ping failed: %s", h_errcode(r));
-    json_decref(r);
 }
 
 /* Send LINE raw and expect the very next reply to be error CODE. Returns
@@ -96,12 +65,6 @@ static int send_str(struct h_conn *c, const char *s)
     return h_send_raw(c, s, strlen(s));
 }
 
-static const char *err_message(const json_t *r)
-{
-    return json_string_value(
-        json_object_get(json_object_get(r, "error"), "message"));
-}
-
 /* --- hello, ping, stats ------------------------------------------------ */
 
 START_TEST(test_hello_ping_stats)
@@ -111,9 +74,9 @@ START_TEST(test_hello_ping_stats)
     const char *s1;
     char sess1[64];
 
-    start(NULL);
-    c = connect_ok();
-    assert_ping(c);
+    h_start(NULL);
+    c = h_connect_ok(&D);
+    h_assert_ping(c);
 
     r = h_callf(c, T_MS, "{s:s,s:s}", "op", "hello", "client", "core-test");
     ck_assert_msg(h_ok(r), "hello: %s", h_errcode(r));
@@ -130,7 +93,7 @@ START_TEST(test_hello_ping_stats)
     json_decref(r);
 
     /* Another connection is another session. */
-    c2 = connect_ok();
+    c2 = h_connect_ok(&D);
     r = h_callf(c2, T_MS, "{s:s}", "op", "hello");
     ck_assert_msg(h_ok(r), "hello without client: %s", h_errcode(r));
     ck_assert_str_ne(json_string_value(json_object_get(r, "session")),
@@ -169,45 +132,45 @@ START_TEST(test_errors)
     char *line;
     size_t n;
 
-    start("limits:\n  max_request_bytes: 1024\n");
-    c = connect_ok();
+    h_start("limits:\n  max_request_bytes: 1024\n");
+    c = h_connect_ok(&D);
 
     /* Not JSON. */
     json_decref(expect_error(c, "{nope\n", "bad_request"));
-    assert_ping(c);
+    h_assert_ping(c);
     /* JSON, but not an object. */
     json_decref(expect_error(c, "[1]\n", "bad_request"));
-    assert_ping(c);
+    h_assert_ping(c);
     json_decref(expect_error(c, "42\n", "bad_request"));
-    assert_ping(c);
+    h_assert_ping(c);
     /* No op: the message names the field, the id is echoed. */
     r = expect_error(c, "{\"id\":11}\n", "bad_request");
-    ck_assert_msg(strstr(err_message(r), "op") != NULL,
-                  "message does not name op: %s", err_message(r));
+    ck_assert_msg(strstr(jmsg(r), "op") != NULL,
+                  "message does not name op: %s", jmsg(r));
     ck_assert_int_eq(json_integer_value(json_object_get(r, "id")), 11);
     json_decref(r);
-    assert_ping(c);
+    h_assert_ping(c);
     /* op of the wrong type. */
     r = expect_error(c, "{\"op\":5,\"id\":12}\n", "bad_request");
-    ck_assert_msg(strstr(err_message(r), "op") != NULL,
-                  "message does not name op: %s", err_message(r));
+    ck_assert_msg(strstr(jmsg(r), "op") != NULL,
+                  "message does not name op: %s", jmsg(r));
     json_decref(r);
-    assert_ping(c);
+    h_assert_ping(c);
     /* Unknown op, id echoed. */
     r = expect_error(c, "{\"op\":\"no.such.op\",\"id\":13}\n", "unknown_op");
     ck_assert_int_eq(json_integer_value(json_object_get(r, "id")), 13);
     json_decref(r);
-    assert_ping(c);
+    h_assert_ping(c);
     /* A field of the wrong type, in an op the core has. */
     r = expect_error(c, "{\"op\":\"hello\",\"client\":5}\n", "bad_request");
-    ck_assert_msg(strstr(err_message(r), "client") != NULL,
-                  "message does not name client: %s", err_message(r));
+    ck_assert_msg(strstr(jmsg(r), "client") != NULL,
+                  "message does not name client: %s", jmsg(r));
     json_decref(r);
-    assert_ping(c);
+    h_assert_ping(c);
     /* Invalid UTF-8 inside a string. */
     json_decref(expect_error(c, "{\"op\":\"ping\",\"x\":\"\xff\xfe\"}\n",
                              "bad_request"));
-    assert_ping(c);
+    h_assert_ping(c);
 
     /* A line over max_request_bytes, sent in pieces: one too_large, the
      * rest of the line discarded, then back to normal. */
@@ -248,8 +211,8 @@ START_TEST(test_ids_and_crlf)
     struct h_conn *c;
     json_t *r;
 
-    start(NULL);
-    c = connect_ok();
+    h_start(NULL);
+    c = h_connect_ok(&D);
 
     ck_assert_int_eq(h_send(c, "{s:s,s:s}", "op", "ping", "id", "req-a7"),
                      0);
@@ -313,8 +276,8 @@ START_TEST(test_pipelined_pings)
     size_t used = 0;
     unsigned char *seen;
 
-    start("log:\n  level: info\n");
-    c = connect_ok();
+    h_start("log:\n  level: info\n");
+    c = h_connect_ok(&D);
     buf = malloc((size_t)N * 40);
     seen = calloc(N + 1, 1);
     ck_assert_ptr_nonnull(buf);
@@ -346,7 +309,7 @@ START_TEST(test_pipelined_pings)
 
         ck_assert_ptr_null(extra);
     }
-    assert_ping(c);
+    h_assert_ping(c);
     h_close(c);
 }
 END_TEST
@@ -357,11 +320,11 @@ START_TEST(test_tcp_plain)
 {
     struct h_conn *c;
 
-    start(NULL);
+    h_start(NULL);
     ck_assert_int_gt(D.tcp_port, 0);
     c = h_connect_tcp(&D);
     ck_assert_msg(c != NULL, "tcp connect: %s", strerror(errno));
-    assert_ping(c);
+    h_assert_ping(c);
     h_close(c);
 }
 END_TEST
@@ -371,7 +334,7 @@ START_TEST(test_tcp_auth)
     struct h_conn *c, *u;
     json_t *r;
 
-    start("listen:\n"
+    h_start("listen:\n"
           "  unix: \"@DIR@/leased.sock\"\n"
           "  tcp: \"127.0.0.1:0\"\n"
           "  auth_token: \"s3cret-T0ken\"\n");
@@ -404,7 +367,7 @@ START_TEST(test_tcp_auth)
     ck_assert_str_eq(json_string_value(json_object_get(r, "server")),
                      "leased");
     json_decref(r);
-    assert_ping(c);
+    h_assert_ping(c);
 
     /* Authentication belongs to the session, not the client address. */
     {
@@ -417,8 +380,8 @@ START_TEST(test_tcp_auth)
         h_close(c2);
     }
     /* The Unix socket is not behind the token. */
-    u = connect_ok();
-    assert_ping(u);
+    u = h_connect_ok(&D);
+    h_assert_ping(u);
     h_close(u);
     h_close(c);
 }
@@ -426,40 +389,18 @@ END_TEST
 
 /* --- limits.max_clients -------------------------------------------------- */
 
-struct stat_want {
-    struct h_conn *c;
-    const char *name;
-    long long value;
-};
-
-static bool stat_is(void *arg)
-{
-    struct stat_want *w = arg;
-
-    return h_stat(w->c, w->name) == w->value;
-}
-
-static bool stat_at_least(void *arg)
-{
-    struct stat_want *w = arg;
-
-    return h_stat(w->c, w->name) >= w->value;
-}
-
 START_TEST(test_max_clients)
 {
     struct h_conn *c[3], *extra;
-    struct stat_want w;
     json_t *r;
 
-    start("limits:\n  max_clients: 3\n");
-    c[0] = connect_ok();
+    h_start("limits:\n  max_clients: 3\n");
+    c[0] = h_connect_ok(&D);
     /* The harness's readiness probes must be gone before we count. */
-    w = (struct stat_want){ c[0], "sessions", 1 };
-    ck_assert_msg(h_wait_until(stat_is, &w, T_MS), "sessions != 1");
+    ck_assert_msg(h_wait_stat(c[0], "sessions", 1, T_MS), "sessions != 1");
     for (int i = 1; i < 3; i++) {
-        c[i] = connect_ok();
-        assert_ping(c[i]);
+        c[i] = h_connect_ok(&D);
+        h_assert_ping(c[i]);
     }
 
     extra = h_connect(&D);
@@ -474,13 +415,12 @@ START_TEST(test_max_clients)
 
     /* The three keep working, and a freed slot can be taken again. */
     for (int i = 0; i < 3; i++) {
-        assert_ping(c[i]);
+        h_assert_ping(c[i]);
     }
     h_close(c[2]);
-    w = (struct stat_want){ c[0], "sessions", 2 };
-    ck_assert_msg(h_wait_until(stat_is, &w, T_MS), "sessions != 2");
-    c[2] = connect_ok();
-    assert_ping(c[2]);
+    ck_assert_msg(h_wait_stat(c[0], "sessions", 2, T_MS), "sessions != 2");
+    c[2] = h_connect_ok(&D);
+    h_assert_ping(c[2]);
     for (int i = 0; i < 3; i++) {
         h_close(c[i]);
     }
@@ -492,25 +432,22 @@ END_TEST
 START_TEST(test_redis_restart)
 {
     struct h_conn *c;
-    struct stat_want w;
     json_t *r;
     pid_t pid;
 
-    start(NULL);
+    h_start(NULL);
     pid = D.pid;
-    c = connect_ok();
-    w = (struct stat_want){ c, "redis_connected", 1 };
-    ck_assert_msg(h_wait_until(stat_at_least, &w, 10000),
+    c = h_connect_ok(&D);
+    ck_assert_msg(h_wait_stat_min(c, "redis_connected", 1, 10000),
                   "never connected to Redis");
 
     h_redis_kill(&R);
-    w = (struct stat_want){ c, "redis_connected", 0 };
-    ck_assert_msg(h_wait_until(stat_is, &w, 10000),
+    ck_assert_msg(h_wait_stat(c, "redis_connected", 0, 10000),
                   "redis_connected stayed above 0 with Redis dead");
     /* Still serving while Redis is away, and an op that needs Redis gets
      * a clear answer rather than silence. */
     for (int i = 0; i < 20; i++) {
-        assert_ping(c);
+        h_assert_ping(c);
     }
     r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "rr");
     ck_assert_msg(r != NULL, "no answer to lock with Redis dead");
@@ -518,11 +455,10 @@ START_TEST(test_redis_restart)
     json_decref(r);
 
     ck_assert_int_eq(h_redis_restart(&R), 0);
-    w = (struct stat_want){ c, "redis_connected", 1 };
-    ck_assert_msg(h_wait_until(stat_at_least, &w, 20000),
+    ck_assert_msg(h_wait_stat_min(c, "redis_connected", 1, 20000),
                   "did not reconnect to the restarted Redis");
     ck_assert_int_ge(h_stat(c, "redis_reconnects"), 1);
-    assert_ping(c);
+    h_assert_ping(c);
     r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "rr");
     ck_assert_msg(h_ok(r) && json_is_true(json_object_get(r, "acquired")),
                   "lock did not work again after Redis came back");
@@ -573,7 +509,7 @@ START_TEST(test_redis_auth_db)
              "redis:\n  address: \"127.0.0.1:%d\"\n  username: app\n"
              "  password: apppw\n  db: 3\n", R.port);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
-    c = connect_ok();
+    c = h_connect_ok(&D);
     r = lock_ok(c, "authdb");
     json_decref(r);
 
@@ -606,7 +542,7 @@ START_TEST(test_redis_bad_auth)
              "redis:\n  address: \"127.0.0.1:%d\"\n  password: wrong\n",
              R.port);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
-    c = connect_ok();
+    c = h_connect_ok(&D);
     r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "x");
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     json_decref(r);
@@ -627,7 +563,7 @@ START_TEST(test_redis_unix_socket)
     ck_assert_int_eq(h_redis_start(&R, args), 0);
     snprintf(yaml, sizeof yaml, "redis:\n  address: \"%s/r.sock\"\n", dir);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
-    c = connect_ok();
+    c = h_connect_ok(&D);
     r = lock_ok(c, "unix");
     json_decref(r);
     /* The subscriber works over the socket too: a waiter is woken. */
@@ -649,8 +585,8 @@ START_TEST(test_noscript_fallback)
     redisReply *rep;
     json_t *r;
 
-    start(NULL);
-    c = connect_ok();
+    h_start(NULL);
+    c = h_connect_ok(&D);
     r = lock_ok(c, "ns1");
     json_decref(r);
     rep = h_redis_cmd(&R, "SCRIPT FLUSH");
@@ -671,7 +607,6 @@ END_TEST
 START_TEST(test_redis_timeout)
 {
     struct h_conn *c;
-    struct stat_want w;
     json_t *r;
     long long t0, took;
 
@@ -682,7 +617,7 @@ START_TEST(test_redis_timeout)
              "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n",
              R.port);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
-    c = connect_ok();
+    c = h_connect_ok(&D);
     r = lock_ok(c, "to1");
     json_decref(r);
 
@@ -698,8 +633,7 @@ START_TEST(test_redis_timeout)
                   "answered after %lld ms with timeout_ms 300", took);
     ck_assert_int_ge(h_stat(c, "redis_timeouts"), 1);
 
-    w = (struct stat_want){ c, "redis_connected", 1 };
-    ck_assert(h_wait_until(stat_at_least, &w, 10000));
+    ck_assert(h_wait_stat_min(c, "redis_connected", 1, 10000));
     r = lock_ok(c, "to3");
     json_decref(r);
     h_close(c);
@@ -736,8 +670,8 @@ START_TEST(test_reload)
     FILE *f;
     char line[700];
 
-    start("limits:\n  max_request_bytes: 100000\n");
-    c = connect_ok();
+    h_start("limits:\n  max_request_bytes: 100000\n");
+    c = h_connect_ok(&D);
     memset(line, 0, sizeof line);
     snprintf(line, sizeof line, "{\"op\":\"ping\",\"id\":5,\"pad\":\"");
     memset(line + strlen(line), 'x', 500);
@@ -778,7 +712,7 @@ START_TEST(test_reload)
     fclose(f);
     h_daemon_signal(&D, SIGHUP);
     ck_assert(h_wait_until(log_has_reload_failure, &D, 5000));
-    assert_ping(c);
+    h_assert_ping(c);
     ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
     r = h_recv(c, T_MS);
     ck_assert_str_eq(h_errcode(r), "too_large");
@@ -828,8 +762,8 @@ START_TEST(test_half_close)
         "{\"id\":2,\"op\":\"lock\",\"key\":\"hc-detached\","
         "\"detach\":true,\"ttl_ms\":60000}\n";
 
-    start(NULL);
-    c = connect_ok();
+    h_start(NULL);
+    c = h_connect_ok(&D);
     ck_assert_int_eq(h_send_raw(c, reqs, strlen(reqs)), 0);
     ck_assert_int_eq(h_shutdown_write(c), 0);
     for (int id = 1; id <= 2; id++) {
@@ -843,7 +777,7 @@ START_TEST(test_half_close)
     ck_assert(h_wait_closed(c, T_MS));
     h_close(c);
 
-    other = connect_ok();
+    other = h_connect_ok(&D);
     /* Session-bound: released when the session ended, long before the
      * 30 s watchdog lease. Detached: still held. */
     r = h_callf(other, T_MS, "{s:s,s:s}", "op", "lock", "key", "hc-bound");
@@ -868,10 +802,10 @@ START_TEST(test_sigterm)
     char sock[sizeof D.sock];
     int status;
 
-    start(NULL);
+    h_start(NULL);
     snprintf(sock, sizeof sock, "%s", D.sock);
-    c = connect_ok();
-    assert_ping(c);
+    c = h_connect_ok(&D);
+    h_assert_ping(c);
 
     h_daemon_signal(&D, SIGTERM);
     ev = h_event(c, 10000);
@@ -968,8 +902,8 @@ START_TEST(test_socket_activation)
     ck_assert_int_eq(h_daemon_start_fd(&D, &R, NULL, fd, path), 0);
     close(fd);   /* only the daemon holds it now */
 
-    c = connect_ok();
-    assert_ping(c);
+    c = h_connect_ok(&D);
+    h_assert_ping(c);
     {
         json_t *r = h_callf(c, T_MS, "{s:s}", "op", "hello");
 
@@ -990,7 +924,7 @@ START_TEST(test_cleanup)
     pid_t rpid, dpid;
     char rdir[sizeof R.dir], ddir[sizeof D.dir];
 
-    start(NULL);
+    h_start(NULL);
     rpid = R.pid;
     dpid = D.pid;
     snprintf(rdir, sizeof rdir, "%s", R.dir);
@@ -1017,35 +951,30 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("core");
+    const struct h_case cases[] = {
+        H_CASE(hello_ping_stats, 60),
+        H_CASE(errors, 60),
+        H_CASE(ids_and_crlf, 60),
+        H_CASE(pipelined_pings, 120),
+        H_CASE(tcp_plain, 60),
+        H_CASE(tcp_auth, 60),
+        H_CASE(max_clients, 60),
+        H_CASE(redis_restart, 90),
+        H_CASE(redis_auth_db, 60),
+        H_CASE(redis_bad_auth, 60),
+        H_CASE(redis_unix_socket, 60),
+        H_CASE(noscript_fallback, 60),
+        H_CASE(redis_timeout, 60),
+        H_CASE(reload, 60),
+        H_CASE(unsupported_refused, 60),
+        H_CASE(half_close, 60),
+        H_CASE(sigterm, 60),
+        H_CASE(cmdline, 60),
+        H_CASE(socket_activation, 60),
+        H_CASE(cleanup, 60),
+    };
 
-    add(s, "hello_ping_stats", test_hello_ping_stats, 60);
-    add(s, "errors", test_errors, 60);
-    add(s, "ids_and_crlf", test_ids_and_crlf, 60);
-    add(s, "pipelined_pings", test_pipelined_pings, 120);
-    add(s, "tcp_plain", test_tcp_plain, 60);
-    add(s, "tcp_auth", test_tcp_auth, 60);
-    add(s, "max_clients", test_max_clients, 60);
-    add(s, "redis_restart", test_redis_restart, 90);
-    add(s, "redis_auth_db", test_redis_auth_db, 60);
-    add(s, "redis_bad_auth", test_redis_bad_auth, 60);
-    add(s, "redis_unix_socket", test_redis_unix_socket, 60);
-    add(s, "noscript_fallback", test_noscript_fallback, 60);
-    add(s, "redis_timeout", test_redis_timeout, 60);
-    add(s, "reload", test_reload, 60);
-    add(s, "unsupported_refused", test_unsupported_refused, 60);
-    add(s, "half_close", test_half_close, 60);
-    add(s, "sigterm", test_sigterm, 60);
-    add(s, "cmdline", test_cmdline, 60);
-    add(s, "socket_activation", test_socket_activation, 60);
-    add(s, "cleanup", test_cleanup, 60);
-
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

@@ -24,24 +24,9 @@
 
 static struct h_redis R;
 static struct h_daemon D;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
-
-static void start(const char *yaml_extra)
-{
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
-}
+static const struct h_fixture fx = {
+    .suite = "leasectl", .redis = { &R }, .daemons = { &D },
+};
 
 static const char *ctl_bin(void)
 {
@@ -116,14 +101,6 @@ static void bg_join(struct run *r)
 {
     pthread_join(r->th, NULL);
     r->took_ms = h_now_ms() - r->took_ms;
-}
-
-static struct h_conn *connect_ok(void)
-{
-    struct h_conn *c = h_connect(&D);
-
-    ck_assert_msg(c != NULL, "connect %s: %s", D.sock, strerror(errno));
-    return c;
 }
 
 struct locked_want {
@@ -216,19 +193,6 @@ static pid_t script_parent(const struct script *s)
     return (pid_t)atol(buf);
 }
 
-static void delete_lock_key(const char *key)
-{
-    char a[256], b[256];
-    redisReply *r;
-
-    snprintf(a, sizeof a, "leased:lock:%s", key);
-    snprintf(b, sizeof b, "leased:lock:{%s}", key);
-    r = h_redis_cmd(&R, "DEL %s %s", a, b);
-    ck_assert_msg(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1,
-                  "the lock key of %s was not in Redis", key);
-    freeReplyObject(r);
-}
-
 /* --- ping, stats, usage ------------------------------------------------- */
 
 START_TEST(test_ping_stats_usage)
@@ -237,7 +201,7 @@ START_TEST(test_ping_stats_usage)
     char tcp[64], missing[400];
     json_t *st;
 
-    start(NULL);
+    h_start(NULL);
 
     CTL(&r, "-s", D.sock, "ping");
     CK_RC(&r, 0);
@@ -315,7 +279,7 @@ START_TEST(test_cache_cmds)
 {
     struct run r;
 
-    start(NULL);
+    h_start(NULL);
     setenv("LEASED_SOCKET", D.sock, 1);
 
     CTL(&r, "get", "k");
@@ -382,13 +346,13 @@ START_TEST(test_info)
     struct run r;
     json_t *rep;
 
-    start(NULL);
+    h_start(NULL);
     setenv("LEASED_SOCKET", D.sock, 1);
     CTL(&r, "info", "job");
     CK_RC(&r, 1);
     ck_assert_str_eq(r.out, "locked no\n");
 
-    c = connect_ok();
+    c = h_connect_ok(&D);
     rep = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "job",
                   "owner", "w1");
     ck_assert_msg(h_ok(rep) && json_is_true(json_object_get(rep, "acquired")),
@@ -432,9 +396,9 @@ START_TEST(test_lock_runs_cmd)
     struct run r, bg;
     char dir[256], stop[300], cmd[600];
 
-    start("lock:\n  watchdog_ms: 600\n");
+    h_start("lock:\n  watchdog_ms: 600\n");
     setenv("LEASED_SOCKET", D.sock, 1);
-    c = connect_ok();
+    c = h_connect_ok(&D);
     ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
     snprintf(stop, sizeof stop, "%s/stop", dir);
     /* The command runs until the test has seen what it is looking for. */
@@ -484,13 +448,13 @@ START_TEST(test_lock_contended)
     struct run r;
     json_t *rep;
 
-    start(NULL);
+    h_start(NULL);
     setenv("LEASED_SOCKET", D.sock, 1);
     ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
     snprintf(marker, sizeof marker, "%s/ran", dir);
     snprintf(cmd, sizeof cmd, "touch '%s'", marker);
 
-    c = connect_ok();
+    c = h_connect_ok(&D);
     rep = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "report");
     ck_assert_msg(h_ok(rep) && json_is_true(json_object_get(rep, "acquired")),
                   "lock: %s", h_errcode(rep));
@@ -530,16 +494,16 @@ START_TEST(test_lock_lost)
     struct run bg;
     char buf[64];
 
-    start("lock:\n  watchdog_ms: 300\n");
+    h_start("lock:\n  watchdog_ms: 300\n");
     setenv("LEASED_SOCKET", D.sock, 1);
-    c = connect_ok();
+    c = h_connect_ok(&D);
     make_script(&s);
 
     CTL_BG(&bg, "lock", "lost", "--", "sh", s.path, s.dir);
     script_parent(&s);
     w = (struct locked_want){ c, "lost", true };
     ck_assert_msg(h_wait_until(locked_is, &w, T_MS), "never locked");
-    delete_lock_key("lost");
+    h_delete_lock_key(&R, "lost");
     bg_join(&bg);
     CK_RC(&bg, 70);
     ck_assert_msg(bg.took_ms < 15000, "took %lld ms", bg.took_ms);
@@ -555,7 +519,7 @@ START_TEST(test_lock_lost)
            s.dir);
     script_parent(&s);
     ck_assert_msg(h_wait_until(locked_is, &w, T_MS), "never locked");
-    delete_lock_key("lost");
+    h_delete_lock_key(&R, "lost");
     bg_join(&bg);
     CK_RC(&bg, 9);
     ck_assert_int_eq(access(s.term, F_OK), 0);
@@ -572,9 +536,9 @@ START_TEST(test_lock_signals)
     struct run bg;
     pid_t ctl;
 
-    start(NULL);
+    h_start(NULL);
     setenv("LEASED_SOCKET", D.sock, 1);
-    c = connect_ok();
+    c = h_connect_ok(&D);
 
     /* SIGTERM to leasectl reaches the command, which exits 0; so does
      * leasectl, and the lock is released. */
@@ -608,7 +572,7 @@ START_TEST(test_lock_daemon_stops)
     struct script s;
     struct run bg;
 
-    start(NULL);
+    h_start(NULL);
     setenv("LEASED_SOCKET", D.sock, 1);
     make_script(&s);
     CTL_BG(&bg, "lock", "stopping", "--", "sh", s.path, s.dir);
@@ -631,7 +595,7 @@ START_TEST(test_auth)
     struct run r;
     char tcp[64];
 
-    start("listen:\n"
+    h_start("listen:\n"
           "  unix: \"@DIR@/leased.sock\"\n"
           "  tcp: \"127.0.0.1:0\"\n"
           "  auth_token: \"ctl-T0ken\"\n");
@@ -681,24 +645,20 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("leasectl");
+    const struct h_case cases[] = {
+        H_CASE(ping_stats_usage, 60),
+        H_CASE(cache_cmds, 60),
+        H_CASE(info, 60),
+        H_CASE(lock_runs_cmd, 60),
+        H_CASE(lock_contended, 60),
+        H_CASE(lock_lost, 60),
+        H_CASE(lock_signals, 60),
+        H_CASE(lock_daemon_stops, 60),
+        H_CASE(auth, 60),
+        H_CASE(redis_down, 60),
+    };
 
-    add(s, "ping_stats_usage", test_ping_stats_usage, 60);
-    add(s, "cache_cmds", test_cache_cmds, 60);
-    add(s, "info", test_info, 60);
-    add(s, "lock_runs_cmd", test_lock_runs_cmd, 60);
-    add(s, "lock_contended", test_lock_contended, 60);
-    add(s, "lock_lost", test_lock_lost, 60);
-    add(s, "lock_signals", test_lock_signals, 60);
-    add(s, "lock_daemon_stops", test_lock_daemon_stops, 60);
-    add(s, "auth", test_auth, 60);
-    add(s, "redis_down", test_redis_down, 60);
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

@@ -24,25 +24,9 @@
 
 static struct h_redis R;
 static struct h_daemon D;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-}
-
-static void teardown(void)
-{
-    h_daemon_signal(&D, SIGCONT);
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
-
-static void start(const char *yaml_extra)
-{
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
-}
+static const struct h_fixture fx = {
+    .suite = "libleased", .redis = { &R }, .daemons = { &D },
+};
 
 #define CK_OK(rc, err, what)                                                  \
     ck_assert_msg((rc) == LEASED_OK, "%s: %s: %s", (what),                  \
@@ -115,22 +99,6 @@ static void lock_ok(struct leased_conn *c, const char *key,
     ck_assert_msg(res->acquired, "lock %s not acquired", key);
 }
 
-/* Delete a lock's Redis key behind the daemon's back. The contract puts
- * the key under the prefix, maybe inside a hash tag: remove both forms
- * (and leave the fence counter alone). */
-static void delete_lock_key(const char *key)
-{
-    char a[256], b[256];
-    redisReply *r;
-
-    snprintf(a, sizeof a, "leased:lock:%s", key);
-    snprintf(b, sizeof b, "leased:lock:{%s}", key);
-    r = h_redis_cmd(&R, "DEL %s %s", a, b);
-    ck_assert_msg(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1,
-                  "the lock key of %s was not in Redis", key);
-    freeReplyObject(r);
-}
-
 static long long elapsed_since(long long t0)
 {
     return h_now_ms() - t0;
@@ -147,7 +115,7 @@ START_TEST(test_connect)
     char tcp[64];
     int rc;
 
-    start(NULL);
+    h_start(NULL);
 
     /* Unix socket, no hello. */
     c = conn();
@@ -220,7 +188,7 @@ START_TEST(test_stats)
     char *text = NULL;
     int rc;
 
-    start(NULL);
+    h_start(NULL);
     c = conn();
     rc = leased_stats(c, &st, &err);
     CK_OK(rc, err, "stats");
@@ -254,7 +222,7 @@ START_TEST(test_locks)
     long long lease;
     int rc;
 
-    start(NULL);
+    h_start(NULL);
     a = conn();
     b = conn();
 
@@ -399,7 +367,7 @@ START_TEST(test_lock_wait)
     long long t0;
     int rc;
 
-    start(NULL);
+    h_start(NULL);
     a = conn();
     w = conn();
     /* A short call timeout: only the wait_ms extension lets a waiting
@@ -450,7 +418,7 @@ START_TEST(test_cache)
     char *lease;
     int rc;
 
-    start(NULL);
+    h_start(NULL);
     c = conn();
 
     /* Miss with a lease, fill, hit. */
@@ -580,7 +548,7 @@ START_TEST(test_errors)
     size_t n = 3000;
     int rc;
 
-    start("limits:\n  max_request_bytes: 1024\n");
+    h_start("limits:\n  max_request_bytes: 1024\n");
     c = conn();
 
     rc = leased_lock(c, "", NULL, &lr, &err);
@@ -645,7 +613,7 @@ START_TEST(test_unauthorized)
     char tcp[64];
     int rc;
 
-    start("listen:\n"
+    h_start("listen:\n"
           "  unix: \"@DIR@/leased.sock\"\n"
           "  tcp: \"127.0.0.1:0\"\n"
           "  auth_token: \"libleased-T0ken\"\n");
@@ -679,7 +647,7 @@ START_TEST(test_busy)
     long long t0 = h_now_ms();
     int rc;
 
-    start("limits:\n  max_clients: 2\n");
+    h_start("limits:\n  max_clients: 2\n");
     a = conn();
     /* The harness's readiness probes must be gone before we count. */
     while (stat_of(a, "sessions") != 1 && elapsed_since(t0) < T_MS) {
@@ -790,7 +758,7 @@ START_TEST(test_lock_lost)
     long long t0;
     int rc;
 
-    start("lock:\n  watchdog_ms: 300\n");
+    h_start("lock:\n  watchdog_ms: 300\n");
     c = conn();
     other = conn();
 
@@ -798,7 +766,7 @@ START_TEST(test_lock_lost)
     lock_ok(c, "lost1", NULL, &r1);
     rc = leased_next_event(c, 0, &ev, &err);
     CK_CODE(rc, err, LEASED_E_TIMEOUT, "no event yet");
-    delete_lock_key("lost1");
+    h_delete_lock_key(&R, "lost1");
     rc = leased_next_event(c, 5000, &ev, &err);
     CK_OK(rc, err, "lock_lost event");
     ck_assert_int_eq(ev.type, LEASED_EV_LOCK_LOST);
@@ -813,7 +781,7 @@ START_TEST(test_lock_lost)
      * reply. The call waits on a lock held elsewhere meanwhile. */
     lock_ok(other, "busy-key", NULL, &ro);
     lock_ok(c, "lost2", NULL, &r2);
-    delete_lock_key("lost2");
+    h_delete_lock_key(&R, "lost2");
     args.wait_ms = 1500;
     rc = leased_lock(c, "busy-key", &args, &r3, &err);
     CK_OK(rc, err, "a waiting lock while lost2 is lost");
@@ -827,7 +795,7 @@ START_TEST(test_lock_lost)
     /* By callback. */
     leased_set_event_callback(c, on_event, &seen);
     lock_ok(c, "lost3", NULL, &r3);
-    delete_lock_key("lost3");
+    h_delete_lock_key(&R, "lost3");
     t0 = h_now_ms();
     while (seen.count == 0 && elapsed_since(t0) < 5000) {
         rc = leased_dispatch(c, 200, &err);
@@ -882,7 +850,7 @@ START_TEST(test_shutdown)
     pthread_t th;
     int rc;
 
-    start(NULL);
+    h_start(NULL);
     idle = conn();
     holder = conn();
     waiting = conn();
@@ -931,7 +899,7 @@ START_TEST(test_reconnect)
     char old_session[128];
     int rc;
 
-    start(NULL);
+    h_start(NULL);
     leased_options_init(&opt);
     opt.client = "reconnecting";
     c = conn_opt(D.sock, &opt);
@@ -985,7 +953,7 @@ START_TEST(test_timeout)
     char *reply = NULL;
     int rc;
 
-    start(NULL);
+    h_start(NULL);
     c = conn();
     leased_set_timeout(c, 300);
 
@@ -1022,7 +990,7 @@ START_TEST(test_pipelining)
     long long t0;
     int rc;
 
-    start(NULL);
+    h_start(NULL);
     a = conn();
     b = conn();
     lock_ok(a, "pipe", NULL, &r);
@@ -1073,28 +1041,24 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("libleased");
+    const struct h_case cases[] = {
+        H_CASE(connect, 60),
+        H_CASE(stats, 60),
+        H_CASE(locks, 60),
+        H_CASE(lock_wait, 60),
+        H_CASE(cache, 60),
+        H_CASE(errors, 60),
+        H_CASE(unauthorized, 60),
+        H_CASE(busy, 60),
+        H_CASE(redis_unavailable, 60),
+        H_CASE(lock_lost, 60),
+        H_CASE(shutdown, 60),
+        H_CASE(reconnect, 90),
+        H_CASE(timeout, 60),
+        H_CASE(pipelining, 60),
+    };
 
-    add(s, "connect", test_connect, 60);
-    add(s, "stats", test_stats, 60);
-    add(s, "locks", test_locks, 60);
-    add(s, "lock_wait", test_lock_wait, 60);
-    add(s, "cache", test_cache, 60);
-    add(s, "errors", test_errors, 60);
-    add(s, "unauthorized", test_unauthorized, 60);
-    add(s, "busy", test_busy, 60);
-    add(s, "redis_unavailable", test_redis_unavailable, 60);
-    add(s, "lock_lost", test_lock_lost, 60);
-    add(s, "shutdown", test_shutdown, 60);
-    add(s, "reconnect", test_reconnect, 90);
-    add(s, "timeout", test_timeout, 60);
-    add(s, "pipelining", test_pipelining, 60);
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

@@ -32,40 +32,9 @@
 
 static struct h_redis R;
 static struct h_daemon D;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
-
-static void start(const char *yaml_extra)
-{
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
-}
-
-static struct h_conn *connect_ok(void)
-{
-    struct h_conn *c = h_connect(&D);
-
-    ck_assert_msg(c != NULL, "connect %s: %s", D.sock, strerror(errno));
-    return c;
-}
-
-static void assert_ping(struct h_conn *c)
-{
-    json_t *r = h_callf(c, T_MS, "{s:s}", "op", "ping");
-
-    ck_assert_msg(h_ok(r), "ping failed: %s", h_errcode(r));
-    json_decref(r);
-}
+static const struct h_fixture fx = {
+    .suite = "limits", .redis = { &R }, .daemons = { &D },
+};
 
 /* How many lines of the daemon's log hold NEEDLE. */
 static int log_count(const struct h_daemon *d, const char *needle)
@@ -302,7 +271,7 @@ START_TEST(test_http_refused)
     long n;
     int fd;
 
-    start(NULL);
+    h_start(NULL);
     ck_assert_int_gt(D.tcp_port, 0);
     snprintf(req, sizeof req,
              "POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
@@ -330,25 +299,25 @@ START_TEST(test_http_refused)
                       got);
     }
 
-    c = connect_ok();
+    c = h_connect_ok(&D);
     ck_assert_msg(!cache_hit(c, "xp"), "an HTTP body ran");
     /* A JSON first line still works, and a later line that happens to
      * read like a header is only a bad request. */
-    assert_ping(c);
+    h_assert_ping(c);
     ck_assert_int_eq(h_send_raw(c, "Host: x\n", 8), 0);
     {
         json_t *r = h_recv(c, T_MS);
         ck_assert_str_eq(h_errcode(r), "bad_request");
         json_decref(r);
     }
-    assert_ping(c);
+    h_assert_ping(c);
     h_close(c);
 }
 END_TEST
 
 START_TEST(test_tcp_off_by_default)
 {
-    start("listen:\n  unix: \"@DIR@/leased.sock\"\n");
+    h_start("listen:\n  unix: \"@DIR@/leased.sock\"\n");
     ck_assert_int_eq(D.tcp_port, 0);
     ck_assert_int_eq(log_count(&D, "listening tcp="), 0);
 }
@@ -415,9 +384,9 @@ START_TEST(test_output_limit)
     int fd;
 
     small_asan_quarantine();
-    start("limits:\n  max_output_bytes: 4194304\n");
-    c = connect_ok();
-    other = connect_ok();
+    h_start("limits:\n  max_output_bytes: 4194304\n");
+    c = h_connect_ok(&D);
+    other = h_connect_ok(&D);
     memset(value, 'v', vlen);
     value[vlen] = '\0';
     r = h_callf(c, 30000, "{s:s,s:s,s:s}", "op", "cache.set", "key", "big",
@@ -448,7 +417,7 @@ START_TEST(test_output_limit)
     long long deadline = h_now_ms() + 60000;
     while (!over_limit_logged(NULL) && h_now_ms() < deadline) {
         long long t0 = h_now_ms(), rss;
-        assert_ping(other);
+        h_assert_ping(other);
         if (h_now_ms() - t0 > worst_ms) {
             worst_ms = h_now_ms() - t0;
         }
@@ -479,7 +448,7 @@ START_TEST(test_output_limit)
     ck_assert_msg(rss_max < 150 * 1024, "daemon RSS reached %lld kB",
                   rss_max);
     ck_assert_msg(worst_ms < 1000, "a ping took %lld ms", worst_ms);
-    assert_ping(c);
+    h_assert_ping(c);
     h_close(c);
     h_close(other);
 }
@@ -498,8 +467,8 @@ START_TEST(test_resume_after_big_drain)
     json_t *r;
     int fd;
 
-    start("limits:\n  max_output_bytes: 262144\n");
-    c = connect_ok();
+    h_start("limits:\n  max_output_bytes: 262144\n");
+    c = h_connect_ok(&D);
     memset(value, 'w', vlen);
     value[vlen] = '\0';
     r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "mid",
@@ -541,9 +510,9 @@ START_TEST(test_max_pending_per_request)
     struct h_conn *a, *b;
     json_t *r;
 
-    start("limits:\n  max_pending: 3\n");
-    a = connect_ok();
-    b = connect_ok();
+    h_start("limits:\n  max_pending: 3\n");
+    a = h_connect_ok(&D);
+    b = h_connect_ok(&D);
     r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock", "key", "mp");
     ck_assert(h_ok(r) && json_is_true(json_object_get(r, "acquired")));
     json_decref(r);
@@ -585,8 +554,8 @@ START_TEST(test_fair_turns)
     long long worst_ms = 0, pings = 0;
     int fd;
 
-    start(NULL);
-    other = connect_ok();
+    h_start(NULL);
+    other = h_connect_ok(&D);
     off = (size_t)snprintf(line, cap, "{\"op\":\"cache.mget\",\"keys\":[");
     for (int k = 0; k < nkeys; k++) {
         off += (size_t)snprintf(line + off, cap - off, "%s\"mk%05d\"",
@@ -633,7 +602,7 @@ START_TEST(test_fair_turns)
     int status = 0;
     while (waitpid(pid, &status, WNOHANG) == 0) {
         long long t0 = h_now_ms();
-        assert_ping(other);
+        h_assert_ping(other);
         pings++;
         if (h_now_ms() - t0 > worst_ms) {
             worst_ms = h_now_ms() - t0;
@@ -643,7 +612,7 @@ START_TEST(test_fair_turns)
     fprintf(stderr, "fair_turns: %lld pings, slowest %lld ms\n", pings,
             worst_ms);
     ck_assert_msg(worst_ms < 1000, "a ping took %lld ms", worst_ms);
-    assert_ping(other);
+    h_assert_ping(other);
     h_close(other);
 }
 END_TEST
@@ -702,8 +671,8 @@ START_TEST(test_emfile_pauses)
     for (int i = 0; i < EMFILE_CONNS; i++) {
         close(fds[i]);
     }
-    struct h_conn *c = connect_ok();
-    assert_ping(c);
+    struct h_conn *c = h_connect_ok(&D);
+    h_assert_ping(c);
     h_close(c);
     ck_assert_int_ge(log_count(&D, "pausing accept"), 1);
     /* limits.max_clients (10000) is more than 32 descriptors allow. */
@@ -838,7 +807,7 @@ START_TEST(test_secret_file_mode)
     const char *warn = "is readable by";
     int n;
 
-    start("listen:\n  unix: \"@DIR@/leased.sock\"\n  auth_token: t0k\n");
+    h_start("listen:\n  unix: \"@DIR@/leased.sock\"\n  auth_token: t0k\n");
     ck_assert_int_eq(chmod(D.conf, 0644), 0);
     ck_assert_int_eq(h_daemon_stop(&D), 0);
     ck_assert_int_eq(h_daemon_restart(&D), 0);
@@ -881,11 +850,11 @@ START_TEST(test_unix_group)
     snprintf(yaml, sizeof yaml,
              "listen:\n  unix: \"@DIR@/leased.sock\"\n"
              "  unix_group: \"%u\"\n", (unsigned)want);
-    start(yaml);
+    h_start(yaml);
     ck_assert_int_eq(stat(D.sock, &st), 0);
     ck_assert_uint_eq(st.st_gid, want);
-    struct h_conn *c = connect_ok();
-    assert_ping(c);
+    struct h_conn *c = h_connect_ok(&D);
+    h_assert_ping(c);
     h_close(c);
 
     /* An unknown group is a configuration error with its position. */
@@ -911,8 +880,8 @@ START_TEST(test_crlf_at_limit)
     json_t *r;
     int n;
 
-    start("limits:\n  max_request_bytes: 64\n");
-    c = connect_ok();
+    h_start("limits:\n  max_request_bytes: 64\n");
+    c = h_connect_ok(&D);
     /* Exactly 64 bytes before the terminator, then one more. */
     for (int extra = 0; extra < 2; extra++) {
         static const char head[] = "{\"op\":\"ping\",\"id\":5,\"pad\":\"";
@@ -934,7 +903,7 @@ START_TEST(test_crlf_at_limit)
             json_decref(r);
         }
     }
-    assert_ping(c);
+    h_assert_ping(c);
     h_close(c);
 }
 END_TEST
@@ -946,8 +915,8 @@ START_TEST(test_nul_rules)
     redisReply *rr;
     json_t *r, *v;
 
-    start(NULL);
-    c = connect_ok();
+    h_start(NULL);
+    c = h_connect_ok(&D);
     ck_assert_int_eq(h_send_raw(c, raw_nul, sizeof raw_nul - 1), 0);
     r = h_recv(c, T_MS);
     ck_assert_str_eq(h_errcode(r), "bad_request");
@@ -989,7 +958,7 @@ START_TEST(test_nul_rules)
     ck_assert_str_eq(h_errcode(r), "bad_request");
     json_decref(r);
     json_decref(v);
-    assert_ping(c);
+    h_assert_ping(c);
     h_close(c);
 }
 END_TEST
@@ -1002,8 +971,8 @@ START_TEST(test_error_message_utf8)
     json_t *r;
     const char *msg;
 
-    start(NULL);
-    c = connect_ok();
+    h_start(NULL);
+    c = h_connect_ok(&D);
     for (int i = 0; i < 300; i++) {
         strcat(op, "\xc3\xa9");
     }
@@ -1020,29 +989,24 @@ START_TEST(test_error_message_utf8)
 }
 END_TEST
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("limits");
+    const struct h_case cases[] = {
+        H_CASE(http_refused, 60),
+        H_CASE(tcp_off_by_default, 60),
+        H_CASE(adopted_tcp_needs_token, 60),
+        H_CASE(output_limit, 240),
+        H_CASE(resume_after_big_drain, 60),
+        H_CASE(max_pending_per_request, 60),
+        H_CASE(fair_turns, 240),
+        H_CASE(emfile_pauses, 60),
+        H_CASE(relative_paths_detached, 60),
+        H_CASE(secret_file_mode, 60),
+        H_CASE(unix_group, 60),
+        H_CASE(crlf_at_limit, 60),
+        H_CASE(nul_rules, 60),
+        H_CASE(error_message_utf8, 60),
+    };
 
-    signal(SIGPIPE, SIG_IGN);
-    add(s, "http_refused", test_http_refused, 60);
-    add(s, "tcp_off_by_default", test_tcp_off_by_default, 60);
-    add(s, "adopted_tcp_needs_token", test_adopted_tcp_needs_token, 60);
-    add(s, "output_limit", test_output_limit, 240);
-    add(s, "resume_after_big_drain", test_resume_after_big_drain, 60);
-    add(s, "max_pending_per_request", test_max_pending_per_request, 60);
-    add(s, "fair_turns", test_fair_turns, 240);
-    add(s, "emfile_pauses", test_emfile_pauses, 60);
-    add(s, "relative_paths_detached", test_relative_paths_detached, 60);
-    add(s, "secret_file_mode", test_secret_file_mode, 60);
-    add(s, "unix_group", test_unix_group, 60);
-    add(s, "crlf_at_limit", test_crlf_at_limit, 60);
-    add(s, "nul_rules", test_nul_rules, 60);
-    add(s, "error_message_utf8", test_error_message_utf8, 60);
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

@@ -16,24 +16,13 @@
 static struct h_redis R;
 static struct h_redis R2;
 static struct h_daemon D;
+static const struct h_fixture fx = {
+    .suite = "lock_faults", .redis = { &R, &R2 }, .daemons = { &D },
+};
 
 /* A Redisson holder field: a UUID, a colon, a thread id. */
 #define JAVA_HOLDER "4f0c2d1e-7a3b-4c5d-9e8f-0a1b2c3d4e5f:1"
 #define TOK32 "0123456789abcdef0123456789abcdef"
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&R2, 0, sizeof R2);
-    memset(&D, 0, sizeof D);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R2);
-    h_redis_stop(&R);
-}
 
 /* Redis with DEBUG allowed, and leased with REDIS_YAML (the body of the
  * redis section, after its address) and EXTRA (other sections). */
@@ -45,33 +34,6 @@ static void start(const char *redis_yaml, const char *extra)
              R.port, redis_yaml != NULL ? redis_yaml : "",
              extra != NULL ? extra : "");
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
-}
-
-/* A Redis command from the test that must not fail. */
-static void r_do(const char *fmt, ...)
-{
-    va_list ap;
-    redisContext *c = h_redis_connect(&R);
-    ck_assert_msg(c != NULL, "cannot connect to redis");
-    va_start(ap, fmt);
-    redisReply *rep = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    ck_assert_msg(rep != NULL && rep->type != REDIS_REPLY_ERROR,
-                  "redis command %s failed", fmt);
-    freeReplyObject(rep);
-    redisFree(c);
-}
-
-static const char *jmsg(const json_t *r)
-{
-    return json_string_value(
-        json_object_get(json_object_get(r, "error"), "message"));
-}
-
-static const char *joutcome(const json_t *r)
-{
-    return json_string_value(
-        json_object_get(json_object_get(r, "error"), "outcome"));
 }
 
 /* True while Redis does not answer a PING within 200 ms. */
@@ -124,23 +86,10 @@ static void sleep_end(redisContext *c)
     redisFree(c);
 }
 
-struct stat_wait {
-    struct h_conn *c;
-    const char *name;
-    long long want;
-};
-
-static bool stat_is(void *arg)
-{
-    struct stat_wait *w = arg;
-    return h_stat(w->c, w->name) == w->want;
-}
-
 /* After Redis woke, the daemon reconnects (with backoff). */
 static void wait_connected(struct h_conn *c)
 {
-    struct stat_wait w = { c, "redis_connected", 1 };
-    ck_assert_msg(h_wait_until(stat_is, &w, 15000),
+    ck_assert_msg(h_wait_stat(c, "redis_connected", 1, 15000),
                   "leased did not reconnect");
 }
 
@@ -186,10 +135,9 @@ START_TEST(test_unlock_outcome_unknown)
 
     /* Redis ran both when it woke; the late answer settles the record of
      * u1 (no longer held here), and B can take it at once. */
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{u1}"), 0);
-    ck_assert_int_le(r_int(&R, "PTTL leased:lock:{e1}"), 7000);
-    struct stat_wait w = { a, "locks_held", 1 };
-    ck_assert_msg(h_wait_until(stat_is, &w, 10000),
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{u1}"), 0);
+    ck_assert_int_le(h_r_int(&R, "PTTL leased:lock:{e1}"), 7000);
+    ck_assert_msg(h_wait_stat(a, "locks_held", 1, 10000),
                   "the late answer did not settle the record: held %lld",
                   h_stat(a, "locks_held"));
     r = lk_must(b, "u1", NULL, 5000, 0);
@@ -286,15 +234,6 @@ END_TEST
 
 /* --- 3: tokens and hashes that are not locks ----------------------------- */
 
-static void expect_code(json_t *r, const char *code, const char *what)
-{
-    ck_assert_msg(r != NULL, "no reply to %s", what);
-    ck_assert_msg(h_errcode(r) != NULL && strcmp(h_errcode(r), code) == 0,
-                  "%s: expected %s, got %s", what, code,
-                  h_errcode(r) != NULL ? h_errcode(r) : "ok");
-    json_decref(r);
-}
-
 START_TEST(test_not_a_lock_redisson)
 {
     struct h_conn *a;
@@ -302,51 +241,51 @@ START_TEST(test_not_a_lock_redisson)
 
     start(NULL, "lock:\n  layout: redisson\n");
     a = lk_connect(&D);
-    r_do("HSET user:42 email a@example.org name x");
-    r_do("HSET cart:1 qty 3");
+    h_r_do(&R, "HSET user:42 email a@example.org name x");
+    h_r_do(&R, "HSET cart:1 qty 3");
 
     /* Field names that no holder can have never reach Redis. */
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
                         "user:42", "token", "email", "ttl_ms", 1),
                 "bad_request", "extend with token email");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
                         "cart:1", "token", "qty"),
                 "bad_request", "unlock with token qty");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key",
                         "cart:1", "token", "qty"),
                 "bad_request", "lock with token qty");
-    ck_assert_int_eq(r_int(&R, "PTTL user:42"), -1);
-    ck_assert_int_eq(r_int(&R, "HGET cart:1 qty"), 3);
+    ck_assert_int_eq(h_r_int(&R, "PTTL user:42"), -1);
+    ck_assert_int_eq(h_r_int(&R, "HGET cart:1 qty"), 3);
 
     /* A holder-shaped field in a hash that is not a lock. */
-    r_do("HSET cart:2 %s 1 qty 3", JAVA_HOLDER);
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
+    h_r_do(&R, "HSET cart:2 %s 1 qty 3", JAVA_HOLDER);
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
                         "cart:2", "token", JAVA_HOLDER),
                 "wrong_type", "unlock of a hash that is not a lock");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
                         "cart:2", "token", JAVA_HOLDER, "ttl_ms", 1),
                 "wrong_type", "extend of a hash that is not a lock");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
                         "cart:2"),
                 "wrong_type", "lock.info of a hash that is not a lock");
-    ck_assert_int_eq(r_int(&R, "PTTL cart:2"), -1);
-    ck_assert_int_eq(r_int(&R, "HGET cart:2 %s", JAVA_HOLDER), 1);
-    ck_assert_int_eq(r_int(&R, "HGET cart:2 qty"), 3);
+    ck_assert_int_eq(h_r_int(&R, "PTTL cart:2"), -1);
+    ck_assert_int_eq(h_r_int(&R, "HGET cart:2 %s", JAVA_HOLDER), 1);
+    ck_assert_int_eq(h_r_int(&R, "HGET cart:2 qty"), 3);
 
     /* A real Redisson lock is still extended and released by its holder. */
-    r_do("HSET inv:9 %s 1", JAVA_HOLDER);
-    ck_assert_int_eq(r_int(&R, "PEXPIRE inv:9 30000"), 1);
+    h_r_do(&R, "HSET inv:9 %s 1", JAVA_HOLDER);
+    ck_assert_int_eq(h_r_int(&R, "PEXPIRE inv:9 30000"), 1);
     r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key", "inv:9",
                 "token", JAVA_HOLDER, "ttl_ms", 60000);
     ck_assert_msg(h_ok(r), "extend of a Redisson lock: %s", h_errcode(r));
     json_decref(r);
-    ck_assert_int_gt(r_int(&R, "PTTL inv:9"), 30000);
+    ck_assert_int_gt(h_r_int(&R, "PTTL inv:9"), 30000);
     r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "inv:9",
                 "token", JAVA_HOLDER);
     ck_assert_msg(h_ok(r) && jtrue(r, "released"),
                   "unlock of a Redisson lock: %s", h_errcode(r));
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS inv:9"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS inv:9"), 0);
     h_close(a);
 }
 END_TEST
@@ -358,43 +297,30 @@ START_TEST(test_not_a_lock_leased)
     start(NULL, NULL);
     a = lk_connect(&D);
     /* A Redisson-shaped token is no token of this layout. */
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
                         "token", JAVA_HOLDER),
                 "bad_request", "unlock with a Redisson token");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
                         "k", "token", "email", "ttl_ms", 5),
                 "bad_request", "extend with token email");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
                         "token", "0123456789ABCDEF0123456789ABCDEF"),
                 "bad_request", "unlock with an upper-case token");
 
-    r_do("HSET leased:lock:{h} %s 1 other x", TOK32);
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "h",
+    h_r_do(&R, "HSET leased:lock:{h} %s 1 other x", TOK32);
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "h",
                         "token", TOK32),
                 "wrong_type", "unlock of a hash with a foreign field");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
                         "h", "token", TOK32, "ttl_ms", 1),
                 "wrong_type", "extend of a hash with a foreign field");
-    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{h} %s", TOK32), 1);
-    ck_assert_int_eq(r_int(&R, "PTTL leased:lock:{h}"), -1);
+    ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{h} %s", TOK32), 1);
+    ck_assert_int_eq(h_r_int(&R, "PTTL leased:lock:{h}"), -1);
     h_close(a);
 }
 END_TEST
 
 /* --- 4: WAIT on its own connections -------------------------------------- */
-
-static bool replica_linked(void *arg)
-{
-    (void)arg;
-    redisReply *rep = h_redis_cmd(&R, "INFO replication");
-    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING
-              && strstr(rep->str, "connected_slaves:1") != NULL
-              && strstr(rep->str, "state=online") != NULL;
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    return ok;
-}
 
 /* Count the CLIENT LIST lines that contain WHAT (at least *ARG). */
 static int clients_with(const char *what)
@@ -457,16 +383,16 @@ START_TEST(test_wait_own_connection)
     ck_assert_msg(r != NULL, "no reply to the lock");
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{w}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{w}"), 0);
 
     /* With a replica the grant is confirmed. */
     snprintf(args, sizeof args, "--replicaof 127.0.0.1 %d", R.port);
     ck_assert_int_eq(h_redis_start(&R2, args), 0);
-    ck_assert_msg(h_wait_until(replica_linked, NULL, 15000),
+    ck_assert_msg(h_wait_until(h_replica_linked, &R, 15000),
                   "replica did not link");
     r = lk_must(a, "w", NULL, NO_TTL, 0);
     json_decref(r);
-    ck_assert_int_eq(r_int(&R2, "EXISTS leased:lock:{w}"), 1);
+    ck_assert_int_eq(h_r_int(&R2, "EXISTS leased:lock:{w}"), 1);
     h_close(a);
     h_close(b);
 }
@@ -481,7 +407,7 @@ START_TEST(test_foreign_data_wrong_type)
 
     start(NULL, NULL);
     a = lk_connect(&D);
-    r_do("HSET leased:lock:{W} %s notanumber", TOK32);
+    h_r_do(&R, "HSET leased:lock:{W} %s notanumber", TOK32);
     r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "W",
                 "token", TOK32);
     ck_assert_msg(r != NULL, "no reply");
@@ -489,7 +415,7 @@ START_TEST(test_foreign_data_wrong_type)
     ck_assert_msg(strstr(jmsg(r), "'W'") != NULL, "key not named: %s",
                   jmsg(r));
     json_decref(r);
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key",
                         "W", "token", TOK32),
                 "wrong_type", "lock.info of a bad count");
     redisReply *rep = h_redis_cmd(&R, "HGET leased:lock:{W} %s", TOK32);
@@ -498,46 +424,40 @@ START_TEST(test_foreign_data_wrong_type)
     freeReplyObject(rep);
 
     /* An empty field, and an unlock by an owner that holds nothing. */
-    r_do("HSET leased:lock:{W3} %b x", "", (size_t)0);
+    h_r_do(&R, "HSET leased:lock:{W3} %b x", "", (size_t)0);
     r = lk_unlock(a, "W3", NULL);
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{W3}"), 1);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{W3}"), 1);
 
     /* A hash that is not a lock is not "held by someone else" either:
      * lock answers wrong_type, waiting or not, and leaves it alone. */
-    r_do("HSET leased:lock:{W4} email a@b.c");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "lock", "key", "W4"),
+    h_r_do(&R, "HSET leased:lock:{W4} email a@b.c");
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "lock", "key", "W4"),
                 "wrong_type", "lock of a foreign hash");
-    expect_code(h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key", "W4",
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key", "W4",
                         "wait_ms", 200),
                 "wrong_type", "waiting lock of a foreign hash");
-    ck_assert_int_eq(r_int(&R, "HLEN leased:lock:{W4}"), 1);
-    ck_assert_int_eq(r_int(&R, "PTTL leased:lock:{W4}"), -1);
+    ck_assert_int_eq(h_r_int(&R, "HLEN leased:lock:{W4}"), 1);
+    ck_assert_int_eq(h_r_int(&R, "PTTL leased:lock:{W4}"), -1);
     h_close(a);
 }
 END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("lock_faults");
+    const struct h_case cases[] = {
+        H_CASE(unlock_outcome_unknown, 90),
+        H_CASE(stop_with_late_answers_owed, 90),
+        H_CASE(failure_reason, 60),
+        H_CASE(lock_timeout_not_stranded, 90),
+        H_CASE(not_a_lock_redisson, 60),
+        H_CASE(not_a_lock_leased, 60),
+        H_CASE(wait_own_connection, 90),
+        H_CASE(foreign_data_wrong_type, 60),
+    };
 
-    add(s, "unlock_outcome_unknown", test_unlock_outcome_unknown, 90);
-    add(s, "stop_with_late_answers_owed", test_stop_with_late_answers_owed,
-        90);
-    add(s, "failure_reason", test_failure_reason, 60);
-    add(s, "lock_timeout_not_stranded", test_lock_timeout_not_stranded, 90);
-    add(s, "not_a_lock_redisson", test_not_a_lock_redisson, 60);
-    add(s, "not_a_lock_leased", test_not_a_lock_leased, 60);
-    add(s, "wait_own_connection", test_wait_own_connection, 90);
-    add(s, "foreign_data_wrong_type", test_foreign_data_wrong_type, 60);
-
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

@@ -15,20 +15,9 @@
 
 static struct h_redis R;
 static struct h_daemon D1, D2;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D1, 0, sizeof D1);
-    memset(&D2, 0, sizeof D2);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D1);
-    h_daemon_cleanup(&D2);
-    h_redis_stop(&R);
-}
+static const struct h_fixture fx = {
+    .suite = "lock_multi", .redis = { &R }, .daemons = { &D1, &D2 },
+};
 
 static void start_two(const char *yaml_extra)
 {
@@ -37,48 +26,9 @@ static void start_two(const char *yaml_extra)
     ck_assert_int_eq(h_daemon_start(&D2, &R, yaml_extra), 0);
 }
 
-/* Wait (up to 5 s) for a stats figure to reach N, then assert it. */
-static void wait_stat(struct h_conn *c, const char *name, long long n)
-{
-    for (int k = 0; k < 1000 && h_stat(c, name) != n; k++) {
-        usleep(5000);
-    }
-    ck_assert_int_eq(h_stat(c, name), n);
-}
-
 static void wait_waiters(struct h_conn *c, long long n)
 {
-    wait_stat(c, "lock_waiters", n);
-}
-
-struct numsub_want {
-    const struct h_redis *r;
-    const char *channel;
-};
-
-/* Redis counts a subscriber on the channel (PUBSUB NUMSUB). */
-static bool subscribed(void *arg)
-{
-    const struct numsub_want *w = arg;
-    redisReply *rep = h_redis_cmd(w->r, "PUBSUB NUMSUB %s", w->channel);
-    bool yes = rep != NULL && rep->type == REDIS_REPLY_ARRAY &&
-               rep->elements == 2 &&
-               rep->element[1]->type == REDIS_REPLY_INTEGER &&
-               rep->element[1]->integer >= 1;
-
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    return yes;
-}
-
-/* A message published before Redis has the waiter's daemon on the
- * channel is lost to it; wait until Redis says it is there. */
-static void wait_subscribed(const struct h_redis *r, const char *channel)
-{
-    struct numsub_want w = {r, channel};
-    ck_assert_msg(h_wait_until(subscribed, &w, 10000),
-                  "no subscriber on %s", channel);
+    h_assert_stat(c, "lock_waiters", n, 5000);
 }
 
 /* --- client processes -------------------------------------------------- */
@@ -266,7 +216,7 @@ START_TEST(test_two_daemons)
     /* The unlock in one daemon wakes the waiter in the other at once. */
     lk_send(b, 1, "m", NULL, NO_TTL, 10000);
     wait_waiters(b, 1);
-    wait_subscribed(&R, "leased:lock:{m}:unlock");
+    h_wait_subscribed(&R, "leased:lock:{m}:unlock", 10000);
     t0 = h_now_ms();
     lk_unlock_ok(a, "m", NULL);
     r = h_recv_id(b, 1, 5000);
@@ -286,7 +236,7 @@ START_TEST(test_two_daemons)
     a = lk_connect(&D1);
     /* It answers before its Redis connections are up; a lock request in
      * between would get redis_unavailable instead of waiting. */
-    wait_stat(a, "redis_connected", 2);
+    h_assert_stat(a, "redis_connected", 2, 5000);
     lk_send(a, 2, "m", NULL, NO_TTL, 10000);
     wait_waiters(a, 1);
     lk_unlock_ok(b, "m", NULL);
@@ -295,7 +245,7 @@ START_TEST(test_two_daemons)
     f3 = jint(r, "fence");
     json_decref(r);
     ck_assert_int_gt(f3, f2);
-    ck_assert_int_eq(r_int(&R, "GET leased:lock:{m}:fence"), f3);
+    ck_assert_int_eq(h_r_int(&R, "GET leased:lock:{m}:fence"), f3);
     h_close(a);
     h_close(b);
 }
@@ -363,8 +313,8 @@ START_TEST(test_counter)
         int st = reap_child(pids[i], 100000);
         ck_assert_msg(st == 0, "client %d ended with %d", i, st);
     }
-    ck_assert_int_eq(r_int(&R, "GET counter"), 1600);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{counter}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "GET counter"), 1600);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{counter}"), 0);
 }
 END_TEST
 
@@ -386,7 +336,7 @@ START_TEST(test_ticket_seller)
         sold += st;
     }
     ck_assert_int_eq(sold, 100);
-    ck_assert_int_eq(r_int(&R, "GET stock"), 0);
+    ck_assert_int_eq(h_r_int(&R, "GET stock"), 0);
 }
 END_TEST
 
@@ -395,7 +345,7 @@ END_TEST
 static bool hot_free(void *arg)
 {
     (void)arg;
-    return r_int(&R, "EXISTS leased:lock:{hot}") == 0;
+    return h_r_int(&R, "EXISTS leased:lock:{hot}") == 0;
 }
 
 #define NCONN 4
@@ -452,7 +402,7 @@ START_TEST(test_thousand_waiters)
     }
     wait_waiters(h, 0);
     /* The channel goes once Redis confirms the UNSUBSCRIBE. */
-    wait_stat(h, "pubsub_channels", 0);
+    h_assert_stat(h, "pubsub_channels", 0, 5000);
     ck_assert_msg(h_wait_until(hot_free, NULL, 5000),
                   "lock still held after every session closed");
     h_close(h);
@@ -460,20 +410,6 @@ START_TEST(test_thousand_waiters)
 END_TEST
 
 /* --- many locks ---------------------------------------------------------- */
-
-struct renewals_want {
-    struct h_conn *c;
-    long long renewals;  /* lock_renewals_ok at least this */
-    long long since_ms;  /* and at least AFTER_MS after this */
-    long long after_ms;
-};
-
-static bool renewals_done(void *arg)
-{
-    const struct renewals_want *w = arg;
-    return h_now_ms() - w->since_ms >= w->after_ms &&
-           h_stat(w->c, "lock_renewals_ok") >= w->renewals;
-}
 
 /* The watchdog pass goes in steps (a bounded number of renewals out at a
  * time): with several thousand locks it must still renew every one of
@@ -516,7 +452,7 @@ START_TEST(test_many_watchdog_locks)
     ck_assert_int_eq(h_stat(q, "lock_lost"), 0);
     for (int i = 0; i < N; i += 499) {
         snprintf(key, sizeof key, "many:%d", i);
-        ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{%s}", key), 0);
+        ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{%s}", key), 0);
     }
     ck_assert(h_event(c, 0) == NULL);
     h_close(q);
@@ -526,21 +462,16 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("lock_multi");
+    const struct h_case cases[] = {
+        H_CASE(two_daemons, 60),
+        H_CASE(release_on_close_and_crash, 60),
+        H_CASE(counter, 150),
+        H_CASE(ticket_seller, 150),
+        H_CASE(thousand_waiters, 90),
+        H_CASE(many_watchdog_locks, 120),
+    };
 
-    add(s, "two_daemons", test_two_daemons, 60);
-    add(s, "release_on_close_and_crash", test_release_on_close_and_crash, 60);
-    add(s, "counter", test_counter, 150);
-    add(s, "ticket_seller", test_ticket_seller, 150);
-    add(s, "thousand_waiters", test_thousand_waiters, 90);
-    add(s, "many_watchdog_locks", test_many_watchdog_locks, 120);
-
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

@@ -19,55 +19,9 @@
 
 static struct h_redis R;
 static struct h_daemon D;
-static bool r_stopped;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-    r_stopped = false;
-}
-
-static void teardown(void)
-{
-    if (r_stopped && R.pid > 0) {
-        kill(R.pid, SIGCONT);
-    }
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
-
-static void start(const char *yaml_extra)
-{
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
-}
-
-/* The next lock_lost event for KEY (other events are dropped), or NULL
- * after TIMEOUT_MS. */
-static json_t *lost_event(struct h_conn *c, const char *key, int timeout_ms)
-{
-    long long deadline = h_now_ms() + timeout_ms;
-    for (;;) {
-        long long left = deadline - h_now_ms();
-        json_t *ev = h_event(c, left > 0 ? (int)left : 0);
-        if (ev == NULL) {
-            return NULL;
-        }
-        if (jstr(ev, "event") != NULL
-            && strcmp(jstr(ev, "event"), "lock_lost") == 0
-            && jstr(ev, "key") != NULL && strcmp(jstr(ev, "key"), key) == 0) {
-            return ev;
-        }
-        json_decref(ev);
-    }
-}
-
-static const char *err_message(const json_t *r)
-{
-    return json_string_value(
-        json_object_get(json_object_get(r, "error"), "message"));
-}
+static const struct h_fixture fx = {
+    .suite = "lock_safety", .redis = { &R }, .daemons = { &D },
+};
 
 /* --- a raw connection, to see the order of events and replies ---------- */
 
@@ -140,7 +94,7 @@ struct exists_arg {
 static bool redis_exists_is(void *arg)
 {
     const struct exists_arg *a = arg;
-    return r_int(&R, "EXISTS %s", a->key) == a->want;
+    return h_r_int(&R, "EXISTS %s", a->key) == a->want;
 }
 
 /* A fixed lease runs out; the same owner locks again before anything
@@ -155,7 +109,7 @@ START_TEST(test_token_after_silent_loss)
     char tok[80];
     long long fence;
 
-    start("lock:\n  watchdog_ms: 60000\n");
+    h_start("lock:\n  watchdog_ms: 60000\n");
     raw_open(&a, D.sock);
     b = lk_connect(&D);
     c = lk_connect(&D);
@@ -227,7 +181,7 @@ START_TEST(test_fence_after_flushall)
     json_t *r, *ev;
     long long fence = 0, t0;
 
-    start("lock:\n  watchdog_ms: 3000\n");
+    h_start("lock:\n  watchdog_ms: 3000\n");
     a = lk_connect(&D);
     b = lk_connect(&D);
     for (int i = 0; i < 6; i++) {
@@ -255,14 +209,14 @@ START_TEST(test_fence_after_flushall)
 
     /* One pass (a third of watchdog_ms) finds w taken; that starts a
      * check of every lock, which finds f gone. */
-    ev = lost_event(a, "w", 10000);
+    ev = h_lock_lost(a, "w", 10000);
     ck_assert_msg(ev != NULL, "no lock_lost for w");
     /* taken, unless a renewal ran between FLUSHALL and B's lock. */
     ck_assert_msg(strcmp(jstr(ev, "reason"), "taken") == 0
                       || strcmp(jstr(ev, "reason"), "expired") == 0,
                   "reason %s", jstr(ev, "reason"));
     json_decref(ev);
-    ev = lost_event(a, "f", 10000);
+    ev = h_lock_lost(a, "f", 10000);
     ck_assert_msg(ev != NULL, "no lock_lost for the fixed-lease lock f");
     ck_assert_str_eq(jstr(ev, "reason"), "expired");
     json_decref(ev);
@@ -285,7 +239,7 @@ START_TEST(test_recheck_on_reconnect)
     json_t *r, *ev;
     long long fence;
 
-    start("lock:\n  watchdog_ms: 60000\n");
+    h_start("lock:\n  watchdog_ms: 60000\n");
     a = lk_connect(&D);
     b = lk_connect(&D);
     r = lk_must(a, "w", NULL, NO_TTL, 0);
@@ -299,7 +253,7 @@ START_TEST(test_recheck_on_reconnect)
 
     h_redis_kill(&R);
     ck_assert_int_eq(h_redis_restart(&R), 0);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{w}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{w}"), 0);
 
     /* Both are reported, in whatever order their checks come back (the
      * two keys may travel on different connections). */
@@ -342,19 +296,18 @@ START_TEST(test_lost_before_lease_end)
     json_t *r, *ev;
     long long t_before, pttl, t_ev;
 
-    start("lock:\n  watchdog_ms: 10000\n");
+    h_start("lock:\n  watchdog_ms: 10000\n");
     a = lk_connect(&D);
     r = lk_must(a, "w", NULL, NO_TTL, 0);
     json_decref(r);
 
     /* Redis keeps the lock at least until t_before + pttl. */
     t_before = h_now_ms();
-    pttl = r_int(&R, "PTTL leased:lock:{w}");
+    pttl = h_r_int(&R, "PTTL leased:lock:{w}");
     ck_assert_msg(pttl > 5000, "PTTL %lld", pttl);
     ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
-    r_stopped = true;
 
-    ev = lost_event(a, "w", 30000);
+    ev = h_lock_lost(a, "w", 30000);
     t_ev = h_now_ms();
     ck_assert_msg(ev != NULL, "no lock_lost while redis was stopped");
     ck_assert_str_eq(jstr(ev, "reason"), "redis_unavailable");
@@ -363,7 +316,6 @@ START_TEST(test_lost_before_lease_end)
                   "lock_lost %lld ms after the lease could end in redis",
                   t_ev - (t_before + pttl));
     ck_assert_int_eq(kill(R.pid, SIGCONT), 0);
-    r_stopped = false;
     h_close(a);
 }
 END_TEST
@@ -378,8 +330,8 @@ static long long fence_of(struct h_conn *c, const char *key)
     long long f;
     if (!h_ok(r)) {
         ck_assert_str_eq(h_errcode(r), "wrong_type");
-        ck_assert_msg(err_message(r) != NULL
-                          && strstr(err_message(r), key) != NULL,
+        ck_assert_msg(jmsg(r) != NULL
+                          && strstr(jmsg(r), key) != NULL,
                       "wrong_type does not name %s", key);
         json_decref(r);
         return -1;
@@ -404,7 +356,7 @@ static void expect_foreign(struct h_conn *c, const char *key,
 {
     set_counter(key, value);
     ck_assert_int_eq(fence_of(c, key), -1);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{%s}", key), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{%s}", key), 0);
     redisReply *rep = h_redis_cmd(&R, "GET leased:lock:{%s}:fence", key);
     ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STRING
                       && strcmp(rep->str, value) == 0,
@@ -416,7 +368,7 @@ START_TEST(test_fences_exact)
 {
     struct h_conn *a;
 
-    start(NULL);
+    h_start(NULL);
     a = lk_connect(&D);
 
     set_counter("f53a", "9007199254740991");
@@ -462,7 +414,7 @@ START_TEST(test_max_hold_exact)
     json_t *r, *ev;
     long long dt, pttl;
 
-    start("lock:\n  watchdog_ms: 3000\n  max_hold_ms: 1000\n");
+    h_start("lock:\n  watchdog_ms: 3000\n  max_hold_ms: 1000\n");
     a = lk_connect(&D);
     since = h_now_ms();
     r = lk_must(a, "cap", NULL, NO_TTL, 0);
@@ -486,19 +438,19 @@ START_TEST(test_max_hold_exact)
                       (long long)jint(r, "lease_ms"));
     }
     json_decref(r);
-    pttl = r_int(&R, "PTTL leased:lock:{cap}");
+    pttl = h_r_int(&R, "PTTL leased:lock:{cap}");
     dt = h_now_ms() - since;
     ck_assert_msg(pttl <= 1000 - dt + 50 || pttl == -2,
                   "redis keeps the lock %lld ms, %lld ms left to max_hold",
                   pttl, 1000 - dt);
 
-    ev = lost_event(a, "cap", 5000);
+    ev = h_lock_lost(a, "cap", 5000);
     dt = h_now_ms() - since;
     ck_assert_msg(ev != NULL, "no lock_lost at max_hold");
     ck_assert_str_eq(jstr(ev, "reason"), "max_hold");
     json_decref(ev);
     ck_assert_msg(dt < 1500, "max_hold lock_lost after %lld ms", dt);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{cap}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{cap}"), 0);
     h_close(a);
 }
 END_TEST
@@ -512,7 +464,7 @@ START_TEST(test_foreign_hold_count)
     char tok[80];
     redisReply *rep;
 
-    start("lock:\n  watchdog_ms: 600\n");
+    h_start("lock:\n  watchdog_ms: 600\n");
     a = lk_connect(&D);
 
     /* A reentry on a hold count leased did not write. */
@@ -524,7 +476,7 @@ START_TEST(test_foreign_hold_count)
     freeReplyObject(rep);
     r = lk_lock(a, "W", NULL, 60000, 0);
     ck_assert_str_eq(h_errcode(r), "wrong_type");
-    ck_assert_msg(strstr(err_message(r), "'W'") != NULL, "key not named");
+    ck_assert_msg(strstr(jmsg(r), "'W'") != NULL, "key not named");
     json_decref(r);
     r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "W", "token",
                 tok);
@@ -549,7 +501,7 @@ START_TEST(test_foreign_hold_count)
     rep = h_redis_cmd(&R, "HSET leased:lock:{V} %s 1.5", tok);
     ck_assert_ptr_nonnull(rep);
     freeReplyObject(rep);
-    ev = lost_event(a, "V", 5000);
+    ev = h_lock_lost(a, "V", 5000);
     ck_assert_msg(ev != NULL, "no lock_lost for a foreign hold count");
     ck_assert_str_eq(jstr(ev, "reason"), "taken");
     json_decref(ev);
@@ -559,22 +511,17 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("lock_safety");
+    const struct h_case cases[] = {
+        H_CASE(token_after_silent_loss, 60),
+        H_CASE(fence_after_flushall, 60),
+        H_CASE(recheck_on_reconnect, 90),
+        H_CASE(lost_before_lease_end, 90),
+        H_CASE(fences_exact, 60),
+        H_CASE(max_hold_exact, 60),
+        H_CASE(foreign_hold_count, 60),
+    };
 
-    add(s, "token_after_silent_loss", test_token_after_silent_loss, 60);
-    add(s, "fence_after_flushall", test_fence_after_flushall, 60);
-    add(s, "recheck_on_reconnect", test_recheck_on_reconnect, 90);
-    add(s, "lost_before_lease_end", test_lost_before_lease_end, 90);
-    add(s, "fences_exact", test_fences_exact, 60);
-    add(s, "max_hold_exact", test_max_hold_exact, 60);
-    add(s, "foreign_hold_count", test_foreign_hold_count, 60);
-
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

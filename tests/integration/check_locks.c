@@ -16,39 +16,9 @@
 static struct h_redis R;
 static struct h_redis R2;
 static struct h_daemon D;
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&R2, 0, sizeof R2);
-    memset(&D, 0, sizeof D);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R2);
-    h_redis_stop(&R);
-}
-
-static void start(const char *yaml_extra)
-{
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_extra), 0);
-}
-
-static bool is_token(const char *t)
-{
-    if (t == NULL || strlen(t) < 32) {
-        return false;
-    }
-    for (const char *p = t; *p; p++) {
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) {
-            return false;
-        }
-    }
-    return true;
-}
+static const struct h_fixture fx = {
+    .suite = "locks", .redis = { &R, &R2 }, .daemons = { &D },
+};
 
 static void expect_bad(struct h_conn *c, const char *line, const char *field)
 {
@@ -67,36 +37,6 @@ static void expect_bad(struct h_conn *c, const char *line, const char *field)
 
 /* --- acquire, reentry, release, fencing, Redis layout ------------------ */
 
-struct numsub_want {
-    const struct h_redis *r;
-    const char *channel;
-};
-
-/* Redis counts a subscriber on the channel (PUBSUB NUMSUB). */
-static bool subscribed(void *arg)
-{
-    const struct numsub_want *w = arg;
-    redisReply *rep = h_redis_cmd(w->r, "PUBSUB NUMSUB %s", w->channel);
-    bool yes = rep != NULL && rep->type == REDIS_REPLY_ARRAY &&
-               rep->elements == 2 &&
-               rep->element[1]->type == REDIS_REPLY_INTEGER &&
-               rep->element[1]->integer >= 1;
-
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    return yes;
-}
-
-/* A message published before Redis has the waiter's daemon on the
- * channel is lost to it; wait until Redis says it is there. */
-static void wait_subscribed(const struct h_redis *r, const char *channel)
-{
-    struct numsub_want w = {r, channel};
-    ck_assert_msg(h_wait_until(subscribed, &w, 10000),
-                  "no subscriber on %s", channel);
-}
-
 struct key_gone_want {
     const struct h_redis *r;
     const char *key;
@@ -105,7 +45,7 @@ struct key_gone_want {
 static bool key_gone(void *arg)
 {
     const struct key_gone_want *w = arg;
-    return r_int(w->r, "EXISTS %s", w->key) == 0;
+    return h_r_int(w->r, "EXISTS %s", w->key) == 0;
 }
 
 /* Wait until Redis no longer has KEY (its lease ran out), and assert it. */
@@ -116,40 +56,6 @@ static void wait_key_gone(const struct h_redis *r, const char *key)
                   key);
 }
 
-struct renewals_want {
-    struct h_conn *c;
-    long long renewals;  /* lock_renewals_ok at least this */
-    long long since_ms;  /* and at least AFTER_MS after this */
-    long long after_ms;
-};
-
-static bool renewals_done(void *arg)
-{
-    const struct renewals_want *w = arg;
-    return h_now_ms() - w->since_ms >= w->after_ms &&
-           h_stat(w->c, "lock_renewals_ok") >= w->renewals;
-}
-
-struct stat_want {
-    struct h_conn *c;
-    const char *name;
-    long long value;
-};
-
-static bool stat_is(void *arg)
-{
-    const struct stat_want *w = arg;
-    return h_stat(w->c, w->name) == w->value;
-}
-
-/* Wait (generously) for a stats figure to reach VALUE, and assert it. */
-static void wait_stat_eq(struct h_conn *c, const char *name, long long value)
-{
-    struct stat_want w = {c, name, value};
-    ck_assert_msg(h_wait_until(stat_is, &w, 10000), "%s is %lld, not %lld",
-                  name, h_stat(c, name), value);
-}
-
 START_TEST(test_lock_reentry_fence)
 {
     struct h_conn *a, *b;
@@ -157,12 +63,12 @@ START_TEST(test_lock_reentry_fence)
     char tok[80];
     long long fence;
 
-    start("lock:\n  watchdog_ms: 3000\n");
+    h_start("lock:\n  watchdog_ms: 3000\n");
     a = lk_connect(&D);
     b = lk_connect(&D);
 
     r = lk_must(a, "order:42", NULL, NO_TTL, 0);
-    ck_assert_msg(is_token(jstr(r, "token")), "token %s", jstr(r, "token"));
+    ck_assert_msg(h_is_token(jstr(r, "token")), "token %s", jstr(r, "token"));
     snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
     ck_assert_int_eq(jint(r, "count"), 1);
     ck_assert_int_eq(jint(r, "lease_ms"), 3000);
@@ -172,10 +78,10 @@ START_TEST(test_lock_reentry_fence)
 
     /* Redisson's layout: a hash, our token as field, the count as value;
      * the fence counter beside it without TTL, in the same slot. */
-    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{order:42} %s", tok), 1);
-    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{order:42}"), 0);
-    ck_assert_int_eq(r_int(&R, "GET leased:lock:{order:42}:fence"), fence);
-    ck_assert_int_eq(r_int(&R, "PTTL leased:lock:{order:42}:fence"), -1);
+    ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{order:42} %s", tok), 1);
+    ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{order:42}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "GET leased:lock:{order:42}:fence"), fence);
+    ck_assert_int_eq(h_r_int(&R, "PTTL leased:lock:{order:42}:fence"), -1);
 
     /* Reentry: same token, same fence, count 2. */
     r = lk_must(a, "order:42", NULL, NO_TTL, 0);
@@ -183,7 +89,7 @@ START_TEST(test_lock_reentry_fence)
     ck_assert_int_eq(jint(r, "count"), 2);
     ck_assert_int_eq(jint(r, "fence"), fence);
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{order:42} %s", tok), 2);
+    ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{order:42} %s", tok), 2);
     ck_assert_int_eq(h_stat(a, "locks_held"), 1);
 
     /* Another owner of the same session, and another session: no. */
@@ -227,7 +133,7 @@ START_TEST(test_lock_reentry_fence)
     ck_assert(jtrue(r, "released"));
     ck_assert_int_eq(jint(r, "count"), 0);
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{order:42}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{order:42}"), 0);
     ck_assert_int_eq(h_stat(a, "locks_held"), 0);
     r = lk_info(a, "order:42");
     ck_assert(!jtrue(r, "locked"));
@@ -266,7 +172,7 @@ START_TEST(test_validation)
     struct h_conn *c;
     json_t *r;
 
-    start("limits:\n  max_key_bytes: 16\n");
+    h_start("limits:\n  max_key_bytes: 16\n");
     c = lk_connect(&D);
 
     expect_bad(c, "{\"op\":\"lock\"}\n", "key");
@@ -306,7 +212,7 @@ START_TEST(test_validation)
     expect_bad(c, "{\"op\":\"lock.info\",\"key\":\"k\",\"owner\":[]}\n",
                "owner");
     /* Nothing above took a lock. */
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{k}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{k}"), 0);
 
     /* The bounds themselves are accepted. */
     r = lk_must(c, "k", NULL, 2147483648LL, 0);
@@ -341,7 +247,7 @@ START_TEST(test_not_held)
     json_t *r;
     char tok[80];
 
-    start(NULL);
+    h_start(NULL);
     a = lk_connect(&D);
     b = lk_connect(&D);
 
@@ -355,7 +261,7 @@ START_TEST(test_not_held)
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "absent");
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{nothing}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{nothing}"), 0);
 
     r = lk_must(a, "k", NULL, 20000, 0);
     snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
@@ -382,8 +288,8 @@ START_TEST(test_not_held)
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "other");
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{k} %s", tok), 2);
-    ck_assert_int_le(r_int(&R, "PTTL leased:lock:{k}"), 20000);
+    ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{k} %s", tok), 2);
+    ck_assert_int_le(h_r_int(&R, "PTTL leased:lock:{k}"), 20000);
     r = lk_info(a, "k");
     ck_assert(jtrue(r, "mine"));
     ck_assert_int_eq(jint(r, "count"), 2);
@@ -411,7 +317,7 @@ START_TEST(test_tokens_and_detach)
     char tok[80], dtok[80];
     long long fence;
 
-    start(NULL);
+    h_start(NULL);
     a = lk_connect(&D);
     b = lk_connect(&D);
 
@@ -441,7 +347,7 @@ START_TEST(test_tokens_and_detach)
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "absent");
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{free}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{free}"), 0);
 
     /* Extend and unlock by token from the other session. */
     r = h_callf(b, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key", "t",
@@ -449,7 +355,7 @@ START_TEST(test_tokens_and_detach)
     ck_assert_msg(h_ok(r), "extend by token: %s", h_errcode(r));
     ck_assert_int_eq(jint(r, "lease_ms"), 50000);
     json_decref(r);
-    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{t}"), 45000);
+    ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{t}"), 45000);
     r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "t",
                 "token", tok);
     ck_assert(h_ok(r) && !jtrue(r, "released"));
@@ -459,7 +365,7 @@ START_TEST(test_tokens_and_detach)
                 "token", tok);
     ck_assert(h_ok(r) && jtrue(r, "released"));
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{t}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{t}"), 0);
     /* The holder's daemon learnt it: a's lock is gone, not lost. */
     r = lk_info(a, "t");
     ck_assert(!jtrue(r, "locked"));
@@ -479,7 +385,7 @@ START_TEST(test_tokens_and_detach)
     json_decref(r);
     h_close(a);
     c = lk_connect(&D);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{d}"), 1);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{d}"), 1);
     r = lk_lock(c, "d", NULL, NO_TTL, 0);
     ck_assert(h_ok(r) && !jtrue(r, "acquired"));
     json_decref(r);
@@ -487,12 +393,12 @@ START_TEST(test_tokens_and_detach)
                 "token", dtok, "ttl_ms", 60000);
     ck_assert(h_ok(r));
     json_decref(r);
-    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{d}"), 55000);
+    ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{d}"), 55000);
     r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "d",
                 "token", dtok);
     ck_assert(h_ok(r) && jtrue(r, "released"));
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{d}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{d}"), 0);
     h_close(b);
     h_close(c);
 }
@@ -505,7 +411,7 @@ START_TEST(test_leases)
     struct h_conn *a;
     json_t *r;
 
-    start("lock:\n  watchdog_ms: 300\n");
+    h_start("lock:\n  watchdog_ms: 300\n");
     a = lk_connect(&D);
 
     /* Watchdog: held well past three leases while the session lives. */
@@ -549,7 +455,7 @@ START_TEST(test_leases)
                                 h_now_ms(), 0};
     ck_assert_msg(h_wait_until(renewals_done, &rw, 30000),
                   "no renewals after extend");
-    ck_assert_int_gt(r_int(&R, "PTTL leased:lock:{wd}"), 1000);
+    ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{wd}"), 1000);
 
     /* extend of a fixed lease: only that. */
     r = lk_must(a, "fixed2", NULL, 200, 0);
@@ -560,7 +466,7 @@ START_TEST(test_leases)
     json_decref(r);
     /* Past the first lease, the extended one holds: the Redis lease is
      * longer than 200 ms could ever be, and it is not renewed. */
-    long long pttl = r_int(&R, "PTTL leased:lock:{fixed2}");
+    long long pttl = h_r_int(&R, "PTTL leased:lock:{fixed2}");
     ck_assert_msg(pttl > 50000, "PTTL after extend %lld", pttl);
     r = lk_info(a, "fixed2");
     ck_assert_msg(jtrue(r, "locked"), "extended lease did not hold");
@@ -578,14 +484,14 @@ START_TEST(test_lock_lost)
     char tok[80];
     long long t0;
 
-    start("lock:\n  watchdog_ms: 300\n");
+    h_start("lock:\n  watchdog_ms: 300\n");
     a = lk_connect(&D);
 
     r = lk_must(a, "gone", NULL, NO_TTL, 0);
     snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
     json_decref(r);
     t0 = h_now_ms();
-    ck_assert_int_eq(r_int(&R, "DEL leased:lock:{gone}"), 1);
+    ck_assert_int_eq(h_r_int(&R, "DEL leased:lock:{gone}"), 1);
     ev = h_event(a, 3000);
     ck_assert_msg(ev != NULL, "no lock_lost after the key was deleted");
     ck_assert_msg(h_now_ms() - t0 < 600, "lock_lost took %lld ms",
@@ -615,7 +521,7 @@ START_TEST(test_lock_lost)
     ck_assert_str_eq(jstr(ev, "token"), tok);
     json_decref(ev);
     /* The other holder's lock is left alone. */
-    ck_assert_int_eq(r_int(&R, "HGET leased:lock:{stolen} %s",
+    ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{stolen} %s",
                            "0000000000000000000000000000000f"), 1);
     r = lk_unlock(a, "stolen", NULL);
     ck_assert_str_eq(h_errcode(r), "not_held");
@@ -627,7 +533,7 @@ END_TEST
 static bool capped_gone(void *arg)
 {
     (void)arg;
-    return r_int(&R, "EXISTS leased:lock:{capped}") == 0;
+    return h_r_int(&R, "EXISTS leased:lock:{capped}") == 0;
 }
 
 START_TEST(test_max_hold)
@@ -636,7 +542,7 @@ START_TEST(test_max_hold)
     json_t *r, *ev;
     long long t0, dt;
 
-    start("lock:\n  watchdog_ms: 300\n  max_hold_ms: 1000\n");
+    h_start("lock:\n  watchdog_ms: 300\n  max_hold_ms: 1000\n");
     a = lk_connect(&D);
     t0 = h_now_ms();
     r = lk_must(a, "capped", NULL, NO_TTL, 0);
@@ -668,7 +574,7 @@ START_TEST(test_wait)
     json_t *r;
     long long t0, dt;
 
-    start(NULL);
+    h_start(NULL);
     a = lk_connect(&D);
     for (int i = 0; i < 3; i++) {
         w[i] = lk_connect(&D);
@@ -694,7 +600,7 @@ START_TEST(test_wait)
     /* First come, first served. */
     for (int i = 0; i < 3; i++) {
         lk_send(w[i], 100 + i, "q", NULL, NO_TTL, -1);
-        wait_stat_eq(a, "lock_waiters", i + 1);
+        h_assert_stat(a, "lock_waiters", i + 1, 10000);
     }
     /* Waiting does not hold up other requests of the same session. */
     r = h_callf(w[0], T_MS, "{s:s}", "op", "ping");
@@ -725,7 +631,7 @@ START_TEST(test_wait)
     r = lk_must(a, "q", NULL, NO_TTL, 0);
     json_decref(r);
     lk_send(w[0], 200, "q", NULL, NO_TTL, -1);
-    wait_stat_eq(a, "lock_waiters", 1);
+    h_assert_stat(a, "lock_waiters", 1, 10000);
     t0 = h_now_ms();
     r = lk_lock(a, "q", NULL, NO_TTL, 5000);
     ck_assert(h_ok(r) && jtrue(r, "acquired"));
@@ -754,11 +660,11 @@ START_TEST(test_wait)
     r = lk_must(a, "c", NULL, NO_TTL, 0);
     json_decref(r);
     lk_send(w[2], 300, "c", NULL, NO_TTL, -1);
-    wait_stat_eq(a, "lock_waiters", 1);
+    h_assert_stat(a, "lock_waiters", 1, 10000);
     h_close(w[2]);
-    wait_stat_eq(a, "lock_waiters", 0);
+    h_assert_stat(a, "lock_waiters", 0, 10000);
     lk_unlock_ok(a, "c", NULL);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{c}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{c}"), 0);
 
     h_close(a);
     h_close(w[0]);
@@ -774,7 +680,7 @@ START_TEST(test_session_close)
     json_t *r;
     long long t0;
 
-    start(NULL);   /* watchdog 30 s: only the release can free it soon */
+    h_start(NULL);   /* watchdog 30 s: only the release can free it soon */
     a = lk_connect(&D);
     b = lk_connect(&D);
     r = lk_must(a, "s1", NULL, NO_TTL, 0);
@@ -784,7 +690,7 @@ START_TEST(test_session_close)
     r = lk_must(a, "s2", "other", 60000, 0);
     json_decref(r);
     lk_send(b, 7, "s1", NULL, NO_TTL, 20000);
-    wait_stat_eq(b, "lock_waiters", 1);
+    h_assert_stat(b, "lock_waiters", 1, 10000);
     t0 = h_now_ms();
     h_close(a);
     r = h_recv_id(b, 7, 5000);
@@ -793,7 +699,7 @@ START_TEST(test_session_close)
     ck_assert_msg(h_now_ms() - t0 < 1000, "release took %lld ms",
                   h_now_ms() - t0);
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{s2}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{s2}"), 0);
     ck_assert_int_eq(h_stat(b, "locks_held"), 1);
 
     /* The same when the closing client still has a request waiting:
@@ -804,7 +710,7 @@ START_TEST(test_session_close)
     json_decref(r);
     lk_send(c, 8, "s1", NULL, NO_TTL, -1);      /* b holds s1 */
     lk_send(d, 9, "s3", NULL, NO_TTL, 20000);
-    wait_stat_eq(b, "lock_waiters", 2);
+    h_assert_stat(b, "lock_waiters", 2, 10000);
     t0 = h_now_ms();
     h_close(c);
     r = h_recv_id(d, 9, 10000);
@@ -828,7 +734,7 @@ START_TEST(test_wrong_type)
     json_t *r;
     redisReply *rep;
 
-    start(NULL);
+    h_start(NULL);
     a = lk_connect(&D);
     rep = h_redis_cmd(&R, "SET leased:lock:{s} plain");
     freeReplyObject(rep);
@@ -853,8 +759,8 @@ START_TEST(test_wrong_type)
     ck_assert(rep != NULL && rep->type == REDIS_REPLY_STRING);
     ck_assert_str_eq(rep->str, "plain");
     freeReplyObject(rep);
-    ck_assert_int_eq(r_int(&R, "PTTL leased:lock:{s}"), -1);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{s}:fence"), 0);
+    ck_assert_int_eq(h_r_int(&R, "PTTL leased:lock:{s}"), -1);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{s}:fence"), 0);
 
     /* A fence counter that is not a number: nothing is written either. */
     rep = h_redis_cmd(&R, "SET leased:lock:{f}:fence abc");
@@ -862,7 +768,7 @@ START_TEST(test_wrong_type)
     r = lk_lock(a, "f", NULL, NO_TTL, 0);
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{f}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{f}"), 0);
     ck_assert_int_eq(h_stat(a, "locks_held"), 0);
     h_close(a);
 }
@@ -875,14 +781,14 @@ START_TEST(test_max_waiters)
     struct h_conn *a, *b;
     json_t *r;
 
-    start("limits:\n  max_waiters: 2\n");
+    h_start("limits:\n  max_waiters: 2\n");
     a = lk_connect(&D);
     b = lk_connect(&D);
     r = lk_must(a, "mw", NULL, NO_TTL, 0);
     json_decref(r);
     lk_send(b, 1, "mw", "o1", NO_TTL, -1);
     lk_send(b, 2, "mw", "o2", NO_TTL, 10000);
-    wait_stat_eq(a, "lock_waiters", 2);
+    h_assert_stat(a, "lock_waiters", 2, 10000);
     r = lk_lock(b, "mw", "o3", NO_TTL, 10000);
     ck_assert_str_eq(h_errcode(r), "busy");
     json_decref(r);
@@ -909,14 +815,14 @@ START_TEST(test_max_pending)
     struct h_conn *a, *b;
     json_t *r;
 
-    start("limits:\n  max_pending: 2\n");
+    h_start("limits:\n  max_pending: 2\n");
     a = lk_connect(&D);
     b = lk_connect(&D);
     r = lk_must(a, "mp", NULL, NO_TTL, 0);
     json_decref(r);
     lk_send(b, 1, "mp", "o1", NO_TTL, -1);
     lk_send(b, 2, "mp", "o2", NO_TTL, -1);
-    wait_stat_eq(a, "lock_waiters", 2);
+    h_assert_stat(a, "lock_waiters", 2, 10000);
     r = h_callf(b, T_MS, "{s:s}", "op", "ping");
     ck_assert_msg(r != NULL, "no answer");
     ck_assert_str_eq(h_errcode(r), "busy");
@@ -964,7 +870,7 @@ START_TEST(test_redis_killed)
     json_decref(r);
     lk_send(b, 1, "rk", NULL, NO_TTL, -1);
     lk_send(c, 2, "rk", NULL, NO_TTL, 20000);
-    wait_stat_eq(a, "lock_waiters", 2);
+    h_assert_stat(a, "lock_waiters", 2, 10000);
     h_redis_kill(&R);
 
     /* The holder learns within about a lease that it lost the lock. */
@@ -1036,7 +942,7 @@ START_TEST(test_redisson_layout)
     long long t0;
     char tok[80];
 
-    start("lock:\n  layout: redisson\n");
+    h_start("lock:\n  layout: redisson\n");
     a = lk_connect(&D);
     b = lk_connect(&D);
 
@@ -1052,13 +958,13 @@ START_TEST(test_redisson_layout)
     r = lk_unlock(a, "inventory:7", NULL);
     ck_assert_str_eq(jreason(r), "other");
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "HGET inventory:7 %s", JAVA_HOLDER), 1);
+    ck_assert_int_eq(h_r_int(&R, "HGET inventory:7 %s", JAVA_HOLDER), 1);
 
     /* Java's unlock publishes "0" on Redisson's channel: our waiter
      * proceeds at once. */
     lk_send(b, 5, "inventory:7", NULL, NO_TTL, 20000);
-    wait_stat_eq(a, "lock_waiters", 1);
-    wait_subscribed(&R, "redisson_lock__channel:{inventory:7}");
+    h_assert_stat(a, "lock_waiters", 1, 10000);
+    h_wait_subscribed(&R, "redisson_lock__channel:{inventory:7}", 10000);
     t0 = h_now_ms();
     rep = h_redis_cmd(&R, "EVAL %s 2 %s %s %s %s %s", java_unlock,
                       "inventory:7", "redisson_lock__channel:{inventory:7}",
@@ -1075,8 +981,8 @@ START_TEST(test_redisson_layout)
     ck_assert_int_ge(jint(r, "fence"), 1);
     /* Redisson's names: the lock is the key itself, our token the
      * field; the fence counter is redisson_lock_token:{KEY}. */
-    ck_assert_int_eq(r_int(&R, "HGET inventory:7 %s", tok), 1);
-    ck_assert_int_eq(r_int(&R, "GET redisson_lock_token:{inventory:7}"),
+    ck_assert_int_eq(h_r_int(&R, "HGET inventory:7 %s", tok), 1);
+    ck_assert_int_eq(h_r_int(&R, "GET redisson_lock_token:{inventory:7}"),
                      jint(r, "fence"));
     json_decref(r);
 
@@ -1104,26 +1010,14 @@ START_TEST(test_redisson_layout)
      * prefixName. */
     r = lk_must(a, "{user:1}:cart", NULL, NO_TTL, 0);
     json_decref(r);
-    ck_assert_int_eq(r_int(&R, "EXISTS redisson_lock_token:{user:1}:cart"), 1);
+    ck_assert_int_eq(
+        h_r_int(&R, "EXISTS redisson_lock_token:{user:1}:cart"), 1);
     h_close(a);
     h_close(b);
 }
 END_TEST
 
 /* --- WAIT for replicas --------------------------------------------------- */
-
-static bool replica_linked(void *arg)
-{
-    (void)arg;
-    redisReply *rep = h_redis_cmd(&R, "INFO replication");
-    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING
-              && strstr(rep->str, "connected_slaves:1") != NULL
-              && strstr(rep->str, "state=online") != NULL;
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    return ok;
-}
 
 START_TEST(test_wait_replicas)
 {
@@ -1147,16 +1041,16 @@ START_TEST(test_wait_replicas)
                   "not refused for want of replicas");
     json_decref(r);
     ck_assert_int_ge(h_stat(a, "lock_released"), 1);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{rep}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{rep}"), 0);
     ck_assert_int_eq(h_stat(a, "locks_held"), 0);
 
     snprintf(args, sizeof args, "--replicaof 127.0.0.1 %d", R.port);
     ck_assert_int_eq(h_redis_start(&R2, args), 0);
-    ck_assert_msg(h_wait_until(replica_linked, NULL, 15000),
+    ck_assert_msg(h_wait_until(h_replica_linked, &R, 15000),
                   "replica did not link");
     r = lk_must(a, "rep", NULL, NO_TTL, 0);
     json_decref(r);
-    ck_assert_int_eq(r_int(&R2, "EXISTS leased:lock:{rep}"), 1);
+    ck_assert_int_eq(h_r_int(&R2, "EXISTS leased:lock:{rep}"), 1);
     h_close(a);
 }
 END_TEST
@@ -1168,7 +1062,7 @@ START_TEST(test_shutdown_releases)
     struct h_conn *a;
     json_t *r;
 
-    start(NULL);
+    h_start(NULL);
     a = lk_connect(&D);
     r = lk_must(a, "sd", NULL, NO_TTL, 0);
     json_decref(r);
@@ -1177,39 +1071,34 @@ START_TEST(test_shutdown_releases)
     ck_assert(h_ok(r) && jtrue(r, "acquired"));
     json_decref(r);
     ck_assert_int_eq(h_daemon_stop(&D), 0);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{sd}"), 0);
-    ck_assert_int_eq(r_int(&R, "EXISTS leased:lock:{sd2}"), 1);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{sd}"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{sd2}"), 1);
     h_close(a);
 }
 END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-static void add(Suite *s, const char *name, const TTest *t, int timeout_s)
-{
-    h_add_test(s, name, t, timeout_s, setup, teardown);
-}
-
 int main(void)
 {
-    Suite *s = suite_create("locks");
+    const struct h_case cases[] = {
+        H_CASE(lock_reentry_fence, 60),
+        H_CASE(validation, 60),
+        H_CASE(not_held, 60),
+        H_CASE(tokens_and_detach, 60),
+        H_CASE(leases, 60),
+        H_CASE(lock_lost, 60),
+        H_CASE(max_hold, 60),
+        H_CASE(wait, 60),
+        H_CASE(session_close, 60),
+        H_CASE(wrong_type, 60),
+        H_CASE(max_waiters, 60),
+        H_CASE(max_pending, 60),
+        H_CASE(redis_killed, 90),
+        H_CASE(redisson_layout, 60),
+        H_CASE(wait_replicas, 60),
+        H_CASE(shutdown_releases, 60),
+    };
 
-    add(s, "lock_reentry_fence", test_lock_reentry_fence, 60);
-    add(s, "validation", test_validation, 60);
-    add(s, "not_held", test_not_held, 60);
-    add(s, "tokens_and_detach", test_tokens_and_detach, 60);
-    add(s, "leases", test_leases, 60);
-    add(s, "lock_lost", test_lock_lost, 60);
-    add(s, "max_hold", test_max_hold, 60);
-    add(s, "wait", test_wait, 60);
-    add(s, "session_close", test_session_close, 60);
-    add(s, "wrong_type", test_wrong_type, 60);
-    add(s, "max_waiters", test_max_waiters, 60);
-    add(s, "max_pending", test_max_pending, 60);
-    add(s, "redis_killed", test_redis_killed, 90);
-    add(s, "redisson_layout", test_redisson_layout, 60);
-    add(s, "wait_replicas", test_wait_replicas, 60);
-    add(s, "shutdown_releases", test_shutdown_releases, 60);
-
-    return h_run_suite(s);
+    return H_MAIN(fx, cases);
 }

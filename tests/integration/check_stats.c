@@ -25,19 +25,10 @@
 
 static struct h_redis R;
 static struct h_daemon D;
+static const struct h_fixture fx = {
+    .suite = "stats", .redis = { &R }, .daemons = { &D },
+};
 static char promtool[4096];
-
-static void setup(void)
-{
-    memset(&R, 0, sizeof R);
-    memset(&D, 0, sizeof D);
-}
-
-static void teardown(void)
-{
-    h_daemon_cleanup(&D);
-    h_redis_stop(&R);
-}
 
 /* promtool from $PROMTOOL or $PATH into `promtool`; false if none. */
 static bool find_promtool(void)
@@ -159,8 +150,9 @@ int main(void)
                "or set PROMTOOL)\n");
         return 0;
     }
-    Suite *s = suite_create("stats");
-    h_add_test(s, "promtool_accepts_metrics", test_promtool_accepts_metrics,
-               120, setup, teardown);
-    return h_run_suite(s);
+    const struct h_case cases[] = {
+        H_CASE(promtool_accepts_metrics, 120),
+    };
+
+    return H_MAIN(fx, cases);
 }

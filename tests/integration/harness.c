@@ -1690,3 +1690,303 @@ int h_run_suite(Suite *s)
     srunner_free(sr);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
+
+/* --- one fixture, one main ---------------------------------------------- */
+
+/* Set by h_main before the runner forks, so every test process sees it. */
+static const struct h_fixture *fixture;
+
+void h_start(const char *yaml_extra)
+{
+    ck_assert_int_eq(h_redis_start(fixture->redis[0], NULL), 0);
+    ck_assert_int_eq(h_daemon_start(fixture->daemons[0], fixture->redis[0],
+                                    yaml_extra), 0);
+}
+
+static void fixture_setup(void)
+{
+    for (int i = 0; i < H_MAX_REDIS && fixture->redis[i] != NULL; i++) {
+        memset(fixture->redis[i], 0, sizeof *fixture->redis[i]);
+    }
+    for (int i = 0; i < H_MAX_DAEMONS && fixture->daemons[i] != NULL; i++) {
+        memset(fixture->daemons[i], 0, sizeof *fixture->daemons[i]);
+    }
+    if (fixture->start_yaml != NULL) {
+        h_start(fixture->start_yaml);
+    }
+    if (fixture->setup != NULL) {
+        fixture->setup();
+    }
+}
+
+static void fixture_teardown(void)
+{
+    if (fixture->teardown != NULL) {
+        fixture->teardown();
+    }
+    /* A case may leave a process stopped (SIGSTOP); it must run to honour
+     * the SIGTERM of a clean stop. */
+    for (int i = 0; i < H_MAX_DAEMONS && fixture->daemons[i] != NULL; i++) {
+        h_daemon_signal(fixture->daemons[i], SIGCONT);
+        h_daemon_cleanup(fixture->daemons[i]);
+    }
+    for (int i = H_MAX_REDIS - 1; i >= 0; i--) {
+        struct h_redis *r = fixture->redis[i];
+
+        if (r == NULL) {
+            continue;
+        }
+        if (r->pid > 0) {
+            kill(r->pid, SIGCONT);
+        }
+        h_redis_stop(r);
+    }
+}
+
+int h_main(const struct h_fixture *fx, const struct h_case *cases, size_t n)
+{
+    Suite *s = suite_create(fx->suite);
+
+    fixture = fx;
+    for (size_t i = 0; i < n; i++) {
+        h_add_test(s, cases[i].name, cases[i].test, cases[i].timeout_s,
+                   fixture_setup, fixture_teardown);
+    }
+    return h_run_suite(s);
+}
+
+/* --- shared checks -------------------------------------------------------- */
+
+long long jint(const json_t *o, const char *k)
+{
+    return json_integer_value(json_object_get(o, k));
+}
+
+bool jtrue(const json_t *o, const char *k)
+{
+    return json_is_true(json_object_get(o, k));
+}
+
+const char *jstr(const json_t *o, const char *k)
+{
+    return json_string_value(json_object_get(o, k));
+}
+
+const char *jreason(const json_t *r)
+{
+    return jstr(json_object_get(r, "error"), "reason");
+}
+
+const char *jmsg(const json_t *r)
+{
+    return jstr(json_object_get(r, "error"), "message");
+}
+
+const char *joutcome(const json_t *r)
+{
+    return jstr(json_object_get(r, "error"), "outcome");
+}
+
+struct h_conn *h_connect_ok(const struct h_daemon *d)
+{
+    struct h_conn *c = h_connect(d);
+
+    ck_assert_msg(c != NULL, "connect %s: %s", d->sock, strerror(errno));
+    return c;
+}
+
+void h_assert_ping(struct h_conn *c)
+{
+    json_t *r = h_callf(c, 5000, "{s:s}", "op", "ping");
+
+    ck_assert_msg(h_ok(r), "ping failed: %s", h_errcode(r));
+    json_decref(r);
+}
+
+void h_expect_code(json_t *r, const char *code, const char *what)
+{
+    ck_assert_msg(r != NULL, "no reply to %s", what);
+    ck_assert_msg(h_errcode(r) != NULL && strcmp(h_errcode(r), code) == 0,
+                  "%s: expected %s, got %s", what, code,
+                  h_errcode(r) != NULL ? h_errcode(r) : "ok");
+    json_decref(r);
+}
+
+struct stat_want {
+    struct h_conn *c;
+    const char *name;
+    long long want;
+};
+
+static bool stat_is(void *arg)
+{
+    const struct stat_want *w = arg;
+
+    return h_stat(w->c, w->name) == w->want;
+}
+
+static bool stat_at_least(void *arg)
+{
+    const struct stat_want *w = arg;
+
+    return h_stat(w->c, w->name) >= w->want;
+}
+
+bool h_wait_stat(struct h_conn *c, const char *name, long long want,
+                 int timeout_ms)
+{
+    struct stat_want w = { c, name, want };
+
+    return h_wait_until(stat_is, &w, timeout_ms);
+}
+
+void h_assert_stat(struct h_conn *c, const char *name, long long want,
+                   int timeout_ms)
+{
+    ck_assert_msg(h_wait_stat(c, name, want, timeout_ms),
+                  "stat %s is %lld, not %lld", name, h_stat(c, name), want);
+}
+
+bool h_wait_stat_min(struct h_conn *c, const char *name, long long want,
+                     int timeout_ms)
+{
+    struct stat_want w = { c, name, want };
+
+    return h_wait_until(stat_at_least, &w, timeout_ms);
+}
+
+json_t *h_lock_lost(struct h_conn *c, const char *key, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+
+    for (;;) {
+        long long left = deadline - h_now_ms();
+        json_t *ev = h_event(c, left > 0 ? (int)left : 0);
+
+        if (ev == NULL) {
+            return NULL;
+        }
+        if (jstr(ev, "event") != NULL
+            && strcmp(jstr(ev, "event"), "lock_lost") == 0
+            && jstr(ev, "key") != NULL && strcmp(jstr(ev, "key"), key) == 0) {
+            return ev;
+        }
+        json_decref(ev);
+    }
+}
+
+static redisReply *r_vcommand(const struct h_redis *r, const char *fmt,
+                              va_list ap)
+{
+    redisContext *c = h_redis_connect(r);
+    redisReply *rep;
+
+    ck_assert_msg(c != NULL, "cannot connect to redis");
+    rep = redisvCommand(c, fmt, ap);
+    redisFree(c);
+    return rep;
+}
+
+long long h_r_int(const struct h_redis *r, const char *fmt, ...)
+{
+    va_list ap;
+    redisReply *rep;
+    long long v = -999;
+
+    va_start(ap, fmt);
+    rep = r_vcommand(r, fmt, ap);
+    va_end(ap);
+    if (rep != NULL && rep->type == REDIS_REPLY_INTEGER) {
+        v = rep->integer;
+    } else if (rep != NULL && rep->type == REDIS_REPLY_STRING) {
+        v = atoll(rep->str);
+    }
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return v;
+}
+
+void h_r_do(const struct h_redis *r, const char *fmt, ...)
+{
+    va_list ap;
+    redisReply *rep;
+
+    va_start(ap, fmt);
+    rep = r_vcommand(r, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(rep != NULL && rep->type != REDIS_REPLY_ERROR,
+                  "redis command %s failed: %s", fmt,
+                  rep != NULL ? rep->str : "no reply");
+    freeReplyObject(rep);
+}
+
+struct numsub_want {
+    const struct h_redis *r;
+    const char *channel;
+};
+
+static bool subscribed(void *arg)
+{
+    const struct numsub_want *w = arg;
+    redisReply *rep = h_redis_cmd(w->r, "PUBSUB NUMSUB %s", w->channel);
+    bool yes = rep != NULL && rep->type == REDIS_REPLY_ARRAY &&
+               rep->elements == 2 &&
+               rep->element[1]->type == REDIS_REPLY_INTEGER &&
+               rep->element[1]->integer >= 1;
+
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return yes;
+}
+
+void h_wait_subscribed(const struct h_redis *r, const char *channel,
+                       int timeout_ms)
+{
+    struct numsub_want w = { r, channel };
+
+    ck_assert_msg(h_wait_until(subscribed, &w, timeout_ms),
+                  "no subscriber on %s", channel);
+}
+
+bool h_is_token(const char *t)
+{
+    if (t == NULL || strlen(t) < 32) {
+        return false;
+    }
+    for (const char *p = t; *p; p++) {
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void h_delete_lock_key(const struct h_redis *r, const char *key)
+{
+    char a[256], b[256];
+    redisReply *rep;
+
+    snprintf(a, sizeof a, "leased:lock:%s", key);
+    snprintf(b, sizeof b, "leased:lock:{%s}", key);
+    rep = h_redis_cmd(r, "DEL %s %s", a, b);
+    ck_assert_msg(rep && rep->type == REDIS_REPLY_INTEGER
+                  && rep->integer == 1,
+                  "the lock key of %s was not in Redis", key);
+    freeReplyObject(rep);
+}
+
+bool h_replica_linked(void *arg)
+{
+    const struct h_redis *r = arg;
+    redisReply *rep = h_redis_cmd(r, "INFO replication");
+    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING
+              && strstr(rep->str, "connected_slaves:1") != NULL
+              && strstr(rep->str, "state=online") != NULL;
+
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return ok;
+}

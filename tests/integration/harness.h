@@ -116,10 +116,49 @@ json_t *h_event(struct h_conn *c, int timeout_ms);
 /* True once the peer closed (read returns EOF within TIMEOUT_MS). */
 bool h_wait_closed(struct h_conn *c, int timeout_ms);
 
-/* --- Check suites ------------------------------------------------------ */
-/* One test case per test, with the harness's per-case log collection
- * (see h_case_setup) around the checked fixtures SETUP and TEARDOWN (either
- * may be NULL) and a TIMEOUT_S generous enough for a loaded machine. */
+/* --- one fixture, one main ------------------------------------------- */
+/* A test program declares its servers and daemons once (its own
+ * variables, listed here) and a table of cases; the harness zeroes them
+ * before every case and stops them after it, so no program keeps its own
+ * setup, teardown or Check runner. */
+#define H_MAX_REDIS 2
+#define H_MAX_DAEMONS 2
+
+struct h_fixture {
+    const char *suite;                      /* the Check suite's name */
+    struct h_redis *redis[H_MAX_REDIS];     /* NULL-terminated if fewer */
+    struct h_daemon *daemons[H_MAX_DAEMONS];
+    /* When set, every case starts with redis[0] running and daemons[0]
+     * started on it with this YAML (see h_daemon_start). */
+    const char *start_yaml;
+    /* Run after the harness's setup and before its teardown, in the test
+     * process; either may be NULL. */
+    void (*setup)(void);
+    void (*teardown)(void);
+};
+
+struct h_case {
+    const char *name;
+    const TTest *test;
+    int timeout_s;  /* generous enough for a loaded machine */
+};
+
+/* A case whose name is its test's without "test_". */
+#define H_CASE(name, timeout_s) { #name, test_##name, (timeout_s) }
+
+/* Run CASES (N of them) with FX's fixture around each, one TCase per case
+ * (see h_add_test), as make check wants it; returns the exit status. */
+int h_main(const struct h_fixture *fx, const struct h_case *cases, size_t n);
+#define H_MAIN(fx, cases) \
+    h_main(&(fx), (cases), sizeof(cases) / sizeof((cases)[0]))
+
+/* Start the fixture's redis[0] and daemons[0] on it with YAML_EXTRA (see
+ * h_daemon_start); for a case that picks its daemon's configuration. */
+void h_start(const char *yaml_extra);
+
+/* The building blocks of h_main. One test case per test, with the
+ * harness's per-case log collection (see h_case_setup) around the checked
+ * fixtures SETUP and TEARDOWN (either may be NULL). */
 void h_add_test(Suite *s, const char *name, const TTest *t, int timeout_s,
                 SFun setup, SFun teardown);
 /* Run the suite as make check wants it (CK_ENV, so CK_VERBOSITY and
@@ -152,6 +191,49 @@ int h_run(const char *const argv[], char *out, size_t outlen, char *err,
 /* A fresh temp dir (tracked: removed at exit) and its recursive removal. */
 int h_tmpdir(char *buf, size_t len);
 void h_rmdir(const char *path);
+
+/* --- shared checks ---------------------------------------------------- */
+/* Fields of a reply: integer (0 if absent), true, string (NULL). */
+long long jint(const json_t *o, const char *k);
+bool jtrue(const json_t *o, const char *k);
+const char *jstr(const json_t *o, const char *k);
+/* error.reason, error.message, error.outcome of a reply (NULL if absent). */
+const char *jreason(const json_t *r);
+const char *jmsg(const json_t *r);
+const char *joutcome(const json_t *r);
+/* h_connect that must succeed. */
+struct h_conn *h_connect_ok(const struct h_daemon *d);
+/* A ping that must answer ok within 5 s. */
+void h_assert_ping(struct h_conn *c);
+/* Assert R (freed here) is error CODE; WHAT names the request. */
+void h_expect_code(json_t *r, const char *code, const char *what);
+/* Wait up to TIMEOUT_MS for stats figure NAME to equal WANT; returns
+ * whether it did. h_assert_stat asserts it. */
+bool h_wait_stat(struct h_conn *c, const char *name, long long want,
+                 int timeout_ms);
+void h_assert_stat(struct h_conn *c, const char *name, long long want,
+                   int timeout_ms);
+/* The same for "at least WANT". */
+bool h_wait_stat_min(struct h_conn *c, const char *name, long long want,
+                     int timeout_ms);
+/* The next lock_lost event for KEY (other events are dropped), or NULL
+ * after TIMEOUT_MS. */
+json_t *h_lock_lost(struct h_conn *c, const char *key, int timeout_ms);
+/* A Redis command from the test: its integer (or integer-looking string)
+ * reply, -999 otherwise; h_r_do asserts it did not fail. */
+long long h_r_int(const struct h_redis *r, const char *fmt, ...);
+void h_r_do(const struct h_redis *r, const char *fmt, ...);
+/* Wait up to TIMEOUT_MS until Redis counts a subscriber on CHANNEL (a
+ * message published earlier is lost to the subscriber), and assert it. */
+void h_wait_subscribed(const struct h_redis *r, const char *channel,
+                       int timeout_ms);
+/* A lock token as leased makes them: 32 or more lowercase hex digits. */
+bool h_is_token(const char *t);
+/* Delete KEY's lock record (either layout) behind the daemon's back, and
+ * assert there was one. */
+void h_delete_lock_key(const struct h_redis *r, const char *key);
+/* True once R has one replica, online (for h_wait_until, ARG is R). */
+bool h_replica_linked(void *r);
 
 /* --- logs of failed tests -------------------------------------------- */
 /* Check (fork mode) ends a failed test with _exit(), so no teardown in the

@@ -7,34 +7,12 @@
 #include "harness.h"
 
 #include <check.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define T_MS 5000            /* how long a plain reply may take */
 #define NO_TTL 0             /* lk_lock: leave ttl_ms out (watchdog) */
-
-static inline long long jint(const json_t *o, const char *k)
-{
-    return json_integer_value(json_object_get(o, k));
-}
-
-static inline bool jtrue(const json_t *o, const char *k)
-{
-    return json_is_true(json_object_get(o, k));
-}
-
-static inline const char *jstr(const json_t *o, const char *k)
-{
-    return json_string_value(json_object_get(o, k));
-}
-
-static inline const char *jreason(const json_t *r)
-{
-    return json_string_value(
-        json_object_get(json_object_get(r, "error"), "reason"));
-}
 
 /* {"op":"lock","key":KEY} plus owner (NULL: absent), ttl_ms (0: absent)
  * and wait_ms (0: absent). */
@@ -119,28 +97,6 @@ static inline json_t *lk_info(struct h_conn *c, const char *key)
     return r;
 }
 
-/* A Redis command from the test, answering an integer (-999 otherwise). */
-static inline long long r_int(const struct h_redis *r, const char *fmt, ...)
-{
-    va_list ap;
-    redisContext *c = h_redis_connect(r);
-    ck_assert_msg(c != NULL, "cannot connect to redis");
-    va_start(ap, fmt);
-    redisReply *rep = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    long long v = -999;
-    if (rep != NULL && rep->type == REDIS_REPLY_INTEGER) {
-        v = rep->integer;
-    } else if (rep != NULL && rep->type == REDIS_REPLY_STRING) {
-        v = atoll(rep->str);
-    }
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    redisFree(c);
-    return v;
-}
-
 /* Total EVAL + EVALSHA calls Redis has served (INFO commandstats). */
 static inline long long r_eval_calls(const struct h_redis *r)
 {
@@ -157,6 +113,22 @@ static inline long long r_eval_calls(const struct h_redis *r)
     }
     freeReplyObject(rep);
     return total;
+}
+
+/* For h_wait_until: the watchdog renewed at least RENEWALS times and
+ * AFTER_MS have passed since SINCE_MS. */
+struct renewals_want {
+    struct h_conn *c;
+    long long renewals;  /* lock_renewals_ok at least this */
+    long long since_ms;  /* and at least AFTER_MS after this */
+    long long after_ms;
+};
+
+static inline bool renewals_done(void *arg)
+{
+    const struct renewals_want *w = arg;
+    return h_now_ms() - w->since_ms >= w->after_ms &&
+           h_stat(w->c, "lock_renewals_ok") >= w->renewals;
 }
 
 static inline struct h_conn *lk_connect(const struct h_daemon *d)
