@@ -35,9 +35,12 @@ static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
     if (rec->count == 0) {
         return;
     }
-    /* A lease clipped at max_hold ends there: the cap is the reason. */
+    /* The timer fires at the cap, or a margin before the lease ends. A
+     * lease that was clipped at max_hold ends there (Redis reports it a
+     * few ms short of the clip, the time the script took): the cap is
+     * the reason, not Redis. */
     bool cap = rec->cap_end_ms != 0
-               && ld_now_ms() + lost_margin_ms() >= rec->cap_end_ms;
+               && rec->lease_end_ms + lost_margin_ms() >= rec->cap_end_ms;
     rec->refs++;
     lk_rec_lost(rec, cap ? "max_hold" : "redis_unavailable", true);
     lk_rec_unref(rec);
