@@ -11,6 +11,7 @@
 #include "harness.h"
 
 #include <check.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1897,6 +1898,61 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
+/* A write that reached Redis but got no answer in time may have happened:
+ * the error says "outcome":"unknown" and why, and when Redis wakes the
+ * value is there. A read while Redis is down says why too. */
+START_TEST(test_write_outcome_unknown)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    char yaml[256];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    c = h_connect_ok(&D);
+    json_decref(must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
+                             "key", "ou1", "value", "before")));
+
+    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "ou1",
+                "value", "after");
+    kill(R.pid, SIGCONT);
+    ck_assert_msg(r != NULL && h_errcode(r) != NULL
+                  && strcmp(h_errcode(r), "redis_unavailable") == 0,
+                  "expected redis_unavailable, got %s", dump(r));
+    ck_assert_str_eq(joutcome(r), "unknown");
+    ck_assert_msg(strstr(jmsg(r), "timed out") != NULL,
+                  "no cause in: %s", jmsg(r));
+    json_decref(r);
+
+    /* It did happen: Redis ran it once it woke. */
+    ck_assert(h_wait_stat_min(c, "redis_connected", 1, 10000));
+    r = must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                     "ou1", "lease", 0));
+    ck_assert_str_eq(jstr(r, "value"), "after");
+    json_decref(r);
+
+    /* Redis gone: a read is not a write, and it says why. */
+    h_redis_kill(&R);
+    ck_assert(h_wait_stat(c, "redis_connected", 0, 10000));
+    r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", "ou1",
+                "lease", 0);
+    ck_assert_msg(r != NULL && h_errcode(r) != NULL
+                  && strcmp(h_errcode(r), "redis_unavailable") == 0,
+                  "expected redis_unavailable, got %s", dump(r));
+    ck_assert_ptr_null(joutcome(r));
+    ck_assert_msg(strstr(jmsg(r), "refused") != NULL
+                  || strstr(jmsg(r), "connection") != NULL,
+                  "no cause in: %s", jmsg(r));
+    json_decref(r);
+    h_close(c);
+}
+END_TEST
+
 int main(void)
 {
     const struct h_case cases[] = {
@@ -1927,6 +1983,7 @@ int main(void)
         H_CASE(foreign_data, 90),
         H_CASE(second_delete_after_outage, 90),
         H_CASE(second_delete_after_replay, 120),
+        H_CASE(write_outcome_unknown, 60),
     };
 
     return H_MAIN(fx, cases);
