@@ -51,32 +51,40 @@
 
 #include "ld_lua.h"
 
-
-#define LOCK_LEASE_MS 30000    /* leased's default lock.watchdog_ms */
-#define CACHE_TTL_MS 3600000   /* pre-filled entries outlive any run */
+#define LOCK_LEASE_MS 30000  /* leased's default lock.watchdog_ms */
+#define CACHE_TTL_MS 3600000 /* pre-filled entries outlive any run */
 #define MAX_ERRORS_SHOWN 5
 #define WAITERS_TIMEOUT_S 60
 
-enum mode { M_LOCK, M_CONTENDED, M_GET, M_MIX, M_PING, M_HOLD, M_ISOLATION,
-            M_RENEWAL,
-            M_WAITERS /* internal: the queued waiters of --mode isolation */ };
-static const char *const mode_names[] = {
-    "lock", "lock-contended", "get", "mix", "ping", "hold", "isolation",
-    "renewal", "waiters"
+enum mode {
+    M_LOCK,
+    M_CONTENDED,
+    M_GET,
+    M_MIX,
+    M_PING,
+    M_HOLD,
+    M_ISOLATION,
+    M_RENEWAL,
+    M_WAITERS /* internal: the queued waiters of --mode isolation */
 };
+static const char *const mode_names[] = {"lock",      "lock-contended",
+                                         "get",       "mix",
+                                         "ping",      "hold",
+                                         "isolation", "renewal",
+                                         "waiters"};
 
 enum target { T_LEASED, T_DIRECT };
-static const char *const target_names[] = { "leased", "direct" };
+static const char *const target_names[] = {"leased", "direct"};
 
 enum step {
     S_IDLE,
-    S_ACQ,          /* lock request or acquire script in flight */
-    S_REL,          /* unlock request or release script in flight */
+    S_ACQ, /* lock request or acquire script in flight */
+    S_REL, /* unlock request or release script in flight */
     S_GET,
     S_PING,
-    S_SUBSCRIBING,  /* direct: lock taken, SUBSCRIBE sent, retry on reply */
-    S_PAUSE,        /* direct: waiting for an unlock message or the pttl */
-    S_HELD          /* hold/waiters: holding, nothing in flight */
+    S_SUBSCRIBING, /* direct: lock taken, SUBSCRIBE sent, retry on reply */
+    S_PAUSE,       /* direct: waiting for an unlock message or the pttl */
+    S_HELD         /* hold/waiters: holding, nothing in flight */
 };
 
 struct run;
@@ -86,19 +94,19 @@ struct client {
     int idx;
     enum step step;
     uint64_t t_start_ns;
-    uint64_t deadline_ns;       /* contended: give up the wait */
+    uint64_t deadline_ns; /* contended: give up the wait */
     uint64_t rng;
-    int held;                   /* hold mode: locks taken so far */
-    bool wake;                  /* direct: unlock message during a try */
-    int sub_state;              /* direct: 0 none, 1 sent, 2 subscribed */
-    int fd;                     /* leased */
-    struct event *rev;          /* leased: readable */
-    struct event *wev;          /* leased: writable, only after a short
+    int held;                  /* hold mode: locks taken so far */
+    bool wake;                 /* direct: unlock message during a try */
+    int sub_state;             /* direct: 0 none, 1 sent, 2 subscribed */
+    int fd;                    /* leased */
+    struct event *rev;         /* leased: readable */
+    struct event *wev;         /* leased: writable, only after a short
                                  * write */
-    struct evbuffer *in, *out;  /* leased */
-    redisAsyncContext *ac;      /* direct commands */
-    redisAsyncContext *sub;     /* direct: its subscriber connection */
-    struct event *timer;        /* direct: retry after the pttl */
+    struct evbuffer *in, *out; /* leased */
+    redisAsyncContext *ac;     /* direct commands */
+    redisAsyncContext *sub;    /* direct: its subscriber connection */
+    struct event *timer;       /* direct: retry after the pttl */
     /* Requests, built once per run: a JSON line for leased, RESP for
      * Redis. */
     char *lock_req, *unlock_req, *get_req, *sub_req;
@@ -122,8 +130,8 @@ struct run {
     uint64_t *lat;
     size_t nlat, caplat;
     long long ops, errors, timeouts, events, ops_limit;
-    int done_clients;           /* hold: clients holding all their locks */
-    int acquired;               /* waiters: acquisitions seen */
+    int done_clients; /* hold: clients holding all their locks */
+    int acquired;     /* waiters: acquisitions seen */
     int shown_errors;
     struct event *warm_ev, *end_ev;
     struct cpu cpu0, cpu1;
@@ -135,8 +143,8 @@ struct result {
     int conns;
     size_t size;
     long long ops, errors, timeouts;
-    double secs, ops_s, p50, p99, p999, max, mean;   /* microseconds */
-    double bench_cpu, leased_cpu, redis_cpu;         /* % of one core */
+    double secs, ops_s, p50, p99, p999, max, mean; /* microseconds */
+    double bench_cpu, leased_cpu, redis_cpu;       /* % of one core */
 };
 
 static struct {
@@ -166,13 +174,14 @@ static struct {
 static struct event_base *base;
 static char acq_sha[41], rel_sha[41];
 static int run_counter;
-static char *value_buf;          /* SIZE bytes of 'x', NUL-terminated */
+static char *value_buf; /* SIZE bytes of 'x', NUL-terminated */
 
 /* ---------------------------------------------------------------- util */
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2),
-                                                      noreturn));
 static void die(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2), noreturn));
+static void
+die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -183,7 +192,8 @@ static void die(const char *fmt, ...)
     exit(2);
 }
 
-static void *xmalloc(size_t n)
+static void *
+xmalloc(size_t n)
 {
     void *p = malloc(n);
     if (p == NULL) {
@@ -194,7 +204,8 @@ static void *xmalloc(size_t n)
 
 static char *xasprintf(size_t *len, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-static char *xasprintf(size_t *len, const char *fmt, ...)
+static char *
+xasprintf(size_t *len, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -210,14 +221,16 @@ static char *xasprintf(size_t *len, const char *fmt, ...)
     return s;
 }
 
-static uint64_t now_ns(void)
+static uint64_t
+now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static struct timeval tv_of(double s)
+static struct timeval
+tv_of(double s)
 {
     struct timeval tv;
     tv.tv_sec = (time_t)s;
@@ -225,7 +238,8 @@ static struct timeval tv_of(double s)
     return tv;
 }
 
-static uint64_t rng_next(uint64_t *s)
+static uint64_t
+rng_next(uint64_t *s)
 {
     /* xorshift64*: cheap and the same sequence for both targets. */
     uint64_t x = *s;
@@ -236,7 +250,8 @@ static uint64_t rng_next(uint64_t *s)
     return x * 2685821657736338717ULL;
 }
 
-static void random_hex(char *out, size_t n)
+static void
+random_hex(char *out, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     unsigned char b[64];
@@ -253,7 +268,8 @@ static void random_hex(char *out, size_t n)
 }
 
 /* CPU seconds of a process from /proc/PID/stat (utime + stime). */
-static double proc_cpu_s(pid_t pid)
+static double
+proc_cpu_s(pid_t pid)
 {
     if (pid <= 0) {
         return 0;
@@ -281,7 +297,8 @@ static double proc_cpu_s(pid_t pid)
 }
 
 /* A line "NAME: <n> kB" of /proc/PID/status, in kB; -1 if absent. */
-static long proc_status_kb(pid_t pid, const char *name)
+static long
+proc_status_kb(pid_t pid, const char *name)
 {
     char path[64], line[256];
     snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
@@ -301,15 +318,17 @@ static long proc_status_kb(pid_t pid, const char *name)
     return v;
 }
 
-static double self_cpu_s(void)
+static double
+self_cpu_s(void)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6
-           + (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
 }
 
-static void cpu_snap(struct cpu *c)
+static void
+cpu_snap(struct cpu *c)
 {
     c->bench_s = self_cpu_s();
     c->leased_s = proc_cpu_s(o.leased_pid);
@@ -318,7 +337,8 @@ static void cpu_snap(struct cpu *c)
 
 /* ------------------------------------------------- blocking helpers */
 
-static int unix_connect(const char *path)
+static int
+unix_connect(const char *path)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
@@ -341,7 +361,8 @@ static int unix_connect(const char *path)
     return fd;
 }
 
-static void write_all(int fd, const char *s, size_t len)
+static void
+write_all(int fd, const char *s, size_t len)
 {
     while (len > 0) {
         ssize_t n = write(fd, s, len);
@@ -359,7 +380,8 @@ static void write_all(int fd, const char *s, size_t len)
 
 /* Send LINE on a blocking socket and return the next reply line that is
  * not an event (caller frees). */
-static char *blocking_call(int fd, const char *line, size_t len)
+static char *
+blocking_call(int fd, const char *line, size_t len)
 {
     write_all(fd, line, len);
     size_t cap = 4096, n = 0;
@@ -392,7 +414,8 @@ static char *blocking_call(int fd, const char *line, size_t len)
     }
 }
 
-static long long stats_field(int fd, const char *name)
+static long long
+stats_field(int fd, const char *name)
 {
     static const char req[] = "{\"op\":\"stats\"}\n";
     char *line = blocking_call(fd, req, sizeof(req) - 1);
@@ -408,7 +431,8 @@ static long long stats_field(int fd, const char *name)
     return r;
 }
 
-static redisContext *redis_sync(void)
+static redisContext *
+redis_sync(void)
 {
     redisContext *rc = redisConnect(o.redis_host, o.redis_port);
     if (rc == NULL || rc->err) {
@@ -421,10 +445,11 @@ static redisContext *redis_sync(void)
 /* The direct side runs the daemon's own scripts, the very text compiled
  * into it (ld_lua.c), so both sides do exactly the same work inside
  * Redis. */
-static void load_scripts(void)
+static void
+load_scripts(void)
 {
-    const char *const texts[] = { ld_lua_lock_acquire, ld_lua_lock_release };
-    char *shas[] = { acq_sha, rel_sha };
+    const char *const texts[] = {ld_lua_lock_acquire, ld_lua_lock_release};
+    char *shas[] = {acq_sha, rel_sha};
     redisContext *rc = redis_sync();
     for (int i = 0; i < 2; i++) {
         redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", texts[i]);
@@ -440,7 +465,8 @@ static void load_scripts(void)
 
 /* ----------------------------------------------------------- run state */
 
-static void lat_push(struct run *r, uint64_t ns)
+static void
+lat_push(struct run *r, uint64_t ns)
 {
     if (r->nlat == r->caplat) {
         r->caplat = r->caplat ? r->caplat * 2 : 65536;
@@ -452,7 +478,8 @@ static void lat_push(struct run *r, uint64_t ns)
     r->lat[r->nlat++] = ns;
 }
 
-static void finish(struct run *r)
+static void
+finish(struct run *r)
 {
     if (r->recording) {
         r->t1_ns = now_ns();
@@ -462,20 +489,20 @@ static void finish(struct run *r)
     event_base_loopbreak(base);
 }
 
-static void show_error(struct run *r, const char *what, const char *s,
-                       size_t len)
+static void
+show_error(struct run *r, const char *what, const char *s, size_t len)
 {
     r->errors++;
     if (r->shown_errors++ < MAX_ERRORS_SHOWN) {
-        fprintf(stderr, "leased-bench: %s %s: %.*s\n",
-                target_names[r->target], what, (int)(len > 300 ? 300 : len),
-                s);
+        fprintf(stderr, "leased-bench: %s %s: %.*s\n", target_names[r->target],
+                what, (int)(len > 300 ? 300 : len), s);
     }
 }
 
 static void next_op(struct client *c);
 
-static void op_done(struct client *c)
+static void
+op_done(struct client *c)
 {
     struct run *r = c->run;
     uint64_t t = now_ns();
@@ -496,8 +523,8 @@ static void op_done(struct client *c)
 /* Requests go out with one write() at once rather than on the next loop
  * iteration: that is one syscall per request and no epoll change, the
  * least a client can do, and the same on the direct side. */
-static void leased_send(struct client *c, const char *s, size_t len,
-                        enum step st)
+static void
+leased_send(struct client *c, const char *s, size_t len, enum step st)
 {
     c->step = st;
     if (evbuffer_get_length(c->out) == 0) {
@@ -517,7 +544,8 @@ static void leased_send(struct client *c, const char *s, size_t len,
     event_add(c->wev, NULL);
 }
 
-static void leased_writable(evutil_socket_t fd, short what, void *arg)
+static void
+leased_writable(evutil_socket_t fd, short what, void *arg)
 {
     struct client *c = arg;
     if (evbuffer_write(c->out, fd) < 0 && errno != EAGAIN && errno != EINTR) {
@@ -528,34 +556,39 @@ static void leased_writable(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void hold_next(struct client *c)
+static void
+hold_next(struct client *c)
 {
     size_t len;
-    char *line = xasprintf(&len, "{\"op\":\"lock\",\"key\":\"b%d.%d.h%d.%d\"}\n",
+    char *line = xasprintf(&len,
+                           "{\"op\":\"lock\",\"key\":\"b%d.%d.h%d.%d\"}\n",
                            (int)getpid(), c->run->id, c->idx, c->held);
     leased_send(c, line, len, S_ACQ);
     free(line);
 }
 
-static bool line_has(struct evbuffer *in, size_t len, const char *needle)
+static bool
+line_has(struct evbuffer *in, size_t len, const char *needle)
 {
     struct evbuffer_ptr end;
     if (evbuffer_ptr_set(in, &end, len, EVBUFFER_PTR_SET) < 0) {
         return false;
     }
-    struct evbuffer_ptr p =
-        evbuffer_search_range(in, needle, strlen(needle), NULL, &end);
+    struct evbuffer_ptr p = evbuffer_search_range(in, needle, strlen(needle),
+                                                  NULL, &end);
     return p.pos >= 0;
 }
 
-static void leased_error(struct client *c, struct evbuffer *in, size_t len)
+static void
+leased_error(struct client *c, struct evbuffer *in, size_t len)
 {
-    const char *s = (const char *)evbuffer_pullup(in, (ev_ssize_t)
-                                                  (len > 300 ? 300 : len));
+    const char *s = (const char *)
+        evbuffer_pullup(in, (ev_ssize_t)(len > 300 ? 300 : len));
     show_error(c->run, "reply", s, len);
 }
 
-static void leased_reply(struct client *c, struct evbuffer *in, size_t len)
+static void
+leased_reply(struct client *c, struct evbuffer *in, size_t len)
 {
     struct run *r = c->run;
     if (line_has(in, len, "{\"event\":") && !line_has(in, len, "\"ok\":")) {
@@ -603,8 +636,7 @@ static void leased_reply(struct client *c, struct evbuffer *in, size_t len)
         }
         break;
     case S_GET:
-        if (line_has(in, len, "\"hit\":true")
-            && len >= r->size) {
+        if (line_has(in, len, "\"hit\":true") && len >= r->size) {
             op_done(c);
         } else {
             leased_error(c, in, len);
@@ -625,7 +657,8 @@ static void leased_reply(struct client *c, struct evbuffer *in, size_t len)
     }
 }
 
-static void leased_read(evutil_socket_t fd, short what, void *arg)
+static void
+leased_read(evutil_socket_t fd, short what, void *arg)
 {
     struct client *c = arg;
     struct evbuffer *in = c->in;
@@ -648,8 +681,8 @@ static void leased_read(evutil_socket_t fd, short what, void *arg)
     }
     for (;;) {
         size_t eol_len = 0;
-        struct evbuffer_ptr p =
-            evbuffer_search_eol(in, NULL, &eol_len, EVBUFFER_EOL_LF);
+        struct evbuffer_ptr p = evbuffer_search_eol(in, NULL, &eol_len,
+                                                    EVBUFFER_EOL_LF);
         if (p.pos < 0) {
             return;
         }
@@ -660,8 +693,9 @@ static void leased_read(evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------ direct */
 
-static void direct_send(struct client *c, redisCallbackFn *cb,
-                        const char *cmd, size_t len, enum step st)
+static void
+direct_send(struct client *c, redisCallbackFn *cb, const char *cmd, size_t len,
+            enum step st)
 {
     c->step = st;
     if (redisAsyncFormattedCommand(c->ac, cb, c, cmd, len) != REDIS_OK) {
@@ -672,10 +706,11 @@ static void direct_send(struct client *c, redisCallbackFn *cb,
     redisAsyncHandleWrite(c->ac);
 }
 
-static void direct_reply_error(struct client *c, const redisReply *rep)
+static void
+direct_reply_error(struct client *c, const redisReply *rep)
 {
-    if (rep->type == REDIS_REPLY_ERROR || rep->type == REDIS_REPLY_STATUS
-        || rep->type == REDIS_REPLY_STRING) {
+    if (rep->type == REDIS_REPLY_ERROR || rep->type == REDIS_REPLY_STATUS ||
+        rep->type == REDIS_REPLY_STRING) {
         show_error(c->run, "reply", rep->str, rep->len);
     } else {
         char buf[64];
@@ -684,10 +719,11 @@ static void direct_reply_error(struct client *c, const redisReply *rep)
     }
 }
 
-static long long elem_int(const redisReply *rep, size_t i)
+static long long
+elem_int(const redisReply *rep, size_t i)
 {
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements <= i
-        || rep->element[i]->type != REDIS_REPLY_INTEGER) {
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements <= i ||
+        rep->element[i]->type != REDIS_REPLY_INTEGER) {
         return LLONG_MIN;
     }
     return rep->element[i]->integer;
@@ -696,13 +732,15 @@ static long long elem_int(const redisReply *rep, size_t i)
 static void direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv);
 static void direct_sub_cb(redisAsyncContext *ac, void *reply, void *priv);
 
-static void direct_try(struct client *c)
+static void
+direct_try(struct client *c)
 {
     c->wake = false;
     direct_send(c, direct_acq_cb, c->lock_req, c->lock_len, S_ACQ);
 }
 
-static void direct_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
+static void
+direct_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct client *c = priv;
     redisReply *rep = reply;
@@ -721,7 +759,8 @@ static void direct_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
  * again on a message or when the holder's lease (the returned pttl) runs
  * out. A message that came in while a try was on its way counts as well
  * (Redisson's semaphore keeps that permit), so no wake-up is lost. */
-static void direct_wait(struct client *c, long long pttl)
+static void
+direct_wait(struct client *c, long long pttl)
 {
     uint64_t t = now_ns();
     if (t >= c->deadline_ns) {
@@ -753,7 +792,8 @@ static void direct_wait(struct client *c, long long pttl)
     evtimer_add(c->timer, &tv);
 }
 
-static void direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
+static void
+direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct client *c = priv;
     redisReply *rep = reply;
@@ -771,7 +811,8 @@ static void direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
     }
 }
 
-static void direct_timer(evutil_socket_t fd, short what, void *arg)
+static void
+direct_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct client *c = arg;
     if (c->step == S_PAUSE && !c->run->closing) {
@@ -781,12 +822,13 @@ static void direct_timer(evutil_socket_t fd, short what, void *arg)
 
 /* Subscription replies: hiredis calls the callback given with SUBSCRIBE
  * for the confirmation and for every later message on the channel. */
-static void direct_sub_cb(redisAsyncContext *ac, void *reply, void *priv)
+static void
+direct_sub_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct client *c = priv;
     redisReply *rep = reply;
-    if (rep == NULL || c->run->closing || rep->type != REDIS_REPLY_ARRAY
-        || rep->elements < 3 || rep->element[0]->type != REDIS_REPLY_STRING) {
+    if (rep == NULL || c->run->closing || rep->type != REDIS_REPLY_ARRAY ||
+        rep->elements < 3 || rep->element[0]->type != REDIS_REPLY_STRING) {
         return;
     }
     const char *kind = rep->element[0]->str;
@@ -805,7 +847,8 @@ static void direct_sub_cb(redisAsyncContext *ac, void *reply, void *priv)
     }
 }
 
-static void direct_get_cb(redisAsyncContext *ac, void *reply, void *priv)
+static void
+direct_get_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct client *c = priv;
     redisReply *rep = reply;
@@ -820,7 +863,8 @@ static void direct_get_cb(redisAsyncContext *ac, void *reply, void *priv)
     }
 }
 
-static void direct_ping_cb(redisAsyncContext *ac, void *reply, void *priv)
+static void
+direct_ping_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct client *c = priv;
     redisReply *rep = reply;
@@ -837,7 +881,8 @@ static void direct_ping_cb(redisAsyncContext *ac, void *reply, void *priv)
 
 /* --------------------------------------------------------- operations */
 
-static bool op_is_lock(struct client *c)
+static bool
+op_is_lock(struct client *c)
 {
     switch (c->run->mode) {
     case M_LOCK:
@@ -850,7 +895,8 @@ static bool op_is_lock(struct client *c)
     }
 }
 
-static void next_op(struct client *c)
+static void
+next_op(struct client *c)
 {
     struct run *r = c->run;
     if (r->closing) {
@@ -888,7 +934,8 @@ static void next_op(struct client *c)
 
 /* ------------------------------------------------------------ clients */
 
-static char *resp(size_t *len, int argc, const char **argv)
+static char *
+resp(size_t *len, int argc, const char **argv)
 {
     char *cmd = NULL;
     int n = redisFormatCommandArgv(&cmd, argc, argv, NULL);
@@ -899,7 +946,8 @@ static char *resp(size_t *len, int argc, const char **argv)
     return cmd;
 }
 
-static void build_leased(struct run *r, struct client *c, const char *base_key)
+static void
+build_leased(struct run *r, struct client *c, const char *base_key)
 {
     if (r->mode == M_CONTENDED || r->mode == M_WAITERS) {
         c->lock_req = xasprintf(&c->lock_len,
@@ -926,7 +974,8 @@ static void build_leased(struct run *r, struct client *c, const char *base_key)
     }
 }
 
-static void build_direct(struct run *r, struct client *c, const char *base_key)
+static void
+build_direct(struct run *r, struct client *c, const char *base_key)
 {
     char key[128], hash[160], fence[170], chan[170], field[33];
     if (r->mode == M_CONTENDED) {
@@ -942,28 +991,28 @@ static void build_direct(struct run *r, struct client *c, const char *base_key)
     random_hex(field, 32);
     char lease[24];
     snprintf(lease, sizeof(lease), "%d", LOCK_LEASE_MS);
-    const char *acq[] = { "EVALSHA", acq_sha, "2", hash, fence, lease, field,
-                          "0" };
-    const char *rel[] = { "EVALSHA", rel_sha, "1", hash, field, "1", chan,
-                          "0" };
+    const char *acq[] = {"EVALSHA", acq_sha, "2",   hash,
+                         fence,     lease,   field, "0"};
+    const char *rel[] = {"EVALSHA", rel_sha, "1", hash, field, "1", chan, "0"};
     c->lock_req = resp(&c->lock_len, 8, acq);
     c->unlock_req = resp(&c->unlock_len, 8, rel);
-    const char *sub[] = { "SUBSCRIBE", chan };
+    const char *sub[] = {"SUBSCRIBE", chan};
     c->sub_req = resp(&c->sub_len, 2, sub);
     if (r->mode == M_PING) {
-        const char *ping[] = { "PING" };
+        const char *ping[] = {"PING"};
         c->get_req = resp(&c->get_len, 1, ping);
     } else {
         char gkey[160];
         snprintf(gkey, sizeof(gkey), "benchd:get:%s.g", base_key);
-        const char *get[] = { "GET", gkey };
+        const char *get[] = {"GET", gkey};
         c->get_req = resp(&c->get_len, 2, get);
     }
 }
 
 static void start(struct run *r);
 
-static void direct_connected(const redisAsyncContext *ac, int status)
+static void
+direct_connected(const redisAsyncContext *ac, int status)
 {
     struct client *c = ac->data;
     if (status != REDIS_OK) {
@@ -974,7 +1023,8 @@ static void direct_connected(const redisAsyncContext *ac, int status)
     }
 }
 
-static void direct_disconnected(const redisAsyncContext *ac, int status)
+static void
+direct_disconnected(const redisAsyncContext *ac, int status)
 {
     struct client *c = ac->data;
     if (!c->run->closing && status != REDIS_OK) {
@@ -982,7 +1032,8 @@ static void direct_disconnected(const redisAsyncContext *ac, int status)
     }
 }
 
-static redisAsyncContext *direct_connect(struct client *c)
+static redisAsyncContext *
+direct_connect(struct client *c)
 {
     redisAsyncContext *ac = redisAsyncConnect(o.redis_host, o.redis_port);
     if (ac == NULL || ac->err) {
@@ -997,7 +1048,8 @@ static redisAsyncContext *direct_connect(struct client *c)
 }
 
 /* Pre-fill the values the get and mix runs read. */
-static void prefill(struct run *r)
+static void
+prefill(struct run *r)
 {
     if (r->mode != M_GET && r->mode != M_MIX) {
         return;
@@ -1034,7 +1086,8 @@ static void prefill(struct run *r)
     close(fd);
 }
 
-static void clients_open(struct run *r)
+static void
+clients_open(struct run *r)
 {
     r->cl = calloc((size_t)r->conns, sizeof(*r->cl));
     if (r->cl == NULL) {
@@ -1046,8 +1099,8 @@ static void clients_open(struct run *r)
     for (int i = 0; i < r->conns; i++) {
         struct client *c = &r->cl[i];
         char base_key[96];
-        snprintf(base_key, sizeof(base_key), "b%d.%d.%d", (int)getpid(),
-                 r->id, i);
+        snprintf(base_key, sizeof(base_key), "b%d.%d.%d", (int)getpid(), r->id,
+                 i);
         c->run = r;
         c->idx = i;
         c->rng = o.seed + (uint64_t)i * 0x9E3779B97F4A7C15ULL + 1;
@@ -1060,8 +1113,8 @@ static void clients_open(struct run *r)
             c->rev = event_new(base, c->fd, EV_READ | EV_PERSIST, leased_read,
                                c);
             c->wev = event_new(base, c->fd, EV_WRITE, leased_writable, c);
-            if (c->in == NULL || c->out == NULL || c->rev == NULL
-                || c->wev == NULL) {
+            if (c->in == NULL || c->out == NULL || c->rev == NULL ||
+                c->wev == NULL) {
                 die("out of memory");
             }
             event_add(c->rev, NULL);
@@ -1077,7 +1130,8 @@ static void clients_open(struct run *r)
     }
 }
 
-static void clients_close(struct run *r)
+static void
+clients_close(struct run *r)
 {
     r->closing = true;
     for (int i = 0; i < r->conns; i++) {
@@ -1121,12 +1175,14 @@ static void clients_close(struct run *r)
     r->lat = NULL;
 }
 
-static void on_end(evutil_socket_t fd, short what, void *arg)
+static void
+on_end(evutil_socket_t fd, short what, void *arg)
 {
     finish(arg);
 }
 
-static void begin_recording(struct run *r)
+static void
+begin_recording(struct run *r)
 {
     r->recording = true;
     r->t0_ns = now_ns();
@@ -1138,12 +1194,14 @@ static void begin_recording(struct run *r)
     }
 }
 
-static void on_warm(evutil_socket_t fd, short what, void *arg)
+static void
+on_warm(evutil_socket_t fd, short what, void *arg)
 {
     begin_recording(arg);
 }
 
-static void start(struct run *r)
+static void
+start(struct run *r)
 {
     if (r->started) {
         return;
@@ -1165,13 +1223,15 @@ static void start(struct run *r)
 
 /* ------------------------------------------------------------ results */
 
-static int cmp_u64(const void *a, const void *b)
+static int
+cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
 }
 
-static double pct_us(const uint64_t *v, size_t n, double q)
+static double
+pct_us(const uint64_t *v, size_t n, double q)
 {
     if (n == 0) {
         return 0;
@@ -1184,7 +1244,8 @@ static double pct_us(const uint64_t *v, size_t n, double q)
     return (double)v[i] / 1000.0;
 }
 
-static void compute(struct run *r, struct result *res)
+static void
+compute(struct run *r, struct result *res)
 {
     memset(res, 0, sizeof(*res));
     res->mode = r->mode;
@@ -1208,27 +1269,26 @@ static void compute(struct run *r, struct result *res)
     res->mean = r->nlat ? sum / (double)r->nlat / 1000.0 : 0;
     if (res->secs > 0) {
         res->bench_cpu = (r->cpu1.bench_s - r->cpu0.bench_s) / res->secs * 100;
-        res->leased_cpu =
-            (r->cpu1.leased_s - r->cpu0.leased_s) / res->secs * 100;
+        res->leased_cpu = (r->cpu1.leased_s - r->cpu0.leased_s) / res->secs *
+                          100;
         res->redis_cpu = (r->cpu1.redis_s - r->cpu0.redis_s) / res->secs * 100;
     }
 }
 
-static void print_result(const struct result *s)
+static void
+print_result(const struct result *s)
 {
     if (o.json) {
         json_t *j = json_pack(
             "{s:s,s:s,s:i,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,"
             "s:f,s:f,s:f}",
             "mode", mode_names[s->mode], "target", target_names[s->target],
-            "conns", s->conns, "size", (json_int_t)s->size,
-            "ops", (json_int_t)s->ops, "secs", s->secs, "ops_s", s->ops_s,
-            "p50_us", s->p50, "p99_us", s->p99, "p999_us", s->p999,
-            "max_us", s->max, "mean_us", s->mean,
-            "errors", (json_int_t)s->errors,
-            "timeouts", (json_int_t)s->timeouts,
-            "bench_cpu_pct", s->bench_cpu, "leased_cpu_pct", s->leased_cpu,
-            "redis_cpu_pct", s->redis_cpu);
+            "conns", s->conns, "size", (json_int_t)s->size, "ops",
+            (json_int_t)s->ops, "secs", s->secs, "ops_s", s->ops_s, "p50_us",
+            s->p50, "p99_us", s->p99, "p999_us", s->p999, "max_us", s->max,
+            "mean_us", s->mean, "errors", (json_int_t)s->errors, "timeouts",
+            (json_int_t)s->timeouts, "bench_cpu_pct", s->bench_cpu,
+            "leased_cpu_pct", s->leased_cpu, "redis_cpu_pct", s->redis_cpu);
         char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(txt);
         free(txt);
@@ -1238,16 +1298,16 @@ static void print_result(const struct result *s)
                "ops_s=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f "
                "max_us=%.1f mean_us=%.1f errors=%lld timeouts=%lld "
                "bench_cpu_pct=%.0f leased_cpu_pct=%.0f redis_cpu_pct=%.0f\n",
-               mode_names[s->mode], target_names[s->target], s->conns,
-               s->size, s->ops, s->secs, s->ops_s, s->p50, s->p99, s->p999,
-               s->max, s->mean, s->errors, s->timeouts, s->bench_cpu,
-               s->leased_cpu, s->redis_cpu);
+               mode_names[s->mode], target_names[s->target], s->conns, s->size,
+               s->ops, s->secs, s->ops_s, s->p50, s->p99, s->p999, s->max,
+               s->mean, s->errors, s->timeouts, s->bench_cpu, s->leased_cpu,
+               s->redis_cpu);
     }
     fflush(stdout);
 }
 
-static struct result run_one(enum mode m, enum target t, int conns,
-                             size_t size)
+static struct result
+run_one(enum mode m, enum target t, int conns, size_t size)
 {
     struct run r;
     memset(&r, 0, sizeof(r));
@@ -1272,13 +1332,15 @@ static struct result run_one(enum mode m, enum target t, int conns,
     return res;
 }
 
-static int cmp_double(const void *a, const void *b)
+static int
+cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n)
+static double
+median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof(*v), cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
@@ -1287,11 +1349,12 @@ static double median(double *v, int n)
 /* Both sides, R times, in the order L D D L L D ... so that a drift of the
  * machine's load over the pairs falls on both alike; the summary takes
  * the median of each figure. */
-static void run_pairs(void)
+static void
+run_pairs(void)
 {
     int n = o.repeat;
     double ops[2][n], p50[2][n], p99[2][n], p999[2][n];
-    int cnt[2] = { 0, 0 };
+    int cnt[2] = {0, 0};
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < 2; k++) {
             int t = ((i % 2) ^ k ^ (int)o.direct_first) ? T_DIRECT : T_LEASED;
@@ -1320,10 +1383,9 @@ static void run_pairs(void)
         json_t *j = json_pack(
             "{s:s,s:s,s:i,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}",
             "mode", mode_names[o.mode], "target", "both", "conns", o.conns,
-            "size", (json_int_t)o.size, "repeat", n,
-            "leased_ops_s", lo, "direct_ops_s", dop, "ratio", ratio,
-            "leased_p50_us", l50, "direct_p50_us", d50,
-            "leased_p99_us", l99, "direct_p99_us", d99,
+            "size", (json_int_t)o.size, "repeat", n, "leased_ops_s", lo,
+            "direct_ops_s", dop, "ratio", ratio, "leased_p50_us", l50,
+            "direct_p50_us", d50, "leased_p99_us", l99, "direct_p99_us", d99,
             "leased_p999_us", l999, "direct_p999_us", d999);
         char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(txt);
@@ -1342,13 +1404,15 @@ static void run_pairs(void)
 
 /* ------------------------------------------------------ hold (resources) */
 
-static void on_tick(evutil_socket_t fd, short what, void *arg)
+static void
+on_tick(evutil_socket_t fd, short what, void *arg)
 {
     event_base_loopbreak(base);
 }
 
 /* Run the loop for S seconds (the held sessions' events are read). */
-static void loop_for(double s)
+static void
+loop_for(double s)
 {
     struct timeval tv = tv_of(s);
     struct event *ev = evtimer_new(base, on_tick, NULL);
@@ -1357,11 +1421,13 @@ static void loop_for(double s)
     event_free(ev);
 }
 
-static void emit_kv(json_t *j, const char *k, double v, bool integer)
+static void
+emit_kv(json_t *j, const char *k, double v, bool integer)
 {
     if (o.json) {
-        json_object_set_new(j, k, integer ? json_integer((json_int_t)v)
-                                          : json_real(v));
+        json_object_set_new(j, k,
+                            integer ? json_integer((json_int_t)v)
+                                    : json_real(v));
     } else if (integer) {
         printf(" %s=%lld", k, (long long)v);
     } else {
@@ -1373,7 +1439,8 @@ static void emit_kv(json_t *j, const char *k, double v, bool integer)
  * after the other; then the daemon's memory and its CPU over HOLD seconds
  * of doing nothing but keeping them (the watchdog renews every third of
  * lock.watchdog_ms). */
-static void run_hold(void)
+static void
+run_hold(void)
 {
     if (o.leased_pid <= 0) {
         die("--mode hold needs --pid of leased");
@@ -1429,10 +1496,8 @@ static void run_hold(void)
             (double)(rss_end - rss_idle) * 1024.0 / (double)locks, false);
     emit_kv(j, "leased_cpu_pct", (c1.leased_s - c0.leased_s) / secs * 100,
             false);
-    emit_kv(j, "redis_cpu_pct", (c1.redis_s - c0.redis_s) / secs * 100,
-            false);
-    emit_kv(j, "bench_cpu_pct", (c1.bench_s - c0.bench_s) / secs * 100,
-            false);
+    emit_kv(j, "redis_cpu_pct", (c1.redis_s - c0.redis_s) / secs * 100, false);
+    emit_kv(j, "bench_cpu_pct", (c1.bench_s - c0.bench_s) / secs * 100, false);
     emit_kv(j, "renewals", (double)(ren1 - ren0), true);
     emit_kv(j, "renewals_failed", (double)(fail1 - fail0), true);
     emit_kv(j, "events", (double)r.events, true);
@@ -1451,7 +1516,8 @@ static void run_hold(void)
 
 /* ---------------------------------------------------------- isolation */
 
-static void on_poll_waiters(evutil_socket_t fd, short what, void *arg)
+static void
+on_poll_waiters(evutil_socket_t fd, short what, void *arg)
 {
     int *ctl = arg;
     if (stats_field(*ctl, "lock_waiters") >= o.waiters) {
@@ -1459,12 +1525,13 @@ static void on_poll_waiters(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void wait_for_waiters(int ctl)
+static void
+wait_for_waiters(int ctl)
 {
-    struct timeval tv = { 0, 50000 };
+    struct timeval tv = {0, 50000};
     struct event *ev = event_new(base, -1, EV_PERSIST, on_poll_waiters, &ctl);
     struct event *guard = evtimer_new(base, on_tick, NULL);
-    struct timeval gtv = { WAITERS_TIMEOUT_S, 0 };
+    struct timeval gtv = {WAITERS_TIMEOUT_S, 0};
     evtimer_add(ev, &tv);
     evtimer_add(guard, &gtv);
     event_base_dispatch(base);
@@ -1476,21 +1543,20 @@ static void wait_for_waiters(int ctl)
     }
 }
 
-static void iso_print(const char *mode, const char *phase,
-                      const struct result *s, long long waiting, int acquired)
+static void
+iso_print(const char *mode, const char *phase, const struct result *s,
+          long long waiting, int acquired)
 {
     if (o.json) {
         json_t *j = json_pack("{s:s,s:s,s:i,s:I,s:I,s:I,s:f,s:f,s:f,s:f,"
                               "s:f,s:I,s:i,s:f,s:f}",
-                              "mode", mode, "phase", phase,
-                              "conns", s->conns, "size", (json_int_t)s->size,
-                              "waiters", (json_int_t)waiting,
-                              "ops", (json_int_t)s->ops, "ops_s", s->ops_s,
-                              "p50_us", s->p50, "p99_us", s->p99,
-                              "p999_us", s->p999, "max_us", s->max,
-                              "errors", (json_int_t)s->errors,
-                              "acquired", acquired,
-                              "leased_cpu_pct", s->leased_cpu,
+                              "mode", mode, "phase", phase, "conns", s->conns,
+                              "size", (json_int_t)s->size, "waiters",
+                              (json_int_t)waiting, "ops", (json_int_t)s->ops,
+                              "ops_s", s->ops_s, "p50_us", s->p50, "p99_us",
+                              s->p99, "p999_us", s->p999, "max_us", s->max,
+                              "errors", (json_int_t)s->errors, "acquired",
+                              acquired, "leased_cpu_pct", s->leased_cpu,
                               "redis_cpu_pct", s->redis_cpu);
         char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(txt);
@@ -1501,9 +1567,9 @@ static void iso_print(const char *mode, const char *phase,
                "ops=%lld ops_s=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f "
                "max_us=%.1f errors=%lld acquired=%d leased_cpu_pct=%.0f "
                "redis_cpu_pct=%.0f\n",
-               mode, phase, s->conns, s->size, waiting, s->ops, s->ops_s, s->p50,
-               s->p99, s->p999, s->max, s->errors, acquired, s->leased_cpu,
-               s->redis_cpu);
+               mode, phase, s->conns, s->size, waiting, s->ops, s->ops_s,
+               s->p50, s->p99, s->p999, s->max, s->errors, acquired,
+               s->leased_cpu, s->redis_cpu);
     }
     fflush(stdout);
 }
@@ -1512,7 +1578,8 @@ static void iso_print(const char *mode, const char *phase,
  * wait on one lock that another session holds, then alone again (the
  * second "alone" shows how much the machine itself drifted). With
  * --churn, also while the waiters take and release that lock in turn. */
-static void run_isolation(void)
+static void
+run_isolation(void)
 {
     struct result alone1 = run_one(M_GET, T_LEASED, o.conns, o.size);
     iso_print("isolation", "alone", &alone1, 0, 0);
@@ -1553,8 +1620,8 @@ static void run_isolation(void)
         free(line);
         free(req);
         struct result churn = run_one(M_GET, T_LEASED, o.conns, o.size);
-        iso_print("isolation", "churn", &churn, stats_field(ctl, "lock_waiters"),
-                  w.acquired);
+        iso_print("isolation", "churn", &churn,
+                  stats_field(ctl, "lock_waiters"), w.acquired);
         w.churn = false;
     }
     close(holder);
@@ -1583,7 +1650,8 @@ static void run_isolation(void)
  * watchdog locks renewed; both windows last --hold seconds, more than the
  * renewal period (a third of lock.watchdog_ms), so the second one spans a
  * renewal pass. */
-static void run_renewal(void)
+static void
+run_renewal(void)
 {
     double saved = o.duration_s;
     o.duration_s = o.hold_s;
@@ -1631,38 +1699,51 @@ static void run_renewal(void)
 
 /* --------------------------------------------------------------- main */
 
-static void usage(FILE *f)
+static void
+usage(FILE *f)
 {
     fputs(
-"usage: leased-bench [options]\n"
-"  -m, --mode MODE      lock | lock-contended | get | mix | ping | hold |\n"
-"                       isolation | renewal (default lock)\n"
-"  -t, --target T       both | leased | direct (default both)\n"
-"      --direct-first   run direct before leased in each pair\n"
-"  -s, --socket PATH    leased's Unix socket\n"
-"  -r, --redis H:P      Redis for the direct side (default 127.0.0.1:6379)\n"
-"  -c, --conns N        concurrent connections (default 10)\n"
-"  -z, --size BYTES     value size for get and mix (default 100)\n"
-"  -d, --duration S     measured seconds (default 2)\n"
-"  -w, --warmup S       unmeasured seconds before (default 0.5)\n"
-"  -n, --repeat N       run each side N times, alternating (default 1)\n"
-"      --ops N          stop after N measured ops instead of a duration\n"
-"      --wait-ms MS     lock-contended: wait_ms (default 10000)\n"
-"      --mix-lock-pct P mix: percent of lock+unlock ops (default 10)\n"
-"      --pid PID        leased's pid (CPU and memory figures)\n"
-"      --redis-pid PID  redis-server's pid (CPU figures)\n"
-"      --locks N        hold, renewal: locks per connection (default 1)\n"
-"      --hold S         hold: seconds to watch the held locks; renewal:\n"
-"                       length of each get window (default 30)\n"
-"      --holders N      renewal: sessions holding locks (default 100)\n"
-"      --waiters N      isolation: waiters on the held key (default 1000)\n"
-"      --churn          isolation: also measure while the waiters take turns\n"
-"      --seed N         mix: random seed\n"
-"      --json           one JSON object per line instead of key=value\n"
-"  -h, --help\n", f);
+        "usage: leased-bench [options]\n"
+        "  -m, --mode MODE      lock | lock-contended | get | mix | ping | "
+        "hold |\n"
+        "                       isolation | renewal (default lock)\n"
+        "  -t, --target T       both | leased | direct (default both)\n"
+        "      --direct-first   run direct before leased in each pair\n"
+        "  -s, --socket PATH    leased's Unix socket\n"
+        "  -r, --redis H:P      Redis for the direct side (default "
+        "127.0.0.1:6379)\n"
+        "  -c, --conns N        concurrent connections (default 10)\n"
+        "  -z, --size BYTES     value size for get and mix (default 100)\n"
+        "  -d, --duration S     measured seconds (default 2)\n"
+        "  -w, --warmup S       unmeasured seconds before (default 0.5)\n"
+        "  -n, --repeat N       run each side N times, alternating (default "
+        "1)\n"
+        "      --ops N          stop after N measured ops instead of a "
+        "duration\n"
+        "      --wait-ms MS     lock-contended: wait_ms (default 10000)\n"
+        "      --mix-lock-pct P mix: percent of lock+unlock ops (default 10)\n"
+        "      --pid PID        leased's pid (CPU and memory figures)\n"
+        "      --redis-pid PID  redis-server's pid (CPU figures)\n"
+        "      --locks N        hold, renewal: locks per connection (default "
+        "1)\n"
+        "      --hold S         hold: seconds to watch the held locks; "
+        "renewal:\n"
+        "                       length of each get window (default 30)\n"
+        "      --holders N      renewal: sessions holding locks (default "
+        "100)\n"
+        "      --waiters N      isolation: waiters on the held key (default "
+        "1000)\n"
+        "      --churn          isolation: also measure while the waiters "
+        "take turns\n"
+        "      --seed N         mix: random seed\n"
+        "      --json           one JSON object per line instead of "
+        "key=value\n"
+        "  -h, --help\n",
+        f);
 }
 
-static void parse_hostport(const char *s)
+static void
+parse_hostport(const char *s)
 {
     const char *colon = strrchr(s, ':');
     if (colon == NULL || (size_t)(colon - s) >= sizeof(o.redis_host)) {
@@ -1676,36 +1757,49 @@ static void parse_hostport(const char *s)
     }
 }
 
-static void parse_args(int argc, char **argv)
+static void
+parse_args(int argc, char **argv)
 {
-    enum { O_WAIT = 256, O_PID, O_RPID, O_LOCKS, O_HOLD, O_WAITERS,
-           O_JSON, O_OPS, O_SEED, O_MIX, O_DFIRST, O_CHURN, O_HOLDERS };
-    static const struct option lo[] = {
-        { "mode", required_argument, NULL, 'm' },
-        { "target", required_argument, NULL, 't' },
-        { "socket", required_argument, NULL, 's' },
-        { "redis", required_argument, NULL, 'r' },
-        { "conns", required_argument, NULL, 'c' },
-        { "size", required_argument, NULL, 'z' },
-        { "duration", required_argument, NULL, 'd' },
-        { "warmup", required_argument, NULL, 'w' },
-        { "repeat", required_argument, NULL, 'n' },
-        { "ops", required_argument, NULL, O_OPS },
-        { "wait-ms", required_argument, NULL, O_WAIT },
-        { "pid", required_argument, NULL, O_PID },
-        { "redis-pid", required_argument, NULL, O_RPID },
-        { "locks", required_argument, NULL, O_LOCKS },
-        { "hold", required_argument, NULL, O_HOLD },
-        { "waiters", required_argument, NULL, O_WAITERS },
-        { "churn", no_argument, NULL, O_CHURN },
-        { "holders", required_argument, NULL, O_HOLDERS },
-        { "seed", required_argument, NULL, O_SEED },
-        { "mix-lock-pct", required_argument, NULL, O_MIX },
-        { "direct-first", no_argument, NULL, O_DFIRST },
-        { "json", no_argument, NULL, O_JSON },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 }
+    enum {
+        O_WAIT = 256,
+        O_PID,
+        O_RPID,
+        O_LOCKS,
+        O_HOLD,
+        O_WAITERS,
+        O_JSON,
+        O_OPS,
+        O_SEED,
+        O_MIX,
+        O_DFIRST,
+        O_CHURN,
+        O_HOLDERS
     };
+    static const struct option lo[] = {
+        {"mode", required_argument, NULL, 'm'},
+        {"target", required_argument, NULL, 't'},
+        {"socket", required_argument, NULL, 's'},
+        {"redis", required_argument, NULL, 'r'},
+        {"conns", required_argument, NULL, 'c'},
+        {"size", required_argument, NULL, 'z'},
+        {"duration", required_argument, NULL, 'd'},
+        {"warmup", required_argument, NULL, 'w'},
+        {"repeat", required_argument, NULL, 'n'},
+        {"ops", required_argument, NULL, O_OPS},
+        {"wait-ms", required_argument, NULL, O_WAIT},
+        {"pid", required_argument, NULL, O_PID},
+        {"redis-pid", required_argument, NULL, O_RPID},
+        {"locks", required_argument, NULL, O_LOCKS},
+        {"hold", required_argument, NULL, O_HOLD},
+        {"waiters", required_argument, NULL, O_WAITERS},
+        {"churn", no_argument, NULL, O_CHURN},
+        {"holders", required_argument, NULL, O_HOLDERS},
+        {"seed", required_argument, NULL, O_SEED},
+        {"mix-lock-pct", required_argument, NULL, O_MIX},
+        {"direct-first", no_argument, NULL, O_DFIRST},
+        {"json", no_argument, NULL, O_JSON},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     o.mode = M_LOCK;
     o.want[T_LEASED] = o.want[T_DIRECT] = true;
     o.sock = "/run/leased/leased.sock";
@@ -1724,8 +1818,8 @@ static void parse_args(int argc, char **argv)
     o.mix_lock_pct = 10;
     o.seed = 42;
     int ch;
-    while ((ch = getopt_long(argc, argv, "m:t:s:r:c:z:d:w:n:h", lo, NULL))
-           != -1) {
+    while ((ch = getopt_long(argc, argv, "m:t:s:r:c:z:d:w:n:h", lo, NULL)) !=
+           -1) {
         switch (ch) {
         case 'm': {
             size_t i;
@@ -1743,48 +1837,94 @@ static void parse_args(int argc, char **argv)
         case 't':
             o.want[T_LEASED] = strcmp(optarg, "direct") != 0;
             o.want[T_DIRECT] = strcmp(optarg, "leased") != 0;
-            if (strcmp(optarg, "both") && strcmp(optarg, "leased")
-                && strcmp(optarg, "direct")) {
+            if (strcmp(optarg, "both") && strcmp(optarg, "leased") &&
+                strcmp(optarg, "direct")) {
                 die("unknown target %s", optarg);
             }
             break;
-        case 's': o.sock = optarg; break;
-        case 'r': parse_hostport(optarg); break;
-        case 'c': o.conns = atoi(optarg); break;
-        case 'z': o.size = (size_t)strtoull(optarg, NULL, 10); break;
-        case 'd': o.duration_s = atof(optarg); break;
-        case 'w': o.warmup_s = atof(optarg); break;
-        case 'n': o.repeat = atoi(optarg); break;
-        case O_OPS: o.ops_limit = atoll(optarg); break;
-        case O_WAIT: o.wait_ms = atoll(optarg); break;
-        case O_PID: o.leased_pid = (pid_t)atoi(optarg); break;
-        case O_RPID: o.redis_pid = (pid_t)atoi(optarg); break;
-        case O_LOCKS: o.locks = atoi(optarg); break;
-        case O_HOLD: o.hold_s = atof(optarg); break;
-        case O_WAITERS: o.waiters = atoi(optarg); break;
-        case O_CHURN: o.churn = true; break;
-        case O_HOLDERS: o.holders = atoi(optarg); break;
-        case O_SEED: o.seed = strtoull(optarg, NULL, 10); break;
-        case O_MIX: o.mix_lock_pct = atoi(optarg); break;
-        case O_DFIRST: o.direct_first = true; break;
-        case O_JSON: o.json = true; break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); exit(2);
+        case 's':
+            o.sock = optarg;
+            break;
+        case 'r':
+            parse_hostport(optarg);
+            break;
+        case 'c':
+            o.conns = atoi(optarg);
+            break;
+        case 'z':
+            o.size = (size_t)strtoull(optarg, NULL, 10);
+            break;
+        case 'd':
+            o.duration_s = atof(optarg);
+            break;
+        case 'w':
+            o.warmup_s = atof(optarg);
+            break;
+        case 'n':
+            o.repeat = atoi(optarg);
+            break;
+        case O_OPS:
+            o.ops_limit = atoll(optarg);
+            break;
+        case O_WAIT:
+            o.wait_ms = atoll(optarg);
+            break;
+        case O_PID:
+            o.leased_pid = (pid_t)atoi(optarg);
+            break;
+        case O_RPID:
+            o.redis_pid = (pid_t)atoi(optarg);
+            break;
+        case O_LOCKS:
+            o.locks = atoi(optarg);
+            break;
+        case O_HOLD:
+            o.hold_s = atof(optarg);
+            break;
+        case O_WAITERS:
+            o.waiters = atoi(optarg);
+            break;
+        case O_CHURN:
+            o.churn = true;
+            break;
+        case O_HOLDERS:
+            o.holders = atoi(optarg);
+            break;
+        case O_SEED:
+            o.seed = strtoull(optarg, NULL, 10);
+            break;
+        case O_MIX:
+            o.mix_lock_pct = atoi(optarg);
+            break;
+        case O_DFIRST:
+            o.direct_first = true;
+            break;
+        case O_JSON:
+            o.json = true;
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            exit(2);
         }
     }
     if (optind != argc) {
         usage(stderr);
         exit(2);
     }
-    if (o.conns < 1 || o.repeat < 1 || o.repeat > 100 || o.locks < 1
-        || o.waiters < 1 || o.holders < 1 || o.duration_s <= 0 || o.size > (64u << 20)) {
+    if (o.conns < 1 || o.repeat < 1 || o.repeat > 100 || o.locks < 1 ||
+        o.waiters < 1 || o.holders < 1 || o.duration_s <= 0 ||
+        o.size > (64u << 20)) {
         die("bad numeric option (see --help)");
     }
 }
 
 /* Each leased session and each Redis connection is a descriptor, and the
  * resource runs open 10,000 of them. */
-static void raise_nofile(void)
+static void
+raise_nofile(void)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -1793,7 +1933,8 @@ static void raise_nofile(void)
     }
 }
 
-int main(int argc, char **argv)
+int
+main(int argc, char **argv)
 {
     parse_args(argc, argv);
     signal(SIGPIPE, SIG_IGN);
@@ -1811,8 +1952,8 @@ int main(int argc, char **argv)
     if (base == NULL) {
         die("event_base_new failed");
     }
-    if (o.want[T_DIRECT] && o.mode != M_HOLD && o.mode != M_ISOLATION
-        && o.mode != M_RENEWAL) {
+    if (o.want[T_DIRECT] && o.mode != M_HOLD && o.mode != M_ISOLATION &&
+        o.mode != M_RENEWAL) {
         load_scripts();
     }
     switch (o.mode) {

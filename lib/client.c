@@ -67,9 +67,9 @@ struct leased_conn {
     size_t rlen, rcap;
 
     uint64_t next_id;
-    uint64_t *inflight;         /* ids sent and not yet collected, in order */
+    uint64_t *inflight; /* ids sent and not yet collected, in order */
     size_t ninflight, capinflight;
-    struct lc_reply *replies;   /* replies of in-flight ids, any order */
+    struct lc_reply *replies; /* replies of in-flight ids, any order */
 
     struct lc_event *ev_head, *ev_tail;
     leased_event_fn *cb;
@@ -85,26 +85,27 @@ static const struct {
     int code;
     const char *name;
 } lc_codes[] = {
-    { LEASED_OK, "ok" },
-    { LEASED_E_BAD_REQUEST, "bad_request" },
-    { LEASED_E_UNKNOWN_OP, "unknown_op" },
-    { LEASED_E_TOO_LARGE, "too_large" },
-    { LEASED_E_UNAUTHORIZED, "unauthorized" },
-    { LEASED_E_NOT_HELD, "not_held" },
-    { LEASED_E_REDIS_UNAVAILABLE, "redis_unavailable" },
-    { LEASED_E_BUSY, "busy" },
-    { LEASED_E_WRONG_TYPE, "wrong_type" },
-    { LEASED_E_SHUTTING_DOWN, "shutting_down" },
-    { LEASED_E_INTERNAL, "internal" },
-    { LEASED_E_CONNECT, "connect" },
-    { LEASED_E_IO, "io" },
-    { LEASED_E_TIMEOUT, "timeout" },
-    { LEASED_E_PROTOCOL, "protocol" },
-    { LEASED_E_INVALID, "invalid" },
-    { LEASED_E_NOMEM, "nomem" },
+    {LEASED_OK, "ok"},
+    {LEASED_E_BAD_REQUEST, "bad_request"},
+    {LEASED_E_UNKNOWN_OP, "unknown_op"},
+    {LEASED_E_TOO_LARGE, "too_large"},
+    {LEASED_E_UNAUTHORIZED, "unauthorized"},
+    {LEASED_E_NOT_HELD, "not_held"},
+    {LEASED_E_REDIS_UNAVAILABLE, "redis_unavailable"},
+    {LEASED_E_BUSY, "busy"},
+    {LEASED_E_WRONG_TYPE, "wrong_type"},
+    {LEASED_E_SHUTTING_DOWN, "shutting_down"},
+    {LEASED_E_INTERNAL, "internal"},
+    {LEASED_E_CONNECT, "connect"},
+    {LEASED_E_IO, "io"},
+    {LEASED_E_TIMEOUT, "timeout"},
+    {LEASED_E_PROTOCOL, "protocol"},
+    {LEASED_E_INVALID, "invalid"},
+    {LEASED_E_NOMEM, "nomem"},
 };
 
-const char *leased_strerror(int code)
+const char *
+leased_strerror(int code)
 {
     for (size_t i = 0; i < sizeof lc_codes / sizeof lc_codes[0]; i++) {
         if (lc_codes[i].code == code) {
@@ -115,7 +116,8 @@ const char *leased_strerror(int code)
 }
 
 /* The wire names only: client-side names never come from the daemon. */
-static int code_from_name(const char *name)
+static int
+code_from_name(const char *name)
 {
     for (size_t i = 1; i < sizeof lc_codes / sizeof lc_codes[0]; i++) {
         if (lc_codes[i].code >= LEASED_E_CONNECT) {
@@ -129,11 +131,11 @@ static int code_from_name(const char *name)
 }
 
 static int set_err(struct leased_error *err, int code, int sys_errno,
-                   const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-static int set_err(struct leased_error *err, int code, int sys_errno,
-                   const char *fmt, ...)
+static int
+set_err(struct leased_error *err, int code, int sys_errno, const char *fmt,
+        ...)
 {
     va_list ap;
 
@@ -148,21 +150,24 @@ static int set_err(struct leased_error *err, int code, int sys_errno,
     return code;
 }
 
-static void clear_err(struct leased_error *err)
+static void
+clear_err(struct leased_error *err)
 {
     if (err) {
         memset(err, 0, sizeof *err);
     }
 }
 
-static int nomem(struct leased_error *err)
+static int
+nomem(struct leased_error *err)
 {
     return set_err(err, LEASED_E_NOMEM, ENOMEM, "out of memory");
 }
 
 /* --- time --------------------------------------------------------------- */
 
-static long long now_ms(void)
+static long long
+now_ms(void)
 {
     struct timespec ts;
 
@@ -171,13 +176,15 @@ static long long now_ms(void)
 }
 
 /* -1: no deadline. */
-static long long deadline_after(long long timeout_ms)
+static long long
+deadline_after(long long timeout_ms)
 {
     return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 }
 
 /* Milliseconds left for poll(): -1 for none, 0 when past. */
-static int ms_left(long long deadline)
+static int
+ms_left(long long deadline)
 {
     long long left;
 
@@ -192,7 +199,8 @@ static int ms_left(long long deadline)
 }
 
 /* The timeout of a call that asks the daemon to wait WAIT_MS. */
-static long long call_timeout(const struct leased_conn *c, long long wait_ms)
+static long long
+call_timeout(const struct leased_conn *c, long long wait_ms)
 {
     if (c->timeout_ms < 0 || wait_ms < 0) {
         return -1;
@@ -202,8 +210,8 @@ static long long call_timeout(const struct leased_conn *c, long long wait_ms)
 
 /* --- connection state --------------------------------------------------- */
 
-static void conn_break(struct leased_conn *c, int code, int sys_errno,
-                       const char *why)
+static void
+conn_break(struct leased_conn *c, int code, int sys_errno, const char *why)
 {
     if (c->broken) {
         return;
@@ -218,13 +226,14 @@ static void conn_break(struct leased_conn *c, int code, int sys_errno,
     }
 }
 
-static int broken_err(const struct leased_conn *c, struct leased_error *err)
+static int
+broken_err(const struct leased_conn *c, struct leased_error *err)
 {
-    return set_err(err, c->broken_code, c->broken_errno, "%s",
-                   c->broken_msg);
+    return set_err(err, c->broken_code, c->broken_errno, "%s", c->broken_msg);
 }
 
-static bool inflight_has(const struct leased_conn *c, uint64_t id)
+static bool
+inflight_has(const struct leased_conn *c, uint64_t id)
 {
     for (size_t i = 0; i < c->ninflight; i++) {
         if (c->inflight[i] == id) {
@@ -234,7 +243,8 @@ static bool inflight_has(const struct leased_conn *c, uint64_t id)
     return false;
 }
 
-static int inflight_add(struct leased_conn *c, uint64_t id)
+static int
+inflight_add(struct leased_conn *c, uint64_t id)
 {
     if (c->ninflight == c->capinflight) {
         size_t ncap = c->capinflight ? c->capinflight * 2 : 8;
@@ -250,7 +260,8 @@ static int inflight_add(struct leased_conn *c, uint64_t id)
     return 0;
 }
 
-static void inflight_remove(struct leased_conn *c, uint64_t id)
+static void
+inflight_remove(struct leased_conn *c, uint64_t id)
 {
     for (size_t i = 0; i < c->ninflight; i++) {
         if (c->inflight[i] == id) {
@@ -262,7 +273,8 @@ static void inflight_remove(struct leased_conn *c, uint64_t id)
     }
 }
 
-static bool reply_buffered(const struct leased_conn *c, uint64_t id)
+static bool
+reply_buffered(const struct leased_conn *c, uint64_t id)
 {
     for (const struct lc_reply *r = c->replies; r; r = r->next) {
         if (r->id == id) {
@@ -272,7 +284,8 @@ static bool reply_buffered(const struct leased_conn *c, uint64_t id)
     return false;
 }
 
-static json_t *reply_take(struct leased_conn *c, uint64_t id)
+static json_t *
+reply_take(struct leased_conn *c, uint64_t id)
 {
     for (struct lc_reply **pp = &c->replies; *pp; pp = &(*pp)->next) {
         struct lc_reply *r = *pp;
@@ -288,7 +301,8 @@ static json_t *reply_take(struct leased_conn *c, uint64_t id)
     return NULL;
 }
 
-static void replies_clear(struct leased_conn *c)
+static void
+replies_clear(struct leased_conn *c)
 {
     while (c->replies) {
         struct lc_reply *r = c->replies;
@@ -301,7 +315,8 @@ static void replies_clear(struct leased_conn *c)
 }
 
 /* Only the library's own ids are taken as ours: unsigned integers. */
-static bool reply_id(json_t *msg, uint64_t *id)
+static bool
+reply_id(json_t *msg, uint64_t *id)
 {
     json_t *v = json_object_get(msg, "id");
 
@@ -312,7 +327,8 @@ static bool reply_id(json_t *msg, uint64_t *id)
     return true;
 }
 
-static void on_reply(struct leased_conn *c, json_t *msg)
+static void
+on_reply(struct leased_conn *c, json_t *msg)
 {
     struct lc_reply *r;
     uint64_t id;
@@ -352,14 +368,16 @@ static void on_reply(struct leased_conn *c, json_t *msg)
     c->replies = r;
 }
 
-static char *dup_str(json_t *v)
+static char *
+dup_str(json_t *v)
 {
     const char *s = json_string_value(v);
 
     return s ? strdup(s) : NULL;
 }
 
-static void on_event(struct leased_conn *c, json_t *msg)
+static void
+on_event(struct leased_conn *c, json_t *msg)
 {
     struct lc_event *e = calloc(1, sizeof *e);
     const char *name = json_string_value(json_object_get(msg, "event"));
@@ -388,7 +406,8 @@ static void on_event(struct leased_conn *c, json_t *msg)
     c->ev_tail = e;
 }
 
-static void on_line(struct leased_conn *c, const char *line, size_t len)
+static void
+on_line(struct leased_conn *c, const char *line, size_t len)
 {
     json_error_t jerr;
     json_t *msg;
@@ -403,27 +422,30 @@ static void on_line(struct leased_conn *c, const char *line, size_t len)
     if (!json_is_object(msg)) {
         char why[200];
 
-        snprintf(why, sizeof why, "the daemon sent a line that is not a "
-                 "JSON object (%.100s)", msg ? "not an object" : jerr.text);
+        snprintf(why, sizeof why,
+                 "the daemon sent a line that is not a "
+                 "JSON object (%.100s)",
+                 msg ? "not an object" : jerr.text);
         json_decref(msg);
         conn_break(c, LEASED_E_PROTOCOL, 0, why);
         return;
     }
-    if (json_is_string(json_object_get(msg, "event"))
-        && !json_object_get(msg, "ok")) {
+    if (json_is_string(json_object_get(msg, "event")) &&
+        !json_object_get(msg, "ok")) {
         on_event(c, msg);
     } else {
         on_reply(c, msg);
     }
 }
 
-static void split_lines(struct leased_conn *c)
+static void
+split_lines(struct leased_conn *c)
 {
     size_t start = 0;
     char *nl;
 
-    while (!c->broken
-           && (nl = memchr(c->rbuf + start, '\n', c->rlen - start))) {
+    while (!c->broken &&
+           (nl = memchr(c->rbuf + start, '\n', c->rlen - start))) {
         size_t end = (size_t)(nl - c->rbuf);
 
         on_line(c, c->rbuf + start, end - start);
@@ -435,7 +457,8 @@ static void split_lines(struct leased_conn *c)
     }
 }
 
-static void deliver_events(struct leased_conn *c)
+static void
+deliver_events(struct leased_conn *c)
 {
     if (c->in_callback) {
         return;
@@ -457,7 +480,8 @@ static void deliver_events(struct leased_conn *c)
 
 /* One recv of what is there (the socket is non-blocking). Returns 1 when
  * bytes came, 0 when none were ready, -1 when the connection ended. */
-static int read_ready(struct leased_conn *c)
+static int
+read_ready(struct leased_conn *c)
 {
     ssize_t n;
 
@@ -487,8 +511,7 @@ static int read_ready(struct leased_conn *c)
             char why[200];
             int e = errno;
 
-            snprintf(why, sizeof why, "read from the daemon: %s",
-                     strerror(e));
+            snprintf(why, sizeof why, "read from the daemon: %s", strerror(e));
             conn_break(c, LEASED_E_IO, e, why);
         }
         return -1;
@@ -511,7 +534,8 @@ static int read_ready(struct leased_conn *c)
 /* Wait until DEADLINE (-1: none) for bytes, read them, sort the lines,
  * hand events to the callback. Returns 1 when something was read, 0 on
  * timeout, -1 when the connection ended (what came before is kept). */
-static int conn_read(struct leased_conn *c, long long deadline)
+static int
+conn_read(struct leased_conn *c, long long deadline)
 {
     int rc;
 
@@ -554,8 +578,9 @@ static int conn_read(struct leased_conn *c, long long deadline)
 
 /* Send all of BUF before DEADLINE, reading meanwhile so that a daemon
  * that waits for us to drain its replies cannot deadlock a large send. */
-static int send_all(struct leased_conn *c, const char *buf, size_t len,
-                    long long deadline, struct leased_error *err)
+static int
+send_all(struct leased_conn *c, const char *buf, size_t len,
+         long long deadline, struct leased_error *err)
 {
     size_t off = 0;
 
@@ -602,8 +627,7 @@ static int send_all(struct leased_conn *c, const char *buf, size_t len,
              * before closing; read it so the caller learns why. */
             while (read_ready(c) > 0) {
             }
-            snprintf(why, sizeof why, "write to the daemon: %s",
-                     strerror(e));
+            snprintf(why, sizeof why, "write to the daemon: %s", strerror(e));
             conn_break(c, LEASED_E_IO, e, why);
             return broken_err(c, err);
         }
@@ -615,8 +639,9 @@ static int send_all(struct leased_conn *c, const char *buf, size_t len,
 /* --- requests ----------------------------------------------------------- */
 
 /* Copy REQ, give it a fresh id, send it. The id counts as in flight. */
-static int send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
-                    long long deadline, struct leased_error *err)
+static int
+send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
+         long long deadline, struct leased_error *err)
 {
     json_t *msg;
     char *text;
@@ -673,7 +698,8 @@ static int send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
 }
 
 /* The error of an ok:false reply (or LEASED_OK). */
-static int reply_status(json_t *reply, struct leased_error *err)
+static int
+reply_status(json_t *reply, struct leased_error *err)
 {
     json_t *e, *code, *msg, *reason;
     int ec;
@@ -711,8 +737,9 @@ static int reply_status(json_t *reply, struct leased_error *err)
 
 /* Wait for the reply to ID until DEADLINE. On timeout the id stays in
  * flight when KEEP, else it is abandoned (its late reply dropped). */
-static int wait_reply(struct leased_conn *c, uint64_t id, long long deadline,
-                      bool keep, json_t **reply, struct leased_error *err)
+static int
+wait_reply(struct leased_conn *c, uint64_t id, long long deadline, bool keep,
+           json_t **reply, struct leased_error *err)
 {
     for (;;) {
         json_t *msg = reply_take(c, id);
@@ -741,8 +768,9 @@ static int wait_reply(struct leased_conn *c, uint64_t id, long long deadline,
 
 /* Send REQ and wait for its reply; LEASED_OK only for an ok reply. *REPLY
  * gets the reply whenever one came. */
-static int call(struct leased_conn *c, json_t *req, long long wait_ms,
-                json_t **reply, struct leased_error *err)
+static int
+call(struct leased_conn *c, json_t *req, long long wait_ms, json_t **reply,
+     struct leased_error *err)
 {
     long long deadline = deadline_after(call_timeout(c, wait_ms));
     uint64_t id;
@@ -766,8 +794,9 @@ static int call(struct leased_conn *c, json_t *req, long long wait_ms,
 
 /* call() for a request built here (REQ stolen; NULL means building it
  * ran out of memory or met a string that is not UTF-8). */
-static int call_new(struct leased_conn *c, json_t *req, long long wait_ms,
-                    json_t **reply, struct leased_error *err)
+static int
+call_new(struct leased_conn *c, json_t *req, long long wait_ms, json_t **reply,
+         struct leased_error *err)
 {
     int rc;
 
@@ -783,8 +812,9 @@ static int call_new(struct leased_conn *c, json_t *req, long long wait_ms,
     return rc;
 }
 
-int leased_call_json(struct leased_conn *c, json_t *req, long long wait_ms,
-                     json_t **reply, struct leased_error *err)
+int
+leased_call_json(struct leased_conn *c, json_t *req, long long wait_ms,
+                 json_t **reply, struct leased_error *err)
 {
     json_t *r = NULL;
     int rc = call(c, req, wait_ms, &r, err);
@@ -797,9 +827,9 @@ int leased_call_json(struct leased_conn *c, json_t *req, long long wait_ms,
     return rc;
 }
 
-int leased_call_raw(struct leased_conn *c, const char *request,
-                    long long wait_ms, char **reply,
-                    struct leased_error *err)
+int
+leased_call_raw(struct leased_conn *c, const char *request, long long wait_ms,
+                char **reply, struct leased_error *err)
 {
     json_error_t jerr;
     json_t *req, *r = NULL;
@@ -832,8 +862,9 @@ int leased_call_raw(struct leased_conn *c, const char *request,
     return rc;
 }
 
-int leased_send(struct leased_conn *c, json_t *req, uint64_t *id,
-                struct leased_error *err)
+int
+leased_send(struct leased_conn *c, json_t *req, uint64_t *id,
+            struct leased_error *err)
 {
     uint64_t tmp;
 
@@ -841,12 +872,13 @@ int leased_send(struct leased_conn *c, json_t *req, uint64_t *id,
     if (!c) {
         return set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
-    return send_req(c, req, id ? id : &tmp,
-                    deadline_after(c->timeout_ms), err);
+    return send_req(c, req, id ? id : &tmp, deadline_after(c->timeout_ms),
+                    err);
 }
 
-int leased_wait_reply(struct leased_conn *c, uint64_t id, int timeout_ms,
-                      json_t **reply, struct leased_error *err)
+int
+leased_wait_reply(struct leased_conn *c, uint64_t id, int timeout_ms,
+                  json_t **reply, struct leased_error *err)
 {
     json_t *r = NULL;
     int rc;
@@ -875,22 +907,24 @@ int leased_wait_reply(struct leased_conn *c, uint64_t id, int timeout_ms,
 
 /* --- connecting --------------------------------------------------------- */
 
-void leased_options_init(struct leased_options *opt)
+void
+leased_options_init(struct leased_options *opt)
 {
     memset(opt, 0, sizeof *opt);
 }
 
 /* Is TARGET "host:port"? A path wins whenever there is a '/'. */
-static bool split_hostport(const char *target, char *host, size_t hostlen,
-                           char *port, size_t portlen)
+static bool
+split_hostport(const char *target, char *host, size_t hostlen, char *port,
+               size_t portlen)
 {
     const char *colon = strrchr(target, ':');
     const char *h = target;
     size_t hl;
 
-    if (strchr(target, '/') || !colon || !colon[1]
-        || strspn(colon + 1, "0123456789") != strlen(colon + 1)
-        || strlen(colon + 1) >= portlen) {
+    if (strchr(target, '/') || !colon || !colon[1] ||
+        strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+        strlen(colon + 1) >= portlen) {
         return false;
     }
     hl = (size_t)(colon - target);
@@ -908,10 +942,11 @@ static bool split_hostport(const char *target, char *host, size_t hostlen,
 }
 
 /* Finish a non-blocking connect by DEADLINE. Returns 0 or an errno. */
-static int connect_wait(int fd, const struct sockaddr *sa, socklen_t len,
-                        long long deadline)
+static int
+connect_wait(int fd, const struct sockaddr *sa, socklen_t len,
+             long long deadline)
 {
-    struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
     int soerr = 0;
     socklen_t sl = sizeof soerr;
     int pr;
@@ -941,8 +976,9 @@ static int connect_wait(int fd, const struct sockaddr *sa, socklen_t len,
     return soerr;
 }
 
-static int open_unix(const char *path, long long deadline, int *fd_out,
-                     struct leased_error *err)
+static int
+open_unix(const char *path, long long deadline, int *fd_out,
+          struct leased_error *err)
 {
     struct sockaddr_un sa;
     int fd, e;
@@ -969,9 +1005,9 @@ static int open_unix(const char *path, long long deadline, int *fd_out,
     return LEASED_OK;
 }
 
-static int open_tcp(const char *target, const char *host, const char *port,
-                    long long deadline, int *fd_out,
-                    struct leased_error *err)
+static int
+open_tcp(const char *target, const char *host, const char *port,
+         long long deadline, int *fd_out, struct leased_error *err)
 {
     struct addrinfo hints, *res = NULL;
     int gai, e = ECONNREFUSED;
@@ -1008,7 +1044,8 @@ static int open_tcp(const char *target, const char *host, const char *port,
                    strerror(e));
 }
 
-static int conn_open(struct leased_conn *c, struct leased_error *err)
+static int
+conn_open(struct leased_conn *c, struct leased_error *err)
 {
     char host[256], port[16];
     int cto = c->connect_timeout_ms ? c->connect_timeout_ms : c->timeout_ms;
@@ -1037,7 +1074,8 @@ static int conn_open(struct leased_conn *c, struct leased_error *err)
     return LEASED_OK;
 }
 
-static void conn_free(struct leased_conn *c)
+static void
+conn_free(struct leased_conn *c)
 {
     if (c->fd >= 0) {
         close(c->fd);
@@ -1058,9 +1096,9 @@ static void conn_free(struct leased_conn *c)
     free(c);
 }
 
-struct leased_conn *leased_connect(const char *target,
-                                   const struct leased_options *opt,
-                                   struct leased_error *err)
+struct leased_conn *
+leased_connect(const char *target, const struct leased_options *opt,
+               struct leased_error *err)
 {
     struct leased_conn *c;
 
@@ -1088,8 +1126,8 @@ struct leased_conn *leased_connect(const char *target,
         c->client = opt->client ? strdup(opt->client) : NULL;
         c->auth = opt->auth ? strdup(opt->auth) : NULL;
     }
-    if (!c->target || (opt && opt->client && !c->client)
-        || (opt && opt->auth && !c->auth)) {
+    if (!c->target || (opt && opt->client && !c->client) ||
+        (opt && opt->auth && !c->auth)) {
         conn_free(c);
         nomem(err);
         return NULL;
@@ -1101,14 +1139,16 @@ struct leased_conn *leased_connect(const char *target,
     return c;
 }
 
-void leased_close(struct leased_conn *c)
+void
+leased_close(struct leased_conn *c)
 {
     if (c) {
         conn_free(c);
     }
 }
 
-int leased_reconnect(struct leased_conn *c, struct leased_error *err)
+int
+leased_reconnect(struct leased_conn *c, struct leased_error *err)
 {
     clear_err(err);
     if (!c) {
@@ -1131,31 +1171,36 @@ int leased_reconnect(struct leased_conn *c, struct leased_error *err)
     return LEASED_OK;
 }
 
-int leased_fd(const struct leased_conn *c)
+int
+leased_fd(const struct leased_conn *c)
 {
     return c && !c->broken ? c->fd : -1;
 }
 
-const char *leased_session(const struct leased_conn *c)
+const char *
+leased_session(const struct leased_conn *c)
 {
     return c && c->session[0] ? c->session : NULL;
 }
 
-void leased_set_timeout(struct leased_conn *c, int timeout_ms)
+void
+leased_set_timeout(struct leased_conn *c, int timeout_ms)
 {
     if (c) {
         c->timeout_ms = timeout_ms ? timeout_ms : LEASED_DEFAULT_TIMEOUT_MS;
     }
 }
 
-void leased_free(void *p)
+void
+leased_free(void *p)
 {
     free(p);
 }
 
 /* --- events ------------------------------------------------------------- */
 
-void leased_event_clear(struct leased_event *ev)
+void
+leased_event_clear(struct leased_event *ev)
 {
     if (!ev) {
         return;
@@ -1167,8 +1212,9 @@ void leased_event_clear(struct leased_event *ev)
     memset(ev, 0, sizeof *ev);
 }
 
-void leased_set_event_callback(struct leased_conn *c, leased_event_fn *fn,
-                               void *arg)
+void
+leased_set_event_callback(struct leased_conn *c, leased_event_fn *fn,
+                          void *arg)
 {
     if (!c) {
         return;
@@ -1178,8 +1224,9 @@ void leased_set_event_callback(struct leased_conn *c, leased_event_fn *fn,
     deliver_events(c);
 }
 
-int leased_next_event(struct leased_conn *c, int timeout_ms,
-                      struct leased_event *ev, struct leased_error *err)
+int
+leased_next_event(struct leased_conn *c, int timeout_ms,
+                  struct leased_event *ev, struct leased_error *err)
 {
     long long deadline = deadline_after(timeout_ms);
 
@@ -1212,8 +1259,9 @@ int leased_next_event(struct leased_conn *c, int timeout_ms,
     }
 }
 
-int leased_dispatch(struct leased_conn *c, int timeout_ms,
-                    struct leased_error *err)
+int
+leased_dispatch(struct leased_conn *c, int timeout_ms,
+                struct leased_error *err)
 {
     int rc;
 
@@ -1236,14 +1284,16 @@ int leased_dispatch(struct leased_conn *c, int timeout_ms,
 
 /* --- reply fields ------------------------------------------------------- */
 
-static long long int_or(json_t *obj, const char *field, long long dflt)
+static long long
+int_or(json_t *obj, const char *field, long long dflt)
 {
     json_t *v = json_object_get(obj, field);
 
     return json_is_integer(v) ? (long long)json_integer_value(v) : dflt;
 }
 
-static bool bool_field(json_t *obj, const char *field, bool *out)
+static bool
+bool_field(json_t *obj, const char *field, bool *out)
 {
     json_t *v = json_object_get(obj, field);
 
@@ -1254,15 +1304,16 @@ static bool bool_field(json_t *obj, const char *field, bool *out)
     return true;
 }
 
-static int missing(struct leased_error *err, const char *op,
-                   const char *field)
+static int
+missing(struct leased_error *err, const char *op, const char *field)
 {
     return set_err(err, LEASED_E_PROTOCOL, 0,
                    "%s reply without a valid \"%s\"", op, field);
 }
 
 /* Add the optional string field NAME when S is set. */
-static int add_str(json_t *req, const char *name, const char *s)
+static int
+add_str(json_t *req, const char *name, const char *s)
 {
     json_t *v;
 
@@ -1277,7 +1328,8 @@ static int add_str(json_t *req, const char *name, const char *s)
 }
 
 /* The request {"op":OP,"key":KEY}, or NULL when KEY is not UTF-8. */
-static json_t *key_req(const char *op, const char *key)
+static json_t *
+key_req(const char *op, const char *key)
 {
     json_t *req = json_object(), *k = key ? json_string(key) : NULL;
 
@@ -1293,7 +1345,8 @@ static json_t *key_req(const char *op, const char *key)
 
 /* --- session ops -------------------------------------------------------- */
 
-int leased_ping(struct leased_conn *c, struct leased_error *err)
+int
+leased_ping(struct leased_conn *c, struct leased_error *err)
 {
     json_t *reply;
     int rc = call_new(c, json_pack("{s:s}", "op", "ping"), 0, &reply, err);
@@ -1302,15 +1355,15 @@ int leased_ping(struct leased_conn *c, struct leased_error *err)
     return rc;
 }
 
-int leased_hello(struct leased_conn *c, const char *client, const char *auth,
-                 struct leased_hello_info *info, struct leased_error *err)
+int
+leased_hello(struct leased_conn *c, const char *client, const char *auth,
+             struct leased_hello_info *info, struct leased_error *err)
 {
     json_t *req = json_pack("{s:s}", "op", "hello"), *reply;
     const char *s;
     int rc;
 
-    if (add_str(req, "client", client) < 0
-        || add_str(req, "auth", auth) < 0) {
+    if (add_str(req, "client", client) < 0 || add_str(req, "auth", auth) < 0) {
         json_decref(req);
         req = NULL;
     }
@@ -1332,8 +1385,8 @@ int leased_hello(struct leased_conn *c, const char *client, const char *auth,
     return rc;
 }
 
-int leased_stats(struct leased_conn *c, json_t **stats,
-                 struct leased_error *err)
+int
+leased_stats(struct leased_conn *c, json_t **stats, struct leased_error *err)
 {
     json_t *reply, *st;
     int rc = call_new(c, json_pack("{s:s}", "op", "stats"), 0, &reply, err);
@@ -1353,8 +1406,9 @@ int leased_stats(struct leased_conn *c, json_t **stats,
     return rc;
 }
 
-int leased_stats_text(struct leased_conn *c, char **json_text,
-                      struct leased_error *err)
+int
+leased_stats_text(struct leased_conn *c, char **json_text,
+                  struct leased_error *err)
 {
     json_t *st = NULL;
     int rc = leased_stats(c, &st, err);
@@ -1374,11 +1428,12 @@ int leased_stats_text(struct leased_conn *c, char **json_text,
 
 /* --- locks -------------------------------------------------------------- */
 
-int leased_lock(struct leased_conn *c, const char *key,
-                const struct leased_lock_args *args,
-                struct leased_lock_result *out, struct leased_error *err)
+int
+leased_lock(struct leased_conn *c, const char *key,
+            const struct leased_lock_args *args,
+            struct leased_lock_result *out, struct leased_error *err)
 {
-    struct leased_lock_args none = { 0 };
+    struct leased_lock_args none = {0};
     json_t *req = key_req("lock", key), *reply;
     struct leased_lock_result res;
     const char *tok;
@@ -1389,8 +1444,8 @@ int leased_lock(struct leased_conn *c, const char *key,
     }
     memset(&res, 0, sizeof res);
     res.ttl_ms = -1;
-    if (add_str(req, "owner", args->owner) < 0
-        || add_str(req, "token", args->token) < 0) {
+    if (add_str(req, "owner", args->owner) < 0 ||
+        add_str(req, "token", args->token) < 0) {
         json_decref(req);
         req = NULL;
     }
@@ -1429,25 +1484,26 @@ int leased_lock(struct leased_conn *c, const char *key,
 }
 
 /* {"op":OP,"key":KEY} plus owner/token, for unlock, extend, lock.info. */
-static json_t *holder_req(const char *op, const char *key, const char *owner,
-                          const char *token)
+static json_t *
+holder_req(const char *op, const char *key, const char *owner,
+           const char *token)
 {
     json_t *req = key_req(op, key);
 
-    if (add_str(req, "owner", owner) < 0
-        || add_str(req, "token", token) < 0) {
+    if (add_str(req, "owner", owner) < 0 || add_str(req, "token", token) < 0) {
         json_decref(req);
         return NULL;
     }
     return req;
 }
 
-int leased_unlock(struct leased_conn *c, const char *key, const char *owner,
-                  const char *token, struct leased_unlock_result *out,
-                  struct leased_error *err)
+int
+leased_unlock(struct leased_conn *c, const char *key, const char *owner,
+              const char *token, struct leased_unlock_result *out,
+              struct leased_error *err)
 {
     json_t *reply;
-    struct leased_unlock_result res = { false, -1 };
+    struct leased_unlock_result res = {false, -1};
     int rc = call_new(c, holder_req("unlock", key, owner, token), 0, &reply,
                       err);
 
@@ -1464,9 +1520,10 @@ int leased_unlock(struct leased_conn *c, const char *key, const char *owner,
     return rc;
 }
 
-int leased_extend(struct leased_conn *c, const char *key, const char *owner,
-                  const char *token, long long ttl_ms, long long *lease_ms,
-                  struct leased_error *err)
+int
+leased_extend(struct leased_conn *c, const char *key, const char *owner,
+              const char *token, long long ttl_ms, long long *lease_ms,
+              struct leased_error *err)
 {
     json_t *req = holder_req("extend", key, owner, token), *reply;
     int rc;
@@ -1482,14 +1539,15 @@ int leased_extend(struct leased_conn *c, const char *key, const char *owner,
     return rc;
 }
 
-int leased_lock_info(struct leased_conn *c, const char *key,
-                     const char *owner, const char *token,
-                     struct leased_lock_info *out, struct leased_error *err)
+int
+leased_lock_info(struct leased_conn *c, const char *key, const char *owner,
+                 const char *token, struct leased_lock_info *out,
+                 struct leased_error *err)
 {
     json_t *reply;
-    struct leased_lock_info res = { false, -1, false, -1 };
-    int rc = call_new(c, holder_req("lock.info", key, owner, token), 0,
-                      &reply, err);
+    struct leased_lock_info res = {false, -1, false, -1};
+    int rc = call_new(c, holder_req("lock.info", key, owner, token), 0, &reply,
+                      err);
 
     if (rc == LEASED_OK) {
         if (!bool_field(reply, "locked", &res.locked)) {
@@ -1508,7 +1566,8 @@ int leased_lock_info(struct leased_conn *c, const char *key,
 
 /* --- cache -------------------------------------------------------------- */
 
-void leased_cache_result_free(struct leased_cache_result *r)
+void
+leased_cache_result_free(struct leased_cache_result *r)
 {
     if (r) {
         free(r->error_message);
@@ -1519,8 +1578,9 @@ void leased_cache_result_free(struct leased_cache_result *r)
 }
 
 /* One cache.get result object (also an element of cache.mget's). */
-static int parse_get(json_t *obj, struct leased_cache_result *out,
-                     struct leased_error *err)
+static int
+parse_get(json_t *obj, struct leased_cache_result *out,
+          struct leased_error *err)
 {
     json_t *v;
 
@@ -1563,7 +1623,8 @@ static int parse_get(json_t *obj, struct leased_cache_result *out,
     return LEASED_OK;
 }
 
-static void add_wait_lease(json_t *req, long long wait_ms, bool lease)
+static void
+add_wait_lease(json_t *req, long long wait_ms, bool lease)
 {
     if (!req) {
         return;
@@ -1577,7 +1638,8 @@ static void add_wait_lease(json_t *req, long long wait_ms, bool lease)
 }
 
 /* How long a cache read may make the daemon wait before it answers. */
-static long long get_wait(long long wait_ms, bool lease)
+static long long
+get_wait(long long wait_ms, bool lease)
 {
     if (!lease) {
         return 0;
@@ -1589,10 +1651,10 @@ static long long get_wait(long long wait_ms, bool lease)
     return wait_ms < 0 ? 0 : wait_ms;
 }
 
-int leased_cache_get(struct leased_conn *c, const char *key,
-                     long long wait_ms, bool lease,
-                     struct leased_cache_result *out,
-                     struct leased_error *err)
+int
+leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
+                 bool lease, struct leased_cache_result *out,
+                 struct leased_error *err)
 {
     json_t *req = key_req("cache.get", key), *reply;
     struct leased_cache_result tmp;
@@ -1615,7 +1677,8 @@ int leased_cache_get(struct leased_conn *c, const char *key,
 }
 
 /* VALUE as a JSON value: a string of VALUE_LEN bytes, or null. */
-static json_t *value_json(const char *value, size_t value_len)
+static json_t *
+value_json(const char *value, size_t value_len)
 {
     if (!value) {
         return json_null();
@@ -1626,10 +1689,10 @@ static json_t *value_json(const char *value, size_t value_len)
     return json_stringn(value, value_len);
 }
 
-int leased_cache_fill(struct leased_conn *c, const char *key,
-                      const char *lease, const char *value, size_t value_len,
-                      long long ttl_ms, bool *stored,
-                      struct leased_error *err)
+int
+leased_cache_fill(struct leased_conn *c, const char *key, const char *lease,
+                  const char *value, size_t value_len, long long ttl_ms,
+                  bool *stored, struct leased_error *err)
 {
     json_t *req = key_req("cache.fill", key), *reply, *v;
     int rc;
@@ -1662,9 +1725,9 @@ int leased_cache_fill(struct leased_conn *c, const char *key,
     return rc;
 }
 
-int leased_cache_release(struct leased_conn *c, const char *key,
-                         const char *lease, bool *released,
-                         struct leased_error *err)
+int
+leased_cache_release(struct leased_conn *c, const char *key, const char *lease,
+                     bool *released, struct leased_error *err)
 {
     json_t *req = key_req("cache.release", key), *reply;
     int rc;
@@ -1690,9 +1753,9 @@ int leased_cache_release(struct leased_conn *c, const char *key,
     return rc;
 }
 
-int leased_cache_set(struct leased_conn *c, const char *key,
-                     const char *value, size_t value_len, long long ttl_ms,
-                     struct leased_error *err)
+int
+leased_cache_set(struct leased_conn *c, const char *key, const char *value,
+                 size_t value_len, long long ttl_ms, struct leased_error *err)
 {
     json_t *req = key_req("cache.set", key), *reply;
     json_t *v = value_json(value, value_len);
@@ -1714,7 +1777,8 @@ int leased_cache_set(struct leased_conn *c, const char *key,
 }
 
 /* A JSON array of NKEYS strings, or NULL. */
-static json_t *keys_array(const char *const *keys, size_t nkeys)
+static json_t *
+keys_array(const char *const *keys, size_t nkeys)
 {
     json_t *arr = json_array();
 
@@ -1729,12 +1793,13 @@ static json_t *keys_array(const char *const *keys, size_t nkeys)
     return arr;
 }
 
-int leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
-                            size_t nkeys, long long delay_ms,
-                            struct leased_invalidate_result *out,
-                            struct leased_error *err)
+int
+leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
+                        size_t nkeys, long long delay_ms,
+                        struct leased_invalidate_result *out,
+                        struct leased_error *err)
 {
-    struct leased_invalidate_result res = { 0, 0, false };
+    struct leased_invalidate_result res = {0, 0, false};
     json_t *req, *reply;
     int rc;
 
@@ -1770,10 +1835,11 @@ int leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
     return rc;
 }
 
-int leased_cache_mget(struct leased_conn *c, const char *const *keys,
-                      size_t nkeys, long long wait_ms, bool lease,
-                      struct leased_cache_result *results,
-                      struct leased_error *err)
+int
+leased_cache_mget(struct leased_conn *c, const char *const *keys, size_t nkeys,
+                  long long wait_ms, bool lease,
+                  struct leased_cache_result *results,
+                  struct leased_error *err)
 {
     json_t *arr, *req = NULL, *reply, *res;
     int rc;

@@ -101,9 +101,10 @@ void
 cache_update_journal_stats(void)
 {
     if (cache_mod.journal != NULL) {
-        ld_stats.journal_bytes = (long long)ld_journal_bytes(cache_mod.journal);
-        ld_stats.cache_invalidations_pending =
-            (long long)ld_journal_live(cache_mod.journal);
+        ld_stats.journal_bytes = (long long)ld_journal_bytes(
+            cache_mod.journal);
+        ld_stats.cache_invalidations_pending = (long long)ld_journal_live(
+            cache_mod.journal);
     }
 }
 
@@ -184,8 +185,7 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
          * client is told so instead of "nothing changed". */
         bool unknown = ld_redis_outcome() != LD_REDIS_NOT_SENT;
         ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
-                             unknown ? json_pack("{s:s}", "outcome",
-                                                 "unknown")
+                             unknown ? json_pack("{s:s}", "outcome", "unknown")
                                      : NULL,
                              "redis unavailable: %s",
                              ld_redis_failure_reason()[0] != '\0'
@@ -195,9 +195,9 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
     }
     if (reply->type != REDIS_REPLY_INTEGER) {
         const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
-                                                            : "bad shape";
-        log_error("cache script failed op=%s key=\"%.*s\" error=\"%s\"",
-                  op, klen > 200 ? 200 : klen, key != NULL ? key : "", why);
+                                                           : "bad shape";
+        log_error("cache script failed op=%s key=\"%.*s\" error=\"%s\"", op,
+                  klen > 200 ? 200 : klen, key != NULL ? key : "", why);
         ld_reply_error(req, LD_E_INTERNAL, "unexpected reply to %s: %s", op,
                        why);
         return false;
@@ -371,8 +371,9 @@ on_session_close(struct ld_session *s)
         if (op->mget) {
             for (size_t i = 0; i < op->n; i++) {
                 if (op->texts[i] == NULL && op->dup_of[i] == SIZE_MAX) {
-                    op->texts[i] = cache_chunk_of_json(json_pack(
-                        "{s:b,s:b,s:n}", "ok", 1, "hit", 0, "lease"));
+                    op->texts[i] = cache_chunk_of_json(
+                        json_pack("{s:b,s:b,s:n}", "ok", 1, "hit", 0,
+                                  "lease"));
                 }
             }
             cache_mget_finish(op);
@@ -416,11 +417,12 @@ ld_cache_init(const struct ld_ctx *ctx)
     log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
              cfg->journal.path,
              cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",
-             (unsigned long long)ld_journal_bytes(cache_mod.journal), replayed);
+             (unsigned long long)ld_journal_bytes(cache_mod.journal),
+             replayed);
     cache_update_journal_stats();
 
-    cache_mod.tick_ev =
-        event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb, NULL);
+    cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb,
+                                  NULL);
     if (cache_mod.tick_ev == NULL) {
         ld_oom(0);
     }
@@ -465,12 +467,13 @@ ld_cache_free(void)
     /* Fetches still in flight: answer their getters now and leave the
      * structs to their callbacks, which ld_redis_free may still run. */
     struct fetch *f;
-    LIST_FOREACH(f, &cache_mod.fetches, link) {
+    LIST_FOREACH(f, &cache_mod.fetches, link)
+    {
         struct getter *g;
         while ((g = glist_pop(&f->getters)) != NULL) {
             g->state = G_IDLE;
             cache_getter_settle(g, NULL, LD_E_SHUTTING_DOWN,
-                          "the daemon is stopping");
+                                "the daemon is stopping");
         }
         f->ck = NULL;
     }
@@ -485,7 +488,7 @@ ld_cache_free(void)
         while ((g = glist_pop(&ck->waiters)) != NULL) {
             g->state = G_IDLE;
             cache_getter_settle(g, NULL, LD_E_SHUTTING_DOWN,
-                          "the daemon is stopping");
+                                "the daemon is stopping");
         }
         if (ck->sub != NULL) {
             ld_pubsub_unsubscribe(ck->sub);

@@ -111,12 +111,10 @@ fetch_send_script(struct fetch *f)
     char lease_ms[24];
     snprintf(lease_ms, sizeof(lease_ms), "%lld",
              cache_mod.ctx->cfg->cache.fill_lease_ms);
-    const char *argv[] = {ck->names, f->token, lease_ms,
-                          f->grant ? "1" : "0"};
-    size_t argvlen[] = {ck->entry_len, strlen(f->token), strlen(lease_ms),
-                        1};
-    ld_redis_script(LD_SCRIPT_cache_get, ck->names, ck->entry_len, 1, 4,
-                    argv, argvlen, fetch_cb, f);
+    const char *argv[] = {ck->names, f->token, lease_ms, f->grant ? "1" : "0"};
+    size_t argvlen[] = {ck->entry_len, strlen(f->token), strlen(lease_ms), 1};
+    ld_redis_script(LD_SCRIPT_cache_get, ck->names, ck->entry_len, 1, 4, argv,
+                    argvlen, fetch_cb, f);
     return LD_OK;
 }
 
@@ -151,7 +149,8 @@ ckey_refresh(struct ckey *ck)
     }
     struct fetch *f = attachable(ck, true) ? ck->fetch : fetch_start(ck, true);
     struct getter *g;
-    TAILQ_FOREACH(g, &ck->waiters.q, link) {
+    TAILQ_FOREACH(g, &ck->waiters.q, link)
+    {
         LD_ASSERT(g->state == G_WAIT);
         g->state = G_FETCH;
         g->fetch = f;
@@ -184,7 +183,8 @@ cache_ckey_arm(struct ckey *ck)
     }
     uint64_t at = ck->lease_end_us;
     struct getter *g;
-    TAILQ_FOREACH(g, &ck->waiters.q, link) {
+    TAILQ_FOREACH(g, &ck->waiters.q, link)
+    {
         if (at == 0 || g->deadline_us < at) {
             at = g->deadline_us;
         }
@@ -228,8 +228,16 @@ release_unused(const struct ckey *ck, const char *token)
 /* What a read found. R_HIT to R_WRONG are also the answers of the
  * cache_get script, by the names in get_replies (its header comment lists
  * them); R_DOWN and R_ERROR are Redis' silence and anything else. */
-enum fres { R_HIT, R_NULL, R_HELD, R_GRANTED, R_MISS, R_WRONG, R_DOWN,
-            R_ERROR };
+enum fres {
+    R_HIT,
+    R_NULL,
+    R_HELD,
+    R_GRANTED,
+    R_MISS,
+    R_WRONG,
+    R_DOWN,
+    R_ERROR
+};
 
 static const struct {
     const char *name;
@@ -244,8 +252,7 @@ static const struct {
 };
 
 static enum fres
-parse_fetch(const redisReply *r, const redisReply **value,
-            long long *pttl)
+parse_fetch(const redisReply *r, const redisReply **value, long long *pttl)
 {
     if (r == NULL) {
         return R_DOWN;
@@ -334,7 +341,7 @@ fetch_cb(redisReply *reply, void *arg)
         res = parse_probe(reply, &value);
         if (res == R_MISS) {
             if (fetch_send_script(f) == LD_OK) {
-                return;       /* still in flight, getters still attached */
+                return; /* still in flight, getters still attached */
             }
             res = R_ERROR;
         }
@@ -362,12 +369,13 @@ fetch_cb(redisReply *reply, void *arg)
                      ? reply->str
                      : "bad shape");
         log_error("cache script failed op=cache.get key=\"%.*s\" "
-                  "error=\"%s\"", (int)(ck->key_len > 200 ? 200
-                                                        : ck->key_len),
-                  ck->key, errmsg);
+                  "error=\"%s\"",
+                  (int)(ck->key_len > 200 ? 200 : ck->key_len), ck->key,
+                  errmsg);
     }
     if (res == R_WRONG) {
-        snprintf(errmsg, sizeof(errmsg), "the Redis key of entry '%.*s' "
+        snprintf(errmsg, sizeof(errmsg),
+                 "the Redis key of entry '%.*s' "
                  "holds data leased did not write; nothing was changed",
                  (int)(ck->key_len > 60 ? 60 : ck->key_len), ck->key);
     }
@@ -376,9 +384,10 @@ fetch_cb(redisReply *reply, void *arg)
                                ? now + (uint64_t)pttl * 1000 + LEASE_SLACK_US
                                : 0;
     } else if (res == R_GRANTED) {
-        ck->lease_end_us =
-            now + (uint64_t)cache_mod.ctx->cfg->cache.fill_lease_ms * 1000 +
-            LEASE_SLACK_US;
+        ck->lease_end_us = now +
+                           (uint64_t)cache_mod.ctx->cfg->cache.fill_lease_ms *
+                               1000 +
+                           LEASE_SLACK_US;
     }
 
     bool given = false;
@@ -427,7 +436,7 @@ fetch_cb(redisReply *reply, void *arg)
             /* Counted one by one as they are parked: one fetch may
              * bring any number of new waiters at once. */
             cache_getter_settle(g, NULL, LD_E_BUSY,
-                          "too many waiters (limits.max_waiters)");
+                                "too many waiters (limits.max_waiters)");
         } else {
             if (!g->waited) {
                 g->waited = true;
@@ -450,8 +459,7 @@ fetch_cb(redisReply *reply, void *arg)
     if (keep.n > 0) {
         glist_merge(&ck->waiters, &keep);
         if (ck->sub == NULL) {
-            ck->sub =
-                ld_pubsub_subscribe(ck->names, ck->chan_len, sub_cb, ck);
+            ck->sub = ld_pubsub_subscribe(ck->names, ck->chan_len, sub_cb, ck);
         }
         /* Something happened to the entry while this answer was on its
          * way (a message, a local write): the "held" it says may already
@@ -588,7 +596,7 @@ cache_op_mget(struct ld_req *req)
         }
         json_t *k = json_array_get(keys, i);
         real--;
-        getter_begin(op, i, json_string_value(k), json_string_length(k),
-                     lease, wait_ms);
+        getter_begin(op, i, json_string_value(k), json_string_length(k), lease,
+                     wait_ms);
     }
 }

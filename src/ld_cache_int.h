@@ -38,14 +38,14 @@ struct getter {
     size_t slot;
     struct ckey *ck;
     bool want_lease;
-    bool waited;              /* counted in cache_waits */
-    bool holds_place;         /* one of cache_mod.n_waiters, until it is
+    bool waited;          /* counted in cache_waits */
+    bool holds_place;     /* one of cache_mod.n_waiters, until it is
                                * answered */
-    uint64_t deadline_us;     /* end of wait_ms, monotonic */
-    uint64_t seq;             /* arrival order: waiters are served FIFO */
+    uint64_t deadline_us; /* end of wait_ms, monotonic */
+    uint64_t seq;         /* arrival order: waiters are served FIFO */
     enum gstate state;
-    struct fetch *fetch;      /* while G_FETCH */
-    struct glist *on;         /* the list it is on, if any */
+    struct fetch *fetch; /* while G_FETCH */
+    struct glist *on;    /* the list it is on, if any */
     TAILQ_ENTRY(getter) link;
 };
 
@@ -59,12 +59,12 @@ struct cop {
     struct ld_req *req;
     bool mget;
     size_t n;
-    size_t left;              /* slots not answered yet */
-    struct chunk **texts;     /* mget: each distinct slot's result */
-    bool *leased;             /* mget: that result carries a lease */
-    size_t *dup_of;           /* mget: earlier slot with the same key */
-    struct getter *g;         /* n getters (dups unused) */
-    LIST_ENTRY(cop) link;     /* its session's list */
+    size_t left;          /* slots not answered yet */
+    struct chunk **texts; /* mget: each distinct slot's result */
+    bool *leased;         /* mget: that result carries a lease */
+    size_t *dup_of;       /* mget: earlier slot with the same key */
+    struct getter *g;     /* n getters (dups unused) */
+    LIST_ENTRY(cop) link; /* its session's list */
     struct csess *cs;
 };
 
@@ -84,27 +84,27 @@ struct csess {
 
 /* One cache_get script in flight. */
 struct fetch {
-    struct ckey *ck;          /* NULL once orphaned by ld_cache_free */
+    struct ckey *ck; /* NULL once orphaned by ld_cache_free */
     struct glist getters;
-    uint64_t gen;             /* the key's generation when it was sent */
+    uint64_t gen; /* the key's generation when it was sent */
     bool grant;
-    bool probing;             /* the HMGET is out, not yet the script */
+    bool probing; /* the HMGET is out, not yet the script */
     char token[LD_TOKEN_LEN + 1];
-    LIST_ENTRY(fetch) link;   /* every fetch in flight */
+    LIST_ENTRY(fetch) link; /* every fetch in flight */
 };
 
 struct ckey {
     char *key;
     size_t key_len;
-    char *names;              /* entry key followed by ":fill" */
+    char *names; /* entry key followed by ":fill" */
     size_t entry_len, chan_len;
-    struct fetch *fetch;      /* newest fetch in flight, or NULL */
-    unsigned nfetch;          /* fetches in flight for this key */
+    struct fetch *fetch; /* newest fetch in flight, or NULL */
+    unsigned nfetch;     /* fetches in flight for this key */
     uint64_t gen;
     struct glist waiters;
     struct ld_pubsub_sub *sub;
-    struct event *timer;      /* lease end or a waiter's deadline */
-    uint64_t lease_end_us;    /* 0: unknown, or no expiry */
+    struct event *timer;   /* lease end or a waiter's deadline */
+    uint64_t lease_end_us; /* 0: unknown, or no expiry */
 };
 
 /* One cache.invalidate request awaiting its first deletes. */
@@ -117,35 +117,35 @@ struct inv {
     long long pending;
     bool queued;
     bool journal_failed;
-    STAILQ_ENTRY(inv) link;   /* the sync queue */
+    STAILQ_ENTRY(inv) link; /* the sync queue */
 };
 
 /* One promised delete: in the journal (id != 0) until done. */
 struct del {
     uint64_t id;
-    int64_t due_ms;           /* wall clock */
-    struct inv *inv;          /* the request waiting for it, if any */
-    struct event *ev;         /* due time or retry backoff */
+    int64_t due_ms;   /* wall clock */
+    struct inv *inv;  /* the request waiting for it, if any */
+    struct event *ev; /* due time or retry backoff */
     int backoff_ms;
-    bool running;             /* its script is in flight */
-    bool retrying;            /* failed before; the timer is a backoff */
-    bool orphan;              /* ld_cache_free ran while it was running */
-    bool second;              /* the delayed one */
+    bool running;  /* its script is in flight */
+    bool retrying; /* failed before; the timer is a backoff */
+    bool orphan;   /* ld_cache_free ran while it was running */
+    bool second;   /* the delayed one */
     /* A second delete waits for its first: it is due delay_ms after the
      * first one has been carried out, not after it was promised, so the
      * two never run together when both are late (Redis was down, or the
      * daemon restarted). */
-    struct del *then;         /* first: the second delete waiting for it */
-    struct del *after;        /* second: the first one, while it waits */
+    struct del *then;  /* first: the second delete waiting for it */
+    struct del *after; /* second: the first one, while it waits */
     int64_t delay_ms;
-    LIST_ENTRY(del) link;     /* every delete owed, until done */
+    LIST_ENTRY(del) link; /* every delete owed, until done */
     size_t key_len;
     char key[];
 };
 
 struct replay_state {
     size_t count;
-    struct ld_dict *by_id;    /* id -> struct del, while replaying */
+    struct ld_dict *by_id; /* id -> struct del, while replaying */
 };
 
 struct cache_mod_state {
@@ -153,7 +153,7 @@ struct cache_mod_state {
     bool inited;
     bool hooks_registered;
     struct ld_journal *journal;
-    struct ld_dict *keys;     /* user key -> struct ckey */
+    struct ld_dict *keys; /* user key -> struct ckey */
     LIST_HEAD(, fetch) fetches;
     LIST_HEAD(, del) dels;
     struct event *tick_ev;
@@ -190,8 +190,7 @@ glist_push(struct glist *l, struct getter *g)
 static inline void
 glist_remove(struct glist *l, struct getter *g)
 {
-    LD_ASSERTF(g->on == l, "getter of slot %zu is not on this list",
-               g->slot);
+    LD_ASSERTF(g->on == l, "getter of slot %zu is not on this list", g->slot);
     LD_ASSERT(l->n > 0);
     TAILQ_REMOVE(&l->q, g, link);
     g->on = NULL;

@@ -198,9 +198,8 @@ inv_reply(struct inv *inv)
                        "journal; the deletes run but would not survive a "
                        "crash");
     } else {
-        json_t *f = json_pack("{s:I,s:I}", "deleted",
-                              (json_int_t)inv->deleted, "pending",
-                              (json_int_t)inv->pending);
+        json_t *f = json_pack("{s:I,s:I}", "deleted", (json_int_t)inv->deleted,
+                              "pending", (json_int_t)inv->pending);
         if (inv->queued) {
             json_object_set_new(f, "queued", json_true());
         }

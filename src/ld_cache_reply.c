@@ -203,13 +203,14 @@ cache_mget_finish(struct cop *op)
          * told why, and the session ends as the contract says. */
         log_warn("session closed: one reply over the output limit "
                  "session=%s op=cache.mget keys=%zu reply_bytes=%zu "
-                 "limit=%zu", s->name, op->n, total,
-                 ld_session_output_limit());
+                 "limit=%zu",
+                 s->name, op->n, total, ld_session_output_limit());
         free(idtext);
         ld_reply_error(req, LD_E_BUSY,
                        "the reply would take %zu bytes, over the output "
                        "limit (limits.max_output_bytes); the session is "
-                       "closed", total);
+                       "closed",
+                       total);
         cache_cop_free(op);
         ld_session_close(s, "reply over limits.max_output_bytes");
         return;
@@ -264,7 +265,8 @@ cache_getter_done(struct getter *g)
 
 /* Answer one getter: FIELDS (stolen) on success, else CODE and MSG. */
 void
-cache_getter_settle(struct getter *g, json_t *fields, int code, const char *msg)
+cache_getter_settle(struct getter *g, json_t *fields, int code,
+                    const char *msg)
 {
     struct cop *op = g->op;
     LD_ASSERT(g->state == G_IDLE);
@@ -311,7 +313,7 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
             cache_cop_free(op);
             return;
         }
-        op->req = req;    /* not UTF-8: answered below */
+        op->req = req; /* not UTF-8: answered below */
     } else {
         /* Escaped once here; the reply refers to it for every slot
          * naming this key. */
@@ -328,9 +330,10 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
     }
     json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
     if (f == NULL) {
-        cache_getter_settle(g, NULL, LD_E_WRONG_TYPE,
-                      "the cached value is not valid UTF-8; leased did not "
-                      "write it");
+        cache_getter_settle(
+            g, NULL, LD_E_WRONG_TYPE,
+            "the cached value is not valid UTF-8; leased did not "
+            "write it");
         return;
     }
     ld_stats.cache_hits++;

@@ -66,32 +66,50 @@ static const struct conf_enum log_targets[] = {
 /* The optional last argument of a row adds initializers, such as
  * NOT_BUILT(...). */
 #define STRING(n, f, fl, d, ...)                                              \
-    {.name = n, .type = CT_STRING, .offset = OFF(f), .flags = fl, .def = d,   \
-     __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_STRING, .offset = OFF(f), .flags = fl,          \
+        .def = d, __VA_ARGS__                                                 \
+    }
 #define INT(n, f, fl, d, lo, hi, ...)                                         \
-    {.name = n, .type = CT_INT, .offset = OFF(f), .flags = fl, .def = d,      \
-     .min = lo, .max = hi, __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_INT, .offset = OFF(f), .flags = fl, .def = d,   \
+        .min = lo, .max = hi, __VA_ARGS__                                     \
+    }
 #define LLONG(n, f, fl, d, lo, hi, ...)                                       \
-    {.name = n, .type = CT_LLONG, .offset = OFF(f), .flags = fl, .def = d,    \
-     .min = lo, .max = hi, __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_LLONG, .offset = OFF(f), .flags = fl, .def = d, \
+        .min = lo, .max = hi, __VA_ARGS__                                     \
+    }
 #define DOUBLE(n, f, fl, d, lo, hi, ...)                                      \
-    {.name = n, .type = CT_DOUBLE, .offset = OFF(f), .flags = fl, .def = d,   \
-     .dmin = lo, .dmax = hi, __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_DOUBLE, .offset = OFF(f), .flags = fl,          \
+        .def = d, .dmin = lo, .dmax = hi, __VA_ARGS__                         \
+    }
 #define BOOL(n, f, fl, d, ...)                                                \
-    {.name = n, .type = CT_BOOL, .offset = OFF(f), .flags = fl, .def = d,     \
-     __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_BOOL, .offset = OFF(f), .flags = fl, .def = d,  \
+        __VA_ARGS__                                                           \
+    }
 #define ENUM(n, f, fl, d, tab, ...)                                           \
-    {.name = n, .type = CT_ENUM, .offset = OFF(f), .flags = fl, .def = d,     \
-     .names = tab, __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_ENUM, .offset = OFF(f), .flags = fl, .def = d,  \
+        .names = tab, __VA_ARGS__                                             \
+    }
 #define MODE(n, f, fl, d, ...)                                                \
-    {.name = n, .type = CT_MODE, .offset = OFF(f), .flags = fl, .def = d,     \
-     __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_MODE, .offset = OFF(f), .flags = fl, .def = d,  \
+        __VA_ARGS__                                                           \
+    }
 #define STRLIST(n, f, fl, ...)                                                \
-    {.name = n, .type = CT_STRLIST, .offset = OFF(f), .flags = fl,            \
-     .def = "", __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_STRLIST, .offset = OFF(f), .flags = fl,         \
+        .def = "", __VA_ARGS__                                                \
+    }
 #define HOSTPORT(n, f, fl, d, ...)                                            \
-    {.name = n, .type = CT_HOSTPORT, .offset = OFF(f), .flags = fl,           \
-     .def = d, __VA_ARGS__}
+    {                                                                         \
+        .name = n, .type = CT_HOSTPORT, .offset = OFF(f), .flags = fl,        \
+        .def = d, __VA_ARGS__                                                 \
+    }
 /* Not available in this version: only the default value is accepted. */
 #define NOT_BUILT(feature) .unbuilt = feature
 
@@ -143,8 +161,8 @@ const struct conf_directive conf_directives[] = {
          NOT_BUILT("the near cache")),
     LLONG("cache.near.max_bytes", cache.near.max_bytes, 0, "67108864", 0,
           1LL << 40, NOT_BUILT("the near cache")),
-    LLONG("cache.near.max_value_bytes", cache.near.max_value_bytes, 0,
-          "65536", 1, 1LL << 30, NOT_BUILT("the near cache")),
+    LLONG("cache.near.max_value_bytes", cache.near.max_value_bytes, 0, "65536",
+          1, 1LL << 30, NOT_BUILT("the near cache")),
 
     STRING("journal.path", journal.path, F_NONEMPTY, NULL),
     ENUM("journal.fsync", journal.fsync, 0, "always", fsync_modes),
@@ -419,14 +437,15 @@ conv_mode(const struct scalar *s, mode_t *out, char *msg, size_t msglen)
             return true;
         }
     }
-    snprintf(msg, msglen, "expected an octal mode such as \"0660\" (at most "
-                          "0777)");
+    snprintf(msg, msglen,
+             "expected an octal mode such as \"0660\" (at most "
+             "0777)");
     return false;
 }
 
 bool
-conf_check_address(const struct conf_directive *d, const char *t,
-                   char *msg, size_t msglen)
+conf_check_address(const struct conf_directive *d, const char *t, char *msg,
+                   size_t msglen)
 {
     char host[256];
     int port;
@@ -444,8 +463,7 @@ conf_check_address(const struct conf_directive *d, const char *t,
     }
     if (ld_parse_hostport(t, host, sizeof(host), &port) != LD_OK) {
         snprintf(msg, msglen, "expected host:port%s",
-                 (d->flags & F_UNIX_OK) ? " or an absolute socket path"
-                                        : "");
+                 (d->flags & F_UNIX_OK) ? " or an absolute socket path" : "");
         return false;
     }
     if (port == 0 && !(d->flags & F_LISTEN)) {
@@ -477,8 +495,8 @@ ld_conf_parse_group(const char *name, gid_t *gid)
 }
 
 static bool
-conv_string(const struct conf_directive *d, const struct scalar *s,
-            char *msg, size_t msglen)
+conv_string(const struct conf_directive *d, const struct scalar *s, char *msg,
+            size_t msglen)
 {
     if (strlen(s->text) != s->len) {
         snprintf(msg, msglen, "must not contain NUL bytes");

@@ -9,7 +9,11 @@
  * here named after it; numbers carry their unit in the name. Strings are
  * heap-allocated and owned by the struct (never NULL after defaults). */
 
-enum ld_redis_mode { LD_REDIS_STANDALONE, LD_REDIS_SENTINEL, LD_REDIS_CLUSTER };
+enum ld_redis_mode {
+    LD_REDIS_STANDALONE,
+    LD_REDIS_SENTINEL,
+    LD_REDIS_CLUSTER
+};
 enum ld_lock_layout { LD_LAYOUT_LEASED, LD_LAYOUT_REDISSON };
 enum ld_fsync_mode { LD_FSYNC_ALWAYS, LD_FSYNC_EVERYSEC };
 enum ld_log_target { LD_LOG_TARGET_STDERR, LD_LOG_TARGET_SYSLOG };
@@ -21,28 +25,28 @@ struct ld_strlist {
 
 struct ld_config {
     struct {
-        char *unix_path;        /* listen.unix; "" disables */
-        mode_t unix_mode;       /* listen.unix_mode, octal string in YAML */
-        char *unix_group;       /* listen.unix_group; "" = the daemon's */
-        char *tcp;              /* listen.tcp "host:port"; "" disables */
-        char *auth_token;       /* listen.auth_token */
+        char *unix_path;  /* listen.unix; "" disables */
+        mode_t unix_mode; /* listen.unix_mode, octal string in YAML */
+        char *unix_group; /* listen.unix_group; "" = the daemon's */
+        char *tcp;        /* listen.tcp "host:port"; "" disables */
+        char *auth_token; /* listen.auth_token */
     } listen;
     struct {
         enum ld_redis_mode mode;
-        char *address;          /* host:port or an absolute unix socket path */
+        char *address; /* host:port or an absolute unix socket path */
         struct ld_strlist addresses;
         char *master_name;
         char *username;
         char *password;
-        int db;                 /* 0..1000000; 0 in cluster mode */
-        int connections;        /* 1..64 */
-        int timeout_ms;         /* 1..600000 */
+        int db;          /* 0..1000000; 0 in cluster mode */
+        int connections; /* 1..64 */
+        int timeout_ms;  /* 1..600000 */
     } redis;
     struct {
         char *prefix;
-        long long watchdog_ms;  /* 100..86400000 */
-        long long max_hold_ms;  /* 0 = unlimited */
-        int wait_replicas;      /* 0..16 */
+        long long watchdog_ms; /* 100..86400000 */
+        long long max_hold_ms; /* 0 = unlimited */
+        int wait_replicas;     /* 0..16 */
         enum ld_lock_layout layout;
         struct ld_strlist redlock;
     } lock;
@@ -50,7 +54,7 @@ struct ld_config {
         char *prefix;
         long long ttl_ms;
         long long null_ttl_ms;
-        double ttl_jitter;      /* 0..0.5 */
+        double ttl_jitter; /* 0..0.5 */
         long long fill_lease_ms;
         long long wait_ms;
         long long double_delete_ms;
@@ -69,14 +73,14 @@ struct ld_config {
         long long max_request_bytes;
         long long max_key_bytes;
         long long max_waiters;
-        long long max_pending;  /* per session, requests awaiting reply */
+        long long max_pending;      /* per session, requests awaiting reply */
         long long max_output_bytes; /* per session, unsent replies */
     } limits;
     struct {
-        char *listen;           /* "host:port"; "" disables */
+        char *listen; /* "host:port"; "" disables */
     } metrics;
     struct {
-        int level;              /* enum ld_log_level */
+        int level; /* enum ld_log_level */
         enum ld_log_target target;
     } log;
 };

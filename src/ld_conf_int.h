@@ -15,8 +15,8 @@ struct ld_strlist;
 
 enum conf_type {
     CT_STRING,
-    CT_INT,      /* int field */
-    CT_LLONG,    /* long long field */
+    CT_INT,   /* int field */
+    CT_LLONG, /* long long field */
     CT_DOUBLE,
     CT_BOOL,
     CT_ENUM,     /* int-sized enum field, names in the row */

@@ -29,13 +29,12 @@ struct conf_load {
     yaml_document_t *doc;
     char *err;
     size_t errlen;
-    bool seen[CONF_MAX_DIRECTIVES];        /* set by this document */
+    bool seen[CONF_MAX_DIRECTIVES];         /* set by this document */
     yaml_mark_t marks[CONF_MAX_DIRECTIVES]; /* where its value starts */
 };
 
-static int LD_PRINTF(4, 5)
-conf_error(struct conf_load *st, yaml_mark_t mark, const char *key,
-           const char *fmt, ...)
+static int LD_PRINTF(4, 5) conf_error(struct conf_load *st, yaml_mark_t mark,
+                                      const char *key, const char *fmt, ...)
 {
     char msg[256];
     va_list ap;
@@ -375,9 +374,10 @@ syntax_error(struct conf_load *st, const yaml_parser_t *p)
         snprintf(st->err, st->errlen, "%s: out of memory", st->name);
         return LD_ERR;
     case YAML_READER_ERROR:
-        return conf_error(
-            st, mark_at_offset(st->input, st->input_len, p->problem_offset),
-            NULL, "syntax error: %s", problem);
+        return conf_error(st,
+                          mark_at_offset(st->input, st->input_len,
+                                         p->problem_offset),
+                          NULL, "syntax error: %s", problem);
     default:
         break;
     }

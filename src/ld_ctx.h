@@ -13,10 +13,10 @@ struct ld_config;
  * at the new configuration) and the start of a shutdown reach them. */
 struct ld_ctx {
     struct event_base *base;
-    const struct ld_config *cfg;   /* the live configuration */
-    const char *instance;          /* random id of this daemon run */
-    uint64_t start_ms;             /* monotonic, at start */
-    bool shutting_down;            /* no new work is taken */
+    const struct ld_config *cfg; /* the live configuration */
+    const char *instance;        /* random id of this daemon run */
+    uint64_t start_ms;           /* monotonic, at start */
+    bool shutting_down;          /* no new work is taken */
 };
 
 #endif

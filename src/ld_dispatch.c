@@ -73,7 +73,8 @@ op_hello(struct ld_req *req)
     size_t auth_len = 0;
     bool has_auth = false;
 
-    if (ld_req_str(req, "client", false, &client, &client_len, NULL) != LD_OK ||
+    if (ld_req_str(req, "client", false, &client, &client_len, NULL) !=
+            LD_OK ||
         ld_req_str(req, "auth", false, &auth, &auth_len, &has_auth) != LD_OK) {
         return;
     }
@@ -84,8 +85,7 @@ op_hello(struct ld_req *req)
     /* A token, when configured, is checked wherever it is offered; it is
      * required only where the listener says so. */
     if (token_len > 0 && (has_auth || !s->authed)) {
-        if (!has_auth ||
-            !ld_secure_equal(auth, auth_len, token, token_len)) {
+        if (!has_auth || !ld_secure_equal(auth, auth_len, token, token_len)) {
             log_warn("hello refused session=%s reason=bad_auth", s->name);
             ld_reply_error(req, LD_E_UNAUTHORIZED, "bad or missing auth");
             return;
@@ -99,9 +99,9 @@ op_hello(struct ld_req *req)
                            : sizeof(s->client) - 1),
                  client);
     }
-    ld_reply_ok(req, json_pack("{s:s,s:s,s:i,s:s}", "server", "leased",
-                               "version", PACKAGE_VERSION, "protocol", 1,
-                               "session", s->name));
+    ld_reply_ok(req,
+                json_pack("{s:s,s:s,s:i,s:s}", "server", "leased", "version",
+                          PACKAGE_VERSION, "protocol", 1, "session", s->name));
 }
 
 static void

@@ -20,7 +20,7 @@ enum ld_errcode {
 #define LD_ERR_ENUM(sym, name) LD_E_##sym,
     LD_ERRCODES(LD_ERR_ENUM)
 #undef LD_ERR_ENUM
-    LD_E__COUNT
+        LD_E__COUNT
 };
 
 /* The wire name of CODE ("bad_request"), "internal" for anything else. */

@@ -68,7 +68,7 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
             return LD_FRAME_NEED_MORE;
         }
 
-        size_t n = (size_t)nl.pos;          /* bytes before the \n */
+        size_t n = (size_t)nl.pos; /* bytes before the \n */
         if (n > f->max_bytes &&
             (n > f->max_bytes + 1 || !ends_with_cr(in, n))) {
             evbuffer_drain(in, n + 1);

@@ -11,15 +11,15 @@ struct evbuffer;
 
 enum ld_frame_result {
     LD_FRAME_NEED_MORE,
-    LD_FRAME_LINE,       /* *LINE (malloc'd, NUL-terminated, without the
+    LD_FRAME_LINE,     /* *LINE (malloc'd, NUL-terminated, without the
                             \n or \r\n) and *LEN set */
-    LD_FRAME_TOO_LARGE   /* one over-long line reported (once per line) */
+    LD_FRAME_TOO_LARGE /* one over-long line reported (once per line) */
 };
 
 struct ld_framer {
     size_t max_bytes;
-    bool discarding;     /* inside an over-long line: drop until \n */
-    size_t scanned;      /* leading bytes already known to hold no \n */
+    bool discarding; /* inside an over-long line: drop until \n */
+    size_t scanned;  /* leading bytes already known to hold no \n */
 };
 
 enum ld_frame_result ld_frame_next(struct ld_framer *f, struct evbuffer *in,

@@ -36,8 +36,8 @@ int (*ld_journal_fsync_fn)(int fd) = fsync;
 
 struct jrec {
     uint64_t id;
-    int64_t due_ms;          /* the delay for an add after another */
-    uint64_t after;          /* 0, or the add this one waits for */
+    int64_t due_ms; /* the delay for an add after another */
+    uint64_t after; /* 0, or the add this one waits for */
     size_t key_len;
     char key[];
 };
@@ -46,12 +46,12 @@ struct ld_journal {
     int fd;
     char *path;
     enum ld_fsync_mode mode;
-    uint64_t size;           /* bytes in the file, all of them good */
-    uint64_t live_bytes;     /* bytes of the live add records */
-    struct ld_dict *live;    /* id (8 bytes, host order) -> struct jrec */
+    uint64_t size;        /* bytes in the file, all of them good */
+    uint64_t live_bytes;  /* bytes of the live add records */
+    struct ld_dict *live; /* id (8 bytes, host order) -> struct jrec */
     uint64_t next_id;
-    bool dirty;              /* appended since the last sync */
-    bool failed;             /* an fdatasync failed: rewrite before trust */
+    bool dirty;  /* appended since the last sync */
+    bool failed; /* an fdatasync failed: rewrite before trust */
     uint64_t syncs;
     uint64_t dropped_bytes;
     uint64_t compact_min_bytes;
@@ -275,8 +275,8 @@ live_del(struct ld_journal *j, uint64_t id)
  * record, and the reason parsing stopped early in *WHY (NULL at a clean
  * end). */
 static size_t
-replay(struct ld_journal *j, const unsigned char *buf, size_t len,
-       size_t off, const char **why)
+replay(struct ld_journal *j, const unsigned char *buf, size_t len, size_t off,
+       const char **why)
 {
     *why = NULL;
     while (off < len) {
@@ -321,8 +321,8 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len,
                 key_len -= LD_JOURNAL_AFTER_BYTES;
             }
             if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
-                (body[0] == LD_JOURNAL_ADD_AFTER && (after == 0 ||
-                                                     after >= id)) ||
+                (body[0] == LD_JOURNAL_ADD_AFTER &&
+                 (after == 0 || after >= id)) ||
                 ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
                 *why = "bad add record";
                 break;
@@ -381,8 +381,8 @@ load(struct ld_journal *j)
         }
         free(buf);
         if (write_header(j) != LD_OK) {
-            log_error("journal create failed path=%s error=\"%s\"",
-                      j->path, strerror(errno));
+            log_error("journal create failed path=%s error=\"%s\"", j->path,
+                      strerror(errno));
             return LD_ERR;
         }
         return LD_OK;
@@ -404,8 +404,8 @@ load(struct ld_journal *j)
                  j->path, good, len - good, why != NULL ? why : "unknown");
         if (ftruncate(j->fd, (off_t)good) != 0 ||
             ld_journal_fdatasync_fn(j->fd) != 0) {
-            log_error("journal truncate failed path=%s error=\"%s\"",
-                      j->path, strerror(errno));
+            log_error("journal truncate failed path=%s error=\"%s\"", j->path,
+                      strerror(errno));
             return LD_ERR;
         }
         j->syncs++;
@@ -616,9 +616,8 @@ ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
 }
 
 int
-ld_journal_add_after(struct ld_journal *j, uint64_t after_id,
-                     int64_t delay_ms, const char *key, size_t key_len,
-                     uint64_t *id)
+ld_journal_add_after(struct ld_journal *j, uint64_t after_id, int64_t delay_ms,
+                     const char *key, size_t key_len, uint64_t *id)
 {
     if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY || after_id == 0 ||
         after_id >= j->next_id) {
@@ -683,8 +682,7 @@ sorted_live(const struct ld_journal *j, size_t *n)
 }
 
 void
-ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
-                void *arg)
+ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn, void *arg)
 {
     size_t n = 0;
     struct jrec **v = sorted_live(j, &n);
@@ -816,8 +814,8 @@ ld_journal_compact(struct ld_journal *j)
             sync_parent_dir(j->path);
             close(fd);
             log_error("journal compaction failed, directory sync: the old "
-                      "file stays path=%s error=\"%s\"", j->path,
-                      strerror(saved));
+                      "file stays path=%s error=\"%s\"",
+                      j->path, strerror(saved));
             free(v);
             free(buf);
             free(tmp);
@@ -829,8 +827,8 @@ ld_journal_compact(struct ld_journal *j)
          * the old one would write where no restart looks. Use the new
          * one, but trust nothing until a later rewrite is durable. */
         log_error("journal directory sync failed and the old file cannot "
-                  "be put back path=%s error=\"%s\"", j->path,
-                  strerror(saved));
+                  "be put back path=%s error=\"%s\"",
+                  j->path, strerror(saved));
         unlink(old);
         close(j->fd);
         j->fd = fd;
@@ -852,8 +850,7 @@ ld_journal_compact(struct ld_journal *j)
     j->failed = false;
     log_info("journal compacted path=%s bytes_before=%llu bytes_after=%llu "
              "live=%zu",
-             j->path, (unsigned long long)before, (unsigned long long)size,
-             n);
+             j->path, (unsigned long long)before, (unsigned long long)size, n);
     free(v);
     free(buf);
     free(tmp);

@@ -48,7 +48,7 @@ enum ld_journal_type {
     LD_JOURNAL_DONE = 2,
     LD_JOURNAL_ADD_AFTER = 3
 };
-#define LD_JOURNAL_AFTER_BYTES 8     /* after_id, type 3 only */
+#define LD_JOURNAL_AFTER_BYTES 8 /* after_id, type 3 only */
 
 struct ld_journal;
 
@@ -56,9 +56,9 @@ struct ld_journal;
  * and is valid only during the callback. */
 struct ld_journal_entry {
     uint64_t id;
-    int64_t due_ms;      /* wall clock, ms since the epoch; for an add
+    int64_t due_ms;    /* wall clock, ms since the epoch; for an add
                           * after another, the delay after its delete */
-    uint64_t after_id;   /* 0, or the add this one waits for */
+    uint64_t after_id; /* 0, or the add this one waits for */
     const char *key;
     size_t key_len;
 };

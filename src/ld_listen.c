@@ -48,7 +48,7 @@ static struct ld_listener listeners[MAX_LISTENERS];
 static struct accept_pause pauses[MAX_LISTENERS];
 static size_t n_listeners;
 static const struct ld_ctx *listen_ctx;
-static int tcp_port;             /* bound TCP port (useful with port 0) */
+static int tcp_port; /* bound TCP port (useful with port 0) */
 static char unix_path_created[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
 static void
@@ -122,8 +122,8 @@ add_listener(int fd, bool is_unix, const char *name)
     }
     evconnlistener_set_error_cb(l->evl, accept_error_cb);
     memset(&pauses[n_listeners], 0, sizeof(pauses[n_listeners]));
-    pauses[n_listeners].resume_ev =
-        evtimer_new(listen_ctx->base, resume_accept_cb, l);
+    pauses[n_listeners].resume_ev = evtimer_new(listen_ctx->base,
+                                                resume_accept_cb, l);
     n_listeners++;
     return l;
 }
@@ -138,8 +138,7 @@ clear_stale_socket(const char *path)
         return errno == ENOENT ? LD_OK : LD_ERR;
     }
     if (!S_ISSOCK(st.st_mode)) {
-        log_error("listen.unix path exists and is not a socket path=%s",
-                  path);
+        log_error("listen.unix path exists and is not a socket path=%s", path);
         return LD_ERR;
     }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -176,8 +175,8 @@ open_unix(const struct ld_config *cfg)
         return LD_ERR;
     }
     if (ld_mkdir_parent(path, 0755) != LD_OK) {
-        log_error("cannot create socket directory path=%s error=\"%s\"",
-                  path, strerror(errno));
+        log_error("cannot create socket directory path=%s error=\"%s\"", path,
+                  strerror(errno));
         return LD_ERR;
     }
     if (clear_stale_socket(path) != LD_OK) {
@@ -217,8 +216,7 @@ open_unix(const struct ld_config *cfg)
         log_warn("chmod failed path=%s error=\"%s\"", path, strerror(errno));
     }
     if (listen(fd, BACKLOG) != 0) {
-        log_error("listen failed path=%s error=\"%s\"", path,
-                  strerror(errno));
+        log_error("listen failed path=%s error=\"%s\"", path, strerror(errno));
         close(fd);
         return LD_ERR;
     }
@@ -227,8 +225,7 @@ open_unix(const struct ld_config *cfg)
     }
     log_info("listening unix=%s mode=%04o group=%s", path,
              (unsigned)cfg->listen.unix_mode,
-             cfg->listen.unix_group[0] != '\0' ? cfg->listen.unix_group
-                                               : "-");
+             cfg->listen.unix_group[0] != '\0' ? cfg->listen.unix_group : "-");
     return LD_OK;
 }
 

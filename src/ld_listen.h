@@ -8,9 +8,9 @@ struct ld_ctx;
 struct ld_listener {
     struct evconnlistener *evl;
     bool is_unix;
-    bool auth_required;     /* TCP with auth_token set */
-    char name[128];         /* path or host:port, for logs */
-    int port;               /* TCP: the bound port */
+    bool auth_required; /* TCP with auth_token set */
+    char name[128];     /* path or host:port, for logs */
+    int port;           /* TCP: the bound port */
 };
 
 /* Open the configured listeners, or adopt systemd's sockets when passed;

@@ -40,8 +40,8 @@ struct lk_mod lock_mod;
 
 /* ----------------------------------------------------------------- ops */
 
-struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,
-                        struct lk_rec *rec)
+struct lk_op *
+lk_op_new(enum lk_kind kind, struct ld_req *req, struct lk_rec *rec)
 {
     struct lk_op *op = ld_xcalloc(1, sizeof(*op));
     op->kind = kind;
@@ -54,7 +54,8 @@ struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,
     return op;
 }
 
-void lk_op_wait_unlink(struct lk_op *op)
+void
+lk_op_wait_unlink(struct lk_op *op)
 {
     if (op->ls == NULL) {
         return;
@@ -63,7 +64,8 @@ void lk_op_wait_unlink(struct lk_op *op)
     op->ls = NULL;
 }
 
-void lk_op_free(struct lk_op *op)
+void
+lk_op_free(struct lk_op *op)
 {
     lk_op_wait_unlink(op);
     LIST_REMOVE(op, link);
@@ -84,12 +86,14 @@ void lk_op_free(struct lk_op *op)
     free(op);
 }
 
-const struct lk_names *lk_op_names(const struct lk_op *op)
+const struct lk_names *
+lk_op_names(const struct lk_op *op)
 {
     return op->rec != NULL ? &op->rec->n : &op->n;
 }
 
-static const char *op_field(const struct lk_op *op, size_t *len)
+static const char *
+op_field(const struct lk_op *op, size_t *len)
 {
     if (op->field != NULL) {
         *len = op->field_len;
@@ -103,7 +107,8 @@ static const char *op_field(const struct lk_op *op, size_t *len)
     return "";
 }
 
-static const char *op_key(const struct lk_op *op, size_t *len)
+static const char *
+op_key(const struct lk_op *op, size_t *len)
 {
     if (op->key != NULL) {
         *len = op->key_len;
@@ -113,7 +118,8 @@ static const char *op_key(const struct lk_op *op, size_t *len)
     return op->rec->key;
 }
 
-void lk_op_wait_add(struct lk_op *op, struct lk_sess *ls)
+void
+lk_op_wait_add(struct lk_op *op, struct lk_sess *ls)
 {
     LD_ASSERT(op->ls == NULL && op->kind == LK_ACQ);
     op->ls = ls;
@@ -122,7 +128,8 @@ void lk_op_wait_add(struct lk_op *op, struct lk_sess *ls)
 
 /* A not_held or stale answer about a record we thought held: Redis is
  * right, the hold is gone. */
-static void rec_forget_stale(struct lk_rec *rec)
+static void
+rec_forget_stale(struct lk_rec *rec)
 {
     if (rec != NULL && rec->linked && rec->count > 0) {
         lk_rec_set_count(rec, 0);
@@ -135,8 +142,9 @@ static void rec_forget_stale(struct lk_rec *rec)
  * changes the lock, so a code that says the hold is gone settles OP's
  * record, and a command that got no answer may have happened ("outcome":
  * "unknown"). */
-void lk_op_fail(struct lk_op *op, const redisReply *r, int n,
-                const long long *v, bool write)
+void
+lk_op_fail(struct lk_op *op, const redisReply *r, int n, const long long *v,
+           bool write)
 {
     size_t klen;
     const char *key = op_key(op, &klen);
@@ -165,12 +173,13 @@ void lk_op_fail(struct lk_op *op, const redisReply *r, int n,
 
 /* --------------------------------------------------------- release all */
 
-static void release_all_on_reply(redisReply *r, void *arg)
+static void
+release_all_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
-    long long v[2] = { 0, 0 };
-    if (!lock_mod.freed && lk_reply_ints(r, v, 2) >= 1
-        && v[0] == LD_LOCK_RELEASED) {
+    long long v[2] = {0, 0};
+    if (!lock_mod.freed && lk_reply_ints(r, v, 2) >= 1 &&
+        v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
     lk_op_free(op);
@@ -178,23 +187,24 @@ static void release_all_on_reply(redisReply *r, void *arg)
 
 /* Delete the lock if REC's token holds it, whatever its count, and publish
  * the wake-up. The caller updates REC's count. */
-void lk_rec_release_all(struct lk_rec *rec)
+void
+lk_rec_release_all(struct lk_rec *rec)
 {
     if (lock_mod.freed) {
         return;
     }
     struct lk_op *op = lk_op_new(LK_RELEASE, NULL, rec);
-    const char *args[] = { rec->n.hash, rec->token, "a", rec->n.chan,
-                           LK_UNLOCK_MSG };
-    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                      strlen(LK_UNLOCK_MSG) };
+    const char *args[] = {rec->n.hash, rec->token, "a", rec->n.chan,
+                          LK_UNLOCK_MSG};
+    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                     strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
     lk_script(LD_SCRIPT_lock_release, &rec->n, 1, 5, args, lens,
               release_all_on_reply, op);
 }
 
-
-static bool all_of(const char *s, size_t len, const char *set)
+static bool
+all_of(const char *s, size_t len, const char *set)
 {
     for (size_t i = 0; i < len; i++) {
         if (s[i] == '\0' || strchr(set, s[i]) == NULL) {
@@ -208,18 +218,19 @@ static bool all_of(const char *s, size_t len, const char *set)
  * the daemon's own tokens (LD_TOKEN_LEN lowercase hex digits) and, with
  * lock.layout redisson, Redisson's holders (<uuid>:<thread id>). Anything
  * else could address a field of someone's hash that is not a lock. */
-static bool token_ok(const char *t, size_t len)
+static bool
+token_ok(const char *t, size_t len)
 {
     static const char hex[] = "0123456789abcdef";
     static const char hex_any[] = "0123456789abcdefABCDEF";
     if (len == LD_TOKEN_LEN && all_of(t, len, hex)) {
         return true;
     }
-    if (lock_mod.ctx->cfg->lock.layout != LD_LAYOUT_REDISSON || len < 38
-        || len > 36 + 1 + 20) {
+    if (lock_mod.ctx->cfg->lock.layout != LD_LAYOUT_REDISSON || len < 38 ||
+        len > 36 + 1 + 20) {
         return false;
     }
-    static const size_t group[] = { 8, 4, 4, 4, 12 };
+    static const size_t group[] = {8, 4, 4, 4, 12};
     size_t at = 0;
     for (size_t g = 0; g < LD_ARRAY_LEN(group); g++) {
         if (!all_of(t + at, group[g], hex_any)) {
@@ -235,30 +246,34 @@ static bool token_ok(const char *t, size_t len)
 }
 
 /* Answers REQ and returns false when TOKEN cannot be a holder. */
-bool lk_token_check(struct ld_req *req, const char *t, size_t len)
+bool
+lk_token_check(struct ld_req *req, const char *t, size_t len)
 {
     if (token_ok(t, len)) {
         return true;
     }
     ld_reply_error(req, LD_E_BAD_REQUEST,
                    "field 'token' is not a lock token (%d lowercase hex "
-                   "digits%s)", LD_TOKEN_LEN,
+                   "digits%s)",
+                   LD_TOKEN_LEN,
                    lock_mod.ctx->cfg->lock.layout == LD_LAYOUT_REDISSON
-                       ? ", or a Redisson holder <uuid>:<thread id>" : "");
+                       ? ", or a Redisson holder <uuid>:<thread id>"
+                       : "");
     return false;
 }
 
-static int parse_target(struct ld_req *req, struct lk_target *t)
+static int
+parse_target(struct ld_req *req, struct lk_target *t)
 {
     memset(t, 0, sizeof(*t));
     t->owner = "";
     t->token = "";
     bool has_owner = false;
-    if (ld_req_key(req, "key", &t->key, &t->key_len) != LD_OK
-        || ld_req_str(req, "owner", false, &t->owner, &t->owner_len,
-                      &has_owner) != LD_OK
-        || ld_req_str(req, "token", false, &t->token, &t->token_len,
-                      &t->has_token) != LD_OK) {
+    if (ld_req_key(req, "key", &t->key, &t->key_len) != LD_OK ||
+        ld_req_str(req, "owner", false, &t->owner, &t->owner_len,
+                   &has_owner) != LD_OK ||
+        ld_req_str(req, "token", false, &t->token, &t->token_len,
+                   &t->has_token) != LD_OK) {
         return LD_ERR;
     }
     if (t->has_token && t->token_len == 0) {
@@ -272,7 +287,8 @@ static int parse_target(struct ld_req *req, struct lk_target *t)
     return LD_OK;
 }
 
-struct lk_sess *lk_sess_get(struct ld_session *s, bool create)
+struct lk_sess *
+lk_sess_get(struct ld_session *s, bool create)
 {
     struct lk_sess *ls = s->lock_state;
     if (ls == NULL && create) {
@@ -287,8 +303,8 @@ struct lk_sess *lk_sess_get(struct ld_session *s, bool create)
 
 /* The op for a request that names a lock by owner or token: REC is the
  * record it concerns in this daemon (if any), FIELD the holder field. */
-struct lk_op *lk_target_op(enum lk_kind kind, struct ld_req *req,
-                           const struct lk_target *t)
+struct lk_op *
+lk_target_op(enum lk_kind kind, struct ld_req *req, const struct lk_target *t)
 {
     struct lk_names n;
     lk_names_build(&n, t->key, t->key_len);
@@ -322,14 +338,15 @@ struct lk_op *lk_target_op(enum lk_kind kind, struct ld_req *req,
 
 /* -------------------------------------------------------------- unlock */
 
-static void unlock_recheck_on_reply(redisReply *r, void *arg)
+static void
+unlock_recheck_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
-    long long v[3] = { 0, 0, 0 };
-    if (!lock_mod.freed && rec != NULL && rec->linked
-        && lk_reply_ints(r, v, 3) >= 3
-        && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
+    long long v[3] = {0, 0, 0};
+    if (!lock_mod.freed && rec != NULL && rec->linked &&
+        lk_reply_ints(r, v, 3) >= 3 &&
+        (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
         lk_rec_set_count(rec, v[2]);
     }
     lk_op_free(op);
@@ -337,15 +354,16 @@ static void unlock_recheck_on_reply(redisReply *r, void *arg)
 
 /* An unlock with no answer will never get one (its connection was given
  * up): what Redis holds under the token now settles the record. */
-static void unlock_recheck(struct lk_op *op)
+static void
+unlock_recheck(struct lk_op *op)
 {
     struct lk_rec *rec = op->rec;
     if (lock_mod.freed || rec == NULL || !rec->linked) {
         lk_op_free(op);
         return;
     }
-    const char *args[] = { rec->n.hash, rec->token };
-    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN };
+    const char *args[] = {rec->n.hash, rec->token};
+    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN};
     lk_script(LD_SCRIPT_lock_info, &rec->n, 1, 2, args, lens,
               unlock_recheck_on_reply, op);
 }
@@ -354,14 +372,15 @@ static void unlock_recheck(struct lk_op *op)
  * UNKNOWN (the client hears "outcome":"unknown" and the record stays as it
  * was) and once more with Redis' late answer, which settles the record, or
  * LOST, when a re-check does. */
-static void unlock_on_reply(redisReply *r, void *arg)
+static void
+unlock_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     enum ld_redis_outcome o = ld_redis_outcome();
     if (o == LD_REDIS_UNKNOWN) {
         lk_reply_redis_failure_op(op->req, r, op, true);
         op->req = NULL;
-        return;            /* the late answer or LOST follows */
+        return; /* the late answer or LOST follows */
     }
     if (lock_mod.freed) {
         lk_op_free(op);
@@ -377,7 +396,7 @@ static void unlock_on_reply(redisReply *r, void *arg)
     if (rec != NULL && !rec->linked) {
         rec = NULL;
     }
-    long long v[2] = { 0, 0 };
+    long long v[2] = {0, 0};
     int n = lk_reply_ints(r, v, 2);
     size_t klen;
     const char *key = op_key(op, &klen);
@@ -394,8 +413,8 @@ static void unlock_on_reply(redisReply *r, void *arg)
         }
         if (op->req != NULL) {
             ld_reply_ok(op->req, json_pack("{s:b,s:I}", "released",
-                                           v[0] == LD_LOCK_RELEASED,
-                                           "count", (json_int_t)v[1]));
+                                           v[0] == LD_LOCK_RELEASED, "count",
+                                           (json_int_t)v[1]));
         }
         op->req = NULL;
     } else {
@@ -404,7 +423,8 @@ static void unlock_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
-static void op_unlock(struct ld_req *req)
+static void
+op_unlock(struct ld_req *req)
 {
     struct lk_target t;
     if (parse_target(req, &t) != LD_OK) {
@@ -414,9 +434,8 @@ static void op_unlock(struct ld_req *req)
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
     const char *field = op_field(op, &flen);
-    const char *args[] = { n->hash, field, "1", n->chan, LK_UNLOCK_MSG };
-    size_t lens[] = { n->hash_len, flen, 1, n->chan_len,
-                      strlen(LK_UNLOCK_MSG) };
+    const char *args[] = {n->hash, field, "1", n->chan, LK_UNLOCK_MSG};
+    size_t lens[] = {n->hash_len, flen, 1, n->chan_len, strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
     lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, n, 1, 5, args,
                  lens, unlock_on_reply, op);
@@ -426,14 +445,15 @@ static void op_unlock(struct ld_req *req)
 
 /* Called like unlock_on_reply. A late answer settles the record's lease;
  * when none comes the watchdog or the lease check finds out. */
-static void extend_on_reply(redisReply *r, void *arg)
+static void
+extend_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     enum ld_redis_outcome o = ld_redis_outcome();
     if (o == LD_REDIS_UNKNOWN) {
         lk_reply_redis_failure_op(op->req, r, op, true);
         op->req = NULL;
-        return;            /* the late answer or LOST follows */
+        return; /* the late answer or LOST follows */
     }
     if (lock_mod.freed || o == LD_REDIS_LOST) {
         lk_reply_redis_failure_op(op->req, r, op, true);
@@ -445,7 +465,7 @@ static void extend_on_reply(redisReply *r, void *arg)
     if (rec != NULL && !rec->linked) {
         rec = NULL;
     }
-    long long v[3] = { 0, 0, 0 };
+    long long v[3] = {0, 0, 0};
     int n = lk_reply_ints(r, v, 3);
     size_t klen;
     const char *key = op_key(op, &klen);
@@ -474,15 +494,15 @@ static void extend_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
-static void op_extend(struct ld_req *req)
+static void
+op_extend(struct ld_req *req)
 {
     struct lk_target t;
     long long ttl = 0;
     bool has_ttl = false;
-    if (parse_target(req, &t) != LD_OK
-        || ld_req_int(req, "ttl_ms", true, 1, LD_TTL_MS_MAX, &ttl,
-                      &has_ttl)
-               != LD_OK) {
+    if (parse_target(req, &t) != LD_OK ||
+        ld_req_int(req, "ttl_ms", true, 1, LD_TTL_MS_MAX, &ttl, &has_ttl) !=
+            LD_OK) {
         return;
     }
     struct lk_op *op = lk_target_op(LK_EXTEND, req, &t);
@@ -493,30 +513,30 @@ static void op_extend(struct ld_req *req)
     const char *field = op_field(op, &flen);
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", ttl);
-    const char *args[] = { n->hash, field, lbuf };
-    size_t lens[] = { n->hash_len, flen, strlen(lbuf) };
+    const char *args[] = {n->hash, field, lbuf};
+    size_t lens[] = {n->hash_len, flen, strlen(lbuf)};
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_extend, n, 1, 3, args, lens,
-                 extend_on_reply, op);
+    lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_extend, n, 1, 3, args,
+                 lens, extend_on_reply, op);
 }
 
 /* ----------------------------------------------------------- lock.info */
 
-static void info_on_reply(redisReply *r, void *arg)
+static void
+info_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     if (lock_mod.freed) {
         lk_op_free(op);
         return;
     }
-    long long v[3] = { 0, 0, 0 };
+    long long v[3] = {0, 0, 0};
     int n = lk_reply_ints(r, v, 3);
     if (n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
         json_t *body = json_pack("{s:b,s:I,s:b}", "locked",
-                                 v[0] == LD_LOCK_HELD,
-                                 "ttl_ms", (json_int_t)v[1], "mine",
-                                 v[2] > 0);
+                                 v[0] == LD_LOCK_HELD, "ttl_ms",
+                                 (json_int_t)v[1], "mine", v[2] > 0);
         if (v[2] > 0) {
             json_object_set_new(body, "count", json_integer(v[2]));
         }
@@ -528,7 +548,8 @@ static void info_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
-static void op_info(struct ld_req *req)
+static void
+op_info(struct ld_req *req)
 {
     struct lk_target t;
     if (parse_target(req, &t) != LD_OK) {
@@ -538,15 +559,16 @@ static void op_info(struct ld_req *req)
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
     const char *field = op_field(op, &flen);
-    const char *args[] = { n->hash, field };
-    size_t lens[] = { n->hash_len, flen };
+    const char *args[] = {n->hash, field};
+    size_t lens[] = {n->hash_len, flen};
     op->inflight = true;
     lk_script(LD_SCRIPT_lock_info, n, 1, 2, args, lens, info_on_reply, op);
 }
 
 /* ------------------------------------------------------ session close */
 
-static void sess_drop_waiters(struct lk_sess *ls, int code, const char *msg)
+static void
+sess_drop_waiters(struct lk_sess *ls, int code, const char *msg)
 {
     struct lk_op *op;
     while ((op = LIST_FIRST(&ls->waiting)) != NULL) {
@@ -566,7 +588,8 @@ static void sess_drop_waiters(struct lk_sess *ls, int code, const char *msg)
     }
 }
 
-static void on_session_close(struct ld_session *s)
+static void
+on_session_close(struct ld_session *s)
 {
     struct lk_sess *ls = s->lock_state;
     if (ls == NULL) {
@@ -598,7 +621,8 @@ static void on_session_close(struct ld_session *s)
 
 /* -------------------------------------------------------------- module */
 
-int ld_lock_init(const struct ld_ctx *ctx)
+int
+ld_lock_init(const struct ld_ctx *ctx)
 {
     lock_mod.ctx = ctx;
     TAILQ_INIT(&lock_mod.held);
@@ -612,16 +636,17 @@ int ld_lock_init(const struct ld_ctx *ctx)
     lk_acq_init();
     lk_watch_init();
     ld_session_on_close(on_session_close);
-    if (ld_dispatch_register("lock", lk_op_lock) != LD_OK
-        || ld_dispatch_register("unlock", op_unlock) != LD_OK
-        || ld_dispatch_register("extend", op_extend) != LD_OK
-        || ld_dispatch_register("lock.info", op_info) != LD_OK) {
+    if (ld_dispatch_register("lock", lk_op_lock) != LD_OK ||
+        ld_dispatch_register("unlock", op_unlock) != LD_OK ||
+        ld_dispatch_register("extend", op_extend) != LD_OK ||
+        ld_dispatch_register("lock.info", op_info) != LD_OK) {
         return LD_ERR;
     }
     return LD_OK;
 }
 
-void ld_lock_shutdown(void)
+void
+ld_lock_shutdown(void)
 {
     lock_mod.stopping = true;
     for (struct ld_session *s = ld_session_first(); s != NULL;
@@ -646,7 +671,8 @@ void ld_lock_shutdown(void)
     }
 }
 
-void ld_lock_free(void)
+void
+ld_lock_free(void)
 {
     if (lock_mod.by_token == NULL) {
         return;
@@ -671,7 +697,7 @@ void ld_lock_free(void)
             op->req = NULL;
         }
         if (op->undo_ev != NULL) {
-            lk_op_free(op);   /* a release planned for later: no command */
+            lk_op_free(op); /* a release planned for later: no command */
         }
     }
     for (struct ld_session *s = ld_session_first(); s != NULL;

@@ -22,23 +22,23 @@
 
 static void acq_send(struct lk_op *op);
 
-static void acq_reply_granted(struct lk_op *op)
+static void
+acq_reply_granted(struct lk_op *op)
 {
     struct lk_rec *rec = op->rec;
     if (op->wait_ms != 0) {
-        ld_stats_observe(LD_HISTO_LOCK_WAIT,
-                         ld_now_us() - op->req->start_us);
+        ld_stats_observe(LD_HISTO_LOCK_WAIT, ld_now_us() - op->req->start_us);
     }
-    json_t *body = json_pack("{s:b,s:s,s:I,s:I,s:I}", "acquired", 1,
-                             "token", rec->token, "count",
-                             (json_int_t)op->grant_count, "fence",
-                             (json_int_t)op->grant_fence, "lease_ms",
+    json_t *body = json_pack("{s:b,s:s,s:I,s:I,s:I}", "acquired", 1, "token",
+                             rec->token, "count", (json_int_t)op->grant_count,
+                             "fence", (json_int_t)op->grant_fence, "lease_ms",
                              (json_int_t)op->lease_ms);
     ld_reply_ok(op->req, body);
     op->req = NULL;
 }
 
-void lk_acq_reply_false(struct lk_op *op, long long ttl)
+void
+lk_acq_reply_false(struct lk_op *op, long long ttl)
 {
     if (op->req == NULL) {
         return;
@@ -48,11 +48,12 @@ void lk_acq_reply_false(struct lk_op *op, long long ttl)
     op->req = NULL;
 }
 
-static void undo_on_reply(redisReply *r, void *arg)
+static void
+undo_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
-    long long v[2] = { 0, 0 };
+    long long v[2] = {0, 0};
     int n = lk_reply_ints(r, v, 2);
     op->inflight = false;
     if (!lock_mod.freed && op->req != NULL) {
@@ -89,7 +90,8 @@ static void undo_on_reply(redisReply *r, void *arg)
 }
 
 /* A release by token after the acquisition's connection was lost. */
-static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
+static void
+undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
@@ -98,8 +100,8 @@ static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
     /* Only while no acquisition under this token holds or is on its way:
      * nothing else can hold the token, so all its holds are the lost
      * one's. */
-    if (!lock_mod.freed && !lock_mod.stopping && rec->count == 0
-        && rec->pending == 0) {
+    if (!lock_mod.freed && !lock_mod.stopping && rec->count == 0 &&
+        rec->pending == 0) {
         lk_rec_release_all(rec);
     }
     lk_op_free(op);
@@ -109,7 +111,8 @@ static void undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
  * sent, so Redis may have run it. A release on another connection now
  * could come first; give Redis redis.timeout_ms to have seen the
  * acquisition, then release by token. */
-static void undo_later(struct lk_op *op)
+static void
+undo_later(struct lk_op *op)
 {
     op->undo_ev = evtimer_new(lock_mod.ctx->base, undo_later_on_timer, op);
     if (op->undo_ev == NULL) {
@@ -119,19 +122,20 @@ static void undo_later(struct lk_op *op)
     evtimer_add(op->undo_ev, &tv);
 }
 
-static void undo_pinned_on_reply(redisReply *r, void *arg)
+static void
+undo_pinned_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     op->inflight = false;
-    long long v[2] = { 0, 0 };
-    if (!lock_mod.freed && lk_reply_ints(r, v, 2) >= 1
-        && v[0] == LD_LOCK_RELEASED) {
+    long long v[2] = {0, 0};
+    if (!lock_mod.freed && lk_reply_ints(r, v, 2) >= 1 &&
+        v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
     /* The record's count is the acquisitions' business: a reentry under
      * the same token may have answered meanwhile on another connection. */
-    if (ld_redis_outcome() != LD_REDIS_NOT_SENT || lock_mod.freed
-        || lock_mod.stopping) {
+    if (ld_redis_outcome() != LD_REDIS_NOT_SENT || lock_mod.freed ||
+        lock_mod.stopping) {
         lk_op_free(op);
         return;
     }
@@ -145,26 +149,28 @@ static void undo_pinned_on_reply(redisReply *r, void *arg)
  * acquisition's own connection, behind the acquisition: it undoes exactly
  * what the acquisition did, also when a later reentry under the same token
  * reached Redis first on another connection. */
-static void acq_undo_unanswered(struct lk_rec *rec)
+static void
+acq_undo_unanswered(struct lk_rec *rec)
 {
     if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
-        return;            /* it never left the daemon */
+        return; /* it never left the daemon */
     }
     struct lk_op *op = lk_op_new(LK_RELEASE, NULL, rec);
     if (ld_redis_conn_id() == 0) {
-        undo_later(op);    /* its connection is not known, nor there */
+        undo_later(op); /* its connection is not known, nor there */
         return;
     }
-    const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
-                           LK_UNLOCK_MSG };
-    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                      strlen(LK_UNLOCK_MSG) };
+    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
+                          LK_UNLOCK_MSG};
+    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                     strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
     lk_script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
                  args, lens, undo_pinned_on_reply, op);
 }
 
-static void acq_on_wait(redisReply *r, void *arg)
+static void
+acq_on_wait(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     op->inflight = false;
@@ -173,8 +179,8 @@ static void acq_on_wait(redisReply *r, void *arg)
         return;
     }
     int need = lock_mod.ctx->cfg->lock.wait_replicas;
-    long long got = (r != NULL && r->type == REDIS_REPLY_INTEGER)
-                        ? r->integer : -1;
+    long long got = (r != NULL && r->type == REDIS_REPLY_INTEGER) ? r->integer
+                                                                  : -1;
     if (got >= need) {
         acq_reply_granted(op);
         lk_op_free(op);
@@ -188,10 +194,10 @@ static void acq_on_wait(redisReply *r, void *arg)
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
         op->wait_why = ld_xstrdup(ld_redis_failure_reason());
     }
-    const char *args[] = { rec->n.hash, rec->token, "1", rec->n.chan,
-                           LK_UNLOCK_MSG };
-    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                      strlen(LK_UNLOCK_MSG) };
+    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
+                          LK_UNLOCK_MSG};
+    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                     strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
     /* On the connection of the grant and its WAIT, so that the give-back
      * runs after the grant even when WAIT timed out. */
@@ -201,8 +207,8 @@ static void acq_on_wait(redisReply *r, void *arg)
 
 /* The acquisition was granted with hold count N. Returns true when OP was
  * kept for the WAIT step (the caller must not free it). */
-static bool acq_granted(struct lk_op *op, long long n, long long fence,
-                        long long pttl)
+static bool
+acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
 {
     struct lk_rec *rec = op->rec;
     if (n == 1 && rec->count > 0) {
@@ -225,8 +231,8 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
         rec->acquired_ms = op->sent_ms;
     }
     rec->watchdog = fresh ? op->watchdog : (rec->watchdog || op->watchdog);
-    rec->lease_end_ms = op->sent_ms
-                        + (uint64_t)(pttl >= 0 ? pttl : op->lease_ms);
+    rec->lease_end_ms = op->sent_ms +
+                        (uint64_t)(pttl >= 0 ? pttl : op->lease_ms);
     lk_rec_cap_update(rec);
     lk_rec_arm_cap(rec);
     ld_stats.lock_acquired++;
@@ -263,11 +269,10 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
         long long t = lock_mod.ctx->cfg->redis.timeout_ms / 2;
         snprintf(nbuf, sizeof(nbuf), "%d", replicas);
         snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
-        const char *argv[] = { "WAIT", nbuf, tbuf };
-        size_t lens[] = { 4, strlen(nbuf), strlen(tbuf) };
+        const char *argv[] = {"WAIT", nbuf, tbuf};
+        size_t lens[] = {4, strlen(nbuf), strlen(tbuf)};
         /* WAIT counts the writes of its own connection: the grant's. */
-        struct ld_redis_opts o = { 0, LD_REDIS_POOL_LOCK,
-                                   ld_redis_conn_id() };
+        struct ld_redis_opts o = {0, LD_REDIS_POOL_LOCK, ld_redis_conn_id()};
         op->inflight = true;
         ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
                             acq_on_wait, op);
@@ -277,7 +282,8 @@ static bool acq_granted(struct lk_op *op, long long n, long long fence,
     return false;
 }
 
-static void acq_on_reply(redisReply *r, void *arg)
+static void
+acq_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     op->inflight = false;
@@ -286,12 +292,12 @@ static void acq_on_reply(redisReply *r, void *arg)
         return;
     }
     struct lk_rec *rec = op->rec;
-    long long v[4] = { 0, 0, 0, 0 };
+    long long v[4] = {0, 0, 0, 0};
     int n = lk_reply_acquire(r, v);
     bool queued = op->w.q != NULL;
 
-    if (op->reenter && n >= 1
-        && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER)) {
+    if (op->reenter && n >= 1 &&
+        (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER)) {
         /* We believed this owner held the lock, but its hold is gone (a
          * fixed lease ran out, Redis lost it, an unlock by token): tell
          * the holder before anything else, then this request is a new
@@ -342,12 +348,12 @@ static void acq_on_reply(redisReply *r, void *arg)
         }
         long long left = -1;
         if (op->wait_ms > 0) {
-            long long waited = (long long)((ld_now_us() - op->req->start_us)
-                                           / 1000);
+            long long waited = (long long)((ld_now_us() - op->req->start_us) /
+                                           1000);
             left = op->wait_ms - waited;
         }
-        if (op->wait_ms == 0 || (op->wait_ms > 0 && left <= 0)
-            || rec->ls == NULL || lock_mod.stopping) {
+        if (op->wait_ms == 0 || (op->wait_ms > 0 && left <= 0) ||
+            rec->ls == NULL || lock_mod.stopping) {
             lk_acq_reply_false(op, pttl);
             lk_op_free(op);
             return;
@@ -367,13 +373,14 @@ static void acq_on_reply(redisReply *r, void *arg)
     }
 
     /* Wrong type, Redis unreachable or an error reply. */
-    if (r == NULL && rec->count == 0 && rec->pending == 1
-        && !lock_mod.stopping) {
+    if (r == NULL && rec->count == 0 && rec->pending == 1 &&
+        !lock_mod.stopping) {
         acq_undo_unanswered(rec);
     }
     if (n >= 1 && v[0] == LD_LOCK_WRONG_TYPE) {
         log_warn("lock '%.*s': its redis keys hold data leased did not "
-                 "write; nothing changed", (int)rec->key_len, rec->key);
+                 "write; nothing changed",
+                 (int)rec->key_len, rec->key);
     }
     if (op->req != NULL) {
         /* An answered request's failure is nobody's to hear of. */
@@ -386,7 +393,8 @@ static void acq_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
-static void acq_send(struct lk_op *op)
+static void
+acq_send(struct lk_op *op)
 {
     struct lk_rec *rec = op->rec;
     /* While this daemon believes the owner holds the lock, the request is
@@ -406,10 +414,12 @@ static void acq_send(struct lk_op *op)
     char lbuf[24], fbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
     snprintf(fbuf, sizeof(fbuf), "%lld", rec->fm->fence);
-    const char *args[] = { rec->n.hash, rec->n.fence, lbuf, rec->token,
-                           op->reenter ? "1" : "0", fbuf };
-    size_t lens[] = { rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
-                      LD_TOKEN_LEN, 1, strlen(fbuf) };
+    const char *args[] = {
+        rec->n.hash, rec->n.fence, lbuf, rec->token, op->reenter ? "1" : "0",
+        fbuf};
+    size_t lens[] = {
+        rec->n.hash_len, rec->n.fence_len, strlen(lbuf), LD_TOKEN_LEN, 1,
+        strlen(fbuf)};
     op->sent_ms = ld_now_ms();
     op->inflight = true;
     lk_script(LD_SCRIPT_lock_acquire, &rec->n, 2, 6, args, lens, acq_on_reply,
@@ -417,19 +427,21 @@ static void acq_send(struct lk_op *op)
 }
 
 /* ld_lockwait calls these for queued requests. */
-static void acq_try(struct ld_lockwait *w)
+static void
+acq_try(struct ld_lockwait *w)
 {
     /* While stopping, every waiter is being answered and dropped; an
      * attempt now would only take a lock to give back. */
     struct lk_op *op = container_of(w, struct lk_op, w);
-    if (lock_mod.stopping || lock_mod.freed
-        || (op->ls != NULL && op->ls->closing)) {
+    if (lock_mod.stopping || lock_mod.freed ||
+        (op->ls != NULL && op->ls->closing)) {
         return;
     }
     acq_send(op);
 }
 
-static void acq_expire(struct ld_lockwait *w, long long ttl_ms)
+static void
+acq_expire(struct ld_lockwait *w, long long ttl_ms)
 {
     struct lk_op *op = container_of(w, struct lk_op, w);
     lk_acq_reply_false(op, ttl_ms);
@@ -441,21 +453,23 @@ static void acq_expire(struct ld_lockwait *w, long long ttl_ms)
 }
 
 /* Queued requests make their attempts through these. */
-void lk_acq_init(void)
+void
+lk_acq_init(void)
 {
     ld_lockwait_set_handlers(acq_try, acq_expire);
 }
 
 /* lock with "token": reenter a lock held under that token, from any
  * session. Never waits and never takes a free lock. */
-static void acq_token_on_reply(redisReply *r, void *arg)
+static void
+acq_token_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     if (lock_mod.freed) {
         lk_op_free(op);
         return;
     }
-    long long v[4] = { 0, 0, 0, 0 };
+    long long v[4] = {0, 0, 0, 0};
     int n = lk_reply_acquire(r, v);
     if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
         struct lk_rec *rec = op->rec;
@@ -474,8 +488,8 @@ static void acq_token_on_reply(redisReply *r, void *arg)
         ld_stats.lock_acquired++;
         json_t *body = json_pack("{s:b,s:s%,s:I,s:I,s:I}", "acquired", 1,
                                  "token", op->field, op->field_len, "count",
-                                 (json_int_t)v[1], "fence",
-                                 (json_int_t)fence, "lease_ms",
+                                 (json_int_t)v[1], "fence", (json_int_t)fence,
+                                 "lease_ms",
                                  (json_int_t)(op->lease_ms > 0 ? op->lease_ms
                                                                : v[3]));
         ld_reply_ok(op->req, body);
@@ -486,24 +500,22 @@ static void acq_token_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
-void lk_op_lock(struct ld_req *req)
+void
+lk_op_lock(struct ld_req *req)
 {
     const char *key, *owner = "", *token = "";
     size_t klen, olen = 0, tlen = 0;
     long long ttl = 0, wait = 0;
     bool has_owner = false, has_ttl = false, has_wait = false;
     bool has_token = false, detach = false;
-    if (ld_req_key(req, "key", &key, &klen) != LD_OK
-        || ld_req_str(req, "owner", false, &owner, &olen, &has_owner) != LD_OK
-        || ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl,
-                      &has_ttl)
-               != LD_OK
-        || ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait,
-                      &has_wait)
-               != LD_OK
-        || ld_req_bool(req, "detach", &detach) != LD_OK
-        || ld_req_str(req, "token", false, &token, &tlen, &has_token)
-               != LD_OK) {
+    if (ld_req_key(req, "key", &key, &klen) != LD_OK ||
+        ld_req_str(req, "owner", false, &owner, &olen, &has_owner) != LD_OK ||
+        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl, &has_ttl) !=
+            LD_OK ||
+        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait,
+                   &has_wait) != LD_OK ||
+        ld_req_bool(req, "detach", &detach) != LD_OK ||
+        ld_req_str(req, "token", false, &token, &tlen, &has_token) != LD_OK) {
         return;
     }
     if (has_token && tlen == 0) {
@@ -526,16 +538,15 @@ void lk_op_lock(struct ld_req *req)
     }
 
     if (has_token) {
-        struct lk_target t = { key, klen, owner, olen, token, tlen, true };
+        struct lk_target t = {key, klen, owner, olen, token, tlen, true};
         struct lk_op *op = lk_target_op(LK_ACQ_TOKEN, req, &t);
         op->lease_ms = has_ttl ? lk_rec_cap_clip(op->rec, ttl) : 0;
         const struct lk_names *n = lk_op_names(op);
         char lbuf[24];
         snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
-        const char *args[] = { n->hash, n->fence, lbuf, op->field, "1",
-                               "0" };
-        size_t lens[] = { n->hash_len, n->fence_len, strlen(lbuf),
-                          op->field_len, 1, 1 };
+        const char *args[] = {n->hash, n->fence, lbuf, op->field, "1", "0"};
+        size_t lens[] = {
+            n->hash_len, n->fence_len, strlen(lbuf), op->field_len, 1, 1};
         op->sent_ms = ld_now_ms();
         op->inflight = true;
         lk_script(LD_SCRIPT_lock_acquire, n, 2, 6, args, lens,

@@ -10,17 +10,17 @@ enum ld_lock_code {
     /* A key holds another type, or a hash that is not a lock (see
      * src/lua/lib/lock_shape.lua): nothing was changed. */
     LD_LOCK_WRONG_TYPE = -1,
-    LD_LOCK_ABSENT = -2,       /* no lock */
-    LD_LOCK_OTHER = -3,        /* held, by another holder */
+    LD_LOCK_ABSENT = -2, /* no lock */
+    LD_LOCK_OTHER = -3,  /* held, by another holder */
 
     /* lock_acquire */
-    LD_LOCK_TAKEN = 0,         /* {0, pttl}: another holder has it */
-    LD_LOCK_GRANTED = 1,       /* {1, count, "fence", pttl} */
+    LD_LOCK_TAKEN = 0,   /* {0, pttl}: another holder has it */
+    LD_LOCK_GRANTED = 1, /* {1, count, "fence", pttl} */
     /* lock_release */
-    LD_LOCK_KEPT = 0,          /* {0, count}: holds remain */
-    LD_LOCK_RELEASED = 1,      /* {1, 0}: deleted, and the unlock published */
+    LD_LOCK_KEPT = 0,     /* {0, count}: holds remain */
+    LD_LOCK_RELEASED = 1, /* {1, 0}: deleted, and the unlock published */
     /* lock_info */
-    LD_LOCK_FREE = 0,          /* {0, -2, 0} */
+    LD_LOCK_FREE = 0, /* {0, -2, 0} */
     /* lock_info, lock_extend, lock_renew: {1, pttl, count} */
     LD_LOCK_HELD = 1
 };

@@ -25,10 +25,10 @@ struct ld_dict;
 struct ld_req;
 struct ld_session;
 
-#define LK_UNLOCK_MSG "0"       /* Redisson's LockPubSub.UNLOCK_MESSAGE */
+#define LK_UNLOCK_MSG "0" /* Redisson's LockPubSub.UNLOCK_MESSAGE */
 
 #define container_of(ptr, type, member)                                       \
-    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+    ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 /* The Redis names of one lock. */
 struct lk_names {
@@ -45,10 +45,10 @@ struct lk_op;
  * record of the lock exists, then among the FENCE_IDLE_MAX most recently
  * released ones: memory is bounded by the records plus that many. */
 struct lk_fmemo {
-    char *name;                    /* the lock hash's Redis name */
+    char *name; /* the lock hash's Redis name */
     size_t len;
     long long fence;
-    unsigned refs;                 /* records of this lock */
+    unsigned refs; /* records of this lock */
     bool idle;
     TAILQ_ENTRY(lk_fmemo) idle_link; /* idle list, oldest first */
 };
@@ -58,8 +58,8 @@ struct lk_fmemo {
 /* A session's lock state (ld_session.lock_state). */
 struct lk_sess {
     struct ld_session *sess;
-    struct ld_dict *recs;          /* (owner, key) -> struct lk_rec */
-    LIST_HEAD(, lk_op) waiting;    /* its queued lock requests */
+    struct ld_dict *recs;       /* (owner, key) -> struct lk_rec */
+    LIST_HEAD(, lk_op) waiting; /* its queued lock requests */
     bool closing;
 };
 
@@ -68,85 +68,85 @@ struct lk_sess {
  * and by token) while it holds the lock or an acquisition for it is on its
  * way, and freed once unlinked and no command refers to it any more. */
 struct lk_rec {
-    struct lk_sess *ls;            /* NULL once its session has closed */
+    struct lk_sess *ls; /* NULL once its session has closed */
     char *dkey;
     size_t dkey_len;
-    char *key;                     /* the client's key, for events */
+    char *key; /* the client's key, for events */
     size_t key_len;
     struct lk_names n;
     char token[LD_TOKEN_LEN + 1];
-    long long count;               /* 0: not held */
+    long long count; /* 0: not held */
     long long fence;
     bool linked;
-    bool watchdog;                 /* renewed while the session lives */
+    bool watchdog; /* renewed while the session lives */
     bool detached;
-    bool capped;                   /* lock.max_hold_ms applies */
-    bool renewing;                 /* a renewal or check is in flight */
-    bool token_used;               /* granted once under this token */
-    unsigned refs;                 /* commands in flight that name it */
-    unsigned pending;              /* acquisitions in flight or queued */
+    bool capped;      /* lock.max_hold_ms applies */
+    bool renewing;    /* a renewal or check is in flight */
+    bool token_used;  /* granted once under this token */
+    unsigned refs;    /* commands in flight that name it */
+    unsigned pending; /* acquisitions in flight or queued */
     uint64_t acquired_us;
     uint64_t acquired_ms;
-    uint64_t lease_end_ms;         /* Redis keeps the lock at least until */
-    uint64_t cap_end_ms;           /* max_hold ends the lock (0: never) */
-    struct event *cap_ev;          /* lock_lost when it can't be proven */
+    uint64_t lease_end_ms; /* Redis keeps the lock at least until */
+    uint64_t cap_end_ms;   /* max_hold ends the lock (0: never) */
+    struct event *cap_ev;  /* lock_lost when it can't be proven */
     struct lk_fmemo *fm;
     TAILQ_ENTRY(lk_rec) held_entry; /* list of held records */
     bool in_held;
 };
 
 enum lk_kind {
-    LK_ACQ,          /* lock by owner (may wait) */
-    LK_ACQ_TOKEN,    /* lock by token: reentry only */
+    LK_ACQ,       /* lock by owner (may wait) */
+    LK_ACQ_TOKEN, /* lock by token: reentry only */
     LK_UNLOCK,
     LK_EXTEND,
     LK_INFO,
-    LK_RENEW,        /* watchdog renewal */
-    LK_CHECK,        /* is a fixed lease still there? */
-    LK_RELEASE       /* release all holds: session end, loss, shutdown */
+    LK_RENEW,  /* watchdog renewal */
+    LK_CHECK,  /* is a fixed lease still there? */
+    LK_RELEASE /* release all holds: session end, loss, shutdown */
 };
 
 /* One request or internal command in flight. */
 struct lk_op {
     enum lk_kind kind;
-    struct ld_req *req;            /* NULL once answered or internal */
-    struct lk_rec *rec;            /* referenced; NULL for foreign tokens */
-    struct lk_names n;             /* own names when REC is NULL */
-    char *field;                   /* holder field when REC is NULL */
+    struct ld_req *req; /* NULL once answered or internal */
+    struct lk_rec *rec; /* referenced; NULL for foreign tokens */
+    struct lk_names n;  /* own names when REC is NULL */
+    char *field;        /* holder field when REC is NULL */
     size_t field_len;
-    char *key;                     /* the client's key, for messages */
+    char *key; /* the client's key, for messages */
     size_t key_len;
-    long long lease_ms;            /* lease to set (0: keep) */
-    long long lease_asked;         /* before clipping at max_hold */
+    long long lease_ms;    /* lease to set (0: keep) */
+    long long lease_asked; /* before clipping at max_hold */
     long long wait_ms;
-    bool watchdog;                 /* this acquisition asked for one */
+    bool watchdog; /* this acquisition asked for one */
     bool inflight;
-    bool answered_early;           /* answered while its try was out */
-    bool reenter;                  /* sent as reentry only */
+    bool answered_early; /* answered while its try was out */
+    bool reenter;        /* sent as reentry only */
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
-    long long replicas_got;        /* WAIT's answer, -1 when none */
-    char *wait_why;                /* why WAIT got no answer */
+    long long replicas_got;             /* WAIT's answer, -1 when none */
+    char *wait_why;                     /* why WAIT got no answer */
     struct ld_lockwait w;
-    struct lk_sess *ls;            /* set while in ls->waiting */
+    struct lk_sess *ls; /* set while in ls->waiting */
     LIST_ENTRY(lk_op) wait_link;
-    LIST_ENTRY(lk_op) link;        /* every op */
-    struct event *undo_ev;         /* a release by token, later */
+    LIST_ENTRY(lk_op) link; /* every op */
+    struct event *undo_ev;  /* a release by token, later */
 };
 
 /* The module's state, one for the daemon (defined in ld_lock.c). */
 struct lk_mod {
     const struct ld_ctx *ctx;
-    struct ld_dict *by_token;      /* token -> linked struct lk_rec */
+    struct ld_dict *by_token; /* token -> linked struct lk_rec */
     TAILQ_HEAD(, lk_rec) held;
     LIST_HEAD(, lk_op) ops;
     struct event *pass_ev;
-    struct ld_defer step;          /* continues a pass on a later turn */
-    struct lk_rec *cursor;         /* next record of the pass running */
+    struct ld_defer step;  /* continues a pass on a later turn */
+    struct lk_rec *cursor; /* next record of the pass running */
     bool passing;
-    long long renew_inflight;      /* renewals and checks sent, unanswered */
-    bool check_all;                /* this pass checks fixed leases too */
-    struct ld_dict *fences;        /* lock hash name -> struct lk_fmemo */
+    long long renew_inflight; /* renewals and checks sent, unanswered */
+    bool check_all;           /* this pass checks fixed leases too */
+    struct ld_dict *fences;   /* lock hash name -> struct lk_fmemo */
     TAILQ_HEAD(, lk_fmemo) idle;
     size_t idle_n;
     bool stopping;
@@ -173,7 +173,8 @@ struct lk_target {
     bool has_token;
 };
 
-static inline struct timeval tv_ms(long long ms)
+static inline struct timeval
+tv_ms(long long ms)
 {
     struct timeval tv;
     tv.tv_sec = (time_t)(ms / 1000);
@@ -204,15 +205,13 @@ void lk_reply_not_held(struct ld_req *req, const char *key, size_t klen,
                        bool other);
 void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
                                const struct lk_op *op, bool write);
-void lk_reply_wrong_type(struct ld_req *req, const char *key,
-                         size_t klen);
+void lk_reply_wrong_type(struct ld_req *req, const char *key, size_t klen);
 void lk_script(enum ld_script_id id, const struct lk_names *n, int nkeys,
-               int nargs, const char **args, size_t *lens,
-               ld_redis_cb *cb, void *arg);
+               int nargs, const char **args, size_t *lens, ld_redis_cb *cb,
+               void *arg);
 void lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
                   const struct lk_names *n, int nkeys, int nargs,
-                  const char **args, size_t *lens, ld_redis_cb *cb,
-                  void *arg);
+                  const char **args, size_t *lens, ld_redis_cb *cb, void *arg);
 
 /* ld_lock.c */
 void lk_op_fail(struct lk_op *op, const redisReply *r, int n,

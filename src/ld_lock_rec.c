@@ -19,15 +19,16 @@
 
 /* ---------------------------------------------------------------- names */
 
-static char *put(char *p, const void *s, size_t len)
+static char *
+put(char *p, const void *s, size_t len)
 {
     memcpy(p, s, len);
     return p + len;
 }
 
 /* Redisson's prefixName: a name that carries a hash tag keeps it. */
-static size_t redisson_name(char *out, const char *prefix, const char *key,
-                            size_t len)
+static size_t
+redisson_name(char *out, const char *prefix, const char *key, size_t len)
 {
     char *p = out;
     p = put(p, prefix, strlen(prefix));
@@ -43,14 +44,15 @@ static size_t redisson_name(char *out, const char *prefix, const char *key,
     return (size_t)(p - out);
 }
 
-void lk_names_build(struct lk_names *n, const char *key, size_t len)
+void
+lk_names_build(struct lk_names *n, const char *key, size_t len)
 {
     const struct ld_config *cfg = lock_mod.ctx->cfg;
     if (cfg->lock.layout == LD_LAYOUT_REDISSON) {
         static const char chan_pfx[] = "redisson_lock__channel";
         static const char fence_pfx[] = "redisson_lock_token";
-        size_t cap = (len + 1) + (sizeof(chan_pfx) + len + 4)
-                     + (sizeof(fence_pfx) + len + 4);
+        size_t cap = (len + 1) + (sizeof(chan_pfx) + len + 4) +
+                     (sizeof(fence_pfx) + len + 4);
         char *p = n->buf = ld_xmalloc(cap);
         n->hash = p;
         n->hash_len = len;
@@ -87,15 +89,17 @@ void lk_names_build(struct lk_names *n, const char *key, size_t len)
     *p = '\0';
 }
 
-static bool names_same(const struct lk_names *a, const struct lk_names *b)
+static bool
+names_same(const struct lk_names *a, const struct lk_names *b)
 {
-    return a->hash_len == b->hash_len
-           && memcmp(a->hash, b->hash, a->hash_len) == 0;
+    return a->hash_len == b->hash_len &&
+           memcmp(a->hash, b->hash, a->hash_len) == 0;
 }
 
 /* ---------------------------------------------------------- fence memo */
 
-void lk_fmemo_idle_unlink(struct lk_fmemo *fm)
+void
+lk_fmemo_idle_unlink(struct lk_fmemo *fm)
 {
     LD_ASSERT(fm->idle && fm->refs == 0 && lock_mod.idle_n > 0);
     TAILQ_REMOVE(&lock_mod.idle, fm, idle_link);
@@ -103,13 +107,15 @@ void lk_fmemo_idle_unlink(struct lk_fmemo *fm)
     lock_mod.idle_n--;
 }
 
-void lk_fmemo_free(struct lk_fmemo *fm)
+void
+lk_fmemo_free(struct lk_fmemo *fm)
 {
     free(fm->name);
     free(fm);
 }
 
-static struct lk_fmemo *fmemo_get(const struct lk_names *n)
+static struct lk_fmemo *
+fmemo_get(const struct lk_names *n)
 {
     struct lk_fmemo *fm = ld_dict_get(lock_mod.fences, n->hash, n->hash_len);
     if (fm == NULL) {
@@ -124,7 +130,8 @@ static struct lk_fmemo *fmemo_get(const struct lk_names *n)
     return fm;
 }
 
-static void fmemo_put(struct lk_fmemo *fm)
+static void
+fmemo_put(struct lk_fmemo *fm)
 {
     LD_ASSERT(fm->refs > 0 && !fm->idle);
     if (--fm->refs > 0) {
@@ -148,7 +155,8 @@ static void fmemo_put(struct lk_fmemo *fm)
 
 /* ------------------------------------------------------------- records */
 
-static void held_link(struct lk_rec *rec)
+static void
+held_link(struct lk_rec *rec)
 {
     if (rec->in_held) {
         return;
@@ -158,7 +166,8 @@ static void held_link(struct lk_rec *rec)
     rec->in_held = true;
 }
 
-static void held_unlink(struct lk_rec *rec)
+static void
+held_unlink(struct lk_rec *rec)
 {
     if (!rec->in_held) {
         return;
@@ -170,8 +179,9 @@ static void held_unlink(struct lk_rec *rec)
     rec->in_held = false;
 }
 
-char *lk_dkey_build(const char *owner, size_t olen, const char *key,
-                    size_t klen, size_t *out_len)
+char *
+lk_dkey_build(const char *owner, size_t olen, const char *key, size_t klen,
+              size_t *out_len)
 {
     /* Owner length first, so that no (owner, key) pair can collide with
      * another whatever bytes they contain. */
@@ -185,7 +195,8 @@ char *lk_dkey_build(const char *owner, size_t olen, const char *key,
     return d;
 }
 
-static void rec_free(struct lk_rec *rec)
+static void
+rec_free(struct lk_rec *rec)
 {
     LD_ASSERT(!rec->linked && rec->refs == 0 && rec->pending == 0);
     held_unlink(rec);
@@ -199,17 +210,16 @@ static void rec_free(struct lk_rec *rec)
     free(rec);
 }
 
-void lk_rec_unlink(struct lk_rec *rec)
+void
+lk_rec_unlink(struct lk_rec *rec)
 {
     if (!rec->linked) {
         return;
     }
     /* Linked means findable both ways, as this very record. */
-    LD_ASSERT(ld_dict_get(lock_mod.by_token, rec->token, LD_TOKEN_LEN)
-              == rec);
-    LD_ASSERT(rec->ls == NULL
-              || ld_dict_get(rec->ls->recs, rec->dkey, rec->dkey_len)
-                     == rec);
+    LD_ASSERT(ld_dict_get(lock_mod.by_token, rec->token, LD_TOKEN_LEN) == rec);
+    LD_ASSERT(rec->ls == NULL ||
+              ld_dict_get(rec->ls->recs, rec->dkey, rec->dkey_len) == rec);
     if (rec->ls != NULL) {
         ld_dict_del(rec->ls->recs, rec->dkey, rec->dkey_len);
     }
@@ -217,7 +227,8 @@ void lk_rec_unlink(struct lk_rec *rec)
     rec->linked = false;
 }
 
-static void rec_settle(struct lk_rec *rec)
+static void
+rec_settle(struct lk_rec *rec)
 {
     if (rec->linked && rec->count == 0 && rec->pending == 0) {
         lk_rec_unlink(rec);
@@ -227,7 +238,8 @@ static void rec_settle(struct lk_rec *rec)
     }
 }
 
-void lk_rec_unref(struct lk_rec *rec)
+void
+lk_rec_unref(struct lk_rec *rec)
 {
     LD_ASSERT(rec->refs > 0);
     rec->refs--;
@@ -236,7 +248,8 @@ void lk_rec_unref(struct lk_rec *rec)
 
 /* Move the hold count to N and keep the gauges, the list of held records
  * and the hold-time histogram in step. */
-void lk_rec_set_count(struct lk_rec *rec, long long n)
+void
+lk_rec_set_count(struct lk_rec *rec, long long n)
 {
     long long was = rec->count;
     rec->count = n;
@@ -258,8 +271,9 @@ void lk_rec_set_count(struct lk_rec *rec, long long n)
     }
 }
 
-struct lk_rec *lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
-                          const char *key, size_t klen, bool detached)
+struct lk_rec *
+lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen, const char *key,
+           size_t klen, bool detached)
 {
     struct lk_rec *rec = ld_xcalloc(1, sizeof(*rec));
     if (ld_token_new(rec->token) != LD_OK) {
@@ -281,8 +295,8 @@ struct lk_rec *lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
 }
 
 /* The record that holds TOKEN for KEY's lock in this daemon, if any. */
-struct lk_rec *lk_rec_by_token(const char *tok, size_t len,
-                               const struct lk_names *n)
+struct lk_rec *
+lk_rec_by_token(const char *tok, size_t len, const struct lk_names *n)
 {
     if (len != LD_TOKEN_LEN) {
         return NULL;
@@ -297,7 +311,8 @@ struct lk_rec *lk_rec_by_token(const char *tok, size_t len,
 /* The lock is no longer this session's: tell it, and forget the hold.
  * RELEASE also deletes it in Redis (when the daemon itself gives it up,
  * so that waiters everywhere proceed at once). */
-void lk_rec_lost(struct lk_rec *rec, const char *reason, bool release)
+void
+lk_rec_lost(struct lk_rec *rec, const char *reason, bool release)
 {
     if (rec->ls != NULL) {
         json_t *ev = json_pack("{s:s,s:s%,s:s,s:s}", "event", "lock_lost",
@@ -317,7 +332,8 @@ void lk_rec_lost(struct lk_rec *rec, const char *reason, bool release)
 /* A new acquisition after a hold ended gets a new token: the old one may
  * still be in the hands of someone who must not be able to use it on
  * the new hold (an unlock by token, a reentry by token). */
-int lk_rec_retoken(struct lk_rec *rec)
+int
+lk_rec_retoken(struct lk_rec *rec)
 {
     char tok[LD_TOKEN_LEN + 1];
     if (ld_token_new(tok) != LD_OK) {

@@ -18,7 +18,8 @@
 
 /* Read a script's integer array into V; returns the count, or -1 when the
  * reply is anything else. */
-int lk_reply_ints(const redisReply *r, long long *v, int max)
+int
+lk_reply_ints(const redisReply *r, long long *v, int max)
 {
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
         return -1;
@@ -37,18 +38,19 @@ int lk_reply_ints(const redisReply *r, long long *v, int max)
  * its fence as a decimal string (fences never pass through Lua numbers),
  * read here exactly. Returns -1 for anything else, also for a fence that
  * is not a positive 64-bit integer (0 means unknown, on a reentry). */
-int lk_reply_acquire(const redisReply *r, long long v[4])
+int
+lk_reply_acquire(const redisReply *r, long long v[4])
 {
-    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1
-        || r->element[0]->type != REDIS_REPLY_INTEGER) {
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER) {
         return -1;
     }
     if (r->element[0]->integer != LD_LOCK_GRANTED) {
         return lk_reply_ints(r, v, 4);
     }
-    if (r->elements != 4 || r->element[1]->type != REDIS_REPLY_INTEGER
-        || r->element[2]->type != REDIS_REPLY_STRING
-        || r->element[3]->type != REDIS_REPLY_INTEGER) {
+    if (r->elements != 4 || r->element[1]->type != REDIS_REPLY_INTEGER ||
+        r->element[2]->type != REDIS_REPLY_STRING ||
+        r->element[3]->type != REDIS_REPLY_INTEGER) {
         return -1;
     }
     const redisReply *f = r->element[2];
@@ -61,8 +63,8 @@ int lk_reply_acquire(const redisReply *r, long long v[4])
     char *end;
     errno = 0;
     long long fence = strtoll(buf, &end, 10);
-    if (errno != 0 || *end != '\0' || fence < 0 || buf[0] == '-'
-        || buf[0] == '+' || (buf[0] == '0' && f->len > 1)) {
+    if (errno != 0 || *end != '\0' || fence < 0 || buf[0] == '-' ||
+        buf[0] == '+' || (buf[0] == '0' && f->len > 1)) {
         return -1;
     }
     v[0] = LD_LOCK_GRANTED;
@@ -72,7 +74,8 @@ int lk_reply_acquire(const redisReply *r, long long v[4])
     return 4;
 }
 
-static const char *kind_name(enum lk_kind kind)
+static const char *
+kind_name(enum lk_kind kind)
 {
     switch (kind) {
     case LK_UNLOCK:
@@ -97,12 +100,14 @@ static const char *kind_name(enum lk_kind kind)
  * so a command sent without an answer may have happened, and the client
  * is told "outcome":"unknown" instead of "nothing changed". OP (may be
  * NULL) names the op and key in the log. */
-void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
-                               const struct lk_op *op, bool write)
+void
+lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
+                          const struct lk_op *op, bool write)
 {
     static const char *const unavailable[] = {
-        "LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN",
-        "TRYAGAIN", "NOREPLICAS", "OOM", "NOAUTH", "MOVED", "ASK",
+        "LOADING",     "BUSY",     "READONLY",   "MASTERDOWN",
+        "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "OOM",
+        "NOAUTH",      "MOVED",    "ASK",
     };
     const char *why = ld_redis_failure_reason();
     const char *opname = op != NULL ? kind_name(op->kind) : "lock";
@@ -117,12 +122,14 @@ void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
         bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
         if (unknown) {
             log_warn("redis failure op=%s key=%.*s outcome=unknown "
-                     "reason=\"%s\"", opname, klen, key, why);
+                     "reason=\"%s\"",
+                     opname, klen, key, why);
         } else {
             /* Nothing changed; the connection's own loss is a warning
              * already, so one line per request stays quieter. */
             log_info("redis failure op=%s key=%.*s outcome=unchanged "
-                     "reason=\"%s\"", opname, klen, key, why);
+                     "reason=\"%s\"",
+                     opname, klen, key, why);
         }
         if (req == NULL) {
             return;
@@ -131,7 +138,8 @@ void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
             ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
                                  json_pack("{s:s}", "outcome", "unknown"),
                                  "redis: %s; the %s was sent and may have "
-                                 "taken effect", why, opname);
+                                 "taken effect",
+                                 why, opname);
         } else {
             ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
         }
@@ -140,8 +148,8 @@ void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
     if (r->type == REDIS_REPLY_ERROR) {
         for (size_t i = 0; i < LD_ARRAY_LEN(unavailable); i++) {
             if (ld_reply_is_error(r, unavailable[i])) {
-                log_warn("redis failure op=%s key=%.*s reason=\"%s\"",
-                         opname, klen, key, why);
+                log_warn("redis failure op=%s key=%.*s reason=\"%s\"", opname,
+                         klen, key, why);
                 if (req != NULL) {
                     ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s",
                                    why);
@@ -149,23 +157,24 @@ void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
                 return;
             }
         }
-        log_error("internal error op=%s key=%.*s redis=\"%s\"", opname,
-                  klen, key, why);
+        log_error("internal error op=%s key=%.*s redis=\"%s\"", opname, klen,
+                  key, why);
         if (req != NULL) {
             ld_reply_error(req, LD_E_INTERNAL, "redis: %s", why);
         }
         return;
     }
     log_error("internal error op=%s key=%.*s: unexpected reply type %d "
-              "from a lock script", opname, klen, key, r->type);
+              "from a lock script",
+              opname, klen, key, r->type);
     if (req != NULL) {
         ld_reply_error(req, LD_E_INTERNAL,
                        "unexpected reply from a lock script");
     }
 }
 
-void lk_reply_not_held(struct ld_req *req, const char *key, size_t klen,
-                       bool other)
+void
+lk_reply_not_held(struct ld_req *req, const char *key, size_t klen, bool other)
 {
     ld_reply_error_extra(req, LD_E_NOT_HELD,
                          json_pack("{s:s}", "reason",
@@ -175,32 +184,33 @@ void lk_reply_not_held(struct ld_req *req, const char *key, size_t klen,
                          (int)klen, key);
 }
 
-void lk_reply_wrong_type(struct ld_req *req, const char *key,
-                         size_t klen)
+void
+lk_reply_wrong_type(struct ld_req *req, const char *key, size_t klen)
 {
     ld_reply_error(req, LD_E_WRONG_TYPE,
                    "the redis key of lock '%.*s' holds data that is not a "
-                   "lock", (int)klen, key);
+                   "lock",
+                   (int)klen, key);
 }
 
 /* Lock scripts go on the lock connections while lock.wait_replicas is
  * set, so that the WAIT after a grant blocks none of the shared ones. */
-void lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
-                  const struct lk_names *n, int nkeys, int nargs,
-                  const char **args, size_t *lens, ld_redis_cb *cb,
-                  void *arg)
+void
+lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
+             const struct lk_names *n, int nkeys, int nargs, const char **args,
+             size_t *lens, ld_redis_cb *cb, void *arg)
 {
-    struct ld_redis_opts o = { flags, LD_REDIS_POOL_SHARED, pin };
+    struct ld_redis_opts o = {flags, LD_REDIS_POOL_SHARED, pin};
     if (lock_mod.ctx->cfg->lock.wait_replicas > 0) {
         o.pool = LD_REDIS_POOL_LOCK;
     }
-    ld_redis_script_ex(&o, id, n->hash, n->hash_len, nkeys, nargs, args,
-                       lens, cb, arg);
+    ld_redis_script_ex(&o, id, n->hash, n->hash_len, nkeys, nargs, args, lens,
+                       cb, arg);
 }
 
-void lk_script(enum ld_script_id id, const struct lk_names *n, int nkeys,
-               int nargs, const char **args, size_t *lens,
-               ld_redis_cb *cb, void *arg)
+void
+lk_script(enum ld_script_id id, const struct lk_names *n, int nkeys, int nargs,
+          const char **args, size_t *lens, ld_redis_cb *cb, void *arg)
 {
     lk_script_ex(0, 0, id, n, nkeys, nargs, args, lens, cb, arg);
 }

@@ -22,12 +22,14 @@
  * was sent, which is never later than Redis started it, and the margin
  * covers the clocks of the two hosts drifting apart (1% of a watchdog
  * lease, as for Redlock) and the event's way to the client (2 ms). */
-static uint64_t lost_margin_ms(void)
+static uint64_t
+lost_margin_ms(void)
 {
     return 2 + (uint64_t)lock_mod.ctx->cfg->lock.watchdog_ms / 100;
 }
 
-static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
+static void
+cap_on_timer(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
@@ -39,8 +41,8 @@ static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
      * lease that was clipped at max_hold ends there (Redis reports it a
      * few ms short of the clip, the time the script took): the cap is
      * the reason, not Redis. */
-    bool cap = rec->cap_end_ms != 0
-               && rec->lease_end_ms + lost_margin_ms() >= rec->cap_end_ms;
+    bool cap = rec->cap_end_ms != 0 &&
+               rec->lease_end_ms + lost_margin_ms() >= rec->cap_end_ms;
     rec->refs++;
     lk_rec_lost(rec, cap ? "max_hold" : "redis_unavailable", true);
     lk_rec_unref(rec);
@@ -49,7 +51,8 @@ static void cap_on_timer(evutil_socket_t fd, short what, void *arg)
 /* Arm the one timer of a held record for the earlier of: the moment the
  * daemon can no longer prove a watchdog lease (lease end minus the
  * margin), and max_hold. Called whenever either changes. */
-void lk_rec_arm_cap(struct lk_rec *rec)
+void
+lk_rec_arm_cap(struct lk_rec *rec)
 {
     if (rec->count == 0) {
         return;
@@ -81,7 +84,8 @@ void lk_rec_arm_cap(struct lk_rec *rec)
 }
 
 /* Follow lock.max_hold_ms (reloads apply) for a watchdog-renewed lock. */
-void lk_rec_cap_update(struct lk_rec *rec)
+void
+lk_rec_cap_update(struct lk_rec *rec)
 {
     long long max = lock_mod.ctx->cfg->lock.max_hold_ms;
     if (!rec->watchdog || max <= 0 || rec->count == 0) {
@@ -94,7 +98,8 @@ void lk_rec_cap_update(struct lk_rec *rec)
 
 /* Milliseconds left under max_hold (LLONG_MAX when no cap applies; 0 or
  * less once reached). */
-static long long rec_cap_left(const struct lk_rec *rec)
+static long long
+rec_cap_left(const struct lk_rec *rec)
 {
     if (rec == NULL || rec->cap_end_ms == 0) {
         return LLONG_MAX;
@@ -104,7 +109,8 @@ static long long rec_cap_left(const struct lk_rec *rec)
 
 /* A lease to set on REC (grant, reentry, renewal, extend), clipped so that
  * it never runs past max_hold. */
-long long lk_rec_cap_clip(const struct lk_rec *rec, long long lease)
+long long
+lk_rec_cap_clip(const struct lk_rec *rec, long long lease)
 {
     long long left = rec_cap_left(rec);
     if (lease > left) {
@@ -117,7 +123,8 @@ long long lk_rec_cap_clip(const struct lk_rec *rec, long long lease)
 
 static void pass_continue(void);
 
-static void renew_on_reply(redisReply *r, void *arg)
+static void
+renew_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
@@ -135,7 +142,7 @@ static void renew_on_reply(redisReply *r, void *arg)
         return;
     }
     bool renew = op->kind == LK_RENEW;
-    long long v[3] = { 0, 0, 0 };
+    long long v[3] = {0, 0, 0};
     int n = lk_reply_ints(r, v, 3);
     if (n >= 3 && v[0] == LD_LOCK_HELD) {
         if (renew) {
@@ -158,7 +165,8 @@ static void renew_on_reply(redisReply *r, void *arg)
         bool early = ld_now_ms() < rec->lease_end_ms;
         if (v[0] == LD_LOCK_WRONG_TYPE) {
             log_warn("lock '%.*s': its redis key holds data leased did not "
-                     "write", (int)rec->key_len, rec->key);
+                     "write",
+                     (int)rec->key_len, rec->key);
         }
         if (renew) {
             ld_stats.lock_renewals_failed++;
@@ -183,13 +191,14 @@ static void renew_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
-static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
+static void
+renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
 {
     struct lk_op *op = lk_op_new(kind, NULL, rec);
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", lease);
-    const char *args[] = { rec->n.hash, rec->token, lbuf, "1" };
-    size_t lens[] = { rec->n.hash_len, LD_TOKEN_LEN, strlen(lbuf), 1 };
+    const char *args[] = {rec->n.hash, rec->token, lbuf, "1"};
+    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, strlen(lbuf), 1};
     rec->renewing = true;
     op->sent_ms = ld_now_ms();
     op->inflight = true;
@@ -198,13 +207,15 @@ static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
               op);
 }
 
-static long long pass_period_ms(void)
+static long long
+pass_period_ms(void)
 {
     long long p = lock_mod.ctx->cfg->lock.watchdog_ms / 3;
     return p > 0 ? p : 1;
 }
 
-static void pass_arm(void)
+static void
+pass_arm(void)
 {
     long long ms = pass_period_ms();
     struct timeval tv = tv_ms((long long)ms);
@@ -213,15 +224,16 @@ static void pass_arm(void)
 
 /* What the pass does for one record: renew a watchdog lock, stop renewing
  * at max_hold, look after a fixed lease that should have run out. */
-static void pass_visit(struct lk_rec *rec, uint64_t now)
+static void
+pass_visit(struct lk_rec *rec, uint64_t now)
 {
     const struct ld_config *cfg = lock_mod.ctx->cfg;
     if (rec->ls == NULL) {
         return;
     }
     if (!rec->watchdog) {
-        if (!rec->renewing
-            && (lock_mod.check_all || now >= rec->lease_end_ms)) {
+        if (!rec->renewing &&
+            (lock_mod.check_all || now >= rec->lease_end_ms)) {
             renew_send(rec, LK_CHECK, 0);
         }
         return;
@@ -252,7 +264,8 @@ static void pass_visit(struct lk_rec *rec, uint64_t now)
  * write per connection. The cursor survives records leaving the list
  * (held_unlink moves it on); records added meanwhile are new and wait for
  * the next pass. */
-static void pass_step(void *arg)
+static void
+pass_step(void *arg)
 {
     LD_UNUSED(arg);
     uint64_t now = ld_now_ms();
@@ -274,14 +287,16 @@ static void pass_step(void *arg)
     /* else: renew_on_reply continues once replies have come back. */
 }
 
-static void pass_continue(void)
+static void
+pass_continue(void)
 {
     ld_defer_kick(&lock_mod.step);
 }
 
 /* The one periodic timer starts a pass over every held lock, unless the
  * last one is still going (Redis slow), which then simply goes on. */
-static void pass_run(evutil_socket_t fd, short what, void *arg)
+static void
+pass_run(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
@@ -299,10 +314,11 @@ static void pass_run(evutil_socket_t fd, short what, void *arg)
  * data) or a lock was found gone before its lease. Locks that did not
  * survive are reported at once instead of a pass later, and fixed-lease
  * locks at all. */
-void lk_recheck_start(void)
+void
+lk_recheck_start(void)
 {
-    if (lock_mod.freed || lock_mod.stopping
-        || (lock_mod.passing && lock_mod.check_all)) {
+    if (lock_mod.freed || lock_mod.stopping ||
+        (lock_mod.passing && lock_mod.check_all)) {
         return;
     }
     lock_mod.check_all = true;
@@ -311,7 +327,8 @@ void lk_recheck_start(void)
     pass_continue();
 }
 
-static void on_redis_state(bool up, void *arg)
+static void
+on_redis_state(bool up, void *arg)
 {
     LD_UNUSED(arg);
     if (up) {
@@ -320,7 +337,8 @@ static void on_redis_state(bool up, void *arg)
 }
 
 /* The watchdog's one periodic timer, and rechecks when Redis is back. */
-void lk_watch_init(void)
+void
+lk_watch_init(void)
 {
     lock_mod.pass_ev = evtimer_new(lock_mod.ctx->base, pass_run, NULL);
     if (lock_mod.pass_ev == NULL) {
@@ -331,7 +349,8 @@ void lk_watch_init(void)
     ld_redis_on_state(on_redis_state, NULL);
 }
 
-void lk_watch_free(void)
+void
+lk_watch_free(void)
 {
     event_free(lock_mod.pass_ev);
     lock_mod.pass_ev = NULL;

@@ -23,17 +23,17 @@ struct ld_lockwait_q {
     size_t route_len;
     char *chan;
     size_t chan_len;
-    TAILQ_HEAD(, ld_lockwait) waiters;  /* FIFO; only the head tries */
+    TAILQ_HEAD(, ld_lockwait) waiters; /* FIFO; only the head tries */
     struct ld_pubsub_sub *sub;
-    struct event *retry_ev;     /* at the holder's lease end */
-    bool wake_pending;          /* a wake-up came while the head was trying */
-    long long pttl;             /* holder's lease as last seen, -1 unknown */
+    struct event *retry_ev; /* at the holder's lease end */
+    bool wake_pending;      /* a wake-up came while the head was trying */
+    long long pttl;         /* holder's lease as last seen, -1 unknown */
     uint64_t pttl_at_ms;
 };
 
 static struct {
     const struct ld_ctx *ctx;
-    struct ld_dict *queues;     /* route -> struct ld_lockwait_q */
+    struct ld_dict *queues; /* route -> struct ld_lockwait_q */
     ld_lockwait_try_fn *try_fn;
     ld_lockwait_expire_fn *expire_fn;
     ld_lockwait_sub_fn *sub_fn;
@@ -42,7 +42,8 @@ static struct {
 
 static void q_head_try(struct ld_lockwait_q *q);
 
-static struct timeval tv_ms(long long ms)
+static struct timeval
+tv_ms(long long ms)
 {
     struct timeval tv;
     tv.tv_sec = (time_t)(ms / 1000);
@@ -50,7 +51,8 @@ static struct timeval tv_ms(long long ms)
     return tv;
 }
 
-int ld_lockwait_init(const struct ld_ctx *ctx)
+int
+ld_lockwait_init(const struct ld_ctx *ctx)
 {
     lockwait_mod.ctx = ctx;
     lockwait_mod.queues = ld_dict_new();
@@ -59,21 +61,24 @@ int ld_lockwait_init(const struct ld_ctx *ctx)
     return LD_OK;
 }
 
-void ld_lockwait_set_handlers(ld_lockwait_try_fn *try_fn,
-                              ld_lockwait_expire_fn *expire_fn)
+void
+ld_lockwait_set_handlers(ld_lockwait_try_fn *try_fn,
+                         ld_lockwait_expire_fn *expire_fn)
 {
     lockwait_mod.try_fn = try_fn;
     lockwait_mod.expire_fn = expire_fn;
 }
 
-void ld_lockwait_set_channel(ld_lockwait_sub_fn *sub_fn,
-                             ld_lockwait_unsub_fn *unsub_fn)
+void
+ld_lockwait_set_channel(ld_lockwait_sub_fn *sub_fn,
+                        ld_lockwait_unsub_fn *unsub_fn)
 {
     lockwait_mod.sub_fn = sub_fn;
     lockwait_mod.unsub_fn = unsub_fn;
 }
 
-static void q_destroy(struct ld_lockwait_q *q)
+static void
+q_destroy(struct ld_lockwait_q *q)
 {
     LD_ASSERT(TAILQ_EMPTY(&q->waiters));
     ld_dict_del(lockwait_mod.queues, q->route, q->route_len);
@@ -86,7 +91,8 @@ static void q_destroy(struct ld_lockwait_q *q)
     free(q);
 }
 
-static long long q_ttl_estimate(const struct ld_lockwait_q *q)
+static long long
+q_ttl_estimate(const struct ld_lockwait_q *q)
 {
     if (q->pttl <= 0) {
         return -1;
@@ -97,7 +103,8 @@ static long long q_ttl_estimate(const struct ld_lockwait_q *q)
 
 /* Unlink W; destroys the queue when it empties. Returns the queue, or
  * NULL when it was destroyed. */
-static struct ld_lockwait_q *w_unlink(struct ld_lockwait *w)
+static struct ld_lockwait_q *
+w_unlink(struct ld_lockwait *w)
 {
     struct ld_lockwait_q *q = w->q;
     LD_ASSERT(q != NULL);
@@ -116,7 +123,8 @@ static struct ld_lockwait_q *w_unlink(struct ld_lockwait *w)
     return q;
 }
 
-static void q_arm_retry(struct ld_lockwait_q *q, long long pttl)
+static void
+q_arm_retry(struct ld_lockwait_q *q, long long pttl)
 {
     long long ms;
     if (pttl > 0) {
@@ -135,7 +143,8 @@ static void q_arm_retry(struct ld_lockwait_q *q, long long pttl)
     evtimer_add(q->retry_ev, &tv);
 }
 
-static void q_on_retry_timer(evutil_socket_t fd, short what, void *arg)
+static void
+q_on_retry_timer(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
@@ -144,8 +153,8 @@ static void q_on_retry_timer(evutil_socket_t fd, short what, void *arg)
     q_head_try(q);
 }
 
-static void q_on_pubsub(enum ld_pubsub_event ev, const char *msg, size_t len,
-                        void *arg)
+static void
+q_on_pubsub(enum ld_pubsub_event ev, const char *msg, size_t len, void *arg)
 {
     LD_UNUSED(msg);
     LD_UNUSED(len);
@@ -167,7 +176,8 @@ static void q_on_pubsub(enum ld_pubsub_event ev, const char *msg, size_t len,
     }
 }
 
-static void q_head_try(struct ld_lockwait_q *q)
+static void
+q_head_try(struct ld_lockwait_q *q)
 {
     struct ld_lockwait *h = TAILQ_FIRST(&q->waiters);
     if (h == NULL) {
@@ -184,7 +194,8 @@ static void q_head_try(struct ld_lockwait_q *q)
     lockwait_mod.try_fn(h);
 }
 
-static void q_subscribe(struct ld_lockwait_q *q)
+static void
+q_subscribe(struct ld_lockwait_q *q)
 {
     if (q->sub != NULL) {
         return;
@@ -197,7 +208,8 @@ static void q_subscribe(struct ld_lockwait_q *q)
 }
 
 /* The head's attempt saw another holder with lease PTTL. */
-static void q_taken(struct ld_lockwait_q *q, long long pttl)
+static void
+q_taken(struct ld_lockwait_q *q, long long pttl)
 {
     q->pttl = pttl;
     q->pttl_at_ms = ld_now_ms();
@@ -209,7 +221,8 @@ static void q_taken(struct ld_lockwait_q *q, long long pttl)
     }
 }
 
-static void w_on_deadline(evutil_socket_t fd, short what, void *arg)
+static void
+w_on_deadline(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
@@ -233,14 +246,16 @@ static void w_on_deadline(evutil_socket_t fd, short what, void *arg)
     lockwait_mod.expire_fn(w, ttl);
 }
 
-bool ld_lockwait_full(void)
+bool
+ld_lockwait_full(void)
 {
     return ld_stats.lock_waiters >= lockwait_mod.ctx->cfg->limits.max_waiters;
 }
 
-void ld_lockwait_join(struct ld_lockwait *w, const char *route,
-                      size_t route_len, const char *chan, size_t chan_len,
-                      long long wait_ms, bool tried, long long pttl)
+void
+ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
+                 const char *chan, size_t chan_len, long long wait_ms,
+                 bool tried, long long pttl)
 {
     LD_ASSERT(w->q == NULL);
     LD_ASSERT(lockwait_mod.try_fn != NULL && lockwait_mod.expire_fn != NULL);
@@ -254,8 +269,7 @@ void ld_lockwait_join(struct ld_lockwait *w, const char *route,
         q->chan = ld_xstrndup(chan, chan_len);
         q->chan_len = chan_len;
         q->pttl = -1;
-        q->retry_ev = evtimer_new(lockwait_mod.ctx->base, q_on_retry_timer,
-                                  q);
+        q->retry_ev = evtimer_new(lockwait_mod.ctx->base, q_on_retry_timer, q);
         if (q->retry_ev == NULL) {
             ld_oom(0);
         }
@@ -268,8 +282,7 @@ void ld_lockwait_join(struct ld_lockwait *w, const char *route,
     ld_stats.lock_waiters++;
     if (wait_ms >= 0) {
         struct timeval tv = tv_ms(wait_ms);
-        w->deadline_ev = evtimer_new(lockwait_mod.ctx->base, w_on_deadline,
-                                     w);
+        w->deadline_ev = evtimer_new(lockwait_mod.ctx->base, w_on_deadline, w);
         if (w->deadline_ev == NULL) {
             ld_oom(0);
         }
@@ -290,8 +303,9 @@ void ld_lockwait_join(struct ld_lockwait *w, const char *route,
     }
 }
 
-void ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
-                      long long pttl)
+void
+ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
+                 long long pttl)
 {
     struct ld_lockwait_q *q = w->q;
     w->trying = false;
@@ -326,7 +340,8 @@ void ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
     }
 }
 
-void ld_lockwait_leave(struct ld_lockwait *w)
+void
+ld_lockwait_leave(struct ld_lockwait *w)
 {
     struct ld_lockwait_q *q = w->q;
     if (q == NULL) {
@@ -340,7 +355,8 @@ void ld_lockwait_leave(struct ld_lockwait *w)
     }
 }
 
-void ld_lockwait_free(void)
+void
+ld_lockwait_free(void)
 {
     if (lockwait_mod.queues == NULL) {
         return;

@@ -23,17 +23,17 @@ struct ld_ctx;
 struct ld_lockwait_q;
 
 struct ld_lockwait {
-    struct ld_lockwait_q *q;          /* NULL when not queued */
-    TAILQ_ENTRY(ld_lockwait) link;    /* in q's waiters, oldest first */
-    struct event *deadline_ev;        /* NULL when waiting without limit */
-    bool trying;                      /* an attempt is in flight */
-    bool timed_out;                   /* the deadline passed */
+    struct ld_lockwait_q *q;       /* NULL when not queued */
+    TAILQ_ENTRY(ld_lockwait) link; /* in q's waiters, oldest first */
+    struct event *deadline_ev;     /* NULL when waiting without limit */
+    bool trying;                   /* an attempt is in flight */
+    bool timed_out;                /* the deadline passed */
 };
 
 enum ld_lockwait_result {
-    LD_LOCKWAIT_GRANTED,  /* the attempt acquired the lock */
-    LD_LOCKWAIT_TAKEN,    /* another holder has it; PTTL is its lease */
-    LD_LOCKWAIT_FAILED    /* the request was answered with an error */
+    LD_LOCKWAIT_GRANTED, /* the attempt acquired the lock */
+    LD_LOCKWAIT_TAKEN,   /* another holder has it; PTTL is its lease */
+    LD_LOCKWAIT_FAILED   /* the request was answered with an error */
 };
 
 /* Make one attempt for W; its outcome must come back through
@@ -45,10 +45,8 @@ typedef void ld_lockwait_expire_fn(struct ld_lockwait *w, long long ttl_ms);
 
 /* How a queue hears of unlocks: ld_pubsub's functions, unless a test
  * hands in its own. */
-typedef struct ld_pubsub_sub *ld_lockwait_sub_fn(const char *chan,
-                                                 size_t len,
-                                                 ld_pubsub_cb *cb,
-                                                 void *arg);
+typedef struct ld_pubsub_sub *ld_lockwait_sub_fn(const char *chan, size_t len,
+                                                 ld_pubsub_cb *cb, void *arg);
 typedef void ld_lockwait_unsub_fn(struct ld_pubsub_sub *sub);
 
 /* Reads ctx->base and ctx->cfg (live). The handlers must be set before

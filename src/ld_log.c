@@ -142,15 +142,15 @@ ld_log_write(int level, const char *fmt, ...)
 }
 
 void
-ld_assert_fail(const char *cond, const char *file, int line,
-               const char *fmt, ...)
+ld_assert_fail(const char *cond, const char *file, int line, const char *fmt,
+               ...)
 {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    ld_log_write(LD_LOG_ERROR, "assertion failed: %s at %s:%d%s%s", cond,
-                 file, line, msg[0] != '\0' ? ": " : "", msg);
+    ld_log_write(LD_LOG_ERROR, "assertion failed: %s at %s:%d%s%s", cond, file,
+                 line, msg[0] != '\0' ? ": " : "", msg);
     abort();
 }

@@ -88,8 +88,7 @@ bound_port_of(struct evhttp_bound_socket *bs)
 }
 
 int
-ld_metrics_start(struct event_base *base, const char *listen,
-                 int *bound_port)
+ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
 {
     struct evhttp_bound_socket *bs;
     char host[256];
@@ -114,8 +113,7 @@ ld_metrics_start(struct event_base *base, const char *listen,
         log_error("metrics start failed reason=evhttp_new");
         return LD_ERR;
     }
-    evhttp_set_allowed_methods(metrics_http,
-                               EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+    evhttp_set_allowed_methods(metrics_http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
     evhttp_set_timeout(metrics_http, LD_METRICS_TIMEOUT_S);
     evhttp_set_max_headers_size(metrics_http, LD_METRICS_MAX_HEADERS_BYTES);
     evhttp_set_max_body_size(metrics_http, LD_METRICS_MAX_BODY_BYTES);

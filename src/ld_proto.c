@@ -19,7 +19,7 @@
 
 static struct {
     const struct ld_ctx *ctx;
-    ld_proto_route *route;       /* where requests go: dispatch */
+    ld_proto_route *route; /* where requests go: dispatch */
 } proto_mod;
 
 int
@@ -159,8 +159,8 @@ ld_proto_error_line(json_t *id, int code, json_t *extra, const char *message,
     json_object_set_new(err, "code", json_string(ld_errcode_name(code)));
     /* The message may quote client input cut at a byte limit, possibly
      * inside a character: keep what is valid up to there. */
-    json_t *m = json_stringn(message, utf8_valid_prefix(message,
-                                                        strlen(message)));
+    json_t *m = json_stringn(message,
+                             utf8_valid_prefix(message, strlen(message)));
     if (m == NULL) {
         m = json_string("(message not valid UTF-8)");
     }
@@ -300,7 +300,7 @@ utf8_seq(const unsigned char *p, size_t n)
 size_t
 ld_json_quote(char *out, const char *s, size_t len)
 {
-    static const char hex[] = "0123456789ABCDEF";   /* as jansson */
+    static const char hex[] = "0123456789ABCDEF"; /* as jansson */
     const unsigned char *p = (const unsigned char *)s;
     char *o = out;
     size_t i = 0;
@@ -309,8 +309,8 @@ ld_json_quote(char *out, const char *s, size_t len)
     while (i < len) {
         /* Copy the longest run that needs no escape in one go. */
         size_t run = i;
-        while (run < len && p[run] >= 0x20 && p[run] < 0x80 &&
-               p[run] != '"' && p[run] != '\\') {
+        while (run < len && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' &&
+               p[run] != '\\') {
             run++;
         }
         if (run > i) {
@@ -332,13 +332,27 @@ ld_json_quote(char *out, const char *s, size_t len)
         }
         *o++ = '\\';
         switch (c) {
-        case '"': *o++ = '"'; break;
-        case '\\': *o++ = '\\'; break;
-        case '\b': *o++ = 'b'; break;
-        case '\f': *o++ = 'f'; break;
-        case '\n': *o++ = 'n'; break;
-        case '\r': *o++ = 'r'; break;
-        case '\t': *o++ = 't'; break;
+        case '"':
+            *o++ = '"';
+            break;
+        case '\\':
+            *o++ = '\\';
+            break;
+        case '\b':
+            *o++ = 'b';
+            break;
+        case '\f':
+            *o++ = 'f';
+            break;
+        case '\n':
+            *o++ = 'n';
+            break;
+        case '\r':
+            *o++ = 'r';
+            break;
+        case '\t':
+            *o++ = 't';
+            break;
         default:
             *o++ = 'u';
             *o++ = '0';
@@ -536,8 +550,8 @@ ld_req_str(struct ld_req *req, const char *field, bool required,
 }
 
 int
-ld_req_int(struct ld_req *req, const char *field, bool required,
-           long long min, long long max, long long *out, bool *present)
+ld_req_int(struct ld_req *req, const char *field, bool required, long long min,
+           long long max, long long *out, bool *present)
 {
     json_t *v = json_object_get(req->body, field);
     if (present != NULL) {
@@ -605,8 +619,7 @@ ld_req_keys(struct ld_req *req, const char *field, size_t max, json_t **arr)
             return bad_field(req, field, "must be an array of strings");
         }
         if (!ld_key_valid(json_string_value(k), json_string_length(k))) {
-            return bad_field(req, field,
-                             "holds an empty or over-long key");
+            return bad_field(req, field, "holds an empty or over-long key");
         }
     }
     *arr = v;

@@ -6,7 +6,6 @@
 
 #include <jansson.h>
 
-
 struct ld_ctx;
 struct ld_session;
 struct ld_req;
@@ -22,9 +21,9 @@ void ld_proto_free(void);
  * then; when the session has closed meanwhile the answer is dropped. */
 struct ld_req {
     struct ld_session *sess;
-    json_t *id;          /* the request's id, NULL when it had none */
-    json_t *body;        /* the whole request object */
-    const char *op;      /* points into body */
+    json_t *id;     /* the request's id, NULL when it had none */
+    json_t *body;   /* the whole request object */
+    const char *op; /* points into body */
     uint64_t start_us;
 };
 
@@ -32,8 +31,8 @@ struct ld_req {
  * *OUT. On failure (always a bad_request) returns LD_ERR and writes a
  * message that names the field; *ID_OUT gets the id when one could be read, so the
  * error can still carry it. */
-int ld_proto_parse(const char *line, size_t len, json_t **out,
-                   json_t **id_out, char *msg, size_t msglen);
+int ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
+                   char *msg, size_t msglen);
 
 /* The session's line handler: parse LINE, make it a request and route
  * it; a line that is no request is answered bad_request here. */
@@ -60,7 +59,7 @@ void ld_reply_error_extra(struct ld_req *req, int code, json_t *extra,
  * written, or 0 when S is not valid UTF-8. The same text as jansson's,
  * without its per-character cost (large cached values go through this). */
 size_t ld_json_quote(char *out, const char *s, size_t len);
-#define ld_json_quote_max(len) ((len) * 6 + 2)
+#define ld_json_quote_max(len) ((len)*6 + 2)
 
 /* {"id":..,"ok":true,"hit":true,"value":"V"}: the cache hit, built without
  * a JSON tree. Returns LD_ERR, leaving REQ unanswered, when V is not valid
@@ -93,10 +92,10 @@ int ld_req_bool(struct ld_req *req, const char *field, bool *out);
  * number that reaches Lua is a double that Redis turns back into text
  * with 14 significant digits, so it must stay below 10^14 (2^40 is 13
  * digits, and ttl_jitter adds at most half of it). */
-#define LD_TTL_MS_MAX (1LL << 40)     /* ttl_ms: lock, extend, cache.* */
-#define LD_WAIT_MS_MAX (1LL << 31)    /* wait_ms: lock (-1 = no limit), */
-                                      /* cache.get, cache.mget */
-#define LD_DELAY_MS_MAX 86400000LL    /* cache.invalidate delay_ms */
+#define LD_TTL_MS_MAX (1LL << 40)  /* ttl_ms: lock, extend, cache.* */
+#define LD_WAIT_MS_MAX (1LL << 31) /* wait_ms: lock (-1 = no limit), */
+                                   /* cache.get, cache.mget */
+#define LD_DELAY_MS_MAX 86400000LL /* cache.invalidate delay_ms */
 /* An array of keys (each checked like ld_req_key), at most MAX entries.
  * *ARR borrows the array from the request. */
 int ld_req_keys(struct ld_req *req, const char *field, size_t max,

@@ -44,14 +44,13 @@
 #define DRAIN_CHECK_MS 10
 #define DRAIN_MAX_MS 3000
 
-
 /* The process state, ld_server.c's alone: modules get CTX at init and
  * read it; only this file writes it. */
 static struct ld_ctx ctx;
-static char instance[17];       /* random id of this daemon run */
+static char instance[17]; /* random id of this daemon run */
 
 static struct {
-    struct ld_config *cfg;       /* the live configuration, CTX's, writable */
+    struct ld_config *cfg; /* the live configuration, CTX's, writable */
     const char *conf_path;
     struct event *sig_term;
     struct event *sig_int;
@@ -121,8 +120,7 @@ drain_cb(evutil_socket_t fd, short what, void *arg)
 static void
 begin_shutdown(const char *why)
 {
-    log_info("shutting down reason=%s sessions=%lld", why,
-             ld_session_count());
+    log_info("shutting down reason=%s sessions=%lld", why, ld_session_count());
     ctx.shutting_down = true;
     ld_systemd_notify("STOPPING=1");
     ld_listen_stop();
@@ -158,7 +156,8 @@ reload(void)
     /* From the defaults, as at start: a key removed from the file goes
      * back to its default rather than keeping its old value. */
     ld_conf_defaults(&fresh);
-    if (ld_conf_load(&fresh, server_mod.conf_path, true, err, sizeof(err)) != LD_OK) {
+    if (ld_conf_load(&fresh, server_mod.conf_path, true, err, sizeof(err)) !=
+        LD_OK) {
         log_error("reload failed, keeping the running configuration "
                   "error=\"%s\"",
                   err);
@@ -202,8 +201,8 @@ banner(void)
 {
     log_info("leased %s starting config=%s pid=%d hiredis=%d.%d.%d "
              "libevent=%s jansson=%s libyaml=%s",
-             PACKAGE_VERSION, server_mod.conf_path, (int)getpid(), HIREDIS_MAJOR,
-             HIREDIS_MINOR, HIREDIS_PATCH, event_get_version(),
+             PACKAGE_VERSION, server_mod.conf_path, (int)getpid(),
+             HIREDIS_MAJOR, HIREDIS_MINOR, HIREDIS_PATCH, event_get_version(),
              JANSSON_VERSION, yaml_get_version_string());
 }
 
@@ -298,7 +297,8 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ld_stats_init(&ctx);
     banner();
 
-    server_mod.sig_term = evsignal_new(ctx.base, SIGTERM, stop_signal_cb, NULL);
+    server_mod.sig_term = evsignal_new(ctx.base, SIGTERM, stop_signal_cb,
+                                       NULL);
     server_mod.sig_int = evsignal_new(ctx.base, SIGINT, stop_signal_cb, NULL);
     server_mod.sig_hup = evsignal_new(ctx.base, SIGHUP, hup_cb, NULL);
     server_mod.drain_ev = evtimer_new(ctx.base, drain_cb, NULL);

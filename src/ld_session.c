@@ -66,14 +66,14 @@ TAILQ_HEAD(session_list, ld_session);
 
 struct session_io {
     struct ld_framer framer;
-    struct event *linger_ev;   /* bounds the writing after close */
-    struct event *more_ev;     /* continue with buffered lines */
-    bool dirty;                /* on the flush list */
-    bool reading;              /* EV_READ enabled on the bufferevent */
-    bool out_paused;           /* output over the high mark: no dispatch */
-    bool backlog;              /* complete lines left for a later turn */
-    bool over_limit;           /* output passed the limit: dropped */
-    bool seen_line;            /* the first line has been looked at */
+    struct event *linger_ev; /* bounds the writing after close */
+    struct event *more_ev;   /* continue with buffered lines */
+    bool dirty;              /* on the flush list */
+    bool reading;            /* EV_READ enabled on the bufferevent */
+    bool out_paused;         /* output over the high mark: no dispatch */
+    bool backlog;            /* complete lines left for a later turn */
+    bool over_limit;         /* output passed the limit: dropped */
+    bool seen_line;          /* the first line has been looked at */
     struct ld_session *next_dirty;
     /* On the open list (session_mod.open) from creation to close: the
      * link is private, other modules walk the list with
@@ -93,14 +93,14 @@ struct session_io {
 static struct {
     const struct ld_ctx *ctx;
     const struct ld_session_handlers *handlers;
-    struct session_list open;      /* every open session */
-    long long count;               /* length of OPEN */
+    struct session_list open; /* every open session */
+    long long count;          /* length of OPEN */
     uint64_t next_id;
     ld_session_hook *close_hooks[MAX_HOOKS];
     size_t n_close_hooks;
     struct event *flush_ev;
     struct ld_session *dirty_head;
-    long long lingering;           /* closed sessions still writing */
+    long long lingering; /* closed sessions still writing */
 } session_mod;
 
 #define sessions_cfg() (session_mod.ctx->cfg)
@@ -153,8 +153,8 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
         struct ld_session *s = list;
         list = s->io->next_dirty;
         s->io->dirty = false;
-        struct evbuffer *out =
-            s->bev != NULL ? bufferevent_get_output(s->bev) : NULL;
+        struct evbuffer *out = s->bev != NULL ? bufferevent_get_output(s->bev)
+                                              : NULL;
         if (s->open && out != NULL && evbuffer_get_length(out) > 0) {
             /* A socket bufferevent keeps the front of its output frozen
              * so only it drains it; it unfreezes the same way for its
@@ -213,8 +213,7 @@ update_reading(struct ld_session *s)
  * resumes a paused session however its output got under the low mark
  * (one write can drain more than the whole high mark). */
 static void
-output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
-          void *arg)
+output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
     LD_UNUSED(buf);
     struct ld_session *s = arg;
@@ -264,8 +263,10 @@ ld_session_foreach(ld_session_visit *fn, void *arg)
         }
         fn(s, arg);
         if (next != NULL) {
-            LD_ASSERTF(next->open, "session %s closed by a visit to "
-                       "another", next->name);
+            LD_ASSERTF(next->open,
+                       "session %s closed by a visit to "
+                       "another",
+                       next->name);
             ld_session_unref(next);
         }
     }
@@ -390,8 +391,8 @@ ld_session_close(struct ld_session *s, const char *why)
         return;
     }
     s->open = false;
-    log_debug("session closed session=%s reason=%s pending=%lld", s->name,
-              why, s->pending);
+    log_debug("session closed session=%s reason=%s pending=%lld", s->name, why,
+              s->pending);
 
     for (size_t i = 0; i < session_mod.n_close_hooks; i++) {
         session_mod.close_hooks[i](s);
@@ -416,8 +417,8 @@ ld_session_close(struct ld_session *s, const char *why)
             struct timeval tv = {(time_t)(ms / 1000),
                                  (suseconds_t)(ms % 1000) * 1000};
             bufferevent_setwatermark(s->bev, EV_WRITE, 0, 0);
-            bufferevent_setcb(s->bev, NULL, closed_write_cb,
-                              closed_event_cb, s);
+            bufferevent_setcb(s->bev, NULL, closed_write_cb, closed_event_cb,
+                              s);
             bufferevent_enable(s->bev, EV_WRITE);
             event_add(s->io->linger_ev, &tv);
         }
@@ -576,8 +577,8 @@ static bool
 looks_like_http(const char *line, size_t len)
 {
     static const char *const methods[] = {
-        "GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ",
-        "PATCH ", "CONNECT ", "TRACE ",
+        "GET ",     "POST ",  "PUT ",     "HEAD ",  "DELETE ",
+        "OPTIONS ", "PATCH ", "CONNECT ", "TRACE ",
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(methods); i++) {
         size_t n = strlen(methods[i]);
@@ -637,8 +638,7 @@ process_input(struct ld_session *s)
                 log_warn("HTTP request on a leased socket, closing "
                          "(cross-protocol request?) session=%s "
                          "listener=%s peer=%s",
-                         s->name,
-                         s->listener, peer);
+                         s->name, s->listener, peer);
                 free(line);
                 ld_session_close(s, "http");
                 break;
@@ -731,8 +731,8 @@ ld_session_new(int fd, bool auth_required, const char *listener)
 
     struct ld_session *s = ld_xcalloc(1, sizeof(*s));
     struct session_io *io = ld_xcalloc(1, sizeof(*io));
-    struct bufferevent *bev = bufferevent_socket_new(
-        ctx->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    struct bufferevent *bev = bufferevent_socket_new(ctx->base, fd,
+                                                     BEV_OPT_CLOSE_ON_FREE);
     io->linger_ev = evtimer_new(ctx->base, linger_cb, s);
     io->more_ev = event_new(ctx->base, -1, 0, more_cb, s);
     if (bev == NULL || io->linger_ev == NULL || io->more_ev == NULL) {
@@ -761,8 +761,7 @@ ld_session_new(int fd, bool auth_required, const char *listener)
     bufferevent_disable(bev, EV_WRITE);
     bufferevent_enable(bev, EV_READ);
     io->reading = true;
-    log_debug("session opened session=%s listener=%s", s->name,
-              s->listener);
+    log_debug("session opened session=%s listener=%s", s->name, s->listener);
     return s;
 }
 
@@ -786,7 +785,7 @@ void
 ld_session_cleanup(void)
 {
     if (session_mod.ctx == NULL) {
-        return;    /* never initialised (start-up failed early) */
+        return; /* never initialised (start-up failed early) */
     }
     ld_session_shutdown_all();
     flush_cb(-1, 0, NULL);

@@ -11,18 +11,18 @@ struct ld_ctx;
  * the slots below and drop it from their close hook. */
 struct ld_session {
     uint64_t id;
-    char name[40];            /* the session id string sent in hello */
+    char name[40]; /* the session id string sent in hello */
     int fd;
     struct bufferevent *bev;
-    char listener[128];       /* name of the listener it came from, logs */
-    bool open;                /* false once closing has begun */
+    char listener[128]; /* name of the listener it came from, logs */
+    bool open;          /* false once closing has begun */
     bool authed;
-    struct session_io *io;    /* framing state, private to ld_session.c */
-    unsigned refs;            /* 1 while open + one per request in flight */
-    long long pending;        /* requests awaiting their reply */
-    char client[64];          /* from hello, for logs */
-    void *lock_state;         /* owned by ld_lock */
-    void *cache_state;        /* owned by ld_cache */
+    struct session_io *io; /* framing state, private to ld_session.c */
+    unsigned refs;         /* 1 while open + one per request in flight */
+    long long pending;     /* requests awaiting their reply */
+    char client[64];       /* from hello, for logs */
+    void *lock_state;      /* owned by ld_lock */
+    void *cache_state;     /* owned by ld_cache */
 };
 
 /* What the layer above gives the sessions at init, so that they need not

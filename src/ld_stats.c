@@ -50,9 +50,8 @@ static long long err_counts[LD_E__COUNT];
  * implicit: it is the total count. Counts are kept per bucket and made
  * cumulative only when exposed. */
 static const uint64_t histo_bounds_us[] = {
-    50,      100,     250,     500,      1000,     2500,
-    5000,    10000,   25000,   50000,    100000,   250000,
-    500000,  1000000, 2500000, 5000000,  10000000,
+    50,    100,    250,    500,    1000,    2500,    5000,    10000,    25000,
+    50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000,
 };
 #define LD_HISTO_BUCKETS LD_ARRAY_LEN(histo_bounds_us)
 
@@ -113,8 +112,8 @@ ld_stats_count_op(const char *op)
         }
     }
     len = strlen(op);
-    if (op_used == LD_STATS_MAX_OPS || len == 0
-        || len >= LD_STATS_OP_NAME_MAX) {
+    if (op_used == LD_STATS_MAX_OPS || len == 0 ||
+        len >= LD_STATS_OP_NAME_MAX) {
         op_other++;
         return;
     }
@@ -309,8 +308,7 @@ text_smoothed_us(struct text *t, const char *name, const char *help,
     if (stem > 3 && strcmp(name + stem - 3, "_us") == 0) {
         stem -= 3;
     }
-    snprintf(family, sizeof(family), "%.*s_smoothed_seconds", (int)stem,
-             name);
+    snprintf(family, sizeof(family), "%.*s_smoothed_seconds", (int)stem, name);
     format_seconds(value, sizeof(value), us > 0 ? (uint64_t)us : 0);
     text_family(t, family, "gauge", help);
     text_printf(t, "leased_%s %s\n", family, value);
@@ -355,8 +353,7 @@ ld_stats_prometheus(size_t *len)
 
     text_family(&t, "build_info", "gauge",
                 "Always 1; the version is in the label");
-    text_printf(&t, "leased_build_info{version=\"%s\"} 1\n",
-                PACKAGE_VERSION);
+    text_printf(&t, "leased_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
     text_family(&t, "uptime_seconds", "gauge",
                 "Seconds since the daemon started");
     text_printf(&t, "leased_uptime_seconds %lld\n", uptime_s());
@@ -398,8 +395,7 @@ ld_stats_prometheus(size_t *len)
     }
 
     for (i = 0; i < LD_HISTO__COUNT; i++) {
-        text_histogram(&t, &histos[i], histo_info[i].name,
-                       histo_info[i].help);
+        text_histogram(&t, &histos[i], histo_info[i].name, histo_info[i].help);
     }
 
     if (t.failed) {

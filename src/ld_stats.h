@@ -19,42 +19,46 @@
  * lists near-cache size and hits among the stats, and a client that reads
  * them should find them, not an error. */
 #define LD_STATS_FIELDS(X)                                                    \
-    X(counter, connections_accepted, "Client connections accepted")          \
-    X(counter, connections_rejected, "Client connections refused at max_clients") \
+    X(counter, connections_accepted, "Client connections accepted")           \
+    X(counter, connections_rejected,                                          \
+      "Client connections refused at max_clients")                            \
     X(gauge, sessions, "Client sessions open")                                \
     X(counter, requests, "Requests received")                                 \
     X(gauge, requests_pending, "Requests awaiting their reply")               \
-    X(gauge, redis_connected, "Command connections to Redis that are ready") \
+    X(gauge, redis_connected, "Command connections to Redis that are ready")  \
     X(counter, redis_commands, "Commands sent to Redis")                      \
-    X(counter, redis_errors, "Redis commands that failed or timed out")      \
-    X(counter, redis_timeouts, "Redis commands that hit redis.timeout_ms")   \
-    X(counter, redis_reconnects, "Connections to Redis re-established")      \
+    X(counter, redis_errors, "Redis commands that failed or timed out")       \
+    X(counter, redis_timeouts, "Redis commands that hit redis.timeout_ms")    \
+    X(counter, redis_reconnects, "Connections to Redis re-established")       \
     X(counter, redis_noscript, "Scripts re-sent after NOSCRIPT")              \
-    X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")          \
-    X(gauge, pubsub_channels, "Channels the subscriber connection holds")    \
+    X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")            \
+    X(gauge, pubsub_channels, "Channels the subscriber connection holds")     \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \
-    X(counter, lock_acquired, "Locks acquired (new and reentrant)")          \
+    X(counter, lock_acquired, "Locks acquired (new and reentrant)")           \
     X(counter, lock_contended, "Lock attempts that found the lock taken")     \
     X(counter, lock_released, "Locks released")                               \
-    X(counter, lock_renewals_ok, "Watchdog renewals that succeeded")         \
-    X(counter, lock_renewals_failed, "Watchdog renewals that failed")        \
+    X(counter, lock_renewals_ok, "Watchdog renewals that succeeded")          \
+    X(counter, lock_renewals_failed, "Watchdog renewals that failed")         \
     X(counter, lock_lost, "Locks lost (lock_lost events)")                    \
-    X(counter, lock_wakeups, "Waiter wake-ups by unlock message or lease end") \
+    X(counter, lock_wakeups,                                                  \
+      "Waiter wake-ups by unlock message or lease end")                       \
     X(counter, cache_hits, "cache.get hits with a value")                     \
-    X(counter, cache_negative_hits, "cache.get hits on a cached null")       \
+    X(counter, cache_negative_hits, "cache.get hits on a cached null")        \
     X(counter, cache_misses, "cache.get misses")                              \
     X(counter, cache_leases_granted, "Fill leases granted")                   \
-    X(counter, cache_waits, "cache.get calls that waited for a fill")        \
-    X(counter, cache_fills_stored, "cache.fill calls that stored")           \
-    X(counter, cache_fills_rejected, "cache.fill calls refused (stale lease)") \
+    X(counter, cache_waits, "cache.get calls that waited for a fill")         \
+    X(counter, cache_fills_stored, "cache.fill calls that stored")            \
+    X(counter, cache_fills_rejected,                                          \
+      "cache.fill calls refused (stale lease)")                               \
     X(counter, cache_invalidations, "Keys invalidated")                       \
-    X(gauge, cache_invalidations_pending, "Deletes waiting in the journal")  \
-    X(counter, cache_invalidations_retried, "Deletes retried after a failure") \
-    X(gauge, journal_bytes, "Size of the invalidation journal")              \
-    X(gauge, near_entries, "Near-cache entries (no near cache yet: 0)")      \
-    X(gauge, near_bytes, "Near-cache bytes (no near cache yet: 0)")          \
-    X(counter, near_hits, "Near-cache hits (no near cache yet: 0)")          \
+    X(gauge, cache_invalidations_pending, "Deletes waiting in the journal")   \
+    X(counter, cache_invalidations_retried,                                   \
+      "Deletes retried after a failure")                                      \
+    X(gauge, journal_bytes, "Size of the invalidation journal")               \
+    X(gauge, near_entries, "Near-cache entries (no near cache yet: 0)")       \
+    X(gauge, near_bytes, "Near-cache bytes (no near cache yet: 0)")           \
+    X(counter, near_hits, "Near-cache hits (no near cache yet: 0)")           \
     X(counter, near_evictions,                                                \
       "Near-cache evictions and invalidations (no near cache yet: 0)")
 
@@ -79,8 +83,12 @@ char *ld_stats_prometheus(size_t *len);
 
 /* Histograms of lock wait, lock hold and Redis round trip (microseconds),
  * exposed by the metrics endpoint. */
-enum ld_histo { LD_HISTO_LOCK_WAIT, LD_HISTO_LOCK_HOLD, LD_HISTO_REDIS_RTT,
-                LD_HISTO__COUNT };
+enum ld_histo {
+    LD_HISTO_LOCK_WAIT,
+    LD_HISTO_LOCK_HOLD,
+    LD_HISTO_REDIS_RTT,
+    LD_HISTO__COUNT
+};
 void ld_stats_observe(enum ld_histo h, uint64_t us);
 
 struct ld_ctx;

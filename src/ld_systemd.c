@@ -110,13 +110,13 @@ ld_systemd_listen_fds(int **fds)
     *fds = NULL;
     /* The variables are inherited by every child of the process systemd
      * started; LISTEN_PID says which process they are meant for. */
-    if (parse_uint(getenv("LISTEN_PID"), &pid) != LD_OK
-        || (pid_t)pid != getpid()) {
+    if (parse_uint(getenv("LISTEN_PID"), &pid) != LD_OK ||
+        (pid_t)pid != getpid()) {
         unset_listen_env();
         return 0;
     }
-    if (parse_uint(getenv("LISTEN_FDS"), &count) != LD_OK
-        || count > INT_MAX - LD_LISTEN_FDS_START) {
+    if (parse_uint(getenv("LISTEN_FDS"), &count) != LD_OK ||
+        count > INT_MAX - LD_LISTEN_FDS_START) {
         unset_listen_env();
         errno = EINVAL;
         return LD_ERR;

@@ -34,26 +34,28 @@
 
 /* The options every command accepts, and the connection they describe. */
 struct ctl {
-    const char *target;         /* -s / -H / $LEASED_SOCKET / default */
-    const char *auth;           /* --auth / $LEASED_AUTH */
-    int timeout_ms;             /* --timeout */
+    const char *target; /* -s / -H / $LEASED_SOCKET / default */
+    const char *auth;   /* --auth / $LEASED_AUTH */
+    int timeout_ms;     /* --timeout */
     bool quiet;
-    const char *cmd;            /* the command's name, for messages */
+    const char *cmd; /* the command's name, for messages */
     struct leased_conn *conn;
 };
 
 /* One option of a command. VAL receives the argument (or "1" for a
  * flag). */
 struct optdef {
-    const char *name;           /* long name, without "--" */
-    char short_name;            /* 0: none */
+    const char *name; /* long name, without "--" */
+    char short_name;  /* 0: none */
     bool has_arg;
     const char **val;
 };
 
-static void usage(FILE *f)
+static void
+usage(FILE *f)
 {
-    fprintf(f,
+    fprintf(
+        f,
         "usage: " CTL_NAME " [options] COMMAND [ARGS]\n"
         "\n"
         "commands:\n"
@@ -76,10 +78,12 @@ static void usage(FILE *f)
         "  -q, --quiet         no message when a lock is not acquired\n"
         "  -h, --help          this text\n"
         "  -V, --version       the version\n"
-        "\nSee leasectl(1).\n", LEASED_DEFAULT_TIMEOUT_MS);
+        "\nSee leasectl(1).\n",
+        LEASED_DEFAULT_TIMEOUT_MS);
 }
 
-static int usage_error(const char *cmd, const char *fmt, const char *arg)
+static int
+usage_error(const char *cmd, const char *fmt, const char *arg)
 {
     fprintf(stderr, CTL_NAME ": ");
     if (cmd) {
@@ -91,7 +95,8 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
 }
 
 /* The exit status for a libleased error. */
-static int exit_for(int code)
+static int
+exit_for(int code)
 {
     switch (code) {
     case LEASED_E_CONNECT:
@@ -119,7 +124,8 @@ static int exit_for(int code)
     }
 }
 
-static int fail(const struct ctl *ctl, const struct leased_error *err)
+static int
+fail(const struct ctl *ctl, const struct leased_error *err)
 {
     fprintf(stderr, CTL_NAME ": %s: %s: %s\n", ctl->cmd,
             leased_strerror(err->code), err->message);
@@ -127,8 +133,8 @@ static int fail(const struct ctl *ctl, const struct leased_error *err)
 }
 
 /* A whole decimal number in [MIN, MAX]. */
-static bool parse_num(const char *s, long long min, long long max,
-                      long long *out)
+static bool
+parse_num(const char *s, long long min, long long max, long long *out)
 {
     char *end;
     long long v;
@@ -149,21 +155,18 @@ static bool parse_num(const char *s, long long min, long long max,
  * global ones. Positional arguments are collected in POS (*NPOS); with
  * STOP_AT_SECOND (lock) everything from "--" or from the second
  * positional argument on is left as *REST. Returns 0 or EX_USAGE. */
-static int parse_args(struct ctl *ctl, int argc, char **argv,
-                      const struct optdef *defs, char **pos, int *npos,
-                      int maxpos, bool stop_at_second, char ***rest,
-                      int *nrest)
+static int
+parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
+           char **pos, int *npos, int maxpos, bool stop_at_second,
+           char ***rest, int *nrest)
 {
     const char *timeout = NULL, *quiet = NULL, *sock = NULL, *host = NULL;
     const char *help = NULL;
     const struct optdef globals[] = {
-        { "help", 'h', false, &help },
-        { "socket", 's', true, &sock },
-        { "host", 'H', true, &host },
-        { "auth", 0, true, &ctl->auth },
-        { "timeout", 't', true, &timeout },
-        { "quiet", 'q', false, &quiet },
-        { NULL, 0, false, NULL },
+        {"help", 'h', false, &help},      {"socket", 's', true, &sock},
+        {"host", 'H', true, &host},       {"auth", 0, true, &ctl->auth},
+        {"timeout", 't', true, &timeout}, {"quiet", 'q', false, &quiet},
+        {NULL, 0, false, NULL},
     };
     int i;
 
@@ -198,15 +201,15 @@ static int parse_args(struct ctl *ctl, int argc, char **argv,
                 if (a[1] == '-') {
                     size_t n = strlen(d->name);
 
-                    if (!strncmp(a + 2, d->name, n)
-                        && (a[2 + n] == '\0'
-                            || (a[2 + n] == '=' && d->has_arg))) {
+                    if (!strncmp(a + 2, d->name, n) &&
+                        (a[2 + n] == '\0' ||
+                         (a[2 + n] == '=' && d->has_arg))) {
                         found = d;
                         eq = a[2 + n] == '=' ? a + 3 + n : NULL;
                         break;
                     }
-                } else if (d->short_name && a[1] == d->short_name
-                           && a[2] == '\0') {
+                } else if (d->short_name && a[1] == d->short_name &&
+                           a[2] == '\0') {
                     found = d;
                     break;
                 }
@@ -249,8 +252,7 @@ static int parse_args(struct ctl *ctl, int argc, char **argv,
         ctl->target = sock;
     } else if (host) {
         if (!strchr(host, ':')) {
-            return usage_error(ctl->cmd, "-H wants HOST:PORT, not '%s'",
-                               host);
+            return usage_error(ctl->cmd, "-H wants HOST:PORT, not '%s'", host);
         }
         ctl->target = host;
     }
@@ -269,8 +271,9 @@ static int parse_args(struct ctl *ctl, int argc, char **argv,
 }
 
 /* A milliseconds option: absent leaves *OUT alone. */
-static int opt_ms(const struct ctl *ctl, const char *name, const char *s,
-                  long long min, long long *out)
+static int
+opt_ms(const struct ctl *ctl, const char *name, const char *s, long long min,
+       long long *out)
 {
     if (s && !parse_num(s, min, 86400000LL * 365, out)) {
         char msg[64];
@@ -281,7 +284,8 @@ static int opt_ms(const struct ctl *ctl, const char *name, const char *s,
     return 0;
 }
 
-static int open_conn(struct ctl *ctl)
+static int
+open_conn(struct ctl *ctl)
 {
     struct leased_options opt;
     struct leased_error err;
@@ -299,8 +303,9 @@ static int open_conn(struct ctl *ctl)
 
 /* The options of a subcommand that takes exactly one KEY (into POS[0]),
  * then the connection. */
-static int one_key_cmd(struct ctl *ctl, int argc, char **argv,
-                       const struct optdef *defs, char **pos)
+static int
+one_key_cmd(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
+            char **pos)
 {
     int npos, rc;
 
@@ -316,15 +321,16 @@ static int one_key_cmd(struct ctl *ctl, int argc, char **argv,
 
 /* --- ping, stats -------------------------------------------------------- */
 
-static int cmd_ping(struct ctl *ctl, int argc, char **argv)
+static int
+cmd_ping(struct ctl *ctl, int argc, char **argv)
 {
     struct leased_error err;
     char *pos[1];
     int npos, rc;
 
     if ((rc = parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL,
-                         NULL))
-        || (rc = open_conn(ctl))) {
+                         NULL)) ||
+        (rc = open_conn(ctl))) {
         return rc;
     }
     if (leased_ping(ctl->conn, &err) != LEASED_OK) {
@@ -334,7 +340,8 @@ static int cmd_ping(struct ctl *ctl, int argc, char **argv)
     return 0;
 }
 
-static void print_stat(const char *prefix, const char *name, json_t *v)
+static void
+print_stat(const char *prefix, const char *name, json_t *v)
 {
     char full[256];
 
@@ -343,7 +350,8 @@ static void print_stat(const char *prefix, const char *name, json_t *v)
         const char *k;
         json_t *sub;
 
-        json_object_foreach(v, k, sub) {
+        json_object_foreach(v, k, sub)
+        {
             print_stat(full, k, sub);
         }
         return;
@@ -365,20 +373,21 @@ static void print_stat(const char *prefix, const char *name, json_t *v)
     }
 }
 
-static int cmd_stats(struct ctl *ctl, int argc, char **argv)
+static int
+cmd_stats(struct ctl *ctl, int argc, char **argv)
 {
     const char *as_json = NULL;
     const struct optdef defs[] = {
-        { "json", 'j', false, &as_json },
-        { NULL, 0, false, NULL },
+        {"json", 'j', false, &as_json},
+        {NULL, 0, false, NULL},
     };
     struct leased_error err;
     char *pos[1];
     int npos, rc;
 
     if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
-                         NULL))
-        || (rc = open_conn(ctl))) {
+                         NULL)) ||
+        (rc = open_conn(ctl))) {
         return rc;
     }
     if (as_json) {
@@ -396,7 +405,8 @@ static int cmd_stats(struct ctl *ctl, int argc, char **argv)
         if (leased_stats(ctl->conn, &st, &err) != LEASED_OK) {
             return fail(ctl, &err);
         }
-        json_object_foreach(st, k, v) {
+        json_object_foreach(st, k, v)
+        {
             print_stat("", k, v);
         }
         json_decref(st);
@@ -406,12 +416,13 @@ static int cmd_stats(struct ctl *ctl, int argc, char **argv)
 
 /* --- cache -------------------------------------------------------------- */
 
-static int cmd_get(struct ctl *ctl, int argc, char **argv)
+static int
+cmd_get(struct ctl *ctl, int argc, char **argv)
 {
     const char *as_json = NULL;
     const struct optdef defs[] = {
-        { "json", 'j', false, &as_json },
-        { NULL, 0, false, NULL },
+        {"json", 'j', false, &as_json},
+        {NULL, 0, false, NULL},
     };
     struct leased_cache_result res;
     struct leased_error err;
@@ -423,8 +434,8 @@ static int cmd_get(struct ctl *ctl, int argc, char **argv)
     }
     /* A plain read: a command-line user will not fill the key, so taking
      * a fill lease would only make other readers wait for nothing. */
-    if (leased_cache_get(ctl->conn, pos[0], LEASED_UNSET, false, &res, &err)
-        != LEASED_OK) {
+    if (leased_cache_get(ctl->conn, pos[0], LEASED_UNSET, false, &res, &err) !=
+        LEASED_OK) {
         return fail(ctl, &err);
     }
     if (!res.hit) {
@@ -447,13 +458,14 @@ static int cmd_get(struct ctl *ctl, int argc, char **argv)
     return fflush(stdout) == 0 ? 0 : EX_IOERR;
 }
 
-static int cmd_set(struct ctl *ctl, int argc, char **argv)
+static int
+cmd_set(struct ctl *ctl, int argc, char **argv)
 {
     const char *ttl = NULL, *null = NULL;
     const struct optdef defs[] = {
-        { "ttl", 0, true, &ttl },
-        { "null", 0, false, &null },
-        { NULL, 0, false, NULL },
+        {"ttl", 0, true, &ttl},
+        {"null", 0, false, &null},
+        {NULL, 0, false, NULL},
     };
     struct leased_error err;
     long long ttl_ms = 0;
@@ -461,8 +473,8 @@ static int cmd_set(struct ctl *ctl, int argc, char **argv)
     int npos, rc;
 
     if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 2, false, NULL,
-                         NULL))
-        || (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms))) {
+                         NULL)) ||
+        (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms))) {
         return rc;
     }
     if (npos != (null ? 1 : 2)) {
@@ -472,19 +484,19 @@ static int cmd_set(struct ctl *ctl, int argc, char **argv)
         return rc;
     }
     if (leased_cache_set(ctl->conn, pos[0], null ? NULL : pos[1], (size_t)-1,
-                         ttl_ms, &err)
-        != LEASED_OK) {
+                         ttl_ms, &err) != LEASED_OK) {
         return fail(ctl, &err);
     }
     return 0;
 }
 
-static int cmd_invalidate(struct ctl *ctl, int argc, char **argv)
+static int
+cmd_invalidate(struct ctl *ctl, int argc, char **argv)
 {
     const char *delay = NULL;
     const struct optdef defs[] = {
-        { "delay", 0, true, &delay },
-        { NULL, 0, false, NULL },
+        {"delay", 0, true, &delay},
+        {NULL, 0, false, NULL},
     };
     struct leased_invalidate_result res;
     struct leased_error err;
@@ -497,9 +509,9 @@ static int cmd_invalidate(struct ctl *ctl, int argc, char **argv)
         fprintf(stderr, CTL_NAME ": out of memory\n");
         return EX_OSERR;
     }
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, argc, false,
-                         NULL, NULL))
-        || (rc = opt_ms(ctl, "delay", delay, 0, &delay_ms))) {
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, argc, false, NULL,
+                         NULL)) ||
+        (rc = opt_ms(ctl, "delay", delay, 0, &delay_ms))) {
         free(pos);
         return rc;
     }
@@ -520,21 +532,24 @@ static int cmd_invalidate(struct ctl *ctl, int argc, char **argv)
     printf("deleted=%lld pending=%lld%s\n", res.deleted, res.pending,
            res.queued ? " queued=true" : "");
     if (res.queued && !ctl->quiet) {
-        fprintf(stderr, CTL_NAME ": %s: Redis is unavailable; the "
-                "invalidation is journaled and will be retried\n", ctl->cmd);
+        fprintf(stderr,
+                CTL_NAME ": %s: Redis is unavailable; the "
+                         "invalidation is journaled and will be retried\n",
+                ctl->cmd);
     }
     return 0;
 }
 
 /* --- locks -------------------------------------------------------------- */
 
-static int cmd_info(struct ctl *ctl, int argc, char **argv)
+static int
+cmd_info(struct ctl *ctl, int argc, char **argv)
 {
     const char *owner = NULL, *token = NULL;
     const struct optdef defs[] = {
-        { "owner", 0, true, &owner },
-        { "token", 0, true, &token },
-        { NULL, 0, false, NULL },
+        {"owner", 0, true, &owner},
+        {"token", 0, true, &token},
+        {NULL, 0, false, NULL},
     };
     struct leased_lock_info info;
     struct leased_error err;
@@ -544,8 +559,8 @@ static int cmd_info(struct ctl *ctl, int argc, char **argv)
     if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
         return rc;
     }
-    if (leased_lock_info(ctl->conn, pos[0], owner, token, &info, &err)
-        != LEASED_OK) {
+    if (leased_lock_info(ctl->conn, pos[0], owner, token, &info, &err) !=
+        LEASED_OK) {
         return fail(ctl, &err);
     }
     printf("locked %s\n", info.locked ? "yes" : "no");
@@ -563,7 +578,8 @@ static int cmd_info(struct ctl *ctl, int argc, char **argv)
 
 /* The child: the signal mask leasectl had, and death with leasectl, so
  * that CMD never runs on without the lock when leasectl is killed. */
-static void run_child(char **cmd, const sigset_t *oldmask, pid_t parent)
+static void
+run_child(char **cmd, const sigset_t *oldmask, pid_t parent)
 {
     int e;
 
@@ -578,7 +594,8 @@ static void run_child(char **cmd, const sigset_t *oldmask, pid_t parent)
     _exit(e == ENOENT ? 127 : 126);
 }
 
-static int status_of(int wstatus)
+static int
+status_of(int wstatus)
 {
     if (WIFEXITED(wstatus)) {
         return WEXITSTATUS(wstatus);
@@ -594,8 +611,9 @@ static int status_of(int wstatus)
  * watchdog lock for as long as this connection lives, so there is
  * nothing to send; what matters is noticing lock_lost, shutdown or the
  * connection's end, and stopping CMD then. */
-static int hold_while(struct ctl *ctl, const char *key, const char *owner,
-                      const char *token, char **cmd, int lost_exit)
+static int
+hold_while(struct ctl *ctl, const char *key, const char *owner,
+           const char *token, char **cmd, int lost_exit)
 {
     sigset_t set, oldmask;
     struct leased_error err;
@@ -636,12 +654,11 @@ static int hold_while(struct ctl *ctl, const char *key, const char *owner,
         int nfd = 1, rc = LEASED_OK;
 
         /* Events may already sit in the library's buffer. */
-        while (!lost
-               && (rc = leased_next_event(ctl->conn, 0, &ev, &err))
-                      == LEASED_OK) {
-            if (ev.type == LEASED_EV_LOCK_LOST && ev.key
-                && !strcmp(ev.key, key)
-                && (!ev.token || !strcmp(ev.token, token))) {
+        while (!lost && (rc = leased_next_event(ctl->conn, 0, &ev, &err)) ==
+                            LEASED_OK) {
+            if (ev.type == LEASED_EV_LOCK_LOST && ev.key &&
+                !strcmp(ev.key, key) &&
+                (!ev.token || !strcmp(ev.token, token))) {
                 snprintf(whybuf, sizeof whybuf, "lock lost (%s)",
                          ev.reason ? ev.reason : "no reason given");
                 why = whybuf;
@@ -660,8 +677,10 @@ static int hold_while(struct ctl *ctl, const char *key, const char *owner,
             lost = true;
         }
         if (lost && !term_sent) {
-            fprintf(stderr, CTL_NAME ": lock: %s: %s; stopping the "
-                    "command\n", key, why ? why : "lock lost");
+            fprintf(stderr,
+                    CTL_NAME ": lock: %s: %s; stopping the "
+                             "command\n",
+                    key, why ? why : "lock lost");
             kill(pid, SIGTERM);
             term_sent = true;
         }
@@ -711,25 +730,24 @@ static int hold_while(struct ctl *ctl, const char *key, const char *owner,
     }
     /* Give the lock back now rather than when the connection closes, so
      * that a failure to do so is reported. */
-    if (leased_unlock(ctl->conn, key, owner, NULL, NULL, &err) != LEASED_OK
-        && err.code != LEASED_E_NOT_HELD) {
+    if (leased_unlock(ctl->conn, key, owner, NULL, NULL, &err) != LEASED_OK &&
+        err.code != LEASED_E_NOT_HELD) {
         fprintf(stderr, CTL_NAME ": lock: %s: unlock: %s: %s\n", key,
                 leased_strerror(err.code), err.message);
     }
     return status_of(wstatus);
 }
 
-static int cmd_lock(struct ctl *ctl, int argc, char **argv)
+static int
+cmd_lock(struct ctl *ctl, int argc, char **argv)
 {
     const char *ttl = NULL, *wait = NULL, *owner = NULL, *lost = NULL;
     const struct optdef defs[] = {
-        { "ttl", 0, true, &ttl },
-        { "wait", 'w', true, &wait },
-        { "owner", 0, true, &owner },
-        { "lost-exit", 0, true, &lost },
-        { NULL, 0, false, NULL },
+        {"ttl", 0, true, &ttl},     {"wait", 'w', true, &wait},
+        {"owner", 0, true, &owner}, {"lost-exit", 0, true, &lost},
+        {NULL, 0, false, NULL},
     };
-    struct leased_lock_args args = { 0 };
+    struct leased_lock_args args = {0};
     struct leased_lock_result res;
     struct leased_error err;
     long long lost_exit = EX_SOFTWARE;
@@ -737,9 +755,9 @@ static int cmd_lock(struct ctl *ctl, int argc, char **argv)
     int npos, ncmd, rc;
 
     if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
-                         &ncmd))
-        || (rc = opt_ms(ctl, "ttl", ttl, 1, &args.ttl_ms))
-        || (rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms))) {
+                         &ncmd)) ||
+        (rc = opt_ms(ctl, "ttl", ttl, 1, &args.ttl_ms)) ||
+        (rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms))) {
         return rc;
     }
     if (lost && !parse_num(lost, 0, 255, &lost_exit)) {
@@ -760,9 +778,10 @@ static int cmd_lock(struct ctl *ctl, int argc, char **argv)
     }
     if (!res.acquired) {
         if (!ctl->quiet) {
-            fprintf(stderr, CTL_NAME ": lock: %s: held by another holder "
-                    "(lease left %lld ms); not running %s\n", pos[0],
-                    res.ttl_ms, cmd[0]);
+            fprintf(stderr,
+                    CTL_NAME ": lock: %s: held by another holder "
+                             "(lease left %lld ms); not running %s\n",
+                    pos[0], res.ttl_ms, cmd[0]);
         }
         return EX_TEMPFAIL;
     }
@@ -775,16 +794,13 @@ static const struct {
     const char *name;
     int (*fn)(struct ctl *ctl, int argc, char **argv);
 } commands[] = {
-    { "ping", cmd_ping },
-    { "stats", cmd_stats },
-    { "lock", cmd_lock },
-    { "get", cmd_get },
-    { "set", cmd_set },
-    { "invalidate", cmd_invalidate },
-    { "info", cmd_info },
+    {"ping", cmd_ping}, {"stats", cmd_stats}, {"lock", cmd_lock},
+    {"get", cmd_get},   {"set", cmd_set},     {"invalidate", cmd_invalidate},
+    {"info", cmd_info},
 };
 
-int main(int argc, char **argv)
+int
+main(int argc, char **argv)
 {
     struct ctl ctl;
     int i, rc;
@@ -811,10 +827,10 @@ int main(int argc, char **argv)
                    LEASED_PROTOCOL_VERSION);
             return 0;
         }
-        if ((!strcmp(a, "-s") || !strcmp(a, "--socket") || !strcmp(a, "-H")
-             || !strcmp(a, "--host") || !strcmp(a, "--auth")
-             || !strcmp(a, "-t") || !strcmp(a, "--timeout"))
-            && i + 1 < argc) {
+        if ((!strcmp(a, "-s") || !strcmp(a, "--socket") || !strcmp(a, "-H") ||
+             !strcmp(a, "--host") || !strcmp(a, "--auth") ||
+             !strcmp(a, "-t") || !strcmp(a, "--timeout")) &&
+            i + 1 < argc) {
             i++;
         }
     }
@@ -823,13 +839,13 @@ int main(int argc, char **argv)
     }
     for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
         if (!strcmp(argv[i], commands[k].name)) {
-            const struct optdef none[] = { { NULL, 0, false, NULL } };
+            const struct optdef none[] = {{NULL, 0, false, NULL}};
             char *pos[1];
             int npos;
 
             ctl.cmd = commands[k].name;
-            rc = parse_args(&ctl, i - 1, argv + 1, none, pos, &npos, 0,
-                            false, NULL, NULL);
+            rc = parse_args(&ctl, i - 1, argv + 1, none, pos, &npos, 0, false,
+                            NULL, NULL);
             if (rc) {
                 return rc;
             }

@@ -86,20 +86,20 @@ enum leased_errcode {
     LEASED_E_SHUTTING_DOWN,     /* the daemon is stopping */
     LEASED_E_INTERNAL,          /* a bug in the daemon */
     /* client side */
-    LEASED_E_CONNECT = 100,     /* the daemon could not be reached */
-    LEASED_E_IO,                /* the connection failed or was closed */
-    LEASED_E_TIMEOUT,           /* no reply within the call's timeout */
-    LEASED_E_PROTOCOL,          /* a reply the library does not understand,
+    LEASED_E_CONNECT = 100, /* the daemon could not be reached */
+    LEASED_E_IO,            /* the connection failed or was closed */
+    LEASED_E_TIMEOUT,       /* no reply within the call's timeout */
+    LEASED_E_PROTOCOL,      /* a reply the library does not understand,
                                    or an error code not in the list */
-    LEASED_E_INVALID,           /* a bad argument to a library call */
-    LEASED_E_NOMEM              /* out of memory */
+    LEASED_E_INVALID,       /* a bad argument to a library call */
+    LEASED_E_NOMEM          /* out of memory */
 };
 
 struct leased_error {
-    int code;                   /* enum leased_errcode */
-    int sys_errno;              /* errno for CONNECT and IO, else 0 */
-    char reason[32];            /* not_held: "absent" or "other" */
-    char message[256];          /* for people */
+    int code;          /* enum leased_errcode */
+    int sys_errno;     /* errno for CONNECT and IO, else 0 */
+    char reason[32];   /* not_held: "absent" or "other" */
+    char message[256]; /* for people */
 };
 
 /* "bad_request", ..., "internal", "connect", "io", "timeout", "protocol",
@@ -113,11 +113,11 @@ struct leased_conn;
 struct leased_options {
     /* Send hello on connect when any of these is set. A failed hello
      * fails leased_connect (e.g. LEASED_E_UNAUTHORIZED, LEASED_E_BUSY). */
-    const char *client;         /* hello "client": a name for the logs */
-    const char *auth;           /* hello "auth": the listener's token */
-    bool hello;                 /* hello even without client and auth */
-    int timeout_ms;             /* per call; 0: default, -1: no limit */
-    int connect_timeout_ms;     /* 0: same as timeout_ms */
+    const char *client;     /* hello "client": a name for the logs */
+    const char *auth;       /* hello "auth": the listener's token */
+    bool hello;             /* hello even without client and auth */
+    int timeout_ms;         /* per call; 0: default, -1: no limit */
+    int connect_timeout_ms; /* 0: same as timeout_ms */
 };
 
 /* Zero OPT: every field at its default. */
@@ -159,17 +159,17 @@ void leased_free(void *p);
 /* --- events ------------------------------------------------------------ */
 
 enum leased_event_type {
-    LEASED_EV_OTHER = 0,        /* an event this version does not know */
+    LEASED_EV_OTHER = 0, /* an event this version does not know */
     LEASED_EV_LOCK_LOST,
     LEASED_EV_SHUTDOWN
 };
 
 struct leased_event {
     enum leased_event_type type;
-    char *name;                 /* the "event" field */
-    char *key;                  /* lock_lost: the lock's key */
-    char *token;                /* lock_lost: the lost lock's token */
-    char *reason;               /* lock_lost: expired|taken|
+    char *name;   /* the "event" field */
+    char *key;    /* lock_lost: the lock's key */
+    char *token;  /* lock_lost: the lost lock's token */
+    char *reason; /* lock_lost: expired|taken|
                                    redis_unavailable|max_hold */
 };
 
@@ -203,7 +203,7 @@ int leased_dispatch(struct leased_conn *c, int timeout_ms,
 /* --- session ops -------------------------------------------------------- */
 
 struct leased_hello_info {
-    char server[32];            /* "leased" */
+    char server[32]; /* "leased" */
     char version[32];
     int protocol;
     char session[128];
@@ -230,20 +230,20 @@ int leased_stats(struct leased_conn *c, struct json_t **stats,
 /* Optional fields of lock; a zeroed struct (or NULL) is a session-bound
  * watchdog lock for owner "", tried once. */
 struct leased_lock_args {
-    const char *owner;          /* NULL: "" */
-    long long ttl_ms;           /* > 0: fixed lease; 0: watchdog lease */
-    long long wait_ms;          /* 0: try once; > 0: wait; -1: no limit */
-    bool detach;                /* outlive the session (needs ttl_ms) */
-    const char *token;          /* reenter the lock held under TOKEN */
+    const char *owner; /* NULL: "" */
+    long long ttl_ms;  /* > 0: fixed lease; 0: watchdog lease */
+    long long wait_ms; /* 0: try once; > 0: wait; -1: no limit */
+    bool detach;       /* outlive the session (needs ttl_ms) */
+    const char *token; /* reenter the lock held under TOKEN */
 };
 
 struct leased_lock_result {
     bool acquired;
-    char token[LEASED_TOKEN_MAX];  /* acquired: the holder's token */
-    long long count;            /* acquired: hold count after this call */
-    long long fence;            /* acquired: fencing token */
-    long long lease_ms;         /* acquired: lease guaranteed from now */
-    long long ttl_ms;           /* not acquired: holder's lease left, -1 */
+    char token[LEASED_TOKEN_MAX]; /* acquired: the holder's token */
+    long long count;              /* acquired: hold count after this call */
+    long long fence;              /* acquired: fencing token */
+    long long lease_ms;           /* acquired: lease guaranteed from now */
+    long long ttl_ms;             /* not acquired: holder's lease left, -1 */
 };
 
 int leased_lock(struct leased_conn *c, const char *key,
@@ -251,8 +251,8 @@ int leased_lock(struct leased_conn *c, const char *key,
                 struct leased_lock_result *out, struct leased_error *err);
 
 struct leased_unlock_result {
-    bool released;              /* true when the lock is now free */
-    long long count;            /* holds left */
+    bool released;   /* true when the lock is now free */
+    long long count; /* holds left */
 };
 
 /* OWNER (this session's holder) or TOKEN (any session); both may be NULL
@@ -270,37 +270,36 @@ int leased_extend(struct leased_conn *c, const char *key, const char *owner,
 
 struct leased_lock_info {
     bool locked;
-    long long ttl_ms;           /* -1 when unknown or not locked */
-    bool mine;                  /* held by OWNER/TOKEN of this call */
-    long long count;            /* when mine; else -1 */
+    long long ttl_ms; /* -1 when unknown or not locked */
+    bool mine;        /* held by OWNER/TOKEN of this call */
+    long long count;  /* when mine; else -1 */
 };
 
-int leased_lock_info(struct leased_conn *c, const char *key,
-                     const char *owner, const char *token,
-                     struct leased_lock_info *out, struct leased_error *err);
+int leased_lock_info(struct leased_conn *c, const char *key, const char *owner,
+                     const char *token, struct leased_lock_info *out,
+                     struct leased_error *err);
 
 /* --- cache -------------------------------------------------------------- */
 
 struct leased_cache_result {
-    int error;                  /* cache.mget: LEASED_OK, or this key's own
+    int error;           /* cache.mget: LEASED_OK, or this key's own
                                    error (e.g. LEASED_E_WRONG_TYPE); the
                                    other fields are then empty */
-    char *error_message;        /* with error: the daemon's message */
+    char *error_message; /* with error: the daemon's message */
     bool hit;
-    bool is_null;               /* hit on a cached null ("not found") */
-    char *value;                /* hit: the value, NUL-terminated (it may
+    bool is_null; /* hit on a cached null ("not found") */
+    char *value;  /* hit: the value, NUL-terminated (it may
                                    contain NULs: see value_len); else NULL */
     size_t value_len;
-    char *lease;                /* miss: the fill lease, NULL when none */
+    char *lease; /* miss: the fill lease, NULL when none */
 };
 
 void leased_cache_result_free(struct leased_cache_result *r);
 
 /* WAIT_MS: LEASED_UNSET for the daemon's cache.wait_ms. LEASE false: a
  * plain read that never takes a fill lease and never waits. */
-int leased_cache_get(struct leased_conn *c, const char *key,
-                     long long wait_ms, bool lease,
-                     struct leased_cache_result *out,
+int leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
+                     bool lease, struct leased_cache_result *out,
                      struct leased_error *err);
 
 /* VALUE NULL stores "not found" (null). VALUE_LEN (size_t)-1: strlen.
@@ -317,14 +316,14 @@ int leased_cache_release(struct leased_conn *c, const char *key,
                          struct leased_error *err);
 
 /* Unconditional write (invalidates outstanding fill leases). */
-int leased_cache_set(struct leased_conn *c, const char *key,
-                     const char *value, size_t value_len, long long ttl_ms,
+int leased_cache_set(struct leased_conn *c, const char *key, const char *value,
+                     size_t value_len, long long ttl_ms,
                      struct leased_error *err);
 
 struct leased_invalidate_result {
     long long deleted;
     long long pending;
-    bool queued;                /* Redis was down: journaled, retried */
+    bool queued; /* Redis was down: journaled, retried */
 };
 
 /* DELAY_MS: LEASED_UNSET for the daemon's cache.double_delete_ms; 0 for a
@@ -350,8 +349,7 @@ int leased_cache_mget(struct leased_conn *c, const char *const *keys,
  * LEASED_OK when the reply says ok, else its error code. WAIT_MS extends
  * the timeout as for lock (0 when the request does not wait). */
 int leased_call_raw(struct leased_conn *c, const char *request,
-                    long long wait_ms, char **reply,
-                    struct leased_error *err);
+                    long long wait_ms, char **reply, struct leased_error *err);
 
 /* The same with jansson values: REQ is borrowed (not changed), *REPLY is a
  * new reference (also on an error reply; NULL on client-side errors). */

@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define SETTLE_TURNS 10000
 
 static struct ld_config cfg;
-static struct ld_ctx ctx;         /* what the modules get at init */
+static struct ld_ctx ctx; /* what the modules get at init */
 static char tmpdir[64];
 static char journal_path[128];
 

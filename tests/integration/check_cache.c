@@ -30,12 +30,15 @@ static struct h_redis R;
 static struct h_daemon D;
 static struct h_daemon D2;
 static const struct h_fixture fx = {
-    .suite = "cache", .redis = { &R }, .daemons = { &D, &D2 },
+    .suite = "cache",
+    .redis = {&R},
+    .daemons = {&D, &D2},
 };
 
 /* --- small helpers ----------------------------------------------------- */
 
-static const char *dump(const json_t *j)
+static const char *
+dump(const json_t *j)
 {
     static char buf[2048];
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -44,19 +47,22 @@ static const char *dump(const json_t *j)
     return buf;
 }
 
-static json_t *must(json_t *r)
+static json_t *
+must(json_t *r)
 {
     ck_assert_msg(h_ok(r), "expected ok, got %s", dump(r));
     return r;
 }
 
-static bool is_null_field(const json_t *o, const char *k)
+static bool
+is_null_field(const json_t *o, const char *k)
 {
     json_t *v = json_object_get(o, k);
     return v != NULL && json_is_null(v);
 }
 
-static void sleep_ms(long ms)
+static void
+sleep_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0) {
@@ -64,7 +70,8 @@ static void sleep_ms(long ms)
 }
 
 /* A Redis command's string reply, copied into BUF ("" when none). */
-static const char *r_str(char *buf, size_t len, const char *fmt, ...)
+static const char *
+r_str(char *buf, size_t len, const char *fmt, ...)
 {
     va_list ap;
     redisContext *c = h_redis_connect(&R);
@@ -73,8 +80,8 @@ static const char *r_str(char *buf, size_t len, const char *fmt, ...)
     redisReply *rep = redisvCommand(c, fmt, ap);
     va_end(ap);
     buf[0] = '\0';
-    if (rep != NULL && (rep->type == REDIS_REPLY_STRING ||
-                        rep->type == REDIS_REPLY_STATUS)) {
+    if (rep != NULL &&
+        (rep->type == REDIS_REPLY_STRING || rep->type == REDIS_REPLY_STATUS)) {
         snprintf(buf, len, "%.*s", (int)rep->len, rep->str);
     }
     if (rep != NULL) {
@@ -84,12 +91,14 @@ static const char *r_str(char *buf, size_t len, const char *fmt, ...)
     return buf;
 }
 
-static bool entry_exists(const char *key)
+static bool
+entry_exists(const char *key)
 {
     return h_r_int(&R, "EXISTS " PREFIX "{%s}", key) == 1;
 }
 
-static long long entry_pttl(const char *key)
+static long long
+entry_pttl(const char *key)
 {
     return h_r_int(&R, "PTTL " PREFIX "{%s}", key);
 }
@@ -98,12 +107,14 @@ struct gone_arg {
     const char *key;
 };
 
-static bool gone_cond(void *arg)
+static bool
+gone_cond(void *arg)
 {
     return !entry_exists(((struct gone_arg *)arg)->key);
 }
 
-static bool wait_gone(const char *key, int timeout_ms)
+static bool
+wait_gone(const char *key, int timeout_ms)
 {
     struct gone_arg a = {key};
     return h_wait_until(gone_cond, &a, timeout_ms);
@@ -111,31 +122,33 @@ static bool wait_gone(const char *key, int timeout_ms)
 
 /* --- protocol helpers -------------------------------------------------- */
 
-static json_t *get(struct h_conn *c, const char *key)
+static json_t *
+get(struct h_conn *c, const char *key)
 {
     return h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", key);
 }
 
-static json_t *get_plain(struct h_conn *c, const char *key)
+static json_t *
+get_plain(struct h_conn *c, const char *key)
 {
     return h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", key,
                    "lease", 0);
 }
 
 /* cache.get that must miss with a lease; the lease, copied. */
-static char *get_lease(struct h_conn *c, const char *key)
+static char *
+get_lease(struct h_conn *c, const char *key)
 {
     json_t *r = must(get(c, key));
     ck_assert_msg(!jtrue(r, "hit") && h_is_token(jstr(r, "lease")),
-                  "expected a miss with a lease for %s, got %s", key,
-                  dump(r));
+                  "expected a miss with a lease for %s, got %s", key, dump(r));
     char *lease = strdup(jstr(r, "lease"));
     json_decref(r);
     return lease;
 }
 
-static bool fill(struct h_conn *c, const char *key, const char *lease,
-                 const char *value)
+static bool
+fill(struct h_conn *c, const char *key, const char *lease, const char *value)
 {
     json_t *r;
     if (value != NULL) {
@@ -153,7 +166,8 @@ static bool fill(struct h_conn *c, const char *key, const char *lease,
     return stored;
 }
 
-static void set_value(struct h_conn *c, const char *key, const char *value)
+static void
+set_value(struct h_conn *c, const char *key, const char *value)
 {
     json_t *r;
     if (value != NULL) {
@@ -166,14 +180,16 @@ static void set_value(struct h_conn *c, const char *key, const char *value)
     json_decref(must(r));
 }
 
-static json_t *invalidate(struct h_conn *c, const char *key, long long delay)
+static json_t *
+invalidate(struct h_conn *c, const char *key, long long delay)
 {
     return h_callf(c, T_MS, "{s:s,s:s,s:I}", "op", "cache.invalidate", "key",
                    key, "delay_ms", (json_int_t)delay);
 }
 
 /* Expect a hit with VALUE (NULL: the cached null). */
-static void expect_hit(json_t *r, const char *value)
+static void
+expect_hit(json_t *r, const char *value)
 {
     must(r);
     ck_assert_msg(jtrue(r, "hit"), "expected a hit, got %s", dump(r));
@@ -187,15 +203,16 @@ static void expect_hit(json_t *r, const char *value)
     }
 }
 
-static void expect_miss_no_lease(json_t *r)
+static void
+expect_miss_no_lease(json_t *r)
 {
     must(r);
     ck_assert_msg(!jtrue(r, "hit") && is_null_field(r, "lease"),
                   "expected a miss with lease null, got %s", dump(r));
 }
 
-static void send_get(struct h_conn *c, json_int_t id, const char *key,
-                     long long wait_ms)
+static void
+send_get(struct h_conn *c, json_int_t id, const char *key, long long wait_ms)
 {
     ck_assert_int_eq(h_send(c, "{s:I,s:s,s:s,s:I}", "id", id, "op",
                             "cache.get", "key", key, "wait_ms",
@@ -203,7 +220,8 @@ static void send_get(struct h_conn *c, json_int_t id, const char *key,
                      0);
 }
 
-static void expect_bad(struct h_conn *c, const char *line, const char *field)
+static void
+expect_bad(struct h_conn *c, const char *line, const char *field)
 {
     ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
     json_t *r = h_recv(c, T_MS);
@@ -217,7 +235,8 @@ static void expect_bad(struct h_conn *c, const char *line, const char *field)
     json_decref(r);
 }
 
-static int count_in_file(const char *path, const char *needle)
+static int
+count_in_file(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");
     char line[4096];
@@ -234,7 +253,8 @@ static int count_in_file(const char *path, const char *needle)
     return n;
 }
 
-static long long wall_ms(void)
+static long long
+wall_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -243,7 +263,8 @@ static long long wall_ms(void)
 
 /* EVALSHA calls Redis has served (INFO commandstats). */
 /* Calls of one Redis command so far (INFO commandstats). */
-static long long cmd_calls(const char *cmd)
+static long long
+cmd_calls(const char *cmd)
 {
     char buf[65536], field[64];
     r_str(buf, sizeof buf, "INFO commandstats");
@@ -252,7 +273,8 @@ static long long cmd_calls(const char *cmd)
     return p ? atoll(p + strlen(field)) : 0;
 }
 
-static long long evalsha_calls(void)
+static long long
+evalsha_calls(void)
 {
     return cmd_calls("evalsha");
 }
@@ -327,8 +349,8 @@ START_TEST(test_null_and_empty)
     ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{missing} v"), 0);
     /* ...that lives null_ttl_ms, spread by the jitter. */
     long long pttl = entry_pttl("missing");
-    ck_assert_msg(pttl >= 3600 - 500 && pttl <= 4400,
-                  "null entry pttl %lld", pttl);
+    ck_assert_msg(pttl >= 3600 - 500 && pttl <= 4400, "null entry pttl %lld",
+                  pttl);
 
     /* ...and differs from the empty string. */
     lease = get_lease(a, "empty");
@@ -382,8 +404,7 @@ START_TEST(test_ttls_and_jitter)
     ck_assert(fill(a, "dflt", lease, "v"));
     free(lease);
     long long pttl = entry_pttl("dflt");
-    ck_assert_msg(pttl >= 540000 - 5000 && pttl <= 660000, "pttl %lld",
-                  pttl);
+    ck_assert_msg(pttl >= 540000 - 5000 && pttl <= 660000, "pttl %lld", pttl);
 
     /* 200 keys filled with the same ttl_ms expire spread over
      * +-10%, not all at once. */
@@ -393,8 +414,8 @@ START_TEST(test_ttls_and_jitter)
         snprintf(key, sizeof key, "spread:%d", i);
         lease = get_lease(a, key);
         json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s,s:i}", "op",
-                            "cache.fill", "key", key, "lease", lease,
-                            "value", "x", "ttl_ms", 100000);
+                            "cache.fill", "key", key, "lease", lease, "value",
+                            "x", "ttl_ms", 100000);
         ck_assert(jtrue(must(r), "stored"));
         json_decref(r);
         free(lease);
@@ -402,8 +423,8 @@ START_TEST(test_ttls_and_jitter)
     for (int i = 0; i < 200; i++) {
         snprintf(key, sizeof key, "spread:%d", i);
         pttl = entry_pttl(key);
-        ck_assert_msg(pttl >= 90000 - 10000 && pttl <= 110000,
-                      "%s pttl %lld", key, pttl);
+        ck_assert_msg(pttl >= 90000 - 10000 && pttl <= 110000, "%s pttl %lld",
+                      key, pttl);
         lo = lo < 0 || pttl < lo ? pttl : lo;
         hi = pttl > hi ? pttl : hi;
     }
@@ -412,8 +433,8 @@ START_TEST(test_ttls_and_jitter)
     ck_assert_msg(hi - lo > 10000, "pttls span only %lld..%lld", lo, hi);
 
     /* cache.set takes ttl_ms too. */
-    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "cache.set",
-                        "key", "st", "value", "v", "ttl_ms", 50000);
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "cache.set", "key",
+                        "st", "value", "v", "ttl_ms", 50000);
     json_decref(must(r));
     pttl = entry_pttl("st");
     ck_assert_msg(pttl >= 45000 - 5000 && pttl <= 55000, "pttl %lld", pttl);
@@ -431,8 +452,9 @@ START_TEST(test_single_flight_two_daemons)
     int holder = -1;
 
     h_start("cache:\n  fill_lease_ms: 10000\n");
-    ck_assert_int_eq(h_daemon_start(&D2, &R, "cache:\n  fill_lease_ms: "
-                                               "10000\n"),
+    ck_assert_int_eq(h_daemon_start(&D2, &R,
+                                    "cache:\n  fill_lease_ms: "
+                                    "10000\n"),
                      0);
     struct h_conn *s1 = h_connect_ok(&D);
     struct h_conn *s2 = h_connect_ok(&D2);
@@ -449,13 +471,13 @@ START_TEST(test_single_flight_two_daemons)
     while (holder < 0 && h_now_ms() < deadline) {
         for (int i = 0; i < N; i++) {
             if (got[i] == NULL && (got[i] = h_recv(c[i], 0)) != NULL) {
-                ck_assert_msg(holder < 0, "a second answer before the fill: "
-                                          "%s",
+                ck_assert_msg(holder < 0,
+                              "a second answer before the fill: "
+                              "%s",
                               dump(got[i]));
                 must(got[i]);
                 ck_assert_msg(h_is_token(jstr(got[i], "lease")),
-                              "first answer is not a lease: %s",
-                              dump(got[i]));
+                              "first answer is not a lease: %s", dump(got[i]));
                 holder = i;
             }
         }
@@ -562,8 +584,7 @@ START_TEST(test_loader_dies)
                   "expected a new lease, got %s", dump(r));
     ck_assert_str_ne(jstr(r, "lease"), lease);
     /* ...once the lease ran out, not before, and not at wait_ms. */
-    ck_assert_msg(took >= 450 && took < 3000, "new lease after %lld ms",
-                  took);
+    ck_assert_msg(took >= 450 && took < 3000, "new lease after %lld ms", took);
     ck_assert(fill(b, "k", jstr(r, "lease"), "from-b"));
     /* The first loader's late fill is stale. */
     ck_assert(!fill(s, "k", lease, "late"));
@@ -592,8 +613,8 @@ START_TEST(test_release_and_fifo)
     h_assert_stat(s, "cache_waits", 2, T_MS);
 
     long long t0 = h_now_ms();
-    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release",
-                        "key", "k", "lease", lease);
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key",
+                        "k", "lease", lease);
     ck_assert(jtrue(must(r), "released"));
     json_decref(r);
 
@@ -645,8 +666,8 @@ START_TEST(test_waiter_session_closes)
     h_close(b);
     h_assert_stat(s, "sessions", 3, T_MS);
 
-    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release",
-                        "key", "k", "lease", lease);
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key",
+                        "k", "lease", lease);
     ck_assert(jtrue(must(r), "released"));
     json_decref(r);
     r = h_recv(c, 1500);
@@ -805,8 +826,7 @@ START_TEST(test_mget)
     /* A miss whose lease is held elsewhere waits like cache.get; the
      * answer comes once every key is settled. */
     ck_assert_int_eq(h_send(b, "{s:i,s:s,s:[s,s],s:i}", "id", 9, "op",
-                            "cache.mget", "keys", "e", "a", "wait_ms",
-                            10000),
+                            "cache.mget", "keys", "e", "a", "wait_ms", 10000),
                      0);
     ck_assert_ptr_null(h_recv(b, 300));
     ck_assert(fill(a, "e", le, "E"));
@@ -819,8 +839,8 @@ START_TEST(test_mget)
     json_decref(r);
 
     /* lease:false: plain reads. */
-    r = h_callf(a, T_MS, "{s:s,s:[s,s],s:b}", "op", "cache.mget", "keys",
-                "x", "c", "lease", 0);
+    r = h_callf(a, T_MS, "{s:s,s:[s,s],s:b}", "op", "cache.mget", "keys", "x",
+                "c", "lease", 0);
     must(r);
     res = json_object_get(r, "results");
     expect_miss_no_lease(json_array_get(res, 0));
@@ -852,8 +872,8 @@ START_TEST(test_wrong_type)
     r = get(a, "hash");
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     json_decref(r);
-    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key",
-                "str", "lease", "x", "value", "v");
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key", "str",
+                "lease", "x", "value", "v");
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     json_decref(r);
     r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "str",
@@ -861,8 +881,7 @@ START_TEST(test_wrong_type)
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     json_decref(r);
     /* Nothing was changed. */
-    ck_assert_str_eq(r_str(buf, sizeof buf, "GET " PREFIX "{str}"),
-                     "foreign");
+    ck_assert_str_eq(r_str(buf, sizeof buf, "GET " PREFIX "{str}"), "foreign");
     ck_assert_int_eq(entry_pttl("str"), -1);
 
     /* mget reports it per key and still serves the others. */
@@ -889,23 +908,31 @@ START_TEST(test_bad_requests)
     struct h_conn *a = h_connect_ok(&D);
     char line[1200];
 
-    expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\","
-                  "\"value\":5}\n", "value");
+    expect_bad(a,
+               "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\","
+               "\"value\":5}\n",
+               "value");
     expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\"}\n",
                "value");
     expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"value\":\"v\"}\n",
                "lease");
-    expect_bad(a, "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\","
-                  "\"value\":\"v\",\"ttl_ms\":0}\n", "ttl_ms");
+    expect_bad(a,
+               "{\"op\":\"cache.fill\",\"key\":\"k\",\"lease\":\"x\","
+               "\"value\":\"v\",\"ttl_ms\":0}\n",
+               "ttl_ms");
     expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":[1]}\n",
                "value");
     expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":true}\n",
                "value");
     expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\"}\n", "value");
-    expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":\"v\","
-                  "\"ttl_ms\":\"10\"}\n", "ttl_ms");
-    expect_bad(a, "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":\"v\","
-                  "\"ttl_ms\":2000000000000}\n", "ttl_ms");
+    expect_bad(a,
+               "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":\"v\","
+               "\"ttl_ms\":\"10\"}\n",
+               "ttl_ms");
+    expect_bad(a,
+               "{\"op\":\"cache.set\",\"key\":\"k\",\"value\":\"v\","
+               "\"ttl_ms\":2000000000000}\n",
+               "ttl_ms");
     expect_bad(a, "{\"op\":\"cache.get\",\"key\":\"\"}\n", "key");
     expect_bad(a, "{\"op\":\"cache.get\"}\n", "key");
     expect_bad(a, "{\"op\":\"cache.get\",\"key\":5}\n", "key");
@@ -922,14 +949,20 @@ START_TEST(test_bad_requests)
     expect_bad(a, "{\"op\":\"cache.mget\"}\n", "keys");
     expect_bad(a, "{\"op\":\"cache.release\",\"key\":\"k\"}\n", "lease");
     expect_bad(a, "{\"op\":\"cache.invalidate\"}\n", "key");
-    expect_bad(a, "{\"op\":\"cache.invalidate\",\"key\":\"a\","
-                  "\"keys\":[\"b\"]}\n", "key");
+    expect_bad(a,
+               "{\"op\":\"cache.invalidate\",\"key\":\"a\","
+               "\"keys\":[\"b\"]}\n",
+               "key");
     expect_bad(a, "{\"op\":\"cache.invalidate\",\"keys\":\"a\"}\n", "keys");
     expect_bad(a, "{\"op\":\"cache.invalidate\",\"keys\":[]}\n", "keys");
-    expect_bad(a, "{\"op\":\"cache.invalidate\",\"key\":\"a\","
-                  "\"delay_ms\":-1}\n", "delay_ms");
-    expect_bad(a, "{\"op\":\"cache.invalidate\",\"key\":\"a\","
-                  "\"delay_ms\":86400001}\n", "delay_ms");
+    expect_bad(a,
+               "{\"op\":\"cache.invalidate\",\"key\":\"a\","
+               "\"delay_ms\":-1}\n",
+               "delay_ms");
+    expect_bad(a,
+               "{\"op\":\"cache.invalidate\",\"key\":\"a\","
+               "\"delay_ms\":86400001}\n",
+               "delay_ms");
     /* A key one byte over limits.max_key_bytes (1024). */
     int n = snprintf(line, sizeof line, "{\"op\":\"cache.get\",\"key\":\"");
     memset(line + n, 'k', 1025);
@@ -1021,7 +1054,8 @@ END_TEST
  * machine, so that the replayed delete is seen waiting for its due time. */
 #define DURABLE_DELAY_MS 10000
 
-static void durable_after_kill(const char *yaml)
+static void
+durable_after_kill(const char *yaml)
 {
     h_start(yaml);
     struct h_conn *a = h_connect_ok(&D);
@@ -1103,8 +1137,8 @@ START_TEST(test_redis_down_queued)
     json_decref(r);
     r = h_callf(a, T_MS, "{s:s,s:[s]}", "op", "cache.mget", "keys", "q");
     must(r);
-    ck_assert_str_eq(h_errcode(json_array_get(json_object_get(r, "results"),
-                                              0)),
+    ck_assert_str_eq(h_errcode(
+                         json_array_get(json_object_get(r, "results"), 0)),
                      "redis_unavailable");
     json_decref(r);
 
@@ -1121,7 +1155,8 @@ END_TEST
 
 /* --- the journal file, written by hand --------------------------------- */
 
-static uint32_t crc32_bitwise(const unsigned char *p, size_t n)
+static uint32_t
+crc32_bitwise(const unsigned char *p, size_t n)
 {
     uint32_t c = 0xffffffffu;
     for (size_t i = 0; i < n; i++) {
@@ -1133,7 +1168,8 @@ static uint32_t crc32_bitwise(const unsigned char *p, size_t n)
     return ~c;
 }
 
-static void le(unsigned char *p, uint64_t v, int n)
+static void
+le(unsigned char *p, uint64_t v, int n)
 {
     for (int i = 0; i < n; i++) {
         p[i] = (unsigned char)(v >> (8 * i));
@@ -1141,8 +1177,9 @@ static void le(unsigned char *p, uint64_t v, int n)
 }
 
 /* Append one record in the documented format; returns its size. */
-static size_t jrec(FILE *f, int type, uint64_t id, long long due,
-                   const char *key, size_t cut)
+static size_t
+jrec(FILE *f, int type, uint64_t id, long long due, const char *key,
+     size_t cut)
 {
     unsigned char rec[300];
     size_t klen = key ? strlen(key) : 0;
@@ -1177,12 +1214,12 @@ START_TEST(test_journal_torn_tail)
     FILE *f = fopen(path, "wb");
     ck_assert_ptr_nonnull(f);
     fwrite("LDJRNL1\n", 1, 8, f);
-    jrec(f, 1, 1, now - 1000, "t1", 0);             /* overdue */
-    jrec(f, 1, 2, now - 1000, "t2", 0);             /* overdue */
+    jrec(f, 1, 1, now - 1000, "t1", 0); /* overdue */
+    jrec(f, 1, 2, now - 1000, "t2", 0); /* overdue */
     jrec(f, 1, 3, now - 1000, "t3", 0);
-    jrec(f, 2, 3, 0, NULL, 0);                      /* t3 was done */
-    jrec(f, 1, 4, now + 1500, "t5", 0);             /* due later */
-    jrec(f, 1, 5, now - 1000, "t4", 20);            /* torn mid-record */
+    jrec(f, 2, 3, 0, NULL, 0);           /* t3 was done */
+    jrec(f, 1, 4, now + 1500, "t5", 0);  /* due later */
+    jrec(f, 1, 5, now - 1000, "t4", 20); /* torn mid-record */
     fclose(f);
 
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
@@ -1230,15 +1267,15 @@ START_TEST(test_stats_move)
     h_start(NULL);
     struct h_conn *a = h_connect_ok(&D);
 
-    char *lease = get_lease(a, "s1");                  /* miss + lease */
-    ck_assert(fill(a, "s1", lease, "v"));              /* stored */
-    ck_assert(!fill(a, "s1", lease, "v"));             /* rejected */
+    char *lease = get_lease(a, "s1");      /* miss + lease */
+    ck_assert(fill(a, "s1", lease, "v"));  /* stored */
+    ck_assert(!fill(a, "s1", lease, "v")); /* rejected */
     free(lease);
-    json_decref(get(a, "s1"));                         /* hit */
+    json_decref(get(a, "s1")); /* hit */
     set_value(a, "s2", NULL);
-    json_decref(get(a, "s2"));                         /* negative hit */
-    json_decref(get_plain(a, "s3"));                   /* miss */
-    json_decref(must(invalidate(a, "s1", 0)));         /* invalidation */
+    json_decref(get(a, "s2"));                 /* negative hit */
+    json_decref(get_plain(a, "s3"));           /* miss */
+    json_decref(must(invalidate(a, "s1", 0))); /* invalidation */
 
     ck_assert_int_eq(h_stat(a, "cache_hits"), 1);
     ck_assert_int_eq(h_stat(a, "cache_negative_hits"), 1);
@@ -1258,7 +1295,8 @@ END_TEST
 /* Sanitizers and valgrind make the daemon several times slower and
  * bigger: latency and memory bounds widen there, the property checked
  * stays the same. */
-static bool slow_build(void)
+static bool
+slow_build(void)
 {
 #if defined(__SANITIZE_ADDRESS__)
     return true;
@@ -1269,7 +1307,8 @@ static bool slow_build(void)
 }
 
 /* A field of /proc/PID/status in kB (VmRSS, VmHWM), -1 when unreadable. */
-static long long proc_kb(pid_t pid, const char *field)
+static long long
+proc_kb(pid_t pid, const char *field)
 {
     char path[64], line[256];
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
@@ -1290,7 +1329,8 @@ static long long proc_kb(pid_t pid, const char *field)
 }
 
 /* {"op":"cache.mget","keys":[KEY x N]} and a newline, malloc'ed. */
-static char *mget_line(const char *key, int n, size_t *len)
+static char *
+mget_line(const char *key, int n, size_t *len)
 {
     size_t klen = strlen(key);
     char *s = malloc(64 + (size_t)n * (klen + 3));
@@ -1308,8 +1348,9 @@ static char *mget_line(const char *key, int n, size_t *len)
  * reads each reply as fast as it can, without parsing it. Returns 0 when
  * every reply was a line of at least MIN_BYTES beginning {"ok":true. Runs
  * in a child process, beside the pinging test. */
-static int greedy_reader(const char *sock, const char *line, size_t len,
-                         int rounds, size_t min_bytes)
+static int
+greedy_reader(const char *sock, const char *line, size_t len, int rounds,
+              size_t min_bytes)
 {
     struct sockaddr_un sa;
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -1355,7 +1396,8 @@ static int greedy_reader(const char *sock, const char *line, size_t len,
     return 0;
 }
 
-static void plant_value(const char *key, size_t bytes, char fillc)
+static void
+plant_value(const char *key, size_t bytes, char fillc)
 {
     char *v = malloc(bytes + 1);
     ck_assert_ptr_nonnull(v);
@@ -1365,14 +1407,16 @@ static void plant_value(const char *key, size_t bytes, char fillc)
     free(v);
 }
 
-static long long mono_us(void)
+static long long
+mono_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static int cmp_ll(const void *a, const void *b)
+static int
+cmp_ll(const void *a, const void *b)
 {
     long long x = *(const long long *)a, y = *(const long long *)b;
     return x < y ? -1 : x > y;
@@ -1399,8 +1443,8 @@ START_TEST(test_mget_big_reply)
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        _exit(greedy_reader(D.sock, line, len, rounds,
-                            (size_t)nkeys * vbytes));
+        _exit(
+            greedy_reader(D.sock, line, len, rounds, (size_t)nkeys * vbytes));
     }
     h_track_pid(pid);
 
@@ -1428,8 +1472,10 @@ START_TEST(test_mget_big_reply)
     qsort(lat, nlat, sizeof lat[0], cmp_ll);
     long long p99 = lat[nlat * 99 / 100];
     long long bound_us = slow_build() ? 200000 : 10000;
-    fprintf(stderr, "mget_big_reply: %zu pings, p50 %lld us, p99 %lld us, "
-            "max %lld us\n", nlat, lat[nlat / 2], p99, lat[nlat - 1]);
+    fprintf(stderr,
+            "mget_big_reply: %zu pings, p50 %lld us, p99 %lld us, "
+            "max %lld us\n",
+            nlat, lat[nlat / 2], p99, lat[nlat - 1]);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
                   "the mget client did not finish: status %d", status);
     ck_assert_msg(p99 < bound_us, "ping p99 %lld us over %zu pings (max %lld)",
@@ -1489,14 +1535,15 @@ START_TEST(test_max_waiters_exact)
     for (int i = 1; i <= 12; i++) {
         off += (size_t)snprintf(buf + off, sizeof buf - off,
                                 "{\"id\":%d,\"op\":\"cache.get\","
-                                "\"key\":\"w\",\"wait_ms\":20000}\n", i);
+                                "\"key\":\"w\",\"wait_ms\":20000}\n",
+                                i);
     }
     ck_assert_int_eq(h_send_raw(b, buf, off), 0);
     int busy = 0;
     for (int i = 0; i < 7; i++) {
         json_t *r = h_recv(b, T_MS);
         ck_assert_msg(r != NULL && !h_ok(r) &&
-                      strcmp(h_errcode(r), "busy") == 0,
+                          strcmp(h_errcode(r), "busy") == 0,
                       "expected busy, got %s", dump(r));
         busy++;
         json_decref(r);
@@ -1542,8 +1589,8 @@ END_TEST
 /* --- numeric ranges ------------------------------------------------------ */
 
 /* REQ (a JSON object without id) must get bad_request naming FIELD. */
-static void expect_bad_json(struct h_conn *c, const char *req,
-                            const char *field)
+static void
+expect_bad_json(struct h_conn *c, const char *req, const char *field)
 {
     char line[1024];
     ck_assert(strlen(req) < 512);
@@ -1551,7 +1598,8 @@ static void expect_bad_json(struct h_conn *c, const char *req,
     expect_bad(c, line, field);
 }
 
-static json_t *call_line(struct h_conn *c, const char *fmt, long long v)
+static json_t *
+call_line(struct h_conn *c, const char *fmt, long long v)
 {
     char buf[512];
     snprintf(buf, sizeof buf, fmt, v);
@@ -1573,15 +1621,17 @@ START_TEST(test_numeric_ranges)
     char line[512];
 
     /* lock: ttl_ms and wait_ms at their maximum. */
-    json_t *r = call_line(a, "{\"op\":\"lock\",\"key\":\"r1\",\"ttl_ms\":%lld,"
-                          "\"wait_ms\":2147483648}", ttl_max);
+    json_t *r = call_line(a,
+                          "{\"op\":\"lock\",\"key\":\"r1\",\"ttl_ms\":%lld,"
+                          "\"wait_ms\":2147483648}",
+                          ttl_max);
     must(r);
     ck_assert(jtrue(r, "acquired"));
     ck_assert_int_eq(jint(r, "lease_ms"), ttl_max);
     json_decref(r);
     long long pttl = h_r_int(&R, "PTTL leased:lock:{r1}");
-    ck_assert_msg(pttl > ttl_max - 60000 && pttl <= ttl_max,
-                  "lock PTTL %lld", pttl);
+    ck_assert_msg(pttl > ttl_max - 60000 && pttl <= ttl_max, "lock PTTL %lld",
+                  pttl);
     r = call_line(a, "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}",
                   ttl_max);
     must(r);
@@ -1595,18 +1645,22 @@ START_TEST(test_numeric_ranges)
              "{\"op\":\"lock\",\"key\":\"r3\",\"ttl_ms\":%lld}", ttl_max + 1);
     expect_bad_json(a, line, "ttl_ms");
     snprintf(line, sizeof line,
-             "{\"op\":\"lock\",\"key\":\"r3\",\"wait_ms\":%lld}", wait_max + 1);
+             "{\"op\":\"lock\",\"key\":\"r3\",\"wait_ms\":%lld}",
+             wait_max + 1);
     expect_bad_json(a, line, "wait_ms");
     expect_bad_json(a, "{\"op\":\"lock\",\"key\":\"r3\",\"wait_ms\":-2}",
                     "wait_ms");
     snprintf(line, sizeof line,
-             "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}", ttl_max + 1);
+             "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}",
+             ttl_max + 1);
     expect_bad_json(a, line, "ttl_ms");
 
     /* cache.set and cache.fill: ttl_ms at its maximum reaches Redis
      * whole (spread by the jitter). */
-    r = call_line(a, "{\"op\":\"cache.set\",\"key\":\"c1\",\"value\":\"v\","
-                  "\"ttl_ms\":%lld}", ttl_max);
+    r = call_line(a,
+                  "{\"op\":\"cache.set\",\"key\":\"c1\",\"value\":\"v\","
+                  "\"ttl_ms\":%lld}",
+                  ttl_max);
     json_decref(must(r));
     pttl = entry_pttl("c1");
     ck_assert_msg(pttl > ttl_max * 8 / 10 && pttl <= ttl_max * 12 / 10,
@@ -1614,7 +1668,8 @@ START_TEST(test_numeric_ranges)
     char *lease = get_lease(a, "c2");
     snprintf(line, sizeof line,
              "{\"op\":\"cache.fill\",\"key\":\"c2\",\"lease\":\"%s\","
-             "\"value\":\"v\",\"ttl_ms\":%%lld}", lease);
+             "\"value\":\"v\",\"ttl_ms\":%%lld}",
+             lease);
     r = call_line(a, line, ttl_max);
     must(r);
     ck_assert(jtrue(r, "stored"));
@@ -1625,11 +1680,13 @@ START_TEST(test_numeric_ranges)
                   "cache PTTL %lld", pttl);
     snprintf(line, sizeof line,
              "{\"op\":\"cache.set\",\"key\":\"c1\",\"value\":\"v\","
-             "\"ttl_ms\":%lld}", ttl_max + 1);
+             "\"ttl_ms\":%lld}",
+             ttl_max + 1);
     expect_bad_json(a, line, "ttl_ms");
     snprintf(line, sizeof line,
              "{\"op\":\"cache.fill\",\"key\":\"c1\",\"lease\":\"x\","
-             "\"value\":\"v\",\"ttl_ms\":%lld}", ttl_max + 1);
+             "\"value\":\"v\",\"ttl_ms\":%lld}",
+             ttl_max + 1);
     expect_bad_json(a, line, "ttl_ms");
 
     /* cache.get and cache.mget: wait_ms as long as lock's. */
@@ -1637,8 +1694,10 @@ START_TEST(test_numeric_ranges)
                   wait_max);
     expect_hit(r, "v");
     json_decref(r);
-    r = call_line(a, "{\"op\":\"cache.mget\",\"keys\":[\"c1\"],"
-                  "\"wait_ms\":%lld}", wait_max);
+    r = call_line(a,
+                  "{\"op\":\"cache.mget\",\"keys\":[\"c1\"],"
+                  "\"wait_ms\":%lld}",
+                  wait_max);
     must(r);
     expect_hit(json_array_get(json_object_get(r, "results"), 0), "v");
     json_decref(r);
@@ -1656,8 +1715,10 @@ START_TEST(test_numeric_ranges)
     /* A waiter with the longest wait is served like any other. */
     lease = get_lease(a, "c3");
     struct h_conn *b = h_connect_ok(&D);
-    snprintf(line, sizeof line, "{\"id\":5,\"op\":\"cache.get\",\"key\":"
-             "\"c3\",\"wait_ms\":%lld}\n", wait_max);
+    snprintf(line, sizeof line,
+             "{\"id\":5,\"op\":\"cache.get\",\"key\":"
+             "\"c3\",\"wait_ms\":%lld}\n",
+             wait_max);
     ck_assert_int_eq(h_send_raw(b, line, strlen(line)), 0);
     ck_assert_ptr_null(h_recv(b, 200));
     ck_assert(fill(a, "c3", lease, "filled"));
@@ -1668,8 +1729,10 @@ START_TEST(test_numeric_ranges)
     h_close(b);
 
     /* cache.invalidate: delay_ms up to a day. */
-    r = call_line(a, "{\"op\":\"cache.invalidate\",\"key\":\"c1\","
-                  "\"delay_ms\":%lld}", delay_max);
+    r = call_line(a,
+                  "{\"op\":\"cache.invalidate\",\"key\":\"c1\","
+                  "\"delay_ms\":%lld}",
+                  delay_max);
     json_decref(must(r));
     snprintf(line, sizeof line,
              "{\"op\":\"cache.invalidate\",\"key\":\"c1\",\"delay_ms\":%lld}",
@@ -1683,8 +1746,8 @@ END_TEST
 
 /* Every cache op on KEY (the reads only when READS) must answer
  * wrong_type naming the key. */
-static void expect_wrong_type_all(struct h_conn *a, const char *key,
-                                  bool reads)
+static void
+expect_wrong_type_all(struct h_conn *a, const char *key, bool reads)
 {
     json_t *r[6];
     r[0] = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key", key,
@@ -1694,8 +1757,8 @@ static void expect_wrong_type_all(struct h_conn *a, const char *key,
                    key, "lease", "tok", "value", "v");
     r[3] = h_callf(a, T_MS, "{s:s,s:s,s:s,s:n}", "op", "cache.fill", "key",
                    key, "lease", "tok", "value");
-    r[4] = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key",
-                   key, "lease", "tok");
+    r[4] = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key", key,
+                   "lease", "tok");
     r[5] = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", key,
                    "value", "v");
     for (int i = 0; i < 6; i++) {
@@ -1704,7 +1767,7 @@ static void expect_wrong_type_all(struct h_conn *a, const char *key,
             continue;
         }
         ck_assert_msg(r[i] != NULL && !h_ok(r[i]) &&
-                      strcmp(h_errcode(r[i]), "wrong_type") == 0,
+                          strcmp(h_errcode(r[i]), "wrong_type") == 0,
                       "op %d on %s: expected wrong_type, got %s", i, key,
                       dump(r[i]));
         const char *msg = json_string_value(
@@ -1716,12 +1779,12 @@ static void expect_wrong_type_all(struct h_conn *a, const char *key,
     if (!reads) {
         return;
     }
-    json_t *m = h_callf(a, T_MS, "{s:s,s:[s],s:i}", "op", "cache.mget",
-                        "keys", key, "wait_ms", 300);
+    json_t *m = h_callf(a, T_MS, "{s:s,s:[s],s:i}", "op", "cache.mget", "keys",
+                        key, "wait_ms", 300);
     must(m);
     json_t *e = json_array_get(json_object_get(m, "results"), 0);
-    ck_assert_msg(strcmp(h_errcode(e), "wrong_type") == 0, "mget %s: %s",
-                  key, dump(m));
+    ck_assert_msg(strcmp(h_errcode(e), "wrong_type") == 0, "mget %s: %s", key,
+                  dump(m));
     json_decref(m);
 }
 
@@ -1737,16 +1800,16 @@ START_TEST(test_foreign_data)
     h_r_do(&R, "SET " PREFIX "{fs} foreign");
     h_r_do(&R, "RPUSH " PREFIX "{fl} a b");
     h_r_do(&R, "SADD " PREFIX "{fz} a");
-    h_r_do(&R, "HSET " PREFIX "{fh1} x 1");               /* none of ours */
-    h_r_do(&R, "HSET " PREFIX "{fh2} v val x 1");         /* ours and more */
-    h_r_do(&R, "HSET " PREFIX "{fh3} n maybe");           /* n is not "1" */
-    h_r_do(&R, "HSET " PREFIX "{fh4} v val n 1");         /* value and null */
-    h_r_do(&R, "HSET " PREFIX "{fh5} l tok");             /* a lease forever */
-    h_r_do(&R, "HSET " PREFIX "{fh6} l tok x 1");         /* a lease and more */
-    const char *keys[] = {"fs", "fl", "fz", "fh1", "fh2", "fh3", "fh4",
-                          "fh5", "fh6"};
-    const char *types[] = {"string", "list", "set", "hash", "hash", "hash",
-                           "hash", "hash", "hash"};
+    h_r_do(&R, "HSET " PREFIX "{fh1} x 1");       /* none of ours */
+    h_r_do(&R, "HSET " PREFIX "{fh2} v val x 1"); /* ours and more */
+    h_r_do(&R, "HSET " PREFIX "{fh3} n maybe");   /* n is not "1" */
+    h_r_do(&R, "HSET " PREFIX "{fh4} v val n 1"); /* value and null */
+    h_r_do(&R, "HSET " PREFIX "{fh5} l tok");     /* a lease forever */
+    h_r_do(&R, "HSET " PREFIX "{fh6} l tok x 1"); /* a lease and more */
+    const char *keys[] = {"fs",  "fl",  "fz",  "fh1", "fh2",
+                          "fh3", "fh4", "fh5", "fh6"};
+    const char *types[] = {"string", "list", "set",  "hash", "hash",
+                           "hash",   "hash", "hash", "hash"};
     const long long lens[] = {7, 2, 1, 1, 2, 1, 2, 1, 2};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         /* A read that finds a value field serves it without a look at
@@ -1754,7 +1817,8 @@ START_TEST(test_foreign_data)
          * whole entry. */
         expect_wrong_type_all(a, keys[i], strcmp(keys[i], "fh2") != 0);
         ck_assert_str_eq(r_str(buf, sizeof buf, "TYPE " PREFIX "{%s}",
-                               keys[i]), types[i]);
+                               keys[i]),
+                         types[i]);
         ck_assert_int_eq(entry_pttl(keys[i]), -1);
         const char *lencmd = strcmp(types[i], "string") == 0 ? "STRLEN"
                              : strcmp(types[i], "list") == 0 ? "LLEN"
@@ -1790,8 +1854,8 @@ END_TEST
 
 /* Poll the daemon's pending invalidations until they reach 0, and note
  * when they dropped to 1 (the first delete done) and to 0 (the second). */
-static void watch_pending(struct h_conn *c, long long *t1, long long *t2,
-                          int timeout_ms)
+static void
+watch_pending(struct h_conn *c, long long *t1, long long *t2, int timeout_ms)
 {
     long long end = h_now_ms() + timeout_ms;
     *t1 = *t2 = -1;
@@ -1833,11 +1897,11 @@ START_TEST(test_second_delete_after_outage)
     long long t1, t2;
     watch_pending(a, &t1, &t2, 30000);
     fprintf(stderr, "second delete %lld ms after the first\n", t2 - t1);
-    ck_assert_msg(t1 > 0 && t2 > 0, "deletes did not complete: %lld %lld",
-                  t1, t2);
+    ck_assert_msg(t1 > 0 && t2 > 0, "deletes did not complete: %lld %lld", t1,
+                  t2);
     ck_assert_msg(t2 - t1 >= delay - 200,
-                  "second delete %lld ms after the first, delay %lld",
-                  t2 - t1, delay);
+                  "second delete %lld ms after the first, delay %lld", t2 - t1,
+                  delay);
     h_close(a);
 }
 END_TEST
@@ -1858,7 +1922,7 @@ START_TEST(test_second_delete_after_replay)
     json_decref(r);
     h_close(a);
     h_daemon_kill(&D);
-    sleep_ms(delay + 500);   /* both overdue by the restart */
+    sleep_ms(delay + 500); /* both overdue by the restart */
 
     /* Redis still down at the restart: both wait, then keep apart. */
     ck_assert_int_eq(h_daemon_restart(&D), 0);
@@ -1867,11 +1931,11 @@ START_TEST(test_second_delete_after_replay)
     ck_assert_int_eq(h_redis_restart(&R), 0);
     long long t1, t2;
     watch_pending(a, &t1, &t2, 30000);
-    ck_assert_msg(t1 > 0 && t2 > 0, "deletes did not complete: %lld %lld",
-                  t1, t2);
+    ck_assert_msg(t1 > 0 && t2 > 0, "deletes did not complete: %lld %lld", t1,
+                  t2);
     ck_assert_msg(t2 - t1 >= delay - 200,
-                  "second delete %lld ms after the first, delay %lld",
-                  t2 - t1, delay);
+                  "second delete %lld ms after the first, delay %lld", t2 - t1,
+                  delay);
 
     /* Redis up at the restart: the first delete runs at once, the second
      * delay_ms later. */
@@ -1921,18 +1985,18 @@ START_TEST(test_write_outcome_unknown)
     r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "ou1",
                 "value", "after");
     kill(R.pid, SIGCONT);
-    ck_assert_msg(r != NULL && h_errcode(r) != NULL
-                  && strcmp(h_errcode(r), "redis_unavailable") == 0,
+    ck_assert_msg(r != NULL && h_errcode(r) != NULL &&
+                      strcmp(h_errcode(r), "redis_unavailable") == 0,
                   "expected redis_unavailable, got %s", dump(r));
     ck_assert_str_eq(joutcome(r), "unknown");
-    ck_assert_msg(strstr(jmsg(r), "timed out") != NULL,
-                  "no cause in: %s", jmsg(r));
+    ck_assert_msg(strstr(jmsg(r), "timed out") != NULL, "no cause in: %s",
+                  jmsg(r));
     json_decref(r);
 
     /* It did happen: Redis ran it once it woke. */
     ck_assert(h_wait_stat_min(c, "redis_connected", 1, 10000));
-    r = must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
-                     "ou1", "lease", 0));
+    r = must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", "ou1",
+                     "lease", 0));
     ck_assert_str_eq(jstr(r, "value"), "after");
     json_decref(r);
 
@@ -1941,19 +2005,20 @@ START_TEST(test_write_outcome_unknown)
     ck_assert(h_wait_stat(c, "redis_connected", 0, 10000));
     r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", "ou1",
                 "lease", 0);
-    ck_assert_msg(r != NULL && h_errcode(r) != NULL
-                  && strcmp(h_errcode(r), "redis_unavailable") == 0,
+    ck_assert_msg(r != NULL && h_errcode(r) != NULL &&
+                      strcmp(h_errcode(r), "redis_unavailable") == 0,
                   "expected redis_unavailable, got %s", dump(r));
     ck_assert_ptr_null(joutcome(r));
-    ck_assert_msg(strstr(jmsg(r), "refused") != NULL
-                  || strstr(jmsg(r), "connection") != NULL,
+    ck_assert_msg(strstr(jmsg(r), "refused") != NULL ||
+                      strstr(jmsg(r), "connection") != NULL,
                   "no cause in: %s", jmsg(r));
     json_decref(r);
     h_close(c);
 }
 END_TEST
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(get_fill_hit, 60),

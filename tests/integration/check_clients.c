@@ -26,7 +26,8 @@ static struct h_daemon D;
 /* The examples force a lock_lost by deleting a lock's key in Redis
  * (LEASED_TEST_REDIS); a short watchdog finds it gone within a third of
  * watchdog_ms. */
-static void export_redis(void)
+static void
+export_redis(void)
 {
     char addr[64];
 
@@ -35,13 +36,16 @@ static void export_redis(void)
 }
 
 static const struct h_fixture fx = {
-    .suite = "clients", .redis = { &R }, .daemons = { &D },
+    .suite = "clients",
+    .redis = {&R},
+    .daemons = {&D},
     .start_yaml = "log:\n  level: info\nlock:\n  watchdog_ms: 1500\n",
     .setup = export_redis,
 };
 static char out[65536], err[65536];
 
-static const char *srcdir(void)
+static const char *
+srcdir(void)
 {
     const char *p = getenv("LD_SRCDIR");
 
@@ -49,18 +53,21 @@ static const char *srcdir(void)
 }
 
 /* Run an example: INTERP SRCDIR/SCRIPT SOCKET. */
-static void run_example(const char *interp, const char *script)
+static void
+run_example(const char *interp, const char *script)
 {
     char path[1024];
-    const char *argv[] = { interp, path, D.sock, NULL };
+    const char *argv[] = {interp, path, D.sock, NULL};
     int rc;
 
     snprintf(path, sizeof path, "%s/%s", srcdir(), script);
     rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
     /* LD_VERBOSE=1 shows what a passing example printed, too. */
     if (rc != 0 || getenv("LD_VERBOSE")) {
-        fprintf(stderr, "---- %s %s: exit %d ----\n%s\n---- stderr ----\n"
-                "%s\n---- end ----\n", interp, script, rc, out, err);
+        fprintf(stderr,
+                "---- %s %s: exit %d ----\n%s\n---- stderr ----\n"
+                "%s\n---- end ----\n",
+                interp, script, rc, out, err);
     }
     ck_assert_msg(rc == 0, "%s %s exited %d%s", interp, script, rc,
                   rc == 127 ? " (is it installed?)" : "");
@@ -85,15 +92,17 @@ END_TEST
 START_TEST(test_node_api)
 {
     char path[1024];
-    const char *argv[] = { "node", "--test", path, NULL };
+    const char *argv[] = {"node", "--test", path, NULL};
     int rc;
 
     snprintf(path, sizeof path, "%s/clients/node/test_api.js", srcdir());
     setenv("LEASED_SOCKET", D.sock, 1);
     rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
     if (rc != 0 || getenv("LD_VERBOSE")) {
-        fprintf(stderr, "---- node --test test_api.js: exit %d ----\n%s\n"
-                "---- stderr ----\n%s\n---- end ----\n", rc, out, err);
+        fprintf(stderr,
+                "---- node --test test_api.js: exit %d ----\n%s\n"
+                "---- stderr ----\n%s\n---- end ----\n",
+                rc, out, err);
     }
     ck_assert_msg(rc == 0, "node --test exited %d%s", rc,
                   rc == 127 ? " (is it installed?)" : "");
@@ -111,7 +120,8 @@ START_TEST(test_shell)
 }
 END_TEST
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         /* Python includes a pip install into a fresh venv. Every

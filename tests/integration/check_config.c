@@ -21,11 +21,14 @@
 static struct h_redis R;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "config", .redis = { &R }, .daemons = { &D },
+    .suite = "config",
+    .redis = {&R},
+    .daemons = {&D},
 };
 
 /* The first line of TEXT, without its newline, into OUT. */
-static void first_line(const char *text, char *out, size_t outlen)
+static void
+first_line(const char *text, char *out, size_t outlen)
 {
     size_t n = strcspn(text, "\n");
     if (n >= outlen) {
@@ -40,7 +43,8 @@ struct log_wait {
     const char *needle;
 };
 
-static bool log_has(void *arg)
+static bool
+log_has(void *arg)
 {
     const struct log_wait *w = arg;
     char buf[1024];
@@ -58,7 +62,8 @@ static bool log_has(void *arg)
 }
 
 /* Replace the first OLD in the file at PATH by NEW. */
-static void edit_file(const char *path, const char *old, const char *new)
+static void
+edit_file(const char *path, const char *old, const char *new)
 {
     char buf[8192], *at;
     size_t len;
@@ -82,8 +87,9 @@ static void edit_file(const char *path, const char *old, const char *new)
  * SIGHUP and a fresh start must each refuse the file with the message
  * that `leased -t` prints, and a refused reload must leave the daemon
  * running. */
-static void refused_everywhere(const char *extra, const char *old,
-                               const char *new, const char *key_says)
+static void
+refused_everywhere(const char *extra, const char *old, const char *new,
+                   const char *key_says)
 {
     char out[4096], err[4096], message[1024], reload_line[1200];
     struct h_conn *c;
@@ -101,8 +107,7 @@ static void refused_everywhere(const char *extra, const char *old,
     /* leased -t */
     const char *test_argv[] = {h_leased_bin(), "-t", "-c", D.conf, NULL};
     status = h_run(test_argv, out, sizeof out, err, sizeof err, RUN_MS);
-    ck_assert_msg(status == 1, "leased -t exited %d: %s%s", status, out,
-                  err);
+    ck_assert_msg(status == 1, "leased -t exited %d: %s%s", status, out, err);
     first_line(err, message, sizeof message);
     ck_assert_msg(strncmp(message, D.conf, strlen(D.conf)) == 0 &&
                       message[strlen(D.conf)] == ':',
@@ -126,8 +131,7 @@ static void refused_everywhere(const char *extra, const char *old,
     /* Start-up: exits 1 before listening, printing the same message. */
     const char *start_argv[] = {h_leased_bin(), "-f", "-c", D.conf, NULL};
     status = h_run(start_argv, out, sizeof out, err, sizeof err, RUN_MS);
-    ck_assert_msg(status == 1, "leased -f exited %d: %s%s", status, out,
-                  err);
+    ck_assert_msg(status == 1, "leased -f exited %d: %s%s", status, out, err);
     ck_assert_msg(strstr(err, message) != NULL,
                   "start-up did not say \"%s\":\n%s", message, err);
 }
@@ -157,8 +161,7 @@ START_TEST(test_sentinel_refused)
 
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
     snprintf(extra, sizeof extra,
-             "redis:\n  address: 127.0.0.1:%d\n  mode: standalone\n",
-             R.port);
+             "redis:\n  address: 127.0.0.1:%d\n  mode: standalone\n", R.port);
     refused_everywhere(extra, "mode: standalone", "mode: sentinel",
                        "redis.mode: sentinel is not available in this "
                        "version");
@@ -176,13 +179,13 @@ START_TEST(test_defaults_accepted)
                                     "lock:\n  redlock: []\n"),
                      0);
     const char *argv[] = {h_leased_bin(), "-t", "-c", D.conf, NULL};
-    ck_assert_int_eq(h_run(argv, out, sizeof out, err, sizeof err, RUN_MS),
-                     0);
+    ck_assert_int_eq(h_run(argv, out, sizeof out, err, sizeof err, RUN_MS), 0);
     ck_assert_msg(strstr(out, "is valid") != NULL, "-t said: %s%s", out, err);
 }
 END_TEST
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(near_cache_refused, 90),

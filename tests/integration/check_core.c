@@ -22,15 +22,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define T_MS 5000   /* how long a reply may take */
+#define T_MS 5000 /* how long a reply may take */
 
 static struct h_redis R;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "core", .redis = { &R }, .daemons = { &D },
+    .suite = "core",
+    .redis = {&R},
+    .daemons = {&D},
 };
 
-static bool matches(const char *re, const char *s)
+static bool
+matches(const char *re, const char *s)
 {
     regex_t rx;
     bool ok;
@@ -43,8 +46,8 @@ static bool matches(const char *re, const char *s)
 
 /* Send LINE raw and expect the very next reply to be error CODE. Returns
  * the reply (caller frees) for further checks. */
-static json_t *expect_error(struct h_conn *c, const char *line,
-                            const char *code)
+static json_t *
+expect_error(struct h_conn *c, const char *line, const char *code)
 {
     json_t *r;
 
@@ -60,7 +63,8 @@ static json_t *expect_error(struct h_conn *c, const char *line,
 
 #define PAD_HEAD "{\"op\":\"ping\",\"id\":21,\"pad\":\""
 
-static int send_str(struct h_conn *c, const char *s)
+static int
+send_str(struct h_conn *c, const char *s)
 {
     return h_send_raw(c, s, strlen(s));
 }
@@ -96,8 +100,7 @@ START_TEST(test_hello_ping_stats)
     c2 = h_connect_ok(&D);
     r = h_callf(c2, T_MS, "{s:s}", "op", "hello");
     ck_assert_msg(h_ok(r), "hello without client: %s", h_errcode(r));
-    ck_assert_str_ne(json_string_value(json_object_get(r, "session")),
-                     sess1);
+    ck_assert_str_ne(json_string_value(json_object_get(r, "session")), sess1);
     json_decref(r);
 
     r = h_callf(c, T_MS, "{s:s}", "op", "stats");
@@ -109,10 +112,14 @@ START_TEST(test_hello_ping_stats)
     ck_assert_int_eq(json_integer_value(json_object_get(st, "sessions")), 2);
     ck_assert(json_is_object(json_object_get(st, "requests_by_op")));
     ck_assert(json_is_object(json_object_get(st, "errors_by_code")));
-    ck_assert_int_ge(json_integer_value(json_object_get(
-        json_object_get(st, "requests_by_op"), "ping")), 1);
-    ck_assert_int_ge(json_integer_value(json_object_get(
-        json_object_get(st, "requests_by_op"), "hello")), 2);
+    ck_assert_int_ge(json_integer_value(
+                         json_object_get(json_object_get(st, "requests_by_op"),
+                                         "ping")),
+                     1);
+    ck_assert_int_ge(json_integer_value(
+                         json_object_get(json_object_get(st, "requests_by_op"),
+                                         "hello")),
+                     2);
     json_decref(r);
 
     /* The daemon connects to Redis on its own, without any request. */
@@ -214,20 +221,20 @@ START_TEST(test_ids_and_crlf)
     h_start(NULL);
     c = h_connect_ok(&D);
 
-    ck_assert_int_eq(h_send(c, "{s:s,s:s}", "op", "ping", "id", "req-a7"),
-                     0);
+    ck_assert_int_eq(h_send(c, "{s:s,s:s}", "op", "ping", "id", "req-a7"), 0);
     r = h_recv(c, T_MS);
     ck_assert(h_ok(r));
     ck_assert_str_eq(json_string_value(json_object_get(r, "id")), "req-a7");
     json_decref(r);
 
     ck_assert_int_eq(h_send(c, "{s:s,s:I}", "op", "ping", "id",
-                            (json_int_t)9007199254740993LL), 0);
+                            (json_int_t)9007199254740993LL),
+                     0);
     r = h_recv(c, T_MS);
     ck_assert(h_ok(r));
     ck_assert(json_is_integer(json_object_get(r, "id")));
-    ck_assert(json_integer_value(json_object_get(r, "id"))
-              == 9007199254740993LL);
+    ck_assert(json_integer_value(json_object_get(r, "id")) ==
+              9007199254740993LL);
     json_decref(r);
 
     ck_assert_int_eq(h_send(c, "{s:s,s:f}", "op", "ping", "id", 2.5), 0);
@@ -252,8 +259,7 @@ START_TEST(test_ids_and_crlf)
     json_decref(r);
 
     /* Two requests in one write, the second split across writes. */
-    ck_assert_int_eq(send_str(c, "{\"op\":\"ping\",\"id\":32}\n{\"op\":"),
-                     0);
+    ck_assert_int_eq(send_str(c, "{\"op\":\"ping\",\"id\":32}\n{\"op\":"), 0);
     ck_assert_int_eq(send_str(c, "\"ping\",\"id\":33}\n"), 0);
     r = h_recv_id(c, 32, T_MS);
     ck_assert(h_ok(r));
@@ -283,7 +289,8 @@ START_TEST(test_pipelined_pings)
     ck_assert_ptr_nonnull(buf);
     ck_assert_ptr_nonnull(seen);
     for (int i = 1; i <= N; i++) {
-        used += (size_t)sprintf(buf + used, "{\"op\":\"ping\",\"id\":%d}\n", i);
+        used += (size_t)sprintf(buf + used, "{\"op\":\"ping\",\"id\":%d}\n",
+                                i);
     }
     ck_assert_int_eq(h_send_raw(c, buf, used), 0);
     free(buf);
@@ -335,9 +342,9 @@ START_TEST(test_tcp_auth)
     json_t *r;
 
     h_start("listen:\n"
-          "  unix: \"@DIR@/leased.sock\"\n"
-          "  tcp: \"127.0.0.1:0\"\n"
-          "  auth_token: \"s3cret-T0ken\"\n");
+            "  unix: \"@DIR@/leased.sock\"\n"
+            "  tcp: \"127.0.0.1:0\"\n"
+            "  auth_token: \"s3cret-T0ken\"\n");
     ck_assert_int_gt(D.tcp_port, 0);
     c = h_connect_tcp(&D);
     ck_assert_msg(c != NULL, "tcp connect: %s", strerror(errno));
@@ -361,8 +368,8 @@ START_TEST(test_tcp_auth)
     ck_assert_str_eq(h_errcode(r), "unauthorized");
     json_decref(r);
 
-    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "hello", "client", "t",
-                "auth", "s3cret-T0ken");
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "hello", "client", "t", "auth",
+                "s3cret-T0ken");
     ck_assert_msg(h_ok(r), "hello with the token: %s", h_errcode(r));
     ck_assert_str_eq(json_string_value(json_object_get(r, "server")),
                      "leased");
@@ -474,7 +481,8 @@ END_TEST
 
 /* --- the Redis backend ------------------------------------------------------ */
 
-static json_t *lock_ok(struct h_conn *c, const char *key)
+static json_t *
+lock_ok(struct h_conn *c, const char *key)
 {
     json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", key);
 
@@ -507,7 +515,8 @@ START_TEST(test_redis_auth_db)
 
     snprintf(yaml, sizeof yaml,
              "redis:\n  address: \"127.0.0.1:%d\"\n  username: app\n"
-             "  password: apppw\n  db: 3\n", R.port);
+             "  password: apppw\n  db: 3\n",
+             R.port);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
     c = h_connect_ok(&D);
     r = lock_ok(c, "authdb");
@@ -640,7 +649,8 @@ START_TEST(test_redis_timeout)
 }
 END_TEST
 
-static bool log_has(const struct h_daemon *d, const char *needle)
+static bool
+log_has(const struct h_daemon *d, const char *needle)
 {
     char buf[512];
     bool found = false;
@@ -656,7 +666,8 @@ static bool log_has(const struct h_daemon *d, const char *needle)
     return found;
 }
 
-static bool log_has_reload_failure(void *arg)
+static bool
+log_has_reload_failure(void *arg)
 {
     return log_has(arg, "reload failed");
 }
@@ -688,7 +699,8 @@ START_TEST(test_reload)
         char cmd[800];
         snprintf(cmd, sizeof cmd,
                  "sed -i 's/max_request_bytes: 100000/"
-                 "max_request_bytes: 200/' '%s'", D.conf);
+                 "max_request_bytes: 200/' '%s'",
+                 D.conf);
         ck_assert_int_eq(system(cmd), 0);
     }
     h_daemon_signal(&D, SIGHUP);
@@ -731,7 +743,8 @@ START_TEST(test_unsupported_refused)
     } cases[] = {
         {"cache:\n  near: { enabled: true }\n", "near cache is not"},
         {"lock:\n  redlock: [\"127.0.0.1:1\", \"127.0.0.1:2\", "
-         "\"127.0.0.1:3\"]\n", "Redlock is not"},
+         "\"127.0.0.1:3\"]\n",
+         "Redlock is not"},
         {"redis:\n  mode: sentinel\n  addresses: [\"127.0.0.1:1\"]\n",
          "sentinel is not"},
     };
@@ -757,10 +770,9 @@ START_TEST(test_half_close)
 {
     struct h_conn *c, *other;
     json_t *r;
-    const char *reqs =
-        "{\"id\":1,\"op\":\"lock\",\"key\":\"hc-bound\"}\n"
-        "{\"id\":2,\"op\":\"lock\",\"key\":\"hc-detached\","
-        "\"detach\":true,\"ttl_ms\":60000}\n";
+    const char *reqs = "{\"id\":1,\"op\":\"lock\",\"key\":\"hc-bound\"}\n"
+                       "{\"id\":2,\"op\":\"lock\",\"key\":\"hc-detached\","
+                       "\"detach\":true,\"ttl_ms\":60000}\n";
 
     h_start(NULL);
     c = h_connect_ok(&D);
@@ -784,8 +796,7 @@ START_TEST(test_half_close)
     ck_assert_msg(json_is_true(json_object_get(r, "acquired")),
                   "session-bound lock survived its half-closed session");
     json_decref(r);
-    r = h_callf(other, T_MS, "{s:s,s:s}", "op", "lock", "key",
-                "hc-detached");
+    r = h_callf(other, T_MS, "{s:s,s:s}", "op", "lock", "key", "hc-detached");
     ck_assert(h_ok(r));
     ck_assert(json_is_false(json_object_get(r, "acquired")));
     json_decref(r);
@@ -842,7 +853,8 @@ START_TEST(test_cmdline)
 
         ck_assert_ptr_nonnull(f);
         fputs("redis:\n  address: 127.0.0.1:6379\n"
-              "limits:\n  max_clients: 50\nlog:\n  level: warn\n", f);
+              "limits:\n  max_clients: 50\nlog:\n  level: warn\n",
+              f);
         fclose(f);
         f = fopen(bad, "w");
         ck_assert_ptr_nonnull(f);
@@ -850,13 +862,13 @@ START_TEST(test_cmdline)
         fclose(f);
     }
     {
-        const char *argv[] = { h_leased_bin(), "-t", "-c", good, NULL };
+        const char *argv[] = {h_leased_bin(), "-t", "-c", good, NULL};
 
         rc = h_run(argv, out, sizeof out, err, sizeof err, 10000);
         ck_assert_msg(rc == 0, "-t good.yml: exit %d, stderr: %s", rc, err);
     }
     {
-        const char *argv[] = { h_leased_bin(), "-t", "-c", bad, NULL };
+        const char *argv[] = {h_leased_bin(), "-t", "-c", bad, NULL};
 
         rc = h_run(argv, out, sizeof out, err, sizeof err, 10000);
         ck_assert_msg(rc == 1, "-t bad.yml: exit %d, stderr: %s", rc, err);
@@ -866,7 +878,7 @@ START_TEST(test_cmdline)
                       "the bad key is not named in: %s", err);
     }
     {
-        const char *argv[] = { h_leased_bin(), "-v", NULL };
+        const char *argv[] = {h_leased_bin(), "-v", NULL};
 
         rc = h_run(argv, out, sizeof out, err, sizeof err, 10000);
         ck_assert_msg(rc == 0, "-v: exit %d", rc);
@@ -900,7 +912,7 @@ START_TEST(test_socket_activation)
     ck_assert_int_eq(listen(fd, 16), 0);
 
     ck_assert_int_eq(h_daemon_start_fd(&D, &R, NULL, fd, path), 0);
-    close(fd);   /* only the daemon holds it now */
+    close(fd); /* only the daemon holds it now */
 
     c = h_connect_ok(&D);
     h_assert_ping(c);
@@ -951,7 +963,8 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(hello_ping_stats, 60),

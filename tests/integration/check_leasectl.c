@@ -20,15 +20,18 @@
 #include <unistd.h>
 
 #define T_MS 5000
-#define RUN_MS 20000        /* deadline of one leasectl run */
+#define RUN_MS 20000 /* deadline of one leasectl run */
 
 static struct h_redis R;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "leasectl", .redis = { &R }, .daemons = { &D },
+    .suite = "leasectl",
+    .redis = {&R},
+    .daemons = {&D},
 };
 
-static const char *ctl_bin(void)
+static const char *
+ctl_bin(void)
 {
     const char *p = getenv("LEASECTL_BIN");
 
@@ -45,7 +48,8 @@ struct run {
     pthread_t th;
 };
 
-static void run_argv(struct run *r, const char *const *args)
+static void
+run_argv(struct run *r, const char *const *args)
 {
     int n = 0;
     long long t0 = h_now_ms();
@@ -62,18 +66,19 @@ static void run_argv(struct run *r, const char *const *args)
 
 #define CTL(r, ...)                                                           \
     do {                                                                      \
-        const char *const a_[] = { __VA_ARGS__, NULL };                      \
+        const char *const a_[] = {__VA_ARGS__, NULL};                         \
         run_argv((r), a_);                                                    \
     } while (0)
 
 /* Assert the exit status; on mismatch show what leasectl said. */
 #define CK_RC(r, want)                                                        \
     ck_assert_msg((r)->rc == (want),                                          \
-                  "%s %s: exit %d, want %d\nstdout: %s\nstderr: %s",         \
-                  (r)->argv[1], (r)->argv[2] ? (r)->argv[2] : "", (r)->rc,  \
+                  "%s %s: exit %d, want %d\nstdout: %s\nstderr: %s",          \
+                  (r)->argv[1], (r)->argv[2] ? (r)->argv[2] : "", (r)->rc,    \
                   (want), (r)->out, (r)->err)
 
-static void *run_thread(void *arg)
+static void *
+run_thread(void *arg)
 {
     struct run *r = arg;
 
@@ -85,7 +90,7 @@ static void *run_thread(void *arg)
 /* Start leasectl in the background (a thread waits on it). */
 #define CTL_BG(r, ...)                                                        \
     do {                                                                      \
-        const char *const a_[] = { __VA_ARGS__, NULL };                      \
+        const char *const a_[] = {__VA_ARGS__, NULL};                         \
         int n_ = 0;                                                           \
         (r)->argv[n_++] = ctl_bin();                                          \
         for (; a_[n_ - 1]; n_++) {                                            \
@@ -93,11 +98,11 @@ static void *run_thread(void *arg)
         }                                                                     \
         (r)->argv[n_] = NULL;                                                 \
         (r)->took_ms = h_now_ms();                                            \
-        ck_assert_int_eq(pthread_create(&(r)->th, NULL, run_thread, (r)),    \
-                         0);                                                  \
+        ck_assert_int_eq(pthread_create(&(r)->th, NULL, run_thread, (r)), 0); \
     } while (0)
 
-static void bg_join(struct run *r)
+static void
+bg_join(struct run *r)
 {
     pthread_join(r->th, NULL);
     r->took_ms = h_now_ms() - r->took_ms;
@@ -109,7 +114,8 @@ struct locked_want {
     bool locked;
 };
 
-static bool is_locked(struct h_conn *c, const char *key)
+static bool
+is_locked(struct h_conn *c, const char *key)
 {
     json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key", key);
     bool locked;
@@ -120,19 +126,22 @@ static bool is_locked(struct h_conn *c, const char *key)
     return locked;
 }
 
-static bool locked_is(void *arg)
+static bool
+locked_is(void *arg)
 {
     struct locked_want *w = arg;
 
     return is_locked(w->c, w->key) == w->locked;
 }
 
-static bool file_exists(void *arg)
+static bool
+file_exists(void *arg)
 {
     return access((const char *)arg, F_OK) == 0;
 }
 
-static void write_file(const char *path, const char *text)
+static void
+write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
 
@@ -141,7 +150,8 @@ static void write_file(const char *path, const char *text)
     ck_assert_int_eq(fclose(f), 0);
 }
 
-static void read_file(const char *path, char *buf, size_t len)
+static void
+read_file(const char *path, char *buf, size_t len)
 {
     FILE *f = fopen(path, "r");
     size_t n;
@@ -174,7 +184,8 @@ struct script {
     char term[300];
 };
 
-static void make_script(struct script *s)
+static void
+make_script(struct script *s)
 {
     ck_assert_int_eq(h_tmpdir(s->dir, sizeof s->dir), 0);
     snprintf(s->path, sizeof s->path, "%s/cmd.sh", s->dir);
@@ -183,7 +194,8 @@ static void make_script(struct script *s)
     write_file(s->path, TRAP_SCRIPT);
 }
 
-static pid_t script_parent(const struct script *s)
+static pid_t
+script_parent(const struct script *s)
 {
     char buf[64];
 
@@ -220,8 +232,8 @@ START_TEST(test_ping_stats_usage)
 
     CTL(&r, "stats");
     CK_RC(&r, 0);
-    ck_assert_msg(strstr(r.out, "sessions ") && strstr(r.out, "uptime_s ")
-                  && strstr(r.out, "requests_by_op.ping "),
+    ck_assert_msg(strstr(r.out, "sessions ") && strstr(r.out, "uptime_s ") &&
+                      strstr(r.out, "requests_by_op.ping "),
                   "stats table: %s", r.out);
     CTL(&r, "stats", "--json");
     CK_RC(&r, 0);
@@ -235,8 +247,9 @@ START_TEST(test_ping_stats_usage)
     snprintf(missing, sizeof missing, "%s/none.sock", D.dir);
     CTL(&r, "-s", missing, "ping");
     CK_RC(&r, 69);
-    ck_assert_msg(!strncmp(r.err, "leasectl: ping: connect: ", 25)
-                  && strstr(r.err, missing), "stderr: %s", r.err);
+    ck_assert_msg(!strncmp(r.err, "leasectl: ping: connect: ", 25) &&
+                      strstr(r.err, missing),
+                  "stderr: %s", r.err);
     ck_assert_str_eq(r.out, "");
 
     /* Usage errors: 64 and a message. */
@@ -315,8 +328,7 @@ START_TEST(test_cache_cmds)
 
     CTL(&r, "invalidate", "k", "gone", "--delay", "0");
     CK_RC(&r, 0);
-    ck_assert_msg(!strncmp(r.out, "deleted=2 pending=", 18), "out: %s",
-                  r.out);
+    ck_assert_msg(!strncmp(r.out, "deleted=2 pending=", 18), "out: %s", r.out);
     CTL(&r, "get", "k");
     CK_RC(&r, 1);
     CTL(&r, "invalidate", "dash");
@@ -375,12 +387,13 @@ END_TEST
 
 struct renewed_want {
     struct h_conn *c;
-    long long renewals;  /* lock_renewals_ok at least this */
-    long long since_ms;  /* and at least AFTER_MS after this */
+    long long renewals; /* lock_renewals_ok at least this */
+    long long since_ms; /* and at least AFTER_MS after this */
     long long after_ms;
 };
 
-static bool renewed(void *arg)
+static bool
+renewed(void *arg)
 {
     struct renewed_want *w = arg;
 
@@ -408,12 +421,12 @@ START_TEST(test_lock_runs_cmd)
              stop);
 
     CTL_BG(&bg, "lock", "nightly", "--", "sh", "-c", cmd);
-    w = (struct locked_want){ c, "nightly", true };
+    w = (struct locked_want){c, "nightly", true};
     ck_assert_msg(h_wait_until(locked_is, &w, T_MS), "never locked");
     /* The lock outlives two of its 600 ms leases only by being renewed
      * while the command runs: wait for that, then look. */
-    rw = (struct renewed_want){ c, h_stat(c, "lock_renewals_ok") + 3,
-                                h_now_ms(), 1200 };
+    rw = (struct renewed_want){c, h_stat(c, "lock_renewals_ok") + 3,
+                               h_now_ms(), 1200};
     ck_assert_msg(h_wait_until(renewed, &rw, 30000),
                   "fewer than 3 renewals: %lld",
                   h_stat(c, "lock_renewals_ok"));
@@ -463,8 +476,9 @@ START_TEST(test_lock_contended)
     CTL(&r, "lock", "report", "--", "sh", "-c", cmd);
     CK_RC(&r, 75);
     ck_assert_int_ne(access(marker, F_OK), 0);
-    ck_assert_msg(strstr(r.err, "leasectl: lock: report: held by another")
-                  && strstr(r.err, "not running sh"), "stderr: %s", r.err);
+    ck_assert_msg(strstr(r.err, "leasectl: lock: report: held by another") &&
+                      strstr(r.err, "not running sh"),
+                  "stderr: %s", r.err);
 
     CTL(&r, "lock", "report", "--wait", "400", "--", "sh", "-c", cmd);
     CK_RC(&r, 75);
@@ -501,7 +515,7 @@ START_TEST(test_lock_lost)
 
     CTL_BG(&bg, "lock", "lost", "--", "sh", s.path, s.dir);
     script_parent(&s);
-    w = (struct locked_want){ c, "lost", true };
+    w = (struct locked_want){c, "lost", true};
     ck_assert_msg(h_wait_until(locked_is, &w, T_MS), "never locked");
     h_delete_lock_key(&R, "lost");
     bg_join(&bg);
@@ -515,8 +529,7 @@ START_TEST(test_lock_lost)
     /* --lost-exit chooses the status. */
     h_rmdir(s.dir);
     make_script(&s);
-    CTL_BG(&bg, "lock", "lost", "--lost-exit", "9", "--", "sh", s.path,
-           s.dir);
+    CTL_BG(&bg, "lock", "lost", "--lost-exit", "9", "--", "sh", s.path, s.dir);
     script_parent(&s);
     ck_assert_msg(h_wait_until(locked_is, &w, T_MS), "never locked");
     h_delete_lock_key(&R, "lost");
@@ -550,7 +563,7 @@ START_TEST(test_lock_signals)
     bg_join(&bg);
     CK_RC(&bg, 0);
     ck_assert_int_eq(access(s.term, F_OK), 0);
-    w = (struct locked_want){ c, "sig", false };
+    w = (struct locked_want){c, "sig", false};
     ck_assert_msg(h_wait_until(locked_is, &w, T_MS), "still locked");
 
     /* SIGINT: the shell dies of it, leasectl reports 128 + 2. */
@@ -581,8 +594,8 @@ START_TEST(test_lock_daemon_stops)
     bg_join(&bg);
     CK_RC(&bg, 70);
     ck_assert_int_eq(access(s.term, F_OK), 0);
-    ck_assert_msg(strstr(bg.err, "shutting down")
-                  || strstr(bg.err, "connection to leased lost"),
+    ck_assert_msg(strstr(bg.err, "shutting down") ||
+                      strstr(bg.err, "connection to leased lost"),
                   "stderr: %s", bg.err);
     unsetenv("LEASED_SOCKET");
 }
@@ -596,9 +609,9 @@ START_TEST(test_auth)
     char tcp[64];
 
     h_start("listen:\n"
-          "  unix: \"@DIR@/leased.sock\"\n"
-          "  tcp: \"127.0.0.1:0\"\n"
-          "  auth_token: \"ctl-T0ken\"\n");
+            "  unix: \"@DIR@/leased.sock\"\n"
+            "  tcp: \"127.0.0.1:0\"\n"
+            "  auth_token: \"ctl-T0ken\"\n");
     snprintf(tcp, sizeof tcp, "127.0.0.1:%d", D.tcp_port);
     unsetenv("LEASED_AUTH");
 
@@ -645,7 +658,8 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(ping_stats_usage, 60),

@@ -25,20 +25,22 @@
 static struct h_redis R;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "libleased", .redis = { &R }, .daemons = { &D },
+    .suite = "libleased",
+    .redis = {&R},
+    .daemons = {&D},
 };
 
 #define CK_OK(rc, err, what)                                                  \
-    ck_assert_msg((rc) == LEASED_OK, "%s: %s: %s", (what),                  \
+    ck_assert_msg((rc) == LEASED_OK, "%s: %s: %s", (what),                    \
                   leased_strerror((err).code), (err).message)
 
 #define CK_CODE(rc, err, want, what)                                          \
-    ck_assert_msg((rc) == (want) && (err).code == (want),                    \
-                  "%s: want %s, got %s (%s)", (what), leased_strerror(want), \
+    ck_assert_msg((rc) == (want) && (err).code == (want),                     \
+                  "%s: want %s, got %s (%s)", (what), leased_strerror(want),  \
                   leased_strerror(rc), (err).message)
 
-static struct leased_conn *conn_opt(const char *target,
-                                    const struct leased_options *opt)
+static struct leased_conn *
+conn_opt(const char *target, const struct leased_options *opt)
 {
     struct leased_error err;
     struct leased_conn *c = leased_connect(target, opt, &err);
@@ -48,18 +50,21 @@ static struct leased_conn *conn_opt(const char *target,
     return c;
 }
 
-static struct leased_conn *conn(void)
+static struct leased_conn *
+conn(void)
 {
     return conn_opt(D.sock, NULL);
 }
 
-static void tcp_target(char *buf, size_t len)
+static void
+tcp_target(char *buf, size_t len)
 {
     ck_assert_int_gt(D.tcp_port, 0);
     snprintf(buf, len, "127.0.0.1:%d", D.tcp_port);
 }
 
-static long long stat_of(struct leased_conn *c, const char *name)
+static long long
+stat_of(struct leased_conn *c, const char *name)
 {
     struct leased_error err;
     json_t *st = NULL, *v;
@@ -81,16 +86,17 @@ struct stat_want {
     long long at_least;
 };
 
-static bool stat_reached(void *arg)
+static bool
+stat_reached(void *arg)
 {
     struct stat_want *w = arg;
 
     return stat_of(w->c, w->name) >= w->at_least;
 }
 
-static void lock_ok(struct leased_conn *c, const char *key,
-                    const struct leased_lock_args *a,
-                    struct leased_lock_result *res)
+static void
+lock_ok(struct leased_conn *c, const char *key,
+        const struct leased_lock_args *a, struct leased_lock_result *res)
 {
     struct leased_error err;
     int rc = leased_lock(c, key, a, res, &err);
@@ -99,7 +105,8 @@ static void lock_ok(struct leased_conn *c, const char *key,
     ck_assert_msg(res->acquired, "lock %s not acquired", key);
 }
 
-static long long elapsed_since(long long t0)
+static long long
+elapsed_since(long long t0)
 {
     return h_now_ms() - t0;
 }
@@ -202,7 +209,8 @@ START_TEST(test_stats)
     ck_assert_msg(json_is_object(parsed), "not a JSON object: %s", text);
     ck_assert(json_is_object(json_object_get(parsed, "requests_by_op")));
     ck_assert_int_ge(json_integer_value(json_object_get(
-        json_object_get(parsed, "requests_by_op"), "stats")), 2);
+                         json_object_get(parsed, "requests_by_op"), "stats")),
+                     2);
     json_decref(parsed);
     leased_free(text);
     leased_close(c);
@@ -218,7 +226,7 @@ START_TEST(test_locks)
     struct leased_unlock_result ur;
     struct leased_lock_info info;
     struct leased_error err;
-    struct leased_lock_args args = { 0 };
+    struct leased_lock_args args = {0};
     long long lease;
     int rc;
 
@@ -241,8 +249,7 @@ START_TEST(test_locks)
     rc = leased_lock(b, "lk", NULL, &rb, &err);
     CK_OK(rc, err, "contended lock");
     ck_assert(!rb.acquired);
-    ck_assert_msg(rb.ttl_ms == -1 || rb.ttl_ms > 0, "ttl_ms %lld",
-                  rb.ttl_ms);
+    ck_assert_msg(rb.ttl_ms == -1 || rb.ttl_ms > 0, "ttl_ms %lld", rb.ttl_ms);
 
     rc = leased_lock_info(b, "lk", NULL, NULL, &info, &err);
     CK_OK(rc, err, "lock.info from b");
@@ -334,7 +341,8 @@ struct unlocker {
 };
 
 /* Release the lock once a waiter is queued (on its own connections). */
-static void *unlock_when_waited(void *arg)
+static void *
+unlock_when_waited(void *arg)
 {
     struct unlocker *u = arg;
     struct leased_error err;
@@ -343,8 +351,8 @@ static void *unlock_when_waited(void *arg)
     while (h_now_ms() < deadline) {
         json_t *st = NULL;
 
-        if (leased_stats(u->watcher, &st, &err) == LEASED_OK
-            && json_integer_value(json_object_get(st, "lock_waiters")) >= 1) {
+        if (leased_stats(u->watcher, &st, &err) == LEASED_OK &&
+            json_integer_value(json_object_get(st, "lock_waiters")) >= 1) {
             json_decref(st);
             break;
         }
@@ -359,7 +367,7 @@ START_TEST(test_lock_wait)
 {
     struct leased_conn *a, *b, *w;
     struct leased_lock_result ra, rb;
-    struct leased_lock_args args = { 0 };
+    struct leased_lock_args args = {0};
     struct leased_options opt;
     struct leased_error err;
     struct unlocker u;
@@ -385,7 +393,7 @@ START_TEST(test_lock_wait)
     ck_assert_int_ge(elapsed_since(t0), 550);
 
     /* Woken by the unlock, long before wait_ms. */
-    u = (struct unlocker){ a, w, "w", -1 };
+    u = (struct unlocker){a, w, "w", -1};
     ck_assert_int_eq(pthread_create(&th, NULL, unlock_when_waited, &u), 0);
     args.wait_ms = 20000;
     t0 = h_now_ms();
@@ -411,7 +419,7 @@ START_TEST(test_cache)
     struct leased_cache_result g, m[3];
     struct leased_invalidate_result inv;
     struct leased_error err;
-    const char *keys[3] = { "c:a", "c:b", "c:none" };
+    const char *keys[3] = {"c:a", "c:b", "c:none"};
     /* Quotes, backslash, newline, multi-byte UTF-8: all survive. */
     const char bin[] = "q\"b\\n\nz\xc3\xa9\xe2\x82\xac";
     bool flag;
@@ -426,8 +434,8 @@ START_TEST(test_cache)
     CK_OK(rc, err, "cache.get miss");
     ck_assert(!g.hit);
     ck_assert_ptr_nonnull(g.lease);
-    rc = leased_cache_fill(c, "c:a", g.lease, "value-a", (size_t)-1, 0,
-                           &flag, &err);
+    rc = leased_cache_fill(c, "c:a", g.lease, "value-a", (size_t)-1, 0, &flag,
+                           &err);
     CK_OK(rc, err, "cache.fill");
     ck_assert(flag);
     leased_cache_result_free(&g);
@@ -488,7 +496,7 @@ START_TEST(test_cache)
     lease = strdup(g.lease);
     leased_cache_result_free(&g);
     {
-        const char *k[2] = { "c:race", "c:a" };
+        const char *k[2] = {"c:race", "c:a"};
 
         rc = leased_cache_invalidate(c, k, 2, 0, &inv, &err);
         CK_OK(rc, err, "cache.invalidate");
@@ -509,8 +517,8 @@ START_TEST(test_cache)
      * an mget. */
     {
         redisReply *r = h_redis_cmd(&R, "MSET leased:cache:{c:alien} x "
-                                    "leased:cache:c:alien x");
-        const char *k[2] = { "c:alien", "c:b" };
+                                        "leased:cache:c:alien x");
+        const char *k[2] = {"c:alien", "c:b"};
 
         ck_assert_ptr_nonnull(r);
         freeReplyObject(r);
@@ -586,7 +594,7 @@ START_TEST(test_errors)
     /* A key holding data leased did not write. */
     {
         redisReply *r = h_redis_cmd(&R, "MSET leased:lock:{alien} x "
-                                    "leased:lock:alien x");
+                                        "leased:lock:alien x");
 
         ck_assert_ptr_nonnull(r);
         freeReplyObject(r);
@@ -614,9 +622,9 @@ START_TEST(test_unauthorized)
     int rc;
 
     h_start("listen:\n"
-          "  unix: \"@DIR@/leased.sock\"\n"
-          "  tcp: \"127.0.0.1:0\"\n"
-          "  auth_token: \"libleased-T0ken\"\n");
+            "  unix: \"@DIR@/leased.sock\"\n"
+            "  tcp: \"127.0.0.1:0\"\n"
+            "  auth_token: \"libleased-T0ken\"\n");
     tcp_target(tcp, sizeof tcp);
 
     c = conn_opt(tcp, NULL);
@@ -726,8 +734,8 @@ struct seen {
     char reason[32];
 };
 
-static void on_event(struct leased_conn *c, const struct leased_event *ev,
-                     void *arg)
+static void
+on_event(struct leased_conn *c, const struct leased_event *ev, void *arg)
 {
     struct seen *s = arg;
 
@@ -736,25 +744,24 @@ static void on_event(struct leased_conn *c, const struct leased_event *ev,
     s->type = ev->type;
     snprintf(s->key, sizeof s->key, "%s", ev->key ? ev->key : "");
     snprintf(s->token, sizeof s->token, "%s", ev->token ? ev->token : "");
-    snprintf(s->reason, sizeof s->reason, "%s",
-             ev->reason ? ev->reason : "");
+    snprintf(s->reason, sizeof s->reason, "%s", ev->reason ? ev->reason : "");
 }
 
-static bool known_reason(const char *r)
+static bool
+known_reason(const char *r)
 {
-    return r && (!strcmp(r, "expired") || !strcmp(r, "taken")
-                 || !strcmp(r, "redis_unavailable")
-                 || !strcmp(r, "max_hold"));
+    return r && (!strcmp(r, "expired") || !strcmp(r, "taken") ||
+                 !strcmp(r, "redis_unavailable") || !strcmp(r, "max_hold"));
 }
 
 START_TEST(test_lock_lost)
 {
     struct leased_conn *c, *other;
     struct leased_lock_result r1, r2, r3, ro;
-    struct leased_lock_args args = { 0 };
+    struct leased_lock_args args = {0};
     struct leased_event ev;
     struct leased_error err;
-    struct seen seen = { 0 };
+    struct seen seen = {0};
     long long t0;
     int rc;
 
@@ -826,10 +833,11 @@ struct waiter {
     long long took_ms;
 };
 
-static void *wait_forever(void *arg)
+static void *
+wait_forever(void *arg)
 {
     struct waiter *w = arg;
-    struct leased_lock_args args = { 0 };
+    struct leased_lock_args args = {0};
     struct leased_lock_result res;
     long long t0 = h_now_ms();
 
@@ -846,7 +854,7 @@ START_TEST(test_shutdown)
     struct leased_event ev;
     struct leased_error err;
     struct stat_want sw;
-    struct waiter w = { 0 };
+    struct waiter w = {0};
     pthread_t th;
     int rc;
 
@@ -858,7 +866,7 @@ START_TEST(test_shutdown)
     lock_ok(holder, "held", NULL, &r);
     w.c = waiting;
     ck_assert_int_eq(pthread_create(&th, NULL, wait_forever, &w), 0);
-    sw = (struct stat_want){ watch, "lock_waiters", 1 };
+    sw = (struct stat_want){watch, "lock_waiters", 1};
     ck_assert_msg(h_wait_until(stat_reached, &sw, T_MS), "no waiter");
     leased_close(watch);
 
@@ -963,8 +971,7 @@ START_TEST(test_timeout)
     rc = leased_ping(c, &err);
     took = elapsed_since(t0);
     CK_CODE(rc, err, LEASED_E_TIMEOUT, "ping to a stopped daemon");
-    ck_assert_msg(took >= 250 && took < 3000, "timed out after %lld ms",
-                  took);
+    ck_assert_msg(took >= 250 && took < 3000, "timed out after %lld ms", took);
     h_daemon_signal(&D, SIGCONT);
 
     /* The late reply to that ping is dropped, not given to this call. */
@@ -1041,7 +1048,8 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(connect, 60),

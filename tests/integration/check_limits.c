@@ -28,16 +28,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define T_MS 5000   /* how long a reply may take */
+#define T_MS 5000 /* how long a reply may take */
 
 static struct h_redis R;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "limits", .redis = { &R }, .daemons = { &D },
+    .suite = "limits",
+    .redis = {&R},
+    .daemons = {&D},
 };
 
 /* How many lines of the daemon's log hold NEEDLE. */
-static int log_count(const struct h_daemon *d, const char *needle)
+static int
+log_count(const struct h_daemon *d, const char *needle)
 {
     char line[4096];
     int n = 0;
@@ -56,7 +59,8 @@ static int log_count(const struct h_daemon *d, const char *needle)
 }
 
 /* A raw socket (no reading behind our back, unlike h_send_raw). */
-static int raw_unix(const char *path)
+static int
+raw_unix(const char *path)
 {
     struct sockaddr_un sa;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -71,7 +75,8 @@ static int raw_unix(const char *path)
     return fd;
 }
 
-static int raw_tcp(int port)
+static int
+raw_tcp(int port)
 {
     struct sockaddr_in sa;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -86,7 +91,8 @@ static int raw_tcp(int port)
     return fd;
 }
 
-static void raw_write(int fd, const char *buf, size_t len)
+static void
+raw_write(int fd, const char *buf, size_t len)
 {
     size_t off = 0;
 
@@ -102,7 +108,8 @@ static void raw_write(int fd, const char *buf, size_t len)
 
 /* Read until EOF or TIMEOUT_MS; returns the bytes read (the first
  * CAP - 1 of them kept in BUF, NUL-terminated) or -1 on timeout. */
-static long raw_read_to_eof(int fd, char *buf, size_t cap, int timeout_ms)
+static long
+raw_read_to_eof(int fd, char *buf, size_t cap, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
     long total = 0;
@@ -112,7 +119,7 @@ static long raw_read_to_eof(int fd, char *buf, size_t cap, int timeout_ms)
         buf[0] = '\0';
     }
     for (;;) {
-        struct pollfd p = { .fd = fd, .events = POLLIN };
+        struct pollfd p = {.fd = fd, .events = POLLIN};
         long long left = deadline - h_now_ms();
         ssize_t n;
 
@@ -140,15 +147,15 @@ static long raw_read_to_eof(int fd, char *buf, size_t cap, int timeout_ms)
 }
 
 /* Read until COUNT newlines have arrived (or TIMEOUT_MS). */
-static bool raw_read_lines(int fd, int count, char *buf, size_t cap,
-                           int timeout_ms)
+static bool
+raw_read_lines(int fd, int count, char *buf, size_t cap, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
     size_t used = 0;
     int lines = 0;
 
     while (lines < count) {
-        struct pollfd p = { .fd = fd, .events = POLLIN };
+        struct pollfd p = {.fd = fd, .events = POLLIN};
         long long left = deadline - h_now_ms();
         char chunk[65536];
         ssize_t n;
@@ -170,8 +177,7 @@ static bool raw_read_lines(int fd, int count, char *buf, size_t cap,
             lines += chunk[i] == '\n';
         }
         if (buf != NULL && used + 1 < cap) {
-            size_t k = (size_t)n < cap - 1 - used ? (size_t)n
-                                                  : cap - 1 - used;
+            size_t k = (size_t)n < cap - 1 - used ? (size_t)n : cap - 1 - used;
             memcpy(buf + used, chunk, k);
             used += k;
             buf[used] = '\0';
@@ -180,7 +186,8 @@ static bool raw_read_lines(int fd, int count, char *buf, size_t cap,
     return true;
 }
 
-static long long proc_status_kb(pid_t pid, const char *field)
+static long long
+proc_status_kb(pid_t pid, const char *field)
 {
     char path[64], line[256];
     long long kb = -1;
@@ -203,7 +210,8 @@ static long long proc_status_kb(pid_t pid, const char *field)
 }
 
 /* utime + stime of PID, in clock ticks. */
-static long long proc_cpu_ticks(pid_t pid)
+static long long
+proc_cpu_ticks(pid_t pid)
 {
     char path[64], buf[2048];
     unsigned long long ut = 0, st = 0;
@@ -222,8 +230,10 @@ static long long proc_cpu_ticks(pid_t pid)
     fclose(f);
     /* The command name may hold spaces: fields count from its ')'. */
     p = strrchr(buf, ')');
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
-                            "%llu %llu", &ut, &st) != 2) {
+    if (!p || sscanf(p + 2,
+                     "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
+                     "%llu %llu",
+                     &ut, &st) != 2) {
         return -1;
     }
     return (long long)(ut + st);
@@ -231,22 +241,24 @@ static long long proc_cpu_ticks(pid_t pid)
 
 /* A sanitizer build keeps freed memory in quarantine (256 MB by default),
  * which would hide what the daemon itself holds: keep it small. */
-static void small_asan_quarantine(void)
+static void
+small_asan_quarantine(void)
 {
     const char *old = getenv("ASAN_OPTIONS");
     char buf[1024];
 
-    snprintf(buf, sizeof buf, "%s%squarantine_size_mb=8",
-             old ? old : "", old && *old ? ":" : "");
+    snprintf(buf, sizeof buf, "%s%squarantine_size_mb=8", old ? old : "",
+             old && *old ? ":" : "");
     setenv("ASAN_OPTIONS", buf, 1);
 }
 
 /* --- 1. HTTP on a leased socket ----------------------------------------- */
 
-static bool cache_hit(struct h_conn *c, const char *key)
+static bool
+cache_hit(struct h_conn *c, const char *key)
 {
-    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:b,s:i}", "op", "cache.get",
-                        "key", key, "lease", 0, "wait_ms", 0);
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:b,s:i}", "op", "cache.get", "key",
+                        key, "lease", 0, "wait_ms", 0);
     bool hit;
 
     ck_assert_msg(h_ok(r), "cache.get %s: %s", key, h_errcode(r));
@@ -263,8 +275,8 @@ START_TEST(test_http_refused)
     static const char body[] =
         "{\"op\":\"cache.set\",\"key\":\"xp\",\"value\":\"pwned\"}\n";
     static const char *const openings[] = {
-        "GET / HTTP/1.1\r\n", "PUT /x HTTP/1.1\r\n", "host: 127.0.0.1\r\n",
-        "Host:x\n", "OPTIONS * HTTP/1.1\r\n",
+        "GET / HTTP/1.1\r\n", "PUT /x HTTP/1.1\r\n",    "host: 127.0.0.1\r\n",
+        "Host:x\n",           "OPTIONS * HTTP/1.1\r\n",
     };
     char req[1024], got[4096];
     struct h_conn *c;
@@ -283,8 +295,10 @@ START_TEST(test_http_refused)
     raw_write(fd, req, strlen(req));
     n = raw_read_to_eof(fd, got, sizeof got, T_MS);
     close(fd);
-    ck_assert_msg(n == 0, "expected a close without an answer, got %ld "
-                  "bytes: %s", n, got);
+    ck_assert_msg(n == 0,
+                  "expected a close without an answer, got %ld "
+                  "bytes: %s",
+                  n, got);
     ck_assert_int_eq(log_count(&D, "HTTP request on a leased socket"), 1);
     ck_assert_int_eq(log_count(&D, "peer=127.0.0.1:"), 1);
 
@@ -340,23 +354,25 @@ START_TEST(test_adopted_tcp_needs_token)
     ck_assert_int_eq(listen(fd, 16), 0);
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
     fprintf(stderr, "(a start-up failure is expected below)\n");
-    ck_assert_int_eq(h_daemon_start_fd(&D, &R, NULL, fd, "/nonexistent"),
-                     -1);
+    ck_assert_int_eq(h_daemon_start_fd(&D, &R, NULL, fd, "/nonexistent"), -1);
     close(fd);
     ck_assert_int_eq(log_count(&D, "listens beyond loopback and "
-                                   "listen.auth_token is empty"), 1);
+                                   "listen.auth_token is empty"),
+                     1);
 }
 END_TEST
 
 /* --- 2. Output limit ------------------------------------------------------ */
 
-static bool over_limit_logged(void *arg)
+static bool
+over_limit_logged(void *arg)
 {
     (void)arg;
     return log_count(&D, "session over the output limit") > 0;
 }
 
-static bool lock_free_for(void *arg)
+static bool
+lock_free_for(void *arg)
 {
     struct h_conn *c = arg;
     json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "held");
@@ -372,7 +388,7 @@ static bool lock_free_for(void *arg)
  * it held is released. */
 START_TEST(test_output_limit)
 {
-    const size_t vlen = 1000 * 1000;    /* the line fits 1 MiB */
+    const size_t vlen = 1000 * 1000; /* the line fits 1 MiB */
     const int nreq = 1000;
     char *value = malloc(vlen + 1);
     char *flood;
@@ -407,7 +423,8 @@ START_TEST(test_output_limit)
     for (int i = 1; i <= nreq; i++) {
         flen += (size_t)snprintf(flood + flen, fcap - flen,
                                  "{\"op\":\"cache.get\",\"key\":\"big\","
-                                 "\"id\":%d}\n", i);
+                                 "\"id\":%d}\n",
+                                 i);
     }
     raw_write(fd, flood, flen);
     free(flood);
@@ -443,10 +460,11 @@ START_TEST(test_output_limit)
             rss_max = rss;
         }
     }
-    fprintf(stderr, "output_limit: rss %lld kB before, %lld kB max; "
-            "slowest ping %lld ms\n", rss0, rss_max, worst_ms);
-    ck_assert_msg(rss_max < 150 * 1024, "daemon RSS reached %lld kB",
-                  rss_max);
+    fprintf(stderr,
+            "output_limit: rss %lld kB before, %lld kB max; "
+            "slowest ping %lld ms\n",
+            rss0, rss_max, worst_ms);
+    ck_assert_msg(rss_max < 150 * 1024, "daemon RSS reached %lld kB", rss_max);
     ck_assert_msg(worst_ms < 1000, "a ping took %lld ms", worst_ms);
     h_assert_ping(c);
     h_close(c);
@@ -491,8 +509,8 @@ START_TEST(test_resume_after_big_drain)
         raw_write(fd, "{\"op\":\"ping\",\"id\":4}\n", 22);
         ck_assert_msg(raw_read_lines(fd, 1, got, 1024 * 1024, T_MS),
                       "round %d: reading did not resume", round);
-        ck_assert_msg(strstr(got, "\"id\":4") != NULL, "round %d: %s",
-                      round, got);
+        ck_assert_msg(strstr(got, "\"id\":4") != NULL, "round %d: %s", round,
+                      got);
     }
     close(fd);
     free(got);
@@ -520,7 +538,8 @@ START_TEST(test_max_pending_per_request)
         off += (size_t)snprintf(buf + off, sizeof buf - off,
                                 "{\"op\":\"lock\",\"key\":\"mp\","
                                 "\"owner\":\"o%d\",\"wait_ms\":-1,"
-                                "\"id\":%d}\n", i, i);
+                                "\"id\":%d}\n",
+                                i, i);
     }
     ck_assert_int_eq(h_send_raw(b, buf, off), 0);
     for (int i = 4; i <= 6; i++) {
@@ -621,7 +640,8 @@ END_TEST
 
 #define EMFILE_CONNS 40
 
-static bool accept_paused(void *arg)
+static bool
+accept_paused(void *arg)
 {
     (void)arg;
     return log_count(&D, "accept failed") > 0;
@@ -682,7 +702,8 @@ END_TEST
 
 /* --- 5. Config and paths -------------------------------------------------- */
 
-static pid_t pid_from_log(const char *log)
+static pid_t
+pid_from_log(const char *log)
 {
     char line[4096];
     pid_t pid = 0;
@@ -701,7 +722,8 @@ static pid_t pid_from_log(const char *log)
     return pid;
 }
 
-static bool sock_answers(void *arg)
+static bool
+sock_answers(void *arg)
 {
     struct h_daemon probe;
     struct h_conn *c;
@@ -721,7 +743,8 @@ static bool sock_answers(void *arg)
     return ok;
 }
 
-static bool reloaded(void *arg)
+static bool
+reloaded(void *arg)
 {
     (void)arg;
     return log_count(&D, "configuration reloaded path=/") > 0;
@@ -746,7 +769,8 @@ START_TEST(test_relative_paths_detached)
              "redis:\n  address: \"127.0.0.1:%d\"\n"
              "journal:\n  path: ./rel.journal\n"
              "metrics:\n  listen: \"\"\n"
-             "log:\n  level: info\n", R.port);
+             "log:\n  level: info\n",
+             R.port);
     FILE *f = fopen(D.conf, "w");
     ck_assert_ptr_nonnull(f);
     fputs(yaml, f);
@@ -762,8 +786,7 @@ START_TEST(test_relative_paths_detached)
         dup2(lfd, 2);
         unsetenv("NOTIFY_SOCKET");
         unsetenv("LISTEN_FDS");
-        execl(h_leased_bin(), h_leased_bin(), "-c", "rel.yml",
-              (char *)NULL);
+        execl(h_leased_bin(), h_leased_bin(), "-c", "rel.yml", (char *)NULL);
         _exit(127);
     }
     /* The first process exits once it has forked the daemon. */
@@ -812,7 +835,8 @@ START_TEST(test_secret_file_mode)
     ck_assert_int_eq(h_daemon_stop(&D), 0);
     ck_assert_int_eq(h_daemon_restart(&D), 0);
     ck_assert_int_ge(log_count(&D, "holds listen.auth_token and is "
-                                   "readable by others"), 1);
+                                   "readable by others"),
+                     1);
     n = log_count(&D, warn);
     ck_assert_int_eq(chmod(D.conf, 0640), 0);
     ck_assert_int_eq(h_daemon_stop(&D), 0);
@@ -833,7 +857,7 @@ START_TEST(test_unix_group)
     gid_t want = (gid_t)-1;
 
     if (getuid() == 0) {
-        want = 1;               /* any group will do for root */
+        want = 1; /* any group will do for root */
     } else {
         gid_t groups[64];
         int n = getgroups(64, groups);
@@ -849,7 +873,8 @@ START_TEST(test_unix_group)
     }
     snprintf(yaml, sizeof yaml,
              "listen:\n  unix: \"@DIR@/leased.sock\"\n"
-             "  unix_group: \"%u\"\n", (unsigned)want);
+             "  unix_group: \"%u\"\n",
+             (unsigned)want);
     h_start(yaml);
     ck_assert_int_eq(stat(D.sock, &st), 0);
     ck_assert_uint_eq(st.st_gid, want);
@@ -863,8 +888,7 @@ START_TEST(test_unix_group)
     fputs("listen:\n  unix_group: no-such-group-x\n", f);
     fclose(f);
     const char *argv[] = {h_leased_bin(), "-t", "-c", D.conf, NULL};
-    ck_assert_int_eq(h_run(argv, out, sizeof out, err, sizeof err, 10000),
-                     1);
+    ck_assert_int_eq(h_run(argv, out, sizeof out, err, sizeof err, 10000), 1);
     ck_assert_msg(strstr(err, "leased.yml:2:15: listen.unix_group: "
                               "unknown group 'no-such-group-x'"),
                   "stderr: %s", err);
@@ -924,8 +948,10 @@ START_TEST(test_nul_rules)
 
     /* A value with NUL goes in and out whole. */
     v = json_stringn("a\0b", 3);
-    r = h_call(c, json_pack("{s:s,s:s,s:O}", "op", "cache.set", "key", "nk",
-                            "value", v), T_MS);
+    r = h_call(c,
+               json_pack("{s:s,s:s,s:O}", "op", "cache.set", "key", "nk",
+                         "value", v),
+               T_MS);
     ck_assert_msg(h_ok(r), "cache.set: %s", h_errcode(r));
     json_decref(r);
     /* Read raw: the harness's reader refuses \u0000. */
@@ -950,8 +976,10 @@ START_TEST(test_nul_rules)
     freeReplyObject(rr);
 
     /* Keys and names keep refusing it. */
-    r = h_call(c, json_pack("{s:s,s:O,s:s}", "op", "cache.set", "key", v,
-                            "value", "x"), T_MS);
+    r = h_call(c,
+               json_pack("{s:s,s:O,s:s}", "op", "cache.set", "key", v, "value",
+                         "x"),
+               T_MS);
     ck_assert_str_eq(h_errcode(r), "bad_request");
     json_decref(r);
     r = h_call(c, json_pack("{s:s,s:O}", "op", "lock", "key", v), T_MS);
@@ -978,8 +1006,8 @@ START_TEST(test_error_message_utf8)
     }
     r = h_callf(c, T_MS, "{s:s}", "op", op);
     ck_assert_str_eq(h_errcode(r), "unknown_op");
-    msg = json_string_value(json_object_get(json_object_get(r, "error"),
-                                            "message"));
+    msg = json_string_value(
+        json_object_get(json_object_get(r, "error"), "message"));
     ck_assert_ptr_nonnull(msg);
     ck_assert_msg(strncmp(msg, "unknown op '\xc3\xa9\xc3\xa9", 16) == 0,
                   "message: %s", msg);
@@ -989,7 +1017,8 @@ START_TEST(test_error_message_utf8)
 }
 END_TEST
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(http_refused, 60),

@@ -17,7 +17,9 @@ static struct h_redis R;
 static struct h_redis R2;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "lock_faults", .redis = { &R, &R2 }, .daemons = { &D },
+    .suite = "lock_faults",
+    .redis = {&R, &R2},
+    .daemons = {&D},
 };
 
 /* A Redisson holder field: a UUID, a colon, a thread id. */
@@ -26,7 +28,8 @@ static const struct h_fixture fx = {
 
 /* Redis with DEBUG allowed, and leased with REDIS_YAML (the body of the
  * redis section, after its address) and EXTRA (other sections). */
-static void start(const char *redis_yaml, const char *extra)
+static void
+start(const char *redis_yaml, const char *extra)
 {
     char yaml[1024];
     ck_assert_int_eq(h_redis_start(&R, "--enable-debug-command yes"), 0);
@@ -37,10 +40,11 @@ static void start(const char *redis_yaml, const char *extra)
 }
 
 /* True while Redis does not answer a PING within 200 ms. */
-static bool redis_asleep(void *arg)
+static bool
+redis_asleep(void *arg)
 {
     (void)arg;
-    struct timeval tv = { 0, 200000 };
+    struct timeval tv = {0, 200000};
     redisContext *c = redisConnectWithTimeout("127.0.0.1", R.port, tv);
     if (c == NULL) {
         return false;
@@ -61,13 +65,13 @@ static bool redis_asleep(void *arg)
 
 /* DEBUG SLEEP SECS from a connection of its own; returns once Redis has
  * stopped answering. sleep_end waits until it answers again. */
-static redisContext *sleep_start(int secs)
+static redisContext *
+sleep_start(int secs)
 {
     redisContext *c = h_redis_connect(&R);
     int done = 0;
     ck_assert_msg(c != NULL, "cannot connect to redis");
-    ck_assert_int_eq(redisAppendCommand(c, "DEBUG SLEEP %d", secs),
-                     REDIS_OK);
+    ck_assert_int_eq(redisAppendCommand(c, "DEBUG SLEEP %d", secs), REDIS_OK);
     while (!done) {
         ck_assert_int_eq(redisBufferWrite(c, &done), REDIS_OK);
     }
@@ -76,9 +80,10 @@ static redisContext *sleep_start(int secs)
     return c;
 }
 
-static void sleep_end(redisContext *c)
+static void
+sleep_end(redisContext *c)
 {
-    struct timeval tv = { 60, 0 };
+    struct timeval tv = {60, 0};
     void *rep = NULL;
     redisSetTimeout(c, tv);
     ck_assert_int_eq(redisGetReply(c, &rep), REDIS_OK);
@@ -87,7 +92,8 @@ static void sleep_end(redisContext *c)
 }
 
 /* After Redis woke, the daemon reconnects (with backoff). */
-static void wait_connected(struct h_conn *c)
+static void
+wait_connected(struct h_conn *c)
 {
     ck_assert_msg(h_wait_stat(c, "redis_connected", 1, 15000),
                   "leased did not reconnect");
@@ -113,9 +119,11 @@ START_TEST(test_unlock_outcome_unknown)
     /* Both go out on the one connection before time runs out. */
     z = sleep_start(3);
     ck_assert_int_eq(h_send(a, "{s:i,s:s,s:s}", "id", 901, "op", "unlock",
-                            "key", "u1"), 0);
-    ck_assert_int_eq(h_send(a, "{s:i,s:s,s:s,s:i}", "id", 902, "op",
-                            "extend", "key", "e1", "ttl_ms", 7000), 0);
+                            "key", "u1"),
+                     0);
+    ck_assert_int_eq(h_send(a, "{s:i,s:s,s:s,s:i}", "id", 902, "op", "extend",
+                            "key", "e1", "ttl_ms", 7000),
+                     0);
     r = h_recv_id(a, 901, T_MS);
     ck_assert_msg(r != NULL, "no reply to unlock");
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
@@ -246,28 +254,28 @@ START_TEST(test_not_a_lock_redisson)
 
     /* Field names that no holder can have never reach Redis. */
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
-                        "user:42", "token", "email", "ttl_ms", 1),
-                "bad_request", "extend with token email");
+                          "user:42", "token", "email", "ttl_ms", 1),
+                  "bad_request", "extend with token email");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
-                        "cart:1", "token", "qty"),
-                "bad_request", "unlock with token qty");
+                          "cart:1", "token", "qty"),
+                  "bad_request", "unlock with token qty");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key",
-                        "cart:1", "token", "qty"),
-                "bad_request", "lock with token qty");
+                          "cart:1", "token", "qty"),
+                  "bad_request", "lock with token qty");
     ck_assert_int_eq(h_r_int(&R, "PTTL user:42"), -1);
     ck_assert_int_eq(h_r_int(&R, "HGET cart:1 qty"), 3);
 
     /* A holder-shaped field in a hash that is not a lock. */
     h_r_do(&R, "HSET cart:2 %s 1 qty 3", JAVA_HOLDER);
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
-                        "cart:2", "token", JAVA_HOLDER),
-                "wrong_type", "unlock of a hash that is not a lock");
+                          "cart:2", "token", JAVA_HOLDER),
+                  "wrong_type", "unlock of a hash that is not a lock");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
-                        "cart:2", "token", JAVA_HOLDER, "ttl_ms", 1),
-                "wrong_type", "extend of a hash that is not a lock");
+                          "cart:2", "token", JAVA_HOLDER, "ttl_ms", 1),
+                  "wrong_type", "extend of a hash that is not a lock");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
-                        "cart:2"),
-                "wrong_type", "lock.info of a hash that is not a lock");
+                          "cart:2"),
+                  "wrong_type", "lock.info of a hash that is not a lock");
     ck_assert_int_eq(h_r_int(&R, "PTTL cart:2"), -1);
     ck_assert_int_eq(h_r_int(&R, "HGET cart:2 %s", JAVA_HOLDER), 1);
     ck_assert_int_eq(h_r_int(&R, "HGET cart:2 qty"), 3);
@@ -298,22 +306,22 @@ START_TEST(test_not_a_lock_leased)
     a = lk_connect(&D);
     /* A Redisson-shaped token is no token of this layout. */
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
-                        "token", JAVA_HOLDER),
-                "bad_request", "unlock with a Redisson token");
+                          "token", JAVA_HOLDER),
+                  "bad_request", "unlock with a Redisson token");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
-                        "k", "token", "email", "ttl_ms", 5),
-                "bad_request", "extend with token email");
+                          "k", "token", "email", "ttl_ms", 5),
+                  "bad_request", "extend with token email");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
-                        "token", "0123456789ABCDEF0123456789ABCDEF"),
-                "bad_request", "unlock with an upper-case token");
+                          "token", "0123456789ABCDEF0123456789ABCDEF"),
+                  "bad_request", "unlock with an upper-case token");
 
     h_r_do(&R, "HSET leased:lock:{h} %s 1 other x", TOK32);
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "h",
-                        "token", TOK32),
-                "wrong_type", "unlock of a hash with a foreign field");
+                          "token", TOK32),
+                  "wrong_type", "unlock of a hash with a foreign field");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
-                        "h", "token", TOK32, "ttl_ms", 1),
-                "wrong_type", "extend of a hash with a foreign field");
+                          "h", "token", TOK32, "ttl_ms", 1),
+                  "wrong_type", "extend of a hash with a foreign field");
     ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{h} %s", TOK32), 1);
     ck_assert_int_eq(h_r_int(&R, "PTTL leased:lock:{h}"), -1);
     h_close(a);
@@ -323,7 +331,8 @@ END_TEST
 /* --- 4: WAIT on its own connections -------------------------------------- */
 
 /* Count the CLIENT LIST lines that contain WHAT (at least *ARG). */
-static int clients_with(const char *what)
+static int
+clients_with(const char *what)
 {
     redisReply *rep = h_redis_cmd(&R, "CLIENT LIST");
     int n = 0;
@@ -339,12 +348,14 @@ static int clients_with(const char *what)
     return n;
 }
 
-static bool leased_conns_up(void *arg)
+static bool
+leased_conns_up(void *arg)
 {
     return clients_with("name=leased ") >= *(int *)arg;
 }
 
-static bool wait_running(void *arg)
+static bool
+wait_running(void *arg)
 {
     (void)arg;
     return clients_with("cmd=wait") >= 1;
@@ -369,8 +380,7 @@ START_TEST(test_wait_own_connection)
 
     /* No replica: the grant's WAIT blocks for 2 s (half the timeout). */
     lk_send(a, 7, "w", NULL, NO_TTL, 0);
-    ck_assert_msg(h_wait_until(wait_running, NULL, 10000),
-                  "WAIT never ran");
+    ck_assert_msg(h_wait_until(wait_running, NULL, 10000), "WAIT never ran");
     t0 = h_now_ms();
     r = h_callf(b, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "other");
     took = h_now_ms() - t0;
@@ -408,19 +418,19 @@ START_TEST(test_foreign_data_wrong_type)
     start(NULL, NULL);
     a = lk_connect(&D);
     h_r_do(&R, "HSET leased:lock:{W} %s notanumber", TOK32);
-    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "W",
-                "token", TOK32);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "W", "token",
+                TOK32);
     ck_assert_msg(r != NULL, "no reply");
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     ck_assert_msg(strstr(jmsg(r), "'W'") != NULL, "key not named: %s",
                   jmsg(r));
     json_decref(r);
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key",
-                        "W", "token", TOK32),
-                "wrong_type", "lock.info of a bad count");
+                          "W", "token", TOK32),
+                  "wrong_type", "lock.info of a bad count");
     redisReply *rep = h_redis_cmd(&R, "HGET leased:lock:{W} %s", TOK32);
-    ck_assert(rep != NULL && rep->type == REDIS_REPLY_STRING
-              && strcmp(rep->str, "notanumber") == 0);
+    ck_assert(rep != NULL && rep->type == REDIS_REPLY_STRING &&
+              strcmp(rep->str, "notanumber") == 0);
     freeReplyObject(rep);
 
     /* An empty field, and an unlock by an owner that holds nothing. */
@@ -434,10 +444,10 @@ START_TEST(test_foreign_data_wrong_type)
      * lock answers wrong_type, waiting or not, and leaves it alone. */
     h_r_do(&R, "HSET leased:lock:{W4} email a@b.c");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "lock", "key", "W4"),
-                "wrong_type", "lock of a foreign hash");
+                  "wrong_type", "lock of a foreign hash");
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key", "W4",
-                        "wait_ms", 200),
-                "wrong_type", "waiting lock of a foreign hash");
+                          "wait_ms", 200),
+                  "wrong_type", "waiting lock of a foreign hash");
     ck_assert_int_eq(h_r_int(&R, "HLEN leased:lock:{W4}"), 1);
     ck_assert_int_eq(h_r_int(&R, "PTTL leased:lock:{W4}"), -1);
     h_close(a);
@@ -446,7 +456,8 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(unlock_outcome_unknown, 90),

@@ -16,17 +16,21 @@
 static struct h_redis R;
 static struct h_daemon D1, D2;
 static const struct h_fixture fx = {
-    .suite = "lock_multi", .redis = { &R }, .daemons = { &D1, &D2 },
+    .suite = "lock_multi",
+    .redis = {&R},
+    .daemons = {&D1, &D2},
 };
 
-static void start_two(const char *yaml_extra)
+static void
+start_two(const char *yaml_extra)
 {
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
     ck_assert_int_eq(h_daemon_start(&D1, &R, yaml_extra), 0);
     ck_assert_int_eq(h_daemon_start(&D2, &R, yaml_extra), 0);
 }
 
-static void wait_waiters(struct h_conn *c, long long n)
+static void
+wait_waiters(struct h_conn *c, long long n)
 {
     h_assert_stat(c, "lock_waiters", n, 5000);
 }
@@ -37,7 +41,8 @@ typedef int child_fn(const struct h_daemon *d, int arg);
 
 /* Fork a client process that runs FN and exits with its result. It dies
  * with the test process. */
-static pid_t spawn_child(child_fn *fn, const struct h_daemon *d, int arg)
+static pid_t
+spawn_child(child_fn *fn, const struct h_daemon *d, int arg)
 {
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
@@ -50,7 +55,8 @@ static pid_t spawn_child(child_fn *fn, const struct h_daemon *d, int arg)
 }
 
 /* Wait (bounded) for PID; its exit status, or -1. */
-static int reap_child(pid_t pid, int timeout_ms)
+static int
+reap_child(pid_t pid, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
     int status;
@@ -68,12 +74,14 @@ static int reap_child(pid_t pid, int timeout_ms)
     return -1;
 }
 
-static json_t *child_call(struct h_conn *c, json_t *req)
+static json_t *
+child_call(struct h_conn *c, json_t *req)
 {
     return h_call(c, req, 60000);
 }
 
-static bool child_lock(struct h_conn *c, const char *key)
+static bool
+child_lock(struct h_conn *c, const char *key)
 {
     json_t *r = child_call(c, lk_req(key, NULL, 0, -1));
     bool ok = r != NULL && h_ok(r) && jtrue(r, "acquired");
@@ -81,16 +89,18 @@ static bool child_lock(struct h_conn *c, const char *key)
     return ok;
 }
 
-static bool child_unlock(struct h_conn *c, const char *key)
+static bool
+child_unlock(struct h_conn *c, const char *key)
 {
-    json_t *r = child_call(c, json_pack("{s:s,s:s}", "op", "unlock", "key",
-                                        key));
+    json_t *r = child_call(c,
+                           json_pack("{s:s,s:s}", "op", "unlock", "key", key));
     bool ok = r != NULL && h_ok(r) && jtrue(r, "released");
     json_decref(r);
     return ok;
 }
 
-static long long child_get(redisContext *rc, const char *key)
+static long long
+child_get(redisContext *rc, const char *key)
 {
     redisReply *g = redisCommand(rc, "GET %s", key);
     long long v = -1000000;
@@ -103,7 +113,8 @@ static long long child_get(redisContext *rc, const char *key)
     return v;
 }
 
-static bool child_set(redisContext *rc, const char *key, long long v)
+static bool
+child_set(redisContext *rc, const char *key, long long v)
 {
     redisReply *s = redisCommand(rc, "SET %s %lld", key, v);
     bool ok = s != NULL && s->type == REDIS_REPLY_STATUS;
@@ -115,7 +126,8 @@ static bool child_set(redisContext *rc, const char *key, long long v)
 
 /* lock / GET / SET+1 / unlock, ITERS times: a lost update shows in the
  * total. */
-static int counter_child(const struct h_daemon *d, int iters)
+static int
+counter_child(const struct h_daemon *d, int iters)
 {
     struct h_conn *c = h_connect(d);
     redisContext *rc = redisConnect("127.0.0.1", R.port);
@@ -139,7 +151,8 @@ static int counter_child(const struct h_daemon *d, int iters)
 
 /* Buy tickets one at a time until sold out; exit status = tickets
  * bought, 200 + n on errors. */
-static int buyer_child(const struct h_daemon *d, int unused)
+static int
+buyer_child(const struct h_daemon *d, int unused)
 {
     (void)unused;
     struct h_conn *c = h_connect(d);
@@ -154,13 +167,13 @@ static int buyer_child(const struct h_daemon *d, int unused)
         }
         long long stock = child_get(rc, "stock");
         if (stock < 0) {
-            return 212;          /* oversold, or Redis failed */
+            return 212; /* oversold, or Redis failed */
         }
         if (stock == 0) {
             child_unlock(c, "tickets");
             return bought;
         }
-        usleep(200);             /* the sale takes a moment */
+        usleep(200); /* the sale takes a moment */
         if (!child_set(rc, "stock", stock - 1)) {
             return 213;
         }
@@ -172,7 +185,8 @@ static int buyer_child(const struct h_daemon *d, int unused)
 }
 
 /* Lock KEY, tell the parent through fd ARG, then hang until killed. */
-static int holder_child(const struct h_daemon *d, int fd)
+static int
+holder_child(const struct h_daemon *d, int fd)
 {
     struct h_conn *c = h_connect(d);
     if (c == NULL) {
@@ -259,7 +273,7 @@ START_TEST(test_release_on_close_and_crash)
     int fds[2];
     char ok = 0;
 
-    start_two(NULL);      /* leases of 30 s: only a release frees early */
+    start_two(NULL); /* leases of 30 s: only a release frees early */
     a = lk_connect(&D1);
     b = lk_connect(&D2);
 
@@ -342,7 +356,8 @@ END_TEST
 
 /* --- many waiters, few Redis calls --------------------------------------- */
 
-static bool hot_free(void *arg)
+static bool
+hot_free(void *arg)
 {
     (void)arg;
     return h_r_int(&R, "EXISTS leased:lock:{hot}") == 0;
@@ -446,8 +461,8 @@ START_TEST(test_many_watchdog_locks)
     struct renewals_want rw = {q, h_stat(q, "lock_renewals_ok") + 3 * N,
                                h_now_ms(), 3 * 900};
     ck_assert_msg(h_wait_until(renewals_done, &rw, 60000),
-                  "renewals: %lld of %lld",
-                  h_stat(q, "lock_renewals_ok"), rw.renewals);
+                  "renewals: %lld of %lld", h_stat(q, "lock_renewals_ok"),
+                  rw.renewals);
     ck_assert_int_eq(h_stat(q, "locks_held"), N);
     ck_assert_int_eq(h_stat(q, "lock_lost"), 0);
     for (int i = 0; i < N; i += 499) {
@@ -462,15 +477,13 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(two_daemons, 60),
-        H_CASE(release_on_close_and_crash, 60),
-        H_CASE(counter, 150),
-        H_CASE(ticket_seller, 150),
-        H_CASE(thousand_waiters, 90),
-        H_CASE(many_watchdog_locks, 120),
+        H_CASE(two_daemons, 60),      H_CASE(release_on_close_and_crash, 60),
+        H_CASE(counter, 150),         H_CASE(ticket_seller, 150),
+        H_CASE(thousand_waiters, 90), H_CASE(many_watchdog_locks, 120),
     };
 
     return H_MAIN(fx, cases);

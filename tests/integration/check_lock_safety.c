@@ -20,7 +20,9 @@
 static struct h_redis R;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "lock_safety", .redis = { &R }, .daemons = { &D },
+    .suite = "lock_safety",
+    .redis = {&R},
+    .daemons = {&D},
 };
 
 /* --- a raw connection, to see the order of events and replies ---------- */
@@ -31,7 +33,8 @@ struct raw {
     size_t len;
 };
 
-static void raw_open(struct raw *c, const char *path)
+static void
+raw_open(struct raw *c, const char *path)
 {
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
@@ -45,14 +48,16 @@ static void raw_open(struct raw *c, const char *path)
     c->len = 0;
 }
 
-static void raw_send(struct raw *c, const char *line)
+static void
+raw_send(struct raw *c, const char *line)
 {
     size_t n = strlen(line);
     ck_assert_int_eq(write(c->fd, line, n), (ssize_t)n);
 }
 
 /* The next line as JSON, or NULL after TIMEOUT_MS. */
-static json_t *raw_line(struct raw *c, int timeout_ms)
+static json_t *
+raw_line(struct raw *c, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
     for (;;) {
@@ -68,7 +73,7 @@ static json_t *raw_line(struct raw *c, int timeout_ms)
         if (left <= 0 || c->len == sizeof c->buf) {
             return NULL;
         }
-        struct pollfd p = { .fd = c->fd, .events = POLLIN };
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
         int rc = poll(&p, 1, (int)left);
         if (rc < 0 && errno == EINTR) {
             continue;
@@ -91,7 +96,8 @@ struct exists_arg {
     long long want;
 };
 
-static bool redis_exists_is(void *arg)
+static bool
+redis_exists_is(void *arg)
 {
     const struct exists_arg *a = arg;
     return h_r_int(&R, "EXISTS %s", a->key) == a->want;
@@ -122,7 +128,7 @@ START_TEST(test_token_after_silent_loss)
     fence = jint(r, "fence");
     json_decref(r);
 
-    struct exists_arg gone = { "leased:lock:{d}", 0 };
+    struct exists_arg gone = {"leased:lock:{d}", 0};
     ck_assert_msg(h_wait_until(redis_exists_is, &gone, 10000),
                   "the 300 ms lease never ran out");
 
@@ -155,8 +161,8 @@ START_TEST(test_token_after_silent_loss)
     json_decref(rep);
 
     /* The stale token is no longer a key to the lock. */
-    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "d",
-                "token", tok);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "d", "token",
+                tok);
     ck_assert_ptr_nonnull(r);
     ck_assert_str_eq(h_errcode(r), "not_held");
     json_decref(r);
@@ -212,8 +218,8 @@ START_TEST(test_fence_after_flushall)
     ev = h_lock_lost(a, "w", 10000);
     ck_assert_msg(ev != NULL, "no lock_lost for w");
     /* taken, unless a renewal ran between FLUSHALL and B's lock. */
-    ck_assert_msg(strcmp(jstr(ev, "reason"), "taken") == 0
-                      || strcmp(jstr(ev, "reason"), "expired") == 0,
+    ck_assert_msg(strcmp(jstr(ev, "reason"), "taken") == 0 ||
+                      strcmp(jstr(ev, "reason"), "expired") == 0,
                   "reason %s", jstr(ev, "reason"));
     json_decref(ev);
     ev = h_lock_lost(a, "f", 10000);
@@ -264,8 +270,8 @@ START_TEST(test_recheck_on_reconnect)
         if (ev == NULL) {
             break;
         }
-        if (jstr(ev, "event") != NULL
-            && strcmp(jstr(ev, "event"), "lock_lost") == 0) {
+        if (jstr(ev, "event") != NULL &&
+            strcmp(jstr(ev, "event"), "lock_lost") == 0) {
             ck_assert_str_eq(jstr(ev, "reason"), "expired");
             seen_f = seen_f || strcmp(jstr(ev, "key"), "f") == 0;
             seen_w = seen_w || strcmp(jstr(ev, "key"), "w") == 0;
@@ -324,14 +330,14 @@ END_TEST
 
 /* Lock KEY with a fixed lease and return the fence, or -1 after asserting
  * wrong_type naming KEY. Unlocks what it got. */
-static long long fence_of(struct h_conn *c, const char *key)
+static long long
+fence_of(struct h_conn *c, const char *key)
 {
     json_t *r = lk_lock(c, key, NULL, 60000, 0);
     long long f;
     if (!h_ok(r)) {
         ck_assert_str_eq(h_errcode(r), "wrong_type");
-        ck_assert_msg(jmsg(r) != NULL
-                          && strstr(jmsg(r), key) != NULL,
+        ck_assert_msg(jmsg(r) != NULL && strstr(jmsg(r), key) != NULL,
                       "wrong_type does not name %s", key);
         json_decref(r);
         return -1;
@@ -343,7 +349,8 @@ static long long fence_of(struct h_conn *c, const char *key)
     return f;
 }
 
-static void set_counter(const char *key, const char *value)
+static void
+set_counter(const char *key, const char *value)
 {
     redisReply *rep = h_redis_cmd(&R, "SET leased:lock:{%s}:fence %s", key,
                                   value);
@@ -351,15 +358,15 @@ static void set_counter(const char *key, const char *value)
     freeReplyObject(rep);
 }
 
-static void expect_foreign(struct h_conn *c, const char *key,
-                           const char *value)
+static void
+expect_foreign(struct h_conn *c, const char *key, const char *value)
 {
     set_counter(key, value);
     ck_assert_int_eq(fence_of(c, key), -1);
     ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{%s}", key), 0);
     redisReply *rep = h_redis_cmd(&R, "GET leased:lock:{%s}:fence", key);
-    ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STRING
-                      && strcmp(rep->str, value) == 0,
+    ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STRING &&
+                      strcmp(rep->str, value) == 0,
                   "counter of %s changed", key);
     freeReplyObject(rep);
 }
@@ -399,13 +406,15 @@ END_TEST
 
 static long long since;
 
-static bool past_700(void *arg)
+static bool
+past_700(void *arg)
 {
     (void)arg;
     return h_now_ms() - since >= 700;
 }
 
-static bool cap_key_gone(void *arg)
+static bool
+cap_key_gone(void *arg)
 {
     (void)arg;
     return h_r_int(&R, "EXISTS leased:lock:{cap}") == 0;
@@ -501,8 +510,8 @@ START_TEST(test_foreign_hold_count)
     ck_assert_ptr_nonnull(rep);
     freeReplyObject(rep);
     r = lk_lock(a, "E", NULL, 60000, 0);
-    ck_assert_msg(r != NULL && h_errcode(r) != NULL
-                  && strcmp(h_errcode(r), "wrong_type") == 0,
+    ck_assert_msg(r != NULL && h_errcode(r) != NULL &&
+                      strcmp(h_errcode(r), "wrong_type") == 0,
                   "empty field: %s", r ? h_errcode(r) : "no reply");
     json_decref(r);
 
@@ -523,7 +532,8 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(token_after_silent_loss, 60),

@@ -17,10 +17,13 @@ static struct h_redis R;
 static struct h_redis R2;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "locks", .redis = { &R, &R2 }, .daemons = { &D },
+    .suite = "locks",
+    .redis = {&R, &R2},
+    .daemons = {&D},
 };
 
-static void expect_bad(struct h_conn *c, const char *line, const char *field)
+static void
+expect_bad(struct h_conn *c, const char *line, const char *field)
 {
     json_t *r;
     ck_assert_int_eq(h_send_raw(c, line, strlen(line)), 0);
@@ -42,18 +45,19 @@ struct key_gone_want {
     const char *key;
 };
 
-static bool key_gone(void *arg)
+static bool
+key_gone(void *arg)
 {
     const struct key_gone_want *w = arg;
     return h_r_int(w->r, "EXISTS %s", w->key) == 0;
 }
 
 /* Wait until Redis no longer has KEY (its lease ran out), and assert it. */
-static void wait_key_gone(const struct h_redis *r, const char *key)
+static void
+wait_key_gone(const struct h_redis *r, const char *key)
 {
     struct key_gone_want w = {r, key};
-    ck_assert_msg(h_wait_until(key_gone, &w, 10000), "%s still in Redis",
-                  key);
+    ck_assert_msg(h_wait_until(key_gone, &w, 10000), "%s still in Redis", key);
 }
 
 START_TEST(test_lock_reentry_fence)
@@ -116,8 +120,8 @@ START_TEST(test_lock_reentry_fence)
     ck_assert(!jtrue(r, "mine"));
     ck_assert_ptr_null(json_object_get(r, "count"));
     json_decref(r);
-    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key",
-                "order:42", "token", tok);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key", "order:42",
+                "token", tok);
     ck_assert(h_ok(r) && jtrue(r, "mine"));
     ck_assert_int_eq(jint(r, "count"), 2);
     json_decref(r);
@@ -153,7 +157,7 @@ START_TEST(test_lock_reentry_fence)
     ck_assert_int_eq(jint(r, "fence"), fence + 2);
     ck_assert_int_eq(jint(r, "lease_ms"), 100);
     json_decref(r);
-    r = lk_must(b, "order:42", NULL, NO_TTL, 2000);   /* after expiry */
+    r = lk_must(b, "order:42", NULL, NO_TTL, 2000); /* after expiry */
     ck_assert_int_eq(jint(r, "fence"), fence + 3);
     json_decref(r);
 
@@ -178,13 +182,10 @@ START_TEST(test_validation)
     expect_bad(c, "{\"op\":\"lock\"}\n", "key");
     expect_bad(c, "{\"op\":\"lock\",\"key\":\"\"}\n", "key");
     expect_bad(c, "{\"op\":\"lock\",\"key\":7}\n", "key");
-    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k23456789012345678\"}\n",
-               "key");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k23456789012345678\"}\n", "key");
     expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":0}\n", "ttl_ms");
-    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":-5}\n",
-               "ttl_ms");
-    expect_bad(c,
-               "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":1099511627777}\n",
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":-5}\n", "ttl_ms");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":1099511627777}\n",
                "ttl_ms");
     expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"ttl_ms\":\"1000\"}\n",
                "ttl_ms");
@@ -199,8 +200,7 @@ START_TEST(test_validation)
                "detach");
     expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"detach\":true}\n",
                "ttl_ms");
-    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"token\":\"\"}\n",
-               "token");
+    expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"token\":\"\"}\n", "token");
     expect_bad(c, "{\"op\":\"lock\",\"key\":\"k\",\"token\":5}\n", "token");
     expect_bad(c, "{\"op\":\"unlock\"}\n", "key");
     expect_bad(c, "{\"op\":\"unlock\",\"key\":\"k\",\"token\":\"\"}\n",
@@ -221,8 +221,8 @@ START_TEST(test_validation)
     lk_unlock_ok(c, "k", NULL);
     r = lk_must(c, "k", NULL, 1000, 2147483648LL);
     json_decref(r);
-    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
-                "owner", "");
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k", "owner",
+                "");
     ck_assert_msg(h_ok(r), "unlock with owner \"\": %s", h_errcode(r));
     ck_assert(jtrue(r, "released"));
     json_decref(r);
@@ -278,13 +278,13 @@ START_TEST(test_not_held)
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "other");
     json_decref(r);
-    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k",
-                "token", "0123456789abcdef0123456789abcdef");
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "k", "token",
+                "0123456789abcdef0123456789abcdef");
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "other");
     json_decref(r);
-    r = h_callf(b, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "k",
-                "ttl_ms", 99999999);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "k", "ttl_ms",
+                99999999);
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "other");
     json_decref(r);
@@ -342,8 +342,8 @@ START_TEST(test_tokens_and_detach)
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "other");
     json_decref(r);
-    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "free",
-                "token", tok);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "free", "token",
+                tok);
     ck_assert_str_eq(h_errcode(r), "not_held");
     ck_assert_str_eq(jreason(r), "absent");
     json_decref(r);
@@ -356,13 +356,13 @@ START_TEST(test_tokens_and_detach)
     ck_assert_int_eq(jint(r, "lease_ms"), 50000);
     json_decref(r);
     ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{t}"), 45000);
-    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "t",
-                "token", tok);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "t", "token",
+                tok);
     ck_assert(h_ok(r) && !jtrue(r, "released"));
     ck_assert_int_eq(jint(r, "count"), 1);
     json_decref(r);
-    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "t",
-                "token", tok);
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "t", "token",
+                tok);
     ck_assert(h_ok(r) && jtrue(r, "released"));
     json_decref(r);
     ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{t}"), 0);
@@ -394,8 +394,8 @@ START_TEST(test_tokens_and_detach)
     ck_assert(h_ok(r));
     json_decref(r);
     ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{d}"), 55000);
-    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "d",
-                "token", dtok);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "d", "token",
+                dtok);
     ck_assert(h_ok(r) && jtrue(r, "released"));
     json_decref(r);
     ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{d}"), 0);
@@ -427,8 +427,8 @@ START_TEST(test_leases)
     long long t0 = h_now_ms();
     wait_key_gone(&R, "leased:lock:{fixed}");
     struct renewals_want rw = {a, 5, t0, 4 * 300};
-    ck_assert_msg(h_wait_until(renewals_done, &rw, 30000),
-                  "renewals: %lld", h_stat(a, "lock_renewals_ok"));
+    ck_assert_msg(h_wait_until(renewals_done, &rw, 30000), "renewals: %lld",
+                  h_stat(a, "lock_renewals_ok"));
     r = lk_info(a, "wd");
     ck_assert_msg(jtrue(r, "locked") && jtrue(r, "mine"),
                   "watchdog lock lost after 4 leases");
@@ -509,10 +509,12 @@ START_TEST(test_lock_lost)
     r = lk_must(a, "stolen", NULL, NO_TTL, 0);
     snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
     json_decref(r);
-    redisReply *rep = h_redis_cmd(&R, "EVAL %s 1 %s",
-        "redis.call('del', KEYS[1]); redis.call('hset', KEYS[1], "
-        "'0000000000000000000000000000000f', 1); "
-        "redis.call('pexpire', KEYS[1], 60000)", "leased:lock:{stolen}");
+    redisReply *rep =
+        h_redis_cmd(&R, "EVAL %s 1 %s",
+                    "redis.call('del', KEYS[1]); redis.call('hset', KEYS[1], "
+                    "'0000000000000000000000000000000f', 1); "
+                    "redis.call('pexpire', KEYS[1], 60000)",
+                    "leased:lock:{stolen}");
     ck_assert(rep != NULL);
     freeReplyObject(rep);
     ev = h_event(a, 3000);
@@ -522,7 +524,8 @@ START_TEST(test_lock_lost)
     json_decref(ev);
     /* The other holder's lock is left alone. */
     ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{stolen} %s",
-                           "0000000000000000000000000000000f"), 1);
+                             "0000000000000000000000000000000f"),
+                     1);
     r = lk_unlock(a, "stolen", NULL);
     ck_assert_str_eq(h_errcode(r), "not_held");
     json_decref(r);
@@ -530,7 +533,8 @@ START_TEST(test_lock_lost)
 }
 END_TEST
 
-static bool capped_gone(void *arg)
+static bool
+capped_gone(void *arg)
 {
     (void)arg;
     return h_r_int(&R, "EXISTS leased:lock:{capped}") == 0;
@@ -680,12 +684,12 @@ START_TEST(test_session_close)
     json_t *r;
     long long t0;
 
-    h_start(NULL);   /* watchdog 30 s: only the release can free it soon */
+    h_start(NULL); /* watchdog 30 s: only the release can free it soon */
     a = lk_connect(&D);
     b = lk_connect(&D);
     r = lk_must(a, "s1", NULL, NO_TTL, 0);
     json_decref(r);
-    r = lk_must(a, "s1", NULL, NO_TTL, 0);          /* count 2 */
+    r = lk_must(a, "s1", NULL, NO_TTL, 0); /* count 2 */
     json_decref(r);
     r = lk_must(a, "s2", "other", 60000, 0);
     json_decref(r);
@@ -708,7 +712,7 @@ START_TEST(test_session_close)
     struct h_conn *d = lk_connect(&D);
     r = lk_must(c, "s3", NULL, NO_TTL, 0);
     json_decref(r);
-    lk_send(c, 8, "s1", NULL, NO_TTL, -1);      /* b holds s1 */
+    lk_send(c, 8, "s1", NULL, NO_TTL, -1); /* b holds s1 */
     lk_send(d, 9, "s3", NULL, NO_TTL, 20000);
     h_assert_stat(b, "lock_waiters", 2, 10000);
     t0 = h_now_ms();
@@ -718,7 +722,8 @@ START_TEST(test_session_close)
                   "waiter not granted after the holder's session closed");
     ck_assert_msg(h_now_ms() - t0 < 1000,
                   "release took %lld ms with a request of the closed "
-                  "session still waiting", h_now_ms() - t0);
+                  "session still waiting",
+                  h_now_ms() - t0);
     json_decref(r);
     ck_assert_int_eq(h_stat(b, "lock_waiters"), 0);
     h_close(d);
@@ -748,8 +753,8 @@ START_TEST(test_wrong_type)
     r = lk_unlock(a, "s", NULL);
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     json_decref(r);
-    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "s",
-                "ttl_ms", 1000);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "s", "ttl_ms",
+                1000);
     ck_assert_str_eq(h_errcode(r), "wrong_type");
     json_decref(r);
     r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key", "s");
@@ -792,7 +797,7 @@ START_TEST(test_max_waiters)
     r = lk_lock(b, "mw", "o3", NO_TTL, 10000);
     ck_assert_str_eq(h_errcode(r), "busy");
     json_decref(r);
-    r = lk_lock(a, "other", "o3", NO_TTL, 10000);   /* global count */
+    r = lk_lock(a, "other", "o3", NO_TTL, 10000); /* global count */
     ck_assert_str_eq(h_errcode(r), "busy");
     json_decref(r);
     /* Try-once and reentry do not wait, so they are not limited. */
@@ -843,7 +848,8 @@ END_TEST
 
 static struct h_conn *probe;
 
-static bool lock_works(void *arg)
+static bool
+lock_works(void *arg)
 {
     json_t *r = h_call(probe, lk_req((const char *)arg, NULL, 5000, 0), 3000);
     bool ok = r != NULL && h_ok(r) && jtrue(r, "acquired");
@@ -969,8 +975,8 @@ START_TEST(test_redisson_layout)
     rep = h_redis_cmd(&R, "EVAL %s 2 %s %s %s %s %s", java_unlock,
                       "inventory:7", "redisson_lock__channel:{inventory:7}",
                       "0", "30000", JAVA_HOLDER);
-    ck_assert(rep != NULL && rep->type == REDIS_REPLY_INTEGER
-              && rep->integer == 1);
+    ck_assert(rep != NULL && rep->type == REDIS_REPLY_INTEGER &&
+              rep->integer == 1);
     freeReplyObject(rep);
     r = h_recv_id(b, 5, 5000);
     ck_assert_msg(r != NULL && jtrue(r, "acquired"),
@@ -1010,8 +1016,8 @@ START_TEST(test_redisson_layout)
      * prefixName. */
     r = lk_must(a, "{user:1}:cart", NULL, NO_TTL, 0);
     json_decref(r);
-    ck_assert_int_eq(
-        h_r_int(&R, "EXISTS redisson_lock_token:{user:1}:cart"), 1);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS redisson_lock_token:{user:1}:cart"),
+                     1);
     h_close(a);
     h_close(b);
 }
@@ -1037,7 +1043,8 @@ START_TEST(test_wait_replicas)
     r = lk_lock(a, "rep", NULL, NO_TTL, 0);
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     ck_assert_msg(strstr(json_string_value(json_object_get(
-                      json_object_get(r, "error"), "message")), "replica"),
+                             json_object_get(r, "error"), "message")),
+                         "replica"),
                   "not refused for want of replicas");
     json_decref(r);
     ck_assert_int_ge(h_stat(a, "lock_released"), 1);
@@ -1079,7 +1086,8 @@ END_TEST
 
 /* ------------------------------------------------------------------------ */
 
-int main(void)
+int
+main(void)
 {
     const struct h_case cases[] = {
         H_CASE(lock_reentry_fence, 60),

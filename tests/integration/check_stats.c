@@ -19,19 +19,22 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define T_MS 5000     /* how long a reply may take */
-#define RUN_MS 60000  /* promtool on a loaded machine */
+#define T_MS 5000    /* how long a reply may take */
+#define RUN_MS 60000 /* promtool on a loaded machine */
 #define BODY_MAX (256 * 1024)
 
 static struct h_redis R;
 static struct h_daemon D;
 static const struct h_fixture fx = {
-    .suite = "stats", .redis = { &R }, .daemons = { &D },
+    .suite = "stats",
+    .redis = {&R},
+    .daemons = {&D},
 };
 static char promtool[4096];
 
 /* promtool from $PROMTOOL or $PATH into `promtool`; false if none. */
-static bool find_promtool(void)
+static bool
+find_promtool(void)
 {
     const char *env = getenv("PROMTOOL");
     const char *path = getenv("PATH");
@@ -52,7 +55,8 @@ static bool find_promtool(void)
 }
 
 /* GET /metrics on 127.0.0.1:PORT; the body (caller frees), or NULL. */
-static char *get_metrics(int port)
+static char *
+get_metrics(int port)
 {
     static const char req[] = "GET /metrics HTTP/1.0\r\n"
                               "Host: 127.0.0.1\r\n\r\n";
@@ -72,7 +76,8 @@ static char *get_metrics(int port)
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
                   "connect metrics port %d: %s", port, strerror(errno));
-    ck_assert_int_eq(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+    ck_assert_int_eq(write(fd, req, sizeof req - 1),
+                     (ssize_t)(sizeof req - 1));
     while (len < BODY_MAX - 1 &&
            (n = read(fd, buf + len, BODY_MAX - 1 - len)) > 0) {
         len += (size_t)n;
@@ -88,7 +93,8 @@ static char *get_metrics(int port)
     return buf;
 }
 
-static void call_ok(json_t *reply)
+static void
+call_ok(json_t *reply)
 {
     ck_assert_msg(h_ok(reply), "request failed");
     json_decref(reply);
@@ -111,8 +117,7 @@ START_TEST(test_promtool_accepts_metrics)
     ck_assert_ptr_nonnull(c);
     call_ok(h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "m"));
     call_ok(h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key", "m"));
-    json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key",
-                        "m");
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "m");
     ck_assert_ptr_nonnull(r);
     json_decref(r);
     r = h_callf(c, T_MS, "{s:s}", "op", "no.such.op");
@@ -133,8 +138,8 @@ START_TEST(test_promtool_accepts_metrics)
 
     /* promtool reads the exposition on its standard input. */
     char script[sizeof promtool + sizeof path + 64];
-    snprintf(script, sizeof script, "exec '%s' check metrics < '%s'",
-             promtool, path);
+    snprintf(script, sizeof script, "exec '%s' check metrics < '%s'", promtool,
+             path);
     const char *argv[] = {"/bin/sh", "-c", script, NULL};
     int status = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
     ck_assert_msg(status == 0, "promtool check metrics exited %d:\n%s%s",
@@ -142,7 +147,8 @@ START_TEST(test_promtool_accepts_metrics)
 }
 END_TEST
 
-int main(void)
+int
+main(void)
 {
     if (!find_promtool()) {
         /* The TAP way to skip a whole program. */

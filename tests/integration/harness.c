@@ -62,7 +62,8 @@ static bool atexit_registered;
 
 static void rm_rf(const char *path);
 
-static void h_atexit(void)
+static void
+h_atexit(void)
 {
     pid_t self = getpid();
 
@@ -81,7 +82,8 @@ static void h_atexit(void)
     }
 }
 
-static void ensure_atexit(void)
+static void
+ensure_atexit(void)
 {
     if (!atexit_registered) {
         atexit(h_atexit);
@@ -89,7 +91,8 @@ static void ensure_atexit(void)
     }
 }
 
-void h_track_pid(pid_t pid)
+void
+h_track_pid(pid_t pid)
 {
     ensure_atexit();
     for (int i = 0; i < H_MAX_TRACKED; i++) {
@@ -102,7 +105,8 @@ void h_track_pid(pid_t pid)
     fprintf(stderr, "harness: too many tracked pids\n");
 }
 
-void h_untrack_pid(pid_t pid)
+void
+h_untrack_pid(pid_t pid)
 {
     for (int i = 0; i < H_MAX_TRACKED; i++) {
         if (tracked_pids[i].pid == pid) {
@@ -111,7 +115,8 @@ void h_untrack_pid(pid_t pid)
     }
 }
 
-static void track_dir(const char *path)
+static void
+track_dir(const char *path)
 {
     ensure_atexit();
     for (int i = 0; i < H_MAX_TRACKED; i++) {
@@ -125,7 +130,8 @@ static void track_dir(const char *path)
     fprintf(stderr, "harness: too many tracked dirs\n");
 }
 
-static void untrack_dir(const char *path)
+static void
+untrack_dir(const char *path)
 {
     for (int i = 0; i < H_MAX_TRACKED; i++) {
         if (tracked_dirs[i].path[0] && !strcmp(tracked_dirs[i].path, path)) {
@@ -134,8 +140,8 @@ static void untrack_dir(const char *path)
     }
 }
 
-static int rm_one(const char *path, const struct stat *st, int flag,
-                  struct FTW *ftw)
+static int
+rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st;
     (void)flag;
@@ -144,7 +150,8 @@ static int rm_one(const char *path, const struct stat *st, int flag,
     return 0;
 }
 
-static void rm_rf(const char *path)
+static void
+rm_rf(const char *path)
 {
     /* A dying child may still create a file while we walk; try again. */
     for (int i = 0; i < 5; i++) {
@@ -158,7 +165,8 @@ static void rm_rf(const char *path)
 
 /* --- small utilities -------------------------------------------------- */
 
-long long h_now_ms(void)
+long long
+h_now_ms(void)
 {
     struct timespec ts;
 
@@ -166,15 +174,17 @@ long long h_now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(int ms)
+static void
+sleep_ms(int ms)
 {
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
 
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
     }
 }
 
-bool h_wait_until(bool (*cond)(void *), void *arg, int timeout_ms)
+bool
+h_wait_until(bool (*cond)(void *), void *arg, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
 
@@ -189,7 +199,8 @@ bool h_wait_until(bool (*cond)(void *), void *arg, int timeout_ms)
     }
 }
 
-int h_free_port(void)
+int
+h_free_port(void)
 {
     struct sockaddr_in sa;
     socklen_t len = sizeof sa;
@@ -203,22 +214,24 @@ int h_free_port(void)
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     sa.sin_port = 0;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0
-        && getsockname(fd, (struct sockaddr *)&sa, &len) == 0) {
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0) {
         port = ntohs(sa.sin_port);
     }
     close(fd);
     return port;
 }
 
-const char *h_leased_bin(void)
+const char *
+h_leased_bin(void)
 {
     const char *p = getenv("LEASED_BIN");
 
     return p && *p ? p : "src/leased";
 }
 
-static const char *redis_bin(void)
+static const char *
+redis_bin(void)
 {
     const char *p = getenv("REDIS_SERVER");
 
@@ -228,7 +241,8 @@ static const char *redis_bin(void)
 /* A fresh directory under $TMPDIR (or /tmp). Unix socket paths inside it
  * must stay well below sun_path's 108 bytes, so a long $TMPDIR is
  * ignored. */
-static int make_tmpdir(char *buf, size_t len, const char *tag)
+static int
+make_tmpdir(char *buf, size_t len, const char *tag)
 {
     const char *base = getenv("TMPDIR");
 
@@ -247,12 +261,14 @@ static int make_tmpdir(char *buf, size_t len, const char *tag)
     return 0;
 }
 
-int h_tmpdir(char *buf, size_t len)
+int
+h_tmpdir(char *buf, size_t len)
 {
     return make_tmpdir(buf, len, "ldt");
 }
 
-void h_rmdir(const char *path)
+void
+h_rmdir(const char *path)
 {
     if (path && path[0]) {
         rm_rf(path);
@@ -260,7 +276,8 @@ void h_rmdir(const char *path)
     }
 }
 
-static int write_file(const char *path, const char *text)
+static int
+write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "we");
 
@@ -273,7 +290,8 @@ static int write_file(const char *path, const char *text)
 }
 
 /* Print the last H_LOG_TAIL_BYTES of a file to stderr. */
-static void dump_file(const char *title, const char *path)
+static void
+dump_file(const char *title, const char *path)
 {
     FILE *f = fopen(path, "re");
     char buf[8192];
@@ -305,8 +323,8 @@ static void dump_file(const char *title, const char *path)
 /* Fork and exec ARGV with stdout/stderr on OUT_FD/ERR_FD (-1: /dev/null)
  * and, when LISTEN_FD >= 0, that socket passed as fd 3 the way systemd's
  * socket activation does. The child dies with the test process. */
-static pid_t spawn(const char *const argv[], int out_fd, int err_fd,
-                   int listen_fd)
+static pid_t
+spawn(const char *const argv[], int out_fd, int err_fd, int listen_fd)
 {
     pid_t parent = getpid();
     pid_t pid;
@@ -329,7 +347,7 @@ static pid_t spawn(const char *const argv[], int out_fd, int err_fd,
 
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) {
-        _exit(127);     /* the test process died before prctl */
+        _exit(127); /* the test process died before prctl */
     }
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -373,7 +391,8 @@ static pid_t spawn(const char *const argv[], int out_fd, int err_fd,
 }
 
 /* Decode a wait status the way harness.h promises. */
-static int exit_code(int status)
+static int
+exit_code(int status)
 {
     if (WIFEXITED(status)) {
         return WEXITSTATUS(status);
@@ -385,7 +404,8 @@ static int exit_code(int status)
 }
 
 /* waitpid with a deadline: returns the pid when reaped, 0 on timeout. */
-static pid_t wait_deadline(pid_t pid, int *status, int timeout_ms)
+static pid_t
+wait_deadline(pid_t pid, int *status, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
 
@@ -397,7 +417,7 @@ static pid_t wait_deadline(pid_t pid, int *status, int timeout_ms)
         }
         if (r < 0 && errno != EINTR) {
             *status = 0;
-            return pid;     /* not our child any more: nothing to wait */
+            return pid; /* not our child any more: nothing to wait */
         }
         if (h_now_ms() >= deadline) {
             return 0;
@@ -406,7 +426,8 @@ static pid_t wait_deadline(pid_t pid, int *status, int timeout_ms)
     }
 }
 
-static void kill_reap(pid_t pid)
+static void
+kill_reap(pid_t pid)
 {
     if (pid > 0) {
         kill(pid, SIGKILL);
@@ -416,13 +437,14 @@ static void kill_reap(pid_t pid)
     }
 }
 
-int h_run(const char *const argv[], char *out, size_t outlen, char *err,
-          size_t errlen, int timeout_ms)
+int
+h_run(const char *const argv[], char *out, size_t outlen, char *err,
+      size_t errlen, int timeout_ms)
 {
     int po[2], pe[2], status = 0;
-    size_t used[2] = { 0, 0 };
-    char *bufs[2] = { out, err };
-    size_t lens[2] = { outlen, errlen };
+    size_t used[2] = {0, 0};
+    char *bufs[2] = {out, err};
+    size_t lens[2] = {outlen, errlen};
     struct pollfd pfd[2];
     long long deadline = h_now_ms() + timeout_ms;
     pid_t pid;
@@ -508,7 +530,8 @@ int h_run(const char *const argv[], char *out, size_t outlen, char *err,
 /* --- redis-server ----------------------------------------------------- */
 
 /* Split redis arguments on blanks; "..." groups (and may be empty). */
-static int split_args(char *s, const char **argv, int max)
+static int
+split_args(char *s, const char **argv, int max)
 {
     int n = 0;
 
@@ -543,9 +566,10 @@ static int split_args(char *s, const char **argv, int max)
     return n;
 }
 
-redisContext *h_redis_connect(const struct h_redis *r)
+redisContext *
+h_redis_connect(const struct h_redis *r)
 {
-    struct timeval tv = { 2, 0 };
+    struct timeval tv = {2, 0};
     redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
 
     if (!c) {
@@ -571,7 +595,8 @@ redisContext *h_redis_connect(const struct h_redis *r)
     return c;
 }
 
-redisReply *h_redis_cmd(const struct h_redis *r, const char *fmt, ...)
+redisReply *
+h_redis_cmd(const struct h_redis *r, const char *fmt, ...)
 {
     redisContext *c = h_redis_connect(r);
     redisReply *reply;
@@ -589,7 +614,8 @@ redisReply *h_redis_cmd(const struct h_redis *r, const char *fmt, ...)
 
 /* True when the server on R's port is R's own process and answers. The pid
  * check matters: a busy port may be served by someone else's redis. */
-static bool redis_is_ours(const struct h_redis *r)
+static bool
+redis_is_ours(const struct h_redis *r)
 {
     redisContext *c = h_redis_connect(r);
     redisReply *reply;
@@ -609,8 +635,8 @@ static bool redis_is_ours(const struct h_redis *r)
     }
     if (ours) {
         reply = redisCommand(c, "PING");
-        ours = reply && reply->type == REDIS_REPLY_STATUS
-               && !strcmp(reply->str, "PONG");
+        ours = reply && reply->type == REDIS_REPLY_STATUS &&
+               !strcmp(reply->str, "PONG");
         if (reply) {
             freeReplyObject(reply);
         }
@@ -621,7 +647,8 @@ static bool redis_is_ours(const struct h_redis *r)
 
 /* Start redis-server on r->port and wait until it answers. Returns 0, -2
  * when it exited early (typically: port taken), -1 otherwise. */
-static int redis_spawn_wait(struct h_redis *r)
+static int
+redis_spawn_wait(struct h_redis *r)
 {
     char port[16], logfile[300], extra[sizeof r->extra];
     const char *argv[64];
@@ -682,7 +709,8 @@ static int redis_spawn_wait(struct h_redis *r)
     return -1;
 }
 
-int h_redis_start(struct h_redis *r, const char *extra_args)
+int
+h_redis_start(struct h_redis *r, const char *extra_args)
 {
     int rc = -1;
 
@@ -721,7 +749,8 @@ int h_redis_start(struct h_redis *r, const char *extra_args)
     return 0;
 }
 
-int h_redis_restart(struct h_redis *r)
+int
+h_redis_restart(struct h_redis *r)
 {
     long long deadline = h_now_ms() + H_REDIS_READY_MS;
     int rc;
@@ -747,7 +776,8 @@ int h_redis_restart(struct h_redis *r)
     return 0;
 }
 
-void h_redis_kill(struct h_redis *r)
+void
+h_redis_kill(struct h_redis *r)
 {
     if (r->pid > 0) {
         kill_reap(r->pid);
@@ -755,7 +785,8 @@ void h_redis_kill(struct h_redis *r)
     }
 }
 
-void h_redis_stop(struct h_redis *r)
+void
+h_redis_stop(struct h_redis *r)
 {
     h_redis_kill(r);
     if (r->dir[0]) {
@@ -767,7 +798,8 @@ void h_redis_stop(struct h_redis *r)
 /* --- leased ----------------------------------------------------------- */
 
 /* Does EXTRA define the top-level section NAME (a line "NAME:")? */
-static bool has_section(const char *extra, const char *name)
+static bool
+has_section(const char *extra, const char *name)
 {
     size_t nlen = strlen(name);
     const char *line = extra;
@@ -790,7 +822,8 @@ static bool has_section(const char *extra, const char *name)
 }
 
 /* Copy IN to OUT replacing every "@DIR@" by DIR. */
-static int subst_dir(const char *in, const char *dir, char *out, size_t len)
+static int
+subst_dir(const char *in, const char *dir, char *out, size_t len)
 {
     size_t used = 0, dlen = strlen(dir);
 
@@ -813,7 +846,8 @@ static int subst_dir(const char *in, const char *dir, char *out, size_t len)
     return 0;
 }
 
-static int write_daemon_conf(struct h_daemon *d)
+static int
+write_daemon_conf(struct h_daemon *d)
 {
     char *text = NULL;
     size_t size = 0;
@@ -852,7 +886,8 @@ static int write_daemon_conf(struct h_daemon *d)
 }
 
 /* Connect, ping and read the bound ports from stats. */
-static bool daemon_answers(struct h_daemon *d)
+static bool
+daemon_answers(struct h_daemon *d)
 {
     struct h_conn *c = h_connect(d);
     json_t *reply;
@@ -884,8 +919,9 @@ static bool daemon_answers(struct h_daemon *d)
 /* $LEASED_WRAPPER (e.g. "valgrind -q --error-exitcode=99
  * --leak-check=full") runs the daemon under a memory checker: the same
  * suite, one switch. Words are split on spaces. */
-static int daemon_argv(struct h_daemon *d, const char **argv, size_t max,
-                       char *buf, size_t buflen)
+static int
+daemon_argv(struct h_daemon *d, const char **argv, size_t max, char *buf,
+            size_t buflen)
 {
     const char *w = getenv("LEASED_WRAPPER");
     size_t n = 0;
@@ -907,12 +943,14 @@ static int daemon_argv(struct h_daemon *d, const char **argv, size_t max,
 
 /* A sanitizer or valgrind report in the daemon's log fails the test even
  * when every protocol assertion passed. */
-static void check_memory_report(const struct h_daemon *d)
+static void
+check_memory_report(const struct h_daemon *d)
 {
     static const char *marks[] = {
         "ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
-        "runtime error:", "Invalid read", "Invalid write",
-        "definitely lost in", "uninitialised value",
+        "runtime error:",          "Invalid read",
+        "Invalid write",           "definitely lost in",
+        "uninitialised value",
     };
     char line[1024];
     FILE *f = fopen(d->log, "r");
@@ -924,8 +962,10 @@ static void check_memory_report(const struct h_daemon *d)
         for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
             if (strstr(line, marks[i])) {
                 fclose(f);
-                fprintf(stderr, "harness: memory error reported by leased "
-                        "(%s)\n", marks[i]);
+                fprintf(stderr,
+                        "harness: memory error reported by leased "
+                        "(%s)\n",
+                        marks[i]);
                 h_daemon_dump_log(d);
                 exit(1);
             }
@@ -938,7 +978,8 @@ static void check_memory_report(const struct h_daemon *d)
  * then ops answer redis_unavailable. A test that gave the daemon a Redis
  * starts once it is connected; a Redis that is down on purpose (no
  * connection within the bound) leaves the test to its own checks. */
-static void wait_redis_connected(struct h_daemon *d)
+static void
+wait_redis_connected(struct h_daemon *d)
 {
     long long deadline = h_now_ms() + H_REDIS_CONNECT_MS;
     struct h_conn *c;
@@ -952,7 +993,8 @@ static void wait_redis_connected(struct h_daemon *d)
     h_close(c);
 }
 
-static int daemon_spawn_wait(struct h_daemon *d, int listen_fd)
+static int
+daemon_spawn_wait(struct h_daemon *d, int listen_fd)
 {
     const char *argv[32];
     char wbuf[512];
@@ -975,8 +1017,10 @@ static int daemon_spawn_wait(struct h_daemon *d, int listen_fd)
     deadline = h_now_ms() + H_DAEMON_READY_MS;
     while (h_now_ms() < deadline) {
         if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            fprintf(stderr, "harness: leased exited during start-up "
-                    "(status %d)\n", exit_code(status));
+            fprintf(stderr,
+                    "harness: leased exited during start-up "
+                    "(status %d)\n",
+                    exit_code(status));
             h_untrack_pid(d->pid);
             d->pid = 0;
             h_daemon_dump_log(d);
@@ -996,8 +1040,9 @@ static int daemon_spawn_wait(struct h_daemon *d, int listen_fd)
     return -1;
 }
 
-static int daemon_prepare(struct h_daemon *d, const struct h_redis *r,
-                          const char *yaml_extra)
+static int
+daemon_prepare(struct h_daemon *d, const struct h_redis *r,
+               const char *yaml_extra)
 {
     memset(d, 0, sizeof *d);
     d->redis_port = r ? r->port : 1;
@@ -1016,8 +1061,9 @@ static int daemon_prepare(struct h_daemon *d, const struct h_redis *r,
     return write_daemon_conf(d);
 }
 
-int h_daemon_start(struct h_daemon *d, const struct h_redis *r,
-                   const char *yaml_extra)
+int
+h_daemon_start(struct h_daemon *d, const struct h_redis *r,
+               const char *yaml_extra)
 {
     if (daemon_prepare(d, r, yaml_extra) < 0) {
         return -1;
@@ -1025,9 +1071,9 @@ int h_daemon_start(struct h_daemon *d, const struct h_redis *r,
     return daemon_spawn_wait(d, -1);
 }
 
-int h_daemon_start_fd(struct h_daemon *d, const struct h_redis *r,
-                      const char *yaml_extra, int listen_fd,
-                      const char *sock_path)
+int
+h_daemon_start_fd(struct h_daemon *d, const struct h_redis *r,
+                  const char *yaml_extra, int listen_fd, const char *sock_path)
 {
     if (daemon_prepare(d, r, yaml_extra) < 0) {
         return -1;
@@ -1036,7 +1082,8 @@ int h_daemon_start_fd(struct h_daemon *d, const struct h_redis *r,
     return daemon_spawn_wait(d, listen_fd);
 }
 
-int h_daemon_restart(struct h_daemon *d)
+int
+h_daemon_restart(struct h_daemon *d)
 {
     if (d->pid > 0) {
         h_daemon_stop(d);
@@ -1046,7 +1093,8 @@ int h_daemon_restart(struct h_daemon *d)
     return daemon_spawn_wait(d, -1);
 }
 
-int h_daemon_wait(struct h_daemon *d, int timeout_ms)
+int
+h_daemon_wait(struct h_daemon *d, int timeout_ms)
 {
     int status;
 
@@ -1061,7 +1109,8 @@ int h_daemon_wait(struct h_daemon *d, int timeout_ms)
     return exit_code(status);
 }
 
-int h_daemon_stop(struct h_daemon *d)
+int
+h_daemon_stop(struct h_daemon *d)
 {
     int status;
 
@@ -1081,7 +1130,8 @@ int h_daemon_stop(struct h_daemon *d)
     return exit_code(status);
 }
 
-void h_daemon_kill(struct h_daemon *d)
+void
+h_daemon_kill(struct h_daemon *d)
 {
     if (d->pid > 0) {
         kill_reap(d->pid);
@@ -1089,7 +1139,8 @@ void h_daemon_kill(struct h_daemon *d)
     }
 }
 
-void h_daemon_cleanup(struct h_daemon *d)
+void
+h_daemon_cleanup(struct h_daemon *d)
 {
     if (d->pid > 0) {
         h_daemon_stop(d);
@@ -1103,14 +1154,16 @@ void h_daemon_cleanup(struct h_daemon *d)
     }
 }
 
-void h_daemon_signal(struct h_daemon *d, int sig)
+void
+h_daemon_signal(struct h_daemon *d, int sig)
 {
     if (d->pid > 0) {
         kill(d->pid, sig);
     }
 }
 
-void h_daemon_dump_log(const struct h_daemon *d)
+void
+h_daemon_dump_log(const struct h_daemon *d)
 {
     if (d->log[0]) {
         dump_file("leased log", d->log);
@@ -1123,7 +1176,8 @@ static char case_root[128];
 static char case_saved_tmpdir[512];
 static bool case_had_tmpdir;
 
-void h_case_setup(void)
+void
+h_case_setup(void)
 {
     const char *base = getenv("TMPDIR");
 
@@ -1143,7 +1197,8 @@ void h_case_setup(void)
     setenv("TMPDIR", case_root, 1);
 }
 
-void h_case_passed(void)
+void
+h_case_passed(void)
 {
     char marker[200];
 
@@ -1153,8 +1208,9 @@ void h_case_passed(void)
     }
 }
 
-static int dump_logs_one(const char *path, const struct stat *st, int flag,
-                         struct FTW *ftw)
+static int
+dump_logs_one(const char *path, const struct stat *st, int flag,
+              struct FTW *ftw)
 {
     size_t n = strlen(path);
 
@@ -1166,7 +1222,8 @@ static int dump_logs_one(const char *path, const struct stat *st, int flag,
     return 0;
 }
 
-void h_case_teardown(void)
+void
+h_case_teardown(void)
 {
     char marker[200];
 
@@ -1176,7 +1233,7 @@ void h_case_teardown(void)
     snprintf(marker, sizeof marker, "%s/.passed", case_root);
     if (access(marker, F_OK) != 0) {
         fprintf(stderr, "harness: the test did not finish cleanly; "
-                "its logs follow\n");
+                        "its logs follow\n");
         nftw(case_root, dump_logs_one, 16, FTW_PHYS);
     }
     rm_rf(case_root);
@@ -1209,7 +1266,8 @@ struct h_conn {
     json_int_t next_id;
 };
 
-static void q_push(struct h_queue *q, json_t *msg)
+static void
+q_push(struct h_queue *q, json_t *msg)
 {
     struct h_item *it = malloc(sizeof *it);
 
@@ -1228,8 +1286,8 @@ static void q_push(struct h_queue *q, json_t *msg)
 }
 
 /* Remove and return the first message MATCH accepts (all when NULL). */
-static json_t *q_take(struct h_queue *q, bool (*match)(json_t *, void *),
-                      void *arg)
+static json_t *
+q_take(struct h_queue *q, bool (*match)(json_t *, void *), void *arg)
 {
     struct h_item *prev = NULL;
 
@@ -1254,7 +1312,8 @@ static json_t *q_take(struct h_queue *q, bool (*match)(json_t *, void *),
     return NULL;
 }
 
-static void q_clear(struct h_queue *q)
+static void
+q_clear(struct h_queue *q)
 {
     json_t *msg;
 
@@ -1263,7 +1322,8 @@ static void q_clear(struct h_queue *q)
     }
 }
 
-static void conn_line(struct h_conn *c, const char *line, size_t len)
+static void
+conn_line(struct h_conn *c, const char *line, size_t len)
 {
     json_error_t err;
     json_t *msg;
@@ -1274,8 +1334,10 @@ static void conn_line(struct h_conn *c, const char *line, size_t len)
     msg = json_loadb(line, len, 0, &err);
     if (!msg) {
         /* Surface it as a failed reply so the test that waits sees it. */
-        fprintf(stderr, "harness: server sent a line that is not JSON "
-                "(%s): %.*s\n", err.text, (int)(len > 200 ? 200 : len), line);
+        fprintf(stderr,
+                "harness: server sent a line that is not JSON "
+                "(%s): %.*s\n",
+                err.text, (int)(len > 200 ? 200 : len), line);
         msg = json_pack("{s:b,s:{s:s,s:s#}}", "ok", 0, "error", "code",
                         "harness_invalid_json", "message", line,
                         (int)(len > 200 ? 200 : len));
@@ -1283,15 +1345,16 @@ static void conn_line(struct h_conn *c, const char *line, size_t len)
             return;
         }
     }
-    if (json_is_object(msg) && json_object_get(msg, "event")
-        && !json_object_get(msg, "id")) {
+    if (json_is_object(msg) && json_object_get(msg, "event") &&
+        !json_object_get(msg, "id")) {
         q_push(&c->events, msg);
     } else {
         q_push(&c->replies, msg);
     }
 }
 
-static void conn_parse(struct h_conn *c)
+static void
+conn_parse(struct h_conn *c)
 {
     size_t start = 0;
     char *nl;
@@ -1310,9 +1373,10 @@ static void conn_parse(struct h_conn *c)
 
 /* Wait up to TIMEOUT_MS for input and queue every complete line. Returns
  * 1 when data came, 0 on timeout, -1 on EOF or error. */
-static int conn_read(struct h_conn *c, int timeout_ms)
+static int
+conn_read(struct h_conn *c, int timeout_ms)
 {
-    struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+    struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
     ssize_t n;
     int pr;
 
@@ -1354,7 +1418,8 @@ static int conn_read(struct h_conn *c, int timeout_ms)
     return 1;
 }
 
-static struct h_conn *conn_new(int fd)
+static struct h_conn *
+conn_new(int fd)
 {
     struct h_conn *c = calloc(1, sizeof *c);
 
@@ -1367,7 +1432,8 @@ static struct h_conn *conn_new(int fd)
     return c;
 }
 
-struct h_conn *h_connect(const struct h_daemon *d)
+struct h_conn *
+h_connect(const struct h_daemon *d)
 {
     struct sockaddr_un sa;
     int fd;
@@ -1392,7 +1458,8 @@ struct h_conn *h_connect(const struct h_daemon *d)
     return conn_new(fd);
 }
 
-struct h_conn *h_connect_tcp(const struct h_daemon *d)
+struct h_conn *
+h_connect_tcp(const struct h_daemon *d)
 {
     struct sockaddr_in sa;
     int fd, one = 1;
@@ -1420,7 +1487,8 @@ struct h_conn *h_connect_tcp(const struct h_daemon *d)
     return conn_new(fd);
 }
 
-void h_close(struct h_conn *c)
+void
+h_close(struct h_conn *c)
 {
     if (!c) {
         return;
@@ -1432,12 +1500,14 @@ void h_close(struct h_conn *c)
     free(c);
 }
 
-int h_shutdown_write(struct h_conn *c)
+int
+h_shutdown_write(struct h_conn *c)
 {
     return shutdown(c->fd, SHUT_WR);
 }
 
-int h_send_raw(struct h_conn *c, const char *bytes, size_t len)
+int
+h_send_raw(struct h_conn *c, const char *bytes, size_t len)
 {
     long long deadline = h_now_ms() + H_SEND_MS;
     size_t off = 0;
@@ -1445,7 +1515,7 @@ int h_send_raw(struct h_conn *c, const char *bytes, size_t len)
     /* Keep reading while writing: a server that stops reading until its
      * replies drain would otherwise deadlock a large pipelined send. */
     while (off < len) {
-        struct pollfd pfd = { .fd = c->fd, .events = POLLOUT };
+        struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
         long long left = deadline - h_now_ms();
         ssize_t n;
 
@@ -1480,7 +1550,8 @@ int h_send_raw(struct h_conn *c, const char *bytes, size_t len)
     return 0;
 }
 
-static int send_json(struct h_conn *c, json_t *msg)
+static int
+send_json(struct h_conn *c, json_t *msg)
 {
     char *text = json_dumps(msg, JSON_COMPACT);
     size_t n;
@@ -1501,7 +1572,8 @@ static int send_json(struct h_conn *c, json_t *msg)
     return rc;
 }
 
-static json_t *vpack(const char *fmt, va_list ap)
+static json_t *
+vpack(const char *fmt, va_list ap)
 {
     json_error_t err;
     json_t *msg = json_vpack_ex(&err, 0, fmt, ap);
@@ -1512,7 +1584,8 @@ static json_t *vpack(const char *fmt, va_list ap)
     return msg;
 }
 
-int h_send(struct h_conn *c, const char *fmt, ...)
+int
+h_send(struct h_conn *c, const char *fmt, ...)
 {
     va_list ap;
     json_t *msg;
@@ -1530,9 +1603,9 @@ int h_send(struct h_conn *c, const char *fmt, ...)
 }
 
 /* Take from Q what MATCH accepts, reading until TIMEOUT_MS. */
-static json_t *wait_for(struct h_conn *c, struct h_queue *q,
-                        bool (*match)(json_t *, void *), void *arg,
-                        int timeout_ms)
+static json_t *
+wait_for(struct h_conn *c, struct h_queue *q, bool (*match)(json_t *, void *),
+         void *arg, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
 
@@ -1553,29 +1626,34 @@ static json_t *wait_for(struct h_conn *c, struct h_queue *q,
     }
 }
 
-json_t *h_recv(struct h_conn *c, int timeout_ms)
+json_t *
+h_recv(struct h_conn *c, int timeout_ms)
 {
     return wait_for(c, &c->replies, NULL, NULL, timeout_ms);
 }
 
-static bool id_matches(json_t *msg, void *arg)
+static bool
+id_matches(json_t *msg, void *arg)
 {
     json_t *id = json_object_get(msg, "id");
 
     return json_is_integer(id) && json_integer_value(id) == *(json_int_t *)arg;
 }
 
-json_t *h_recv_id(struct h_conn *c, json_int_t id, int timeout_ms)
+json_t *
+h_recv_id(struct h_conn *c, json_int_t id, int timeout_ms)
 {
     return wait_for(c, &c->replies, id_matches, &id, timeout_ms);
 }
 
-json_t *h_event(struct h_conn *c, int timeout_ms)
+json_t *
+h_event(struct h_conn *c, int timeout_ms)
 {
     return wait_for(c, &c->events, NULL, NULL, timeout_ms);
 }
 
-json_t *h_call(struct h_conn *c, json_t *req, int timeout_ms)
+json_t *
+h_call(struct h_conn *c, json_t *req, int timeout_ms)
 {
     json_int_t id;
     int rc;
@@ -1593,7 +1671,8 @@ json_t *h_call(struct h_conn *c, json_t *req, int timeout_ms)
     return h_recv_id(c, id, timeout_ms);
 }
 
-json_t *h_callf(struct h_conn *c, int timeout_ms, const char *fmt, ...)
+json_t *
+h_callf(struct h_conn *c, int timeout_ms, const char *fmt, ...)
 {
     va_list ap;
     json_t *req;
@@ -1604,7 +1683,8 @@ json_t *h_callf(struct h_conn *c, int timeout_ms, const char *fmt, ...)
     return h_call(c, req, timeout_ms);
 }
 
-bool h_wait_closed(struct h_conn *c, int timeout_ms)
+bool
+h_wait_closed(struct h_conn *c, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
 
@@ -1622,7 +1702,8 @@ bool h_wait_closed(struct h_conn *c, int timeout_ms)
 
 /* --- reply helpers ---------------------------------------------------- */
 
-long long h_stat(struct h_conn *c, const char *name)
+long long
+h_stat(struct h_conn *c, const char *name)
 {
     json_t *reply = h_callf(c, 5000, "{s:s}", "op", "stats");
     json_t *v = json_object_get(reply, "stats");
@@ -1646,12 +1727,14 @@ long long h_stat(struct h_conn *c, const char *name)
     return out;
 }
 
-bool h_ok(const json_t *reply)
+bool
+h_ok(const json_t *reply)
 {
     return reply && json_is_true(json_object_get(reply, "ok"));
 }
 
-const char *h_errcode(const json_t *reply)
+const char *
+h_errcode(const json_t *reply)
 {
     json_t *code;
 
@@ -1667,8 +1750,9 @@ const char *h_errcode(const json_t *reply)
 
 /* --- Check suites -------------------------------------------------------- */
 
-void h_add_test(Suite *s, const char *name, const TTest *t, int timeout_s,
-                SFun setup, SFun teardown)
+void
+h_add_test(Suite *s, const char *name, const TTest *t, int timeout_s,
+           SFun setup, SFun teardown)
 {
     TCase *tc = tcase_create(name);
 
@@ -1680,7 +1764,8 @@ void h_add_test(Suite *s, const char *name, const TTest *t, int timeout_s,
     suite_add_tcase(s, tc);
 }
 
-int h_run_suite(Suite *s)
+int
+h_run_suite(Suite *s)
 {
     SRunner *sr = srunner_create(s);
     int failed;
@@ -1696,14 +1781,17 @@ int h_run_suite(Suite *s)
 /* Set by h_main before the runner forks, so every test process sees it. */
 static const struct h_fixture *fixture;
 
-void h_start(const char *yaml_extra)
+void
+h_start(const char *yaml_extra)
 {
     ck_assert_int_eq(h_redis_start(fixture->redis[0], NULL), 0);
     ck_assert_int_eq(h_daemon_start(fixture->daemons[0], fixture->redis[0],
-                                    yaml_extra), 0);
+                                    yaml_extra),
+                     0);
 }
 
-static void fixture_setup(void)
+static void
+fixture_setup(void)
 {
     for (int i = 0; i < H_MAX_REDIS && fixture->redis[i] != NULL; i++) {
         memset(fixture->redis[i], 0, sizeof *fixture->redis[i]);
@@ -1719,7 +1807,8 @@ static void fixture_setup(void)
     }
 }
 
-static void fixture_teardown(void)
+static void
+fixture_teardown(void)
 {
     if (fixture->teardown != NULL) {
         fixture->teardown();
@@ -1743,7 +1832,8 @@ static void fixture_teardown(void)
     }
 }
 
-int h_main(const struct h_fixture *fx, const struct h_case *cases, size_t n)
+int
+h_main(const struct h_fixture *fx, const struct h_case *cases, size_t n)
 {
     Suite *s = suite_create(fx->suite);
 
@@ -1757,37 +1847,44 @@ int h_main(const struct h_fixture *fx, const struct h_case *cases, size_t n)
 
 /* --- shared checks -------------------------------------------------------- */
 
-long long jint(const json_t *o, const char *k)
+long long
+jint(const json_t *o, const char *k)
 {
     return json_integer_value(json_object_get(o, k));
 }
 
-bool jtrue(const json_t *o, const char *k)
+bool
+jtrue(const json_t *o, const char *k)
 {
     return json_is_true(json_object_get(o, k));
 }
 
-const char *jstr(const json_t *o, const char *k)
+const char *
+jstr(const json_t *o, const char *k)
 {
     return json_string_value(json_object_get(o, k));
 }
 
-const char *jreason(const json_t *r)
+const char *
+jreason(const json_t *r)
 {
     return jstr(json_object_get(r, "error"), "reason");
 }
 
-const char *jmsg(const json_t *r)
+const char *
+jmsg(const json_t *r)
 {
     return jstr(json_object_get(r, "error"), "message");
 }
 
-const char *joutcome(const json_t *r)
+const char *
+joutcome(const json_t *r)
 {
     return jstr(json_object_get(r, "error"), "outcome");
 }
 
-struct h_conn *h_connect_ok(const struct h_daemon *d)
+struct h_conn *
+h_connect_ok(const struct h_daemon *d)
 {
     struct h_conn *c = h_connect(d);
 
@@ -1795,7 +1892,8 @@ struct h_conn *h_connect_ok(const struct h_daemon *d)
     return c;
 }
 
-void h_assert_ping(struct h_conn *c)
+void
+h_assert_ping(struct h_conn *c)
 {
     json_t *r = h_callf(c, 5000, "{s:s}", "op", "ping");
 
@@ -1803,7 +1901,8 @@ void h_assert_ping(struct h_conn *c)
     json_decref(r);
 }
 
-void h_expect_code(json_t *r, const char *code, const char *what)
+void
+h_expect_code(json_t *r, const char *code, const char *what)
 {
     ck_assert_msg(r != NULL, "no reply to %s", what);
     ck_assert_msg(h_errcode(r) != NULL && strcmp(h_errcode(r), code) == 0,
@@ -1818,44 +1917,49 @@ struct stat_want {
     long long want;
 };
 
-static bool stat_is(void *arg)
+static bool
+stat_is(void *arg)
 {
     const struct stat_want *w = arg;
 
     return h_stat(w->c, w->name) == w->want;
 }
 
-static bool stat_at_least(void *arg)
+static bool
+stat_at_least(void *arg)
 {
     const struct stat_want *w = arg;
 
     return h_stat(w->c, w->name) >= w->want;
 }
 
-bool h_wait_stat(struct h_conn *c, const char *name, long long want,
-                 int timeout_ms)
+bool
+h_wait_stat(struct h_conn *c, const char *name, long long want, int timeout_ms)
 {
-    struct stat_want w = { c, name, want };
+    struct stat_want w = {c, name, want};
 
     return h_wait_until(stat_is, &w, timeout_ms);
 }
 
-void h_assert_stat(struct h_conn *c, const char *name, long long want,
-                   int timeout_ms)
+void
+h_assert_stat(struct h_conn *c, const char *name, long long want,
+              int timeout_ms)
 {
     ck_assert_msg(h_wait_stat(c, name, want, timeout_ms),
                   "stat %s is %lld, not %lld", name, h_stat(c, name), want);
 }
 
-bool h_wait_stat_min(struct h_conn *c, const char *name, long long want,
-                     int timeout_ms)
+bool
+h_wait_stat_min(struct h_conn *c, const char *name, long long want,
+                int timeout_ms)
 {
-    struct stat_want w = { c, name, want };
+    struct stat_want w = {c, name, want};
 
     return h_wait_until(stat_at_least, &w, timeout_ms);
 }
 
-json_t *h_lock_lost(struct h_conn *c, const char *key, int timeout_ms)
+json_t *
+h_lock_lost(struct h_conn *c, const char *key, int timeout_ms)
 {
     long long deadline = h_now_ms() + timeout_ms;
 
@@ -1866,17 +1970,17 @@ json_t *h_lock_lost(struct h_conn *c, const char *key, int timeout_ms)
         if (ev == NULL) {
             return NULL;
         }
-        if (jstr(ev, "event") != NULL
-            && strcmp(jstr(ev, "event"), "lock_lost") == 0
-            && jstr(ev, "key") != NULL && strcmp(jstr(ev, "key"), key) == 0) {
+        if (jstr(ev, "event") != NULL &&
+            strcmp(jstr(ev, "event"), "lock_lost") == 0 &&
+            jstr(ev, "key") != NULL && strcmp(jstr(ev, "key"), key) == 0) {
             return ev;
         }
         json_decref(ev);
     }
 }
 
-static redisReply *r_vcommand(const struct h_redis *r, const char *fmt,
-                              va_list ap)
+static redisReply *
+r_vcommand(const struct h_redis *r, const char *fmt, va_list ap)
 {
     redisContext *c = h_redis_connect(r);
     redisReply *rep;
@@ -1887,7 +1991,8 @@ static redisReply *r_vcommand(const struct h_redis *r, const char *fmt,
     return rep;
 }
 
-long long h_r_int(const struct h_redis *r, const char *fmt, ...)
+long long
+h_r_int(const struct h_redis *r, const char *fmt, ...)
 {
     va_list ap;
     redisReply *rep;
@@ -1907,7 +2012,8 @@ long long h_r_int(const struct h_redis *r, const char *fmt, ...)
     return v;
 }
 
-void h_r_do(const struct h_redis *r, const char *fmt, ...)
+void
+h_r_do(const struct h_redis *r, const char *fmt, ...)
 {
     va_list ap;
     redisReply *rep;
@@ -1926,7 +2032,8 @@ struct numsub_want {
     const char *channel;
 };
 
-static bool subscribed(void *arg)
+static bool
+subscribed(void *arg)
 {
     const struct numsub_want *w = arg;
     redisReply *rep = h_redis_cmd(w->r, "PUBSUB NUMSUB %s", w->channel);
@@ -1941,16 +2048,17 @@ static bool subscribed(void *arg)
     return yes;
 }
 
-void h_wait_subscribed(const struct h_redis *r, const char *channel,
-                       int timeout_ms)
+void
+h_wait_subscribed(const struct h_redis *r, const char *channel, int timeout_ms)
 {
-    struct numsub_want w = { r, channel };
+    struct numsub_want w = {r, channel};
 
     ck_assert_msg(h_wait_until(subscribed, &w, timeout_ms),
                   "no subscriber on %s", channel);
 }
 
-bool h_is_token(const char *t)
+bool
+h_is_token(const char *t)
 {
     if (t == NULL || strlen(t) < 32) {
         return false;
@@ -1963,7 +2071,8 @@ bool h_is_token(const char *t)
     return true;
 }
 
-void h_delete_lock_key(const struct h_redis *r, const char *key)
+void
+h_delete_lock_key(const struct h_redis *r, const char *key)
 {
     char a[256], b[256];
     redisReply *rep;
@@ -1971,19 +2080,19 @@ void h_delete_lock_key(const struct h_redis *r, const char *key)
     snprintf(a, sizeof a, "leased:lock:%s", key);
     snprintf(b, sizeof b, "leased:lock:{%s}", key);
     rep = h_redis_cmd(r, "DEL %s %s", a, b);
-    ck_assert_msg(rep && rep->type == REDIS_REPLY_INTEGER
-                  && rep->integer == 1,
+    ck_assert_msg(rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 1,
                   "the lock key of %s was not in Redis", key);
     freeReplyObject(rep);
 }
 
-bool h_replica_linked(void *arg)
+bool
+h_replica_linked(void *arg)
 {
     const struct h_redis *r = arg;
     redisReply *rep = h_redis_cmd(r, "INFO replication");
-    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING
-              && strstr(rep->str, "connected_slaves:1") != NULL
-              && strstr(rep->str, "state=online") != NULL;
+    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING &&
+              strstr(rep->str, "connected_slaves:1") != NULL &&
+              strstr(rep->str, "state=online") != NULL;
 
     if (rep != NULL) {
         freeReplyObject(rep);

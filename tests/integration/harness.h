@@ -18,20 +18,20 @@
 struct h_redis {
     pid_t pid;
     int port;
-    char dir[256];          /* its own temp dir (config, dump, log) */
-    char extra[512];        /* extra redis-server arguments, for restart */
+    char dir[256];   /* its own temp dir (config, dump, log) */
+    char extra[512]; /* extra redis-server arguments, for restart */
 };
 
 struct h_daemon {
     pid_t pid;
-    char dir[256];          /* temp dir: socket, config, journal, log */
-    char sock[300];         /* Unix socket path */
-    char conf[300];         /* config file path */
-    char log[300];          /* stderr of the daemon */
+    char dir[256];  /* temp dir: socket, config, journal, log */
+    char sock[300]; /* Unix socket path */
+    char conf[300]; /* config file path */
+    char log[300];  /* stderr of the daemon */
     char journal[300];
-    int tcp_port;           /* read from stats after start */
-    int metrics_port;       /* 0 unless metrics were enabled */
-    char yaml_extra[4096];  /* kept for restarts */
+    int tcp_port;          /* read from stats after start */
+    int metrics_port;      /* 0 unless metrics were enabled */
+    char yaml_extra[4096]; /* kept for restarts */
     int redis_port;
 };
 
@@ -45,8 +45,8 @@ struct h_conn;
 int h_redis_start(struct h_redis *r, const char *extra_args);
 /* Same port again (after h_redis_kill), waits for PING. */
 int h_redis_restart(struct h_redis *r);
-void h_redis_kill(struct h_redis *r);   /* SIGKILL, reaped */
-void h_redis_stop(struct h_redis *r);   /* kill + remove dir */
+void h_redis_kill(struct h_redis *r); /* SIGKILL, reaped */
+void h_redis_stop(struct h_redis *r); /* kill + remove dir */
 /* A direct synchronous connection for checks from the test (it sends AUTH
  * when the server was started with --requirepass in its extra args). */
 redisContext *h_redis_connect(const struct h_redis *r);
@@ -92,7 +92,7 @@ void h_daemon_signal(struct h_daemon *d, int sig);
 void h_daemon_dump_log(const struct h_daemon *d);
 
 /* --- protocol -------------------------------------------------------- */
-struct h_conn *h_connect(const struct h_daemon *d);           /* Unix */
+struct h_conn *h_connect(const struct h_daemon *d); /* Unix */
 struct h_conn *h_connect_tcp(const struct h_daemon *d);
 void h_close(struct h_conn *c);
 int h_send_raw(struct h_conn *c, const char *bytes, size_t len);
@@ -125,8 +125,8 @@ bool h_wait_closed(struct h_conn *c, int timeout_ms);
 #define H_MAX_DAEMONS 2
 
 struct h_fixture {
-    const char *suite;                      /* the Check suite's name */
-    struct h_redis *redis[H_MAX_REDIS];     /* NULL-terminated if fewer */
+    const char *suite;                  /* the Check suite's name */
+    struct h_redis *redis[H_MAX_REDIS]; /* NULL-terminated if fewer */
     struct h_daemon *daemons[H_MAX_DAEMONS];
     /* When set, every case starts with redis[0] running and daemons[0]
      * started on it with this YAML (see h_daemon_start). */
@@ -140,16 +140,19 @@ struct h_fixture {
 struct h_case {
     const char *name;
     const TTest *test;
-    int timeout_s;  /* generous enough for a loaded machine */
+    int timeout_s; /* generous enough for a loaded machine */
 };
 
 /* A case whose name is its test's without "test_". */
-#define H_CASE(name, timeout_s) { #name, test_##name, (timeout_s) }
+#define H_CASE(name, timeout_s)                                               \
+    {                                                                         \
+#name, test_##name, (timeout_s)                                       \
+    }
 
 /* Run CASES (N of them) with FX's fixture around each, one TCase per case
  * (see h_add_test), as make check wants it; returns the exit status. */
 int h_main(const struct h_fixture *fx, const struct h_case *cases, size_t n);
-#define H_MAIN(fx, cases) \
+#define H_MAIN(fx, cases)                                                     \
     h_main(&(fx), (cases), sizeof(cases) / sizeof((cases)[0]))
 
 /* Start the fixture's redis[0] and daemons[0] on it with YAML_EXTRA (see
@@ -174,7 +177,7 @@ long long h_now_ms(void);
 long long h_stat(struct h_conn *c, const char *name);
 /* Shorthand checks on reply objects. */
 bool h_ok(const json_t *reply);
-const char *h_errcode(const json_t *reply);  /* NULL when ok */
+const char *h_errcode(const json_t *reply); /* NULL when ok */
 /* A free loopback TCP port. */
 int h_free_port(void);
 /* Register a pid to be SIGKILLed at exit (for extra child processes). */

@@ -11,13 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define T_MS 5000            /* how long a plain reply may take */
-#define NO_TTL 0             /* lk_lock: leave ttl_ms out (watchdog) */
+#define T_MS 5000 /* how long a plain reply may take */
+#define NO_TTL 0  /* lk_lock: leave ttl_ms out (watchdog) */
 
 /* {"op":"lock","key":KEY} plus owner (NULL: absent), ttl_ms (0: absent)
  * and wait_ms (0: absent). */
-static inline json_t *lk_req(const char *key, const char *owner,
-                             long long ttl_ms, long long wait_ms)
+static inline json_t *
+lk_req(const char *key, const char *owner, long long ttl_ms, long long wait_ms)
 {
     json_t *req = json_pack("{s:s,s:s}", "op", "lock", "key", key);
     if (owner != NULL) {
@@ -32,9 +32,9 @@ static inline json_t *lk_req(const char *key, const char *owner,
     return req;
 }
 
-static inline json_t *lk_lock(struct h_conn *c, const char *key,
-                              const char *owner, long long ttl_ms,
-                              long long wait_ms)
+static inline json_t *
+lk_lock(struct h_conn *c, const char *key, const char *owner, long long ttl_ms,
+        long long wait_ms)
 {
     int t = wait_ms < 0 || wait_ms > 55000 ? 60000 : (int)wait_ms + T_MS;
     json_t *r = h_call(c, lk_req(key, owner, ttl_ms, wait_ms), t);
@@ -43,9 +43,9 @@ static inline json_t *lk_lock(struct h_conn *c, const char *key,
 }
 
 /* Lock and insist on getting it; returns the reply. */
-static inline json_t *lk_must(struct h_conn *c, const char *key,
-                              const char *owner, long long ttl_ms,
-                              long long wait_ms)
+static inline json_t *
+lk_must(struct h_conn *c, const char *key, const char *owner, long long ttl_ms,
+        long long wait_ms)
 {
     json_t *r = lk_lock(c, key, owner, ttl_ms, wait_ms);
     ck_assert_msg(h_ok(r), "lock %s: error %s", key, h_errcode(r));
@@ -54,9 +54,9 @@ static inline json_t *lk_must(struct h_conn *c, const char *key,
 }
 
 /* Send a lock request with our own id, without waiting for the reply. */
-static inline void lk_send(struct h_conn *c, json_int_t id, const char *key,
-                           const char *owner, long long ttl_ms,
-                           long long wait_ms)
+static inline void
+lk_send(struct h_conn *c, json_int_t id, const char *key, const char *owner,
+        long long ttl_ms, long long wait_ms)
 {
     json_t *req = lk_req(key, owner, ttl_ms, wait_ms);
     json_object_set_new(req, "id", json_integer(id));
@@ -70,27 +70,27 @@ static inline void lk_send(struct h_conn *c, json_int_t id, const char *key,
     free(line);
 }
 
-static inline json_t *lk_unlock(struct h_conn *c, const char *key,
-                                const char *owner)
+static inline json_t *
+lk_unlock(struct h_conn *c, const char *key, const char *owner)
 {
-    json_t *r = owner != NULL
-                    ? h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key",
-                              key, "owner", owner)
-                    : h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key",
-                              key);
+    json_t *r = owner != NULL ? h_callf(c, T_MS, "{s:s,s:s,s:s}", "op",
+                                        "unlock", "key", key, "owner", owner)
+                              : h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock",
+                                        "key", key);
     ck_assert_msg(r != NULL, "no reply to unlock %s", key);
     return r;
 }
 
-static inline void lk_unlock_ok(struct h_conn *c, const char *key,
-                                const char *owner)
+static inline void
+lk_unlock_ok(struct h_conn *c, const char *key, const char *owner)
 {
     json_t *r = lk_unlock(c, key, owner);
     ck_assert_msg(h_ok(r), "unlock %s: %s", key, h_errcode(r));
     json_decref(r);
 }
 
-static inline json_t *lk_info(struct h_conn *c, const char *key)
+static inline json_t *
+lk_info(struct h_conn *c, const char *key)
 {
     json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key", key);
     ck_assert_msg(h_ok(r), "lock.info %s: %s", key, h_errcode(r));
@@ -98,13 +98,14 @@ static inline json_t *lk_info(struct h_conn *c, const char *key)
 }
 
 /* Total EVAL + EVALSHA calls Redis has served (INFO commandstats). */
-static inline long long r_eval_calls(const struct h_redis *r)
+static inline long long
+r_eval_calls(const struct h_redis *r)
 {
     redisReply *rep = h_redis_cmd(r, "INFO commandstats");
     ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STRING,
                   "INFO commandstats failed");
     long long total = 0;
-    const char *names[] = { "cmdstat_evalsha:calls=", "cmdstat_eval:calls=" };
+    const char *names[] = {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="};
     for (size_t i = 0; i < 2; i++) {
         const char *p = strstr(rep->str, names[i]);
         if (p != NULL) {
@@ -119,19 +120,21 @@ static inline long long r_eval_calls(const struct h_redis *r)
  * AFTER_MS have passed since SINCE_MS. */
 struct renewals_want {
     struct h_conn *c;
-    long long renewals;  /* lock_renewals_ok at least this */
-    long long since_ms;  /* and at least AFTER_MS after this */
+    long long renewals; /* lock_renewals_ok at least this */
+    long long since_ms; /* and at least AFTER_MS after this */
     long long after_ms;
 };
 
-static inline bool renewals_done(void *arg)
+static inline bool
+renewals_done(void *arg)
 {
     const struct renewals_want *w = arg;
     return h_now_ms() - w->since_ms >= w->after_ms &&
            h_stat(w->c, "lock_renewals_ok") >= w->renewals;
 }
 
-static inline struct h_conn *lk_connect(const struct h_daemon *d)
+static inline struct h_conn *
+lk_connect(const struct h_daemon *d)
 {
     struct h_conn *c = h_connect(d);
     ck_assert_msg(c != NULL, "cannot connect to %s", d->sock);

@@ -91,8 +91,7 @@ assert_same_settings(const struct ld_config *a, const struct ld_config *b)
     ck_assert_int_eq(a->limits.max_key_bytes, b->limits.max_key_bytes);
     ck_assert_int_eq(a->limits.max_waiters, b->limits.max_waiters);
     ck_assert_int_eq(a->limits.max_pending, b->limits.max_pending);
-    ck_assert_int_eq(a->limits.max_output_bytes,
-                     b->limits.max_output_bytes);
+    ck_assert_int_eq(a->limits.max_output_bytes, b->limits.max_output_bytes);
     ck_assert_str_eq(a->metrics.listen, b->metrics.listen);
     ck_assert_int_eq(a->log.level, b->log.level);
     ck_assert_int_eq(a->log.target, b->log.target);
@@ -101,49 +100,48 @@ assert_same_settings(const struct ld_config *a, const struct ld_config *b)
 /* A value of every kind, different from its default, for the tests that
  * must see a file actually overwrite something. The settings of features
  * this version lacks only take their defaults (see not_built_refused). */
-static const char full_yaml[] =
-    "listen:\n"
-    "  unix: /tmp/l.sock\n"
-    "  unix_mode: \"0600\"\n"
-    "  unix_group: \"0\"\n"
-    "  tcp: 10.0.0.1:7000\n"
-    "  auth_token: s3cret\n"
-    "redis:\n"
-    "  address: /run/redis/redis.sock\n"
-    "  username: app\n"
-    "  password: pw\n"
-    "  db: 3\n"
-    "  connections: 8\n"
-    "  timeout_ms: 250\n"
-    "lock:\n"
-    "  prefix: \"l:\"\n"
-    "  watchdog_ms: 9000\n"
-    "  max_hold_ms: 60000\n"
-    "  wait_replicas: 1\n"
-    "  layout: redisson\n"
-    "cache:\n"
-    "  prefix: \"c:\"\n"
-    "  ttl_ms: 1000\n"
-    "  null_ttl_ms: 500\n"
-    "  ttl_jitter: 0.25\n"
-    "  fill_lease_ms: 700\n"
-    "  wait_ms: 0\n"
-    "  double_delete_ms: 0\n"
-    "journal:\n"
-    "  path: /tmp/j.journal\n"
-    "  fsync: everysec\n"
-    "limits:\n"
-    "  max_clients: 5\n"
-    "  max_request_bytes: 4096\n"
-    "  max_key_bytes: 64\n"
-    "  max_waiters: 10\n"
-    "  max_pending: 7\n"
-    "  max_output_bytes: 1000000\n"
-    "metrics:\n"
-    "  listen: \"\"\n"
-    "log:\n"
-    "  level: debug\n"
-    "  target: syslog\n";
+static const char full_yaml[] = "listen:\n"
+                                "  unix: /tmp/l.sock\n"
+                                "  unix_mode: \"0600\"\n"
+                                "  unix_group: \"0\"\n"
+                                "  tcp: 10.0.0.1:7000\n"
+                                "  auth_token: s3cret\n"
+                                "redis:\n"
+                                "  address: /run/redis/redis.sock\n"
+                                "  username: app\n"
+                                "  password: pw\n"
+                                "  db: 3\n"
+                                "  connections: 8\n"
+                                "  timeout_ms: 250\n"
+                                "lock:\n"
+                                "  prefix: \"l:\"\n"
+                                "  watchdog_ms: 9000\n"
+                                "  max_hold_ms: 60000\n"
+                                "  wait_replicas: 1\n"
+                                "  layout: redisson\n"
+                                "cache:\n"
+                                "  prefix: \"c:\"\n"
+                                "  ttl_ms: 1000\n"
+                                "  null_ttl_ms: 500\n"
+                                "  ttl_jitter: 0.25\n"
+                                "  fill_lease_ms: 700\n"
+                                "  wait_ms: 0\n"
+                                "  double_delete_ms: 0\n"
+                                "journal:\n"
+                                "  path: /tmp/j.journal\n"
+                                "  fsync: everysec\n"
+                                "limits:\n"
+                                "  max_clients: 5\n"
+                                "  max_request_bytes: 4096\n"
+                                "  max_key_bytes: 64\n"
+                                "  max_waiters: 10\n"
+                                "  max_pending: 7\n"
+                                "  max_output_bytes: 1000000\n"
+                                "metrics:\n"
+                                "  listen: \"\"\n"
+                                "log:\n"
+                                "  level: debug\n"
+                                "  target: syslog\n";
 
 START_TEST(defaults_match_product)
 {
@@ -408,7 +406,8 @@ START_TEST(error_out_of_range)
                  "t.yml:2:15: redis.timeout_ms: must be 1..600000");
     expect_error("redis:\n  connections: 65\n",
                  "t.yml:2:16: redis.connections: must be 1..64");
-    expect_error("redis:\n  db: -1\n", "t.yml:2:7: redis.db: must be 0..1000000");
+    expect_error("redis:\n  db: -1\n",
+                 "t.yml:2:7: redis.db: must be 0..1000000");
     expect_error("lock:\n  watchdog_ms: 99999999999999999999999\n",
                  "t.yml:2:16: lock.watchdog_ms: must be 100..86400000");
     expect_error("cache:\n  ttl_jitter: 0.6\n",
@@ -546,15 +545,15 @@ START_TEST(relative_paths_become_absolute)
     struct ld_config c;
 
     ck_assert_msg(load(&c, "listen:\n  unix: run/l.sock\njournal:\n"
-                           "  path: ./j.journal\n") == LD_OK, "%s", err);
+                           "  path: ./j.journal\n") == LD_OK,
+                  "%s", err);
     ld_conf_absolute_paths(&c, "/srv/app");
     ck_assert_str_eq(c.listen.unix_path, "/srv/app/run/l.sock");
     ck_assert_str_eq(c.journal.path, "/srv/app/j.journal");
     ld_conf_absolute_paths(&c, "/elsewhere");
     ck_assert_str_eq(c.listen.unix_path, "/srv/app/run/l.sock");
     ld_conf_free(&c);
-    ck_assert_msg(load(&c, "listen:\n  unix: \"\"\n") == LD_OK, "%s",
-                  err);
+    ck_assert_msg(load(&c, "listen:\n  unix: \"\"\n") == LD_OK, "%s", err);
     ld_conf_absolute_paths(&c, "/");
     ck_assert_str_eq(c.listen.unix_path, "");
     ld_conf_free(&c);
@@ -699,7 +698,7 @@ START_TEST(reload_applies_reloadable_keys_only)
     ck_assert_int_eq(live.redis.timeout_ms, 1000);
     ck_assert_str_ne(live.listen.unix_path, "/tmp/other.sock");
     static const char *const kept[] = {
-        "log.target", "cache.prefix", "lock.layout",
+        "log.target",    "cache.prefix",     "lock.layout",
         "redis.address", "redis.timeout_ms", "listen.unix",
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(kept); i++) {
@@ -714,17 +713,17 @@ START_TEST(reload_applies_reloadable_keys_only)
     /* Nothing changed: nothing logged. AGAIN is loaded on its own, so
      * equal values in separate memory must compare equal. */
     struct ld_config again;
-    ck_assert_msg(load(&again,
-                       "log: {level: debug}\n"
-                       "limits: {max_clients: 3, max_request_bytes: 128,\n"
-                       "         max_key_bytes: 9, max_waiters: 4,\n"
-                       "         max_pending: 5}\n"
-                       "cache: {ttl_ms: 11, null_ttl_ms: 12, ttl_jitter: 0.3,\n"
-                       "        fill_lease_ms: 14, wait_ms: 15,\n"
-                       "        double_delete_ms: 16}\n"
-                       "lock: {watchdog_ms: 1700, max_hold_ms: 18,\n"
-                       "       wait_replicas: 2}\n") == LD_OK,
-                  "%s", err);
+    ck_assert_msg(
+        load(&again, "log: {level: debug}\n"
+                     "limits: {max_clients: 3, max_request_bytes: 128,\n"
+                     "         max_key_bytes: 9, max_waiters: 4,\n"
+                     "         max_pending: 5}\n"
+                     "cache: {ttl_ms: 11, null_ttl_ms: 12, ttl_jitter: 0.3,\n"
+                     "        fill_lease_ms: 14, wait_ms: 15,\n"
+                     "        double_delete_ms: 16}\n"
+                     "lock: {watchdog_ms: 1700, max_hold_ms: 18,\n"
+                     "       wait_replicas: 2}\n") == LD_OK,
+        "%s", err);
     reload_capturing(&live, &again, log, sizeof(log));
     ck_assert_str_eq(log, "");
 
@@ -816,8 +815,8 @@ START_TEST(not_built_refused)
     struct ld_config c;
     ck_assert_int_eq(load(&c, full_yaml), LD_OK);
     ck_assert_int_eq(ld_conf_load_string(&c, refused[0].yaml,
-                                         strlen(refused[0].yaml), "t.yml",
-                                         err, sizeof(err)),
+                                         strlen(refused[0].yaml), "t.yml", err,
+                                         sizeof(err)),
                      LD_ERR);
     ck_assert_str_eq(err, refused[0].message);
     ld_conf_free(&c);

@@ -146,8 +146,7 @@ START_TEST(parse_good)
     ck_assert_int_eq(parse("{\"op\":\"ping\",\"id\":\"x\"}", &body, &id, msg),
                      LD_OK);
     ck_assert_str_eq(json_string_value(id), "x");
-    ck_assert_str_eq(json_string_value(json_object_get(body, "op")),
-                     "ping");
+    ck_assert_str_eq(json_string_value(json_object_get(body, "op")), "ping");
     json_decref(body);
     json_decref(id);
 }
@@ -220,8 +219,9 @@ START_TEST(error_message_cut_at_character)
                                     "op '\xc3\xa9\xc3\xa9\xc3", &len);
     json_t *back = json_loads(err, 0, NULL);
     ck_assert_ptr_nonnull(back);
-    ck_assert_str_eq(json_string_value(json_object_get(
-                         json_object_get(back, "error"), "message")),
+    ck_assert_str_eq(json_string_value(
+                         json_object_get(json_object_get(back, "error"),
+                                         "message")),
                      "op '\xc3\xa9\xc3\xa9");
     json_decref(back);
     free(err);
@@ -305,12 +305,22 @@ START_TEST(json_quote)
         const char *s;
         size_t len;
     } fixed[] = {
-        {"", 0}, {"plain", 5}, {"q\"b\\s/", 6}, {"\n\r\t\b\f", 5},
-        {"nul\0in", 6}, {"\x01\x1f\x7f", 3}, {"\xc3\xa9t\xc3\xa9", 6},
-        {"\xe2\x82\xac", 3}, {"\xf0\x9f\x98\x80", 4},
+        {"", 0},
+        {"plain", 5},
+        {"q\"b\\s/", 6},
+        {"\n\r\t\b\f", 5},
+        {"nul\0in", 6},
+        {"\x01\x1f\x7f", 3},
+        {"\xc3\xa9t\xc3\xa9", 6},
+        {"\xe2\x82\xac", 3},
+        {"\xf0\x9f\x98\x80", 4},
         /* refused: overlong, surrogate, above U+10FFFF, bad lead, cut */
-        {"\xc0\x80", 2}, {"\xed\xa0\x80", 3}, {"\xf4\x90\x80\x80", 4},
-        {"\xf5\x80\x80\x80", 4}, {"\xff", 1}, {"\xe2\x82", 2},
+        {"\xc0\x80", 2},
+        {"\xed\xa0\x80", 3},
+        {"\xf4\x90\x80\x80", 4},
+        {"\xf5\x80\x80\x80", 4},
+        {"\xff", 1},
+        {"\xe2\x82", 2},
         {"ok\x80", 3},
     };
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
@@ -330,10 +340,18 @@ START_TEST(json_quote)
         for (int k = 0; k < n; k++) {
             unsigned cp;
             switch (rand() % 4) {
-            case 0: cp = (unsigned)(rand() % 0x80); break;
-            case 1: cp = 0x80 + (unsigned)(rand() % 0x780); break;
-            case 2: cp = 0x800 + (unsigned)(rand() % 0xf800); break;
-            default: cp = 0x10000 + (unsigned)(rand() % 0x100000); break;
+            case 0:
+                cp = (unsigned)(rand() % 0x80);
+                break;
+            case 1:
+                cp = 0x80 + (unsigned)(rand() % 0x780);
+                break;
+            case 2:
+                cp = 0x800 + (unsigned)(rand() % 0xf800);
+                break;
+            default:
+                cp = 0x10000 + (unsigned)(rand() % 0x100000);
+                break;
             }
             if (cp >= 0xd800 && cp <= 0xdfff) {
                 cp = 'x';
@@ -341,7 +359,8 @@ START_TEST(json_quote)
             len += put_utf8(buf + len, cp);
         }
         if (rand() % 8 == 0 && len > 0) {
-            buf[rand() % len] = (unsigned char)(rand() % 256); /* maybe break it */
+            buf[rand() % len] = (unsigned char)(rand() %
+                                                256); /* maybe break it */
         }
         check_quote_like_jansson((const char *)buf, len);
     }

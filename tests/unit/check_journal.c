@@ -233,8 +233,7 @@ START_TEST(test_torn_tail_every_offset)
         struct seen s;
         seen_of(j, &s);
         /* first and third live, second retired, fourth torn away. */
-        ck_assert_msg(s.n == 2, "cut at %lld: %zu live", (long long)cut,
-                      s.n);
+        ck_assert_msg(s.n == 2, "cut at %lld: %zu live", (long long)cut, s.n);
         ck_assert_str_eq(s.keys[0], "first");
         ck_assert_str_eq(s.keys[1], "third");
         ck_assert_uint_eq(ld_journal_bytes(j), (uint64_t)start);
@@ -277,8 +276,7 @@ START_TEST(test_bad_crc_every_byte)
         struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
         struct seen s;
         seen_of(j, &s);
-        ck_assert_msg(s.n == 2, "flip at %lld: %zu live", (long long)at,
-                      s.n);
+        ck_assert_msg(s.n == 2, "flip at %lld: %zu live", (long long)at, s.n);
         ck_assert_uint_eq(ld_journal_bytes(j), (uint64_t)start);
         ck_assert_uint_eq(ld_journal_dropped_bytes(j),
                           (uint64_t)(end - start));
@@ -546,9 +544,9 @@ END_TEST
 
 /* ---- fault injection ---------------------------------------------------- */
 
-static int fail_datasync_left;   /* fdatasync calls still to fail */
-static bool fail_dir_fsync;      /* fsync of a directory fails */
-static bool fail_file_fsync;     /* fsync of a regular file fails */
+static int fail_datasync_left; /* fdatasync calls still to fail */
+static bool fail_dir_fsync;    /* fsync of a directory fails */
+static bool fail_file_fsync;   /* fsync of a regular file fails */
 static ino_t synced_dirs[16];
 static size_t n_synced_dirs;
 

@@ -103,7 +103,7 @@ wait_for(const int *counter, int target, long long ms)
 {
     uint64_t end = ld_now_ms() + (uint64_t)ms;
     while (*counter < target && ld_now_ms() < end) {
-        struct timeval tv = { 0, 5000 };
+        struct timeval tv = {0, 5000};
         event_base_loopexit(base, &tv);
         event_base_loop(base, 0);
     }
@@ -111,8 +111,8 @@ wait_for(const int *counter, int target, long long ms)
 }
 
 static void
-join(struct ld_lockwait *w, const char *route, long long wait_ms,
-     bool tried, long long pttl)
+join(struct ld_lockwait *w, const char *route, long long wait_ms, bool tried,
+     long long pttl)
 {
     char chan[64];
     snprintf(chan, sizeof(chan), "%s:unlock", route);

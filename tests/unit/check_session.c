@@ -33,7 +33,7 @@ static struct {
     int lines;
     char text[16][64];
     struct ld_session *last;
-    int closed;              /* close hook calls */
+    int closed; /* close hook calls */
     struct ld_session *closed_s;
 } seen;
 
@@ -41,8 +41,8 @@ static void
 test_line(struct ld_session *s, const char *line, size_t len)
 {
     if (seen.lines < (int)LD_ARRAY_LEN(seen.text)) {
-        snprintf(seen.text[seen.lines], sizeof(seen.text[0]), "%.*s",
-                 (int)len, line);
+        snprintf(seen.text[seen.lines], sizeof(seen.text[0]), "%.*s", (int)len,
+                 line);
     }
     seen.lines++;
     seen.last = s;
@@ -123,16 +123,15 @@ send_all(int fd, const char *text)
 
 /* Turn the loop until COND holds or WAIT_MS pass; the timer bounds each
  * turn so that the condition is looked at often. */
-#define run_until(cond)                                                    \
-    do {                                                                   \
-        uint64_t deadline_ = ld_now_ms() + WAIT_MS;                        \
-        while (!(cond)) {                                                  \
-            ck_assert_msg(ld_now_ms() < deadline_, "timed out: %s",        \
-                          #cond);                                          \
-            struct timeval tv_ = {0, 10 * 1000};                           \
-            event_base_loopexit(ctx.base, &tv_);                           \
-            event_base_loop(ctx.base, EVLOOP_ONCE);                        \
-        }                                                                  \
+#define run_until(cond)                                                       \
+    do {                                                                      \
+        uint64_t deadline_ = ld_now_ms() + WAIT_MS;                           \
+        while (!(cond)) {                                                     \
+            ck_assert_msg(ld_now_ms() < deadline_, "timed out: %s", #cond);   \
+            struct timeval tv_ = {0, 10 * 1000};                              \
+            event_base_loopexit(ctx.base, &tv_);                              \
+            event_base_loop(ctx.base, EVLOOP_ONCE);                           \
+        }                                                                     \
     } while (0)
 
 /* What the client end has received so far; EOF once the session's side
@@ -335,8 +334,7 @@ START_TEST(refused_at_max_clients)
     ck_assert_int_eq(ld_session_count(), 1);
     ck_assert_int_eq(ld_stats.connections_rejected, 1);
     run_until(client_eof(c2, &in));
-    ck_assert_str_eq(in.buf,
-                     "E busy too many clients (limits.max_clients)\n");
+    ck_assert_str_eq(in.buf, "E busy too many clients (limits.max_clients)\n");
     close(c2);
     close(c1);
     run_until(ld_session_count() == 0);

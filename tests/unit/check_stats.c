@@ -91,8 +91,7 @@ START_TEST(test_json_has_every_field)
     ck_assert(json_is_integer(json_object_get(o, "uptime_s")));
     ck_assert_str_eq(json_string_value(json_object_get(o, "version")),
                      PACKAGE_VERSION);
-    ck_assert_int_eq(json_integer_value(json_object_get(o, "tcp_port")),
-                     7379);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "tcp_port")), 7379);
     ck_assert(json_is_integer(json_object_get(o, "redis_rtt_us")));
     ck_assert(json_is_object(json_object_get(o, "requests_by_op")));
     ck_assert(json_is_object(json_object_get(o, "errors_by_code")));
@@ -150,22 +149,19 @@ START_TEST(test_json_ops_and_errors)
     ops = json_object_get(o, "requests_by_op");
     ck_assert_int_eq(json_object_size(ops), 2);
     ck_assert_int_eq(json_integer_value(json_object_get(ops, "lock")), 3);
-    ck_assert_int_eq(json_integer_value(json_object_get(ops, "cache.get")),
-                     1);
+    ck_assert_int_eq(json_integer_value(json_object_get(ops, "cache.get")), 1);
 
     /* Every code is present, zeros included. */
     errs = json_object_get(o, "errors_by_code");
     ck_assert_int_eq(json_object_size(errs), LD_E__COUNT);
     for (c = 0; c < LD_E__COUNT; c++) {
-        ck_assert_msg(json_is_integer(json_object_get(errs,
-                                                      ld_errcode_name(c))),
+        ck_assert_msg(json_is_integer(
+                          json_object_get(errs, ld_errcode_name(c))),
                       "code %s missing", ld_errcode_name(c));
     }
     ck_assert_int_eq(json_integer_value(json_object_get(errs, "busy")), 2);
-    ck_assert_int_eq(json_integer_value(json_object_get(errs, "not_held")),
-                     1);
-    ck_assert_int_eq(json_integer_value(json_object_get(errs, "internal")),
-                     0);
+    ck_assert_int_eq(json_integer_value(json_object_get(errs, "not_held")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(errs, "internal")), 0);
     json_decref(o);
 }
 END_TEST
@@ -187,7 +183,8 @@ START_TEST(test_ops_overflow_counted_as_other)
     ld_stats_count_op("an.op.name.longer.than.any.slot.can.hold");
     o = ld_stats_json();
     ops = json_object_get(o, "requests_by_op");
-    json_object_foreach(ops, k, v) {
+    json_object_foreach(ops, k, v)
+    {
         total += json_integer_value(v);
     }
     ck_assert_int_eq(total, 41);
@@ -222,8 +219,7 @@ START_TEST(test_prometheus_help_type_for_every_field)
         ck_assert_msg(strstr(text, want) != NULL, "no TYPE for %s", metric);
         snprintf(want, sizeof(want), "\n%s %lld\n", metric,
                  field_value(fields[i].name));
-        ck_assert_msg(strstr(text, want) != NULL, "no sample for %s",
-                      metric);
+        ck_assert_msg(strstr(text, want) != NULL, "no sample for %s", metric);
     }
     ck_assert(strstr(text, "\n# TYPE leased_uptime_seconds gauge\n"));
     ck_assert(strstr(text, "\nleased_uptime_seconds "));
@@ -242,8 +238,8 @@ START_TEST(test_prometheus_times_in_seconds)
     ld_stats_init(&ctx);
     ld_stats.redis_rtt_us = 1250;
     text = prom();
-    ck_assert(strstr(text,
-                     "\n# TYPE leased_redis_rtt_smoothed_seconds gauge\n"));
+    ck_assert(
+        strstr(text, "\n# TYPE leased_redis_rtt_smoothed_seconds gauge\n"));
     at = strstr(text, "\nleased_redis_rtt_smoothed_seconds ");
     ck_assert_ptr_nonnull(at);
     ck_assert_double_eq_tol(strtod(strchr(at + 1, ' ') + 1, NULL), 0.00125,
@@ -308,9 +304,9 @@ START_TEST(test_prometheus_well_formed)
             char name[128], type[32];
 
             ck_assert_int_eq(sscanf(line + 7, "%127s %31s", name, type), 2);
-            ck_assert_msg(strcmp(type, "counter") == 0
-                              || strcmp(type, "gauge") == 0
-                              || strcmp(type, "histogram") == 0,
+            ck_assert_msg(strcmp(type, "counter") == 0 ||
+                              strcmp(type, "gauge") == 0 ||
+                              strcmp(type, "histogram") == 0,
                           "bad type: %s", line);
             for (i = 0; i < ntypes; i++) {
                 ck_assert_msg(strcmp(types[i], name) != 0, "twice: %s", name);
@@ -333,8 +329,8 @@ START_TEST(test_prometheus_well_formed)
             for (i = 0; i < ntypes; i++) {
                 size_t n = strlen(types[i]);
 
-                if (strncmp(line, types[i], n) == 0
-                    && (line[n] == ' ' || line[n] == '{' || line[n] == '_')) {
+                if (strncmp(line, types[i], n) == 0 &&
+                    (line[n] == ' ' || line[n] == '{' || line[n] == '_')) {
                     known = true;
                 }
             }
@@ -431,9 +427,10 @@ START_TEST(test_prometheus_histograms)
         check_histogram(text, histo_names[i], &sum, NULL);
     }
     /* The +Inf bucket holds the observation above every bound. */
-    ck_assert(strstr(text, "\nleased_lock_wait_seconds_bucket{le=\"10\"} 3\n"));
-    ck_assert(strstr(text,
-                     "\nleased_lock_wait_seconds_bucket{le=\"+Inf\"} 4\n"));
+    ck_assert(
+        strstr(text, "\nleased_lock_wait_seconds_bucket{le=\"10\"} 3\n"));
+    ck_assert(
+        strstr(text, "\nleased_lock_wait_seconds_bucket{le=\"+Inf\"} 4\n"));
     free(text);
 }
 END_TEST
@@ -533,8 +530,7 @@ START_TEST(test_metrics_disabled)
     ck_assert_int_eq(ld_metrics_start(base, "", &port), LD_OK);
     ck_assert_int_eq(port, 0);
     ld_metrics_stop();
-    ck_assert_int_eq(ld_metrics_start(base, "not-an-address", &port),
-                     LD_ERR);
+    ck_assert_int_eq(ld_metrics_start(base, "not-an-address", &port), LD_ERR);
     ld_metrics_stop();
     event_base_free(base);
 }

@@ -139,8 +139,8 @@ run_in_child(int (*fn)(void))
 static bool
 listen_env_gone(void)
 {
-    return getenv("LISTEN_PID") == NULL && getenv("LISTEN_FDS") == NULL
-           && getenv("LISTEN_FDNAMES") == NULL;
+    return getenv("LISTEN_PID") == NULL && getenv("LISTEN_FDS") == NULL &&
+           getenv("LISTEN_FDNAMES") == NULL;
 }
 
 static int

@@ -154,9 +154,9 @@ START_TEST(hostport_parsing)
     ck_assert_int_eq(port, 65535);
 
     static const char *const bad[] = {
-        "",          "localhost", ":6379",      "h:",      "h:65536",
-        "h:-1",      "h:12a",     "::1:6379",   "[::1]",   "[::1]6379",
-        "[]:6379",   "h:+80",     "h:100000",   "h: 80",
+        "",        "localhost", ":6379",    "h:",    "h:65536",
+        "h:-1",    "h:12a",     "::1:6379", "[::1]", "[::1]6379",
+        "[]:6379", "h:+80",     "h:100000", "h: 80",
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(bad); i++) {
         ck_assert_msg(ld_parse_hostport(bad[i], host, sizeof(host), &port) ==
@@ -187,12 +187,20 @@ END_TEST
 START_TEST(loopback_hosts)
 {
     static const char *const yes[] = {
-        "127.0.0.1", "127.1.2.3", "127.255.255.255", "::1", "localhost",
-        "LOCALHOST", "::ffff:127.0.0.1", "0:0:0:0:0:0:0:1",
+        "127.0.0.1", "127.1.2.3", "127.255.255.255",  "::1",
+        "localhost", "LOCALHOST", "::ffff:127.0.0.1", "0:0:0:0:0:0:0:1",
     };
     static const char *const no[] = {
-        "0.0.0.0", "10.0.0.1", "128.0.0.1", "::", "::2", "example.com",
-        "localhost.example.com", "", "126.255.255.255", "::ffff:10.0.0.1",
+        "0.0.0.0",
+        "10.0.0.1",
+        "128.0.0.1",
+        "::",
+        "::2",
+        "example.com",
+        "localhost.example.com",
+        "",
+        "126.255.255.255",
+        "::ffff:10.0.0.1",
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(yes); i++) {
         ck_assert_msg(ld_host_is_loopback(yes[i]), "%s", yes[i]);
