@@ -1,19 +1,17 @@
 /*
  * The Redis backend: a fixed set of pipelined command connections.
  *
- * hiredis 0.14 has no timeouts in its async API, frees the context itself
- * after a failed connect or a disconnect, and may hand callbacks a NULL
- * reply. So this module owns the lifecycle: every command is wrapped in a
+ * The connections themselves (connecting, handshake, liveness, the
+ * bound on a reply owed, reconnecting with backoff) are ld_conn's; this
+ * module keeps what is about commands. Every command is wrapped in a
  * struct rcmd queued per connection in send order (Redis answers in that
- * order), one timer per connection watches the oldest command, and a
- * command older than redis.timeout_ms sets the connection aside: every
- * command queued on it is answered (outcome unknown) at once, its slot
- * reconnects, and the old connection stays open a while longer only to
- * hand Redis' late answers to the commands that asked for them and to
- * carry commands pinned to it (a release that must run after the acquire
- * it undoes). Reconnects back off
- * exponentially up to a cap, and each new connection authenticates,
- * selects its database and loads the scripts before it takes traffic.
+ * order). When ld_conn reports a reply owed for redis.timeout_ms, the
+ * connection is set aside: every command queued on it is answered
+ * (outcome unknown) at once, its slot gets a new connection, and the old
+ * one stays open a while longer only to hand Redis' late answers to the
+ * commands that asked for them and to carry commands pinned to it (a
+ * release that must run after the acquire it undoes). Each new
+ * connection loads the scripts before it takes traffic.
  * A command issued while no connection is ready but one is on its way
  * waits for it (in issue order, bounded in count and by redis.timeout_ms
  * from the issue); once the latest attempt has failed, Redis counts as
@@ -38,8 +36,7 @@
  *      from the loop through the failure list, never from inside the
  *      call that issued them.
  *
- * Address, transport, backoff and AUTH come from ld_conn, shared with
- * the subscriber connection.
+ * See also "HOW A REQUEST REACHES REDIS" in leased(8).
  */
 #include "ld_redis.h"
 
@@ -59,7 +56,6 @@
 #include <sys/queue.h>
 
 #include <event2/event.h>
-#include <hiredis/async.h>
 
 #define MAX_CONNS 64              /* per pool */
 #define STACK_ARGS 32
@@ -95,13 +91,9 @@ TAILQ_HEAD(rcmd_queue, rcmd);
 
 struct rconn {
     int idx;
-    redisAsyncContext *ac;
+    struct ld_conn *conn;     /* NULL once a set-aside one is closed */
     enum conn_state state;
-    struct ld_backoff backoff;
-    struct event *retry_ev;
-    struct event *timeout_ev;
-    uint64_t connect_started_us;
-    uint64_t last_reply_us;   /* progress: when Redis last answered */
+    struct event *timeout_ev; /* set aside: the drain bound */
     struct rcmd_queue sent;   /* sent, awaiting replies, in send order */
     unsigned handshake_left;
     bool handshake_failed;
@@ -161,8 +153,6 @@ static const char *script_names[] = {
     NULL
 };
 
-static void conn_start(struct rconn *c);
-static void conn_down(struct rconn *c, const char *why);
 
 /* What the callback now running is told (ld_redis_outcome & co). */
 struct cb_context {
@@ -334,85 +324,43 @@ fail_cb(void *arg)
     }
 }
 
-/* The clock of redis.timeout_ms starts when the oldest unanswered
- * command was sent or when Redis last answered, whichever is later: a
- * connection still answering a long pipelined burst (100,000 watchdog
- * renewals, say) is slow, not unreachable, and dropping it would fail
- * every command on it for nothing. */
-static uint64_t
-stall_start(const struct rconn *c)
-{
-    const struct rcmd *head = TAILQ_FIRST(&c->sent);
-    return head->sent_us > c->last_reply_us ? head->sent_us
-                                            : c->last_reply_us;
-}
-
-static void
-arm_timeout(struct rconn *c)
-{
-    if (c->draining) {
-        return;            /* its timer is the drain bound */
-    }
-    if (TAILQ_EMPTY(&c->sent) ||
-        event_pending(c->timeout_ev, EV_TIMEOUT, NULL)) {
-        return;
-    }
-    uint64_t deadline = stall_start(c) +
-                        (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
-    uint64_t now = ld_now_us();
-    uint64_t wait = deadline > now ? deadline - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
-    event_add(c->timeout_ev, &tv);
-}
-
-static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
-
 static int
 send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
           const size_t *argvlen)
 {
-    if (redisAsyncCommandArgv(c->ac, reply_cb, cmd, argc, argv, argvlen) !=
-        REDIS_OK) {
+    if (ld_conn_send(c->conn, argc, argv, argvlen) != LD_OK) {
         return LD_ERR;
     }
     cmd->conn = c;
     cmd->sent_us = ld_now_us();
     TAILQ_INSERT_TAIL(&c->sent, cmd, link);
     ld_stats.redis_commands++;
-    arm_timeout(c);
     return LD_OK;
 }
 
 static void handshake_reply(struct rconn *c, redisReply *reply,
                             struct rcmd *cmd);
+static void waiting_retry(void);
+static void wait_cb(evutil_socket_t fd, short what, void *arg);
 static void resend_as_eval(struct rconn *c, struct rcmd *cmd);
 
 static void
-reply_cb(redisAsyncContext *ac, void *r, void *privdata)
+reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
-    struct rcmd *cmd = privdata;
-    struct rconn *c = ac->data;
-    redisReply *reply = r;
-
-    /* Replies arrive in send order, so this is the head of the queue;
-     * hiredis' NULL replies when a context is freed come in that order
-     * too. */
-    LD_ASSERTF(c != NULL && TAILQ_FIRST(&c->sent) == cmd,
-               "reply out of send order conn=%d", c != NULL ? c->idx : -1);
-    if (c != NULL && TAILQ_FIRST(&c->sent) == cmd) {
-        c->last_reply_us = ld_now_us();
-        TAILQ_REMOVE(&c->sent, cmd, link);
+    struct rconn *c = owner;
+    LD_UNUSED(conn);
+    /* Replies arrive in send order, so this is the head of the queue. */
+    struct rcmd *cmd = TAILQ_FIRST(&c->sent);
+    LD_ASSERTF(cmd != NULL, "reply with nothing sent conn=%d", c->idx);
+    if (cmd == NULL) {
+        return;
     }
-    if (reply != NULL) {
-        double sample = (double)(ld_now_us() - cmd->sent_us);
-        double rtt = redis_mod.rtt_us;
-        redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
-        ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
-        ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
-    } else {
-        ld_stats.redis_errors++;
-    }
+    TAILQ_REMOVE(&c->sent, cmd, link);
+    double sample = (double)(ld_now_us() - cmd->sent_us);
+    double rtt = redis_mod.rtt_us;
+    redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
+    ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
+    ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
 
     if (cmd->internal) {
         handshake_reply(c, reply, cmd);
@@ -420,7 +368,7 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
         return;
     }
     if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
-        c != NULL && !cmd->answered && !cmd->noscript &&
+        !cmd->answered && !cmd->noscript &&
         (c->state == CONN_READY || (c->draining && !c->closing))) {
         /* The script cache was flushed under us (SCRIPT FLUSH, or a
          * restart we did not notice): EVAL carries the body and reloads
@@ -430,30 +378,33 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
         resend_as_eval(c, cmd);
         return;
     }
-    uint64_t id = c != NULL ? c->id : 0;
-    bool late = (cmd->flags & LD_REDIS_F_LATE) != 0;
-    if (reply != NULL) {
-        if (!cmd->answered) {
-            call_cb(cmd, reply, LD_REDIS_ANSWERED, "", id);
-        } else if (late) {
-            call_cb(cmd, reply, LD_REDIS_LATE, "", id);
-        }
-    } else if (!cmd->answered || late) {
-        char why[256];
-        if (ac->errstr[0] != '\0') {
-            snprintf(why, sizeof(why), "connection lost: %s", ac->errstr);
-        } else if (c != NULL && c->why[0] != '\0') {
-            snprintf(why, sizeof(why), "%s", c->why);
-        } else {
-            snprintf(why, sizeof(why), "connection closed");
-        }
-        /* No answer will ever come on this connection. */
-        call_cb(cmd, NULL, late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why, id);
+    if (!cmd->answered) {
+        call_cb(cmd, reply, LD_REDIS_ANSWERED, "", c->id);
+    } else if (cmd->flags & LD_REDIS_F_LATE) {
+        call_cb(cmd, reply, LD_REDIS_LATE, "", c->id);
     }
     rcmd_free(cmd);
-    if (c != NULL && c->draining && !c->closing && TAILQ_EMPTY(&c->sent)) {
+    if (c->draining && !c->closing && TAILQ_EMPTY(&c->sent)) {
         /* All late answers are in: close it from the loop. */
         event_active(c->timeout_ev, EV_TIMEOUT, 0);
+    }
+}
+
+/* No answer will ever come on C's connection: what was sent on it hears
+ * so now. */
+static void
+fail_sent(struct rconn *c, const char *why)
+{
+    while (!TAILQ_EMPTY(&c->sent)) {
+        struct rcmd *cmd = TAILQ_FIRST(&c->sent);
+        TAILQ_REMOVE(&c->sent, cmd, link);
+        bool late = (cmd->flags & LD_REDIS_F_LATE) != 0;
+        if (!cmd->internal && (!cmd->answered || late)) {
+            ld_stats.redis_errors++;
+            call_cb(cmd, NULL, late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why,
+                    c->id);
+        }
+        rcmd_free(cmd);
     }
 }
 
@@ -509,7 +460,7 @@ pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
         }
         struct rconn *d;
         LIST_FOREACH(d, &redis_mod.draining, dlink) {
-            if (d->id == o->pin && d->ac != NULL && !d->closing) {
+            if (d->id == o->pin && d->conn != NULL && !d->closing) {
                 return d;
             }
         }
@@ -536,7 +487,8 @@ pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
         if (c->state == CONN_READY) {
             return c;
         }
-        if (c->state == CONN_CONNECTING || c->state == CONN_HANDSHAKE) {
+        if (c->state == CONN_HANDSHAKE ||
+            ld_conn_state(c->conn) != LD_CONN_DOWN) {
             pending = true;
         }
     }
@@ -806,14 +758,6 @@ ld_redis_script_ex(const struct ld_redis_opts *opts,
 
 /* ---- connection lifecycle ------------------------------------------- */
 
-static void
-schedule_retry(struct rconn *c)
-{
-    int ms = ld_backoff_next_ms(&c->backoff);
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    event_add(c->retry_ev, &tv);
-}
-
 /* A connection attempt failed: Redis counts as down until one succeeds,
  * and what waited for a connection learns it now. */
 static void
@@ -823,41 +767,64 @@ attempt_failed(void)
     waiting_retry();
 }
 
-/* Take the connection down now: every command queued on it is answered
- * with NULL from inside redisAsyncFree. */
 static void
-conn_down(struct rconn *c, const char *why)
+slot_ready(struct ld_conn *conn, void *owner)
 {
-    redisAsyncContext *ac = c->ac;
-    bool was_ready = c->state == CONN_READY;
+    struct rconn *c = owner;
+    c->id = ld_conn_id(conn);
+    c->why[0] = '\0';
+    c->state = CONN_HANDSHAKE;
+    c->handshake_left = 0;
+    c->handshake_failed = false;
+    for (int i = 0; i < LD_SCRIPT__COUNT; i++) {
+        const char *av[] = {"SCRIPT", "LOAD", script_bodies[i]};
+        size_t al[] = {6, 4, strlen(script_bodies[i])};
+        struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+        cmd->internal = true;
+        cmd->script = i;
+        cmd->arg = (void *)script_names[i];
+        c->handshake_left++;
+        if (send_argv(c, cmd, 3, av, al) != LD_OK) {
+            c->handshake_left--;
+            c->handshake_failed = true;
+            free(cmd);
+        }
+    }
+    /* Replies never arrive before we return to the loop, so the count
+     * cannot reach zero while steps are still being queued. */
+    if (c->handshake_left == 0) {
+        ld_conn_close(conn, "handshake could not be sent");
+    }
+}
+
+static void
+slot_down(struct ld_conn *conn, bool was_ready, const char *why,
+          void *owner)
+{
+    struct rconn *c = owner;
+    LD_UNUSED(was_ready);
+    bool slot_was_ready = c->state == CONN_READY;
+    char reason[256];
+    if (c->why[0] != '\0') {
+        snprintf(reason, sizeof(reason), "%s", c->why);
+    } else {
+        snprintf(reason, sizeof(reason), "connection lost: %s", why);
+    }
     set_ready(c, false);
     c->state = CONN_DOWN;
-    c->ac = NULL;
-    event_del(c->timeout_ev);
-    snprintf(c->why, sizeof(c->why), "%s", why);
-    if (!was_ready) {
+    if (slot_was_ready) {
+        log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
+                 why);
+    } else {
+        log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx,
+                  why);
         snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
                  why);
     }
-    if (ac != NULL) {
-        if (was_ready) {
-            log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
-                     why);
-        } else {
-            log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx,
-                      why);
-        }
-        redisAsyncFree(ac);
-    }
-    /* Commands whose callbacks hiredis did not run (none expected)
-     * must still be answered. */
-    while (!TAILQ_EMPTY(&c->sent)) {
-        struct rcmd *cmd = TAILQ_FIRST(&c->sent);
-        TAILQ_REMOVE(&c->sent, cmd, link);
-        fail_later(cmd, LD_REDIS_UNKNOWN, why);
-    }
-    schedule_retry(c);
-    if (!was_ready) {
+    fail_sent(c, reason);
+    c->why[0] = '\0';
+    LD_UNUSED(conn);
+    if (!slot_was_ready) {
         attempt_failed();
     } else {
         waiting_retry();
@@ -865,34 +832,23 @@ conn_down(struct rconn *c, const char *why)
 }
 
 /* Close a connection that was set aside, from the loop (never from inside
- * one of its own hiredis callbacks). What still waits for an answer gets
- * its last call now. */
+ * one of its own callbacks). What still waits for an answer gets its last
+ * call now. */
 static void
 drain_close(struct rconn *d)
 {
     LD_ASSERT(d->draining && !d->closing);
     LIST_REMOVE(d, dlink);
     d->closing = true;
-    if (d->ac != NULL) {
-        redisAsyncContext *ac = d->ac;
-        d->ac = NULL;
+    if (d->conn != NULL) {
         if (!TAILQ_EMPTY(&d->sent)) {
             log_warn("redis connection given up conn=%d reason=\"%s\"",
                      d->idx, d->why);
         }
-        redisAsyncFree(ac);
+        ld_conn_free(d->conn);
+        d->conn = NULL;
     }
-    while (!TAILQ_EMPTY(&d->sent)) {
-        struct rcmd *cmd = TAILQ_FIRST(&d->sent);
-        TAILQ_REMOVE(&d->sent, cmd, link);
-        if (!cmd->answered) {
-            fail_later(cmd, LD_REDIS_UNKNOWN, d->why);
-        } else if (cmd->flags & LD_REDIS_F_LATE) {
-            fail_later(cmd, LD_REDIS_LOST, d->why);
-        } else {
-            rcmd_free(cmd);
-        }
-    }
+    fail_sent(d, d->why);
     event_free(d->timeout_ev);
     free(d);
 }
@@ -904,8 +860,8 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     uint64_t now = ld_now_us();
-    if (d->ac == NULL || TAILQ_EMPTY(&d->sent) || now >= d->drain_end_us) {
-        if (d->ac != NULL && !TAILQ_EMPTY(&d->sent)) {
+    if (d->conn == NULL || TAILQ_EMPTY(&d->sent) || now >= d->drain_end_us) {
+        if (d->conn != NULL && !TAILQ_EMPTY(&d->sent)) {
             snprintf(d->why, sizeof(d->why),
                      "no answer within %d ms, connection given up",
                      redis_mod.ctx->cfg->redis.timeout_ms *
@@ -920,10 +876,59 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
     event_add(d->timeout_ev, &tv);
 }
 
+static void
+drain_down(struct ld_conn *conn, bool was_ready, const char *why,
+           void *owner)
+{
+    struct rconn *d = owner;
+    LD_UNUSED(was_ready);
+    snprintf(d->why, sizeof(d->why), "connection lost: %s", why);
+    /* Its commands get their last call now; it is freed from the loop. */
+    fail_sent(d, d->why);
+    ld_conn_free(conn);
+    d->conn = NULL;
+    event_active(d->timeout_ev, EV_TIMEOUT, 0);
+}
+
+static void
+drain_stall(struct ld_conn *conn, void *owner)
+{
+    /* The drain bound of drain_timeout_cb governs a set-aside one. */
+    LD_UNUSED(conn);
+    LD_UNUSED(owner);
+}
+
+static const struct ld_conn_ops drain_ops = {
+    .on_ready = NULL,
+    .on_down = drain_down,
+    .on_reply = reply_cb,
+    .on_push = NULL,
+    .on_stall = drain_stall,
+};
+
+static void slot_stall(struct ld_conn *conn, void *owner);
+
+static const struct ld_conn_ops slot_ops = {
+    .on_ready = slot_ready,
+    .on_down = slot_down,
+    .on_reply = reply_cb,
+    .on_push = NULL,
+    .on_stall = slot_stall,
+};
+
+static void
+slot_new_conn(struct rconn *c)
+{
+    c->conn = ld_conn_new(redis_mod.ctx, &redis_mod.addr,
+                          c->pool == LD_REDIS_POOL_LOCK ? LD_CONN_ROLE_LOCK
+                                                        : LD_CONN_ROLE_CMD,
+                          &slot_ops, c);
+}
+
 /* A command went unanswered for redis.timeout_ms: answer everything queued
- * on C now (it may have run: outcome unknown), reconnect the slot, and
- * keep the old context open for Redis' late answers, which settle what
- * the callers could not know, for a bounded time. */
+ * on C now (it may have run: outcome unknown), give the slot a new
+ * connection, and keep the old one open for Redis' late answers, which
+ * settle what the callers could not know, for a bounded time. */
 static void
 conn_drain(struct rconn *c, const char *why)
 {
@@ -931,27 +936,25 @@ conn_drain(struct rconn *c, const char *why)
     d->idx = c->idx;
     d->id = c->id;
     d->pool = c->pool;
-    d->ac = c->ac;
+    d->conn = c->conn;
     d->state = CONN_DOWN;
     d->draining = true;
     TAILQ_INIT(&d->sent);
     TAILQ_CONCAT(&d->sent, &c->sent, link);
-    d->last_reply_us = c->last_reply_us;
     d->timeout_ev = evtimer_new(redis_mod.ctx->base, drain_timeout_cb, d);
     if (d->timeout_ev == NULL) {
         ld_oom(0);
     }
     snprintf(d->why, sizeof(d->why), "%s", why);
-    d->ac->data = d;
+    ld_conn_set_owner(d->conn, &drain_ops, d);
+    ld_conn_no_retry(d->conn);
     d->drain_end_us = ld_now_us() +
                       (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000 *
                           LD_REDIS_DRAIN_FACTOR;
     LIST_INSERT_HEAD(&redis_mod.draining, d, dlink);
 
     set_ready(c, false);
-    c->state = CONN_DOWN;
-    c->ac = NULL;
-    event_del(c->timeout_ev);
+    c->state = CONN_CONNECTING;
     log_warn("redis connection stalled conn=%d reason=\"%s\"; kept for "
              "late answers, reconnecting", c->idx, why);
     drain_timeout_cb(-1, 0, d);
@@ -969,68 +972,40 @@ conn_drain(struct rconn *c, const char *why)
             break;
         }
     }
-    schedule_retry(c);
+    slot_new_conn(c);
+    ld_conn_start(c->conn);
 }
 
 static void
-timeout_cb(evutil_socket_t fd, short what, void *arg)
+slot_stall(struct ld_conn *conn, void *owner)
 {
-    struct rconn *c = arg;
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    uint64_t limit = (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
-    uint64_t now = ld_now_us();
-
-    if (c->state == CONN_CONNECTING) {
-        if (now - c->connect_started_us >= limit) {
-            char why[96];
-            snprintf(why, sizeof(why), "connect timed out after %d ms",
-                     redis_mod.ctx->cfg->redis.timeout_ms);
-            conn_down(c, why);
-        } else {
-            struct timeval tv = {0, 100000};
-            event_add(c->timeout_ev, &tv);
-        }
-        return;
+    struct rconn *c = owner;
+    char why[96];
+    ld_stats.redis_timeouts++;
+    snprintf(why, sizeof(why), "timed out after %d ms",
+             redis_mod.ctx->cfg->redis.timeout_ms);
+    if (c->state == CONN_READY) {
+        conn_drain(c, why);
+    } else {
+        snprintf(c->why, sizeof(c->why), "%s", why);
+        ld_conn_close(conn, why);
     }
-    if (!TAILQ_EMPTY(&c->sent) && now - stall_start(c) >= limit) {
-        char why[96];
-        ld_stats.redis_timeouts++;
-        snprintf(why, sizeof(why), "timed out after %d ms",
-                 redis_mod.ctx->cfg->redis.timeout_ms);
-        if (c->state == CONN_READY) {
-            conn_drain(c, why);
-        } else {
-            conn_down(c, why);
-        }
-        return;
-    }
-    arm_timeout(c);
-}
-
-static void
-retry_cb(evutil_socket_t fd, short what, void *arg)
-{
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    conn_start(arg);
 }
 
 static void
 handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
 {
-    if (c == NULL || c->state != CONN_HANDSHAKE) {
+    if (c->state != CONN_HANDSHAKE) {
         return;
     }
-    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+    if (reply->type == REDIS_REPLY_ERROR) {
         if (!c->handshake_failed) {
             c->handshake_failed = true;
             log_error("redis handshake failed conn=%d step=%s error=\"%s\"",
-                      c->idx, (const char *)cmd->arg,
-                      reply != NULL ? reply->str : "no reply");
+                      c->idx, (const char *)cmd->arg, reply->str);
             snprintf(redis_mod.last_error, sizeof(redis_mod.last_error),
                      "handshake step %s failed: %s", (const char *)cmd->arg,
-                     reply != NULL ? reply->str : "no reply");
+                     reply->str);
         }
     } else if (cmd->script >= 0 && reply->type == REDIS_REPLY_STRING &&
                reply->len == 40) {
@@ -1041,12 +1016,12 @@ handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
         return;
     }
     if (c->handshake_failed) {
-        /* Bad credentials or database: retrying fast only floods the
-         * log, so this backs off like any other failure. */
-        conn_down(c, "handshake failed");
+        /* A script Redis refuses: retrying fast only floods the log, so
+         * this backs off like any other failure. */
+        snprintf(c->why, sizeof(c->why), "handshake failed");
+        ld_conn_close(c->conn, "handshake failed");
         return;
     }
-    ld_backoff_reset(&c->backoff);
     set_ready(c, true);
     c->state = CONN_READY;
     ld_stats.redis_reconnects++;
@@ -1056,149 +1031,10 @@ handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
 }
 
 static void
-handshake_send(struct rconn *c, const char *step, int script, int argc,
-               const char **argv, const size_t *argvlen)
-{
-    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
-    cmd->internal = true;
-    cmd->script = script;
-    cmd->arg = (void *)step;
-    c->handshake_left++;
-    if (send_argv(c, cmd, argc, argv, argvlen) != LD_OK) {
-        c->handshake_left--;
-        c->handshake_failed = true;
-        free(cmd);
-    }
-}
-
-static void
-handshake(struct rconn *c)
-{
-    const struct ld_config *cfg = redis_mod.ctx->cfg;
-    c->state = CONN_HANDSHAKE;
-    c->handshake_left = 0;
-    c->handshake_failed = false;
-
-    {
-        const char *av[3];
-        size_t al[3];
-        int n = ld_conn_auth_argv(cfg, av, al);
-        if (n > 0) {
-            handshake_send(c, "auth", -1, n, av, al);
-        }
-    }
-    if (cfg->redis.db != 0) {
-        char db[16];
-        snprintf(db, sizeof(db), "%d", cfg->redis.db);
-        const char *av[] = {"SELECT", db};
-        size_t al[] = {6, strlen(db)};
-        handshake_send(c, "select", -1, 2, av, al);
-    }
-    {
-        const char *av[] = {"CLIENT", "SETNAME", "leased"};
-        size_t al[] = {6, 7, 6};
-        handshake_send(c, "setname", -1, 3, av, al);
-    }
-    for (int i = 0; i < LD_SCRIPT__COUNT; i++) {
-        const char *av[] = {"SCRIPT", "LOAD", script_bodies[i]};
-        size_t al[] = {6, 4, strlen(script_bodies[i])};
-        handshake_send(c, script_names[i], i, 3, av, al);
-    }
-    /* Replies never arrive before we return to the loop, so the count
-     * cannot reach zero while steps are still being queued. */
-    if (c->handshake_left == 0) {
-        conn_down(c, "handshake could not be sent");
-    }
-}
-
-static void
-connect_cb(const redisAsyncContext *ac, int status)
-{
-    struct rconn *c = ac->data;
-    if (c == NULL || c->ac != ac) {
-        return;
-    }
-    if (status != REDIS_OK) {
-        /* hiredis frees the context after this callback returns. */
-        c->ac = NULL;
-        event_del(c->timeout_ev);
-        c->state = CONN_DOWN;
-        log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
-                  ac->errstr);
-        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
-                 ac->errstr);
-        schedule_retry(c);
-        attempt_failed();
-        return;
-    }
-    event_del(c->timeout_ev);
-    handshake(c);
-}
-
-static void
-disconnect_cb(const redisAsyncContext *ac, int status)
-{
-    struct rconn *c = ac->data;
-    LD_UNUSED(status);
-    if (c == NULL || c->ac != ac) {
-        return;            /* we took it down ourselves */
-    }
-    if (c->draining) {
-        /* Its commands had their last call; free it from the loop. */
-        c->ac = NULL;
-        event_active(c->timeout_ev, EV_TIMEOUT, 0);
-        return;
-    }
-    /* hiredis frees the context after this callback; the queued commands
-     * were already answered with NULL. */
-    bool was_ready = c->state == CONN_READY;
-    set_ready(c, false);
-    c->state = CONN_DOWN;
-    c->ac = NULL;
-    event_del(c->timeout_ev);
-    if (was_ready) {
-        log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
-                 ac->errstr[0] ? ac->errstr : "closed by server");
-    }
-    while (!TAILQ_EMPTY(&c->sent)) {
-        struct rcmd *cmd = TAILQ_FIRST(&c->sent);
-        TAILQ_REMOVE(&c->sent, cmd, link);
-        fail_later(cmd, LD_REDIS_UNKNOWN, "connection closed");
-    }
-    schedule_retry(c);
-    if (!was_ready) {
-        attempt_failed();
-    } else {
-        waiting_retry();
-    }
-}
-
-static void
 conn_start(struct rconn *c)
 {
-    char err[160];
-    redisAsyncContext *ac = ld_conn_open(&redis_mod.addr,
-                                         redis_mod.ctx->base, err,
-                                         sizeof(err));
-    if (ac == NULL) {
-        log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
-                  err);
-        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
-                 err);
-        schedule_retry(c);
-        attempt_failed();
-        return;
-    }
-    ac->data = c;
-    c->ac = ac;
-    c->id = ++redis_mod.next_id;
-    c->why[0] = '\0';
     c->state = CONN_CONNECTING;
-    c->connect_started_us = ld_now_us();
-    redisAsyncSetConnectCallback(ac, connect_cb);
-    redisAsyncSetDisconnectCallback(ac, disconnect_cb);
-    struct timeval tv = {0, 100000};
-    event_add(c->timeout_ev, &tv);
+    ld_conn_start(c->conn);
 }
 
 int
@@ -1220,13 +1056,8 @@ conn_init(struct rconn *c, int idx, enum ld_redis_pool pool)
 {
     c->idx = idx;
     c->pool = pool;
-    ld_backoff_reset(&c->backoff);
     TAILQ_INIT(&c->sent);
-    c->retry_ev = evtimer_new(redis_mod.ctx->base, retry_cb, c);
-    c->timeout_ev = evtimer_new(redis_mod.ctx->base, timeout_cb, c);
-    if (c->retry_ev == NULL || c->timeout_ev == NULL) {
-        ld_oom(0);
-    }
+    slot_new_conn(c);
 }
 
 int
@@ -1312,24 +1143,11 @@ ld_redis_free(void)
     }
     for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
         struct rconn *c = &redis_mod.conns[i];
-        if (c->ac != NULL) {
-            redisAsyncContext *ac = c->ac;
-            c->ac = NULL;
-            set_ready(c, false);
-            c->state = CONN_DOWN;
-            redisAsyncFree(ac);
-        }
-        while (!TAILQ_EMPTY(&c->sent)) {
-            struct rcmd *cmd = TAILQ_FIRST(&c->sent);
-            TAILQ_REMOVE(&c->sent, cmd, link);
-            rcmd_free(cmd);
-        }
-        if (c->retry_ev != NULL) {
-            event_free(c->retry_ev);
-        }
-        if (c->timeout_ev != NULL) {
-            event_free(c->timeout_ev);
-        }
+        set_ready(c, false);
+        c->state = CONN_DOWN;
+        ld_conn_free(c->conn);
+        c->conn = NULL;
+        fail_sent(c, "connection closed");
     }
     while (!TAILQ_EMPTY(&redis_mod.waiting)) {
         struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);
