@@ -39,6 +39,7 @@
  * See also "HOW A REQUEST REACHES REDIS" in leased(8).
  */
 #include "ld_redis.h"
+#include "ld_redis_int.h"
 
 #include "ld_assert.h"
 #include "ld_conf.h"
@@ -57,96 +58,19 @@
 
 #include <event2/event.h>
 
-#define MAX_CONNS 64              /* per pool */
-#define STACK_ARGS 32
-#define MAX_WAITING 4096          /* commands awaiting a connection */
+struct ld_redis_mod redis_mod;
 
-enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
+_Static_assert(REDIS_N_SCRIPTS == LD_SCRIPT__COUNT,
+               "ld_redis_int.h counts the scripts as ld_redis.h does");
 
-struct rconn;
-
-struct rcmd {
-    ld_redis_cb *cb;
-    void *arg;
-    struct rconn *conn;
-    uint64_t sent_us;
-    TAILQ_ENTRY(rcmd) link;   /* connection FIFO, waiting or failure list */
-    unsigned flags;           /* LD_REDIS_F_* */
-    bool answered;            /* the callback has had UNKNOWN already */
-    bool noscript;            /* resent as EVAL after NOSCRIPT */
-    enum ld_redis_outcome fail_outcome; /* on the failure list */
-    char *fail_reason;
-    int script;               /* -1 unless an EVALSHA */
-    int argc;                 /* script: keys + args, kept for NOSCRIPT */
-    char **argv;
-    size_t *argvlen;
-    bool internal;            /* handshake step: cb gets the rconn */
-    bool waiting;             /* on the list of those awaiting a conn */
-    enum ld_redis_pool pool;  /* while waiting */
-    uint64_t route_hash;
-    uint64_t wait_until_us;   /* when waiting for a connection ends */
-};
-
-TAILQ_HEAD(rcmd_queue, rcmd);
-
-struct rconn {
-    int idx;
-    struct ld_conn *conn;     /* NULL once a set-aside one is closed */
-    enum conn_state state;
-    struct event *timeout_ev; /* set aside: the drain bound */
-    struct rcmd_queue sent;   /* sent, awaiting replies, in send order */
-    unsigned handshake_left;
-    bool handshake_failed;
-    uint64_t id;              /* this context's, for pinned commands */
-    int pool;                 /* enum ld_redis_pool */
-    bool draining;            /* set aside after a timeout */
-    bool closing;
-    uint64_t drain_end_us;
-    LIST_ENTRY(rconn) dlink;  /* list of draining connections */
-    char why[192];            /* why it is going down, for callbacks */
-};
-
-struct state_watcher {
-    ld_redis_state_fn *fn;
-    void *arg;
-};
-
-static struct {
-    const struct ld_ctx *ctx;
-    struct rconn conns[2 * MAX_CONNS];
-    int n_conns;              /* the shared pool: conns[0, n_conns) */
-    int n_lock;               /* the lock pool after it, once started */
-    bool lock_ever_ready;
-    LIST_HEAD(, rconn) draining;
-    uint64_t next_id;
-    char last_error[160];     /* of the latest failed connect */
-    int n_ready;
-    struct ld_conn_addr addr;
-    char address[300];
-    char shas[LD_SCRIPT__COUNT + 1][41];
-    struct rcmd_queue failed; /* answered from the loop by fail_defer */
-    struct ld_defer fail_defer;
-    /* Commands issued while no connection was ready but one was being
-     * established, in issue order; bounded by count and by
-     * redis.timeout_ms from the issue. */
-    struct rcmd_queue waiting;
-    int n_waiting;
-    struct event *wait_ev;
-    bool known_down;          /* the latest connect attempt failed */
-    struct state_watcher watchers[8];
-    int n_watchers;
-    double rtt_us;
-    bool freeing;
-} redis_mod;
-
-static const char *script_bodies[] = {
+const char *const redis_script_bodies[] = {
 #define LD_SCRIPT_BODY(name) ld_lua_##name,
     LD_LUA_SCRIPTS(LD_SCRIPT_BODY)
 #undef LD_SCRIPT_BODY
     NULL
 };
 
-static const char *script_names[] = {
+const char *const redis_script_names[] = {
 #define LD_SCRIPT_NAME(name) #name,
     LD_LUA_SCRIPTS(LD_SCRIPT_NAME)
 #undef LD_SCRIPT_NAME
@@ -180,9 +104,9 @@ ld_redis_conn_id(void)
     return CUR.conn_id;
 }
 
-static void
-call_cb(struct rcmd *cmd, redisReply *reply, enum ld_redis_outcome outcome,
-        const char *reason, uint64_t conn_id)
+void
+redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
+              const char *reason, uint64_t conn_id)
 {
     char buf[320];
     if (reply != NULL && reply->type == REDIS_REPLY_ERROR) {
@@ -262,8 +186,8 @@ notify_state(bool up)
 }
 
 /* Call before changing c->state: it compares with the old state. */
-static void
-set_ready(struct rconn *c, bool ready)
+void
+redis_set_ready(struct rconn *c, bool ready)
 {
     bool was = c->state == CONN_READY;
     if (was == ready) {
@@ -287,8 +211,8 @@ set_ready(struct rconn *c, bool ready)
     }
 }
 
-static void
-rcmd_free(struct rcmd *cmd)
+void
+redis_rcmd_free(struct rcmd *cmd)
 {
     free(cmd->argv);           /* one block: argv, argvlen and the bytes */
     free(cmd->fail_reason);
@@ -319,14 +243,14 @@ fail_cb(void *arg)
         struct rcmd *cmd = TAILQ_FIRST(&list);
         TAILQ_REMOVE(&list, cmd, link);
         ld_stats.redis_errors++;
-        call_cb(cmd, NULL, cmd->fail_outcome, cmd->fail_reason, 0);
-        rcmd_free(cmd);
+        redis_call_cb(cmd, NULL, cmd->fail_outcome, cmd->fail_reason, 0);
+        redis_rcmd_free(cmd);
     }
 }
 
-static int
-send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
-          const size_t *argvlen)
+int
+redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
+                const char **argv, const size_t *argvlen)
 {
     if (ld_conn_send(c->conn, argc, argv, argvlen) != LD_OK) {
         return LD_ERR;
@@ -338,14 +262,11 @@ send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
     return LD_OK;
 }
 
-static void handshake_reply(struct rconn *c, redisReply *reply,
-                            struct rcmd *cmd);
-static void waiting_retry(void);
 static void wait_cb(evutil_socket_t fd, short what, void *arg);
 static void resend_as_eval(struct rconn *c, struct rcmd *cmd);
 
-static void
-reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
+void
+redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
     struct rconn *c = owner;
     LD_UNUSED(conn);
@@ -363,8 +284,8 @@ reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
     ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
 
     if (cmd->internal) {
-        handshake_reply(c, reply, cmd);
-        rcmd_free(cmd);
+        redis_handshake_reply(c, reply, cmd);
+        redis_rcmd_free(cmd);
         return;
     }
     if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
@@ -379,11 +300,11 @@ reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
         return;
     }
     if (!cmd->answered) {
-        call_cb(cmd, reply, LD_REDIS_ANSWERED, "", c->id);
+        redis_call_cb(cmd, reply, LD_REDIS_ANSWERED, "", c->id);
     } else if (cmd->flags & LD_REDIS_F_LATE) {
-        call_cb(cmd, reply, LD_REDIS_LATE, "", c->id);
+        redis_call_cb(cmd, reply, LD_REDIS_LATE, "", c->id);
     }
-    rcmd_free(cmd);
+    redis_rcmd_free(cmd);
     if (c->draining && !c->closing && TAILQ_EMPTY(&c->sent)) {
         /* All late answers are in: close it from the loop. */
         event_active(c->timeout_ev, EV_TIMEOUT, 0);
@@ -392,8 +313,8 @@ reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 
 /* No answer will ever come on C's connection: what was sent on it hears
  * so now. */
-static void
-fail_sent(struct rconn *c, const char *why)
+void
+redis_fail_sent(struct rconn *c, const char *why)
 {
     while (!TAILQ_EMPTY(&c->sent)) {
         struct rcmd *cmd = TAILQ_FIRST(&c->sent);
@@ -401,10 +322,11 @@ fail_sent(struct rconn *c, const char *why)
         bool late = (cmd->flags & LD_REDIS_F_LATE) != 0;
         if (!cmd->internal && (!cmd->answered || late)) {
             ld_stats.redis_errors++;
-            call_cb(cmd, NULL, late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why,
-                    c->id);
+            redis_call_cb(cmd, NULL,
+                          late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why,
+                          c->id);
         }
-        rcmd_free(cmd);
+        redis_rcmd_free(cmd);
     }
 }
 
@@ -416,7 +338,7 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
     const char **argv = stack_argv;
     size_t *argvlen = stack_len;
     int total = cmd->argc + 3;
-    const char *body = script_bodies[cmd->script];
+    const char *body = redis_script_bodies[cmd->script];
 
     if (cmd->argc > STACK_ARGS) {
         argv = ld_xmalloc(sizeof(*argv) * (size_t)total);
@@ -433,7 +355,7 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
         argv[i + 2] = cmd->argv[i];
         argvlen[i + 2] = cmd->argvlen[i];
     }
-    if (send_argv(c, cmd, cmd->argc + 2, argv, argvlen) != LD_OK) {
+    if (redis_send_argv(c, cmd, cmd->argc + 2, argv, argvlen) != LD_OK) {
         fail_later(cmd, LD_REDIS_NOT_SENT, "could not resend after NOSCRIPT");
     }
     if (argv != stack_argv) {
@@ -552,7 +474,7 @@ send_script(struct rconn *c, struct rcmd *cmd)
         av[i + 2] = cmd->argv[i];
         al[i + 2] = cmd->argvlen[i];
     }
-    int rc = send_argv(c, cmd, argc + 3, av, al);
+    int rc = redis_send_argv(c, cmd, argc + 3, av, al);
     if (av != stack_argv) {
         free(av);
         free(al);
@@ -591,10 +513,10 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
         if (cmd->script >= 0) {
             rc = send_script(c, cmd);
         } else if (argv != NULL) {
-            rc = send_argv(c, cmd, argc, argv, argvlen);
+            rc = redis_send_argv(c, cmd, argc, argv, argvlen);
         } else {
-            rc = send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
-                           cmd->argvlen);
+            rc = redis_send_argv(c, cmd, cmd->argc,
+                                 (const char **)cmd->argv, cmd->argvlen);
         }
         if (rc != LD_OK) {
             fail_later(cmd, LD_REDIS_NOT_SENT,
@@ -626,8 +548,8 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
 
 /* A connection became ready, or an attempt failed: what waits is sent,
  * waits on, or is answered. */
-static void
-waiting_retry(void)
+void
+redis_waiting_retry(void)
 {
     if (TAILQ_EMPTY(&redis_mod.waiting)) {
         return;
@@ -756,287 +678,6 @@ ld_redis_script_ex(const struct ld_redis_opts *opts,
     route_cmd(cmd, opts, 0, NULL, NULL);
 }
 
-/* ---- connection lifecycle ------------------------------------------- */
-
-/* A connection attempt failed: Redis counts as down until one succeeds,
- * and what waited for a connection learns it now. */
-static void
-attempt_failed(void)
-{
-    redis_mod.known_down = true;
-    waiting_retry();
-}
-
-static void
-slot_ready(struct ld_conn *conn, void *owner)
-{
-    struct rconn *c = owner;
-    c->id = ld_conn_id(conn);
-    c->why[0] = '\0';
-    c->state = CONN_HANDSHAKE;
-    c->handshake_left = 0;
-    c->handshake_failed = false;
-    for (int i = 0; i < LD_SCRIPT__COUNT; i++) {
-        const char *av[] = {"SCRIPT", "LOAD", script_bodies[i]};
-        size_t al[] = {6, 4, strlen(script_bodies[i])};
-        struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
-        cmd->internal = true;
-        cmd->script = i;
-        cmd->arg = (void *)script_names[i];
-        c->handshake_left++;
-        if (send_argv(c, cmd, 3, av, al) != LD_OK) {
-            c->handshake_left--;
-            c->handshake_failed = true;
-            free(cmd);
-        }
-    }
-    /* Replies never arrive before we return to the loop, so the count
-     * cannot reach zero while steps are still being queued. */
-    if (c->handshake_left == 0) {
-        ld_conn_close(conn, "handshake could not be sent");
-    }
-}
-
-static void
-slot_down(struct ld_conn *conn, bool was_ready, const char *why,
-          void *owner)
-{
-    struct rconn *c = owner;
-    LD_UNUSED(was_ready);
-    bool slot_was_ready = c->state == CONN_READY;
-    char reason[256];
-    if (c->why[0] != '\0') {
-        snprintf(reason, sizeof(reason), "%s", c->why);
-    } else {
-        snprintf(reason, sizeof(reason), "connection lost: %s", why);
-    }
-    set_ready(c, false);
-    c->state = CONN_DOWN;
-    if (slot_was_ready) {
-        log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
-                 why);
-    } else {
-        log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx,
-                  why);
-        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
-                 why);
-    }
-    fail_sent(c, reason);
-    c->why[0] = '\0';
-    LD_UNUSED(conn);
-    if (!slot_was_ready) {
-        attempt_failed();
-    } else {
-        waiting_retry();
-    }
-}
-
-/* Close a connection that was set aside, from the loop (never from inside
- * one of its own callbacks). What still waits for an answer gets its last
- * call now. */
-static void
-drain_close(struct rconn *d)
-{
-    LD_ASSERT(d->draining && !d->closing);
-    LIST_REMOVE(d, dlink);
-    d->closing = true;
-    if (d->conn != NULL) {
-        if (!TAILQ_EMPTY(&d->sent)) {
-            log_warn("redis connection given up conn=%d reason=\"%s\"",
-                     d->idx, d->why);
-        }
-        ld_conn_free(d->conn);
-        d->conn = NULL;
-    }
-    fail_sent(d, d->why);
-    event_free(d->timeout_ev);
-    free(d);
-}
-
-static void
-drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
-{
-    struct rconn *d = arg;
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    uint64_t now = ld_now_us();
-    if (d->conn == NULL || TAILQ_EMPTY(&d->sent) || now >= d->drain_end_us) {
-        if (d->conn != NULL && !TAILQ_EMPTY(&d->sent)) {
-            snprintf(d->why, sizeof(d->why),
-                     "no answer within %d ms, connection given up",
-                     redis_mod.ctx->cfg->redis.timeout_ms *
-                         LD_REDIS_DRAIN_FACTOR);
-        }
-        drain_close(d);
-        return;
-    }
-    uint64_t wait = d->drain_end_us - now;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
-    event_add(d->timeout_ev, &tv);
-}
-
-static void
-drain_down(struct ld_conn *conn, bool was_ready, const char *why,
-           void *owner)
-{
-    struct rconn *d = owner;
-    LD_UNUSED(was_ready);
-    snprintf(d->why, sizeof(d->why), "connection lost: %s", why);
-    /* Its commands get their last call now; it is freed from the loop. */
-    fail_sent(d, d->why);
-    ld_conn_free(conn);
-    d->conn = NULL;
-    event_active(d->timeout_ev, EV_TIMEOUT, 0);
-}
-
-static void
-drain_stall(struct ld_conn *conn, void *owner)
-{
-    /* The drain bound of drain_timeout_cb governs a set-aside one. */
-    LD_UNUSED(conn);
-    LD_UNUSED(owner);
-}
-
-static const struct ld_conn_ops drain_ops = {
-    .on_ready = NULL,
-    .on_down = drain_down,
-    .on_reply = reply_cb,
-    .on_push = NULL,
-    .on_stall = drain_stall,
-};
-
-static void slot_stall(struct ld_conn *conn, void *owner);
-
-static const struct ld_conn_ops slot_ops = {
-    .on_ready = slot_ready,
-    .on_down = slot_down,
-    .on_reply = reply_cb,
-    .on_push = NULL,
-    .on_stall = slot_stall,
-};
-
-static void
-slot_new_conn(struct rconn *c)
-{
-    c->conn = ld_conn_new(redis_mod.ctx, &redis_mod.addr,
-                          c->pool == LD_REDIS_POOL_LOCK ? LD_CONN_ROLE_LOCK
-                                                        : LD_CONN_ROLE_CMD,
-                          &slot_ops, c);
-}
-
-/* A command went unanswered for redis.timeout_ms: answer everything queued
- * on C now (it may have run: outcome unknown), give the slot a new
- * connection, and keep the old one open for Redis' late answers, which
- * settle what the callers could not know, for a bounded time. */
-static void
-conn_drain(struct rconn *c, const char *why)
-{
-    struct rconn *d = ld_xcalloc(1, sizeof(*d));
-    d->idx = c->idx;
-    d->id = c->id;
-    d->pool = c->pool;
-    d->conn = c->conn;
-    d->state = CONN_DOWN;
-    d->draining = true;
-    TAILQ_INIT(&d->sent);
-    TAILQ_CONCAT(&d->sent, &c->sent, link);
-    d->timeout_ev = evtimer_new(redis_mod.ctx->base, drain_timeout_cb, d);
-    if (d->timeout_ev == NULL) {
-        ld_oom(0);
-    }
-    snprintf(d->why, sizeof(d->why), "%s", why);
-    ld_conn_set_owner(d->conn, &drain_ops, d);
-    ld_conn_no_retry(d->conn);
-    d->drain_end_us = ld_now_us() +
-                      (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000 *
-                          LD_REDIS_DRAIN_FACTOR;
-    LIST_INSERT_HEAD(&redis_mod.draining, d, dlink);
-
-    set_ready(c, false);
-    c->state = CONN_CONNECTING;
-    log_warn("redis connection stalled conn=%d reason=\"%s\"; kept for "
-             "late answers, reconnecting", c->idx, why);
-    drain_timeout_cb(-1, 0, d);
-
-    /* Callbacks may pin new commands to D (appended after LAST). */
-    struct rcmd *last = TAILQ_LAST(&d->sent, rcmd_queue);
-    struct rcmd *cmd;
-    TAILQ_FOREACH(cmd, &d->sent, link) {
-        if (!cmd->internal && !cmd->answered) {
-            cmd->answered = true;
-            ld_stats.redis_errors++;
-            call_cb(cmd, NULL, LD_REDIS_UNKNOWN, d->why, d->id);
-        }
-        if (cmd == last) {
-            break;
-        }
-    }
-    slot_new_conn(c);
-    ld_conn_start(c->conn);
-}
-
-static void
-slot_stall(struct ld_conn *conn, void *owner)
-{
-    struct rconn *c = owner;
-    char why[96];
-    ld_stats.redis_timeouts++;
-    snprintf(why, sizeof(why), "timed out after %d ms",
-             redis_mod.ctx->cfg->redis.timeout_ms);
-    if (c->state == CONN_READY) {
-        conn_drain(c, why);
-    } else {
-        snprintf(c->why, sizeof(c->why), "%s", why);
-        ld_conn_close(conn, why);
-    }
-}
-
-static void
-handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
-{
-    if (c->state != CONN_HANDSHAKE) {
-        return;
-    }
-    if (reply->type == REDIS_REPLY_ERROR) {
-        if (!c->handshake_failed) {
-            c->handshake_failed = true;
-            log_error("redis handshake failed conn=%d step=%s error=\"%s\"",
-                      c->idx, (const char *)cmd->arg, reply->str);
-            snprintf(redis_mod.last_error, sizeof(redis_mod.last_error),
-                     "handshake step %s failed: %s", (const char *)cmd->arg,
-                     reply->str);
-        }
-    } else if (cmd->script >= 0 && reply->type == REDIS_REPLY_STRING &&
-               reply->len == 40) {
-        memcpy(redis_mod.shas[cmd->script], reply->str, 40);
-        redis_mod.shas[cmd->script][40] = '\0';
-    }
-    if (--c->handshake_left > 0) {
-        return;
-    }
-    if (c->handshake_failed) {
-        /* A script Redis refuses: retrying fast only floods the log, so
-         * this backs off like any other failure. */
-        snprintf(c->why, sizeof(c->why), "handshake failed");
-        ld_conn_close(c->conn, "handshake failed");
-        return;
-    }
-    set_ready(c, true);
-    c->state = CONN_READY;
-    ld_stats.redis_reconnects++;
-    log_debug("redis connection ready conn=%d", c->idx);
-    redis_mod.known_down = false;
-    waiting_retry();
-}
-
-static void
-conn_start(struct rconn *c)
-{
-    c->state = CONN_CONNECTING;
-    ld_conn_start(c->conn);
-}
-
 int
 ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
                        int *port, bool *is_unix)
@@ -1049,15 +690,6 @@ ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
     *port = a.port;
     *is_unix = a.is_unix;
     return LD_OK;
-}
-
-static void
-conn_init(struct rconn *c, int idx, enum ld_redis_pool pool)
-{
-    c->idx = idx;
-    c->pool = pool;
-    TAILQ_INIT(&c->sent);
-    slot_new_conn(c);
 }
 
 int
@@ -1096,7 +728,7 @@ ld_redis_init(const struct ld_ctx *ctx)
         ld_oom(0);
     }
     for (int i = 0; i < redis_mod.n_conns; i++) {
-        conn_init(&redis_mod.conns[i], i, LD_REDIS_POOL_SHARED);
+        redis_slot_init(&redis_mod.conns[i], i, LD_REDIS_POOL_SHARED);
     }
     return LD_OK;
 }
@@ -1112,12 +744,12 @@ lock_pool_start(void)
         return;
     }
     for (int i = redis_mod.n_conns; i < 2 * redis_mod.n_conns; i++) {
-        conn_init(&redis_mod.conns[i], i, LD_REDIS_POOL_LOCK);
+        redis_slot_init(&redis_mod.conns[i], i, LD_REDIS_POOL_LOCK);
     }
     redis_mod.n_lock = redis_mod.n_conns;
     for (int i = redis_mod.n_conns; i < redis_mod.n_conns + redis_mod.n_lock;
          i++) {
-        conn_start(&redis_mod.conns[i]);
+        redis_slot_start(&redis_mod.conns[i]);
     }
 }
 
@@ -1126,7 +758,7 @@ ld_redis_start(void)
 {
     started = true;
     for (int i = 0; i < redis_mod.n_conns; i++) {
-        conn_start(&redis_mod.conns[i]);
+        redis_slot_start(&redis_mod.conns[i]);
     }
     if (redis_mod.ctx->cfg->lock.wait_replicas > 0) {
         lock_pool_start();
@@ -1139,15 +771,15 @@ ld_redis_free(void)
     /* Going down at exit is not news. */
     redis_mod.freeing = true;
     while (!LIST_EMPTY(&redis_mod.draining)) {
-        drain_close(LIST_FIRST(&redis_mod.draining));
+        redis_drain_close(LIST_FIRST(&redis_mod.draining));
     }
     for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
         struct rconn *c = &redis_mod.conns[i];
-        set_ready(c, false);
+        redis_set_ready(c, false);
         c->state = CONN_DOWN;
         ld_conn_free(c->conn);
         c->conn = NULL;
-        fail_sent(c, "connection closed");
+        redis_fail_sent(c, "connection closed");
     }
     while (!TAILQ_EMPTY(&redis_mod.waiting)) {
         struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);
