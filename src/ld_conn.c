@@ -734,7 +734,11 @@ ld_conn_start(struct ld_conn *c)
         return;
     }
     event_del(c->retry_ev);
+    /* The owner may free C from on_down, called from in here. */
+    c->busy++;
     conn_connect(c);
+    c->busy--;
+    maybe_free(c);
 }
 
 void
@@ -756,6 +760,7 @@ void
 ld_conn_set_addr(struct ld_conn *c, const struct ld_conn_addr *addr)
 {
     set_address(c, addr);
+    c->busy++;
     if (c->state != LD_CONN_DOWN) {
         conn_down(c, "the address changed");
     }
@@ -766,13 +771,18 @@ ld_conn_set_addr(struct ld_conn *c, const struct ld_conn_addr *addr)
         event_del(c->retry_ev);
         conn_connect(c);
     }
+    c->busy--;
+    maybe_free(c);
 }
 
 void
 ld_conn_close(struct ld_conn *c, const char *why)
 {
     if (c->state != LD_CONN_DOWN) {
+        c->busy++;
         conn_down(c, why);
+        c->busy--;
+        maybe_free(c);
     }
 }
 
