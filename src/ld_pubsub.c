@@ -3,16 +3,12 @@
  * per-key channels here; the connection holds a channel while anyone
  * local wants it.
  *
- * hiredis 0.14 keeps one callback per channel and deletes it when an
- * "unsubscribe" reply arrives, even if a new SUBSCRIBE for the same
- * channel was sent in between, and it leaves subscribed mode when the
- * subscription count drops to zero. Two rules keep us clear of both: a
- * channel is never re-subscribed while its UNSUBSCRIBE is in flight (we
- * wait for the confirmation), and the connection always holds one
- * channel of its own, so the count never reaches zero. (The parser is
- * hiredis' but the bookkeeping is ours now; the rules stay, they cost
- * nothing and keep the connection in subscribed mode for its whole
- * life, where a PING is answered with a "pong" push.)
+ * Two rules keep the channel states simple: a channel is never
+ * re-subscribed while its UNSUBSCRIBE is in flight (we wait for the
+ * confirmation, so a late "unsubscribe" cannot be taken for the new
+ * subscription's), and the connection always holds one channel of its
+ * own, so it stays in subscribed mode for its whole life and the idle
+ * PING of ld_conn is always answered the same way (a "pong" push).
  *
  * Connecting, the handshake, liveness and reconnecting are ld_conn's;
  * after every reconnect the channels still wanted are subscribed again.

@@ -60,7 +60,7 @@ struct rconn {
     struct rcmd_queue sent;   /* sent, awaiting replies, in send order */
     unsigned handshake_left;
     bool handshake_failed;
-    uint64_t id;              /* this context's, for pinned commands */
+    uint64_t id;              /* its ld_conn_id, for pinned commands */
     int pool;                 /* enum ld_redis_pool */
     bool draining;            /* set aside after a timeout */
     bool closing;
