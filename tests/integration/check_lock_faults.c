@@ -415,7 +415,7 @@ static int clients_with(const char *what)
 
 static bool leased_conns_up(void *arg)
 {
-    return clients_with("name=leased ") >= *(int *)arg;
+    return clients_with(":cmd ") + clients_with(":lock ") >= *(int *)arg;
 }
 
 static bool wait_running(void *arg)
