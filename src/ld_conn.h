@@ -18,10 +18,10 @@ struct ld_ctx;
  * and tears down. Its owner hears of it through struct ld_conn_ops and
  * keeps its own queues on top.
  *
- * The bytes travel in a libevent bufferevent (made in one place, where
- * TLS plugs in); commands are formatted straight into its output buffer
- * and hiredis serves only as the reply parser (redisReader). Commands of
- * one loop turn leave in one write. */
+ * The bytes travel over a libevent bufferevent (made in one place, where
+ * TLS plugs in): commands are formatted straight into its output buffer
+ * and those of one loop turn leave in one write; replies are read from
+ * the socket into hiredis' reader (redisReader), hiredis' only use. */
 
 /* Where a connection goes. The owner may point a connection at a new
  * address at run time (a failover names a new master). */
