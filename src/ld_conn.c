@@ -1,22 +1,82 @@
 /*
- * The parts every Redis connection shares: address, transport, backoff,
- * authentication. hiredis' libevent adapter is all static functions; it
- * is included here only, so the transport has one home.
+ * The Redis connection core: connecting, the handshake, liveness, the
+ * reply owed too long, teardown and reconnecting, for every connection
+ * of the daemon. Owners (ld_redis, ld_pubsub) see only struct
+ * ld_conn_ops.
+ *
+ * Replies come in send order. The core numbers what it sends and keeps
+ * the numbers of its own commands (handshake steps, PING) in a small
+ * ring, so a reply is either its own or the owner's oldest. On a
+ * subscriber connection Redis also pushes messages nobody asked for, so
+ * there only the handshake (sent before any SUBSCRIBE) is numbered and a
+ * "pong" is recognised by its content.
  */
 #include "ld_conn.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_log.h"
+#include "ld_mem.h"
 #include "ld_util.h"
 
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <hiredis/async.h>
-#include <hiredis/adapters/libevent.h>
+#include <event2/util.h>
 
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
+#define PING_IDLE_MS 5000
+#define OWN_RING 8                /* handshake steps and one PING */
+
+struct ld_conn {
+    const struct ld_ctx *ctx;
+    struct ld_conn_addr addr;
+    char address[300];
+    enum ld_conn_role role;
+    const struct ld_conn_ops *ops;
+    void *owner;
+    enum ld_conn_state state;
+    struct bufferevent *bev;
+    struct event *read_ev;        /* reads the socket (see sock_read_cb) */
+    redisReader *reader;
+    struct ld_backoff backoff;
+    struct event *retry_ev;
+    struct event *timer_ev;
+    uint64_t timer_at_us;         /* when timer_ev fires, if pending */
+    uint64_t id;
+    uint64_t started_us;          /* of the connect attempt */
+    uint64_t progress_us;         /* last reply, or a reply became owed */
+    uint64_t last_io_us;
+    uint64_t n_sent, n_recv;      /* replies owed: the difference */
+    uint64_t own[OWN_RING];       /* numbers of our own commands */
+    const char *own_step[OWN_RING];
+    unsigned own_head, own_n;
+    int handshake_left;
+    char handshake_err[160];
+    int ping_idle_ms;
+    bool ping_out;
+    bool started;
+    bool no_retry;
+    int busy;                     /* inside a call to the owner */
+    bool free_pending;
+    char last_error[192];
+};
+
+static uint64_t next_conn_id;
+
+static const char *role_names[] = {"cmd", "lock", "sub"};
 
 int
 ld_conn_parse_address(const char *addr, struct ld_conn_addr *out)
@@ -30,26 +90,6 @@ ld_conn_parse_address(const char *addr, struct ld_conn_addr *out)
     out->is_unix = false;
     return ld_parse_hostport(addr, out->host, sizeof(out->host),
                              &out->port);
-}
-
-struct redisAsyncContext *
-ld_conn_open(const struct ld_conn_addr *addr, struct event_base *base,
-             char *err, size_t errlen)
-{
-    redisAsyncContext *ac = addr->is_unix
-                                ? redisAsyncConnectUnix(addr->host)
-                                : redisAsyncConnect(addr->host, addr->port);
-    if (ac == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    if (ac->err) {
-        snprintf(err, errlen, "%s", ac->errstr);
-        redisAsyncFree(ac);
-        return NULL;
-    }
-    redisLibeventAttach(ac, base);
-    return ac;
 }
 
 void
@@ -91,4 +131,746 @@ ld_conn_auth_argv(const struct ld_config *cfg, const char **argv,
     argvlen[n] = strlen(argv[n]);
     n++;
     return n;
+}
+
+/* ---- small helpers -------------------------------------------------- */
+
+static uint64_t
+timeout_us(const struct ld_conn *c)
+{
+    return (uint64_t)c->ctx->cfg->redis.timeout_ms * 1000;
+}
+
+static uint64_t
+owed(const struct ld_conn *c)
+{
+    return c->n_sent - c->n_recv;
+}
+
+static void
+timer_at(struct ld_conn *c, uint64_t at)
+{
+    uint64_t now = ld_now_us();
+    uint64_t wait = at > now ? at - now : 0;
+    struct timeval tv = {(time_t)(wait / 1000000),
+                         (suseconds_t)(wait % 1000000)};
+    c->timer_at_us = at;
+    event_add(c->timer_ev, &tv);
+}
+
+/* The next moment something must be checked: the connect bound, the
+ * bound on a reply owed, or the idle time before a PING. */
+static void
+arm_timer(struct ld_conn *c)
+{
+    switch (c->state) {
+    case LD_CONN_DOWN:
+        event_del(c->timer_ev);
+        return;
+    case LD_CONN_CONNECTING:
+        timer_at(c, c->started_us + timeout_us(c));
+        return;
+    case LD_CONN_HANDSHAKE:
+    case LD_CONN_READY:
+        if (owed(c) > 0) {
+            timer_at(c, c->progress_us + timeout_us(c));
+        } else {
+            timer_at(c, c->last_io_us + (uint64_t)c->ping_idle_ms * 1000);
+        }
+        return;
+    }
+}
+
+static void
+maybe_free(struct ld_conn *c)
+{
+    if (c->busy > 0 || !c->free_pending) {
+        return;
+    }
+    if (c->bev != NULL) {
+        bufferevent_free(c->bev);
+    }
+    if (c->reader != NULL) {
+        redisReaderFree(c->reader);
+    }
+    event_free(c->retry_ev);
+    event_free(c->timer_ev);
+    event_free(c->read_ev);
+    free(c);
+}
+
+/* ---- the transport -------------------------------------------------- */
+
+/* The one place a transport is made: bufferevent_openssl plugs in
+ * here. */
+static struct bufferevent *
+transport_new(struct ld_conn *c)
+{
+    struct bufferevent *bev = bufferevent_socket_new(c->ctx->base, -1,
+                                                     BEV_OPT_CLOSE_ON_FREE);
+    if (bev == NULL) {
+        ld_oom(0);
+    }
+    /* A burst of pipelined commands leaves in one write, not in 16 KB
+     * pieces over as many loop turns. */
+    bufferevent_set_max_single_write(bev, EV_SSIZE_MAX);
+    return bev;
+}
+
+static void
+schedule_retry(struct ld_conn *c)
+{
+    if (c->no_retry || c->free_pending) {
+        return;
+    }
+    int ms = ld_backoff_next_ms(&c->backoff);
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    event_add(c->retry_ev, &tv);
+}
+
+/* Everything owed is dropped with the transport; the owner hears of it
+ * last, so it sees a connection it may already restart. */
+static void
+conn_down(struct ld_conn *c, const char *why)
+{
+    bool was_ready = c->state == LD_CONN_READY;
+    event_del(c->read_ev);
+    if (c->bev != NULL) {
+        bufferevent_free(c->bev);
+        c->bev = NULL;
+    }
+    c->state = LD_CONN_DOWN;
+    c->n_sent = c->n_recv = 0;
+    c->own_n = 0;
+    c->ping_out = false;
+    event_del(c->timer_ev);
+    snprintf(c->last_error, sizeof(c->last_error), "%s", why);
+    schedule_retry(c);
+    if (c->free_pending) {
+        return;
+    }
+    c->busy++;
+    c->ops->on_down(c, was_ready, why, c->owner);
+    c->busy--;
+}
+
+static void
+own_push(struct ld_conn *c, const char *step)
+{
+    LD_ASSERT(c->own_n < OWN_RING);
+    unsigned at = (c->own_head + c->own_n) % OWN_RING;
+    c->own[at] = c->n_sent;
+    c->own_step[at] = step;
+    c->own_n++;
+}
+
+/* "<prefix><n>\r\n": snprintf costs more than the rest of a command. */
+static char *
+put_len(char *p, char prefix, size_t n)
+{
+    char tmp[24];
+    int i = 0;
+    *p++ = prefix;
+    do {
+        tmp[i++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n > 0);
+    while (i > 0) {
+        *p++ = tmp[--i];
+    }
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+/* RESP formatted straight into the output buffer: one copy, no
+ * allocation per command. */
+static int
+format_into(struct evbuffer *out, int argc, const char **argv,
+            const size_t *argvlen)
+{
+    size_t total = 1 + 20 + 2;
+    for (int i = 0; i < argc; i++) {
+        total += 1 + 20 + 2 + argvlen[i] + 2;
+    }
+    struct evbuffer_iovec v;
+    if (evbuffer_reserve_space(out, (ev_ssize_t)total, &v, 1) != 1) {
+        return LD_ERR;
+    }
+    char *p = put_len(v.iov_base, '*', (size_t)argc);
+    for (int i = 0; i < argc; i++) {
+        p = put_len(p, '$', argvlen[i]);
+        memcpy(p, argv[i], argvlen[i]);
+        p += argvlen[i];
+        *p++ = '\r';
+        *p++ = '\n';
+    }
+    v.iov_len = (size_t)(p - (char *)v.iov_base);
+    return evbuffer_commit_space(out, &v, 1) == 0 ? LD_OK : LD_ERR;
+}
+
+static int
+send_raw(struct ld_conn *c, int argc, const char **argv,
+         const size_t *argvlen)
+{
+    if (c->bev == NULL) {
+        return LD_ERR;
+    }
+    /* The size is the caller's (a cache value): failing is an error. */
+    if (format_into(bufferevent_get_output(c->bev), argc, argv, argvlen) !=
+        LD_OK) {
+        return LD_ERR;
+    }
+    uint64_t now = ld_now_us();
+    bool counted = c->role != LD_CONN_ROLE_SUB ||
+                   c->state != LD_CONN_READY;
+    c->last_io_us = now;
+    if (!counted) {
+        return LD_OK;
+    }
+    if (owed(c) == 0) {
+        c->progress_us = now;
+        /* Re-arm only when the bound comes before what is pending. */
+        if (!event_pending(c->timer_ev, EV_TIMEOUT, NULL) ||
+            c->timer_at_us > now + timeout_us(c)) {
+            c->n_sent++;
+            arm_timer(c);
+            return LD_OK;
+        }
+    }
+    c->n_sent++;
+    return LD_OK;
+}
+
+int
+ld_conn_send(struct ld_conn *c, int argc, const char **argv,
+             const size_t *argvlen)
+{
+    if (c->state == LD_CONN_DOWN || c->state == LD_CONN_CONNECTING) {
+        return LD_ERR;
+    }
+    return send_raw(c, argc, argv, argvlen);
+}
+
+static bool
+own_send(struct ld_conn *c, const char *step, int argc, const char **argv,
+         const size_t *argvlen)
+{
+    own_push(c, step);
+    if (send_raw(c, argc, argv, argvlen) != LD_OK) {
+        c->own_n--;
+        return false;
+    }
+    return true;
+}
+
+static void
+send_ping(struct ld_conn *c)
+{
+    const char *av[] = {"PING"};
+    size_t al[] = {4};
+    c->ping_out = true;
+    if (c->role == LD_CONN_ROLE_SUB) {
+        /* Counted by hand: pushes are not numbered. */
+        if (send_raw(c, 1, av, al) == LD_OK) {
+            c->progress_us = ld_now_us();
+            c->n_sent++;
+        }
+        return;
+    }
+    if (!own_send(c, "ping", 1, av, al)) {
+        c->ping_out = false;
+    }
+}
+
+static void
+handshake(struct ld_conn *c)
+{
+    const struct ld_config *cfg = c->ctx->cfg;
+    c->state = LD_CONN_HANDSHAKE;
+    c->handshake_left = 0;
+    c->handshake_err[0] = '\0';
+    const char *av[3];
+    size_t al[3];
+    bool sent = true;
+    int n = ld_conn_auth_argv(cfg, av, al);
+    if (n > 0) {
+        sent = own_send(c, "auth", n, av, al) && sent;
+        c->handshake_left++;
+    }
+    /* Channels are not per database: the subscriber selects none. */
+    char db[16];
+    if (cfg->redis.db != 0 && c->role != LD_CONN_ROLE_SUB) {
+        snprintf(db, sizeof(db), "%d", cfg->redis.db);
+        const char *sv[] = {"SELECT", db};
+        size_t sl[] = {6, strlen(db)};
+        sent = own_send(c, "select", 2, sv, sl) && sent;
+        c->handshake_left++;
+    }
+    char name[128];
+    snprintf(name, sizeof(name), "leased:%s:%s", c->ctx->instance,
+             role_names[c->role]);
+    const char *nv[] = {"CLIENT", "SETNAME", name};
+    size_t nl[] = {6, 7, strlen(name)};
+    sent = own_send(c, "setname", 3, nv, nl) && sent;
+    c->handshake_left++;
+    if (!sent) {
+        conn_down(c, "handshake could not be sent");
+        return;
+    }
+    arm_timer(c);
+}
+
+static void
+handshake_reply(struct ld_conn *c, const redisReply *r, const char *step)
+{
+    if (r->type == REDIS_REPLY_ERROR && c->handshake_err[0] == '\0') {
+        log_error("redis handshake failed address=%s role=%s step=%s "
+                  "error=\"%s\"", c->address, role_names[c->role], step,
+                  r->str);
+        snprintf(c->handshake_err, sizeof(c->handshake_err),
+                 "handshake step %s failed: %s", step, r->str);
+    }
+    if (--c->handshake_left > 0) {
+        return;
+    }
+    if (c->handshake_err[0] != '\0') {
+        char why[192];
+        snprintf(why, sizeof(why), "%s", c->handshake_err);
+        /* Bad credentials or database: retrying fast only floods the
+         * log, so this backs off like any other failure. */
+        conn_down(c, why);
+        return;
+    }
+    ld_backoff_reset(&c->backoff);
+    c->state = LD_CONN_READY;
+    c->last_error[0] = '\0';
+    arm_timer(c);
+    c->ops->on_ready(c, c->owner);
+}
+
+static bool
+is_pong(const redisReply *r)
+{
+    if (r->type == REDIS_REPLY_STATUS) {
+        return strcasecmp(r->str, "PONG") == 0;
+    }
+    return r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
+           r->element[0]->type == REDIS_REPLY_STRING &&
+           strcasecmp(r->element[0]->str, "pong") == 0;
+}
+
+static void
+dispatch(struct ld_conn *c, redisReply *r)
+{
+    uint64_t now = ld_now_us();
+    c->progress_us = now;
+    c->last_io_us = now;
+    bool sub_ready = c->role == LD_CONN_ROLE_SUB &&
+                     c->state == LD_CONN_READY;
+    if (sub_ready) {
+        if (c->ping_out && is_pong(r)) {
+            c->ping_out = false;
+            c->n_recv++;
+            return;
+        }
+        c->ops->on_push(c, r, c->owner);
+        return;
+    }
+    uint64_t seq = c->n_recv++;
+    if (c->own_n > 0 && c->own[c->own_head] == seq) {
+        const char *step = c->own_step[c->own_head];
+        c->own_head = (c->own_head + 1) % OWN_RING;
+        c->own_n--;
+        if (c->state == LD_CONN_HANDSHAKE) {
+            handshake_reply(c, r, step);
+        } else {
+            c->ping_out = false;
+        }
+        return;
+    }
+    LD_ASSERTF(c->state == LD_CONN_READY, "owner reply in state %d",
+               (int)c->state);
+    c->ops->on_reply(c, r, c->owner);
+}
+
+/* Parse and hand out what the reader holds. */
+static void
+process_input(struct ld_conn *c)
+{
+    struct bufferevent *bev = c->bev;
+    uint64_t id = c->id;
+    c->busy++;
+    while (c->id == id && c->bev == bev && !c->free_pending) {
+        void *r = NULL;
+        if (redisReaderGetReply(c->reader, &r) != REDIS_OK) {
+            char why[192];
+            snprintf(why, sizeof(why), "protocol error: %s",
+                     c->reader->errstr);
+            conn_down(c, why);
+            break;
+        }
+        if (r == NULL) {
+            break;
+        }
+        dispatch(c, r);
+        freeReplyObject(r);
+    }
+    c->busy--;
+    /* Lazily: a timer that fires early re-arms itself, which costs less
+     * than moving it on every read. */
+    if (c->id == id && c->bev == bev && !c->free_pending &&
+        c->state != LD_CONN_DOWN &&
+        !event_pending(c->timer_ev, EV_TIMEOUT, NULL)) {
+        arm_timer(c);
+    }
+    maybe_free(c);
+}
+
+/* The bufferevent writes, but a plain socket is read here: libevent 2.1
+ * reads at most 4 KB per event into an evbuffer, so a 10 KB reply would
+ * take three loop turns and a copy more. Straight from the socket into
+ * the reader is one copy, 16 KB a turn, as hiredis did. (A TLS
+ * transport would read through its bufferevent instead.) */
+static void
+sock_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct ld_conn *c = arg;
+    char buf[16 * 1024];
+    LD_UNUSED(what);
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+        redisReaderFeed(c->reader, buf, (size_t)n);
+        process_input(c);
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK ||
+                  errno == EINTR)) {
+        return;
+    }
+    char why[192];
+    snprintf(why, sizeof(why), "%s",
+             n == 0 ? "Server closed the connection" : strerror(errno));
+    c->busy++;
+    conn_down(c, why);
+    c->busy--;
+    maybe_free(c);
+}
+
+static void
+event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct ld_conn *c = arg;
+    LD_UNUSED(bev);
+    if (what & BEV_EVENT_CONNECTED) {
+        evutil_socket_t fd = bufferevent_getfd(c->bev);
+        bufferevent_disable(c->bev, EV_READ);
+        event_assign(c->read_ev, c->ctx->base, fd, EV_READ | EV_PERSIST,
+                     sock_read_cb, c);
+        event_add(c->read_ev, NULL);
+        if (!c->addr.is_unix) {
+            int on = 1;
+            /* Commands are batched per loop turn already; Nagle would
+             * only add latency. A subscriber hears nothing for long
+             * stretches: keepalive notices a vanished peer too. */
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+            setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+        }
+        c->busy++;
+        handshake(c);
+        c->busy--;
+        maybe_free(c);
+        return;
+    }
+    char why[192];
+    if (what & BEV_EVENT_EOF) {
+        snprintf(why, sizeof(why), "Server closed the connection");
+    } else {
+        snprintf(why, sizeof(why), "%s",
+                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    }
+    if (c->state == LD_CONN_CONNECTING) {
+        log_debug("redis connect failed address=%s error=\"%s\"",
+                  c->address, why);
+    }
+    c->busy++;
+    conn_down(c, why);
+    c->busy--;
+    maybe_free(c);
+}
+
+static void
+timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct ld_conn *c = arg;
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    uint64_t now = ld_now_us();
+    char why[96];
+    c->busy++;
+    if (c->state == LD_CONN_CONNECTING) {
+        if (now - c->started_us >= timeout_us(c)) {
+            snprintf(why, sizeof(why), "connect timed out after %d ms",
+                     c->ctx->cfg->redis.timeout_ms);
+            conn_down(c, why);
+        } else {
+            arm_timer(c);
+        }
+    } else if (c->state != LD_CONN_DOWN && owed(c) > 0) {
+        if (now - c->progress_us >= timeout_us(c)) {
+            snprintf(why, sizeof(why), "timed out after %d ms",
+                     c->ctx->cfg->redis.timeout_ms);
+            if (c->state == LD_CONN_READY && c->ops->on_stall != NULL &&
+                !(c->own_n > 0 && owed(c) == c->own_n)) {
+                /* The owner decides; the next call comes after another
+                 * full bound. */
+                c->progress_us = now;
+                c->ops->on_stall(c, c->owner);
+                if (c->state != LD_CONN_DOWN && !c->free_pending) {
+                    arm_timer(c);
+                }
+            } else {
+                conn_down(c, why);
+            }
+        } else {
+            arm_timer(c);
+        }
+    } else if (c->state == LD_CONN_READY) {
+        if (now - c->last_io_us >= (uint64_t)c->ping_idle_ms * 1000) {
+            send_ping(c);
+        }
+        arm_timer(c);
+    }
+    c->busy--;
+    maybe_free(c);
+}
+
+/* Resolve and connect; an error reported at once is a failed attempt
+ * like any other. */
+static void
+conn_connect(struct ld_conn *c)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    char why[192];
+    memset(&ss, 0, sizeof(ss));
+    if (c->addr.is_unix) {
+        struct sockaddr_un *sun = (struct sockaddr_un *)&ss;
+        sun->sun_family = AF_UNIX;
+        size_t n = strlen(c->addr.host);
+        if (n >= sizeof(sun->sun_path)) {
+            conn_down(c, "socket path too long");
+            return;
+        }
+        memcpy(sun->sun_path, c->addr.host, n + 1);
+        sl = sizeof(*sun);
+    } else {
+        struct evutil_addrinfo hints, *res = NULL;
+        char port[16];
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        snprintf(port, sizeof(port), "%d", c->addr.port);
+        int rc = evutil_getaddrinfo(c->addr.host, port, &hints, &res);
+        if (rc != 0 || res == NULL) {
+            snprintf(why, sizeof(why), "%s", evutil_gai_strerror(rc));
+            conn_down(c, why);
+            return;
+        }
+        /* Prefer IPv4, where a default Redis listens for sure. */
+        struct evutil_addrinfo *pick = res;
+        for (struct evutil_addrinfo *a = res; a != NULL; a = a->ai_next) {
+            if (a->ai_family == AF_INET) {
+                pick = a;
+                break;
+            }
+        }
+        memcpy(&ss, pick->ai_addr, pick->ai_addrlen);
+        sl = (socklen_t)pick->ai_addrlen;
+        evutil_freeaddrinfo(res);
+    }
+    c->bev = transport_new(c);
+    bufferevent_setcb(c->bev, NULL, NULL, event_cb, c);
+    bufferevent_enable(c->bev, EV_WRITE);
+    if (c->reader != NULL) {
+        redisReaderFree(c->reader);
+    }
+    c->reader = redisReaderCreate();
+    if (c->reader == NULL) {
+        ld_oom(0);
+    }
+    c->id = ++next_conn_id;
+    c->state = LD_CONN_CONNECTING;
+    c->started_us = ld_now_us();
+    c->n_sent = c->n_recv = 0;
+    c->own_n = 0;
+    c->ping_out = false;
+    arm_timer(c);
+    struct bufferevent *bev = c->bev;
+    uint64_t id = c->id;
+    if (bufferevent_socket_connect(bev, (struct sockaddr *)&ss, (int)sl) !=
+        0) {
+        /* libevent may have reported the error through event_cb
+         * already. */
+        if (c->id == id && c->bev == bev) {
+            snprintf(why, sizeof(why), "%s", strerror(errno));
+            log_debug("redis connect failed address=%s error=\"%s\"",
+                      c->address, why);
+            conn_down(c, why);
+        }
+    }
+}
+
+static void
+retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct ld_conn *c = arg;
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    c->busy++;
+    conn_connect(c);
+    c->busy--;
+    maybe_free(c);
+}
+
+/* ---- the owner's side ----------------------------------------------- */
+
+static void
+set_address(struct ld_conn *c, const struct ld_conn_addr *addr)
+{
+    c->addr = *addr;
+    if (addr->is_unix) {
+        snprintf(c->address, sizeof(c->address), "%s", addr->host);
+    } else {
+        snprintf(c->address, sizeof(c->address), "%s:%d", addr->host,
+                 addr->port);
+    }
+}
+
+struct ld_conn *
+ld_conn_new(const struct ld_ctx *ctx, const struct ld_conn_addr *addr,
+            enum ld_conn_role role, const struct ld_conn_ops *ops,
+            void *owner)
+{
+    struct ld_conn *c = ld_xcalloc(1, sizeof(*c));
+    c->ctx = ctx;
+    c->role = role;
+    c->ops = ops;
+    c->owner = owner;
+    c->state = LD_CONN_DOWN;
+    c->ping_idle_ms = PING_IDLE_MS;
+    set_address(c, addr);
+    ld_backoff_reset(&c->backoff);
+    c->retry_ev = evtimer_new(ctx->base, retry_cb, c);
+    c->timer_ev = evtimer_new(ctx->base, timer_cb, c);
+    c->read_ev = event_new(ctx->base, -1, 0, NULL, NULL);
+    if (c->retry_ev == NULL || c->timer_ev == NULL || c->read_ev == NULL) {
+        ld_oom(0);
+    }
+    return c;
+}
+
+void
+ld_conn_free(struct ld_conn *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    c->free_pending = true;
+    event_del(c->retry_ev);
+    event_del(c->timer_ev);
+    maybe_free(c);
+}
+
+void
+ld_conn_start(struct ld_conn *c)
+{
+    c->started = true;
+    if (c->state != LD_CONN_DOWN) {
+        return;
+    }
+    event_del(c->retry_ev);
+    /* The owner may free C from on_down, called from in here. */
+    c->busy++;
+    conn_connect(c);
+    c->busy--;
+    maybe_free(c);
+}
+
+void
+ld_conn_set_owner(struct ld_conn *c, const struct ld_conn_ops *ops,
+                  void *owner)
+{
+    c->ops = ops;
+    c->owner = owner;
+}
+
+void
+ld_conn_no_retry(struct ld_conn *c)
+{
+    c->no_retry = true;
+    event_del(c->retry_ev);
+}
+
+void
+ld_conn_set_addr(struct ld_conn *c, const struct ld_conn_addr *addr)
+{
+    set_address(c, addr);
+    c->busy++;
+    if (c->state != LD_CONN_DOWN) {
+        conn_down(c, "the address changed");
+    }
+    if (c->started && !c->no_retry && !c->free_pending &&
+        c->state == LD_CONN_DOWN) {
+        /* Nothing to back off from: the old address is not the new. */
+        ld_backoff_reset(&c->backoff);
+        event_del(c->retry_ev);
+        conn_connect(c);
+    }
+    c->busy--;
+    maybe_free(c);
+}
+
+void
+ld_conn_close(struct ld_conn *c, const char *why)
+{
+    if (c->state != LD_CONN_DOWN) {
+        c->busy++;
+        conn_down(c, why);
+        c->busy--;
+        maybe_free(c);
+    }
+}
+
+enum ld_conn_state
+ld_conn_state(const struct ld_conn *c)
+{
+    return c->state;
+}
+
+uint64_t
+ld_conn_id(const struct ld_conn *c)
+{
+    return c->id;
+}
+
+const char *
+ld_conn_last_error(const struct ld_conn *c)
+{
+    return c->last_error;
+}
+
+const char *
+ld_conn_address(const struct ld_conn *c)
+{
+    return c->address;
+}
+
+void
+ld_conn_set_ping_idle_ms(struct ld_conn *c, int ms)
+{
+    c->ping_idle_ms = ms;
+    if (c->state == LD_CONN_READY) {
+        arm_timer(c);
+    }
 }

@@ -3,17 +3,28 @@
 
 #include "ld_common.h"
 
-struct event_base;
-struct ld_config;
-struct redisAsyncContext;
+#include <hiredis/hiredis.h>
 
-/* What every Redis connection of the daemon shares, whoever owns it (the
- * command connections of ld_redis, the subscriber of ld_pubsub): where
- * it goes, how it is opened, how its retries back off, and the AUTH it
- * starts with. Owners keep their own queues and states on top.
+struct ld_config;
+struct ld_ctx;
+
+/* The one Redis connection core. Every connection of the daemon (the
+ * command connections of ld_redis, its lock pool, the subscriber of
+ * ld_pubsub) is a struct ld_conn: it connects (TCP or Unix socket) within
+ * redis.timeout_ms, backs off with jitter between attempts, runs the
+ * handshake (AUTH, SELECT for command connections, CLIENT SETNAME
+ * leased:<instance>:<role>), checks that an idle connection still
+ * answers (PING), notices a reply owed for longer than redis.timeout_ms,
+ * and tears down. Its owner hears of it through struct ld_conn_ops and
+ * keeps its own queues on top.
  *
- * The address is a value the owner may replace at run time (a failover
- * names a new master); the next connect uses it. */
+ * The bytes travel over a libevent bufferevent (made in one place, where
+ * TLS plugs in): commands are formatted straight into its output buffer
+ * and those of one loop turn leave in one write; replies are read from
+ * the socket into hiredis' reader (redisReader), hiredis' only use. */
+
+/* Where a connection goes. The owner may point a connection at a new
+ * address at run time (a failover names a new master). */
 struct ld_conn_addr {
     char host[256];               /* or the Unix socket path */
     int port;
@@ -23,12 +34,80 @@ struct ld_conn_addr {
 /* "host:port" or an absolute Unix socket path. */
 int ld_conn_parse_address(const char *addr, struct ld_conn_addr *out);
 
-/* Open a connection to ADDR on BASE. This is the one place a transport
- * is made: TLS plugs in here. NULL, with the reason in ERR, when it
- * failed at once. The owner sets the connect and disconnect callbacks. */
-struct redisAsyncContext *ld_conn_open(const struct ld_conn_addr *addr,
-                                       struct event_base *base, char *err,
-                                       size_t errlen);
+enum ld_conn_role {
+    LD_CONN_ROLE_CMD,             /* shared command connections */
+    LD_CONN_ROLE_LOCK,            /* the lock pool */
+    LD_CONN_ROLE_SUB              /* the subscriber */
+};
+
+enum ld_conn_state {
+    LD_CONN_DOWN,
+    LD_CONN_CONNECTING,
+    LD_CONN_HANDSHAKE,
+    LD_CONN_READY
+};
+
+struct ld_conn;
+
+/* Calls to the owner. None is made from inside ld_conn_send; a callback
+ * may send, close the connection or change its address. */
+struct ld_conn_ops {
+    /* The handshake is done: the owner's commands may go. */
+    void (*on_ready)(struct ld_conn *c, void *owner);
+    /* The connection went down (WAS_READY) or an attempt failed: no reply
+     * owed to the owner will come. WHY is for logs and callers. Unless
+     * the owner called ld_conn_no_retry, the next attempt is scheduled. */
+    void (*on_down)(struct ld_conn *c, bool was_ready, const char *why,
+                    void *owner);
+    /* The answer to the owner's oldest command (command roles). */
+    void (*on_reply)(struct ld_conn *c, redisReply *reply, void *owner);
+    /* What Redis pushes on a subscriber connection: (un)subscribe
+     * confirmations and messages. */
+    void (*on_push)(struct ld_conn *c, redisReply *reply, void *owner);
+    /* A reply has been owed for redis.timeout_ms without progress. NULL:
+     * the connection is closed. */
+    void (*on_stall)(struct ld_conn *c, void *owner);
+};
+
+/* A connection to ADDR (copied) in ROLE. It starts with ld_conn_start. */
+struct ld_conn *ld_conn_new(const struct ld_ctx *ctx,
+                            const struct ld_conn_addr *addr,
+                            enum ld_conn_role role,
+                            const struct ld_conn_ops *ops, void *owner);
+/* Close without calls to the owner and free. Safe from the owner's
+ * callbacks (the memory goes when the callback returns). */
+void ld_conn_free(struct ld_conn *c);
+
+void ld_conn_start(struct ld_conn *c);
+/* Hand the connection to another owner (a command connection set aside
+ * keeps its transport for late answers). */
+void ld_conn_set_owner(struct ld_conn *c, const struct ld_conn_ops *ops,
+                       void *owner);
+/* After the next down, stay down. */
+void ld_conn_no_retry(struct ld_conn *c);
+/* Go to ADDR from now on: an open connection is closed (the owner hears
+ * on_down) and the next attempt goes there at once. */
+void ld_conn_set_addr(struct ld_conn *c, const struct ld_conn_addr *addr);
+/* Take the connection down now with WHY (on_down follows at once). */
+void ld_conn_close(struct ld_conn *c, const char *why);
+
+/* Append a command to the output; it leaves with the loop turn's write.
+ * On a command connection its reply comes back through on_reply, in
+ * send order. LD_ERR when the connection has no transport. */
+int ld_conn_send(struct ld_conn *c, int argc, const char **argv,
+                 const size_t *argvlen);
+
+enum ld_conn_state ld_conn_state(const struct ld_conn *c);
+/* Changes with every transport, so a command can be pinned to one. */
+uint64_t ld_conn_id(const struct ld_conn *c);
+/* Of the latest failure ("" if none). */
+const char *ld_conn_last_error(const struct ld_conn *c);
+/* The peer's address as "host:port" or the path. */
+const char *ld_conn_address(const struct ld_conn *c);
+
+/* Idle time after which a ready connection is PINGed (tests shorten
+ * it). */
+void ld_conn_set_ping_idle_ms(struct ld_conn *c, int ms);
 
 /* Exponential backoff between attempts, with jitter so that many daemons
  * do not stampede a Redis that just came back. */

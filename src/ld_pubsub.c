@@ -3,13 +3,15 @@
  * per-key channels here; the connection holds a channel while anyone
  * local wants it.
  *
- * hiredis 0.14 keeps one callback per channel and deletes it when an
- * "unsubscribe" reply arrives, even if a new SUBSCRIBE for the same
- * channel was sent in between, and it leaves subscribed mode when the
- * subscription count drops to zero. Two rules keep us clear of both: a
- * channel is never re-subscribed while its UNSUBSCRIBE is in flight (we
- * wait for the confirmation), and the connection always holds one
- * channel of its own, so the count never reaches zero.
+ * Two rules keep the channel states simple: a channel is never
+ * re-subscribed while its UNSUBSCRIBE is in flight (we wait for the
+ * confirmation, so a late "unsubscribe" cannot be taken for the new
+ * subscription's), and the connection always holds one channel of its
+ * own, so it stays in subscribed mode for its whole life and the idle
+ * PING of ld_conn is always answered the same way (a "pong" push).
+ *
+ * Connecting, the handshake, liveness and reconnecting are ld_conn's;
+ * after every reconnect the channels still wanted are subscribed again.
  */
 #include "ld_pubsub.h"
 
@@ -30,7 +32,6 @@
 #include <sys/queue.h>
 
 #include <event2/event.h>
-#include <hiredis/async.h>
 
 
 enum chan_state { CH_IDLE, CH_SUBSCRIBING, CH_SUBSCRIBED, CH_UNSUBSCRIBING };
@@ -56,15 +57,13 @@ struct chan {
     size_t n_subs;
 };
 
-enum ps_state { PS_DOWN, PS_CONNECTING, PS_READY };
+enum ps_state { PS_DOWN, PS_READY };
 
 static struct {
     const struct ld_ctx *ctx;
-    redisAsyncContext *ac;
+    struct ld_conn *conn;
     enum ps_state state;
     struct ld_conn_addr addr;
-    struct ld_backoff backoff;
-    struct event *retry_ev;
     struct ld_defer notify_defer;
     struct ld_dict *chans;
     STAILQ_HEAD(, ld_pubsub_sub) notify;
@@ -73,8 +72,6 @@ static struct {
     char own_channel[64];
 } pubsub_mod;
 
-static void ps_connect(void);
-static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
 
 static void
 sub_bury(struct ld_pubsub_sub *sub)
@@ -196,8 +193,8 @@ send_cmd(const char *verb, const char *name, size_t len)
 {
     const char *argv[] = {verb, name};
     size_t argvlen[] = {strlen(verb), len};
-    /* Every channel shares one callback; the reply names the channel. */
-    redisAsyncCommandArgv(pubsub_mod.ac, reply_cb, NULL, 2, argv, argvlen);
+    /* The confirmation names the channel (see push_cb). */
+    ld_conn_send(pubsub_mod.conn, 2, argv, argvlen);
 }
 
 static void
@@ -263,12 +260,11 @@ ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub)
 }
 
 static void
-reply_cb(redisAsyncContext *ac, void *r, void *privdata)
+push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
-    redisReply *reply = r;
-    LD_UNUSED(privdata);
-    if (ac != pubsub_mod.ac || reply == NULL ||
-        reply->type != REDIS_REPLY_ARRAY ||
+    LD_UNUSED(conn);
+    LD_UNUSED(owner);
+    if (reply->type != REDIS_REPLY_ARRAY ||
         reply->elements < 3 || reply->element[0]->type != REDIS_REPLY_STRING ||
         reply->element[1]->type != REDIS_REPLY_STRING) {
         return;
@@ -304,38 +300,6 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
             }
         }
     }
-}
-
-static void
-own_cb(redisAsyncContext *ac, void *r, void *privdata)
-{
-    LD_UNUSED(ac);
-    LD_UNUSED(r);
-    LD_UNUSED(privdata);
-}
-
-static void
-auth_cb(redisAsyncContext *ac, void *r, void *privdata)
-{
-    redisReply *reply = r;
-    LD_UNUSED(privdata);
-    if (ac != pubsub_mod.ac) {
-        return;
-    }
-    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
-        log_error("redis subscriber auth failed error=\"%s\"",
-                  reply != NULL ? reply->str : "no reply");
-        redisAsyncDisconnect(ac);
-        return;
-    }
-}
-
-static void
-schedule_retry(void)
-{
-    int ms = ld_backoff_next_ms(&pubsub_mod.backoff);
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    event_add(pubsub_mod.retry_ev, &tv);
 }
 
 /* Everything subscribed is gone with the connection: tell subscribers
@@ -383,10 +347,15 @@ lost_all(void)
 }
 
 static void
-on_ready(void)
+ready_cb(struct ld_conn *conn, void *owner)
 {
+    LD_UNUSED(owner);
+    /* The connection's own channel keeps the subscription count above
+     * zero for its whole life (see the top of this file). */
+    const char *av[] = {"SUBSCRIBE", pubsub_mod.own_channel};
+    size_t al[] = {9, strlen(pubsub_mod.own_channel)};
+    ld_conn_send(conn, 2, av, al);
     pubsub_mod.state = PS_READY;
-    ld_backoff_reset(&pubsub_mod.backoff);
     log_debug("redis subscriber ready");
     struct ld_dict_iter it;
     void *v;
@@ -397,81 +366,26 @@ on_ready(void)
 }
 
 static void
-connect_cb(const redisAsyncContext *ac, int status)
+down_cb(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
 {
-    if (ac != pubsub_mod.ac) {
-        return;
-    }
-    if (status != REDIS_OK) {
-        pubsub_mod.ac = NULL;
-        pubsub_mod.state = PS_DOWN;
-        schedule_retry();
-        return;
-    }
-    redisAsyncContext *mac = pubsub_mod.ac;
-    if (!pubsub_mod.addr.is_unix) {
-        /* A subscriber hears nothing for long stretches; keepalive is how
-         * a dead peer is noticed. (It fails on Unix sockets, whose peer
-         * cannot vanish silently, and would poison the context.) */
-        redisEnableKeepAlive(&mac->c);
-    }
-    const struct ld_config *cfg = pubsub_mod.ctx->cfg;
-    const char *av[3];
-    size_t al[3];
-    int n = ld_conn_auth_argv(cfg, av, al);
-    if (n > 0) {
-        redisAsyncCommandArgv(mac, auth_cb, NULL, n, av, al);
-    }
-    /* The connection's own channel keeps the subscription count above
-     * zero for its whole life (see the top of this file). */
-    redisAsyncCommand(mac, own_cb, NULL, "SUBSCRIBE %s",
-                      pubsub_mod.own_channel);
-    on_ready();
-}
-
-static void
-disconnect_cb(const redisAsyncContext *ac, int status)
-{
-    LD_UNUSED(status);
-    if (ac != pubsub_mod.ac) {
-        return;
-    }
-    pubsub_mod.ac = NULL;
-    bool was = pubsub_mod.state == PS_READY;
+    LD_UNUSED(conn);
+    LD_UNUSED(owner);
     pubsub_mod.state = PS_DOWN;
-    if (was) {
-        log_warn("redis subscriber connection lost");
-    }
-    lost_all();
-    schedule_retry();
-}
-
-static void
-ps_connect(void)
-{
-    char err[160];
-    redisAsyncContext *ac = ld_conn_open(&pubsub_mod.addr,
-                                         pubsub_mod.ctx->base, err,
-                                         sizeof(err));
-    if (ac == NULL) {
-        log_debug("redis subscriber connect failed error=\"%s\"", err);
-        schedule_retry();
+    if (!was_ready) {
+        log_debug("redis subscriber connect failed error=\"%s\"", why);
         return;
     }
-    pubsub_mod.ac = ac;
-    pubsub_mod.state = PS_CONNECTING;
-    redisAsyncSetConnectCallback(ac, connect_cb);
-    redisAsyncSetDisconnectCallback(ac, disconnect_cb);
+    log_warn("redis subscriber connection lost reason=\"%s\"", why);
+    lost_all();
 }
 
-static void
-retry_cb(evutil_socket_t fd, short what, void *arg)
-{
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    LD_UNUSED(arg);
-    ps_connect();
-}
+static const struct ld_conn_ops sub_ops = {
+    .on_ready = ready_cb,
+    .on_down = down_cb,
+    .on_reply = NULL,
+    .on_push = push_cb,
+    .on_stall = NULL,
+};
 
 int
 ld_pubsub_init(const struct ld_ctx *ctx)
@@ -481,16 +395,13 @@ ld_pubsub_init(const struct ld_ctx *ctx)
     pubsub_mod.ctx = ctx;
     STAILQ_INIT(&pubsub_mod.notify);
     SLIST_INIT(&pubsub_mod.graveyard);
-    ld_backoff_reset(&pubsub_mod.backoff);
     if (ld_conn_parse_address(cfg->redis.address, &pubsub_mod.addr) !=
         LD_OK) {
         return LD_ERR;
     }
     pubsub_mod.chans = ld_dict_new();
-    pubsub_mod.retry_ev = evtimer_new(ctx->base, retry_cb, NULL);
-    if (pubsub_mod.retry_ev == NULL) {
-        ld_oom(0);
-    }
+    pubsub_mod.conn = ld_conn_new(ctx, &pubsub_mod.addr, LD_CONN_ROLE_SUB,
+                                  &sub_ops, NULL);
     ld_defer_init(&pubsub_mod.notify_defer, ctx->base, notify_cb, NULL);
     snprintf(pubsub_mod.own_channel, sizeof(pubsub_mod.own_channel),
              "leased:daemon:%s", ctx->instance);
@@ -500,17 +411,15 @@ ld_pubsub_init(const struct ld_ctx *ctx)
 void
 ld_pubsub_start(void)
 {
-    ps_connect();
+    ld_conn_start(pubsub_mod.conn);
 }
 
 void
 ld_pubsub_free(void)
 {
-    if (pubsub_mod.ac != NULL) {
-        redisAsyncContext *ac = pubsub_mod.ac;
-        pubsub_mod.ac = NULL;
-        redisAsyncFree(ac);
-    }
+    ld_conn_free(pubsub_mod.conn);
+    pubsub_mod.conn = NULL;
+    pubsub_mod.state = PS_DOWN;
     if (pubsub_mod.chans != NULL) {
         struct ld_dict_iter it;
         void *v;
@@ -534,9 +443,6 @@ ld_pubsub_free(void)
         struct ld_pubsub_sub *n = SLIST_FIRST(&pubsub_mod.graveyard);
         SLIST_REMOVE_HEAD(&pubsub_mod.graveyard, grave_link);
         free(n);
-    }
-    if (pubsub_mod.retry_ev != NULL) {
-        event_free(pubsub_mod.retry_ev);
     }
     if (pubsub_mod.notify_defer.ev != NULL) {
         ld_defer_free(&pubsub_mod.notify_defer);

@@ -1,19 +1,17 @@
 /*
  * The Redis backend: a fixed set of pipelined command connections.
  *
- * hiredis 0.14 has no timeouts in its async API, frees the context itself
- * after a failed connect or a disconnect, and may hand callbacks a NULL
- * reply. So this module owns the lifecycle: every command is wrapped in a
+ * The connections themselves (connecting, handshake, liveness, the
+ * bound on a reply owed, reconnecting with backoff) are ld_conn's; this
+ * module keeps what is about commands. Every command is wrapped in a
  * struct rcmd queued per connection in send order (Redis answers in that
- * order), one timer per connection watches the oldest command, and a
- * command older than redis.timeout_ms sets the connection aside: every
- * command queued on it is answered (outcome unknown) at once, its slot
- * reconnects, and the old connection stays open a while longer only to
- * hand Redis' late answers to the commands that asked for them and to
- * carry commands pinned to it (a release that must run after the acquire
- * it undoes). Reconnects back off
- * exponentially up to a cap, and each new connection authenticates,
- * selects its database and loads the scripts before it takes traffic.
+ * order). When ld_conn reports a reply owed for redis.timeout_ms, the
+ * connection is set aside: every command queued on it is answered
+ * (outcome unknown) at once, its slot gets a new connection, and the old
+ * one stays open a while longer only to hand Redis' late answers to the
+ * commands that asked for them and to carry commands pinned to it (a
+ * release that must run after the acquire it undoes). Each new
+ * connection loads the scripts before it takes traffic.
  * A command issued while no connection is ready but one is on its way
  * waits for it (in issue order, bounded in count and by redis.timeout_ms
  * from the issue); once the latest attempt has failed, Redis counts as
@@ -38,10 +36,10 @@
  *      from the loop through the failure list, never from inside the
  *      call that issued them.
  *
- * Address, transport, backoff and AUTH come from ld_conn, shared with
- * the subscriber connection.
+ * See also "HOW A REQUEST REACHES REDIS" in leased(8).
  */
 #include "ld_redis.h"
+#include "ld_redis_int.h"
 
 #include "ld_assert.h"
 #include "ld_conf.h"
@@ -59,110 +57,26 @@
 #include <sys/queue.h>
 
 #include <event2/event.h>
-#include <hiredis/async.h>
 
-#define MAX_CONNS 64              /* per pool */
-#define STACK_ARGS 32
-#define MAX_WAITING 4096          /* commands awaiting a connection */
+struct ld_redis_mod redis_mod;
 
-enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
+_Static_assert(REDIS_N_SCRIPTS == LD_SCRIPT__COUNT,
+               "ld_redis_int.h counts the scripts as ld_redis.h does");
 
-struct rconn;
-
-struct rcmd {
-    ld_redis_cb *cb;
-    void *arg;
-    struct rconn *conn;
-    uint64_t sent_us;
-    TAILQ_ENTRY(rcmd) link;   /* connection FIFO, waiting or failure list */
-    unsigned flags;           /* LD_REDIS_F_* */
-    bool answered;            /* the callback has had UNKNOWN already */
-    bool noscript;            /* resent as EVAL after NOSCRIPT */
-    enum ld_redis_outcome fail_outcome; /* on the failure list */
-    char *fail_reason;
-    int script;               /* -1 unless an EVALSHA */
-    int argc;                 /* script: keys + args, kept for NOSCRIPT */
-    char **argv;
-    size_t *argvlen;
-    bool internal;            /* handshake step: cb gets the rconn */
-    bool waiting;             /* on the list of those awaiting a conn */
-    enum ld_redis_pool pool;  /* while waiting */
-    uint64_t route_hash;
-    uint64_t wait_until_us;   /* when waiting for a connection ends */
-};
-
-TAILQ_HEAD(rcmd_queue, rcmd);
-
-struct rconn {
-    int idx;
-    redisAsyncContext *ac;
-    enum conn_state state;
-    struct ld_backoff backoff;
-    struct event *retry_ev;
-    struct event *timeout_ev;
-    uint64_t connect_started_us;
-    uint64_t last_reply_us;   /* progress: when Redis last answered */
-    struct rcmd_queue sent;   /* sent, awaiting replies, in send order */
-    unsigned handshake_left;
-    bool handshake_failed;
-    uint64_t id;              /* this context's, for pinned commands */
-    int pool;                 /* enum ld_redis_pool */
-    bool draining;            /* set aside after a timeout */
-    bool closing;
-    uint64_t drain_end_us;
-    LIST_ENTRY(rconn) dlink;  /* list of draining connections */
-    char why[192];            /* why it is going down, for callbacks */
-};
-
-struct state_watcher {
-    ld_redis_state_fn *fn;
-    void *arg;
-};
-
-static struct {
-    const struct ld_ctx *ctx;
-    struct rconn conns[2 * MAX_CONNS];
-    int n_conns;              /* the shared pool: conns[0, n_conns) */
-    int n_lock;               /* the lock pool after it, once started */
-    bool lock_ever_ready;
-    LIST_HEAD(, rconn) draining;
-    uint64_t next_id;
-    char last_error[160];     /* of the latest failed connect */
-    int n_ready;
-    struct ld_conn_addr addr;
-    char address[300];
-    char shas[LD_SCRIPT__COUNT + 1][41];
-    struct rcmd_queue failed; /* answered from the loop by fail_defer */
-    struct ld_defer fail_defer;
-    /* Commands issued while no connection was ready but one was being
-     * established, in issue order; bounded by count and by
-     * redis.timeout_ms from the issue. */
-    struct rcmd_queue waiting;
-    int n_waiting;
-    struct event *wait_ev;
-    bool known_down;          /* the latest connect attempt failed */
-    struct state_watcher watchers[8];
-    int n_watchers;
-    double rtt_us;
-    bool freeing;
-} redis_mod;
-
-static const char *script_bodies[] = {
+const char *const redis_script_bodies[] = {
 #define LD_SCRIPT_BODY(name) ld_lua_##name,
     LD_LUA_SCRIPTS(LD_SCRIPT_BODY)
 #undef LD_SCRIPT_BODY
     NULL
 };
 
-static const char *script_names[] = {
+const char *const redis_script_names[] = {
 #define LD_SCRIPT_NAME(name) #name,
     LD_LUA_SCRIPTS(LD_SCRIPT_NAME)
 #undef LD_SCRIPT_NAME
     NULL
 };
 
-static void conn_start(struct rconn *c);
-static void conn_down(struct rconn *c, const char *why);
 
 /* What the callback now running is told (ld_redis_outcome & co). */
 struct cb_context {
@@ -190,9 +104,9 @@ ld_redis_conn_id(void)
     return CUR.conn_id;
 }
 
-static void
-call_cb(struct rcmd *cmd, redisReply *reply, enum ld_redis_outcome outcome,
-        const char *reason, uint64_t conn_id)
+void
+redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
+              const char *reason, uint64_t conn_id)
 {
     char buf[320];
     if (reply != NULL && reply->type == REDIS_REPLY_ERROR) {
@@ -272,8 +186,8 @@ notify_state(bool up)
 }
 
 /* Call before changing c->state: it compares with the old state. */
-static void
-set_ready(struct rconn *c, bool ready)
+void
+redis_set_ready(struct rconn *c, bool ready)
 {
     bool was = c->state == CONN_READY;
     if (was == ready) {
@@ -297,8 +211,8 @@ set_ready(struct rconn *c, bool ready)
     }
 }
 
-static void
-rcmd_free(struct rcmd *cmd)
+void
+redis_rcmd_free(struct rcmd *cmd)
 {
     free(cmd->argv);           /* one block: argv, argvlen and the bytes */
     free(cmd->fail_reason);
@@ -329,98 +243,53 @@ fail_cb(void *arg)
         struct rcmd *cmd = TAILQ_FIRST(&list);
         TAILQ_REMOVE(&list, cmd, link);
         ld_stats.redis_errors++;
-        call_cb(cmd, NULL, cmd->fail_outcome, cmd->fail_reason, 0);
-        rcmd_free(cmd);
+        redis_call_cb(cmd, NULL, cmd->fail_outcome, cmd->fail_reason, 0);
+        redis_rcmd_free(cmd);
     }
 }
 
-/* The clock of redis.timeout_ms starts when the oldest unanswered
- * command was sent or when Redis last answered, whichever is later: a
- * connection still answering a long pipelined burst (100,000 watchdog
- * renewals, say) is slow, not unreachable, and dropping it would fail
- * every command on it for nothing. */
-static uint64_t
-stall_start(const struct rconn *c)
+int
+redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
+                const char **argv, const size_t *argvlen)
 {
-    const struct rcmd *head = TAILQ_FIRST(&c->sent);
-    return head->sent_us > c->last_reply_us ? head->sent_us
-                                            : c->last_reply_us;
-}
-
-static void
-arm_timeout(struct rconn *c)
-{
-    if (c->draining) {
-        return;            /* its timer is the drain bound */
-    }
-    if (TAILQ_EMPTY(&c->sent) ||
-        event_pending(c->timeout_ev, EV_TIMEOUT, NULL)) {
-        return;
-    }
-    uint64_t deadline = stall_start(c) +
-                        (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
-    uint64_t now = ld_now_us();
-    uint64_t wait = deadline > now ? deadline - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
-    event_add(c->timeout_ev, &tv);
-}
-
-static void reply_cb(redisAsyncContext *ac, void *r, void *privdata);
-
-static int
-send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
-          const size_t *argvlen)
-{
-    if (redisAsyncCommandArgv(c->ac, reply_cb, cmd, argc, argv, argvlen) !=
-        REDIS_OK) {
+    if (ld_conn_send(c->conn, argc, argv, argvlen) != LD_OK) {
         return LD_ERR;
     }
     cmd->conn = c;
     cmd->sent_us = ld_now_us();
     TAILQ_INSERT_TAIL(&c->sent, cmd, link);
     ld_stats.redis_commands++;
-    arm_timeout(c);
     return LD_OK;
 }
 
-static void handshake_reply(struct rconn *c, redisReply *reply,
-                            struct rcmd *cmd);
+static void wait_cb(evutil_socket_t fd, short what, void *arg);
 static void resend_as_eval(struct rconn *c, struct rcmd *cmd);
 
-static void
-reply_cb(redisAsyncContext *ac, void *r, void *privdata)
+void
+redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
-    struct rcmd *cmd = privdata;
-    struct rconn *c = ac->data;
-    redisReply *reply = r;
-
-    /* Replies arrive in send order, so this is the head of the queue;
-     * hiredis' NULL replies when a context is freed come in that order
-     * too. */
-    LD_ASSERTF(c != NULL && TAILQ_FIRST(&c->sent) == cmd,
-               "reply out of send order conn=%d", c != NULL ? c->idx : -1);
-    if (c != NULL && TAILQ_FIRST(&c->sent) == cmd) {
-        c->last_reply_us = ld_now_us();
-        TAILQ_REMOVE(&c->sent, cmd, link);
+    struct rconn *c = owner;
+    LD_UNUSED(conn);
+    /* Replies arrive in send order, so this is the head of the queue. */
+    struct rcmd *cmd = TAILQ_FIRST(&c->sent);
+    LD_ASSERTF(cmd != NULL, "reply with nothing sent conn=%d", c->idx);
+    if (cmd == NULL) {
+        return;
     }
-    if (reply != NULL) {
-        double sample = (double)(ld_now_us() - cmd->sent_us);
-        double rtt = redis_mod.rtt_us;
-        redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
-        ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
-        ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
-    } else {
-        ld_stats.redis_errors++;
-    }
+    TAILQ_REMOVE(&c->sent, cmd, link);
+    double sample = (double)(ld_now_us() - cmd->sent_us);
+    double rtt = redis_mod.rtt_us;
+    redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
+    ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
+    ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
 
     if (cmd->internal) {
-        handshake_reply(c, reply, cmd);
-        rcmd_free(cmd);
+        redis_handshake_reply(c, reply, cmd);
+        redis_rcmd_free(cmd);
         return;
     }
     if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
-        c != NULL && !cmd->answered && !cmd->noscript &&
+        !cmd->answered && !cmd->noscript &&
         (c->state == CONN_READY || (c->draining && !c->closing))) {
         /* The script cache was flushed under us (SCRIPT FLUSH, or a
          * restart we did not notice): EVAL carries the body and reloads
@@ -430,30 +299,34 @@ reply_cb(redisAsyncContext *ac, void *r, void *privdata)
         resend_as_eval(c, cmd);
         return;
     }
-    uint64_t id = c != NULL ? c->id : 0;
-    bool late = (cmd->flags & LD_REDIS_F_LATE) != 0;
-    if (reply != NULL) {
-        if (!cmd->answered) {
-            call_cb(cmd, reply, LD_REDIS_ANSWERED, "", id);
-        } else if (late) {
-            call_cb(cmd, reply, LD_REDIS_LATE, "", id);
-        }
-    } else if (!cmd->answered || late) {
-        char why[256];
-        if (ac->errstr[0] != '\0') {
-            snprintf(why, sizeof(why), "connection lost: %s", ac->errstr);
-        } else if (c != NULL && c->why[0] != '\0') {
-            snprintf(why, sizeof(why), "%s", c->why);
-        } else {
-            snprintf(why, sizeof(why), "connection closed");
-        }
-        /* No answer will ever come on this connection. */
-        call_cb(cmd, NULL, late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why, id);
+    if (!cmd->answered) {
+        redis_call_cb(cmd, reply, LD_REDIS_ANSWERED, "", c->id);
+    } else if (cmd->flags & LD_REDIS_F_LATE) {
+        redis_call_cb(cmd, reply, LD_REDIS_LATE, "", c->id);
     }
-    rcmd_free(cmd);
-    if (c != NULL && c->draining && !c->closing && TAILQ_EMPTY(&c->sent)) {
+    redis_rcmd_free(cmd);
+    if (c->draining && !c->closing && TAILQ_EMPTY(&c->sent)) {
         /* All late answers are in: close it from the loop. */
         event_active(c->timeout_ev, EV_TIMEOUT, 0);
+    }
+}
+
+/* No answer will ever come on C's connection: what was sent on it hears
+ * so now. */
+void
+redis_fail_sent(struct rconn *c, const char *why)
+{
+    while (!TAILQ_EMPTY(&c->sent)) {
+        struct rcmd *cmd = TAILQ_FIRST(&c->sent);
+        TAILQ_REMOVE(&c->sent, cmd, link);
+        bool late = (cmd->flags & LD_REDIS_F_LATE) != 0;
+        if (!cmd->internal && (!cmd->answered || late)) {
+            ld_stats.redis_errors++;
+            redis_call_cb(cmd, NULL,
+                          late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why,
+                          c->id);
+        }
+        redis_rcmd_free(cmd);
     }
 }
 
@@ -465,7 +338,7 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
     const char **argv = stack_argv;
     size_t *argvlen = stack_len;
     int total = cmd->argc + 3;
-    const char *body = script_bodies[cmd->script];
+    const char *body = redis_script_bodies[cmd->script];
 
     if (cmd->argc > STACK_ARGS) {
         argv = ld_xmalloc(sizeof(*argv) * (size_t)total);
@@ -482,7 +355,7 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
         argv[i + 2] = cmd->argv[i];
         argvlen[i + 2] = cmd->argvlen[i];
     }
-    if (send_argv(c, cmd, cmd->argc + 2, argv, argvlen) != LD_OK) {
+    if (redis_send_argv(c, cmd, cmd->argc + 2, argv, argvlen) != LD_OK) {
         fail_later(cmd, LD_REDIS_NOT_SENT, "could not resend after NOSCRIPT");
     }
     if (argv != stack_argv) {
@@ -509,7 +382,7 @@ pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
         }
         struct rconn *d;
         LIST_FOREACH(d, &redis_mod.draining, dlink) {
-            if (d->id == o->pin && d->ac != NULL && !d->closing) {
+            if (d->id == o->pin && d->conn != NULL && !d->closing) {
                 return d;
             }
         }
@@ -536,7 +409,8 @@ pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
         if (c->state == CONN_READY) {
             return c;
         }
-        if (c->state == CONN_CONNECTING || c->state == CONN_HANDSHAKE) {
+        if (c->state == CONN_HANDSHAKE ||
+            ld_conn_state(c->conn) != LD_CONN_DOWN) {
             pending = true;
         }
     }
@@ -600,7 +474,7 @@ send_script(struct rconn *c, struct rcmd *cmd)
         av[i + 2] = cmd->argv[i];
         al[i + 2] = cmd->argvlen[i];
     }
-    int rc = send_argv(c, cmd, argc + 3, av, al);
+    int rc = redis_send_argv(c, cmd, argc + 3, av, al);
     if (av != stack_argv) {
         free(av);
         free(al);
@@ -639,10 +513,10 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
         if (cmd->script >= 0) {
             rc = send_script(c, cmd);
         } else if (argv != NULL) {
-            rc = send_argv(c, cmd, argc, argv, argvlen);
+            rc = redis_send_argv(c, cmd, argc, argv, argvlen);
         } else {
-            rc = send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
-                           cmd->argvlen);
+            rc = redis_send_argv(c, cmd, cmd->argc,
+                                 (const char **)cmd->argv, cmd->argvlen);
         }
         if (rc != LD_OK) {
             fail_later(cmd, LD_REDIS_NOT_SENT,
@@ -674,8 +548,8 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
 
 /* A connection became ready, or an attempt failed: what waits is sent,
  * waits on, or is answered. */
-static void
-waiting_retry(void)
+void
+redis_waiting_retry(void)
 {
     if (TAILQ_EMPTY(&redis_mod.waiting)) {
         return;
@@ -804,403 +678,6 @@ ld_redis_script_ex(const struct ld_redis_opts *opts,
     route_cmd(cmd, opts, 0, NULL, NULL);
 }
 
-/* ---- connection lifecycle ------------------------------------------- */
-
-static void
-schedule_retry(struct rconn *c)
-{
-    int ms = ld_backoff_next_ms(&c->backoff);
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    event_add(c->retry_ev, &tv);
-}
-
-/* A connection attempt failed: Redis counts as down until one succeeds,
- * and what waited for a connection learns it now. */
-static void
-attempt_failed(void)
-{
-    redis_mod.known_down = true;
-    waiting_retry();
-}
-
-/* Take the connection down now: every command queued on it is answered
- * with NULL from inside redisAsyncFree. */
-static void
-conn_down(struct rconn *c, const char *why)
-{
-    redisAsyncContext *ac = c->ac;
-    bool was_ready = c->state == CONN_READY;
-    set_ready(c, false);
-    c->state = CONN_DOWN;
-    c->ac = NULL;
-    event_del(c->timeout_ev);
-    snprintf(c->why, sizeof(c->why), "%s", why);
-    if (!was_ready) {
-        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
-                 why);
-    }
-    if (ac != NULL) {
-        if (was_ready) {
-            log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
-                     why);
-        } else {
-            log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx,
-                      why);
-        }
-        redisAsyncFree(ac);
-    }
-    /* Commands whose callbacks hiredis did not run (none expected)
-     * must still be answered. */
-    while (!TAILQ_EMPTY(&c->sent)) {
-        struct rcmd *cmd = TAILQ_FIRST(&c->sent);
-        TAILQ_REMOVE(&c->sent, cmd, link);
-        fail_later(cmd, LD_REDIS_UNKNOWN, why);
-    }
-    schedule_retry(c);
-    if (!was_ready) {
-        attempt_failed();
-    } else {
-        waiting_retry();
-    }
-}
-
-/* Close a connection that was set aside, from the loop (never from inside
- * one of its own hiredis callbacks). What still waits for an answer gets
- * its last call now. */
-static void
-drain_close(struct rconn *d)
-{
-    LD_ASSERT(d->draining && !d->closing);
-    LIST_REMOVE(d, dlink);
-    d->closing = true;
-    if (d->ac != NULL) {
-        redisAsyncContext *ac = d->ac;
-        d->ac = NULL;
-        if (!TAILQ_EMPTY(&d->sent)) {
-            log_warn("redis connection given up conn=%d reason=\"%s\"",
-                     d->idx, d->why);
-        }
-        redisAsyncFree(ac);
-    }
-    while (!TAILQ_EMPTY(&d->sent)) {
-        struct rcmd *cmd = TAILQ_FIRST(&d->sent);
-        TAILQ_REMOVE(&d->sent, cmd, link);
-        if (!cmd->answered) {
-            fail_later(cmd, LD_REDIS_UNKNOWN, d->why);
-        } else if (cmd->flags & LD_REDIS_F_LATE) {
-            fail_later(cmd, LD_REDIS_LOST, d->why);
-        } else {
-            rcmd_free(cmd);
-        }
-    }
-    event_free(d->timeout_ev);
-    free(d);
-}
-
-static void
-drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
-{
-    struct rconn *d = arg;
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    uint64_t now = ld_now_us();
-    if (d->ac == NULL || TAILQ_EMPTY(&d->sent) || now >= d->drain_end_us) {
-        if (d->ac != NULL && !TAILQ_EMPTY(&d->sent)) {
-            snprintf(d->why, sizeof(d->why),
-                     "no answer within %d ms, connection given up",
-                     redis_mod.ctx->cfg->redis.timeout_ms *
-                         LD_REDIS_DRAIN_FACTOR);
-        }
-        drain_close(d);
-        return;
-    }
-    uint64_t wait = d->drain_end_us - now;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
-    event_add(d->timeout_ev, &tv);
-}
-
-/* A command went unanswered for redis.timeout_ms: answer everything queued
- * on C now (it may have run: outcome unknown), reconnect the slot, and
- * keep the old context open for Redis' late answers, which settle what
- * the callers could not know, for a bounded time. */
-static void
-conn_drain(struct rconn *c, const char *why)
-{
-    struct rconn *d = ld_xcalloc(1, sizeof(*d));
-    d->idx = c->idx;
-    d->id = c->id;
-    d->pool = c->pool;
-    d->ac = c->ac;
-    d->state = CONN_DOWN;
-    d->draining = true;
-    TAILQ_INIT(&d->sent);
-    TAILQ_CONCAT(&d->sent, &c->sent, link);
-    d->last_reply_us = c->last_reply_us;
-    d->timeout_ev = evtimer_new(redis_mod.ctx->base, drain_timeout_cb, d);
-    if (d->timeout_ev == NULL) {
-        ld_oom(0);
-    }
-    snprintf(d->why, sizeof(d->why), "%s", why);
-    d->ac->data = d;
-    d->drain_end_us = ld_now_us() +
-                      (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000 *
-                          LD_REDIS_DRAIN_FACTOR;
-    LIST_INSERT_HEAD(&redis_mod.draining, d, dlink);
-
-    set_ready(c, false);
-    c->state = CONN_DOWN;
-    c->ac = NULL;
-    event_del(c->timeout_ev);
-    log_warn("redis connection stalled conn=%d reason=\"%s\"; kept for "
-             "late answers, reconnecting", c->idx, why);
-    drain_timeout_cb(-1, 0, d);
-
-    /* Callbacks may pin new commands to D (appended after LAST). */
-    struct rcmd *last = TAILQ_LAST(&d->sent, rcmd_queue);
-    struct rcmd *cmd;
-    TAILQ_FOREACH(cmd, &d->sent, link) {
-        if (!cmd->internal && !cmd->answered) {
-            cmd->answered = true;
-            ld_stats.redis_errors++;
-            call_cb(cmd, NULL, LD_REDIS_UNKNOWN, d->why, d->id);
-        }
-        if (cmd == last) {
-            break;
-        }
-    }
-    schedule_retry(c);
-}
-
-static void
-timeout_cb(evutil_socket_t fd, short what, void *arg)
-{
-    struct rconn *c = arg;
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    uint64_t limit = (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
-    uint64_t now = ld_now_us();
-
-    if (c->state == CONN_CONNECTING) {
-        if (now - c->connect_started_us >= limit) {
-            char why[96];
-            snprintf(why, sizeof(why), "connect timed out after %d ms",
-                     redis_mod.ctx->cfg->redis.timeout_ms);
-            conn_down(c, why);
-        } else {
-            struct timeval tv = {0, 100000};
-            event_add(c->timeout_ev, &tv);
-        }
-        return;
-    }
-    if (!TAILQ_EMPTY(&c->sent) && now - stall_start(c) >= limit) {
-        char why[96];
-        ld_stats.redis_timeouts++;
-        snprintf(why, sizeof(why), "timed out after %d ms",
-                 redis_mod.ctx->cfg->redis.timeout_ms);
-        if (c->state == CONN_READY) {
-            conn_drain(c, why);
-        } else {
-            conn_down(c, why);
-        }
-        return;
-    }
-    arm_timeout(c);
-}
-
-static void
-retry_cb(evutil_socket_t fd, short what, void *arg)
-{
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    conn_start(arg);
-}
-
-static void
-handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
-{
-    if (c == NULL || c->state != CONN_HANDSHAKE) {
-        return;
-    }
-    if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
-        if (!c->handshake_failed) {
-            c->handshake_failed = true;
-            log_error("redis handshake failed conn=%d step=%s error=\"%s\"",
-                      c->idx, (const char *)cmd->arg,
-                      reply != NULL ? reply->str : "no reply");
-            snprintf(redis_mod.last_error, sizeof(redis_mod.last_error),
-                     "handshake step %s failed: %s", (const char *)cmd->arg,
-                     reply != NULL ? reply->str : "no reply");
-        }
-    } else if (cmd->script >= 0 && reply->type == REDIS_REPLY_STRING &&
-               reply->len == 40) {
-        memcpy(redis_mod.shas[cmd->script], reply->str, 40);
-        redis_mod.shas[cmd->script][40] = '\0';
-    }
-    if (--c->handshake_left > 0) {
-        return;
-    }
-    if (c->handshake_failed) {
-        /* Bad credentials or database: retrying fast only floods the
-         * log, so this backs off like any other failure. */
-        conn_down(c, "handshake failed");
-        return;
-    }
-    ld_backoff_reset(&c->backoff);
-    set_ready(c, true);
-    c->state = CONN_READY;
-    ld_stats.redis_reconnects++;
-    log_debug("redis connection ready conn=%d", c->idx);
-    redis_mod.known_down = false;
-    waiting_retry();
-}
-
-static void
-handshake_send(struct rconn *c, const char *step, int script, int argc,
-               const char **argv, const size_t *argvlen)
-{
-    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
-    cmd->internal = true;
-    cmd->script = script;
-    cmd->arg = (void *)step;
-    c->handshake_left++;
-    if (send_argv(c, cmd, argc, argv, argvlen) != LD_OK) {
-        c->handshake_left--;
-        c->handshake_failed = true;
-        free(cmd);
-    }
-}
-
-static void
-handshake(struct rconn *c)
-{
-    const struct ld_config *cfg = redis_mod.ctx->cfg;
-    c->state = CONN_HANDSHAKE;
-    c->handshake_left = 0;
-    c->handshake_failed = false;
-
-    {
-        const char *av[3];
-        size_t al[3];
-        int n = ld_conn_auth_argv(cfg, av, al);
-        if (n > 0) {
-            handshake_send(c, "auth", -1, n, av, al);
-        }
-    }
-    if (cfg->redis.db != 0) {
-        char db[16];
-        snprintf(db, sizeof(db), "%d", cfg->redis.db);
-        const char *av[] = {"SELECT", db};
-        size_t al[] = {6, strlen(db)};
-        handshake_send(c, "select", -1, 2, av, al);
-    }
-    {
-        const char *av[] = {"CLIENT", "SETNAME", "leased"};
-        size_t al[] = {6, 7, 6};
-        handshake_send(c, "setname", -1, 3, av, al);
-    }
-    for (int i = 0; i < LD_SCRIPT__COUNT; i++) {
-        const char *av[] = {"SCRIPT", "LOAD", script_bodies[i]};
-        size_t al[] = {6, 4, strlen(script_bodies[i])};
-        handshake_send(c, script_names[i], i, 3, av, al);
-    }
-    /* Replies never arrive before we return to the loop, so the count
-     * cannot reach zero while steps are still being queued. */
-    if (c->handshake_left == 0) {
-        conn_down(c, "handshake could not be sent");
-    }
-}
-
-static void
-connect_cb(const redisAsyncContext *ac, int status)
-{
-    struct rconn *c = ac->data;
-    if (c == NULL || c->ac != ac) {
-        return;
-    }
-    if (status != REDIS_OK) {
-        /* hiredis frees the context after this callback returns. */
-        c->ac = NULL;
-        event_del(c->timeout_ev);
-        c->state = CONN_DOWN;
-        log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
-                  ac->errstr);
-        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
-                 ac->errstr);
-        schedule_retry(c);
-        attempt_failed();
-        return;
-    }
-    event_del(c->timeout_ev);
-    handshake(c);
-}
-
-static void
-disconnect_cb(const redisAsyncContext *ac, int status)
-{
-    struct rconn *c = ac->data;
-    LD_UNUSED(status);
-    if (c == NULL || c->ac != ac) {
-        return;            /* we took it down ourselves */
-    }
-    if (c->draining) {
-        /* Its commands had their last call; free it from the loop. */
-        c->ac = NULL;
-        event_active(c->timeout_ev, EV_TIMEOUT, 0);
-        return;
-    }
-    /* hiredis frees the context after this callback; the queued commands
-     * were already answered with NULL. */
-    bool was_ready = c->state == CONN_READY;
-    set_ready(c, false);
-    c->state = CONN_DOWN;
-    c->ac = NULL;
-    event_del(c->timeout_ev);
-    if (was_ready) {
-        log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
-                 ac->errstr[0] ? ac->errstr : "closed by server");
-    }
-    while (!TAILQ_EMPTY(&c->sent)) {
-        struct rcmd *cmd = TAILQ_FIRST(&c->sent);
-        TAILQ_REMOVE(&c->sent, cmd, link);
-        fail_later(cmd, LD_REDIS_UNKNOWN, "connection closed");
-    }
-    schedule_retry(c);
-    if (!was_ready) {
-        attempt_failed();
-    } else {
-        waiting_retry();
-    }
-}
-
-static void
-conn_start(struct rconn *c)
-{
-    char err[160];
-    redisAsyncContext *ac = ld_conn_open(&redis_mod.addr,
-                                         redis_mod.ctx->base, err,
-                                         sizeof(err));
-    if (ac == NULL) {
-        log_debug("redis connect failed conn=%d error=\"%s\"", c->idx,
-                  err);
-        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
-                 err);
-        schedule_retry(c);
-        attempt_failed();
-        return;
-    }
-    ac->data = c;
-    c->ac = ac;
-    c->id = ++redis_mod.next_id;
-    c->why[0] = '\0';
-    c->state = CONN_CONNECTING;
-    c->connect_started_us = ld_now_us();
-    redisAsyncSetConnectCallback(ac, connect_cb);
-    redisAsyncSetDisconnectCallback(ac, disconnect_cb);
-    struct timeval tv = {0, 100000};
-    event_add(c->timeout_ev, &tv);
-}
-
 int
 ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
                        int *port, bool *is_unix)
@@ -1213,20 +690,6 @@ ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
     *port = a.port;
     *is_unix = a.is_unix;
     return LD_OK;
-}
-
-static void
-conn_init(struct rconn *c, int idx, enum ld_redis_pool pool)
-{
-    c->idx = idx;
-    c->pool = pool;
-    ld_backoff_reset(&c->backoff);
-    TAILQ_INIT(&c->sent);
-    c->retry_ev = evtimer_new(redis_mod.ctx->base, retry_cb, c);
-    c->timeout_ev = evtimer_new(redis_mod.ctx->base, timeout_cb, c);
-    if (c->retry_ev == NULL || c->timeout_ev == NULL) {
-        ld_oom(0);
-    }
 }
 
 int
@@ -1265,7 +728,7 @@ ld_redis_init(const struct ld_ctx *ctx)
         ld_oom(0);
     }
     for (int i = 0; i < redis_mod.n_conns; i++) {
-        conn_init(&redis_mod.conns[i], i, LD_REDIS_POOL_SHARED);
+        redis_slot_init(&redis_mod.conns[i], i, LD_REDIS_POOL_SHARED);
     }
     return LD_OK;
 }
@@ -1281,12 +744,12 @@ lock_pool_start(void)
         return;
     }
     for (int i = redis_mod.n_conns; i < 2 * redis_mod.n_conns; i++) {
-        conn_init(&redis_mod.conns[i], i, LD_REDIS_POOL_LOCK);
+        redis_slot_init(&redis_mod.conns[i], i, LD_REDIS_POOL_LOCK);
     }
     redis_mod.n_lock = redis_mod.n_conns;
     for (int i = redis_mod.n_conns; i < redis_mod.n_conns + redis_mod.n_lock;
          i++) {
-        conn_start(&redis_mod.conns[i]);
+        redis_slot_start(&redis_mod.conns[i]);
     }
 }
 
@@ -1295,7 +758,7 @@ ld_redis_start(void)
 {
     started = true;
     for (int i = 0; i < redis_mod.n_conns; i++) {
-        conn_start(&redis_mod.conns[i]);
+        redis_slot_start(&redis_mod.conns[i]);
     }
     if (redis_mod.ctx->cfg->lock.wait_replicas > 0) {
         lock_pool_start();
@@ -1308,28 +771,15 @@ ld_redis_free(void)
     /* Going down at exit is not news. */
     redis_mod.freeing = true;
     while (!LIST_EMPTY(&redis_mod.draining)) {
-        drain_close(LIST_FIRST(&redis_mod.draining));
+        redis_drain_close(LIST_FIRST(&redis_mod.draining));
     }
     for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
         struct rconn *c = &redis_mod.conns[i];
-        if (c->ac != NULL) {
-            redisAsyncContext *ac = c->ac;
-            c->ac = NULL;
-            set_ready(c, false);
-            c->state = CONN_DOWN;
-            redisAsyncFree(ac);
-        }
-        while (!TAILQ_EMPTY(&c->sent)) {
-            struct rcmd *cmd = TAILQ_FIRST(&c->sent);
-            TAILQ_REMOVE(&c->sent, cmd, link);
-            rcmd_free(cmd);
-        }
-        if (c->retry_ev != NULL) {
-            event_free(c->retry_ev);
-        }
-        if (c->timeout_ev != NULL) {
-            event_free(c->timeout_ev);
-        }
+        redis_set_ready(c, false);
+        c->state = CONN_DOWN;
+        ld_conn_free(c->conn);
+        c->conn = NULL;
+        redis_fail_sent(c, "connection closed");
     }
     while (!TAILQ_EMPTY(&redis_mod.waiting)) {
         struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);

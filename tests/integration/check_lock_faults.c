@@ -351,7 +351,7 @@ clients_with(const char *what)
 static bool
 leased_conns_up(void *arg)
 {
-    return clients_with("name=leased ") >= *(int *)arg;
+    return clients_with(":cmd ") + clients_with(":lock ") >= *(int *)arg;
 }
 
 static bool

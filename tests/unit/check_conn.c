@@ -1,15 +1,19 @@
-/* ld_redis' command queue against a fake Redis that this test runs in its
- * own event loop: a listening socket whose connections are parsed with
+/* The connection core (ld_conn) and its users, ld_redis' command queue
+ * and ld_pubsub, against a fake Redis that this test runs in its own
+ * event loop: listening sockets whose connections are parsed with
  * hiredis' reader and answered as the test decides (held, dropped,
- * NOSCRIPT), so reply order, timeouts, late answers, the NOSCRIPT resend,
- * pinning and the wait for a connection are observable without a real
+ * NOSCRIPT), so the handshake, timeouts, backoff, liveness, address
+ * changes, reply order, late answers, the NOSCRIPT resend, pinning, the
+ * wait for a connection and resubscribing are observable without a real
  * Redis. */
 
 #include "ld_common.h"
 
 #include "ld_conf.h"
+#include "ld_conn.h"
 #include "ld_ctx.h"
 #include "ld_log.h"
+#include "ld_pubsub.h"
 #include "ld_redis.h"
 #include "ld_util.h"
 
@@ -39,12 +43,18 @@ struct peer {
     redisReader *reader;
     int n_commands;               /* commands received, handshake included */
     int n_handshake;              /* of which handshake steps */
+    int lis;                      /* which listener accepted it */
+    char seen[8][96];             /* the first commands, as "VERB arg..." */
 };
 
 static struct {
     struct event_base *base;
     struct evconnlistener *lis;
     int port;
+    struct evconnlistener *lis2;  /* a second address */
+    int port2;
+    int n_ping;
+    int n_subscribe;
     struct peer peers[MAX_PEERS];
     int n_peers;
     bool hold;                    /* answer nothing while set */
@@ -65,7 +75,27 @@ static void
 answer(struct peer *p, const redisReply *cmd)
 {
     struct evbuffer *out = bufferevent_get_output(p->bev);
-    if (arg_is(cmd, 0, "SCRIPT")) {
+    if (p->n_commands <= (int)LD_ARRAY_LEN(p->seen)) {
+        char *line = p->seen[p->n_commands - 1];
+        size_t used = 0;
+        for (size_t i = 0; i < cmd->elements && i < 3; i++) {
+            used += (size_t)snprintf(line + used, sizeof(p->seen[0]) - used,
+                                     "%s%.40s", i > 0 ? " " : "",
+                                     cmd->element[i]->str);
+            if (used >= sizeof(p->seen[0])) {
+                break;
+            }
+        }
+    }
+    if (arg_is(cmd, 0, "PING")) {
+        fake.n_ping++;
+        evbuffer_add_printf(out, "+PONG\r\n");
+    } else if (arg_is(cmd, 0, "SUBSCRIBE") && cmd->elements == 2) {
+        fake.n_subscribe++;
+        evbuffer_add_printf(out, "*3\r\n$9\r\nsubscribe\r\n$%zu\r\n%s\r\n"
+                            ":1\r\n", cmd->element[1]->len,
+                            cmd->element[1]->str);
+    } else if (arg_is(cmd, 0, "SCRIPT")) {
         p->n_handshake++;
         evbuffer_add_printf(out, "$40\r\n%s\r\n", FAKE_SHA);
     } else if (arg_is(cmd, 0, "AUTH") || arg_is(cmd, 0, "SELECT") ||
@@ -140,13 +170,32 @@ accept_cb(struct evconnlistener *lis, evutil_socket_t fd,
     LD_UNUSED(lis);
     LD_UNUSED(sa);
     LD_UNUSED(salen);
-    LD_UNUSED(arg);
     ck_assert_int_lt(fake.n_peers, MAX_PEERS);
     struct peer *p = &fake.peers[fake.n_peers++];
+    p->lis = arg != NULL ? 2 : 1;
     p->bev = bufferevent_socket_new(fake.base, fd, BEV_OPT_CLOSE_ON_FREE);
     p->reader = redisReaderCreate();
     bufferevent_setcb(p->bev, peer_read_cb, NULL, peer_event_cb, p);
     bufferevent_enable(p->bev, EV_READ | EV_WRITE);
+}
+
+/* A listener on a free loopback port; ARG tells the second one. */
+static struct evconnlistener *
+fake_listen(struct event_base *base, void *arg, int *port)
+{
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct evconnlistener *lis =
+        evconnlistener_new_bind(base, accept_cb, arg,
+                                LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE,
+                                16, (struct sockaddr *)&sin, sizeof(sin));
+    ck_assert_ptr_nonnull(lis);
+    socklen_t sl = sizeof(sin);
+    getsockname(evconnlistener_get_fd(lis), (struct sockaddr *)&sin, &sl);
+    *port = ntohs(sin.sin_port);
+    return lis;
 }
 
 static void
@@ -154,20 +203,17 @@ fake_start(struct event_base *base)
 {
     memset(&fake, 0, sizeof(fake));
     fake.base = base;
-    struct sockaddr_in sin;
-    memset(&sin, 0, sizeof(sin));
-    sin.sin_family = AF_INET;
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    fake.lis = evconnlistener_new_bind(base, accept_cb, NULL,
-                                       LEV_OPT_CLOSE_ON_FREE |
-                                           LEV_OPT_REUSEABLE,
-                                       16, (struct sockaddr *)&sin,
-                                       sizeof(sin));
-    ck_assert_ptr_nonnull(fake.lis);
-    socklen_t sl = sizeof(sin);
-    getsockname(evconnlistener_get_fd(fake.lis), (struct sockaddr *)&sin,
-                &sl);
-    fake.port = ntohs(sin.sin_port);
+    fake.lis = fake_listen(base, NULL, &fake.port);
+    fake.lis2 = fake_listen(base, &fake, &fake.port2);
+}
+
+/* Close the fake's side of peer I, as a Redis restart would. */
+static void
+fake_drop(int i)
+{
+    ck_assert_ptr_nonnull(fake.peers[i].bev);
+    bufferevent_free(fake.peers[i].bev);
+    fake.peers[i].bev = NULL;
 }
 
 static void
@@ -191,6 +237,7 @@ fake_stop(void)
         redisReaderFree(fake.peers[i].reader);
     }
     evconnlistener_free(fake.lis);
+    evconnlistener_free(fake.lis2);
 }
 
 /* ---- the daemon side ------------------------------------------------ */
@@ -251,15 +298,15 @@ run_for(int ms)
 }
 
 static void
-setup_daemon(int port, int timeout_ms)
+setup_config(int port, int timeout_ms, const char *extra)
 {
-    char yaml[256], err[256];
+    char yaml[512], err[256];
     ld_log_set_level(LD_LOG_ERROR);
     ld_conf_defaults(&cfg);
     int n = snprintf(yaml, sizeof(yaml),
                      "redis:\n  address: \"127.0.0.1:%d\"\n"
-                     "  connections: 1\n  timeout_ms: %d\n",
-                     port, timeout_ms);
+                     "  connections: 1\n  timeout_ms: %d\n%s",
+                     port, timeout_ms, extra);
     ck_assert_int_eq(ld_conf_load_string(&cfg, yaml, (size_t)n, "test",
                                          err, sizeof(err)),
                      LD_OK);
@@ -267,11 +314,17 @@ setup_daemon(int port, int timeout_ms)
     ctx.cfg = &cfg;
     ctx.instance = "0123456789abcdef";
     ctx.start_ms = ld_now_ms();
-    ck_assert_int_eq(ld_redis_init(&ctx), LD_OK);
     /* Wakes the loop now and then so that run_until sees the clock. */
     tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
     struct timeval tv = {0, 5000};
     event_add(tick, &tv);
+}
+
+static void
+setup_daemon(int port, int timeout_ms)
+{
+    setup_config(port, timeout_ms, "");
+    ck_assert_int_eq(ld_redis_init(&ctx), LD_OK);
 }
 
 static void
@@ -510,6 +563,320 @@ START_TEST(test_pinned)
 }
 END_TEST
 
+/* ---- the connection core on its own --------------------------------- */
+
+struct watch {
+    int ready, down, replies, pushes;
+    bool was_ready;
+    char why[192];
+};
+
+static void
+w_ready(struct ld_conn *c, void *owner)
+{
+    LD_UNUSED(c);
+    ((struct watch *)owner)->ready++;
+}
+
+static void
+w_down(struct ld_conn *c, bool was_ready, const char *why, void *owner)
+{
+    struct watch *w = owner;
+    LD_UNUSED(c);
+    w->down++;
+    w->was_ready = was_ready;
+    snprintf(w->why, sizeof(w->why), "%s", why);
+}
+
+static void
+w_reply(struct ld_conn *c, redisReply *reply, void *owner)
+{
+    LD_UNUSED(c);
+    LD_UNUSED(reply);
+    ((struct watch *)owner)->replies++;
+}
+
+static void
+w_push(struct ld_conn *c, redisReply *reply, void *owner)
+{
+    LD_UNUSED(c);
+    LD_UNUSED(reply);
+    ((struct watch *)owner)->pushes++;
+}
+
+static const struct ld_conn_ops watch_ops = {
+    .on_ready = w_ready,
+    .on_down = w_down,
+    .on_reply = w_reply,
+    .on_push = w_push,
+    .on_stall = NULL,
+};
+
+static struct ld_conn_addr
+loopback(int port)
+{
+    struct ld_conn_addr a;
+    memset(&a, 0, sizeof(a));
+    snprintf(a.host, sizeof(a.host), "127.0.0.1");
+    a.port = port;
+    return a;
+}
+
+static struct ld_conn *
+conn_to(int port, enum ld_conn_role role, struct watch *w)
+{
+    struct ld_conn_addr a = loopback(port);
+    memset(w, 0, sizeof(*w));
+    struct ld_conn *c = ld_conn_new(&ctx, &a, role, &watch_ops, w);
+    ld_conn_start(c);
+    return c;
+}
+
+static struct event_base *
+core_setup(int timeout_ms, const char *extra)
+{
+    base = event_base_new();
+    fake_start(base);
+    setup_config(fake.port, timeout_ms, extra);
+    return base;
+}
+
+static void
+core_free(struct event_base *b, struct ld_conn *c)
+{
+    ld_conn_free(c);
+    event_free(tick);
+    ld_conf_free(&cfg);
+    fake_stop();
+    event_base_free(b);
+}
+
+#define AUTH_DB "  username: \"u\"\n  password: \"pw\"\n  db: 3\n"
+
+static void
+handshake_as(enum ld_conn_role role, const char *name)
+{
+    struct event_base *b = core_setup(5000, AUTH_DB);
+    struct watch w;
+    struct ld_conn *c = conn_to(fake.port, role, &w);
+    ck_assert(run_until(&w.ready, 1));
+    ck_assert_int_eq(ld_conn_state(c), LD_CONN_READY);
+    ck_assert_int_eq(fake.n_peers, 1);
+    struct peer *p = &fake.peers[0];
+    char setname[96];
+    snprintf(setname, sizeof(setname), "CLIENT SETNAME leased:%s:%s",
+             ctx.instance, name);
+    ck_assert_str_eq(p->seen[0], "AUTH u pw");
+    if (role == LD_CONN_ROLE_SUB) {
+        /* Channels are not per database. */
+        ck_assert_str_eq(p->seen[1], setname);
+        ck_assert_int_eq(p->n_commands, 2);
+    } else {
+        ck_assert_str_eq(p->seen[1], "SELECT 3");
+        ck_assert_str_eq(p->seen[2], setname);
+        ck_assert_int_eq(p->n_commands, 3);
+    }
+    ck_assert_int_eq(w.down, 0);
+    core_free(b, c);
+}
+
+START_TEST(test_handshake_order)
+{
+    handshake_as(LD_CONN_ROLE_CMD, "cmd");
+    handshake_as(LD_CONN_ROLE_LOCK, "lock");
+}
+END_TEST
+
+START_TEST(test_handshake_subscriber)
+{
+    handshake_as(LD_CONN_ROLE_SUB, "sub");
+}
+END_TEST
+
+START_TEST(test_connect_timeout)
+{
+    /* A listening socket nobody serves: the kernel completes the TCP
+     * handshake, Redis' never comes. */
+    struct event_base *b = core_setup(300, "");
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    ck_assert_int_eq(listen(fd, 4), 0);
+    socklen_t sl = sizeof(sin);
+    getsockname(fd, (struct sockaddr *)&sin, &sl);
+
+    struct watch w;
+    uint64_t t0 = ld_now_ms();
+    struct ld_conn *c = conn_to(ntohs(sin.sin_port), LD_CONN_ROLE_SUB, &w);
+    ck_assert(run_until(&w.down, 1));
+    ck_assert_uint_ge(ld_now_ms() - t0, 290);
+    ck_assert_int_eq(w.ready, 0);
+    ck_assert(!w.was_ready);
+    ck_assert_msg(strstr(w.why, "timed out after 300 ms") != NULL, "%s",
+                  w.why);
+    ck_assert_str_eq(ld_conn_last_error(c), w.why);
+    close(fd);
+    core_free(b, c);
+}
+END_TEST
+
+START_TEST(test_backoff)
+{
+    struct ld_backoff bo;
+    ld_backoff_reset(&bo);
+    int first = ld_backoff_next_ms(&bo);
+    ck_assert_int_ge(first, 25);
+    ck_assert_int_le(first, 51);
+    int ms = 0;
+    for (int i = 0; i < 20; i++) {
+        ms = ld_backoff_next_ms(&bo);
+        ck_assert_int_le(ms, 2001);
+    }
+    /* At the cap the jitter keeps at least half of it. */
+    ck_assert_int_ge(ms, 1000);
+
+    /* A refused address is retried, but not in a tight loop. */
+    struct event_base *b = core_setup(1000, "");
+    int port;
+    struct evconnlistener *gone = fake_listen(base, NULL, &port);
+    evconnlistener_free(gone);
+    struct watch w;
+    struct ld_conn *c = conn_to(port, LD_CONN_ROLE_CMD, &w);
+    ck_assert(run_until(&w.down, 2));
+    run_for(1000);
+    /* 50, 100, 200, 400, 800 ms at most, halved at least by jitter. */
+    ck_assert_int_le(w.down, 10);
+    ck_assert_int_eq(w.ready, 0);
+    core_free(b, c);
+}
+END_TEST
+
+START_TEST(test_liveness_ping)
+{
+    struct event_base *b = core_setup(2000, "");
+    struct watch w;
+    struct ld_conn *c = conn_to(fake.port, LD_CONN_ROLE_CMD, &w);
+    ck_assert(run_until(&w.ready, 1));
+    ld_conn_set_ping_idle_ms(c, 100);
+    ck_assert(run_until(&fake.n_ping, 3));
+    /* The PONGs are the core's own: the owner hears nothing. */
+    ck_assert_int_eq(w.replies, 0);
+    ck_assert_int_eq(w.down, 0);
+    ck_assert_int_eq(ld_conn_state(c), LD_CONN_READY);
+    core_free(b, c);
+}
+END_TEST
+
+START_TEST(test_liveness_ping_unanswered)
+{
+    struct event_base *b = core_setup(300, "");
+    struct watch w;
+    struct ld_conn *c = conn_to(fake.port, LD_CONN_ROLE_SUB, &w);
+    ck_assert(run_until(&w.ready, 1));
+    fake.hold = true;
+    ld_conn_set_ping_idle_ms(c, 100);
+    ck_assert(run_until(&w.down, 1));
+    ck_assert(w.was_ready);
+    ck_assert_msg(strstr(w.why, "timed out") != NULL, "%s", w.why);
+    /* And it comes back by itself once Redis answers again. */
+    fake.hold = false;
+    ck_assert(run_until(&w.ready, 2));
+    ck_assert_int_eq(fake.n_peers, 2);
+    core_free(b, c);
+}
+END_TEST
+
+START_TEST(test_address_change)
+{
+    struct event_base *b = core_setup(2000, "");
+    struct watch w;
+    struct ld_conn *c = conn_to(fake.port, LD_CONN_ROLE_CMD, &w);
+    ck_assert(run_until(&w.ready, 1));
+    ck_assert_int_eq(fake.peers[0].lis, 1);
+    uint64_t id = ld_conn_id(c);
+
+    struct ld_conn_addr a = loopback(fake.port2);
+    ld_conn_set_addr(c, &a);
+    ck_assert_int_eq(w.down, 1);
+    ck_assert(run_until(&w.ready, 2));
+    ck_assert_int_eq(fake.n_peers, 2);
+    ck_assert_int_eq(fake.peers[1].lis, 2);
+    ck_assert_uint_ne(ld_conn_id(c), id);
+    char want[64];
+    snprintf(want, sizeof(want), "127.0.0.1:%d", fake.port2);
+    ck_assert_str_eq(ld_conn_address(c), want);
+    core_free(b, c);
+}
+END_TEST
+
+/* ---- the subscriber --------------------------------------------------- */
+
+struct ps_events {
+    int subscribed, lost, messages;
+};
+
+static void
+ps_cb(enum ld_pubsub_event ev, const char *msg, size_t len, void *arg)
+{
+    struct ps_events *e = arg;
+    LD_UNUSED(msg);
+    LD_UNUSED(len);
+    if (ev == LD_PUBSUB_SUBSCRIBED) {
+        e->subscribed++;
+    } else if (ev == LD_PUBSUB_LOST) {
+        e->lost++;
+    } else {
+        e->messages++;
+    }
+}
+
+static bool
+peer_saw(const struct peer *p, const char *line)
+{
+    for (size_t i = 0; i < LD_ARRAY_LEN(p->seen); i++) {
+        if (strcmp(p->seen[i], line) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+START_TEST(test_resubscribe_after_reconnect)
+{
+    base = event_base_new();
+    fake_start(base);
+    setup_config(fake.port, 2000, "");
+    ck_assert_int_eq(ld_pubsub_init(&ctx), LD_OK);
+    ld_pubsub_start();
+    struct ps_events e;
+    memset(&e, 0, sizeof(e));
+    struct ld_pubsub_sub *sub = ld_pubsub_subscribe("chan1", 5, ps_cb, &e);
+    ck_assert(run_until(&e.subscribed, 1));
+    ck_assert(peer_saw(&fake.peers[0], "SUBSCRIBE chan1"));
+
+    fake_drop(0);
+    ck_assert(run_until(&e.lost, 1));
+    ck_assert(run_until(&e.subscribed, 2));
+    ck_assert_int_eq(fake.n_peers, 2);
+    char setname[96];
+    snprintf(setname, sizeof(setname), "CLIENT SETNAME leased:%s:sub",
+             ctx.instance);
+    ck_assert_str_eq(fake.peers[1].seen[0], setname);
+    ck_assert(peer_saw(&fake.peers[1], "SUBSCRIBE chan1"));
+
+    ld_pubsub_unsubscribe(sub);
+    ld_pubsub_free();
+    event_free(tick);
+    ld_conf_free(&cfg);
+    fake_stop();
+    event_base_free(base);
+}
+END_TEST
+
 static Suite *
 conn_suite(void)
 {
@@ -529,6 +896,14 @@ conn_suite(void)
     ADD(timeout_unknown_then_lost);
     ADD(noscript_resend);
     ADD(pinned);
+    ADD(handshake_order);
+    ADD(handshake_subscriber);
+    ADD(connect_timeout);
+    ADD(backoff);
+    ADD(liveness_ping);
+    ADD(liveness_ping_unanswered);
+    ADD(address_change);
+    ADD(resubscribe_after_reconnect);
 #undef ADD
     return s;
 }

@@ -1,0 +1,315 @@
+/*
+ * The connections under the command queue: each slot of a pool owns an
+ * ld_conn, loads the scripts once ld_conn reports it ready, and is set
+ * aside (kept for late answers, for a bounded time) when ld_conn reports
+ * a reply owed for redis.timeout_ms, while the slot gets a new
+ * connection.
+ */
+#include "ld_redis_int.h"
+
+#include "ld_redis.h"
+
+#include "ld_assert.h"
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_stats.h"
+#include "ld_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+/* ---- connection lifecycle ------------------------------------------- */
+
+/* A connection attempt failed: Redis counts as down until one succeeds,
+ * and what waited for a connection learns it now. */
+static void
+attempt_failed(void)
+{
+    redis_mod.known_down = true;
+    redis_waiting_retry();
+}
+
+static void
+slot_ready(struct ld_conn *conn, void *owner)
+{
+    struct rconn *c = owner;
+    c->id = ld_conn_id(conn);
+    c->why[0] = '\0';
+    c->state = CONN_HANDSHAKE;
+    c->handshake_left = 0;
+    c->handshake_failed = false;
+    for (int i = 0; i < LD_SCRIPT__COUNT; i++) {
+        const char *av[] = {"SCRIPT", "LOAD", redis_script_bodies[i]};
+        size_t al[] = {6, 4, strlen(redis_script_bodies[i])};
+        struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+        cmd->internal = true;
+        cmd->script = i;
+        cmd->arg = (void *)redis_script_names[i];
+        c->handshake_left++;
+        if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
+            c->handshake_left--;
+            c->handshake_failed = true;
+            free(cmd);
+        }
+    }
+    /* Replies never arrive before we return to the loop, so the count
+     * cannot reach zero while steps are still being queued. */
+    if (c->handshake_left == 0) {
+        ld_conn_close(conn, "handshake could not be sent");
+    }
+}
+
+static void
+slot_down(struct ld_conn *conn, bool was_ready, const char *why,
+          void *owner)
+{
+    struct rconn *c = owner;
+    LD_UNUSED(was_ready);
+    bool slot_was_ready = c->state == CONN_READY;
+    char reason[256];
+    if (c->why[0] != '\0') {
+        snprintf(reason, sizeof(reason), "%s", c->why);
+    } else {
+        snprintf(reason, sizeof(reason), "connection lost: %s", why);
+    }
+    redis_set_ready(c, false);
+    c->state = CONN_DOWN;
+    if (slot_was_ready) {
+        log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
+                 why);
+    } else {
+        log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx,
+                  why);
+        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
+                 why);
+    }
+    redis_fail_sent(c, reason);
+    c->why[0] = '\0';
+    LD_UNUSED(conn);
+    if (!slot_was_ready) {
+        attempt_failed();
+    } else {
+        redis_waiting_retry();
+    }
+}
+
+/* Close a connection that was set aside, from the loop (never from inside
+ * one of its own callbacks). What still waits for an answer gets its last
+ * call now. */
+void
+redis_drain_close(struct rconn *d)
+{
+    LD_ASSERT(d->draining && !d->closing);
+    LIST_REMOVE(d, dlink);
+    d->closing = true;
+    if (d->conn != NULL) {
+        if (!TAILQ_EMPTY(&d->sent)) {
+            log_warn("redis connection given up conn=%d reason=\"%s\"",
+                     d->idx, d->why);
+        }
+        ld_conn_free(d->conn);
+        d->conn = NULL;
+    }
+    redis_fail_sent(d, d->why);
+    event_free(d->timeout_ev);
+    free(d);
+}
+
+static void
+drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct rconn *d = arg;
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    uint64_t now = ld_now_us();
+    if (d->conn == NULL || TAILQ_EMPTY(&d->sent) || now >= d->drain_end_us) {
+        if (d->conn != NULL && !TAILQ_EMPTY(&d->sent)) {
+            snprintf(d->why, sizeof(d->why),
+                     "no answer within %d ms, connection given up",
+                     redis_mod.ctx->cfg->redis.timeout_ms *
+                         LD_REDIS_DRAIN_FACTOR);
+        }
+        redis_drain_close(d);
+        return;
+    }
+    uint64_t wait = d->drain_end_us - now;
+    struct timeval tv = {(time_t)(wait / 1000000),
+                         (suseconds_t)(wait % 1000000)};
+    event_add(d->timeout_ev, &tv);
+}
+
+static void
+drain_down(struct ld_conn *conn, bool was_ready, const char *why,
+           void *owner)
+{
+    struct rconn *d = owner;
+    LD_UNUSED(was_ready);
+    snprintf(d->why, sizeof(d->why), "connection lost: %s", why);
+    /* Its commands get their last call now; it is freed from the loop. */
+    redis_fail_sent(d, d->why);
+    ld_conn_free(conn);
+    d->conn = NULL;
+    event_active(d->timeout_ev, EV_TIMEOUT, 0);
+}
+
+static void
+drain_stall(struct ld_conn *conn, void *owner)
+{
+    /* The drain bound of drain_timeout_cb governs a set-aside one. */
+    LD_UNUSED(conn);
+    LD_UNUSED(owner);
+}
+
+static const struct ld_conn_ops drain_ops = {
+    .on_ready = NULL,
+    .on_down = drain_down,
+    .on_reply = redis_reply_cb,
+    .on_push = NULL,
+    .on_stall = drain_stall,
+};
+
+static void slot_stall(struct ld_conn *conn, void *owner);
+
+static const struct ld_conn_ops slot_ops = {
+    .on_ready = slot_ready,
+    .on_down = slot_down,
+    .on_reply = redis_reply_cb,
+    .on_push = NULL,
+    .on_stall = slot_stall,
+};
+
+static void
+slot_new_conn(struct rconn *c)
+{
+    c->conn = ld_conn_new(redis_mod.ctx, &redis_mod.addr,
+                          c->pool == LD_REDIS_POOL_LOCK ? LD_CONN_ROLE_LOCK
+                                                        : LD_CONN_ROLE_CMD,
+                          &slot_ops, c);
+}
+
+/* A command went unanswered for redis.timeout_ms: answer everything queued
+ * on C now (it may have run: outcome unknown), give the slot a new
+ * connection, and keep the old one open for Redis' late answers, which
+ * settle what the callers could not know, for a bounded time. */
+static void
+conn_drain(struct rconn *c, const char *why)
+{
+    struct rconn *d = ld_xcalloc(1, sizeof(*d));
+    d->idx = c->idx;
+    d->id = c->id;
+    d->pool = c->pool;
+    d->conn = c->conn;
+    d->state = CONN_DOWN;
+    d->draining = true;
+    TAILQ_INIT(&d->sent);
+    TAILQ_CONCAT(&d->sent, &c->sent, link);
+    d->timeout_ev = evtimer_new(redis_mod.ctx->base, drain_timeout_cb, d);
+    if (d->timeout_ev == NULL) {
+        ld_oom(0);
+    }
+    snprintf(d->why, sizeof(d->why), "%s", why);
+    ld_conn_set_owner(d->conn, &drain_ops, d);
+    ld_conn_no_retry(d->conn);
+    d->drain_end_us = ld_now_us() +
+                      (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000 *
+                          LD_REDIS_DRAIN_FACTOR;
+    LIST_INSERT_HEAD(&redis_mod.draining, d, dlink);
+
+    redis_set_ready(c, false);
+    c->state = CONN_CONNECTING;
+    log_warn("redis connection stalled conn=%d reason=\"%s\"; kept for "
+             "late answers, reconnecting", c->idx, why);
+    drain_timeout_cb(-1, 0, d);
+
+    /* Callbacks may pin new commands to D (appended after LAST). */
+    struct rcmd *last = TAILQ_LAST(&d->sent, rcmd_queue);
+    struct rcmd *cmd;
+    TAILQ_FOREACH(cmd, &d->sent, link) {
+        if (!cmd->internal && !cmd->answered) {
+            cmd->answered = true;
+            ld_stats.redis_errors++;
+            redis_call_cb(cmd, NULL, LD_REDIS_UNKNOWN, d->why, d->id);
+        }
+        if (cmd == last) {
+            break;
+        }
+    }
+    slot_new_conn(c);
+    ld_conn_start(c->conn);
+}
+
+static void
+slot_stall(struct ld_conn *conn, void *owner)
+{
+    struct rconn *c = owner;
+    char why[96];
+    ld_stats.redis_timeouts++;
+    snprintf(why, sizeof(why), "timed out after %d ms",
+             redis_mod.ctx->cfg->redis.timeout_ms);
+    if (c->state == CONN_READY) {
+        conn_drain(c, why);
+    } else {
+        snprintf(c->why, sizeof(c->why), "%s", why);
+        ld_conn_close(conn, why);
+    }
+}
+
+void
+redis_handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
+{
+    if (c->state != CONN_HANDSHAKE) {
+        return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+        if (!c->handshake_failed) {
+            c->handshake_failed = true;
+            log_error("redis handshake failed conn=%d step=%s error=\"%s\"",
+                      c->idx, (const char *)cmd->arg, reply->str);
+            snprintf(redis_mod.last_error, sizeof(redis_mod.last_error),
+                     "handshake step %s failed: %s", (const char *)cmd->arg,
+                     reply->str);
+        }
+    } else if (cmd->script >= 0 && reply->type == REDIS_REPLY_STRING &&
+               reply->len == 40) {
+        memcpy(redis_mod.shas[cmd->script], reply->str, 40);
+        redis_mod.shas[cmd->script][40] = '\0';
+    }
+    if (--c->handshake_left > 0) {
+        return;
+    }
+    if (c->handshake_failed) {
+        /* A script Redis refuses: retrying fast only floods the log, so
+         * this backs off like any other failure. */
+        snprintf(c->why, sizeof(c->why), "handshake failed");
+        ld_conn_close(c->conn, "handshake failed");
+        return;
+    }
+    redis_set_ready(c, true);
+    c->state = CONN_READY;
+    ld_stats.redis_reconnects++;
+    log_debug("redis connection ready conn=%d", c->idx);
+    redis_mod.known_down = false;
+    redis_waiting_retry();
+}
+
+void
+redis_slot_start(struct rconn *c)
+{
+    c->state = CONN_CONNECTING;
+    ld_conn_start(c->conn);
+}
+
+void
+redis_slot_init(struct rconn *c, int idx, int pool)
+{
+    c->idx = idx;
+    c->pool = pool;
+    TAILQ_INIT(&c->sent);
+    slot_new_conn(c);
+}
+
