@@ -38,7 +38,7 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define PING_IDLE_MS 5000
-#define OWN_RING 8                /* handshake steps and one PING */
+#define OWN_RING 8 /* handshake steps and one PING */
 
 struct ld_conn {
     const struct ld_ctx *ctx;
@@ -49,18 +49,18 @@ struct ld_conn {
     void *owner;
     enum ld_conn_state state;
     struct bufferevent *bev;
-    struct event *read_ev;        /* reads the socket (see sock_read_cb) */
+    struct event *read_ev; /* reads the socket (see sock_read_cb) */
     redisReader *reader;
     struct ld_backoff backoff;
     struct event *retry_ev;
     struct event *timer_ev;
-    uint64_t timer_at_us;         /* when timer_ev fires, if pending */
+    uint64_t timer_at_us; /* when timer_ev fires, if pending */
     uint64_t id;
-    uint64_t started_us;          /* of the connect attempt */
-    uint64_t progress_us;         /* last reply, or a reply became owed */
+    uint64_t started_us;  /* of the connect attempt */
+    uint64_t progress_us; /* last reply, or a reply became owed */
     uint64_t last_io_us;
-    uint64_t n_sent, n_recv;      /* replies owed: the difference */
-    uint64_t own[OWN_RING];       /* numbers of our own commands */
+    uint64_t n_sent, n_recv; /* replies owed: the difference */
+    uint64_t own[OWN_RING];  /* numbers of our own commands */
     const char *own_step[OWN_RING];
     unsigned own_head, own_n;
     int handshake_left;
@@ -69,7 +69,7 @@ struct ld_conn {
     bool ping_out;
     bool started;
     bool no_retry;
-    int busy;                     /* inside a call to the owner */
+    int busy; /* inside a call to the owner */
     bool free_pending;
     char last_error[192];
 };
@@ -88,8 +88,7 @@ ld_conn_parse_address(const char *addr, struct ld_conn_addr *out)
         return LD_OK;
     }
     out->is_unix = false;
-    return ld_parse_hostport(addr, out->host, sizeof(out->host),
-                             &out->port);
+    return ld_parse_hostport(addr, out->host, sizeof(out->host), &out->port);
 }
 
 void
@@ -310,8 +309,7 @@ format_into(struct evbuffer *out, int argc, const char **argv,
 }
 
 static int
-send_raw(struct ld_conn *c, int argc, const char **argv,
-         const size_t *argvlen)
+send_raw(struct ld_conn *c, int argc, const char **argv, const size_t *argvlen)
 {
     if (c->bev == NULL) {
         return LD_ERR;
@@ -322,8 +320,7 @@ send_raw(struct ld_conn *c, int argc, const char **argv,
         return LD_ERR;
     }
     uint64_t now = ld_now_us();
-    bool counted = c->role != LD_CONN_ROLE_SUB ||
-                   c->state != LD_CONN_READY;
+    bool counted = c->role != LD_CONN_ROLE_SUB || c->state != LD_CONN_READY;
     c->last_io_us = now;
     if (!counted) {
         return LD_OK;
@@ -426,8 +423,8 @@ handshake_reply(struct ld_conn *c, const redisReply *r, const char *step)
 {
     if (r->type == REDIS_REPLY_ERROR && c->handshake_err[0] == '\0') {
         log_error("redis handshake failed address=%s role=%s step=%s "
-                  "error=\"%s\"", c->address, role_names[c->role], step,
-                  r->str);
+                  "error=\"%s\"",
+                  c->address, role_names[c->role], step, r->str);
         snprintf(c->handshake_err, sizeof(c->handshake_err),
                  "handshake step %s failed: %s", step, r->str);
     }
@@ -466,8 +463,7 @@ dispatch(struct ld_conn *c, redisReply *r)
     uint64_t now = ld_now_us();
     c->progress_us = now;
     c->last_io_us = now;
-    bool sub_ready = c->role == LD_CONN_ROLE_SUB &&
-                     c->state == LD_CONN_READY;
+    bool sub_ready = c->role == LD_CONN_ROLE_SUB && c->state == LD_CONN_READY;
     if (sub_ready) {
         if (c->ping_out && is_pong(r)) {
             c->ping_out = false;
@@ -544,8 +540,7 @@ sock_read_cb(evutil_socket_t fd, short what, void *arg)
         process_input(c);
         return;
     }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK ||
-                  errno == EINTR)) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         return;
     }
     char why[192];
@@ -590,8 +585,8 @@ event_cb(struct bufferevent *bev, short what, void *arg)
                  evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
     }
     if (c->state == LD_CONN_CONNECTING) {
-        log_debug("redis connect failed address=%s error=\"%s\"",
-                  c->address, why);
+        log_debug("redis connect failed address=%s error=\"%s\"", c->address,
+                  why);
     }
     c->busy++;
     conn_down(c, why);
@@ -749,8 +744,7 @@ set_address(struct ld_conn *c, const struct ld_conn_addr *addr)
 
 struct ld_conn *
 ld_conn_new(const struct ld_ctx *ctx, const struct ld_conn_addr *addr,
-            enum ld_conn_role role, const struct ld_conn_ops *ops,
-            void *owner)
+            enum ld_conn_role role, const struct ld_conn_ops *ops, void *owner)
 {
     struct ld_conn *c = ld_xcalloc(1, sizeof(*c));
     c->ctx = ctx;

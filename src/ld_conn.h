@@ -26,7 +26,7 @@ struct ld_ctx;
 /* Where a connection goes. The owner may point a connection at a new
  * address at run time (a failover names a new master). */
 struct ld_conn_addr {
-    char host[256];               /* or the Unix socket path */
+    char host[256]; /* or the Unix socket path */
     int port;
     bool is_unix;
 };
@@ -35,9 +35,9 @@ struct ld_conn_addr {
 int ld_conn_parse_address(const char *addr, struct ld_conn_addr *out);
 
 enum ld_conn_role {
-    LD_CONN_ROLE_CMD,             /* shared command connections */
-    LD_CONN_ROLE_LOCK,            /* the lock pool */
-    LD_CONN_ROLE_SUB              /* the subscriber */
+    LD_CONN_ROLE_CMD,  /* shared command connections */
+    LD_CONN_ROLE_LOCK, /* the lock pool */
+    LD_CONN_ROLE_SUB   /* the subscriber */
 };
 
 enum ld_conn_state {

@@ -33,7 +33,6 @@
 
 #include <event2/event.h>
 
-
 enum chan_state { CH_IDLE, CH_SUBSCRIBING, CH_SUBSCRIBED, CH_UNSUBSCRIBING };
 
 struct chan;
@@ -43,8 +42,8 @@ struct ld_pubsub_sub {
     ld_pubsub_cb *cb;
     void *arg;
     bool dead;
-    bool notify_pending;      /* owes a SUBSCRIBED notification */
-    LIST_ENTRY(ld_pubsub_sub) link;          /* channel's list */
+    bool notify_pending;            /* owes a SUBSCRIBED notification */
+    LIST_ENTRY(ld_pubsub_sub) link; /* channel's list */
     STAILQ_ENTRY(ld_pubsub_sub) notify_link; /* notification queue */
     SLIST_ENTRY(ld_pubsub_sub) grave_link;   /* freed after delivery */
 };
@@ -71,7 +70,6 @@ static struct {
     int delivering;
     char own_channel[64];
 } pubsub_mod;
-
 
 static void
 sub_bury(struct ld_pubsub_sub *sub)
@@ -147,8 +145,7 @@ notify_cb(void *arg)
  * unsubscribe freely: we walk a snapshot, and unsubscribed entries stay
  * allocated until the outermost delivery ends. */
 static void
-deliver(struct chan *ch, enum ld_pubsub_event ev, const char *msg,
-        size_t len)
+deliver(struct chan *ch, enum ld_pubsub_event ev, const char *msg, size_t len)
 {
     struct ld_pubsub_sub *stack[16];
     struct ld_pubsub_sub **snap = stack;
@@ -161,7 +158,8 @@ deliver(struct chan *ch, enum ld_pubsub_event ev, const char *msg,
     }
     size_t i = 0;
     struct ld_pubsub_sub *s;
-    LIST_FOREACH(s, &ch->subs, link) {
+    LIST_FOREACH(s, &ch->subs, link)
+    {
         LD_ASSERT(i < n);
         snap[i++] = s;
     }
@@ -264,8 +262,8 @@ push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
     LD_UNUSED(conn);
     LD_UNUSED(owner);
-    if (reply->type != REDIS_REPLY_ARRAY ||
-        reply->elements < 3 || reply->element[0]->type != REDIS_REPLY_STRING ||
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3 ||
+        reply->element[0]->type != REDIS_REPLY_STRING ||
         reply->element[1]->type != REDIS_REPLY_STRING) {
         return;
     }
@@ -315,7 +313,7 @@ lost_all(void)
         struct chan *ch = v;
         ch->state = CH_IDLE;
         if (ch->n_subs == 0) {
-            chan_free(ch);      /* deleting the current entry is allowed */
+            chan_free(ch); /* deleting the current entry is allowed */
         } else {
             n++;
         }
@@ -395,8 +393,7 @@ ld_pubsub_init(const struct ld_ctx *ctx)
     pubsub_mod.ctx = ctx;
     STAILQ_INIT(&pubsub_mod.notify);
     SLIST_INIT(&pubsub_mod.graveyard);
-    if (ld_conn_parse_address(cfg->redis.address, &pubsub_mod.addr) !=
-        LD_OK) {
+    if (ld_conn_parse_address(cfg->redis.address, &pubsub_mod.addr) != LD_OK) {
         return LD_ERR;
     }
     pubsub_mod.chans = ld_dict_new();

@@ -17,8 +17,8 @@ enum ld_pubsub_event {
                              back */
 };
 
-typedef void ld_pubsub_cb(enum ld_pubsub_event ev, const char *msg,
-                          size_t len, void *arg);
+typedef void ld_pubsub_cb(enum ld_pubsub_event ev, const char *msg, size_t len,
+                          void *arg);
 
 struct ld_pubsub_sub;
 

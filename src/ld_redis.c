@@ -67,16 +67,13 @@ const char *const redis_script_bodies[] = {
 #define LD_SCRIPT_BODY(name) ld_lua_##name,
     LD_LUA_SCRIPTS(LD_SCRIPT_BODY)
 #undef LD_SCRIPT_BODY
-    NULL
-};
+        NULL};
 
 const char *const redis_script_names[] = {
 #define LD_SCRIPT_NAME(name) #name,
     LD_LUA_SCRIPTS(LD_SCRIPT_NAME)
 #undef LD_SCRIPT_NAME
-    NULL
-};
-
+        NULL};
 
 /* What the callback now running is told (ld_redis_outcome & co). */
 struct cb_context {
@@ -84,7 +81,7 @@ struct cb_context {
     const char *reason;
     uint64_t conn_id;
 };
-static struct cb_context CUR = { LD_REDIS_ANSWERED, "", 0 };
+static struct cb_context CUR = {LD_REDIS_ANSWERED, "", 0};
 
 enum ld_redis_outcome
 ld_redis_outcome(void)
@@ -150,15 +147,18 @@ ld_redis_outstanding(void)
     long long n = redis_mod.n_waiting;
     for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
         struct rcmd *c;
-        TAILQ_FOREACH(c, &redis_mod.conns[i].sent, link) {
+        TAILQ_FOREACH(c, &redis_mod.conns[i].sent, link)
+        {
             n++;
         }
     }
     /* Late answers nobody waits for do not hold up a stop. */
     struct rconn *d;
-    LIST_FOREACH(d, &redis_mod.draining, dlink) {
+    LIST_FOREACH(d, &redis_mod.draining, dlink)
+    {
         struct rcmd *c;
-        TAILQ_FOREACH(c, &d->sent, link) {
+        TAILQ_FOREACH(c, &d->sent, link)
+        {
             if (!c->answered || (c->flags & LD_REDIS_F_LATE)) {
                 n++;
             }
@@ -214,7 +214,7 @@ redis_set_ready(struct rconn *c, bool ready)
 void
 redis_rcmd_free(struct rcmd *cmd)
 {
-    free(cmd->argv);           /* one block: argv, argvlen and the bytes */
+    free(cmd->argv); /* one block: argv, argvlen and the bytes */
     free(cmd->fail_reason);
     free(cmd);
 }
@@ -222,8 +222,7 @@ redis_rcmd_free(struct rcmd *cmd)
 /* Answer a command that never reached Redis, from the loop rather than
  * from inside the caller. */
 static void
-fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome,
-           const char *reason)
+fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome, const char *reason)
 {
     cmd->fail_outcome = outcome;
     free(cmd->fail_reason);
@@ -249,8 +248,8 @@ fail_cb(void *arg)
 }
 
 int
-redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
-                const char **argv, const size_t *argvlen)
+redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
+                const size_t *argvlen)
 {
     if (ld_conn_send(c->conn, argc, argv, argvlen) != LD_OK) {
         return LD_ERR;
@@ -322,9 +321,8 @@ redis_fail_sent(struct rconn *c, const char *why)
         bool late = (cmd->flags & LD_REDIS_F_LATE) != 0;
         if (!cmd->internal && (!cmd->answered || late)) {
             ld_stats.redis_errors++;
-            redis_call_cb(cmd, NULL,
-                          late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN, why,
-                          c->id);
+            redis_call_cb(cmd, NULL, late ? LD_REDIS_LOST : LD_REDIS_UNKNOWN,
+                          why, c->id);
         }
         redis_rcmd_free(cmd);
     }
@@ -381,12 +379,14 @@ pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
             }
         }
         struct rconn *d;
-        LIST_FOREACH(d, &redis_mod.draining, dlink) {
+        LIST_FOREACH(d, &redis_mod.draining, dlink)
+        {
             if (d->id == o->pin && d->conn != NULL && !d->closing) {
                 return d;
             }
         }
-        snprintf(why, whylen, "the connection of the earlier command is "
+        snprintf(why, whylen,
+                 "the connection of the earlier command is "
                  "gone");
         return NULL;
     }
@@ -420,14 +420,13 @@ pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
     *may_wait = pending && !redis_mod.known_down;
     snprintf(why, whylen, "no connection to redis is ready (last error: %s)",
              redis_mod.last_error[0] != '\0' ? redis_mod.last_error
-                                              : "none yet");
+                                             : "none yet");
     return NULL;
 }
 
 /* Copy the arguments of a command that must wait for a connection. */
 static int
-copy_args(struct rcmd *cmd, int argc, const char **argv,
-          const size_t *argvlen)
+copy_args(struct rcmd *cmd, int argc, const char **argv, const size_t *argvlen)
 {
     size_t bytes = 0;
     for (int i = 0; i < argc; i++) {
@@ -461,7 +460,7 @@ send_script(struct rconn *c, struct rcmd *cmd)
     size_t stack_len[STACK_ARGS + 3];
     const char **av = stack_argv;
     size_t *al = stack_len;
-    int argc = cmd->argc - 1;  /* the kept ones start with the key count */
+    int argc = cmd->argc - 1; /* the kept ones start with the key count */
     if (argc > STACK_ARGS) {
         av = ld_xmalloc(sizeof(*av) * (size_t)(argc + 3));
         al = ld_xmalloc(sizeof(*al) * (size_t)(argc + 3));
@@ -515,12 +514,11 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
         } else if (argv != NULL) {
             rc = redis_send_argv(c, cmd, argc, argv, argvlen);
         } else {
-            rc = redis_send_argv(c, cmd, cmd->argc,
-                                 (const char **)cmd->argv, cmd->argvlen);
+            rc = redis_send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
+                                 cmd->argvlen);
         }
         if (rc != LD_OK) {
-            fail_later(cmd, LD_REDIS_NOT_SENT,
-                       "could not queue the command");
+            fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
         }
         return;
     }
@@ -535,9 +533,9 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
     }
     if (cmd->wait_until_us == 0) {
         /* The clock runs from the issue, not from the latest retry. */
-        cmd->wait_until_us =
-            ld_now_us() +
-            (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms * 1000;
+        cmd->wait_until_us = ld_now_us() +
+                             (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms *
+                                 1000;
     }
     cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
     cmd->waiting = true;
@@ -581,11 +579,12 @@ wait_cb(evutil_socket_t fd, short what, void *arg)
         redis_mod.n_waiting--;
         cmd->waiting = false;
         char why[256];
-        snprintf(why, sizeof(why), "no connection to redis was ready "
+        snprintf(why, sizeof(why),
+                 "no connection to redis was ready "
                  "within %d ms (last error: %s)",
                  redis_mod.ctx->cfg->redis.timeout_ms,
                  redis_mod.last_error[0] != '\0' ? redis_mod.last_error
-                                                  : "none yet");
+                                                 : "none yet");
         fail_later(cmd, LD_REDIS_NOT_SENT, why);
     }
     wait_arm();
@@ -651,19 +650,19 @@ keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
 }
 
 void
-ld_redis_script(enum ld_script_id script, const char *route,
-                size_t route_len, int nkeys, int argc, const char **argv,
-                const size_t *argvlen, ld_redis_cb *cb, void *arg)
+ld_redis_script(enum ld_script_id script, const char *route, size_t route_len,
+                int nkeys, int argc, const char **argv, const size_t *argvlen,
+                ld_redis_cb *cb, void *arg)
 {
     ld_redis_script_ex(NULL, script, route, route_len, nkeys, argc, argv,
                        argvlen, cb, arg);
 }
 
 void
-ld_redis_script_ex(const struct ld_redis_opts *opts,
-                   enum ld_script_id script, const char *route,
-                   size_t route_len, int nkeys, int argc, const char **argv,
-                   const size_t *argvlen, ld_redis_cb *cb, void *arg)
+ld_redis_script_ex(const struct ld_redis_opts *opts, enum ld_script_id script,
+                   const char *route, size_t route_len, int nkeys, int argc,
+                   const char **argv, const size_t *argvlen, ld_redis_cb *cb,
+                   void *arg)
 {
     struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
     cmd->cb = cb;
@@ -679,8 +678,8 @@ ld_redis_script_ex(const struct ld_redis_opts *opts,
 }
 
 int
-ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
-                       int *port, bool *is_unix)
+ld_redis_parse_address(const char *addr, char *host, size_t hostlen, int *port,
+                       bool *is_unix)
 {
     struct ld_conn_addr a;
     if (ld_conn_parse_address(addr, &a) != LD_OK) {
@@ -708,8 +707,7 @@ ld_redis_init(const struct ld_ctx *ctx)
                                                        : "cluster");
         return LD_ERR;
     }
-    if (ld_conn_parse_address(cfg->redis.address, &redis_mod.addr) !=
-        LD_OK) {
+    if (ld_conn_parse_address(cfg->redis.address, &redis_mod.addr) != LD_OK) {
         log_error("bad redis.address value=%s", cfg->redis.address);
         return LD_ERR;
     }

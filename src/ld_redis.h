@@ -20,7 +20,7 @@ enum ld_script_id {
 #define LD_SCRIPT_ENUM(name) LD_SCRIPT_##name,
     LD_LUA_SCRIPTS(LD_SCRIPT_ENUM)
 #undef LD_SCRIPT_ENUM
-    LD_SCRIPT__COUNT
+        LD_SCRIPT__COUNT
 };
 
 /* REPLY is NULL when the command got no answer: no connection was ready,
@@ -33,11 +33,11 @@ typedef void ld_redis_cb(redisReply *reply, void *arg);
 
 /* What a callback is being told. Valid only inside the callback. */
 enum ld_redis_outcome {
-    LD_REDIS_ANSWERED,  /* REPLY is Redis' answer (maybe an error reply) */
-    LD_REDIS_NOT_SENT,  /* never left the daemon: nothing changed */
-    LD_REDIS_UNKNOWN,   /* sent, no answer in time: it may have run */
-    LD_REDIS_LATE,      /* the late answer after UNKNOWN (LD_REDIS_F_LATE) */
-    LD_REDIS_LOST       /* sent, and no answer will come: it may have run */
+    LD_REDIS_ANSWERED, /* REPLY is Redis' answer (maybe an error reply) */
+    LD_REDIS_NOT_SENT, /* never left the daemon: nothing changed */
+    LD_REDIS_UNKNOWN,  /* sent, no answer in time: it may have run */
+    LD_REDIS_LATE,     /* the late answer after UNKNOWN (LD_REDIS_F_LATE) */
+    LD_REDIS_LOST      /* sent, and no answer will come: it may have run */
 };
 enum ld_redis_outcome ld_redis_outcome(void);
 
@@ -75,7 +75,7 @@ uint64_t ld_redis_conn_id(void);
 enum ld_redis_pool { LD_REDIS_POOL_SHARED, LD_REDIS_POOL_LOCK };
 
 struct ld_redis_opts {
-    unsigned flags;          /* LD_REDIS_F_* */
+    unsigned flags; /* LD_REDIS_F_* */
     enum ld_redis_pool pool;
     /* Non-zero: send on this connection (from ld_redis_conn_id) only,
      * after every command sent on it before, also when it has been set

@@ -20,9 +20,9 @@ struct event;
 #define REDIS_SCRIPT_ONE(name) +1
 #define REDIS_N_SCRIPTS (0 LD_LUA_SCRIPTS(REDIS_SCRIPT_ONE))
 
-#define MAX_CONNS 64              /* per pool */
+#define MAX_CONNS 64 /* per pool */
 #define STACK_ARGS 32
-#define MAX_WAITING 4096          /* commands awaiting a connection */
+#define MAX_WAITING 4096 /* commands awaiting a connection */
 
 enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
 
@@ -33,40 +33,40 @@ struct rcmd {
     void *arg;
     struct rconn *conn;
     uint64_t sent_us;
-    TAILQ_ENTRY(rcmd) link;   /* connection FIFO, waiting or failure list */
-    unsigned flags;           /* LD_REDIS_F_* */
-    bool answered;            /* the callback has had UNKNOWN already */
-    bool noscript;            /* resent as EVAL after NOSCRIPT */
-    int fail_outcome;         /* on the failure list */
+    TAILQ_ENTRY(rcmd) link; /* connection FIFO, waiting or failure list */
+    unsigned flags;         /* LD_REDIS_F_* */
+    bool answered;          /* the callback has had UNKNOWN already */
+    bool noscript;          /* resent as EVAL after NOSCRIPT */
+    int fail_outcome;       /* on the failure list */
     char *fail_reason;
-    int script;               /* -1 unless an EVALSHA */
-    int argc;                 /* script: keys + args, kept for NOSCRIPT */
+    int script; /* -1 unless an EVALSHA */
+    int argc;   /* script: keys + args, kept for NOSCRIPT */
     char **argv;
     size_t *argvlen;
-    bool internal;            /* handshake step: cb gets the rconn */
-    bool waiting;             /* on the list of those awaiting a conn */
-    int pool;                 /* while waiting */
+    bool internal; /* handshake step: cb gets the rconn */
+    bool waiting;  /* on the list of those awaiting a conn */
+    int pool;      /* while waiting */
     uint64_t route_hash;
-    uint64_t wait_until_us;   /* when waiting for a connection ends */
+    uint64_t wait_until_us; /* when waiting for a connection ends */
 };
 
 TAILQ_HEAD(rcmd_queue, rcmd);
 
 struct rconn {
     int idx;
-    struct ld_conn *conn;     /* NULL once a set-aside one is closed */
+    struct ld_conn *conn; /* NULL once a set-aside one is closed */
     enum conn_state state;
     struct event *timeout_ev; /* set aside: the drain bound */
     struct rcmd_queue sent;   /* sent, awaiting replies, in send order */
     unsigned handshake_left;
     bool handshake_failed;
-    uint64_t id;              /* its ld_conn_id, for pinned commands */
-    int pool;                 /* enum ld_redis_pool */
-    bool draining;            /* set aside after a timeout */
+    uint64_t id;   /* its ld_conn_id, for pinned commands */
+    int pool;      /* enum ld_redis_pool */
+    bool draining; /* set aside after a timeout */
     bool closing;
     uint64_t drain_end_us;
-    LIST_ENTRY(rconn) dlink;  /* list of draining connections */
-    char why[192];            /* why it is going down, for callbacks */
+    LIST_ENTRY(rconn) dlink; /* list of draining connections */
+    char why[192];           /* why it is going down, for callbacks */
 };
 
 struct state_watcher {
@@ -77,12 +77,12 @@ struct state_watcher {
 struct ld_redis_mod {
     const struct ld_ctx *ctx;
     struct rconn conns[2 * MAX_CONNS];
-    int n_conns;              /* the shared pool: conns[0, n_conns) */
-    int n_lock;               /* the lock pool after it, once started */
+    int n_conns; /* the shared pool: conns[0, n_conns) */
+    int n_lock;  /* the lock pool after it, once started */
     bool lock_ever_ready;
     LIST_HEAD(, rconn) draining;
     uint64_t next_id;
-    char last_error[160];     /* of the latest failed connect */
+    char last_error[160]; /* of the latest failed connect */
     int n_ready;
     struct ld_conn_addr addr;
     char address[300];
@@ -95,7 +95,7 @@ struct ld_redis_mod {
     struct rcmd_queue waiting;
     int n_waiting;
     struct event *wait_ev;
-    bool known_down;          /* the latest connect attempt failed */
+    bool known_down; /* the latest connect attempt failed */
     struct state_watcher watchers[8];
     int n_watchers;
     double rtt_us;
@@ -112,9 +112,8 @@ void redis_fail_sent(struct rconn *c, const char *why);
 void redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner);
 int redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
                     const char **argv, const size_t *argvlen);
-void redis_call_cb(struct rcmd *cmd, redisReply *reply,
-                   int outcome, const char *reason,
-                   uint64_t conn_id);
+void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
+                   const char *reason, uint64_t conn_id);
 void redis_waiting_retry(void);
 void redis_rcmd_free(struct rcmd *cmd);
 

@@ -65,8 +65,7 @@ slot_ready(struct ld_conn *conn, void *owner)
 }
 
 static void
-slot_down(struct ld_conn *conn, bool was_ready, const char *why,
-          void *owner)
+slot_down(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
 {
     struct rconn *c = owner;
     LD_UNUSED(was_ready);
@@ -80,11 +79,9 @@ slot_down(struct ld_conn *conn, bool was_ready, const char *why,
     redis_set_ready(c, false);
     c->state = CONN_DOWN;
     if (slot_was_ready) {
-        log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx,
-                 why);
+        log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx, why);
     } else {
-        log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx,
-                  why);
+        log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx, why);
         snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
                  why);
     }
@@ -109,8 +106,8 @@ redis_drain_close(struct rconn *d)
     d->closing = true;
     if (d->conn != NULL) {
         if (!TAILQ_EMPTY(&d->sent)) {
-            log_warn("redis connection given up conn=%d reason=\"%s\"",
-                     d->idx, d->why);
+            log_warn("redis connection given up conn=%d reason=\"%s\"", d->idx,
+                     d->why);
         }
         ld_conn_free(d->conn);
         d->conn = NULL;
@@ -144,8 +141,7 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 static void
-drain_down(struct ld_conn *conn, bool was_ready, const char *why,
-           void *owner)
+drain_down(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
 {
     struct rconn *d = owner;
     LD_UNUSED(was_ready);
@@ -223,13 +219,15 @@ conn_drain(struct rconn *c, const char *why)
     redis_set_ready(c, false);
     c->state = CONN_CONNECTING;
     log_warn("redis connection stalled conn=%d reason=\"%s\"; kept for "
-             "late answers, reconnecting", c->idx, why);
+             "late answers, reconnecting",
+             c->idx, why);
     drain_timeout_cb(-1, 0, d);
 
     /* Callbacks may pin new commands to D (appended after LAST). */
     struct rcmd *last = TAILQ_LAST(&d->sent, rcmd_queue);
     struct rcmd *cmd;
-    TAILQ_FOREACH(cmd, &d->sent, link) {
+    TAILQ_FOREACH(cmd, &d->sent, link)
+    {
         if (!cmd->internal && !cmd->answered) {
             cmd->answered = true;
             ld_stats.redis_errors++;
@@ -312,4 +310,3 @@ redis_slot_init(struct rconn *c, int idx, int pool)
     TAILQ_INIT(&c->sent);
     slot_new_conn(c);
 }
-

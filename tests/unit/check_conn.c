@@ -32,7 +32,7 @@
 #include <event2/listener.h>
 #include <hiredis/hiredis.h>
 
-#define WAIT_MS 10000             /* generous: slow, loaded machines */
+#define WAIT_MS 10000 /* generous: slow, loaded machines */
 #define MAX_PEERS 8
 #define FAKE_SHA "0123456789abcdef0123456789abcdef01234567"
 
@@ -41,34 +41,33 @@
 struct peer {
     struct bufferevent *bev;
     redisReader *reader;
-    int n_commands;               /* commands received, handshake included */
-    int n_handshake;              /* of which handshake steps */
-    int lis;                      /* which listener accepted it */
-    char seen[8][96];             /* the first commands, as "VERB arg..." */
+    int n_commands;   /* commands received, handshake included */
+    int n_handshake;  /* of which handshake steps */
+    int lis;          /* which listener accepted it */
+    char seen[8][96]; /* the first commands, as "VERB arg..." */
 };
 
 static struct {
     struct event_base *base;
     struct evconnlistener *lis;
     int port;
-    struct evconnlistener *lis2;  /* a second address */
+    struct evconnlistener *lis2; /* a second address */
     int port2;
     int n_ping;
     int n_subscribe;
     struct peer peers[MAX_PEERS];
     int n_peers;
-    bool hold;                    /* answer nothing while set */
-    bool noscript_once;           /* the next EVALSHA gets NOSCRIPT */
-    int n_eval;                   /* EVAL commands seen */
+    bool hold;          /* answer nothing while set */
+    bool noscript_once; /* the next EVALSHA gets NOSCRIPT */
+    int n_eval;         /* EVAL commands seen */
     int n_evalsha;
-    char last_peer_cmd[64];       /* ECHO argument and the peer: "arg@N" */
+    char last_peer_cmd[64]; /* ECHO argument and the peer: "arg@N" */
 } fake;
 
 static bool
 arg_is(const redisReply *cmd, size_t i, const char *s)
 {
-    return cmd->elements > i &&
-           strcasecmp(cmd->element[i]->str, s) == 0;
+    return cmd->elements > i && strcasecmp(cmd->element[i]->str, s) == 0;
 }
 
 static void
@@ -92,9 +91,10 @@ answer(struct peer *p, const redisReply *cmd)
         evbuffer_add_printf(out, "+PONG\r\n");
     } else if (arg_is(cmd, 0, "SUBSCRIBE") && cmd->elements == 2) {
         fake.n_subscribe++;
-        evbuffer_add_printf(out, "*3\r\n$9\r\nsubscribe\r\n$%zu\r\n%s\r\n"
-                            ":1\r\n", cmd->element[1]->len,
-                            cmd->element[1]->str);
+        evbuffer_add_printf(out,
+                            "*3\r\n$9\r\nsubscribe\r\n$%zu\r\n%s\r\n"
+                            ":1\r\n",
+                            cmd->element[1]->len, cmd->element[1]->str);
     } else if (arg_is(cmd, 0, "SCRIPT")) {
         p->n_handshake++;
         evbuffer_add_printf(out, "$40\r\n%s\r\n", FAKE_SHA);
@@ -130,8 +130,7 @@ peer_pump(struct peer *p)
     struct evbuffer *in = bufferevent_get_input(p->bev);
     size_t len = evbuffer_get_length(in);
     if (len > 0) {
-        redisReaderFeed(p->reader, (const char *)evbuffer_pullup(in, -1),
-                        len);
+        redisReaderFeed(p->reader, (const char *)evbuffer_pullup(in, -1), len);
         evbuffer_drain(in, len);
     }
     if (fake.hold) {
@@ -164,8 +163,8 @@ peer_event_cb(struct bufferevent *bev, short what, void *arg)
 }
 
 static void
-accept_cb(struct evconnlistener *lis, evutil_socket_t fd,
-          struct sockaddr *sa, int salen, void *arg)
+accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
+          int salen, void *arg)
 {
     LD_UNUSED(lis);
     LD_UNUSED(sa);
@@ -187,10 +186,9 @@ fake_listen(struct event_base *base, void *arg, int *port)
     memset(&sin, 0, sizeof(sin));
     sin.sin_family = AF_INET;
     sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct evconnlistener *lis =
-        evconnlistener_new_bind(base, accept_cb, arg,
-                                LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE,
-                                16, (struct sockaddr *)&sin, sizeof(sin));
+    struct evconnlistener *lis = evconnlistener_new_bind(
+        base, accept_cb, arg, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 16,
+        (struct sockaddr *)&sin, sizeof(sin));
     ck_assert_ptr_nonnull(lis);
     socklen_t sl = sizeof(sin);
     getsockname(evconnlistener_get_fd(lis), (struct sockaddr *)&sin, &sl);
@@ -307,8 +305,8 @@ setup_config(int port, int timeout_ms, const char *extra)
                      "redis:\n  address: \"127.0.0.1:%d\"\n"
                      "  connections: 1\n  timeout_ms: %d\n%s",
                      port, timeout_ms, extra);
-    ck_assert_int_eq(ld_conf_load_string(&cfg, yaml, (size_t)n, "test",
-                                         err, sizeof(err)),
+    ck_assert_int_eq(ld_conf_load_string(&cfg, yaml, (size_t)n, "test", err,
+                                         sizeof(err)),
                      LD_OK);
     ctx.base = base;
     ctx.cfg = &cfg;
@@ -340,8 +338,7 @@ echo(const struct ld_redis_opts *o, const char *word, struct result *r)
 {
     const char *argv[] = {"ECHO", word};
     size_t argvlen[] = {4, strlen(word)};
-    ld_redis_command_ex(o, word, strlen(word), 2, argv, argvlen, record_cb,
-                        r);
+    ld_redis_command_ex(o, word, strlen(word), 2, argv, argvlen, record_cb, r);
 }
 
 /* ---- the tests ------------------------------------------------------ */
@@ -386,7 +383,7 @@ START_TEST(test_wait_for_connecting)
     struct result r;
     memset(&r, 0, sizeof(r));
     ck_assert(!ld_redis_ready());
-    long long before = ld_redis_outstanding();  /* handshake steps */
+    long long before = ld_redis_outstanding(); /* handshake steps */
     echo(NULL, "early", &r);
     /* It must wait, not fail with "no connection is ready". */
     run_for(300);
