@@ -179,6 +179,28 @@ class _Holds:
             held.lost.set()
 
 
+def _load_through(call, got, key, loader, ttl_ms):
+    """The rest of cached() once its cache.get answered GOT: a hit is
+    returned; on a miss LOADER runs and its value is filled under the
+    lease, which is given back when LOADER raises. CALL sends a request:
+    a client's or a pool's."""
+    if got["hit"]:
+        return got["value"]
+    lease = got.get("lease")
+    try:
+        value = loader()
+    except BaseException:
+        if lease:
+            call("cache.release", key=key, lease=lease)
+        raise
+    if lease:
+        fields = {"key": key, "lease": lease, "value": value}
+        if ttl_ms:
+            fields["ttl_ms"] = ttl_ms
+        call("cache.fill", **fields)
+    return value
+
+
 class Leased:
     def __init__(self, target=None, timeout=30.0, client=None, auth=None,
                  on_event=None, _holds=None):
@@ -470,21 +492,7 @@ class Leased:
                 self._post("cache.release", key=key, lease=reply["lease"])
 
         got = self.call("cache.get", _on_late=late, key=key)
-        if got["hit"]:
-            return got["value"]
-        lease = got.get("lease")
-        try:
-            value = loader()
-        except BaseException:
-            if lease:
-                self.call("cache.release", key=key, lease=lease)
-            raise
-        if lease:
-            fields = {"key": key, "lease": lease, "value": value}
-            if ttl_ms:
-                fields["ttl_ms"] = ttl_ms
-            self.call("cache.fill", **fields)
-        return value
+        return _load_through(self.call, got, key, loader, ttl_ms)
 
     def invalidate(self, keys, delay_ms=None):
         """Delete KEYS now and once more after delay_ms (the daemon's
@@ -630,21 +638,7 @@ class Pool:
         # The connection is given back while LOADER runs (it may be
         # slow); the fill goes through whichever is free then.
         got = self.call("cache.get", key=key)
-        if got["hit"]:
-            return got["value"]
-        lease = got.get("lease")
-        try:
-            value = loader()
-        except BaseException:
-            if lease:
-                self.call("cache.release", key=key, lease=lease)
-            raise
-        if lease:
-            fields = {"key": key, "lease": lease, "value": value}
-            if ttl_ms:
-                fields["ttl_ms"] = ttl_ms
-            self.call("cache.fill", **fields)
-        return value
+        return _load_through(self.call, got, key, loader, ttl_ms)
 
     def invalidate(self, keys, delay_ms=None):
         with self.connection() as c:
