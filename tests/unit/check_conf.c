@@ -6,6 +6,8 @@
 #include "ld_conf.h"
 #include "ld_log.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -890,9 +892,5 @@ conf_suite(void)
 int
 main(void)
 {
-    SRunner *sr = srunner_create(conf_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ld_unit_run(conf_suite());
 }

@@ -18,6 +18,8 @@
 #include "ld_util.h"
 
 #include <arpa/inet.h>
+#include "unit.h"
+
 #include <check.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -908,9 +910,5 @@ conn_suite(void)
 int
 main(void)
 {
-    SRunner *sr = srunner_create(conn_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ld_unit_run(conn_suite());
 }

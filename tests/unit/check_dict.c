@@ -3,6 +3,8 @@
 
 #include "ld_dict.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -238,9 +240,5 @@ dict_suite(void)
 int
 main(void)
 {
-    SRunner *sr = srunner_create(dict_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ld_unit_run(dict_suite());
 }

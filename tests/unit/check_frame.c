@@ -4,6 +4,8 @@
 #include "ld_frame.h"
 #include "ld_proto.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,9 +409,5 @@ main(void)
     tcase_add_test(tc, json_quote);
     tcase_add_test(tc, key_limits);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return ld_unit_run(s);
 }

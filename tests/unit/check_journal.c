@@ -7,6 +7,8 @@
 #include "ld_journal.h"
 #include "ld_log.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -779,9 +781,5 @@ main(void)
     /* Torn tails are logged at warn by design; keep the test log to
      * what fails. */
     ld_log_set_level(LD_LOG_ERROR);
-    SRunner *sr = srunner_create(journal_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ld_unit_run(journal_suite());
 }

@@ -9,6 +9,8 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <event2/event.h>
 #include <string.h>
@@ -388,9 +390,5 @@ lockwait_suite(void)
 int
 main(void)
 {
-    SRunner *sr = srunner_create(lockwait_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return ld_unit_run(lockwait_suite());
 }

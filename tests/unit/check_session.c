@@ -10,6 +10,8 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -438,9 +440,5 @@ session_suite(void)
 int
 main(void)
 {
-    SRunner *sr = srunner_create(session_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ld_unit_run(session_suite());
 }

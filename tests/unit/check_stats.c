@@ -9,6 +9,8 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -561,11 +563,5 @@ stats_suite(void)
 int
 main(void)
 {
-    SRunner *sr = srunner_create(stats_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_ENV);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ld_unit_run(stats_suite());
 }

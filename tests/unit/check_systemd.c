@@ -5,6 +5,8 @@
 
 #include "ld_systemd.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -297,11 +299,5 @@ systemd_suite(void)
 int
 main(void)
 {
-    SRunner *sr = srunner_create(systemd_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_ENV);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ld_unit_run(systemd_suite());
 }

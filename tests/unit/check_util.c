@@ -4,6 +4,8 @@
 
 #include "ld_util.h"
 
+#include "unit.h"
+
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -281,9 +283,5 @@ util_suite(void)
 int
 main(void)
 {
-    SRunner *sr = srunner_create(util_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ld_unit_run(util_suite());
 }
