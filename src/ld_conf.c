@@ -138,6 +138,12 @@ const struct conf_directive conf_directives[] = {
     INT("redis.db", redis.db, 0, "0", 0, 1000000),
     INT("redis.connections", redis.connections, 0, "2", 1, 64),
     INT("redis.timeout_ms", redis.timeout_ms, 0, "1000", 1, 600000),
+    BOOL("redis.tls.enabled", redis.tls.enabled, 0, "false"),
+    STRING("redis.tls.ca_file", redis.tls.ca_file, 0, ""),
+    STRING("redis.tls.cert_file", redis.tls.cert_file, 0, ""),
+    STRING("redis.tls.key_file", redis.tls.key_file, 0, ""),
+    STRING("redis.tls.server_name", redis.tls.server_name, 0, ""),
+    BOOL("redis.tls.verify", redis.tls.verify, 0, "true"),
 
     STRING("lock.prefix", lock.prefix, 0, "leased:lock:"),
     LLONG("lock.watchdog_ms", lock.watchdog_ms, F_RELOAD, "30000", 100,
@@ -678,6 +684,9 @@ ld_conf_absolute_paths(struct ld_config *cfg, const char *base)
 {
     absolute_path(&cfg->listen.unix_path, base);
     absolute_path(&cfg->journal.path, base);
+    absolute_path(&cfg->redis.tls.ca_file, base);
+    absolute_path(&cfg->redis.tls.cert_file, base);
+    absolute_path(&cfg->redis.tls.key_file, base);
 }
 
 /* ------------------------------------------------------------------------

@@ -41,6 +41,14 @@ struct ld_config {
         int db;          /* 0..1000000; 0 in cluster mode */
         int connections; /* 1..64 */
         int timeout_ms;  /* 1..600000 */
+        struct {
+            bool enabled;
+            char *ca_file;     /* "" = the system's CA store */
+            char *cert_file;   /* client certificate (mutual TLS) */
+            char *key_file;    /* its private key */
+            char *server_name; /* SNI and the name checked; "" = the host */
+            bool verify;
+        } tls;
     } redis;
     struct {
         char *prefix;

@@ -18,6 +18,7 @@
 #include "ld_ctx.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_tls.h"
 #include "ld_util.h"
 
 #include <errno.h>
@@ -32,6 +33,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/util.h>
 
@@ -49,7 +51,8 @@ struct ld_conn {
     void *owner;
     enum ld_conn_state state;
     struct bufferevent *bev;
-    struct event *read_ev; /* reads the socket (see sock_read_cb) */
+    bool tls;              /* BEV is TLS: it reads, not read_ev */
+    struct event *read_ev; /* reads a plain socket (see sock_read_cb) */
     redisReader *reader;
     struct ld_backoff backoff;
     struct event *retry_ev;
@@ -200,15 +203,35 @@ maybe_free(struct ld_conn *c)
 
 /* ---- the transport -------------------------------------------------- */
 
-/* The one place a transport is made: bufferevent_openssl plugs in
- * here. */
+/* The one place a transport is made: TLS (redis.tls.enabled) for every
+ * TCP address, plain text otherwise. Redis speaks no TLS on a Unix
+ * socket, so a socket path stays plain. NULL with WHY when no TLS session
+ * could be made. */
 static struct bufferevent *
-transport_new(struct ld_conn *c)
+transport_new(struct ld_conn *c, char *why, size_t whylen)
 {
-    struct bufferevent *bev = bufferevent_socket_new(c->ctx->base, -1,
-                                                     BEV_OPT_CLOSE_ON_FREE);
-    if (bev == NULL) {
-        ld_oom(0);
+    struct bufferevent *bev;
+    c->tls = ld_tls_enabled() && !c->addr.is_unix;
+    if (c->tls) {
+        struct ssl_st *ssl = ld_tls_new_ssl(c->addr.host, why, whylen);
+        if (ssl == NULL) {
+            return NULL;
+        }
+        /* The bufferevent owns SSL from here, and frees it. */
+        bev = bufferevent_openssl_socket_new(c->ctx->base, -1, ssl,
+                                             BUFFEREVENT_SSL_CONNECTING,
+                                             BEV_OPT_CLOSE_ON_FREE);
+        if (bev == NULL) {
+            ld_oom(0);
+        }
+        /* A Redis that is killed or restarted closes without a TLS
+         * close_notify: that is an end of stream, not a protocol error. */
+        bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    } else {
+        bev = bufferevent_socket_new(c->ctx->base, -1, BEV_OPT_CLOSE_ON_FREE);
+        if (bev == NULL) {
+            ld_oom(0);
+        }
     }
     /* A burst of pipelined commands leaves in one write, not in 16 KB
      * pieces over as many loop turns. */
@@ -527,7 +550,7 @@ process_input(struct ld_conn *c)
  * reads at most 4 KB per event into an evbuffer, so a 10 KB reply would
  * take three loop turns and a copy more. Straight from the socket into
  * the reader is one copy, 16 KB a turn, as hiredis did. (A TLS
- * transport would read through its bufferevent instead.) */
+ * transport reads through its bufferevent: tls_read_cb.) */
 static void
 sock_read_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -552,6 +575,55 @@ sock_read_cb(evutil_socket_t fd, short what, void *arg)
     maybe_free(c);
 }
 
+/* A TLS transport reads through its bufferevent (the SSL layer owns the
+ * socket): what it decrypted goes to the reader chunk by chunk. */
+static void
+tls_read_cb(struct bufferevent *bev, void *arg)
+{
+    struct ld_conn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    struct evbuffer_iovec v[8];
+    size_t len;
+    while ((len = evbuffer_get_length(in)) > 0) {
+        int n = evbuffer_peek(in, (ev_ssize_t)len, NULL, v, 8);
+        if (n > 8) {
+            n = 8;
+        }
+        size_t fed = 0;
+        for (int i = 0; i < n; i++) {
+            redisReaderFeed(c->reader, v[i].iov_base, v[i].iov_len);
+            fed += v[i].iov_len;
+        }
+        evbuffer_drain(in, fed);
+    }
+    process_input(c);
+}
+
+/* The reason an attempt or a connection failed, as the log and the
+ * callers will see it. */
+static void
+transport_failure(struct ld_conn *c, short what, char *why, size_t len)
+{
+    char plain[160];
+    if (what & BEV_EVENT_EOF) {
+        snprintf(plain, sizeof(plain), "Server closed the connection");
+    } else {
+        snprintf(plain, sizeof(plain), "%s",
+                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    }
+    if (!c->tls) {
+        snprintf(why, len, "%s", plain);
+        return;
+    }
+    unsigned long e = 0, next;
+    while ((next = bufferevent_get_openssl_error(c->bev)) != 0) {
+        if (e == 0) {
+            e = next;
+        }
+    }
+    ld_tls_failure(bufferevent_openssl_get_ssl(c->bev), e, plain, why, len);
+}
+
 static void
 event_cb(struct bufferevent *bev, short what, void *arg)
 {
@@ -559,10 +631,15 @@ event_cb(struct bufferevent *bev, short what, void *arg)
     LD_UNUSED(bev);
     if (what & BEV_EVENT_CONNECTED) {
         evutil_socket_t fd = bufferevent_getfd(c->bev);
-        bufferevent_disable(c->bev, EV_READ);
-        event_assign(c->read_ev, c->ctx->base, fd, EV_READ | EV_PERSIST,
-                     sock_read_cb, c);
-        event_add(c->read_ev, NULL);
+        if (c->tls) {
+            bufferevent_setcb(c->bev, tls_read_cb, NULL, event_cb, c);
+            bufferevent_enable(c->bev, EV_READ);
+        } else {
+            bufferevent_disable(c->bev, EV_READ);
+            event_assign(c->read_ev, c->ctx->base, fd, EV_READ | EV_PERSIST,
+                         sock_read_cb, c);
+            event_add(c->read_ev, NULL);
+        }
         if (!c->addr.is_unix) {
             int on = 1;
             /* Commands are batched per loop turn already; Nagle would
@@ -578,13 +655,15 @@ event_cb(struct bufferevent *bev, short what, void *arg)
         return;
     }
     char why[192];
-    if (what & BEV_EVENT_EOF) {
-        snprintf(why, sizeof(why), "Server closed the connection");
-    } else {
-        snprintf(why, sizeof(why), "%s",
-                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-    }
-    if (c->state == LD_CONN_CONNECTING) {
+    transport_failure(c, what, why, sizeof(why));
+    if (c->tls && (what & BEV_EVENT_ERROR) &&
+        strcmp(why, c->last_error) != 0) {
+        /* A TLS failure is a setup problem an operator must see (a wrong
+         * CA, name or client certificate); said again only when the
+         * reason changes, not at every retry. */
+        log_error("redis tls failed address=%s role=%s error=\"%s\"",
+                  c->address, role_names[c->role], why);
+    } else if (c->state == LD_CONN_CONNECTING) {
         log_debug("redis connect failed address=%s error=\"%s\"", c->address,
                   why);
     }
@@ -684,7 +763,13 @@ conn_connect(struct ld_conn *c)
         sl = (socklen_t)pick->ai_addrlen;
         evutil_freeaddrinfo(res);
     }
-    c->bev = transport_new(c);
+    c->bev = transport_new(c, why, sizeof(why));
+    if (c->bev == NULL) {
+        log_error("redis tls failed address=%s role=%s error=\"%s\"",
+                  c->address, role_names[c->role], why);
+        conn_down(c, why);
+        return;
+    }
     bufferevent_setcb(c->bev, NULL, NULL, event_cb, c);
     bufferevent_enable(c->bev, EV_WRITE);
     if (c->reader != NULL) {

@@ -24,6 +24,7 @@
 #include "ld_session.h"
 #include "ld_stats.h"
 #include "ld_systemd.h"
+#include "ld_tls.h"
 #include "ld_util.h"
 
 #include <errno.h>
@@ -245,6 +246,9 @@ ld_server_wire(const struct ld_ctx *c)
     ld_session_init(c, &session_handlers);
     ld_proto_init(c, ld_dispatch);
     ld_dispatch_init(c);
+    if (ld_tls_init(c) != LD_OK) {
+        return LD_ERR;
+    }
     if (ld_redis_init(c) != LD_OK || ld_pubsub_init(c) != LD_OK) {
         return LD_ERR;
     }
@@ -326,6 +330,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ld_cache_free();
     ld_pubsub_free();
     ld_redis_free();
+    ld_tls_free();
     ld_dispatch_free();
     ld_proto_free();
     event_free(server_mod.sig_term);

@@ -6,6 +6,7 @@
 #include "ld_conf.h"
 #include "ld_log.h"
 #include "ld_server.h"
+#include "ld_tls.h"
 
 #include <fcntl.h>
 #include <getopt.h>
@@ -127,6 +128,17 @@ main(int argc, char **argv)
         return 1;
     }
     if (test_only) {
+        /* The files named by the configuration are part of it. */
+        if (cfg.redis.tls.enabled) {
+            char err[512];
+            struct ssl_ctx_st *sctx = ld_tls_ctx_new(&cfg, err, sizeof(err));
+            if (sctx == NULL) {
+                fprintf(stderr, "%s: %s\n", opt.conf_path, err);
+                ld_conf_free(&cfg);
+                return 1;
+            }
+            ld_tls_ctx_free(sctx);
+        }
         printf("configuration %s is valid\n", opt.conf_path);
         ld_conf_free(&cfg);
         return 0;
