@@ -19,8 +19,8 @@ SOCK=/run/leased/leased.sock
 PIDFILE=$TOP/leased.pid
 LOGFILE=$TOP/leased.log
 PACKAGES="build-essential autoconf automake pkg-config libhiredis-dev
-libevent-dev libjansson-dev libyaml-dev check redis-server redis-tools
-socat python3 python3-venv nodejs"
+libevent-dev libssl-dev openssl libjansson-dev libyaml-dev check
+redis-server redis-tools socat python3 python3-venv nodejs"
 
 say() { printf 'quickstart: %s\n' "$*"; }
 die() { printf 'quickstart: error: %s\n' "$*" >&2; exit 1; }

@@ -113,8 +113,8 @@ void ld_conf_free(struct ld_config *cfg);
 /* A group name or a numeric gid (listen.unix_group) to its gid. */
 bool ld_conf_parse_group(const char *name, gid_t *gid);
 
-/* Make the relative file paths of CFG (listen.unix, journal.path)
- * absolute under BASE, the directory the daemon started in, so they keep
+/* Make the relative file paths of CFG (listen.unix, journal.path, the
+ * redis.tls files) absolute under BASE, the directory the daemon started in, so they keep
  * naming the same files after it detaches to "/". */
 void ld_conf_absolute_paths(struct ld_config *cfg, const char *base);
 

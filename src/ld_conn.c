@@ -599,6 +599,18 @@ tls_read_cb(struct bufferevent *bev, void *arg)
     process_input(c);
 }
 
+/* A TLS failure is a setup problem an operator must see (a wrong CA,
+ * name or client certificate, a port without TLS); said again only when
+ * the reason changes, not at every retry. */
+static void
+log_tls_failure(const struct ld_conn *c, const char *why)
+{
+    if (strcmp(why, c->last_error) != 0) {
+        log_error("redis tls failed address=%s role=%s error=\"%s\"",
+                  c->address, role_names[c->role], why);
+    }
+}
+
 /* The reason an attempt or a connection failed, as the log and the
  * callers will see it. */
 static void
@@ -613,6 +625,11 @@ transport_failure(struct ld_conn *c, short what, char *why, size_t len)
     }
     if (!c->tls) {
         snprintf(why, len, "%s", plain);
+        return;
+    }
+    if (c->state == LD_CONN_CONNECTING && (what & BEV_EVENT_EOF)) {
+        /* Typical of a port that speaks no TLS: it drops the hello. */
+        snprintf(why, len, "TLS: handshake failed: %s", plain);
         return;
     }
     unsigned long e = 0, next;
@@ -656,13 +673,9 @@ event_cb(struct bufferevent *bev, short what, void *arg)
     }
     char why[192];
     transport_failure(c, what, why, sizeof(why));
-    if (c->tls && (what & BEV_EVENT_ERROR) &&
-        strcmp(why, c->last_error) != 0) {
-        /* A TLS failure is a setup problem an operator must see (a wrong
-         * CA, name or client certificate); said again only when the
-         * reason changes, not at every retry. */
-        log_error("redis tls failed address=%s role=%s error=\"%s\"",
-                  c->address, role_names[c->role], why);
+    if (c->tls &&
+        ((what & BEV_EVENT_ERROR) || c->state == LD_CONN_CONNECTING)) {
+        log_tls_failure(c, why);
     } else if (c->state == LD_CONN_CONNECTING) {
         log_debug("redis connect failed address=%s error=\"%s\"", c->address,
                   why);
@@ -680,12 +693,20 @@ timer_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     uint64_t now = ld_now_us();
-    char why[96];
+    char why[128];
     c->busy++;
     if (c->state == LD_CONN_CONNECTING) {
         if (now - c->started_us >= timeout_us(c)) {
-            snprintf(why, sizeof(why), "connect timed out after %d ms",
-                     c->ctx->cfg->redis.timeout_ms);
+            if (c->tls) {
+                /* A port without TLS waits for a line that never comes. */
+                snprintf(why, sizeof(why),
+                         "TLS: connect or handshake timed out after %d ms",
+                         c->ctx->cfg->redis.timeout_ms);
+                log_tls_failure(c, why);
+            } else {
+                snprintf(why, sizeof(why), "connect timed out after %d ms",
+                         c->ctx->cfg->redis.timeout_ms);
+            }
             conn_down(c, why);
         } else {
             arm_timer(c);
@@ -765,8 +786,7 @@ conn_connect(struct ld_conn *c)
     }
     c->bev = transport_new(c, why, sizeof(why));
     if (c->bev == NULL) {
-        log_error("redis tls failed address=%s role=%s error=\"%s\"",
-                  c->address, role_names[c->role], why);
+        log_tls_failure(c, why);
         conn_down(c, why);
         return;
     }

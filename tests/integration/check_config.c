@@ -38,29 +38,6 @@ first_line(const char *text, char *out, size_t outlen)
     out[n] = '\0';
 }
 
-struct log_wait {
-    const struct h_daemon *d;
-    const char *needle;
-};
-
-static bool
-log_has(void *arg)
-{
-    const struct log_wait *w = arg;
-    char buf[1024];
-    bool found = false;
-    FILE *f = fopen(w->d->log, "r");
-
-    if (f == NULL) {
-        return false;
-    }
-    while (!found && fgets(buf, sizeof buf, f)) {
-        found = strstr(buf, w->needle) != NULL;
-    }
-    fclose(f);
-    return found;
-}
-
 /* Replace the first OLD in the file at PATH by NEW. */
 static void
 edit_file(const char *path, const char *old, const char *new)
@@ -120,9 +97,8 @@ refused_everywhere(const char *extra, const char *old, const char *new,
              "reload failed, keeping the running configuration "
              "error=\"%s\"",
              message);
-    struct log_wait w = {&D, reload_line};
     h_daemon_signal(&D, SIGHUP);
-    ck_assert_msg(h_wait_until(log_has, &w, 15000), "log has no '%s'",
+    ck_assert_msg(h_wait_log(&D, reload_line, 15000), "log has no '%s'",
                   reload_line);
     h_assert_ping(c);
     h_close(c);

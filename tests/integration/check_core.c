@@ -650,26 +650,9 @@ START_TEST(test_redis_timeout)
 END_TEST
 
 static bool
-log_has(const struct h_daemon *d, const char *needle)
-{
-    char buf[512];
-    bool found = false;
-    FILE *f = fopen(d->log, "r");
-
-    if (!f) {
-        return false;
-    }
-    while (!found && fgets(buf, sizeof buf, f)) {
-        found = strstr(buf, needle) != NULL;
-    }
-    fclose(f);
-    return found;
-}
-
-static bool
 log_has_reload_failure(void *arg)
 {
-    return log_has(arg, "reload failed");
+    return h_log_has(arg, "reload failed");
 }
 
 /* SIGHUP applies what can change live and keeps the old configuration
@@ -754,7 +737,7 @@ START_TEST(test_unsupported_refused)
         memset(&D, 0, sizeof D);
         ck_assert_msg(h_daemon_start(&D, &R, cases[i].yaml) != 0,
                       "started with: %s", cases[i].yaml);
-        ck_assert_msg(log_has(&D, cases[i].says), "log does not say '%s'",
+        ck_assert_msg(h_log_has(&D, cases[i].says), "log does not say '%s'",
                       cases[i].says);
         h_daemon_cleanup(&D);
     }

@@ -1162,6 +1162,42 @@ h_daemon_signal(struct h_daemon *d, int sig)
     }
 }
 
+bool
+h_log_has(const struct h_daemon *d, const char *needle)
+{
+    char buf[1024];
+    bool found = false;
+    FILE *f = fopen(d->log, "r");
+
+    if (!f) {
+        return false;
+    }
+    while (!found && fgets(buf, sizeof buf, f)) {
+        found = strstr(buf, needle) != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
+struct log_wait {
+    const struct h_daemon *d;
+    const char *needle;
+};
+
+static bool
+log_wait_cond(void *arg)
+{
+    const struct log_wait *w = arg;
+    return h_log_has(w->d, w->needle);
+}
+
+bool
+h_wait_log(const struct h_daemon *d, const char *needle, int timeout_ms)
+{
+    struct log_wait w = {d, needle};
+    return h_wait_until(log_wait_cond, &w, timeout_ms);
+}
+
 void
 h_daemon_dump_log(const struct h_daemon *d)
 {

@@ -90,6 +90,10 @@ void h_daemon_cleanup(struct h_daemon *d); /* stop if running, rm dir */
 void h_daemon_signal(struct h_daemon *d, int sig);
 /* Print the daemon's log to stderr (called on test failure). */
 void h_daemon_dump_log(const struct h_daemon *d);
+/* Whether a line of the daemon's log holds NEEDLE; h_wait_log waits up
+ * to TIMEOUT_MS for one to. */
+bool h_log_has(const struct h_daemon *d, const char *needle);
+bool h_wait_log(const struct h_daemon *d, const char *needle, int timeout_ms);
 
 /* --- protocol -------------------------------------------------------- */
 struct h_conn *h_connect(const struct h_daemon *d); /* Unix */

@@ -1,0 +1,427 @@
+/* TLS to Redis (redis.tls.*) against a real redis-server listening with
+ * --tls-port, certificates made by the openssl command for each case: ops
+ * over TLS, a server certificate from another CA or for another name
+ * refused with the reason in the log, mutual TLS, verify: false with its
+ * warning, no fallback to plain text, a TLS Redis restarted, and bad key
+ * files refused by leased -t. The servers keep a plain port too, for the
+ * harness' readiness check and the test's own look into Redis; the daemon
+ * is only ever pointed at the TLS port. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define T_MS 5000
+#define RUN_MS 30000
+
+static struct h_redis R;
+static struct h_daemon D;
+static char certs[256]; /* this case's certificates */
+static int tls_port;
+
+static void
+run_ok(const char *const argv[])
+{
+    char err[2048];
+    int rc = h_run(argv, NULL, 0, err, sizeof err, RUN_MS);
+    ck_assert_msg(rc == 0, "%s %s failed (%d): %s", argv[0], argv[1], rc, err);
+}
+
+static void
+path(char *out, size_t len, const char *name)
+{
+    snprintf(out, len, "%s/%s", certs, name);
+}
+
+/* A self-signed CA NAME.crt / NAME.key. */
+static void
+make_ca(const char *name)
+{
+    char key[300], crt[300], subj[64];
+    snprintf(key, sizeof key, "%s/%s.key", certs, name);
+    snprintf(crt, sizeof crt, "%s/%s.crt", certs, name);
+    snprintf(subj, sizeof subj, "/CN=leased test %s", name);
+    const char *argv[] = {"openssl",
+                          "req",
+                          "-x509",
+                          "-newkey",
+                          "ec",
+                          "-pkeyopt",
+                          "ec_paramgen_curve:prime256v1",
+                          "-nodes",
+                          "-keyout",
+                          key,
+                          "-out",
+                          crt,
+                          "-days",
+                          "2",
+                          "-subj",
+                          subj,
+                          NULL};
+    run_ok(argv);
+}
+
+/* NAME.crt / NAME.key for CN, signed by CA, with the subjectAltName
+ * SAN (may be NULL). */
+static void
+make_cert(const char *name, const char *cn, const char *ca, const char *san)
+{
+    char key[300], csr[300], crt[300], cacrt[300], cakey[300], ext[300];
+    char subj[64];
+    snprintf(key, sizeof key, "%s/%s.key", certs, name);
+    snprintf(csr, sizeof csr, "%s/%s.csr", certs, name);
+    snprintf(crt, sizeof crt, "%s/%s.crt", certs, name);
+    snprintf(cacrt, sizeof cacrt, "%s/%s.crt", certs, ca);
+    snprintf(cakey, sizeof cakey, "%s/%s.key", certs, ca);
+    snprintf(ext, sizeof ext, "%s/%s.ext", certs, name);
+    snprintf(subj, sizeof subj, "/CN=%s", cn);
+    const char *req[] = {"openssl", "req",      "-newkey",
+                         "ec",      "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                         "-nodes",  "-keyout",  key,
+                         "-out",    csr,        "-subj",
+                         subj,      NULL};
+    run_ok(req);
+    FILE *f = fopen(ext, "w");
+    ck_assert_ptr_nonnull(f);
+    if (san != NULL) {
+        fprintf(f, "subjectAltName=%s\n", san);
+    }
+    fclose(f);
+    const char *sign[] = {
+        "openssl", "x509", "-req",   "-in", csr,
+        "-CA",     cacrt,  "-CAkey", cakey, "-CAcreateserial",
+        "-out",    crt,    "-days",  "2",   "-extfile",
+        ext,       NULL};
+    run_ok(sign);
+}
+
+/* Every case: a CA with a server and a client certificate, and a second
+ * CA that signed nothing the server has. */
+static void
+setup(void)
+{
+    ck_assert_int_eq(h_tmpdir(certs, sizeof certs), 0);
+    make_ca("ca");
+    make_ca("other");
+    make_cert("server", "localhost", "ca", "DNS:localhost,IP:127.0.0.1");
+    make_cert("client", "leased", "ca", NULL);
+    make_cert("stranger", "leased", "other", NULL);
+}
+
+static const struct h_fixture fx = {
+    .suite = "tls",
+    .redis = {&R},
+    .daemons = {&D},
+    .setup = setup,
+};
+
+/* A redis-server with a plain port (the harness') and a TLS port;
+ * AUTH_CLIENTS: whether it demands a client certificate. */
+static void
+start_tls_redis(bool auth_clients)
+{
+    char extra[2048], crt[300], key[300], ca[300];
+    path(crt, sizeof crt, "server.crt");
+    path(key, sizeof key, "server.key");
+    path(ca, sizeof ca, "ca.crt");
+    tls_port = h_free_port();
+    snprintf(extra, sizeof extra,
+             "--tls-port %d --tls-cert-file %s --tls-key-file %s "
+             "--tls-ca-cert-file %s --tls-auth-clients %s",
+             tls_port, crt, key, ca, auth_clients ? "yes" : "no");
+    ck_assert_int_eq(h_redis_start(&R, extra), 0);
+}
+
+/* leased on the TLS port with the redis.tls keys of TLS_YAML (indented
+ * four spaces) and PORT as its address. CONNECTS: whether it is expected
+ * to reach Redis (then the case starts once it has). */
+static void
+start_daemon_at(int port, const char *tls_yaml, bool connects)
+{
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: 127.0.0.1:%d\n  timeout_ms: 500\n"
+             "  tls:\n    enabled: true\n%s",
+             port, tls_yaml);
+    ck_assert_int_eq(h_daemon_start(&D, connects ? &R : NULL, yaml), 0);
+}
+
+static void
+start_daemon(const char *tls_yaml, bool connects)
+{
+    start_daemon_at(tls_port, tls_yaml, connects);
+}
+
+/* "    ca_file: <certs>/NAME.crt\n" and the like. */
+static const char *
+tls_keys(char *buf, size_t len, const char *ca, const char *client)
+{
+    int n = snprintf(buf, len, "    ca_file: %s/%s.crt\n", certs, ca);
+    if (client != NULL) {
+        snprintf(buf + n, len - (size_t)n,
+                 "    cert_file: %s/%s.crt\n    key_file: %s/%s.key\n", certs,
+                 client, certs, client);
+    }
+    return buf;
+}
+
+static void
+assert_unavailable(struct h_conn *c, const char *key)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", key);
+    ck_assert_msg(r != NULL, "no answer to lock");
+    h_expect_code(r, "redis_unavailable", "lock without a TLS connection");
+}
+
+/* A lock that is taken, waited for (the wake-up comes through the
+ * subscriber connection, TLS too) and handed over. */
+static void
+assert_locks_work(void)
+{
+    struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D);
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock", "key", "k");
+    ck_assert(h_ok(r) && jtrue(r, "acquired"));
+    json_decref(r);
+    json_t *req = json_pack("{s:s,s:s,s:i,s:i}", "op", "lock", "key", "k",
+                            "wait_ms", 10000, "id", 77);
+    char *line = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    ck_assert_int_eq(h_send_raw(b, line, strlen(line)), 0);
+    ck_assert_int_eq(h_send_raw(b, "\n", 1), 0);
+    free(line);
+    h_assert_stat(a, "lock_waiters", 1, T_MS);
+    long long t0 = h_now_ms();
+    r = h_callf(a, T_MS, "{s:s,s:s}", "op", "unlock", "key", "k");
+    ck_assert(h_ok(r) && jtrue(r, "released"));
+    json_decref(r);
+    r = h_recv_id(b, 77, T_MS);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "waiter not granted");
+    json_decref(r);
+    /* Woken by the unlock message, not by a lease running out. */
+    ck_assert_int_lt(h_now_ms() - t0, 3000);
+    h_close(a);
+    h_close(b);
+}
+
+static void
+assert_cache_works(void)
+{
+    struct h_conn *c = h_connect_ok(&D);
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "u");
+    ck_assert(h_ok(r) && !jtrue(r, "hit") && jstr(r, "lease") != NULL);
+    char lease[128];
+    snprintf(lease, sizeof lease, "%s", jstr(r, "lease"));
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key", "u",
+                "lease", lease, "value", "over tls");
+    ck_assert(h_ok(r) && jtrue(r, "stored"));
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "u");
+    ck_assert(h_ok(r) && jtrue(r, "hit"));
+    ck_assert_str_eq(jstr(r, "value"), "over tls");
+    json_decref(r);
+    h_close(c);
+    /* It is in the Redis behind the TLS port. */
+    ck_assert_int_eq(h_r_int(&R, "EXISTS %s", "leased:cache:{u}"), 1);
+}
+
+START_TEST(test_ops_over_tls)
+{
+    char keys[1024];
+    start_tls_redis(false);
+    start_daemon(tls_keys(keys, sizeof keys, "ca", NULL), true);
+    assert_locks_work();
+    assert_cache_works();
+    ck_assert(h_log_has(&D, "tls on ca_file="));
+}
+END_TEST
+
+START_TEST(test_other_ca_refused)
+{
+    char keys[1024];
+    start_tls_redis(false);
+    start_daemon(tls_keys(keys, sizeof keys, "other", NULL), false);
+    struct h_conn *c = h_connect_ok(&D);
+    assert_unavailable(c, "k");
+    ck_assert(h_wait_log(&D, "certificate verify failed", T_MS));
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_name_mismatch_refused)
+{
+    char keys[1024];
+    start_tls_redis(false);
+    tls_keys(keys, sizeof keys, "ca", NULL);
+    strcat(keys, "    server_name: redis.example.com\n");
+    start_daemon(keys, false);
+    struct h_conn *c = h_connect_ok(&D);
+    assert_unavailable(c, "k");
+    ck_assert(h_wait_log(&D, "hostname mismatch", T_MS));
+    h_close(c);
+}
+END_TEST
+
+/* The name checked is the one configured, not the address: a certificate
+ * for "localhost" verifies with server_name localhost on 127.0.0.1. */
+START_TEST(test_server_name_used)
+{
+    char keys[1024];
+    start_tls_redis(false);
+    tls_keys(keys, sizeof keys, "ca", NULL);
+    strcat(keys, "    server_name: localhost\n");
+    start_daemon(keys, true);
+    assert_cache_works();
+}
+END_TEST
+
+START_TEST(test_mutual_tls)
+{
+    char keys[1024];
+    start_tls_redis(true);
+    start_daemon(tls_keys(keys, sizeof keys, "ca", "client"), true);
+    assert_locks_work();
+}
+END_TEST
+
+/* The server demands a client certificate and the daemon has none: the
+ * server refuses, and the log says so. */
+START_TEST(test_mutual_tls_missing_cert)
+{
+    char keys[1024];
+    start_tls_redis(true);
+    start_daemon(tls_keys(keys, sizeof keys, "ca", NULL), false);
+    struct h_conn *c = h_connect_ok(&D);
+    assert_unavailable(c, "k");
+    ck_assert(h_wait_log(&D, "redis tls failed", T_MS));
+    ck_assert(h_wait_log(&D, "certificate required", T_MS));
+    h_close(c);
+}
+END_TEST
+
+/* A client certificate from a CA the server does not trust. */
+START_TEST(test_mutual_tls_wrong_cert)
+{
+    char keys[1024];
+    start_tls_redis(true);
+    start_daemon(tls_keys(keys, sizeof keys, "ca", "stranger"), false);
+    struct h_conn *c = h_connect_ok(&D);
+    assert_unavailable(c, "k");
+    ck_assert(h_wait_log(&D, "redis tls failed", T_MS));
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_verify_false_warns)
+{
+    char keys[1024];
+    start_tls_redis(false);
+    tls_keys(keys, sizeof keys, "other", NULL);
+    strcat(keys, "    verify: false\n");
+    start_daemon(keys, true);
+    assert_cache_works();
+    ck_assert(h_log_has(&D, "redis.tls.verify is false"));
+}
+END_TEST
+
+/* TLS on, pointed at a plain port: no connection, never plain text. */
+START_TEST(test_no_plain_fallback)
+{
+    char keys[1024];
+    start_tls_redis(false);
+    start_daemon_at(R.port, tls_keys(keys, sizeof keys, "ca", NULL), false);
+    struct h_conn *c = h_connect_ok(&D);
+    assert_unavailable(c, "k");
+    ck_assert(h_wait_log(&D, "redis tls failed", T_MS));
+    h_close(c);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS %s", "leased:lock:{k}"), 0);
+}
+END_TEST
+
+static bool
+connected(void *arg)
+{
+    return h_stat(arg, "redis_connected") >= 1;
+}
+
+START_TEST(test_restart_reconnects)
+{
+    char keys[1024];
+    start_tls_redis(false);
+    start_daemon(tls_keys(keys, sizeof keys, "ca", NULL), true);
+    struct h_conn *c = h_connect_ok(&D);
+    h_redis_kill(&R);
+    assert_unavailable(c, "k");
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    ck_assert(h_wait_until(connected, c, 10000));
+    h_close(c);
+    assert_locks_work();
+}
+END_TEST
+
+/* leased -t reads the key files: each problem is named. */
+START_TEST(test_bad_files_refused)
+{
+    static const struct {
+        const char *keys;
+        const char *says;
+    } cases[] = {
+        {"    ca_file: @/missing.crt\n", "redis.tls.ca_file"},
+        {"    ca_file: @/ca.crt\n    cert_file: @/client.crt\n",
+         "go together"},
+        {"    ca_file: @/ca.crt\n    cert_file: @/client.crt\n"
+         "    key_file: @/server.key\n",
+         "redis.tls.key_file"},
+        {"    ca_file: @/ca.crt\n    cert_file: @/ca.key\n"
+         "    key_file: @/client.key\n",
+         "redis.tls.cert_file"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char conf[300], keys[1024], *o = keys, out[4096], err[4096];
+        for (const char *p = cases[i].keys; *p; p++) {
+            if (*p == '@') {
+                o += sprintf(o, "%s", certs);
+            } else {
+                *o++ = *p;
+            }
+        }
+        *o = '\0';
+        path(conf, sizeof conf, "bad.yml");
+        FILE *f = fopen(conf, "w");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "redis:\n  tls:\n    enabled: true\n%s", keys);
+        fclose(f);
+        const char *argv[] = {h_leased_bin(), "-t", "-c", conf, NULL};
+        int rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
+        ck_assert_msg(rc == 1, "case %zu: leased -t exited %d", i, rc);
+        ck_assert_msg(strstr(err, cases[i].says) != NULL,
+                      "case %zu: '%s' not in: %s", i, cases[i].says, err);
+    }
+}
+END_TEST
+
+int
+main(void)
+{
+    const struct h_case cases[] = {
+        H_CASE(ops_over_tls, 60),
+        H_CASE(other_ca_refused, 60),
+        H_CASE(name_mismatch_refused, 60),
+        H_CASE(server_name_used, 60),
+        H_CASE(mutual_tls, 60),
+        H_CASE(mutual_tls_missing_cert, 60),
+        H_CASE(mutual_tls_wrong_cert, 60),
+        H_CASE(verify_false_warns, 60),
+        H_CASE(no_plain_fallback, 60),
+        H_CASE(restart_reconnects, 60),
+        H_CASE(bad_files_refused, 60),
+    };
+    return H_MAIN(fx, cases);
+}
