@@ -127,12 +127,12 @@ const struct conf_directive conf_directives[] = {
     STRING("listen.auth_token", listen.auth_token, 0, ""),
 
     ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes,
-         NOT_BUILT("Sentinel or Cluster mode")),
+         NOT_BUILT("Cluster mode"), .unbuilt_value = "cluster"),
     HOSTPORT("redis.address", redis.address, F_UNIX_OK, "127.0.0.1:6379"),
-    STRLIST("redis.addresses", redis.addresses, F_UNIX_OK,
-            NOT_BUILT("Sentinel or Cluster mode")),
-    STRING("redis.master_name", redis.master_name, 0, "mymaster",
-           NOT_BUILT("Sentinel mode")),
+    STRLIST("redis.addresses", redis.addresses, F_UNIX_OK),
+    STRING("redis.master_name", redis.master_name, F_NONEMPTY, "mymaster"),
+    STRING("redis.sentinel_username", redis.sentinel_username, 0, ""),
+    STRING("redis.sentinel_password", redis.sentinel_password, 0, ""),
     STRING("redis.username", redis.username, 0, ""),
     STRING("redis.password", redis.password, 0, ""),
     INT("redis.db", redis.db, 0, "0", 0, 1000000),
@@ -729,5 +729,5 @@ bool
 ld_conf_key_available(const char *dotted)
 {
     const struct conf_directive *d = conf_find_directive(dotted);
-    return d != NULL && d->unbuilt == NULL;
+    return d != NULL && (d->unbuilt == NULL || d->unbuilt_value != NULL);
 }

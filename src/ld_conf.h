@@ -36,6 +36,8 @@ struct ld_config {
         char *address; /* host:port or an absolute unix socket path */
         struct ld_strlist addresses;
         char *master_name;
+        char *sentinel_username; /* AUTH to the Sentinels */
+        char *sentinel_password;
         char *username;
         char *password;
         int db;          /* 0..1000000; 0 in cluster mode */

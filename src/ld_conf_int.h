@@ -52,6 +52,9 @@ struct conf_directive {
      * but the default is refused, by -t, at start and on reload alike,
      * rather than accepted and then ignored. */
     const char *unbuilt;
+    /* An enum of which only this value is not available (with
+     * UNBUILT); the others are. */
+    const char *unbuilt_value;
 };
 
 #define CONF_MAX_DIRECTIVES 128

@@ -266,6 +266,23 @@ mark_of(const struct conf_load *st, const char *a, const char *b)
     return none;
 }
 
+/* Whether D's value in CFG is one this version has, for an enum of which
+ * only one value is not available. */
+static bool
+value_built(const struct ld_config *cfg, const struct conf_directive *d)
+{
+    if (d->type != CT_ENUM || d->unbuilt_value == NULL) {
+        return false;
+    }
+    int v = *(const int *)cfield(cfg, d);
+    for (const struct conf_enum *e = d->names; e->name != NULL; e++) {
+        if (e->value == v) {
+            return strcmp(e->name, d->unbuilt_value) != 0;
+        }
+    }
+    return false;
+}
+
 /* A setting of a feature this version lacks may be written down, but only
  * at its default: a file that asks for the feature is refused here, so
  * -t, start-up and reload give the same file:line:col answer. Relations
@@ -284,7 +301,7 @@ check_unbuilt(struct conf_load *st)
     for (size_t i = 0; i < conf_ndirectives; i++) {
         const struct conf_directive *d = &conf_directives[i];
         if (d->unbuilt != NULL && st->seen[i] &&
-            !conf_value_equal(st->cfg, &def, d) &&
+            !conf_value_equal(st->cfg, &def, d) && !value_built(st->cfg, d) &&
             (first == NULL || st->marks[i].index < st->marks[first_i].index)) {
             first = d;
             first_i = i;
@@ -332,6 +349,12 @@ check_relations(struct conf_load *st)
                               "listen.tcp",
                               "non-loopback tcp requires listen.auth_token");
         }
+    }
+    if (c->redis.mode == LD_REDIS_SENTINEL && c->redis.addresses.count == 0) {
+        return conf_error(st, mark_of(st, "redis.mode", "redis.addresses"),
+                          "redis.mode",
+                          "sentinel mode needs the Sentinels in "
+                          "redis.addresses");
     }
     /* One prefix inside the other would let a cache key name a lock's
      * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */

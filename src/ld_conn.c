@@ -79,7 +79,8 @@ struct ld_conn {
 
 static uint64_t next_conn_id;
 
-static const char *role_names[] = {"cmd", "lock", "sub"};
+static const char *role_names[] = {"cmd", "lock", "sub", "sentinel",
+                                   "sentinel-sub"};
 
 int
 ld_conn_parse_address(const char *addr, struct ld_conn_addr *out)
@@ -114,22 +115,33 @@ ld_backoff_next_ms(struct ld_backoff *b)
     return ms;
 }
 
-int
-ld_conn_auth_argv(const struct ld_config *cfg, const char **argv,
-                  size_t *argvlen)
+static bool
+is_sentinel_role(enum ld_conn_role role)
 {
-    if (cfg->redis.password[0] == '\0') {
+    return role == LD_CONN_ROLE_SENTINEL || role == LD_CONN_ROLE_SENTINEL_SUB;
+}
+
+int
+ld_conn_auth_argv(const struct ld_config *cfg, enum ld_conn_role role,
+                  const char **argv, size_t *argvlen)
+{
+    bool sentinel = is_sentinel_role(role);
+    const char *user = sentinel ? cfg->redis.sentinel_username
+                                : cfg->redis.username;
+    const char *pass = sentinel ? cfg->redis.sentinel_password
+                                : cfg->redis.password;
+    if (pass[0] == '\0') {
         return 0;
     }
     int n = 0;
     argv[n] = "AUTH";
     argvlen[n++] = 4;
-    if (cfg->redis.username[0] != '\0') {
-        argv[n] = cfg->redis.username;
+    if (user[0] != '\0') {
+        argv[n] = user;
         argvlen[n] = strlen(argv[n]);
         n++;
     }
-    argv[n] = cfg->redis.password;
+    argv[n] = pass;
     argvlen[n] = strlen(argv[n]);
     n++;
     return n;
@@ -331,6 +343,13 @@ format_into(struct evbuffer *out, int argc, const char **argv,
     return evbuffer_commit_space(out, &v, 1) == 0 ? LD_OK : LD_ERR;
 }
 
+/* A connection that receives pushes once ready. */
+static bool
+is_sub(const struct ld_conn *c)
+{
+    return c->role == LD_CONN_ROLE_SUB || c->role == LD_CONN_ROLE_SENTINEL_SUB;
+}
+
 static int
 send_raw(struct ld_conn *c, int argc, const char **argv, const size_t *argvlen)
 {
@@ -343,7 +362,7 @@ send_raw(struct ld_conn *c, int argc, const char **argv, const size_t *argvlen)
         return LD_ERR;
     }
     uint64_t now = ld_now_us();
-    bool counted = c->role != LD_CONN_ROLE_SUB || c->state != LD_CONN_READY;
+    bool counted = !is_sub(c) || c->state != LD_CONN_READY;
     c->last_io_us = now;
     if (!counted) {
         return LD_OK;
@@ -390,7 +409,7 @@ send_ping(struct ld_conn *c)
     const char *av[] = {"PING"};
     size_t al[] = {4};
     c->ping_out = true;
-    if (c->role == LD_CONN_ROLE_SUB) {
+    if (is_sub(c)) {
         /* Counted by hand: pushes are not numbered. */
         if (send_raw(c, 1, av, al) == LD_OK) {
             c->progress_us = ld_now_us();
@@ -413,14 +432,14 @@ handshake(struct ld_conn *c)
     const char *av[3];
     size_t al[3];
     bool sent = true;
-    int n = ld_conn_auth_argv(cfg, av, al);
+    int n = ld_conn_auth_argv(cfg, c->role, av, al);
     if (n > 0) {
         sent = own_send(c, "auth", n, av, al) && sent;
         c->handshake_left++;
     }
     /* Channels are not per database: the subscriber selects none. */
     char db[16];
-    if (cfg->redis.db != 0 && c->role != LD_CONN_ROLE_SUB) {
+    if (cfg->redis.db != 0 && !is_sub(c) && !is_sentinel_role(c->role)) {
         snprintf(db, sizeof(db), "%d", cfg->redis.db);
         const char *sv[] = {"SELECT", db};
         size_t sl[] = {6, strlen(db)};
@@ -434,11 +453,30 @@ handshake(struct ld_conn *c)
     size_t nl[] = {6, 7, strlen(name)};
     sent = own_send(c, "setname", 3, nv, nl) && sent;
     c->handshake_left++;
+    if (cfg->redis.mode == LD_REDIS_SENTINEL && !is_sentinel_role(c->role)) {
+        /* The address came from a Sentinel, which may be behind events:
+         * only a master takes commands (a demoted one would answer
+         * READONLY, or a subscriber would hear nothing). */
+        const char *rv[] = {"ROLE"};
+        size_t rl[] = {4};
+        sent = own_send(c, "role", 1, rv, rl) && sent;
+        c->handshake_left++;
+    }
     if (!sent) {
         conn_down(c, "handshake could not be sent");
         return;
     }
     arm_timer(c);
+}
+
+/* ROLE's answer names the role first: "master", "slave" or
+ * "sentinel". */
+static bool
+is_master_role(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
+           r->element[0]->type == REDIS_REPLY_STRING &&
+           strcmp(r->element[0]->str, "master") == 0;
 }
 
 static void
@@ -450,6 +488,16 @@ handshake_reply(struct ld_conn *c, const redisReply *r, const char *step)
                   c->address, role_names[c->role], step, r->str);
         snprintf(c->handshake_err, sizeof(c->handshake_err),
                  "handshake step %s failed: %s", step, r->str);
+    } else if (strcmp(step, "role") == 0 && !is_master_role(r) &&
+               c->handshake_err[0] == '\0') {
+        const char *what = r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
+                                   r->element[0]->type == REDIS_REPLY_STRING
+                               ? r->element[0]->str
+                               : "unknown";
+        log_warn("redis is not a master address=%s role=%s is=%s", c->address,
+                 role_names[c->role], what);
+        snprintf(c->handshake_err, sizeof(c->handshake_err),
+                 "not a master (ROLE says %s)", what);
     }
     if (--c->handshake_left > 0) {
         return;
@@ -486,7 +534,7 @@ dispatch(struct ld_conn *c, redisReply *r)
     uint64_t now = ld_now_us();
     c->progress_us = now;
     c->last_io_us = now;
-    bool sub_ready = c->role == LD_CONN_ROLE_SUB && c->state == LD_CONN_READY;
+    bool sub_ready = is_sub(c) && c->state == LD_CONN_READY;
     if (sub_ready) {
         if (c->ping_out && is_pong(r)) {
             c->ping_out = false;

@@ -13,7 +13,9 @@ struct ld_ctx;
  * ld_pubsub) is a struct ld_conn: it connects (TCP or Unix socket) within
  * redis.timeout_ms, backs off with jitter between attempts, runs the
  * handshake (AUTH, SELECT for command connections, CLIENT SETNAME
- * leased:<instance>:<role>), checks that an idle connection still
+ * leased:<instance>:<role>, and in sentinel mode ROLE, so that a
+ * connection to a server that is no longer the master never takes
+ * commands), checks that an idle connection still
  * answers (PING), notices a reply owed for longer than redis.timeout_ms,
  * and tears down. Its owner hears of it through struct ld_conn_ops and
  * keeps its own queues on top.
@@ -35,9 +37,11 @@ struct ld_conn_addr {
 int ld_conn_parse_address(const char *addr, struct ld_conn_addr *out);
 
 enum ld_conn_role {
-    LD_CONN_ROLE_CMD,  /* shared command connections */
-    LD_CONN_ROLE_LOCK, /* the lock pool */
-    LD_CONN_ROLE_SUB   /* the subscriber */
+    LD_CONN_ROLE_CMD,         /* shared command connections */
+    LD_CONN_ROLE_LOCK,        /* the lock pool */
+    LD_CONN_ROLE_SUB,         /* the subscriber */
+    LD_CONN_ROLE_SENTINEL,    /* asks a Sentinel for the master */
+    LD_CONN_ROLE_SENTINEL_SUB /* hears a Sentinel's +switch-master */
 };
 
 enum ld_conn_state {
@@ -119,8 +123,9 @@ void ld_backoff_reset(struct ld_backoff *b);
 int ld_backoff_next_ms(struct ld_backoff *b);
 
 /* The AUTH command of CFG (ACL user and password, or password only) in
- * ARGV/ARGVLEN (room for 3); 0 when no password is set. */
-int ld_conn_auth_argv(const struct ld_config *cfg, const char **argv,
-                      size_t *argvlen);
+ * ARGV/ARGVLEN (room for 3) for a connection in ROLE (the Sentinels have
+ * credentials of their own); 0 when no password is set. */
+int ld_conn_auth_argv(const struct ld_config *cfg, enum ld_conn_role role,
+                      const char **argv, size_t *argvlen);
 
 #endif

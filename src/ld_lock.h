@@ -13,4 +13,9 @@ int ld_lock_init(const struct ld_ctx *ctx);
 void ld_lock_shutdown(void);
 void ld_lock_free(void);
 
+/* The master changed (a failover was followed): the check of every held
+ * lock that runs once the new master answers reports the locks it finds
+ * gone as lost with reason "failover". */
+void ld_lock_failover(void);
+
 #endif

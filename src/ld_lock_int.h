@@ -123,6 +123,7 @@ struct lk_op {
     bool inflight;
     bool answered_early; /* answered while its try was out */
     bool reenter;        /* sent as reentry only */
+    bool after_failover; /* a check sent after the master changed */
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
     long long replicas_got;             /* WAIT's answer, -1 when none */
@@ -146,6 +147,8 @@ struct lk_mod {
     bool passing;
     long long renew_inflight; /* renewals and checks sent, unanswered */
     bool check_all;           /* this pass checks fixed leases too */
+    bool after_failover;      /* the master changed: locks found gone until the
+                            next full check are lost to the failover */
     struct ld_dict *fences;   /* lock hash name -> struct lk_fmemo */
     TAILQ_HEAD(, lk_fmemo) idle;
     size_t idle_n;

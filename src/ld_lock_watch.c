@@ -4,6 +4,8 @@
 
 #include "ld_lock_int.h"
 
+#include "ld_lock.h"
+
 #include "ld_assert.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
@@ -168,13 +170,14 @@ renew_on_reply(redisReply *r, void *arg)
                      "write",
                      (int)rec->key_len, rec->key);
         }
+        const char *why = op->after_failover       ? "failover"
+                          : v[0] == LD_LOCK_ABSENT ? "expired"
+                                                   : "taken";
         if (renew) {
             ld_stats.lock_renewals_failed++;
-            lk_rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
-                        false);
-        } else if (early) {
-            lk_rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
-                        false);
+            lk_rec_lost(rec, why, false);
+        } else if (early || op->after_failover) {
+            lk_rec_lost(rec, why, false);
         } else {
             /* A fixed lease ran out: that is what the client asked for. */
             lk_rec_set_count(rec, 0);
@@ -200,6 +203,9 @@ renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     const char *args[] = {rec->n.hash, rec->token, lbuf, "1"};
     size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, strlen(lbuf), 1};
     rec->renewing = true;
+    /* The replies of this pass come after it ends: they carry the
+     * reason with them. */
+    op->after_failover = lock_mod.after_failover;
     op->sent_ms = ld_now_ms();
     op->inflight = true;
     lock_mod.renew_inflight++;
@@ -279,6 +285,9 @@ pass_step(void *arg)
         visited++;
     }
     if (lock_mod.cursor == NULL) {
+        if (lock_mod.check_all) {
+            lock_mod.after_failover = false;
+        }
         lock_mod.passing = false;
         lock_mod.check_all = false;
     } else if (lock_mod.renew_inflight < RENEW_INFLIGHT_MAX) {
@@ -325,6 +334,12 @@ lk_recheck_start(void)
     lock_mod.passing = true;
     lock_mod.cursor = TAILQ_FIRST(&lock_mod.held);
     pass_continue();
+}
+
+void
+ld_lock_failover(void)
+{
+    lock_mod.after_failover = true;
 }
 
 static void

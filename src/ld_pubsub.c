@@ -63,6 +63,8 @@ static struct {
     struct ld_conn *conn;
     enum ps_state state;
     struct ld_conn_addr addr;
+    bool have_addr; /* false in sentinel mode until a master is known */
+    bool started;
     struct ld_defer notify_defer;
     struct ld_dict *chans;
     STAILQ_HEAD(, ld_pubsub_sub) notify;
@@ -393,7 +395,9 @@ ld_pubsub_init(const struct ld_ctx *ctx)
     pubsub_mod.ctx = ctx;
     STAILQ_INIT(&pubsub_mod.notify);
     SLIST_INIT(&pubsub_mod.graveyard);
-    if (ld_conn_parse_address(cfg->redis.address, &pubsub_mod.addr) != LD_OK) {
+    pubsub_mod.have_addr = cfg->redis.mode != LD_REDIS_SENTINEL;
+    if (pubsub_mod.have_addr &&
+        ld_conn_parse_address(cfg->redis.address, &pubsub_mod.addr) != LD_OK) {
         return LD_ERR;
     }
     pubsub_mod.chans = ld_dict_new();
@@ -408,7 +412,25 @@ ld_pubsub_init(const struct ld_ctx *ctx)
 void
 ld_pubsub_start(void)
 {
-    ld_conn_start(pubsub_mod.conn);
+    pubsub_mod.started = true;
+    if (pubsub_mod.have_addr) {
+        ld_conn_start(pubsub_mod.conn);
+    }
+}
+
+void
+ld_pubsub_set_address(const struct ld_conn_addr *addr)
+{
+    pubsub_mod.addr = *addr;
+    if (!pubsub_mod.have_addr) {
+        pubsub_mod.have_addr = true;
+        ld_conn_set_addr(pubsub_mod.conn, addr);
+        if (pubsub_mod.started) {
+            ld_conn_start(pubsub_mod.conn);
+        }
+        return;
+    }
+    ld_conn_set_addr(pubsub_mod.conn, addr);
 }
 
 void

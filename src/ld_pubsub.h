@@ -29,7 +29,13 @@ struct ld_pubsub_sub *ld_pubsub_subscribe(const char *channel, size_t len,
 void ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub);
 
 int ld_pubsub_init(const struct ld_ctx *ctx);
+/* Connects, unless in sentinel mode no master is known yet. */
 void ld_pubsub_start(void);
+/* Sentinel mode: subscribe at the master at ADDR from now on (the first
+ * call connects; later ones move the connection, and every subscription
+ * hears LOST, then SUBSCRIBED again there). */
+struct ld_conn_addr;
+void ld_pubsub_set_address(const struct ld_conn_addr *addr);
 void ld_pubsub_free(void);
 
 #endif

@@ -298,6 +298,13 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
         resend_as_eval(c, cmd);
         return;
     }
+    if (reply->type == REDIS_REPLY_ERROR &&
+        (ld_reply_is_error(reply, "READONLY") ||
+         ld_reply_is_error(reply, "LOADING"))) {
+        /* A master that became a replica, or one still loading after a
+         * restart: ask where the master is now. */
+        redis_doubt(reply->str);
+    }
     if (!cmd->answered) {
         redis_call_cb(cmd, reply, LD_REDIS_ANSWERED, "", c->id);
     } else if (cmd->flags & LD_REDIS_F_LATE) {
@@ -691,6 +698,21 @@ ld_redis_parse_address(const char *addr, char *host, size_t hostlen, int *port,
     return LD_OK;
 }
 
+void
+ld_redis_on_doubt(ld_redis_doubt_fn *fn, void *arg)
+{
+    redis_mod.doubt_fn = fn;
+    redis_mod.doubt_arg = arg;
+}
+
+void
+redis_doubt(const char *why)
+{
+    if (redis_mod.doubt_fn != NULL && !redis_mod.freeing) {
+        redis_mod.doubt_fn(why, redis_mod.doubt_arg);
+    }
+}
+
 int
 ld_redis_init(const struct ld_ctx *ctx)
 {
@@ -700,19 +722,25 @@ ld_redis_init(const struct ld_ctx *ctx)
     TAILQ_INIT(&redis_mod.failed);
     TAILQ_INIT(&redis_mod.waiting);
     LIST_INIT(&redis_mod.draining);
-    if (cfg->redis.mode != LD_REDIS_STANDALONE) {
-        log_error("redis.mode %s is not available in this version; use "
-                  "standalone",
-                  cfg->redis.mode == LD_REDIS_SENTINEL ? "sentinel"
-                                                       : "cluster");
+    if (cfg->redis.mode == LD_REDIS_CLUSTER) {
+        log_error("redis.mode cluster is not available in this version; use "
+                  "standalone or sentinel");
         return LD_ERR;
     }
-    if (ld_conn_parse_address(cfg->redis.address, &redis_mod.addr) != LD_OK) {
-        log_error("bad redis.address value=%s", cfg->redis.address);
-        return LD_ERR;
+    if (cfg->redis.mode == LD_REDIS_SENTINEL) {
+        /* The Sentinels name the master (ld_redis_set_address). */
+        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error),
+                 "no master known yet");
+    } else {
+        if (ld_conn_parse_address(cfg->redis.address, &redis_mod.addr) !=
+            LD_OK) {
+            log_error("bad redis.address value=%s", cfg->redis.address);
+            return LD_ERR;
+        }
+        snprintf(redis_mod.address, sizeof(redis_mod.address), "%s",
+                 cfg->redis.address);
+        redis_mod.have_addr = true;
     }
-    snprintf(redis_mod.address, sizeof(redis_mod.address), "%s",
-             cfg->redis.address);
     redis_mod.n_conns = cfg->redis.connections;
     if (redis_mod.n_conns < 1) {
         redis_mod.n_conns = 1;
@@ -738,7 +766,7 @@ static bool started;
 static void
 lock_pool_start(void)
 {
-    if (redis_mod.n_lock > 0 || !started) {
+    if (redis_mod.n_lock > 0 || !started || !redis_mod.have_addr) {
         return;
     }
     for (int i = redis_mod.n_conns; i < 2 * redis_mod.n_conns; i++) {
@@ -755,11 +783,36 @@ void
 ld_redis_start(void)
 {
     started = true;
+    if (!redis_mod.have_addr) {
+        return;
+    }
     for (int i = 0; i < redis_mod.n_conns; i++) {
         redis_slot_start(&redis_mod.conns[i]);
     }
     if (redis_mod.ctx->cfg->lock.wait_replicas > 0) {
         lock_pool_start();
+    }
+}
+
+void
+ld_redis_set_address(const struct ld_conn_addr *addr, const char *text)
+{
+    bool first = !redis_mod.have_addr;
+    redis_mod.addr = *addr;
+    redis_mod.have_addr = true;
+    snprintf(redis_mod.address, sizeof(redis_mod.address), "%s", text);
+    /* Slots that are set aside stay on the old server for its late
+     * answers; every slot in use moves now (one not started yet only
+     * learns where to go). */
+    redis_mod.known_down = false;
+    for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
+        struct rconn *c = &redis_mod.conns[i];
+        snprintf(c->why, sizeof(c->why), "the master moved to %s", text);
+        ld_conn_set_addr(c->conn, addr);
+        c->why[0] = '\0';
+    }
+    if (first && started) {
+        ld_redis_start();
     }
 }
 

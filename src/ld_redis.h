@@ -6,6 +6,7 @@
 
 #include <hiredis/hiredis.h>
 
+struct ld_conn_addr;
 struct ld_ctx;
 
 /* The Redis backend: redis.connections pipelined command connections shared
@@ -122,9 +123,21 @@ void ld_redis_script_ex(const struct ld_redis_opts *opts,
 typedef void ld_redis_state_fn(bool up, void *arg);
 void ld_redis_on_state(ld_redis_state_fn *fn, void *arg);
 
-/* Host/port/path of the configured standalone address, for the subscriber
- * connection and logs. */
+/* Host/port/path of the address in use (the master, in sentinel mode;
+ * "" while none is known), for logs and stats. */
 const char *ld_redis_address(void);
+
+/* Sentinel mode: the master is at ADDR (TEXT as "host:port") from now
+ * on. The first call starts the connections; later ones move every
+ * connection there (what was sent on the old one is answered as lost:
+ * it may have run). */
+void ld_redis_set_address(const struct ld_conn_addr *addr, const char *text);
+
+/* Called when the master is in doubt: a ready connection was lost, an
+ * attempt failed (a handshake that found a replica included), or Redis
+ * answered READONLY or LOADING. One watcher (the Sentinel follower). */
+typedef void ld_redis_doubt_fn(const char *why, void *arg);
+void ld_redis_on_doubt(ld_redis_doubt_fn *fn, void *arg);
 
 /* "host:port" or an absolute Unix socket path. */
 int ld_redis_parse_address(const char *addr, char *host, size_t hostlen,

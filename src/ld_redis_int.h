@@ -100,6 +100,9 @@ struct ld_redis_mod {
     int n_watchers;
     double rtt_us;
     bool freeing;
+    bool have_addr; /* false in sentinel mode until a master is known */
+    void (*doubt_fn)(const char *why, void *arg);
+    void *doubt_arg;
 };
 
 extern struct ld_redis_mod redis_mod;
@@ -116,6 +119,7 @@ void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
                    const char *reason, uint64_t conn_id);
 void redis_waiting_retry(void);
 void redis_rcmd_free(struct rcmd *cmd);
+void redis_doubt(const char *why);
 
 /* ld_redis_slot.c */
 void redis_slot_init(struct rconn *c, int idx, int pool);

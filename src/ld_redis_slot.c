@@ -93,6 +93,7 @@ slot_down(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
     } else {
         redis_waiting_retry();
     }
+    redis_doubt(why);
 }
 
 /* Close a connection that was set aside, from the loop (never from inside

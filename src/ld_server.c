@@ -21,6 +21,7 @@
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
+#include "ld_sentinel.h"
 #include "ld_session.h"
 #include "ld_stats.h"
 #include "ld_systemd.h"
@@ -232,6 +233,21 @@ check_fd_limit(const struct ld_config *cfg)
     }
 }
 
+/* Sentinel mode: every connection follows the master the Sentinels
+ * name. After a failover the locks held are checked on the new master
+ * (replication is asynchronous: a grant may not have reached it). */
+static void
+on_master(const struct ld_conn_addr *addr, const char *text, bool failover,
+          void *arg)
+{
+    LD_UNUSED(arg);
+    if (failover) {
+        ld_lock_failover();
+    }
+    ld_redis_set_address(addr, text);
+    ld_pubsub_set_address(addr);
+}
+
 /* The one place that wires the modules: each gets the ctx, and the
  * layers above hand the layers below their callbacks, so no module
  * includes one above it. No socket is opened here. */
@@ -254,6 +270,15 @@ ld_server_wire(const struct ld_ctx *c)
     }
     if (ld_lock_init(c) != LD_OK || ld_cache_init(c) != LD_OK) {
         return LD_ERR;
+    }
+    if (c->cfg->redis.mode == LD_REDIS_SENTINEL) {
+        if (ld_sentinel_init(c, on_master, NULL) != LD_OK) {
+            return LD_ERR;
+        }
+        ld_redis_on_doubt(ld_sentinel_doubt, NULL);
+        ld_redis_on_state(ld_sentinel_master_state, NULL);
+    } else {
+        ld_stats_set_redis_master(c->cfg->redis.address);
     }
     return LD_OK;
 }
@@ -280,6 +305,9 @@ start(struct ld_config *cfg)
     }
     ld_redis_start();
     ld_pubsub_start();
+    if (cfg->redis.mode == LD_REDIS_SENTINEL) {
+        ld_sentinel_start();
+    }
     return LD_OK;
 }
 
@@ -328,6 +356,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ld_session_cleanup();
     ld_lock_free();
     ld_cache_free();
+    ld_sentinel_free();
     ld_pubsub_free();
     ld_redis_free();
     ld_tls_free();

@@ -41,6 +41,7 @@ static long long op_other;
 static struct {
     const struct ld_ctx *ctx;
     int tcp_port;
+    char redis_master[300];
 } stats_mod;
 
 static long long err_counts[LD_E__COUNT];
@@ -81,6 +82,7 @@ ld_stats_init(const struct ld_ctx *ctx)
     LD_ASSERT(ctx != NULL);
     stats_mod.ctx = ctx;
     stats_mod.tcp_port = 0;
+    stats_mod.redis_master[0] = '\0';
     memset(&ld_stats, 0, sizeof(ld_stats));
     memset(op_counts, 0, sizeof(op_counts));
     op_used = 0;
@@ -94,6 +96,13 @@ void
 ld_stats_set_tcp_port(int port)
 {
     stats_mod.tcp_port = port;
+}
+
+void
+ld_stats_set_redis_master(const char *address)
+{
+    snprintf(stats_mod.redis_master, sizeof(stats_mod.redis_master), "%s",
+             address);
 }
 
 void
@@ -179,6 +188,8 @@ ld_stats_json(void)
     json_object_set_new(o, "version", json_string(PACKAGE_VERSION));
     json_object_set_new(o, "instance", json_string(stats_mod.ctx->instance));
     json_object_set_new(o, "tcp_port", json_integer(stats_mod.tcp_port));
+    json_object_set_new(o, "redis_master",
+                        json_string(stats_mod.redis_master));
 
 #define LD_STATS_JSON(kind, name, help)                                       \
     json_object_set_new(o, #name, json_integer(ld_stats.name));
@@ -354,6 +365,13 @@ ld_stats_prometheus(size_t *len)
     text_family(&t, "build_info", "gauge",
                 "Always 1; the version is in the label");
     text_printf(&t, "leased_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
+    if (stats_mod.redis_master[0] != '\0' &&
+        strpbrk(stats_mod.redis_master, "\"\\\n") == NULL) {
+        text_family(&t, "redis_master_info", "gauge",
+                    "Always 1; the Redis (master) in use is in the label");
+        text_printf(&t, "leased_redis_master_info{address=\"%s\"} 1\n",
+                    stats_mod.redis_master);
+    }
     text_family(&t, "uptime_seconds", "gauge",
                 "Seconds since the daemon started");
     text_printf(&t, "leased_uptime_seconds %lld\n", uptime_s());

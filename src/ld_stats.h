@@ -32,6 +32,9 @@
     X(counter, redis_reconnects, "Connections to Redis re-established")       \
     X(counter, redis_noscript, "Scripts re-sent after NOSCRIPT")              \
     X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")            \
+    X(counter, redis_failovers, "Changes of master followed (sentinel mode)") \
+    X(counter, redis_no_master_ms,                                            \
+      "Milliseconds without a usable Redis master")                           \
     X(gauge, pubsub_channels, "Channels the subscriber connection holds")     \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \
@@ -96,5 +99,7 @@ struct ld_ctx;
 int ld_stats_init(const struct ld_ctx *ctx);
 /* The bound TCP port, reported by `stats` (0: none). */
 void ld_stats_set_tcp_port(int port);
+/* The address of the Redis (master) in use, "" while none is known. */
+void ld_stats_set_redis_master(const char *address);
 
 #endif

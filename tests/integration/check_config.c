@@ -131,15 +131,15 @@ START_TEST(test_redlock_refused)
 }
 END_TEST
 
-START_TEST(test_sentinel_refused)
+START_TEST(test_cluster_refused)
 {
     char extra[256];
 
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
     snprintf(extra, sizeof extra,
              "redis:\n  address: 127.0.0.1:%d\n  mode: standalone\n", R.port);
-    refused_everywhere(extra, "mode: standalone", "mode: sentinel",
-                       "redis.mode: sentinel is not available in this "
+    refused_everywhere(extra, "mode: standalone", "mode: cluster",
+                       "redis.mode: cluster is not available in this "
                        "version");
 }
 END_TEST
@@ -166,7 +166,7 @@ main(void)
     const struct h_case cases[] = {
         H_CASE(near_cache_refused, 90),
         H_CASE(redlock_refused, 90),
-        H_CASE(sentinel_refused, 90),
+        H_CASE(cluster_refused, 90),
         H_CASE(defaults_accepted, 60),
     };
 

@@ -749,6 +749,93 @@ h_redis_start(struct h_redis *r, const char *extra_args)
     return 0;
 }
 
+/* Start the Sentinel of S (its conf written) on s->port; 0, -2 when it
+ * exited early (port taken), -1 otherwise. */
+static int
+sentinel_spawn_wait(struct h_redis *s, const char *conf)
+{
+    char logfile[300];
+    int fd, status;
+    long long deadline;
+
+    snprintf(logfile, sizeof logfile, "%s/sentinel.log", s->dir);
+    const char *argv[] = {redis_bin(), conf,        "--sentinel", "--port",
+                          NULL,        "--logfile", logfile,      NULL};
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->port);
+    argv[4] = port;
+    fd = open(logfile, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    s->pid = spawn(argv, fd, fd, -1);
+    if (fd >= 0) {
+        close(fd);
+    }
+    if (s->pid < 0) {
+        s->pid = 0;
+        return -1;
+    }
+    deadline = h_now_ms() + H_REDIS_READY_MS;
+    while (h_now_ms() < deadline) {
+        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+            h_untrack_pid(s->pid);
+            s->pid = 0;
+            return -2;
+        }
+        if (redis_is_ours(s)) {
+            return 0;
+        }
+        sleep_ms(10);
+    }
+    kill_reap(s->pid);
+    s->pid = 0;
+    return -1;
+}
+
+int
+h_sentinel_start(struct h_redis *s, int master_port, const char *name)
+{
+    char conf[300], text[1024];
+    int rc = -1;
+
+    memset(s, 0, sizeof *s);
+    if (make_tmpdir(s->dir, sizeof s->dir, "lds") < 0) {
+        return -1;
+    }
+    snprintf(conf, sizeof conf, "%s/sentinel.conf", s->dir);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        s->port = h_free_port();
+        int n = snprintf(text, sizeof text,
+                         "bind 127.0.0.1\ndir %s\n"
+                         "sentinel resolve-hostnames no\n",
+                         s->dir);
+        if (name != NULL) {
+            snprintf(text + n, sizeof text - (size_t)n,
+                     "sentinel monitor %s 127.0.0.1 %d 2\n"
+                     "sentinel down-after-milliseconds %s 1000\n"
+                     "sentinel failover-timeout %s 3000\n",
+                     name, master_port, name, name);
+        }
+        /* Sentinels rewrite their file: a fresh one per attempt. */
+        if (write_file(conf, text) != 0) {
+            break;
+        }
+        rc = sentinel_spawn_wait(s, conf);
+        if (rc != -2) {
+            break;
+        }
+    }
+    if (rc != 0) {
+        char log[300];
+
+        snprintf(log, sizeof log, "%s/sentinel.log", s->dir);
+        dump_file("sentinel log", log);
+        h_rmdir(s->dir);
+        s->dir[0] = '\0';
+        s->port = 0;
+        return -1;
+    }
+    return 0;
+}
+
 int
 h_redis_restart(struct h_redis *r)
 {

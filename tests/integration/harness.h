@@ -47,6 +47,13 @@ int h_redis_start(struct h_redis *r, const char *extra_args);
 int h_redis_restart(struct h_redis *r);
 void h_redis_kill(struct h_redis *r); /* SIGKILL, reaped */
 void h_redis_stop(struct h_redis *r); /* kill + remove dir */
+/* A Sentinel (redis-server --sentinel) on a free port, kept in an h_redis
+ * so that h_redis_cmd, h_redis_kill and h_redis_stop serve it too. With
+ * NAME it monitors the master on MASTER_PORT under that name (quorum 2,
+ * down-after 1000 ms, failover-timeout 3000 ms); with NAME NULL it
+ * monitors nothing. Waits until it answers. Returns 0, or -1. */
+int h_sentinel_start(struct h_redis *s, int master_port, const char *name);
+
 /* A direct synchronous connection for checks from the test (it sends AUTH
  * when the server was started with --requirepass in its extra args). */
 redisContext *h_redis_connect(const struct h_redis *r);

@@ -508,6 +508,19 @@ START_TEST(error_yaml_syntax)
 }
 END_TEST
 
+START_TEST(error_sentinel_needs_addresses)
+{
+    expect_error("redis:\n  mode: sentinel\n",
+                 "t.yml:2:9: redis.mode: sentinel mode needs the Sentinels in "
+                 "redis.addresses");
+    expect_ok("redis:\n  mode: sentinel\n  addresses: [127.0.0.1:26379]\n"
+              "  master_name: main\n  sentinel_password: s\n");
+    expect_error("redis:\n  mode: sentinel\n  addresses: [127.0.0.1:1]\n"
+                 "  master_name: \"\"\n",
+                 "t.yml:4:16: redis.master_name: must not be empty");
+}
+END_TEST
+
 START_TEST(error_invalid_utf8)
 {
     expect_error("log:\n  level: \xff\xfe\n",
@@ -762,7 +775,7 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 47);
+    ck_assert_uint_eq(s.count, 49);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
@@ -778,18 +791,9 @@ START_TEST(not_built_refused)
         const char *yaml;
         const char *message;
     } refused[] = {
-        {"redis:\n  mode: sentinel\n",
-         "t.yml:2:9: redis.mode: sentinel is not available in this version "
-         "(only the default standalone is accepted)"},
         {"redis:\n  db: 0\n  mode: cluster\n",
          "t.yml:3:9: redis.mode: cluster is not available in this version "
          "(only the default standalone is accepted)"},
-        {"redis:\n  addresses: [10.0.0.1:26379]\n",
-         "t.yml:2:14: redis.addresses: Sentinel or Cluster mode is not "
-         "available in this version (only the default [] is accepted)"},
-        {"redis:\n  master_name: main\n",
-         "t.yml:2:16: redis.master_name: Sentinel mode is not available in "
-         "this version (only the default \"mymaster\" is accepted)"},
         {"lock:\n  redlock: [a:1, b:1, c:1]\n",
          "t.yml:2:12: lock.redlock: Redlock is not available in this version "
          "(only the default [] is accepted)"},
@@ -830,9 +834,9 @@ START_TEST(key_available_follows_the_table)
     ck_assert(ld_conf_key_available("redis.address"));
     ck_assert(ld_conf_key_available("lock.layout"));
     ck_assert(ld_conf_key_available("journal.fsync"));
-    ck_assert(!ld_conf_key_available("redis.mode"));
-    ck_assert(!ld_conf_key_available("redis.addresses"));
-    ck_assert(!ld_conf_key_available("redis.master_name"));
+    ck_assert(ld_conf_key_available("redis.mode"));
+    ck_assert(ld_conf_key_available("redis.addresses"));
+    ck_assert(ld_conf_key_available("redis.master_name"));
     ck_assert(!ld_conf_key_available("lock.redlock"));
     ck_assert(!ld_conf_key_available("cache.near.enabled"));
     ck_assert(!ld_conf_key_available("cache.near.max_bytes"));
@@ -869,6 +873,7 @@ conf_suite(void)
         {"error_yaml_syntax", error_yaml_syntax},
         {"error_invalid_utf8", error_invalid_utf8},
         {"error_tcp_needs_token", error_tcp_needs_token},
+        {"error_sentinel_needs_addresses", error_sentinel_needs_addresses},
         {"unix_group_must_exist", unix_group_must_exist},
         {"relative_paths_become_absolute", relative_paths_become_absolute},
         {"error_related_settings", error_related_settings},

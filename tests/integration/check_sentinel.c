@@ -1,0 +1,362 @@
+/* Sentinel mode against real processes: a master, one replica and three
+ * Sentinels (redis-server --sentinel), the real leased following them.
+ * Discovery past a dead Sentinel and one that does not know the name; a
+ * master killed under load and a forced SENTINEL FAILOVER followed with
+ * every request answered within its bound; a journaled invalidation
+ * reaching the new master; a lock lost to the failover reported with
+ * reason "failover" while a replicated one is kept, and fences that do
+ * not go backwards. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define T_MS 5000
+#define NS 3
+/* redis.timeout_ms of the daemon, and what an answer may take on top of
+ * it on a loaded machine. */
+#define TIMEOUT_MS 500
+#define ANSWER_MS (TIMEOUT_MS + 2500)
+#define FAILOVER_MS 30000
+
+static struct h_redis M, Rp;
+static struct h_redis S[NS];
+static struct h_redis Lone; /* a Sentinel that monitors nothing */
+static struct h_daemon D;
+
+static void
+stop_sentinels(void)
+{
+    for (int i = 0; i < NS; i++) {
+        h_redis_stop(&S[i]);
+    }
+    h_redis_stop(&Lone);
+}
+
+static const struct h_fixture fx = {
+    .suite = "sentinel",
+    .redis = {&M, &Rp},
+    .daemons = {&D},
+    .teardown = stop_sentinels,
+};
+
+/* The field NAME of SENTINEL MASTER mymaster on S (-1 if absent). */
+static long long
+master_field(const struct h_redis *s, const char *name)
+{
+    long long v = -1;
+    redisReply *r = h_redis_cmd(s, "SENTINEL MASTER mymaster");
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i + 1 < r->elements; i += 2) {
+            if (strcmp(r->element[i]->str, name) == 0) {
+                v = atoll(r->element[i + 1]->str);
+            }
+        }
+    }
+    if (r != NULL) {
+        freeReplyObject(r);
+    }
+    return v;
+}
+
+/* Every Sentinel knows the others and the replica: a failover can be
+ * agreed on. */
+static bool
+sentinels_ready(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < NS; i++) {
+        if (master_field(&S[i], "num-other-sentinels") != NS - 1 ||
+            master_field(&S[i], "num-slaves") != 1) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Master, replica and Sentinels up, then leased on them with EXTRA YAML
+ * sections (may be ""); the first two addresses are a closed port and a
+ * Sentinel that does not know the name. */
+static void
+start_all(const char *extra)
+{
+    char replicaof[64], yaml[2048];
+    ck_assert_int_eq(h_redis_start(&M, NULL), 0);
+    snprintf(replicaof, sizeof replicaof, "--replicaof 127.0.0.1 %d", M.port);
+    ck_assert_int_eq(h_redis_start(&Rp, replicaof), 0);
+    ck_assert(h_wait_until(h_replica_linked, &M, 10000));
+    for (int i = 0; i < NS; i++) {
+        ck_assert_int_eq(h_sentinel_start(&S[i], M.port, "mymaster"), 0);
+    }
+    ck_assert_int_eq(h_sentinel_start(&Lone, 0, NULL), 0);
+    ck_assert_msg(h_wait_until(sentinels_ready, NULL, 20000),
+                  "the Sentinels did not find each other");
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  mode: sentinel\n  master_name: mymaster\n"
+             "  timeout_ms: %d\n  addresses:\n"
+             "    - 127.0.0.1:%d\n    - 127.0.0.1:%d\n"
+             "    - 127.0.0.1:%d\n    - 127.0.0.1:%d\n    - 127.0.0.1:%d\n"
+             "%s",
+             TIMEOUT_MS, h_free_port(), Lone.port, S[0].port, S[1].port,
+             S[2].port, extra);
+    ck_assert_int_eq(h_daemon_start(&D, &M, yaml), 0);
+}
+
+static const char *
+stat_str(struct h_conn *c, const char *name, char *buf, size_t len)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s}", "op", "stats");
+    buf[0] = '\0';
+    if (r != NULL) {
+        const char *v = json_string_value(
+            json_object_get(json_object_get(r, "stats"), name));
+        snprintf(buf, len, "%s", v != NULL ? v : "");
+        json_decref(r);
+    }
+    return buf;
+}
+
+struct master_want {
+    struct h_conn *c;
+    int port;
+};
+
+static bool
+master_is(void *arg)
+{
+    const struct master_want *w = arg;
+    char buf[300], want[64];
+    snprintf(want, sizeof want, "127.0.0.1:%d", w->port);
+    return strcmp(stat_str(w->c, "redis_master", buf, sizeof buf), want) == 0;
+}
+
+static void
+wait_master(struct h_conn *c, int port)
+{
+    struct master_want w = {c, port};
+    ck_assert_msg(h_wait_until(master_is, &w, FAILOVER_MS),
+                  "the daemon did not follow to port %d", port);
+}
+
+static json_t *
+lock_key(struct h_conn *c, const char *key)
+{
+    return h_callf(c, ANSWER_MS, "{s:s,s:s}", "op", "lock", "key", key);
+}
+
+/* The lock KEY, which must be granted; its fence. */
+static long long
+must_lock(struct h_conn *c, const char *key)
+{
+    json_t *r = lock_key(c, key);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "lock %s not granted",
+                  key);
+    long long fence = jint(r, "fence");
+    json_decref(r);
+    return fence;
+}
+
+/* Everything the master acknowledged has reached the replica. */
+static void
+replicated(void)
+{
+    ck_assert_int_eq(h_r_int(&M, "WAIT 1 5000"), 1);
+}
+
+/* Requests in a loop while the master changes: every one is answered
+ * within its bound (redis_unavailable or success), until service is
+ * back on the new master. */
+static void
+load_until_moved(struct h_conn *c, int new_port)
+{
+    long long end = h_now_ms() + FAILOVER_MS;
+    int n = 0, ok_after = 0;
+    struct master_want w = {c, new_port};
+    while (h_now_ms() < end) {
+        char key[32];
+        snprintf(key, sizeof key, "load:%d", n++);
+        long long t0 = h_now_ms();
+        json_t *r = lock_key(c, key);
+        ck_assert_msg(r != NULL, "lock %s not answered within %d ms", key,
+                      ANSWER_MS);
+        ck_assert_msg(h_now_ms() - t0 <= ANSWER_MS, "answer took %lld ms",
+                      h_now_ms() - t0);
+        if (h_ok(r)) {
+            json_decref(r);
+            r = h_callf(c, ANSWER_MS, "{s:s,s:s}", "op", "unlock", "key", key);
+            ck_assert_msg(r != NULL, "unlock not answered");
+        } else {
+            ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+        }
+        json_decref(r);
+        r = h_callf(c, ANSWER_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                    "load", "lease", 0);
+        ck_assert_msg(r != NULL, "cache.get not answered");
+        json_decref(r);
+        if (master_is(&w) && ++ok_after >= 5) {
+            return;
+        }
+    }
+    ck_abort_msg("service did not resume on port %d", new_port);
+}
+
+START_TEST(test_discovery)
+{
+    start_all("");
+    struct h_conn *c = h_connect_ok(&D);
+    wait_master(c, M.port);
+    must_lock(c, "k");
+    ck_assert_int_eq(h_r_int(&M, "EXISTS %s", "leased:lock:{k}"), 1);
+    /* Both useless Sentinels were passed over, with the reason. */
+    ck_assert(h_log_has(&D, "sentinel skipped"));
+    ck_assert(h_log_has(&D, "does not know redis.master_name"));
+    h_close(c);
+}
+END_TEST
+
+/* The master is SIGKILLed while sessions work: every request is answered
+ * in bounded time, service moves to the promoted replica, a lock that had
+ * replicated is kept, and an invalidation journaled meanwhile reaches the
+ * new master. */
+START_TEST(test_master_killed)
+{
+    start_all("lock:\n  watchdog_ms: 10000\n");
+    struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D);
+    wait_master(a, M.port);
+    must_lock(a, "kept");
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "cache.set", "key",
+                        "x", "value", "old", "ttl_ms", 600000);
+    ck_assert(h_ok(r));
+    json_decref(r);
+    replicated();
+
+    h_redis_kill(&M);
+    r = h_callf(b, ANSWER_MS, "{s:s,s:s,s:i}", "op", "cache.invalidate", "key",
+                "x", "delay_ms", 0);
+    ck_assert_msg(r != NULL && h_ok(r), "invalidate not acknowledged");
+    json_decref(r);
+    load_until_moved(b, Rp.port);
+
+    /* The journal's delete reached the new master. */
+    long long end = h_now_ms() + 10000;
+    while (h_r_int(&Rp, "EXISTS %s", "leased:cache:{x}") != 0 &&
+           h_now_ms() < end) {
+        h_assert_ping(b);
+    }
+    ck_assert_int_eq(h_r_int(&Rp, "EXISTS %s", "leased:cache:{x}"), 0);
+
+    /* The replicated lock survived: no lock_lost, still held. */
+    ck_assert_ptr_null(h_lock_lost(a, "kept", 2000));
+    r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key", "kept");
+    ck_assert(h_ok(r) && jtrue(r, "locked") && jtrue(r, "mine"));
+    json_decref(r);
+    ck_assert_int_ge(h_stat(a, "redis_failovers"), 1);
+    ck_assert(h_log_has(&D, "moved from"));
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* A grant the replica never saw (it was stopped and cut off while the
+ * master granted it) is lost when that replica is promoted: the holder hears lock_lost
+ * "failover", a lock that did replicate is kept, and the next grant of
+ * the lost key carries a higher fence than the lost one. */
+START_TEST(test_lock_lost_to_failover)
+{
+    start_all("lock:\n  watchdog_ms: 10000\n");
+    struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D);
+    wait_master(a, M.port);
+    must_lock(a, "kept");
+    replicated();
+
+    /* Stopped, and cut off by the master, so that not even what the
+     * kernel holds for it carries the next grant. */
+    kill(Rp.pid, SIGSTOP);
+    h_r_do(&M, "CLIENT KILL TYPE replica");
+    long long lost_fence = must_lock(a, "lost");
+    h_redis_kill(&M);
+    kill(Rp.pid, SIGCONT);
+
+    json_t *ev = h_lock_lost(a, "lost", FAILOVER_MS);
+    ck_assert_msg(ev != NULL, "no lock_lost for the unreplicated lock");
+    ck_assert_str_eq(jstr(ev, "reason"), "failover");
+    json_decref(ev);
+    wait_master(b, Rp.port);
+    ck_assert_ptr_null(h_lock_lost(a, "kept", 2000));
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
+                        "kept");
+    ck_assert(h_ok(r) && jtrue(r, "mine"));
+    json_decref(r);
+
+    long long fence = must_lock(b, "lost");
+    ck_assert_int_gt(fence, lost_fence);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* SENTINEL FAILOVER: the daemon follows the switch it is told of. */
+START_TEST(test_forced_failover)
+{
+    start_all("");
+    struct h_conn *c = h_connect_ok(&D);
+    wait_master(c, M.port);
+    must_lock(c, "before");
+    replicated();
+    redisReply *r = h_redis_cmd(&S[0], "SENTINEL FAILOVER mymaster");
+    ck_assert_ptr_nonnull(r);
+    ck_assert_msg(r->type == REDIS_REPLY_STATUS, "SENTINEL FAILOVER: %s",
+                  r->str);
+    freeReplyObject(r);
+    load_until_moved(c, Rp.port);
+    ck_assert_ptr_null(h_lock_lost(c, "before", 1000));
+    json_t *j = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
+                        "before");
+    ck_assert(h_ok(j) && jtrue(j, "mine"));
+    json_decref(j);
+    h_close(c);
+}
+END_TEST
+
+/* With no Sentinel reachable, ops answer redis_unavailable at once, and
+ * the daemon keeps asking. */
+START_TEST(test_no_sentinel)
+{
+    char yaml[512];
+    ck_assert_int_eq(h_redis_start(&M, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  mode: sentinel\n  timeout_ms: %d\n"
+             "  addresses: [\"127.0.0.1:%d\"]\n",
+             TIMEOUT_MS, h_free_port());
+    ck_assert_int_eq(h_daemon_start(&D, NULL, yaml), 0);
+    struct h_conn *c = h_connect_ok(&D);
+    long long t0 = h_now_ms();
+    json_t *r = lock_key(c, "k");
+    ck_assert_ptr_nonnull(r);
+    h_expect_code(r, "redis_unavailable", "lock without a master");
+    ck_assert_int_le(h_now_ms() - t0, ANSWER_MS);
+    ck_assert(h_wait_log(&D, "no Sentinel named a master", T_MS));
+    h_close(c);
+}
+END_TEST
+
+int
+main(void)
+{
+    const struct h_case cases[] = {
+        H_CASE(discovery, 90),
+        H_CASE(master_killed, 120),
+        H_CASE(lock_lost_to_failover, 120),
+        H_CASE(forced_failover, 120),
+        H_CASE(no_sentinel, 60),
+    };
+    return H_MAIN(fx, cases);
+}
