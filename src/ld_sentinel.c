@@ -337,8 +337,8 @@ ld_sentinel_master_state(bool up, void *arg)
     LD_UNUSED(arg);
     uint64_t now = ld_now_us();
     if (up && sentinel_mod.no_master_since_us != 0) {
-        ld_stats.redis_no_master_ms +=
-            (long long)((now - sentinel_mod.no_master_since_us) / 1000);
+        ld_stats.redis_no_master_us +=
+            (long long)(now - sentinel_mod.no_master_since_us);
         sentinel_mod.no_master_since_us = 0;
     } else if (!up && sentinel_mod.no_master_since_us == 0) {
         sentinel_mod.no_master_since_us = now;

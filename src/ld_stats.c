@@ -325,6 +325,24 @@ text_smoothed_us(struct text *t, const char *name, const char *help,
     text_printf(t, "leased_%s %s\n", family, value);
 }
 
+/* A counter of microseconds NAME ("redis_no_master_us") in seconds, as
+ * leased_redis_no_master_seconds_total. */
+static void
+text_counter_us(struct text *t, const char *name, const char *help,
+                long long us)
+{
+    char family[128], value[32];
+    size_t stem = strlen(name);
+
+    if (stem > 3 && strcmp(name + stem - 3, "_us") == 0) {
+        stem -= 3;
+    }
+    snprintf(family, sizeof(family), "%.*s_seconds_total", (int)stem, name);
+    format_seconds(value, sizeof(value), us > 0 ? (uint64_t)us : 0);
+    text_family(t, family, "counter", help);
+    text_printf(t, "leased_%s %s\n", family, value);
+}
+
 static void
 text_histogram(struct text *t, const struct histo *hs, const char *name,
                const char *help)
@@ -384,6 +402,8 @@ ld_stats_prometheus(size_t *len)
         text_printf(&t, "leased_" #name "_total %lld\n", ld_stats.name);      \
     } else if (strcmp(#kind, "smoothed_us") == 0) {                           \
         text_smoothed_us(&t, #name, help, ld_stats.name);                     \
+    } else if (strcmp(#kind, "counter_us") == 0) {                            \
+        text_counter_us(&t, #name, help, ld_stats.name);                      \
     } else {                                                                  \
         text_family(&t, #name, "gauge", help);                                \
         text_printf(&t, "leased_" #name " %lld\n", ld_stats.name);            \

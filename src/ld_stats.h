@@ -13,7 +13,8 @@
  * smoothed_us, a gauge holding a smoothed time in microseconds: `stats`
  * shows it as it is, Prometheus in its base unit, seconds, as
  * leased_STEM_smoothed_seconds where NAME is STEM_us (the histogram of the
- * same times owns leased_STEM_seconds).
+ * same times owns leased_STEM_seconds); counter_us, a counter of
+ * microseconds, in Prometheus leased_STEM_seconds_total.
  *
  * The near_* figures stay 0 until the near cache exists: the protocol
  * lists near-cache size and hits among the stats, and a client that reads
@@ -33,8 +34,7 @@
     X(counter, redis_noscript, "Scripts re-sent after NOSCRIPT")              \
     X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")            \
     X(counter, redis_failovers, "Changes of master followed (sentinel mode)") \
-    X(counter, redis_no_master_ms,                                            \
-      "Milliseconds without a usable Redis master")                           \
+    X(counter_us, redis_no_master_us, "Time without a usable Redis master")   \
     X(gauge, pubsub_channels, "Channels the subscriber connection holds")     \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \
