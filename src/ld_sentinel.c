@@ -48,6 +48,8 @@ static struct {
     /* Listening. */
     struct ld_conn *sub;
     int sub_cur;
+    struct event *sub_ev; /* moves the subscriber on, after a backoff */
+    struct ld_backoff sub_backoff;
     /* The master as last named. */
     bool have_master;
     struct ld_conn_addr master;
@@ -258,6 +260,7 @@ static void
 sub_ready(struct ld_conn *c, void *owner)
 {
     LD_UNUSED(owner);
+    ld_backoff_reset(&sentinel_mod.sub_backoff);
     const char *av[] = {"SUBSCRIBE", "+switch-master"};
     size_t al[] = {9, 14};
     if (ld_conn_send(c, 2, av, al) != LD_OK) {
@@ -273,10 +276,26 @@ sub_down(struct ld_conn *c, bool was_ready, const char *why, void *owner)
         log_warn("sentinel subscriber lost address=%s reason=\"%s\"",
                  sentinel_name(sentinel_mod.sub_cur), why);
     }
-    /* The next Sentinel; what was missed meanwhile is asked for once the
-     * subscription is back. */
+    LD_UNUSED(c);
+    /* The next Sentinel, after a backoff, so that a list of Sentinels
+     * that are all down is not cycled through in a tight loop; what was
+     * missed meanwhile is asked for once the subscription is back. */
+    if (!event_pending(sentinel_mod.sub_ev, EV_TIMEOUT, NULL)) {
+        int ms = ld_backoff_next_ms(&sentinel_mod.sub_backoff);
+        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        event_add(sentinel_mod.sub_ev, &tv);
+    }
+}
+
+static void
+sub_move_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
     sentinel_mod.sub_cur = (sentinel_mod.sub_cur + 1) % sentinel_mod.n;
-    ld_conn_set_addr(c, &sentinel_mod.sentinels[sentinel_mod.sub_cur]);
+    ld_conn_set_addr(sentinel_mod.sub,
+                     &sentinel_mod.sentinels[sentinel_mod.sub_cur]);
 }
 
 /* "<name> <old-ip> <old-port> <new-ip> <new-port>" */
@@ -376,10 +395,12 @@ ld_sentinel_init(const struct ld_ctx *ctx, ld_sentinel_master_fn *fn,
     sentinel_mod.sub = ld_conn_new(ctx, &sentinel_mod.sentinels[0],
                                    LD_CONN_ROLE_SENTINEL_SUB, &sub_ops, NULL);
     sentinel_mod.ask_ev = evtimer_new(ctx->base, ask_cb, NULL);
-    if (sentinel_mod.ask_ev == NULL) {
+    sentinel_mod.sub_ev = evtimer_new(ctx->base, sub_move_cb, NULL);
+    if (sentinel_mod.ask_ev == NULL || sentinel_mod.sub_ev == NULL) {
         ld_oom(0);
     }
     ld_backoff_reset(&sentinel_mod.round_backoff);
+    ld_backoff_reset(&sentinel_mod.sub_backoff);
     sentinel_mod.no_master_since_us = ld_now_us();
     ld_stats_set_redis_master("");
     return LD_OK;
@@ -400,6 +421,7 @@ ld_sentinel_free(void)
         ld_conn_free(sentinel_mod.query);
         ld_conn_free(sentinel_mod.sub);
         event_free(sentinel_mod.ask_ev);
+        event_free(sentinel_mod.sub_ev);
     }
     memset(&sentinel_mod, 0, sizeof(sentinel_mod));
 }

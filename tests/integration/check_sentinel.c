@@ -48,40 +48,6 @@ static const struct h_fixture fx = {
     .teardown = stop_sentinels,
 };
 
-/* The field NAME of SENTINEL MASTER mymaster on S (-1 if absent). */
-static long long
-master_field(const struct h_redis *s, const char *name)
-{
-    long long v = -1;
-    redisReply *r = h_redis_cmd(s, "SENTINEL MASTER mymaster");
-    if (r != NULL && r->type == REDIS_REPLY_ARRAY) {
-        for (size_t i = 0; i + 1 < r->elements; i += 2) {
-            if (strcmp(r->element[i]->str, name) == 0) {
-                v = atoll(r->element[i + 1]->str);
-            }
-        }
-    }
-    if (r != NULL) {
-        freeReplyObject(r);
-    }
-    return v;
-}
-
-/* Every Sentinel knows the others and the replica: a failover can be
- * agreed on. */
-static bool
-sentinels_ready(void *arg)
-{
-    (void)arg;
-    for (int i = 0; i < NS; i++) {
-        if (master_field(&S[i], "num-other-sentinels") != NS - 1 ||
-            master_field(&S[i], "num-slaves") != 1) {
-            return false;
-        }
-    }
-    return true;
-}
-
 /* Master, replica and Sentinels up, then leased on them with EXTRA YAML
  * sections (may be ""); the first two addresses are a closed port and a
  * Sentinel that does not know the name. */
@@ -97,7 +63,7 @@ start_all(const char *extra)
         ck_assert_int_eq(h_sentinel_start(&S[i], M.port, "mymaster"), 0);
     }
     ck_assert_int_eq(h_sentinel_start(&Lone, 0, NULL), 0);
-    ck_assert_msg(h_wait_until(sentinels_ready, NULL, 20000),
+    ck_assert_msg(h_sentinels_ready(S, NS, 1, 20000),
                   "the Sentinels did not find each other");
     snprintf(yaml, sizeof yaml,
              "redis:\n  mode: sentinel\n  master_name: mymaster\n"

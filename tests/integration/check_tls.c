@@ -21,7 +21,8 @@
 #define T_MS 5000
 #define RUN_MS 30000
 
-static struct h_redis R;
+static struct h_redis R, R2;
+static struct h_redis S[3];
 static struct h_daemon D;
 static char certs[256]; /* this case's certificates */
 static int tls_port;
@@ -115,11 +116,20 @@ setup(void)
     make_cert("stranger", "leased", "other", NULL);
 }
 
+static void
+teardown(void)
+{
+    for (int i = 0; i < 3; i++) {
+        h_redis_stop(&S[i]);
+    }
+}
+
 static const struct h_fixture fx = {
     .suite = "tls",
-    .redis = {&R},
+    .redis = {&R, &R2},
     .daemons = {&D},
     .setup = setup,
+    .teardown = teardown,
 };
 
 /* A redis-server with a plain port (the harness') and a TLS port;
@@ -366,6 +376,104 @@ START_TEST(test_restart_reconnects)
 }
 END_TEST
 
+/* The TLS settings of a server: its certificate, the CA, and TLS for
+ * its own outgoing links (replication, Sentinel to server and to
+ * Sentinel). */
+static void
+server_tls_args(char *buf, size_t len, const char *sep)
+{
+    char crt[300], key[300], ca[300];
+    path(crt, sizeof crt, "server.crt");
+    path(key, sizeof key, "server.key");
+    path(ca, sizeof ca, "ca.crt");
+    snprintf(buf, len,
+             "%stls-cert-file %s%stls-key-file %s%stls-ca-cert-file %s"
+             "%stls-auth-clients no%stls-replication yes",
+             sep[0] == '\n' ? "" : "--", crt, sep, key, sep, ca, sep, sep);
+}
+
+struct master_want {
+    struct h_conn *c;
+    int port;
+};
+
+static bool
+master_is(void *arg)
+{
+    const struct master_want *w = arg;
+    char want[64];
+    json_t *r = h_callf(w->c, T_MS, "{s:s}", "op", "stats");
+    const char *m = json_string_value(
+        json_object_get(json_object_get(r, "stats"), "redis_master"));
+    snprintf(want, sizeof want, "127.0.0.1:%d", w->port);
+    bool is = m != NULL && strcmp(m, want) == 0;
+    json_decref(r);
+    return is;
+}
+
+/* Sentinel mode over TLS: the Sentinels, the master and its replica all
+ * speak TLS only on the ports the daemon is given; discovery and a forced
+ * failover work through them. */
+START_TEST(test_sentinel_over_tls)
+{
+    char args[2048], extra[2560], keys[1024], yaml[3072];
+    int stls[3];
+
+    /* The master, and a replica that follows it over TLS. */
+    server_tls_args(args, sizeof args, " --");
+    tls_port = h_free_port();
+    snprintf(extra, sizeof extra, "--tls-port %d %s", tls_port, args);
+    ck_assert_int_eq(h_redis_start(&R, extra), 0);
+    int tls_port2 = h_free_port();
+    snprintf(extra, sizeof extra, "--tls-port %d %s --replicaof 127.0.0.1 %d",
+             tls_port2, args, tls_port);
+    ck_assert_int_eq(h_redis_start(&R2, extra), 0);
+    ck_assert(h_wait_until(h_replica_linked, &R, 20000));
+
+    server_tls_args(args, sizeof args, "\n");
+    for (int i = 0; i < 3; i++) {
+        stls[i] = h_free_port();
+        snprintf(extra, sizeof extra, "tls-port %d\n%s\n", stls[i], args);
+        ck_assert_int_eq(h_sentinel_start_ex(&S[i], tls_port, "mymaster",
+                                             extra),
+                         0);
+    }
+    ck_assert(h_sentinels_ready(S, 3, 1, 30000));
+
+    tls_keys(keys, sizeof keys, "ca", NULL);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  mode: sentinel\n  timeout_ms: 500\n"
+             "  addresses: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n  tls:\n    enabled: true\n%s",
+             stls[0], stls[1], stls[2], keys);
+    ck_assert_int_eq(h_daemon_start(&D, NULL, yaml), 0);
+    struct h_conn *c = h_connect_ok(&D);
+    struct master_want w = {c, tls_port};
+    ck_assert_msg(h_wait_until(master_is, &w, 10000), "no master found");
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "k");
+    ck_assert(h_ok(r) && jtrue(r, "acquired"));
+    json_decref(r);
+
+    redisReply *f = h_redis_cmd(&S[0], "SENTINEL FAILOVER mymaster");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_msg(f->type == REDIS_REPLY_STATUS, "SENTINEL FAILOVER: %s",
+                  f->str);
+    freeReplyObject(f);
+    w.port = tls_port2;
+    ck_assert_msg(h_wait_until(master_is, &w, 30000), "failover not followed");
+    long long end = h_now_ms() + 10000;
+    bool granted = false;
+    while (!granted && h_now_ms() < end) {
+        r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "after");
+        granted = r != NULL && jtrue(r, "acquired");
+        json_decref(r);
+    }
+    ck_assert_msg(granted, "no lock on the new master");
+    ck_assert(!h_log_has(&D, "redis tls failed"));
+    h_close(c);
+}
+END_TEST
+
 /* leased -t reads the key files: each problem is named. */
 START_TEST(test_bad_files_refused)
 {
@@ -422,6 +530,7 @@ main(void)
         H_CASE(no_plain_fallback, 60),
         H_CASE(restart_reconnects, 60),
         H_CASE(bad_files_refused, 60),
+        H_CASE(sentinel_over_tls, 120),
     };
     return H_MAIN(fx, cases);
 }

@@ -793,7 +793,14 @@ sentinel_spawn_wait(struct h_redis *s, const char *conf)
 int
 h_sentinel_start(struct h_redis *s, int master_port, const char *name)
 {
-    char conf[300], text[1024];
+    return h_sentinel_start_ex(s, master_port, name, "");
+}
+
+int
+h_sentinel_start_ex(struct h_redis *s, int master_port, const char *name,
+                    const char *extra_conf)
+{
+    char conf[300], text[4096];
     int rc = -1;
 
     memset(s, 0, sizeof *s);
@@ -808,11 +815,14 @@ h_sentinel_start(struct h_redis *s, int master_port, const char *name)
                          "sentinel resolve-hostnames no\n",
                          s->dir);
         if (name != NULL) {
-            snprintf(text + n, sizeof text - (size_t)n,
-                     "sentinel monitor %s 127.0.0.1 %d 2\n"
-                     "sentinel down-after-milliseconds %s 1000\n"
-                     "sentinel failover-timeout %s 3000\n",
-                     name, master_port, name, name);
+            n += snprintf(text + n, sizeof text - (size_t)n,
+                          "sentinel monitor %s 127.0.0.1 %d 2\n"
+                          "sentinel down-after-milliseconds %s 1000\n"
+                          "sentinel failover-timeout %s 3000\n",
+                          name, master_port, name, name);
+        }
+        if ((size_t)n < sizeof text) {
+            snprintf(text + n, sizeof text - (size_t)n, "%s", extra_conf);
         }
         /* Sentinels rewrite their file: a fresh one per attempt. */
         if (write_file(conf, text) != 0) {
@@ -834,6 +844,52 @@ h_sentinel_start(struct h_redis *s, int master_port, const char *name)
         return -1;
     }
     return 0;
+}
+
+/* The field NAME of SENTINEL MASTER mymaster on S (-1 if absent). */
+static long long
+sentinel_master_field(const struct h_redis *s, const char *name)
+{
+    long long v = -1;
+    redisReply *r = h_redis_cmd(s, "SENTINEL MASTER mymaster");
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i + 1 < r->elements; i += 2) {
+            if (strcmp(r->element[i]->str, name) == 0) {
+                v = atoll(r->element[i + 1]->str);
+            }
+        }
+    }
+    if (r != NULL) {
+        freeReplyObject(r);
+    }
+    return v;
+}
+
+struct sentinels_want {
+    struct h_redis *s;
+    int n;
+    int replicas;
+};
+
+static bool
+sentinels_ready(void *arg)
+{
+    const struct sentinels_want *w = arg;
+    for (int i = 0; i < w->n; i++) {
+        if (sentinel_master_field(&w->s[i], "num-other-sentinels") !=
+                w->n - 1 ||
+            sentinel_master_field(&w->s[i], "num-slaves") != w->replicas) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool
+h_sentinels_ready(struct h_redis *s, int n, int replicas, int timeout_ms)
+{
+    struct sentinels_want w = {s, n, replicas};
+    return h_wait_until(sentinels_ready, &w, timeout_ms);
 }
 
 int

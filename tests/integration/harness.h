@@ -53,6 +53,15 @@ void h_redis_stop(struct h_redis *r); /* kill + remove dir */
  * down-after 1000 ms, failover-timeout 3000 ms); with NAME NULL it
  * monitors nothing. Waits until it answers. Returns 0, or -1. */
 int h_sentinel_start(struct h_redis *s, int master_port, const char *name);
+/* The same with EXTRA_CONF (lines of sentinel.conf, e.g. its TLS
+ * settings) appended. */
+int h_sentinel_start_ex(struct h_redis *s, int master_port, const char *name,
+                        const char *extra_conf);
+
+/* Wait up to TIMEOUT_MS until each of the N Sentinels S sees the N - 1
+ * others and REPLICAS replicas of "mymaster" (a failover can then be
+ * agreed on); returns whether they did. */
+bool h_sentinels_ready(struct h_redis *s, int n, int replicas, int timeout_ms);
 
 /* A direct synchronous connection for checks from the test (it sends AUTH
  * when the server was started with --requirepass in its extra args). */
