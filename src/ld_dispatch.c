@@ -99,9 +99,12 @@ op_hello(struct ld_req *req)
                            : sizeof(s->client) - 1),
                  client);
     }
-    ld_reply_ok(req,
-                json_pack("{s:s,s:s,s:i,s:s}", "server", "leased", "version",
-                          PACKAGE_VERSION, "protocol", 1, "session", s->name));
+    /* The optional parts of the protocol this daemon offers (near, rwlock,
+     * semaphore, multilock, cancel, stale, early_refresh, admin): none of
+     * them yet, and a client checks before it relies on one. */
+    ld_reply_ok(req, json_pack("{s:s,s:s,s:i,s:s,s:[]}", "server", "leased",
+                               "version", PACKAGE_VERSION, "protocol", 1,
+                               "session", s->name, "features"));
 }
 
 static void

@@ -242,6 +242,16 @@ ld_sentinel_doubt(const char *why, void *arg)
         return;
     }
     log_debug("sentinel: asking again reason=\"%s\"", why);
+    /* Another Sentinel than the one that named the master in doubt: one
+     * that lags behind a failover, or disagrees with the others, is not
+     * asked again and again. */
+    sentinel_mod.cur = (sentinel_mod.cur + 1) % sentinel_mod.n;
+    if (sentinel_mod.n > 1) {
+        sentinel_mod.moving = true;
+        ld_conn_set_addr(sentinel_mod.query,
+                         &sentinel_mod.sentinels[sentinel_mod.cur]);
+        sentinel_mod.moving = false;
+    }
     uint64_t now = ld_now_us();
     uint64_t next = sentinel_mod.last_ask_us + ASK_MIN_GAP_US;
     if (now >= next) {
