@@ -307,11 +307,13 @@ format_seconds(char *out, size_t outlen, uint64_t us)
     }
 }
 
-/* A smoothed time NAME ("redis_rtt_us") in seconds, as
- * leased_redis_rtt_smoothed_seconds. */
+/* A time NAME kept in microseconds ("redis_rtt_us") in seconds, as the
+ * family leased_<NAME without _us><SUFFIX> of TYPE:
+ * leased_redis_rtt_smoothed_seconds (a gauge),
+ * leased_redis_no_master_seconds_total (a counter). */
 static void
-text_smoothed_us(struct text *t, const char *name, const char *help,
-                 long long us)
+text_time_us(struct text *t, const char *name, const char *suffix,
+             const char *type, const char *help, long long us)
 {
     char family[128], value[32];
     size_t stem = strlen(name);
@@ -319,27 +321,9 @@ text_smoothed_us(struct text *t, const char *name, const char *help,
     if (stem > 3 && strcmp(name + stem - 3, "_us") == 0) {
         stem -= 3;
     }
-    snprintf(family, sizeof(family), "%.*s_smoothed_seconds", (int)stem, name);
+    snprintf(family, sizeof(family), "%.*s%s", (int)stem, name, suffix);
     format_seconds(value, sizeof(value), us > 0 ? (uint64_t)us : 0);
-    text_family(t, family, "gauge", help);
-    text_printf(t, "leased_%s %s\n", family, value);
-}
-
-/* A counter of microseconds NAME ("redis_no_master_us") in seconds, as
- * leased_redis_no_master_seconds_total. */
-static void
-text_counter_us(struct text *t, const char *name, const char *help,
-                long long us)
-{
-    char family[128], value[32];
-    size_t stem = strlen(name);
-
-    if (stem > 3 && strcmp(name + stem - 3, "_us") == 0) {
-        stem -= 3;
-    }
-    snprintf(family, sizeof(family), "%.*s_seconds_total", (int)stem, name);
-    format_seconds(value, sizeof(value), us > 0 ? (uint64_t)us : 0);
-    text_family(t, family, "counter", help);
+    text_family(t, family, type, help);
     text_printf(t, "leased_%s %s\n", family, value);
 }
 
@@ -401,9 +385,11 @@ ld_stats_prometheus(size_t *len)
         text_family(&t, #name "_total", "counter", help);                     \
         text_printf(&t, "leased_" #name "_total %lld\n", ld_stats.name);      \
     } else if (strcmp(#kind, "smoothed_us") == 0) {                           \
-        text_smoothed_us(&t, #name, help, ld_stats.name);                     \
+        text_time_us(&t, #name, "_smoothed_seconds", "gauge", help,           \
+                     ld_stats.name);                                          \
     } else if (strcmp(#kind, "counter_us") == 0) {                            \
-        text_counter_us(&t, #name, help, ld_stats.name);                      \
+        text_time_us(&t, #name, "_seconds_total", "counter", help,            \
+                     ld_stats.name);                                          \
     } else {                                                                  \
         text_family(&t, #name, "gauge", help);                                \
         text_printf(&t, "leased_" #name " %lld\n", ld_stats.name);            \

@@ -76,39 +76,10 @@ start_all(const char *extra)
     ck_assert_int_eq(h_daemon_start(&D, &M, yaml), 0);
 }
 
-static const char *
-stat_str(struct h_conn *c, const char *name, char *buf, size_t len)
-{
-    json_t *r = h_callf(c, T_MS, "{s:s}", "op", "stats");
-    buf[0] = '\0';
-    if (r != NULL) {
-        const char *v = json_string_value(
-            json_object_get(json_object_get(r, "stats"), name));
-        snprintf(buf, len, "%s", v != NULL ? v : "");
-        json_decref(r);
-    }
-    return buf;
-}
-
-struct master_want {
-    struct h_conn *c;
-    int port;
-};
-
-static bool
-master_is(void *arg)
-{
-    const struct master_want *w = arg;
-    char buf[300], want[64];
-    snprintf(want, sizeof want, "127.0.0.1:%d", w->port);
-    return strcmp(stat_str(w->c, "redis_master", buf, sizeof buf), want) == 0;
-}
-
 static void
 wait_master(struct h_conn *c, int port)
 {
-    struct master_want w = {c, port};
-    ck_assert_msg(h_wait_until(master_is, &w, FAILOVER_MS),
+    ck_assert_msg(h_wait_master(c, port, FAILOVER_MS),
                   "the daemon did not follow to port %d", port);
 }
 
@@ -145,7 +116,6 @@ load_until_moved(struct h_conn *c, int new_port)
 {
     long long end = h_now_ms() + FAILOVER_MS;
     int n = 0, ok_after = 0;
-    struct master_want w = {c, new_port};
     while (h_now_ms() < end) {
         char key[32];
         snprintf(key, sizeof key, "load:%d", n++);
@@ -167,7 +137,7 @@ load_until_moved(struct h_conn *c, int new_port)
                     "load", "lease", 0);
         ck_assert_msg(r != NULL, "cache.get not answered");
         json_decref(r);
-        if (master_is(&w) && ++ok_after >= 5) {
+        if (h_wait_master(c, new_port, 0) && ++ok_after >= 5) {
             return;
         }
     }

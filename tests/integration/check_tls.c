@@ -392,25 +392,6 @@ server_tls_args(char *buf, size_t len, const char *sep)
              sep[0] == '\n' ? "" : "--", crt, sep, key, sep, ca, sep, sep);
 }
 
-struct master_want {
-    struct h_conn *c;
-    int port;
-};
-
-static bool
-master_is(void *arg)
-{
-    const struct master_want *w = arg;
-    char want[64];
-    json_t *r = h_callf(w->c, T_MS, "{s:s}", "op", "stats");
-    const char *m = json_string_value(
-        json_object_get(json_object_get(r, "stats"), "redis_master"));
-    snprintf(want, sizeof want, "127.0.0.1:%d", w->port);
-    bool is = m != NULL && strcmp(m, want) == 0;
-    json_decref(r);
-    return is;
-}
-
 /* Sentinel mode over TLS: the Sentinels, the master and its replica all
  * speak TLS only on the ports the daemon is given; discovery and a forced
  * failover work through them. */
@@ -448,8 +429,7 @@ START_TEST(test_sentinel_over_tls)
              stls[0], stls[1], stls[2], keys);
     ck_assert_int_eq(h_daemon_start(&D, NULL, yaml), 0);
     struct h_conn *c = h_connect_ok(&D);
-    struct master_want w = {c, tls_port};
-    ck_assert_msg(h_wait_until(master_is, &w, 10000), "no master found");
+    ck_assert_msg(h_wait_master(c, tls_port, 10000), "no master found");
     json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "k");
     ck_assert(h_ok(r) && jtrue(r, "acquired"));
     json_decref(r);
@@ -459,8 +439,7 @@ START_TEST(test_sentinel_over_tls)
     ck_assert_msg(f->type == REDIS_REPLY_STATUS, "SENTINEL FAILOVER: %s",
                   f->str);
     freeReplyObject(f);
-    w.port = tls_port2;
-    ck_assert_msg(h_wait_until(master_is, &w, 30000), "failover not followed");
+    ck_assert_msg(h_wait_master(c, tls_port2, 30000), "failover not followed");
     long long end = h_now_ms() + 10000;
     bool granted = false;
     while (!granted && h_now_ms() < end) {

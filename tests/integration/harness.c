@@ -892,6 +892,32 @@ h_sentinels_ready(struct h_redis *s, int n, int replicas, int timeout_ms)
     return h_wait_until(sentinels_ready, &w, timeout_ms);
 }
 
+struct master_want {
+    struct h_conn *c;
+    int port;
+};
+
+static bool
+master_is(void *arg)
+{
+    const struct master_want *w = arg;
+    char want[64];
+    json_t *r = h_callf(w->c, 5000, "{s:s}", "op", "stats");
+    const char *m = json_string_value(
+        json_object_get(json_object_get(r, "stats"), "redis_master"));
+    snprintf(want, sizeof want, "127.0.0.1:%d", w->port);
+    bool is = m != NULL && strcmp(m, want) == 0;
+    json_decref(r);
+    return is;
+}
+
+bool
+h_wait_master(struct h_conn *c, int port, int timeout_ms)
+{
+    struct master_want w = {c, port};
+    return h_wait_until(master_is, &w, timeout_ms);
+}
+
 int
 h_redis_restart(struct h_redis *r)
 {

@@ -63,6 +63,10 @@ int h_sentinel_start_ex(struct h_redis *s, int master_port, const char *name,
  * agreed on); returns whether they did. */
 bool h_sentinels_ready(struct h_redis *s, int n, int replicas, int timeout_ms);
 
+/* Wait up to TIMEOUT_MS until the daemon's stats name 127.0.0.1:PORT as
+ * its Redis master (redis_master); returns whether they did. */
+bool h_wait_master(struct h_conn *c, int port, int timeout_ms);
+
 /* A direct synchronous connection for checks from the test (it sends AUTH
  * when the server was started with --requirepass in its extra args). */
 redisContext *h_redis_connect(const struct h_redis *r);
