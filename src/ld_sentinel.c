@@ -49,6 +49,7 @@ static struct {
     struct ld_conn *sub;
     int sub_cur;
     struct event *sub_ev; /* moves the subscriber on, after a backoff */
+    bool sub_moving;      /* it is being pointed elsewhere on purpose */
     struct ld_backoff sub_backoff;
     /* The master as last named. */
     bool have_master;
@@ -60,6 +61,7 @@ static struct {
 } sentinel_mod;
 
 static void ask_now(void);
+static void sub_move(int i);
 
 static const char *
 sentinel_name(int i)
@@ -184,6 +186,11 @@ query_reply(struct ld_conn *c, redisReply *r, void *owner)
             ld_backoff_reset(&sentinel_mod.round_backoff);
             master_named(r->element[0]->str, (int)port,
                          sentinel_name(sentinel_mod.cur));
+            /* Listen to a Sentinel known to monitor the name: one that
+             * does not, or is down, would tell nothing. */
+            if (sentinel_mod.sub_cur != sentinel_mod.cur) {
+                sub_move(sentinel_mod.cur);
+            }
             return;
         }
         ask_next("the answer is not a host and port");
@@ -282,6 +289,9 @@ static void
 sub_down(struct ld_conn *c, bool was_ready, const char *why, void *owner)
 {
     LD_UNUSED(owner);
+    if (sentinel_mod.sub_moving) {
+        return;
+    }
     if (was_ready) {
         log_warn("sentinel subscriber lost address=%s reason=\"%s\"",
                  sentinel_name(sentinel_mod.sub_cur), why);
@@ -297,15 +307,27 @@ sub_down(struct ld_conn *c, bool was_ready, const char *why, void *owner)
     }
 }
 
+/* Point the subscriber at Sentinel I. */
+static void
+sub_move(int i)
+{
+    sentinel_mod.sub_cur = i;
+    sentinel_mod.sub_moving = true;
+    ld_conn_set_addr(sentinel_mod.sub, &sentinel_mod.sentinels[i]);
+    sentinel_mod.sub_moving = false;
+}
+
 static void
 sub_move_cb(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    sentinel_mod.sub_cur = (sentinel_mod.sub_cur + 1) % sentinel_mod.n;
-    ld_conn_set_addr(sentinel_mod.sub,
-                     &sentinel_mod.sentinels[sentinel_mod.sub_cur]);
+    /* Its own retry may have brought it back meanwhile. */
+    if (ld_conn_state(sentinel_mod.sub) == LD_CONN_READY) {
+        return;
+    }
+    sub_move((sentinel_mod.sub_cur + 1) % sentinel_mod.n);
 }
 
 /* "<name> <old-ip> <old-port> <new-ip> <new-port>" */

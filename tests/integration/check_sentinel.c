@@ -262,6 +262,49 @@ START_TEST(test_forced_failover)
 }
 END_TEST
 
+/* A waiter queued before the master dies is woken by an unlock on the new
+ * master: its wake-up subscription moved there too. */
+START_TEST(test_waiter_follows)
+{
+    start_all("");
+    struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D);
+    wait_master(a, M.port);
+    must_lock(a, "w");
+    replicated();
+    const char *line = "{\"op\":\"lock\",\"key\":\"w\",\"wait_ms\":60000,"
+                       "\"id\":9}\n";
+    ck_assert_int_eq(h_send_raw(b, line, strlen(line)), 0);
+    h_assert_stat(a, "lock_waiters", 1, T_MS);
+    /* Its first try, and the one after its subscription was confirmed,
+     * are done: it waits idle (a try in flight when the master dies is
+     * answered redis_unavailable, as on one Redis). */
+    ck_assert(h_wait_stat_min(a, "lock_contended", 2, T_MS));
+
+    h_redis_kill(&M);
+    wait_master(a, Rp.port);
+    /* The holder's unlock on the new master (retried while the daemon's
+     * connections come up there). */
+    long long end = h_now_ms() + FAILOVER_MS;
+    json_t *r = NULL;
+    bool released = false;
+    while (!released && h_now_ms() < end) {
+        json_decref(r);
+        r = h_callf(a, ANSWER_MS, "{s:s,s:s}", "op", "unlock", "key", "w");
+        released = r != NULL && h_ok(r) && jtrue(r, "released");
+    }
+    ck_assert_msg(released, "unlock on the new master: %s",
+                  r != NULL ? h_errcode(r) : "no answer");
+    json_decref(r);
+    /* Woken by the unlock message, long before the lease (30 s) ends. */
+    r = h_recv_id(b, 9, T_MS);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"),
+                  "the waiter was not woken on the new master");
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* With no Sentinel reachable, ops answer redis_unavailable at once, and
  * the daemon keeps asking. */
 START_TEST(test_no_sentinel)
@@ -292,6 +335,7 @@ main(void)
         H_CASE(master_killed, 120),
         H_CASE(lock_lost_to_failover, 120),
         H_CASE(forced_failover, 120),
+        H_CASE(waiter_follows, 120),
         H_CASE(no_sentinel, 60),
     };
     return H_MAIN(fx, cases);
