@@ -422,15 +422,14 @@ void
 ld_pubsub_set_address(const struct ld_conn_addr *addr)
 {
     pubsub_mod.addr = *addr;
+    ld_conn_set_addr(pubsub_mod.conn, addr);
+    /* The first master known: the connection was held back until now. */
     if (!pubsub_mod.have_addr) {
         pubsub_mod.have_addr = true;
-        ld_conn_set_addr(pubsub_mod.conn, addr);
         if (pubsub_mod.started) {
             ld_conn_start(pubsub_mod.conn);
         }
-        return;
     }
-    ld_conn_set_addr(pubsub_mod.conn, addr);
 }
 
 void
