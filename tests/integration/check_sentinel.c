@@ -305,6 +305,47 @@ START_TEST(test_waiter_follows)
 }
 END_TEST
 
+/* Sentinels that require a password get redis.sentinel_password (the
+ * master has none of its own here); a wrong one is refused at the
+ * handshake, said in the log, and no master is known. */
+START_TEST(test_sentinel_auth)
+{
+    char yaml[512];
+    ck_assert_int_eq(h_redis_start(&M, NULL), 0);
+    ck_assert_int_eq(h_sentinel_start_ex(&S[0], M.port, "mymaster",
+                                         "requirepass s3cret\n"),
+                     0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  mode: sentinel\n  timeout_ms: %d\n"
+             "  addresses: [\"127.0.0.1:%d\"]\n"
+             "  sentinel_password: s3cret\n",
+             TIMEOUT_MS, S[0].port);
+    ck_assert_int_eq(h_daemon_start(&D, &M, yaml), 0);
+    struct h_conn *c = h_connect_ok(&D);
+    wait_master(c, M.port);
+    must_lock(c, "k");
+    h_close(c);
+    h_daemon_cleanup(&D);
+
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  mode: sentinel\n  timeout_ms: %d\n"
+             "  addresses: [\"127.0.0.1:%d\"]\n"
+             "  sentinel_password: wrong\n",
+             TIMEOUT_MS, S[0].port);
+    memset(&D, 0, sizeof D);
+    ck_assert_int_eq(h_daemon_start(&D, NULL, yaml), 0);
+    c = h_connect_ok(&D);
+    json_t *r = lock_key(c, "k2");
+    ck_assert_ptr_nonnull(r);
+    h_expect_code(r, "redis_unavailable",
+                  "lock with a wrong Sentinel password");
+    ck_assert(h_wait_log(&D, "step=auth", T_MS));
+    ck_assert(h_wait_log(&D, "no Sentinel named a master", T_MS));
+    ck_assert(!h_log_has(&D, "s3cret") && !h_log_has(&D, "wrong\""));
+    h_close(c);
+}
+END_TEST
+
 /* With no Sentinel reachable, ops answer redis_unavailable at once, and
  * the daemon keeps asking. */
 START_TEST(test_no_sentinel)
@@ -336,6 +377,7 @@ main(void)
         H_CASE(lock_lost_to_failover, 120),
         H_CASE(forced_failover, 120),
         H_CASE(waiter_follows, 120),
+        H_CASE(sentinel_auth, 60),
         H_CASE(no_sentinel, 60),
     };
     return H_MAIN(fx, cases);

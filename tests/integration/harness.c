@@ -804,6 +804,14 @@ h_sentinel_start_ex(struct h_redis *s, int master_port, const char *name,
     int rc = -1;
 
     memset(s, 0, sizeof *s);
+    /* A password the Sentinel requires is one the harness' own
+     * connections send (h_redis_connect). */
+    const char *pw = strstr(extra_conf, "requirepass ");
+    if (pw != NULL) {
+        snprintf(s->extra, sizeof s->extra, "--requirepass %.*s",
+                 (int)strcspn(pw + strlen("requirepass "), "\n"),
+                 pw + strlen("requirepass "));
+    }
     if (make_tmpdir(s->dir, sizeof s->dir, "lds") < 0) {
         return -1;
     }

@@ -54,7 +54,8 @@ void h_redis_stop(struct h_redis *r); /* kill + remove dir */
  * monitors nothing. Waits until it answers. Returns 0, or -1. */
 int h_sentinel_start(struct h_redis *s, int master_port, const char *name);
 /* The same with EXTRA_CONF (lines of sentinel.conf, e.g. its TLS
- * settings) appended. */
+ * settings) appended; a "requirepass" there is also sent by h_redis_cmd
+ * and the like. */
 int h_sentinel_start_ex(struct h_redis *s, int master_port, const char *name,
                         const char *extra_conf);
 
