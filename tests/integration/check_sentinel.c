@@ -30,6 +30,7 @@
 static struct h_redis M, Rp;
 static struct h_redis S[NS];
 static struct h_redis Lone; /* a Sentinel that monitors nothing */
+static struct h_redis Liar; /* one that names the replica as the master */
 static struct h_daemon D;
 
 static void
@@ -39,6 +40,7 @@ stop_sentinels(void)
         h_redis_stop(&S[i]);
     }
     h_redis_stop(&Lone);
+    h_redis_stop(&Liar);
 }
 
 static const struct h_fixture fx = {
@@ -154,6 +156,39 @@ START_TEST(test_discovery)
     /* Both useless Sentinels were passed over, with the reason. */
     ck_assert(h_log_has(&D, "sentinel skipped"));
     ck_assert(h_log_has(&D, "does not know redis.master_name"));
+    h_close(c);
+}
+END_TEST
+
+/* A Sentinel that disagrees with the others (it names the replica) is
+ * asked first: the connections find with ROLE that the server is no
+ * master, and the next Sentinel is asked. */
+START_TEST(test_disagreeing_sentinel)
+{
+    char replicaof[64], yaml[1024];
+    ck_assert_int_eq(h_redis_start(&M, NULL), 0);
+    snprintf(replicaof, sizeof replicaof, "--replicaof 127.0.0.1 %d", M.port);
+    ck_assert_int_eq(h_redis_start(&Rp, replicaof), 0);
+    ck_assert(h_wait_until(h_replica_linked, &M, 10000));
+    ck_assert_int_eq(h_sentinel_start(&Liar, Rp.port, "mymaster"), 0);
+    ck_assert_int_eq(h_sentinel_start(&S[0], M.port, "mymaster"), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  mode: sentinel\n  timeout_ms: %d\n"
+             "  addresses: [\"127.0.0.1:%d\", \"127.0.0.1:%d\"]\n",
+             TIMEOUT_MS, Liar.port, S[0].port);
+    ck_assert_int_eq(h_daemon_start(&D, NULL, yaml), 0);
+    struct h_conn *c = h_connect_ok(&D);
+    wait_master(c, M.port);
+    long long end = h_now_ms() + FAILOVER_MS;
+    bool granted = false;
+    while (!granted && h_now_ms() < end) {
+        json_t *r = lock_key(c, "k");
+        granted = r != NULL && jtrue(r, "acquired");
+        json_decref(r);
+    }
+    ck_assert_msg(granted, "no lock on the real master");
+    ck_assert_int_eq(h_r_int(&M, "EXISTS %s", "leased:lock:{k}"), 1);
+    ck_assert(h_log_has(&D, "redis is not a master"));
     h_close(c);
 }
 END_TEST
@@ -372,13 +407,10 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(discovery, 90),
-        H_CASE(master_killed, 120),
-        H_CASE(lock_lost_to_failover, 120),
-        H_CASE(forced_failover, 120),
-        H_CASE(waiter_follows, 120),
-        H_CASE(sentinel_auth, 60),
-        H_CASE(no_sentinel, 60),
+        H_CASE(discovery, 90),        H_CASE(disagreeing_sentinel, 90),
+        H_CASE(master_killed, 120),   H_CASE(lock_lost_to_failover, 120),
+        H_CASE(forced_failover, 120), H_CASE(waiter_follows, 120),
+        H_CASE(sentinel_auth, 60),    H_CASE(no_sentinel, 60),
     };
     return H_MAIN(fx, cases);
 }
