@@ -103,6 +103,19 @@ must_lock(struct h_conn *c, const char *key)
     return fence;
 }
 
+/* The lock KEY of C survived the failover: no lock_lost for it within
+ * WITHIN_MS, and the new master has it as C's. */
+static void
+assert_kept(struct h_conn *c, const char *key, int within_ms)
+{
+    json_t *ev = h_lock_lost(c, key, within_ms);
+    ck_assert_msg(ev == NULL, "lock %s lost: %s", key,
+                  ev != NULL ? jstr(ev, "reason") : "");
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key", key);
+    ck_assert(h_ok(r) && jtrue(r, "locked") && jtrue(r, "mine"));
+    json_decref(r);
+}
+
 /* Everything the master acknowledged has reached the replica. */
 static void
 replicated(void)
@@ -225,10 +238,7 @@ START_TEST(test_master_killed)
     ck_assert_int_eq(h_r_int(&Rp, "EXISTS %s", "leased:cache:{x}"), 0);
 
     /* The replicated lock survived: no lock_lost, still held. */
-    ck_assert_ptr_null(h_lock_lost(a, "kept", 2000));
-    r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key", "kept");
-    ck_assert(h_ok(r) && jtrue(r, "locked") && jtrue(r, "mine"));
-    json_decref(r);
+    assert_kept(a, "kept", 2000);
     ck_assert_int_ge(h_stat(a, "redis_failovers"), 1);
     ck_assert(h_log_has(&D, "moved from"));
     h_close(a);
@@ -237,9 +247,9 @@ START_TEST(test_master_killed)
 END_TEST
 
 /* A grant the replica never saw (it was stopped and cut off while the
- * master granted it) is lost when that replica is promoted: the holder hears lock_lost
- * "failover", a lock that did replicate is kept, and the next grant of
- * the lost key carries a higher fence than the lost one. */
+ * master granted it) is lost when that replica is promoted: the holder
+ * hears lock_lost "failover", a lock that did replicate is kept, and the
+ * next grant of the lost key carries a higher fence than the lost one. */
 START_TEST(test_lock_lost_to_failover)
 {
     start_all("lock:\n  watchdog_ms: 10000\n");
@@ -261,11 +271,7 @@ START_TEST(test_lock_lost_to_failover)
     ck_assert_str_eq(jstr(ev, "reason"), "failover");
     json_decref(ev);
     wait_master(b, Rp.port);
-    ck_assert_ptr_null(h_lock_lost(a, "kept", 2000));
-    json_t *r = h_callf(a, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
-                        "kept");
-    ck_assert(h_ok(r) && jtrue(r, "mine"));
-    json_decref(r);
+    assert_kept(a, "kept", 2000);
 
     long long fence = must_lock(b, "lost");
     ck_assert_int_gt(fence, lost_fence);
@@ -288,11 +294,7 @@ START_TEST(test_forced_failover)
                   r->str);
     freeReplyObject(r);
     load_until_moved(c, Rp.port);
-    ck_assert_ptr_null(h_lock_lost(c, "before", 1000));
-    json_t *j = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
-                        "before");
-    ck_assert(h_ok(j) && jtrue(j, "mine"));
-    json_decref(j);
+    assert_kept(c, "before", 1000);
     h_close(c);
 }
 END_TEST
