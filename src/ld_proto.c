@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/buffer.h>
+
 static struct {
     const struct ld_ctx *ctx;
     ld_proto_route *route; /* where requests go: dispatch */
@@ -193,16 +195,49 @@ req_free(struct ld_req *req)
     }
 }
 
+/* A line this long goes to the session's output as it is, not copied
+ * into it (a large cache hit would otherwise be copied once more). */
+#define REF_LINE_BYTES 4096
+
+static void
+free_line_cb(const void *data, size_t len, void *arg)
+{
+    (void)data;
+    (void)len;
+    free(arg);
+}
+
+/* LINE (malloc'd) is handed over: freed once the output has sent it. */
+static void
+write_by_reference(struct ld_session *s, char *line, size_t len)
+{
+    struct evbuffer *buf = evbuffer_new();
+    if (buf == NULL ||
+        evbuffer_add_reference(buf, line, len, free_line_cb, line) != 0) {
+        ld_session_write(s, line, len);
+        free(line);
+    } else {
+        ld_session_write_buffer(s, buf);
+    }
+    if (buf != NULL) {
+        evbuffer_free(buf);
+    }
+}
+
 static void
 send_line(struct ld_req *req, char *line, size_t len)
 {
     if (line != NULL) {
         /* Also after the session ended: a half-closed client still
          * reads the answers to what it sent (see ld_session.c). */
-        if (req->sess != NULL) {
-            ld_session_write(req->sess, line, len);
+        if (req->sess != NULL && len >= REF_LINE_BYTES) {
+            write_by_reference(req->sess, line, len);
+        } else {
+            if (req->sess != NULL) {
+                ld_session_write(req->sess, line, len);
+            }
+            free(line);
         }
-        free(line);
     }
     req_free(req);
 }
@@ -297,6 +332,33 @@ utf8_seq(const unsigned char *p, size_t n)
     return want;
 }
 
+/* The bytes at the start of P (LEN bytes), in whole 8-byte words, that
+ * JSON takes as they are: printable ASCII other than '"' and '\\'. Each
+ * word is tested at once (the "has a zero byte" trick of Hacker's
+ * Delight, applied to the word and to it XORed with each special byte);
+ * the word that holds an exception is left to the byte loop. */
+static size_t
+plain_words(const unsigned char *p, size_t len)
+{
+#define BYTES(b) (0x0101010101010101ull * (b))
+#define HAS_ZERO(x) (((x)-BYTES(0x01)) & ~(x))
+    size_t i = 0;
+    while (len - i >= 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        /* Below 0x20, at or above 0x80 (the high bit), '"' or '\\'. */
+        uint64_t bad = ((w - BYTES(0x20)) & ~w) | w |
+                       HAS_ZERO(w ^ BYTES('"')) | HAS_ZERO(w ^ BYTES('\\'));
+        if ((bad & BYTES(0x80)) != 0) {
+            break;
+        }
+        i += 8;
+    }
+    return i;
+#undef HAS_ZERO
+#undef BYTES
+}
+
 size_t
 ld_json_quote(char *out, const char *s, size_t len)
 {
@@ -307,8 +369,9 @@ ld_json_quote(char *out, const char *s, size_t len)
 
     *o++ = '"';
     while (i < len) {
-        /* Copy the longest run that needs no escape in one go. */
-        size_t run = i;
+        /* Copy the longest run that needs no escape in one go, found a
+         * word at a time: a 10 KB value is mostly such a run. */
+        size_t run = i + plain_words(p + i, len - i);
         while (run < len && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' &&
                p[run] != '\\') {
             run++;

@@ -328,6 +328,18 @@ START_TEST(json_quote)
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
         check_quote_like_jansson(fixed[i].s, fixed[i].len);
     }
+    /* Every byte value at every offset of runs long enough for the
+     * word-at-a-time scan, so each lane of a word sees each exception. */
+    for (size_t len = 8; len <= 24; len += 8) {
+        for (size_t at = 0; at < len; at++) {
+            for (unsigned c = 0; c < 0x100; c++) {
+                char run[24];
+                memset(run, 'a', sizeof run);
+                run[at] = (char)c;
+                check_quote_like_jansson(run, len);
+            }
+        }
+    }
     /* Every single control and ASCII character. */
     for (unsigned c = 1; c < 0x80; c++) {
         char one = (char)c;
