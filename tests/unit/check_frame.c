@@ -301,6 +301,52 @@ put_utf8(unsigned char *o, unsigned cp)
     return 4;
 }
 
+/* ld_proto_ok_line writes what jansson would for {"id":..,"ok":true,
+ * ...fields} whatever the fields hold. */
+static void
+check_ok_line(json_t *id, json_t *fields)
+{
+    json_t *obj = json_object();
+    if (id != NULL) {
+        json_object_set(obj, "id", id);
+    }
+    json_object_set_new(obj, "ok", json_true());
+    json_object_update(obj, fields);
+    char *want = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    size_t len = 0;
+    char *got = ld_proto_ok_line(id, fields, &len);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_uint_eq(len, strlen(want) + 1);
+    ck_assert_msg(memcmp(got, want, len - 1) == 0 && got[len - 1] == '\n' &&
+                      got[len] == '\0',
+                  "ok line differs: %s vs %s", got, want);
+    free(got);
+    free(want);
+}
+
+START_TEST(ok_line_like_jansson)
+{
+    json_t *ids[] = {NULL, json_integer(7), json_string("r\"1\u00e9"),
+                     json_null(), json_real(1.5)};
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        check_ok_line(ids[i], json_object());
+        check_ok_line(
+            ids[i],
+            json_pack("{s:s,s:I,s:I,s:b,s:b,s:n,s:f,s:{s:i},s:[i,s]}", "token",
+                      "ab\\c\n\u20ac", "fence",
+                      (json_int_t)9223372036854775807LL, "ttl_ms",
+                      (json_int_t)-5, "acquired", 1, "hit", 0, "lease",
+                      "ratio", 0.25, "nested", "a", 1, "list", 2, "x"));
+        /* Fields named like the head replace it, as json_object_update
+         * does. */
+        check_ok_line(ids[i], json_pack("{s:b,s:s}", "ok", 0, "k\"ey", "v"));
+        check_ok_line(ids[i], json_pack("{s:s}", "id", "other"));
+        json_decref(ids[i]);
+    }
+}
+END_TEST
+
 START_TEST(json_quote)
 {
     static const struct {
@@ -419,6 +465,7 @@ main(void)
     tcase_add_test(tc, reply_lines);
     tcase_add_test(tc, error_code_names);
     tcase_add_test(tc, json_quote);
+    tcase_add_test(tc, ok_line_like_jansson);
     tcase_add_test(tc, key_limits);
     suite_add_tcase(s, tc);
     return ld_unit_run(s);
