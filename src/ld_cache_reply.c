@@ -6,6 +6,7 @@
  */
 #include "ld_cache_int.h"
 
+#include "ld_json.h"
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_proto.h"

@@ -7,6 +7,7 @@
 #include "ld_assert.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
+#include "ld_json.h"
 #include "ld_mem.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -57,7 +58,10 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     /* Values are binary-safe, so \u0000 is allowed in strings; the
      * fields that name things (op, keys, tokens) refuse it below and in
      * the field accessors. */
-    json_t *obj = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
+    json_t *obj = ld_json_flat_parse(line, len);
+    if (obj == NULL) {
+        obj = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
+    }
     if (obj == NULL) {
         snprintf(msg, msglen, "invalid JSON at column %d: %s", jerr.column,
                  jerr.text);
@@ -94,8 +98,6 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     return LD_OK;
 }
 
-static size_t utf8_seq(const unsigned char *p, size_t n);
-
 /* The longest prefix of S (LEN bytes) that is valid UTF-8. */
 static size_t
 utf8_valid_prefix(const char *s, size_t len)
@@ -103,7 +105,7 @@ utf8_valid_prefix(const char *s, size_t len)
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < len) {
-        size_t n = utf8_seq(p + i, len - i);
+        size_t n = ld_utf8_seq(p + i, len - i);
         if (n == 0) {
             break;
         }
@@ -401,146 +403,6 @@ ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
     req->start_us = ld_now_us();
     ld_session_req_begin(s);
     proto_mod.route(req);
-}
-
-/* Length of the valid UTF-8 sequence starting at P (at most N bytes
- * available), 0 when invalid: no overlong forms, no surrogates, nothing
- * above U+10FFFF, as RFC 3629 and jansson require. */
-static size_t
-utf8_seq(const unsigned char *p, size_t n)
-{
-    unsigned c = p[0];
-    size_t want;
-    unsigned min;
-    unsigned cp;
-    if (c < 0x80) {
-        return 1;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-        want = 2;
-        min = 0x80;
-        cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        want = 3;
-        min = 0x800;
-        cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        want = 4;
-        min = 0x10000;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n < want) {
-        return 0;
-    }
-    for (size_t i = 1; i < want; i++) {
-        if ((p[i] & 0xc0) != 0x80) {
-            return 0;
-        }
-        cp = (cp << 6) | (p[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
-        return 0;
-    }
-    return want;
-}
-
-/* The bytes at the start of P (LEN bytes), in whole 8-byte words, that
- * JSON takes as they are: printable ASCII other than '"' and '\\'. Each
- * word is tested at once (the "has a zero byte" trick of Hacker's
- * Delight, applied to the word and to it XORed with each special byte);
- * the word that holds an exception is left to the byte loop. */
-static size_t
-plain_words(const unsigned char *p, size_t len)
-{
-#define BYTES(b) (0x0101010101010101ull * (b))
-#define HAS_ZERO(x) (((x)-BYTES(0x01)) & ~(x))
-    size_t i = 0;
-    while (len - i >= 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        /* Below 0x20, at or above 0x80 (the high bit), '"' or '\\'. */
-        uint64_t bad = ((w - BYTES(0x20)) & ~w) | w |
-                       HAS_ZERO(w ^ BYTES('"')) | HAS_ZERO(w ^ BYTES('\\'));
-        if ((bad & BYTES(0x80)) != 0) {
-            break;
-        }
-        i += 8;
-    }
-    return i;
-#undef HAS_ZERO
-#undef BYTES
-}
-
-size_t
-ld_json_quote(char *out, const char *s, size_t len)
-{
-    static const char hex[] = "0123456789ABCDEF"; /* as jansson */
-    const unsigned char *p = (const unsigned char *)s;
-    char *o = out;
-    size_t i = 0;
-
-    *o++ = '"';
-    while (i < len) {
-        /* Copy the longest run that needs no escape in one go, found a
-         * word at a time: a 10 KB value is mostly such a run. */
-        size_t run = i + plain_words(p + i, len - i);
-        while (run < len && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' &&
-               p[run] != '\\') {
-            run++;
-        }
-        if (run > i) {
-            memcpy(o, p + i, run - i);
-            o += run - i;
-            i = run;
-            continue;
-        }
-        unsigned c = p[i];
-        if (c >= 0x80) {
-            size_t n = utf8_seq(p + i, len - i);
-            if (n == 0) {
-                return 0;
-            }
-            memcpy(o, p + i, n);
-            o += n;
-            i += n;
-            continue;
-        }
-        *o++ = '\\';
-        switch (c) {
-        case '"':
-            *o++ = '"';
-            break;
-        case '\\':
-            *o++ = '\\';
-            break;
-        case '\b':
-            *o++ = 'b';
-            break;
-        case '\f':
-            *o++ = 'f';
-            break;
-        case '\n':
-            *o++ = 'n';
-            break;
-        case '\r':
-            *o++ = 'r';
-            break;
-        case '\t':
-            *o++ = 't';
-            break;
-        default:
-            *o++ = 'u';
-            *o++ = '0';
-            *o++ = '0';
-            *o++ = hex[c >> 4];
-            *o++ = hex[c & 15];
-            break;
-        }
-        i++;
-    }
-    *o++ = '"';
-    return (size_t)(o - out);
 }
 
 int

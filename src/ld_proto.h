@@ -54,13 +54,6 @@ void ld_reply_error(struct ld_req *req, int code, const char *fmt, ...)
 void ld_reply_error_extra(struct ld_req *req, int code, json_t *extra,
                           const char *fmt, ...) LD_PRINTF(4, 5);
 
-/* Write S (LEN bytes) as a JSON string literal, quotes included, into
- * OUT, which must hold ld_json_quote_max(LEN) bytes; returns the bytes
- * written, or 0 when S is not valid UTF-8. The same text as jansson's,
- * without its per-character cost (large cached values go through this). */
-size_t ld_json_quote(char *out, const char *s, size_t len);
-#define ld_json_quote_max(len) ((len)*6 + 2)
-
 /* {"id":..,"ok":true,"hit":true,"value":"V"}: the cache hit, built without
  * a JSON tree. Returns LD_ERR, leaving REQ unanswered, when V is not valid
  * UTF-8. */
