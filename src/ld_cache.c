@@ -45,6 +45,7 @@
 #include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_fsync.h"
 #include "ld_journal.h"
 #include "ld_log.h"
 #include "ld_mem.h"
@@ -398,6 +399,7 @@ ld_cache_init(const struct ld_ctx *ctx)
     LIST_INIT(&cache_mod.fetches);
     LIST_INIT(&cache_mod.dels);
     STAILQ_INIT(&cache_mod.sync_q);
+    STAILQ_INIT(&cache_mod.sync_running);
     cache_mod.keys = ld_dict_new();
     if (cache_mod.keys == NULL) {
         return LD_ERR;
@@ -427,6 +429,10 @@ ld_cache_init(const struct ld_ctx *ctx)
         ld_oom(0);
     }
     ld_defer_init(&cache_mod.sync_defer, ctx->base, cache_sync_run, NULL);
+    if (cfg->journal.fsync == LD_FSYNC_ALWAYS) {
+        /* Without it the loop syncs itself, as it always could. */
+        cache_mod.syncer = ld_fsync_new(ctx->base);
+    }
     struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
     event_add(cache_mod.tick_ev, &tv);
 
@@ -502,8 +508,13 @@ ld_cache_free(void)
     cache_mod.keys = NULL;
     cache_mod.n_waiters = 0;
 
-    /* Deletes stay in the journal for the next start. */
+    /* Deletes stay in the journal for the next start. A sync still on
+     * the worker is waited for; its invalidations are answered below,
+     * through their deletes, like those still queued. */
+    ld_fsync_free(cache_mod.syncer);
+    cache_mod.syncer = NULL;
     STAILQ_INIT(&cache_mod.sync_q);
+    STAILQ_INIT(&cache_mod.sync_running);
     struct del *next;
     for (struct del *d = LIST_FIRST(&cache_mod.dels); d != NULL; d = next) {
         next = LIST_NEXT(d, link);

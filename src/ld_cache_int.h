@@ -21,6 +21,7 @@
 struct event;
 struct ld_ctx;
 struct ld_dict;
+struct ld_fsync;
 struct ld_journal;
 struct ld_journal_entry;
 struct ld_pubsub_sub;
@@ -119,6 +120,7 @@ struct inv {
     bool journal_failed;
     STAILQ_ENTRY(inv) link; /* the sync queue */
 };
+STAILQ_HEAD(inv_q, inv);
 
 /* One promised delete: in the journal (id != 0) until done. */
 struct del {
@@ -157,9 +159,13 @@ struct cache_mod_state {
     LIST_HEAD(, fetch) fetches;
     LIST_HEAD(, del) dels;
     struct event *tick_ev;
-    /* Invalidations waiting for the fdatasync of this loop turn. */
+    /* Invalidations waiting for the fdatasync of this loop turn, and
+     * those whose fdatasync runs on the worker now (fsync "always"; no
+     * worker: the loop syncs itself). */
     struct ld_defer sync_defer;
-    STAILQ_HEAD(, inv) sync_q;
+    struct inv_q sync_q;
+    struct inv_q sync_running;
+    struct ld_fsync *syncer;
     /* Getters that wait or once waited and are not answered yet: a
      * waiter keeps its place under limits.max_waiters while a wake-up
      * refetches for it, so that newcomers cannot take it meanwhile. */

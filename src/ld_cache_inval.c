@@ -7,6 +7,7 @@
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
+#include "ld_fsync.h"
 #include "ld_journal.h"
 #include "ld_log.h"
 #include "ld_mem.h"
@@ -242,22 +243,58 @@ inv_start(struct inv *inv)
     }
 }
 
-/* One fdatasync for every invalidation of this loop iteration. */
-void
-cache_sync_run(void *arg)
+/* Answer (start) the invalidations of BATCH, whose records RC says were
+ * made durable or not. */
+static void
+sync_settle(struct inv_q *batch, int rc)
 {
-    LD_UNUSED(arg);
-    STAILQ_HEAD(, inv) batch = STAILQ_HEAD_INITIALIZER(batch);
-    STAILQ_CONCAT(&batch, &cache_mod.sync_q);
-    int rc = ld_journal_sync(cache_mod.journal);
     struct inv *inv;
-    while ((inv = STAILQ_FIRST(&batch)) != NULL) {
-        STAILQ_REMOVE_HEAD(&batch, link);
+    while ((inv = STAILQ_FIRST(batch)) != NULL) {
+        STAILQ_REMOVE_HEAD(batch, link);
         if (rc != LD_OK) {
             inv->journal_failed = true;
         }
         inv_start(inv);
     }
+}
+
+static void
+sync_done(int rc, int err, void *arg)
+{
+    LD_UNUSED(arg);
+    int r = ld_journal_sync_end(cache_mod.journal, rc, err);
+    sync_settle(&cache_mod.sync_running, r);
+    /* Those that came meanwhile make the next group. */
+    if (!STAILQ_EMPTY(&cache_mod.sync_q)) {
+        ld_defer_kick(&cache_mod.sync_defer);
+    }
+}
+
+/* One fdatasync for every invalidation of this loop iteration, on the
+ * worker thread when there is one: the loop serves other sessions while
+ * the disk works, and these replies go out when it is done. */
+void
+cache_sync_run(void *arg)
+{
+    LD_UNUSED(arg);
+    if (cache_mod.syncer != NULL && ld_fsync_busy(cache_mod.syncer)) {
+        return; /* sync_done starts the next group */
+    }
+    struct inv_q batch = STAILQ_HEAD_INITIALIZER(batch);
+    STAILQ_CONCAT(&batch, &cache_mod.sync_q);
+    if (cache_mod.syncer == NULL) {
+        sync_settle(&batch, ld_journal_sync(cache_mod.journal));
+        return;
+    }
+    int fd = -1;
+    int r = ld_journal_sync_begin(cache_mod.journal, &fd);
+    if (r <= 0) {
+        sync_settle(&batch, r == 0 ? LD_OK : LD_ERR);
+        return;
+    }
+    STAILQ_CONCAT(&cache_mod.sync_running, &batch);
+    ld_fsync_run(cache_mod.syncer, fd, ld_journal_fdatasync_fn, sync_done,
+                 NULL);
 }
 
 void

@@ -50,8 +50,9 @@ struct ld_journal {
     uint64_t live_bytes;  /* bytes of the live add records */
     struct ld_dict *live; /* id (8 bytes, host order) -> struct jrec */
     uint64_t next_id;
-    bool dirty;  /* appended since the last sync */
-    bool failed; /* an fdatasync failed: rewrite before trust */
+    bool dirty;   /* appended since the last sync */
+    bool failed;  /* an fdatasync failed: rewrite before trust */
+    bool syncing; /* between ld_journal_sync_begin and _end */
     uint64_t syncs;
     uint64_t dropped_bytes;
     uint64_t compact_min_bytes;
@@ -698,6 +699,43 @@ ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn, void *arg)
     free(v);
 }
 
+static int
+sync_failed(struct ld_journal *j, int err)
+{
+    log_error("journal fsync failed, the journal is rewritten before "
+              "anything is acknowledged again path=%s error=\"%s\"",
+              j->path, strerror(err));
+    j->failed = true;
+    return LD_ERR;
+}
+
+int
+ld_journal_sync_begin(struct ld_journal *j, int *fd)
+{
+    LD_ASSERT(!j->syncing);
+    if (j->failed || !j->dirty) {
+        return ld_journal_sync(j) == LD_OK ? 0 : -1;
+    }
+    /* What is appended from here on is the next sync's. */
+    j->dirty = false;
+    j->syncing = true;
+    *fd = j->fd;
+    return 1;
+}
+
+int
+ld_journal_sync_end(struct ld_journal *j, int rc, int err)
+{
+    LD_ASSERT(j->syncing);
+    j->syncing = false;
+    if (rc != 0) {
+        j->dirty = true;
+        return sync_failed(j, err);
+    }
+    j->syncs++;
+    return LD_OK;
+}
+
 int
 ld_journal_sync(struct ld_journal *j)
 {
@@ -714,11 +752,7 @@ ld_journal_sync(struct ld_journal *j)
         return LD_OK;
     }
     if (ld_journal_fdatasync_fn(j->fd) != 0) {
-        log_error("journal fsync failed, the journal is rewritten before "
-                  "anything is acknowledged again path=%s error=\"%s\"",
-                  j->path, strerror(errno));
-        j->failed = true;
-        return LD_ERR;
+        return sync_failed(j, errno);
     }
     j->syncs++;
     j->dirty = false;
@@ -734,6 +768,9 @@ ld_journal_failed(const struct ld_journal *j)
 bool
 ld_journal_should_compact(const struct ld_journal *j)
 {
+    if (j->syncing) {
+        return false; /* the worker still has the file's descriptor */
+    }
     uint64_t records = j->size - LD_JOURNAL_HEADER_BYTES;
     uint64_t dead = records - j->live_bytes;
     return dead >= j->compact_min_bytes && dead * 4 >= records * 3;
@@ -748,6 +785,9 @@ ld_journal_set_compact_min_bytes(struct ld_journal *j, uint64_t bytes)
 int
 ld_journal_compact(struct ld_journal *j)
 {
+    if (j->syncing) {
+        return LD_ERR;
+    }
     char *tmp = tmp_path(j->path);
     char *old = suffixed_path(j->path, ".old");
     size_t n = 0;

@@ -111,6 +111,16 @@ void ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
  * returns LD_ERR, so nothing is acknowledged on the old file's word. */
 int ld_journal_sync(struct ld_journal *j);
 
+/* The same sync in two halves, so that the fdatasync can run on another
+ * thread (ld_fsync): _begin returns 0 when nothing needed syncing (or the
+ * failed journal was rewritten: done, LD_OK), -1 when that failed, and 1
+ * with *FD to be synced; then, in the loop again, _end with the sync's
+ * result and errno returns LD_OK or LD_ERR (the journal is then failed,
+ * as above). Appends in between belong to the next sync; compaction
+ * waits until _end. */
+int ld_journal_sync_begin(struct ld_journal *j, int *fd);
+int ld_journal_sync_end(struct ld_journal *j, int rc, int err);
+
 /* True while the journal is failed (see ld_journal_sync). */
 bool ld_journal_failed(const struct ld_journal *j);
 

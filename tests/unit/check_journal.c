@@ -687,6 +687,46 @@ START_TEST(test_fdatasync_failure_rewrites)
 }
 END_TEST
 
+/* The sync in two halves (the worker thread's way): what is appended
+ * while the fdatasync runs belongs to the next sync, compaction waits,
+ * and a failed fdatasync fails the journal as a synchronous one does. */
+START_TEST(test_split_sync)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    int fd = -1;
+    ck_assert_int_eq(ld_journal_sync_begin(j, &fd), 0); /* nothing yet */
+    uint64_t a = add(j, 1, "a");
+    ck_assert_int_eq(ld_journal_sync_begin(j, &fd), 1);
+    ck_assert_int_ge(fd, 0);
+    ck_assert(!ld_journal_dirty(j));
+    add(j, 2, "b"); /* during the sync */
+    ck_assert(ld_journal_dirty(j));
+    ld_journal_set_compact_min_bytes(j, 1);
+    ck_assert_int_eq(ld_journal_done(j, a), LD_OK);
+    ck_assert(!ld_journal_should_compact(j));
+    ck_assert_int_eq(ld_journal_compact(j), LD_ERR);
+    ck_assert_int_eq(fake_fdatasync(fd), 0);
+    ck_assert_int_eq(ld_journal_sync_end(j, 0, 0), LD_OK);
+    ck_assert(ld_journal_dirty(j)); /* "b" still to sync */
+
+    ck_assert_int_eq(ld_journal_sync_begin(j, &fd), 1);
+    ck_assert_int_eq(ld_journal_sync_end(j, -1, EIO), LD_ERR);
+    ck_assert(ld_journal_failed(j));
+    /* The next begin rewrites the journal from memory, as
+     * ld_journal_sync does, and needs no worker. */
+    ck_assert_int_eq(ld_journal_sync_begin(j, &fd), 0);
+    ck_assert(!ld_journal_failed(j));
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_str_eq(s.keys[0], "b");
+    ld_journal_close(j);
+}
+END_TEST
+
 /* A compaction whose directory sync fails fails, and the journal goes on
  * with the old file under its name. */
 START_TEST(test_compaction_dirsync_failure)
@@ -764,6 +804,7 @@ journal_suite(void)
         {"created_dirs_synced", test_created_dirs_synced},
         {"fdatasync_failure_rewrites", test_fdatasync_failure_rewrites},
         {"compaction_dirsync_failure", test_compaction_dirsync_failure},
+        {"split_sync", test_split_sync},
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(fault_tests); i++) {
         TCase *tc = tcase_create(fault_tests[i].name);
