@@ -65,13 +65,13 @@ enum mode {
     M_HOLD,
     M_ISOLATION,
     M_RENEWAL,
-    M_WAITERS /* internal: the queued waiters of --mode isolation */
+    M_STORM,
+    M_WAITERS, /* internal: the queued waiters of --mode isolation */
+    M_INVAL    /* internal: the invalidating sessions of --mode storm */
 };
-static const char *const mode_names[] = {"lock",      "lock-contended",
-                                         "get",       "mix",
-                                         "ping",      "hold",
-                                         "isolation", "renewal",
-                                         "waiters"};
+static const char *const mode_names[] = {
+    "lock",      "lock-contended", "get",   "mix",     "ping", "hold",
+    "isolation", "renewal",        "storm", "waiters", "inval"};
 
 enum target { T_LEASED, T_DIRECT };
 static const char *const target_names[] = {"leased", "direct"};
@@ -84,7 +84,8 @@ enum step {
     S_PING,
     S_SUBSCRIBING, /* direct: lock taken, SUBSCRIBE sent, retry on reply */
     S_PAUSE,       /* direct: waiting for an unlock message or the pttl */
-    S_HELD         /* hold/waiters: holding, nothing in flight */
+    S_HELD,        /* hold/waiters: holding, nothing in flight */
+    S_INVAL        /* storm: an invalidation in flight */
 };
 
 struct run;
@@ -132,6 +133,7 @@ struct run {
     long long ops, errors, timeouts, events, ops_limit;
     int done_clients; /* hold: clients holding all their locks */
     int acquired;     /* waiters: acquisitions seen */
+    long long invals; /* storm: invalidations answered */
     int shown_errors;
     struct event *warm_ev, *end_ev;
     struct cpu cpu0, cpu1;
@@ -625,6 +627,14 @@ leased_reply(struct client *c, struct evbuffer *in, size_t len)
             next_op(c);
         }
         break;
+    case S_INVAL:
+        if (line_has(in, len, "\"ok\":true")) {
+            r->invals++;
+        } else {
+            leased_error(c, in, len);
+        }
+        next_op(c);
+        break;
     case S_REL:
         if (r->mode == M_WAITERS) {
             leased_send(c, c->lock_req, c->lock_len, S_ACQ);
@@ -911,6 +921,10 @@ next_op(struct client *c)
         leased_send(c, c->lock_req, c->lock_len, S_ACQ);
         return;
     }
+    if (r->mode == M_INVAL) {
+        leased_send(c, c->get_req, c->get_len, S_INVAL);
+        return;
+    }
     bool lock = op_is_lock(c);
     if (r->target == T_LEASED) {
         if (lock) {
@@ -967,6 +981,12 @@ build_leased(struct run *r, struct client *c, const char *base_key)
     }
     if (r->mode == M_PING) {
         c->get_req = xasprintf(&c->get_len, "{\"op\":\"ping\"}\n");
+    } else if (r->mode == M_INVAL) {
+        /* Keys nobody reads: the cost measured is the journal's. */
+        c->get_req = xasprintf(&c->get_len,
+                               "{\"op\":\"cache.invalidate\",\"key\":"
+                               "\"%s.i\",\"delay_ms\":0}\n",
+                               base_key);
     } else {
         c->get_req = xasprintf(&c->get_len,
                                "{\"op\":\"cache.get\",\"key\":\"%s.g\"}\n",
@@ -1207,7 +1227,7 @@ start(struct run *r)
         return;
     }
     r->started = true;
-    if (r->mode != M_HOLD && r->mode != M_WAITERS) {
+    if (r->mode != M_HOLD && r->mode != M_WAITERS && r->mode != M_INVAL) {
         if (o.warmup_s > 0) {
             struct timeval tv = tv_of(o.warmup_s);
             r->warm_ev = evtimer_new(base, on_warm, r);
@@ -1644,6 +1664,52 @@ run_isolation(void)
     fflush(stdout);
 }
 
+/* -------------------------------------------------------------- storm */
+
+/* cache.get at CONNS connections alone, then while --waiters sessions
+ * send cache.invalidate back to back (each waits for its answer, which
+ * under journal.fsync always comes after the journal's fdatasync), then
+ * alone again; also the invalidations per second of the storm. */
+static void
+run_storm(void)
+{
+    struct result alone1 = run_one(M_GET, T_LEASED, o.conns, o.size);
+    iso_print("storm", "alone", &alone1, 0, 0);
+
+    struct run w;
+    memset(&w, 0, sizeof(w));
+    w.mode = M_INVAL;
+    w.target = T_LEASED;
+    w.conns = o.waiters;
+    w.id = ++run_counter;
+    clients_open(&w);
+    start(&w);
+    uint64_t t0 = now_ns();
+    long long n0 = w.invals;
+    struct result during = run_one(M_GET, T_LEASED, o.conns, o.size);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    double inval_s = secs > 0 ? (double)(w.invals - n0) / secs : 0;
+    iso_print("storm", "invalidating", &during, o.waiters, 0);
+    clients_close(&w);
+
+    struct result alone2 = run_one(M_GET, T_LEASED, o.conns, o.size);
+    iso_print("storm", "alone-after", &alone2, 0, 0);
+    double ratio = alone1.p99 > 0 ? during.p99 / alone1.p99 : 0;
+    if (o.json) {
+        printf("{\"mode\":\"storm\",\"phase\":\"summary\","
+               "\"p99_alone_us\":%.1f,\"p99_storm_us\":%.1f,"
+               "\"p99_alone_after_us\":%.1f,\"p99_ratio\":%.3f,"
+               "\"invalidations_s\":%.0f}\n",
+               alone1.p99, during.p99, alone2.p99, ratio, inval_s);
+    } else {
+        printf("mode=storm phase=summary p99_alone_us=%.1f "
+               "p99_storm_us=%.1f p99_alone_after_us=%.1f p99_ratio=%.3f "
+               "invalidations_s=%.0f\n",
+               alone1.p99, during.p99, alone2.p99, ratio, inval_s);
+    }
+    fflush(stdout);
+}
+
 /* ------------------------------------------------------------ renewal */
 
 /* cache.get latency alone, then while the daemon keeps HOLDERS x LOCKS
@@ -1706,7 +1772,7 @@ usage(FILE *f)
         "usage: leased-bench [options]\n"
         "  -m, --mode MODE      lock | lock-contended | get | mix | ping | "
         "hold |\n"
-        "                       isolation | renewal (default lock)\n"
+        "                       isolation | renewal | storm (default lock)\n"
         "  -t, --target T       both | leased | direct (default both)\n"
         "      --direct-first   run direct before leased in each pair\n"
         "  -s, --socket PATH    leased's Unix socket\n"
@@ -1731,8 +1797,8 @@ usage(FILE *f)
         "                       length of each get window (default 30)\n"
         "      --holders N      renewal: sessions holding locks (default "
         "100)\n"
-        "      --waiters N      isolation: waiters on the held key (default "
-        "1000)\n"
+        "      --waiters N      isolation: waiters on the held key; storm:\n"
+        "                       sessions invalidating (default 1000)\n"
         "      --churn          isolation: also measure while the waiters "
         "take turns\n"
         "      --seed N         mix: random seed\n"
@@ -1953,7 +2019,7 @@ main(int argc, char **argv)
         die("event_base_new failed");
     }
     if (o.want[T_DIRECT] && o.mode != M_HOLD && o.mode != M_ISOLATION &&
-        o.mode != M_RENEWAL) {
+        o.mode != M_RENEWAL && o.mode != M_STORM) {
         load_scripts();
     }
     switch (o.mode) {
@@ -1965,6 +2031,9 @@ main(int argc, char **argv)
         break;
     case M_RENEWAL:
         run_renewal();
+        break;
+    case M_STORM:
+        run_storm();
         break;
     default:
         run_pairs();
