@@ -272,7 +272,8 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
         const char *argv[] = {"WAIT", nbuf, tbuf};
         size_t lens[] = {4, strlen(nbuf), strlen(tbuf)};
         /* WAIT counts the writes of its own connection: the grant's. */
-        struct ld_redis_opts o = {0, LD_REDIS_POOL_LOCK, ld_redis_conn_id()};
+        struct ld_redis_opts o = {.pool = LD_REDIS_POOL_LOCK,
+                                  .pin = ld_redis_conn_id()};
         op->inflight = true;
         ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
                             acq_on_wait, op);

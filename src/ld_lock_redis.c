@@ -200,7 +200,9 @@ lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
              const struct lk_names *n, int nkeys, int nargs, const char **args,
              size_t *lens, ld_redis_cb *cb, void *arg)
 {
-    struct ld_redis_opts o = {flags, LD_REDIS_POOL_SHARED, pin};
+    struct ld_redis_opts o = {.flags = flags,
+                              .pool = LD_REDIS_POOL_SHARED,
+                              .pin = pin};
     if (lock_mod.ctx->cfg->lock.wait_replicas > 0) {
         o.pool = LD_REDIS_POOL_LOCK;
     }
