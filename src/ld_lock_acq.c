@@ -265,7 +265,10 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
     if (op->req == NULL) {
         return false;
     }
-    int replicas = lock_mod.ctx->cfg->lock.wait_replicas;
+    /* Redlock's instances have no replicas (a reload that drops
+     * lock.redlock from the file cannot set this beside it either). */
+    int replicas = lock_mod.redlock ? 0
+                                    : lock_mod.ctx->cfg->lock.wait_replicas;
     if (replicas > 0) {
         char nbuf[16], tbuf[24];
         /* Half the command timeout, so the answer arrives before the

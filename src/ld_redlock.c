@@ -55,6 +55,7 @@ static struct {
     const struct ld_ctx *ctx;
     int *inst; /* ld_redis instance numbers */
     int n;
+    bool freed; /* answers still arriving only free their calls */
     bool had_quorum;
     ld_redis_state_fn *state_fn;
     void *state_arg;
@@ -85,7 +86,7 @@ int
 ld_redlock_ready_count(void)
 {
     int up = 0;
-    for (int i = 0; i < rl_mod.n; i++) {
+    for (int i = 0; i < rl_mod.n && !rl_mod.freed; i++) {
         up += ld_redis_instance_ready(rl_mod.inst[i]) ? 1 : 0;
     }
     return up;
@@ -101,7 +102,7 @@ on_instance_state(int k, bool up, void *arg)
             idx = i;
         }
     }
-    if (idx < 0) {
+    if (idx < 0 || rl_mod.freed) {
         return; /* not one of ours (the main backend) */
     }
     int ready = ld_redlock_ready_count();
@@ -156,9 +157,10 @@ ld_redlock_init(const struct ld_ctx *ctx)
 void
 ld_redlock_free(void)
 {
+    /* The count stays: calls still out size their slots by it. */
+    rl_mod.freed = true;
     free(rl_mod.inst);
     rl_mod.inst = NULL;
-    rl_mod.n = 0;
 }
 
 enum ld_redis_outcome
@@ -199,6 +201,9 @@ ignore_reply(redisReply *r, void *arg)
 static void
 publish_wakeup(const struct rl_call *c)
 {
+    if (rl_mod.freed) {
+        return;
+    }
     const char *argv[] = {"PUBLISH", c->chan, RL_UNLOCK_MSG};
     size_t lens[] = {7, c->chan_len, strlen(RL_UNLOCK_MSG)};
     ld_redis_command(c->chan, c->chan_len, 3, argv, lens, ignore_reply, NULL);
@@ -221,6 +226,9 @@ undo_on_reply(redisReply *r, void *arg)
 static void
 undo_one(struct rl_call *c, int idx)
 {
+    if (rl_mod.freed) {
+        return;
+    }
     const char *argv[] = {c->hash, c->field, "1", c->chan, RL_UNLOCK_MSG};
     size_t lens[] = {c->hash_len, c->field_len, 1, c->chan_len,
                      strlen(RL_UNLOCK_MSG)};
@@ -379,7 +387,8 @@ set_why(const struct rl_call *c, const char *what)
                       "redlock: %s (%d of %d instances answered, a majority "
                       "is %d)",
                       what, count_answered(c), rl_mod.n, quorum());
-    for (int i = 0; i < rl_mod.n && at > 0 && (size_t)at < sizeof(rl_mod.why);
+    for (int i = 0; i < rl_mod.n && at > 0 &&
+                    (size_t)at < sizeof(rl_mod.why) && !rl_mod.freed;
          i++) {
         const struct rl_slot *s = &c->slot[i];
         if (s->n >= 1) {
@@ -469,8 +478,9 @@ decide_acquire(struct rl_call *c)
         return;
     }
     /* Held elsewhere, or votes split between contenders: the caller
-     * waits for a wake-up or for the shortest lease seen. */
-    long long v[2] = {LD_LOCK_TAKEN, pttl >= 0 ? pttl : 0};
+     * waits for a wake-up or for the shortest lease seen (-1: a hold
+     * without expiry, looked at again now and then). */
+    long long v[2] = {LD_LOCK_TAKEN, pttl};
     deliver(c, answer_ints(&a, 2, v), LD_REDIS_ANSWERED);
 }
 

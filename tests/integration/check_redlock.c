@@ -42,6 +42,18 @@ static const struct h_fixture fx = {
     .teardown = stop_instances,
 };
 
+static bool
+gone_from_all(void *key)
+{
+    for (int i = 0; i < NI; i++) {
+        if (I[i].pid != 0 && h_r_int(&I[i], "EXISTS leased:lock:{%s}",
+                                     (const char *)key) != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
 /* The instances, the harness's Redis and NDAEMONS daemons on them, with
  * EXTRA lines added to the lock section. */
 static void
@@ -183,6 +195,35 @@ START_TEST(test_grant_keys_and_unlock)
 }
 END_TEST
 
+/* extend sets the lease on every instance; a closing session releases
+ * its locks on every instance, a detached lock stays. */
+START_TEST(test_extend_and_session_end)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start_all(1, NULL);
+    c = lk_connect(&D1);
+    r = lk_must(c, "e", NULL, 5000, 0);
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "e", "ttl_ms",
+                60000);
+    ck_assert_msg(h_ok(r), "extend: %s", h_errcode(r));
+    json_decref(r);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_gt(h_r_int(&I[i], "PTTL leased:lock:{e}"), 50000);
+    }
+    r = h_callf(c, T_MS, "{s:s,s:s,s:i,s:b}", "op", "lock", "key", "d",
+                "ttl_ms", 60000, "detach", 1);
+    ck_assert(h_ok(r) && jtrue(r, "acquired"));
+    json_decref(r);
+    h_close(c);
+    ck_assert_msg(h_wait_until(gone_from_all, "e", 5000),
+                  "session-bound lock left on an instance");
+    ck_assert_int_eq(instances_with("d"), NI);
+}
+END_TEST
+
 START_TEST(test_two_down_unavailable)
 {
     struct h_conn *c;
@@ -275,6 +316,29 @@ START_TEST(test_failed_attempt_undone)
     ck_assert_int_eq(h_r_int(&I[1], "EXISTS leased:lock:{f}"), 0);
     ck_assert_int_eq(h_r_int(&I[2], "EXISTS leased:lock:{f}"), 0);
     ck_assert_int_eq(h_r_int(&I[0], "EXISTS leased:lock:{f}"), 1);
+    h_close(c);
+}
+END_TEST
+
+/* A holder without expiry on every instance (written by someone else):
+ * a waiter looks again now and then, it does not spin. */
+START_TEST(test_waiter_no_expiry_holder)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start_all(1, NULL);
+    c = lk_connect(&D1);
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "HSET leased:lock:{n} " HOLDER " 1");
+    }
+    long long before = r_eval_calls(&I[0]);
+    r = lk_lock(c, "n", NULL, 5000, 1500);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    ck_assert_int_eq(jint(r, "ttl_ms"), -1);
+    json_decref(r);
+    long long calls = r_eval_calls(&I[0]) - before;
+    ck_assert_msg(calls <= 5, "%lld attempts in 1.5 s", calls);
     h_close(c);
 }
 END_TEST
@@ -441,9 +505,14 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(grant_keys_and_unlock, 90), H_CASE(two_down_unavailable, 60),
-        H_CASE(failed_attempt_undone, 60), H_CASE(lock_lost_with_majority, 60),
-        H_CASE(waiter_woken, 60),          H_CASE(ticket_seller, 200),
+        H_CASE(grant_keys_and_unlock, 90),
+        H_CASE(extend_and_session_end, 60),
+        H_CASE(two_down_unavailable, 60),
+        H_CASE(failed_attempt_undone, 60),
+        H_CASE(waiter_no_expiry_holder, 60),
+        H_CASE(lock_lost_with_majority, 60),
+        H_CASE(waiter_woken, 60),
+        H_CASE(ticket_seller, 200),
     };
 
     return H_MAIN(fx, cases);
