@@ -494,11 +494,11 @@ acq_token_on_reply(redisReply *r, void *arg)
             }
         }
         ld_stats.lock_acquired++;
-        json_t *body = json_pack("{s:b,s:s%,s:I,s:I,s:I}", "acquired", 1,
-                                 "token", op->field, op->field_len, "count",
-                                 (json_int_t)v[1], "fence", (json_int_t)fence,
-                                 "lease_ms",
-                                 (json_int_t)(op->lease_ms > 0 ? op->lease_ms
+        json_t *body = json_pack(
+            "{s:b,s:s%,s:I,s:I,s:I}", "acquired", 1, "token", op->field,
+            op->field_len, "count", (json_int_t)v[1], "fence",
+            (json_int_t)fence, "lease_ms",
+            (json_int_t)(op->lease_ms > 0 && !lock_mod.redlock ? op->lease_ms
                                                                : v[3]));
         ld_reply_ok(op->req, body);
         op->req = NULL;

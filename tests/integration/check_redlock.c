@@ -217,8 +217,30 @@ START_TEST(test_extend_and_session_end)
                 "ttl_ms", 60000, "detach", 1);
     ck_assert(h_ok(r) && jtrue(r, "acquired"));
     json_decref(r);
+    /* Reentry by token from another session: counted everywhere, and
+     * its lease_ms is the validity left as well. */
+    char token[128];
+    r = lk_must(c, "t", NULL, 10000, 0);
+    snprintf(token, sizeof token, "%s", jstr(r, "token"));
+    json_decref(r);
+    struct h_conn *o = lk_connect(&D1);
+    r = h_callf(o, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", "t",
+                "token", token, "ttl_ms", 20000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "token reentry: %s",
+                  h_errcode(r));
+    ck_assert_int_eq(jint(r, "count"), 2);
+    ck_assert_int_gt(jint(r, "lease_ms"), 15000);
+    ck_assert_int_le(jint(r, "lease_ms"), 20000 - (20000 / 100 + 2));
+    json_decref(r);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_eq(h_r_int(&I[i], "HGET leased:lock:{t} %s", token), 2);
+    }
+    h_close(o);
+
     h_close(c);
     ck_assert_msg(h_wait_until(gone_from_all, "e", 5000),
+                  "session-bound lock left on an instance");
+    ck_assert_msg(h_wait_until(gone_from_all, "t", 5000),
                   "session-bound lock left on an instance");
     ck_assert_int_eq(instances_with("d"), NI);
 }
