@@ -14,6 +14,7 @@
 #include "ld_lock_codes.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_stats.h"
 #include "ld_util.h"
 
 #include <errno.h>
@@ -107,6 +108,7 @@ on_instance_state(int k, bool up, void *arg)
     }
     int ready = ld_redlock_ready_count();
     bool q = ready >= quorum();
+    ld_stats.redlock_instances_up = ready;
     log_info("redlock instance=%s %s ready=%d of %d",
              rl_mod.ctx->cfg->lock.redlock.items[idx], up ? "up" : "down",
              ready, rl_mod.n);
@@ -235,6 +237,7 @@ undo_one(struct rl_call *c, int idx)
     struct ld_redis_opts o = {0};
     o.instance = rl_mod.inst[idx];
     c->refs++;
+    ld_stats.redlock_undone++;
     ld_redis_script_ex(&o, LD_SCRIPT_lock_release, c->hash, c->hash_len, 1, 5,
                        argv, lens, undo_on_reply, c);
 }

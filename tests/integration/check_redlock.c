@@ -259,6 +259,7 @@ START_TEST(test_two_down_unavailable)
     r = lock_until(c, "u", 5000, false, 10000);
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     json_decref(r);
+    h_assert_stat(c, "redlock_instances_up", 1, 5000);
     /* Once the daemon knows, at once, waiting or not. */
     t0 = h_now_ms();
     r = lk_lock(c, "u", NULL, 5000, 8000);
@@ -338,6 +339,8 @@ START_TEST(test_failed_attempt_undone)
     ck_assert_int_eq(h_r_int(&I[1], "EXISTS leased:lock:{f}"), 0);
     ck_assert_int_eq(h_r_int(&I[2], "EXISTS leased:lock:{f}"), 0);
     ck_assert_int_eq(h_r_int(&I[0], "EXISTS leased:lock:{f}"), 1);
+    /* One give-back in the first attempt, two in the second. */
+    ck_assert_int_eq(h_stat(c, "redlock_undone"), 3);
     h_close(c);
 }
 END_TEST
