@@ -246,6 +246,38 @@ START_TEST(test_extend_and_session_end)
 }
 END_TEST
 
+/* An instance given as a Unix socket path. */
+START_TEST(test_unix_socket_instance)
+{
+    char dir[200], args[300], yaml[1024];
+    struct h_conn *c;
+    json_t *r;
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(args, sizeof args, "--unixsocket %s/i.sock", dir);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_eq(h_redis_start(&I[i], i == 0 ? args : NULL), 0);
+    }
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: 127.0.0.1:%d\n"
+             "lock:\n  redlock: [\"%s/i.sock\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n",
+             R.port, dir, I[1].port, I[2].port);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
+    c = lk_connect(&D1);
+    r = lock_until(c, "s", 10000, true, 10000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not granted: %s",
+                  h_errcode(r));
+    json_decref(r);
+    h_assert_stat(c, "redlock_instances_up", NI, 5000);
+    ck_assert_int_eq(instances_with("s"), NI);
+    lk_unlock_ok(c, "s", NULL);
+    ck_assert_int_eq(instances_with("s"), 0);
+    h_close(c);
+}
+END_TEST
+
 START_TEST(test_two_down_unavailable)
 {
     struct h_conn *c;
@@ -532,6 +564,7 @@ main(void)
     const struct h_case cases[] = {
         H_CASE(grant_keys_and_unlock, 90),
         H_CASE(extend_and_session_end, 60),
+        H_CASE(unix_socket_instance, 60),
         H_CASE(two_down_unavailable, 60),
         H_CASE(failed_attempt_undone, 60),
         H_CASE(waiter_no_expiry_holder, 60),
