@@ -473,6 +473,37 @@ START_TEST(test_waiter_woken)
 }
 END_TEST
 
+/* The locks do not need redis.*: with it down they are granted and
+ * released, and a waiter, without wake-ups, gets the lock when the
+ * holder's lease ends. */
+START_TEST(test_main_redis_down)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+
+    start_all(1, NULL);
+    a = lk_connect(&D1);
+    b = lk_connect(&D1);
+    h_redis_kill(&R);
+    r = lock_until(a, "m", 10000, true, 10000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not granted: %s",
+                  h_errcode(r));
+    json_decref(r);
+    lk_unlock_ok(a, "m", NULL);
+    ck_assert_int_eq(instances_with("m"), 0);
+    r = lk_must(a, "m", NULL, 1000, 0);
+    json_decref(r);
+    long long t0 = h_now_ms();
+    r = lk_lock(b, "m", NULL, 5000, 8000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "waiter not granted: %s",
+                  h_errcode(r));
+    ck_assert_int_ge(h_now_ms() - t0, 500);
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* --- the ticket seller ----------------------------------------------- */
 
 static pid_t
@@ -570,6 +601,7 @@ main(void)
         H_CASE(waiter_no_expiry_holder, 60),
         H_CASE(lock_lost_with_majority, 60),
         H_CASE(waiter_woken, 60),
+        H_CASE(main_redis_down, 60),
         H_CASE(ticket_seller, 200),
     };
 
