@@ -243,6 +243,17 @@ START_TEST(test_extend_and_session_end)
     ck_assert_msg(h_wait_until(gone_from_all, "t", 5000),
                   "session-bound lock left on an instance");
     ck_assert_int_eq(instances_with("d"), NI);
+
+    /* A graceful stop releases session-bound locks on every instance
+     * before it exits. */
+    c = lk_connect(&D1);
+    r = lk_must(c, "g", NULL, NO_TTL, 0);
+    json_decref(r);
+    ck_assert_int_eq(instances_with("g"), NI);
+    ck_assert_int_eq(h_daemon_stop(&D1), 0);
+    ck_assert_int_eq(instances_with("g"), 0);
+    ck_assert_int_eq(instances_with("d"), NI);
+    h_close(c);
 }
 END_TEST
 
