@@ -151,7 +151,7 @@ const struct conf_directive conf_directives[] = {
     LLONG("lock.max_hold_ms", lock.max_hold_ms, F_RELOAD, "0", 0, YEAR_MS),
     INT("lock.wait_replicas", lock.wait_replicas, F_RELOAD, "0", 0, 16),
     ENUM("lock.layout", lock.layout, 0, "leased", lock_layouts),
-    STRLIST("lock.redlock", lock.redlock, F_UNIX_OK, NOT_BUILT("Redlock")),
+    STRLIST("lock.redlock", lock.redlock, F_UNIX_OK),
 
     STRING("cache.prefix", cache.prefix, 0, "leased:cache:"),
     LLONG("cache.ttl_ms", cache.ttl_ms, F_RELOAD, "600000", 1, YEAR_MS),

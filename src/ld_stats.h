@@ -35,6 +35,9 @@
     X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")            \
     X(counter, redis_failovers, "Changes of master followed (sentinel mode)") \
     X(counter_us, redis_no_master_us, "Time without a usable Redis master")   \
+    X(gauge, redlock_instances_up,                                            \
+      "Redlock instances with a ready connection")                            \
+    X(counter, redlock_undone, "Holds given back after a failed Redlock try") \
     X(gauge, pubsub_channels, "Channels the subscriber connection holds")     \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \

@@ -728,9 +728,6 @@ START_TEST(test_unsupported_refused)
         const char *says;
     } cases[] = {
         {"cache:\n  near: { enabled: true }\n", "near cache is not"},
-        {"lock:\n  redlock: [\"127.0.0.1:1\", \"127.0.0.1:2\", "
-         "\"127.0.0.1:3\"]\n",
-         "Redlock is not"},
         {"redis:\n  mode: cluster\n  addresses: [\"127.0.0.1:1\"]\n",
          "cluster is not"},
     };
