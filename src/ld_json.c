@@ -149,6 +149,28 @@ ld_json_quote(char *out, const char *s, size_t len)
     return (size_t)(o - out);
 }
 
+size_t
+ld_json_format_int(char *out, json_int_t v)
+{
+    char tmp[LD_JSON_INT_MAX];
+    size_t n = 0;
+    /* Negated as unsigned, so that the most negative value works too. */
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v
+                                 : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u != 0);
+    size_t len = 0;
+    if (v < 0) {
+        out[len++] = '-';
+    }
+    while (n > 0) {
+        out[len++] = tmp[--n];
+    }
+    return len;
+}
+
 /* ---- the flat-object scanner ------------------------------------------- */
 
 struct scan {

@@ -19,6 +19,11 @@ size_t ld_utf8_seq(const unsigned char *p, size_t n);
 size_t ld_json_quote(char *out, const char *s, size_t len);
 #define ld_json_quote_max(len) ((len)*6 + 2)
 
+/* V in decimal as jansson writes it, into OUT (LD_JSON_INT_MAX bytes);
+ * returns the length (no NUL is written). */
+#define LD_JSON_INT_MAX 20
+size_t ld_json_format_int(char *out, json_int_t v);
+
 /* TEXT (LEN bytes) when it is a flat object (fields of strings without
  * escapes, integers, true, false, null): the tree json_loadb would
  * build from it. NULL for anything else, valid or not: the caller then

@@ -413,9 +413,10 @@ unlock_on_reply(redisReply *r, void *arg)
             lk_rec_set_count(rec, v[1]);
         }
         if (op->req != NULL) {
-            ld_reply_ok(op->req, json_pack("{s:b,s:I}", "released",
-                                           v[0] == LD_LOCK_RELEASED, "count",
-                                           (json_int_t)v[1]));
+            const struct ld_field f[] = {LD_BOOL("released",
+                                                 v[0] == LD_LOCK_RELEASED),
+                                         LD_INT("count", v[1])};
+            ld_reply_ok_fields(op->req, f, LD_ARRAY_LEN(f));
         }
         op->req = NULL;
     } else {

@@ -30,11 +30,12 @@ acq_reply_granted(struct lk_op *op)
     if (op->wait_ms != 0) {
         ld_stats_observe(LD_HISTO_LOCK_WAIT, ld_now_us() - op->req->start_us);
     }
-    json_t *body = json_pack("{s:b,s:s,s:I,s:I,s:I}", "acquired", 1, "token",
-                             rec->token, "count", (json_int_t)op->grant_count,
-                             "fence", (json_int_t)op->grant_fence, "lease_ms",
-                             (json_int_t)op->lease_ms);
-    ld_reply_ok(op->req, body);
+    const struct ld_field f[] = {LD_BOOL("acquired", true),
+                                 LD_STR("token", rec->token),
+                                 LD_INT("count", op->grant_count),
+                                 LD_INT("fence", op->grant_fence),
+                                 LD_INT("lease_ms", op->lease_ms)};
+    ld_reply_ok_fields(op->req, f, LD_ARRAY_LEN(f));
     op->req = NULL;
 }
 
@@ -44,8 +45,9 @@ lk_acq_reply_false(struct lk_op *op, long long ttl)
     if (op->req == NULL) {
         return;
     }
-    ld_reply_ok(op->req, json_pack("{s:b,s:I}", "acquired", 0, "ttl_ms",
-                                   (json_int_t)ttl));
+    const struct ld_field f[] = {LD_BOOL("acquired", false),
+                                 LD_INT("ttl_ms", ttl)};
+    ld_reply_ok_fields(op->req, f, LD_ARRAY_LEN(f));
     op->req = NULL;
 }
 

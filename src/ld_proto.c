@@ -176,9 +176,8 @@ line_add_value(struct line_buf *b, json_t *v)
     case JSON_STRING:
         return line_add_string(b, json_string_value(v), json_string_length(v));
     case JSON_INTEGER:
-        b->len += (size_t)snprintf(line_room(b, 24), 24,
-                                   "%" JSON_INTEGER_FORMAT,
-                                   json_integer_value(v));
+        b->len += ld_json_format_int(line_room(b, LD_JSON_INT_MAX),
+                                     json_integer_value(v));
         return true;
     case JSON_TRUE:
         line_add(b, "true", 4);
@@ -469,6 +468,59 @@ ld_reply_ok(struct ld_req *req, json_t *fields)
     size_t len = 0;
     char *line = ld_proto_ok_line(req->id, fields, &len);
     send_line(req, line, len);
+}
+
+/* FIELDS as a JSON object, for the line jansson writes when the fast one
+ * cannot be (a string that is not valid UTF-8 gets its error there). */
+static json_t *
+fields_object(const struct ld_field *f, size_t n)
+{
+    json_t *o = json_object();
+    for (size_t k = 0; k < n; k++) {
+        json_t *v = f[k].type == LD_FIELD_BOOL  ? json_boolean(f[k].i)
+                    : f[k].type == LD_FIELD_INT ? json_integer(f[k].i)
+                                                : json_string(f[k].s);
+        json_object_set_new(o, f[k].name, v != NULL ? v : json_null());
+    }
+    return o;
+}
+
+void
+ld_reply_ok_fields(struct ld_req *req, const struct ld_field *f, size_t n)
+{
+    struct line_buf b = {ld_xmalloc(256), 0, 256};
+    bool ok = ok_line_by_hand(&b, req->id, NULL);
+    b.len -= 2; /* reopen the object: drop "}\n" */
+    for (size_t k = 0; ok && k < n; k++) {
+        size_t nl = strlen(f[k].name);
+        char *o = line_room(&b, nl + 4);
+        o[0] = ',';
+        o[1] = '"';
+        memcpy(o + 2, f[k].name, nl);
+        o[nl + 2] = '"';
+        o[nl + 3] = ':';
+        b.len += nl + 4;
+        switch (f[k].type) {
+        case LD_FIELD_BOOL:
+            line_add(&b, f[k].i ? "true" : "false", f[k].i ? 4 : 5);
+            break;
+        case LD_FIELD_INT:
+            b.len += ld_json_format_int(line_room(&b, LD_JSON_INT_MAX),
+                                        f[k].i);
+            break;
+        case LD_FIELD_STR:
+            ok = line_add_string(&b, f[k].s, strlen(f[k].s));
+            break;
+        }
+    }
+    if (!ok) {
+        free(b.p);
+        ld_reply_ok(req, fields_object(f, n));
+        return;
+    }
+    line_add(&b, "}\n", 2);
+    *line_room(&b, 1) = '\0';
+    send_line(req, b.p, b.len);
 }
 
 static void

@@ -49,6 +49,31 @@ char *ld_proto_error_line(json_t *id, int code, json_t *extra,
 /* Answers. FIELDS is stolen. EXTRA (stolen, may be NULL) is merged into the
  * error object, e.g. {"reason":"other"} for not_held. */
 void ld_reply_ok(struct ld_req *req, json_t *fields);
+
+/* The same for the hottest replies, whose fields are known at compile
+ * time: written straight into the line, no JSON tree. NAME must need no
+ * escaping (a C literal of plain ASCII). */
+enum ld_field_type { LD_FIELD_BOOL, LD_FIELD_INT, LD_FIELD_STR };
+struct ld_field {
+    const char *name;
+    enum ld_field_type type;
+    long long i; /* bool or integer */
+    const char *s;
+};
+#define LD_BOOL(n, v)                                                         \
+    {                                                                         \
+        (n), LD_FIELD_BOOL, (v) ? 1 : 0, NULL                                 \
+    }
+#define LD_INT(n, v)                                                          \
+    {                                                                         \
+        (n), LD_FIELD_INT, (long long)(v), NULL                               \
+    }
+#define LD_STR(n, v)                                                          \
+    {                                                                         \
+        (n), LD_FIELD_STR, 0, (v)                                             \
+    }
+void ld_reply_ok_fields(struct ld_req *req, const struct ld_field *f,
+                        size_t n);
 void ld_reply_error(struct ld_req *req, int code, const char *fmt, ...)
     LD_PRINTF(3, 4);
 void ld_reply_error_extra(struct ld_req *req, int code, json_t *extra,

@@ -414,6 +414,27 @@ check_ok_line(json_t *id, json_t *fields)
     free(want);
 }
 
+START_TEST(format_int_like_printf)
+{
+    static const json_int_t v[] = {0,
+                                   1,
+                                   -1,
+                                   9,
+                                   10,
+                                   -10,
+                                   123456789,
+                                   9223372036854775807LL,
+                                   -9223372036854775807LL - 1};
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        char mine[LD_JSON_INT_MAX + 1], want[32];
+        size_t n = ld_json_format_int(mine, v[i]);
+        mine[n] = '\0';
+        snprintf(want, sizeof want, "%" JSON_INTEGER_FORMAT, v[i]);
+        ck_assert_str_eq(mine, want);
+    }
+}
+END_TEST
+
 START_TEST(ok_line_like_jansson)
 {
     json_t *ids[] = {NULL, json_integer(7), json_string("r\"1\u00e9"),
@@ -555,6 +576,7 @@ main(void)
     tcase_add_test(tc, error_code_names);
     tcase_add_test(tc, json_quote);
     tcase_add_test(tc, ok_line_like_jansson);
+    tcase_add_test(tc, format_int_like_printf);
     tcase_add_test(tc, flat_parse_like_jansson);
     tcase_add_test(tc, key_limits);
     suite_add_tcase(s, tc);
