@@ -91,13 +91,13 @@ fetch_start(struct ckey *ck, bool grant)
     /* Most reads are hits: a plain HMGET answers them in one cheap
      * command, with no script and no lease token. Only when it finds no
      * value does the script run, to decide about the lease atomically. */
-    static const char *fields[] = {"HMGET", NULL, "v", "n"};
-    const char *argv[4];
-    size_t argvlen[4] = {5, ck->entry_len, 1, 1};
+    static const char *fields[] = {"HMGET", NULL, "v", "n", "s"};
+    const char *argv[5];
+    size_t argvlen[5] = {5, ck->entry_len, 1, 1, 1};
     memcpy(argv, fields, sizeof(argv));
     argv[1] = ck->names;
     f->probing = true;
-    ld_redis_command(ck->names, ck->entry_len, 4, argv, argvlen, fetch_cb, f);
+    ld_redis_command(ck->names, ck->entry_len, 5, argv, argvlen, fetch_cb, f);
     return f;
 }
 
@@ -235,6 +235,8 @@ enum fres {
     R_GRANTED,
     R_MISS,
     R_WRONG,
+    R_STALE,
+    R_STALE_GRANTED,
     R_DOWN,
     R_ERROR
 };
@@ -249,6 +251,8 @@ static const struct {
     {"granted", R_GRANTED}, /* the lease token sent is now the lease */
     {"miss", R_MISS},       /* nothing there, no lease asked for */
     {"wrong_type", R_WRONG},
+    {"stale", R_STALE},                 /* {"stale", value}: leased */
+    {"stale_granted", R_STALE_GRANTED}, /* {.., value}: and ours now */
 };
 
 static enum fres
@@ -270,6 +274,8 @@ parse_fetch(const redisReply *r, const redisReply **value, long long *pttl)
     }
     switch (res) {
     case R_HIT:
+    case R_STALE:
+    case R_STALE_GRANTED:
         if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_STRING) {
             return R_ERROR;
         }
@@ -294,7 +300,8 @@ fetch_unlink(struct fetch *f)
 }
 
 /* The HMGET probe decides hits, cached nulls, a key of another type and
- * an unreachable Redis; R_MISS means "ask the script". */
+ * an unreachable Redis; R_MISS means "ask the script", which a stale
+ * mark always does. */
 static enum fres
 parse_probe(const redisReply *r, const redisReply **value)
 {
@@ -304,8 +311,11 @@ parse_probe(const redisReply *r, const redisReply **value)
     if (ld_reply_is_error(r, "WRONGTYPE")) {
         return R_WRONG;
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3) {
         return R_ERROR;
+    }
+    if (r->element[2]->type == REDIS_REPLY_STRING) {
+        return R_MISS;
     }
     if (r->element[0]->type == REDIS_REPLY_STRING &&
         r->element[1]->type != REDIS_REPLY_STRING) {
@@ -416,6 +426,18 @@ fetch_cb(redisReply *reply, void *arg)
         case R_MISS:
             cache_settle_miss(g, NULL);
             continue;
+        case R_STALE_GRANTED:
+            if (g->want_lease && !given) {
+                given = true;
+                ld_stats.cache_leases_granted++;
+                cache_settle_stale(g, value->str, value->len, f->token);
+                continue;
+            }
+            cache_settle_stale(g, value->str, value->len, NULL);
+            continue;
+        case R_STALE:
+            cache_settle_stale(g, value->str, value->len, NULL);
+            continue;
         case R_GRANTED:
             if (g->want_lease && !given) {
                 given = true;
@@ -450,7 +472,7 @@ fetch_cb(redisReply *reply, void *arg)
             glist_push(&keep, g);
         }
     }
-    if (res == R_GRANTED && !given) {
+    if ((res == R_GRANTED || res == R_STALE_GRANTED) && !given) {
         release_unused(ck, f->token);
     }
     uint64_t sent_gen = f->gen;

@@ -6,11 +6,13 @@
  */
 #include "ld_cache_int.h"
 
+#include "ld_cache_hot.h"
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 #include "ld_stats.h"
+#include "ld_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +100,15 @@ cache_cop_free(struct cop *op)
 }
 
 /* ---- answering getters ----------------------------------------------- */
+
+/* Every answered read counts for the hot keys. */
+static void
+note_read(const struct getter *g, bool hit)
+{
+    if (ld_cache_hot_enabled()) {
+        ld_cache_hot_note(g->ck->key, g->ck->key_len, hit, ld_now_ms());
+    }
+}
 
 static json_t *
 error_object(int code, const char *msg)
@@ -301,6 +312,7 @@ void
 cache_settle_hit(struct getter *g, const char *v, size_t len)
 {
     struct cop *op = g->op;
+    note_read(g, true);
     if (!op->mget) {
         /* The common case, built straight into the reply line: a JSON
          * tree would check and escape a large value byte by byte. */
@@ -343,6 +355,7 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
 void
 cache_settle_null(struct getter *g)
 {
+    note_read(g, true);
     ld_stats.cache_negative_hits++;
     cache_getter_settle(g, json_pack("{s:b,s:n}", "hit", 1, "value"), 0, NULL);
 }
@@ -350,9 +363,34 @@ cache_settle_null(struct getter *g)
 void
 cache_settle_miss(struct getter *g, const char *lease)
 {
+    note_read(g, false);
     ld_stats.cache_misses++;
     json_t *f = lease != NULL
                     ? json_pack("{s:b,s:s}", "hit", 0, "lease", lease)
                     : json_pack("{s:b,s:n}", "hit", 0, "lease");
+    cache_getter_settle(g, f, 0, NULL);
+}
+
+/* A stale value (stale-while-revalidate), with the lease to reload it
+ * when LEASE is not NULL. */
+void
+cache_settle_stale(struct getter *g, const char *v, size_t len,
+                   const char *lease)
+{
+    note_read(g, true);
+    json_t *f = json_pack("{s:b,s:s%,s:b}", "hit", 1, "value", v, len, "stale",
+                          1);
+    if (f == NULL) {
+        cache_getter_settle(
+            g, NULL, LD_E_WRONG_TYPE,
+            "the cached value is not valid UTF-8; leased did not "
+            "write it");
+        return;
+    }
+    if (lease != NULL) {
+        json_object_set_new(f, "lease", json_string(lease));
+    }
+    ld_stats.cache_hits++;
+    ld_stats.cache_stale_hits++;
     cache_getter_settle(g, f, 0, NULL);
 }

@@ -22,6 +22,11 @@ end
 if f[3] ~= ARGV[1] then
     return REFUSED
 end
+if f[4] then
+    -- The reload of a stale entry replaces it, "not found" included.
+    redis.call('HDEL', KEYS[1], 'v', 's')
+    f[1] = nil
+end
 if ARGV[2] == 'v' then
     redis.call('HSET', KEYS[1], 'v', ARGV[3])
     redis.call('HDEL', KEYS[1], 'l', 'n')

@@ -9,6 +9,8 @@
 --   {'hit', value}   a value        {'null'}     a cached "not found"
 --   {'held', pttl}   another's lease {'granted'} ARGV[1] is the lease now
 --   {'miss'}         nothing, no lease asked for
+--   {'stale', value} a stale value; another caller holds its lease
+--   {'stale_granted', value}  a stale value, and ARGV[1] is its lease now
 --   {'wrong_type'}   data leased did not write, left alone
 -- No data in Redis may make this script raise an error.
 --@include cache_shape.lua
@@ -27,6 +29,19 @@ end
 local f = entry_fields(KEYS[1])
 if not f then
     return {'wrong_type'}
+end
+if f[4] then
+    -- Stale (cache.invalidate "stale"): the old value now, and one lease
+    -- at a time to reload it; a lease not filled in time is given again.
+    if ARGV[3] == '1' then
+        local now = now_ms()
+        if not f[3] or now >= tonumber(f[4]) then
+            redis.call('HSET', KEYS[1], 'l', ARGV[1], 's',
+                       tostring(now + tonumber(ARGV[2])))
+            return {'stale_granted', f[1]}
+        end
+    end
+    return {'stale', f[1]}
 end
 if f[1] then
     return {'hit', f[1]}
