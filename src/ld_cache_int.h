@@ -254,6 +254,8 @@ void cache_settle_miss(struct getter *g, const char *lease);
 void cache_settle_null(struct getter *g);
 void cache_settle_stale(struct getter *g, const char *v, size_t len,
                         const char *lease);
+void cache_settle_refresh(struct getter *g, const char *v, size_t len,
+                          const char *lease);
 
 /* ---- ld_cache_get.c: keys, fetches, cache.get and cache.mget --------- */
 

@@ -296,7 +296,8 @@ cache_getter_settle(struct getter *g, json_t *fields, int code,
         /* Each result reads like a cache.get reply, "ok" first. */
         json_t *res = json_pack("{s:b}", "ok", 1);
         json_t *lease = json_object_get(fields, "lease");
-        op->leased[g->slot] = lease != NULL && json_is_string(lease);
+        op->leased[g->slot] = (lease != NULL && json_is_string(lease)) ||
+                              json_object_get(fields, "refresh") != NULL;
         json_object_update(res, fields);
         json_decref(fields);
         op->texts[g->slot] = cache_chunk_of_json(res);
@@ -392,5 +393,24 @@ cache_settle_stale(struct getter *g, const char *v, size_t len,
     }
     ld_stats.cache_hits++;
     ld_stats.cache_stale_hits++;
+    cache_getter_settle(g, f, 0, NULL);
+}
+
+/* A hit that also carries the lease to reload the value early. */
+void
+cache_settle_refresh(struct getter *g, const char *v, size_t len,
+                     const char *lease)
+{
+    note_read(g, true);
+    json_t *f = json_pack("{s:b,s:s%,s:s}", "hit", 1, "value", v, len,
+                          "refresh", lease);
+    if (f == NULL) {
+        cache_getter_settle(
+            g, NULL, LD_E_WRONG_TYPE,
+            "the cached value is not valid UTF-8; leased did not "
+            "write it");
+        return;
+    }
+    ld_stats.cache_hits++;
     cache_getter_settle(g, f, 0, NULL);
 }

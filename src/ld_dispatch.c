@@ -104,6 +104,9 @@ op_hello(struct ld_req *req)
      * checks before it relies on one. */
     json_t *features = json_array();
     json_array_append_new(features, json_string("stale"));
+    if (dispatch_mod.ctx->cfg->cache.early_refresh) {
+        json_array_append_new(features, json_string("early_refresh"));
+    }
     ld_reply_ok(req, json_pack("{s:s,s:s,s:i,s:s,s:o}", "server", "leased",
                                "version", PACKAGE_VERSION, "protocol", 1,
                                "session", s->name, "features", features));

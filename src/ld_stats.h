@@ -52,6 +52,8 @@
     X(counter, cache_stale_hits, "cache.get hits on a stale value")           \
     X(counter, cache_leases_granted, "Fill leases granted")                   \
     X(counter, cache_waits, "cache.get calls that waited for a fill")         \
+    X(counter, cache_refreshes_granted,                                       \
+      "Leases to reload a value early (cache.early_refresh)")                 \
     X(counter, cache_fills_stored, "cache.fill calls that stored")            \
     X(counter, cache_fills_rejected,                                          \
       "cache.fill calls refused (stale lease)")                               \

@@ -16,7 +16,7 @@ if not f or not f[1] then
     redis.call('PUBLISH', ARGV[2], 'del')
     return n
 end
-redis.call('HDEL', KEYS[1], 'l')
+redis.call('HDEL', KEYS[1], 'l', 'g')
 redis.call('HSET', KEYS[1], 's', '0')
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl < 0 or ttl > tonumber(ARGV[1]) then

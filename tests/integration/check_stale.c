@@ -1,9 +1,11 @@
-/* Stale-while-revalidate against real leased daemons and a real
- * redis-server: cache.invalidate "stale" marks instead of deleting,
- * readers in every daemon get the old value at once and exactly one of
- * them the lease to reload it, older leases stay void, a stale entry ends
- * after cache.stale_ms, the delayed second step marks again, and the
- * journal keeps the promise across kill -9. */
+/* Stale-while-revalidate and early refresh against real leased daemons
+ * and a real redis-server: cache.invalidate "stale" marks instead of
+ * deleting, readers in every daemon get the old value at once and exactly
+ * one of them the lease to reload it, older leases stay void, a stale
+ * entry ends after cache.stale_ms, the delayed second step marks again,
+ * and the journal keeps the promise across kill -9; with
+ * cache.early_refresh one reader reloads a hot entry before it expires
+ * and nobody sees it miss. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -493,6 +495,237 @@ START_TEST(test_mget)
 }
 END_TEST
 
+/* --- early refresh ------------------------------------------------------ */
+
+#define EARLY_YAML                                                            \
+    "cache:\n  early_refresh: true\n  early_refresh_beta: 1\n"                \
+    "  ttl_jitter: 0\n  fill_lease_ms: 2000\n"
+#define READERS 8
+#define HOT_TTL_MS 6000
+
+static bool
+has_feature(struct h_conn *c, const char *name)
+{
+    json_t *r = must(h_callf(c, T_MS, "{s:s}", "op", "hello"));
+    json_t *f = json_object_get(r, "features");
+    bool found = false;
+    for (size_t i = 0; i < json_array_size(f); i++) {
+        found = found ||
+                strcmp(json_string_value(json_array_get(f, i)), name) == 0;
+    }
+    json_decref(r);
+    return found;
+}
+
+/* Load KEY under a lease that is held LOAD_MS before the fill. */
+static void
+load(struct h_conn *c, const char *key, long load_ms, long long ttl_ms)
+{
+    char *l = expect_miss_lease(get(c, key));
+    sleep_ms(load_ms);
+    json_t *r = must(h_callf(c, T_MS, "{s:s,s:s,s:s,s:s,s:I}", "op",
+                             "cache.fill", "key", key, "lease", l, "value",
+                             "v1", "ttl_ms", (json_int_t)ttl_ms));
+    ck_assert(jtrue(r, "stored"));
+    json_decref(r);
+    free(l);
+}
+
+/* One round: every reader reads KEY once, all in flight together. Counts
+ * the refresh leases into *REFRESHES (the first one's lease into LEASE,
+ * its reader into *WHO) and fails on anything but a hit. */
+static void
+round_of_reads(struct h_conn **c, const char *key, int *refreshes, char *lease,
+               size_t lease_len, int *who)
+{
+    for (int i = 0; i < READERS; i++) {
+        ck_assert_int_eq(h_send(c[i], "{s:I,s:s,s:s}", "id", (json_int_t)7,
+                                "op", "cache.get", "key", key),
+                         0);
+    }
+    for (int i = 0; i < READERS; i++) {
+        json_t *r = h_recv(c[i], T_MS);
+        must(r);
+        ck_assert_msg(jtrue(r, "hit") && jstr(r, "value") != NULL,
+                      "reader %d of %s saw a miss: %s", i, key, dump(r));
+        if (jstr(r, "refresh") != NULL) {
+            ck_assert(h_is_token(jstr(r, "refresh")));
+            if (*refreshes == 0) {
+                snprintf(lease, lease_len, "%s", jstr(r, "refresh"));
+                *who = i;
+            }
+            (*refreshes)++;
+        }
+        json_decref(r);
+    }
+}
+
+START_TEST(test_early_refresh)
+{
+    struct h_conn *c[READERS];
+    char lease[64] = "";
+    int who = -1;
+
+    h_start(EARLY_YAML);
+    ck_assert_int_eq(h_daemon_start(&D2, &R, EARLY_YAML), 0);
+    for (int i = 0; i < READERS; i++) {
+        c[i] = h_connect_ok(i % 2 ? &D2 : &D);
+    }
+    ck_assert(has_feature(c[0], "early_refresh"));
+    ck_assert(has_feature(c[1], "early_refresh"));
+
+    /* A hot key whose load took about 100 ms, a warm one far from its
+     * expiry, and one written by cache.set (no load time known). */
+    load(c[0], "hot", 100, HOT_TTL_MS);
+    load(c[1], "warm", 100, 600000);
+    json_decref(must(h_callf(c[0], T_MS, "{s:s,s:s,s:s,s:I}", "op",
+                             "cache.set", "key", "set", "value", "s", "ttl_ms",
+                             (json_int_t)HOT_TTL_MS + 700)));
+    long long d = h_r_int(&R, "HGET " PREFIX "{hot} d");
+    ck_assert_msg(d >= 90 && d < HOT_TTL_MS / 20, "load time %lld", d);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{set} d"), 0);
+
+    /* Far from expiry nobody refreshes: each read would with probability
+     * exp(-ttl_left / d), below 1e-5 while ttl_left > 12 d. */
+    int refreshes = 0, dummy = -1;
+    char scratch[64];
+    for (int k = 0; k < 20; k++) {
+        if (h_r_int(&R, "PTTL " PREFIX "{hot}") > 12 * d) {
+            round_of_reads(c, "hot", &refreshes, scratch, sizeof scratch,
+                           &dummy);
+        }
+        round_of_reads(c, "warm", &refreshes, scratch, sizeof scratch, &dummy);
+        round_of_reads(c, "set", &refreshes, scratch, sizeof scratch, &dummy);
+    }
+    ck_assert_int_eq(refreshes, 0);
+
+    /* Near expiry: rounds of reads until past the original expiry. One
+     * reader gets the refresh lease and takes 200 ms to load; meanwhile
+     * everybody reads on (hits, no second lease), then its fill makes the
+     * entry far from expiry again. Nobody ever misses. */
+    long long pttl = h_r_int(&R, "PTTL " PREFIX "{hot}");
+    ck_assert_msg(pttl > 1500, "pttl %lld", pttl);
+    sleep_ms(pttl - 1500);
+    long long end = h_now_ms() + 1500 + 600;
+    long long filled_at = 0, leased_at = 0;
+    int set_refreshes = 0;
+    while (h_now_ms() < end) {
+        round_of_reads(c, "hot", &refreshes, lease, sizeof lease, &who);
+        if (refreshes > 0 && leased_at == 0) {
+            leased_at = h_now_ms();
+        }
+        if (leased_at != 0 && filled_at == 0 &&
+            h_now_ms() - leased_at >= 200) {
+            json_t *r = must(h_callf(c[who], T_MS, "{s:s,s:s,s:s,s:s,s:I}",
+                                     "op", "cache.fill", "key", "hot", "lease",
+                                     lease, "value", "v2", "ttl_ms",
+                                     (json_int_t)HOT_TTL_MS));
+            ck_assert_msg(jtrue(r, "stored"), "refresh fill %s", dump(r));
+            json_decref(r);
+            filled_at = h_now_ms();
+        }
+        /* Close to its expiry too, yet never refreshed: no load time. */
+        if (h_r_int(&R, "PTTL " PREFIX "{set}") > 50) {
+            round_of_reads(c, "set", &set_refreshes, scratch, sizeof scratch,
+                           &dummy);
+        }
+        sleep_ms(2);
+    }
+    ck_assert_int_eq(refreshes, 1);
+    ck_assert_int_eq(set_refreshes, 0);
+    ck_assert_msg(filled_at != 0, "the refresh lease came too late to fill");
+    ck_assert_int_eq(h_stat(c[0], "cache_refreshes_granted") +
+                         h_stat(c[1], "cache_refreshes_granted"),
+                     1);
+    json_t *r = must(get(c[2], "hot"));
+    ck_assert_str_eq(jstr(r, "value"), "v2");
+    json_decref(r);
+    /* The refreshed load was measured too. */
+    ck_assert_int_ge(h_r_int(&R, "HGET " PREFIX "{hot} d"), 190);
+    for (int i = 0; i < READERS; i++) {
+        h_close(c[i]);
+    }
+}
+END_TEST
+
+/* A read that may get a refresh lease: with beta 1000 and a load of at
+ * least 300 ms, each read asks for one with probability above 0.99 while
+ * the entry has under 3 s to live; a few tries make it certain. */
+static char *
+refresh_lease(struct h_conn *a, const char *key)
+{
+    for (int i = 0; i < 20; i++) {
+        json_t *r = must(get(a, key));
+        if (jstr(r, "refresh") != NULL) {
+            char *l = strdup(jstr(r, "refresh"));
+            json_decref(r);
+            return l;
+        }
+        json_decref(r);
+    }
+    ck_abort_msg("no refresh lease in 20 reads of %s", key);
+    return NULL;
+}
+
+/* A refresh lease is a lease like another: voided by a write, given again
+ * when not used in time; a plain read never takes one. Off by default. */
+START_TEST(test_early_refresh_leases)
+{
+    h_start("cache:\n  early_refresh: true\n  early_refresh_beta: 1000\n"
+            "  fill_lease_ms: 600\n");
+    struct h_conn *a = h_connect_ok(&D);
+    load(a, "k2", 20, 600000);
+    load(a, "k", 300, 3000);
+    for (int i = 0; i < 5; i++) {
+        json_t *r = must(h_callf(a, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
+                                 "key", "k", "lease", 0));
+        ck_assert_msg(jstr(r, "refresh") == NULL, "plain read %s", dump(r));
+        json_decref(r);
+    }
+    char *l1 = refresh_lease(a, "k");
+    /* Outstanding: nobody else gets one. */
+    for (int i = 0; i < 5; i++) {
+        json_t *r = must(get(a, "k"));
+        ck_assert_msg(jstr(r, "refresh") == NULL, "second lease %s", dump(r));
+        json_decref(r);
+    }
+    /* Not used in fill_lease_ms: a later reader gets a new one. */
+    sleep_ms(650);
+    char *l2 = refresh_lease(a, "k");
+    ck_assert(!fill(a, "k", l1, "late"));
+    /* A write voids it. */
+    json_decref(must(invalidate_stale(a, "k", 0)));
+    ck_assert(!fill(a, "k", l2, "before the write"));
+    free(l1);
+    free(l2);
+    /* cache.set entries are never refreshed early. */
+    json_decref(
+        must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:I}", "op", "cache.set", "key",
+                     "s", "value", "x", "ttl_ms", (json_int_t)2000)));
+    for (int i = 0; i < 10; i++) {
+        json_t *r = must(get(a, "s"));
+        ck_assert_msg(jstr(r, "refresh") == NULL, "%s", dump(r));
+        json_decref(r);
+    }
+    h_close(a);
+
+    /* Off: no load time is kept, no refresh, no feature. */
+    h_daemon_stop(&D);
+    ck_assert_int_eq(h_daemon_start(&D2, &R, NULL), 0);
+    struct h_conn *b = h_connect_ok(&D2);
+    ck_assert(!has_feature(b, "early_refresh"));
+    load(b, "off", 20, 600000);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{off} d"), 0);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{off} g"), 0);
+    expect_fresh(get(b, "off"), "v1");
+    /* An entry with a load time from a daemon that had it on is read
+     * as a plain hit. */
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{k2} d"), 1);
+    expect_fresh(get(b, "k2"), "v1");
+    h_close(b);
+}
+END_TEST
+
 /* The keys are validated, with the line of the mistake. */
 START_TEST(test_config_errors)
 {
@@ -503,10 +736,9 @@ START_TEST(test_config_errors)
          ":2:20: cache.invalidate_mode: must be one of delete, stale"},
         {"cache:\n  stale_ms: 0\n", ":2:13: cache.stale_ms: must be"},
         {"cache:\n  hot_keys: 10001\n", ":2:13: cache.hot_keys: must be"},
-        {"cache:\n  early_refresh: true\n",
-         "early refresh is not available in this version"},
-        {"cache:\n  early_refresh_beta: 2\n",
-         "early refresh is not available in this version"},
+        {"cache:\n  early_refresh: maybe\n", ":2:18: cache.early_refresh:"},
+        {"cache:\n  early_refresh_beta: 1001\n",
+         ":2:23: cache.early_refresh_beta: must be"},
     };
     char dir[256], path[300], out[4096], err[4096];
     ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
@@ -540,7 +772,8 @@ main(void)
         H_CASE(old_leases_rejected, 60),     H_CASE(stale_ms_ends_it, 60),
         H_CASE(second_step_marks_again, 60), H_CASE(journal_kill9, 90),
         H_CASE(redis_down_queued, 90),       H_CASE(mget, 60),
-        H_CASE(config_errors, 60),
+        H_CASE(config_errors, 60),           H_CASE(early_refresh, 90),
+        H_CASE(early_refresh_leases, 60),
     };
 
     return H_MAIN(fx, cases);
