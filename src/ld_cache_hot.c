@@ -12,6 +12,7 @@
  */
 #include "ld_cache_hot.h"
 
+#include "ld_assert.h"
 #include "ld_mem.h"
 #include "ld_util.h"
 
@@ -46,7 +47,8 @@ static struct {
     int head;        /* bucket with the lowest count */
     int *tab;        /* slot index or NONE */
     size_t tab_mask;
-    size_t used;
+    int *free_slots; /* unused slot indexes, a stack */
+    size_t n_free;
     int *order;    /* scratch for sorting, K entries */
     double *score; /* scratch: weighted reads per slot */
     uint64_t period_start_ms;
@@ -72,6 +74,7 @@ ld_cache_hot_free(void)
     free(hot.tab);
     free(hot.order);
     free(hot.score);
+    free(hot.free_slots);
     memset(&hot, 0, sizeof(hot));
 }
 
@@ -105,6 +108,11 @@ ld_cache_hot_init(size_t k)
         hot.tab[i] = NONE;
     }
     hot.order = ld_xmalloc(k * sizeof(*hot.order));
+    hot.free_slots = ld_xmalloc(k * sizeof(*hot.free_slots));
+    for (size_t i = 0; i < k; i++) {
+        hot.free_slots[i] = (int)(k - 1 - i);
+    }
+    hot.n_free = k;
     hot.score = ld_xmalloc(k * sizeof(*hot.score));
     /* Keys come from clients: a secret seed keeps them from choosing
      * collisions. */
@@ -298,11 +306,12 @@ roll(uint64_t now_ms)
         s->count = s->prev;
         if (s->count == 0) {
             s->used = false;
+            hot.free_slots[hot.n_free++] = (int)i;
             continue;
         }
         hot.order[n++] = (int)i;
     }
-    hot.used = n;
+    LD_ASSERT(hot.n_free + n == hot.k);
     qsort(hot.order, n, sizeof(*hot.order), by_count);
     int last = NONE;
     for (size_t j = 0; j < n; j++) {
@@ -341,12 +350,8 @@ ld_cache_hot_note(const char *key, size_t len, bool hit, uint64_t now_ms)
     int i = tab_find(key, len, h);
     if (i == NONE) {
         struct hslot *s;
-        if (hot.used < hot.k) {
-            /* A free slot: the first unused one (they fill in order and
-             * a roll frees them in any order, so look). */
-            for (i = 0; hot.slots[i].used; i++) {
-            }
-            hot.used++;
+        if (hot.n_free > 0) {
+            i = hot.free_slots[--hot.n_free];
             s = &hot.slots[i];
             s->count = 0;
             int b = hot.head != NONE && hot.buckets[hot.head].count == 0

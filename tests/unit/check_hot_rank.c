@@ -140,6 +140,41 @@ START_TEST(sliding_window)
 }
 END_TEST
 
+/* Across periods, with slots freed by rolls and taken again: the index
+ * stays consistent (no key twice, the hot key counted exactly). */
+START_TEST(churn_across_periods)
+{
+    struct ld_hot_key top[8];
+    char key[32];
+    ld_cache_hot_init(8);
+    uint64_t t = 50;
+    for (int period = 0; period < 6; period++) {
+        int cold = period % 2 ? 3 : 300;
+        for (int i = 0; i < 1000; i++) {
+            ld_cache_hot_note("hot", 3, true, t);
+            snprintf(key, sizeof key, "c%d-%d", period, i % cold);
+            ld_cache_hot_note(key, strlen(key), false, t);
+        }
+        size_t n = ld_cache_hot_top(top, 8, t);
+        ck_assert_uint_ge(n, 2);
+        ck_assert(is(&top[0], "hot"));
+        for (size_t i = 0; i < n; i++) {
+            for (size_t j = i + 1; j < n; j++) {
+                ck_assert(!(top[i].len == top[j].len &&
+                            memcmp(top[i].key, top[j].key, top[i].len) == 0));
+            }
+        }
+        t += W;
+    }
+    /* The last period: 1000 reads now, 1000 in the one before (weight 1
+     * right at the start of the next period). */
+    ck_assert_uint_ge(ld_cache_hot_top(top, 8, t - W), 1);
+    ck_assert(is(&top[0], "hot"));
+    ck_assert_uint_eq(top[0].reads, 2000);
+    ld_cache_hot_free();
+}
+END_TEST
+
 /* Keys are bytes: a NUL inside and the empty key are keys like others. */
 START_TEST(binary_keys)
 {
@@ -165,6 +200,7 @@ hot_suite(void)
     tcase_add_test(tc, space_saving_keeps_the_hot_one);
     tcase_add_test(tc, sliding_window);
     tcase_add_test(tc, binary_keys);
+    tcase_add_test(tc, churn_across_periods);
     suite_add_tcase(s, tc);
     return s;
 }
