@@ -62,6 +62,10 @@ struct cop {
     size_t left;          /* slots not answered yet */
     struct chunk **texts; /* mget: each distinct slot's result */
     bool *leased;         /* mget: that result carries a lease */
+    /* mget: for a hit that carries a lease (stale, early refresh), the
+     * same hit without it, for the slots repeating the key; NULL until
+     * one is needed. */
+    struct chunk **dup_texts;
     size_t *dup_of;       /* mget: earlier slot with the same key */
     struct getter *g;     /* n getters (dups unused) */
     LIST_ENTRY(cop) link; /* its session's list */

@@ -92,6 +92,12 @@ cache_cop_free(struct cop *op)
             chunk_unref(op->texts[i]);
         }
     }
+    if (op->dup_texts != NULL) {
+        for (size_t i = 0; i < op->n; i++) {
+            chunk_unref(op->dup_texts[i]);
+        }
+    }
+    free(op->dup_texts);
     free(op->texts);
     free(op->leased);
     free(op->dup_of);
@@ -100,6 +106,12 @@ cache_cop_free(struct cop *op)
 }
 
 /* ---- answering getters ----------------------------------------------- */
+
+static bool
+jtrue_field(const json_t *o, const char *k)
+{
+    return json_is_true(json_object_get(o, k));
+}
 
 /* Every answered read counts for the hot keys. */
 static void
@@ -179,8 +191,10 @@ void
 cache_mget_finish(struct cop *op)
 {
     /* The same key again gets the same answer, but a lease belongs to
-     * one caller only, and the first occurrence has it. (A duplicate is
-     * never the first element, so its text keeps its comma.) */
+     * one caller only, and the first occurrence has it: the others get
+     * the hit without it (stale, early refresh), or a miss without a
+     * lease. (A duplicate is never the first element, so its text keeps
+     * its comma.) */
     static const char dup_miss[] =
         ",{\"ok\":true,\"hit\":false,\"lease\":null}";
     cache_cop_unlink(op);
@@ -199,7 +213,11 @@ cache_mget_finish(struct cop *op)
             bad = true;
             break;
         }
-        total += j != i && op->leased[j] ? sizeof(dup_miss) - 1 : c->len;
+        const struct chunk *d = op->dup_texts != NULL ? op->dup_texts[j]
+                                                      : NULL;
+        total += j == i || !op->leased[j] ? c->len
+                 : d != NULL              ? d->len
+                                          : sizeof(dup_miss) - 1;
     }
     if (bad) {
         free(idtext);
@@ -248,7 +266,10 @@ cache_mget_finish(struct cop *op)
     evbuffer_add(buf, results, sizeof(results) - 1);
     for (size_t i = 0; i < op->n; i++) {
         size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
-        if (j != i && op->leased[j]) {
+        struct chunk *d = op->dup_texts != NULL ? op->dup_texts[j] : NULL;
+        if (j != i && op->leased[j] && d != NULL) {
+            add_text(buf, d, false);
+        } else if (j != i && op->leased[j]) {
             evbuffer_add(buf, dup_miss, sizeof(dup_miss) - 1);
         } else {
             add_text(buf, op->texts[j], i == 0);
@@ -300,6 +321,15 @@ cache_getter_settle(struct getter *g, json_t *fields, int code,
                               json_object_get(fields, "refresh") != NULL;
         json_object_update(res, fields);
         json_decref(fields);
+        if (op->leased[g->slot] && jtrue_field(res, "hit")) {
+            if (op->dup_texts == NULL) {
+                op->dup_texts = ld_xcalloc(op->n, sizeof(*op->dup_texts));
+            }
+            json_t *plain = json_deep_copy(res);
+            json_object_del(plain, "lease");
+            json_object_del(plain, "refresh");
+            op->dup_texts[g->slot] = cache_chunk_of_json(plain);
+        }
         op->texts[g->slot] = cache_chunk_of_json(res);
     } else {
         op->texts[g->slot] = cache_chunk_of_json(error_object(code, msg));
