@@ -13,6 +13,34 @@
 
 #define W LD_HOT_WINDOW_MS
 
+/* Every allocation of the process is counted (glibc's own functions do
+ * the work), so that the steady state can be shown to make none. */
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t size);
+extern void *__libc_realloc(void *p, size_t n);
+static volatile unsigned long allocs;
+
+void *
+malloc(size_t n)
+{
+    allocs++;
+    return __libc_malloc(n);
+}
+
+void *
+calloc(size_t n, size_t size)
+{
+    allocs++;
+    return __libc_calloc(n, size);
+}
+
+void *
+realloc(void *p, size_t n)
+{
+    allocs++;
+    return __libc_realloc(p, n);
+}
+
 static void
 read_n(const char *key, int n, bool hit, uint64_t now)
 {
@@ -175,6 +203,33 @@ START_TEST(churn_across_periods)
 }
 END_TEST
 
+/* Once every slot has held a key as long as any that comes, reads and
+ * evictions allocate nothing. */
+START_TEST(steady_state_allocates_nothing)
+{
+    char key[32];
+    unsigned long at_init = allocs;
+    ld_cache_hot_init(64);
+    ck_assert_uint_gt(allocs, at_init); /* the counting works */
+    for (int i = 0; i < 64; i++) {
+        snprintf(key, sizeof key, "warm-up-%06d", i);
+        ld_cache_hot_note(key, strlen(key), true, 1000);
+    }
+    unsigned long before = allocs;
+    for (int i = 0; i < 100000; i++) {
+        snprintf(key, sizeof key, "k%d", (i * 7919) % 5000);
+        ld_cache_hot_note(key, strlen(key), i % 3 == 0, 1000 + i / 100);
+        ld_cache_hot_note("hot", 3, true, 1000 + i / 100);
+    }
+    ck_assert_uint_eq(allocs - before, 0);
+    struct ld_hot_key top[4];
+    ck_assert_uint_eq(ld_cache_hot_top(top, 4, 1999), 4);
+    ck_assert(is(&top[0], "hot"));
+    ck_assert_uint_eq(top[0].reads, 100000);
+    ld_cache_hot_free();
+}
+END_TEST
+
 /* Keys are bytes: a NUL inside and the empty key are keys like others. */
 START_TEST(binary_keys)
 {
@@ -201,6 +256,7 @@ hot_suite(void)
     tcase_add_test(tc, sliding_window);
     tcase_add_test(tc, binary_keys);
     tcase_add_test(tc, churn_across_periods);
+    tcase_add_test(tc, steady_state_allocates_nothing);
     suite_add_tcase(s, tc);
     return s;
 }
