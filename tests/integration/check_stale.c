@@ -370,9 +370,9 @@ START_TEST(test_stale_ms_ends_it)
     /* A mark never lengthens a shorter TTL. */
     json_decref(
         must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:I}", "op", "cache.set", "key",
-                     "brief", "value", "x", "ttl_ms", (json_int_t)150)));
-    json_decref(must(invalidate_stale(a, "brief", 0)));
-    pttl = h_r_int(&R, "PTTL " PREFIX "{brief}");
+                     "fleeting", "value", "x", "ttl_ms", (json_int_t)150)));
+    json_decref(must(invalidate_stale(a, "fleeting", 0)));
+    pttl = h_r_int(&R, "PTTL " PREFIX "{fleeting}");
     ck_assert_msg(pttl <= 200, "pttl %lld", pttl);
     h_close(a);
 }
