@@ -14,6 +14,7 @@
 #include "harness.h"
 
 #include <check.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -736,6 +737,36 @@ START_TEST(test_early_refresh_leases)
 }
 END_TEST
 
+/* cache.invalidate_mode and cache.early_refresh change on SIGHUP. */
+START_TEST(test_reload)
+{
+    h_start("cache:\n  invalidate_mode: delete\n  early_refresh: false\n");
+    struct h_conn *a = h_connect_ok(&D);
+    ck_assert(!has_feature(a, "early_refresh"));
+    char cmd[800];
+    snprintf(cmd, sizeof cmd,
+             "sed -i -e 's/invalidate_mode: delete/invalidate_mode: stale/' "
+             "-e 's/early_refresh: false/early_refresh: true/' '%s'",
+             D.conf);
+    ck_assert_int_eq(system(cmd), 0);
+    h_daemon_signal(&D, SIGHUP);
+    bool on = false;
+    for (int i = 0; i < 200 && !on; i++) {
+        on = has_feature(a, "early_refresh");
+        if (!on) {
+            sleep_ms(10);
+        }
+    }
+    ck_assert_msg(on, "reload did not turn early refresh on");
+    set_value(a, "r", "old");
+    json_t *r = must(h_callf(a, T_MS, "{s:s,s:s,s:I}", "op",
+                             "cache.invalidate", "key", "r", "delay_ms",
+                             (json_int_t)0));
+    expect_marked(r, 0);
+    h_close(a);
+}
+END_TEST
+
 /* The keys are validated, with the line of the mistake. */
 START_TEST(test_config_errors)
 {
@@ -783,7 +814,7 @@ main(void)
         H_CASE(second_step_marks_again, 60), H_CASE(journal_kill9, 90),
         H_CASE(redis_down_queued, 90),       H_CASE(mget, 60),
         H_CASE(config_errors, 60),           H_CASE(early_refresh, 90),
-        H_CASE(early_refresh_leases, 60),
+        H_CASE(early_refresh_leases, 60),    H_CASE(reload, 60),
     };
 
     return H_MAIN(fx, cases);
