@@ -41,6 +41,7 @@
 #include "ld_cache.h"
 
 #include "ld_cache_int.h"
+#include "ld_cache_hot.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
@@ -448,7 +449,8 @@ ld_cache_init(const struct ld_ctx *ctx)
         ld_dispatch_register("cache.release", op_release) != LD_OK ||
         ld_dispatch_register("cache.set", op_set) != LD_OK ||
         ld_dispatch_register("cache.invalidate", cache_op_invalidate) !=
-            LD_OK) {
+            LD_OK ||
+        cache_hot_init() != LD_OK) {
         return LD_ERR;
     }
     return LD_OK;
@@ -547,4 +549,5 @@ ld_cache_free(void)
     ld_journal_close(cache_mod.journal);
     cache_mod.journal = NULL;
     ld_stats.journal_bytes = 0;
+    ld_cache_hot_free();
 }

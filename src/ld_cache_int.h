@@ -63,6 +63,10 @@ struct cop {
     size_t left;          /* slots not answered yet */
     struct chunk **texts; /* mget: each distinct slot's result */
     bool *leased;         /* mget: that result carries a lease */
+    /* mget: for a hit that carries a lease (stale, early refresh), the
+     * same hit without it, for the slots repeating the key; NULL until
+     * one is needed. */
+    struct chunk **dup_texts;
     size_t *dup_of;       /* mget: earlier slot with the same key */
     struct getter *g;     /* n getters (dups unused) */
     LIST_ENTRY(cop) link; /* its session's list */
@@ -115,7 +119,9 @@ struct inv {
     size_t n;
     size_t left;
     long long deleted;
+    long long stale; /* entries marked stale instead of deleted */
     long long pending;
+    bool stale_mode; /* the reply says "stale" */
     bool queued;
     bool journal_failed;
     STAILQ_ENTRY(inv) link; /* the sync queue */
@@ -133,6 +139,7 @@ struct del {
     bool retrying; /* failed before; the timer is a backoff */
     bool orphan;   /* ld_cache_free ran while it was running */
     bool second;   /* the delayed one */
+    bool stale;    /* marks the entry stale instead (cache_stale.lua) */
     /* A second delete waits for its first: it is due delay_ms after the
      * first one has been carried out, not after it was promised, so the
      * two never run together when both are late (Redis was down, or the
@@ -255,6 +262,10 @@ void cache_mget_finish(struct cop *op);
 void cache_settle_hit(struct getter *g, const char *v, size_t len);
 void cache_settle_miss(struct getter *g, const char *lease);
 void cache_settle_null(struct getter *g);
+void cache_settle_stale(struct getter *g, const char *v, size_t len,
+                        const char *lease);
+void cache_settle_refresh(struct getter *g, const char *v, size_t len,
+                          const char *lease);
 
 /* ---- ld_cache_get.c: keys, fetches, cache.get and cache.mget --------- */
 
@@ -262,6 +273,10 @@ void cache_ckey_arm(struct ckey *ck);
 void cache_ckey_maybe_free(struct ckey *ck);
 void cache_op_get(struct ld_req *req);
 void cache_op_mget(struct ld_req *req);
+
+/* ---- ld_cache_hot_op.c: cache.hot and the hot keys in /metrics ----- */
+
+int cache_hot_init(void);
 
 /* ---- ld_cache_inval.c: cache.invalidate, deletes, replay ------------- */
 

@@ -32,6 +32,7 @@ _Static_assert(sizeof(enum ld_redis_mode) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum ld_lock_layout) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum ld_fsync_mode) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum ld_log_target) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum ld_invalidate_mode) == sizeof(int), "enum size");
 
 static const struct conf_enum redis_modes[] = {
     {"standalone", LD_REDIS_STANDALONE},
@@ -47,6 +48,11 @@ static const struct conf_enum lock_layouts[] = {
 static const struct conf_enum fsync_modes[] = {
     {"always", LD_FSYNC_ALWAYS},
     {"everysec", LD_FSYNC_EVERYSEC},
+    {NULL, 0},
+};
+static const struct conf_enum invalidate_modes[] = {
+    {"delete", LD_INVALIDATE_DELETE},
+    {"stale", LD_INVALIDATE_STALE},
     {NULL, 0},
 };
 static const struct conf_enum log_levels[] = {
@@ -163,6 +169,13 @@ const struct conf_directive conf_directives[] = {
     LLONG("cache.wait_ms", cache.wait_ms, F_RELOAD, "3000", 0, HOUR_MS),
     LLONG("cache.double_delete_ms", cache.double_delete_ms, F_RELOAD, "1000",
           0, HOUR_MS),
+    ENUM("cache.invalidate_mode", cache.invalidate_mode, F_RELOAD, "delete",
+         invalidate_modes),
+    LLONG("cache.stale_ms", cache.stale_ms, F_RELOAD, "5000", 1, HOUR_MS),
+    BOOL("cache.early_refresh", cache.early_refresh, F_RELOAD, "false"),
+    DOUBLE("cache.early_refresh_beta", cache.early_refresh_beta, F_RELOAD,
+           "1.0", 0.0, 1000.0),
+    LLONG("cache.hot_keys", cache.hot_keys, 0, "64", 0, 10000),
     BOOL("cache.near.enabled", cache.near.enabled, 0, "false",
          NOT_BUILT("the near cache")),
     LLONG("cache.near.max_bytes", cache.near.max_bytes, 0, "67108864", 0,

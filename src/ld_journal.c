@@ -38,6 +38,7 @@ struct jrec {
     uint64_t id;
     int64_t due_ms; /* the delay for an add after another */
     uint64_t after; /* 0, or the add this one waits for */
+    unsigned flags; /* LD_JOURNAL_F_* */
     size_t key_len;
     char key[];
 };
@@ -132,13 +133,14 @@ get_u64(const unsigned char *p)
 /* Encode one record into BUF (rec_bytes of it); returns its length.
  * AFTER is written only for LD_JOURNAL_ADD_AFTER. */
 static size_t
-encode(unsigned char *buf, enum ld_journal_type type, uint64_t id,
-       int64_t due_ms, uint64_t after, const char *key, size_t key_len)
+encode(unsigned char *buf, enum ld_journal_type type, unsigned flags,
+       uint64_t id, int64_t due_ms, uint64_t after, const char *key,
+       size_t key_len)
 {
     unsigned char *body = buf + LD_JOURNAL_RECORD_OVERHEAD;
     size_t head = LD_JOURNAL_BODY_MIN;
 
-    body[0] = (unsigned char)type;
+    body[0] = (unsigned char)((unsigned)type | flags);
     put_u64(body + 1, id);
     put_u64(body + 9, (uint64_t)due_ms);
     if (type == LD_JOURNAL_ADD_AFTER) {
@@ -243,7 +245,7 @@ rec_bytes(size_t key_len, bool after)
 
 static void
 live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, uint64_t after,
-         const char *key, size_t key_len)
+         unsigned flags, const char *key, size_t key_len)
 {
     /* An id is promised once: a second add would hide the first. */
     LD_ASSERTF(ld_dict_get(j->live, &id, sizeof(id)) == NULL,
@@ -252,6 +254,7 @@ live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, uint64_t after,
     r->id = id;
     r->due_ms = due_ms;
     r->after = after;
+    r->flags = flags;
     r->key_len = key_len;
     memcpy(r->key, key, key_len);
     ld_dict_set(j->live, &r->id, sizeof(r->id), r);
@@ -309,10 +312,12 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len, size_t off,
             *why = "bad record id";
             break;
         }
-        if (body[0] == LD_JOURNAL_ADD || body[0] == LD_JOURNAL_ADD_AFTER) {
+        unsigned type = body[0] & ~LD_JOURNAL_FLAGS;
+        unsigned flags = body[0] & LD_JOURNAL_FLAGS;
+        if (type == LD_JOURNAL_ADD || type == LD_JOURNAL_ADD_AFTER) {
             size_t head = LD_JOURNAL_BODY_MIN;
             uint64_t after = 0;
-            if (body[0] == LD_JOURNAL_ADD_AFTER) {
+            if (type == LD_JOURNAL_ADD_AFTER) {
                 if (key_len <= LD_JOURNAL_AFTER_BYTES) {
                     *why = "bad add record";
                     break;
@@ -322,13 +327,14 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len, size_t off,
                 key_len -= LD_JOURNAL_AFTER_BYTES;
             }
             if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
-                (body[0] == LD_JOURNAL_ADD_AFTER &&
+                (type == LD_JOURNAL_ADD_AFTER &&
                  (after == 0 || after >= id)) ||
                 ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
                 *why = "bad add record";
                 break;
             }
-            live_add(j, id, due, after, (const char *)body + head, key_len);
+            live_add(j, id, due, after, flags, (const char *)body + head,
+                     key_len);
         } else if (body[0] == LD_JOURNAL_DONE) {
             /* A done for an id we do not know retires nothing; it can
              * only come from a damaged file, and is harmless. */
@@ -560,8 +566,9 @@ ld_journal_close(struct ld_journal *j)
 }
 
 static int
-append(struct ld_journal *j, enum ld_journal_type type, uint64_t id,
-       int64_t due_ms, uint64_t after, const char *key, size_t key_len)
+append(struct ld_journal *j, enum ld_journal_type type, unsigned flags,
+       uint64_t id, int64_t due_ms, uint64_t after, const char *key,
+       size_t key_len)
 {
     unsigned char stack[256];
     size_t need = rec_bytes(key_len, type == LD_JOURNAL_ADD_AFTER);
@@ -570,7 +577,7 @@ append(struct ld_journal *j, enum ld_journal_type type, uint64_t id,
     if (buf == NULL) {
         return LD_ERR;
     }
-    size_t n = encode(buf, type, id, due_ms, after, key, key_len);
+    size_t n = encode(buf, type, flags, id, due_ms, after, key, key_len);
     int rc = write_all_at(j->fd, buf, n, j->size);
     int saved = errno;
     if (buf != stack) {
@@ -598,6 +605,14 @@ int
 ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
                size_t key_len, uint64_t *id)
 {
+    return ld_journal_add_flags(j, due_ms, 0, key, key_len, id);
+}
+
+int
+ld_journal_add_flags(struct ld_journal *j, int64_t due_ms, unsigned flags,
+                     const char *key, size_t key_len, uint64_t *id)
+{
+    flags &= LD_JOURNAL_FLAGS;
     if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY) {
         errno = EINVAL;
         return LD_ERR;
@@ -607,10 +622,11 @@ ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
         errno = EOVERFLOW;
         return LD_ERR;
     }
-    if (append(j, LD_JOURNAL_ADD, nid, due_ms, 0, key, key_len) != LD_OK) {
+    if (append(j, LD_JOURNAL_ADD, flags, nid, due_ms, 0, key, key_len) !=
+        LD_OK) {
         return LD_ERR;
     }
-    live_add(j, nid, due_ms, 0, key, key_len);
+    live_add(j, nid, due_ms, 0, flags, key, key_len);
     j->next_id++;
     *id = nid;
     return LD_OK;
@@ -620,17 +636,27 @@ int
 ld_journal_add_after(struct ld_journal *j, uint64_t after_id, int64_t delay_ms,
                      const char *key, size_t key_len, uint64_t *id)
 {
+    return ld_journal_add_after_flags(j, after_id, delay_ms, 0, key, key_len,
+                                      id);
+}
+
+int
+ld_journal_add_after_flags(struct ld_journal *j, uint64_t after_id,
+                           int64_t delay_ms, unsigned flags, const char *key,
+                           size_t key_len, uint64_t *id)
+{
+    flags &= LD_JOURNAL_FLAGS;
     if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY || after_id == 0 ||
         after_id >= j->next_id) {
         errno = EINVAL;
         return LD_ERR;
     }
     uint64_t nid = j->next_id;
-    if (append(j, LD_JOURNAL_ADD_AFTER, nid, delay_ms, after_id, key,
+    if (append(j, LD_JOURNAL_ADD_AFTER, flags, nid, delay_ms, after_id, key,
                key_len) != LD_OK) {
         return LD_ERR;
     }
-    live_add(j, nid, delay_ms, after_id, key, key_len);
+    live_add(j, nid, delay_ms, after_id, flags, key, key_len);
     j->next_id++;
     *id = nid;
     return LD_OK;
@@ -642,7 +668,7 @@ ld_journal_done(struct ld_journal *j, uint64_t id)
     if (ld_dict_get(j->live, &id, sizeof(id)) == NULL) {
         return LD_OK;
     }
-    if (append(j, LD_JOURNAL_DONE, id, 0, 0, NULL, 0) != LD_OK) {
+    if (append(j, LD_JOURNAL_DONE, 0, id, 0, 0, NULL, 0) != LD_OK) {
         /* The delete happened; without its done record a restart merely
          * repeats it, which is harmless. Forget it in memory anyway. */
         live_del(j, id);
@@ -692,8 +718,8 @@ ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn, void *arg)
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        struct ld_journal_entry e = {v[i]->id, v[i]->due_ms, v[i]->after,
-                                     v[i]->key, v[i]->key_len};
+        struct ld_journal_entry e = {v[i]->id,    v[i]->due_ms, v[i]->after,
+                                     v[i]->flags, v[i]->key,    v[i]->key_len};
         fn(&e, arg);
     }
     free(v);
@@ -823,8 +849,8 @@ ld_journal_compact(struct ld_journal *j)
         size_t len = encode(buf,
                             v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
                                              : LD_JOURNAL_ADD,
-                            v[i]->id, v[i]->due_ms, v[i]->after, v[i]->key,
-                            v[i]->key_len);
+                            v[i]->flags, v[i]->id, v[i]->due_ms, v[i]->after,
+                            v[i]->key, v[i]->key_len);
         if (write_all_at(fd, buf, len, size) != LD_OK) {
             goto fail;
         }

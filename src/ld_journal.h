@@ -27,6 +27,10 @@
  * delete happened at an unknown time before the restart, so the second
  * one is due DELAY_MS after the replay.
  *
+ * The high bit of an add's type byte (LD_JOURNAL_F_STALE: 0x81, 0x83)
+ * says the delete is a stale mark (cache.invalidate "stale"): the entry
+ * is marked stale instead of deleted. Files without it read as before.
+ *
  * Replay stops at the first record whose length is impossible, that runs
  * past the end of the file, or whose CRC does not match: that is a write
  * torn by a crash (or a damaged disk), so everything from there on is cut
@@ -49,6 +53,9 @@ enum ld_journal_type {
     LD_JOURNAL_ADD_AFTER = 3
 };
 #define LD_JOURNAL_AFTER_BYTES 8 /* after_id, type 3 only */
+/* Flags of an add, kept in the high bits of its type byte. */
+#define LD_JOURNAL_F_STALE 0x80u
+#define LD_JOURNAL_FLAGS LD_JOURNAL_F_STALE
 
 struct ld_journal;
 
@@ -59,6 +66,7 @@ struct ld_journal_entry {
     int64_t due_ms;    /* wall clock, ms since the epoch; for an add
                           * after another, the delay after its delete */
     uint64_t after_id; /* 0, or the add this one waits for */
+    unsigned flags;    /* LD_JOURNAL_F_* */
     const char *key;
     size_t key_len;
 };
@@ -87,6 +95,13 @@ int ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
 int ld_journal_add_after(struct ld_journal *j, uint64_t after_id,
                          int64_t delay_ms, const char *key, size_t key_len,
                          uint64_t *id);
+
+/* The same two with FLAGS (LD_JOURNAL_F_*) kept beside the add. */
+int ld_journal_add_flags(struct ld_journal *j, int64_t due_ms, unsigned flags,
+                         const char *key, size_t key_len, uint64_t *id);
+int ld_journal_add_after_flags(struct ld_journal *j, uint64_t after_id,
+                               int64_t delay_ms, unsigned flags,
+                               const char *key, size_t key_len, uint64_t *id);
 
 /* Append a done record for a live add. Unknown ids are ignored. */
 int ld_journal_done(struct ld_journal *j, uint64_t id);

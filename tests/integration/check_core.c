@@ -91,9 +91,17 @@ START_TEST(test_hello_ping_stats)
                   "version is not semver");
     ck_assert(json_is_integer(json_object_get(r, "protocol")));
     ck_assert_int_eq(json_integer_value(json_object_get(r, "protocol")), 1);
-    /* No optional part of the protocol is offered yet. */
+    /* The optional parts offered: stale-while-revalidate among them. */
     ck_assert(json_is_array(json_object_get(r, "features")));
-    ck_assert_int_eq(json_array_size(json_object_get(r, "features")), 0);
+    {
+        json_t *f = json_object_get(r, "features");
+        bool stale = false;
+        for (size_t i = 0; i < json_array_size(f); i++) {
+            const char *n = json_string_value(json_array_get(f, i));
+            stale = stale || (n != NULL && strcmp(n, "stale") == 0);
+        }
+        ck_assert_msg(stale, "hello does not offer \"stale\"");
+    }
     s1 = json_string_value(json_object_get(r, "session"));
     ck_assert_msg(s1 && *s1, "hello has no session id");
     snprintf(sess1, sizeof sess1, "%s", s1);

@@ -94,6 +94,7 @@ struct seen {
     uint64_t ids[256];
     int64_t dues[256];
     uint64_t afters[256];
+    unsigned flags[256];
     char keys[256][32];
 };
 
@@ -105,6 +106,7 @@ collect(const struct ld_journal_entry *e, void *arg)
     s->ids[s->n] = e->id;
     s->dues[s->n] = e->due_ms;
     s->afters[s->n] = e->after_id;
+    s->flags[s->n] = e->flags;
     ck_assert_uint_lt(e->key_len, sizeof(s->keys[0]));
     memcpy(s->keys[s->n], e->key, e->key_len);
     s->keys[s->n][e->key_len] = '\0';
@@ -767,6 +769,54 @@ START_TEST(test_compaction_dirsync_failure)
 }
 END_TEST
 
+/* A stale mark rides in the type byte: kept across replay and
+ * compaction, and the records without it read as before. */
+START_TEST(test_stale_flag)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    uint64_t plain = add(j, 1000, "plain");
+    uint64_t s1 = 0, s2 = 0;
+    ck_assert_int_eq(ld_journal_add_flags(j, 2000, LD_JOURNAL_F_STALE, "mark",
+                                          4, &s1),
+                     LD_OK);
+    ck_assert_int_eq(ld_journal_add_after_flags(j, s1, 500, LD_JOURNAL_F_STALE,
+                                                "mark", 4, &s2),
+                     LD_OK);
+    uint64_t after = 0;
+    ck_assert_int_eq(ld_journal_add_after(j, plain, 700, "plain", 5, &after),
+                     LD_OK);
+    ld_journal_close(j);
+
+    /* On disk: type bytes 0x01, 0x81, 0x83, 0x03. */
+    size_t len = 0;
+    unsigned char *buf = slurp(path, &len);
+    size_t off = LD_JOURNAL_HEADER_BYTES;
+    const unsigned char want[] = {0x01, 0x81, 0x83, 0x03};
+    for (size_t i = 0; i < 4; i++) {
+        ck_assert_uint_lt(off + 8, len);
+        ck_assert_uint_eq(buf[off + 8], want[i]);
+        off += 8 + (buf[off] | buf[off + 1] << 8 | buf[off + 2] << 16 |
+                    (size_t)buf[off + 3] << 24);
+    }
+    free(buf);
+
+    struct seen s;
+    for (int round = 0; round < 2; round++) {
+        j = jopen(LD_FSYNC_ALWAYS);
+        seen_of(j, &s);
+        ck_assert_uint_eq(s.n, 4);
+        ck_assert_uint_eq(s.flags[0], 0);
+        ck_assert_uint_eq(s.flags[1], LD_JOURNAL_F_STALE);
+        ck_assert_uint_eq(s.flags[2], LD_JOURNAL_F_STALE);
+        ck_assert_uint_eq(s.afters[2], s1);
+        ck_assert_uint_eq(s.flags[3], 0);
+        /* The second round reads the compacted file. */
+        ck_assert_int_eq(ld_journal_compact(j), LD_OK);
+        ld_journal_close(j);
+    }
+}
+END_TEST
+
 static Suite *
 journal_suite(void)
 {
@@ -789,6 +839,7 @@ journal_suite(void)
         {"fsync_modes", test_fsync_modes},
         {"bad_keys_refused", test_bad_keys_refused},
         {"add_after", test_add_after},
+        {"stale_flag", test_stale_flag},
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(tests); i++) {
         TCase *tc = tcase_create(tests[i].name);
