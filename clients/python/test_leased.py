@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from leased import (AsyncLeased, Leased, LeasedError,  # noqa: E402
-                    LockNotAcquired, Pool)
+                    LockNotAcquired, NoPermit, Pool)
 
 SOCKET = os.environ.get("LEASED_SOCKET", "")
 REDIS = os.environ.get("LEASED_TEST_REDIS", "")
@@ -566,6 +566,65 @@ class Async(unittest.TestCase):
                     await c.close()
                 # Well under fill_lease_ms (5 s) plus the wait.
                 self.assertLess(time.monotonic() - start, 4.5)
+            finally:
+                await a.close()
+                await b.close()
+        self.run_async(main())
+
+
+class Semaphores(unittest.TestCase):
+    def run_async(self, coro):
+        return asyncio.run(asyncio.wait_for(coro, WAIT_S * 2))
+
+    def test_semaphore_block_holds_a_permit(self):
+        key = PREFIX + "sem"
+        with Leased(SOCKET) as a, Leased(SOCKET) as b:
+            with a.semaphore(key, 2) as g1:
+                self.assertTrue(g1["token"])
+                self.assertEqual(g1["available"], 1)
+                with b.semaphore(key, 2, wait_ms=100):
+                    self.assertEqual(a.sem_info(key, 2)["held"], 2)
+                    with self.assertRaises(NoPermit) as cm:
+                        with b.semaphore(key, 2, wait_ms=50):
+                            pass
+                    self.assertEqual(cm.exception.available, 0)
+                self.assertEqual(a.sem_info(key, 2)["held"], 1)
+            info = b.sem_info(key, 2)
+            self.assertEqual((info["available"], info["held"]), (2, 0))
+            with self.assertRaises(LeasedError) as cm:
+                a.try_semaphore(key, 2, permits=3)
+            self.assertEqual(cm.exception.code, "bad_request")
+
+    def test_cancelled_or_timed_out_wait_takes_no_permit(self):
+        async def main():
+            key = PREFIX + "aio:sem"
+            a = await AsyncLeased.connect(SOCKET)
+            b = await AsyncLeased.connect(SOCKET)
+            try:
+                self.assertIn("semaphore", b.features)
+                grant = await a.semaphore(key, 1)
+                # A task cancelled while it waits.
+                waiter = asyncio.ensure_future(b.semaphore(key, 1,
+                                                           wait_ms=-1))
+                deadline = time.monotonic() + WAIT_S
+                while not b._pending and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                waiter.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await waiter
+                # A wait that asyncio.wait_for gives up on.
+                with self.assertRaises(asyncio.TimeoutError):
+                    await asyncio.wait_for(b.semaphore(key, 1, wait_ms=-1),
+                                           0.3)
+                stats = (await a.call("stats"))["stats"]
+                self.assertGreaterEqual(stats["cancelled"], 2, stats)
+                self.assertEqual(stats["lock_waiters"], 0, stats)
+                # Released now: neither cancelled wait takes the permit.
+                await a.sem_release(key, grant["token"])
+                info = await a.sem_info(key, 1)
+                self.assertEqual(info["held"], 0, info)
+                async with a.semaphore(key, 1) as g:
+                    self.assertTrue(g["acquired"])
             finally:
                 await a.close()
                 await b.close()
