@@ -334,6 +334,38 @@ START_TEST(test_watchdog_and_expiry)
 }
 END_TEST
 
+START_TEST(test_grant_lost_and_shutdown)
+{
+    struct h_conn *a;
+    char t[65];
+
+    h_start("lock:\n  watchdog_ms: 600\n");
+    a = h_connect_ok(&D1);
+    /* Redis loses the grant: the next renewal finds it gone and drops
+     * it; a release then says absent. */
+    s_must(a, "lost", 2, 0, 0, t);
+    h_assert_stat(a, "sem_holds", 1, T_MS);
+    h_r_do(&R, "DEL leased:lock:{lost}:sem leased:lock:{lost}:sem:permits");
+    h_assert_stat(a, "sem_holds", 0, T_MS);
+    ck_assert(h_wait_log(&D1, "found gone on renewal", T_MS));
+    json_t *r = s_release(a, "lost", t);
+    h_expect_code(r, "not_held", "release of a lost grant");
+
+    /* A graceful stop gives session-bound grants back at once, long
+     * before a lease would end; a detached one stays. */
+    s_must(a, "stop", 3, 0, 0, t);
+    s_must(a, "stop", 3, 0, 60000, t);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i,s:i,s:b}", "op", "sem.acquire", "key",
+                "stop", "limit", 3, "ttl_ms", 60000, "detach", 1);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{stop}:sem"), 3);
+    ck_assert_int_eq(h_daemon_stop(&D1), 0);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{stop}:sem"), 1);
+    h_close(a);
+}
+END_TEST
+
 /* --- failures ------------------------------------------------------------ */
 
 START_TEST(test_redis_down_and_wrong_type)
@@ -482,6 +514,7 @@ main(void)
         H_CASE(wait_wake_fifo, 60),
         H_CASE(session_end_and_crash, 60),
         H_CASE(watchdog_and_expiry, 60),
+        H_CASE(grant_lost_and_shutdown, 60),
         H_CASE(redis_down_and_wrong_type, 60),
         H_CASE(contention_two_daemons, 200),
     };
