@@ -25,6 +25,7 @@
 #include "ld_session.h"
 #include "ld_stats.h"
 
+#include <event2/event.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,12 +167,15 @@ grant_new(struct sem_sess *ss, struct sem_op *op, long long lease)
     g->n = op->n; /* the names move to the grant */
     op->n.buf = NULL;
     memcpy(g->token, op->token, sizeof(g->token));
+    g->key = op->key; /* so does the key */
+    op->key = NULL;
     g->watchdog = op->watchdog;
     g->lease_end_ms = op->sent_ms + (uint64_t)lease;
     LIST_INSERT_HEAD(&ss->grants, g, sess_link);
     TAILQ_INSERT_TAIL(&sem_mod.grants, g, all_link);
     ld_dict_set(sem_mod.by_token, g->token, LD_TOKEN_LEN, g);
     ld_stats.sem_holds++;
+    sem_grant_arm(g);
     return g;
 }
 
@@ -194,6 +198,12 @@ sem_grant_drop(struct sem_grant *g, bool release)
     TAILQ_REMOVE(&sem_mod.grants, g, all_link);
     ld_dict_del(sem_mod.by_token, g->token, LD_TOKEN_LEN);
     ld_stats.sem_holds--;
+    if (g->end_ev != NULL) {
+        event_free(g->end_ev);
+        g->end_ev = NULL;
+    }
+    free(g->key);
+    g->key = NULL;
     if (!g->renewing) {
         free(g->n.buf);
         free(g);
@@ -225,6 +235,7 @@ op_free(struct sem_op *op)
         op->ss = NULL;
     }
     free(op->n.buf);
+    free(op->key);
     free(op);
 }
 
@@ -289,6 +300,7 @@ acq_on_reply(redisReply *r, void *arg)
     op->inflight = false;
     if (sem_mod.freed) {
         free(op->n.buf);
+        free(op->key);
         free(op);
         return;
     }
@@ -450,6 +462,7 @@ op_acquire(struct ld_req *req)
     op->ss = ss;
     LIST_INSERT_HEAD(&ss->ops, op, link);
     names_build(&op->n, key, klen);
+    op->key = ld_xstrndup(key, klen);
     op->limit = limit;
     op->permits = permits;
     op->wait_ms = wait;

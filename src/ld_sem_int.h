@@ -39,12 +39,14 @@ struct sem_sess {
 struct sem_grant {
     struct sem_sess *ss;
     struct sem_names n;
+    char *key; /* the client's key, for events */
     char token[LD_TOKEN_LEN + 1];
     bool watchdog;
     bool renewing; /* a renewal is in flight */
     uint64_t renew_sent_ms;
     bool gone; /* released or lost: freed once no renewal refers to it */
     uint64_t lease_end_ms;
+    struct event *end_ev; /* the lease can no longer be vouched for */
     LIST_ENTRY(sem_grant) sess_link;
     TAILQ_ENTRY(sem_grant) all_link;
 };
@@ -55,6 +57,7 @@ struct sem_op {
     struct sem_sess *ss; /* NULL once its session has closed */
     struct sem_names n;
     char token[LD_TOKEN_LEN + 1];
+    char *key;
     long long limit, permits, lease_ms, wait_ms;
     long long available; /* as last seen */
     bool watchdog, detach;
@@ -84,6 +87,8 @@ void sem_script(enum ld_script_id id, const struct sem_names *n, int nargs,
                 void *arg);
 
 /* ld_sem_watch.c */
+void sem_grant_arm(struct sem_grant *g);
+void sem_grant_lost(struct sem_grant *g, const char *reason, bool release);
 void sem_watch_init(void);
 void sem_watch_free(void);
 

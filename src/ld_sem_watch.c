@@ -1,7 +1,9 @@
 /* Semaphores: the watchdog that renews session-bound grants without a
  * fixed lease while their session lives, on the lock watchdog's period
- * (lock.watchdog_ms / 3) and with its lease (lock.watchdog_ms). A grant a
- * renewal finds gone (Redis lost it) is dropped and logged. */
+ * (lock.watchdog_ms / 3) and with its lease (lock.watchdog_ms), and the
+ * sem_lost event, sent as lock_lost is for locks: when a renewal finds
+ * the grant gone, or at the latest when the lease last confirmed ends
+ * (less a margin) without a renewal having confirmed a newer one. */
 
 #include "ld_sem_int.h"
 
@@ -9,6 +11,7 @@
 #include "ld_ctx.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_session.h"
 #include "ld_stats.h"
 
 #include <event2/event.h>
@@ -19,6 +22,68 @@
 /* Renewals out at once; the rest wait for the next pass, two of which
  * still fit in one lease. */
 #define SEM_RENEW_INFLIGHT_MAX 1000
+
+/* As for locks (ld_lock_watch.c): the lease counts from when the
+ * confirming command was sent; the margin covers clock drift and the
+ * event's way to the client. */
+static uint64_t
+lost_margin_ms(void)
+{
+    return 2 + (uint64_t)sem_mod.ctx->cfg->lock.watchdog_ms / 100;
+}
+
+void
+sem_grant_lost(struct sem_grant *g, const char *reason, bool release)
+{
+    log_info("semaphore grant lost key=\"%s\" reason=%s", g->key, reason);
+    if (g->ss != NULL) {
+        ld_session_event(g->ss->sess,
+                         json_pack("{s:s,s:s,s:s,s:s}", "event", "sem_lost",
+                                   "key", g->key, "token", g->token, "reason",
+                                   reason));
+    }
+    sem_grant_drop(g, release);
+}
+
+static void
+end_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct sem_grant *g = arg;
+    if (g->watchdog) {
+        /* No renewal confirmed a newer lease in time (Redis slow or
+         * away): the holder must stop now, and whatever Redis still
+         * keeps goes back. */
+        sem_grant_lost(g, "redis_unavailable", true);
+    } else {
+        /* A fixed lease ran out, as the client asked: Redis reclaims
+         * it; this daemon stops keeping it. */
+        sem_grant_drop(g, false);
+    }
+}
+
+/* (Re)arm the timer of G for the end of its lease as now confirmed. */
+void
+sem_grant_arm(struct sem_grant *g)
+{
+    if (g->end_ev == NULL) {
+        g->end_ev = evtimer_new(sem_mod.ctx->base, end_on_timer, g);
+        if (g->end_ev == NULL) {
+            ld_oom(0);
+        }
+    }
+    uint64_t now = ld_now_ms();
+    uint64_t end = g->lease_end_ms;
+    if (g->watchdog) {
+        end = end > lost_margin_ms() ? end - lost_margin_ms() : 0;
+    }
+    long long ms = end > now ? (long long)(end - now) : 0;
+    struct timeval tv;
+    tv.tv_sec = (time_t)(ms / 1000);
+    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+    evtimer_add(g->end_ev, &tv);
+}
 
 static void
 renew_on_reply(redisReply *r, void *arg)
@@ -36,12 +101,14 @@ renew_on_reply(redisReply *r, void *arg)
         if (r->element[0]->integer == 1) {
             g->lease_end_ms = g->renew_sent_ms +
                               (uint64_t)sem_mod.ctx->cfg->lock.watchdog_ms;
+            sem_grant_arm(g);
             return;
         }
         log_warn("semaphore grant %.*s found gone on renewal (%s)",
                  (int)g->n.zset_len, g->n.zset,
                  r->element[0]->integer == 0 ? "absent" : "wrong type");
-        sem_grant_drop(g, false);
+        sem_grant_lost(g, r->element[0]->integer == 0 ? "expired" : "taken",
+                       false);
     }
     /* No answer: the next pass tries again while the lease may last. */
 }

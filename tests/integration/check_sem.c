@@ -346,6 +346,13 @@ START_TEST(test_grant_lost_and_shutdown)
     s_must(a, "lost", 2, 0, 0, t);
     h_assert_stat(a, "sem_holds", 1, T_MS);
     h_r_do(&R, "DEL leased:lock:{lost}:sem leased:lock:{lost}:sem:permits");
+    json_t *ev = h_event(a, T_MS);
+    ck_assert_msg(ev != NULL, "no sem_lost event");
+    ck_assert_str_eq(jstr(ev, "event"), "sem_lost");
+    ck_assert_str_eq(jstr(ev, "key"), "lost");
+    ck_assert_str_eq(jstr(ev, "token"), t);
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
     h_assert_stat(a, "sem_holds", 0, T_MS);
     ck_assert(h_wait_log(&D1, "found gone on renewal", T_MS));
     json_t *r = s_release(a, "lost", t);
@@ -367,6 +374,44 @@ START_TEST(test_grant_lost_and_shutdown)
 END_TEST
 
 /* --- failures ------------------------------------------------------------ */
+
+/* Redis away for longer than a watchdog lease: the holder hears it
+ * before the lease could end in Redis (a margin before it). */
+START_TEST(test_lost_when_redis_down)
+{
+    struct h_conn *a;
+    json_t *r;
+    char yaml[160], t[65];
+    long long t0;
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n"
+             "lock:\n  watchdog_ms: 900\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
+    a = h_connect_ok(&D1);
+    s_must(a, "rd", 2, 0, 0, t);
+    /* A fixed lease is simply forgotten when it ends: no event. */
+    r = s_acquire(a, "rdf", 2, 0, 0, 300);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    h_assert_stat(a, "sem_holds", 2, T_MS);
+    h_assert_stat(a, "sem_holds", 1, T_MS);
+
+    t0 = h_now_ms();
+    h_redis_kill(&R);
+    r = h_event(a, 5000);
+    ck_assert_msg(r != NULL, "no sem_lost event with Redis down");
+    ck_assert_str_eq(jstr(r, "event"), "sem_lost");
+    ck_assert_str_eq(jstr(r, "token"), t);
+    ck_assert_str_eq(jstr(r, "reason"), "redis_unavailable");
+    ck_assert_int_lt(h_now_ms() - t0, 900);
+    json_decref(r);
+    h_assert_stat(a, "sem_holds", 0, T_MS);
+    h_close(a);
+}
+END_TEST
 
 START_TEST(test_redis_down_and_wrong_type)
 {
@@ -516,6 +561,7 @@ main(void)
         H_CASE(watchdog_and_expiry, 60),
         H_CASE(grant_lost_and_shutdown, 60),
         H_CASE(redis_down_and_wrong_type, 60),
+        H_CASE(lost_when_redis_down, 60),
         H_CASE(contention_two_daemons, 200),
     };
     return H_MAIN(fx, cases);
