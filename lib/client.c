@@ -390,6 +390,8 @@ on_event(struct leased_conn *c, json_t *msg)
         e->ev.type = LEASED_EV_LOCK_LOST;
     } else if (!strcmp(name, "shutdown")) {
         e->ev.type = LEASED_EV_SHUTDOWN;
+    } else if (!strcmp(name, "sem_lost")) {
+        e->ev.type = LEASED_EV_SEM_LOST;
     } else {
         e->ev.type = LEASED_EV_OTHER;
     }

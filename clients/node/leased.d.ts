@@ -78,7 +78,7 @@ export interface LockLostEvent {
 /** signal.reason of using(): the lock_lost event, or the connection
  *  (so the session and its locks) ended. */
 export interface LockLostError extends Error {
-  code: 'lock_lost' | 'connection_closed';
+  code: 'lock_lost' | 'sem_lost' | 'connection_closed';
   event?: LockLostEvent;
 }
 
@@ -126,7 +126,8 @@ export declare class Leased extends EventEmitter {
   /** Holds permits of KEY while FN runs; released when FN settles.
    *  Rejects with code 'no_permit'. */
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
-                   fn: (grant: SemReply) => Promise<T> | T): Promise<T>;
+                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+    Promise<T>;
   on(event: 'lock_lost', listener: (ev: LockLostEvent) => void): this;
   on(event: 'event', listener: (ev: Record<string, unknown>) => void): this;
   on(event: 'close', listener: (err: Error) => void): this;
@@ -153,6 +154,7 @@ export declare class Pool extends EventEmitter {
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
-                   fn: (grant: SemReply) => Promise<T> | T): Promise<T>;
+                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+    Promise<T>;
   close(): void;
 }

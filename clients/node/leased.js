@@ -171,12 +171,13 @@ class Leased extends EventEmitter {
   }
 
   _event(msg) {
-    if (msg.event === 'lock_lost') {
+    if (msg.event === 'lock_lost' || msg.event === 'sem_lost') {
       const set = this.holds.get(`${msg.key}\0${msg.token}`);
       if (set) {
         for (const ac of set) {
-          const e = new Error(`lock ${msg.key} lost (${msg.reason})`);
-          e.code = 'lock_lost';
+          const what = msg.event === 'lock_lost' ? 'lock' : 'semaphore grant';
+          const e = new Error(`${what} ${msg.key} lost (${msg.reason})`);
+          e.code = msg.event;
           e.event = msg;
           ac.abort(e);
         }
@@ -347,9 +348,10 @@ class Leased extends EventEmitter {
     return this.call('sem.info', { key, limit });
   }
 
-  // Run FN(grant) holding permits of KEY and release them when FN
-  // settles; throws an error with code 'no_permit' when none came within
-  // wait_ms. OPTS as for semAcquire().
+  // Run FN(grant, signal) holding permits of KEY and release them when
+  // FN settles; throws an error with code 'no_permit' when none came
+  // within wait_ms. SIGNAL is aborted on sem_lost (signal.reason.event)
+  // or when the connection ends. OPTS as for semAcquire().
   async withSemaphore(key, limit, opts, fn) {
     if (typeof opts === 'function') {
       fn = opts;
@@ -357,9 +359,16 @@ class Leased extends EventEmitter {
     }
     const grant = await this.semAcquire(key, limit, opts);
     if (!grant.acquired) throw noPermit(key, grant);
+    const ac = new AbortController();
+    const hk = `${key}\0${grant.token}`;
+    let set = this.holds.get(hk);
+    if (!set) this.holds.set(hk, (set = new Set()));
+    set.add(ac);
     try {
-      return await fn(grant);
+      return await fn(grant, ac.signal);
     } finally {
+      set.delete(ac);
+      if (set.size === 0) this.holds.delete(hk);
       try {
         await this.semRelease(key, grant.token);
       } catch (e) {

@@ -188,6 +188,40 @@ test('withSemaphore() holds a permit for the callback', async () => {
   }
 });
 
+function redisDelKeys(names) {
+  const [host, port] = REDIS.split(':');
+  const parts = ['DEL', ...names].map((x) => Buffer.from(x));
+  const cmd = [Buffer.from(`*${parts.length}\r\n`)];
+  for (const p of parts) cmd.push(Buffer.from(`$${p.length}\r\n`), p, Buffer.from('\r\n'));
+  return new Promise((resolve, reject) => {
+    const s = net.createConnection({ host, port: Number(port) }, () => {
+      s.write(Buffer.concat(cmd));
+    });
+    s.once('data', (d) => {
+      s.destroy();
+      resolve(d.toString());
+    });
+    s.once('error', reject);
+  });
+}
+
+test('withSemaphore() aborts its signal on sem_lost', { skip: !REDIS && 'LEASED_TEST_REDIS not set' },
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    try {
+      const key = `${TAG}:semlost`;
+      await ld.withSemaphore(key, 1, {}, async (grant, signal) => {
+        const aborted = new Promise((r) => signal.addEventListener('abort', r));
+        await redisDelKeys([`leased:lock:{${key}}:sem`, `leased:lock:{${key}}:sem:permits`]);
+        await within(WAIT_MS, aborted, 'abort');
+        assert.strictEqual(signal.reason.code, 'sem_lost');
+        assert.strictEqual(signal.reason.event.token, grant.token);
+      });
+    } finally {
+      ld.close();
+    }
+  });
+
 async function waiters(ld, n) {
   const deadline = Date.now() + WAIT_MS;
   for (;;) {

@@ -306,7 +306,7 @@ class Leased:
 
     def _event(self, msg):
         self.events.append(msg)
-        if msg.get("event") == "lock_lost":
+        if msg.get("event") in ("lock_lost", "sem_lost"):
             self._holds.lost(msg)
         if self.on_event is not None:
             self.on_event(msg)
@@ -534,18 +534,24 @@ class Leased:
                   **extra):
         """Hold PERMITS of the LIMIT permits of KEY for the with-block
         (renewed while this session lives, unless ttl_ms is given) and
-        yield the grant (a dict with "token"). Raises NoPermit."""
+        yield a Held (the grant: .token; .lost is set on sem_lost, also
+        while the application is idle in the block). Raises NoPermit."""
         reply = self.try_semaphore(key, limit, permits, wait_ms, ttl_ms,
                                    **extra)
         if not reply["acquired"]:
             raise NoPermit(key, reply.get("available"))
+        held = Held(reply, key, None, threading.Event())
+        held._conn = self
+        self._holds.add(held)
+        self._start_watcher()
         try:
-            yield reply
+            yield held
         finally:
+            self._holds.remove(held)
             try:
                 self.sem_release(key, reply["token"])
             except LeasedError as e:
-                # Its lease ran out meanwhile: nothing left to give back.
+                # Lost or its lease ran out: nothing left to give back.
                 if e.code != "not_held":
                     raise
 
@@ -850,7 +856,7 @@ class AsyncLeased:
 
     def _event(self, msg):
         self.events.append(msg)
-        if msg.get("event") == "lock_lost":
+        if msg.get("event") in ("lock_lost", "sem_lost"):
             for held in list(self._holds.get((msg.get("key"),
                                               msg.get("token")), ())):
                 held.lost_event = msg
@@ -1115,7 +1121,9 @@ class _AsyncSem:
         reply = await self.ld.try_semaphore(*self.args, **self.extra)
         if not reply["acquired"]:
             raise NoPermit(key, reply.get("available"))
-        return reply
+        held = Held(reply, key, None, asyncio.Event())
+        self.ld._add_hold(held)
+        return held
 
     def __await__(self):
         return self._take().__await__()
@@ -1126,6 +1134,7 @@ class _AsyncSem:
 
     async def __aexit__(self, *exc):
         grant, self.grant = self.grant, None
+        self.ld._remove_hold(grant)
         try:
             await self.ld.sem_release(self.args[0], grant["token"])
         except LeasedError as e:

@@ -48,6 +48,18 @@ def redis_del(key):
         raise AssertionError("DEL %r answered %r" % (name, reply))
 
 
+def redis_cmd(*args):
+    """One Redis command from the test; its raw reply."""
+    host, _, port = REDIS.rpartition(":")
+    cmd = b"*%d\r\n" % len(args)
+    for a in args:
+        a = a.encode()
+        cmd += b"$%d\r\n%s\r\n" % (len(a), a)
+    with socket.create_connection((host, int(port)), 10) as s:
+        s.sendall(cmd)
+        return s.recv(100)
+
+
 def needs_redis(test):
     return unittest.skipUnless(REDIS, "LEASED_TEST_REDIS not set")(test)
 
@@ -594,6 +606,18 @@ class Semaphores(unittest.TestCase):
             with self.assertRaises(LeasedError) as cm:
                 a.try_semaphore(key, 2, permits=3)
             self.assertEqual(cm.exception.code, "bad_request")
+
+    @needs_redis
+    def test_held_lost_when_the_grant_is_gone(self):
+        key = PREFIX + "sem-lost"
+        with Leased(SOCKET) as ld:
+            with ld.semaphore(key, 1) as held:
+                redis_cmd("DEL", "leased:lock:{%s}:sem" % key,
+                          "leased:lock:{%s}:sem:permits" % key)
+                # Idle in the block: the watcher reads the event.
+                self.assertTrue(held.lost.wait(WAIT_S))
+                self.assertEqual(held.lost_event["event"], "sem_lost")
+                self.assertEqual(held.lost_event["token"], held.token)
 
     def test_cancelled_or_timed_out_wait_takes_no_permit(self):
         async def main():

@@ -161,7 +161,8 @@ void leased_free(void *p);
 enum leased_event_type {
     LEASED_EV_OTHER = 0, /* an event this version does not know */
     LEASED_EV_LOCK_LOST,
-    LEASED_EV_SHUTDOWN
+    LEASED_EV_SHUTDOWN,
+    LEASED_EV_SEM_LOST /* key, token and reason as for lock_lost */
 };
 
 struct leased_event {

@@ -14,7 +14,7 @@ static const struct h_fixture fx = {
     .suite = "libleased_sem",
     .redis = {&R},
     .daemons = {&D},
-    .start_yaml = "",
+    .start_yaml = "lock:\n  watchdog_ms: 600\n",
 };
 
 static struct leased_conn *
@@ -95,12 +95,34 @@ START_TEST(test_cancel)
 }
 END_TEST
 
+START_TEST(test_sem_lost_event)
+{
+    struct leased_conn *a = conn();
+    struct leased_error err;
+    struct leased_sem_result r1;
+    struct leased_event ev;
+
+    ck_assert_int_eq(leased_sem_acquire(a, "llost", 1, NULL, &r1, &err),
+                     LEASED_OK);
+    ck_assert(r1.acquired);
+    h_r_do(&R, "DEL leased:lock:{llost}:sem leased:lock:{llost}:sem:permits");
+    ck_assert_int_eq(leased_next_event(a, 5000, &ev, &err), LEASED_OK);
+    ck_assert_int_eq(ev.type, LEASED_EV_SEM_LOST);
+    ck_assert_str_eq(ev.key, "llost");
+    ck_assert_str_eq(ev.token, r1.token);
+    ck_assert_str_eq(ev.reason, "expired");
+    leased_event_clear(&ev);
+    leased_close(a);
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
         H_CASE(sem_calls, 60),
         H_CASE(cancel, 60),
+        H_CASE(sem_lost_event, 60),
     };
     return H_MAIN(fx, cases);
 }
