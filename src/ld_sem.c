@@ -106,12 +106,26 @@ reply_ints(const redisReply *r, long long *v, int max)
     return n;
 }
 
-/* A script failed: Redis unreachable or an error reply. */
+/* A script failed: Redis unreachable or an error reply. Errors that say
+ * Redis cannot serve now are redis_unavailable (as for locks), others
+ * internal. */
 static void
 reply_failure(struct ld_req *req, const redisReply *r, const char *what)
 {
+    static const char *const unavailable[] = {
+        "LOADING",     "BUSY",     "READONLY",   "MASTERDOWN",
+        "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "OOM",
+        "NOAUTH",      "MOVED",    "ASK",
+    };
     if (r != NULL && r->type == REDIS_REPLY_ERROR) {
-        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "%s: %s", what, r->str);
+        int code = LD_E_INTERNAL;
+        for (size_t i = 0; i < sizeof(unavailable) / sizeof(*unavailable);
+             i++) {
+            if (ld_reply_is_error(r, unavailable[i])) {
+                code = LD_E_REDIS_UNAVAILABLE;
+            }
+        }
+        ld_reply_error(req, code, "%s: %s", what, r->str);
         return;
     }
     if (r != NULL) {
@@ -521,7 +535,11 @@ release_on_answer(redisReply *r, void *arg)
                                   ? NULL
                                   : ld_dict_get(sem_mod.by_token, c->token,
                                                 LD_TOKEN_LEN);
-        if (g != NULL) {
+        if (g != NULL && g->ss != NULL && g->ss->sess != c->req->sess) {
+            /* Released by token from another session: its holder here
+             * hears it as it would from a renewal. */
+            sem_grant_lost(g, "expired", false);
+        } else if (g != NULL) {
             sem_grant_drop(g, false);
         }
         ld_reply_ok(c->req, json_pack("{s:I}", "released", (json_int_t)v[1]));

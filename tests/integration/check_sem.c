@@ -94,6 +94,12 @@ START_TEST(test_acquire_release_info)
     r = s_release(b, "pool", t1);
     ck_assert_int_eq(jint(r, "released"), 1);
     json_decref(r);
+    /* A's grant was released by another session: A hears it. */
+    r = h_event(a, T_MS);
+    ck_assert_msg(r != NULL, "no sem_lost after a release by token");
+    ck_assert_str_eq(jstr(r, "event"), "sem_lost");
+    ck_assert_str_eq(jstr(r, "token"), t1);
+    json_decref(r);
     ck_assert_int_eq(s_held(a, "pool", 3), 0);
     ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{pool}:sem"), 0);
     h_assert_stat(a, "sem_holds", 0, T_MS);
