@@ -619,6 +619,30 @@ class Semaphores(unittest.TestCase):
                 self.assertEqual(held.lost_event["event"], "sem_lost")
                 self.assertEqual(held.lost_event["token"], held.token)
 
+    @needs_redis
+    def test_blocking_call_that_times_out_sends_cancel(self):
+        key = PREFIX + "sem-timeout"
+        with Leased(SOCKET, client="t") as a, \
+                Leased(SOCKET, timeout=0.3, client="t") as b:
+            self.assertIn("cancel", b.features)
+            before = a.call("stats")["stats"]["cancelled"]
+            # Redis holds the daemon's attempt back (below its
+            # redis.timeout_ms): b's call times out first.
+            self.assertEqual(redis_cmd("CLIENT", "PAUSE", "800", "WRITE"),
+                             b"+OK\r\n")
+            with self.assertRaises(TimeoutError):
+                b.try_semaphore(key, 1, wait_ms=100)
+            self.assertEqual(a.call("stats")["stats"]["cancelled"],
+                             before + 1)
+            # The grant Redis makes once the pause ends goes back.
+            deadline = time.monotonic() + WAIT_S
+            while a.sem_info(key, 1)["held"] != 0:
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.05)
+            b.call("ping")
+            with a.semaphore(key, 1):
+                pass
+
     def test_cancelled_or_timed_out_wait_takes_no_permit(self):
         async def main():
             key = PREFIX + "aio:sem"
