@@ -68,12 +68,14 @@ enum mode {
     M_RENEWAL,
     M_STORM,
     M_STAMPEDE,
+    M_SEM,     /* sem.acquire + sem.release, one semaphore of CONNS permits */
     M_WAITERS, /* internal: the queued waiters of --mode isolation */
     M_INVAL    /* internal: the invalidating sessions of --mode storm */
 };
 static const char *const mode_names[] = {
-    "lock",      "lock-contended", "get",   "mix",      "ping",    "hold",
-    "isolation", "renewal",        "storm", "stampede", "waiters", "inval"};
+    "lock", "lock-contended", "get",     "mix",   "ping",
+    "hold", "isolation",      "renewal", "storm", "stampede",
+    "sem",  "waiters",        "inval"};
 
 enum target { T_LEASED, T_DIRECT };
 static const char *const target_names[] = {"leased", "direct"};
@@ -176,7 +178,7 @@ static struct {
 } o;
 
 static struct event_base *base;
-static char acq_sha[41], rel_sha[41];
+static char acq_sha[41], rel_sha[41], sem_acq_sha[41], sem_rel_sha[41];
 static int run_counter;
 static char *value_buf; /* SIZE bytes of 'x', NUL-terminated */
 
@@ -452,10 +454,11 @@ redis_sync(void)
 static void
 load_scripts(void)
 {
-    const char *const texts[] = {ld_lua_lock_acquire, ld_lua_lock_release};
-    char *shas[] = {acq_sha, rel_sha};
+    const char *const texts[] = {ld_lua_lock_acquire, ld_lua_lock_release,
+                                 ld_lua_sem_acquire, ld_lua_sem_release};
+    char *shas[] = {acq_sha, rel_sha, sem_acq_sha, sem_rel_sha};
     redisContext *rc = redis_sync();
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 4; i++) {
         redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", texts[i]);
         if (r == NULL || r->type != REDIS_REPLY_STRING || r->len != 40) {
             die("SCRIPT LOAD of a lock script failed: %s",
@@ -591,6 +594,27 @@ leased_error(struct client *c, struct evbuffer *in, size_t len)
     show_error(c->run, "reply", s, len);
 }
 
+/* sem.release names the grant's token, read from the acquire reply. */
+static void
+sem_release(struct client *c, struct evbuffer *in, size_t len)
+{
+    static const char field[] = "\"token\":\"";
+    const char *line = (const char *)evbuffer_pullup(in, (ev_ssize_t)len);
+    const char *t = memmem(line, len, field, sizeof(field) - 1);
+    if (t == NULL || (size_t)(t - line) + sizeof(field) - 1 + 32 > len) {
+        leased_error(c, in, len);
+        next_op(c);
+        return;
+    }
+    t += sizeof(field) - 1;
+    char req[256];
+    int n = snprintf(req, sizeof(req),
+                     "{\"op\":\"sem.release\",\"key\":\"b%d.%d.sem\","
+                     "\"token\":\"%.32s\"}\n",
+                     (int)getpid(), c->run->id, t);
+    leased_send(c, req, (size_t)n, S_REL);
+}
+
 static void
 leased_reply(struct client *c, struct evbuffer *in, size_t len)
 {
@@ -618,6 +642,8 @@ leased_reply(struct client *c, struct evbuffer *in, size_t len)
                 } else {
                     c->step = S_HELD;
                 }
+            } else if (r->mode == M_SEM) {
+                sem_release(c, in, len);
             } else {
                 leased_send(c, c->unlock_req, c->unlock_len, S_REL);
             }
@@ -640,7 +666,8 @@ leased_reply(struct client *c, struct evbuffer *in, size_t len)
     case S_REL:
         if (r->mode == M_WAITERS) {
             leased_send(c, c->lock_req, c->lock_len, S_ACQ);
-        } else if (line_has(in, len, "\"released\":true")) {
+        } else if (line_has(in, len, "\"released\":true") ||
+                   (r->mode == M_SEM && line_has(in, len, "\"released\":1"))) {
             op_done(c);
         } else {
             leased_error(c, in, len);
@@ -899,6 +926,7 @@ op_is_lock(struct client *c)
     switch (c->run->mode) {
     case M_LOCK:
     case M_CONTENDED:
+    case M_SEM:
         return true;
     case M_MIX:
         return (int)(rng_next(&c->rng) % 100) < o.mix_lock_pct;
@@ -965,7 +993,14 @@ resp(size_t *len, int argc, const char **argv)
 static void
 build_leased(struct run *r, struct client *c, const char *base_key)
 {
-    if (r->mode == M_CONTENDED || r->mode == M_WAITERS) {
+    if (r->mode == M_SEM) {
+        c->lock_req =
+            xasprintf(&c->lock_len,
+                      "{\"op\":\"sem.acquire\",\"key\":\"b%d.%d.sem\","
+                      "\"limit\":%d}\n",
+                      (int)getpid(), r->id, r->conns);
+        c->unlock_req = xasprintf(&c->unlock_len, "-");
+    } else if (r->mode == M_CONTENDED || r->mode == M_WAITERS) {
         c->lock_req = xasprintf(&c->lock_len,
                                 "{\"op\":\"lock\",\"key\":\"b%d.%d.c\","
                                 "\"wait_ms\":%lld}\n",
@@ -1018,6 +1053,24 @@ build_direct(struct run *r, struct client *c, const char *base_key)
     const char *rel[] = {"EVALSHA", rel_sha, "1", hash, field, "1", chan, "0"};
     c->lock_req = resp(&c->lock_len, 8, acq);
     c->unlock_req = resp(&c->unlock_len, 8, rel);
+    if (r->mode == M_SEM) {
+        /* One semaphore of CONNS permits, the daemon's layout; each
+         * connection reuses one token (it holds one grant at a time). */
+        char zset[200], permits[220], schan[220], limit[16];
+        snprintf(zset, sizeof(zset), "benchd:lock:{b%d.%d.sem}:sem",
+                 (int)getpid(), r->id);
+        snprintf(permits, sizeof(permits), "%s:permits", zset);
+        snprintf(schan, sizeof(schan), "%s:release", zset);
+        snprintf(limit, sizeof(limit), "%d", r->conns);
+        free(c->lock_req);
+        free(c->unlock_req);
+        const char *sacq[] = {"EVALSHA", sem_acq_sha, "2",   zset, permits,
+                              limit,     "1",         lease, field};
+        const char *srel[] = {"EVALSHA", sem_rel_sha, "2",  zset,
+                              permits,   field,       schan};
+        c->lock_req = resp(&c->lock_len, 9, sacq);
+        c->unlock_req = resp(&c->unlock_len, 7, srel);
+    }
     const char *sub[] = {"SUBSCRIBE", chan};
     c->sub_req = resp(&c->sub_len, 2, sub);
     if (r->mode == M_PING) {
@@ -1917,8 +1970,9 @@ usage(FILE *f)
         "usage: leased-bench [options]\n"
         "  -m, --mode MODE      lock | lock-contended | get | mix | ping | "
         "hold |\n"
-        "                       isolation | renewal | storm | stampede "
-        "(default lock)\n"
+        "                       isolation | renewal | storm | stampede | "
+        "sem\n"
+        "                       (default lock)\n"
         "  -t, --target T       both | leased | direct (default both)\n"
         "      --direct-first   run direct before leased in each pair\n"
         "  -s, --socket PATH    leased's Unix socket\n"

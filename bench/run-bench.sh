@@ -98,6 +98,7 @@ for c in $conns_list; do
     rec matrix -m ping -c "$c"
     rec matrix -m lock -c "$c"
     rec matrix -m lock-contended -c "$c"
+    rec matrix -m sem -c "$c"
     for z in 100 10000; do
         rec matrix -m get -c "$c" -z "$z"
         rec matrix -m mix -c "$c" -z "$z"
@@ -306,7 +307,9 @@ END {
     print ""
     print "One op: `lock` = lock + unlock of a key of its own per connection;"
     print "`lock-contended` = lock (waiting) + unlock, every connection on"
-    print "one key; `get` = a cache hit (leased `cache.get`, direct `GET`);"
+    print "one key; `sem` = sem.acquire + sem.release of one semaphore of"
+    print "as many permits as connections (direct: the same scripts);"
+    print "`get` = a cache hit (leased `cache.get`, direct `GET`);"
     print "`mix` = 90% get, 10% lock+unlock; `ping` = leased `ping` (no"
     print "Redis behind it) against Redis `PING`: the cost of the extra hop"
     print "alone. Latencies in microseconds."

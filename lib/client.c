@@ -390,6 +390,8 @@ on_event(struct leased_conn *c, json_t *msg)
         e->ev.type = LEASED_EV_LOCK_LOST;
     } else if (!strcmp(name, "shutdown")) {
         e->ev.type = LEASED_EV_SHUTDOWN;
+    } else if (!strcmp(name, "sem_lost")) {
+        e->ev.type = LEASED_EV_SEM_LOST;
     } else {
         e->ev.type = LEASED_EV_OTHER;
     }
@@ -1561,6 +1563,132 @@ leased_lock_info(struct leased_conn *c, const char *key, const char *owner,
     if (out) {
         *out = res;
     }
+    return rc;
+}
+
+/* --- semaphores --------------------------------------------------------- */
+
+int
+leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
+                   const struct leased_sem_args *args,
+                   struct leased_sem_result *out, struct leased_error *err)
+{
+    struct leased_sem_args none = {0};
+    json_t *req = key_req("sem.acquire", key), *reply;
+    struct leased_sem_result res;
+    const char *tok;
+    int rc;
+
+    if (!args) {
+        args = &none;
+    }
+    memset(&res, 0, sizeof res);
+    if (req) {
+        json_object_set_new(req, "limit", json_integer(limit));
+    }
+    if (req && args->permits) {
+        json_object_set_new(req, "permits", json_integer(args->permits));
+    }
+    if (req && args->ttl_ms) {
+        json_object_set_new(req, "ttl_ms", json_integer(args->ttl_ms));
+    }
+    if (req && args->wait_ms) {
+        json_object_set_new(req, "wait_ms", json_integer(args->wait_ms));
+    }
+    if (req && args->detach) {
+        json_object_set_new(req, "detach", json_true());
+    }
+    rc = call_new(c, req, args->wait_ms, &reply, err);
+    if (rc == LEASED_OK) {
+        res.available = int_or(reply, "available", -1);
+        if (!bool_field(reply, "acquired", &res.acquired)) {
+            rc = missing(err, "sem.acquire", "acquired");
+        } else if (res.acquired) {
+            tok = json_string_value(json_object_get(reply, "token"));
+            if (!tok || !*tok || strlen(tok) >= sizeof res.token) {
+                rc = missing(err, "sem.acquire", "token");
+            } else {
+                snprintf(res.token, sizeof res.token, "%s", tok);
+                res.permits = int_or(reply, "permits", -1);
+                res.lease_ms = int_or(reply, "lease_ms", -1);
+            }
+        }
+    }
+    json_decref(reply);
+    if (out) {
+        *out = res;
+    }
+    return rc;
+}
+
+int
+leased_sem_release(struct leased_conn *c, const char *key, const char *token,
+                   long long *released, struct leased_error *err)
+{
+    json_t *req = key_req("sem.release", key), *reply;
+    int rc;
+
+    if (add_str(req, "token", token) < 0) {
+        json_decref(req);
+        req = NULL;
+    }
+    rc = call_new(c, req, 0, &reply, err);
+    if (rc == LEASED_OK &&
+        !json_is_integer(json_object_get(reply, "released"))) {
+        rc = missing(err, "sem.release", "released");
+    }
+    if (released) {
+        *released = rc == LEASED_OK ? int_or(reply, "released", 0) : 0;
+    }
+    json_decref(reply);
+    return rc;
+}
+
+int
+leased_sem_info(struct leased_conn *c, const char *key, long long limit,
+                struct leased_sem_info *out, struct leased_error *err)
+{
+    json_t *req = key_req("sem.info", key), *reply;
+    struct leased_sem_info res = {-1, -1};
+    int rc;
+
+    if (req) {
+        json_object_set_new(req, "limit", json_integer(limit));
+    }
+    rc = call_new(c, req, 0, &reply, err);
+    if (rc == LEASED_OK) {
+        res.available = int_or(reply, "available", -1);
+        res.held = int_or(reply, "held", -1);
+        if (res.available < 0 || res.held < 0) {
+            rc = missing(err, "sem.info", "held");
+        }
+    }
+    json_decref(reply);
+    if (out) {
+        *out = res;
+    }
+    return rc;
+}
+
+/* --- cancelling a wait ---------------------------------------------------- */
+
+int
+leased_cancel(struct leased_conn *c, uint64_t id, bool *cancelled,
+              struct leased_error *err)
+{
+    json_t *req = json_pack("{s:s,s:I}", "op", "cancel", "target",
+                            (json_int_t)id),
+           *reply;
+    bool done = false;
+    int rc = call_new(c, req, 0, &reply, err);
+
+    if (rc == LEASED_OK && !bool_field(reply, "cancelled", &done)) {
+        rc = missing(err, "cancel", "cancelled");
+    }
+    if (cancelled) {
+        *cancelled = done;
+    }
+    json_decref(reply);
     return rc;
 }
 

@@ -4,6 +4,7 @@
  */
 #include "ld_cache_int.h"
 
+#include "ld_cancel.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
@@ -581,6 +582,30 @@ drop_if_closed(struct ld_req *req)
     return false;
 }
 
+/* cancel: the wait ends as if wait_ms had run out, with a miss and no
+ * lease; a lease the fetch still brings back goes unused, so fetch_cb
+ * gives it back. */
+static bool
+get_cancel(void *arg)
+{
+    struct cop *op = arg;
+    struct getter *g = &op->g[0];
+    struct ckey *ck = g->ck;
+    if (g->state == G_FETCH) {
+        glist_remove(&g->fetch->getters, g);
+        g->fetch = NULL;
+    } else if (g->state == G_WAIT) {
+        glist_remove(&ck->waiters, g);
+    } else {
+        return false;
+    }
+    g->state = G_IDLE;
+    cache_settle_miss(g, NULL);
+    cache_ckey_arm(ck);
+    cache_ckey_maybe_free(ck);
+    return true;
+}
+
 void
 cache_op_get(struct ld_req *req)
 {
@@ -595,6 +620,9 @@ cache_op_get(struct ld_req *req)
     }
     struct cop *op = cop_new(req, 1, false);
     cache_cop_link(op);
+    if (lease) {
+        ld_cancel_on(req, get_cancel, op);
+    }
     getter_begin(op, 0, key, len, lease, wait_ms);
 }
 

@@ -103,6 +103,8 @@ op_hello(struct ld_req *req)
      * semaphore, multilock, cancel, stale, early_refresh, admin); a client
      * checks before it relies on one. */
     json_t *features = json_array();
+    json_array_append_new(features, json_string("semaphore"));
+    json_array_append_new(features, json_string("cancel"));
     json_array_append_new(features, json_string("stale"));
     if (dispatch_mod.ctx->cfg->cache.early_refresh) {
         json_array_append_new(features, json_string("early_refresh"));

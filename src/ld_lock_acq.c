@@ -4,6 +4,7 @@
 
 #include "ld_lock_int.h"
 
+#include "ld_cancel.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
@@ -22,6 +23,7 @@
 /* ------------------------------------------------------------- acquire */
 
 static void acq_send(struct lk_op *op);
+static bool acq_cancel(void *arg);
 
 static void
 acq_reply_granted(struct lk_op *op)
@@ -172,6 +174,8 @@ acq_undo_unanswered(struct lk_rec *rec)
                  lens, undo_pinned_on_reply, op);
 }
 
+static void acq_give_back(struct lk_op *op);
+
 static void
 acq_on_wait(redisReply *r, void *arg)
 {
@@ -192,11 +196,19 @@ acq_on_wait(redisReply *r, void *arg)
     /* Not enough replicas have the lock: a failover now could hand it to
      * someone else, so give this hold back, then say so (the answer then
      * means what redis_unavailable means: nothing changed). */
-    struct lk_rec *rec = op->rec;
     op->replicas_got = got;
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
         op->wait_why = ld_xstrdup(lk_failure_reason());
     }
+    acq_give_back(op);
+}
+
+/* Give back the one hold OP's grant took (inside the callback of the
+ * grant or of its WAIT); undo_on_reply answers OP's request, if any. */
+static void
+acq_give_back(struct lk_op *op)
+{
+    struct lk_rec *rec = op->rec;
     const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
                           LK_UNLOCK_MSG};
     size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
@@ -265,7 +277,10 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
         return false;
     }
     if (op->req == NULL) {
-        return false;
+        /* Cancelled while this grant was on its way: nobody heard of it. */
+        op->replicas_got = 0;
+        acq_give_back(op);
+        return true;
     }
     /* Redlock's instances have no replicas (a reload that drops
      * lock.redlock from the file cannot set this beside it either). */
@@ -377,6 +392,7 @@ acq_on_reply(redisReply *r, void *arg)
             return;
         }
         lk_op_wait_add(op, rec->ls);
+        ld_cancel_on(op->req, acq_cancel, op);
         ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
                          rec->n.chan_len, left, true, pttl);
         return;
@@ -448,6 +464,13 @@ acq_try(struct ld_lockwait *w)
         return;
     }
     acq_send(op);
+}
+
+static bool
+acq_cancel(void *arg)
+{
+    struct lk_op *op = arg;
+    return ld_lockwait_cancel(&op->w);
 }
 
 static void
@@ -623,6 +646,7 @@ lk_op_lock(struct ld_req *req)
         }
     }
     lk_op_wait_add(op, ls);
+    ld_cancel_on(req, acq_cancel, op);
     ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
                      rec->n.chan_len, left, false, 0);
 }

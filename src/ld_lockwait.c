@@ -42,6 +42,18 @@ static struct {
 
 static void q_head_try(struct ld_lockwait_q *q);
 
+static void
+w_try(struct ld_lockwait *w)
+{
+    (w->fns != NULL ? w->fns->try_fn : lockwait_mod.try_fn)(w);
+}
+
+static void
+w_expire(struct ld_lockwait *w, long long ttl_ms)
+{
+    (w->fns != NULL ? w->fns->expire_fn : lockwait_mod.expire_fn)(w, ttl_ms);
+}
+
 static struct timeval
 tv_ms(long long ms)
 {
@@ -191,7 +203,7 @@ q_head_try(struct ld_lockwait_q *q)
     q->wake_pending = false;
     evtimer_del(q->retry_ev);
     h->trying = true;
-    lockwait_mod.try_fn(h);
+    w_try(h);
 }
 
 static void
@@ -237,13 +249,13 @@ w_on_deadline(evutil_socket_t fd, short what, void *arg)
         if (!w->trying) {
             q->wake_pending = false;
             w->trying = true;
-            lockwait_mod.try_fn(w);
+            w_try(w);
         }
         return;
     }
     long long ttl = q_ttl_estimate(q);
     w_unlink(w);
-    lockwait_mod.expire_fn(w, ttl);
+    w_expire(w, ttl);
 }
 
 bool
@@ -258,7 +270,8 @@ ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
                  bool tried, long long pttl)
 {
     LD_ASSERT(w->q == NULL);
-    LD_ASSERT(lockwait_mod.try_fn != NULL && lockwait_mod.expire_fn != NULL);
+    LD_ASSERT(w->fns != NULL ||
+              (lockwait_mod.try_fn != NULL && lockwait_mod.expire_fn != NULL));
     struct ld_lockwait_q *q = ld_dict_get(lockwait_mod.queues, route,
                                           route_len);
     if (q == NULL) {
@@ -299,7 +312,7 @@ ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
         q_taken(q, pttl);
     } else {
         w->trying = true;
-        lockwait_mod.try_fn(w);
+        w_try(w);
     }
 }
 
@@ -327,7 +340,7 @@ ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
         if (q != NULL && q->wake_pending) {
             q_head_try(q);
         }
-        lockwait_mod.expire_fn(w, pttl);
+        w_expire(w, pttl);
         return;
     }
     /* Granted or answered with an error: the next head tries once right
@@ -353,6 +366,18 @@ ld_lockwait_leave(struct ld_lockwait *w)
         /* The outcome of that attempt no longer reaches the queue. */
         q_head_try(q);
     }
+}
+
+bool
+ld_lockwait_cancel(struct ld_lockwait *w)
+{
+    if (w->q == NULL) {
+        return false;
+    }
+    long long ttl = q_ttl_estimate(w->q);
+    ld_lockwait_leave(w);
+    w_expire(w, ttl);
+    return true;
 }
 
 void

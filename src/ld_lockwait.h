@@ -22,12 +22,15 @@ struct event;
 struct ld_ctx;
 struct ld_lockwait_q;
 
+struct ld_lockwait_fns;
+
 struct ld_lockwait {
-    struct ld_lockwait_q *q;       /* NULL when not queued */
-    TAILQ_ENTRY(ld_lockwait) link; /* in q's waiters, oldest first */
-    struct event *deadline_ev;     /* NULL when waiting without limit */
-    bool trying;                   /* an attempt is in flight */
-    bool timed_out;                /* the deadline passed */
+    const struct ld_lockwait_fns *fns; /* NULL: ld_lockwait_set_handlers' */
+    struct ld_lockwait_q *q;           /* NULL when not queued */
+    TAILQ_ENTRY(ld_lockwait) link;     /* in q's waiters, oldest first */
+    struct event *deadline_ev;         /* NULL when waiting without limit */
+    bool trying;                       /* an attempt is in flight */
+    bool timed_out;                    /* the deadline passed */
 };
 
 enum ld_lockwait_result {
@@ -42,6 +45,13 @@ typedef void ld_lockwait_try_fn(struct ld_lockwait *w);
 /* W's deadline passed without a grant; W has left its queue. TTL_MS is the
  * holder's remaining lease as last seen, -1 when unknown. */
 typedef void ld_lockwait_expire_fn(struct ld_lockwait *w, long long ttl_ms);
+
+/* A waiter of another kind (a semaphore acquisition) brings its own
+ * handlers in W->fns; its queues are told apart by their route. */
+struct ld_lockwait_fns {
+    ld_lockwait_try_fn *try_fn;
+    ld_lockwait_expire_fn *expire_fn;
+};
 
 /* How a queue hears of unlocks: ld_pubsub's functions, unless a test
  * hands in its own. */
@@ -77,6 +87,12 @@ void ld_lockwait_join(struct ld_lockwait *w, const char *route,
  * leaves and the expire function is called for it. */
 void ld_lockwait_done(struct ld_lockwait *w, enum ld_lockwait_result res,
                       long long pttl);
+
+/* A cancel op ends W's wait: W leaves its queue and its expire function
+ * is called at once, also while its attempt is in flight (the owner then
+ * gives back what that attempt may still grant). False when W is not
+ * queued. */
+bool ld_lockwait_cancel(struct ld_lockwait *w);
 
 /* Take W out of its queue without any callback (its session closed, or the
  * daemon stops). An attempt of W still in flight is W's owner's to

@@ -296,6 +296,9 @@ ld_proto_error_line(json_t *id, int code, json_t *extra, const char *message,
 static void
 req_free(struct ld_req *req)
 {
+    if (req->cancel_fn != NULL) {
+        LIST_REMOVE(req, cancel_link);
+    }
     if (req->id != NULL) {
         json_decref(req->id);
     }

@@ -5,6 +5,7 @@
 #include "ld_errcode.h"
 
 #include <jansson.h>
+#include <sys/queue.h>
 
 struct ld_ctx;
 struct ld_session;
@@ -25,6 +26,11 @@ struct ld_req {
     json_t *body;   /* the whole request object */
     const char *op; /* points into body */
     uint64_t start_us;
+    /* Set while the request waits and a cancel op may end its wait
+     * (ld_cancel.h); answering the request takes it off the list. */
+    bool (*cancel_fn)(void *arg);
+    void *cancel_arg;
+    LIST_ENTRY(ld_req) cancel_link; /* its session's cancellable list */
 };
 
 /* Parse one line. On success returns LD_OK and a new request object in

@@ -10,6 +10,7 @@
 #include "ld_server.h"
 
 #include "ld_cache.h"
+#include "ld_cancel.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dispatch.h"
@@ -21,6 +22,7 @@
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
+#include "ld_sem.h"
 #include "ld_sentinel.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -129,6 +131,7 @@ begin_shutdown(const char *why)
     ld_metrics_stop();
     ld_session_shutdown_all();
     ld_lock_shutdown();
+    ld_sem_shutdown();
     ld_cache_shutdown();
     server_mod.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
     struct timeval tv = {0, 0};
@@ -271,6 +274,9 @@ ld_server_wire(const struct ld_ctx *c)
     if (ld_lock_init(c) != LD_OK || ld_cache_init(c) != LD_OK) {
         return LD_ERR;
     }
+    if (ld_sem_init(c) != LD_OK || ld_cancel_init(c) != LD_OK) {
+        return LD_ERR;
+    }
     if (c->cfg->redis.mode == LD_REDIS_SENTINEL) {
         if (ld_sentinel_init(c, on_master, NULL) != LD_OK) {
             return LD_ERR;
@@ -354,6 +360,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ld_listen_stop();
     ld_metrics_stop();
     ld_session_cleanup();
+    ld_sem_free();
     ld_lock_free();
     ld_cache_free();
     ld_sentinel_free();

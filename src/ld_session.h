@@ -4,8 +4,10 @@
 #include "ld_common.h"
 
 #include <jansson.h>
+#include <sys/queue.h>
 
 struct ld_ctx;
+struct ld_req;
 
 /* One client connection. Feature modules keep their per-session state in
  * the slots below and drop it from their close hook. */
@@ -23,6 +25,9 @@ struct ld_session {
     char client[64];       /* from hello, for logs */
     void *lock_state;      /* owned by ld_lock */
     void *cache_state;     /* owned by ld_cache */
+    void *sem_state;       /* owned by ld_sem */
+    /* Its waiting requests a cancel op may end (ld_cancel.h). */
+    LIST_HEAD(, ld_req) cancellable;
 };
 
 /* What the layer above gives the sessions at init, so that they need not

@@ -49,6 +49,10 @@
     X(counter, lock_lost, "Locks lost (lock_lost events)")                    \
     X(counter, lock_wakeups,                                                  \
       "Waiter wake-ups by unlock message or lease end")                       \
+    X(gauge, sem_holds, "Semaphore grants held by this daemon's sessions")    \
+    X(counter, sem_acquired, "Semaphore permits granted (acquisitions)")      \
+    X(counter, sem_released, "Semaphore acquisitions released")               \
+    X(counter, cancelled, "Waiting requests ended by cancel")                 \
     X(counter, cache_hits, "cache.get hits with a value")                     \
     X(counter, cache_negative_hits, "cache.get hits on a cached null")        \
     X(counter, cache_misses, "cache.get misses")                              \

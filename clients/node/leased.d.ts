@@ -16,6 +16,41 @@ export interface LockOptions {
   detach?: boolean;
   token?: string;
   mode?: 'read' | 'write';
+  /** Aborting it ends the wait at once (cancel is sent; a late grant is
+   *  unlocked). */
+  signal?: AbortSignal;
+}
+
+export interface SemOptions {
+  /** How many permits this grant takes (default 1). */
+  permits?: number;
+  /** 0 tries once (default); positive waits that long; -1 without limit. */
+  wait_ms?: number;
+  /** A fixed lease; without it the daemon renews the grant (watchdog). */
+  ttl_ms?: number;
+  detach?: boolean;
+  /** Aborting it ends the wait at once (cancel is sent; a late grant is
+   *  released). */
+  signal?: AbortSignal;
+}
+
+export interface SemReply extends Reply {
+  acquired: boolean;
+  token?: string;
+  permits?: number;
+  available: number;
+  lease_ms?: number;
+}
+
+export interface SemInfoReply extends Reply {
+  available: number;
+  held: number;
+}
+
+export interface CallOptions {
+  signal?: AbortSignal;
+  /** Gets the reply that comes after SIGNAL aborted the call. */
+  onLate?: (reply: Reply) => void;
 }
 
 export interface LockReply extends Reply {
@@ -43,7 +78,7 @@ export interface LockLostEvent {
 /** signal.reason of using(): the lock_lost event, or the connection
  *  (so the session and its locks) ended. */
 export interface LockLostError extends Error {
-  code: 'lock_lost' | 'connection_closed';
+  code: 'lock_lost' | 'sem_lost' | 'connection_closed';
   event?: LockLostEvent;
 }
 
@@ -67,7 +102,8 @@ export declare class Leased extends EventEmitter {
   session?: string;
   features: string[];
   close(): void;
-  call(op: string, fields?: Record<string, unknown>): Promise<Reply>;
+  call(op: string, fields?: Record<string, unknown>,
+       opts?: CallOptions): Promise<Reply>;
   lock(key: string, opts?: LockOptions): Promise<LockReply>;
   unlock(key: string, opts?: { owner?: string; token?: string }):
     Promise<UnlockReply>;
@@ -84,6 +120,14 @@ export declare class Leased extends EventEmitter {
                                   opts?: { ttl_ms?: number }): Promise<T>;
   invalidate(keys: string | string[], opts?: { delay_ms?: number }):
     Promise<Reply>;
+  semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
+  semRelease(key: string, token: string): Promise<Reply>;
+  semInfo(key: string, limit: number): Promise<SemInfoReply>;
+  /** Holds permits of KEY while FN runs; released when FN settles.
+   *  Rejects with code 'no_permit'. */
+  withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
+                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+    Promise<T>;
   on(event: 'lock_lost', listener: (ev: LockLostEvent) => void): this;
   on(event: 'event', listener: (ev: Record<string, unknown>) => void): this;
   on(event: 'close', listener: (err: Error) => void): this;
@@ -106,5 +150,11 @@ export declare class Pool extends EventEmitter {
                                   opts?: { ttl_ms?: number }): Promise<T>;
   invalidate(keys: string | string[], opts?: { delay_ms?: number }):
     Promise<Reply>;
+  semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
+  semRelease(key: string, token: string): Promise<Reply>;
+  semInfo(key: string, limit: number): Promise<SemInfoReply>;
+  withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
+                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+    Promise<T>;
   close(): void;
 }

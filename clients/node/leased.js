@@ -10,6 +10,9 @@
 //   await ld.using('order:42', { wait_ms: 5000 }, async (signal, held) => {
 //     ... signal.aborted once the lock is lost ...
 //   });
+//   await ld.withSemaphore('pool:db', 4, {}, async (grant) => { ... });
+//   const ac = new AbortController();   // ac.abort() ends a wait:
+//   await ld.lock('k', { wait_ms: -1, signal: ac.signal });
 //   ld.close();
 //
 // Requests may be in flight together (pipelined); replies are matched by
@@ -37,6 +40,21 @@ function notAcquired(key, reply) {
   const e = new Error(`lock ${key} held elsewhere (${reply.ttl_ms} ms left)`);
   e.code = 'not_acquired';
   e.ttl_ms = reply.ttl_ms;
+  return e;
+}
+
+function noPermit(key, reply) {
+  const e = new Error(`semaphore ${key}: no permit (${reply.available} available)`);
+  e.code = 'no_permit';
+  e.available = reply.available;
+  return e;
+}
+
+function abortError(signal) {
+  if (signal.reason !== undefined) return signal.reason;
+  const e = new Error('The operation was aborted');
+  e.name = 'AbortError';
+  e.code = 'ABORT_ERR';
   return e;
 }
 
@@ -153,12 +171,13 @@ class Leased extends EventEmitter {
   }
 
   _event(msg) {
-    if (msg.event === 'lock_lost') {
+    if (msg.event === 'lock_lost' || msg.event === 'sem_lost') {
       const set = this.holds.get(`${msg.key}\0${msg.token}`);
       if (set) {
         for (const ac of set) {
-          const e = new Error(`lock ${msg.key} lost (${msg.reason})`);
-          e.code = 'lock_lost';
+          const what = msg.event === 'lock_lost' ? 'lock' : 'semaphore grant';
+          const e = new Error(`${what} ${msg.key} lost (${msg.reason})`);
+          e.code = msg.event;
           e.event = msg;
           ac.abort(e);
         }
@@ -188,8 +207,13 @@ class Leased extends EventEmitter {
   }
 
   // One request; resolves with the reply, rejects with LeasedError.
-  call(op, fields = {}) {
+  // SIGNAL (an AbortSignal) ends a wait: aborting it rejects at once with
+  // signal.reason and sends {"op":"cancel"} for the request; its reply
+  // still comes and goes to ONLATE (which gives back a grant that won
+  // the race).
+  call(op, fields = {}, { signal, onLate } = {}) {
     if (this.closed) return Promise.reject(new Error('connection closed'));
+    if (signal && signal.aborted) return Promise.reject(abortError(signal));
     const id = this.nextId++;
     // JSON.stringify leaves out fields whose value is undefined.
     const req = Object.assign({ op, id }, fields);
@@ -204,14 +228,40 @@ class Leased extends EventEmitter {
       });
     }
     return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
+      if (!signal) {
+        this.pending.set(id, { resolve, reject });
+        this.socket.write(line);
+        return;
+      }
+      const onAbort = () => {
+        if (!this.pending.has(id)) return;
+        this.pending.set(id, { resolve: (msg) => onLate && onLate(msg), reject() {} });
+        if (!this.closed) {
+          const cid = this.nextId++;
+          // A daemon without cancel answers unknown_op: ignored, the
+          // late reply still reaches ONLATE.
+          this.pending.set(cid, { resolve() {}, reject() {} });
+          this.socket.write(JSON.stringify({ op: 'cancel', id: cid, target: id }) + '\n');
+        }
+        reject(abortError(signal));
+      };
+      const done = (fn) => (v) => {
+        signal.removeEventListener('abort', onAbort);
+        fn(v);
+      };
+      this.pending.set(id, { resolve: done(resolve), reject: done(reject) });
       this.socket.write(line);
+      signal.addEventListener('abort', onAbort, { once: true });
     });
   }
 
   // {acquired, token, count, fence, lease_ms} or {acquired:false, ttl_ms}.
-  lock(key, { wait_ms, ttl_ms, owner } = {}) {
-    return this.call('lock', { key, wait_ms, ttl_ms, owner });
+  // SIGNAL: see call(); a lock granted after the abort is unlocked.
+  lock(key, { wait_ms, ttl_ms, owner, signal } = {}) {
+    const onLate = (r) => {
+      if (r.acquired) this.call('unlock', { key, token: r.token }).catch(() => {});
+    };
+    return this.call('lock', { key, wait_ms, ttl_ms, owner }, { signal, onLate });
   }
 
   unlock(key, { owner, token } = {}) {
@@ -276,6 +326,55 @@ class Leased extends EventEmitter {
       return await fn(held);
     } finally {
       await this.unlock(key, { owner: opts.owner });
+    }
+  }
+
+  // Semaphores: {acquired, token, permits, available, lease_ms} or
+  // {acquired:false, available}. SIGNAL as for lock(); a grant that
+  // comes after the abort is released.
+  semAcquire(key, limit, { permits, wait_ms, ttl_ms, detach, signal } = {}) {
+    const onLate = (r) => {
+      if (r.acquired) this.semRelease(key, r.token).catch(() => {});
+    };
+    return this.call('sem.acquire', { key, limit, permits, wait_ms, ttl_ms, detach },
+      { signal, onLate });
+  }
+
+  semRelease(key, token) {
+    return this.call('sem.release', { key, token });
+  }
+
+  semInfo(key, limit) {
+    return this.call('sem.info', { key, limit });
+  }
+
+  // Run FN(grant, signal) holding permits of KEY and release them when
+  // FN settles; throws an error with code 'no_permit' when none came
+  // within wait_ms. SIGNAL is aborted on sem_lost (signal.reason.event)
+  // or when the connection ends. OPTS as for semAcquire().
+  async withSemaphore(key, limit, opts, fn) {
+    if (typeof opts === 'function') {
+      fn = opts;
+      opts = {};
+    }
+    const grant = await this.semAcquire(key, limit, opts);
+    if (!grant.acquired) throw noPermit(key, grant);
+    const ac = new AbortController();
+    const hk = `${key}\0${grant.token}`;
+    let set = this.holds.get(hk);
+    if (!set) this.holds.set(hk, (set = new Set()));
+    set.add(ac);
+    try {
+      return await fn(grant, ac.signal);
+    } finally {
+      set.delete(ac);
+      if (set.size === 0) this.holds.delete(hk);
+      try {
+        await this.semRelease(key, grant.token);
+      } catch (e) {
+        // Its lease ran out meanwhile: nothing left to give back.
+        if (e.code !== 'not_held') throw e;
+      }
     }
   }
 
@@ -381,6 +480,22 @@ class Pool extends EventEmitter {
 
   async invalidate(keys, opts) {
     return (await this._conn()).invalidate(keys, opts);
+  }
+
+  async semAcquire(key, limit, opts) {
+    return (await this._conn()).semAcquire(key, limit, opts);
+  }
+
+  async semRelease(key, token) {
+    return (await this._conn()).semRelease(key, token);
+  }
+
+  async semInfo(key, limit) {
+    return (await this._conn()).semInfo(key, limit);
+  }
+
+  async withSemaphore(key, limit, opts, fn) {
+    return (await this._conn()).withSemaphore(key, limit, opts, fn);
   }
 
   close() {

@@ -163,6 +163,113 @@ test('Pool spreads work and keeps using() on one connection', async () => {
   }
 });
 
+test('withSemaphore() holds a permit for the callback', async () => {
+  const a = await Leased.connect(SOCK);
+  const b = await Leased.connect(SOCK);
+  try {
+    const key = `${TAG}:sem`;
+    const out = await a.withSemaphore(key, 2, {}, async (grant) => {
+      assert.ok(grant.token);
+      assert.strictEqual(grant.available, 1);
+      await b.withSemaphore(key, 2, { wait_ms: 100 }, async () => {
+        assert.strictEqual((await a.semInfo(key, 2)).held, 2);
+        await assert.rejects(b.withSemaphore(key, 2, () => 0),
+          (e) => e.code === 'no_permit' && e.available === 0);
+      });
+      return 'done';
+    });
+    assert.strictEqual(out, 'done');
+    assert.strictEqual((await b.semInfo(key, 2)).held, 0);
+    await assert.rejects(a.semAcquire(key, 2, { permits: 3 }),
+      (e) => e.code === 'bad_request');
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+function redisDelKeys(names) {
+  const [host, port] = REDIS.split(':');
+  const parts = ['DEL', ...names].map((x) => Buffer.from(x));
+  const cmd = [Buffer.from(`*${parts.length}\r\n`)];
+  for (const p of parts) cmd.push(Buffer.from(`$${p.length}\r\n`), p, Buffer.from('\r\n'));
+  return new Promise((resolve, reject) => {
+    const s = net.createConnection({ host, port: Number(port) }, () => {
+      s.write(Buffer.concat(cmd));
+    });
+    s.once('data', (d) => {
+      s.destroy();
+      resolve(d.toString());
+    });
+    s.once('error', reject);
+  });
+}
+
+test('withSemaphore() aborts its signal on sem_lost', { skip: !REDIS && 'LEASED_TEST_REDIS not set' },
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    try {
+      const key = `${TAG}:semlost`;
+      await ld.withSemaphore(key, 1, {}, async (grant, signal) => {
+        const aborted = new Promise((r) => signal.addEventListener('abort', r));
+        await redisDelKeys([`leased:lock:{${key}}:sem`, `leased:lock:{${key}}:sem:permits`]);
+        await within(WAIT_MS, aborted, 'abort');
+        assert.strictEqual(signal.reason.code, 'sem_lost');
+        assert.strictEqual(signal.reason.event.token, grant.token);
+      });
+    } finally {
+      ld.close();
+    }
+  });
+
+async function waiters(ld, n) {
+  const deadline = Date.now() + WAIT_MS;
+  for (;;) {
+    const st = (await ld.call('stats')).stats;
+    if (st.lock_waiters === n) return st;
+    if (Date.now() > deadline) throw new Error(`lock_waiters never ${n}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test('an AbortSignal ends a lock or semaphore wait and takes nothing', async () => {
+  const a = await Leased.connect(SOCK);
+  const b = await Leased.connect(SOCK);
+  try {
+    const key = `${TAG}:abort`;
+    const grant = await a.semAcquire(key, 1);
+    assert.ok(grant.acquired);
+    await a.lock(key);
+    const before = (await a.call('stats')).stats.cancelled;
+
+    const ac1 = new AbortController();
+    const semWait = b.semAcquire(key, 1, { wait_ms: -1, signal: ac1.signal });
+    const ac2 = new AbortController();
+    const lockWait = b.lock(key, { wait_ms: -1, signal: ac2.signal });
+    await waiters(a, 2);
+    const t0 = Date.now();
+    ac1.abort();
+    ac2.abort();
+    await assert.rejects(semWait, (e) => e.name === 'AbortError');
+    await assert.rejects(lockWait, (e) => e.name === 'AbortError');
+    assert.ok(Date.now() - t0 < 1000);
+    const st = await waiters(a, 0);
+    assert.strictEqual(st.cancelled, before + 2);
+
+    // Freed now: neither aborted wait takes it.
+    await a.semRelease(key, grant.token);
+    await a.unlock(key);
+    assert.strictEqual((await b.semInfo(key, 1)).held, 0);
+    assert.strictEqual((await b.call('lock.info', { key })).locked, false);
+    // Already aborted: nothing is sent.
+    await assert.rejects(b.semAcquire(key, 1, { signal: AbortSignal.abort() }),
+      (e) => e.name === 'AbortError');
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
 test('npm pack --dry-run', (t) => {
   const npm = spawnSync('npm', ['--version'], { encoding: 'utf8' });
   if (npm.error || npm.status !== 0) {

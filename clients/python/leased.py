@@ -7,6 +7,8 @@
             ...                     # held.fence guards writes
             if held.lost.is_set():  # lock_lost: stop writing under it
                 ...
+        with ld.semaphore("pool:db", limit=4):
+            ...                     # one of at most 4 holders
         user = ld.cached("user:7", lambda: db_load_user(7))
         ld.update(["user:7"], lambda: db_save_user(7, name))
 
@@ -44,7 +46,7 @@ import threading
 import time
 
 __all__ = ["Leased", "Pool", "AsyncLeased", "Held", "LeasedError",
-           "LockNotAcquired", "DEFAULT_SOCKET"]
+           "LockNotAcquired", "NoPermit", "DEFAULT_SOCKET"]
 __version__ = "0.1.0"
 
 DEFAULT_SOCKET = "/run/leased/leased.sock"
@@ -76,6 +78,28 @@ class LockNotAcquired(Exception):
         super().__init__("lock %r is held elsewhere (%s ms left)" % (key, ttl_ms))
         self.key = key
         self.ttl_ms = ttl_ms
+
+
+class NoPermit(Exception):
+    """semaphore() got no permit within wait_ms."""
+
+    def __init__(self, key, available):
+        super().__init__("semaphore %r: no permit (%s available)"
+                         % (key, available))
+        self.key = key
+        self.available = available
+
+
+def _sem_fields(key, limit, permits, wait_ms, ttl_ms, extra):
+    fields = {"key": key, "limit": limit}
+    if permits != 1:
+        fields["permits"] = permits
+    if wait_ms:
+        fields["wait_ms"] = wait_ms
+    if ttl_ms is not None:
+        fields["ttl_ms"] = ttl_ms
+    fields.update(extra)
+    return fields
 
 
 class Held(dict):
@@ -282,7 +306,7 @@ class Leased:
 
     def _event(self, msg):
         self.events.append(msg)
-        if msg.get("event") == "lock_lost":
+        if msg.get("event") in ("lock_lost", "sem_lost"):
             self._holds.lost(msg)
         if self.on_event is not None:
             self.on_event(msg)
@@ -340,6 +364,10 @@ class Leased:
                     except TimeoutError:
                         if _on_late is not None:
                             self._late[rid] = _on_late
+                            if "cancel" in self.features:
+                                # Its wait ends now; a grant that won
+                                # the race still reaches _ON_LATE.
+                                self._post("cancel", target=rid)
                         raise
                     if msg is None:
                         continue
@@ -477,6 +505,54 @@ class Leased:
                 # A lost lock is not ours to unlock any more; the block
                 # was told through held.lost.
                 if not (e.code == "not_held" and held.lost.is_set()):
+                    raise
+
+    # --- semaphores ----------------------------------------------------------
+
+    def try_semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
+                      **extra):
+        """The sem.acquire reply: {"acquired":true,"token":..,
+        "available":..} or {"acquired":false,"available":..}. A grant that
+        comes after the call timed out is released when it is read."""
+
+        def late(reply):
+            if reply.get("acquired"):
+                self._post("sem.release", key=key, token=reply["token"])
+
+        return self.call("sem.acquire", _on_late=late,
+                         **_sem_fields(key, limit, permits, wait_ms, ttl_ms,
+                                       extra))
+
+    def sem_release(self, key, token):
+        return self.call("sem.release", key=key, token=token)
+
+    def sem_info(self, key, limit):
+        return self.call("sem.info", key=key, limit=limit)
+
+    @contextlib.contextmanager
+    def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
+                  **extra):
+        """Hold PERMITS of the LIMIT permits of KEY for the with-block
+        (renewed while this session lives, unless ttl_ms is given) and
+        yield a Held (the grant: .token; .lost is set on sem_lost, also
+        while the application is idle in the block). Raises NoPermit."""
+        reply = self.try_semaphore(key, limit, permits, wait_ms, ttl_ms,
+                                   **extra)
+        if not reply["acquired"]:
+            raise NoPermit(key, reply.get("available"))
+        held = Held(reply, key, None, threading.Event())
+        held._conn = self
+        self._holds.add(held)
+        self._start_watcher()
+        try:
+            yield held
+        finally:
+            self._holds.remove(held)
+            try:
+                self.sem_release(key, reply["token"])
+            except LeasedError as e:
+                # Lost or its lease ran out: nothing left to give back.
+                if e.code != "not_held":
                     raise
 
     # --- cache-aside ---------------------------------------------------------
@@ -634,6 +710,14 @@ class Pool:
             with c.lock(key, wait_ms, ttl_ms, owner, **extra) as held:
                 yield held
 
+    @contextlib.contextmanager
+    def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
+                  **extra):
+        with self.connection() as c:
+            with c.semaphore(key, limit, permits, wait_ms, ttl_ms,
+                             **extra) as grant:
+                yield grant
+
     def cached(self, key, loader, ttl_ms=None):
         # The connection is given back while LOADER runs (it may be
         # slow); the fill goes through whichever is free then.
@@ -772,7 +856,7 @@ class AsyncLeased:
 
     def _event(self, msg):
         self.events.append(msg)
-        if msg.get("event") == "lock_lost":
+        if msg.get("event") in ("lock_lost", "sem_lost"):
             for held in list(self._holds.get((msg.get("key"),
                                               msg.get("token")), ())):
                 held.lost_event = msg
@@ -909,6 +993,35 @@ class AsyncLeased:
             if not lst:
                 del self._holds[(held.key, held.token)]
 
+    # --- semaphores ----------------------------------------------------------
+
+    async def try_semaphore(self, key, limit, permits=1, wait_ms=0,
+                            ttl_ms=None, **extra):
+        """As Leased.try_semaphore. Cancelling the awaiting task (also by
+        asyncio.wait_for's timeout) sends cancel for the wait, and a grant
+        that still comes is released."""
+
+        def granted_too_late(reply):
+            if reply.get("acquired"):
+                self._fire("sem.release", key=key, token=reply["token"])
+
+        return await self.call("sem.acquire", _on_abandon=granted_too_late,
+                               **_sem_fields(key, limit, permits, wait_ms,
+                                             ttl_ms, extra))
+
+    async def sem_release(self, key, token):
+        return await self.call("sem.release", key=key, token=token)
+
+    async def sem_info(self, key, limit):
+        return await self.call("sem.info", key=key, limit=limit)
+
+    def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
+                  **extra):
+        """`async with ld.semaphore("pool", 4) as grant:` holds a permit
+        for the block; `grant = await ld.semaphore(...)` takes it (release
+        it with sem_release(key, grant["token"])). Raises NoPermit."""
+        return _AsyncSem(self, key, limit, permits, wait_ms, ttl_ms, extra)
+
     # --- cache-aside ---------------------------------------------------------
 
     async def cached(self, key, loader, ttl_ms=None):
@@ -993,4 +1106,37 @@ class _AsyncLock:
                                  **_mode(self.extra))
         except LeasedError as e:
             if not (e.code == "not_held" and held.lost.is_set()):
+                raise
+
+
+class _AsyncSem:
+    def __init__(self, ld, key, limit, permits, wait_ms, ttl_ms, extra):
+        self.ld = ld
+        self.args = (key, limit, permits, wait_ms, ttl_ms)
+        self.extra = extra
+        self.grant = None
+
+    async def _take(self):
+        key = self.args[0]
+        reply = await self.ld.try_semaphore(*self.args, **self.extra)
+        if not reply["acquired"]:
+            raise NoPermit(key, reply.get("available"))
+        held = Held(reply, key, None, asyncio.Event())
+        self.ld._add_hold(held)
+        return held
+
+    def __await__(self):
+        return self._take().__await__()
+
+    async def __aenter__(self):
+        self.grant = await self._take()
+        return self.grant
+
+    async def __aexit__(self, *exc):
+        grant, self.grant = self.grant, None
+        self.ld._remove_hold(grant)
+        try:
+            await self.ld.sem_release(self.args[0], grant["token"])
+        except LeasedError as e:
+            if e.code != "not_held":
                 raise

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from leased import (AsyncLeased, Leased, LeasedError,  # noqa: E402
-                    LockNotAcquired, Pool)
+                    LockNotAcquired, NoPermit, Pool)
 
 SOCKET = os.environ.get("LEASED_SOCKET", "")
 REDIS = os.environ.get("LEASED_TEST_REDIS", "")
@@ -46,6 +46,18 @@ def redis_del(key):
         reply = s.recv(100)
     if not reply.startswith(b":1"):
         raise AssertionError("DEL %r answered %r" % (name, reply))
+
+
+def redis_cmd(*args):
+    """One Redis command from the test; its raw reply."""
+    host, _, port = REDIS.rpartition(":")
+    cmd = b"*%d\r\n" % len(args)
+    for a in args:
+        a = a.encode()
+        cmd += b"$%d\r\n%s\r\n" % (len(a), a)
+    with socket.create_connection((host, int(port)), 10) as s:
+        s.sendall(cmd)
+        return s.recv(100)
 
 
 def needs_redis(test):
@@ -566,6 +578,101 @@ class Async(unittest.TestCase):
                     await c.close()
                 # Well under fill_lease_ms (5 s) plus the wait.
                 self.assertLess(time.monotonic() - start, 4.5)
+            finally:
+                await a.close()
+                await b.close()
+        self.run_async(main())
+
+
+class Semaphores(unittest.TestCase):
+    def run_async(self, coro):
+        return asyncio.run(asyncio.wait_for(coro, WAIT_S * 2))
+
+    def test_semaphore_block_holds_a_permit(self):
+        key = PREFIX + "sem"
+        with Leased(SOCKET) as a, Leased(SOCKET) as b:
+            with a.semaphore(key, 2) as g1:
+                self.assertTrue(g1["token"])
+                self.assertEqual(g1["available"], 1)
+                with b.semaphore(key, 2, wait_ms=100):
+                    self.assertEqual(a.sem_info(key, 2)["held"], 2)
+                    with self.assertRaises(NoPermit) as cm:
+                        with b.semaphore(key, 2, wait_ms=50):
+                            pass
+                    self.assertEqual(cm.exception.available, 0)
+                self.assertEqual(a.sem_info(key, 2)["held"], 1)
+            info = b.sem_info(key, 2)
+            self.assertEqual((info["available"], info["held"]), (2, 0))
+            with self.assertRaises(LeasedError) as cm:
+                a.try_semaphore(key, 2, permits=3)
+            self.assertEqual(cm.exception.code, "bad_request")
+
+    @needs_redis
+    def test_held_lost_when_the_grant_is_gone(self):
+        key = PREFIX + "sem-lost"
+        with Leased(SOCKET) as ld:
+            with ld.semaphore(key, 1) as held:
+                redis_cmd("DEL", "leased:lock:{%s}:sem" % key,
+                          "leased:lock:{%s}:sem:permits" % key)
+                # Idle in the block: the watcher reads the event.
+                self.assertTrue(held.lost.wait(WAIT_S))
+                self.assertEqual(held.lost_event["event"], "sem_lost")
+                self.assertEqual(held.lost_event["token"], held.token)
+
+    @needs_redis
+    def test_blocking_call_that_times_out_sends_cancel(self):
+        key = PREFIX + "sem-timeout"
+        with Leased(SOCKET, client="t") as a, \
+                Leased(SOCKET, timeout=0.3, client="t") as b:
+            self.assertIn("cancel", b.features)
+            before = a.call("stats")["stats"]["cancelled"]
+            # Redis holds the daemon's attempt back (below its
+            # redis.timeout_ms): b's call times out first.
+            self.assertEqual(redis_cmd("CLIENT", "PAUSE", "800", "WRITE"),
+                             b"+OK\r\n")
+            with self.assertRaises(TimeoutError):
+                b.try_semaphore(key, 1, wait_ms=100)
+            self.assertEqual(a.call("stats")["stats"]["cancelled"],
+                             before + 1)
+            # The grant Redis makes once the pause ends goes back.
+            deadline = time.monotonic() + WAIT_S
+            while a.sem_info(key, 1)["held"] != 0:
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.05)
+            b.call("ping")
+            with a.semaphore(key, 1):
+                pass
+
+    def test_cancelled_or_timed_out_wait_takes_no_permit(self):
+        async def main():
+            key = PREFIX + "aio:sem"
+            a = await AsyncLeased.connect(SOCKET)
+            b = await AsyncLeased.connect(SOCKET)
+            try:
+                self.assertIn("semaphore", b.features)
+                grant = await a.semaphore(key, 1)
+                # A task cancelled while it waits.
+                waiter = asyncio.ensure_future(b.semaphore(key, 1,
+                                                           wait_ms=-1))
+                deadline = time.monotonic() + WAIT_S
+                while not b._pending and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                waiter.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await waiter
+                # A wait that asyncio.wait_for gives up on.
+                with self.assertRaises(asyncio.TimeoutError):
+                    await asyncio.wait_for(b.semaphore(key, 1, wait_ms=-1),
+                                           0.3)
+                stats = (await a.call("stats"))["stats"]
+                self.assertGreaterEqual(stats["cancelled"], 2, stats)
+                self.assertEqual(stats["lock_waiters"], 0, stats)
+                # Released now: neither cancelled wait takes the permit.
+                await a.sem_release(key, grant["token"])
+                info = await a.sem_info(key, 1)
+                self.assertEqual(info["held"], 0, info)
+                async with a.semaphore(key, 1) as g:
+                    self.assertTrue(g["acquired"])
             finally:
                 await a.close()
                 await b.close()

@@ -161,7 +161,8 @@ void leased_free(void *p);
 enum leased_event_type {
     LEASED_EV_OTHER = 0, /* an event this version does not know */
     LEASED_EV_LOCK_LOST,
-    LEASED_EV_SHUTDOWN
+    LEASED_EV_SHUTDOWN,
+    LEASED_EV_SEM_LOST /* key, token and reason as for lock_lost */
 };
 
 struct leased_event {
@@ -278,6 +279,57 @@ struct leased_lock_info {
 int leased_lock_info(struct leased_conn *c, const char *key, const char *owner,
                      const char *token, struct leased_lock_info *out,
                      struct leased_error *err);
+
+/* --- semaphores --------------------------------------------------------- */
+
+/* Optional fields of sem.acquire; a zeroed struct (or NULL) takes one
+ * permit, session-bound with a watchdog lease, tried once. */
+struct leased_sem_args {
+    long long permits; /* 0: 1 */
+    long long wait_ms; /* 0: try once; > 0: wait; -1: no limit */
+    long long ttl_ms;  /* > 0: fixed lease; 0: watchdog lease */
+    bool detach;       /* outlive the session (needs ttl_ms) */
+};
+
+struct leased_sem_result {
+    bool acquired;
+    char token[LEASED_TOKEN_MAX]; /* acquired: the grant's token */
+    long long permits;            /* acquired: permits of the grant */
+    long long available;          /* permits left (as LIMIT counts them) */
+    long long lease_ms;           /* acquired: lease guaranteed from now */
+};
+
+/* Take ARGS->permits of the LIMIT permits of KEY. Not acquired is not an
+ * error (OUT->acquired false). */
+int leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
+                       const struct leased_sem_args *args,
+                       struct leased_sem_result *out,
+                       struct leased_error *err);
+
+/* Release every permit of TOKEN (any session); *RELEASED (may be NULL)
+ * gets how many. A token that holds nothing: LEASED_E_NOT_HELD, reason
+ * "absent". */
+int leased_sem_release(struct leased_conn *c, const char *key,
+                       const char *token, long long *released,
+                       struct leased_error *err);
+
+struct leased_sem_info {
+    long long available;
+    long long held;
+};
+
+int leased_sem_info(struct leased_conn *c, const char *key, long long limit,
+                    struct leased_sem_info *out, struct leased_error *err);
+
+/* --- cancelling a wait ---------------------------------------------------- */
+
+/* End the wait of a request sent with leased_send (a lock or sem.acquire
+ * with wait_ms, a cache.get): it answers at once as if its wait ran out,
+ * and its reply is still collected with leased_wait_reply. *CANCELLED
+ * (may be NULL) is false when it was no longer waiting; a grant that won
+ * the race then arrives as an ordinary grant in that reply. */
+int leased_cancel(struct leased_conn *c, uint64_t id, bool *cancelled,
+                  struct leased_error *err);
 
 /* --- cache -------------------------------------------------------------- */
 

@@ -91,8 +91,19 @@ START_TEST(test_hello_ping_stats)
                   "version is not semver");
     ck_assert(json_is_integer(json_object_get(r, "protocol")));
     ck_assert_int_eq(json_integer_value(json_object_get(r, "protocol")), 1);
-    /* The optional parts offered: stale-while-revalidate among them. */
+    /* Only names of the contract's optional parts. */
     ck_assert(json_is_array(json_object_get(r, "features")));
+    for (size_t i = 0; i < json_array_size(json_object_get(r, "features"));
+         i++) {
+        const char *f = json_string_value(
+            json_array_get(json_object_get(r, "features"), i));
+        ck_assert_msg(f != NULL && matches("^(near|rwlock|semaphore|multilock|"
+                                           "cancel|stale|early_refresh|"
+                                           "admin)$",
+                                           f),
+                      "unknown feature %s", f != NULL ? f : "(not a string)");
+    }
+    /* The optional parts offered: stale-while-revalidate among them. */
     {
         json_t *f = json_object_get(r, "features");
         bool stale = false;

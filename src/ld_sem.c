@@ -1,0 +1,690 @@
+/*
+ * Semaphores: sem.acquire, sem.release, sem.info.
+ *
+ * Every acquisition is a grant of its own, under a new token, with a
+ * lease: Redis keeps the grants of a semaphore in a sorted set scored by
+ * lease end and their permits in a hash (src/lua/sem_*.lua), so a grant
+ * whose holder vanished ends with its lease and the acquire script takes
+ * it back. Session-bound grants are also given back at once when their
+ * session ends, and renewed by ld_sem_watch.c while it lives. Waiting
+ * acquisitions queue in ld_lockwait (FIFO per semaphore in this daemon,
+ * only the head asks Redis, woken by the release channel or the next
+ * lease end).
+ */
+#include "ld_sem.h"
+#include "ld_sem_int.h"
+
+#include "ld_cancel.h"
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_dict.h"
+#include "ld_dispatch.h"
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_proto.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SEM_LIMIT_MAX 1000000LL
+
+#define container_of(ptr, type, member)                                       \
+    ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+struct sem_mod sem_mod;
+
+/* ------------------------------------------------------------- names */
+
+static char *
+put(char *p, const char *s, size_t n)
+{
+    memcpy(p, s, n);
+    return p + n;
+}
+
+/* <lock.prefix>{KEY}:sem, <lock.prefix>{KEY}:sem:permits and the channel
+ * <lock.prefix>{KEY}:sem:release: one hash slot, beside the lock of the
+ * same key but never in its way. */
+static void
+names_build(struct sem_names *n, const char *key, size_t len)
+{
+    const char *pfx = sem_mod.ctx->cfg->lock.prefix;
+    size_t plen = strlen(pfx);
+    size_t base = plen + len + 2 + 4; /* {} and :sem */
+    size_t cap = (base + 1) + (base + 9) + (base + 9);
+    char *p = n->buf = ld_xmalloc(cap);
+    n->zset = p;
+    n->zset_len = base;
+    p = put(p, pfx, plen);
+    p = put(p, "{", 1);
+    p = put(p, key, len);
+    p = put(p, "}:sem", 5);
+    *p++ = '\0';
+    n->hash = p;
+    n->hash_len = base + 8;
+    p = put(p, n->zset, base);
+    p = put(p, ":permits", 8);
+    *p++ = '\0';
+    n->chan = p;
+    n->chan_len = base + 8;
+    p = put(p, n->zset, base);
+    p = put(p, ":release", 8);
+    *p = '\0';
+}
+
+void
+sem_script(enum ld_script_id id, const struct sem_names *n, int nargs,
+           const char **args, const size_t *lens, ld_redis_cb *cb, void *arg)
+{
+    const char *argv[8] = {n->zset, n->hash};
+    size_t argvlen[8] = {n->zset_len, n->hash_len};
+    for (int i = 0; i < nargs && i < 6; i++) {
+        argv[2 + i] = args[i];
+        argvlen[2 + i] = lens[i];
+    }
+    ld_redis_script(id, n->zset, n->zset_len, 2, 2 + nargs, argv, argvlen, cb,
+                    arg);
+}
+
+static int
+reply_ints(const redisReply *r, long long *v, int max)
+{
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
+        return -1;
+    }
+    int n = 0;
+    for (size_t i = 0; i < r->elements && n < max; i++) {
+        if (r->element[i]->type != REDIS_REPLY_INTEGER) {
+            return -1;
+        }
+        v[n++] = r->element[i]->integer;
+    }
+    return n;
+}
+
+/* A script failed: Redis unreachable or an error reply. Errors that say
+ * Redis cannot serve now are redis_unavailable (as for locks), others
+ * internal. */
+static void
+reply_failure(struct ld_req *req, const redisReply *r, const char *what)
+{
+    static const char *const unavailable[] = {
+        "LOADING",     "BUSY",     "READONLY",   "MASTERDOWN",
+        "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "OOM",
+        "NOAUTH",      "MOVED",    "ASK",
+    };
+    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
+        int code = LD_E_INTERNAL;
+        for (size_t i = 0; i < sizeof(unavailable) / sizeof(*unavailable);
+             i++) {
+            if (ld_reply_is_error(r, unavailable[i])) {
+                code = LD_E_REDIS_UNAVAILABLE;
+            }
+        }
+        ld_reply_error(req, code, "%s: %s", what, r->str);
+        return;
+    }
+    if (r != NULL) {
+        ld_reply_error(req, LD_E_INTERNAL, "%s: unexpected reply", what);
+        return;
+    }
+    enum ld_redis_outcome o = ld_redis_outcome();
+    if (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST) {
+        ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
+                             json_pack("{s:s}", "outcome", "unknown"),
+                             "%s: %s", what, ld_redis_failure_reason());
+        return;
+    }
+    ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "%s: %s", what,
+                   ld_redis_failure_reason());
+}
+
+static void
+reply_wrong_type(struct ld_req *req)
+{
+    ld_reply_error(req, LD_E_WRONG_TYPE,
+                   "the Redis keys of this semaphore hold data leased did "
+                   "not write; nothing was changed");
+}
+
+/* ------------------------------------------------------------ grants */
+
+static void
+release_on_reply(redisReply *r, void *arg)
+{
+    LD_UNUSED(arg);
+    long long v[2];
+    if (reply_ints(r, v, 2) == 2 && v[0] == 1) {
+        ld_stats.sem_released++;
+    }
+}
+
+/* Give back every permit of TOKEN; nobody waits for the answer. */
+static void
+release_token(const struct sem_names *n, const char *token)
+{
+    const char *args[] = {token, n->chan};
+    size_t lens[] = {LD_TOKEN_LEN, n->chan_len};
+    sem_script(LD_SCRIPT_sem_release, n, 2, args, lens, release_on_reply,
+               NULL);
+}
+
+static struct sem_grant *
+grant_new(struct sem_sess *ss, struct sem_op *op, long long lease)
+{
+    struct sem_grant *g = ld_xcalloc(1, sizeof(*g));
+    g->ss = ss;
+    g->n = op->n; /* the names move to the grant */
+    op->n.buf = NULL;
+    memcpy(g->token, op->token, sizeof(g->token));
+    g->key = op->key; /* so does the key */
+    op->key = NULL;
+    g->watchdog = op->watchdog;
+    g->lease_end_ms = op->sent_ms + (uint64_t)lease;
+    LIST_INSERT_HEAD(&ss->grants, g, sess_link);
+    TAILQ_INSERT_TAIL(&sem_mod.grants, g, all_link);
+    ld_dict_set(sem_mod.by_token, g->token, LD_TOKEN_LEN, g);
+    ld_stats.sem_holds++;
+    sem_grant_arm(g);
+    return g;
+}
+
+/* The grant is no longer this daemon's to keep: released by token, lost,
+ * or its session ended (RELEASE: give its permits back now). */
+void
+sem_grant_drop(struct sem_grant *g, bool release)
+{
+    if (g->gone) {
+        return;
+    }
+    g->gone = true;
+    if (release) {
+        release_token(&g->n, g->token);
+    }
+    if (g->ss != NULL) {
+        LIST_REMOVE(g, sess_link);
+        g->ss = NULL;
+    }
+    TAILQ_REMOVE(&sem_mod.grants, g, all_link);
+    ld_dict_del(sem_mod.by_token, g->token, LD_TOKEN_LEN);
+    ld_stats.sem_holds--;
+    if (g->end_ev != NULL) {
+        event_free(g->end_ev);
+        g->end_ev = NULL;
+    }
+    free(g->key);
+    g->key = NULL;
+    if (!g->renewing) {
+        free(g->n.buf);
+        free(g);
+    }
+}
+
+/* ------------------------------------------------------------ sessions */
+
+static struct sem_sess *
+sess_get(struct ld_session *s)
+{
+    struct sem_sess *ss = s->sem_state;
+    if (ss == NULL) {
+        ss = ld_xcalloc(1, sizeof(*ss));
+        ss->sess = s;
+        LIST_INIT(&ss->grants);
+        LIST_INIT(&ss->ops);
+        LIST_INSERT_HEAD(&sem_mod.sessions, ss, link);
+        s->sem_state = ss;
+    }
+    return ss;
+}
+
+static void
+op_free(struct sem_op *op)
+{
+    if (op->ss != NULL) {
+        LIST_REMOVE(op, link);
+        op->ss = NULL;
+    }
+    free(op->n.buf);
+    free(op->key);
+    free(op);
+}
+
+static void
+reply_false(struct sem_op *op)
+{
+    if (op->req == NULL) {
+        return;
+    }
+    ld_reply_ok(op->req, json_pack("{s:b,s:I}", "acquired", 0, "available",
+                                   (json_int_t)op->available));
+    op->req = NULL;
+}
+
+/* Answer and drop the session's acquisitions; those still in flight are
+ * freed by their reply, which gives back what it may grant. */
+static void
+sess_drop_ops(struct sem_sess *ss, int code, const char *msg)
+{
+    struct sem_op *op;
+    while ((op = LIST_FIRST(&ss->ops)) != NULL) {
+        LIST_REMOVE(op, link);
+        op->ss = NULL;
+        ld_lockwait_leave(&op->w);
+        if (op->req != NULL) {
+            if (code < 0) {
+                reply_false(op);
+            } else {
+                ld_reply_error(op->req, code, "%s", msg);
+                op->req = NULL;
+            }
+        }
+        if (!op->inflight) {
+            op_free(op);
+        }
+    }
+}
+
+static void
+on_session_close(struct ld_session *s)
+{
+    struct sem_sess *ss = s->sem_state;
+    if (ss == NULL) {
+        return;
+    }
+    s->sem_state = NULL;
+    LIST_REMOVE(ss, link);
+    sess_drop_ops(ss, -1, NULL);
+    struct sem_grant *g;
+    while ((g = LIST_FIRST(&ss->grants)) != NULL) {
+        sem_grant_drop(g, true);
+    }
+    free(ss);
+}
+
+/* ------------------------------------------------------------ acquire */
+
+static void
+acq_on_reply(redisReply *r, void *arg)
+{
+    struct sem_op *op = arg;
+    op->inflight = false;
+    if (sem_mod.freed) {
+        free(op->n.buf);
+        free(op->key);
+        free(op);
+        return;
+    }
+    long long v[3] = {0, 0, 0};
+    int n = reply_ints(r, v, 3);
+    bool queued = op->w.q != NULL;
+
+    if (n == 3 && v[0] == 1) {
+        ld_stats.sem_acquired++;
+        if (op->req == NULL || (op->ss == NULL && !op->detach) ||
+            sem_mod.stopping) {
+            /* Answered already (cancel, its session ended) or stopping:
+             * nobody may use this grant, so it goes back. */
+            release_token(&op->n, op->token);
+            if (op->req != NULL) {
+                ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
+                               "the daemon is stopping");
+                op->req = NULL;
+            }
+        } else {
+            if (!op->detach) {
+                grant_new(op->ss, op, v[2]);
+            }
+            ld_reply_ok(op->req, json_pack("{s:b,s:s,s:I,s:I,s:I}", "acquired",
+                                           1, "token", op->token, "permits",
+                                           (json_int_t)op->permits,
+                                           "available", (json_int_t)v[1],
+                                           "lease_ms", (json_int_t)v[2]));
+            op->req = NULL;
+        }
+        if (queued) {
+            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
+        }
+        op_free(op);
+        return;
+    }
+    if (n == 3 && v[0] == 0) {
+        op->available = v[1];
+        if (op->req == NULL) {
+            op_free(op);
+            return;
+        }
+        if (queued) {
+            /* May answer and free OP through sem_expire. */
+            ld_lockwait_done(&op->w, LD_LOCKWAIT_TAKEN, v[2]);
+            return;
+        }
+        reply_false(op);
+        op_free(op);
+        return;
+    }
+    if (r == NULL && ld_redis_outcome() != LD_REDIS_NOT_SENT) {
+        /* It may have run: then a grant stands that nobody will use. */
+        release_token(&op->n, op->token);
+    }
+    if (op->req != NULL) {
+        if (n >= 1 && v[0] == -1) {
+            reply_wrong_type(op->req);
+        } else {
+            reply_failure(op->req, r, "sem.acquire");
+        }
+        op->req = NULL;
+    }
+    if (queued) {
+        ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
+    }
+    op_free(op);
+}
+
+static void
+acq_send(struct sem_op *op)
+{
+    char lbuf[24], pbuf[24], tbuf[24];
+    snprintf(lbuf, sizeof(lbuf), "%lld", op->limit);
+    snprintf(pbuf, sizeof(pbuf), "%lld", op->permits);
+    snprintf(tbuf, sizeof(tbuf), "%lld", op->lease_ms);
+    const char *args[] = {lbuf, pbuf, tbuf, op->token};
+    size_t lens[] = {strlen(lbuf), strlen(pbuf), strlen(tbuf), LD_TOKEN_LEN};
+    op->sent_ms = ld_now_ms();
+    op->inflight = true;
+    sem_script(LD_SCRIPT_sem_acquire, &op->n, 4, args, lens, acq_on_reply, op);
+}
+
+static void
+sem_try(struct ld_lockwait *w)
+{
+    struct sem_op *op = container_of(w, struct sem_op, w);
+    acq_send(op);
+}
+
+static void
+sem_expire(struct ld_lockwait *w, long long ttl_ms)
+{
+    LD_UNUSED(ttl_ms);
+    struct sem_op *op = container_of(w, struct sem_op, w);
+    reply_false(op);
+    if (!op->inflight) {
+        op_free(op);
+    }
+}
+
+static const struct ld_lockwait_fns sem_wait_fns = {sem_try, sem_expire};
+
+static bool
+sem_cancel(void *arg)
+{
+    struct sem_op *op = arg;
+    return ld_lockwait_cancel(&op->w);
+}
+
+static void
+op_acquire(struct ld_req *req)
+{
+    const char *key;
+    size_t klen;
+    long long limit = 0, permits = 1, wait = 0, ttl = 0;
+    bool has_ttl = false, detach = false;
+    if (ld_req_key(req, "key", &key, &klen) != LD_OK ||
+        ld_req_int(req, "limit", true, 1, SEM_LIMIT_MAX, &limit, NULL) !=
+            LD_OK ||
+        ld_req_int(req, "permits", false, 1, SEM_LIMIT_MAX, &permits, NULL) !=
+            LD_OK ||
+        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait, NULL) !=
+            LD_OK ||
+        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl, &has_ttl) !=
+            LD_OK ||
+        ld_req_bool(req, "detach", &detach) != LD_OK) {
+        return;
+    }
+    if (permits > limit) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'permits' (%lld) is above 'limit' (%lld)",
+                       permits, limit);
+        return;
+    }
+    if (detach && !has_ttl) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'ttl_ms' is required with detach (a "
+                       "detached grant is never renewed)");
+        return;
+    }
+    if (sem_mod.stopping) {
+        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+        return;
+    }
+    if (!ld_req_session_open(req)) {
+        /* Its close hook has run: nothing may be kept for it. */
+        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the session has ended");
+        return;
+    }
+    struct sem_op *op = ld_xcalloc(1, sizeof(*op));
+    if (ld_token_new(op->token) != LD_OK) {
+        free(op);
+        ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
+        return;
+    }
+    struct sem_sess *ss = sess_get(req->sess);
+    op->req = req;
+    op->ss = ss;
+    LIST_INSERT_HEAD(&ss->ops, op, link);
+    names_build(&op->n, key, klen);
+    op->key = ld_xstrndup(key, klen);
+    op->limit = limit;
+    op->permits = permits;
+    op->wait_ms = wait;
+    op->detach = detach;
+    op->watchdog = !has_ttl;
+    op->lease_ms = has_ttl ? ttl : sem_mod.ctx->cfg->lock.watchdog_ms;
+    op->w.fns = &sem_wait_fns;
+
+    if (wait == 0) {
+        acq_send(op);
+        return;
+    }
+    if (ld_lockwait_full()) {
+        ld_reply_error(req, LD_E_BUSY,
+                       "too many waiters (limits.max_waiters)");
+        op->req = NULL;
+        op_free(op);
+        return;
+    }
+    long long left = -1;
+    if (wait > 0) {
+        left = wait - (long long)((ld_now_us() - req->start_us) / 1000);
+        if (left < 0) {
+            left = 0;
+        }
+    }
+    ld_cancel_on(req, sem_cancel, op);
+    ld_lockwait_join(&op->w, op->n.zset, op->n.zset_len, op->n.chan,
+                     op->n.chan_len, left, false, 0);
+}
+
+/* ------------------------------------------------------- release, info */
+
+struct sem_call {
+    struct ld_req *req;
+    struct sem_names n;
+    char token[LD_TOKEN_LEN + 1];
+};
+
+static void
+call_free(struct sem_call *c)
+{
+    free(c->n.buf);
+    free(c);
+}
+
+static void
+release_on_answer(redisReply *r, void *arg)
+{
+    struct sem_call *c = arg;
+    long long v[2] = {0, 0};
+    int n = reply_ints(r, v, 2);
+    if (n == 2 && v[0] == 1) {
+        ld_stats.sem_released++;
+        struct sem_grant *g = sem_mod.freed
+                                  ? NULL
+                                  : ld_dict_get(sem_mod.by_token, c->token,
+                                                LD_TOKEN_LEN);
+        if (g != NULL && g->ss != NULL && g->ss->sess != c->req->sess) {
+            /* Released by token from another session: its holder here
+             * hears it as it would from a renewal. */
+            sem_grant_lost(g, "expired", false);
+        } else if (g != NULL) {
+            sem_grant_drop(g, false);
+        }
+        ld_reply_ok(c->req, json_pack("{s:I}", "released", (json_int_t)v[1]));
+    } else if (n >= 1 && v[0] == 0) {
+        struct sem_grant *g = sem_mod.freed
+                                  ? NULL
+                                  : ld_dict_get(sem_mod.by_token, c->token,
+                                                LD_TOKEN_LEN);
+        if (g != NULL) {
+            sem_grant_drop(g, false);
+        }
+        ld_reply_error_extra(c->req, LD_E_NOT_HELD,
+                             json_pack("{s:s}", "reason", "absent"),
+                             "this token holds no permit of the semaphore");
+    } else if (n >= 1 && v[0] == -1) {
+        reply_wrong_type(c->req);
+    } else {
+        reply_failure(c->req, r, "sem.release");
+    }
+    call_free(c);
+}
+
+static void
+op_release(struct ld_req *req)
+{
+    const char *key, *token;
+    size_t klen, tlen;
+    if (ld_req_key(req, "key", &key, &klen) != LD_OK ||
+        ld_req_str(req, "token", true, &token, &tlen, NULL) != LD_OK) {
+        return;
+    }
+    if (tlen != LD_TOKEN_LEN) {
+        ld_reply_error_extra(req, LD_E_NOT_HELD,
+                             json_pack("{s:s}", "reason", "absent"),
+                             "this token holds no permit of the semaphore");
+        return;
+    }
+    struct sem_call *c = ld_xcalloc(1, sizeof(*c));
+    c->req = req;
+    memcpy(c->token, token, LD_TOKEN_LEN);
+    names_build(&c->n, key, klen);
+    const char *args[] = {c->token, c->n.chan};
+    size_t lens[] = {LD_TOKEN_LEN, c->n.chan_len};
+    sem_script(LD_SCRIPT_sem_release, &c->n, 2, args, lens, release_on_answer,
+               c);
+}
+
+static void
+info_on_reply(redisReply *r, void *arg)
+{
+    struct sem_call *c = arg;
+    long long v[3] = {0, 0, 0};
+    int n = reply_ints(r, v, 3);
+    if (n == 3 && v[0] == 1) {
+        ld_reply_ok(c->req,
+                    json_pack("{s:I,s:I}", "available", (json_int_t)v[1],
+                              "held", (json_int_t)v[2]));
+    } else if (n >= 1 && v[0] == -1) {
+        reply_wrong_type(c->req);
+    } else {
+        reply_failure(c->req, r, "sem.info");
+    }
+    call_free(c);
+}
+
+static void
+op_info(struct ld_req *req)
+{
+    const char *key;
+    size_t klen;
+    long long limit = 0;
+    if (ld_req_key(req, "key", &key, &klen) != LD_OK ||
+        ld_req_int(req, "limit", true, 1, SEM_LIMIT_MAX, &limit, NULL) !=
+            LD_OK) {
+        return;
+    }
+    struct sem_call *c = ld_xcalloc(1, sizeof(*c));
+    c->req = req;
+    names_build(&c->n, key, klen);
+    char lbuf[24];
+    snprintf(lbuf, sizeof(lbuf), "%lld", limit);
+    const char *args[] = {lbuf};
+    size_t lens[] = {strlen(lbuf)};
+    sem_script(LD_SCRIPT_sem_info, &c->n, 1, args, lens, info_on_reply, c);
+}
+
+/* -------------------------------------------------------------- module */
+
+int
+ld_sem_init(const struct ld_ctx *ctx)
+{
+    sem_mod.ctx = ctx;
+    sem_mod.by_token = ld_dict_new();
+    TAILQ_INIT(&sem_mod.grants);
+    LIST_INIT(&sem_mod.sessions);
+    sem_mod.stopping = false;
+    sem_mod.freed = false;
+    sem_watch_init();
+    ld_session_on_close(on_session_close);
+    if (ld_dispatch_register("sem.acquire", op_acquire) != LD_OK ||
+        ld_dispatch_register("sem.release", op_release) != LD_OK ||
+        ld_dispatch_register("sem.info", op_info) != LD_OK) {
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
+void
+ld_sem_shutdown(void)
+{
+    if (sem_mod.ctx == NULL || sem_mod.stopping) {
+        return;
+    }
+    sem_mod.stopping = true;
+    struct sem_sess *ss;
+    LIST_FOREACH(ss, &sem_mod.sessions, link)
+    {
+        sess_drop_ops(ss, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+    }
+    struct sem_grant *g;
+    while ((g = TAILQ_FIRST(&sem_mod.grants)) != NULL) {
+        sem_grant_drop(g, true);
+    }
+}
+
+void
+ld_sem_free(void)
+{
+    if (sem_mod.ctx == NULL) {
+        return;
+    }
+    struct sem_sess *ss;
+    while ((ss = LIST_FIRST(&sem_mod.sessions)) != NULL) {
+        LIST_REMOVE(ss, link);
+        sess_drop_ops(ss, -1, NULL);
+        struct sem_grant *g;
+        while ((g = LIST_FIRST(&ss->grants)) != NULL) {
+            sem_grant_drop(g, false);
+        }
+        ss->sess->sem_state = NULL;
+        free(ss);
+    }
+    sem_watch_free();
+    ld_dict_free(sem_mod.by_token);
+    sem_mod.by_token = NULL;
+    sem_mod.freed = true;
+    sem_mod.ctx = NULL;
+}

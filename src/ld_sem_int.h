@@ -1,0 +1,95 @@
+#ifndef LD_SEM_INT_H
+#define LD_SEM_INT_H
+
+/* Inside the semaphore module, shared by its files and by nothing else:
+ *   ld_sem.c        ops, waiting, grants, session close, init and stop
+ *   ld_sem_watch.c  the watchdog pass that renews session-bound grants */
+
+#include "ld_common.h"
+#include "ld_lockwait.h"
+#include "ld_redis.h"
+#include "ld_util.h"
+
+#include <sys/queue.h>
+
+struct event;
+struct ld_ctx;
+struct ld_dict;
+struct ld_req;
+struct ld_session;
+
+/* The Redis names of one semaphore: two keys in one hash slot and the
+ * channel its releases are published on. */
+struct sem_names {
+    char *buf;
+    const char *zset, *hash, *chan;
+    size_t zset_len, hash_len, chan_len;
+};
+
+/* A session's semaphore state (ld_session.sem_state). */
+struct sem_sess {
+    struct ld_session *sess;
+    LIST_ENTRY(sem_sess) link;     /* every session's */
+    LIST_HEAD(, sem_grant) grants; /* its session-bound grants */
+    LIST_HEAD(, sem_op) ops;       /* its acquisitions in flight */
+};
+
+/* A session-bound grant this daemon gives back when the session ends, and
+ * renews while it lives when it has no fixed lease. */
+struct sem_grant {
+    struct sem_sess *ss;
+    struct sem_names n;
+    char *key; /* the client's key, for events */
+    char token[LD_TOKEN_LEN + 1];
+    bool watchdog;
+    bool renewing; /* a renewal is in flight */
+    uint64_t renew_sent_ms;
+    bool gone; /* released or lost: freed once no renewal refers to it */
+    uint64_t lease_end_ms;
+    struct event *end_ev; /* the lease can no longer be vouched for */
+    LIST_ENTRY(sem_grant) sess_link;
+    TAILQ_ENTRY(sem_grant) all_link;
+};
+
+/* One sem.acquire on its way. */
+struct sem_op {
+    struct ld_req *req;  /* NULL once answered */
+    struct sem_sess *ss; /* NULL once its session has closed */
+    struct sem_names n;
+    char token[LD_TOKEN_LEN + 1];
+    char *key;
+    long long limit, permits, lease_ms, wait_ms;
+    long long available; /* as last seen */
+    bool watchdog, detach;
+    bool inflight;
+    uint64_t sent_ms;
+    struct ld_lockwait w;
+    LIST_ENTRY(sem_op) link;
+};
+
+struct sem_mod {
+    const struct ld_ctx *ctx;
+    struct ld_dict *by_token; /* token -> struct sem_grant */
+    TAILQ_HEAD(, sem_grant) grants;
+    LIST_HEAD(, sem_sess) sessions;
+    struct event *pass_ev;
+    long long renew_inflight;
+    bool stopping;
+    bool freed;
+};
+
+extern struct sem_mod sem_mod;
+
+/* ld_sem.c */
+void sem_grant_drop(struct sem_grant *g, bool release);
+void sem_script(enum ld_script_id id, const struct sem_names *n, int nargs,
+                const char **args, const size_t *lens, ld_redis_cb *cb,
+                void *arg);
+
+/* ld_sem_watch.c */
+void sem_grant_arm(struct sem_grant *g);
+void sem_grant_lost(struct sem_grant *g, const char *reason, bool release);
+void sem_watch_init(void);
+void sem_watch_free(void);
+
+#endif

@@ -1,0 +1,20 @@
+-- Release every permit of one grant and wake the waiters.
+-- KEYS[1] grant leases (zset)   KEYS[2] grant permits (hash)
+-- ARGV[1] token   ARGV[2] release channel
+-- Returns {1, permits} RELEASED (and published), {0} ABSENT: the token
+-- holds nothing here (never did, released, or its lease ended),
+-- {-1} WRONG_TYPE.
+--@include sem_shape.lua
+if not sem_shape_ok() then
+    return {-1}
+end
+local now = sem_now()
+local score = redis.call('zscore', KEYS[1], ARGV[1])
+local n = tonumber(redis.call('hget', KEYS[2], ARGV[1]))
+redis.call('zrem', KEYS[1], ARGV[1])
+redis.call('hdel', KEYS[2], ARGV[1])
+if not score or not n or tonumber(score) <= now then
+    return {0}
+end
+redis.call('publish', ARGV[2], '1')
+return {1, n}

@@ -1,0 +1,24 @@
+-- Renew the lease of one grant (watchdog).
+-- KEYS[1] grant leases (zset)   KEYS[2] grant permits (hash)
+-- ARGV[1] token   ARGV[2] lease in ms
+-- Returns {1} HELD (renewed), {0} ABSENT: the grant is gone (released,
+-- lease ended, Redis lost it), {-1} WRONG_TYPE.
+--@include sem_shape.lua
+if not sem_shape_ok() then
+    return {-1}
+end
+local now = sem_now()
+local score = redis.call('zscore', KEYS[1], ARGV[1])
+if not score or tonumber(score) <= now
+   or redis.call('hexists', KEYS[2], ARGV[1]) == 0 then
+    return {0}
+end
+local lease = tonumber(ARGV[2])
+if tonumber(score) < now + lease then
+    redis.call('zadd', KEYS[1], now + lease, ARGV[1])
+end
+local last = redis.call('zrange', KEYS[1], -1, -1, 'withscores')
+local ttl = tonumber(last[2]) - now + 1
+redis.call('pexpire', KEYS[1], ttl)
+redis.call('pexpire', KEYS[2], ttl)
+return {1}

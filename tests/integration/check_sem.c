@@ -1,0 +1,574 @@
+/* Semaphores against real redis-server and real leased: sem.acquire,
+ * sem.release, sem.info, waiting and its order, session-bound grants
+ * (close, crash, watchdog), leases that run out, Redis down, foreign
+ * data, and holders counted from outside across processes and two
+ * daemons. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "sem_util.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static struct h_redis R;
+static struct h_daemon D1, D2;
+static const struct h_fixture fx = {
+    .suite = "sem",
+    .redis = {&R},
+    .daemons = {&D1, &D2},
+};
+
+static void
+start_two(const char *yaml_extra)
+{
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml_extra), 0);
+    ck_assert_int_eq(h_daemon_start(&D2, &R, yaml_extra), 0);
+}
+
+/* --- the ops and their replies ------------------------------------------ */
+
+START_TEST(test_acquire_release_info)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char t1[65], t2[65];
+
+    h_start("lock:\n  watchdog_ms: 3000\n");
+    a = h_connect_ok(&D1);
+    b = h_connect_ok(&D1);
+
+    r = s_acquire(a, "pool", 3, 0, 0, 0);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "first: %s", h_errcode(r));
+    ck_assert_msg(h_is_token(jstr(r, "token")), "token %s", jstr(r, "token"));
+    ck_assert_int_eq(jint(r, "permits"), 1);
+    ck_assert_int_eq(jint(r, "available"), 2);
+    ck_assert_int_eq(jint(r, "lease_ms"), 3000);
+    snprintf(t1, sizeof t1, "%s", jstr(r, "token"));
+    json_decref(r);
+
+    r = s_acquire(b, "pool", 3, 2, 0, 0);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "second: %s", h_errcode(r));
+    ck_assert_int_eq(jint(r, "permits"), 2);
+    ck_assert_int_eq(jint(r, "available"), 0);
+    ck_assert_str_ne(jstr(r, "token"), t1);
+    snprintf(t2, sizeof t2, "%s", jstr(r, "token"));
+    json_decref(r);
+
+    /* Full: a try-once fails without an error. */
+    r = s_acquire(a, "pool", 3, 0, 0, 0);
+    ck_assert_msg(h_ok(r), "full: %s", h_errcode(r));
+    ck_assert(!jtrue(r, "acquired"));
+    ck_assert_int_eq(jint(r, "available"), 0);
+    ck_assert_ptr_null(json_object_get(r, "token"));
+    json_decref(r);
+    ck_assert_int_eq(s_held(a, "pool", 3), 3);
+    /* A caller claiming a bigger limit is honoured as given. */
+    ck_assert_int_eq(s_held(a, "pool", 5), 3);
+
+    /* The layout: one sorted set of grants, one hash of their permits. */
+    ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{pool}:sem"), 2);
+    ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{pool}:sem:permits %s", t2),
+                     2);
+
+    /* Any session may release by token; all the token's permits go. */
+    r = s_release(a, "pool", t2);
+    ck_assert_msg(h_ok(r), "release: %s", h_errcode(r));
+    ck_assert_int_eq(jint(r, "released"), 2);
+    json_decref(r);
+    ck_assert_int_eq(s_held(a, "pool", 3), 1);
+    r = s_release(b, "pool", t2);
+    h_expect_code(json_incref(r), "not_held", "second release");
+    ck_assert_str_eq(jreason(r), "absent");
+    json_decref(r);
+    r = s_release(b, "pool", "00000000000000000000000000000000");
+    h_expect_code(json_incref(r), "not_held", "unknown token");
+    ck_assert_str_eq(jreason(r), "absent");
+    json_decref(r);
+    r = s_release(b, "pool", t1);
+    ck_assert_int_eq(jint(r, "released"), 1);
+    json_decref(r);
+    /* A's grant was released by another session: A hears it. */
+    r = h_event(a, T_MS);
+    ck_assert_msg(r != NULL, "no sem_lost after a release by token");
+    ck_assert_str_eq(jstr(r, "event"), "sem_lost");
+    ck_assert_str_eq(jstr(r, "token"), t1);
+    json_decref(r);
+    ck_assert_int_eq(s_held(a, "pool", 3), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{pool}:sem"), 0);
+    h_assert_stat(a, "sem_holds", 0, T_MS);
+
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+START_TEST(test_validation)
+{
+    struct h_conn *a;
+    h_start(NULL);
+    a = h_connect_ok(&D1);
+
+    h_expect_code(s_acquire(a, "v", 2, 3, 0, 0), "bad_request",
+                  "permits above limit");
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "sem.acquire", "key",
+                          "v"),
+                  "bad_request", "no limit");
+    h_expect_code(s_acquire(a, "v", 0, 0, 0, 0), "bad_request", "limit 0");
+    h_expect_code(s_acquire(a, "v", 1000001, 0, 0, 0), "bad_request",
+                  "limit too big");
+    h_expect_code(s_acquire(a, "v", 2, -1, 0, 0), "bad_request", "permits -1");
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:i,s:b}", "op", "sem.acquire",
+                          "key", "v", "limit", 2, "detach", 1),
+                  "bad_request", "detach without ttl_ms");
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "sem.release", "key",
+                          "v"),
+                  "bad_request", "release without token");
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s}", "op", "sem.info", "key", "v"),
+                  "bad_request", "info without limit");
+    h_assert_ping(a);
+    h_close(a);
+}
+END_TEST
+
+START_TEST(test_hello_features)
+{
+    struct h_conn *a;
+    json_t *r, *f;
+    bool sem = false, cancel = false;
+
+    h_start(NULL);
+    a = h_connect_ok(&D1);
+    r = h_callf(a, T_MS, "{s:s}", "op", "hello");
+    ck_assert(h_ok(r));
+    f = json_object_get(r, "features");
+    for (size_t i = 0; i < json_array_size(f); i++) {
+        const char *n = json_string_value(json_array_get(f, i));
+        sem = sem || (n != NULL && strcmp(n, "semaphore") == 0);
+        cancel = cancel || (n != NULL && strcmp(n, "cancel") == 0);
+    }
+    ck_assert_msg(sem && cancel, "features lack semaphore or cancel");
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
+/* --- waiting -------------------------------------------------------------- */
+
+START_TEST(test_wait_wake_fifo)
+{
+    struct h_conn *a, *b, *c;
+    json_t *r;
+    char t[65];
+    long long t0;
+
+    start_two(NULL);
+    a = h_connect_ok(&D1);
+    b = h_connect_ok(&D2);
+    c = h_connect_ok(&D2);
+
+    s_must(a, "w", 1, 0, 0, t);
+    /* B then C wait in the same daemon: B is served first. */
+    s_send_id(b, 1, s_req("w", 1, 0, 20000, 0));
+    h_assert_stat(b, "lock_waiters", 1, T_MS);
+    s_send_id(c, 2, s_req("w", 1, 0, 20000, 0));
+    h_assert_stat(b, "lock_waiters", 2, T_MS);
+
+    t0 = h_now_ms();
+    r = s_release(a, "w", t);
+    ck_assert_int_eq(jint(r, "released"), 1);
+    json_decref(r);
+    r = h_recv_id(b, 1, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "B not granted first");
+    ck_assert_msg(h_now_ms() - t0 < 1000, "took %lld ms", h_now_ms() - t0);
+    snprintf(t, sizeof t, "%s", jstr(r, "token"));
+    json_decref(r);
+    ck_assert_ptr_null(h_recv_id(c, 2, 300));
+
+    r = s_release(b, "w", t);
+    json_decref(r);
+    r = h_recv_id(c, 2, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "C not granted");
+    json_decref(r);
+
+    /* A wait that runs out answers like a failed try. */
+    t0 = h_now_ms();
+    r = s_acquire(a, "w", 1, 0, 300, 0);
+    ck_assert_msg(h_ok(r) && !jtrue(r, "acquired"), "timed wait");
+    ck_assert_int_eq(jint(r, "available"), 0);
+    ck_assert_int_ge(h_now_ms() - t0, 280);
+    json_decref(r);
+    h_assert_stat(a, "lock_waiters", 0, T_MS);
+
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
+/* --- leases: session end, crash, watchdog, expiry ------------------------ */
+
+/* Acquire one permit of "crash", tell the parent through FD, hang. */
+static void
+holder_child(const struct h_daemon *d, int fd)
+{
+    struct h_conn *c = h_connect(d);
+    char ok = 'n';
+    if (c != NULL) {
+        json_t *r = h_call(c, s_req("crash", 1, 0, 0, 0), 10000);
+        ok = (r != NULL && jtrue(r, "acquired")) ? 'y' : 'n';
+        json_decref(r);
+    }
+    if (write(fd, &ok, 1) != 1) {
+        _exit(21);
+    }
+    for (;;) {
+        pause();
+    }
+}
+
+START_TEST(test_session_end_and_crash)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char t[65];
+    long long t0;
+    int fds[2];
+    char ok = 0;
+
+    start_two(NULL); /* leases of 30 s: only a release frees early */
+    a = h_connect_ok(&D1);
+    b = h_connect_ok(&D2);
+
+    s_must(a, "sc", 1, 0, 0, t);
+    s_send_id(b, 1, s_req("sc", 1, 0, 20000, 0));
+    h_assert_stat(b, "lock_waiters", 1, T_MS);
+    t0 = h_now_ms();
+    h_close(a);
+    r = h_recv_id(b, 1, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"),
+                  "not granted after the holder's session closed");
+    ck_assert_msg(h_now_ms() - t0 < 1000, "took %lld ms", h_now_ms() - t0);
+    snprintf(t, sizeof t, "%s", jstr(r, "token"));
+    json_decref(r);
+    json_decref(s_release(b, "sc", t));
+
+    /* A client process killed while holding a permit. */
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        holder_child(&D1, fds[1]);
+    }
+    h_track_pid(pid);
+    ck_assert_int_eq(read(fds[0], &ok, 1), 1);
+    ck_assert_msg(ok == 'y', "the child got no permit");
+    s_send_id(b, 2, s_req("crash", 1, 0, 20000, 0));
+    h_assert_stat(b, "lock_waiters", 1, T_MS);
+    t0 = h_now_ms();
+    kill(pid, SIGKILL);
+    r = h_recv_id(b, 2, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"),
+                  "not granted after the holder was killed");
+    ck_assert_msg(h_now_ms() - t0 < 2000, "took %lld ms", h_now_ms() - t0);
+    json_decref(r);
+    waitpid(pid, NULL, 0);
+    h_untrack_pid(pid);
+    close(fds[0]);
+    close(fds[1]);
+    h_close(b);
+}
+END_TEST
+
+START_TEST(test_watchdog_and_expiry)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char t[65];
+    long long t0;
+
+    h_start("lock:\n  watchdog_ms: 600\n");
+    a = h_connect_ok(&D1);
+    b = h_connect_ok(&D1);
+
+    /* Session-bound without ttl_ms: renewed well past its lease. */
+    s_must(a, "wd", 1, 0, 0, t);
+    usleep(2000 * 1000);
+    ck_assert_int_eq(s_held(b, "wd", 1), 1);
+    r = s_acquire(b, "wd", 1, 0, 0, 0);
+    ck_assert(!jtrue(r, "acquired"));
+    json_decref(r);
+    r = s_release(a, "wd", t);
+    ck_assert_int_eq(jint(r, "released"), 1);
+    json_decref(r);
+
+    /* A fixed lease is not renewed: its permit comes back when it ends,
+     * and a waiter is woken then without any release. */
+    r = s_acquire(a, "ex", 1, 0, 0, 400);
+    ck_assert(jtrue(r, "acquired"));
+    ck_assert_int_eq(jint(r, "lease_ms"), 400);
+    json_decref(r);
+    t0 = h_now_ms();
+    r = s_acquire(b, "ex", 1, 0, 5000, 0);
+    ck_assert_msg(jtrue(r, "acquired"), "not granted at lease end");
+    ck_assert_int_ge(h_now_ms() - t0, 300);
+    ck_assert_int_lt(h_now_ms() - t0, 2000);
+    json_decref(r);
+
+    /* A detached grant outlives its session until its lease ends; the
+     * acquire script reclaims it. */
+    json_decref(h_callf(b, T_MS, "{s:s}", "op", "ping"));
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i,s:i,s:b}", "op", "sem.acquire", "key",
+                "dt", "limit", 1, "ttl_ms", 500, "detach", 1);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    h_close(a);
+    usleep(100 * 1000);
+    ck_assert_int_eq(s_held(b, "dt", 1), 1);
+    s_wait_held(b, "dt", 1, 0, 3000);
+    r = s_acquire(b, "dt", 1, 0, 0, 0);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    h_close(b);
+}
+END_TEST
+
+START_TEST(test_grant_lost_and_shutdown)
+{
+    struct h_conn *a;
+    char t[65];
+
+    h_start("lock:\n  watchdog_ms: 600\n");
+    a = h_connect_ok(&D1);
+    /* Redis loses the grant: the next renewal finds it gone and drops
+     * it; a release then says absent. */
+    s_must(a, "lost", 2, 0, 0, t);
+    h_assert_stat(a, "sem_holds", 1, T_MS);
+    h_r_do(&R, "DEL leased:lock:{lost}:sem leased:lock:{lost}:sem:permits");
+    json_t *ev = h_event(a, T_MS);
+    ck_assert_msg(ev != NULL, "no sem_lost event");
+    ck_assert_str_eq(jstr(ev, "event"), "sem_lost");
+    ck_assert_str_eq(jstr(ev, "key"), "lost");
+    ck_assert_str_eq(jstr(ev, "token"), t);
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+    h_assert_stat(a, "sem_holds", 0, T_MS);
+    ck_assert(h_wait_log(&D1, "found gone on renewal", T_MS));
+    json_t *r = s_release(a, "lost", t);
+    h_expect_code(r, "not_held", "release of a lost grant");
+
+    /* A graceful stop gives session-bound grants back at once, long
+     * before a lease would end; a detached one stays. */
+    s_must(a, "stop", 3, 0, 0, t);
+    s_must(a, "stop", 3, 0, 60000, t);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i,s:i,s:b}", "op", "sem.acquire", "key",
+                "stop", "limit", 3, "ttl_ms", 60000, "detach", 1);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{stop}:sem"), 3);
+    ck_assert_int_eq(h_daemon_stop(&D1), 0);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{stop}:sem"), 1);
+    h_close(a);
+}
+END_TEST
+
+/* --- failures ------------------------------------------------------------ */
+
+/* Redis away for longer than a watchdog lease: the holder hears it
+ * before the lease could end in Redis (a margin before it). */
+START_TEST(test_lost_when_redis_down)
+{
+    struct h_conn *a;
+    json_t *r;
+    char yaml[160], t[65];
+    long long t0;
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n"
+             "lock:\n  watchdog_ms: 900\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
+    a = h_connect_ok(&D1);
+    s_must(a, "rd", 2, 0, 0, t);
+    /* A fixed lease is simply forgotten when it ends: no event. */
+    r = s_acquire(a, "rdf", 2, 0, 0, 300);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    h_assert_stat(a, "sem_holds", 2, T_MS);
+    h_assert_stat(a, "sem_holds", 1, T_MS);
+
+    t0 = h_now_ms();
+    h_redis_kill(&R);
+    r = h_event(a, 5000);
+    ck_assert_msg(r != NULL, "no sem_lost event with Redis down");
+    ck_assert_str_eq(jstr(r, "event"), "sem_lost");
+    ck_assert_str_eq(jstr(r, "token"), t);
+    ck_assert_str_eq(jstr(r, "reason"), "redis_unavailable");
+    ck_assert_int_lt(h_now_ms() - t0, 900);
+    json_decref(r);
+    h_assert_stat(a, "sem_holds", 0, T_MS);
+    h_close(a);
+}
+END_TEST
+
+START_TEST(test_redis_down_and_wrong_type)
+{
+    struct h_conn *a;
+    json_t *r;
+
+    char yaml[128];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
+    a = h_connect_ok(&D1);
+
+    h_r_do(&R, "SET leased:lock:{wt}:sem x");
+    r = s_acquire(a, "wt", 2, 0, 0, 0);
+    h_expect_code(r, "wrong_type", "string under the sem key");
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "sem.info", "key",
+                          "wt", "limit", 2),
+                  "wrong_type", "info on a string");
+    ck_assert_int_eq(h_r_int(&R, "STRLEN leased:lock:{wt}:sem"), 1);
+
+    h_redis_kill(&R);
+    h_expect_code(s_acquire(a, "down", 2, 0, 0, 0), "redis_unavailable",
+                  "acquire with Redis down");
+    h_expect_code(s_acquire(a, "down", 2, 0, 1000, 0), "redis_unavailable",
+                  "waiting acquire with Redis down");
+    h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "sem.info", "key",
+                          "down", "limit", 2),
+                  "redis_unavailable", "info with Redis down");
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    h_assert_ping(a);
+    /* Back: the daemon serves semaphores again. */
+    long long deadline = h_now_ms() + 10000;
+    bool got = false;
+    while (!got && h_now_ms() < deadline) {
+        r = s_acquire(a, "down", 2, 0, 0, 0);
+        got = h_ok(r) && jtrue(r, "acquired");
+        json_decref(r);
+        if (!got) {
+            usleep(50 * 1000);
+        }
+    }
+    ck_assert_msg(got, "no permit after Redis came back");
+    h_close(a);
+}
+END_TEST
+
+/* --- holders counted from outside ---------------------------------------- */
+
+#define C_LIMIT 3
+#define C_PROCS 8
+#define C_ITERS 40
+
+/* Acquire (waiting without limit), count this holder in Redis, hold a
+ * moment, uncount, release; a count above the limit is a violation. */
+static int
+contender(const struct h_daemon *d)
+{
+    struct h_conn *c = h_connect(d);
+    redisContext *rc = redisConnect("127.0.0.1", R.port);
+    if (c == NULL || rc == NULL || rc->err) {
+        return 10;
+    }
+    for (int i = 0; i < C_ITERS; i++) {
+        json_t *r = h_call(c, s_req("crowd", C_LIMIT, 1, -1, 0), 60000);
+        if (r == NULL || !jtrue(r, "acquired")) {
+            return 11;
+        }
+        char tok[65];
+        snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+        json_decref(r);
+        redisReply *in = redisCommand(rc, "INCR holders");
+        if (in == NULL || in->type != REDIS_REPLY_INTEGER) {
+            return 12;
+        }
+        if (in->integer > C_LIMIT) {
+            freeReplyObject(redisCommand(rc, "INCR violations"));
+        }
+        if (in->integer > 1) {
+            freeReplyObject(redisCommand(rc, "INCR overlaps"));
+        }
+        freeReplyObject(in);
+        usleep(1000);
+        freeReplyObject(redisCommand(rc, "DECR holders"));
+        r = h_call(c,
+                   json_pack("{s:s,s:s,s:s}", "op", "sem.release", "key",
+                             "crowd", "token", tok),
+                   10000);
+        if (r == NULL || jint(r, "released") != 1) {
+            return 13;
+        }
+        json_decref(r);
+    }
+    redisFree(rc);
+    h_close(c);
+    return 0;
+}
+
+START_TEST(test_contention_two_daemons)
+{
+    pid_t pids[C_PROCS];
+    struct h_conn *a;
+
+    start_two(NULL);
+    for (int i = 0; i < C_PROCS; i++) {
+        pids[i] = fork();
+        ck_assert_int_ge(pids[i], 0);
+        if (pids[i] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            _exit(contender(i % 2 ? &D2 : &D1));
+        }
+        h_track_pid(pids[i]);
+    }
+    for (int i = 0; i < C_PROCS; i++) {
+        int st = -1;
+        long long deadline = h_now_ms() + 150000;
+        while (h_now_ms() < deadline) {
+            if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+                break;
+            }
+            usleep(20000);
+        }
+        h_untrack_pid(pids[i]);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "contender %d ended with %d", i, st);
+    }
+    ck_assert_int_eq(h_r_int(&R, "GET violations"), -999); /* never set */
+    ck_assert_msg(h_r_int(&R, "GET overlaps") > 0,
+                  "no two holders ever overlapped: the test proved nothing");
+    ck_assert_int_eq(h_r_int(&R, "GET holders"), 0);
+    a = h_connect_ok(&D1);
+    ck_assert_int_eq(s_held(a, "crowd", C_LIMIT), 0);
+    h_close(a);
+}
+END_TEST
+
+int
+main(void)
+{
+    const struct h_case cases[] = {
+        H_CASE(acquire_release_info, 60),
+        H_CASE(validation, 60),
+        H_CASE(hello_features, 60),
+        H_CASE(wait_wake_fifo, 60),
+        H_CASE(session_end_and_crash, 60),
+        H_CASE(watchdog_and_expiry, 60),
+        H_CASE(grant_lost_and_shutdown, 60),
+        H_CASE(redis_down_and_wrong_type, 60),
+        H_CASE(lost_when_redis_down, 60),
+        H_CASE(contention_two_daemons, 200),
+    };
+    return H_MAIN(fx, cases);
+}
