@@ -373,6 +373,9 @@ START_TEST(test_restart_reconnects)
     ck_assert(h_wait_until(connected, c, 10000));
     h_close(c);
     assert_locks_work();
+    /* Killed without a TLS close: a lost connection, not a TLS fault. */
+    ck_assert(h_log_has(&D, "redis connection lost"));
+    ck_assert(!h_log_has(&D, "redis tls failed"));
 }
 END_TEST
 
