@@ -46,6 +46,25 @@ done
 port=$p1
 redis_pid=$pid1
 
+# Until leased has all three instances (start_leased only waits for its
+# socket): a lock tried before would answer redis_unavailable.
+wait_instances() {
+    _wi_ctl=$builddir/tools/leasectl
+    [ -x "$_wi_ctl" ] || return 0
+    _wi_n=0
+    while [ $_wi_n -lt 100 ]; do
+        if "$_wi_ctl" -s "$sock" stats --json 2>/dev/null |
+            grep -q '"redlock_instances_up": *3[,}]'; then
+            return 0
+        fi
+        sleep 0.1
+        _wi_n=$((_wi_n + 1))
+    done
+    say "leased did not reach the three instances; its log:"
+    cat "$tmp/leased.log" >&2
+    exit 1
+}
+
 : >"$raw"
 for backend in single redlock; do
     if [ "$backend" = redlock ]; then
@@ -54,6 +73,7 @@ for backend in single redlock; do
         leased_lock_extra=
     fi
     start_leased "$connections"
+    [ "$backend" = redlock ] && wait_instances
     for c in 50 1; do
         say "$backend: lock+unlock at $c connections, $rep pairs"
         run_bench -m lock -c "$c" -n "$rep" -d "$dur" -w "$warm" |
