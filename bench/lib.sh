@@ -3,6 +3,9 @@
 #
 # After bench_init: $tmp (removed at exit), $bench, $leased. start_redis
 # sets $port and $redis_pid; start_leased sets $leased_pid and $sock.
+# Pids added to $extra_pids (more redis-servers) are stopped at exit too;
+# lines in $leased_lock_extra go into the lock section of leased's
+# config.
 # Shell functions share the caller's variables: locals here start with
 # an underscore.
 
@@ -13,6 +16,7 @@ out=
 raw=
 quick=0
 resources=1
+redlock=1
 connections=
 rev=
 
@@ -20,7 +24,7 @@ bench_usage() {
     cat <<EOF
 usage: $0 [--builddir DIR] [--srcdir DIR] [--redis-server PATH]
           [--out FILE] [--raw FILE] [--connections N] [--quick]
-          [--no-resources] [--rev NAME]
+          [--no-resources] [--no-redlock] [--rev NAME]
 EOF
 }
 
@@ -36,6 +40,7 @@ bench_args() {
         --rev) rev=$2; shift 2 ;;
         --quick) quick=1; shift ;;
         --no-resources) resources=0; shift ;;
+        --no-redlock) redlock=0; shift ;;
         -h|--help) bench_usage; exit 0 ;;
         *) bench_usage >&2; exit 2 ;;
         esac
@@ -72,6 +77,9 @@ stop_pid() {
 bench_cleanup() {
     stop_pid "$leased_pid"
     stop_pid "$redis_pid"
+    for _bc_pid in $extra_pids; do
+        stop_pid "$_bc_pid"
+    done
     [ -n "$tmp" ] && rm -rf "$tmp"
 }
 
@@ -86,6 +94,8 @@ bench_init() {
     done
     redis_pid=
     leased_pid=
+    extra_pids=
+    leased_lock_extra=
     tmp=
     trap bench_cleanup EXIT
     trap 'exit 130' INT TERM
@@ -102,7 +112,7 @@ start_redis() {
     for _sr_try in 1 2 3 4 5 6 7 8 9 10; do
         port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 40000))
         "$redis_server" --port "$port" --bind 127.0.0.1 --save '' \
-            --appendonly no --dir "$tmp" --logfile "$tmp/redis.log" \
+            --appendonly no --dir "$tmp" --logfile "$tmp/redis-$port.log" \
             --maxclients 20000 --daemonize no &
         redis_pid=$!
         _sr_n=0
@@ -139,6 +149,7 @@ redis:
   connections: $_sl_conns
 lock:
   watchdog_ms: 30000
+$leased_lock_extra
 journal:
   path: "$tmp/invalidations.journal"
 limits:

@@ -12,7 +12,9 @@
 #   3. the target cells again, five pairs each, medians;
 #   4. isolation: get p99 alone and with 1,000 waiters on a held lock;
 #   5. stampede: an invalidation of a hot key under 50 readers, deleted
-#      and marked stale: readers blocked and loads;
+#      and marked stale: readers blocked and loads; redlock.sh: lock+unlock
+#      with lock.redlock over three instances against direct Redis on one
+#      (--no-redlock leaves it out);
 #   6. resources.sh: memory, renewal CPU, instructions per op;
 # and writes bench/results.md. Text below the marker line of an existing
 # results.md (the hand-written analysis) is kept.
@@ -129,9 +131,19 @@ stop_leased
 stop_pid "$redis_pid"
 redis_pid=
 
+qflag=
+[ "$quick" = 1 ] && qflag=--quick
+rlmd=$tmp/redlock.md
+: >"$rlmd"
+if [ "$redlock" = 1 ]; then
+    sh "$here/redlock.sh" --builddir "$builddir" \
+        --redis-server "$redis_server" --connections "$best" \
+        --raw "$tmp/rl.txt" --out "$rlmd" $qflag
+    sed 's/^/section=redlock /' "$tmp/rl.txt" >>"$rawfile"
+    cat "$rlmd" >&2
+fi
+
 if [ "$resources" = 1 ]; then
-    qflag=
-    [ "$quick" = 1 ] && qflag=--quick
     sh "$here/resources.sh" --builddir "$builddir" \
         --redis-server "$redis_server" --connections "$best" \
         --raw "$tmp/res.txt" $qflag
@@ -162,7 +174,7 @@ awk -v date="$(date -u '+%Y-%m-%d %H:%M UTC')" -v nproc="$(nproc)" \
     -v lbuilt="$lbuilt" \
     -v lb="$load_before" -v la="$load_after" -v secs="$((t_end - t_start))" \
     -v best="$best" -v dur="$dur" -v warm="$warm" -v rep="$rep" \
-    -v quicknote="$quicknote" -v mem="$(free -m | awk '/^Mem:/ {print $2}')" '
+    -v quicknote="$quicknote" -v rlmd="$rlmd" -v mem="$(free -m | awk '/^Mem:/ {print $2}')" '
 function parse(line,   i, n, f, kv, p) {
     delete F
     n = split(line, f, " ")
@@ -390,6 +402,19 @@ END {
         }
         print ""
     }
+    if ((getline line < rlmd) > 0) {
+        print "## Redlock: lock+unlock over three instances"
+        print ""
+        print "leased with lock.redlock over three redis-servers on this"
+        print "machine, against an app running the same lock scripts on the"
+        print "first of them alone (the baseline is a single master); the"
+        print "same pair with leased on that one Redis, in the same run,"
+        print "shows what Redlock adds. Latencies in microseconds."
+        print ""
+        print line
+        while ((getline line < rlmd) > 0) print line
+        print ""
+    }
     print "## Resources"
     print ""
     print "Sessions hold watchdog locks (lock.watchdog_ms 30000: renewed"
@@ -492,7 +517,7 @@ END {
     print "## Reproduce"
     print ""
     print "    mkdir build && cd build && ../configure && make"
-    print "    make bench            # about 7 minutes; rewrites bench/results.md"
+    print "    make bench            # about 9 minutes; rewrites bench/results.md"
     print "    make bench BENCH_FLAGS=--quick    # a 1-minute smoke run"
     print "    # one cell by hand, against a running leased and Redis:"
     print "    bench/leased-bench -m lock -c 50 -s /run/leased/leased.sock \\"

@@ -660,8 +660,9 @@ log_tls_failure(const struct ld_conn *c, const char *why)
 }
 
 /* The reason an attempt or a connection failed, as the log and the
- * callers will see it. */
-static void
+ * callers will see it; whether it is a TLS problem (rather than the
+ * transport beneath ending). */
+static bool
 transport_failure(struct ld_conn *c, short what, char *why, size_t len)
 {
     char plain[160];
@@ -673,12 +674,12 @@ transport_failure(struct ld_conn *c, short what, char *why, size_t len)
     }
     if (!c->tls) {
         snprintf(why, len, "%s", plain);
-        return;
+        return false;
     }
     if (c->state == LD_CONN_CONNECTING && (what & BEV_EVENT_EOF)) {
         /* Typical of a port that speaks no TLS: it drops the hello. */
         snprintf(why, len, "TLS: handshake failed: %s", plain);
-        return;
+        return true;
     }
     unsigned long e = 0, next;
     while ((next = bufferevent_get_openssl_error(c->bev)) != 0) {
@@ -686,7 +687,12 @@ transport_failure(struct ld_conn *c, short what, char *why, size_t len)
             e = next;
         }
     }
+    if (c->state != LD_CONN_CONNECTING && ld_tls_peer_closed(e)) {
+        snprintf(why, len, "Server closed the connection");
+        return false;
+    }
     ld_tls_failure(bufferevent_openssl_get_ssl(c->bev), e, plain, why, len);
+    return true;
 }
 
 static void
@@ -720,8 +726,8 @@ event_cb(struct bufferevent *bev, short what, void *arg)
         return;
     }
     char why[192];
-    transport_failure(c, what, why, sizeof(why));
-    if (c->tls &&
+    bool tls_fault = transport_failure(c, what, why, sizeof(why));
+    if (tls_fault &&
         ((what & BEV_EVENT_ERROR) || c->state == LD_CONN_CONNECTING)) {
         log_tls_failure(c, why);
     } else if (c->state == LD_CONN_CONNECTING) {

@@ -195,3 +195,20 @@ ld_tls_failure(SSL *ssl, unsigned long first_err, const char *fallback,
     /* What is left belongs to this failure: the next one starts clean. */
     ERR_clear_error();
 }
+
+bool
+ld_tls_peer_closed(unsigned long err)
+{
+#ifdef SSL_R_UNEXPECTED_EOF_WHILE_READING
+    if (ERR_GET_LIB(err) == ERR_LIB_SSL &&
+        ERR_GET_REASON(err) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+        ERR_clear_error();
+        return true;
+    }
+    return false;
+#else
+    /* OpenSSL 1.1 reports such an end as a plain EOF already. */
+    LD_UNUSED(err);
+    return false;
+#endif
+}

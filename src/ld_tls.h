@@ -44,4 +44,10 @@ struct ssl_st *ld_tls_new_ssl(const char *host, char *err, size_t errlen);
 void ld_tls_failure(struct ssl_st *ssl, unsigned long first_err,
                     const char *fallback, char *buf, size_t len);
 
+/* Whether ERR (an OpenSSL error code) only says the peer closed the TCP
+ * connection without a TLS close_notify: what a killed or restarted
+ * Redis does, not a TLS problem. When it does, OpenSSL's error queue is
+ * cleared, as ld_tls_failure would. */
+bool ld_tls_peer_closed(unsigned long err);
+
 #endif

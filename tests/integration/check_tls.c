@@ -2,10 +2,11 @@
  * --tls-port, certificates made by the openssl command for each case: ops
  * over TLS, a server certificate from another CA or for another name
  * refused with the reason in the log, mutual TLS, verify: false with its
- * warning, no fallback to plain text, a TLS Redis restarted, and bad key
- * files refused by leased -t. The servers keep a plain port too, for the
- * harness' readiness check and the test's own look into Redis; the daemon
- * is only ever pointed at the TLS port. */
+ * warning, no fallback to plain text, a TLS Redis restarted (a lost
+ * connection, not a TLS failure), Sentinel and Redlock instances over
+ * TLS, and bad key files refused by leased -t. The servers keep a plain
+ * port too, for the harness' readiness check and the test's own look into
+ * Redis; the daemon is only ever pointed at the TLS port. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -17,12 +18,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define T_MS 5000
 #define RUN_MS 30000
 
 static struct h_redis R, R2;
 static struct h_redis S[3];
+static struct h_redis I[3]; /* lock.redlock instances */
 static struct h_daemon D;
 static char certs[256]; /* this case's certificates */
 static int tls_port;
@@ -121,6 +124,7 @@ teardown(void)
 {
     for (int i = 0; i < 3; i++) {
         h_redis_stop(&S[i]);
+        h_redis_stop(&I[i]);
     }
 }
 
@@ -373,6 +377,9 @@ START_TEST(test_restart_reconnects)
     ck_assert(h_wait_until(connected, c, 10000));
     h_close(c);
     assert_locks_work();
+    /* Killed without a TLS close: a lost connection, not a TLS fault. */
+    ck_assert(h_log_has(&D, "redis connection lost"));
+    ck_assert(!h_log_has(&D, "redis tls failed"));
 }
 END_TEST
 
@@ -453,6 +460,143 @@ START_TEST(test_sentinel_over_tls)
 }
 END_TEST
 
+/* Instances of lock.redlock holding KEY's lock (looked up on their plain
+ * ports). */
+static int
+instances_with(const char *key)
+{
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        if (I[i].pid != 0 &&
+            h_r_int(&I[i], "EXISTS leased:lock:{%s}", key) == 1) {
+            n++;
+        }
+    }
+    return n;
+}
+
+/* A lock request with TTL_MS until its outcome is GRANTED (the daemon may
+ * not have seen an instance go yet); the last reply. */
+static json_t *
+redlock_until(struct h_conn *c, const char *key, bool granted)
+{
+    long long deadline = h_now_ms() + 10000;
+    for (;;) {
+        json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key", key,
+                            "ttl_ms", 10000);
+        ck_assert_msg(r != NULL, "no answer to lock %s", key);
+        bool got = h_ok(r) && jtrue(r, "acquired");
+        if (got == granted || h_now_ms() > deadline) {
+            return r;
+        }
+        if (got) {
+            json_decref(
+                h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key", key));
+        }
+        json_decref(r);
+        usleep(20000);
+    }
+}
+
+/* The harness's Redis (redis.*) and three lock.redlock instances, all
+ * speaking TLS only on the ports the daemon is given, and the daemon on
+ * them. The third instance presents BAD_CERT (a certificate NAME.crt)
+ * when not NULL. */
+static void
+start_redlock_tls(const char *bad_cert)
+{
+    char args[2048], extra[2560], keys[1024], yaml[3072];
+    int itls[3];
+
+    start_tls_redis(false);
+    server_tls_args(args, sizeof args, " --");
+    for (int i = 0; i < 3; i++) {
+        itls[i] = h_free_port();
+        if (i == 2 && bad_cert != NULL) {
+            snprintf(extra, sizeof extra,
+                     "--tls-port %d --tls-cert-file %s/%s.crt "
+                     "--tls-key-file %s/%s.key --tls-ca-cert-file %s/ca.crt "
+                     "--tls-auth-clients no",
+                     itls[i], certs, bad_cert, certs, bad_cert, certs);
+        } else {
+            snprintf(extra, sizeof extra, "--tls-port %d %s", itls[i], args);
+        }
+        ck_assert_int_eq(h_redis_start(&I[i], extra), 0);
+    }
+    tls_keys(keys, sizeof keys, "ca", NULL);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: 127.0.0.1:%d\n  timeout_ms: 500\n"
+             "  tls:\n    enabled: true\n%s"
+             "lock:\n  redlock: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n",
+             tls_port, keys, itls[0], itls[1], itls[2]);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+}
+
+/* Redlock over TLS: locks, waiting and wake-ups, keys on all three
+ * instances and gone after unlock, granted with one instance down,
+ * redis_unavailable with two down; instances that are killed are lost
+ * connections, not TLS failures. */
+START_TEST(test_redlock_over_tls)
+{
+    start_redlock_tls(NULL);
+    struct h_conn *c = h_connect_ok(&D);
+    ck_assert_msg(h_wait_stat(c, "redlock_instances_up", 3, 10000),
+                  "the TLS instances never all came up");
+
+    assert_locks_work();
+    json_t *r = redlock_until(c, "a", true);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "lock a: %s", h_errcode(r));
+    ck_assert_int_le(jint(r, "lease_ms"), 10000 - (10000 / 100 + 2));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("a"), 3);
+    /* The lock lives on the instances, not on redis.*. */
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{a}"), 0);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key", "a");
+    ck_assert(h_ok(r) && jtrue(r, "released"));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("a"), 0);
+
+    h_redis_kill(&I[2]);
+    r = redlock_until(c, "b", true);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"),
+                  "not granted with one instance down: %s", h_errcode(r));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("b"), 2);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key", "b");
+    ck_assert(h_ok(r) && jtrue(r, "released"));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("b"), 0);
+
+    h_redis_kill(&I[1]);
+    r = redlock_until(c, "c", false);
+    h_expect_code(r, "redis_unavailable", "lock with two instances down");
+    ck_assert(!h_log_has(&D, "redis tls failed"));
+    h_close(c);
+}
+END_TEST
+
+/* An instance whose certificate does not verify counts as down: the
+ * other two still grant, and the log names the reason. */
+START_TEST(test_redlock_tls_instance_refused)
+{
+    make_cert("stranger_server", "localhost", "other",
+              "DNS:localhost,IP:127.0.0.1");
+    start_redlock_tls("stranger_server");
+    struct h_conn *c = h_connect_ok(&D);
+    ck_assert(h_wait_log(&D, "certificate verify failed", T_MS));
+    json_t *r = redlock_until(c, "a", true);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"),
+                  "not granted by the two verified instances: %s",
+                  h_errcode(r));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("a"), 2);
+    ck_assert_int_eq(h_r_int(&I[2], "EXISTS leased:lock:{a}"), 0);
+    ck_assert_int_eq(h_stat(c, "redlock_instances_up"), 2);
+    h_close(c);
+}
+END_TEST
+
 /* leased -t reads the key files: each problem is named. */
 START_TEST(test_bad_files_refused)
 {
@@ -510,6 +654,8 @@ main(void)
         H_CASE(restart_reconnects, 60),
         H_CASE(bad_files_refused, 60),
         H_CASE(sentinel_over_tls, 120),
+        H_CASE(redlock_over_tls, 120),
+        H_CASE(redlock_tls_instance_refused, 120),
     };
     return H_MAIN(fx, cases);
 }
