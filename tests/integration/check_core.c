@@ -91,9 +91,14 @@ START_TEST(test_hello_ping_stats)
                   "version is not semver");
     ck_assert(json_is_integer(json_object_get(r, "protocol")));
     ck_assert_int_eq(json_integer_value(json_object_get(r, "protocol")), 1);
-    /* No optional part of the protocol is offered yet. */
+    /* The optional parts offered: names only (check_admin looks for
+     * "admin"). */
     ck_assert(json_is_array(json_object_get(r, "features")));
-    ck_assert_int_eq(json_array_size(json_object_get(r, "features")), 0);
+    for (size_t i = 0; i < json_array_size(json_object_get(r, "features"));
+         i++) {
+        ck_assert(
+            json_is_string(json_array_get(json_object_get(r, "features"), i)));
+    }
     s1 = json_string_value(json_object_get(r, "session"));
     ck_assert_msg(s1 && *s1, "hello has no session id");
     snprintf(sess1, sizeof sess1, "%s", s1);
