@@ -536,7 +536,6 @@ reply_bare_error(struct ld_session *s, int code, const char *msg)
     free(line);
 }
 
-/* Describe the peer of FD for a log line. */
 /* Operators reach the daemon through its Unix socket, which its file
  * mode and group already restrict; TCP needs listen.admin_token. */
 static bool
@@ -548,6 +547,7 @@ sock_is_unix(int fd)
            ss.ss_family == AF_UNIX;
 }
 
+/* Describe the peer of FD for a log line. */
 static void
 peer_name(int fd, char *buf, size_t len)
 {
