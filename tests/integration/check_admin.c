@@ -10,6 +10,7 @@
 #include "lock_util.h"
 
 #include <check.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,6 +398,35 @@ START_TEST(test_force_remote)
 }
 END_TEST
 
+/* The same with Redisson's layout: the lock hash is the key itself and
+ * the marker sits beside Redisson's fence counter. */
+START_TEST(test_force_remote_redisson)
+{
+    start_both("listen:\n"
+               "  unix: @DIR@/leased.sock\n"
+               "  tcp: 127.0.0.1:0\n"
+               "  admin_token: " ADMIN "\n"
+               "lock:\n"
+               "  watchdog_ms: 600\n"
+               "  layout: redisson\n");
+    struct h_conn *a = lk_connect(&D1);
+    json_decref(lk_must(a, "rk", NULL, NO_TTL, 0));
+    ck_assert_int_eq(h_r_int(&R, "EXISTS rk"), 1);
+    struct h_conn *op = lk_connect(&D2);
+    json_t *r = force(op, "rk");
+    ck_assert_msg(h_ok(r) && jtrue(r, "released"), "force: %s", h_errcode(r));
+    json_decref(r);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS rk"), 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS redisson_lock_token:{rk}:forced"), 1);
+    json_t *ev = h_lock_lost(a, "rk", 4 * WATCHDOG_MS + T_MS);
+    ck_assert_msg(ev != NULL, "D1's holder never heard of the force");
+    ck_assert_str_eq(jstr(ev, "reason"), "taken");
+    json_decref(ev);
+    h_close(op);
+    h_close(a);
+}
+END_TEST
+
 START_TEST(test_force_redis_down)
 {
     h_start(yaml_admin);
@@ -410,6 +440,48 @@ START_TEST(test_force_redis_down)
     ck_assert(h_ok(r));
     json_decref(r);
     h_close(op);
+}
+END_TEST
+
+/* listen.admin_token is read at each hello: a reload changes it for the
+ * next one, and operator sessions already made stay operators. */
+START_TEST(test_admin_token_reload)
+{
+    h_start(yaml_admin);
+    struct h_conn *t1 = h_connect_tcp(&D1);
+    json_t *r = hello_admin(t1, ADMIN);
+    ck_assert(h_ok(r));
+    json_decref(r);
+
+    FILE *f = fopen(D1.conf, "r");
+    ck_assert_ptr_nonnull(f);
+    static char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *at = strstr(text, ADMIN);
+    ck_assert_ptr_nonnull(at);
+    memcpy(at, "op-n3w-token-xx", strlen(ADMIN));
+    f = fopen(D1.conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    h_daemon_signal(&D1, SIGHUP);
+    ck_assert(h_wait_log(&D1, "configuration reloaded", T_MS));
+
+    struct h_conn *t2 = h_connect_tcp(&D1);
+    h_expect_code(hello_admin(t2, ADMIN), "unauthorized", "the old token");
+    r = hello_admin(t2, "op-n3w-token-xx");
+    ck_assert_msg(h_ok(r), "the new token: %s", h_errcode(r));
+    json_decref(r);
+    r = list_locks(t2, NULL, 0);
+    ck_assert(h_ok(r));
+    json_decref(r);
+    r = list_locks(t1, NULL, 0);
+    ck_assert(h_ok(r));
+    json_decref(r);
+    h_close(t1);
+    h_close(t2);
 }
 END_TEST
 
@@ -446,7 +518,9 @@ main(void)
         H_CASE(tcp_without_admin_token_configured, 60),
         H_CASE(force_local, 90),
         H_CASE(force_remote, 90),
+        H_CASE(force_remote_redisson, 90),
         H_CASE(force_redis_down, 60),
+        H_CASE(admin_token_reload, 60),
         H_CASE(config_tokens_differ, 60),
     };
     return H_MAIN(fx, cases);
