@@ -29,6 +29,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -65,13 +66,14 @@ enum mode {
     M_HOLD,
     M_ISOLATION,
     M_RENEWAL,
-    M_WAITERS /* internal: the queued waiters of --mode isolation */
+    M_STORM,
+    M_STAMPEDE,
+    M_WAITERS, /* internal: the queued waiters of --mode isolation */
+    M_INVAL    /* internal: the invalidating sessions of --mode storm */
 };
-static const char *const mode_names[] = {"lock",      "lock-contended",
-                                         "get",       "mix",
-                                         "ping",      "hold",
-                                         "isolation", "renewal",
-                                         "waiters"};
+static const char *const mode_names[] = {
+    "lock",      "lock-contended", "get",   "mix",      "ping",    "hold",
+    "isolation", "renewal",        "storm", "stampede", "waiters", "inval"};
 
 enum target { T_LEASED, T_DIRECT };
 static const char *const target_names[] = {"leased", "direct"};
@@ -84,7 +86,8 @@ enum step {
     S_PING,
     S_SUBSCRIBING, /* direct: lock taken, SUBSCRIBE sent, retry on reply */
     S_PAUSE,       /* direct: waiting for an unlock message or the pttl */
-    S_HELD         /* hold/waiters: holding, nothing in flight */
+    S_HELD,        /* hold/waiters: holding, nothing in flight */
+    S_INVAL        /* storm: an invalidation in flight */
 };
 
 struct run;
@@ -132,6 +135,7 @@ struct run {
     long long ops, errors, timeouts, events, ops_limit;
     int done_clients; /* hold: clients holding all their locks */
     int acquired;     /* waiters: acquisitions seen */
+    long long invals; /* storm: invalidations answered */
     int shown_errors;
     struct event *warm_ev, *end_ev;
     struct cpu cpu0, cpu1;
@@ -625,6 +629,14 @@ leased_reply(struct client *c, struct evbuffer *in, size_t len)
             next_op(c);
         }
         break;
+    case S_INVAL:
+        if (line_has(in, len, "\"ok\":true")) {
+            r->invals++;
+        } else {
+            leased_error(c, in, len);
+        }
+        next_op(c);
+        break;
     case S_REL:
         if (r->mode == M_WAITERS) {
             leased_send(c, c->lock_req, c->lock_len, S_ACQ);
@@ -911,6 +923,10 @@ next_op(struct client *c)
         leased_send(c, c->lock_req, c->lock_len, S_ACQ);
         return;
     }
+    if (r->mode == M_INVAL) {
+        leased_send(c, c->get_req, c->get_len, S_INVAL);
+        return;
+    }
     bool lock = op_is_lock(c);
     if (r->target == T_LEASED) {
         if (lock) {
@@ -967,6 +983,12 @@ build_leased(struct run *r, struct client *c, const char *base_key)
     }
     if (r->mode == M_PING) {
         c->get_req = xasprintf(&c->get_len, "{\"op\":\"ping\"}\n");
+    } else if (r->mode == M_INVAL) {
+        /* Keys nobody reads: the cost measured is the journal's. */
+        c->get_req = xasprintf(&c->get_len,
+                               "{\"op\":\"cache.invalidate\",\"key\":"
+                               "\"%s.i\",\"delay_ms\":0}\n",
+                               base_key);
     } else {
         c->get_req = xasprintf(&c->get_len,
                                "{\"op\":\"cache.get\",\"key\":\"%s.g\"}\n",
@@ -1207,7 +1229,7 @@ start(struct run *r)
         return;
     }
     r->started = true;
-    if (r->mode != M_HOLD && r->mode != M_WAITERS) {
+    if (r->mode != M_HOLD && r->mode != M_WAITERS && r->mode != M_INVAL) {
         if (o.warmup_s > 0) {
             struct timeval tv = tv_of(o.warmup_s);
             r->warm_ev = evtimer_new(base, on_warm, r);
@@ -1644,6 +1666,52 @@ run_isolation(void)
     fflush(stdout);
 }
 
+/* -------------------------------------------------------------- storm */
+
+/* cache.get at CONNS connections alone, then while --waiters sessions
+ * send cache.invalidate back to back (each waits for its answer, which
+ * under journal.fsync always comes after the journal's fdatasync), then
+ * alone again; also the invalidations per second of the storm. */
+static void
+run_storm(void)
+{
+    struct result alone1 = run_one(M_GET, T_LEASED, o.conns, o.size);
+    iso_print("storm", "alone", &alone1, 0, 0);
+
+    struct run w;
+    memset(&w, 0, sizeof(w));
+    w.mode = M_INVAL;
+    w.target = T_LEASED;
+    w.conns = o.waiters;
+    w.id = ++run_counter;
+    clients_open(&w);
+    start(&w);
+    uint64_t t0 = now_ns();
+    long long n0 = w.invals;
+    struct result during = run_one(M_GET, T_LEASED, o.conns, o.size);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    double inval_s = secs > 0 ? (double)(w.invals - n0) / secs : 0;
+    iso_print("storm", "invalidating", &during, o.waiters, 0);
+    clients_close(&w);
+
+    struct result alone2 = run_one(M_GET, T_LEASED, o.conns, o.size);
+    iso_print("storm", "alone-after", &alone2, 0, 0);
+    double ratio = alone1.p99 > 0 ? during.p99 / alone1.p99 : 0;
+    if (o.json) {
+        printf("{\"mode\":\"storm\",\"phase\":\"summary\","
+               "\"p99_alone_us\":%.1f,\"p99_storm_us\":%.1f,"
+               "\"p99_alone_after_us\":%.1f,\"p99_ratio\":%.3f,"
+               "\"invalidations_s\":%.0f}\n",
+               alone1.p99, during.p99, alone2.p99, ratio, inval_s);
+    } else {
+        printf("mode=storm phase=summary p99_alone_us=%.1f "
+               "p99_storm_us=%.1f p99_alone_after_us=%.1f p99_ratio=%.3f "
+               "invalidations_s=%.0f\n",
+               alone1.p99, during.p99, alone2.p99, ratio, inval_s);
+    }
+    fflush(stdout);
+}
+
 /* ------------------------------------------------------------ renewal */
 
 /* cache.get latency alone, then while the daemon keeps HOLDERS x LOCKS
@@ -1697,6 +1765,149 @@ run_renewal(void)
     fflush(stdout);
 }
 
+/* ------------------------------------------------------------ stampede */
+
+#define STAMPEDE_LOAD_MS 100
+
+/* One hot key, CONNS readers, an invalidation: how many readers were
+ * blocked (waited for a fill) and how many loads ran (leases granted),
+ * with a plain delete and with stale mode. The one reader that gets the
+ * lease "loads" for STAMPEDE_LOAD_MS, then fills. */
+static void
+stampede_one(int ctl, bool stale)
+{
+    int n = o.conns;
+    char key[96];
+    snprintf(key, sizeof(key), "bench:stampede:%d:%d", (int)getpid(),
+             ++run_counter);
+    size_t len;
+    char *req = xasprintf(&len,
+                          "{\"op\":\"cache.set\",\"key\":\"%s\","
+                          "\"value\":\"old\",\"ttl_ms\":%d}\n",
+                          key, CACHE_TTL_MS);
+    free(blocking_call(ctl, req, len));
+    free(req);
+    int *fds = xmalloc(sizeof(*fds) * (size_t)n);
+    uint64_t *wait_us = xmalloc(sizeof(*wait_us) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        fds[i] = unix_connect(o.sock);
+    }
+    long long waits0 = stats_field(ctl, "cache_waits");
+    long long leases0 = stats_field(ctl, "cache_leases_granted");
+    req = xasprintf(&len,
+                    "{\"op\":\"cache.invalidate\",\"key\":\"%s\","
+                    "\"delay_ms\":0,\"stale\":%s}\n",
+                    key, stale ? "true" : "false");
+    free(blocking_call(ctl, req, len));
+    free(req);
+    req = xasprintf(&len,
+                    "{\"op\":\"cache.get\",\"key\":\"%s\","
+                    "\"wait_ms\":10000}\n",
+                    key);
+    uint64_t t0 = (now_ns() / 1000);
+    for (int i = 0; i < n; i++) {
+        write_all(fds[i], req, len);
+    }
+    free(req);
+    /* Each reader's answer as it comes; the lease holder's load runs
+     * meanwhile (its fill goes over CTL when the load time is up), so
+     * that blocked readers are answered by that fill. */
+    char lease[64] = "";
+    uint64_t fill_at = 0;
+    struct pollfd *p = xmalloc(sizeof(*p) * (size_t)n);
+    for (int got = 0; got < n;) {
+        int np = 0;
+        for (int i = 0; i < n; i++) {
+            if (fds[i] >= 0) {
+                p[np].fd = fds[i];
+                p[np].events = POLLIN;
+                np++;
+            }
+        }
+        int timeout = 15000;
+        if (fill_at != 0) {
+            uint64_t now = now_ns() / 1000;
+            timeout = now >= fill_at ? 0 : (int)((fill_at - now) / 1000) + 1;
+        }
+        int k = poll(p, (nfds_t)np, timeout);
+        if (k < 0 && errno == EINTR) {
+            continue;
+        }
+        if (k <= 0) {
+            if (fill_at == 0) {
+                die("stampede: readers not answered");
+            }
+            char *fill = xasprintf(&len,
+                                   "{\"op\":\"cache.fill\",\"key\":\"%s\","
+                                   "\"lease\":\"%s\",\"value\":\"new\"}\n",
+                                   key, lease);
+            free(blocking_call(ctl, fill, len));
+            free(fill);
+            fill_at = 0;
+            continue;
+        }
+        for (int q = 0; q < np; q++) {
+            if (p[q].revents == 0) {
+                continue;
+            }
+            int i = 0;
+            while (fds[i] != p[q].fd) {
+                i++;
+            }
+            char *line = blocking_call(fds[i], "", 0);
+            wait_us[i] = now_ns() / 1000 - t0;
+            char *l = strstr(line, "\"lease\":\"");
+            if (l != NULL) {
+                l += 9;
+                *strchr(l, '"') = '\0';
+                snprintf(lease, sizeof(lease), "%s", l);
+                fill_at = now_ns() / 1000 + STAMPEDE_LOAD_MS * 1000;
+            } else if (strstr(line, "\"hit\":true") == NULL) {
+                die("stampede: a reader missed: %s", line);
+            }
+            free(line);
+            close(fds[i]);
+            fds[i] = -1;
+            got++;
+        }
+    }
+    free(p);
+    if (fill_at != 0) {
+        /* Everybody had the old value: the load still lands. */
+        uint64_t now = now_ns() / 1000;
+        if (fill_at > now) {
+            struct timespec ts = {0, (long)(fill_at - now) * 1000};
+            nanosleep(&ts, NULL);
+        }
+        char *fill = xasprintf(&len,
+                               "{\"op\":\"cache.fill\",\"key\":\"%s\","
+                               "\"lease\":\"%s\",\"value\":\"new\"}\n",
+                               key, lease);
+        free(blocking_call(ctl, fill, len));
+        free(fill);
+    }
+    long long blocked = stats_field(ctl, "cache_waits") - waits0;
+    long long loads = stats_field(ctl, "cache_leases_granted") - leases0;
+    qsort(wait_us, (size_t)n, sizeof(*wait_us), cmp_u64);
+    printf("mode=stampede invalidate=%s readers=%d blocked=%lld loads=%lld "
+           "p50_answer_us=%llu max_answer_us=%llu load_ms=%d\n",
+           stale ? "stale" : "delete", n, blocked, loads,
+           (unsigned long long)wait_us[n / 2],
+           (unsigned long long)wait_us[n - 1], STAMPEDE_LOAD_MS);
+    fflush(stdout);
+    free(fds);
+    free(wait_us);
+}
+
+static void
+run_stampede(void)
+{
+    int ctl = unix_connect(o.sock);
+    stampede_one(ctl, false);
+    stampede_one(ctl, true);
+    close(ctl);
+}
+
 /* --------------------------------------------------------------- main */
 
 static void
@@ -1706,7 +1917,8 @@ usage(FILE *f)
         "usage: leased-bench [options]\n"
         "  -m, --mode MODE      lock | lock-contended | get | mix | ping | "
         "hold |\n"
-        "                       isolation | renewal (default lock)\n"
+        "                       isolation | renewal | storm | stampede "
+        "(default lock)\n"
         "  -t, --target T       both | leased | direct (default both)\n"
         "      --direct-first   run direct before leased in each pair\n"
         "  -s, --socket PATH    leased's Unix socket\n"
@@ -1731,8 +1943,8 @@ usage(FILE *f)
         "                       length of each get window (default 30)\n"
         "      --holders N      renewal: sessions holding locks (default "
         "100)\n"
-        "      --waiters N      isolation: waiters on the held key (default "
-        "1000)\n"
+        "      --waiters N      isolation: waiters on the held key; storm:\n"
+        "                       sessions invalidating (default 1000)\n"
         "      --churn          isolation: also measure while the waiters "
         "take turns\n"
         "      --seed N         mix: random seed\n"
@@ -1953,7 +2165,7 @@ main(int argc, char **argv)
         die("event_base_new failed");
     }
     if (o.want[T_DIRECT] && o.mode != M_HOLD && o.mode != M_ISOLATION &&
-        o.mode != M_RENEWAL) {
+        o.mode != M_RENEWAL && o.mode != M_STORM && o.mode != M_STAMPEDE) {
         load_scripts();
     }
     switch (o.mode) {
@@ -1965,6 +2177,12 @@ main(int argc, char **argv)
         break;
     case M_RENEWAL:
         run_renewal();
+        break;
+    case M_STORM:
+        run_storm();
+        break;
+    case M_STAMPEDE:
+        run_stampede();
         break;
     default:
         run_pairs();

@@ -11,7 +11,9 @@
 #      against leased and against Redis directly, one after the other;
 #   3. the target cells again, five pairs each, medians;
 #   4. isolation: get p99 alone and with 1,000 waiters on a held lock;
-#   5. resources.sh: memory, renewal CPU, instructions per op;
+#   5. stampede: an invalidation of a hot key under 50 readers, deleted
+#      and marked stale: readers blocked and loads;
+#   6. resources.sh: memory, renewal CPU, instructions per op;
 # and writes bench/results.md. Text below the marker line of an existing
 # results.md (the hand-written analysis) is kept.
 set -eu
@@ -118,6 +120,10 @@ else
     rec renewal -m renewal -c 10 -z 100 --holders 100 --locks 1000 --hold 11
 fi
 
+# An invalidation of the hottest key under 50 readers, with a delete and
+# with stale-while-revalidate.
+rec stampede -m stampede -c 50
+
 stop_leased
 stop_pid "$redis_pid"
 redis_pid=
@@ -189,6 +195,8 @@ function yn(ok) { return ok ? "**met**" : "**missed**" }
         iso[++ni] = $0
     } else if (s == "renewal") {
         ren[++nren] = $0
+    } else if (s == "stampede") {
+        stp[++nstp] = $0
     } else if (s == "resources" && F["mode"] == "hold") {
         hold[++nh] = $0
     } else if (s == "resources" && F["mode"] == "instructions") {
@@ -358,6 +366,24 @@ END {
             print ""
             print "Locks held: " F["locks"] "; renewals during the window: " \
                   F["renewals"] "."
+        }
+        print ""
+    }
+    if (nstp > 0) {
+        print "## A write to the hottest key: delete against stale"
+        print ""
+        print "50 sessions read one key at once, right after a"
+        print "cache.invalidate of it; the reader that gets the lease loads"
+        print "for `load_ms`, then fills. `blocked`: readers that waited for"
+        print "that fill (cache_waits); `loads`: leases granted."
+        print ""
+        print "| invalidate | readers | blocked | loads | answer p50 us | answer max us |"
+        print "|---|---|---|---|---|---|"
+        for (i = 1; i <= nstp; i++) {
+            parse(stp[i])
+            print "| " F["invalidate"] " | " F["readers"] " | " \
+                  F["blocked"] " | " F["loads"] " | " F["p50_answer_us"] \
+                  " | " F["max_answer_us"] " |"
         }
         print ""
     }

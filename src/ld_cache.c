@@ -41,10 +41,13 @@
 #include "ld_cache.h"
 
 #include "ld_cache_int.h"
+#include "ld_cache_hot.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_features.h"
+#include "ld_fsync.h"
 #include "ld_journal.h"
 #include "ld_log.h"
 #include "ld_mem.h"
@@ -386,6 +389,13 @@ on_session_close(struct ld_session *s)
     free(cs);
 }
 
+/* hello offers early_refresh while the live configuration enables it. */
+static bool
+early_refresh_on(void)
+{
+    return cache_mod.ctx->cfg->cache.early_refresh;
+}
+
 int
 ld_cache_init(const struct ld_ctx *ctx)
 {
@@ -398,6 +408,7 @@ ld_cache_init(const struct ld_ctx *ctx)
     LIST_INIT(&cache_mod.fetches);
     LIST_INIT(&cache_mod.dels);
     STAILQ_INIT(&cache_mod.sync_q);
+    STAILQ_INIT(&cache_mod.sync_running);
     cache_mod.keys = ld_dict_new();
     if (cache_mod.keys == NULL) {
         return LD_ERR;
@@ -427,6 +438,10 @@ ld_cache_init(const struct ld_ctx *ctx)
         ld_oom(0);
     }
     ld_defer_init(&cache_mod.sync_defer, ctx->base, cache_sync_run, NULL);
+    if (cfg->journal.fsync == LD_FSYNC_ALWAYS) {
+        /* Without it the loop syncs itself, as it always could. */
+        cache_mod.syncer = ld_fsync_new(ctx->base);
+    }
     struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
     event_add(cache_mod.tick_ev, &tv);
 
@@ -442,9 +457,12 @@ ld_cache_init(const struct ld_ctx *ctx)
         ld_dispatch_register("cache.release", op_release) != LD_OK ||
         ld_dispatch_register("cache.set", op_set) != LD_OK ||
         ld_dispatch_register("cache.invalidate", cache_op_invalidate) !=
-            LD_OK) {
+            LD_OK ||
+        cache_hot_init() != LD_OK) {
         return LD_ERR;
     }
+    ld_features_add("stale");
+    ld_features_add_if("early_refresh", early_refresh_on);
     return LD_OK;
 }
 
@@ -502,8 +520,13 @@ ld_cache_free(void)
     cache_mod.keys = NULL;
     cache_mod.n_waiters = 0;
 
-    /* Deletes stay in the journal for the next start. */
+    /* Deletes stay in the journal for the next start. A sync still on
+     * the worker is waited for; its invalidations are answered below,
+     * through their deletes, like those still queued. */
+    ld_fsync_free(cache_mod.syncer);
+    cache_mod.syncer = NULL;
     STAILQ_INIT(&cache_mod.sync_q);
+    STAILQ_INIT(&cache_mod.sync_running);
     struct del *next;
     for (struct del *d = LIST_FIRST(&cache_mod.dels); d != NULL; d = next) {
         next = LIST_NEXT(d, link);
@@ -536,4 +559,5 @@ ld_cache_free(void)
     ld_journal_close(cache_mod.journal);
     cache_mod.journal = NULL;
     ld_stats.journal_bytes = 0;
+    ld_cache_hot_free();
 }

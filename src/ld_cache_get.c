@@ -91,13 +91,13 @@ fetch_start(struct ckey *ck, bool grant)
     /* Most reads are hits: a plain HMGET answers them in one cheap
      * command, with no script and no lease token. Only when it finds no
      * value does the script run, to decide about the lease atomically. */
-    static const char *fields[] = {"HMGET", NULL, "v", "n"};
-    const char *argv[4];
-    size_t argvlen[4] = {5, ck->entry_len, 1, 1};
+    static const char *fields[] = {"HMGET", NULL, "v", "n", "s", "d"};
+    const char *argv[6];
+    size_t argvlen[6] = {5, ck->entry_len, 1, 1, 1, 1};
     memcpy(argv, fields, sizeof(argv));
     argv[1] = ck->names;
     f->probing = true;
-    ld_redis_command(ck->names, ck->entry_len, 4, argv, argvlen, fetch_cb, f);
+    ld_redis_command(ck->names, ck->entry_len, 6, argv, argvlen, fetch_cb, f);
     return f;
 }
 
@@ -108,12 +108,23 @@ fetch_send_script(struct fetch *f)
     if (f->grant && ld_token_new(f->token) != LD_OK) {
         return LD_ERR;
     }
-    char lease_ms[24];
-    snprintf(lease_ms, sizeof(lease_ms), "%lld",
-             cache_mod.ctx->cfg->cache.fill_lease_ms);
-    const char *argv[] = {ck->names, f->token, lease_ms, f->grant ? "1" : "0"};
-    size_t argvlen[] = {ck->entry_len, strlen(f->token), strlen(lease_ms), 1};
-    ld_redis_script(LD_SCRIPT_cache_get, ck->names, ck->entry_len, 1, 4, argv,
+    const struct ld_config *cfg = cache_mod.ctx->cfg;
+    char lease_ms[24], beta[32], unit[32];
+    snprintf(lease_ms, sizeof(lease_ms), "%lld", cfg->cache.fill_lease_ms);
+    snprintf(beta, sizeof(beta), "%.6g", cfg->cache.early_refresh_beta);
+    /* In (0, 1]: ln(0) would be an endless refresh time. */
+    snprintf(unit, sizeof(unit), "%.17g", 1.0 - ld_random_unit());
+    const char *argv[] = {ck->names,
+                          f->token,
+                          lease_ms,
+                          f->grant ? "1" : "0",
+                          cfg->cache.early_refresh ? "1" : "0",
+                          beta,
+                          unit};
+    size_t argvlen[] = {
+        ck->entry_len, strlen(f->token), strlen(lease_ms), 1, 1,
+        strlen(beta),  strlen(unit)};
+    ld_redis_script(LD_SCRIPT_cache_get, ck->names, ck->entry_len, 1, 7, argv,
                     argvlen, fetch_cb, f);
     return LD_OK;
 }
@@ -235,6 +246,9 @@ enum fres {
     R_GRANTED,
     R_MISS,
     R_WRONG,
+    R_STALE,
+    R_STALE_GRANTED,
+    R_REFRESH,
     R_DOWN,
     R_ERROR
 };
@@ -249,6 +263,9 @@ static const struct {
     {"granted", R_GRANTED}, /* the lease token sent is now the lease */
     {"miss", R_MISS},       /* nothing there, no lease asked for */
     {"wrong_type", R_WRONG},
+    {"stale", R_STALE},                 /* {"stale", value}: leased */
+    {"stale_granted", R_STALE_GRANTED}, /* {.., value}: and ours now */
+    {"refresh", R_REFRESH}, /* {"refresh", value}: reload it early */
 };
 
 static enum fres
@@ -270,6 +287,9 @@ parse_fetch(const redisReply *r, const redisReply **value, long long *pttl)
     }
     switch (res) {
     case R_HIT:
+    case R_STALE:
+    case R_STALE_GRANTED:
+    case R_REFRESH:
         if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_STRING) {
             return R_ERROR;
         }
@@ -294,9 +314,11 @@ fetch_unlink(struct fetch *f)
 }
 
 /* The HMGET probe decides hits, cached nulls, a key of another type and
- * an unreachable Redis; R_MISS means "ask the script". */
+ * an unreachable Redis; R_MISS means "ask the script", which a stale
+ * mark always does, and so does a value whose load time is known when it
+ * may be refreshed early (EARLY). */
 static enum fres
-parse_probe(const redisReply *r, const redisReply **value)
+parse_probe(const redisReply *r, const redisReply **value, bool early)
 {
     if (r == NULL) {
         return R_DOWN;
@@ -304,8 +326,12 @@ parse_probe(const redisReply *r, const redisReply **value)
     if (ld_reply_is_error(r, "WRONGTYPE")) {
         return R_WRONG;
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4) {
         return R_ERROR;
+    }
+    if (r->element[2]->type == REDIS_REPLY_STRING ||
+        (early && r->element[3]->type == REDIS_REPLY_STRING)) {
+        return R_MISS;
     }
     if (r->element[0]->type == REDIS_REPLY_STRING &&
         r->element[1]->type != REDIS_REPLY_STRING) {
@@ -338,7 +364,8 @@ fetch_cb(redisReply *reply, void *arg)
     }
     if (f->probing) {
         f->probing = false;
-        res = parse_probe(reply, &value);
+        res = parse_probe(reply, &value,
+                          f->grant && cache_mod.ctx->cfg->cache.early_refresh);
         if (res == R_MISS) {
             if (fetch_send_script(f) == LD_OK) {
                 return; /* still in flight, getters still attached */
@@ -416,6 +443,27 @@ fetch_cb(redisReply *reply, void *arg)
         case R_MISS:
             cache_settle_miss(g, NULL);
             continue;
+        case R_STALE_GRANTED:
+            if (g->want_lease && !given) {
+                given = true;
+                ld_stats.cache_leases_granted++;
+                cache_settle_stale(g, value->str, value->len, f->token);
+                continue;
+            }
+            cache_settle_stale(g, value->str, value->len, NULL);
+            continue;
+        case R_STALE:
+            cache_settle_stale(g, value->str, value->len, NULL);
+            continue;
+        case R_REFRESH:
+            if (g->want_lease && !given) {
+                given = true;
+                ld_stats.cache_refreshes_granted++;
+                cache_settle_refresh(g, value->str, value->len, f->token);
+                continue;
+            }
+            cache_settle_hit(g, value->str, value->len);
+            continue;
         case R_GRANTED:
             if (g->want_lease && !given) {
                 given = true;
@@ -450,7 +498,8 @@ fetch_cb(redisReply *reply, void *arg)
             glist_push(&keep, g);
         }
     }
-    if (res == R_GRANTED && !given) {
+    if ((res == R_GRANTED || res == R_STALE_GRANTED || res == R_REFRESH) &&
+        !given) {
         release_unused(ck, f->token);
     }
     uint64_t sent_gen = f->gen;

@@ -21,6 +21,7 @@
 struct event;
 struct ld_ctx;
 struct ld_dict;
+struct ld_fsync;
 struct ld_journal;
 struct ld_journal_entry;
 struct ld_pubsub_sub;
@@ -62,6 +63,10 @@ struct cop {
     size_t left;          /* slots not answered yet */
     struct chunk **texts; /* mget: each distinct slot's result */
     bool *leased;         /* mget: that result carries a lease */
+    /* mget: for a hit that carries a lease (stale, early refresh), the
+     * same hit without it, for the slots repeating the key; NULL until
+     * one is needed. */
+    struct chunk **dup_texts;
     size_t *dup_of;       /* mget: earlier slot with the same key */
     struct getter *g;     /* n getters (dups unused) */
     LIST_ENTRY(cop) link; /* its session's list */
@@ -114,11 +119,14 @@ struct inv {
     size_t n;
     size_t left;
     long long deleted;
+    long long stale; /* entries marked stale instead of deleted */
     long long pending;
+    bool stale_mode; /* the reply says "stale" */
     bool queued;
     bool journal_failed;
     STAILQ_ENTRY(inv) link; /* the sync queue */
 };
+STAILQ_HEAD(inv_q, inv);
 
 /* One promised delete: in the journal (id != 0) until done. */
 struct del {
@@ -131,6 +139,7 @@ struct del {
     bool retrying; /* failed before; the timer is a backoff */
     bool orphan;   /* ld_cache_free ran while it was running */
     bool second;   /* the delayed one */
+    bool stale;    /* marks the entry stale instead (cache_stale.lua) */
     /* A second delete waits for its first: it is due delay_ms after the
      * first one has been carried out, not after it was promised, so the
      * two never run together when both are late (Redis was down, or the
@@ -157,9 +166,13 @@ struct cache_mod_state {
     LIST_HEAD(, fetch) fetches;
     LIST_HEAD(, del) dels;
     struct event *tick_ev;
-    /* Invalidations waiting for the fdatasync of this loop turn. */
+    /* Invalidations waiting for the fdatasync of this loop turn, and
+     * those whose fdatasync runs on the worker now (fsync "always"; no
+     * worker: the loop syncs itself). */
     struct ld_defer sync_defer;
-    STAILQ_HEAD(, inv) sync_q;
+    struct inv_q sync_q;
+    struct inv_q sync_running;
+    struct ld_fsync *syncer;
     /* Getters that wait or once waited and are not answered yet: a
      * waiter keeps its place under limits.max_waiters while a wake-up
      * refetches for it, so that newcomers cannot take it meanwhile. */
@@ -249,6 +262,10 @@ void cache_mget_finish(struct cop *op);
 void cache_settle_hit(struct getter *g, const char *v, size_t len);
 void cache_settle_miss(struct getter *g, const char *lease);
 void cache_settle_null(struct getter *g);
+void cache_settle_stale(struct getter *g, const char *v, size_t len,
+                        const char *lease);
+void cache_settle_refresh(struct getter *g, const char *v, size_t len,
+                          const char *lease);
 
 /* ---- ld_cache_get.c: keys, fetches, cache.get and cache.mget --------- */
 
@@ -256,6 +273,10 @@ void cache_ckey_arm(struct ckey *ck);
 void cache_ckey_maybe_free(struct ckey *ck);
 void cache_op_get(struct ld_req *req);
 void cache_op_mget(struct ld_req *req);
+
+/* ---- ld_cache_hot_op.c: cache.hot and the hot keys in /metrics ----- */
+
+int cache_hot_init(void);
 
 /* ---- ld_cache_inval.c: cache.invalidate, deletes, replay ------------- */
 

@@ -7,6 +7,7 @@
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
+#include "ld_fsync.h"
 #include "ld_journal.h"
 #include "ld_log.h"
 #include "ld_mem.h"
@@ -14,6 +15,7 @@
 #include "ld_redis.h"
 #include "ld_stats.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,7 +40,7 @@ static void del_timer_cb(evutil_socket_t fd, short what, void *arg);
 static void del_cb(redisReply *reply, void *arg);
 
 static struct del *
-del_new(const char *key, size_t len, int64_t due_ms, bool second)
+del_new(const char *key, size_t len, int64_t due_ms, bool second, bool stale)
 {
     struct del *d = ld_xcalloc(1, sizeof(*d) + len);
     d->ev = evtimer_new(cache_mod.ctx->base, del_timer_cb, d);
@@ -47,6 +49,7 @@ del_new(const char *key, size_t len, int64_t due_ms, bool second)
     }
     d->due_ms = due_ms;
     d->second = second;
+    d->stale = stale;
     d->key_len = len;
     memcpy(d->key, key, len);
     LIST_INSERT_HEAD(&cache_mod.dels, d, link);
@@ -76,6 +79,10 @@ del_schedule(struct del *d)
     int64_t wait = d->due_ms - wall_ms();
     cache_set_timer(d->ev, wait > 0 ? (uint64_t)wait * 1000 : 0);
 }
+
+/* What the delete scripts answer: cache_del the keys removed (0 or 1),
+ * cache_stale also DEL_MARKED. */
+#define DEL_MARKED 2
 
 static void inv_first_result(struct inv *inv, bool ok, long long n);
 
@@ -111,10 +118,20 @@ del_run(struct del *d)
     size_t elen, clen;
     char *names = cache_make_names(d->key, d->key_len, &elen, &clen);
     d->running = true;
-    const char *argv[] = {names, names};
-    size_t argvlen[] = {elen, clen};
-    ld_redis_script(LD_SCRIPT_cache_del, names, elen, 1, 2, argv, argvlen,
-                    del_cb, d);
+    if (d->stale) {
+        char stale_ms[24];
+        snprintf(stale_ms, sizeof(stale_ms), "%lld",
+                 cache_mod.ctx->cfg->cache.stale_ms);
+        const char *argv[] = {names, stale_ms, names};
+        size_t argvlen[] = {elen, strlen(stale_ms), clen};
+        ld_redis_script(LD_SCRIPT_cache_stale, names, elen, 1, 3, argv,
+                        argvlen, del_cb, d);
+    } else {
+        const char *argv[] = {names, names};
+        size_t argvlen[] = {elen, clen};
+        ld_redis_script(LD_SCRIPT_cache_del, names, elen, 1, 2, argv, argvlen,
+                        del_cb, d);
+    }
     free(names);
 }
 
@@ -198,8 +215,14 @@ inv_reply(struct inv *inv)
                        "journal; the deletes run but would not survive a "
                        "crash");
     } else {
-        json_t *f = json_pack("{s:I,s:I}", "deleted", (json_int_t)inv->deleted,
-                              "pending", (json_int_t)inv->pending);
+        json_t *f = inv->stale_mode
+                        ? json_pack("{s:I,s:I,s:I}", "deleted",
+                                    (json_int_t)inv->deleted, "stale",
+                                    (json_int_t)inv->stale, "pending",
+                                    (json_int_t)inv->pending)
+                        : json_pack("{s:I,s:I}", "deleted",
+                                    (json_int_t)inv->deleted, "pending",
+                                    (json_int_t)inv->pending);
         if (inv->queued) {
             json_object_set_new(f, "queued", json_true());
         }
@@ -213,7 +236,9 @@ static void
 inv_first_result(struct inv *inv, bool ok, long long n)
 {
     LD_ASSERT(inv->left > 0);
-    if (ok) {
+    if (ok && n == DEL_MARKED) {
+        inv->stale++;
+    } else if (ok) {
         inv->deleted += n;
     } else {
         inv->queued = true;
@@ -242,22 +267,58 @@ inv_start(struct inv *inv)
     }
 }
 
-/* One fdatasync for every invalidation of this loop iteration. */
-void
-cache_sync_run(void *arg)
+/* Answer (start) the invalidations of BATCH, whose records RC says were
+ * made durable or not. */
+static void
+sync_settle(struct inv_q *batch, int rc)
 {
-    LD_UNUSED(arg);
-    STAILQ_HEAD(, inv) batch = STAILQ_HEAD_INITIALIZER(batch);
-    STAILQ_CONCAT(&batch, &cache_mod.sync_q);
-    int rc = ld_journal_sync(cache_mod.journal);
     struct inv *inv;
-    while ((inv = STAILQ_FIRST(&batch)) != NULL) {
-        STAILQ_REMOVE_HEAD(&batch, link);
+    while ((inv = STAILQ_FIRST(batch)) != NULL) {
+        STAILQ_REMOVE_HEAD(batch, link);
         if (rc != LD_OK) {
             inv->journal_failed = true;
         }
         inv_start(inv);
     }
+}
+
+static void
+sync_done(int rc, int err, void *arg)
+{
+    LD_UNUSED(arg);
+    int r = ld_journal_sync_end(cache_mod.journal, rc, err);
+    sync_settle(&cache_mod.sync_running, r);
+    /* Those that came meanwhile make the next group. */
+    if (!STAILQ_EMPTY(&cache_mod.sync_q)) {
+        ld_defer_kick(&cache_mod.sync_defer);
+    }
+}
+
+/* One fdatasync for every invalidation of this loop iteration, on the
+ * worker thread when there is one: the loop serves other sessions while
+ * the disk works, and these replies go out when it is done. */
+void
+cache_sync_run(void *arg)
+{
+    LD_UNUSED(arg);
+    if (cache_mod.syncer != NULL && ld_fsync_busy(cache_mod.syncer)) {
+        return; /* sync_done starts the next group */
+    }
+    struct inv_q batch = STAILQ_HEAD_INITIALIZER(batch);
+    STAILQ_CONCAT(&batch, &cache_mod.sync_q);
+    if (cache_mod.syncer == NULL) {
+        sync_settle(&batch, ld_journal_sync(cache_mod.journal));
+        return;
+    }
+    int fd = -1;
+    int r = ld_journal_sync_begin(cache_mod.journal, &fd);
+    if (r <= 0) {
+        sync_settle(&batch, r == 0 ? LD_OK : LD_ERR);
+        return;
+    }
+    STAILQ_CONCAT(&cache_mod.sync_running, &batch);
+    ld_fsync_run(cache_mod.syncer, fd, ld_journal_fdatasync_fn, sync_done,
+                 NULL);
 }
 
 void
@@ -283,14 +344,19 @@ cache_op_invalidate(struct ld_req *req)
     } else if (ld_req_key(req, "key", &key, &len) != LD_OK) {
         return;
     }
+    bool stale = cache_mod.ctx->cfg->cache.invalidate_mode ==
+                 LD_INVALIDATE_STALE;
     if (ld_req_int(req, "delay_ms", false, 0, LD_DELAY_MS_MAX, &delay_ms,
-                   NULL) != LD_OK) {
+                   NULL) != LD_OK ||
+        ld_req_bool(req, "stale", &stale) != LD_OK) {
         return;
     }
+    unsigned jflags = stale ? LD_JOURNAL_F_STALE : 0;
     size_t n = keys != NULL ? json_array_size(keys) : 1;
     struct inv *inv = ld_xcalloc(1, sizeof(*inv));
     inv->firsts = ld_xcalloc(n, sizeof(*inv->firsts));
     inv->req = req;
+    inv->stale_mode = stale;
     inv->n = n;
     inv->left = n;
     int64_t now = wall_ms();
@@ -301,25 +367,27 @@ cache_op_invalidate(struct ld_req *req)
         }
         ld_stats.cache_invalidations++;
         cache_key_touched(key, len);
-        struct del *d1 = del_new(key, len, now, false);
-        if (ld_journal_add(cache_mod.journal, now, key, len, &d1->id) !=
-            LD_OK) {
+        struct del *d1 = del_new(key, len, now, false, stale);
+        if (ld_journal_add_flags(cache_mod.journal, now, jflags, key, len,
+                                 &d1->id) != LD_OK) {
             d1->id = 0;
             inv->journal_failed = true;
         }
         d1->inv = inv;
         inv->firsts[i] = d1;
         if (delay_ms > 0) {
-            struct del *d2 = del_new(key, len, now + delay_ms, true);
+            struct del *d2 = del_new(key, len, now + delay_ms, true, stale);
             /* Recorded as waiting for the first, so that a replay keeps
              * the two apart too. Without the first's record there is
              * nothing to wait for in the file: a plain add then (the
              * request is answered with an error anyway). */
             int rc = d1->id != 0
-                         ? ld_journal_add_after(cache_mod.journal, d1->id,
-                                                delay_ms, key, len, &d2->id)
-                         : ld_journal_add(cache_mod.journal, now + delay_ms,
-                                          key, len, &d2->id);
+                         ? ld_journal_add_after_flags(cache_mod.journal,
+                                                      d1->id, delay_ms, jflags,
+                                                      key, len, &d2->id)
+                         : ld_journal_add_flags(cache_mod.journal,
+                                                now + delay_ms, jflags, key,
+                                                len, &d2->id);
             if (rc != LD_OK) {
                 d2->id = 0;
                 inv->journal_failed = true;
@@ -345,7 +413,8 @@ void
 cache_replay_one(const struct ld_journal_entry *e, void *arg)
 {
     struct replay_state *st = arg;
-    struct del *d = del_new(e->key, e->key_len, e->due_ms, true);
+    struct del *d = del_new(e->key, e->key_len, e->due_ms, true,
+                            (e->flags & LD_JOURNAL_F_STALE) != 0);
     d->id = e->id;
     st->count++;
     if (e->after_id == 0) {

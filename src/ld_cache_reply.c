@@ -6,11 +6,14 @@
  */
 #include "ld_cache_int.h"
 
+#include "ld_cache_hot.h"
+#include "ld_json.h"
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 #include "ld_stats.h"
+#include "ld_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +93,12 @@ cache_cop_free(struct cop *op)
             chunk_unref(op->texts[i]);
         }
     }
+    if (op->dup_texts != NULL) {
+        for (size_t i = 0; i < op->n; i++) {
+            chunk_unref(op->dup_texts[i]);
+        }
+    }
+    free(op->dup_texts);
     free(op->texts);
     free(op->leased);
     free(op->dup_of);
@@ -98,6 +107,21 @@ cache_cop_free(struct cop *op)
 }
 
 /* ---- answering getters ----------------------------------------------- */
+
+static bool
+jtrue_field(const json_t *o, const char *k)
+{
+    return json_is_true(json_object_get(o, k));
+}
+
+/* Every answered read counts for the hot keys. */
+static void
+note_read(const struct getter *g, bool hit)
+{
+    if (ld_cache_hot_enabled()) {
+        ld_cache_hot_note(g->ck->key, g->ck->key_len, hit, ld_now_ms());
+    }
+}
 
 static json_t *
 error_object(int code, const char *msg)
@@ -168,8 +192,10 @@ void
 cache_mget_finish(struct cop *op)
 {
     /* The same key again gets the same answer, but a lease belongs to
-     * one caller only, and the first occurrence has it. (A duplicate is
-     * never the first element, so its text keeps its comma.) */
+     * one caller only, and the first occurrence has it: the others get
+     * the hit without it (stale, early refresh), or a miss without a
+     * lease. (A duplicate is never the first element, so its text keeps
+     * its comma.) */
     static const char dup_miss[] =
         ",{\"ok\":true,\"hit\":false,\"lease\":null}";
     cache_cop_unlink(op);
@@ -188,7 +214,11 @@ cache_mget_finish(struct cop *op)
             bad = true;
             break;
         }
-        total += j != i && op->leased[j] ? sizeof(dup_miss) - 1 : c->len;
+        const struct chunk *d = op->dup_texts != NULL ? op->dup_texts[j]
+                                                      : NULL;
+        total += j == i || !op->leased[j] ? c->len
+                 : d != NULL              ? d->len
+                                          : sizeof(dup_miss) - 1;
     }
     if (bad) {
         free(idtext);
@@ -237,7 +267,10 @@ cache_mget_finish(struct cop *op)
     evbuffer_add(buf, results, sizeof(results) - 1);
     for (size_t i = 0; i < op->n; i++) {
         size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
-        if (j != i && op->leased[j]) {
+        struct chunk *d = op->dup_texts != NULL ? op->dup_texts[j] : NULL;
+        if (j != i && op->leased[j] && d != NULL) {
+            add_text(buf, d, false);
+        } else if (j != i && op->leased[j]) {
             evbuffer_add(buf, dup_miss, sizeof(dup_miss) - 1);
         } else {
             add_text(buf, op->texts[j], i == 0);
@@ -285,9 +318,19 @@ cache_getter_settle(struct getter *g, json_t *fields, int code,
         /* Each result reads like a cache.get reply, "ok" first. */
         json_t *res = json_pack("{s:b}", "ok", 1);
         json_t *lease = json_object_get(fields, "lease");
-        op->leased[g->slot] = lease != NULL && json_is_string(lease);
+        op->leased[g->slot] = (lease != NULL && json_is_string(lease)) ||
+                              json_object_get(fields, "refresh") != NULL;
         json_object_update(res, fields);
         json_decref(fields);
+        if (op->leased[g->slot] && jtrue_field(res, "hit")) {
+            if (op->dup_texts == NULL) {
+                op->dup_texts = ld_xcalloc(op->n, sizeof(*op->dup_texts));
+            }
+            json_t *plain = json_deep_copy(res);
+            json_object_del(plain, "lease");
+            json_object_del(plain, "refresh");
+            op->dup_texts[g->slot] = cache_chunk_of_json(plain);
+        }
         op->texts[g->slot] = cache_chunk_of_json(res);
     } else {
         op->texts[g->slot] = cache_chunk_of_json(error_object(code, msg));
@@ -301,6 +344,7 @@ void
 cache_settle_hit(struct getter *g, const char *v, size_t len)
 {
     struct cop *op = g->op;
+    note_read(g, true);
     if (!op->mget) {
         /* The common case, built straight into the reply line: a JSON
          * tree would check and escape a large value byte by byte. */
@@ -343,6 +387,7 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
 void
 cache_settle_null(struct getter *g)
 {
+    note_read(g, true);
     ld_stats.cache_negative_hits++;
     cache_getter_settle(g, json_pack("{s:b,s:n}", "hit", 1, "value"), 0, NULL);
 }
@@ -350,9 +395,53 @@ cache_settle_null(struct getter *g)
 void
 cache_settle_miss(struct getter *g, const char *lease)
 {
+    note_read(g, false);
     ld_stats.cache_misses++;
     json_t *f = lease != NULL
                     ? json_pack("{s:b,s:s}", "hit", 0, "lease", lease)
                     : json_pack("{s:b,s:n}", "hit", 0, "lease");
+    cache_getter_settle(g, f, 0, NULL);
+}
+
+/* A stale value (stale-while-revalidate), with the lease to reload it
+ * when LEASE is not NULL. */
+void
+cache_settle_stale(struct getter *g, const char *v, size_t len,
+                   const char *lease)
+{
+    note_read(g, true);
+    json_t *f = json_pack("{s:b,s:s%,s:b}", "hit", 1, "value", v, len, "stale",
+                          1);
+    if (f == NULL) {
+        cache_getter_settle(
+            g, NULL, LD_E_WRONG_TYPE,
+            "the cached value is not valid UTF-8; leased did not "
+            "write it");
+        return;
+    }
+    if (lease != NULL) {
+        json_object_set_new(f, "lease", json_string(lease));
+    }
+    ld_stats.cache_hits++;
+    ld_stats.cache_stale_hits++;
+    cache_getter_settle(g, f, 0, NULL);
+}
+
+/* A hit that also carries the lease to reload the value early. */
+void
+cache_settle_refresh(struct getter *g, const char *v, size_t len,
+                     const char *lease)
+{
+    note_read(g, true);
+    json_t *f = json_pack("{s:b,s:s%,s:s}", "hit", 1, "value", v, len,
+                          "refresh", lease);
+    if (f == NULL) {
+        cache_getter_settle(
+            g, NULL, LD_E_WRONG_TYPE,
+            "the cached value is not valid UTF-8; leased did not "
+            "write it");
+        return;
+    }
+    ld_stats.cache_hits++;
     cache_getter_settle(g, f, 0, NULL);
 }

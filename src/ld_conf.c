@@ -32,6 +32,7 @@ _Static_assert(sizeof(enum ld_redis_mode) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum ld_lock_layout) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum ld_fsync_mode) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum ld_log_target) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum ld_invalidate_mode) == sizeof(int), "enum size");
 
 static const struct conf_enum redis_modes[] = {
     {"standalone", LD_REDIS_STANDALONE},
@@ -47,6 +48,11 @@ static const struct conf_enum lock_layouts[] = {
 static const struct conf_enum fsync_modes[] = {
     {"always", LD_FSYNC_ALWAYS},
     {"everysec", LD_FSYNC_EVERYSEC},
+    {NULL, 0},
+};
+static const struct conf_enum invalidate_modes[] = {
+    {"delete", LD_INVALIDATE_DELETE},
+    {"stale", LD_INVALIDATE_STALE},
     {NULL, 0},
 };
 static const struct conf_enum log_levels[] = {
@@ -152,7 +158,7 @@ const struct conf_directive conf_directives[] = {
     LLONG("lock.max_hold_ms", lock.max_hold_ms, F_RELOAD, "0", 0, YEAR_MS),
     INT("lock.wait_replicas", lock.wait_replicas, F_RELOAD, "0", 0, 16),
     ENUM("lock.layout", lock.layout, 0, "leased", lock_layouts),
-    STRLIST("lock.redlock", lock.redlock, F_UNIX_OK, NOT_BUILT("Redlock")),
+    STRLIST("lock.redlock", lock.redlock, F_UNIX_OK),
 
     STRING("cache.prefix", cache.prefix, 0, "leased:cache:"),
     LLONG("cache.ttl_ms", cache.ttl_ms, F_RELOAD, "600000", 1, YEAR_MS),
@@ -164,6 +170,13 @@ const struct conf_directive conf_directives[] = {
     LLONG("cache.wait_ms", cache.wait_ms, F_RELOAD, "3000", 0, HOUR_MS),
     LLONG("cache.double_delete_ms", cache.double_delete_ms, F_RELOAD, "1000",
           0, HOUR_MS),
+    ENUM("cache.invalidate_mode", cache.invalidate_mode, F_RELOAD, "delete",
+         invalidate_modes),
+    LLONG("cache.stale_ms", cache.stale_ms, F_RELOAD, "5000", 1, HOUR_MS),
+    BOOL("cache.early_refresh", cache.early_refresh, F_RELOAD, "false"),
+    DOUBLE("cache.early_refresh_beta", cache.early_refresh_beta, F_RELOAD,
+           "1.0", 0.0, 1000.0),
+    LLONG("cache.hot_keys", cache.hot_keys, 0, "64", 0, 10000),
     BOOL("cache.near.enabled", cache.near.enabled, 0, "false",
          NOT_BUILT("the near cache")),
     LLONG("cache.near.max_bytes", cache.near.max_bytes, 0, "67108864", 0,

@@ -17,6 +17,7 @@ enum ld_redis_mode {
 enum ld_lock_layout { LD_LAYOUT_LEASED, LD_LAYOUT_REDISSON };
 enum ld_fsync_mode { LD_FSYNC_ALWAYS, LD_FSYNC_EVERYSEC };
 enum ld_log_target { LD_LOG_TARGET_STDERR, LD_LOG_TARGET_SYSLOG };
+enum ld_invalidate_mode { LD_INVALIDATE_DELETE, LD_INVALIDATE_STALE };
 
 struct ld_strlist {
     char **items;
@@ -70,6 +71,11 @@ struct ld_config {
         long long fill_lease_ms;
         long long wait_ms;
         long long double_delete_ms;
+        enum ld_invalidate_mode invalidate_mode;
+        long long stale_ms;
+        bool early_refresh;
+        double early_refresh_beta;
+        long long hot_keys; /* top-K size; 0 = off */
         struct {
             bool enabled;
             long long max_bytes;

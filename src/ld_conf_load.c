@@ -363,6 +363,21 @@ check_relations(struct conf_load *st)
                           "sentinel mode needs the Sentinels in "
                           "redis.addresses");
     }
+    size_t rl = c->lock.redlock.count;
+    if (rl > 0 && rl < 3) {
+        return conf_error(st, mark_of(st, "lock.redlock", "lock.redlock"),
+                          "lock.redlock",
+                          "Redlock needs at least 3 instances (a majority "
+                          "of 2 survives no loss), got %zu",
+                          rl);
+    }
+    if (rl > 0 && c->lock.wait_replicas > 0) {
+        return conf_error(st,
+                          mark_of(st, "lock.wait_replicas", "lock.redlock"),
+                          "lock.wait_replicas",
+                          "cannot be used with lock.redlock (Redlock's "
+                          "instances are independent, without replicas)");
+    }
     /* One prefix inside the other would let a cache key name a lock's
      * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */
     size_t lp = strlen(c->lock.prefix);

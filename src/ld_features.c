@@ -13,29 +13,48 @@
 #define MAX_FEATURES 16
 
 static struct {
-    const char *names[MAX_FEATURES];
+    struct {
+        const char *name;
+        ld_feature_on *on; /* NULL: always */
+    } f[MAX_FEATURES];
     size_t n;
 } features_mod;
 
-void
-ld_features_add(const char *name)
+static bool
+offered(size_t i)
 {
-    if (ld_features_has(name)) {
-        return;
+    return features_mod.f[i].on == NULL || features_mod.f[i].on();
+}
+
+void
+ld_features_add_if(const char *name, ld_feature_on *on)
+{
+    for (size_t i = 0; i < features_mod.n; i++) {
+        if (strcmp(features_mod.f[i].name, name) == 0) {
+            return;
+        }
     }
     if (features_mod.n == MAX_FEATURES) {
         log_error("feature table full feature=%s", name);
         return;
     }
-    features_mod.names[features_mod.n++] = name;
+    features_mod.f[features_mod.n].name = name;
+    features_mod.f[features_mod.n].on = on;
+    features_mod.n++;
+}
+
+void
+ld_features_add(const char *name)
+{
+    ld_features_add_if(name, NULL);
 }
 
 bool
 ld_features_has(const char *name)
 {
     for (size_t i = 0; i < features_mod.n; i++) {
-        if (strcmp(features_mod.names[i], name) == 0) {
-            return true;
+        if (strcmp(features_mod.f[i].name, name) == 0) {
+            return offered(i);
         }
     }
     return false;
@@ -46,7 +65,9 @@ ld_features_json(void)
 {
     json_t *a = json_array();
     for (size_t i = 0; i < features_mod.n; i++) {
-        json_array_append_new(a, json_string(features_mod.names[i]));
+        if (offered(i)) {
+            json_array_append_new(a, json_string(features_mod.f[i].name));
+        }
     }
     return a;
 }

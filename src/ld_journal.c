@@ -38,6 +38,7 @@ struct jrec {
     uint64_t id;
     int64_t due_ms; /* the delay for an add after another */
     uint64_t after; /* 0, or the add this one waits for */
+    unsigned flags; /* LD_JOURNAL_F_* */
     size_t key_len;
     char key[];
 };
@@ -50,8 +51,9 @@ struct ld_journal {
     uint64_t live_bytes;  /* bytes of the live add records */
     struct ld_dict *live; /* id (8 bytes, host order) -> struct jrec */
     uint64_t next_id;
-    bool dirty;  /* appended since the last sync */
-    bool failed; /* an fdatasync failed: rewrite before trust */
+    bool dirty;   /* appended since the last sync */
+    bool failed;  /* an fdatasync failed: rewrite before trust */
+    bool syncing; /* between ld_journal_sync_begin and _end */
     uint64_t syncs;
     uint64_t dropped_bytes;
     uint64_t compact_min_bytes;
@@ -131,13 +133,14 @@ get_u64(const unsigned char *p)
 /* Encode one record into BUF (rec_bytes of it); returns its length.
  * AFTER is written only for LD_JOURNAL_ADD_AFTER. */
 static size_t
-encode(unsigned char *buf, enum ld_journal_type type, uint64_t id,
-       int64_t due_ms, uint64_t after, const char *key, size_t key_len)
+encode(unsigned char *buf, enum ld_journal_type type, unsigned flags,
+       uint64_t id, int64_t due_ms, uint64_t after, const char *key,
+       size_t key_len)
 {
     unsigned char *body = buf + LD_JOURNAL_RECORD_OVERHEAD;
     size_t head = LD_JOURNAL_BODY_MIN;
 
-    body[0] = (unsigned char)type;
+    body[0] = (unsigned char)((unsigned)type | flags);
     put_u64(body + 1, id);
     put_u64(body + 9, (uint64_t)due_ms);
     if (type == LD_JOURNAL_ADD_AFTER) {
@@ -242,7 +245,7 @@ rec_bytes(size_t key_len, bool after)
 
 static void
 live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, uint64_t after,
-         const char *key, size_t key_len)
+         unsigned flags, const char *key, size_t key_len)
 {
     /* An id is promised once: a second add would hide the first. */
     LD_ASSERTF(ld_dict_get(j->live, &id, sizeof(id)) == NULL,
@@ -251,6 +254,7 @@ live_add(struct ld_journal *j, uint64_t id, int64_t due_ms, uint64_t after,
     r->id = id;
     r->due_ms = due_ms;
     r->after = after;
+    r->flags = flags;
     r->key_len = key_len;
     memcpy(r->key, key, key_len);
     ld_dict_set(j->live, &r->id, sizeof(r->id), r);
@@ -308,10 +312,12 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len, size_t off,
             *why = "bad record id";
             break;
         }
-        if (body[0] == LD_JOURNAL_ADD || body[0] == LD_JOURNAL_ADD_AFTER) {
+        unsigned type = body[0] & ~LD_JOURNAL_FLAGS;
+        unsigned flags = body[0] & LD_JOURNAL_FLAGS;
+        if (type == LD_JOURNAL_ADD || type == LD_JOURNAL_ADD_AFTER) {
             size_t head = LD_JOURNAL_BODY_MIN;
             uint64_t after = 0;
-            if (body[0] == LD_JOURNAL_ADD_AFTER) {
+            if (type == LD_JOURNAL_ADD_AFTER) {
                 if (key_len <= LD_JOURNAL_AFTER_BYTES) {
                     *why = "bad add record";
                     break;
@@ -321,13 +327,14 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len, size_t off,
                 key_len -= LD_JOURNAL_AFTER_BYTES;
             }
             if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
-                (body[0] == LD_JOURNAL_ADD_AFTER &&
+                (type == LD_JOURNAL_ADD_AFTER &&
                  (after == 0 || after >= id)) ||
                 ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
                 *why = "bad add record";
                 break;
             }
-            live_add(j, id, due, after, (const char *)body + head, key_len);
+            live_add(j, id, due, after, flags, (const char *)body + head,
+                     key_len);
         } else if (body[0] == LD_JOURNAL_DONE) {
             /* A done for an id we do not know retires nothing; it can
              * only come from a damaged file, and is harmless. */
@@ -559,8 +566,9 @@ ld_journal_close(struct ld_journal *j)
 }
 
 static int
-append(struct ld_journal *j, enum ld_journal_type type, uint64_t id,
-       int64_t due_ms, uint64_t after, const char *key, size_t key_len)
+append(struct ld_journal *j, enum ld_journal_type type, unsigned flags,
+       uint64_t id, int64_t due_ms, uint64_t after, const char *key,
+       size_t key_len)
 {
     unsigned char stack[256];
     size_t need = rec_bytes(key_len, type == LD_JOURNAL_ADD_AFTER);
@@ -569,7 +577,7 @@ append(struct ld_journal *j, enum ld_journal_type type, uint64_t id,
     if (buf == NULL) {
         return LD_ERR;
     }
-    size_t n = encode(buf, type, id, due_ms, after, key, key_len);
+    size_t n = encode(buf, type, flags, id, due_ms, after, key, key_len);
     int rc = write_all_at(j->fd, buf, n, j->size);
     int saved = errno;
     if (buf != stack) {
@@ -597,6 +605,14 @@ int
 ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
                size_t key_len, uint64_t *id)
 {
+    return ld_journal_add_flags(j, due_ms, 0, key, key_len, id);
+}
+
+int
+ld_journal_add_flags(struct ld_journal *j, int64_t due_ms, unsigned flags,
+                     const char *key, size_t key_len, uint64_t *id)
+{
+    flags &= LD_JOURNAL_FLAGS;
     if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY) {
         errno = EINVAL;
         return LD_ERR;
@@ -606,10 +622,11 @@ ld_journal_add(struct ld_journal *j, int64_t due_ms, const char *key,
         errno = EOVERFLOW;
         return LD_ERR;
     }
-    if (append(j, LD_JOURNAL_ADD, nid, due_ms, 0, key, key_len) != LD_OK) {
+    if (append(j, LD_JOURNAL_ADD, flags, nid, due_ms, 0, key, key_len) !=
+        LD_OK) {
         return LD_ERR;
     }
-    live_add(j, nid, due_ms, 0, key, key_len);
+    live_add(j, nid, due_ms, 0, flags, key, key_len);
     j->next_id++;
     *id = nid;
     return LD_OK;
@@ -619,17 +636,27 @@ int
 ld_journal_add_after(struct ld_journal *j, uint64_t after_id, int64_t delay_ms,
                      const char *key, size_t key_len, uint64_t *id)
 {
+    return ld_journal_add_after_flags(j, after_id, delay_ms, 0, key, key_len,
+                                      id);
+}
+
+int
+ld_journal_add_after_flags(struct ld_journal *j, uint64_t after_id,
+                           int64_t delay_ms, unsigned flags, const char *key,
+                           size_t key_len, uint64_t *id)
+{
+    flags &= LD_JOURNAL_FLAGS;
     if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY || after_id == 0 ||
         after_id >= j->next_id) {
         errno = EINVAL;
         return LD_ERR;
     }
     uint64_t nid = j->next_id;
-    if (append(j, LD_JOURNAL_ADD_AFTER, nid, delay_ms, after_id, key,
+    if (append(j, LD_JOURNAL_ADD_AFTER, flags, nid, delay_ms, after_id, key,
                key_len) != LD_OK) {
         return LD_ERR;
     }
-    live_add(j, nid, delay_ms, after_id, key, key_len);
+    live_add(j, nid, delay_ms, after_id, flags, key, key_len);
     j->next_id++;
     *id = nid;
     return LD_OK;
@@ -641,7 +668,7 @@ ld_journal_done(struct ld_journal *j, uint64_t id)
     if (ld_dict_get(j->live, &id, sizeof(id)) == NULL) {
         return LD_OK;
     }
-    if (append(j, LD_JOURNAL_DONE, id, 0, 0, NULL, 0) != LD_OK) {
+    if (append(j, LD_JOURNAL_DONE, 0, id, 0, 0, NULL, 0) != LD_OK) {
         /* The delete happened; without its done record a restart merely
          * repeats it, which is harmless. Forget it in memory anyway. */
         live_del(j, id);
@@ -691,11 +718,48 @@ ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn, void *arg)
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        struct ld_journal_entry e = {v[i]->id, v[i]->due_ms, v[i]->after,
-                                     v[i]->key, v[i]->key_len};
+        struct ld_journal_entry e = {v[i]->id,    v[i]->due_ms, v[i]->after,
+                                     v[i]->flags, v[i]->key,    v[i]->key_len};
         fn(&e, arg);
     }
     free(v);
+}
+
+static int
+sync_failed(struct ld_journal *j, int err)
+{
+    log_error("journal fsync failed, the journal is rewritten before "
+              "anything is acknowledged again path=%s error=\"%s\"",
+              j->path, strerror(err));
+    j->failed = true;
+    return LD_ERR;
+}
+
+int
+ld_journal_sync_begin(struct ld_journal *j, int *fd)
+{
+    LD_ASSERT(!j->syncing);
+    if (j->failed || !j->dirty) {
+        return ld_journal_sync(j) == LD_OK ? 0 : -1;
+    }
+    /* What is appended from here on is the next sync's. */
+    j->dirty = false;
+    j->syncing = true;
+    *fd = j->fd;
+    return 1;
+}
+
+int
+ld_journal_sync_end(struct ld_journal *j, int rc, int err)
+{
+    LD_ASSERT(j->syncing);
+    j->syncing = false;
+    if (rc != 0) {
+        j->dirty = true;
+        return sync_failed(j, err);
+    }
+    j->syncs++;
+    return LD_OK;
 }
 
 int
@@ -714,11 +778,7 @@ ld_journal_sync(struct ld_journal *j)
         return LD_OK;
     }
     if (ld_journal_fdatasync_fn(j->fd) != 0) {
-        log_error("journal fsync failed, the journal is rewritten before "
-                  "anything is acknowledged again path=%s error=\"%s\"",
-                  j->path, strerror(errno));
-        j->failed = true;
-        return LD_ERR;
+        return sync_failed(j, errno);
     }
     j->syncs++;
     j->dirty = false;
@@ -734,6 +794,9 @@ ld_journal_failed(const struct ld_journal *j)
 bool
 ld_journal_should_compact(const struct ld_journal *j)
 {
+    if (j->syncing) {
+        return false; /* the worker still has the file's descriptor */
+    }
     uint64_t records = j->size - LD_JOURNAL_HEADER_BYTES;
     uint64_t dead = records - j->live_bytes;
     return dead >= j->compact_min_bytes && dead * 4 >= records * 3;
@@ -748,6 +811,9 @@ ld_journal_set_compact_min_bytes(struct ld_journal *j, uint64_t bytes)
 int
 ld_journal_compact(struct ld_journal *j)
 {
+    if (j->syncing) {
+        return LD_ERR;
+    }
     char *tmp = tmp_path(j->path);
     char *old = suffixed_path(j->path, ".old");
     size_t n = 0;
@@ -783,8 +849,8 @@ ld_journal_compact(struct ld_journal *j)
         size_t len = encode(buf,
                             v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
                                              : LD_JOURNAL_ADD,
-                            v[i]->id, v[i]->due_ms, v[i]->after, v[i]->key,
-                            v[i]->key_len);
+                            v[i]->flags, v[i]->id, v[i]->due_ms, v[i]->after,
+                            v[i]->key, v[i]->key_len);
         if (write_all_at(fd, buf, len, size) != LD_OK) {
             goto fail;
         }

@@ -27,6 +27,10 @@
  * delete happened at an unknown time before the restart, so the second
  * one is due DELAY_MS after the replay.
  *
+ * The high bit of an add's type byte (LD_JOURNAL_F_STALE: 0x81, 0x83)
+ * says the delete is a stale mark (cache.invalidate "stale"): the entry
+ * is marked stale instead of deleted. Files without it read as before.
+ *
  * Replay stops at the first record whose length is impossible, that runs
  * past the end of the file, or whose CRC does not match: that is a write
  * torn by a crash (or a damaged disk), so everything from there on is cut
@@ -49,6 +53,9 @@ enum ld_journal_type {
     LD_JOURNAL_ADD_AFTER = 3
 };
 #define LD_JOURNAL_AFTER_BYTES 8 /* after_id, type 3 only */
+/* Flags of an add, kept in the high bits of its type byte. */
+#define LD_JOURNAL_F_STALE 0x80u
+#define LD_JOURNAL_FLAGS LD_JOURNAL_F_STALE
 
 struct ld_journal;
 
@@ -59,6 +66,7 @@ struct ld_journal_entry {
     int64_t due_ms;    /* wall clock, ms since the epoch; for an add
                           * after another, the delay after its delete */
     uint64_t after_id; /* 0, or the add this one waits for */
+    unsigned flags;    /* LD_JOURNAL_F_* */
     const char *key;
     size_t key_len;
 };
@@ -88,6 +96,13 @@ int ld_journal_add_after(struct ld_journal *j, uint64_t after_id,
                          int64_t delay_ms, const char *key, size_t key_len,
                          uint64_t *id);
 
+/* The same two with FLAGS (LD_JOURNAL_F_*) kept beside the add. */
+int ld_journal_add_flags(struct ld_journal *j, int64_t due_ms, unsigned flags,
+                         const char *key, size_t key_len, uint64_t *id);
+int ld_journal_add_after_flags(struct ld_journal *j, uint64_t after_id,
+                               int64_t delay_ms, unsigned flags,
+                               const char *key, size_t key_len, uint64_t *id);
+
 /* Append a done record for a live add. Unknown ids are ignored. */
 int ld_journal_done(struct ld_journal *j, uint64_t id);
 
@@ -110,6 +125,16 @@ void ld_journal_each(const struct ld_journal *j, ld_journal_each_fn *fn,
  * succeeds only when that rewrite is durable; until then every sync
  * returns LD_ERR, so nothing is acknowledged on the old file's word. */
 int ld_journal_sync(struct ld_journal *j);
+
+/* The same sync in two halves, so that the fdatasync can run on another
+ * thread (ld_fsync): _begin returns 0 when nothing needed syncing (or the
+ * failed journal was rewritten: done, LD_OK), -1 when that failed, and 1
+ * with *FD to be synced; then, in the loop again, _end with the sync's
+ * result and errno returns LD_OK or LD_ERR (the journal is then failed,
+ * as above). Appends in between belong to the next sync; compaction
+ * waits until _end. */
+int ld_journal_sync_begin(struct ld_journal *j, int *fd);
+int ld_journal_sync_end(struct ld_journal *j, int rc, int err);
 
 /* True while the journal is failed (see ld_journal_sync). */
 bool ld_journal_failed(const struct ld_journal *j);

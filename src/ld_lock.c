@@ -28,6 +28,7 @@
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_proto.h"
+#include "ld_redlock.h"
 #include "ld_session.h"
 #include "ld_stats.h"
 
@@ -376,7 +377,7 @@ static void
 unlock_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
-    enum ld_redis_outcome o = ld_redis_outcome();
+    enum ld_redis_outcome o = lk_outcome();
     if (o == LD_REDIS_UNKNOWN) {
         lk_reply_redis_failure_op(op->req, r, op, true);
         op->req = NULL;
@@ -412,9 +413,10 @@ unlock_on_reply(redisReply *r, void *arg)
             lk_rec_set_count(rec, v[1]);
         }
         if (op->req != NULL) {
-            ld_reply_ok(op->req, json_pack("{s:b,s:I}", "released",
-                                           v[0] == LD_LOCK_RELEASED, "count",
-                                           (json_int_t)v[1]));
+            const struct ld_field f[] = {LD_BOOL("released",
+                                                 v[0] == LD_LOCK_RELEASED),
+                                         LD_INT("count", v[1])};
+            ld_reply_ok_fields(op->req, f, LD_ARRAY_LEN(f));
         }
         op->req = NULL;
     } else {
@@ -449,7 +451,7 @@ static void
 extend_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
-    enum ld_redis_outcome o = ld_redis_outcome();
+    enum ld_redis_outcome o = lk_outcome();
     if (o == LD_REDIS_UNKNOWN) {
         lk_reply_redis_failure_op(op->req, r, op, true);
         op->req = NULL;
@@ -630,6 +632,11 @@ ld_lock_init(const struct ld_ctx *ctx)
     TAILQ_INIT(&lock_mod.idle);
     lock_mod.by_token = ld_dict_new();
     lock_mod.fences = ld_dict_new();
+    /* The one place the backend of the lock scripts is chosen. */
+    lock_mod.redlock = ctx->cfg->lock.redlock.count > 0;
+    if (lock_mod.redlock && ld_redlock_init(ctx) != LD_OK) {
+        return LD_ERR;
+    }
     if (ld_lockwait_init(ctx) != LD_OK) {
         return LD_ERR;
     }
@@ -734,4 +741,5 @@ ld_lock_free(void)
     }
     ld_dict_free(lock_mod.fences);
     lock_mod.fences = NULL;
+    ld_redlock_free();
 }

@@ -11,6 +11,7 @@
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_proto.h"
+#include "ld_redlock.h"
 #include "ld_stats.h"
 
 #include <event2/event.h>
@@ -29,11 +30,12 @@ acq_reply_granted(struct lk_op *op)
     if (op->wait_ms != 0) {
         ld_stats_observe(LD_HISTO_LOCK_WAIT, ld_now_us() - op->req->start_us);
     }
-    json_t *body = json_pack("{s:b,s:s,s:I,s:I,s:I}", "acquired", 1, "token",
-                             rec->token, "count", (json_int_t)op->grant_count,
-                             "fence", (json_int_t)op->grant_fence, "lease_ms",
-                             (json_int_t)op->lease_ms);
-    ld_reply_ok(op->req, body);
+    const struct ld_field f[] = {LD_BOOL("acquired", true),
+                                 LD_STR("token", rec->token),
+                                 LD_INT("count", op->grant_count),
+                                 LD_INT("fence", op->grant_fence),
+                                 LD_INT("lease_ms", op->lease_ms)};
+    ld_reply_ok_fields(op->req, f, LD_ARRAY_LEN(f));
     op->req = NULL;
 }
 
@@ -43,8 +45,9 @@ lk_acq_reply_false(struct lk_op *op, long long ttl)
     if (op->req == NULL) {
         return;
     }
-    ld_reply_ok(op->req, json_pack("{s:b,s:I}", "acquired", 0, "ttl_ms",
-                                   (json_int_t)ttl));
+    const struct ld_field f[] = {LD_BOOL("acquired", false),
+                                 LD_INT("ttl_ms", ttl)};
+    ld_reply_ok_fields(op->req, f, LD_ARRAY_LEN(f));
     op->req = NULL;
 }
 
@@ -64,7 +67,7 @@ undo_on_reply(redisReply *r, void *arg)
                                  json_pack("{s:s}", "outcome", "unknown"),
                                  "too few replicas confirmed the lock and "
                                  "giving it back failed: %s",
-                                 ld_redis_failure_reason());
+                                 lk_failure_reason());
         } else if (op->replicas_got < 0) {
             ld_reply_error(op->req, LD_E_REDIS_UNAVAILABLE,
                            "WAIT for %d replicas got no answer (%s)", need,
@@ -134,7 +137,7 @@ undo_pinned_on_reply(redisReply *r, void *arg)
     }
     /* The record's count is the acquisitions' business: a reentry under
      * the same token may have answered meanwhile on another connection. */
-    if (ld_redis_outcome() != LD_REDIS_NOT_SENT || lock_mod.freed ||
+    if (lk_outcome() != LD_REDIS_NOT_SENT || lock_mod.freed ||
         lock_mod.stopping) {
         lk_op_free(op);
         return;
@@ -152,11 +155,11 @@ undo_pinned_on_reply(redisReply *r, void *arg)
 static void
 acq_undo_unanswered(struct lk_rec *rec)
 {
-    if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
+    if (lk_outcome() == LD_REDIS_NOT_SENT) {
         return; /* it never left the daemon */
     }
     struct lk_op *op = lk_op_new(LK_RELEASE, NULL, rec);
-    if (ld_redis_conn_id() == 0) {
+    if (lk_conn_id() == 0) {
         undo_later(op); /* its connection is not known, nor there */
         return;
     }
@@ -165,8 +168,8 @@ acq_undo_unanswered(struct lk_rec *rec)
     size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
                      strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
-    lk_script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
-                 args, lens, undo_pinned_on_reply, op);
+    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
+                 lens, undo_pinned_on_reply, op);
 }
 
 static void
@@ -192,7 +195,7 @@ acq_on_wait(redisReply *r, void *arg)
     struct lk_rec *rec = op->rec;
     op->replicas_got = got;
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
-        op->wait_why = ld_xstrdup(ld_redis_failure_reason());
+        op->wait_why = ld_xstrdup(lk_failure_reason());
     }
     const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
                           LK_UNLOCK_MSG};
@@ -201,8 +204,8 @@ acq_on_wait(redisReply *r, void *arg)
     op->inflight = true;
     /* On the connection of the grant and its WAIT, so that the give-back
      * runs after the grant even when WAIT timed out. */
-    lk_script_ex(0, ld_redis_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5,
-                 args, lens, undo_on_reply, op);
+    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
+                 lens, undo_on_reply, op);
 }
 
 /* The acquisition was granted with hold count N. Returns true when OP was
@@ -233,6 +236,9 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
     rec->watchdog = fresh ? op->watchdog : (rec->watchdog || op->watchdog);
     rec->lease_end_ms = op->sent_ms +
                         (uint64_t)(pttl >= 0 ? pttl : op->lease_ms);
+    if (lock_mod.redlock && pttl >= 0) {
+        op->lease_ms = pttl; /* the validity left (ld_redlock.h) */
+    }
     lk_rec_cap_update(rec);
     lk_rec_arm_cap(rec);
     ld_stats.lock_acquired++;
@@ -261,7 +267,10 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
     if (op->req == NULL) {
         return false;
     }
-    int replicas = lock_mod.ctx->cfg->lock.wait_replicas;
+    /* Redlock's instances have no replicas (a reload that drops
+     * lock.redlock from the file cannot set this beside it either). */
+    int replicas = lock_mod.redlock ? 0
+                                    : lock_mod.ctx->cfg->lock.wait_replicas;
     if (replicas > 0) {
         char nbuf[16], tbuf[24];
         /* Half the command timeout, so the answer arrives before the
@@ -272,7 +281,8 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
         const char *argv[] = {"WAIT", nbuf, tbuf};
         size_t lens[] = {4, strlen(nbuf), strlen(tbuf)};
         /* WAIT counts the writes of its own connection: the grant's. */
-        struct ld_redis_opts o = {0, LD_REDIS_POOL_LOCK, ld_redis_conn_id()};
+        struct ld_redis_opts o = {.pool = LD_REDIS_POOL_LOCK,
+                                  .pin = lk_conn_id()};
         op->inflight = true;
         ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
                             acq_on_wait, op);
@@ -486,11 +496,11 @@ acq_token_on_reply(redisReply *r, void *arg)
             }
         }
         ld_stats.lock_acquired++;
-        json_t *body = json_pack("{s:b,s:s%,s:I,s:I,s:I}", "acquired", 1,
-                                 "token", op->field, op->field_len, "count",
-                                 (json_int_t)v[1], "fence", (json_int_t)fence,
-                                 "lease_ms",
-                                 (json_int_t)(op->lease_ms > 0 ? op->lease_ms
+        json_t *body = json_pack(
+            "{s:b,s:s%,s:I,s:I,s:I}", "acquired", 1, "token", op->field,
+            op->field_len, "count", (json_int_t)v[1], "fence",
+            (json_int_t)fence, "lease_ms",
+            (json_int_t)(op->lease_ms > 0 && !lock_mod.redlock ? op->lease_ms
                                                                : v[3]));
         ld_reply_ok(op->req, body);
         op->req = NULL;
@@ -528,6 +538,15 @@ lk_op_lock(struct ld_req *req)
     }
     if (lock_mod.stopping) {
         ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+        return;
+    }
+    if (lock_mod.redlock && ld_redlock_ready_count() < ld_redlock_quorum()) {
+        /* No majority to grant it: no point waiting for one. */
+        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
+                       "redlock: %d of %d instances reachable, a lock "
+                       "needs %d",
+                       ld_redlock_ready_count(), ld_redlock_count(),
+                       ld_redlock_quorum());
         return;
     }
     if (detach && !has_ttl) {

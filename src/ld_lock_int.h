@@ -8,7 +8,9 @@
  *   ld_lock_rec.c    Redis names, records and their tokens, fence memo
  *   ld_lock_redis.c  running the scripts, reading and failing replies
  *   ld_lock_watch.c  max_hold and lock_lost timers, the watchdog pass,
- *                    rechecks */
+ *                    rechecks
+ * With lock.redlock the scripts run on N instances through ld_redlock.c,
+ * which answers them as one Redis would (lk_script_ex decides). */
 
 #include "ld_common.h"
 #include "ld_defer.h"
@@ -155,6 +157,7 @@ struct lk_mod {
     size_t idle_n;
     bool stopping;
     bool freed;
+    bool redlock; /* the scripts run on lock.redlock (ld_redlock.c) */
 };
 
 extern struct lk_mod lock_mod;
@@ -205,7 +208,11 @@ void lk_rec_set_count(struct lk_rec *rec, long long n);
 void lk_rec_unlink(struct lk_rec *rec);
 void lk_rec_unref(struct lk_rec *rec);
 
-/* ld_lock_redis.c */
+/* ld_lock_redis.c. Inside a script's callback, whichever backend runs
+ * the scripts: the outcome, the reason of a failure, the connection. */
+enum ld_redis_outcome lk_outcome(void);
+const char *lk_failure_reason(void);
+uint64_t lk_conn_id(void);
 int lk_reply_acquire(const redisReply *r, long long v[4]);
 int lk_reply_ints(const redisReply *r, long long *v, int max);
 void lk_reply_not_held(struct ld_req *req, const char *key, size_t klen,

@@ -8,6 +8,7 @@
 #include "ld_lock_codes.h"
 #include "ld_log.h"
 #include "ld_proto.h"
+#include "ld_redlock.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -109,7 +110,7 @@ lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
         "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "OOM",
         "NOAUTH",      "MOVED",    "ASK",
     };
-    const char *why = ld_redis_failure_reason();
+    const char *why = lk_failure_reason();
     const char *opname = op != NULL ? kind_name(op->kind) : "lock";
     int klen = op != NULL && op->key != NULL ? (int)op->key_len : 1;
     const char *key = op != NULL && op->key != NULL ? op->key : "-";
@@ -118,7 +119,7 @@ lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
         key = op->rec->key;
     }
     if (r == NULL) {
-        enum ld_redis_outcome o = ld_redis_outcome();
+        enum ld_redis_outcome o = lk_outcome();
         bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
         if (unknown) {
             log_warn("redis failure op=%s key=%.*s outcome=unknown "
@@ -200,7 +201,14 @@ lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
              const struct lk_names *n, int nkeys, int nargs, const char **args,
              size_t *lens, ld_redis_cb *cb, void *arg)
 {
-    struct ld_redis_opts o = {flags, LD_REDIS_POOL_SHARED, pin};
+    if (lock_mod.redlock) {
+        ld_redlock_script(id, n->hash, n->hash_len, n->chan, n->chan_len,
+                          nkeys, nargs, args, lens, cb, arg);
+        return;
+    }
+    struct ld_redis_opts o = {.flags = flags,
+                              .pool = LD_REDIS_POOL_SHARED,
+                              .pin = pin};
     if (lock_mod.ctx->cfg->lock.wait_replicas > 0) {
         o.pool = LD_REDIS_POOL_LOCK;
     }
@@ -213,4 +221,24 @@ lk_script(enum ld_script_id id, const struct lk_names *n, int nkeys, int nargs,
           const char **args, size_t *lens, ld_redis_cb *cb, void *arg)
 {
     lk_script_ex(0, 0, id, n, nkeys, nargs, args, lens, cb, arg);
+}
+
+enum ld_redis_outcome
+lk_outcome(void)
+{
+    return lock_mod.redlock ? ld_redlock_outcome() : ld_redis_outcome();
+}
+
+const char *
+lk_failure_reason(void)
+{
+    return lock_mod.redlock ? ld_redlock_failure_reason()
+                            : ld_redis_failure_reason();
+}
+
+/* Redlock's answers come from N connections: none to pin to. */
+uint64_t
+lk_conn_id(void)
+{
+    return lock_mod.redlock ? 0 : ld_redis_conn_id();
 }

@@ -12,6 +12,7 @@
 #include "ld_lock_codes.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_redlock.h"
 #include "ld_stats.h"
 
 #include <event2/event.h>
@@ -190,7 +191,9 @@ renew_on_reply(redisReply *r, void *arg)
         }
     } else if (renew) {
         ld_stats.lock_renewals_failed++;
-        if (ld_now_ms() >= rec->lease_end_ms) {
+        /* Redlock: a renewal that no majority confirmed ends the lock at
+         * once; the instances that did renew may outlive the others. */
+        if (lock_mod.redlock || ld_now_ms() >= rec->lease_end_ms) {
             lk_rec_lost(rec, "redis_unavailable", true);
         }
     }
@@ -365,7 +368,11 @@ lk_watch_init(void)
     }
     ld_defer_init(&lock_mod.step, lock_mod.ctx->base, pass_step, NULL);
     pass_arm();
-    ld_redis_on_state(on_redis_state, NULL);
+    if (lock_mod.redlock) {
+        ld_redlock_on_state(on_redis_state, NULL);
+    } else {
+        ld_redis_on_state(on_redis_state, NULL);
+    }
 }
 
 void

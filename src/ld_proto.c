@@ -7,6 +7,7 @@
 #include "ld_assert.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
+#include "ld_json.h"
 #include "ld_mem.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -16,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <event2/buffer.h>
 
 static struct {
     const struct ld_ctx *ctx;
@@ -55,7 +58,10 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     /* Values are binary-safe, so \u0000 is allowed in strings; the
      * fields that name things (op, keys, tokens) refuse it below and in
      * the field accessors. */
-    json_t *obj = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
+    json_t *obj = ld_json_flat_parse(line, len);
+    if (obj == NULL) {
+        obj = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
+    }
     if (obj == NULL) {
         snprintf(msg, msglen, "invalid JSON at column %d: %s", jerr.column,
                  jerr.text);
@@ -92,8 +98,6 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     return LD_OK;
 }
 
-static size_t utf8_seq(const unsigned char *p, size_t n);
-
 /* The longest prefix of S (LEN bytes) that is valid UTF-8. */
 static size_t
 utf8_valid_prefix(const char *s, size_t len)
@@ -101,7 +105,7 @@ utf8_valid_prefix(const char *s, size_t len)
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < len) {
-        size_t n = utf8_seq(p + i, len - i);
+        size_t n = ld_utf8_seq(p + i, len - i);
         if (n == 0) {
             break;
         }
@@ -129,9 +133,121 @@ dump_line(json_t *obj, size_t *len)
     return line;
 }
 
+/* A reply line being written by hand, for the flat objects that almost
+ * every reply is (jansson's dumper costs several times more per field). */
+struct line_buf {
+    char *p;
+    size_t len, cap;
+};
+
+static char *
+line_room(struct line_buf *b, size_t need)
+{
+    if (b->cap - b->len < need) {
+        while (b->cap - b->len < need) {
+            b->cap = b->cap * 2;
+        }
+        b->p = ld_xrealloc(b->p, b->cap);
+    }
+    return b->p + b->len;
+}
+
+static void
+line_add(struct line_buf *b, const char *s, size_t n)
+{
+    memcpy(line_room(b, n), s, n);
+    b->len += n;
+}
+
+static bool
+line_add_string(struct line_buf *b, const char *s, size_t n)
+{
+    size_t q = ld_json_quote(line_room(b, ld_json_quote_max(n)), s, n);
+    b->len += q;
+    return q > 0;
+}
+
+/* V as jansson's compact dump writes it: by hand for strings, integers
+ * and the literals, through jansson for the rest. */
+static bool
+line_add_value(struct line_buf *b, json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        return line_add_string(b, json_string_value(v), json_string_length(v));
+    case JSON_INTEGER:
+        b->len += ld_json_format_int(line_room(b, LD_JSON_INT_MAX),
+                                     json_integer_value(v));
+        return true;
+    case JSON_TRUE:
+        line_add(b, "true", 4);
+        return true;
+    case JSON_FALSE:
+        line_add(b, "false", 5);
+        return true;
+    case JSON_NULL:
+        line_add(b, "null", 4);
+        return true;
+    default: {
+        char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (t == NULL) {
+            return false;
+        }
+        line_add(b, t, strlen(t));
+        free(t);
+        return true;
+    }
+    }
+}
+
+/* The same line as dump_line of {"id":ID,"ok":true,...FIELDS}, or false
+ * when a field needs jansson's own handling. */
+static bool
+ok_line_by_hand(struct line_buf *b, json_t *id, json_t *fields)
+{
+    line_add(b, "{", 1);
+    if (id != NULL) {
+        line_add(b, "\"id\":", 5);
+        if (!line_add_value(b, id)) {
+            return false;
+        }
+        line_add(b, ",", 1);
+    }
+    line_add(b, "\"ok\":true", 9);
+    if (fields != NULL) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(fields, key, v)
+        {
+            /* A field named like the head would replace it in place. */
+            if (strcmp(key, "id") == 0 || strcmp(key, "ok") == 0) {
+                return false;
+            }
+            line_add(b, ",", 1);
+            if (!line_add_string(b, key, strlen(key))) {
+                return false;
+            }
+            line_add(b, ":", 1);
+            if (!line_add_value(b, v)) {
+                return false;
+            }
+        }
+    }
+    line_add(b, "}\n", 2);
+    *line_room(b, 1) = '\0'; /* as dump_line's */
+    return true;
+}
+
 char *
 ld_proto_ok_line(json_t *id, json_t *fields, size_t *len)
 {
+    struct line_buf b = {ld_xmalloc(256), 0, 256};
+    if (ok_line_by_hand(&b, id, fields)) {
+        json_decref(fields);
+        *len = b.len;
+        return b.p;
+    }
+    free(b.p);
     json_t *obj = json_object();
     if (id != NULL) {
         json_object_set(obj, "id", id);
@@ -193,16 +309,49 @@ req_free(struct ld_req *req)
     }
 }
 
+/* A line this long goes to the session's output as it is, not copied
+ * into it (a large cache hit would otherwise be copied once more). */
+#define REF_LINE_BYTES 4096
+
+static void
+free_line_cb(const void *data, size_t len, void *arg)
+{
+    (void)data;
+    (void)len;
+    free(arg);
+}
+
+/* LINE (malloc'd) is handed over: freed once the output has sent it. */
+static void
+write_by_reference(struct ld_session *s, char *line, size_t len)
+{
+    struct evbuffer *buf = evbuffer_new();
+    if (buf == NULL ||
+        evbuffer_add_reference(buf, line, len, free_line_cb, line) != 0) {
+        ld_session_write(s, line, len);
+        free(line);
+    } else {
+        ld_session_write_buffer(s, buf);
+    }
+    if (buf != NULL) {
+        evbuffer_free(buf);
+    }
+}
+
 static void
 send_line(struct ld_req *req, char *line, size_t len)
 {
     if (line != NULL) {
         /* Also after the session ended: a half-closed client still
          * reads the answers to what it sent (see ld_session.c). */
-        if (req->sess != NULL) {
-            ld_session_write(req->sess, line, len);
+        if (req->sess != NULL && len >= REF_LINE_BYTES) {
+            write_by_reference(req->sess, line, len);
+        } else {
+            if (req->sess != NULL) {
+                ld_session_write(req->sess, line, len);
+            }
+            free(line);
         }
-        free(line);
     }
     req_free(req);
 }
@@ -253,118 +402,6 @@ ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
     req->start_us = ld_now_us();
     ld_session_req_begin(s);
     proto_mod.route(req);
-}
-
-/* Length of the valid UTF-8 sequence starting at P (at most N bytes
- * available), 0 when invalid: no overlong forms, no surrogates, nothing
- * above U+10FFFF, as RFC 3629 and jansson require. */
-static size_t
-utf8_seq(const unsigned char *p, size_t n)
-{
-    unsigned c = p[0];
-    size_t want;
-    unsigned min;
-    unsigned cp;
-    if (c < 0x80) {
-        return 1;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-        want = 2;
-        min = 0x80;
-        cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        want = 3;
-        min = 0x800;
-        cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        want = 4;
-        min = 0x10000;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n < want) {
-        return 0;
-    }
-    for (size_t i = 1; i < want; i++) {
-        if ((p[i] & 0xc0) != 0x80) {
-            return 0;
-        }
-        cp = (cp << 6) | (p[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
-        return 0;
-    }
-    return want;
-}
-
-size_t
-ld_json_quote(char *out, const char *s, size_t len)
-{
-    static const char hex[] = "0123456789ABCDEF"; /* as jansson */
-    const unsigned char *p = (const unsigned char *)s;
-    char *o = out;
-    size_t i = 0;
-
-    *o++ = '"';
-    while (i < len) {
-        /* Copy the longest run that needs no escape in one go. */
-        size_t run = i;
-        while (run < len && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' &&
-               p[run] != '\\') {
-            run++;
-        }
-        if (run > i) {
-            memcpy(o, p + i, run - i);
-            o += run - i;
-            i = run;
-            continue;
-        }
-        unsigned c = p[i];
-        if (c >= 0x80) {
-            size_t n = utf8_seq(p + i, len - i);
-            if (n == 0) {
-                return 0;
-            }
-            memcpy(o, p + i, n);
-            o += n;
-            i += n;
-            continue;
-        }
-        *o++ = '\\';
-        switch (c) {
-        case '"':
-            *o++ = '"';
-            break;
-        case '\\':
-            *o++ = '\\';
-            break;
-        case '\b':
-            *o++ = 'b';
-            break;
-        case '\f':
-            *o++ = 'f';
-            break;
-        case '\n':
-            *o++ = 'n';
-            break;
-        case '\r':
-            *o++ = 'r';
-            break;
-        case '\t':
-            *o++ = 't';
-            break;
-        default:
-            *o++ = 'u';
-            *o++ = '0';
-            *o++ = '0';
-            *o++ = hex[c >> 4];
-            *o++ = hex[c & 15];
-            break;
-        }
-        i++;
-    }
-    *o++ = '"';
-    return (size_t)(o - out);
 }
 
 int
@@ -431,6 +468,59 @@ ld_reply_ok(struct ld_req *req, json_t *fields)
     size_t len = 0;
     char *line = ld_proto_ok_line(req->id, fields, &len);
     send_line(req, line, len);
+}
+
+/* FIELDS as a JSON object, for the line jansson writes when the fast one
+ * cannot be (a string that is not valid UTF-8 gets its error there). */
+static json_t *
+fields_object(const struct ld_field *f, size_t n)
+{
+    json_t *o = json_object();
+    for (size_t k = 0; k < n; k++) {
+        json_t *v = f[k].type == LD_FIELD_BOOL  ? json_boolean(f[k].i)
+                    : f[k].type == LD_FIELD_INT ? json_integer(f[k].i)
+                                                : json_string(f[k].s);
+        json_object_set_new(o, f[k].name, v != NULL ? v : json_null());
+    }
+    return o;
+}
+
+void
+ld_reply_ok_fields(struct ld_req *req, const struct ld_field *f, size_t n)
+{
+    struct line_buf b = {ld_xmalloc(256), 0, 256};
+    bool ok = ok_line_by_hand(&b, req->id, NULL);
+    b.len -= 2; /* reopen the object: drop "}\n" */
+    for (size_t k = 0; ok && k < n; k++) {
+        size_t nl = strlen(f[k].name);
+        char *o = line_room(&b, nl + 4);
+        o[0] = ',';
+        o[1] = '"';
+        memcpy(o + 2, f[k].name, nl);
+        o[nl + 2] = '"';
+        o[nl + 3] = ':';
+        b.len += nl + 4;
+        switch (f[k].type) {
+        case LD_FIELD_BOOL:
+            line_add(&b, f[k].i ? "true" : "false", f[k].i ? 4 : 5);
+            break;
+        case LD_FIELD_INT:
+            b.len += ld_json_format_int(line_room(&b, LD_JSON_INT_MAX),
+                                        f[k].i);
+            break;
+        case LD_FIELD_STR:
+            ok = line_add_string(&b, f[k].s, strlen(f[k].s));
+            break;
+        }
+    }
+    if (!ok) {
+        free(b.p);
+        ld_reply_ok(req, fields_object(f, n));
+        return;
+    }
+    line_add(&b, "}\n", 2);
+    *line_room(&b, 1) = '\0';
+    send_line(req, b.p, b.len);
 }
 
 static void

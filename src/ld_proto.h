@@ -49,17 +49,35 @@ char *ld_proto_error_line(json_t *id, int code, json_t *extra,
 /* Answers. FIELDS is stolen. EXTRA (stolen, may be NULL) is merged into the
  * error object, e.g. {"reason":"other"} for not_held. */
 void ld_reply_ok(struct ld_req *req, json_t *fields);
+
+/* The same for the hottest replies, whose fields are known at compile
+ * time: written straight into the line, no JSON tree. NAME must need no
+ * escaping (a C literal of plain ASCII). */
+enum ld_field_type { LD_FIELD_BOOL, LD_FIELD_INT, LD_FIELD_STR };
+struct ld_field {
+    const char *name;
+    enum ld_field_type type;
+    long long i; /* bool or integer */
+    const char *s;
+};
+#define LD_BOOL(n, v)                                                         \
+    {                                                                         \
+        (n), LD_FIELD_BOOL, (v) ? 1 : 0, NULL                                 \
+    }
+#define LD_INT(n, v)                                                          \
+    {                                                                         \
+        (n), LD_FIELD_INT, (long long)(v), NULL                               \
+    }
+#define LD_STR(n, v)                                                          \
+    {                                                                         \
+        (n), LD_FIELD_STR, 0, (v)                                             \
+    }
+void ld_reply_ok_fields(struct ld_req *req, const struct ld_field *f,
+                        size_t n);
 void ld_reply_error(struct ld_req *req, int code, const char *fmt, ...)
     LD_PRINTF(3, 4);
 void ld_reply_error_extra(struct ld_req *req, int code, json_t *extra,
                           const char *fmt, ...) LD_PRINTF(4, 5);
-
-/* Write S (LEN bytes) as a JSON string literal, quotes included, into
- * OUT, which must hold ld_json_quote_max(LEN) bytes; returns the bytes
- * written, or 0 when S is not valid UTF-8. The same text as jansson's,
- * without its per-character cost (large cached values go through this). */
-size_t ld_json_quote(char *out, const char *s, size_t len);
-#define ld_json_quote_max(len) ((len)*6 + 2)
 
 /* {"id":..,"ok":true,"hit":true,"value":"V"}: the cache hit, built without
  * a JSON tree. Returns LD_ERR, leaving REQ unanswered, when V is not valid

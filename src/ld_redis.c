@@ -129,27 +129,56 @@ ld_reply_is_error(const redisReply *r, const char *prefix)
     return prefix == NULL || strncmp(r->str, prefix, strlen(prefix)) == 0;
 }
 
+/* The node of the backend of redis.* (standalone and sentinel modes). */
+static struct rnode *
+main_node(void)
+{
+    return redis_mod.n_nodes > 0 ? redis_mod.nodes[0] : NULL;
+}
+
 const char *
 ld_redis_address(void)
 {
-    return redis_mod.address;
+    return main_node() != NULL ? main_node()->address : "";
 }
 
 bool
 ld_redis_ready(void)
 {
-    return redis_mod.n_ready > 0;
+    return ld_redis_instance_ready(0);
+}
+
+bool
+ld_redis_instance_ready(int k)
+{
+    if (k < 0 || k > redis_mod.n_inst) {
+        return false;
+    }
+    if (k > 0) {
+        return redis_mod.inst[k]->n_ready > 0;
+    }
+    for (int i = 0; i < redis_mod.n_nodes; i++) {
+        if (redis_mod.nodes[i]->instance == 0 &&
+            redis_mod.nodes[i]->n_ready > 0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 long long
 ld_redis_outstanding(void)
 {
-    long long n = redis_mod.n_waiting;
-    for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
-        struct rcmd *c;
-        TAILQ_FOREACH(c, &redis_mod.conns[i].sent, link)
-        {
-            n++;
+    long long n = 0;
+    for (int k = 0; k < redis_mod.n_nodes; k++) {
+        const struct rnode *node = redis_mod.nodes[k];
+        n += node->n_waiting;
+        for (int i = 0; i < node->n_conns + node->n_lock; i++) {
+            struct rcmd *c;
+            TAILQ_FOREACH(c, &node->conns[i].sent, link)
+            {
+                n++;
+            }
         }
     }
     /* Late answers nobody waits for do not hold up a stop. */
@@ -177,11 +206,27 @@ ld_redis_on_state(ld_redis_state_fn *fn, void *arg)
     }
 }
 
-static void
-notify_state(bool up)
+void
+ld_redis_on_instance_state(ld_redis_instance_state_fn *fn, void *arg)
 {
-    for (int i = 0; i < redis_mod.n_watchers; i++) {
-        redis_mod.watchers[i].fn(up, redis_mod.watchers[i].arg);
+    int i = redis_mod.n_inst_watchers;
+    if (i < (int)LD_ARRAY_LEN(redis_mod.inst_watchers)) {
+        redis_mod.inst_watchers[i].fn = fn;
+        redis_mod.inst_watchers[i].arg = arg;
+        redis_mod.n_inst_watchers++;
+    }
+}
+
+static void
+notify_state(int k, bool up)
+{
+    if (k == 0) {
+        for (int i = 0; i < redis_mod.n_watchers; i++) {
+            redis_mod.watchers[i].fn(up, redis_mod.watchers[i].arg);
+        }
+    }
+    for (int i = 0; i < redis_mod.n_inst_watchers; i++) {
+        redis_mod.inst_watchers[i].fn(k, up, redis_mod.inst_watchers[i].arg);
     }
 }
 
@@ -190,24 +235,33 @@ void
 redis_set_ready(struct rconn *c, bool ready)
 {
     bool was = c->state == CONN_READY;
+    struct rnode *n = c->node;
     if (was == ready) {
         return;
     }
     if (c->pool != LD_REDIS_POOL_SHARED) {
         /* The backend's state is the shared pool's. */
         if (ready) {
-            redis_mod.lock_ever_ready = true;
+            n->lock_ever_ready = true;
         }
         return;
     }
-    redis_mod.n_ready += ready ? 1 : -1;
-    ld_stats.redis_connected = redis_mod.n_ready;
-    if (ready && redis_mod.n_ready == 1) {
-        log_info("redis up address=%s", redis_mod.address);
-        notify_state(true);
-    } else if (!ready && redis_mod.n_ready == 0 && !redis_mod.freeing) {
-        log_warn("redis down address=%s", redis_mod.address);
-        notify_state(false);
+    /* An instance is up while any of its nodes is. */
+    bool inst_was = ld_redis_instance_ready(n->instance);
+    n->n_ready += ready ? 1 : -1;
+    bool inst_is = ld_redis_instance_ready(n->instance);
+    if (n->instance == 0) {
+        ld_stats.redis_connected += ready ? 1 : -1;
+    }
+    if (ready && n->n_ready == 1) {
+        log_info("redis up address=%s%s", n->address,
+                 n->instance > 0 ? " (lock.redlock)" : "");
+    } else if (!ready && n->n_ready == 0 && !redis_mod.freeing) {
+        log_warn("redis down address=%s%s", n->address,
+                 n->instance > 0 ? " (lock.redlock)" : "");
+    }
+    if (inst_was != inst_is && (inst_is || !redis_mod.freeing)) {
+        notify_state(n->instance, inst_is);
     }
 }
 
@@ -216,6 +270,9 @@ redis_rcmd_free(struct rcmd *cmd)
 {
     free(cmd->argv); /* one block: argv, argvlen and the bytes */
     free(cmd->fail_reason);
+    if (cmd->timeout_ev != NULL) {
+        event_free(cmd->timeout_ev);
+    }
     free(cmd);
 }
 
@@ -303,7 +360,7 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
          ld_reply_is_error(reply, "LOADING"))) {
         /* A master that became a replica, or one still loading after a
          * restart: ask where the master is now. */
-        redis_doubt(reply->str);
+        redis_doubt(c->node, reply->str);
     }
     if (!cmd->answered) {
         redis_call_cb(cmd, reply, LD_REDIS_ANSWERED, "", c->id);
@@ -369,20 +426,34 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
     }
 }
 
-static void lock_pool_start(void);
+static void lock_pool_start(struct rnode *n);
+
+/* The node a command goes to (NULL: none known yet). */
+static struct rnode *
+pick_node(int instance)
+{
+    if (instance > 0) {
+        return instance <= redis_mod.n_inst ? redis_mod.inst[instance] : NULL;
+    }
+    return main_node();
+}
 
 /* Where a command goes; NULL with *WHY set when nowhere. *MAY_WAIT
  * tells whether it may wait for a connection being established. */
 static struct rconn *
-pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
-          size_t whylen, bool *may_wait)
+pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
+          char *why, size_t whylen, bool *may_wait)
 {
     *may_wait = false;
     if (o != NULL && o->pin != 0) {
-        for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
-            const struct rconn *c = &redis_mod.conns[i];
-            if (c->id == o->pin && c->state == CONN_READY) {
-                return &redis_mod.conns[i];
+        /* Connection ids are unique over every node. */
+        for (int k = 0; k < redis_mod.n_nodes; k++) {
+            struct rnode *n = redis_mod.nodes[k];
+            for (int i = 0; i < n->n_conns + n->n_lock; i++) {
+                struct rconn *c = &n->conns[i];
+                if (c->id == o->pin && c->state == CONN_READY) {
+                    return c;
+                }
             }
         }
         struct rconn *d;
@@ -397,22 +468,27 @@ pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
                  "gone");
         return NULL;
     }
-    int base = 0, n = redis_mod.n_conns;
+    if (node == NULL) {
+        snprintf(why, whylen, "no redis instance %d",
+                 o != NULL ? o->instance : 0);
+        return NULL;
+    }
+    int base = 0, n = node->n_conns;
     if (o != NULL && o->pool == LD_REDIS_POOL_LOCK) {
-        if (redis_mod.n_lock == 0) {
-            lock_pool_start();
+        if (node->n_lock == 0) {
+            lock_pool_start(node);
         }
         /* Until the pool has come up once (it opens on first use), the
          * shared connections serve. */
-        if (redis_mod.lock_ever_ready) {
-            base = redis_mod.n_conns;
-            n = redis_mod.n_lock;
+        if (node->lock_ever_ready) {
+            base = node->n_conns;
+            n = node->n_lock;
         }
     }
     int start = (int)(hash % (uint64_t)n);
     bool pending = false;
     for (int i = 0; i < n; i++) {
-        struct rconn *c = &redis_mod.conns[base + (start + i) % n];
+        struct rconn *c = &node->conns[base + (start + i) % n];
         if (c->state == CONN_READY) {
             return c;
         }
@@ -424,10 +500,11 @@ pick_conn(const struct ld_redis_opts *o, uint64_t hash, char *why,
     /* A connection on its way may be ready in a moment; a Redis whose
      * last attempt failed is down, and saying so at once beats making
      * every caller wait out the timeout. */
-    *may_wait = pending && !redis_mod.known_down;
-    snprintf(why, whylen, "no connection to redis is ready (last error: %s)",
-             redis_mod.last_error[0] != '\0' ? redis_mod.last_error
-                                             : "none yet");
+    *may_wait = pending && !node->known_down;
+    snprintf(why, whylen,
+             "no connection to redis %.100s is ready (last error: %s)",
+             node->address,
+             node->last_error[0] != '\0' ? node->last_error : "none yet");
     return NULL;
 }
 
@@ -474,7 +551,7 @@ send_script(struct rconn *c, struct rcmd *cmd)
     }
     av[0] = "EVALSHA";
     al[0] = 7;
-    av[1] = redis_mod.shas[cmd->script];
+    av[1] = c->node->shas[cmd->script];
     al[1] = 40;
     for (int i = 0; i <= argc; i++) {
         av[i + 2] = cmd->argv[i];
@@ -489,19 +566,70 @@ send_script(struct rconn *c, struct rcmd *cmd)
 }
 
 static void
-wait_arm(void)
+wait_arm(struct rnode *n, uint64_t until)
 {
-    if (TAILQ_EMPTY(&redis_mod.waiting) ||
-        event_pending(redis_mod.wait_ev, EV_TIMEOUT, NULL)) {
+    /* Commands with a timeout of their own may end before those queued
+     * ahead of them: the timer follows the earliest end. */
+    if (n->wait_at_us != 0 && n->wait_at_us <= until) {
         return;
     }
-    /* Commands wait in issue order, so the first one expires first. */
     uint64_t now = ld_now_us();
-    uint64_t until = TAILQ_FIRST(&redis_mod.waiting)->wait_until_us;
     uint64_t wait = until > now ? until - now : 0;
     struct timeval tv = {(time_t)(wait / 1000000),
                          (suseconds_t)(wait % 1000000)};
-    event_add(redis_mod.wait_ev, &tv);
+    n->wait_at_us = until;
+    event_add(n->wait_ev, &tv);
+}
+
+static unsigned
+cmd_timeout_ms(const struct rcmd *cmd)
+{
+    unsigned t = (unsigned)redis_mod.ctx->cfg->redis.timeout_ms;
+    return cmd->timeout_ms != 0 && cmd->timeout_ms < t ? cmd->timeout_ms : t;
+}
+
+/* A command with a timeout of its own, shorter than redis.timeout_ms,
+ * got no answer in time: the caller hears UNKNOWN now (LATE or LOST
+ * follows with LD_REDIS_F_LATE); the connection stays, it is not the
+ * connection's fault. */
+static void
+cmd_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct rcmd *cmd = arg;
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    if (cmd->answered || cmd->waiting || cmd->conn == NULL ||
+        cmd->fail_reason != NULL) {
+        return;
+    }
+    char why[96];
+    snprintf(why, sizeof(why), "timed out after %u ms", cmd->timeout_ms);
+    cmd->answered = true;
+    ld_stats.redis_errors++;
+    redis_call_cb(cmd, NULL, LD_REDIS_UNKNOWN, why, cmd->conn->id);
+}
+
+static void
+cmd_timeout_arm(struct rcmd *cmd)
+{
+    if (cmd->timeout_ms == 0 ||
+        cmd->timeout_ms >= (unsigned)redis_mod.ctx->cfg->redis.timeout_ms) {
+        return;
+    }
+    if (cmd->timeout_ev == NULL) {
+        cmd->timeout_ev = evtimer_new(redis_mod.ctx->base, cmd_timeout_cb,
+                                      cmd);
+        if (cmd->timeout_ev == NULL) {
+            ld_oom(0);
+        }
+    }
+    /* From the issue, like the wait for a connection. */
+    uint64_t now = ld_now_us();
+    uint64_t end = cmd->wait_until_us;
+    uint64_t wait = end > now ? end - now : 0;
+    struct timeval tv = {(time_t)(wait / 1000000),
+                         (suseconds_t)(wait % 1000000)};
+    event_add(cmd->timeout_ev, &tv);
 }
 
 /* Send CMD, let it wait for a connection being established, or answer it
@@ -510,10 +638,15 @@ static void
 route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
           const char **argv, const size_t *argvlen)
 {
-    char why[256];
+    char why[400];
     bool may_wait;
-    struct rconn *c = pick_conn(opts, cmd->route_hash, why, sizeof(why),
+    struct rnode *node = pick_node(cmd->instance);
+    struct rconn *c = pick_conn(node, opts, cmd->route_hash, why, sizeof(why),
                                 &may_wait);
+    if (cmd->timeout_ms != 0 && cmd->wait_until_us == 0) {
+        cmd->wait_until_us = ld_now_us() +
+                             (uint64_t)cmd_timeout_ms(cmd) * 1000;
+    }
     if (c != NULL) {
         int rc;
         if (cmd->script >= 0) {
@@ -526,10 +659,12 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
         }
         if (rc != LD_OK) {
             fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
+        } else {
+            cmd_timeout_arm(cmd);
         }
         return;
     }
-    if (!may_wait || redis_mod.n_waiting >= MAX_WAITING) {
+    if (!may_wait || node->n_waiting >= MAX_WAITING) {
         fail_later(cmd, LD_REDIS_NOT_SENT, why);
         return;
     }
@@ -541,33 +676,37 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
     if (cmd->wait_until_us == 0) {
         /* The clock runs from the issue, not from the latest retry. */
         cmd->wait_until_us = ld_now_us() +
-                             (uint64_t)redis_mod.ctx->cfg->redis.timeout_ms *
-                                 1000;
+                             (uint64_t)cmd_timeout_ms(cmd) * 1000;
     }
     cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
     cmd->waiting = true;
-    TAILQ_INSERT_TAIL(&redis_mod.waiting, cmd, link);
-    redis_mod.n_waiting++;
-    wait_arm();
+    cmd->node = node;
+    TAILQ_INSERT_TAIL(&node->waiting, cmd, link);
+    node->n_waiting++;
+    wait_arm(node, cmd->wait_until_us);
 }
 
-/* A connection became ready, or an attempt failed: what waits is sent,
- * waits on, or is answered. */
+/* A connection of N became ready, or an attempt failed: what waits is
+ * sent, waits on, or is answered. */
 void
-redis_waiting_retry(void)
+redis_waiting_retry(struct rnode *n)
 {
-    if (TAILQ_EMPTY(&redis_mod.waiting)) {
+    if (TAILQ_EMPTY(&n->waiting)) {
         return;
     }
     struct rcmd_queue list = TAILQ_HEAD_INITIALIZER(list);
-    TAILQ_CONCAT(&list, &redis_mod.waiting, link);
-    redis_mod.n_waiting = 0;
+    TAILQ_CONCAT(&list, &n->waiting, link);
+    n->n_waiting = 0;
     while (!TAILQ_EMPTY(&list)) {
         struct rcmd *cmd = TAILQ_FIRST(&list);
         TAILQ_REMOVE(&list, cmd, link);
         LD_ASSERT(cmd->waiting);
         cmd->waiting = false;
-        struct ld_redis_opts o = {cmd->flags, cmd->pool, 0};
+        cmd->node = NULL;
+        struct ld_redis_opts o = {.flags = cmd->flags,
+                                  .pool = cmd->pool,
+                                  .instance = cmd->instance,
+                                  .timeout_ms = cmd->timeout_ms};
         route_cmd(cmd, &o, 0, NULL, NULL);
     }
 }
@@ -575,26 +714,38 @@ redis_waiting_retry(void)
 static void
 wait_cb(evutil_socket_t fd, short what, void *arg)
 {
+    struct rnode *n = arg;
     LD_UNUSED(fd);
     LD_UNUSED(what);
-    LD_UNUSED(arg);
     uint64_t now = ld_now_us();
-    while (!TAILQ_EMPTY(&redis_mod.waiting) &&
-           TAILQ_FIRST(&redis_mod.waiting)->wait_until_us <= now) {
-        struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);
-        TAILQ_REMOVE(&redis_mod.waiting, cmd, link);
-        redis_mod.n_waiting--;
+    uint64_t next = 0;
+    struct rcmd *cmd, *tmp;
+    n->wait_at_us = 0;
+    /* Mostly in issue order, but a command with a timeout of its own may
+     * end before those ahead of it: look at all (there are few). */
+    for (cmd = TAILQ_FIRST(&n->waiting); cmd != NULL; cmd = tmp) {
+        tmp = TAILQ_NEXT(cmd, link);
+        if (cmd->wait_until_us > now) {
+            if (next == 0 || cmd->wait_until_us < next) {
+                next = cmd->wait_until_us;
+            }
+            continue;
+        }
+        TAILQ_REMOVE(&n->waiting, cmd, link);
+        n->n_waiting--;
         cmd->waiting = false;
-        char why[256];
+        cmd->node = NULL;
+        char why[400];
         snprintf(why, sizeof(why),
-                 "no connection to redis was ready "
-                 "within %d ms (last error: %s)",
-                 redis_mod.ctx->cfg->redis.timeout_ms,
-                 redis_mod.last_error[0] != '\0' ? redis_mod.last_error
-                                                 : "none yet");
+                 "no connection to redis %.60s was ready "
+                 "within %u ms (last error: %s)",
+                 n->address, cmd_timeout_ms(cmd),
+                 n->last_error[0] != '\0' ? n->last_error : "none yet");
         fail_later(cmd, LD_REDIS_NOT_SENT, why);
     }
-    wait_arm();
+    if (next != 0) {
+        wait_arm(n, next);
+    }
 }
 
 void
@@ -615,6 +766,10 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
     cmd->arg = arg;
     cmd->script = -1;
     cmd->flags = opts != NULL ? opts->flags : 0;
+    if (opts != NULL) {
+        cmd->instance = opts->instance;
+        cmd->timeout_ms = opts->timeout_ms;
+    }
     cmd->route_hash = ld_hash(route, route_len);
     route_cmd(cmd, opts, argc, argv, argvlen);
 }
@@ -676,6 +831,10 @@ ld_redis_script_ex(const struct ld_redis_opts *opts, enum ld_script_id script,
     cmd->arg = arg;
     cmd->script = (int)script;
     cmd->flags = opts != NULL ? opts->flags : 0;
+    if (opts != NULL) {
+        cmd->instance = opts->instance;
+        cmd->timeout_ms = opts->timeout_ms;
+    }
     cmd->route_hash = ld_hash(route, route_len);
     if (keep_args(cmd, nkeys, argc, argv, argvlen) != LD_OK) {
         fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
@@ -706,11 +865,67 @@ ld_redis_on_doubt(ld_redis_doubt_fn *fn, void *arg)
 }
 
 void
-redis_doubt(const char *why)
+redis_doubt(const struct rnode *n, const char *why)
 {
-    if (redis_mod.doubt_fn != NULL && !redis_mod.freeing) {
+    /* The Sentinel follower watches the backend of redis.* only. */
+    if (redis_mod.doubt_fn != NULL && !redis_mod.freeing && n->instance == 0) {
         redis_mod.doubt_fn(why, redis_mod.doubt_arg);
     }
+}
+
+/* A node at ADDR (NULL: not known yet) with redis.connections shared
+ * connections, and room for as many in its lock pool. */
+static struct rnode *
+node_new(int instance, const struct ld_conn_addr *addr, const char *text)
+{
+    struct rnode *n = ld_xcalloc(1, sizeof(*n));
+    n->instance = instance;
+    if (addr != NULL) {
+        n->addr = *addr;
+        n->have_addr = true;
+        snprintf(n->address, sizeof(n->address), "%s", text);
+    } else {
+        snprintf(n->last_error, sizeof(n->last_error), "no master known yet");
+    }
+    TAILQ_INIT(&n->waiting);
+    n->wait_ev = evtimer_new(redis_mod.ctx->base, wait_cb, n);
+    if (n->wait_ev == NULL) {
+        ld_oom(0);
+    }
+    n->n_conns = redis_mod.n_conns;
+    n->conns = ld_xcalloc(2 * (size_t)n->n_conns, sizeof(*n->conns));
+    for (int i = 0; i < n->n_conns; i++) {
+        redis_slot_init(n, &n->conns[i], i, LD_REDIS_POOL_SHARED);
+    }
+    redis_mod.nodes = ld_xrealloc(redis_mod.nodes,
+                                  sizeof(*redis_mod.nodes) *
+                                      (size_t)(redis_mod.n_nodes + 1));
+    redis_mod.nodes[redis_mod.n_nodes++] = n;
+    return n;
+}
+
+static void
+node_free(struct rnode *n)
+{
+    for (int i = 0; i < n->n_conns + n->n_lock; i++) {
+        struct rconn *c = &n->conns[i];
+        redis_set_ready(c, false);
+        c->state = CONN_DOWN;
+        ld_conn_free(c->conn);
+        c->conn = NULL;
+        redis_fail_sent(c, "connection closed");
+    }
+    while (!TAILQ_EMPTY(&n->waiting)) {
+        struct rcmd *cmd = TAILQ_FIRST(&n->waiting);
+        TAILQ_REMOVE(&n->waiting, cmd, link);
+        cmd->waiting = false;
+        cmd->node = NULL;
+        fail_later(cmd, LD_REDIS_NOT_SENT, "the daemon is stopping");
+    }
+    n->n_waiting = 0;
+    event_free(n->wait_ev);
+    free(n->conns);
+    free(n);
 }
 
 int
@@ -720,26 +935,11 @@ ld_redis_init(const struct ld_ctx *ctx)
     memset(&redis_mod, 0, sizeof(redis_mod));
     redis_mod.ctx = ctx;
     TAILQ_INIT(&redis_mod.failed);
-    TAILQ_INIT(&redis_mod.waiting);
     LIST_INIT(&redis_mod.draining);
     if (cfg->redis.mode == LD_REDIS_CLUSTER) {
         log_error("redis.mode cluster is not available in this version; use "
                   "standalone or sentinel");
         return LD_ERR;
-    }
-    if (cfg->redis.mode == LD_REDIS_SENTINEL) {
-        /* The Sentinels name the master (ld_redis_set_address). */
-        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error),
-                 "no master known yet");
-    } else {
-        if (ld_conn_parse_address(cfg->redis.address, &redis_mod.addr) !=
-            LD_OK) {
-            log_error("bad redis.address value=%s", cfg->redis.address);
-            return LD_ERR;
-        }
-        snprintf(redis_mod.address, sizeof(redis_mod.address), "%s",
-                 cfg->redis.address);
-        redis_mod.have_addr = true;
     }
     redis_mod.n_conns = cfg->redis.connections;
     if (redis_mod.n_conns < 1) {
@@ -749,71 +949,101 @@ ld_redis_init(const struct ld_ctx *ctx)
         redis_mod.n_conns = MAX_CONNS;
     }
     ld_defer_init(&redis_mod.fail_defer, ctx->base, fail_cb, NULL);
-    redis_mod.wait_ev = evtimer_new(ctx->base, wait_cb, NULL);
-    if (redis_mod.wait_ev == NULL) {
-        ld_oom(0);
-    }
-    for (int i = 0; i < redis_mod.n_conns; i++) {
-        redis_slot_init(&redis_mod.conns[i], i, LD_REDIS_POOL_SHARED);
+    if (cfg->redis.mode == LD_REDIS_SENTINEL) {
+        /* The Sentinels name the master (ld_redis_set_address). */
+        node_new(0, NULL, NULL);
+    } else {
+        struct ld_conn_addr addr;
+        if (ld_conn_parse_address(cfg->redis.address, &addr) != LD_OK) {
+            log_error("bad redis.address value=%s", cfg->redis.address);
+            return LD_ERR;
+        }
+        node_new(0, &addr, cfg->redis.address);
     }
     return LD_OK;
 }
 
-static bool started;
+int
+ld_redis_add_instance(const char *address)
+{
+    struct ld_conn_addr addr;
+    if (redis_mod.ctx == NULL || redis_mod.started) {
+        log_error("redis instance added outside start-up address=%s", address);
+        return LD_ERR;
+    }
+    if (redis_mod.n_inst >= MAX_INSTANCES) {
+        log_error("too many redis instances (at most %d) address=%s",
+                  MAX_INSTANCES, address);
+        return LD_ERR;
+    }
+    if (ld_conn_parse_address(address, &addr) != LD_OK) {
+        log_error("bad redis instance address value=%s", address);
+        return LD_ERR;
+    }
+    int k = ++redis_mod.n_inst;
+    redis_mod.inst[k] = node_new(k, &addr, address);
+    return k;
+}
 
 /* The lock pool opens with the backend when lock.wait_replicas is set,
  * else on its first use (the setting can be reloaded). */
 static void
-lock_pool_start(void)
+lock_pool_start(struct rnode *n)
 {
-    if (redis_mod.n_lock > 0 || !started || !redis_mod.have_addr) {
+    if (n->n_lock > 0 || !n->started) {
         return;
     }
-    for (int i = redis_mod.n_conns; i < 2 * redis_mod.n_conns; i++) {
-        redis_slot_init(&redis_mod.conns[i], i, LD_REDIS_POOL_LOCK);
+    for (int i = n->n_conns; i < 2 * n->n_conns; i++) {
+        redis_slot_init(n, &n->conns[i], i, LD_REDIS_POOL_LOCK);
     }
-    redis_mod.n_lock = redis_mod.n_conns;
-    for (int i = redis_mod.n_conns; i < redis_mod.n_conns + redis_mod.n_lock;
-         i++) {
-        redis_slot_start(&redis_mod.conns[i]);
+    n->n_lock = n->n_conns;
+    for (int i = n->n_conns; i < n->n_conns + n->n_lock; i++) {
+        redis_slot_start(&n->conns[i]);
+    }
+}
+
+static void
+node_start(struct rnode *n)
+{
+    if (n->started || !n->have_addr || !redis_mod.started) {
+        return;
+    }
+    n->started = true;
+    for (int i = 0; i < n->n_conns; i++) {
+        redis_slot_start(&n->conns[i]);
+    }
+    if (redis_mod.ctx->cfg->lock.wait_replicas > 0) {
+        lock_pool_start(n);
     }
 }
 
 void
 ld_redis_start(void)
 {
-    started = true;
-    if (!redis_mod.have_addr) {
-        return;
-    }
-    for (int i = 0; i < redis_mod.n_conns; i++) {
-        redis_slot_start(&redis_mod.conns[i]);
-    }
-    if (redis_mod.ctx->cfg->lock.wait_replicas > 0) {
-        lock_pool_start();
+    redis_mod.started = true;
+    for (int i = 0; i < redis_mod.n_nodes; i++) {
+        node_start(redis_mod.nodes[i]);
     }
 }
 
 void
 ld_redis_set_address(const struct ld_conn_addr *addr, const char *text)
 {
-    bool first = !redis_mod.have_addr;
-    redis_mod.addr = *addr;
-    redis_mod.have_addr = true;
-    snprintf(redis_mod.address, sizeof(redis_mod.address), "%s", text);
+    struct rnode *n = main_node();
+    n->addr = *addr;
+    n->have_addr = true;
+    snprintf(n->address, sizeof(n->address), "%s", text);
     /* Slots that are set aside stay on the old server for its late
      * answers; every slot in use moves now (one not started yet only
      * learns where to go). */
-    redis_mod.known_down = false;
-    for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
-        struct rconn *c = &redis_mod.conns[i];
+    n->known_down = false;
+    for (int i = 0; i < n->n_conns + n->n_lock; i++) {
+        struct rconn *c = &n->conns[i];
         snprintf(c->why, sizeof(c->why), "the master moved to %s", text);
         ld_conn_set_addr(c->conn, addr);
         c->why[0] = '\0';
     }
-    if (first && started) {
-        ld_redis_start();
-    }
+    node_start(n);
 }
 
 void
@@ -824,31 +1054,17 @@ ld_redis_free(void)
     while (!LIST_EMPTY(&redis_mod.draining)) {
         redis_drain_close(LIST_FIRST(&redis_mod.draining));
     }
-    for (int i = 0; i < redis_mod.n_conns + redis_mod.n_lock; i++) {
-        struct rconn *c = &redis_mod.conns[i];
-        redis_set_ready(c, false);
-        c->state = CONN_DOWN;
-        ld_conn_free(c->conn);
-        c->conn = NULL;
-        redis_fail_sent(c, "connection closed");
+    for (int i = 0; i < redis_mod.n_nodes; i++) {
+        node_free(redis_mod.nodes[i]);
     }
-    while (!TAILQ_EMPTY(&redis_mod.waiting)) {
-        struct rcmd *cmd = TAILQ_FIRST(&redis_mod.waiting);
-        TAILQ_REMOVE(&redis_mod.waiting, cmd, link);
-        cmd->waiting = false;
-        fail_later(cmd, LD_REDIS_NOT_SENT, "the daemon is stopping");
-    }
-    redis_mod.n_waiting = 0;
-    if (redis_mod.wait_ev != NULL) {
-        event_free(redis_mod.wait_ev);
-        redis_mod.wait_ev = NULL;
-    }
+    free(redis_mod.nodes);
+    redis_mod.nodes = NULL;
+    redis_mod.n_nodes = 0;
+    redis_mod.n_inst = 0;
     /* Late failures still owe their callers an answer. */
     if (redis_mod.fail_defer.ev != NULL) {
         fail_cb(NULL);
         ld_defer_free(&redis_mod.fail_defer);
     }
-    redis_mod.n_conns = 0;
-    redis_mod.n_lock = 0;
-    started = false;
+    redis_mod.started = false;
 }

@@ -9,8 +9,8 @@
 struct ld_conn_addr;
 struct ld_ctx;
 
-/* The Redis backend: redis.connections pipelined command connections shared
- * by every session. Commands from all sessions are appended to the chosen
+/* The Redis backend: per Redis server (a node), redis.connections
+ * pipelined command connections shared by every session. Commands from all sessions are appended to the chosen
  * connection's output buffer and leave in one write per loop iteration,
  * which is the auto-pipelining the daemon's throughput rests on. Commands
  * with the same route go to the same connection, so their effects keep the
@@ -83,6 +83,11 @@ struct ld_redis_opts {
      * aside after a timeout. When it is gone the command is answered
      * LD_REDIS_NOT_SENT. */
     uint64_t pin;
+    int instance;        /* 0: the backend of redis.* routed by key; k:
+                            instance k (ld_redis_add_instance) */
+    unsigned timeout_ms; /* 0: redis.timeout_ms; else this, for this
+                            command (from its issue; a shorter one answers
+                            UNKNOWN without setting the connection aside) */
 };
 
 int ld_redis_init(const struct ld_ctx *ctx);
@@ -92,6 +97,20 @@ void ld_redis_free(void);
 void ld_redis_start(void);
 
 bool ld_redis_ready(void);
+
+/* Independent instances beside the backend of redis.* (lock.redlock).
+ * Added before ld_redis_start(); each gets its own connections
+ * (redis.connections of them), the same handshake (AUTH, SELECT,
+ * TLS when redis.tls.enabled), scripts, timeouts, outcomes. Returns the
+ * instance number, 1..N (LD_ERR: a bad address, too many, or too late). */
+int ld_redis_add_instance(const char *address);
+
+/* Whether instance K (0 = the main backend) has a ready connection. */
+bool ld_redis_instance_ready(int k);
+
+/* Up/down notifications per instance (like ld_redis_on_state). */
+typedef void ld_redis_instance_state_fn(int k, bool up, void *arg);
+void ld_redis_on_instance_state(ld_redis_instance_state_fn *fn, void *arg);
 
 /* Commands sent and not yet answered, over all connections (the graceful
  * stop waits for this to reach zero, within a bound). */

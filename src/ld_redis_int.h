@@ -43,17 +43,24 @@ struct rcmd {
     int argc;   /* script: keys + args, kept for NOSCRIPT */
     char **argv;
     size_t *argvlen;
-    bool internal; /* handshake step: cb gets the rconn */
-    bool waiting;  /* on the list of those awaiting a conn */
-    int pool;      /* while waiting */
+    bool internal;            /* handshake step: cb gets the rconn */
+    bool waiting;             /* on the list of those awaiting a conn */
+    int pool;                 /* while waiting */
+    int instance;             /* ld_redis_opts.instance */
+    unsigned timeout_ms;      /* ld_redis_opts.timeout_ms, 0: redis's */
+    struct event *timeout_ev; /* only with a timeout_ms of its own */
+    struct rnode *node;       /* while waiting: whose queue */
     uint64_t route_hash;
     uint64_t wait_until_us; /* when waiting for a connection ends */
 };
 
 TAILQ_HEAD(rcmd_queue, rcmd);
 
+struct rnode;
+
 struct rconn {
     int idx;
+    struct rnode *node;
     struct ld_conn *conn; /* NULL once a set-aside one is closed */
     enum conn_state state;
     struct event *timeout_ev; /* set aside: the drain bound */
@@ -69,38 +76,64 @@ struct rconn {
     char why[192];           /* why it is going down, for callbacks */
 };
 
+/* One Redis server and the connections to it: the one of standalone or
+ * sentinel mode, an instance of lock.redlock. Commands that find none of
+ * its connections ready while one is being established wait in its
+ * queue. */
+struct rnode {
+    int instance; /* 0: the backend of redis.*; k: instance k */
+    struct ld_conn_addr addr;
+    char address[300];
+    bool have_addr; /* false in sentinel mode until a master is known */
+    bool started;
+    struct rconn *conns; /* the shared pool, then the lock pool */
+    int n_conns;         /* the shared pool: conns[0, n_conns) */
+    int n_lock;          /* the lock pool after it, once started */
+    bool lock_ever_ready;
+    int n_ready;          /* of the shared pool */
+    bool known_down;      /* the latest connect attempt failed */
+    char last_error[160]; /* of the latest failed connect */
+    char shas[REDIS_N_SCRIPTS + 1][41];
+    /* Commands issued while no connection was ready but one was being
+     * established, in issue order; bounded by count and by their
+     * timeout from the issue. */
+    struct rcmd_queue waiting;
+    int n_waiting;
+    struct event *wait_ev;
+    uint64_t wait_at_us; /* when wait_ev fires; 0: not armed */
+};
+
 struct state_watcher {
     void (*fn)(bool up, void *arg);
     void *arg;
 };
 
+struct inst_watcher {
+    void (*fn)(int k, bool up, void *arg);
+    void *arg;
+};
+
+#define MAX_INSTANCES 16
+
 struct ld_redis_mod {
     const struct ld_ctx *ctx;
-    struct rconn conns[2 * MAX_CONNS];
-    int n_conns; /* the shared pool: conns[0, n_conns) */
-    int n_lock;  /* the lock pool after it, once started */
-    bool lock_ever_ready;
+    /* Every node; an instance k >= 1 is inst[k]. */
+    struct rnode **nodes;
+    int n_nodes;
+    struct rnode *inst[MAX_INSTANCES + 1];
+    int n_inst;
+    int n_conns; /* redis.connections, per node and pool */
     LIST_HEAD(, rconn) draining;
     uint64_t next_id;
-    char last_error[160]; /* of the latest failed connect */
-    int n_ready;
-    struct ld_conn_addr addr;
-    char address[300];
-    char shas[REDIS_N_SCRIPTS + 1][41];
     struct rcmd_queue failed; /* answered from the loop by fail_defer */
     struct ld_defer fail_defer;
-    /* Commands issued while no connection was ready but one was being
-     * established, in issue order; bounded by count and by
-     * redis.timeout_ms from the issue. */
-    struct rcmd_queue waiting;
-    int n_waiting;
-    struct event *wait_ev;
-    bool known_down; /* the latest connect attempt failed */
     struct state_watcher watchers[8];
     int n_watchers;
+    struct inst_watcher inst_watchers[8];
+    int n_inst_watchers;
     double rtt_us;
     bool freeing;
-    bool have_addr; /* false in sentinel mode until a master is known */
+    bool started;
     void (*doubt_fn)(const char *why, void *arg);
     void *doubt_arg;
 };
@@ -117,12 +150,12 @@ int redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
                     const char **argv, const size_t *argvlen);
 void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
                    const char *reason, uint64_t conn_id);
-void redis_waiting_retry(void);
+void redis_waiting_retry(struct rnode *n);
 void redis_rcmd_free(struct rcmd *cmd);
-void redis_doubt(const char *why);
+void redis_doubt(const struct rnode *n, const char *why);
 
 /* ld_redis_slot.c */
-void redis_slot_init(struct rconn *c, int idx, int pool);
+void redis_slot_init(struct rnode *n, struct rconn *c, int idx, int pool);
 void redis_slot_start(struct rconn *c);
 void redis_handshake_reply(struct rconn *c, redisReply *reply,
                            struct rcmd *cmd);

@@ -28,10 +28,10 @@
 /* A connection attempt failed: Redis counts as down until one succeeds,
  * and what waited for a connection learns it now. */
 static void
-attempt_failed(void)
+attempt_failed(struct rnode *n)
 {
-    redis_mod.known_down = true;
-    redis_waiting_retry();
+    n->known_down = true;
+    redis_waiting_retry(n);
 }
 
 static void
@@ -82,18 +82,17 @@ slot_down(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
         log_warn("redis connection lost conn=%d reason=\"%s\"", c->idx, why);
     } else {
         log_debug("redis connect failed conn=%d reason=\"%s\"", c->idx, why);
-        snprintf(redis_mod.last_error, sizeof(redis_mod.last_error), "%s",
-                 why);
+        snprintf(c->node->last_error, sizeof(c->node->last_error), "%s", why);
     }
     redis_fail_sent(c, reason);
     c->why[0] = '\0';
     LD_UNUSED(conn);
     if (!slot_was_ready) {
-        attempt_failed();
+        attempt_failed(c->node);
     } else {
-        redis_waiting_retry();
+        redis_waiting_retry(c->node);
     }
-    redis_doubt(why);
+    redis_doubt(c->node, why);
 }
 
 /* Close a connection that was set aside, from the loop (never from inside
@@ -183,7 +182,7 @@ static const struct ld_conn_ops slot_ops = {
 static void
 slot_new_conn(struct rconn *c)
 {
-    c->conn = ld_conn_new(redis_mod.ctx, &redis_mod.addr,
+    c->conn = ld_conn_new(redis_mod.ctx, &c->node->addr,
                           c->pool == LD_REDIS_POOL_LOCK ? LD_CONN_ROLE_LOCK
                                                         : LD_CONN_ROLE_CMD,
                           &slot_ops, c);
@@ -198,6 +197,7 @@ conn_drain(struct rconn *c, const char *why)
 {
     struct rconn *d = ld_xcalloc(1, sizeof(*d));
     d->idx = c->idx;
+    d->node = c->node;
     d->id = c->id;
     d->pool = c->pool;
     d->conn = c->conn;
@@ -269,14 +269,14 @@ redis_handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
             c->handshake_failed = true;
             log_error("redis handshake failed conn=%d step=%s error=\"%s\"",
                       c->idx, (const char *)cmd->arg, reply->str);
-            snprintf(redis_mod.last_error, sizeof(redis_mod.last_error),
+            snprintf(c->node->last_error, sizeof(c->node->last_error),
                      "handshake step %s failed: %s", (const char *)cmd->arg,
                      reply->str);
         }
     } else if (cmd->script >= 0 && reply->type == REDIS_REPLY_STRING &&
                reply->len == 40) {
-        memcpy(redis_mod.shas[cmd->script], reply->str, 40);
-        redis_mod.shas[cmd->script][40] = '\0';
+        memcpy(c->node->shas[cmd->script], reply->str, 40);
+        c->node->shas[cmd->script][40] = '\0';
     }
     if (--c->handshake_left > 0) {
         return;
@@ -292,8 +292,8 @@ redis_handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
     c->state = CONN_READY;
     ld_stats.redis_reconnects++;
     log_debug("redis connection ready conn=%d", c->idx);
-    redis_mod.known_down = false;
-    redis_waiting_retry();
+    c->node->known_down = false;
+    redis_waiting_retry(c->node);
 }
 
 void
@@ -304,8 +304,9 @@ redis_slot_start(struct rconn *c)
 }
 
 void
-redis_slot_init(struct rconn *c, int idx, int pool)
+redis_slot_init(struct rnode *n, struct rconn *c, int idx, int pool)
 {
+    c->node = n;
     c->idx = idx;
     c->pool = pool;
     TAILQ_INIT(&c->sent);

@@ -350,6 +350,21 @@ text_histogram(struct text *t, const struct histo *hs, const char *name,
                 (unsigned long long)hs->count);
 }
 
+static ld_stats_prom_fn *prom_fns[4];
+static size_t n_prom_fns;
+
+void
+ld_stats_add_prometheus(ld_stats_prom_fn *fn)
+{
+    for (size_t i = 0; i < n_prom_fns; i++) {
+        if (prom_fns[i] == fn) {
+            return;
+        }
+    }
+    LD_ASSERT(n_prom_fns < LD_ARRAY_LEN(prom_fns));
+    prom_fns[n_prom_fns++] = fn;
+}
+
 char *
 ld_stats_prometheus(size_t *len)
 {
@@ -420,6 +435,14 @@ ld_stats_prometheus(size_t *len)
 
     for (i = 0; i < LD_HISTO__COUNT; i++) {
         text_histogram(&t, &histos[i], histo_info[i].name, histo_info[i].help);
+    }
+    for (i = 0; i < n_prom_fns; i++) {
+        size_t n = 0;
+        char *more = prom_fns[i](&n);
+        if (more != NULL) {
+            text_printf(&t, "%.*s", (int)n, more);
+            free(more);
+        }
     }
 
     if (t.failed) {

@@ -35,6 +35,9 @@
     X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")            \
     X(counter, redis_failovers, "Changes of master followed (sentinel mode)") \
     X(counter_us, redis_no_master_us, "Time without a usable Redis master")   \
+    X(gauge, redlock_instances_up,                                            \
+      "Redlock instances with a ready connection")                            \
+    X(counter, redlock_undone, "Holds given back after a failed Redlock try") \
     X(gauge, pubsub_channels, "Channels the subscriber connection holds")     \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \
@@ -49,8 +52,11 @@
     X(counter, cache_hits, "cache.get hits with a value")                     \
     X(counter, cache_negative_hits, "cache.get hits on a cached null")        \
     X(counter, cache_misses, "cache.get misses")                              \
+    X(counter, cache_stale_hits, "cache.get hits on a stale value")           \
     X(counter, cache_leases_granted, "Fill leases granted")                   \
     X(counter, cache_waits, "cache.get calls that waited for a fill")         \
+    X(counter, cache_refreshes_granted,                                       \
+      "Leases to reload a value early (cache.early_refresh)")                 \
     X(counter, cache_fills_stored, "cache.fill calls that stored")            \
     X(counter, cache_fills_rejected,                                          \
       "cache.fill calls refused (stale lease)")                               \
@@ -83,6 +89,12 @@ json_t *ld_stats_json(void);
 
 /* Prometheus text exposition (caller frees). */
 char *ld_stats_prometheus(size_t *len);
+
+/* A module's own families, appended to the exposition: FN returns
+ * malloc'd text of complete lines, or NULL for none. Registering the same
+ * FN again is a no-op. */
+typedef char *ld_stats_prom_fn(size_t *len);
+void ld_stats_add_prometheus(ld_stats_prom_fn *fn);
 
 /* Histograms of lock wait, lock hold and Redis round trip (microseconds),
  * exposed by the metrics endpoint. */

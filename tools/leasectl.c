@@ -78,6 +78,7 @@ usage(FILE *f)
         "  locks [PREFIX] [--limit N]    locks held through this daemon\n"
         "  unlock --force KEY            free KEY whoever holds it (exit 1:\n"
         "                                it was not locked)\n"
+        "  hot [--limit N] [--json]      the most read cache keys\n"
         "\n"
         "options:\n"
         "  -s, --socket PATH   the daemon's Unix socket (default: "
@@ -705,6 +706,69 @@ cmd_invalidate(struct ctl *ctl, int argc, char **argv)
     return 0;
 }
 
+/* The most read keys of the daemon (cache.hot): reads per second, hit
+ * ratio and key, tab-separated, most read first (the key last, as it may
+ * hold spaces). */
+static int
+cmd_hot(struct ctl *ctl, int argc, char **argv)
+{
+    const char *as_json = NULL, *limit = NULL;
+    const struct optdef defs[] = {
+        {"json", 'j', false, &as_json},
+        {"limit", 'n', true, &limit},
+        {NULL, 0, false, NULL},
+    };
+    struct leased_error err;
+    long long n = 0;
+    char *pos[1];
+    int npos, rc;
+    json_t *req, *reply = NULL;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
+                         NULL))) {
+        return rc;
+    }
+    if (limit && !parse_num(limit, 1, 10000, &n)) {
+        return usage_error(ctl->cmd, "bad --limit '%s'", limit);
+    }
+    if ((rc = open_conn(ctl))) {
+        return rc;
+    }
+    req = n > 0 ? json_pack("{s:s,s:I}", "op", "cache.hot", "limit",
+                            (json_int_t)n)
+                : json_pack("{s:s}", "op", "cache.hot");
+    rc = call(ctl, req, 0, &reply, &err);
+    if (rc != LEASED_OK) {
+        json_decref(reply);
+        return fail(ctl, &err);
+    }
+    json_t *keys = json_object_get(reply, "keys");
+    if (ctl->json) {
+        /* The answer was printed as it is. */
+    } else if (as_json) {
+        char *text = json_dumps(keys, JSON_COMPACT | JSON_ENCODE_ANY);
+
+        printf("%s\n", text ? text : "[]");
+        free(text);
+    } else {
+        size_t i;
+        json_t *k;
+
+        json_array_foreach(keys, i, k)
+        {
+            json_t *key = json_object_get(k, "key");
+
+            printf("%.1f\t%.3f\t",
+                   json_number_value(json_object_get(k, "reads_per_s")),
+                   json_number_value(json_object_get(k, "hit_ratio")));
+            fwrite(json_string_value(key), 1, json_string_length(key), stdout);
+            putchar('\n');
+        }
+    }
+    json_decref(reply);
+    return fflush(stdout) == 0 ? 0 : EX_IOERR;
+}
+
 /* --- locks -------------------------------------------------------------- */
 
 static int
@@ -1231,6 +1295,7 @@ static const struct {
     {"set", cmd_set},     {"invalidate", cmd_invalidate},
     {"info", cmd_info},   {"sem", cmd_sem},
     {"locks", cmd_locks}, {"unlock", cmd_unlock},
+    {"hot", cmd_hot},
 };
 
 int

@@ -22,9 +22,26 @@ end
 if f[3] ~= ARGV[1] then
     return REFUSED
 end
+if f[4] then
+    -- The reload of a stale entry replaces it, "not found" included.
+    redis.call('HDEL', KEYS[1], 'v', 's')
+    if f[5] then
+        redis.call('HDEL', KEYS[1], 'd')
+        f[5] = nil
+    end
+    f[1] = nil
+end
 if ARGV[2] == 'v' then
     redis.call('HSET', KEYS[1], 'v', ARGV[3])
     redis.call('HDEL', KEYS[1], 'l', 'n')
+    if f[6] then
+        -- Early refresh: how long this load took, lease grant to fill.
+        local d = now_ms() - tonumber(f[6])
+        redis.call('HSET', KEYS[1], 'd', tostring(d > 0 and d or 0))
+        redis.call('HDEL', KEYS[1], 'g')
+    elseif f[5] then
+        redis.call('HDEL', KEYS[1], 'd')
+    end
 else
     -- "Not found" must never replace a real value.
     if f[1] then
@@ -32,6 +49,9 @@ else
     end
     redis.call('HSET', KEYS[1], 'n', '1')
     redis.call('HDEL', KEYS[1], 'l')
+    if f[6] then
+        redis.call('HDEL', KEYS[1], 'g')
+    end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PUBLISH', ARGV[5], 'fill')

@@ -1,6 +1,9 @@
 -- cache.get: read an entry and, on a miss, maybe grant the fill lease.
 -- KEYS[1] entry hash; ARGV[1] new lease token, ARGV[2] fill_lease_ms,
--- ARGV[3] "1" to grant a lease on a miss, "0" for a plain read.
+-- ARGV[3] "1" to grant a lease on a miss, "0" for a plain read;
+-- ARGV[4] "1" with cache.early_refresh (else "0": nothing below about
+-- refreshes happens), ARGV[5] its beta, ARGV[6] a uniform number in
+-- (0, 1] drawn by the daemon.
 -- Fields: v = value, n = cached null, l = the current fill lease. While
 -- the entry holds only a lease, its TTL is the lease's, so a vanished
 -- loader's lease ends with the key.
@@ -9,13 +12,22 @@
 --   {'hit', value}   a value        {'null'}     a cached "not found"
 --   {'held', pttl}   another's lease {'granted'} ARGV[1] is the lease now
 --   {'miss'}         nothing, no lease asked for
+--   {'stale', value} a stale value; another caller holds its lease
+--   {'stale_granted', value}  a stale value, and ARGV[1] is its lease now
+--   {'refresh', value} a value close to its expiry, and ARGV[1] is the
+--                    lease to reload it early (XFetch)
 --   {'wrong_type'}   data leased did not write, left alone
 -- No data in Redis may make this script raise an error.
 --@include cache_shape.lua
 local t = redis.call('TYPE', KEYS[1])['ok']
+local early = ARGV[4] == '1'
 if t == 'none' then
     if ARGV[3] == '1' then
         redis.call('HSET', KEYS[1], 'l', ARGV[1])
+        if early then
+            -- The load's length is measured from here to the fill.
+            redis.call('HSET', KEYS[1], 'g', tostring(now_ms()))
+        end
         redis.call('PEXPIRE', KEYS[1], ARGV[2])
         return {'granted'}
     end
@@ -28,7 +40,42 @@ local f = entry_fields(KEYS[1])
 if not f then
     return {'wrong_type'}
 end
+if f[4] then
+    -- Stale (cache.invalidate "stale"): the old value now, and one lease
+    -- at a time to reload it; a lease not filled in time is given again.
+    if ARGV[3] == '1' then
+        local now = now_ms()
+        if not f[3] or now >= tonumber(f[4]) then
+            redis.call('HSET', KEYS[1], 'l', ARGV[1], 's',
+                       tostring(now + tonumber(ARGV[2])))
+            if early then
+                redis.call('HSET', KEYS[1], 'g', tostring(now))
+            elseif f[6] then
+                redis.call('HDEL', KEYS[1], 'g')
+            end
+            return {'stale_granted', f[1]}
+        end
+    end
+    return {'stale', f[1]}
+end
 if f[1] then
+    -- XFetch: refresh with probability exp(-ttl_left / (d * beta)), so
+    -- that one reader reloads before the entry expires. Only entries whose
+    -- load time is known (filled under a lease), one lease at a time: a
+    -- refresh lease not filled within fill_lease_ms is given again.
+    if early and ARGV[3] == '1' and f[5] then
+        local now = now_ms()
+        if not f[3] or not f[6]
+           or now >= tonumber(f[6]) + tonumber(ARGV[2]) then
+            local ttl = redis.call('PTTL', KEYS[1])
+            local x = -tonumber(f[5]) * tonumber(ARGV[5])
+                      * math.log(tonumber(ARGV[6]))
+            if ttl >= 0 and x >= ttl then
+                redis.call('HSET', KEYS[1], 'l', ARGV[1], 'g', tostring(now))
+                return {'refresh', f[1]}
+            end
+        end
+    end
     return {'hit', f[1]}
 end
 if f[2] then

@@ -22,6 +22,9 @@ if f[3] ~= ARGV[1] then
 end
 if f[1] or f[2] then
     redis.call('HDEL', KEYS[1], 'l')
+    if f[6] then
+        redis.call('HDEL', KEYS[1], 'g')
+    end
 else
     redis.call('DEL', KEYS[1])
 end

@@ -124,10 +124,8 @@ END_TEST
 START_TEST(test_redlock_refused)
 {
     refused_everywhere("lock:\n  redlock: []\n", "redlock: []",
-                       "redlock: [\"127.0.0.1:1\", \"127.0.0.1:2\", "
-                       "\"127.0.0.1:3\"]",
-                       "lock.redlock: Redlock is not available in this "
-                       "version");
+                       "redlock: [\"127.0.0.1:1\", \"127.0.0.1:2\"]",
+                       "lock.redlock: Redlock needs at least 3 instances");
 }
 END_TEST
 

@@ -123,36 +123,75 @@ replicated(void)
     ck_assert_int_eq(h_r_int(&M, "WAIT 1 5000"), 1);
 }
 
-/* Requests in a loop while the master changes: every one is answered
- * within its bound (redis_unavailable or success), until service is
- * back on the new master. */
+/* Several sessions send requests together while the master changes:
+ * every one is answered within its bound (redis_unavailable or success),
+ * until service is back on the new master. */
+#define LOAD_SESSIONS 4
+/* Request ids of the load, apart from those h_call numbers. */
+#define LOAD_ID 1000000
+
 static void
-load_until_moved(struct h_conn *c, int new_port)
+load_until_moved(int new_port)
 {
+    struct h_conn *cs[LOAD_SESSIONS];
+    for (int i = 0; i < LOAD_SESSIONS; i++) {
+        cs[i] = h_connect_ok(&D);
+    }
     long long end = h_now_ms() + FAILOVER_MS;
     int n = 0, ok_after = 0;
     while (h_now_ms() < end) {
-        char key[32];
-        snprintf(key, sizeof key, "load:%d", n++);
+        char keys[LOAD_SESSIONS][32];
+        bool held[LOAD_SESSIONS];
         long long t0 = h_now_ms();
-        json_t *r = lock_key(c, key);
-        ck_assert_msg(r != NULL, "lock %s not answered within %d ms", key,
-                      ANSWER_MS);
-        ck_assert_msg(h_now_ms() - t0 <= ANSWER_MS, "answer took %lld ms",
-                      h_now_ms() - t0);
-        if (h_ok(r)) {
-            json_decref(r);
-            r = h_callf(c, ANSWER_MS, "{s:s,s:s}", "op", "unlock", "key", key);
-            ck_assert_msg(r != NULL, "unlock not answered");
-        } else {
-            ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+        for (int i = 0; i < LOAD_SESSIONS; i++) {
+            snprintf(keys[i], sizeof keys[i], "load:%d:%d", i, n);
+            ck_assert_int_eq(h_send(cs[i], "{s:s,s:s,s:i}", "op", "lock",
+                                    "key", keys[i], "id", LOAD_ID + 3 * n),
+                             0);
+            ck_assert_int_eq(h_send(cs[i], "{s:s,s:s,s:b,s:i}", "op",
+                                    "cache.get", "key", "load", "lease", 0,
+                                    "id", LOAD_ID + 3 * n + 1),
+                             0);
         }
-        json_decref(r);
-        r = h_callf(c, ANSWER_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
-                    "load", "lease", 0);
-        ck_assert_msg(r != NULL, "cache.get not answered");
-        json_decref(r);
-        if (h_wait_master(c, new_port, 0) && ++ok_after >= 5) {
+        /* All were sent at T0, so each must be in by T0 + the bound. */
+        for (int i = 0; i < LOAD_SESSIONS; i++) {
+            json_t *r = h_recv_id(cs[i], LOAD_ID + 3 * n, ANSWER_MS);
+            ck_assert_msg(r != NULL && h_now_ms() - t0 <= ANSWER_MS,
+                          "lock %s not answered within %d ms", keys[i],
+                          ANSWER_MS);
+            held[i] = h_ok(r);
+            if (!held[i]) {
+                ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+            }
+            json_decref(r);
+            r = h_recv_id(cs[i], LOAD_ID + 3 * n + 1, ANSWER_MS);
+            ck_assert_msg(r != NULL && h_now_ms() - t0 <= ANSWER_MS,
+                          "cache.get not answered within %d ms", ANSWER_MS);
+            json_decref(r);
+        }
+        t0 = h_now_ms();
+        for (int i = 0; i < LOAD_SESSIONS; i++) {
+            if (held[i]) {
+                ck_assert_int_eq(h_send(cs[i], "{s:s,s:s,s:i}", "op", "unlock",
+                                        "key", keys[i], "id",
+                                        LOAD_ID + 3 * n + 2),
+                                 0);
+            }
+        }
+        for (int i = 0; i < LOAD_SESSIONS; i++) {
+            if (held[i]) {
+                json_t *r = h_recv_id(cs[i], LOAD_ID + 3 * n + 2, ANSWER_MS);
+                ck_assert_msg(r != NULL && h_now_ms() - t0 <= ANSWER_MS,
+                              "unlock %s not answered within %d ms", keys[i],
+                              ANSWER_MS);
+                json_decref(r);
+            }
+        }
+        n++;
+        if (h_wait_master(cs[0], new_port, 0) && ++ok_after >= 5) {
+            for (int i = 0; i < LOAD_SESSIONS; i++) {
+                h_close(cs[i]);
+            }
             return;
         }
     }
@@ -227,7 +266,7 @@ START_TEST(test_master_killed)
                 "x", "delay_ms", 0);
     ck_assert_msg(r != NULL && h_ok(r), "invalidate not acknowledged");
     json_decref(r);
-    load_until_moved(b, Rp.port);
+    load_until_moved(Rp.port);
 
     /* The journal's delete reached the new master. */
     long long end = h_now_ms() + 10000;
@@ -293,7 +332,7 @@ START_TEST(test_forced_failover)
     ck_assert_msg(r->type == REDIS_REPLY_STATUS, "SENTINEL FAILOVER: %s",
                   r->str);
     freeReplyObject(r);
-    load_until_moved(c, Rp.port);
+    load_until_moved(Rp.port);
     assert_kept(c, "before", 1000);
     h_close(c);
 }

@@ -775,10 +775,25 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 50);
+    ck_assert_uint_eq(s.count, 55);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
+}
+END_TEST
+
+/* lock.redlock: three instances at least, and no WAIT for replicas
+ * beside it; the error points at the setting. */
+START_TEST(redlock_checked)
+{
+    expect_error("lock:\n  redlock: [a:1, b:1]\n",
+                 "t.yml:2:12: lock.redlock: Redlock needs at least 3 "
+                 "instances (a majority of 2 survives no loss), got 2");
+    expect_error("lock:\n  wait_replicas: 1\n  redlock: [a:1, b:1, c:1]\n",
+                 "t.yml:2:18: lock.wait_replicas: cannot be used with "
+                 "lock.redlock (Redlock's instances are independent, without "
+                 "replicas)");
+    expect_ok("lock:\n  redlock: [a:1, b:1, /run/redis.sock]\n");
 }
 END_TEST
 
@@ -794,9 +809,6 @@ START_TEST(not_built_refused)
         {"redis:\n  db: 0\n  mode: cluster\n",
          "t.yml:3:9: redis.mode: cluster is not available in this version "
          "(only the default standalone is accepted)"},
-        {"lock:\n  redlock: [a:1, b:1, c:1]\n",
-         "t.yml:2:12: lock.redlock: Redlock is not available in this version "
-         "(only the default [] is accepted)"},
         {"cache:\n  near: {enabled: true}\n",
          "t.yml:2:19: cache.near.enabled: the near cache is not available "
          "in this version (only the default false is accepted)"},
@@ -837,7 +849,7 @@ START_TEST(key_available_follows_the_table)
     ck_assert(ld_conf_key_available("redis.mode"));
     ck_assert(ld_conf_key_available("redis.addresses"));
     ck_assert(ld_conf_key_available("redis.master_name"));
-    ck_assert(!ld_conf_key_available("lock.redlock"));
+    ck_assert(ld_conf_key_available("lock.redlock"));
     ck_assert(!ld_conf_key_available("cache.near.enabled"));
     ck_assert(!ld_conf_key_available("cache.near.max_bytes"));
     ck_assert(!ld_conf_key_available("cache.near.max_value_bytes"));
@@ -883,6 +895,7 @@ conf_suite(void)
          reload_applies_reloadable_keys_only},
         {"each_key_lists_the_table", each_key_lists_the_table},
         {"not_built_refused", not_built_refused},
+        {"redlock_checked", redlock_checked},
         {"key_available_follows_the_table", key_available_follows_the_table},
     };
 

@@ -485,7 +485,7 @@ START_TEST(test_timeout_unknown_then_late)
     both_ready();
     struct result r;
     memset(&r, 0, sizeof(r));
-    struct ld_redis_opts o = {LD_REDIS_F_LATE, LD_REDIS_POOL_SHARED, 0};
+    struct ld_redis_opts o = {.flags = LD_REDIS_F_LATE};
     fake.hold = true;
     echo(&o, "slow", &r);
     ck_assert(run_until(&r.calls, 1));
@@ -505,7 +505,7 @@ START_TEST(test_timeout_unknown_then_lost)
     both_ready();
     struct result r;
     memset(&r, 0, sizeof(r));
-    struct ld_redis_opts o = {LD_REDIS_F_LATE, LD_REDIS_POOL_SHARED, 0};
+    struct ld_redis_opts o = {.flags = LD_REDIS_F_LATE};
     fake.hold = true;
     echo(&o, "gone", &r);
     ck_assert(run_until(&r.calls, 1));
@@ -548,7 +548,7 @@ START_TEST(test_pinned)
     echo(NULL, "one", &r1);
     ck_assert(run_until(&r1.calls, 1));
     ck_assert_uint_ne(r1.conn_id, 0);
-    struct ld_redis_opts o = {0, LD_REDIS_POOL_SHARED, r1.conn_id};
+    struct ld_redis_opts o = {.pin = r1.conn_id};
     echo(&o, "two", &r2);
     ck_assert(run_until(&r2.calls, 1));
     ck_assert_int_eq(r2.outcome[0], LD_REDIS_ANSWERED);
@@ -876,6 +876,137 @@ START_TEST(test_resubscribe_after_reconnect)
 }
 END_TEST
 
+/* ---- instances beside the backend (lock.redlock) -------------------- */
+
+struct inst_seen {
+    int up[4], down[4];
+};
+
+static void
+inst_state_cb(int k, bool up, void *arg)
+{
+    struct inst_seen *s = arg;
+    ck_assert_int_ge(k, 0);
+    ck_assert_int_lt(k, 4);
+    (up ? s->up : s->down)[k]++;
+}
+
+/* Which listener answered the latest ECHO: 1 (main) or 2. */
+static int
+echo_listener(void)
+{
+    const char *at = strchr(fake.last_peer_cmd, '@');
+    ck_assert_ptr_nonnull(at);
+    return fake.peers[atoi(at + 1)].lis;
+}
+
+START_TEST(test_instances)
+{
+    char addr[64];
+    struct inst_seen seen;
+    memset(&seen, 0, sizeof(seen));
+    struct event_base *b = both(2000);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", fake.port2);
+    ck_assert_int_eq(ld_redis_add_instance("no port"), LD_ERR);
+    ck_assert_int_eq(ld_redis_add_instance(addr), 1);
+    ld_redis_on_instance_state(inst_state_cb, &seen);
+    both_ready();
+    ck_assert(run_until(&seen.up[1], 1));
+    ck_assert(ld_redis_instance_ready(1));
+    ck_assert(!ld_redis_instance_ready(2));
+    ck_assert_int_eq(seen.up[0], 1);
+    /* Too late once started. */
+    ck_assert_int_eq(ld_redis_add_instance(addr), LD_ERR);
+
+    struct result r0, r1, r2;
+    memset(&r0, 0, sizeof(r0));
+    memset(&r1, 0, sizeof(r1));
+    memset(&r2, 0, sizeof(r2));
+    struct ld_redis_opts o = {.instance = 1};
+    echo(&o, "to-one", &r1);
+    ck_assert(run_until(&r1.calls, 1));
+    ck_assert_int_eq(r1.outcome[0], LD_REDIS_ANSWERED);
+    ck_assert_int_eq(echo_listener(), 2);
+    echo(NULL, "to-main", &r0);
+    ck_assert(run_until(&r0.calls, 1));
+    ck_assert_int_eq(echo_listener(), 1);
+    o.instance = 2;
+    echo(&o, "nowhere", &r2);
+    ck_assert(run_until(&r2.calls, 1));
+    ck_assert_int_eq(r2.outcome[0], LD_REDIS_NOT_SENT);
+
+    /* Instance 1 goes down alone: the backend stays up. */
+    for (int i = 0; i < fake.n_peers; i++) {
+        if (fake.peers[i].lis == 2 && fake.peers[i].bev != NULL) {
+            fake_drop(i);
+        }
+    }
+    ck_assert(run_until(&seen.down[1], 1));
+    ck_assert_int_eq(seen.down[0], 0);
+    ck_assert(ld_redis_ready());
+    /* ...and comes back on its own. */
+    ck_assert(run_until(&seen.up[1], 2));
+    both_free(b);
+}
+END_TEST
+
+START_TEST(test_command_timeout)
+{
+    /* redis.timeout_ms is long; the command's own is short. */
+    struct event_base *b = both(5000);
+    both_ready();
+    struct result r, after;
+    memset(&r, 0, sizeof(r));
+    memset(&after, 0, sizeof(after));
+    struct ld_redis_opts o = {.flags = LD_REDIS_F_LATE, .timeout_ms = 150};
+    fake.hold = true;
+    uint64_t t0 = ld_now_ms();
+    echo(&o, "slow", &r);
+    ck_assert(run_until(&r.calls, 1));
+    ck_assert_int_eq(r.outcome[0], LD_REDIS_UNKNOWN);
+    ck_assert_uint_ge(ld_now_ms() - t0, 140);
+    ck_assert_uint_lt(ld_now_ms() - t0, 2000);
+    uint64_t conn = r.conn_id;
+    fake_release();
+    ck_assert(run_until(&r.calls, 2));
+    ck_assert_int_eq(r.outcome[1], LD_REDIS_LATE);
+    ck_assert_str_eq(r.text[1], "slow");
+    /* The connection was not set aside for it. */
+    echo(NULL, "next", &after);
+    ck_assert(run_until(&after.calls, 1));
+    ck_assert_uint_eq(after.conn_id, conn);
+    both_free(b);
+}
+END_TEST
+
+START_TEST(test_command_timeout_waiting)
+{
+    /* Held handshake: the command waits for the connection, as long as
+     * its own timeout and no longer. */
+    struct event_base *b = both(5000);
+    fake.hold = true;
+    ld_redis_start();
+    ck_assert(run_until(&fake.n_peers, 1));
+    struct result r, plain;
+    memset(&r, 0, sizeof(r));
+    memset(&plain, 0, sizeof(plain));
+    struct ld_redis_opts o = {.timeout_ms = 200};
+    echo(NULL, "plain", &plain);
+    uint64_t t0 = ld_now_ms();
+    echo(&o, "short", &r);
+    ck_assert(run_until(&r.calls, 1));
+    ck_assert_int_eq(r.outcome[0], LD_REDIS_NOT_SENT);
+    ck_assert_uint_ge(ld_now_ms() - t0, 180);
+    ck_assert_uint_lt(ld_now_ms() - t0, 2000);
+    /* The one queued ahead of it with the long timeout still waits. */
+    ck_assert_int_eq(plain.calls, 0);
+    fake_release();
+    ck_assert(run_until(&plain.calls, 1));
+    ck_assert_int_eq(plain.outcome[0], LD_REDIS_ANSWERED);
+    both_free(b);
+}
+END_TEST
+
 static Suite *
 conn_suite(void)
 {
@@ -903,6 +1034,9 @@ conn_suite(void)
     ADD(liveness_ping_unanswered);
     ADD(address_change);
     ADD(resubscribe_after_reconnect);
+    ADD(instances);
+    ADD(command_timeout);
+    ADD(command_timeout_waiting);
 #undef ADD
     return s;
 }

@@ -34,6 +34,36 @@ START_TEST(added_once_in_order)
 }
 END_TEST
 
+static bool on_flag;
+
+static bool
+flag_on(void)
+{
+    return on_flag;
+}
+
+/* A name whose part the configuration turns on and off is asked at each
+ * listing. */
+START_TEST(conditional)
+{
+    ld_features_clear();
+    ld_features_add("stale");
+    ld_features_add_if("early_refresh", flag_on);
+    on_flag = false;
+    ck_assert(!ld_features_has("early_refresh"));
+    json_t *a = ld_features_json();
+    ck_assert_uint_eq(json_array_size(a), 1);
+    json_decref(a);
+    on_flag = true;
+    ck_assert(ld_features_has("early_refresh"));
+    a = ld_features_json();
+    ck_assert_uint_eq(json_array_size(a), 2);
+    ck_assert_str_eq(json_string_value(json_array_get(a, 1)), "early_refresh");
+    json_decref(a);
+    ld_features_clear();
+}
+END_TEST
+
 /* The contract closes the list at eight names; a table that overflows
  * keeps what it had instead of writing past its end. */
 START_TEST(bounded)
@@ -62,6 +92,7 @@ features_suite(void)
     Suite *s = suite_create("features");
     TCase *tc = tcase_create("features");
     tcase_add_test(tc, added_once_in_order);
+    tcase_add_test(tc, conditional);
     tcase_add_test(tc, bounded);
     suite_add_tcase(s, tc);
     return s;

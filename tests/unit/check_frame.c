@@ -2,6 +2,7 @@
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_frame.h"
+#include "ld_json.h"
 #include "ld_proto.h"
 
 #include "unit.h"
@@ -301,6 +302,161 @@ put_utf8(unsigned char *o, unsigned cp)
     return 4;
 }
 
+/* Where ld_json_flat_parse answers, it builds json_loadb's tree, key order
+ * included; it may leave anything to json_loadb, but not the plain
+ * requests it exists for. */
+static void
+check_flat(const char *text, bool must_take)
+{
+    size_t len = strlen(text);
+    json_t *mine = ld_json_flat_parse(text, len);
+    json_t *theirs = json_loadb(text, len, JSON_ALLOW_NUL, NULL);
+    if (must_take) {
+        ck_assert_msg(mine != NULL, "flat parse refused %s", text);
+    }
+    if (mine != NULL) {
+        ck_assert_msg(theirs != NULL, "flat parse took invalid %s", text);
+        char *a = json_dumps(mine, JSON_COMPACT);
+        char *b = json_dumps(theirs, JSON_COMPACT);
+        ck_assert_msg(strcmp(a, b) == 0, "%s: %s vs %s", text, a, b);
+        free(a);
+        free(b);
+        json_decref(mine);
+    }
+    json_decref(theirs);
+}
+
+START_TEST(flat_parse_like_jansson)
+{
+    static const char *taken[] = {
+        "{}",
+        " {\"op\":\"ping\"} ",
+        "{\"op\":\"lock\",\"key\":\"order:42\",\"id\":7,\"wait_ms\":-1}",
+        "{\"a\":true,\"b\":false,\"c\":null,\"d\":0,\"e\":-0}",
+        "{\"k\":\"\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80\"}",
+        "{\"x\":1,\"y\":2,\"x\":3}",
+        "\t{ \"n\" : 123456789012345678 ,\r\n\"s\":\"\"}\n",
+    };
+    static const char *other[] = {
+        "",
+        "[]",
+        "\"s\"",
+        "{",
+        "{\"a\"}",
+        "{\"a\":}",
+        "{\"a\":1,}",
+        "{\"a\":1 \"b\":2}",
+        "{\"a\":1}x",
+        "{\"a\":01}",
+        "{\"a\":1.5}",
+        "{\"a\":1e3}",
+        "{\"a\":-}",
+        "{\"a\":1234567890123456789}",
+        "{\"a\":99999999999999999999}",
+        "{\"a\":\"q\\\"q\"}",
+        "{\"a\":\"\\u00e9\"}",
+        "{\"a\":\"tab\there\"}",
+        "{\"a\":\"\xc0\x80\"}",
+        "{\"a\":\"\xe2\x82\"}",
+        "{\"a\":{\"b\":1}}",
+        "{\"a\":[1]}",
+        "{\"a\":tru}",
+        "{\"a\":nul}",
+        "{\"a\":truex}",
+        "{\"\xff\":1}",
+    };
+    for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++) {
+        check_flat(taken[i], true);
+    }
+    for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+        check_flat(other[i], false);
+    }
+    /* Random mutations of a request: whatever the scanner accepts must
+     * be what jansson makes of it. */
+    static const char base[] =
+        "{\"op\":\"lock\",\"key\":\"k1\",\"id\":12,\"detach\":false}";
+    static const char alphabet[] = "{}[]\":,-0123456789.eEtrufalsn \\\x01\xc3";
+    srand(11);
+    for (int round = 0; round < 20000; round++) {
+        char buf[sizeof(base)];
+        memcpy(buf, base, sizeof(base));
+        int edits = 1 + rand() % 3;
+        for (int e = 0; e < edits; e++) {
+            buf[rand() % (int)(sizeof(base) - 1)] =
+                alphabet[rand() % (int)(sizeof(alphabet) - 1)];
+        }
+        check_flat(buf, false);
+    }
+}
+END_TEST
+
+/* ld_proto_ok_line writes what jansson would for {"id":..,"ok":true,
+ * ...fields} whatever the fields hold. */
+static void
+check_ok_line(json_t *id, json_t *fields)
+{
+    json_t *obj = json_object();
+    if (id != NULL) {
+        json_object_set(obj, "id", id);
+    }
+    json_object_set_new(obj, "ok", json_true());
+    json_object_update(obj, fields);
+    char *want = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    size_t len = 0;
+    char *got = ld_proto_ok_line(id, fields, &len);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_uint_eq(len, strlen(want) + 1);
+    ck_assert_msg(memcmp(got, want, len - 1) == 0 && got[len - 1] == '\n' &&
+                      got[len] == '\0',
+                  "ok line differs: %s vs %s", got, want);
+    free(got);
+    free(want);
+}
+
+START_TEST(format_int_like_printf)
+{
+    static const json_int_t v[] = {0,
+                                   1,
+                                   -1,
+                                   9,
+                                   10,
+                                   -10,
+                                   123456789,
+                                   9223372036854775807LL,
+                                   -9223372036854775807LL - 1};
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        char mine[LD_JSON_INT_MAX + 1], want[32];
+        size_t n = ld_json_format_int(mine, v[i]);
+        mine[n] = '\0';
+        snprintf(want, sizeof want, "%" JSON_INTEGER_FORMAT, v[i]);
+        ck_assert_str_eq(mine, want);
+    }
+}
+END_TEST
+
+START_TEST(ok_line_like_jansson)
+{
+    json_t *ids[] = {NULL, json_integer(7), json_string("r\"1\u00e9"),
+                     json_null(), json_real(1.5)};
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        check_ok_line(ids[i], json_object());
+        check_ok_line(
+            ids[i],
+            json_pack("{s:s,s:I,s:I,s:b,s:b,s:n,s:f,s:{s:i},s:[i,s]}", "token",
+                      "ab\\c\n\u20ac", "fence",
+                      (json_int_t)9223372036854775807LL, "ttl_ms",
+                      (json_int_t)-5, "acquired", 1, "hit", 0, "lease",
+                      "ratio", 0.25, "nested", "a", 1, "list", 2, "x"));
+        /* Fields named like the head replace it, as json_object_update
+         * does. */
+        check_ok_line(ids[i], json_pack("{s:b,s:s}", "ok", 0, "k\"ey", "v"));
+        check_ok_line(ids[i], json_pack("{s:s}", "id", "other"));
+        json_decref(ids[i]);
+    }
+}
+END_TEST
+
 START_TEST(json_quote)
 {
     static const struct {
@@ -327,6 +483,18 @@ START_TEST(json_quote)
     };
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
         check_quote_like_jansson(fixed[i].s, fixed[i].len);
+    }
+    /* Every byte value at every offset of runs long enough for the
+     * word-at-a-time scan, so each lane of a word sees each exception. */
+    for (size_t len = 8; len <= 24; len += 8) {
+        for (size_t at = 0; at < len; at++) {
+            for (unsigned c = 0; c < 0x100; c++) {
+                char run[24];
+                memset(run, 'a', sizeof run);
+                run[at] = (char)c;
+                check_quote_like_jansson(run, len);
+            }
+        }
     }
     /* Every single control and ASCII character. */
     for (unsigned c = 1; c < 0x80; c++) {
@@ -407,6 +575,9 @@ main(void)
     tcase_add_test(tc, reply_lines);
     tcase_add_test(tc, error_code_names);
     tcase_add_test(tc, json_quote);
+    tcase_add_test(tc, ok_line_like_jansson);
+    tcase_add_test(tc, format_int_like_printf);
+    tcase_add_test(tc, flat_parse_like_jansson);
     tcase_add_test(tc, key_limits);
     suite_add_tcase(s, tc);
     return ld_unit_run(s);

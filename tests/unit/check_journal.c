@@ -94,6 +94,7 @@ struct seen {
     uint64_t ids[256];
     int64_t dues[256];
     uint64_t afters[256];
+    unsigned flags[256];
     char keys[256][32];
 };
 
@@ -105,6 +106,7 @@ collect(const struct ld_journal_entry *e, void *arg)
     s->ids[s->n] = e->id;
     s->dues[s->n] = e->due_ms;
     s->afters[s->n] = e->after_id;
+    s->flags[s->n] = e->flags;
     ck_assert_uint_lt(e->key_len, sizeof(s->keys[0]));
     memcpy(s->keys[s->n], e->key, e->key_len);
     s->keys[s->n][e->key_len] = '\0';
@@ -687,6 +689,46 @@ START_TEST(test_fdatasync_failure_rewrites)
 }
 END_TEST
 
+/* The sync in two halves (the worker thread's way): what is appended
+ * while the fdatasync runs belongs to the next sync, compaction waits,
+ * and a failed fdatasync fails the journal as a synchronous one does. */
+START_TEST(test_split_sync)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    int fd = -1;
+    ck_assert_int_eq(ld_journal_sync_begin(j, &fd), 0); /* nothing yet */
+    uint64_t a = add(j, 1, "a");
+    ck_assert_int_eq(ld_journal_sync_begin(j, &fd), 1);
+    ck_assert_int_ge(fd, 0);
+    ck_assert(!ld_journal_dirty(j));
+    add(j, 2, "b"); /* during the sync */
+    ck_assert(ld_journal_dirty(j));
+    ld_journal_set_compact_min_bytes(j, 1);
+    ck_assert_int_eq(ld_journal_done(j, a), LD_OK);
+    ck_assert(!ld_journal_should_compact(j));
+    ck_assert_int_eq(ld_journal_compact(j), LD_ERR);
+    ck_assert_int_eq(fake_fdatasync(fd), 0);
+    ck_assert_int_eq(ld_journal_sync_end(j, 0, 0), LD_OK);
+    ck_assert(ld_journal_dirty(j)); /* "b" still to sync */
+
+    ck_assert_int_eq(ld_journal_sync_begin(j, &fd), 1);
+    ck_assert_int_eq(ld_journal_sync_end(j, -1, EIO), LD_ERR);
+    ck_assert(ld_journal_failed(j));
+    /* The next begin rewrites the journal from memory, as
+     * ld_journal_sync does, and needs no worker. */
+    ck_assert_int_eq(ld_journal_sync_begin(j, &fd), 0);
+    ck_assert(!ld_journal_failed(j));
+    ld_journal_close(j);
+
+    j = jopen(LD_FSYNC_ALWAYS);
+    struct seen s;
+    seen_of(j, &s);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_str_eq(s.keys[0], "b");
+    ld_journal_close(j);
+}
+END_TEST
+
 /* A compaction whose directory sync fails fails, and the journal goes on
  * with the old file under its name. */
 START_TEST(test_compaction_dirsync_failure)
@@ -727,6 +769,54 @@ START_TEST(test_compaction_dirsync_failure)
 }
 END_TEST
 
+/* A stale mark rides in the type byte: kept across replay and
+ * compaction, and the records without it read as before. */
+START_TEST(test_stale_flag)
+{
+    struct ld_journal *j = jopen(LD_FSYNC_ALWAYS);
+    uint64_t plain = add(j, 1000, "plain");
+    uint64_t s1 = 0, s2 = 0;
+    ck_assert_int_eq(ld_journal_add_flags(j, 2000, LD_JOURNAL_F_STALE, "mark",
+                                          4, &s1),
+                     LD_OK);
+    ck_assert_int_eq(ld_journal_add_after_flags(j, s1, 500, LD_JOURNAL_F_STALE,
+                                                "mark", 4, &s2),
+                     LD_OK);
+    uint64_t after = 0;
+    ck_assert_int_eq(ld_journal_add_after(j, plain, 700, "plain", 5, &after),
+                     LD_OK);
+    ld_journal_close(j);
+
+    /* On disk: type bytes 0x01, 0x81, 0x83, 0x03. */
+    size_t len = 0;
+    unsigned char *buf = slurp(path, &len);
+    size_t off = LD_JOURNAL_HEADER_BYTES;
+    const unsigned char want[] = {0x01, 0x81, 0x83, 0x03};
+    for (size_t i = 0; i < 4; i++) {
+        ck_assert_uint_lt(off + 8, len);
+        ck_assert_uint_eq(buf[off + 8], want[i]);
+        off += 8 + (buf[off] | buf[off + 1] << 8 | buf[off + 2] << 16 |
+                    (size_t)buf[off + 3] << 24);
+    }
+    free(buf);
+
+    struct seen s;
+    for (int round = 0; round < 2; round++) {
+        j = jopen(LD_FSYNC_ALWAYS);
+        seen_of(j, &s);
+        ck_assert_uint_eq(s.n, 4);
+        ck_assert_uint_eq(s.flags[0], 0);
+        ck_assert_uint_eq(s.flags[1], LD_JOURNAL_F_STALE);
+        ck_assert_uint_eq(s.flags[2], LD_JOURNAL_F_STALE);
+        ck_assert_uint_eq(s.afters[2], s1);
+        ck_assert_uint_eq(s.flags[3], 0);
+        /* The second round reads the compacted file. */
+        ck_assert_int_eq(ld_journal_compact(j), LD_OK);
+        ld_journal_close(j);
+    }
+}
+END_TEST
+
 static Suite *
 journal_suite(void)
 {
@@ -749,6 +839,7 @@ journal_suite(void)
         {"fsync_modes", test_fsync_modes},
         {"bad_keys_refused", test_bad_keys_refused},
         {"add_after", test_add_after},
+        {"stale_flag", test_stale_flag},
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(tests); i++) {
         TCase *tc = tcase_create(tests[i].name);
@@ -764,6 +855,7 @@ journal_suite(void)
         {"created_dirs_synced", test_created_dirs_synced},
         {"fdatasync_failure_rewrites", test_fdatasync_failure_rewrites},
         {"compaction_dirsync_failure", test_compaction_dirsync_failure},
+        {"split_sync", test_split_sync},
     };
     for (size_t i = 0; i < LD_ARRAY_LEN(fault_tests); i++) {
         TCase *tc = tcase_create(fault_tests[i].name);

@@ -1,22 +1,38 @@
 -- Included by the cache scripts (lua2c.sh pastes it in: Redis scripts
 -- cannot share code at run time).
 -- An entry leased wrote is a hash with only the fields v (the value),
--- n ("1": a cached "not found") and l (the current fill lease), at least
--- one of them, never v and n together; a lease alone always expires (the
--- entry's TTL is then the lease's). entry_fields returns {v, n, l} of such
--- an entry, or nil for data leased did not write. KEY must be a hash.
+-- n ("1": a cached "not found"), l (the current fill lease), s (the stale
+-- mark: stale-while-revalidate), d (how long the load of the value took,
+-- ms: early refresh) and g (when the lease l was granted, ms: early
+-- refresh), at least one of v, n and l, never v and n together; a lease
+-- alone always expires (the entry's TTL is then the lease's); s only
+-- beside v, holding digits (the wall-clock ms, by Redis' TIME, until
+-- which the lease l of the stale entry is honoured; 0 while none was
+-- granted); d only beside v and g only beside l, both digits.
+-- entry_fields returns {v, n, l, s, d, g} of such an entry, or nil for
+-- data leased did not write. KEY must be a hash.
 local function entry_fields(key)
-    local f = redis.call('HMGET', key, 'v', 'n', 'l')
+    local f = redis.call('HMGET', key, 'v', 'n', 'l', 's', 'd', 'g')
     local k = 0
-    for i = 1, 3 do
+    for i = 1, 6 do
         if f[i] then
             k = k + 1
         end
     end
     if k == 0 or k ~= redis.call('HLEN', key) or (f[2] and f[2] ~= '1')
        or (f[1] and f[2])
+       or (f[4] and (not f[1] or not string.match(f[4], '^%d+$')))
+       or (f[5] and (not f[1] or not string.match(f[5], '^%d+$')))
+       or (f[6] and (not f[3] or not string.match(f[6], '^%d+$')))
+       or (not f[1] and not f[2] and not f[3])
        or (not f[1] and not f[2] and redis.call('PTTL', key) < 0) then
         return nil
     end
     return f
+end
+
+-- Redis' clock in ms: every daemon sharing the entry agrees on it.
+local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end

@@ -1,0 +1,93 @@
+#!/bin/sh
+# make bench-quick: only the rows of the performance targets, in a few
+# minutes on a 2-core machine. Each cell runs leased and direct Redis
+# side by side, in alternating order, 3 times; the table gives medians
+# and the ratio leased / direct of the medians. Instruction counts come
+# from resources.sh (--quick). Prints markdown to stdout (or --out FILE).
+set -eu
+
+here=$(dirname "$0")
+. "$here/lib.sh"
+bench_args "$@"
+bench_init
+[ -n "$connections" ] || connections=2
+target=${out:-/dev/stdout}
+rawf=$tmp/quick.raw
+
+start_redis
+start_leased "$connections"
+say "pairs: lock and get at 50 connections, lock at 1"
+for cell in "lock 50 100" "get 50 100" "get 50 10000" "lock 1 100" \
+    "ping 1 100"; do
+    set -- $cell
+    run_bench -m "$1" -c "$2" -z "$3" -n 3 -d 2 -w 0.5 >>"$rawf"
+done
+say "storm: cache.get p99 while 20 sessions invalidate (fsync always)"
+run_bench -t leased -m storm -c 10 -z 100 --waiters 20 -d 2 -w 0.5 \
+    >>"$rawf"
+stop_leased
+if command -v valgrind >/dev/null; then
+    say "callgrind: instructions per op (resources.sh --quick)"
+    sh "$here/resources.sh" --builddir "$builddir" \
+        --redis-server "$redis_server" --quick --raw "$tmp/res.raw" \
+        >/dev/null 2>&1 || say "resources.sh failed"
+    grep 'mode=instructions' "$tmp/res.raw" >>"$rawf" 2>/dev/null || true
+fi
+
+{
+    echo "## Quick run of the performance targets ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+    echo
+    echo "$(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo |
+        head -1)), load average $(cut -d' ' -f1-3 /proc/loadavg) at the end."
+    echo
+    awk '
+    function median(list,   n, a, i, j, t) {
+        n = split(list, a, " ")
+        for (i = 1; i <= n; i++)
+            for (j = i + 1; j <= n; j++)
+                if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+        return n ? a[int((n + 1) / 2)] : 0
+    }
+    {
+        delete f
+        for (i = 1; i <= NF; i++) {
+            k = $i; sub(/=.*/, "", k); v = $i; sub(/^[^=]*=/, "", v)
+            f[k] = v
+        }
+    }
+    f["mode"] == "storm" && f["phase"] == "summary" {
+        storm = sprintf("| cache.get p99 during an invalidation storm ÷ " \
+            "alone | %.2f× (%.0f µs / %.0f µs; %.0f invalidations/s) |",
+            f["p99_ratio"], f["p99_storm_us"], f["p99_alone_us"],
+            f["invalidations_s"])
+        next
+    }
+    f["mode"] == "instructions" {
+        ins = ins sprintf("| instructions per op, %s (callgrind) | %s |\n",
+            f["op"], f["ir_per_op"])
+        next
+    }
+    f["target"] != "" && f["ops_s"] != "" {
+        cell = f["mode"] " " f["conns"] " " f["size"]
+        if (!(cell in seen)) { seen[cell] = 1; order[++n] = cell }
+        ops[cell, f["target"]] = ops[cell, f["target"]] " " f["ops_s"]
+        p50[cell, f["target"]] = p50[cell, f["target"]] " " f["p50_us"]
+    }
+    END {
+        print "| figure | leased | direct | ratio |"
+        print "|---|---|---|---|"
+        for (i = 1; i <= n; i++) {
+            c = order[i]; split(c, w, " ")
+            lo = median(ops[c, "leased"]); dop = median(ops[c, "direct"])
+            lp = median(p50[c, "leased"]); dp = median(p50[c, "direct"])
+            printf "| %s, %s conns, %s B: ops/s (p50 µs) | %.0f (%.0f) | " \
+                "%.0f (%.0f) | %.2f× (p50 %+.0f µs) |\n", w[1], w[2], w[3],
+                lo, lp, dop, dp, (dop > 0 ? lo / dop : 0), lp - dp
+        }
+        print ""
+        print "| other figure | value |"
+        print "|---|---|"
+        if (storm != "") print storm
+        printf "%s", ins
+    }' "$rawf"
+} >"$target"

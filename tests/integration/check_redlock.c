@@ -1,0 +1,620 @@
+/* Redlock (lock.redlock) against real processes: three independent
+ * redis-server instances for the locks, the harness's own Redis for the
+ * cache and the wake-ups, and the real leased. A grant with one instance
+ * down and redis_unavailable with two; lease_ms below the ttl by at least
+ * the drift; the keys on a majority, gone from all after unlock; a failed
+ * attempt given back where it was granted, also from a late answer;
+ * lock_lost when the majority goes while held; waiters woken by an unlock
+ * in another daemon and by a lease running out; the ticket seller on
+ * Redlock without oversell. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "lock_util.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NI 3
+#define TIMEOUT_MS 500 /* redis.timeout_ms of the daemons */
+#define HOLDER "0123456789abcdef0123456789abcdef"
+
+static struct h_redis R; /* redis.*: the cache, wake-ups, the tests' data */
+static struct h_redis I[NI];
+static struct h_daemon D1, D2;
+
+static void
+stop_instances(void)
+{
+    for (int i = 0; i < NI; i++) {
+        h_redis_stop(&I[i]);
+    }
+}
+
+static const struct h_fixture fx = {
+    .suite = "redlock",
+    .redis = {&R},
+    .daemons = {&D1, &D2},
+    .teardown = stop_instances,
+};
+
+static bool
+gone_from_all(void *key)
+{
+    for (int i = 0; i < NI; i++) {
+        if (I[i].pid != 0 && h_r_int(&I[i], "EXISTS leased:lock:{%s}",
+                                     (const char *)key) != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The instances, the harness's Redis and NDAEMONS daemons on them, with
+ * EXTRA lines added to the lock section. */
+static void
+start_all(int ndaemons, const char *extra)
+{
+    char yaml[1024];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_eq(h_redis_start(&I[i], "--enable-debug-command yes"),
+                         0);
+    }
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: 127.0.0.1:%d\n  timeout_ms: %d\n"
+             "lock:\n  redlock: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n%s",
+             R.port, TIMEOUT_MS, I[0].port, I[1].port, I[2].port,
+             extra != NULL ? extra : "");
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
+    if (ndaemons > 1) {
+        ck_assert_int_eq(h_daemon_start(&D2, &R, yaml), 0);
+    }
+}
+
+static bool
+gone_from_first(void *key)
+{
+    return h_r_int(&I[0], "EXISTS leased:lock:{%s}", (const char *)key) == 0;
+}
+
+static int
+instances_with(const char *key)
+{
+    int n = 0;
+    for (int i = 0; i < NI; i++) {
+        if (I[i].pid != 0 &&
+            h_r_int(&I[i], "EXISTS leased:lock:{%s}", key) == 1) {
+            n++;
+        }
+    }
+    return n;
+}
+
+/* A lock request until it gets a grant (the daemon may not have seen an
+ * instance come or go yet); the last reply. */
+static json_t *
+lock_until(struct h_conn *c, const char *key, long long ttl, bool granted,
+           int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+    for (;;) {
+        json_t *r = lk_lock(c, key, NULL, ttl, 0);
+        bool got = h_ok(r) && jtrue(r, "acquired");
+        if (got == granted || h_now_ms() > deadline) {
+            return r;
+        }
+        if (got) {
+            lk_unlock_ok(c, key, NULL);
+        }
+        json_decref(r);
+        usleep(20000);
+    }
+}
+
+START_TEST(test_grant_keys_and_unlock)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start_all(1, NULL);
+    c = lk_connect(&D1);
+
+    /* All up: the lock is on every instance, never on redis.*. */
+    r = lk_must(c, "a", NULL, 10000, 0);
+    ck_assert_int_gt(jint(r, "fence"), 0);
+    /* The validity left: the ttl less the time taken and the drift
+     * (1% of the lease + 2 ms). */
+    ck_assert_int_gt(jint(r, "lease_ms"), 0);
+    ck_assert_int_le(jint(r, "lease_ms"), 10000 - (10000 / 100 + 2));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("a"), NI);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{a}"), 0);
+    for (int i = 0; i < NI; i++) {
+        long long pttl = h_r_int(&I[i], "PTTL leased:lock:{a}");
+        ck_assert_msg(pttl > 9000 && pttl <= 10000, "pttl %lld on %d", pttl,
+                      i);
+    }
+    r = lk_info(c, "a");
+    ck_assert(jtrue(r, "locked") && jtrue(r, "mine"));
+    json_decref(r);
+
+    /* Reentry counts on every instance; unlock removes it from all. */
+    r = lk_must(c, "a", NULL, 10000, 0);
+    ck_assert_int_eq(jint(r, "count"), 2);
+    json_decref(r);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_eq(h_r_int(&I[i], "HLEN leased:lock:{a}"), 1);
+    }
+    lk_unlock_ok(c, "a", NULL);
+    ck_assert_int_eq(instances_with("a"), NI);
+    lk_unlock_ok(c, "a", NULL);
+    ck_assert_int_eq(instances_with("a"), 0);
+
+    /* One instance down: still granted, on the majority left. */
+    h_redis_kill(&I[2]);
+    r = lock_until(c, "b", 10000, true, 10000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not granted: %s",
+                  h_errcode(r));
+    ck_assert_int_le(jint(r, "lease_ms"), 10000 - 102);
+    json_decref(r);
+    ck_assert_int_eq(instances_with("b"), 2);
+    r = lk_info(c, "b");
+    ck_assert(jtrue(r, "locked") && jtrue(r, "mine"));
+    ck_assert_int_gt(jint(r, "ttl_ms"), 0);
+    json_decref(r);
+    /* Another session sees it taken. */
+    struct h_conn *o = lk_connect(&D1);
+    r = lk_lock(o, "b", NULL, 5000, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    json_decref(r);
+    lk_unlock_ok(c, "b", NULL);
+    ck_assert_int_eq(instances_with("b"), 0);
+
+    /* The instance comes back (empty): locks go on all three again. */
+    ck_assert_int_eq(h_redis_restart(&I[2]), 0);
+    long long deadline = h_now_ms() + 10000;
+    do {
+        r = lk_must(o, "c", NULL, 10000, 0);
+        json_decref(r);
+        int n = instances_with("c");
+        lk_unlock_ok(o, "c", NULL);
+        if (n == NI) {
+            break;
+        }
+        usleep(50000);
+    } while (h_now_ms() < deadline);
+    ck_assert_msg(h_now_ms() < deadline, "instance 3 never used again");
+    h_close(o);
+    h_close(c);
+}
+END_TEST
+
+/* extend sets the lease on every instance; a closing session releases
+ * its locks on every instance, a detached lock stays. */
+START_TEST(test_extend_and_session_end)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start_all(1, NULL);
+    c = lk_connect(&D1);
+    r = lk_must(c, "e", NULL, 5000, 0);
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "e", "ttl_ms",
+                60000);
+    ck_assert_msg(h_ok(r), "extend: %s", h_errcode(r));
+    json_decref(r);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_gt(h_r_int(&I[i], "PTTL leased:lock:{e}"), 50000);
+    }
+    r = h_callf(c, T_MS, "{s:s,s:s,s:i,s:b}", "op", "lock", "key", "d",
+                "ttl_ms", 60000, "detach", 1);
+    ck_assert(h_ok(r) && jtrue(r, "acquired"));
+    json_decref(r);
+    /* Reentry by token from another session: counted everywhere, and
+     * its lease_ms is the validity left as well. */
+    char token[128];
+    r = lk_must(c, "t", NULL, 10000, 0);
+    snprintf(token, sizeof token, "%s", jstr(r, "token"));
+    json_decref(r);
+    struct h_conn *o = lk_connect(&D1);
+    r = h_callf(o, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", "t",
+                "token", token, "ttl_ms", 20000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "token reentry: %s",
+                  h_errcode(r));
+    ck_assert_int_eq(jint(r, "count"), 2);
+    ck_assert_int_gt(jint(r, "lease_ms"), 15000);
+    ck_assert_int_le(jint(r, "lease_ms"), 20000 - (20000 / 100 + 2));
+    json_decref(r);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_eq(h_r_int(&I[i], "HGET leased:lock:{t} %s", token), 2);
+    }
+    h_close(o);
+
+    h_close(c);
+    ck_assert_msg(h_wait_until(gone_from_all, "e", 5000),
+                  "session-bound lock left on an instance");
+    ck_assert_msg(h_wait_until(gone_from_all, "t", 5000),
+                  "session-bound lock left on an instance");
+    ck_assert_int_eq(instances_with("d"), NI);
+
+    /* A graceful stop releases session-bound locks on every instance
+     * before it exits. */
+    c = lk_connect(&D1);
+    r = lk_must(c, "g", NULL, NO_TTL, 0);
+    json_decref(r);
+    ck_assert_int_eq(instances_with("g"), NI);
+    ck_assert_int_eq(h_daemon_stop(&D1), 0);
+    ck_assert_int_eq(instances_with("g"), 0);
+    ck_assert_int_eq(instances_with("d"), NI);
+    h_close(c);
+}
+END_TEST
+
+/* An instance given as a Unix socket path. */
+START_TEST(test_unix_socket_instance)
+{
+    char dir[200], args[300], yaml[1024];
+    struct h_conn *c;
+    json_t *r;
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(args, sizeof args, "--unixsocket %s/i.sock", dir);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_eq(h_redis_start(&I[i], i == 0 ? args : NULL), 0);
+    }
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: 127.0.0.1:%d\n"
+             "lock:\n  redlock: [\"%s/i.sock\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n",
+             R.port, dir, I[1].port, I[2].port);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
+    c = lk_connect(&D1);
+    r = lock_until(c, "s", 10000, true, 10000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not granted: %s",
+                  h_errcode(r));
+    json_decref(r);
+    h_assert_stat(c, "redlock_instances_up", NI, 5000);
+    ck_assert_int_eq(instances_with("s"), NI);
+    lk_unlock_ok(c, "s", NULL);
+    ck_assert_int_eq(instances_with("s"), 0);
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_two_down_unavailable)
+{
+    struct h_conn *c;
+    json_t *r;
+    long long t0;
+
+    start_all(1, NULL);
+    c = lk_connect(&D1);
+    h_redis_kill(&I[1]);
+    h_redis_kill(&I[2]);
+    r = lock_until(c, "u", 5000, false, 10000);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    h_assert_stat(c, "redlock_instances_up", 1, 5000);
+    /* Once the daemon knows, at once, waiting or not. */
+    t0 = h_now_ms();
+    r = lk_lock(c, "u", NULL, 5000, 8000);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(strstr(jmsg(r), "1 of 3") != NULL, "message: %s", jmsg(r));
+    json_decref(r);
+    ck_assert_msg(h_now_ms() - t0 < 1000, "took %lld ms", h_now_ms() - t0);
+    ck_assert_int_eq(instances_with("u"), 0);
+
+    /* One back: a majority again. */
+    ck_assert_int_eq(h_redis_restart(&I[1]), 0);
+    r = lock_until(c, "u", 5000, true, 10000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not granted: %s",
+                  h_errcode(r));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("u"), 2);
+    h_close(c);
+}
+END_TEST
+
+/* Another holder on two instances: the attempt gets only one, which it
+ * must give back. With the third instance asleep past the per-instance
+ * timeout, the grant it makes when it wakes is given back too. */
+START_TEST(test_failed_attempt_undone)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start_all(1, NULL);
+    c = lk_connect(&D1);
+    for (int i = 1; i < NI; i++) {
+        h_r_do(&I[i], "HSET leased:lock:{f} " HOLDER " 1");
+        h_r_do(&I[i], "PEXPIRE leased:lock:{f} 60000");
+    }
+    r = lk_lock(c, "f", NULL, 5000, 0);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    ck_assert_int_gt(jint(r, "ttl_ms"), 50000);
+    json_decref(r);
+    /* The give-back is sent before the answer, on its own way. */
+    ck_assert_msg(h_wait_until(gone_from_first, "f", 5000),
+                  "the hold on instance 1 was not given back");
+
+    /* Instance 2 free, instance 3 held and asleep: one grant in time,
+     * one late one, no majority. Each instance has min(redis.timeout_ms,
+     * a tenth of the lease) = 500 ms; the late grant must be given back
+     * long before its 10 s lease would end it. */
+    h_r_do(&I[1], "DEL leased:lock:{f}");
+    h_r_do(&I[2], "DEL leased:lock:{f}");
+    h_r_do(&I[0], "HSET leased:lock:{f} " HOLDER " 1");
+    h_r_do(&I[0], "PEXPIRE leased:lock:{f} 60000");
+    pid_t sleeper = fork();
+    ck_assert_int_ge(sleeper, 0);
+    if (sleeper == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        redisReply *s = h_redis_cmd(&I[2], "DEBUG SLEEP 1.5");
+        _exit(s != NULL ? 0 : 1);
+    }
+    h_track_pid(sleeper);
+    usleep(100000); /* let DEBUG SLEEP begin */
+    long long t0 = h_now_ms();
+    r = lk_lock(c, "f", NULL, 10000, 0);
+    ck_assert_msg(h_now_ms() - t0 < 1200,
+                  "the slow instance was waited for (%lld ms)",
+                  h_now_ms() - t0);
+    ck_assert_msg(!h_ok(r) || !jtrue(r, "acquired"), "granted on one of 3");
+    json_decref(r);
+    int st;
+    waitpid(sleeper, &st, 0);
+    h_untrack_pid(sleeper);
+    /* Once it has woken, its late grant is given back. */
+    long long deadline = h_now_ms() + 3000;
+    while ((h_r_int(&I[1], "EXISTS leased:lock:{f}") != 0 ||
+            h_r_int(&I[2], "EXISTS leased:lock:{f}") != 0) &&
+           h_now_ms() < deadline) {
+        usleep(20000);
+    }
+    ck_assert_int_eq(h_r_int(&I[1], "EXISTS leased:lock:{f}"), 0);
+    ck_assert_int_eq(h_r_int(&I[2], "EXISTS leased:lock:{f}"), 0);
+    ck_assert_int_eq(h_r_int(&I[0], "EXISTS leased:lock:{f}"), 1);
+    /* One give-back in the first attempt, two in the second. */
+    ck_assert_int_eq(h_stat(c, "redlock_undone"), 3);
+    h_close(c);
+}
+END_TEST
+
+/* A holder without expiry on every instance (written by someone else):
+ * a waiter looks again now and then, it does not spin. */
+START_TEST(test_waiter_no_expiry_holder)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start_all(1, NULL);
+    c = lk_connect(&D1);
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "HSET leased:lock:{n} " HOLDER " 1");
+    }
+    long long before = r_eval_calls(&I[0]);
+    r = lk_lock(c, "n", NULL, 5000, 1500);
+    ck_assert(h_ok(r) && !jtrue(r, "acquired"));
+    ck_assert_int_eq(jint(r, "ttl_ms"), -1);
+    json_decref(r);
+    long long calls = r_eval_calls(&I[0]) - before;
+    ck_assert_msg(calls <= 5, "%lld attempts in 1.5 s", calls);
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_lock_lost_with_majority)
+{
+    struct h_conn *c;
+    json_t *r, *ev;
+
+    /* Renewals every 500 ms. */
+    start_all(1, "  watchdog_ms: 1500\n");
+    c = lk_connect(&D1);
+    r = lk_must(c, "l", NULL, NO_TTL, 0);
+    json_decref(r);
+    r = lk_must(c, "kept", NULL, NO_TTL, 0);
+    json_decref(r);
+    /* One instance lost: renewals still reach a majority. */
+    h_redis_kill(&I[0]);
+    struct renewals_want w = {c, h_stat(c, "lock_renewals_ok") + 4, h_now_ms(),
+                              1600};
+    ck_assert(h_wait_until(renewals_done, &w, 10000));
+    ck_assert(h_event(c, 0) == NULL);
+    ck_assert_int_eq(instances_with("l"), 2);
+    lk_unlock_ok(c, "kept", NULL);
+
+    /* A second one: the next renewal raises lock_lost. */
+    h_redis_kill(&I[1]);
+    ev = h_lock_lost(c, "l", 3000);
+    ck_assert_msg(ev != NULL, "no lock_lost");
+    ck_assert_str_eq(jstr(ev, "reason"), "redis_unavailable");
+    json_decref(ev);
+    /* lock.info needs a majority of answers too. */
+    h_expect_code(h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key", "l"),
+                  "redis_unavailable", "lock.info");
+    h_close(c);
+}
+END_TEST
+
+/* Waiters of one daemon woken by an unlock in another: the wake-up goes
+ * through redis.*, which both share; and by the holder's lease ending. */
+START_TEST(test_waiter_woken)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    long long t0;
+
+    start_all(2, NULL);
+    a = lk_connect(&D1);
+    b = lk_connect(&D2);
+    r = lk_must(a, "w", NULL, NO_TTL, 0); /* a 30 s watchdog lease */
+    json_decref(r);
+    lk_send(b, 7, "w", NULL, NO_TTL, 20000);
+    h_assert_stat(b, "lock_waiters", 1, 5000);
+    h_wait_subscribed(&R, "leased:lock:{w}:unlock", 5000);
+    t0 = h_now_ms();
+    lk_unlock_ok(a, "w", NULL);
+    r = h_recv_id(b, 7, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "waiter not granted");
+    ck_assert_msg(h_now_ms() - t0 < 3000, "woken after %lld ms",
+                  h_now_ms() - t0);
+    json_decref(r);
+    lk_unlock_ok(b, "w", NULL);
+
+    /* A fixed lease nobody releases: the waiter retries at its end. */
+    r = lk_must(a, "x", NULL, 1500, 0);
+    json_decref(r);
+    t0 = h_now_ms();
+    lk_send(b, 8, "x", NULL, 5000, 10000);
+    r = h_recv_id(b, 8, 12000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "waiter not granted");
+    ck_assert_msg(h_now_ms() - t0 >= 1000, "granted early");
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* The locks do not need redis.*: with it down they are granted and
+ * released, and a waiter, without wake-ups, gets the lock when the
+ * holder's lease ends. */
+START_TEST(test_main_redis_down)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+
+    start_all(1, NULL);
+    a = lk_connect(&D1);
+    b = lk_connect(&D1);
+    h_redis_kill(&R);
+    r = lock_until(a, "m", 10000, true, 10000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not granted: %s",
+                  h_errcode(r));
+    json_decref(r);
+    lk_unlock_ok(a, "m", NULL);
+    ck_assert_int_eq(instances_with("m"), 0);
+    r = lk_must(a, "m", NULL, 1000, 0);
+    json_decref(r);
+    long long t0 = h_now_ms();
+    r = lk_lock(b, "m", NULL, 5000, 8000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "waiter not granted: %s",
+                  h_errcode(r));
+    ck_assert_int_ge(h_now_ms() - t0, 500);
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* --- the ticket seller ----------------------------------------------- */
+
+static pid_t
+spawn_buyer(const struct h_daemon *d)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid != 0) {
+        h_track_pid(pid);
+        return pid;
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    /* Buy until sold out; exit status = tickets bought, 200 + n on
+     * errors. The stock lives on redis.*, outside the lock's instances. */
+    struct h_conn *c = h_connect(d);
+    redisContext *rc = redisConnect("127.0.0.1", R.port);
+    int bought = 0;
+    if (c == NULL || rc == NULL || rc->err) {
+        _exit(210);
+    }
+    for (;;) {
+        json_t *r = h_call(c, lk_req("tickets", NULL, 0, -1), 60000);
+        bool ok = r != NULL && h_ok(r) && jtrue(r, "acquired");
+        json_decref(r);
+        if (!ok) {
+            _exit(211);
+        }
+        redisReply *g = redisCommand(rc, "GET stock");
+        long long stock = g != NULL && g->type == REDIS_REPLY_STRING
+                              ? atoll(g->str)
+                              : -1;
+        freeReplyObject(g);
+        if (stock < 0) {
+            _exit(212);
+        }
+        if (stock > 0) {
+            usleep(200); /* the sale takes a moment */
+            redisReply *s = redisCommand(rc, "SET stock %lld", stock - 1);
+            freeReplyObject(s);
+            bought++;
+        }
+        r = h_call(c, json_pack("{s:s,s:s}", "op", "unlock", "key", "tickets"),
+                   60000);
+        ok = r != NULL && h_ok(r) && jtrue(r, "released");
+        json_decref(r);
+        if (!ok) {
+            _exit(214);
+        }
+        if (stock == 0) {
+            _exit(bought);
+        }
+    }
+}
+
+START_TEST(test_ticket_seller)
+{
+    pid_t pids[8];
+    int sold = 0;
+
+    start_all(2, NULL);
+    h_r_do(&R, "SET stock 100");
+    for (int i = 0; i < 8; i++) {
+        pids[i] = spawn_buyer(i % 2 ? &D2 : &D1);
+    }
+    for (int i = 0; i < 8; i++) {
+        int st = -1;
+        long long deadline = h_now_ms() + 120000;
+        while (h_now_ms() < deadline) {
+            int status;
+            if (waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+                st = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+                break;
+            }
+            usleep(10000);
+        }
+        h_untrack_pid(pids[i]);
+        ck_assert_msg(st >= 0 && st <= 100, "buyer %d ended with %d", i, st);
+        sold += st;
+    }
+    ck_assert_int_eq(sold, 100);
+    ck_assert_int_eq(h_r_int(&R, "GET stock"), 0);
+    ck_assert_int_eq(instances_with("tickets"), 0);
+}
+END_TEST
+
+int
+main(void)
+{
+    const struct h_case cases[] = {
+        H_CASE(grant_keys_and_unlock, 90),
+        H_CASE(extend_and_session_end, 60),
+        H_CASE(unix_socket_instance, 60),
+        H_CASE(two_down_unavailable, 60),
+        H_CASE(failed_attempt_undone, 60),
+        H_CASE(waiter_no_expiry_holder, 60),
+        H_CASE(lock_lost_with_majority, 60),
+        H_CASE(waiter_woken, 60),
+        H_CASE(main_redis_down, 60),
+        H_CASE(ticket_seller, 200),
+    };
+
+    return H_MAIN(fx, cases);
+}
