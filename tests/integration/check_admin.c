@@ -427,6 +427,59 @@ START_TEST(test_force_remote_redisson)
 }
 END_TEST
 
+/* Under lock.redlock the lock lives on every instance: force_unlock
+ * deletes it on each, and the holder's renewal through the other daemon
+ * finds the marker on a majority. */
+static struct h_redis I[3];
+
+START_TEST(test_force_remote_redlock)
+{
+    char yaml[1024];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(h_redis_start(&I[i], NULL), 0);
+    }
+    snprintf(yaml, sizeof yaml,
+             "lock:\n  watchdog_ms: 600\n"
+             "  redlock: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n",
+             I[0].port, I[1].port, I[2].port);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
+    ck_assert_int_eq(h_daemon_start(&D2, &R, yaml), 0);
+    struct h_conn *a = lk_connect(&D1);
+    struct h_conn *w = lk_connect(&D2);
+    json_decref(lk_must(a, "rl", NULL, NO_TTL, 0));
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(h_r_int(&I[i], "EXISTS leased:lock:{rl}"), 1);
+    }
+    /* A waiter through D2, woken by the force, not by a lease's end. */
+    lk_send(w, 5, "rl", NULL, 60000, 20000);
+    h_assert_stat(w, "lock_waiters", 1, T_MS);
+
+    struct h_conn *op = lk_connect(&D2);
+    json_t *r = force(op, "rl");
+    ck_assert_msg(h_ok(r) && jtrue(r, "released"), "force: %s", h_errcode(r));
+    json_decref(r);
+    json_t *got = h_recv_id(w, 5, T_MS);
+    ck_assert_msg(got != NULL && jtrue(got, "acquired"),
+                  "the waiter through D2 did not get the lock");
+    json_decref(got);
+    json_t *ev = h_lock_lost(a, "rl", 4 * WATCHDOG_MS + T_MS);
+    ck_assert_msg(ev != NULL, "D1's holder never heard of the force");
+    ck_assert_str_eq(jstr(ev, "reason"), "taken");
+    json_decref(ev);
+    r = force(op, "nothing");
+    ck_assert(h_ok(r) && !jtrue(r, "released"));
+    json_decref(r);
+    h_close(op);
+    h_close(w);
+    h_close(a);
+    for (int i = 0; i < 3; i++) {
+        h_redis_stop(&I[i]);
+    }
+}
+END_TEST
+
 START_TEST(test_force_redis_down)
 {
     h_start(yaml_admin);
@@ -519,6 +572,7 @@ main(void)
         H_CASE(force_local, 90),
         H_CASE(force_remote, 90),
         H_CASE(force_remote_redisson, 90),
+        H_CASE(force_remote_redlock, 90),
         H_CASE(force_redis_down, 60),
         H_CASE(admin_token_reload, 60),
         H_CASE(config_tokens_differ, 60),
