@@ -211,6 +211,8 @@ START_TEST(test_tcp_needs_admin_token)
     ck_assert_ptr_nonnull(t);
     h_expect_code(list_locks(t, NULL, 0), "unauthorized", "lock.list on tcp");
     h_expect_code(force(t, "k"), "unauthorized", "force_unlock on tcp");
+    h_expect_code(h_callf(t, T_MS, "{s:s}", "op", "cache.hot"), "unauthorized",
+                  "cache.hot on tcp");
     h_expect_code(hello_admin(t, "wrong"), "unauthorized",
                   "hello with a wrong admin_token");
     h_expect_code(list_locks(t, NULL, 0), "unauthorized",
@@ -227,6 +229,10 @@ START_TEST(test_tcp_needs_admin_token)
     r = list_locks(t, NULL, 0);
     ck_assert_msg(h_ok(r), "lock.list as admin: %s", h_errcode(r));
     ck_assert_ptr_nonnull(entry_of(r, "k"));
+    json_decref(r);
+    /* cache.hot is an operator op too. */
+    r = h_callf(t, T_MS, "{s:s}", "op", "cache.hot");
+    ck_assert_msg(h_ok(r), "cache.hot as admin: %s", h_errcode(r));
     json_decref(r);
     r = force(t, "k");
     ck_assert_msg(h_ok(r), "force as admin: %s", h_errcode(r));
