@@ -46,6 +46,7 @@
 #include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_features.h"
 #include "ld_fsync.h"
 #include "ld_journal.h"
 #include "ld_log.h"
@@ -388,6 +389,13 @@ on_session_close(struct ld_session *s)
     free(cs);
 }
 
+/* hello offers early_refresh while the live configuration enables it. */
+static bool
+early_refresh_on(void)
+{
+    return cache_mod.ctx->cfg->cache.early_refresh;
+}
+
 int
 ld_cache_init(const struct ld_ctx *ctx)
 {
@@ -453,6 +461,8 @@ ld_cache_init(const struct ld_ctx *ctx)
         cache_hot_init() != LD_OK) {
         return LD_ERR;
     }
+    ld_features_add("stale");
+    ld_features_add_if("early_refresh", early_refresh_on);
     return LD_OK;
 }
 

@@ -5,6 +5,7 @@
  */
 #include "ld_cache_int.h"
 
+#include "ld_admin.h"
 #include "ld_cache_hot.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
@@ -17,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 /* /metrics shows this many keys at most, each label cut to this many
  * bytes: a scrape's label set stays bounded whatever the keys. */
@@ -25,26 +25,12 @@
 #define HOT_METRICS_KEY_BYTES 128
 #define HOT_LIMIT_MAX 10000
 
-/* Operator ops are for the Unix socket: a TCP client would need the
- * operator token (listen.admin_token), which this version does not
- * have. */
-static bool
-on_unix_socket(const struct ld_session *s)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    return s != NULL &&
-           getsockname(s->fd, (struct sockaddr *)&ss, &len) == 0 &&
-           ss.ss_family == AF_UNIX;
-}
-
 static void
 op_hot(struct ld_req *req)
 {
     long long limit = cache_mod.ctx->cfg->cache.hot_keys;
-    if (!on_unix_socket(req->sess)) {
-        ld_reply_error(req, LD_E_UNAUTHORIZED,
-                       "cache.hot is an operator op: Unix socket only");
+    /* An operator op: the Unix socket, or TCP with listen.admin_token. */
+    if (!ld_admin_check(req)) {
         return;
     }
     if (ld_req_int(req, "limit", false, 1, HOT_LIMIT_MAX, &limit, NULL) !=

@@ -6,6 +6,7 @@
 #include "ld_cancel.h"
 
 #include "ld_dispatch.h"
+#include "ld_features.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -51,5 +52,6 @@ int
 ld_cancel_init(const struct ld_ctx *ctx)
 {
     LD_UNUSED(ctx);
+    ld_features_add("cancel");
     return ld_dispatch_register("cancel", op_cancel);
 }

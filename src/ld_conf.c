@@ -131,6 +131,7 @@ const struct conf_directive conf_directives[] = {
     STRING("listen.unix_group", listen.unix_group, F_GROUP, ""),
     HOSTPORT("listen.tcp", listen.tcp, F_EMPTY_OK | F_LISTEN, ""),
     STRING("listen.auth_token", listen.auth_token, 0, ""),
+    STRING("listen.admin_token", listen.admin_token, F_RELOAD, ""),
 
     ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes,
          NOT_BUILT("Cluster mode"), .unbuilt_value = "cluster"),

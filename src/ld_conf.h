@@ -31,6 +31,8 @@ struct ld_config {
         char *unix_group; /* listen.unix_group; "" = the daemon's */
         char *tcp;        /* listen.tcp "host:port"; "" disables */
         char *auth_token; /* listen.auth_token */
+        /* listen.admin_token: operator ops on TCP */
+        char *admin_token;
     } listen;
     struct {
         enum ld_redis_mode mode;

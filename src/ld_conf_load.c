@@ -350,6 +350,13 @@ check_relations(struct conf_load *st)
                               "non-loopback tcp requires listen.auth_token");
         }
     }
+    /* The same token would make every app that may connect an operator. */
+    if (c->listen.admin_token[0] != '\0' &&
+        strcmp(c->listen.admin_token, c->listen.auth_token) == 0) {
+        return conf_error(
+            st, mark_of(st, "listen.admin_token", "listen.auth_token"),
+            "listen.admin_token", "must differ from listen.auth_token");
+    }
     if (c->redis.mode == LD_REDIS_SENTINEL && c->redis.addresses.count == 0) {
         return conf_error(st, mark_of(st, "redis.mode", "redis.addresses"),
                           "redis.mode",

@@ -6,6 +6,7 @@
 
 #include "ld_conf.h"
 #include "ld_ctx.h"
+#include "ld_features.h"
 #include "ld_log.h"
 #include "ld_proto.h"
 #include "ld_session.h"
@@ -69,18 +70,49 @@ op_hello(struct ld_req *req)
 {
     const char *client = NULL;
     const char *auth = NULL;
+    const char *admin = NULL;
     size_t client_len = 0;
     size_t auth_len = 0;
+    size_t admin_len = 0;
     bool has_auth = false;
+    bool has_admin = false;
 
     if (ld_req_str(req, "client", false, &client, &client_len, NULL) !=
             LD_OK ||
-        ld_req_str(req, "auth", false, &auth, &auth_len, &has_auth) != LD_OK) {
+        ld_req_str(req, "auth", false, &auth, &auth_len, &has_auth) != LD_OK ||
+        ld_req_str(req, "admin_token", false, &admin, &admin_len,
+                   &has_admin) != LD_OK) {
         return;
     }
     struct ld_session *s = req->sess;
     const char *token = dispatch_mod.ctx->cfg->listen.auth_token;
     size_t token_len = strlen(token);
+    const char *atoken = dispatch_mod.ctx->cfg->listen.admin_token;
+    size_t atoken_len = strlen(atoken);
+
+    /* The admin token is the operator's identity (protocol.md "Operator
+     * ops"), given as admin_token, or as auth like any token. It also
+     * authenticates: whoever holds it may do more than an app. */
+    bool is_admin = false;
+    if (has_admin) {
+        if (atoken_len == 0 ||
+            !ld_secure_equal(admin, admin_len, atoken, atoken_len)) {
+            log_warn("hello refused session=%s reason=bad_admin_token",
+                     s->name);
+            ld_reply_error(req, LD_E_UNAUTHORIZED,
+                           atoken_len == 0 ? "listen.admin_token is not set"
+                                           : "bad admin_token");
+            return;
+        }
+        is_admin = true;
+    } else if (has_auth && atoken_len > 0 &&
+               ld_secure_equal(auth, auth_len, atoken, atoken_len)) {
+        is_admin = true;
+        has_auth = false;
+    }
+    if (is_admin && !has_auth) {
+        s->authed = true;
+    }
 
     /* A token, when configured, is checked wherever it is offered; it is
      * required only where the listener says so. */
@@ -92,6 +124,10 @@ op_hello(struct ld_req *req)
         }
     }
     s->authed = true;
+    if (is_admin) {
+        s->admin = true;
+        log_info("operator session=%s", s->name);
+    }
     if (client != NULL) {
         snprintf(s->client, sizeof(s->client), "%.*s",
                  (int)(client_len < sizeof(s->client) - 1
@@ -99,19 +135,13 @@ op_hello(struct ld_req *req)
                            : sizeof(s->client) - 1),
                  client);
     }
-    /* The optional parts of the protocol this daemon offers (near, rwlock,
-     * semaphore, multilock, cancel, stale, early_refresh, admin); a client
-     * checks before it relies on one. */
-    json_t *features = json_array();
-    json_array_append_new(features, json_string("semaphore"));
-    json_array_append_new(features, json_string("cancel"));
-    json_array_append_new(features, json_string("stale"));
-    if (dispatch_mod.ctx->cfg->cache.early_refresh) {
-        json_array_append_new(features, json_string("early_refresh"));
-    }
-    ld_reply_ok(req, json_pack("{s:s,s:s,s:i,s:s,s:o}", "server", "leased",
-                               "version", PACKAGE_VERSION, "protocol", 1,
-                               "session", s->name, "features", features));
+    /* The optional parts of the protocol this daemon offers, as the
+     * modules added them (ld_features.h); a client checks before it
+     * relies on one. */
+    ld_reply_ok(req,
+                json_pack("{s:s,s:s,s:i,s:s,s:o}", "server", "leased",
+                          "version", PACKAGE_VERSION, "protocol", 1, "session",
+                          s->name, "features", ld_features_json()));
 }
 
 static void
@@ -168,4 +198,5 @@ void
 ld_dispatch_free(void)
 {
     dispatch_mod.n_ops = 0;
+    ld_features_clear();
 }

@@ -642,6 +642,7 @@ ld_lock_init(const struct ld_ctx *ctx)
     }
     lk_acq_init();
     lk_watch_init();
+    lk_admin_init();
     ld_session_on_close(on_session_close);
     if (ld_dispatch_register("lock", lk_op_lock) != LD_OK ||
         ld_dispatch_register("unlock", op_unlock) != LD_OK ||

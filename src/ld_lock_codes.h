@@ -12,6 +12,7 @@ enum ld_lock_code {
     LD_LOCK_WRONG_TYPE = -1,
     LD_LOCK_ABSENT = -2, /* no lock */
     LD_LOCK_OTHER = -3,  /* held, by another holder */
+    LD_LOCK_FORCED = -4, /* lock_renew: gone by lock.force_unlock */
 
     /* lock_acquire */
     LD_LOCK_TAKEN = 0,   /* {0, pttl}: another holder has it */

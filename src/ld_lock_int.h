@@ -32,11 +32,12 @@ struct ld_session;
 #define container_of(ptr, type, member)                                       \
     ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
-/* The Redis names of one lock. */
+/* The Redis names of one lock. FORCED marks a lock that
+ * lock.force_unlock deleted (src/lua/lock_force.lua). */
 struct lk_names {
     char *buf;
-    const char *hash, *fence, *chan;
-    size_t hash_len, fence_len, chan_len;
+    const char *hash, *fence, *chan, *forced;
+    size_t hash_len, fence_len, chan_len, forced_len;
 };
 
 struct lk_op;
@@ -187,6 +188,9 @@ tv_ms(long long ms)
     tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
     return tv;
 }
+
+/* ld_admin_lock.c: lock.list and lock.force_unlock of plain locks */
+void lk_admin_init(void);
 
 /* ld_lock_rec.c */
 char *lk_dkey_build(const char *owner, size_t olen, const char *key,

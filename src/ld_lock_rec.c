@@ -52,7 +52,7 @@ lk_names_build(struct lk_names *n, const char *key, size_t len)
         static const char chan_pfx[] = "redisson_lock__channel";
         static const char fence_pfx[] = "redisson_lock_token";
         size_t cap = (len + 1) + (sizeof(chan_pfx) + len + 4) +
-                     (sizeof(fence_pfx) + len + 4);
+                     2 * (sizeof(fence_pfx) + len + 4) + 7;
         char *p = n->buf = ld_xmalloc(cap);
         n->hash = p;
         n->hash_len = len;
@@ -63,12 +63,20 @@ lk_names_build(struct lk_names *n, const char *key, size_t len)
         p += n->chan_len + 1;
         n->fence = p;
         n->fence_len = redisson_name(p, fence_pfx, key, len);
+        p += n->fence_len + 1;
+        /* Beside the fence counter: the lock hash may have no hash tag,
+         * and in a cluster the marker must share the slot it hashes to. */
+        n->forced = p;
+        n->forced_len = n->fence_len + 7;
+        p = put(p, n->fence, n->fence_len);
+        p = put(p, ":forced", 7);
+        *p = '\0';
         return;
     }
     const char *pfx = cfg->lock.prefix;
     size_t plen = strlen(pfx);
     size_t hlen = plen + len + 2;
-    size_t cap = (hlen + 1) + (hlen + 7) + (hlen + 8);
+    size_t cap = (hlen + 1) + (hlen + 7) + (hlen + 8) + (hlen + 8);
     char *p = n->buf = ld_xmalloc(cap);
     n->hash = p;
     n->hash_len = hlen;
@@ -86,6 +94,11 @@ lk_names_build(struct lk_names *n, const char *key, size_t len)
     n->chan_len = hlen + 7;
     p = put(p, n->hash, hlen);
     p = put(p, ":unlock", 7);
+    *p++ = '\0';
+    n->forced = p;
+    n->forced_len = hlen + 7;
+    p = put(p, n->hash, hlen);
+    p = put(p, ":forced", 7);
     *p = '\0';
 }
 

@@ -171,6 +171,9 @@ renew_on_reply(redisReply *r, void *arg)
                      "write",
                      (int)rec->key_len, rec->key);
         }
+        /* FORCED: an operator took it (lock.force_unlock), not data
+         * loss, so no recheck of the others. */
+        bool forced = v[0] == LD_LOCK_FORCED;
         const char *why = op->after_failover       ? "failover"
                           : v[0] == LD_LOCK_ABSENT ? "expired"
                                                    : "taken";
@@ -183,7 +186,7 @@ renew_on_reply(redisReply *r, void *arg)
             /* A fixed lease ran out: that is what the client asked for. */
             lk_rec_set_count(rec, 0);
         }
-        if (early && v[0] != LD_LOCK_WRONG_TYPE) {
+        if (early && v[0] != LD_LOCK_WRONG_TYPE && !forced) {
             lk_recheck_start();
         }
     } else if (renew) {
@@ -203,8 +206,9 @@ renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     struct lk_op *op = lk_op_new(kind, NULL, rec);
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", lease);
-    const char *args[] = {rec->n.hash, rec->token, lbuf, "1"};
-    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, strlen(lbuf), 1};
+    const char *args[] = {rec->n.hash, rec->n.forced, rec->token, lbuf, "1"};
+    size_t lens[] = {rec->n.hash_len, rec->n.forced_len, LD_TOKEN_LEN,
+                     strlen(lbuf), 1};
     rec->renewing = true;
     /* The replies of this pass come after it ends: they carry the
      * reason with them. */
@@ -212,7 +216,7 @@ renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     op->sent_ms = ld_now_ms();
     op->inflight = true;
     lock_mod.renew_inflight++;
-    lk_script(LD_SCRIPT_lock_renew, &rec->n, 1, 4, args, lens, renew_on_reply,
+    lk_script(LD_SCRIPT_lock_renew, &rec->n, 2, 5, args, lens, renew_on_reply,
               op);
 }
 

@@ -497,6 +497,8 @@ deliver_gone(struct rl_call *c)
         v[0] = LD_LOCK_WRONG_TYPE;
     } else if (count_code(c, LD_LOCK_OTHER, 1) > 0) {
         v[0] = LD_LOCK_OTHER;
+    } else if (count_code(c, LD_LOCK_FORCED, 1) > 0) {
+        v[0] = LD_LOCK_FORCED; /* lock.force_unlock took it */
     }
     deliver(c, answer_ints(&a, 1, v), LD_REDIS_ANSWERED);
 }
@@ -562,6 +564,27 @@ decide_release(struct rl_call *c)
     deliver_gone(c);
 }
 
+/* lock.force_unlock: the lock is gone wherever an instance deleted it,
+ * so one deletion is enough to say released; waiters hear it through
+ * redis.* as for an unlock. */
+static void
+decide_force(struct rl_call *c)
+{
+    struct rl_answer a;
+    int rel = count_code(c, LD_LOCK_RELEASED, 2);
+    if (rel > 0) {
+        publish_wakeup(c);
+        long long v[2] = {LD_LOCK_RELEASED, max_of(c, LD_LOCK_RELEASED, 1)};
+        deliver(c, answer_ints(&a, 2, v), LD_REDIS_ANSWERED);
+        return;
+    }
+    if (count_answered(c) < quorum()) {
+        fail(c, "no majority answered", true);
+        return;
+    }
+    deliver_gone(c);
+}
+
 static void
 decide_info(struct rl_call *c)
 {
@@ -608,6 +631,9 @@ decide(struct rl_call *c)
         break;
     case LD_SCRIPT_lock_info:
         decide_info(c);
+        break;
+    case LD_SCRIPT_lock_force:
+        decide_force(c);
         break;
     default: /* lock_renew, lock_extend */
         decide_renew(c);

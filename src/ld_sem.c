@@ -19,6 +19,7 @@
 #include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_features.h"
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_proto.h"
@@ -644,6 +645,7 @@ ld_sem_init(const struct ld_ctx *ctx)
         ld_dispatch_register("sem.info", op_info) != LD_OK) {
         return LD_ERR;
     }
+    ld_features_add("semaphore");
     return LD_OK;
 }
 

@@ -9,6 +9,7 @@
  */
 #include "ld_server.h"
 
+#include "ld_admin.h"
 #include "ld_cache.h"
 #include "ld_cancel.h"
 #include "ld_conf.h"
@@ -74,7 +75,13 @@ static void
 check_secret_mode(const char *path, const struct ld_config *cfg)
 {
     struct stat st;
-    if (cfg->redis.password[0] == '\0' && cfg->listen.auth_token[0] == '\0') {
+    const char *what = cfg->redis.password[0] != '\0' ? "redis.password"
+                       : cfg->listen.auth_token[0] != '\0'
+                           ? "listen.auth_token"
+                       : cfg->listen.admin_token[0] != '\0'
+                           ? "listen.admin_token"
+                           : NULL;
+    if (what == NULL) {
         return;
     }
     if (stat(path, &st) != 0 || (st.st_mode & (S_IRGRP | S_IROTH)) == 0) {
@@ -82,9 +89,7 @@ check_secret_mode(const char *path, const struct ld_config *cfg)
     }
     log_warn("config file holds %s and is readable by %s path=%s "
              "mode=%04o (chmod 600 it, or 640 for a trusted group)",
-             cfg->redis.password[0] != '\0' ? "redis.password"
-                                            : "listen.auth_token",
-             (st.st_mode & S_IROTH) ? "others" : "its group", path,
+             what, (st.st_mode & S_IROTH) ? "others" : "its group", path,
              (unsigned)(st.st_mode & 07777));
 }
 
@@ -265,6 +270,9 @@ ld_server_wire(const struct ld_ctx *c)
     ld_session_init(c, &session_handlers);
     ld_proto_init(c, ld_dispatch);
     ld_dispatch_init(c);
+    if (ld_admin_init(c) != LD_OK) {
+        return LD_ERR;
+    }
     if (ld_tls_init(c) != LD_OK) {
         return LD_ERR;
     }
@@ -367,6 +375,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ld_pubsub_free();
     ld_redis_free();
     ld_tls_free();
+    ld_admin_free();
     ld_dispatch_free();
     ld_proto_free();
     event_free(server_mod.sig_term);

@@ -536,6 +536,17 @@ reply_bare_error(struct ld_session *s, int code, const char *msg)
     free(line);
 }
 
+/* Operators reach the daemon through its Unix socket, which its file
+ * mode and group already restrict; TCP needs listen.admin_token. */
+static bool
+sock_is_unix(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    return getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
+           ss.ss_family == AF_UNIX;
+}
+
 /* Describe the peer of FD for a log line. */
 static void
 peer_name(int fd, char *buf, size_t len)
@@ -748,6 +759,7 @@ ld_session_new(int fd, bool auth_required, const char *listener)
     s->io = io;
     s->open = true;
     s->authed = !auth_required;
+    s->admin = sock_is_unix(fd);
     s->refs = 1;
 
     TAILQ_INSERT_HEAD(&session_mod.open, s, io->link);

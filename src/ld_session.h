@@ -19,6 +19,8 @@ struct ld_session {
     char listener[128]; /* name of the listener it came from, logs */
     bool open;          /* false once closing has begun */
     bool authed;
+    /* May run operator ops: Unix socket, or hello's admin_token. */
+    bool admin;
     struct session_io *io; /* framing state, private to ld_session.c */
     unsigned refs;         /* 1 while open + one per request in flight */
     long long pending;     /* requests awaiting their reply */

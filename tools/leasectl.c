@@ -1,6 +1,7 @@
 /* leasectl: the command-line client of leased, on libleased.
  *
- *   leasectl [-s SOCKET | -H HOST:PORT] [--auth TOKEN] COMMAND ...
+ *   leasectl [-s SOCKET | -H HOST:PORT] [--auth TOKEN] [--admin-token T]
+ *            [--json] COMMAND ...
  *
  * Exit statuses follow sysexits.h so scripts can tell "the lock is taken"
  * (75, EX_TEMPFAIL) from "leased is not running" (69, EX_UNAVAILABLE) and
@@ -36,9 +37,12 @@
 struct ctl {
     const char *target; /* -s / -H / $LEASED_SOCKET / default */
     const char *auth;   /* --auth / $LEASED_AUTH */
+    const char *admin;  /* --admin-token / $LEASED_ADMIN_TOKEN */
     int timeout_ms;     /* --timeout */
     bool quiet;
-    const char *cmd; /* the command's name, for messages */
+    bool json;        /* --json: print the daemon's answers as they are */
+    json_t *features; /* hello's "features", once asked (want_feature) */
+    const char *cmd;  /* the command's name, for messages */
     struct leased_conn *conn;
 };
 
@@ -67,6 +71,13 @@ usage(FILE *f)
         "  set KEY VALUE [--ttl MS]      store a value (--null: not found)\n"
         "  invalidate KEY... [--delay MS]  delete cached keys\n"
         "  info KEY [--owner S] [--token T]  is KEY locked (exit 1: no)\n"
+        "  lock KEY --read | --write ... -- CMD  the sides of a read-write "
+        "lock\n"
+        "  sem KEY --limit N [--ttl MS] [--wait MS] -- CMD [ARGS...]\n"
+        "                                run CMD holding one of N permits\n"
+        "  locks [PREFIX] [--limit N]    locks held through this daemon\n"
+        "  unlock --force KEY            free KEY whoever holds it (exit 1:\n"
+        "                                it was not locked)\n"
         "  hot [--limit N] [--json]      the most read cache keys\n"
         "\n"
         "options:\n"
@@ -75,6 +86,9 @@ usage(FILE *f)
         "                      else " LEASED_DEFAULT_SOCKET ")\n"
         "  -H, --host H:P      the daemon's TCP address instead\n"
         "      --auth TOKEN    the listener's auth token (or $LEASED_AUTH)\n"
+        "      --admin-token T listen.admin_token, for locks and unlock over\n"
+        "                      TCP (or $LEASED_ADMIN_TOKEN)\n"
+        "      --json          print the daemon's answers as JSON lines\n"
         "  -t, --timeout MS    how long to wait for a reply (default %d)\n"
         "  -q, --quiet         no message when a lock is not acquired\n"
         "  -h, --help          this text\n"
@@ -162,11 +176,16 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
            char ***rest, int *nrest)
 {
     const char *timeout = NULL, *quiet = NULL, *sock = NULL, *host = NULL;
-    const char *help = NULL;
+    const char *help = NULL, *json = NULL;
     const struct optdef globals[] = {
-        {"help", 'h', false, &help},      {"socket", 's', true, &sock},
-        {"host", 'H', true, &host},       {"auth", 0, true, &ctl->auth},
-        {"timeout", 't', true, &timeout}, {"quiet", 'q', false, &quiet},
+        {"help", 'h', false, &help},
+        {"socket", 's', true, &sock},
+        {"host", 'H', true, &host},
+        {"auth", 0, true, &ctl->auth},
+        {"admin-token", 0, true, &ctl->admin},
+        {"timeout", 't', true, &timeout},
+        {"quiet", 'q', false, &quiet},
+        {"json", 0, false, &json},
         {NULL, 0, false, NULL},
     };
     int i;
@@ -268,6 +287,9 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
     if (quiet) {
         ctl->quiet = true;
     }
+    if (json) {
+        ctl->json = true;
+    }
     return 0;
 }
 
@@ -299,7 +321,90 @@ open_conn(struct ctl *ctl)
     if (!ctl->conn) {
         return fail(ctl, &err);
     }
+    if (ctl->admin) {
+        /* A second hello: the first one (the library's) authenticated,
+         * this one asks for the operator identity. */
+        json_t *req = json_pack("{s:s,s:s,s:s}", "op", "hello", "client",
+                                CTL_NAME, "admin_token", ctl->admin);
+        json_t *rep = NULL;
+        int rc = leased_call_json(ctl->conn, req, 0, &rep, &err);
+
+        json_decref(req);
+        if (rc == LEASED_OK) {
+            ctl->features = json_incref(json_object_get(rep, "features"));
+        }
+        json_decref(rep);
+        if (rc != LEASED_OK) {
+            return fail(ctl, &err);
+        }
+    }
     return 0;
+}
+
+/* Print a reply as one JSON line (--json). */
+static void
+print_json(json_t *rep)
+{
+    char *s = json_dumps(rep, JSON_COMPACT | JSON_PRESERVE_ORDER);
+
+    if (s) {
+        printf("%s\n", s);
+        free(s);
+    }
+}
+
+/* Send REQ (stolen) and return the daemon's reply in *REP (a new
+ * reference, also for an error reply; NULL when none came). With --json
+ * every reply that came is printed as it is. WAIT_MS as for
+ * leased_call_json. */
+static int
+call(struct ctl *ctl, json_t *req, long long wait_ms, json_t **rep,
+     struct leased_error *err)
+{
+    int rc = leased_call_json(ctl->conn, req, wait_ms, rep, err);
+
+    json_decref(req);
+    if (ctl->json && *rep) {
+        print_json(*rep);
+    }
+    return rc;
+}
+
+/* Does the daemon offer the optional part NAME (hello's features)? Asks
+ * with a second hello the first time. */
+static bool
+want_feature(struct ctl *ctl, const char *name)
+{
+    size_t i;
+    json_t *v;
+
+    if (!ctl->features) {
+        struct leased_error err;
+        json_t *rep = NULL;
+        json_t *req = json_pack("{s:s,s:s}", "op", "hello", "client",
+                                CTL_NAME);
+
+        if (leased_call_json(ctl->conn, req, 0, &rep, &err) == LEASED_OK) {
+            ctl->features = json_incref(json_object_get(rep, "features"));
+        }
+        json_decref(req);
+        json_decref(rep);
+    }
+    json_array_foreach(ctl->features, i, v)
+    {
+        if (json_is_string(v) && !strcmp(json_string_value(v), name)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static int
+no_feature(const struct ctl *ctl, const char *what)
+{
+    fprintf(stderr, CTL_NAME ": %s: this leased does not offer %s\n", ctl->cmd,
+            what);
+    return EX_UNAVAILABLE;
 }
 
 /* The options of a subcommand that takes exactly one KEY (into POS[0]),
@@ -333,6 +438,13 @@ cmd_ping(struct ctl *ctl, int argc, char **argv)
                          NULL)) ||
         (rc = open_conn(ctl))) {
         return rc;
+    }
+    if (ctl->json) {
+        json_t *rep = NULL;
+
+        rc = call(ctl, json_pack("{s:s}", "op", "ping"), 0, &rep, &err);
+        json_decref(rep);
+        return rc == LEASED_OK ? 0 : fail(ctl, &err);
     }
     if (leased_ping(ctl->conn, &err) != LEASED_OK) {
         return fail(ctl, &err);
@@ -391,6 +503,13 @@ cmd_stats(struct ctl *ctl, int argc, char **argv)
         (rc = open_conn(ctl))) {
         return rc;
     }
+    if (ctl->json) {
+        json_t *rep = NULL;
+
+        rc = call(ctl, json_pack("{s:s}", "op", "stats"), 0, &rep, &err);
+        json_decref(rep);
+        return rc == LEASED_OK ? 0 : fail(ctl, &err);
+    }
     if (as_json) {
         char *text;
 
@@ -435,6 +554,21 @@ cmd_get(struct ctl *ctl, int argc, char **argv)
     }
     /* A plain read: a command-line user will not fill the key, so taking
      * a fill lease would only make other readers wait for nothing. */
+    if (ctl->json) {
+        json_t *rep = NULL;
+        bool hit;
+
+        rc = call(ctl,
+                  json_pack("{s:s,s:s,s:b}", "op", "cache.get", "key", pos[0],
+                            "lease", 0),
+                  0, &rep, &err);
+        hit = json_is_true(json_object_get(rep, "hit"));
+        json_decref(rep);
+        if (rc != LEASED_OK) {
+            return fail(ctl, &err);
+        }
+        return hit ? 0 : 1;
+    }
     if (leased_cache_get(ctl->conn, pos[0], LEASED_UNSET, false, &res, &err) !=
         LEASED_OK) {
         return fail(ctl, &err);
@@ -484,6 +618,22 @@ cmd_set(struct ctl *ctl, int argc, char **argv)
     if ((rc = open_conn(ctl))) {
         return rc;
     }
+    if (ctl->json) {
+        json_t *req = json_pack("{s:s,s:s,s:o}", "op", "cache.set", "key",
+                                pos[0], "value",
+                                null ? json_null() : json_string(pos[1]));
+        json_t *rep = NULL;
+
+        if (!req) {
+            return usage_error(ctl->cmd, "VALUE must be UTF-8%s", "");
+        }
+        if (ttl_ms > 0) {
+            json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
+        }
+        rc = call(ctl, req, 0, &rep, &err);
+        json_decref(rep);
+        return rc == LEASED_OK ? 0 : fail(ctl, &err);
+    }
     if (leased_cache_set(ctl->conn, pos[0], null ? NULL : pos[1], (size_t)-1,
                          ttl_ms, &err) != LEASED_OK) {
         return fail(ctl, &err);
@@ -523,6 +673,21 @@ cmd_invalidate(struct ctl *ctl, int argc, char **argv)
     if ((rc = open_conn(ctl))) {
         free(pos);
         return rc;
+    }
+    if (ctl->json) {
+        json_t *keys = json_array(), *rep = NULL, *req;
+
+        for (int k = 0; k < npos; k++) {
+            json_array_append_new(keys, json_string(pos[k]));
+        }
+        free(pos);
+        req = json_pack("{s:s,s:o}", "op", "cache.invalidate", "keys", keys);
+        if (delay_ms != LEASED_UNSET) {
+            json_object_set_new(req, "delay_ms", json_integer(delay_ms));
+        }
+        rc = call(ctl, req, 0, &rep, &err);
+        json_decref(rep);
+        return rc == LEASED_OK ? 0 : fail(ctl, &err);
     }
     rc = leased_cache_invalidate(ctl->conn, (const char *const *)pos,
                                  (size_t)npos, delay_ms, &res, &err);
@@ -572,14 +737,15 @@ cmd_hot(struct ctl *ctl, int argc, char **argv)
     req = n > 0 ? json_pack("{s:s,s:I}", "op", "cache.hot", "limit",
                             (json_int_t)n)
                 : json_pack("{s:s}", "op", "cache.hot");
-    rc = leased_call_json(ctl->conn, req, 0, &reply, &err);
-    json_decref(req);
+    rc = call(ctl, req, 0, &reply, &err);
     if (rc != LEASED_OK) {
         json_decref(reply);
         return fail(ctl, &err);
     }
     json_t *keys = json_object_get(reply, "keys");
-    if (as_json) {
+    if (ctl->json) {
+        /* The answer was printed as it is. */
+    } else if (as_json) {
         char *text = json_dumps(keys, JSON_COMPACT | JSON_ENCODE_ANY);
 
         printf("%s\n", text ? text : "[]");
@@ -621,6 +787,25 @@ cmd_info(struct ctl *ctl, int argc, char **argv)
 
     if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
         return rc;
+    }
+    if (ctl->json) {
+        json_t *req = json_pack("{s:s,s:s}", "op", "lock.info", "key", pos[0]);
+        json_t *rep = NULL;
+        bool locked;
+
+        if (owner) {
+            json_object_set_new(req, "owner", json_string(owner));
+        }
+        if (token) {
+            json_object_set_new(req, "token", json_string(token));
+        }
+        rc = call(ctl, req, 0, &rep, &err);
+        locked = json_is_true(json_object_get(rep, "locked"));
+        json_decref(rep);
+        if (rc != LEASED_OK) {
+            return fail(ctl, &err);
+        }
+        return locked ? 0 : 1;
     }
     if (leased_lock_info(ctl->conn, pos[0], owner, token, &info, &err) !=
         LEASED_OK) {
@@ -673,10 +858,11 @@ status_of(int wstatus)
  * signalfd) and on the daemon's socket at once. The daemon renews a
  * watchdog lock for as long as this connection lives, so there is
  * nothing to send; what matters is noticing lock_lost, shutdown or the
- * connection's end, and stopping CMD then. */
+ * connection's end, and stopping CMD then. RELEASE (stolen) is the
+ * request that gives the lock or permit back; NULL: unlock KEY by OWNER. */
 static int
 hold_while(struct ctl *ctl, const char *key, const char *owner,
-           const char *token, char **cmd, int lost_exit)
+           const char *token, char **cmd, int lost_exit, json_t *release)
 {
     sigset_t set, oldmask;
     struct leased_error err;
@@ -740,10 +926,8 @@ hold_while(struct ctl *ctl, const char *key, const char *owner,
             lost = true;
         }
         if (lost && !term_sent) {
-            fprintf(stderr,
-                    CTL_NAME ": lock: %s: %s; stopping the "
-                             "command\n",
-                    key, why ? why : "lock lost");
+            fprintf(stderr, CTL_NAME ": %s: %s: %s; stopping the command\n",
+                    ctl->cmd, key, why ? why : "lock lost");
             kill(pid, SIGTERM);
             term_sent = true;
         }
@@ -789,25 +973,84 @@ hold_while(struct ctl *ctl, const char *key, const char *owner,
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
 
     if (lost) {
+        json_decref(release);
         return lost_exit;
     }
     /* Give the lock back now rather than when the connection closes, so
      * that a failure to do so is reported. */
-    if (leased_unlock(ctl->conn, key, owner, NULL, NULL, &err) != LEASED_OK &&
-        err.code != LEASED_E_NOT_HELD) {
+    if (release) {
+        json_t *rep = NULL;
+
+        if (call(ctl, release, 0, &rep, &err) != LEASED_OK &&
+            err.code != LEASED_E_NOT_HELD) {
+            fprintf(stderr, CTL_NAME ": %s: %s: release: %s: %s\n", ctl->cmd,
+                    key, leased_strerror(err.code), err.message);
+        }
+        json_decref(rep);
+    } else if (leased_unlock(ctl->conn, key, owner, NULL, NULL, &err) !=
+                   LEASED_OK &&
+               err.code != LEASED_E_NOT_HELD) {
         fprintf(stderr, CTL_NAME ": lock: %s: unlock: %s: %s\n", key,
                 leased_strerror(err.code), err.message);
     }
     return status_of(wstatus);
 }
 
+/* lock and sem through the daemon's JSON: the acquisition REQ (stolen),
+ * then CMD under it, then RELEASE (stolen) with the token added. WHAT
+ * names the thing for messages. */
+static int
+run_under(struct ctl *ctl, const char *key, const char *owner, json_t *req,
+          long long wait_ms, char **cmd, int lost_exit, json_t *release,
+          const char *what)
+{
+    struct leased_error err;
+    json_t *rep = NULL;
+    char token[LEASED_TOKEN_MAX];
+
+    if (call(ctl, req, wait_ms, &rep, &err) != LEASED_OK) {
+        json_decref(rep);
+        json_decref(release);
+        return fail(ctl, &err);
+    }
+    fflush(stdout);
+    if (!json_is_true(json_object_get(rep, "acquired"))) {
+        if (!ctl->quiet) {
+            json_t *ttl = json_object_get(rep, "ttl_ms");
+
+            if (json_is_integer(ttl)) {
+                fprintf(stderr,
+                        CTL_NAME ": %s: %s: %s (lease left %lld ms); not "
+                                 "running %s\n",
+                        ctl->cmd, key, what,
+                        (long long)json_integer_value(ttl), cmd[0]);
+            } else {
+                fprintf(stderr, CTL_NAME ": %s: %s: %s; not running %s\n",
+                        ctl->cmd, key, what, cmd[0]);
+            }
+        }
+        json_decref(rep);
+        json_decref(release);
+        return EX_TEMPFAIL;
+    }
+    snprintf(token, sizeof token, "%s",
+             json_string_value(json_object_get(rep, "token"))
+                 ? json_string_value(json_object_get(rep, "token"))
+                 : "");
+    json_decref(rep);
+    json_object_set_new(release, "token", json_string(token));
+    return hold_while(ctl, key, owner, token, cmd, lost_exit, release);
+}
+
 static int
 cmd_lock(struct ctl *ctl, int argc, char **argv)
 {
     const char *ttl = NULL, *wait = NULL, *owner = NULL, *lost = NULL;
+    const char *rd = NULL, *wr = NULL;
     const struct optdef defs[] = {
         {"ttl", 0, true, &ttl},     {"wait", 'w', true, &wait},
         {"owner", 0, true, &owner}, {"lost-exit", 0, true, &lost},
+        {"read", 0, false, &rd},    {"write", 0, false, &wr},
         {NULL, 0, false, NULL},
     };
     struct leased_lock_args args = {0};
@@ -832,8 +1075,40 @@ cmd_lock(struct ctl *ctl, int argc, char **argv)
     if (ncmd < 1) {
         return usage_error(ctl->cmd, "no command to run after KEY%s", "");
     }
+    if (rd && wr) {
+        return usage_error(ctl->cmd, "--read and --write exclude each other%s",
+                           "");
+    }
     if ((rc = open_conn(ctl))) {
         return rc;
+    }
+    if (rd || wr || ctl->json) {
+        const char *mode = rd ? "read" : wr ? "write" : NULL;
+        json_t *req = json_pack("{s:s,s:s}", "op", "lock", "key", pos[0]);
+        json_t *rel = json_pack("{s:s,s:s}", "op", "unlock", "key", pos[0]);
+
+        /* An older daemon ignores an unknown field: it would hand out a
+         * plain lock instead of the side asked for. */
+        if (mode && !want_feature(ctl, "rwlock")) {
+            json_decref(req);
+            json_decref(rel);
+            return no_feature(ctl, "read-write locks (feature rwlock)");
+        }
+        if (mode) {
+            json_object_set_new(req, "mode", json_string(mode));
+            json_object_set_new(rel, "mode", json_string(mode));
+        }
+        if (owner) {
+            json_object_set_new(req, "owner", json_string(owner));
+        }
+        if (args.ttl_ms > 0) {
+            json_object_set_new(req, "ttl_ms", json_integer(args.ttl_ms));
+        }
+        if (args.wait_ms != 0) {
+            json_object_set_new(req, "wait_ms", json_integer(args.wait_ms));
+        }
+        return run_under(ctl, pos[0], owner, req, args.wait_ms, cmd,
+                         (int)lost_exit, rel, "held by another holder");
     }
     args.owner = owner;
     if (leased_lock(ctl->conn, pos[0], &args, &res, &err) != LEASED_OK) {
@@ -848,7 +1123,165 @@ cmd_lock(struct ctl *ctl, int argc, char **argv)
         }
         return EX_TEMPFAIL;
     }
-    return hold_while(ctl, pos[0], owner, res.token, cmd, (int)lost_exit);
+    return hold_while(ctl, pos[0], owner, res.token, cmd, (int)lost_exit,
+                      NULL);
+}
+
+static int
+cmd_sem(struct ctl *ctl, int argc, char **argv)
+{
+    const char *ttl = NULL, *wait = NULL, *limit = NULL, *lost = NULL;
+    const struct optdef defs[] = {
+        {"ttl", 0, true, &ttl},       {"wait", 'w', true, &wait},
+        {"limit", 'n', true, &limit}, {"lost-exit", 0, true, &lost},
+        {NULL, 0, false, NULL},
+    };
+    long long ttl_ms = 0, wait_ms = 0, lim = 0, lost_exit = EX_SOFTWARE;
+    char *pos[1], **cmd;
+    int npos, ncmd, rc;
+    json_t *req;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
+                         &ncmd)) ||
+        (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms)) ||
+        (rc = opt_ms(ctl, "wait", wait, -1, &wait_ms))) {
+        return rc;
+    }
+    if (!limit || !parse_num(limit, 1, 1000000, &lim)) {
+        return usage_error(ctl->cmd, "wants --limit N (1..1000000)%s", "");
+    }
+    if (lost && !parse_num(lost, 0, 255, &lost_exit)) {
+        return usage_error(ctl->cmd, "bad --lost-exit '%s' (0..255)", lost);
+    }
+    if (npos != 1) {
+        return usage_error(ctl->cmd, "wants KEY --limit N -- CMD [ARGS...]%s",
+                           "");
+    }
+    if (ncmd < 1) {
+        return usage_error(ctl->cmd, "no command to run after KEY%s", "");
+    }
+    if ((rc = open_conn(ctl))) {
+        return rc;
+    }
+    if (!want_feature(ctl, "semaphore")) {
+        return no_feature(ctl, "semaphores (feature semaphore)");
+    }
+    req = json_pack("{s:s,s:s,s:I}", "op", "sem.acquire", "key", pos[0],
+                    "limit", (json_int_t)lim);
+    if (ttl_ms > 0) {
+        json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
+    }
+    if (wait_ms != 0) {
+        json_object_set_new(req, "wait_ms", json_integer(wait_ms));
+    }
+    return run_under(ctl, pos[0], NULL, req, wait_ms, cmd, (int)lost_exit,
+                     json_pack("{s:s,s:s}", "op", "sem.release", "key",
+                               pos[0]),
+                     "no permit free");
+}
+
+/* --- operators ------------------------------------------------------------ */
+
+static int
+cmd_locks(struct ctl *ctl, int argc, char **argv)
+{
+    const char *limit = NULL;
+    const struct optdef defs[] = {
+        {"limit", 'n', true, &limit},
+        {NULL, 0, false, NULL},
+    };
+    struct leased_error err;
+    long long lim = 0;
+    json_t *req, *rep = NULL, *e;
+    char *pos[1];
+    int npos, rc;
+    size_t i;
+
+    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
+                         NULL))) {
+        return rc;
+    }
+    if (limit && !parse_num(limit, 1, 100000, &lim)) {
+        return usage_error(ctl->cmd, "bad --limit '%s' (1..100000)", limit);
+    }
+    if ((rc = open_conn(ctl))) {
+        return rc;
+    }
+    req = json_pack("{s:s}", "op", "lock.list");
+    if (npos == 1) {
+        json_object_set_new(req, "prefix", json_string(pos[0]));
+    }
+    if (lim > 0) {
+        json_object_set_new(req, "limit", json_integer(lim));
+    }
+    rc = call(ctl, req, 0, &rep, &err);
+    if (rc != LEASED_OK) {
+        json_decref(rep);
+        return fail(ctl, &err);
+    }
+    if (!ctl->json) {
+        printf("%-32s %-5s %5s %10s %10s %-28s %s\n", "KEY", "MODE", "COUNT",
+               "TTL_MS", "HELD_MS", "SESSION", "CLIENT");
+        json_array_foreach(json_object_get(rep, "locks"), i, e)
+        {
+            const char *sess = json_string_value(
+                json_object_get(e, "session"));
+            const char *client = json_string_value(
+                json_object_get(e, "client"));
+
+            printf("%-32s %-5s %5lld %10lld %10lld %-28s %s\n",
+                   json_string_value(json_object_get(e, "key")),
+                   json_string_value(json_object_get(e, "mode")),
+                   (long long)json_integer_value(json_object_get(e, "count")),
+                   (long long)json_integer_value(json_object_get(e, "ttl_ms")),
+                   (long long)json_integer_value(
+                       json_object_get(e, "held_ms")),
+                   sess ? sess : "-", client && *client ? client : "-");
+        }
+        if (json_is_true(json_object_get(rep, "truncated")) && !ctl->quiet) {
+            fprintf(stderr, CTL_NAME ": locks: more locks than shown "
+                                     "(--limit)\n");
+        }
+    }
+    json_decref(rep);
+    return fflush(stdout) == 0 ? 0 : EX_IOERR;
+}
+
+static int
+cmd_unlock(struct ctl *ctl, int argc, char **argv)
+{
+    const char *force = NULL;
+    const struct optdef defs[] = {
+        {"force", 'f', false, &force},
+        {NULL, 0, false, NULL},
+    };
+    struct leased_error err;
+    json_t *rep = NULL;
+    char *pos[1];
+    bool released;
+    int rc;
+
+    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
+        return rc;
+    }
+    /* An unlock of someone else's lock is only ever the operator's
+     * decision, so it is spelled out. */
+    if (!force) {
+        return usage_error(ctl->cmd,
+                           "frees a lock whoever holds it: say --force%s", "");
+    }
+    rc = call(ctl,
+              json_pack("{s:s,s:s}", "op", "lock.force_unlock", "key", pos[0]),
+              0, &rep, &err);
+    released = json_is_true(json_object_get(rep, "released"));
+    json_decref(rep);
+    if (rc != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    if (!ctl->json) {
+        printf("%s %s\n", pos[0], released ? "released" : "was not locked");
+    }
+    return released ? 0 : 1;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -857,9 +1290,12 @@ static const struct {
     const char *name;
     int (*fn)(struct ctl *ctl, int argc, char **argv);
 } commands[] = {
-    {"ping", cmd_ping}, {"stats", cmd_stats}, {"lock", cmd_lock},
-    {"get", cmd_get},   {"set", cmd_set},     {"invalidate", cmd_invalidate},
-    {"info", cmd_info}, {"hot", cmd_hot},
+    {"ping", cmd_ping},   {"stats", cmd_stats},
+    {"lock", cmd_lock},   {"get", cmd_get},
+    {"set", cmd_set},     {"invalidate", cmd_invalidate},
+    {"info", cmd_info},   {"sem", cmd_sem},
+    {"locks", cmd_locks}, {"unlock", cmd_unlock},
+    {"hot", cmd_hot},
 };
 
 int
@@ -872,6 +1308,10 @@ main(int argc, char **argv)
     ctl.auth = getenv("LEASED_AUTH");
     if (ctl.auth && !*ctl.auth) {
         ctl.auth = NULL;
+    }
+    ctl.admin = getenv("LEASED_ADMIN_TOKEN");
+    if (ctl.admin && !*ctl.admin) {
+        ctl.admin = NULL;
     }
     /* Find the command: the first word that is neither an option nor the
      * value of one. The options before it are parsed like those after. */
@@ -892,7 +1332,8 @@ main(int argc, char **argv)
         }
         if ((!strcmp(a, "-s") || !strcmp(a, "--socket") || !strcmp(a, "-H") ||
              !strcmp(a, "--host") || !strcmp(a, "--auth") ||
-             !strcmp(a, "-t") || !strcmp(a, "--timeout")) &&
+             !strcmp(a, "--admin-token") || !strcmp(a, "-t") ||
+             !strcmp(a, "--timeout")) &&
             i + 1 < argc) {
             i++;
         }
@@ -914,6 +1355,7 @@ main(int argc, char **argv)
             }
             rc = commands[k].fn(&ctl, argc - i - 1, argv + i + 1);
             leased_close(ctl.conn);
+            json_decref(ctl.features);
             return rc;
         }
     }

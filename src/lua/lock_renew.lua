@@ -1,20 +1,24 @@
 -- Renew (watchdog), extend, or check a holder's lease. The watchdog sends
 -- one of these per lock in a single burst, so the common path is three
 -- calls: HGET, PTTL, PEXPIRE.
--- KEYS[1] lock hash
+-- KEYS[1] lock hash  KEYS[2] force marker (lock_force.lua), optional
 -- ARGV[1] holder field
 -- ARGV[2] lease in ms; 0 only reports (check only, nothing written)
 -- ARGV[3] "1": never shorten the lease (watchdog renewal after an extend)
 -- Returns (the codes are named in src/ld_lock_codes.h): {1, pttl, count}
 -- HELD, {-1} WRONG_TYPE: the key holds another type or a hold count
 -- leased did not write, {-2} ABSENT: no lock, {-3} OTHER: held by another
--- holder.
+-- holder, {-4} FORCED: no lock, and lock.force_unlock deleted it within
+-- the lease it had.
 local v = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(v) == 'table' then
     return {-1}
 end
 if not v then
     if redis.call('exists', KEYS[1]) == 0 then
+        if KEYS[2] and redis.call('exists', KEYS[2]) == 1 then
+            return {-4}
+        end
         return {-2}
     end
     return {-3}

@@ -1,0 +1,389 @@
+/* leasectl's operator commands and --json against a real leased and
+ * redis-server: locks [PREFIX], unlock --force KEY (Unix socket, TCP with
+ * and without --admin-token), --json on every command, and lock --read /
+ * sem, which run against the daemon when it offers them (hello's
+ * features "rwlock", "semaphore") and otherwise must refuse plainly. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sysexits.h>
+
+#define T_MS 5000
+#define RUN_MS 20000 /* deadline of one leasectl run */
+#define ADMIN "ctl-adm1n"
+
+static struct h_redis R;
+static struct h_daemon D;
+static const struct h_fixture fx = {
+    .suite = "leasectl_ops",
+    .redis = {&R},
+    .daemons = {&D},
+};
+
+static const char yaml_admin[] = "listen:\n"
+                                 "  unix: \"@DIR@/leased.sock\"\n"
+                                 "  tcp: \"127.0.0.1:0\"\n"
+                                 "  admin_token: \"" ADMIN "\"\n";
+
+static const char *
+ctl_bin(void)
+{
+    const char *p = getenv("LEASECTL_BIN");
+
+    return p && *p ? p : "tools/leasectl";
+}
+
+struct run {
+    const char *argv[24];
+    char out[8192];
+    char err[8192];
+    int rc;
+    pthread_t th;
+};
+
+static void
+fill_argv(struct run *r, const char *const *args)
+{
+    int n = 0;
+
+    r->argv[n++] = ctl_bin();
+    for (; args[n - 1] && n < 23; n++) {
+        r->argv[n] = args[n - 1];
+    }
+    r->argv[n] = NULL;
+}
+
+#define CTL(r, ...)                                                           \
+    do {                                                                      \
+        const char *const a_[] = {__VA_ARGS__, NULL};                         \
+        fill_argv((r), a_);                                                   \
+        (r)->rc = h_run((r)->argv, (r)->out, sizeof(r)->out, (r)->err,        \
+                        sizeof(r)->err, RUN_MS);                              \
+    } while (0)
+
+#define CK_RC(r, want)                                                        \
+    ck_assert_msg((r)->rc == (want),                                          \
+                  "%s %s: exit %d, want %d\nstdout: %s\nstderr: %s",          \
+                  (r)->argv[1], (r)->argv[2] ? (r)->argv[2] : "", (r)->rc,    \
+                  (want), (r)->out, (r)->err)
+
+static void *
+run_thread(void *arg)
+{
+    struct run *r = arg;
+
+    r->rc = h_run(r->argv, r->out, sizeof r->out, r->err, sizeof r->err,
+                  RUN_MS);
+    return NULL;
+}
+
+#define CTL_BG(r, ...)                                                        \
+    do {                                                                      \
+        const char *const a_[] = {__VA_ARGS__, NULL};                         \
+        fill_argv((r), a_);                                                   \
+        ck_assert_int_eq(pthread_create(&(r)->th, NULL, run_thread, (r)), 0); \
+    } while (0)
+
+/* The first line of OUT as JSON (a new reference). */
+static json_t *
+first_json(const char *out)
+{
+    json_error_t e;
+    json_t *j = json_loadb(out, strcspn(out, "\n"), 0, &e);
+
+    ck_assert_msg(j != NULL, "not JSON: %s", out);
+    return j;
+}
+
+static bool
+has_feature(const char *name)
+{
+    struct h_conn *c = h_connect_ok(&D);
+    json_t *r = h_callf(c, T_MS, "{s:s}", "op", "hello");
+    json_t *v;
+    size_t i;
+    bool found = false;
+
+    ck_assert(h_ok(r));
+    json_array_foreach(json_object_get(r, "features"), i, v)
+    {
+        found |= strcmp(json_string_value(v), name) == 0;
+    }
+    json_decref(r);
+    h_close(c);
+    return found;
+}
+
+struct locked_arg {
+    const char *key;
+    bool want;
+};
+
+static bool
+locked_is(void *arg)
+{
+    struct locked_arg *a = arg;
+    struct h_conn *c = h_connect(&D);
+    json_t *r;
+    bool locked;
+
+    if (!c) {
+        return false;
+    }
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key", a->key);
+    locked = json_is_true(json_object_get(r, "locked"));
+    json_decref(r);
+    h_close(c);
+    return locked == a->want;
+}
+
+START_TEST(test_locks_and_force)
+{
+    struct run r;
+    json_t *j, *ev;
+
+    h_start(yaml_admin);
+    struct h_conn *c = h_connect_ok(&D);
+    json_decref(
+        h_callf(c, T_MS, "{s:s,s:s}", "op", "hello", "client", "billing-7"));
+    j = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "order:42");
+    ck_assert(jtrue(j, "acquired"));
+    json_decref(j);
+    j = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "job:1");
+    json_decref(j);
+
+    setenv("LEASED_SOCKET", D.sock, 1);
+    CTL(&r, "locks");
+    CK_RC(&r, 0);
+    ck_assert_msg(strncmp(r.out, "KEY ", 4) == 0, "no header: %s", r.out);
+    ck_assert_ptr_nonnull(strstr(r.out, "order:42"));
+    ck_assert_ptr_nonnull(strstr(r.out, "billing-7"));
+    ck_assert_ptr_nonnull(strstr(r.out, "job:1"));
+
+    CTL(&r, "--json", "locks", "order:");
+    CK_RC(&r, 0);
+    j = first_json(r.out);
+    ck_assert(jtrue(j, "ok"));
+    ck_assert_int_eq(json_array_size(json_object_get(j, "locks")), 1);
+    ck_assert_str_eq(jstr(json_array_get(json_object_get(j, "locks"), 0),
+                          "client"),
+                     "billing-7");
+    json_decref(j);
+
+    CTL(&r, "locks", "--limit", "1");
+    CK_RC(&r, 0);
+    ck_assert_ptr_nonnull(strstr(r.err, "more locks"));
+
+    /* Without --force nothing is sent. */
+    CTL(&r, "unlock", "order:42");
+    CK_RC(&r, EX_USAGE);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{order:42}"), 1);
+
+    CTL(&r, "unlock", "--force", "order:42");
+    CK_RC(&r, 0);
+    ck_assert_ptr_nonnull(strstr(r.out, "released"));
+    ev = h_lock_lost(c, "order:42", T_MS);
+    ck_assert_msg(ev != NULL, "the holder heard nothing");
+    ck_assert_str_eq(jstr(ev, "reason"), "taken");
+    json_decref(ev);
+    CTL(&r, "unlock", "--force", "order:42");
+    CK_RC(&r, 1);
+    ck_assert_ptr_nonnull(strstr(r.out, "was not locked"));
+    CTL(&r, "--json", "unlock", "--force", "job:1");
+    CK_RC(&r, 0);
+    j = first_json(r.out);
+    ck_assert(jtrue(j, "released"));
+    json_decref(j);
+    unsetenv("LEASED_SOCKET");
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_tcp_admin_token)
+{
+    struct run r;
+    char tcp[64];
+
+    h_start(yaml_admin);
+    snprintf(tcp, sizeof tcp, "127.0.0.1:%d", D.tcp_port);
+    unsetenv("LEASED_ADMIN_TOKEN");
+    CTL(&r, "-H", tcp, "locks");
+    CK_RC(&r, EX_NOPERM);
+    ck_assert_ptr_nonnull(strstr(r.err, "unauthorized"));
+    CTL(&r, "-H", tcp, "unlock", "--force", "k");
+    CK_RC(&r, EX_NOPERM);
+    CTL(&r, "-H", tcp, "--admin-token", "nope", "locks");
+    CK_RC(&r, EX_NOPERM);
+    CTL(&r, "-H", tcp, "--admin-token", ADMIN, "locks");
+    CK_RC(&r, 0);
+    setenv("LEASED_ADMIN_TOKEN", ADMIN, 1);
+    CTL(&r, "-H", tcp, "unlock", "--force", "k");
+    CK_RC(&r, 1);
+    unsetenv("LEASED_ADMIN_TOKEN");
+}
+END_TEST
+
+START_TEST(test_json_everywhere)
+{
+    struct run r;
+    json_t *j;
+
+    h_start(NULL);
+    setenv("LEASED_SOCKET", D.sock, 1);
+    CTL(&r, "--json", "ping");
+    CK_RC(&r, 0);
+    ck_assert_str_eq(r.out, "{\"ok\":true}\n");
+    CTL(&r, "--json", "stats");
+    CK_RC(&r, 0);
+    j = first_json(r.out);
+    ck_assert(json_is_object(json_object_get(j, "stats")));
+    json_decref(j);
+    CTL(&r, "--json", "set", "k", "v1");
+    CK_RC(&r, 0);
+    ck_assert_str_eq(r.out, "{\"ok\":true}\n");
+    CTL(&r, "--json", "get", "k");
+    CK_RC(&r, 0);
+    j = first_json(r.out);
+    ck_assert(jtrue(j, "hit"));
+    ck_assert_str_eq(jstr(j, "value"), "v1");
+    json_decref(j);
+    CTL(&r, "--json", "invalidate", "k");
+    CK_RC(&r, 0);
+    j = first_json(r.out);
+    ck_assert_int_eq(jint(j, "deleted"), 1);
+    json_decref(j);
+    CTL(&r, "--json", "get", "k");
+    CK_RC(&r, 1);
+    j = first_json(r.out);
+    ck_assert(!jtrue(j, "hit"));
+    json_decref(j);
+    CTL(&r, "--json", "info", "k");
+    CK_RC(&r, 1);
+    j = first_json(r.out);
+    ck_assert(!jtrue(j, "locked"));
+    json_decref(j);
+
+    /* lock: the grant, CMD's output, the unlock, in that order. */
+    CTL(&r, "--json", "lock", "k", "--", "echo", "under-lock");
+    CK_RC(&r, 0);
+    j = first_json(r.out);
+    ck_assert(jtrue(j, "acquired"));
+    ck_assert(h_is_token(jstr(j, "token")));
+    json_decref(j);
+    const char *mid = strstr(r.out, "\nunder-lock\n");
+    ck_assert_msg(mid != NULL, "stdout: %s", r.out);
+    j = first_json(mid + strlen("\nunder-lock\n"));
+    ck_assert(jtrue(j, "released"));
+    json_decref(j);
+
+    /* Taken: the refusal as the daemon said it, and 75. */
+    struct h_conn *c = h_connect_ok(&D);
+    json_decref(h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "k"));
+    CTL(&r, "--json", "lock", "k", "--", "true");
+    CK_RC(&r, EX_TEMPFAIL);
+    j = first_json(r.out);
+    ck_assert(jtrue(j, "ok") && !jtrue(j, "acquired"));
+    ck_assert(json_is_integer(json_object_get(j, "ttl_ms")));
+    json_decref(j);
+    h_close(c);
+    /* An error reply is printed too, and the exit status says which. */
+    CTL(&r, "--json", "info", "");
+    CK_RC(&r, EX_DATAERR);
+    j = first_json(r.out);
+    ck_assert_str_eq(h_errcode(j), "bad_request");
+    json_decref(j);
+    unsetenv("LEASED_SOCKET");
+}
+END_TEST
+
+/* A command holding a lock is stopped when an operator forces it. */
+START_TEST(test_lock_command_forced)
+{
+    struct run bg, r;
+    struct locked_arg la = {"batch", true};
+
+    h_start(NULL);
+    setenv("LEASED_SOCKET", D.sock, 1);
+    CTL_BG(&bg, "lock", "batch", "--lost-exit", "3", "--", "sleep", "30");
+    ck_assert_msg(h_wait_until(locked_is, &la, T_MS), "never locked");
+    CTL(&r, "unlock", "--force", "batch");
+    CK_RC(&r, 0);
+    pthread_join(bg.th, NULL);
+    CK_RC(&bg, 3);
+    ck_assert_msg(strstr(bg.err, "lock lost (taken)") != NULL, "stderr: %s",
+                  bg.err);
+    unsetenv("LEASED_SOCKET");
+}
+END_TEST
+
+/* lock --read and sem follow "Read-write locks" and "Semaphores" of the
+ * protocol; with a daemon that does not offer them they must refuse (69)
+ * rather than take a plain lock. */
+START_TEST(test_read_lock_and_sem)
+{
+    struct run r, bg;
+
+    h_start(NULL);
+    setenv("LEASED_SOCKET", D.sock, 1);
+    CTL(&r, "lock", "--read", "--write", "k", "--", "true");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "sem", "k", "--", "true");
+    CK_RC(&r, EX_USAGE);
+
+    if (has_feature("rwlock")) {
+        struct locked_arg la = {"rw", true};
+        CTL_BG(&bg, "lock", "--read", "rw", "--", "sleep", "2");
+        ck_assert(h_wait_until(locked_is, &la, T_MS));
+        CTL(&r, "lock", "--read", "rw", "--", "true");
+        CK_RC(&r, 0);
+        CTL(&r, "lock", "--write", "rw", "--", "true");
+        CK_RC(&r, EX_TEMPFAIL);
+        pthread_join(bg.th, NULL);
+        CK_RC(&bg, 0);
+    } else {
+        CTL(&r, "lock", "--read", "rw", "--", "true");
+        CK_RC(&r, EX_UNAVAILABLE);
+        ck_assert_ptr_nonnull(strstr(r.err, "rwlock"));
+        ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{rw}"), 0);
+    }
+
+    if (has_feature("semaphore")) {
+        CTL_BG(&bg, "sem", "pool", "--limit", "1", "--", "sleep", "2");
+        bool taken = false;
+        for (long long t0 = h_now_ms(); !taken && h_now_ms() - t0 < T_MS;) {
+            CTL(&r, "sem", "pool", "--limit", "1", "--", "true");
+            taken = r.rc == EX_TEMPFAIL;
+        }
+        ck_assert_msg(taken, "a second permit of 1 was given");
+        CTL(&r, "sem", "pool", "--limit", "2", "--", "true");
+        CK_RC(&r, 0);
+        pthread_join(bg.th, NULL);
+        CK_RC(&bg, 0);
+    } else {
+        CTL(&r, "sem", "pool", "--limit", "2", "--", "true");
+        CK_RC(&r, EX_UNAVAILABLE);
+        ck_assert_ptr_nonnull(strstr(r.err, "semaphore"));
+    }
+    unsetenv("LEASED_SOCKET");
+}
+END_TEST
+
+int
+main(void)
+{
+    const struct h_case cases[] = {
+        H_CASE(locks_and_force, 90),   H_CASE(tcp_admin_token, 60),
+        H_CASE(json_everywhere, 90),   H_CASE(lock_command_forced, 90),
+        H_CASE(read_lock_and_sem, 90),
+    };
+    return H_MAIN(fx, cases);
+}
