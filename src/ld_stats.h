@@ -35,6 +35,10 @@
     X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")            \
     X(counter, redis_failovers, "Changes of master followed (sentinel mode)") \
     X(counter_us, redis_no_master_us, "Time without a usable Redis master")   \
+    X(gauge, redis_cluster_nodes, "Masters in the cluster slot map")          \
+    X(counter, redis_cluster_refreshes, "Cluster slot map refreshes")         \
+    X(counter, redis_moved, "Cluster MOVED redirections followed")            \
+    X(counter, redis_ask, "Cluster ASK redirections followed")                \
     X(gauge, pubsub_channels, "Channels the subscriber connection holds")     \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \

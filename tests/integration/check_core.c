@@ -731,8 +731,8 @@ START_TEST(test_unsupported_refused)
         {"lock:\n  redlock: [\"127.0.0.1:1\", \"127.0.0.1:2\", "
          "\"127.0.0.1:3\"]\n",
          "Redlock is not"},
-        {"redis:\n  mode: cluster\n  addresses: [\"127.0.0.1:1\"]\n",
-         "cluster is not"},
+        {"redis:\n  mode: cluster\n  db: 1\n  addresses: [\"127.0.0.1:1\"]\n",
+         "must be 0 in cluster mode"},
     };
 
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);

@@ -2312,3 +2312,207 @@ h_replica_linked(void *arg)
     }
     return ok;
 }
+
+/* --- Redis Cluster ------------------------------------------------------ */
+
+#define H_CLUSTER_READY_MS 20000
+
+static bool
+cluster_node_ok(struct h_redis *r)
+{
+    redisReply *rep = h_redis_cmd(r, "CLUSTER INFO");
+    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING &&
+              strstr(rep->str, "cluster_state:ok") != NULL &&
+              strstr(rep->str, "cluster_slots_ok:16384") != NULL;
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return ok;
+}
+
+/* The port of the master of SLOT as node R sees it, -1 if unknown. */
+static int
+cluster_slot_port(struct h_redis *r, int slot)
+{
+    redisReply *rep = h_redis_cmd(r, "CLUSTER SLOTS");
+    int port = -1;
+    if (rep == NULL) {
+        return -1;
+    }
+    for (size_t i = 0; rep->type == REDIS_REPLY_ARRAY && i < rep->elements;
+         i++) {
+        redisReply *e = rep->element[i];
+        if (e->type == REDIS_REPLY_ARRAY && e->elements >= 3 &&
+            e->element[0]->integer <= slot && slot <= e->element[1]->integer) {
+            port = (int)e->element[2]->element[1]->integer;
+        }
+    }
+    freeReplyObject(rep);
+    return port;
+}
+
+static int
+cluster_index_of_port(const struct h_cluster *cl, int port)
+{
+    for (int i = 0; i < cl->n; i++) {
+        if (cl->node[i].port == port) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+bool
+h_cluster_ok(struct h_cluster *cl, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+    do {
+        bool all = true;
+        int want[3] = {0, 5461, 10923};
+        for (int i = 0; i < cl->n && all; i++) {
+            if (cl->node[i].pid <= 0) {
+                continue;
+            }
+            all = cluster_node_ok(&cl->node[i]);
+            /* They agree on who serves the slots (a sample of them). */
+            for (int k = 0; k < 3 && all; k++) {
+                all = cluster_slot_port(&cl->node[i], want[k]) ==
+                      cl->node[h_cluster_master_of_slot(cl, want[k])].port;
+            }
+        }
+        if (all) {
+            return true;
+        }
+        sleep_ms(100);
+    } while (h_now_ms() < deadline);
+    return false;
+}
+
+int
+h_cluster_start(struct h_cluster *cl, int masters)
+{
+    char *args[2 * H_CLUSTER_MAX + 8];
+    char addr[H_CLUSTER_MAX][32];
+    int argc = 0;
+
+    memset(cl, 0, sizeof(*cl));
+    if (masters < 3 || 2 * masters > H_CLUSTER_MAX) {
+        return -1;
+    }
+    for (int i = 0; i < 2 * masters; i++) {
+        if (h_redis_start(&cl->node[i],
+                          "--cluster-enabled yes --cluster-config-file "
+                          "nodes.conf --cluster-node-timeout 1000 "
+                          "--cluster-replica-validity-factor 0") != 0) {
+            h_cluster_stop(cl);
+            return -1;
+        }
+        cl->n++;
+    }
+    args[argc++] = "redis-cli";
+    args[argc++] = "--cluster";
+    args[argc++] = "create";
+    for (int i = 0; i < cl->n; i++) {
+        snprintf(addr[i], sizeof(addr[i]), "127.0.0.1:%d", cl->node[i].port);
+        args[argc++] = addr[i];
+    }
+    args[argc++] = "--cluster-replicas";
+    args[argc++] = "1";
+    args[argc++] = "--cluster-yes";
+    args[argc] = NULL;
+    char out[8192], err[2048];
+    int rc = h_run((const char *const *)args, out, sizeof(out), err,
+                   sizeof(err), 30000);
+    if (rc != 0 || !h_cluster_ok(cl, H_CLUSTER_READY_MS)) {
+        fprintf(stderr, "harness: cluster create failed (%d)\n%s\n%s\n", rc,
+                out, err);
+        h_cluster_stop(cl);
+        return -1;
+    }
+    return 0;
+}
+
+void
+h_cluster_stop(struct h_cluster *cl)
+{
+    for (int i = 0; i < cl->n; i++) {
+        if (cl->node[i].dir[0] != '\0') {
+            h_redis_stop(&cl->node[i]);
+        }
+    }
+    cl->n = 0;
+}
+
+int
+h_cluster_master_of_slot(struct h_cluster *cl, int slot)
+{
+    for (int i = 0; i < cl->n; i++) {
+        if (cl->node[i].pid <= 0) {
+            continue;
+        }
+        int port = cluster_slot_port(&cl->node[i], slot);
+        if (port > 0) {
+            return cluster_index_of_port(cl, port);
+        }
+    }
+    return -1;
+}
+
+int
+h_cluster_keyslot(struct h_cluster *cl, const char *key)
+{
+    for (int i = 0; i < cl->n; i++) {
+        if (cl->node[i].pid > 0) {
+            long long v = h_r_int(&cl->node[i], "CLUSTER KEYSLOT %s", key);
+            if (v >= 0) {
+                return (int)v;
+            }
+        }
+    }
+    return -1;
+}
+
+void
+h_cluster_id(struct h_cluster *cl, int i, char *buf, size_t len)
+{
+    redisReply *rep = h_redis_cmd(&cl->node[i], "CLUSTER MYID");
+    ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STRING,
+                  "CLUSTER MYID of node %d", i);
+    snprintf(buf, len, "%s", rep->str);
+    freeReplyObject(rep);
+}
+
+int
+h_cluster_replica_of(struct h_cluster *cl, int i)
+{
+    char id[64];
+    h_cluster_id(cl, i, id, sizeof(id));
+    for (int k = 0; k < cl->n; k++) {
+        if (k == i || cl->node[k].pid <= 0) {
+            continue;
+        }
+        redisReply *rep = h_redis_cmd(&cl->node[k], "INFO replication");
+        char want[64];
+        snprintf(want, sizeof(want), "master_port:%d", cl->node[i].port);
+        bool is = rep != NULL && rep->type == REDIS_REPLY_STRING &&
+                  strstr(rep->str, "role:slave") != NULL &&
+                  strstr(rep->str, want) != NULL;
+        if (rep != NULL) {
+            freeReplyObject(rep);
+        }
+        if (is) {
+            return k;
+        }
+    }
+    return -1;
+}
+
+void
+h_cluster_yaml(const struct h_cluster *cl, const char *extra, char *buf,
+               size_t len)
+{
+    snprintf(buf, len,
+             "redis:\n  mode: cluster\n  addresses: [\"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n%s",
+             cl->node[0].port, cl->node[1].port, extra != NULL ? extra : "");
+}
