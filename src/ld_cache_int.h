@@ -117,6 +117,7 @@ struct inv {
     long long pending;
     bool queued;
     bool journal_failed;
+    bool *queued_at;        /* "keys": which ones were only queued */
     STAILQ_ENTRY(inv) link; /* the sync queue */
 };
 

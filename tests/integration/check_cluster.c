@@ -45,15 +45,22 @@ static const struct h_fixture fx = {
     .teardown = stop_cluster,
 };
 
-/* The cluster, then leased on it with EXTRA YAML sections (may be ""). */
+/* The cluster (EXTRA_ARGS for its nodes, may be NULL), then leased on it
+ * with EXTRA YAML sections (may be ""). */
 static void
-start_all(const char *extra)
+start_all_ex(const char *extra_args, const char *extra)
 {
     char redis[512], yaml[2048];
-    ck_assert_int_eq(h_cluster_start(&C, 3), 0);
+    ck_assert_int_eq(h_cluster_start_ex(&C, 3, extra_args), 0);
     h_cluster_yaml(&C, "  timeout_ms: 500\n", redis, sizeof(redis));
     snprintf(yaml, sizeof(yaml), "%s%s", redis, extra);
     ck_assert_int_eq(h_daemon_start(&D, &C.node[0], yaml), 0);
+}
+
+static void
+start_all(const char *extra)
+{
+    start_all_ex(NULL, extra);
 }
 
 /* A key (PREFIX plus a number) whose slot master M serves now. */
@@ -516,13 +523,114 @@ START_TEST(test_master_killed)
 }
 END_TEST
 
+/* CLUSTER FAILOVER: the daemon follows the switch; the replicated lock
+ * is kept, and a waiter subscribed at the old master is woken by the
+ * unlock on the new one. */
+START_TEST(test_forced_failover)
+{
+    start_all("");
+    struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D),
+                  *w = h_connect_ok(&D);
+    h_assert_stat(a, "redis_cluster_nodes", 3, T_MS);
+    int m[3];
+    masters(m);
+    int rep = h_cluster_replica_of(&C, m[0]);
+    ck_assert_int_ge(rep, 0);
+    char key[32], tok[64];
+    key_on(m[0], "ff", key, sizeof(key));
+    must_lock(a, key, tok, sizeof(tok));
+    send_wait(w, key, 5);
+    wait_waiter_on(m[0], key);
+    replicated(m[0]);
+
+    h_r_do(&C.node[rep], "CLUSTER FAILOVER");
+    h_assert_stat(b, "redis_failovers", 1, FAILOVER_MS);
+    ck_assert_int_eq(
+        h_cluster_master_of_slot(&C, (int)ld_cluster_slot(key, strlen(key))),
+        rep);
+    /* Kept: another session still finds it taken. */
+    json_t *r = h_callf(b, ANSWER_MS, "{s:s,s:s,s:i}", "op", "lock", "key",
+                        key, "ttl_ms", 5000);
+    ck_assert(r != NULL && h_ok(r) && !jtrue(r, "acquired"));
+    json_decref(r);
+    wait_waiter_on(rep, key);
+    must_unlock(a, key, tok);
+    assert_woken(w, 5, 5000);
+    h_close(a);
+    h_close(b);
+    h_close(w);
+}
+END_TEST
+
+/* A master and its replica gone, the cluster told to serve the rest
+ * (cluster-require-full-coverage no): a cache.mget across the masters
+ * answers per key, an error object for the keys of the lost one; a
+ * cache.invalidate with keys names the keys only queued. */
+START_TEST(test_master_lost_per_key)
+{
+    start_all_ex("--cluster-require-full-coverage no", "");
+    struct h_conn *a = h_connect_ok(&D);
+    h_assert_stat(a, "redis_cluster_nodes", 3, T_MS);
+    int m[3];
+    masters(m);
+    char ck[3][32];
+    for (int i = 0; i < 3; i++) {
+        key_on(m[i], "pk", ck[i], sizeof(ck[i]));
+        must_set(a, ck[i], ck[i]);
+    }
+    int rep = h_cluster_replica_of(&C, m[0]);
+    ck_assert_int_ge(rep, 0);
+    h_redis_kill(&C.node[rep]);
+    h_redis_kill(&C.node[m[0]]);
+
+    long long t0 = h_now_ms();
+    json_t *r = h_callf(a, 2 * ANSWER_MS, "{s:s,s:[s,s,s]}", "op",
+                        "cache.mget", "keys", ck[1], ck[0], ck[2]);
+    ck_assert_msg(r != NULL && h_ok(r), "mget: %s",
+                  r != NULL ? jmsg(r) : "no answer");
+    ck_assert_int_lt(h_now_ms() - t0, 2 * ANSWER_MS);
+    json_t *res = json_object_get(r, "results");
+    ck_assert_int_eq(json_array_size(res), 3);
+    json_t *lost = json_array_get(res, 1);
+    ck_assert(!h_ok(lost));
+    ck_assert_str_eq(h_errcode(lost), "redis_unavailable");
+    ck_assert(h_ok(json_array_get(res, 0)) &&
+              jtrue(json_array_get(res, 0), "hit"));
+    ck_assert_str_eq(jstr(json_array_get(res, 0), "value"), ck[1]);
+    ck_assert(h_ok(json_array_get(res, 2)) &&
+              jtrue(json_array_get(res, 2), "hit"));
+    ck_assert_str_eq(jstr(json_array_get(res, 2), "value"), ck[2]);
+    json_decref(r);
+
+    r = h_callf(a, 2 * ANSWER_MS, "{s:s,s:[s,s,s],s:i}", "op",
+                "cache.invalidate", "keys", ck[1], ck[0], ck[2], "delay_ms",
+                0);
+    ck_assert_msg(r != NULL && h_ok(r), "invalidate: %s",
+                  r != NULL ? jmsg(r) : "no answer");
+    ck_assert(jtrue(r, "queued"));
+    ck_assert_int_eq(jint(r, "deleted"), 2);
+    json_t *q = json_object_get(r, "queued_keys");
+    ck_assert_int_eq(json_array_size(q), 1);
+    ck_assert_str_eq(json_string_value(json_array_get(q, 0)), ck[0]);
+    json_decref(r);
+    /* The others are gone indeed, and locks there still work. */
+    r = h_callf(a, ANSWER_MS, "{s:s,s:s}", "op", "cache.get", "key", ck[2]);
+    ck_assert(r != NULL && h_ok(r) && !jtrue(r, "hit"));
+    json_decref(r);
+    char tok[64];
+    must_lock(a, ck[2], tok, sizeof(tok));
+    must_unlock(a, ck[2], tok);
+    h_close(a);
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(keys_on_every_master, 120),
-        H_CASE(slot_migration, 120),
-        H_CASE(master_killed, 180),
+        H_CASE(keys_on_every_master, 120), H_CASE(slot_migration, 120),
+        H_CASE(master_killed, 180),        H_CASE(master_lost_per_key, 120),
+        H_CASE(forced_failover, 120),
     };
     return H_MAIN(fx, cases);
 }

@@ -2391,7 +2391,14 @@ h_cluster_ok(struct h_cluster *cl, int timeout_ms)
 int
 h_cluster_start(struct h_cluster *cl, int masters)
 {
+    return h_cluster_start_ex(cl, masters, NULL);
+}
+
+int
+h_cluster_start_ex(struct h_cluster *cl, int masters, const char *extra_args)
+{
     char *args[2 * H_CLUSTER_MAX + 8];
+    char node_args[512];
     char addr[H_CLUSTER_MAX][32];
     int argc = 0;
 
@@ -2399,11 +2406,13 @@ h_cluster_start(struct h_cluster *cl, int masters)
     if (masters < 3 || 2 * masters > H_CLUSTER_MAX) {
         return -1;
     }
+    snprintf(node_args, sizeof(node_args),
+             "--cluster-enabled yes --cluster-config-file nodes.conf "
+             "--cluster-node-timeout 1000 "
+             "--cluster-replica-validity-factor 0 %s",
+             extra_args != NULL ? extra_args : "");
     for (int i = 0; i < 2 * masters; i++) {
-        if (h_redis_start(&cl->node[i],
-                          "--cluster-enabled yes --cluster-config-file "
-                          "nodes.conf --cluster-node-timeout 1000 "
-                          "--cluster-replica-validity-factor 0") != 0) {
+        if (h_redis_start(&cl->node[i], node_args) != 0) {
             h_cluster_stop(cl);
             return -1;
         }

@@ -292,6 +292,10 @@ struct h_cluster {
 /* Start it and wait until every node reports cluster_state:ok. 0, or -1
  * (logs printed). */
 int h_cluster_start(struct h_cluster *cl, int masters);
+/* The same with EXTRA_ARGS (may be NULL) for every redis-server, e.g.
+ * "--cluster-require-full-coverage no". */
+int h_cluster_start_ex(struct h_cluster *cl, int masters,
+                       const char *extra_args);
 void h_cluster_stop(struct h_cluster *cl);
 /* Wait up to TIMEOUT_MS until every live node reports cluster_state:ok
  * and agrees on the slots' masters. */
