@@ -258,8 +258,8 @@ retry_arm(void)
     struct rcmd *cmd;
     TAILQ_FOREACH(cmd, &redis_mod.retry, link)
     {
-        if (first == 0 || cmd->retry_at_us < first) {
-            first = cmd->retry_at_us;
+        if (first == 0 || cmd->x->retry_at_us < first) {
+            first = cmd->x->retry_at_us;
         }
     }
     if (first == 0) {
@@ -283,7 +283,7 @@ retry_cb(evutil_socket_t fd, short what, void *arg)
     struct rcmd *cmd, *tmp;
     for (cmd = TAILQ_FIRST(&redis_mod.retry); cmd != NULL; cmd = tmp) {
         tmp = TAILQ_NEXT(cmd, link);
-        if (cmd->retry_at_us <= now) {
+        if (cmd->x->retry_at_us <= now) {
             TAILQ_REMOVE(&redis_mod.retry, cmd, link);
             redis_mod.n_retry--;
             TAILQ_INSERT_TAIL(&due, cmd, link);
@@ -292,7 +292,7 @@ retry_cb(evutil_socket_t fd, short what, void *arg)
     while (!TAILQ_EMPTY(&due)) {
         cmd = TAILQ_FIRST(&due);
         TAILQ_REMOVE(&due, cmd, link);
-        cmd->retrying = false;
+        cmd->x->retrying = false;
         redis_route(cmd);
     }
     retry_arm();
@@ -324,7 +324,7 @@ redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply)
     if (moved || ask) {
         unsigned slot;
         char addr[300];
-        if (cmd->redirects >= MAX_REDIRECTS ||
+        if (cmd->x->redirects >= MAX_REDIRECTS ||
             !parse_redirect(reply->str, &slot, addr, sizeof(addr))) {
             return false;
         }
@@ -338,14 +338,14 @@ redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply)
                 redis_mod.slots[slot] = to;
             }
             redis_cluster_refresh_soon("MOVED");
-            cmd->target = NULL;
-            cmd->asking = false;
+            cmd->x->target = NULL;
+            cmd->x->asking = false;
         } else {
             ld_stats.redis_ask++;
-            cmd->target = to;
-            cmd->asking = true;
+            cmd->x->target = to;
+            cmd->x->asking = true;
         }
-        cmd->redirects++;
+        cmd->x->redirects++;
         cmd->conn = NULL;
         cmd->noscript = false;
         redis_route(cmd);
@@ -361,20 +361,20 @@ redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply)
     /* Within the command's time, from its issue. */
     uint64_t now = ld_now_us();
     uint64_t delay = (uint64_t)RETRY_FIRST_MS * 1000
-                     << (cmd->tries < 5 ? cmd->tries : 5);
+                     << (cmd->x->tries < 5 ? cmd->x->tries : 5);
     if (delay > RETRY_MAX_MS * 1000) {
         delay = RETRY_MAX_MS * 1000;
     }
-    if (now + delay >= cmd->issued_us + redis_cmd_timeout_us(cmd)) {
+    if (now + delay >= cmd->x->issued_us + redis_cmd_timeout_us(cmd)) {
         return false;
     }
     if (down) {
         redis_cluster_refresh_soon("CLUSTERDOWN");
     }
-    cmd->tries++;
+    cmd->x->tries++;
     cmd->conn = NULL;
-    cmd->retrying = true;
-    cmd->retry_at_us = now + delay;
+    cmd->x->retrying = true;
+    cmd->x->retry_at_us = now + delay;
     TAILQ_INSERT_TAIL(&redis_mod.retry, cmd, link);
     redis_mod.n_retry++;
     retry_arm();
@@ -455,7 +455,7 @@ redis_cluster_free(void)
     while (!TAILQ_EMPTY(&redis_mod.retry)) {
         struct rcmd *cmd = TAILQ_FIRST(&redis_mod.retry);
         TAILQ_REMOVE(&redis_mod.retry, cmd, link);
-        cmd->retrying = false;
+        cmd->x->retrying = false;
         redis_fail_later(cmd, LD_REDIS_NOT_SENT, "the daemon is stopping");
     }
     redis_mod.n_retry = 0;

@@ -288,13 +288,25 @@ redis_set_ready(struct rconn *c, bool ready)
     }
 }
 
+struct rcmd_x *
+redis_cmd_x(struct rcmd *cmd)
+{
+    if (cmd->x == NULL) {
+        cmd->x = ld_xcalloc(1, sizeof(*cmd->x));
+    }
+    return cmd->x;
+}
+
 void
 redis_rcmd_free(struct rcmd *cmd)
 {
     free(cmd->argv); /* one block: argv, argvlen and the bytes */
     free(cmd->fail_reason);
-    if (cmd->timeout_ev != NULL) {
-        event_free(cmd->timeout_ev);
+    if (cmd->x != NULL) {
+        if (cmd->x->timeout_ev != NULL) {
+            event_free(cmd->x->timeout_ev);
+        }
+        free(cmd->x);
     }
     free(cmd);
 }
@@ -474,8 +486,8 @@ static void lock_pool_start(struct rnode *n);
 static struct rnode *
 pick_node(const struct rcmd *cmd)
 {
-    if (cmd->target != NULL) {
-        return cmd->target;
+    if (cmd->x != NULL && cmd->x->target != NULL) {
+        return cmd->x->target;
     }
     if (cmd->instance > 0) {
         return cmd->instance <= redis_mod.n_inst
@@ -484,7 +496,8 @@ pick_node(const struct rcmd *cmd)
     }
     if (redis_mod.cluster) {
         /* No master known for the slot: wait for the map. */
-        struct rnode *n = redis_cluster_node(cmd->slot);
+        struct rnode *n = redis_cluster_node(cmd->x != NULL ? cmd->x->slot
+                                                            : 0);
         if (n == NULL) {
             redis_cluster_refresh_soon("a slot without a master");
         }
@@ -698,10 +711,10 @@ cmd_timeout_arm(struct rcmd *cmd)
         cmd->timeout_ms >= (unsigned)redis_mod.ctx->cfg->redis.timeout_ms) {
         return;
     }
-    if (cmd->timeout_ev == NULL) {
-        cmd->timeout_ev = evtimer_new(redis_mod.ctx->base, cmd_timeout_cb,
-                                      cmd);
-        if (cmd->timeout_ev == NULL) {
+    struct rcmd_x *x = redis_cmd_x(cmd);
+    if (x->timeout_ev == NULL) {
+        x->timeout_ev = evtimer_new(redis_mod.ctx->base, cmd_timeout_cb, cmd);
+        if (x->timeout_ev == NULL) {
             ld_oom(0);
         }
     }
@@ -711,7 +724,7 @@ cmd_timeout_arm(struct rcmd *cmd)
     uint64_t wait = end > now ? end - now : 0;
     struct timeval tv = {(time_t)(wait / 1000000),
                          (suseconds_t)(wait % 1000000)};
-    event_add(cmd->timeout_ev, &tv);
+    event_add(x->timeout_ev, &tv);
 }
 
 /* Send CMD, let it wait for a connection being established, or answer it
@@ -731,7 +744,7 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
     }
     if (c != NULL) {
         int rc;
-        if (cmd->asking) {
+        if (cmd->x != NULL && cmd->x->asking) {
             send_asking(c);
         }
         if (cmd->script >= 0) {
@@ -760,12 +773,13 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
     }
     if (cmd->wait_until_us == 0) {
         /* The clock runs from the issue, not from the latest retry. */
-        uint64_t from = cmd->issued_us != 0 ? cmd->issued_us : ld_now_us();
+        uint64_t from = cmd->x != NULL && cmd->x->issued_us != 0
+                            ? cmd->x->issued_us
+                            : ld_now_us();
         cmd->wait_until_us = from + (uint64_t)cmd_timeout_ms(cmd) * 1000;
     }
     cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
     cmd->waiting = true;
-    cmd->node = node;
     TAILQ_INSERT_TAIL(&node->waiting, cmd, link);
     node->n_waiting++;
     wait_arm(node, cmd->wait_until_us);
@@ -792,9 +806,9 @@ redis_send_to(struct rnode *n, int argc, const char **argv,
     cmd->cb = cb;
     cmd->arg = arg;
     cmd->script = -1;
-    cmd->target = n;
     cmd->instance = n->instance;
-    cmd->issued_us = ld_now_us();
+    redis_cmd_x(cmd)->target = n;
+    cmd->x->issued_us = ld_now_us();
     route_cmd(cmd, NULL, argc, argv, argvlen);
 }
 
@@ -814,7 +828,6 @@ redis_waiting_retry(struct rnode *n)
         TAILQ_REMOVE(&list, cmd, link);
         LD_ASSERT(cmd->waiting);
         cmd->waiting = false;
-        cmd->node = NULL;
         redis_route(cmd);
     }
 }
@@ -842,13 +855,13 @@ wait_cb(evutil_socket_t fd, short what, void *arg)
         TAILQ_REMOVE(&n->waiting, cmd, link);
         n->n_waiting--;
         cmd->waiting = false;
-        cmd->node = NULL;
         char why[400];
         if (n->instance < 0) {
             snprintf(why, sizeof(why),
                      "no master known for slot %u within %u ms (last "
                      "error: %s)",
-                     cmd->slot, cmd_timeout_ms(cmd), n->last_error);
+                     cmd->x != NULL ? cmd->x->slot : 0, cmd_timeout_ms(cmd),
+                     n->last_error);
         } else {
             snprintf(why, sizeof(why),
                      "no connection to redis %.60s was ready "
@@ -866,8 +879,9 @@ wait_cb(evutil_socket_t fd, short what, void *arg)
 static void
 cmd_cluster_prepare(struct rcmd *cmd, const char *route, size_t route_len)
 {
-    cmd->slot = ld_cluster_slot(route, route_len);
-    cmd->issued_us = ld_now_us();
+    struct rcmd_x *x = redis_cmd_x(cmd);
+    x->slot = ld_cluster_slot(route, route_len);
+    x->issued_us = ld_now_us();
 }
 
 void
@@ -1063,7 +1077,6 @@ node_free(struct rnode *n)
         struct rcmd *cmd = TAILQ_FIRST(&n->waiting);
         TAILQ_REMOVE(&n->waiting, cmd, link);
         cmd->waiting = false;
-        cmd->node = NULL;
         fail_later(cmd, LD_REDIS_NOT_SENT, "the daemon is stopping");
     }
     n->n_waiting = 0;

@@ -29,45 +29,52 @@ enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
 
 struct rconn;
 
+struct rnode;
+
+/* What only some commands need (cluster mode, a timeout of their own),
+ * kept apart so that the common command stays small. */
+struct rcmd_x {
+    struct event *timeout_ev; /* only with a timeout_ms of its own */
+    /* Cluster mode: the route key's slot, a node a redirection named
+     * (ASK: after ASKING), how often it was redirected or retried. */
+    struct rnode *target;
+    uint64_t issued_us;
+    uint64_t retry_at_us;
+    unsigned slot;
+    int redirects;
+    int tries;
+    bool asking;
+    bool retrying; /* on the retry list (TRYAGAIN, CLUSTERDOWN) */
+};
+
 struct rcmd {
     void (*cb)(redisReply *reply, void *arg);
     void *arg;
     struct rconn *conn;
     uint64_t sent_us;
     TAILQ_ENTRY(rcmd) link; /* connection FIFO, waiting or failure list */
-    unsigned flags;         /* LD_REDIS_F_* */
-    bool answered;          /* the callback has had UNKNOWN already */
-    bool noscript;          /* resent as EVAL after NOSCRIPT */
-    int fail_outcome;       /* on the failure list */
     char *fail_reason;
-    int script; /* -1 unless an EVALSHA */
-    int argc;   /* script: keys + args, kept for NOSCRIPT */
     char **argv;
     size_t *argvlen;
-    bool internal;            /* handshake step: cb gets the rconn */
-    bool waiting;             /* on the list of those awaiting a conn */
-    int pool;                 /* while waiting */
-    int instance;             /* ld_redis_opts.instance */
-    unsigned timeout_ms;      /* ld_redis_opts.timeout_ms, 0: redis's */
-    struct event *timeout_ev; /* only with a timeout_ms of its own */
-    struct rnode *node;       /* while waiting: whose queue */
-    /* Cluster mode: the route key's slot, a node a redirection named
-     * (ASK: after ASKING), how often it was redirected or retried. */
-    unsigned slot;
-    bool asking;
-    bool retrying; /* on the retry list (TRYAGAIN, CLUSTERDOWN) */
-    struct rnode *target;
-    int redirects;
-    int tries;
-    uint64_t issued_us;
-    uint64_t retry_at_us;
+    struct rcmd_x *x; /* NULL unless needed */
     uint64_t route_hash;
     uint64_t wait_until_us; /* when waiting for a connection ends */
+    unsigned flags;         /* LD_REDIS_F_* */
+    int script;             /* -1 unless an EVALSHA */
+    int argc;               /* script: keys + args, kept for NOSCRIPT */
+    unsigned timeout_ms;    /* ld_redis_opts.timeout_ms, 0: redis's */
+    /* Small, so that a command stays within 120 bytes (malloc's fast
+     * sizes): the standalone hot path allocates one per command. */
+    int16_t instance;     /* ld_redis_opts.instance, <= MAX_INSTANCES */
+    uint8_t pool;         /* enum ld_redis_pool */
+    uint8_t fail_outcome; /* on the failure list */
+    bool answered;        /* the callback has had UNKNOWN already */
+    bool noscript;        /* resent as EVAL after NOSCRIPT */
+    bool internal;        /* handshake step: cb gets the rconn */
+    bool waiting;         /* on the list of those awaiting a conn */
 };
 
 TAILQ_HEAD(rcmd_queue, rcmd);
-
-struct rnode;
 
 struct rconn {
     int idx;
@@ -185,6 +192,7 @@ void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
                    const char *reason, uint64_t conn_id);
 void redis_waiting_retry(struct rnode *n);
 void redis_rcmd_free(struct rcmd *cmd);
+struct rcmd_x *redis_cmd_x(struct rcmd *cmd);
 void redis_doubt(const struct rnode *n, const char *why);
 struct rnode *redis_node_new(int instance, const struct ld_conn_addr *addr,
                              const char *text);
