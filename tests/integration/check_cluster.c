@@ -7,7 +7,10 @@
  * woken where the slot went; a master killed mid-run: every request
  * answered within its bound, a lock it had not replicated reported lost
  * with reason "failover", one it had kept, service resumed on the
- * promoted replica. */
+ * promoted replica; CLUSTER FAILOVER followed; a master lost for good
+ * answered per key by cache.mget and cache.invalidate, its journaled
+ * delete replayed when it is back; the Redisson layout with its own
+ * channels. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -251,6 +254,34 @@ START_TEST(test_keys_on_every_master)
         assert_woken(b, 100 + i, 2000);
     }
     ck_assert_int_ge(h_stat(a, "redis_cluster_refreshes"), 1);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* The Redisson layout on a cluster: each lock is the hash named by its
+ * key on the master of that key's slot, and its unlock message (on
+ * redisson_lock__channel:{key}, the same slot) wakes waiters. */
+START_TEST(test_redisson_layout)
+{
+    start_all("lock:\n  layout: redisson\n");
+    struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D);
+    h_assert_stat(a, "redis_cluster_nodes", 3, T_MS);
+    int m[3];
+    masters(m);
+    for (int i = 0; i < 3; i++) {
+        char key[32], tok[64], chan[64];
+        key_on(m[i], "rk", key, sizeof(key));
+        must_lock(a, key, tok, sizeof(tok));
+        ck_assert_int_eq(h_r_int(&C.node[m[i]], "EXISTS %s", key), 1);
+        send_wait(b, key, 200 + i);
+        snprintf(chan, sizeof(chan), "redisson_lock__channel:{%s}", key);
+        struct shardsub w = {&C.node[m[i]], chan};
+        ck_assert_msg(h_wait_until(shard_subscribed, &w, T_MS),
+                      "no sharded subscriber on %s", chan);
+        must_unlock(a, key, tok);
+        assert_woken(b, 200 + i, 2000);
+    }
     h_close(a);
     h_close(b);
 }
@@ -620,6 +651,14 @@ START_TEST(test_master_lost_per_key)
     char tok[64];
     must_lock(a, ck[2], tok, sizeof(tok));
     must_unlock(a, ck[2], tok);
+    ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 1);
+
+    /* The master comes back (its cluster config kept, its data not):
+     * the journal's delete reaches it. */
+    ck_assert_int_eq(h_redis_restart(&C.node[m[0]]), 0);
+    h_assert_stat(a, "cache_invalidations_pending", 0, FAILOVER_MS);
+    must_set(a, ck[0], "again");
+    assert_cached(a, ck[0], "again");
     h_close(a);
 }
 END_TEST
@@ -630,7 +669,7 @@ main(void)
     const struct h_case cases[] = {
         H_CASE(keys_on_every_master, 120), H_CASE(slot_migration, 120),
         H_CASE(master_killed, 180),        H_CASE(master_lost_per_key, 120),
-        H_CASE(forced_failover, 120),
+        H_CASE(forced_failover, 120),      H_CASE(redisson_layout, 120),
     };
     return H_MAIN(fx, cases);
 }
