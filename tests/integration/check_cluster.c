@@ -10,7 +10,7 @@
  * promoted replica; CLUSTER FAILOVER followed; a master lost for good
  * answered per key by cache.mget and cache.invalidate, its journaled
  * delete replayed when it is back; the Redisson layout with its own
- * channels. */
+ * channels; every node over TLS. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -254,6 +254,43 @@ START_TEST(test_keys_on_every_master)
         assert_woken(b, 100 + i, 2000);
     }
     ck_assert_int_ge(h_stat(a, "redis_cluster_refreshes"), 1);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* Every node over TLS: the map names the TLS ports, locks and cache work
+ * on every master and waiters are woken through TLS subscribers. */
+START_TEST(test_tls_nodes)
+{
+    char dir[256], yaml[2048];
+    ck_assert_int_eq(h_tmpdir(dir, sizeof(dir)), 0);
+    ck_assert_int_eq(h_test_certs(dir), 0);
+    ck_assert_int_eq(h_cluster_start_tls(&C, 3, dir), 0);
+    snprintf(yaml, sizeof(yaml),
+             "redis:\n  mode: cluster\n  addresses: [\"127.0.0.1:%d\"]\n"
+             "  timeout_ms: 500\n  tls:\n    enabled: true\n"
+             "    ca_file: %s/ca.crt\n",
+             C.tls_port[1], dir);
+    ck_assert_int_eq(h_daemon_start(&D, &C.node[0], yaml), 0);
+    struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D);
+    h_assert_stat(a, "redis_cluster_nodes", 3, T_MS);
+    int m[3];
+    masters(m);
+    for (int i = 0; i < 3; i++) {
+        char key[32], tok[64];
+        key_on(m[i], "tk", key, sizeof(key));
+        must_lock(a, key, tok, sizeof(tok));
+        ck_assert_int_eq(h_r_int(&C.node[m[i]], "EXISTS leased:lock:{%s}",
+                                 key),
+                         1);
+        must_set(a, key, key);
+        assert_cached(a, key, key);
+        send_wait(b, key, 300 + i);
+        wait_waiter_on(m[i], key);
+        must_unlock(a, key, tok);
+        assert_woken(b, 300 + i, 2000);
+    }
     h_close(a);
     h_close(b);
 }
@@ -667,9 +704,13 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(keys_on_every_master, 120), H_CASE(slot_migration, 120),
-        H_CASE(master_killed, 180),        H_CASE(master_lost_per_key, 120),
-        H_CASE(forced_failover, 120),      H_CASE(redisson_layout, 120),
+        H_CASE(keys_on_every_master, 120),
+        H_CASE(slot_migration, 120),
+        H_CASE(master_killed, 180),
+        H_CASE(master_lost_per_key, 120),
+        H_CASE(forced_failover, 120),
+        H_CASE(redisson_layout, 120),
+        H_CASE(tls_nodes, 120),
     };
     return H_MAIN(fx, cases);
 }

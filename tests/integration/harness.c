@@ -2394,11 +2394,27 @@ h_cluster_start(struct h_cluster *cl, int masters)
     return h_cluster_start_ex(cl, masters, NULL);
 }
 
+static int cluster_start(struct h_cluster *cl, int masters,
+                         const char *extra_args, const char *tls_dir);
+
 int
 h_cluster_start_ex(struct h_cluster *cl, int masters, const char *extra_args)
 {
-    char *args[2 * H_CLUSTER_MAX + 8];
-    char node_args[512];
+    return cluster_start(cl, masters, extra_args, NULL);
+}
+
+int
+h_cluster_start_tls(struct h_cluster *cl, int masters, const char *dir)
+{
+    return cluster_start(cl, masters, NULL, dir);
+}
+
+static int
+cluster_start(struct h_cluster *cl, int masters, const char *extra_args,
+              const char *tls_dir)
+{
+    char *args[2 * H_CLUSTER_MAX + 12];
+    char node_args[1024], ca[300];
     char addr[H_CLUSTER_MAX][32];
     int argc = 0;
 
@@ -2406,12 +2422,25 @@ h_cluster_start_ex(struct h_cluster *cl, int masters, const char *extra_args)
     if (masters < 3 || 2 * masters > H_CLUSTER_MAX) {
         return -1;
     }
-    snprintf(node_args, sizeof(node_args),
-             "--cluster-enabled yes --cluster-config-file nodes.conf "
-             "--cluster-node-timeout 1000 "
-             "--cluster-replica-validity-factor 0 %s",
-             extra_args != NULL ? extra_args : "");
+    snprintf(ca, sizeof(ca), "%s/ca.crt", tls_dir != NULL ? tls_dir : "");
     for (int i = 0; i < 2 * masters; i++) {
+        int used = snprintf(node_args, sizeof(node_args),
+                            "--cluster-enabled yes --cluster-config-file "
+                            "nodes.conf --cluster-node-timeout 1000 "
+                            "--cluster-replica-validity-factor 0 %s",
+                            extra_args != NULL ? extra_args : "");
+        if (tls_dir != NULL) {
+            /* Its cluster bus listens 10000 ports higher. */
+            do {
+                cl->tls_port[i] = h_free_port();
+            } while (cl->tls_port[i] > 55000);
+            snprintf(node_args + used, sizeof(node_args) - (size_t)used,
+                     " --tls-port %d --tls-cert-file %s/server.crt "
+                     "--tls-key-file %s/server.key --tls-ca-cert-file %s "
+                     "--tls-auth-clients no --tls-cluster yes "
+                     "--tls-replication yes",
+                     cl->tls_port[i], tls_dir, tls_dir, ca);
+        }
         if (h_redis_start(&cl->node[i], node_args) != 0) {
             h_cluster_stop(cl);
             return -1;
@@ -2419,10 +2448,18 @@ h_cluster_start_ex(struct h_cluster *cl, int masters, const char *extra_args)
         cl->n++;
     }
     args[argc++] = "redis-cli";
+    if (tls_dir != NULL) {
+        /* The cluster bus speaks TLS: the nodes meet on their TLS
+         * ports. */
+        args[argc++] = "--tls";
+        args[argc++] = "--cacert";
+        args[argc++] = ca;
+    }
     args[argc++] = "--cluster";
     args[argc++] = "create";
     for (int i = 0; i < cl->n; i++) {
-        snprintf(addr[i], sizeof(addr[i]), "127.0.0.1:%d", cl->node[i].port);
+        snprintf(addr[i], sizeof(addr[i]), "127.0.0.1:%d",
+                 tls_dir != NULL ? cl->tls_port[i] : cl->node[i].port);
         args[argc++] = addr[i];
     }
     args[argc++] = "--cluster-replicas";
@@ -2524,4 +2561,74 @@ h_cluster_yaml(const struct h_cluster *cl, const char *extra, char *buf,
              "redis:\n  mode: cluster\n  addresses: [\"127.0.0.1:%d\", "
              "\"127.0.0.1:%d\"]\n%s",
              cl->node[0].port, cl->node[1].port, extra != NULL ? extra : "");
+}
+
+static int
+run_quiet(const char *const argv[])
+{
+    char err[2048];
+    int rc = h_run(argv, NULL, 0, err, sizeof(err), 30000);
+    if (rc != 0) {
+        fprintf(stderr, "harness: %s %s failed (%d): %s\n", argv[0], argv[1],
+                rc, err);
+    }
+    return rc;
+}
+
+int
+h_test_certs(const char *dir)
+{
+    char cakey[300], cacrt[300], key[300], csr[300], crt[300], ext[300];
+    snprintf(cakey, sizeof(cakey), "%s/ca.key", dir);
+    snprintf(cacrt, sizeof(cacrt), "%s/ca.crt", dir);
+    snprintf(key, sizeof(key), "%s/server.key", dir);
+    snprintf(csr, sizeof(csr), "%s/server.csr", dir);
+    snprintf(crt, sizeof(crt), "%s/server.crt", dir);
+    snprintf(ext, sizeof(ext), "%s/server.ext", dir);
+    const char *ca[] = {"openssl",
+                        "req",
+                        "-x509",
+                        "-newkey",
+                        "ec",
+                        "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1",
+                        "-nodes",
+                        "-keyout",
+                        cakey,
+                        "-out",
+                        cacrt,
+                        "-days",
+                        "2",
+                        "-subj",
+                        "/CN=leased test ca",
+                        NULL};
+    const char *req[] = {"openssl",
+                         "req",
+                         "-newkey",
+                         "ec",
+                         "-pkeyopt",
+                         "ec_paramgen_curve:prime256v1",
+                         "-nodes",
+                         "-keyout",
+                         key,
+                         "-out",
+                         csr,
+                         "-subj",
+                         "/CN=localhost",
+                         NULL};
+    const char *sign[] = {
+        "openssl", "x509", "-req",   "-in", csr,
+        "-CA",     cacrt,  "-CAkey", cakey, "-CAcreateserial",
+        "-out",    crt,    "-days",  "2",   "-extfile",
+        ext,       NULL};
+    if (run_quiet(ca) != 0 || run_quiet(req) != 0) {
+        return -1;
+    }
+    FILE *f = fopen(ext, "w");
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+    fclose(f);
+    return run_quiet(sign) == 0 ? 0 : -1;
 }

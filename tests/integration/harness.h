@@ -288,6 +288,7 @@ void h_case_teardown(void);
 struct h_cluster {
     struct h_redis node[H_CLUSTER_MAX];
     int n;
+    int tls_port[H_CLUSTER_MAX]; /* h_cluster_start_tls */
 };
 /* Start it and wait until every node reports cluster_state:ok. 0, or -1
  * (logs printed). */
@@ -313,5 +314,13 @@ void h_cluster_id(struct h_cluster *cl, int i, char *buf, size_t len);
  * nodes as seeds, then EXTRA (more keys of the redis section). */
 void h_cluster_yaml(const struct h_cluster *cl, const char *extra, char *buf,
                     size_t len);
+/* A cluster whose nodes also serve TLS (tls-cluster yes, so CLUSTER SLOTS
+ * names their TLS ports to TLS clients) with the certificates of
+ * h_test_certs in DIR; node[i].port stays plain for the harness's own
+ * checks, tls_port[i] is the TLS one. */
+int h_cluster_start_tls(struct h_cluster *cl, int masters, const char *dir);
+/* In DIR: ca.crt (a fresh CA) and server.crt/server.key signed by it for
+ * localhost and 127.0.0.1. 0, or -1. */
+int h_test_certs(const char *dir);
 
 #endif
