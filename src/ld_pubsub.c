@@ -315,7 +315,11 @@ push_error(struct shard *sh, const redisReply *reply)
         if (ch->sh == sh && ch->state == CH_SUBSCRIBING) {
             ch->state = CH_IDLE;
             ch->sh = NULL;
-            pubsub_mod.orphans = true;
+            if (ch->n_subs == 0) {
+                chan_free(ch); /* deleting the current entry is allowed */
+            } else {
+                pubsub_mod.orphans = true;
+            }
         }
     }
     ld_redis_cluster_refresh();
