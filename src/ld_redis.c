@@ -77,9 +77,12 @@ const char *const redis_script_names[] = {
         NULL};
 
 const char *
-redis_script_body(int i)
+redis_script_body(const struct rnode *n, int i)
 {
-    if (redis_mod.cluster && redis_mod.cluster_bodies[i] != NULL) {
+    /* Independent instances beside a cluster (lock.redlock) are not
+     * part of it: they keep classic PUBLISH. */
+    if (redis_mod.cluster && n->instance == 0 &&
+        redis_mod.cluster_bodies[i] != NULL) {
         return redis_mod.cluster_bodies[i];
     }
     return redis_script_bodies[i];
@@ -454,7 +457,7 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
     const char **argv = stack_argv;
     size_t *argvlen = stack_len;
     int total = cmd->argc + 3;
-    const char *body = redis_script_body(cmd->script);
+    const char *body = redis_script_body(c->node, cmd->script);
 
     if (cmd->argc > STACK_ARGS) {
         argv = ld_xmalloc(sizeof(*argv) * (size_t)total);

@@ -178,8 +178,8 @@ struct ld_redis_mod {
 
 extern struct ld_redis_mod redis_mod;
 extern const char *const redis_script_bodies[];
-/* The body of script I as this mode sends it. */
-const char *redis_script_body(int i);
+/* The body of script I as node N gets it (SPUBLISH on a cluster). */
+const char *redis_script_body(const struct rnode *n, int i);
 extern const char *const redis_script_names[];
 
 /* ld_redis.c */
