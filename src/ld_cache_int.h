@@ -124,6 +124,7 @@ struct inv {
     bool stale_mode; /* the reply says "stale" */
     bool queued;
     bool journal_failed;
+    bool *queued_at;        /* "keys": which ones were only queued */
     STAILQ_ENTRY(inv) link; /* the sync queue */
 };
 STAILQ_HEAD(inv_q, inv);

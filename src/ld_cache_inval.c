@@ -92,6 +92,11 @@ del_failed(struct del *d)
     if (d->inv != NULL) {
         struct inv *inv = d->inv;
         d->inv = NULL;
+        for (size_t i = 0; inv->queued_at != NULL && i < inv->n; i++) {
+            if (inv->firsts[i] == d) {
+                inv->queued_at[i] = true;
+            }
+        }
         inv_first_result(inv, false, 0);
     }
     d->retrying = true;
@@ -226,8 +231,21 @@ inv_reply(struct inv *inv)
         if (inv->queued) {
             json_object_set_new(f, "queued", json_true());
         }
+        if (inv->queued && inv->queued_at != NULL) {
+            /* Keys on a master that could not be reached (cluster mode)
+             * or all of them: named, in the request's order. */
+            json_t *keys = json_object_get(inv->req->body, "keys");
+            json_t *q = json_array();
+            for (size_t i = 0; i < inv->n; i++) {
+                if (inv->queued_at[i]) {
+                    json_array_append(q, json_array_get(keys, i));
+                }
+            }
+            json_object_set_new(f, "queued_keys", q);
+        }
         ld_reply_ok(inv->req, f);
     }
+    free(inv->queued_at);
     free(inv->firsts);
     free(inv);
 }
@@ -355,6 +373,9 @@ cache_op_invalidate(struct ld_req *req)
     size_t n = keys != NULL ? json_array_size(keys) : 1;
     struct inv *inv = ld_xcalloc(1, sizeof(*inv));
     inv->firsts = ld_xcalloc(n, sizeof(*inv->firsts));
+    if (keys != NULL) {
+        inv->queued_at = ld_xcalloc(n, sizeof(*inv->queued_at));
+    }
     inv->req = req;
     inv->stale_mode = stale;
     inv->n = n;

@@ -133,8 +133,7 @@ const struct conf_directive conf_directives[] = {
     STRING("listen.auth_token", listen.auth_token, 0, ""),
     STRING("listen.admin_token", listen.admin_token, F_RELOAD, ""),
 
-    ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes,
-         NOT_BUILT("Cluster mode"), .unbuilt_value = "cluster"),
+    ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes),
     HOSTPORT("redis.address", redis.address, F_UNIX_OK, "127.0.0.1:6379"),
     STRLIST("redis.addresses", redis.addresses, F_UNIX_OK),
     STRING("redis.master_name", redis.master_name, F_NONEMPTY, "mymaster"),

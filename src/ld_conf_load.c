@@ -378,6 +378,10 @@ check_relations(struct conf_load *st)
                           "cannot be used with lock.redlock (Redlock's "
                           "instances are independent, without replicas)");
     }
+    if (c->redis.mode == LD_REDIS_CLUSTER && c->redis.db != 0) {
+        return conf_error(st, mark_of(st, "redis.db", "redis.mode"),
+                          "redis.db", "must be 0 in cluster mode");
+    }
     /* One prefix inside the other would let a cache key name a lock's
      * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */
     size_t lp = strlen(c->lock.prefix);

@@ -12,6 +12,16 @@
  *
  * Connecting, the handshake, liveness and reconnecting are ld_conn's;
  * after every reconnect the channels still wanted are subscribed again.
+ *
+ * In cluster mode the subscriptions are sharded (SSUBSCRIBE; the scripts
+ * publish with SPUBLISH): a channel is held on the master that owns its
+ * slot, through one subscriber connection per such master (a shard
+ * here). A message then travels only inside its shard instead of over
+ * the cluster bus to every node. When the slot map changes a channel
+ * whose slot moved is unsubscribed where it was, its subscribers hear
+ * LOST, and it is subscribed where the slot lives now (SUBSCRIBED
+ * follows); a master that drops the channel itself (its slot migrated
+ * away: an "sunsubscribe" it sends unasked) has the same effect.
  */
 #include "ld_pubsub.h"
 
@@ -23,6 +33,7 @@
 #include "ld_dict.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_redis.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
@@ -48,20 +59,34 @@ struct ld_pubsub_sub {
     SLIST_ENTRY(ld_pubsub_sub) grave_link;   /* freed after delivery */
 };
 
+struct shard;
+
 struct chan {
     char *name;
     size_t len;
     enum chan_state state;
+    struct shard *sh; /* where it is (being) subscribed or unsubscribed */
+    bool lost;        /* owes its subscribers LOST (lost_all, chans_moved) */
     LIST_HEAD(, ld_pubsub_sub) subs;
     size_t n_subs;
 };
 
 enum ps_state { PS_DOWN, PS_READY };
 
-static struct {
-    const struct ld_ctx *ctx;
+/* One subscriber connection: the only one, or one per cluster master. */
+struct shard {
     struct ld_conn *conn;
     enum ps_state state;
+    char address[300];
+    LIST_ENTRY(shard) link;
+};
+
+static struct {
+    const struct ld_ctx *ctx;
+    struct shard main;         /* standalone, sentinel */
+    LIST_HEAD(, shard) shards; /* cluster */
+    bool cluster;
+    bool orphans; /* wanted channels may be idle with no shard */
     struct ld_conn_addr addr;
     bool have_addr; /* false in sentinel mode until a master is known */
     bool started;
@@ -189,26 +214,36 @@ chan_free(struct chan *ch)
 }
 
 static void
-send_cmd(const char *verb, const char *name, size_t len)
+send_cmd(struct shard *sh, const char *verb, const char *name, size_t len)
 {
-    const char *argv[] = {verb, name};
-    size_t argvlen[] = {strlen(verb), len};
+    char v[16];
+    /* SSUBSCRIBE, SUNSUBSCRIBE in cluster mode. */
+    snprintf(v, sizeof(v), "%s%s", pubsub_mod.cluster ? "S" : "", verb);
+    const char *argv[] = {v, name};
+    size_t argvlen[] = {strlen(v), len};
     /* The confirmation names the channel (see push_cb). */
-    ld_conn_send(pubsub_mod.conn, 2, argv, argvlen);
+    ld_conn_send(sh->conn, 2, argv, argvlen);
 }
+
+static struct shard *shard_for(const struct chan *ch);
 
 static void
 chan_want(struct chan *ch)
 {
-    if (pubsub_mod.state != PS_READY) {
-        return;
-    }
     if (ch->n_subs > 0 && ch->state == CH_IDLE) {
+        struct shard *sh = shard_for(ch);
+        if (sh == NULL || sh->state != PS_READY) {
+            /* Subscribed once it is ready (ready_cb), or once the map
+             * names a master (chans_moved). */
+            pubsub_mod.orphans = true;
+            return;
+        }
+        ch->sh = sh;
         ch->state = CH_SUBSCRIBING;
-        send_cmd("SUBSCRIBE", ch->name, ch->len);
+        send_cmd(sh, "SUBSCRIBE", ch->name, ch->len);
     } else if (ch->n_subs == 0 && ch->state == CH_SUBSCRIBED) {
         ch->state = CH_UNSUBSCRIBING;
-        send_cmd("UNSUBSCRIBE", ch->name, ch->len);
+        send_cmd(ch->sh, "UNSUBSCRIBE", ch->name, ch->len);
     }
 }
 
@@ -259,11 +294,46 @@ ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub)
     chan_want(ch);
 }
 
+static void chans_moved(bool changed, void *arg);
+
+/* An error on a cluster subscriber: an SSUBSCRIBE sent by a stale map
+ * (MOVED). The channels it may concern are tried again once the map has
+ * been asked again. */
+static void
+push_error(struct shard *sh, const redisReply *reply)
+{
+    log_debug("redis subscriber error address=%s error=\"%s\"", sh->address,
+              reply->str);
+    if (!pubsub_mod.cluster) {
+        return;
+    }
+    struct ld_dict_iter it;
+    void *v;
+    ld_dict_iter_init(&it, pubsub_mod.chans);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct chan *ch = v;
+        if (ch->sh == sh && ch->state == CH_SUBSCRIBING) {
+            ch->state = CH_IDLE;
+            ch->sh = NULL;
+            if (ch->n_subs == 0) {
+                chan_free(ch); /* deleting the current entry is allowed */
+            } else {
+                pubsub_mod.orphans = true;
+            }
+        }
+    }
+    ld_redis_cluster_refresh();
+}
+
 static void
 push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
+    struct shard *sh = owner;
     LD_UNUSED(conn);
-    LD_UNUSED(owner);
+    if (reply->type == REDIS_REPLY_ERROR) {
+        push_error(sh, reply);
+        return;
+    }
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3 ||
         reply->element[0]->type != REDIS_REPLY_STRING ||
         reply->element[1]->type != REDIS_REPLY_STRING) {
@@ -276,13 +346,17 @@ push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
     if (ch == NULL) {
         return;
     }
+    /* Sharded pub/sub names the same pushes with an "s" in front. */
+    if (pubsub_mod.cluster && kind[0] == 's') {
+        kind++;
+    }
     if (strcmp(kind, "message") == 0) {
         redisReply *m = reply->element[2];
         if (m->type == REDIS_REPLY_STRING) {
             deliver(ch, LD_PUBSUB_MESSAGE, m->str, m->len);
         }
     } else if (strcmp(kind, "subscribe") == 0) {
-        if (ch->state == CH_SUBSCRIBING) {
+        if (ch->state == CH_SUBSCRIBING && ch->sh == sh) {
             ch->state = CH_SUBSCRIBED;
             if (ch->n_subs == 0) {
                 chan_want(ch);
@@ -291,46 +365,50 @@ push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
             }
         }
     } else if (strcmp(kind, "unsubscribe") == 0) {
-        if (ch->state == CH_UNSUBSCRIBING) {
+        if (ch->state == CH_UNSUBSCRIBING && ch->sh == sh) {
             ch->state = CH_IDLE;
+            ch->sh = NULL;
             if (ch->n_subs == 0) {
                 chan_free(ch);
             } else {
                 chan_want(ch);
             }
+        } else if (ch->state == CH_SUBSCRIBED && ch->sh == sh) {
+            /* Unasked: the master gave the channel's slot away. */
+            ch->state = CH_IDLE;
+            ch->sh = NULL;
+            pubsub_mod.orphans = true;
+            log_info("redis subscriber channel dropped by the server "
+                     "address=%s; subscribing where its slot is now",
+                     sh->address);
+            deliver(ch, LD_PUBSUB_LOST, NULL, 0);
+            ld_redis_cluster_refresh();
         }
     }
 }
 
-/* Everything subscribed is gone with the connection: tell subscribers
- * they may have missed messages, and forget channels nobody wants. */
+/* Tell the subscribers of the channels marked LOST that they may have
+ * missed messages. Subscribers may (un)subscribe from their callbacks,
+ * which changes the table: walk a copy of the names and look each one up
+ * again. */
 static void
-lost_all(void)
+deliver_lost(size_t n)
 {
-    struct ld_dict_iter it;
-    void *v;
-    size_t n = 0;
-    ld_dict_iter_init(&it, pubsub_mod.chans);
-    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
-        struct chan *ch = v;
-        ch->state = CH_IDLE;
-        if (ch->n_subs == 0) {
-            chan_free(ch); /* deleting the current entry is allowed */
-        } else {
-            n++;
-        }
-    }
     if (n == 0) {
         return;
     }
-    /* Subscribers may (un)subscribe from their callbacks, which changes
-     * the table: walk a copy of the names and look each one up again. */
+    struct ld_dict_iter it;
+    void *v;
     char **names = ld_xcalloc(n, sizeof(*names));
     size_t *lens = ld_xcalloc(n, sizeof(*lens));
     size_t k = 0;
     ld_dict_iter_init(&it, pubsub_mod.chans);
     while (k < n && ld_dict_iter_next(&it, NULL, NULL, &v)) {
         struct chan *ch = v;
+        if (!ch->lost) {
+            continue;
+        }
+        ch->lost = false;
         names[k] = ld_xmemdup(ch->name, ch->len);
         lens[k] = ch->len;
         k++;
@@ -346,17 +424,46 @@ lost_all(void)
     free(lens);
 }
 
+/* Everything subscribed on SH is gone with its connection: tell
+ * subscribers they may have missed messages, and forget channels nobody
+ * wants. */
+static void
+lost_all(struct shard *sh)
+{
+    struct ld_dict_iter it;
+    void *v;
+    size_t n = 0;
+    ld_dict_iter_init(&it, pubsub_mod.chans);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct chan *ch = v;
+        if (ch->sh != sh) {
+            continue; /* idle, or on another shard */
+        }
+        ch->state = CH_IDLE;
+        ch->sh = NULL;
+        pubsub_mod.orphans = true;
+        if (ch->n_subs == 0) {
+            chan_free(ch); /* deleting the current entry is allowed */
+        } else {
+            ch->lost = true;
+            n++;
+        }
+    }
+    deliver_lost(n);
+}
+
 static void
 ready_cb(struct ld_conn *conn, void *owner)
 {
-    LD_UNUSED(owner);
+    struct shard *sh = owner;
     /* The connection's own channel keeps the subscription count above
-     * zero for its whole life (see the top of this file). */
+     * zero for its whole life (see the top of this file); a classic
+     * channel, also on a cluster shard, where nobody publishes it. */
     const char *av[] = {"SUBSCRIBE", pubsub_mod.own_channel};
     size_t al[] = {9, strlen(pubsub_mod.own_channel)};
     ld_conn_send(conn, 2, av, al);
-    pubsub_mod.state = PS_READY;
-    log_debug("redis subscriber ready");
+    sh->state = PS_READY;
+    log_debug("redis subscriber ready address=%s", sh->address);
     struct ld_dict_iter it;
     void *v;
     ld_dict_iter_init(&it, pubsub_mod.chans);
@@ -368,15 +475,21 @@ ready_cb(struct ld_conn *conn, void *owner)
 static void
 down_cb(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
 {
+    struct shard *sh = owner;
     LD_UNUSED(conn);
-    LD_UNUSED(owner);
-    pubsub_mod.state = PS_DOWN;
+    sh->state = PS_DOWN;
     if (!was_ready) {
-        log_debug("redis subscriber connect failed error=\"%s\"", why);
+        log_debug("redis subscriber connect failed address=%s error=\"%s\"",
+                  sh->address, why);
         return;
     }
-    log_warn("redis subscriber connection lost reason=\"%s\"", why);
-    lost_all();
+    log_warn("redis subscriber connection lost address=%s reason=\"%s\"",
+             sh->address, why);
+    lost_all(sh);
+    if (pubsub_mod.cluster) {
+        /* Where the map now puts them, if that shard is ready. */
+        ld_redis_cluster_refresh();
+    }
 }
 
 static const struct ld_conn_ops sub_ops = {
@@ -387,6 +500,74 @@ static const struct ld_conn_ops sub_ops = {
     .on_stall = NULL,
 };
 
+/* ---- cluster shards -------------------------------------------------- */
+
+/* The shard at the master that owns CH's slot, made (and connecting) if
+ * new; the one subscriber outside cluster mode. NULL: no master known
+ * for the slot yet (the channel waits for the map). */
+static struct shard *
+shard_for(const struct chan *ch)
+{
+    if (!pubsub_mod.cluster) {
+        return &pubsub_mod.main;
+    }
+    struct ld_conn_addr addr;
+    char text[300];
+    if (ld_redis_route_address(ch->name, ch->len, &addr, text, sizeof(text)) !=
+        LD_OK) {
+        return NULL;
+    }
+    struct shard *sh;
+    LIST_FOREACH(sh, &pubsub_mod.shards, link)
+    {
+        if (strcmp(sh->address, text) == 0) {
+            return sh;
+        }
+    }
+    sh = ld_xcalloc(1, sizeof(*sh));
+    snprintf(sh->address, sizeof(sh->address), "%s", text);
+    sh->conn = ld_conn_new(pubsub_mod.ctx, &addr, LD_CONN_ROLE_SUB, &sub_ops,
+                           sh);
+    LIST_INSERT_HEAD(&pubsub_mod.shards, sh, link);
+    if (pubsub_mod.started) {
+        ld_conn_start(sh->conn);
+    }
+    return sh;
+}
+
+/* The slot map changed: a channel held where its slot no longer is gets
+ * unsubscribed there (then subscribed where it is, from push_cb); idle
+ * ones wanted are subscribed now that their master may be known. */
+static void
+chans_moved(bool changed, void *arg)
+{
+    LD_UNUSED(arg);
+    /* An unchanged map matters only to channels left without a shard. */
+    if (!changed && !pubsub_mod.orphans) {
+        return;
+    }
+    pubsub_mod.orphans = false;
+    struct ld_dict_iter it;
+    void *v;
+    ld_dict_iter_init(&it, pubsub_mod.chans);
+    size_t n = 0;
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct chan *ch = v;
+        if (ch->state == CH_SUBSCRIBED && ch->n_subs > 0 &&
+            shard_for(ch) != ch->sh) {
+            ch->state = CH_UNSUBSCRIBING;
+            send_cmd(ch->sh, "UNSUBSCRIBE", ch->name, ch->len);
+            ch->lost = true;
+            n++;
+        } else {
+            chan_want(ch);
+        }
+    }
+    deliver_lost(n);
+}
+
+/* ---- start and stop -------------------------------------------------- */
+
 int
 ld_pubsub_init(const struct ld_ctx *ctx)
 {
@@ -395,14 +576,24 @@ ld_pubsub_init(const struct ld_ctx *ctx)
     pubsub_mod.ctx = ctx;
     STAILQ_INIT(&pubsub_mod.notify);
     SLIST_INIT(&pubsub_mod.graveyard);
-    pubsub_mod.have_addr = cfg->redis.mode != LD_REDIS_SENTINEL;
+    LIST_INIT(&pubsub_mod.shards);
+    pubsub_mod.cluster = cfg->redis.mode == LD_REDIS_CLUSTER;
+    pubsub_mod.have_addr = cfg->redis.mode == LD_REDIS_STANDALONE;
     if (pubsub_mod.have_addr &&
         ld_conn_parse_address(cfg->redis.address, &pubsub_mod.addr) != LD_OK) {
         return LD_ERR;
     }
     pubsub_mod.chans = ld_dict_new();
-    pubsub_mod.conn = ld_conn_new(ctx, &pubsub_mod.addr, LD_CONN_ROLE_SUB,
-                                  &sub_ops, NULL);
+    if (!pubsub_mod.cluster) {
+        snprintf(pubsub_mod.main.address, sizeof(pubsub_mod.main.address),
+                 "%s",
+                 pubsub_mod.have_addr ? cfg->redis.address : "the master");
+        pubsub_mod.main.conn = ld_conn_new(ctx, &pubsub_mod.addr,
+                                           LD_CONN_ROLE_SUB, &sub_ops,
+                                           &pubsub_mod.main);
+    } else {
+        ld_redis_on_map(chans_moved, NULL);
+    }
     ld_defer_init(&pubsub_mod.notify_defer, ctx->base, notify_cb, NULL);
     snprintf(pubsub_mod.own_channel, sizeof(pubsub_mod.own_channel),
              "leased:daemon:%s", ctx->instance);
@@ -414,7 +605,12 @@ ld_pubsub_start(void)
 {
     pubsub_mod.started = true;
     if (pubsub_mod.have_addr) {
-        ld_conn_start(pubsub_mod.conn);
+        ld_conn_start(pubsub_mod.main.conn);
+    }
+    struct shard *sh;
+    LIST_FOREACH(sh, &pubsub_mod.shards, link)
+    {
+        ld_conn_start(sh->conn);
     }
 }
 
@@ -422,12 +618,12 @@ void
 ld_pubsub_set_address(const struct ld_conn_addr *addr)
 {
     pubsub_mod.addr = *addr;
-    ld_conn_set_addr(pubsub_mod.conn, addr);
+    ld_conn_set_addr(pubsub_mod.main.conn, addr);
     /* The first master known: the connection was held back until now. */
     if (!pubsub_mod.have_addr) {
         pubsub_mod.have_addr = true;
         if (pubsub_mod.started) {
-            ld_conn_start(pubsub_mod.conn);
+            ld_conn_start(pubsub_mod.main.conn);
         }
     }
 }
@@ -435,9 +631,15 @@ ld_pubsub_set_address(const struct ld_conn_addr *addr)
 void
 ld_pubsub_free(void)
 {
-    ld_conn_free(pubsub_mod.conn);
-    pubsub_mod.conn = NULL;
-    pubsub_mod.state = PS_DOWN;
+    ld_conn_free(pubsub_mod.main.conn);
+    pubsub_mod.main.conn = NULL;
+    pubsub_mod.main.state = PS_DOWN;
+    while (!LIST_EMPTY(&pubsub_mod.shards)) {
+        struct shard *sh = LIST_FIRST(&pubsub_mod.shards);
+        LIST_REMOVE(sh, link);
+        ld_conn_free(sh->conn);
+        free(sh);
+    }
     if (pubsub_mod.chans != NULL) {
         struct ld_dict_iter it;
         void *v;

@@ -42,6 +42,7 @@
 #include "ld_redis_int.h"
 
 #include "ld_assert.h"
+#include "ld_cluster_slot.h"
 #include "ld_conf.h"
 #include "ld_conn.h"
 #include "ld_ctx.h"
@@ -74,6 +75,18 @@ const char *const redis_script_names[] = {
     LD_LUA_SCRIPTS(LD_SCRIPT_NAME)
 #undef LD_SCRIPT_NAME
         NULL};
+
+const char *
+redis_script_body(const struct rnode *n, int i)
+{
+    /* Independent instances beside a cluster (lock.redlock) are not
+     * part of it: they keep classic PUBLISH. */
+    if (redis_mod.cluster && n->instance == 0 &&
+        redis_mod.cluster_bodies[i] != NULL) {
+        return redis_mod.cluster_bodies[i];
+    }
+    return redis_script_bodies[i];
+}
 
 /* What the callback now running is told (ld_redis_outcome & co). */
 struct cb_context {
@@ -139,7 +152,16 @@ main_node(void)
 const char *
 ld_redis_address(void)
 {
+    if (redis_mod.cluster) {
+        return redis_mod.label;
+    }
     return main_node() != NULL ? main_node()->address : "";
+}
+
+bool
+ld_redis_is_cluster(void)
+{
+    return redis_mod.cluster;
 }
 
 bool
@@ -169,7 +191,10 @@ ld_redis_instance_ready(int k)
 long long
 ld_redis_outstanding(void)
 {
-    long long n = 0;
+    long long n = redis_mod.n_retry;
+    if (redis_mod.unmapped != NULL) {
+        n += redis_mod.unmapped->n_waiting;
+    }
     for (int k = 0; k < redis_mod.n_nodes; k++) {
         const struct rnode *node = redis_mod.nodes[k];
         n += node->n_waiting;
@@ -256,6 +281,7 @@ redis_set_ready(struct rconn *c, bool ready)
     if (ready && n->n_ready == 1) {
         log_info("redis up address=%s%s", n->address,
                  n->instance > 0 ? " (lock.redlock)" : "");
+        redis_cluster_node_up(n);
     } else if (!ready && n->n_ready == 0 && !redis_mod.freeing) {
         log_warn("redis down address=%s%s", n->address,
                  n->instance > 0 ? " (lock.redlock)" : "");
@@ -265,13 +291,25 @@ redis_set_ready(struct rconn *c, bool ready)
     }
 }
 
+struct rcmd_x *
+redis_cmd_x(struct rcmd *cmd)
+{
+    if (cmd->x == NULL) {
+        cmd->x = ld_xcalloc(1, sizeof(*cmd->x));
+    }
+    return cmd->x;
+}
+
 void
 redis_rcmd_free(struct rcmd *cmd)
 {
     free(cmd->argv); /* one block: argv, argvlen and the bytes */
     free(cmd->fail_reason);
-    if (cmd->timeout_ev != NULL) {
-        event_free(cmd->timeout_ev);
+    if (cmd->x != NULL) {
+        if (cmd->x->timeout_ev != NULL) {
+            event_free(cmd->x->timeout_ev);
+        }
+        free(cmd->x);
     }
     free(cmd);
 }
@@ -286,6 +324,12 @@ fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome, const char *reason)
     cmd->fail_reason = ld_xstrdup(reason);
     TAILQ_INSERT_TAIL(&redis_mod.failed, cmd, link);
     ld_defer_kick(&redis_mod.fail_defer);
+}
+
+void
+redis_fail_later(struct rcmd *cmd, int outcome, const char *reason)
+{
+    fail_later(cmd, (enum ld_redis_outcome)outcome, reason);
 }
 
 static void
@@ -321,6 +365,15 @@ redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
 static void wait_cb(evutil_socket_t fd, short what, void *arg);
 static void resend_as_eval(struct rconn *c, struct rcmd *cmd);
 
+static void
+drained_check(struct rconn *c)
+{
+    if (c->draining && !c->closing && TAILQ_EMPTY(&c->sent)) {
+        /* All late answers are in: close it from the loop. */
+        event_active(c->timeout_ev, EV_TIMEOUT, 0);
+    }
+}
+
 void
 redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
@@ -342,6 +395,13 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
     if (cmd->internal) {
         redis_handshake_reply(c, reply, cmd);
         redis_rcmd_free(cmd);
+        return;
+    }
+    if (redis_mod.cluster && reply->type == REDIS_REPLY_ERROR &&
+        !cmd->answered && cmd->instance == 0 &&
+        redis_cluster_redirect(cmd, reply)) {
+        /* Sent again elsewhere, or later: nothing ran here. */
+        drained_check(c);
         return;
     }
     if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
@@ -368,10 +428,7 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
         redis_call_cb(cmd, reply, LD_REDIS_LATE, "", c->id);
     }
     redis_rcmd_free(cmd);
-    if (c->draining && !c->closing && TAILQ_EMPTY(&c->sent)) {
-        /* All late answers are in: close it from the loop. */
-        event_active(c->timeout_ev, EV_TIMEOUT, 0);
-    }
+    drained_check(c);
 }
 
 /* No answer will ever come on C's connection: what was sent on it hears
@@ -400,7 +457,7 @@ resend_as_eval(struct rconn *c, struct rcmd *cmd)
     const char **argv = stack_argv;
     size_t *argvlen = stack_len;
     int total = cmd->argc + 3;
-    const char *body = redis_script_bodies[cmd->script];
+    const char *body = redis_script_body(c->node, cmd->script);
 
     if (cmd->argc > STACK_ARGS) {
         argv = ld_xmalloc(sizeof(*argv) * (size_t)total);
@@ -430,10 +487,24 @@ static void lock_pool_start(struct rnode *n);
 
 /* The node a command goes to (NULL: none known yet). */
 static struct rnode *
-pick_node(int instance)
+pick_node(const struct rcmd *cmd)
 {
-    if (instance > 0) {
-        return instance <= redis_mod.n_inst ? redis_mod.inst[instance] : NULL;
+    if (cmd->x != NULL && cmd->x->target != NULL) {
+        return cmd->x->target;
+    }
+    if (cmd->instance > 0) {
+        return cmd->instance <= redis_mod.n_inst
+                   ? redis_mod.inst[cmd->instance]
+                   : NULL;
+    }
+    if (redis_mod.cluster) {
+        /* No master known for the slot: wait for the map. */
+        struct rnode *n = redis_cluster_node(cmd->x != NULL ? cmd->x->slot
+                                                            : 0);
+        if (n == NULL) {
+            redis_cluster_refresh_soon("a slot without a master");
+        }
+        return n != NULL ? n : redis_mod.unmapped;
     }
     return main_node();
 }
@@ -471,6 +542,12 @@ pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
     if (node == NULL) {
         snprintf(why, whylen, "no redis instance %d",
                  o != NULL ? o->instance : 0);
+        return NULL;
+    }
+    if (node->n_conns == 0) {
+        /* The queue of cluster commands awaiting a slot map. */
+        *may_wait = true;
+        snprintf(why, whylen, "no master known for the slot");
         return NULL;
     }
     int base = 0, n = node->n_conns;
@@ -588,6 +665,27 @@ cmd_timeout_ms(const struct rcmd *cmd)
     return cmd->timeout_ms != 0 && cmd->timeout_ms < t ? cmd->timeout_ms : t;
 }
 
+uint64_t
+redis_cmd_timeout_us(const struct rcmd *cmd)
+{
+    return (uint64_t)cmd_timeout_ms(cmd) * 1000;
+}
+
+/* ASK: the target serves the slot being imported only to a command that
+ * follows ASKING on the same connection. */
+static void
+send_asking(struct rconn *c)
+{
+    static const char *av[] = {"ASKING"};
+    static const size_t al[] = {6};
+    struct rcmd *a = ld_xcalloc(1, sizeof(*a));
+    a->internal = true;
+    a->script = -1;
+    if (redis_send_argv(c, a, 1, av, al) != LD_OK) {
+        free(a);
+    }
+}
+
 /* A command with a timeout of its own, shorter than redis.timeout_ms,
  * got no answer in time: the caller hears UNKNOWN now (LATE or LOST
  * follows with LD_REDIS_F_LATE); the connection stays, it is not the
@@ -616,10 +714,10 @@ cmd_timeout_arm(struct rcmd *cmd)
         cmd->timeout_ms >= (unsigned)redis_mod.ctx->cfg->redis.timeout_ms) {
         return;
     }
-    if (cmd->timeout_ev == NULL) {
-        cmd->timeout_ev = evtimer_new(redis_mod.ctx->base, cmd_timeout_cb,
-                                      cmd);
-        if (cmd->timeout_ev == NULL) {
+    struct rcmd_x *x = redis_cmd_x(cmd);
+    if (x->timeout_ev == NULL) {
+        x->timeout_ev = evtimer_new(redis_mod.ctx->base, cmd_timeout_cb, cmd);
+        if (x->timeout_ev == NULL) {
             ld_oom(0);
         }
     }
@@ -629,7 +727,7 @@ cmd_timeout_arm(struct rcmd *cmd)
     uint64_t wait = end > now ? end - now : 0;
     struct timeval tv = {(time_t)(wait / 1000000),
                          (suseconds_t)(wait % 1000000)};
-    event_add(cmd->timeout_ev, &tv);
+    event_add(x->timeout_ev, &tv);
 }
 
 /* Send CMD, let it wait for a connection being established, or answer it
@@ -640,7 +738,7 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
 {
     char why[400];
     bool may_wait;
-    struct rnode *node = pick_node(cmd->instance);
+    struct rnode *node = pick_node(cmd);
     struct rconn *c = pick_conn(node, opts, cmd->route_hash, why, sizeof(why),
                                 &may_wait);
     if (cmd->timeout_ms != 0 && cmd->wait_until_us == 0) {
@@ -649,6 +747,9 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
     }
     if (c != NULL) {
         int rc;
+        if (cmd->x != NULL && cmd->x->asking) {
+            send_asking(c);
+        }
         if (cmd->script >= 0) {
             rc = send_script(c, cmd);
         } else if (argv != NULL) {
@@ -675,15 +776,43 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
     }
     if (cmd->wait_until_us == 0) {
         /* The clock runs from the issue, not from the latest retry. */
-        cmd->wait_until_us = ld_now_us() +
-                             (uint64_t)cmd_timeout_ms(cmd) * 1000;
+        uint64_t from = cmd->x != NULL && cmd->x->issued_us != 0
+                            ? cmd->x->issued_us
+                            : ld_now_us();
+        cmd->wait_until_us = from + (uint64_t)cmd_timeout_ms(cmd) * 1000;
     }
     cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
     cmd->waiting = true;
-    cmd->node = node;
     TAILQ_INSERT_TAIL(&node->waiting, cmd, link);
     node->n_waiting++;
     wait_arm(node, cmd->wait_until_us);
+}
+
+/* Send CMD again from its kept arguments (a redirection, a retry). */
+void
+redis_route(struct rcmd *cmd)
+{
+    struct ld_redis_opts o = {.flags = cmd->flags,
+                              .pool = cmd->pool,
+                              .instance = cmd->instance,
+                              .timeout_ms = cmd->timeout_ms};
+    route_cmd(cmd, &o, 0, NULL, NULL);
+}
+
+/* A command of the daemon's own to node N (CLUSTER SLOTS). */
+void
+redis_send_to(struct rnode *n, int argc, const char **argv,
+              const size_t *argvlen, void (*cb)(redisReply *reply, void *arg),
+              void *arg)
+{
+    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+    cmd->cb = cb;
+    cmd->arg = arg;
+    cmd->script = -1;
+    cmd->instance = n->instance;
+    redis_cmd_x(cmd)->target = n;
+    cmd->x->issued_us = ld_now_us();
+    route_cmd(cmd, NULL, argc, argv, argvlen);
 }
 
 /* A connection of N became ready, or an attempt failed: what waits is
@@ -702,12 +831,7 @@ redis_waiting_retry(struct rnode *n)
         TAILQ_REMOVE(&list, cmd, link);
         LD_ASSERT(cmd->waiting);
         cmd->waiting = false;
-        cmd->node = NULL;
-        struct ld_redis_opts o = {.flags = cmd->flags,
-                                  .pool = cmd->pool,
-                                  .instance = cmd->instance,
-                                  .timeout_ms = cmd->timeout_ms};
-        route_cmd(cmd, &o, 0, NULL, NULL);
+        redis_route(cmd);
     }
 }
 
@@ -734,18 +858,33 @@ wait_cb(evutil_socket_t fd, short what, void *arg)
         TAILQ_REMOVE(&n->waiting, cmd, link);
         n->n_waiting--;
         cmd->waiting = false;
-        cmd->node = NULL;
         char why[400];
-        snprintf(why, sizeof(why),
-                 "no connection to redis %.60s was ready "
-                 "within %u ms (last error: %s)",
-                 n->address, cmd_timeout_ms(cmd),
-                 n->last_error[0] != '\0' ? n->last_error : "none yet");
+        if (n->instance < 0) {
+            snprintf(why, sizeof(why),
+                     "no master known for slot %u within %u ms (last "
+                     "error: %s)",
+                     cmd->x != NULL ? cmd->x->slot : 0, cmd_timeout_ms(cmd),
+                     n->last_error);
+        } else {
+            snprintf(why, sizeof(why),
+                     "no connection to redis %.60s was ready "
+                     "within %u ms (last error: %s)",
+                     n->address, cmd_timeout_ms(cmd),
+                     n->last_error[0] != '\0' ? n->last_error : "none yet");
+        }
         fail_later(cmd, LD_REDIS_NOT_SENT, why);
     }
     if (next != 0) {
         wait_arm(n, next);
     }
+}
+
+static void
+cmd_cluster_prepare(struct rcmd *cmd, const char *route, size_t route_len)
+{
+    struct rcmd_x *x = redis_cmd_x(cmd);
+    x->slot = ld_cluster_slot(route, route_len);
+    x->issued_us = ld_now_us();
 }
 
 void
@@ -769,8 +908,18 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
     if (opts != NULL) {
         cmd->instance = opts->instance;
         cmd->timeout_ms = opts->timeout_ms;
+        cmd->pool = opts->pool;
     }
     cmd->route_hash = ld_hash(route, route_len);
+    if (redis_mod.cluster && cmd->instance == 0) {
+        /* Kept: a redirection sends it again. */
+        cmd_cluster_prepare(cmd, route, route_len);
+        if (copy_args(cmd, argc, argv, argvlen) != LD_OK) {
+            fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
+            return;
+        }
+        argv = NULL;
+    }
     route_cmd(cmd, opts, argc, argv, argvlen);
 }
 
@@ -834,8 +983,12 @@ ld_redis_script_ex(const struct ld_redis_opts *opts, enum ld_script_id script,
     if (opts != NULL) {
         cmd->instance = opts->instance;
         cmd->timeout_ms = opts->timeout_ms;
+        cmd->pool = opts->pool;
     }
     cmd->route_hash = ld_hash(route, route_len);
+    if (redis_mod.cluster && cmd->instance == 0) {
+        cmd_cluster_prepare(cmd, route, route_len);
+    }
     if (keep_args(cmd, nkeys, argc, argv, argvlen) != LD_OK) {
         fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
         return;
@@ -867,6 +1020,10 @@ ld_redis_on_doubt(ld_redis_doubt_fn *fn, void *arg)
 void
 redis_doubt(const struct rnode *n, const char *why)
 {
+    if (redis_mod.cluster && n->instance == 0 && n->is_master) {
+        redis_cluster_refresh_soon(why);
+        return;
+    }
     /* The Sentinel follower watches the backend of redis.* only. */
     if (redis_mod.doubt_fn != NULL && !redis_mod.freeing && n->instance == 0) {
         redis_mod.doubt_fn(why, redis_mod.doubt_arg);
@@ -874,9 +1031,10 @@ redis_doubt(const struct rnode *n, const char *why)
 }
 
 /* A node at ADDR (NULL: not known yet) with redis.connections shared
- * connections, and room for as many in its lock pool. */
-static struct rnode *
-node_new(int instance, const struct ld_conn_addr *addr, const char *text)
+ * connections, and room for as many in its lock pool. INSTANCE -1: only
+ * a queue, with no connection and not among the nodes. */
+struct rnode *
+redis_node_new(int instance, const struct ld_conn_addr *addr, const char *text)
 {
     struct rnode *n = ld_xcalloc(1, sizeof(*n));
     n->instance = instance;
@@ -891,6 +1049,9 @@ node_new(int instance, const struct ld_conn_addr *addr, const char *text)
     n->wait_ev = evtimer_new(redis_mod.ctx->base, wait_cb, n);
     if (n->wait_ev == NULL) {
         ld_oom(0);
+    }
+    if (instance < 0) {
+        return n;
     }
     n->n_conns = redis_mod.n_conns;
     n->conns = ld_xcalloc(2 * (size_t)n->n_conns, sizeof(*n->conns));
@@ -919,7 +1080,6 @@ node_free(struct rnode *n)
         struct rcmd *cmd = TAILQ_FIRST(&n->waiting);
         TAILQ_REMOVE(&n->waiting, cmd, link);
         cmd->waiting = false;
-        cmd->node = NULL;
         fail_later(cmd, LD_REDIS_NOT_SENT, "the daemon is stopping");
     }
     n->n_waiting = 0;
@@ -936,11 +1096,6 @@ ld_redis_init(const struct ld_ctx *ctx)
     redis_mod.ctx = ctx;
     TAILQ_INIT(&redis_mod.failed);
     LIST_INIT(&redis_mod.draining);
-    if (cfg->redis.mode == LD_REDIS_CLUSTER) {
-        log_error("redis.mode cluster is not available in this version; use "
-                  "standalone or sentinel");
-        return LD_ERR;
-    }
     redis_mod.n_conns = cfg->redis.connections;
     if (redis_mod.n_conns < 1) {
         redis_mod.n_conns = 1;
@@ -949,16 +1104,31 @@ ld_redis_init(const struct ld_ctx *ctx)
         redis_mod.n_conns = MAX_CONNS;
     }
     ld_defer_init(&redis_mod.fail_defer, ctx->base, fail_cb, NULL);
+    if (cfg->redis.mode == LD_REDIS_CLUSTER) {
+        size_t used = (size_t)snprintf(
+            redis_mod.label, sizeof(redis_mod.label), "cluster%s%s",
+            cfg->redis.addresses.count == 0 ? ":" : "",
+            cfg->redis.addresses.count == 0 ? cfg->redis.address : "");
+        for (size_t i = 0;
+             i < cfg->redis.addresses.count && used < sizeof(redis_mod.label);
+             i++) {
+            used += (size_t)snprintf(redis_mod.label + used,
+                                     sizeof(redis_mod.label) - used, "%s%s",
+                                     i == 0 ? ":" : ",",
+                                     cfg->redis.addresses.items[i]);
+        }
+        return redis_cluster_init();
+    }
     if (cfg->redis.mode == LD_REDIS_SENTINEL) {
         /* The Sentinels name the master (ld_redis_set_address). */
-        node_new(0, NULL, NULL);
+        redis_node_new(0, NULL, NULL);
     } else {
         struct ld_conn_addr addr;
         if (ld_conn_parse_address(cfg->redis.address, &addr) != LD_OK) {
             log_error("bad redis.address value=%s", cfg->redis.address);
             return LD_ERR;
         }
-        node_new(0, &addr, cfg->redis.address);
+        redis_node_new(0, &addr, cfg->redis.address);
     }
     return LD_OK;
 }
@@ -981,7 +1151,7 @@ ld_redis_add_instance(const char *address)
         return LD_ERR;
     }
     int k = ++redis_mod.n_inst;
-    redis_mod.inst[k] = node_new(k, &addr, address);
+    redis_mod.inst[k] = redis_node_new(k, &addr, address);
     return k;
 }
 
@@ -1002,8 +1172,8 @@ lock_pool_start(struct rnode *n)
     }
 }
 
-static void
-node_start(struct rnode *n)
+void
+redis_node_start(struct rnode *n)
 {
     if (n->started || !n->have_addr || !redis_mod.started) {
         return;
@@ -1022,7 +1192,7 @@ ld_redis_start(void)
 {
     redis_mod.started = true;
     for (int i = 0; i < redis_mod.n_nodes; i++) {
-        node_start(redis_mod.nodes[i]);
+        redis_node_start(redis_mod.nodes[i]);
     }
 }
 
@@ -1043,7 +1213,7 @@ ld_redis_set_address(const struct ld_conn_addr *addr, const char *text)
         ld_conn_set_addr(c->conn, addr);
         c->why[0] = '\0';
     }
-    node_start(n);
+    redis_node_start(n);
 }
 
 void
@@ -1057,6 +1227,12 @@ ld_redis_free(void)
     for (int i = 0; i < redis_mod.n_nodes; i++) {
         node_free(redis_mod.nodes[i]);
     }
+    if (redis_mod.cluster) {
+        redis_cluster_free();
+        node_free(redis_mod.unmapped);
+        redis_mod.unmapped = NULL;
+        redis_mod.cluster = false;
+    }
     free(redis_mod.nodes);
     redis_mod.nodes = NULL;
     redis_mod.n_nodes = 0;
@@ -1067,4 +1243,63 @@ ld_redis_free(void)
         ld_defer_free(&redis_mod.fail_defer);
     }
     redis_mod.started = false;
+}
+
+void
+ld_redis_on_map(ld_redis_map_fn *fn, void *arg)
+{
+    redis_mod.map_fn = fn;
+    redis_mod.map_arg = arg;
+}
+
+void
+ld_redis_on_failover(ld_redis_failover_fn *fn, void *arg)
+{
+    redis_mod.failover_fn = fn;
+    redis_mod.failover_arg = arg;
+}
+
+/* The slot map was refreshed (CHANGED: it differs, or a MOVED moved a
+ * slot). After a failover the locks are checked again as when the
+ * backend comes back (ld_redis_on_state): the masters that took over may
+ * lack what the lost one had granted. */
+void
+redis_map_changed(bool changed, bool failover)
+{
+    if (failover) {
+        ld_stats.redis_failovers++;
+        if (redis_mod.failover_fn != NULL) {
+            redis_mod.failover_fn(redis_mod.failover_arg);
+        }
+    }
+    if (redis_mod.map_fn != NULL) {
+        redis_mod.map_fn(changed, redis_mod.map_arg);
+    }
+    if (failover) {
+        notify_state(0, true);
+    }
+}
+
+int
+ld_redis_route_address(const char *route, size_t route_len,
+                       struct ld_conn_addr *addr, char *text, size_t len)
+{
+    const struct rnode *n;
+    if (redis_mod.cluster) {
+        n = redis_cluster_node(ld_cluster_slot(route, route_len));
+    } else {
+        n = main_node();
+    }
+    if (n == NULL || !n->have_addr) {
+        return LD_ERR;
+    }
+    *addr = n->addr;
+    snprintf(text, len, "%s", n->address);
+    return LD_OK;
+}
+
+void
+ld_redis_cluster_refresh(void)
+{
+    redis_cluster_refresh_soon("asked");
 }

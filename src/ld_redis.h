@@ -158,6 +158,25 @@ void ld_redis_set_address(const struct ld_conn_addr *addr, const char *text);
 typedef void ld_redis_doubt_fn(const char *why, void *arg);
 void ld_redis_on_doubt(ld_redis_doubt_fn *fn, void *arg);
 
+/* Cluster mode (redis.mode: cluster). */
+bool ld_redis_is_cluster(void);
+/* Ask the cluster for its slot map again soon (rate-limited). */
+void ld_redis_cluster_refresh(void);
+/* The slot map was refreshed; CHANGED when it differs (or a MOVED moved
+ * a slot). One watcher (the subscriber, which moves its channels where
+ * their slots now live). */
+typedef void ld_redis_map_fn(bool changed, void *arg);
+void ld_redis_on_map(ld_redis_map_fn *fn, void *arg);
+/* Cluster mode: a master's slots were taken over by another node (a
+ * failover, forced or not). Called before the state watchers hear "up",
+ * which makes the lock module check every lock held. One watcher. */
+typedef void ld_redis_failover_fn(void *arg);
+void ld_redis_on_failover(ld_redis_failover_fn *fn, void *arg);
+/* Where commands routed by ROUTE go now: the master of its slot in
+ * cluster mode, the one server otherwise. LD_ERR: not known yet. */
+int ld_redis_route_address(const char *route, size_t route_len,
+                           struct ld_conn_addr *addr, char *text, size_t len);
+
 /* "host:port" or an absolute Unix socket path. */
 int ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
                            int *port, bool *is_unix);

@@ -1,8 +1,9 @@
 #ifndef LD_REDIS_INT_H
 #define LD_REDIS_INT_H
 
-/* What ld_redis.c (the command queue) and ld_redis_slot.c (the
- * connections under it) share; no other module includes this. */
+/* What ld_redis.c (the command queue), ld_redis_slot.c (the connections
+ * under it) and ld_cluster.c (the slot map of cluster mode) share; no
+ * other module includes this. */
 
 #include "ld_common.h"
 #include "ld_conn.h"
@@ -28,35 +29,52 @@ enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
 
 struct rconn;
 
+struct rnode;
+
+/* What only some commands need (cluster mode, a timeout of their own),
+ * kept apart so that the common command stays small. */
+struct rcmd_x {
+    struct event *timeout_ev; /* only with a timeout_ms of its own */
+    /* Cluster mode: the route key's slot, a node a redirection named
+     * (ASK: after ASKING), how often it was redirected or retried. */
+    struct rnode *target;
+    uint64_t issued_us;
+    uint64_t retry_at_us;
+    unsigned slot;
+    int redirects;
+    int tries;
+    bool asking;
+    bool retrying; /* on the retry list (TRYAGAIN, CLUSTERDOWN) */
+};
+
 struct rcmd {
     void (*cb)(redisReply *reply, void *arg);
     void *arg;
     struct rconn *conn;
     uint64_t sent_us;
     TAILQ_ENTRY(rcmd) link; /* connection FIFO, waiting or failure list */
-    unsigned flags;         /* LD_REDIS_F_* */
-    bool answered;          /* the callback has had UNKNOWN already */
-    bool noscript;          /* resent as EVAL after NOSCRIPT */
-    int fail_outcome;       /* on the failure list */
     char *fail_reason;
-    int script; /* -1 unless an EVALSHA */
-    int argc;   /* script: keys + args, kept for NOSCRIPT */
     char **argv;
     size_t *argvlen;
-    bool internal;            /* handshake step: cb gets the rconn */
-    bool waiting;             /* on the list of those awaiting a conn */
-    int pool;                 /* while waiting */
-    int instance;             /* ld_redis_opts.instance */
-    unsigned timeout_ms;      /* ld_redis_opts.timeout_ms, 0: redis's */
-    struct event *timeout_ev; /* only with a timeout_ms of its own */
-    struct rnode *node;       /* while waiting: whose queue */
+    struct rcmd_x *x; /* NULL unless needed */
     uint64_t route_hash;
     uint64_t wait_until_us; /* when waiting for a connection ends */
+    unsigned flags;         /* LD_REDIS_F_* */
+    int script;             /* -1 unless an EVALSHA */
+    int argc;               /* script: keys + args, kept for NOSCRIPT */
+    unsigned timeout_ms;    /* ld_redis_opts.timeout_ms, 0: redis's */
+    /* Small, so that a command stays within 120 bytes (malloc's fast
+     * sizes): the standalone hot path allocates one per command. */
+    int16_t instance;     /* ld_redis_opts.instance, <= MAX_INSTANCES */
+    uint8_t pool;         /* enum ld_redis_pool */
+    uint8_t fail_outcome; /* on the failure list */
+    bool answered;        /* the callback has had UNKNOWN already */
+    bool noscript;        /* resent as EVAL after NOSCRIPT */
+    bool internal;        /* handshake step: cb gets the rconn */
+    bool waiting;         /* on the list of those awaiting a conn */
 };
 
 TAILQ_HEAD(rcmd_queue, rcmd);
-
-struct rnode;
 
 struct rconn {
     int idx;
@@ -81,7 +99,9 @@ struct rconn {
  * its connections ready while one is being established wait in its
  * queue. */
 struct rnode {
-    int instance; /* 0: the backend of redis.*; k: instance k */
+    int instance; /* 0: the backend of redis.*; k: instance k; -1: the
+                     queue of cluster commands awaiting a slot map */
+    bool is_master, was_master; /* cluster: in the latest and last map */
     struct ld_conn_addr addr;
     char address[300];
     bool have_addr; /* false in sentinel mode until a master is known */
@@ -136,10 +156,30 @@ struct ld_redis_mod {
     bool started;
     void (*doubt_fn)(const char *why, void *arg);
     void *doubt_arg;
+    /* Cluster mode (ld_cluster.c). */
+    bool cluster;
+    char label[300];      /* ld_redis_address() */
+    struct rnode **slots; /* the master of each slot; NULL before a map */
+    bool have_map;
+    struct rnode *unmapped;
+    struct event *refresh_ev;
+    bool refreshing, refresh_again, refresh_wanted;
+    uint64_t last_refresh_ms;
+    int refresh_turn;
+    char *cluster_bodies[REDIS_N_SCRIPTS]; /* PUBLISH made SPUBLISH */
+    struct rcmd_queue retry;
+    int n_retry;
+    struct event *retry_ev;
+    void (*map_fn)(bool changed, void *arg);
+    void *map_arg;
+    void (*failover_fn)(void *arg);
+    void *failover_arg;
 };
 
 extern struct ld_redis_mod redis_mod;
 extern const char *const redis_script_bodies[];
+/* The body of script I as node N gets it (SPUBLISH on a cluster). */
+const char *redis_script_body(const struct rnode *n, int i);
 extern const char *const redis_script_names[];
 
 /* ld_redis.c */
@@ -152,7 +192,26 @@ void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
                    const char *reason, uint64_t conn_id);
 void redis_waiting_retry(struct rnode *n);
 void redis_rcmd_free(struct rcmd *cmd);
+struct rcmd_x *redis_cmd_x(struct rcmd *cmd);
 void redis_doubt(const struct rnode *n, const char *why);
+struct rnode *redis_node_new(int instance, const struct ld_conn_addr *addr,
+                             const char *text);
+void redis_node_start(struct rnode *n);
+void redis_route(struct rcmd *cmd);
+void redis_send_to(struct rnode *n, int argc, const char **argv,
+                   const size_t *argvlen,
+                   void (*cb)(redisReply *reply, void *arg), void *arg);
+void redis_fail_later(struct rcmd *cmd, int outcome, const char *reason);
+uint64_t redis_cmd_timeout_us(const struct rcmd *cmd);
+void redis_map_changed(bool changed, bool failover);
+
+/* ld_cluster.c */
+int redis_cluster_init(void);
+void redis_cluster_free(void);
+struct rnode *redis_cluster_node(unsigned slot);
+bool redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply);
+void redis_cluster_refresh_soon(const char *why);
+void redis_cluster_node_up(struct rnode *n);
 
 /* ld_redis_slot.c */
 void redis_slot_init(struct rnode *n, struct rconn *c, int idx, int pool);

@@ -44,8 +44,9 @@ slot_ready(struct ld_conn *conn, void *owner)
     c->handshake_left = 0;
     c->handshake_failed = false;
     for (int i = 0; i < LD_SCRIPT__COUNT; i++) {
-        const char *av[] = {"SCRIPT", "LOAD", redis_script_bodies[i]};
-        size_t al[] = {6, 4, strlen(redis_script_bodies[i])};
+        const char *body = redis_script_body(c->node, i);
+        const char *av[] = {"SCRIPT", "LOAD", body};
+        size_t al[] = {6, 4, strlen(body)};
         struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
         cmd->internal = true;
         cmd->script = i;

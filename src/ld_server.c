@@ -256,6 +256,14 @@ on_master(const struct ld_conn_addr *addr, const char *text, bool failover,
     ld_pubsub_set_address(addr);
 }
 
+/* Cluster mode: a master's slots were taken over (see on_master). */
+static void
+on_cluster_failover(void *arg)
+{
+    LD_UNUSED(arg);
+    ld_lock_failover();
+}
+
 /* The one place that wires the modules: each gets the ctx, and the
  * layers above hand the layers below their callbacks, so no module
  * includes one above it. No socket is opened here. */
@@ -291,6 +299,9 @@ ld_server_wire(const struct ld_ctx *c)
         }
         ld_redis_on_doubt(ld_sentinel_doubt, NULL);
         ld_redis_on_state(ld_sentinel_master_state, NULL);
+    } else if (c->cfg->redis.mode == LD_REDIS_CLUSTER) {
+        ld_redis_on_failover(on_cluster_failover, NULL);
+        ld_stats_set_redis_master(ld_redis_address());
     } else {
         ld_stats_set_redis_master(c->cfg->redis.address);
     }

@@ -38,6 +38,10 @@
     X(gauge, redlock_instances_up,                                            \
       "Redlock instances with a ready connection")                            \
     X(counter, redlock_undone, "Holds given back after a failed Redlock try") \
+    X(gauge, redis_cluster_nodes, "Masters in the cluster slot map")          \
+    X(counter, redis_cluster_refreshes, "Cluster slot map refreshes")         \
+    X(counter, redis_moved, "Cluster MOVED redirections followed")            \
+    X(counter, redis_ask, "Cluster ASK redirections followed")                \
     X(gauge, pubsub_channels, "Channels the subscriber connection holds")     \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \

@@ -129,16 +129,18 @@ START_TEST(test_redlock_refused)
 }
 END_TEST
 
-START_TEST(test_cluster_refused)
+/* Cluster mode has one database only. */
+START_TEST(test_cluster_db_refused)
 {
     char extra[256];
 
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
     snprintf(extra, sizeof extra,
-             "redis:\n  address: 127.0.0.1:%d\n  mode: standalone\n", R.port);
+             "redis:\n  address: 127.0.0.1:%d\n  db: 1\n"
+             "  mode: standalone\n",
+             R.port);
     refused_everywhere(extra, "mode: standalone", "mode: cluster",
-                       "redis.mode: cluster is not available in this "
-                       "version");
+                       "redis.db: must be 0 in cluster mode");
 }
 END_TEST
 
@@ -164,7 +166,7 @@ main(void)
     const struct h_case cases[] = {
         H_CASE(near_cache_refused, 90),
         H_CASE(redlock_refused, 90),
-        H_CASE(cluster_refused, 90),
+        H_CASE(cluster_db_refused, 90),
         H_CASE(defaults_accepted, 60),
     };
 

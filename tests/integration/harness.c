@@ -2312,3 +2312,323 @@ h_replica_linked(void *arg)
     }
     return ok;
 }
+
+/* --- Redis Cluster ------------------------------------------------------ */
+
+#define H_CLUSTER_READY_MS 20000
+
+static bool
+cluster_node_ok(struct h_redis *r)
+{
+    redisReply *rep = h_redis_cmd(r, "CLUSTER INFO");
+    bool ok = rep != NULL && rep->type == REDIS_REPLY_STRING &&
+              strstr(rep->str, "cluster_state:ok") != NULL &&
+              strstr(rep->str, "cluster_slots_ok:16384") != NULL;
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return ok;
+}
+
+/* The port of the master of SLOT as node R sees it, -1 if unknown. */
+static int
+cluster_slot_port(struct h_redis *r, int slot)
+{
+    redisReply *rep = h_redis_cmd(r, "CLUSTER SLOTS");
+    int port = -1;
+    if (rep == NULL) {
+        return -1;
+    }
+    for (size_t i = 0; rep->type == REDIS_REPLY_ARRAY && i < rep->elements;
+         i++) {
+        redisReply *e = rep->element[i];
+        if (e->type == REDIS_REPLY_ARRAY && e->elements >= 3 &&
+            e->element[0]->integer <= slot && slot <= e->element[1]->integer) {
+            port = (int)e->element[2]->element[1]->integer;
+        }
+    }
+    freeReplyObject(rep);
+    return port;
+}
+
+static int
+cluster_index_of_port(const struct h_cluster *cl, int port)
+{
+    for (int i = 0; i < cl->n; i++) {
+        if (cl->node[i].port == port) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+bool
+h_cluster_ok(struct h_cluster *cl, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+    do {
+        bool all = true;
+        int want[3] = {0, 5461, 10923};
+        for (int i = 0; i < cl->n && all; i++) {
+            if (cl->node[i].pid <= 0) {
+                continue;
+            }
+            all = cluster_node_ok(&cl->node[i]);
+            /* They agree on who serves the slots (a sample of them). */
+            for (int k = 0; k < 3 && all; k++) {
+                all = cluster_slot_port(&cl->node[i], want[k]) ==
+                      cl->node[h_cluster_master_of_slot(cl, want[k])].port;
+            }
+        }
+        if (all) {
+            return true;
+        }
+        sleep_ms(100);
+    } while (h_now_ms() < deadline);
+    return false;
+}
+
+int
+h_cluster_start(struct h_cluster *cl, int masters)
+{
+    return h_cluster_start_ex(cl, masters, NULL);
+}
+
+static int cluster_start(struct h_cluster *cl, int masters,
+                         const char *extra_args, const char *tls_dir);
+
+int
+h_cluster_start_ex(struct h_cluster *cl, int masters, const char *extra_args)
+{
+    return cluster_start(cl, masters, extra_args, NULL);
+}
+
+int
+h_cluster_start_tls(struct h_cluster *cl, int masters, const char *dir)
+{
+    return cluster_start(cl, masters, NULL, dir);
+}
+
+static int
+cluster_start(struct h_cluster *cl, int masters, const char *extra_args,
+              const char *tls_dir)
+{
+    char *args[2 * H_CLUSTER_MAX + 12];
+    char node_args[1024], ca[300];
+    char addr[H_CLUSTER_MAX][32];
+    int argc = 0;
+
+    memset(cl, 0, sizeof(*cl));
+    if (masters < 3 || 2 * masters > H_CLUSTER_MAX) {
+        return -1;
+    }
+    snprintf(ca, sizeof(ca), "%s/ca.crt", tls_dir != NULL ? tls_dir : "");
+    for (int i = 0; i < 2 * masters; i++) {
+        int used = snprintf(node_args, sizeof(node_args),
+                            "--cluster-enabled yes --cluster-config-file "
+                            "nodes.conf --cluster-node-timeout 1000 "
+                            "--cluster-replica-validity-factor 0 %s",
+                            extra_args != NULL ? extra_args : "");
+        if (tls_dir != NULL) {
+            /* Its cluster bus listens 10000 ports higher. */
+            do {
+                cl->tls_port[i] = h_free_port();
+            } while (cl->tls_port[i] > 55000);
+            snprintf(node_args + used, sizeof(node_args) - (size_t)used,
+                     " --tls-port %d --tls-cert-file %s/server.crt "
+                     "--tls-key-file %s/server.key --tls-ca-cert-file %s "
+                     "--tls-auth-clients no --tls-cluster yes "
+                     "--tls-replication yes",
+                     cl->tls_port[i], tls_dir, tls_dir, ca);
+        }
+        if (h_redis_start(&cl->node[i], node_args) != 0) {
+            h_cluster_stop(cl);
+            return -1;
+        }
+        cl->n++;
+    }
+    args[argc++] = "redis-cli";
+    if (tls_dir != NULL) {
+        /* The cluster bus speaks TLS: the nodes meet on their TLS
+         * ports. */
+        args[argc++] = "--tls";
+        args[argc++] = "--cacert";
+        args[argc++] = ca;
+    }
+    args[argc++] = "--cluster";
+    args[argc++] = "create";
+    for (int i = 0; i < cl->n; i++) {
+        snprintf(addr[i], sizeof(addr[i]), "127.0.0.1:%d",
+                 tls_dir != NULL ? cl->tls_port[i] : cl->node[i].port);
+        args[argc++] = addr[i];
+    }
+    args[argc++] = "--cluster-replicas";
+    args[argc++] = "1";
+    args[argc++] = "--cluster-yes";
+    args[argc] = NULL;
+    char out[8192], err[2048];
+    int rc = h_run((const char *const *)args, out, sizeof(out), err,
+                   sizeof(err), 30000);
+    if (rc != 0 || !h_cluster_ok(cl, H_CLUSTER_READY_MS)) {
+        fprintf(stderr, "harness: cluster create failed (%d)\n%s\n%s\n", rc,
+                out, err);
+        h_cluster_stop(cl);
+        return -1;
+    }
+    return 0;
+}
+
+void
+h_cluster_stop(struct h_cluster *cl)
+{
+    for (int i = 0; i < cl->n; i++) {
+        if (cl->node[i].dir[0] != '\0') {
+            h_redis_stop(&cl->node[i]);
+        }
+    }
+    cl->n = 0;
+}
+
+int
+h_cluster_master_of_slot(struct h_cluster *cl, int slot)
+{
+    for (int i = 0; i < cl->n; i++) {
+        if (cl->node[i].pid <= 0) {
+            continue;
+        }
+        int port = cluster_slot_port(&cl->node[i], slot);
+        if (port > 0) {
+            return cluster_index_of_port(cl, port);
+        }
+    }
+    return -1;
+}
+
+int
+h_cluster_keyslot(struct h_cluster *cl, const char *key)
+{
+    for (int i = 0; i < cl->n; i++) {
+        if (cl->node[i].pid > 0) {
+            long long v = h_r_int(&cl->node[i], "CLUSTER KEYSLOT %s", key);
+            if (v >= 0) {
+                return (int)v;
+            }
+        }
+    }
+    return -1;
+}
+
+void
+h_cluster_id(struct h_cluster *cl, int i, char *buf, size_t len)
+{
+    redisReply *rep = h_redis_cmd(&cl->node[i], "CLUSTER MYID");
+    ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STRING,
+                  "CLUSTER MYID of node %d", i);
+    snprintf(buf, len, "%s", rep->str);
+    freeReplyObject(rep);
+}
+
+int
+h_cluster_replica_of(struct h_cluster *cl, int i)
+{
+    char id[64];
+    h_cluster_id(cl, i, id, sizeof(id));
+    for (int k = 0; k < cl->n; k++) {
+        if (k == i || cl->node[k].pid <= 0) {
+            continue;
+        }
+        redisReply *rep = h_redis_cmd(&cl->node[k], "INFO replication");
+        char want[64];
+        snprintf(want, sizeof(want), "master_port:%d", cl->node[i].port);
+        bool is = rep != NULL && rep->type == REDIS_REPLY_STRING &&
+                  strstr(rep->str, "role:slave") != NULL &&
+                  strstr(rep->str, want) != NULL;
+        if (rep != NULL) {
+            freeReplyObject(rep);
+        }
+        if (is) {
+            return k;
+        }
+    }
+    return -1;
+}
+
+void
+h_cluster_yaml(const struct h_cluster *cl, const char *extra, char *buf,
+               size_t len)
+{
+    snprintf(buf, len,
+             "redis:\n  mode: cluster\n  addresses: [\"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n%s",
+             cl->node[0].port, cl->node[1].port, extra != NULL ? extra : "");
+}
+
+static int
+run_quiet(const char *const argv[])
+{
+    char err[2048];
+    int rc = h_run(argv, NULL, 0, err, sizeof(err), 30000);
+    if (rc != 0) {
+        fprintf(stderr, "harness: %s %s failed (%d): %s\n", argv[0], argv[1],
+                rc, err);
+    }
+    return rc;
+}
+
+int
+h_test_certs(const char *dir)
+{
+    char cakey[300], cacrt[300], key[300], csr[300], crt[300], ext[300];
+    snprintf(cakey, sizeof(cakey), "%s/ca.key", dir);
+    snprintf(cacrt, sizeof(cacrt), "%s/ca.crt", dir);
+    snprintf(key, sizeof(key), "%s/server.key", dir);
+    snprintf(csr, sizeof(csr), "%s/server.csr", dir);
+    snprintf(crt, sizeof(crt), "%s/server.crt", dir);
+    snprintf(ext, sizeof(ext), "%s/server.ext", dir);
+    const char *ca[] = {"openssl",
+                        "req",
+                        "-x509",
+                        "-newkey",
+                        "ec",
+                        "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1",
+                        "-nodes",
+                        "-keyout",
+                        cakey,
+                        "-out",
+                        cacrt,
+                        "-days",
+                        "2",
+                        "-subj",
+                        "/CN=leased test ca",
+                        NULL};
+    const char *req[] = {"openssl",
+                         "req",
+                         "-newkey",
+                         "ec",
+                         "-pkeyopt",
+                         "ec_paramgen_curve:prime256v1",
+                         "-nodes",
+                         "-keyout",
+                         key,
+                         "-out",
+                         csr,
+                         "-subj",
+                         "/CN=localhost",
+                         NULL};
+    const char *sign[] = {
+        "openssl", "x509", "-req",   "-in", csr,
+        "-CA",     cacrt,  "-CAkey", cakey, "-CAcreateserial",
+        "-out",    crt,    "-days",  "2",   "-extfile",
+        ext,       NULL};
+    if (run_quiet(ca) != 0 || run_quiet(req) != 0) {
+        return -1;
+    }
+    FILE *f = fopen(ext, "w");
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+    fclose(f);
+    return run_quiet(sign) == 0 ? 0 : -1;
+}

@@ -278,4 +278,49 @@ void h_case_setup(void);
 void h_case_passed(void);
 void h_case_teardown(void);
 
+/* --- Redis Cluster ------------------------------------------------------ */
+#define H_CLUSTER_MAX 6
+
+/* MASTERS masters, each with one replica, on free loopback ports
+ * (cluster-enabled, node timeout 1000 ms, a replica may always take over),
+ * made with redis-cli --cluster create. node[i] are the servers as
+ * started (masters first); which is master now is asked of the cluster. */
+struct h_cluster {
+    struct h_redis node[H_CLUSTER_MAX];
+    int n;
+    int tls_port[H_CLUSTER_MAX]; /* h_cluster_start_tls */
+};
+/* Start it and wait until every node reports cluster_state:ok. 0, or -1
+ * (logs printed). */
+int h_cluster_start(struct h_cluster *cl, int masters);
+/* The same with EXTRA_ARGS (may be NULL) for every redis-server, e.g.
+ * "--cluster-require-full-coverage no". */
+int h_cluster_start_ex(struct h_cluster *cl, int masters,
+                       const char *extra_args);
+void h_cluster_stop(struct h_cluster *cl);
+/* Wait up to TIMEOUT_MS until every live node reports cluster_state:ok
+ * and agrees on the slots' masters. */
+bool h_cluster_ok(struct h_cluster *cl, int timeout_ms);
+/* The index in node[] of the master serving SLOT now, as a live node
+ * says (-1 when none answers). */
+int h_cluster_master_of_slot(struct h_cluster *cl, int slot);
+/* The hash slot of KEY (CLUSTER KEYSLOT). */
+int h_cluster_keyslot(struct h_cluster *cl, const char *key);
+/* The index of a replica of master I (-1 if none). */
+int h_cluster_replica_of(struct h_cluster *cl, int i);
+/* Node I's cluster id (CLUSTER MYID) in BUF. */
+void h_cluster_id(struct h_cluster *cl, int i, char *buf, size_t len);
+/* "redis:\n  mode: cluster\n  addresses: [...]\n" with the first two
+ * nodes as seeds, then EXTRA (more keys of the redis section). */
+void h_cluster_yaml(const struct h_cluster *cl, const char *extra, char *buf,
+                    size_t len);
+/* A cluster whose nodes also serve TLS (tls-cluster yes, so CLUSTER SLOTS
+ * names their TLS ports to TLS clients) with the certificates of
+ * h_test_certs in DIR; node[i].port stays plain for the harness's own
+ * checks, tls_port[i] is the TLS one. */
+int h_cluster_start_tls(struct h_cluster *cl, int masters, const char *dir);
+/* In DIR: ca.crt (a fresh CA) and server.crt/server.key signed by it for
+ * localhost and 127.0.0.1. 0, or -1. */
+int h_test_certs(const char *dir);
+
 #endif

@@ -521,6 +521,16 @@ START_TEST(error_sentinel_needs_addresses)
 }
 END_TEST
 
+START_TEST(error_cluster_db)
+{
+    /* Redis Cluster has database 0 only. */
+    expect_error("redis:\n  mode: cluster\n  db: 2\n",
+                 "t.yml:3:7: redis.db: must be 0 in cluster mode");
+    expect_ok("redis:\n  mode: cluster\n  addresses: [127.0.0.1:7000]\n");
+    expect_ok("redis:\n  mode: cluster\n");
+}
+END_TEST
+
 START_TEST(error_invalid_utf8)
 {
     expect_error("log:\n  level: \xff\xfe\n",
@@ -806,9 +816,6 @@ START_TEST(not_built_refused)
         const char *yaml;
         const char *message;
     } refused[] = {
-        {"redis:\n  db: 0\n  mode: cluster\n",
-         "t.yml:3:9: redis.mode: cluster is not available in this version "
-         "(only the default standalone is accepted)"},
         {"cache:\n  near: {enabled: true}\n",
          "t.yml:2:19: cache.near.enabled: the near cache is not available "
          "in this version (only the default false is accepted)"},
@@ -816,7 +823,8 @@ START_TEST(not_built_refused)
          "t.yml:2:21: cache.near.max_bytes: the near cache is not available "
          "in this version (only the default 67108864 is accepted)"},
         /* Several: the first in the file, not in the table. */
-        {"cache:\n  near: {enabled: true}\nredis:\n  mode: cluster\n",
+        {"cache:\n  near: {enabled: true}\nlock:\n  redlock: [a:1, b:1, "
+         "c:1]\n",
          "t.yml:2:19: cache.near.enabled: the near cache is not available "
          "in this version (only the default false is accepted)"},
     };
@@ -886,6 +894,7 @@ conf_suite(void)
         {"error_invalid_utf8", error_invalid_utf8},
         {"error_tcp_needs_token", error_tcp_needs_token},
         {"error_sentinel_needs_addresses", error_sentinel_needs_addresses},
+        {"error_cluster_db", error_cluster_db},
         {"unix_group_must_exist", unix_group_must_exist},
         {"relative_paths_become_absolute", relative_paths_become_absolute},
         {"error_related_settings", error_related_settings},
