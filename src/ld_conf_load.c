@@ -356,6 +356,14 @@ check_relations(struct conf_load *st)
                           "sentinel mode needs the Sentinels in "
                           "redis.addresses");
     }
+    if (c->cache.near.enabled &&
+        c->cache.near.max_value_bytes > c->cache.near.max_bytes) {
+        return conf_error(st,
+                          mark_of(st, "cache.near.max_value_bytes",
+                                  "cache.near.max_bytes"),
+                          "cache.near.max_value_bytes",
+                          "may not exceed cache.near.max_bytes");
+    }
     /* One prefix inside the other would let a cache key name a lock's
      * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */
     size_t lp = strlen(c->lock.prefix);

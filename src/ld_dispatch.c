@@ -100,11 +100,15 @@ op_hello(struct ld_req *req)
                  client);
     }
     /* The optional parts of the protocol this daemon offers (near, rwlock,
-     * semaphore, multilock, cancel, stale, early_refresh, admin): none of
-     * them yet, and a client checks before it relies on one. */
-    ld_reply_ok(req, json_pack("{s:s,s:s,s:i,s:s,s:[]}", "server", "leased",
+     * semaphore, multilock, cancel, stale, early_refresh, admin); a client
+     * checks before it relies on one. */
+    json_t *features = json_array();
+    if (dispatch_mod.ctx->cfg->cache.near.enabled) {
+        json_array_append_new(features, json_string("near"));
+    }
+    ld_reply_ok(req, json_pack("{s:s,s:s,s:i,s:s,s:o}", "server", "leased",
                                "version", PACKAGE_VERSION, "protocol", 1,
-                               "session", s->name, "features"));
+                               "session", s->name, "features", features));
 }
 
 static void

@@ -14,6 +14,7 @@
 #include <hiredis/hiredis.h>
 
 struct event;
+struct ld_redis_conn_hooks;
 
 /* Not ld_redis.h: ld_redis.c includes this header, and the module graph
  * must stay a DAG. Enums are ints here for that reason. */
@@ -44,6 +45,7 @@ struct rcmd {
     char **argv;
     size_t *argvlen;
     bool internal; /* handshake step: cb gets the rconn */
+    bool hook;     /* the step of ld_redis_conn_hooks */
     bool waiting;  /* on the list of those awaiting a conn */
     int pool;      /* while waiting */
     uint64_t route_hash;
@@ -103,6 +105,7 @@ struct ld_redis_mod {
     bool have_addr; /* false in sentinel mode until a master is known */
     void (*doubt_fn)(const char *why, void *arg);
     void *doubt_arg;
+    const struct ld_redis_conn_hooks *hooks;
 };
 
 extern struct ld_redis_mod redis_mod;
@@ -120,6 +123,7 @@ void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
 void redis_waiting_retry(void);
 void redis_rcmd_free(struct rcmd *cmd);
 void redis_doubt(const char *why);
+void redis_hook_lost(uint64_t conn_id);
 
 /* ld_redis_slot.c */
 void redis_slot_init(struct rconn *c, int idx, int pool);

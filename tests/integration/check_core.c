@@ -727,7 +727,6 @@ START_TEST(test_unsupported_refused)
         const char *yaml;
         const char *says;
     } cases[] = {
-        {"cache:\n  near: { enabled: true }\n", "near cache is not"},
         {"lock:\n  redlock: [\"127.0.0.1:1\", \"127.0.0.1:2\", "
          "\"127.0.0.1:3\"]\n",
          "Redlock is not"},
