@@ -283,9 +283,10 @@ store(const struct ld_near_read *nr)
     e->val_len = nr->vlen;
     e->bytes = bytes;
     /* PTTL was measured after the read was sent: counting from the send
-     * ends the entry no later than Redis ends the key. */
-    e->expire_us = nr->pttl_ms >= 0
-                       ? nr->begin_us + (uint64_t)nr->pttl_ms * 1000
+     * ends the entry no later than Redis ends the key; less one ms, for
+     * Redis' clock counts whole milliseconds. */
+    e->expire_us = nr->pttl_ms > 0
+                       ? nr->begin_us + (uint64_t)(nr->pttl_ms - 1) * 1000
                        : 0;
     memcpy(e->data, nr->key, nr->key_len);
     memcpy(e->data + nr->key_len, nr->value, nr->vlen);
@@ -306,7 +307,7 @@ keepable(const struct ld_near_read *nr)
 {
     uint64_t conn = nr->value_conn;
     return nr->have_value && nr->caching_ok && nr->have_pttl &&
-           nr->pttl_ms != -2 && nr->pttl_ms != 0 && conn != 0 &&
+           (nr->pttl_ms == -1 || nr->pttl_ms > 1) && conn != 0 &&
            nr->caching_conn == conn && nr->pttl_conn == conn &&
            nr->epoch == near_mod.epoch && nr->fl->gen == nr->gen &&
            near_track_trusted(conn);
@@ -322,7 +323,9 @@ read_part_done(struct ld_near_read *nr)
     if (nr->fl != NULL) {
         if (keepable(nr)) {
             store(nr);
-        } else {
+        } else if (nr->have_value) {
+            /* Why a value read was not kept, for whoever wonders why a
+             * key is never a near hit. */
             log_debug("near read not kept key=\"%.*s\" value=%d caching=%d "
                       "pttl=%d/%lld conns=%llu/%llu/%llu epoch=%d gen=%d "
                       "trusted=%d",
