@@ -43,7 +43,8 @@
 #define CHANNEL "__redis__:invalidate"
 /* Shared connections (at most 64) and those on their way out. */
 #define MAX_CONNS 128
-#define REISSUE_RETRY_MS 50
+/* A connection still loading its scripts is ready within a few ms. */
+#define REISSUE_RETRY_MS 5
 
 struct tconn {
     uint64_t id;       /* 0: free slot */
@@ -99,10 +100,17 @@ near_track_trusted(uint64_t conn_id)
     return t != NULL && t->redirect == track_mod.client_id;
 }
 
+/* near_tracking: invalidations arrive and every command connection is
+ * tracked towards them, so every read from now on may be kept. */
 static void
 set_armed_stat(void)
 {
-    ld_stats.near_tracking = near_track_armed() ? 1 : 0;
+    bool all = near_track_armed();
+    for (size_t i = 0; all && i < MAX_CONNS; i++) {
+        const struct tconn *t = &track_mod.conns[i];
+        all = t->id == 0 || t->redirect == track_mod.client_id;
+    }
+    ld_stats.near_tracking = all ? 1 : 0;
 }
 
 /* CLIENT TRACKING on REDIRECT <id> OPTIN into ARGV (room for 6). */
@@ -155,6 +163,7 @@ reissue_cb(redisReply *reply, void *arg)
         t->asked = 0;
         if (is_ok(reply)) {
             t->redirect = ri->client_id;
+            set_armed_stat();
         } else if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
             /* Still in its handshake (or just gone): ask again soon. */
             struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
@@ -214,6 +223,7 @@ hook_handshake(uint64_t conn_id, const char **argv, size_t *argvlen, int max,
         t->id = conn_id;
         t->redirect = 0;
         t->asked = 0;
+        set_armed_stat();
     }
     /* Without a tracking id yet, reissue_all turns it on later. */
     if (!near_track_armed() || max < 6) {
@@ -238,6 +248,7 @@ hook_reply(uint64_t conn_id, const redisReply *reply, void *arg)
         return;
     }
     t->redirect = asked;
+    set_armed_stat();
     if (asked != track_mod.client_id) {
         /* The tracking connection changed meanwhile. */
         struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
@@ -255,6 +266,7 @@ hook_lost(uint64_t conn_id, void *arg)
     }
     bool trusted = near_track_trusted(conn_id);
     memset(t, 0, sizeof(*t));
+    set_armed_stat();
     if (trusted) {
         near_flush("a tracked command connection was lost");
     }

@@ -61,7 +61,7 @@
     X(gauge, near_bytes, "Near-cache bytes, bookkeeping included")            \
     X(counter, near_hits, "cache.get hits served from the near cache")        \
     X(gauge, near_tracking,                                                   \
-      "1 while Redis client tracking keeps the near cache valid")             \
+      "1 while every command connection is tracked towards the daemon")       \
     X(counter, near_flushes, "Near-cache flushes (tracking or link lost)")    \
     X(counter, near_evictions_lru, "Near entries evicted for max_bytes")      \
     X(counter, near_evictions_ttl, "Near entries dropped at their Redis TTL") \
