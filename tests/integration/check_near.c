@@ -1,6 +1,7 @@
 /* The near cache against a real redis-server and real leased daemons:
  * near hits cost Redis nothing, writes from anywhere evict within
- * milliseconds, the loss of the tracking connection or of Redis flushes,
+ * milliseconds, the loss of the tracking connection (killed, or silent
+ * and found out by the idle PING) or of Redis flushes,
  * a read whose reply is overtaken by an invalidation is not kept (proven
  * with a delaying proxy between leased and Redis), the byte bound holds,
  * and no entry outlives its Redis TTL. */
@@ -444,13 +445,16 @@ END_TEST
 /* Between leased and Redis: every connection is passed through, and while
  * SLOW is set, Redis' replies to the command connections are held back
  * DELAY_MS; the tracking connection (its name ends in ":track") is never
- * delayed, so an invalidation overtakes the reply of an earlier read. */
+ * delayed, so an invalidation overtakes the reply of an earlier read.
+ * While SILENT is set, the tracking connection's bytes are dropped both
+ * ways: a peer gone without a word. */
 #define DELAY_MS 400
 
 static struct {
     int listen_fd;
     int port;
     atomic_int slow;
+    atomic_int silent;
     atomic_int stop;
 } P;
 
@@ -469,6 +473,9 @@ pump_up(void *arg)
         if (memmem(buf, (size_t)n, ":track", 6) != NULL) {
             atomic_store(&pp->is_track, 1);
         }
+        if (atomic_load(&P.silent) && atomic_load(&pp->is_track)) {
+            continue;
+        }
         if (write(pp->server, buf, (size_t)n) != n) {
             break;
         }
@@ -486,6 +493,9 @@ pump_down(void *arg)
     while ((n = read(pp->server, buf, sizeof buf)) > 0) {
         if (atomic_load(&P.slow) && !atomic_load(&pp->is_track)) {
             usleep(DELAY_MS * 1000);
+        }
+        if (atomic_load(&P.silent) && atomic_load(&pp->is_track)) {
+            continue;
         }
         if (write(pp->client, buf, (size_t)n) != n) {
             break;
@@ -612,6 +622,36 @@ START_TEST(test_race_invalidation_overtakes_read)
 }
 END_TEST
 
+/* The tracking connection is pinged when idle: one that goes silent
+ * (no FIN, no RST) is given up within the idle time plus
+ * redis.timeout_ms, and the near cache flushed. */
+START_TEST(test_silent_tracking_connection_flushes)
+{
+    char yaml[512];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    proxy_start();
+    snprintf(
+        yaml, sizeof yaml,
+        "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 500\n" NEAR_YAML,
+        P.port);
+    start_near(&D, yaml);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "k", "v", 0);
+    get_until_near(c, "k", "v");
+    long long flushes = h_stat(c, "near_flushes");
+    atomic_store(&P.silent, 1);
+    /* The idle PING after 5 s, its answer owed for 500 ms. */
+    ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, 15000));
+    ck_assert_int_eq(h_stat(c, "near_entries"), 0);
+    ck_assert(h_wait_log(&D, "near cache tracking connection lost", T_MS));
+    atomic_store(&P.silent, 0);
+    h_assert_stat(c, "near_tracking", 1, T_MS);
+    get_until_near(c, "k", "v");
+    atomic_store(&P.stop, 1);
+    h_close(c);
+}
+END_TEST
+
 START_TEST(test_bad_config_refused)
 {
     char out[4096], err[4096], dir[256], path[300], text[600];
@@ -648,6 +688,7 @@ main(void)
         H_CASE(lru_bound_and_value_limit, 90),
         H_CASE(min_hits, 60),
         H_CASE(race_invalidation_overtakes_read, 60),
+        H_CASE(silent_tracking_connection_flushes, 60),
         H_CASE(bad_config_refused, 60),
     };
     return H_MAIN(fx, cases);
