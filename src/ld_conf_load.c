@@ -356,7 +356,8 @@ check_relations(struct conf_load *st)
                           "sentinel mode needs the Sentinels in "
                           "redis.addresses");
     }
-    if (c->cache.near.enabled &&
+    /* max_bytes 0 keeps nothing, whatever the value bound. */
+    if (c->cache.near.enabled && c->cache.near.max_bytes > 0 &&
         c->cache.near.max_value_bytes > c->cache.near.max_bytes) {
         return conf_error(st,
                           mark_of(st, "cache.near.max_value_bytes",

@@ -336,6 +336,11 @@ START_TEST(near_in_flow_and_block_style)
     ck_assert_int_eq(c.cache.near.min_hits, 3);
     ck_assert_int_eq(c.cache.near.min_hits_window_ms, 500);
     ld_conf_free(&c);
+    ck_assert_msg(load(&c, "cache:\n  near: { enabled: true, max_bytes: 0 "
+                           "}\n") == LD_OK,
+                  "%s", err);
+    ck_assert_int_eq(c.cache.near.max_bytes, 0);
+    ld_conf_free(&c);
 }
 END_TEST
 
