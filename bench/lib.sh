@@ -156,6 +156,7 @@ limits:
   max_clients: 20000
 log:
   level: warn
+${leased_extra:-}
 EOF
     rm -f "$sock" "$tmp/invalidations.journal"
     "$@" "$leased" -f -c "$tmp/leased.yml" 2>>"$tmp/leased.log" &

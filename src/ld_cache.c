@@ -51,6 +51,7 @@
 #include "ld_journal.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_near.h"
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
@@ -146,6 +147,7 @@ cache_key_touched(const char *key, size_t len)
     if (ck != NULL) {
         ck->gen++;
     }
+    ld_near_evict(key, len);
 }
 
 /* ---- cache.fill / cache.release / cache.set -------------------------- */
@@ -451,6 +453,9 @@ ld_cache_init(const struct ld_ctx *ctx)
         cache_mod.hooks_registered = true;
     }
     cache_mod.inited = true;
+    if (ld_near_init(ctx) != LD_OK) {
+        return LD_ERR;
+    }
     if (ld_dispatch_register("cache.get", cache_op_get) != LD_OK ||
         ld_dispatch_register("cache.mget", cache_op_mget) != LD_OK ||
         ld_dispatch_register("cache.fill", op_fill) != LD_OK ||
@@ -481,6 +486,7 @@ ld_cache_free(void)
         return;
     }
     cache_mod.inited = false;
+    ld_near_free();
 
     /* Fetches still in flight: answer their getters now and leave the
      * structs to their callbacks, which ld_redis_free may still run. */

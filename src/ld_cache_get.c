@@ -10,6 +10,7 @@
 #include "ld_dict.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_near.h"
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
@@ -98,7 +99,10 @@ fetch_start(struct ckey *ck, bool grant)
     memcpy(argv, fields, sizeof(argv));
     argv[1] = ck->names;
     f->probing = true;
+    f->near = ld_near_read_begin(ck->key, ck->key_len, ck->names,
+                                 ck->entry_len);
     ld_redis_command(ck->names, ck->entry_len, 6, argv, argvlen, fetch_cb, f);
+    ld_near_read_sent(f->near);
     return f;
 }
 
@@ -360,6 +364,7 @@ fetch_cb(redisReply *reply, void *arg)
     enum fres res;
 
     if (ck == NULL) {
+        ld_near_read_done(f->near, 0, NULL, 0);
         free(f); /* orphaned by ld_cache_free; its getters were answered */
         return;
     }
@@ -367,6 +372,10 @@ fetch_cb(redisReply *reply, void *arg)
         f->probing = false;
         res = parse_probe(reply, &value,
                           f->grant && cache_mod.ctx->cfg->cache.early_refresh);
+        ld_near_read_done(f->near, ld_redis_conn_id(),
+                          res == R_HIT ? value->str : NULL,
+                          res == R_HIT ? value->len : 0);
+        f->near = NULL;
         if (res == R_MISS) {
             if (fetch_send_script(f) == LD_OK) {
                 return; /* still in flight, getters still attached */
@@ -553,6 +562,12 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     g->want_lease = want_lease;
     g->seq = ++cache_mod.next_seq;
     g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
+    const char *v;
+    size_t vlen;
+    if (ld_near_get(key, len, &v, &vlen)) {
+        cache_settle_near_hit(g, v, vlen);
+        return;
+    }
     g->ck = ckey_get(key, len);
     getter_fetch(g);
 }

@@ -24,6 +24,7 @@ struct ld_dict;
 struct ld_fsync;
 struct ld_journal;
 struct ld_journal_entry;
+struct ld_near_read;
 struct ld_pubsub_sub;
 struct ld_req;
 
@@ -95,7 +96,8 @@ struct fetch {
     bool grant;
     bool probing; /* the HMGET is out, not yet the script */
     char token[LD_TOKEN_LEN + 1];
-    LIST_ENTRY(fetch) link; /* every fetch in flight */
+    struct ld_near_read *near; /* the probe may be kept near */
+    LIST_ENTRY(fetch) link;    /* every fetch in flight */
 };
 
 struct ckey {
@@ -261,6 +263,7 @@ void cache_getter_settle(struct getter *g, json_t *fields, int code,
                          const char *msg);
 void cache_mget_finish(struct cop *op);
 void cache_settle_hit(struct getter *g, const char *v, size_t len);
+void cache_settle_near_hit(struct getter *g, const char *v, size_t len);
 void cache_settle_miss(struct getter *g, const char *lease);
 void cache_settle_null(struct getter *g);
 void cache_settle_stale(struct getter *g, const char *v, size_t len,

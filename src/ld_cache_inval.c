@@ -11,6 +11,7 @@
 #include "ld_journal.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_near.h"
 #include "ld_proto.h"
 #include "ld_redis.h"
 #include "ld_stats.h"
@@ -116,6 +117,9 @@ del_run(struct del *d)
     if (d->running) {
         return;
     }
+    /* The second delete and the replayed ones too: whatever a reader
+     * brought back meanwhile is not served from here. */
+    ld_near_evict(d->key, d->key_len);
     if (!ld_redis_ready()) {
         del_failed(d);
         return;

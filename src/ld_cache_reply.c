@@ -154,10 +154,12 @@ cache_chunk_of_json(json_t *obj)
  * of slots naming the key; NULL when V is not valid UTF-8 (or no
  * memory). */
 static struct chunk *
-chunk_of_hit(const char *v, size_t len)
+chunk_of_hit(const char *v, size_t len, const char *extra)
 {
     static const char head[] = ",{\"ok\":true,\"hit\":true,\"value\":";
-    struct chunk *c = chunk_new(sizeof(head) + ld_json_quote_max(len) + 1);
+    size_t xlen = extra != NULL ? strlen(extra) : 0;
+    struct chunk *c = chunk_new(sizeof(head) + ld_json_quote_max(len) + xlen +
+                                1);
     if (c == NULL) {
         return NULL;
     }
@@ -168,6 +170,10 @@ chunk_of_hit(const char *v, size_t len)
         return NULL;
     }
     c->len = sizeof(head) - 1 + q;
+    if (xlen > 0) {
+        memcpy(c->data + c->len, extra, xlen);
+        c->len += xlen;
+    }
     c->data[c->len++] = '}';
     return c;
 }
@@ -340,17 +346,21 @@ cache_getter_settle(struct getter *g, json_t *fields, int code,
     }
 }
 
-void
-cache_settle_hit(struct getter *g, const char *v, size_t len)
+/* A near hit answers like a Redis hit, plus "near":true. */
+#define NEAR_EXTRA ",\"near\":true"
+
+static void
+settle_hit(struct getter *g, const char *v, size_t len, bool near)
 {
     struct cop *op = g->op;
     note_read(g, true);
+    const char *extra = near ? NEAR_EXTRA : NULL;
     if (!op->mget) {
         /* The common case, built straight into the reply line: a JSON
          * tree would check and escape a large value byte by byte. */
         struct ld_req *req = op->req;
         op->req = NULL;
-        if (ld_reply_ok_hit(req, v, len) == LD_OK) {
+        if (ld_reply_ok_hit_ex(req, v, len, extra) == LD_OK) {
             ld_stats.cache_hits++;
             cache_getter_done(g);
             cache_cop_unlink(op);
@@ -361,7 +371,7 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
     } else {
         /* Escaped once here; the reply refers to it for every slot
          * naming this key. */
-        struct chunk *c = chunk_of_hit(v, len);
+        struct chunk *c = chunk_of_hit(v, len, extra);
         if (c != NULL) {
             ld_stats.cache_hits++;
             op->texts[g->slot] = c;
@@ -373,6 +383,9 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
         }
     }
     json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
+    if (f != NULL && near) {
+        json_object_set_new(f, "near", json_true());
+    }
     if (f == NULL) {
         cache_getter_settle(
             g, NULL, LD_E_WRONG_TYPE,
@@ -382,6 +395,18 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
     }
     ld_stats.cache_hits++;
     cache_getter_settle(g, f, 0, NULL);
+}
+
+void
+cache_settle_hit(struct getter *g, const char *v, size_t len)
+{
+    settle_hit(g, v, len, false);
+}
+
+void
+cache_settle_near_hit(struct getter *g, const char *v, size_t len)
+{
+    settle_hit(g, v, len, true);
 }
 
 void

@@ -80,6 +80,8 @@ struct ld_config {
             bool enabled;
             long long max_bytes;
             long long max_value_bytes;
+            long long min_hits;
+            long long min_hits_window_ms;
         } near;
     } cache;
     struct {

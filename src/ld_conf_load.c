@@ -382,6 +382,15 @@ check_relations(struct conf_load *st)
         return conf_error(st, mark_of(st, "redis.db", "redis.mode"),
                           "redis.db", "must be 0 in cluster mode");
     }
+    /* max_bytes 0 keeps nothing, whatever the value bound. */
+    if (c->cache.near.enabled && c->cache.near.max_bytes > 0 &&
+        c->cache.near.max_value_bytes > c->cache.near.max_bytes) {
+        return conf_error(st,
+                          mark_of(st, "cache.near.max_value_bytes",
+                                  "cache.near.max_bytes"),
+                          "cache.near.max_value_bytes",
+                          "may not exceed cache.near.max_bytes");
+    }
     /* One prefix inside the other would let a cache key name a lock's
      * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */
     size_t lp = strlen(c->lock.prefix);

@@ -79,8 +79,8 @@ struct ld_conn {
 
 static uint64_t next_conn_id;
 
-static const char *role_names[] = {"cmd", "lock", "sub", "sentinel",
-                                   "sentinel-sub"};
+static const char *role_names[] = {"cmd",      "lock",         "sub",
+                                   "sentinel", "sentinel-sub", "track"};
 
 int
 ld_conn_parse_address(const char *addr, struct ld_conn_addr *out)
@@ -347,7 +347,9 @@ format_into(struct evbuffer *out, int argc, const char **argv,
 static bool
 is_sub(const struct ld_conn *c)
 {
-    return c->role == LD_CONN_ROLE_SUB || c->role == LD_CONN_ROLE_SENTINEL_SUB;
+    return c->role == LD_CONN_ROLE_SUB ||
+           c->role == LD_CONN_ROLE_SENTINEL_SUB ||
+           c->role == LD_CONN_ROLE_TRACK;
 }
 
 static int

@@ -37,11 +37,12 @@ struct ld_conn_addr {
 int ld_conn_parse_address(const char *addr, struct ld_conn_addr *out);
 
 enum ld_conn_role {
-    LD_CONN_ROLE_CMD,         /* shared command connections */
-    LD_CONN_ROLE_LOCK,        /* the lock pool */
-    LD_CONN_ROLE_SUB,         /* the subscriber */
-    LD_CONN_ROLE_SENTINEL,    /* asks a Sentinel for the master */
-    LD_CONN_ROLE_SENTINEL_SUB /* hears a Sentinel's +switch-master */
+    LD_CONN_ROLE_CMD,          /* shared command connections */
+    LD_CONN_ROLE_LOCK,         /* the lock pool */
+    LD_CONN_ROLE_SUB,          /* the subscriber */
+    LD_CONN_ROLE_SENTINEL,     /* asks a Sentinel for the master */
+    LD_CONN_ROLE_SENTINEL_SUB, /* hears a Sentinel's +switch-master */
+    LD_CONN_ROLE_TRACK         /* hears the near cache's invalidations */
 };
 
 enum ld_conn_state {

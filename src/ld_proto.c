@@ -410,6 +410,13 @@ ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
 int
 ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
 {
+    return ld_reply_ok_hit_ex(req, v, len, NULL);
+}
+
+int
+ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
+                   const char *extra)
+{
     static const char mid[] = "\"ok\":true,\"hit\":true,\"value\":";
     char *idtext = NULL;
     size_t idlen = 0;
@@ -426,7 +433,8 @@ ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
         }
         idlen = strlen(idtext);
     }
-    size_t cap = 8 + idlen + sizeof(mid) + ld_json_quote_max(len) + 3;
+    size_t xlen = extra != NULL ? strlen(extra) : 0;
+    size_t cap = 8 + idlen + sizeof(mid) + ld_json_quote_max(len) + xlen + 3;
     char *line = malloc(cap);
     if (line == NULL) {
         free(idtext);
@@ -450,6 +458,10 @@ ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
         return LD_ERR;
     }
     o += q;
+    if (xlen > 0) {
+        memcpy(o, extra, xlen);
+        o += xlen;
+    }
     *o++ = '}';
     *o++ = '\n';
     send_line(req, line, (size_t)(o - line));

@@ -89,6 +89,10 @@ void ld_reply_error_extra(struct ld_req *req, int code, json_t *extra,
  * a JSON tree. Returns LD_ERR, leaving REQ unanswered, when V is not valid
  * UTF-8. */
 int ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len);
+/* The same with EXTRA (",\"near\":true": members, each with its leading
+ * comma) after the value; NULL for none. */
+int ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
+                       const char *extra);
 
 /* Answer REQ with the line in BUF (built by the caller, trailing newline
  * included); BUF's content moves to the session without a copy. */

@@ -1088,6 +1088,21 @@ node_free(struct rnode *n)
     free(n);
 }
 
+void
+ld_redis_set_conn_hooks(const struct ld_redis_conn_hooks *hooks)
+{
+    redis_mod.hooks = hooks;
+}
+
+void
+redis_hook_lost(uint64_t conn_id)
+{
+    const struct ld_redis_conn_hooks *h = redis_mod.hooks;
+    if (h != NULL && h->lost != NULL && conn_id != 0) {
+        h->lost(conn_id, h->arg);
+    }
+}
+
 int
 ld_redis_init(const struct ld_ctx *ctx)
 {

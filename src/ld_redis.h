@@ -177,6 +177,23 @@ void ld_redis_on_failover(ld_redis_failover_fn *fn, void *arg);
 int ld_redis_route_address(const char *route, size_t route_len,
                            struct ld_conn_addr *addr, char *text, size_t len);
 
+/* Watches the shared command connections for the near cache's client
+ * tracking. HANDSHAKE may add one command (ARGV, at most MAX arguments,
+ * valid during the call; returns the count, 0 for none) as the last step
+ * of a connection's handshake, after the scripts: the connection takes no
+ * traffic before it is answered, and REPLY hears that answer (a Redis
+ * error there does not fail the handshake). LOST hears that a connection
+ * whose handshake had begun is gone, or set aside after a stall; its id
+ * is never used again. One watcher; any call may be NULL. */
+struct ld_redis_conn_hooks {
+    int (*handshake)(uint64_t conn_id, const char **argv, size_t *argvlen,
+                     int max, void *arg);
+    void (*reply)(uint64_t conn_id, const redisReply *reply, void *arg);
+    void (*lost)(uint64_t conn_id, void *arg);
+    void *arg;
+};
+void ld_redis_set_conn_hooks(const struct ld_redis_conn_hooks *hooks);
+
 /* "host:port" or an absolute Unix socket path. */
 int ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
                            int *port, bool *is_unix);

@@ -15,6 +15,7 @@
 #include <hiredis/hiredis.h>
 
 struct event;
+struct ld_redis_conn_hooks;
 
 /* Not ld_redis.h: ld_redis.c includes this header, and the module graph
  * must stay a DAG. Enums are ints here for that reason. */
@@ -71,6 +72,7 @@ struct rcmd {
     bool answered;        /* the callback has had UNKNOWN already */
     bool noscript;        /* resent as EVAL after NOSCRIPT */
     bool internal;        /* handshake step: cb gets the rconn */
+    bool hook;            /* the step of ld_redis_conn_hooks */
     bool waiting;         /* on the list of those awaiting a conn */
 };
 
@@ -174,6 +176,7 @@ struct ld_redis_mod {
     void *map_arg;
     void (*failover_fn)(void *arg);
     void *failover_arg;
+    const struct ld_redis_conn_hooks *hooks;
 };
 
 extern struct ld_redis_mod redis_mod;
@@ -212,6 +215,7 @@ struct rnode *redis_cluster_node(unsigned slot);
 bool redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply);
 void redis_cluster_refresh_soon(const char *why);
 void redis_cluster_node_up(struct rnode *n);
+void redis_hook_lost(uint64_t conn_id);
 
 /* ld_redis_slot.c */
 void redis_slot_init(struct rnode *n, struct rconn *c, int idx, int pool);

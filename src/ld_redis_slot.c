@@ -34,6 +34,36 @@ attempt_failed(struct rnode *n)
     redis_waiting_retry(n);
 }
 
+/* The watcher's step (ld_redis_conn_hooks), last, on shared
+ * connections only: the cache reads there. */
+static void
+slot_hook_step(struct rconn *c)
+{
+    const struct ld_redis_conn_hooks *h = redis_mod.hooks;
+    const char *av[8];
+    size_t al[8];
+    /* Not on Redlock's instances: the cache reads only on redis.*. */
+    if (h == NULL || h->handshake == NULL || c->pool != LD_REDIS_POOL_SHARED ||
+        c->node->instance != 0) {
+        return;
+    }
+    int n = h->handshake(c->id, av, al, (int)LD_ARRAY_LEN(av), h->arg);
+    if (n <= 0) {
+        return;
+    }
+    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+    cmd->internal = true;
+    cmd->hook = true;
+    cmd->script = -1;
+    cmd->arg = (void *)"hook";
+    c->handshake_left++;
+    if (redis_send_argv(c, cmd, n, av, al) != LD_OK) {
+        c->handshake_left--;
+        c->handshake_failed = true;
+        free(cmd);
+    }
+}
+
 static void
 slot_ready(struct ld_conn *conn, void *owner)
 {
@@ -58,6 +88,7 @@ slot_ready(struct ld_conn *conn, void *owner)
             free(cmd);
         }
     }
+    slot_hook_step(c);
     /* Replies never arrive before we return to the loop, so the count
      * cannot reach zero while steps are still being queued. */
     if (c->handshake_left == 0) {
@@ -88,6 +119,7 @@ slot_down(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
     redis_fail_sent(c, reason);
     c->why[0] = '\0';
     LD_UNUSED(conn);
+    redis_hook_lost(c->id);
     if (!slot_was_ready) {
         attempt_failed(c->node);
     } else {
@@ -220,6 +252,7 @@ conn_drain(struct rconn *c, const char *why)
 
     redis_set_ready(c, false);
     c->state = CONN_CONNECTING;
+    redis_hook_lost(c->id);
     log_warn("redis connection stalled conn=%d reason=\"%s\"; kept for "
              "late answers, reconnecting",
              c->idx, why);
@@ -265,7 +298,12 @@ redis_handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
     if (c->state != CONN_HANDSHAKE) {
         return;
     }
-    if (reply->type == REDIS_REPLY_ERROR) {
+    if (cmd->hook) {
+        const struct ld_redis_conn_hooks *h = redis_mod.hooks;
+        if (h != NULL && h->reply != NULL) {
+            h->reply(c->id, reply, h->arg);
+        }
+    } else if (reply->type == REDIS_REPLY_ERROR) {
         if (!c->handshake_failed) {
             c->handshake_failed = true;
             log_error("redis handshake failed conn=%d step=%s error=\"%s\"",

@@ -20,6 +20,7 @@
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_metrics.h"
+#include "ld_near.h"
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
@@ -254,6 +255,7 @@ on_master(const struct ld_conn_addr *addr, const char *text, bool failover,
     }
     ld_redis_set_address(addr, text);
     ld_pubsub_set_address(addr);
+    ld_near_set_address(addr);
 }
 
 /* Cluster mode: a master's slots were taken over (see on_master). */
@@ -330,6 +332,7 @@ start(struct ld_config *cfg)
     }
     ld_redis_start();
     ld_pubsub_start();
+    ld_near_start();
     if (cfg->redis.mode == LD_REDIS_SENTINEL) {
         ld_sentinel_start();
     }

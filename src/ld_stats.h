@@ -16,9 +16,7 @@
  * same times owns leased_STEM_seconds); counter_us, a counter of
  * microseconds, in Prometheus leased_STEM_seconds_total.
  *
- * The near_* figures stay 0 until the near cache exists: the protocol
- * lists near-cache size and hits among the stats, and a client that reads
- * them should find them, not an error. */
+ * The near_* figures stay 0 while cache.near.enabled is false. */
 #define LD_STATS_FIELDS(X)                                                    \
     X(counter, connections_accepted, "Client connections accepted")           \
     X(counter, connections_rejected,                                          \
@@ -73,11 +71,17 @@
     X(counter, cache_invalidations_retried,                                   \
       "Deletes retried after a failure")                                      \
     X(gauge, journal_bytes, "Size of the invalidation journal")               \
-    X(gauge, near_entries, "Near-cache entries (no near cache yet: 0)")       \
-    X(gauge, near_bytes, "Near-cache bytes (no near cache yet: 0)")           \
-    X(counter, near_hits, "Near-cache hits (no near cache yet: 0)")           \
-    X(counter, near_evictions,                                                \
-      "Near-cache evictions and invalidations (no near cache yet: 0)")
+    X(gauge, near_entries, "Near-cache entries")                              \
+    X(gauge, near_bytes, "Near-cache bytes, bookkeeping included")            \
+    X(counter, near_hits, "cache.get hits served from the near cache")        \
+    X(gauge, near_tracking,                                                   \
+      "1 while every command connection is tracked towards the daemon")       \
+    X(counter, near_flushes, "Near-cache flushes (tracking or link lost)")    \
+    X(counter, near_evictions_lru, "Near entries evicted for max_bytes")      \
+    X(counter, near_evictions_ttl, "Near entries dropped at their Redis TTL") \
+    X(counter, near_evictions_tracking,                                       \
+      "Near entries invalidated by Redis or by this daemon's writes")         \
+    X(counter, near_evictions_flush, "Near entries dropped by a flush")
 
 struct ld_stats {
 #define LD_STATS_DECL(kind, name, help) long long name;

@@ -112,15 +112,6 @@ refused_everywhere(const char *extra, const char *old, const char *new,
                   "start-up did not say \"%s\":\n%s", message, err);
 }
 
-START_TEST(test_near_cache_refused)
-{
-    refused_everywhere("cache:\n  near: { enabled: false }\n",
-                       "enabled: false", "enabled: true",
-                       "cache.near.enabled: the near cache is not "
-                       "available in this version");
-}
-END_TEST
-
 START_TEST(test_redlock_refused)
 {
     refused_everywhere("lock:\n  redlock: []\n", "redlock: []",
@@ -164,7 +155,6 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(near_cache_refused, 90),
         H_CASE(redlock_refused, 90),
         H_CASE(cluster_db_refused, 90),
         H_CASE(defaults_accepted, 60),

@@ -746,7 +746,6 @@ START_TEST(test_unsupported_refused)
         const char *yaml;
         const char *says;
     } cases[] = {
-        {"cache:\n  near: { enabled: true }\n", "near cache is not"},
         {"redis:\n  mode: cluster\n  db: 1\n  addresses: [\"127.0.0.1:1\"]\n",
          "must be 0 in cluster mode"},
     };

@@ -4,8 +4,9 @@
  * master killed under load and a forced SENTINEL FAILOVER followed with
  * every request answered within its bound; a journaled invalidation
  * reaching the new master; a lock lost to the failover reported with
- * reason "failover" while a replicated one is kept, and fences that do
- * not go backwards. */
+ * reason "failover" while a replicated one is kept, fences that do not
+ * go backwards, and the near cache flushed and tracked again on the new
+ * master. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -338,6 +339,57 @@ START_TEST(test_forced_failover)
 }
 END_TEST
 
+/* Read KEY until it answers VALUE, and near when NEAR (redis_unavailable
+ * is waited out: the connections may be moving). */
+static void
+near_read_until(struct h_conn *c, const char *key, const char *value,
+                bool near)
+{
+    long long end = h_now_ms() + FAILOVER_MS;
+    for (;;) {
+        json_t *r = h_callf(c, ANSWER_MS, "{s:s,s:s,s:b}", "op", "cache.get",
+                            "key", key, "lease", 0);
+        ck_assert_msg(r != NULL, "cache.get not answered");
+        const char *v = jstr(r, "value");
+        bool done = h_ok(r) && v != NULL && strcmp(v, value) == 0 &&
+                    (!near || jtrue(r, "near"));
+        json_decref(r);
+        if (done) {
+            return;
+        }
+        ck_assert_msg(h_now_ms() < end, "%s never read %s%s", key, value,
+                      near ? " near" : "");
+    }
+}
+
+/* The near cache follows the master: a failover flushes it, tracking
+ * starts again on the new master, and writes there evict. */
+START_TEST(test_near_cache_failover)
+{
+    start_all("cache:\n  near: { enabled: true }\n");
+    struct h_conn *c = h_connect_ok(&D);
+    wait_master(c, M.port);
+    h_assert_stat(c, "near_tracking", 1, T_MS);
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key",
+                        "n", "value", "v1");
+    ck_assert(h_ok(r));
+    json_decref(r);
+    near_read_until(c, "n", "v1", true);
+    replicated();
+    long long flushes = h_stat(c, "near_flushes");
+    redisReply *fo = h_redis_cmd(&S[0], "SENTINEL FAILOVER mymaster");
+    ck_assert_ptr_nonnull(fo);
+    freeReplyObject(fo);
+    wait_master(c, Rp.port);
+    ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
+    h_assert_stat(c, "near_tracking", 1, FAILOVER_MS);
+    near_read_until(c, "n", "v1", true);
+    h_r_do(&Rp, "HSET leased:cache:{n} v v2");
+    near_read_until(c, "n", "v2", false);
+    h_close(c);
+}
+END_TEST
+
 /* A waiter queued before the master dies is woken by an unlock on the new
  * master: its wake-up subscription moved there too. */
 START_TEST(test_waiter_follows)
@@ -448,10 +500,15 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(discovery, 90),        H_CASE(disagreeing_sentinel, 90),
-        H_CASE(master_killed, 120),   H_CASE(lock_lost_to_failover, 120),
-        H_CASE(forced_failover, 120), H_CASE(waiter_follows, 120),
-        H_CASE(sentinel_auth, 60),    H_CASE(no_sentinel, 60),
+        H_CASE(discovery, 90),
+        H_CASE(disagreeing_sentinel, 90),
+        H_CASE(master_killed, 120),
+        H_CASE(lock_lost_to_failover, 120),
+        H_CASE(forced_failover, 120),
+        H_CASE(waiter_follows, 120),
+        H_CASE(sentinel_auth, 60),
+        H_CASE(no_sentinel, 60),
+        H_CASE(near_cache_failover, 120),
     };
     return H_MAIN(fx, cases);
 }

@@ -87,6 +87,9 @@ assert_same_settings(const struct ld_config *a, const struct ld_config *b)
     ck_assert_int_eq(a->cache.near.max_bytes, b->cache.near.max_bytes);
     ck_assert_int_eq(a->cache.near.max_value_bytes,
                      b->cache.near.max_value_bytes);
+    ck_assert_int_eq(a->cache.near.min_hits, b->cache.near.min_hits);
+    ck_assert_int_eq(a->cache.near.min_hits_window_ms,
+                     b->cache.near.min_hits_window_ms);
     ck_assert_int_eq(a->journal.fsync, b->journal.fsync);
     ck_assert_int_eq(a->limits.max_clients, b->limits.max_clients);
     ck_assert_int_eq(a->limits.max_request_bytes, b->limits.max_request_bytes);
@@ -100,8 +103,7 @@ assert_same_settings(const struct ld_config *a, const struct ld_config *b)
 }
 
 /* A value of every kind, different from its default, for the tests that
- * must see a file actually overwrite something. The settings of features
- * this version lacks only take their defaults (see not_built_refused). */
+ * must see a file actually overwrite something. */
 static const char full_yaml[] = "listen:\n"
                                 "  unix: /tmp/l.sock\n"
                                 "  unix_mode: \"0600\"\n"
@@ -182,6 +184,8 @@ START_TEST(defaults_match_product)
     ck_assert(!c.cache.near.enabled);
     ck_assert_int_eq(c.cache.near.max_bytes, 67108864);
     ck_assert_int_eq(c.cache.near.max_value_bytes, 65536);
+    ck_assert_int_eq(c.cache.near.min_hits, 0);
+    ck_assert_int_eq(c.cache.near.min_hits_window_ms, 10000);
     ck_assert_str_eq(c.journal.path, "/var/lib/leased/invalidations.journal");
     ck_assert_int_eq(c.journal.fsync, LD_FSYNC_ALWAYS);
     ck_assert_int_eq(c.limits.max_clients, 10000);
@@ -294,9 +298,8 @@ START_TEST(shipped_file_is_the_defaults)
 }
 END_TEST
 
-/* The near cache is not available: written at its defaults in any YAML
- * style it loads, and a value that asks for it is refused at its own
- * position in either style. */
+/* The near cache's nested mapping loads in any YAML style, and the
+ * relation between its bounds is checked at the right position. */
 START_TEST(near_in_flow_and_block_style)
 {
     static const char *const defaults[] = {
@@ -314,15 +317,29 @@ START_TEST(near_in_flow_and_block_style)
         ck_assert_int_eq(c.cache.ttl_ms, 600000);
         ld_conf_free(&c);
     }
-    expect_error("cache:\n  near: { enabled: false, max_value_bytes: 512 }\n",
-                 "t.yml:2:44: cache.near.max_value_bytes: the near cache is "
-                 "not available in this version (only the default 65536 is "
-                 "accepted)");
-    expect_error("cache:\n  near:\n    max_bytes: 67108864\n"
+    /* A value over the byte bound is refused where it is written, in
+     * either style, once the near cache is on. */
+    expect_error("cache:\n  near: { enabled: true, max_bytes: 100, "
+                 "max_value_bytes: 512 }\n",
+                 "t.yml:2:59: cache.near.max_value_bytes: may not exceed "
+                 "cache.near.max_bytes");
+    expect_error("cache:\n  near:\n    max_bytes: 100\n"
                  "    enabled: true\n",
-                 "t.yml:4:14: cache.near.enabled: the near cache is not "
-                 "available in this version (only the default false is "
-                 "accepted)");
+                 "t.yml:3:16: cache.near.max_value_bytes: may not exceed "
+                 "cache.near.max_bytes");
+    struct ld_config c;
+    ck_assert_msg(load(&c, "cache:\n  near: { enabled: true, min_hits: 3, "
+                           "min_hits_window_ms: 500 }\n") == LD_OK,
+                  "%s", err);
+    ck_assert(c.cache.near.enabled);
+    ck_assert_int_eq(c.cache.near.min_hits, 3);
+    ck_assert_int_eq(c.cache.near.min_hits_window_ms, 500);
+    ld_conf_free(&c);
+    ck_assert_msg(load(&c, "cache:\n  near: { enabled: true, max_bytes: 0 "
+                           "}\n") == LD_OK,
+                  "%s", err);
+    ck_assert_int_eq(c.cache.near.max_bytes, 0);
+    ld_conf_free(&c);
 }
 END_TEST
 
@@ -785,7 +802,7 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 55);
+    ck_assert_uint_eq(s.count, 57);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
@@ -807,48 +824,6 @@ START_TEST(redlock_checked)
 }
 END_TEST
 
-/* Every setting of a feature this version lacks: any value but the
- * default is refused with the setting's own position, the default is
- * accepted however it is written. */
-START_TEST(not_built_refused)
-{
-    static const struct {
-        const char *yaml;
-        const char *message;
-    } refused[] = {
-        {"cache:\n  near: {enabled: true}\n",
-         "t.yml:2:19: cache.near.enabled: the near cache is not available "
-         "in this version (only the default false is accepted)"},
-        {"cache:\n  near: {max_bytes: 0}\n",
-         "t.yml:2:21: cache.near.max_bytes: the near cache is not available "
-         "in this version (only the default 67108864 is accepted)"},
-        /* Several: the first in the file, not in the table. */
-        {"cache:\n  near: {enabled: true}\nlock:\n  redlock: [a:1, b:1, "
-         "c:1]\n",
-         "t.yml:2:19: cache.near.enabled: the near cache is not available "
-         "in this version (only the default false is accepted)"},
-    };
-    for (size_t i = 0; i < LD_ARRAY_LEN(refused); i++) {
-        expect_error(refused[i].yaml, refused[i].message);
-    }
-    expect_ok("redis:\n  mode: standalone\n  addresses: []\n"
-              "  master_name: mymaster\n"
-              "lock:\n  redlock:\n"
-              "cache:\n  near: {enabled: off, max_bytes: 67108864,\n"
-              "          max_value_bytes: 65536}\n");
-
-    /* Loading over a live configuration (reload): the same answer. */
-    struct ld_config c;
-    ck_assert_int_eq(load(&c, full_yaml), LD_OK);
-    ck_assert_int_eq(ld_conf_load_string(&c, refused[0].yaml,
-                                         strlen(refused[0].yaml), "t.yml", err,
-                                         sizeof(err)),
-                     LD_ERR);
-    ck_assert_str_eq(err, refused[0].message);
-    ld_conf_free(&c);
-}
-END_TEST
-
 START_TEST(key_available_follows_the_table)
 {
     ck_assert(ld_conf_key_available("redis.address"));
@@ -858,9 +833,9 @@ START_TEST(key_available_follows_the_table)
     ck_assert(ld_conf_key_available("redis.addresses"));
     ck_assert(ld_conf_key_available("redis.master_name"));
     ck_assert(ld_conf_key_available("lock.redlock"));
-    ck_assert(!ld_conf_key_available("cache.near.enabled"));
-    ck_assert(!ld_conf_key_available("cache.near.max_bytes"));
-    ck_assert(!ld_conf_key_available("cache.near.max_value_bytes"));
+    ck_assert(ld_conf_key_available("cache.near.enabled"));
+    ck_assert(ld_conf_key_available("cache.near.max_bytes"));
+    ck_assert(ld_conf_key_available("cache.near.min_hits"));
     ck_assert(!ld_conf_key_available("no.such_key"));
 }
 END_TEST
@@ -903,7 +878,6 @@ conf_suite(void)
         {"reload_applies_reloadable_keys_only",
          reload_applies_reloadable_keys_only},
         {"each_key_lists_the_table", each_key_lists_the_table},
-        {"not_built_refused", not_built_refused},
         {"redlock_checked", redlock_checked},
         {"key_available_follows_the_table", key_available_follows_the_table},
     };

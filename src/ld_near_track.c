@@ -1,0 +1,429 @@
+/*
+ * Redis client tracking for the near cache, in RESP2 redirect mode.
+ *
+ * One connection of its own (role "track", through ld_conn, which pings
+ * it when idle) asks CLIENT ID and subscribes to __redis__:invalidate.
+ * Every shared command connection turns tracking on with REDIRECT to that
+ * id, as the last step of its handshake (ld_redis_conn_hooks), or, for
+ * connections already up when the tracking connection (re)starts, by a
+ * command pinned to each. Redis then sends the tracking connection the
+ * keys that change after they were read; a null message means FLUSHALL
+ * or FLUSHDB.
+ *
+ * Tracking is per key (Redis' default mode, not BCAST) with OPTIN: only
+ * the reads the near cache means to keep (CLIENT CACHING yes before the
+ * HMGET) enter Redis' tracking table, so lock keys and keys not admitted
+ * by cache.near.min_hits cost Redis nothing, and each daemon hears only of
+ * the keys it keeps. BCAST would send every daemon every write under the
+ * prefix.
+ *
+ * A command connection is trusted once Redis has confirmed tracking on it
+ * towards the current tracking id. Losing the tracking connection, or a
+ * trusted command connection (its tracked keys die with it, and their
+ * invalidations with them), flushes the store.
+ */
+#include "ld_near_int.h"
+
+#include "ld_conf.h"
+#include "ld_conn.h"
+#include "ld_ctx.h"
+#include "ld_log.h"
+#include "ld_mem.h"
+#include "ld_redis.h"
+#include "ld_stats.h"
+#include "ld_util.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#define CHANNEL "__redis__:invalidate"
+/* Shared connections (at most 64) and those on their way out. */
+#define MAX_CONNS 128
+/* A connection still loading its scripts is ready within a few ms. */
+#define REISSUE_RETRY_MS 5
+
+struct tconn {
+    uint64_t id;       /* 0: free slot */
+    uint64_t redirect; /* the tracking id Redis confirmed, 0: none */
+    uint64_t asked;    /* the tracking id of a request in flight */
+};
+
+/* A pinned CLIENT TRACKING in flight. */
+struct reissue {
+    uint64_t conn_id;
+    uint64_t client_id;
+};
+
+static struct {
+    const struct ld_ctx *ctx;
+    struct ld_conn *conn;
+    struct ld_conn_addr addr;
+    bool have_addr;
+    bool started;
+    uint64_t client_id; /* of the tracking connection, 0: not known */
+    bool subscribed;
+    bool refused_logged;
+    struct tconn conns[MAX_CONNS];
+    struct event *retry_ev;
+    char id_text[24];
+    struct ld_redis_conn_hooks hooks;
+} track_mod;
+
+bool
+near_track_armed(void)
+{
+    return track_mod.client_id != 0 && track_mod.subscribed;
+}
+
+static struct tconn *
+tconn_find(uint64_t id)
+{
+    for (size_t i = 0; i < MAX_CONNS; i++) {
+        if (track_mod.conns[i].id == id) {
+            return &track_mod.conns[i];
+        }
+    }
+    return NULL;
+}
+
+bool
+near_track_trusted(uint64_t conn_id)
+{
+    if (!near_track_armed() || conn_id == 0) {
+        return false;
+    }
+    const struct tconn *t = tconn_find(conn_id);
+    return t != NULL && t->redirect == track_mod.client_id;
+}
+
+/* near_tracking: invalidations arrive and every command connection is
+ * tracked towards them, so every read from now on may be kept. */
+static void
+set_armed_stat(void)
+{
+    bool all = near_track_armed();
+    for (size_t i = 0; all && i < MAX_CONNS; i++) {
+        const struct tconn *t = &track_mod.conns[i];
+        all = t->id == 0 || t->redirect == track_mod.client_id;
+    }
+    ld_stats.near_tracking = all ? 1 : 0;
+}
+
+/* CLIENT TRACKING on REDIRECT <id> OPTIN into ARGV (room for 6). */
+static int
+tracking_argv(uint64_t client_id, const char **argv, size_t *argvlen)
+{
+    snprintf(track_mod.id_text, sizeof(track_mod.id_text), "%" PRIu64,
+             client_id);
+    static const char *const words[] = {"CLIENT",   "TRACKING", "on",
+                                        "REDIRECT", NULL,       "OPTIN"};
+    for (int i = 0; i < 6; i++) {
+        argv[i] = words[i] != NULL ? words[i] : track_mod.id_text;
+        argvlen[i] = strlen(argv[i]);
+    }
+    return 6;
+}
+
+static bool
+is_ok(const redisReply *r)
+{
+    return r != NULL && r->type == REDIS_REPLY_STATUS &&
+           strcmp(r->str, "OK") == 0;
+}
+
+static void
+log_refused(uint64_t conn_id, const redisReply *r)
+{
+    if (track_mod.refused_logged) {
+        return;
+    }
+    track_mod.refused_logged = true;
+    log_error("near cache: redis refused client tracking conn_id=%" PRIu64
+              " error=\"%s\" (Redis 6 or later, and the ACL permissions "
+              "CLIENT and SUBSCRIBE, are needed; nothing is kept near)",
+              conn_id,
+              r != NULL && r->type == REDIS_REPLY_ERROR ? r->str
+                                                        : "no answer");
+}
+
+/* ---- the command connections (ld_redis_conn_hooks) ------------------- */
+
+static void reissue_all(void);
+
+static void
+reissue_cb(redisReply *reply, void *arg)
+{
+    struct reissue *ri = arg;
+    struct tconn *t = tconn_find(ri->conn_id);
+    if (t != NULL && t->asked == ri->client_id) {
+        t->asked = 0;
+        if (is_ok(reply)) {
+            t->redirect = ri->client_id;
+            set_armed_stat();
+        } else if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
+            /* Still in its handshake (or just gone): ask again soon. */
+            struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
+            event_add(track_mod.retry_ev, &tv);
+        } else {
+            log_refused(ri->conn_id, reply);
+        }
+    }
+    free(ri);
+}
+
+/* Point every known command connection at the current tracking id. */
+static void
+reissue_all(void)
+{
+    if (!near_track_armed()) {
+        return;
+    }
+    for (size_t i = 0; i < MAX_CONNS; i++) {
+        struct tconn *t = &track_mod.conns[i];
+        if (t->id == 0 || t->redirect == track_mod.client_id ||
+            t->asked == track_mod.client_id) {
+            continue;
+        }
+        const char *argv[6];
+        size_t argvlen[6];
+        int n = tracking_argv(track_mod.client_id, argv, argvlen);
+        struct reissue *ri = ld_xcalloc(1, sizeof(*ri));
+        ri->conn_id = t->id;
+        ri->client_id = track_mod.client_id;
+        t->asked = track_mod.client_id;
+        struct ld_redis_opts o = {.pool = LD_REDIS_POOL_SHARED, .pin = t->id};
+        ld_redis_command_ex(&o, "", 0, n, argv, argvlen, reissue_cb, ri);
+    }
+}
+
+static void
+retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    reissue_all();
+}
+
+static int
+hook_handshake(uint64_t conn_id, const char **argv, size_t *argvlen, int max,
+               void *arg)
+{
+    LD_UNUSED(arg);
+    struct tconn *t = tconn_find(conn_id);
+    if (t == NULL) {
+        t = tconn_find(0);
+        if (t == NULL) {
+            return 0; /* never trusted: its reads are not kept */
+        }
+        t->id = conn_id;
+        t->redirect = 0;
+        t->asked = 0;
+        set_armed_stat();
+    }
+    /* Without a tracking id yet, reissue_all turns it on later. */
+    if (!near_track_armed() || max < 6) {
+        return 0;
+    }
+    t->asked = track_mod.client_id;
+    return tracking_argv(track_mod.client_id, argv, argvlen);
+}
+
+static void
+hook_reply(uint64_t conn_id, const redisReply *reply, void *arg)
+{
+    LD_UNUSED(arg);
+    struct tconn *t = tconn_find(conn_id);
+    if (t == NULL) {
+        return;
+    }
+    uint64_t asked = t->asked;
+    t->asked = 0;
+    if (!is_ok(reply)) {
+        log_refused(conn_id, reply);
+        return;
+    }
+    t->redirect = asked;
+    set_armed_stat();
+    if (asked != track_mod.client_id) {
+        /* The tracking connection changed meanwhile. */
+        struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
+        event_add(track_mod.retry_ev, &tv);
+    }
+}
+
+static void
+hook_lost(uint64_t conn_id, void *arg)
+{
+    LD_UNUSED(arg);
+    struct tconn *t = tconn_find(conn_id);
+    if (t == NULL) {
+        return;
+    }
+    bool trusted = near_track_trusted(conn_id);
+    memset(t, 0, sizeof(*t));
+    set_armed_stat();
+    if (trusted) {
+        near_flush("a tracked command connection was lost");
+    }
+}
+
+/* ---- the tracking connection ------------------------------------------ */
+
+static void
+on_message(const redisReply *m)
+{
+    if (m->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i < m->elements; i++) {
+            const redisReply *k = m->element[i];
+            if (k->type == REDIS_REPLY_STRING) {
+                near_invalidate(k->str, k->len);
+            }
+        }
+    } else if (m->type == REDIS_REPLY_NIL) {
+        near_flush("FLUSHALL or FLUSHDB in redis");
+    }
+}
+
+static void
+push_cb(struct ld_conn *conn, redisReply *r, void *owner)
+{
+    LD_UNUSED(conn);
+    LD_UNUSED(owner);
+    if (r->type == REDIS_REPLY_INTEGER) {
+        track_mod.client_id = (uint64_t)r->integer; /* CLIENT ID */
+        return;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        log_error("near cache: tracking connection error=\"%s\"", r->str);
+        return;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
+        r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_STRING ||
+        strcmp(r->element[1]->str, CHANNEL) != 0) {
+        return;
+    }
+    const char *kind = r->element[0]->str;
+    if (strcmp(kind, "message") == 0) {
+        on_message(r->element[2]);
+    } else if (strcmp(kind, "subscribe") == 0 && track_mod.client_id != 0) {
+        /* Reads sent before the command connections point here may have
+         * been tracked towards a connection that is gone. */
+        near_flush("tracking (re)started");
+        track_mod.subscribed = true;
+        set_armed_stat();
+        log_info("near cache tracking ready client_id=%" PRIu64,
+                 track_mod.client_id);
+        reissue_all();
+    }
+}
+
+static void
+ready_cb(struct ld_conn *conn, void *owner)
+{
+    LD_UNUSED(owner);
+    track_mod.client_id = 0;
+    track_mod.subscribed = false;
+    /* Answered in this order: the id, then the subscription. */
+    const char *iv[] = {"CLIENT", "ID"};
+    size_t il[] = {6, 2};
+    const char *sv[] = {"SUBSCRIBE", CHANNEL};
+    size_t sl[] = {9, sizeof(CHANNEL) - 1};
+    if (ld_conn_send(conn, 2, iv, il) != LD_OK ||
+        ld_conn_send(conn, 2, sv, sl) != LD_OK) {
+        ld_conn_close(conn, "could not subscribe");
+    }
+}
+
+static void
+down_cb(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
+{
+    LD_UNUSED(conn);
+    LD_UNUSED(owner);
+    bool armed = near_track_armed();
+    track_mod.client_id = 0;
+    track_mod.subscribed = false;
+    set_armed_stat();
+    if (!was_ready) {
+        log_debug("near cache tracking connect failed error=\"%s\"", why);
+        return;
+    }
+    log_warn("near cache tracking connection lost reason=\"%s\"", why);
+    if (armed) {
+        char reason[256];
+        snprintf(reason, sizeof(reason), "tracking connection lost: %s", why);
+        near_flush(reason);
+    }
+}
+
+static const struct ld_conn_ops track_ops = {
+    .on_ready = ready_cb,
+    .on_down = down_cb,
+    .on_reply = NULL,
+    .on_push = push_cb,
+    .on_stall = NULL,
+};
+
+int
+near_track_init(const struct ld_ctx *ctx)
+{
+    const struct ld_config *cfg = ctx->cfg;
+    memset(&track_mod, 0, sizeof(track_mod));
+    track_mod.ctx = ctx;
+    track_mod.have_addr = cfg->redis.mode != LD_REDIS_SENTINEL;
+    if (track_mod.have_addr &&
+        ld_conn_parse_address(cfg->redis.address, &track_mod.addr) != LD_OK) {
+        return LD_ERR;
+    }
+    track_mod.conn = ld_conn_new(ctx, &track_mod.addr, LD_CONN_ROLE_TRACK,
+                                 &track_ops, NULL);
+    track_mod.retry_ev = evtimer_new(ctx->base, retry_cb, NULL);
+    if (track_mod.retry_ev == NULL) {
+        ld_oom(0);
+    }
+    track_mod.hooks.handshake = hook_handshake;
+    track_mod.hooks.reply = hook_reply;
+    track_mod.hooks.lost = hook_lost;
+    ld_redis_set_conn_hooks(&track_mod.hooks);
+    set_armed_stat();
+    return LD_OK;
+}
+
+void
+near_track_start(void)
+{
+    track_mod.started = true;
+    if (track_mod.have_addr) {
+        ld_conn_start(track_mod.conn);
+    }
+}
+
+void
+near_track_set_address(const struct ld_conn_addr *addr)
+{
+    track_mod.addr = *addr;
+    ld_conn_set_addr(track_mod.conn, addr);
+    if (!track_mod.have_addr) {
+        track_mod.have_addr = true;
+        if (track_mod.started) {
+            ld_conn_start(track_mod.conn);
+        }
+    }
+}
+
+void
+near_track_free(void)
+{
+    ld_redis_set_conn_hooks(NULL);
+    ld_conn_free(track_mod.conn);
+    if (track_mod.retry_ev != NULL) {
+        event_free(track_mod.retry_ev);
+    }
+    memset(&track_mod, 0, sizeof(track_mod));
+    ld_stats.near_tracking = 0;
+}

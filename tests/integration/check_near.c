@@ -1,0 +1,695 @@
+/* The near cache against a real redis-server and real leased daemons:
+ * near hits cost Redis nothing, writes from anywhere evict within
+ * milliseconds, the loss of the tracking connection (killed, or silent
+ * and found out by the idle PING) or of Redis flushes,
+ * a read whose reply is overtaken by an invalidation is not kept (proven
+ * with a delaying proxy between leased and Redis), the byte bound holds,
+ * and no entry outlives its Redis TTL. */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define T_MS 5000
+#define PREFIX "leased:cache:"
+
+static struct h_redis R;
+static struct h_daemon D;
+static struct h_daemon D2;
+static const struct h_fixture fx = {
+    .suite = "near",
+    .redis = {&R},
+    .daemons = {&D, &D2},
+};
+
+#define NEAR_YAML                                                             \
+    "cache:\n  ttl_jitter: 0\n  double_delete_ms: 0\n"                        \
+    "  near: { enabled: true }\n"
+
+/* --- helpers ------------------------------------------------------------ */
+
+static const char *
+dump(const json_t *j)
+{
+    static char buf[2048];
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    snprintf(buf, sizeof buf, "%s", s ? s : "(null)");
+    free(s);
+    return buf;
+}
+
+static json_t *
+must(json_t *r)
+{
+    ck_assert_msg(h_ok(r), "expected ok, got %s", dump(r));
+    return r;
+}
+
+static void
+start_near(struct h_daemon *d, const char *yaml)
+{
+    if (R.pid == 0) {
+        ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    }
+    ck_assert_int_eq(h_daemon_start(d, &R, yaml), 0);
+    struct h_conn *c = h_connect_ok(d);
+    h_assert_stat(c, "near_tracking", 1, T_MS);
+    h_close(c);
+}
+
+static json_t *
+get(struct h_conn *c, const char *key)
+{
+    return must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                        key, "lease", 0));
+}
+
+static void
+set(struct h_conn *c, const char *key, const char *value, long long ttl_ms)
+{
+    json_t *r;
+    if (ttl_ms > 0) {
+        r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:I}", "op", "cache.set", "key",
+                    key, "value", value, "ttl_ms", (json_int_t)ttl_ms);
+    } else {
+        r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", key,
+                    "value", value);
+    }
+    json_decref(must(r));
+}
+
+/* Whether reply R is a hit of VALUE, served near or not. */
+static bool
+hit_of(const json_t *r, const char *value)
+{
+    const char *v = jstr(r, "value");
+    return jtrue(r, "hit") && v != NULL && strcmp(v, value) == 0;
+}
+
+/* Read KEY until a near hit of VALUE (it is kept once the PTTL that
+ * follows the read is in); asserts one came within the deadline. */
+static void
+get_until_near(struct h_conn *c, const char *key, const char *value)
+{
+    long long deadline = h_now_ms() + T_MS;
+    for (;;) {
+        json_t *r = get(c, key);
+        bool near = jtrue(r, "near");
+        ck_assert_msg(hit_of(r, value), "%s: expected a hit of %s, got %s",
+                      key, value, dump(r));
+        json_decref(r);
+        if (near) {
+            return;
+        }
+        ck_assert_msg(h_now_ms() < deadline, "%s never became a near hit",
+                      key);
+        usleep(2000);
+    }
+}
+
+/* Read KEY until the answer is VALUE (NULL: a miss); returns how long it
+ * took in ms, asserting it came within the deadline. */
+static long long
+get_until(struct h_conn *c, const char *key, const char *value)
+{
+    long long t0 = h_now_ms();
+    for (;;) {
+        json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                            key, "lease", 0);
+        const char *code = h_errcode(r);
+        ck_assert_msg(r != NULL && (code == NULL ||
+                                    strcmp(code, "redis_unavailable") == 0),
+                      "%s: %s", key, dump(r));
+        bool done = value != NULL ? hit_of(r, value) : !jtrue(r, "hit");
+        char seen[2048];
+        snprintf(seen, sizeof seen, "%s", dump(r));
+        json_decref(r);
+        if (done) {
+            return h_now_ms() - t0;
+        }
+        ck_assert_msg(h_now_ms() - t0 < T_MS, "%s: still %s", key, seen);
+        usleep(1000);
+    }
+}
+
+/* Commands Redis has run, INFO and PING (the test's and the idle check's)
+ * left out. */
+static long long
+redis_commands(void)
+{
+    redisReply *r = h_redis_cmd(&R, "INFO commandstats");
+    ck_assert_msg(r != NULL && r->type == REDIS_REPLY_STRING, "INFO failed");
+    long long total = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(r->str, "\r\n", &save); line != NULL;
+         line = strtok_r(NULL, "\r\n", &save)) {
+        char name[128];
+        long long calls;
+        if (sscanf(line, "cmdstat_%127[^:]:calls=%lld", name, &calls) != 2) {
+            continue;
+        }
+        if (strcmp(name, "info") != 0 && strcmp(name, "ping") != 0) {
+            total += calls;
+        }
+    }
+    freeReplyObject(r);
+    return total;
+}
+
+/* The id of the client named ...:ROLE (CLIENT LIST), -1 if none. */
+static long long
+client_id_of(const char *role)
+{
+    redisReply *r = h_redis_cmd(&R, "CLIENT LIST");
+    ck_assert_msg(r != NULL && r->type == REDIS_REPLY_STRING, "CLIENT LIST");
+    long long id = -1;
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, ":%s ", role);
+    char *save = NULL;
+    for (char *line = strtok_r(r->str, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *name = strstr(line, " name=leased:");
+        if (name != NULL && strstr(name, suffix) != NULL) {
+            sscanf(line, "id=%lld", &id);
+            break;
+        }
+    }
+    freeReplyObject(r);
+    return id;
+}
+
+/* --- cases -------------------------------------------------------------- */
+
+START_TEST(test_near_hit_costs_redis_nothing)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+
+    json_t *hello = must(h_callf(c, T_MS, "{s:s}", "op", "hello"));
+    json_t *f = json_object_get(hello, "features");
+    bool found = false;
+    for (size_t i = 0; i < json_array_size(f); i++) {
+        found = found ||
+                strcmp(json_string_value(json_array_get(f, i)), "near") == 0;
+    }
+    ck_assert_msg(found, "hello does not offer near: %s", dump(hello));
+    json_decref(hello);
+
+    set(c, "hot", "value-1", 0);
+    get_until_near(c, "hot", "value-1");
+
+    long long before = redis_commands();
+    for (int i = 0; i < 200; i++) {
+        json_t *r = get(c, "hot");
+        ck_assert_msg(hit_of(r, "value-1") && jtrue(r, "near"),
+                      "not a near hit: %s", dump(r));
+        json_decref(r);
+    }
+    /* mget answers each near key the same way. */
+    json_t *m = must(h_callf(c, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget",
+                             "keys", "hot", "hot"));
+    json_t *res = json_object_get(m, "results");
+    ck_assert_msg(hit_of(json_array_get(res, 0), "value-1") &&
+                      jtrue(json_array_get(res, 0), "near"),
+                  "mget: %s", dump(m));
+    json_decref(m);
+    ck_assert_msg(redis_commands() == before,
+                  "near hits sent %lld commands to redis",
+                  redis_commands() - before);
+    ck_assert_int_ge(h_stat(c, "near_hits"), 201);
+    ck_assert_int_eq(h_stat(c, "near_entries"), 1);
+    ck_assert_int_gt(h_stat(c, "near_bytes"), 0);
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_write_in_redis_evicts)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "k", "old", 0);
+    get_until_near(c, "k", "old");
+
+    h_r_do(&R, "HSET " PREFIX "{k} v new");
+    long long ms = get_until(c, "k", "new");
+    ck_assert_msg(ms < 1000, "the write took %lld ms to reach the daemon", ms);
+    ck_assert_int_ge(h_stat(c, "near_evictions_tracking"), 1);
+
+    /* FLUSHALL: Redis says so with a null message, and all goes. */
+    get_until_near(c, "k", "new");
+    long long flushes = h_stat(c, "near_flushes");
+    h_r_do(&R, "FLUSHALL");
+    ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
+    get_until(c, "k", NULL);
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_other_daemon_and_invalidate_evict)
+{
+    start_near(&D, NEAR_YAML);
+    start_near(&D2, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    struct h_conn *c2 = h_connect_ok(&D2);
+
+    set(c, "shared", "one", 0);
+    get_until_near(c, "shared", "one");
+    get_until_near(c2, "shared", "one");
+
+    /* A write through the other daemon. */
+    set(c2, "shared", "two", 0);
+    ck_assert_msg(get_until(c, "shared", "two") < 1000, "too slow");
+    get_until_near(c, "shared", "two");
+
+    /* An invalidation through the other daemon. */
+    json_decref(must(h_callf(c2, T_MS, "{s:s,s:s}", "op", "cache.invalidate",
+                             "key", "shared")));
+    ck_assert_msg(get_until(c, "shared", NULL) < 1000, "too slow");
+
+    /* The daemon's own invalidation: the very next read is not near. */
+    set(c, "shared", "three", 0);
+    get_until_near(c, "shared", "three");
+    json_decref(must(h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.invalidate",
+                             "key", "shared")));
+    json_t *r = get(c, "shared");
+    ck_assert_msg(!jtrue(r, "hit"), "read after invalidate: %s", dump(r));
+    json_decref(r);
+
+    /* Its own set: the next read has the new value. */
+    set(c, "shared", "four", 0);
+    get_until_near(c, "shared", "four");
+    set(c, "shared", "five", 0);
+    r = get(c, "shared");
+    ck_assert_msg(hit_of(r, "five"), "read after set: %s", dump(r));
+    json_decref(r);
+    h_close(c);
+    h_close(c2);
+}
+END_TEST
+
+START_TEST(test_tracking_connection_killed_flushes)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "k", "v", 0);
+    get_until_near(c, "k", "v");
+    long long flushes = h_stat(c, "near_flushes");
+
+    long long id = client_id_of("track");
+    ck_assert_msg(id > 0, "no tracking connection in CLIENT LIST");
+    h_r_do(&R, "CLIENT KILL ID %lld", id);
+    ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
+    ck_assert_int_eq(h_stat(c, "near_entries"), 0);
+    /* A write made while nobody listens is seen: nothing stale stays. */
+    h_r_do(&R, "HSET " PREFIX "{k} v w");
+    get_until(c, "k", "w");
+
+    /* It comes back, and so does the near cache. */
+    h_assert_stat(c, "near_tracking", 1, T_MS);
+    get_until_near(c, "k", "w");
+
+    /* A command connection lost: its tracked keys would go unheard. */
+    flushes = h_stat(c, "near_flushes");
+    id = client_id_of("cmd");
+    ck_assert_msg(id > 0, "no command connection in CLIENT LIST");
+    h_r_do(&R, "CLIENT KILL TYPE normal SKIPME yes");
+    ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
+    h_r_do(&R, "HSET " PREFIX "{k} v x");
+    get_until(c, "k", "x");
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_redis_restart_flushes)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "k", "before", 0);
+    get_until_near(c, "k", "before");
+    long long flushes = h_stat(c, "near_flushes");
+
+    h_redis_kill(&R);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
+    ck_assert_int_eq(h_stat(c, "near_entries"), 0);
+    /* The restarted Redis lost the entry (no save on SIGKILL): a miss,
+     * never the value kept from before. */
+    h_assert_stat(c, "near_tracking", 1, T_MS);
+    get_until(c, "k", NULL);
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_ttl_respected)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "short", "v", 1500);
+    /* Redis set the TTL before it answered: it ends by then + 1500 ms. */
+    long long t0 = h_now_ms();
+    get_until_near(c, "short", "v");
+    /* Until the TTL it is near; from then on never again. */
+    while (h_now_ms() < t0 + 1500) {
+        usleep(5000);
+    }
+    json_t *r = get(c, "short");
+    ck_assert_msg(!jtrue(r, "near"), "near hit after the TTL: %s", dump(r));
+    json_decref(r);
+    get_until(c, "short", NULL);
+    ck_assert_int_ge(h_stat(c, "near_evictions_ttl"), 1);
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_lru_bound_and_value_limit)
+{
+    start_near(&D, "cache:\n  ttl_jitter: 0\n"
+                   "  near: { enabled: true, max_bytes: 20000, "
+                   "max_value_bytes: 1000 }\n");
+    struct h_conn *c = h_connect_ok(&D);
+    char value[601];
+    memset(value, 'x', 600);
+    value[600] = '\0';
+    char key[32];
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof key, "lru%d", i);
+        set(c, key, value, 0);
+        json_decref(get(c, key));
+        json_decref(get(c, key));
+        ck_assert_int_le(h_stat(c, "near_bytes"), 20000);
+    }
+    ck_assert_int_gt(h_stat(c, "near_evictions_lru"), 50);
+    ck_assert_int_lt(h_stat(c, "near_entries"), 30);
+    ck_assert_int_gt(h_stat(c, "near_entries"), 10);
+    /* Least recently used first out: the newest key stays, the oldest
+     * went. */
+    json_t *r = get(c, "lru199");
+    ck_assert_msg(jtrue(r, "near"), "newest: %.80s", dump(r));
+    json_decref(r);
+    r = get(c, "lru0");
+    ck_assert_msg(hit_of(r, value) && !jtrue(r, "near"), "oldest: %.80s",
+                  dump(r));
+    json_decref(r);
+
+    /* A value over max_value_bytes is never kept. */
+    char big[1501];
+    memset(big, 'y', 1500);
+    big[1500] = '\0';
+    set(c, "big", big, 0);
+    for (int i = 0; i < 20; i++) {
+        r = get(c, "big");
+        ck_assert_msg(hit_of(r, big) && !jtrue(r, "near"), "big: %.80s",
+                      dump(r));
+        json_decref(r);
+    }
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_min_hits)
+{
+    start_near(&D, "cache:\n  ttl_jitter: 0\n"
+                   "  near: { enabled: true, min_hits: 3 }\n");
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "warm", "v", 0);
+    /* Two reads: not often enough, and Redis does not track it. */
+    for (int i = 0; i < 2; i++) {
+        json_t *r = get(c, "warm");
+        ck_assert_msg(hit_of(r, "v") && !jtrue(r, "near"), "%s", dump(r));
+        json_decref(r);
+    }
+    ck_assert_int_eq(h_stat(c, "near_entries"), 0);
+    get_until_near(c, "warm", "v");
+    h_close(c);
+}
+END_TEST
+
+/* --- the race: a proxy that holds back Redis' replies ------------------ */
+
+/* Between leased and Redis: every connection is passed through, and while
+ * SLOW is set, Redis' replies to the command connections are held back
+ * DELAY_MS; the tracking connection (its name ends in ":track") is never
+ * delayed, so an invalidation overtakes the reply of an earlier read.
+ * While SILENT is set, the tracking connection's bytes are dropped both
+ * ways: a peer gone without a word. */
+#define DELAY_MS 400
+
+static struct {
+    int listen_fd;
+    int port;
+    atomic_int slow;
+    atomic_int silent;
+    atomic_int stop;
+} P;
+
+struct pipe_pair {
+    int client, server;
+    atomic_int is_track;
+};
+
+static void *
+pump_up(void *arg)
+{
+    struct pipe_pair *pp = arg;
+    char buf[16384];
+    ssize_t n;
+    while ((n = read(pp->client, buf, sizeof buf)) > 0) {
+        if (memmem(buf, (size_t)n, ":track", 6) != NULL) {
+            atomic_store(&pp->is_track, 1);
+        }
+        if (atomic_load(&P.silent) && atomic_load(&pp->is_track)) {
+            continue;
+        }
+        if (write(pp->server, buf, (size_t)n) != n) {
+            break;
+        }
+    }
+    shutdown(pp->server, SHUT_WR);
+    return NULL;
+}
+
+static void *
+pump_down(void *arg)
+{
+    struct pipe_pair *pp = arg;
+    char buf[16384];
+    ssize_t n;
+    while ((n = read(pp->server, buf, sizeof buf)) > 0) {
+        if (atomic_load(&P.slow) && !atomic_load(&pp->is_track)) {
+            usleep(DELAY_MS * 1000);
+        }
+        if (atomic_load(&P.silent) && atomic_load(&pp->is_track)) {
+            continue;
+        }
+        if (write(pp->client, buf, (size_t)n) != n) {
+            break;
+        }
+    }
+    shutdown(pp->client, SHUT_WR);
+    return NULL;
+}
+
+static void *
+proxy_accept(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&P.stop)) {
+        struct pollfd pfd = {P.listen_fd, POLLIN, 0};
+        if (poll(&pfd, 1, 100) <= 0) {
+            continue;
+        }
+        int cfd = accept(P.listen_fd, NULL, NULL);
+        if (cfd < 0) {
+            continue;
+        }
+        int sfd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {0};
+        a.sin_family = AF_INET;
+        a.sin_port = htons((uint16_t)R.port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (sfd < 0 || connect(sfd, (struct sockaddr *)&a, sizeof a) != 0) {
+            close(cfd);
+            if (sfd >= 0) {
+                close(sfd);
+            }
+            continue;
+        }
+        /* Lives as long as the test process: a case is one process. */
+        struct pipe_pair *pp = calloc(1, sizeof *pp);
+        pp->client = cfd;
+        pp->server = sfd;
+        pthread_t t1, t2;
+        pthread_create(&t1, NULL, pump_up, pp);
+        pthread_create(&t2, NULL, pump_down, pp);
+        pthread_detach(t1);
+        pthread_detach(t2);
+    }
+    return NULL;
+}
+
+static void
+proxy_start(void)
+{
+    P.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(P.listen_fd, 0);
+    int on = 1;
+    setsockopt(P.listen_fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(P.listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    getsockname(P.listen_fd, (struct sockaddr *)&a, &len);
+    P.port = ntohs(a.sin_port);
+    ck_assert_int_eq(listen(P.listen_fd, 64), 0);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, proxy_accept, NULL), 0);
+    pthread_detach(t);
+}
+
+static long long
+hmget_calls(void)
+{
+    redisReply *r = h_redis_cmd(&R, "INFO commandstats");
+    ck_assert_msg(r != NULL && r->type == REDIS_REPLY_STRING, "INFO failed");
+    long long calls = 0;
+    const char *p = strstr(r->str, "cmdstat_hmget:calls=");
+    if (p != NULL) {
+        calls = atoll(p + strlen("cmdstat_hmget:calls="));
+    }
+    freeReplyObject(r);
+    return calls;
+}
+
+START_TEST(test_race_invalidation_overtakes_read)
+{
+    char yaml[512];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    proxy_start();
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 5000\n"
+             "  connections: 1\n" NEAR_YAML,
+             P.port);
+    start_near(&D, yaml);
+    struct h_conn *c = h_connect_ok(&D);
+    h_r_do(&R, "HSET " PREFIX "{race} v old");
+    h_r_do(&R, "PEXPIRE " PREFIX "{race} 600000");
+
+    /* The read of "old" leaves; Redis answers it at once, the proxy holds
+     * the answer back. */
+    long long before = hmget_calls();
+    atomic_store(&P.slow, 1);
+    ck_assert_int_eq(h_send(c, "{s:s,s:s,s:s,s:b}", "id", "r1", "op",
+                            "cache.get", "key", "race", "lease", 0),
+                     0);
+    long long deadline = h_now_ms() + T_MS;
+    while (hmget_calls() == before) {
+        ck_assert_msg(h_now_ms() < deadline, "the read never reached redis");
+        usleep(1000);
+    }
+    /* Now the write: its invalidation passes the held-back answer. */
+    h_r_do(&R, "HSET " PREFIX "{race} v new");
+    json_t *r = h_recv(c, T_MS);
+    ck_assert_msg(r != NULL && hit_of(r, "old") && !jtrue(r, "near"),
+                  "the slow read: %s", dump(r));
+    json_decref(r);
+    atomic_store(&P.slow, 0);
+
+    /* "old" was not kept: the next read goes to Redis and finds "new". */
+    r = get(c, "race");
+    ck_assert_msg(hit_of(r, "new") && !jtrue(r, "near"),
+                  "the answer of the overtaken read was kept: %s", dump(r));
+    json_decref(r);
+    get_until_near(c, "race", "new");
+    atomic_store(&P.stop, 1);
+    h_close(c);
+}
+END_TEST
+
+/* The tracking connection is pinged when idle: one that goes silent
+ * (no FIN, no RST) is given up within the idle time plus
+ * redis.timeout_ms, and the near cache flushed. */
+START_TEST(test_silent_tracking_connection_flushes)
+{
+    char yaml[512];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    proxy_start();
+    snprintf(
+        yaml, sizeof yaml,
+        "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 500\n" NEAR_YAML,
+        P.port);
+    start_near(&D, yaml);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "k", "v", 0);
+    get_until_near(c, "k", "v");
+    long long flushes = h_stat(c, "near_flushes");
+    atomic_store(&P.silent, 1);
+    /* The idle PING after 5 s, its answer owed for 500 ms. */
+    ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, 15000));
+    ck_assert_int_eq(h_stat(c, "near_entries"), 0);
+    ck_assert(h_wait_log(&D, "near cache tracking connection lost", T_MS));
+    atomic_store(&P.silent, 0);
+    h_assert_stat(c, "near_tracking", 1, T_MS);
+    get_until_near(c, "k", "v");
+    atomic_store(&P.stop, 1);
+    h_close(c);
+}
+END_TEST
+
+START_TEST(test_bad_config_refused)
+{
+    char out[4096], err[4096], dir[256], path[300], text[600];
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/leased.yml", dir);
+    snprintf(text, sizeof text,
+             "journal:\n  path: \"%s/j\"\ncache:\n  near: { enabled: true, "
+             "max_bytes: 1000, max_value_bytes: 2000 }\n",
+             dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    const char *argv[] = {h_leased_bin(), "-t", "-c", path, NULL};
+    int st = h_run(argv, out, sizeof out, err, sizeof err, 10000);
+    ck_assert_msg(st == 1, "-t exited %d: %s%s", st, out, err);
+    ck_assert_msg(strstr(err, ":4:") != NULL &&
+                      strstr(err, "cache.near.max_value_bytes: may not "
+                                  "exceed cache.near.max_bytes") != NULL,
+                  "-t said: %s", err);
+}
+END_TEST
+
+int
+main(void)
+{
+    const struct h_case cases[] = {
+        H_CASE(near_hit_costs_redis_nothing, 60),
+        H_CASE(write_in_redis_evicts, 60),
+        H_CASE(other_daemon_and_invalidate_evict, 60),
+        H_CASE(tracking_connection_killed_flushes, 60),
+        H_CASE(redis_restart_flushes, 60),
+        H_CASE(ttl_respected, 60),
+        H_CASE(lru_bound_and_value_limit, 90),
+        H_CASE(min_hits, 60),
+        H_CASE(race_invalidation_overtakes_read, 60),
+        H_CASE(silent_tracking_connection_flushes, 60),
+        H_CASE(bad_config_refused, 60),
+    };
+    return H_MAIN(fx, cases);
+}
