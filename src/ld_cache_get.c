@@ -4,6 +4,8 @@
  */
 #include "ld_cache_int.h"
 
+#include "ld_cache_hot.h"
+
 #include "ld_cancel.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
@@ -565,6 +567,9 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     const char *v;
     size_t vlen;
     if (ld_near_get(key, len, &v, &vlen)) {
+        if (ld_cache_hot_enabled()) {
+            ld_cache_hot_note(key, len, true, ld_now_ms());
+        }
         cache_settle_near_hit(g, v, vlen);
         return;
     }

@@ -114,11 +114,12 @@ jtrue_field(const json_t *o, const char *k)
     return json_is_true(json_object_get(o, k));
 }
 
-/* Every answered read counts for the hot keys. */
+/* Every answered read counts for the hot keys (a near hit, which has no
+ * ckey, is counted where it is found). */
 static void
 note_read(const struct getter *g, bool hit)
 {
-    if (ld_cache_hot_enabled()) {
+    if (ld_cache_hot_enabled() && g->ck != NULL) {
         ld_cache_hot_note(g->ck->key, g->ck->key_len, hit, ld_now_ms());
     }
 }

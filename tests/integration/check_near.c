@@ -235,6 +235,12 @@ START_TEST(test_near_hit_costs_redis_nothing)
     ck_assert_int_ge(h_stat(c, "near_hits"), 201);
     ck_assert_int_eq(h_stat(c, "near_entries"), 1);
     ck_assert_int_gt(h_stat(c, "near_bytes"), 0);
+    /* Near hits count among the hot keys like any other read. */
+    json_t *hot = must(h_callf(c, T_MS, "{s:s}", "op", "cache.hot"));
+    json_t *first = json_array_get(json_object_get(hot, "keys"), 0);
+    ck_assert_msg(first != NULL && strcmp(jstr(first, "key"), "hot") == 0,
+                  "cache.hot: %s", dump(hot));
+    json_decref(hot);
     h_close(c);
 }
 END_TEST
