@@ -50,6 +50,7 @@
 #include <hiredis/adapters/libevent.h>
 #include <jansson.h>
 
+#include "ld_cluster_slot.h"
 #include "ld_lua.h"
 
 #define LOCK_LEASE_MS 30000  /* leased's default lock.watchdog_ms */
@@ -109,6 +110,7 @@ struct client {
     struct event *wev;         /* leased: writable, only after a short
                                  * write */
     struct evbuffer *in, *out; /* leased */
+    int node;                  /* direct --cluster: its master */
     redisAsyncContext *ac;     /* direct commands */
     redisAsyncContext *sub;    /* direct: its subscriber connection */
     struct event *timer;       /* direct: retry after the pttl */
@@ -167,7 +169,9 @@ static struct {
     long long ops_limit;
     long long wait_ms;
     bool json;
-    pid_t leased_pid, redis_pid;
+    pid_t leased_pid;
+    pid_t redis_pids[16]; /* their CPU is summed (a cluster's masters) */
+    int n_redis_pids;
     int locks;
     double hold_s;
     int waiters;
@@ -175,7 +179,20 @@ static struct {
     bool churn;
     int mix_lock_pct;
     uint64_t seed;
+    bool cluster;
 } o;
+
+/* --cluster: the masters of a Redis Cluster, from CLUSTER SLOTS on
+ * --redis. Each direct connection talks to one master, with key names
+ * whose slots that master owns: what a cluster-aware client does once it
+ * has the slot map, without a redirection ever. */
+#define CL_MAX_NODES 16
+static struct {
+    int n;
+    char host[CL_MAX_NODES][64];
+    int port[CL_MAX_NODES];
+    signed char owner[LD_CLUSTER_SLOTS]; /* -1: no master */
+} cl;
 
 static struct event_base *base;
 static char acq_sha[41], rel_sha[41], sem_acq_sha[41], sem_rel_sha[41];
@@ -338,7 +355,10 @@ cpu_snap(struct cpu *c)
 {
     c->bench_s = self_cpu_s();
     c->leased_s = proc_cpu_s(o.leased_pid);
-    c->redis_s = proc_cpu_s(o.redis_pid);
+    c->redis_s = 0;
+    for (int i = 0; i < o.n_redis_pids; i++) {
+        c->redis_s += proc_cpu_s(o.redis_pids[i]);
+    }
 }
 
 /* ------------------------------------------------- blocking helpers */
@@ -438,14 +458,111 @@ stats_field(int fd, const char *name)
 }
 
 static redisContext *
-redis_sync(void)
+redis_sync_to(const char *host, int port)
 {
-    redisContext *rc = redisConnect(o.redis_host, o.redis_port);
+    redisContext *rc = redisConnect(host, port);
     if (rc == NULL || rc->err) {
-        die("redis %s:%d: %s", o.redis_host, o.redis_port,
-            rc ? rc->errstr : "cannot connect");
+        die("redis %s:%d: %s", host, port, rc ? rc->errstr : "cannot connect");
     }
     return rc;
+}
+
+static redisContext *
+redis_sync(void)
+{
+    return redis_sync_to(o.redis_host, o.redis_port);
+}
+
+/* The host and port of master NODE for the direct side (the --redis
+ * address itself without --cluster). */
+static const char *
+node_host(int node)
+{
+    return o.cluster ? cl.host[node] : o.redis_host;
+}
+
+static int
+node_port(int node)
+{
+    return o.cluster ? cl.port[node] : o.redis_port;
+}
+
+static int
+node_index(const char *host, int port)
+{
+    for (int i = 0; i < cl.n; i++) {
+        if (cl.port[i] == port && strcmp(cl.host[i], host) == 0) {
+            return i;
+        }
+    }
+    if (cl.n == CL_MAX_NODES) {
+        die("more than %d masters in the cluster", CL_MAX_NODES);
+    }
+    snprintf(cl.host[cl.n], sizeof(cl.host[0]), "%s", host);
+    cl.port[cl.n] = port;
+    return cl.n++;
+}
+
+static void
+cluster_map(void)
+{
+    memset(cl.owner, -1, sizeof(cl.owner));
+    redisContext *rc = redis_sync();
+    redisReply *r = redisCommand(rc, "CLUSTER SLOTS");
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+        die("CLUSTER SLOTS on %s:%d failed: %s", o.redis_host, o.redis_port,
+            r && r->type == REDIS_REPLY_ERROR ? r->str : "?");
+    }
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+            e->element[2]->type != REDIS_REPLY_ARRAY ||
+            e->element[2]->elements < 2) {
+            die("CLUSTER SLOTS: unexpected reply");
+        }
+        redisReply *m = e->element[2];
+        /* An empty host is the address the question went to. */
+        const char *host = m->element[0]->type == REDIS_REPLY_STRING &&
+                                   m->element[0]->len > 0
+                               ? m->element[0]->str
+                               : o.redis_host;
+        int node = node_index(host, (int)m->element[1]->integer);
+        for (long long s = e->element[0]->integer;
+             s <= e->element[1]->integer && s < LD_CLUSTER_SLOTS; s++) {
+            cl.owner[s] = (signed char)node;
+        }
+    }
+    freeReplyObject(r);
+    redisFree(rc);
+    if (cl.n == 0) {
+        die("CLUSTER SLOTS: no master serves a slot");
+    }
+}
+
+/* BODY with its PUBLISH calls made SPUBLISH, as leased runs it on a
+ * cluster (a plain PUBLISH is broadcast to every node over the bus). */
+static char *
+sharded_body(const char *body)
+{
+    static const char from[] = "redis.call('publish'";
+    static const char to[] = "redis.call('SPUBLISH'";
+    size_t n = 0;
+    for (const char *p = body; (p = strstr(p, from)) != NULL; p++) {
+        n++;
+    }
+    char *out = xmalloc(strlen(body) + n + 1);
+    char *w = out;
+    for (const char *p = body; *p != '\0';) {
+        if (strncmp(p, from, sizeof(from) - 1) == 0) {
+            memcpy(w, to, sizeof(to) - 1);
+            w += sizeof(to) - 1;
+            p += sizeof(from) - 1;
+        } else {
+            *w++ = *p++;
+        }
+    }
+    *w = '\0';
+    return out;
 }
 
 /* The direct side runs the daemon's own scripts, the very text compiled
@@ -457,17 +574,65 @@ load_scripts(void)
     const char *const texts[] = {ld_lua_lock_acquire, ld_lua_lock_release,
                                  ld_lua_sem_acquire, ld_lua_sem_release};
     char *shas[] = {acq_sha, rel_sha, sem_acq_sha, sem_rel_sha};
-    redisContext *rc = redis_sync();
-    for (int i = 0; i < 4; i++) {
-        redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", texts[i]);
-        if (r == NULL || r->type != REDIS_REPLY_STRING || r->len != 40) {
-            die("SCRIPT LOAD of a lock script failed: %s",
-                r && r->type == REDIS_REPLY_ERROR ? r->str : "?");
-        }
-        memcpy(shas[i], r->str, 41);
-        freeReplyObject(r);
+    if (o.cluster) {
+        cluster_map();
     }
-    redisFree(rc);
+    for (int node = 0; node < (o.cluster ? cl.n : 1); node++) {
+        redisContext *rc = redis_sync_to(node_host(node), node_port(node));
+        for (int i = 0; i < 4; i++) {
+            char *text = o.cluster ? sharded_body(texts[i]) : NULL;
+            redisReply *r = redisCommand(rc, "SCRIPT LOAD %s",
+                                         text ? text : texts[i]);
+            free(text);
+            if (r == NULL || r->type != REDIS_REPLY_STRING || r->len != 40) {
+                die("SCRIPT LOAD of a lock script failed: %s",
+                    r && r->type == REDIS_REPLY_ERROR ? r->str : "?");
+            }
+            memcpy(shas[i], r->str, 41);
+            freeReplyObject(r);
+        }
+        redisFree(rc);
+    }
+}
+
+/* The name under FMT (one %s) for connection I's key base whose slot
+ * belongs to NODE: the base with a counter appended until it does. The
+ * lock and the get key search apart: CRC16 is linear, so one counter for
+ * both may never put the two in the same master's slots. */
+static void
+cluster_name(const struct run *r, int i, int node, const char *fmt, char *buf,
+             size_t size)
+{
+    for (unsigned t = 0; t < 100000; t++) {
+        char key[192];
+        snprintf(buf, size, "b%d.%d.%d.%u", (int)getpid(), r->id, i, t);
+        snprintf(key, sizeof(key), fmt, buf);
+        if (cl.owner[ld_cluster_slot(key, strlen(key))] == node) {
+            return;
+        }
+    }
+    die("no key name for master %s:%d (are its slots served?)", cl.host[node],
+        cl.port[node]);
+}
+
+/* Direct connection I's key bases, for its lock (LOCK_BASE) and its get
+ * key (GET_BASE), and the master it talks to: its own (pid, run, index)
+ * on one Redis; on a cluster, master I modulo the masters, with names
+ * whose slots that master owns. */
+static int
+direct_keys(const struct run *r, int i, char *lock_base, char *get_base,
+            size_t size)
+{
+    if (!o.cluster) {
+        snprintf(lock_base, size, "b%d.%d.%d", (int)getpid(), r->id, i);
+        snprintf(get_base, size, "%s", lock_base);
+        return 0;
+    }
+    int node = i % cl.n;
+    /* The hash tag of the daemon's lock layout, and the get key. */
+    cluster_name(r, i, node, "%s.l", lock_base, size);
+    cluster_name(r, i, node, "benchd:get:%s.g", get_base, size);
+    return node;
 }
 
 /* ----------------------------------------------------------- run state */
@@ -1032,7 +1197,8 @@ build_leased(struct run *r, struct client *c, const char *base_key)
 }
 
 static void
-build_direct(struct run *r, struct client *c, const char *base_key)
+build_direct(struct run *r, struct client *c, const char *base_key,
+             const char *get_base)
 {
     char key[128], hash[160], fence[170], chan[170], field[33];
     if (r->mode == M_CONTENDED) {
@@ -1078,7 +1244,7 @@ build_direct(struct run *r, struct client *c, const char *base_key)
         c->get_req = resp(&c->get_len, 1, ping);
     } else {
         char gkey[160];
-        snprintf(gkey, sizeof(gkey), "benchd:get:%s.g", base_key);
+        snprintf(gkey, sizeof(gkey), "benchd:get:%s.g", get_base);
         const char *get[] = {"GET", gkey};
         c->get_req = resp(&c->get_len, 2, get);
     }
@@ -1110,10 +1276,11 @@ direct_disconnected(const redisAsyncContext *ac, int status)
 static redisAsyncContext *
 direct_connect(struct client *c)
 {
-    redisAsyncContext *ac = redisAsyncConnect(o.redis_host, o.redis_port);
+    const char *host = node_host(c->node);
+    int port = node_port(c->node);
+    redisAsyncContext *ac = redisAsyncConnect(host, port);
     if (ac == NULL || ac->err) {
-        die("redis %s:%d: %s", o.redis_host, o.redis_port,
-            ac ? ac->errstr : "cannot connect");
+        die("redis %s:%d: %s", host, port, ac ? ac->errstr : "cannot connect");
     }
     ac->data = c;
     redisLibeventAttach(ac, base);
@@ -1130,17 +1297,26 @@ prefill(struct run *r)
         return;
     }
     if (r->target == T_DIRECT) {
-        redisContext *rc = redis_sync();
+        redisContext *rc[CL_MAX_NODES] = {NULL};
         for (int i = 0; i < r->conns; i++) {
-            redisReply *rep = redisCommand(rc, "SET benchd:get:b%d.%d.%d.g %b",
-                                           (int)getpid(), r->id, i, value_buf,
-                                           r->size);
+            char lock_base[96], base_key[96];
+            int node = direct_keys(r, i, lock_base, base_key,
+                                   sizeof(base_key));
+            if (rc[node] == NULL) {
+                rc[node] = redis_sync_to(node_host(node), node_port(node));
+            }
+            redisReply *rep = redisCommand(rc[node], "SET benchd:get:%s.g %b",
+                                           base_key, value_buf, r->size);
             if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
-                die("SET failed");
+                die("SET failed: %s", rep ? rep->str : "?");
             }
             freeReplyObject(rep);
         }
-        redisFree(rc);
+        for (int n = 0; n < CL_MAX_NODES; n++) {
+            if (rc[n] != NULL) {
+                redisFree(rc[n]);
+            }
+        }
         return;
     }
     int fd = unix_connect(o.sock);
@@ -1195,7 +1371,9 @@ clients_open(struct run *r)
             event_add(c->rev, NULL);
             r->nconnected++;
         } else {
-            build_direct(r, c, base_key);
+            char get_base[96];
+            c->node = direct_keys(r, i, base_key, get_base, sizeof(get_base));
+            build_direct(r, c, base_key, get_base);
             c->ac = direct_connect(c);
             if (r->mode == M_CONTENDED) {
                 c->sub = direct_connect(c);
@@ -1975,6 +2153,10 @@ usage(FILE *f)
         "                       (default lock)\n"
         "  -t, --target T       both | leased | direct (default both)\n"
         "      --direct-first   run direct before leased in each pair\n"
+        "      --cluster        --redis is a Redis Cluster node: each "
+        "direct\n"
+        "                       connection uses one master and keys of "
+        "its slots\n"
         "  -s, --socket PATH    leased's Unix socket\n"
         "  -r, --redis H:P      Redis for the direct side (default "
         "127.0.0.1:6379)\n"
@@ -1989,7 +2171,9 @@ usage(FILE *f)
         "      --wait-ms MS     lock-contended: wait_ms (default 10000)\n"
         "      --mix-lock-pct P mix: percent of lock+unlock ops (default 10)\n"
         "      --pid PID        leased's pid (CPU and memory figures)\n"
-        "      --redis-pid PID  redis-server's pid (CPU figures)\n"
+        "      --redis-pid PID[,PID...]\n"
+        "                       redis-server's pid (CPU figures; of "
+        "several, the sum)\n"
         "      --locks N        hold, renewal: locks per connection (default "
         "1)\n"
         "      --hold S         hold: seconds to watch the held locks; "
@@ -2039,7 +2223,8 @@ parse_args(int argc, char **argv)
         O_MIX,
         O_DFIRST,
         O_CHURN,
-        O_HOLDERS
+        O_HOLDERS,
+        O_CLUSTER
     };
     static const struct option lo[] = {
         {"mode", required_argument, NULL, 'm'},
@@ -2063,6 +2248,7 @@ parse_args(int argc, char **argv)
         {"seed", required_argument, NULL, O_SEED},
         {"mix-lock-pct", required_argument, NULL, O_MIX},
         {"direct-first", no_argument, NULL, O_DFIRST},
+        {"cluster", no_argument, NULL, O_CLUSTER},
         {"json", no_argument, NULL, O_JSON},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
@@ -2139,7 +2325,17 @@ parse_args(int argc, char **argv)
             o.leased_pid = (pid_t)atoi(optarg);
             break;
         case O_RPID:
-            o.redis_pid = (pid_t)atoi(optarg);
+            for (char *p = optarg; *p != '\0';) {
+                if (o.n_redis_pids == 16) {
+                    die("more than 16 pids in --redis-pid");
+                }
+                char *end;
+                o.redis_pids[o.n_redis_pids++] = (pid_t)strtol(p, &end, 10);
+                if (end == p || (*end != ',' && *end != '\0')) {
+                    die("bad --redis-pid %s", optarg);
+                }
+                p = end + (*end == ',');
+            }
             break;
         case O_LOCKS:
             o.locks = atoi(optarg);
@@ -2165,6 +2361,9 @@ parse_args(int argc, char **argv)
         case O_DFIRST:
             o.direct_first = true;
             break;
+        case O_CLUSTER:
+            o.cluster = true;
+            break;
         case O_JSON:
             o.json = true;
             break;
@@ -2184,6 +2383,12 @@ parse_args(int argc, char **argv)
         o.waiters < 1 || o.holders < 1 || o.duration_s <= 0 ||
         o.size > (64u << 20)) {
         die("bad numeric option (see --help)");
+    }
+    /* The modes whose direct keys are per connection (a shared key would
+     * live on one master only). */
+    if (o.cluster && o.want[T_DIRECT] && o.mode != M_LOCK && o.mode != M_GET &&
+        o.mode != M_MIX && o.mode != M_PING) {
+        die("--cluster: direct side for lock, get, mix and ping only");
     }
 }
 

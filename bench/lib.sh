@@ -4,8 +4,10 @@
 # After bench_init: $tmp (removed at exit), $bench, $leased. start_redis
 # sets $port and $redis_pid; start_leased sets $leased_pid and $sock.
 # Pids added to $extra_pids (more redis-servers) are stopped at exit too;
-# lines in $leased_lock_extra go into the lock section of leased's
-# config.
+# lines in $leased_lock_extra and $leased_redis_extra go into the lock
+# and redis sections of leased's config; $bench_redis_pids (comma-
+# separated) replaces $redis_pid as the redis-servers whose CPU the bench
+# sums.
 # Shell functions share the caller's variables: locals here start with
 # an underscore.
 
@@ -17,6 +19,7 @@ raw=
 quick=0
 resources=1
 redlock=1
+cluster=1
 connections=
 rev=
 
@@ -24,7 +27,7 @@ bench_usage() {
     cat <<EOF
 usage: $0 [--builddir DIR] [--srcdir DIR] [--redis-server PATH]
           [--out FILE] [--raw FILE] [--connections N] [--quick]
-          [--no-resources] [--no-redlock] [--rev NAME]
+          [--no-resources] [--no-redlock] [--no-cluster] [--rev NAME]
 EOF
 }
 
@@ -41,6 +44,7 @@ bench_args() {
         --quick) quick=1; shift ;;
         --no-resources) resources=0; shift ;;
         --no-redlock) redlock=0; shift ;;
+        --no-cluster) cluster=0; shift ;;
         -h|--help) bench_usage; exit 0 ;;
         *) bench_usage >&2; exit 2 ;;
         esac
@@ -96,6 +100,8 @@ bench_init() {
     leased_pid=
     extra_pids=
     leased_lock_extra=
+    leased_redis_extra=
+    bench_redis_pids=
     tmp=
     trap bench_cleanup EXIT
     trap 'exit 130' INT TERM
@@ -107,13 +113,16 @@ bench_init() {
 }
 
 # A redis-server of our own on a free loopback port (a busy port makes it
-# exit at once; then another port is tried).
+# exit at once; then another port is tried); extra arguments go to it.
+# Ports stay below 20000 + $redis_port_span (a cluster node's bus listens
+# 10000 higher).
 start_redis() {
     for _sr_try in 1 2 3 4 5 6 7 8 9 10; do
-        port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 40000))
+        port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % \
+            ${redis_port_span:-40000}))
         "$redis_server" --port "$port" --bind 127.0.0.1 --save '' \
             --appendonly no --dir "$tmp" --logfile "$tmp/redis-$port.log" \
-            --maxclients 20000 --daemonize no &
+            --maxclients 20000 --daemonize no "$@" &
         redis_pid=$!
         _sr_n=0
         while [ $_sr_n -lt 50 ] && alive "$redis_pid"; do
@@ -147,6 +156,7 @@ metrics:
 redis:
   address: "127.0.0.1:$port"
   connections: $_sl_conns
+$leased_redis_extra
 lock:
   watchdog_ms: 30000
 $leased_lock_extra
@@ -186,5 +196,5 @@ stop_leased() {
 # The bench against the running pair; extra arguments follow.
 run_bench() {
     "$bench" -s "$sock" -r "127.0.0.1:$port" --pid "$leased_pid" \
-        --redis-pid "$redis_pid" "$@"
+        --redis-pid "${bench_redis_pids:-$redis_pid}" "$@"
 }

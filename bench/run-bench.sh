@@ -14,7 +14,9 @@
 #   5. stampede: an invalidation of a hot key under 50 readers, deleted
 #      and marked stale: readers blocked and loads; redlock.sh: lock+unlock
 #      with lock.redlock over three instances against direct Redis on one
-#      (--no-redlock leaves it out);
+#      (--no-redlock leaves it out); cluster.sh: lock+unlock and cache.get
+#      with redis.mode cluster over three masters against a cluster-aware
+#      direct client (--no-cluster leaves it out);
 #   6. resources.sh: memory, renewal CPU, instructions per op;
 # and writes bench/results.md. Text below the marker line of an existing
 # results.md (the hand-written analysis) is kept.
@@ -153,6 +155,16 @@ if [ "$redlock" = 1 ]; then
     cat "$rlmd" >&2
 fi
 
+clmd=$tmp/cluster.md
+: >"$clmd"
+if [ "$cluster" = 1 ]; then
+    sh "$here/cluster.sh" --builddir "$builddir" \
+        --redis-server "$redis_server" --connections "$best" \
+        --raw "$tmp/cl.txt" --out "$clmd" $qflag
+    sed 's/^/section=cluster /' "$tmp/cl.txt" >>"$rawfile"
+    cat "$clmd" >&2
+fi
+
 if [ "$resources" = 1 ]; then
     sh "$here/resources.sh" --builddir "$builddir" \
         --redis-server "$redis_server" --connections "$best" \
@@ -184,7 +196,7 @@ awk -v date="$(date -u '+%Y-%m-%d %H:%M UTC')" -v nproc="$(nproc)" \
     -v lbuilt="$lbuilt" \
     -v lb="$load_before" -v la="$load_after" -v secs="$((t_end - t_start))" \
     -v best="$best" -v dur="$dur" -v warm="$warm" -v rep="$rep" \
-    -v quicknote="$quicknote" -v rlmd="$rlmd" -v mem="$(free -m | awk '/^Mem:/ {print $2}')" '
+    -v quicknote="$quicknote" -v rlmd="$rlmd" -v clmd="$clmd" -v mem="$(free -m | awk '/^Mem:/ {print $2}')" '
 function parse(line,   i, n, f, kv, p) {
     delete F
     n = split(line, f, " ")
@@ -442,6 +454,20 @@ END {
         print ""
         print line
         while ((getline line < rlmd) > 0) print line
+        print ""
+    }
+    if ((getline line < clmd) > 0) {
+        print "## Redis Cluster: three masters"
+        print ""
+        print "leased with redis.mode cluster over a cluster of three masters"
+        print "(no replicas) on this machine, against an app that knows the"
+        print "slot map: each of its connections talks to one master with keys"
+        print "of that master'"'"'s slots. The same pairs with leased and the app"
+        print "on one standalone Redis, in the same run, show what the cluster"
+        print "adds. Latencies in microseconds."
+        print ""
+        print line
+        while ((getline line < clmd) > 0) print line
         print ""
     }
     print "## Resources"
