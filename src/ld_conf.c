@@ -11,6 +11,7 @@
 
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_ns_conf.h"
 #include "ld_util.h"
 
 #include <errno.h>
@@ -110,6 +111,11 @@ static const struct conf_enum log_targets[] = {
         .name = n, .type = CT_HOSTPORT, .offset = OFF(f), .flags = fl,        \
         .def = d, __VA_ARGS__                                                 \
     }
+#define NSLIST(n, f, fl)                                                      \
+    {                                                                         \
+        .name = n, .type = CT_NSLIST, .offset = OFF(f), .flags = fl,          \
+        .def = ""                                                             \
+    }
 /* Not available in this version: only the default value is accepted. */
 #define NOT_BUILT(feature) .unbuilt = feature
 
@@ -125,6 +131,7 @@ const struct conf_directive conf_directives[] = {
     STRING("listen.unix_group", listen.unix_group, F_GROUP, ""),
     HOSTPORT("listen.tcp", listen.tcp, F_EMPTY_OK | F_LISTEN, ""),
     STRING("listen.auth_token", listen.auth_token, 0, ""),
+    NSLIST("listen.namespaces", listen.namespaces, F_RELOAD),
 
     ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes,
          NOT_BUILT("Cluster mode"), .unbuilt_value = "cluster"),
@@ -271,6 +278,10 @@ value_copy(struct ld_config *dst, const struct ld_config *src,
         conf_strlist_free(field(dst, d));
         strlist_copy(field(dst, d), cfield(src, d));
         break;
+    case CT_NSLIST:
+        ld_ns_list_free(field(dst, d));
+        ld_ns_list_copy(field(dst, d), cfield(src, d));
+        break;
     case CT_INT:
     case CT_ENUM:
         *(int *)field(dst, d) = *(const int *)cfield(src, d);
@@ -301,6 +312,8 @@ conf_value_equal(const struct ld_config *a, const struct ld_config *b,
                       *(char *const *)cfield(b, d)) == 0;
     case CT_STRLIST:
         return strlist_equal(cfield(a, d), cfield(b, d));
+    case CT_NSLIST:
+        return ld_ns_list_equal(cfield(a, d), cfield(b, d));
     case CT_INT:
     case CT_ENUM:
         return *(const int *)cfield(a, d) == *(const int *)cfield(b, d);
@@ -569,6 +582,7 @@ conf_set_scalar(struct ld_config *cfg, const struct conf_directive *d,
     case CT_MODE:
         return conv_mode(&s, field(cfg, d), msg, msglen);
     case CT_STRLIST:
+    case CT_NSLIST:
         break;
     }
     snprintf(msg, msglen, "expected a list");
@@ -589,6 +603,7 @@ conf_type_noun(const struct conf_directive *d)
     case CT_MODE:
         return "an octal mode";
     case CT_STRLIST:
+    case CT_NSLIST:
         return "a list";
     case CT_HOSTPORT:
         return "host:port";
@@ -625,7 +640,7 @@ ld_conf_defaults(struct ld_config *cfg)
     for (size_t i = 0; i < conf_ndirectives; i++) {
         const struct conf_directive *d = &conf_directives[i];
         char msg[128];
-        if (d->def == NULL || d->type == CT_STRLIST) {
+        if (d->def == NULL || d->type == CT_STRLIST || d->type == CT_NSLIST) {
             continue; /* computed below; lists start empty */
         }
         struct scalar s = {d->def, strlen(d->def), true};
@@ -650,6 +665,8 @@ ld_conf_free(struct ld_config *cfg)
             set_string(cfg, d, NULL);
         } else if (d->type == CT_STRLIST) {
             conf_strlist_free(field(cfg, d));
+        } else if (d->type == CT_NSLIST) {
+            ld_ns_list_free(field(cfg, d));
         }
     }
 }

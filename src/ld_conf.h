@@ -2,6 +2,7 @@
 #define LD_CONF_H
 
 #include "ld_common.h"
+#include "ld_ns_list.h"
 
 #include <sys/types.h>
 
@@ -30,6 +31,7 @@ struct ld_config {
         char *unix_group; /* listen.unix_group; "" = the daemon's */
         char *tcp;        /* listen.tcp "host:port"; "" disables */
         char *auth_token; /* listen.auth_token */
+        struct ld_ns_list namespaces; /* listen.namespaces */
     } listen;
     struct {
         enum ld_redis_mode mode;

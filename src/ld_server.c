@@ -18,6 +18,7 @@
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_metrics.h"
+#include "ld_ns.h"
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
@@ -262,6 +263,7 @@ ld_server_wire(const struct ld_ctx *c)
     ld_session_init(c, &session_handlers);
     ld_proto_init(c, ld_dispatch);
     ld_dispatch_init(c);
+    ld_ns_init(c);
     if (ld_tls_init(c) != LD_OK) {
         return LD_ERR;
     }

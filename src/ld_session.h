@@ -23,6 +23,7 @@ struct ld_session {
     char client[64];       /* from hello, for logs */
     void *lock_state;      /* owned by ld_lock */
     void *cache_state;     /* owned by ld_cache */
+    void *ns_state;        /* owned by ld_ns */
 };
 
 /* What the layer above gives the sessions at init, so that they need not
