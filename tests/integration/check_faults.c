@@ -83,6 +83,19 @@ proc_kb(pid_t pid, const char *field)
     return v;
 }
 
+/* Under a memory checker the daemon's RSS is the checker's: memory
+ * bounds are not measured there (descriptors still are). */
+static bool
+checked_memory(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    return true;
+#else
+    const char *w = getenv("LEASED_WRAPPER");
+    return w != NULL && *w != '\0';
+#endif
+}
+
 /* Open descriptors of PID, -1 when unreadable. */
 static int
 fd_count(pid_t pid)
@@ -322,6 +335,7 @@ START_TEST(test_pipeline_cut_and_reset)
     send_pipeline(c, 30000);
     ck_assert_int_eq(check_pipeline(c, 30000), 0);
     h_close(c);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
 }
 END_TEST
 
@@ -382,7 +396,7 @@ START_TEST(test_stall_bounded)
      * for late answers are given up in bounded time. */
     ck_assert_msg(fds[2] <= fds[0] + 4, "descriptors grew from %d to %d",
                   fds[0], fds[2]);
-    ck_assert_msg(rss[2] - rss[0] < 8 * 1024,
+    ck_assert_msg(checked_memory() || rss[2] - rss[0] < 8 * 1024,
                   "RSS grew from %lld kB to %lld kB over stalled rounds",
                   rss[0], rss[2]);
     fp_set_mode(P, FP_PASS);
@@ -392,6 +406,7 @@ START_TEST(test_stall_bounded)
     for (int i = 0; i < ST_CLIENTS; i++) {
         h_close(c[i]);
     }
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
 }
 END_TEST
 

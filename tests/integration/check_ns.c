@@ -266,6 +266,8 @@ START_TEST(test_unix_uids)
     /* other:1 was held by a session that is gone: released. */
     ck_assert(acquired(lock(root, "other:1")));
     h_close(root);
+    /* A clean exit (and, under LEASED_WRAPPER, no memory error). */
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
 }
 END_TEST
 
@@ -311,6 +313,8 @@ START_TEST(test_tcp_tokens)
     h_close(full);
     h_close(bad);
     h_close(none);
+    /* A clean exit (and, under LEASED_WRAPPER, no memory error). */
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
 }
 END_TEST
 
@@ -389,6 +393,8 @@ START_TEST(test_reload_applies)
     ck_assert_int_eq(refused(lock(a, "a:3"), "a:3"), 0);
     ck_assert(acquired(lock(a, "c:1")));
     h_close(a);
+    /* A clean exit (and, under LEASED_WRAPPER, no memory error). */
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
 }
 END_TEST
 
