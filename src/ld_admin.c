@@ -15,6 +15,7 @@
 #include "ld_errcode.h"
 #include "ld_features.h"
 #include "ld_log.h"
+#include "ld_ns.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 
@@ -43,6 +44,13 @@ static struct {
 bool
 ld_admin_check(struct ld_req *req)
 {
+    if (req->sess->admin && !ld_ns_may_operate(req->sess)) {
+        ld_reply_error(req, LD_E_UNAUTHORIZED,
+                       "op '%s' is for operators: this client's entry in "
+                       "listen.namespaces has no admin: true",
+                       req->op);
+        return false;
+    }
     if (req->sess->admin) {
         return true;
     }

@@ -11,6 +11,7 @@
 
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_ns_conf.h"
 #include "ld_util.h"
 
 #include <errno.h>
@@ -116,6 +117,11 @@ static const struct conf_enum log_targets[] = {
         .name = n, .type = CT_HOSTPORT, .offset = OFF(f), .flags = fl,        \
         .def = d, __VA_ARGS__                                                 \
     }
+#define NSLIST(n, f, fl)                                                      \
+    {                                                                         \
+        .name = n, .type = CT_NSLIST, .offset = OFF(f), .flags = fl,          \
+        .def = ""                                                             \
+    }
 /* Not available in this version: only the default value is accepted. */
 #define NOT_BUILT(feature) .unbuilt = feature
 
@@ -132,6 +138,7 @@ const struct conf_directive conf_directives[] = {
     HOSTPORT("listen.tcp", listen.tcp, F_EMPTY_OK | F_LISTEN, ""),
     STRING("listen.auth_token", listen.auth_token, 0, ""),
     STRING("listen.admin_token", listen.admin_token, F_RELOAD, ""),
+    NSLIST("listen.namespaces", listen.namespaces, F_RELOAD),
 
     ENUM("redis.mode", redis.mode, 0, "standalone", redis_modes),
     HOSTPORT("redis.address", redis.address, F_UNIX_OK, "127.0.0.1:6379"),
@@ -286,6 +293,10 @@ value_copy(struct ld_config *dst, const struct ld_config *src,
         conf_strlist_free(field(dst, d));
         strlist_copy(field(dst, d), cfield(src, d));
         break;
+    case CT_NSLIST:
+        ld_ns_list_free(field(dst, d));
+        ld_ns_list_copy(field(dst, d), cfield(src, d));
+        break;
     case CT_INT:
     case CT_ENUM:
         *(int *)field(dst, d) = *(const int *)cfield(src, d);
@@ -316,6 +327,8 @@ conf_value_equal(const struct ld_config *a, const struct ld_config *b,
                       *(char *const *)cfield(b, d)) == 0;
     case CT_STRLIST:
         return strlist_equal(cfield(a, d), cfield(b, d));
+    case CT_NSLIST:
+        return ld_ns_list_equal(cfield(a, d), cfield(b, d));
     case CT_INT:
     case CT_ENUM:
         return *(const int *)cfield(a, d) == *(const int *)cfield(b, d);
@@ -584,6 +597,7 @@ conf_set_scalar(struct ld_config *cfg, const struct conf_directive *d,
     case CT_MODE:
         return conv_mode(&s, field(cfg, d), msg, msglen);
     case CT_STRLIST:
+    case CT_NSLIST:
         break;
     }
     snprintf(msg, msglen, "expected a list");
@@ -604,6 +618,7 @@ conf_type_noun(const struct conf_directive *d)
     case CT_MODE:
         return "an octal mode";
     case CT_STRLIST:
+    case CT_NSLIST:
         return "a list";
     case CT_HOSTPORT:
         return "host:port";
@@ -640,7 +655,7 @@ ld_conf_defaults(struct ld_config *cfg)
     for (size_t i = 0; i < conf_ndirectives; i++) {
         const struct conf_directive *d = &conf_directives[i];
         char msg[128];
-        if (d->def == NULL || d->type == CT_STRLIST) {
+        if (d->def == NULL || d->type == CT_STRLIST || d->type == CT_NSLIST) {
             continue; /* computed below; lists start empty */
         }
         struct scalar s = {d->def, strlen(d->def), true};
@@ -665,6 +680,8 @@ ld_conf_free(struct ld_config *cfg)
             set_string(cfg, d, NULL);
         } else if (d->type == CT_STRLIST) {
             conf_strlist_free(field(cfg, d));
+        } else if (d->type == CT_NSLIST) {
+            ld_ns_list_free(field(cfg, d));
         }
     }
 }

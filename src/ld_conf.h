@@ -2,6 +2,7 @@
 #define LD_CONF_H
 
 #include "ld_common.h"
+#include "ld_ns_list.h"
 
 #include <sys/types.h>
 
@@ -33,6 +34,7 @@ struct ld_config {
         char *auth_token; /* listen.auth_token */
         /* listen.admin_token: operator ops on TCP */
         char *admin_token;
+        struct ld_ns_list namespaces; /* listen.namespaces */
     } listen;
     struct {
         enum ld_redis_mode mode;

@@ -23,6 +23,7 @@ enum conf_type {
     CT_MODE,     /* mode_t, written as an octal string */
     CT_STRLIST,  /* a YAML sequence of addresses */
     CT_HOSTPORT, /* "host:port" (or more, see the flags) */
+    CT_NSLIST,   /* listen.namespaces: a list of mappings (ld_ns_conf.c) */
 };
 
 #define F_RELOAD 0x01u   /* SIGHUP may change it */

@@ -9,6 +9,7 @@
 
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_ns_conf.h"
 #include "ld_util.h"
 
 #include <errno.h>
@@ -156,6 +157,15 @@ set_value(struct conf_load *st, const struct conf_directive *d,
 
     if (d->type == CT_STRLIST) {
         return set_list(st, d, node);
+    }
+    if (d->type == CT_NSLIST) {
+        char msg[200];
+        yaml_mark_t at = node->start_mark;
+        if (!ld_ns_conf_parse(st->doc, node, field(st->cfg, d), msg,
+                              sizeof(msg), &at)) {
+            return conf_error(st, at, d->name, "%s", msg);
+        }
+        return LD_OK;
     }
     if (node->type != YAML_SCALAR_NODE) {
         return conf_error(st, node->start_mark, d->name, "expected %s, got %s",

@@ -8,6 +8,7 @@
 #include "ld_ctx.h"
 #include "ld_features.h"
 #include "ld_log.h"
+#include "ld_ns.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -116,7 +117,15 @@ op_hello(struct ld_req *req)
 
     /* A token, when configured, is checked wherever it is offered; it is
      * required only where the listener says so. */
-    if (token_len > 0 && (has_auth || !s->authed)) {
+    if (has_auth && ld_ns_takes_auth(s)) {
+        /* With namespaces a TCP client's token also names its namespace
+         * (ld_ns.c); a token that is none of them is refused. */
+        if (!ld_ns_hello_auth(s, auth, auth_len)) {
+            log_warn("hello refused session=%s reason=bad_auth", s->name);
+            ld_reply_error(req, LD_E_UNAUTHORIZED, "bad auth");
+            return;
+        }
+    } else if (token_len > 0 && (has_auth || !s->authed)) {
         if (!has_auth || !ld_secure_equal(auth, auth_len, token, token_len)) {
             log_warn("hello refused session=%s reason=bad_auth", s->name);
             ld_reply_error(req, LD_E_UNAUTHORIZED, "bad or missing auth");
@@ -178,6 +187,10 @@ ld_dispatch(struct ld_req *req)
                        "too many requests in flight on this connection "
                        "(limits.max_pending %lld)",
                        dispatch_mod.ctx->cfg->limits.max_pending);
+        return;
+    }
+    if (e->fn != op_hello && e->fn != op_ping && e->fn != op_stats &&
+        ld_ns_check(req) != LD_OK) {
         return;
     }
     e->fn(req);

@@ -21,6 +21,7 @@
 #include "ld_mem.h"
 #include "ld_metrics.h"
 #include "ld_near.h"
+#include "ld_ns.h"
 #include "ld_proto.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
@@ -283,6 +284,7 @@ ld_server_wire(const struct ld_ctx *c)
     if (ld_admin_init(c) != LD_OK) {
         return LD_ERR;
     }
+    ld_ns_init(c);
     if (ld_tls_init(c) != LD_OK) {
         return LD_ERR;
     }

@@ -30,6 +30,7 @@ struct ld_session {
     void *sem_state;       /* owned by ld_sem */
     /* Its waiting requests a cancel op may end (ld_cancel.h). */
     LIST_HEAD(, ld_req) cancellable;
+    void *ns_state; /* owned by ld_ns */
 };
 
 /* What the layer above gives the sessions at init, so that they need not

@@ -1,0 +1,36 @@
+#ifndef LD_NS_H
+#define LD_NS_H
+
+/* Namespaces per local user (listen.namespaces): which key prefixes a
+ * Unix peer (by SO_PEERCRED) or a TCP client (by the token of its hello)
+ * may use. The list itself is part of the configuration (ld_ns_list.h,
+ * parsed by ld_ns_conf.c); this module matches sessions against the live list and checks
+ * the keys of a request before its op runs. */
+
+#include "ld_common.h"
+
+struct ld_ctx;
+struct ld_req;
+struct ld_session;
+
+int ld_ns_init(const struct ld_ctx *ctx);
+
+/* Whether the auth of S's hello is the namespaces' business: they are
+ * configured and S came over TCP. Then ld_ns_hello_auth decides: the
+ * listen.auth_token (unrestricted) or an entry's token (that entry's
+ * namespace), compared in constant time; false for any other. */
+bool ld_ns_takes_auth(struct ld_session *s);
+bool ld_ns_hello_auth(struct ld_session *s, const char *auth, size_t len);
+
+/* Before an op runs: every key REQ names ("key", each of "keys") must lie
+ * under a prefix of the session's namespace. Returns LD_OK, or answers
+ * unauthorized with the first key outside it and returns LD_ERR (REQ is
+ * then consumed). Without namespaces, always LD_OK. */
+int ld_ns_check(struct ld_req *req);
+
+/* Whether S may run the operator ops as far as namespaces go: none are
+ * configured, S is unrestricted, or its entry has admin: true. (On TCP
+ * the admin identity of hello is needed as well; see ld_admin.) */
+bool ld_ns_may_operate(struct ld_session *s);
+
+#endif
