@@ -37,23 +37,6 @@ static const struct h_fixture fx = {
 
 /* --- small helpers ----------------------------------------------------- */
 
-static const char *
-dump(const json_t *j)
-{
-    static char buf[2048];
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    snprintf(buf, sizeof buf, "%s", s ? s : "(null)");
-    free(s);
-    return buf;
-}
-
-static json_t *
-must(json_t *r)
-{
-    ck_assert_msg(h_ok(r), "expected ok, got %s", dump(r));
-    return r;
-}
-
 static bool
 is_null_field(const json_t *o, const char *k)
 {
@@ -139,9 +122,10 @@ get_plain(struct h_conn *c, const char *key)
 static char *
 get_lease(struct h_conn *c, const char *key)
 {
-    json_t *r = must(get(c, key));
+    json_t *r = h_must(get(c, key));
     ck_assert_msg(!jtrue(r, "hit") && h_is_token(jstr(r, "lease")),
-                  "expected a miss with a lease for %s, got %s", key, dump(r));
+                  "expected a miss with a lease for %s, got %s", key,
+                  h_dump(r));
     char *lease = strdup(jstr(r, "lease"));
     json_decref(r);
     return lease;
@@ -158,9 +142,9 @@ fill(struct h_conn *c, const char *key, const char *lease, const char *value)
         r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:n}", "op", "cache.fill", "key",
                     key, "lease", lease, "value");
     }
-    must(r);
+    h_must(r);
     ck_assert_msg(json_is_boolean(json_object_get(r, "stored")),
-                  "fill reply %s", dump(r));
+                  "fill reply %s", h_dump(r));
     bool stored = jtrue(r, "stored");
     json_decref(r);
     return stored;
@@ -177,7 +161,7 @@ set_value(struct h_conn *c, const char *key, const char *value)
         r = h_callf(c, T_MS, "{s:s,s:s,s:n}", "op", "cache.set", "key", key,
                     "value");
     }
-    json_decref(must(r));
+    json_decref(h_must(r));
 }
 
 static json_t *
@@ -191,24 +175,24 @@ invalidate(struct h_conn *c, const char *key, long long delay)
 static void
 expect_hit(json_t *r, const char *value)
 {
-    must(r);
-    ck_assert_msg(jtrue(r, "hit"), "expected a hit, got %s", dump(r));
+    h_must(r);
+    ck_assert_msg(jtrue(r, "hit"), "expected a hit, got %s", h_dump(r));
     if (value == NULL) {
         ck_assert_msg(is_null_field(r, "value"), "expected null, got %s",
-                      dump(r));
+                      h_dump(r));
     } else {
         ck_assert_msg(jstr(r, "value") != NULL &&
                           strcmp(jstr(r, "value"), value) == 0,
-                      "expected \"%s\", got %s", value, dump(r));
+                      "expected \"%s\", got %s", value, h_dump(r));
     }
 }
 
 static void
 expect_miss_no_lease(json_t *r)
 {
-    must(r);
+    h_must(r);
     ck_assert_msg(!jtrue(r, "hit") && is_null_field(r, "lease"),
-                  "expected a miss with lease null, got %s", dump(r));
+                  "expected a miss with lease null, got %s", h_dump(r));
 }
 
 static void
@@ -227,7 +211,7 @@ expect_bad(struct h_conn *c, const char *line, const char *field)
     json_t *r = h_recv(c, T_MS);
     ck_assert_msg(r != NULL, "no reply to %s", line);
     ck_assert_msg(!h_ok(r) && strcmp(h_errcode(r), "bad_request") == 0,
-                  "expected bad_request for %s, got %s", line, dump(r));
+                  "expected bad_request for %s, got %s", line, h_dump(r));
     const char *msg = json_string_value(
         json_object_get(json_object_get(r, "error"), "message"));
     ck_assert_msg(msg != NULL && strstr(msg, field) != NULL,
@@ -375,7 +359,7 @@ START_TEST(test_null_and_empty)
      * ttl_ms is for values: a "not found" stays short-lived). */
     r = h_callf(a, T_MS, "{s:s,s:s,s:n,s:i}", "op", "cache.set", "key", "s",
                 "value", "ttl_ms", 100000);
-    json_decref(must(r));
+    json_decref(h_must(r));
     r = get(a, "s");
     expect_hit(r, NULL);
     json_decref(r);
@@ -416,7 +400,7 @@ START_TEST(test_ttls_and_jitter)
         json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s,s:i}", "op",
                             "cache.fill", "key", key, "lease", lease, "value",
                             "x", "ttl_ms", 100000);
-        ck_assert(jtrue(must(r), "stored"));
+        ck_assert(jtrue(h_must(r), "stored"));
         json_decref(r);
         free(lease);
     }
@@ -435,7 +419,7 @@ START_TEST(test_ttls_and_jitter)
     /* cache.set takes ttl_ms too. */
     json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "cache.set", "key",
                         "st", "value", "v", "ttl_ms", 50000);
-    json_decref(must(r));
+    json_decref(h_must(r));
     pttl = entry_pttl("st");
     ck_assert_msg(pttl >= 45000 - 5000 && pttl <= 55000, "pttl %lld", pttl);
     h_close(a);
@@ -474,10 +458,11 @@ START_TEST(test_single_flight_two_daemons)
                 ck_assert_msg(holder < 0,
                               "a second answer before the fill: "
                               "%s",
-                              dump(got[i]));
-                must(got[i]);
+                              h_dump(got[i]));
+                h_must(got[i]);
                 ck_assert_msg(h_is_token(jstr(got[i], "lease")),
-                              "first answer is not a lease: %s", dump(got[i]));
+                              "first answer is not a lease: %s",
+                              h_dump(got[i]));
                 holder = i;
             }
         }
@@ -579,9 +564,9 @@ START_TEST(test_loader_dies)
 
     json_t *r = h_recv(b, T_MS);
     long long took = h_now_ms() - t0;
-    must(r);
+    h_must(r);
     ck_assert_msg(!jtrue(r, "hit") && h_is_token(jstr(r, "lease")),
-                  "expected a new lease, got %s", dump(r));
+                  "expected a new lease, got %s", h_dump(r));
     ck_assert_str_ne(jstr(r, "lease"), lease);
     /* ...once the lease ran out, not before, and not at wait_ms. */
     ck_assert_msg(took >= 450 && took < 3000, "new lease after %lld ms", took);
@@ -615,13 +600,13 @@ START_TEST(test_release_and_fifo)
     long long t0 = h_now_ms();
     json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key",
                         "k", "lease", lease);
-    ck_assert(jtrue(must(r), "released"));
+    ck_assert(jtrue(h_must(r), "released"));
     json_decref(r);
 
     /* The oldest waiter gets the next lease at once... */
     json_t *rb = h_recv(b, T_MS);
     ck_assert_msg(rb != NULL && h_is_token(jstr(rb, "lease")),
-                  "b expected a lease, got %s", dump(rb));
+                  "b expected a lease, got %s", h_dump(rb));
     ck_assert_msg(h_now_ms() - t0 < 1500, "lease came after %lld ms",
                   h_now_ms() - t0);
     /* ...and the younger one keeps waiting for b's fill. */
@@ -633,7 +618,7 @@ START_TEST(test_release_and_fifo)
     /* Releasing a lease that is no longer current does nothing. */
     r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key", "k",
                 "lease", lease);
-    must(r);
+    h_must(r);
     ck_assert(json_is_false(json_object_get(r, "released")));
     json_decref(r);
     r = get(a, "k");
@@ -668,11 +653,11 @@ START_TEST(test_waiter_session_closes)
 
     json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key",
                         "k", "lease", lease);
-    ck_assert(jtrue(must(r), "released"));
+    ck_assert(jtrue(h_must(r), "released"));
     json_decref(r);
     r = h_recv(c, 1500);
     ck_assert_msg(r != NULL && h_is_token(jstr(r, "lease")),
-                  "c expected the lease at once, got %s", dump(r));
+                  "c expected the lease at once, got %s", h_dump(r));
     json_decref(r);
     free(lease);
     h_close(a);
@@ -755,13 +740,13 @@ START_TEST(test_writes_wake_waiters)
     send_get(b, 2, "k2", 10000);
     h_assert_stat(s, "cache_waits", 2, T_MS);
     r = invalidate(s, "k2", 0);
-    must(r);
+    h_must(r);
     ck_assert_int_eq(jint(r, "deleted"), 1);
     ck_assert_int_eq(jint(r, "pending"), 0);
     json_decref(r);
     r = h_recv(b, 2000);
     ck_assert_msg(r != NULL && h_is_token(jstr(r, "lease")),
-                  "waiter expected a new lease, got %s", dump(r));
+                  "waiter expected a new lease, got %s", h_dump(r));
     ck_assert_str_ne(jstr(r, "lease"), lease);
     char *lease_b = strdup(jstr(r, "lease"));
     json_decref(r);
@@ -775,7 +760,7 @@ START_TEST(test_writes_wake_waiters)
 
     /* An invalidation in between get and fill, nobody waiting: stale. */
     lease = get_lease(a, "k3");
-    json_decref(must(invalidate(s, "k3", 0)));
+    json_decref(h_must(invalidate(s, "k3", 0)));
     ck_assert(!fill(a, "k3", lease, "stale"));
     ck_assert(!entry_exists("k3"));
     free(lease);
@@ -797,7 +782,7 @@ START_TEST(test_mget)
     set_value(a, "b", NULL);
     json_t *r = h_callf(a, T_MS, "{s:s,s:[s,s,s,s,s]}", "op", "cache.mget",
                         "keys", "a", "b", "c", "a", "d");
-    must(r);
+    h_must(r);
     json_t *res = json_object_get(r, "results");
     ck_assert_int_eq(json_array_size(res), 5);
     expect_hit(json_array_get(res, 0), "1");
@@ -805,7 +790,7 @@ START_TEST(test_mget)
     expect_hit(json_array_get(res, 3), "1");
     const char *lc = jstr(json_array_get(res, 2), "lease");
     const char *ld = jstr(json_array_get(res, 4), "lease");
-    ck_assert_msg(h_is_token(lc) && h_is_token(ld), "leases: %s", dump(r));
+    ck_assert_msg(h_is_token(lc) && h_is_token(ld), "leases: %s", h_dump(r));
     ck_assert_str_ne(lc, ld);
     ck_assert(!jtrue(json_array_get(res, 2), "hit"));
     /* Each miss's lease is its own. */
@@ -816,7 +801,7 @@ START_TEST(test_mget)
     /* The same cold key twice: one lease, for the first occurrence. */
     r = h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget", "keys", "e",
                 "e");
-    must(r);
+    h_must(r);
     res = json_object_get(r, "results");
     ck_assert(h_is_token(jstr(json_array_get(res, 0), "lease")));
     expect_miss_no_lease(json_array_get(res, 1));
@@ -832,7 +817,7 @@ START_TEST(test_mget)
     ck_assert(fill(a, "e", le, "E"));
     free(le);
     r = h_recv(b, T_MS);
-    must(r);
+    h_must(r);
     res = json_object_get(r, "results");
     expect_hit(json_array_get(res, 0), "E");
     expect_hit(json_array_get(res, 1), "1");
@@ -841,7 +826,7 @@ START_TEST(test_mget)
     /* lease:false: plain reads. */
     r = h_callf(a, T_MS, "{s:s,s:[s,s],s:b}", "op", "cache.mget", "keys", "x",
                 "c", "lease", 0);
-    must(r);
+    h_must(r);
     res = json_object_get(r, "results");
     expect_miss_no_lease(json_array_get(res, 0));
     expect_hit(json_array_get(res, 1), "C");
@@ -887,7 +872,7 @@ START_TEST(test_wrong_type)
     /* mget reports it per key and still serves the others. */
     r = h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget", "keys", "str",
                 "fine");
-    must(r);
+    h_must(r);
     json_t *res = json_object_get(r, "results");
     ck_assert_str_eq(h_errcode(json_array_get(res, 0)), "wrong_type");
     ck_assert(h_is_token(jstr(json_array_get(res, 1), "lease")));
@@ -895,7 +880,7 @@ START_TEST(test_wrong_type)
 
     /* An invalidation removes whatever is there. */
     r = invalidate(a, "str", 0);
-    ck_assert_int_eq(jint(must(r), "deleted"), 1);
+    ck_assert_int_eq(jint(h_must(r), "deleted"), 1);
     json_decref(r);
     ck_assert(!entry_exists("str"));
     h_close(a);
@@ -993,7 +978,7 @@ START_TEST(test_invalidate_keys)
     json_t *r = h_callf(a, T_MS, "{s:s,s:[s,s,s],s:i}", "op",
                         "cache.invalidate", "keys", "i1", "i2", "i3",
                         "delay_ms", 0);
-    must(r);
+    h_must(r);
     /* deleted counts what was there; no second delete with delay 0. */
     ck_assert_int_eq(jint(r, "deleted"), 2);
     ck_assert_int_eq(jint(r, "pending"), 0);
@@ -1008,7 +993,7 @@ START_TEST(test_invalidate_keys)
     long long t0 = h_now_ms();
     r = h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "cache.invalidate", "keys",
                 "i1", "i2");
-    must(r);
+    h_must(r);
     ck_assert_int_eq(jint(r, "deleted"), 1);
     ck_assert_int_eq(jint(r, "pending"), 2);
     json_decref(r);
@@ -1029,7 +1014,7 @@ START_TEST(test_double_delete)
     set_value(a, "dd", "old");
     long long t0 = h_now_ms();
     json_t *r = invalidate(a, "dd", 800);
-    must(r);
+    h_must(r);
     ck_assert_int_eq(jint(r, "deleted"), 1);
     ck_assert_int_eq(jint(r, "pending"), 1);
     json_decref(r);
@@ -1063,7 +1048,7 @@ durable_after_kill(const char *yaml)
     set_value(a, "dur", "old");
     long long t0 = h_now_ms();
     json_t *r = invalidate(a, "dur", DURABLE_DELAY_MS);
-    must(r);
+    h_must(r);
     ck_assert_int_eq(jint(r, "pending"), 1);
     json_decref(r);
     /* Acknowledged; the daemon dies before the second delete. */
@@ -1112,8 +1097,8 @@ START_TEST(test_redis_down_queued)
     h_redis_kill(&R);
     long long t0 = h_now_ms();
     json_t *r = invalidate(a, "q", 2000);
-    must(r);
-    ck_assert_msg(jtrue(r, "queued"), "reply %s", dump(r));
+    h_must(r);
+    ck_assert_msg(jtrue(r, "queued"), "reply %s", h_dump(r));
     ck_assert_int_eq(jint(r, "deleted"), 0);
     ck_assert_int_eq(jint(r, "pending"), 1);
     json_decref(r);
@@ -1122,7 +1107,7 @@ START_TEST(test_redis_down_queued)
 
     /* A single delete while Redis is down: queued as well. */
     r = invalidate(a, "q2", 0);
-    must(r);
+    h_must(r);
     ck_assert(jtrue(r, "queued"));
     ck_assert_int_eq(jint(r, "pending"), 1);
     json_decref(r);
@@ -1136,7 +1121,7 @@ START_TEST(test_redis_down_queued)
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     json_decref(r);
     r = h_callf(a, T_MS, "{s:s,s:[s]}", "op", "cache.mget", "keys", "q");
-    must(r);
+    h_must(r);
     ck_assert_str_eq(h_errcode(
                          json_array_get(json_object_get(r, "results"), 0)),
                      "redis_unavailable");
@@ -1273,9 +1258,9 @@ START_TEST(test_stats_move)
     free(lease);
     json_decref(get(a, "s1")); /* hit */
     set_value(a, "s2", NULL);
-    json_decref(get(a, "s2"));                 /* negative hit */
-    json_decref(get_plain(a, "s3"));           /* miss */
-    json_decref(must(invalidate(a, "s1", 0))); /* invalidation */
+    json_decref(get(a, "s2"));                   /* negative hit */
+    json_decref(get_plain(a, "s3"));             /* miss */
+    json_decref(h_must(invalidate(a, "s1", 0))); /* invalidation */
 
     ck_assert_int_eq(h_stat(a, "cache_hits"), 1);
     ck_assert_int_eq(h_stat(a, "cache_negative_hits"), 1);
@@ -1434,7 +1419,7 @@ START_TEST(test_mget_big_reply)
     const int nkeys = 1000, rounds = 25;
     plant_value("big", vbytes, 'x');
     struct h_conn *p = h_connect_ok(&D);
-    json_decref(must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
+    json_decref(h_must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
     long long rss0 = proc_kb(D.pid, "VmRSS");
     ck_assert_int_gt(rss0, 0);
 
@@ -1455,7 +1440,7 @@ START_TEST(test_mget_big_reply)
     while (h_now_ms() < deadline) {
         long long t0 = mono_us();
         json_t *r = h_callf(p, T_MS, "{s:s}", "op", "ping");
-        must(r);
+        h_must(r);
         json_decref(r);
         if (nlat < sizeof lat / sizeof lat[0]) {
             lat[nlat++] = mono_us() - t0;
@@ -1503,13 +1488,13 @@ START_TEST(test_mget_big_reply)
     free(line);
     json_t *r = h_recv(b, T_MS);
     ck_assert_msg(r != NULL && !h_ok(r) && strcmp(h_errcode(r), "busy") == 0,
-                  "expected busy, got %s", dump(r));
+                  "expected busy, got %s", h_dump(r));
     json_decref(r);
     ck_assert(h_wait_closed(b, T_MS));
     ck_assert_int_eq(count_in_file(D.log, "over the output limit"), 1);
     long long hwm2 = proc_kb(D.pid, "VmHWM");
     ck_assert_msg(hwm2 - rss0 < bound_kb, "daemon grew to %lld kB", hwm2);
-    json_decref(must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
+    json_decref(h_must(h_callf(p, T_MS, "{s:s}", "op", "ping")));
     h_close(b);
     h_close(p);
 }
@@ -1544,7 +1529,7 @@ START_TEST(test_max_waiters_exact)
         json_t *r = h_recv(b, T_MS);
         ck_assert_msg(r != NULL && !h_ok(r) &&
                           strcmp(h_errcode(r), "busy") == 0,
-                      "expected busy, got %s", dump(r));
+                      "expected busy, got %s", h_dump(r));
         busy++;
         json_decref(r);
     }
@@ -1556,7 +1541,7 @@ START_TEST(test_max_waiters_exact)
     json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "cache.get", "key",
                         "w", "wait_ms", 20000);
     ck_assert_msg(r != NULL && !h_ok(r) && strcmp(h_errcode(r), "busy") == 0,
-                  "expected busy for the sixth waiter, got %s", dump(r));
+                  "expected busy for the sixth waiter, got %s", h_dump(r));
     json_decref(r);
 
     ck_assert(fill(a, "w", lease, "val"));
@@ -1625,7 +1610,7 @@ START_TEST(test_numeric_ranges)
                           "{\"op\":\"lock\",\"key\":\"r1\",\"ttl_ms\":%lld,"
                           "\"wait_ms\":2147483648}",
                           ttl_max);
-    must(r);
+    h_must(r);
     ck_assert(jtrue(r, "acquired"));
     ck_assert_int_eq(jint(r, "lease_ms"), ttl_max);
     json_decref(r);
@@ -1634,11 +1619,11 @@ START_TEST(test_numeric_ranges)
                   pttl);
     r = call_line(a, "{\"op\":\"extend\",\"key\":\"r1\",\"ttl_ms\":%lld}",
                   ttl_max);
-    must(r);
+    h_must(r);
     ck_assert_int_eq(jint(r, "lease_ms"), ttl_max);
     json_decref(r);
     r = call_line(a, "{\"op\":\"lock\",\"key\":\"r2\",\"wait_ms\":%lld}", -1);
-    must(r);
+    h_must(r);
     ck_assert(jtrue(r, "acquired"));
     json_decref(r);
     snprintf(line, sizeof line,
@@ -1661,7 +1646,7 @@ START_TEST(test_numeric_ranges)
                   "{\"op\":\"cache.set\",\"key\":\"c1\",\"value\":\"v\","
                   "\"ttl_ms\":%lld}",
                   ttl_max);
-    json_decref(must(r));
+    json_decref(h_must(r));
     pttl = entry_pttl("c1");
     ck_assert_msg(pttl > ttl_max * 8 / 10 && pttl <= ttl_max * 12 / 10,
                   "cache PTTL %lld", pttl);
@@ -1671,7 +1656,7 @@ START_TEST(test_numeric_ranges)
              "\"value\":\"v\",\"ttl_ms\":%%lld}",
              lease);
     r = call_line(a, line, ttl_max);
-    must(r);
+    h_must(r);
     ck_assert(jtrue(r, "stored"));
     json_decref(r);
     free(lease);
@@ -1698,7 +1683,7 @@ START_TEST(test_numeric_ranges)
                   "{\"op\":\"cache.mget\",\"keys\":[\"c1\"],"
                   "\"wait_ms\":%lld}",
                   wait_max);
-    must(r);
+    h_must(r);
     expect_hit(json_array_get(json_object_get(r, "results"), 0), "v");
     json_decref(r);
     snprintf(line, sizeof line,
@@ -1733,7 +1718,7 @@ START_TEST(test_numeric_ranges)
                   "{\"op\":\"cache.invalidate\",\"key\":\"c1\","
                   "\"delay_ms\":%lld}",
                   delay_max);
-    json_decref(must(r));
+    json_decref(h_must(r));
     snprintf(line, sizeof line,
              "{\"op\":\"cache.invalidate\",\"key\":\"c1\",\"delay_ms\":%lld}",
              delay_max + 1);
@@ -1769,7 +1754,7 @@ expect_wrong_type_all(struct h_conn *a, const char *key, bool reads)
         ck_assert_msg(r[i] != NULL && !h_ok(r[i]) &&
                           strcmp(h_errcode(r[i]), "wrong_type") == 0,
                       "op %d on %s: expected wrong_type, got %s", i, key,
-                      dump(r[i]));
+                      h_dump(r[i]));
         const char *msg = json_string_value(
             json_object_get(json_object_get(r[i], "error"), "message"));
         ck_assert_msg(msg != NULL && strstr(msg, key) != NULL,
@@ -1781,10 +1766,10 @@ expect_wrong_type_all(struct h_conn *a, const char *key, bool reads)
     }
     json_t *m = h_callf(a, T_MS, "{s:s,s:[s],s:i}", "op", "cache.mget", "keys",
                         key, "wait_ms", 300);
-    must(m);
+    h_must(m);
     json_t *e = json_array_get(json_object_get(m, "results"), 0);
     ck_assert_msg(strcmp(h_errcode(e), "wrong_type") == 0, "mget %s: %s", key,
-                  dump(m));
+                  h_dump(m));
     json_decref(m);
 }
 
@@ -1831,10 +1816,10 @@ START_TEST(test_foreign_data)
     ck_assert_str_eq(r_str(buf, sizeof buf, "HGET " PREFIX "{fh3} n"),
                      "maybe");
     ck_assert_int_eq(count_in_file(D.log, "script failed"), 0);
-    json_t *st = must(h_callf(a, T_MS, "{s:s}", "op", "stats"));
+    json_t *st = h_must(h_callf(a, T_MS, "{s:s}", "op", "stats"));
     json_t *byc = json_object_get(json_object_get(st, "stats"),
                                   "errors_by_code");
-    ck_assert_msg(byc != NULL, "no errors_by_code: %s", dump(st));
+    ck_assert_msg(byc != NULL, "no errors_by_code: %s", h_dump(st));
     ck_assert_int_eq(json_integer_value(json_object_get(byc, "internal")), 0);
     ck_assert_int_gt(json_integer_value(json_object_get(byc, "wrong_type")),
                      40);
@@ -1842,7 +1827,7 @@ START_TEST(test_foreign_data)
 
     /* An invalidation still removes whatever is there. */
     json_t *r = invalidate(a, "fh5", 0);
-    ck_assert_int_eq(jint(must(r), "deleted"), 1);
+    ck_assert_int_eq(jint(h_must(r), "deleted"), 1);
     json_decref(r);
     char *lease = get_lease(a, "fh5");
     free(lease);
@@ -1885,7 +1870,7 @@ START_TEST(test_second_delete_after_outage)
     set_value(a, "sd", "old");
     h_redis_kill(&R);
     json_t *r = invalidate(a, "sd", delay);
-    must(r);
+    h_must(r);
     ck_assert(jtrue(r, "queued"));
     json_decref(r);
     ck_assert_int_eq(h_stat(a, "cache_invalidations_pending"), 2);
@@ -1917,7 +1902,7 @@ START_TEST(test_second_delete_after_replay)
 
     h_redis_kill(&R);
     json_t *r = invalidate(a, "sr", delay);
-    must(r);
+    h_must(r);
     ck_assert(jtrue(r, "queued"));
     json_decref(r);
     h_close(a);
@@ -1941,7 +1926,7 @@ START_TEST(test_second_delete_after_replay)
      * delay_ms later. */
     h_redis_kill(&R);
     r = invalidate(a, "sr2", delay);
-    must(r);
+    h_must(r);
     ck_assert(jtrue(r, "queued"));
     json_decref(r);
     h_close(a);
@@ -1978,8 +1963,8 @@ START_TEST(test_write_outcome_unknown)
              R.port);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
     c = h_connect_ok(&D);
-    json_decref(must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
-                             "key", "ou1", "value", "before")));
+    json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
+                               "key", "ou1", "value", "before")));
 
     ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
     r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "ou1",
@@ -1987,7 +1972,7 @@ START_TEST(test_write_outcome_unknown)
     kill(R.pid, SIGCONT);
     ck_assert_msg(r != NULL && h_errcode(r) != NULL &&
                       strcmp(h_errcode(r), "redis_unavailable") == 0,
-                  "expected redis_unavailable, got %s", dump(r));
+                  "expected redis_unavailable, got %s", h_dump(r));
     ck_assert_str_eq(joutcome(r), "unknown");
     ck_assert_msg(strstr(jmsg(r), "timed out") != NULL, "no cause in: %s",
                   jmsg(r));
@@ -1995,8 +1980,8 @@ START_TEST(test_write_outcome_unknown)
 
     /* It did happen: Redis ran it once it woke. */
     ck_assert(h_wait_stat_min(c, "redis_connected", 1, 10000));
-    r = must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", "ou1",
-                     "lease", 0));
+    r = h_must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                       "ou1", "lease", 0));
     ck_assert_str_eq(jstr(r, "value"), "after");
     json_decref(r);
 
@@ -2007,7 +1992,7 @@ START_TEST(test_write_outcome_unknown)
                 "lease", 0);
     ck_assert_msg(r != NULL && h_errcode(r) != NULL &&
                       strcmp(h_errcode(r), "redis_unavailable") == 0,
-                  "expected redis_unavailable, got %s", dump(r));
+                  "expected redis_unavailable, got %s", h_dump(r));
     ck_assert_ptr_null(joutcome(r));
     ck_assert_msg(strstr(jmsg(r), "refused") != NULL ||
                       strstr(jmsg(r), "connection") != NULL,

@@ -32,23 +32,6 @@ static const struct h_fixture fx = {
     .daemons = {&D},
 };
 
-static const char *
-dump(const json_t *j)
-{
-    static char buf[4096];
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    snprintf(buf, sizeof buf, "%s", s ? s : "(null)");
-    free(s);
-    return buf;
-}
-
-static json_t *
-must(json_t *r)
-{
-    ck_assert_msg(h_ok(r), "expected ok, got %s", dump(r));
-    return r;
-}
-
 static void
 key_name(char *buf, size_t len, int i)
 {
@@ -64,8 +47,8 @@ skewed_workload(struct h_conn *c)
     char name[16];
     for (int i = 1; i <= 2; i++) {
         key_name(name, sizeof name, i);
-        json_decref(must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
-                                 "key", name, "value", "v")));
+        json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
+                                   "key", name, "value", "v")));
     }
     for (int r = 1; r <= ROUNDS; r++) {
         json_t *keys = json_array();
@@ -77,7 +60,7 @@ skewed_workload(struct h_conn *c)
         }
         json_t *req = json_pack("{s:s,s:o,s:b}", "op", "cache.mget", "keys",
                                 keys, "lease", 0);
-        json_decref(must(h_call(c, req, T_MS)));
+        json_decref(h_must(h_call(c, req, T_MS)));
     }
 }
 
@@ -109,21 +92,21 @@ START_TEST(test_ranking)
     struct h_conn *c = h_connect_ok(&D);
     skewed_workload(c);
 
-    json_t *r = must(hot(c, 0));
+    json_t *r = h_must(hot(c, 0));
     json_t *keys = json_object_get(r, "keys");
     /* Every slot in use: 40 keys were read, 16 are kept. */
-    ck_assert_msg(json_array_size(keys) == 16, "%s", dump(r));
+    ck_assert_msg(json_array_size(keys) == 16, "%s", h_dump(r));
     /* The heaviest keys, in order, with reads in proportion. */
     const char *want[] = {"k01", "k02", "k03", "k04"};
     for (size_t i = 0; i < 4; i++) {
         ck_assert_msg(nth_key(keys, i) != NULL &&
                           strcmp(nth_key(keys, i), want[i]) == 0,
-                      "rank %zu: %s", i + 1, dump(keys));
+                      "rank %zu: %s", i + 1, h_dump(keys));
     }
     double r1 = nth_num(keys, 0, "reads_per_s");
     double r2 = nth_num(keys, 1, "reads_per_s");
     double r4 = nth_num(keys, 3, "reads_per_s");
-    ck_assert_msg(r1 > 0 && r2 > 0 && r4 > 0, "%s", dump(keys));
+    ck_assert_msg(r1 > 0 && r2 > 0 && r4 > 0, "%s", h_dump(keys));
     ck_assert_double_eq_tol(r1 / r2, 2.0, 0.1);
     ck_assert_double_eq_tol(r1 / r4, 4.0, 0.2);
     /* Most read first all the way down. */
@@ -138,7 +121,7 @@ START_TEST(test_ranking)
     json_decref(r);
 
     /* The limit. */
-    r = must(hot(c, 3));
+    r = h_must(hot(c, 3));
     keys = json_object_get(r, "keys");
     ck_assert_int_eq(json_array_size(keys), 3);
     ck_assert_str_eq(nth_key(keys, 0), "k01");
@@ -162,10 +145,10 @@ START_TEST(test_gets_count)
     h_start(NULL);
     struct h_conn *c = h_connect_ok(&D);
     for (int i = 0; i < 5; i++) {
-        json_decref(must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
-                                 "key", "g", "lease", 0)));
+        json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
+                                   "key", "g", "lease", 0)));
     }
-    json_t *r = must(hot(c, 0));
+    json_t *r = h_must(hot(c, 0));
     json_t *keys = json_object_get(r, "keys");
     ck_assert_int_eq(json_array_size(keys), 1);
     ck_assert_str_eq(nth_key(keys, 0), "g");
@@ -180,7 +163,7 @@ START_TEST(test_off_and_tcp)
     h_start("cache:\n  hot_keys: 0\n");
     struct h_conn *c = h_connect_ok(&D);
     skewed_workload(c);
-    json_t *r = must(hot(c, 0));
+    json_t *r = h_must(hot(c, 0));
     ck_assert_int_eq(json_array_size(json_object_get(r, "keys")), 0);
     json_decref(r);
     /* An operator op: not over TCP. */
@@ -302,8 +285,8 @@ START_TEST(test_metrics_bounded)
     skewed_workload(c);
     /* A key that needs escaping, read often enough to rank first. */
     for (int i = 0; i < 400; i++) {
-        json_decref(must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
-                                 "key", "we\"ird\\key", "lease", 0)));
+        json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
+                                   "key", "we\"ird\\key", "lease", 0)));
     }
     char *body = get_metrics(port);
     ck_assert_msg(strstr(body, "leased_cache_hot_reads_per_second{rank=\"1\","

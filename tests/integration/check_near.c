@@ -44,23 +44,6 @@ static const struct h_fixture fx = {
 
 /* --- helpers ------------------------------------------------------------ */
 
-static const char *
-dump(const json_t *j)
-{
-    static char buf[2048];
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    snprintf(buf, sizeof buf, "%s", s ? s : "(null)");
-    free(s);
-    return buf;
-}
-
-static json_t *
-must(json_t *r)
-{
-    ck_assert_msg(h_ok(r), "expected ok, got %s", dump(r));
-    return r;
-}
-
 static void
 start_near(struct h_daemon *d, const char *yaml)
 {
@@ -76,8 +59,8 @@ start_near(struct h_daemon *d, const char *yaml)
 static json_t *
 get(struct h_conn *c, const char *key)
 {
-    return must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
-                        key, "lease", 0));
+    return h_must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                          key, "lease", 0));
 }
 
 static void
@@ -91,7 +74,7 @@ set(struct h_conn *c, const char *key, const char *value, long long ttl_ms)
         r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", key,
                     "value", value);
     }
-    json_decref(must(r));
+    json_decref(h_must(r));
 }
 
 /* Whether reply R is a hit of VALUE, served near or not. */
@@ -112,7 +95,7 @@ get_until_near(struct h_conn *c, const char *key, const char *value)
         json_t *r = get(c, key);
         bool near = jtrue(r, "near");
         ck_assert_msg(hit_of(r, value), "%s: expected a hit of %s, got %s",
-                      key, value, dump(r));
+                      key, value, h_dump(r));
         json_decref(r);
         if (near) {
             return;
@@ -135,10 +118,10 @@ get_until(struct h_conn *c, const char *key, const char *value)
         const char *code = h_errcode(r);
         ck_assert_msg(r != NULL && (code == NULL ||
                                     strcmp(code, "redis_unavailable") == 0),
-                      "%s: %s", key, dump(r));
+                      "%s: %s", key, h_dump(r));
         bool done = value != NULL ? hit_of(r, value) : !jtrue(r, "hit");
         char seen[2048];
-        snprintf(seen, sizeof seen, "%s", dump(r));
+        snprintf(seen, sizeof seen, "%s", h_dump(r));
         json_decref(r);
         if (done) {
             return h_now_ms() - t0;
@@ -201,14 +184,14 @@ START_TEST(test_near_hit_costs_redis_nothing)
     start_near(&D, NEAR_YAML);
     struct h_conn *c = h_connect_ok(&D);
 
-    json_t *hello = must(h_callf(c, T_MS, "{s:s}", "op", "hello"));
+    json_t *hello = h_must(h_callf(c, T_MS, "{s:s}", "op", "hello"));
     json_t *f = json_object_get(hello, "features");
     bool found = false;
     for (size_t i = 0; i < json_array_size(f); i++) {
         found = found ||
                 strcmp(json_string_value(json_array_get(f, i)), "near") == 0;
     }
-    ck_assert_msg(found, "hello does not offer near: %s", dump(hello));
+    ck_assert_msg(found, "hello does not offer near: %s", h_dump(hello));
     json_decref(hello);
 
     set(c, "hot", "value-1", 0);
@@ -218,16 +201,16 @@ START_TEST(test_near_hit_costs_redis_nothing)
     for (int i = 0; i < 200; i++) {
         json_t *r = get(c, "hot");
         ck_assert_msg(hit_of(r, "value-1") && jtrue(r, "near"),
-                      "not a near hit: %s", dump(r));
+                      "not a near hit: %s", h_dump(r));
         json_decref(r);
     }
     /* mget answers each near key the same way. */
-    json_t *m = must(h_callf(c, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget",
-                             "keys", "hot", "hot"));
+    json_t *m = h_must(h_callf(c, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget",
+                               "keys", "hot", "hot"));
     json_t *res = json_object_get(m, "results");
     ck_assert_msg(hit_of(json_array_get(res, 0), "value-1") &&
                       jtrue(json_array_get(res, 0), "near"),
-                  "mget: %s", dump(m));
+                  "mget: %s", h_dump(m));
     json_decref(m);
     ck_assert_msg(redis_commands() == before,
                   "near hits sent %lld commands to redis",
@@ -236,10 +219,10 @@ START_TEST(test_near_hit_costs_redis_nothing)
     ck_assert_int_eq(h_stat(c, "near_entries"), 1);
     ck_assert_int_gt(h_stat(c, "near_bytes"), 0);
     /* Near hits count among the hot keys like any other read. */
-    json_t *hot = must(h_callf(c, T_MS, "{s:s}", "op", "cache.hot"));
+    json_t *hot = h_must(h_callf(c, T_MS, "{s:s}", "op", "cache.hot"));
     json_t *first = json_array_get(json_object_get(hot, "keys"), 0);
     ck_assert_msg(first != NULL && strcmp(jstr(first, "key"), "hot") == 0,
-                  "cache.hot: %s", dump(hot));
+                  "cache.hot: %s", h_dump(hot));
     json_decref(hot);
     h_close(c);
 }
@@ -284,17 +267,17 @@ START_TEST(test_other_daemon_and_invalidate_evict)
     get_until_near(c, "shared", "two");
 
     /* An invalidation through the other daemon. */
-    json_decref(must(h_callf(c2, T_MS, "{s:s,s:s}", "op", "cache.invalidate",
-                             "key", "shared")));
+    json_decref(h_must(h_callf(c2, T_MS, "{s:s,s:s}", "op", "cache.invalidate",
+                               "key", "shared")));
     ck_assert_msg(get_until(c, "shared", NULL) < 1000, "too slow");
 
     /* The daemon's own invalidation: the very next read is not near. */
     set(c, "shared", "three", 0);
     get_until_near(c, "shared", "three");
-    json_decref(must(h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.invalidate",
-                             "key", "shared")));
+    json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.invalidate",
+                               "key", "shared")));
     json_t *r = get(c, "shared");
-    ck_assert_msg(!jtrue(r, "hit"), "read after invalidate: %s", dump(r));
+    ck_assert_msg(!jtrue(r, "hit"), "read after invalidate: %s", h_dump(r));
     json_decref(r);
 
     /* Its own set: the next read has the new value. */
@@ -302,7 +285,7 @@ START_TEST(test_other_daemon_and_invalidate_evict)
     get_until_near(c, "shared", "four");
     set(c, "shared", "five", 0);
     r = get(c, "shared");
-    ck_assert_msg(hit_of(r, "five"), "read after set: %s", dump(r));
+    ck_assert_msg(hit_of(r, "five"), "read after set: %s", h_dump(r));
     json_decref(r);
     h_close(c);
     h_close(c2);
@@ -375,7 +358,7 @@ START_TEST(test_ttl_respected)
         usleep(5000);
     }
     json_t *r = get(c, "short");
-    ck_assert_msg(!jtrue(r, "near"), "near hit after the TTL: %s", dump(r));
+    ck_assert_msg(!jtrue(r, "near"), "near hit after the TTL: %s", h_dump(r));
     json_decref(r);
     get_until(c, "short", NULL);
     ck_assert_int_ge(h_stat(c, "near_evictions_ttl"), 1);
@@ -406,11 +389,11 @@ START_TEST(test_lru_bound_and_value_limit)
     /* Least recently used first out: the newest key stays, the oldest
      * went. */
     json_t *r = get(c, "lru199");
-    ck_assert_msg(jtrue(r, "near"), "newest: %.80s", dump(r));
+    ck_assert_msg(jtrue(r, "near"), "newest: %.80s", h_dump(r));
     json_decref(r);
     r = get(c, "lru0");
     ck_assert_msg(hit_of(r, value) && !jtrue(r, "near"), "oldest: %.80s",
-                  dump(r));
+                  h_dump(r));
     json_decref(r);
 
     /* A value over max_value_bytes is never kept. */
@@ -421,7 +404,7 @@ START_TEST(test_lru_bound_and_value_limit)
     for (int i = 0; i < 20; i++) {
         r = get(c, "big");
         ck_assert_msg(hit_of(r, big) && !jtrue(r, "near"), "big: %.80s",
-                      dump(r));
+                      h_dump(r));
         json_decref(r);
     }
     h_close(c);
@@ -437,7 +420,7 @@ START_TEST(test_min_hits)
     /* Two reads: not often enough, and Redis does not track it. */
     for (int i = 0; i < 2; i++) {
         json_t *r = get(c, "warm");
-        ck_assert_msg(hit_of(r, "v") && !jtrue(r, "near"), "%s", dump(r));
+        ck_assert_msg(hit_of(r, "v") && !jtrue(r, "near"), "%s", h_dump(r));
         json_decref(r);
     }
     ck_assert_int_eq(h_stat(c, "near_entries"), 0);
@@ -613,14 +596,14 @@ START_TEST(test_race_invalidation_overtakes_read)
     h_r_do(&R, "HSET " PREFIX "{race} v new");
     json_t *r = h_recv(c, T_MS);
     ck_assert_msg(r != NULL && hit_of(r, "old") && !jtrue(r, "near"),
-                  "the slow read: %s", dump(r));
+                  "the slow read: %s", h_dump(r));
     json_decref(r);
     atomic_store(&P.slow, 0);
 
     /* "old" was not kept: the next read goes to Redis and finds "new". */
     r = get(c, "race");
     ck_assert_msg(hit_of(r, "new") && !jtrue(r, "near"),
-                  "the answer of the overtaken read was kept: %s", dump(r));
+                  "the answer of the overtaken read was kept: %s", h_dump(r));
     json_decref(r);
     get_until_near(c, "race", "new");
     atomic_store(&P.stop, 1);

@@ -35,23 +35,6 @@ static const struct h_fixture fx = {
 
 /* --- helpers ------------------------------------------------------------ */
 
-static const char *
-dump(const json_t *j)
-{
-    static char buf[2048];
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    snprintf(buf, sizeof buf, "%s", s ? s : "(null)");
-    free(s);
-    return buf;
-}
-
-static json_t *
-must(json_t *r)
-{
-    ck_assert_msg(h_ok(r), "expected ok, got %s", dump(r));
-    return r;
-}
-
 static void
 sleep_ms(long ms)
 {
@@ -69,8 +52,9 @@ get(struct h_conn *c, const char *key)
 static bool
 fill(struct h_conn *c, const char *key, const char *lease, const char *value)
 {
-    json_t *r = must(h_callf(c, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill",
-                             "key", key, "lease", lease, "value", value));
+    json_t *r = h_must(h_callf(c, T_MS, "{s:s,s:s,s:s,s:s}", "op",
+                               "cache.fill", "key", key, "lease", lease,
+                               "value", value));
     bool stored = jtrue(r, "stored");
     json_decref(r);
     return stored;
@@ -79,8 +63,8 @@ fill(struct h_conn *c, const char *key, const char *lease, const char *value)
 static void
 set_value(struct h_conn *c, const char *key, const char *value)
 {
-    json_decref(must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
-                             "key", key, "value", value)));
+    json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
+                               "key", key, "value", value)));
 }
 
 static json_t *
@@ -94,13 +78,13 @@ invalidate_stale(struct h_conn *c, const char *key, long long delay)
 static char *
 expect_stale(json_t *r, const char *value)
 {
-    must(r);
+    h_must(r);
     ck_assert_msg(jtrue(r, "hit") && jtrue(r, "stale") &&
                       jstr(r, "value") != NULL &&
                       strcmp(jstr(r, "value"), value) == 0,
-                  "expected stale \"%s\", got %s", value, dump(r));
+                  "expected stale \"%s\", got %s", value, h_dump(r));
     const char *l = jstr(r, "lease");
-    ck_assert_msg(l == NULL || h_is_token(l), "bad lease in %s", dump(r));
+    ck_assert_msg(l == NULL || h_is_token(l), "bad lease in %s", h_dump(r));
     char *lease = l != NULL ? strdup(l) : NULL;
     json_decref(r);
     return lease;
@@ -109,21 +93,21 @@ expect_stale(json_t *r, const char *value)
 static void
 expect_fresh(json_t *r, const char *value)
 {
-    must(r);
+    h_must(r);
     ck_assert_msg(jtrue(r, "hit") && json_object_get(r, "stale") == NULL &&
                       json_object_get(r, "lease") == NULL &&
                       jstr(r, "value") != NULL &&
                       strcmp(jstr(r, "value"), value) == 0,
-                  "expected a plain hit \"%s\", got %s", value, dump(r));
+                  "expected a plain hit \"%s\", got %s", value, h_dump(r));
     json_decref(r);
 }
 
 static char *
 expect_miss_lease(json_t *r)
 {
-    must(r);
+    h_must(r);
     ck_assert_msg(!jtrue(r, "hit") && h_is_token(jstr(r, "lease")),
-                  "expected a miss with a lease, got %s", dump(r));
+                  "expected a miss with a lease, got %s", h_dump(r));
     char *lease = strdup(jstr(r, "lease"));
     json_decref(r);
     return lease;
@@ -132,11 +116,11 @@ expect_miss_lease(json_t *r)
 static void
 expect_marked(json_t *r, long long pending)
 {
-    must(r);
+    h_must(r);
     ck_assert_msg(jint(r, "deleted") == 0 && jint(r, "stale") == 1 &&
                       jint(r, "pending") == pending,
                   "expected deleted 0, stale 1, pending %lld; got %s", pending,
-                  dump(r));
+                  h_dump(r));
     json_decref(r);
 }
 
@@ -217,51 +201,52 @@ START_TEST(test_mode_and_reply)
     struct h_conn *a = h_connect_ok(&D);
     set_value(a, "m", "old");
     /* cache.invalidate_mode: stale makes it the default. */
-    json_t *r = must(
+    json_t *r = h_must(
         h_callf(a, T_MS, "{s:s,s:s}", "op", "cache.invalidate", "key", "m"));
     expect_marked(r, 1);
     char *l = expect_stale(get(a, "m"), "old");
     ck_assert_ptr_nonnull(l);
     free(l);
     /* "stale": false deletes as before, with the reply of a delete. */
-    r = must(h_callf(a, T_MS, "{s:s,s:s,s:b,s:I}", "op", "cache.invalidate",
-                     "key", "m", "stale", 0, "delay_ms", (json_int_t)0));
+    r = h_must(h_callf(a, T_MS, "{s:s,s:s,s:b,s:I}", "op", "cache.invalidate",
+                       "key", "m", "stale", 0, "delay_ms", (json_int_t)0));
     ck_assert_msg(jint(r, "deleted") == 1 &&
                       json_object_get(r, "stale") == NULL,
-                  "delete reply %s", dump(r));
+                  "delete reply %s", h_dump(r));
     json_decref(r);
     ck_assert_int_eq(h_r_int(&R, "EXISTS " PREFIX "{m}"), 0);
     /* Nothing cached: nothing to mark; keys counted per outcome. */
     set_value(a, "k1", "v1");
-    r = must(h_callf(a, T_MS, "{s:s,s:[s,s],s:I}", "op", "cache.invalidate",
-                     "keys", "k1", "nothing", "delay_ms", (json_int_t)0));
+    r = h_must(h_callf(a, T_MS, "{s:s,s:[s,s],s:I}", "op", "cache.invalidate",
+                       "keys", "k1", "nothing", "delay_ms", (json_int_t)0));
     ck_assert_msg(jint(r, "deleted") == 0 && jint(r, "stale") == 1 &&
                       jint(r, "pending") == 0,
-                  "reply %s", dump(r));
+                  "reply %s", h_dump(r));
     json_decref(r);
     /* A cached "not found" is dropped, not kept stale: there is no old
      * value worth serving. */
     char *nl = expect_miss_lease(get(a, "nf"));
-    json_decref(must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:n}", "op", "cache.fill",
-                             "key", "nf", "lease", nl, "value")));
+    json_decref(
+        h_must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:n}", "op", "cache.fill", "key",
+                       "nf", "lease", nl, "value")));
     free(nl);
-    r = must(invalidate_stale(a, "nf", 0));
+    r = h_must(invalidate_stale(a, "nf", 0));
     ck_assert_msg(jint(r, "deleted") == 1 && jint(r, "stale") == 0, "reply %s",
-                  dump(r));
+                  h_dump(r));
     json_decref(r);
     /* Malformed. */
     h_expect_code(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.invalidate",
                           "key", "m", "stale", "yes"),
                   "bad_request", "stale as a string");
     /* hello offers the feature. */
-    r = must(h_callf(a, T_MS, "{s:s}", "op", "hello"));
+    r = h_must(h_callf(a, T_MS, "{s:s}", "op", "hello"));
     json_t *f = json_object_get(r, "features");
     bool found = false;
     for (size_t i = 0; i < json_array_size(f); i++) {
         found = found ||
                 strcmp(json_string_value(json_array_get(f, i)), "stale") == 0;
     }
-    ck_assert_msg(found, "features %s", dump(f));
+    ck_assert_msg(found, "features %s", h_dump(f));
     json_decref(r);
     h_close(a);
 }
@@ -277,13 +262,13 @@ START_TEST(test_old_leases_rejected)
 
     /* A lease from a miss, before the write: void after the mark. */
     char *l0 = expect_miss_lease(get(a, "k"));
-    json_decref(must(invalidate_stale(b, "k", 0)));
+    json_decref(h_must(invalidate_stale(b, "k", 0)));
     ck_assert(!fill(a, "k", l0, "from before"));
     free(l0);
 
     /* A lease on the stale entry, then another write: void too. */
     set_value(a, "k", "v1");
-    json_decref(must(invalidate_stale(b, "k", 0)));
+    json_decref(h_must(invalidate_stale(b, "k", 0)));
     char *l1 = expect_stale(get(a, "k"), "v1");
     ck_assert_ptr_nonnull(l1);
     expect_marked(invalidate_stale(b, "k", 0), 0);
@@ -294,8 +279,8 @@ START_TEST(test_old_leases_rejected)
     ck_assert_ptr_nonnull(l2);
 
     /* Released: the next reader gets a lease at once. */
-    json_t *r = must(h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "cache.release",
-                             "key", "k", "lease", l2));
+    json_t *r = h_must(h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "cache.release",
+                               "key", "k", "lease", l2));
     ck_assert(jtrue(r, "released"));
     json_decref(r);
     free(l2);
@@ -314,9 +299,9 @@ START_TEST(test_old_leases_rejected)
     free(l4);
 
     /* A plain read never takes the lease. */
-    json_decref(must(invalidate_stale(b, "k", 0)));
-    r = must(h_callf(a, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", "k",
-                     "lease", 0));
+    json_decref(h_must(invalidate_stale(b, "k", 0)));
+    r = h_must(h_callf(a, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", "k",
+                       "lease", 0));
     char *lp = expect_stale(r, "v2");
     ck_assert_ptr_null(lp);
     char *l5 = expect_stale(get(b, "k"), "v2");
@@ -354,7 +339,7 @@ START_TEST(test_stale_ms_ends_it)
     struct h_conn *a = h_connect_ok(&D);
     set_value(a, "short", "old");
     long long t0 = h_now_ms();
-    json_decref(must(invalidate_stale(a, "short", 0)));
+    json_decref(h_must(invalidate_stale(a, "short", 0)));
     long long pttl = h_r_int(&R, "PTTL " PREFIX "{short}");
     ck_assert_msg(pttl > 0 && pttl <= 400, "pttl %lld", pttl);
     char *l = expect_stale(h_callf(a, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
@@ -370,9 +355,9 @@ START_TEST(test_stale_ms_ends_it)
 
     /* A mark never lengthens a shorter TTL. */
     json_decref(
-        must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:I}", "op", "cache.set", "key",
-                     "fleeting", "value", "x", "ttl_ms", (json_int_t)150)));
-    json_decref(must(invalidate_stale(a, "fleeting", 0)));
+        h_must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:I}", "op", "cache.set", "key",
+                       "fleeting", "value", "x", "ttl_ms", (json_int_t)150)));
+    json_decref(h_must(invalidate_stale(a, "fleeting", 0)));
     pttl = h_r_int(&R, "PTTL " PREFIX "{fleeting}");
     ck_assert_msg(pttl <= 200, "pttl %lld", pttl);
     h_close(a);
@@ -455,9 +440,9 @@ START_TEST(test_redis_down_queued)
     struct h_conn *a = h_connect_ok(&D);
     set_value(a, "q", "old");
     h_redis_kill(&R);
-    json_t *r = must(invalidate_stale(a, "q", 0));
+    json_t *r = h_must(invalidate_stale(a, "q", 0));
     ck_assert_msg(jtrue(r, "queued") && jint(r, "pending") == 1, "reply %s",
-                  dump(r));
+                  h_dump(r));
     json_decref(r);
     ck_assert_int_eq(h_redis_restart(&R), 0);
     /* Retried until Redis takes it: the entry is marked, not deleted. */
@@ -479,10 +464,10 @@ START_TEST(test_mget)
     struct h_conn *a = h_connect_ok(&D);
     set_value(a, "m1", "one");
     set_value(a, "m2", "two");
-    json_decref(must(invalidate_stale(a, "m1", 0)));
+    json_decref(h_must(invalidate_stale(a, "m1", 0)));
     json_t *r2;
-    json_t *r = must(h_callf(a, T_MS, "{s:s,s:[s,s,s]}", "op", "cache.mget",
-                             "keys", "m1", "m2", "m1"));
+    json_t *r = h_must(h_callf(a, T_MS, "{s:s,s:[s,s,s]}", "op", "cache.mget",
+                               "keys", "m1", "m2", "m1"));
     json_t *res = json_object_get(r, "results");
     ck_assert_int_eq(json_array_size(res), 3);
     char *l = expect_stale(json_incref(json_array_get(res, 0)), "one");
@@ -493,8 +478,8 @@ START_TEST(test_mget)
     l = expect_stale(json_incref(json_array_get(res, 2)), "one");
     ck_assert_ptr_null(l);
     /* A lease held elsewhere: every place the same stale value. */
-    r2 = must(h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget", "keys",
-                      "m1", "m1"));
+    r2 = h_must(h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget", "keys",
+                        "m1", "m1"));
     res = json_object_get(r2, "results");
     for (size_t i = 0; i < 2; i++) {
         l = expect_stale(json_incref(json_array_get(res, i)), "one");
@@ -517,7 +502,7 @@ END_TEST
 static bool
 has_feature(struct h_conn *c, const char *name)
 {
-    json_t *r = must(h_callf(c, T_MS, "{s:s}", "op", "hello"));
+    json_t *r = h_must(h_callf(c, T_MS, "{s:s}", "op", "hello"));
     json_t *f = json_object_get(r, "features");
     bool found = false;
     for (size_t i = 0; i < json_array_size(f); i++) {
@@ -534,9 +519,9 @@ load(struct h_conn *c, const char *key, long load_ms, long long ttl_ms)
 {
     char *l = expect_miss_lease(get(c, key));
     sleep_ms(load_ms);
-    json_t *r = must(h_callf(c, T_MS, "{s:s,s:s,s:s,s:s,s:I}", "op",
-                             "cache.fill", "key", key, "lease", l, "value",
-                             "v1", "ttl_ms", (json_int_t)ttl_ms));
+    json_t *r = h_must(h_callf(c, T_MS, "{s:s,s:s,s:s,s:s,s:I}", "op",
+                               "cache.fill", "key", key, "lease", l, "value",
+                               "v1", "ttl_ms", (json_int_t)ttl_ms));
     ck_assert(jtrue(r, "stored"));
     json_decref(r);
     free(l);
@@ -556,9 +541,9 @@ round_of_reads(struct h_conn **c, const char *key, int *refreshes, char *lease,
     }
     for (int i = 0; i < READERS; i++) {
         json_t *r = h_recv(c[i], T_MS);
-        must(r);
+        h_must(r);
         ck_assert_msg(jtrue(r, "hit") && jstr(r, "value") != NULL,
-                      "reader %d of %s saw a miss: %s", i, key, dump(r));
+                      "reader %d of %s saw a miss: %s", i, key, h_dump(r));
         if (jstr(r, "refresh") != NULL) {
             ck_assert(h_is_token(jstr(r, "refresh")));
             if (*refreshes == 0) {
@@ -589,9 +574,9 @@ START_TEST(test_early_refresh)
      * expiry, and one written by cache.set (no load time known). */
     load(c[0], "hot", 100, HOT_TTL_MS);
     load(c[1], "warm", 100, 600000);
-    json_decref(must(h_callf(c[0], T_MS, "{s:s,s:s,s:s,s:I}", "op",
-                             "cache.set", "key", "set", "value", "s", "ttl_ms",
-                             (json_int_t)HOT_TTL_MS + 700)));
+    json_decref(h_must(h_callf(c[0], T_MS, "{s:s,s:s,s:s,s:I}", "op",
+                               "cache.set", "key", "set", "value", "s",
+                               "ttl_ms", (json_int_t)HOT_TTL_MS + 700)));
     long long d = h_r_int(&R, "HGET " PREFIX "{hot} d");
     ck_assert_msg(d >= 90 && d < HOT_TTL_MS / 20, "load time %lld", d);
     ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{set} d"), 0);
@@ -627,11 +612,11 @@ START_TEST(test_early_refresh)
         }
         if (leased_at != 0 && filled_at == 0 &&
             h_now_ms() - leased_at >= 200) {
-            json_t *r = must(h_callf(c[who], T_MS, "{s:s,s:s,s:s,s:s,s:I}",
-                                     "op", "cache.fill", "key", "hot", "lease",
-                                     lease, "value", "v2", "ttl_ms",
-                                     (json_int_t)HOT_TTL_MS));
-            ck_assert_msg(jtrue(r, "stored"), "refresh fill %s", dump(r));
+            json_t *r = h_must(h_callf(c[who], T_MS, "{s:s,s:s,s:s,s:s,s:I}",
+                                       "op", "cache.fill", "key", "hot",
+                                       "lease", lease, "value", "v2", "ttl_ms",
+                                       (json_int_t)HOT_TTL_MS));
+            ck_assert_msg(jtrue(r, "stored"), "refresh fill %s", h_dump(r));
             json_decref(r);
             filled_at = h_now_ms();
         }
@@ -648,7 +633,7 @@ START_TEST(test_early_refresh)
     ck_assert_int_eq(h_stat(c[0], "cache_refreshes_granted") +
                          h_stat(c[1], "cache_refreshes_granted"),
                      1);
-    json_t *r = must(get(c[2], "hot"));
+    json_t *r = h_must(get(c[2], "hot"));
     ck_assert_str_eq(jstr(r, "value"), "v2");
     json_decref(r);
     /* The refreshed load was measured too. */
@@ -666,7 +651,7 @@ static char *
 refresh_lease(struct h_conn *a, const char *key)
 {
     for (int i = 0; i < 20; i++) {
-        json_t *r = must(get(a, key));
+        json_t *r = h_must(get(a, key));
         if (jstr(r, "refresh") != NULL) {
             char *l = strdup(jstr(r, "refresh"));
             json_decref(r);
@@ -688,16 +673,17 @@ START_TEST(test_early_refresh_leases)
     load(a, "k2", 20, 600000);
     load(a, "k", 300, 3000);
     for (int i = 0; i < 5; i++) {
-        json_t *r = must(h_callf(a, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
-                                 "key", "k", "lease", 0));
-        ck_assert_msg(jstr(r, "refresh") == NULL, "plain read %s", dump(r));
+        json_t *r = h_must(h_callf(a, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
+                                   "key", "k", "lease", 0));
+        ck_assert_msg(jstr(r, "refresh") == NULL, "plain read %s", h_dump(r));
         json_decref(r);
     }
     char *l1 = refresh_lease(a, "k");
     /* Outstanding: nobody else gets one. */
     for (int i = 0; i < 5; i++) {
-        json_t *r = must(get(a, "k"));
-        ck_assert_msg(jstr(r, "refresh") == NULL, "second lease %s", dump(r));
+        json_t *r = h_must(get(a, "k"));
+        ck_assert_msg(jstr(r, "refresh") == NULL, "second lease %s",
+                      h_dump(r));
         json_decref(r);
     }
     /* Not used in fill_lease_ms: a later reader gets a new one. */
@@ -705,17 +691,17 @@ START_TEST(test_early_refresh_leases)
     char *l2 = refresh_lease(a, "k");
     ck_assert(!fill(a, "k", l1, "late"));
     /* A write voids it. */
-    json_decref(must(invalidate_stale(a, "k", 0)));
+    json_decref(h_must(invalidate_stale(a, "k", 0)));
     ck_assert(!fill(a, "k", l2, "before the write"));
     free(l1);
     free(l2);
     /* cache.set entries are never refreshed early. */
     json_decref(
-        must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:I}", "op", "cache.set", "key",
-                     "s", "value", "x", "ttl_ms", (json_int_t)2000)));
+        h_must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:I}", "op", "cache.set", "key",
+                       "s", "value", "x", "ttl_ms", (json_int_t)2000)));
     for (int i = 0; i < 10; i++) {
-        json_t *r = must(get(a, "s"));
-        ck_assert_msg(jstr(r, "refresh") == NULL, "%s", dump(r));
+        json_t *r = h_must(get(a, "s"));
+        ck_assert_msg(jstr(r, "refresh") == NULL, "%s", h_dump(r));
         json_decref(r);
     }
     h_close(a);
@@ -759,9 +745,9 @@ START_TEST(test_reload)
     }
     ck_assert_msg(on, "reload did not turn early refresh on");
     set_value(a, "r", "old");
-    json_t *r = must(h_callf(a, T_MS, "{s:s,s:s,s:I}", "op",
-                             "cache.invalidate", "key", "r", "delay_ms",
-                             (json_int_t)0));
+    json_t *r = h_must(h_callf(a, T_MS, "{s:s,s:s,s:I}", "op",
+                               "cache.invalidate", "key", "r", "delay_ms",
+                               (json_int_t)0));
     expect_marked(r, 0);
     h_close(a);
 }

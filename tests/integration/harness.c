@@ -2632,3 +2632,20 @@ h_test_certs(const char *dir)
     fclose(f);
     return run_quiet(sign) == 0 ? 0 : -1;
 }
+
+const char *
+h_dump(const json_t *j)
+{
+    static char buf[4096];
+    char *s = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
+    snprintf(buf, sizeof buf, "%s", s != NULL ? s : "(null)");
+    free(s);
+    return buf;
+}
+
+json_t *
+h_must(json_t *r)
+{
+    ck_assert_msg(h_ok(r), "expected ok, got %s", h_dump(r));
+    return r;
+}

@@ -323,4 +323,10 @@ int h_cluster_start_tls(struct h_cluster *cl, int masters, const char *dir);
  * localhost and 127.0.0.1. 0, or -1. */
 int h_test_certs(const char *dir);
 
+/* J as compact JSON for a failure message ("(null)" for NULL); the text
+ * stays valid until the next call. */
+const char *h_dump(const json_t *j);
+/* R, which must be an ok reply (else the test fails, showing it). */
+json_t *h_must(json_t *r);
+
 #endif
