@@ -104,6 +104,7 @@ op_hello(struct ld_req *req)
      * checks before it relies on one. */
     json_t *features = json_array();
     json_array_append_new(features, json_string("stale"));
+    json_array_append_new(features, json_string("multilock"));
     if (dispatch_mod.ctx->cfg->cache.early_refresh) {
         json_array_append_new(features, json_string("early_refresh"));
     }
