@@ -407,6 +407,64 @@ START_TEST(test_redis_down)
 }
 END_TEST
 
+/* A waiting group whose client goes away leaves nothing behind. */
+START_TEST(test_waiter_vanishes)
+{
+    h_start(NULL);
+    struct h_conn *a = lk_connect(&D);
+    struct h_conn *b = lk_connect(&D);
+    json_decref(lk_must(a, "v:2", NULL, 0, 0));
+    json_t *req = json_pack("{s:s,s:[s,s],s:i,s:i}", "op", "lock", "keys",
+                            "v:1", "v:2", "wait_ms", -1, "id", 3);
+    char *line = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    ck_assert_int_eq(h_send_raw(b, line, strlen(line)), 0);
+    ck_assert_int_eq(h_send_raw(b, "\n", 1), 0);
+    free(line);
+    h_assert_stat(a, "lock_waiters", 1, T_MS);
+    h_close(b);
+    h_assert_stat(a, "lock_waiters", 0, T_MS);
+    json_decref(lk_unlock(a, "v:2", NULL));
+    static const char *const keys[] = {"v:1", "v:2"};
+    assert_all_gone(keys, 2);
+    /* And the keys are free for anyone. */
+    json_t *r = ml_lock(a, keys, 2, 0, 0);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    h_assert_stat(a, "locks_held", 2, T_MS);
+    h_close(a);
+}
+END_TEST
+
+/* A detached group outlives its session and is unlocked by token. */
+START_TEST(test_detached)
+{
+    h_start(NULL);
+    struct h_conn *a = lk_connect(&D);
+    json_t *req = json_pack("{s:s,s:[s,s],s:b,s:i}", "op", "lock", "keys",
+                            "t:1", "t:2", "detach", 1, "ttl_ms", 60000);
+    json_t *r = ml_call(a, req);
+    ck_assert(jtrue(r, "acquired"));
+    char tok[80];
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    h_close(a);
+    struct h_conn *b = lk_connect(&D);
+    h_assert_stat(b, "locks_held", 0, T_MS);
+    ck_assert(held_by("t:1", tok) && held_by("t:2", tok));
+    r = ml_call(b, json_pack("{s:s,s:[s,s],s:s}", "op", "unlock", "keys",
+                             "t:2", "t:1", "token", tok));
+    ck_assert_msg(jtrue(r, "released"), "unlock: %s", h_errcode(r));
+    json_decref(r);
+    ck_assert(!held("t:1") && !held("t:2"));
+    /* Detached without a lease: refused like a single lock. */
+    h_expect_code(h_callf(b, T_MS, "{s:s,s:[s],s:b}", "op", "lock", "keys",
+                          "t:3", "detach", 1),
+                  "bad_request", "detach without ttl_ms");
+    h_close(b);
+}
+END_TEST
+
 /* --- overlapping groups from client processes ------------------------ */
 
 #define OV_KEYS 4
@@ -506,6 +564,8 @@ main(void)
         H_CASE(bad_requests, 60),
         H_CASE(lost_key, 60),
         H_CASE(redis_down, 60),
+        H_CASE(waiter_vanishes, 60),
+        H_CASE(detached, 60),
         H_CASE(overlap_no_deadlock, 150),
     };
     return H_MAIN(fx, cases);
