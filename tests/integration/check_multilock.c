@@ -16,10 +16,23 @@
 
 static struct h_redis R;
 static struct h_daemon D;
+static struct h_redis I[3]; /* Redlock's instances */
+
+static void
+stop_instances(void)
+{
+    for (int i = 0; i < 3; i++) {
+        if (I[i].pid != 0) {
+            h_redis_stop(&I[i]);
+        }
+    }
+}
+
 static const struct h_fixture fx = {
     .suite = "multilock",
     .redis = {&R},
     .daemons = {&D},
+    .teardown = stop_instances,
 };
 
 /* {"op":OP,"keys":[...]} plus owner (NULL: absent), ttl_ms and wait_ms
@@ -465,6 +478,78 @@ START_TEST(test_detached)
 }
 END_TEST
 
+/* limits.max_waiters counts a waiting group once. */
+START_TEST(test_max_waiters)
+{
+    h_start("limits:\n  max_waiters: 1\n");
+    struct h_conn *a = lk_connect(&D);
+    struct h_conn *b = lk_connect(&D);
+    json_decref(lk_must(a, "q:2", NULL, 0, 0));
+    lk_send(b, 5, "q:2", NULL, 0, 20000);
+    h_assert_stat(a, "lock_waiters", 1, T_MS);
+    static const char *const keys[] = {"q:1", "q:2"};
+    struct h_conn *c = lk_connect(&D);
+    h_expect_code(ml_lock(c, keys, 2, 0, 20000), "busy", "a second waiter");
+    assert_all_gone(keys, 1);
+    h_close(c);
+    h_close(a);
+    json_t *r = h_recv_id(b, 5, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "b not granted");
+    json_decref(r);
+    h_close(b);
+}
+END_TEST
+
+static int
+instances_with(const char *key)
+{
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        n += h_r_int(&I[i], "EXISTS leased:lock:{%s}", key) == 1;
+    }
+    return n;
+}
+
+/* With lock.redlock every key of a group is a Redlock lock of its own. */
+START_TEST(test_redlock_group)
+{
+    char yaml[512];
+    memset(I, 0, sizeof(I));
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(h_redis_start(&I[i], NULL), 0);
+    }
+    snprintf(yaml, sizeof yaml,
+             "lock:\n  redlock: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n",
+             I[0].port, I[1].port, I[2].port);
+    h_start(yaml);
+    struct h_conn *a = lk_connect(&D);
+    struct h_conn *b = lk_connect(&D);
+    json_decref(lk_must(b, "rl:2", NULL, 0, 0));
+    static const char *const keys[] = {"rl:1", "rl:2"};
+    json_t *r = ml_lock(a, keys, 2, 0, 0);
+    ck_assert_msg(h_ok(r) && !jtrue(r, "acquired"), "group over a held key");
+    json_decref(r);
+    ck_assert_int_eq(instances_with("rl:1"), 0);
+    json_decref(lk_unlock(b, "rl:2", NULL));
+
+    r = ml_lock(a, keys, 2, 0, 0);
+    ck_assert_msg(jtrue(r, "acquired"), "redlock group: %s", h_errcode(r));
+    ck_assert_int_eq(json_object_size(json_object_get(r, "fences")), 2);
+    ck_assert_int_gt(jint(r, "lease_ms"), 0);
+    json_decref(r);
+    ck_assert_int_eq(instances_with("rl:1"), 3);
+    ck_assert_int_eq(instances_with("rl:2"), 3);
+    r = ml_call(a, ml_req("unlock", keys, 2, NULL, 0, 0));
+    ck_assert(jtrue(r, "released"));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("rl:1"), 0);
+    ck_assert_int_eq(instances_with("rl:2"), 0);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* --- overlapping groups from client processes ------------------------ */
 
 #define OV_KEYS 4
@@ -566,6 +651,8 @@ main(void)
         H_CASE(redis_down, 60),
         H_CASE(waiter_vanishes, 60),
         H_CASE(detached, 60),
+        H_CASE(max_waiters, 60),
+        H_CASE(redlock_group, 60),
         H_CASE(overlap_no_deadlock, 150),
     };
     return H_MAIN(fx, cases);
