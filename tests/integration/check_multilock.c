@@ -550,6 +550,125 @@ START_TEST(test_redlock_group)
 }
 END_TEST
 
+/* --- Redis that does not answer in time -------------------------------- */
+
+/* Redis with DEBUG allowed, and leased with a short command timeout on
+ * one connection. */
+static void
+start_slow(void)
+{
+    char yaml[256];
+    ck_assert_int_eq(h_redis_start(&R, "--enable-debug-command yes"), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 500\n"
+             "  connections: 1\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+}
+
+static bool
+redis_asleep(void *arg)
+{
+    (void)arg;
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", R.port, tv);
+    if (c == NULL) {
+        return false;
+    }
+    if (c->err) {
+        redisFree(c);
+        return false;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *rep = redisCommand(c, "PING");
+    bool asleep = rep == NULL;
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    redisFree(c);
+    return asleep;
+}
+
+/* DEBUG SLEEP SECS; returns once Redis has stopped answering. */
+static redisContext *
+sleep_start(int secs)
+{
+    redisContext *c = h_redis_connect(&R);
+    int done = 0;
+    ck_assert_msg(c != NULL, "cannot connect to redis");
+    ck_assert_int_eq(redisAppendCommand(c, "DEBUG SLEEP %d", secs), REDIS_OK);
+    while (!done) {
+        ck_assert_int_eq(redisBufferWrite(c, &done), REDIS_OK);
+    }
+    ck_assert_msg(h_wait_until(redis_asleep, NULL, 5000),
+                  "redis did not go to sleep");
+    return c;
+}
+
+static void
+sleep_end(redisContext *c, struct h_conn *conn)
+{
+    struct timeval tv = {60, 0};
+    void *rep = NULL;
+    redisSetTimeout(c, tv);
+    ck_assert_int_eq(redisGetReply(c, &rep), REDIS_OK);
+    freeReplyObject(rep);
+    redisFree(c);
+    ck_assert_msg(h_wait_stat(conn, "redis_connected", 1, 15000),
+                  "leased did not reconnect");
+}
+
+/* A group whose acquisition got no answer leaves nothing held once Redis
+ * wakes: the key sent is given back, the others were never sent. */
+START_TEST(test_lock_timeout_not_stranded)
+{
+    start_slow();
+    struct h_conn *a = lk_connect(&D);
+    struct h_conn *b = lk_connect(&D);
+    static const char *const keys[] = {"n:1", "n:2", "n:3"};
+    redisContext *z = sleep_start(2);
+    json_t *r = ml_lock(a, keys, 3, 60000, 0);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    json_decref(r);
+    sleep_end(z, a);
+    assert_all_gone(keys, 3);
+    h_assert_stat(a, "locks_held", 0, T_MS);
+    long long t0 = h_now_ms();
+    r = ml_lock(b, keys, 3, 5000, 15000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "stranded: %s",
+                  h_errcode(r));
+    ck_assert_int_lt(h_now_ms() - t0, 15000);
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+/* An unlock of a group with no answer in time says "outcome":"unknown";
+ * the late answers settle every key. */
+START_TEST(test_unlock_outcome_unknown)
+{
+    start_slow();
+    struct h_conn *a = lk_connect(&D);
+    static const char *const keys[] = {"k:1", "k:2"};
+    json_t *r = ml_lock(a, keys, 2, 60000, 0);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    h_assert_stat(a, "locks_held", 2, T_MS);
+    redisContext *z = sleep_start(3);
+    r = ml_call(a, ml_req("unlock", keys, 2, NULL, 0, 0));
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(joutcome(r) != NULL && strcmp(joutcome(r), "unknown") == 0,
+                  "outcome not unknown");
+    json_decref(r);
+    sleep_end(z, a);
+    assert_all_gone(keys, 2);
+    ck_assert_msg(h_wait_stat(a, "locks_held", 0, 10000),
+                  "the late answers did not settle the records");
+    h_close(a);
+}
+END_TEST
+
 /* --- overlapping groups from client processes ------------------------ */
 
 #define OV_KEYS 4
@@ -653,6 +772,8 @@ main(void)
         H_CASE(detached, 60),
         H_CASE(max_waiters, 60),
         H_CASE(redlock_group, 60),
+        H_CASE(lock_timeout_not_stranded, 60),
+        H_CASE(unlock_outcome_unknown, 60),
         H_CASE(overlap_no_deadlock, 150),
     };
     return H_MAIN(fx, cases);
