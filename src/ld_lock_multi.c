@@ -29,6 +29,7 @@
 #include "ld_session.h"
 #include "ld_stats.h"
 
+#include <event2/event.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,17 +152,90 @@ check_unique(struct ld_req *req, json_t *keys)
 
 static void grp_step(struct lk_op *op);
 
+static void give_back_send(struct lk_op *op);
+
+static void
+give_back_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct lk_op *op = arg;
+    event_free(op->undo_ev);
+    op->undo_ev = NULL;
+    give_back_send(op);
+}
+
+/* A give-back that got no answer is sent again every redis.timeout_ms
+ * until the key's lease has ended anyway (kept in OP->lease_ms, a
+ * time): a retry is harmless, the token being this attempt's alone. */
+static void
+give_back_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *op = arg;
+    op->inflight = false;
+    long long v[2] = {0, 0};
+    int n = lk_reply_ints(r, v, 2);
+    if (!lock_mod.freed && n >= 1 && v[0] == LD_LOCK_RELEASED) {
+        ld_stats.lock_released++;
+    }
+    if (r != NULL || lock_mod.freed || lock_mod.stopping ||
+        (long long)ld_now_ms() >= op->lease_ms) {
+        lk_op_free(op);
+        return;
+    }
+    op->undo_ev = evtimer_new(lock_mod.ctx->base, give_back_on_timer, op);
+    if (op->undo_ev == NULL) {
+        ld_oom(0);
+    }
+    struct timeval tv = tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
+    evtimer_add(op->undo_ev, &tv);
+}
+
+static void
+give_back_send(struct lk_op *op)
+{
+    const struct lk_names *n = &op->rec->n;
+    const char *args[] = {n->hash, op->field, "a", n->chan, LK_UNLOCK_MSG};
+    size_t lens[] = {n->hash_len, op->field_len, 1, n->chan_len,
+                     strlen(LK_UNLOCK_MSG)};
+    op->inflight = true;
+    lk_script(LD_SCRIPT_lock_release, n, 1, 5, args, lens, give_back_on_reply,
+              op);
+}
+
 /* Give back every key of G before key UPTO. */
 static void
 grp_give_back(struct lk_grp *g, size_t upto)
 {
     for (size_t i = 0; i < upto && i < g->n; i++) {
         struct lk_rec *rec = g->recs[i];
-        if (rec->count > 0) {
-            lk_rec_release_all(rec);
-            lk_rec_set_count(rec, 0);
+        if (rec->count == 0) {
+            continue;
         }
+        if (!lock_mod.freed) {
+            struct lk_op *op = lk_op_new(LK_RELEASE, NULL, rec);
+            op->field = ld_xstrndup(rec->token, LD_TOKEN_LEN);
+            op->field_len = LD_TOKEN_LEN;
+            op->lease_ms = (long long)rec->lease_end_ms;
+            give_back_send(op);
+        }
+        lk_rec_set_count(rec, 0);
     }
+}
+
+/* A new attempt takes its keys under a new token, so that a give-back
+ * of an earlier attempt still on its way can never release them. */
+static int
+grp_retoken(struct lk_grp *g)
+{
+    char tok[LD_TOKEN_LEN + 1];
+    if (ld_token_new(tok) != LD_OK) {
+        return LD_ERR;
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        lk_rec_set_token(g->recs[i], tok);
+    }
+    return LD_OK;
 }
 
 static void
@@ -361,6 +435,9 @@ void
 lk_multi_try(struct lk_op *op)
 {
     op->grp->next = 0;
+    if (grp_retoken(op->grp) != LD_OK) {
+        log_error("no random bytes for a lock token");
+    }
     grp_step(op);
 }
 
