@@ -364,7 +364,7 @@ unlock_when_waited(void *arg)
 }
 
 /* A group of keys: all or none, a fence per key, unlock and extend. */
-START_TEST(test_lock_keys)
+START_TEST(test_several_keys_at_once)
 {
     static const char *const keys[] = {"g:2", "g:1", "g:3"};
     struct leased_conn *a, *b;
@@ -1095,13 +1095,20 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(connect, 60),    H_CASE(stats, 60),
-        H_CASE(locks, 60),      H_CASE(lock_wait, 60),
-        H_CASE(lock_keys, 60),  H_CASE(cache, 60),
-        H_CASE(errors, 60),     H_CASE(unauthorized, 60),
-        H_CASE(busy, 60),       H_CASE(redis_unavailable, 60),
-        H_CASE(lock_lost, 60),  H_CASE(shutdown, 60),
-        H_CASE(reconnect, 90),  H_CASE(timeout, 60),
+        H_CASE(connect, 60),
+        H_CASE(stats, 60),
+        H_CASE(locks, 60),
+        H_CASE(lock_wait, 60),
+        H_CASE(several_keys_at_once, 60),
+        H_CASE(cache, 60),
+        H_CASE(errors, 60),
+        H_CASE(unauthorized, 60),
+        H_CASE(busy, 60),
+        H_CASE(redis_unavailable, 60),
+        H_CASE(lock_lost, 60),
+        H_CASE(shutdown, 60),
+        H_CASE(reconnect, 90),
+        H_CASE(timeout, 60),
         H_CASE(pipelining, 60),
     };
 
