@@ -45,6 +45,9 @@ struct lk_grp {
     struct lk_rec **recs; /* lock: in Redis name order */
     size_t next;          /* lock: the key being taken */
     size_t qkey;          /* lock: the key whose queue it waits in */
+    unsigned gb_out;      /* lock: give-backs not answered yet */
+    bool answer_false;    /* lock: "acquired":false once they are */
+    long long false_ttl;  /* lock: its ttl_ms */
     size_t left;          /* unlock, extend: parts not settled */
     long long count;      /* unlock: highest hold count left */
     long long lease_ms;   /* extend: shortest lease set */
@@ -173,6 +176,18 @@ give_back_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     op->inflight = false;
+    struct lk_grp *g = op->grp;
+    if (g != NULL && !op->answered_early) {
+        op->answered_early = true;
+        LD_ASSERT(g->gb_out > 0);
+        if (--g->gb_out == 0 && g->answer_false) {
+            g->answer_false = false;
+            if (g->op != NULL) {
+                lk_acq_reply_false(g->op, g->false_ttl);
+                lk_op_free(g->op);
+            }
+        }
+    }
     long long v[2] = {0, 0};
     int n = lk_reply_ints(r, v, 2);
     if (!lock_mod.freed && n >= 1 && v[0] == LD_LOCK_RELEASED) {
@@ -217,6 +232,9 @@ grp_give_back(struct lk_grp *g, size_t upto)
             op->field = ld_xstrndup(rec->token, LD_TOKEN_LEN);
             op->field_len = LD_TOKEN_LEN;
             op->lease_ms = (long long)rec->lease_end_ms;
+            op->grp = g;
+            g->refs++;
+            g->gb_out++;
             give_back_send(op);
         }
         lk_rec_set_count(rec, 0);
@@ -289,15 +307,14 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
 {
     struct lk_grp *g = op->grp;
     struct lk_rec *rec = g->recs[j];
-    if (queued && g->qkey == j) {
-        /* May answer and free OP through acq_expire. */
+    bool timed_out = queued && op->w.timed_out;
+    if (queued && g->qkey == j && !timed_out) {
         ld_lockwait_done(&op->w, LD_LOCKWAIT_TAKEN, pttl);
         return;
     }
-    bool timed_out = false;
     if (queued) {
-        /* Another key stopped it now: the queue it was in moves on. */
-        timed_out = op->w.timed_out;
+        /* Its time is up or another key stopped it: the queue it was in
+         * moves on. */
         ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
     }
     long long left = -1;
@@ -308,6 +325,14 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
     }
     if (op->wait_ms == 0 || timed_out || (op->wait_ms > 0 && left <= 0) ||
         rec->ls == NULL || lock_mod.stopping) {
+        if (g->gb_out > 0) {
+            /* Answered once Redis has the keys back, as Redisson's
+             * MultiLock does: "acquired":false means none is held. */
+            lk_op_wait_unlink(op);
+            g->answer_false = true;
+            g->false_ttl = pttl;
+            return;
+        }
         lk_acq_reply_false(op, pttl);
         lk_op_free(op);
         return;
