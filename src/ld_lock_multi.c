@@ -78,6 +78,20 @@ grp_new(struct lk_op *op)
     return g;
 }
 
+/* The lock request is over: its records are settled like a single
+ * lock's (a give-back still on its way holds its own). */
+static void
+grp_drop_recs(struct lk_grp *g)
+{
+    for (size_t i = 0; i < g->n; i++) {
+        struct lk_rec *rec = g->recs[i];
+        LD_ASSERT(rec->pending > 0);
+        rec->pending--;
+        lk_rec_unref(rec);
+    }
+    g->n = 0;
+}
+
 static void
 grp_unref(struct lk_grp *g)
 {
@@ -85,12 +99,7 @@ grp_unref(struct lk_grp *g)
     if (--g->refs > 0) {
         return;
     }
-    for (size_t i = 0; i < g->n; i++) {
-        struct lk_rec *rec = g->recs[i];
-        LD_ASSERT(rec->pending > 0);
-        rec->pending--;
-        lk_rec_unref(rec);
-    }
+    grp_drop_recs(g);
     free(g->recs);
     json_decref(g->wrong);
     json_decref(g->absent);
@@ -109,6 +118,7 @@ lk_multi_op_free(struct lk_op *op)
     op->grp = NULL;
     if (g->op == op) {
         g->op = NULL;
+        grp_drop_recs(g);
     }
     grp_unref(g);
 }

@@ -126,6 +126,10 @@ START_TEST(test_all_or_none)
     /* Given back before the answer. */
     ck_assert(!held("m:a"));
     ck_assert(!held("m:c"));
+    /* Nothing of the failed attempt stays with the owner either. */
+    r = ml_lock(a, keys, 3, 0, 0);
+    ck_assert_msg(h_ok(r) && !jtrue(r, "acquired"), "retry: %s", h_errcode(r));
+    json_decref(r);
     ck_assert(held("m:b"));
     h_assert_stat(a, "locks_held", 1, T_MS);
 
