@@ -1430,13 +1430,81 @@ leased_stats_text(struct leased_conn *c, char **json_text,
 
 /* --- locks -------------------------------------------------------------- */
 
+/* {"op":OP,"keys":[KEYS...]}: lock, unlock or extend of a group. */
+static json_t *
+keys_req(const char *op, const char *const *keys, size_t n)
+{
+    json_t *req = json_object(), *arr = json_array();
+
+    if (!req || !arr || json_object_set_new(req, "keys", arr) < 0) {
+        json_decref(req);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *k = keys[i] ? json_string(keys[i]) : NULL;
+        if (!k || json_array_append_new(arr, k) < 0) {
+            json_decref(req);
+            return NULL;
+        }
+    }
+    json_object_set_new(req, "op", json_string(op));
+    return req;
+}
+
+static int lock_req(struct leased_conn *c, json_t *req,
+                    const struct leased_lock_args *args,
+                    struct leased_lock_result *out, const char *const *keys,
+                    size_t n, long long *fences, struct leased_error *err);
+
 int
 leased_lock(struct leased_conn *c, const char *key,
             const struct leased_lock_args *args,
             struct leased_lock_result *out, struct leased_error *err)
 {
+    return lock_req(c, key_req("lock", key), args, out, NULL, 0, NULL, err);
+}
+
+int
+leased_lock_keys(struct leased_conn *c, const char *const *keys, size_t n,
+                 const struct leased_lock_args *args,
+                 struct leased_lock_result *out, long long *fences,
+                 struct leased_error *err)
+{
+    return lock_req(c, keys_req("lock", keys, n), args, out, keys, n, fences,
+                    err);
+}
+
+/* A group's answer: the fence of each of KEYS into FENCES. */
+static bool
+group_fences(json_t *reply, const char *const *keys, size_t n,
+             long long *fences)
+{
+    json_t *f = json_object_get(reply, "fences");
+
+    if (!json_is_object(f)) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_object_get(f, keys[i]);
+        if (!json_is_integer(v)) {
+            return false;
+        }
+        if (fences) {
+            fences[i] = (long long)json_integer_value(v);
+        }
+    }
+    return true;
+}
+
+/* lock with REQ (stolen) naming one key, or the N KEYS of a group. */
+static int
+lock_req(struct leased_conn *c, json_t *req,
+         const struct leased_lock_args *args, struct leased_lock_result *out,
+         const char *const *keys, size_t n, long long *fences,
+         struct leased_error *err)
+{
     struct leased_lock_args none = {0};
-    json_t *req = key_req("lock", key), *reply;
+    json_t *reply;
     struct leased_lock_result res;
     const char *tok;
     int rc;
@@ -1473,6 +1541,11 @@ leased_lock(struct leased_conn *c, const char *key,
                 res.count = int_or(reply, "count", -1);
                 res.fence = int_or(reply, "fence", -1);
                 res.lease_ms = int_or(reply, "lease_ms", -1);
+                if (keys && !group_fences(reply, keys, n, fences)) {
+                    rc = missing(err, "lock", "fences");
+                } else if (keys) {
+                    res.count = 1;
+                }
             }
         } else {
             res.ttl_ms = int_or(reply, "ttl_ms", -1);
@@ -1499,15 +1572,45 @@ holder_req(const char *op, const char *key, const char *owner,
     return req;
 }
 
+static int unlock_req(struct leased_conn *c, json_t *req,
+                      struct leased_unlock_result *out,
+                      struct leased_error *err);
+
 int
 leased_unlock(struct leased_conn *c, const char *key, const char *owner,
               const char *token, struct leased_unlock_result *out,
               struct leased_error *err)
 {
+    return unlock_req(c, holder_req("unlock", key, owner, token), out, err);
+}
+
+/* REQ (may be NULL) plus owner/token; NULL when one is not valid. */
+static json_t *
+add_holder(json_t *req, const char *owner, const char *token)
+{
+    if (add_str(req, "owner", owner) < 0 || add_str(req, "token", token) < 0) {
+        json_decref(req);
+        return NULL;
+    }
+    return req;
+}
+
+int
+leased_unlock_keys(struct leased_conn *c, const char *const *keys, size_t n,
+                   const char *owner, const char *token,
+                   struct leased_unlock_result *out, struct leased_error *err)
+{
+    return unlock_req(c, add_holder(keys_req("unlock", keys, n), owner, token),
+                      out, err);
+}
+
+static int
+unlock_req(struct leased_conn *c, json_t *req,
+           struct leased_unlock_result *out, struct leased_error *err)
+{
     json_t *reply;
     struct leased_unlock_result res = {false, -1};
-    int rc = call_new(c, holder_req("unlock", key, owner, token), 0, &reply,
-                      err);
+    int rc = call_new(c, req, 0, &reply, err);
 
     if (rc == LEASED_OK) {
         if (!bool_field(reply, "released", &res.released)) {
@@ -1522,12 +1625,32 @@ leased_unlock(struct leased_conn *c, const char *key, const char *owner,
     return rc;
 }
 
+static int extend_req(struct leased_conn *c, json_t *req, long long ttl_ms,
+                      long long *lease_ms, struct leased_error *err);
+
 int
 leased_extend(struct leased_conn *c, const char *key, const char *owner,
               const char *token, long long ttl_ms, long long *lease_ms,
               struct leased_error *err)
 {
-    json_t *req = holder_req("extend", key, owner, token), *reply;
+    return extend_req(c, holder_req("extend", key, owner, token), ttl_ms,
+                      lease_ms, err);
+}
+
+int
+leased_extend_keys(struct leased_conn *c, const char *const *keys, size_t n,
+                   const char *owner, const char *token, long long ttl_ms,
+                   long long *lease_ms, struct leased_error *err)
+{
+    return extend_req(c, add_holder(keys_req("extend", keys, n), owner, token),
+                      ttl_ms, lease_ms, err);
+}
+
+static int
+extend_req(struct leased_conn *c, json_t *req, long long ttl_ms,
+           long long *lease_ms, struct leased_error *err)
+{
+    json_t *reply;
     int rc;
 
     if (req) {

@@ -24,6 +24,7 @@
 #include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_features.h"
 #include "ld_lock_codes.h"
 #include "ld_log.h"
 #include "ld_mem.h"
@@ -80,6 +81,7 @@ lk_op_free(struct lk_op *op)
     if (op->undo_ev != NULL) {
         event_free(op->undo_ev);
     }
+    lk_multi_op_free(op);
     free(op->wait_why);
     free(op->n.buf);
     free(op->field);
@@ -355,8 +357,8 @@ unlock_recheck_on_reply(redisReply *r, void *arg)
 
 /* An unlock with no answer will never get one (its connection was given
  * up): what Redis holds under the token now settles the record. */
-static void
-unlock_recheck(struct lk_op *op)
+void
+lk_unlock_recheck(struct lk_op *op)
 {
     struct lk_rec *rec = op->rec;
     if (lock_mod.freed || rec == NULL || !rec->linked) {
@@ -390,7 +392,7 @@ unlock_on_reply(redisReply *r, void *arg)
     if (o == LD_REDIS_LOST) {
         lk_reply_redis_failure_op(op->req, r, op, true);
         op->req = NULL;
-        unlock_recheck(op);
+        lk_unlock_recheck(op);
         return;
     }
     struct lk_rec *rec = op->rec;
@@ -428,6 +430,10 @@ unlock_on_reply(redisReply *r, void *arg)
 static void
 op_unlock(struct ld_req *req)
 {
+    if (lk_multi_asked(req)) {
+        lk_multi_unlock(req);
+        return;
+    }
     struct lk_target t;
     if (parse_target(req, &t) != LD_OK) {
         return;
@@ -502,6 +508,13 @@ op_extend(struct ld_req *req)
     struct lk_target t;
     long long ttl = 0;
     bool has_ttl = false;
+    if (lk_multi_asked(req)) {
+        if (ld_req_int(req, "ttl_ms", true, 1, LD_TTL_MS_MAX, &ttl,
+                       &has_ttl) == LD_OK) {
+            lk_multi_extend(req, ttl);
+        }
+        return;
+    }
     if (parse_target(req, &t) != LD_OK ||
         ld_req_int(req, "ttl_ms", true, 1, LD_TTL_MS_MAX, &ttl, &has_ttl) !=
             LD_OK) {
@@ -650,6 +663,7 @@ ld_lock_init(const struct ld_ctx *ctx)
         ld_dispatch_register("lock.info", op_info) != LD_OK) {
         return LD_ERR;
     }
+    ld_features_add("multilock"); /* lock and unlock with "keys" */
     return LD_OK;
 }
 

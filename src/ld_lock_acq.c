@@ -154,8 +154,8 @@ undo_pinned_on_reply(redisReply *r, void *arg)
  * acquisition's own connection, behind the acquisition: it undoes exactly
  * what the acquisition did, also when a later reentry under the same token
  * reached Redis first on another connection. */
-static void
-acq_undo_unanswered(struct lk_rec *rec)
+void
+lk_acq_undo_unanswered(struct lk_rec *rec)
 {
     if (lk_outcome() == LD_REDIS_NOT_SENT) {
         return; /* it never left the daemon */
@@ -401,7 +401,7 @@ acq_on_reply(redisReply *r, void *arg)
     /* Wrong type, Redis unreachable or an error reply. */
     if (r == NULL && rec->count == 0 && rec->pending == 1 &&
         !lock_mod.stopping) {
-        acq_undo_unanswered(rec);
+        lk_acq_undo_unanswered(rec);
     }
     if (n >= 1 && v[0] == LD_LOCK_WRONG_TYPE) {
         log_warn("lock '%.*s': its redis keys hold data leased did not "
@@ -461,6 +461,10 @@ acq_try(struct ld_lockwait *w)
     struct lk_op *op = container_of(w, struct lk_op, w);
     if (lock_mod.stopping || lock_mod.freed ||
         (op->ls != NULL && op->ls->closing)) {
+        return;
+    }
+    if (op->grp != NULL) {
+        lk_multi_try(op);
         return;
     }
     acq_send(op);
@@ -536,6 +540,10 @@ acq_token_on_reply(redisReply *r, void *arg)
 void
 lk_op_lock(struct ld_req *req)
 {
+    if (lk_multi_asked(req)) {
+        lk_multi_lock(req);
+        return;
+    }
     const char *key, *owner = "", *token = "";
     size_t klen, olen = 0, tlen = 0;
     long long ttl = 0, wait = 0;
@@ -602,6 +610,13 @@ lk_op_lock(struct ld_req *req)
     struct lk_rec *rec = ld_dict_get(ls->recs, d, dlen);
     if (rec != NULL) {
         free(d);
+        if (rec->group) {
+            ld_reply_error(req, LD_E_BAD_REQUEST,
+                           "this owner holds lock '%.*s' in a group "
+                           "(\"keys\"), which is not reentrant",
+                           (int)klen, key);
+            return;
+        }
         if (rec->detached != detach) {
             ld_reply_error(req, LD_E_BAD_REQUEST,
                            "field 'detach' does not match: this owner "

@@ -9,6 +9,8 @@
  *   ld_lock_redis.c  running the scripts, reading and failing replies
  *   ld_lock_watch.c  max_hold and lock_lost timers, the watchdog pass,
  *                    rechecks
+ *   ld_lock_multi.c  lock, unlock and extend with "keys": a group of
+ *                    records under one token
  * With lock.redlock the scripts run on N instances through ld_redlock.c,
  * which answers them as one Redis would (lk_script_ex decides). */
 
@@ -41,6 +43,7 @@ struct lk_names {
 };
 
 struct lk_op;
+struct lk_grp;
 
 /* The highest fence this daemon handed out for one lock, so that a fence
  * never goes backwards here when Redis loses the counter (FLUSHALL, a
@@ -86,6 +89,7 @@ struct lk_rec {
     bool capped;      /* lock.max_hold_ms applies */
     bool renewing;    /* a renewal or check is in flight */
     bool token_used;  /* granted once under this token */
+    bool group;       /* a key of a group lock (ld_lock_multi.c) */
     unsigned refs;    /* commands in flight that name it */
     unsigned pending; /* acquisitions in flight or queued */
     uint64_t acquired_us;
@@ -136,6 +140,7 @@ struct lk_op {
     LIST_ENTRY(lk_op) wait_link;
     LIST_ENTRY(lk_op) link; /* every op */
     struct event *undo_ev;  /* a release by token, later */
+    struct lk_grp *grp;     /* a group request or one of its parts */
 };
 
 /* The module's state, one for the daemon (defined in ld_lock.c). */
@@ -205,6 +210,7 @@ struct lk_rec *lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
                           const char *key, size_t klen, bool detached);
 int lk_rec_retoken(struct lk_rec *rec);
 void lk_rec_set_count(struct lk_rec *rec, long long n);
+void lk_rec_set_token(struct lk_rec *rec, const char *tok);
 void lk_rec_unlink(struct lk_rec *rec);
 void lk_rec_unref(struct lk_rec *rec);
 
@@ -241,11 +247,21 @@ struct lk_sess *lk_sess_get(struct ld_session *s, bool create);
 struct lk_op *lk_target_op(enum lk_kind kind, struct ld_req *req,
                            const struct lk_target *t);
 bool lk_token_check(struct ld_req *req, const char *t, size_t len);
+void lk_unlock_recheck(struct lk_op *op);
 
 /* ld_lock_acq.c */
 void lk_acq_init(void);
 void lk_acq_reply_false(struct lk_op *op, long long ttl);
+void lk_acq_undo_unanswered(struct lk_rec *rec);
 void lk_op_lock(struct ld_req *req);
+
+/* ld_lock_multi.c: the ops with "keys" instead of "key" */
+bool lk_multi_asked(const struct ld_req *req);
+void lk_multi_lock(struct ld_req *req);
+void lk_multi_unlock(struct ld_req *req);
+void lk_multi_extend(struct ld_req *req, long long ttl);
+void lk_multi_try(struct lk_op *op);
+void lk_multi_op_free(struct lk_op *op);
 
 /* ld_lock_watch.c */
 void lk_rec_arm_cap(struct lk_rec *rec);

@@ -102,11 +102,29 @@ lk_names_build(struct lk_names *n, const char *key, size_t len)
     *p = '\0';
 }
 
-static bool
-names_same(const struct lk_names *a, const struct lk_names *b)
+/* by_token is keyed by token and lock: the keys of a group lock share
+ * one token. */
+static char *
+tok_key(const char *tok, const struct lk_names *n, size_t *len)
 {
-    return a->hash_len == b->hash_len &&
-           memcmp(a->hash, b->hash, a->hash_len) == 0;
+    *len = LD_TOKEN_LEN + n->hash_len;
+    char *k = ld_xmalloc(*len);
+    memcpy(k, tok, LD_TOKEN_LEN);
+    memcpy(k + LD_TOKEN_LEN, n->hash, n->hash_len);
+    return k;
+}
+
+static void
+by_token_set(struct lk_rec *rec, bool on)
+{
+    size_t len;
+    char *k = tok_key(rec->token, &rec->n, &len);
+    if (on) {
+        ld_dict_set(lock_mod.by_token, k, len, rec);
+    } else {
+        ld_dict_del(lock_mod.by_token, k, len);
+    }
+    free(k);
 }
 
 /* ---------------------------------------------------------- fence memo */
@@ -230,13 +248,13 @@ lk_rec_unlink(struct lk_rec *rec)
         return;
     }
     /* Linked means findable both ways, as this very record. */
-    LD_ASSERT(ld_dict_get(lock_mod.by_token, rec->token, LD_TOKEN_LEN) == rec);
+    LD_ASSERT(lk_rec_by_token(rec->token, LD_TOKEN_LEN, &rec->n) == rec);
     LD_ASSERT(rec->ls == NULL ||
               ld_dict_get(rec->ls->recs, rec->dkey, rec->dkey_len) == rec);
     if (rec->ls != NULL) {
         ld_dict_del(rec->ls->recs, rec->dkey, rec->dkey_len);
     }
-    ld_dict_del(lock_mod.by_token, rec->token, LD_TOKEN_LEN);
+    by_token_set(rec, false);
     rec->linked = false;
 }
 
@@ -303,7 +321,7 @@ lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen, const char *key,
     rec->fm = fmemo_get(&rec->n);
     rec->linked = true;
     ld_dict_set(ls->recs, dkey, dlen, rec);
-    ld_dict_set(lock_mod.by_token, rec->token, LD_TOKEN_LEN, rec);
+    by_token_set(rec, true);
     return rec;
 }
 
@@ -314,10 +332,10 @@ lk_rec_by_token(const char *tok, size_t len, const struct lk_names *n)
     if (len != LD_TOKEN_LEN) {
         return NULL;
     }
-    struct lk_rec *rec = ld_dict_get(lock_mod.by_token, tok, len);
-    if (rec == NULL || !names_same(&rec->n, n)) {
-        return NULL;
-    }
+    size_t klen;
+    char *k = tok_key(tok, n, &klen);
+    struct lk_rec *rec = ld_dict_get(lock_mod.by_token, k, klen);
+    free(k);
     return rec;
 }
 
@@ -352,11 +370,19 @@ lk_rec_retoken(struct lk_rec *rec)
     if (ld_token_new(tok) != LD_OK) {
         return LD_ERR;
     }
-    if (rec->linked) {
-        ld_dict_del(lock_mod.by_token, rec->token, LD_TOKEN_LEN);
-        ld_dict_set(lock_mod.by_token, tok, LD_TOKEN_LEN, rec);
-    }
-    memcpy(rec->token, tok, sizeof(tok));
+    lk_rec_set_token(rec, tok);
     rec->token_used = false;
     return LD_OK;
+}
+
+void
+lk_rec_set_token(struct lk_rec *rec, const char *tok)
+{
+    if (rec->linked) {
+        by_token_set(rec, false);
+    }
+    memcpy(rec->token, tok, LD_TOKEN_LEN + 1);
+    if (rec->linked) {
+        by_token_set(rec, true);
+    }
 }

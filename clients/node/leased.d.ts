@@ -53,11 +53,16 @@ export interface CallOptions {
   onLate?: (reply: Reply) => void;
 }
 
+/** One lock, or a group of keys locked all or none under one token. */
+export type Key = string | string[];
+
 export interface LockReply extends Reply {
   acquired: boolean;
   token?: string;
   count?: number;
   fence?: number;
+  /** A group of keys: each key's fence. */
+  fences?: Record<string, number>;
   lease_ms?: number;
   /** The holder's remaining lease when not acquired (-1 unknown). */
   ttl_ms?: number;
@@ -104,16 +109,16 @@ export declare class Leased extends EventEmitter {
   close(): void;
   call(op: string, fields?: Record<string, unknown>,
        opts?: CallOptions): Promise<Reply>;
-  lock(key: string, opts?: LockOptions): Promise<LockReply>;
-  unlock(key: string, opts?: { owner?: string; token?: string }):
+  lock(key: Key, opts?: LockOptions): Promise<LockReply>;
+  unlock(key: Key, opts?: { owner?: string; token?: string }):
     Promise<UnlockReply>;
-  extend(key: string, ttl_ms: number,
+  extend(key: Key, ttl_ms: number,
          opts?: { owner?: string; token?: string }): Promise<Reply>;
   /** Holds KEY while FN runs; SIGNAL aborts on lock_lost; the lock is
    *  released when FN settles. Rejects with code 'not_acquired'. */
-  using<T>(key: string, opts: LockOptions, fn: Using<T>): Promise<T>;
-  using<T>(key: string, fn: Using<T>): Promise<T>;
-  withLock<T>(key: string, opts: LockOptions | undefined,
+  using<T>(key: Key, opts: LockOptions, fn: Using<T>): Promise<T>;
+  using<T>(key: Key, fn: Using<T>): Promise<T>;
+  withLock<T>(key: Key, opts: LockOptions | undefined,
               fn: (held: LockReply) => Promise<T> | T): Promise<T>;
   cached<T extends string | null>(key: string,
                                   loader: () => Promise<T> | T,
@@ -137,13 +142,13 @@ export declare class Leased extends EventEmitter {
 export declare class Pool extends EventEmitter {
   constructor(opts?: { path?: string; size?: number } & ConnectOptions);
   call(op: string, fields?: Record<string, unknown>): Promise<Reply>;
-  lock(key: string, opts?: LockOptions): Promise<LockReply>;
-  unlock(key: string, opts?: { owner?: string; token?: string }):
+  lock(key: Key, opts?: LockOptions): Promise<LockReply>;
+  unlock(key: Key, opts?: { owner?: string; token?: string }):
     Promise<UnlockReply>;
-  extend(key: string, ttl_ms: number,
+  extend(key: Key, ttl_ms: number,
          opts?: { owner?: string; token?: string }): Promise<Reply>;
   using<T>(key: string, opts: LockOptions, fn: Using<T>): Promise<T>;
-  withLock<T>(key: string, opts: LockOptions | undefined,
+  withLock<T>(key: Key, opts: LockOptions | undefined,
               fn: (held: LockReply) => Promise<T> | T): Promise<T>;
   cached<T extends string | null>(key: string,
                                   loader: () => Promise<T> | T,

@@ -66,6 +66,12 @@ function ownOwner(opts) {
   return opts;
 }
 
+// KEY names one lock, or, as an array, a group of keys locked together
+// (leased-protocol(7), "Several keys at once").
+function keyField(key) {
+  return Array.isArray(key) ? { keys: key } : { key };
+}
+
 class Leased extends EventEmitter {
   constructor(socket) {
     super();
@@ -256,20 +262,24 @@ class Leased extends EventEmitter {
   }
 
   // {acquired, token, count, fence, lease_ms} or {acquired:false, ttl_ms}.
+  // A group (KEY an array): {acquired, token, fences: {key: fence}, lease_ms}.
   // SIGNAL: see call(); a lock granted after the abort is unlocked.
   lock(key, { wait_ms, ttl_ms, owner, signal } = {}) {
     const onLate = (r) => {
-      if (r.acquired) this.call('unlock', { key, token: r.token }).catch(() => {});
+      if (r.acquired) {
+        this.call('unlock', { ...keyField(key), token: r.token }).catch(() => {});
+      }
     };
-    return this.call('lock', { key, wait_ms, ttl_ms, owner }, { signal, onLate });
+    return this.call('lock', { ...keyField(key), wait_ms, ttl_ms, owner },
+      { signal, onLate });
   }
 
   unlock(key, { owner, token } = {}) {
-    return this.call('unlock', { key, owner, token });
+    return this.call('unlock', { ...keyField(key), owner, token });
   }
 
   extend(key, ttl_ms, { owner, token } = {}) {
-    return this.call('extend', { key, ttl_ms, owner, token });
+    return this.call('extend', { ...keyField(key), ttl_ms, owner, token });
   }
 
   // Hold KEY while FN(signal, held) runs and release it when FN settles,
@@ -292,10 +302,13 @@ class Leased extends EventEmitter {
     const held = await this.lock(key, opts);
     if (!held.acquired) throw notAcquired(key, held);
     const ac = new AbortController();
-    const hk = `${key}\0${held.token}`;
-    let set = this.holds.get(hk);
-    if (!set) this.holds.set(hk, (set = new Set()));
-    set.add(ac);
+    // A group's lock_lost names one of its keys.
+    const hks = (Array.isArray(key) ? key : [key])
+      .map((k) => `${k}\0${held.token}`);
+    for (const hk of hks) {
+      if (!this.holds.has(hk)) this.holds.set(hk, new Set());
+      this.holds.get(hk).add(ac);
+    }
     if (this.closed) {
       // The connection ended right after the grant was read.
       const e = new Error('connection to leased closed: lock released');
@@ -305,8 +318,12 @@ class Leased extends EventEmitter {
     try {
       return await fn(ac.signal, held);
     } finally {
-      set.delete(ac);
-      if (set.size === 0) this.holds.delete(hk);
+      for (const hk of hks) {
+        const set = this.holds.get(hk);
+        if (!set) continue;
+        set.delete(ac);
+        if (set.size === 0) this.holds.delete(hk);
+      }
       try {
         await this.unlock(key, { owner: opts.owner });
       } catch (e) {

@@ -44,6 +44,50 @@ function within(ms, promise, what) {
   })]).finally(() => clearTimeout(t));
 }
 
+test('an array of keys locks them as a group', async () => {
+  const a = await Leased.connect(SOCK);
+  const b = await Leased.connect(SOCK);
+  try {
+    const keys = [`${TAG}:grp:1`, `${TAG}:grp:2`];
+    const held = await a.lock(keys);
+    assert.strictEqual(held.acquired, true);
+    assert.deepStrictEqual(Object.keys(held.fences).sort(), keys.slice().sort());
+    assert.strictEqual((await b.lock(keys[1])).acquired, false);
+    assert.strictEqual((await b.lock(keys)).acquired, false);
+    const x = await b.extend(keys, 60000, { token: held.token });
+    assert.strictEqual(x.lease_ms, 60000);
+    assert.strictEqual((await a.unlock(keys)).released, true);
+    const got = await b.using(keys, async (signal, h) => {
+      assert.strictEqual(signal.aborted, false);
+      return Object.keys(h.fences).length;
+    });
+    assert.strictEqual(got, 2);
+    assert.strictEqual((await a.lock(keys)).acquired, true);
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+test('a group key found lost aborts using()', { skip: !REDIS && 'LEASED_TEST_REDIS not set' },
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    try {
+      const keys = [`${TAG}:glost:1`, `${TAG}:glost:2`];
+      await ld.using(keys, async (signal, held) => {
+        const aborted = new Promise((r) => signal.addEventListener('abort', r));
+        await redisDel(keys[1]);
+        await within(WAIT_MS, aborted, 'abort');
+        assert.strictEqual(signal.reason.event.key, keys[1]);
+        assert.strictEqual(signal.reason.event.token, held.token);
+      });
+      const info = await ld.call('lock.info', { key: keys[0] });
+      assert.strictEqual(info.locked, false);
+    } finally {
+      ld.close();
+    }
+  });
+
 test('using() aborts its signal on lock_lost', { skip: !REDIS && 'LEASED_TEST_REDIS not set' },
   async () => {
     const ld = await Leased.connect(SOCK);

@@ -111,7 +111,7 @@ class Held(dict):
 
     def __init__(self, reply, key, owner, lost):
         dict.__init__(self, reply)
-        self.key = key
+        self.key = _norm_key(key)
         self.owner = owner
         self.lost = lost
         self.lost_event = None
@@ -124,6 +124,29 @@ class Held(dict):
     @property
     def fence(self):
         return self.get("fence")
+
+    @property
+    def fences(self):
+        """A group's fence per key ({key: fence}); None for one key."""
+        return self.get("fences")
+
+
+def _norm_key(key):
+    """A group of keys (a list or tuple) as a tuple; one key as it is."""
+    return tuple(key) if isinstance(key, (list, tuple)) else key
+
+
+def _key_fields(key):
+    """{"keys": [...]} for a group of keys, else {"key": KEY}."""
+    if isinstance(key, (list, tuple)):
+        return {"keys": list(key)}
+    return {"key": key}
+
+
+def _hold_keys(held):
+    """The (key, token) pairs a lock_lost event of HELD names."""
+    keys = held.key if isinstance(held.key, tuple) else (held.key,)
+    return [(k, held.token) for k in keys]
 
 
 def _timeval(seconds):
@@ -151,7 +174,7 @@ def _raise_for(reply):
 
 
 def _lock_fields(key, wait_ms, ttl_ms, owner, extra):
-    fields = {"key": key}
+    fields = _key_fields(key)
     if wait_ms:
         fields["wait_ms"] = wait_ms
     if ttl_ms:
@@ -173,21 +196,23 @@ class _Holds:
 
     def add(self, held):
         with self._mu:
-            self._by.setdefault((held.key, held.token), []).append(held)
+            for k in _hold_keys(held):
+                self._by.setdefault(k, []).append(held)
 
     def remove(self, held):
         with self._mu:
-            lst = self._by.get((held.key, held.token))
-            if lst and held in lst:
-                lst.remove(held)
-                if not lst:
-                    del self._by[(held.key, held.token)]
+            for k in _hold_keys(held):
+                lst = self._by.get(k)
+                if lst and held in lst:
+                    lst.remove(held)
+                    if not lst:
+                        del self._by[k]
 
     def gone(self, conn):
         """CONN's session ended: its session-bound locks went with it."""
         with self._mu:
-            lst = [h for hs in self._by.values() for h in hs
-                   if h._conn is conn]
+            lst = {id(h): h for hs in self._by.values() for h in hs
+               if h._conn is conn}.values()
         for held in lst:
             held.lost_event = {"event": "lock_lost", "key": held.key,
                                "token": held.token,
@@ -459,13 +484,14 @@ class Leased:
 
         def late(reply):
             if reply.get("acquired"):
-                self._post("unlock", key=key, token=reply["token"], **mode)
+                self._post("unlock", token=reply["token"], **_key_fields(key),
+                           **mode)
 
         return self.call("lock", _on_late=late,
                          **_lock_fields(key, wait_ms, ttl_ms, owner, extra))
 
     def unlock(self, key, owner=None, token=None, **extra):
-        fields = {"key": key}
+        fields = _key_fields(key)
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
@@ -474,7 +500,7 @@ class Leased:
         return self.call("unlock", **fields)
 
     def extend(self, key, ttl_ms, owner=None, token=None):
-        fields = {"key": key, "ttl_ms": ttl_ms}
+        fields = dict(_key_fields(key), ttl_ms=ttl_ms)
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
@@ -937,13 +963,14 @@ class AsyncLeased:
 
         def granted_too_late(reply):
             if reply.get("acquired"):
-                self._fire("unlock", key=key, token=reply["token"], **mode)
+                self._fire("unlock", token=reply["token"], **_key_fields(key),
+                           **mode)
 
         return await self.call("lock", _on_abandon=granted_too_late,
                                **fields)
 
     async def unlock(self, key, owner=None, token=None, **extra):
-        fields = {"key": key}
+        fields = _key_fields(key)
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
@@ -952,7 +979,9 @@ class AsyncLeased:
         reply = await self.call("unlock", **fields)
         if reply.get("released"):
             # The hold of an awaited lock() ends here, not in a block.
-            for k in [k for k in self._holds if k[0] == key]:
+            keys = _norm_key(key)
+            keys = keys if isinstance(keys, tuple) else (keys,)
+            for k in [k for k in self._holds if k[0] in keys]:
                 self._holds[k] = [h for h in self._holds[k]
                                   if h.owner != owner and h.token != token]
                 if not self._holds[k]:
@@ -960,7 +989,7 @@ class AsyncLeased:
         return reply
 
     async def extend(self, key, ttl_ms, owner=None, token=None):
-        fields = {"key": key, "ttl_ms": ttl_ms}
+        fields = dict(_key_fields(key), ttl_ms=ttl_ms)
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
@@ -978,7 +1007,8 @@ class AsyncLeased:
     alock = lock
 
     def _add_hold(self, held):
-        self._holds.setdefault((held.key, held.token), []).append(held)
+        for k in _hold_keys(held):
+            self._holds.setdefault(k, []).append(held)
         if self._closed:
             # The connection ended right after the grant was read.
             held.lost_event = {"event": "lock_lost", "key": held.key,
@@ -987,11 +1017,12 @@ class AsyncLeased:
             held.lost.set()
 
     def _remove_hold(self, held):
-        lst = self._holds.get((held.key, held.token))
-        if lst and held in lst:
-            lst.remove(held)
-            if not lst:
-                del self._holds[(held.key, held.token)]
+        for k in _hold_keys(held):
+            lst = self._holds.get(k)
+            if lst and held in lst:
+                lst.remove(held)
+                if not lst:
+                    del self._holds[k]
 
     # --- semaphores ----------------------------------------------------------
 

@@ -332,6 +332,46 @@ class LockLost(unittest.TestCase):
                 self.assertTrue(ld.call("lock.info", key=k2)["mine"])
 
 
+class Groups(unittest.TestCase):
+    """Several keys at once: a list of keys instead of one key."""
+
+    def test_group_all_or_none_and_lost_key(self):
+        k1, k2 = PREFIX + "grp:1", PREFIX + "grp:2"
+        with Leased(SOCKET, timeout=10) as a, Leased(SOCKET, timeout=10) as b:
+            with b.lock(k2):
+                self.assertFalse(a.try_lock([k1, k2])["acquired"])
+                self.assertFalse(a.call("lock.info", key=k1)["locked"])
+            with a.lock([k1, k2]) as held:
+                self.assertEqual(set(held.fences), {k1, k2})
+                self.assertFalse(b.try_lock(k1)["acquired"])
+                self.assertEqual(
+                    a.extend([k1, k2], 60000, token=held.token)["lease_ms"],
+                    60000)
+                if REDIS:
+                    redis_del(k1)
+                    self.assertTrue(held.lost.wait(WAIT_S))
+                    self.assertEqual(held.lost_event["key"], k1)
+                    self.assertTrue(a.call("lock.info", key=k2)["mine"])
+            # The block's unlock freed the rest.
+            self.assertTrue(b.try_lock([k1, k2])["acquired"])
+            self.assertTrue(b.unlock([k1, k2])["released"])
+
+    def test_async_group(self):
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET)
+            try:
+                keys = [PREFIX + "agrp:1", PREFIX + "agrp:2"]
+                async with ld.lock(keys, owner="t") as held:
+                    self.assertEqual(len(held.fences), 2)
+                    r = await ld.try_lock(keys[1])
+                    self.assertFalse(r["acquired"])
+                info = await ld.call("lock.info", key=keys[0])
+                self.assertFalse(info["locked"])
+            finally:
+                await ld.close()
+        asyncio.run(asyncio.wait_for(main(), 90))
+
+
 class Pools(unittest.TestCase):
     def test_threads_share_a_pool(self):
         key = PREFIX + "pool:counter"

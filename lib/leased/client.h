@@ -269,6 +269,27 @@ int leased_extend(struct leased_conn *c, const char *key, const char *owner,
                   const char *token, long long ttl_ms, long long *lease_ms,
                   struct leased_error *err);
 
+/* Several keys at once (leased-protocol(7), "Several keys at once"): all
+ * N of KEYS (1 to 64, no key twice) or none, under one token. ARGS as for
+ * leased_lock, except that a token cannot reenter a group. When acquired,
+ * OUT's count is 1, its fence -1, and FENCES (N entries; may be NULL) gets
+ * each key's fence in the order of KEYS. */
+int leased_lock_keys(struct leased_conn *c, const char *const *keys, size_t n,
+                     const struct leased_lock_args *args,
+                     struct leased_lock_result *out, long long *fences,
+                     struct leased_error *err);
+/* Release or extend every key of a group, by OWNER or TOKEN. Some keys not
+ * held by it: LEASED_E_NOT_HELD (the others were still released or
+ * extended). */
+int leased_unlock_keys(struct leased_conn *c, const char *const *keys,
+                       size_t n, const char *owner, const char *token,
+                       struct leased_unlock_result *out,
+                       struct leased_error *err);
+int leased_extend_keys(struct leased_conn *c, const char *const *keys,
+                       size_t n, const char *owner, const char *token,
+                       long long ttl_ms, long long *lease_ms,
+                       struct leased_error *err);
+
 struct leased_lock_info {
     bool locked;
     long long ttl_ms; /* -1 when unknown or not locked */

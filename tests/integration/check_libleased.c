@@ -363,6 +363,49 @@ unlock_when_waited(void *arg)
     return NULL;
 }
 
+/* A group of keys: all or none, a fence per key, unlock and extend. */
+START_TEST(test_several_keys_at_once)
+{
+    static const char *const keys[] = {"g:2", "g:1", "g:3"};
+    struct leased_conn *a, *b;
+    struct leased_lock_result r, rb;
+    struct leased_unlock_result ur;
+    struct leased_error err;
+    long long fences[3], lease;
+    int rc;
+
+    h_start(NULL);
+    a = conn();
+    b = conn();
+    lock_ok(b, "g:3", NULL, &rb);
+    rc = leased_lock_keys(a, keys, 3, NULL, &r, fences, &err);
+    CK_OK(rc, err, "lock_keys held");
+    ck_assert(!r.acquired);
+    ck_assert_int_eq(stat_of(a, "locks_held"), 1);
+    rc = leased_unlock(b, "g:3", NULL, NULL, NULL, &err);
+    CK_OK(rc, err, "unlock g:3");
+
+    rc = leased_lock_keys(a, keys, 3, NULL, &r, fences, &err);
+    CK_OK(rc, err, "lock_keys");
+    ck_assert(r.acquired);
+    ck_assert_int_eq(r.count, 1);
+    ck_assert_int_gt(fences[0], 0);
+    ck_assert_int_gt(fences[1], 0);
+    ck_assert_int_gt(fences[2], rb.fence);
+    rc = leased_extend_keys(b, keys, 3, NULL, r.token, 50000, &lease, &err);
+    CK_OK(rc, err, "extend_keys");
+    ck_assert_int_eq(lease, 50000);
+    rc = leased_unlock_keys(b, keys, 3, NULL, NULL, &ur, &err);
+    CK_CODE(rc, err, LEASED_E_NOT_HELD, "unlock_keys by b");
+    rc = leased_unlock_keys(a, keys, 3, NULL, NULL, &ur, &err);
+    CK_OK(rc, err, "unlock_keys");
+    ck_assert(ur.released);
+    ck_assert_int_eq(stat_of(a, "locks_held"), 0);
+    leased_close(a);
+    leased_close(b);
+}
+END_TEST
+
 START_TEST(test_lock_wait)
 {
     struct leased_conn *a, *b, *w;
@@ -1056,6 +1099,7 @@ main(void)
         H_CASE(stats, 60),
         H_CASE(locks, 60),
         H_CASE(lock_wait, 60),
+        H_CASE(several_keys_at_once, 60),
         H_CASE(cache, 60),
         H_CASE(errors, 60),
         H_CASE(unauthorized, 60),
