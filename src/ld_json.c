@@ -7,6 +7,8 @@
  */
 #include "ld_json.h"
 
+#include "ld_util.h"
+
 #include <string.h>
 
 /* Length of the valid UTF-8 sequence starting at P (at most N bytes
@@ -152,23 +154,10 @@ ld_json_quote(char *out, const char *s, size_t len)
 size_t
 ld_json_format_int(char *out, json_int_t v)
 {
-    char tmp[LD_JSON_INT_MAX];
-    size_t n = 0;
-    /* Negated as unsigned, so that the most negative value works too. */
-    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v
-                                 : (unsigned long long)v;
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u != 0);
-    size_t len = 0;
-    if (v < 0) {
-        out[len++] = '-';
-    }
-    while (n > 0) {
-        out[len++] = tmp[--n];
-    }
-    return len;
+    char buf[LD_LL_STR_MAX];
+    size_t n = ld_ll_to_str(buf, (long long)v);
+    memcpy(out, buf, n);
+    return n;
 }
 
 /* ---- the flat-object scanner ------------------------------------------- */

@@ -14,6 +14,7 @@
 #include "ld_proto.h"
 #include "ld_redlock.h"
 #include "ld_stats.h"
+#include "ld_util.h"
 
 #include <event2/event.h>
 #include <stdio.h>
@@ -438,8 +439,8 @@ acq_send(struct lk_op *op)
         op->lease_ms = max;
     }
     char lbuf[24], fbuf[24];
-    snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
-    snprintf(fbuf, sizeof(fbuf), "%lld", rec->fm->fence);
+    ld_ll_to_str(lbuf, op->lease_ms);
+    ld_ll_to_str(fbuf, rec->fm->fence);
     const char *args[] = {
         rec->n.hash, rec->n.fence, lbuf, rec->token, op->reenter ? "1" : "0",
         fbuf};
@@ -593,7 +594,7 @@ lk_op_lock(struct ld_req *req)
         op->lease_ms = has_ttl ? lk_rec_cap_clip(op->rec, ttl) : 0;
         const struct lk_names *n = lk_op_names(op);
         char lbuf[24];
-        snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
+        ld_ll_to_str(lbuf, op->lease_ms);
         const char *args[] = {n->hash, n->fence, lbuf, op->field, "1", "0"};
         size_t lens[] = {
             n->hash_len, n->fence_len, strlen(lbuf), op->field_len, 1, 1};

@@ -932,7 +932,7 @@ keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
     char nk[24];
     int n = argc + 1;
     size_t bytes = 0;
-    snprintf(nk, sizeof(nk), "%d", nkeys);
+    ld_ll_to_str(nk, nkeys);
     for (int i = 0; i < argc; i++) {
         bytes += argvlen[i] + 1;
     }

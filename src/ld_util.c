@@ -332,3 +332,25 @@ ld_mkdir_parent(const char *path, unsigned mode)
     errno = saved;
     return rc;
 }
+
+size_t
+ld_ll_to_str(char out[LD_LL_STR_MAX], long long v)
+{
+    char tmp[LD_LL_STR_MAX];
+    size_t n = 0, len = 0;
+    /* Negated as unsigned, so that the most negative value works too. */
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v
+                                 : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u != 0);
+    if (v < 0) {
+        out[len++] = '-';
+    }
+    while (n > 0) {
+        out[len++] = tmp[--n];
+    }
+    out[len] = '\0';
+    return len;
+}

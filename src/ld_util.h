@@ -22,6 +22,11 @@ double ld_random_unit(void);
 /* TTL spread uniformly by +-JITTER (0..0.5), never below 1 ms. */
 long long ld_jitter_ttl(long long ttl_ms, double jitter);
 
+/* V in decimal into OUT, NUL-terminated; returns the length. printf
+ * costs ten times as much, and the hot paths format a few per request. */
+#define LD_LL_STR_MAX 21
+size_t ld_ll_to_str(char out[LD_LL_STR_MAX], long long v);
+
 /* 64-bit FNV-1a, for routing and hash tables. */
 uint64_t ld_hash(const void *data, size_t len);
 
