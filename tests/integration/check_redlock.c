@@ -75,6 +75,13 @@ start_all(int ndaemons, const char *extra)
     if (ndaemons > 1) {
         ck_assert_int_eq(h_daemon_start(&D2, &R, yaml), 0);
     }
+    /* The harness waits for redis.*; a lock needs a majority of the
+     * instances too, which connect on their own. */
+    for (int d = 0; d < ndaemons; d++) {
+        struct h_conn *c = h_connect_ok(d == 0 ? &D1 : &D2);
+        h_assert_stat(c, "redlock_instances_up", NI, 10000);
+        h_close(c);
+    }
 }
 
 static bool
