@@ -452,6 +452,8 @@ START_TEST(test_force_remote_redlock)
              I[0].port, I[1].port, I[2].port);
     ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
     ck_assert_int_eq(h_daemon_start(&D2, &R, yaml), 0);
+    h_wait_redlock(&D1, 3);
+    h_wait_redlock(&D2, 3);
     struct h_conn *a = lk_connect(&D1);
     struct h_conn *w = lk_connect(&D2);
     json_decref(lk_must(a, "rl", NULL, NO_TTL, 0));

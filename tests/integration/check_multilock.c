@@ -534,6 +534,7 @@ START_TEST(test_redlock_group)
              "\"127.0.0.1:%d\"]\n",
              I[0].port, I[1].port, I[2].port);
     h_start(yaml);
+    h_wait_redlock(&D, 3);
     struct h_conn *a = lk_connect(&D);
     struct h_conn *b = lk_connect(&D);
     json_decref(lk_must(b, "rl:2", NULL, 0, 0));

@@ -2649,3 +2649,11 @@ h_must(json_t *r)
     ck_assert_msg(h_ok(r), "expected ok, got %s", h_dump(r));
     return r;
 }
+
+void
+h_wait_redlock(const struct h_daemon *d, int n)
+{
+    struct h_conn *c = h_connect_ok(d);
+    h_assert_stat(c, "redlock_instances_up", n, 10000);
+    h_close(c);
+}

@@ -329,4 +329,8 @@ const char *h_dump(const json_t *j);
 /* R, which must be an ok reply (else the test fails, showing it). */
 json_t *h_must(json_t *r);
 
+/* Wait until daemon D is connected to N of its lock.redlock instances
+ * (they connect on their own, after the harness saw redis.*). */
+void h_wait_redlock(const struct h_daemon *d, int n);
+
 #endif
