@@ -18,6 +18,7 @@
 #include "ld_ctx.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_reader.h"
 #include "ld_tls.h"
 #include "ld_util.h"
 
@@ -54,6 +55,7 @@ struct ld_conn {
     bool tls;              /* BEV is TLS: it reads, not read_ev */
     struct event *read_ev; /* reads a plain socket (see sock_read_cb) */
     redisReader *reader;
+    struct ld_reader_bounds bounds; /* of READER */
     struct ld_backoff backoff;
     struct event *retry_ev;
     struct event *timer_ev;
@@ -573,11 +575,23 @@ process_input(struct ld_conn *c)
         if (redisReaderGetReply(c->reader, &r) != REDIS_OK) {
             char why[192];
             snprintf(why, sizeof(why), "protocol error: %s",
-                     c->reader->errstr);
+                     c->bounds.why[0] != '\0' ? c->bounds.why
+                                              : c->reader->errstr);
+            log_warn("redis reply refused address=%s role=%s error=\"%s\"",
+                     c->address, role_names[c->role], why);
             conn_down(c, why);
             break;
         }
         if (r == NULL) {
+            if (!ld_reader_within(c->reader, &c->bounds)) {
+                char why[192];
+                snprintf(why, sizeof(why), "protocol error: %s",
+                         c->bounds.why);
+                log_warn("redis reply refused address=%s role=%s "
+                         "error=\"%s\"",
+                         c->address, role_names[c->role], why);
+                conn_down(c, why);
+            }
             break;
         }
         dispatch(c, r);
@@ -843,10 +857,16 @@ conn_connect(struct ld_conn *c)
     if (c->reader != NULL) {
         redisReaderFree(c->reader);
     }
-    c->reader = redisReaderCreate();
-    if (c->reader == NULL) {
-        ld_oom(0);
+    /* No reply of Redis to the daemon is larger than a value it takes
+     * from a client or may hand one: one request line, one client's
+     * unsent output. */
+    const struct ld_config *cfg = c->ctx->cfg;
+    size_t max_value = (size_t)cfg->limits.max_request_bytes;
+    if ((size_t)cfg->limits.max_output_bytes > max_value) {
+        max_value = (size_t)cfg->limits.max_output_bytes;
     }
+    ld_reader_bounds_init(&c->bounds, max_value);
+    c->reader = ld_reader_new(&c->bounds);
     c->id = ++next_conn_id;
     c->state = LD_CONN_CONNECTING;
     c->started_us = ld_now_us();
