@@ -40,7 +40,13 @@
  * they are dispatched again once its output is down to a quarter, so one
  * reply landing near the mark does not toggle dispatch on every write. A
  * session whose output still passes the limit, from replies to requests
- * already dispatched, is closed. */
+ * already dispatched, is closed.
+ *
+ * What counts against the marks is the output the session owes: what is
+ * unsent plus, for each request in flight, the size of its recent
+ * replies. Counting only what has arrived would let a thousand requests
+ * for large values be dispatched before the first of their replies, all
+ * of which Redis then sends and the daemon reads, to drop them. */
 #define output_high(limit) ((limit) / 2)
 #define output_low(limit) ((limit) / 4)
 
@@ -70,7 +76,8 @@ struct session_io {
     struct event *more_ev;   /* continue with buffered lines */
     bool dirty;              /* on the flush list */
     bool reading;            /* EV_READ enabled on the bufferevent */
-    bool out_paused;         /* output over the high mark: no dispatch */
+    bool out_paused;         /* owed output over the high mark: no dispatch */
+    size_t reply_est;        /* recent reply size: a decaying maximum */
     bool backlog;            /* complete lines left for a later turn */
     bool over_limit;         /* output passed the limit: dropped */
     bool seen_line;          /* the first line has been looked at */
@@ -189,6 +196,37 @@ ld_session_output_bytes(const struct ld_session *s)
     return evbuffer_get_length(bufferevent_get_output(s->bev));
 }
 
+/* The output the session owes (see output_high). Before its first reply
+ * a request in flight counts as a share of the high mark, so that no more
+ * than BLIND_REQUESTS are dispatched before one reply shows what they
+ * cost: those could still pass the limit together, while a pipelining
+ * client only waits for one round trip at its start. The request a reply
+ * is being written for still counts as pending: a slight over-estimate. */
+#define BLIND_REQUESTS 16
+
+static size_t
+owed_output(const struct ld_session *s)
+{
+    size_t pending = s->pending > 0 ? (size_t)s->pending : 0;
+    size_t est = s->io->reply_est;
+    if (est == 0) {
+        est = output_high(ld_session_output_limit()) / BLIND_REQUESTS;
+    }
+    return ld_session_output_bytes(s) + pending * est;
+}
+
+/* Paused dispatch resumes once the owed output is down to the low mark,
+ * from the next loop turn (this runs inside a write or an answer). */
+static void
+maybe_resume(struct ld_session *s)
+{
+    if (s->io->out_paused && s->open &&
+        owed_output(s) <= output_low(ld_session_output_limit())) {
+        s->io->out_paused = false;
+        event_active(s->io->more_ev, EV_TIMEOUT, 0);
+    }
+}
+
 /* Reading follows from the session's state, whatever changed it. */
 static void
 update_reading(struct ld_session *s)
@@ -217,14 +255,8 @@ output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
     LD_UNUSED(buf);
     struct ld_session *s = arg;
-    if (info->n_deleted == 0 || !s->io->out_paused) {
-        return;
-    }
-    size_t left = info->orig_size + info->n_added - info->n_deleted;
-    if (left <= output_low(ld_session_output_limit())) {
-        s->io->out_paused = false;
-        /* Not from here: this runs inside a write. */
-        event_active(s->io->more_ev, EV_TIMEOUT, 0);
+    if (info->n_deleted > 0) {
+        maybe_resume(s);
     }
 }
 
@@ -350,6 +382,9 @@ ld_session_req_done(struct ld_session *s)
                s->name);
     s->pending--;
     ld_stats.requests_pending--;
+    if (s->bev != NULL) {
+        maybe_resume(s);
+    }
     if (closed_and_done(s)) {
         /* Not from here: the module answering may still be working on
          * this session's state. */
@@ -493,7 +528,12 @@ write_out(struct ld_session *s, const char *bytes, struct evbuffer *buf,
     }
     if (s->open) {
         mark_dirty(s);
-        if (total > output_high(limit) && !s->io->out_paused) {
+        if (len >= s->io->reply_est) {
+            s->io->reply_est = len;
+        } else {
+            s->io->reply_est -= s->io->reply_est / 8;
+        }
+        if (owed_output(s) > output_high(limit) && !s->io->out_paused) {
             s->io->out_paused = true;
             update_reading(s);
         }
@@ -602,6 +642,11 @@ process_input(struct ld_session *s)
     ld_session_ref(s);
     s->io->backlog = false;
     while (s->open && !s->io->out_paused && !s->io->over_limit) {
+        if (owed_output(s) > output_high(ld_session_output_limit())) {
+            /* The requests dispatched already owe enough. */
+            s->io->out_paused = true;
+            break;
+        }
         if (lines >= TURN_MAX_LINES || bytes >= TURN_MAX_BYTES) {
             if (evbuffer_get_length(in) > 0) {
                 s->io->backlog = true;

@@ -1,6 +1,7 @@
-/* A hostile Redis against the daemon's memory: a server that announces
- * huge replies (the daemon refuses them and stays small). Every test
- * starts its own servers and leased. */
+/* A hostile Redis and hostile clients against the daemon's memory: a
+ * server that announces huge replies (the daemon refuses them and stays
+ * small) and replies owed before they arrive (dispatch pauses). Every
+ * test starts its own servers and leased. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -34,6 +35,37 @@ static const struct h_fixture fx = {
 
 /* ---- helpers ---------------------------------------------------------- */
 
+static int
+raw_unix(const char *path)
+{
+    struct sockaddr_un sa;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    ck_assert_int_ge(fd, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
+                  "connect %s: %s", path, strerror(errno));
+    return fd;
+}
+
+static void
+raw_write(int fd, const char *buf, size_t len)
+{
+    size_t off = 0;
+
+    while (off < len) {
+        ssize_t n = send(fd, buf + off, len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        ck_assert_msg(n > 0, "send: %s", strerror(errno));
+        off += (size_t)n;
+    }
+}
+
 static long long
 rss_kb(pid_t pid)
 {
@@ -56,6 +88,25 @@ rss_kb(pid_t pid)
     return kb;
 }
 
+/* Commands Redis has run so far (INFO stats). */
+static long long
+redis_commands(void)
+{
+    redisReply *r = h_redis_cmd(&R, "INFO stats");
+    long long n = -1;
+
+    if (r != NULL && r->type == REDIS_REPLY_STRING) {
+        const char *p = strstr(r->str, "total_commands_processed:");
+        if (p != NULL) {
+            n = atoll(p + strlen("total_commands_processed:"));
+        }
+    }
+    if (r != NULL) {
+        freeReplyObject(r);
+    }
+    return n;
+}
+
 /* A sanitizer build keeps freed memory in quarantine (256 MB by default),
  * which would hide what the daemon itself holds: keep it small. */
 static void
@@ -67,6 +118,21 @@ small_asan_quarantine(void)
     snprintf(buf, sizeof buf, "%s%squarantine_size_mb=8", old ? old : "",
              old && *old ? ":" : "");
     setenv("ASAN_OPTIONS", buf, 1);
+}
+
+static void
+set_value(struct h_conn *c, const char *key, size_t len, char fill)
+{
+    char *value = malloc(len + 1);
+    json_t *r;
+
+    memset(value, fill, len);
+    value[len] = '\0';
+    r = h_callf(c, 30000, "{s:s,s:s,s:s}", "op", "cache.set", "key", key,
+                "value", value);
+    ck_assert_msg(h_ok(r), "cache.set %s: %s", key, h_errcode(r));
+    json_decref(r);
+    free(value);
 }
 
 /* ---- 1. a hostile Redis -------------------------------------------------
@@ -271,12 +337,82 @@ START_TEST(test_hostile_bulk)
 }
 END_TEST
 
+/* ---- 2. replies owed ---------------------------------------------------- */
+
+static bool
+paused_full(void *arg)
+{
+    struct h_conn *c = arg;
+    return h_stat(c, "requests_pending") == 1 &&
+           h_stat(c, "session_buffer_bytes") > 1000 * 1000;
+}
+
+/* Replies owed count before they arrive: a client that pipelines reads
+ * of many distinct large values without reading gets no more of them
+ * sent to Redis than the output limit leaves room for (each its own
+ * fetch), not its whole
+ * pipeline; a client that reads gets every answer. */
+START_TEST(test_owed_output)
+{
+    const int nkeys = 150;
+    size_t cap = (size_t)nkeys * 80, len = 0;
+    char *pipeline = malloc(cap), key[32];
+    struct h_conn *c;
+    int fd;
+
+    h_start("limits:\n  max_output_bytes: 4194304\n");
+    c = h_connect_ok(&D);
+    for (int i = 0; i < nkeys; i++) {
+        snprintf(key, sizeof key, "ow%03d", i);
+        set_value(c, key, 100 * 1000, 'o');
+        len += (size_t)snprintf(pipeline + len, cap - len,
+                                "{\"op\":\"cache.get\",\"key\":\"%s\","
+                                "\"lease\":false,\"id\":%d}\n",
+                                key, i + 1);
+    }
+
+    long long cmds0 = redis_commands();
+    fd = raw_unix(D.sock);
+    raw_write(fd, pipeline, len);
+    /* It stops at half of the limit with nothing in flight (the stats
+     * request itself is the one pending). */
+    ck_assert_msg(h_wait_until(paused_full, c, T_MS * 2),
+                  "the session that does not read did not pause: %lld "
+                  "bytes buffered, %lld requests pending",
+                  h_stat(c, "session_buffer_bytes"),
+                  h_stat(c, "requests_pending"));
+    h_assert_ping(c);
+    long long cmds = redis_commands() - cmds0;
+    fprintf(stderr, "owed_output: %lld Redis commands for %d reads\n", cmds,
+            nkeys);
+    /* 16 dispatched blind, those the first replies leave room for, and
+     * the INFO of redis_commands itself. */
+    ck_assert_msg(cmds <= 16 + 24, "Redis ran %lld commands", cmds);
+    close(fd);
+
+    /* A client that reads is paused and resumed as often as needed. */
+    struct h_conn *reader = h_connect_ok(&D);
+    ck_assert_int_eq(h_send_raw(reader, pipeline, len), 0);
+    for (int i = 1; i <= nkeys; i++) {
+        json_t *r = h_recv_id(reader, i, T_MS * 2);
+        ck_assert_msg(r != NULL, "no answer to %d", i);
+        ck_assert_msg(h_ok(r) && jtrue(r, "hit"), "answer %d: %s", i,
+                      h_errcode(r));
+        json_decref(r);
+    }
+    h_close(reader);
+    h_close(c);
+    free(pipeline);
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
         H_CASE(hostile_array_header, 60),
         H_CASE(hostile_bulk, 120),
+        H_CASE(owed_output, 120),
     };
 
     return H_MAIN(fx, cases);
