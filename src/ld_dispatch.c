@@ -7,6 +7,7 @@
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_log.h"
+#include "ld_memlimit.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -143,6 +144,9 @@ ld_dispatch(struct ld_req *req)
                        dispatch_mod.ctx->cfg->limits.max_pending);
         return;
     }
+    if (ld_memlimit_refuse(req)) {
+        return;
+    }
     e->fn(req);
 }
 
@@ -151,6 +155,7 @@ ld_dispatch_init(const struct ld_ctx *ctx)
 {
     dispatch_mod.ctx = ctx;
     dispatch_mod.n_ops = 0;
+    ld_memlimit_init(ctx);
     ld_dispatch_register("hello", op_hello);
     ld_dispatch_register("ping", op_ping);
     ld_dispatch_register("stats", op_stats);

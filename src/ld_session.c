@@ -108,6 +108,7 @@ static struct {
     struct event *flush_ev;
     struct ld_session *dirty_head;
     long long lingering; /* closed sessions still writing */
+    size_t buffered;     /* input and output of every session's socket */
 } session_mod;
 
 #define sessions_cfg() (session_mod.ctx->cfg)
@@ -246,6 +247,33 @@ update_reading(struct ld_session *s)
     }
 }
 
+/* limits.max_memory_bytes counts what the sessions' buffers hold: both
+ * directions of every socket, lingering ones included, followed through
+ * the buffers' own callbacks so that no path that adds or drains bytes
+ * is missed. */
+static void
+account(const struct evbuffer_cb_info *info)
+{
+    session_mod.buffered += info->n_added;
+    LD_ASSERT(session_mod.buffered >= info->n_deleted);
+    session_mod.buffered -= info->n_deleted;
+    ld_stats.session_buffer_bytes = (long long)session_mod.buffered;
+}
+
+static void
+input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    LD_UNUSED(buf);
+    LD_UNUSED(arg);
+    account(info);
+}
+
+size_t
+ld_session_buffered_bytes(void)
+{
+    return session_mod.buffered;
+}
+
 /* Output drains from flush_cb, from the bufferevent's own writes and from
  * whatever else may take bytes off the buffer: watching the buffer itself
  * resumes a paused session however its output got under the low mark
@@ -255,6 +283,7 @@ output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
     LD_UNUSED(buf);
     struct ld_session *s = arg;
+    account(info);
     if (info->n_deleted > 0) {
         maybe_resume(s);
     }
@@ -335,6 +364,8 @@ ld_session_unref(struct ld_session *s)
 
 static void output_cb(struct evbuffer *buf,
                       const struct evbuffer_cb_info *info, void *arg);
+static void input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+                     void *arg);
 
 /* After close: the socket is kept (holding a reference) only to write
  * what is queued and the answers still owed; this drops it. */
@@ -345,7 +376,14 @@ release_socket(struct ld_session *s)
         return;
     }
     LD_ASSERT(!s->open && session_mod.lingering > 0);
-    evbuffer_remove_cb(bufferevent_get_output(s->bev), output_cb, s);
+    struct evbuffer *in = bufferevent_get_input(s->bev);
+    struct evbuffer *out = bufferevent_get_output(s->bev);
+    evbuffer_remove_cb(out, output_cb, s);
+    evbuffer_remove_cb(in, input_cb, s);
+    size_t gone = evbuffer_get_length(in) + evbuffer_get_length(out);
+    LD_ASSERT(session_mod.buffered >= gone);
+    session_mod.buffered -= gone;
+    ld_stats.session_buffer_bytes = (long long)session_mod.buffered;
     bufferevent_free(s->bev);
     s->bev = NULL;
     event_del(s->io->linger_ev);
@@ -802,6 +840,7 @@ ld_session_new(int fd, bool auth_required, const char *listener)
 
     bufferevent_setcb(bev, read_cb, write_cb, event_cb, s);
     evbuffer_add_cb(bufferevent_get_output(bev), output_cb, s);
+    evbuffer_add_cb(bufferevent_get_input(bev), input_cb, s);
     /* A new bufferevent has writing enabled; flush_cb writes instead. */
     bufferevent_disable(bev, EV_WRITE);
     bufferevent_enable(bev, EV_READ);

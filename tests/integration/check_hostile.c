@@ -1,7 +1,10 @@
 /* A hostile Redis and hostile clients against the daemon's memory: a
  * server that announces huge replies (the daemon refuses them and stays
- * small) and replies owed before they arrive (dispatch pauses). Every
- * test starts its own servers and leased. */
+ * small), replies owed before they arrive (dispatch pauses), and
+ * limits.max_memory_bytes (busy for new work, the rest still served)
+ * and clients that flood the daemon with requests for large values
+ * without reading (RSS stays bounded, others are served within
+ * milliseconds). Every test starts its own servers and leased. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -406,13 +409,246 @@ START_TEST(test_owed_output)
 }
 END_TEST
 
+/* ---- 3. limits.max_memory_bytes ----------------------------------------- */
+
+/* A client that does not read its replies fills its output past
+ * limits.max_memory_bytes: from then on ops that add work get busy and
+ * the others are served; once that client is gone, work is taken again. */
+START_TEST(test_memory_limit_busy)
+{
+    const int nreq = 60; /* 6 MB of replies: under the output limit */
+    char line[160];
+    struct h_conn *c, *held;
+    json_t *r;
+    int fd;
+
+    h_start("limits:\n"
+            "  max_output_bytes: 8388608\n"
+            "  max_memory_bytes: 2097152\n");
+    c = h_connect_ok(&D);
+    held = h_connect_ok(&D);
+    set_value(c, "v100k", 100 * 1000, 'm');
+
+    /* Taken before the limit is passed, to be released after. */
+    r = h_callf(held, T_MS, "{s:s,s:s}", "op", "lock", "key", "mine");
+    ck_assert(h_ok(r) && jtrue(r, "acquired"));
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "lz");
+    ck_assert_msg(h_ok(r), "cache.get lz: %s", h_errcode(r));
+    ck_assert_ptr_nonnull(jstr(r, "lease"));
+    char lease_copy[128];
+    snprintf(lease_copy, sizeof lease_copy, "%s", jstr(r, "lease"));
+    json_decref(r);
+
+    fd = raw_unix(D.sock);
+    for (int i = 1; i <= nreq; i++) {
+        int n = snprintf(line, sizeof line,
+                         "{\"op\":\"cache.get\",\"key\":\"v100k\","
+                         "\"id\":%d}\n",
+                         i);
+        raw_write(fd, line, (size_t)n);
+    }
+    ck_assert_msg(h_wait_stat_min(c, "session_buffer_bytes", 2097152 + 1,
+                                  T_MS * 2),
+                  "the flooding session's output stayed under the limit: "
+                  "%lld bytes, %lld requests pending",
+                  h_stat(c, "session_buffer_bytes"),
+                  h_stat(c, "requests_pending"));
+
+    /* New work: busy. */
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "other");
+    h_expect_code(r, "busy", "cache.get over the memory limit");
+    r = h_callf(c, T_MS, "{s:s,s:[s]}", "op", "cache.mget", "keys", "a");
+    h_expect_code(r, "busy", "cache.mget over the memory limit");
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "s",
+                "value", "x");
+    h_expect_code(r, "busy", "cache.set over the memory limit");
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key", "lz",
+                "lease", lease_copy, "value", "x");
+    h_expect_code(r, "busy", "cache.fill over the memory limit");
+    r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key", "w", "wait_ms",
+                100);
+    h_expect_code(r, "busy", "a waiting lock over the memory limit");
+    ck_assert_int_eq(h_log_has(&D, "memory over the limit"), true);
+
+    /* What frees or keeps what is held, and a lock that does not wait,
+     * still work. */
+    h_assert_ping(c);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "try");
+    ck_assert_msg(h_ok(r), "lock without wait: %s", h_errcode(r));
+    json_decref(r);
+    r = h_callf(held, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "mine",
+                "ttl_ms", 10000);
+    ck_assert_msg(h_ok(r), "extend: %s", h_errcode(r));
+    json_decref(r);
+    r = h_callf(held, T_MS, "{s:s,s:s}", "op", "unlock", "key", "mine");
+    ck_assert_msg(h_ok(r), "unlock: %s", h_errcode(r));
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.invalidate", "key",
+                "v100k");
+    ck_assert_msg(h_ok(r), "cache.invalidate: %s", h_errcode(r));
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key", "lz",
+                "lease", lease_copy);
+    ck_assert_msg(h_ok(r), "cache.release: %s", h_errcode(r));
+    json_decref(r);
+
+    /* The flooding client goes: its buffers are freed, work resumes. */
+    close(fd);
+    ck_assert(h_wait_stat(c, "session_buffer_bytes", 0, T_MS * 2) ||
+              h_stat(c, "session_buffer_bytes") < 2097152);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", "other",
+                "lease", 0);
+    ck_assert_msg(h_ok(r), "cache.get after: %s", h_errcode(r));
+    json_decref(r);
+    h_close(held);
+    h_close(c);
+}
+END_TEST
+
+/* limits.max_memory_bytes is checked like the other limits. */
+START_TEST(test_memory_limit_conf)
+{
+    char out[4096], err[4096], conf[512];
+    const char *const argv[] = {h_leased_bin(), "-t", "-c", conf, NULL};
+    FILE *f;
+
+    ck_assert_int_eq(h_tmpdir(conf, sizeof conf - 16), 0);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", conf);
+    strcat(conf, "/l.yml");
+    f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("limits:\n  max_memory_bytes: -1\n", f);
+    fclose(f);
+    ck_assert_int_ne(h_run(argv, out, sizeof out, err, sizeof err, T_MS), 0);
+    ck_assert_msg(strstr(err, "l.yml:2:") && strstr(err, "max_memory_bytes"),
+                  "stderr: %s", err);
+    f = fopen(conf, "w");
+    fputs("limits:\n  max_memory_bytes: 67108864\n", f);
+    fclose(f);
+    ck_assert_msg(h_run(argv, out, sizeof out, err, sizeof err, T_MS) == 0,
+                  "stderr: %s", err);
+    unlink(conf);
+    h_rmdir(dir);
+}
+END_TEST
+
+/* ---- 4. clients that flood without reading ------------------------------ */
+
+#define FLOODERS 5
+
+static bool
+flooders_closed(void *arg)
+{
+    struct h_conn *c = arg;
+    return h_stat(c, "sessions") <= 2; /* the test's own two */
+}
+
+/* Five clients each write 1000 cache.get of a 500 KB value at once and
+ * never read. The daemon's RSS stays within its bounds (the flooders'
+ * output limits plus the memory bound), the flooders are closed at their
+ * output limit, and another client's pings are answered within
+ * milliseconds all along. */
+START_TEST(test_flood_rss)
+{
+    const int nreq = 1000;
+    size_t cap = (size_t)nreq * 64, len = 0;
+    char *flood = malloc(cap);
+    struct h_conn *c, *other;
+    long long rss0, rss_max = 0, worst_ms = 0, pings = 0;
+    int fds[FLOODERS];
+
+    small_asan_quarantine();
+    h_start("limits:\n"
+            "  max_output_bytes: 8388608\n"
+            "  max_memory_bytes: 33554432\n");
+    c = h_connect_ok(&D);
+    other = h_connect_ok(&D);
+    set_value(c, "half", 500 * 1000, 'h');
+    rss0 = rss_kb(D.pid);
+    for (int i = 1; i <= nreq; i++) {
+        len += (size_t)snprintf(flood + len, cap - len,
+                                "{\"op\":\"cache.get\",\"key\":\"half\","
+                                "\"id\":%d}\n",
+                                i);
+    }
+    for (int k = 0; k < FLOODERS; k++) {
+        fds[k] = raw_unix(D.sock);
+    }
+    /* Each whole pipeline in one write, from children so that a full
+     * socket blocks them, not the test. */
+    pid_t pids[FLOODERS];
+    for (int k = 0; k < FLOODERS; k++) {
+        pids[k] = fork();
+        ck_assert_int_ge(pids[k], 0);
+        if (pids[k] == 0) {
+            size_t off = 0;
+            while (off < len) {
+                ssize_t n = send(fds[k], flood + off, len - off, MSG_NOSIGNAL);
+                if (n <= 0) {
+                    _exit(0);
+                }
+                off += (size_t)n;
+            }
+            pause();
+            _exit(0);
+        }
+        h_track_pid(pids[k]);
+    }
+
+    /* Until the flooders are closed, and half a second more while the
+     * replies to what they sent still come from Redis. */
+    long long deadline = h_now_ms() + 60000, closed_at = 0;
+    while (h_now_ms() < deadline &&
+           (closed_at == 0 || h_now_ms() - closed_at < 500)) {
+        long long t0 = h_now_ms(), rss;
+        h_assert_ping(other);
+        pings++;
+        if (getenv("FLOOD_TRACE")) {
+            fprintf(stderr, "ping %lld ms at %lld\n", h_now_ms() - t0, t0);
+        }
+        if (h_now_ms() - t0 > worst_ms) {
+            worst_ms = h_now_ms() - t0;
+        }
+        rss = rss_kb(D.pid);
+        if (rss > rss_max) {
+            rss_max = rss;
+        }
+        if (closed_at == 0 && flooders_closed(other)) {
+            closed_at = h_now_ms();
+        }
+    }
+    ck_assert_msg(flooders_closed(other), "the flooders are still open");
+    for (int k = 0; k < FLOODERS; k++) {
+        kill(pids[k], SIGKILL);
+        waitpid(pids[k], NULL, 0);
+        h_untrack_pid(pids[k]);
+        close(fds[k]);
+    }
+    fprintf(stderr,
+            "flood_rss: rss %lld kB before, %lld kB max; %lld pings, "
+            "slowest %lld ms\n",
+            rss0, rss_max, pings, worst_ms);
+    /* Five output limits and the memory bound, with room for the
+     * allocator: far from the gigabytes of an unbounded daemon. */
+    ck_assert_msg(rss_max - rss0 < (5 * 8 + 32 + 32) * 1024,
+                  "daemon RSS grew by %lld kB", rss_max - rss0);
+    ck_assert_msg(worst_ms < 250, "a ping took %lld ms", worst_ms);
+    h_assert_ping(c);
+    h_close(other);
+    h_close(c);
+    free(flood);
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(hostile_array_header, 60),
-        H_CASE(hostile_bulk, 120),
-        H_CASE(owed_output, 120),
+        H_CASE(hostile_array_header, 60), H_CASE(hostile_bulk, 120),
+        H_CASE(owed_output, 120),         H_CASE(memory_limit_busy, 120),
+        H_CASE(memory_limit_conf, 30),    H_CASE(flood_rss, 240),
     };
 
     return H_MAIN(fx, cases);
