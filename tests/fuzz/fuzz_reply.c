@@ -15,11 +15,13 @@
  * RESP value; a stream that does not parse is written as it is and the
  * connection closed after it, so the daemon also meets malformed and cut
  * replies. Once the stream is used up every command is answered with an
- * error reply.
+ * error reply. Every line the client receives must be a reply or an event
+ * of the protocol, an error one with a code of the contract.
  */
 #include "ld_cache.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
+#include "ld_errcode.h"
 #include "ld_log.h"
 #include "ld_pubsub.h"
 #include "ld_redis.h"
@@ -42,6 +44,7 @@
 
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
+#include <jansson.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -398,16 +401,74 @@ reset(void)
     }
 }
 
+/* What the client received and has not checked yet: whatever Redis
+ * answered, every line must be a reply or an event of the protocol, and
+ * an error must carry one of its codes. */
+static struct {
+    char *buf;
+    size_t len, cap;
+} client_in;
+
+static void
+check_line(const char *line, size_t len)
+{
+    json_error_t err;
+    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &err);
+    if (!json_is_object(o)) {
+        fprintf(stderr, "not a JSON object: %.*s\n", (int)len, line);
+        abort();
+    }
+    json_t *ok = json_object_get(o, "ok");
+    if (json_is_false(ok)) {
+        const char *code = json_string_value(
+            json_object_get(json_object_get(o, "error"), "code"));
+        bool known = false;
+        for (int c = 0; code != NULL && c < LD_E__COUNT; c++) {
+            known = known || strcmp(code, ld_errcode_name(c)) == 0;
+        }
+        if (!known) {
+            fprintf(stderr, "error without a known code: %.*s\n", (int)len,
+                    line);
+            abort();
+        }
+    } else if (!json_is_true(ok) && json_object_get(o, "event") == NULL) {
+        fprintf(stderr, "neither a reply nor an event: %.*s\n", (int)len,
+                line);
+        abort();
+    }
+    json_decref(o);
+}
+
 static void
 drain(int fd)
 {
     char buf[65536];
     for (;;) {
         ssize_t n = read(fd, buf, sizeof(buf));
-        if (n > 0 || (n < 0 && errno == EINTR)) {
+        if (n < 0 && errno == EINTR) {
             continue;
         }
-        return;
+        if (n <= 0) {
+            return;
+        }
+        if (client_in.len + (size_t)n > client_in.cap) {
+            client_in.cap = (client_in.len + (size_t)n) * 2;
+            client_in.buf = realloc(client_in.buf, client_in.cap);
+            if (client_in.buf == NULL) {
+                abort();
+            }
+        }
+        memcpy(client_in.buf + client_in.len, buf, (size_t)n);
+        client_in.len += (size_t)n;
+        char *start = client_in.buf, *nl;
+        while ((nl = memchr(start, '\n',
+                            client_in.len -
+                                (size_t)(start - client_in.buf))) != NULL) {
+            check_line(start, (size_t)(nl - start));
+            start = nl + 1;
+        }
+        client_in.len -= (size_t)(start - client_in.buf);
+        memmove(client_in.buf, start, client_in.len);
     }
 }
 
@@ -563,6 +624,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     }
     close(sv[1]);
+    if (client_in.len != 0) {
+        fprintf(stderr, "a reply without its newline\n");
+        abort();
+    }
+    free(client_in.buf);
+    client_in.buf = NULL;
+    client_in.cap = 0;
     fake.stream = NULL;
     fake.left = 0;
     reset();
