@@ -74,6 +74,10 @@ struct session_io {
     struct ld_framer framer;
     struct event *linger_ev; /* bounds the writing after close */
     struct event *more_ev;   /* continue with buffered lines */
+    struct event *grace_ev;  /* a paused estimate lets more through */
+    unsigned grace;          /* lines still let through by it */
+    uint64_t answered;       /* requests answered, ever */
+    uint64_t grace_mark;     /* ANSWERED when GRACE_EV was armed */
     bool dirty;              /* on the flush list */
     bool reading;            /* EV_READ enabled on the bufferevent */
     bool out_paused;         /* owed output over the high mark: no dispatch */
@@ -202,8 +206,17 @@ ld_session_output_bytes(const struct ld_session *s)
  * than BLIND_REQUESTS are dispatched before one reply shows what they
  * cost: those could still pass the limit together, while a pipelining
  * client only waits for one round trip at its start. The request a reply
- * is being written for still counts as pending: a slight over-estimate. */
+ * is being written for still counts as pending: a slight over-estimate.
+ *
+ * Requests that wait (a lock behind its holder, a read behind a fill)
+ * owe little and may stay in flight for long, so a pause that only the
+ * estimate makes, with the output itself under the low mark, lets
+ * BLIND_REQUESTS more through after GRACE_MS in which none of the
+ * session's requests was answered: a session with a thousand waiting
+ * requests is slowed, never stuck behind them, while one whose replies
+ * are still arriving waits for them. */
 #define BLIND_REQUESTS 16
+#define GRACE_MS 10
 
 static size_t
 owed_output(const struct ld_session *s)
@@ -357,6 +370,7 @@ ld_session_unref(struct ld_session *s)
                   !s->io->dirty);
         event_free(s->io->linger_ev);
         event_free(s->io->more_ev);
+        event_free(s->io->grace_ev);
         free(s->io);
         free(s);
     }
@@ -420,6 +434,7 @@ ld_session_req_done(struct ld_session *s)
                s->name);
     s->pending--;
     ld_stats.requests_pending--;
+    s->io->answered++;
     if (s->bev != NULL) {
         maybe_resume(s);
     }
@@ -680,10 +695,21 @@ process_input(struct ld_session *s)
     ld_session_ref(s);
     s->io->backlog = false;
     while (s->open && !s->io->out_paused && !s->io->over_limit) {
-        if (owed_output(s) > output_high(ld_session_output_limit())) {
-            /* The requests dispatched already owe enough. */
-            s->io->out_paused = true;
-            break;
+        size_t limit = ld_session_output_limit();
+        if (owed_output(s) > output_high(limit)) {
+            bool out_low = ld_session_output_bytes(s) <= output_low(limit);
+            if (s->io->grace > 0 && out_low) {
+                s->io->grace--;
+            } else {
+                /* The requests dispatched already owe enough. */
+                s->io->out_paused = true;
+                if (out_low) {
+                    struct timeval tv = {0, GRACE_MS * 1000};
+                    s->io->grace_mark = s->io->answered;
+                    evtimer_add(s->io->grace_ev, &tv);
+                }
+                break;
+            }
         }
         if (lines >= TURN_MAX_LINES || bytes >= TURN_MAX_BYTES) {
             if (evbuffer_get_length(in) > 0) {
@@ -766,6 +792,27 @@ more_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 static void
+grace_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct ld_session *s = arg;
+    if (!s->open || s->bev == NULL || !s->io->out_paused) {
+        return;
+    }
+    if (s->io->answered != s->io->grace_mark) {
+        /* Answers are coming: they resume it (maybe_resume). */
+        struct timeval tv = {0, GRACE_MS * 1000};
+        s->io->grace_mark = s->io->answered;
+        evtimer_add(s->io->grace_ev, &tv);
+        return;
+    }
+    s->io->grace = BLIND_REQUESTS;
+    s->io->out_paused = false;
+    process_input(s);
+}
+
+static void
 write_cb(struct bufferevent *bev, void *arg)
 {
     LD_UNUSED(arg);
@@ -818,7 +865,9 @@ ld_session_new(int fd, bool auth_required, const char *listener)
                                                      BEV_OPT_CLOSE_ON_FREE);
     io->linger_ev = evtimer_new(ctx->base, linger_cb, s);
     io->more_ev = event_new(ctx->base, -1, 0, more_cb, s);
-    if (bev == NULL || io->linger_ev == NULL || io->more_ev == NULL) {
+    io->grace_ev = evtimer_new(ctx->base, grace_cb, s);
+    if (bev == NULL || io->linger_ev == NULL || io->more_ev == NULL ||
+        io->grace_ev == NULL) {
         ld_oom(0);
     }
     s->id = session_mod.next_id++;
