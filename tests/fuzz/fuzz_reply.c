@@ -413,7 +413,8 @@ static void
 check_line(const char *line, size_t len)
 {
     json_error_t err;
-    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &err);
+    json_t *o = json_loadb(line, len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES,
+                           &err);
     if (!json_is_object(o)) {
         fprintf(stderr, "not a JSON object: %.*s\n", (int)len, line);
         abort();
