@@ -552,6 +552,16 @@ dispatch(struct ld_conn *c, redisReply *r)
         c->ops->on_push(c, r, c->owner);
         return;
     }
+    if (c->n_recv == c->n_sent) {
+        /* A reply to no command: the peer is not Redis or has lost
+         * count, and no later reply could be trusted to answer the
+         * command it seems to answer. */
+        log_warn("redis reply refused address=%s role=%s "
+                 "error=\"a reply to no command\"",
+                 c->address, role_names[c->role]);
+        conn_down(c, "protocol error: a reply to no command");
+        return;
+    }
     uint64_t seq = c->n_recv++;
     if (c->own_n > 0 && c->own[c->own_head] == seq) {
         const char *step = c->own_step[c->own_head];

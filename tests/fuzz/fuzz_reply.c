@@ -372,7 +372,10 @@ setup(void)
     cfg.redis.connections = 1;
     atexit(cleanup_files);
 
-    ld_log_level = LD_LOG_ERROR + 1;
+    /* FUZZ_REPLY_LOG=1 shows the daemon's log, to see what an input
+     * does. */
+    ld_log_level = getenv("FUZZ_REPLY_LOG") != NULL ? LD_LOG_DEBUG
+                                                    : LD_LOG_ERROR + 1;
     ctx.cfg = &cfg;
     ctx.instance = "fuzzfuzzfuzzfuzz";
     ctx.base = event_base_new();

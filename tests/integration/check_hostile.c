@@ -279,12 +279,12 @@ fake_redis_stop(pid_t pid)
     h_untrack_pid(pid);
 }
 
-/* One hostile reply: the client's cache.get fails with redis_unavailable
- * (the connection is dropped), the refusal is logged, the daemon's RSS
- * does not follow what the server announces or sends, and it still
- * answers. */
+/* One hostile reply: the client's cache.get fails with CODE (the
+ * connection is dropped), the refusal is logged, the daemon's RSS does
+ * not follow what the server announces or sends, and it still answers. */
 static void
-hostile_case(const char *hostile, size_t stream, const char *logged)
+hostile_case(const char *hostile, size_t stream, const char *code,
+             const char *logged)
 {
     struct h_conn *c;
     json_t *r;
@@ -309,7 +309,7 @@ hostile_case(const char *hostile, size_t stream, const char *logged)
         h_daemon_dump_log(&D);
         ck_abort_msg("a hostile reply was taken as an answer: %s", dump);
     }
-    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_str_eq(h_errcode(r), code);
     json_decref(r);
     ck_assert_msg(h_wait_log(&D, "redis reply refused", T_MS),
                   "the refusal was not logged");
@@ -327,7 +327,8 @@ hostile_case(const char *hostile, size_t stream, const char *logged)
  * 16 GB for it before the first element. */
 START_TEST(test_hostile_array_header)
 {
-    hostile_case("*2147483647\r\n", 0, "array of 2147483647 elements");
+    hostile_case("*2147483647\r\n", 0, "redis_unavailable",
+                 "array of 2147483647 elements");
 }
 END_TEST
 
@@ -336,7 +337,17 @@ END_TEST
 START_TEST(test_hostile_bulk)
 {
     hostile_case("*2\r\n$3\r\nhit\r\n$1000000000\r\n", 200u << 20,
-                 "of one reply buffered");
+                 "redis_unavailable", "of one reply buffered");
+}
+END_TEST
+
+/* Two replies to one command: the first, of the wrong shape, is an
+ * internal error for the client; the second answers nothing, and the
+ * connection it came on is dropped before it could be taken for the
+ * answer to a later command. */
+START_TEST(test_hostile_extra_reply)
+{
+    hostile_case(":1\r\n:1\r\n", 0, "internal", "a reply to no command");
 }
 END_TEST
 
@@ -647,8 +658,9 @@ main(void)
 {
     const struct h_case cases[] = {
         H_CASE(hostile_array_header, 60), H_CASE(hostile_bulk, 120),
-        H_CASE(owed_output, 120),         H_CASE(memory_limit_busy, 120),
-        H_CASE(memory_limit_conf, 30),    H_CASE(flood_rss, 240),
+        H_CASE(hostile_extra_reply, 60),  H_CASE(owed_output, 120),
+        H_CASE(memory_limit_busy, 120),   H_CASE(memory_limit_conf, 30),
+        H_CASE(flood_rss, 240),
     };
 
     return H_MAIN(fx, cases);
