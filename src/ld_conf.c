@@ -207,6 +207,8 @@ const struct conf_directive conf_directives[] = {
           1000000),
     LLONG("limits.max_output_bytes", limits.max_output_bytes, F_RELOAD,
           "33554432", 65536, 1LL << 40),
+    LLONG("limits.max_memory_bytes", limits.max_memory_bytes, F_RELOAD, "0", 0,
+          1LL << 50),
 
     HOSTPORT("metrics.listen", metrics.listen, F_EMPTY_OK | F_LISTEN,
              "127.0.0.1:9379"),

@@ -97,6 +97,7 @@ struct ld_config {
         long long max_waiters;
         long long max_pending;      /* per session, requests awaiting reply */
         long long max_output_bytes; /* per session, unsent replies */
+        long long max_memory_bytes; /* daemon-wide accounting, 0: none */
     } limits;
     struct {
         char *listen; /* "host:port"; "" disables */

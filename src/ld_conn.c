@@ -18,6 +18,7 @@
 #include "ld_ctx.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_reader.h"
 #include "ld_tls.h"
 #include "ld_util.h"
 
@@ -37,7 +38,13 @@
 #include <event2/event.h>
 #include <event2/util.h>
 
-#define BACKOFF_MIN_MS 50
+/* A fuzzing build reconnects at once: its fake Redis answers in the same
+ * process, and each input that makes the daemon drop the connection
+ * would otherwise wait for the back-off. */
+#ifndef LD_CONN_BACKOFF_MIN_MS
+#define LD_CONN_BACKOFF_MIN_MS 50
+#endif
+#define BACKOFF_MIN_MS LD_CONN_BACKOFF_MIN_MS
 #define BACKOFF_MAX_MS 2000
 #define PING_IDLE_MS 5000
 #define OWN_RING 8 /* handshake steps and one PING */
@@ -54,6 +61,7 @@ struct ld_conn {
     bool tls;              /* BEV is TLS: it reads, not read_ev */
     struct event *read_ev; /* reads a plain socket (see sock_read_cb) */
     redisReader *reader;
+    struct ld_reader_bounds bounds; /* of READER */
     struct ld_backoff backoff;
     struct event *retry_ev;
     struct event *timer_ev;
@@ -546,6 +554,16 @@ dispatch(struct ld_conn *c, redisReply *r)
         c->ops->on_push(c, r, c->owner);
         return;
     }
+    if (c->n_recv == c->n_sent) {
+        /* A reply to no command: the peer is not Redis or has lost
+         * count, and no later reply could be trusted to answer the
+         * command it seems to answer. */
+        log_warn("redis reply refused address=%s role=%s "
+                 "error=\"a reply to no command\"",
+                 c->address, role_names[c->role]);
+        conn_down(c, "protocol error: a reply to no command");
+        return;
+    }
     uint64_t seq = c->n_recv++;
     if (c->own_n > 0 && c->own[c->own_head] == seq) {
         const char *step = c->own_step[c->own_head];
@@ -575,11 +593,23 @@ process_input(struct ld_conn *c)
         if (redisReaderGetReply(c->reader, &r) != REDIS_OK) {
             char why[192];
             snprintf(why, sizeof(why), "protocol error: %s",
-                     c->reader->errstr);
+                     c->bounds.why[0] != '\0' ? c->bounds.why
+                                              : c->reader->errstr);
+            log_warn("redis reply refused address=%s role=%s error=\"%s\"",
+                     c->address, role_names[c->role], why);
             conn_down(c, why);
             break;
         }
         if (r == NULL) {
+            if (!ld_reader_within(c->reader, &c->bounds)) {
+                char why[192];
+                snprintf(why, sizeof(why), "protocol error: %s",
+                         c->bounds.why);
+                log_warn("redis reply refused address=%s role=%s "
+                         "error=\"%s\"",
+                         c->address, role_names[c->role], why);
+                conn_down(c, why);
+            }
             break;
         }
         dispatch(c, r);
@@ -851,10 +881,16 @@ conn_connect(struct ld_conn *c)
     if (c->reader != NULL) {
         redisReaderFree(c->reader);
     }
-    c->reader = redisReaderCreate();
-    if (c->reader == NULL) {
-        ld_oom(0);
+    /* No reply of Redis to the daemon is larger than a value it takes
+     * from a client or may hand one: one request line, one client's
+     * unsent output. */
+    const struct ld_config *cfg = c->ctx->cfg;
+    size_t max_value = (size_t)cfg->limits.max_request_bytes;
+    if ((size_t)cfg->limits.max_output_bytes > max_value) {
+        max_value = (size_t)cfg->limits.max_output_bytes;
     }
+    ld_reader_bounds_init(&c->bounds, max_value);
+    c->reader = ld_reader_new(&c->bounds);
     c->id = ++next_conn_id;
     c->state = LD_CONN_CONNECTING;
     c->started_us = ld_now_us();

@@ -9,6 +9,7 @@
 #include "ld_features.h"
 #include "ld_log.h"
 #include "ld_ns.h"
+#include "ld_memlimit.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -193,6 +194,9 @@ ld_dispatch(struct ld_req *req)
         ld_ns_check(req) != LD_OK) {
         return;
     }
+    if (ld_memlimit_refuse(req)) {
+        return;
+    }
     e->fn(req);
 }
 
@@ -201,6 +205,7 @@ ld_dispatch_init(const struct ld_ctx *ctx)
 {
     dispatch_mod.ctx = ctx;
     dispatch_mod.n_ops = 0;
+    ld_memlimit_init(ctx);
     ld_dispatch_register("hello", op_hello);
     ld_dispatch_register("ping", op_ping);
     ld_dispatch_register("stats", op_stats);

@@ -40,7 +40,13 @@
  * they are dispatched again once its output is down to a quarter, so one
  * reply landing near the mark does not toggle dispatch on every write. A
  * session whose output still passes the limit, from replies to requests
- * already dispatched, is closed. */
+ * already dispatched, is closed.
+ *
+ * What counts against the marks is the output the session owes: what is
+ * unsent plus, for each request in flight, the size of its recent
+ * replies. Counting only what has arrived would let a thousand requests
+ * for large values be dispatched before the first of their replies, all
+ * of which Redis then sends and the daemon reads, to drop them. */
 #define output_high(limit) ((limit) / 2)
 #define output_low(limit) ((limit) / 4)
 
@@ -68,9 +74,14 @@ struct session_io {
     struct ld_framer framer;
     struct event *linger_ev; /* bounds the writing after close */
     struct event *more_ev;   /* continue with buffered lines */
+    struct event *grace_ev;  /* a paused estimate lets more through */
+    unsigned grace;          /* lines still let through by it */
+    uint64_t answered;       /* requests answered, ever */
+    uint64_t grace_mark;     /* ANSWERED when GRACE_EV was armed */
     bool dirty;              /* on the flush list */
     bool reading;            /* EV_READ enabled on the bufferevent */
-    bool out_paused;         /* output over the high mark: no dispatch */
+    bool out_paused;         /* owed output over the high mark: no dispatch */
+    size_t reply_est;        /* recent reply size: a decaying maximum */
     bool backlog;            /* complete lines left for a later turn */
     bool over_limit;         /* output passed the limit: dropped */
     bool seen_line;          /* the first line has been looked at */
@@ -101,6 +112,7 @@ static struct {
     struct event *flush_ev;
     struct ld_session *dirty_head;
     long long lingering; /* closed sessions still writing */
+    size_t buffered;     /* input and output of every session's socket */
 } session_mod;
 
 #define sessions_cfg() (session_mod.ctx->cfg)
@@ -189,6 +201,46 @@ ld_session_output_bytes(const struct ld_session *s)
     return evbuffer_get_length(bufferevent_get_output(s->bev));
 }
 
+/* The output the session owes (see output_high). Before its first reply
+ * a request in flight counts as a share of the high mark, so that no more
+ * than BLIND_REQUESTS are dispatched before one reply shows what they
+ * cost: those could still pass the limit together, while a pipelining
+ * client only waits for one round trip at its start. The request a reply
+ * is being written for still counts as pending: a slight over-estimate.
+ *
+ * Requests that wait (a lock behind its holder, a read behind a fill)
+ * owe little and may stay in flight for long, so a pause that only the
+ * estimate makes, with the output itself under the low mark, lets
+ * BLIND_REQUESTS more through after GRACE_MS in which none of the
+ * session's requests was answered: a session with a thousand waiting
+ * requests is slowed, never stuck behind them, while one whose replies
+ * are still arriving waits for them. */
+#define BLIND_REQUESTS 16
+#define GRACE_MS 10
+
+static size_t
+owed_output(const struct ld_session *s)
+{
+    size_t pending = s->pending > 0 ? (size_t)s->pending : 0;
+    size_t est = s->io->reply_est;
+    if (est == 0) {
+        est = output_high(ld_session_output_limit()) / BLIND_REQUESTS;
+    }
+    return ld_session_output_bytes(s) + pending * est;
+}
+
+/* Paused dispatch resumes once the owed output is down to the low mark,
+ * from the next loop turn (this runs inside a write or an answer). */
+static void
+maybe_resume(struct ld_session *s)
+{
+    if (s->io->out_paused && s->open &&
+        owed_output(s) <= output_low(ld_session_output_limit())) {
+        s->io->out_paused = false;
+        event_active(s->io->more_ev, EV_TIMEOUT, 0);
+    }
+}
+
 /* Reading follows from the session's state, whatever changed it. */
 static void
 update_reading(struct ld_session *s)
@@ -208,6 +260,33 @@ update_reading(struct ld_session *s)
     }
 }
 
+/* limits.max_memory_bytes counts what the sessions' buffers hold: both
+ * directions of every socket, lingering ones included, followed through
+ * the buffers' own callbacks so that no path that adds or drains bytes
+ * is missed. */
+static void
+account(const struct evbuffer_cb_info *info)
+{
+    session_mod.buffered += info->n_added;
+    LD_ASSERT(session_mod.buffered >= info->n_deleted);
+    session_mod.buffered -= info->n_deleted;
+    ld_stats.session_buffer_bytes = (long long)session_mod.buffered;
+}
+
+static void
+input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    LD_UNUSED(buf);
+    LD_UNUSED(arg);
+    account(info);
+}
+
+size_t
+ld_session_buffered_bytes(void)
+{
+    return session_mod.buffered;
+}
+
 /* Output drains from flush_cb, from the bufferevent's own writes and from
  * whatever else may take bytes off the buffer: watching the buffer itself
  * resumes a paused session however its output got under the low mark
@@ -217,14 +296,9 @@ output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
     LD_UNUSED(buf);
     struct ld_session *s = arg;
-    if (info->n_deleted == 0 || !s->io->out_paused) {
-        return;
-    }
-    size_t left = info->orig_size + info->n_added - info->n_deleted;
-    if (left <= output_low(ld_session_output_limit())) {
-        s->io->out_paused = false;
-        /* Not from here: this runs inside a write. */
-        event_active(s->io->more_ev, EV_TIMEOUT, 0);
+    account(info);
+    if (info->n_deleted > 0) {
+        maybe_resume(s);
     }
 }
 
@@ -296,6 +370,7 @@ ld_session_unref(struct ld_session *s)
                   !s->io->dirty);
         event_free(s->io->linger_ev);
         event_free(s->io->more_ev);
+        event_free(s->io->grace_ev);
         free(s->io);
         free(s);
     }
@@ -303,6 +378,8 @@ ld_session_unref(struct ld_session *s)
 
 static void output_cb(struct evbuffer *buf,
                       const struct evbuffer_cb_info *info, void *arg);
+static void input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+                     void *arg);
 
 /* After close: the socket is kept (holding a reference) only to write
  * what is queued and the answers still owed; this drops it. */
@@ -313,7 +390,14 @@ release_socket(struct ld_session *s)
         return;
     }
     LD_ASSERT(!s->open && session_mod.lingering > 0);
-    evbuffer_remove_cb(bufferevent_get_output(s->bev), output_cb, s);
+    struct evbuffer *in = bufferevent_get_input(s->bev);
+    struct evbuffer *out = bufferevent_get_output(s->bev);
+    evbuffer_remove_cb(out, output_cb, s);
+    evbuffer_remove_cb(in, input_cb, s);
+    size_t gone = evbuffer_get_length(in) + evbuffer_get_length(out);
+    LD_ASSERT(session_mod.buffered >= gone);
+    session_mod.buffered -= gone;
+    ld_stats.session_buffer_bytes = (long long)session_mod.buffered;
     bufferevent_free(s->bev);
     s->bev = NULL;
     event_del(s->io->linger_ev);
@@ -350,6 +434,10 @@ ld_session_req_done(struct ld_session *s)
                s->name);
     s->pending--;
     ld_stats.requests_pending--;
+    s->io->answered++;
+    if (s->bev != NULL) {
+        maybe_resume(s);
+    }
     if (closed_and_done(s)) {
         /* Not from here: the module answering may still be working on
          * this session's state. */
@@ -493,7 +581,12 @@ write_out(struct ld_session *s, const char *bytes, struct evbuffer *buf,
     }
     if (s->open) {
         mark_dirty(s);
-        if (total > output_high(limit) && !s->io->out_paused) {
+        if (len >= s->io->reply_est) {
+            s->io->reply_est = len;
+        } else {
+            s->io->reply_est -= s->io->reply_est / 8;
+        }
+        if (owed_output(s) > output_high(limit) && !s->io->out_paused) {
             s->io->out_paused = true;
             update_reading(s);
         }
@@ -613,6 +706,22 @@ process_input(struct ld_session *s)
     ld_session_ref(s);
     s->io->backlog = false;
     while (s->open && !s->io->out_paused && !s->io->over_limit) {
+        size_t limit = ld_session_output_limit();
+        if (owed_output(s) > output_high(limit)) {
+            bool out_low = ld_session_output_bytes(s) <= output_low(limit);
+            if (s->io->grace > 0 && out_low) {
+                s->io->grace--;
+            } else {
+                /* The requests dispatched already owe enough. */
+                s->io->out_paused = true;
+                if (out_low) {
+                    struct timeval tv = {0, GRACE_MS * 1000};
+                    s->io->grace_mark = s->io->answered;
+                    evtimer_add(s->io->grace_ev, &tv);
+                }
+                break;
+            }
+        }
         if (lines >= TURN_MAX_LINES || bytes >= TURN_MAX_BYTES) {
             if (evbuffer_get_length(in) > 0) {
                 s->io->backlog = true;
@@ -694,6 +803,27 @@ more_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 static void
+grace_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    struct ld_session *s = arg;
+    if (!s->open || s->bev == NULL || !s->io->out_paused) {
+        return;
+    }
+    if (s->io->answered != s->io->grace_mark) {
+        /* Answers are coming: they resume it (maybe_resume). */
+        struct timeval tv = {0, GRACE_MS * 1000};
+        s->io->grace_mark = s->io->answered;
+        evtimer_add(s->io->grace_ev, &tv);
+        return;
+    }
+    s->io->grace = BLIND_REQUESTS;
+    s->io->out_paused = false;
+    process_input(s);
+}
+
+static void
 write_cb(struct bufferevent *bev, void *arg)
 {
     LD_UNUSED(arg);
@@ -746,7 +876,9 @@ ld_session_new(int fd, bool auth_required, const char *listener)
                                                      BEV_OPT_CLOSE_ON_FREE);
     io->linger_ev = evtimer_new(ctx->base, linger_cb, s);
     io->more_ev = event_new(ctx->base, -1, 0, more_cb, s);
-    if (bev == NULL || io->linger_ev == NULL || io->more_ev == NULL) {
+    io->grace_ev = evtimer_new(ctx->base, grace_cb, s);
+    if (bev == NULL || io->linger_ev == NULL || io->more_ev == NULL ||
+        io->grace_ev == NULL) {
         ld_oom(0);
     }
     s->id = session_mod.next_id++;
@@ -769,6 +901,7 @@ ld_session_new(int fd, bool auth_required, const char *listener)
 
     bufferevent_setcb(bev, read_cb, write_cb, event_cb, s);
     evbuffer_add_cb(bufferevent_get_output(bev), output_cb, s);
+    evbuffer_add_cb(bufferevent_get_input(bev), input_cb, s);
     /* A new bufferevent has writing enabled; flush_cb writes instead. */
     bufferevent_disable(bev, EV_WRITE);
     bufferevent_enable(bev, EV_READ);

@@ -66,6 +66,9 @@ void ld_session_event(struct ld_session *s, json_t *event);
  * session (ld_session_close) instead; a write that would pass it drops
  * the session's output and closes the session. */
 size_t ld_session_output_limit(void);
+/* Bytes held in the buffers of every session's socket (input not yet
+ * framed, output not yet written), for limits.max_memory_bytes. */
+size_t ld_session_buffered_bytes(void);
 /* Reply bytes the session owes and the client has not taken yet. */
 size_t ld_session_output_bytes(const struct ld_session *s);
 /* Before building a large reply of at least LEN bytes: false when nothing

@@ -24,6 +24,7 @@
     X(gauge, sessions, "Client sessions open")                                \
     X(counter, requests, "Requests received")                                 \
     X(gauge, requests_pending, "Requests awaiting their reply")               \
+    X(gauge, session_buffer_bytes, "Bytes in client sessions' buffers")       \
     X(gauge, redis_connected, "Command connections to Redis that are ready")  \
     X(counter, redis_commands, "Commands sent to Redis")                      \
     X(counter, redis_errors, "Redis commands that failed or timed out")       \

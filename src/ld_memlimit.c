@@ -1,0 +1,95 @@
+/*
+ * limits.max_memory_bytes (ld_memlimit.h). The accounting is of what
+ * clients can make grow, kept up to date where it changes, so a check
+ * costs a few additions per request.
+ */
+#include "ld_memlimit.h"
+
+#include "ld_conf.h"
+#include "ld_ctx.h"
+#include "ld_errcode.h"
+#include "ld_log.h"
+#include "ld_proto.h"
+#include "ld_session.h"
+#include "ld_stats.h"
+#include "ld_util.h"
+
+#include <string.h>
+
+#include <jansson.h>
+
+/* What one request in flight holds besides its line: the parsed JSON
+ * object, the request and the state of its op. */
+#define REQUEST_COST 1024
+
+/* The refusal is logged at most this often. */
+#define LOG_INTERVAL_MS 10000
+
+static struct {
+    const struct ld_ctx *ctx;
+    uint64_t logged_ms;
+} memlimit_mod;
+
+void
+ld_memlimit_init(const struct ld_ctx *ctx)
+{
+    memlimit_mod.ctx = ctx;
+    memlimit_mod.logged_ms = 0;
+}
+
+size_t
+ld_memlimit_used(void)
+{
+    long long pending = ld_stats.requests_pending;
+    long long near = ld_stats.near_bytes;
+    return ld_session_buffered_bytes() +
+           (size_t)(pending > 0 ? pending : 0) * REQUEST_COST +
+           (size_t)(near > 0 ? near : 0);
+}
+
+/* Ops that add work: every cache read or write, and a lock or semaphore
+ * acquisition that may wait. The rest (ping, unlock, extend,
+ * cache.invalidate, cache.release, ...) frees or keeps what is held. */
+static bool
+adds_work(const struct ld_req *req)
+{
+    static const char *const always[] = {"cache.get", "cache.mget",
+                                         "cache.set", "cache.fill"};
+    for (size_t i = 0; i < LD_ARRAY_LEN(always); i++) {
+        if (strcmp(req->op, always[i]) == 0) {
+            return true;
+        }
+    }
+    if (strcmp(req->op, "lock") == 0 || strcmp(req->op, "sem.acquire") == 0) {
+        /* wait_ms defaults to 0 (try once); a malformed one is left to
+         * the op, which answers bad_request. */
+        json_t *w = json_object_get(req->body, "wait_ms");
+        return json_is_integer(w) && json_integer_value(w) != 0;
+    }
+    return false;
+}
+
+bool
+ld_memlimit_refuse(struct ld_req *req)
+{
+    long long limit = memlimit_mod.ctx->cfg->limits.max_memory_bytes;
+    if (limit <= 0 || !adds_work(req)) {
+        return false;
+    }
+    size_t used = ld_memlimit_used();
+    if (used <= (size_t)limit) {
+        return false;
+    }
+    uint64_t now = ld_now_ms();
+    if (memlimit_mod.logged_ms == 0 ||
+        now - memlimit_mod.logged_ms >= LOG_INTERVAL_MS) {
+        memlimit_mod.logged_ms = now;
+        log_warn("memory over the limit, new work refused used=%zu "
+                 "limit=%lld (limits.max_memory_bytes)",
+                 used, limit);
+    }
+    ld_reply_error(req, LD_E_BUSY,
+                   "the daemon is over its memory limit "
+                   "(limits.max_memory_bytes)");
+    return true;
+}
