@@ -231,6 +231,9 @@ scan_integer(struct scan *s)
     const unsigned char *d = s->p;
     json_int_t v = 0;
     while (s->p < s->end && *s->p >= '0' && *s->p <= '9') {
+        if (s->p - d == 18) {
+            return NULL; /* may not fit: json_loadb decides */
+        }
         v = v * 10 + (*s->p - '0');
         s->p++;
     }
