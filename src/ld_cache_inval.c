@@ -167,7 +167,12 @@ del_cb(redisReply *reply, void *arg)
     if (d->inv != NULL) {
         struct inv *inv = d->inv;
         d->inv = NULL;
-        inv_first_result(inv, true, reply->integer);
+        /* One entry per delete: anything else from Redis is not a count
+         * to add up (a hostile reply could overflow the sum). */
+        long long n = reply->integer == DEL_MARKED ? DEL_MARKED
+                      : reply->integer > 0         ? 1
+                                                   : 0;
+        inv_first_result(inv, true, n);
     }
     if (d->then != NULL) {
         struct del *d2 = d->then;
