@@ -144,8 +144,8 @@ pass_run(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(arg);
     /* Visited grants move to the tail: a pass cut short by the bound
      * starts the next one with those it left. */
-    long long todo = (long long)ld_stats.sem_holds;
-    while (todo-- > 0 && sem_mod.renew_inflight < SEM_RENEW_INFLIGHT_MAX) {
+    long long left = (long long)ld_stats.sem_holds;
+    while (left-- > 0 && sem_mod.renew_inflight < SEM_RENEW_INFLIGHT_MAX) {
         struct sem_grant *g = TAILQ_FIRST(&sem_mod.grants);
         if (g == NULL) {
             break;

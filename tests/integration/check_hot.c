@@ -20,7 +20,6 @@
 #include <unistd.h>
 
 #define T_MS 5000
-#define BODY_MAX (1 << 20)
 #define NKEYS 40
 #define ROUNDS 200
 
@@ -226,38 +225,6 @@ START_TEST(test_leasectl_hot)
 }
 END_TEST
 
-static char *
-get_metrics(int port)
-{
-    static const char req[] = "GET /metrics HTTP/1.0\r\n"
-                              "Host: 127.0.0.1\r\n\r\n";
-    struct sockaddr_in sa;
-    struct timeval tv = {T_MS / 1000, 0};
-    char *buf = malloc(BODY_MAX);
-    size_t len = 0;
-    ssize_t n;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_int_ge(fd, 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
-                  "connect metrics port %d: %s", port, strerror(errno));
-    ck_assert_int_eq(write(fd, req, sizeof req - 1),
-                     (ssize_t)(sizeof req - 1));
-    while (len < BODY_MAX - 1 &&
-           (n = read(fd, buf + len, BODY_MAX - 1 - len)) > 0) {
-        len += (size_t)n;
-    }
-    close(fd);
-    buf[len] = '\0';
-    return buf;
-}
-
 static int
 count_lines(const char *body, const char *prefix)
 {
@@ -288,7 +255,7 @@ START_TEST(test_metrics_bounded)
         json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get",
                                    "key", "we\"ird\\key", "lease", 0)));
     }
-    char *body = get_metrics(port);
+    char *body = h_get_metrics(port);
     ck_assert_msg(strstr(body, "leased_cache_hot_reads_per_second{rank=\"1\","
                                "key=\"we\\\"ird\\\\key\"} ") != NULL,
                   "no escaped top key in:\n%.2000s", body);

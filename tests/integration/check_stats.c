@@ -21,7 +21,6 @@
 
 #define T_MS 5000    /* how long a reply may take */
 #define RUN_MS 60000 /* promtool on a loaded machine */
-#define BODY_MAX (256 * 1024)
 
 static struct h_redis R;
 static struct h_daemon D;
@@ -52,45 +51,6 @@ find_promtool(void)
         path += n + (path[n] == ':');
     }
     return false;
-}
-
-/* GET /metrics on 127.0.0.1:PORT; the body (caller frees), or NULL. */
-static char *
-get_metrics(int port)
-{
-    static const char req[] = "GET /metrics HTTP/1.0\r\n"
-                              "Host: 127.0.0.1\r\n\r\n";
-    struct sockaddr_in sa;
-    struct timeval tv = {T_MS / 1000, 0};
-    char *buf = malloc(BODY_MAX);
-    size_t len = 0;
-    ssize_t n;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_int_ge(fd, 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
-                  "connect metrics port %d: %s", port, strerror(errno));
-    ck_assert_int_eq(write(fd, req, sizeof req - 1),
-                     (ssize_t)(sizeof req - 1));
-    while (len < BODY_MAX - 1 &&
-           (n = read(fd, buf + len, BODY_MAX - 1 - len)) > 0) {
-        len += (size_t)n;
-    }
-    close(fd);
-    buf[len] = '\0';
-    ck_assert_msg(strncmp(buf, "HTTP/1.", 7) == 0 &&
-                      strstr(buf, " 200 ") != NULL,
-                  "not a 200 reply: %.200s", buf);
-    char *body = strstr(buf, "\r\n\r\n");
-    ck_assert_ptr_nonnull(body);
-    memmove(buf, body + 4, strlen(body + 4) + 1);
-    return buf;
 }
 
 static void
@@ -126,7 +86,7 @@ START_TEST(test_promtool_accepts_metrics)
     json_decref(r);
     h_close(c);
 
-    char *body = get_metrics(port);
+    char *body = h_get_metrics(port);
     ck_assert_msg(strstr(body, "\nleased_redis_rtt_seconds_count ") != NULL,
                   "no Redis round-trip histogram in:\n%s", body);
     snprintf(path, sizeof path, "%s/metrics.txt", D.dir);

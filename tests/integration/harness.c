@@ -2657,3 +2657,41 @@ h_wait_redlock(const struct h_daemon *d, int n)
     h_assert_stat(c, "redlock_instances_up", n, 10000);
     h_close(c);
 }
+
+char *
+h_get_metrics(int port)
+{
+    static const char req[] = "GET /metrics HTTP/1.0\r\n"
+                              "Host: 127.0.0.1\r\n\r\n";
+    struct sockaddr_in sa;
+    struct timeval tv = {5, 0};
+    char *buf = malloc(H_METRICS_MAX);
+    size_t len = 0;
+    ssize_t n;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_ge(fd, 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
+                  "connect metrics port %d: %s", port, strerror(errno));
+    ck_assert_int_eq(write(fd, req, sizeof req - 1),
+                     (ssize_t)(sizeof req - 1));
+    while (len < H_METRICS_MAX - 1 &&
+           (n = read(fd, buf + len, H_METRICS_MAX - 1 - len)) > 0) {
+        len += (size_t)n;
+    }
+    close(fd);
+    buf[len] = '\0';
+    ck_assert_msg(strncmp(buf, "HTTP/1.", 7) == 0 &&
+                      strstr(buf, " 200 ") != NULL,
+                  "not a 200 reply: %.200s", buf);
+    char *body = strstr(buf, "\r\n\r\n");
+    ck_assert_ptr_nonnull(body);
+    memmove(buf, body + 4, strlen(body + 4) + 1);
+    return buf;
+}

@@ -333,4 +333,9 @@ json_t *h_must(json_t *r);
  * (they connect on their own, after the harness saw redis.*). */
 void h_wait_redlock(const struct h_daemon *d, int n);
 
+/* The body of GET /metrics on the daemon's metrics PORT (malloc'd, at
+ * most H_METRICS_MAX bytes with the headers); the reply must be a 200. */
+#define H_METRICS_MAX (1 << 20)
+char *h_get_metrics(int port);
+
 #endif
