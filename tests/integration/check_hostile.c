@@ -38,22 +38,6 @@ static const struct h_fixture fx = {
 
 /* ---- helpers ---------------------------------------------------------- */
 
-static int
-raw_unix(const char *path)
-{
-    struct sockaddr_un sa;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    ck_assert_int_ge(fd, 0);
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
-                  "connect %s: %s", path, strerror(errno));
-    return fd;
-}
-
 static void
 raw_write(int fd, const char *buf, size_t len)
 {
@@ -386,7 +370,7 @@ START_TEST(test_owed_output)
     }
 
     long long cmds0 = redis_commands();
-    fd = raw_unix(D.sock);
+    fd = h_raw_unix(D.sock);
     raw_write(fd, pipeline, len);
     /* It stops at half of the limit with nothing in flight (the stats
      * request itself is the one pending). */
@@ -451,7 +435,7 @@ START_TEST(test_memory_limit_busy)
     snprintf(lease_copy, sizeof lease_copy, "%s", jstr(r, "lease"));
     json_decref(r);
 
-    fd = raw_unix(D.sock);
+    fd = h_raw_unix(D.sock);
     for (int i = 1; i <= nreq; i++) {
         int n = snprintf(line, sizeof line,
                          "{\"op\":\"cache.get\",\"key\":\"v100k\","
@@ -585,7 +569,7 @@ START_TEST(test_flood_rss)
                                 i);
     }
     for (int k = 0; k < FLOODERS; k++) {
-        fds[k] = raw_unix(D.sock);
+        fds[k] = h_raw_unix(D.sock);
     }
     /* Each whole pipeline in one write, from children so that a full
      * socket blocks them, not the test. */

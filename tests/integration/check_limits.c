@@ -58,23 +58,6 @@ log_count(const struct h_daemon *d, const char *needle)
     return n;
 }
 
-/* A raw socket (no reading behind our back, unlike h_send_raw). */
-static int
-raw_unix(const char *path)
-{
-    struct sockaddr_un sa;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    ck_assert_int_ge(fd, 0);
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
-                  "connect %s: %s", path, strerror(errno));
-    return fd;
-}
-
 static int
 raw_tcp(int port)
 {
@@ -305,7 +288,7 @@ START_TEST(test_http_refused)
     /* The same on the Unix socket, with the body in the same write. */
     for (size_t i = 0; i < sizeof openings / sizeof openings[0]; i++) {
         snprintf(req, sizeof req, "%s%s", openings[i], body);
-        fd = raw_unix(D.sock);
+        fd = h_raw_unix(D.sock);
         raw_write(fd, req, strlen(req));
         n = raw_read_to_eof(fd, got, sizeof got, T_MS);
         close(fd);
@@ -414,7 +397,7 @@ START_TEST(test_output_limit)
     rss0 = proc_status_kb(D.pid, "VmRSS");
     ck_assert_int_gt(rss0, 0);
 
-    fd = raw_unix(D.sock);
+    fd = h_raw_unix(D.sock);
     raw_write(fd, "{\"op\":\"lock\",\"key\":\"held\",\"id\":0}\n", 34);
     ck_assert(raw_read_lines(fd, 1, got, sizeof got, T_MS));
     ck_assert_msg(strstr(got, "\"acquired\":true"), "lock: %s", got);
@@ -495,7 +478,7 @@ START_TEST(test_resume_after_big_drain)
     json_decref(r);
     free(value);
 
-    fd = raw_unix(D.sock);
+    fd = h_raw_unix(D.sock);
     for (int round = 0; round < 5; round++) {
         /* 150 KB of replies: over the 128 KB high mark, within what the
          * socket takes in one write. */
@@ -583,7 +566,7 @@ START_TEST(test_fair_turns)
     off += (size_t)snprintf(line + off, cap - off, "],\"lease\":false}\n");
     len = off;
 
-    fd = raw_unix(D.sock);
+    fd = h_raw_unix(D.sock);
     char *all = malloc(len * (size_t)nlines);
     for (int i = 0; i < nlines; i++) {
         memcpy(all + (size_t)i * len, line, len);
@@ -666,7 +649,7 @@ START_TEST(test_emfile_pauses)
     ck_assert_int_eq(rc, 0);
 
     for (int i = 0; i < EMFILE_CONNS; i++) {
-        fds[i] = raw_unix(D.sock);
+        fds[i] = h_raw_unix(D.sock);
     }
     ck_assert_msg(h_wait_until(accept_paused, NULL, 10000),
                   "no accept failure logged");
@@ -958,7 +941,7 @@ START_TEST(test_nul_rules)
     {
         static const char get[] = "{\"op\":\"cache.get\",\"key\":\"nk\"}\n";
         char got[1024];
-        int fd = raw_unix(D.sock);
+        int fd = h_raw_unix(D.sock);
         raw_write(fd, get, sizeof get - 1);
         ck_assert(raw_read_lines(fd, 1, got, sizeof got, T_MS));
         close(fd);

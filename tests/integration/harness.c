@@ -2695,3 +2695,19 @@ h_get_metrics(int port)
     memmove(buf, body + 4, strlen(body + 4) + 1);
     return buf;
 }
+
+int
+h_raw_unix(const char *path)
+{
+    struct sockaddr_un sa;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    ck_assert_int_ge(fd, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
+                  "connect %s: %s", path, strerror(errno));
+    return fd;
+}

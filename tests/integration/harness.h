@@ -338,4 +338,8 @@ void h_wait_redlock(const struct h_daemon *d, int n);
 #define H_METRICS_MAX (1 << 20)
 char *h_get_metrics(int port);
 
+/* A connected Unix socket to PATH as a bare descriptor: nothing reads
+ * from it behind the test's back, unlike an h_conn. */
+int h_raw_unix(const char *path);
+
 #endif
