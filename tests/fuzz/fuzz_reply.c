@@ -18,6 +18,7 @@
  * error reply. Every line the client receives must be a reply or an event
  * of the protocol, an error one with a code of the contract.
  */
+#include "feed.h"
 #include "ld_cache.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
@@ -528,41 +529,6 @@ settled(void)
            ld_redis_outstanding() == 0;
 }
 
-static void
-send_all(int fd, const uint8_t *p, size_t len)
-{
-    unsigned stalls = 0;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            stalls = 0;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
-            ++stalls < SETTLE_TURNS) {
-            turn(fd);
-            continue;
-        }
-        return;
-    }
-}
-
-static uint32_t
-next_rand(uint32_t *state)
-{
-    uint32_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    *state = x;
-    return x;
-}
-
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -575,7 +541,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     unsigned piece = data[0];
-    uint32_t rng = 0x9e3779b9u ^ piece;
     size_t reqlen = (size_t)data[1] | (size_t)data[2] << 8;
     data += 3;
     size -= 3;
@@ -591,35 +556,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     }
 
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-        abort();
-    }
-    fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
-    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
-    if (ld_session_new(sv[0], false, "fuzz") == NULL) {
-        close(sv[1]);
+    int client;
+    if (!fuzz_session_open(&client)) {
         return 0;
     }
-    while (reqlen > 0) {
-        size_t n = reqlen;
-        if (piece != 0) {
-            n = 1 + next_rand(&rng) % piece;
-            if (n > reqlen) {
-                n = reqlen;
-            }
-        }
-        send_all(sv[1], data, n);
-        data += n;
-        reqlen -= n;
-        turn(sv[1]);
-    }
+    fuzz_feed(client, data, reqlen, piece, turn, SETTLE_TURNS);
     /* Let the replies meet the requests before the client goes. */
     for (unsigned i = 0; i < 64; i++) {
-        turn(sv[1]);
+        turn(client);
     }
-    shutdown(sv[1], SHUT_WR);
-    if (!wait_for(settled, sv[1])) {
+    shutdown(client, SHUT_WR);
+    if (!wait_for(settled, client)) {
         fprintf(stderr,
                 "not settled within %d ms: sessions=%lld lingering=%lld "
                 "redis outstanding=%lld\n",
@@ -627,7 +574,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 ld_redis_outstanding());
         abort();
     }
-    close(sv[1]);
+    close(client);
     if (client_in.len != 0) {
         fprintf(stderr, "a reply without its newline\n");
         abort();

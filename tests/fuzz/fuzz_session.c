@@ -10,6 +10,7 @@
  * (0: one write; N: pieces of 1..N bytes from a small generator seeded by
  * N), because framing bugs hide at read boundaries.
  */
+#include "feed.h"
 #include "ld_cache.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
@@ -136,44 +137,6 @@ turn(int fd)
     drain(fd);
 }
 
-static void
-send_all(int fd, const uint8_t *p, size_t len)
-{
-    /* The session stops reading while its work is bounded per turn or
-     * its output is high, so a full socket is resolved by turning the
-     * loop, never by blocking. */
-    unsigned stalls = 0;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            stalls = 0;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
-            ++stalls < SETTLE_TURNS) {
-            turn(fd);
-            continue;
-        }
-        return; /* the session closed, or no longer reads at all */
-    }
-}
-
-static uint32_t
-next_rand(uint32_t *state)
-{
-    uint32_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    *state = x;
-    return x;
-}
-
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -186,49 +149,29 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     unsigned piece = data[0];
-    uint32_t rng = 0x9e3779b9u ^ piece;
     data++;
     size--;
 
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-        abort();
-    }
-    fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
-    fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
-    if (ld_session_new(sv[0], false, "fuzz") == NULL) {
-        close(sv[1]);
+    int client;
+    if (!fuzz_session_open(&client)) {
         return 0;
     }
-
-    while (size > 0) {
-        size_t n = size;
-        if (piece != 0) {
-            n = 1 + next_rand(&rng) % piece;
-            if (n > size) {
-                n = size;
-            }
-        }
-        send_all(sv[1], data, n);
-        data += n;
-        size -= n;
-        turn(sv[1]);
-    }
+    fuzz_feed(client, data, size, piece, turn, SETTLE_TURNS);
 
     /* Half-close as a client that is done sending, then let every answer
      * and the close run. The session must go away on its own. */
-    shutdown(sv[1], SHUT_WR);
+    shutdown(client, SHUT_WR);
     for (unsigned i = 0; i < SETTLE_TURNS; i++) {
         if (ld_session_count() == 0 && ld_session_lingering() == 0) {
             break;
         }
-        turn(sv[1]);
+        turn(client);
     }
     if (ld_session_count() != 0 || ld_session_lingering() != 0) {
         fprintf(stderr, "session did not close after its client's EOF\n");
         abort();
     }
-    close(sv[1]);
+    close(client);
     /* Here rather than before the next input, so that libFuzzer sees as
      * many frees as allocations in each input and its leak check stays
      * quiet unless something really leaked. */
