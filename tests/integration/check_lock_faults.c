@@ -39,58 +39,6 @@ start(const char *redis_yaml, const char *extra)
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
 }
 
-/* True while Redis does not answer a PING within 200 ms. */
-static bool
-redis_asleep(void *arg)
-{
-    (void)arg;
-    struct timeval tv = {0, 200000};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", R.port, tv);
-    if (c == NULL) {
-        return false;
-    }
-    if (c->err) {
-        redisFree(c);
-        return false;
-    }
-    redisSetTimeout(c, tv);
-    redisReply *rep = redisCommand(c, "PING");
-    bool asleep = rep == NULL;
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    redisFree(c);
-    return asleep;
-}
-
-/* DEBUG SLEEP SECS from a connection of its own; returns once Redis has
- * stopped answering. sleep_end waits until it answers again. */
-static redisContext *
-sleep_start(int secs)
-{
-    redisContext *c = h_redis_connect(&R);
-    int done = 0;
-    ck_assert_msg(c != NULL, "cannot connect to redis");
-    ck_assert_int_eq(redisAppendCommand(c, "DEBUG SLEEP %d", secs), REDIS_OK);
-    while (!done) {
-        ck_assert_int_eq(redisBufferWrite(c, &done), REDIS_OK);
-    }
-    ck_assert_msg(h_wait_until(redis_asleep, NULL, 5000),
-                  "redis did not go to sleep");
-    return c;
-}
-
-static void
-sleep_end(redisContext *c)
-{
-    struct timeval tv = {60, 0};
-    void *rep = NULL;
-    redisSetTimeout(c, tv);
-    ck_assert_int_eq(redisGetReply(c, &rep), REDIS_OK);
-    freeReplyObject(rep);
-    redisFree(c);
-}
-
 /* After Redis woke, the daemon reconnects (with backoff). */
 static void
 wait_connected(struct h_conn *c)
@@ -117,7 +65,7 @@ START_TEST(test_unlock_outcome_unknown)
     ck_assert_int_eq(h_stat(a, "locks_held"), 2);
 
     /* Both go out on the one connection before time runs out. */
-    z = sleep_start(3);
+    z = h_redis_sleep_start(&R, 3);
     ck_assert_int_eq(h_send(a, "{s:i,s:s,s:s}", "id", 901, "op", "unlock",
                             "key", "u1"),
                      0);
@@ -138,7 +86,7 @@ START_TEST(test_unlock_outcome_unknown)
     ck_assert_msg(joutcome(r) != NULL && strcmp(joutcome(r), "unknown") == 0,
                   "extend sent without an answer must say outcome unknown");
     json_decref(r);
-    sleep_end(z);
+    h_redis_sleep_end(z);
     wait_connected(a);
 
     /* Redis ran both when it woke; the late answer settles the record of
@@ -172,14 +120,14 @@ START_TEST(test_stop_with_late_answers_owed)
     a = lk_connect(&D);
     r = lk_must(a, "q1", NULL, 60000, 0);
     json_decref(r);
-    z = sleep_start(4);
+    z = h_redis_sleep_start(&R, 4);
     r = lk_unlock(a, "q1", NULL);
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     ck_assert_str_eq(joutcome(r), "unknown");
     json_decref(r);
     h_close(a);
     ck_assert_int_eq(h_daemon_stop(&D), 0);
-    sleep_end(z);
+    h_redis_sleep_end(z);
 }
 END_TEST
 
@@ -219,11 +167,11 @@ START_TEST(test_lock_timeout_not_stranded)
     start("  timeout_ms: 500\n  connections: 1\n", NULL);
     a = lk_connect(&D);
     b = lk_connect(&D);
-    z = sleep_start(2);
+    z = h_redis_sleep_start(&R, 2);
     r = lk_lock(a, "s1", NULL, 60000, 0);
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     json_decref(r);
-    sleep_end(z);
+    h_redis_sleep_end(z);
     wait_connected(a);
     /* Redis ran the acquisition when it woke, and the release behind it:
      * B gets the lock now, not after its 60 s lease. */

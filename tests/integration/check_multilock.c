@@ -579,54 +579,11 @@ start_slow(void)
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
 }
 
-static bool
-redis_asleep(void *arg)
-{
-    (void)arg;
-    struct timeval tv = {0, 200000};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", R.port, tv);
-    if (c == NULL) {
-        return false;
-    }
-    if (c->err) {
-        redisFree(c);
-        return false;
-    }
-    redisSetTimeout(c, tv);
-    redisReply *rep = redisCommand(c, "PING");
-    bool asleep = rep == NULL;
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    redisFree(c);
-    return asleep;
-}
-
-/* DEBUG SLEEP SECS; returns once Redis has stopped answering. */
-static redisContext *
-sleep_start(int secs)
-{
-    redisContext *c = h_redis_connect(&R);
-    int done = 0;
-    ck_assert_msg(c != NULL, "cannot connect to redis");
-    ck_assert_int_eq(redisAppendCommand(c, "DEBUG SLEEP %d", secs), REDIS_OK);
-    while (!done) {
-        ck_assert_int_eq(redisBufferWrite(c, &done), REDIS_OK);
-    }
-    ck_assert_msg(h_wait_until(redis_asleep, NULL, 5000),
-                  "redis did not go to sleep");
-    return c;
-}
-
+/* After the sleep, the daemon is connected again. */
 static void
 sleep_end(redisContext *c, struct h_conn *conn)
 {
-    struct timeval tv = {60, 0};
-    void *rep = NULL;
-    redisSetTimeout(c, tv);
-    ck_assert_int_eq(redisGetReply(c, &rep), REDIS_OK);
-    freeReplyObject(rep);
-    redisFree(c);
+    h_redis_sleep_end(c);
     ck_assert_msg(h_wait_stat(conn, "redis_connected", 1, 15000),
                   "leased did not reconnect");
 }
@@ -639,7 +596,7 @@ START_TEST(test_lock_timeout_not_stranded)
     struct h_conn *a = lk_connect(&D);
     struct h_conn *b = lk_connect(&D);
     static const char *const keys[] = {"n:1", "n:2", "n:3"};
-    redisContext *z = sleep_start(2);
+    redisContext *z = h_redis_sleep_start(&R, 2);
     json_t *r = ml_lock(a, keys, 3, 60000, 0);
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     json_decref(r);
@@ -668,7 +625,7 @@ START_TEST(test_unlock_outcome_unknown)
     ck_assert(jtrue(r, "acquired"));
     json_decref(r);
     h_assert_stat(a, "locks_held", 2, T_MS);
-    redisContext *z = sleep_start(3);
+    redisContext *z = h_redis_sleep_start(&R, 3);
     r = ml_call(a, ml_req("unlock", keys, 2, NULL, 0, 0));
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     ck_assert_msg(joutcome(r) != NULL && strcmp(joutcome(r), "unknown") == 0,

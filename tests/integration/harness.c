@@ -2711,3 +2711,52 @@ h_raw_unix(const char *path)
                   "connect %s: %s", path, strerror(errno));
     return fd;
 }
+
+static bool
+redis_asleep(void *arg)
+{
+    const struct h_redis *r = arg;
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    if (c == NULL) {
+        return false;
+    }
+    if (c->err) {
+        redisFree(c);
+        return false;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *rep = redisCommand(c, "PING");
+    bool asleep = rep == NULL;
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    redisFree(c);
+    return asleep;
+}
+
+redisContext *
+h_redis_sleep_start(const struct h_redis *r, double secs)
+{
+    redisContext *c = h_redis_connect(r);
+    int done = 0;
+    ck_assert_msg(c != NULL, "cannot connect to redis");
+    ck_assert_int_eq(redisAppendCommand(c, "DEBUG SLEEP %f", secs), REDIS_OK);
+    while (!done) {
+        ck_assert_int_eq(redisBufferWrite(c, &done), REDIS_OK);
+    }
+    ck_assert_msg(h_wait_until(redis_asleep, (void *)r, 5000),
+                  "redis did not go to sleep");
+    return c;
+}
+
+void
+h_redis_sleep_end(redisContext *c)
+{
+    struct timeval tv = {60, 0};
+    void *rep = NULL;
+    redisSetTimeout(c, tv);
+    ck_assert_int_eq(redisGetReply(c, &rep), REDIS_OK);
+    freeReplyObject(rep);
+    redisFree(c);
+}

@@ -342,4 +342,11 @@ char *h_get_metrics(int port);
  * from it behind the test's back, unlike an h_conn. */
 int h_raw_unix(const char *path);
 
+/* DEBUG SLEEP SECS on R (started with --enable-debug-command yes), sent
+ * from a connection of its own; returns once R has stopped answering a
+ * PING. Give the result to h_redis_sleep_end, which waits until the
+ * sleep is over and R answers again. */
+redisContext *h_redis_sleep_start(const struct h_redis *r, double secs);
+void h_redis_sleep_end(redisContext *c);
+
 #endif
