@@ -6,7 +6,8 @@
 -- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
 -- Returns what lock_release.lua returns: {1, 0} RELEASED (this holder
 -- holds nothing now; the lock may still be held by other readers),
--- {0, count} KEPT, {-1} WRONG_TYPE, {-2} ABSENT, {-3} OTHER.
+-- {0, count} KEPT, {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
+-- own lease ran out; its field is cleared), {-3} OTHER.
 -- Messages as Redisson's: a reader's last unlock publishes ARGV[4]
 -- (UNLOCK_MESSAGE, one waiter may go on), a writer's "1"
 -- (READ_UNLOCK_MESSAGE, every waiting reader may go on).
@@ -25,8 +26,17 @@ if not c or (mode == 'write' and hmode ~= 'write')
         or (mode == 'read' and not rw_is_reader(pfx, hmode, field, c)) then
     return {-3}
 end
+-- A reader whose own lease ran out while others kept the hash holds
+-- nothing: its field is cleared and the answer is ABSENT, as for a plain
+-- lock whose lease ran out.
+local gone = mode == 'read'
+             and redis.call('exists', rw_tkey(pfx, field, c)) == 0
+local done = {1, 0}
+if gone then
+    done = {-2}
+end
 local left = 0
-if ARGV[2] == '1' then
+if ARGV[2] == '1' and not gone then
     left = c - 1
 end
 if mode == 'read' then
@@ -48,7 +58,7 @@ if redis.call('hlen', KEYS[1]) > 1 then
         -- The writer's own readers stay (downgrade): now a read lock.
         redis.call('hset', KEYS[1], 'mode', 'read')
     elseif hmode == 'write' then
-        return {1, 0} -- a writer's reader: the writer holds on
+        return done -- a writer's reader: the writer holds on
     end
     local best = rw_readers_max(KEYS[1], pfx)
     if best > 0 then
@@ -56,9 +66,9 @@ if redis.call('hlen', KEYS[1]) > 1 then
         if mode == 'write' then
             redis.call('publish', ARGV[3], msg)
         end
-        return {1, 0}
+        return done
     end
 end
 redis.call('del', KEYS[1])
 redis.call('publish', ARGV[3], msg)
-return {1, 0}
+return done

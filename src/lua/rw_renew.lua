@@ -6,7 +6,8 @@
 -- ARGV[3] "1": never shorten the lease (watchdog renewal after an extend)
 -- ARGV[4] "read" or "write"   ARGV[5] prefix of the readers' lease keys
 -- Returns what lock_renew.lua returns: {1, pttl, count} HELD (pttl: this
--- holder's lease), {-1} WRONG_TYPE, {-2} ABSENT, {-3} OTHER, {-4} FORCED.
+-- holder's lease), {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
+-- own lease ran out), {-3} OTHER, {-4} FORCED.
 local v = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(v) == 'table' then
     return {-1}
@@ -32,9 +33,11 @@ end
 if mode == 'write' and hmode ~= 'write' then
     return {-3}
 end
-if mode == 'read' and hmode == 'write' and redis.call('exists',
+if mode == 'read' and redis.call('exists',
         pfx .. ':' .. field .. ':rwlock_timeout:' .. n) == 0 then
-    return {-3} -- the writer, or a reader whose lease ran out
+    -- A reader's lease ran out although other holders keep the hash (or
+    -- the field is the writer's): its hold is over.
+    return {-2}
 end
 local lease = tonumber(ARGV[2])
 local tk = KEYS[1]

@@ -457,6 +457,34 @@ START_TEST(test_watchdog_extend_info)
 }
 END_TEST
 
+/* Each reader's lease runs out on its own, although the readers share one
+ * hash that lives as long as the longest lease in it. */
+START_TEST(test_reader_lease_runs_out)
+{
+    h_start(WD_YAML);
+    struct h_conn *a = lk_connect(&D), *b = lk_connect(&D);
+    struct h_conn *w = lk_connect(&D);
+    rw_must(a, "lr", "read", NULL, 700, 0);
+    rw_must(b, "lr", "read", NULL, 0, 0);
+    long long t0 = h_now_ms();
+    while (h_now_ms() - t0 < 1500) {
+        usleep(100 * 1000); /* A's fixed lease runs out meanwhile */
+    }
+    rw_not(w, "lr", "write", 0); /* B is watched and renewed */
+    h_expect_code(rw_unlock(a, "lr", "read", NULL), "not_held",
+                  "unlock after the reader's lease ran out");
+    /* A's field stays in the hash (as with Redisson) but counts for
+     * nothing: B's unlock frees the lock. */
+    rw_send(w, 2, "lr", "write", 20000);
+    h_assert_stat(w, "lock_waiters", 1, 5000);
+    rw_unlock_ok(b, "lr", "read", NULL);
+    ck_assert(acquired(h_recv_id(w, 2, 5000)));
+    h_close(a);
+    h_close(b);
+    h_close(w);
+}
+END_TEST
+
 /* ---------------------------------------------------- Redisson layout */
 
 START_TEST(test_redisson_layout)
@@ -706,6 +734,7 @@ main(void)
         H_CASE(session_close_releases, 60),
         H_CASE(lock_lost_when_deleted, 60),
         H_CASE(watchdog_extend_info, 60),
+        H_CASE(reader_lease_runs_out, 60),
         H_CASE(redisson_layout, 60),
         H_CASE(list_and_force_unlock, 60),
         H_CASE(two_daemons, 60),
