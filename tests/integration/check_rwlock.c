@@ -336,6 +336,12 @@ START_TEST(test_wrong_type_and_bad_requests)
     h_expect_code(h_callf(c, T_MS, "{s:s,s:[s],s:s}", "op", "unlock", "keys",
                           "a", "mode", "write"),
                   "bad_request", "unlock mode with keys");
+    /* Without a mode, unlock and extend address a plain lock. */
+    h_expect_code(lk_unlock(c, "rw", NULL), "wrong_type",
+                  "plain unlock of a read-write lock");
+    h_expect_code(h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key",
+                          "rw", "ttl_ms", 5000),
+                  "wrong_type", "plain extend of a read-write lock");
     /* Not held: a write unlock of a read hold, an unlock of nothing. */
     h_expect_code(rw_unlock(c, "rw", "write", NULL), "not_held",
                   "write unlock of a read");
@@ -482,6 +488,40 @@ START_TEST(test_reader_lease_runs_out)
     h_close(a);
     h_close(b);
     h_close(w);
+}
+END_TEST
+
+/* A detached write lock outlives its session and is unlocked by token; a
+ * waiting reader is cancelled. */
+START_TEST(test_detach_and_cancel)
+{
+    h_start(NULL);
+    struct h_conn *c = lk_connect(&D), *o = lk_connect(&D);
+    json_t *req = rw_req("lock", "dt", "write", NULL, 20000, 0);
+    json_object_set_new(req, "detach", json_true());
+    json_t *r = h_call(c, req, T_MS);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "detached write");
+    char tok[80];
+    snprintf(tok, sizeof(tok), "%s", jstr(r, "token"));
+    json_decref(r);
+    h_close(c);
+    rw_not(o, "dt", "read", 0);
+    rw_send(o, 41, "dt", "read", 20000);
+    h_assert_stat(o, "lock_waiters", 1, 5000);
+    r = h_callf(o, T_MS, "{s:s,s:i}", "op", "cancel", "target", 41);
+    ck_assert_msg(h_ok(r) && jtrue(r, "cancelled"), "cancel");
+    json_decref(r);
+    r = h_recv_id(o, 41, T_MS);
+    ck_assert_msg(r != NULL && h_ok(r) && !jtrue(r, "acquired"),
+                  "cancelled reader answered");
+    json_decref(r);
+    r = h_callf(o, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key", "dt",
+                "mode", "write", "token", tok);
+    ck_assert_msg(h_ok(r) && jtrue(r, "released"), "unlock by token: %s",
+                  h_errcode(r));
+    json_decref(r);
+    rw_must(o, "dt", "read", NULL, 0, 0);
+    h_close(o);
 }
 END_TEST
 
@@ -735,6 +775,7 @@ main(void)
         H_CASE(lock_lost_when_deleted, 60),
         H_CASE(watchdog_extend_info, 60),
         H_CASE(reader_lease_runs_out, 60),
+        H_CASE(detach_and_cancel, 60),
         H_CASE(redisson_layout, 60),
         H_CASE(list_and_force_unlock, 60),
         H_CASE(two_daemons, 60),
