@@ -309,7 +309,7 @@ START_TEST(test_wrong_type_and_bad_requests)
 {
     h_start(NULL);
     struct h_conn *c = lk_connect(&D);
-    lk_must(c, "plain", NULL, NO_TTL, 0);
+    json_decref(lk_must(c, "plain", NULL, NO_TTL, 0));
     h_expect_code(rw_lock(c, "plain", "read", NULL, 0, 0), "wrong_type",
                   "read on a plain lock");
     h_expect_code(rw_lock(c, "plain", "write", NULL, 0, 0), "wrong_type",
