@@ -491,6 +491,30 @@ START_TEST(test_reader_lease_runs_out)
 }
 END_TEST
 
+/* lock.max_hold_ms ends a watched reader's hold, and only its own: the
+ * other reader keeps the lock. */
+START_TEST(test_max_hold)
+{
+    h_start("lock:\n  watchdog_ms: 300\n  max_hold_ms: 1000\n");
+    struct h_conn *a = lk_connect(&D), *b = lk_connect(&D);
+    rw_must(a, "cap", "read", NULL, 0, 0);
+    rw_must(b, "cap", "read", NULL, 5000, 0);
+    json_t *ev = h_lock_lost(a, "cap", 5000);
+    ck_assert_msg(ev != NULL, "no lock_lost at max_hold");
+    ck_assert_str_eq(jstr(ev, "reason"), "max_hold");
+    json_decref(ev);
+    json_t *r = h_call(b, rw_req("lock.info", "cap", "read", NULL, 0, 0),
+                       T_MS);
+    ck_assert(jtrue(r, "locked") && jtrue(r, "mine"));
+    json_decref(r);
+    rw_not(a, "cap", "write", 0);
+    rw_unlock_ok(b, "cap", "read", NULL);
+    rw_must(a, "cap", "write", NULL, 0, 0);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* A detached write lock outlives its session and is unlocked by token; a
  * waiting reader is cancelled. */
 START_TEST(test_detach_and_cancel)
@@ -577,6 +601,14 @@ START_TEST(test_redisson_layout)
     rw_not(c, "rs", "read", 0);
     h_expect_code(lk_lock(c, "rs", NULL, NO_TTL, 0), "wrong_type",
                   "plain lock on Redisson's read-write lock");
+    /* And the other way: a side of a read-write lock on a plain lock
+     * (here one a Java RLock holds). */
+    h_r_do(&R, "HSET rp %s 1", jr);
+    h_r_do(&R, "PEXPIRE rp 30000");
+    h_expect_code(rw_lock(c, "rp", "read", NULL, 0, 0), "wrong_type",
+                  "read on Redisson's plain lock");
+    h_expect_code(rw_lock(c, "rp", "write", NULL, 0, 0), "wrong_type",
+                  "write on Redisson's plain lock");
     h_close(c);
     h_close(o);
 }
@@ -780,6 +812,7 @@ main(void)
         H_CASE(watchdog_extend_info, 60),
         H_CASE(reader_lease_runs_out, 60),
         H_CASE(detach_and_cancel, 60),
+        H_CASE(max_hold, 60),
         H_CASE(redisson_layout, 60),
         H_CASE(list_and_force_unlock, 60),
         H_CASE(two_daemons, 60),
