@@ -70,13 +70,15 @@ enum mode {
     M_STORM,
     M_STAMPEDE,
     M_SEM,     /* sem.acquire + sem.release, one semaphore of CONNS permits */
+    M_RWREAD,  /* lock + unlock of the read side of a read-write lock */
+    M_RWWRITE, /* the same, write side */
     M_WAITERS, /* internal: the queued waiters of --mode isolation */
     M_INVAL    /* internal: the invalidating sessions of --mode storm */
 };
 static const char *const mode_names[] = {
-    "lock", "lock-contended", "get",     "mix",   "ping",
-    "hold", "isolation",      "renewal", "storm", "stampede",
-    "sem",  "waiters",        "inval"};
+    "lock", "lock-contended", "get",          "mix",     "ping",
+    "hold", "isolation",      "renewal",      "storm",   "stampede",
+    "sem",  "rwlock-read",    "rwlock-write", "waiters", "inval"};
 
 enum target { T_LEASED, T_DIRECT };
 static const char *const target_names[] = {"leased", "direct"};
@@ -196,6 +198,7 @@ static struct {
 
 static struct event_base *base;
 static char acq_sha[41], rel_sha[41], sem_acq_sha[41], sem_rel_sha[41];
+static char rw_acq_sha[41], rw_rel_sha[41];
 static int run_counter;
 static char *value_buf; /* SIZE bytes of 'x', NUL-terminated */
 
@@ -572,14 +575,16 @@ static void
 load_scripts(void)
 {
     const char *const texts[] = {ld_lua_lock_acquire, ld_lua_lock_release,
-                                 ld_lua_sem_acquire, ld_lua_sem_release};
-    char *shas[] = {acq_sha, rel_sha, sem_acq_sha, sem_rel_sha};
+                                 ld_lua_sem_acquire,  ld_lua_sem_release,
+                                 ld_lua_rw_acquire,   ld_lua_rw_release};
+    char *shas[] = {acq_sha,     rel_sha,    sem_acq_sha,
+                    sem_rel_sha, rw_acq_sha, rw_rel_sha};
     if (o.cluster) {
         cluster_map();
     }
     for (int node = 0; node < (o.cluster ? cl.n : 1); node++) {
         redisContext *rc = redis_sync_to(node_host(node), node_port(node));
-        for (int i = 0; i < 4; i++) {
+        for (size_t i = 0; i < sizeof(shas) / sizeof(shas[0]); i++) {
             char *text = o.cluster ? sharded_body(texts[i]) : NULL;
             redisReply *r = redisCommand(rc, "SCRIPT LOAD %s",
                                          text ? text : texts[i]);
@@ -1092,6 +1097,8 @@ op_is_lock(struct client *c)
     case M_LOCK:
     case M_CONTENDED:
     case M_SEM:
+    case M_RWREAD:
+    case M_RWWRITE:
         return true;
     case M_MIX:
         return (int)(rng_next(&c->rng) % 100) < o.mix_lock_pct;
@@ -1173,6 +1180,16 @@ build_leased(struct run *r, struct client *c, const char *base_key)
         c->unlock_req = xasprintf(&c->unlock_len,
                                   "{\"op\":\"unlock\",\"key\":\"b%d.%d.c\"}\n",
                                   (int)getpid(), r->id);
+    } else if (r->mode == M_RWREAD || r->mode == M_RWWRITE) {
+        const char *m = r->mode == M_RWREAD ? "read" : "write";
+        c->lock_req = xasprintf(&c->lock_len,
+                                "{\"op\":\"lock\",\"key\":\"%s.l\","
+                                "\"mode\":\"%s\"}\n",
+                                base_key, m);
+        c->unlock_req = xasprintf(&c->unlock_len,
+                                  "{\"op\":\"unlock\",\"key\":\"%s.l\","
+                                  "\"mode\":\"%s\"}\n",
+                                  base_key, m);
     } else {
         c->lock_req = xasprintf(&c->lock_len,
                                 "{\"op\":\"lock\",\"key\":\"%s.l\"}\n",
@@ -1219,6 +1236,20 @@ build_direct(struct run *r, struct client *c, const char *base_key,
     const char *rel[] = {"EVALSHA", rel_sha, "1", hash, field, "1", chan, "0"};
     c->lock_req = resp(&c->lock_len, 8, acq);
     c->unlock_req = resp(&c->unlock_len, 8, rel);
+    if (r->mode == M_RWREAD || r->mode == M_RWWRITE) {
+        /* The daemon's read-write scripts (src/lua/rw_*.lua): the plain
+         * arguments, then the side, the readers' key prefix (the hash in
+         * the daemon's layout) and no downgrade field. */
+        const char *m = r->mode == M_RWREAD ? "read" : "write";
+        const char *racq[] = {"EVALSHA", rw_acq_sha, "2", hash, fence, lease,
+                              field,     "0",        "0", m,    hash,  ""};
+        const char *rrel[] = {"EVALSHA", rw_rel_sha, "1", hash, field,
+                              "1",       chan,       "0", m,    hash};
+        free(c->lock_req);
+        free(c->unlock_req);
+        c->lock_req = resp(&c->lock_len, 12, racq);
+        c->unlock_req = resp(&c->unlock_len, 10, rrel);
+    }
     if (r->mode == M_SEM) {
         /* One semaphore of CONNS permits, the daemon's layout; each
          * connection reuses one token (it holds one grant at a time). */
@@ -2149,7 +2180,8 @@ usage(FILE *f)
         "  -m, --mode MODE      lock | lock-contended | get | mix | ping | "
         "hold |\n"
         "                       isolation | renewal | storm | stampede | "
-        "sem\n"
+        "sem |\n"
+        "                       rwlock-read | rwlock-write\n"
         "                       (default lock)\n"
         "  -t, --target T       both | leased | direct (default both)\n"
         "      --direct-first   run direct before leased in each pair\n"
@@ -2387,7 +2419,8 @@ parse_args(int argc, char **argv)
     /* The modes whose direct keys are per connection (a shared key would
      * live on one master only). */
     if (o.cluster && o.want[T_DIRECT] && o.mode != M_LOCK && o.mode != M_GET &&
-        o.mode != M_MIX && o.mode != M_PING) {
+        o.mode != M_MIX && o.mode != M_PING && o.mode != M_RWREAD &&
+        o.mode != M_RWWRITE) {
         die("--cluster: direct side for lock, get, mix and ping only");
     }
 }

@@ -16,9 +16,9 @@ rawf=$tmp/quick.raw
 
 start_redis
 start_leased "$connections"
-say "pairs: lock and get at 50 connections, lock at 1"
-for cell in "lock 50 100" "get 50 100" "get 50 10000" "lock 1 100" \
-    "ping 1 100"; do
+say "pairs: lock, rwlock read and write, and get at 50 connections, lock at 1"
+for cell in "lock 50 100" "rwlock-read 50 100" "rwlock-write 50 100" \
+    "get 50 100" "get 50 10000" "lock 1 100" "ping 1 100"; do
     set -- $cell
     run_bench -m "$1" -c "$2" -z "$3" -n 3 -d 2 -w 0.5 >>"$rawf"
 done

@@ -6,7 +6,8 @@
 # in the temp dir, log level warn), then:
 #   1. redis.connections 1..4: lock and get at 50 connections, leased only;
 #      the best count is used for everything after;
-#   2. the matrix: lock, lock-contended, get and mix at 1, 10, 50 and 200
+#   2. the matrix: lock, lock-contended, sem, rwlock-read, rwlock-write,
+#      get and mix at 1, 10, 50 and 200
 #      connections, values of 100 B and 10 KB for get and mix, each run
 #      against leased and against Redis directly, one after the other;
 #   3. the target cells again, five pairs each, medians;
@@ -103,6 +104,8 @@ for c in $conns_list; do
     rec matrix -m lock -c "$c"
     rec matrix -m lock-contended -c "$c"
     rec matrix -m sem -c "$c"
+    rec matrix -m rwlock-read -c "$c"
+    rec matrix -m rwlock-write -c "$c"
     for z in 100 10000; do
         rec matrix -m get -c "$c" -z "$z"
         rec matrix -m mix -c "$c" -z "$z"
@@ -362,6 +365,9 @@ END {
     print "`lock-contended` = lock (waiting) + unlock, every connection on"
     print "one key; `sem` = sem.acquire + sem.release of one semaphore of"
     print "as many permits as connections (direct: the same scripts);"
+    print "`rwlock-read` / `rwlock-write` = rwlock read / write lock+unlock:"
+    print "lock + unlock with a mode, a key of its own per connection"
+    print "(direct: the same read-write scripts, src/lua/rw_*.lua);"
     print "`get` = a cache hit (leased `cache.get`, direct `GET`);"
     print "`mix` = 90% get, 10% lock+unlock; `ping` = leased `ping` (no"
     print "Redis behind it) against Redis `PING`: the cost of the extra hop"

@@ -1515,7 +1515,8 @@ lock_req(struct leased_conn *c, json_t *req,
     memset(&res, 0, sizeof res);
     res.ttl_ms = -1;
     if (add_str(req, "owner", args->owner) < 0 ||
-        add_str(req, "token", args->token) < 0) {
+        add_str(req, "token", args->token) < 0 ||
+        add_str(req, "mode", args->mode) < 0) {
         json_decref(req);
         req = NULL;
     }
@@ -1558,18 +1559,27 @@ lock_req(struct leased_conn *c, json_t *req,
     return rc;
 }
 
-/* {"op":OP,"key":KEY} plus owner/token, for unlock, extend, lock.info. */
+/* {"op":OP,"key":KEY} plus owner/token and mode, for unlock, extend,
+ * lock.info. */
 static json_t *
-holder_req(const char *op, const char *key, const char *owner,
-           const char *token)
+holder_req_mode(const char *op, const char *key, const char *mode,
+                const char *owner, const char *token)
 {
     json_t *req = key_req(op, key);
 
-    if (add_str(req, "owner", owner) < 0 || add_str(req, "token", token) < 0) {
+    if (add_str(req, "owner", owner) < 0 || add_str(req, "token", token) < 0 ||
+        add_str(req, "mode", mode) < 0) {
         json_decref(req);
         return NULL;
     }
     return req;
+}
+
+static json_t *
+holder_req(const char *op, const char *key, const char *owner,
+           const char *token)
+{
+    return holder_req_mode(op, key, NULL, owner, token);
 }
 
 static int unlock_req(struct leased_conn *c, json_t *req,
@@ -1582,6 +1592,15 @@ leased_unlock(struct leased_conn *c, const char *key, const char *owner,
               struct leased_error *err)
 {
     return unlock_req(c, holder_req("unlock", key, owner, token), out, err);
+}
+
+int
+leased_unlock_mode(struct leased_conn *c, const char *key, const char *mode,
+                   const char *owner, const char *token,
+                   struct leased_unlock_result *out, struct leased_error *err)
+{
+    return unlock_req(c, holder_req_mode("unlock", key, mode, owner, token),
+                      out, err);
 }
 
 /* REQ (may be NULL) plus owner/token; NULL when one is not valid. */
@@ -1638,6 +1657,15 @@ leased_extend(struct leased_conn *c, const char *key, const char *owner,
 }
 
 int
+leased_extend_mode(struct leased_conn *c, const char *key, const char *mode,
+                   const char *owner, const char *token, long long ttl_ms,
+                   long long *lease_ms, struct leased_error *err)
+{
+    return extend_req(c, holder_req_mode("extend", key, mode, owner, token),
+                      ttl_ms, lease_ms, err);
+}
+
+int
 leased_extend_keys(struct leased_conn *c, const char *const *keys, size_t n,
                    const char *owner, const char *token, long long ttl_ms,
                    long long *lease_ms, struct leased_error *err)
@@ -1669,10 +1697,18 @@ leased_lock_info(struct leased_conn *c, const char *key, const char *owner,
                  const char *token, struct leased_lock_info *out,
                  struct leased_error *err)
 {
+    return leased_lock_info_mode(c, key, NULL, owner, token, out, err);
+}
+
+int
+leased_lock_info_mode(struct leased_conn *c, const char *key, const char *mode,
+                      const char *owner, const char *token,
+                      struct leased_lock_info *out, struct leased_error *err)
+{
     json_t *reply;
-    struct leased_lock_info res = {false, -1, false, -1};
-    int rc = call_new(c, holder_req("lock.info", key, owner, token), 0, &reply,
-                      err);
+    struct leased_lock_info res = {false, -1, false, -1, ""};
+    int rc = call_new(c, holder_req_mode("lock.info", key, mode, owner, token),
+                      0, &reply, err);
 
     if (rc == LEASED_OK) {
         if (!bool_field(reply, "locked", &res.locked)) {
@@ -1681,6 +1717,10 @@ leased_lock_info(struct leased_conn *c, const char *key, const char *owner,
         res.ttl_ms = int_or(reply, "ttl_ms", -1);
         bool_field(reply, "mine", &res.mine);
         res.count = int_or(reply, "count", -1);
+        const char *m = json_string_value(json_object_get(reply, "mode"));
+        if (m && strlen(m) < sizeof(res.mode)) {
+            strcpy(res.mode, m);
+        }
     }
     json_decref(reply);
     if (out) {

@@ -30,7 +30,7 @@ list_plain(struct ld_admin_list *l)
         struct ld_admin_lock e = {
             .key = rec->key,
             .key_len = rec->key_len,
-            .mode = "plain",
+            .mode = lk_mode_name(rec->n.mode),
             .sess = rec->ls->sess,
             .count = rec->count,
             .ttl_ms = rec->lease_end_ms > now
@@ -106,11 +106,12 @@ force_unlock(struct ld_req *req, const char *key, size_t len)
     op->key = ld_xstrndup(key, len);
     op->key_len = len;
     const struct lk_names *n = &op->n;
-    const char *args[] = {n->hash, n->forced, n->chan, LK_UNLOCK_MSG};
+    const char *args[] = {n->hash, n->forced, n->chan, LK_UNLOCK_MSG,
+                          n->rwchan};
     size_t lens[] = {n->hash_len, n->forced_len, n->chan_len,
-                     strlen(LK_UNLOCK_MSG)};
+                     strlen(LK_UNLOCK_MSG), n->rwchan_len};
     op->inflight = true;
-    lk_script(LD_SCRIPT_lock_force, n, 2, 4, args, lens, force_on_reply, op);
+    lk_script(LD_SCRIPT_lock_force, n, 2, 5, args, lens, force_on_reply, op);
 }
 
 void

@@ -265,6 +265,45 @@ lk_token_check(struct ld_req *req, const char *t, size_t len)
     return false;
 }
 
+/* The "mode" field: absent for a plain lock, "read" or "write" for the
+ * sides of a read-write lock. Answers REQ and returns LD_ERR when it
+ * cannot be served. */
+int
+lk_req_mode(struct ld_req *req, enum lk_mode *mode)
+{
+    const char *m = NULL;
+    size_t len = 0;
+    bool has = false;
+    *mode = LK_MODE_PLAIN;
+    if (ld_req_str(req, "mode", false, &m, &len, &has) != LD_OK) {
+        return LD_ERR;
+    }
+    if (!has) {
+        return LD_OK;
+    }
+    if (len == 4 && memcmp(m, "read", 4) == 0) {
+        *mode = LK_MODE_READ;
+    } else if (len == 5 && memcmp(m, "write", 5) == 0) {
+        *mode = LK_MODE_WRITE;
+    } else {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'mode' must be \"read\" or \"write\"");
+        return LD_ERR;
+    }
+    if (lk_multi_asked(req)) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'mode' does not go with 'keys': a group is "
+                       "made of plain locks");
+        return LD_ERR;
+    }
+    if (lock_mod.redlock) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "read-write locks are not built for lock.redlock");
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
 static int
 parse_target(struct ld_req *req, struct lk_target *t)
 {
@@ -276,7 +315,8 @@ parse_target(struct ld_req *req, struct lk_target *t)
         ld_req_str(req, "owner", false, &t->owner, &t->owner_len,
                    &has_owner) != LD_OK ||
         ld_req_str(req, "token", false, &t->token, &t->token_len,
-                   &t->has_token) != LD_OK) {
+                   &t->has_token) != LD_OK ||
+        lk_req_mode(req, &t->mode) != LD_OK) {
         return LD_ERR;
     }
     if (t->has_token && t->token_len == 0) {
@@ -310,16 +350,19 @@ struct lk_op *
 lk_target_op(enum lk_kind kind, struct ld_req *req, const struct lk_target *t)
 {
     struct lk_names n;
-    lk_names_build(&n, t->key, t->key_len);
+    lk_names_build_mode(&n, t->key, t->key_len, t->mode);
     struct lk_rec *rec = NULL;
     if (t->has_token) {
         rec = lk_rec_by_token(t->token, t->token_len, &n);
+        if (rec != NULL && rec->n.mode != t->mode) {
+            rec = NULL; /* the script tells the other side it is not its */
+        }
     } else {
         struct lk_sess *ls = lk_sess_get(req->sess, false);
         if (ls != NULL) {
             size_t dlen;
-            char *d = lk_dkey_build(t->owner, t->owner_len, t->key, t->key_len,
-                                    &dlen);
+            char *d = lk_dkey_build_mode(t->owner, t->owner_len, t->key,
+                                         t->key_len, t->mode, &dlen);
             rec = ld_dict_get(ls->recs, d, dlen);
             free(d);
         }
@@ -430,6 +473,10 @@ unlock_on_reply(redisReply *r, void *arg)
 static void
 op_unlock(struct ld_req *req)
 {
+    enum lk_mode mode;
+    if (lk_req_mode(req, &mode) != LD_OK) {
+        return;
+    }
     if (lk_multi_asked(req)) {
         lk_multi_unlock(req);
         return;
@@ -508,6 +555,10 @@ op_extend(struct ld_req *req)
     struct lk_target t;
     long long ttl = 0;
     bool has_ttl = false;
+    enum lk_mode mode;
+    if (lk_req_mode(req, &mode) != LD_OK) {
+        return;
+    }
     if (lk_multi_asked(req)) {
         if (ld_req_int(req, "ttl_ms", true, 1, LD_TTL_MS_MAX, &ttl,
                        &has_ttl) == LD_OK) {
@@ -546,14 +597,19 @@ info_on_reply(redisReply *r, void *arg)
         lk_op_free(op);
         return;
     }
-    long long v[3] = {0, 0, 0};
-    int n = lk_reply_ints(r, v, 3);
+    long long v[4] = {0, 0, 0, 0};
+    int n = lk_reply_ints(r, v, 4);
     if (n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
         json_t *body = json_pack("{s:b,s:I,s:b}", "locked",
                                  v[0] == LD_LOCK_HELD, "ttl_ms",
                                  (json_int_t)v[1], "mine", v[2] > 0);
         if (v[2] > 0) {
             json_object_set_new(body, "count", json_integer(v[2]));
+        }
+        if (n >= 4 && v[0] == LD_LOCK_HELD) {
+            /* A read-write lock: which side holds it now. */
+            json_object_set_new(body, "mode",
+                                json_string(v[3] == 2 ? "write" : "read"));
         }
         ld_reply_ok(op->req, body);
         op->req = NULL;
@@ -664,6 +720,9 @@ ld_lock_init(const struct ld_ctx *ctx)
         return LD_ERR;
     }
     ld_features_add("multilock"); /* lock and unlock with "keys" */
+    if (!lock_mod.redlock) {
+        ld_features_add("rwlock"); /* lock with "mode" */
+    }
     return LD_OK;
 }
 

@@ -420,10 +420,37 @@ acq_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
+/* For the read side of a read-write lock: whether the same owner holds
+ * the write side, whose token then goes with the acquisition (rec->n.dg)
+ * so that the read may join the write. */
+static bool
+rw_downgrade(struct lk_rec *rec)
+{
+    rec->n.dg[0] = '\0';
+    if (rec->n.mode != LK_MODE_READ || rec->ls == NULL) {
+        return false;
+    }
+    /* The write side's record differs only in the mode bits. */
+    char *d = ld_xmalloc(rec->dkey_len);
+    memcpy(d, rec->dkey, rec->dkey_len);
+    uint32_t ol;
+    memcpy(&ol, d, sizeof(ol));
+    ol = (ol & ~((uint32_t)3 << 30)) | ((uint32_t)LK_MODE_WRITE << 30);
+    memcpy(d, &ol, sizeof(ol));
+    struct lk_rec *w = ld_dict_get(rec->ls->recs, d, rec->dkey_len);
+    free(d);
+    if (w == NULL || w->count == 0) {
+        return false;
+    }
+    memcpy(rec->n.dg, w->token, sizeof(rec->n.dg));
+    return true;
+}
+
 static void
 acq_send(struct lk_op *op)
 {
     struct lk_rec *rec = op->rec;
+    rw_downgrade(rec);
     /* While this daemon believes the owner holds the lock, the request is
      * a reentry and nothing else: should the hold be gone, the reply says
      * so, and only then is a new acquisition sent. */
@@ -541,6 +568,10 @@ acq_token_on_reply(redisReply *r, void *arg)
 void
 lk_op_lock(struct ld_req *req)
 {
+    enum lk_mode mode;
+    if (lk_req_mode(req, &mode) != LD_OK) {
+        return;
+    }
     if (lk_multi_asked(req)) {
         lk_multi_lock(req);
         return;
@@ -589,7 +620,7 @@ lk_op_lock(struct ld_req *req)
     }
 
     if (has_token) {
-        struct lk_target t = {key, klen, owner, olen, token, tlen, true};
+        struct lk_target t = {key, klen, owner, olen, token, tlen, true, mode};
         struct lk_op *op = lk_target_op(LK_ACQ_TOKEN, req, &t);
         op->lease_ms = has_ttl ? lk_rec_cap_clip(op->rec, ttl) : 0;
         const struct lk_names *n = lk_op_names(op);
@@ -607,7 +638,7 @@ lk_op_lock(struct ld_req *req)
 
     struct lk_sess *ls = lk_sess_get(req->sess, true);
     size_t dlen;
-    char *d = lk_dkey_build(owner, olen, key, klen, &dlen);
+    char *d = lk_dkey_build_mode(owner, olen, key, klen, mode, &dlen);
     struct lk_rec *rec = ld_dict_get(ls->recs, d, dlen);
     if (rec != NULL) {
         free(d);
@@ -627,7 +658,7 @@ lk_op_lock(struct ld_req *req)
             return;
         }
     } else {
-        rec = lk_rec_new(ls, d, dlen, key, klen, detach);
+        rec = lk_rec_new(ls, d, dlen, key, klen, detach, mode);
         if (rec == NULL) {
             free(d);
             ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
@@ -641,9 +672,20 @@ lk_op_lock(struct ld_req *req)
     op->lease_asked = op->lease_ms;
     op->wait_ms = wait;
 
-    /* A reentry never waits, and a try-once goes straight to Redis even
-     * when others wait here. */
-    if (rec->count > 0 || wait == 0) {
+    /* A reentry never waits, nor does a writer's read of its own lock
+     * (downgrade: waiting behind writers that wait for it would never
+     * end), and a try-once goes straight to Redis even when others wait
+     * here, except a reader's: once a writer waits, readers queue behind
+     * it, and a try-once reader does not get ahead of it. */
+    bool down = rw_downgrade(rec);
+    if (mode == LK_MODE_READ && wait == 0 && rec->count == 0 && !down &&
+        ld_lockwait_queued(rec->n.hash, rec->n.hash_len)) {
+        ld_stats.lock_contended++;
+        lk_acq_reply_false(op, -1);
+        lk_op_free(op);
+        return;
+    }
+    if (rec->count > 0 || wait == 0 || down) {
         acq_send(op);
         return;
     }

@@ -34,12 +34,21 @@ struct ld_session;
 #define container_of(ptr, type, member)                                       \
     ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
+/* Which kind of lock, and for a read-write lock which side. */
+enum lk_mode { LK_MODE_PLAIN, LK_MODE_READ, LK_MODE_WRITE };
+
 /* The Redis names of one lock. FORCED marks a lock that
- * lock.force_unlock deleted (src/lua/lock_force.lua). */
+ * lock.force_unlock deleted (src/lua/lock_force.lua). A read-write lock
+ * (MODE not plain) publishes on RWCHAN (then also CHAN) and keeps its
+ * readers' leases in keys under RWPFX (src/lua/rw_acquire.lua); DG is the
+ * same owner's write token on that lock when it holds one, so that its
+ * read may join its write (downgrade). */
 struct lk_names {
     char *buf;
-    const char *hash, *fence, *chan, *forced;
-    size_t hash_len, fence_len, chan_len, forced_len;
+    const char *hash, *fence, *chan, *forced, *rwchan, *rwpfx;
+    size_t hash_len, fence_len, chan_len, forced_len, rwchan_len, rwpfx_len;
+    enum lk_mode mode;
+    char dg[LD_TOKEN_LEN + 1];
 };
 
 struct lk_op;
@@ -183,6 +192,7 @@ struct lk_target {
     const char *token;
     size_t token_len;
     bool has_token;
+    enum lk_mode mode;
 };
 
 static inline struct timeval
@@ -200,14 +210,20 @@ void lk_admin_init(void);
 /* ld_lock_rec.c */
 char *lk_dkey_build(const char *owner, size_t olen, const char *key,
                     size_t klen, size_t *out_len);
+char *lk_dkey_build_mode(const char *owner, size_t olen, const char *key,
+                         size_t klen, enum lk_mode mode, size_t *out_len);
 void lk_fmemo_free(struct lk_fmemo *fm);
 void lk_fmemo_idle_unlink(struct lk_fmemo *fm);
+const char *lk_mode_name(enum lk_mode mode);
 void lk_names_build(struct lk_names *n, const char *key, size_t len);
+void lk_names_build_mode(struct lk_names *n, const char *key, size_t len,
+                         enum lk_mode mode);
 struct lk_rec *lk_rec_by_token(const char *tok, size_t len,
                                const struct lk_names *n);
 void lk_rec_lost(struct lk_rec *rec, const char *reason, bool release);
 struct lk_rec *lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
-                          const char *key, size_t klen, bool detached);
+                          const char *key, size_t klen, bool detached,
+                          enum lk_mode mode);
 int lk_rec_retoken(struct lk_rec *rec);
 void lk_rec_set_count(struct lk_rec *rec, long long n);
 void lk_rec_set_token(struct lk_rec *rec, const char *tok);
@@ -246,6 +262,7 @@ void lk_rec_release_all(struct lk_rec *rec);
 struct lk_sess *lk_sess_get(struct ld_session *s, bool create);
 struct lk_op *lk_target_op(enum lk_kind kind, struct ld_req *req,
                            const struct lk_target *t);
+int lk_req_mode(struct ld_req *req, enum lk_mode *mode);
 bool lk_token_check(struct ld_req *req, const char *t, size_t len);
 void lk_unlock_recheck(struct lk_op *op);
 

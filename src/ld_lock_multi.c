@@ -597,7 +597,7 @@ lk_multi_lock(struct ld_req *req)
         size_t dlen;
         char *d = lk_dkey_build(owner, olen, e[i].key, e[i].len, &dlen);
         struct lk_rec *rec = lk_rec_new(ls, d, dlen, e[i].key, e[i].len,
-                                        detach);
+                                        detach, LK_MODE_PLAIN);
         free(e[i].n.buf);
         if (rec == NULL) {
             /* Only its own token can fail; the group's is made. */

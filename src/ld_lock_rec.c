@@ -44,15 +44,32 @@ redisson_name(char *out, const char *prefix, const char *key, size_t len)
     return (size_t)(p - out);
 }
 
-void
-lk_names_build(struct lk_names *n, const char *key, size_t len)
+const char *
+lk_mode_name(enum lk_mode mode)
 {
+    switch (mode) {
+    case LK_MODE_READ:
+        return "read";
+    case LK_MODE_WRITE:
+        return "write";
+    default:
+        return "plain";
+    }
+}
+
+void
+lk_names_build_mode(struct lk_names *n, const char *key, size_t len,
+                    enum lk_mode mode)
+{
+    memset(n, 0, sizeof(*n));
     const struct ld_config *cfg = lock_mod.ctx->cfg;
     if (cfg->lock.layout == LD_LAYOUT_REDISSON) {
         static const char chan_pfx[] = "redisson_lock__channel";
+        static const char rwchan_pfx[] = "redisson_rwlock";
         static const char fence_pfx[] = "redisson_lock_token";
         size_t cap = (len + 1) + (sizeof(chan_pfx) + len + 4) +
-                     2 * (sizeof(fence_pfx) + len + 4) + 7;
+                     2 * (sizeof(fence_pfx) + len + 4) + 7 +
+                     (sizeof(rwchan_pfx) + len + 4) + (len + 3);
         char *p = n->buf = ld_xmalloc(cap);
         n->hash = p;
         n->hash_len = len;
@@ -70,36 +87,68 @@ lk_names_build(struct lk_names *n, const char *key, size_t len)
         n->forced_len = n->fence_len + 7;
         p = put(p, n->fence, n->fence_len);
         p = put(p, ":forced", 7);
+        *p++ = '\0';
+        n->rwchan = p;
+        n->rwchan_len = redisson_name(p, rwchan_pfx, key, len);
+        p += n->rwchan_len + 1;
+        /* RedissonReadLock's key prefix: the name, in braces unless it
+         * carries a hash tag already (so it hashes with the name). */
+        n->rwpfx = p;
+        if (memchr(key, '{', len) != NULL) {
+            p = put(p, key, len);
+        } else {
+            p = put(p, "{", 1);
+            p = put(p, key, len);
+            p = put(p, "}", 1);
+        }
+        n->rwpfx_len = (size_t)(p - n->rwpfx);
         *p = '\0';
-        return;
+    } else {
+        const char *pfx = cfg->lock.prefix;
+        size_t plen = strlen(pfx);
+        size_t hlen = plen + len + 2;
+        size_t cap = (hlen + 1) + (hlen + 7) + (hlen + 8) + (hlen + 8);
+        char *p = n->buf = ld_xmalloc(cap);
+        n->hash = p;
+        n->hash_len = hlen;
+        p = put(p, pfx, plen);
+        p = put(p, "{", 1);
+        p = put(p, key, len);
+        p = put(p, "}", 1);
+        *p++ = '\0';
+        n->fence = p;
+        n->fence_len = hlen + 6;
+        p = put(p, n->hash, hlen);
+        p = put(p, ":fence", 6);
+        *p++ = '\0';
+        n->chan = p;
+        n->chan_len = hlen + 7;
+        p = put(p, n->hash, hlen);
+        p = put(p, ":unlock", 7);
+        *p++ = '\0';
+        n->forced = p;
+        n->forced_len = hlen + 7;
+        p = put(p, n->hash, hlen);
+        p = put(p, ":forced", 7);
+        *p = '\0';
+        /* A read-write lock uses the plain lock's channel, and its
+         * readers' lease keys start with the hash's name (same slot). */
+        n->rwchan = n->chan;
+        n->rwchan_len = n->chan_len;
+        n->rwpfx = n->hash;
+        n->rwpfx_len = n->hash_len;
     }
-    const char *pfx = cfg->lock.prefix;
-    size_t plen = strlen(pfx);
-    size_t hlen = plen + len + 2;
-    size_t cap = (hlen + 1) + (hlen + 7) + (hlen + 8) + (hlen + 8);
-    char *p = n->buf = ld_xmalloc(cap);
-    n->hash = p;
-    n->hash_len = hlen;
-    p = put(p, pfx, plen);
-    p = put(p, "{", 1);
-    p = put(p, key, len);
-    p = put(p, "}", 1);
-    *p++ = '\0';
-    n->fence = p;
-    n->fence_len = hlen + 6;
-    p = put(p, n->hash, hlen);
-    p = put(p, ":fence", 6);
-    *p++ = '\0';
-    n->chan = p;
-    n->chan_len = hlen + 7;
-    p = put(p, n->hash, hlen);
-    p = put(p, ":unlock", 7);
-    *p++ = '\0';
-    n->forced = p;
-    n->forced_len = hlen + 7;
-    p = put(p, n->hash, hlen);
-    p = put(p, ":forced", 7);
-    *p = '\0';
+    n->mode = mode;
+    if (mode != LK_MODE_PLAIN) {
+        n->chan = n->rwchan;
+        n->chan_len = n->rwchan_len;
+    }
+}
+
+void
+lk_names_build(struct lk_names *n, const char *key, size_t len)
+{
+    lk_names_build_mode(n, key, len, LK_MODE_PLAIN);
 }
 
 /* by_token is keyed by token and lock: the keys of a group lock share
@@ -214,9 +263,21 @@ char *
 lk_dkey_build(const char *owner, size_t olen, const char *key, size_t klen,
               size_t *out_len)
 {
+    return lk_dkey_build_mode(owner, olen, key, klen, LK_MODE_PLAIN, out_len);
+}
+
+/* The two sides of a read-write lock are two records of one owner (a
+ * writer may hold the read side too): the mode goes in the top bits of
+ * the owner's length, which never reaches them (requests are far
+ * shorter). */
+char *
+lk_dkey_build_mode(const char *owner, size_t olen, const char *key,
+                   size_t klen, enum lk_mode mode, size_t *out_len)
+{
     /* Owner length first, so that no (owner, key) pair can collide with
      * another whatever bytes they contain. */
-    uint32_t ol = (uint32_t)olen;
+    LD_ASSERT(olen < (size_t)1 << 30);
+    uint32_t ol = (uint32_t)olen | ((uint32_t)mode << 30);
     size_t len = sizeof(ol) + olen + klen;
     char *d = ld_xmalloc(len);
     char *p = put(d, &ol, sizeof(ol));
@@ -304,7 +365,7 @@ lk_rec_set_count(struct lk_rec *rec, long long n)
 
 struct lk_rec *
 lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen, const char *key,
-           size_t klen, bool detached)
+           size_t klen, bool detached, enum lk_mode mode)
 {
     struct lk_rec *rec = ld_xcalloc(1, sizeof(*rec));
     if (ld_token_new(rec->token) != LD_OK) {
@@ -317,7 +378,7 @@ lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen, const char *key,
     rec->key = ld_xstrndup(key, klen);
     rec->key_len = klen;
     rec->detached = detached;
-    lk_names_build(&rec->n, key, klen);
+    lk_names_build_mode(&rec->n, key, klen, mode);
     rec->fm = fmemo_get(&rec->n);
     rec->linked = true;
     ld_dict_set(ls->recs, dkey, dlen, rec);

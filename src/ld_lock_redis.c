@@ -3,6 +3,7 @@
 
 #include "ld_lock_int.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_lock_codes.h"
@@ -194,6 +195,30 @@ lk_reply_wrong_type(struct ld_req *req, const char *key, size_t klen)
                    (int)klen, key);
 }
 
+/* A read-write lock's script for plain lock script ID: it takes the same
+ * keys and arguments, then the side, the prefix of the readers' lease
+ * keys and (rw_acquire only) the downgrade field (src/lua/rw_*.lua). */
+static enum ld_script_id
+rw_script(enum ld_script_id id)
+{
+    switch (id) {
+    case LD_SCRIPT_lock_acquire:
+        return LD_SCRIPT_rw_acquire;
+    case LD_SCRIPT_lock_release:
+        return LD_SCRIPT_rw_release;
+    case LD_SCRIPT_lock_renew:
+        return LD_SCRIPT_rw_renew;
+    case LD_SCRIPT_lock_extend:
+        return LD_SCRIPT_rw_extend;
+    case LD_SCRIPT_lock_info:
+        return LD_SCRIPT_rw_info;
+    default:
+        return id;
+    }
+}
+
+#define RW_ARGS_MAX 12
+
 /* Lock scripts go on the lock connections while lock.wait_replicas is
  * set, so that the WAIT after a grant blocks none of the shared ones. */
 void
@@ -201,6 +226,24 @@ lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
              const struct lk_names *n, int nkeys, int nargs, const char **args,
              size_t *lens, ld_redis_cb *cb, void *arg)
 {
+    const char *rwargs[RW_ARGS_MAX];
+    size_t rwlens[RW_ARGS_MAX];
+    if (n->mode != LK_MODE_PLAIN && rw_script(id) != id) {
+        /* Read-write locks are refused on lock.redlock at request time. */
+        LD_ASSERT(!lock_mod.redlock && nargs + 3 <= RW_ARGS_MAX);
+        memcpy(rwargs, args, (size_t)nargs * sizeof(*args));
+        memcpy(rwlens, lens, (size_t)nargs * sizeof(*lens));
+        rwargs[nargs] = lk_mode_name(n->mode);
+        rwlens[nargs] = strlen(rwargs[nargs]);
+        rwargs[nargs + 1] = n->rwpfx;
+        rwlens[nargs + 1] = n->rwpfx_len;
+        rwargs[nargs + 2] = n->dg;
+        rwlens[nargs + 2] = strlen(n->dg);
+        nargs += id == LD_SCRIPT_lock_acquire ? 3 : 2;
+        id = rw_script(id);
+        args = rwargs;
+        lens = rwlens;
+    }
     if (lock_mod.redlock) {
         ld_redlock_script(id, n->hash, n->hash_len, n->chan, n->chan_len,
                           nkeys, nargs, args, lens, cb, arg);

@@ -264,6 +264,12 @@ ld_lockwait_full(void)
     return ld_stats.lock_waiters >= lockwait_mod.ctx->cfg->limits.max_waiters;
 }
 
+bool
+ld_lockwait_queued(const char *route, size_t route_len)
+{
+    return ld_dict_get(lockwait_mod.queues, route, route_len) != NULL;
+}
+
 void
 ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
                  const char *chan, size_t chan_len, long long wait_ms,

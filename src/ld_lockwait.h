@@ -73,6 +73,10 @@ void ld_lockwait_free(void);
  * a new waiter is then refused. */
 bool ld_lockwait_full(void);
 
+/* True when requests of this daemon wait for the lock whose Redis key is
+ * ROUTE (a reader that only tries once does not get ahead of them). */
+bool ld_lockwait_queued(const char *route, size_t route_len);
+
 /* Queue W (zeroed by the caller) behind the other waiters for the lock
  * whose Redis key is ROUTE and whose unlock channel is CHAN. WAIT_MS is
  * how much longer W may wait (-1: no limit). TRIED says W has just failed

@@ -236,6 +236,9 @@ struct leased_lock_args {
     long long wait_ms; /* 0: try once; > 0: wait; -1: no limit */
     bool detach;       /* outlive the session (needs ttl_ms) */
     const char *token; /* reenter the lock held under TOKEN */
+    /* NULL: a plain lock; "read" or "write": that side of a read-write
+     * lock (feature "rwlock"; not with leased_lock_keys) */
+    const char *mode;
 };
 
 struct leased_lock_result {
@@ -262,12 +265,23 @@ struct leased_unlock_result {
 int leased_unlock(struct leased_conn *c, const char *key, const char *owner,
                   const char *token, struct leased_unlock_result *out,
                   struct leased_error *err);
+/* The same for one side of a read-write lock: MODE "read" or "write" (NULL:
+ * a plain lock, as leased_unlock). OUT's released is true when this
+ * holder holds nothing more there (other readers may still hold it). */
+int leased_unlock_mode(struct leased_conn *c, const char *key,
+                       const char *mode, const char *owner, const char *token,
+                       struct leased_unlock_result *out,
+                       struct leased_error *err);
 
 /* Set the remaining lease to TTL_MS; *LEASE_MS (may be NULL) gets the
  * lease the daemon reports. */
 int leased_extend(struct leased_conn *c, const char *key, const char *owner,
                   const char *token, long long ttl_ms, long long *lease_ms,
                   struct leased_error *err);
+int leased_extend_mode(struct leased_conn *c, const char *key,
+                       const char *mode, const char *owner, const char *token,
+                       long long ttl_ms, long long *lease_ms,
+                       struct leased_error *err);
 
 /* Several keys at once (leased-protocol(7), "Several keys at once"): all
  * N of KEYS (1 to 64, no key twice) or none, under one token. ARGS as for
@@ -295,11 +309,17 @@ struct leased_lock_info {
     long long ttl_ms; /* -1 when unknown or not locked */
     bool mine;        /* held by OWNER/TOKEN of this call */
     long long count;  /* when mine; else -1 */
+    char mode[8];     /* read-write lock held: "read" or "write"; else "" */
 };
 
 int leased_lock_info(struct leased_conn *c, const char *key, const char *owner,
                      const char *token, struct leased_lock_info *out,
                      struct leased_error *err);
+/* lock.info of a read-write lock, OWNER/TOKEN naming the side MODE. */
+int leased_lock_info_mode(struct leased_conn *c, const char *key,
+                          const char *mode, const char *owner,
+                          const char *token, struct leased_lock_info *out,
+                          struct leased_error *err);
 
 /* --- semaphores --------------------------------------------------------- */
 

@@ -3,22 +3,83 @@
 -- A hash is a lock only when every field is a holder (a leased token, or
 -- Redisson's <uuid>:<thread id>) with a positive integer count. Anything
 -- else is someone else's data: it is reported, never changed.
-local function is_lock(key)
-    if redis.call('hlen', key) > 64 then
+-- A read-write lock (is_rwlock) is the same, plus a field "mode" of
+-- "read" or "write" (Redisson's RReadWriteLock), and its holders may also
+-- be Redisson's writers <uuid>:<thread id>:write. The "mode" field is what
+-- tells the two kinds apart: a plain lock never has it.
+local UUID = '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-'
+             .. '%x%x%x%x%x%x%x%x%x%x%x%x:%d+'
+
+local function is_holder(f, rw)
+    if #f == 32 and string.match(f, '^[0-9a-f]+$') then
+        return true
+    end
+    if string.match(f, UUID .. '$') then
+        return true
+    end
+    return rw and string.match(f, UUID .. ':write$') ~= nil
+end
+
+local function holders_ok(key, rw)
+    if redis.call('hlen', key) > (rw and 65 or 64) then
         return false
     end
     local kv = redis.call('hgetall', key)
+    local mode = false
     for i = 1, #kv, 2 do
         local f = kv[i]
-        if not ((#f == 32 and string.match(f, '^[0-9a-f]+$'))
-                or string.match(f, '^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-'
-                                   .. '%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x'
-                                   .. ':%d+$')) then
-            return false
-        end
-        if not string.match(kv[i + 1], '^[1-9]%d*$') then
+        if rw and f == 'mode' then
+            mode = kv[i + 1] == 'read' or kv[i + 1] == 'write'
+            if not mode then
+                return false
+            end
+        elseif not is_holder(f, rw)
+               or not string.match(kv[i + 1], '^[1-9]%d*$') then
             return false
         end
     end
-    return true
+    return (not rw) or mode
+end
+
+local function is_lock(key)
+    return holders_ok(key, false)
+end
+
+local function is_rwlock(key)
+    return holders_ok(key, true)
+end
+
+-- A reader's lease lives in one key per hold, Redisson's
+-- "<prefix>:<holder>:rwlock_timeout:<n>", so that each reader's holds
+-- expire on their own although they share one hash.
+local function rw_tkey(pfx, f, i)
+    return pfx .. ':' .. f .. ':rwlock_timeout:' .. i
+end
+
+-- The longest lease left among the readers of KEY (-3 when none). Only
+-- the 64 most recent holds of a holder are looked at: a bound on the
+-- work of one script, and the older ones were set no later.
+local function rw_readers_max(key, pfx)
+    local best = -3
+    local kv = redis.call('hgetall', key)
+    for i = 1, #kv, 2 do
+        local n = tonumber(kv[i + 1])
+        if kv[i] ~= 'mode' and n then
+            for j = n, math.max(1, n - 63), -1 do
+                local left = redis.call('pttl', rw_tkey(pfx, kv[i], j))
+                if left > best then
+                    best = left
+                end
+            end
+        end
+    end
+    return best
+end
+
+-- Whether holder F (C holds) of a read-write lock in mode HMODE is a
+-- reader: in write mode the hash holds the writer and the writer's own
+-- readers, and only readers have lease keys.
+local function rw_is_reader(pfx, hmode, f, c)
+    return hmode ~= 'write'
+           or redis.call('exists', rw_tkey(pfx, f, c)) == 1
 end

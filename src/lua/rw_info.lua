@@ -1,0 +1,22 @@
+-- Report a read-write lock (the layout: rw_acquire.lua).
+-- KEYS[1] lock hash   ARGV[1] holder field ("" for none)
+-- ARGV[2] "read" or "write"   ARGV[3] prefix of the readers' lease keys
+-- Returns {-1} WRONG_TYPE, {0, -2, 0, 0} FREE, {1, pttl, count of
+-- ARGV[1], mode} HELD, where mode is 1 for "read" and 2 for "write".
+--@include lock_shape.lua
+local t = redis.call('type', KEYS[1]).ok
+if t == 'none' then
+    return {0, -2, 0, 0}
+end
+if t ~= 'hash' or not is_rwlock(KEYS[1]) then
+    return {-1}
+end
+local n = 0
+if ARGV[1] ~= '' then
+    n = tonumber(redis.call('hget', KEYS[1], ARGV[1])) or 0
+end
+local m = 1
+if redis.call('hget', KEYS[1], 'mode') == 'write' then
+    m = 2
+end
+return {1, redis.call('pttl', KEYS[1]), n, m}

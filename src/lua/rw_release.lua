@@ -1,0 +1,74 @@
+-- Release one hold (unlock) or every hold (session end) of one side of a
+-- read-write lock (the layout: rw_acquire.lua).
+-- KEYS[1] lock hash
+-- ARGV[1] holder field   ARGV[2] "1" one hold, "a" all holds
+-- ARGV[3] unlock channel ARGV[4] unlock message of a reader
+-- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
+-- Returns what lock_release.lua returns: {1, 0} RELEASED (this holder
+-- holds nothing now; the lock may still be held by other readers),
+-- {0, count} KEPT, {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
+-- own lease ran out; its field is cleared), {-3} OTHER.
+-- Messages as Redisson's: a reader's last unlock publishes ARGV[4]
+-- (UNLOCK_MESSAGE, one waiter may go on), a writer's "1"
+-- (READ_UNLOCK_MESSAGE, every waiting reader may go on).
+--@include lock_shape.lua
+local t = redis.call('type', KEYS[1]).ok
+if t == 'none' then
+    return {-2}
+end
+if t ~= 'hash' or not is_rwlock(KEYS[1]) then
+    return {-1}
+end
+local field, mode, pfx = ARGV[1], ARGV[5], ARGV[6]
+local hmode = redis.call('hget', KEYS[1], 'mode')
+local c = tonumber(redis.call('hget', KEYS[1], field))
+if not c or (mode == 'write' and hmode ~= 'write')
+        or (mode == 'read' and not rw_is_reader(pfx, hmode, field, c)) then
+    return {-3}
+end
+-- A reader whose own lease ran out while others kept the hash holds
+-- nothing: its field is cleared and the answer is ABSENT, as for a plain
+-- lock whose lease ran out.
+local gone = mode == 'read'
+             and redis.call('exists', rw_tkey(pfx, field, c)) == 0
+local done = {1, 0}
+if gone then
+    done = {-2}
+end
+local left = 0
+if ARGV[2] == '1' and not gone then
+    left = c - 1
+end
+if mode == 'read' then
+    for i = c, math.max(left + 1, c - 63), -1 do
+        redis.call('del', rw_tkey(pfx, field, i))
+    end
+end
+if left > 0 then
+    redis.call('hset', KEYS[1], field, left)
+    return {0, left}
+end
+redis.call('hdel', KEYS[1], field)
+local msg = ARGV[4]
+if mode == 'write' then
+    msg = '1'
+end
+if redis.call('hlen', KEYS[1]) > 1 then
+    if mode == 'write' then
+        -- The writer's own readers stay (downgrade): now a read lock.
+        redis.call('hset', KEYS[1], 'mode', 'read')
+    elseif hmode == 'write' then
+        return done -- a writer's reader: the writer holds on
+    end
+    local best = rw_readers_max(KEYS[1], pfx)
+    if best > 0 then
+        redis.call('pexpire', KEYS[1], best)
+        if mode == 'write' then
+            redis.call('publish', ARGV[3], msg)
+        end
+        return done
+    end
+end
+redis.call('del', KEYS[1])
+redis.call('publish', ARGV[3], msg)
+return done
