@@ -8,7 +8,8 @@
  * in another daemon and by a lease running out; the wake-ups come from
  * the instances, so they reach a waiter at once with the cache's Redis
  * down, with an instance down or restarted, and between daemons whose
- * cache Redis differ, each copy of one wake-up waking once; the ticket
+ * cache Redis differ, each copy of one wake-up waking once, and a waiter
+ * tries again when its subscribers come back after a loss; the ticket
  * seller on Redlock without oversell. */
 
 #ifndef _GNU_SOURCE
@@ -737,6 +738,52 @@ START_TEST(test_wake_instance_restarted)
 }
 END_TEST
 
+/* No message at all: the lock is deleted by hand on every instance, then
+ * the waiter's subscriber connections to NKILL instances are killed.
+ * When they are back (SUBSCRIBED after LOST) the waiter tries again, as
+ * a message may have been missed meanwhile, and gets the lock far
+ * sooner than the holder's 30 s lease would have let it. */
+static void
+missed_message(const char *key, int nkill)
+{
+    struct h_conn *a = lk_connect(&D1), *b = lk_connect(&D2);
+    json_t *r = lk_must(a, key, NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(b, 9, key, NULL, NO_TTL, 20000);
+    h_assert_stat(b, "lock_waiters", 1, 5000);
+    char chan[200];
+    snprintf(chan, sizeof chan, "leased:lock:{%s}:unlock", key);
+    struct chan_want w = {chan, NI};
+    ck_assert(h_wait_until(subscribed_on, &w, 5000));
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "DEL leased:lock:{%s}", key);
+    }
+    long long t0 = h_now_ms();
+    for (int i = 0; i < nkill; i++) {
+        h_r_do(&I[i], "CLIENT KILL TYPE pubsub");
+    }
+    r = h_recv_id(b, 9, 25000);
+    long long took = h_now_ms() - t0;
+    ck_assert_msg(r != NULL && h_ok(r) && jtrue(r, "acquired"),
+                  "waiter not granted: %s",
+                  r != NULL ? h_errcode(r) : "no reply");
+    ck_assert_msg(took < WAKE_MS, "waiter tried again after %lld ms", took);
+    json_decref(r);
+    lk_unlock_ok(b, key, NULL);
+    h_close(a);
+    h_close(b);
+}
+
+/* One instance's subscriber lost and back while a majority listened;
+ * then two (the majority lost, and back). */
+START_TEST(test_wake_after_subscriber_loss)
+{
+    start_all_ex(2, NULL, true);
+    missed_message("wl1", 1);
+    missed_message("wl2", 2);
+}
+END_TEST
+
 /* --- the ticket seller ----------------------------------------------- */
 
 static pid_t
@@ -839,6 +886,7 @@ main(void)
         H_CASE(wake_one_instance_down, 60),
         H_CASE(wake_separate_main_redis, 60),
         H_CASE(wake_instance_restarted, 60),
+        H_CASE(wake_after_subscriber_loss, 60),
         H_CASE(ticket_seller, 200),
     };
 
