@@ -405,8 +405,11 @@ msg_hash(const char *msg, size_t len)
 /* Whether member IDX's copy of MSG is news. The publisher sends one
  * message to several backends: its first copy wakes, the copies from the
  * others do not. The same payload again from a member that already gave
- * it is a new message (a publisher whose payloads repeat still wakes
- * once per message, give or take a copy). */
+ * it is a new message, so a publisher whose payloads repeat (Redisson's
+ * "0") still wakes about once per message: exact while each message
+ * reaches every member before the next, else an extra wake-up, or a new
+ * message taken for a copy from a member that missed the last one (the
+ * next member's copy then wakes). Unique payloads are always exact. */
 static bool
 group_fresh(struct group *g, int idx, const char *msg, size_t len)
 {

@@ -6,7 +6,9 @@
  * instance it reached; waiters subscribe on all of them (a group of
  * ld_pubsub) and wake on the first copy. Each release carries a payload
  * of its own (this daemon's id and a counter), by which the group tells
- * the copies of one message from the next message.
+ * the copies of one message from the next message; except in the
+ * Redisson layout, whose waiters understand Redisson's "0" only (the
+ * group then tells copies by the instances that already gave one).
  *
  * Every instance gets the same script with the same token, in parallel,
  * with a per-command timeout of min(redis.timeout_ms, lease / 10): an
@@ -32,6 +34,7 @@
 
 #define RL_WHY_LEN 96
 #define RL_MAX_ARGS 16
+#define RL_REDISSON_UNLOCK "0" /* Redisson's LockPubSub.UNLOCK_MESSAGE */
 
 /* One instance's part of a call. */
 struct rl_slot {
@@ -190,11 +193,17 @@ ld_redlock_subscribe(const char *chan, size_t len, ld_pubsub_cb *cb, void *arg)
                                      cb, arg);
 }
 
-/* A payload no other unlock message has: this daemon's id, a number. */
-static void
-next_msg(char *buf, size_t size)
+/* The unlock message for a release whose caller gave GIVEN: one no other
+ * release has (this daemon's id, a number), or GIVEN itself in the
+ * Redisson layout. */
+static const char *
+unlock_msg(char *buf, size_t size, const char *given)
 {
+    if (rl_mod.ctx->cfg->lock.layout == LD_LAYOUT_REDISSON) {
+        return given;
+    }
     snprintf(buf, size, "%s:%llu", rl_mod.ctx->instance, ++rl_mod.msg_seq);
+    return buf;
 }
 
 enum ld_redis_outcome
@@ -239,8 +248,8 @@ undo_one(struct rl_call *c, int idx)
     if (rl_mod.freed) {
         return;
     }
-    char msg[64];
-    next_msg(msg, sizeof(msg));
+    char buf[64];
+    const char *msg = unlock_msg(buf, sizeof(buf), RL_REDISSON_UNLOCK);
     const char *argv[] = {c->hash, c->field, "1", c->chan, msg};
     size_t lens[] = {c->hash_len, c->field_len, 1, c->chan_len, strlen(msg)};
     struct ld_redis_opts o = {0};
@@ -740,16 +749,18 @@ ld_redlock_script(enum ld_script_id script, const char *route,
      * its own for this release, the same on every instance. */
     const char *args[RL_MAX_ARGS];
     size_t lens[RL_MAX_ARGS];
-    char msg[64];
+    char buf[64];
     if ((script == LD_SCRIPT_lock_release || script == LD_SCRIPT_lock_force) &&
         argc <= RL_MAX_ARGS) {
-        memcpy(args, argv, sizeof(*argv) * (size_t)argc);
-        memcpy(lens, argvlen, sizeof(*argvlen) * (size_t)argc);
-        next_msg(msg, sizeof(msg));
-        args[argc - 1] = msg;
-        lens[argc - 1] = strlen(msg);
-        argv = args;
-        argvlen = lens;
+        const char *msg = unlock_msg(buf, sizeof(buf), argv[argc - 1]);
+        if (msg == buf) {
+            memcpy(args, argv, sizeof(*argv) * (size_t)argc);
+            memcpy(lens, argvlen, sizeof(*argvlen) * (size_t)argc);
+            args[argc - 1] = msg;
+            lens[argc - 1] = strlen(msg);
+            argv = args;
+            argvlen = lens;
+        }
     }
     c->left = rl_mod.n;
     c->refs = rl_mod.n;

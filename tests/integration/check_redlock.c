@@ -8,9 +8,10 @@
  * in another daemon and by a lease running out; the wake-ups come from
  * the instances, so they reach a waiter at once with the cache's Redis
  * down, with an instance down or restarted, and between daemons whose
- * cache Redis differ, each copy of one wake-up waking once, and a waiter
- * tries again when its subscribers come back after a loss; the ticket
- * seller on Redlock without oversell. */
+ * cache Redis differ, each copy of one wake-up waking once, in the
+ * Redisson layout with Redisson's "0" both ways, and a waiter tries
+ * again when its subscribers come back after a loss; the ticket seller
+ * on Redlock without oversell. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -42,10 +43,19 @@ stop_instances(void)
     }
 }
 
+static bool redisson; /* the case runs lock.layout: redisson */
+
+static void
+leased_layout(void)
+{
+    redisson = false;
+}
+
 static const struct h_fixture fx = {
     .suite = "redlock",
     .redis = {&R, &R2},
     .daemons = {&D1, &D2},
+    .setup = leased_layout,
     .teardown = stop_instances,
 };
 
@@ -579,6 +589,17 @@ subscribed_on(void *arg)
     return n >= w->n;
 }
 
+/* A lock's unlock channel: leased's layout, or Redisson's. */
+
+static void
+unlock_chan(char *chan, size_t size, const char *key)
+{
+    snprintf(chan, size,
+             redisson ? "redisson_lock__channel:{%s}"
+                      : "leased:lock:{%s}:unlock",
+             key);
+}
+
 /* Every live instance has the waiter's subscription. Not asserted: where
  * the waiter does not subscribe on the instances, the wake-up bound
  * below is what fails. */
@@ -590,7 +611,7 @@ settle_subscribed(const char *key)
     for (int i = 0; i < NI; i++) {
         live += I[i].pid != 0 ? 1 : 0;
     }
-    snprintf(chan, sizeof chan, "leased:lock:{%s}:unlock", key);
+    unlock_chan(chan, sizeof chan, key);
     struct chan_want w = {chan, live};
     h_wait_until(subscribed_on, &w, 3000);
 }
@@ -603,14 +624,24 @@ static void
 wake_across(const char *key, void (*before)(void))
 {
     struct h_conn *a = lk_connect(&D1), *b = lk_connect(&D2);
+    struct h_conn *s = lk_connect(&D2);
     json_t *r = lk_must(a, key, NULL, NO_TTL, 0);
     json_decref(r);
+    long long c0 = h_stat(s, "lock_contended");
     lk_send(b, 7, key, NULL, NO_TTL, 20000);
-    h_assert_stat(b, "lock_waiters", 1, 5000);
+    h_assert_stat(s, "lock_waiters", 1, 5000);
     if (before != NULL) {
         before();
     }
     settle_subscribed(key);
+    /* And its try once subscribed has come back (found the lock taken):
+     * one still out when the unlock lands could win a minority, and its
+     * give-back would publish a wake-up of its own. Not asserted either. */
+    long long deadline = h_now_ms() + 3000;
+    while (h_stat(s, "lock_contended") < c0 + 2 && h_now_ms() < deadline) {
+        usleep(5000);
+    }
+    h_close(s);
     long long t0 = h_now_ms();
     lk_unlock_ok(a, key, NULL);
     r = h_recv_id(b, 7, 25000);
@@ -663,15 +694,15 @@ START_TEST(test_wake_separate_main_redis)
 
     start_all_ex(2, NULL, true);
     c = lk_connect(&D2);
-    long long w0 = h_stat(c, "lock_wakeups");
     wake_across("ws", NULL);
-    /* One unlock, published on three instances: one wake-up. */
-    ck_assert_int_eq(h_stat(c, "lock_wakeups") - w0, 1);
     h_assert_stat(c, "redlock_subscribers_up", NI, 5000);
 
-    /* The same with two requests queued, so that a late copy would make
-     * the next head try again: payloads published by hand, two messages
-     * three times each. */
+    /* The copies of one message wake once. Published by hand, two
+     * messages three times each, with the lock held (a real unlock may
+     * also be followed by the give-back of a try that reached an
+     * instance before the unlock did, a wake-up of its own) and two
+     * requests queued, so that a late copy would make the next head try
+     * again. */
     struct h_conn *a = lk_connect(&D1), *b1 = lk_connect(&D2),
                   *b2 = lk_connect(&D2);
     json_t *r = lk_must(a, "wd", NULL, NO_TTL, 0);
@@ -681,7 +712,7 @@ START_TEST(test_wake_separate_main_redis)
     h_assert_stat(c, "lock_waiters", 2, 5000);
     struct chan_want w = {"leased:lock:{wd}:unlock", NI};
     ck_assert(h_wait_until(subscribed_on, &w, 5000));
-    w0 = h_stat(c, "lock_wakeups");
+    long long w0 = h_stat(c, "lock_wakeups");
     for (int i = 0; i < NI; i++) {
         h_r_do(&I[i], "PUBLISH leased:lock:{wd}:unlock x:1");
     }
@@ -734,6 +765,74 @@ START_TEST(test_wake_instance_restarted)
     ck_assert_int_eq(instances_with("wr"), 0);
     struct h_conn *c = lk_connect(&D2);
     h_assert_stat(c, "redlock_subscribers_up", NI, 5000);
+    h_close(c);
+}
+END_TEST
+
+/* The Redisson layout (as RedissonRedLock's RLocks on the instances):
+ * the unlock publishes Redisson's "0" on the instances, where Redisson's
+ * waiters listen, and a "0" published there by Redisson's unlock wakes
+ * our waiter; the copies of one "0" still wake it once. */
+START_TEST(test_wake_redisson_layout)
+{
+    char chan[200];
+    redisson = true;
+    start_all_ex(2, "  layout: redisson\n", true);
+    unlock_chan(chan, sizeof chan, "rk");
+    redisContext *sub = h_redis_connect(&I[1]);
+    ck_assert(sub != NULL);
+    redisReply *rep = redisCommand(sub, "SUBSCRIBE %s", chan);
+    ck_assert(rep != NULL);
+    freeReplyObject(rep);
+    struct h_conn *c = lk_connect(&D2);
+    wake_across("rk", NULL);
+    ck_assert_int_eq(redisGetReply(sub, (void **)&rep), REDIS_OK);
+    ck_assert(rep->type == REDIS_REPLY_ARRAY && rep->elements == 3);
+    ck_assert_str_eq(rep->element[0]->str, "message");
+    ck_assert_str_eq(rep->element[2]->str, "0");
+    freeReplyObject(rep);
+    redisFree(sub);
+
+    /* "0" on each instance, as Redisson's unlock of each instance's RLock
+     * publishes it: one wake-up (the lock still held here), and once
+     * more for the next "0" on each. */
+    struct h_conn *a = lk_connect(&D1), *b = lk_connect(&D2);
+    json_t *r = lk_must(a, "rj", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(b, 3, "rj", NULL, NO_TTL, 20000);
+    h_assert_stat(c, "lock_waiters", 1, 5000);
+    unlock_chan(chan, sizeof chan, "rj");
+    struct chan_want w = {chan, NI};
+    ck_assert(h_wait_until(subscribed_on, &w, 5000));
+    long long w0 = h_stat(c, "lock_wakeups");
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "PUBLISH %s 0", chan);
+    }
+    long long deadline = h_now_ms() + 3000;
+    while (h_stat(c, "lock_wakeups") - w0 < 1 && h_now_ms() < deadline) {
+        usleep(10000);
+    }
+    deadline = h_now_ms() + 300;
+    do {
+        ck_assert_int_eq(h_stat(c, "lock_wakeups") - w0, 1);
+        usleep(20000);
+    } while (h_now_ms() < deadline);
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "DEL rj");
+    }
+    long long t0 = h_now_ms();
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "PUBLISH %s 0", chan);
+    }
+    r = h_recv_id(b, 3, 25000);
+    ck_assert_msg(r != NULL && h_ok(r) && jtrue(r, "acquired"),
+                  "waiter not granted: %s",
+                  r != NULL ? h_errcode(r) : "no reply");
+    ck_assert_msg(h_now_ms() - t0 < WAKE_MS, "woken after %lld ms",
+                  h_now_ms() - t0);
+    json_decref(r);
+    h_close(a);
+    h_close(b);
     h_close(c);
 }
 END_TEST
@@ -887,6 +986,7 @@ main(void)
         H_CASE(wake_separate_main_redis, 60),
         H_CASE(wake_instance_restarted, 60),
         H_CASE(wake_after_subscriber_loss, 60),
+        H_CASE(wake_redisson_layout, 60),
         H_CASE(ticket_seller, 200),
     };
 
