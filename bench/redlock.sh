@@ -6,8 +6,10 @@
 # (plain redis.address), in the same invocation. At 50 and 1
 # connections, each pair -n times, alternating.
 #
-# Leased's redis.* (the cache and the wake-ups) is the first instance,
-# so the machine runs three redis-servers, leased and the bench.
+# Leased's redis.* (the cache) is the first instance, so the machine
+# runs three redis-servers, leased and the bench. The wake-ups travel on
+# the instances (no PUBLISH on redis.*); with no waiters here, an unlock
+# publishes to no subscriber.
 # Writes key=value lines (tagged backend=single|redlock) to --raw FILE
 # and a markdown table to --out FILE (default stdout). Run by make bench
 # through run-bench.sh; runs alone as well:

@@ -709,6 +709,9 @@ ld_lock_init(const struct ld_ctx *ctx)
     if (ld_lockwait_init(ctx) != LD_OK) {
         return LD_ERR;
     }
+    if (lock_mod.redlock) {
+        ld_lockwait_set_lock_channel(ld_redlock_subscribe);
+    }
     lk_acq_init();
     lk_watch_init();
     lk_admin_init();

@@ -38,6 +38,7 @@ static struct {
     ld_lockwait_expire_fn *expire_fn;
     ld_lockwait_sub_fn *sub_fn;
     ld_lockwait_unsub_fn *unsub_fn;
+    ld_lockwait_sub_fn *lock_sub_fn; /* NULL: sub_fn */
 } lockwait_mod;
 
 static void q_head_try(struct ld_lockwait_q *q);
@@ -70,6 +71,7 @@ ld_lockwait_init(const struct ld_ctx *ctx)
     lockwait_mod.queues = ld_dict_new();
     lockwait_mod.sub_fn = ld_pubsub_subscribe;
     lockwait_mod.unsub_fn = ld_pubsub_unsubscribe;
+    lockwait_mod.lock_sub_fn = NULL;
     return LD_OK;
 }
 
@@ -79,6 +81,12 @@ ld_lockwait_set_handlers(ld_lockwait_try_fn *try_fn,
 {
     lockwait_mod.try_fn = try_fn;
     lockwait_mod.expire_fn = expire_fn;
+}
+
+void
+ld_lockwait_set_lock_channel(ld_lockwait_sub_fn *sub_fn)
+{
+    lockwait_mod.lock_sub_fn = sub_fn;
 }
 
 void
@@ -212,7 +220,12 @@ q_subscribe(struct ld_lockwait_q *q)
     if (q->sub != NULL) {
         return;
     }
-    q->sub = lockwait_mod.sub_fn(q->chan, q->chan_len, q_on_pubsub, q);
+    ld_lockwait_sub_fn *fn = lockwait_mod.sub_fn;
+    if (lockwait_mod.lock_sub_fn != NULL &&
+        TAILQ_FIRST(&q->waiters)->fns == NULL) {
+        fn = lockwait_mod.lock_sub_fn;
+    }
+    q->sub = fn(q->chan, q->chan_len, q_on_pubsub, q);
     if (q->sub == NULL) {
         log_warn("lock wait queue could not subscribe; waking on lease end "
                  "only");

@@ -66,6 +66,9 @@ void ld_lockwait_set_handlers(ld_lockwait_try_fn *try_fn,
                               ld_lockwait_expire_fn *expire_fn);
 void ld_lockwait_set_channel(ld_lockwait_sub_fn *sub_fn,
                              ld_lockwait_unsub_fn *unsub_fn);
+/* lock.redlock: the queues of lock waiters (those with the default
+ * handlers) subscribe with SUB_FN (the instances'), others as above. */
+void ld_lockwait_set_lock_channel(ld_lockwait_sub_fn *sub_fn);
 /* Drops every queue; waiters must have left already. */
 void ld_lockwait_free(void);
 

@@ -22,6 +22,12 @@
  * LOST, and it is subscribed where the slot lives now (SUBSCRIBED
  * follows); a master that drops the channel itself (its slot migrated
  * away: an "sunsubscribe" it sends unasked) has the same effect.
+ *
+ * Beside that backend (number 0), independent instances (lock.redlock)
+ * are backends 1..N, each with a subscriber connection of its own. A
+ * channel lives on one backend; the same name on two backends is two
+ * channels. A group subscription (ld_pubsub_subscribe_group) holds one
+ * member subscription per backend and folds their events into one.
  */
 #include "ld_pubsub.h"
 
@@ -48,8 +54,11 @@ enum chan_state { CH_IDLE, CH_SUBSCRIBING, CH_SUBSCRIBED, CH_UNSUBSCRIBING };
 
 struct chan;
 
+struct group;
+
 struct ld_pubsub_sub {
-    struct chan *chan;
+    struct chan *chan; /* NULL for a group */
+    struct group *grp; /* a group's own state, else NULL */
     ld_pubsub_cb *cb;
     void *arg;
     bool dead;
@@ -62,8 +71,11 @@ struct ld_pubsub_sub {
 struct shard;
 
 struct chan {
-    char *name;
+    char *name; /* the channel's name, as sent to Redis */
     size_t len;
+    char *key; /* the table's key: the backend's number, then the name */
+    size_t key_len;
+    int backend;
     enum chan_state state;
     struct shard *sh; /* where it is (being) subscribed or unsubscribed */
     bool lost;        /* owes its subscribers LOST (lost_all, chans_moved) */
@@ -73,12 +85,45 @@ struct chan {
 
 enum ps_state { PS_DOWN, PS_READY };
 
-/* One subscriber connection: the only one, or one per cluster master. */
+/* One subscriber connection: the only one, one per cluster master, or
+ * one per independent instance. */
 struct shard {
     struct ld_conn *conn;
     enum ps_state state;
+    int backend;  /* 0: redis.*; k: ld_pubsub_add_backend's k */
+    bool sharded; /* SSUBSCRIBE (a cluster master) */
     char address[300];
     LIST_ENTRY(shard) link;
+};
+
+/* What a group remembers of a recent message: which members delivered
+ * it (a bit each). */
+struct seen {
+    uint64_t hash;
+    uint32_t members;
+};
+
+#define GROUP_SEEN 16
+
+struct member;
+
+struct group {
+    struct ld_pubsub_sub **members; /* one per backend, in given order */
+    struct member *margs;           /* their callback arguments */
+    int n;
+    int quorum;
+    int n_up;
+    uint32_t up;    /* members subscribed now */
+    uint32_t owed;  /* members lost since the last SUBSCRIBED */
+    bool announced; /* SUBSCRIBED told, and a quorum up since */
+    struct seen seen[GROUP_SEEN];
+    int seen_at;
+};
+
+/* A member's callback argument: its group and its place there. */
+struct member {
+    struct ld_pubsub_sub *group;
+    int idx;
 };
 
 static struct {
@@ -92,6 +137,8 @@ static struct {
     bool started;
     struct ld_defer notify_defer;
     struct ld_dict *chans;
+    struct shard *inst[LD_PUBSUB_MAX_BACKENDS]; /* backends 1..n_inst */
+    int n_inst;
     STAILQ_HEAD(, ld_pubsub_sub) notify;
     SLIST_HEAD(, ld_pubsub_sub) graveyard;
     int delivering;
@@ -99,12 +146,24 @@ static struct {
 } pubsub_mod;
 
 static void
+sub_free(struct ld_pubsub_sub *sub)
+{
+    if (sub->grp != NULL) {
+        /* The members themselves were buried on their own. */
+        free(sub->grp->margs);
+        free(sub->grp->members);
+        free(sub->grp);
+    }
+    free(sub);
+}
+
+static void
 sub_bury(struct ld_pubsub_sub *sub)
 {
     if (pubsub_mod.delivering > 0 || sub->notify_pending) {
         SLIST_INSERT_HEAD(&pubsub_mod.graveyard, sub, grave_link);
     } else {
-        free(sub);
+        sub_free(sub);
     }
 }
 
@@ -125,7 +184,7 @@ free_graveyard(void)
             SLIST_NEXT(sub, grave_link) = keep;
             keep = sub;
         } else {
-            free(sub);
+            sub_free(sub);
         }
     }
     while (keep != NULL) {
@@ -207,18 +266,33 @@ deliver(struct chan *ch, enum ld_pubsub_event ev, const char *msg, size_t len)
 static void
 chan_free(struct chan *ch)
 {
-    ld_dict_del(pubsub_mod.chans, ch->name, ch->len);
+    ld_dict_del(pubsub_mod.chans, ch->key, ch->key_len);
     ld_stats.pubsub_channels = (long long)ld_dict_size(pubsub_mod.chans);
-    free(ch->name);
+    free(ch->key);
     free(ch);
+}
+
+/* The channel NAME on BACKEND, NULL when nobody holds it. */
+static struct chan *
+chan_get(int backend, const char *name, size_t len)
+{
+    char stack[256];
+    char *key = len < sizeof(stack) ? stack : ld_xmalloc(len + 1);
+    key[0] = (char)backend;
+    memcpy(key + 1, name, len);
+    struct chan *ch = ld_dict_get(pubsub_mod.chans, key, len + 1);
+    if (key != stack) {
+        free(key);
+    }
+    return ch;
 }
 
 static void
 send_cmd(struct shard *sh, const char *verb, const char *name, size_t len)
 {
     char v[16];
-    /* SSUBSCRIBE, SUNSUBSCRIBE in cluster mode. */
-    snprintf(v, sizeof(v), "%s%s", pubsub_mod.cluster ? "S" : "", verb);
+    /* SSUBSCRIBE, SUNSUBSCRIBE on a cluster master. */
+    snprintf(v, sizeof(v), "%s%s", sh->sharded ? "S" : "", verb);
     const char *argv[] = {v, name};
     size_t argvlen[] = {strlen(v), len};
     /* The confirmation names the channel (see push_cb). */
@@ -248,17 +322,24 @@ chan_want(struct chan *ch)
 }
 
 struct ld_pubsub_sub *
-ld_pubsub_subscribe(const char *channel, size_t len, ld_pubsub_cb *cb,
-                    void *arg)
+ld_pubsub_subscribe_at(int backend, const char *channel, size_t len,
+                       ld_pubsub_cb *cb, void *arg)
 {
-    struct chan *ch = ld_dict_get(pubsub_mod.chans, channel, len);
+    LD_ASSERT(backend >= 0 && backend <= pubsub_mod.n_inst);
+    struct chan *ch = chan_get(backend, channel, len);
     if (ch == NULL) {
         ch = ld_xcalloc(1, sizeof(*ch));
-        ch->name = ld_xstrndup(channel, len);
+        ch->key_len = len + 1;
+        ch->key = ld_xmalloc(len + 2);
+        ch->key[0] = (char)backend;
+        memcpy(ch->key + 1, channel, len);
+        ch->key[len + 1] = '\0';
+        ch->name = ch->key + 1;
         ch->len = len;
+        ch->backend = backend;
         LIST_INIT(&ch->subs);
         ch->state = CH_IDLE;
-        ld_dict_set(pubsub_mod.chans, ch->name, len, ch);
+        ld_dict_set(pubsub_mod.chans, ch->key, ch->key_len, ch);
         ld_stats.pubsub_channels = (long long)ld_dict_size(pubsub_mod.chans);
     }
     struct ld_pubsub_sub *sub = ld_xcalloc(1, sizeof(*sub));
@@ -274,10 +355,25 @@ ld_pubsub_subscribe(const char *channel, size_t len, ld_pubsub_cb *cb,
     return sub;
 }
 
+struct ld_pubsub_sub *
+ld_pubsub_subscribe(const char *channel, size_t len, ld_pubsub_cb *cb,
+                    void *arg)
+{
+    return ld_pubsub_subscribe_at(0, channel, len, cb, arg);
+}
+
 void
 ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub)
 {
     if (sub == NULL || sub->dead) {
+        return;
+    }
+    if (sub->grp != NULL) {
+        sub->dead = true;
+        for (int i = 0; i < sub->grp->n; i++) {
+            ld_pubsub_unsubscribe(sub->grp->members[i]);
+        }
+        sub_bury(sub);
         return;
     }
     struct chan *ch = sub->chan;
@@ -294,6 +390,119 @@ ld_pubsub_unsubscribe(struct ld_pubsub_sub *sub)
     chan_want(ch);
 }
 
+/* ---- groups ---------------------------------------------------------- */
+
+static uint64_t
+msg_hash(const char *msg, size_t len)
+{
+    uint64_t h = 14695981039346656037ULL; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) {
+        h = (h ^ (unsigned char)msg[i]) * 1099511628211ULL;
+    }
+    return h;
+}
+
+/* Whether member IDX's copy of MSG is news. The publisher sends one
+ * message to several backends: its first copy wakes, the copies from the
+ * others do not. The same payload again from a member that already gave
+ * it is a new message, so a publisher whose payloads repeat (Redisson's
+ * "0") still wakes about once per message: exact while each message
+ * reaches every member before the next, else an extra wake-up, or a new
+ * message taken for a copy from a member that missed the last one (the
+ * next member's copy then wakes). Unique payloads are always exact. */
+static bool
+group_fresh(struct group *g, int idx, const char *msg, size_t len)
+{
+    uint64_t h = msg_hash(msg, len);
+    uint32_t bit = 1u << idx;
+    for (int i = 0; i < GROUP_SEEN; i++) {
+        struct seen *e = &g->seen[i];
+        if (e->members != 0 && e->hash == h) {
+            if ((e->members & bit) == 0) {
+                e->members |= bit;
+                return false;
+            }
+            e->members = bit;
+            return true;
+        }
+    }
+    struct seen *e = &g->seen[g->seen_at];
+    g->seen_at = (g->seen_at + 1) % GROUP_SEEN;
+    e->hash = h;
+    e->members = bit;
+    return true;
+}
+
+static void
+member_cb(enum ld_pubsub_event ev, const char *msg, size_t len, void *arg)
+{
+    struct member *m = arg;
+    struct ld_pubsub_sub *gs = m->group;
+    struct group *g = gs->grp;
+    uint32_t bit = 1u << m->idx;
+    if (gs->dead) {
+        return;
+    }
+    switch (ev) {
+    case LD_PUBSUB_MESSAGE:
+        if (group_fresh(g, m->idx, msg, len)) {
+            gs->cb(LD_PUBSUB_MESSAGE, msg, len, gs->arg);
+        }
+        break;
+    case LD_PUBSUB_SUBSCRIBED:
+        if ((g->up & bit) != 0) {
+            break;
+        }
+        g->up |= bit;
+        g->n_up++;
+        /* A quorum up hears every message published on a quorum; one
+         * member back after a loss may carry one published on fewer. */
+        if (g->n_up >= g->quorum && (!g->announced || (g->owed & bit))) {
+            g->announced = true;
+            g->owed = 0;
+            gs->cb(LD_PUBSUB_SUBSCRIBED, NULL, 0, gs->arg);
+        }
+        break;
+    case LD_PUBSUB_LOST:
+        if ((g->up & bit) == 0) {
+            break;
+        }
+        g->up &= ~bit;
+        g->n_up--;
+        g->owed |= bit;
+        if (g->n_up < g->quorum) {
+            g->announced = false;
+        }
+        gs->cb(LD_PUBSUB_LOST, NULL, 0, gs->arg);
+        break;
+    }
+}
+
+struct ld_pubsub_sub *
+ld_pubsub_subscribe_group(const int *backends, int n, int quorum,
+                          const char *channel, size_t len, ld_pubsub_cb *cb,
+                          void *arg)
+{
+    LD_ASSERT(n > 0 && n <= LD_PUBSUB_MAX_BACKENDS && quorum > 0 &&
+              quorum <= n);
+    struct ld_pubsub_sub *gs = ld_xcalloc(1, sizeof(*gs));
+    struct group *g = ld_xcalloc(1, sizeof(*g));
+    gs->grp = g;
+    gs->cb = cb;
+    gs->arg = arg;
+    g->n = n;
+    g->quorum = quorum;
+    g->members = ld_xcalloc((size_t)n, sizeof(*g->members));
+    g->margs = ld_xcalloc((size_t)n, sizeof(*g->margs));
+    for (int i = 0; i < n; i++) {
+        g->margs[i].group = gs;
+        g->margs[i].idx = i;
+        g->members[i] = ld_pubsub_subscribe_at(backends[i], channel, len,
+                                               member_cb, &g->margs[i]);
+    }
+    return gs;
+}
+
 static void chans_moved(bool changed, void *arg);
 
 /* An error on a cluster subscriber: an SSUBSCRIBE sent by a stale map
@@ -304,7 +513,7 @@ push_error(struct shard *sh, const redisReply *reply)
 {
     log_debug("redis subscriber error address=%s error=\"%s\"", sh->address,
               reply->str);
-    if (!pubsub_mod.cluster) {
+    if (!sh->sharded) {
         return;
     }
     struct ld_dict_iter it;
@@ -342,12 +551,12 @@ push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
     const char *kind = reply->element[0]->str;
     const char *name = reply->element[1]->str;
     size_t len = reply->element[1]->len;
-    struct chan *ch = ld_dict_get(pubsub_mod.chans, name, len);
+    struct chan *ch = chan_get(sh->backend, name, len);
     if (ch == NULL) {
         return;
     }
     /* Sharded pub/sub names the same pushes with an "s" in front. */
-    if (pubsub_mod.cluster && kind[0] == 's') {
+    if (sh->sharded && kind[0] == 's') {
         kind++;
     }
     if (strcmp(kind, "message") == 0) {
@@ -389,7 +598,7 @@ push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 
 /* Tell the subscribers of the channels marked LOST that they may have
  * missed messages. Subscribers may (un)subscribe from their callbacks,
- * which changes the table: walk a copy of the names and look each one up
+ * which changes the table: walk a copy of the keys and look each one up
  * again. */
 static void
 deliver_lost(size_t n)
@@ -409,8 +618,8 @@ deliver_lost(size_t n)
             continue;
         }
         ch->lost = false;
-        names[k] = ld_xmemdup(ch->name, ch->len);
-        lens[k] = ch->len;
+        names[k] = ld_xmemdup(ch->key, ch->key_len);
+        lens[k] = ch->key_len;
         k++;
     }
     for (size_t i = 0; i < k; i++) {
@@ -453,6 +662,16 @@ lost_all(struct shard *sh)
 }
 
 static void
+count_backends_up(void)
+{
+    long long up = 0;
+    for (int i = 0; i < pubsub_mod.n_inst; i++) {
+        up += pubsub_mod.inst[i]->state == PS_READY ? 1 : 0;
+    }
+    ld_stats.redlock_subscribers_up = up;
+}
+
+static void
 ready_cb(struct ld_conn *conn, void *owner)
 {
     struct shard *sh = owner;
@@ -463,6 +682,7 @@ ready_cb(struct ld_conn *conn, void *owner)
     size_t al[] = {9, strlen(pubsub_mod.own_channel)};
     ld_conn_send(conn, 2, av, al);
     sh->state = PS_READY;
+    count_backends_up();
     log_debug("redis subscriber ready address=%s", sh->address);
     struct ld_dict_iter it;
     void *v;
@@ -478,6 +698,7 @@ down_cb(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
     struct shard *sh = owner;
     LD_UNUSED(conn);
     sh->state = PS_DOWN;
+    count_backends_up();
     if (!was_ready) {
         log_debug("redis subscriber connect failed address=%s error=\"%s\"",
                   sh->address, why);
@@ -486,7 +707,7 @@ down_cb(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
     log_warn("redis subscriber connection lost address=%s reason=\"%s\"",
              sh->address, why);
     lost_all(sh);
-    if (pubsub_mod.cluster) {
+    if (sh->sharded) {
         /* Where the map now puts them, if that shard is ready. */
         ld_redis_cluster_refresh();
     }
@@ -508,6 +729,9 @@ static const struct ld_conn_ops sub_ops = {
 static struct shard *
 shard_for(const struct chan *ch)
 {
+    if (ch->backend > 0) {
+        return pubsub_mod.inst[ch->backend - 1];
+    }
     if (!pubsub_mod.cluster) {
         return &pubsub_mod.main;
     }
@@ -525,6 +749,7 @@ shard_for(const struct chan *ch)
         }
     }
     sh = ld_xcalloc(1, sizeof(*sh));
+    sh->sharded = true;
     snprintf(sh->address, sizeof(sh->address), "%s", text);
     sh->conn = ld_conn_new(pubsub_mod.ctx, &addr, LD_CONN_ROLE_SUB, &sub_ops,
                            sh);
@@ -600,12 +825,32 @@ ld_pubsub_init(const struct ld_ctx *ctx)
     return pubsub_mod.chans != NULL ? LD_OK : LD_ERR;
 }
 
+int
+ld_pubsub_add_backend(const char *address)
+{
+    struct ld_conn_addr addr;
+    if (pubsub_mod.started || pubsub_mod.n_inst >= LD_PUBSUB_MAX_BACKENDS ||
+        ld_conn_parse_address(address, &addr) != LD_OK) {
+        return LD_ERR;
+    }
+    struct shard *sh = ld_xcalloc(1, sizeof(*sh));
+    sh->backend = ++pubsub_mod.n_inst;
+    snprintf(sh->address, sizeof(sh->address), "%s", address);
+    sh->conn = ld_conn_new(pubsub_mod.ctx, &addr, LD_CONN_ROLE_SUB, &sub_ops,
+                           sh);
+    pubsub_mod.inst[sh->backend - 1] = sh;
+    return sh->backend;
+}
+
 void
 ld_pubsub_start(void)
 {
     pubsub_mod.started = true;
     if (pubsub_mod.have_addr) {
         ld_conn_start(pubsub_mod.main.conn);
+    }
+    for (int i = 0; i < pubsub_mod.n_inst; i++) {
+        ld_conn_start(pubsub_mod.inst[i]->conn);
     }
     struct shard *sh;
     LIST_FOREACH(sh, &pubsub_mod.shards, link)
@@ -640,6 +885,12 @@ ld_pubsub_free(void)
         ld_conn_free(sh->conn);
         free(sh);
     }
+    for (int i = 0; i < pubsub_mod.n_inst; i++) {
+        ld_conn_free(pubsub_mod.inst[i]->conn);
+        free(pubsub_mod.inst[i]);
+        pubsub_mod.inst[i] = NULL;
+    }
+    pubsub_mod.n_inst = 0;
     if (pubsub_mod.chans != NULL) {
         struct ld_dict_iter it;
         void *v;
@@ -651,7 +902,7 @@ ld_pubsub_free(void)
                 LIST_REMOVE(s, link);
                 free(s);
             }
-            free(ch->name);
+            free(ch->key);
             free(ch);
         }
         ld_dict_free(pubsub_mod.chans);
@@ -662,7 +913,7 @@ ld_pubsub_free(void)
     while (!SLIST_EMPTY(&pubsub_mod.graveyard)) {
         struct ld_pubsub_sub *n = SLIST_FIRST(&pubsub_mod.graveyard);
         SLIST_REMOVE_HEAD(&pubsub_mod.graveyard, grave_link);
-        free(n);
+        sub_free(n);
     }
     if (pubsub_mod.notify_defer.ev != NULL) {
         ld_defer_free(&pubsub_mod.notify_defer);

@@ -1,6 +1,15 @@
 /* Redlock over the instances of lock.redlock: one lock script fanned out
  * to every instance, the answers folded into one (see ld_redlock.h).
  *
+ * Wake-ups travel on the instances too. The release scripts publish on
+ * the instance where they released, so an unlock is heard on every
+ * instance it reached; waiters subscribe on all of them (a group of
+ * ld_pubsub) and wake on the first copy. Each release carries a payload
+ * of its own (this daemon's id and a counter), by which the group tells
+ * the copies of one message from the next message; except in the
+ * Redisson layout, whose waiters understand Redisson's "0" only (the
+ * group then tells copies by the instances that already gave one).
+ *
  * Every instance gets the same script with the same token, in parallel,
  * with a per-command timeout of min(redis.timeout_ms, lease / 10): an
  * instance that is down or slow costs a short wait, never the lease. The
@@ -14,6 +23,7 @@
 #include "ld_lock_codes.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_pubsub.h"
 #include "ld_stats.h"
 #include "ld_util.h"
 
@@ -23,7 +33,8 @@
 #include <string.h>
 
 #define RL_WHY_LEN 96
-#define RL_UNLOCK_MSG "0"
+#define RL_MAX_ARGS 16
+#define RL_REDISSON_UNLOCK "0" /* Redisson's LockPubSub.UNLOCK_MESSAGE */
 
 /* One instance's part of a call. */
 struct rl_slot {
@@ -55,7 +66,9 @@ struct rl_call {
 static struct {
     const struct ld_ctx *ctx;
     int *inst; /* ld_redis instance numbers */
+    int *sub;  /* their ld_pubsub backends */
     int n;
+    unsigned long long msg_seq; /* the last unlock message's number */
     bool freed; /* answers still arriving only free their calls */
     bool had_quorum;
     ld_redis_state_fn *state_fn;
@@ -143,13 +156,16 @@ ld_redlock_init(const struct ld_ctx *ctx)
         return LD_OK;
     }
     rl_mod.inst = ld_xcalloc(l->count, sizeof(*rl_mod.inst));
+    rl_mod.sub = ld_xcalloc(l->count, sizeof(*rl_mod.sub));
     for (size_t i = 0; i < l->count; i++) {
         int k = ld_redis_add_instance(l->items[i]);
-        if (k == LD_ERR) {
+        int b = k != LD_ERR ? ld_pubsub_add_backend(l->items[i]) : LD_ERR;
+        if (b == LD_ERR) {
             log_error("lock.redlock: cannot use instance %s", l->items[i]);
             return LD_ERR;
         }
-        rl_mod.inst[rl_mod.n++] = k;
+        rl_mod.inst[rl_mod.n] = k;
+        rl_mod.sub[rl_mod.n++] = b;
     }
     ld_redis_on_instance_state(on_instance_state, NULL);
     log_info("redlock: %d instances, a lock needs %d", rl_mod.n, quorum());
@@ -163,6 +179,31 @@ ld_redlock_free(void)
     rl_mod.freed = true;
     free(rl_mod.inst);
     rl_mod.inst = NULL;
+    free(rl_mod.sub);
+    rl_mod.sub = NULL;
+}
+
+struct ld_pubsub_sub *
+ld_redlock_subscribe(const char *chan, size_t len, ld_pubsub_cb *cb, void *arg)
+{
+    if (rl_mod.freed || rl_mod.n == 0) {
+        return NULL;
+    }
+    return ld_pubsub_subscribe_group(rl_mod.sub, rl_mod.n, quorum(), chan, len,
+                                     cb, arg);
+}
+
+/* The unlock message for a release whose caller gave GIVEN: one no other
+ * release has (this daemon's id, a number), or GIVEN itself in the
+ * Redisson layout. */
+static const char *
+unlock_msg(char *buf, size_t size, const char *given)
+{
+    if (rl_mod.ctx->cfg->lock.layout == LD_LAYOUT_REDISSON) {
+        return given;
+    }
+    snprintf(buf, size, "%s:%llu", rl_mod.ctx->instance, ++rl_mod.msg_seq);
+    return buf;
 }
 
 enum ld_redis_outcome
@@ -192,48 +233,25 @@ call_unref(struct rl_call *c)
 }
 
 static void
-ignore_reply(redisReply *r, void *arg)
-{
-    LD_UNUSED(r);
-    LD_UNUSED(arg);
-}
-
-/* Wake the waiters of every daemon: they listen on the backend of
- * redis.*, which all daemons sharing the instances share too. */
-static void
-publish_wakeup(const struct rl_call *c)
-{
-    if (rl_mod.freed) {
-        return;
-    }
-    const char *argv[] = {"PUBLISH", c->chan, RL_UNLOCK_MSG};
-    size_t lens[] = {7, c->chan_len, strlen(RL_UNLOCK_MSG)};
-    ld_redis_command(c->chan, c->chan_len, 3, argv, lens, ignore_reply, NULL);
-}
-
-static void
 undo_on_reply(redisReply *r, void *arg)
 {
-    struct rl_call *c = arg;
-    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
-        r->element[0]->type == REDIS_REPLY_INTEGER &&
-        r->element[0]->integer == LD_LOCK_RELEASED) {
-        /* Others may have failed on this hold: let them try again. */
-        publish_wakeup(c);
-    }
-    call_unref(c);
+    LD_UNUSED(r);
+    call_unref(arg);
 }
 
-/* Give back the one hold a failed acquisition took on instance IDX. */
+/* Give back the one hold a failed acquisition took on instance IDX. Where
+ * it releases, the script publishes: others may have failed on this
+ * hold. */
 static void
 undo_one(struct rl_call *c, int idx)
 {
     if (rl_mod.freed) {
         return;
     }
-    const char *argv[] = {c->hash, c->field, "1", c->chan, RL_UNLOCK_MSG};
-    size_t lens[] = {c->hash_len, c->field_len, 1, c->chan_len,
-                     strlen(RL_UNLOCK_MSG)};
+    char buf[64];
+    const char *msg = unlock_msg(buf, sizeof(buf), RL_REDISSON_UNLOCK);
+    const char *argv[] = {c->hash, c->field, "1", c->chan, msg};
+    size_t lens[] = {c->hash_len, c->field_len, 1, c->chan_len, strlen(msg)};
     struct ld_redis_opts o = {0};
     o.instance = rl_mod.inst[idx];
     c->refs++;
@@ -540,9 +558,6 @@ decide_release(struct rl_call *c)
     int m = quorum();
     int rel = count_code(c, LD_LOCK_RELEASED, 2);
     int kept = count_code(c, LD_LOCK_KEPT, 2);
-    if (rel > 0) {
-        publish_wakeup(c);
-    }
     if (rel >= m) {
         long long v[2] = {LD_LOCK_RELEASED, 0};
         deliver(c, answer_ints(&a, 2, v), LD_REDIS_ANSWERED);
@@ -565,15 +580,14 @@ decide_release(struct rl_call *c)
 }
 
 /* lock.force_unlock: the lock is gone wherever an instance deleted it,
- * so one deletion is enough to say released; waiters hear it through
- * redis.* as for an unlock. */
+ * so one deletion is enough to say released; waiters hear it from the
+ * instances that deleted it, as for an unlock. */
 static void
 decide_force(struct rl_call *c)
 {
     struct rl_answer a;
     int rel = count_code(c, LD_LOCK_RELEASED, 2);
     if (rel > 0) {
-        publish_wakeup(c);
         long long v[2] = {LD_LOCK_RELEASED, max_of(c, LD_LOCK_RELEASED, 1)};
         deliver(c, answer_ints(&a, 2, v), LD_REDIS_ANSWERED);
         return;
@@ -730,6 +744,23 @@ ld_redlock_script(enum ld_script_id script, const char *route,
     o.timeout_ms = (unsigned)t;
     if (script == LD_SCRIPT_lock_acquire) {
         o.flags = LD_REDIS_F_LATE;
+    }
+    /* The release scripts' last argument is the unlock message: one of
+     * its own for this release, the same on every instance. */
+    const char *args[RL_MAX_ARGS];
+    size_t lens[RL_MAX_ARGS];
+    char buf[64];
+    if ((script == LD_SCRIPT_lock_release || script == LD_SCRIPT_lock_force) &&
+        argc <= RL_MAX_ARGS) {
+        const char *msg = unlock_msg(buf, sizeof(buf), argv[argc - 1]);
+        if (msg == buf) {
+            memcpy(args, argv, sizeof(*argv) * (size_t)argc);
+            memcpy(lens, argvlen, sizeof(*argvlen) * (size_t)argc);
+            args[argc - 1] = msg;
+            lens[argc - 1] = strlen(msg);
+            argv = args;
+            argvlen = lens;
+        }
     }
     c->left = rl_mod.n;
     c->refs = rl_mod.n;

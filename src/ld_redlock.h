@@ -2,6 +2,7 @@
 #define LD_REDLOCK_H
 
 #include "ld_common.h"
+#include "ld_pubsub.h"
 #include "ld_redis.h"
 
 struct ld_ctx;
@@ -20,10 +21,10 @@ struct ld_ctx;
  *                 learnt from a late answer.
  *   lock_renew,   held on a majority (pttl: the shortest, less the time
  *   lock_extend   taken and the drift).
- *   lock_release  released (or kept) on a majority; any instance that
- *                 released triggers the wake-up, which is published on
- *                 the backend of redis.*, where every daemon's waiters
- *                 listen.
+ *   lock_release  released (or kept) on a majority; every instance that
+ *                 released publishes the wake-up, with a payload of this
+ *                 release's own, and every daemon's waiters listen on
+ *                 every instance (ld_redlock_subscribe).
  *   lock_info     answered by a majority.
  * Anything else (fewer than a majority answering) is a NULL reply, with
  * ld_redlock_outcome() saying whether a write may have happened
@@ -52,6 +53,12 @@ void ld_redlock_script(enum ld_script_id script, const char *route,
  * reply is NULL. */
 enum ld_redis_outcome ld_redlock_outcome(void);
 const char *ld_redlock_failure_reason(void);
+
+/* Subscribe to a lock's unlock channel CHAN on every instance, as one
+ * subscription (ld_pubsub_subscribe_group with a majority as quorum):
+ * the lock waiters' way of hearing unlocks (ld_lockwait_sub_fn). */
+struct ld_pubsub_sub *ld_redlock_subscribe(const char *chan, size_t len,
+                                           ld_pubsub_cb *cb, void *arg);
 
 /* Called when a majority becomes reachable (UP) or stops being. */
 void ld_redlock_on_state(ld_redis_state_fn *fn, void *arg);

@@ -37,6 +37,8 @@
     X(gauge, redlock_instances_up,                                            \
       "Redlock instances with a ready connection")                            \
     X(counter, redlock_undone, "Holds given back after a failed Redlock try") \
+    X(gauge, redlock_subscribers_up,                                          \
+      "Redlock instances with a ready subscriber connection")                 \
     X(gauge, redis_cluster_nodes, "Masters in the cluster slot map")          \
     X(counter, redis_cluster_refreshes, "Cluster slot map refreshes")         \
     X(counter, redis_moved, "Cluster MOVED redirections followed")            \

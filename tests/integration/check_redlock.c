@@ -5,8 +5,13 @@
  * the drift; the keys on a majority, gone from all after unlock; a failed
  * attempt given back where it was granted, also from a late answer;
  * lock_lost when the majority goes while held; waiters woken by an unlock
- * in another daemon and by a lease running out; the ticket seller on
- * Redlock without oversell. */
+ * in another daemon and by a lease running out; the wake-ups come from
+ * the instances, so they reach a waiter at once with the cache's Redis
+ * down, with an instance down or restarted, and between daemons whose
+ * cache Redis differ, each copy of one wake-up waking once, in the
+ * Redisson layout with Redisson's "0" both ways, and a waiter tries
+ * again when its subscribers come back after a loss; the ticket seller
+ * on Redlock without oversell. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -23,7 +28,10 @@
 #define TIMEOUT_MS 500 /* redis.timeout_ms of the daemons */
 #define HOLDER "0123456789abcdef0123456789abcdef"
 
-static struct h_redis R; /* redis.*: the cache, wake-ups, the tests' data */
+#define WAKE_MS 2000 /* an unlock wakes a waiter within this */
+
+static struct h_redis R;  /* redis.*: the cache, the tests' data */
+static struct h_redis R2; /* D2's own redis.* (start_split) */
 static struct h_redis I[NI];
 static struct h_daemon D1, D2;
 
@@ -35,10 +43,19 @@ stop_instances(void)
     }
 }
 
+static bool redisson; /* the case runs lock.layout: redisson */
+
+static void
+leased_layout(void)
+{
+    redisson = false;
+}
+
 static const struct h_fixture fx = {
     .suite = "redlock",
-    .redis = {&R},
+    .redis = {&R, &R2},
     .daemons = {&D1, &D2},
+    .setup = leased_layout,
     .teardown = stop_instances,
 };
 
@@ -54,26 +71,40 @@ gone_from_all(void *key)
     return true;
 }
 
-/* The instances, the harness's Redis and NDAEMONS daemons on them, with
- * EXTRA lines added to the lock section. */
 static void
-start_all(int ndaemons, const char *extra)
+daemon_yaml(char *yaml, size_t size, const struct h_redis *r,
+            const char *extra)
+{
+    snprintf(yaml, size,
+             "redis:\n  address: 127.0.0.1:%d\n  timeout_ms: %d\n"
+             "lock:\n  redlock: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n%s",
+             r->port, TIMEOUT_MS, I[0].port, I[1].port, I[2].port,
+             extra != NULL ? extra : "");
+}
+
+/* The instances, the harness's Redis and NDAEMONS daemons on them, with
+ * EXTRA lines added to the lock section. SPLIT: D2's redis.* is a Redis
+ * of its own (R2), as for two applications with a cache each that share
+ * the lock instances. */
+static void
+start_all_ex(int ndaemons, const char *extra, bool split)
 {
     char yaml[1024];
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    if (split) {
+        ck_assert_int_eq(h_redis_start(&R2, NULL), 0);
+    }
     for (int i = 0; i < NI; i++) {
         ck_assert_int_eq(h_redis_start(&I[i], "--enable-debug-command yes"),
                          0);
     }
-    snprintf(yaml, sizeof yaml,
-             "redis:\n  address: 127.0.0.1:%d\n  timeout_ms: %d\n"
-             "lock:\n  redlock: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
-             "\"127.0.0.1:%d\"]\n%s",
-             R.port, TIMEOUT_MS, I[0].port, I[1].port, I[2].port,
-             extra != NULL ? extra : "");
+    daemon_yaml(yaml, sizeof yaml, &R, extra);
     ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
     if (ndaemons > 1) {
-        ck_assert_int_eq(h_daemon_start(&D2, &R, yaml), 0);
+        const struct h_redis *r2 = split ? &R2 : &R;
+        daemon_yaml(yaml, sizeof yaml, r2, extra);
+        ck_assert_int_eq(h_daemon_start(&D2, r2, yaml), 0);
     }
     /* The harness waits for redis.*; a lock needs a majority of the
      * instances too, which connect on their own. */
@@ -81,6 +112,12 @@ start_all(int ndaemons, const char *extra)
     if (ndaemons > 1) {
         h_wait_redlock(&D2, NI);
     }
+}
+
+static void
+start_all(int ndaemons, const char *extra)
+{
+    start_all_ex(ndaemons, extra, false);
 }
 
 static bool
@@ -451,8 +488,8 @@ START_TEST(test_lock_lost_with_majority)
 }
 END_TEST
 
-/* Waiters of one daemon woken by an unlock in another: the wake-up goes
- * through redis.*, which both share; and by the holder's lease ending. */
+/* Waiters of one daemon woken by an unlock in another, and by the
+ * holder's lease ending. */
 START_TEST(test_waiter_woken)
 {
     struct h_conn *a, *b;
@@ -466,7 +503,9 @@ START_TEST(test_waiter_woken)
     json_decref(r);
     lk_send(b, 7, "w", NULL, NO_TTL, 20000);
     h_assert_stat(b, "lock_waiters", 1, 5000);
-    h_wait_subscribed(&R, "leased:lock:{w}:unlock", 5000);
+    for (int i = 0; i < NI; i++) {
+        h_wait_subscribed(&I[i], "leased:lock:{w}:unlock", 5000);
+    }
     t0 = h_now_ms();
     lk_unlock_ok(a, "w", NULL);
     r = h_recv_id(b, 7, 10000);
@@ -518,6 +557,329 @@ START_TEST(test_main_redis_down)
     json_decref(r);
     h_close(a);
     h_close(b);
+}
+END_TEST
+
+/* --- wake-ups from the instances ------------------------------------- */
+
+struct chan_want {
+    const char *chan;
+    int n; /* live instances with a subscriber on it, at least */
+};
+
+static bool
+subscribed_on(void *arg)
+{
+    const struct chan_want *w = arg;
+    int n = 0;
+    for (int i = 0; i < NI; i++) {
+        if (I[i].pid == 0) {
+            continue;
+        }
+        redisReply *r = h_redis_cmd(&I[i], "PUBSUB NUMSUB %s", w->chan);
+        n += r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+                     r->element[1]->type == REDIS_REPLY_INTEGER &&
+                     r->element[1]->integer >= 1
+                 ? 1
+                 : 0;
+        if (r != NULL) {
+            freeReplyObject(r);
+        }
+    }
+    return n >= w->n;
+}
+
+/* A lock's unlock channel: leased's layout, or Redisson's. */
+
+static void
+unlock_chan(char *chan, size_t size, const char *key)
+{
+    snprintf(chan, size,
+             redisson ? "redisson_lock__channel:{%s}"
+                      : "leased:lock:{%s}:unlock",
+             key);
+}
+
+/* Every live instance has the waiter's subscription. Not asserted: where
+ * the waiter does not subscribe on the instances, the wake-up bound
+ * below is what fails. */
+static void
+settle_subscribed(const char *key)
+{
+    char chan[200];
+    int live = 0;
+    for (int i = 0; i < NI; i++) {
+        live += I[i].pid != 0 ? 1 : 0;
+    }
+    unlock_chan(chan, sizeof chan, key);
+    struct chan_want w = {chan, live};
+    h_wait_until(subscribed_on, &w, 3000);
+}
+
+/* KEY held in D1 under a 30 s watchdog lease, a request waiting for it
+ * (wait_ms 20 s) in D2; BEFORE (may be NULL) runs while it waits. D1
+ * unlocks: D2's waiter must have the lock within WAKE_MS, far below the
+ * lease and wait_ms, so only a wake-up can have done it. */
+static void
+wake_across(const char *key, void (*before)(void))
+{
+    struct h_conn *a = lk_connect(&D1), *b = lk_connect(&D2);
+    struct h_conn *s = lk_connect(&D2);
+    json_t *r = lk_must(a, key, NULL, NO_TTL, 0);
+    json_decref(r);
+    long long c0 = h_stat(s, "lock_contended");
+    lk_send(b, 7, key, NULL, NO_TTL, 20000);
+    h_assert_stat(s, "lock_waiters", 1, 5000);
+    if (before != NULL) {
+        before();
+    }
+    settle_subscribed(key);
+    /* And its try once subscribed has come back (found the lock taken):
+     * one still out when the unlock lands could win a minority, and its
+     * give-back would publish a wake-up of its own. Not asserted either. */
+    long long deadline = h_now_ms() + 3000;
+    while (h_stat(s, "lock_contended") < c0 + 2 && h_now_ms() < deadline) {
+        usleep(5000);
+    }
+    h_close(s);
+    long long t0 = h_now_ms();
+    lk_unlock_ok(a, key, NULL);
+    r = h_recv_id(b, 7, 25000);
+    long long took = h_now_ms() - t0;
+    ck_assert_msg(r != NULL && h_ok(r) && jtrue(r, "acquired"),
+                  "waiter not granted: %s",
+                  r != NULL ? h_errcode(r) : "no reply");
+    ck_assert_msg(took < WAKE_MS, "waiter woken after %lld ms", took);
+    json_decref(r);
+    lk_unlock_ok(b, key, NULL);
+    h_close(a);
+    h_close(b);
+}
+
+static void
+kill_main_redis(void)
+{
+    h_redis_kill(&R);
+}
+
+/* redis.* (the cache's Redis, shared by both daemons) dies while the
+ * waiter waits: the wake-up does not need it. */
+START_TEST(test_wake_main_redis_down)
+{
+    start_all(2, NULL);
+    wake_across("wm", kill_main_redis);
+}
+END_TEST
+
+/* One instance down before the wait begins: the waiter subscribes on the
+ * two left and is woken from them. Each daemon has a redis.* of its own,
+ * so nothing but the instances joins them. */
+START_TEST(test_wake_one_instance_down)
+{
+    start_all_ex(2, NULL, true);
+    h_redis_kill(&I[0]);
+    h_wait_redlock(&D1, NI - 1);
+    h_wait_redlock(&D2, NI - 1);
+    wake_across("wi", NULL);
+    ck_assert_int_eq(instances_with("wi"), 0);
+}
+END_TEST
+
+/* Each daemon's redis.* is a Redis of its own, neither of them an
+ * instance: a PUBLISH on either could not reach the other daemon. Each
+ * copy of a wake-up (one per instance) wakes once. */
+START_TEST(test_wake_separate_main_redis)
+{
+    struct h_conn *c;
+
+    start_all_ex(2, NULL, true);
+    c = lk_connect(&D2);
+    wake_across("ws", NULL);
+    h_assert_stat(c, "redlock_subscribers_up", NI, 5000);
+
+    /* The copies of one message wake once. Published by hand, two
+     * messages three times each, with the lock held (a real unlock may
+     * also be followed by the give-back of a try that reached an
+     * instance before the unlock did, a wake-up of its own) and two
+     * requests queued, so that a late copy would make the next head try
+     * again. */
+    struct h_conn *a = lk_connect(&D1), *b1 = lk_connect(&D2),
+                  *b2 = lk_connect(&D2);
+    json_t *r = lk_must(a, "wd", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(b1, 1, "wd", NULL, NO_TTL, 20000);
+    lk_send(b2, 2, "wd", NULL, NO_TTL, 20000);
+    h_assert_stat(c, "lock_waiters", 2, 5000);
+    struct chan_want w = {"leased:lock:{wd}:unlock", NI};
+    ck_assert(h_wait_until(subscribed_on, &w, 5000));
+    long long w0 = h_stat(c, "lock_wakeups");
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "PUBLISH leased:lock:{wd}:unlock x:1");
+    }
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "PUBLISH leased:lock:{wd}:unlock x:2");
+    }
+    long long deadline = h_now_ms() + 3000;
+    while (h_stat(c, "lock_wakeups") - w0 < 2 && h_now_ms() < deadline) {
+        usleep(10000);
+    }
+    ck_assert_int_eq(h_stat(c, "lock_wakeups") - w0, 2);
+    /* No third, fourth... from the copies. */
+    deadline = h_now_ms() + 300;
+    while (h_now_ms() < deadline) {
+        ck_assert_int_eq(h_stat(c, "lock_wakeups") - w0, 2);
+        usleep(20000);
+    }
+    /* The real unlock still wakes the head, then the next. */
+    lk_unlock_ok(a, "wd", NULL);
+    r = h_recv_id(b1, 1, 5000);
+    ck_assert(r != NULL && jtrue(r, "acquired"));
+    json_decref(r);
+    lk_unlock_ok(b1, "wd", NULL);
+    r = h_recv_id(b2, 2, 5000);
+    ck_assert(r != NULL && jtrue(r, "acquired"));
+    json_decref(r);
+    lk_unlock_ok(b2, "wd", NULL);
+    h_close(a);
+    h_close(b1);
+    h_close(b2);
+    h_close(c);
+}
+END_TEST
+
+static void
+restart_instance(void)
+{
+    h_redis_kill(&I[1]);
+    h_wait_redlock(&D2, NI - 1);
+    ck_assert_int_eq(h_redis_restart(&I[1]), 0);
+    h_wait_redlock(&D2, NI);
+}
+
+/* An instance restarted (empty) while the waiter waits: its subscriber
+ * comes back, and the unlock still wakes the waiter at once. */
+START_TEST(test_wake_instance_restarted)
+{
+    start_all_ex(2, NULL, true);
+    wake_across("wr", restart_instance);
+    ck_assert_int_eq(instances_with("wr"), 0);
+    struct h_conn *c = lk_connect(&D2);
+    h_assert_stat(c, "redlock_subscribers_up", NI, 5000);
+    h_close(c);
+}
+END_TEST
+
+/* The Redisson layout (as RedissonRedLock's RLocks on the instances):
+ * the unlock publishes Redisson's "0" on the instances, where Redisson's
+ * waiters listen, and a "0" published there by Redisson's unlock wakes
+ * our waiter; the copies of one "0" still wake it once. */
+START_TEST(test_wake_redisson_layout)
+{
+    char chan[200];
+    redisson = true;
+    start_all_ex(2, "  layout: redisson\n", true);
+    unlock_chan(chan, sizeof chan, "rk");
+    redisContext *sub = h_redis_connect(&I[1]);
+    ck_assert(sub != NULL);
+    redisReply *rep = redisCommand(sub, "SUBSCRIBE %s", chan);
+    ck_assert(rep != NULL);
+    freeReplyObject(rep);
+    struct h_conn *c = lk_connect(&D2);
+    wake_across("rk", NULL);
+    ck_assert_int_eq(redisGetReply(sub, (void **)&rep), REDIS_OK);
+    ck_assert(rep->type == REDIS_REPLY_ARRAY && rep->elements == 3);
+    ck_assert_str_eq(rep->element[0]->str, "message");
+    ck_assert_str_eq(rep->element[2]->str, "0");
+    freeReplyObject(rep);
+    redisFree(sub);
+
+    /* "0" on each instance, as Redisson's unlock of each instance's RLock
+     * publishes it: one wake-up (the lock still held here), and once
+     * more for the next "0" on each. */
+    struct h_conn *a = lk_connect(&D1), *b = lk_connect(&D2);
+    json_t *r = lk_must(a, "rj", NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(b, 3, "rj", NULL, NO_TTL, 20000);
+    h_assert_stat(c, "lock_waiters", 1, 5000);
+    unlock_chan(chan, sizeof chan, "rj");
+    struct chan_want w = {chan, NI};
+    ck_assert(h_wait_until(subscribed_on, &w, 5000));
+    long long w0 = h_stat(c, "lock_wakeups");
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "PUBLISH %s 0", chan);
+    }
+    long long deadline = h_now_ms() + 3000;
+    while (h_stat(c, "lock_wakeups") - w0 < 1 && h_now_ms() < deadline) {
+        usleep(10000);
+    }
+    deadline = h_now_ms() + 300;
+    do {
+        ck_assert_int_eq(h_stat(c, "lock_wakeups") - w0, 1);
+        usleep(20000);
+    } while (h_now_ms() < deadline);
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "DEL rj");
+    }
+    long long t0 = h_now_ms();
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "PUBLISH %s 0", chan);
+    }
+    r = h_recv_id(b, 3, 25000);
+    ck_assert_msg(r != NULL && h_ok(r) && jtrue(r, "acquired"),
+                  "waiter not granted: %s",
+                  r != NULL ? h_errcode(r) : "no reply");
+    ck_assert_msg(h_now_ms() - t0 < WAKE_MS, "woken after %lld ms",
+                  h_now_ms() - t0);
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
+/* No message at all: the lock is deleted by hand on every instance, then
+ * the waiter's subscriber connections to NKILL instances are killed.
+ * When they are back (SUBSCRIBED after LOST) the waiter tries again, as
+ * a message may have been missed meanwhile, and gets the lock far
+ * sooner than the holder's 30 s lease would have let it. */
+static void
+missed_message(const char *key, int nkill)
+{
+    struct h_conn *a = lk_connect(&D1), *b = lk_connect(&D2);
+    json_t *r = lk_must(a, key, NULL, NO_TTL, 0);
+    json_decref(r);
+    lk_send(b, 9, key, NULL, NO_TTL, 20000);
+    h_assert_stat(b, "lock_waiters", 1, 5000);
+    char chan[200];
+    snprintf(chan, sizeof chan, "leased:lock:{%s}:unlock", key);
+    struct chan_want w = {chan, NI};
+    ck_assert(h_wait_until(subscribed_on, &w, 5000));
+    for (int i = 0; i < NI; i++) {
+        h_r_do(&I[i], "DEL leased:lock:{%s}", key);
+    }
+    long long t0 = h_now_ms();
+    for (int i = 0; i < nkill; i++) {
+        h_r_do(&I[i], "CLIENT KILL TYPE pubsub");
+    }
+    r = h_recv_id(b, 9, 25000);
+    long long took = h_now_ms() - t0;
+    ck_assert_msg(r != NULL && h_ok(r) && jtrue(r, "acquired"),
+                  "waiter not granted: %s",
+                  r != NULL ? h_errcode(r) : "no reply");
+    ck_assert_msg(took < WAKE_MS, "waiter tried again after %lld ms", took);
+    json_decref(r);
+    lk_unlock_ok(b, key, NULL);
+    h_close(a);
+    h_close(b);
+}
+
+/* One instance's subscriber lost and back while a majority listened;
+ * then two (the majority lost, and back). */
+START_TEST(test_wake_after_subscriber_loss)
+{
+    start_all_ex(2, NULL, true);
+    missed_message("wl1", 1);
+    missed_message("wl2", 2);
 }
 END_TEST
 
@@ -619,6 +981,12 @@ main(void)
         H_CASE(lock_lost_with_majority, 60),
         H_CASE(waiter_woken, 60),
         H_CASE(main_redis_down, 60),
+        H_CASE(wake_main_redis_down, 60),
+        H_CASE(wake_one_instance_down, 60),
+        H_CASE(wake_separate_main_redis, 60),
+        H_CASE(wake_instance_restarted, 60),
+        H_CASE(wake_after_subscriber_loss, 60),
+        H_CASE(wake_redisson_layout, 60),
         H_CASE(ticket_seller, 200),
     };
 
