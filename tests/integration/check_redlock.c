@@ -396,15 +396,7 @@ START_TEST(test_failed_attempt_undone)
     h_r_do(&I[2], "DEL leased:lock:{f}");
     h_r_do(&I[0], "HSET leased:lock:{f} " HOLDER " 1");
     h_r_do(&I[0], "PEXPIRE leased:lock:{f} 60000");
-    pid_t sleeper = fork();
-    ck_assert_int_ge(sleeper, 0);
-    if (sleeper == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        redisReply *s = h_redis_cmd(&I[2], "DEBUG SLEEP 1.5");
-        _exit(s != NULL ? 0 : 1);
-    }
-    h_track_pid(sleeper);
-    usleep(100000); /* let DEBUG SLEEP begin */
+    redisContext *z = h_redis_sleep_start(&I[2], 1.5);
     long long t0 = h_now_ms();
     r = lk_lock(c, "f", NULL, 10000, 0);
     ck_assert_msg(h_now_ms() - t0 < 1200,
@@ -412,9 +404,7 @@ START_TEST(test_failed_attempt_undone)
                   h_now_ms() - t0);
     ck_assert_msg(!h_ok(r) || !jtrue(r, "acquired"), "granted on one of 3");
     json_decref(r);
-    int st;
-    waitpid(sleeper, &st, 0);
-    h_untrack_pid(sleeper);
+    h_redis_sleep_end(z);
     /* Once it has woken, its late grant is given back. */
     long long deadline = h_now_ms() + 3000;
     while ((h_r_int(&I[1], "EXISTS leased:lock:{f}") != 0 ||
