@@ -37,8 +37,11 @@ new_value(const redisReadTask *t, int type)
     memset(r, 0, sizeof(*r));
     r->type = type;
     if (t->parent != NULL) {
+        /* The parent counts the elements it has so far (see make_array):
+         * hiredis builds them in order. */
         redisReply *parent = t->parent->obj;
         parent->element[t->idx] = r;
+        parent->elements = (size_t)t->idx + 1;
     }
     return r;
 }
@@ -67,12 +70,13 @@ make_array(const redisReadTask *t, int n)
 {
     redisReply **elements = NULL;
     if (n > 0) {
-        /* Cleared: a reply cut short is freed with the elements it has. */
+        /* Not cleared: ELEMENTS counts those built so far (new_value),
+         * which is all a reply cut short has to free, and N once the
+         * reply is complete. */
         elements = malloc((size_t)n * sizeof(*elements));
         if (elements == NULL) {
             return NULL;
         }
-        memset(elements, 0, (size_t)n * sizeof(*elements));
     }
     redisReply *r = new_value(t, REDIS_REPLY_ARRAY);
     if (r == NULL) {
@@ -80,7 +84,6 @@ make_array(const redisReadTask *t, int n)
         return NULL;
     }
     r->element = elements;
-    r->elements = n > 0 ? (size_t)n : 0;
     return r;
 }
 
