@@ -42,9 +42,14 @@ ckey_get(const char *key, size_t len)
     if (ck != NULL) {
         return ck;
     }
-    ck = ld_xcalloc(1, sizeof(*ck));
-    ck->key = ld_xstrndup(key, len);
-    ck->names = cache_make_names(key, len, &ck->entry_len, &ck->chan_len);
+    size_t nsize = cache_names_size(len);
+    ck = ld_xmalloc(sizeof(*ck) + len + 1 + nsize);
+    memset(ck, 0, sizeof(*ck));
+    ck->key = (char *)(ck + 1);
+    memcpy(ck->key, key, len);
+    ck->key[len] = '\0';
+    ck->names = ck->key + len + 1;
+    cache_put_names(ck->names, key, len, &ck->entry_len, &ck->chan_len);
     ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
     if (ck->timer == NULL) {
         ld_oom(0);
@@ -68,8 +73,6 @@ cache_ckey_maybe_free(struct ckey *ck)
     }
     event_free(ck->timer);
     ld_dict_del(cache_mod.keys, ck->key, ck->key_len);
-    free(ck->key);
-    free(ck->names);
     free(ck);
 }
 
@@ -544,7 +547,7 @@ cop_new(struct ld_req *req, size_t n, bool mget)
     op->mget = mget;
     op->n = n;
     op->left = n;
-    op->g = ld_xcalloc(n, sizeof(*op->g));
+    op->g = n == 1 ? &op->g1 : ld_xcalloc(n, sizeof(*op->g));
     if (mget) {
         op->texts = ld_xcalloc(n, sizeof(*op->texts));
         op->leased = ld_xcalloc(n, sizeof(*op->leased));
