@@ -391,10 +391,13 @@ fetch_cb(redisReply *reply, void *arg)
         res = parse_fetch(reply, &value, &pttl);
     }
     /* The cause, while ld_redis can still tell it (inside this call). */
-    char downmsg[256];
-    snprintf(downmsg, sizeof(downmsg), "redis unavailable: %s",
-             ld_redis_failure_reason()[0] != '\0' ? ld_redis_failure_reason()
-                                                  : "no answer");
+    char downmsg[256] = "";
+    if (res == R_DOWN) {
+        snprintf(downmsg, sizeof(downmsg), "redis unavailable: %s",
+                 ld_redis_failure_reason()[0] != '\0'
+                     ? ld_redis_failure_reason()
+                     : "no answer");
+    }
     fetch_unlink(f);
     LD_ASSERT(ck->nfetch > 0);
     ck->nfetch--;

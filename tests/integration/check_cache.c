@@ -1115,6 +1115,9 @@ START_TEST(test_redis_down_queued)
     /* Reads and writes cannot be served, and say so. */
     r = get(a, "q");
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(strncmp(jmsg(r), "redis unavailable: ", 19) == 0 &&
+                      strlen(jmsg(r)) > 19,
+                  "message %s", jmsg(r));
     json_decref(r);
     r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "q",
                 "value", "v");
