@@ -20,9 +20,16 @@
 
 #include <event2/buffer.h>
 
+/* A request record is made and dropped for every request: ended ones are
+ * kept for the next, up to REQ_SPARE of them (a few kB), which costs a
+ * fraction of a malloc and a free. */
+#define REQ_SPARE 256
+
 static struct {
     const struct ld_ctx *ctx;
     ld_proto_route *route; /* where requests go: dispatch */
+    struct ld_req *spare[REQ_SPARE];
+    size_t n_spare;
 } proto_mod;
 
 int
@@ -37,6 +44,9 @@ void
 ld_proto_free(void)
 {
     proto_mod.route = NULL;
+    while (proto_mod.n_spare > 0) {
+        free(proto_mod.spare[--proto_mod.n_spare]);
+    }
 }
 
 int
@@ -306,7 +316,11 @@ req_free(struct ld_req *req)
         json_decref(req->body);
     }
     struct ld_session *s = req->sess;
-    free(req);
+    if (proto_mod.n_spare < REQ_SPARE) {
+        proto_mod.spare[proto_mod.n_spare++] = req;
+    } else {
+        free(req);
+    }
     if (s != NULL) {
         ld_session_req_done(s);
     }
@@ -397,7 +411,10 @@ ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
         return;
     }
 
-    struct ld_req *req = ld_xcalloc(1, sizeof(*req));
+    struct ld_req *req = proto_mod.n_spare > 0
+                             ? proto_mod.spare[--proto_mod.n_spare]
+                             : ld_xmalloc(sizeof(*req));
+    memset(req, 0, sizeof(*req));
     req->sess = s;
     req->id = id;
     req->body = body;
