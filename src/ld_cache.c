@@ -535,6 +535,7 @@ ld_cache_free(void)
     ld_dict_free(cache_mod.keys);
     cache_mod.keys = NULL;
     cache_mod.n_waiters = 0;
+    cache_ckey_spares_free();
 
     /* Deletes stay in the journal for the next start. A sync still on
      * the worker is waited for; its invalidations are answered below,

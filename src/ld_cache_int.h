@@ -284,6 +284,8 @@ void cache_settle_refresh(struct getter *g, const char *v, size_t len,
 
 void cache_ckey_arm(struct ckey *ck);
 void cache_ckey_maybe_free(struct ckey *ck);
+/* At exit: the spare timers of dropped key records. */
+void cache_ckey_spares_free(void);
 void cache_op_get(struct ld_req *req);
 void cache_op_mget(struct ld_req *req);
 
