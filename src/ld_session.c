@@ -173,7 +173,7 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
              * so only it drains it; it unfreezes the same way for its
              * own writes. */
             evbuffer_unfreeze(out, 1);
-            int n = evbuffer_write(out, bufferevent_getfd(s->bev));
+            int n = evbuffer_write(out, s->fd);
             evbuffer_freeze(out, 1);
             if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
                 errno != EINTR) {
