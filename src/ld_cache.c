@@ -71,17 +71,21 @@ struct cache_mod_state cache_mod;
 
 /* ---- helpers --------------------------------------------------------- */
 
-/* prefix "{" key "}" ":fill" in one buffer: the entry key is its first
- * *ENTRY_LEN bytes, the channel all of it. */
-char *
-cache_make_names(const char *key, size_t len, size_t *entry_len,
-                 size_t *chan_len)
+size_t
+cache_names_size(size_t len)
+{
+    return strlen(cache_mod.ctx->cfg->cache.prefix) + len +
+           sizeof(CHAN_SUFFIX) + 2;
+}
+
+void
+cache_put_names(char *buf, const char *key, size_t len, size_t *entry_len,
+                size_t *chan_len)
 {
     const char *prefix = cache_mod.ctx->cfg->cache.prefix;
     size_t plen = strlen(prefix);
     size_t elen = plen + 1 + len + 1;
     size_t slen = sizeof(CHAN_SUFFIX) - 1;
-    char *buf = ld_xmalloc(elen + slen + 1);
     memcpy(buf, prefix, plen);
     buf[plen] = '{';
     memcpy(buf + plen + 1, key, len);
@@ -90,6 +94,14 @@ cache_make_names(const char *key, size_t len, size_t *entry_len,
     buf[elen + slen] = '\0';
     *entry_len = elen;
     *chan_len = elen + slen;
+}
+
+char *
+cache_make_names(const char *key, size_t len, size_t *entry_len,
+                 size_t *chan_len)
+{
+    char *buf = ld_xmalloc(cache_names_size(len));
+    cache_put_names(buf, key, len, entry_len, chan_len);
     return buf;
 }
 
@@ -518,13 +530,12 @@ ld_cache_free(void)
             ld_pubsub_unsubscribe(ck->sub);
         }
         event_free(ck->timer);
-        free(ck->key);
-        free(ck->names);
         free(ck);
     }
     ld_dict_free(cache_mod.keys);
     cache_mod.keys = NULL;
     cache_mod.n_waiters = 0;
+    cache_ckey_spares_free();
 
     /* Deletes stay in the journal for the next start. A sync still on
      * the worker is waited for; its invalidations are answered below,

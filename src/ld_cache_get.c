@@ -35,6 +35,21 @@
 static void fetch_cb(redisReply *reply, void *arg);
 static void ckey_timer_cb(evutil_socket_t fd, short what, void *arg);
 
+/* A key record is made and dropped for most reads, and its timer with
+ * it: the timers of dropped records are kept for the next ones (up to
+ * SPARE_TIMERS), which spares an event_new and an event_free a read. */
+#define SPARE_TIMERS 64
+static struct event *spare_timers[SPARE_TIMERS];
+static size_t n_spare_timers;
+
+void
+cache_ckey_spares_free(void)
+{
+    while (n_spare_timers > 0) {
+        event_free(spare_timers[--n_spare_timers]);
+    }
+}
+
 static struct ckey *
 ckey_get(const char *key, size_t len)
 {
@@ -42,10 +57,20 @@ ckey_get(const char *key, size_t len)
     if (ck != NULL) {
         return ck;
     }
-    ck = ld_xcalloc(1, sizeof(*ck));
-    ck->key = ld_xstrndup(key, len);
-    ck->names = cache_make_names(key, len, &ck->entry_len, &ck->chan_len);
-    ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
+    size_t nsize = cache_names_size(len);
+    ck = ld_xmalloc(sizeof(*ck) + len + 1 + nsize);
+    memset(ck, 0, sizeof(*ck));
+    ck->key = (char *)(ck + 1);
+    memcpy(ck->key, key, len);
+    ck->key[len] = '\0';
+    ck->names = ck->key + len + 1;
+    cache_put_names(ck->names, key, len, &ck->entry_len, &ck->chan_len);
+    if (n_spare_timers > 0) {
+        ck->timer = spare_timers[--n_spare_timers];
+        evtimer_assign(ck->timer, cache_mod.ctx->base, ckey_timer_cb, ck);
+    } else {
+        ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
+    }
     if (ck->timer == NULL) {
         ld_oom(0);
     }
@@ -66,10 +91,13 @@ cache_ckey_maybe_free(struct ckey *ck)
     if (ck->sub != NULL) {
         ld_pubsub_unsubscribe(ck->sub);
     }
-    event_free(ck->timer);
+    if (n_spare_timers < SPARE_TIMERS) {
+        event_del(ck->timer);
+        spare_timers[n_spare_timers++] = ck->timer;
+    } else {
+        event_free(ck->timer);
+    }
     ld_dict_del(cache_mod.keys, ck->key, ck->key_len);
-    free(ck->key);
-    free(ck->names);
     free(ck);
 }
 
@@ -388,10 +416,13 @@ fetch_cb(redisReply *reply, void *arg)
         res = parse_fetch(reply, &value, &pttl);
     }
     /* The cause, while ld_redis can still tell it (inside this call). */
-    char downmsg[256];
-    snprintf(downmsg, sizeof(downmsg), "redis unavailable: %s",
-             ld_redis_failure_reason()[0] != '\0' ? ld_redis_failure_reason()
-                                                  : "no answer");
+    char downmsg[256] = "";
+    if (res == R_DOWN) {
+        snprintf(downmsg, sizeof(downmsg), "redis unavailable: %s",
+                 ld_redis_failure_reason()[0] != '\0'
+                     ? ld_redis_failure_reason()
+                     : "no answer");
+    }
     fetch_unlink(f);
     LD_ASSERT(ck->nfetch > 0);
     ck->nfetch--;
@@ -544,7 +575,7 @@ cop_new(struct ld_req *req, size_t n, bool mget)
     op->mget = mget;
     op->n = n;
     op->left = n;
-    op->g = ld_xcalloc(n, sizeof(*op->g));
+    op->g = n == 1 ? &op->g1 : ld_xcalloc(n, sizeof(*op->g));
     if (mget) {
         op->texts = ld_xcalloc(n, sizeof(*op->texts));
         op->leased = ld_xcalloc(n, sizeof(*op->leased));

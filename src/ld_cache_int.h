@@ -72,6 +72,7 @@ struct cop {
     struct getter *g;     /* n getters (dups unused) */
     LIST_ENTRY(cop) link; /* its session's list */
     struct csess *cs;
+    struct getter g1; /* G of a cache.get: no allocation of its own */
 };
 
 /* One result of a cache.mget, serialised once: "," then the object, so
@@ -100,6 +101,8 @@ struct fetch {
     LIST_ENTRY(fetch) link;    /* every fetch in flight */
 };
 
+/* KEY and NAMES live in the same allocation, after the struct: a key is
+ * made and dropped for most reads. */
 struct ckey {
     char *key;
     size_t key_len;
@@ -247,8 +250,14 @@ glist_merge(struct glist *dst, struct glist *src)
 /* ---- ld_cache.c: helpers --------------------------------------------- */
 
 void cache_key_touched(const char *key, size_t len);
+/* prefix "{" key "}" ":fill" in one buffer: the entry key is its first
+ * *ENTRY_LEN bytes, the channel all of it. The buffer is malloc'd, or
+ * the caller's of cache_names_size(LEN) bytes. */
 char *cache_make_names(const char *key, size_t len, size_t *entry_len,
                        size_t *chan_len);
+size_t cache_names_size(size_t len);
+void cache_put_names(char *buf, const char *key, size_t len, size_t *entry_len,
+                     size_t *chan_len);
 void cache_set_timer(struct event *ev, uint64_t delay_us);
 void cache_update_journal_stats(void);
 
@@ -275,6 +284,8 @@ void cache_settle_refresh(struct getter *g, const char *v, size_t len,
 
 void cache_ckey_arm(struct ckey *ck);
 void cache_ckey_maybe_free(struct ckey *ck);
+/* At exit: the spare timers of dropped key records. */
+void cache_ckey_spares_free(void);
 void cache_op_get(struct ld_req *req);
 void cache_op_mget(struct ld_req *req);
 

@@ -102,7 +102,9 @@ cache_cop_free(struct cop *op)
     free(op->texts);
     free(op->leased);
     free(op->dup_of);
-    free(op->g);
+    if (op->g != &op->g1) {
+        free(op->g);
+    }
     free(op);
 }
 

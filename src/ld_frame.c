@@ -34,12 +34,17 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
         /* Resume the search where the last one stopped: a long line
          * arriving in small reads would otherwise be rescanned from its
          * start on every read. */
-        struct evbuffer_ptr start;
         if (f->scanned > avail) {
             f->scanned = 0;
         }
-        evbuffer_ptr_set(in, &start, f->scanned, EVBUFFER_PTR_SET);
-        struct evbuffer_ptr nl = evbuffer_search(in, "\n", 1, &start);
+        struct evbuffer_ptr nl = {.pos = -1};
+        if (f->scanned < avail) {
+            /* (Nothing to search, and no position to start from, when
+             * no byte came since the last search.) */
+            struct evbuffer_ptr start;
+            evbuffer_ptr_set(in, &start, f->scanned, EVBUFFER_PTR_SET);
+            nl = evbuffer_search(in, "\n", 1, &start);
+        }
         f->scanned = nl.pos < 0 ? avail : 0;
 
         if (f->discarding) {
@@ -88,4 +93,95 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
         *len = n;
         return LD_FRAME_LINE;
     }
+}
+
+/* Bytes of BUF (all of them, or up to its first \n included) move
+ * to the end of IN. */
+static void
+move_to_newline(struct evbuffer *in, const char *buf, size_t len, size_t *pos)
+{
+    const char *p = buf + *pos;
+    const char *nl = memchr(p, '\n', len - *pos);
+    size_t n = nl != NULL ? (size_t)(nl - p) + 1 : len - *pos;
+    evbuffer_add(in, p, n);
+    *pos += n;
+}
+
+enum ld_frame_result
+ld_frame_take(struct ld_framer *f, struct evbuffer *in, char *buf, size_t len,
+              size_t *pos, char **line, size_t *llen, bool *owned)
+{
+    for (;;) {
+        if (evbuffer_get_length(in) > 0) {
+            enum ld_frame_result r = ld_frame_next(f, in, line, llen);
+            if (r != LD_FRAME_NEED_MORE) {
+                *owned = true;
+                return r;
+            }
+            if (*pos >= len) {
+                return LD_FRAME_NEED_MORE;
+            }
+            if (evbuffer_get_length(in) > 0) {
+                /* The end of the kept line is in BUF: only it goes
+                 * through IN, the lines after it are framed in place. */
+                move_to_newline(in, buf, len, pos);
+            }
+            continue;
+        }
+        if (*pos >= len) {
+            return LD_FRAME_NEED_MORE;
+        }
+        char *p = buf + *pos;
+        size_t avail = len - *pos;
+        char *nl = memchr(p, '\n', avail);
+        if (f->discarding) {
+            if (nl == NULL) {
+                *pos = len;
+                return LD_FRAME_NEED_MORE;
+            }
+            *pos += (size_t)(nl - p) + 1;
+            f->discarding = false;
+            continue;
+        }
+        if (nl == NULL) {
+            if (avail > f->max_bytes + 1 ||
+                (avail == f->max_bytes + 1 && p[avail - 1] != '\r')) {
+                *pos = len;
+                f->discarding = true;
+                return LD_FRAME_TOO_LARGE;
+            }
+            /* IN is empty, and the bytes it gets hold no \n. */
+            evbuffer_add(in, p, avail);
+            f->scanned = avail;
+            *pos = len;
+            return LD_FRAME_NEED_MORE;
+        }
+        size_t n = (size_t)(nl - p);
+        *pos += n + 1;
+        if (n > f->max_bytes && (n > f->max_bytes + 1 || p[n - 1] != '\r')) {
+            return LD_FRAME_TOO_LARGE;
+        }
+        if (n > 0 && p[n - 1] == '\r') {
+            n--;
+        }
+        p[n] = '\0';
+        *line = p;
+        *llen = n;
+        *owned = false;
+        return LD_FRAME_LINE;
+    }
+}
+
+void
+ld_frame_keep(struct ld_framer *f, struct evbuffer *in, const char *buf,
+              size_t len, size_t *pos)
+{
+    if (*pos >= len) {
+        return;
+    }
+    if (evbuffer_get_length(in) == 0) {
+        f->scanned = 0;
+    }
+    evbuffer_add(in, buf + *pos, len - *pos);
+    *pos = len;
 }

@@ -25,4 +25,18 @@ struct ld_framer {
 enum ld_frame_result ld_frame_next(struct ld_framer *f, struct evbuffer *in,
                                    char **line, size_t *len);
 
+/* The same for the bytes of a read, BUF[*POS..LEN), which follow what IN
+ * kept of earlier reads: a line wholly inside BUF is returned in place,
+ * NUL-terminated there (BUF is written to), with *OWNED false; a line that
+ * began in IN is malloc'd as above, *OWNED true. *POS moves past what was
+ * framed; at LD_FRAME_NEED_MORE all of BUF has gone to IN or was skipped.
+ * Most reads hold whole lines, which then cost neither a copy nor an
+ * allocation. */
+enum ld_frame_result ld_frame_take(struct ld_framer *f, struct evbuffer *in,
+                                   char *buf, size_t len, size_t *pos,
+                                   char **line, size_t *llen, bool *owned);
+/* Stopping before NEED_MORE: the rest of BUF goes to IN for later. */
+void ld_frame_keep(struct ld_framer *f, struct evbuffer *in, const char *buf,
+                   size_t len, size_t *pos);
+
 #endif

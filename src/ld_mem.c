@@ -30,10 +30,23 @@ ld_xmalloc(size_t size)
     return p;
 }
 
+/* glibc's calloc bypasses the per-thread cache that malloc serves small
+ * blocks from: a request record costs some 200 instructions that way,
+ * against 40 for malloc and a memset. Large blocks still go to calloc,
+ * which can skip clearing fresh pages. */
+#define CALLOC_SMALL 1024
+
 void *
 ld_xcalloc(size_t n, size_t size)
 {
-    void *p = calloc(n != 0 ? n : 1, size != 0 ? size : 1);
+    n = n != 0 ? n : 1;
+    size = size != 0 ? size : 1;
+    if (size <= CALLOC_SMALL / n) {
+        void *p = ld_xmalloc(n * size);
+        memset(p, 0, n * size);
+        return p;
+    }
+    void *p = calloc(n, size);
     if (p == NULL) {
         ld_oom(n * size);
     }

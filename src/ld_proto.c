@@ -20,9 +20,16 @@
 
 #include <event2/buffer.h>
 
+/* A request record is made and dropped for every request: ended ones are
+ * kept for the next, up to REQ_SPARE of them (a few kB), which costs a
+ * fraction of a malloc and a free. */
+#define REQ_SPARE 256
+
 static struct {
     const struct ld_ctx *ctx;
     ld_proto_route *route; /* where requests go: dispatch */
+    struct ld_req *spare[REQ_SPARE];
+    size_t n_spare;
 } proto_mod;
 
 int
@@ -37,6 +44,9 @@ void
 ld_proto_free(void)
 {
     proto_mod.route = NULL;
+    while (proto_mod.n_spare > 0) {
+        free(proto_mod.spare[--proto_mod.n_spare]);
+    }
 }
 
 int
@@ -306,7 +316,11 @@ req_free(struct ld_req *req)
         json_decref(req->body);
     }
     struct ld_session *s = req->sess;
-    free(req);
+    if (proto_mod.n_spare < REQ_SPARE) {
+        proto_mod.spare[proto_mod.n_spare++] = req;
+    } else {
+        free(req);
+    }
     if (s != NULL) {
         ld_session_req_done(s);
     }
@@ -397,7 +411,10 @@ ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
         return;
     }
 
-    struct ld_req *req = ld_xcalloc(1, sizeof(*req));
+    struct ld_req *req = proto_mod.n_spare > 0
+                             ? proto_mod.spare[--proto_mod.n_spare]
+                             : ld_xmalloc(sizeof(*req));
+    memset(req, 0, sizeof(*req));
     req->sess = s;
     req->id = id;
     req->body = body;
@@ -413,13 +430,32 @@ ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
     return ld_reply_ok_hit_ex(req, v, len, NULL);
 }
 
+/* The room ID takes in a reply line written by hand, as jansson's compact
+ * dump writes it: integers and strings, the ids clients send; 0 for the
+ * rest, which jansson dumps. */
+static size_t
+id_max(const json_t *id)
+{
+    if (json_is_integer(id)) {
+        return LD_JSON_INT_MAX;
+    }
+    if (json_is_string(id)) {
+        return ld_json_quote_max(json_string_length(id));
+    }
+    return 0;
+}
+
+/* Most hit lines fit here: built on the stack, they are copied once into
+ * the session's output, with no allocation of their own. */
+#define HIT_STACK_LINE 2048
+
 int
 ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
                    const char *extra)
 {
     static const char mid[] = "\"ok\":true,\"hit\":true,\"value\":";
-    char *idtext = NULL;
-    size_t idlen = 0;
+    char *iddump = NULL;
+    size_t idcap = 0;
     /* A large value for a client that is not taking its replies (or is
      * gone) is not worth quoting: the line would be dropped. */
     if (req->sess != NULL && !ld_session_output_room(req->sess, len)) {
@@ -427,34 +463,55 @@ ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
         return LD_OK;
     }
     if (req->id != NULL) {
-        idtext = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
-        if (idtext == NULL) {
-            return LD_ERR;
+        idcap = id_max(req->id);
+        if (idcap == 0) {
+            iddump = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
+            if (iddump == NULL) {
+                return LD_ERR;
+            }
+            idcap = strlen(iddump);
         }
-        idlen = strlen(idtext);
     }
     size_t xlen = extra != NULL ? strlen(extra) : 0;
-    size_t cap = 8 + idlen + sizeof(mid) + ld_json_quote_max(len) + xlen + 3;
-    char *line = malloc(cap);
+    size_t cap = 8 + idcap + sizeof(mid) + ld_json_quote_max(len) + xlen + 3;
+    char stack_line[HIT_STACK_LINE];
+    char *line = cap <= sizeof(stack_line) ? stack_line : malloc(cap);
     if (line == NULL) {
-        free(idtext);
+        free(iddump);
         return LD_ERR;
     }
     char *o = line;
     *o++ = '{';
-    if (idtext != NULL) {
+    if (req->id != NULL) {
         memcpy(o, "\"id\":", 5);
         o += 5;
-        memcpy(o, idtext, idlen);
-        o += idlen;
+        if (iddump != NULL) {
+            memcpy(o, iddump, idcap);
+            o += idcap;
+            free(iddump);
+        } else if (json_is_integer(req->id)) {
+            o += ld_json_format_int(o, json_integer_value(req->id));
+        } else {
+            size_t qid = ld_json_quote(o, json_string_value(req->id),
+                                       json_string_length(req->id));
+            if (qid == 0) {
+                /* Not UTF-8, which the parser would have refused. */
+                if (line != stack_line) {
+                    free(line);
+                }
+                return LD_ERR;
+            }
+            o += qid;
+        }
         *o++ = ',';
-        free(idtext);
     }
     memcpy(o, mid, sizeof(mid) - 1);
     o += sizeof(mid) - 1;
     size_t q = ld_json_quote(o, v, len);
     if (q == 0) {
-        free(line);
+        if (line != stack_line) {
+            free(line);
+        }
         return LD_ERR;
     }
     o += q;
@@ -464,7 +521,14 @@ ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
     }
     *o++ = '}';
     *o++ = '\n';
-    send_line(req, line, (size_t)(o - line));
+    if (line != stack_line) {
+        send_line(req, line, (size_t)(o - line));
+    } else {
+        if (req->sess != NULL) {
+            ld_session_write(req->sess, line, (size_t)(o - line));
+        }
+        req_free(req);
+    }
     return LD_OK;
 }
 

@@ -9,6 +9,7 @@
 #include "ld_mem.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -20,6 +21,87 @@ static redisReplyObjectFunctions *base_fns;
 /* What one value costs beyond its bytes: the reply struct and its
  * place in the parent's array. */
 #define VALUE_COST (sizeof(redisReply) + sizeof(redisReply *))
+
+/* The values themselves, built as hiredis builds them (freeReplyObject
+ * frees them) but with malloc: hiredis 0.14 takes every reply struct
+ * from calloc, which glibc serves without its per-thread cache, at some
+ * 200 instructions a value, several values a reply. NULL when out of
+ * memory, as hiredis' own. */
+static redisReply *
+new_value(const redisReadTask *t, int type)
+{
+    redisReply *r = malloc(sizeof(*r));
+    if (r == NULL) {
+        return NULL;
+    }
+    memset(r, 0, sizeof(*r));
+    r->type = type;
+    if (t->parent != NULL) {
+        /* The parent counts the elements it has so far (see make_array):
+         * hiredis builds them in order. */
+        redisReply *parent = t->parent->obj;
+        parent->element[t->idx] = r;
+        parent->elements = (size_t)t->idx + 1;
+    }
+    return r;
+}
+
+static void *
+make_string(const redisReadTask *t, char *s, size_t len)
+{
+    char *buf = malloc(len + 1);
+    if (buf == NULL) {
+        return NULL;
+    }
+    redisReply *r = new_value(t, t->type);
+    if (r == NULL) {
+        free(buf);
+        return NULL;
+    }
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    r->str = buf;
+    r->len = len;
+    return r;
+}
+
+static void *
+make_array(const redisReadTask *t, int n)
+{
+    redisReply **elements = NULL;
+    if (n > 0) {
+        /* Not cleared: ELEMENTS counts those built so far (new_value),
+         * which is all a reply cut short has to free, and N once the
+         * reply is complete. */
+        elements = malloc((size_t)n * sizeof(*elements));
+        if (elements == NULL) {
+            return NULL;
+        }
+    }
+    redisReply *r = new_value(t, REDIS_REPLY_ARRAY);
+    if (r == NULL) {
+        free(elements);
+        return NULL;
+    }
+    r->element = elements;
+    return r;
+}
+
+static void *
+make_integer(const redisReadTask *t, long long v)
+{
+    redisReply *r = new_value(t, REDIS_REPLY_INTEGER);
+    if (r != NULL) {
+        r->integer = v;
+    }
+    return r;
+}
+
+static void *
+make_nil(const redisReadTask *t)
+{
+    return new_value(t, REDIS_REPLY_NIL);
+}
 
 static bool
 charge(const redisReadTask *t, size_t bytes)
@@ -46,7 +128,7 @@ bounded_string(const redisReadTask *t, char *s, size_t len)
                  b->max_bulk);
         return NULL;
     }
-    return charge(t, len) ? base_fns->createString(t, s, len) : NULL;
+    return charge(t, len) ? make_string(t, s, len) : NULL;
 }
 
 static void *
@@ -59,19 +141,19 @@ bounded_array(const redisReadTask *t, int n)
         return NULL;
     }
     size_t bytes = n > 0 ? (size_t)n * sizeof(redisReply *) : 0;
-    return charge(t, bytes) ? base_fns->createArray(t, n) : NULL;
+    return charge(t, bytes) ? make_array(t, n) : NULL;
 }
 
 static void *
 bounded_integer(const redisReadTask *t, long long v)
 {
-    return charge(t, 0) ? base_fns->createInteger(t, v) : NULL;
+    return charge(t, 0) ? make_integer(t, v) : NULL;
 }
 
 static void *
 bounded_nil(const redisReadTask *t)
 {
-    return charge(t, 0) ? base_fns->createNil(t) : NULL;
+    return charge(t, 0) ? make_nil(t) : NULL;
 }
 
 static void

@@ -72,6 +72,7 @@ TAILQ_HEAD(session_list, ld_session);
 
 struct session_io {
     struct ld_framer framer;
+    struct event *read_ev;   /* the socket, read here (see sock_read_cb) */
     struct event *linger_ev; /* bounds the writing after close */
     struct event *more_ev;   /* continue with buffered lines */
     struct event *grace_ev;  /* a paused estimate lets more through */
@@ -79,7 +80,7 @@ struct session_io {
     uint64_t answered;       /* requests answered, ever */
     uint64_t grace_mark;     /* ANSWERED when GRACE_EV was armed */
     bool dirty;              /* on the flush list */
-    bool reading;            /* EV_READ enabled on the bufferevent */
+    bool reading;            /* READ_EV added */
     bool out_paused;         /* owed output over the high mark: no dispatch */
     size_t reply_est;        /* recent reply size: a decaying maximum */
     bool backlog;            /* complete lines left for a later turn */
@@ -172,7 +173,7 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
              * so only it drains it; it unfreezes the same way for its
              * own writes. */
             evbuffer_unfreeze(out, 1);
-            int n = evbuffer_write(out, bufferevent_getfd(s->bev));
+            int n = evbuffer_write(out, s->fd);
             evbuffer_freeze(out, 1);
             if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
                 errno != EINTR) {
@@ -254,9 +255,9 @@ update_reading(struct ld_session *s)
     }
     s->io->reading = want;
     if (want) {
-        bufferevent_enable(s->bev, EV_READ);
+        event_add(s->io->read_ev, NULL);
     } else {
-        bufferevent_disable(s->bev, EV_READ);
+        event_del(s->io->read_ev);
     }
 }
 
@@ -368,6 +369,7 @@ ld_session_unref(struct ld_session *s)
          * socket and off the flush list (which holds a reference). */
         LD_ASSERT(!s->open && s->pending == 0 && s->bev == NULL &&
                   !s->io->dirty);
+        event_free(s->io->read_ev);
         event_free(s->io->linger_ev);
         event_free(s->io->more_ev);
         event_free(s->io->grace_ev);
@@ -495,7 +497,7 @@ ld_session_close(struct ld_session *s, const char *why)
         /* What is queued (the shutdown event, the last replies) and the
          * answers still owed go out, within a bound; the socket keeps
          * the session's memory alive meanwhile. */
-        bufferevent_disable(s->bev, EV_READ);
+        event_del(s->io->read_ev);
         ld_session_ref(s);
         session_mod.lingering++;
         if (closed_and_done(s)) {
@@ -693,11 +695,14 @@ looks_like_http(const char *line, size_t len)
     return len >= 5 && strncasecmp(line, "host:", 5) == 0;
 }
 
-/* Frame and dispatch buffered lines, within the bound of one turn. */
+/* Frame and dispatch buffered lines, then those of FRESH (LEN bytes just
+ * read, or none), within the bound of one turn; what is left of FRESH is
+ * kept in the session's input buffer. */
 static void
-process_input(struct ld_session *s)
+process_input(struct ld_session *s, char *fresh, size_t fresh_len)
 {
     struct evbuffer *in = bufferevent_get_input(s->bev);
+    size_t pos = 0;
     size_t lines = 0;
     size_t bytes = 0;
 
@@ -723,7 +728,7 @@ process_input(struct ld_session *s)
             }
         }
         if (lines >= TURN_MAX_LINES || bytes >= TURN_MAX_BYTES) {
-            if (evbuffer_get_length(in) > 0) {
+            if (evbuffer_get_length(in) > 0 || pos < fresh_len) {
                 s->io->backlog = true;
                 event_active(s->io->more_ev, EV_TIMEOUT, 0);
             }
@@ -731,10 +736,12 @@ process_input(struct ld_session *s)
         }
         char *line = NULL;
         size_t len = 0;
+        bool owned = false;
         s->io->framer.max_bytes =
             (size_t)sessions_cfg()->limits.max_request_bytes;
-        enum ld_frame_result r = ld_frame_next(&s->io->framer, in, &line,
-                                               &len);
+        enum ld_frame_result r = ld_frame_take(&s->io->framer, in, fresh,
+                                               fresh_len, &pos, &line, &len,
+                                               &owned);
         if (r == LD_FRAME_NEED_MORE) {
             break;
         }
@@ -759,24 +766,69 @@ process_input(struct ld_session *s)
                          "(cross-protocol request?) session=%s "
                          "listener=%s peer=%s",
                          s->name, s->listener, peer);
-                free(line);
+                if (owned) {
+                    free(line);
+                }
                 ld_session_close(s, "http");
                 break;
             }
         }
         ld_stats.requests++;
         session_mod.handlers->line(s, line, len);
-        free(line);
+        if (owned) {
+            free(line);
+        }
+    }
+    if (s->open && s->bev != NULL) {
+        ld_frame_keep(&s->io->framer, in, fresh, fresh_len, &pos);
     }
     update_reading(s);
     ld_session_unref(s);
 }
 
+/* Client sockets are read here rather than by their bufferevent, which
+ * asks the kernel with ioctl(FIONREAD) how much there is before every
+ * read: one system call per request for nothing. One read of at most
+ * READ_BYTES goes into a buffer shared by every session, whose whole
+ * lines are dispatched from where they lie (ld_frame_take); only a line
+ * cut by the end of the read, or lines left for a later turn, are copied
+ * to the session's input buffer. A full read leaves the socket readable,
+ * so the rest comes in the next loop turn, after the other sessions. The
+ * shared buffer is free again when process_input returns: lines are
+ * handed to the handler, which copies what it keeps, and reads never
+ * nest. */
+#define READ_BYTES (64u * 1024)
+
 static void
-read_cb(struct bufferevent *bev, void *arg)
+sock_read_cb(evutil_socket_t fd, short what, void *arg)
 {
-    LD_UNUSED(bev);
-    process_input(arg);
+    static char buf[READ_BYTES];
+#ifdef LD_DEBUG
+    static bool busy;
+#endif
+    struct ld_session *s = arg;
+    LD_UNUSED(what);
+    LD_ASSERT(s->open && s->bev != NULL);
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+#ifdef LD_DEBUG
+        LD_ASSERT(!busy);
+        busy = true;
+#endif
+        process_input(s, buf, (size_t)n);
+#ifdef LD_DEBUG
+        busy = false;
+#endif
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return;
+    }
+    /* Reading is on only while no whole line waits in the input buffer
+     * (update_reading), so every request sent before the end was read
+     * and dispatched already; its answers still go out (the socket
+     * lingers for writing, see ld_session_close). */
+    ld_session_close(s, n == 0 ? "eof" : strerror(errno));
 }
 
 static void
@@ -799,7 +851,7 @@ more_cb(evutil_socket_t fd, short what, void *arg)
         ld_session_unref(s);
         return;
     }
-    process_input(s);
+    process_input(s, NULL, 0);
 }
 
 static void
@@ -820,7 +872,7 @@ grace_cb(evutil_socket_t fd, short what, void *arg)
     }
     s->io->grace = BLIND_REQUESTS;
     s->io->out_paused = false;
-    process_input(s);
+    process_input(s, NULL, 0);
 }
 
 static void
@@ -874,11 +926,13 @@ ld_session_new(int fd, bool auth_required, const char *listener)
     struct session_io *io = ld_xcalloc(1, sizeof(*io));
     struct bufferevent *bev = bufferevent_socket_new(ctx->base, fd,
                                                      BEV_OPT_CLOSE_ON_FREE);
+    io->read_ev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, sock_read_cb,
+                            s);
     io->linger_ev = evtimer_new(ctx->base, linger_cb, s);
     io->more_ev = event_new(ctx->base, -1, 0, more_cb, s);
     io->grace_ev = evtimer_new(ctx->base, grace_cb, s);
-    if (bev == NULL || io->linger_ev == NULL || io->more_ev == NULL ||
-        io->grace_ev == NULL) {
+    if (bev == NULL || io->read_ev == NULL || io->linger_ev == NULL ||
+        io->more_ev == NULL || io->grace_ev == NULL) {
         ld_oom(0);
     }
     s->id = session_mod.next_id++;
@@ -899,12 +953,17 @@ ld_session_new(int fd, bool auth_required, const char *listener)
     ld_stats.sessions = session_mod.count;
     ld_stats.connections_accepted++;
 
-    bufferevent_setcb(bev, read_cb, write_cb, event_cb, s);
+    bufferevent_setcb(bev, NULL, write_cb, event_cb, s);
     evbuffer_add_cb(bufferevent_get_output(bev), output_cb, s);
     evbuffer_add_cb(bufferevent_get_input(bev), input_cb, s);
-    /* A new bufferevent has writing enabled; flush_cb writes instead. */
+    /* A new bufferevent has writing enabled; flush_cb writes instead,
+     * and sock_read_cb reads. */
     bufferevent_disable(bev, EV_WRITE);
-    bufferevent_enable(bev, EV_READ);
+    /* Its input buffer is the session's, added to by sock_read_cb: the
+     * bufferevent froze its end to be the only one adding to it, and it
+     * never reads. */
+    evbuffer_unfreeze(bufferevent_get_input(bev), 0);
+    event_add(io->read_ev, NULL);
     io->reading = true;
     log_debug("session opened session=%s listener=%s", s->name, s->listener);
     return s;

@@ -1115,6 +1115,9 @@ START_TEST(test_redis_down_queued)
     /* Reads and writes cannot be served, and say so. */
     r = get(a, "q");
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(strncmp(jmsg(r), "redis unavailable: ", 19) == 0 &&
+                      strlen(jmsg(r)) > 19,
+                  "message %s", jmsg(r));
     json_decref(r);
     r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "q",
                 "value", "v");
@@ -1594,6 +1597,47 @@ call_line(struct h_conn *c, const char *fmt, long long v)
     return h_call(c, req, T_MS);
 }
 
+/* A hit's reply carries the request's id whatever its (scalar) type, as
+ * the client sent it: the hit line is built by hand, not by jansson. */
+START_TEST(test_hit_reply_ids)
+{
+    static const char *const ids[] = {
+        "7",
+        "-9223372036854775808",
+        "\"s-1\"",
+        "\"q\\\"uo\\\\te \\u00e9\\u20ac\\ud83d\\ude00 \\/ \\n\\t\\u0001\"",
+        "\"\"",
+        "1.5",
+        "true",
+        "null",
+    };
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key",
+                        "ids", "value", "v\"\xc3\xa9");
+    h_must(r);
+    json_decref(r);
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        char line[512];
+        json_error_t e;
+        json_t *want = json_loads(ids[i], JSON_DECODE_ANY, &e);
+        ck_assert_msg(want != NULL, "bad test id %s", ids[i]);
+        snprintf(line, sizeof line,
+                 "{\"op\":\"cache.get\",\"key\":\"ids\",\"id\":%s}\n", ids[i]);
+        ck_assert_int_eq(h_send_raw(a, line, strlen(line)), 0);
+        r = h_recv(a, T_MS);
+        h_must(r);
+        ck_assert_msg(json_equal(json_object_get(r, "id"), want),
+                      "id %s came back as %s", ids[i], h_dump(r));
+        ck_assert(jtrue(r, "hit"));
+        ck_assert_str_eq(jstr(r, "value"), "v\"\xc3\xa9");
+        json_decref(want);
+        json_decref(r);
+    }
+    h_close(a);
+}
+END_TEST
+
 /* ttl_ms has one range in every op (1..2^40), wait_ms another (0..2^31,
  * and -1 for lock); the maximum is accepted and works end to end, one
  * more is bad_request. */
@@ -2007,6 +2051,7 @@ main(void)
 {
     const struct h_case cases[] = {
         H_CASE(get_fill_hit, 60),
+        H_CASE(hit_reply_ids, 60),
         H_CASE(null_and_empty, 60),
         H_CASE(ttls_and_jitter, 60),
         H_CASE(single_flight_two_daemons, 60),

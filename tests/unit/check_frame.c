@@ -32,11 +32,26 @@ teardown(void)
     ctx.cfg = NULL;
 }
 
-/* Feed BYTES in chunks of CHUNK and collect what the framer yields into
- * OUT as "L:<line>" / "T" entries joined by '|'. */
+/* Append one framing result to OUT as "L:<line>" / "T", joined by '|'. */
 static void
-feed(struct ld_framer *f, const char *bytes, size_t len, size_t chunk,
-     char *out, size_t outlen)
+note(enum ld_frame_result r, const char *line, size_t ll, char *out,
+     size_t outlen)
+{
+    if (r == LD_FRAME_TOO_LARGE) {
+        strncat(out, "T|", outlen - strlen(out) - 1);
+    } else {
+        ck_assert_uint_eq(strlen(line), ll);
+        strncat(out, "L:", outlen - strlen(out) - 1);
+        strncat(out, line, outlen - strlen(out) - 1);
+        strncat(out, "|", outlen - strlen(out) - 1);
+    }
+}
+
+/* Feed BYTES in chunks of CHUNK through ld_frame_next and collect what
+ * the framer yields into OUT. */
+static void
+feed_buffered(struct ld_framer *f, const char *bytes, size_t len, size_t chunk,
+              char *out, size_t outlen)
 {
     struct evbuffer *in = evbuffer_new();
     out[0] = '\0';
@@ -50,18 +65,70 @@ feed(struct ld_framer *f, const char *bytes, size_t len, size_t chunk,
             if (r == LD_FRAME_NEED_MORE) {
                 break;
             }
-            if (r == LD_FRAME_TOO_LARGE) {
-                strncat(out, "T|", outlen - strlen(out) - 1);
-            } else {
-                ck_assert_uint_eq(strlen(line), ll);
-                strncat(out, "L:", outlen - strlen(out) - 1);
-                strncat(out, line, outlen - strlen(out) - 1);
-                strncat(out, "|", outlen - strlen(out) - 1);
-                free(line);
-            }
+            note(r, line, ll, out, outlen);
+            free(line);
         }
     }
     evbuffer_free(in);
+}
+
+/* The same through ld_frame_take, as a session reads: each chunk is a
+ * fresh read, framed in place. With STOP, framing stops after every
+ * line and the rest of the read is kept (ld_frame_keep), as a session
+ * does at the end of its turn. */
+static void
+feed_fresh(struct ld_framer *f, const char *bytes, size_t len, size_t chunk,
+           bool stop, char *out, size_t outlen)
+{
+    struct evbuffer *in = evbuffer_new();
+    char *buf = malloc(chunk + 1);
+    out[0] = '\0';
+    for (size_t off = 0; off < len; off += chunk) {
+        size_t n = len - off < chunk ? len - off : chunk;
+        size_t pos = 0;
+        memcpy(buf, bytes + off, n);
+        for (;;) {
+            char *line = NULL;
+            size_t ll = 0;
+            bool owned = false;
+            enum ld_frame_result r = ld_frame_take(f, in, buf, n, &pos, &line,
+                                                   &ll, &owned);
+            if (r == LD_FRAME_NEED_MORE) {
+                ck_assert_uint_eq(pos, n);
+                break;
+            }
+            note(r, line, ll, out, outlen);
+            if (r == LD_FRAME_LINE) {
+                ck_assert(owned == (line < buf || line >= buf + n));
+            }
+            if (owned) {
+                free(line);
+            }
+            if (stop) {
+                ld_frame_keep(f, in, buf, n, &pos);
+            }
+        }
+    }
+    free(buf);
+    evbuffer_free(in);
+}
+
+/* Every way of framing the same bytes yields the same lines. */
+static void
+feed(struct ld_framer *f, const char *bytes, size_t len, size_t chunk,
+     char *out, size_t outlen)
+{
+    struct ld_framer f2 = *f;
+    struct ld_framer f3 = *f;
+    char *alt = malloc(outlen);
+    feed_buffered(f, bytes, len, chunk, out, outlen);
+    feed_fresh(&f2, bytes, len, chunk, false, alt, outlen);
+    ck_assert_msg(strcmp(out, alt) == 0, "in place, chunk %zu: %s / %s", chunk,
+                  out, alt);
+    feed_fresh(&f3, bytes, len, chunk, true, alt, outlen);
+    ck_assert_msg(strcmp(out, alt) == 0, "kept, chunk %zu: %s / %s", chunk,
+                  out, alt);
+    free(alt);
 }
 
 START_TEST(split_reads)
@@ -132,6 +199,36 @@ START_TEST(line_at_limit_crlf)
         feed(&f, bytes, strlen(bytes), chunk, out, sizeof(out));
         ck_assert_msg(strcmp(out, "L:12345|T|L:1234\r|L:z|") == 0,
                       "chunk %zu: %s", chunk, out);
+    }
+}
+END_TEST
+
+/* Lines around the limit, with \n and \r\n, empty ones and a stray \r,
+ * framed from reads of every size up to a few lines: reading in place
+ * and keeping the rest of a read agree with the buffered framer. */
+START_TEST(fresh_reads_like_buffered)
+{
+    char bytes[2048];
+    size_t len = 0;
+    unsigned seed = 7;
+    while (len < sizeof(bytes) - 32) {
+        seed = seed * 1103515245u + 12345u;
+        size_t n = (seed >> 16) % 24;
+        for (size_t i = 0; i < n; i++) {
+            bytes[len++] = (char)('a' + (i % 26));
+        }
+        if ((seed >> 8) % 5 == 0) {
+            bytes[len++] = '\r';
+        }
+        bytes[len++] = '\n';
+    }
+    bytes[len] = '\0';
+    for (size_t chunk = 1; chunk <= 64; chunk++) {
+        char out[8192];
+        struct ld_framer f = {.max_bytes = 12};
+        feed(&f, bytes, len, chunk, out, sizeof(out));
+        ck_assert_ptr_nonnull(strstr(out, "T|"));
+        ck_assert_ptr_nonnull(strstr(out, "L:|"));
     }
 }
 END_TEST
@@ -568,6 +665,7 @@ main(void)
     tcase_add_test(tc, oversize_line_skipped);
     tcase_add_test(tc, line_at_limit_accepted);
     tcase_add_test(tc, line_at_limit_crlf);
+    tcase_add_test(tc, fresh_reads_like_buffered);
     tcase_add_test(tc, parse_nul);
     tcase_add_test(tc, error_message_cut_at_character);
     tcase_add_test(tc, parse_good);
