@@ -299,6 +299,11 @@ START_TEST(test_failover_flushes)
     get_until_near(c, k1, "other");
     int rep = h_cluster_replica_of(&C, m[0]);
     ck_assert_int_ge(rep, 0);
+    /* A manual failover waits for the replica to catch up: it must be
+     * linked (past its first sync) and have every write. */
+    ck_assert_msg(h_wait_until(h_replica_linked, &C.node[m[0]], FAILOVER_MS),
+                  "the replica of master 0 never came online");
+    ck_assert_int_ge(h_r_int(&C.node[m[0]], "WAIT 1 %d", T_MS), 1);
     long long flushes = h_stat(c, "near_flushes");
 
     h_r_do(&C.node[rep], "CLUSTER FAILOVER");
