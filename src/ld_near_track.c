@@ -49,12 +49,6 @@
 #include <event2/event.h>
 
 #define CHANNEL "__redis__:invalidate"
-/* Shared connections (at most 64 per node) and those on their way out;
- * beyond this a connection is never trusted, its reads never kept. */
-#define MAX_CONNS 512
-/* Nodes with a tracking connection (cluster masters, old and new); the
- * same. */
-#define MAX_NODES 64
 /* A connection still loading its scripts is ready within a few ms. */
 #define REISSUE_RETRY_MS 5
 
@@ -82,13 +76,17 @@ struct reissue {
 static struct {
     const struct ld_ctx *ctx;
     bool cluster;
-    /* Standalone and sentinel: nodes[0] alone, wherever redis.* points. */
-    struct tnode *nodes[MAX_NODES];
+    /* Standalone and sentinel: nodes[0] alone, wherever redis.* points.
+     * Cluster mode: every node ever connected to, as ld_redis keeps
+     * them. */
+    struct tnode **nodes;
     int n_nodes;
     bool have_addr;
     bool started;
     bool refused_logged;
-    struct tconn conns[MAX_CONNS];
+    /* The shared command connections and those set aside; id 0: free. */
+    struct tconn *conns;
+    size_t n_conns;
     struct event *retry_ev;
     char id_text[24];
     struct ld_redis_conn_hooks hooks;
@@ -114,7 +112,7 @@ near_track_armed(void)
 static struct tconn *
 tconn_find(uint64_t id)
 {
-    for (size_t i = 0; i < MAX_CONNS; i++) {
+    for (size_t i = 0; i < track_mod.n_conns; i++) {
         if (track_mod.conns[i].id == id) {
             return &track_mod.conns[i];
         }
@@ -144,7 +142,7 @@ static void
 set_armed_stat(void)
 {
     bool all = near_track_armed();
-    for (size_t i = 0; all && i < MAX_CONNS; i++) {
+    for (size_t i = 0; all && i < track_mod.n_conns; i++) {
         const struct tconn *t = &track_mod.conns[i];
         all = t->id == 0 || tconn_trusted(t);
     }
@@ -217,7 +215,7 @@ reissue_cb(redisReply *reply, void *arg)
 static void
 reissue_all(void)
 {
-    for (size_t i = 0; i < MAX_CONNS; i++) {
+    for (size_t i = 0; i < track_mod.n_conns; i++) {
         struct tconn *t = &track_mod.conns[i];
         if (t->id == 0 || !node_armed(t->node) ||
             t->redirect == t->node->client_id ||
@@ -248,6 +246,23 @@ retry_cb(evutil_socket_t fd, short what, void *arg)
 
 static struct tnode *node_of(uint64_t conn_id);
 
+/* A free entry for a command connection (the table grows; entries move). */
+static struct tconn *
+tconn_new(void)
+{
+    struct tconn *t = tconn_find(0);
+    if (t == NULL) {
+        size_t n = track_mod.n_conns;
+        size_t grown = n == 0 ? 16 : 2 * n;
+        track_mod.conns = ld_xrealloc(track_mod.conns,
+                                      grown * sizeof(*track_mod.conns));
+        memset(&track_mod.conns[n], 0, (grown - n) * sizeof(*t));
+        track_mod.n_conns = grown;
+        t = &track_mod.conns[n];
+    }
+    return t;
+}
+
 static int
 hook_handshake(uint64_t conn_id, const char **argv, size_t *argvlen, int max,
                void *arg)
@@ -256,10 +271,10 @@ hook_handshake(uint64_t conn_id, const char **argv, size_t *argvlen, int max,
     struct tconn *t = tconn_find(conn_id);
     if (t == NULL) {
         struct tnode *node = node_of(conn_id);
-        t = node != NULL ? tconn_find(0) : NULL;
-        if (t == NULL) {
+        if (node == NULL) {
             return 0; /* never trusted: its reads are not kept */
         }
+        t = tconn_new();
         t->id = conn_id;
         t->redirect = 0;
         t->asked = 0;
@@ -427,13 +442,13 @@ static const struct ld_conn_ops track_ops = {
 static struct tnode *
 node_new(const struct ld_conn_addr *addr, const char *text)
 {
-    if (track_mod.n_nodes == MAX_NODES) {
-        return NULL;
-    }
     struct tnode *node = ld_xcalloc(1, sizeof(*node));
     snprintf(node->address, sizeof(node->address), "%s", text);
     node->conn = ld_conn_new(track_mod.ctx, addr, LD_CONN_ROLE_TRACK,
                              &track_ops, node);
+    track_mod.nodes = ld_xrealloc(track_mod.nodes,
+                                  (size_t)(track_mod.n_nodes + 1) *
+                                      sizeof(*track_mod.nodes));
     track_mod.nodes[track_mod.n_nodes++] = node;
     return node;
 }
@@ -458,12 +473,6 @@ node_of(uint64_t conn_id)
         }
     }
     struct tnode *node = node_new(&addr, text);
-    if (node == NULL) {
-        log_warn("near cache: more than %d redis nodes, reads from %s are "
-                 "not kept",
-                 MAX_NODES, text);
-        return NULL;
-    }
     if (track_mod.started) {
         ld_conn_start(node->conn);
     }
@@ -533,6 +542,8 @@ near_track_free(void)
         ld_conn_free(track_mod.nodes[i]->conn);
         free(track_mod.nodes[i]);
     }
+    free(track_mod.nodes);
+    free(track_mod.conns);
     if (track_mod.retry_ev != NULL) {
         event_free(track_mod.retry_ev);
     }
