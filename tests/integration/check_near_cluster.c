@@ -45,6 +45,15 @@ static const struct h_fixture fx = {
 
 /* --- helpers ------------------------------------------------------------ */
 
+static long long client_id_on(int i, const char *role);
+
+/* For h_wait_until: node *ARG has the daemon's tracking connection. */
+static bool
+has_tracking(void *arg)
+{
+    return client_id_on(*(const int *)arg, "track") > 0;
+}
+
 /* The cluster, leased on it with the near cache, every master tracked;
  * the masters by index in C.node in M. */
 static struct h_conn *
@@ -57,12 +66,19 @@ start_all(int m[3])
     ck_assert_int_eq(h_daemon_start(&D, &C.node[0], yaml), 0);
     struct h_conn *c = h_connect_ok(&D);
     h_assert_stat(c, "redis_cluster_nodes", 3, T_MS);
-    h_assert_stat(c, "near_tracking", 1, T_MS);
     m[0] = h_cluster_master_of_slot(&C, 0);
     m[1] = h_cluster_master_of_slot(&C, 8000);
     m[2] = h_cluster_master_of_slot(&C, 16000);
     ck_assert(m[0] >= 0 && m[1] >= 0 && m[2] >= 0);
     ck_assert(m[0] != m[1] && m[1] != m[2] && m[0] != m[2]);
+    /* Each master's tracking connection comes with the first command
+     * connection to it, and its start flushes: wait for all three, then
+     * for every command connection to be tracked. */
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(h_wait_until(has_tracking, &m[i], T_MS),
+                      "no tracking connection on master %d", i);
+    }
+    h_assert_stat(c, "near_tracking", 1, T_MS);
     return c;
 }
 
@@ -213,8 +229,9 @@ client_id_on(int i, const char *role)
 
 /* Slot SLOT moved from master SRC to DST by hand, keys and all, as
  * redis-cli --cluster reshard does; THIRD is told too. Midway, with the
- * keys at DST and the slot still SRC's, KEY is read through C: answered
- * VALUE after ASK, never kept (the read was not tracked where it ran). */
+ * keys at DST and the slot still SRC's, KEY is read through C: evicted
+ * by SRC's invalidation within a bound, then answered VALUE after ASK and
+ * never kept (the read was not tracked where it ran). */
 static void
 migrate_slot(unsigned slot, int src, int dst, int third, struct h_conn *c,
              const char *key, const char *value)
@@ -232,6 +249,20 @@ migrate_slot(unsigned slot, int src, int dst, int third, struct h_conn *c,
                C.node[dst].port, ks->element[i]->str);
     }
     freeReplyObject(ks);
+    /* The source's invalidation of the keys that left is on its way. */
+    long long t0 = h_now_ms();
+    for (;;) {
+        json_t *r = get(c, key);
+        bool near = jtrue(r, "near");
+        ck_assert_msg(hit_of(r, value), "%s", h_dump(r));
+        json_decref(r);
+        if (!near) {
+            break;
+        }
+        ck_assert_msg(h_now_ms() - t0 < EVICT_MS,
+                      "the migrated key stayed near");
+        usleep(1000);
+    }
     long long asked = h_stat(c, "redis_ask");
     for (int n = 0; n < 10; n++) {
         json_t *r = get(c, key);
