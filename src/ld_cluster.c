@@ -381,6 +381,25 @@ redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply)
     return true;
 }
 
+/* ---- the node of a connection ---------------------------------------- */
+
+int
+ld_redis_conn_address(uint64_t conn_id, struct ld_conn_addr *addr, char *text,
+                      size_t len)
+{
+    for (int k = 0; conn_id != 0 && k < redis_mod.n_nodes; k++) {
+        const struct rnode *n = redis_mod.nodes[k];
+        for (int i = 0; i < n->n_conns + n->n_lock; i++) {
+            if (n->conns[i].id == conn_id) {
+                *addr = n->addr;
+                snprintf(text, len, "%s", n->address);
+                return LD_OK;
+            }
+        }
+    }
+    return LD_ERR;
+}
+
 /* ---- start and stop -------------------------------------------------- */
 
 /* BODY with its PUBLISH calls made SPUBLISH. */

@@ -14,8 +14,9 @@
  * whose generation or epoch moved is dropped. This is the race of an
  * invalidation that overtakes the reply of the read of the old value.
  * (3) Whenever invalidations may have been lost (the tracking connection
- * or a tracked command connection went away, the master moved, Redis
- * flushed) everything is flushed at once, before another near hit.
+ * or a tracked command connection went away, the master moved, the slot
+ * map of a cluster changed, Redis flushed) everything is flushed at once,
+ * before another near hit.
  */
 #include "ld_features.h"
 #include "ld_near.h"

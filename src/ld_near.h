@@ -19,7 +19,7 @@ struct ld_ctx;
 
 int ld_near_init(const struct ld_ctx *ctx);
 /* Connects the tracking connection (sentinel mode: once a master is
- * known). */
+ * known; cluster mode: one per master, as the daemon connects to it). */
 void ld_near_start(void);
 /* Sentinel mode: the master is at ADDR from now on. Everything kept is
  * flushed and the tracking connection moves there. */

@@ -21,6 +21,14 @@
  * towards the current tracking id. Losing the tracking connection, or a
  * trusted command connection (its tracked keys die with it, and their
  * invalidations with them), flushes the store.
+ *
+ * Redis Cluster: a REDIRECT names a client of the same server, so each
+ * node that command connections go to gets its own tracking connection
+ * (made when the first of them starts its handshake), and a connection is
+ * trusted only towards its own node's. Any change of the slot map (a
+ * failover, a slot moved, a node gone) flushes the store: the keys read
+ * from a master that lost its slots would go unheard once another serves
+ * them.
  */
 #include "ld_near_int.h"
 
@@ -41,15 +49,22 @@
 #include <event2/event.h>
 
 #define CHANNEL "__redis__:invalidate"
-/* Shared connections (at most 64) and those on their way out. */
-#define MAX_CONNS 128
 /* A connection still loading its scripts is ready within a few ms. */
 #define REISSUE_RETRY_MS 5
+
+/* A server the command connections go to, and its tracking connection. */
+struct tnode {
+    struct ld_conn *conn;
+    char address[300];  /* cluster mode: which node */
+    uint64_t client_id; /* of the tracking connection, 0: not known */
+    bool subscribed;
+};
 
 struct tconn {
     uint64_t id;       /* 0: free slot */
     uint64_t redirect; /* the tracking id Redis confirmed, 0: none */
     uint64_t asked;    /* the tracking id of a request in flight */
+    struct tnode *node;
 };
 
 /* A pinned CLIENT TRACKING in flight. */
@@ -60,29 +75,44 @@ struct reissue {
 
 static struct {
     const struct ld_ctx *ctx;
-    struct ld_conn *conn;
-    struct ld_conn_addr addr;
+    bool cluster;
+    /* Standalone and sentinel: nodes[0] alone, wherever redis.* points.
+     * Cluster mode: every node ever connected to, as ld_redis keeps
+     * them. */
+    struct tnode **nodes;
+    int n_nodes;
     bool have_addr;
     bool started;
-    uint64_t client_id; /* of the tracking connection, 0: not known */
-    bool subscribed;
     bool refused_logged;
-    struct tconn conns[MAX_CONNS];
+    /* The shared command connections and those set aside; id 0: free. */
+    struct tconn *conns;
+    size_t n_conns;
     struct event *retry_ev;
     char id_text[24];
     struct ld_redis_conn_hooks hooks;
 } track_mod;
 
+static bool
+node_armed(const struct tnode *n)
+{
+    return n != NULL && n->client_id != 0 && n->subscribed;
+}
+
 bool
 near_track_armed(void)
 {
-    return track_mod.client_id != 0 && track_mod.subscribed;
+    for (int i = 0; i < track_mod.n_nodes; i++) {
+        if (node_armed(track_mod.nodes[i])) {
+            return true;
+        }
+    }
+    return false;
 }
 
 static struct tconn *
 tconn_find(uint64_t id)
 {
-    for (size_t i = 0; i < MAX_CONNS; i++) {
+    for (size_t i = 0; i < track_mod.n_conns; i++) {
         if (track_mod.conns[i].id == id) {
             return &track_mod.conns[i];
         }
@@ -90,14 +120,20 @@ tconn_find(uint64_t id)
     return NULL;
 }
 
+static bool
+tconn_trusted(const struct tconn *t)
+{
+    return node_armed(t->node) && t->redirect == t->node->client_id;
+}
+
 bool
 near_track_trusted(uint64_t conn_id)
 {
-    if (!near_track_armed() || conn_id == 0) {
+    if (conn_id == 0) {
         return false;
     }
     const struct tconn *t = tconn_find(conn_id);
-    return t != NULL && t->redirect == track_mod.client_id;
+    return t != NULL && tconn_trusted(t);
 }
 
 /* near_tracking: invalidations arrive and every command connection is
@@ -106,9 +142,9 @@ static void
 set_armed_stat(void)
 {
     bool all = near_track_armed();
-    for (size_t i = 0; all && i < MAX_CONNS; i++) {
+    for (size_t i = 0; all && i < track_mod.n_conns; i++) {
         const struct tconn *t = &track_mod.conns[i];
-        all = t->id == 0 || t->redirect == track_mod.client_id;
+        all = t->id == 0 || tconn_trusted(t);
     }
     ld_stats.near_tracking = all ? 1 : 0;
 }
@@ -175,26 +211,25 @@ reissue_cb(redisReply *reply, void *arg)
     free(ri);
 }
 
-/* Point every known command connection at the current tracking id. */
+/* Point every known command connection at its node's tracking id. */
 static void
 reissue_all(void)
 {
-    if (!near_track_armed()) {
-        return;
-    }
-    for (size_t i = 0; i < MAX_CONNS; i++) {
+    for (size_t i = 0; i < track_mod.n_conns; i++) {
         struct tconn *t = &track_mod.conns[i];
-        if (t->id == 0 || t->redirect == track_mod.client_id ||
-            t->asked == track_mod.client_id) {
+        if (t->id == 0 || !node_armed(t->node) ||
+            t->redirect == t->node->client_id ||
+            t->asked == t->node->client_id) {
             continue;
         }
+        uint64_t client_id = t->node->client_id;
         const char *argv[6];
         size_t argvlen[6];
-        int n = tracking_argv(track_mod.client_id, argv, argvlen);
+        int n = tracking_argv(client_id, argv, argvlen);
         struct reissue *ri = ld_xcalloc(1, sizeof(*ri));
         ri->conn_id = t->id;
-        ri->client_id = track_mod.client_id;
-        t->asked = track_mod.client_id;
+        ri->client_id = client_id;
+        t->asked = client_id;
         struct ld_redis_opts o = {.pool = LD_REDIS_POOL_SHARED, .pin = t->id};
         ld_redis_command_ex(&o, "", 0, n, argv, argvlen, reissue_cb, ri);
     }
@@ -209,6 +244,25 @@ retry_cb(evutil_socket_t fd, short what, void *arg)
     reissue_all();
 }
 
+static struct tnode *node_of(uint64_t conn_id);
+
+/* A free entry for a command connection (the table grows; entries move). */
+static struct tconn *
+tconn_new(void)
+{
+    struct tconn *t = tconn_find(0);
+    if (t == NULL) {
+        size_t n = track_mod.n_conns;
+        size_t grown = n == 0 ? 16 : 2 * n;
+        track_mod.conns = ld_xrealloc(track_mod.conns,
+                                      grown * sizeof(*track_mod.conns));
+        memset(&track_mod.conns[n], 0, (grown - n) * sizeof(*t));
+        track_mod.n_conns = grown;
+        t = &track_mod.conns[n];
+    }
+    return t;
+}
+
 static int
 hook_handshake(uint64_t conn_id, const char **argv, size_t *argvlen, int max,
                void *arg)
@@ -216,21 +270,23 @@ hook_handshake(uint64_t conn_id, const char **argv, size_t *argvlen, int max,
     LD_UNUSED(arg);
     struct tconn *t = tconn_find(conn_id);
     if (t == NULL) {
-        t = tconn_find(0);
-        if (t == NULL) {
+        struct tnode *node = node_of(conn_id);
+        if (node == NULL) {
             return 0; /* never trusted: its reads are not kept */
         }
+        t = tconn_new();
         t->id = conn_id;
         t->redirect = 0;
         t->asked = 0;
+        t->node = node;
         set_armed_stat();
     }
     /* Without a tracking id yet, reissue_all turns it on later. */
-    if (!near_track_armed() || max < 6) {
+    if (!node_armed(t->node) || max < 6) {
         return 0;
     }
-    t->asked = track_mod.client_id;
-    return tracking_argv(track_mod.client_id, argv, argvlen);
+    t->asked = t->node->client_id;
+    return tracking_argv(t->node->client_id, argv, argvlen);
 }
 
 static void
@@ -249,7 +305,7 @@ hook_reply(uint64_t conn_id, const redisReply *reply, void *arg)
     }
     t->redirect = asked;
     set_armed_stat();
-    if (asked != track_mod.client_id) {
+    if (asked != t->node->client_id) {
         /* The tracking connection changed meanwhile. */
         struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
         event_add(track_mod.retry_ev, &tv);
@@ -272,7 +328,18 @@ hook_lost(uint64_t conn_id, void *arg)
     }
 }
 
-/* ---- the tracking connection ------------------------------------------ */
+static void
+hook_map(bool changed, bool failover, void *arg)
+{
+    LD_UNUSED(arg);
+    if (failover) {
+        near_flush("a cluster failover");
+    } else if (changed) {
+        near_flush("the cluster slot map changed");
+    }
+}
+
+/* ---- the tracking connections ----------------------------------------- */
 
 static void
 on_message(const redisReply *m)
@@ -293,9 +360,9 @@ static void
 push_cb(struct ld_conn *conn, redisReply *r, void *owner)
 {
     LD_UNUSED(conn);
-    LD_UNUSED(owner);
+    struct tnode *node = owner;
     if (r->type == REDIS_REPLY_INTEGER) {
-        track_mod.client_id = (uint64_t)r->integer; /* CLIENT ID */
+        node->client_id = (uint64_t)r->integer; /* CLIENT ID */
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
@@ -311,14 +378,15 @@ push_cb(struct ld_conn *conn, redisReply *r, void *owner)
     const char *kind = r->element[0]->str;
     if (strcmp(kind, "message") == 0) {
         on_message(r->element[2]);
-    } else if (strcmp(kind, "subscribe") == 0 && track_mod.client_id != 0) {
+    } else if (strcmp(kind, "subscribe") == 0 && node->client_id != 0) {
         /* Reads sent before the command connections point here may have
          * been tracked towards a connection that is gone. */
         near_flush("tracking (re)started");
-        track_mod.subscribed = true;
+        node->subscribed = true;
         set_armed_stat();
-        log_info("near cache tracking ready client_id=%" PRIu64,
-                 track_mod.client_id);
+        log_info("near cache tracking ready client_id=%" PRIu64 "%s%s",
+                 node->client_id, track_mod.cluster ? " node=" : "",
+                 track_mod.cluster ? node->address : "");
         reissue_all();
     }
 }
@@ -326,9 +394,9 @@ push_cb(struct ld_conn *conn, redisReply *r, void *owner)
 static void
 ready_cb(struct ld_conn *conn, void *owner)
 {
-    LD_UNUSED(owner);
-    track_mod.client_id = 0;
-    track_mod.subscribed = false;
+    struct tnode *node = owner;
+    node->client_id = 0;
+    node->subscribed = false;
     /* Answered in this order: the id, then the subscription. */
     const char *iv[] = {"CLIENT", "ID"};
     size_t il[] = {6, 2};
@@ -344,16 +412,18 @@ static void
 down_cb(struct ld_conn *conn, bool was_ready, const char *why, void *owner)
 {
     LD_UNUSED(conn);
-    LD_UNUSED(owner);
-    bool armed = near_track_armed();
-    track_mod.client_id = 0;
-    track_mod.subscribed = false;
+    struct tnode *node = owner;
+    bool armed = node_armed(node);
+    node->client_id = 0;
+    node->subscribed = false;
     set_armed_stat();
     if (!was_ready) {
         log_debug("near cache tracking connect failed error=\"%s\"", why);
         return;
     }
-    log_warn("near cache tracking connection lost reason=\"%s\"", why);
+    log_warn("near cache tracking connection lost reason=\"%s\"%s%s", why,
+             track_mod.cluster ? " node=" : "",
+             track_mod.cluster ? node->address : "");
     if (armed) {
         char reason[256];
         snprintf(reason, sizeof(reason), "tracking connection lost: %s", why);
@@ -369,19 +439,63 @@ static const struct ld_conn_ops track_ops = {
     .on_stall = NULL,
 };
 
+static struct tnode *
+node_new(const struct ld_conn_addr *addr, const char *text)
+{
+    struct tnode *node = ld_xcalloc(1, sizeof(*node));
+    snprintf(node->address, sizeof(node->address), "%s", text);
+    node->conn = ld_conn_new(track_mod.ctx, addr, LD_CONN_ROLE_TRACK,
+                             &track_ops, node);
+    track_mod.nodes = ld_xrealloc(track_mod.nodes,
+                                  (size_t)(track_mod.n_nodes + 1) *
+                                      sizeof(*track_mod.nodes));
+    track_mod.nodes[track_mod.n_nodes++] = node;
+    return node;
+}
+
+/* The node command connection CONN_ID goes to; cluster mode: its
+ * tracking connection is made (and started) on the first call. NULL: none
+ * can be had, its reads are never kept. */
+static struct tnode *
+node_of(uint64_t conn_id)
+{
+    if (!track_mod.cluster) {
+        return track_mod.nodes[0];
+    }
+    struct ld_conn_addr addr;
+    char text[300];
+    if (ld_redis_conn_address(conn_id, &addr, text, sizeof(text)) != LD_OK) {
+        return NULL;
+    }
+    for (int i = 0; i < track_mod.n_nodes; i++) {
+        if (strcmp(track_mod.nodes[i]->address, text) == 0) {
+            return track_mod.nodes[i];
+        }
+    }
+    struct tnode *node = node_new(&addr, text);
+    if (track_mod.started) {
+        ld_conn_start(node->conn);
+    }
+    return node;
+}
+
 int
 near_track_init(const struct ld_ctx *ctx)
 {
     const struct ld_config *cfg = ctx->cfg;
     memset(&track_mod, 0, sizeof(track_mod));
     track_mod.ctx = ctx;
-    track_mod.have_addr = cfg->redis.mode != LD_REDIS_SENTINEL;
-    if (track_mod.have_addr &&
-        ld_conn_parse_address(cfg->redis.address, &track_mod.addr) != LD_OK) {
-        return LD_ERR;
+    track_mod.cluster = cfg->redis.mode == LD_REDIS_CLUSTER;
+    if (!track_mod.cluster) {
+        struct ld_conn_addr addr;
+        memset(&addr, 0, sizeof(addr));
+        track_mod.have_addr = cfg->redis.mode != LD_REDIS_SENTINEL;
+        if (track_mod.have_addr &&
+            ld_conn_parse_address(cfg->redis.address, &addr) != LD_OK) {
+            return LD_ERR;
+        }
+        node_new(&addr, cfg->redis.address);
     }
-    track_mod.conn = ld_conn_new(ctx, &track_mod.addr, LD_CONN_ROLE_TRACK,
-                                 &track_ops, NULL);
     track_mod.retry_ev = evtimer_new(ctx->base, retry_cb, NULL);
     if (track_mod.retry_ev == NULL) {
         ld_oom(0);
@@ -389,6 +503,7 @@ near_track_init(const struct ld_ctx *ctx)
     track_mod.hooks.handshake = hook_handshake;
     track_mod.hooks.reply = hook_reply;
     track_mod.hooks.lost = hook_lost;
+    track_mod.hooks.map = hook_map;
     ld_redis_set_conn_hooks(&track_mod.hooks);
     set_armed_stat();
     return LD_OK;
@@ -398,20 +513,23 @@ void
 near_track_start(void)
 {
     track_mod.started = true;
-    if (track_mod.have_addr) {
-        ld_conn_start(track_mod.conn);
+    for (int i = 0; i < track_mod.n_nodes; i++) {
+        if (track_mod.cluster || track_mod.have_addr) {
+            ld_conn_start(track_mod.nodes[i]->conn);
+        }
     }
 }
 
+/* Sentinel mode only. */
 void
 near_track_set_address(const struct ld_conn_addr *addr)
 {
-    track_mod.addr = *addr;
-    ld_conn_set_addr(track_mod.conn, addr);
+    struct tnode *node = track_mod.nodes[0];
+    ld_conn_set_addr(node->conn, addr);
     if (!track_mod.have_addr) {
         track_mod.have_addr = true;
         if (track_mod.started) {
-            ld_conn_start(track_mod.conn);
+            ld_conn_start(node->conn);
         }
     }
 }
@@ -420,7 +538,12 @@ void
 near_track_free(void)
 {
     ld_redis_set_conn_hooks(NULL);
-    ld_conn_free(track_mod.conn);
+    for (int i = 0; i < track_mod.n_nodes; i++) {
+        ld_conn_free(track_mod.nodes[i]->conn);
+        free(track_mod.nodes[i]);
+    }
+    free(track_mod.nodes);
+    free(track_mod.conns);
     if (track_mod.retry_ev != NULL) {
         event_free(track_mod.retry_ev);
     }

@@ -1281,6 +1281,10 @@ ld_redis_on_failover(ld_redis_failover_fn *fn, void *arg)
 void
 redis_map_changed(bool changed, bool failover)
 {
+    const struct ld_redis_conn_hooks *h = redis_mod.hooks;
+    if (h != NULL && h->map != NULL) {
+        h->map(changed, failover, h->arg);
+    }
     if (failover) {
         ld_stats.redis_failovers++;
         if (redis_mod.failover_fn != NULL) {

@@ -190,9 +190,16 @@ struct ld_redis_conn_hooks {
                      int max, void *arg);
     void (*reply)(uint64_t conn_id, const redisReply *reply, void *arg);
     void (*lost)(uint64_t conn_id, void *arg);
+    /* Cluster mode: the slot map was refreshed, as ld_redis_on_map, and
+     * FAILOVER as ld_redis_on_failover (before the watchers of those). */
+    void (*map)(bool changed, bool failover, void *arg);
     void *arg;
 };
 void ld_redis_set_conn_hooks(const struct ld_redis_conn_hooks *hooks);
+/* The server connection CONN_ID goes to (cluster mode: its node), in
+ * ADDR and as "host:port" in TEXT. LD_ERR: no such connection. */
+int ld_redis_conn_address(uint64_t conn_id, struct ld_conn_addr *addr,
+                          char *text, size_t len);
 
 /* "host:port" or an absolute Unix socket path. */
 int ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
