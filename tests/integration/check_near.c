@@ -347,6 +347,10 @@ END_TEST
 
 START_TEST(test_ttl_respected)
 {
+    /* Without Redis' active expiry, no invalidation comes when the key
+     * ends: only the daemon's own clock can stop the near hits. */
+    ck_assert_int_eq(h_redis_start(&R, "--enable-debug-command yes"), 0);
+    h_r_do(&R, "DEBUG SET-ACTIVE-EXPIRE 0");
     start_near(&D, NEAR_YAML);
     struct h_conn *c = h_connect_ok(&D);
     set(c, "short", "v", 1500);
