@@ -937,7 +937,7 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
 
 /* Keep the key count and the script's keys and args in one allocation,
  * for the rare NOSCRIPT resend. */
-int
+static int
 redis_keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
                 const size_t *argvlen)
 {

@@ -213,8 +213,6 @@ void redis_fail_later(struct rcmd *cmd, int outcome, const char *reason);
 uint64_t redis_cmd_timeout_us(const struct rcmd *cmd);
 void redis_map_changed(bool changed, bool failover);
 
-int redis_keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
-                    const size_t *argvlen);
 int redis_send_script(struct rconn *c, struct rcmd *cmd);
 void redis_timeout_arm(struct rcmd *cmd);
 
