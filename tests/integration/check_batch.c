@@ -13,12 +13,23 @@
 #include <string.h>
 
 static struct h_redis R;
+static struct h_redis I[3]; /* lock.redlock's instances */
 static struct h_daemon D;
 static struct h_daemon D2;
+
+static void
+stop_instances(void)
+{
+    for (int i = 0; i < 3; i++) {
+        h_redis_stop(&I[i]);
+    }
+}
+
 static const struct h_fixture fx = {
     .suite = "batch",
     .redis = {&R},
     .daemons = {&D, &D2},
+    .teardown = stop_instances,
 };
 
 #define NK 10            /* free keys locked in one write */
@@ -418,14 +429,98 @@ START_TEST(test_cache_miss_fill)
 }
 END_TEST
 
+/* Redlock: each instance batches its own calls, and each lock gets its
+ * own token, held on every instance. */
+START_TEST(test_redlock)
+{
+    char yaml[512];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(h_redis_start(&I[i], NULL), 0);
+    }
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: 127.0.0.1:%d\n  connections: 1\n"
+             "lock:\n  redlock: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
+             "\"127.0.0.1:%d\"]\n",
+             R.port, I[0].port, I[1].port, I[2].port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    h_wait_redlock(&D, 3);
+    struct h_conn *c = h_connect_ok(&D);
+    long long b0 = h_stat(c, "redis_batches");
+    json_t *reqs[NK];
+    char keys[NK][32], tokens[NK][80];
+    for (int i = 0; i < NK; i++) {
+        snprintf(keys[i], sizeof keys[i], "rl-%d", i);
+        reqs[i] = lk_req(keys[i], NULL, NO_TTL, 0);
+    }
+    send_all(c, reqs, NK);
+    for (int i = 0; i < NK; i++) {
+        json_t *r = recv_nth(c, i);
+        ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "lock %s: %s", keys[i],
+                      h_dump(r));
+        snprintf(tokens[i], sizeof tokens[i], "%s", jstr(r, "token"));
+        for (int k = 0; k < 3; k++) {
+            ck_assert_int_eq(h_r_int(&I[k], "HGET leased:lock:{%s} %s",
+                                     keys[i], tokens[i]),
+                             1);
+        }
+        json_decref(r);
+    }
+    ck_assert_int_ge(h_stat(c, "redis_batches") - b0, 3);
+    for (int i = 0; i < NK; i++) {
+        reqs[i] = unlock_req(keys[i], tokens[i]);
+    }
+    send_all(c, reqs, NK);
+    for (int i = 0; i < NK; i++) {
+        json_decref(h_must(recv_nth(c, i)));
+        for (int k = 0; k < 3; k++) {
+            ck_assert_int_eq(h_r_int(&I[k], "EXISTS leased:lock:{%s}",
+                                     keys[i]),
+                             0);
+        }
+    }
+    h_close(c);
+}
+END_TEST
+
+/* redis.batch_max is reloadable: 0 at start, 32 after SIGHUP. */
+START_TEST(test_reload)
+{
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    start_daemon(&D, 0, 1000);
+    ck_assert_int_eq(lock_unlock_round(&D, "r0"), 0);
+    FILE *f = fopen(D.conf, "r");
+    ck_assert(f != NULL);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *at = strstr(text, "batch_max: 0");
+    ck_assert(at != NULL);
+    f = fopen(D.conf, "w");
+    ck_assert(f != NULL);
+    fprintf(f, "%.*sbatch_max: 32%s", (int)(at - text), text,
+            at + strlen("batch_max: 0"));
+    fclose(f);
+    h_daemon_signal(&D, SIGHUP);
+    ck_assert(h_wait_log(&D, "configuration reloaded", 10000));
+    ck_assert_int_ge(lock_unlock_round(&D, "r1"), 1);
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(batched_answers, 60),        H_CASE(batch_off, 60),
-        H_CASE(many_sessions, 90),          H_CASE(item_error, 60),
-        H_CASE(redis_killed_in_flight, 60), H_CASE(noscript, 60),
+        H_CASE(batched_answers, 60),
+        H_CASE(batch_off, 60),
+        H_CASE(many_sessions, 90),
+        H_CASE(item_error, 60),
+        H_CASE(redis_killed_in_flight, 60),
+        H_CASE(noscript, 60),
         H_CASE(cache_miss_fill, 60),
+        H_CASE(reload, 60),
+        H_CASE(redlock, 60),
     };
     return H_MAIN(fx, cases);
 }
