@@ -48,11 +48,14 @@
 /* Bytes of keys and arguments held for one batch before it goes. */
 #define BATCH_MAX_BYTES (64 * 1024)
 
+/* The items held on a connection (kept from turn to turn, so that a turn
+ * with one script allocates nothing), or those of a batch sent. */
 struct rbatch {
     struct rnode *node;
     struct rcmd **items;
     int n, cap;
     size_t bytes;
+    bool held; /* on bm.held this turn */
 };
 
 static struct {
@@ -201,6 +204,9 @@ redis_batch_add(struct rconn *c, struct rcmd *cmd, uint64_t pin)
         b = ld_xcalloc(1, sizeof(*b));
         b->node = c->node;
         c->batch = b;
+    }
+    if (!b->held) {
+        b->held = true;
         if (bm.n_held == bm.cap_held) {
             bm.cap_held = bm.cap_held == 0 ? 16 : 2 * bm.cap_held;
             bm.held = ld_xrealloc(bm.held,
@@ -223,31 +229,21 @@ redis_batch_add(struct rconn *c, struct rcmd *cmd, uint64_t pin)
     return true;
 }
 
-/* Take C's batch off it (the entry in bm.held is skipped later). */
-static struct rbatch *
-take(struct rconn *c)
-{
-    struct rbatch *b = c->batch;
-    c->batch = NULL;
-    if (b != NULL) {
-        bm.pending -= b->n;
-    }
-    return b;
-}
-
 void
 redis_batch_drop(struct rconn *c, const char *why)
 {
-    struct rbatch *b = take(c);
     /* C's memory is going: no entry of the held list may point at it. */
     for (int i = 0; i < bm.n_held; i++) {
         if (bm.held[i] == c) {
             bm.held[i] = NULL;
         }
     }
+    struct rbatch *b = c->batch;
     if (b == NULL) {
         return;
     }
+    c->batch = NULL;
+    bm.pending -= b->n;
     for (int i = 0; i < b->n; i++) {
         b->items[i]->conn = NULL;
         redis_fail_later(b->items[i], LD_REDIS_NOT_SENT, why);
@@ -346,34 +342,45 @@ fail_items(struct rbatch *b, const char *why)
 void
 redis_batch_flush_conn(struct rconn *c)
 {
-    struct rbatch *b = take(c);
-    if (b == NULL) {
+    struct rbatch *h = c->batch;
+    if (h == NULL || h->n == 0) {
         return;
     }
+    int n = h->n;
+    bm.pending -= n;
+    h->n = 0;
+    h->bytes = 0;
     if (c->state != CONN_READY || c->conn == NULL) {
-        /* Lost or set aside since: each item finds its way again. */
-        for (int i = 0; i < b->n; i++) {
-            b->items[i]->conn = NULL;
-            redis_route(b->items[i]);
+        /* Lost or set aside since: each item finds its way again (never
+         * back here: C is not ready). */
+        for (int i = 0; i < n; i++) {
+            h->items[i]->conn = NULL;
+            redis_route(h->items[i]);
         }
-        batch_free(b);
         return;
     }
-    if (b->n == 1) {
-        if (redis_send_script(c, b->items[0]) != LD_OK) {
-            redis_fail_later(b->items[0], LD_REDIS_NOT_SENT,
+    if (n == 1) {
+        if (redis_send_script(c, h->items[0]) != LD_OK) {
+            redis_fail_later(h->items[0], LD_REDIS_NOT_SENT,
                              "could not queue the command");
         }
-        batch_free(b);
         return;
     }
+    /* The items go with the batch command; C holds anew from nothing. */
+    struct rbatch *b = ld_xcalloc(1, sizeof(*b));
+    b->node = h->node;
+    b->items = h->items;
+    b->n = n;
+    b->cap = h->cap;
+    h->items = NULL;
+    h->cap = 0;
     struct rcmd *cmd = batch_cmd(b);
     if (cmd == NULL) {
         fail_items(b, "out of memory");
         return;
     }
     ld_stats.redis_batches++;
-    ld_stats.redis_batched_items += b->n;
+    ld_stats.redis_batched_items += n;
     if (redis_send_script(c, cmd) != LD_OK) {
         cmd->cb = NULL;
         cmd->arg = NULL;
@@ -388,8 +395,10 @@ flush_all(void *arg)
     (void)arg;
     /* Rerouted items may be held again, appended: the index sees them. */
     for (int i = 0; i < bm.n_held; i++) {
-        if (bm.held[i] != NULL) {
-            redis_batch_flush_conn(bm.held[i]);
+        struct rconn *c = bm.held[i];
+        if (c != NULL) {
+            c->batch->held = false;
+            redis_batch_flush_conn(c);
         }
     }
     bm.n_held = 0;
