@@ -374,6 +374,7 @@ redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
 
 static void wait_cb(evutil_socket_t fd, short what, void *arg);
 static void resend_as_eval(struct rconn *c, struct rcmd *cmd);
+static void reload_scripts(struct rconn *c);
 
 static void
 drained_check(struct rconn *c)
@@ -423,6 +424,7 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
         ld_stats.redis_noscript++;
         cmd->noscript = true;
         resend_as_eval(c, cmd);
+        reload_scripts(c);
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR &&
@@ -456,6 +458,35 @@ redis_fail_sent(struct rconn *c, const char *why)
                           why, c->id);
         }
         redis_rcmd_free(cmd);
+    }
+}
+
+/* After a NOSCRIPT, every script is loaded again at once (the answers
+ * are ignored), rather than each by the EVAL of its first use: a script
+ * and the batch script that carries its body, or two scripts, must not be
+ * loaded and not loaded for long, or of two commands on one key sent
+ * later the second could run while the first is being sent again. Once
+ * per node and 100 ms, as every command in flight may get a NOSCRIPT. */
+static void
+reload_scripts(struct rconn *c)
+{
+    uint64_t now = ld_now_us();
+    if (c->node->reload_us != 0 && now - c->node->reload_us < 100000) {
+        return;
+    }
+    c->node->reload_us = now;
+    for (int i = 0; i <= REDIS_BATCH_SCRIPT; i++) {
+        const char *body = redis_script_body(c->node, i);
+        const char *av[] = {"SCRIPT", "LOAD", body};
+        size_t al[] = {6, 4, strlen(body)};
+        struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+        cmd->internal = true;
+        cmd->script = -1;
+        cmd->arg = (void *)"reload";
+        if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
+            free(cmd);
+            return;
+        }
     }
 }
 

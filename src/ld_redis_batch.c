@@ -10,7 +10,10 @@
  * for a batch to fill: what is held is sent by an event activated with the
  * first held item, which runs after the events already ready in this turn
  * (the sessions' reads), and at once when redis.batch_max items or
- * BATCH_MAX_BYTES are held. A batch of one item goes as its own EVALSHA.
+ * BATCH_MAX_BYTES are held. A batch of one item goes as its own EVALSHA,
+ * and a script for a connection with nothing in flight and nothing held
+ * goes at once: with Redis idle there is nothing to save, and at one
+ * request at a time holding would only cost the end-of-turn event.
  * Any other command for a connection sends what it holds first, so the
  * commands of a connection keep their issue order.
  *
@@ -200,6 +203,11 @@ redis_batch_add(struct rconn *c, struct rcmd *cmd, uint64_t pin)
         return false;
     }
     struct rbatch *b = c->batch;
+    if ((b == NULL || b->n == 0) && TAILQ_EMPTY(&c->sent)) {
+        /* Nothing in flight: Redis is idle, and holding costs what it
+         * saves. Under load a connection is never idle. */
+        return false;
+    }
     if (b == NULL) {
         b = ld_xcalloc(1, sizeof(*b));
         b->node = c->node;

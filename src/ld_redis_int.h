@@ -121,6 +121,7 @@ struct rnode {
     bool known_down;      /* the latest connect attempt failed */
     char last_error[160]; /* of the latest failed connect */
     char shas[REDIS_N_SCRIPTS + 1][41];
+    uint64_t reload_us; /* when a NOSCRIPT last reloaded every script */
     /* Commands issued while no connection was ready but one was being
      * established, in issue order; bounded by count and by their
      * timeout from the issue. */
