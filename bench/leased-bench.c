@@ -72,13 +72,15 @@ enum mode {
     M_SEM,     /* sem.acquire + sem.release, one semaphore of CONNS permits */
     M_RWREAD,  /* lock + unlock of the read side of a read-write lock */
     M_RWWRITE, /* the same, write side */
+    M_MISS,    /* cache.get of a new key (a miss and its lease) + cache.fill */
     M_WAITERS, /* internal: the queued waiters of --mode isolation */
     M_INVAL    /* internal: the invalidating sessions of --mode storm */
 };
 static const char *const mode_names[] = {
-    "lock", "lock-contended", "get",          "mix",     "ping",
-    "hold", "isolation",      "renewal",      "storm",   "stampede",
-    "sem",  "rwlock-read",    "rwlock-write", "waiters", "inval"};
+    "lock",         "lock-contended", "get",       "mix",
+    "ping",         "hold",           "isolation", "renewal",
+    "storm",        "stampede",       "sem",       "rwlock-read",
+    "rwlock-write", "miss",           "waiters",   "inval"};
 
 enum target { T_LEASED, T_DIRECT };
 static const char *const target_names[] = {"leased", "direct"};
@@ -92,7 +94,9 @@ enum step {
     S_SUBSCRIBING, /* direct: lock taken, SUBSCRIBE sent, retry on reply */
     S_PAUSE,       /* direct: waiting for an unlock message or the pttl */
     S_HELD,        /* hold/waiters: holding, nothing in flight */
-    S_INVAL        /* storm: an invalidation in flight */
+    S_INVAL,       /* storm: an invalidation in flight */
+    S_MISS,        /* miss: the cache.get of a new key in flight */
+    S_FILL         /* miss: its cache.fill in flight */
 };
 
 struct run;
@@ -120,6 +124,8 @@ struct client {
      * Redis. */
     char *lock_req, *unlock_req, *get_req, *sub_req;
     size_t lock_len, unlock_len, get_len, sub_len;
+    char *base_key;      /* miss: the prefix of its new keys */
+    unsigned long n_key; /* miss: keys used so far */
 };
 
 struct cpu {
@@ -764,6 +770,44 @@ leased_error(struct client *c, struct evbuffer *in, size_t len)
     show_error(c->run, "reply", s, len);
 }
 
+/* miss: a cache.get of a key never used (a miss: the lease is granted). */
+static void
+miss_next(struct client *c)
+{
+    char req[300];
+    int n = snprintf(req, sizeof(req),
+                     "{\"op\":\"cache.get\",\"key\":\"%s.m%lu\"}\n",
+                     c->base_key, ++c->n_key);
+    leased_send(c, req, (size_t)n, S_MISS);
+}
+
+/* miss: fill the key just missed under the lease of the reply. */
+static void
+miss_fill(struct client *c, struct evbuffer *in, size_t len)
+{
+    static const char field[] = "\"lease\":\"";
+    const char *line = (const char *)evbuffer_pullup(in, (ev_ssize_t)len);
+    const char *t = memmem(line, len, field, sizeof(field) - 1);
+    const char *e = NULL;
+    if (t != NULL) {
+        t += sizeof(field) - 1;
+        e = memchr(t, '"', len - (size_t)(t - line));
+    }
+    if (e == NULL || !line_has(in, len, "\"hit\":false")) {
+        leased_error(c, in, len);
+        next_op(c);
+        return;
+    }
+    size_t cap = 256 + (size_t)(e - t) + c->run->size;
+    char *req = xmalloc(cap);
+    int n = snprintf(req, cap,
+                     "{\"op\":\"cache.fill\",\"key\":\"%s.m%lu\","
+                     "\"lease\":\"%.*s\",\"value\":\"%s\"}\n",
+                     c->base_key, c->n_key, (int)(e - t), t, value_buf);
+    leased_send(c, req, (size_t)n, S_FILL);
+    free(req);
+}
+
 /* sem.release names the grant's token, read from the acquire reply. */
 static void
 sem_release(struct client *c, struct evbuffer *in, size_t len)
@@ -846,6 +890,17 @@ leased_reply(struct client *c, struct evbuffer *in, size_t len)
         break;
     case S_GET:
         if (line_has(in, len, "\"hit\":true") && len >= r->size) {
+            op_done(c);
+        } else {
+            leased_error(c, in, len);
+            next_op(c);
+        }
+        break;
+    case S_MISS:
+        miss_fill(c, in, len);
+        break;
+    case S_FILL:
+        if (line_has(in, len, "\"stored\":true")) {
             op_done(c);
         } else {
             leased_error(c, in, len);
@@ -1127,6 +1182,10 @@ next_op(struct client *c)
         leased_send(c, c->get_req, c->get_len, S_INVAL);
         return;
     }
+    if (r->mode == M_MISS) {
+        miss_next(c);
+        return;
+    }
     bool lock = op_is_lock(c);
     if (r->target == T_LEASED) {
         if (lock) {
@@ -1165,6 +1224,8 @@ resp(size_t *len, int argc, const char **argv)
 static void
 build_leased(struct run *r, struct client *c, const char *base_key)
 {
+    free(c->base_key);
+    c->base_key = xasprintf(NULL, "%s", base_key);
     if (r->mode == M_SEM) {
         c->lock_req =
             xasprintf(&c->lock_len,
@@ -1446,6 +1507,7 @@ clients_close(struct run *r)
             free(c->unlock_req);
             free(c->get_req);
         }
+        free(c->base_key);
     }
     free(r->cl);
     r->cl = NULL;
@@ -2181,7 +2243,10 @@ usage(FILE *f)
         "hold |\n"
         "                       isolation | renewal | storm | stampede | "
         "sem |\n"
-        "                       rwlock-read | rwlock-write\n"
+        "                       rwlock-read | rwlock-write |\n"
+        "                       miss (leased only: cache.get of a new key, "
+        "then\n"
+        "                       cache.fill of its lease)\n"
         "                       (default lock)\n"
         "  -t, --target T       both | leased | direct (default both)\n"
         "      --direct-first   run direct before leased in each pair\n"
@@ -2418,6 +2483,9 @@ parse_args(int argc, char **argv)
     }
     /* The modes whose direct keys are per connection (a shared key would
      * live on one master only). */
+    if (o.mode == M_MISS && o.want[T_DIRECT]) {
+        die("--mode miss: leased only (-t leased)");
+    }
     if (o.cluster && o.want[T_DIRECT] && o.mode != M_LOCK && o.mode != M_GET &&
         o.mode != M_MIX && o.mode != M_PING && o.mode != M_RWREAD &&
         o.mode != M_RWWRITE) {

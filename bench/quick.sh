@@ -3,7 +3,8 @@
 # minutes on a 2-core machine. Each cell runs leased and direct Redis
 # side by side, in alternating order, 3 times; the table gives medians
 # and the ratio leased / direct of the medians. Instruction counts come
-# from resources.sh (--quick). Prints markdown to stdout (or --out FILE).
+# from resources.sh (--quick); batched scripts on and off from batch.sh
+# (--quick). Prints markdown to stdout (or --out FILE).
 set -eu
 
 here=$(dirname "$0")
@@ -33,6 +34,9 @@ if command -v valgrind >/dev/null; then
         >/dev/null 2>&1 || say "resources.sh failed"
     grep 'mode=instructions' "$tmp/res.raw" >>"$rawf" 2>/dev/null || true
 fi
+say "batched scripts: redis.batch_max 32 against 0 (batch.sh --quick)"
+sh "$here/batch.sh" --builddir "$builddir" --redis-server "$redis_server" \
+    --quick --raw "$tmp/batch.raw" >/dev/null 2>&1 || say "batch.sh failed"
 
 {
     echo "## Quick run of the performance targets ($(date -u '+%Y-%m-%d %H:%M UTC'))"
@@ -90,4 +94,8 @@ fi
         if (storm != "") print storm
         printf "%s", ins
     }' "$rawf"
+    if [ -s "$tmp/batch.raw" ]; then
+        echo
+        sh "$here/batch.sh" --table "$tmp/batch.raw"
+    fi
 } >"$target"

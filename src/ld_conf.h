@@ -48,6 +48,7 @@ struct ld_config {
         int db;          /* 0..1000000; 0 in cluster mode */
         int connections; /* 1..64 */
         int timeout_ms;  /* 1..600000 */
+        int batch_max;   /* 0..1024; 0 and 1: scripts go one by one */
         struct {
             bool enabled;
             char *ca_file;     /* "" = the system's CA store */

@@ -79,6 +79,9 @@ const char *const redis_script_names[] = {
 const char *
 redis_script_body(const struct rnode *n, int i)
 {
+    if (i == REDIS_BATCH_SCRIPT) {
+        return redis_batch_body();
+    }
     /* Independent instances beside a cluster (lock.redlock) are not
      * part of it: they keep classic PUBLISH. */
     if (redis_mod.cluster && n->instance == 0 &&
@@ -191,7 +194,7 @@ ld_redis_instance_ready(int k)
 long long
 ld_redis_outstanding(void)
 {
-    long long n = redis_mod.n_retry;
+    long long n = redis_mod.n_retry + redis_batch_pending();
     if (redis_mod.unmapped != NULL) {
         n += redis_mod.unmapped->n_waiting;
     }
@@ -303,6 +306,9 @@ redis_cmd_x(struct rcmd *cmd)
 void
 redis_rcmd_free(struct rcmd *cmd)
 {
+    if (redis_batch_owns(cmd)) {
+        redis_batch_release(cmd);
+    }
     free(cmd->argv); /* one block: argv, argvlen and the bytes */
     free(cmd->fail_reason);
     if (cmd->x != NULL) {
@@ -352,6 +358,10 @@ int
 redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
                 const size_t *argvlen)
 {
+    if (c->batch != NULL) {
+        /* What was issued before goes before: the held batch first. */
+        redis_batch_flush_conn(c);
+    }
     if (ld_conn_send(c->conn, argc, argv, argvlen) != LD_OK) {
         return LD_ERR;
     }
@@ -364,6 +374,7 @@ redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
 
 static void wait_cb(evutil_socket_t fd, short what, void *arg);
 static void resend_as_eval(struct rconn *c, struct rcmd *cmd);
+static void reload_scripts(struct rconn *c);
 
 static void
 drained_check(struct rconn *c)
@@ -413,6 +424,7 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
         ld_stats.redis_noscript++;
         cmd->noscript = true;
         resend_as_eval(c, cmd);
+        reload_scripts(c);
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR &&
@@ -446,6 +458,35 @@ redis_fail_sent(struct rconn *c, const char *why)
                           why, c->id);
         }
         redis_rcmd_free(cmd);
+    }
+}
+
+/* After a NOSCRIPT, every script is loaded again at once (the answers
+ * are ignored), rather than each by the EVAL of its first use: a script
+ * and the batch script that carries its body, or two scripts, must not be
+ * loaded and not loaded for long, or of two commands on one key sent
+ * later the second could run while the first is being sent again. Once
+ * per node and 100 ms, as every command in flight may get a NOSCRIPT. */
+static void
+reload_scripts(struct rconn *c)
+{
+    uint64_t now = ld_now_us();
+    if (c->node->reload_us != 0 && now - c->node->reload_us < 100000) {
+        return;
+    }
+    c->node->reload_us = now;
+    for (int i = 0; i <= REDIS_BATCH_SCRIPT; i++) {
+        const char *body = redis_script_body(c->node, i);
+        const char *av[] = {"SCRIPT", "LOAD", body};
+        size_t al[] = {6, 4, strlen(body)};
+        struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+        cmd->internal = true;
+        cmd->script = -1;
+        cmd->arg = (void *)"reload";
+        if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
+            free(cmd);
+            return;
+        }
     }
 }
 
@@ -614,8 +655,8 @@ copy_args(struct rcmd *cmd, int argc, const char **argv, const size_t *argvlen)
 }
 
 /* Send a script's EVALSHA from its kept arguments. */
-static int
-send_script(struct rconn *c, struct rcmd *cmd)
+int
+redis_send_script(struct rconn *c, struct rcmd *cmd)
 {
     const char *stack_argv[STACK_ARGS + 3];
     size_t stack_len[STACK_ARGS + 3];
@@ -707,8 +748,8 @@ cmd_timeout_cb(evutil_socket_t fd, short what, void *arg)
     redis_call_cb(cmd, NULL, LD_REDIS_UNKNOWN, why, cmd->conn->id);
 }
 
-static void
-cmd_timeout_arm(struct rcmd *cmd)
+void
+redis_timeout_arm(struct rcmd *cmd)
 {
     if (cmd->timeout_ms == 0 ||
         cmd->timeout_ms >= (unsigned)redis_mod.ctx->cfg->redis.timeout_ms) {
@@ -751,7 +792,9 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
             send_asking(c);
         }
         if (cmd->script >= 0) {
-            rc = send_script(c, cmd);
+            rc = redis_batch_add(c, cmd, opts != NULL ? opts->pin : 0)
+                     ? LD_OK
+                     : redis_send_script(c, cmd);
         } else if (argv != NULL) {
             rc = redis_send_argv(c, cmd, argc, argv, argvlen);
         } else {
@@ -761,7 +804,7 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
         if (rc != LD_OK) {
             fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
         } else {
-            cmd_timeout_arm(cmd);
+            redis_timeout_arm(cmd);
         }
         return;
     }
@@ -926,8 +969,8 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
 /* Keep the key count and the script's keys and args in one allocation,
  * for the rare NOSCRIPT resend. */
 static int
-keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
-          const size_t *argvlen)
+redis_keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
+                const size_t *argvlen)
 {
     char nk[24];
     int n = argc + 1;
@@ -989,7 +1032,7 @@ ld_redis_script_ex(const struct ld_redis_opts *opts, enum ld_script_id script,
     if (redis_mod.cluster && cmd->instance == 0) {
         cmd_cluster_prepare(cmd, route, route_len);
     }
-    if (keep_args(cmd, nkeys, argc, argv, argvlen) != LD_OK) {
+    if (redis_keep_args(cmd, nkeys, argc, argv, argvlen) != LD_OK) {
         fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
         return;
     }
@@ -1070,6 +1113,7 @@ node_free(struct rnode *n)
 {
     for (int i = 0; i < n->n_conns + n->n_lock; i++) {
         struct rconn *c = &n->conns[i];
+        redis_batch_drop(c, "the daemon is stopping");
         redis_set_ready(c, false);
         c->state = CONN_DOWN;
         ld_conn_free(c->conn);
@@ -1119,6 +1163,9 @@ ld_redis_init(const struct ld_ctx *ctx)
         redis_mod.n_conns = MAX_CONNS;
     }
     ld_defer_init(&redis_mod.fail_defer, ctx->base, fail_cb, NULL);
+    if (redis_batch_init() != LD_OK) {
+        return LD_ERR;
+    }
     if (cfg->redis.mode == LD_REDIS_CLUSTER) {
         size_t used = (size_t)snprintf(
             redis_mod.label, sizeof(redis_mod.label), "cluster%s%s",
@@ -1257,6 +1304,7 @@ ld_redis_free(void)
         fail_cb(NULL);
         ld_defer_free(&redis_mod.fail_defer);
     }
+    redis_batch_free();
     redis_mod.started = false;
 }
 

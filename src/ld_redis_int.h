@@ -21,6 +21,8 @@ struct ld_redis_conn_hooks;
  * must stay a DAG. Enums are ints here for that reason. */
 #define REDIS_SCRIPT_ONE(name) +1
 #define REDIS_N_SCRIPTS (0 LD_LUA_SCRIPTS(REDIS_SCRIPT_ONE))
+/* The batch script (ld_redis_batch.c) comes after the files' scripts. */
+#define REDIS_BATCH_SCRIPT REDIS_N_SCRIPTS
 
 #define MAX_CONNS 64 /* per pool */
 #define STACK_ARGS 32
@@ -31,6 +33,8 @@ enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_HANDSHAKE, CONN_READY };
 struct rconn;
 
 struct rnode;
+
+struct rbatch;
 
 /* What only some commands need (cluster mode, a timeout of their own),
  * kept apart so that the common command stays small. */
@@ -94,6 +98,7 @@ struct rconn {
     uint64_t drain_end_us;
     LIST_ENTRY(rconn) dlink; /* list of draining connections */
     char why[192];           /* why it is going down, for callbacks */
+    struct rbatch *batch;    /* scripts held for one batch this turn */
 };
 
 /* One Redis server and the connections to it: the one of standalone or
@@ -116,6 +121,7 @@ struct rnode {
     bool known_down;      /* the latest connect attempt failed */
     char last_error[160]; /* of the latest failed connect */
     char shas[REDIS_N_SCRIPTS + 1][41];
+    uint64_t reload_us; /* when a NOSCRIPT last reloaded every script */
     /* Commands issued while no connection was ready but one was being
      * established, in issue order; bounded by count and by their
      * timeout from the issue. */
@@ -207,6 +213,20 @@ void redis_send_to(struct rnode *n, int argc, const char **argv,
 void redis_fail_later(struct rcmd *cmd, int outcome, const char *reason);
 uint64_t redis_cmd_timeout_us(const struct rcmd *cmd);
 void redis_map_changed(bool changed, bool failover);
+
+int redis_send_script(struct rconn *c, struct rcmd *cmd);
+void redis_timeout_arm(struct rcmd *cmd);
+
+/* ld_redis_batch.c */
+int redis_batch_init(void);
+void redis_batch_free(void);
+const char *redis_batch_body(void);
+bool redis_batch_add(struct rconn *c, struct rcmd *cmd, uint64_t pin);
+void redis_batch_flush_conn(struct rconn *c);
+void redis_batch_drop(struct rconn *c, const char *why);
+bool redis_batch_owns(const struct rcmd *cmd);
+void redis_batch_release(struct rcmd *cmd);
+long long redis_batch_pending(void);
 
 /* ld_cluster.c */
 int redis_cluster_init(void);

@@ -73,14 +73,16 @@ slot_ready(struct ld_conn *conn, void *owner)
     c->state = CONN_HANDSHAKE;
     c->handshake_left = 0;
     c->handshake_failed = false;
-    for (int i = 0; i < LD_SCRIPT__COUNT; i++) {
+    /* The scripts, then the batch script made of them. */
+    for (int i = 0; i <= REDIS_BATCH_SCRIPT; i++) {
         const char *body = redis_script_body(c->node, i);
         const char *av[] = {"SCRIPT", "LOAD", body};
         size_t al[] = {6, 4, strlen(body)};
         struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
         cmd->internal = true;
         cmd->script = i;
-        cmd->arg = (void *)redis_script_names[i];
+        cmd->arg = i < REDIS_BATCH_SCRIPT ? (void *)redis_script_names[i]
+                                          : (void *)"batch";
         c->handshake_left++;
         if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
             c->handshake_left--;

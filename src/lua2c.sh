@@ -3,6 +3,8 @@
 # binary: usage lua2c.sh OUTBASE file.lua...  writes OUTBASE.c and OUTBASE.h.
 # A line "--@include NAME" is replaced by src/lua/lib/NAME: Redis scripts
 # cannot share code at run time, so the shared parts are pasted in here.
+# A line "--@batchable" marks a script that may run as one item of the
+# batch script (ld_redis_batch.c): ld_lua_batchable[] lists the marks.
 # Temporary names carry the pid: make -j may run the rule twice at once.
 set -e
 
@@ -38,6 +40,7 @@ tmpc="$out.c.tmp.$$"; tmph="$out.h.tmp.$$"
         n=$(basename "$f" .lua)
         echo "extern const char ld_lua_$n[];"
     done
+    echo "extern const unsigned char ld_lua_batchable[];"
     echo "#endif"
 } > "$tmph"
 {
@@ -50,6 +53,11 @@ tmpc="$out.c.tmp.$$"; tmph="$out.h.tmp.$$"
         sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/    "/' -e 's/$/\\n"/' "$tmpc.src"
         echo "    ;"
     done
+    echo "const unsigned char ld_lua_batchable[] = {"
+    for f in "$@"; do
+        if grep -q '^--@batchable' "$f"; then echo "    1,"; else echo "    0,"; fi
+    done
+    echo "};"
 } > "$tmpc"
 rm -f "$tmpc.src"
 mv "$tmph" "$out.h"

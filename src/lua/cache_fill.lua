@@ -1,3 +1,4 @@
+--@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- cache.fill: store a loaded value, only under the lease that is current.
 -- KEYS[1] entry hash; ARGV[1] lease, ARGV[2] "v" (value) or "n" (null),
 -- ARGV[3] value, ARGV[4] ttl_ms (already jittered), ARGV[5] channel.

@@ -1,3 +1,4 @@
+--@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- cache.get: read an entry and, on a miss, maybe grant the fill lease.
 -- KEYS[1] entry hash; ARGV[1] new lease token, ARGV[2] fill_lease_ms,
 -- ARGV[3] "1" to grant a lease on a miss, "0" for a plain read;

@@ -1,3 +1,4 @@
+--@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- Acquire or reenter a lock (Redisson's hash layout: one field per holder,
 -- the hold count as its value, PEXPIRE for the lease).
 -- KEYS[1] lock hash   KEYS[2] fence counter (same hash slot, no TTL)

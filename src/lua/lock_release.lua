@@ -1,3 +1,4 @@
+--@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- Release one hold (unlock) or every hold (session end) of a holder.
 -- KEYS[1] lock hash
 -- ARGV[1] holder field   ARGV[2] "1" one hold, "a" all holds

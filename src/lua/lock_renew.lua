@@ -1,3 +1,4 @@
+--@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- Renew (watchdog), extend, or check a holder's lease. The watchdog sends
 -- one of these per lock in a single burst, so the common path is three
 -- calls: HGET, PTTL, PEXPIRE.

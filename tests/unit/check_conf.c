@@ -438,7 +438,12 @@ START_TEST(error_out_of_range)
                  "t.yml:2:18: limits.max_key_bytes: must be 1..65536");
     expect_error("limits:\n  max_pending: 0\n",
                  "t.yml:2:16: limits.max_pending: must be 1..1000000");
+    expect_error("redis:\n  db: 0\n  batch_max: 1025\n",
+                 "t.yml:3:14: redis.batch_max: must be 0..1024");
+    expect_error("redis:\n  batch_max: -1\n",
+                 "t.yml:2:14: redis.batch_max: must be 0..1024");
     expect_ok("redis:\n  timeout_ms: 600000\n");
+    expect_ok("redis:\n  batch_max: 0\n");
     expect_ok("cache:\n  ttl_jitter: 0\n");
 }
 END_TEST
@@ -802,7 +807,7 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 59);
+    ck_assert_uint_eq(s.count, 60);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
