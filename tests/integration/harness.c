@@ -2802,6 +2802,8 @@ static const struct cluster_skip cluster_skips[] = {
     {"multilock", "redis_down", "kills and restarts the one Redis"},
     {"multilock", "redlock_group",
      "starts standalone servers of its own (lock.redlock and redis)"},
+    {"stale", "redis_down_queued",
+     "kills and restarts a standalone Redis of its own"},
 };
 
 #define H_CLUSTER_ENV "LD_TEST_CLUSTER"
@@ -2954,8 +2956,10 @@ find_masters(void)
 static bool
 for_every_master(const char *fmt)
 {
-    static const char *const all[] = {"FLUSHALL", "FLUSHDB", "SCRIPT FLUSH",
-                                      "DBSIZE", "CONFIG RESETSTAT"};
+    static const char *const all[] = {"FLUSHALL",         "FLUSHDB",
+                                      "SCRIPT FLUSH",     "DBSIZE",
+                                      "CONFIG RESETSTAT", "CLIENT PAUSE",
+                                      "CLIENT UNPAUSE"};
 
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (strncasecmp(fmt, all[i], strlen(all[i])) == 0) {
