@@ -2804,6 +2804,13 @@ static const struct cluster_skip cluster_skips[] = {
      "starts standalone servers of its own (lock.redlock and redis)"},
     {"stale", "redis_down_queued",
      "kills and restarts a standalone Redis of its own"},
+    {"core", "redis_restart", "kills and restarts the one Redis"},
+    {"core", "redis_timeout",
+     "stops the one Redis process (SIGSTOP) to time a request out"},
+    {"core", "cleanup",
+     "checks that the harness stops the Redis it started (none here)"},
+    {"admin", "force_redis_down", "kills the one Redis"},
+    {"libleased", "redis_unavailable", "kills the one Redis"},
 };
 
 #define H_CLUSTER_ENV "LD_TEST_CLUSTER"
@@ -2859,17 +2866,51 @@ port_connect(int port)
     return h_redis_connect(&n);
 }
 
-/* FMT on the node at PORT, following MOVED and ASK (a test's command
- * names at most the keys of one slot). */
+/* One command on a connection; ARG says which (see route). */
+typedef redisReply *route_send(redisContext *c, void *arg);
+
+struct fmt_cmd {
+    const char *fmt;
+    va_list *ap;
+};
+
 static redisReply *
-routed_vcommand(int port, const char *fmt, va_list ap)
+send_fmt(redisContext *c, void *arg)
+{
+    struct fmt_cmd *f = arg;
+    redisReply *rep;
+    va_list cp;
+
+    va_copy(cp, *f->ap);
+    rep = redisvCommand(c, f->fmt, cp);
+    va_end(cp);
+    return rep;
+}
+
+struct argv_cmd {
+    int argc;
+    const char **argv;
+    const size_t *argvlen;
+};
+
+static redisReply *
+send_argv(redisContext *c, void *arg)
+{
+    struct argv_cmd *a = arg;
+
+    return redisCommandArgv(c, a->argc, a->argv, a->argvlen);
+}
+
+/* SEND on the node at PORT, following MOVED and ASK (a test's command
+ * names at most the keys of one slot; split_per_key handles the rest). */
+static redisReply *
+route(int port, route_send *send, void *arg)
 {
     bool asking = false;
 
     for (int hop = 0; hop < 5; hop++) {
         redisContext *c = port_connect(port);
         redisReply *rep;
-        va_list cp;
 
         if (c == NULL) {
             return NULL;
@@ -2880,9 +2921,7 @@ routed_vcommand(int port, const char *fmt, va_list ap)
                 freeReplyObject(rep);
             }
         }
-        va_copy(cp, ap);
-        rep = redisvCommand(c, fmt, cp);
-        va_end(cp);
+        rep = send(c, arg);
         redisFree(c);
         if (rep == NULL || rep->type != REDIS_REPLY_ERROR ||
             (strncmp(rep->str, "MOVED ", 6) != 0 &&
@@ -2898,6 +2937,121 @@ routed_vcommand(int port, const char *fmt, va_list ap)
         }
     }
     return NULL;
+}
+
+#define H_SPLIT_ARGS 64
+
+/* The arguments of the RESP command CMD (as redisvFormatCommand makes
+ * it) into ARGV and ARGVLEN, pointing into CMD; their count, or -1. */
+static int
+resp_args(char *cmd, const char **argv, size_t *argvlen)
+{
+    char *p = cmd;
+    int n;
+
+    if (*p != '*' || (n = atoi(p + 1)) <= 0 || n > H_SPLIT_ARGS) {
+        return -1;
+    }
+    p = strstr(p, "\r\n");
+    for (int i = 0; i < n; i++) {
+        if (p == NULL || p[2] != '$') {
+            return -1;
+        }
+        argvlen[i] = (size_t)atol(p + 3);
+        p = strstr(p + 3, "\r\n");
+        if (p == NULL) {
+            return -1;
+        }
+        argv[i] = p + 2;
+        p += 2 + argvlen[i];
+    }
+    return n;
+}
+
+/* A multi-key command whose keys live in different slots (CROSSSLOT) as
+ * one command per key, as a cluster client library would do it: MSET
+ * as SETs, DEL, UNLINK, EXISTS and TOUCH with their integer replies
+ * summed. NULL when FMT is none of those. */
+static redisReply *
+split_per_key(int port, const char *fmt, va_list ap)
+{
+    const char *argv[H_SPLIT_ARGS], *one[3];
+    size_t argvlen[H_SPLIT_ARGS], onelen[3];
+    redisReply *acc = NULL;
+    long long sum = 0;
+    char *cmd = NULL;
+    int argc, step = 0;
+    va_list cp;
+
+    va_copy(cp, ap);
+    argc = redisvFormatCommand(&cmd, fmt, cp);
+    va_end(cp);
+    if (argc < 0 || (argc = resp_args(cmd, argv, argvlen)) < 2) {
+        redisFreeCommand(cmd);
+        return NULL;
+    }
+    static const char *const per_key[] = {"DEL", "UNLINK", "EXISTS", "TOUCH"};
+    for (size_t i = 0; i < sizeof per_key / sizeof per_key[0]; i++) {
+        if (argvlen[0] == strlen(per_key[i]) &&
+            strncasecmp(argv[0], per_key[i], argvlen[0]) == 0) {
+            step = 1;
+        }
+    }
+    if (argvlen[0] == 4 && strncasecmp(argv[0], "MSET", 4) == 0) {
+        step = 2;
+    }
+    one[0] = step == 2 ? "SET" : argv[0];
+    onelen[0] = step == 2 ? 3 : argvlen[0];
+    for (int i = 1; step > 0 && i + step - 1 < argc; i += step) {
+        struct argv_cmd a = {1 + step, one, onelen};
+        for (int k = 0; k < step; k++) {
+            one[1 + k] = argv[i + k];
+            onelen[1 + k] = argvlen[i + k];
+        }
+        redisReply *rep = route(port, send_argv, &a);
+        if (rep == NULL) {
+            continue;
+        }
+        if (rep->type == REDIS_REPLY_INTEGER) {
+            sum += rep->integer;
+        }
+        if (acc == NULL || rep->type == REDIS_REPLY_ERROR) {
+            if (acc != NULL) {
+                freeReplyObject(acc);
+            }
+            acc = rep;
+        } else {
+            freeReplyObject(rep);
+        }
+    }
+    redisFreeCommand(cmd);
+    if (acc != NULL && acc->type == REDIS_REPLY_INTEGER) {
+        acc->integer = sum;
+    }
+    return acc;
+}
+
+static redisReply *
+routed_vcommand(int port, const char *fmt, va_list ap)
+{
+    redisReply *rep;
+    va_list cp;
+
+    /* A local copy: a va_list parameter is not a va_list to point at. */
+    va_copy(cp, ap);
+    struct fmt_cmd f = {fmt, &cp};
+    rep = route(port, send_fmt, &f);
+    va_end(cp);
+
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR &&
+        strncmp(rep->str, "CROSSSLOT", 9) == 0) {
+        redisReply *split = split_per_key(port, fmt, ap);
+        if (split != NULL) {
+            freeReplyObject(rep);
+            rep = split;
+        }
+    }
+    return rep;
 }
 
 redisContext *
