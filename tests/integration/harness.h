@@ -365,7 +365,9 @@ int h_raw_unix(const char *path);
  * node. Cases that cannot mean the same there (they kill "the" Redis,
  * start one of their own, read one server's INFO ...) are named, with
  * the reason, in one list in harness.c and skipped, saying so, on the
- * cluster only. */
+ * cluster only. There h_redis_kill and h_redis_restart of that h_redis
+ * fail the case, and its pid is 0: a case that signals it itself
+ * (SIGSTOP) must be in the list. */
 /* Whether this program runs on such a cluster. */
 bool h_on_cluster(void);
 
