@@ -3137,17 +3137,177 @@ for_every_master(const char *fmt)
     return false;
 }
 
+/* INFO of a whole cluster: the masters' INFO with every integer summed,
+ * "key:N" and each "name=N" of "key:name=N,..." (commandstats), so that a
+ * test counting what Redis did counts it on every master. Other fields
+ * are the first master's. */
+#define H_INFO_LINES 512
+
+struct info_line {
+    char key[96];
+    char val[256];
+};
+
+static bool
+all_digits(const char *p, size_t n)
+{
+    if (n > 0 && *p == '-') {
+        p++;
+        n--;
+    }
+    if (n == 0) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* VAL (a field of the first master) plus ADD (the same field of another)
+ * where both are integers, field by field for "a=N,b=M". */
+static void
+info_add(char *val, size_t len, const char *add)
+{
+    char out[256], *vp = val;
+    const char *ap = add;
+    size_t used = 0;
+
+    out[0] = '\0';
+    while (*vp && *ap && used < sizeof out - 1) {
+        size_t vn = strcspn(vp, ",="), an = strcspn(ap, ",=");
+        if (all_digits(vp, vn) && all_digits(ap, an)) {
+            used += (size_t)snprintf(out + used, sizeof out - used, "%lld",
+                                     atoll(vp) + atoll(ap));
+        } else {
+            used += (size_t)snprintf(out + used, sizeof out - used, "%.*s",
+                                     (int)vn, vp);
+        }
+        vp += vn;
+        ap += an;
+        if (*vp == '\0' || *ap == '\0' || *vp != *ap) {
+            break;
+        }
+        if (used < sizeof out - 1) {
+            out[used++] = *vp;
+            out[used] = '\0';
+        }
+        vp++;
+        ap++;
+    }
+    snprintf(val, len, "%s", out);
+}
+
+static int
+info_merge(struct info_line *lines, int n, const char *text)
+{
+    const char *p = text;
+
+    while (*p) {
+        size_t len = strcspn(p, "\r\n");
+        const char *colon = memchr(p, ':', len);
+        if (colon != NULL && *p != '#') {
+            size_t klen = (size_t)(colon - p);
+            char val[256];
+            int i;
+
+            snprintf(val, sizeof val, "%.*s", (int)(len - klen - 1),
+                     colon + 1);
+            for (i = 0; i < n; i++) {
+                if (strlen(lines[i].key) == klen &&
+                    memcmp(lines[i].key, p, klen) == 0) {
+                    info_add(lines[i].val, sizeof lines[i].val, val);
+                    break;
+                }
+            }
+            if (i == n && n < H_INFO_LINES) {
+                snprintf(lines[n].key, sizeof lines[n].key, "%.*s", (int)klen,
+                         p);
+                snprintf(lines[n].val, sizeof lines[n].val, "%s", val);
+                n++;
+            }
+        }
+        p += len;
+        p += strspn(p, "\r\n");
+    }
+    return n;
+}
+
+static redisReply *
+cluster_info(const char *fmt, va_list ap)
+{
+    struct info_line *lines = calloc(H_INFO_LINES, sizeof *lines);
+    redisReply *first = NULL;
+    int n = 0;
+
+    if (lines == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < cl_nmasters; i++) {
+        redisContext *c = port_connect(cl_masters[i]);
+        redisReply *rep;
+        va_list cp;
+
+        if (c == NULL) {
+            continue;
+        }
+        va_copy(cp, ap);
+        rep = redisvCommand(c, fmt, cp);
+        va_end(cp);
+        redisFree(c);
+        if (rep == NULL || rep->type != REDIS_REPLY_STRING) {
+            if (first == NULL) {
+                first = rep;
+            } else if (rep != NULL) {
+                freeReplyObject(rep);
+            }
+            continue;
+        }
+        n = info_merge(lines, n, rep->str);
+        if (first == NULL || first->type != REDIS_REPLY_STRING) {
+            if (first != NULL) {
+                freeReplyObject(first);
+            }
+            first = rep;
+        } else {
+            freeReplyObject(rep);
+        }
+    }
+    if (first != NULL && first->type == REDIS_REPLY_STRING) {
+        char *text = NULL;
+        size_t size = 0;
+        FILE *m = open_memstream(&text, &size);
+        if (m != NULL) {
+            for (int i = 0; i < n; i++) {
+                fprintf(m, "%s:%s\r\n", lines[i].key, lines[i].val);
+            }
+            fclose(m);
+            /* hiredis 0.14 frees a reply's string with free(). */
+            free(first->str);
+            first->str = text;
+            first->len = strlen(text);
+        }
+    }
+    free(lines);
+    return first;
+}
+
 static redisReply *
 cluster_vcommand(const struct h_redis *r, const char *fmt, va_list ap)
 {
     redisReply *first = NULL;
     long long sum = 0;
 
-    if (!for_every_master(fmt)) {
-        return routed_vcommand(r->port, fmt, ap);
-    }
     if (cl_nmasters == 0) {
         find_masters();
+    }
+    if (strncasecmp(fmt, "INFO", 4) == 0) {
+        return cluster_info(fmt, ap);
+    }
+    if (!for_every_master(fmt)) {
+        return routed_vcommand(r->port, fmt, ap);
     }
     for (int i = 0; i < cl_nmasters; i++) {
         redisContext *c = port_connect(cl_masters[i]);

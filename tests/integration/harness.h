@@ -359,8 +359,11 @@ int h_raw_unix(const char *path);
  * FLUSH, CONFIG RESETSTAT); leased gets redis.mode: cluster with every
  * node as a seed (also where a test's own redis section names that
  * h_redis's address); h_redis_cmd, h_r_int and h_r_do on it follow MOVED
- * and ASK to the master of the key's slot, and send FLUSHALL, FLUSHDB,
- * SCRIPT FLUSH and DBSIZE to every master (DBSIZE answers the sum);
+ * and ASK to the master of the key's slot, split MSET, DEL, UNLINK,
+ * EXISTS and TOUCH across slots into one command per key, send
+ * FLUSHALL, FLUSHDB, SCRIPT FLUSH, DBSIZE, CONFIG RESETSTAT and CLIENT
+ * PAUSE/UNPAUSE to every master (integer replies summed), and answer
+ * INFO with the masters' integers summed;
  * h_wait_subscribed counts classic and sharded subscribers on every
  * node. Cases that cannot mean the same there (they kill "the" Redis,
  * start one of their own, read one server's INFO ...) are named, with
