@@ -1286,8 +1286,11 @@ ld_redis_free(void)
     while (!LIST_EMPTY(&redis_mod.draining)) {
         redis_drain_close(LIST_FIRST(&redis_mod.draining));
     }
-    for (int i = 0; i < redis_mod.n_nodes; i++) {
-        node_free(redis_mod.nodes[i]);
+    /* Each node leaves the array before it is freed: freeing one marks
+     * its connections down, which looks at the nodes still listed (on a
+     * cluster, whether any master is up). */
+    while (redis_mod.n_nodes > 0) {
+        node_free(redis_mod.nodes[--redis_mod.n_nodes]);
     }
     if (redis_mod.cluster) {
         redis_cluster_free();

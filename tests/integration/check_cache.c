@@ -57,20 +57,16 @@ static const char *
 r_str(char *buf, size_t len, const char *fmt, ...)
 {
     va_list ap;
-    redisContext *c = h_redis_connect(&R);
-    ck_assert_msg(c != NULL, "cannot connect to redis");
     va_start(ap, fmt);
-    redisReply *rep = redisvCommand(c, fmt, ap);
+    redisReply *rep = h_redis_vcmd(&R, fmt, ap);
     va_end(ap);
+    ck_assert_msg(rep != NULL, "no reply from redis to %s", fmt);
     buf[0] = '\0';
     if (rep != NULL &&
         (rep->type == REDIS_REPLY_STRING || rep->type == REDIS_REPLY_STATUS)) {
         snprintf(buf, len, "%.*s", (int)rep->len, rep->str);
     }
-    if (rep != NULL) {
-        freeReplyObject(rep);
-    }
-    redisFree(c);
+    freeReplyObject(rep);
     return buf;
 }
 

@@ -130,7 +130,8 @@ static int
 counter_child(const struct h_daemon *d, int iters)
 {
     struct h_conn *c = h_connect(d);
-    redisContext *rc = redisConnect("127.0.0.1", R.port);
+    /* Where "counter" lives, on a cluster too. */
+    redisContext *rc = h_redis_connect_for(&R, "counter");
     if (c == NULL || rc == NULL || rc->err) {
         return 10;
     }
@@ -156,7 +157,7 @@ buyer_child(const struct h_daemon *d, int unused)
 {
     (void)unused;
     struct h_conn *c = h_connect(d);
-    redisContext *rc = redisConnect("127.0.0.1", R.port);
+    redisContext *rc = h_redis_connect_for(&R, "stock");
     int bought = 0;
     if (c == NULL || rc == NULL || rc->err) {
         return 210;
@@ -250,7 +251,7 @@ START_TEST(test_two_daemons)
     a = lk_connect(&D1);
     /* It answers before its Redis connections are up; a lock request in
      * between would get redis_unavailable instead of waiting. */
-    h_assert_stat(a, "redis_connected", 2, 5000);
+    ck_assert(h_wait_stat_min(a, "redis_connected", 2, 5000));
     lk_send(a, 2, "m", NULL, NO_TTL, 10000);
     wait_waiters(a, 1);
     lk_unlock_ok(b, "m", NULL);

@@ -653,7 +653,9 @@ static int
 overlap_child(const struct h_daemon *d, int arg)
 {
     struct h_conn *c = h_connect(d);
-    redisContext *rc = h_redis_connect(&R);
+    /* The counters share a hash tag: one connection serves them on a
+     * cluster too. */
+    redisContext *rc = h_redis_connect_for(&R, "holders:{o}");
     if (c == NULL || rc == NULL) {
         return 2;
     }
@@ -671,7 +673,7 @@ overlap_child(const struct h_daemon *d, int arg)
             return 3;
         }
         for (int i = 0; i < 3; i++) {
-            redisReply *x = redisCommand(rc, "INCR holders:%s", mine[i]);
+            redisReply *x = redisCommand(rc, "INCR holders:{o}%s", mine[i]);
             bool alone = x != NULL && x->type == REDIS_REPLY_INTEGER &&
                          x->integer == 1;
             freeReplyObject(x);
@@ -680,7 +682,7 @@ overlap_child(const struct h_daemon *d, int arg)
             }
         }
         for (int i = 0; i < 3; i++) {
-            freeReplyObject(redisCommand(rc, "DECR holders:%s", mine[i]));
+            freeReplyObject(redisCommand(rc, "DECR holders:{o}%s", mine[i]));
         }
         r = h_call(c, ml_req("unlock", mine, 3, NULL, 0, 0), 60000);
         ok = r != NULL && h_ok(r) && jtrue(r, "released");

@@ -42,6 +42,19 @@
 /* h_call ids start high so they never meet ids a test picks by hand. */
 #define H_FIRST_CALL_ID 1000000
 
+/* The shared scenarios on a cluster (see h_on_cluster), at the end. */
+static bool is_cluster(const struct h_redis *r);
+static redisReply *cluster_vcommand(const struct h_redis *r, const char *fmt,
+                                    va_list ap);
+static bool cluster_wants(const struct h_redis *r, const char *extra_args);
+static int cluster_attach(struct h_redis *r);
+static bool daemon_on_cluster(const struct h_daemon *d);
+static void write_cluster_section(FILE *m);
+static int cluster_subst_address(struct h_daemon *d);
+static void wait_cluster_connected(struct h_conn *c, long long deadline);
+static bool cluster_subscribed(const char *channel);
+static const char *cluster_skip_reason(const char *suite, const char *name);
+
 /* --- process and directory tracking ----------------------------------- */
 
 /* Entries remember which process registered them: a Check test process is
@@ -596,19 +609,32 @@ h_redis_connect(const struct h_redis *r)
 }
 
 redisReply *
-h_redis_cmd(const struct h_redis *r, const char *fmt, ...)
+h_redis_vcmd(const struct h_redis *r, const char *fmt, va_list ap)
 {
-    redisContext *c = h_redis_connect(r);
+    redisContext *c;
     redisReply *reply;
-    va_list ap;
 
+    if (is_cluster(r)) {
+        return cluster_vcommand(r, fmt, ap);
+    }
+    c = h_redis_connect(r);
     if (!c) {
         return NULL;
     }
-    va_start(ap, fmt);
     reply = redisvCommand(c, fmt, ap);
-    va_end(ap);
     redisFree(c);
+    return reply;
+}
+
+redisReply *
+h_redis_cmd(const struct h_redis *r, const char *fmt, ...)
+{
+    redisReply *reply;
+    va_list ap;
+
+    va_start(ap, fmt);
+    reply = h_redis_vcmd(r, fmt, ap);
+    va_end(ap);
     return reply;
 }
 
@@ -714,6 +740,9 @@ h_redis_start(struct h_redis *r, const char *extra_args)
 {
     int rc = -1;
 
+    if (cluster_wants(r, extra_args)) {
+        return cluster_attach(r);
+    }
     memset(r, 0, sizeof *r);
     if (extra_args) {
         if (strlen(extra_args) >= sizeof r->extra) {
@@ -932,6 +961,12 @@ h_redis_restart(struct h_redis *r)
     long long deadline = h_now_ms() + H_REDIS_READY_MS;
     int rc;
 
+    /* Only when it fails: a passing ck_assert reports progress, which a
+     * process outside a test (run_on_cluster) must not. */
+    if (is_cluster(r)) {
+        ck_abort_msg("this case restarts the one Redis, which is a shared "
+                     "cluster here: name it in cluster_skips (harness.c)");
+    }
     if (r->pid > 0) {
         h_redis_kill(r);
     }
@@ -956,6 +991,12 @@ h_redis_restart(struct h_redis *r)
 void
 h_redis_kill(struct h_redis *r)
 {
+    /* Only when it fails: a passing ck_assert reports progress, which a
+     * process outside a test (run_on_cluster) must not. */
+    if (is_cluster(r)) {
+        ck_abort_msg("this case kills the one Redis, which is a shared "
+                     "cluster here: name it in cluster_skips (harness.c)");
+    }
     if (r->pid > 0) {
         kill_reap(r->pid);
         r->pid = 0;
@@ -965,7 +1006,9 @@ h_redis_kill(struct h_redis *r)
 void
 h_redis_stop(struct h_redis *r)
 {
-    h_redis_kill(r);
+    if (!is_cluster(r)) {
+        h_redis_kill(r);
+    }
     if (r->dir[0]) {
         h_rmdir(r->dir);
         r->dir[0] = '\0';
@@ -1043,7 +1086,9 @@ write_daemon_conf(struct h_daemon *d)
     if (!has_section(x, "metrics")) {
         fprintf(m, "metrics:\n  listen: \"\"\n");
     }
-    if (!has_section(x, "redis")) {
+    if (!has_section(x, "redis") && daemon_on_cluster(d)) {
+        write_cluster_section(m);
+    } else if (!has_section(x, "redis")) {
         fprintf(m, "redis:\n  address: \"127.0.0.1:%d\"\n", d->redis_port);
     }
     if (!has_section(x, "journal")) {
@@ -1167,6 +1212,9 @@ wait_redis_connected(struct h_daemon *d)
     while (h_stat(c, "redis_connected") < 1 && h_now_ms() < deadline) {
         sleep_ms(10);
     }
+    if (daemon_on_cluster(d)) {
+        wait_cluster_connected(c, deadline);
+    }
     h_close(c);
 }
 
@@ -1233,6 +1281,9 @@ daemon_prepare(struct h_daemon *d, const struct h_redis *r,
     if (subst_dir(yaml_extra ? yaml_extra : "", d->dir, d->yaml_extra,
                   sizeof d->yaml_extra) < 0) {
         fprintf(stderr, "harness: yaml_extra too long\n");
+        return -1;
+    }
+    if (daemon_on_cluster(d) && cluster_subst_address(d) < 0) {
         return -1;
     }
     return write_daemon_conf(d);
@@ -2052,6 +2103,15 @@ h_main(const struct h_fixture *fx, const struct h_case *cases, size_t n)
 
     fixture = fx;
     for (size_t i = 0; i < n; i++) {
+        const char *why = h_on_cluster()
+                              ? cluster_skip_reason(fx->suite, cases[i].name)
+                              : NULL;
+        if (why != NULL) {
+            /* A TAP comment, so the skip shows in the test's log. */
+            printf("# %s: skipped on a cluster: %s\n", cases[i].name, why);
+            fflush(stdout);
+            continue;
+        }
         h_add_test(s, cases[i].name, cases[i].test, cases[i].timeout_s,
                    fixture_setup, fixture_teardown);
     }
@@ -2195,9 +2255,13 @@ h_lock_lost(struct h_conn *c, const char *key, int timeout_ms)
 static redisReply *
 r_vcommand(const struct h_redis *r, const char *fmt, va_list ap)
 {
-    redisContext *c = h_redis_connect(r);
+    redisContext *c;
     redisReply *rep;
 
+    if (is_cluster(r)) {
+        return cluster_vcommand(r, fmt, ap);
+    }
+    c = h_redis_connect(r);
     ck_assert_msg(c != NULL, "cannot connect to redis");
     rep = redisvCommand(c, fmt, ap);
     redisFree(c);
@@ -2249,6 +2313,9 @@ static bool
 subscribed(void *arg)
 {
     const struct numsub_want *w = arg;
+    if (is_cluster(w->r)) {
+        return cluster_subscribed(w->channel);
+    }
     redisReply *rep = h_redis_cmd(w->r, "PUBSUB NUMSUB %s", w->channel);
     bool yes = rep != NULL && rep->type == REDIS_REPLY_ARRAY &&
                rep->elements == 2 &&
@@ -2288,14 +2355,13 @@ void
 h_delete_lock_key(const struct h_redis *r, const char *key)
 {
     char a[256], b[256];
-    redisReply *rep;
+    long long n;
 
+    /* One DEL each: on a cluster the two names hash to different slots. */
     snprintf(a, sizeof a, "leased:lock:%s", key);
     snprintf(b, sizeof b, "leased:lock:{%s}", key);
-    rep = h_redis_cmd(r, "DEL %s %s", a, b);
-    ck_assert_msg(rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 1,
-                  "the lock key of %s was not in Redis", key);
-    freeReplyObject(rep);
+    n = h_r_int(r, "DEL %s", a) + h_r_int(r, "DEL %s", b);
+    ck_assert_msg(n == 1, "the lock key of %s was not in Redis", key);
 }
 
 bool
@@ -2759,4 +2825,741 @@ h_redis_sleep_end(redisContext *c)
     ck_assert_int_eq(redisGetReply(c, &rep), REDIS_OK);
     freeReplyObject(rep);
     redisFree(c);
+}
+
+/* --- the shared scenarios on a cluster ---------------------------------- */
+
+/* A case that cannot mean on a cluster what it means on one server, and
+ * why; it still runs on standalone Redis. */
+struct cluster_skip {
+    const char *suite;
+    const char *name;
+    const char *why;
+};
+
+static const struct cluster_skip cluster_skips[] = {
+    {"locks", "redis_killed",
+     "kills and restarts the one Redis (a cluster master lost is "
+     "check_cluster's master_killed)"},
+    {"locks", "redisson_layout",
+     "the Java side publishes with classic PUBLISH, which leased on a "
+     "cluster does not hear (it subscribes sharded, leased.yml(5)); "
+     "check_cluster's redisson_layout covers the layout there"},
+    {"locks", "wait_replicas",
+     "starts its own master without a replica, then links one"},
+    {"cache", "redis_down_queued",
+     "kills and restarts the one Redis to queue deletes in the journal "
+     "(check_cluster's master_lost_for_good replays them per key)"},
+    {"cache", "second_delete_after_outage",
+     "kills and restarts the one Redis"},
+    {"cache", "second_delete_after_replay",
+     "kills and restarts the one Redis"},
+    {"cache", "write_outcome_unknown",
+     "stops the one Redis process (SIGSTOP) in the middle of a write"},
+    {"lock_safety", "recheck_on_reconnect",
+     "kills and restarts the one Redis"},
+    {"lock_safety", "lost_before_lease_end",
+     "stops the one Redis process (SIGSTOP) for longer than a lease"},
+    {"sem", "redis_down_and_wrong_type", "kills and restarts the one Redis"},
+    {"sem", "lost_when_redis_down", "kills the one Redis"},
+    {"multilock", "redis_down", "kills and restarts the one Redis"},
+    {"multilock", "redlock_group",
+     "starts standalone servers of its own (lock.redlock and redis)"},
+    {"stale", "redis_down_queued",
+     "kills and restarts a standalone Redis of its own"},
+    {"core", "redis_restart", "kills and restarts the one Redis"},
+    {"core", "redis_timeout",
+     "stops the one Redis process (SIGSTOP) to time a request out"},
+    {"core", "cleanup",
+     "checks that the harness stops the Redis it started (none here)"},
+    {"admin", "force_redis_down", "kills the one Redis"},
+    {"libleased", "redis_unavailable", "kills the one Redis"},
+};
+
+#define H_CLUSTER_ENV "LD_TEST_CLUSTER"
+
+static int cl_ports[H_CLUSTER_MAX];
+static int cl_nports = -1;
+static int cl_masters[H_CLUSTER_MAX];
+static int cl_nmasters;
+
+bool
+h_on_cluster(void)
+{
+    if (cl_nports < 0) {
+        const char *env = getenv(H_CLUSTER_ENV);
+        const char *p = env;
+
+        cl_nports = 0;
+        while (p != NULL && *p && cl_nports < H_CLUSTER_MAX) {
+            const char *colon = strchr(p, ':');
+            if (colon == NULL) {
+                break;
+            }
+            cl_ports[cl_nports++] = atoi(colon + 1);
+            p = strchr(colon, ',');
+            p = p != NULL ? p + 1 : NULL;
+        }
+    }
+    return cl_nports > 0;
+}
+
+/* Is R the h_redis that stands for the cluster (see h_on_cluster)? */
+static bool
+is_cluster(const struct h_redis *r)
+{
+    if (!h_on_cluster() || r->pid != 0) {
+        return false;
+    }
+    for (int i = 0; i < cl_nports; i++) {
+        if (cl_ports[i] == r->port) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static redisContext *
+port_connect(int port)
+{
+    struct h_redis n;
+
+    memset(&n, 0, sizeof n);
+    n.port = port;
+    return h_redis_connect(&n);
+}
+
+/* One command on a connection; ARG says which (see route). */
+typedef redisReply *route_send(redisContext *c, void *arg);
+
+struct fmt_cmd {
+    const char *fmt;
+    va_list *ap;
+};
+
+static redisReply *
+send_fmt(redisContext *c, void *arg)
+{
+    struct fmt_cmd *f = arg;
+    redisReply *rep;
+    va_list cp;
+
+    va_copy(cp, *f->ap);
+    rep = redisvCommand(c, f->fmt, cp);
+    va_end(cp);
+    return rep;
+}
+
+struct argv_cmd {
+    int argc;
+    const char **argv;
+    const size_t *argvlen;
+};
+
+static redisReply *
+send_argv(redisContext *c, void *arg)
+{
+    struct argv_cmd *a = arg;
+
+    return redisCommandArgv(c, a->argc, a->argv, a->argvlen);
+}
+
+/* SEND on the node at PORT, following MOVED and ASK (a test's command
+ * names at most the keys of one slot; split_per_key handles the rest). */
+static redisReply *
+route(int port, route_send *send, void *arg)
+{
+    bool asking = false;
+
+    for (int hop = 0; hop < 5; hop++) {
+        redisContext *c = port_connect(port);
+        redisReply *rep;
+
+        if (c == NULL) {
+            return NULL;
+        }
+        if (asking) {
+            rep = redisCommand(c, "ASKING");
+            if (rep != NULL) {
+                freeReplyObject(rep);
+            }
+        }
+        rep = send(c, arg);
+        redisFree(c);
+        if (rep == NULL || rep->type != REDIS_REPLY_ERROR ||
+            (strncmp(rep->str, "MOVED ", 6) != 0 &&
+             strncmp(rep->str, "ASK ", 4) != 0)) {
+            return rep;
+        }
+        asking = rep->str[1] == 'S';
+        const char *colon = strrchr(rep->str, ':');
+        port = colon != NULL ? atoi(colon + 1) : 0;
+        freeReplyObject(rep);
+        if (port <= 0) {
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+#define H_SPLIT_ARGS 64
+
+/* The arguments of the RESP command CMD (as redisvFormatCommand makes
+ * it) into ARGV and ARGVLEN, pointing into CMD; their count, or -1. */
+static int
+resp_args(char *cmd, const char **argv, size_t *argvlen)
+{
+    char *p = cmd;
+    int n;
+
+    if (*p != '*' || (n = atoi(p + 1)) <= 0 || n > H_SPLIT_ARGS) {
+        return -1;
+    }
+    p = strstr(p, "\r\n");
+    for (int i = 0; i < n; i++) {
+        if (p == NULL || p[2] != '$') {
+            return -1;
+        }
+        argvlen[i] = (size_t)atol(p + 3);
+        p = strstr(p + 3, "\r\n");
+        if (p == NULL) {
+            return -1;
+        }
+        argv[i] = p + 2;
+        p += 2 + argvlen[i];
+    }
+    return n;
+}
+
+/* A multi-key command whose keys live in different slots (CROSSSLOT) as
+ * one command per key, as a cluster client library would do it: MSET
+ * as SETs, DEL, UNLINK, EXISTS and TOUCH with their integer replies
+ * summed. NULL when FMT is none of those. */
+static redisReply *
+split_per_key(int port, const char *fmt, va_list ap)
+{
+    const char *argv[H_SPLIT_ARGS], *one[3];
+    size_t argvlen[H_SPLIT_ARGS], onelen[3];
+    redisReply *acc = NULL;
+    long long sum = 0;
+    char *cmd = NULL;
+    int argc, step = 0;
+    va_list cp;
+
+    va_copy(cp, ap);
+    argc = redisvFormatCommand(&cmd, fmt, cp);
+    va_end(cp);
+    if (argc < 0 || (argc = resp_args(cmd, argv, argvlen)) < 2) {
+        redisFreeCommand(cmd);
+        return NULL;
+    }
+    static const char *const per_key[] = {"DEL", "UNLINK", "EXISTS", "TOUCH"};
+    for (size_t i = 0; i < sizeof per_key / sizeof per_key[0]; i++) {
+        if (argvlen[0] == strlen(per_key[i]) &&
+            strncasecmp(argv[0], per_key[i], argvlen[0]) == 0) {
+            step = 1;
+        }
+    }
+    if (argvlen[0] == 4 && strncasecmp(argv[0], "MSET", 4) == 0) {
+        step = 2;
+    }
+    one[0] = step == 2 ? "SET" : argv[0];
+    onelen[0] = step == 2 ? 3 : argvlen[0];
+    for (int i = 1; step > 0 && i + step - 1 < argc; i += step) {
+        struct argv_cmd a = {1 + step, one, onelen};
+        for (int k = 0; k < step; k++) {
+            one[1 + k] = argv[i + k];
+            onelen[1 + k] = argvlen[i + k];
+        }
+        redisReply *rep = route(port, send_argv, &a);
+        if (rep == NULL) {
+            continue;
+        }
+        if (rep->type == REDIS_REPLY_INTEGER) {
+            sum += rep->integer;
+        }
+        if (acc == NULL || rep->type == REDIS_REPLY_ERROR) {
+            if (acc != NULL) {
+                freeReplyObject(acc);
+            }
+            acc = rep;
+        } else {
+            freeReplyObject(rep);
+        }
+    }
+    redisFreeCommand(cmd);
+    if (acc != NULL && acc->type == REDIS_REPLY_INTEGER) {
+        acc->integer = sum;
+    }
+    return acc;
+}
+
+static redisReply *
+routed_vcommand(int port, const char *fmt, va_list ap)
+{
+    redisReply *rep;
+    va_list cp;
+
+    /* A local copy: a va_list parameter is not a va_list to point at. */
+    va_copy(cp, ap);
+    struct fmt_cmd f = {fmt, &cp};
+    rep = route(port, send_fmt, &f);
+    va_end(cp);
+
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR &&
+        strncmp(rep->str, "CROSSSLOT", 9) == 0) {
+        redisReply *split = split_per_key(port, fmt, ap);
+        if (split != NULL) {
+            freeReplyObject(rep);
+            rep = split;
+        }
+    }
+    return rep;
+}
+
+redisContext *
+h_redis_connect_for(const struct h_redis *r, const char *key)
+{
+    int port = r->port;
+
+    if (!is_cluster(r)) {
+        return h_redis_connect(r);
+    }
+    for (int hop = 0; hop < 5; hop++) {
+        redisContext *c = port_connect(port);
+        redisReply *rep = c != NULL ? redisCommand(c, "EXISTS %s", key) : NULL;
+        const char *colon;
+
+        if (rep == NULL || rep->type != REDIS_REPLY_ERROR ||
+            strncmp(rep->str, "MOVED ", 6) != 0) {
+            if (rep != NULL) {
+                freeReplyObject(rep);
+            }
+            return c;
+        }
+        colon = strrchr(rep->str, ':');
+        port = colon != NULL ? atoi(colon + 1) : 0;
+        freeReplyObject(rep);
+        redisFree(c);
+    }
+    return NULL;
+}
+
+/* The ports of the masters now (ROLE of every node). */
+static void
+find_masters(void)
+{
+    cl_nmasters = 0;
+    for (int i = 0; i < cl_nports; i++) {
+        redisContext *c = port_connect(cl_ports[i]);
+        redisReply *rep = c != NULL ? redisCommand(c, "ROLE") : NULL;
+
+        if (rep != NULL && rep->type == REDIS_REPLY_ARRAY &&
+            rep->elements > 0 && rep->element[0]->type == REDIS_REPLY_STRING &&
+            strcmp(rep->element[0]->str, "master") == 0) {
+            cl_masters[cl_nmasters++] = cl_ports[i];
+        }
+        if (rep != NULL) {
+            freeReplyObject(rep);
+        }
+        if (c != NULL) {
+            redisFree(c);
+        }
+    }
+}
+
+/* Commands about a whole server rather than a key go to every master; an
+ * integer reply is the sum of theirs. */
+static bool
+for_every_master(const char *fmt)
+{
+    static const char *const all[] = {"FLUSHALL",         "FLUSHDB",
+                                      "SCRIPT FLUSH",     "DBSIZE",
+                                      "CONFIG RESETSTAT", "CLIENT PAUSE",
+                                      "CLIENT UNPAUSE"};
+
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strncasecmp(fmt, all[i], strlen(all[i])) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* INFO of a whole cluster: the masters' INFO with every integer summed,
+ * "key:N" and each "name=N" of "key:name=N,..." (commandstats), so that a
+ * test counting what Redis did counts it on every master. Other fields
+ * are the first master's. */
+#define H_INFO_LINES 512
+
+struct info_line {
+    char key[96];
+    char val[256];
+};
+
+static bool
+all_digits(const char *p, size_t n)
+{
+    if (n > 0 && *p == '-') {
+        p++;
+        n--;
+    }
+    if (n == 0) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* VAL (a field of the first master) plus ADD (the same field of another)
+ * where both are integers, field by field for "a=N,b=M". */
+static void
+info_add(char *val, size_t len, const char *add)
+{
+    char out[256], *vp = val;
+    const char *ap = add;
+    size_t used = 0;
+
+    out[0] = '\0';
+    while (*vp && *ap && used < sizeof out - 1) {
+        size_t vn = strcspn(vp, ",="), an = strcspn(ap, ",=");
+        if (all_digits(vp, vn) && all_digits(ap, an)) {
+            used += (size_t)snprintf(out + used, sizeof out - used, "%lld",
+                                     atoll(vp) + atoll(ap));
+        } else {
+            used += (size_t)snprintf(out + used, sizeof out - used, "%.*s",
+                                     (int)vn, vp);
+        }
+        vp += vn;
+        ap += an;
+        if (*vp == '\0' || *ap == '\0' || *vp != *ap) {
+            break;
+        }
+        if (used < sizeof out - 1) {
+            out[used++] = *vp;
+            out[used] = '\0';
+        }
+        vp++;
+        ap++;
+    }
+    snprintf(val, len, "%s", out);
+}
+
+static int
+info_merge(struct info_line *lines, int n, const char *text)
+{
+    const char *p = text;
+
+    while (*p) {
+        size_t len = strcspn(p, "\r\n");
+        const char *colon = memchr(p, ':', len);
+        if (colon != NULL && *p != '#') {
+            size_t klen = (size_t)(colon - p);
+            char val[256];
+            int i;
+
+            snprintf(val, sizeof val, "%.*s", (int)(len - klen - 1),
+                     colon + 1);
+            for (i = 0; i < n; i++) {
+                if (strlen(lines[i].key) == klen &&
+                    memcmp(lines[i].key, p, klen) == 0) {
+                    info_add(lines[i].val, sizeof lines[i].val, val);
+                    break;
+                }
+            }
+            if (i == n && n < H_INFO_LINES) {
+                snprintf(lines[n].key, sizeof lines[n].key, "%.*s", (int)klen,
+                         p);
+                snprintf(lines[n].val, sizeof lines[n].val, "%s", val);
+                n++;
+            }
+        }
+        p += len;
+        p += strspn(p, "\r\n");
+    }
+    return n;
+}
+
+static redisReply *
+cluster_info(const char *fmt, va_list ap)
+{
+    struct info_line *lines = calloc(H_INFO_LINES, sizeof *lines);
+    redisReply *first = NULL;
+    int n = 0;
+
+    if (lines == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < cl_nmasters; i++) {
+        redisContext *c = port_connect(cl_masters[i]);
+        redisReply *rep;
+        va_list cp;
+
+        if (c == NULL) {
+            continue;
+        }
+        va_copy(cp, ap);
+        rep = redisvCommand(c, fmt, cp);
+        va_end(cp);
+        redisFree(c);
+        if (rep == NULL || rep->type != REDIS_REPLY_STRING) {
+            if (first == NULL) {
+                first = rep;
+            } else if (rep != NULL) {
+                freeReplyObject(rep);
+            }
+            continue;
+        }
+        n = info_merge(lines, n, rep->str);
+        if (first == NULL || first->type != REDIS_REPLY_STRING) {
+            if (first != NULL) {
+                freeReplyObject(first);
+            }
+            first = rep;
+        } else {
+            freeReplyObject(rep);
+        }
+    }
+    if (first != NULL && first->type == REDIS_REPLY_STRING) {
+        char *text = NULL;
+        size_t size = 0;
+        FILE *m = open_memstream(&text, &size);
+        if (m != NULL) {
+            for (int i = 0; i < n; i++) {
+                fprintf(m, "%s:%s\r\n", lines[i].key, lines[i].val);
+            }
+            fclose(m);
+            /* hiredis 0.14 frees a reply's string with free(). */
+            free(first->str);
+            first->str = text;
+            first->len = strlen(text);
+        }
+    }
+    free(lines);
+    return first;
+}
+
+static redisReply *
+cluster_vcommand(const struct h_redis *r, const char *fmt, va_list ap)
+{
+    redisReply *first = NULL;
+    long long sum = 0;
+
+    if (cl_nmasters == 0) {
+        find_masters();
+    }
+    if (strncasecmp(fmt, "INFO", 4) == 0) {
+        return cluster_info(fmt, ap);
+    }
+    if (!for_every_master(fmt)) {
+        return routed_vcommand(r->port, fmt, ap);
+    }
+    for (int i = 0; i < cl_nmasters; i++) {
+        redisContext *c = port_connect(cl_masters[i]);
+        redisReply *rep;
+        va_list cp;
+
+        if (c == NULL) {
+            continue;
+        }
+        va_copy(cp, ap);
+        rep = redisvCommand(c, fmt, cp);
+        va_end(cp);
+        redisFree(c);
+        if (rep == NULL) {
+            continue;
+        }
+        if (rep->type == REDIS_REPLY_INTEGER) {
+            sum += rep->integer;
+        }
+        if (first == NULL || rep->type == REDIS_REPLY_ERROR) {
+            if (first != NULL) {
+                freeReplyObject(first);
+            }
+            first = rep;
+        } else {
+            freeReplyObject(rep);
+        }
+    }
+    if (first != NULL && first->type == REDIS_REPLY_INTEGER) {
+        first->integer = sum;
+    }
+    return first;
+}
+
+static redisReply *
+cluster_command(const struct h_redis *r, const char *fmt, ...)
+{
+    redisReply *rep;
+    va_list ap;
+
+    va_start(ap, fmt);
+    rep = cluster_vcommand(r, fmt, ap);
+    va_end(ap);
+    return rep;
+}
+
+/* In place of starting redis-server for the fixture: R stands for the
+ * cluster, every master emptied as a fresh server would be. */
+static int
+cluster_attach(struct h_redis *r)
+{
+    redisReply *rep;
+
+    memset(r, 0, sizeof *r);
+    find_masters();
+    if (cl_nmasters == 0) {
+        fprintf(stderr, "harness: no master in $%s\n", H_CLUSTER_ENV);
+        return -1;
+    }
+    r->port = cl_masters[0];
+    static const char *const fresh[] = {"FLUSHALL", "SCRIPT FLUSH",
+                                        "CONFIG RESETSTAT"};
+    for (size_t i = 0; i < sizeof fresh / sizeof fresh[0]; i++) {
+        rep = cluster_command(r, fresh[i]);
+        if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
+            fprintf(stderr, "harness: %s on the cluster failed: %s\n",
+                    fresh[i], rep != NULL ? rep->str : "no reply");
+            if (rep != NULL) {
+                freeReplyObject(rep);
+            }
+            return -1;
+        }
+        freeReplyObject(rep);
+    }
+    return 0;
+}
+
+static bool
+cluster_wants(const struct h_redis *r, const char *extra_args)
+{
+    return h_on_cluster() && extra_args == NULL && fixture != NULL &&
+           r == fixture->redis[0];
+}
+
+/* The redis section's seed list for leased: every node. */
+static void
+cluster_seeds(FILE *m)
+{
+    fprintf(m, "mode: cluster\n  addresses: [");
+    for (int i = 0; i < cl_nports; i++) {
+        fprintf(m, "%s\"127.0.0.1:%d\"", i > 0 ? ", " : "", cl_ports[i]);
+    }
+    fprintf(m, "]");
+}
+
+static void
+write_cluster_section(FILE *m)
+{
+    fprintf(m, "redis:\n  ");
+    cluster_seeds(m);
+    fprintf(m, "\n");
+}
+
+/* A test's own redis section naming the cluster's address gets the
+ * cluster's mode and seeds in its place. */
+static int
+cluster_subst_address(struct h_daemon *d)
+{
+    char from[64], *at, *text = NULL;
+    size_t size = 0;
+    FILE *m;
+
+    snprintf(from, sizeof from, "address: \"127.0.0.1:%d\"", d->redis_port);
+    at = strstr(d->yaml_extra, from);
+    if (at == NULL) {
+        return 0;
+    }
+    m = open_memstream(&text, &size);
+    if (m == NULL) {
+        return -1;
+    }
+    fwrite(d->yaml_extra, 1, (size_t)(at - d->yaml_extra), m);
+    cluster_seeds(m);
+    fputs(at + strlen(from), m);
+    fclose(m);
+    if (strlen(text) >= sizeof d->yaml_extra) {
+        free(text);
+        fprintf(stderr, "harness: yaml_extra too long\n");
+        return -1;
+    }
+    snprintf(d->yaml_extra, sizeof d->yaml_extra, "%s", text);
+    free(text);
+    return 0;
+}
+
+static bool
+daemon_on_cluster(const struct h_daemon *d)
+{
+    struct h_redis r;
+
+    memset(&r, 0, sizeof r);
+    r.port = d->redis_port;
+    return is_cluster(&r);
+}
+
+/* Every master in leased's slot map, each with a ready connection. */
+static void
+wait_cluster_connected(struct h_conn *c, long long deadline)
+{
+    if (cl_nmasters == 0) {
+        find_masters();
+    }
+    while ((h_stat(c, "redis_cluster_nodes") < cl_nmasters ||
+            h_stat(c, "redis_connected") < cl_nmasters) &&
+           h_now_ms() < deadline) {
+        sleep_ms(10);
+    }
+}
+
+static long long
+subscribers_on(int port, const char *sub, const char *channel)
+{
+    redisContext *c = port_connect(port);
+    redisReply *rep = c != NULL ? redisCommand(c, "PUBSUB %s %s", sub, channel)
+                                : NULL;
+    long long n = 0;
+
+    if (rep != NULL && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+        rep->element[1]->type == REDIS_REPLY_INTEGER) {
+        n = rep->element[1]->integer;
+    }
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    if (c != NULL) {
+        redisFree(c);
+    }
+    return n;
+}
+
+/* Subscribers of CHANNEL anywhere in the cluster: classic ones on any
+ * node, sharded ones (leased's) on the master of its slot. */
+static bool
+cluster_subscribed(const char *channel)
+{
+    long long n = 0;
+
+    for (int i = 0; i < cl_nports; i++) {
+        n += subscribers_on(cl_ports[i], "NUMSUB", channel);
+        n += subscribers_on(cl_ports[i], "SHARDNUMSUB", channel);
+    }
+    return n >= 1;
+}
+
+static const char *
+cluster_skip_reason(const char *suite, const char *name)
+{
+    for (size_t i = 0; i < sizeof cluster_skips / sizeof cluster_skips[0];
+         i++) {
+        if (strcmp(cluster_skips[i].suite, suite) == 0 &&
+            strcmp(cluster_skips[i].name, name) == 0) {
+            return cluster_skips[i].why;
+        }
+    }
+    return NULL;
 }

@@ -7,6 +7,7 @@
  * aborts), and its temporary directory removed. Binaries come from the
  * environment set by make check: LEASED_BIN, REDIS_SERVER, LEASECTL_BIN. */
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -75,6 +76,12 @@ redisContext *h_redis_connect(const struct h_redis *r);
  * (caller frees with freeReplyObject) or NULL. Opens and closes a
  * connection each time. */
 redisReply *h_redis_cmd(const struct h_redis *r, const char *fmt, ...);
+/* A direct connection to the server that holds KEY: R's own, or on a
+ * cluster (see h_on_cluster) the master of KEY's slot. For a test that
+ * keeps one connection for many commands on keys of one slot. */
+redisContext *h_redis_connect_for(const struct h_redis *r, const char *key);
+/* The same with a va_list. */
+redisReply *h_redis_vcmd(const struct h_redis *r, const char *fmt, va_list ap);
 
 /* --- leased ---------------------------------------------------------- */
 /* Write a config (listen.unix in its temp dir, listen.tcp 127.0.0.1:0,
@@ -348,5 +355,30 @@ int h_raw_unix(const char *path);
  * sleep is over and R answers again. */
 redisContext *h_redis_sleep_start(const struct h_redis *r, double secs);
 void h_redis_sleep_end(redisContext *c);
+
+/* --- the shared scenarios on a cluster ------------------------------- */
+/* tests/integration/run_on_cluster starts one cluster of 3 masters and 3
+ * replicas for a whole test program and names its nodes in
+ * $LD_TEST_CLUSTER ("127.0.0.1:PORT,..."). The program then runs its
+ * cases unchanged against it: h_start, and h_redis_start of the fixture's
+ * redis[0] without extra arguments, start no redis-server but point that
+ * h_redis at the cluster after flushing every master (FLUSHALL, SCRIPT
+ * FLUSH, CONFIG RESETSTAT); leased gets redis.mode: cluster with every
+ * node as a seed (also where a test's own redis section names that
+ * h_redis's address); h_redis_cmd, h_r_int and h_r_do on it follow MOVED
+ * and ASK to the master of the key's slot, split MSET, DEL, UNLINK,
+ * EXISTS and TOUCH across slots into one command per key, send
+ * FLUSHALL, FLUSHDB, SCRIPT FLUSH, DBSIZE, CONFIG RESETSTAT and CLIENT
+ * PAUSE/UNPAUSE to every master (integer replies summed), and answer
+ * INFO with the masters' integers summed;
+ * h_wait_subscribed counts classic and sharded subscribers on every
+ * node. Cases that cannot mean the same there (they kill "the" Redis,
+ * start one of their own, read one server's INFO ...) are named, with
+ * the reason, in one list in harness.c and skipped, saying so, on the
+ * cluster only. There h_redis_kill and h_redis_restart of that h_redis
+ * fail the case, and its pid is 0: a case that signals it itself
+ * (SIGSTOP) must be in the list. */
+/* Whether this program runs on such a cluster. */
+bool h_on_cluster(void);
 
 #endif
