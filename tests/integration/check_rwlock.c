@@ -720,7 +720,9 @@ contend(int idx)
 {
     struct h_daemon *d = idx % 2 == 0 ? &D : &D2;
     struct h_conn *c = h_connect(d);
-    redisContext *rc = h_redis_connect(&R);
+    /* The counters share a hash tag: one connection reaches them all on
+     * a cluster too. */
+    redisContext *rc = h_redis_connect_for(&R, "{rwc}");
     if (c == NULL || rc == NULL) {
         return 100;
     }
@@ -739,23 +741,23 @@ contend(int idx)
         json_decref(r);
         redisReply *x;
         if (wr) {
-            x = redisCommand(rc, "INCR rwc:%s:w", key);
+            x = redisCommand(rc, "INCR {rwc}:%s:w", key);
             long long me = x->integer;
             freeReplyObject(x);
-            x = redisCommand(rc, "GET rwc:%s:r", key);
+            x = redisCommand(rc, "GET {rwc}:%s:r", key);
             long long rd = x->type == REDIS_REPLY_STRING ? atoll(x->str) : 0;
             freeReplyObject(x);
             bad += me != 1 || rd != 0;
             usleep(1000);
-            freeReplyObject(redisCommand(rc, "DECR rwc:%s:w", key));
+            freeReplyObject(redisCommand(rc, "DECR {rwc}:%s:w", key));
         } else {
-            freeReplyObject(redisCommand(rc, "INCR rwc:%s:r", key));
-            x = redisCommand(rc, "GET rwc:%s:w", key);
+            freeReplyObject(redisCommand(rc, "INCR {rwc}:%s:r", key));
+            x = redisCommand(rc, "GET {rwc}:%s:w", key);
             long long wn = x->type == REDIS_REPLY_STRING ? atoll(x->str) : 0;
             freeReplyObject(x);
             bad += wn != 0;
             usleep(1000);
-            freeReplyObject(redisCommand(rc, "DECR rwc:%s:r", key));
+            freeReplyObject(redisCommand(rc, "DECR {rwc}:%s:r", key));
         }
         r = h_call(c, rw_req("unlock", key, wr ? "write" : "read", NULL, 0, 0),
                    10000);
