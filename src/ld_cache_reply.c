@@ -411,6 +411,18 @@ cache_settle_near_hit(struct getter *g, const char *v, size_t len)
 }
 
 void
+cache_reply_near_hit(struct ld_req *req, const char *v, size_t len)
+{
+    if (ld_reply_ok_hit_ex(req, v, len, NEAR_EXTRA) != LD_OK) {
+        ld_reply_error(req, LD_E_WRONG_TYPE,
+                       "the cached value is not valid UTF-8; leased did not "
+                       "write it");
+        return;
+    }
+    ld_stats.cache_hits++;
+}
+
+void
 cache_settle_null(struct getter *g)
 {
     note_read(g, true);

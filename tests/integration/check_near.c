@@ -429,6 +429,36 @@ START_TEST(test_min_hits)
 }
 END_TEST
 
+/* A value written in Redis that is not UTF-8 is kept like any other, and
+ * every read of it, near or not, answers wrong_type rather than a line
+ * that is not JSON. */
+START_TEST(test_near_value_not_utf8)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "bin", "fine", 0);
+    get_until_near(c, "bin", "fine");
+    h_r_do(&R, "HSET %s v %b", PREFIX "{bin}", "\xff\xfe", (size_t)2);
+    long long near0 = h_stat(c, "near_hits");
+    long long hits0 = h_stat(c, "cache_hits");
+    long long deadline = h_now_ms() + T_MS;
+    /* The write in Redis evicts the old value; the reads that follow come
+     * from Redis, then (once kept) from the near cache. */
+    while (h_stat(c, "near_hits") < near0 + 3) {
+        json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                            "bin", "lease", 0);
+        ck_assert_msg(h_errcode(r) != NULL &&
+                          strcmp(h_errcode(r), "wrong_type") == 0,
+                      "%s", h_dump(r));
+        json_decref(r);
+        ck_assert_msg(h_now_ms() < deadline, "never a near read of it");
+        usleep(2000);
+    }
+    ck_assert_int_eq(h_stat(c, "cache_hits"), hits0);
+    h_close(c);
+}
+END_TEST
+
 /* --- the race: a proxy that holds back Redis' replies ------------------ */
 
 /* Between leased and Redis: every connection is passed through, and while
@@ -684,6 +714,7 @@ main(void)
         H_CASE(ttl_respected, 60),
         H_CASE(lru_bound_and_value_limit, 90),
         H_CASE(min_hits, 60),
+        H_CASE(near_value_not_utf8, 60),
         H_CASE(race_invalidation_overtakes_read, 60),
         H_CASE(silent_tracking_connection_flushes, 60),
         H_CASE(bad_config_refused, 60),
