@@ -413,9 +413,27 @@ ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
     return ld_reply_ok_hit_ex(req, v, len, NULL);
 }
 
+static int reply_hit(struct ld_req *req, const char *v, size_t len,
+                     bool quoted, const char *extra);
+
 int
 ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
                    const char *extra)
+{
+    return reply_hit(req, v, len, false, extra);
+}
+
+int
+ld_reply_ok_hit_json(struct ld_req *req, const char *json, size_t len,
+                     const char *extra)
+{
+    return reply_hit(req, json, len, true, extra);
+}
+
+/* V is the raw value, or (QUOTED) already its JSON string literal. */
+static int
+reply_hit(struct ld_req *req, const char *v, size_t len, bool quoted,
+          const char *extra)
 {
     static const char mid[] = "\"ok\":true,\"hit\":true,\"value\":";
     char *idtext = NULL;
@@ -434,7 +452,8 @@ ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
         idlen = strlen(idtext);
     }
     size_t xlen = extra != NULL ? strlen(extra) : 0;
-    size_t cap = 8 + idlen + sizeof(mid) + ld_json_quote_max(len) + xlen + 3;
+    size_t cap = 8 + idlen + sizeof(mid) +
+                 (quoted ? len : ld_json_quote_max(len)) + xlen + 3;
     char *line = malloc(cap);
     if (line == NULL) {
         free(idtext);
@@ -452,8 +471,10 @@ ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
     }
     memcpy(o, mid, sizeof(mid) - 1);
     o += sizeof(mid) - 1;
-    size_t q = ld_json_quote(o, v, len);
-    if (q == 0) {
+    size_t q = len;
+    if (quoted) {
+        memcpy(o, v, len);
+    } else if ((q = ld_json_quote(o, v, len)) == 0) {
         free(line);
         return LD_ERR;
     }
