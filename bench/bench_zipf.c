@@ -79,8 +79,9 @@ struct zrun {
     bool recording, closing;
     uint64_t t0_ns, t1_ns;
     struct zclient *cl;
-    /* The writer: write N is slot N % ZIPF_WRITES_IN_FLIGHT until its
-     * reply (a leased reply names it by "id"). */
+    /* The writer: each write in flight holds a free slot until its
+     * reply (a leased reply, which may overtake others, names the slot by
+     * "id"). */
     int wfd; /* --writer leased */
     struct event *wev;
     struct evbuffer *win;
@@ -89,6 +90,7 @@ struct zrun {
         struct zrun *r;
         int key;
         uint64_t ver;
+        bool busy;
     } wslot[ZIPF_WRITES_IN_FLIGHT];
     int winflight;
     uint64_t wrng;
@@ -110,7 +112,7 @@ struct zresult {
     double secs, ops_s, p50, p99, hit_ratio, near_ratio, stale_p99, stale_max,
         stale_redis_max;
     long long reads, hits, near_hits, fills, writes, stale_near, stale_redis,
-        errors, daemon_near_hits, daemon_tracking_evictions;
+        misses_no_lease, errors, daemon_near_hits, daemon_tracking_evictions;
 };
 
 static double *zipf_cdf; /* zipf_cdf[i]: P(rank <= i) */
@@ -346,6 +348,10 @@ static void
 write_acked(struct zwrite *w)
 {
     struct zrun *r = w->r;
+    if (!w->busy) {
+        zdie("a write answered twice");
+    }
+    w->busy = false;
     r->winflight--;
     /* Reads that leave from now on must not see an older version. */
     if (w->ver > r->ack_ver[w->key]) {
@@ -389,8 +395,11 @@ writer_leased_read(evutil_socket_t fd, short what, void *arg)
             if (strstr(line, "\"ok\":true") == NULL || id == NULL) {
                 zdie("cache.invalidate failed: %.300s", line);
             }
-            long long seq = strtoll(id + 5, NULL, 10);
-            write_acked(&r->wslot[seq % ZIPF_WRITES_IN_FLIGHT]);
+            long slot = strtol(id + 5, NULL, 10);
+            if (slot < 0 || slot >= ZIPF_WRITES_IN_FLIGHT) {
+                zdie("cache.invalidate answered for no write: %.300s", line);
+            }
+            write_acked(&r->wslot[slot]);
         }
         free(line);
     }
@@ -402,8 +411,13 @@ writer_maybe(struct zrun *r)
     const struct zipf_opts *zo = r->zo;
     while (!r->closing && r->winflight < ZIPF_WRITES_IN_FLIGHT &&
            r->writes_issued < r->reads_all / zo->write_every) {
-        long long seq = r->writes_issued++;
-        struct zwrite *w = &r->wslot[seq % ZIPF_WRITES_IN_FLIGHT];
+        int slot = 0;
+        while (r->wslot[slot].busy) {
+            slot++;
+        }
+        struct zwrite *w = &r->wslot[slot];
+        w->busy = true;
+        r->writes_issued++;
         r->winflight++;
         w->r = r;
         w->key = zipf_draw(&r->wrng, zo->keys);
@@ -413,9 +427,9 @@ writer_maybe(struct zrun *r)
             char key[128], req[320];
             key_name(r, w->key, key, sizeof(key));
             int n = snprintf(req, sizeof(req),
-                             "{\"id\":%lld,\"op\":\"cache.invalidate\","
+                             "{\"id\":%d,\"op\":\"cache.invalidate\","
                              "\"key\":\"%s\"}\n",
-                             seq, key);
+                             slot, key);
             zwrite_all(r->wfd, req, (size_t)n);
         } else {
             int n = r->target == Z_LEASED
@@ -724,14 +738,16 @@ print_run(const struct zrun *r, const struct zresult *x)
            "p50_us=%.1f p99_us=%.1f hits=%lld hit_ratio=%.4f "
            "near_hits=%lld near_ratio=%.4f fills=%lld writes=%lld "
            "stale_near=%lld stale_p99_us=%.1f stale_max_us=%.1f "
-           "stale_redis=%lld stale_redis_max_us=%.1f errors=%lld "
+           "stale_redis=%lld stale_redis_max_us=%.1f waited_out=%lld "
+           "errors=%lld "
            "daemon_near_hits=%lld daemon_tracking_evictions=%lld\n",
            ztarget_names[r->target], zo->conns, zo->size, zo->keys, zo->s,
            zo->write_every, zo->writer_leased ? "leased" : "redis", x->reads,
            x->secs, x->ops_s, x->p50, x->p99, x->hits, x->hit_ratio,
            x->near_hits, x->near_ratio, x->fills, x->writes, x->stale_near,
            x->stale_p99, x->stale_max, x->stale_redis, x->stale_redis_max,
-           x->errors, x->daemon_near_hits, x->daemon_tracking_evictions);
+           x->misses_no_lease, x->errors, x->daemon_near_hits,
+           x->daemon_tracking_evictions);
     fflush(stdout);
 }
 
@@ -769,6 +785,7 @@ run_one(const struct zipf_opts *zo, enum ztarget t, int id)
     x.writes = r.writes;
     x.stale_near = r.stale_near;
     x.stale_redis = r.stale_redis;
+    x.misses_no_lease = r.misses_no_lease;
     x.errors = r.errors;
     x.ops_s = x.secs > 0 ? (double)r.reads / x.secs : 0;
     x.hit_ratio = r.reads ? (double)r.hits / (double)r.reads : 0;
