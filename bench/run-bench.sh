@@ -492,7 +492,7 @@ END {
         print "through this daemon (evicted before its reply). A stale near hit:"
         print "a near hit, sent after an invalidation of its key was answered,"
         print "of an older version; staleness: from that answer to the hit'"'"'s"
-        print "reply (p99 of the worst run, max of all). `stale Redis-served`:"
+        print "reply (p99 and max over the stale hits of every run). `stale Redis-served`:"
         print "the same for hits that came from Redis (a read that joined the"
         print "daemon'"'"'s fetch sent before the DEL), with the worst age."
         print "Medians of `repeat` pairs for ops/s and ratios."
