@@ -2147,6 +2147,9 @@ run_stampede(void)
 static void
 run_zipf(void)
 {
+    if (o.json) {
+        die("--json: --mode zipf writes key=value lines only");
+    }
     struct zipf_opts *z = &o.zipf;
     z->base = base;
     z->sock = o.sock;
