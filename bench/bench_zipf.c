@@ -22,7 +22,10 @@
  * its worst age): a read that joined the daemon's fetch of the key sent
  * before the DEL gets that fetch's answer; a stale value that stayed in
  * Redis (a fill the leases should have refused) would show there too,
- * for longer than a round trip. */
+ * for longer than a round trip. The direct side counts the same way: its
+ * plain cache-aside (GET, load, SET) has no lease, and a SET that lands
+ * after the writer's DEL leaves the old version in Redis until the next
+ * write of the key (direct_stale). */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -844,8 +847,8 @@ bench_zipf_run(const struct zipf_opts *zo)
     memset(zvalue_pad, 'x', zo->size);
     int n = zo->repeat, cnt[2] = {0, 0}, id = 0;
     double ops[2][n], hit[2][n], near[2][n], p50[2][n];
-    double stale_redis_max = 0;
-    long long stale_near = 0, stale_redis = 0, writes = 0;
+    double stale_redis_max = 0, direct_stale_max = 0;
+    long long stale_near = 0, stale_redis = 0, writes = 0, direct_stale = 0;
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < 2; k++) {
             int t = ((i % 2) ^ k ^ (int)zo->direct_first) ? Z_DIRECT
@@ -866,6 +869,13 @@ bench_zipf_run(const struct zipf_opts *zo)
                     stale_redis_max = x.stale_redis_max;
                 }
                 writes += x.writes;
+            } else {
+                /* GET, load, SET with no lease: a SET that lands after
+                 * the writer's DEL leaves the old version in Redis. */
+                direct_stale += x.stale_redis;
+                if (x.stale_redis_max > direct_stale_max) {
+                    direct_stale_max = x.stale_redis_max;
+                }
             }
         }
     }
@@ -881,7 +891,8 @@ bench_zipf_run(const struct zipf_opts *zo)
                "direct_p50_us=%.1f leased_hit_ratio=%.4f "
                "near_ratio=%.4f direct_hit_ratio=%.4f writes=%lld "
                "stale_near=%lld stale_p99_us=%.1f stale_max_us=%.1f "
-               "stale_redis=%lld stale_redis_max_us=%.1f\n",
+               "stale_redis=%lld stale_redis_max_us=%.1f "
+               "direct_stale=%lld direct_stale_max_us=%.1f\n",
                zo->conns, zo->size, zo->keys, zo->s, zo->write_every,
                zo->writer_leased ? "leased" : "redis", n, lo, dop,
                dop > 0 ? lo / dop : 0, zmedian(p50[Z_LEASED], cnt[Z_LEASED]),
@@ -889,7 +900,8 @@ bench_zipf_run(const struct zipf_opts *zo)
                zmedian(hit[Z_LEASED], cnt[Z_LEASED]),
                zmedian(near[Z_LEASED], cnt[Z_LEASED]),
                zmedian(hit[Z_DIRECT], cnt[Z_DIRECT]), writes, stale_near,
-               stale_p99, stale_max, stale_redis, stale_redis_max);
+               stale_p99, stale_max, stale_redis, stale_redis_max,
+               direct_stale, direct_stale_max);
         fflush(stdout);
     }
     free(all_stale);

@@ -494,11 +494,14 @@ END {
         print "of an older version; staleness: from that answer to the hit'"'"'s"
         print "reply (p99 and max over the stale hits of every run). `stale Redis-served`:"
         print "the same for hits that came from Redis (a read that joined the"
-        print "daemon'"'"'s fetch sent before the DEL), with the worst age."
+        print "daemon'"'"'s fetch sent before the DEL), with the worst age;"
+        print "`direct stale`: the same on the direct side, whose cache-aside"
+        print "has no lease: a SET of a value loaded before a DEL that lands"
+        print "after it leaves the old version in Redis until the next write."
         print "Medians of `repeat` pairs for ops/s and ratios."
         print ""
-        print "| write every | writer | leased ops/s | direct ops/s | ratio | near hit ratio | leased hit ratio | direct hit ratio | writes (leased) | stale near hits | staleness p99 us | staleness max us | stale Redis-served (max us) |"
-        print "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        print "| write every | writer | leased ops/s | direct ops/s | ratio | near hit ratio | leased hit ratio | direct hit ratio | writes (leased) | stale near hits | staleness p99 us | staleness max us | stale Redis-served (max us) | direct stale (max us) |"
+        print "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         for (i = 1; i <= nz; i++) {
             parse(zipf[i])
             print "| " F["write_every"] " | " F["writer"] " | " \
@@ -509,7 +512,8 @@ END {
                   sprintf("%.1f%%", F["direct_hit_ratio"] * 100) " | " \
                   F["writes"] " | " F["stale_near"] " | " \
                   F["stale_p99_us"] " | " F["stale_max_us"] " | " \
-                  F["stale_redis"] " (" F["stale_redis_max_us"] ") |"
+                  F["stale_redis"] " (" F["stale_redis_max_us"] ") | " \
+                  F["direct_stale"] " (" F["direct_stale_max_us"] ") |"
         }
         print ""
     }
