@@ -419,6 +419,19 @@ ld_near_read_sent(struct ld_near_read *nr)
     ld_redis_command(nr->entry, nr->entry_len, 2, argv, argvlen, pttl_cb, nr);
 }
 
+/* The exact room ld_json_quote needs for V: a value near max_value_bytes
+ * (up to 1 GiB) must not cost six times its size while it is escaped. */
+static size_t
+quoted_room(const char *v, size_t len)
+{
+    size_t n = len + 2;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)v[i];
+        n += c < 0x20 ? 5 : (c == '"' || c == '\\');
+    }
+    return n;
+}
+
 void
 ld_near_read_done(struct ld_near_read *nr, uint64_t conn_id, const char *v,
                   size_t vlen)
@@ -432,7 +445,7 @@ ld_near_read_done(struct ld_near_read *nr, uint64_t conn_id, const char *v,
         /* Kept as the text a hit sends: a near hit copies it rather than
          * check and escape it again. A value that is not UTF-8 has no
          * such text (its reads answer wrong_type): it is not kept. */
-        char *q = ld_xmalloc(ld_json_quote_max(vlen));
+        char *q = ld_xmalloc(quoted_room(v, vlen));
         size_t qlen = ld_json_quote(q, v, vlen);
         if (qlen > 0) {
             nr->value = q;
