@@ -50,6 +50,7 @@
 #include <hiredis/adapters/libevent.h>
 #include <jansson.h>
 
+#include "bench_zipf.h"
 #include "ld_cluster_slot.h"
 #include "ld_lua.h"
 
@@ -73,14 +74,15 @@ enum mode {
     M_RWREAD,  /* lock + unlock of the read side of a read-write lock */
     M_RWWRITE, /* the same, write side */
     M_MISS,    /* cache.get of a new key (a miss and its lease) + cache.fill */
+    M_ZIPF,    /* bench_zipf.c */
     M_WAITERS, /* internal: the queued waiters of --mode isolation */
     M_INVAL    /* internal: the invalidating sessions of --mode storm */
 };
 static const char *const mode_names[] = {
-    "lock",         "lock-contended", "get",       "mix",
-    "ping",         "hold",           "isolation", "renewal",
-    "storm",        "stampede",       "sem",       "rwlock-read",
-    "rwlock-write", "miss",           "waiters",   "inval"};
+    "lock",    "lock-contended", "get",          "mix",   "ping",
+    "hold",    "isolation",      "renewal",      "storm", "stampede",
+    "sem",     "rwlock-read",    "rwlock-write", "miss",  "zipf",
+    "waiters", "inval"};
 
 enum target { T_LEASED, T_DIRECT };
 static const char *const target_names[] = {"leased", "direct"};
@@ -188,6 +190,7 @@ static struct {
     int mix_lock_pct;
     uint64_t seed;
     bool cluster;
+    struct zipf_opts zipf;
 } o;
 
 /* --cluster: the masters of a Redis Cluster, from CLUSTER SLOTS on
@@ -2232,6 +2235,31 @@ run_stampede(void)
     close(ctl);
 }
 
+/* ---------------------------------------------------------------- zipf */
+
+static void
+run_zipf(void)
+{
+    if (o.json) {
+        die("--json: --mode zipf writes key=value lines only");
+    }
+    struct zipf_opts *z = &o.zipf;
+    z->base = base;
+    z->sock = o.sock;
+    z->redis_host = o.redis_host;
+    z->redis_port = o.redis_port;
+    z->want_leased = o.want[T_LEASED];
+    z->want_direct = o.want[T_DIRECT];
+    z->direct_first = o.direct_first;
+    z->conns = o.conns;
+    z->repeat = o.repeat;
+    z->size = o.size;
+    z->duration_s = o.duration_s;
+    z->warmup_s = o.warmup_s;
+    z->seed = o.seed;
+    bench_zipf_run(z);
+}
+
 /* --------------------------------------------------------------- main */
 
 static void
@@ -2243,7 +2271,7 @@ usage(FILE *f)
         "hold |\n"
         "                       isolation | renewal | storm | stampede | "
         "sem |\n"
-        "                       rwlock-read | rwlock-write |\n"
+        "                       rwlock-read | rwlock-write | zipf |\n"
         "                       miss (leased only: cache.get of a new key, "
         "then\n"
         "                       cache.fill of its lease)\n"
@@ -2282,7 +2310,14 @@ usage(FILE *f)
         "                       sessions invalidating (default 1000)\n"
         "      --churn          isolation: also measure while the waiters "
         "take turns\n"
-        "      --seed N         mix: random seed\n"
+        "      --seed N         mix, zipf: random seed\n"
+        "      --keys N         zipf: keys (default 10000)\n"
+        "      --zipf-s S       zipf: exponent (default 0.99)\n"
+        "      --write-every N  zipf: one write per N reads (default 100)\n"
+        "      --writer W       zipf: redis (DEL of the entry, default) |\n"
+        "                       leased (cache.invalidate)\n"
+        "      --prefix P       zipf: leased's cache.prefix (default\n"
+        "                       leased:cache:)\n"
         "      --json           one JSON object per line instead of "
         "key=value\n"
         "  -h, --help\n",
@@ -2321,7 +2356,12 @@ parse_args(int argc, char **argv)
         O_DFIRST,
         O_CHURN,
         O_HOLDERS,
-        O_CLUSTER
+        O_CLUSTER,
+        O_KEYS,
+        O_ZIPF_S,
+        O_WRITE_EVERY,
+        O_WRITER,
+        O_PREFIX
     };
     static const struct option lo[] = {
         {"mode", required_argument, NULL, 'm'},
@@ -2346,6 +2386,11 @@ parse_args(int argc, char **argv)
         {"mix-lock-pct", required_argument, NULL, O_MIX},
         {"direct-first", no_argument, NULL, O_DFIRST},
         {"cluster", no_argument, NULL, O_CLUSTER},
+        {"keys", required_argument, NULL, O_KEYS},
+        {"zipf-s", required_argument, NULL, O_ZIPF_S},
+        {"write-every", required_argument, NULL, O_WRITE_EVERY},
+        {"writer", required_argument, NULL, O_WRITER},
+        {"prefix", required_argument, NULL, O_PREFIX},
         {"json", no_argument, NULL, O_JSON},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
@@ -2366,6 +2411,10 @@ parse_args(int argc, char **argv)
     o.holders = 100;
     o.mix_lock_pct = 10;
     o.seed = 42;
+    o.zipf.keys = 10000;
+    o.zipf.s = 0.99;
+    o.zipf.write_every = 100;
+    o.zipf.prefix = "leased:cache:";
     int ch;
     while ((ch = getopt_long(argc, argv, "m:t:s:r:c:z:d:w:n:h", lo, NULL)) !=
            -1) {
@@ -2464,6 +2513,24 @@ parse_args(int argc, char **argv)
         case O_JSON:
             o.json = true;
             break;
+        case O_KEYS:
+            o.zipf.keys = atoi(optarg);
+            break;
+        case O_ZIPF_S:
+            o.zipf.s = atof(optarg);
+            break;
+        case O_WRITE_EVERY:
+            o.zipf.write_every = atoll(optarg);
+            break;
+        case O_WRITER:
+            o.zipf.writer_leased = strcmp(optarg, "leased") == 0;
+            if (!o.zipf.writer_leased && strcmp(optarg, "redis") != 0) {
+                die("unknown writer %s", optarg);
+            }
+            break;
+        case O_PREFIX:
+            o.zipf.prefix = optarg;
+            break;
         case 'h':
             usage(stdout);
             exit(0);
@@ -2525,7 +2592,8 @@ main(int argc, char **argv)
         die("event_base_new failed");
     }
     if (o.want[T_DIRECT] && o.mode != M_HOLD && o.mode != M_ISOLATION &&
-        o.mode != M_RENEWAL && o.mode != M_STORM && o.mode != M_STAMPEDE) {
+        o.mode != M_RENEWAL && o.mode != M_STORM && o.mode != M_STAMPEDE &&
+        o.mode != M_ZIPF) {
         load_scripts();
     }
     switch (o.mode) {
@@ -2543,6 +2611,9 @@ main(int argc, char **argv)
         break;
     case M_STAMPEDE:
         run_stampede();
+        break;
+    case M_ZIPF:
+        run_zipf();
         break;
     default:
         run_pairs();

@@ -6,7 +6,8 @@
 #    with lock.watchdog_ms 30000 over 30 s of steady state;
 #  * system calls per lock+unlock and per cache hit (strace -c);
 #  * instructions per lock+unlock and per cache hit, under callgrind:
-#    counters zeroed, N operations, dumped, minus the same time idle.
+#    counters zeroed, N operations, dumped, minus the same time idle;
+#    then, on a daemon with the near cache on, per ping and per near hit.
 # Writes key=value lines to --raw FILE (default stdout). Run by make
 # bench through run-bench.sh; runs alone as well:
 #   sh bench/resources.sh --builddir BUILD --redis-server redis-server
@@ -86,6 +87,7 @@ then
     start_leased "$connections" valgrind --tool=callgrind \
         --callgrind-out-file="$tmp/cg.out" --dump-instr=no
     dumps=0
+    cgout=$tmp/cg.out
     # cg_phase NAME ARGS...: zero, run the bench (or sleep), dump; sets
     # $ir and $el (seconds). Not in a subshell: $dumps must count.
     cg_phase() {
@@ -102,14 +104,14 @@ then
         callgrind_control -d "$leased_pid" >/dev/null 2>&1
         dumps=$((dumps + 1))
         _w=0
-        while ! grep -q '^totals:' "$tmp/cg.out.$dumps" 2>/dev/null &&
+        while ! grep -q '^totals:' "$cgout.$dumps" 2>/dev/null &&
             [ $_w -lt 300 ]; do
             sleep 0.1
             _w=$((_w + 1))
         done
-        ir=$(sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$tmp/cg.out.$dumps")
+        ir=$(sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$cgout.$dumps")
         [ -n "$ir" ] || { say "no callgrind dump $dumps"; exit 1; }
-        cp "$tmp/cg.out.$dumps" "$tmp/cg.$name.out"
+        cp "$cgout.$dumps" "$tmp/cg.$name.out"
         el=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
     }
     cgb() {
@@ -136,9 +138,39 @@ then
                    "ir_idle_per_s=%.0f ir_per_op=%.0f\n", \
                    $1, $6, $3, $2, $4 / $5, ($2 - idle) / $6 }' >>"$raw"
     done
+    stop_leased
+    # The near cache on: a near hit against a leased ping (neither sends
+    # Redis anything), on a daemon of its own.
+    leased_extra="cache:
+  near: { enabled: true }"
+    start_leased "$connections" valgrind --tool=callgrind \
+        --callgrind-out-file="$tmp/cgn.out" --dump-instr=no
+    leased_extra=
+    cgout=$tmp/cgn.out
+    dumps=0
+    run_bench -w 0 --ops 300 -c 1 -t leased -m ping >/dev/null
+    run_bench -w 0 --ops 300 -c 1 -t leased -m get >/dev/null
+    cg_phase ping cgb -m ping --ops "$cg_ops"
+    ping_ir=$ir ping_s=$el
+    cg_phase near100 cgb -m get -z 100 --ops "$cg_ops"
+    near_ir=$ir near_s=$el
+    cg_phase near10k cgb -m get -z 10000 --ops "$cg_ops_big"
+    neark_ir=$ir neark_s=$el
+    cg_phase nidle idle "$near_s"
+    nidle_ir=$ir nidle_s=$el
+    for row in "ping $ping_ir $ping_s $cg_ops" \
+        "cache.get-near-hit-100B $near_ir $near_s $cg_ops" \
+        "cache.get-near-hit-10KB $neark_ir $neark_s $cg_ops_big"; do
+        set -- $row
+        echo "$1 $2 $3 $nidle_ir $nidle_s $4" | awk '{
+            idle = $4 / $5 * $3
+            printf "mode=instructions op=%s ops=%d secs=%.2f ir=%.0f " \
+                   "ir_idle_per_s=%.0f ir_per_op=%.0f\n", \
+                   $1, $6, $3, $2, $4 / $5, ($2 - idle) / $6 }' >>"$raw"
+    done
     # The hottest functions of each phase (inclusive), for the analysis;
     # the frames every phase shares (main, the loop) left out.
-    for name in lock get100 get10k; do
+    for name in lock get100 get10k ping near100; do
         ops=$cg_ops
         [ "$name" = get10k ] && ops=$cg_ops_big
         callgrind_annotate --inclusive=yes "$tmp/cg.$name.out" 2>/dev/null |

@@ -13,7 +13,10 @@
 #   3. the target cells again, five pairs each, medians;
 #   4. isolation: get p99 alone and with 1,000 waiters on a held lock;
 #   5. stampede: an invalidation of a hot key under 50 readers, deleted
-#      and marked stale: readers blocked and loads; redlock.sh: lock+unlock
+#      and marked stale: readers blocked and loads; with the near cache
+#      on: hot-key hits, and zipf: cache-aside reads of 10k keys drawn
+#      from Zipf(0.99) with a write every N reads (near hit ratio,
+#      staleness); redlock.sh: lock+unlock
 #      with lock.redlock over three instances against direct Redis on one
 #      (--no-redlock leaves it out); cluster.sh: lock+unlock and cache.get
 #      with redis.mode cluster over three masters against a cluster-aware
@@ -140,6 +143,17 @@ leased_extra="cache:
 start_leased "$best"
 rec near -m get -c 50 -z 100 -n "$rep"
 rec near -m get -c 1 -z 100 -n "$rep"
+# Zipf reads with writes: DEL of the entry in Redis (only tracking tells
+# the daemon), a write every 100 and every 1000 reads; then
+# cache.invalidate through the daemon itself.
+zrep=3
+[ "$quick" = 1 ] && zrep=1
+rec zipf -m zipf -c 50 -z 100 --keys 10000 --zipf-s 0.99 \
+    --write-every 100 -n "$zrep"
+rec zipf -m zipf -c 50 -z 100 --keys 10000 --zipf-s 0.99 \
+    --write-every 1000 -n "$zrep"
+rec zipf -m zipf -c 50 -z 100 --keys 10000 --zipf-s 0.99 \
+    --write-every 100 --writer leased -n "$zrep"
 leased_extra=
 
 stop_leased
@@ -236,6 +250,8 @@ function yn(ok) { return ok ? "**met**" : "**missed**" }
         ren[++nren] = $0
     } else if (s == "stampede") {
         stp[++nstp] = $0
+    } else if (s == "zipf" && F["target"] == "both") {
+        zipf[++nz] = $0
     } else if (s == "resources" && F["mode"] == "hold") {
         hold[++nh] = $0
     } else if (s == "resources" && F["mode"] == "instructions") {
@@ -320,6 +336,26 @@ END {
               sprintf("%s vs %s us (%+.1f us, median of %s pairs)", \
                       f1(F["leased_p50_us"]), f1(F["direct_p50_us"]), d, \
                       F["repeat"]) " | " yn(d <= 0) " |"
+    }
+    for (i = 1; i <= nstp; i++) {
+        parse(stp[i])
+        if (F["invalidate"] == "stale")
+            print "| hottest key invalidated (stale) under " F["readers"] \
+                  " readers: 0 blocked, 1 load | " \
+                  sprintf("%s blocked, %s loads", F["blocked"], F["loads"]) \
+                  " | " yn(F["blocked"] + 0 == 0 && F["loads"] + 0 == 1) " |"
+    }
+    for (i = 1; i <= nz; i++) {
+        parse(zipf[i])
+        if (F["writer"] != "redis" || F["write_every"] != "100") continue
+        print "| Zipf(" F["s"] ") over " F["keys"] " keys, a DEL in Redis " \
+              "every 100 reads, 50 conns: near staleness p99 / max " \
+              "(bounded by the tracking delay) | " \
+              sprintf("%s / %s us over %s stale near hits of %s writes; " \
+                      "near hit ratio %.1f%%; %.2fx direct ops/s", \
+                      F["stale_p99_us"], F["stale_max_us"], \
+                      F["stale_near"], F["writes"], F["near_ratio"] * 100, \
+                      F["ratio"]) " | reported |"
     }
     for (i = 1; i <= nh; i++) {
         parse(hold[i])
@@ -449,6 +485,44 @@ END {
         }
         print ""
     }
+    if (nz > 0) {
+        print "## Zipf reads with writes, near cache on"
+        print ""
+        print "50 connections read cache-aside (leased: cache.get, and on a"
+        print "miss with a lease, cache.fill; direct: GET, and on a miss SET)"
+        print "keys drawn from Zipf(s) over `keys` keys, 100 B values that"
+        print "carry a version; every `write every` reads a writer bumps the"
+        print "version of a key drawn from the same law and invalidates it:"
+        print "`redis`: DEL of the entry in Redis (another daemon'"'"'s write, seen"
+        print "through client tracking only); `leased`: cache.invalidate"
+        print "through this daemon (evicted before its reply). A stale near hit:"
+        print "a near hit, sent after an invalidation of its key was answered,"
+        print "of an older version; staleness: from that answer to the hit'"'"'s"
+        print "reply (p99 and max over the stale hits of every run). `stale Redis-served`:"
+        print "the same for hits that came from Redis (a read that joined the"
+        print "daemon'"'"'s fetch sent before the DEL), with the worst age;"
+        print "`direct stale`: the same on the direct side, whose cache-aside"
+        print "has no lease: a SET of a value loaded before a DEL that lands"
+        print "after it leaves the old version in Redis until the next write."
+        print "Medians of `repeat` pairs for ops/s and ratios."
+        print ""
+        print "| write every | writer | leased ops/s | direct ops/s | ratio | near hit ratio | leased hit ratio | direct hit ratio | writes (leased) | stale near hits | staleness p99 us | staleness max us | stale Redis-served (max us) | direct stale (max us) |"
+        print "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        for (i = 1; i <= nz; i++) {
+            parse(zipf[i])
+            print "| " F["write_every"] " | " F["writer"] " | " \
+                  fmt(F["leased_ops_s"]) " | " fmt(F["direct_ops_s"]) " | " \
+                  sprintf("%.2f", F["ratio"]) " | " \
+                  sprintf("%.1f%%", F["near_ratio"] * 100) " | " \
+                  sprintf("%.1f%%", F["leased_hit_ratio"] * 100) " | " \
+                  sprintf("%.1f%%", F["direct_hit_ratio"] * 100) " | " \
+                  F["writes"] " | " F["stale_near"] " | " \
+                  F["stale_p99_us"] " | " F["stale_max_us"] " | " \
+                  F["stale_redis"] " (" F["stale_redis_max_us"] ") | " \
+                  F["direct_stale"] " (" F["direct_stale_max_us"] ") |"
+        }
+        print ""
+    }
     if ((getline line < rlmd) > 0) {
         print "## Redlock: lock+unlock over three instances"
         print ""
@@ -574,7 +648,7 @@ END {
     print "  leased replies by the deciding field (`\"hit\":true` ...) without"
     print "  building a JSON tree."
     print "* The near cache (cache.near) is off, as by default, except in the"
-    print "  target rows that say it is on."
+    print "  target rows that say it is on and in the Zipf rows."
     print ""
     print "## Reproduce"
     print ""

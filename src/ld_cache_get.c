@@ -584,6 +584,20 @@ cop_new(struct ld_req *req, size_t n, bool mget)
     return op;
 }
 
+/* The value the near cache keeps for KEY; a hit counts for the hot keys
+ * here, for it never reaches a ckey. */
+static bool
+near_lookup(const char *key, size_t len, const char **v, size_t *vlen)
+{
+    if (!ld_near_get(key, len, v, vlen)) {
+        return false;
+    }
+    if (ld_cache_hot_enabled()) {
+        ld_cache_hot_note(key, len, true, ld_now_ms());
+    }
+    return true;
+}
+
 /* Set up slot I of OP for KEY and send it on its way. */
 static void
 getter_begin(struct cop *op, size_t i, const char *key, size_t len,
@@ -597,10 +611,9 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
     const char *v;
     size_t vlen;
-    if (ld_near_get(key, len, &v, &vlen)) {
-        if (ld_cache_hot_enabled()) {
-            ld_cache_hot_note(key, len, true, ld_now_ms());
-        }
+    /* cache.get has looked already (a second look would count a miss
+     * twice towards cache.near.min_hits). */
+    if (op->mget && near_lookup(key, len, &v, &vlen)) {
         cache_settle_near_hit(g, v, vlen);
         return;
     }
@@ -613,6 +626,12 @@ get_params(struct ld_req *req, long long *wait_ms, bool *lease)
 {
     *wait_ms = cache_mod.ctx->cfg->cache.wait_ms;
     *lease = true;
+    /* The usual request is op and key (or keys), perhaps an id: nothing
+     * else to look up (two lookups of absent fields were a tenth of a
+     * near hit's own work). */
+    if (json_object_size(req->body) == 2 + (req->id != NULL)) {
+        return LD_OK;
+    }
     if (ld_req_int(req, "wait_ms", false, 0, LD_WAIT_MS_MAX, wait_ms, NULL) !=
             LD_OK ||
         ld_req_bool(req, "lease", lease) != LD_OK) {
@@ -667,6 +686,14 @@ cache_op_get(struct ld_req *req)
 
     if (ld_req_key(req, "key", &key, &len) != LD_OK ||
         get_params(req, &wait_ms, &lease) != LD_OK || drop_if_closed(req)) {
+        return;
+    }
+    /* A near hit needs no op, no getter and no cancel hook: it is answered
+     * before this returns (a third of its instructions went to them). */
+    const char *v;
+    size_t vlen;
+    if (near_lookup(key, len, &v, &vlen)) {
+        cache_reply_near_hit(req, v, vlen);
         return;
     }
     struct cop *op = cop_new(req, 1, false);

@@ -272,7 +272,10 @@ void cache_getter_settle(struct getter *g, json_t *fields, int code,
                          const char *msg);
 void cache_mget_finish(struct cop *op);
 void cache_settle_hit(struct getter *g, const char *v, size_t len);
-void cache_settle_near_hit(struct getter *g, const char *v, size_t len);
+/* JSON: the value as ld_near_get gives it. */
+void cache_settle_near_hit(struct getter *g, const char *json, size_t len);
+/* cache.get answered from the near cache at once, without a getter. */
+void cache_reply_near_hit(struct ld_req *req, const char *json, size_t len);
 void cache_settle_miss(struct getter *g, const char *lease);
 void cache_settle_null(struct getter *g);
 void cache_settle_stale(struct getter *g, const char *v, size_t len,

@@ -154,21 +154,23 @@ cache_chunk_of_json(json_t *obj)
 }
 
 /* ",{"ok":true,"hit":true,"value":"V"}", escaped once whatever the number
- * of slots naming the key; NULL when V is not valid UTF-8 (or no
- * memory). */
+ * of slots naming the key (or V already its JSON text: QUOTED); NULL when
+ * V is not valid UTF-8 (or no memory). */
 static struct chunk *
-chunk_of_hit(const char *v, size_t len, const char *extra)
+chunk_of_hit(const char *v, size_t len, bool quoted, const char *extra)
 {
     static const char head[] = ",{\"ok\":true,\"hit\":true,\"value\":";
     size_t xlen = extra != NULL ? strlen(extra) : 0;
-    struct chunk *c = chunk_new(sizeof(head) + ld_json_quote_max(len) + xlen +
-                                1);
+    struct chunk *c = chunk_new(
+        sizeof(head) + (quoted ? len : ld_json_quote_max(len)) + xlen + 1);
     if (c == NULL) {
         return NULL;
     }
     memcpy(c->data, head, sizeof(head) - 1);
-    size_t q = ld_json_quote(c->data + sizeof(head) - 1, v, len);
-    if (q == 0) {
+    size_t q = len;
+    if (quoted) {
+        memcpy(c->data + sizeof(head) - 1, v, len);
+    } else if ((q = ld_json_quote(c->data + sizeof(head) - 1, v, len)) == 0) {
         free(c);
         return NULL;
     }
@@ -352,18 +354,17 @@ cache_getter_settle(struct getter *g, json_t *fields, int code,
 /* A near hit answers like a Redis hit, plus "near":true. */
 #define NEAR_EXTRA ",\"near\":true"
 
-static void
-settle_hit(struct getter *g, const char *v, size_t len, bool near)
+void
+cache_settle_hit(struct getter *g, const char *v, size_t len)
 {
     struct cop *op = g->op;
     note_read(g, true);
-    const char *extra = near ? NEAR_EXTRA : NULL;
     if (!op->mget) {
         /* The common case, built straight into the reply line: a JSON
          * tree would check and escape a large value byte by byte. */
         struct ld_req *req = op->req;
         op->req = NULL;
-        if (ld_reply_ok_hit_ex(req, v, len, extra) == LD_OK) {
+        if (ld_reply_ok_hit_ex(req, v, len, NULL) == LD_OK) {
             ld_stats.cache_hits++;
             cache_getter_done(g);
             cache_cop_unlink(op);
@@ -374,7 +375,7 @@ settle_hit(struct getter *g, const char *v, size_t len, bool near)
     } else {
         /* Escaped once here; the reply refers to it for every slot
          * naming this key. */
-        struct chunk *c = chunk_of_hit(v, len, extra);
+        struct chunk *c = chunk_of_hit(v, len, false, NULL);
         if (c != NULL) {
             ld_stats.cache_hits++;
             op->texts[g->slot] = c;
@@ -386,9 +387,6 @@ settle_hit(struct getter *g, const char *v, size_t len, bool near)
         }
     }
     json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
-    if (f != NULL && near) {
-        json_object_set_new(f, "near", json_true());
-    }
     if (f == NULL) {
         cache_getter_settle(
             g, NULL, LD_E_WRONG_TYPE,
@@ -400,16 +398,35 @@ settle_hit(struct getter *g, const char *v, size_t len, bool near)
     cache_getter_settle(g, f, 0, NULL);
 }
 
+/* Near hits come as JSON text (ld_near_get): copied, never escaped
+ * again. cache.get answers them at once, without a getter; a getter's is
+ * a slot of cache.mget. */
 void
-cache_settle_hit(struct getter *g, const char *v, size_t len)
+cache_settle_near_hit(struct getter *g, const char *json, size_t len)
 {
-    settle_hit(g, v, len, false);
+    struct cop *op = g->op;
+    LD_ASSERT(op->mget);
+    struct chunk *c = chunk_of_hit(json, len, true, NEAR_EXTRA);
+    if (c == NULL) {
+        cache_getter_settle(g, NULL, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    ld_stats.cache_hits++;
+    op->texts[g->slot] = c;
+    cache_getter_done(g);
+    if (--op->left == 0) {
+        cache_mget_finish(op);
+    }
 }
 
 void
-cache_settle_near_hit(struct getter *g, const char *v, size_t len)
+cache_reply_near_hit(struct ld_req *req, const char *json, size_t len)
 {
-    settle_hit(g, v, len, true);
+    if (ld_reply_ok_hit_json(req, json, len, NEAR_EXTRA) != LD_OK) {
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        return;
+    }
+    ld_stats.cache_hits++;
 }
 
 void

@@ -26,6 +26,7 @@
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
+#include "ld_json.h"
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_redis.h"
@@ -48,7 +49,7 @@ struct nentry {
     TAILQ_ENTRY(nentry) lru; /* most recently used first */
     uint64_t expire_us;      /* monotonic; 0: no TTL in Redis */
     size_t key_len, val_len, bytes;
-    char data[]; /* the key, then the value */
+    char data[]; /* the key, then the value as a JSON string literal */
 };
 
 /* The reads of one key in flight. */
@@ -77,7 +78,7 @@ struct ld_near_read {
     bool have_pttl;
     uint64_t caching_conn, value_conn, pttl_conn;
     long long pttl_ms;
-    char *value;
+    char *value; /* as a JSON string literal */
     size_t vlen;
 };
 
@@ -236,7 +237,7 @@ admitted(const char *key, size_t len)
 /* ---- lookups ---------------------------------------------------------- */
 
 bool
-ld_near_get(const char *key, size_t len, const char **v, size_t *vlen)
+ld_near_get(const char *key, size_t len, const char **json, size_t *jlen)
 {
     if (!near_mod.enabled) {
         return false;
@@ -258,8 +259,8 @@ ld_near_get(const char *key, size_t len, const char **v, size_t *vlen)
         TAILQ_INSERT_HEAD(&near_mod.lru, e, lru);
     }
     ld_stats.near_hits++;
-    *v = e->data + e->key_len;
-    *vlen = e->val_len;
+    *json = e->data + e->key_len;
+    *jlen = e->val_len;
     return true;
 }
 
@@ -419,6 +420,19 @@ ld_near_read_sent(struct ld_near_read *nr)
     ld_redis_command(nr->entry, nr->entry_len, 2, argv, argvlen, pttl_cb, nr);
 }
 
+/* The exact room ld_json_quote needs for V: a value near max_value_bytes
+ * (up to 1 GiB) must not cost six times its size while it is escaped. */
+static size_t
+quoted_room(const char *v, size_t len)
+{
+    size_t n = len + 2;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)v[i];
+        n += c < 0x20 ? 5 : (c == '"' || c == '\\');
+    }
+    return n;
+}
+
 void
 ld_near_read_done(struct ld_near_read *nr, uint64_t conn_id, const char *v,
                   size_t vlen)
@@ -429,9 +443,18 @@ ld_near_read_done(struct ld_near_read *nr, uint64_t conn_id, const char *v,
     nr->value_conn = conn_id;
     if (v != NULL && nr->fl != NULL &&
         (long long)vlen <= cfg()->cache.near.max_value_bytes) {
-        nr->value = ld_xmemdup(v, vlen);
-        nr->vlen = vlen;
-        nr->have_value = true;
+        /* Kept as the text a hit sends: a near hit copies it rather than
+         * check and escape it again. A value that is not UTF-8 has no
+         * such text (its reads answer wrong_type): it is not kept. */
+        char *q = ld_xmalloc(quoted_room(v, vlen));
+        size_t qlen = ld_json_quote(q, v, vlen);
+        if (qlen > 0) {
+            nr->value = q;
+            nr->vlen = qlen;
+            nr->have_value = true;
+        } else {
+            free(q);
+        }
     }
     read_part_done(nr);
 }

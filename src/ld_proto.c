@@ -449,9 +449,27 @@ id_max(const json_t *id)
  * the session's output, with no allocation of their own. */
 #define HIT_STACK_LINE 2048
 
+static int reply_hit(struct ld_req *req, const char *v, size_t len,
+                     bool quoted, const char *extra);
+
 int
 ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
                    const char *extra)
+{
+    return reply_hit(req, v, len, false, extra);
+}
+
+int
+ld_reply_ok_hit_json(struct ld_req *req, const char *json, size_t len,
+                     const char *extra)
+{
+    return reply_hit(req, json, len, true, extra);
+}
+
+/* V is the raw value, or (QUOTED) already its JSON string literal. */
+static int
+reply_hit(struct ld_req *req, const char *v, size_t len, bool quoted,
+          const char *extra)
 {
     static const char mid[] = "\"ok\":true,\"hit\":true,\"value\":";
     char *iddump = NULL;
@@ -473,7 +491,8 @@ ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
         }
     }
     size_t xlen = extra != NULL ? strlen(extra) : 0;
-    size_t cap = 8 + idcap + sizeof(mid) + ld_json_quote_max(len) + xlen + 3;
+    size_t cap = 8 + idcap + sizeof(mid) +
+                 (quoted ? len : ld_json_quote_max(len)) + xlen + 3;
     char stack_line[HIT_STACK_LINE];
     char *line = cap <= sizeof(stack_line) ? stack_line : malloc(cap);
     if (line == NULL) {
@@ -507,8 +526,10 @@ ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
     }
     memcpy(o, mid, sizeof(mid) - 1);
     o += sizeof(mid) - 1;
-    size_t q = ld_json_quote(o, v, len);
-    if (q == 0) {
+    size_t q = len;
+    if (quoted) {
+        memcpy(o, v, len);
+    } else if ((q = ld_json_quote(o, v, len)) == 0) {
         if (line != stack_line) {
             free(line);
         }

@@ -93,6 +93,10 @@ int ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len);
  * comma) after the value; NULL for none. */
 int ld_reply_ok_hit_ex(struct ld_req *req, const char *v, size_t len,
                        const char *extra);
+/* The same with the value given as its JSON string literal JSON (LEN
+ * bytes, quotes included), copied as it is; LD_ERR only without memory. */
+int ld_reply_ok_hit_json(struct ld_req *req, const char *json, size_t len,
+                         const char *extra);
 
 /* Answer REQ with the line in BUF (built by the caller, trailing newline
  * included); BUF's content moves to the session without a copy. */

@@ -433,6 +433,75 @@ START_TEST(test_min_hits)
 }
 END_TEST
 
+/* A value written in Redis that is not UTF-8 cannot be sent in a reply:
+ * its reads answer wrong_type, and it is never kept near (what is kept
+ * is the reply's JSON text). */
+static json_t *
+get_any(struct h_conn *c, const char *key)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                        key, "lease", 0);
+    ck_assert_msg(r != NULL, "no reply");
+    return r;
+}
+
+static bool
+is_wrong_type(const json_t *r)
+{
+    const char *code = h_errcode(r);
+    return code != NULL && strcmp(code, "wrong_type") == 0;
+}
+
+START_TEST(test_near_value_not_utf8)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "bin", "fine", 0);
+    get_until_near(c, "bin", "fine");
+    h_r_do(&R, "HSET %s v %b", PREFIX "{bin}", "\xff\xfe", (size_t)2);
+    /* Near hits of the old value until the invalidation is in. */
+    long long deadline = h_now_ms() + T_MS;
+    for (;;) {
+        json_t *r = get_any(c, "bin");
+        bool done = is_wrong_type(r);
+        ck_assert_msg(done || hit_of(r, "fine"), "%s", h_dump(r));
+        json_decref(r);
+        if (done) {
+            break;
+        }
+        ck_assert_msg(h_now_ms() < deadline, "the write was never seen");
+        usleep(1000);
+    }
+    long long near0 = h_stat(c, "near_hits");
+    for (int i = 0; i < 20; i++) {
+        json_t *r = get_any(c, "bin");
+        ck_assert_msg(is_wrong_type(r), "%s", h_dump(r));
+        json_decref(r);
+        usleep(1000);
+    }
+    ck_assert_int_eq(h_stat(c, "near_hits"), near0);
+    ck_assert_int_eq(h_stat(c, "near_entries"), 0);
+    /* A valid value again is kept again. */
+    set(c, "bin", "fine again", 0);
+    get_until_near(c, "bin", "fine again");
+    /* What needs escaping comes back the same from the near cache, in
+     * cache.get and in cache.mget. */
+    static const char esc[] = "a \"q\" \\ \xc3\xa9\n\t\x01";
+    set(c, "esc", esc, 0);
+    get_until_near(c, "esc", esc);
+    json_t *m = h_must(h_callf(c, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget",
+                               "keys", "esc", "bin"));
+    json_t *res = json_object_get(m, "results");
+    ck_assert_msg(hit_of(json_array_get(res, 0), esc) &&
+                      jtrue(json_array_get(res, 0), "near") &&
+                      hit_of(json_array_get(res, 1), "fine again") &&
+                      jtrue(json_array_get(res, 1), "near"),
+                  "mget: %s", h_dump(m));
+    json_decref(m);
+    h_close(c);
+}
+END_TEST
+
 /* --- the race: a proxy that holds back Redis' replies ------------------ */
 
 /* Between leased and Redis: every connection is passed through, and while
@@ -688,6 +757,7 @@ main(void)
         H_CASE(ttl_respected, 60),
         H_CASE(lru_bound_and_value_limit, 90),
         H_CASE(min_hits, 60),
+        H_CASE(near_value_not_utf8, 60),
         H_CASE(race_invalidation_overtakes_read, 60),
         H_CASE(silent_tracking_connection_flushes, 60),
         H_CASE(bad_config_refused, 60),
