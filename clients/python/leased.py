@@ -45,7 +45,7 @@ import struct
 import threading
 import time
 
-__all__ = ["Leased", "Pool", "AsyncLeased", "Held", "LeasedError",
+__all__ = ["Leased", "Pool", "AsyncLeased", "Held", "RWLock", "LeasedError",
            "LockNotAcquired", "NoPermit", "DEFAULT_SOCKET"]
 __version__ = "0.1.0"
 
@@ -54,7 +54,25 @@ DEFAULT_SOCKET = "/run/leased/leased.sock"
 # One encoder without the default ", " separators: smaller lines, and it
 # skips building an encoder per call the way json.dumps does.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
-_decode = json.loads
+# A key as a JSON string (quoted, escaped, ASCII): the hot requests are
+# written from a template around it instead of encoding a dict.
+_quote = json.encoder.encode_basestring_ascii
+_scan = json.JSONDecoder().scan_once
+
+
+def _decode(line):
+    """One reply line (bytes) as an object. The daemon writes compact
+    lines, so the C scanner reads them directly, without json.loads'
+    encoding detection and whitespace matching; anything else (spaces
+    around, a bad line) goes through json.loads for its answer."""
+    s = line.decode()
+    try:
+        obj, end = _scan(s, 0)
+    except StopIteration:
+        end = -1
+    if end != len(s):
+        return json.loads(s)
+    return obj
 
 
 class LeasedError(Exception):
@@ -338,8 +356,18 @@ class Leased:
 
     def _fill(self, chunk):
         # Complete lines go to _lines; the partial last one waits in
-        # _tail. One split per chunk, however many lines it carries.
-        parts = (self._tail + chunk).split(b"\n")
+        # _tail, a bytearray that grows in place while a long line comes
+        # in many chunks. One split per chunk that ends lines, however
+        # many lines it carries.
+        if chunk.find(b"\n") < 0:
+            if not isinstance(self._tail, bytearray):
+                self._tail = bytearray(self._tail)
+            self._tail += chunk
+            return
+        if self._tail:
+            self._tail += chunk
+            chunk = bytes(self._tail)
+        parts = chunk.split(b"\n")
         self._tail = parts.pop()
         self._lines.extend(parts)
 
@@ -373,6 +401,16 @@ class Leased:
         fields["op"] = op
         fields["id"] = rid
         line = _encode(fields).encode() + b"\n"
+        return self._request(rid, line, wait_ms, _on_late)
+
+    def _key_call(self, op, key, _on_late=None):
+        """call() of the hot shape {"op":OP,"key":KEY}, from a template."""
+        rid = next(self._ids)
+        line = b'{"op":"%s","id":%d,"key":%s}\n' % (op, rid,
+                                                   _quote(key).encode())
+        return self._request(rid, line, 0, _on_late)
+
+    def _request(self, rid, line, wait_ms, _on_late):
         with self._io:
             if self._closed:
                 raise ConnectionError("connection closed")
@@ -487,10 +525,17 @@ class Leased:
                 self._post("unlock", token=reply["token"], **_key_fields(key),
                            **mode)
 
+        if (not wait_ms and ttl_ms is None and owner is None and not extra
+                and isinstance(key, str)):
+            return self._key_call(b"lock", key, late)
+
         return self.call("lock", _on_late=late,
                          **_lock_fields(key, wait_ms, ttl_ms, owner, extra))
 
     def unlock(self, key, owner=None, token=None, **extra):
+        if owner is None and token is None and not extra and \
+                isinstance(key, str):
+            return self._key_call(b"unlock", key)
         fields = _key_fields(key)
         if owner is not None:
             fields["owner"] = owner
@@ -532,6 +577,10 @@ class Leased:
                 # was told through held.lost.
                 if not (e.code == "not_held" and held.lost.is_set()):
                     raise
+
+    def rwlock(self, key):
+        """The read and the write side of KEY (see RWLock)."""
+        return RWLock(self, key)
 
     # --- semaphores ----------------------------------------------------------
 
@@ -615,6 +664,38 @@ class Leased:
 def _mode(extra):
     # unlock of a read-write lock names the same mode as its lock.
     return {"mode": extra["mode"]} if "mode" in extra else {}
+
+
+class RWLock:
+    """The two sides of the read-write lock KEY (leased-protocol(7), "Read-
+    write locks") on a Leased, Pool or AsyncLeased: any number of readers
+    hold it together, a writer excludes readers and writers.
+
+        rw = ld.rwlock("doc:7")
+        with rw.read_lock(wait_ms=1000) as held:     # shared
+            ...
+        with rw.write_lock(wait_ms=1000) as held:    # exclusive
+            ...                                      # held.fence
+        async with ard.rwlock("doc:7").read_lock():  # AsyncLeased
+            ...
+
+    Each takes the arguments of lock() and gives what lock() gives (a
+    Held with .lost; LockNotAcquired when not granted in wait_ms); the
+    unlock at the end of the block names the same mode. A writer may
+    also take the read side of its key (downgrade). A plain lock and a
+    read-write lock on one key are a "wrong_type" LeasedError."""
+
+    def __init__(self, ld, key):
+        self.ld = ld
+        self.key = key
+
+    def read_lock(self, wait_ms=0, ttl_ms=None, owner=None, **extra):
+        return self.ld.lock(self.key, wait_ms, ttl_ms, owner, mode="read",
+                            **extra)
+
+    def write_lock(self, wait_ms=0, ttl_ms=None, owner=None, **extra):
+        return self.ld.lock(self.key, wait_ms, ttl_ms, owner, mode="write",
+                            **extra)
 
 
 class Pool:
@@ -743,6 +824,11 @@ class Pool:
             with c.semaphore(key, limit, permits, wait_ms, ttl_ms,
                              **extra) as grant:
                 yield grant
+
+    def rwlock(self, key):
+        """The read and the write side of KEY (see RWLock); each block
+        keeps its connection as lock() does."""
+        return RWLock(self, key)
 
     def cached(self, key, loader, ttl_ms=None):
         # The connection is given back while LOADER runs (it may be
@@ -1005,6 +1091,11 @@ class AsyncLeased:
         return _AsyncLock(self, key, wait_ms, ttl_ms, owner, extra)
 
     alock = lock
+
+    def rwlock(self, key):
+        """The read and the write side of KEY (see RWLock):
+        `async with ld.rwlock(k).read_lock(): ...`."""
+        return RWLock(self, key)
 
     def _add_hold(self, held):
         for k in _hold_keys(held):
