@@ -38,7 +38,6 @@ import contextlib
 import itertools
 import json
 import os
-import queue
 import select
 import socket
 import struct
@@ -717,9 +716,13 @@ class Pool:
         self.size = size
         self._kw = {"timeout": timeout, "client": client, "auth": auth,
                     "on_event": on_event}
-        self._idle = queue.LifoQueue()
+        # The idle connections, last in first out; list.pop and append
+        # are atomic, so a call that finds one idle takes no lock. Only
+        # a thread that has to wait for one uses the condition.
+        self._idle = []
         self._made = 0
-        self._mu = threading.Lock()
+        self._waiting = 0
+        self._cv = threading.Condition(threading.Lock())
         self._local = threading.local()
         self._holds = _Holds()
         self._closed = False
@@ -752,40 +755,74 @@ class Pool:
         if self._closed:
             raise ConnectionError("pool closed")
         try:
-            return self._idle.get_nowait()
-        except queue.Empty:
+            return self._idle.pop()
+        except IndexError:
             pass
-        with self._mu:
-            make = self._made < self.size
-            if make:
-                self._made += 1
-        if make:
+        deadline = time.monotonic() + self.timeout
+        with self._cv:
+            # Counted before looking, so a checkin that comes after the
+            # look sees the count and notifies.
+            self._waiting += 1
             try:
-                return self._new()
-            except BaseException:
-                with self._mu:
-                    self._made -= 1
-                raise
+                while True:
+                    if self._idle:
+                        return self._idle.pop()
+                    if self._made < self.size:
+                        self._made += 1
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        raise TimeoutError("no free connection in the pool")
+                    self._cv.wait(left)
+            finally:
+                self._waiting -= 1
         try:
-            return self._idle.get(timeout=self.timeout)
-        except queue.Empty:
-            raise TimeoutError("no free connection in the pool") from None
+            return self._new()
+        except BaseException:
+            self._forget()
+            raise
+
+    def _forget(self):
+        with self._cv:
+            self._made -= 1
+            self._cv.notify()
 
     def _checkin(self, conn, broken):
         if broken or self._closed or conn._closed:
             conn.close()
-            with self._mu:
-                self._made -= 1
-        else:
-            self._idle.put(conn)
+            self._forget()
+            return
+        self._idle.append(conn)
+        if self._waiting:
+            with self._cv:
+                self._cv.notify()
+
+    def _use(self, method, *args, **kw):
+        """METHOD of a borrowed connection (the thread's own inside a
+        lock() block), called without the generator machinery of
+        connection(): the per-call cost of the hot calls."""
+        mine = getattr(self._local, "conn", None)
+        if mine is not None:
+            return method(mine, *args, **kw)
+        conn = self._checkout()
+        broken = False
+        try:
+            return method(conn, *args, **kw)
+        except (OSError, ValueError):
+            broken = True
+            raise
+        finally:
+            self._checkin(conn, broken)
 
     def close(self):
         self._closed = True
         while True:
             try:
-                self._idle.get_nowait().close()
-            except queue.Empty:
+                self._idle.pop().close()
+            except IndexError:
                 break
+        with self._cv:
+            self._cv.notify_all()
 
     def __enter__(self):
         return self
@@ -794,22 +831,19 @@ class Pool:
         self.close()
 
     def call(self, op, **fields):
-        with self.connection() as c:
-            return c.call(op, **fields)
+        return self._use(Leased.call, op, **fields)
 
     def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """A lock that outlives the call is bound to a connection that
         goes back to the pool: unlock it by token (any connection)."""
-        with self.connection() as c:
-            return c.try_lock(key, wait_ms, ttl_ms, owner, **extra)
+        return self._use(Leased.try_lock, key, wait_ms, ttl_ms, owner,
+                         **extra)
 
     def unlock(self, key, owner=None, token=None, **extra):
-        with self.connection() as c:
-            return c.unlock(key, owner, token, **extra)
+        return self._use(Leased.unlock, key, owner, token, **extra)
 
     def extend(self, key, ttl_ms, owner=None, token=None):
-        with self.connection() as c:
-            return c.extend(key, ttl_ms, owner, token)
+        return self._use(Leased.extend, key, ttl_ms, owner, token)
 
     @contextlib.contextmanager
     def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
