@@ -904,6 +904,8 @@ class AsyncLeased:
     def __init__(self, reader, writer, timeout=30.0):
         self._reader = reader
         self._writer = writer
+        self._loop = asyncio.get_running_loop()
+        self._out = []      # lines of this loop iteration, sent together
         self.timeout = timeout
         self._ids = itertools.count(1)
         self._pending = {}
@@ -947,6 +949,7 @@ class AsyncLeased:
     async def close(self):
         if self._closed:
             return
+        self._flush()
         self._closed = True
         self._writer.close()
         with contextlib.suppress(Exception):
@@ -1014,8 +1017,23 @@ class AsyncLeased:
         rid = next(self._ids)
         fields["op"] = op
         fields["id"] = rid
-        self._writer.write(_encode(fields).encode() + b"\n")
+        self._queue(_encode(fields).encode() + b"\n")
         return rid
+
+    def _queue(self, line):
+        # The requests that tasks make in one iteration of the loop (say,
+        # all those woken by one read of replies) go out in one write,
+        # one system call, at the start of the next.
+        self._out.append(line)
+        if len(self._out) == 1:
+            self._loop.call_soon(self._flush)
+
+    def _flush(self):
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        if not self._closed:
+            self._writer.write(out[0] if len(out) == 1 else b"".join(out))
 
     async def call(self, op, _on_abandon=None, **fields):
         """One request; the reply, or LeasedError. Cancelling the awaiting
@@ -1026,23 +1044,45 @@ class AsyncLeased:
         wait_ms = fields.get("wait_ms")
         if wait_ms is None:
             wait_ms = 3000 if op.startswith("cache.") else 0
-        fut = asyncio.get_running_loop().create_future()
+        rid = next(self._ids)
+        fields["op"] = op
+        fields["id"] = rid
+        return await self._request(rid, _encode(fields).encode() + b"\n",
+                                   wait_ms, _on_abandon)
+
+    async def _key_call(self, op, key, _on_abandon=None):
+        """call() of the hot shape {"op":OP,"key":KEY}, from a template."""
+        if self._closed:
+            raise ConnectionError("connection closed")
+        rid = next(self._ids)
+        line = b'{"op":"%s","id":%d,"key":%s}\n' % (op, rid,
+                                                   _quote(key).encode())
+        return await self._request(rid, line, 0, _on_abandon)
+
+    async def _request(self, rid, line, wait_ms, _on_abandon):
+        fut = self._loop.create_future()
 
         def done(msg):
             if not fut.done():
                 fut.set_result(msg)
 
-        rid = self._send(op, fields)
+        self._queue(line)
         self._pending[rid] = done
-        timeout = None if wait_ms < 0 else self.timeout + wait_ms / 1000.0
+        # A timer on the future itself: lighter than asyncio.wait_for,
+        # which wraps every call in more futures and callbacks.
+        timer = None if wait_ms < 0 else self._loop.call_later(
+            self.timeout + wait_ms / 1000.0, done, _TIMED_OUT)
         try:
-            msg = await asyncio.wait_for(fut, timeout)
+            msg = await fut
         except asyncio.CancelledError:
             self._abandon(rid, _on_abandon)
             raise
-        except asyncio.TimeoutError:
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if msg is _TIMED_OUT:
             self._abandon(rid, _on_abandon)
-            raise TimeoutError("no reply from leased in time") from None
+            raise TimeoutError("no reply from leased in time")
         if isinstance(msg, BaseException):
             raise msg
         if not msg.get("ok"):
@@ -1086,6 +1126,8 @@ class AsyncLeased:
                 self._fire("unlock", token=reply["token"], **_key_fields(key),
                            **mode)
 
+        if len(fields) == 1 and isinstance(key, str):
+            return await self._key_call(b"lock", key, granted_too_late)
         return await self.call("lock", _on_abandon=granted_too_late,
                                **fields)
 
@@ -1096,7 +1138,10 @@ class AsyncLeased:
         if token is not None:
             fields["token"] = token
         fields.update(extra)
-        reply = await self.call("unlock", **fields)
+        if len(fields) == 1 and isinstance(key, str):
+            reply = await self._key_call(b"unlock", key)
+        else:
+            reply = await self.call("unlock", **fields)
         if reply.get("released"):
             # The hold of an awaited lock() ends here, not in a block.
             keys = _norm_key(key)
@@ -1223,6 +1268,8 @@ class AsyncLeased:
 
 
 _async_owners = itertools.count(1)
+# What the timer of an AsyncLeased request hands its future.
+_TIMED_OUT = object()
 
 
 class _AsyncLock:

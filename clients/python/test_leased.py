@@ -549,6 +549,57 @@ class Async(unittest.TestCase):
     def run_async(self, coro):
         return asyncio.run(asyncio.wait_for(coro, 90))
 
+    def test_timeout_and_a_late_grant_given_back(self):
+        async def main():
+            key = PREFIX + "aio:late"
+            a = await AsyncLeased.connect(SOCKET, timeout=10)
+            b = await AsyncLeased.connect(SOCKET, timeout=10)
+            c = await AsyncLeased.connect(SOCKET, timeout=10)
+            try:
+                self.assertTrue((await a.try_lock(key))["acquired"])
+                # b gives up long before the daemon's wait would end.
+                b.timeout = -9.7
+                t0 = time.monotonic()
+                with self.assertRaises(TimeoutError):
+                    await b.try_lock(key, wait_ms=10000)
+                self.assertLess(time.monotonic() - t0, 5)
+                b.timeout = 10
+                await a.unlock(key)
+                # Cancelled, or granted late and unlocked at once: either
+                # way c gets the lock although b's session lives on.
+                got = await c.try_lock(key, wait_ms=WAIT_S * 1000)
+                self.assertTrue(got["acquired"], got)
+            finally:
+                for ld in (a, b, c):
+                    await ld.close()
+
+        self.run_async(main())
+
+    def test_requests_of_one_iteration_go_out_in_one_write(self):
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET, timeout=10)
+            try:
+                writes = []
+                real = ld._writer.write
+                ld._writer.write = lambda data: (writes.append(data),
+                                                 real(data))
+                keys = [PREFIX + "aio:tick:%d" % i for i in range(20)]
+                got = await asyncio.gather(*[ld.try_lock(k) for k in keys])
+                self.assertTrue(all(r["acquired"] for r in got))
+                self.assertEqual(len(writes), 1)
+                self.assertEqual(writes[0].count(b"\n"), 20)
+                # Keys that need escaping take the short path intact.
+                for k in ('q"uote', "new\nline", "\u00e9\U0001f600"):
+                    r = await ld.try_lock(PREFIX + k)
+                    self.assertTrue(r["acquired"])
+                    info = await ld.call("lock.info", key=PREFIX + k)
+                    self.assertTrue(info["locked"])
+                    self.assertTrue((await ld.unlock(PREFIX + k))["released"])
+            finally:
+                await ld.close()
+
+        self.run_async(main())
+
     def test_lock_cache_and_errors(self):
         async def main():
             ld = await AsyncLeased.connect(SOCKET, client="test_leased.py")
