@@ -8,9 +8,11 @@ divided by PAIRS. One JSON line on stdout.
     python3 clientcpu.py --peer=redispy --redis=PORT ...
 
 Without --pool each thread has its own Leased (as in bench-peers); with
---pool=N the threads share one Pool of N connections.
+--pool=N the threads share one Pool of N connections; with --asyncio=1
+the workers are tasks sharing one AsyncLeased.
 """
 
+import asyncio
 import importlib.util
 import json
 import resource
@@ -34,11 +36,50 @@ def cpu():
     return ru.ru_utime + ru.ru_stime
 
 
+def load(path):
+    spec = importlib.util.spec_from_file_location("leased_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+async def run_async(opt, workers, pairs, warm):
+    ld = await load(opt["client"]).AsyncLeased.connect(opt["sock"])
+
+    async def worker(w, n, tag):
+        key = "clientcpu:aio:%s:%d:%d" % (tag, id(ld), w)
+        for _ in range(n):
+            r = await ld.try_lock(key)
+            if not r["acquired"]:
+                raise RuntimeError("%s not acquired" % key)
+            await ld.unlock(key, token=r["token"])
+
+    async def run(n, tag):
+        await asyncio.gather(*[worker(w, n // workers + (w < n % workers),
+                                      tag) for w in range(workers)])
+
+    await run(warm, "warm")
+    c0 = cpu()
+    t0 = time.monotonic()
+    await run(pairs, "m")
+    t1 = time.monotonic()
+    c1 = cpu()
+    await ld.close()
+    return c1 - c0, t1 - t0
+
+
 def main():
     opt = parse(sys.argv[1:])
     workers = int(opt.get("workers", 50))
     pairs = int(opt.get("pairs", 50000))
     warm = min(pairs, int(opt.get("warm", 1000)))
+    if opt.get("asyncio"):
+        c, t = asyncio.run(run_async(opt, workers, pairs, warm))
+        print(json.dumps({
+            "lang": "python", "label": opt.get("label", "leased"),
+            "workers": workers, "pairs": pairs, "conns": "1 (asyncio)",
+            "cpu_us_per_pair": c * 1e6 / pairs, "pairs_per_s": pairs / t}))
+        return
     if opt.get("peer") == "redispy":
         import redis
         conns = [redis.Redis(host="127.0.0.1", port=int(opt["redis"]))
@@ -50,10 +91,7 @@ def main():
                 raise RuntimeError("%s not acquired" % key)
             lk.release()
     else:
-        spec = importlib.util.spec_from_file_location("leased_under_test",
-                                                      opt["client"])
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = load(opt["client"])
         if opt.get("pool"):
             pool = mod.Pool(opt["sock"], size=int(opt["pool"]))
             conns = [pool] * workers

@@ -8,8 +8,9 @@
 # runs clientcpu.js and clientcpu.py REPEATS times each, alternating the
 # order, for: the clients of REV (git show into a temp dir), the clients
 # of this tree (the Node ones also with a Pool of 2 connections shared by
-# the workers, the Python ones also with a Pool of 50 and with a single
-# thread: the per-call cost without the threads' hand-offs), and
+# the workers, the Python ones also with a Pool of 50, as 50 asyncio
+# tasks on one AsyncLeased, and with a single thread: the per-call cost
+# without the threads' hand-offs), and
 # redis-semaphore and redis-py's Lock against the same Redis. Prints the
 # raw JSON lines, then a Markdown table of the medians (min-max) of the
 # client's CPU microseconds per pair. CPU time is what the client costs
@@ -70,6 +71,8 @@ py base --client=$tmp/base/leased.py --pairs=$pp
 py now --client=$src/clients/python/leased.py --pairs=$pp
 py base --client=$tmp/base/leased.py --pairs=$pp --pool=50
 py now --client=$src/clients/python/leased.py --pairs=$pp --pool=50
+py base --client=$tmp/base/leased.py --pairs=$pp --asyncio=1
+py now --client=$src/clients/python/leased.py --pairs=$pp --asyncio=1
 py base --client=$tmp/base/leased.py --pairs=$pp --workers=1
 py now --client=$src/clients/python/leased.py --pairs=$pp --workers=1
 py redis-py --peer=redispy --pairs=$pp
