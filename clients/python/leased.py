@@ -770,8 +770,10 @@ class Pool:
                     if self._made < self.size:
                         self._made += 1
                         break
+                    if self._closed:
+                        raise ConnectionError("pool closed")
                     left = deadline - time.monotonic()
-                    if left <= 0 or self._closed:
+                    if left <= 0:
                         raise TimeoutError("no free connection in the pool")
                     self._cv.wait(left)
             finally:

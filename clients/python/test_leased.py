@@ -530,6 +530,57 @@ class Pools(unittest.TestCase):
         self.assertEqual(state["count"], rounds * workers)
         self.assertEqual(fences, sorted(fences), "fences out of order")
 
+    def test_more_threads_than_connections_and_a_close_that_wakes(self):
+        errors = []
+        done = []
+        with Pool(SOCKET, size=2, timeout=10) as pool:
+            def work(w):
+                try:
+                    key = PREFIX + "pool:many:%d" % w
+                    for _ in range(30):
+                        r = pool.try_lock(key)
+                        self.assertTrue(r["acquired"])
+                        # By token: the connection went back to the pool.
+                        u = pool.unlock(key, token=r["token"])
+                        self.assertTrue(u["released"])
+                    done.append(w)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=work, args=(w,))
+                       for w in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            self.assertEqual(errors, [])
+            self.assertEqual(len(done), 8)
+            self.assertLessEqual(pool._made, 2)
+            # A thread waiting for a connection is woken by close().
+            c1, c2 = pool._checkout(), pool._checkout()
+            waited = []
+
+            def waiter():
+                t0 = time.monotonic()
+                try:
+                    pool.call("ping")
+                except (ConnectionError, TimeoutError) as e:
+                    waited.append((type(e), time.monotonic() - t0))
+
+            t = threading.Thread(target=waiter)
+            t.start()
+            deadline = time.monotonic() + WAIT_S
+            while pool._waiting == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertEqual(pool._waiting, 1)
+            pool.close()
+            t.join(20)
+            self.assertEqual(len(waited), 1, waited)
+            self.assertIs(waited[0][0], ConnectionError)
+            self.assertLess(waited[0][1], 5)
+            c1.close()
+            c2.close()
+
     def test_pool_cached_and_reentry(self):
         key = PREFIX + "pool:cached"
         loads = []
