@@ -178,10 +178,9 @@ class Leased extends EventEmitter {
   }
 
   _line(line) {
-    // Blank lines (a keep-alive, or "\r" alone) carry nothing.
-    if (line.length < 2 && (line.length === 0 || line.trim() === '')) {
-      return true;
-    }
+    // Blank lines carry nothing; a reply starts with '{' (code 123), so
+    // only other lines need the look for white space.
+    if (line.charCodeAt(0) !== 123 && line.trim() === '') return true;
     let msg;
     try {
       msg = JSON.parse(line);

@@ -468,6 +468,39 @@ test('using() with mode read: two readers at once, no writer meanwhile',
     }
   });
 
+test('blank lines, replies cut anywhere and several in one chunk', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  // A peer that answers three pings with its bytes cut at odd places.
+  const srv = net.createServer((c) => {
+    let buf = '';
+    c.on('data', (d) => {
+      buf += d.toString();
+      const ids = buf.split('\n').filter((l) => l).map((l) => JSON.parse(l).id);
+      if (ids.length < 3) return;
+      const v = 'é€😀';
+      const text = `  \r\n\n{"id":${ids[0]},"ok":true,"v":"${v}"}\n` +
+        `{"id":${ids[1]},"ok":true,"v":"${v}"}\n{"id":${ids[2]},"ok":true,"v":"${v}"}\n`;
+      const bytes = Buffer.from(text);
+      // Cut inside the first multi-byte character and inside a line.
+      const cut1 = bytes.indexOf(Buffer.from('€')) + 1;
+      c.write(bytes.subarray(0, cut1));
+      setTimeout(() => c.write(bytes.subarray(cut1)), 20);
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  try {
+    const got = await within(WAIT_MS, Promise.all([ld.call('ping'),
+      ld.call('ping'), ld.call('ping')]), 'replies');
+    assert.deepStrictEqual(got.map((r) => r.v), ['é€😀', 'é€😀', 'é€😀']);
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('npm pack --dry-run', (t) => {
   const npm = spawnSync('npm', ['--version'], { encoding: 'utf8' });
   if (npm.error || npm.status !== 0) {
