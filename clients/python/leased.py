@@ -9,6 +9,8 @@
                 ...
         with ld.semaphore("pool:db", limit=4):
             ...                     # one of at most 4 holders
+        with ld.rwlock("doc:7").read_lock(wait_ms=1000):
+            ...                     # readers share, writers exclude
         user = ld.cached("user:7", lambda: db_load_user(7))
         ld.update(["user:7"], lambda: db_save_user(7, name))
 
