@@ -545,12 +545,15 @@ class Leased:
         fields.update(extra)
         return self.call("unlock", **fields)
 
-    def extend(self, key, ttl_ms, owner=None, token=None):
+    def extend(self, key, ttl_ms, owner=None, token=None, **extra):
+        """EXTRA goes into the request (mode="read"|"write" for a side of
+        a read-write lock)."""
         fields = dict(_key_fields(key), ttl_ms=ttl_ms)
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
             fields["token"] = token
+        fields.update(extra)
         return self.call("extend", **fields)
 
     @contextlib.contextmanager
@@ -846,8 +849,8 @@ class Pool:
     def unlock(self, key, owner=None, token=None, **extra):
         return self._use(Leased.unlock, key, owner, token, **extra)
 
-    def extend(self, key, ttl_ms, owner=None, token=None):
-        return self._use(Leased.extend, key, ttl_ms, owner, token)
+    def extend(self, key, ttl_ms, owner=None, token=None, **extra):
+        return self._use(Leased.extend, key, ttl_ms, owner, token, **extra)
 
     @contextlib.contextmanager
     def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
@@ -1157,12 +1160,13 @@ class AsyncLeased:
                     del self._holds[k]
         return reply
 
-    async def extend(self, key, ttl_ms, owner=None, token=None):
+    async def extend(self, key, ttl_ms, owner=None, token=None, **extra):
         fields = dict(_key_fields(key), ttl_ms=ttl_ms)
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
             fields["token"] = token
+        fields.update(extra)
         return await self.call("extend", **fields)
 
     def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):

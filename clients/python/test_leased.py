@@ -278,6 +278,8 @@ class RWLocks(unittest.TestCase):
             with c.rwlock(key).write_lock(wait_ms=5000) as w:
                 self.assertGreater(w.fence, 0)
                 self.assertFalse(a.try_lock(key, mode="read")["acquired"])
+                x = c.extend(key, 60000, token=w.token, mode="write")
+                self.assertEqual(x["lease_ms"], 60000)
             with a.rwlock(key).read_lock():
                 pass
 
