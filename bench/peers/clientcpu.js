@@ -42,7 +42,9 @@ function leasedSide() {
     async pair(c, key) {
       const r = await c.lock(key);
       if (!r.acquired) throw new Error(`${key} not acquired`);
-      await c.unlock(key, opt.pool ? { token: r.token } : undefined);
+      const u = await c.unlock(key, opt.pool ? { token: r.token } : undefined);
+      // A lock that stayed held would be taken again reentrantly.
+      if (!u.released) throw new Error(`${key} not released`);
     },
     teardown(cs) {
       for (const c of new Set(cs)) c.close();

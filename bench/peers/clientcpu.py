@@ -52,7 +52,9 @@ async def run_async(opt, workers, pairs, warm):
             r = await ld.try_lock(key)
             if not r["acquired"]:
                 raise RuntimeError("%s not acquired" % key)
-            await ld.unlock(key, token=r["token"])
+            u = await ld.unlock(key, token=r["token"])
+            if not u["released"]:
+                raise RuntimeError("%s not released" % key)
 
     async def run(n, tag):
         await asyncio.gather(*[worker(w, n // workers + (w < n % workers),
@@ -102,7 +104,9 @@ def main():
             r = c.try_lock(key)
             if not r["acquired"]:
                 raise RuntimeError("%s not acquired" % key)
-            c.unlock(key, token=r["token"])
+            if not c.unlock(key, token=r["token"])["released"]:
+                # A lock that stayed held would be taken again reentrantly.
+                raise RuntimeError("%s not released" % key)
 
     errors = []
 

@@ -327,9 +327,15 @@ class Leased extends EventEmitter {
 
   unlock(key, opts) {
     const { owner, token, mode } = opts || {};
-    const b = keyBody(key, owner, token, mode);
-    return this._call('"unlock"',
-      b !== null ? b : body({ ...keyField(key), owner, token, mode }));
+    let b = keyBody(key, owner, mode);
+    if (b === null) {
+      b = body({ ...keyField(key), owner, token, mode });
+    } else if (typeof token === 'string') {
+      b += ',"token":' + JSON.stringify(token); // unlock by held.token
+    } else if (token !== undefined) {
+      b = body({ key, token });
+    }
+    return this._call('"unlock"', b);
   }
 
   extend(key, ttl_ms, { owner, token, mode } = {}) {

@@ -320,11 +320,18 @@ test('keys that need escaping go through the short lock path intact', async () =
   try {
     for (const k of ['q"uote', 'back\\slash', 'new\nline', 'tab\t', 'é€😀', '\u0001']) {
       const key = `${TAG}:esc:${k}`;
-      assert.strictEqual((await a.lock(key)).acquired, true, key);
+      const held = await a.lock(key);
+      assert.strictEqual(held.acquired, true, key);
       const info = await b.call('lock.info', { key });
       assert.strictEqual(info.locked, true, key);
       assert.strictEqual((await b.lock(key)).acquired, false, key);
       assert.strictEqual((await a.unlock(key)).released, true, key);
+      // And by token, the other short unlock.
+      const again = await a.lock(key);
+      await assert.rejects(b.unlock(key, { token: '0'.repeat(32) }),
+        (e) => e.code === 'not_held');
+      assert.strictEqual((await a.unlock(key, { token: again.token })).released,
+        true, key);
     }
   } finally {
     a.close();
