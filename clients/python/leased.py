@@ -404,11 +404,11 @@ class Leased:
         line = _encode(fields).encode() + b"\n"
         return self._request(rid, line, wait_ms, _on_late)
 
-    def _key_call(self, op, key, _on_late=None):
-        """call() of the hot shape {"op":OP,"key":KEY}, from a template."""
+    def _key_call(self, op, key, _on_late=None, token=None):
+        """call() of the hot shapes {"op":OP,"key":KEY} and, with TOKEN,
+        {"op":OP,"key":KEY,"token":TOKEN}, from a template."""
         rid = next(self._ids)
-        line = b'{"op":"%s","id":%d,"key":%s}\n' % (op, rid,
-                                                   _quote(key).encode())
+        line = _key_line(op, rid, key, token)
         return self._request(rid, line, 0, _on_late)
 
     def _request(self, rid, line, wait_ms, _on_late):
@@ -534,9 +534,9 @@ class Leased:
                          **_lock_fields(key, wait_ms, ttl_ms, owner, extra))
 
     def unlock(self, key, owner=None, token=None, **extra):
-        if owner is None and token is None and not extra and \
-                isinstance(key, str):
-            return self._key_call(b"unlock", key)
+        if owner is None and not extra and isinstance(key, str) and \
+                (token is None or isinstance(token, str)):
+            return self._key_call(b"unlock", key, token=token)
         fields = _key_fields(key)
         if owner is not None:
             fields["owner"] = owner
@@ -663,6 +663,14 @@ class Leased:
         result = writer()
         self.invalidate(keys)
         return result
+
+
+def _key_line(op, rid, key, token):
+    if token is None:
+        return b'{"op":"%s","id":%d,"key":%s}\n' % (op, rid,
+                                                   _quote(key).encode())
+    return b'{"op":"%s","id":%d,"key":%s,"token":%s}\n' % (
+        op, rid, _quote(key).encode(), _quote(token).encode())
 
 
 def _mode(extra):
@@ -1057,13 +1065,12 @@ class AsyncLeased:
         return await self._request(rid, _encode(fields).encode() + b"\n",
                                    wait_ms, _on_abandon)
 
-    async def _key_call(self, op, key, _on_abandon=None):
-        """call() of the hot shape {"op":OP,"key":KEY}, from a template."""
+    async def _key_call(self, op, key, _on_abandon=None, token=None):
+        """call() of the hot shapes, as Leased._key_call."""
         if self._closed:
             raise ConnectionError("connection closed")
         rid = next(self._ids)
-        line = b'{"op":"%s","id":%d,"key":%s}\n' % (op, rid,
-                                                   _quote(key).encode())
+        line = _key_line(op, rid, key, token)
         return await self._request(rid, line, 0, _on_abandon)
 
     async def _request(self, rid, line, wait_ms, _on_abandon):
@@ -1145,8 +1152,10 @@ class AsyncLeased:
         if token is not None:
             fields["token"] = token
         fields.update(extra)
-        if len(fields) == 1 and isinstance(key, str):
-            reply = await self._key_call(b"unlock", key)
+        if isinstance(key, str) and (
+                len(fields) == 1 or len(fields) == 2 and
+                isinstance(fields.get("token"), str)):
+            reply = await self._key_call(b"unlock", key, token=token)
         else:
             reply = await self.call("unlock", **fields)
         if reply.get("released"):

@@ -226,6 +226,12 @@ class Lines(unittest.TestCase):
                 self.assertTrue(b.call("lock.info", key=key)["locked"], key)
                 self.assertFalse(b.try_lock(key)["acquired"], key)
                 self.assertTrue(a.unlock(key)["released"], key)
+                # By token: the other short unlock.
+                held = a.try_lock(key)
+                with self.assertRaises(LeasedError) as cm:
+                    b.unlock(key, token="0" * 32)
+                self.assertEqual(cm.exception.code, "not_held")
+                self.assertTrue(a.unlock(key, token=held["token"])["released"])
 
     def test_replies_split_across_reads_and_many_per_read(self):
         with Leased(SOCKET, timeout=10) as ld:
@@ -648,6 +654,9 @@ class Async(unittest.TestCase):
                     info = await ld.call("lock.info", key=PREFIX + k)
                     self.assertTrue(info["locked"])
                     self.assertTrue((await ld.unlock(PREFIX + k))["released"])
+                    r = await ld.try_lock(PREFIX + k)
+                    u = await ld.unlock(PREFIX + k, token=r["token"])
+                    self.assertTrue(u["released"])
             finally:
                 await ld.close()
 
