@@ -8,6 +8,8 @@ const { Leased } = require(path.join(__dirname, '..', '..', 'clients',
 
 module.exports = {
   connect: (sock) => Leased.connect(sock),
+  // One Pool of N sessions for all the workers of a process.
+  pool: (sock, n) => Leased.connect(sock, { connections: n }),
   // -> {acquired, fence}
   lock: (ld, key, waitMs) => ld.lock(key, waitMs ? { wait_ms: waitMs } : {}),
   unlock: (ld, key) => ld.unlock(key),

@@ -62,6 +62,24 @@ function leasedContender() {
   };
 }
 
+// All workers share one Pool of POOL connections (the key of each
+// worker routes its lock and unlock to one session), as an app with many
+// concurrent callers would use the client.
+function leasedPoolContender(size) {
+  let shared = null;
+  const base = leasedContender();
+  return {
+    ...base,
+    async setup() {
+      if (!shared) shared = ld.pool(opt.sock, size);
+      return { c: await shared };
+    },
+    teardown(s) {
+      ld.close(s.c);
+    },
+  };
+}
+
 function redlockContender(tuned, tunedMs) {
   const Redlock = require('redlock').default;
   const { ExecutionError } = require('redlock');
@@ -148,6 +166,7 @@ async function lockCell() {
   const holdMs = num('hold-ms', 1);
   const tag = opt.tag || String(process.pid);
   const c = opt.contender === 'leased' ? leasedContender()
+    : opt.contender === 'leased-pool' ? leasedPoolContender(num('pool', 2))
     : opt.contender === 'redlock' ? redlockContender(tuned, tunedMs)
       : opt.contender === 'semaphore' ? semaphoreContender(tuned, tunedMs)
         : null;

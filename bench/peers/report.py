@@ -107,7 +107,10 @@ def main():
               "seconds", "repeats", "duration", "warm", "tuned-ms",
               "sem-tuned-ms", "lead-ms", "readers"):
         ap.add_argument("--" + o, required=True)
+    ap.add_argument("--pool", default="2")
     a = ap.parse_args()
+    NAMES[("node", "leased-pool")] = (
+        "leased (node client, one pool of %s connections)" % a.pool)
     locks, storms, procs, failed = parse_raw(a.raw)
 
     def cells(lang, who, shape, retry=None):
@@ -189,7 +192,12 @@ def main():
       "are not part of the latencies below but are part of the rates.")
     w("* Each cell runs %s s after a %s s warm-up; every worker has its "
       "own connection(s). Node: 50 async workers in one process; Python: "
-      "50 threads in one process." % (a.duration, a.warm))
+      "50 threads in one process. One more row, *one pool*, has the 50 "
+      "Node workers share one leased Pool of %s connections (each key's "
+      "lock and unlock go to one session; the requests of one tick on a "
+      "connection go out in one write), which is how an app with many "
+      "concurrent callers would use the client; its ratio to each Node "
+      "peer is given in brackets." % (a.duration, a.warm, a.pool))
     w("* leased: session-bound locks (watchdog lease), `wait_ms` %s "
       "when contended (a worker that is not granted in that time asks "
       "again). Fences are checked per key: a fence not above the last one "
@@ -229,21 +237,30 @@ def main():
     w("| contender | pairs/s | p50 ms | p99 ms | overlaps | fences "
       "backwards | errors | leased ÷ peer pairs/s | leased ÷ peer p99 |")
     w("|---|---|---|---|---|---|---|---|---|")
-    for lang, who in (("node", "leased"), ("node", "redlock"),
-                      ("node", "semaphore"), ("python", "leased"),
-                      ("python", "redispy")):
+    pooled = cells("node", "leased-pool", "uncontended")
+    for lang, who in (("node", "leased"), ("node", "leased-pool"),
+                      ("node", "redlock"), ("node", "semaphore"),
+                      ("python", "leased"), ("python", "redispy")):
         rows = cells(lang, who, "uncontended")
+        if who == "leased-pool" and not rows:
+            continue
         ref = cells(lang, "leased", "uncontended")
-        peer = who != "leased"
+        peer = not who.startswith("leased")
+
+        def both(k):
+            r = ratio(col(ref, k), col(rows, k))
+            if lang == "node" and pooled:
+                r += " (%s)" % ratio(col(pooled, k), col(rows, k))
+            return r
+
         w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             NAMES[(lang, who)], mm(col(rows, "per_s")),
             mm(col(rows, "p50_ms"), 2), mm(col(rows, "p99_ms"), 2),
             total(col(rows, "overlaps")),
             total(col(rows, "fence_backwards")),
             total(col(rows, "errors")),
-            ratio(col(ref, "per_s"), col(rows, "per_s")) if peer else "",
-            ratio(col(ref, "p99_ms"), col(rows, "p99_ms")) if peer
-            else ""))
+            both("per_s") if peer else "",
+            both("p99_ms") if peer else ""))
     w("")
 
     # ------------------------------------------------------------- contended

@@ -15,6 +15,9 @@
 # and writes bench/peers/results.md (report.py). Everything is stopped by
 # pid at the end.
 #
+# Node's leased client runs twice uncontended: a connection per worker,
+# as every contender, and one Pool of POOL (2) connections shared by the
+# workers, as an app with many callers would use it.
 # Environment: REPEATS (3), DURATION (seconds per cell, 5), TUNED_MS (10),
 # PYTHON (a python3 that can import redis), NODE, NPM. --note TEXT goes
 # into the header of results.md (--quick says there that it was one).
@@ -214,9 +217,11 @@ storm() {
 }
 
 sem_tuned=1
+pool_size=${POOL:-2}
 lock_cells() {
     cat <<EOF
 node --contender=leased --shape=uncontended
+node --contender=leased-pool --shape=uncontended --pool=$pool_size
 node --contender=redlock --shape=uncontended
 node --contender=semaphore --shape=uncontended
 python --contender=leased --shape=uncontended
@@ -284,7 +289,7 @@ fi
     --leased-rev "$lver" --load-start "$load_start" \
     --load-end "$load_end" --seconds $((t_end - t_start)) \
     --repeats "$repeats" --duration "$duration" --warm "$warm" \
-    --tuned-ms "$tuned_ms" --sem-tuned-ms "$sem_tuned" \
+    --tuned-ms "$tuned_ms" --sem-tuned-ms "$sem_tuned" --pool "$pool_size" \
     --lead-ms "$lead_ms" --readers "$readers"
 if [ -n "${PEERS_RAW:-}" ]; then
     cp "$raw" "$PEERS_RAW"

@@ -15,6 +15,8 @@ export interface LockOptions {
   owner?: string;
   detach?: boolean;
   token?: string;
+  /** A side of a read-write lock (see rwlock()); without it, a plain
+   *  lock. */
   mode?: 'read' | 'write';
   /** Aborting it ends the wait at once (cancel is sent; a late grant is
    *  unlocked). */
@@ -100,20 +102,55 @@ export interface ConnectOptions {
   auth?: string;
 }
 
+export interface UnlockOptions {
+  owner?: string;
+  token?: string;
+  /** The mode the lock was taken in (read-write locks). */
+  mode?: 'read' | 'write';
+}
+
+/** Leased or Pool: what an RWLock runs on. */
+export interface Locker {
+  lock(key: Key, opts?: LockOptions): Promise<LockReply>;
+  unlock(key: Key, opts?: UnlockOptions): Promise<UnlockReply>;
+  using<T>(key: Key, opts: LockOptions, fn: Using<T>): Promise<T>;
+}
+
+/** The read and the write side of one read-write lock
+ *  (leased-protocol(7), "Read-write locks"): readers share it, a writer
+ *  excludes readers and writers. The daemon announces "rwlock" in
+ *  hello's features when it has them. */
+export declare class RWLock {
+  constructor(ld: Locker, key: string);
+  readonly key: string;
+  readLock(opts?: Omit<LockOptions, 'mode'>): Promise<LockReply>;
+  writeLock(opts?: Omit<LockOptions, 'mode'>): Promise<LockReply>;
+  unlockRead(opts?: Omit<UnlockOptions, 'mode'>): Promise<UnlockReply>;
+  unlockWrite(opts?: Omit<UnlockOptions, 'mode'>): Promise<UnlockReply>;
+  /** using() on the read side: the signal aborts on lock_lost. */
+  usingRead<T>(opts: Omit<LockOptions, 'mode'>, fn: Using<T>): Promise<T>;
+  usingRead<T>(fn: Using<T>): Promise<T>;
+  usingWrite<T>(opts: Omit<LockOptions, 'mode'>, fn: Using<T>): Promise<T>;
+  usingWrite<T>(fn: Using<T>): Promise<T>;
+}
+
 export declare class Leased extends EventEmitter {
   /** TARGET: a Unix socket path or "host:port" ($LEASED_SOCKET, else
    *  /run/leased/leased.sock). */
   static connect(target?: string, opts?: ConnectOptions): Promise<Leased>;
+  /** CONNECTIONS sessions in a Pool (see Pool). */
+  static connect(target: string | undefined,
+                 opts: ConnectOptions & { connections: number }):
+    Promise<Leased | Pool>;
   session?: string;
   features: string[];
   close(): void;
   call(op: string, fields?: Record<string, unknown>,
        opts?: CallOptions): Promise<Reply>;
   lock(key: Key, opts?: LockOptions): Promise<LockReply>;
-  unlock(key: Key, opts?: { owner?: string; token?: string }):
-    Promise<UnlockReply>;
-  extend(key: Key, ttl_ms: number,
-         opts?: { owner?: string; token?: string }): Promise<Reply>;
+  unlock(key: Key, opts?: UnlockOptions): Promise<UnlockReply>;
+  extend(key: Key, ttl_ms: number, opts?: UnlockOptions): Promise<Reply>;
+  rwlock(key: string): RWLock;
   /** Holds KEY while FN runs; SIGNAL aborts on lock_lost; the lock is
    *  released when FN settles. Rejects with code 'not_acquired'. */
   using<T>(key: Key, opts: LockOptions, fn: Using<T>): Promise<T>;
@@ -139,15 +176,29 @@ export declare class Leased extends EventEmitter {
   on(event: string, listener: (...args: any[]) => void): this;
 }
 
+/** SIZE sessions. A request that names a key goes to the connection the
+ *  key hashes to, so a lock, its extend and its unlock meet the session
+ *  that holds it; requests without a key go to the least busy one. A
+ *  connection that ends is opened again by the next request routed to
+ *  it (its locks ended with it). */
 export declare class Pool extends EventEmitter {
   constructor(opts?: { path?: string; size?: number } & ConnectOptions);
-  call(op: string, fields?: Record<string, unknown>): Promise<Reply>;
+  /** A Pool with all its connections open. */
+  static connect(target?: string,
+                 opts?: ConnectOptions & { connections?: number }):
+    Promise<Pool>;
+  readonly size: number;
+  /** The open connections. */
+  readonly conns: Leased[];
+  /** hello's features, from the first open connection. */
+  readonly features: string[];
+  call(op: string, fields?: Record<string, unknown>,
+       opts?: CallOptions): Promise<Reply>;
   lock(key: Key, opts?: LockOptions): Promise<LockReply>;
-  unlock(key: Key, opts?: { owner?: string; token?: string }):
-    Promise<UnlockReply>;
-  extend(key: Key, ttl_ms: number,
-         opts?: { owner?: string; token?: string }): Promise<Reply>;
-  using<T>(key: string, opts: LockOptions, fn: Using<T>): Promise<T>;
+  unlock(key: Key, opts?: UnlockOptions): Promise<UnlockReply>;
+  extend(key: Key, ttl_ms: number, opts?: UnlockOptions): Promise<Reply>;
+  rwlock(key: string): RWLock;
+  using<T>(key: Key, opts: LockOptions, fn: Using<T>): Promise<T>;
   withLock<T>(key: Key, opts: LockOptions | undefined,
               fn: (held: LockReply) => Promise<T> | T): Promise<T>;
   cached<T extends string | null>(key: string,

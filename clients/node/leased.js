@@ -19,7 +19,8 @@
 // id, and events (lock_lost, shutdown) are emitted as 'event' and under
 // their own name. One Leased is one session: closing it releases its
 // session-bound locks. Requests written in one tick of the event loop go
-// out in one write.
+// out in one write. Leased.connect(target, { connections: N }) gives a
+// Pool of N sessions instead (see Pool).
 
 const net = require('net');
 const { EventEmitter } = require('events');
@@ -72,6 +73,24 @@ function keyField(key) {
   return Array.isArray(key) ? { keys: key } : { key };
 }
 
+// The request's fields after "id" as JSON text (',"key":"k",...'), or ''.
+// JSON.stringify leaves out fields whose value is undefined.
+function body(fields) {
+  const s = JSON.stringify(fields);
+  return s.length > 2 ? ',' + s.slice(1, -1) : '';
+}
+
+// The body of a lock/unlock that names only KEY: the hot shape, written
+// without building and serialising an object (JSON.stringify of the
+// string alone escapes it).
+function keyBody(key, a, b, c, d) {
+  if (typeof key === 'string' && a === undefined && b === undefined &&
+      c === undefined && d === undefined) {
+    return ',"key":' + JSON.stringify(key);
+  }
+  return null;
+}
+
 class Leased extends EventEmitter {
   constructor(socket) {
     super();
@@ -80,7 +99,8 @@ class Leased extends EventEmitter {
     this.pending = new Map();
     this.chunks = [];       // the unfinished line, as received
     this.holds = new Map(); // key + '\0' + token -> Set of AbortControllers
-    this.corked = false;
+    this.out = [];          // lines written in this tick, sent together
+    this.flush = () => this._flush();
     this.closed = false;
     this.features = [];
     socket.setNoDelay && socket.setNoDelay(true);
@@ -91,8 +111,11 @@ class Leased extends EventEmitter {
 
   // TARGET: a Unix socket path or "host:port"; $LEASED_SOCKET, else the
   // default socket, when omitted.
-  static connect(target, { client, auth } = {}) {
+  static connect(target, { client, auth, connections } = {}) {
     target = target || process.env.LEASED_SOCKET || DEFAULT_SOCKET;
+    if (connections !== undefined && connections !== 1) {
+      return Pool.connect(target, { client, auth, connections });
+    }
     const m = /^\[?([^/]*?)\]?:(\d+)$/.exec(target);
     const opts = m ? { host: m[1], port: Number(m[2]) } : { path: target };
     return new Promise((resolve, reject) => {
@@ -117,39 +140,47 @@ class Leased extends EventEmitter {
   }
 
   close() {
+    // Requests of this tick still go out (an unlock right before close).
+    if (this.out.length) this._flush();
     this.closed = true;
     this.socket.end();
     this.socket.destroy();
   }
 
-  // Split on newline bytes (UTF-8 never has 0x0a inside a character);
-  // a partial line is kept as its chunks and joined once, when its end
-  // arrives, instead of re-concatenating a growing string per chunk.
+  // Split on newline bytes (UTF-8 never has 0x0a inside a character):
+  // everything up to the chunk's last newline is decoded once and split
+  // as a string; the partial line after it is kept as Buffers and joined
+  // once, when its end arrives, instead of re-concatenating a growing
+  // string per chunk.
   _data(chunk) {
-    let start = 0;
-    let nl = chunk.indexOf(10);
-    if (nl < 0) {
+    const last = chunk.lastIndexOf(10);
+    if (last < 0) {
       this.chunks.push(chunk);
       return;
     }
-    while (nl >= 0) {
-      let line;
-      if (this.chunks.length) {
-        this.chunks.push(chunk.subarray(start, nl));
-        line = Buffer.concat(this.chunks).toString('utf8');
-        this.chunks = [];
-      } else {
-        line = chunk.toString('utf8', start, nl);
-      }
-      if (!this._line(line)) return;
-      start = nl + 1;
-      nl = chunk.indexOf(10, start);
+    let text;
+    if (this.chunks.length) {
+      this.chunks.push(chunk.subarray(0, last));
+      text = Buffer.concat(this.chunks).toString('utf8');
+      this.chunks = [];
+    } else {
+      text = chunk.toString('utf8', 0, last);
     }
-    if (start < chunk.length) this.chunks.push(chunk.subarray(start));
+    if (last + 1 < chunk.length) this.chunks.push(chunk.subarray(last + 1));
+    let start = 0;
+    let nl = text.indexOf('\n');
+    while (nl >= 0) {
+      if (!this._line(text.slice(start, nl))) return;
+      start = nl + 1;
+      nl = text.indexOf('\n', start);
+    }
+    this._line(start === 0 ? text : text.slice(start));
   }
 
   _line(line) {
-    if (line.length === 0 || line.trim() === '') return true;
+    // Blank lines carry nothing; a reply starts with '{' (code 123), so
+    // only other lines need the look for white space.
+    if (line.charCodeAt(0) !== 123 && line.trim() === '') return true;
     let msg;
     try {
       msg = JSON.parse(line);
@@ -217,26 +248,35 @@ class Leased extends EventEmitter {
   // signal.reason and sends {"op":"cancel"} for the request; its reply
   // still comes and goes to ONLATE (which gives back a grant that won
   // the race).
-  call(op, fields = {}, { signal, onLate } = {}) {
+  call(op, fields = {}, opts) {
+    return this._call(JSON.stringify(op), body(fields), opts);
+  }
+
+  // Everything written until the next tick goes out as one string in
+  // one write: one system call for all the requests a burst of replies
+  // set off, and no per-line conversion as with cork() and writev.
+  _write(line) {
+    if (this.out.push(line) === 1) process.nextTick(this.flush);
+  }
+
+  _flush() {
+    const out = this.out;
+    this.out = [];
+    if (this.closed) return;
+    this.socket.write(out.length === 1 ? out[0] : out.join(''));
+  }
+
+  // OP: the op as a JSON string; BODY: the request's JSON after its id
+  // (see body()).
+  _call(op, body, { signal, onLate } = {}) {
     if (this.closed) return Promise.reject(new Error('connection closed'));
     if (signal && signal.aborted) return Promise.reject(abortError(signal));
     const id = this.nextId++;
-    // JSON.stringify leaves out fields whose value is undefined.
-    const req = Object.assign({ op, id }, fields);
-    const line = JSON.stringify(req) + '\n';
-    if (!this.corked) {
-      // Everything written until the next tick goes out as one write.
-      this.corked = true;
-      this.socket.cork();
-      process.nextTick(() => {
-        this.corked = false;
-        this.socket.uncork();
-      });
-    }
+    const line = `{"op":${op},"id":${id}${body}}\n`;
     return new Promise((resolve, reject) => {
       if (!signal) {
         this.pending.set(id, { resolve, reject });
-        this.socket.write(line);
+        this._write(line);
         return;
       }
       const onAbort = () => {
@@ -247,7 +287,7 @@ class Leased extends EventEmitter {
           // A daemon without cancel answers unknown_op: ignored, the
           // late reply still reaches ONLATE.
           this.pending.set(cid, { resolve() {}, reject() {} });
-          this.socket.write(JSON.stringify({ op: 'cancel', id: cid, target: id }) + '\n');
+          this._write(`{"op":"cancel","id":${cid},"target":${id}}\n`);
         }
         reject(abortError(signal));
       };
@@ -256,7 +296,7 @@ class Leased extends EventEmitter {
         fn(v);
       };
       this.pending.set(id, { resolve: done(resolve), reject: done(reject) });
-      this.socket.write(line);
+      this._write(line);
       signal.addEventListener('abort', onAbort, { once: true });
     });
   }
@@ -264,22 +304,49 @@ class Leased extends EventEmitter {
   // {acquired, token, count, fence, lease_ms} or {acquired:false, ttl_ms}.
   // A group (KEY an array): {acquired, token, fences: {key: fence}, lease_ms}.
   // SIGNAL: see call(); a lock granted after the abort is unlocked.
-  lock(key, { wait_ms, ttl_ms, owner, signal } = {}) {
+  // MODE 'read' or 'write' takes a side of a read-write lock (see
+  // rwlock()); DETACH and TOKEN as in leased-protocol(7).
+  lock(key, opts) {
+    if (opts === undefined) {
+      const b = keyBody(key);
+      if (b !== null) return this._call('"lock"', b);
+      opts = {};
+    }
+    const { wait_ms, ttl_ms, owner, mode, detach, token, signal } = opts;
+    const fields = { ...keyField(key), wait_ms, ttl_ms, owner, mode, detach,
+      token };
+    if (!signal) return this._call('"lock"', body(fields));
     const onLate = (r) => {
       if (r.acquired) {
-        this.call('unlock', { ...keyField(key), token: r.token }).catch(() => {});
+        this.call('unlock', { ...keyField(key), token: r.token, mode })
+          .catch(() => {});
       }
     };
-    return this.call('lock', { ...keyField(key), wait_ms, ttl_ms, owner },
-      { signal, onLate });
+    return this._call('"lock"', body(fields), { signal, onLate });
   }
 
-  unlock(key, { owner, token } = {}) {
-    return this.call('unlock', { ...keyField(key), owner, token });
+  unlock(key, opts) {
+    const { owner, token, mode } = opts || {};
+    let b = keyBody(key, owner, mode);
+    if (b === null) {
+      b = body({ ...keyField(key), owner, token, mode });
+    } else if (typeof token === 'string') {
+      b += ',"token":' + JSON.stringify(token); // unlock by held.token
+    } else if (token !== undefined) {
+      b = body({ key, token });
+    }
+    return this._call('"unlock"', b);
   }
 
-  extend(key, ttl_ms, { owner, token } = {}) {
-    return this.call('extend', { ...keyField(key), ttl_ms, owner, token });
+  extend(key, ttl_ms, { owner, token, mode } = {}) {
+    return this.call('extend', { ...keyField(key), ttl_ms, owner, token,
+      mode });
+  }
+
+  // The two sides of the read-write lock KEY (leased-protocol(7), "Read-
+  // write locks"): readers share it, a writer excludes everyone.
+  rwlock(key) {
+    return new RWLock(this, key);
   }
 
   // Hold KEY while FN(signal, held) runs and release it when FN settles,
@@ -325,7 +392,7 @@ class Leased extends EventEmitter {
         if (set.size === 0) this.holds.delete(hk);
       }
       try {
-        await this.unlock(key, { owner: opts.owner });
+        await this.unlock(key, { owner: opts.owner, mode: opts.mode });
       } catch (e) {
         // A lost lock is not ours to unlock; FN was told by the signal.
         if (!(e.code === 'not_held' && ac.signal.aborted)) throw e;
@@ -342,7 +409,7 @@ class Leased extends EventEmitter {
     try {
       return await fn(held);
     } finally {
-      await this.unlock(key, { owner: opts.owner });
+      await this.unlock(key, { owner: opts.owner, mode: opts.mode });
     }
   }
 
@@ -420,106 +487,205 @@ class Leased extends EventEmitter {
   }
 }
 
-// SIZE connections; each request goes to the one with the fewest
-// requests in flight. A lock is bound to the session (connection) that
-// took it: using() keeps lock and unlock on one connection; after a bare
-// lock(), unlock by token ({ token: held.token }) or through conn(key).
+// The read and the write side of one read-write lock; LD is a Leased or
+// a Pool. A writer may also take the read side of its key (downgrade:
+// unlock the write, keep the read). Each call without an owner of its
+// own in using*() gets one, as with using().
+class RWLock {
+  constructor(ld, key) {
+    this.ld = ld;
+    this.key = key;
+  }
+
+  readLock(opts) {
+    return this.ld.lock(this.key, { ...opts, mode: 'read' });
+  }
+
+  writeLock(opts) {
+    return this.ld.lock(this.key, { ...opts, mode: 'write' });
+  }
+
+  unlockRead(opts) {
+    return this.ld.unlock(this.key, { ...opts, mode: 'read' });
+  }
+
+  unlockWrite(opts) {
+    return this.ld.unlock(this.key, { ...opts, mode: 'write' });
+  }
+
+  usingRead(opts, fn) {
+    if (typeof opts === 'function') return this.usingRead({}, opts);
+    return this.ld.using(this.key, { ...opts, mode: 'read' }, fn);
+  }
+
+  usingWrite(opts, fn) {
+    if (typeof opts === 'function') return this.usingWrite({}, opts);
+    return this.ld.using(this.key, { ...opts, mode: 'write' }, fn);
+  }
+}
+
+// The connection of a key: FNV-1a of the key (of a group, of its
+// smallest key, so any order of the same group agrees) modulo N.
+function slotOf(key, n) {
+  if (Array.isArray(key)) {
+    key = key.reduce((a, b) => (b < a ? b : a));
+  }
+  let h = 0x811c9dc5;
+  for (let i = 0; i < key.length; i++) {
+    h = Math.imul(h ^ key.charCodeAt(i), 0x01000193);
+  }
+  return (h >>> 0) % n;
+}
+
+// SIZE sessions, each its own connection. Locks (and semaphore grants)
+// are bound to the session that took them, so a request that names a key
+// goes to the connection that key hashes to: a lock, its extend and its
+// unlock, using() and the reentrant holds of one key all meet one
+// session, whoever calls. Requests without a key go to the connection
+// with the fewest requests in flight. When one connection ends, its
+// locks end with it (using() aborts their signals); the next request
+// routed to it opens a new one. Requests of one tick on one connection
+// still go out in one write, so N connections shared by many callers
+// cost fewer system calls than one connection per caller.
 class Pool extends EventEmitter {
   constructor({ path, size = 4, client, auth } = {}) {
     super();
     this.target = path;
     this.size = size;
     this.opts = { client, auth };
-    this.conns = [];
-    this.connecting = null;
+    this.slots = new Array(size).fill(null); // Leased or Promise<Leased>
     this.closed = false;
   }
 
-  async _conn() {
-    if (this.conns.length < this.size) {
-      if (!this.connecting) {
-        this.connecting = Leased.connect(this.target, this.opts).then((ld) => {
-          this.connecting = null;
-          if (this.closed) {
-            ld.close();
-            throw new Error('pool closed');
-          }
-          ld.on('event', (ev) => {
-            this.emit('event', ev);
-            this.emit(ev.event, ev);
-          });
-          ld.on('close', () => {
-            this.conns = this.conns.filter((c) => c !== ld);
-          });
-          this.conns.push(ld);
-          return ld;
-        }, (e) => {
-          this.connecting = null;
-          throw e;
-        });
+  // A connected Pool of CONNECTIONS sessions (Leased.connect with
+  // { connections }).
+  static async connect(target, { client, auth, connections = 4 } = {}) {
+    const pool = new Pool({ path: target, size: connections, client, auth });
+    try {
+      await Promise.all(pool.slots.map((_, i) => pool._slot(i)));
+    } catch (e) {
+      pool.close();
+      throw e;
+    }
+    return pool;
+  }
+
+  get conns() {
+    return this.slots.filter((c) => c instanceof Leased);
+  }
+
+  get features() {
+    const c = this.conns[0];
+    return c ? c.features : [];
+  }
+
+  _slot(i) {
+    const cur = this.slots[i];
+    if (cur !== null && !(cur instanceof Leased && cur.closed)) return cur;
+    if (this.closed) return Promise.reject(new Error('pool closed'));
+    const p = Leased.connect(this.target, this.opts).then((ld) => {
+      if (this.closed) {
+        ld.close();
+        throw new Error('pool closed');
       }
-      return this.connecting;
+      ld.on('event', (ev) => {
+        this.emit('event', ev);
+        this.emit(ev.event, ev);
+      });
+      this.slots[i] = ld;
+      return ld;
+    }, (e) => {
+      this.slots[i] = null;
+      throw e;
+    });
+    this.slots[i] = p;
+    return p;
+  }
+
+  // Runs FN(connection) on KEY's connection (the least busy one when
+  // KEY is undefined), synchronously when it is connected.
+  _on(key, fn) {
+    let i = 0;
+    if (key !== undefined) {
+      i = slotOf(key, this.size);
+    } else {
+      let best = -1;
+      for (let j = 0; j < this.size; j++) {
+        const c = this.slots[j];
+        if (!(c instanceof Leased) || c.closed) {
+          if (best < 0) i = j;
+          continue;
+        }
+        if (best < 0 || c.pending.size < best) {
+          best = c.pending.size;
+          i = j;
+        }
+      }
     }
-    let best = this.conns[0];
-    for (const c of this.conns) {
-      if (c.pending.size < best.pending.size) best = c;
-    }
-    return best;
+    const c = this._slot(i);
+    return c instanceof Leased ? fn(c) : c.then(fn);
   }
 
-  async call(op, fields) {
-    return (await this._conn()).call(op, fields);
+  call(op, fields = {}, opts) {
+    const key = typeof fields.key === 'string' ? fields.key : fields.keys;
+    return this._on(key, (c) => c.call(op, fields, opts));
   }
 
-  async lock(key, opts) {
-    return (await this._conn()).lock(key, opts);
+  lock(key, opts) {
+    return this._on(key, (c) => c.lock(key, opts));
   }
 
-  async unlock(key, opts) {
-    return (await this._conn()).unlock(key, opts);
+  unlock(key, opts) {
+    return this._on(key, (c) => c.unlock(key, opts));
   }
 
-  async extend(key, ttl_ms, opts) {
-    return (await this._conn()).extend(key, ttl_ms, opts);
+  extend(key, ttl_ms, opts) {
+    return this._on(key, (c) => c.extend(key, ttl_ms, opts));
   }
 
-  async using(key, opts, fn) {
-    return (await this._conn()).using(key, opts, fn);
+  rwlock(key) {
+    return new RWLock(this, key);
   }
 
-  async withLock(key, opts, fn) {
-    return (await this._conn()).withLock(key, opts, fn);
+  using(key, opts, fn) {
+    return this._on(key, (c) => c.using(key, opts, fn));
   }
 
-  async cached(key, loader, opts) {
-    return (await this._conn()).cached(key, loader, opts);
+  withLock(key, opts, fn) {
+    return this._on(key, (c) => c.withLock(key, opts, fn));
   }
 
-  async invalidate(keys, opts) {
-    return (await this._conn()).invalidate(keys, opts);
+  cached(key, loader, opts) {
+    return this._on(key, (c) => c.cached(key, loader, opts));
   }
 
-  async semAcquire(key, limit, opts) {
-    return (await this._conn()).semAcquire(key, limit, opts);
+  invalidate(keys, opts) {
+    return this._on(undefined, (c) => c.invalidate(keys, opts));
   }
 
-  async semRelease(key, token) {
-    return (await this._conn()).semRelease(key, token);
+  semAcquire(key, limit, opts) {
+    return this._on(key, (c) => c.semAcquire(key, limit, opts));
   }
 
-  async semInfo(key, limit) {
-    return (await this._conn()).semInfo(key, limit);
+  semRelease(key, token) {
+    return this._on(key, (c) => c.semRelease(key, token));
   }
 
-  async withSemaphore(key, limit, opts, fn) {
-    return (await this._conn()).withSemaphore(key, limit, opts, fn);
+  semInfo(key, limit) {
+    return this._on(key, (c) => c.semInfo(key, limit));
+  }
+
+  withSemaphore(key, limit, opts, fn) {
+    return this._on(key, (c) => c.withSemaphore(key, limit, opts, fn));
   }
 
   close() {
     this.closed = true;
-    for (const c of this.conns) c.close();
-    this.conns = [];
+    for (const c of this.slots) {
+      if (c instanceof Leased) c.close();
+    }
+    this.slots.fill(null);
   }
 }
 
-module.exports = { Leased, LeasedError, Pool };
+module.exports = { Leased, LeasedError, Pool, RWLock };

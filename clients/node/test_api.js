@@ -314,6 +314,200 @@ test('an AbortSignal ends a lock or semaphore wait and takes nothing', async () 
   }
 });
 
+test('keys that need escaping go through the short lock path intact', async () => {
+  const a = await Leased.connect(SOCK);
+  const b = await Leased.connect(SOCK);
+  try {
+    for (const k of ['q"uote', 'back\\slash', 'new\nline', 'tab\t', 'é€😀', '\u0001']) {
+      const key = `${TAG}:esc:${k}`;
+      const held = await a.lock(key);
+      assert.strictEqual(held.acquired, true, key);
+      const info = await b.call('lock.info', { key });
+      assert.strictEqual(info.locked, true, key);
+      assert.strictEqual((await b.lock(key)).acquired, false, key);
+      assert.strictEqual((await a.unlock(key)).released, true, key);
+      // And by token, the other short unlock.
+      const again = await a.lock(key);
+      await assert.rejects(b.unlock(key, { token: '0'.repeat(32) }),
+        (e) => e.code === 'not_held');
+      assert.strictEqual((await a.unlock(key, { token: again.token })).released,
+        true, key);
+    }
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+test('a Pool sends each key to one session: lock and unlock meet', async () => {
+  const pool = await Leased.connect(SOCK, { connections: 3 });
+  const other = await Leased.connect(SOCK);
+  try {
+    assert.ok(pool instanceof Pool);
+    assert.strictEqual(pool.conns.length, 3);
+    const keys = Array.from({ length: 30 }, (_, i) => `${TAG}:route:${i}`);
+    const held = await Promise.all(keys.map((k) => pool.lock(k)));
+    assert.ok(held.every((h) => h.acquired));
+    // The keys are spread over the connections.
+    assert.ok(pool.conns.filter((c) => c.nextId > 2).length >= 2);
+    for (const k of keys) {
+      assert.strictEqual((await other.lock(k)).acquired, false);
+    }
+    // Unlocked by key, without the token: only the holding session can.
+    const un = await Promise.all(keys.map((k) => pool.unlock(k)));
+    assert.ok(un.every((u) => u.released), JSON.stringify(un));
+    // A group, given in another order at unlock, meets the same session.
+    const grp = [`${TAG}:route:g1`, `${TAG}:route:g2`];
+    assert.strictEqual((await pool.lock(grp)).acquired, true);
+    assert.strictEqual((await pool.unlock(grp.slice().reverse())).released, true);
+    // A connection that ends takes its locks; the next request for its
+    // keys opens a new one.
+    const k0 = keys[0];
+    assert.strictEqual((await pool.lock(k0)).acquired, true);
+    for (const c of pool.conns) c.close();
+    const again = await pool.lock(k0, { wait_ms: 5000 });
+    assert.strictEqual(again.acquired, true);
+    assert.strictEqual((await pool.unlock(k0)).released, true);
+  } finally {
+    pool.close();
+    other.close();
+  }
+});
+
+test('requests written in one tick go out in one write', async () => {
+  const ld = await Leased.connect(SOCK);
+  try {
+    let writes = 0;
+    const orig = ld.socket.write.bind(ld.socket);
+    ld.socket.write = (...args) => {
+      writes++;
+      return orig(...args);
+    };
+    const keys = Array.from({ length: 20 }, (_, i) => `${TAG}:tick:${i}`);
+    const held = await Promise.all(keys.map((k) => ld.lock(k)));
+    assert.ok(held.every((h) => h.acquired));
+    assert.strictEqual(writes, 1);
+    await Promise.all(keys.map((k) => ld.unlock(k)));
+    // An unlock right before close() still goes out.
+    const k = `${TAG}:tick:close`;
+    await ld.lock(k);
+    ld.unlock(k).catch(() => {});
+    ld.close();
+    const b = await Leased.connect(SOCK);
+    try {
+      assert.strictEqual((await b.lock(k, { wait_ms: 5000 })).acquired, true);
+    } finally {
+      b.close();
+    }
+  } finally {
+    ld.close();
+  }
+});
+
+async function rwlockDaemon(t) {
+  const probe = await Leased.connect(SOCK, { client: 'test_api' });
+  const has = probe.features.includes('rwlock');
+  probe.close();
+  if (!has) t.skip('this leased does not announce "rwlock" in hello');
+  return has;
+}
+
+test('rwlock(): readers share, a writer is refused while read-held', async (t) => {
+  if (!await rwlockDaemon(t)) return;
+  const a = await Leased.connect(SOCK);
+  const b = await Leased.connect(SOCK);
+  const c = await Leased.connect(SOCK);
+  try {
+    const key = `${TAG}:rw`;
+    const ra = await a.rwlock(key).readLock();
+    const rb = await b.rwlock(key).readLock({ wait_ms: 1000 });
+    assert.strictEqual(ra.acquired, true);
+    assert.strictEqual(rb.acquired, true);
+    assert.strictEqual((await c.rwlock(key).writeLock({ wait_ms: 0 })).acquired,
+      false);
+    assert.strictEqual((await a.rwlock(key).unlockRead()).released, true);
+    assert.strictEqual((await c.rwlock(key).writeLock()).acquired, false);
+    assert.strictEqual((await b.rwlock(key).unlockRead()).released, true);
+    const w = await c.rwlock(key).writeLock();
+    assert.strictEqual(w.acquired, true);
+    assert.ok(w.fence > 0);
+    assert.strictEqual((await a.rwlock(key).readLock()).acquired, false);
+    assert.strictEqual((await c.rwlock(key).unlockWrite()).released, true);
+  } finally {
+    a.close();
+    b.close();
+    c.close();
+  }
+});
+
+test('using() with mode read: two readers at once, no writer meanwhile',
+  async (t) => {
+    if (!await rwlockDaemon(t)) return;
+    const a = await Leased.connect(SOCK);
+    const pool = await Leased.connect(SOCK, { connections: 2 });
+    try {
+      const key = `${TAG}:rwusing`;
+      let inside = 0;
+      let both = false;
+      let release;
+      const gate = new Promise((r) => { release = r; });
+      const reader = (ld) => ld.using(key, { mode: 'read' }, async (signal) => {
+        assert.strictEqual(signal.aborted, false);
+        inside++;
+        if (inside === 2) {
+          both = true;
+          const wr = await pool.rwlock(key).writeLock({ wait_ms: 0 });
+          assert.strictEqual(wr.acquired, false);
+          release();
+        }
+        await gate;
+        inside--;
+      });
+      await within(WAIT_MS, Promise.all([reader(a), reader(pool)]), 'readers');
+      assert.strictEqual(both, true);
+      // Both read holds were unlocked (with their mode): a writer gets it.
+      const got = await pool.rwlock(key).usingWrite({ wait_ms: 5000 },
+        async (signal, held) => held.fence);
+      assert.ok(got > 0);
+    } finally {
+      a.close();
+      pool.close();
+    }
+  });
+
+test('blank lines, replies cut anywhere and several in one chunk', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  // A peer that answers three pings with its bytes cut at odd places.
+  const srv = net.createServer((c) => {
+    let buf = '';
+    c.on('data', (d) => {
+      buf += d.toString();
+      const ids = buf.split('\n').filter((l) => l).map((l) => JSON.parse(l).id);
+      if (ids.length < 3) return;
+      const v = 'é€😀';
+      const text = `  \r\n\n{"id":${ids[0]},"ok":true,"v":"${v}"}\n` +
+        `{"id":${ids[1]},"ok":true,"v":"${v}"}\n{"id":${ids[2]},"ok":true,"v":"${v}"}\n`;
+      const bytes = Buffer.from(text);
+      // Cut inside the first multi-byte character and inside a line.
+      const cut1 = bytes.indexOf(Buffer.from('€')) + 1;
+      c.write(bytes.subarray(0, cut1));
+      setTimeout(() => c.write(bytes.subarray(cut1)), 20);
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  try {
+    const got = await within(WAIT_MS, Promise.all([ld.call('ping'),
+      ld.call('ping'), ld.call('ping')]), 'replies');
+    assert.deepStrictEqual(got.map((r) => r.v), ['é€😀', 'é€😀', 'é€😀']);
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('npm pack --dry-run', (t) => {
   const npm = spawnSync('npm', ['--version'], { encoding: 'utf8' });
   if (npm.error || npm.status !== 0) {

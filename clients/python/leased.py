@@ -9,6 +9,8 @@
                 ...
         with ld.semaphore("pool:db", limit=4):
             ...                     # one of at most 4 holders
+        with ld.rwlock("doc:7").read_lock(wait_ms=1000):
+            ...                     # readers share, writers exclude
         user = ld.cached("user:7", lambda: db_load_user(7))
         ld.update(["user:7"], lambda: db_save_user(7, name))
 
@@ -38,14 +40,13 @@ import contextlib
 import itertools
 import json
 import os
-import queue
 import select
 import socket
 import struct
 import threading
 import time
 
-__all__ = ["Leased", "Pool", "AsyncLeased", "Held", "LeasedError",
+__all__ = ["Leased", "Pool", "AsyncLeased", "Held", "RWLock", "LeasedError",
            "LockNotAcquired", "NoPermit", "DEFAULT_SOCKET"]
 __version__ = "0.1.0"
 
@@ -54,7 +55,25 @@ DEFAULT_SOCKET = "/run/leased/leased.sock"
 # One encoder without the default ", " separators: smaller lines, and it
 # skips building an encoder per call the way json.dumps does.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
-_decode = json.loads
+# A key as a JSON string (quoted, escaped, ASCII): the hot requests are
+# written from a template around it instead of encoding a dict.
+_quote = json.encoder.encode_basestring_ascii
+_scan = json.JSONDecoder().scan_once
+
+
+def _decode(line):
+    """One reply line (bytes) as an object. The daemon writes compact
+    lines, so the C scanner reads them directly, without json.loads'
+    encoding detection and whitespace matching; anything else (spaces
+    around, a bad line) goes through json.loads for its answer."""
+    s = line.decode()
+    try:
+        obj, end = _scan(s, 0)
+    except StopIteration:
+        end = -1
+    if end != len(s):
+        return json.loads(s)
+    return obj
 
 
 class LeasedError(Exception):
@@ -338,8 +357,18 @@ class Leased:
 
     def _fill(self, chunk):
         # Complete lines go to _lines; the partial last one waits in
-        # _tail. One split per chunk, however many lines it carries.
-        parts = (self._tail + chunk).split(b"\n")
+        # _tail, a bytearray that grows in place while a long line comes
+        # in many chunks. One split per chunk that ends lines, however
+        # many lines it carries.
+        if chunk.find(b"\n") < 0:
+            if not isinstance(self._tail, bytearray):
+                self._tail = bytearray(self._tail)
+            self._tail += chunk
+            return
+        if self._tail:
+            self._tail += chunk
+            chunk = bytes(self._tail)
+        parts = chunk.split(b"\n")
         self._tail = parts.pop()
         self._lines.extend(parts)
 
@@ -373,6 +402,16 @@ class Leased:
         fields["op"] = op
         fields["id"] = rid
         line = _encode(fields).encode() + b"\n"
+        return self._request(rid, line, wait_ms, _on_late)
+
+    def _key_call(self, op, key, _on_late=None, token=None):
+        """call() of the hot shapes {"op":OP,"key":KEY} and, with TOKEN,
+        {"op":OP,"key":KEY,"token":TOKEN}, from a template."""
+        rid = next(self._ids)
+        line = _key_line(op, rid, key, token)
+        return self._request(rid, line, 0, _on_late)
+
+    def _request(self, rid, line, wait_ms, _on_late):
         with self._io:
             if self._closed:
                 raise ConnectionError("connection closed")
@@ -487,10 +526,17 @@ class Leased:
                 self._post("unlock", token=reply["token"], **_key_fields(key),
                            **mode)
 
+        if (not wait_ms and ttl_ms is None and owner is None and not extra
+                and isinstance(key, str)):
+            return self._key_call(b"lock", key, late)
+
         return self.call("lock", _on_late=late,
                          **_lock_fields(key, wait_ms, ttl_ms, owner, extra))
 
     def unlock(self, key, owner=None, token=None, **extra):
+        if owner is None and not extra and isinstance(key, str) and \
+                (token is None or isinstance(token, str)):
+            return self._key_call(b"unlock", key, token=token)
         fields = _key_fields(key)
         if owner is not None:
             fields["owner"] = owner
@@ -499,12 +545,15 @@ class Leased:
         fields.update(extra)
         return self.call("unlock", **fields)
 
-    def extend(self, key, ttl_ms, owner=None, token=None):
+    def extend(self, key, ttl_ms, owner=None, token=None, **extra):
+        """EXTRA goes into the request (mode="read"|"write" for a side of
+        a read-write lock)."""
         fields = dict(_key_fields(key), ttl_ms=ttl_ms)
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
             fields["token"] = token
+        fields.update(extra)
         return self.call("extend", **fields)
 
     @contextlib.contextmanager
@@ -532,6 +581,10 @@ class Leased:
                 # was told through held.lost.
                 if not (e.code == "not_held" and held.lost.is_set()):
                     raise
+
+    def rwlock(self, key):
+        """The read and the write side of KEY (see RWLock)."""
+        return RWLock(self, key)
 
     # --- semaphores ----------------------------------------------------------
 
@@ -612,9 +665,49 @@ class Leased:
         return result
 
 
+def _key_line(op, rid, key, token):
+    if token is None:
+        return b'{"op":"%s","id":%d,"key":%s}\n' % (op, rid,
+                                                   _quote(key).encode())
+    return b'{"op":"%s","id":%d,"key":%s,"token":%s}\n' % (
+        op, rid, _quote(key).encode(), _quote(token).encode())
+
+
 def _mode(extra):
     # unlock of a read-write lock names the same mode as its lock.
     return {"mode": extra["mode"]} if "mode" in extra else {}
+
+
+class RWLock:
+    """The two sides of the read-write lock KEY (leased-protocol(7), "Read-
+    write locks") on a Leased, Pool or AsyncLeased: any number of readers
+    hold it together, a writer excludes readers and writers.
+
+        rw = ld.rwlock("doc:7")
+        with rw.read_lock(wait_ms=1000) as held:     # shared
+            ...
+        with rw.write_lock(wait_ms=1000) as held:    # exclusive
+            ...                                      # held.fence
+        async with ard.rwlock("doc:7").read_lock():  # AsyncLeased
+            ...
+
+    Each takes the arguments of lock() and gives what lock() gives (a
+    Held with .lost; LockNotAcquired when not granted in wait_ms); the
+    unlock at the end of the block names the same mode. A writer may
+    also take the read side of its key (downgrade). A plain lock and a
+    read-write lock on one key are a "wrong_type" LeasedError."""
+
+    def __init__(self, ld, key):
+        self.ld = ld
+        self.key = key
+
+    def read_lock(self, wait_ms=0, ttl_ms=None, owner=None, **extra):
+        return self.ld.lock(self.key, wait_ms, ttl_ms, owner, mode="read",
+                            **extra)
+
+    def write_lock(self, wait_ms=0, ttl_ms=None, owner=None, **extra):
+        return self.ld.lock(self.key, wait_ms, ttl_ms, owner, mode="write",
+                            **extra)
 
 
 class Pool:
@@ -636,9 +729,13 @@ class Pool:
         self.size = size
         self._kw = {"timeout": timeout, "client": client, "auth": auth,
                     "on_event": on_event}
-        self._idle = queue.LifoQueue()
+        # The idle connections, last in first out; list.pop and append
+        # are atomic, so a call that finds one idle takes no lock. Only
+        # a thread that has to wait for one uses the condition.
+        self._idle = []
         self._made = 0
-        self._mu = threading.Lock()
+        self._waiting = 0
+        self._cv = threading.Condition(threading.Lock())
         self._local = threading.local()
         self._holds = _Holds()
         self._closed = False
@@ -671,40 +768,76 @@ class Pool:
         if self._closed:
             raise ConnectionError("pool closed")
         try:
-            return self._idle.get_nowait()
-        except queue.Empty:
+            return self._idle.pop()
+        except IndexError:
             pass
-        with self._mu:
-            make = self._made < self.size
-            if make:
-                self._made += 1
-        if make:
+        deadline = time.monotonic() + self.timeout
+        with self._cv:
+            # Counted before looking, so a checkin that comes after the
+            # look sees the count and notifies.
+            self._waiting += 1
             try:
-                return self._new()
-            except BaseException:
-                with self._mu:
-                    self._made -= 1
-                raise
+                while True:
+                    if self._idle:
+                        return self._idle.pop()
+                    if self._made < self.size:
+                        self._made += 1
+                        break
+                    if self._closed:
+                        raise ConnectionError("pool closed")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("no free connection in the pool")
+                    self._cv.wait(left)
+            finally:
+                self._waiting -= 1
         try:
-            return self._idle.get(timeout=self.timeout)
-        except queue.Empty:
-            raise TimeoutError("no free connection in the pool") from None
+            return self._new()
+        except BaseException:
+            self._forget()
+            raise
+
+    def _forget(self):
+        with self._cv:
+            self._made -= 1
+            self._cv.notify()
 
     def _checkin(self, conn, broken):
         if broken or self._closed or conn._closed:
             conn.close()
-            with self._mu:
-                self._made -= 1
-        else:
-            self._idle.put(conn)
+            self._forget()
+            return
+        self._idle.append(conn)
+        if self._waiting:
+            with self._cv:
+                self._cv.notify()
+
+    def _use(self, method, *args, **kw):
+        """METHOD of a borrowed connection (the thread's own inside a
+        lock() block), called without the generator machinery of
+        connection(): the per-call cost of the hot calls."""
+        mine = getattr(self._local, "conn", None)
+        if mine is not None:
+            return method(mine, *args, **kw)
+        conn = self._checkout()
+        broken = False
+        try:
+            return method(conn, *args, **kw)
+        except (OSError, ValueError):
+            broken = True
+            raise
+        finally:
+            self._checkin(conn, broken)
 
     def close(self):
         self._closed = True
         while True:
             try:
-                self._idle.get_nowait().close()
-            except queue.Empty:
+                self._idle.pop().close()
+            except IndexError:
                 break
+        with self._cv:
+            self._cv.notify_all()
 
     def __enter__(self):
         return self
@@ -713,22 +846,19 @@ class Pool:
         self.close()
 
     def call(self, op, **fields):
-        with self.connection() as c:
-            return c.call(op, **fields)
+        return self._use(Leased.call, op, **fields)
 
     def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """A lock that outlives the call is bound to a connection that
         goes back to the pool: unlock it by token (any connection)."""
-        with self.connection() as c:
-            return c.try_lock(key, wait_ms, ttl_ms, owner, **extra)
+        return self._use(Leased.try_lock, key, wait_ms, ttl_ms, owner,
+                         **extra)
 
     def unlock(self, key, owner=None, token=None, **extra):
-        with self.connection() as c:
-            return c.unlock(key, owner, token, **extra)
+        return self._use(Leased.unlock, key, owner, token, **extra)
 
-    def extend(self, key, ttl_ms, owner=None, token=None):
-        with self.connection() as c:
-            return c.extend(key, ttl_ms, owner, token)
+    def extend(self, key, ttl_ms, owner=None, token=None, **extra):
+        return self._use(Leased.extend, key, ttl_ms, owner, token, **extra)
 
     @contextlib.contextmanager
     def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
@@ -743,6 +873,11 @@ class Pool:
             with c.semaphore(key, limit, permits, wait_ms, ttl_ms,
                              **extra) as grant:
                 yield grant
+
+    def rwlock(self, key):
+        """The read and the write side of KEY (see RWLock); each block
+        keeps its connection as lock() does."""
+        return RWLock(self, key)
 
     def cached(self, key, loader, ttl_ms=None):
         # The connection is given back while LOADER runs (it may be
@@ -784,6 +919,8 @@ class AsyncLeased:
     def __init__(self, reader, writer, timeout=30.0):
         self._reader = reader
         self._writer = writer
+        self._loop = asyncio.get_running_loop()
+        self._out = []      # lines of this loop iteration, sent together
         self.timeout = timeout
         self._ids = itertools.count(1)
         self._pending = {}
@@ -827,6 +964,7 @@ class AsyncLeased:
     async def close(self):
         if self._closed:
             return
+        self._flush()
         self._closed = True
         self._writer.close()
         with contextlib.suppress(Exception):
@@ -894,8 +1032,23 @@ class AsyncLeased:
         rid = next(self._ids)
         fields["op"] = op
         fields["id"] = rid
-        self._writer.write(_encode(fields).encode() + b"\n")
+        self._queue(_encode(fields).encode() + b"\n")
         return rid
+
+    def _queue(self, line):
+        # The requests that tasks make in one iteration of the loop (say,
+        # all those woken by one read of replies) go out in one write,
+        # one system call, at the start of the next.
+        self._out.append(line)
+        if len(self._out) == 1:
+            self._loop.call_soon(self._flush)
+
+    def _flush(self):
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        if not self._closed:
+            self._writer.write(out[0] if len(out) == 1 else b"".join(out))
 
     async def call(self, op, _on_abandon=None, **fields):
         """One request; the reply, or LeasedError. Cancelling the awaiting
@@ -906,23 +1059,44 @@ class AsyncLeased:
         wait_ms = fields.get("wait_ms")
         if wait_ms is None:
             wait_ms = 3000 if op.startswith("cache.") else 0
-        fut = asyncio.get_running_loop().create_future()
+        rid = next(self._ids)
+        fields["op"] = op
+        fields["id"] = rid
+        return await self._request(rid, _encode(fields).encode() + b"\n",
+                                   wait_ms, _on_abandon)
+
+    async def _key_call(self, op, key, _on_abandon=None, token=None):
+        """call() of the hot shapes, as Leased._key_call."""
+        if self._closed:
+            raise ConnectionError("connection closed")
+        rid = next(self._ids)
+        line = _key_line(op, rid, key, token)
+        return await self._request(rid, line, 0, _on_abandon)
+
+    async def _request(self, rid, line, wait_ms, _on_abandon):
+        fut = self._loop.create_future()
 
         def done(msg):
             if not fut.done():
                 fut.set_result(msg)
 
-        rid = self._send(op, fields)
+        self._queue(line)
         self._pending[rid] = done
-        timeout = None if wait_ms < 0 else self.timeout + wait_ms / 1000.0
+        # A timer on the future itself: lighter than asyncio.wait_for,
+        # which wraps every call in more futures and callbacks.
+        timer = None if wait_ms < 0 else self._loop.call_later(
+            self.timeout + wait_ms / 1000.0, done, _TIMED_OUT)
         try:
-            msg = await asyncio.wait_for(fut, timeout)
+            msg = await fut
         except asyncio.CancelledError:
             self._abandon(rid, _on_abandon)
             raise
-        except asyncio.TimeoutError:
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if msg is _TIMED_OUT:
             self._abandon(rid, _on_abandon)
-            raise TimeoutError("no reply from leased in time") from None
+            raise TimeoutError("no reply from leased in time")
         if isinstance(msg, BaseException):
             raise msg
         if not msg.get("ok"):
@@ -966,6 +1140,8 @@ class AsyncLeased:
                 self._fire("unlock", token=reply["token"], **_key_fields(key),
                            **mode)
 
+        if len(fields) == 1 and isinstance(key, str):
+            return await self._key_call(b"lock", key, granted_too_late)
         return await self.call("lock", _on_abandon=granted_too_late,
                                **fields)
 
@@ -976,7 +1152,12 @@ class AsyncLeased:
         if token is not None:
             fields["token"] = token
         fields.update(extra)
-        reply = await self.call("unlock", **fields)
+        if isinstance(key, str) and (
+                len(fields) == 1 or len(fields) == 2 and
+                isinstance(fields.get("token"), str)):
+            reply = await self._key_call(b"unlock", key, token=token)
+        else:
+            reply = await self.call("unlock", **fields)
         if reply.get("released"):
             # The hold of an awaited lock() ends here, not in a block.
             keys = _norm_key(key)
@@ -988,12 +1169,13 @@ class AsyncLeased:
                     del self._holds[k]
         return reply
 
-    async def extend(self, key, ttl_ms, owner=None, token=None):
+    async def extend(self, key, ttl_ms, owner=None, token=None, **extra):
         fields = dict(_key_fields(key), ttl_ms=ttl_ms)
         if owner is not None:
             fields["owner"] = owner
         if token is not None:
             fields["token"] = token
+        fields.update(extra)
         return await self.call("extend", **fields)
 
     def lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
@@ -1005,6 +1187,11 @@ class AsyncLeased:
         return _AsyncLock(self, key, wait_ms, ttl_ms, owner, extra)
 
     alock = lock
+
+    def rwlock(self, key):
+        """The read and the write side of KEY (see RWLock):
+        `async with ld.rwlock(k).read_lock(): ...`."""
+        return RWLock(self, key)
 
     def _add_hold(self, held):
         for k in _hold_keys(held):
@@ -1098,6 +1285,8 @@ class AsyncLeased:
 
 
 _async_owners = itertools.count(1)
+# What the timer of an AsyncLeased request hands its future.
+_TIMED_OUT = object()
 
 
 class _AsyncLock:

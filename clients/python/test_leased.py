@@ -25,8 +25,9 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from leased import _decode as leased_decode  # noqa: E402
 from leased import (AsyncLeased, Leased, LeasedError,  # noqa: E402
-                    LockNotAcquired, NoPermit, Pool)
+                    LockNotAcquired, NoPermit, Pool, RWLock)
 
 SOCKET = os.environ.get("LEASED_SOCKET", "")
 REDIS = os.environ.get("LEASED_TEST_REDIS", "")
@@ -213,6 +214,132 @@ class Locks(unittest.TestCase):
         self.assertEqual(errors, [])
         self.assertFalse(state["overlap"])
         self.assertEqual(state["count"], rounds * workers)
+
+
+class Lines(unittest.TestCase):
+    def test_keys_that_need_escaping_take_the_short_path_intact(self):
+        with Leased(SOCKET, timeout=10) as a, Leased(SOCKET, timeout=10) as b:
+            for k in ('q"uote', "back\\slash", "new\nline", "tab\t",
+                      "\u00e9\u20ac\U0001f600", "\x01"):
+                key = PREFIX + "esc:" + k
+                self.assertTrue(a.try_lock(key)["acquired"], key)
+                self.assertTrue(b.call("lock.info", key=key)["locked"], key)
+                self.assertFalse(b.try_lock(key)["acquired"], key)
+                self.assertTrue(a.unlock(key)["released"], key)
+                # By token: the other short unlock.
+                held = a.try_lock(key)
+                with self.assertRaises(LeasedError) as cm:
+                    b.unlock(key, token="0" * 32)
+                self.assertEqual(cm.exception.code, "not_held")
+                self.assertTrue(a.unlock(key, token=held["token"])["released"])
+
+    def test_replies_split_across_reads_and_many_per_read(self):
+        with Leased(SOCKET, timeout=10) as ld:
+            big = "\u00e9\u20ac\U0001f600x" * 40000
+            key = PREFIX + "lines:big"
+            self.assertEqual(ld.cached(key, lambda: big), big)
+            self.assertEqual(ld.call("cache.get", key=key)["value"], big)
+            # Several replies in one chunk, one cut in the middle.
+            ld._fill(b'{"id":1,"ok":true}\n{"id":2,')
+            ld._fill(b'"ok":true}\n \n')
+            self.assertEqual(len(ld._lines), 3)
+            self.assertEqual(leased_decode(ld._lines[1]), {"id": 2,
+                                                           "ok": True})
+            ld._lines.clear()
+
+    def test_decode_takes_spaces_and_refuses_junk(self):
+        self.assertEqual(leased_decode(b' {"a": [1, 2]} '), {"a": [1, 2]})
+        self.assertEqual(leased_decode(b'{"a":"\\u00e9"}'), {"a": "\u00e9"})
+        for bad in (b'{"a":1} x', b"{", b"nope"):
+            with self.assertRaises(ValueError):
+                leased_decode(bad)
+
+
+def rwlock_daemon(test):
+    with Leased(SOCKET, timeout=10, client="test_leased.py") as ld:
+        if "rwlock" not in ld.features:
+            test.skipTest('this leased does not announce "rwlock" in hello')
+
+
+class RWLocks(unittest.TestCase):
+    def setUp(self):
+        rwlock_daemon(self)
+
+    def test_readers_share_and_a_writer_waits_for_them(self):
+        key = PREFIX + "rw:basic"
+        with Leased(SOCKET, timeout=10) as a, Leased(SOCKET, timeout=10) as b, \
+                Leased(SOCKET, timeout=10) as c:
+            rw = a.rwlock(key)
+            self.assertIsInstance(rw, RWLock)
+            with rw.read_lock() as ra, \
+                    b.rwlock(key).read_lock(wait_ms=1000) as rb:
+                self.assertIsInstance(ra.lost, threading.Event)
+                self.assertFalse(ra.lost.is_set() or rb.lost.is_set())
+                with self.assertRaises(LockNotAcquired):
+                    with c.rwlock(key).write_lock(wait_ms=0):
+                        self.fail("a writer entered a read-held lock")
+                r = c.try_lock(key, mode="write")
+                self.assertFalse(r["acquired"])
+            # Both read holds were unlocked with their mode.
+            with c.rwlock(key).write_lock(wait_ms=5000) as w:
+                self.assertGreater(w.fence, 0)
+                self.assertFalse(a.try_lock(key, mode="read")["acquired"])
+                x = c.extend(key, 60000, token=w.token, mode="write")
+                self.assertEqual(x["lease_ms"], 60000)
+            with a.rwlock(key).read_lock():
+                pass
+
+    def test_pool_readers_in_threads(self):
+        key = PREFIX + "rw:pool"
+        inside = {"n": 0, "max": 0}
+        mu = threading.Lock()
+        both = threading.Barrier(2, timeout=WAIT_S)
+        errors = []
+        with Pool(SOCKET, size=2, timeout=10) as pool:
+            def reader():
+                try:
+                    with pool.rwlock(key).read_lock(wait_ms=5000):
+                        with mu:
+                            inside["n"] += 1
+                            inside["max"] = max(inside["max"], inside["n"])
+                        both.wait()
+                        with mu:
+                            inside["n"] -= 1
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            ts = [threading.Thread(target=reader) for _ in range(2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(WAIT_S)
+            self.assertEqual(errors, [])
+            self.assertEqual(inside["max"], 2)
+            with pool.rwlock(key).write_lock(wait_ms=5000) as w:
+                self.assertGreater(w.fence, 0)
+
+    def test_asyncio_readers_share_writer_refused(self):
+        async def main():
+            a = await AsyncLeased.connect(SOCKET)
+            b = await AsyncLeased.connect(SOCKET)
+            try:
+                key = PREFIX + "rw:aio"
+                async with a.rwlock(key).read_lock() as ra, \
+                        b.rwlock(key).read_lock(wait_ms=1000) as rb:
+                    self.assertIsInstance(ra.lost, asyncio.Event)
+                    self.assertFalse(rb.lost.is_set())
+                    with self.assertRaises(LockNotAcquired):
+                        async with b.rwlock(key).write_lock(wait_ms=0):
+                            self.fail("a writer entered a read-held lock")
+                async with b.rwlock(key).write_lock(wait_ms=5000) as w:
+                    self.assertGreater(w.fence, 0)
+                    r = await a.try_lock(key, mode="read")
+                    self.assertFalse(r["acquired"])
+            finally:
+                await a.close()
+                await b.close()
+
+        asyncio.run(asyncio.wait_for(main(), 90))
 
 
 class Timeouts(unittest.TestCase):
@@ -411,6 +538,57 @@ class Pools(unittest.TestCase):
         self.assertEqual(state["count"], rounds * workers)
         self.assertEqual(fences, sorted(fences), "fences out of order")
 
+    def test_more_threads_than_connections_and_a_close_that_wakes(self):
+        errors = []
+        done = []
+        with Pool(SOCKET, size=2, timeout=10) as pool:
+            def work(w):
+                try:
+                    key = PREFIX + "pool:many:%d" % w
+                    for _ in range(30):
+                        r = pool.try_lock(key)
+                        self.assertTrue(r["acquired"])
+                        # By token: the connection went back to the pool.
+                        u = pool.unlock(key, token=r["token"])
+                        self.assertTrue(u["released"])
+                    done.append(w)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=work, args=(w,))
+                       for w in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            self.assertEqual(errors, [])
+            self.assertEqual(len(done), 8)
+            self.assertLessEqual(pool._made, 2)
+            # A thread waiting for a connection is woken by close().
+            c1, c2 = pool._checkout(), pool._checkout()
+            waited = []
+
+            def waiter():
+                t0 = time.monotonic()
+                try:
+                    pool.call("ping")
+                except (ConnectionError, TimeoutError) as e:
+                    waited.append((type(e), time.monotonic() - t0))
+
+            t = threading.Thread(target=waiter)
+            t.start()
+            deadline = time.monotonic() + WAIT_S
+            while pool._waiting == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertEqual(pool._waiting, 1)
+            pool.close()
+            t.join(20)
+            self.assertEqual(len(waited), 1, waited)
+            self.assertIs(waited[0][0], ConnectionError)
+            self.assertLess(waited[0][1], 5)
+            c1.close()
+            c2.close()
+
     def test_pool_cached_and_reentry(self):
         key = PREFIX + "pool:cached"
         loads = []
@@ -429,6 +607,60 @@ class Pools(unittest.TestCase):
 class Async(unittest.TestCase):
     def run_async(self, coro):
         return asyncio.run(asyncio.wait_for(coro, 90))
+
+    def test_timeout_and_a_late_grant_given_back(self):
+        async def main():
+            key = PREFIX + "aio:late"
+            a = await AsyncLeased.connect(SOCKET, timeout=10)
+            b = await AsyncLeased.connect(SOCKET, timeout=10)
+            c = await AsyncLeased.connect(SOCKET, timeout=10)
+            try:
+                self.assertTrue((await a.try_lock(key))["acquired"])
+                # b gives up long before the daemon's wait would end.
+                b.timeout = -9.7
+                t0 = time.monotonic()
+                with self.assertRaises(TimeoutError):
+                    await b.try_lock(key, wait_ms=10000)
+                self.assertLess(time.monotonic() - t0, 5)
+                b.timeout = 10
+                await a.unlock(key)
+                # Cancelled, or granted late and unlocked at once: either
+                # way c gets the lock although b's session lives on.
+                got = await c.try_lock(key, wait_ms=WAIT_S * 1000)
+                self.assertTrue(got["acquired"], got)
+            finally:
+                for ld in (a, b, c):
+                    await ld.close()
+
+        self.run_async(main())
+
+    def test_requests_of_one_iteration_go_out_in_one_write(self):
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET, timeout=10)
+            try:
+                writes = []
+                real = ld._writer.write
+                ld._writer.write = lambda data: (writes.append(data),
+                                                 real(data))
+                keys = [PREFIX + "aio:tick:%d" % i for i in range(20)]
+                got = await asyncio.gather(*[ld.try_lock(k) for k in keys])
+                self.assertTrue(all(r["acquired"] for r in got))
+                self.assertEqual(len(writes), 1)
+                self.assertEqual(writes[0].count(b"\n"), 20)
+                # Keys that need escaping take the short path intact.
+                for k in ('q"uote', "new\nline", "\u00e9\U0001f600"):
+                    r = await ld.try_lock(PREFIX + k)
+                    self.assertTrue(r["acquired"])
+                    info = await ld.call("lock.info", key=PREFIX + k)
+                    self.assertTrue(info["locked"])
+                    self.assertTrue((await ld.unlock(PREFIX + k))["released"])
+                    r = await ld.try_lock(PREFIX + k)
+                    u = await ld.unlock(PREFIX + k, token=r["token"])
+                    self.assertTrue(u["released"])
+            finally:
+                await ld.close()
+
+        self.run_async(main())
 
     def test_lock_cache_and_errors(self):
         async def main():
