@@ -151,7 +151,7 @@ const struct conf_directive conf_directives[] = {
     INT("redis.db", redis.db, 0, "0", 0, 1000000),
     INT("redis.connections", redis.connections, 0, "2", 1, 64),
     INT("redis.timeout_ms", redis.timeout_ms, 0, "1000", 1, 600000),
-    INT("redis.batch_max", redis.batch_max, F_RELOAD, "32", 0, 1024),
+    INT("redis.batch_max", redis.batch_max, F_RELOAD, "0", 0, 1024),
     BOOL("redis.tls.enabled", redis.tls.enabled, 0, "false"),
     STRING("redis.tls.ca_file", redis.tls.ca_file, 0, ""),
     STRING("redis.tls.cert_file", redis.tls.cert_file, 0, ""),

@@ -367,8 +367,10 @@ START_TEST(test_noscript)
     start_daemon(&D, 32, 1000);
     struct h_conn *c = h_connect_ok(&D);
     ck_assert_int_ge(lock_unlock_round(&D, "ns1"), 1);
-    h_r_do(&R, "SCRIPT FLUSH");
+    /* Counted from before the flush: the releases of the first round's
+     * closing sessions may be the ones that meet the NOSCRIPT. */
     long long ns0 = h_stat(c, "redis_noscript");
+    h_r_do(&R, "SCRIPT FLUSH");
     ck_assert_int_ge(lock_unlock_round(&D, "ns2"), 1);
     ck_assert_int_ge(h_stat(c, "redis_noscript") - ns0, 1);
     h_close(c);
@@ -440,6 +442,7 @@ START_TEST(test_redlock)
     }
     snprintf(yaml, sizeof yaml,
              "redis:\n  address: 127.0.0.1:%d\n  connections: 1\n"
+             "  batch_max: 32\n"
              "lock:\n  redlock: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", "
              "\"127.0.0.1:%d\"]\n",
              R.port, I[0].port, I[1].port, I[2].port);
