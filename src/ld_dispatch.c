@@ -22,6 +22,7 @@
 
 struct op_entry {
     const char *name;
+    size_t len; /* of name: most ops are told apart by it alone */
     ld_handler *fn;
 };
 
@@ -45,17 +46,22 @@ ld_dispatch_register(const char *op, ld_handler *fn)
         return LD_ERR;
     }
     dispatch_mod.ops[dispatch_mod.n_ops].name = op;
+    dispatch_mod.ops[dispatch_mod.n_ops].len = strlen(op);
     dispatch_mod.ops[dispatch_mod.n_ops].fn = fn;
     dispatch_mod.n_ops++;
     return LD_OK;
 }
 
+/* Runs for every request: a length compare turns away most entries
+ * before any byte of the name is looked at. */
 static const struct op_entry *
 find_op(const char *name)
 {
+    size_t len = strlen(name);
     for (size_t i = 0; i < dispatch_mod.n_ops; i++) {
-        if (strcmp(dispatch_mod.ops[i].name, name) == 0) {
-            return &dispatch_mod.ops[i];
+        const struct op_entry *e = &dispatch_mod.ops[i];
+        if (e->len == len && memcmp(e->name, name, len) == 0) {
+            return e;
         }
     }
     return NULL;
