@@ -11,6 +11,7 @@
 #endif
 
 #include "harness.h"
+#include "near_util.h"
 
 #include <arpa/inet.h>
 #include <check.h>
@@ -56,13 +57,6 @@ start_near(struct h_daemon *d, const char *yaml)
     h_close(c);
 }
 
-static json_t *
-get(struct h_conn *c, const char *key)
-{
-    return h_must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
-                          key, "lease", 0));
-}
-
 static void
 set(struct h_conn *c, const char *key, const char *value, long long ttl_ms)
 {
@@ -75,60 +69,6 @@ set(struct h_conn *c, const char *key, const char *value, long long ttl_ms)
                     "value", value);
     }
     json_decref(h_must(r));
-}
-
-/* Whether reply R is a hit of VALUE, served near or not. */
-static bool
-hit_of(const json_t *r, const char *value)
-{
-    const char *v = jstr(r, "value");
-    return jtrue(r, "hit") && v != NULL && strcmp(v, value) == 0;
-}
-
-/* Read KEY until a near hit of VALUE (it is kept once the PTTL that
- * follows the read is in); asserts one came within the deadline. */
-static void
-get_until_near(struct h_conn *c, const char *key, const char *value)
-{
-    long long deadline = h_now_ms() + T_MS;
-    for (;;) {
-        json_t *r = get(c, key);
-        bool near = jtrue(r, "near");
-        ck_assert_msg(hit_of(r, value), "%s: expected a hit of %s, got %s",
-                      key, value, h_dump(r));
-        json_decref(r);
-        if (near) {
-            return;
-        }
-        ck_assert_msg(h_now_ms() < deadline, "%s never became a near hit",
-                      key);
-        usleep(2000);
-    }
-}
-
-/* Read KEY until the answer is VALUE (NULL: a miss); returns how long it
- * took in ms, asserting it came within the deadline. */
-static long long
-get_until(struct h_conn *c, const char *key, const char *value)
-{
-    long long t0 = h_now_ms();
-    for (;;) {
-        json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
-                            key, "lease", 0);
-        const char *code = h_errcode(r);
-        ck_assert_msg(r != NULL && (code == NULL ||
-                                    strcmp(code, "redis_unavailable") == 0),
-                      "%s: %s", key, h_dump(r));
-        bool done = value != NULL ? hit_of(r, value) : !jtrue(r, "hit");
-        char seen[2048];
-        snprintf(seen, sizeof seen, "%s", h_dump(r));
-        json_decref(r);
-        if (done) {
-            return h_now_ms() - t0;
-        }
-        ck_assert_msg(h_now_ms() - t0 < T_MS, "%s: still %s", key, seen);
-        usleep(1000);
-    }
 }
 
 /* Commands Redis has run, INFO and PING (the test's and the idle check's)
@@ -195,12 +135,12 @@ START_TEST(test_near_hit_costs_redis_nothing)
     json_decref(hello);
 
     set(c, "hot", "value-1", 0);
-    get_until_near(c, "hot", "value-1");
+    near_get_until_near(c, "hot", "value-1");
 
     long long before = redis_commands();
     for (int i = 0; i < 200; i++) {
-        json_t *r = get(c, "hot");
-        ck_assert_msg(hit_of(r, "value-1") && jtrue(r, "near"),
+        json_t *r = near_get(c, "hot");
+        ck_assert_msg(near_hit_of(r, "value-1") && jtrue(r, "near"),
                       "not a near hit: %s", h_dump(r));
         json_decref(r);
     }
@@ -208,7 +148,7 @@ START_TEST(test_near_hit_costs_redis_nothing)
     json_t *m = h_must(h_callf(c, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget",
                                "keys", "hot", "hot"));
     json_t *res = json_object_get(m, "results");
-    ck_assert_msg(hit_of(json_array_get(res, 0), "value-1") &&
+    ck_assert_msg(near_hit_of(json_array_get(res, 0), "value-1") &&
                       jtrue(json_array_get(res, 0), "near"),
                   "mget: %s", h_dump(m));
     json_decref(m);
@@ -233,19 +173,19 @@ START_TEST(test_write_in_redis_evicts)
     start_near(&D, NEAR_YAML);
     struct h_conn *c = h_connect_ok(&D);
     set(c, "k", "old", 0);
-    get_until_near(c, "k", "old");
+    near_get_until_near(c, "k", "old");
 
     h_r_do(&R, "HSET " PREFIX "{k} v new");
-    long long ms = get_until(c, "k", "new");
+    long long ms = near_get_until(c, "k", "new");
     ck_assert_msg(ms < 1000, "the write took %lld ms to reach the daemon", ms);
     ck_assert_int_ge(h_stat(c, "near_evictions_tracking"), 1);
 
     /* FLUSHALL: Redis says so with a null message, and all goes. */
-    get_until_near(c, "k", "new");
+    near_get_until_near(c, "k", "new");
     long long flushes = h_stat(c, "near_flushes");
     h_r_do(&R, "FLUSHALL");
     ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
-    get_until(c, "k", NULL);
+    near_get_until(c, "k", NULL);
     h_close(c);
 }
 END_TEST
@@ -258,34 +198,34 @@ START_TEST(test_other_daemon_and_invalidate_evict)
     struct h_conn *c2 = h_connect_ok(&D2);
 
     set(c, "shared", "one", 0);
-    get_until_near(c, "shared", "one");
-    get_until_near(c2, "shared", "one");
+    near_get_until_near(c, "shared", "one");
+    near_get_until_near(c2, "shared", "one");
 
     /* A write through the other daemon. */
     set(c2, "shared", "two", 0);
-    ck_assert_msg(get_until(c, "shared", "two") < 1000, "too slow");
-    get_until_near(c, "shared", "two");
+    ck_assert_msg(near_get_until(c, "shared", "two") < 1000, "too slow");
+    near_get_until_near(c, "shared", "two");
 
     /* An invalidation through the other daemon. */
     json_decref(h_must(h_callf(c2, T_MS, "{s:s,s:s}", "op", "cache.invalidate",
                                "key", "shared")));
-    ck_assert_msg(get_until(c, "shared", NULL) < 1000, "too slow");
+    ck_assert_msg(near_get_until(c, "shared", NULL) < 1000, "too slow");
 
     /* The daemon's own invalidation: the very next read is not near. */
     set(c, "shared", "three", 0);
-    get_until_near(c, "shared", "three");
+    near_get_until_near(c, "shared", "three");
     json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.invalidate",
                                "key", "shared")));
-    json_t *r = get(c, "shared");
+    json_t *r = near_get(c, "shared");
     ck_assert_msg(!jtrue(r, "hit"), "read after invalidate: %s", h_dump(r));
     json_decref(r);
 
     /* Its own set: the next read has the new value. */
     set(c, "shared", "four", 0);
-    get_until_near(c, "shared", "four");
+    near_get_until_near(c, "shared", "four");
     set(c, "shared", "five", 0);
-    r = get(c, "shared");
-    ck_assert_msg(hit_of(r, "five"), "read after set: %s", h_dump(r));
+    r = near_get(c, "shared");
+    ck_assert_msg(near_hit_of(r, "five"), "read after set: %s", h_dump(r));
     json_decref(r);
     h_close(c);
     h_close(c2);
@@ -297,7 +237,7 @@ START_TEST(test_tracking_connection_killed_flushes)
     start_near(&D, NEAR_YAML);
     struct h_conn *c = h_connect_ok(&D);
     set(c, "k", "v", 0);
-    get_until_near(c, "k", "v");
+    near_get_until_near(c, "k", "v");
     long long flushes = h_stat(c, "near_flushes");
 
     long long id = client_id_of("track");
@@ -307,11 +247,11 @@ START_TEST(test_tracking_connection_killed_flushes)
     ck_assert_int_eq(h_stat(c, "near_entries"), 0);
     /* A write made while nobody listens is seen: nothing stale stays. */
     h_r_do(&R, "HSET " PREFIX "{k} v w");
-    get_until(c, "k", "w");
+    near_get_until(c, "k", "w");
 
     /* It comes back, and so does the near cache. */
     h_assert_stat(c, "near_tracking", 1, T_MS);
-    get_until_near(c, "k", "w");
+    near_get_until_near(c, "k", "w");
 
     /* A command connection lost: its tracked keys would go unheard. */
     flushes = h_stat(c, "near_flushes");
@@ -320,7 +260,7 @@ START_TEST(test_tracking_connection_killed_flushes)
     h_r_do(&R, "CLIENT KILL TYPE normal SKIPME yes");
     ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
     h_r_do(&R, "HSET " PREFIX "{k} v x");
-    get_until(c, "k", "x");
+    near_get_until(c, "k", "x");
     h_close(c);
 }
 END_TEST
@@ -330,7 +270,7 @@ START_TEST(test_redis_restart_flushes)
     start_near(&D, NEAR_YAML);
     struct h_conn *c = h_connect_ok(&D);
     set(c, "k", "before", 0);
-    get_until_near(c, "k", "before");
+    near_get_until_near(c, "k", "before");
     long long flushes = h_stat(c, "near_flushes");
 
     h_redis_kill(&R);
@@ -340,7 +280,7 @@ START_TEST(test_redis_restart_flushes)
     /* The restarted Redis lost the entry (no save on SIGKILL): a miss,
      * never the value kept from before. */
     h_assert_stat(c, "near_tracking", 1, T_MS);
-    get_until(c, "k", NULL);
+    near_get_until(c, "k", NULL);
     h_close(c);
 }
 END_TEST
@@ -356,15 +296,15 @@ START_TEST(test_ttl_respected)
     set(c, "short", "v", 1500);
     /* Redis set the TTL before it answered: it ends by then + 1500 ms. */
     long long t0 = h_now_ms();
-    get_until_near(c, "short", "v");
+    near_get_until_near(c, "short", "v");
     /* Until the TTL it is near; from then on never again. */
     while (h_now_ms() < t0 + 1500) {
         usleep(5000);
     }
-    json_t *r = get(c, "short");
+    json_t *r = near_get(c, "short");
     ck_assert_msg(!jtrue(r, "near"), "near hit after the TTL: %s", h_dump(r));
     json_decref(r);
-    get_until(c, "short", NULL);
+    near_get_until(c, "short", NULL);
     ck_assert_int_ge(h_stat(c, "near_evictions_ttl"), 1);
     h_close(c);
 }
@@ -383,8 +323,8 @@ START_TEST(test_lru_bound_and_value_limit)
     for (int i = 0; i < 200; i++) {
         snprintf(key, sizeof key, "lru%d", i);
         set(c, key, value, 0);
-        json_decref(get(c, key));
-        json_decref(get(c, key));
+        json_decref(near_get(c, key));
+        json_decref(near_get(c, key));
         ck_assert_int_le(h_stat(c, "near_bytes"), 20000);
     }
     ck_assert_int_gt(h_stat(c, "near_evictions_lru"), 50);
@@ -392,11 +332,11 @@ START_TEST(test_lru_bound_and_value_limit)
     ck_assert_int_gt(h_stat(c, "near_entries"), 10);
     /* Least recently used first out: the newest key stays, the oldest
      * went. */
-    json_t *r = get(c, "lru199");
+    json_t *r = near_get(c, "lru199");
     ck_assert_msg(jtrue(r, "near"), "newest: %.80s", h_dump(r));
     json_decref(r);
-    r = get(c, "lru0");
-    ck_assert_msg(hit_of(r, value) && !jtrue(r, "near"), "oldest: %.80s",
+    r = near_get(c, "lru0");
+    ck_assert_msg(near_hit_of(r, value) && !jtrue(r, "near"), "oldest: %.80s",
                   h_dump(r));
     json_decref(r);
 
@@ -406,8 +346,8 @@ START_TEST(test_lru_bound_and_value_limit)
     big[1500] = '\0';
     set(c, "big", big, 0);
     for (int i = 0; i < 20; i++) {
-        r = get(c, "big");
-        ck_assert_msg(hit_of(r, big) && !jtrue(r, "near"), "big: %.80s",
+        r = near_get(c, "big");
+        ck_assert_msg(near_hit_of(r, big) && !jtrue(r, "near"), "big: %.80s",
                       h_dump(r));
         json_decref(r);
     }
@@ -423,12 +363,13 @@ START_TEST(test_min_hits)
     set(c, "warm", "v", 0);
     /* Two reads: not often enough, and Redis does not track it. */
     for (int i = 0; i < 2; i++) {
-        json_t *r = get(c, "warm");
-        ck_assert_msg(hit_of(r, "v") && !jtrue(r, "near"), "%s", h_dump(r));
+        json_t *r = near_get(c, "warm");
+        ck_assert_msg(near_hit_of(r, "v") && !jtrue(r, "near"), "%s",
+                      h_dump(r));
         json_decref(r);
     }
     ck_assert_int_eq(h_stat(c, "near_entries"), 0);
-    get_until_near(c, "warm", "v");
+    near_get_until_near(c, "warm", "v");
     h_close(c);
 }
 END_TEST
@@ -457,14 +398,14 @@ START_TEST(test_near_value_not_utf8)
     start_near(&D, NEAR_YAML);
     struct h_conn *c = h_connect_ok(&D);
     set(c, "bin", "fine", 0);
-    get_until_near(c, "bin", "fine");
+    near_get_until_near(c, "bin", "fine");
     h_r_do(&R, "HSET %s v %b", PREFIX "{bin}", "\xff\xfe", (size_t)2);
     /* Near hits of the old value until the invalidation is in. */
     long long deadline = h_now_ms() + T_MS;
     for (;;) {
         json_t *r = get_any(c, "bin");
         bool done = is_wrong_type(r);
-        ck_assert_msg(done || hit_of(r, "fine"), "%s", h_dump(r));
+        ck_assert_msg(done || near_hit_of(r, "fine"), "%s", h_dump(r));
         json_decref(r);
         if (done) {
             break;
@@ -483,18 +424,18 @@ START_TEST(test_near_value_not_utf8)
     ck_assert_int_eq(h_stat(c, "near_entries"), 0);
     /* A valid value again is kept again. */
     set(c, "bin", "fine again", 0);
-    get_until_near(c, "bin", "fine again");
+    near_get_until_near(c, "bin", "fine again");
     /* What needs escaping comes back the same from the near cache, in
      * cache.get and in cache.mget. */
     static const char esc[] = "a \"q\" \\ \xc3\xa9\n\t\x01";
     set(c, "esc", esc, 0);
-    get_until_near(c, "esc", esc);
+    near_get_until_near(c, "esc", esc);
     json_t *m = h_must(h_callf(c, T_MS, "{s:s,s:[s,s]}", "op", "cache.mget",
                                "keys", "esc", "bin"));
     json_t *res = json_object_get(m, "results");
-    ck_assert_msg(hit_of(json_array_get(res, 0), esc) &&
+    ck_assert_msg(near_hit_of(json_array_get(res, 0), esc) &&
                       jtrue(json_array_get(res, 0), "near") &&
-                      hit_of(json_array_get(res, 1), "fine again") &&
+                      near_hit_of(json_array_get(res, 1), "fine again") &&
                       jtrue(json_array_get(res, 1), "near"),
                   "mget: %s", h_dump(m));
     json_decref(m);
@@ -676,17 +617,17 @@ START_TEST(test_race_invalidation_overtakes_read)
     /* Now the write: its invalidation passes the held-back answer. */
     h_r_do(&R, "HSET " PREFIX "{race} v new");
     json_t *r = h_recv(c, T_MS);
-    ck_assert_msg(r != NULL && hit_of(r, "old") && !jtrue(r, "near"),
+    ck_assert_msg(r != NULL && near_hit_of(r, "old") && !jtrue(r, "near"),
                   "the slow read: %s", h_dump(r));
     json_decref(r);
     atomic_store(&P.slow, 0);
 
     /* "old" was not kept: the next read goes to Redis and finds "new". */
-    r = get(c, "race");
-    ck_assert_msg(hit_of(r, "new") && !jtrue(r, "near"),
+    r = near_get(c, "race");
+    ck_assert_msg(near_hit_of(r, "new") && !jtrue(r, "near"),
                   "the answer of the overtaken read was kept: %s", h_dump(r));
     json_decref(r);
-    get_until_near(c, "race", "new");
+    near_get_until_near(c, "race", "new");
     atomic_store(&P.stop, 1);
     h_close(c);
 }
@@ -707,7 +648,7 @@ START_TEST(test_silent_tracking_connection_flushes)
     start_near(&D, yaml);
     struct h_conn *c = h_connect_ok(&D);
     set(c, "k", "v", 0);
-    get_until_near(c, "k", "v");
+    near_get_until_near(c, "k", "v");
     long long flushes = h_stat(c, "near_flushes");
     atomic_store(&P.silent, 1);
     /* The idle PING after 5 s, its answer owed for 500 ms. */
@@ -716,7 +657,7 @@ START_TEST(test_silent_tracking_connection_flushes)
     ck_assert(h_wait_log(&D, "near cache tracking connection lost", T_MS));
     atomic_store(&P.silent, 0);
     h_assert_stat(c, "near_tracking", 1, T_MS);
-    get_until_near(c, "k", "v");
+    near_get_until_near(c, "k", "v");
     atomic_store(&P.stop, 1);
     h_close(c);
 }

@@ -11,6 +11,7 @@
 #endif
 
 #include "harness.h"
+#include "near_util.h"
 
 #include "ld_cluster_slot.h"
 
@@ -97,13 +98,6 @@ key_on(int m, const char *prefix, char *out, size_t len)
     ck_abort_msg("no key found on master %d", m);
 }
 
-static json_t *
-get(struct h_conn *c, const char *key)
-{
-    return h_must(h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
-                          key, "lease", 0));
-}
-
 static void
 set(struct h_conn *c, const char *key, const char *value)
 {
@@ -111,61 +105,10 @@ set(struct h_conn *c, const char *key, const char *value)
                                "key", key, "value", value, "ttl_ms", 60000)));
 }
 
-static bool
-hit_of(const json_t *r, const char *value)
-{
-    const char *v = jstr(r, "value");
-    return jtrue(r, "hit") && v != NULL && strcmp(v, value) == 0;
-}
-
-/* Read KEY until a near hit of VALUE. */
-static void
-get_until_near(struct h_conn *c, const char *key, const char *value)
-{
-    long long deadline = h_now_ms() + T_MS;
-    for (;;) {
-        json_t *r = get(c, key);
-        bool near = jtrue(r, "near");
-        ck_assert_msg(hit_of(r, value), "%s: expected a hit of %s, got %s",
-                      key, value, h_dump(r));
-        json_decref(r);
-        if (near) {
-            return;
-        }
-        ck_assert_msg(h_now_ms() < deadline, "%s never became a near hit",
-                      key);
-        usleep(2000);
-    }
-}
-
-/* Read KEY until the answer is a hit of VALUE; how long it took, in ms. */
-static long long
-get_until(struct h_conn *c, const char *key, const char *value)
-{
-    long long t0 = h_now_ms();
-    for (;;) {
-        json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
-                            key, "lease", 0);
-        const char *code = h_errcode(r);
-        ck_assert_msg(r != NULL && (code == NULL ||
-                                    strcmp(code, "redis_unavailable") == 0),
-                      "%s: %s", key, h_dump(r));
-        bool done = hit_of(r, value);
-        char seen[2048];
-        snprintf(seen, sizeof seen, "%s", h_dump(r));
-        json_decref(r);
-        if (done) {
-            return h_now_ms() - t0;
-        }
-        ck_assert_msg(h_now_ms() - t0 < T_MS, "%s: still %s", key, seen);
-        usleep(1000);
-    }
-}
-
 static void
 assert_not_near(struct h_conn *c, const char *key, const char *why)
 {
-    json_t *r = get(c, key);
+    json_t *r = near_get(c, key);
     ck_assert_msg(!jtrue(r, "near"), "%s: %s was still near: %s", why, key,
                   h_dump(r));
     json_decref(r);
@@ -252,9 +195,9 @@ migrate_slot(unsigned slot, int src, int dst, int third, struct h_conn *c,
     /* The source's invalidation of the keys that left is on its way. */
     long long t0 = h_now_ms();
     for (;;) {
-        json_t *r = get(c, key);
+        json_t *r = near_get(c, key);
         bool near = jtrue(r, "near");
-        ck_assert_msg(hit_of(r, value), "%s", h_dump(r));
+        ck_assert_msg(near_hit_of(r, value), "%s", h_dump(r));
         json_decref(r);
         if (!near) {
             break;
@@ -265,8 +208,8 @@ migrate_slot(unsigned slot, int src, int dst, int third, struct h_conn *c,
     }
     long long asked = h_stat(c, "redis_ask");
     for (int n = 0; n < 10; n++) {
-        json_t *r = get(c, key);
-        ck_assert_msg(hit_of(r, value) && !jtrue(r, "near"),
+        json_t *r = near_get(c, key);
+        ck_assert_msg(near_hit_of(r, value) && !jtrue(r, "near"),
                       "read %d while the slot moves: %s", n, h_dump(r));
         json_decref(r);
     }
@@ -286,13 +229,13 @@ START_TEST(test_keys_on_every_master)
     for (int i = 0; i < 3; i++) {
         key_on(m[i], "every", k[i], sizeof(k[i]));
         set(c, k[i], k[i]);
-        get_until_near(c, k[i], k[i]);
+        near_get_until_near(c, k[i], k[i]);
     }
     for (int i = 0; i < 3; i++) {
         long long before = node_commands(m[i]);
         for (int n = 0; n < 50; n++) {
-            json_t *r = get(c, k[i]);
-            ck_assert_msg(hit_of(r, k[i]) && jtrue(r, "near"),
+            json_t *r = near_get(c, k[i]);
+            ck_assert_msg(near_hit_of(r, k[i]) && jtrue(r, "near"),
                           "master %d: not a near hit: %s", i, h_dump(r));
             json_decref(r);
         }
@@ -305,7 +248,7 @@ START_TEST(test_keys_on_every_master)
                                 "keys", k[0], k[1], k[2]));
     json_t *res = json_object_get(mr, "results");
     for (int i = 0; i < 3; i++) {
-        ck_assert_msg(hit_of(json_array_get(res, (size_t)i), k[i]) &&
+        ck_assert_msg(near_hit_of(json_array_get(res, (size_t)i), k[i]) &&
                           jtrue(json_array_get(res, (size_t)i), "near"),
                       "mget: %s", h_dump(mr));
     }
@@ -315,11 +258,11 @@ START_TEST(test_keys_on_every_master)
     for (int i = 0; i < 3; i++) {
         long long evicted = h_stat(c, "near_evictions_tracking");
         write_on(m[i], k[i], "new");
-        long long ms = get_until(c, k[i], "new");
+        long long ms = near_get_until(c, k[i], "new");
         ck_assert_msg(ms < EVICT_MS, "master %d: the write took %lld ms", i,
                       ms);
         ck_assert_int_gt(h_stat(c, "near_evictions_tracking"), evicted);
-        get_until_near(c, k[i], "new");
+        near_get_until_near(c, k[i], "new");
     }
     h_close(c);
 }
@@ -337,8 +280,8 @@ START_TEST(test_failover_flushes)
     key_on(m[1], "fo", k1, sizeof(k1));
     set(c, k0, "before");
     set(c, k1, "other");
-    get_until_near(c, k0, "before");
-    get_until_near(c, k1, "other");
+    near_get_until_near(c, k0, "before");
+    near_get_until_near(c, k1, "other");
     int rep = h_cluster_replica_of(&C, m[0]);
     ck_assert_int_ge(rep, 0);
     /* A manual failover waits for the replica to catch up: it must be
@@ -359,11 +302,11 @@ START_TEST(test_failover_flushes)
         h_cluster_master_of_slot(&C, (int)ld_cluster_slot(k0, strlen(k0))),
         rep);
     write_on(rep, k0, "after");
-    get_until(c, k0, "after");
+    near_get_until(c, k0, "after");
     h_assert_stat(c, "near_tracking", 1, T_MS);
-    get_until_near(c, k0, "after");
+    near_get_until_near(c, k0, "after");
     write_on(rep, k0, "again");
-    ck_assert_msg(get_until(c, k0, "again") < EVICT_MS,
+    ck_assert_msg(near_get_until(c, k0, "again") < EVICT_MS,
                   "the new master's write was slow to evict");
     h_close(c);
 }
@@ -381,8 +324,8 @@ START_TEST(test_lost_connections_flush)
     key_on(m[2], "tk", k2, sizeof(k2));
     set(c, k1, "one");
     set(c, k2, "two");
-    get_until_near(c, k1, "one");
-    get_until_near(c, k2, "two");
+    near_get_until_near(c, k1, "one");
+    near_get_until_near(c, k2, "two");
     long long flushes = h_stat(c, "near_flushes");
 
     long long id = client_id_on(m[1], "track");
@@ -394,20 +337,20 @@ START_TEST(test_lost_connections_flush)
     ck_assert_int_eq(h_stat(c, "near_entries"), 0);
     assert_not_near(c, k2, "after master 1's tracking was lost");
     write_on(m[1], k1, "one-b");
-    get_until(c, k1, "one-b");
+    near_get_until(c, k1, "one-b");
     h_assert_stat(c, "near_tracking", 1, T_MS);
-    get_until_near(c, k1, "one-b");
+    near_get_until_near(c, k1, "one-b");
     write_on(m[1], k1, "one-c");
-    ck_assert_msg(get_until(c, k1, "one-c") < EVICT_MS,
+    ck_assert_msg(near_get_until(c, k1, "one-c") < EVICT_MS,
                   "not tracked again after the reconnect");
 
     /* A command connection of master 2: its tracked keys go unheard. */
-    get_until_near(c, k2, "two");
+    near_get_until_near(c, k2, "two");
     flushes = h_stat(c, "near_flushes");
     h_r_do(&C.node[m[2]], "CLIENT KILL TYPE normal SKIPME yes");
     ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
     write_on(m[2], k2, "two-b");
-    get_until(c, k2, "two-b");
+    near_get_until(c, k2, "two-b");
     h_close(c);
 }
 END_TEST
@@ -422,24 +365,25 @@ START_TEST(test_slot_migration)
     char k[32];
     key_on(m[0], "mig", k, sizeof(k));
     set(c, k, "src");
-    get_until_near(c, k, "src");
+    near_get_until_near(c, k, "src");
 
     migrate_slot(ld_cluster_slot(k, strlen(k)), m[0], m[1], m[2], c, k, "src");
     write_on(m[1], k, "dst");
-    get_until(c, k, "dst");
+    near_get_until(c, k, "dst");
     h_assert_stat(c, "near_tracking", 1, T_MS);
-    get_until_near(c, k, "dst");
+    near_get_until_near(c, k, "dst");
     long long before = node_commands(m[1]);
     for (int n = 0; n < 20; n++) {
-        json_t *r = get(c, k);
-        ck_assert_msg(hit_of(r, "dst") && jtrue(r, "near"), "%s", h_dump(r));
+        json_t *r = near_get(c, k);
+        ck_assert_msg(near_hit_of(r, "dst") && jtrue(r, "near"), "%s",
+                      h_dump(r));
         json_decref(r);
     }
     ck_assert_msg(node_commands(m[1]) == before,
                   "near hits sent %lld commands to the new owner",
                   node_commands(m[1]) - before);
     write_on(m[1], k, "dst-2");
-    ck_assert_msg(get_until(c, k, "dst-2") < EVICT_MS,
+    ck_assert_msg(near_get_until(c, k, "dst-2") < EVICT_MS,
                   "a write on the new owner was slow to evict");
     h_close(c);
 }
