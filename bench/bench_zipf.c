@@ -31,6 +31,7 @@
 #define _GNU_SOURCE 1
 #endif
 
+#include "bench_util.h"
 #include "bench_zipf.h"
 
 #include <errno.h>
@@ -149,34 +150,6 @@ zalloc(size_t n)
     return p;
 }
 
-static uint64_t
-znow_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static struct timeval
-ztv(double s)
-{
-    struct timeval tv;
-    tv.tv_sec = (time_t)s;
-    tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
-    return tv;
-}
-
-static uint64_t
-zrng(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    return x * 2685821657736338717ULL;
-}
-
 static void
 zipf_init(int n, double s)
 {
@@ -195,7 +168,7 @@ zipf_init(int n, double s)
 static int
 zipf_draw(uint64_t *rng, int n)
 {
-    double u = (double)(zrng(rng) >> 11) / 9007199254740992.0;
+    double u = (double)(rng_next(rng) >> 11) / 9007199254740992.0;
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
@@ -363,7 +336,7 @@ write_acked(struct zwrite *w)
     /* Reads that leave from now on must not see an older version. */
     if (w->ver > r->ack_ver[w->key]) {
         r->ack_ver[w->key] = w->ver;
-        r->ack_ns[w->key] = znow_ns();
+        r->ack_ns[w->key] = now_ns();
     }
     r->writes += r->recording;
     writer_maybe(r);
@@ -457,7 +430,7 @@ static void
 read_done(struct zclient *c, bool hit, uint64_t ver, bool near)
 {
     struct zrun *r = c->run;
-    uint64_t now = znow_ns();
+    uint64_t now = now_ns();
     r->reads_all++;
     if (r->recording) {
         r->reads++;
@@ -606,7 +579,7 @@ next_read(struct zclient *c)
         return;
     }
     c->key = zipf_draw(&c->rng, r->zo->keys);
-    c->t_start_ns = znow_ns();
+    c->t_start_ns = now_ns();
     char key[128];
     int kn = key_name(r, c->key, key, sizeof(key));
     if (r->target == Z_DIRECT) {
@@ -625,7 +598,7 @@ static void
 on_end(evutil_socket_t fd, short what, void *arg)
 {
     struct zrun *r = arg;
-    r->t1_ns = znow_ns();
+    r->t1_ns = now_ns();
     r->recording = false;
     r->closing = true;
     event_base_loopbreak(r->zo->base);
@@ -636,8 +609,8 @@ on_warm(evutil_socket_t fd, short what, void *arg)
 {
     struct zrun *r = arg;
     r->recording = true;
-    r->t0_ns = znow_ns();
-    struct timeval tv = ztv(r->zo->duration_s);
+    r->t0_ns = now_ns();
+    struct timeval tv = tv_of(r->zo->duration_s);
     r->end_ev = evtimer_new(r->zo->base, on_end, r);
     evtimer_add(r->end_ev, &tv);
 }
@@ -772,7 +745,7 @@ run_one(const struct zipf_opts *zo, enum ztarget t, int id)
         te0 = zstat(zo->sock, "near_evictions_tracking");
     }
     run_open(&r);
-    struct timeval tv = ztv(zo->warmup_s);
+    struct timeval tv = tv_of(zo->warmup_s);
     r.warm_ev = evtimer_new(zo->base, on_warm, &r);
     evtimer_add(r.warm_ev, &tv);
     for (int i = 0; i < zo->conns; i++) {

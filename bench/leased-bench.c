@@ -50,6 +50,7 @@
 #include <hiredis/adapters/libevent.h>
 #include <jansson.h>
 
+#include "bench_util.h"
 #include "bench_zipf.h"
 #include "ld_cluster_slot.h"
 #include "ld_lua.h"
@@ -254,35 +255,6 @@ xasprintf(size_t *len, const char *fmt, ...)
         *len = (size_t)n;
     }
     return s;
-}
-
-static uint64_t
-now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static struct timeval
-tv_of(double s)
-{
-    struct timeval tv;
-    tv.tv_sec = (time_t)s;
-    tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
-    return tv;
-}
-
-static uint64_t
-rng_next(uint64_t *s)
-{
-    /* xorshift64*: cheap and the same sequence for both targets. */
-    uint64_t x = *s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    return x * 2685821657736338717ULL;
 }
 
 static void
