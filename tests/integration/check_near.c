@@ -95,28 +95,6 @@ redis_commands(void)
     return total;
 }
 
-/* The id of the client named ...:ROLE (CLIENT LIST), -1 if none. */
-static long long
-client_id_of(const char *role)
-{
-    redisReply *r = h_redis_cmd(&R, "CLIENT LIST");
-    ck_assert_msg(r != NULL && r->type == REDIS_REPLY_STRING, "CLIENT LIST");
-    long long id = -1;
-    char suffix[64];
-    snprintf(suffix, sizeof suffix, ":%s ", role);
-    char *save = NULL;
-    for (char *line = strtok_r(r->str, "\n", &save); line != NULL;
-         line = strtok_r(NULL, "\n", &save)) {
-        char *name = strstr(line, " name=leased:");
-        if (name != NULL && strstr(name, suffix) != NULL) {
-            sscanf(line, "id=%lld", &id);
-            break;
-        }
-    }
-    freeReplyObject(r);
-    return id;
-}
-
 /* --- cases -------------------------------------------------------------- */
 
 START_TEST(test_near_hit_costs_redis_nothing)
@@ -240,7 +218,7 @@ START_TEST(test_tracking_connection_killed_flushes)
     near_get_until_near(c, "k", "v");
     long long flushes = h_stat(c, "near_flushes");
 
-    long long id = client_id_of("track");
+    long long id = near_client_id(&R, "track");
     ck_assert_msg(id > 0, "no tracking connection in CLIENT LIST");
     h_r_do(&R, "CLIENT KILL ID %lld", id);
     ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
@@ -255,7 +233,7 @@ START_TEST(test_tracking_connection_killed_flushes)
 
     /* A command connection lost: its tracked keys would go unheard. */
     flushes = h_stat(c, "near_flushes");
-    id = client_id_of("cmd");
+    id = near_client_id(&R, "cmd");
     ck_assert_msg(id > 0, "no command connection in CLIENT LIST");
     h_r_do(&R, "CLIENT KILL TYPE normal SKIPME yes");
     ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));

@@ -46,13 +46,11 @@ static const struct h_fixture fx = {
 
 /* --- helpers ------------------------------------------------------------ */
 
-static long long client_id_on(int i, const char *role);
-
 /* For h_wait_until: node *ARG has the daemon's tracking connection. */
 static bool
 has_tracking(void *arg)
 {
-    return client_id_on(*(const int *)arg, "track") > 0;
+    return near_client_id(&C.node[*(const int *)arg], "track") > 0;
 }
 
 /* The cluster, leased on it with the near cache, every master tracked;
@@ -146,28 +144,6 @@ node_commands(int i)
     }
     freeReplyObject(r);
     return total;
-}
-
-/* The id of the daemon's client named ...:ROLE on node I, -1 if none. */
-static long long
-client_id_on(int i, const char *role)
-{
-    redisReply *r = h_redis_cmd(&C.node[i], "CLIENT LIST");
-    ck_assert_msg(r != NULL && r->type == REDIS_REPLY_STRING, "CLIENT LIST");
-    long long id = -1;
-    char suffix[64];
-    snprintf(suffix, sizeof suffix, ":%s ", role);
-    char *save = NULL;
-    for (char *line = strtok_r(r->str, "\n", &save); line != NULL;
-         line = strtok_r(NULL, "\n", &save)) {
-        char *name = strstr(line, " name=leased:");
-        if (name != NULL && strstr(name, suffix) != NULL) {
-            sscanf(line, "id=%lld", &id);
-            break;
-        }
-    }
-    freeReplyObject(r);
-    return id;
 }
 
 /* Slot SLOT moved from master SRC to DST by hand, keys and all, as
@@ -328,9 +304,9 @@ START_TEST(test_lost_connections_flush)
     near_get_until_near(c, k2, "two");
     long long flushes = h_stat(c, "near_flushes");
 
-    long long id = client_id_on(m[1], "track");
+    long long id = near_client_id(&C.node[m[1]], "track");
     ck_assert_msg(id > 0, "no tracking connection on master 1");
-    ck_assert_msg(client_id_on(m[2], "track") > 0,
+    ck_assert_msg(near_client_id(&C.node[m[2]], "track") > 0,
                   "no tracking connection on master 2");
     h_r_do(&C.node[m[1]], "CLIENT KILL ID %lld", id);
     ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));

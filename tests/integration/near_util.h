@@ -77,4 +77,28 @@ near_get_until(struct h_conn *c, const char *key, const char *value)
     }
 }
 
+/* The id of the daemon's client named ...:ROLE ("track", "cmd") on
+ * server R (CLIENT LIST), -1 if none. */
+static inline long long
+near_client_id(const struct h_redis *r, const char *role)
+{
+    redisReply *rep = h_redis_cmd(r, "CLIENT LIST");
+    ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STRING,
+                  "CLIENT LIST");
+    long long id = -1;
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, ":%s ", role);
+    char *save = NULL;
+    for (char *line = strtok_r(rep->str, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *name = strstr(line, " name=leased:");
+        if (name != NULL && strstr(name, suffix) != NULL) {
+            sscanf(line, "id=%lld", &id);
+            break;
+        }
+    }
+    freeReplyObject(rep);
+    return id;
+}
+
 #endif
