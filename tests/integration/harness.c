@@ -3043,6 +3043,37 @@ resp_args(char *cmd, const char **argv, size_t *argvlen)
     return n;
 }
 
+/* One command sent to several servers answers as one: the first reply,
+ * or the last error; integer replies add up (fold_done puts the sum in).
+ * REP is owned, and may be NULL (a server that did not answer). */
+static void
+fold_reply(redisReply **acc, long long *sum, redisReply *rep)
+{
+    if (rep == NULL) {
+        return;
+    }
+    if (rep->type == REDIS_REPLY_INTEGER) {
+        *sum += rep->integer;
+    }
+    if (*acc == NULL || rep->type == REDIS_REPLY_ERROR) {
+        if (*acc != NULL) {
+            freeReplyObject(*acc);
+        }
+        *acc = rep;
+    } else {
+        freeReplyObject(rep);
+    }
+}
+
+static redisReply *
+fold_done(redisReply *acc, long long sum)
+{
+    if (acc != NULL && acc->type == REDIS_REPLY_INTEGER) {
+        acc->integer = sum;
+    }
+    return acc;
+}
+
 /* A multi-key command whose keys live in different slots (CROSSSLOT) as
  * one command per key, as a cluster client library would do it: MSET
  * as SETs, DEL, UNLINK, EXISTS and TOUCH with their integer replies
@@ -3084,26 +3115,10 @@ split_per_key(int port, const char *fmt, va_list ap)
             onelen[1 + k] = argvlen[i + k];
         }
         redisReply *rep = route(port, send_argv, &a);
-        if (rep == NULL) {
-            continue;
-        }
-        if (rep->type == REDIS_REPLY_INTEGER) {
-            sum += rep->integer;
-        }
-        if (acc == NULL || rep->type == REDIS_REPLY_ERROR) {
-            if (acc != NULL) {
-                freeReplyObject(acc);
-            }
-            acc = rep;
-        } else {
-            freeReplyObject(rep);
-        }
+        fold_reply(&acc, &sum, rep);
     }
     redisFreeCommand(cmd);
-    if (acc != NULL && acc->type == REDIS_REPLY_INTEGER) {
-        acc->integer = sum;
-    }
-    return acc;
+    return fold_done(acc, sum);
 }
 
 static redisReply *
@@ -3382,25 +3397,9 @@ cluster_vcommand(const struct h_redis *r, const char *fmt, va_list ap)
         rep = redisvCommand(c, fmt, cp);
         va_end(cp);
         redisFree(c);
-        if (rep == NULL) {
-            continue;
-        }
-        if (rep->type == REDIS_REPLY_INTEGER) {
-            sum += rep->integer;
-        }
-        if (first == NULL || rep->type == REDIS_REPLY_ERROR) {
-            if (first != NULL) {
-                freeReplyObject(first);
-            }
-            first = rep;
-        } else {
-            freeReplyObject(rep);
-        }
+        fold_reply(&first, &sum, rep);
     }
-    if (first != NULL && first->type == REDIS_REPLY_INTEGER) {
-        first->integer = sum;
-    }
-    return first;
+    return fold_done(first, sum);
 }
 
 static redisReply *
