@@ -16,29 +16,7 @@
 --                              lock: lib/lock_shape.lua)
 --   {-2}                       ABSENT: reenter-only and no lock
 --   {-3, pttl}                 OTHER: reenter-only and held by another
--- Fences stay decimal strings here: Lua numbers are doubles, exact only
--- up to 2^53, and Redis's INCR is exact up to 2^63-1.
-local MAX = '9223372036854775807'
-
--- A positive integer below 2^63-1 written the way INCR writes it.
-local function valid(s)
-    if type(s) ~= 'string' or not string.find(s, '^[1-9][0-9]*$') then
-        return false
-    end
-    return #s < #MAX or (#s == #MAX and s < MAX)
-end
-
--- A hold count leased could have written (exact as a Lua number, and
--- far from HINCRBY's overflow).
-local function count_ok(s)
-    return type(s) == 'string' and #s <= 15
-           and string.find(s, '^[1-9][0-9]*$') ~= nil
-end
-
-local function less(a, b)
-    return #a < #b or (#a == #b and a < b)
-end
-
+--@include lock_numbers.lua
 --@include lock_shape.lua
 local t = redis.call('type', KEYS[1]).ok
 if t ~= 'none' and (t ~= 'hash' or not is_lock(KEYS[1])) then

@@ -14,24 +14,7 @@
 -- Returns what lock_acquire.lua returns (src/ld_lock_codes.h). Only a
 -- new write acquisition increments the fence counter; a reader gets the
 -- counter as it is (the fence of the last writer, "0" for none).
-local MAX = '9223372036854775807'
-
-local function valid(s)
-    if type(s) ~= 'string' or not string.find(s, '^[1-9][0-9]*$') then
-        return false
-    end
-    return #s < #MAX or (#s == #MAX and s < MAX)
-end
-
-local function count_ok(s)
-    return type(s) == 'string' and #s <= 15
-           and string.find(s, '^[1-9][0-9]*$') ~= nil
-end
-
-local function less(a, b)
-    return #a < #b or (#a == #b and a < b)
-end
-
+--@include lock_numbers.lua
 --@include lock_shape.lua
 local t = redis.call('type', KEYS[1]).ok
 if t ~= 'none' and (t ~= 'hash' or not is_rwlock(KEYS[1])) then
