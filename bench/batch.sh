@@ -123,6 +123,29 @@ bm() {
     run_bench -t leased -c 50 -w 0 "$@"
 }
 
+# measure_batch PROC PID OUT: instructions of PROC (the process PID runs
+# under callgrind into OUT) per lock+unlock and per miss+fill, with the
+# batch calls and scripts sent in the same window, as lines of $raw.
+measure_batch() {
+    bm -m lock --ops 300 >/dev/null
+    bm -m miss --ops 300 >/dev/null
+    for m in lock miss; do
+        b0=$(stat_of redis_batches)
+        i0=$(stat_of redis_batched_items)
+        ir=$(cg_ir "$2" "$3" bm -m "$m" --ops "$cg_ops")
+        b1=$(stat_of redis_batches)
+        i1=$(stat_of redis_batched_items)
+        echo "mode=batch_instructions proc=$1 op=$m batch_max=$max" \
+            "ops=$cg_ops ir=$ir batches=$((b1 - b0))" \
+            "items=$((i1 - i0))" |
+            awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^ir=/) {
+                    split($i, a, "="); ir = a[2] }
+                   for (i = 1; i <= NF; i++) if ($i ~ /^ops=/) {
+                    split($i, b, "="); ops = b[2] }
+                   printf "%s ir_per_op=%.0f\n", $0, ir / ops }' >>"$raw"
+    done
+}
+
 if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null
 then
     for max in 32 0; do
@@ -142,23 +165,7 @@ then
             [ $_w -lt 300 ] || { say "redis under callgrind did not start"; exit 1; }
         done
         start_leased "$connections"
-        bm -m lock --ops 300 >/dev/null
-        bm -m miss --ops 300 >/dev/null
-        for m in lock miss; do
-            b0=$(stat_of redis_batches)
-            i0=$(stat_of redis_batched_items)
-            ir=$(cg_ir "$redis_pid" "$tmp/cgr$max.out" bm -m "$m" --ops "$cg_ops")
-            b1=$(stat_of redis_batches)
-            i1=$(stat_of redis_batched_items)
-            echo "mode=batch_instructions proc=redis op=$m batch_max=$max" \
-                "ops=$cg_ops ir=$ir batches=$((b1 - b0))" \
-                "items=$((i1 - i0))" |
-                awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^ir=/) {
-                        split($i, a, "="); ir = a[2] }
-                       for (i = 1; i <= NF; i++) if ($i ~ /^ops=/) {
-                        split($i, b, "="); ops = b[2] }
-                       printf "%s ir_per_op=%.0f\n", $0, ir / ops }' >>"$raw"
-        done
+        measure_batch redis "$redis_pid" "$tmp/cgr$max.out"
         stop_leased
         stop_pid "$redis_pid"
         redis_pid=
@@ -167,23 +174,7 @@ then
         start_redis
         start_leased "$connections" valgrind --tool=callgrind \
             --callgrind-out-file="$tmp/cgl$max.out" --dump-instr=no
-        bm -m lock --ops 300 >/dev/null
-        bm -m miss --ops 300 >/dev/null
-        for m in lock miss; do
-            b0=$(stat_of redis_batches)
-            i0=$(stat_of redis_batched_items)
-            ir=$(cg_ir "$leased_pid" "$tmp/cgl$max.out" bm -m "$m" --ops "$cg_ops")
-            b1=$(stat_of redis_batches)
-            i1=$(stat_of redis_batched_items)
-            echo "mode=batch_instructions proc=leased op=$m batch_max=$max" \
-                "ops=$cg_ops ir=$ir batches=$((b1 - b0))" \
-                "items=$((i1 - i0))" |
-                awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^ir=/) {
-                        split($i, a, "="); ir = a[2] }
-                       for (i = 1; i <= NF; i++) if ($i ~ /^ops=/) {
-                        split($i, b, "="); ops = b[2] }
-                       printf "%s ir_per_op=%.0f\n", $0, ir / ops }' >>"$raw"
-        done
+        measure_batch leased "$leased_pid" "$tmp/cgl$max.out"
         stop_leased
         stop_pid "$redis_pid"
         redis_pid=
