@@ -185,6 +185,10 @@ scan_string(struct scan *s, const char **start, size_t *len)
     }
     const unsigned char *b = ++s->p;
     while (s->p < s->end) {
+        s->p += plain_words(s->p, (size_t)(s->end - s->p));
+        if (s->p >= s->end) {
+            break;
+        }
         unsigned c = *s->p;
         if (c == '"') {
             *start = (const char *)b;
@@ -219,9 +223,10 @@ scan_word(struct scan *s, const char *w, size_t n)
 }
 
 /* -?(0|[1-9][0-9]*) of at most 18 digits (so it cannot overflow), not
- * followed by a fraction or an exponent. */
-static json_t *
-scan_integer(struct scan *s)
+ * followed by a fraction or an exponent, and not "-0" (which jansson
+ * writes back as 0, and an id must come back as it was sent). */
+static bool
+scan_integer(struct scan *s, long long *out)
 {
     bool neg = false;
     if (s->p < s->end && *s->p == '-') {
@@ -229,59 +234,81 @@ scan_integer(struct scan *s)
         s->p++;
     }
     const unsigned char *d = s->p;
-    json_int_t v = 0;
+    long long v = 0;
     while (s->p < s->end && *s->p >= '0' && *s->p <= '9') {
         if (s->p - d == 18) {
-            return NULL; /* may not fit: json_loadb decides */
+            return false; /* may not fit: json_loadb decides */
         }
         v = v * 10 + (*s->p - '0');
         s->p++;
     }
     size_t digits = (size_t)(s->p - d);
-    if (digits == 0 || digits > 18 || (digits > 1 && *d == '0')) {
-        return NULL;
+    if (digits == 0 || (digits > 1 && *d == '0') || (neg && v == 0)) {
+        return false;
     }
     if (s->p < s->end && (*s->p == '.' || *s->p == 'e' || *s->p == 'E')) {
-        return NULL;
+        return false;
     }
-    return json_integer(neg ? -v : v);
+    *out = neg ? -v : v;
+    return true;
 }
 
-static json_t *
-scan_value(struct scan *s)
+/* One member's value into M; false for anything that needs jansson. */
+static bool
+scan_value(struct scan *s, const unsigned char *base, struct ld_jmember *m)
 {
     if (s->p >= s->end) {
-        return NULL;
+        return false;
     }
-    const char *str;
-    size_t len;
+    const unsigned char *start = s->p;
+    bool ok;
     switch (*s->p) {
-    case '"':
-        return scan_string(s, &str, &len) ? json_stringn_nocheck(str, len)
-                                          : NULL;
-    case 't':
-        return scan_word(s, "true", 4) ? json_true() : NULL;
-    case 'f':
-        return scan_word(s, "false", 5) ? json_false() : NULL;
-    case 'n':
-        return scan_word(s, "null", 4) ? json_null() : NULL;
-    default:
-        return scan_integer(s);
+    case '"': {
+        const char *str;
+        size_t len;
+        if (!scan_string(s, &str, &len)) {
+            return false;
+        }
+        m->kind = LD_JK_STR;
+        m->s = (uint32_t)((const unsigned char *)str - base);
+        m->len = (uint32_t)len;
+        return true;
     }
+    case 't':
+        ok = scan_word(s, "true", 4);
+        m->kind = LD_JK_TRUE;
+        break;
+    case 'f':
+        ok = scan_word(s, "false", 5);
+        m->kind = LD_JK_FALSE;
+        break;
+    case 'n':
+        ok = scan_word(s, "null", 4);
+        m->kind = LD_JK_NULL;
+        break;
+    default:
+        ok = scan_integer(s, &m->i);
+        m->kind = LD_JK_INT;
+        break;
+    }
+    m->s = (uint32_t)(start - base);
+    m->len = (uint32_t)(s->p - start);
+    return ok;
 }
 
-json_t *
-ld_json_flat_parse(const char *text, size_t len)
+int
+ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m,
+                  int max)
 {
-    struct scan s = {(const unsigned char *)text,
-                     (const unsigned char *)text + len};
+    const unsigned char *base = (const unsigned char *)text;
+    struct scan s = {base, base + len};
+    int n = 0;
+    if (len > UINT32_MAX) {
+        return -1;
+    }
     skip_ws(&s);
     if (s.p >= s.end || *s.p++ != '{') {
-        return NULL;
-    }
-    json_t *obj = json_object();
-    if (obj == NULL) {
-        return NULL;
+        return -1;
     }
     skip_ws(&s);
     if (s.p < s.end && *s.p == '}') {
@@ -290,24 +317,35 @@ ld_json_flat_parse(const char *text, size_t len)
         for (;;) {
             const char *key;
             size_t klen;
+            struct ld_jmember v;
             skip_ws(&s);
             if (!scan_string(&s, &key, &klen)) {
-                goto other;
+                return -1;
             }
             skip_ws(&s);
             if (s.p >= s.end || *s.p++ != ':') {
-                goto other;
+                return -1;
             }
             skip_ws(&s);
-            json_t *v = scan_value(&s);
-            if (v == NULL) {
-                goto other;
+            if (!scan_value(&s, base, &v)) {
+                return -1;
             }
+            v.name = (uint32_t)((const unsigned char *)key - base);
+            v.name_len = (uint32_t)klen;
             /* Like json_loadb: a repeated key keeps its place and takes
              * the later value. */
-            if (json_object_setn_new_nocheck(obj, key, klen, v) != 0) {
-                goto other;
+            int k = 0;
+            while (k < n && (m[k].name_len != klen ||
+                             memcmp(text + m[k].name, key, klen) != 0)) {
+                k++;
             }
+            if (k == n) {
+                if (n == max) {
+                    return -1;
+                }
+                n++;
+            }
+            m[k] = v;
             skip_ws(&s);
             if (s.p < s.end && *s.p == ',') {
                 s.p++;
@@ -317,14 +355,41 @@ ld_json_flat_parse(const char *text, size_t len)
                 s.p++;
                 break;
             }
-            goto other;
+            return -1;
         }
     }
     skip_ws(&s);
-    if (s.p == s.end) {
-        return obj;
+    return s.p == s.end ? n : -1;
+}
+
+json_t *
+ld_json_flat_tree(const char *text, const struct ld_jmember *m, int n)
+{
+    json_t *obj = json_object();
+    for (int k = 0; obj != NULL && k < n; k++) {
+        json_t *v = NULL;
+        switch (m[k].kind) {
+        case LD_JK_STR:
+            v = json_stringn_nocheck(text + m[k].s, m[k].len);
+            break;
+        case LD_JK_INT:
+            v = json_integer(m[k].i);
+            break;
+        case LD_JK_TRUE:
+            v = json_true();
+            break;
+        case LD_JK_FALSE:
+            v = json_false();
+            break;
+        default:
+            v = json_null();
+            break;
+        }
+        if (json_object_setn_new_nocheck(obj, text + m[k].name,
+                                         m[k].name_len, v) != 0) {
+            json_decref(obj);
+            obj = NULL;
+        }
     }
-other:
-    json_decref(obj);
-    return NULL;
+    return obj;
 }
