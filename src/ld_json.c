@@ -11,6 +11,10 @@
 
 #include <string.h>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 /* Length of the valid UTF-8 sequence starting at P (at most N bytes
  * available), 0 when invalid: no overlong forms, no surrogates, nothing
  * above U+10FFFF, as RFC 3629 and jansson require. */
@@ -57,13 +61,33 @@ ld_utf8_seq(const unsigned char *p, size_t n)
  * JSON takes as they are: printable ASCII other than '"' and '\\'. Each
  * word is tested at once (the "has a zero byte" trick of Hacker's
  * Delight, applied to the word and to it XORed with each special byte);
- * the word that holds an exception is left to the byte loop. */
+ * the word that holds an exception is left to the byte loop. Where SSE2
+ * is there (every x86-64), 16 bytes at a time first, to the exact byte:
+ * a large cached value is mostly such a run, and this scan was most of
+ * the cost of a hit of 10 KB. */
 static size_t
 plain_words(const unsigned char *p, size_t len)
 {
 #define BYTES(b) (0x0101010101010101ull * (b))
 #define HAS_ZERO(x) (((x)-BYTES(0x01)) & ~(x))
     size_t i = 0;
+#ifdef __SSE2__
+    const __m128i space = _mm_set1_epi8(0x20);
+    const __m128i quote = _mm_set1_epi8('"');
+    const __m128i bslash = _mm_set1_epi8('\\');
+    while (len - i >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + i));
+        /* Signed: bytes at or above 0x80 are below 0x20 too. */
+        __m128i bad = _mm_or_si128(_mm_cmplt_epi8(v, space),
+                                   _mm_or_si128(_mm_cmpeq_epi8(v, quote),
+                                                _mm_cmpeq_epi8(v, bslash)));
+        unsigned mask = (unsigned)_mm_movemask_epi8(bad);
+        if (mask != 0) {
+            return i + (size_t)__builtin_ctz(mask);
+        }
+        i += 16;
+    }
+#endif
     while (len - i >= 8) {
         uint64_t w;
         memcpy(&w, p + i, 8);
@@ -175,8 +199,14 @@ skip_ws(struct scan *s)
     }
 }
 
+/* A byte JSON takes as it is inside a string: printable ASCII other than
+ * '"' and '\\'. */
+#define PLAIN_BYTE(c) ((unsigned)(c)-0x20 < 0x60 && (c) != '"' && (c) != '\\')
+
 /* A string without escapes; its bytes (between the quotes) in *START and
- * *LEN. False for anything that needs jansson. */
+ * *LEN. False for anything that needs jansson. Names and most values are
+ * short: a byte at a time, and by words past the first
+ * sixteen bytes. */
 static bool
 scan_string(struct scan *s, const char **start, size_t *len)
 {
@@ -184,30 +214,31 @@ scan_string(struct scan *s, const char **start, size_t *len)
         return false;
     }
     const unsigned char *b = ++s->p;
-    while (s->p < s->end) {
-        s->p += plain_words(s->p, (size_t)(s->end - s->p));
-        if (s->p >= s->end) {
-            break;
+    const unsigned char *p = b;
+    const unsigned char *end = s->end;
+    const unsigned char *words_from = b + 16;
+    while (p < end) {
+        unsigned c = *p;
+        if (PLAIN_BYTE(c)) {
+            if (++p == words_from) {
+                p += plain_words(p, (size_t)(end - p));
+            }
+            continue;
         }
-        unsigned c = *s->p;
         if (c == '"') {
             *start = (const char *)b;
-            *len = (size_t)(s->p - b);
-            s->p++;
+            *len = (size_t)(p - b);
+            s->p = p + 1;
             return true;
         }
-        if (c == '\\' || c < 0x20) {
+        if (c < 0x80) {
+            return false; /* an escape or a control character */
+        }
+        size_t n = ld_utf8_seq(p, (size_t)(end - p));
+        if (n == 0) {
             return false;
         }
-        if (c < 0x80) {
-            s->p++;
-        } else {
-            size_t n = ld_utf8_seq(s->p, (size_t)(s->end - s->p));
-            if (n == 0) {
-                return false;
-            }
-            s->p += n;
-        }
+        p += n;
     }
     return false;
 }
@@ -297,8 +328,7 @@ scan_value(struct scan *s, const unsigned char *base, struct ld_jmember *m)
 }
 
 int
-ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m,
-                  int max)
+ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m, int max)
 {
     const unsigned char *base = (const unsigned char *)text;
     struct scan s = {base, base + len};
@@ -385,8 +415,8 @@ ld_json_flat_tree(const char *text, const struct ld_jmember *m, int n)
             v = json_null();
             break;
         }
-        if (json_object_setn_new_nocheck(obj, text + m[k].name,
-                                         m[k].name_len, v) != 0) {
+        if (json_object_setn_new_nocheck(obj, text + m[k].name, m[k].name_len,
+                                         v) != 0) {
             json_decref(obj);
             obj = NULL;
         }

@@ -47,7 +47,6 @@ int ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m,
 
 /* The tree json_loadb makes of the scanned TEXT (N members in M); NULL
  * without memory. */
-json_t *ld_json_flat_tree(const char *text, const struct ld_jmember *m,
-                          int n);
+json_t *ld_json_flat_tree(const char *text, const struct ld_jmember *m, int n);
 
 #endif

@@ -133,8 +133,7 @@ check_fields(struct ld_req *req, const char *opname)
                        "fields 'key' and 'keys' exclude each other");
         return LD_ERR;
     }
-    if (strcmp(opname, "lock") == 0 &&
-        ld_req_has(req, "token")) {
+    if (strcmp(opname, "lock") == 0 && ld_req_has(req, "token")) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'token' does not go with 'keys': a group "
                        "is not reentrant");

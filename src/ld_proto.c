@@ -26,6 +26,14 @@
  * flat request: at least REQ_ROOM_MIN bytes (a usual request fits), and
  * a record grown past REQ_ROOM_SPARE for a long line is not kept. */
 #define REQ_SPARE 256
+#if defined(__SANITIZE_ADDRESS__)
+/* Under AddressSanitizer every record is freed: a use after the answer
+ * (of the record, or of the request's text kept in it) is then reported
+ * instead of reading the next request's. */
+#define REQ_REUSE false
+#else
+#define REQ_REUSE true
+#endif
 #define REQ_ROOM_MIN 320
 #define REQ_ROOM_SPARE 4096
 /* Members of a request read without a tree; more go to jansson. */
@@ -112,8 +120,8 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     }
     json_t *op = json_object_get(obj, "op");
     if (check_op(op != NULL, json_is_string(op),
-                 json_is_string(op) && strlen(json_string_value(op)) !=
-                                           json_string_length(op),
+                 json_is_string(op) &&
+                     strlen(json_string_value(op)) != json_string_length(op),
                  msg, msglen) != LD_OK) {
         json_decref(obj);
         return LD_ERR;
@@ -334,7 +342,8 @@ req_free(struct ld_req *req)
         json_decref(req->body);
     }
     struct ld_session *s = req->sess;
-    if (proto_mod.n_spare < REQ_SPARE && req->room <= REQ_ROOM_SPARE) {
+    if (REQ_REUSE && proto_mod.n_spare < REQ_SPARE &&
+        req->room <= REQ_ROOM_SPARE) {
         proto_mod.spare[proto_mod.n_spare++] = req;
     } else {
         free(req);
@@ -402,8 +411,8 @@ ld_proto_bare_error_line(int code, const char *message, size_t *len)
 }
 
 static void
-reply_bare_error(struct ld_session *s, const char *id, size_t id_len,
-                 int code, const char *msg)
+reply_bare_error(struct ld_session *s, const char *id, size_t id_len, int code,
+                 const char *msg)
 {
     size_t len = 0;
     ld_stats_count_error(code);
@@ -426,7 +435,8 @@ req_new(size_t need)
             req = NULL;
         }
     }
-    size_t room = req != NULL ? req->room : (need > REQ_ROOM_MIN ? need : REQ_ROOM_MIN);
+    size_t room = req != NULL ? req->room
+                              : (need > REQ_ROOM_MIN ? need : REQ_ROOM_MIN);
     if (req == NULL) {
         req = ld_xmalloc(sizeof(*req) + room);
     }
@@ -800,8 +810,8 @@ ld_req_get(const struct ld_req *req, const char *field, struct ld_rval *v)
         return;
     }
     static const enum ld_rkind kinds[] = {
-        [LD_JK_STR] = LD_RV_STR,     [LD_JK_INT] = LD_RV_INT,
-        [LD_JK_TRUE] = LD_RV_TRUE,   [LD_JK_FALSE] = LD_RV_FALSE,
+        [LD_JK_STR] = LD_RV_STR,   [LD_JK_INT] = LD_RV_INT,
+        [LD_JK_TRUE] = LD_RV_TRUE, [LD_JK_FALSE] = LD_RV_FALSE,
         [LD_JK_NULL] = LD_RV_NULL,
     };
     memset(v, 0, sizeof(*v));

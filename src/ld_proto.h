@@ -33,8 +33,8 @@ struct ld_req {
      * answer (jansson's compact form of it); NULL when it had none. */
     const char *id;
     size_t id_len;
-    char *id_own;  /* ID's storage when allocated apart */
-    json_t *body;  /* the whole request object; see ld_req_body */
+    char *id_own;   /* ID's storage when allocated apart */
+    json_t *body;   /* the whole request object; see ld_req_body */
     const char *op; /* NUL-terminated, points into the request */
     uint64_t start_us;
     /* Set while the request waits and a cancel op may end its wait

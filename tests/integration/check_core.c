@@ -359,8 +359,8 @@ START_TEST(test_ids_echoed_exactly)
 
     h_start(NULL);
     c = h_connect_ok(&D);
-    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "cache.set",
-                        "key", "idk", "value", "v", "ttl_ms", 60000);
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "cache.set", "key",
+                        "idk", "value", "v", "ttl_ms", 60000);
     ck_assert_msg(h_ok(r), "cache.set: %s", h_errcode(r));
     json_decref(r);
     int fd = h_raw_unix(D.sock);

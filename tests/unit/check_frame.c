@@ -608,11 +608,12 @@ START_TEST(json_quote)
         check_quote_like_jansson(fixed[i].s, fixed[i].len);
     }
     /* Every byte value at every offset of runs long enough for the
-     * word-at-a-time scan, so each lane of a word sees each exception. */
-    for (size_t len = 8; len <= 24; len += 8) {
+     * 16-byte and the word-at-a-time scans, so each lane of each sees
+     * each exception. */
+    for (size_t len = 8; len <= 56; len += 8) {
         for (size_t at = 0; at < len; at++) {
             for (unsigned c = 0; c < 0x100; c++) {
-                char run[24];
+                char run[56];
                 memset(run, 'a', sizeof run);
                 run[at] = (char)c;
                 check_quote_like_jansson(run, len);
