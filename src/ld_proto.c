@@ -170,18 +170,36 @@ dump_line(json_t *obj, size_t *len)
 struct line_buf {
     char *p;
     size_t len, cap;
+    bool heap; /* P was allocated; else it is the caller's (stack) */
 };
 
 static char *
 line_room(struct line_buf *b, size_t need)
 {
     if (b->cap - b->len < need) {
-        while (b->cap - b->len < need) {
-            b->cap = b->cap * 2;
+        size_t cap = b->cap;
+        while (cap - b->len < need) {
+            cap = cap * 2;
         }
-        b->p = ld_xrealloc(b->p, b->cap);
+        if (b->heap) {
+            b->p = ld_xrealloc(b->p, cap);
+        } else {
+            char *p = ld_xmalloc(cap);
+            memcpy(p, b->p, b->len);
+            b->p = p;
+            b->heap = true;
+        }
+        b->cap = cap;
     }
     return b->p + b->len;
+}
+
+static void
+line_drop(struct line_buf *b)
+{
+    if (b->heap) {
+        free(b->p);
+    }
 }
 
 static void
@@ -280,16 +298,10 @@ set_id(json_t *obj, const char *id, size_t id_len)
     }
 }
 
-char *
-ld_proto_ok_line(const char *id, size_t id_len, json_t *fields, size_t *len)
+/* The ok line through jansson, for fields the hand-written line leaves. */
+static char *
+ok_line_jansson(const char *id, size_t id_len, json_t *fields, size_t *len)
 {
-    struct line_buf b = {ld_xmalloc(256), 0, 256};
-    if (ok_line_by_hand(&b, id, id_len, fields)) {
-        json_decref(fields);
-        *len = b.len;
-        return b.p;
-    }
-    free(b.p);
     json_t *obj = json_object();
     set_id(obj, id, id_len);
     json_object_set_new(obj, "ok", json_true());
@@ -300,6 +312,19 @@ ld_proto_ok_line(const char *id, size_t id_len, json_t *fields, size_t *len)
     char *line = dump_line(obj, len);
     json_decref(obj);
     return line;
+}
+
+char *
+ld_proto_ok_line(const char *id, size_t id_len, json_t *fields, size_t *len)
+{
+    struct line_buf b = {ld_xmalloc(256), 0, 256, true};
+    if (ok_line_by_hand(&b, id, id_len, fields)) {
+        json_decref(fields);
+        *len = b.len;
+        return b.p;
+    }
+    free(b.p);
+    return ok_line_jansson(id, id_len, fields, len);
 }
 
 char *
@@ -396,6 +421,21 @@ send_line(struct ld_req *req, char *line, size_t len)
             }
             free(line);
         }
+    }
+    req_free(req);
+}
+
+/* Answer REQ with the line in B: copied into the session's output when it
+ * is on the caller's stack, handed over when it grew onto the heap. */
+static void
+send_buf(struct ld_req *req, struct line_buf *b)
+{
+    if (b->heap) {
+        send_line(req, b->p, b->len);
+        return;
+    }
+    if (req->sess != NULL) {
+        ld_session_write(req->sess, b->p, b->len);
     }
     req_free(req);
 }
@@ -636,14 +676,8 @@ reply_hit(struct ld_req *req, const char *v, size_t len, bool quoted,
     }
     *o++ = '}';
     *o++ = '\n';
-    if (line != stack_line) {
-        send_line(req, line, (size_t)(o - line));
-    } else {
-        if (req->sess != NULL) {
-            ld_session_write(req->sess, line, (size_t)(o - line));
-        }
-        req_free(req);
-    }
+    struct line_buf b = {line, (size_t)(o - line), cap, line != stack_line};
+    send_buf(req, &b);
     return LD_OK;
 }
 
@@ -656,11 +690,22 @@ ld_reply_buffer(struct ld_req *req, struct evbuffer *buf)
     req_free(req);
 }
 
+/* Most ok lines fit here, built without an allocation of their own. */
+#define OK_STACK_LINE 512
+
 void
 ld_reply_ok(struct ld_req *req, json_t *fields)
 {
+    char stack_line[OK_STACK_LINE];
+    struct line_buf b = {stack_line, 0, sizeof(stack_line), false};
+    if (ok_line_by_hand(&b, req->id, req->id_len, fields)) {
+        json_decref(fields);
+        send_buf(req, &b);
+        return;
+    }
+    line_drop(&b);
     size_t len = 0;
-    char *line = ld_proto_ok_line(req->id, req->id_len, fields, &len);
+    char *line = ok_line_jansson(req->id, req->id_len, fields, &len);
     send_line(req, line, len);
 }
 
@@ -682,7 +727,8 @@ fields_object(const struct ld_field *f, size_t n)
 void
 ld_reply_ok_fields(struct ld_req *req, const struct ld_field *f, size_t n)
 {
-    struct line_buf b = {ld_xmalloc(256), 0, 256};
+    char stack_line[OK_STACK_LINE];
+    struct line_buf b = {stack_line, 0, sizeof(stack_line), false};
     bool ok = ok_line_by_hand(&b, req->id, req->id_len, NULL);
     b.len -= 2; /* reopen the object: drop "}\n" */
     for (size_t k = 0; ok && k < n; k++) {
@@ -708,13 +754,13 @@ ld_reply_ok_fields(struct ld_req *req, const struct ld_field *f, size_t n)
         }
     }
     if (!ok) {
-        free(b.p);
+        line_drop(&b);
         ld_reply_ok(req, fields_object(f, n));
         return;
     }
     line_add(&b, "}\n", 2);
     *line_room(&b, 1) = '\0';
-    send_line(req, b.p, b.len);
+    send_buf(req, &b);
 }
 
 static void
