@@ -366,6 +366,7 @@ ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m, int max)
              * the later value. */
             int k = 0;
             while (k < n && (m[k].name_len != klen ||
+                             (klen > 0 && text[m[k].name] != key[0]) ||
                              memcmp(text + m[k].name, key, klen) != 0)) {
                 k++;
             }

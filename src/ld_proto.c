@@ -917,7 +917,8 @@ ld_req_key(struct ld_req *req, const char *field, const char **key,
                  proto_mod.ctx->cfg->limits.max_key_bytes);
         return bad_field(req, field, what);
     }
-    if (memchr(v.s, '\0', v.len) != NULL) {
+    /* (A flat request's strings have no escapes, so no NUL.) */
+    if (!req->flat && memchr(v.s, '\0', v.len) != NULL) {
         return bad_field(req, field, "must not contain NUL (\\u0000)");
     }
     *key = v.s;
@@ -946,7 +947,7 @@ ld_req_str(struct ld_req *req, const char *field, bool required,
     /* Names and tokens, not values (those are read apart, with their
      * length): NUL would cut them short wherever they are used as C
      * strings. */
-    if (memchr(v.s, '\0', v.len) != NULL) {
+    if (!req->flat && memchr(v.s, '\0', v.len) != NULL) {
         return bad_field(req, field, "must not contain NUL (\\u0000)");
     }
     *s = v.s;
