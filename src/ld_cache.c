@@ -128,25 +128,26 @@ cache_update_journal_stats(void)
 static int
 req_value(struct ld_req *req, const char **v, size_t *len, bool *is_null)
 {
-    json_t *x = json_object_get(req->body, "value");
-    if (x == NULL) {
+    struct ld_rval x;
+    ld_req_get(req, "value", &x);
+    if (x.kind == LD_RV_ABSENT) {
         ld_reply_error(req, LD_E_BAD_REQUEST, "field 'value' is required");
         return LD_ERR;
     }
-    if (json_is_null(x)) {
+    if (x.kind == LD_RV_NULL) {
         *is_null = true;
         *v = "";
         *len = 0;
         return LD_OK;
     }
-    if (!json_is_string(x)) {
+    if (x.kind != LD_RV_STR) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'value' must be a string or null");
         return LD_ERR;
     }
     *is_null = false;
-    *v = json_string_value(x);
-    *len = json_string_length(x);
+    *v = x.s;
+    *len = x.len;
     return LD_OK;
 }
 
@@ -195,8 +196,10 @@ enum cache_write_rc {
 static bool
 write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
 {
-    const char *key = json_string_value(json_object_get(req->body, "key"));
-    int klen = (int)json_string_length(json_object_get(req->body, "key"));
+    struct ld_rval k;
+    ld_req_get(req, "key", &k);
+    const char *key = k.s;
+    int klen = (int)k.len;
     if (reply == NULL) {
         /* A write that left and got no answer may have happened: the
          * client is told so instead of "nothing changed". */

@@ -629,7 +629,7 @@ get_params(struct ld_req *req, long long *wait_ms, bool *lease)
     /* The usual request is op and key (or keys), perhaps an id: nothing
      * else to look up (two lookups of absent fields were a tenth of a
      * near hit's own work). */
-    if (json_object_size(req->body) == 2 + (req->id != NULL)) {
+    if (ld_req_nfields(req) == 2 + (req->id != NULL)) {
         return LD_OK;
     }
     if (ld_req_int(req, "wait_ms", false, 0, LD_WAIT_MS_MAX, wait_ms, NULL) !=

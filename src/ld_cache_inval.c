@@ -243,7 +243,7 @@ inv_reply(struct inv *inv)
         if (inv->queued && inv->queued_at != NULL) {
             /* Keys on a master that could not be reached (cluster mode)
              * or all of them: named, in the request's order. */
-            json_t *keys = json_object_get(inv->req->body, "keys");
+            json_t *keys = json_object_get(ld_req_body(inv->req), "keys");
             json_t *q = json_array();
             for (size_t i = 0; i < inv->n; i++) {
                 if (inv->queued_at[i]) {
@@ -351,20 +351,22 @@ cache_sync_run(void *arg)
 void
 cache_op_invalidate(struct ld_req *req)
 {
-    json_t *jkey = json_object_get(req->body, "key");
-    json_t *jkeys = json_object_get(req->body, "keys");
+    struct ld_rval jkey, jkeys;
+    ld_req_get(req, "key", &jkey);
+    ld_req_get(req, "keys", &jkeys);
+    bool has_key = jkey.kind != LD_RV_ABSENT && jkey.kind != LD_RV_NULL;
+    bool has_keys = jkeys.kind != LD_RV_ABSENT && jkeys.kind != LD_RV_NULL;
     json_t *keys = NULL;
     const char *key = NULL;
     size_t len = 0;
     long long delay_ms = cache_mod.ctx->cfg->cache.double_delete_ms;
 
-    if (jkey != NULL && !json_is_null(jkey) && jkeys != NULL &&
-        !json_is_null(jkeys)) {
+    if (has_key && has_keys) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'key' and field 'keys' exclude each other");
         return;
     }
-    if (jkeys != NULL && !json_is_null(jkeys)) {
+    if (has_keys) {
         if (ld_req_keys(req, "keys", INVALIDATE_MAX_KEYS, &keys) != LD_OK) {
             return;
         }

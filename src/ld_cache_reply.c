@@ -211,12 +211,8 @@ cache_mget_finish(struct cop *op)
         ",{\"ok\":true,\"hit\":false,\"lease\":null}";
     cache_cop_unlink(op);
     struct ld_req *req = op->req;
-    char *idtext = NULL;
-    if (req->id != NULL) {
-        idtext = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
-    }
     /* Size first: a reply over the output limit is never built. */
-    size_t total = 32 + (idtext != NULL ? strlen(idtext) : 0);
+    size_t total = 32 + req->id_len;
     bool bad = false;
     for (size_t i = 0; i < op->n; i++) {
         size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
@@ -232,7 +228,6 @@ cache_mget_finish(struct cop *op)
                                           : sizeof(dup_miss) - 1;
     }
     if (bad) {
-        free(idtext);
         ld_reply_error(req, LD_E_INTERNAL, "out of memory");
         cache_cop_free(op);
         return;
@@ -246,7 +241,6 @@ cache_mget_finish(struct cop *op)
                  "session=%s op=cache.mget keys=%zu reply_bytes=%zu "
                  "limit=%zu",
                  s->name, op->n, total, ld_session_output_limit());
-        free(idtext);
         ld_reply_error(req, LD_E_BUSY,
                        "the reply would take %zu bytes, over the output "
                        "limit (limits.max_output_bytes); the session is "
@@ -259,7 +253,6 @@ cache_mget_finish(struct cop *op)
     if (s != NULL && !ld_session_output_room(s, total)) {
         /* With what the client has not taken yet it would pass the
          * limit: the session is closing and its output is dropped. */
-        free(idtext);
         ld_reply_error(req, LD_E_BUSY, "over the output limit");
         cache_cop_free(op);
         return;
@@ -268,9 +261,10 @@ cache_mget_finish(struct cop *op)
     if (buf == NULL) {
         ld_oom(0);
     }
-    if (idtext != NULL) {
-        evbuffer_add_printf(buf, "{\"id\":%s,", idtext);
-        free(idtext);
+    if (req->id != NULL) {
+        evbuffer_add(buf, "{\"id\":", 6);
+        evbuffer_add(buf, req->id, req->id_len);
+        evbuffer_add(buf, ",", 1);
     } else {
         evbuffer_add(buf, "{", 1);
     }

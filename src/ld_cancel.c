@@ -7,9 +7,13 @@
 
 #include "ld_dispatch.h"
 #include "ld_features.h"
+#include "ld_json.h"
+#include "ld_mem.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 #include "ld_stats.h"
+
+#include <string.h>
 
 void
 ld_cancel_on(struct ld_req *req, ld_cancel_fn *fn, void *arg)
@@ -24,24 +28,34 @@ ld_cancel_on(struct ld_req *req, ld_cancel_fn *fn, void *arg)
 static void
 op_cancel(struct ld_req *req)
 {
-    json_t *target = json_object_get(req->body, "target");
-    if (target == NULL ||
-        !(json_is_string(target) || json_is_integer(target))) {
+    struct ld_rval target;
+    ld_req_get(req, "target", &target);
+    if (target.kind != LD_RV_STR && target.kind != LD_RV_INT) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'target' is required: the id (string or "
                        "integer) of a waiting request of this session");
         return;
     }
+    /* Ids are kept as their JSON text, which is canonical for strings and
+     * integers: the same id is the same text. */
+    char *text = ld_xmalloc(target.kind == LD_RV_STR
+                                ? ld_json_quote_max(target.len)
+                                : LD_JSON_INT_MAX);
+    size_t len = target.kind == LD_RV_STR
+                     ? ld_json_quote(text, target.s, target.len)
+                     : ld_json_format_int(text, target.i);
     bool done = false;
     struct ld_req *r;
     LIST_FOREACH(r, &req->sess->cancellable, cancel_link)
     {
-        if (r != req && r->id != NULL && json_equal(r->id, target)) {
+        if (r != req && r->id != NULL && r->id_len == len &&
+            memcmp(r->id, text, len) == 0) {
             /* FN answers R, which frees it: nothing of R is used after. */
             done = r->cancel_fn(r->cancel_arg);
             break;
         }
     }
+    free(text);
     if (done) {
         ld_stats.cancelled++;
     }

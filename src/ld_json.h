@@ -24,10 +24,29 @@ size_t ld_json_quote(char *out, const char *s, size_t len);
 #define LD_JSON_INT_MAX 20
 size_t ld_json_format_int(char *out, json_int_t v);
 
-/* TEXT (LEN bytes) when it is a flat object (fields of strings without
- * escapes, integers, true, false, null): the tree json_loadb would
- * build from it. NULL for anything else, valid or not: the caller then
- * asks json_loadb, which also words the errors. */
-json_t *ld_json_flat_parse(const char *text, size_t len);
+/* One member of a flat object, as offsets into the scanned text (so that
+ * the text may be copied after the scan). */
+enum ld_jkind { LD_JK_STR, LD_JK_INT, LD_JK_TRUE, LD_JK_FALSE, LD_JK_NULL };
+struct ld_jmember {
+    uint32_t name, name_len; /* the name's bytes, between its quotes */
+    uint32_t s, len;         /* a string's bytes, between its quotes; the
+                                literal's text for the other kinds */
+    long long i;             /* LD_JK_INT */
+    unsigned char kind;
+};
+
+/* Scan TEXT (LEN bytes) when it is a flat object: members whose values
+ * are strings without escapes, integers json_loadb would read as the
+ * same integer, true, false or null. Returns the number of distinct
+ * members written to M (at most MAX; a repeated name keeps its place and
+ * takes the later value, as in json_loadb), or -1 for anything else,
+ * valid or not: the caller then asks json_loadb, which also words the
+ * errors. A string's bytes need no escaping to be written back. */
+int ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m,
+                      int max);
+
+/* The tree json_loadb makes of the scanned TEXT (N members in M); NULL
+ * without memory. */
+json_t *ld_json_flat_tree(const char *text, const struct ld_jmember *m, int n);
 
 #endif

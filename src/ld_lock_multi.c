@@ -62,7 +62,7 @@ struct lk_grp {
 bool
 lk_multi_asked(const struct ld_req *req)
 {
-    return json_object_get(req->body, "keys") != NULL;
+    return ld_req_has(req, "keys");
 }
 
 static struct lk_grp *
@@ -128,13 +128,12 @@ lk_multi_op_free(struct lk_op *op)
 static int
 check_fields(struct ld_req *req, const char *opname)
 {
-    if (json_object_get(req->body, "key") != NULL) {
+    if (ld_req_has(req, "key")) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "fields 'key' and 'keys' exclude each other");
         return LD_ERR;
     }
-    if (strcmp(opname, "lock") == 0 &&
-        json_object_get(req->body, "token") != NULL) {
+    if (strcmp(opname, "lock") == 0 && ld_req_has(req, "token")) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'token' does not go with 'keys': a group "
                        "is not reentrant");

@@ -63,8 +63,9 @@ adds_work(const struct ld_req *req)
     if (strcmp(req->op, "lock") == 0 || strcmp(req->op, "sem.acquire") == 0) {
         /* wait_ms defaults to 0 (try once); a malformed one is left to
          * the op, which answers bad_request. */
-        json_t *w = json_object_get(req->body, "wait_ms");
-        return json_is_integer(w) && json_integer_value(w) != 0;
+        struct ld_rval w;
+        ld_req_get(req, "wait_ms", &w);
+        return w.kind == LD_RV_INT && w.i != 0;
     }
     return false;
 }

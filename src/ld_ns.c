@@ -194,10 +194,9 @@ allowed(const struct ld_ns_entry *e, const char *key, size_t len)
 }
 
 static int
-refuse(struct ld_req *req, const struct ld_ns_entry *e, const json_t *key)
+refuse(struct ld_req *req, const struct ld_ns_entry *e, const char *k,
+       size_t len)
 {
-    const char *k = json_string_value(key);
-    size_t len = json_string_length(key);
     log_debug("namespace refused session=%s op=%s entry=%s", req->sess->name,
               req->op, e != NULL ? "outside" : "none");
     ld_reply_error_extra(req, LD_E_UNAUTHORIZED,
@@ -233,7 +232,7 @@ int
 ld_ns_check(struct ld_req *req)
 {
     const struct ld_ns_list *l = live_list();
-    const json_t *key, *keys;
+    struct ld_rval key, keys;
     const struct ld_ns_entry *e;
     bool full;
     size_t i;
@@ -242,25 +241,25 @@ ld_ns_check(struct ld_req *req)
     if (l->count == 0) {
         return LD_OK;
     }
-    key = json_object_get(req->body, "key");
-    keys = json_object_get(req->body, "keys");
-    if (!json_is_string(key) && !json_is_array(keys)) {
+    ld_req_get(req, "key", &key);
+    ld_req_get(req, "keys", &keys);
+    if (key.kind != LD_RV_STR && !json_is_array(keys.j)) {
         return LD_OK; /* names no key; a malformed one is the op's */
     }
     e = identify(req->sess, l, &full);
     if (full || (e != NULL && e->admin && operator_op(req->op))) {
         return LD_OK;
     }
-    if (json_is_string(key) &&
-        !allowed(e, json_string_value(key), json_string_length(key))) {
-        return refuse(req, e, key);
+    if (key.kind == LD_RV_STR && !allowed(e, key.s, key.len)) {
+        return refuse(req, e, key.s, key.len);
     }
-    if (json_is_array(keys)) {
-        json_array_foreach(keys, i, k)
+    if (json_is_array(keys.j)) {
+        json_array_foreach(keys.j, i, k)
         {
             if (json_is_string(k) &&
                 !allowed(e, json_string_value(k), json_string_length(k))) {
-                return refuse(req, e, k);
+                return refuse(req, e, json_string_value(k),
+                              json_string_length(k));
             }
         }
     }

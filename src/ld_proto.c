@@ -21,9 +21,23 @@
 #include <event2/buffer.h>
 
 /* A request record is made and dropped for every request: ended ones are
- * kept for the next, up to REQ_SPARE of them (a few kB), which costs a
- * fraction of a malloc and a free. */
+ * kept for the next, up to REQ_SPARE of them, which costs a fraction of a
+ * malloc and a free. Each has room for the members and the copy of a
+ * flat request: at least REQ_ROOM_MIN bytes (a usual request fits), and
+ * a record grown past REQ_ROOM_SPARE for a long line is not kept. */
 #define REQ_SPARE 256
+#if defined(__SANITIZE_ADDRESS__)
+/* Under AddressSanitizer every record is freed: a use after the answer
+ * (of the record, or of the request's text kept in it) is then reported
+ * instead of reading the next request's. */
+#define REQ_REUSE false
+#else
+#define REQ_REUSE true
+#endif
+#define REQ_ROOM_MIN 320
+#define REQ_ROOM_SPARE 4096
+/* Members of a request read without a tree; more go to jansson. */
+#define REQ_MEMBERS_MAX 16
 
 static struct {
     const struct ld_ctx *ctx;
@@ -49,6 +63,22 @@ ld_proto_free(void)
     }
 }
 
+/* The checks every request passes, whichever way it was parsed. */
+static int
+check_op(bool present, bool is_string, bool has_nul, char *msg, size_t msglen)
+{
+    if (!present) {
+        snprintf(msg, msglen, "missing field 'op'");
+        return LD_ERR;
+    }
+    if (!is_string || has_nul) {
+        snprintf(msg, msglen, "field 'op' must be a string%s",
+                 is_string ? " without NUL" : "");
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
 int
 ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
                char *msg, size_t msglen)
@@ -68,10 +98,7 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
     /* Values are binary-safe, so \u0000 is allowed in strings; the
      * fields that name things (op, keys, tokens) refuse it below and in
      * the field accessors. */
-    json_t *obj = ld_json_flat_parse(line, len);
-    if (obj == NULL) {
-        obj = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
-    }
+    json_t *obj = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
     if (obj == NULL) {
         snprintf(msg, msglen, "invalid JSON at column %d: %s", jerr.column,
                  jerr.text);
@@ -92,15 +119,10 @@ ld_proto_parse(const char *line, size_t len, json_t **out, json_t **id_out,
         *id_out = json_incref(id);
     }
     json_t *op = json_object_get(obj, "op");
-    if (op == NULL) {
-        json_decref(obj);
-        snprintf(msg, msglen, "missing field 'op'");
-        return LD_ERR;
-    }
-    if (!json_is_string(op) ||
-        strlen(json_string_value(op)) != json_string_length(op)) {
-        snprintf(msg, msglen, "field 'op' must be a string%s",
-                 json_is_string(op) ? " without NUL" : "");
+    if (check_op(op != NULL, json_is_string(op),
+                 json_is_string(op) &&
+                     strlen(json_string_value(op)) != json_string_length(op),
+                 msg, msglen) != LD_OK) {
         json_decref(obj);
         return LD_ERR;
     }
@@ -148,18 +170,36 @@ dump_line(json_t *obj, size_t *len)
 struct line_buf {
     char *p;
     size_t len, cap;
+    bool heap; /* P was allocated; else it is the caller's (stack) */
 };
 
 static char *
 line_room(struct line_buf *b, size_t need)
 {
     if (b->cap - b->len < need) {
-        while (b->cap - b->len < need) {
-            b->cap = b->cap * 2;
+        size_t cap = b->cap;
+        while (cap - b->len < need) {
+            cap = cap * 2;
         }
-        b->p = ld_xrealloc(b->p, b->cap);
+        if (b->heap) {
+            b->p = ld_xrealloc(b->p, cap);
+        } else {
+            char *p = ld_xmalloc(cap);
+            memcpy(p, b->p, b->len);
+            b->p = p;
+            b->heap = true;
+        }
+        b->cap = cap;
     }
     return b->p + b->len;
+}
+
+static void
+line_drop(struct line_buf *b)
+{
+    if (b->heap) {
+        free(b->p);
+    }
 }
 
 static void
@@ -213,14 +253,13 @@ line_add_value(struct line_buf *b, json_t *v)
 /* The same line as dump_line of {"id":ID,"ok":true,...FIELDS}, or false
  * when a field needs jansson's own handling. */
 static bool
-ok_line_by_hand(struct line_buf *b, json_t *id, json_t *fields)
+ok_line_by_hand(struct line_buf *b, const char *id, size_t id_len,
+                json_t *fields)
 {
     line_add(b, "{", 1);
     if (id != NULL) {
         line_add(b, "\"id\":", 5);
-        if (!line_add_value(b, id)) {
-            return false;
-        }
+        line_add(b, id, id_len);
         line_add(b, ",", 1);
     }
     line_add(b, "\"ok\":true", 9);
@@ -248,20 +287,23 @@ ok_line_by_hand(struct line_buf *b, json_t *id, json_t *fields)
     return true;
 }
 
-char *
-ld_proto_ok_line(json_t *id, json_t *fields, size_t *len)
+/* The id's JSON text back as a value, for the lines jansson writes. */
+static void
+set_id(json_t *obj, const char *id, size_t id_len)
 {
-    struct line_buf b = {ld_xmalloc(256), 0, 256};
-    if (ok_line_by_hand(&b, id, fields)) {
-        json_decref(fields);
-        *len = b.len;
-        return b.p;
-    }
-    free(b.p);
-    json_t *obj = json_object();
     if (id != NULL) {
-        json_object_set(obj, "id", id);
+        json_t *v = json_loadb(id, id_len, JSON_DECODE_ANY | JSON_ALLOW_NUL,
+                               NULL);
+        json_object_set_new(obj, "id", v != NULL ? v : json_null());
     }
+}
+
+/* The ok line through jansson, for fields the hand-written line leaves. */
+static char *
+ok_line_jansson(const char *id, size_t id_len, json_t *fields, size_t *len)
+{
+    json_t *obj = json_object();
+    set_id(obj, id, id_len);
     json_object_set_new(obj, "ok", json_true());
     if (fields != NULL) {
         json_object_update(obj, fields);
@@ -273,14 +315,25 @@ ld_proto_ok_line(json_t *id, json_t *fields, size_t *len)
 }
 
 char *
-ld_proto_error_line(json_t *id, int code, json_t *extra, const char *message,
-                    size_t *len)
+ld_proto_ok_line(const char *id, size_t id_len, json_t *fields, size_t *len)
+{
+    struct line_buf b = {ld_xmalloc(256), 0, 256, true};
+    if (ok_line_by_hand(&b, id, id_len, fields)) {
+        json_decref(fields);
+        *len = b.len;
+        return b.p;
+    }
+    free(b.p);
+    return ok_line_jansson(id, id_len, fields, len);
+}
+
+char *
+ld_proto_error_line(const char *id, size_t id_len, int code, json_t *extra,
+                    const char *message, size_t *len)
 {
     json_t *obj = json_object();
     json_t *err = json_object();
-    if (id != NULL) {
-        json_object_set(obj, "id", id);
-    }
+    set_id(obj, id, id_len);
     json_object_set_new(obj, "ok", json_false());
     json_object_set_new(err, "code", json_string(ld_errcode_name(code)));
     /* The message may quote client input cut at a byte limit, possibly
@@ -309,14 +362,13 @@ req_free(struct ld_req *req)
     if (req->cancel_fn != NULL) {
         LIST_REMOVE(req, cancel_link);
     }
-    if (req->id != NULL) {
-        json_decref(req->id);
-    }
+    free(req->id_own);
     if (req->body != NULL) {
         json_decref(req->body);
     }
     struct ld_session *s = req->sess;
-    if (proto_mod.n_spare < REQ_SPARE) {
+    if (REQ_REUSE && proto_mod.n_spare < REQ_SPARE &&
+        req->room <= REQ_ROOM_SPARE) {
         proto_mod.spare[proto_mod.n_spare++] = req;
     } else {
         free(req);
@@ -373,10 +425,25 @@ send_line(struct ld_req *req, char *line, size_t len)
     req_free(req);
 }
 
+/* Answer REQ with the line in B: copied into the session's output when it
+ * is on the caller's stack, handed over when it grew onto the heap. */
+static void
+send_buf(struct ld_req *req, struct line_buf *b)
+{
+    if (b->heap) {
+        send_line(req, b->p, b->len);
+        return;
+    }
+    if (req->sess != NULL) {
+        ld_session_write(req->sess, b->p, b->len);
+    }
+    req_free(req);
+}
+
 char *
 ld_proto_bare_error_line(int code, const char *message, size_t *len)
 {
-    char *line = ld_proto_error_line(NULL, code, NULL, message, len);
+    char *line = ld_proto_error_line(NULL, 0, code, NULL, message, len);
     if (line == NULL) {
         ld_oom(0);
     }
@@ -384,41 +451,152 @@ ld_proto_bare_error_line(int code, const char *message, size_t *len)
 }
 
 static void
-reply_bare_error(struct ld_session *s, json_t *id, int code, const char *msg)
+reply_bare_error(struct ld_session *s, const char *id, size_t id_len, int code,
+                 const char *msg)
 {
     size_t len = 0;
     ld_stats_count_error(code);
-    char *line = ld_proto_error_line(id, code, NULL, msg, &len);
+    char *line = ld_proto_error_line(id, id_len, code, NULL, msg, &len);
     if (line != NULL) {
         ld_session_write(s, line, len);
         free(line);
     }
 }
 
-void
-ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
+/* A record with room for NEED bytes after it. */
+static struct ld_req *
+req_new(size_t need)
+{
+    struct ld_req *req = NULL;
+    if (proto_mod.n_spare > 0) {
+        req = proto_mod.spare[--proto_mod.n_spare];
+        if (req->room < need) {
+            free(req);
+            req = NULL;
+        }
+    }
+    size_t room = req != NULL ? req->room
+                              : (need > REQ_ROOM_MIN ? need : REQ_ROOM_MIN);
+    if (req == NULL) {
+        req = ld_xmalloc(sizeof(*req) + room);
+    }
+    memset(req, 0, sizeof(*req));
+    req->room = room;
+    return req;
+}
+
+static const struct ld_jmember *
+member(const struct ld_jmember *m, int n, const char *text, const char *name,
+       size_t len)
+{
+    for (int k = 0; k < n; k++) {
+        if (m[k].name_len == len && memcmp(text + m[k].name, name, len) == 0) {
+            return &m[k];
+        }
+    }
+    return NULL;
+}
+
+/* The JSON text of member M's value (a string with its quotes). */
+static const char *
+member_text(const char *text, const struct ld_jmember *m, size_t *len)
+{
+    if (m->kind == LD_JK_STR) {
+        *len = m->len + 2;
+        return text + m->s - 1;
+    }
+    *len = m->len;
+    return text + m->s;
+}
+
+/* A flat request (N members scanned from LINE): kept as the members over
+ * a copy of the line, or answered bad_request (NULL). */
+static struct ld_req *
+flat_request(struct ld_session *s, const char *line, size_t len,
+             const struct ld_jmember *m, int n)
+{
+    const struct ld_jmember *op = member(m, n, line, "op", 2);
+    const struct ld_jmember *id = member(m, n, line, "id", 2);
+    char msg[64];
+    if (check_op(op != NULL, op != NULL && op->kind == LD_JK_STR, false, msg,
+                 sizeof(msg)) != LD_OK) {
+        size_t id_len = 0;
+        const char *id_text = id != NULL ? member_text(line, id, &id_len)
+                                         : NULL;
+        reply_bare_error(s, id_text, id_len, LD_E_BAD_REQUEST, msg);
+        return NULL;
+    }
+    size_t msize = (size_t)n * sizeof(*m);
+    struct ld_req *req = req_new(msize + len + 1);
+    struct ld_jmember *rm = (struct ld_jmember *)(req + 1);
+    char *text = (char *)(req + 1) + msize;
+    memcpy(rm, m, msize);
+    memcpy(text, line, len);
+    text[len] = '\0';
+    /* Each name and string ends in place of its closing quote, except
+     * the id's, which goes back as it came, quotes included. */
+    for (int k = 0; k < n; k++) {
+        text[rm[k].name + rm[k].name_len] = '\0';
+        if (rm[k].kind == LD_JK_STR && &m[k] != id) {
+            text[rm[k].s + rm[k].len] = '\0';
+        }
+    }
+    if (id != NULL) {
+        req->id = member_text(text, &rm[id - m], &req->id_len);
+    }
+    req->op = text + op->s;
+    req->m = rm;
+    req->nm = n;
+    req->text = text;
+    req->flat = true;
+    return req;
+}
+
+/* Any other request, through jansson; NULL when answered bad_request. */
+static struct ld_req *
+tree_request(struct ld_session *s, const char *line, size_t len)
 {
     json_t *body = NULL;
     json_t *id = NULL;
     char msg[256];
-
-    LD_ASSERT(proto_mod.route != NULL);
+    char *id_text = NULL;
     if (ld_proto_parse(line, len, &body, &id, msg, sizeof(msg)) != LD_OK) {
-        reply_bare_error(s, id, LD_E_BAD_REQUEST, msg);
         if (id != NULL) {
+            id_text = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
             json_decref(id);
         }
-        return;
+        reply_bare_error(s, id_text, id_text != NULL ? strlen(id_text) : 0,
+                         LD_E_BAD_REQUEST, msg);
+        free(id_text);
+        return NULL;
     }
-
-    struct ld_req *req = proto_mod.n_spare > 0
-                             ? proto_mod.spare[--proto_mod.n_spare]
-                             : ld_xmalloc(sizeof(*req));
-    memset(req, 0, sizeof(*req));
-    req->sess = s;
-    req->id = id;
+    struct ld_req *req = req_new(0);
+    if (id != NULL) {
+        req->id_own = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (req->id_own == NULL) {
+            ld_oom(0);
+        }
+        req->id = req->id_own;
+        req->id_len = strlen(req->id_own);
+        json_decref(id);
+    }
     req->body = body;
     req->op = json_string_value(json_object_get(body, "op"));
+    return req;
+}
+
+void
+ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
+{
+    struct ld_jmember m[REQ_MEMBERS_MAX];
+    LD_ASSERT(proto_mod.route != NULL);
+    int n = ld_json_flat_scan(line, len, m, REQ_MEMBERS_MAX);
+    struct ld_req *req = n >= 0 ? flat_request(s, line, len, m, n)
+                                : tree_request(s, line, len);
+    if (req == NULL) {
+        return;
+    }
+    req->sess = s;
     req->start_us = ld_now_us();
     ld_session_req_begin(s);
     proto_mod.route(req);
@@ -428,21 +606,6 @@ int
 ld_reply_ok_hit(struct ld_req *req, const char *v, size_t len)
 {
     return ld_reply_ok_hit_ex(req, v, len, NULL);
-}
-
-/* The room ID takes in a reply line written by hand, as jansson's compact
- * dump writes it: integers and strings, the ids clients send; 0 for the
- * rest, which jansson dumps. */
-static size_t
-id_max(const json_t *id)
-{
-    if (json_is_integer(id)) {
-        return LD_JSON_INT_MAX;
-    }
-    if (json_is_string(id)) {
-        return ld_json_quote_max(json_string_length(id));
-    }
-    return 0;
 }
 
 /* Most hit lines fit here: built on the stack, they are copied once into
@@ -472,31 +635,18 @@ reply_hit(struct ld_req *req, const char *v, size_t len, bool quoted,
           const char *extra)
 {
     static const char mid[] = "\"ok\":true,\"hit\":true,\"value\":";
-    char *iddump = NULL;
-    size_t idcap = 0;
     /* A large value for a client that is not taking its replies (or is
      * gone) is not worth quoting: the line would be dropped. */
     if (req->sess != NULL && !ld_session_output_room(req->sess, len)) {
         req_free(req);
         return LD_OK;
     }
-    if (req->id != NULL) {
-        idcap = id_max(req->id);
-        if (idcap == 0) {
-            iddump = json_dumps(req->id, JSON_ENCODE_ANY | JSON_COMPACT);
-            if (iddump == NULL) {
-                return LD_ERR;
-            }
-            idcap = strlen(iddump);
-        }
-    }
     size_t xlen = extra != NULL ? strlen(extra) : 0;
-    size_t cap = 8 + idcap + sizeof(mid) +
+    size_t cap = 8 + req->id_len + sizeof(mid) +
                  (quoted ? len : ld_json_quote_max(len)) + xlen + 3;
     char stack_line[HIT_STACK_LINE];
     char *line = cap <= sizeof(stack_line) ? stack_line : malloc(cap);
     if (line == NULL) {
-        free(iddump);
         return LD_ERR;
     }
     char *o = line;
@@ -504,24 +654,8 @@ reply_hit(struct ld_req *req, const char *v, size_t len, bool quoted,
     if (req->id != NULL) {
         memcpy(o, "\"id\":", 5);
         o += 5;
-        if (iddump != NULL) {
-            memcpy(o, iddump, idcap);
-            o += idcap;
-            free(iddump);
-        } else if (json_is_integer(req->id)) {
-            o += ld_json_format_int(o, json_integer_value(req->id));
-        } else {
-            size_t qid = ld_json_quote(o, json_string_value(req->id),
-                                       json_string_length(req->id));
-            if (qid == 0) {
-                /* Not UTF-8, which the parser would have refused. */
-                if (line != stack_line) {
-                    free(line);
-                }
-                return LD_ERR;
-            }
-            o += qid;
-        }
+        memcpy(o, req->id, req->id_len);
+        o += req->id_len;
         *o++ = ',';
     }
     memcpy(o, mid, sizeof(mid) - 1);
@@ -542,14 +676,8 @@ reply_hit(struct ld_req *req, const char *v, size_t len, bool quoted,
     }
     *o++ = '}';
     *o++ = '\n';
-    if (line != stack_line) {
-        send_line(req, line, (size_t)(o - line));
-    } else {
-        if (req->sess != NULL) {
-            ld_session_write(req->sess, line, (size_t)(o - line));
-        }
-        req_free(req);
-    }
+    struct line_buf b = {line, (size_t)(o - line), cap, line != stack_line};
+    send_buf(req, &b);
     return LD_OK;
 }
 
@@ -562,11 +690,22 @@ ld_reply_buffer(struct ld_req *req, struct evbuffer *buf)
     req_free(req);
 }
 
+/* Most ok lines fit here, built without an allocation of their own. */
+#define OK_STACK_LINE 512
+
 void
 ld_reply_ok(struct ld_req *req, json_t *fields)
 {
+    char stack_line[OK_STACK_LINE];
+    struct line_buf b = {stack_line, 0, sizeof(stack_line), false};
+    if (ok_line_by_hand(&b, req->id, req->id_len, fields)) {
+        json_decref(fields);
+        send_buf(req, &b);
+        return;
+    }
+    line_drop(&b);
     size_t len = 0;
-    char *line = ld_proto_ok_line(req->id, fields, &len);
+    char *line = ok_line_jansson(req->id, req->id_len, fields, &len);
     send_line(req, line, len);
 }
 
@@ -588,8 +727,9 @@ fields_object(const struct ld_field *f, size_t n)
 void
 ld_reply_ok_fields(struct ld_req *req, const struct ld_field *f, size_t n)
 {
-    struct line_buf b = {ld_xmalloc(256), 0, 256};
-    bool ok = ok_line_by_hand(&b, req->id, NULL);
+    char stack_line[OK_STACK_LINE];
+    struct line_buf b = {stack_line, 0, sizeof(stack_line), false};
+    bool ok = ok_line_by_hand(&b, req->id, req->id_len, NULL);
     b.len -= 2; /* reopen the object: drop "}\n" */
     for (size_t k = 0; ok && k < n; k++) {
         size_t nl = strlen(f[k].name);
@@ -614,13 +754,13 @@ ld_reply_ok_fields(struct ld_req *req, const struct ld_field *f, size_t n)
         }
     }
     if (!ok) {
-        free(b.p);
+        line_drop(&b);
         ld_reply_ok(req, fields_object(f, n));
         return;
     }
     line_add(&b, "}\n", 2);
     *line_room(&b, 1) = '\0';
-    send_line(req, b.p, b.len);
+    send_buf(req, &b);
 }
 
 static void
@@ -631,7 +771,8 @@ reply_error_v(struct ld_req *req, int code, json_t *extra, const char *fmt,
     vsnprintf(msg, sizeof(msg), fmt, ap);
     ld_stats_count_error(code);
     size_t len = 0;
-    char *line = ld_proto_error_line(req->id, code, extra, msg, &len);
+    char *line = ld_proto_error_line(req->id, req->id_len, code, extra, msg,
+                                     &len);
     send_line(req, line, len);
 }
 
@@ -677,32 +818,111 @@ bad_field(struct ld_req *req, const char *field, const char *what)
     return LD_ERR;
 }
 
+static void
+rval_of_json(json_t *v, struct ld_rval *out)
+{
+    memset(out, 0, sizeof(*out));
+    switch (v == NULL ? JSON_NULL : json_typeof(v)) {
+    case JSON_STRING:
+        out->kind = LD_RV_STR;
+        out->s = json_string_value(v);
+        out->len = json_string_length(v);
+        break;
+    case JSON_INTEGER:
+        out->kind = LD_RV_INT;
+        out->i = json_integer_value(v);
+        break;
+    case JSON_TRUE:
+        out->kind = LD_RV_TRUE;
+        break;
+    case JSON_FALSE:
+        out->kind = LD_RV_FALSE;
+        break;
+    case JSON_NULL:
+        out->kind = v == NULL ? LD_RV_ABSENT : LD_RV_NULL;
+        break;
+    default:
+        out->kind = LD_RV_OTHER;
+        out->j = v;
+        break;
+    }
+}
+
+void
+ld_req_get(const struct ld_req *req, const char *field, struct ld_rval *v)
+{
+    if (!req->flat) {
+        rval_of_json(json_object_get(req->body, field), v);
+        return;
+    }
+    static const enum ld_rkind kinds[] = {
+        [LD_JK_STR] = LD_RV_STR,   [LD_JK_INT] = LD_RV_INT,
+        [LD_JK_TRUE] = LD_RV_TRUE, [LD_JK_FALSE] = LD_RV_FALSE,
+        [LD_JK_NULL] = LD_RV_NULL,
+    };
+    memset(v, 0, sizeof(*v));
+    const struct ld_jmember *m = member(req->m, req->nm, req->text, field,
+                                        strlen(field));
+    if (m == NULL) {
+        v->kind = LD_RV_ABSENT;
+        return;
+    }
+    v->kind = kinds[m->kind];
+    v->s = req->text + m->s;
+    v->len = m->len;
+    v->i = m->i;
+}
+
+bool
+ld_req_has(const struct ld_req *req, const char *field)
+{
+    struct ld_rval v;
+    ld_req_get(req, field, &v);
+    return v.kind != LD_RV_ABSENT;
+}
+
+size_t
+ld_req_nfields(const struct ld_req *req)
+{
+    return req->flat ? (size_t)req->nm : json_object_size(req->body);
+}
+
+json_t *
+ld_req_body(struct ld_req *req)
+{
+    if (req->body == NULL && req->flat) {
+        req->body = ld_json_flat_tree(req->text, req->m, req->nm);
+    }
+    return req->body;
+}
+
 int
 ld_req_key(struct ld_req *req, const char *field, const char **key,
            size_t *len)
 {
-    json_t *v = json_object_get(req->body, field);
-    if (v == NULL || json_is_null(v)) {
+    struct ld_rval v;
+    ld_req_get(req, field, &v);
+    if (v.kind == LD_RV_ABSENT || v.kind == LD_RV_NULL) {
         return bad_field(req, field, "is required");
     }
-    if (!json_is_string(v)) {
+    if (v.kind != LD_RV_STR) {
         return bad_field(req, field, "must be a string");
     }
-    size_t n = json_string_length(v);
-    if (n == 0) {
+    if (v.len == 0) {
         return bad_field(req, field, "must not be empty");
     }
-    if ((long long)n > proto_mod.ctx->cfg->limits.max_key_bytes) {
+    if ((long long)v.len > proto_mod.ctx->cfg->limits.max_key_bytes) {
         char what[96];
         snprintf(what, sizeof(what), "is longer than %lld bytes",
                  proto_mod.ctx->cfg->limits.max_key_bytes);
         return bad_field(req, field, what);
     }
-    if (memchr(json_string_value(v), '\0', n) != NULL) {
+    /* (A flat request's strings have no escapes, so no NUL.) */
+    if (!req->flat && memchr(v.s, '\0', v.len) != NULL) {
         return bad_field(req, field, "must not contain NUL (\\u0000)");
     }
-    *key = json_string_value(v);
-    *len = n;
+    *key = v.s;
+    *len = v.len;
     return LD_OK;
 }
 
@@ -710,28 +930,29 @@ int
 ld_req_str(struct ld_req *req, const char *field, bool required,
            const char **s, size_t *len, bool *present)
 {
-    json_t *v = json_object_get(req->body, field);
+    struct ld_rval v;
+    ld_req_get(req, field, &v);
     if (present != NULL) {
         *present = false;
     }
-    if (v == NULL || json_is_null(v)) {
+    if (v.kind == LD_RV_ABSENT || v.kind == LD_RV_NULL) {
         if (required) {
             return bad_field(req, field, "is required");
         }
         return LD_OK;
     }
-    if (!json_is_string(v)) {
+    if (v.kind != LD_RV_STR) {
         return bad_field(req, field, "must be a string");
     }
     /* Names and tokens, not values (those are read apart, with their
      * length): NUL would cut them short wherever they are used as C
      * strings. */
-    if (memchr(json_string_value(v), '\0', json_string_length(v)) != NULL) {
+    if (!req->flat && memchr(v.s, '\0', v.len) != NULL) {
         return bad_field(req, field, "must not contain NUL (\\u0000)");
     }
-    *s = json_string_value(v);
+    *s = v.s;
     if (len != NULL) {
-        *len = json_string_length(v);
+        *len = v.len;
     }
     if (present != NULL) {
         *present = true;
@@ -743,27 +964,27 @@ int
 ld_req_int(struct ld_req *req, const char *field, bool required, long long min,
            long long max, long long *out, bool *present)
 {
-    json_t *v = json_object_get(req->body, field);
+    struct ld_rval v;
+    ld_req_get(req, field, &v);
     if (present != NULL) {
         *present = false;
     }
-    if (v == NULL || json_is_null(v)) {
+    if (v.kind == LD_RV_ABSENT || v.kind == LD_RV_NULL) {
         if (required) {
             return bad_field(req, field, "is required");
         }
         return LD_OK;
     }
-    if (!json_is_integer(v)) {
+    if (v.kind != LD_RV_INT) {
         return bad_field(req, field, "must be an integer");
     }
-    long long n = json_integer_value(v);
-    if (n < min || n > max) {
+    if (v.i < min || v.i > max) {
         char what[96];
         snprintf(what, sizeof(what), "must be between %lld and %lld", min,
                  max);
         return bad_field(req, field, what);
     }
-    *out = n;
+    *out = v.i;
     if (present != NULL) {
         *present = true;
     }
@@ -773,24 +994,27 @@ ld_req_int(struct ld_req *req, const char *field, bool required, long long min,
 int
 ld_req_bool(struct ld_req *req, const char *field, bool *out)
 {
-    json_t *v = json_object_get(req->body, field);
-    if (v == NULL || json_is_null(v)) {
+    struct ld_rval v;
+    ld_req_get(req, field, &v);
+    if (v.kind == LD_RV_ABSENT || v.kind == LD_RV_NULL) {
         return LD_OK;
     }
-    if (!json_is_boolean(v)) {
+    if (v.kind != LD_RV_TRUE && v.kind != LD_RV_FALSE) {
         return bad_field(req, field, "must be true or false");
     }
-    *out = json_is_true(v);
+    *out = v.kind == LD_RV_TRUE;
     return LD_OK;
 }
 
 int
 ld_req_keys(struct ld_req *req, const char *field, size_t max, json_t **arr)
 {
-    json_t *v = json_object_get(req->body, field);
-    if (v == NULL || json_is_null(v)) {
+    struct ld_rval rv;
+    ld_req_get(req, field, &rv);
+    if (rv.kind == LD_RV_ABSENT || rv.kind == LD_RV_NULL) {
         return bad_field(req, field, "is required");
     }
+    json_t *v = rv.j;
     if (!json_is_array(v)) {
         return bad_field(req, field, "must be an array of strings");
     }

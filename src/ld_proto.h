@@ -19,19 +19,65 @@ void ld_proto_free(void);
 /* One request in flight. The handler that receives it must, exactly once
  * and possibly much later, answer it with ld_reply_ok or ld_reply_error*,
  * which free it. The request keeps its session alive (not open) until
- * then; when the session has closed meanwhile the answer is dropped. */
+ * then; when the session has closed meanwhile the answer is dropped.
+ *
+ * Most requests are flat objects of plain strings and integers: those
+ * are kept as the scanner's members over a copy of the line, and read
+ * with the ld_req_* accessors, with no JSON tree; a tree is built only
+ * when a handler asks for one (ld_req_body). The rest are parsed by
+ * jansson into BODY at once. */
+struct ld_jmember;
 struct ld_req {
     struct ld_session *sess;
-    json_t *id;     /* the request's id, NULL when it had none */
-    json_t *body;   /* the whole request object */
-    const char *op; /* points into body */
+    /* The request's id as JSON text, written back as it is into the
+     * answer (jansson's compact form of it); NULL when it had none. */
+    const char *id;
+    size_t id_len;
+    char *id_own;   /* ID's storage when allocated apart */
+    json_t *body;   /* the whole request object; see ld_req_body */
+    const char *op; /* NUL-terminated, points into the request */
     uint64_t start_us;
     /* Set while the request waits and a cancel op may end its wait
      * (ld_cancel.h); answering the request takes it off the list. */
     bool (*cancel_fn)(void *arg);
     void *cancel_arg;
     LIST_ENTRY(ld_req) cancel_link; /* its session's cancellable list */
+    /* A flat request: NM members over TEXT (the line's copy, each string
+     * NUL-terminated in place), stored after the record. */
+    const struct ld_jmember *m;
+    const char *text;
+    int nm;
+    bool flat;
+    size_t room; /* bytes allocated after the record */
 };
+
+/* A field of a request as read: absent, or its JSON kind and value. A
+ * string's bytes are NUL-terminated (and may hold NUL, from \u0000). */
+enum ld_rkind {
+    LD_RV_ABSENT,
+    LD_RV_NULL,
+    LD_RV_STR,
+    LD_RV_INT,
+    LD_RV_TRUE,
+    LD_RV_FALSE,
+    LD_RV_OTHER /* a real, an array or an object: J */
+};
+struct ld_rval {
+    enum ld_rkind kind;
+    const char *s;
+    size_t len;
+    long long i;
+    json_t *j; /* LD_RV_OTHER only */
+};
+void ld_req_get(const struct ld_req *req, const char *field,
+                struct ld_rval *v);
+/* Is FIELD in the request (JSON null included)? */
+bool ld_req_has(const struct ld_req *req, const char *field);
+/* The number of distinct fields of the request. */
+size_t ld_req_nfields(const struct ld_req *req);
+/* The request as a JSON tree, built on first use for a flat request and
+ * freed with it; NULL only without memory. */
+json_t *ld_req_body(struct ld_req *req);
 
 /* Parse one line. On success returns LD_OK and a new request object in
  * *OUT. On failure (always a bad_request) returns LD_ERR and writes a
@@ -47,10 +93,12 @@ void ld_proto_on_line(struct ld_session *s, const char *line, size_t len);
 char *ld_proto_bare_error_line(int code, const char *message, size_t *len);
 
 /* Build {"id":ID,"ok":true,...FIELDS} (FIELDS stolen, may be NULL) or the
- * error form, serialised with a trailing newline (caller frees). */
-char *ld_proto_ok_line(json_t *id, json_t *fields, size_t *len);
-char *ld_proto_error_line(json_t *id, int code, json_t *extra,
-                          const char *message, size_t *len);
+ * error form, serialised with a trailing newline (caller frees). ID is
+ * the id's JSON text (ID_LEN bytes), NULL for none. */
+char *ld_proto_ok_line(const char *id, size_t id_len, json_t *fields,
+                       size_t *len);
+char *ld_proto_error_line(const char *id, size_t id_len, int code,
+                          json_t *extra, const char *message, size_t *len);
 
 /* Answers. FIELDS is stolen. EXTRA (stolen, may be NULL) is merged into the
  * error object, e.g. {"reason":"other"} for not_held. */

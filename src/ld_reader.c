@@ -179,6 +179,9 @@ ld_reader_bounds_init(struct ld_reader_bounds *b, size_t max_value)
     b->max_reply = max_value * 2 + (size_t)MAX_ELEMENTS * VALUE_COST;
 }
 
+/* The buffer a reader keeps between reads (see ld_reader_new). */
+#define READER_KEEP_BYTES (256 * 1024)
+
 redisReader *
 ld_reader_new(struct ld_reader_bounds *b)
 {
@@ -191,6 +194,11 @@ ld_reader_new(struct ld_reader_bounds *b)
     }
     r->fn = &bounded_fns;
     r->privdata = b;
+    /* hiredis frees an empty buffer with more than maxbuf spare (16 KB by
+     * default) and grows a new one on the next read: under large replies
+     * that was an allocation, a page fault and a trim of the heap per
+     * read. A connection keeps up to READER_KEEP_BYTES instead. */
+    r->maxbuf = READER_KEEP_BYTES;
     b->used = 0;
     b->why[0] = '\0';
     return r;

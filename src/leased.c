@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,15 @@ main(int argc, char **argv)
     /* Before any socket exists: a client that hangs up mid-reply must
      * not kill the daemon. */
     signal(SIGPIPE, SIG_IGN);
+    /* Large cache values pass through in lines and buffers of their size,
+     * allocated and freed at once: glibc gave the top of the heap back to
+     * the kernel after each burst and took it again at the next (a brk, a
+     * TLB flush and page faults per burst, several percent of the time of
+     * 10 KB hits). The daemon keeps up to 16 MB of freed heap;
+     * allocations of 1 MB and more are mapped on their own and
+     * returned when freed. */
+    mallopt(M_TRIM_THRESHOLD, 16 * 1024 * 1024);
+    mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
 
     struct ld_config cfg;
     if (ld_server_load_config(&opt, &cfg) != LD_OK) {

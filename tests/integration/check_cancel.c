@@ -141,6 +141,54 @@ START_TEST(test_cancel_string_id_and_sem_wait)
 }
 END_TEST
 
+/* A waiting request's id matches the cancel's target as a JSON value,
+ * whatever way either was written: escapes or none, and a string is
+ * never the integer with the same digits. */
+START_TEST(test_cancel_target_as_json_value)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+
+    h_start(NULL);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    json_decref(lk_must(a, "cv", NULL, NO_TTL, 0));
+    /* "job-\u00e9" with escapes: the daemon reads it through jansson. */
+    static const char waiting[] =
+        "{\"op\":\"lock\",\"key\":\"cv\",\"wait_ms\":20000,"
+        "\"id\":\"j\\u006fb-\\u00e9\"}\n";
+    ck_assert_int_eq(h_send_raw(b, waiting, sizeof(waiting) - 1), 0);
+    lk_send(b, 7, "cv2", NULL, NO_TTL, 0);
+    r = h_recv_id(b, 7, T_MS);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    json_decref(lk_must(a, "cv3", NULL, NO_TTL, 0));
+    lk_send(b, 8, "cv3", NULL, NO_TTL, 20000);
+    h_assert_stat(b, "lock_waiters", 2, T_MS);
+
+    /* The string "8" is not the integer 8. */
+    r = h_callf(b, T_MS, "{s:s,s:s}", "op", "cancel", "target", "8");
+    ck_assert_msg(r != NULL && h_ok(r) && !jtrue(r, "cancelled"),
+                  "the string \"8\" cancelled the request with id 8");
+    json_decref(r);
+    h_assert_stat(b, "lock_waiters", 2, T_MS);
+
+    /* Plain UTF-8 (a flat request) finds the escaped id. */
+    r = h_callf(b, T_MS, "{s:s,s:s}", "op", "cancel", "target",
+                "job-\xc3\xa9");
+    ck_assert_msg(r != NULL && jtrue(r, "cancelled"), "not cancelled");
+    json_decref(r);
+    r = h_recv(b, T_MS);
+    ck_assert_msg(r != NULL && !jtrue(r, "acquired"), "no acquired:false");
+    ck_assert_str_eq(jstr(r, "id"), "job-\xc3\xa9");
+    json_decref(r);
+    ck_assert(cancel(b, 8));
+    h_assert_stat(b, "lock_waiters", 0, T_MS);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 START_TEST(test_cancel_cache_wait)
 {
     struct h_conn *a, *b;
@@ -264,6 +312,7 @@ main(void)
     const struct h_case cases[] = {
         H_CASE(cancel_lock_wait, 60),
         H_CASE(cancel_string_id_and_sem_wait, 60),
+        H_CASE(cancel_target_as_json_value, 60),
         H_CASE(cancel_cache_wait, 60),
         H_CASE(cancel_grant_in_flight, 60),
     };

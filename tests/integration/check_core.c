@@ -11,6 +11,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <poll.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -290,6 +291,84 @@ START_TEST(test_ids_and_crlf)
     ck_assert(h_ok(r));
     json_decref(r);
 
+    h_close(c);
+}
+END_TEST
+
+/* The id comes back as jansson writes the value that was sent, however
+ * it was written and whichever way the daemon read the request (plain
+ * requests without a JSON tree, the rest through jansson), in ok lines,
+ * cache hits, op errors and errors of requests that were refused. */
+static void
+expect_id_back(int fd, const char *req)
+{
+    json_t *sent = json_loads(req, JSON_ALLOW_NUL, NULL);
+    ck_assert_ptr_nonnull(sent);
+    char *want = json_dumps(json_object_get(sent, "id"),
+                            JSON_ENCODE_ANY | JSON_COMPACT);
+    json_decref(sent);
+    size_t n = strlen(req);
+    ck_assert_int_eq(write(fd, req, n), (ssize_t)n);
+    char line[4096];
+    size_t len = 0;
+    long long deadline = h_now_ms() + T_MS;
+    while (len == 0 || line[len - 1] != '\n') {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        long long left = deadline - h_now_ms();
+        ck_assert_msg(left > 0 && poll(&p, 1, (int)left) == 1,
+                      "no reply to %s", req);
+        ssize_t got = read(fd, line + len, 1);
+        ck_assert_int_eq(got, 1);
+        len++;
+        ck_assert_uint_lt(len, sizeof(line));
+    }
+    line[len] = '\0';
+    char head[256];
+    snprintf(head, sizeof(head), "{\"id\":%s,", want);
+    ck_assert_msg(strncmp(line, head, strlen(head)) == 0,
+                  "request %s: reply %s does not begin with %s", req, line,
+                  head);
+    free(want);
+}
+
+START_TEST(test_ids_echoed_exactly)
+{
+    static const char *reqs[] = {
+        "{\"op\":\"ping\",\"id\":\"plain\"}\n",
+        "{\"op\":\"ping\",\"id\":\"\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80\"}\n",
+        "{\"op\":\"ping\",\"id\":\"\\u00e9t\\u00e9\"}\n",
+        "{\"op\":\"ping\",\"id\":\"q\\\"\\\\\\/\\n\"}\n",
+        "{\"op\":\"ping\",\"id\":-42}\n",
+        "{\"op\":\"ping\",\"id\":-0}\n",
+        "{\"op\":\"ping\",\"id\":1e2}\n",
+        "{\"op\":\"ping\",\"id\":true}\n",
+        "{\"op\":\"ping\",\"id\":null}\n",
+        "{\"op\":\"ping\",\"id\":\"a\",\"id\":\"b\"}\n",
+        "{ \"id\" : 5 , \"op\" : \"ping\" }\n",
+        "{\"op\":\"ping\",\"id\":\"n\",\"x\":{\"a\":[1]}}\n",
+        "{\"op\":\"nope\",\"id\":\"e1\"}\n",
+        "{\"op\":\"nope\",\"id\":\"\\u0065\\u0032\"}\n",
+        "{\"id\":\"no-op\"}\n",
+        "{\"op\":7,\"id\":77}\n",
+        "{\"op\":\"ping\\u0000\",\"id\":78}\n",
+        "{\"op\":\"cache.get\",\"key\":\"idk\",\"id\":\"g\\u00e9t\"}\n",
+        "{\"op\":\"cache.get\",\"key\":\"idk\",\"id\":\"get\"}\n",
+        "{\"op\":\"lock\",\"key\":7,\"id\":\"bad-key\"}\n",
+    };
+    struct h_conn *c;
+
+    h_start(NULL);
+    c = h_connect_ok(&D);
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "cache.set", "key",
+                        "idk", "value", "v", "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r), "cache.set: %s", h_errcode(r));
+    json_decref(r);
+    int fd = h_raw_unix(D.sock);
+    ck_assert_int_ge(fd, 0);
+    for (size_t i = 0; i < sizeof(reqs) / sizeof(reqs[0]); i++) {
+        expect_id_back(fd, reqs[i]);
+    }
+    close(fd);
     h_close(c);
 }
 END_TEST
@@ -971,6 +1050,7 @@ main(void)
         H_CASE(hello_ping_stats, 60),
         H_CASE(errors, 60),
         H_CASE(ids_and_crlf, 60),
+        H_CASE(ids_echoed_exactly, 60),
         H_CASE(pipelined_pings, 120),
         H_CASE(tcp_plain, 60),
         H_CASE(tcp_auth, 60),

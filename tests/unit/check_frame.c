@@ -315,7 +315,7 @@ START_TEST(error_message_cut_at_character)
     size_t len = 0;
     /* "é" is two bytes: a message cut after the first of them keeps
      * everything before that character. */
-    char *err = ld_proto_error_line(NULL, LD_E_UNKNOWN_OP, NULL,
+    char *err = ld_proto_error_line(NULL, 0, LD_E_UNKNOWN_OP, NULL,
                                     "op '\xc3\xa9\xc3\xa9\xc3", &len);
     json_t *back = json_loads(err, 0, NULL);
     ck_assert_ptr_nonnull(back);
@@ -331,12 +331,12 @@ END_TEST
 START_TEST(reply_lines)
 {
     size_t len = 0;
-    json_t *id = json_integer(7);
-    char *ok = ld_proto_ok_line(id, json_pack("{s:b}", "acquired", 1), &len);
+    char *ok = ld_proto_ok_line("7", 1, json_pack("{s:b}", "acquired", 1),
+                                &len);
     ck_assert_str_eq(ok, "{\"id\":7,\"ok\":true,\"acquired\":true}\n");
     ck_assert_uint_eq(len, strlen(ok));
     free(ok);
-    char *err = ld_proto_error_line(id, LD_E_NOT_HELD,
+    char *err = ld_proto_error_line("7", 1, LD_E_NOT_HELD,
                                     json_pack("{s:s}", "reason", "other"),
                                     "lock 'k' is not held", &len);
     ck_assert_str_eq(err, "{\"id\":7,\"ok\":false,\"error\":{\"code\":"
@@ -344,12 +344,12 @@ START_TEST(reply_lines)
                           "held\",\"reason\":\"other\"}}\n");
     free(err);
     /* A message that is not valid UTF-8 still yields a valid line. */
-    err = ld_proto_error_line(NULL, LD_E_BAD_REQUEST, NULL, "bad \xff", &len);
+    err = ld_proto_error_line(NULL, 0, LD_E_BAD_REQUEST, NULL, "bad \xff",
+                              &len);
     json_t *back = json_loads(err, 0, NULL);
     ck_assert_ptr_nonnull(back);
     json_decref(back);
     free(err);
-    json_decref(id);
 }
 END_TEST
 
@@ -399,14 +399,35 @@ put_utf8(unsigned char *o, unsigned cp)
     return 4;
 }
 
-/* Where ld_json_flat_parse answers, it builds json_loadb's tree, key order
- * included; it may leave anything to json_loadb, but not the plain
- * requests it exists for. */
+/* Where ld_json_flat_scan answers, its members make json_loadb's tree,
+ * key order included, and each string and literal is where the scanner
+ * says; it may leave anything to json_loadb, but not the plain requests
+ * it exists for. */
 static void
 check_flat(const char *text, bool must_take)
 {
     size_t len = strlen(text);
-    json_t *mine = ld_json_flat_parse(text, len);
+    struct ld_jmember m[16];
+    int n = ld_json_flat_scan(text, len, m, 16);
+    json_t *mine = n >= 0 ? ld_json_flat_tree(text, m, n) : NULL;
+    for (int k = 0; k < n; k++) {
+        ck_assert(m[k].name > 0 && text[m[k].name - 1] == '"' &&
+                  text[m[k].name + m[k].name_len] == '"');
+        if (m[k].kind == LD_JK_STR) {
+            ck_assert(text[m[k].s - 1] == '"' &&
+                      text[m[k].s + m[k].len] == '"');
+        } else {
+            /* The literal's text is the value as jansson writes it. */
+            json_t *v = json_object_getn(mine, text + m[k].name,
+                                         m[k].name_len);
+            char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            ck_assert_msg(strlen(d) == m[k].len &&
+                              memcmp(d, text + m[k].s, m[k].len) == 0,
+                          "%s: literal %.*s", text, (int)m[k].len,
+                          text + m[k].s);
+            free(d);
+        }
+    }
     json_t *theirs = json_loadb(text, len, JSON_ALLOW_NUL, NULL);
     if (must_take) {
         ck_assert_msg(mine != NULL, "flat parse refused %s", text);
@@ -429,7 +450,7 @@ START_TEST(flat_parse_like_jansson)
         "{}",
         " {\"op\":\"ping\"} ",
         "{\"op\":\"lock\",\"key\":\"order:42\",\"id\":7,\"wait_ms\":-1}",
-        "{\"a\":true,\"b\":false,\"c\":null,\"d\":0,\"e\":-0}",
+        "{\"a\":true,\"b\":false,\"c\":null,\"d\":0,\"e\":-10}",
         "{\"k\":\"\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80\"}",
         "{\"x\":1,\"y\":2,\"x\":3}",
         "\t{ \"n\" : 123456789012345678 ,\r\n\"s\":\"\"}\n",
@@ -445,6 +466,7 @@ START_TEST(flat_parse_like_jansson)
         "{\"a\":1 \"b\":2}",
         "{\"a\":1}x",
         "{\"a\":01}",
+        "{\"a\":-0}",
         "{\"a\":1.5}",
         "{\"a\":1e3}",
         "{\"a\":-}",
@@ -501,7 +523,11 @@ check_ok_line(json_t *id, json_t *fields)
     char *want = json_dumps(obj, JSON_COMPACT);
     json_decref(obj);
     size_t len = 0;
-    char *got = ld_proto_ok_line(id, fields, &len);
+    char *idt = id != NULL ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT)
+                           : NULL;
+    char *got = ld_proto_ok_line(idt, idt != NULL ? strlen(idt) : 0, fields,
+                                 &len);
+    free(idt);
     ck_assert_ptr_nonnull(got);
     ck_assert_uint_eq(len, strlen(want) + 1);
     ck_assert_msg(memcmp(got, want, len - 1) == 0 && got[len - 1] == '\n' &&
@@ -582,11 +608,12 @@ START_TEST(json_quote)
         check_quote_like_jansson(fixed[i].s, fixed[i].len);
     }
     /* Every byte value at every offset of runs long enough for the
-     * word-at-a-time scan, so each lane of a word sees each exception. */
-    for (size_t len = 8; len <= 24; len += 8) {
+     * 16-byte and the word-at-a-time scans, so each lane of each sees
+     * each exception. */
+    for (size_t len = 8; len <= 56; len += 8) {
         for (size_t at = 0; at < len; at++) {
             for (unsigned c = 0; c < 0x100; c++) {
-                char run[24];
+                char run[56];
                 memset(run, 'a', sizeof run);
                 run[at] = (char)c;
                 check_quote_like_jansson(run, len);
