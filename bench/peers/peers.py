@@ -5,6 +5,7 @@ stdout (the same fields as peers.js).
         --shape=uncontended|contended --workers=50 --dur=5 --warm=0.5
         --retry=default|tuned --tuned-ms=10 --hold-ms=1 --sock=PATH
         --redis=PORT --referee=PORT --tag=RUNID [--overlap=local|redis]
+        [--pool=N]
     python3 peers.py storm --contender=leased|naive --readers=25
         --key=K --loader-ms=50 --sock=PATH
         --redis=PORT --referee=PORT
@@ -74,6 +75,24 @@ class LeasedContender:
         ld.close(c)
 
 
+class LeasedPoolContender(LeasedContender):
+    """--pool=N: the workers share one thread-safe Pool of N connections
+    (each call borrows one; the unlock goes by token)."""
+
+    def __init__(self, opt, tuned, tuned_ms):
+        LeasedContender.__init__(self, opt, tuned, tuned_ms)
+        self.pool = ld.pool(self.sock, int(opt["pool"]))
+
+    def setup(self):
+        return self.pool
+
+    def release(self, c, key, h):
+        ld.unlock(c, key, h["token"])
+
+    def teardown(self, c):
+        c.close()
+
+
 class RedisPyContender:
     """redis.lock.Lock: default sleep 0.1 s between tries, blocking with
     no limit; tuned: sleep = the tuned interval."""
@@ -114,6 +133,8 @@ def lock_cell(opt):
     hold = float(opt.get("hold-ms", 1)) / 1000.0
     tag = opt.get("tag", str(time.time()))
     cls = {"leased": LeasedContender, "redispy": RedisPyContender}
+    if opt["contender"] == "leased" and opt.get("pool"):
+        cls["leased"] = LeasedPoolContender
     c = cls[opt["contender"]](opt, tuned, tuned_ms)
     states = [c.setup() for _ in range(workers)]
     on_redis = opt.get("overlap", "local") == "redis"
