@@ -37,6 +37,7 @@ block and ends with the connection.
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -537,19 +538,20 @@ class Leased:
         {"acquired":false,"ttl_ms":..}. EXTRA goes into the request as
         it is (e.g. detach=True, token=...). A lock granted after the
         call timed out is unlocked when its reply is read."""
-        mode = _mode(extra)
-
-        def late(reply):
-            if reply.get("acquired"):
-                self._post("unlock", token=reply["token"], **_key_fields(key),
-                           **mode)
-
         if (not wait_ms and ttl_ms is None and owner is None and not extra
                 and isinstance(key, str)):
-            return self._key_call(b"lock", key, late)
-
-        return self.call("lock", _on_late=late,
+            return self._key_call(b"lock", key,
+                                  functools.partial(self._late_unlock, key,
+                                                    {}))
+        return self.call("lock",
+                         _on_late=functools.partial(self._late_unlock, key,
+                                                    _mode(extra)),
                          **_lock_fields(key, wait_ms, ttl_ms, owner, extra))
+
+    def _late_unlock(self, key, mode, reply):
+        if reply.get("acquired"):
+            self._post("unlock", token=reply["token"], **_key_fields(key),
+                       **mode)
 
     def unlock(self, key, owner=None, token=None, **extra):
         if owner is None and not extra and isinstance(key, str) and \
