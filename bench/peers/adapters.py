@@ -13,13 +13,20 @@ def connect(sock):
     return leased.Leased(sock)
 
 
+def pool(sock, size):
+    """One thread-safe Pool of SIZE connections for all the workers."""
+    return leased.Pool(sock, size=size)
+
+
 def lock(ld, key, wait_ms=0):
     """-> {"acquired": bool, "fence": int}"""
     return ld.try_lock(key, wait_ms=wait_ms)
 
 
-def unlock(ld, key):
-    return ld.unlock(key)
+def unlock(ld, key, token=None):
+    """By TOKEN when given: a Pool's next call may take another
+    connection than the lock's."""
+    return ld.unlock(key, token=token)
 
 
 def cached(ld, key, loader):

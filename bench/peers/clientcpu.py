@@ -36,6 +36,16 @@ def cpu():
     return ru.ru_utime + ru.ru_stime
 
 
+def sys_cpu():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
+def switches():
+    """The process's voluntary context switches (all threads): a thread
+    that waits for a reply or for the interpreter lock is one."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
 def load(path):
     spec = importlib.util.spec_from_file_location("leased_under_test", path)
     mod = importlib.util.module_from_spec(spec)
@@ -132,11 +142,13 @@ def main():
             raise errors[0]
 
     run(warm, "warm")
+    s0, k0 = switches(), sys_cpu()
     c0 = cpu()
     t0 = time.monotonic()
     run(pairs, "m")
     t1 = time.monotonic()
     c1 = cpu()
+    s1, k1 = switches(), sys_cpu()
     for c in {id(c): c for c in conns}.values():
         c.close()
     print(json.dumps({
@@ -144,6 +156,8 @@ def main():
         "workers": workers, "pairs": pairs,
         "conns": "pool %s" % opt["pool"] if opt.get("pool") else workers,
         "cpu_us_per_pair": (c1 - c0) * 1e6 / pairs,
+        "sys_us_per_pair": (k1 - k0) * 1e6 / pairs,
+        "switches_per_pair": (s1 - s0) / pairs,
         "pairs_per_s": pairs / (t1 - t0)}))
 
 

@@ -4,14 +4,21 @@ stdout (the same fields as peers.js).
     python3 peers.py lock --contender=leased|redispy
         --shape=uncontended|contended --workers=50 --dur=5 --warm=0.5
         --retry=default|tuned --tuned-ms=10 --hold-ms=1 --sock=PATH
-        --redis=PORT --referee=PORT --tag=RUNID
+        --redis=PORT --referee=PORT --tag=RUNID [--overlap=local|redis]
+        [--pool=N]
     python3 peers.py storm --contender=leased|naive --readers=25
         --key=K --loader-ms=50 --sock=PATH
         --redis=PORT --referee=PORT
 
 Workers are threads, each with its own connections (the leased client is
-one session per object and not thread-safe). The referee is the bench's
-own redis-server for the overlap and loader-call counters.
+one session per object and not thread-safe). All the workers of a lock
+cell live in this one process, so the overlap counter is a count of
+holders per key under a threading.Lock here: exact, and it costs every
+contender next to nothing (--overlap=redis counts on the referee instead,
+INCR after the grant and DECR before the release, two round trips per
+hold that every contender pays alike). The storm's loader calls span
+processes: they are always counted on the referee, the bench's own
+redis-server.
 """
 
 import json
@@ -68,6 +75,24 @@ class LeasedContender:
         ld.close(c)
 
 
+class LeasedPoolContender(LeasedContender):
+    """--pool=N: the workers share one thread-safe Pool of N connections
+    (each call borrows one; the unlock goes by token)."""
+
+    def __init__(self, opt, tuned, tuned_ms):
+        LeasedContender.__init__(self, opt, tuned, tuned_ms)
+        self.pool = ld.pool(self.sock, int(opt["pool"]))
+
+    def setup(self):
+        return self.pool
+
+    def release(self, c, key, h):
+        ld.unlock(c, key, h["token"])
+
+    def teardown(self, c):
+        c.close()
+
+
 class RedisPyContender:
     """redis.lock.Lock: default sleep 0.1 s between tries, blocking with
     no limit; tuned: sleep = the tuned interval."""
@@ -108,10 +133,15 @@ def lock_cell(opt):
     hold = float(opt.get("hold-ms", 1)) / 1000.0
     tag = opt.get("tag", str(time.time()))
     cls = {"leased": LeasedContender, "redispy": RedisPyContender}
+    if opt["contender"] == "leased" and opt.get("pool"):
+        cls["leased"] = LeasedPoolContender
     c = cls[opt["contender"]](opt, tuned, tuned_ms)
     states = [c.setup() for _ in range(workers)]
-    refs = [rclient(opt["referee"]) for _ in range(workers)]
+    on_redis = opt.get("overlap", "local") == "redis"
+    refs = [rclient(opt["referee"]) if on_redis else None
+            for _ in range(workers)]
     mu = threading.Lock()
+    inside_n = {}       # key -> holders inside now (--overlap=local)
     st = {"done": 0, "gave_up": 0, "overlaps": 0, "backwards": 0,
           "handoffs": 0, "last": -1, "errors": 0, "first_error": None}
     grants = [0] * workers
@@ -147,9 +177,12 @@ def lock_cell(opt):
             if h is None:
                 break
             a1 = time.monotonic()
-            inside = ref.incr(rkey)
+            if on_redis:
+                inside = ref.incr(rkey)
             counted = ws <= a1 <= we
             with mu:
+                if not on_redis:
+                    inside = inside_n[key] = inside_n.get(key, 0) + 1
                 if inside > 1:
                     st["overlaps"] += 1
                 if c.has_fence:
@@ -164,7 +197,11 @@ def lock_cell(opt):
                     st["last"] = w
             if contended:
                 time.sleep(hold)
-            ref.decr(rkey)
+            if on_redis:
+                ref.decr(rkey)
+            else:
+                with mu:
+                    inside_n[key] -= 1
             r0 = time.monotonic()
             try:
                 c.release(s, key, h)
@@ -187,7 +224,8 @@ def lock_cell(opt):
     for s in states:
         c.teardown(s)
     for r in refs:
-        r.close()
+        if r is not None:
+            r.close()
     lat.sort()
     mean = st["done"] / float(workers)
     out = {
@@ -205,6 +243,7 @@ def lock_cell(opt):
         "fence_backwards": st["backwards"] if c.has_fence else None,
         "gave_up": st["gave_up"], "errors": st["errors"],
         "first_error": st["first_error"],
+        "overlap_counter": "redis" if on_redis else "local",
     }
     sys.stdout.write(json.dumps(out) + "\n")
 

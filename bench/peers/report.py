@@ -183,13 +183,31 @@ def main():
 
     w("## How it is measured")
     w("")
+    # Where each language's lock cells counted holders (peers.py says so
+    # in its lines; a line without it counted on the referee).
+    where = {lg: {d.get("overlap_counter", "redis") for d in locks
+                  if d["lang"] == lg} for lg in ("node", "python")}
+    local = [lg.capitalize() for lg in ("node", "python")
+             if where[lg] == {"local"}]
+    remote = [lg.capitalize() for lg in ("node", "python")
+              if where[lg] and where[lg] != {"local"}]
     w("* One redis-server under test, one leased on it (Unix socket), "
       "and a second redis-server, the *referee*, used only by the bench. "
-      "Every lock holder does INCR on a referee key right after it is "
-      "granted and DECR just before it releases; a value above 1 after "
-      "the INCR is an **overlap** (two holders inside at once). This "
-      "costs every contender the same two round trips per hold, which "
-      "are not part of the latencies below but are part of the rates.")
+      "Every lock holder counts itself in right after it is granted and "
+      "out just before it releases; a count above 1 after counting in "
+      "is an **overlap** (two holders inside at once).")
+    if remote:
+        w("  * %s: INCR and DECR on a referee key. This costs every "
+          "contender of the language the same two round trips per hold, "
+          "which are not part of the latencies below but are part of "
+          "the rates." % " and ".join(remote))
+    if local:
+        w("  * %s: all the workers of a lock cell are threads of one "
+          "process, so the count is a number per key under a "
+          "threading.Lock in that process: exact, and next to free for "
+          "every contender alike (`--overlap=redis` in peers.py counts "
+          "on the referee instead). The miss storm spans processes and "
+          "counts its loader calls on the referee." % " and ".join(local))
     w("* Each cell runs %s s after a %s s warm-up; every worker has its "
       "own connection(s). Node: 50 async workers in one process; Python: "
       "50 threads in one process. One more row, *one pool*, has the 50 "

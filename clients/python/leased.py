@@ -37,6 +37,7 @@ block and ends with the connection.
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -65,15 +66,18 @@ def _decode(line):
     """One reply line (bytes) as an object. The daemon writes compact
     lines, so the C scanner reads them directly, without json.loads'
     encoding detection and whitespace matching; anything else (spaces
-    around, a bad line) goes through json.loads for its answer."""
+    around, a bad line) goes through json.loads for its answer. The
+    line may end in its newline (as readline() and a whole-line chunk
+    give it)."""
     s = line.decode()
     try:
         obj, end = _scan(s, 0)
     except StopIteration:
-        end = -1
-    if end != len(s):
         return json.loads(s)
-    return obj
+    n = len(s) - end
+    if n == 0 or n == 1 and s[end] == "\n":
+        return obj
+    return json.loads(s)
 
 
 class LeasedError(Exception):
@@ -374,8 +378,6 @@ class Leased:
 
     def _read_msg(self, deadline):
         while not self._lines:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError("no reply from leased in time")
             try:
                 chunk = self.sock.recv(65536)
             except BlockingIOError:
@@ -384,7 +386,15 @@ class Leased:
             if not chunk:
                 self._holds.gone(self)
                 raise ConnectionError("leased closed the connection")
+            if chunk[0] == 123 and not self._tail and \
+                    chunk.find(b"\n") == len(chunk) - 1:
+                # The usual reply: one whole line ({...}\n) in one chunk,
+                # nothing buffered before it; decoded without splitting.
+                return _decode(chunk)
             self._fill(chunk)
+            if not self._lines and deadline is not None and \
+                    time.monotonic() >= deadline:
+                raise TimeoutError("no reply from leased in time")
         line = self._lines.pop(0)
         return _decode(line) if line.strip() else None
 
@@ -422,8 +432,13 @@ class Leased:
                 self.sock.sendall(line)
                 deadline = None if wait_ms < 0 else \
                     time.monotonic() + self.timeout + wait_ms / 1000.0
+                late = False
                 while True:
                     try:
+                        if late and not self._lines and \
+                                time.monotonic() >= deadline:
+                            # Events kept coming, the reply did not.
+                            raise TimeoutError("no reply from leased in time")
                         msg = self._read_msg(deadline)
                     except TimeoutError:
                         if _on_late is not None:
@@ -436,17 +451,21 @@ class Leased:
                     if msg is None:
                         continue
                     mid = msg.get("id")
+                    if mid == rid:
+                        reply = msg
+                        break
                     if mid is None and "event" in msg:
                         self._event(msg)
                     elif mid in self._late:
                         self._late.pop(mid)(msg)
-                    elif mid == rid or mid is None:
+                    elif mid is None:
                         # A reply without an id answers a line the daemon
                         # could not read; with one request at a time that
                         # is ours. Other ids are late replies to requests
                         # that timed out.
                         reply = msg
                         break
+                    late = deadline is not None
             finally:
                 if wait_ms:
                     self._set_timeout(self.timeout)
@@ -519,19 +538,20 @@ class Leased:
         {"acquired":false,"ttl_ms":..}. EXTRA goes into the request as
         it is (e.g. detach=True, token=...). A lock granted after the
         call timed out is unlocked when its reply is read."""
-        mode = _mode(extra)
-
-        def late(reply):
-            if reply.get("acquired"):
-                self._post("unlock", token=reply["token"], **_key_fields(key),
-                           **mode)
-
         if (not wait_ms and ttl_ms is None and owner is None and not extra
                 and isinstance(key, str)):
-            return self._key_call(b"lock", key, late)
-
-        return self.call("lock", _on_late=late,
+            return self._key_call(b"lock", key,
+                                  functools.partial(self._late_unlock, key,
+                                                    {}))
+        return self.call("lock",
+                         _on_late=functools.partial(self._late_unlock, key,
+                                                    _mode(extra)),
                          **_lock_fields(key, wait_ms, ttl_ms, owner, extra))
+
+    def _late_unlock(self, key, mode, reply):
+        if reply.get("acquired"):
+            self._post("unlock", token=reply["token"], **_key_fields(key),
+                       **mode)
 
     def unlock(self, key, owner=None, token=None, **extra):
         if owner is None and not extra and isinstance(key, str) and \

@@ -250,9 +250,11 @@ class Lines(unittest.TestCase):
     def test_decode_takes_spaces_and_refuses_junk(self):
         self.assertEqual(leased_decode(b' {"a": [1, 2]} '), {"a": [1, 2]})
         self.assertEqual(leased_decode(b'{"a":"\\u00e9"}'), {"a": "\u00e9"})
-        for bad in (b'{"a":1} x', b"{", b"nope"):
+        for bad in (b'{"a":1} x', b"{", b"nope", b'{"a":1}\nx'):
             with self.assertRaises(ValueError):
                 leased_decode(bad)
+        # A whole line with its newline, as one recv or readline() gives.
+        self.assertEqual(leased_decode(b'{"a":1}\n'), {"a": 1})
 
 
 def rwlock_daemon(test):
@@ -360,6 +362,72 @@ class Timeouts(unittest.TestCase):
                     self.assertGreaterEqual(time.monotonic() - start, 0.45)
             finally:
                 srv.close()
+
+    def test_events_before_the_reply_in_chunks_of_their_own(self):
+        # Each event and the reply come in a read of their own (the path
+        # that decodes a whole-line chunk without splitting it).
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "chatty.sock")
+            t = chatty_server(path, 3, 0.05)
+            with Leased(path, timeout=5) as ld:
+                self.assertTrue(ld.call("ping")["pong"])
+                self.assertEqual([e["event"] for e in ld.events],
+                                 ["lock_lost"] * 3)
+            t.join(WAIT_S)
+
+    def test_events_that_keep_coming_do_not_stretch_the_timeout(self):
+        # Every read brings an event well within SO_RCVTIMEO; the call
+        # must still end once its own timeout has passed.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "chatty.sock")
+            t = chatty_server(path, 0, None)
+            with Leased(path, timeout=0.5) as ld:
+                start = time.monotonic()
+                with self.assertRaises(TimeoutError):
+                    ld.call("ping")
+                took = time.monotonic() - start
+                self.assertGreaterEqual(took, 0.45)
+                self.assertLess(took, 5)
+                self.assertGreater(len(ld.events), 2)
+            t.join(WAIT_S)
+
+
+def chatty_server(path, events, reply_after):
+    """A Unix socket peer that answers the first request after sending
+    EVENTS event lines, one write each REPLY_AFTER seconds apart (its
+    reply then in a write of its own), or never when REPLY_AFTER is
+    None: then it sends an event every 0.1 s for 8 s."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            buf = b""
+            while b"\n" not in buf:
+                buf += conn.recv(4096)
+            req = json.loads(buf.split(b"\n")[0])
+            ev = b'{"event":"lock_lost","key":"k","token":"x"}\n'
+            try:
+                if reply_after is None:
+                    for _ in range(80):
+                        conn.sendall(ev)
+                        time.sleep(0.1)
+                else:
+                    for _ in range(events):
+                        conn.sendall(ev)
+                        time.sleep(reply_after)
+                    conn.sendall(b'{"id":%d,"ok":true,"pong":true}\n'
+                                 % req["id"])
+                conn.recv(1)
+            except OSError:
+                pass
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
 
 
 def one_shot_server(path, reply):
