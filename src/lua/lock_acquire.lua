@@ -19,16 +19,19 @@
 --@include lock_numbers.lua
 --@include lock_shape.lua
 local t = redis.call('type', KEYS[1]).ok
-if t ~= 'none' and (t ~= 'hash' or not is_lock(KEYS[1])) then
+local kv = t == 'hash' and holders(KEYS[1], false)
+if t ~= 'none' and not kv then
     return {-1}
 end
-local ft = redis.call('type', KEYS[2]).ok
-if ft ~= 'none' and ft ~= 'string' then
+-- The counter is a string or nothing: GET fails on anything else, which
+-- saves asking for its type first.
+local cur = redis.pcall('get', KEYS[2])
+if type(cur) == 'table' then
     return {-1}
 end
 local lease = tonumber(ARGV[1])
-if t == 'hash' then
-    local held = redis.call('hget', KEYS[1], ARGV[2])
+if kv then
+    local held = count_of(kv, ARGV[2])
     if held then
         if not count_ok(held) then
             return {-1}
@@ -39,11 +42,10 @@ if t == 'hash' then
         end
         -- Every new acquisition increments the counter, so while this
         -- holder kept the lock the counter still carries its fence.
-        local f = redis.call('get', KEYS[2])
-        if not valid(f) then
-            f = '0'
+        if not valid(cur) then
+            cur = '0'
         end
-        return {1, n, f, redis.call('pttl', KEYS[1])}
+        return {1, n, cur, redis.call('pttl', KEYS[1])}
     end
 end
 if ARGV[3] == '1' then
@@ -57,7 +59,6 @@ if t == 'hash' then
 end
 -- Check the counter before anything is written, so that foreign data
 -- gives wrong_type and nothing changed.
-local cur = redis.call('get', KEYS[2])
 if cur and not valid(cur) then
     return {-1}
 end

@@ -14,17 +14,18 @@ local t = redis.call('type', KEYS[1]).ok
 if t == 'none' then
     return {-2}
 end
-if t ~= 'hash' or not is_lock(KEYS[1]) then
+local kv = t == 'hash' and holders(KEYS[1], false)
+if not kv then
     return {-1}
 end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+-- The holder's count from the list the shape check read: no HEXISTS, and
+-- no HINCRBY for the last hold.
+local held = count_of(kv, ARGV[1])
+if not held then
     return {-3}
 end
-if ARGV[2] == '1' then
-    local n = redis.call('hincrby', KEYS[1], ARGV[1], -1)
-    if n > 0 then
-        return {0, n}
-    end
+if ARGV[2] == '1' and held ~= '1' then
+    return {0, redis.call('hincrby', KEYS[1], ARGV[1], -1)}
 end
 redis.call('del', KEYS[1])
 redis.call('publish', ARGV[3], ARGV[4])

@@ -20,7 +20,11 @@ local function is_holder(f, rw)
     return rw and string.match(f, UUID .. ':write$') ~= nil
 end
 
-local function holders_ok(key, rw)
+-- KEY's fields and values (HGETALL's list) when every field is a holder
+-- with a count (and, RW, the mode field is there), else false: the
+-- scripts that go on look their holder up in the list instead of asking
+-- Redis again.
+local function holders(key, rw)
     if redis.call('hlen', key) > (rw and 65 or 64) then
         return false
     end
@@ -38,7 +42,24 @@ local function holders_ok(key, rw)
             return false
         end
     end
-    return (not rw) or mode
+    if rw and not mode then
+        return false
+    end
+    return kv
+end
+
+local function holders_ok(key, rw)
+    return holders(key, rw) ~= false
+end
+
+-- The count FIELD holds in the list KV (from holders), nil when none.
+local function count_of(kv, field)
+    for i = 1, #kv, 2 do
+        if kv[i] == field then
+            return kv[i + 1]
+        end
+    end
+    return nil
 end
 
 local function is_lock(key)
