@@ -10,11 +10,16 @@
 -- lock, {-3} OTHER: held by another.
 -- A hash that is not a lock (lib/lock_shape.lua) is never changed.
 --@include lock_shape.lua
-local t = redis.call('type', KEYS[1]).ok
-if t == 'none' then
+-- HLEN fails on anything but a hash and is 0 for no key: TYPE is not
+-- needed.
+local len = redis.pcall('hlen', KEYS[1])
+if type(len) == 'table' then
+    return {-1}
+end
+if len == 0 then
     return {-2}
 end
-local kv = t == 'hash' and holders(KEYS[1], false)
+local kv = holders(KEYS[1], false, len)
 if not kv then
     return {-1}
 end

@@ -23,9 +23,9 @@ end
 -- KEY's fields and values (HGETALL's list) when every field is a holder
 -- with a count (and, RW, the mode field is there), else false: the
 -- scripts that go on look their holder up in the list instead of asking
--- Redis again.
-local function holders(key, rw)
-    if redis.call('hlen', key) > (rw and 65 or 64) then
+-- Redis again. LEN is KEY's HLEN when the caller has it.
+local function holders(key, rw, len)
+    if (len or redis.call('hlen', key)) > (rw and 65 or 64) then
         return false
     end
     local kv = redis.call('hgetall', key)
