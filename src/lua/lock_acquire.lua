@@ -77,4 +77,9 @@ if type(r) == 'table' then
 end
 redis.call('hset', KEYS[1], ARGV[2], 1)
 redis.call('pexpire', KEYS[1], lease)
+-- INCR's answer is exact as a Lua number below 2^53; above, the
+-- counter's own text.
+if r < 9007199254740992 then
+    return {1, 1, string.format('%d', r), lease}
+end
 return {1, 1, redis.call('get', KEYS[2]), lease}
