@@ -200,6 +200,7 @@ int redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
 void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
                    const char *reason, uint64_t conn_id);
 void redis_waiting_retry(struct rnode *n);
+struct rcmd *redis_cmd_new(void);
 void redis_rcmd_free(struct rcmd *cmd);
 struct rcmd_x *redis_cmd_x(struct rcmd *cmd);
 void redis_doubt(const struct rnode *n, const char *why);
