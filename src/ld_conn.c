@@ -19,6 +19,7 @@
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_reader.h"
+#include "ld_stats.h"
 #include "ld_tls.h"
 #include "ld_util.h"
 
@@ -49,6 +50,17 @@
 #define PING_IDLE_MS 5000
 #define OWN_RING 8 /* handshake steps and one PING */
 
+/* How the output of a plain socket is written (see send_raw): at the end
+ * of the loop turn in which commands were queued, and before it, at
+ * once, when the connection had nothing in flight or once this many
+ * commands wait, so that Redis starts on them while the daemon is still
+ * reading its clients. Each such write is one more system call; a turn
+ * of 50 requests for one connection makes at most 50 / 8 + 1 writes
+ * where it made one. 0: only at the end of the turn. */
+#ifndef LD_CONN_EARLY_WRITE
+#define LD_CONN_EARLY_WRITE 8
+#endif
+
 struct ld_conn {
     const struct ld_ctx *ctx;
     struct ld_conn_addr addr;
@@ -60,6 +72,13 @@ struct ld_conn {
     struct bufferevent *bev;
     bool tls;              /* BEV is TLS: it reads, not read_ev */
     struct event *read_ev; /* reads a plain socket (see sock_read_cb) */
+    /* A plain socket, once connected, is written here (DIRECT) from
+     * FLUSH_EV, an event activated by the first command of a turn; its
+     * bufferevent writes only what a full socket left (BEV_WRITING). */
+    struct event *flush_ev;
+    int queued; /* commands appended since the last write */
+    bool direct;
+    bool bev_writing;
     redisReader *reader;
     struct ld_reader_bounds bounds; /* of READER */
     struct ld_backoff backoff;
@@ -218,6 +237,7 @@ maybe_free(struct ld_conn *c)
     event_free(c->retry_ev);
     event_free(c->timer_ev);
     event_free(c->read_ev);
+    event_free(c->flush_ev);
     free(c);
 }
 
@@ -277,6 +297,9 @@ conn_down(struct ld_conn *c, const char *why)
 {
     bool was_ready = c->state == LD_CONN_READY;
     event_del(c->read_ev);
+    event_del(c->flush_ev);
+    c->direct = c->bev_writing = false;
+    c->queued = 0;
     if (c->bev != NULL) {
         bufferevent_free(c->bev);
         c->bev = NULL;
@@ -360,6 +383,91 @@ is_sub(const struct ld_conn *c)
            c->role == LD_CONN_ROLE_TRACK;
 }
 
+/* Write what the output holds to a plain socket; what a full socket
+ * does not take, the bufferevent finishes (write_cb). 1 when a write was
+ * made, 0 when there was nothing to write, -1 with errno when the socket
+ * failed. */
+static int
+write_out(struct ld_conn *c)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    c->queued = 0;
+    if (evbuffer_get_length(out) == 0) {
+        return 0;
+    }
+    /* A socket bufferevent keeps the front of its output frozen, so that
+     * only it drains it; it unfreezes it the same way for its writes. */
+    evbuffer_unfreeze(out, 1);
+    int n = evbuffer_write(out, bufferevent_getfd(c->bev));
+    int err = errno;
+    evbuffer_freeze(out, 1);
+    ld_stats.redis_writes++;
+    if (n < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+        errno = err;
+        return -1;
+    }
+    if (evbuffer_get_length(out) > 0) {
+        c->bev_writing = true;
+        bufferevent_enable(c->bev, EV_WRITE);
+    }
+    return 1;
+}
+
+/* The end of the turn in which commands were queued. */
+static void
+flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct ld_conn *c = arg;
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    if (c->bev == NULL || !c->direct || c->bev_writing) {
+        return;
+    }
+    if (write_out(c) < 0) {
+        char why[192];
+        snprintf(why, sizeof(why), "%s", strerror(errno));
+        c->busy++;
+        conn_down(c, why);
+        c->busy--;
+        maybe_free(c);
+    }
+}
+
+/* The bufferevent wrote what a full socket had left: writing is ours
+ * again, without write interest (which would cost two epoll_ctl calls
+ * per write). */
+static void
+write_cb(struct bufferevent *bev, void *arg)
+{
+    struct ld_conn *c = arg;
+    if (c->direct && c->bev_writing) {
+        c->bev_writing = false;
+        bufferevent_disable(bev, EV_WRITE);
+    }
+}
+
+/* A command was appended to the output of a plain socket: it leaves at
+ * the end of the turn, or now (see LD_CONN_EARLY_WRITE). After a failed
+ * write FLUSH_EV, active since the first command of the turn, writes
+ * again and takes the connection down: no call to the owner is made
+ * from in here. */
+static void
+queued_one(struct ld_conn *c, bool idle)
+{
+    if (!c->direct || c->bev_writing) {
+        return;
+    }
+    if (++c->queued == 1) {
+        event_active(c->flush_ev, EV_WRITE, 0);
+    }
+    if (LD_CONN_EARLY_WRITE > 0 &&
+        (idle || c->queued >= LD_CONN_EARLY_WRITE)) {
+        if (write_out(c) > 0) {
+            ld_stats.redis_early_writes++;
+        }
+    }
+}
+
 static int
 send_raw(struct ld_conn *c, int argc, const char **argv, const size_t *argvlen)
 {
@@ -373,6 +481,7 @@ send_raw(struct ld_conn *c, int argc, const char **argv, const size_t *argvlen)
     }
     uint64_t now = ld_now_us();
     bool counted = !is_sub(c) || c->state != LD_CONN_READY;
+    queued_one(c, counted && c->state == LD_CONN_READY && owed(c) == 0);
     c->last_io_us = now;
     if (!counted) {
         return LD_OK;
@@ -738,7 +847,12 @@ event_cb(struct bufferevent *bev, short what, void *arg)
             bufferevent_setcb(c->bev, tls_read_cb, NULL, event_cb, c);
             bufferevent_enable(c->bev, EV_READ);
         } else {
-            bufferevent_disable(c->bev, EV_READ);
+            /* Written by write_out from here on. */
+            bufferevent_setcb(c->bev, NULL, write_cb, event_cb, c);
+            bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+            c->direct = true;
+            c->bev_writing = false;
+            c->queued = 0;
             event_assign(c->read_ev, c->ctx->base, fd, EV_READ | EV_PERSIST,
                          sock_read_cb, c);
             event_add(c->read_ev, NULL);
@@ -955,7 +1069,9 @@ ld_conn_new(const struct ld_ctx *ctx, const struct ld_conn_addr *addr,
     c->retry_ev = evtimer_new(ctx->base, retry_cb, c);
     c->timer_ev = evtimer_new(ctx->base, timer_cb, c);
     c->read_ev = event_new(ctx->base, -1, 0, NULL, NULL);
-    if (c->retry_ev == NULL || c->timer_ev == NULL || c->read_ev == NULL) {
+    c->flush_ev = event_new(ctx->base, -1, 0, flush_cb, c);
+    if (c->retry_ev == NULL || c->timer_ev == NULL || c->read_ev == NULL ||
+        c->flush_ev == NULL) {
         ld_oom(0);
     }
     return c;

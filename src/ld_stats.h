@@ -25,6 +25,8 @@
     X(counter, requests, "Requests received")                                 \
     X(gauge, requests_pending, "Requests awaiting their reply")               \
     X(gauge, session_buffer_bytes, "Bytes in client sessions' buffers")       \
+    X(counter, session_early_writes,                                          \
+      "Client replies written before the end of a loop turn")                 \
     X(gauge, redis_connected, "Command connections to Redis that are ready")  \
     X(counter, redis_commands, "Commands sent to Redis")                      \
     X(counter, redis_errors, "Redis commands that failed or timed out")       \
@@ -33,6 +35,9 @@
     X(counter, redis_noscript, "Scripts re-sent after NOSCRIPT")              \
     X(counter, redis_batches, "Batch script calls sent to Redis")             \
     X(counter, redis_batched_items, "Scripts sent inside batch calls")        \
+    X(counter, redis_writes, "Writes to Redis connections")                   \
+    X(counter, redis_early_writes,                                            \
+      "Writes to Redis made before the end of a loop turn")                   \
     X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")            \
     X(counter, redis_failovers, "Changes of master followed (sentinel mode)") \
     X(counter_us, redis_no_master_us, "Time without a usable Redis master")   \
