@@ -50,17 +50,6 @@
 #define PING_IDLE_MS 5000
 #define OWN_RING 8 /* handshake steps and one PING */
 
-/* How the output of a plain socket is written (see send_raw): at the end
- * of the loop turn in which commands were queued, and before it, at
- * once, when the connection had nothing in flight or once this many
- * commands wait, so that Redis starts on them while the daemon is still
- * reading its clients. Each such write is one more system call; a turn
- * of 50 requests for one connection makes at most 50 / 8 + 1 writes
- * where it made one. 0: only at the end of the turn. */
-#ifndef LD_CONN_EARLY_WRITE
-#define LD_CONN_EARLY_WRITE 8
-#endif
-
 struct ld_conn {
     const struct ld_ctx *ctx;
     struct ld_conn_addr addr;
@@ -73,10 +62,11 @@ struct ld_conn {
     bool tls;              /* BEV is TLS: it reads, not read_ev */
     struct event *read_ev; /* reads a plain socket (see sock_read_cb) */
     /* A plain socket, once connected, is written here (DIRECT) from
-     * FLUSH_EV, an event activated by the first command of a turn; its
-     * bufferevent writes only what a full socket left (BEV_WRITING). */
+     * FLUSH_EV, an event activated by the first command of a turn
+     * (FLUSH_ARMED); its bufferevent writes only what a full socket left
+     * (BEV_WRITING). */
     struct event *flush_ev;
-    int queued; /* commands appended since the last write */
+    bool flush_armed;
     bool direct;
     bool bev_writing;
     redisReader *reader;
@@ -298,8 +288,7 @@ conn_down(struct ld_conn *c, const char *why)
     bool was_ready = c->state == LD_CONN_READY;
     event_del(c->read_ev);
     event_del(c->flush_ev);
-    c->direct = c->bev_writing = false;
-    c->queued = 0;
+    c->direct = c->bev_writing = c->flush_armed = false;
     if (c->bev != NULL) {
         bufferevent_free(c->bev);
         c->bev = NULL;
@@ -391,7 +380,6 @@ static int
 write_out(struct ld_conn *c)
 {
     struct evbuffer *out = bufferevent_get_output(c->bev);
-    c->queued = 0;
     if (evbuffer_get_length(out) == 0) {
         return 0;
     }
@@ -413,13 +401,20 @@ write_out(struct ld_conn *c)
     return 1;
 }
 
-/* The end of the turn in which commands were queued. */
+/* The end of the turn in which commands were queued: they leave in one
+ * write (automatic pipelining). Writing some of them earlier, so that
+ * Redis would start on them while the daemon still reads its clients,
+ * was measured: one write per 8 commands, and one at once when nothing
+ * was in flight, took 0.23 more system calls per lock+unlock at 50
+ * connections and showed no gain in throughput (bench/results.md,
+ * "Redis I/O overlap"). */
 static void
 flush_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct ld_conn *c = arg;
     LD_UNUSED(fd);
     LD_UNUSED(what);
+    c->flush_armed = false;
     if (c->bev == NULL || !c->direct || c->bev_writing) {
         return;
     }
@@ -447,24 +442,13 @@ write_cb(struct bufferevent *bev, void *arg)
 }
 
 /* A command was appended to the output of a plain socket: it leaves at
- * the end of the turn, or now (see LD_CONN_EARLY_WRITE). After a failed
- * write FLUSH_EV, active since the first command of the turn, writes
- * again and takes the connection down: no call to the owner is made
- * from in here. */
+ * the end of the turn. */
 static void
-queued_one(struct ld_conn *c, bool idle)
+queued_one(struct ld_conn *c)
 {
-    if (!c->direct || c->bev_writing) {
-        return;
-    }
-    if (++c->queued == 1) {
+    if (c->direct && !c->bev_writing && !c->flush_armed) {
+        c->flush_armed = true;
         event_active(c->flush_ev, EV_WRITE, 0);
-    }
-    if (LD_CONN_EARLY_WRITE > 0 &&
-        (idle || c->queued >= LD_CONN_EARLY_WRITE)) {
-        if (write_out(c) > 0) {
-            ld_stats.redis_early_writes++;
-        }
     }
 }
 
@@ -481,7 +465,7 @@ send_raw(struct ld_conn *c, int argc, const char **argv, const size_t *argvlen)
     }
     uint64_t now = ld_now_us();
     bool counted = !is_sub(c) || c->state != LD_CONN_READY;
-    queued_one(c, counted && c->state == LD_CONN_READY && owed(c) == 0);
+    queued_one(c);
     c->last_io_us = now;
     if (!counted) {
         return LD_OK;
@@ -851,8 +835,7 @@ event_cb(struct bufferevent *bev, short what, void *arg)
             bufferevent_setcb(c->bev, NULL, write_cb, event_cb, c);
             bufferevent_disable(c->bev, EV_READ | EV_WRITE);
             c->direct = true;
-            c->bev_writing = false;
-            c->queued = 0;
+            c->bev_writing = c->flush_armed = false;
             event_assign(c->read_ev, c->ctx->base, fd, EV_READ | EV_PERSIST,
                          sock_read_cb, c);
             event_add(c->read_ev, NULL);
