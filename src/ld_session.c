@@ -59,13 +59,6 @@
 
 #define MAX_HOOKS 8
 
-/* Whether a session's output is written as soon as its last request in
- * flight is answered (see ld_session_req_done), or only at the end of
- * the loop turn. */
-#ifndef LD_SESSION_EARLY_WRITE
-#define LD_SESSION_EARLY_WRITE 1
-#endif
-
 TAILQ_HEAD(session_list, ld_session);
 
 /* A client that half-closes (shutdown(SHUT_WR), as `socat` and `nc -N`
@@ -93,7 +86,6 @@ struct session_io {
     bool backlog;            /* complete lines left for a later turn */
     bool over_limit;         /* output passed the limit: dropped */
     bool seen_line;          /* the first line has been looked at */
-    bool in_input;           /* its lines are being dispatched */
     struct ld_session *next_dirty;
     /* On the open list (session_mod.open) from creation to close: the
      * link is private, other modules walk the list with
@@ -162,35 +154,6 @@ mark_dirty(struct ld_session *s)
     event_active(session_mod.flush_ev, EV_WRITE, 0);
 }
 
-/* Write the session's output to its socket; whether a write was made. A
- * failed write closes the session only when MAY_CLOSE; otherwise
- * flush_cb, which follows, tries again and closes it. */
-static bool
-flush_one(struct ld_session *s, bool may_close)
-{
-    struct evbuffer *out = s->bev != NULL ? bufferevent_get_output(s->bev)
-                                          : NULL;
-    if (!s->open || out == NULL || evbuffer_get_length(out) == 0 ||
-        (bufferevent_get_enabled(s->bev) & EV_WRITE)) {
-        return false;
-    }
-    /* A socket bufferevent keeps the front of its output frozen so only
-     * it drains it; it unfreezes the same way for its own writes. */
-    evbuffer_unfreeze(out, 1);
-    int n = evbuffer_write(out, s->fd);
-    int err = errno;
-    evbuffer_freeze(out, 1);
-    if (n < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
-        if (may_close) {
-            ld_session_close(s, strerror(err));
-        }
-    } else if (evbuffer_get_length(out) > 0) {
-        /* The socket is full: let the bufferevent finish. */
-        bufferevent_enable(s->bev, EV_WRITE);
-    }
-    return true;
-}
-
 static void
 flush_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -203,7 +166,23 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
         struct ld_session *s = list;
         list = s->io->next_dirty;
         s->io->dirty = false;
-        flush_one(s, true);
+        struct evbuffer *out = s->bev != NULL ? bufferevent_get_output(s->bev)
+                                              : NULL;
+        if (s->open && out != NULL && evbuffer_get_length(out) > 0) {
+            /* A socket bufferevent keeps the front of its output frozen
+             * so only it drains it; it unfreezes the same way for its
+             * own writes. */
+            evbuffer_unfreeze(out, 1);
+            int n = evbuffer_write(out, s->fd);
+            evbuffer_freeze(out, 1);
+            if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                errno != EINTR) {
+                ld_session_close(s, strerror(errno));
+            } else if (evbuffer_get_length(out) > 0) {
+                /* The socket is full: let the bufferevent finish. */
+                bufferevent_enable(s->bev, EV_WRITE);
+            }
+        }
         ld_session_unref(s);
     }
 }
@@ -460,17 +439,6 @@ ld_session_req_done(struct ld_session *s)
     s->io->answered++;
     if (s->bev != NULL) {
         maybe_resume(s);
-    }
-    if (LD_SESSION_EARLY_WRITE && s->pending == 0 && s->io->dirty &&
-        !s->io->in_input) {
-        /* Its last answer: the client waits for nothing else, so it may
-         * send its next request while the rest of the turn is worked
-         * through. The write is the one the end of the turn would make;
-         * while its own lines are being dispatched, answers made at once
-         * wait for the end of the turn, not one write each. */
-        if (flush_one(s, false)) {
-            ld_stats.session_early_writes++;
-        }
     }
     if (closed_and_done(s)) {
         /* Not from here: the module answering may still be working on
@@ -742,7 +710,6 @@ process_input(struct ld_session *s, char *fresh, size_t fresh_len)
      * while we are still draining lines of this read. */
     ld_session_ref(s);
     s->io->backlog = false;
-    s->io->in_input = true;
     while (s->open && !s->io->out_paused && !s->io->over_limit) {
         size_t limit = ld_session_output_limit();
         if (owed_output(s) > output_high(limit)) {
@@ -812,7 +779,6 @@ process_input(struct ld_session *s, char *fresh, size_t fresh_len)
             free(line);
         }
     }
-    s->io->in_input = false;
     if (s->open && s->bev != NULL) {
         ld_frame_keep(&s->io->framer, in, fresh, fresh_len, &pos);
     }

@@ -25,8 +25,6 @@
     X(counter, requests, "Requests received")                                 \
     X(gauge, requests_pending, "Requests awaiting their reply")               \
     X(gauge, session_buffer_bytes, "Bytes in client sessions' buffers")       \
-    X(counter, session_early_writes,                                          \
-      "Client replies written before the end of a loop turn")                 \
     X(gauge, redis_connected, "Command connections to Redis that are ready")  \
     X(counter, redis_commands, "Commands sent to Redis")                      \
     X(counter, redis_errors, "Redis commands that failed or timed out")       \

@@ -1,8 +1,8 @@
-/* The daemon's writes: the commands of one loop turn leave for Redis in
- * one write, and a session's output as soon as its last request in
- * flight is answered. Replies match their requests and keep their
- * order, and a Redis restarted in the middle of a burst still leaves no
- * request unanswered. */
+/* The daemon's writes to Redis, made by the daemon itself at the end of
+ * the loop turn rather than by the bufferevent's write events: the
+ * commands of one turn leave in one write, replies match their requests
+ * and keep their order, and a Redis restarted in the middle of a burst
+ * still leaves no request unanswered. */
 #include "harness.h"
 #include "lock_util.h"
 
@@ -115,37 +115,6 @@ START_TEST(test_pipelined_in_order)
 }
 END_TEST
 
-/* A request answered from Redis is written to its session at once (its
- * last one in flight); requests answered while their session's lines
- * are being read wait for the end of the turn and leave in one write. */
-START_TEST(test_session_early_write)
-{
-    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
-    start_daemon(2000);
-    struct h_conn *st = h_connect_ok(&D);
-    struct h_conn *c = h_connect_ok(&D);
-    long long s0 = h_stat(st, "session_early_writes");
-    json_decref(lk_must(c, "sw", NULL, NO_TTL, 0));
-    ck_assert_int_ge(h_stat(st, "session_early_writes") - s0, 1);
-
-    s0 = h_stat(st, "session_early_writes");
-    json_t *reqs[NP];
-    for (int i = 0; i < NP; i++) {
-        reqs[i] = json_pack("{s:s}", "op", "ping");
-    }
-    send_all(c, reqs, NP, BASE_ID);
-    for (int i = 0; i < NP; i++) {
-        json_t *r = h_recv(c, 5000);
-        ck_assert_msg(r != NULL && h_ok(r), "ping %d: %s", i, h_dump(r));
-        ck_assert_int_eq(jint(r, "id"), BASE_ID + i);
-        json_decref(r);
-    }
-    ck_assert_int_eq(h_stat(st, "session_early_writes") - s0, 0);
-    h_close(c);
-    h_close(st);
-}
-END_TEST
-
 #define NS 8     /* sessions of the burst */
 #define BURST 32 /* requests per session and wave */
 
@@ -224,7 +193,6 @@ main(void)
 {
     const struct h_case cases[] = {
         H_CASE(pipelined_in_order, 60),
-        H_CASE(session_early_write, 60),
         H_CASE(redis_restarted_mid_burst, 90),
     };
     return H_MAIN(fx, cases);
