@@ -52,6 +52,7 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,7 +316,7 @@ redis_cmd_new(void)
 {
     if (n_cmd_spare > 0) {
         struct rcmd *cmd = cmd_spare[--n_cmd_spare];
-        memset(cmd, 0, sizeof(*cmd));
+        memset(cmd, 0, offsetof(struct rcmd, keep));
         return cmd;
     }
     return ld_xcalloc(1, sizeof(struct rcmd));
@@ -327,7 +328,9 @@ redis_rcmd_free(struct rcmd *cmd)
     if (redis_batch_owns(cmd)) {
         redis_batch_release(cmd);
     }
-    free(cmd->argv); /* one block: argv, argvlen and the bytes */
+    if ((char *)cmd->argv != cmd->keep.bytes) {
+        free(cmd->argv); /* one block: argv, argvlen and the bytes */
+    }
     free(cmd->fail_reason);
     if (cmd->x != NULL) {
         if (cmd->x->timeout_ev != NULL) {
@@ -1003,7 +1006,9 @@ redis_keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
     }
     bytes += strlen(nk) + 1;
     size_t head = sizeof(char *) * (size_t)n + sizeof(size_t) * (size_t)n;
-    char *block = malloc(head + bytes);
+    char *block = head + bytes <= sizeof(cmd->keep.bytes)
+                      ? cmd->keep.bytes
+                      : malloc(head + bytes);
     if (block == NULL) {
         return LD_ERR;
     }
