@@ -52,6 +52,7 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,13 +304,33 @@ redis_cmd_x(struct rcmd *cmd)
     return cmd->x;
 }
 
+/* Records of ended commands, kept for the next ones: a request's
+ * command would otherwise cost a calloc and a free. Bounded, so that a
+ * burst does not keep its peak. */
+#define CMD_SPARE 128
+static struct rcmd *cmd_spare[CMD_SPARE];
+static int n_cmd_spare;
+
+struct rcmd *
+redis_cmd_new(void)
+{
+    if (n_cmd_spare > 0) {
+        struct rcmd *cmd = cmd_spare[--n_cmd_spare];
+        memset(cmd, 0, offsetof(struct rcmd, keep));
+        return cmd;
+    }
+    return ld_xcalloc(1, sizeof(struct rcmd));
+}
+
 void
 redis_rcmd_free(struct rcmd *cmd)
 {
     if (redis_batch_owns(cmd)) {
         redis_batch_release(cmd);
     }
-    free(cmd->argv); /* one block: argv, argvlen and the bytes */
+    if ((char *)cmd->argv != cmd->keep.bytes) {
+        free(cmd->argv); /* one block: argv, argvlen and the bytes */
+    }
     free(cmd->fail_reason);
     if (cmd->x != NULL) {
         if (cmd->x->timeout_ev != NULL) {
@@ -317,7 +338,11 @@ redis_rcmd_free(struct rcmd *cmd)
         }
         free(cmd->x);
     }
-    free(cmd);
+    if (n_cmd_spare < CMD_SPARE) {
+        cmd_spare[n_cmd_spare++] = cmd;
+    } else {
+        free(cmd);
+    }
 }
 
 /* Answer a command that never reached Redis, from the loop rather than
@@ -479,7 +504,7 @@ reload_scripts(struct rconn *c)
         const char *body = redis_script_body(c->node, i);
         const char *av[] = {"SCRIPT", "LOAD", body};
         size_t al[] = {6, 4, strlen(body)};
-        struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+        struct rcmd *cmd = redis_cmd_new();
         cmd->internal = true;
         cmd->script = -1;
         cmd->arg = (void *)"reload";
@@ -719,7 +744,7 @@ send_asking(struct rconn *c)
 {
     static const char *av[] = {"ASKING"};
     static const size_t al[] = {6};
-    struct rcmd *a = ld_xcalloc(1, sizeof(*a));
+    struct rcmd *a = redis_cmd_new();
     a->internal = true;
     a->script = -1;
     if (redis_send_argv(c, a, 1, av, al) != LD_OK) {
@@ -848,7 +873,7 @@ redis_send_to(struct rnode *n, int argc, const char **argv,
               const size_t *argvlen, void (*cb)(redisReply *reply, void *arg),
               void *arg)
 {
-    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+    struct rcmd *cmd = redis_cmd_new();
     cmd->cb = cb;
     cmd->arg = arg;
     cmd->script = -1;
@@ -943,7 +968,7 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
                     size_t route_len, int argc, const char **argv,
                     const size_t *argvlen, ld_redis_cb *cb, void *arg)
 {
-    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+    struct rcmd *cmd = redis_cmd_new();
     cmd->cb = cb;
     cmd->arg = arg;
     cmd->script = -1;
@@ -981,7 +1006,9 @@ redis_keep_args(struct rcmd *cmd, int nkeys, int argc, const char **argv,
     }
     bytes += strlen(nk) + 1;
     size_t head = sizeof(char *) * (size_t)n + sizeof(size_t) * (size_t)n;
-    char *block = malloc(head + bytes);
+    char *block = head + bytes <= sizeof(cmd->keep.bytes)
+                      ? cmd->keep.bytes
+                      : malloc(head + bytes);
     if (block == NULL) {
         return LD_ERR;
     }
@@ -1018,7 +1045,7 @@ ld_redis_script_ex(const struct ld_redis_opts *opts, enum ld_script_id script,
                    const char **argv, const size_t *argvlen, ld_redis_cb *cb,
                    void *arg)
 {
-    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+    struct rcmd *cmd = redis_cmd_new();
     cmd->cb = cb;
     cmd->arg = arg;
     cmd->script = (int)script;
@@ -1308,6 +1335,9 @@ ld_redis_free(void)
         ld_defer_free(&redis_mod.fail_defer);
     }
     redis_batch_free();
+    while (n_cmd_spare > 0) {
+        free(cmd_spare[--n_cmd_spare]);
+    }
     redis_mod.started = false;
 }
 

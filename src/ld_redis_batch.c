@@ -324,7 +324,7 @@ batch_cmd(struct rbatch *b)
             p += it->argvlen[j] + 1;
         }
     }
-    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+    struct rcmd *cmd = redis_cmd_new();
     cmd->cb = batch_cb;
     cmd->arg = b;
     cmd->script = REDIS_BATCH_SCRIPT;

@@ -68,8 +68,8 @@ struct rcmd {
     int script;             /* -1 unless an EVALSHA */
     int argc;               /* script: keys + args, kept for NOSCRIPT */
     unsigned timeout_ms;    /* ld_redis_opts.timeout_ms, 0: redis's */
-    /* Small, so that a command stays within 120 bytes (malloc's fast
-     * sizes): the standalone hot path allocates one per command. */
+    /* Small: the records are kept for reuse (redis_cmd_new), but a
+     * burst past the spares allocates one per command. */
     int16_t instance;     /* ld_redis_opts.instance, <= MAX_INSTANCES */
     uint8_t pool;         /* enum ld_redis_pool */
     uint8_t fail_outcome; /* on the failure list */
@@ -78,6 +78,13 @@ struct rcmd {
     bool internal;        /* handshake step: cb gets the rconn */
     bool hook;            /* the step of ld_redis_conn_hooks */
     bool waiting;         /* on the list of those awaiting a conn */
+    /* A script's kept arguments (ARGV points here) when they fit, so
+     * that they need no block of their own; last, as a reused record is
+     * cleared up to here only. */
+    union {
+        char bytes[256];
+        void *align;
+    } keep;
 };
 
 TAILQ_HEAD(rcmd_queue, rcmd);
@@ -200,6 +207,7 @@ int redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
 void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
                    const char *reason, uint64_t conn_id);
 void redis_waiting_retry(struct rnode *n);
+struct rcmd *redis_cmd_new(void);
 void redis_rcmd_free(struct rcmd *cmd);
 struct rcmd_x *redis_cmd_x(struct rcmd *cmd);
 void redis_doubt(const struct rnode *n, const char *why);

@@ -51,7 +51,7 @@ slot_hook_step(struct rconn *c)
     if (n <= 0) {
         return;
     }
-    struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+    struct rcmd *cmd = redis_cmd_new();
     cmd->internal = true;
     cmd->hook = true;
     cmd->script = -1;
@@ -78,7 +78,7 @@ slot_ready(struct ld_conn *conn, void *owner)
         const char *body = redis_script_body(c->node, i);
         const char *av[] = {"SCRIPT", "LOAD", body};
         size_t al[] = {6, 4, strlen(body)};
-        struct rcmd *cmd = ld_xcalloc(1, sizeof(*cmd));
+        struct rcmd *cmd = redis_cmd_new();
         cmd->internal = true;
         cmd->script = i;
         cmd->arg = i < REDIS_BATCH_SCRIPT ? (void *)redis_script_names[i]

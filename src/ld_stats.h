@@ -33,6 +33,7 @@
     X(counter, redis_noscript, "Scripts re-sent after NOSCRIPT")              \
     X(counter, redis_batches, "Batch script calls sent to Redis")             \
     X(counter, redis_batched_items, "Scripts sent inside batch calls")        \
+    X(counter, redis_writes, "Writes to Redis connections")                   \
     X(smoothed_us, redis_rtt_us, "Smoothed Redis round-trip time")            \
     X(counter, redis_failovers, "Changes of master followed (sentinel mode)") \
     X(counter_us, redis_no_master_us, "Time without a usable Redis master")   \
