@@ -253,6 +253,58 @@ test('replies in any order; one without an id goes to the oldest', async () => {
   }
 });
 
+test('lock and unlock options written as JSON writes them', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  const lines = [];
+  // A peer that records every request and answers it.
+  const srv = net.createServer((c) => {
+    let buf = '';
+    c.on('data', (d) => {
+      buf += d.toString();
+      let nl;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        lines.push(line);
+        c.write(`{"id":${JSON.parse(line).id},"ok":true}\n`);
+      }
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  const odd = 'o"\\é\n\u2028😀';
+  const cases = [
+    ['lock', 'k', { wait_ms: 5, ttl_ms: 1.5, owner: odd, mode: 'read',
+      detach: true, token: odd }],
+    ['lock', odd, {}],
+    ['lock', 'k', { wait_ms: -1, detach: false, extra: 1 }],
+    ['lock', 'k', { wait_ms: NaN, owner: null }],
+    ['lock', ['a', odd], { wait_ms: 7 }],
+    ['unlock', 'k', { owner: odd, token: 't', mode: 'write' }],
+    ['unlock', odd, { token: 7 }],
+    ['unlock', 'k', { owner: null }],
+  ];
+  try {
+    await within(WAIT_MS, Promise.all(cases.map(([op, k, o]) => ld[op](k, o))),
+      'replies');
+    assert.strictEqual(lines.length, cases.length);
+    cases.forEach(([op, k, o], i) => {
+      const names = op === 'lock'
+        ? ['wait_ms', 'ttl_ms', 'owner', 'mode', 'detach', 'token']
+        : ['owner', 'token', 'mode'];
+      const want = { op, id: i + 1,
+        ...(Array.isArray(k) ? { keys: k } : { key: k }) };
+      for (const n of names) want[n] = o[n];
+      assert.strictEqual(lines[i], JSON.stringify(want), `case ${i}`);
+    });
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('Pool spreads work and keeps using() on one connection', async () => {
   const pool = new Pool({ path: SOCK, size: 3 });
   try {
