@@ -3,7 +3,7 @@
 // stdout.
 //
 //   node peers.js lock --contender=leased|leased-pool|redlock|semaphore|
-//       redlock-shared|semaphore-shared [--pool=4]
+//       redlock-shared|semaphore-shared [--pool=2]
 //       --shape=uncontended|contended --workers=50 --dur=5 --warm=0.5
 //       --retry=default|tuned --tuned-ms=10 --hold-ms=1 --sock=PATH
 //       --redis=PORT --referee=PORT --tag=RUNID
@@ -190,7 +190,7 @@ async function lockCell() {
   const shared = /-shared$/.test(opt.contender);
   const who = opt.contender.replace(/-shared$/, '');
   const c = opt.contender === 'leased' ? leasedContender()
-    : opt.contender === 'leased-pool' ? leasedPoolContender(num('pool', 4))
+    : opt.contender === 'leased-pool' ? leasedPoolContender(num('pool', 2))
       : who === 'redlock' ? redlockContender(tuned, tunedMs, shared)
         : who === 'semaphore' ? semaphoreContender(tuned, tunedMs, shared)
           : null;

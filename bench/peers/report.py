@@ -110,7 +110,7 @@ def main():
               "seconds", "repeats", "duration", "warm", "tuned-ms",
               "sem-tuned-ms", "lead-ms", "readers"):
         ap.add_argument("--" + o, required=True)
-    ap.add_argument("--pool", default="4")
+    ap.add_argument("--pool", default="2")
     a = ap.parse_args()
     NAMES[("node", "leased-pool")] = (
         "leased (node client, one pool of %s connections)" % a.pool)

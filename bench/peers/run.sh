@@ -225,7 +225,7 @@ storm() {
 }
 
 sem_tuned=1
-pool_size=${POOL:-4}
+pool_size=${POOL:-2}
 lock_cells() {
     cat <<EOF
 node --contender=leased --shape=uncontended
