@@ -2,7 +2,8 @@
 // The Node side of make bench-peers: one cell per run, one JSON line on
 // stdout.
 //
-//   node peers.js lock --contender=leased|redlock|semaphore
+//   node peers.js lock --contender=leased|leased-pool|redlock|semaphore|
+//       redlock-shared|semaphore-shared [--pool=2]
 //       --shape=uncontended|contended --workers=50 --dur=5 --warm=0.5
 //       --retry=default|tuned --tuned-ms=10 --hold-ms=1 --sock=PATH
 //       --redis=PORT --referee=PORT --tag=RUNID
@@ -14,6 +15,12 @@
 // overlap counter (INCR on entry, DECR on exit) and the loader-call
 // counter live there, so they cost every contender the same and do not
 // load the Redis under test.
+//
+// Two ways to connect, each the same for leased and the peers: a
+// connection per worker (leased, redlock, semaphore), or one client
+// object per process shared by all the workers (leased-pool: one Pool of
+// --pool connections; *-shared: one ioredis client), which is how an app
+// with many async callers uses any of them.
 
 const { performance } = require('perf_hooks');
 const Redis = require('ioredis');
@@ -36,6 +43,24 @@ const now = () => performance.now();
 function redisClient(port) {
   return new Redis({ host: '127.0.0.1', port: Number(port),
     maxRetriesPerRequest: 1, enableOfflineQueue: true });
+}
+
+// The ioredis connection of a peer's worker: its own, or, for the
+// *-shared contenders, one client for all the workers of the process, as
+// an app creates one ioredis client and hands it to Redlock or to every
+// Mutex.
+let sharedRedis = null;
+async function peerRedis(shared) {
+  if (!shared) {
+    const r = redisClient(opt.redis);
+    await r.ping();
+    return r;
+  }
+  if (!sharedRedis) {
+    sharedRedis = redisClient(opt.redis);
+    await sharedRedis.ping();
+  }
+  return sharedRedis;
 }
 
 // ---------------------------------------------------------------- locks
@@ -80,7 +105,7 @@ function leasedPoolContender(size) {
   };
 }
 
-function redlockContender(tuned, tunedMs) {
+function redlockContender(tuned, tunedMs, shared) {
   const Redlock = require('redlock').default;
   const { ExecutionError } = require('redlock');
   // Tuned: only the interval (and its jitter with it); the retry count
@@ -89,8 +114,7 @@ function redlockContender(tuned, tunedMs) {
     retryJitter: Math.max(1, Math.round(tunedMs / 2)) } : {};
   return {
     async setup() {
-      const r = redisClient(opt.redis);
-      await r.ping();
+      const r = await peerRedis(shared);
       return { r, rl: new Redlock([r], settings) };
     },
     async acquire(s, key) {
@@ -113,7 +137,7 @@ function redlockContender(tuned, tunedMs) {
   };
 }
 
-function semaphoreContender(tuned, tunedMs) {
+function semaphoreContender(tuned, tunedMs, shared) {
   const { Mutex, TimeoutError } = require('redis-semaphore');
   const o = { lockTimeout: 10000 };
   if (tuned) {
@@ -121,9 +145,7 @@ function semaphoreContender(tuned, tunedMs) {
   }
   return {
     async setup() {
-      const r = redisClient(opt.redis);
-      await r.ping();
-      return { r };
+      return { r: await peerRedis(shared) };
     },
     async acquire(s, key) {
       const m = new Mutex(s.r, key, o);
@@ -165,11 +187,13 @@ async function lockCell() {
   const warm = num('warm', 0.5) * 1000;
   const holdMs = num('hold-ms', 1);
   const tag = opt.tag || String(process.pid);
+  const shared = /-shared$/.test(opt.contender);
+  const who = opt.contender.replace(/-shared$/, '');
   const c = opt.contender === 'leased' ? leasedContender()
     : opt.contender === 'leased-pool' ? leasedPoolContender(num('pool', 2))
-    : opt.contender === 'redlock' ? redlockContender(tuned, tunedMs)
-      : opt.contender === 'semaphore' ? semaphoreContender(tuned, tunedMs)
-        : null;
+      : who === 'redlock' ? redlockContender(tuned, tunedMs, shared)
+        : who === 'semaphore' ? semaphoreContender(tuned, tunedMs, shared)
+          : null;
   if (!c) {
     throw new Error(`unknown contender ${opt.contender}`);
   }
@@ -193,6 +217,8 @@ async function lockCell() {
   let errors = 0;
   let firstError = null;
   const t0 = now();
+  const cpu0 = process.cpuUsage();
+  let pairs = 0;
   const ws = t0 + warm;
   const we = ws + dur;
 
@@ -249,6 +275,7 @@ async function lockCell() {
         firstError = firstError || String(e && e.message);
       }
       const r1 = now();
+      pairs++;
       if (contended ? counted : (a0 >= ws && r1 <= we)) {
         done++;
         grants[w]++;
@@ -260,6 +287,7 @@ async function lockCell() {
   }
 
   await Promise.all(states.map((_, w) => worker(w)));
+  const cpu = process.cpuUsage(cpu0);
   for (const s of states) {
     c.teardown(s);
   }
@@ -279,6 +307,9 @@ async function lockCell() {
       (g) => Math.abs(g - mean))) / mean * 100 : null,
     overlaps, fence_backwards: c.hasFence ? backwards : null,
     gave_up: gaveUp, errors, first_error: firstError,
+    // The whole process (the contender and the bench's own referee
+    // calls) per pair, warm-up included.
+    client_cpu_us: pairs ? (cpu.user + cpu.system) / pairs : null,
   };
   process.stdout.write(JSON.stringify(out) + '\n');
 }

@@ -19,6 +19,9 @@ NAMES = {
     ("node", "leased"): "leased (node client)",
     ("node", "redlock"): "redlock, single instance",
     ("node", "semaphore"): "redis-semaphore Mutex",
+    ("node", "redlock-shared"): "redlock, one shared ioredis client",
+    ("node", "semaphore-shared"):
+        "redis-semaphore Mutex, one shared ioredis client",
     ("python", "leased"): "leased (python client)",
     ("python", "redispy"): "redis-py Lock",
     ("node", "cachemgr"): "cache-manager wrap()",
@@ -202,20 +205,27 @@ def main():
           "which are not part of the latencies below but are part of "
           "the rates." % " and ".join(remote))
     if local:
-        w("  * %s: all the workers of a lock cell are threads of one "
-          "process, so the count is a number per key under a "
-          "threading.Lock in that process: exact, and next to free for "
-          "every contender alike (`--overlap=redis` in peers.py counts "
-          "on the referee instead). The miss storm spans processes and "
-          "counts its loader calls on the referee." % " and ".join(local))
-    w("* Each cell runs %s s after a %s s warm-up; every worker has its "
-      "own connection(s). Node: 50 async workers in one process; Python: "
-      "50 threads in one process. One more row, *one pool*, has the 50 "
-      "Node workers share one leased Pool of %s connections (each key's "
-      "lock and unlock go to one session; the requests of one tick on a "
-      "connection go out in one write), which is how an app with many "
-      "concurrent callers would use the client; its ratio to each Node "
-      "peer is given in brackets." % (a.duration, a.warm, a.pool))
+        w("  * %s: all the workers of a lock cell live in one process, so "
+          "the count is a number per key in that process (under a "
+          "threading.Lock in Python; Node's workers share one thread): "
+          "exact, and next to free for every contender alike "
+          "(`--overlap=redis` counts on the referee instead). The miss "
+          "storm spans processes and counts its loader calls on the "
+          "referee." % " and ".join(local))
+    w("* Each cell runs %s s after a %s s warm-up. Node: 50 async "
+      "workers in one process; Python: 50 threads in one process. "
+      "Uncontended Node runs two ways, each the same for every "
+      "contender: *a connection per worker* (each worker its own leased "
+      "connection or its own ioredis client), and *one client per "
+      "process* (the 50 workers share one leased Pool of %s connections, "
+      "or one ioredis client handed to Redlock or to every Mutex), which "
+      "is how an app with many concurrent callers uses any of them. Each "
+      "leased row is compared with the peers connected the same way. The "
+      "contended and Python cells use a connection per worker." %
+      (a.duration, a.warm, a.pool))
+    w("* *client CPU* is the Node process's user + system CPU time per "
+      "pair (warm-up included): the same bench code around every "
+      "contender.")
     w("* leased: session-bound locks (watchdog lease), `wait_ms` %s "
       "when contended (a worker that is not granted in that time asks "
       "again). Fences are checked per key: a fence not above the last one "
@@ -252,33 +262,35 @@ def main():
     # ----------------------------------------------------------- uncontended
     w("## 1. Uncontended lock+unlock (50 workers, one key each)")
     w("")
-    w("| contender | pairs/s | p50 ms | p99 ms | overlaps | fences "
-      "backwards | errors | leased ÷ peer pairs/s | leased ÷ peer p99 |")
-    w("|---|---|---|---|---|---|---|---|---|")
-    pooled = cells("node", "leased-pool", "uncontended")
-    for lang, who in (("node", "leased"), ("node", "leased-pool"),
-                      ("node", "redlock"), ("node", "semaphore"),
-                      ("python", "leased"), ("python", "redispy")):
-        rows = cells(lang, who, "uncontended")
-        if who == "leased-pool" and not rows:
-            continue
-        ref = cells(lang, "leased", "uncontended")
-        peer = not who.startswith("leased")
-
-        def both(k):
-            r = ratio(col(ref, k), col(rows, k))
-            if lang == "node" and pooled:
-                r += " (%s)" % ratio(col(pooled, k), col(rows, k))
-            return r
-
-        w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            NAMES[(lang, who)], mm(col(rows, "per_s")),
-            mm(col(rows, "p50_ms"), 2), mm(col(rows, "p99_ms"), 2),
-            total(col(rows, "overlaps")),
-            total(col(rows, "fence_backwards")),
-            total(col(rows, "errors")),
-            both("per_s") if peer else "",
-            both("p99_ms") if peer else ""))
+    w("| contender | pairs/s | p50 ms | p99 ms | client CPU µs per pair "
+      "| overlaps | fences backwards | errors | leased ÷ peer pairs/s | "
+      "leased ÷ peer p99 |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    # (lang, contender, the leased contender it is compared with)
+    groups = (
+        (("node", "leased", None), ("node", "redlock", "leased"),
+         ("node", "semaphore", "leased")),
+        (("node", "leased-pool", None),
+         ("node", "redlock-shared", "leased-pool"),
+         ("node", "semaphore-shared", "leased-pool")),
+        (("python", "leased", None), ("python", "redispy", "leased")),
+    )
+    for group in groups:
+        for lang, who, mine in group:
+            rows = cells(lang, who, "uncontended")
+            if not rows:
+                continue
+            ref = cells(lang, mine, "uncontended") if mine else []
+            w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                NAMES[(lang, who)], mm(col(rows, "per_s")),
+                mm(col(rows, "p50_ms"), 2), mm(col(rows, "p99_ms"), 2),
+                mm(col(rows, "client_cpu_us"), 1),
+                total(col(rows, "overlaps")),
+                total(col(rows, "fence_backwards")),
+                total(col(rows, "errors")),
+                ratio(col(ref, "per_s"), col(rows, "per_s")) if mine else "",
+                ratio(col(ref, "p99_ms"), col(rows, "p99_ms"))
+                if mine else ""))
     w("")
 
     # ------------------------------------------------------------- contended

@@ -19,12 +19,18 @@
 # and writes bench/peers/results.md (report.py). Everything is stopped by
 # pid at the end.
 #
-# Node's leased client runs twice uncontended: a connection per worker,
-# as every contender, and one Pool of POOL (2) connections shared by the
-# workers, as an app with many callers would use it.
+# Uncontended Node runs two ways, each the same for leased and the peers:
+# a connection per worker (leased, redlock, semaphore), and one client
+# object per process shared by the 50 workers (leased-pool: one Pool of
+# POOL connections; redlock-shared, semaphore-shared: one ioredis client),
+# which is how an app with many async callers uses any of them and the
+# comparison the targets are read from.
 # Environment: REPEATS (3), DURATION (seconds per cell, 5), TUNED_MS (10),
 # PYTHON (a python3 that can import redis), NODE, NPM. --note TEXT goes
 # into the header of results.md (--quick says there that it was one).
+# --cells REGEX runs only the lock cells whose line below matches it (an
+# extended regular expression) and no miss storm, e.g. --cells
+# 'node.*uncontended' --out /tmp/r.md for the Node uncontended rows alone.
 # Text below the marker line of an existing results.md is kept.
 set -eu
 
@@ -34,7 +40,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 peers_usage() {
     cat <<EOF
 usage: $0 [--builddir DIR] [--redis-server PATH] [--out FILE] [--quick]
-          [--repeats N] [--duration S] [--note TEXT]
+          [--repeats N] [--duration S] [--note TEXT] [--cells REGEX]
 EOF
 }
 
@@ -42,6 +48,7 @@ repeats=${REPEATS:-3}
 duration=${DURATION:-5}
 tuned_ms=${TUNED_MS:-10}
 note=
+cells=
 while [ $# -gt 0 ]; do
     case $1 in
     --builddir) builddir=$2; shift 2 ;;
@@ -51,6 +58,7 @@ while [ $# -gt 0 ]; do
     --repeats) repeats=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --note) note=$2; shift 2 ;;
+    --cells) cells=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     -h|--help) peers_usage; exit 0 ;;
     *) peers_usage >&2; exit 2 ;;
@@ -228,6 +236,8 @@ node --contender=leased --shape=uncontended
 node --contender=leased-pool --shape=uncontended --pool=$pool_size
 node --contender=redlock --shape=uncontended
 node --contender=semaphore --shape=uncontended
+node --contender=redlock-shared --shape=uncontended
+node --contender=semaphore-shared --shape=uncontended
 python --contender=leased --shape=uncontended
 python --contender=redispy --shape=uncontended
 node --contender=leased --shape=contended
@@ -259,12 +269,13 @@ while [ $rep -le "$repeats" ]; do
     else
         order=tac
     fi
-    lock_cells | $order >"$tmp/cells"
+    lock_cells | grep -E -e "${cells:-.}" | $order >"$tmp/cells" || true
     while read -r line; do
         # shellcheck disable=SC2086
         cell "$rep" $line </dev/null
     done <"$tmp/cells"
-    for p in 4 8; do
+    [ -z "$cells" ] || storm_ps=
+    for p in ${storm_ps-4 8}; do
         storm_cells | $order >"$tmp/cells"
         while read -r lang who; do
             storm "$rep" "$p" "$lang" "$who" </dev/null

@@ -186,6 +186,125 @@ test('many requests in flight, and lines split across reads', async () => {
   }
 });
 
+test('a request waits while hundreds of others come and go', async () => {
+  const a = await Leased.connect(SOCK);
+  const b = await Leased.connect(SOCK);
+  try {
+    const key = `${TAG}:longwait`;
+    assert.strictEqual((await b.lock(key)).acquired, true);
+    const waiting = a.lock(key, { wait_ms: WAIT_MS });
+    // More requests in flight at once than the waiters' first ring holds,
+    // and many turns of it while the first request still waits.
+    for (let round = 0; round < 5; round++) {
+      const keys = Array.from({ length: 150 },
+        (_, i) => `${TAG}:lw:${round}:${i}`);
+      const held = await Promise.all(keys.map((k) => a.lock(k)));
+      assert.ok(held.every((h) => h.acquired));
+      const un = await Promise.all(keys.map((k) => a.unlock(k)));
+      assert.ok(un.every((u) => u.released));
+    }
+    assert.strictEqual(a.pending.size, 1);
+    assert.strictEqual((await b.unlock(key)).released, true);
+    const got = await within(WAIT_MS, waiting, 'the waiting lock');
+    assert.strictEqual(got.acquired, true);
+    assert.strictEqual(a.pending.size, 0);
+    assert.strictEqual((await a.unlock(key)).released, true);
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+test('replies in any order; one without an id goes to the oldest', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  const n = 100;
+  // A peer that waits for N requests, answers the oldest with an error
+  // that has no id (as for a line it could not read), then the rest
+  // newest first.
+  const srv = net.createServer((c) => {
+    let buf = '';
+    c.on('data', (d) => {
+      buf += d.toString();
+      const ids = buf.split('\n').filter((l) => l).map((l) => JSON.parse(l).id);
+      if (ids.length < n) return;
+      let text = '{"ok":false,"error":{"code":"bad_request","message":"x"}}\n';
+      for (const id of ids.slice(1).reverse()) {
+        text += `{"id":${id},"ok":true,"v":${id}}\n`;
+      }
+      c.write(text);
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  try {
+    const calls = Array.from({ length: n }, () => ld.call('ping'));
+    const first = calls[0].then(() => null, (e) => e.code);
+    const rest = await within(WAIT_MS, Promise.all(calls.slice(1)), 'replies');
+    assert.strictEqual(await within(WAIT_MS, first, 'the oldest'),
+      'bad_request');
+    assert.deepStrictEqual(rest.map((r) => r.v),
+      Array.from({ length: n - 1 }, (_, i) => i + 2));
+    assert.strictEqual(ld.pending.size, 0);
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('lock and unlock options written as JSON writes them', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  const lines = [];
+  // A peer that records every request and answers it.
+  const srv = net.createServer((c) => {
+    let buf = '';
+    c.on('data', (d) => {
+      buf += d.toString();
+      let nl;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        lines.push(line);
+        c.write(`{"id":${JSON.parse(line).id},"ok":true}\n`);
+      }
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  const odd = 'o"\\é\n\u2028😀';
+  const cases = [
+    ['lock', 'k', { wait_ms: 5, ttl_ms: 1.5, owner: odd, mode: 'read',
+      detach: true, token: odd }],
+    ['lock', odd, {}],
+    ['lock', 'k', { wait_ms: -1, detach: false, extra: 1 }],
+    ['lock', 'k', { wait_ms: NaN, owner: null }],
+    ['lock', ['a', odd], { wait_ms: 7 }],
+    ['unlock', 'k', { owner: odd, token: 't', mode: 'write' }],
+    ['unlock', odd, { token: 7 }],
+    ['unlock', 'k', { owner: null }],
+  ];
+  try {
+    await within(WAIT_MS, Promise.all(cases.map(([op, k, o]) => ld[op](k, o))),
+      'replies');
+    assert.strictEqual(lines.length, cases.length);
+    cases.forEach(([op, k, o], i) => {
+      const names = op === 'lock'
+        ? ['wait_ms', 'ttl_ms', 'owner', 'mode', 'detach', 'token']
+        : ['owner', 'token', 'mode'];
+      const want = { op, id: i + 1,
+        ...(Array.isArray(k) ? { keys: k } : { key: k }) };
+      for (const n of names) want[n] = o[n];
+      assert.strictEqual(lines[i], JSON.stringify(want), `case ${i}`);
+    });
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('Pool spreads work and keeps using() on one connection', async () => {
   const pool = new Pool({ path: SOCK, size: 3 });
   try {
