@@ -6,15 +6,18 @@
 //       redlock-shared|semaphore-shared [--pool=2]
 //       --shape=uncontended|contended --workers=50 --dur=5 --warm=0.5
 //       --retry=default|tuned --tuned-ms=10 --hold-ms=1 --sock=PATH
-//       --redis=PORT --referee=PORT --tag=RUNID
+//       --redis=PORT --referee=PORT --tag=RUNID [--overlap=local|redis]
 //   node peers.js storm --contender=leased|cachemgr --readers=25
 //       --key=K --loader-ms=50 --sock=PATH
 //       --redis=PORT --referee=PORT
 //
 // The referee is a second redis-server that only the bench uses: the
-// overlap counter (INCR on entry, DECR on exit) and the loader-call
-// counter live there, so they cost every contender the same and do not
-// load the Redis under test.
+// loader-call counter of the miss storm (which spans processes) lives
+// there. All the workers of a lock cell are in this one process and
+// thread, so its overlap counter is a count of holders per key here:
+// exact, and it costs every contender next to nothing
+// (--overlap=redis counts on the referee instead: INCR on entry, DECR on
+// exit, two round trips per hold that every contender pays alike).
 //
 // Two ways to connect, each the same for leased and the peers: a
 // connection per worker (leased, redlock, semaphore), or one client
@@ -197,8 +200,12 @@ async function lockCell() {
   if (!c) {
     throw new Error(`unknown contender ${opt.contender}`);
   }
-  const ref = redisClient(opt.referee);
-  await ref.ping();
+  const onRedis = (opt.overlap || 'local') === 'redis';
+  const ref = onRedis ? redisClient(opt.referee) : null;
+  if (ref) {
+    await ref.ping();
+  }
+  const insideN = new Map(); // key -> holders inside now (local count)
   const states = [];
   for (let w = 0; w < workers; w++) {
     states.push(await c.setup());
@@ -246,7 +253,13 @@ async function lockCell() {
         break;
       }
       const a1 = now();
-      const inside = await ref.incr(rkey);
+      let inside;
+      if (ref) {
+        inside = await ref.incr(rkey);
+      } else {
+        inside = (insideN.get(key) || 0) + 1;
+        insideN.set(key, inside);
+      }
       if (inside > 1) {
         overlaps++;
       }
@@ -266,7 +279,11 @@ async function lockCell() {
         lastHolder = w;
         await sleep(holdMs);
       }
-      await ref.decr(rkey);
+      if (ref) {
+        await ref.decr(rkey);
+      } else {
+        insideN.set(key, insideN.get(key) - 1);
+      }
       const r0 = now();
       try {
         await c.release(s, key, h);
@@ -291,7 +308,9 @@ async function lockCell() {
   for (const s of states) {
     c.teardown(s);
   }
-  ref.disconnect();
+  if (ref) {
+    ref.disconnect();
+  }
   lat.sort((x, y) => x - y);
   const mean = done / workers;
   const out = {
@@ -307,9 +326,10 @@ async function lockCell() {
       (g) => Math.abs(g - mean))) / mean * 100 : null,
     overlaps, fence_backwards: c.hasFence ? backwards : null,
     gave_up: gaveUp, errors, first_error: firstError,
-    // The whole process (the contender and the bench's own referee
-    // calls) per pair, warm-up included.
+    // The whole process (the contender and the bench around it) per
+    // pair, warm-up included.
     client_cpu_us: pairs ? (cpu.user + cpu.system) / pairs : null,
+    overlap_counter: ref ? 'redis' : 'local',
   };
   process.stdout.write(JSON.stringify(out) + '\n');
 }

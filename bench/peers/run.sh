@@ -4,10 +4,10 @@
 # Installs the pinned npm peers into bench/peers/node_modules (npm ci, only
 # when package-lock.json changed), checks for Debian's python3-redis,
 # starts a redis-server under test and a second one (the referee: the
-# bench's loader-call counter across processes, and the overlap counter
-# of the Node lock cells; the Python lock cells run all their threads in
-# one process and count overlaps there, exactly and without round trips
-# that would cost the contenders as much as the lock) on free ports and
+# bench's loader-call counter across processes; the lock cells of either
+# language run all their workers in one process and count overlaps there,
+# exactly and without round trips that would cost the contenders as much
+# as the lock) on free ports and
 # the built leased (Unix socket in a temp dir, redis.connections 2 as
 # shipped), then
 # runs, REPEATS times with the order of the contenders reversed on every
