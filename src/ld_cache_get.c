@@ -587,13 +587,14 @@ cop_new(struct ld_req *req, size_t n, bool mget)
 /* The value the near cache keeps for KEY; a hit counts for the hot keys
  * here, for it never reaches a ckey. */
 static bool
-near_lookup(const char *key, size_t len, const char **v, size_t *vlen)
+near_lookup(const char *key, size_t len, uint64_t now_us, const char **v,
+            size_t *vlen)
 {
-    if (!ld_near_get(key, len, v, vlen)) {
+    if (!ld_near_get(key, len, now_us, v, vlen)) {
         return false;
     }
     if (ld_cache_hot_enabled()) {
-        ld_cache_hot_note(key, len, true, ld_now_ms());
+        ld_cache_hot_note(key, len, true, now_us / 1000);
     }
     return true;
 }
@@ -613,7 +614,7 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     size_t vlen;
     /* cache.get has looked already (a second look would count a miss
      * twice towards cache.near.min_hits). */
-    if (op->mget && near_lookup(key, len, &v, &vlen)) {
+    if (op->mget && near_lookup(key, len, op->req->start_us, &v, &vlen)) {
         cache_settle_near_hit(g, v, vlen);
         return;
     }
@@ -692,7 +693,9 @@ cache_op_get(struct ld_req *req)
      * before this returns (a third of its instructions went to them). */
     const char *v;
     size_t vlen;
-    if (near_lookup(key, len, &v, &vlen)) {
+    /* The request's arrival is the clock of its near hit: one reading
+     * of the clock less per hit, microseconds apart. */
+    if (near_lookup(key, len, req->start_us, &v, &vlen)) {
         cache_reply_near_hit(req, v, vlen);
         return;
     }

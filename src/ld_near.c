@@ -237,13 +237,14 @@ admitted(const char *key, size_t len)
 /* ---- lookups ---------------------------------------------------------- */
 
 bool
-ld_near_get(const char *key, size_t len, const char **json, size_t *jlen)
+ld_near_get(const char *key, size_t len, uint64_t now_us, const char **json,
+            size_t *jlen)
 {
     if (!near_mod.enabled) {
         return false;
     }
     struct nentry *e = ld_dict_get(near_mod.entries, key, len);
-    if (e != NULL && e->expire_us != 0 && ld_now_us() >= e->expire_us) {
+    if (e != NULL && e->expire_us != 0 && now_us >= e->expire_us) {
         entry_drop(e, CAUSE_TTL);
         update_gauges();
         e = NULL;

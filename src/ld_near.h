@@ -28,11 +28,14 @@ void ld_near_free(void);
 
 bool ld_near_enabled(void);
 
-/* The value kept for KEY, if any and still valid, as the JSON string
- * literal a reply carries (quotes included; a value that is not valid
- * UTF-8 is never kept): *JSON (LEN bytes) stays valid until the caller
- * returns to the loop. A miss is counted towards cache.near.min_hits. */
-bool ld_near_get(const char *key, size_t len, const char **json, size_t *jlen);
+/* The value kept for KEY, if any and still valid at NOW_US (the caller's
+ * reading of ld_now_us: a near hit is answered from one reading of the
+ * clock), as the JSON string literal a reply carries (quotes included; a
+ * value that is not valid UTF-8 is never kept): *JSON (LEN bytes) stays
+ * valid until the caller returns to the loop. A miss is counted towards
+ * cache.near.min_hits. */
+bool ld_near_get(const char *key, size_t len, uint64_t now_us,
+                 const char **json, size_t *jlen);
 
 struct ld_near_read;
 /* A read of KEY's entry ENTRY (also the route of its commands) is about to
