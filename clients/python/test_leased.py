@@ -392,6 +392,16 @@ class Timeouts(unittest.TestCase):
             t.join(WAIT_S)
 
 
+def first_request(srv):
+    """Accept one connection on SRV and read its first request line: the
+    connection and the request."""
+    conn, _ = srv.accept()
+    buf = b""
+    while b"\n" not in buf:
+        buf += conn.recv(4096)
+    return conn, json.loads(buf.split(b"\n")[0])
+
+
 def chatty_server(path, events, reply_after):
     """A Unix socket peer that answers the first request after sending
     EVENTS event lines, one write each REPLY_AFTER seconds apart (its
@@ -402,12 +412,8 @@ def chatty_server(path, events, reply_after):
     srv.listen(1)
 
     def serve():
-        conn, _ = srv.accept()
+        conn, req = first_request(srv)
         with conn:
-            buf = b""
-            while b"\n" not in buf:
-                buf += conn.recv(4096)
-            req = json.loads(buf.split(b"\n")[0])
             ev = b'{"event":"lock_lost","key":"k","token":"x"}\n'
             try:
                 if reply_after is None:
@@ -438,12 +444,8 @@ def one_shot_server(path, reply):
     srv.listen(1)
 
     def serve():
-        conn, _ = srv.accept()
+        conn, req = first_request(srv)
         with conn:
-            buf = b""
-            while b"\n" not in buf:
-                buf += conn.recv(4096)
-            req = json.loads(buf.split(b"\n")[0])
             conn.sendall(json.dumps(dict(reply, id=req["id"])).encode()
                          + b"\n")
             time.sleep(0.2)

@@ -46,30 +46,6 @@ start_daemon(struct h_daemon *d, int batch_max, int timeout_ms)
     ck_assert_int_eq(h_daemon_start(d, &R, yaml), 0);
 }
 
-/* Write every request of REQS (stolen) in one write, ids BASE_ID + i. */
-static void
-send_all(struct h_conn *c, json_t **reqs, int n)
-{
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    for (int i = 0; i < n; i++) {
-        json_object_set_new(reqs[i], "id", json_integer(BASE_ID + i));
-        char *line = json_dumps(reqs[i], JSON_COMPACT);
-        size_t l = strlen(line);
-        while (len + l + 2 > cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-        memcpy(buf + len, line, l);
-        buf[len + l] = '\n';
-        len += l + 1;
-        free(line);
-        json_decref(reqs[i]);
-    }
-    ck_assert_int_eq(h_send_raw(c, buf, len), 0);
-    free(buf);
-}
-
 static json_t *
 recv_nth(struct h_conn *c, int i)
 {
@@ -111,7 +87,7 @@ lock_unlock_round(struct h_daemon *d, const char *tag)
     }
     reqs[NK] = lk_req(bad, NULL, NO_TTL, 0);
     reqs[NK + 1] = lk_req(held, NULL, NO_TTL, 0);
-    send_all(a, reqs, NK + 2);
+    ck_assert_int_eq(h_send_all(a, reqs, NK + 2, BASE_ID), 0);
     for (int i = 0; i < NK; i++) {
         json_t *r = recv_nth(a, i);
         ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "lock %s: %s", keys[i],
@@ -142,7 +118,7 @@ lock_unlock_round(struct h_daemon *d, const char *tag)
     reqs[NK] = unlock_req(keys[0], tokens[0]);
     reqs[NK + 1] = unlock_req(held, tokens[1]);
     reqs[NK + 2] = unlock_req(bad, tokens[2]);
-    send_all(a, reqs, NK + 3);
+    ck_assert_int_eq(h_send_all(a, reqs, NK + 3, BASE_ID), 0);
     for (int i = 0; i < NK; i++) {
         r = recv_nth(a, i);
         ck_assert_msg(h_ok(r), "unlock %s: %s", keys[i], h_dump(r));
@@ -278,7 +254,7 @@ START_TEST(test_item_error)
             json_pack("{s:s,s:s,s:s,s:s}", "op", "cache.fill", "key", k1,
                       "lease", lease[k][1], "value", "v1"),
         };
-        send_all(c[k], reqs, 3);
+        ck_assert_int_eq(h_send_all(c[k], reqs, 3, BASE_ID), 0);
         for (int i = 0; i < 3; i++) {
             json_t *r = recv_nth(c[k], i);
             snprintf(codes[k][i], sizeof codes[k][i], "%s", fill_code(r));
@@ -331,7 +307,7 @@ START_TEST(test_redis_killed_in_flight)
             snprintf(key, sizeof key, "kf-%d", i);
             reqs[i] = lk_req(key, NULL, NO_TTL, 0);
         }
-        send_all(c[k], reqs, NK);
+        ck_assert_int_eq(h_send_all(c[k], reqs, NK, BASE_ID), 0);
     }
     /* Sent (in one batch, or one by one), not answered. */
     ck_assert(h_wait_stat_min(st[0], "redis_batches", 1, 5000));
@@ -391,7 +367,7 @@ START_TEST(test_cache_miss_fill)
         snprintf(key, sizeof key, "cm-%d", i);
         reqs[i] = json_pack("{s:s,s:s}", "op", "cache.get", "key", key);
     }
-    send_all(c, reqs, NK);
+    ck_assert_int_eq(h_send_all(c, reqs, NK, BASE_ID), 0);
     for (int i = 0; i < NK; i++) {
         json_t *r = recv_nth(c, i);
         ck_assert_msg(h_ok(r) && !jtrue(r, "hit") && jstr(r, "lease") != NULL,
@@ -410,7 +386,7 @@ START_TEST(test_cache_miss_fill)
                             key, "lease", leases[i == NK - 1 ? 0 : i], "value",
                             val);
     }
-    send_all(c, reqs, NK);
+    ck_assert_int_eq(h_send_all(c, reqs, NK, BASE_ID), 0);
     for (int i = 0; i < NK; i++) {
         json_t *r = recv_nth(c, i);
         ck_assert_msg(h_ok(r), "fill %d: %s", i, h_dump(r));
@@ -456,7 +432,7 @@ START_TEST(test_redlock)
         snprintf(keys[i], sizeof keys[i], "rl-%d", i);
         reqs[i] = lk_req(keys[i], NULL, NO_TTL, 0);
     }
-    send_all(c, reqs, NK);
+    ck_assert_int_eq(h_send_all(c, reqs, NK, BASE_ID), 0);
     for (int i = 0; i < NK; i++) {
         json_t *r = recv_nth(c, i);
         ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "lock %s: %s", keys[i],
@@ -473,7 +449,7 @@ START_TEST(test_redlock)
     for (int i = 0; i < NK; i++) {
         reqs[i] = unlock_req(keys[i], tokens[i]);
     }
-    send_all(c, reqs, NK);
+    ck_assert_int_eq(h_send_all(c, reqs, NK, BASE_ID), 0);
     for (int i = 0; i < NK; i++) {
         json_decref(h_must(recv_nth(c, i)));
         for (int k = 0; k < 3; k++) {

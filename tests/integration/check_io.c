@@ -34,30 +34,6 @@ start_daemon(int timeout_ms)
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
 }
 
-/* Write N requests (stolen) in one write, ids FIRST + i. */
-static void
-send_all(struct h_conn *c, json_t **reqs, int n, long long first)
-{
-    size_t cap = 8192, len = 0;
-    char *buf = malloc(cap);
-    for (int i = 0; i < n; i++) {
-        json_object_set_new(reqs[i], "id", json_integer(first + i));
-        char *line = json_dumps(reqs[i], JSON_COMPACT);
-        size_t l = strlen(line);
-        while (len + l + 2 > cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-        memcpy(buf + len, line, l);
-        buf[len + l] = '\n';
-        len += l + 1;
-        free(line);
-        json_decref(reqs[i]);
-    }
-    ck_assert_int_eq(h_send_raw(c, buf, len), 0);
-    free(buf);
-}
-
 /* NP locks of free keys in one write go to Redis in one write, not one
  * per command; each answer is its own request's, and they come back in
  * the order sent. */
@@ -77,7 +53,7 @@ START_TEST(test_pipelined_in_order)
         snprintf(keys[i], sizeof keys[i], "ew-%d", i);
         reqs[i] = lk_req(keys[i], NULL, NO_TTL, 0);
     }
-    send_all(c, reqs, NP, BASE_ID);
+    ck_assert_int_eq(h_send_all(c, reqs, NP, BASE_ID), 0);
     for (int i = 0; i < NP; i++) {
         json_t *r = h_recv(c, 15000);
         ck_assert_msg(r != NULL, "no reply %d", i);
@@ -101,7 +77,7 @@ START_TEST(test_pipelined_in_order)
         reqs[i] = json_pack("{s:s,s:s,s:s}", "op", "unlock", "key", keys[i],
                             "token", tokens[i]);
     }
-    send_all(c, reqs, NP, BASE_ID + NP);
+    ck_assert_int_eq(h_send_all(c, reqs, NP, BASE_ID + NP), 0);
     for (int i = 0; i < NP; i++) {
         json_t *r = h_recv(c, 15000);
         ck_assert_msg(r != NULL, "no unlock reply %d", i);
@@ -128,7 +104,8 @@ send_wave(struct h_conn **s, int wave)
             snprintf(key, sizeof key, "rb-%d-%d-%d", wave, k, i);
             reqs[i] = lk_req(key, NULL, 2000, 0);
         }
-        send_all(s[k], reqs, BURST, BASE_ID + wave * BURST);
+        ck_assert_int_eq(h_send_all(s[k], reqs, BURST, BASE_ID + wave * BURST),
+                         0);
     }
 }
 

@@ -1814,6 +1814,32 @@ h_send_raw(struct h_conn *c, const char *bytes, size_t len)
     return 0;
 }
 
+int
+h_send_all(struct h_conn *c, json_t **reqs, int n, json_int_t first_id)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    int rc;
+
+    for (int i = 0; i < n; i++) {
+        json_object_set_new(reqs[i], "id", json_integer(first_id + i));
+        char *line = json_dumps(reqs[i], JSON_COMPACT);
+        size_t l = strlen(line);
+        while (len + l + 2 > cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+        memcpy(buf + len, line, l);
+        buf[len + l] = '\n';
+        len += l + 1;
+        free(line);
+        json_decref(reqs[i]);
+    }
+    rc = h_send_raw(c, buf, len);
+    free(buf);
+    return rc;
+}
+
 static int
 send_json(struct h_conn *c, json_t *msg)
 {

@@ -128,6 +128,9 @@ struct h_conn *h_connect(const struct h_daemon *d); /* Unix */
 struct h_conn *h_connect_tcp(const struct h_daemon *d);
 void h_close(struct h_conn *c);
 int h_send_raw(struct h_conn *c, const char *bytes, size_t len);
+/* Send the N requests of REQS (stolen) in one write, with ids FIRST_ID,
+ * FIRST_ID + 1, ...: a pipeline the daemon reads in one turn. */
+int h_send_all(struct h_conn *c, json_t **reqs, int n, json_int_t first_id);
 /* Half-close: no more requests, but replies are still read. */
 int h_shutdown_write(struct h_conn *c);
 /* Send one JSON line built from FMT (jansson json_pack format). */
