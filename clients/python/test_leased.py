@@ -392,14 +392,26 @@ class Timeouts(unittest.TestCase):
             t.join(WAIT_S)
 
 
-def first_request(srv):
-    """Accept one connection on SRV and read its first request line: the
-    connection and the request."""
-    conn, _ = srv.accept()
-    buf = b""
-    while b"\n" not in buf:
-        buf += conn.recv(4096)
-    return conn, json.loads(buf.split(b"\n")[0])
+def fake_server(path, answer):
+    """A Unix socket peer at PATH that accepts one connection, reads its
+    first request line and hands the connection and the request to
+    ANSWER, in a thread (returned)."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            buf = b""
+            while b"\n" not in buf:
+                buf += conn.recv(4096)
+            answer(conn, json.loads(buf.split(b"\n")[0]))
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
 
 
 def chatty_server(path, events, reply_after):
@@ -407,53 +419,36 @@ def chatty_server(path, events, reply_after):
     EVENTS event lines, one write each REPLY_AFTER seconds apart (its
     reply then in a write of its own), or never when REPLY_AFTER is
     None: then it sends an event every 0.1 s for 8 s."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
 
-    def serve():
-        conn, req = first_request(srv)
-        with conn:
-            ev = b'{"event":"lock_lost","key":"k","token":"x"}\n'
-            try:
-                if reply_after is None:
-                    for _ in range(80):
-                        conn.sendall(ev)
-                        time.sleep(0.1)
-                else:
-                    for _ in range(events):
-                        conn.sendall(ev)
-                        time.sleep(reply_after)
-                    conn.sendall(b'{"id":%d,"ok":true,"pong":true}\n'
-                                 % req["id"])
-                conn.recv(1)
-            except OSError:
-                pass
-        srv.close()
+    def answer(conn, req):
+        ev = b'{"event":"lock_lost","key":"k","token":"x"}\n'
+        try:
+            if reply_after is None:
+                for _ in range(80):
+                    conn.sendall(ev)
+                    time.sleep(0.1)
+            else:
+                for _ in range(events):
+                    conn.sendall(ev)
+                    time.sleep(reply_after)
+                conn.sendall(b'{"id":%d,"ok":true,"pong":true}\n'
+                             % req["id"])
+            conn.recv(1)
+        except OSError:
+            pass
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    return t
+    return fake_server(path, answer)
 
 
 def one_shot_server(path, reply):
     """A Unix socket peer that answers one request with REPLY (its id
     filled in), then closes the connection, as a stopping daemon would."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
 
-    def serve():
-        conn, req = first_request(srv)
-        with conn:
-            conn.sendall(json.dumps(dict(reply, id=req["id"])).encode()
-                         + b"\n")
-            time.sleep(0.2)
-        srv.close()
+    def answer(conn, req):
+        conn.sendall(json.dumps(dict(reply, id=req["id"])).encode() + b"\n")
+        time.sleep(0.2)
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    return t
+    return fake_server(path, answer)
 
 
 GRANT = {"ok": True, "acquired": True, "token": "t1", "count": 1,
