@@ -327,6 +327,20 @@ scan_value(struct scan *s, const unsigned char *base, struct ld_jmember *m)
     return ok;
 }
 
+const struct ld_jmember *
+ld_json_member(const char *text, const struct ld_jmember *m, int n,
+               const char *name, size_t len)
+{
+    for (int k = 0; k < n; k++) {
+        /* The first byte before memcmp: most names differ there. */
+        if (m[k].name_len == len && (len == 0 || text[m[k].name] == name[0]) &&
+            memcmp(text + m[k].name, name, len) == 0) {
+            return &m[k];
+        }
+    }
+    return NULL;
+}
+
 int
 ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m, int max)
 {
@@ -364,12 +378,9 @@ ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m, int max)
             v.name_len = (uint32_t)klen;
             /* Like json_loadb: a repeated key keeps its place and takes
              * the later value. */
-            int k = 0;
-            while (k < n && (m[k].name_len != klen ||
-                             (klen > 0 && text[m[k].name] != key[0]) ||
-                             memcmp(text + m[k].name, key, klen) != 0)) {
-                k++;
-            }
+            const struct ld_jmember *same = ld_json_member(text, m, n, key,
+                                                           klen);
+            int k = same != NULL ? (int)(same - m) : n;
             if (k == n) {
                 if (n == max) {
                     return -1;

@@ -45,6 +45,12 @@ struct ld_jmember {
 int ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m,
                       int max);
 
+/* The member of M (N of them, scanned from TEXT) named NAME (LEN bytes),
+ * NULL when none. */
+const struct ld_jmember *ld_json_member(const char *text,
+                                        const struct ld_jmember *m, int n,
+                                        const char *name, size_t len);
+
 /* The tree json_loadb makes of the scanned TEXT (N members in M); NULL
  * without memory. */
 json_t *ld_json_flat_tree(const char *text, const struct ld_jmember *m, int n);

@@ -485,18 +485,6 @@ req_new(size_t need)
     return req;
 }
 
-static const struct ld_jmember *
-member(const struct ld_jmember *m, int n, const char *text, const char *name,
-       size_t len)
-{
-    for (int k = 0; k < n; k++) {
-        if (m[k].name_len == len && memcmp(text + m[k].name, name, len) == 0) {
-            return &m[k];
-        }
-    }
-    return NULL;
-}
-
 /* The JSON text of member M's value (a string with its quotes). */
 static const char *
 member_text(const char *text, const struct ld_jmember *m, size_t *len)
@@ -515,8 +503,8 @@ static struct ld_req *
 flat_request(struct ld_session *s, const char *line, size_t len,
              const struct ld_jmember *m, int n)
 {
-    const struct ld_jmember *op = member(m, n, line, "op", 2);
-    const struct ld_jmember *id = member(m, n, line, "id", 2);
+    const struct ld_jmember *op = ld_json_member(line, m, n, "op", 2);
+    const struct ld_jmember *id = ld_json_member(line, m, n, "id", 2);
     char msg[64];
     if (check_op(op != NULL, op != NULL && op->kind == LD_JK_STR, false, msg,
                  sizeof(msg)) != LD_OK) {
@@ -559,26 +547,27 @@ tree_request(struct ld_session *s, const char *line, size_t len)
     json_t *body = NULL;
     json_t *id = NULL;
     char msg[256];
+    /* The id is read even from a request refused here, for its answer. */
+    int rc = ld_proto_parse(line, len, &body, &id, msg, sizeof(msg));
     char *id_text = NULL;
-    if (ld_proto_parse(line, len, &body, &id, msg, sizeof(msg)) != LD_OK) {
-        if (id != NULL) {
-            id_text = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
-            json_decref(id);
+    if (id != NULL) {
+        id_text = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+        json_decref(id);
+        if (id_text == NULL) {
+            ld_oom(0);
         }
+    }
+    if (rc != LD_OK) {
         reply_bare_error(s, id_text, id_text != NULL ? strlen(id_text) : 0,
                          LD_E_BAD_REQUEST, msg);
         free(id_text);
         return NULL;
     }
     struct ld_req *req = req_new(0);
-    if (id != NULL) {
-        req->id_own = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
-        if (req->id_own == NULL) {
-            ld_oom(0);
-        }
-        req->id = req->id_own;
-        req->id_len = strlen(req->id_own);
-        json_decref(id);
+    if (id_text != NULL) {
+        req->id_own = id_text;
+        req->id = id_text;
+        req->id_len = strlen(id_text);
     }
     req->body = body;
     req->op = json_string_value(json_object_get(body, "op"));
@@ -861,8 +850,8 @@ ld_req_get(const struct ld_req *req, const char *field, struct ld_rval *v)
         [LD_JK_NULL] = LD_RV_NULL,
     };
     memset(v, 0, sizeof(*v));
-    const struct ld_jmember *m = member(req->m, req->nm, req->text, field,
-                                        strlen(field));
+    const struct ld_jmember *m = ld_json_member(req->text, req->m, req->nm,
+                                                field, strlen(field));
     if (m == NULL) {
         v->kind = LD_RV_ABSENT;
         return;
