@@ -421,10 +421,7 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
     if (write_out(c) < 0) {
         char why[192];
         snprintf(why, sizeof(why), "%s", strerror(errno));
-        c->busy++;
-        conn_down(c, why);
-        c->busy--;
-        maybe_free(c);
+        ld_conn_close(c, why);
     }
 }
 
