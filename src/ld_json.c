@@ -57,6 +57,10 @@ ld_utf8_seq(const unsigned char *p, size_t n)
     return want;
 }
 
+/* A byte JSON takes as it is inside a string: printable ASCII other than
+ * '"' and '\\'. */
+#define PLAIN_BYTE(c) ((unsigned)(c)-0x20 < 0x60 && (c) != '"' && (c) != '\\')
+
 /* The bytes at the start of P (LEN bytes), in whole 8-byte words, that
  * JSON takes as they are: printable ASCII other than '"' and '\\'. Each
  * word is tested at once (the "has a zero byte" trick of Hacker's
@@ -117,8 +121,7 @@ ld_json_quote(char *out, const char *s, size_t len)
         /* Copy the longest run that needs no escape in one go, found a
          * word at a time: a 10 KB value is mostly such a run. */
         size_t run = i + plain_words(p + i, len - i);
-        while (run < len && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' &&
-               p[run] != '\\') {
+        while (run < len && PLAIN_BYTE(p[run])) {
             run++;
         }
         if (run > i) {
@@ -198,10 +201,6 @@ skip_ws(struct scan *s)
         s->p++;
     }
 }
-
-/* A byte JSON takes as it is inside a string: printable ASCII other than
- * '"' and '\\'. */
-#define PLAIN_BYTE(c) ((unsigned)(c)-0x20 < 0x60 && (c) != '"' && (c) != '\\')
 
 /* A string without escapes; its bytes (between the quotes) in *START and
  * *LEN. False for anything that needs jansson. With SSE2 the run up to
