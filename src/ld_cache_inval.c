@@ -354,8 +354,8 @@ cache_op_invalidate(struct ld_req *req)
     struct ld_rval jkey, jkeys;
     ld_req_get(req, "key", &jkey);
     ld_req_get(req, "keys", &jkeys);
-    bool has_key = jkey.kind != LD_RV_ABSENT && jkey.kind != LD_RV_NULL;
-    bool has_keys = jkeys.kind != LD_RV_ABSENT && jkeys.kind != LD_RV_NULL;
+    bool has_key = ld_rval_given(&jkey);
+    bool has_keys = ld_rval_given(&jkeys);
     json_t *keys = NULL;
     const char *key = NULL;
     size_t len = 0;

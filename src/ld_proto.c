@@ -891,7 +891,7 @@ ld_req_key(struct ld_req *req, const char *field, const char **key,
 {
     struct ld_rval v;
     ld_req_get(req, field, &v);
-    if (v.kind == LD_RV_ABSENT || v.kind == LD_RV_NULL) {
+    if (!ld_rval_given(&v)) {
         return bad_field(req, field, "is required");
     }
     if (v.kind != LD_RV_STR) {
@@ -924,7 +924,7 @@ ld_req_str(struct ld_req *req, const char *field, bool required,
     if (present != NULL) {
         *present = false;
     }
-    if (v.kind == LD_RV_ABSENT || v.kind == LD_RV_NULL) {
+    if (!ld_rval_given(&v)) {
         if (required) {
             return bad_field(req, field, "is required");
         }
@@ -958,7 +958,7 @@ ld_req_int(struct ld_req *req, const char *field, bool required, long long min,
     if (present != NULL) {
         *present = false;
     }
-    if (v.kind == LD_RV_ABSENT || v.kind == LD_RV_NULL) {
+    if (!ld_rval_given(&v)) {
         if (required) {
             return bad_field(req, field, "is required");
         }
@@ -985,7 +985,7 @@ ld_req_bool(struct ld_req *req, const char *field, bool *out)
 {
     struct ld_rval v;
     ld_req_get(req, field, &v);
-    if (v.kind == LD_RV_ABSENT || v.kind == LD_RV_NULL) {
+    if (!ld_rval_given(&v)) {
         return LD_OK;
     }
     if (v.kind != LD_RV_TRUE && v.kind != LD_RV_FALSE) {
@@ -1000,7 +1000,7 @@ ld_req_keys(struct ld_req *req, const char *field, size_t max, json_t **arr)
 {
     struct ld_rval rv;
     ld_req_get(req, field, &rv);
-    if (rv.kind == LD_RV_ABSENT || rv.kind == LD_RV_NULL) {
+    if (!ld_rval_given(&rv)) {
         return bad_field(req, field, "is required");
     }
     json_t *v = rv.j;

@@ -71,6 +71,13 @@ struct ld_rval {
 };
 void ld_req_get(const struct ld_req *req, const char *field,
                 struct ld_rval *v);
+/* Whether V carries a value: absent and JSON null both leave an optional
+ * field at its default. */
+static inline bool
+ld_rval_given(const struct ld_rval *v)
+{
+    return v->kind != LD_RV_ABSENT && v->kind != LD_RV_NULL;
+}
 /* Is FIELD in the request (JSON null included)? */
 bool ld_req_has(const struct ld_req *req, const char *field);
 /* The number of distinct fields of the request. */
