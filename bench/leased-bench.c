@@ -191,8 +191,20 @@ static struct {
     int mix_lock_pct;
     uint64_t seed;
     bool cluster;
+    /* --via: the direct side's measured connections go through this
+     * proxy (a Unix socket path, or host:port); setup stays on --redis. */
+    const char *via;
+    char via_host[256];
+    int via_port;
     struct zipf_opts zipf;
 } o;
+
+/* The direct side through --via reports as "proxy". */
+static const char *
+target_name(enum target t)
+{
+    return t == T_DIRECT && o.via != NULL ? "proxy" : target_names[t];
+}
 
 /* --cluster: the masters of a Redis Cluster, from CLUSTER SLOTS on
  * --redis. Each direct connection talks to one master, with key names
@@ -652,7 +664,7 @@ show_error(struct run *r, const char *what, const char *s, size_t len)
 {
     r->errors++;
     if (r->shown_errors++ < MAX_ERRORS_SHOWN) {
-        fprintf(stderr, "leased-bench: %s %s: %.*s\n", target_names[r->target],
+        fprintf(stderr, "leased-bench: %s %s: %.*s\n", target_name(r->target),
                 what, (int)(len > 300 ? 300 : len), s);
     }
 }
@@ -1345,7 +1357,17 @@ direct_connect(struct client *c)
 {
     const char *host = node_host(c->node);
     int port = node_port(c->node);
-    redisAsyncContext *ac = redisAsyncConnect(host, port);
+    redisAsyncContext *ac;
+    if (o.via != NULL && o.via_port == 0) {
+        host = o.via;
+        ac = redisAsyncConnectUnix(o.via);
+    } else if (o.via != NULL) {
+        host = o.via_host;
+        port = o.via_port;
+        ac = redisAsyncConnect(host, port);
+    } else {
+        ac = redisAsyncConnect(host, port);
+    }
     if (ac == NULL || ac->err) {
         die("redis %s:%d: %s", host, port, ac ? ac->errstr : "cannot connect");
     }
@@ -1603,7 +1625,7 @@ print_result(const struct result *s)
         json_t *j = json_pack(
             "{s:s,s:s,s:i,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,"
             "s:f,s:f,s:f}",
-            "mode", mode_names[s->mode], "target", target_names[s->target],
+            "mode", mode_names[s->mode], "target", target_name(s->target),
             "conns", s->conns, "size", (json_int_t)s->size, "ops",
             (json_int_t)s->ops, "secs", s->secs, "ops_s", s->ops_s, "p50_us",
             s->p50, "p99_us", s->p99, "p999_us", s->p999, "max_us", s->max,
@@ -1619,7 +1641,7 @@ print_result(const struct result *s)
                "ops_s=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f "
                "max_us=%.1f mean_us=%.1f errors=%lld timeouts=%lld "
                "bench_cpu_pct=%.0f leased_cpu_pct=%.0f redis_cpu_pct=%.0f\n",
-               mode_names[s->mode], target_names[s->target], s->conns, s->size,
+               mode_names[s->mode], target_name(s->target), s->conns, s->size,
                s->ops, s->secs, s->ops_s, s->p50, s->p99, s->p999, s->max,
                s->mean, s->errors, s->timeouts, s->bench_cpu, s->leased_cpu,
                s->redis_cpu);
@@ -2257,6 +2279,12 @@ usage(FILE *f)
         "  -s, --socket PATH    leased's Unix socket\n"
         "  -r, --redis H:P      Redis for the direct side (default "
         "127.0.0.1:6379)\n"
+        "      --via PATH|H:P   the direct side's measured connections go "
+        "through\n"
+        "                       this proxy (a Unix socket path or "
+        "host:port); loading\n"
+        "                       scripts and filling values stay on "
+        "--redis\n"
         "  -c, --conns N        concurrent connections (default 10)\n"
         "  -z, --size BYTES     value size for get and mix (default 100)\n"
         "  -d, --duration S     measured seconds (default 2)\n"
@@ -2297,17 +2325,18 @@ usage(FILE *f)
 }
 
 static void
-parse_hostport(const char *s)
+parse_hostport(const char *opt, const char *s, char *host, size_t cap,
+               int *port)
 {
     const char *colon = strrchr(s, ':');
-    if (colon == NULL || (size_t)(colon - s) >= sizeof(o.redis_host)) {
-        die("bad --redis %s (want host:port)", s);
+    if (colon == NULL || (size_t)(colon - s) >= cap) {
+        die("bad --%s %s (want host:port)", opt, s);
     }
-    memcpy(o.redis_host, s, (size_t)(colon - s));
-    o.redis_host[colon - s] = '\0';
-    o.redis_port = atoi(colon + 1);
-    if (o.redis_port <= 0 || o.redis_port > 65535) {
-        die("bad --redis port in %s", s);
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+    *port = atoi(colon + 1);
+    if (*port <= 0 || *port > 65535) {
+        die("bad --%s port in %s", opt, s);
     }
 }
 
@@ -2333,7 +2362,8 @@ parse_args(int argc, char **argv)
         O_ZIPF_S,
         O_WRITE_EVERY,
         O_WRITER,
-        O_PREFIX
+        O_PREFIX,
+        O_VIA
     };
     static const struct option lo[] = {
         {"mode", required_argument, NULL, 'm'},
@@ -2358,6 +2388,7 @@ parse_args(int argc, char **argv)
         {"mix-lock-pct", required_argument, NULL, O_MIX},
         {"direct-first", no_argument, NULL, O_DFIRST},
         {"cluster", no_argument, NULL, O_CLUSTER},
+        {"via", required_argument, NULL, O_VIA},
         {"keys", required_argument, NULL, O_KEYS},
         {"zipf-s", required_argument, NULL, O_ZIPF_S},
         {"write-every", required_argument, NULL, O_WRITE_EVERY},
@@ -2416,7 +2447,15 @@ parse_args(int argc, char **argv)
             o.sock = optarg;
             break;
         case 'r':
-            parse_hostport(optarg);
+            parse_hostport("redis", optarg, o.redis_host, sizeof(o.redis_host),
+                           &o.redis_port);
+            break;
+        case O_VIA:
+            o.via = optarg;
+            if (optarg[0] != '/') {
+                parse_hostport("via", optarg, o.via_host, sizeof(o.via_host),
+                               &o.via_port);
+            }
             break;
         case 'c':
             o.conns = atoi(optarg);
@@ -2529,6 +2568,11 @@ parse_args(int argc, char **argv)
         o.mode != M_MIX && o.mode != M_PING && o.mode != M_RWREAD &&
         o.mode != M_RWWRITE) {
         die("--cluster: direct side for lock, get, mix and ping only");
+    }
+    if (o.via != NULL &&
+        (o.cluster || o.want[T_LEASED] ||
+         (o.mode != M_LOCK && o.mode != M_GET && o.mode != M_PING))) {
+        die("--via: -t direct with lock, get or ping, without --cluster");
     }
 }
 

@@ -4,8 +4,8 @@
 # After bench_init: $tmp (removed at exit), $bench, $leased. start_redis
 # sets $port and $redis_pid; start_leased sets $leased_pid and $sock.
 # Pids added to $extra_pids (more redis-servers) are stopped at exit too;
-# lines in $leased_lock_extra and $leased_redis_extra go into the lock
-# and redis sections of leased's config; $bench_redis_pids (comma-
+# lines in $leased_lock_extra, $leased_redis_extra and
+# $leased_journal_extra go into those sections of leased's config; $bench_redis_pids (comma-
 # separated) replaces $redis_pid as the redis-servers whose CPU the bench
 # sums.
 # Shell functions share the caller's variables: locals here start with
@@ -80,6 +80,7 @@ stop_pid() {
 
 bench_cleanup() {
     stop_pid "$leased_pid"
+    stop_pid "$proxy_pid"
     stop_pid "$redis_pid"
     for _bc_pid in $extra_pids; do
         stop_pid "$_bc_pid"
@@ -101,6 +102,8 @@ bench_init() {
     extra_pids=
     leased_lock_extra=
     leased_redis_extra=
+    leased_journal_extra=
+    proxy_pid=
     bench_redis_pids=
     tmp=
     trap bench_cleanup EXIT
@@ -162,6 +165,7 @@ lock:
 $leased_lock_extra
 journal:
   path: "$tmp/invalidations.journal"
+$leased_journal_extra
 limits:
   max_clients: 20000
 log:
@@ -191,6 +195,53 @@ EOF
 stop_leased() {
     stop_pid "$leased_pid"
     leased_pid=
+}
+
+# The reference for what a third process costs by itself: nutcracker
+# (twemproxy, Debian's package of that name), a proxy that only forwards
+# Redis commands, pipelining every client onto one connection to Redis,
+# on a Unix socket like leased. Sets $proxy_sock and $proxy_pid; returns 1
+# when nutcracker is not installed.
+start_proxy() {
+    command -v nutcracker >/dev/null || return 1
+    proxy_sock=$tmp/proxy.sock
+    cat >"$tmp/proxy.yml" <<EOF
+bench:
+  listen: $proxy_sock 0600
+  redis: true
+  hash: fnv1a_64
+  distribution: ketama
+  server_connections: 1
+  auto_eject_hosts: false
+  servers:
+   - 127.0.0.1:$port:1
+EOF
+    # Its statistics port is one more listener: a busy one makes it exit
+    # at once, and another is tried.
+    for _px_try in 1 2 3 4 5; do
+        rm -f "$proxy_sock"
+        _px_stats=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 40000))
+        nutcracker -c "$tmp/proxy.yml" -a 127.0.0.1 -s "$_px_stats" \
+            -o "$tmp/proxy.log" &
+        proxy_pid=$!
+        _px_n=0
+        while [ $_px_n -lt 50 ] && alive "$proxy_pid"; do
+            if [ -S "$proxy_sock" ]; then
+                return 0
+            fi
+            sleep 0.1
+            _px_n=$((_px_n + 1))
+        done
+        stop_proxy
+    done
+    say "nutcracker did not start; its log:"
+    cat "$tmp/proxy.log" >&2
+    exit 1
+}
+
+stop_proxy() {
+    stop_pid "$proxy_pid"
+    proxy_pid=
 }
 
 # The bench against the running pair; extra arguments follow.

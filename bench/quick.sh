@@ -5,6 +5,12 @@
 # and the ratio leased / direct of the medians. Instruction counts come
 # from resources.sh (--quick); batched scripts on and off from batch.sh
 # (--quick). Prints markdown to stdout (or --out FILE).
+#
+# Two controls say what a missed row is made of. Where nutcracker is
+# installed, the 50-connection rows also run through it (a proxy that only
+# forwards commands, in leased's place between the bench and Redis): what
+# the third process costs on this machine whatever it does. The storm runs
+# again under journal.fsync everysec, where no fdatasync is waited for.
 set -eu
 
 here=$(dirname "$0")
@@ -27,6 +33,24 @@ say "storm: cache.get p99 while 20 sessions invalidate (fsync always)"
 run_bench -t leased -m storm -c 10 -z 100 --waiters 20 -d 2 -w 0.5 \
     >>"$rawf"
 stop_leased
+if start_proxy; then
+    say "control: the 50-connection rows through nutcracker (forwarding only)"
+    for cell in "lock 50 100" "get 50 100" "get 50 10000"; do
+        set -- $cell
+        run_bench -t direct --via "$proxy_sock" --pid "$proxy_pid" \
+            -m "$1" -c "$2" -z "$3" -n 3 -d 2 -w 0.5 >>"$rawf"
+    done
+    stop_proxy
+else
+    say "nutcracker is not installed: no proxy control"
+fi
+say "control: the storm under journal.fsync everysec"
+leased_journal_extra="  fsync: everysec"
+start_leased "$connections"
+run_bench -t leased -m storm -c 10 -z 100 --waiters 20 -d 2 -w 0.5 |
+    sed 's/^mode=storm /mode=storm-everysec /' >>"$rawf"
+stop_leased
+leased_journal_extra=
 if command -v valgrind >/dev/null; then
     say "callgrind: instructions per op (resources.sh --quick)"
     sh "$here/resources.sh" --builddir "$builddir" \
@@ -59,11 +83,14 @@ sh "$here/batch.sh" --builddir "$builddir" --redis-server "$redis_server" \
             f[k] = v
         }
     }
-    f["mode"] == "storm" && f["phase"] == "summary" {
-        storm = sprintf("| cache.get p99 during an invalidation storm ÷ " \
-            "alone | %.2f× (%.0f µs / %.0f µs; %.0f invalidations/s) |",
+    f["mode"] ~ /^storm/ && f["phase"] == "summary" {
+        line = sprintf("| cache.get p99 during an invalidation storm ÷ " \
+            "alone%s | %.2f× (%.0f µs / %.0f µs; %.0f invalidations/s) |",
+            f["mode"] == "storm" ? "" : \
+                ", journal.fsync everysec (control)",
             f["p99_ratio"], f["p99_storm_us"], f["p99_alone_us"],
             f["invalidations_s"])
+        storm = storm line "\n"
         next
     }
     f["mode"] == "instructions" {
@@ -78,20 +105,24 @@ sh "$here/batch.sh" --builddir "$builddir" --redis-server "$redis_server" \
         p50[cell, f["target"]] = p50[cell, f["target"]] " " f["p50_us"]
     }
     END {
-        print "| figure | leased | direct | ratio |"
-        print "|---|---|---|---|"
+        print "| figure | leased | direct | ratio | forwarding proxy " \
+            "÷ direct |"
+        print "|---|---|---|---|---|"
         for (i = 1; i <= n; i++) {
             c = order[i]; split(c, w, " ")
             lo = median(ops[c, "leased"]); dop = median(ops[c, "direct"])
             lp = median(p50[c, "leased"]); dp = median(p50[c, "direct"])
+            px = ops[c, "proxy"] == "" ? "-" : sprintf("%.2f× (%.0f)",
+                (dop > 0 ? median(ops[c, "proxy"]) / dop : 0),
+                median(ops[c, "proxy"]))
             printf "| %s, %s conns, %s B: ops/s (p50 µs) | %.0f (%.0f) | " \
-                "%.0f (%.0f) | %.2f× (p50 %+.0f µs) |\n", w[1], w[2], w[3],
-                lo, lp, dop, dp, (dop > 0 ? lo / dop : 0), lp - dp
+                "%.0f (%.0f) | %.2f× (p50 %+.0f µs) | %s |\n", w[1], w[2],
+                w[3], lo, lp, dop, dp, (dop > 0 ? lo / dop : 0), lp - dp, px
         }
         print ""
         print "| other figure | value |"
         print "|---|---|"
-        if (storm != "") print storm
+        printf "%s", storm
         printf "%s", ins
     }' "$rawf"
     if [ -s "$tmp/batch.raw" ]; then
