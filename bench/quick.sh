@@ -103,6 +103,18 @@ sh "$here/batch.sh" --builddir "$builddir" --redis-server "$redis_server" \
         if (!(cell in seen)) { seen[cell] = 1; order[++n] = cell }
         ops[cell, f["target"]] = ops[cell, f["target"]] " " f["ops_s"]
         p50[cell, f["target"]] = p50[cell, f["target"]] " " f["p50_us"]
+        # CPU per op in microseconds of one core, and the cores the
+        # three processes kept busy (the middle one is leased, or the
+        # proxy: its pid is passed as --pid).
+        if (f["ops_s"] > 0) {
+            k = cell SUBSEP f["target"]
+            cb[k] += f["bench_cpu_pct"] * 1e4 / f["ops_s"]
+            cm[k] += f["leased_cpu_pct"] * 1e4 / f["ops_s"]
+            cr[k] += f["redis_cpu_pct"] * 1e4 / f["ops_s"]
+            busy[k] += (f["bench_cpu_pct"] + f["leased_cpu_pct"] + \
+                f["redis_cpu_pct"]) / 100
+            runs[k]++
+        }
     }
     END {
         print "| figure | leased | direct | ratio | forwarding proxy " \
@@ -118,6 +130,24 @@ sh "$here/batch.sh" --builddir "$builddir" --redis-server "$redis_server" \
             printf "| %s, %s conns, %s B: ops/s (p50 µs) | %.0f (%.0f) | " \
                 "%.0f (%.0f) | %.2f× (p50 %+.0f µs) | %s |\n", w[1], w[2],
                 w[3], lo, lp, dop, dp, (dop > 0 ? lo / dop : 0), lp - dp, px
+        }
+        print ""
+        print "| CPU per op, µs of one core (mean of the runs) | bench | " \
+            "leased or proxy | Redis | all three | cores busy |"
+        print "|---|---|---|---|---|---|"
+        for (i = 1; i <= n; i++) {
+            c = order[i]; split(c, w, " ")
+            if (ops[c, "proxy"] == "") continue
+            for (t = 1; t <= 3; t++) {
+                side = t == 1 ? "leased" : t == 2 ? "direct" : "proxy"
+                k = c SUBSEP side
+                if (!runs[k]) continue
+                m = runs[k]
+                printf "| %s, %s conns, %s B: %s | %.1f | %s | %.1f | " \
+                    "%.1f | %.2f |\n", w[1], w[2], w[3], side, cb[k] / m,
+                    side == "direct" ? "-" : sprintf("%.1f", cm[k] / m),
+                    cr[k] / m, (cb[k] + cm[k] + cr[k]) / m, busy[k] / m
+            }
         }
         print ""
         print "| other figure | value |"
