@@ -1355,21 +1355,19 @@ direct_disconnected(const redisAsyncContext *ac, int status)
 static redisAsyncContext *
 direct_connect(struct client *c)
 {
-    const char *host = node_host(c->node);
-    int port = node_port(c->node);
-    redisAsyncContext *ac;
-    if (o.via != NULL && o.via_port == 0) {
-        host = o.via;
-        ac = redisAsyncConnectUnix(o.via);
-    } else if (o.via != NULL) {
-        host = o.via_host;
-        port = o.via_port;
-        ac = redisAsyncConnect(host, port);
-    } else {
-        ac = redisAsyncConnect(host, port);
-    }
+    const char *host = o.via != NULL ? o.via_host : node_host(c->node);
+    int port = o.via != NULL ? o.via_port : node_port(c->node);
+    /* --via PATH leaves via_port 0: a Unix socket. */
+    redisAsyncContext *ac = o.via != NULL && port == 0
+                                ? redisAsyncConnectUnix(o.via)
+                                : redisAsyncConnect(host, port);
     if (ac == NULL || ac->err) {
-        die("redis %s:%d: %s", host, port, ac ? ac->errstr : "cannot connect");
+        const char *why = ac ? ac->errstr : "cannot connect";
+        if (port == 0) {
+            die("proxy %s: %s", o.via, why);
+        }
+        die("%s %s:%d: %s", o.via != NULL ? "proxy" : "redis", host, port,
+            why);
     }
     ac->data = c;
     redisLibeventAttach(ac, base);

@@ -5,9 +5,10 @@
 # sets $port and $redis_pid; start_leased sets $leased_pid and $sock.
 # Pids added to $extra_pids (more redis-servers) are stopped at exit too;
 # lines in $leased_lock_extra, $leased_redis_extra and
-# $leased_journal_extra go into those sections of leased's config; $bench_redis_pids (comma-
-# separated) replaces $redis_pid as the redis-servers whose CPU the bench
-# sums.
+# $leased_journal_extra go into those sections of leased's config;
+# $bench_redis_pids (comma-separated) replaces $redis_pid as the
+# redis-servers whose CPU the bench sums. start_proxy sets $proxy_pid,
+# which is stopped at exit too.
 # Shell functions share the caller's variables: locals here start with
 # an underscore.
 
