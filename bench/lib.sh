@@ -116,14 +116,19 @@ bench_init() {
         true
 }
 
+# A loopback port to try, from 20000 up to 20000 + SPAN (default 40000);
+# the caller retries with another when the server it starts finds it busy.
+random_port() {
+    echo $((20000 + $(od -An -N2 -tu2 /dev/urandom) % ${1:-40000}))
+}
+
 # A redis-server of our own on a free loopback port (a busy port makes it
 # exit at once; then another port is tried); extra arguments go to it.
 # Ports stay below 20000 + $redis_port_span (a cluster node's bus listens
 # 10000 higher).
 start_redis() {
     for _sr_try in 1 2 3 4 5 6 7 8 9 10; do
-        port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % \
-            ${redis_port_span:-40000}))
+        port=$(random_port "${redis_port_span:-40000}")
         "$redis_server" --port "$port" --bind 127.0.0.1 --save '' \
             --appendonly no --dir "$tmp" --logfile "$tmp/redis-$port.log" \
             --maxclients 20000 --daemonize no "$@" &
@@ -221,8 +226,7 @@ EOF
     # at once, and another is tried.
     for _px_try in 1 2 3 4 5; do
         rm -f "$proxy_sock"
-        _px_stats=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 40000))
-        nutcracker -c "$tmp/proxy.yml" -a 127.0.0.1 -s "$_px_stats" \
+        nutcracker -c "$tmp/proxy.yml" -a 127.0.0.1 -s "$(random_port)" \
             -o "$tmp/proxy.log" &
         proxy_pid=$!
         _px_n=0
