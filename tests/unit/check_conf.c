@@ -622,6 +622,13 @@ START_TEST(error_related_settings)
                  "t.yml:2:11: cache.prefix: must not be a prefix of "
                  "lock.prefix, nor lock.prefix of it");
     expect_ok("lock:\n  prefix: \"l:\"\ncache:\n  prefix: \"c:\"\n");
+    /* Redisson's locks are bare names: an empty prefix is what a Java
+     * user writes, and it leaves only semaphores ("{k}:sem") under it. */
+    expect_ok("lock:\n  layout: redisson\n  prefix: \"\"\n");
+    expect_error("lock:\n  layout: redisson\n  prefix: \"\"\n"
+                 "cache:\n  prefix: \"{c}:\"\n",
+                 "t.yml:5:11: cache.prefix: must not be a prefix of "
+                 "lock.prefix, nor lock.prefix of it");
     expect_error("journal:\n  path: \"\"\n",
                  "t.yml:2:9: journal.path: must not be empty");
 }
