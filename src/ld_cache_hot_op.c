@@ -112,12 +112,19 @@ hot_prometheus(size_t *len)
     char *p = buf;
     memcpy(p, head, sizeof(head) - 1);
     p += sizeof(head) - 1;
+    /* The names are the apps' keys, which /metrics (no authentication)
+     * must not give away unless the operator asks for them. */
+    bool names = cache_mod.ctx->cfg->metrics.hot_key_names;
     for (int which = 0; which < 2; which++) {
         for (size_t i = 0; i < n; i++) {
-            p += sprintf(p, "leased_cache_hot_%s{rank=\"%zu\",key=\"",
+            p += sprintf(p, "leased_cache_hot_%s{rank=\"%zu\"",
                          which == 0 ? "reads_per_second" : "hit_ratio", i + 1);
-            put_label(&p, top[i].key, top[i].len);
-            p += sprintf(p, "\"} %.3f\n",
+            if (names) {
+                p += sprintf(p, ",key=\"");
+                put_label(&p, top[i].key, top[i].len);
+                *p++ = '"';
+            }
+            p += sprintf(p, "} %.3f\n",
                          which == 0 ? top[i].reads_per_s : top[i].hit_ratio);
         }
     }

@@ -213,6 +213,7 @@ const struct conf_directive conf_directives[] = {
 
     HOSTPORT("metrics.listen", metrics.listen, F_EMPTY_OK | F_LISTEN,
              "127.0.0.1:9379"),
+    BOOL("metrics.hot_key_names", metrics.hot_key_names, F_RELOAD, "false"),
 
     ENUM("log.level", log.level, F_RELOAD, "info", log_levels),
     ENUM("log.target", log.target, 0, "stderr", log_targets),

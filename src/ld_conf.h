@@ -101,7 +101,8 @@ struct ld_config {
         long long max_memory_bytes; /* daemon-wide accounting, 0: none */
     } limits;
     struct {
-        char *listen; /* "host:port"; "" disables */
+        char *listen;       /* "host:port"; "" disables */
+        bool hot_key_names; /* hot cache keys named in /metrics */
     } metrics;
     struct {
         int level; /* enum ld_log_level */

@@ -341,6 +341,18 @@ check_unbuilt(struct conf_load *st)
                       quote ? "\"" : "");
 }
 
+/* Under lock.layout redisson a lock is the client's own key (as Redisson
+ * names it) and lock.prefix names only the semaphores' keys, which go on
+ * with "{" after it. An empty prefix, the natural setting beside Java
+ * clients, then meets no cache key unless cache.prefix begins with "{"
+ * too. */
+static bool
+redisson_bare(const struct ld_config *c)
+{
+    return c->lock.layout == LD_LAYOUT_REDISSON && c->lock.prefix[0] == '\0' &&
+           c->cache.prefix[0] != '{' && c->cache.prefix[0] != '\0';
+}
+
 /* Rules that tie settings together, checked on the final values so that
  * their order in the file does not matter. */
 static int
@@ -405,7 +417,8 @@ check_relations(struct conf_load *st)
      * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */
     size_t lp = strlen(c->lock.prefix);
     size_t cp = strlen(c->cache.prefix);
-    if (strncmp(c->lock.prefix, c->cache.prefix, lp < cp ? lp : cp) == 0) {
+    if (strncmp(c->lock.prefix, c->cache.prefix, lp < cp ? lp : cp) == 0 &&
+        !redisson_bare(c)) {
         return conf_error(st, mark_of(st, "cache.prefix", "lock.prefix"),
                           "cache.prefix",
                           lp == cp ? "must differ from lock.prefix"

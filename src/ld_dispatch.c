@@ -140,6 +140,9 @@ op_hello(struct ld_req *req)
         }
     }
     s->authed = true;
+    if (has_auth) {
+        ld_ns_hello_token(s, auth, auth_len);
+    }
     if (is_admin) {
         s->admin = true;
         log_info("operator session=%s", s->name);

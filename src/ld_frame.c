@@ -22,6 +22,21 @@ ends_with_cr(struct evbuffer *in, size_t n)
     return c == '\r';
 }
 
+/* Keep the first bytes of an over-long line before they are dropped. */
+static void
+keep_head(struct ld_framer *f, const char *p, size_t len)
+{
+    f->head_len = len < sizeof(f->head) ? len : sizeof(f->head);
+    memcpy(f->head, p, f->head_len);
+}
+
+static void
+keep_head_in(struct ld_framer *f, struct evbuffer *in)
+{
+    ev_ssize_t n = evbuffer_copyout(in, f->head, sizeof(f->head));
+    f->head_len = n > 0 ? (size_t)n : 0;
+}
+
 enum ld_frame_result
 ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
               size_t *len)
@@ -65,6 +80,7 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
             if (avail > f->max_bytes + 1 ||
                 (avail == f->max_bytes + 1 && !ends_with_cr(in, avail))) {
                 /* Report now rather than buffering the whole line. */
+                keep_head_in(f, in);
                 evbuffer_drain(in, avail);
                 f->scanned = 0;
                 f->discarding = true;
@@ -76,6 +92,7 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
         size_t n = (size_t)nl.pos; /* bytes before the \n */
         if (n > f->max_bytes &&
             (n > f->max_bytes + 1 || !ends_with_cr(in, n))) {
+            keep_head_in(f, in);
             evbuffer_drain(in, n + 1);
             return LD_FRAME_TOO_LARGE;
         }
@@ -146,6 +163,7 @@ ld_frame_take(struct ld_framer *f, struct evbuffer *in, char *buf, size_t len,
         if (nl == NULL) {
             if (avail > f->max_bytes + 1 ||
                 (avail == f->max_bytes + 1 && p[avail - 1] != '\r')) {
+                keep_head(f, p, avail);
                 *pos = len;
                 f->discarding = true;
                 return LD_FRAME_TOO_LARGE;
@@ -159,6 +177,7 @@ ld_frame_take(struct ld_framer *f, struct evbuffer *in, char *buf, size_t len,
         size_t n = (size_t)(nl - p);
         *pos += n + 1;
         if (n > f->max_bytes && (n > f->max_bytes + 1 || p[n - 1] != '\r')) {
+            keep_head(f, p, n);
             return LD_FRAME_TOO_LARGE;
         }
         if (n > 0 && p[n - 1] == '\r') {

@@ -13,13 +13,20 @@ enum ld_frame_result {
     LD_FRAME_NEED_MORE,
     LD_FRAME_LINE,     /* *LINE (malloc'd, NUL-terminated, without the
                             \n or \r\n) and *LEN set */
-    LD_FRAME_TOO_LARGE /* one over-long line reported (once per line) */
+    LD_FRAME_TOO_LARGE /* one over-long line reported (once per line),
+                          its first bytes in the framer's head */
 };
+
+#define LD_FRAME_HEAD_BYTES 16
 
 struct ld_framer {
     size_t max_bytes;
     bool discarding; /* inside an over-long line: drop until \n */
     size_t scanned;  /* leading bytes already known to hold no \n */
+    /* The first bytes of the last over-long line, for whoever must know
+     * what kind of line it was (the HTTP guard) though it is dropped. */
+    char head[LD_FRAME_HEAD_BYTES];
+    size_t head_len;
 };
 
 enum ld_frame_result ld_frame_next(struct ld_framer *f, struct evbuffer *in,

@@ -18,8 +18,8 @@
 
 #include <jansson.h>
 
-/* What one request in flight holds besides its line: the parsed JSON
- * object, the request and the state of its op. */
+/* What one request in flight holds besides its own bytes (the record,
+ * its text or JSON tree: requests_bytes): the state of its op. */
 #define REQUEST_COST 1024
 
 /* The refusal is logged at most this often. */
@@ -41,10 +41,11 @@ size_t
 ld_memlimit_used(void)
 {
     long long pending = ld_stats.requests_pending;
+    long long held = ld_stats.requests_bytes;
     long long near = ld_stats.near_bytes;
     return ld_session_buffered_bytes() +
            (size_t)(pending > 0 ? pending : 0) * REQUEST_COST +
-           (size_t)(near > 0 ? near : 0);
+           (size_t)(held > 0 ? held : 0) + (size_t)(near > 0 ? near : 0);
 }
 
 /* Ops that add work: every cache read or write, and a lock or semaphore

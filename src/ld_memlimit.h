@@ -11,8 +11,9 @@ struct ld_req;
  * free or keep what is already held still run. */
 void ld_memlimit_init(const struct ld_ctx *ctx);
 
-/* The daemon's own accounting: the sessions' socket buffers, a fixed
- * cost per request in flight and the near cache. */
+/* The daemon's own accounting: the sessions' socket buffers, the bytes
+ * each request in flight holds (requests_bytes) and a fixed cost for the
+ * state of its op, and the near cache. */
 size_t ld_memlimit_used(void);
 
 /* Before REQ's handler runs: true when REQ was answered busy because the

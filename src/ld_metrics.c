@@ -9,10 +9,13 @@
 #include "ld_stats.h"
 #include "ld_util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -25,7 +28,12 @@
 #define LD_METRICS_MAX_HEADERS_BYTES 8192
 #define LD_METRICS_MAX_BODY_BYTES 1024
 
+/* Refused Host header: the status a browser's page gets. */
+#define LD_HTTP_FORBIDDEN 403
+
 static struct evhttp *metrics_http;
+/* metrics.listen's host, the name the endpoint answers to. */
+static char metrics_host[256];
 
 static void
 free_text(const void *data, size_t len, void *arg)
@@ -33,6 +41,75 @@ free_text(const void *data, size_t len, void *arg)
     LD_UNUSED(len);
     LD_UNUSED(arg);
     free((void *)data);
+}
+
+/* The host of a Host header value V (without its port; an IPv6 address
+ * without its brackets) into OUT; false when V is malformed. */
+static bool
+host_part(const char *v, char *out, size_t outlen)
+{
+    const char *h = v;
+    const char *end;
+
+    if (v[0] == '[') {
+        h = v + 1;
+        end = strchr(h, ']');
+        if (end == NULL || (end[1] != '\0' && end[1] != ':')) {
+            return false;
+        }
+    } else {
+        end = strchr(v, ':');
+        if (end == NULL) {
+            end = v + strlen(v);
+        } else if (strchr(end + 1, ':') != NULL) {
+            return false;
+        }
+    }
+    size_t n = (size_t)(end - h);
+    if (n == 0 || n >= outlen) {
+        return false;
+    }
+    memcpy(out, h, n);
+    out[n] = '\0';
+    return true;
+}
+
+static bool
+is_address(const char *h)
+{
+    struct in6_addr a6;
+    struct in_addr a4;
+    return inet_pton(AF_INET, h, &a4) == 1 || inet_pton(AF_INET6, h, &a6) == 1;
+}
+
+static bool
+is_wildcard(const char *h)
+{
+    return strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0;
+}
+
+/* DNS rebinding lets a web page read an endpoint on loopback through a
+ * name it controls, made to resolve to 127.0.0.1; the browser still sends
+ * that name as Host. So only the listener's own names are served: its
+ * address, localhost, 127.0.0.1 and [::1], and on a wildcard address any
+ * address literal (no DNS answer changes one). Without a Host header
+ * (HTTP/1.0) the request comes from no browser. */
+static bool
+host_allowed(const char *v)
+{
+    char h[256];
+
+    if (v == NULL) {
+        return true;
+    }
+    if (!host_part(v, h, sizeof(h))) {
+        return false;
+    }
+    if (strcasecmp(h, "localhost") == 0 || strcmp(h, "127.0.0.1") == 0 ||
+        strcmp(h, "::1") == 0 || strcasecmp(h, metrics_host) == 0) {
+        return true;
+    }
+    return is_wildcard(metrics_host) && is_address(h);
 }
 
 static void
@@ -43,6 +120,12 @@ metrics_cb(struct evhttp_request *req, void *arg)
     size_t len;
 
     LD_UNUSED(arg);
+    if (!host_allowed(evhttp_find_header(evhttp_request_get_input_headers(req),
+                                         "Host"))) {
+        log_debug("metrics refused reason=host");
+        evhttp_send_error(req, LD_HTTP_FORBIDDEN, "Forbidden");
+        return;
+    }
     text = ld_stats_prometheus(&len);
     if (text == NULL) {
         log_error("metrics render failed reason=out_of_memory");
@@ -107,6 +190,7 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
         log_error("metrics bad address listen=%s", listen);
         return LD_ERR;
     }
+    snprintf(metrics_host, sizeof(metrics_host), "%s", host);
 
     metrics_http = evhttp_new(base);
     if (metrics_http == NULL) {

@@ -113,18 +113,34 @@ token_entry(const struct ld_ns_list *l, const char *t, size_t len)
     return found;
 }
 
+/* Whether AUTH is listen.auth_token; never when that is unset, whatever
+ * AUTH is (an empty one included). */
+static bool
+full_token(const char *auth, size_t len)
+{
+    const char *full = ns_mod.ctx->cfg->listen.auth_token;
+    return full[0] != '\0' && ld_secure_equal(auth, len, full, strlen(full));
+}
+
 bool
 ld_ns_hello_auth(struct ld_session *s, const char *auth, size_t len)
 {
-    struct ns_sess *st = sess_state(s);
-    const char *full = ns_mod.ctx->cfg->listen.auth_token;
-    bool is_full = full[0] != '\0' &&
-                   ld_secure_equal(auth, len, full, strlen(full));
+    bool is_full = full_token(auth, len);
     bool is_entry = token_entry(live_list(), auth, len) != NULL;
 
     if (!is_full && !is_entry) {
         return false;
     }
+    s->authed = true;
+    return true;
+}
+
+void
+ld_ns_hello_token(struct ld_session *s, const char *auth, size_t len)
+{
+    struct ns_sess *st = sess_state(s);
+    bool is_full = full_token(auth, len);
+
     free(st->token);
     st->token = NULL;
     st->token_len = 0;
@@ -135,12 +151,11 @@ ld_ns_hello_auth(struct ld_session *s, const char *auth, size_t len)
         st->token[len] = '\0';
         st->token_len = len;
     }
-    s->authed = true;
-    return true;
 }
 
 /* The session's entry, or NULL; *FULL when it is unrestricted: root and
- * the daemon's own user on Unix, listen.auth_token on TCP. */
+ * the daemon's own user on Unix, listen.auth_token and the admin identity
+ * (listen.admin_token) on TCP. */
 static const struct ld_ns_entry *
 identify(struct ld_session *s, const struct ld_ns_list *l, bool *full)
 {
@@ -168,7 +183,7 @@ identify(struct ld_session *s, const struct ld_ns_list *l, bool *full)
         }
         return NULL;
     }
-    if (st->tok == NS_TOKEN_FULL) {
+    if (st->tok == NS_TOKEN_FULL || s->admin) {
         *full = true;
         return NULL;
     }

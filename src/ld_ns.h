@@ -21,6 +21,11 @@ int ld_ns_init(const struct ld_ctx *ctx);
  * namespace), compared in constant time; false for any other. */
 bool ld_ns_takes_auth(struct ld_session *s);
 bool ld_ns_hello_auth(struct ld_session *s, const char *auth, size_t len);
+/* After a hello with AUTH was accepted, with or without namespaces: the
+ * identity S keeps, so that a reload that adds namespaces finds it
+ * (listen.auth_token stays unrestricted, an entry's token names its
+ * entry in the list of the day). */
+void ld_ns_hello_token(struct ld_session *s, const char *auth, size_t len);
 
 /* Before an op runs: every key REQ names ("key", each of "keys") must lie
  * under a prefix of the session's namespace. Returns LD_OK, or answers

@@ -366,6 +366,7 @@ req_free(struct ld_req *req)
     if (req->body != NULL) {
         json_decref(req->body);
     }
+    ld_stats.requests_bytes -= (long long)req->cost_bytes;
     struct ld_session *s = req->sess;
     if (REQ_REUSE && proto_mod.n_spare < REQ_SPARE &&
         req->room <= REQ_ROOM_SPARE) {
@@ -574,6 +575,54 @@ tree_request(struct ld_session *s, const char *line, size_t len)
     return req;
 }
 
+/* About what jansson holds for V, malloc's own words included: a string
+ * or a number is a node of some 48 bytes beside its text, an array adds
+ * a table that grows by doubling, an object a hash pair per member. A
+ * request's text may cost many times its bytes so (an array of one-byte
+ * strings some 90 bytes a member), which limits.max_memory_bytes must
+ * see while the request waits. */
+static size_t
+json_cost(json_t *v)
+{
+    size_t n = 0;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *m;
+        n = 128;
+        json_object_foreach(v, k, m)
+        {
+            n += 64 + strlen(k) + json_cost(m);
+        }
+        return n;
+    }
+    case JSON_ARRAY:
+        n = 64 + 16 * json_array_size(v);
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            n += json_cost(json_array_get(v, i));
+        }
+        return n;
+    case JSON_STRING:
+        return 48 + 16 + json_string_length(v);
+    case JSON_INTEGER:
+    case JSON_REAL:
+        return 32;
+    default:
+        return 0; /* true, false and null are shared */
+    }
+}
+
+/* What REQ holds while it waits for its answer. */
+static size_t
+req_cost(struct ld_req *req)
+{
+    size_t n = sizeof(*req) + req->room;
+    if (req->id_own != NULL) {
+        n += req->id_len + 1;
+    }
+    return req->body != NULL ? n + json_cost(req->body) : n;
+}
+
 void
 ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
 {
@@ -587,6 +636,8 @@ ld_proto_on_line(struct ld_session *s, const char *line, size_t len)
     }
     req->sess = s;
     req->start_us = ld_now_us();
+    req->cost_bytes = req_cost(req);
+    ld_stats.requests_bytes += (long long)req->cost_bytes;
     ld_session_req_begin(s);
     proto_mod.route(req);
 }

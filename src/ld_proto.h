@@ -49,6 +49,8 @@ struct ld_req {
     int nm;
     bool flat;
     size_t room; /* bytes allocated after the record */
+    /* What it holds (record, text or JSON tree), in requests_bytes. */
+    size_t cost_bytes;
 };
 
 /* A field of a request as read: absent, or its JSON kind and value. A

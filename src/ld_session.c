@@ -85,7 +85,7 @@ struct session_io {
     size_t reply_est;        /* recent reply size: a decaying maximum */
     bool backlog;            /* complete lines left for a later turn */
     bool over_limit;         /* output passed the limit: dropped */
-    bool seen_line;          /* the first line has been looked at */
+    bool seen_json;          /* a line opened a JSON object (HTTP guard) */
     struct ld_session *next_dirty;
     /* On the open list (session_mod.open) from creation to close: the
      * link is private, other modules walk the list with
@@ -676,9 +676,10 @@ peer_name(int fd, char *buf, size_t len)
 
 /* A web page can make a browser send an HTTP request to any port on the
  * loopback interface, with a body the page chooses; its lines would run
- * as requests. HTTP always starts with a request line, which no client of
- * this protocol sends, so a first line that looks like one (or like a
- * Host: header) ends the connection, as Redis does. */
+ * as requests. HTTP starts with a request line and headers, among them
+ * Host:, which no client of this protocol sends, so such a line (or the
+ * first bytes of an over-long one: a URL may be megabytes long) before
+ * the session's first JSON object ends the connection, as Redis does. */
 static bool
 looks_like_http(const char *line, size_t len)
 {
@@ -693,6 +694,39 @@ looks_like_http(const char *line, size_t len)
         }
     }
     return len >= 5 && strncasecmp(line, "host:", 5) == 0;
+}
+
+static bool
+opens_object(const char *line, size_t len)
+{
+    size_t i = 0;
+    while (i < len && (line[i] == ' ' || line[i] == '\t')) {
+        i++;
+    }
+    return i < len && line[i] == '{';
+}
+
+/* The guard over the lines (or heads of over-long lines) a session sends
+ * before its first JSON object: true when it closed the session. An HTTP
+ * body comes only after the headers, so it never gets that far. */
+static bool
+http_guard_closes(struct ld_session *s, const char *line, size_t len)
+{
+    if (s->io->seen_json) {
+        return false;
+    }
+    if (looks_like_http(line, len)) {
+        char peer[96];
+        peer_name(s->fd, peer, sizeof(peer));
+        log_warn("HTTP request on a leased socket, closing "
+                 "(cross-protocol request?) session=%s "
+                 "listener=%s peer=%s",
+                 s->name, s->listener, peer);
+        ld_session_close(s, "http");
+        return true;
+    }
+    s->io->seen_json = opens_object(line, len);
+    return false;
 }
 
 /* Frame and dispatch buffered lines, then those of FRESH (LEN bytes just
@@ -748,7 +782,10 @@ process_input(struct ld_session *s, char *fresh, size_t fresh_len)
         lines++;
         if (r == LD_FRAME_TOO_LARGE) {
             char msg[96];
-            s->io->seen_line = true;
+            if (http_guard_closes(s, s->io->framer.head,
+                                  s->io->framer.head_len)) {
+                break;
+            }
             bytes += (size_t)sessions_cfg()->limits.max_request_bytes;
             ld_stats.requests++;
             snprintf(msg, sizeof(msg), "request line over %lld bytes",
@@ -757,21 +794,11 @@ process_input(struct ld_session *s, char *fresh, size_t fresh_len)
             continue;
         }
         bytes += len;
-        if (!s->io->seen_line) {
-            s->io->seen_line = true;
-            if (looks_like_http(line, len)) {
-                char peer[96];
-                peer_name(s->fd, peer, sizeof(peer));
-                log_warn("HTTP request on a leased socket, closing "
-                         "(cross-protocol request?) session=%s "
-                         "listener=%s peer=%s",
-                         s->name, s->listener, peer);
-                if (owned) {
-                    free(line);
-                }
-                ld_session_close(s, "http");
-                break;
+        if (http_guard_closes(s, line, len)) {
+            if (owned) {
+                free(line);
             }
+            break;
         }
         ld_stats.requests++;
         session_mod.handlers->line(s, line, len);

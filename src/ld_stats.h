@@ -24,6 +24,8 @@
     X(gauge, sessions, "Client sessions open")                                \
     X(counter, requests, "Requests received")                                 \
     X(gauge, requests_pending, "Requests awaiting their reply")               \
+    X(gauge, requests_bytes,                                                  \
+      "Bytes held by the requests awaiting their reply")                      \
     X(gauge, session_buffer_bytes, "Bytes in client sessions' buffers")       \
     X(gauge, redis_connected, "Command connections to Redis that are ready")  \
     X(counter, redis_commands, "Commands sent to Redis")                      \

@@ -151,6 +151,35 @@ START_TEST(test_defaults_accepted)
 }
 END_TEST
 
+/* lock.layout redisson with lock.prefix "": the setting a Java user
+ * writes starts, a lock is the bare name Redisson uses, and semaphores
+ * (the only keys under the prefix there) work too. */
+START_TEST(test_redisson_empty_prefix)
+{
+    const char *yaml = "lock:\n  layout: redisson\n  prefix: \"\"\n";
+    char out[4096], err[4096];
+    struct h_conn *c;
+    json_t *r;
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    const char *argv[] = {h_leased_bin(), "-t", "-c", D.conf, NULL};
+    ck_assert_int_eq(h_run(argv, out, sizeof out, err, sizeof err, RUN_MS), 0);
+    c = h_connect(&D);
+    ck_assert_ptr_nonnull(c);
+    r = h_must(h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "orders"));
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    ck_assert_int_eq(h_r_int(&R, "HLEN orders"), 1);
+    r = h_must(h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "sem.acquire", "key",
+                       "pool", "limit", 1));
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD {pool}:sem"), 1);
+    h_close(c);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -158,6 +187,7 @@ main(void)
         H_CASE(redlock_refused, 90),
         H_CASE(cluster_db_refused, 90),
         H_CASE(defaults_accepted, 60),
+        H_CASE(redisson_empty_prefix, 60),
     };
 
     return H_MAIN(fx, cases);

@@ -501,6 +501,97 @@ START_TEST(test_memory_limit_busy)
 }
 END_TEST
 
+/* The monitor's requests_bytes under 64 KiB (for h_wait_until). */
+static bool
+requests_freed(void *arg)
+{
+    long long b = h_stat(arg, "requests_bytes");
+    return b >= 0 && b < 64 * 1024;
+}
+
+/* N locks, each on a key (TAG and a number) a holder has, sent in one go with wait_ms and
+ * the ignored member "pad": PAD (JSON text). They park holding what they
+ * were sent with; once that passes limits.max_memory_bytes (16 MiB) the
+ * next one is answered busy, and requests_bytes shows what they hold. */
+static void
+waiters_pass_limit(const char *tag, const char *pad, int n)
+{
+    size_t padlen = strlen(pad);
+    size_t cap = (size_t)n * (padlen + 128);
+    char *all = malloc(cap);
+    size_t len = 0;
+    struct h_conn *holder, *w, *mon;
+    json_t *r;
+
+    ck_assert_ptr_nonnull(all);
+    holder = h_connect_ok(&D);
+    w = h_connect_ok(&D);
+    mon = h_connect_ok(&D);
+    for (int i = 0; i < n; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%s%d", tag, i);
+        r = h_must(
+            h_callf(holder, T_MS, "{s:s,s:s}", "op", "lock", "key", key));
+        ck_assert(jtrue(r, "acquired"));
+        json_decref(r);
+        len += (size_t)snprintf(all + len, cap - len,
+                                "{\"op\":\"lock\",\"key\":\"%s\","
+                                "\"wait_ms\":60000,\"id\":%d,\"pad\":",
+                                key, i + 1);
+        memcpy(all + len, pad, padlen);
+        len += padlen;
+        memcpy(all + len, "}\n", 2);
+        len += 2;
+    }
+    ck_assert_int_eq(h_send_raw(w, all, len), 0);
+    free(all);
+    /* The parked ones answer nothing: the first answer is the refusal. */
+    r = h_recv(w, T_MS * 2);
+    ck_assert_msg(r != NULL,
+                  "no lock refused: %lld requests pending holding "
+                  "%lld bytes",
+                  h_stat(mon, "requests_pending"),
+                  h_stat(mon, "requests_bytes"));
+    ck_assert_str_eq(h_errcode(r), "busy");
+    json_decref(r);
+    ck_assert_int_gt(h_stat(mon, "requests_bytes"), 8 * 1024 * 1024);
+    h_close(w);
+    ck_assert_msg(h_wait_until(requests_freed, mon, T_MS),
+                  "requests_bytes stayed at %lld after the waiter left",
+                  h_stat(mon, "requests_bytes"));
+    h_close(mon);
+    h_close(holder);
+}
+
+/* Waiting requests are accounted by what they hold, not a fixed 1 KiB:
+ * locks waiting with an ignored string of 512 KiB, then with an array of
+ * 50,000 one-byte strings (200 KB sent, some 18 times that parsed). */
+START_TEST(test_memory_limit_counts_requests)
+{
+    const size_t big = 512 * 1024;
+    const int items = 50000;
+    char *pad = malloc(
+        big + 3 > (size_t)items * 4 + 3 ? big + 3 : (size_t)items * 4 + 3);
+    size_t len = 0;
+
+    ck_assert_ptr_nonnull(pad);
+    h_start("limits:\n  max_memory_bytes: 16777216\n");
+    pad[0] = '"';
+    memset(pad + 1, 'p', big);
+    memcpy(pad + 1 + big, "\"", 2);
+    waiters_pass_limit("s", pad, 40);
+
+    pad[len++] = '[';
+    for (int i = 0; i < items; i++) {
+        memcpy(pad + len, i > 0 ? ",\"a\"" : "\"a\"", i > 0 ? 4 : 3);
+        len += i > 0 ? 4 : 3;
+    }
+    memcpy(pad + len, "]", 2);
+    waiters_pass_limit("a", pad, 8);
+    free(pad);
+}
+END_TEST
+
 /* limits.max_memory_bytes is checked like the other limits. */
 START_TEST(test_memory_limit_conf)
 {
@@ -641,10 +732,14 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(hostile_array_header, 60), H_CASE(hostile_bulk, 120),
-        H_CASE(hostile_extra_reply, 60),  H_CASE(owed_output, 120),
-        H_CASE(memory_limit_busy, 120),   H_CASE(memory_limit_conf, 30),
+        H_CASE(hostile_array_header, 60),
+        H_CASE(hostile_bulk, 120),
+        H_CASE(hostile_extra_reply, 60),
+        H_CASE(owed_output, 120),
+        H_CASE(memory_limit_busy, 120),
+        H_CASE(memory_limit_conf, 30),
         H_CASE(flood_rss, 240),
+        H_CASE(memory_limit_counts_requests, 120),
     };
 
     return H_MAIN(fx, cases);

@@ -245,7 +245,8 @@ START_TEST(test_metrics_bounded)
     char yaml[256];
     int port = h_free_port();
     snprintf(yaml, sizeof yaml,
-             "metrics:\n  listen: 127.0.0.1:%d\ncache:\n  hot_keys: 32\n",
+             "metrics:\n  listen: 127.0.0.1:%d\n  hot_key_names: true\n"
+             "cache:\n  hot_keys: 32\n",
              port);
     h_start(yaml);
     struct h_conn *c = h_connect_ok(&D);
@@ -272,13 +273,114 @@ START_TEST(test_metrics_bounded)
 }
 END_TEST
 
+/* By default /metrics ranks the hot keys without naming them: the names
+ * are the apps' keys, and the endpoint has no authentication. */
+START_TEST(test_metrics_no_key_names)
+{
+    char yaml[256];
+    int port = h_free_port();
+    snprintf(yaml, sizeof yaml,
+             "metrics:\n  listen: 127.0.0.1:%d\ncache:\n  hot_keys: 32\n",
+             port);
+    h_start(yaml);
+    struct h_conn *c = h_connect_ok(&D);
+    skewed_workload(c);
+    char *body = h_get_metrics(port);
+    ck_assert_msg(strstr(body,
+                         "leased_cache_hot_reads_per_second{rank=\"1\"} ") !=
+                      NULL,
+                  "no ranked series in:\n%.2000s", body);
+    ck_assert_int_eq(count_lines(body, "leased_cache_hot_reads_per_second{"),
+                     10);
+    ck_assert_msg(strstr(body, "key=") == NULL && strstr(body, "k01") == NULL,
+                  "a key name in:\n%.2000s", body);
+    free(body);
+    h_close(c);
+}
+END_TEST
+
+/* GET /metrics with HOST as its Host header (none when NULL): the HTTP
+ * status, 0 when there was no status line. */
+static int
+metrics_status(int port, const char *host)
+{
+    char req[512], buf[4096];
+    struct sockaddr_in sa;
+    struct timeval tv = {5, 0};
+    size_t len = 0;
+    ssize_t n;
+    int status = 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    ck_assert_int_ge(fd, 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    if (host != NULL) {
+        snprintf(req, sizeof req, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n",
+                 host);
+    } else {
+        snprintf(req, sizeof req, "GET /metrics HTTP/1.0\r\n\r\n");
+    }
+    ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    while (len < sizeof buf - 1 &&
+           (n = read(fd, buf + len, sizeof buf - 1 - len)) > 0) {
+        len += (size_t)n;
+    }
+    close(fd);
+    buf[len] = '\0';
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1) {
+        return 0;
+    }
+    ck_assert_msg(status == 200 || strstr(buf, "leased_") == NULL,
+                  "figures served with status %d", status);
+    return status;
+}
+
+/* DNS rebinding: a page's own name, resolved to 127.0.0.1, comes as the
+ * Host header and is refused; the listener's names are served. */
+START_TEST(test_metrics_host_checked)
+{
+    static const char *const refused[] = {
+        "evil.example",
+        "evil.example:9379",
+        "localhost.evil.example",
+        "127.0.0.1.nip.io",
+        "[::1",
+        "a:b:c",
+    };
+    char yaml[256], host[64];
+    int port = h_free_port();
+    snprintf(yaml, sizeof yaml, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    h_start(yaml);
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        ck_assert_msg(metrics_status(port, refused[i]) == 403,
+                      "Host %s not refused", refused[i]);
+    }
+    snprintf(host, sizeof host, "127.0.0.1:%d", port);
+    ck_assert_int_eq(metrics_status(port, host), 200);
+    snprintf(host, sizeof host, "localhost:%d", port);
+    ck_assert_int_eq(metrics_status(port, host), 200);
+    ck_assert_int_eq(metrics_status(port, "LOCALHOST"), 200);
+    ck_assert_int_eq(metrics_status(port, "[::1]"), 200);
+    ck_assert_int_eq(metrics_status(port, NULL), 200);
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(ranking, 60),         H_CASE(gets_count, 60),
-        H_CASE(off_and_tcp, 60),     H_CASE(leasectl_hot, 60),
+        H_CASE(ranking, 60),
+        H_CASE(gets_count, 60),
+        H_CASE(off_and_tcp, 60),
+        H_CASE(leasectl_hot, 60),
         H_CASE(metrics_bounded, 60),
+        H_CASE(metrics_no_key_names, 60),
+        H_CASE(metrics_host_checked, 60),
     };
 
     return H_MAIN(fx, cases);

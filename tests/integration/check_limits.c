@@ -312,6 +312,92 @@ START_TEST(test_http_refused)
 }
 END_TEST
 
+/* Write LEN bytes until done or the peer closed; returns bytes written. */
+static size_t
+write_until_closed(int fd, const char *buf, size_t len)
+{
+    size_t off = 0;
+
+    while (off < len) {
+        ssize_t n = send(fd, buf + off, len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            break;
+        }
+        off += (size_t)n;
+    }
+    return off;
+}
+
+/* A browser sends a URL of megabytes: the request line is over
+ * limits.max_request_bytes, the headers follow, then the body's lines.
+ * The connection is closed on the request line's first bytes; nothing of
+ * the body runs (no cache value, no detached lock for an hour). */
+START_TEST(test_http_long_first_line)
+{
+    static const char body[] =
+        "{\"op\":\"cache.set\",\"key\":\"xl\",\"value\":\"pwned\"}\n"
+        "{\"op\":\"lock\",\"key\":\"hl\",\"ttl_ms\":3600000,"
+        "\"detach\":true}\n";
+    size_t url = 1100 * 1024;
+    size_t cap = url + 4096;
+    char *req = malloc(cap);
+    char got[4096];
+    struct h_conn *c;
+    json_t *r;
+    size_t len;
+    long n;
+    int fd;
+
+    h_start(NULL);
+    ck_assert_ptr_nonnull(req);
+    memcpy(req, "POST /", 6);
+    memset(req + 6, 'a', url);
+    len = 6 + url;
+    len += (size_t)snprintf(req + len, cap - len,
+                            " HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                            "Content-Type: text/plain\r\n"
+                            "Content-Length: %zu\r\n\r\n%s",
+                            D.tcp_port, strlen(body), body);
+    fd = raw_tcp(D.tcp_port);
+    write_until_closed(fd, req, len);
+    n = raw_read_to_eof(fd, got, sizeof got, T_MS);
+    close(fd);
+    free(req);
+    ck_assert_msg(n == 0, "expected a close without an answer, got %ld: %s", n,
+                  got);
+    ck_assert_int_eq(log_count(&D, "HTTP request on a leased socket"), 1);
+
+    c = h_connect_ok(&D);
+    ck_assert_msg(!cache_hit(c, "xl"), "an HTTP body ran (cache.set)");
+    r = h_must(h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key", "hl"));
+    ck_assert_msg(!jtrue(r, "locked"), "an HTTP body ran (lock): %s",
+                  h_dump(r));
+    json_decref(r);
+    /* A JSON request over the limit as the first line is still only
+     * refused, and the session goes on. */
+    h_close(c);
+    c = h_connect_ok(&D);
+    {
+        size_t big = 1100 * 1024;
+        char *line = malloc(big + 64);
+        int k = snprintf(line, 64,
+                         "{\"op\":\"cache.set\",\"key\":\"b\",\"v\":\"");
+        memset(line + k, 'v', big);
+        memcpy(line + k + big, "\"}\n", 3);
+        ck_assert_int_eq(h_send_raw(c, line, (size_t)k + big + 3), 0);
+        free(line);
+        r = h_recv(c, T_MS);
+        ck_assert_str_eq(h_errcode(r), "too_large");
+        json_decref(r);
+    }
+    h_assert_ping(c);
+    h_close(c);
+}
+END_TEST
+
 START_TEST(test_tcp_off_by_default)
 {
     h_start("listen:\n  unix: \"@DIR@/leased.sock\"\n");
@@ -1005,6 +1091,7 @@ main(void)
 {
     const struct h_case cases[] = {
         H_CASE(http_refused, 60),
+        H_CASE(http_long_first_line, 60),
         H_CASE(tcp_off_by_default, 60),
         H_CASE(adopted_tcp_needs_token, 60),
         H_CASE(output_limit, 240),

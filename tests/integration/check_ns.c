@@ -362,6 +362,64 @@ START_TEST(test_tcp_no_auth_token)
 }
 END_TEST
 
+/* An empty auth on TCP without listen.auth_token refused under namespaces:
+ * "" must not match the unset token and pass as unrestricted. */
+START_TEST(test_tcp_empty_auth_refused)
+{
+    struct h_conn *c, *root;
+    json_t *r;
+
+    start_ns("    - {token: \"tok-a\", prefixes: [\"a:\"]}\n", NULL);
+    c = h_connect_tcp(&D);
+    ck_assert_ptr_nonnull(c);
+    h_expect_code(hello(c, ""), "unauthorized", "hello with an empty auth");
+    ck_assert_int_eq(refused(lock(c, "z:1"), "z:1"), 0);
+    ck_assert_int_eq(refused(lock(c, "a:1"), "a:1"), 0);
+    root = h_connect_ok(&D);
+    r = h_must(
+        h_callf(root, T_MS, "{s:s,s:s}", "op", "lock.info", "key", "z:1"));
+    ck_assert_msg(!jtrue(r, "locked"), "z:1 was locked: %s", h_dump(r));
+    json_decref(r);
+    h_close(root);
+    h_close(c);
+}
+END_TEST
+
+/* The operator's TCP identity (listen.admin_token, given either way) is
+ * unrestricted under namespaces, for key ops and operator ops alike. */
+START_TEST(test_tcp_admin_unrestricted)
+{
+    struct h_conn *a, *b, *app;
+    json_t *r;
+
+    start_ns("    - {token: \"tok-a\", prefixes: [\"a:\"]}\n",
+             "  admin_token: \"op-secret\"\n");
+    a = h_connect_tcp(&D);
+    ck_assert_ptr_nonnull(a);
+    r = h_must(h_callf(a, T_MS, "{s:s,s:s}", "op", "hello", "admin_token",
+                       "op-secret"));
+    json_decref(r);
+    ck_assert(acquired(lock(a, "z:1")));
+    ck_assert(acquired(lock(a, "a:9")));
+    json_decref(h_must(h_callf(a, T_MS, "{s:s}", "op", "lock.list")));
+
+    app = h_connect_tcp(&D);
+    json_decref(h_must(hello(app, "tok-a")));
+    ck_assert(acquired(lock(app, "a:1")));
+
+    b = h_connect_tcp(&D);
+    json_decref(h_must(hello(b, "op-secret")));
+    r = h_must(h_callf(b, T_MS, "{s:s,s:s}", "op", "lock.force_unlock", "key",
+                       "a:1"));
+    ck_assert_msg(jtrue(r, "released"), "force_unlock: %s", h_dump(r));
+    json_decref(r);
+    ck_assert(acquired(lock(b, "y:1")));
+    h_close(a);
+    h_close(b);
+    h_close(app);
+}
+END_TEST
+
 /* --- reload ----------------------------------------------------------------- */
 
 static void
@@ -415,6 +473,43 @@ START_TEST(test_reload_applies)
     h_close(a);
     /* A clean exit (and, under LEASED_WRAPPER, no memory error). */
     ck_assert_int_eq(h_daemon_stop(&D), 0);
+}
+END_TEST
+
+/* Sessions that said hello while there were no namespaces keep their
+ * rights when a reload adds some: listen.auth_token and the admin
+ * identity stay unrestricted, an entry's token names its entry. */
+START_TEST(test_reload_adds_namespaces)
+{
+    struct h_conn *full, *adm, *a, *none;
+
+    start_ns("    []\n", "  auth_token: \"full-secret\"\n"
+                         "  admin_token: \"op-secret\"\n");
+    full = h_connect_tcp(&D);
+    json_decref(h_must(hello(full, "full-secret")));
+    adm = h_connect_tcp(&D);
+    json_decref(h_must(h_callf(adm, T_MS, "{s:s,s:s}", "op", "hello",
+                               "admin_token", "op-secret")));
+    ck_assert(acquired(lock(full, "z:0")));
+
+    rewrite(D.conf, "namespaces:\n    []",
+            "namespaces:\n    - {token: \"tok-a\", prefixes: [\"a:\"]}");
+    h_daemon_signal(&D, SIGHUP);
+    ck_assert(h_wait_log(&D, "listen.namespaces reloaded", 15000));
+    ck_assert(acquired(lock(full, "z:1")));
+    ck_assert(acquired(lock(adm, "z:2")));
+    json_decref(h_must(h_callf(adm, T_MS, "{s:s}", "op", "lock.list")));
+    /* Newcomers are held to the list. */
+    a = h_connect_tcp(&D);
+    json_decref(h_must(hello(a, "tok-a")));
+    ck_assert(acquired(lock(a, "a:1")));
+    ck_assert_int_eq(refused(lock(a, "z:3"), "z:3"), 0);
+    none = h_connect_tcp(&D);
+    h_expect_code(hello(none, "nope"), "unauthorized", "a bad token");
+    h_close(full);
+    h_close(adm);
+    h_close(a);
+    h_close(none);
 }
 END_TEST
 
@@ -477,9 +572,14 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(unix_uids, 120),        H_CASE(tcp_tokens, 60),
-        H_CASE(tcp_no_auth_token, 60), H_CASE(reload_applies, 90),
+        H_CASE(unix_uids, 120),
+        H_CASE(tcp_tokens, 60),
+        H_CASE(tcp_no_auth_token, 60),
+        H_CASE(reload_applies, 90),
         H_CASE(conf_errors, 120),
+        H_CASE(tcp_empty_auth_refused, 60),
+        H_CASE(tcp_admin_unrestricted, 60),
+        H_CASE(reload_adds_namespaces, 90),
     };
 
     return H_MAIN(fx, cases);

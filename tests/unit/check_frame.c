@@ -179,6 +179,30 @@ START_TEST(oversize_line_skipped)
 }
 END_TEST
 
+/* An over-long line is dropped, but its first bytes are kept: the HTTP
+ * guard must see a request line whose URL is megabytes long. */
+START_TEST(oversize_line_head_kept)
+{
+    char bytes[256];
+    memcpy(bytes, "POST /", 6);
+    memset(bytes + 6, 'a', 94);
+    memcpy(bytes + 100, " HTTP/1.1\n", 11);
+    for (size_t chunk = 1; chunk <= 111; chunk += 5) {
+        char out[256];
+        struct ld_framer f = {.max_bytes = 20};
+        struct ld_framer f2 = {.max_bytes = 20};
+        feed_buffered(&f, bytes, 110, chunk, out, sizeof(out));
+        ck_assert_str_eq(out, "T|");
+        feed_fresh(&f2, bytes, 110, chunk, false, out, sizeof(out));
+        ck_assert_str_eq(out, "T|");
+        ck_assert_uint_eq(f.head_len, LD_FRAME_HEAD_BYTES);
+        ck_assert_uint_eq(f2.head_len, LD_FRAME_HEAD_BYTES);
+        ck_assert(memcmp(f.head, "POST /aaaaaaaaaa", 16) == 0);
+        ck_assert(memcmp(f2.head, "POST /aaaaaaaaaa", 16) == 0);
+    }
+}
+END_TEST
+
 START_TEST(line_at_limit_accepted)
 {
     char out[256];
@@ -690,6 +714,7 @@ main(void)
     tcase_add_test(tc, several_per_read_and_crlf);
     tcase_add_test(tc, partial_line_waits);
     tcase_add_test(tc, oversize_line_skipped);
+    tcase_add_test(tc, oversize_line_head_kept);
     tcase_add_test(tc, line_at_limit_accepted);
     tcase_add_test(tc, line_at_limit_crlf);
     tcase_add_test(tc, fresh_reads_like_buffered);
