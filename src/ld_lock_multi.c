@@ -18,6 +18,7 @@
 #include "ld_lock_int.h"
 
 #include "ld_assert.h"
+#include "ld_cancel.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
@@ -309,6 +310,15 @@ grp_reply_granted(struct lk_op *op)
     op->req = NULL;
 }
 
+/* A cancel answers the group as if its wait had run out; an attempt
+ * still on its way gives back what it takes (grp_acq_on_reply). */
+static bool
+grp_cancel(void *arg)
+{
+    struct lk_op *op = arg;
+    return ld_lockwait_cancel(&op->w);
+}
+
 /* The attempt found key J held with lease PTTL: wait in J's queue, or
  * answer. Everything taken has been given back. */
 static void
@@ -357,6 +367,7 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
         lk_op_wait_add(op, rec->ls);
     }
     g->qkey = j;
+    ld_cancel_on(op->req, grp_cancel, op);
     ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
                      rec->n.chan_len, left, true, pttl);
 }
