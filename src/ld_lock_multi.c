@@ -760,7 +760,7 @@ part_on_reply(redisReply *r, void *arg)
             ld_stats.lock_released++;
         }
         if (rec != NULL) {
-            lk_rec_set_count(rec, v[1]);
+            lk_unlock_settle(sub, rec, v[1]);
         }
         if (v[1] > g->count) {
             g->count = v[1];
@@ -779,10 +779,7 @@ part_on_reply(redisReply *r, void *arg)
             g->lease_ms = sub->lease_ms;
         }
     } else if (n >= 1 && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER)) {
-        /* Redis is right: the hold is gone. */
-        if (rec != NULL && rec->count > 0) {
-            lk_rec_set_count(rec, 0);
-        }
+        lk_rec_forget_stale(sub, rec, v[0]);
         json_array_append(v[0] == LD_LOCK_OTHER ? g->other : g->absent, key);
     } else if (n >= 1 && v[0] == LD_LOCK_WRONG_TYPE) {
         json_array_append(g->wrong, key);

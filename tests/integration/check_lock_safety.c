@@ -530,6 +530,141 @@ START_TEST(test_foreign_hold_count)
 }
 END_TEST
 
+/* --- released by token from another session ----------------------------- */
+
+/* The lock_lost A was sent for KEY under TOKEN. B's answer that released
+ * it was sent in the same turn as the event, so A's ping is answered
+ * after it: the event must be there already, no waiting. */
+static void
+expect_lost_now(struct h_conn *a, const char *key, const char *token,
+                const char *reason)
+{
+    h_assert_ping(a);
+    json_t *ev = h_lock_lost(a, key, 0);
+    ck_assert_msg(ev != NULL, "no lock_lost for %s", key);
+    ck_assert_str_eq(jstr(ev, "token"), token);
+    ck_assert_str_eq(jstr(ev, "reason"), reason);
+    json_decref(ev);
+}
+
+static void
+expect_no_event(struct h_conn *a)
+{
+    h_assert_ping(a);
+    json_t *ev = h_event(a, 0);
+    ck_assert_msg(ev == NULL, "unexpected event %s",
+                  ev != NULL ? jstr(ev, "event") : "");
+}
+
+/* Unlock KEY by TOKEN from C (one JSON fragment for "keys" or "key"),
+ * which must answer ok with RELEASED. */
+static void
+unlock_by_token(struct h_conn *c, json_t *req, bool released)
+{
+    json_t *r = h_call(c, req, T_MS);
+    ck_assert_msg(r != NULL && h_ok(r), "unlock by token: %s",
+                  r != NULL ? h_errcode(r) : "no reply");
+    ck_assert_int_eq(jtrue(r, "released"), released);
+    json_decref(r);
+}
+
+/* A session-bound lock of A released by token from B, through the same
+ * daemon: A hears lock_lost at once (before C can be granted the key),
+ * for a plain, a read-write and a group lock; a hold count that stays
+ * above zero is no loss. An extend by token from B that finds A's hold
+ * gone tells A as well. */
+START_TEST(test_released_by_token_elsewhere)
+{
+    struct h_conn *a, *b, *c;
+    json_t *r;
+    char tok[80];
+
+    h_start("lock:\n  watchdog_ms: 30000\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    c = lk_connect(&D);
+
+    /* Plain, reentered once: the first release by token keeps a hold. */
+    r = lk_must(a, "tok", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    json_decref(lk_must(a, "tok", NULL, NO_TTL, 0));
+    unlock_by_token(b,
+                    json_pack("{s:s,s:s,s:s}", "op", "unlock", "key", "tok",
+                              "token", tok),
+                    false);
+    expect_no_event(a);
+    unlock_by_token(b,
+                    json_pack("{s:s,s:s,s:s}", "op", "unlock", "key", "tok",
+                              "token", tok),
+                    true);
+    expect_lost_now(a, "tok", tok, "expired");
+    r = lk_must(c, "tok", NULL, NO_TTL, 0);
+    ck_assert_int_eq(jint(r, "fence"), 2);
+    json_decref(r);
+    h_expect_code(lk_unlock(a, "tok", NULL), "not_held", "A's unlock");
+
+    /* Read side of a read-write lock. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "rwt", "mode",
+                "read");
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "read lock");
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    unlock_by_token(b,
+                    json_pack("{s:s,s:s,s:s,s:s}", "op", "unlock", "key",
+                              "rwt", "mode", "read", "token", tok),
+                    true);
+    expect_lost_now(a, "rwt", tok, "expired");
+
+    /* A group: each key is lost on its own. */
+    r = h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "lock", "keys", "g1", "g2");
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "group lock");
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    unlock_by_token(b,
+                    json_pack("{s:s,s:[s,s],s:s}", "op", "unlock", "keys",
+                              "g1", "g2", "token", tok),
+                    true);
+    h_assert_ping(a);
+    bool seen[2] = {false, false};
+    for (int i = 0; i < 2; i++) {
+        json_t *ev = h_event(a, 0);
+        ck_assert_msg(ev != NULL, "%d of the group's 2 keys lost", i);
+        ck_assert_str_eq(jstr(ev, "event"), "lock_lost");
+        ck_assert_str_eq(jstr(ev, "token"), tok);
+        ck_assert_str_eq(jstr(ev, "reason"), "expired");
+        int k = strcmp(jstr(ev, "key"), "g1") == 0 ? 0 : 1;
+        ck_assert_msg(!seen[k], "%s lost twice", jstr(ev, "key"));
+        seen[k] = true;
+        json_decref(ev);
+    }
+
+    /* An extend by token that finds the hold gone behind the daemon's
+     * back: A hears it now, not at the next renewal. */
+    r = lk_must(a, "ext", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    h_delete_lock_key(&R, "ext");
+    h_expect_code(h_callf(b, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+                          "ext", "token", tok, "ttl_ms", 60000),
+                  "not_held", "B's extend");
+    expect_lost_now(a, "ext", tok, "expired");
+
+    /* A's own release by token is an answer, not a loss. */
+    r = lk_must(a, "own", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    unlock_by_token(a,
+                    json_pack("{s:s,s:s,s:s}", "op", "unlock", "key", "own",
+                              "token", tok),
+                    true);
+    expect_no_event(a);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 int
@@ -543,6 +678,7 @@ main(void)
         H_CASE(fences_exact, 60),
         H_CASE(max_hold_exact, 60),
         H_CASE(foreign_hold_count, 60),
+        H_CASE(released_by_token_elsewhere, 60),
     };
 
     return H_MAIN(fx, cases);
