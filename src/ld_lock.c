@@ -555,9 +555,9 @@ extend_on_reply(redisReply *r, void *arg)
             if (v[1] >= 0) {
                 rec->lease_end_ms = op->sent_ms + (uint64_t)v[1];
             }
-            if (rec->capped) {
-                lk_rec_arm_cap(rec);
-            }
+            /* A shorter lease moves the lost timer or an early renewal
+             * forward, capped or not. */
+            lk_rec_arm_cap(rec);
         }
         if (op->req != NULL) {
             ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",

@@ -95,8 +95,8 @@ struct lk_rec {
     bool linked;
     bool watchdog; /* renewed while the session lives */
     bool detached;
-    bool capped;      /* lock.max_hold_ms applies */
     bool renewing;    /* a renewal or check is in flight */
+    bool renew_early; /* CAP_EV renews the lease instead of ending it */
     bool token_used;  /* granted once under this token */
     bool group;       /* a key of a group lock (ld_lock_multi.c) */
     unsigned refs;    /* commands in flight that name it */
@@ -160,6 +160,7 @@ struct lk_mod {
     TAILQ_HEAD(, lk_rec) held;
     LIST_HEAD(, lk_op) ops;
     struct event *pass_ev;
+    uint64_t next_pass_ms; /* when PASS_EV fires next */
     struct ld_defer step;  /* continues a pass on a later turn */
     struct lk_rec *cursor; /* next record of the pass running */
     bool passing;

@@ -771,9 +771,7 @@ part_on_reply(redisReply *r, void *arg)
             if (v[1] >= 0) {
                 rec->lease_end_ms = sub->sent_ms + (uint64_t)v[1];
             }
-            if (rec->capped) {
-                lk_rec_arm_cap(rec);
-            }
+            lk_rec_arm_cap(rec); /* as extend_on_reply */
         }
         if (g->lease_ms < 0 || sub->lease_ms < g->lease_ms) {
             g->lease_ms = sub->lease_ms;
