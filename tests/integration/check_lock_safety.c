@@ -650,6 +650,18 @@ START_TEST(test_released_by_token_elsewhere)
                   "not_held", "B's extend");
     expect_lost_now(a, "ext", tok, "expired");
 
+    /* So does a reentry by token. */
+    r = lk_must(a, "tre", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    h_delete_lock_key(&R, "tre");
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "tre", "token",
+                tok);
+    ck_assert_msg(r != NULL && !jtrue(r, "acquired"),
+                  "B's reentry by token took a lock that is gone");
+    json_decref(r);
+    expect_lost_now(a, "tre", tok, "expired");
+
     /* A's own release by token is an answer, not a loss. */
     r = lk_must(a, "own", NULL, NO_TTL, 0);
     snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
