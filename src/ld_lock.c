@@ -129,14 +129,20 @@ lk_op_wait_add(struct lk_op *op, struct lk_sess *ls)
     LIST_INSERT_HEAD(&ls->waiting, op, wait_link);
 }
 
-/* A not_held or stale answer about a record we thought held: Redis is
- * right, the hold is gone. */
-static void
-rec_forget_stale(struct lk_rec *rec)
+/* A not_held answer (CODE) to OP about a record we thought held: Redis
+ * is right, the hold is gone. Its session did not ask, so when the hold
+ * is session-bound it hears it as a renewal would have told it. */
+void
+lk_rec_forget_stale(const struct lk_op *op, struct lk_rec *rec, long long code)
 {
-    if (rec != NULL && rec->linked && rec->count > 0) {
-        lk_rec_set_count(rec, 0);
+    if (rec == NULL || !rec->linked || rec->count == 0) {
+        return;
     }
+    if (op->foreign && !rec->detached) {
+        lk_rec_lost(rec, code == LD_LOCK_ABSENT ? "expired" : "taken", false);
+        return;
+    }
+    lk_rec_set_count(rec, 0);
 }
 
 /* The one failure path of the lock handlers, for a script reply that is
@@ -164,7 +170,7 @@ lk_op_fail(struct lk_op *op, const redisReply *r, int n, const long long *v,
         return;
     }
     if (write) {
-        rec_forget_stale(rec);
+        lk_rec_forget_stale(op, rec, v[0]);
     }
     if (op->req != NULL && wrong) {
         lk_reply_wrong_type(op->req, key, klen);
@@ -368,6 +374,7 @@ lk_target_op(enum lk_kind kind, struct ld_req *req, const struct lk_target *t)
         }
     }
     struct lk_op *op = lk_op_new(kind, req, rec);
+    op->foreign = rec != NULL && rec->ls != NULL && rec->ls->sess != req->sess;
     if (rec != NULL) {
         free(n.buf);
     } else {
@@ -384,6 +391,20 @@ lk_target_op(enum lk_kind kind, struct ld_req *req, const struct lk_target *t)
 
 /* -------------------------------------------------------------- unlock */
 
+/* OP's unlock left REC's token COUNT holds. A session-bound hold that
+ * another session released by token is lost to its own session, which
+ * hears it now rather than never (the release took it off the renewal
+ * list): "expired", as a renewal would have found it. */
+void
+lk_unlock_settle(const struct lk_op *op, struct lk_rec *rec, long long count)
+{
+    if (count == 0 && op->foreign && rec->count > 0 && !rec->detached) {
+        lk_rec_lost(rec, "expired", false);
+        return;
+    }
+    lk_rec_set_count(rec, count);
+}
+
 static void
 unlock_recheck_on_reply(redisReply *r, void *arg)
 {
@@ -393,7 +414,7 @@ unlock_recheck_on_reply(redisReply *r, void *arg)
     if (!lock_mod.freed && rec != NULL && rec->linked &&
         lk_reply_ints(r, v, 3) >= 3 &&
         (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
-        lk_rec_set_count(rec, v[2]);
+        lk_unlock_settle(op, rec, v[2]);
     }
     lk_op_free(op);
 }
@@ -455,7 +476,7 @@ unlock_on_reply(redisReply *r, void *arg)
             ld_stats.lock_released++;
         }
         if (rec != NULL) {
-            lk_rec_set_count(rec, v[1]);
+            lk_unlock_settle(op, rec, v[1]);
         }
         if (op->req != NULL) {
             const struct ld_field f[] = {LD_BOOL("released",
@@ -534,9 +555,9 @@ extend_on_reply(redisReply *r, void *arg)
             if (v[1] >= 0) {
                 rec->lease_end_ms = op->sent_ms + (uint64_t)v[1];
             }
-            if (rec->capped) {
-                lk_rec_arm_cap(rec);
-            }
+            /* A shorter lease moves the lost timer or an early renewal
+             * forward, capped or not. */
+            lk_rec_arm_cap(rec);
         }
         if (op->req != NULL) {
             ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",

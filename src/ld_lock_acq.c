@@ -560,6 +560,11 @@ acq_token_on_reply(redisReply *r, void *arg)
         ld_reply_ok(op->req, body);
         op->req = NULL;
     } else {
+        if (op->foreign && n >= 1 &&
+            (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER)) {
+            /* Found gone for another session: as an extend would. */
+            lk_rec_forget_stale(op, op->rec, v[0]);
+        }
         lk_op_fail(op, r, n, v, false);
     }
     lk_op_free(op);

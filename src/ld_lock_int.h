@@ -95,8 +95,8 @@ struct lk_rec {
     bool linked;
     bool watchdog; /* renewed while the session lives */
     bool detached;
-    bool capped;      /* lock.max_hold_ms applies */
     bool renewing;    /* a renewal or check is in flight */
+    bool renew_early; /* CAP_EV renews the lease instead of ending it */
     bool token_used;  /* granted once under this token */
     bool group;       /* a key of a group lock (ld_lock_multi.c) */
     unsigned refs;    /* commands in flight that name it */
@@ -140,6 +140,7 @@ struct lk_op {
     bool answered_early; /* answered while its try was out */
     bool reenter;        /* sent as reentry only */
     bool after_failover; /* a check sent after the master changed */
+    bool foreign;        /* by token from a session other than REC's */
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
     long long replicas_got;             /* WAIT's answer, -1 when none */
@@ -159,6 +160,7 @@ struct lk_mod {
     TAILQ_HEAD(, lk_rec) held;
     LIST_HEAD(, lk_op) ops;
     struct event *pass_ev;
+    uint64_t next_pass_ms; /* when PASS_EV fires next */
     struct ld_defer step;  /* continues a pass on a later turn */
     struct lk_rec *cursor; /* next record of the pass running */
     bool passing;
@@ -258,6 +260,8 @@ struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,
                         struct lk_rec *rec);
 void lk_op_wait_add(struct lk_op *op, struct lk_sess *ls);
 void lk_op_wait_unlink(struct lk_op *op);
+void lk_rec_forget_stale(const struct lk_op *op, struct lk_rec *rec,
+                         long long code);
 void lk_rec_release_all(struct lk_rec *rec);
 struct lk_sess *lk_sess_get(struct ld_session *s, bool create);
 struct lk_op *lk_target_op(enum lk_kind kind, struct ld_req *req,
@@ -265,6 +269,8 @@ struct lk_op *lk_target_op(enum lk_kind kind, struct ld_req *req,
 int lk_req_mode(struct ld_req *req, enum lk_mode *mode);
 bool lk_token_check(struct ld_req *req, const char *t, size_t len);
 void lk_unlock_recheck(struct lk_op *op);
+void lk_unlock_settle(const struct lk_op *op, struct lk_rec *rec,
+                      long long count);
 
 /* ld_lock_acq.c */
 void lk_acq_init(void);

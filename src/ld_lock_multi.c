@@ -18,6 +18,7 @@
 #include "ld_lock_int.h"
 
 #include "ld_assert.h"
+#include "ld_cancel.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
@@ -309,6 +310,15 @@ grp_reply_granted(struct lk_op *op)
     op->req = NULL;
 }
 
+/* A cancel answers the group as if its wait had run out; an attempt
+ * still on its way gives back what it takes (grp_acq_on_reply). */
+static bool
+grp_cancel(void *arg)
+{
+    struct lk_op *op = arg;
+    return ld_lockwait_cancel(&op->w);
+}
+
 /* The attempt found key J held with lease PTTL: wait in J's queue, or
  * answer. Everything taken has been given back. */
 static void
@@ -357,6 +367,7 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
         lk_op_wait_add(op, rec->ls);
     }
     g->qkey = j;
+    ld_cancel_on(op->req, grp_cancel, op);
     ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
                      rec->n.chan_len, left, true, pttl);
 }
@@ -749,7 +760,7 @@ part_on_reply(redisReply *r, void *arg)
             ld_stats.lock_released++;
         }
         if (rec != NULL) {
-            lk_rec_set_count(rec, v[1]);
+            lk_unlock_settle(sub, rec, v[1]);
         }
         if (v[1] > g->count) {
             g->count = v[1];
@@ -760,18 +771,13 @@ part_on_reply(redisReply *r, void *arg)
             if (v[1] >= 0) {
                 rec->lease_end_ms = sub->sent_ms + (uint64_t)v[1];
             }
-            if (rec->capped) {
-                lk_rec_arm_cap(rec);
-            }
+            lk_rec_arm_cap(rec); /* as extend_on_reply */
         }
         if (g->lease_ms < 0 || sub->lease_ms < g->lease_ms) {
             g->lease_ms = sub->lease_ms;
         }
     } else if (n >= 1 && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER)) {
-        /* Redis is right: the hold is gone. */
-        if (rec != NULL && rec->count > 0) {
-            lk_rec_set_count(rec, 0);
-        }
+        lk_rec_forget_stale(sub, rec, v[0]);
         json_array_append(v[0] == LD_LOCK_OTHER ? g->other : g->absent, key);
     } else if (n >= 1 && v[0] == LD_LOCK_WRONG_TYPE) {
         json_array_append(g->wrong, key);

@@ -349,7 +349,6 @@ lk_rec_set_count(struct lk_rec *rec, long long n)
         ld_stats.locks_held++;
         rec->acquired_us = ld_now_us();
         rec->acquired_ms = ld_now_ms();
-        rec->capped = false;
         held_link(rec);
     } else if (was > 0 && n == 0) {
         ld_stats.locks_held--;
@@ -358,7 +357,6 @@ lk_rec_set_count(struct lk_rec *rec, long long n)
         if (rec->cap_ev != NULL) {
             evtimer_del(rec->cap_ev);
         }
-        rec->capped = false;
         rec->cap_end_ms = 0;
     }
 }

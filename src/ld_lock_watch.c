@@ -31,6 +31,9 @@ lost_margin_ms(void)
     return 2 + (uint64_t)lock_mod.ctx->cfg->lock.watchdog_ms / 100;
 }
 
+static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease);
+static long long pass_period_ms(void);
+
 static void
 cap_on_timer(evutil_socket_t fd, short what, void *arg)
 {
@@ -38,6 +41,16 @@ cap_on_timer(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(what);
     struct lk_rec *rec = arg;
     if (rec->count == 0) {
+        return;
+    }
+    if (rec->renew_early) {
+        rec->renew_early = false;
+        if (!rec->renewing && rec->ls != NULL) {
+            renew_send(rec, LK_RENEW,
+                       lk_rec_cap_clip(rec,
+                                       lock_mod.ctx->cfg->lock.watchdog_ms));
+        }
+        lk_rec_arm_cap(rec);
         return;
     }
     /* The timer fires at the cap, or a margin before the lease ends. A
@@ -51,12 +64,33 @@ cap_on_timer(evutil_socket_t fd, short what, void *arg)
     lk_rec_unref(rec);
 }
 
-/* Arm the one timer of a held record for the earlier of: the moment the
- * daemon can no longer prove a watchdog lease (lease end minus the
- * margin), and max_hold. Called whenever either changes. */
+/* When a watchdog lease that ends at LOST_AT (less the margin) must be
+ * renewed on its own (UINT64_MAX: the passes will do). An extend or a
+ * reentry with a short ttl_ms leaves it less than the passes count on
+ * (a period after the next pass, to renew and hear back), so it is
+ * renewed a third into what is left, as a pass renews a full lease. A
+ * lease clipped at max_hold ends there whatever renews it. */
+static uint64_t
+early_renew_at(const struct lk_rec *rec, uint64_t lost_at)
+{
+    if (rec->renewing ||
+        lost_at >= lock_mod.next_pass_ms + (uint64_t)pass_period_ms() ||
+        (rec->cap_end_ms != 0 &&
+         rec->lease_end_ms + lost_margin_ms() >= rec->cap_end_ms)) {
+        return UINT64_MAX;
+    }
+    uint64_t now = ld_now_ms();
+    return lost_at > now ? now + (lost_at - now) / 3 : UINT64_MAX;
+}
+
+/* Arm the one timer of a held record for the earliest of: an early
+ * renewal (early_renew_at), the moment the daemon can no longer prove a
+ * watchdog lease (lease end minus the margin), and max_hold. Called
+ * whenever one of them changes. */
 void
 lk_rec_arm_cap(struct lk_rec *rec)
 {
+    rec->renew_early = false;
     if (rec->count == 0) {
         return;
     }
@@ -64,9 +98,15 @@ lk_rec_arm_cap(struct lk_rec *rec)
     if (rec->watchdog && rec->ls != NULL) {
         uint64_t m = lost_margin_ms();
         at = rec->lease_end_ms > m ? rec->lease_end_ms - m : 0;
+        uint64_t early = early_renew_at(rec, at);
+        if (early < at) {
+            at = early;
+            rec->renew_early = true;
+        }
     }
     if (rec->cap_end_ms != 0 && rec->cap_end_ms < at) {
         at = rec->cap_end_ms;
+        rec->renew_early = false;
     }
     if (at == UINT64_MAX) {
         if (rec->cap_ev != NULL) {
@@ -96,7 +136,6 @@ lk_rec_cap_update(struct lk_rec *rec)
     } else {
         rec->cap_end_ms = rec->acquired_ms + (uint64_t)max;
     }
-    rec->capped = rec->cap_end_ms != 0;
 }
 
 /* Milliseconds left under max_hold (LLONG_MAX when no cap applies; 0 or
@@ -232,6 +271,7 @@ pass_arm(void)
 {
     long long ms = pass_period_ms();
     struct timeval tv = tv_ms((long long)ms);
+    lock_mod.next_pass_ms = ld_now_ms() + (uint64_t)ms;
     evtimer_add(lock_mod.pass_ev, &tv);
 }
 

@@ -141,6 +141,62 @@ START_TEST(test_cancel_string_id_and_sem_wait)
 }
 END_TEST
 
+/* A group lock ("keys") that waits behind a holder of one key is
+ * cancelled like a single lock: answered at once, out of the queue, and
+ * the release it waited for grants it nothing. */
+START_TEST(test_cancel_multilock_wait)
+{
+    struct h_conn *a, *b, *c;
+    json_t *r;
+
+    h_start(NULL);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    c = lk_connect(&D);
+    json_decref(lk_must(a, "gm2", NULL, NO_TTL, 0));
+    static const char waiting[] =
+        "{\"op\":\"lock\",\"keys\":[\"gm1\",\"gm2\"],\"wait_ms\":-1,"
+        "\"id\":\"grp\"}\n";
+    ck_assert_int_eq(h_send_raw(b, waiting, sizeof(waiting) - 1), 0);
+    h_assert_stat(b, "lock_waiters", 1, T_MS);
+    /* The attempt that found gm2 held gave gm1 back before it waited. */
+    wait_key_gone("leased:lock:{gm1}", T_MS);
+
+    long long t0 = h_now_ms();
+    r = h_callf(b, T_MS, "{s:s,s:s}", "op", "cancel", "target", "grp");
+    ck_assert_msg(r != NULL && jtrue(r, "cancelled"),
+                  "the waiting group was not cancelled");
+    json_decref(r);
+    r = h_recv(b, T_MS);
+    ck_assert_msg(r != NULL && h_ok(r) && !jtrue(r, "acquired"),
+                  "the cancelled group did not answer acquired:false");
+    ck_assert_str_eq(jstr(r, "id"), "grp");
+    ck_assert_int_lt(h_now_ms() - t0, 1000);
+    json_decref(r);
+    h_assert_stat(b, "lock_waiters", 0, T_MS);
+    r = h_callf(b, T_MS, "{s:s,s:s}", "op", "cancel", "target", "grp");
+    ck_assert_msg(r != NULL && h_ok(r) && !jtrue(r, "cancelled"),
+                  "the group was cancelled twice");
+    json_decref(r);
+
+    /* The release it waited for wakes nobody: C takes both keys at once,
+     * and B's group never holds either. */
+    long long acquired = h_stat(a, "lock_acquired");
+    lk_unlock_ok(a, "gm2", NULL);
+    r = h_callf(c, T_MS, "{s:s,s:[s,s]}", "op", "lock", "keys", "gm1", "gm2");
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"),
+                  "the keys of the cancelled group are not free");
+    json_decref(r);
+    /* C's two keys are the only grants since the cancel. */
+    ck_assert_int_eq(h_stat(a, "lock_acquired"), acquired + 2);
+    ck_assert_int_eq(h_stat(a, "locks_held"), 2);
+    h_assert_ping(b);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
 /* A waiting request's id matches the cancel's target as a JSON value,
  * whatever way either was written: escapes or none, and a string is
  * never the integer with the same digits. */
@@ -314,6 +370,7 @@ main(void)
         H_CASE(cancel_string_id_and_sem_wait, 60),
         H_CASE(cancel_target_as_json_value, 60),
         H_CASE(cancel_cache_wait, 60),
+        H_CASE(cancel_multilock_wait, 60),
         H_CASE(cancel_grant_in_flight, 60),
     };
     return H_MAIN(fx, cases);

@@ -530,6 +530,327 @@ START_TEST(test_foreign_hold_count)
 }
 END_TEST
 
+/* --- released by token from another session ----------------------------- */
+
+/* The lock_lost A was sent for KEY under TOKEN. B's answer that released
+ * it was sent in the same turn as the event, so A's ping is answered
+ * after it: the event must be there already, no waiting. */
+static void
+expect_lost_now(struct h_conn *a, const char *key, const char *token,
+                const char *reason)
+{
+    h_assert_ping(a);
+    json_t *ev = h_lock_lost(a, key, 0);
+    ck_assert_msg(ev != NULL, "no lock_lost for %s", key);
+    ck_assert_str_eq(jstr(ev, "token"), token);
+    ck_assert_str_eq(jstr(ev, "reason"), reason);
+    json_decref(ev);
+}
+
+static void
+expect_no_event(struct h_conn *a)
+{
+    h_assert_ping(a);
+    json_t *ev = h_event(a, 0);
+    ck_assert_msg(ev == NULL, "unexpected event %s",
+                  ev != NULL ? jstr(ev, "event") : "");
+}
+
+/* Unlock KEY by TOKEN from C (one JSON fragment for "keys" or "key"),
+ * which must answer ok with RELEASED. */
+static void
+unlock_by_token(struct h_conn *c, json_t *req, bool released)
+{
+    json_t *r = h_call(c, req, T_MS);
+    ck_assert_msg(r != NULL && h_ok(r), "unlock by token: %s",
+                  r != NULL ? h_errcode(r) : "no reply");
+    ck_assert_int_eq(jtrue(r, "released"), released);
+    json_decref(r);
+}
+
+/* A session-bound lock of A released by token from B, through the same
+ * daemon: A hears lock_lost at once (before C can be granted the key),
+ * for a plain, a read-write and a group lock; a hold count that stays
+ * above zero is no loss. An extend by token from B that finds A's hold
+ * gone tells A as well. */
+START_TEST(test_released_by_token_elsewhere)
+{
+    struct h_conn *a, *b, *c;
+    json_t *r;
+    char tok[80];
+
+    h_start("lock:\n  watchdog_ms: 30000\n");
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    c = lk_connect(&D);
+
+    /* Plain, reentered once: the first release by token keeps a hold. */
+    r = lk_must(a, "tok", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    json_decref(lk_must(a, "tok", NULL, NO_TTL, 0));
+    unlock_by_token(b,
+                    json_pack("{s:s,s:s,s:s}", "op", "unlock", "key", "tok",
+                              "token", tok),
+                    false);
+    expect_no_event(a);
+    unlock_by_token(b,
+                    json_pack("{s:s,s:s,s:s}", "op", "unlock", "key", "tok",
+                              "token", tok),
+                    true);
+    expect_lost_now(a, "tok", tok, "expired");
+    r = lk_must(c, "tok", NULL, NO_TTL, 0);
+    ck_assert_int_eq(jint(r, "fence"), 2);
+    json_decref(r);
+    h_expect_code(lk_unlock(a, "tok", NULL), "not_held", "A's unlock");
+
+    /* Read side of a read-write lock. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "rwt", "mode",
+                "read");
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "read lock");
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    unlock_by_token(b,
+                    json_pack("{s:s,s:s,s:s,s:s}", "op", "unlock", "key",
+                              "rwt", "mode", "read", "token", tok),
+                    true);
+    expect_lost_now(a, "rwt", tok, "expired");
+
+    /* A group: each key is lost on its own. */
+    r = h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "lock", "keys", "g1", "g2");
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "group lock");
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    unlock_by_token(b,
+                    json_pack("{s:s,s:[s,s],s:s}", "op", "unlock", "keys",
+                              "g1", "g2", "token", tok),
+                    true);
+    h_assert_ping(a);
+    bool seen[2] = {false, false};
+    for (int i = 0; i < 2; i++) {
+        json_t *ev = h_event(a, 0);
+        ck_assert_msg(ev != NULL, "%d of the group's 2 keys lost", i);
+        ck_assert_str_eq(jstr(ev, "event"), "lock_lost");
+        ck_assert_str_eq(jstr(ev, "token"), tok);
+        ck_assert_str_eq(jstr(ev, "reason"), "expired");
+        int k = strcmp(jstr(ev, "key"), "g1") == 0 ? 0 : 1;
+        ck_assert_msg(!seen[k], "%s lost twice", jstr(ev, "key"));
+        seen[k] = true;
+        json_decref(ev);
+    }
+
+    /* An extend by token that finds the hold gone behind the daemon's
+     * back: A hears it now, not at the next renewal. */
+    r = lk_must(a, "ext", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    h_delete_lock_key(&R, "ext");
+    h_expect_code(h_callf(b, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key",
+                          "ext", "token", tok, "ttl_ms", 60000),
+                  "not_held", "B's extend");
+    expect_lost_now(a, "ext", tok, "expired");
+
+    /* So does a reentry by token. */
+    r = lk_must(a, "tre", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    h_delete_lock_key(&R, "tre");
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key", "tre", "token",
+                tok);
+    ck_assert_msg(r != NULL && !jtrue(r, "acquired"),
+                  "B's reentry by token took a lock that is gone");
+    json_decref(r);
+    expect_lost_now(a, "tre", tok, "expired");
+
+    /* A's own release by token is an answer, not a loss. */
+    r = lk_must(a, "own", NULL, NO_TTL, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    unlock_by_token(a,
+                    json_pack("{s:s,s:s,s:s}", "op", "unlock", "key", "own",
+                              "token", tok),
+                    true);
+    expect_no_event(a);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
+/* --- a short lease on a watchdog lock ------------------------------------ */
+
+#define SHORT_WATCHDOG_MS 30000 /* one pass every 10 s */
+#define SHORT_TTL_MS 1000       /* far shorter than a pass period */
+
+static void
+start_short(void)
+{
+    char yaml[64];
+    snprintf(yaml, sizeof yaml, "lock:\n  watchdog_ms: %d\n",
+             SHORT_WATCHDOG_MS);
+    h_start(yaml);
+}
+
+/* {"op":"lock.info"} for KEY by TOKEN (MODE NULL: a plain lock). */
+static json_t *
+info_req(const char *key, const char *mode, const char *token)
+{
+    json_t *req = json_pack("{s:s,s:s,s:s}", "op", "lock.info", "key", key,
+                            "token", token);
+    if (mode != NULL) {
+        json_object_set_new(req, "mode", json_string(mode));
+    }
+    return req;
+}
+
+struct renewed_want {
+    struct h_conn *c;
+    const char *key, *mode, *token;
+};
+
+/* TOKEN still holds KEY with more than SHORT_TTL_MS left: renewed. */
+static bool
+renewed(void *arg)
+{
+    const struct renewed_want *w = arg;
+    json_t *r = h_call(w->c, info_req(w->key, w->mode, w->token), T_MS);
+    bool ok = r != NULL && jtrue(r, "mine") &&
+              jint(r, "ttl_ms") > SHORT_TTL_MS;
+    json_decref(r);
+    return ok;
+}
+
+/* After an op that left TOKEN's watchdog hold of KEY SHORT_TTL_MS: the
+ * daemon renews it before that lease ends (the next pass is ~10 s away),
+ * C cannot take it, and its holder A heard of no loss. */
+static void
+expect_renewed(struct h_conn *a, struct h_conn *c, const char *key,
+               const char *mode, const char *token)
+{
+    struct renewed_want w = {c, key, mode, token};
+    ck_assert_msg(h_wait_until(renewed, &w, SHORT_TTL_MS),
+                  "%s was not renewed within its %d ms lease", key,
+                  SHORT_TTL_MS);
+    json_t *req = lk_req(key, NULL, NO_TTL, 0);
+    if (mode != NULL) {
+        json_object_set_new(req, "mode", json_string("write"));
+    }
+    json_t *r = h_call(c, req, T_MS);
+    ck_assert_msg(r != NULL && h_ok(r) && !jtrue(r, "acquired"),
+                  "another session got %s", key);
+    json_decref(r);
+    expect_no_event(a);
+}
+
+static char *
+must_token(json_t *r, const char *what)
+{
+    ck_assert_msg(r != NULL && h_ok(r), "%s: %s", what,
+                  r != NULL ? h_errcode(r) : "no reply");
+    ck_assert_msg(jtrue(r, "acquired"), "%s failed", what);
+    char *t = strdup(jstr(r, "token"));
+    json_decref(r);
+    return t;
+}
+
+/* A watchdog lock whose lease an op made shorter than the time to the
+ * next pass: extend, reentry, reentry by token, the read side of a
+ * read-write lock, a group's extend. Each is renewed in time, as the
+ * watchdog renews any lock of a live session, instead of expiring in
+ * Redis until the next pass finds it gone (lock_lost ~10 s late, after
+ * another client got it) or the lost timer ends it (redis_unavailable
+ * while Redis is fine). */
+START_TEST(test_short_lease_on_watchdog_lock)
+{
+    struct h_conn *a, *c;
+    json_t *r;
+    char *tok;
+
+    start_short();
+    a = lk_connect(&D);
+    c = lk_connect(&D);
+
+    /* extend */
+    tok = must_token(lk_lock(a, "sx", NULL, NO_TTL, 0), "lock sx");
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "sx",
+                "ttl_ms", SHORT_TTL_MS);
+    ck_assert_msg(r != NULL && jint(r, "lease_ms") == SHORT_TTL_MS,
+                  "extend sx");
+    json_decref(r);
+    expect_renewed(a, c, "sx", NULL, tok);
+    free(tok);
+
+    /* reentry by owner */
+    tok = must_token(lk_lock(a, "sr", NULL, NO_TTL, 0), "lock sr");
+    json_decref(lk_must(a, "sr", NULL, SHORT_TTL_MS, 0));
+    expect_renewed(a, c, "sr", NULL, tok);
+    free(tok);
+
+    /* reentry by token, from another session */
+    tok = must_token(lk_lock(a, "st", NULL, NO_TTL, 0), "lock st");
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", "st",
+                "token", tok, "ttl_ms", SHORT_TTL_MS);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "reentry by token");
+    json_decref(r);
+    expect_renewed(a, c, "st", NULL, tok);
+    free(tok);
+
+    /* the read side of a read-write lock */
+    tok = must_token(h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key",
+                             "sw", "mode", "read"),
+                     "read lock sw");
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "extend", "key", "sw",
+                "mode", "read", "ttl_ms", SHORT_TTL_MS);
+    ck_assert_msg(r != NULL && h_ok(r), "extend read sw");
+    json_decref(r);
+    expect_renewed(a, c, "sw", "read", tok);
+    free(tok);
+
+    /* a group's extend */
+    tok = must_token(h_callf(a, T_MS, "{s:s,s:[s,s]}", "op", "lock", "keys",
+                             "sg1", "sg2"),
+                     "lock sg1, sg2");
+    r = h_callf(a, T_MS, "{s:s,s:[s,s],s:i}", "op", "extend", "keys", "sg1",
+                "sg2", "ttl_ms", SHORT_TTL_MS);
+    ck_assert_msg(r != NULL && h_ok(r), "extend sg1, sg2");
+    json_decref(r);
+    expect_renewed(a, c, "sg1", NULL, tok);
+    expect_renewed(a, c, "sg2", NULL, tok);
+    free(tok);
+    h_close(a);
+    h_close(c);
+}
+END_TEST
+
+/* The same shortened lease while Redis does not answer: lock_lost comes
+ * before that lease could end in Redis, not at the next pass. */
+START_TEST(test_short_lease_lost_in_time)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+
+    start_short();
+    a = lk_connect(&D);
+    json_decref(lk_must(a, "sl", NULL, NO_TTL, 0));
+    long long t_sent = h_now_ms();
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "sl",
+                "ttl_ms", SHORT_TTL_MS);
+    ck_assert_msg(r != NULL && h_ok(r), "extend sl");
+    json_decref(r);
+    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    ev = h_lock_lost(a, "sl", SHORT_WATCHDOG_MS);
+    long long t_ev = h_now_ms();
+    ck_assert_int_eq(kill(R.pid, SIGCONT), 0);
+    ck_assert_msg(ev != NULL, "no lock_lost while redis was stopped");
+    ck_assert_str_eq(jstr(ev, "reason"), "redis_unavailable");
+    json_decref(ev);
+    ck_assert_msg(t_ev < t_sent + SHORT_TTL_MS,
+                  "lock_lost %lld ms after the extend's lease could end",
+                  t_ev - (t_sent + SHORT_TTL_MS));
+    h_close(a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 int
@@ -543,6 +864,9 @@ main(void)
         H_CASE(fences_exact, 60),
         H_CASE(max_hold_exact, 60),
         H_CASE(foreign_hold_count, 60),
+        H_CASE(released_by_token_elsewhere, 60),
+        H_CASE(short_lease_on_watchdog_lock, 60),
+        H_CASE(short_lease_lost_in_time, 60),
     };
 
     return H_MAIN(fx, cases);
