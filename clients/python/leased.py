@@ -22,7 +22,9 @@ request gets an id; unsolicited events that come while waiting are kept in
 .events, so a lock_lost event is never mistaken for a reply.
 
 Leased is one connection, so one session: its session-bound locks are
-released when it is closed. It is not thread-safe; share a Pool between
+released when it is closed. When the connection fails (the daemon
+restarted, say), they are lost (held.lost is set) and the next call opens
+a new connection, a new session. It is not thread-safe; share a Pool between
 threads instead. AsyncLeased is the asyncio client.
 
 Events and idle holders: a lock_lost event is read by whoever reads the
@@ -48,6 +50,7 @@ import threading
 import time
 
 __all__ = ["Leased", "Pool", "AsyncLeased", "Held", "RWLock", "LeasedError",
+           "LeasedConnectionError", "LeasedTimeout", "LeasedTypeError",
            "LockNotAcquired", "NoPermit", "DEFAULT_SOCKET"]
 __version__ = "0.1.0"
 
@@ -81,7 +84,12 @@ def _decode(line):
 
 
 class LeasedError(Exception):
-    """An error reply ({"ok":false}); .code is the contract's code."""
+    """Every error the client raises. .code is the contract's code for an
+    error reply ({"ok":false}, .reply), or the client's own: "connect"
+    (the daemon could not be reached), "io" (the connection failed: its
+    session, and the session's locks, are gone), "timeout" (no answer in
+    time), "invalid" (a bad argument), "not_acquired", "no_permit". An
+    OSError behind it is its __cause__."""
 
     def __init__(self, code, message, reply=None):
         super().__init__("%s: %s" % (code, message))
@@ -94,23 +102,56 @@ class LeasedError(Exception):
         return self.reply.get("error", {}).get("reason")
 
 
-class LockNotAcquired(Exception):
+class LeasedConnectionError(LeasedError, ConnectionError):
+    """"connect" or "io": also a ConnectionError."""
+
+
+class LeasedTimeout(LeasedError, TimeoutError):
+    """"timeout": also a TimeoutError."""
+
+
+class LeasedTypeError(LeasedError, TypeError):
+    """"invalid": an argument of the wrong type; also a TypeError."""
+
+    def __init__(self, message):
+        super().__init__("invalid", message)
+
+
+class LockNotAcquired(LeasedError):
     """lock() found the lock taken for longer than wait_ms."""
 
     def __init__(self, key, ttl_ms):
-        super().__init__("lock %r is held elsewhere (%s ms left)" % (key, ttl_ms))
+        super().__init__("not_acquired", "lock %r is held elsewhere "
+                         "(%s ms left)" % (key, ttl_ms))
         self.key = key
         self.ttl_ms = ttl_ms
 
 
-class NoPermit(Exception):
+class NoPermit(LeasedError):
     """semaphore() got no permit within wait_ms."""
 
     def __init__(self, key, available):
-        super().__init__("semaphore %r: no permit (%s available)"
-                         % (key, available))
+        super().__init__("no_permit", "semaphore %r: no permit (%s "
+                         "available)" % (key, available))
         self.key = key
         self.available = available
+
+
+def _connect_error(target, err):
+    """The error of a connection to TARGET that failed with ERR, naming
+    the socket and what to check."""
+    if isinstance(err, PermissionError):
+        hint = ("is this user in the socket's group (listen.unix_group in "
+                "leased.yml)?")
+    elif _split_target(target):
+        hint = "is leased running and listening there?"
+    else:
+        hint = ("is leased running, and is $LEASED_SOCKET (or the path "
+                "given) its listen.unix socket?")
+    what = err.strerror or str(err) or type(err).__name__
+    return LeasedConnectionError(
+        "connect", "cannot connect to leased at %s: %s; %s"
+        % (target, what, hint))
 
 
 def _sem_fields(key, limit, permits, wait_ms, ttl_ms, extra):
@@ -237,10 +278,7 @@ class _Holds:
             lst = {id(h): h for hs in self._by.values() for h in hs
                if h._conn is conn}.values()
         for held in lst:
-            held.lost_event = {"event": "lock_lost", "key": held.key,
-                               "token": held.token,
-                               "reason": "connection_closed"}
-            held.lost.set()
+            _lose(held)
 
     def lost(self, event):
         with self._mu:
@@ -249,6 +287,31 @@ class _Holds:
         for held in lst:
             held.lost_event = event
             held.lost.set()
+
+
+def _lose(held):
+    """HELD went with its session (the connection ended)."""
+    if not held.lost.is_set():
+        held.lost_event = {"event": "lock_lost", "key": held.key,
+                           "token": held.token,
+                           "reason": "connection_closed"}
+        held.lost.set()
+
+
+def _end_hold(held, release, any_not_held=False):
+    """Give the hold of a block back with RELEASE() at its end. A hold
+    lost meanwhile ends without an error (leased-protocol(7), CLIENTS):
+    the block was told through held.lost. A connection that fails at the
+    release took its session's holds with it: HELD is lost then too. With
+    ANY_NOT_HELD, not_held is no error even when held.lost was not set
+    (a semaphore's lease that ran out)."""
+    try:
+        release()
+    except LeasedConnectionError:
+        _lose(held)
+    except LeasedError as e:
+        if e.code != "not_held" or not (any_not_held or held.lost.is_set()):
+            raise
 
 
 def _load_through(call, got, key, loader, ttl_ms):
@@ -273,6 +336,27 @@ def _load_through(call, got, key, loader, ttl_ms):
     return value
 
 
+def _open(target, timeout):
+    """A blocking socket connected to TARGET, or a LeasedConnectionError
+    that names it."""
+    hp = _split_target(target)
+    sock = None
+    try:
+        if hp:
+            sock = socket.create_connection(hp, timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(target)
+    except OSError as e:
+        if sock is not None:
+            sock.close()
+        raise _connect_error(target, e) from e
+    sock.settimeout(None)
+    return sock
+
+
 class Leased:
     def __init__(self, target=None, timeout=30.0, client=None, auth=None,
                  on_event=None, _holds=None):
@@ -280,21 +364,8 @@ class Leased:
         the default socket, when None). ON_EVENT, when given, is called
         with every event (from the watcher thread too, and with the
         socket lock held: it must not make calls on this connection)."""
-        target = _target(target)
-        hp = _split_target(target)
-        if hp:
-            self.sock = socket.create_connection(hp, timeout)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        else:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(timeout)
-            self.sock.connect(target)
-        # Blocking mode with SO_RCVTIMEO/SO_SNDTIMEO as the timeout: with
-        # settimeout() Python polls before every send and recv, two system
-        # calls per request that the kernel's own timeouts make needless.
-        self.sock.settimeout(None)
-        self._set_timeout(timeout)
-        self._sndtimeo(timeout)
+        self.target = _target(target)
+        self.sock = None
         self.timeout = timeout
         self._ids = itertools.count(1)
         self._tail = b""
@@ -309,15 +380,13 @@ class Leased:
         self.events = []
         self.session = None
         self.features = []
-        if client is not None or auth is not None:
-            fields = {}
-            if client is not None:
-                fields["client"] = client
-            if auth is not None:
-                fields["auth"] = auth
-            hello = self.call("hello", **fields)
-            self.session = hello.get("session")
-            self.features = hello.get("features", [])
+        self._hello = {}
+        if client is not None:
+            self._hello["client"] = client
+        if auth is not None:
+            self._hello["auth"] = auth
+        with self._io:
+            self._connect()
 
     # --- plumbing ----------------------------------------------------------
 
@@ -325,17 +394,78 @@ class Leased:
         if self._closed:
             return
         self._closed = True
-        if self._wake is not None:
-            try:
-                self._wake[1].send(b"x")
-            except OSError:
-                pass
-            if self._watcher is not threading.current_thread():
-                self._watcher.join(5)
-            self._wake[0].close()
-            self._wake[1].close()
+        watcher = self._watcher
+        self._stop_watcher()
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(5)
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+
+    def _connect(self):
+        """Open the connection (with the socket lock held): at the start,
+        and again at the first call after the previous one failed (a new
+        session then). Says hello when asked to."""
+        self.sock = _open(self.target, self.timeout)
+        # Blocking mode with SO_RCVTIMEO/SO_SNDTIMEO as the timeout: with
+        # settimeout() Python polls before every send and recv, two system
+        # calls per request that the kernel's own timeouts make needless.
+        self._set_timeout(self.timeout)
+        self._sndtimeo(self.timeout)
+        if not self._hello:
+            return
+        fields = dict(self._hello, op="hello", id=next(self._ids))
+        hello = self._exchange(fields["id"], _encode(fields).encode() + b"\n",
+                               0, None)
+        if not hello.get("ok"):
+            self._drop()
+            _raise_for(hello)
+        self.session = hello.get("session")
+        self.features = hello.get("features", [])
+
+    def _drop(self):
+        """The connection failed (with the socket lock held): close it.
+        Its session's locks went with it (their held.lost is set); the
+        next call opens a new connection."""
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return
+        self._stop_watcher()
         with contextlib.suppress(OSError):
-            self.sock.close()
+            sock.close()
+        self._tail = b""
+        self._lines = []
+        self._late.clear()
+        self.session = None
+        self._holds.gone(self)
+
+    def _idle_check(self):
+        """Drop the connection when the daemon closed it while it was idle
+        (a restart, say), so that the next call opens a new one instead of
+        failing: what redis-py's pool does with the connections it hands
+        out. Events that came meanwhile (the daemon's "shutdown" before it
+        closes) are taken as the watcher takes them."""
+        sock = self.sock
+        if sock is None:
+            return
+        try:
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return      # the usual case: nothing came, nothing to do
+        except OSError:
+            pass
+        with self._io:
+            while self.sock is sock:
+                try:
+                    chunk = sock.recv(65536, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self._drop()
+                    return
+                self._take_events(chunk)
 
     def __enter__(self):
         return self
@@ -382,10 +512,11 @@ class Leased:
                 chunk = self.sock.recv(65536)
             except BlockingIOError:
                 # SO_RCVTIMEO ran out.
-                raise TimeoutError("no reply from leased in time") from None
+                raise LeasedTimeout("timeout", "no reply from leased at %s "
+                                    "in time" % self.target) from None
             if not chunk:
-                self._holds.gone(self)
-                raise ConnectionError("leased closed the connection")
+                raise LeasedConnectionError(
+                    "io", "leased at %s closed the connection" % self.target)
             if chunk[0] == 123 and not self._tail and \
                     chunk.find(b"\n") == len(chunk) - 1:
                 # The usual reply: one whole line ({...}\n) in one chunk,
@@ -394,7 +525,8 @@ class Leased:
             self._fill(chunk)
             if not self._lines and deadline is not None and \
                     time.monotonic() >= deadline:
-                raise TimeoutError("no reply from leased in time")
+                raise LeasedTimeout("timeout", "no reply from leased at %s "
+                                    "in time" % self.target)
         line = self._lines.pop(0)
         return _decode(line) if line.strip() else None
 
@@ -424,54 +556,87 @@ class Leased:
     def _request(self, rid, line, wait_ms, _on_late):
         with self._io:
             if self._closed:
-                raise ConnectionError("connection closed")
-            if wait_ms:
-                self._set_timeout(None if wait_ms < 0 else
-                                  self.timeout + wait_ms / 1000.0)
-            try:
-                self.sock.sendall(line)
-                deadline = None if wait_ms < 0 else \
-                    time.monotonic() + self.timeout + wait_ms / 1000.0
-                late = False
-                while True:
-                    try:
-                        if late and not self._lines and \
-                                time.monotonic() >= deadline:
-                            # Events kept coming, the reply did not.
-                            raise TimeoutError("no reply from leased in time")
-                        msg = self._read_msg(deadline)
-                    except TimeoutError:
-                        if _on_late is not None:
-                            self._late[rid] = _on_late
-                            if "cancel" in self.features:
-                                # Its wait ends now; a grant that won
-                                # the race still reaches _ON_LATE.
-                                self._post("cancel", target=rid)
-                        raise
-                    if msg is None:
-                        continue
-                    mid = msg.get("id")
-                    if mid == rid:
-                        reply = msg
-                        break
-                    if mid is None and "event" in msg:
-                        self._event(msg)
-                    elif mid in self._late:
-                        self._late.pop(mid)(msg)
-                    elif mid is None:
-                        # A reply without an id answers a line the daemon
-                        # could not read; with one request at a time that
-                        # is ours. Other ids are late replies to requests
-                        # that timed out.
-                        reply = msg
-                        break
-                    late = deadline is not None
-            finally:
-                if wait_ms:
-                    self._set_timeout(self.timeout)
+                raise LeasedConnectionError(
+                    "io", "the connection to leased at %s was closed"
+                    % self.target)
+            if self.sock is None:
+                self._connect()
+            reply = self._exchange(rid, line, wait_ms, _on_late)
         if not reply.get("ok"):
             _raise_for(reply)
         return reply
+
+    def _exchange(self, rid, line, wait_ms, _on_late):
+        """Send LINE and read up to its reply (with the socket lock held).
+        A connection that fails is dropped: the error is a
+        LeasedConnectionError, the next call opens a new connection."""
+        if wait_ms:
+            self._set_timeout(None if wait_ms < 0 else
+                              self.timeout + wait_ms / 1000.0)
+        try:
+            self._send(line)
+            return self._read_reply(rid, wait_ms, _on_late)
+        except LeasedTimeout:
+            raise
+        except LeasedConnectionError:
+            self._drop()
+            raise
+        except OSError as e:
+            self._drop()
+            raise LeasedConnectionError(
+                "io", "the connection to leased at %s failed: %s; its "
+                "session and the session's locks are gone"
+                % (self.target, e.strerror or e)) from e
+        finally:
+            if wait_ms and self.sock is not None:
+                self._set_timeout(self.timeout)
+
+    def _send(self, line):
+        try:
+            self.sock.sendall(line)
+        except (BrokenPipeError, ConnectionResetError):
+            # The daemon closed the connection while it was idle (it
+            # restarted, say): no session read LINE, so it goes out on a
+            # new connection instead of failing the call.
+            self._drop()
+            self._connect()
+            self.sock.sendall(line)
+
+    def _read_reply(self, rid, wait_ms, _on_late):
+        deadline = None if wait_ms < 0 else \
+            time.monotonic() + self.timeout + wait_ms / 1000.0
+        late = False
+        while True:
+            try:
+                if late and not self._lines and \
+                        time.monotonic() >= deadline:
+                    # Events kept coming, the reply did not.
+                    raise LeasedTimeout("timeout", "no reply from leased at "
+                                        "%s in time" % self.target)
+                msg = self._read_msg(deadline)
+            except LeasedTimeout:
+                if _on_late is not None:
+                    self._late[rid] = _on_late
+                    if "cancel" in self.features:
+                        # Its wait ends now; a grant that won the race
+                        # still reaches _ON_LATE.
+                        self._post("cancel", target=rid)
+                raise
+            if msg is None:
+                continue
+            mid = msg.get("id")
+            if mid == rid:
+                return msg
+            if mid is None and "event" in msg:
+                self._event(msg)
+            elif mid in self._late:
+                self._late.pop(mid)(msg)
+            elif mid is None:
+                # A reply without an id answers a line the daemon could
+                # not read; with one request at a time that is ours.
+                # Other ids are late replies to requests that timed out.
+                return msg
+            late = deadline is not None
 
     def _post(self, op, **fields):
         """Send a request whose reply nobody reads (a cleanup, from a
@@ -482,20 +647,38 @@ class Leased:
             self.sock.sendall(_encode(fields).encode() + b"\n")
 
     def _start_watcher(self):
-        if self._watcher is not None or self._closed:
-            return
-        self._wake = socket.socketpair()
-        self._watcher = threading.Thread(target=self._watch, daemon=True,
-                                         name="leased-watcher")
-        self._watcher.start()
+        with self._io:
+            if self._watcher is not None or self._closed or \
+                    self.sock is None:
+                return
+            wake, self._wake = socket.socketpair()
+            self._watcher = threading.Thread(target=self._watch,
+                                             args=(self.sock, wake),
+                                             daemon=True,
+                                             name="leased-watcher")
+            self._watcher.start()
 
-    def _watch(self):
+    def _stop_watcher(self):
+        """Wake the watcher so that it ends; it closes its own end."""
+        wake, self._wake = self._wake, None
+        self._watcher = None
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                wake.send(b"x")
+            wake.close()
+
+    def _watch(self, sock, wake):
+        try:
+            self._watch_loop(sock, wake)
+        finally:
+            wake.close()
+
+    def _watch_loop(self, sock, wake):
         """Read events while no call is in progress (see the module's
         docstring). Woken by readable data; a reply a call is reading
         meanwhile is left to it: after taking the socket lock the watcher
         reads only what is still unread."""
-        sock, wake = self.sock, self._wake[0]
-        while not self._closed:
+        while True:
             try:
                 r, _, _ = select.select([sock, wake], [], [])
             except (OSError, ValueError):
@@ -503,7 +686,7 @@ class Leased:
             if wake in r:
                 return
             with self._io:
-                if self._closed:
+                if self._closed or self.sock is not sock:
                     return
                 try:
                     r, _, _ = select.select([sock], [], [], 0)
@@ -511,25 +694,30 @@ class Leased:
                         continue
                     chunk = sock.recv(65536)
                 except (OSError, ValueError):
-                    return
+                    chunk = b""
                 if not chunk:
-                    # The daemon ended the session (a stop, a limit): the
-                    # holds are gone with it.
-                    self._holds.gone(self)
+                    # The daemon ended the session (a stop, a restart, a
+                    # limit): the holds are gone with it, and the next
+                    # call opens a new connection.
+                    self._drop()
                     return
-                self._fill(chunk)
-                # Only events can be unread here, and late replies: calls
-                # read up to their own reply.
-                while self._lines:
-                    line = self._lines.pop(0)
-                    if not line.strip():
-                        continue
-                    msg = _decode(line)
-                    mid = msg.get("id")
-                    if mid is None and "event" in msg:
-                        self._event(msg)
-                    elif mid in self._late:
-                        self._late.pop(mid)(msg)
+                self._take_events(chunk)
+
+    def _take_events(self, chunk):
+        """CHUNK read while no call was in progress (with the socket lock
+        held): only events can be in it, and late replies, since calls
+        read up to their own reply."""
+        self._fill(chunk)
+        while self._lines:
+            line = self._lines.pop(0)
+            if not line.strip():
+                continue
+            msg = _decode(line)
+            mid = msg.get("id")
+            if mid is None and "event" in msg:
+                self._event(msg)
+            elif mid in self._late:
+                self._late.pop(mid)(msg)
 
     # --- locks ---------------------------------------------------------------
 
@@ -593,14 +781,11 @@ class Leased:
         try:
             yield held
         finally:
-            self._holds.remove(held)
             try:
-                self.unlock(key, owner=owner, **_mode(extra))
-            except LeasedError as e:
-                # A lost lock is not ours to unlock any more; the block
-                # was told through held.lost.
-                if not (e.code == "not_held" and held.lost.is_set()):
-                    raise
+                _end_hold(held, functools.partial(
+                    self.unlock, key, owner=owner, **_mode(extra)))
+            finally:
+                self._holds.remove(held)
 
     def rwlock(self, key):
         """The read and the write side of KEY (see RWLock)."""
@@ -646,13 +831,12 @@ class Leased:
         try:
             yield held
         finally:
-            self._holds.remove(held)
             try:
-                self.sem_release(key, reply["token"])
-            except LeasedError as e:
                 # Lost or its lease ran out: nothing left to give back.
-                if e.code != "not_held":
-                    raise
+                _end_hold(held, functools.partial(
+                    self.sem_release, key, reply["token"]), any_not_held=True)
+            finally:
+                self._holds.remove(held)
 
     # --- cache-aside ---------------------------------------------------------
 
@@ -786,12 +970,16 @@ class Pool:
 
     def _checkout(self):
         if self._closed:
-            raise ConnectionError("pool closed")
+            raise LeasedConnectionError("io", "the pool is closed")
         try:
-            return self._idle.pop()
+            conn = self._idle.pop()
         except IndexError:
             pass
+        else:
+            conn._idle_check()
+            return conn
         deadline = time.monotonic() + self.timeout
+        conn = None
         with self._cv:
             # Counted before looking, so a checkin that comes after the
             # look sees the count and notifies.
@@ -799,18 +987,23 @@ class Pool:
             try:
                 while True:
                     if self._idle:
-                        return self._idle.pop()
+                        conn = self._idle.pop()
+                        break
                     if self._made < self.size:
                         self._made += 1
                         break
                     if self._closed:
-                        raise ConnectionError("pool closed")
+                        raise LeasedConnectionError("io", "the pool is closed")
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise TimeoutError("no free connection in the pool")
+                        raise LeasedTimeout("timeout",
+                                            "no free connection in the pool")
                     self._cv.wait(left)
             finally:
                 self._waiting -= 1
+        if conn is not None:
+            conn._idle_check()
+            return conn
         try:
             return self._new()
         except BaseException:
@@ -950,6 +1143,7 @@ class AsyncLeased:
         self.events = []
         self.session = None
         self.features = []
+        self.target = "the socket given"
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -959,13 +1153,19 @@ class AsyncLeased:
         hp = _split_target(target)
         # Values up to the daemon's request limit must fit in one line.
         limit = 64 << 20
-        if hp:
-            r, w = await asyncio.wait_for(
-                asyncio.open_connection(hp[0], hp[1], limit=limit), timeout)
-        else:
-            r, w = await asyncio.wait_for(
-                asyncio.open_unix_connection(target, limit=limit), timeout)
+        try:
+            if hp:
+                r, w = await asyncio.wait_for(
+                    asyncio.open_connection(hp[0], hp[1], limit=limit),
+                    timeout)
+            else:
+                r, w = await asyncio.wait_for(
+                    asyncio.open_unix_connection(target, limit=limit),
+                    timeout)
+        except OSError as e:
+            raise _connect_error(target, e) from e
         self = cls(r, w, timeout)
+        self.target = target
         fields = {}
         if client is not None:
             fields["client"] = client
@@ -1000,7 +1200,8 @@ class AsyncLeased:
         await self.close()
 
     async def _read(self):
-        err = ConnectionError("leased closed the connection")
+        err = LeasedConnectionError("io", "leased at %s closed the connection"
+                                    % self.target)
         try:
             while True:
                 line = await self._reader.readline()
@@ -1021,8 +1222,13 @@ class AsyncLeased:
                 if handler is not None:
                     handler(msg)
         except asyncio.CancelledError:
-            err = ConnectionError("connection closed")
+            err = self._closed_error()
             raise
+        except OSError as e:
+            err = LeasedConnectionError(
+                "io", "the connection to leased at %s failed: %s"
+                % (self.target, e.strerror or e))
+            err.__cause__ = e
         except Exception as e:  # noqa: BLE001 - handed to every waiter
             err = e
         finally:
@@ -1033,10 +1239,11 @@ class AsyncLeased:
             # The session ended: its session-bound locks went with it.
             for lst in list(self._holds.values()):
                 for held in lst:
-                    held.lost_event = {"event": "lock_lost",
-                                       "key": held.key, "token": held.token,
-                                       "reason": "connection_closed"}
-                    held.lost.set()
+                    _lose(held)
+
+    def _closed_error(self):
+        return LeasedConnectionError("io", "the connection to leased at %s "
+                                     "was closed" % self.target)
 
     def _event(self, msg):
         self.events.append(msg)
@@ -1075,7 +1282,7 @@ class AsyncLeased:
         task leaves the request to _ON_ABANDON(reply) when it is given,
         else to nobody."""
         if self._closed:
-            raise ConnectionError("connection closed")
+            raise self._closed_error()
         wait_ms = fields.get("wait_ms")
         if wait_ms is None:
             wait_ms = 3000 if op.startswith("cache.") else 0
@@ -1088,7 +1295,7 @@ class AsyncLeased:
     async def _key_call(self, op, key, _on_abandon=None, token=None):
         """call() of the hot shapes, as Leased._key_call."""
         if self._closed:
-            raise ConnectionError("connection closed")
+            raise self._closed_error()
         rid = next(self._ids)
         line = _key_line(op, rid, key, token)
         return await self._request(rid, line, 0, _on_abandon)
@@ -1116,7 +1323,8 @@ class AsyncLeased:
                 timer.cancel()
         if msg is _TIMED_OUT:
             self._abandon(rid, _on_abandon)
-            raise TimeoutError("no reply from leased in time")
+            raise LeasedTimeout("timeout", "no reply from leased at %s in "
+                                "time" % self.target)
         if isinstance(msg, BaseException):
             raise msg
         if not msg.get("ok"):
@@ -1304,6 +1512,18 @@ class AsyncLeased:
         return result
 
 
+async def _end_hold_async(held, release, any_not_held=False):
+    """_end_hold for AsyncLeased: RELEASE is the awaitable that gives
+    HELD back."""
+    try:
+        await release
+    except LeasedConnectionError:
+        _lose(held)
+    except LeasedError as e:
+        if e.code != "not_held" or not (any_not_held or held.lost.is_set()):
+            raise
+
+
 _async_owners = itertools.count(1)
 # What the timer of an AsyncLeased request hands its future.
 _TIMED_OUT = object()
@@ -1340,13 +1560,11 @@ class _AsyncLock:
 
     async def __aexit__(self, *exc):
         held, self.held = self.held, None
-        self.ld._remove_hold(held)
         try:
-            await self.ld.unlock(held.key, owner=held.owner,
-                                 **_mode(self.extra))
-        except LeasedError as e:
-            if not (e.code == "not_held" and held.lost.is_set()):
-                raise
+            await _end_hold_async(held, self.ld.unlock(
+                held.key, owner=held.owner, **_mode(self.extra)))
+        finally:
+            self.ld._remove_hold(held)
 
 
 class _AsyncSem:
@@ -1374,9 +1592,8 @@ class _AsyncSem:
 
     async def __aexit__(self, *exc):
         grant, self.grant = self.grant, None
-        self.ld._remove_hold(grant)
         try:
-            await self.ld.sem_release(self.args[0], grant["token"])
-        except LeasedError as e:
-            if e.code != "not_held":
-                raise
+            await _end_hold_async(grant, self.ld.sem_release(
+                self.args[0], grant["token"]), any_not_held=True)
+        finally:
+            self.ld._remove_hold(grant)
