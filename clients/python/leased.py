@@ -154,8 +154,42 @@ def _connect_error(target, err):
         % (target, what, hint))
 
 
+def _one_key(key):
+    """KEY, when it is one key (a str); else a LeasedTypeError."""
+    if not isinstance(key, str):
+        raise LeasedTypeError("a key is a str, not %s" % type(key).__name__)
+    return key
+
+
+def _keys(keys):
+    """KEYS as a list of keys: a str is one key (not its characters), a
+    list or tuple of str several; anything else is a LeasedTypeError."""
+    if isinstance(keys, str):
+        return [keys]
+    if isinstance(keys, (list, tuple)) and \
+            all(isinstance(k, str) for k in keys):
+        return list(keys)
+    raise LeasedTypeError("keys are a str (one key) or a list or tuple of "
+                          "str, not %s" % _type_name(keys))
+
+
+def _type_name(keys):
+    if isinstance(keys, (list, tuple)):
+        bad = next(k for k in keys if not isinstance(k, str))
+        return "a %s holding a %s" % (type(keys).__name__,
+                                      type(bad).__name__)
+    return type(keys).__name__
+
+
+def _invalidate_fields(keys, delay_ms):
+    fields = {"keys": _keys(keys)}
+    if delay_ms is not None:
+        fields["delay_ms"] = delay_ms
+    return fields
+
+
 def _sem_fields(key, limit, permits, wait_ms, ttl_ms, extra):
-    fields = {"key": key, "limit": limit}
+    fields = {"key": _one_key(key), "limit": limit}
     if permits != 1:
         fields["permits"] = permits
     if wait_ms:
@@ -202,9 +236,9 @@ def _norm_key(key):
 
 def _key_fields(key):
     """{"keys": [...]} for a group of keys, else {"key": KEY}."""
-    if isinstance(key, (list, tuple)):
-        return {"keys": list(key)}
-    return {"key": key}
+    if isinstance(key, str):
+        return {"key": key}
+    return {"keys": _keys(key)}
 
 
 def _hold_keys(held):
@@ -808,10 +842,10 @@ class Leased:
                                        extra))
 
     def sem_release(self, key, token):
-        return self.call("sem.release", key=key, token=token)
+        return self.call("sem.release", key=_one_key(key), token=token)
 
     def sem_info(self, key, limit):
-        return self.call("sem.info", key=key, limit=limit)
+        return self.call("sem.info", key=_one_key(key), limit=limit)
 
     @contextlib.contextmanager
     def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
@@ -850,20 +884,21 @@ class Leased:
             if reply.get("lease"):
                 self._post("cache.release", key=key, lease=reply["lease"])
 
-        got = self.call("cache.get", _on_late=late, key=key)
+        got = self.call("cache.get", _on_late=late, key=_one_key(key))
         return _load_through(self.call, got, key, loader, ttl_ms)
 
     def invalidate(self, keys, delay_ms=None):
-        """Delete KEYS now and once more after delay_ms (the daemon's
-        default double delete when None)."""
-        fields = {"keys": list(keys)}
-        if delay_ms is not None:
-            fields["delay_ms"] = delay_ms
-        return self.call("cache.invalidate", **fields)
+        """Delete KEYS (one key as a str, or a list or tuple of them) now
+        and once more after delay_ms (the daemon's default double delete
+        when None)."""
+        return self.call("cache.invalidate",
+                         **_invalidate_fields(keys, delay_ms))
 
     def update(self, keys, writer):
         """The write path: WRITER() commits to the database first, then
-        the cached copies are invalidated. Returns WRITER's result."""
+        the cached copies of KEYS (as for invalidate) are invalidated.
+        Returns WRITER's result."""
+        keys = _keys(keys)
         result = writer()
         self.invalidate(keys)
         return result
@@ -1095,7 +1130,7 @@ class Pool:
     def cached(self, key, loader, ttl_ms=None):
         # The connection is given back while LOADER runs (it may be
         # slow); the fill goes through whichever is free then.
-        got = self.call("cache.get", key=key)
+        got = self.call("cache.get", key=_one_key(key))
         return _load_through(self.call, got, key, loader, ttl_ms)
 
     def invalidate(self, keys, delay_ms=None):
@@ -1103,6 +1138,7 @@ class Pool:
             return c.invalidate(keys, delay_ms)
 
     def update(self, keys, writer):
+        keys = _keys(keys)
         result = writer()
         self.invalidate(keys)
         return result
@@ -1456,10 +1492,10 @@ class AsyncLeased:
                                              ttl_ms, extra))
 
     async def sem_release(self, key, token):
-        return await self.call("sem.release", key=key, token=token)
+        return await self.call("sem.release", key=_one_key(key), token=token)
 
     async def sem_info(self, key, limit):
-        return await self.call("sem.info", key=key, limit=limit)
+        return await self.call("sem.info", key=_one_key(key), limit=limit)
 
     def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
                   **extra):
@@ -1478,7 +1514,7 @@ class AsyncLeased:
                 self._fire("cache.release", key=key, lease=reply["lease"])
 
         got = await self.call("cache.get", _on_abandon=lease_too_late,
-                              key=key)
+                              key=_one_key(key))
         if got["hit"]:
             return got["value"]
         lease = got.get("lease")
@@ -1499,12 +1535,11 @@ class AsyncLeased:
         return value
 
     async def invalidate(self, keys, delay_ms=None):
-        fields = {"keys": list(keys)}
-        if delay_ms is not None:
-            fields["delay_ms"] = delay_ms
-        return await self.call("cache.invalidate", **fields)
+        return await self.call("cache.invalidate",
+                               **_invalidate_fields(keys, delay_ms))
 
     async def update(self, keys, writer):
+        keys = _keys(keys)
         result = writer()
         if asyncio.iscoroutine(result):
             result = await result

@@ -137,6 +137,52 @@ class CacheAside(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 2.0)
         self.assertEqual(self.ld.cached(key, lambda: "loaded again"), "fine")
 
+    def test_a_string_is_one_key(self):
+        key = PREFIX + "user:7"
+        pool = Pool(SOCKET, size=2, timeout=10)
+        self.addCleanup(pool.close)
+
+        async def on_async(keys):
+            ald = await AsyncLeased.connect(SOCKET, timeout=10)
+            try:
+                await ald.invalidate(keys)
+                return await ald.update(keys, lambda: "written")
+            finally:
+                await ald.close()
+
+        invalidations = [
+            self.ld.invalidate, lambda k: self.ld.update(k, lambda: None),
+            pool.invalidate, lambda k: pool.update(k, lambda: None),
+            lambda k: asyncio.run(on_async(k))]
+        for n, invalidate in enumerate(invalidations):
+            self.assertEqual(self.ld.cached(key, lambda: "old %d" % n),
+                             "old %d" % n)
+            invalidate(key)
+            self.assertEqual(self.ld.cached(key, lambda: "new %d" % n),
+                             "new %d" % n, "invalidation %d missed" % n)
+            self.ld.invalidate(key)
+
+    def test_keys_of_other_types_are_refused(self):
+        written = []
+        for bad in (7, b"user:7", ["user:7", 8], {"user:7"}, None):
+            for call in (self.ld.invalidate,
+                         lambda k: self.ld.update(k, written.append)):
+                with self.assertRaises(TypeError) as cm:
+                    call(bad)
+                self.assertIsInstance(cm.exception, LeasedError)
+                self.assertEqual(cm.exception.code, "invalid")
+                self.assertIn("str", str(cm.exception))
+        self.assertEqual(written, [], "update wrote before it refused")
+        for call in (lambda: self.ld.cached(7, lambda: "x"),
+                     lambda: self.ld.try_lock(b"k"),
+                     lambda: self.ld.unlock(["a", 1]),
+                     lambda: self.ld.try_semaphore(None, 2),
+                     lambda: self.ld.sem_release(7, "t"),
+                     lambda: self.ld.sem_info(("a",), 2)):
+            with self.assertRaises(TypeError):
+                call()
+        self.assertTrue(self.ld.call("ping")["ok"])
+
     def test_error_codes(self):
         with self.assertRaises(LeasedError) as cm:
             self.ld.call("cache.get", key="")
