@@ -1128,10 +1128,13 @@ class Pool:
         return RWLock(self, key)
 
     def cached(self, key, loader, ttl_ms=None):
-        # The connection is given back while LOADER runs (it may be
-        # slow); the fill goes through whichever is free then.
-        got = self.call("cache.get", key=_one_key(key))
-        return _load_through(self.call, got, key, loader, ttl_ms)
+        # One connection for the whole read path, LOADER included: the
+        # waiters for KEY may hold every other connection inside cache.get
+        # (up to wait_ms), so a lease holder that gave its connection back
+        # could not send its fill, and the waiters would time out and each
+        # load: no single flight in exactly the pool's busiest case.
+        with self.connection() as c:
+            return c.cached(key, loader, ttl_ms)
 
     def invalidate(self, keys, delay_ms=None):
         with self.connection() as c:

@@ -717,6 +717,39 @@ class Pools(unittest.TestCase):
                     self.assertEqual(inner["count"], 2)
                     self.assertEqual(inner.token, outer.token)
 
+    def test_pool_cached_keeps_single_flight(self):
+        # More threads than connections, all reading one key while a slow
+        # loader runs: one load, whatever the pool's size.
+        for size in (8, 2):
+            key = PREFIX + "pool:flight:%d" % size
+            loads = []
+            barrier = threading.Barrier(20)
+            got, errors = [], []
+
+            def loader():
+                loads.append(1)
+                time.sleep(0.5)
+                return "v"
+
+            def read(pool):
+                try:
+                    barrier.wait(WAIT_S)
+                    got.append(pool.cached(key, loader))
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            with Pool(SOCKET, size=size, timeout=WAIT_S) as pool:
+                threads = [threading.Thread(target=read, args=(pool,))
+                           for _ in range(20)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(60)
+            self.assertEqual(errors, [])
+            self.assertEqual(got, ["v"] * 20)
+            self.assertEqual(len(loads), 1, "pool of %d: %d loads"
+                             % (size, len(loads)))
+
 
 class Async(unittest.TestCase):
     def run_async(self, coro):
@@ -747,6 +780,26 @@ class Async(unittest.TestCase):
                     await ld.close()
 
         self.run_async(main())
+
+    def test_cached_by_many_tasks_loads_once(self):
+        key = PREFIX + "async:flight"
+        loads = []
+
+        async def loader():
+            loads.append(1)
+            await asyncio.sleep(0.5)
+            return "v"
+
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET, timeout=10)
+            try:
+                return await asyncio.gather(
+                    *(ld.cached(key, loader) for _ in range(20)))
+            finally:
+                await ld.close()
+
+        self.assertEqual(self.run_async(main()), ["v"] * 20)
+        self.assertEqual(len(loads), 1)
 
     def test_requests_of_one_iteration_go_out_in_one_write(self):
         async def main():
