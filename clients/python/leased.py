@@ -11,8 +11,8 @@
             ...                     # one of at most 4 holders
         with ld.rwlock("doc:7").read_lock(wait_ms=1000):
             ...                     # readers share, writers exclude
-        user = ld.cached("user:7", lambda: db_load_user(7))
-        ld.update(["user:7"], lambda: db_save_user(7, name))
+        user = ld.cached("user:7", lambda: db_load_user(7))  # JSON
+        ld.update("user:7", lambda: db_save_user(7, name))
 
 Install it with `pip install ./clients/python`, or copy this file into the
 application: it is the whole client.
@@ -62,6 +62,10 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 # A key as a JSON string (quoted, escaped, ASCII): the hot requests are
 # written from a template around it instead of encoding a dict.
 _quote = json.encoder.encode_basestring_ascii
+# A cached value as JSON text: non-ASCII as it is, since the request that
+# carries the text escapes it once more.
+_encode_text = json.JSONEncoder(separators=(",", ":"),
+                                ensure_ascii=False).encode
 _scan = json.JSONDecoder().scan_once
 
 
@@ -88,8 +92,9 @@ class LeasedError(Exception):
     error reply ({"ok":false}, .reply), or the client's own: "connect"
     (the daemon could not be reached), "io" (the connection failed: its
     session, and the session's locks, are gone), "timeout" (no answer in
-    time), "invalid" (a bad argument), "not_acquired", "no_permit". An
-    OSError behind it is its __cause__."""
+    time), "invalid" (a bad argument), "bad_value" (a cached value the
+    serializer cannot read), "not_acquired", "no_permit". An OSError
+    behind it is its __cause__."""
 
     def __init__(self, code, message, reply=None):
         super().__init__("%s: %s" % (code, message))
@@ -348,26 +353,98 @@ def _end_hold(held, release, any_not_held=False):
             raise
 
 
-def _load_through(call, got, key, loader, ttl_ms):
+class JSONSerializer:
+    """The default serializer of cached values: JSON text, so a loader
+    may return a dict, a list, a number or a str, and cached() gives back
+    what JSON gives back (a tuple comes back as a list). bytes are refused
+    rather than guessed at: JSON has no bytes, and a str read back would
+    not be what the loader returned; decode them, or pass a serializer
+    that takes bytes."""
+
+    def dumps(self, value):
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError("bytes are not JSON: decode them, or pass a "
+                            "serializer that takes bytes")
+        return _encode_text(value)
+
+    def loads(self, text):
+        return json.loads(text)
+
+
+class _Raw:
+    """serializer=None: values are str, stored and read back as they are
+    (what leasectl get/set and other clients that store plain strings
+    see)."""
+
+    def dumps(self, value):
+        if not isinstance(value, str):
+            raise TypeError("serializer=None caches str only, not %s"
+                            % type(value).__name__)
+        return value
+
+    def loads(self, text):
+        return text
+
+
+def _serializer(serializer):
+    return _Raw() if serializer is None else serializer
+
+
+def _value_text(serializer, key, value):
+    """The text cache.fill stores for VALUE (None, "not found", as it
+    is); a value the serializer refuses is a LeasedTypeError."""
+    if value is None:
+        return None
+    try:
+        text = serializer.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise LeasedTypeError("the value loaded for %r cannot be cached: %s"
+                              % (key, e)) from e
+    if not isinstance(text, str):
+        raise LeasedTypeError("the serializer gave %s for %r, not a str"
+                              % (type(text).__name__, key))
+    return text
+
+
+def _value_of(serializer, key, text):
+    """The value of the cached TEXT; a "bad_value" LeasedError when the
+    serializer cannot read it (say, a plain string another client stored
+    while this one reads JSON)."""
+    if text is None:
+        return None
+    try:
+        return serializer.loads(text)
+    except Exception as e:  # noqa: BLE001 - any serializer's refusal
+        raise LeasedError("bad_value", "the cached value of %r cannot be "
+                          "read by the serializer: %s" % (key, e)) from e
+
+
+def _fill_fields(key, lease, text, ttl_ms):
+    fields = {"key": key, "lease": lease, "value": text}
+    if ttl_ms:
+        fields["ttl_ms"] = ttl_ms
+    return fields
+
+
+def _load_through(call, serializer, got, key, loader, ttl_ms):
     """The rest of cached() once its cache.get answered GOT: a hit is
     returned; on a miss LOADER runs and its value is filled under the
-    lease, which is given back when LOADER raises. CALL sends a request:
-    a client's or a pool's."""
+    lease, which is given back when LOADER raises or the fill fails, so
+    the next reader loads at once instead of waiting the lease out."""
     if got["hit"]:
-        return got["value"]
+        return _value_of(serializer, key, got["value"])
     lease = got.get("lease")
     try:
-        value = loader()
+        text = _value_text(serializer, key, loader())
+        if lease:
+            call("cache.fill", **_fill_fields(key, lease, text, ttl_ms))
     except BaseException:
         if lease:
-            call("cache.release", key=key, lease=lease)
+            with contextlib.suppress(LeasedError):
+                call("cache.release", key=key, lease=lease)
         raise
-    if lease:
-        fields = {"key": key, "lease": lease, "value": value}
-        if ttl_ms:
-            fields["ttl_ms"] = ttl_ms
-        call("cache.fill", **fields)
-    return value
+    # What a reader that hits gets: the loader's value read back.
+    return _value_of(serializer, key, text)
 
 
 def _open(target, timeout):
@@ -391,14 +468,21 @@ def _open(target, timeout):
     return sock
 
 
+_JSON = JSONSerializer()
+
+
 class Leased:
     def __init__(self, target=None, timeout=30.0, client=None, auth=None,
-                 on_event=None, _holds=None):
+                 on_event=None, serializer=_JSON, _holds=None):
         """TARGET: a Unix socket path or "host:port" ($LEASED_SOCKET, else
         the default socket, when None). ON_EVENT, when given, is called
         with every event (from the watcher thread too, and with the
-        socket lock held: it must not make calls on this connection)."""
+        socket lock held: it must not make calls on this connection).
+        SERIALIZER turns cached values into the text leased stores and
+        back (dumps and loads): JSON by default; None stores str as it
+        is."""
         self.target = _target(target)
+        self.serializer = _serializer(serializer)
         self.sock = None
         self.timeout = timeout
         self._ids = itertools.count(1)
@@ -876,16 +960,20 @@ class Leased:
 
     def cached(self, key, loader, ttl_ms=None):
         """The read path: the cached value, or LOADER() loaded once
-        cluster-wide and filled. A loader returning None caches "not
-        found". A loader that raises gives its fill lease back, and so
-        does a get that timed out when its lease comes later."""
+        cluster-wide and filled. Values go through the serializer (JSON
+        by default): what is returned is LOADER's value read back, as
+        every reader that hits gets it. A loader returning None caches
+        "not found". A loader that raises, or a value that cannot be
+        filled, gives the fill lease back (and raises), and so does a get
+        that timed out when its lease comes later."""
 
         def late(reply):
             if reply.get("lease"):
                 self._post("cache.release", key=key, lease=reply["lease"])
 
         got = self.call("cache.get", _on_late=late, key=_one_key(key))
-        return _load_through(self.call, got, key, loader, ttl_ms)
+        return _load_through(self.call, self.serializer, got, key, loader,
+                             ttl_ms)
 
     def invalidate(self, keys, delay_ms=None):
         """Delete KEYS (one key as a str, or a list or tuple of them) now
@@ -963,11 +1051,11 @@ class Pool:
     """
 
     def __init__(self, target=None, size=8, timeout=30.0, client=None,
-                 auth=None, on_event=None):
+                 auth=None, on_event=None, serializer=_JSON):
         self.target = _target(target)
         self.size = size
         self._kw = {"timeout": timeout, "client": client, "auth": auth,
-                    "on_event": on_event}
+                    "on_event": on_event, "serializer": serializer}
         # The idle connections, last in first out; list.pop and append
         # are atomic, so a call that finds one idle takes no lock. Only
         # a thread that has to wait for one uses the condition.
@@ -1168,7 +1256,8 @@ class AsyncLeased:
     readers.
     """
 
-    def __init__(self, reader, writer, timeout=30.0):
+    def __init__(self, reader, writer, timeout=30.0, serializer=_JSON):
+        self.serializer = _serializer(serializer)
         self._reader = reader
         self._writer = writer
         self._loop = asyncio.get_running_loop()
@@ -1187,7 +1276,7 @@ class AsyncLeased:
 
     @classmethod
     async def connect(cls, target=None, timeout=30.0, client=None,
-                      auth=None):
+                      auth=None, serializer=_JSON):
         target = _target(target)
         hp = _split_target(target)
         # Values up to the daemon's request limit must fit in one line.
@@ -1203,7 +1292,7 @@ class AsyncLeased:
                     timeout)
         except OSError as e:
             raise _connect_error(target, e) from e
-        self = cls(r, w, timeout)
+        self = cls(r, w, timeout, serializer)
         self.target = target
         fields = {}
         if client is not None:
@@ -1510,7 +1599,8 @@ class AsyncLeased:
     # --- cache-aside ---------------------------------------------------------
 
     async def cached(self, key, loader, ttl_ms=None):
-        """As Leased.cached; LOADER may be a coroutine function."""
+        """As Leased.cached; LOADER may be a coroutine function. Values go
+        through the serializer given to connect() (JSON by default)."""
 
         def lease_too_late(reply):
             if reply.get("lease"):
@@ -1519,23 +1609,24 @@ class AsyncLeased:
         got = await self.call("cache.get", _on_abandon=lease_too_late,
                               key=_one_key(key))
         if got["hit"]:
-            return got["value"]
+            return _value_of(self.serializer, key, got["value"])
         lease = got.get("lease")
         try:
             value = loader()
             if asyncio.iscoroutine(value) or isinstance(value,
                                                         asyncio.Future):
                 value = await value
+            text = _value_text(self.serializer, key, value)
+            if lease:
+                await self.call("cache.fill",
+                                **_fill_fields(key, lease, text, ttl_ms))
         except BaseException:
+            # The loader failed, or the fill: the next reader loads at
+            # once instead of waiting the lease out.
             if lease:
                 self._fire("cache.release", key=key, lease=lease)
             raise
-        if lease:
-            fields = {"key": key, "lease": lease, "value": value}
-            if ttl_ms:
-                fields["ttl_ms"] = ttl_ms
-            await self.call("cache.fill", **fields)
-        return value
+        return _value_of(self.serializer, key, text)
 
     async def invalidate(self, keys, delay_ms=None):
         return await self.call("cache.invalidate",

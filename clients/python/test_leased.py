@@ -183,6 +183,69 @@ class CacheAside(unittest.TestCase):
                 call()
         self.assertTrue(self.ld.call("ping")["ok"])
 
+    def test_records_are_cached_as_json(self):
+        key = PREFIX + "user:rec"
+        user = {"id": 7, "name": "Ada", "tags": ["a", "b"], "score": 1.5}
+        self.assertEqual(self.ld.cached(key, lambda: dict(user)), user)
+        with Leased(SOCKET, timeout=10) as other:
+            self.assertEqual(other.cached(key, self.fail), user)
+        self.assertEqual(json.loads(self.ld.call("cache.get",
+                                                 key=key)["value"]), user)
+        # What the loader's caller gets is what a hit gives: read back.
+        key = PREFIX + "user:tuple"
+        self.assertEqual(self.ld.cached(key, lambda: (1, 2)), [1, 2])
+        self.assertEqual(self.ld.cached(key, self.fail), [1, 2])
+        for n, value in enumerate((0, [], "", False)):
+            self.assertEqual(self.ld.cached(key + str(n), lambda: value),
+                             value)
+
+    def test_raw_strings_without_a_serializer(self):
+        key = PREFIX + "user:raw"
+        with Leased(SOCKET, timeout=10, serializer=None) as raw:
+            self.assertEqual(raw.cached(key, lambda: "Ada"), "Ada")
+            self.assertEqual(raw.call("cache.get", key=key)["value"], "Ada")
+            # Not JSON: the default serializer says so rather than guess.
+            with self.assertRaises(LeasedError) as cm:
+                self.ld.cached(key, self.fail)
+            self.assertEqual(cm.exception.code, "bad_value")
+            with self.assertRaises(TypeError):
+                raw.cached(key + ":dict", lambda: {"a": 1})
+
+    def assert_lease_free(self, key):
+        """The next reader of KEY gets a lease at once, though it would
+        wait 2.5 s for one still held."""
+        start = time.monotonic()
+        got = self.ld.call("cache.get", key=key, wait_ms=2500)
+        self.assertLess(time.monotonic() - start, 1.0)
+        self.assertIsNotNone(got.get("lease"))
+        self.ld.call("cache.release", key=key, lease=got["lease"])
+
+    def test_a_value_that_cannot_be_filled_gives_the_lease_back(self):
+        key = PREFIX + "user:bytes"
+        with self.assertRaises(TypeError) as cm:
+            self.ld.cached(key, lambda: b"\x00raw")
+        self.assertIn("bytes", str(cm.exception))
+        self.assert_lease_free(key)
+
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET, timeout=10,
+                                           serializer=None)
+            try:
+                await ld.cached(key, lambda: {"not": "a str"})
+            finally:
+                await ld.close()
+
+        with self.assertRaises(TypeError):
+            asyncio.run(main())
+        self.assert_lease_free(key)
+        with self.assertRaises(RuntimeError):
+            self.ld.cached(key, self.broken_loader)
+        self.assert_lease_free(key)
+
+    @staticmethod
+    def broken_loader():
+        raise RuntimeError("database down")
+
     def test_error_codes(self):
         with self.assertRaises(LeasedError) as cm:
             self.ld.call("cache.get", key="")
@@ -285,7 +348,8 @@ class Lines(unittest.TestCase):
             big = "\u00e9\u20ac\U0001f600x" * 40000
             key = PREFIX + "lines:big"
             self.assertEqual(ld.cached(key, lambda: big), big)
-            self.assertEqual(ld.call("cache.get", key=key)["value"], big)
+            self.assertEqual(json.loads(ld.call("cache.get",
+                                                key=key)["value"]), big)
             # Several replies in one chunk, one cut in the middle.
             ld._fill(b'{"id":1,"ok":true}\n{"id":2,')
             ld._fill(b'"ok":true}\n \n')
