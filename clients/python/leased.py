@@ -426,22 +426,41 @@ def _fill_fields(key, lease, text, ttl_ms):
     return fields
 
 
-def _load_through(call, serializer, got, key, loader, ttl_ms):
+def _get_fields(key, wait_ms):
+    fields = {"key": _one_key(key)}
+    if wait_ms is not None:
+        fields["wait_ms"] = wait_ms
+    return fields
+
+
+def _lease_of(got, key, wait_ms):
+    """The fill lease of the miss GOT; a "timeout" LeasedTimeout when
+    there is none: the key was still being loaded elsewhere when wait_ms
+    ran out. Loading it here too, and again in every other waiter, is
+    the stampede cached() is there to stop."""
+    lease = got.get("lease")
+    if lease is None:
+        raise LeasedTimeout("timeout", "%r is still being loaded elsewhere "
+                            "after %s" % (key, "the daemon's cache.wait_ms"
+                                          if wait_ms is None else
+                                          "wait_ms=%s ms" % wait_ms))
+    return lease
+
+
+def _load_through(call, serializer, got, key, loader, ttl_ms, wait_ms):
     """The rest of cached() once its cache.get answered GOT: a hit is
     returned; on a miss LOADER runs and its value is filled under the
     lease, which is given back when LOADER raises or the fill fails, so
     the next reader loads at once instead of waiting the lease out."""
     if got["hit"]:
         return _value_of(serializer, key, got["value"])
-    lease = got.get("lease")
+    lease = _lease_of(got, key, wait_ms)
     try:
         text = _value_text(serializer, key, loader())
-        if lease:
-            call("cache.fill", **_fill_fields(key, lease, text, ttl_ms))
+        call("cache.fill", **_fill_fields(key, lease, text, ttl_ms))
     except BaseException:
-        if lease:
-            with contextlib.suppress(LeasedError):
-                call("cache.release", key=key, lease=lease)
+        with contextlib.suppress(LeasedError):
+            call("cache.release", key=key, lease=lease)
         raise
     # What a reader that hits gets: the loader's value read back.
     return _value_of(serializer, key, text)
@@ -958,22 +977,27 @@ class Leased:
 
     # --- cache-aside ---------------------------------------------------------
 
-    def cached(self, key, loader, ttl_ms=None):
+    def cached(self, key, loader, ttl_ms=None, wait_ms=None):
         """The read path: the cached value, or LOADER() loaded once
-        cluster-wide and filled. Values go through the serializer (JSON
-        by default): what is returned is LOADER's value read back, as
-        every reader that hits gets it. A loader returning None caches
-        "not found". A loader that raises, or a value that cannot be
-        filled, gives the fill lease back (and raises), and so does a get
-        that timed out when its lease comes later."""
+        cluster-wide and filled. WAIT_MS (cache.wait_ms, 3000, when None)
+        is how long to wait for a load that runs elsewhere; past it a
+        LeasedTimeout (code "timeout") is raised and LOADER is not called,
+        so a key is loaded once per fill lease, however slow the load.
+        Values go through the serializer (JSON by default): what is
+        returned is LOADER's value read back, as every reader that hits
+        gets it. A loader returning None caches "not found". A loader
+        that raises, or a value that cannot be filled, gives the fill
+        lease back (and raises), and so does a get that timed out when
+        its lease comes later."""
 
         def late(reply):
             if reply.get("lease"):
                 self._post("cache.release", key=key, lease=reply["lease"])
 
-        got = self.call("cache.get", _on_late=late, key=_one_key(key))
+        got = self.call("cache.get", _on_late=late,
+                        **_get_fields(key, wait_ms))
         return _load_through(self.call, self.serializer, got, key, loader,
-                             ttl_ms)
+                             ttl_ms, wait_ms)
 
     def invalidate(self, keys, delay_ms=None):
         """Delete KEYS (one key as a str, or a list or tuple of them) now
@@ -1215,14 +1239,14 @@ class Pool:
         keeps its connection as lock() does."""
         return RWLock(self, key)
 
-    def cached(self, key, loader, ttl_ms=None):
+    def cached(self, key, loader, ttl_ms=None, wait_ms=None):
         # One connection for the whole read path, LOADER included: the
         # waiters for KEY may hold every other connection inside cache.get
         # (up to wait_ms), so a lease holder that gave its connection back
         # could not send its fill, and the waiters would time out and each
         # load: no single flight in exactly the pool's busiest case.
         with self.connection() as c:
-            return c.cached(key, loader, ttl_ms)
+            return c.cached(key, loader, ttl_ms, wait_ms)
 
     def invalidate(self, keys, delay_ms=None):
         with self.connection() as c:
@@ -1598,7 +1622,7 @@ class AsyncLeased:
 
     # --- cache-aside ---------------------------------------------------------
 
-    async def cached(self, key, loader, ttl_ms=None):
+    async def cached(self, key, loader, ttl_ms=None, wait_ms=None):
         """As Leased.cached; LOADER may be a coroutine function. Values go
         through the serializer given to connect() (JSON by default)."""
 
@@ -1607,24 +1631,22 @@ class AsyncLeased:
                 self._fire("cache.release", key=key, lease=reply["lease"])
 
         got = await self.call("cache.get", _on_abandon=lease_too_late,
-                              key=_one_key(key))
+                              **_get_fields(key, wait_ms))
         if got["hit"]:
             return _value_of(self.serializer, key, got["value"])
-        lease = got.get("lease")
+        lease = _lease_of(got, key, wait_ms)
         try:
             value = loader()
             if asyncio.iscoroutine(value) or isinstance(value,
                                                         asyncio.Future):
                 value = await value
             text = _value_text(self.serializer, key, value)
-            if lease:
-                await self.call("cache.fill",
-                                **_fill_fields(key, lease, text, ttl_ms))
+            await self.call("cache.fill",
+                            **_fill_fields(key, lease, text, ttl_ms))
         except BaseException:
             # The loader failed, or the fill: the next reader loads at
             # once instead of waiting the lease out.
-            if lease:
-                self._fire("cache.release", key=key, lease=lease)
+            self._fire("cache.release", key=key, lease=lease)
             raise
         return _value_of(self.serializer, key, text)
 

@@ -246,6 +246,49 @@ class CacheAside(unittest.TestCase):
     def broken_loader():
         raise RuntimeError("database down")
 
+    def test_waiters_past_wait_ms_raise_and_do_not_load(self):
+        # A loader slower than wait_ms: the waiters give up with a
+        # timeout after wait_ms, without loading; the key is loaded once.
+        key = PREFIX + "user:slow"
+        loads, outcomes = [], []
+        loading = threading.Event()
+
+        def slow():
+            loads.append(1)
+            loading.set()
+            time.sleep(2.5)
+            return "v"
+
+        def wait(pool):
+            start = time.monotonic()
+            try:
+                outcomes.append(pool.cached(key, slow, wait_ms=300))
+            except LeasedError as e:
+                outcomes.append((e.code, isinstance(e, TimeoutError),
+                                 time.monotonic() - start))
+
+        with Pool(SOCKET, size=8, timeout=10) as pool:
+            holder = threading.Thread(target=lambda: outcomes.append(
+                pool.cached(key, slow, wait_ms=300)))
+            holder.start()
+            self.assertTrue(loading.wait(WAIT_S))
+            waiters = [threading.Thread(target=wait, args=(pool,))
+                       for _ in range(5)]
+            for t in waiters:
+                t.start()
+            for t in waiters + [holder]:
+                t.join(WAIT_S)
+            self.assertEqual(len(loads), 1)
+            self.assertEqual(outcomes.count("v"), 1, outcomes)
+            timeouts = [o for o in outcomes if o != "v"]
+            self.assertEqual(len(timeouts), 5, outcomes)
+            for code, is_timeout, elapsed in timeouts:
+                self.assertEqual((code, is_timeout), ("timeout", True))
+                self.assertGreaterEqual(elapsed, 0.25)
+                self.assertLess(elapsed, 2.0, "waited for the fill")
+            self.assertEqual(pool.cached(key, slow, wait_ms=300), "v")
+            self.assertEqual(len(loads), 1)
+
     def test_error_codes(self):
         with self.assertRaises(LeasedError) as cm:
             self.ld.call("cache.get", key="")
