@@ -1296,48 +1296,58 @@ class AsyncLeased:
         self.session = None
         self.features = []
         self.target = "the socket given"
+        # Set by connect(), which can open the connection again.
+        self._hello = None
+        self._shut = False      # close() was called
+        self._reopening = asyncio.Lock()
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
     async def connect(cls, target=None, timeout=30.0, client=None,
                       auth=None, serializer=_JSON):
         target = _target(target)
-        hp = _split_target(target)
-        # Values up to the daemon's request limit must fit in one line.
-        limit = 64 << 20
-        try:
-            if hp:
-                r, w = await asyncio.wait_for(
-                    asyncio.open_connection(hp[0], hp[1], limit=limit),
-                    timeout)
-            else:
-                r, w = await asyncio.wait_for(
-                    asyncio.open_unix_connection(target, limit=limit),
-                    timeout)
-        except OSError as e:
-            raise _connect_error(target, e) from e
+        r, w = await _open_async(target, timeout)
         self = cls(r, w, timeout, serializer)
         self.target = target
-        fields = {}
+        self._hello = {}
         if client is not None:
-            fields["client"] = client
+            self._hello["client"] = client
         if auth is not None:
-            fields["auth"] = auth
+            self._hello["auth"] = auth
         try:
-            # Always: hello says which features (e.g. cancel) exist.
-            hello = await self.call("hello", **fields)
+            await self._say_hello()
         except BaseException:
             await self.close()
             raise
-        self.session = hello.get("session")
-        self.features = hello.get("features", [])
         return self
 
+    async def _say_hello(self):
+        # Always: hello says which features (e.g. cancel) exist.
+        hello = await self.call("hello", **self._hello)
+        self.session = hello.get("session")
+        self.features = hello.get("features", [])
+
+    async def _reopen(self):
+        """The connection ended without close() (the daemon restarted,
+        say): open a new one, a new session, at the next call, as Leased
+        does. Its session's holds were marked lost when it ended."""
+        if self._shut or self._hello is None:
+            raise self._closed_error()
+        async with self._reopening:
+            if not self._closed:
+                return      # another task opened it meanwhile
+            self._reader, self._writer = await _open_async(self.target,
+                                                           self.timeout)
+            self._out = []
+            self._closed = False
+            self._task = self._loop.create_task(self._read())
+            await self._say_hello()
+
     async def close(self):
-        if self._closed:
-            return
-        self._flush()
-        self._closed = True
+        self._shut = True
+        if not self._closed:
+            self._flush()
+            self._closed = True
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
@@ -1434,7 +1444,7 @@ class AsyncLeased:
         task leaves the request to _ON_ABANDON(reply) when it is given,
         else to nobody."""
         if self._closed:
-            raise self._closed_error()
+            await self._reopen()
         wait_ms = fields.get("wait_ms")
         if wait_ms is None:
             wait_ms = 3000 if op.startswith("cache.") else 0
@@ -1447,7 +1457,7 @@ class AsyncLeased:
     async def _key_call(self, op, key, _on_abandon=None, token=None):
         """call() of the hot shapes, as Leased._key_call."""
         if self._closed:
-            raise self._closed_error()
+            await self._reopen()
         rid = next(self._ids)
         line = _key_line(op, rid, key, token)
         return await self._request(rid, line, 0, _on_abandon)
@@ -1673,6 +1683,22 @@ async def _end_hold_async(held, release, any_not_held=False):
     except LeasedError as e:
         if e.code != "not_held" or not (any_not_held or held.lost.is_set()):
             raise
+
+
+async def _open_async(target, timeout):
+    """(reader, writer) of a connection to TARGET, or a
+    LeasedConnectionError that names it."""
+    hp = _split_target(target)
+    # Values up to the daemon's request limit must fit in one line.
+    limit = 64 << 20
+    try:
+        if hp:
+            return await asyncio.wait_for(
+                asyncio.open_connection(hp[0], hp[1], limit=limit), timeout)
+        return await asyncio.wait_for(
+            asyncio.open_unix_connection(target, limit=limit), timeout)
+    except OSError as e:
+        raise _connect_error(target, e) from e
 
 
 _async_owners = itertools.count(1)

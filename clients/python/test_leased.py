@@ -1360,6 +1360,28 @@ class Restart(unittest.TestCase):
                 self.assertTrue(held.lost.wait(WAIT_S))
             self.assertLessEqual(pool._made, 4)
 
+    def test_async_lock_block_across_a_restart_and_a_new_session(self):
+        key = PREFIX + "restart:async"
+
+        async def main():
+            ld = await AsyncLeased.connect(self.own.sock, timeout=10)
+            try:
+                first = ld.session
+                async with ld.lock(key) as held:
+                    self.own.restart()
+                    await asyncio.wait_for(held.lost.wait(), WAIT_S)
+                # The next call opens a new connection and session.
+                self.assertTrue((await ld.call("ping"))["ok"])
+                self.assertNotEqual(ld.session, first)
+                async with ld.lock(key, wait_ms=5000) as held:
+                    self.assertFalse(held.lost.is_set())
+            finally:
+                await ld.close()
+            with self.assertRaises(LeasedError):
+                await ld.call("ping")
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+
     def test_a_stopped_daemon_is_a_connection_error(self):
         with Leased(self.own.sock, timeout=10) as ld:
             self.own.stop()
