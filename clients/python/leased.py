@@ -11,8 +11,8 @@
             ...                     # one of at most 4 holders
         with ld.rwlock("doc:7").read_lock(wait_ms=1000):
             ...                     # readers share, writers exclude
-        user = ld.cached("user:7", lambda: db_load_user(7))
-        ld.update(["user:7"], lambda: db_save_user(7, name))
+        user = ld.cached("user:7", lambda: db_load_user(7))  # JSON
+        ld.update("user:7", lambda: db_save_user(7, name))
 
 Install it with `pip install ./clients/python`, or copy this file into the
 application: it is the whole client.
@@ -22,7 +22,9 @@ request gets an id; unsolicited events that come while waiting are kept in
 .events, so a lock_lost event is never mistaken for a reply.
 
 Leased is one connection, so one session: its session-bound locks are
-released when it is closed. It is not thread-safe; share a Pool between
+released when it is closed. When the connection fails (the daemon
+restarted, say), they are lost (held.lost is set) and the next call opens
+a new connection, a new session. It is not thread-safe; share a Pool between
 threads instead. AsyncLeased is the asyncio client.
 
 Events and idle holders: a lock_lost event is read by whoever reads the
@@ -48,6 +50,7 @@ import threading
 import time
 
 __all__ = ["Leased", "Pool", "AsyncLeased", "Held", "RWLock", "LeasedError",
+           "LeasedConnectionError", "LeasedTimeout", "LeasedTypeError",
            "LockNotAcquired", "NoPermit", "DEFAULT_SOCKET"]
 __version__ = "0.1.0"
 
@@ -59,6 +62,10 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 # A key as a JSON string (quoted, escaped, ASCII): the hot requests are
 # written from a template around it instead of encoding a dict.
 _quote = json.encoder.encode_basestring_ascii
+# A cached value as JSON text: non-ASCII as it is, since the request that
+# carries the text escapes it once more.
+_encode_text = json.JSONEncoder(separators=(",", ":"),
+                                ensure_ascii=False).encode
 _scan = json.JSONDecoder().scan_once
 
 
@@ -81,7 +88,13 @@ def _decode(line):
 
 
 class LeasedError(Exception):
-    """An error reply ({"ok":false}); .code is the contract's code."""
+    """Every error the client raises. .code is the contract's code for an
+    error reply ({"ok":false}, .reply), or the client's own: "connect"
+    (the daemon could not be reached), "io" (the connection failed: its
+    session, and the session's locks, are gone), "timeout" (no answer in
+    time), "invalid" (a bad argument), "bad_value" (a cached value the
+    serializer cannot read), "not_acquired", "no_permit". An OSError
+    behind it is its __cause__."""
 
     def __init__(self, code, message, reply=None):
         super().__init__("%s: %s" % (code, message))
@@ -94,27 +107,94 @@ class LeasedError(Exception):
         return self.reply.get("error", {}).get("reason")
 
 
-class LockNotAcquired(Exception):
+class LeasedConnectionError(LeasedError, ConnectionError):
+    """"connect" or "io": also a ConnectionError."""
+
+
+class LeasedTimeout(LeasedError, TimeoutError):
+    """"timeout": also a TimeoutError."""
+
+
+class LeasedTypeError(LeasedError, TypeError):
+    """"invalid": an argument of the wrong type; also a TypeError."""
+
+    def __init__(self, message):
+        super().__init__("invalid", message)
+
+
+class LockNotAcquired(LeasedError):
     """lock() found the lock taken for longer than wait_ms."""
 
     def __init__(self, key, ttl_ms):
-        super().__init__("lock %r is held elsewhere (%s ms left)" % (key, ttl_ms))
+        super().__init__("not_acquired", "lock %r is held elsewhere "
+                         "(%s ms left)" % (key, ttl_ms))
         self.key = key
         self.ttl_ms = ttl_ms
 
 
-class NoPermit(Exception):
+class NoPermit(LeasedError):
     """semaphore() got no permit within wait_ms."""
 
     def __init__(self, key, available):
-        super().__init__("semaphore %r: no permit (%s available)"
-                         % (key, available))
+        super().__init__("no_permit", "semaphore %r: no permit (%s "
+                         "available)" % (key, available))
         self.key = key
         self.available = available
 
 
+def _connect_error(target, err):
+    """The error of a connection to TARGET that failed with ERR, naming
+    the socket and what to check."""
+    if isinstance(err, PermissionError):
+        hint = ("is this user in the socket's group (listen.unix_group in "
+                "leased.yml)?")
+    elif _split_target(target):
+        hint = "is leased running and listening there?"
+    else:
+        hint = ("is leased running, and is $LEASED_SOCKET (or the path "
+                "given) its listen.unix socket?")
+    what = err.strerror or str(err) or type(err).__name__
+    return LeasedConnectionError(
+        "connect", "cannot connect to leased at %s: %s; %s"
+        % (target, what, hint))
+
+
+def _one_key(key):
+    """KEY, when it is one key (a str); else a LeasedTypeError."""
+    if not isinstance(key, str):
+        raise LeasedTypeError("a key is a str, not %s" % type(key).__name__)
+    return key
+
+
+def _keys(keys):
+    """KEYS as a list of keys: a str is one key (not its characters), a
+    list or tuple of str several; anything else is a LeasedTypeError."""
+    if isinstance(keys, str):
+        return [keys]
+    if isinstance(keys, (list, tuple)) and \
+            all(isinstance(k, str) for k in keys):
+        return list(keys)
+    raise LeasedTypeError("keys are a str (one key) or a list or tuple of "
+                          "str, not %s" % _type_name(keys))
+
+
+def _type_name(keys):
+    if isinstance(keys, (list, tuple)):
+        bad = next(k for k in keys if not isinstance(k, str))
+        return "a %s holding a %s" % (type(keys).__name__,
+                                      type(bad).__name__)
+    return type(keys).__name__
+
+
+def _invalidate_fields(keys, delay_ms):
+    fields = {"keys": _keys(keys)}
+    if delay_ms is not None:
+        fields["delay_ms"] = delay_ms
+    return fields
+
+
 def _sem_fields(key, limit, permits, wait_ms, ttl_ms, extra):
-    fields = {"key": key, "limit": limit}
+    fields = {"key": _one_key(key), "limit": limit}
     if permits != 1:
         fields["permits"] = permits
     if wait_ms:
@@ -161,9 +241,9 @@ def _norm_key(key):
 
 def _key_fields(key):
     """{"keys": [...]} for a group of keys, else {"key": KEY}."""
-    if isinstance(key, (list, tuple)):
-        return {"keys": list(key)}
-    return {"key": key}
+    if isinstance(key, str):
+        return {"key": key}
+    return {"keys": _keys(key)}
 
 
 def _hold_keys(held):
@@ -237,10 +317,7 @@ class _Holds:
             lst = {id(h): h for hs in self._by.values() for h in hs
                if h._conn is conn}.values()
         for held in lst:
-            held.lost_event = {"event": "lock_lost", "key": held.key,
-                               "token": held.token,
-                               "reason": "connection_closed"}
-            held.lost.set()
+            _lose(held)
 
     def lost(self, event):
         with self._mu:
@@ -251,50 +328,181 @@ class _Holds:
             held.lost.set()
 
 
-def _load_through(call, got, key, loader, ttl_ms):
+def _lose(held):
+    """HELD went with its session (the connection ended)."""
+    if not held.lost.is_set():
+        held.lost_event = {"event": "lock_lost", "key": held.key,
+                           "token": held.token,
+                           "reason": "connection_closed"}
+        held.lost.set()
+
+
+def _end_hold(held, release, any_not_held=False):
+    """Give the hold of a block back with RELEASE() at its end. A hold
+    lost meanwhile ends without an error (leased-protocol(7), CLIENTS):
+    the block was told through held.lost. A connection that fails at the
+    release took its session's holds with it: HELD is lost then too. With
+    ANY_NOT_HELD, not_held is no error even when held.lost was not set
+    (a semaphore's lease that ran out)."""
+    try:
+        release()
+    except LeasedConnectionError:
+        _lose(held)
+    except LeasedError as e:
+        if e.code != "not_held" or not (any_not_held or held.lost.is_set()):
+            raise
+
+
+class JSONSerializer:
+    """The default serializer of cached values: JSON text, so a loader
+    may return a dict, a list, a number or a str, and cached() gives back
+    what JSON gives back (a tuple comes back as a list). bytes are refused
+    rather than guessed at: JSON has no bytes, and a str read back would
+    not be what the loader returned; decode them, or pass a serializer
+    that takes bytes."""
+
+    def dumps(self, value):
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError("bytes are not JSON: decode them, or pass a "
+                            "serializer that takes bytes")
+        return _encode_text(value)
+
+    def loads(self, text):
+        return json.loads(text)
+
+
+class _Raw:
+    """serializer=None: values are str, stored and read back as they are
+    (what leasectl get/set and other clients that store plain strings
+    see)."""
+
+    def dumps(self, value):
+        if not isinstance(value, str):
+            raise TypeError("serializer=None caches str only, not %s"
+                            % type(value).__name__)
+        return value
+
+    def loads(self, text):
+        return text
+
+
+def _serializer(serializer):
+    return _Raw() if serializer is None else serializer
+
+
+def _value_text(serializer, key, value):
+    """The text cache.fill stores for VALUE (None, "not found", as it
+    is); a value the serializer refuses is a LeasedTypeError."""
+    if value is None:
+        return None
+    try:
+        text = serializer.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise LeasedTypeError("the value loaded for %r cannot be cached: %s"
+                              % (key, e)) from e
+    if not isinstance(text, str):
+        raise LeasedTypeError("the serializer gave %s for %r, not a str"
+                              % (type(text).__name__, key))
+    return text
+
+
+def _value_of(serializer, key, text):
+    """The value of the cached TEXT; a "bad_value" LeasedError when the
+    serializer cannot read it (say, a plain string another client stored
+    while this one reads JSON)."""
+    if text is None:
+        return None
+    try:
+        return serializer.loads(text)
+    except Exception as e:  # noqa: BLE001 - any serializer's refusal
+        raise LeasedError("bad_value", "the cached value of %r cannot be "
+                          "read by the serializer: %s" % (key, e)) from e
+
+
+def _fill_fields(key, lease, text, ttl_ms):
+    fields = {"key": key, "lease": lease, "value": text}
+    if ttl_ms:
+        fields["ttl_ms"] = ttl_ms
+    return fields
+
+
+def _get_fields(key, wait_ms):
+    fields = {"key": _one_key(key)}
+    if wait_ms is not None:
+        fields["wait_ms"] = wait_ms
+    return fields
+
+
+def _lease_of(got, key, wait_ms):
+    """The fill lease of the miss GOT; a "timeout" LeasedTimeout when
+    there is none: the key was still being loaded elsewhere when wait_ms
+    ran out. Loading it here too, and again in every other waiter, is
+    the stampede cached() is there to stop."""
+    lease = got.get("lease")
+    if lease is None:
+        raise LeasedTimeout("timeout", "%r is still being loaded elsewhere "
+                            "after %s" % (key, "the daemon's cache.wait_ms"
+                                          if wait_ms is None else
+                                          "wait_ms=%s ms" % wait_ms))
+    return lease
+
+
+def _load_through(call, serializer, got, key, loader, ttl_ms, wait_ms):
     """The rest of cached() once its cache.get answered GOT: a hit is
     returned; on a miss LOADER runs and its value is filled under the
-    lease, which is given back when LOADER raises. CALL sends a request:
-    a client's or a pool's."""
+    lease, which is given back when LOADER raises or the fill fails, so
+    the next reader loads at once instead of waiting the lease out."""
     if got["hit"]:
-        return got["value"]
-    lease = got.get("lease")
+        return _value_of(serializer, key, got["value"])
+    lease = _lease_of(got, key, wait_ms)
     try:
-        value = loader()
+        text = _value_text(serializer, key, loader())
+        call("cache.fill", **_fill_fields(key, lease, text, ttl_ms))
     except BaseException:
-        if lease:
+        with contextlib.suppress(LeasedError):
             call("cache.release", key=key, lease=lease)
         raise
-    if lease:
-        fields = {"key": key, "lease": lease, "value": value}
-        if ttl_ms:
-            fields["ttl_ms"] = ttl_ms
-        call("cache.fill", **fields)
-    return value
+    # What a reader that hits gets: the loader's value read back.
+    return _value_of(serializer, key, text)
+
+
+def _open(target, timeout):
+    """A blocking socket connected to TARGET, or a LeasedConnectionError
+    that names it."""
+    hp = _split_target(target)
+    sock = None
+    try:
+        if hp:
+            sock = socket.create_connection(hp, timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(target)
+    except OSError as e:
+        if sock is not None:
+            sock.close()
+        raise _connect_error(target, e) from e
+    sock.settimeout(None)
+    return sock
+
+
+_JSON = JSONSerializer()
 
 
 class Leased:
     def __init__(self, target=None, timeout=30.0, client=None, auth=None,
-                 on_event=None, _holds=None):
+                 on_event=None, serializer=_JSON, _holds=None):
         """TARGET: a Unix socket path or "host:port" ($LEASED_SOCKET, else
         the default socket, when None). ON_EVENT, when given, is called
         with every event (from the watcher thread too, and with the
-        socket lock held: it must not make calls on this connection)."""
-        target = _target(target)
-        hp = _split_target(target)
-        if hp:
-            self.sock = socket.create_connection(hp, timeout)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        else:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(timeout)
-            self.sock.connect(target)
-        # Blocking mode with SO_RCVTIMEO/SO_SNDTIMEO as the timeout: with
-        # settimeout() Python polls before every send and recv, two system
-        # calls per request that the kernel's own timeouts make needless.
-        self.sock.settimeout(None)
-        self._set_timeout(timeout)
-        self._sndtimeo(timeout)
+        socket lock held: it must not make calls on this connection).
+        SERIALIZER turns cached values into the text leased stores and
+        back (dumps and loads): JSON by default; None stores str as it
+        is."""
+        self.target = _target(target)
+        self.serializer = _serializer(serializer)
+        self.sock = None
         self.timeout = timeout
         self._ids = itertools.count(1)
         self._tail = b""
@@ -309,15 +517,13 @@ class Leased:
         self.events = []
         self.session = None
         self.features = []
-        if client is not None or auth is not None:
-            fields = {}
-            if client is not None:
-                fields["client"] = client
-            if auth is not None:
-                fields["auth"] = auth
-            hello = self.call("hello", **fields)
-            self.session = hello.get("session")
-            self.features = hello.get("features", [])
+        self._hello = {}
+        if client is not None:
+            self._hello["client"] = client
+        if auth is not None:
+            self._hello["auth"] = auth
+        with self._io:
+            self._connect()
 
     # --- plumbing ----------------------------------------------------------
 
@@ -325,17 +531,78 @@ class Leased:
         if self._closed:
             return
         self._closed = True
-        if self._wake is not None:
-            try:
-                self._wake[1].send(b"x")
-            except OSError:
-                pass
-            if self._watcher is not threading.current_thread():
-                self._watcher.join(5)
-            self._wake[0].close()
-            self._wake[1].close()
+        watcher = self._watcher
+        self._stop_watcher()
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(5)
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+
+    def _connect(self):
+        """Open the connection (with the socket lock held): at the start,
+        and again at the first call after the previous one failed (a new
+        session then). Says hello when asked to."""
+        self.sock = _open(self.target, self.timeout)
+        # Blocking mode with SO_RCVTIMEO/SO_SNDTIMEO as the timeout: with
+        # settimeout() Python polls before every send and recv, two system
+        # calls per request that the kernel's own timeouts make needless.
+        self._set_timeout(self.timeout)
+        self._sndtimeo(self.timeout)
+        if not self._hello:
+            return
+        fields = dict(self._hello, op="hello", id=next(self._ids))
+        hello = self._exchange(fields["id"], _encode(fields).encode() + b"\n",
+                               0, None)
+        if not hello.get("ok"):
+            self._drop()
+            _raise_for(hello)
+        self.session = hello.get("session")
+        self.features = hello.get("features", [])
+
+    def _drop(self):
+        """The connection failed (with the socket lock held): close it.
+        Its session's locks went with it (their held.lost is set); the
+        next call opens a new connection."""
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return
+        self._stop_watcher()
         with contextlib.suppress(OSError):
-            self.sock.close()
+            sock.close()
+        self._tail = b""
+        self._lines = []
+        self._late.clear()
+        self.session = None
+        self._holds.gone(self)
+
+    def _idle_check(self):
+        """Drop the connection when the daemon closed it while it was idle
+        (a restart, say), so that the next call opens a new one instead of
+        failing: what redis-py's pool does with the connections it hands
+        out. Events that came meanwhile (the daemon's "shutdown" before it
+        closes) are taken as the watcher takes them."""
+        sock = self.sock
+        if sock is None:
+            return
+        try:
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return      # the usual case: nothing came, nothing to do
+        except OSError:
+            pass
+        with self._io:
+            while self.sock is sock:
+                try:
+                    chunk = sock.recv(65536, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self._drop()
+                    return
+                self._take_events(chunk)
 
     def __enter__(self):
         return self
@@ -382,10 +649,11 @@ class Leased:
                 chunk = self.sock.recv(65536)
             except BlockingIOError:
                 # SO_RCVTIMEO ran out.
-                raise TimeoutError("no reply from leased in time") from None
+                raise LeasedTimeout("timeout", "no reply from leased at %s "
+                                    "in time" % self.target) from None
             if not chunk:
-                self._holds.gone(self)
-                raise ConnectionError("leased closed the connection")
+                raise LeasedConnectionError(
+                    "io", "leased at %s closed the connection" % self.target)
             if chunk[0] == 123 and not self._tail and \
                     chunk.find(b"\n") == len(chunk) - 1:
                 # The usual reply: one whole line ({...}\n) in one chunk,
@@ -394,7 +662,8 @@ class Leased:
             self._fill(chunk)
             if not self._lines and deadline is not None and \
                     time.monotonic() >= deadline:
-                raise TimeoutError("no reply from leased in time")
+                raise LeasedTimeout("timeout", "no reply from leased at %s "
+                                    "in time" % self.target)
         line = self._lines.pop(0)
         return _decode(line) if line.strip() else None
 
@@ -424,54 +693,87 @@ class Leased:
     def _request(self, rid, line, wait_ms, _on_late):
         with self._io:
             if self._closed:
-                raise ConnectionError("connection closed")
-            if wait_ms:
-                self._set_timeout(None if wait_ms < 0 else
-                                  self.timeout + wait_ms / 1000.0)
-            try:
-                self.sock.sendall(line)
-                deadline = None if wait_ms < 0 else \
-                    time.monotonic() + self.timeout + wait_ms / 1000.0
-                late = False
-                while True:
-                    try:
-                        if late and not self._lines and \
-                                time.monotonic() >= deadline:
-                            # Events kept coming, the reply did not.
-                            raise TimeoutError("no reply from leased in time")
-                        msg = self._read_msg(deadline)
-                    except TimeoutError:
-                        if _on_late is not None:
-                            self._late[rid] = _on_late
-                            if "cancel" in self.features:
-                                # Its wait ends now; a grant that won
-                                # the race still reaches _ON_LATE.
-                                self._post("cancel", target=rid)
-                        raise
-                    if msg is None:
-                        continue
-                    mid = msg.get("id")
-                    if mid == rid:
-                        reply = msg
-                        break
-                    if mid is None and "event" in msg:
-                        self._event(msg)
-                    elif mid in self._late:
-                        self._late.pop(mid)(msg)
-                    elif mid is None:
-                        # A reply without an id answers a line the daemon
-                        # could not read; with one request at a time that
-                        # is ours. Other ids are late replies to requests
-                        # that timed out.
-                        reply = msg
-                        break
-                    late = deadline is not None
-            finally:
-                if wait_ms:
-                    self._set_timeout(self.timeout)
+                raise LeasedConnectionError(
+                    "io", "the connection to leased at %s was closed"
+                    % self.target)
+            if self.sock is None:
+                self._connect()
+            reply = self._exchange(rid, line, wait_ms, _on_late)
         if not reply.get("ok"):
             _raise_for(reply)
         return reply
+
+    def _exchange(self, rid, line, wait_ms, _on_late):
+        """Send LINE and read up to its reply (with the socket lock held).
+        A connection that fails is dropped: the error is a
+        LeasedConnectionError, the next call opens a new connection."""
+        if wait_ms:
+            self._set_timeout(None if wait_ms < 0 else
+                              self.timeout + wait_ms / 1000.0)
+        try:
+            self._send(line)
+            return self._read_reply(rid, wait_ms, _on_late)
+        except LeasedTimeout:
+            raise
+        except LeasedConnectionError:
+            self._drop()
+            raise
+        except OSError as e:
+            self._drop()
+            raise LeasedConnectionError(
+                "io", "the connection to leased at %s failed: %s; its "
+                "session and the session's locks are gone"
+                % (self.target, e.strerror or e)) from e
+        finally:
+            if wait_ms and self.sock is not None:
+                self._set_timeout(self.timeout)
+
+    def _send(self, line):
+        try:
+            self.sock.sendall(line)
+        except (BrokenPipeError, ConnectionResetError):
+            # The daemon closed the connection while it was idle (it
+            # restarted, say): no session read LINE, so it goes out on a
+            # new connection instead of failing the call.
+            self._drop()
+            self._connect()
+            self.sock.sendall(line)
+
+    def _read_reply(self, rid, wait_ms, _on_late):
+        deadline = None if wait_ms < 0 else \
+            time.monotonic() + self.timeout + wait_ms / 1000.0
+        late = False
+        while True:
+            try:
+                if late and not self._lines and \
+                        time.monotonic() >= deadline:
+                    # Events kept coming, the reply did not.
+                    raise LeasedTimeout("timeout", "no reply from leased at "
+                                        "%s in time" % self.target)
+                msg = self._read_msg(deadline)
+            except LeasedTimeout:
+                if _on_late is not None:
+                    self._late[rid] = _on_late
+                    if "cancel" in self.features:
+                        # Its wait ends now; a grant that won the race
+                        # still reaches _ON_LATE.
+                        self._post("cancel", target=rid)
+                raise
+            if msg is None:
+                continue
+            mid = msg.get("id")
+            if mid == rid:
+                return msg
+            if mid is None and "event" in msg:
+                self._event(msg)
+            elif mid in self._late:
+                self._late.pop(mid)(msg)
+            elif mid is None:
+                # A reply without an id answers a line the daemon could
+                # not read; with one request at a time that is ours.
+                # Other ids are late replies to requests that timed out.
+                return msg
+            late = deadline is not None
 
     def _post(self, op, **fields):
         """Send a request whose reply nobody reads (a cleanup, from a
@@ -482,20 +784,38 @@ class Leased:
             self.sock.sendall(_encode(fields).encode() + b"\n")
 
     def _start_watcher(self):
-        if self._watcher is not None or self._closed:
-            return
-        self._wake = socket.socketpair()
-        self._watcher = threading.Thread(target=self._watch, daemon=True,
-                                         name="leased-watcher")
-        self._watcher.start()
+        with self._io:
+            if self._watcher is not None or self._closed or \
+                    self.sock is None:
+                return
+            wake, self._wake = socket.socketpair()
+            self._watcher = threading.Thread(target=self._watch,
+                                             args=(self.sock, wake),
+                                             daemon=True,
+                                             name="leased-watcher")
+            self._watcher.start()
 
-    def _watch(self):
+    def _stop_watcher(self):
+        """Wake the watcher so that it ends; it closes its own end."""
+        wake, self._wake = self._wake, None
+        self._watcher = None
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                wake.send(b"x")
+            wake.close()
+
+    def _watch(self, sock, wake):
+        try:
+            self._watch_loop(sock, wake)
+        finally:
+            wake.close()
+
+    def _watch_loop(self, sock, wake):
         """Read events while no call is in progress (see the module's
         docstring). Woken by readable data; a reply a call is reading
         meanwhile is left to it: after taking the socket lock the watcher
         reads only what is still unread."""
-        sock, wake = self.sock, self._wake[0]
-        while not self._closed:
+        while True:
             try:
                 r, _, _ = select.select([sock, wake], [], [])
             except (OSError, ValueError):
@@ -503,7 +823,7 @@ class Leased:
             if wake in r:
                 return
             with self._io:
-                if self._closed:
+                if self._closed or self.sock is not sock:
                     return
                 try:
                     r, _, _ = select.select([sock], [], [], 0)
@@ -511,25 +831,30 @@ class Leased:
                         continue
                     chunk = sock.recv(65536)
                 except (OSError, ValueError):
-                    return
+                    chunk = b""
                 if not chunk:
-                    # The daemon ended the session (a stop, a limit): the
-                    # holds are gone with it.
-                    self._holds.gone(self)
+                    # The daemon ended the session (a stop, a restart, a
+                    # limit): the holds are gone with it, and the next
+                    # call opens a new connection.
+                    self._drop()
                     return
-                self._fill(chunk)
-                # Only events can be unread here, and late replies: calls
-                # read up to their own reply.
-                while self._lines:
-                    line = self._lines.pop(0)
-                    if not line.strip():
-                        continue
-                    msg = _decode(line)
-                    mid = msg.get("id")
-                    if mid is None and "event" in msg:
-                        self._event(msg)
-                    elif mid in self._late:
-                        self._late.pop(mid)(msg)
+                self._take_events(chunk)
+
+    def _take_events(self, chunk):
+        """CHUNK read while no call was in progress (with the socket lock
+        held): only events can be in it, and late replies, since calls
+        read up to their own reply."""
+        self._fill(chunk)
+        while self._lines:
+            line = self._lines.pop(0)
+            if not line.strip():
+                continue
+            msg = _decode(line)
+            mid = msg.get("id")
+            if mid is None and "event" in msg:
+                self._event(msg)
+            elif mid in self._late:
+                self._late.pop(mid)(msg)
 
     # --- locks ---------------------------------------------------------------
 
@@ -593,14 +918,11 @@ class Leased:
         try:
             yield held
         finally:
-            self._holds.remove(held)
             try:
-                self.unlock(key, owner=owner, **_mode(extra))
-            except LeasedError as e:
-                # A lost lock is not ours to unlock any more; the block
-                # was told through held.lost.
-                if not (e.code == "not_held" and held.lost.is_set()):
-                    raise
+                _end_hold(held, functools.partial(
+                    self.unlock, key, owner=owner, **_mode(extra)))
+            finally:
+                self._holds.remove(held)
 
     def rwlock(self, key):
         """The read and the write side of KEY (see RWLock)."""
@@ -623,10 +945,10 @@ class Leased:
                                        extra))
 
     def sem_release(self, key, token):
-        return self.call("sem.release", key=key, token=token)
+        return self.call("sem.release", key=_one_key(key), token=token)
 
     def sem_info(self, key, limit):
-        return self.call("sem.info", key=key, limit=limit)
+        return self.call("sem.info", key=_one_key(key), limit=limit)
 
     @contextlib.contextmanager
     def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
@@ -646,40 +968,49 @@ class Leased:
         try:
             yield held
         finally:
-            self._holds.remove(held)
             try:
-                self.sem_release(key, reply["token"])
-            except LeasedError as e:
                 # Lost or its lease ran out: nothing left to give back.
-                if e.code != "not_held":
-                    raise
+                _end_hold(held, functools.partial(
+                    self.sem_release, key, reply["token"]), any_not_held=True)
+            finally:
+                self._holds.remove(held)
 
     # --- cache-aside ---------------------------------------------------------
 
-    def cached(self, key, loader, ttl_ms=None):
+    def cached(self, key, loader, ttl_ms=None, wait_ms=None):
         """The read path: the cached value, or LOADER() loaded once
-        cluster-wide and filled. A loader returning None caches "not
-        found". A loader that raises gives its fill lease back, and so
-        does a get that timed out when its lease comes later."""
+        cluster-wide and filled. WAIT_MS (cache.wait_ms, 3000, when None)
+        is how long to wait for a load that runs elsewhere; past it a
+        LeasedTimeout (code "timeout") is raised and LOADER is not called,
+        so a key is loaded once per fill lease, however slow the load.
+        Values go through the serializer (JSON by default): what is
+        returned is LOADER's value read back, as every reader that hits
+        gets it. A loader returning None caches "not found". A loader
+        that raises, or a value that cannot be filled, gives the fill
+        lease back (and raises), and so does a get that timed out when
+        its lease comes later."""
 
         def late(reply):
             if reply.get("lease"):
                 self._post("cache.release", key=key, lease=reply["lease"])
 
-        got = self.call("cache.get", _on_late=late, key=key)
-        return _load_through(self.call, got, key, loader, ttl_ms)
+        got = self.call("cache.get", _on_late=late,
+                        **_get_fields(key, wait_ms))
+        return _load_through(self.call, self.serializer, got, key, loader,
+                             ttl_ms, wait_ms)
 
     def invalidate(self, keys, delay_ms=None):
-        """Delete KEYS now and once more after delay_ms (the daemon's
-        default double delete when None)."""
-        fields = {"keys": list(keys)}
-        if delay_ms is not None:
-            fields["delay_ms"] = delay_ms
-        return self.call("cache.invalidate", **fields)
+        """Delete KEYS (one key as a str, or a list or tuple of them) now
+        and once more after delay_ms (the daemon's default double delete
+        when None)."""
+        return self.call("cache.invalidate",
+                         **_invalidate_fields(keys, delay_ms))
 
     def update(self, keys, writer):
         """The write path: WRITER() commits to the database first, then
-        the cached copies are invalidated. Returns WRITER's result."""
+        the cached copies of KEYS (as for invalidate) are invalidated.
+        Returns WRITER's result."""
+        keys = _keys(keys)
         result = writer()
         self.invalidate(keys)
         return result
@@ -744,11 +1075,11 @@ class Pool:
     """
 
     def __init__(self, target=None, size=8, timeout=30.0, client=None,
-                 auth=None, on_event=None):
+                 auth=None, on_event=None, serializer=_JSON):
         self.target = _target(target)
         self.size = size
         self._kw = {"timeout": timeout, "client": client, "auth": auth,
-                    "on_event": on_event}
+                    "on_event": on_event, "serializer": serializer}
         # The idle connections, last in first out; list.pop and append
         # are atomic, so a call that finds one idle takes no lock. Only
         # a thread that has to wait for one uses the condition.
@@ -786,12 +1117,16 @@ class Pool:
 
     def _checkout(self):
         if self._closed:
-            raise ConnectionError("pool closed")
+            raise LeasedConnectionError("io", "the pool is closed")
         try:
-            return self._idle.pop()
+            conn = self._idle.pop()
         except IndexError:
             pass
+        else:
+            conn._idle_check()
+            return conn
         deadline = time.monotonic() + self.timeout
+        conn = None
         with self._cv:
             # Counted before looking, so a checkin that comes after the
             # look sees the count and notifies.
@@ -799,18 +1134,23 @@ class Pool:
             try:
                 while True:
                     if self._idle:
-                        return self._idle.pop()
+                        conn = self._idle.pop()
+                        break
                     if self._made < self.size:
                         self._made += 1
                         break
                     if self._closed:
-                        raise ConnectionError("pool closed")
+                        raise LeasedConnectionError("io", "the pool is closed")
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise TimeoutError("no free connection in the pool")
+                        raise LeasedTimeout("timeout",
+                                            "no free connection in the pool")
                     self._cv.wait(left)
             finally:
                 self._waiting -= 1
+        if conn is not None:
+            conn._idle_check()
+            return conn
         try:
             return self._new()
         except BaseException:
@@ -899,17 +1239,21 @@ class Pool:
         keeps its connection as lock() does."""
         return RWLock(self, key)
 
-    def cached(self, key, loader, ttl_ms=None):
-        # The connection is given back while LOADER runs (it may be
-        # slow); the fill goes through whichever is free then.
-        got = self.call("cache.get", key=key)
-        return _load_through(self.call, got, key, loader, ttl_ms)
+    def cached(self, key, loader, ttl_ms=None, wait_ms=None):
+        # One connection for the whole read path, LOADER included: the
+        # waiters for KEY may hold every other connection inside cache.get
+        # (up to wait_ms), so a lease holder that gave its connection back
+        # could not send its fill, and the waiters would time out and each
+        # load: no single flight in exactly the pool's busiest case.
+        with self.connection() as c:
+            return c.cached(key, loader, ttl_ms, wait_ms)
 
     def invalidate(self, keys, delay_ms=None):
         with self.connection() as c:
             return c.invalidate(keys, delay_ms)
 
     def update(self, keys, writer):
+        keys = _keys(keys)
         result = writer()
         self.invalidate(keys)
         return result
@@ -936,7 +1280,8 @@ class AsyncLeased:
     readers.
     """
 
-    def __init__(self, reader, writer, timeout=30.0):
+    def __init__(self, reader, writer, timeout=30.0, serializer=_JSON):
+        self.serializer = _serializer(serializer)
         self._reader = reader
         self._writer = writer
         self._loop = asyncio.get_running_loop()
@@ -950,42 +1295,59 @@ class AsyncLeased:
         self.events = []
         self.session = None
         self.features = []
+        self.target = "the socket given"
+        # Set by connect(), which can open the connection again.
+        self._hello = None
+        self._shut = False      # close() was called
+        self._reopening = asyncio.Lock()
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
     async def connect(cls, target=None, timeout=30.0, client=None,
-                      auth=None):
+                      auth=None, serializer=_JSON):
         target = _target(target)
-        hp = _split_target(target)
-        # Values up to the daemon's request limit must fit in one line.
-        limit = 64 << 20
-        if hp:
-            r, w = await asyncio.wait_for(
-                asyncio.open_connection(hp[0], hp[1], limit=limit), timeout)
-        else:
-            r, w = await asyncio.wait_for(
-                asyncio.open_unix_connection(target, limit=limit), timeout)
-        self = cls(r, w, timeout)
-        fields = {}
+        r, w = await _open_async(target, timeout)
+        self = cls(r, w, timeout, serializer)
+        self.target = target
+        self._hello = {}
         if client is not None:
-            fields["client"] = client
+            self._hello["client"] = client
         if auth is not None:
-            fields["auth"] = auth
+            self._hello["auth"] = auth
         try:
-            # Always: hello says which features (e.g. cancel) exist.
-            hello = await self.call("hello", **fields)
+            await self._say_hello()
         except BaseException:
             await self.close()
             raise
-        self.session = hello.get("session")
-        self.features = hello.get("features", [])
         return self
 
+    async def _say_hello(self):
+        # Always: hello says which features (e.g. cancel) exist.
+        hello = await self.call("hello", **self._hello)
+        self.session = hello.get("session")
+        self.features = hello.get("features", [])
+
+    async def _reopen(self):
+        """The connection ended without close() (the daemon restarted,
+        say): open a new one, a new session, at the next call, as Leased
+        does. Its session's holds were marked lost when it ended."""
+        if self._shut or self._hello is None:
+            raise self._closed_error()
+        async with self._reopening:
+            if not self._closed:
+                return      # another task opened it meanwhile
+            self._reader, self._writer = await _open_async(self.target,
+                                                           self.timeout)
+            self._out = []
+            self._closed = False
+            self._task = self._loop.create_task(self._read())
+            await self._say_hello()
+
     async def close(self):
-        if self._closed:
-            return
-        self._flush()
-        self._closed = True
+        self._shut = True
+        if not self._closed:
+            self._flush()
+            self._closed = True
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
@@ -1000,7 +1362,8 @@ class AsyncLeased:
         await self.close()
 
     async def _read(self):
-        err = ConnectionError("leased closed the connection")
+        err = LeasedConnectionError("io", "leased at %s closed the connection"
+                                    % self.target)
         try:
             while True:
                 line = await self._reader.readline()
@@ -1021,8 +1384,13 @@ class AsyncLeased:
                 if handler is not None:
                     handler(msg)
         except asyncio.CancelledError:
-            err = ConnectionError("connection closed")
+            err = self._closed_error()
             raise
+        except OSError as e:
+            err = LeasedConnectionError(
+                "io", "the connection to leased at %s failed: %s"
+                % (self.target, e.strerror or e))
+            err.__cause__ = e
         except Exception as e:  # noqa: BLE001 - handed to every waiter
             err = e
         finally:
@@ -1033,10 +1401,11 @@ class AsyncLeased:
             # The session ended: its session-bound locks went with it.
             for lst in list(self._holds.values()):
                 for held in lst:
-                    held.lost_event = {"event": "lock_lost",
-                                       "key": held.key, "token": held.token,
-                                       "reason": "connection_closed"}
-                    held.lost.set()
+                    _lose(held)
+
+    def _closed_error(self):
+        return LeasedConnectionError("io", "the connection to leased at %s "
+                                     "was closed" % self.target)
 
     def _event(self, msg):
         self.events.append(msg)
@@ -1075,7 +1444,7 @@ class AsyncLeased:
         task leaves the request to _ON_ABANDON(reply) when it is given,
         else to nobody."""
         if self._closed:
-            raise ConnectionError("connection closed")
+            await self._reopen()
         wait_ms = fields.get("wait_ms")
         if wait_ms is None:
             wait_ms = 3000 if op.startswith("cache.") else 0
@@ -1088,7 +1457,7 @@ class AsyncLeased:
     async def _key_call(self, op, key, _on_abandon=None, token=None):
         """call() of the hot shapes, as Leased._key_call."""
         if self._closed:
-            raise ConnectionError("connection closed")
+            await self._reopen()
         rid = next(self._ids)
         line = _key_line(op, rid, key, token)
         return await self._request(rid, line, 0, _on_abandon)
@@ -1116,7 +1485,8 @@ class AsyncLeased:
                 timer.cancel()
         if msg is _TIMED_OUT:
             self._abandon(rid, _on_abandon)
-            raise TimeoutError("no reply from leased in time")
+            raise LeasedTimeout("timeout", "no reply from leased at %s in "
+                                "time" % self.target)
         if isinstance(msg, BaseException):
             raise msg
         if not msg.get("ok"):
@@ -1248,10 +1618,10 @@ class AsyncLeased:
                                              ttl_ms, extra))
 
     async def sem_release(self, key, token):
-        return await self.call("sem.release", key=key, token=token)
+        return await self.call("sem.release", key=_one_key(key), token=token)
 
     async def sem_info(self, key, limit):
-        return await self.call("sem.info", key=key, limit=limit)
+        return await self.call("sem.info", key=_one_key(key), limit=limit)
 
     def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
                   **extra):
@@ -1262,46 +1632,73 @@ class AsyncLeased:
 
     # --- cache-aside ---------------------------------------------------------
 
-    async def cached(self, key, loader, ttl_ms=None):
-        """As Leased.cached; LOADER may be a coroutine function."""
+    async def cached(self, key, loader, ttl_ms=None, wait_ms=None):
+        """As Leased.cached; LOADER may be a coroutine function. Values go
+        through the serializer given to connect() (JSON by default)."""
 
         def lease_too_late(reply):
             if reply.get("lease"):
                 self._fire("cache.release", key=key, lease=reply["lease"])
 
         got = await self.call("cache.get", _on_abandon=lease_too_late,
-                              key=key)
+                              **_get_fields(key, wait_ms))
         if got["hit"]:
-            return got["value"]
-        lease = got.get("lease")
+            return _value_of(self.serializer, key, got["value"])
+        lease = _lease_of(got, key, wait_ms)
         try:
             value = loader()
             if asyncio.iscoroutine(value) or isinstance(value,
                                                         asyncio.Future):
                 value = await value
+            text = _value_text(self.serializer, key, value)
+            await self.call("cache.fill",
+                            **_fill_fields(key, lease, text, ttl_ms))
         except BaseException:
-            if lease:
-                self._fire("cache.release", key=key, lease=lease)
+            # The loader failed, or the fill: the next reader loads at
+            # once instead of waiting the lease out.
+            self._fire("cache.release", key=key, lease=lease)
             raise
-        if lease:
-            fields = {"key": key, "lease": lease, "value": value}
-            if ttl_ms:
-                fields["ttl_ms"] = ttl_ms
-            await self.call("cache.fill", **fields)
-        return value
+        return _value_of(self.serializer, key, text)
 
     async def invalidate(self, keys, delay_ms=None):
-        fields = {"keys": list(keys)}
-        if delay_ms is not None:
-            fields["delay_ms"] = delay_ms
-        return await self.call("cache.invalidate", **fields)
+        return await self.call("cache.invalidate",
+                               **_invalidate_fields(keys, delay_ms))
 
     async def update(self, keys, writer):
+        keys = _keys(keys)
         result = writer()
         if asyncio.iscoroutine(result):
             result = await result
         await self.invalidate(keys)
         return result
+
+
+async def _end_hold_async(held, release, any_not_held=False):
+    """_end_hold for AsyncLeased: RELEASE is the awaitable that gives
+    HELD back."""
+    try:
+        await release
+    except LeasedConnectionError:
+        _lose(held)
+    except LeasedError as e:
+        if e.code != "not_held" or not (any_not_held or held.lost.is_set()):
+            raise
+
+
+async def _open_async(target, timeout):
+    """(reader, writer) of a connection to TARGET, or a
+    LeasedConnectionError that names it."""
+    hp = _split_target(target)
+    # Values up to the daemon's request limit must fit in one line.
+    limit = 64 << 20
+    try:
+        if hp:
+            return await asyncio.wait_for(
+                asyncio.open_connection(hp[0], hp[1], limit=limit), timeout)
+        return await asyncio.wait_for(
+            asyncio.open_unix_connection(target, limit=limit), timeout)
+    except OSError as e:
+        raise _connect_error(target, e) from e
 
 
 _async_owners = itertools.count(1)
@@ -1340,13 +1737,11 @@ class _AsyncLock:
 
     async def __aexit__(self, *exc):
         held, self.held = self.held, None
-        self.ld._remove_hold(held)
         try:
-            await self.ld.unlock(held.key, owner=held.owner,
-                                 **_mode(self.extra))
-        except LeasedError as e:
-            if not (e.code == "not_held" and held.lost.is_set()):
-                raise
+            await _end_hold_async(held, self.ld.unlock(
+                held.key, owner=held.owner, **_mode(self.extra)))
+        finally:
+            self.ld._remove_hold(held)
 
 
 class _AsyncSem:
@@ -1374,9 +1769,8 @@ class _AsyncSem:
 
     async def __aexit__(self, *exc):
         grant, self.grant = self.grant, None
-        self.ld._remove_hold(grant)
         try:
-            await self.ld.sem_release(self.args[0], grant["token"])
-        except LeasedError as e:
-            if e.code != "not_held":
-                raise
+            await _end_hold_async(grant, self.ld.sem_release(
+                self.args[0], grant["token"]), any_not_held=True)
+        finally:
+            self.ld._remove_hold(grant)
