@@ -279,6 +279,32 @@ START_TEST(test_lost_before_local_grant)
 }
 END_TEST
 
+/* A fixed lease that Redis loses early is found on the next pass (a third
+ * of watchdog_ms), without anyone else touching the lock. */
+START_TEST(test_fixed_lease_checked)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    long long t0, dt;
+
+    h_start("lock:\n  watchdog_ms: 1500\n");
+    a = lk_connect(&D);
+    r = lk_must(a, "f", NULL, 60000, 0);
+    json_decref(r);
+    h_r_do(&R, "FLUSHALL");
+    t0 = h_now_ms();
+    ev = h_lock_lost(a, "f", 5000);
+    dt = h_now_ms() - t0;
+    ck_assert_msg(ev != NULL, "no lock_lost for a fixed lease Redis lost");
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+    /* One pass period (500 ms) and its reply, with room for a slow
+     * machine. */
+    ck_assert_msg(dt < 2000, "lock_lost %lld ms after the loss", dt);
+    h_close(a);
+}
+END_TEST
+
 /* --- lock_lost before the lease ends ------------------------------------ */
 
 /* Redis stops answering while a watchdog lock is held: the holder hears
@@ -528,6 +554,7 @@ main(void)
         H_CASE(fence_after_flushall, 60),
         H_CASE(recheck_on_reconnect, 90),
         H_CASE(lost_before_local_grant, 60),
+        H_CASE(fixed_lease_checked, 60),
         H_CASE(lost_before_lease_end, 90),
         H_CASE(fences_exact, 60),
         H_CASE(max_hold_exact, 60),
