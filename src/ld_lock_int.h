@@ -66,6 +66,7 @@ struct lk_fmemo {
     long long fence;
     unsigned refs;            /* records of this lock */
     LIST_HEAD(, lk_rec) recs; /* those records */
+    unsigned excl;            /* those of a plain lock or a write side */
     bool idle;
     TAILQ_ENTRY(lk_fmemo) idle_link; /* idle list, oldest first */
 };

@@ -296,6 +296,9 @@ rec_free(struct lk_rec *rec)
         event_free(rec->cap_ev);
     }
     LIST_REMOVE(rec, fm_link);
+    if (rec->n.mode != LK_MODE_READ) {
+        rec->fm->excl--;
+    }
     fmemo_put(rec->fm);
     free(rec->n.buf);
     free(rec->dkey);
@@ -382,6 +385,9 @@ lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen, const char *key,
     lk_names_build_mode(&rec->n, key, klen, mode);
     rec->fm = fmemo_get(&rec->n);
     LIST_INSERT_HEAD(&rec->fm->recs, rec, fm_link);
+    if (mode != LK_MODE_READ) {
+        rec->fm->excl++;
+    }
     rec->linked = true;
     ld_dict_set(ls->recs, dkey, dlen, rec);
     by_token_set(rec, true);
@@ -447,6 +453,9 @@ hold_excludes(const struct lk_rec *rec, const struct lk_rec *other)
 void
 lk_rec_lost_to(struct lk_rec *rec)
 {
+    if (rec->n.mode == LK_MODE_READ && rec->fm->excl == 0) {
+        return; /* readers only: a new reader rules none out */
+    }
     struct lk_rec *o, *next;
     for (o = LIST_FIRST(&rec->fm->recs); o != NULL; o = next) {
         next = LIST_NEXT(o, fm_link);
