@@ -233,6 +233,9 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
          * acquisitions sent together. Its holder hears of it first. */
         lk_rec_lost(rec, "expired", false);
     }
+    if (n == 1) {
+        lk_rec_lost_to(rec);
+    }
     bool fresh = rec->count == 0;
     lk_rec_set_count(rec, n);
     rec->token_used = true;

@@ -53,6 +53,7 @@ struct lk_names {
 
 struct lk_op;
 struct lk_grp;
+struct lk_rec;
 
 /* The highest fence this daemon handed out for one lock, so that a fence
  * never goes backwards here when Redis loses the counter (FLUSHALL, a
@@ -63,7 +64,9 @@ struct lk_fmemo {
     char *name; /* the lock hash's Redis name */
     size_t len;
     long long fence;
-    unsigned refs; /* records of this lock */
+    unsigned refs;            /* records of this lock */
+    LIST_HEAD(, lk_rec) recs; /* those records */
+    unsigned excl;            /* those of a plain lock or a write side */
     bool idle;
     TAILQ_ENTRY(lk_fmemo) idle_link; /* idle list, oldest first */
 };
@@ -107,6 +110,7 @@ struct lk_rec {
     uint64_t cap_end_ms;   /* max_hold ends the lock (0: never) */
     struct event *cap_ev;  /* lock_lost when it can't be proven */
     struct lk_fmemo *fm;
+    LIST_ENTRY(lk_rec) fm_link;     /* the other records of this lock */
     TAILQ_ENTRY(lk_rec) held_entry; /* list of held records */
     bool in_held;
 };
@@ -223,6 +227,7 @@ void lk_names_build_mode(struct lk_names *n, const char *key, size_t len,
 struct lk_rec *lk_rec_by_token(const char *tok, size_t len,
                                const struct lk_names *n);
 void lk_rec_lost(struct lk_rec *rec, const char *reason, bool release);
+void lk_rec_lost_to(struct lk_rec *rec);
 struct lk_rec *lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen,
                           const char *key, size_t klen, bool detached,
                           enum lk_mode mode);

@@ -269,6 +269,7 @@ grp_retoken(struct lk_grp *g)
 static void
 grp_granted(struct lk_op *op, struct lk_rec *rec, const long long v[4])
 {
+    lk_rec_lost_to(rec);
     lk_rec_set_count(rec, v[1]);
     rec->fence = v[2];
     if (v[2] > rec->fm->fence) {

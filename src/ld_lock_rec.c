@@ -295,6 +295,10 @@ rec_free(struct lk_rec *rec)
     if (rec->cap_ev != NULL) {
         event_free(rec->cap_ev);
     }
+    LIST_REMOVE(rec, fm_link);
+    if (rec->n.mode != LK_MODE_READ) {
+        rec->fm->excl--;
+    }
     fmemo_put(rec->fm);
     free(rec->n.buf);
     free(rec->dkey);
@@ -378,6 +382,10 @@ lk_rec_new(struct lk_sess *ls, char *dkey, size_t dlen, const char *key,
     rec->detached = detached;
     lk_names_build_mode(&rec->n, key, klen, mode);
     rec->fm = fmemo_get(&rec->n);
+    LIST_INSERT_HEAD(&rec->fm->recs, rec, fm_link);
+    if (mode != LK_MODE_READ) {
+        rec->fm->excl++;
+    }
     rec->linked = true;
     ld_dict_set(ls->recs, dkey, dlen, rec);
     by_token_set(rec, true);
@@ -417,6 +425,45 @@ lk_rec_lost(struct lk_rec *rec, const char *reason, bool release)
         lk_rec_release_all(rec);
     }
     lk_rec_set_count(rec, 0);
+}
+
+/* Whether a new hold of REC's side rules out OTHER's hold of the same
+ * lock: a reader shares it with readers, and with its own owner's writer
+ * when it joined it (downgrade: REC's names carry that writer's token);
+ * a plain lock and a writer share it with nobody. */
+static bool
+hold_excludes(const struct lk_rec *rec, const struct lk_rec *other)
+{
+    if (rec->n.mode != LK_MODE_READ) {
+        return true;
+    }
+    if (other->n.mode == LK_MODE_READ) {
+        return false;
+    }
+    return strcmp(other->token, rec->n.dg) != 0;
+}
+
+/* Redis has just granted REC a new hold (not a reentry). Every hold of
+ * this daemon that it rules out is gone from Redis (lost with its data:
+ * FLUSHALL, a restart without persistence, an eviction; or released by
+ * token) although its record still counts it: its holder hears it now,
+ * before the new holder's grant is answered. */
+void
+lk_rec_lost_to(struct lk_rec *rec)
+{
+    if (rec->n.mode == LK_MODE_READ && rec->fm->excl == 0) {
+        return; /* readers only: a new reader rules none out */
+    }
+    struct lk_rec *o, *next;
+    for (o = LIST_FIRST(&rec->fm->recs); o != NULL; o = next) {
+        next = LIST_NEXT(o, fm_link);
+        if (o == rec || o->count == 0 || !hold_excludes(rec, o)) {
+            continue;
+        }
+        o->refs++;
+        lk_rec_lost(o, "taken", false);
+        lk_rec_unref(o);
+    }
 }
 
 /* A new acquisition after a hold ended gets a new token: the old one may

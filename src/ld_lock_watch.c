@@ -276,7 +276,10 @@ pass_arm(void)
 }
 
 /* What the pass does for one record: renew a watchdog lock, stop renewing
- * at max_hold, look after a fixed lease that should have run out. */
+ * at max_hold, check that a fixed lease is still there. A fixed lease is
+ * looked at on every pass too (a check writes nothing), so that one
+ * Redis lost early (FLUSHALL, a restart without persistence, an
+ * eviction) is reported within a pass, not never. */
 static void
 pass_visit(struct lk_rec *rec, uint64_t now)
 {
@@ -285,8 +288,7 @@ pass_visit(struct lk_rec *rec, uint64_t now)
         return;
     }
     if (!rec->watchdog) {
-        if (!rec->renewing &&
-            (lock_mod.check_all || now >= rec->lease_end_ms)) {
+        if (!rec->renewing) {
             renew_send(rec, LK_CHECK, 0);
         }
         return;

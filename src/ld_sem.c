@@ -152,6 +152,47 @@ reply_wrong_type(struct ld_req *req)
                    "not write; nothing was changed");
 }
 
+/* -------------------------------------------------------- semaphores */
+
+struct sem_key *
+sem_key_find(const struct sem_names *n)
+{
+    return ld_dict_get(sem_mod.keys, n->zset, n->zset_len);
+}
+
+static struct sem_key *
+key_get(const struct sem_names *n)
+{
+    struct sem_key *k = sem_key_find(n);
+    if (k == NULL) {
+        k = ld_xcalloc(1, sizeof(*k));
+        k->name = ld_xmemdup(n->zset, n->zset_len);
+        k->len = n->zset_len;
+        LIST_INIT(&k->grants);
+        TAILQ_INIT(&k->held);
+        ld_dict_set(sem_mod.keys, k->name, k->len, k);
+    }
+    return k;
+}
+
+static void
+key_free(struct sem_key *k)
+{
+    free(k->name);
+    free(k);
+}
+
+/* Kept while it has grants, checks out or grants held back. */
+void
+sem_key_maybe_free(struct sem_key *k)
+{
+    if (!LIST_EMPTY(&k->grants) || k->checks > 0 || !TAILQ_EMPTY(&k->held)) {
+        return;
+    }
+    ld_dict_del(sem_mod.keys, k->name, k->len);
+    key_free(k);
+}
+
 /* ------------------------------------------------------------ grants */
 
 static void
@@ -185,7 +226,10 @@ grant_new(struct sem_sess *ss, struct sem_op *op, long long lease)
     g->key = op->key; /* so does the key */
     op->key = NULL;
     g->watchdog = op->watchdog;
+    g->permits = op->permits;
     g->lease_end_ms = op->sent_ms + (uint64_t)lease;
+    g->sk = key_get(&g->n);
+    LIST_INSERT_HEAD(&g->sk->grants, g, key_link);
     LIST_INSERT_HEAD(&ss->grants, g, sess_link);
     TAILQ_INSERT_TAIL(&sem_mod.grants, g, all_link);
     ld_dict_set(sem_mod.by_token, g->token, LD_TOKEN_LEN, g);
@@ -211,6 +255,9 @@ sem_grant_drop(struct sem_grant *g, bool release)
         g->ss = NULL;
     }
     TAILQ_REMOVE(&sem_mod.grants, g, all_link);
+    LIST_REMOVE(g, key_link);
+    sem_key_maybe_free(g->sk);
+    g->sk = NULL;
     ld_dict_del(sem_mod.by_token, g->token, LD_TOKEN_LEN);
     ld_stats.sem_holds--;
     if (g->end_ev != NULL) {
@@ -325,31 +372,15 @@ acq_on_reply(redisReply *r, void *arg)
 
     if (n == 3 && v[0] == 1) {
         ld_stats.sem_acquired++;
-        if (op->req == NULL || (op->ss == NULL && !op->detach) ||
-            sem_mod.stopping) {
-            /* Answered already (cancel, its session ended) or stopping:
-             * nobody may use this grant, so it goes back. */
-            release_token(&op->n, op->token);
-            if (op->req != NULL) {
-                ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
-                               "the daemon is stopping");
-                op->req = NULL;
-            }
-        } else {
-            if (!op->detach) {
-                grant_new(op->ss, op, v[2]);
-            }
-            ld_reply_ok(op->req, json_pack("{s:b,s:s,s:I,s:I,s:I}", "acquired",
-                                           1, "token", op->token, "permits",
-                                           (json_int_t)op->permits,
-                                           "available", (json_int_t)v[1],
-                                           "lease_ms", (json_int_t)v[2]));
-            op->req = NULL;
+        op->available = v[1];
+        op->granted = v[2];
+        if (sem_hold_grant(op)) {
+            /* Its answer waits for the checks of this daemon's other
+             * grants of the semaphore, as a request in flight. */
+            op->inflight = true;
+            return;
         }
-        if (queued) {
-            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
-        }
-        op_free(op);
+        sem_acq_finish(op);
         return;
     }
     if (n == 3 && v[0] == 0) {
@@ -381,6 +412,38 @@ acq_on_reply(redisReply *r, void *arg)
     }
     if (queued) {
         ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
+    }
+    op_free(op);
+}
+
+/* OP was granted (op->available, op->granted): answer it, or give the
+ * grant back when nobody may use it any more. */
+void
+sem_acq_finish(struct sem_op *op)
+{
+    if (op->req == NULL || (op->ss == NULL && !op->detach) ||
+        sem_mod.stopping) {
+        /* Answered already (cancel, its session ended) or stopping:
+         * nobody may use this grant, so it goes back. */
+        release_token(&op->n, op->token);
+        if (op->req != NULL) {
+            ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
+                           "the daemon is stopping");
+            op->req = NULL;
+        }
+    } else {
+        if (!op->detach) {
+            grant_new(op->ss, op, op->granted);
+        }
+        ld_reply_ok(op->req,
+                    json_pack("{s:b,s:s,s:I,s:I,s:I}", "acquired", 1, "token",
+                              op->token, "permits", (json_int_t)op->permits,
+                              "available", (json_int_t)op->available,
+                              "lease_ms", (json_int_t)op->granted));
+        op->req = NULL;
+    }
+    if (op->w.q != NULL) {
+        ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
     }
     op_free(op);
 }
@@ -634,6 +697,7 @@ ld_sem_init(const struct ld_ctx *ctx)
 {
     sem_mod.ctx = ctx;
     sem_mod.by_token = ld_dict_new();
+    sem_mod.keys = ld_dict_new();
     TAILQ_INIT(&sem_mod.grants);
     LIST_INIT(&sem_mod.sessions);
     sem_mod.stopping = false;
@@ -667,6 +731,35 @@ ld_sem_shutdown(void)
     }
 }
 
+/* The master changed (Sentinel, Cluster): grants the next recheck finds
+ * gone were lost to the failover. */
+void
+ld_sem_failover(void)
+{
+    sem_mod.after_failover = true;
+}
+
+/* Grants still held back have no command out: they go with the module
+ * (their sessions have answered them). */
+static void
+keys_free(void)
+{
+    struct ld_dict_iter it;
+    void *v;
+    ld_dict_iter_init(&it, sem_mod.keys);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct sem_key *k = v;
+        struct sem_op *op;
+        while ((op = TAILQ_FIRST(&k->held)) != NULL) {
+            TAILQ_REMOVE(&k->held, op, held_link);
+            op_free(op);
+        }
+        key_free(k);
+    }
+    ld_dict_free(sem_mod.keys);
+    sem_mod.keys = NULL;
+}
+
 void
 ld_sem_free(void)
 {
@@ -685,6 +778,7 @@ ld_sem_free(void)
         free(ss);
     }
     sem_watch_free();
+    keys_free();
     ld_dict_free(sem_mod.by_token);
     sem_mod.by_token = NULL;
     sem_mod.freed = true;

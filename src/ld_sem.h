@@ -11,6 +11,9 @@ struct ld_ctx;
 int ld_sem_init(const struct ld_ctx *ctx);
 /* Graceful stop: give back every session-bound grant now. */
 void ld_sem_shutdown(void);
+/* The master changed: the grants are checked again on the new one when
+ * the backend comes back, and those gone are lost to the failover. */
+void ld_sem_failover(void);
 void ld_sem_free(void);
 
 #endif

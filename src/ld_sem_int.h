@@ -3,9 +3,12 @@
 
 /* Inside the semaphore module, shared by its files and by nothing else:
  *   ld_sem.c        ops, waiting, grants, session close, init and stop
- *   ld_sem_watch.c  the watchdog pass that renews session-bound grants */
+ *   ld_sem_watch.c  the watchdog pass that renews session-bound grants
+ *                   and checks fixed leases, rechecks when Redis may
+ *                   have lost them, and grants held back meanwhile */
 
 #include "ld_common.h"
+#include "ld_defer.h"
 #include "ld_lockwait.h"
 #include "ld_redis.h"
 #include "ld_util.h"
@@ -26,6 +29,21 @@ struct sem_names {
     size_t zset_len, hash_len, chan_len;
 };
 
+struct sem_grant;
+struct sem_op;
+
+/* The session-bound grants of one semaphore in this daemon, and the new
+ * grants of it held back until checks of those have answered (a new
+ * grant that counts fewer permits in Redis than these hold means Redis
+ * lost some of them: their holders hear it first). */
+struct sem_key {
+    char *name; /* the zset's Redis name */
+    size_t len;
+    LIST_HEAD(, sem_grant) grants;
+    unsigned checks;           /* checks of them out for HELD */
+    TAILQ_HEAD(, sem_op) held; /* granted, answered once CHECKS is 0 */
+};
+
 /* A session's semaphore state (ld_session.sem_state). */
 struct sem_sess {
     struct ld_session *sess;
@@ -41,13 +59,18 @@ struct sem_grant {
     struct sem_names n;
     char *key; /* the client's key, for events */
     char token[LD_TOKEN_LEN + 1];
+    long long permits;
     bool watchdog;
-    bool renewing; /* a renewal is in flight */
+    bool renewing;       /* a renewal or check is in flight */
+    bool renew_failover; /* it was sent after the master changed */
     uint64_t renew_sent_ms;
+    struct sem_key *sk;       /* its semaphore */
+    struct sem_key *hold_key; /* a grant there waits for this check */
     bool gone; /* released or lost: freed once no renewal refers to it */
     uint64_t lease_end_ms;
     struct event *end_ev; /* the lease can no longer be vouched for */
     LIST_ENTRY(sem_grant) sess_link;
+    LIST_ENTRY(sem_grant) key_link;
     TAILQ_ENTRY(sem_grant) all_link;
 };
 
@@ -60,11 +83,13 @@ struct sem_op {
     char *key;
     long long limit, permits, lease_ms, wait_ms;
     long long available; /* as last seen */
+    long long granted;   /* the lease of its grant, while held back */
     bool watchdog, detach;
     bool inflight;
     uint64_t sent_ms;
     struct ld_lockwait w;
     LIST_ENTRY(sem_op) link;
+    TAILQ_ENTRY(sem_op) held_link; /* in sem_key.held */
 };
 
 struct sem_mod {
@@ -72,7 +97,12 @@ struct sem_mod {
     struct ld_dict *by_token; /* token -> struct sem_grant */
     TAILQ_HEAD(, sem_grant) grants;
     LIST_HEAD(, sem_sess) sessions;
+    struct ld_dict *keys; /* zset name -> struct sem_key */
     struct event *pass_ev;
+    struct ld_defer step; /* continues a pass on a later turn */
+    long long pass_left;  /* grants the pass running still visits */
+    bool pass_recheck;    /* it checks everything Redis may have lost */
+    bool after_failover;  /* grants found gone until then: "failover" */
     long long renew_inflight;
     bool stopping;
     bool freed;
@@ -81,7 +111,10 @@ struct sem_mod {
 extern struct sem_mod sem_mod;
 
 /* ld_sem.c */
+void sem_acq_finish(struct sem_op *op);
 void sem_grant_drop(struct sem_grant *g, bool release);
+struct sem_key *sem_key_find(const struct sem_names *n);
+void sem_key_maybe_free(struct sem_key *k);
 void sem_script(enum ld_script_id id, const struct sem_names *n, int nargs,
                 const char **args, const size_t *lens, ld_redis_cb *cb,
                 void *arg);
@@ -89,6 +122,8 @@ void sem_script(enum ld_script_id id, const struct sem_names *n, int nargs,
 /* ld_sem_watch.c */
 void sem_grant_arm(struct sem_grant *g);
 void sem_grant_lost(struct sem_grant *g, const char *reason, bool release);
+bool sem_hold_grant(struct sem_op *op);
+void sem_recheck_start(void);
 void sem_watch_init(void);
 void sem_watch_free(void);
 

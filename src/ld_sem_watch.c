@@ -1,9 +1,12 @@
 /* Semaphores: the watchdog that renews session-bound grants without a
  * fixed lease while their session lives, on the lock watchdog's period
- * (lock.watchdog_ms / 3) and with its lease (lock.watchdog_ms), and the
- * sem_lost event, sent as lock_lost is for locks: when a renewal finds
- * the grant gone, or at the latest when the lease last confirmed ends
- * (less a margin) without a renewal having confirmed a newer one. */
+ * (lock.watchdog_ms / 3) and with its lease (lock.watchdog_ms), and
+ * checks fixed leases on the same period; the rechecks of every grant
+ * when Redis may have lost them (Redis back, failover, a grant found gone
+ * early); and the sem_lost event, sent as lock_lost is for locks: when a
+ * renewal or check finds the grant gone before its lease, or at the
+ * latest when the lease last confirmed ends (less a margin) without a
+ * renewal having confirmed a newer one. */
 
 #include "ld_sem_int.h"
 
@@ -85,45 +88,195 @@ sem_grant_arm(struct sem_grant *g)
     evtimer_add(g->end_ev, &tv);
 }
 
+static void pass_step(void *arg);
+
+/* The answer a grant held back in K waited for has come. */
+static void
+key_check_done(struct sem_key *k)
+{
+    if (--k->checks > 0) {
+        return;
+    }
+    /* Answered in the order they were granted. Moved aside first: an
+     * answer may add a grant to K but never frees it. */
+    TAILQ_HEAD(, sem_op) ready = TAILQ_HEAD_INITIALIZER(ready);
+    TAILQ_CONCAT(&ready, &k->held, held_link);
+    struct sem_op *op;
+    while ((op = TAILQ_FIRST(&ready)) != NULL) {
+        TAILQ_REMOVE(&ready, op, held_link);
+        op->inflight = false;
+        sem_acq_finish(op);
+    }
+    sem_key_maybe_free(k);
+}
+
+/* What a renewal (watchdog) or a check (fixed lease) found. */
+static void
+renew_result(struct sem_grant *g, const redisReply *r)
+{
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER) {
+        /* No answer: the next pass tries again while the lease may
+         * last. */
+        return;
+    }
+    long long code = r->element[0]->integer;
+    if (code == 1) {
+        if (g->watchdog) {
+            g->lease_end_ms = g->renew_sent_ms +
+                              (uint64_t)sem_mod.ctx->cfg->lock.watchdog_ms;
+            sem_grant_arm(g);
+        }
+        return;
+    }
+    bool early = ld_now_ms() < g->lease_end_ms;
+    if (!g->watchdog && !early && !g->renew_failover) {
+        /* A fixed lease ran out, as the client asked. */
+        sem_grant_drop(g, false);
+        return;
+    }
+    log_warn("semaphore grant %.*s found gone on %s (%s)", (int)g->n.zset_len,
+             g->n.zset, g->watchdog ? "renewal" : "check",
+             code == 0 ? "absent" : "wrong type");
+    const char *why = g->renew_failover ? "failover"
+                      : code == 0       ? "expired"
+                                        : "taken";
+    sem_grant_lost(g, why, false);
+    if (early && code == 0) {
+        /* Gone before its lease could end: Redis lost data (FLUSHALL, a
+         * restart without persistence, an eviction), so look at every
+         * grant at once. */
+        sem_recheck_start();
+    }
+}
+
 static void
 renew_on_reply(redisReply *r, void *arg)
 {
     struct sem_grant *g = arg;
     g->renewing = false;
     sem_mod.renew_inflight--;
-    if (g->gone || sem_mod.freed) {
+    if (sem_mod.freed) {
+        /* Every grant was dropped (gone) with the module. */
         free(g->n.buf);
         free(g);
         return;
     }
-    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
-        r->element[0]->type == REDIS_REPLY_INTEGER) {
-        if (r->element[0]->integer == 1) {
-            g->lease_end_ms = g->renew_sent_ms +
-                              (uint64_t)sem_mod.ctx->cfg->lock.watchdog_ms;
-            sem_grant_arm(g);
-            return;
-        }
-        log_warn("semaphore grant %.*s found gone on renewal (%s)",
-                 (int)g->n.zset_len, g->n.zset,
-                 r->element[0]->integer == 0 ? "absent" : "wrong type");
-        sem_grant_lost(g, r->element[0]->integer == 0 ? "expired" : "taken",
-                       false);
+    if (sem_mod.pass_left > 0 &&
+        sem_mod.renew_inflight <= SEM_RENEW_INFLIGHT_MAX / 2) {
+        ld_defer_kick(&sem_mod.step);
     }
-    /* No answer: the next pass tries again while the lease may last. */
+    struct sem_key *hold = g->hold_key;
+    g->hold_key = NULL;
+    if (g->gone) {
+        free(g->n.buf);
+        free(g);
+    } else {
+        renew_result(g, r);
+    }
+    if (hold != NULL) {
+        key_check_done(hold);
+    }
 }
 
+/* A renewal for a watchdog grant, a check (lease 0: nothing written) for
+ * a fixed lease. */
 static void
 renew_send(struct sem_grant *g)
 {
     char lbuf[24];
-    snprintf(lbuf, sizeof(lbuf), "%lld", sem_mod.ctx->cfg->lock.watchdog_ms);
+    snprintf(lbuf, sizeof(lbuf), "%lld",
+             g->watchdog ? sem_mod.ctx->cfg->lock.watchdog_ms : 0);
     const char *args[] = {g->token, lbuf};
     size_t lens[] = {LD_TOKEN_LEN, strlen(lbuf)};
     g->renewing = true;
+    g->renew_failover = sem_mod.after_failover;
     g->renew_sent_ms = ld_now_ms();
     sem_mod.renew_inflight++;
     sem_script(LD_SCRIPT_sem_renew, &g->n, 2, args, lens, renew_on_reply, g);
+}
+
+/* Redis granted OP: when the permits Redis counted before it are fewer
+ * than this daemon's other grants of the semaphore hold, some of those
+ * are gone, and OP's answer waits until each has been checked, so that
+ * a holder hears sem_lost before another session is told it got the
+ * permits. So it does while a recheck of every grant runs (Redis back, a
+ * failover, a loss found), and behind a renewal or check of one of them
+ * still out. A check sent after the grant sees what the grant saw (the
+ * commands of one semaphore keep their order). Returns true when OP
+ * waits. */
+bool
+sem_hold_grant(struct sem_op *op)
+{
+    struct sem_key *k = sem_key_find(&op->n);
+    if (k == NULL) {
+        return false;
+    }
+    long long before = op->limit - op->available - op->permits;
+    long long mine = 0;
+    uint64_t now = ld_now_ms();
+    struct sem_grant *g;
+    LIST_FOREACH(g, &k->grants, key_link)
+    {
+        if (g->watchdog || g->lease_end_ms > now) {
+            mine += g->permits;
+        }
+    }
+    bool suspect = mine > before || sem_mod.pass_recheck;
+    LIST_FOREACH(g, &k->grants, key_link)
+    {
+        if (g->hold_key != NULL || (!suspect && !g->renewing)) {
+            continue;
+        }
+        g->hold_key = k;
+        k->checks++;
+        if (!g->renewing) {
+            renew_send(g);
+        }
+    }
+    if (k->checks == 0) {
+        return false;
+    }
+    /* Also behind checks that an earlier grant started. */
+    TAILQ_INSERT_TAIL(&k->held, op, held_link);
+    return true;
+}
+
+/* Visits at most PASS_STEP grants per turn, with at most
+ * SEM_RENEW_INFLIGHT_MAX commands out; replies bring the next step. */
+#define PASS_STEP 500
+
+static void
+pass_step(void *arg)
+{
+    LD_UNUSED(arg);
+    /* Visited grants move to the tail: a pass cut short by the bound
+     * goes on with those it left. */
+    int visited = 0;
+    while (sem_mod.pass_left > 0 && visited < PASS_STEP &&
+           sem_mod.renew_inflight < SEM_RENEW_INFLIGHT_MAX) {
+        struct sem_grant *g = TAILQ_FIRST(&sem_mod.grants);
+        if (g == NULL) {
+            sem_mod.pass_left = 0;
+            break;
+        }
+        TAILQ_REMOVE(&sem_mod.grants, g, all_link);
+        TAILQ_INSERT_TAIL(&sem_mod.grants, g, all_link);
+        sem_mod.pass_left--;
+        visited++;
+        if (!g->renewing) {
+            renew_send(g);
+        }
+    }
+    if (sem_mod.pass_left == 0) {
+        if (sem_mod.pass_recheck) {
+            sem_mod.after_failover = false;
+        }
+        sem_mod.pass_recheck = false;
+    } else if (sem_mod.renew_inflight < SEM_RENEW_INFLIGHT_MAX) {
+        ld_defer_kick(&sem_mod.step);
+    }
+    /* else: renew_on_reply goes on once replies have come back. */
 }
 
 static void
@@ -136,27 +289,44 @@ pass_arm(void)
     evtimer_add(sem_mod.pass_ev, &tv);
 }
 
+/* Every lock.watchdog_ms / 3, a pass over every grant: watchdog grants
+ * are renewed, fixed leases checked (so one Redis lost early is reported
+ * within a pass). A pass still running (Redis slow) simply goes on. */
 static void
 pass_run(evutil_socket_t fd, short what, void *arg)
 {
     LD_UNUSED(fd);
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    /* Visited grants move to the tail: a pass cut short by the bound
-     * starts the next one with those it left. */
-    long long left = (long long)ld_stats.sem_holds;
-    while (left-- > 0 && sem_mod.renew_inflight < SEM_RENEW_INFLIGHT_MAX) {
-        struct sem_grant *g = TAILQ_FIRST(&sem_mod.grants);
-        if (g == NULL) {
-            break;
-        }
-        TAILQ_REMOVE(&sem_mod.grants, g, all_link);
-        TAILQ_INSERT_TAIL(&sem_mod.grants, g, all_link);
-        if (g->watchdog && !g->renewing) {
-            renew_send(g);
-        }
+    if (sem_mod.pass_left == 0) {
+        sem_mod.pass_left = (long long)ld_stats.sem_holds;
     }
+    pass_step(NULL);
     pass_arm();
+}
+
+/* Check every grant now, as for locks (lk_recheck_start): Redis came
+ * back (it may have restarted without its data), the master changed, or
+ * a grant was found gone before its lease. */
+void
+sem_recheck_start(void)
+{
+    if (sem_mod.freed || sem_mod.stopping ||
+        (sem_mod.pass_recheck && sem_mod.pass_left > 0)) {
+        return;
+    }
+    sem_mod.pass_recheck = true;
+    sem_mod.pass_left = (long long)ld_stats.sem_holds;
+    ld_defer_kick(&sem_mod.step);
+}
+
+static void
+on_redis_state(bool up, void *arg)
+{
+    LD_UNUSED(arg);
+    if (up) {
+        sem_recheck_start();
+    }
 }
 
 void
@@ -166,7 +336,12 @@ sem_watch_init(void)
     if (sem_mod.pass_ev == NULL) {
         ld_oom(0);
     }
+    ld_defer_init(&sem_mod.step, sem_mod.ctx->base, pass_step, NULL);
+    sem_mod.pass_left = 0;
+    sem_mod.pass_recheck = false;
+    sem_mod.after_failover = false;
     pass_arm();
+    ld_redis_on_state(on_redis_state, NULL);
 }
 
 void
@@ -175,5 +350,6 @@ sem_watch_free(void)
     if (sem_mod.pass_ev != NULL) {
         event_free(sem_mod.pass_ev);
         sem_mod.pass_ev = NULL;
+        ld_defer_free(&sem_mod.step);
     }
 }

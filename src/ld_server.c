@@ -245,7 +245,8 @@ check_fd_limit(const struct ld_config *cfg)
 
 /* Sentinel mode: every connection follows the master the Sentinels
  * name. After a failover the locks held are checked on the new master
- * (replication is asynchronous: a grant may not have reached it). */
+ * (replication is asynchronous: a grant may not have reached it), and
+ * so are the semaphore grants. */
 static void
 on_master(const struct ld_conn_addr *addr, const char *text, bool failover,
           void *arg)
@@ -253,6 +254,7 @@ on_master(const struct ld_conn_addr *addr, const char *text, bool failover,
     LD_UNUSED(arg);
     if (failover) {
         ld_lock_failover();
+        ld_sem_failover();
     }
     ld_redis_set_address(addr, text);
     ld_pubsub_set_address(addr);
@@ -265,6 +267,7 @@ on_cluster_failover(void *arg)
 {
     LD_UNUSED(arg);
     ld_lock_failover();
+    ld_sem_failover();
 }
 
 /* The one place that wires the modules: each gets the ctx, and the

@@ -112,8 +112,9 @@ static struct {
     size_t n_close_hooks;
     struct event *flush_ev;
     struct ld_session *dirty_head;
-    long long lingering; /* closed sessions still writing */
-    size_t buffered;     /* input and output of every session's socket */
+    struct ld_session **dirty_tail; /* &next_dirty of the last, or &head */
+    long long lingering;            /* closed sessions still writing */
+    size_t buffered; /* input and output of every session's socket */
 } session_mod;
 
 #define sessions_cfg() (session_mod.ctx->cfg)
@@ -133,6 +134,7 @@ ld_session_init(const struct ld_ctx *ctx,
     session_mod.ctx = ctx;
     session_mod.handlers = handlers;
     session_mod.next_id = 1;
+    session_mod.dirty_tail = &session_mod.dirty_head;
     TAILQ_INIT(&session_mod.open);
     session_mod.flush_ev = event_new(ctx->base, -1, 0, flush_cb, NULL);
     if (session_mod.flush_ev == NULL) {
@@ -148,8 +150,12 @@ mark_dirty(struct ld_session *s)
         return;
     }
     s->io->dirty = true;
-    s->io->next_dirty = session_mod.dirty_head;
-    session_mod.dirty_head = s;
+    /* Sessions go out in the order they were first written to: an event
+     * that must reach one client before another's reply (lock_lost
+     * before the grant of the same lock) leaves first. */
+    s->io->next_dirty = NULL;
+    *session_mod.dirty_tail = s;
+    session_mod.dirty_tail = &s->io->next_dirty;
     ld_session_ref(s);
     event_active(session_mod.flush_ev, EV_WRITE, 0);
 }
@@ -162,6 +168,7 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(arg);
     struct ld_session *list = session_mod.dirty_head;
     session_mod.dirty_head = NULL;
+    session_mod.dirty_tail = &session_mod.dirty_head;
     while (list != NULL) {
         struct ld_session *s = list;
         list = s->io->next_dirty;

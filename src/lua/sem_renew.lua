@@ -1,6 +1,7 @@
 -- Renew the lease of one grant (watchdog).
 -- KEYS[1] grant leases (zset)   KEYS[2] grant permits (hash)
--- ARGV[1] token   ARGV[2] lease in ms
+-- ARGV[1] token   ARGV[2] lease in ms; 0 only reports (a fixed lease's
+-- check: nothing written)
 -- Returns {1} HELD (renewed), {0} ABSENT: the grant is gone (released,
 -- lease ended, Redis lost it), {-1} WRONG_TYPE.
 --@include sem_shape.lua
@@ -14,6 +15,9 @@ if not score or tonumber(score) <= now
     return {0}
 end
 local lease = tonumber(ARGV[2])
+if lease <= 0 then
+    return {1}
+end
 if tonumber(score) < now + lease then
     redis.call('zadd', KEYS[1], now + lease, ARGV[1])
 end

@@ -9,12 +9,9 @@
 #endif
 
 #include "lock_util.h"
+#include "order_util.h"
 
-#include <errno.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 static struct h_redis R;
@@ -24,70 +21,6 @@ static const struct h_fixture fx = {
     .redis = {&R},
     .daemons = {&D},
 };
-
-/* --- a raw connection, to see the order of events and replies ---------- */
-
-struct raw {
-    int fd;
-    char buf[65536];
-    size_t len;
-};
-
-static void
-raw_open(struct raw *c, const char *path)
-{
-    struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    size_t n = strlen(path);
-    ck_assert_uint_lt(n, sizeof sa.sun_path);
-    memcpy(sa.sun_path, path, n + 1);
-    c->fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    ck_assert_int_ge(c->fd, 0);
-    ck_assert_int_eq(connect(c->fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    c->len = 0;
-}
-
-static void
-raw_send(struct raw *c, const char *line)
-{
-    size_t n = strlen(line);
-    ck_assert_int_eq(write(c->fd, line, n), (ssize_t)n);
-}
-
-/* The next line as JSON, or NULL after TIMEOUT_MS. */
-static json_t *
-raw_line(struct raw *c, int timeout_ms)
-{
-    long long deadline = h_now_ms() + timeout_ms;
-    for (;;) {
-        char *nl = memchr(c->buf, '\n', c->len);
-        if (nl != NULL) {
-            size_t n = (size_t)(nl - c->buf);
-            json_t *j = json_loadb(c->buf, n, 0, NULL);
-            memmove(c->buf, nl + 1, c->len - n - 1);
-            c->len -= n + 1;
-            return j;
-        }
-        long long left = deadline - h_now_ms();
-        if (left <= 0 || c->len == sizeof c->buf) {
-            return NULL;
-        }
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        int rc = poll(&p, 1, (int)left);
-        if (rc < 0 && errno == EINTR) {
-            continue;
-        }
-        if (rc <= 0) {
-            return NULL;
-        }
-        ssize_t got = read(c->fd, c->buf + c->len, sizeof c->buf - c->len);
-        if (got <= 0) {
-            return NULL;
-        }
-        c->len += (size_t)got;
-    }
-}
 
 /* --- tokens ------------------------------------------------------------ */
 
@@ -288,6 +221,87 @@ START_TEST(test_recheck_on_reconnect)
     json_decref(r);
     h_close(a);
     h_close(b);
+}
+END_TEST
+
+/* --- a grant through the daemon that still counts another hold ---------- */
+
+/* Lock KEY on raw connection C (ttl_ms 0: watchdog) and insist on it. */
+static void
+raw_must_lock(struct raw *c, const char *key, long long ttl_ms)
+{
+    char line[256];
+    if (ttl_ms > 0) {
+        snprintf(line, sizeof line,
+                 "{\"id\":1,\"op\":\"lock\",\"key\":\"%s\",\"ttl_ms\":%lld}\n",
+                 key, ttl_ms);
+    } else {
+        snprintf(line, sizeof line,
+                 "{\"id\":1,\"op\":\"lock\",\"key\":\"%s\"}\n", key);
+    }
+    raw_send(c, line);
+    json_t *r = raw_line(c, T_MS);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "lock %s: %s", key,
+                  r != NULL ? h_dump(r) : "no reply");
+    json_decref(r);
+}
+
+/* A holds a watchdog lock and a fixed lease; Redis loses both (FLUSHALL)
+ * and B locks each through the same daemon: the daemon has just granted
+ * a lock its own record says A holds, so A hears lock_lost (taken) before
+ * B's grant reaches B. No pass runs meanwhile (watchdog_ms 60 s). */
+START_TEST(test_lost_before_local_grant)
+{
+    struct raw a, b;
+    struct race rc;
+
+    h_start("lock:\n  watchdog_ms: 60000\n");
+    raw_open(&a, D.sock);
+    raw_open(&b, D.sock);
+    raw_must_lock(&a, "w", 0);
+    raw_must_lock(&a, "f", 60000);
+    h_r_do(&R, "FLUSHALL");
+
+    raw_race(&a, &b, "{\"id\":2,\"op\":\"lock\",\"key\":\"w\"}\n", "lock_lost",
+             "w", 3000, &rc);
+    raw_race_assert(&rc, "watchdog lock w");
+    ck_assert_str_eq(jstr(rc.ev, "reason"), "taken");
+    raw_race_free(&rc);
+
+    raw_race(&a, &b,
+             "{\"id\":3,\"op\":\"lock\",\"key\":\"f\",\"ttl_ms\":60000}\n",
+             "lock_lost", "f", 3000, &rc);
+    raw_race_assert(&rc, "fixed-lease lock f");
+    ck_assert_str_eq(jstr(rc.ev, "reason"), "taken");
+    raw_race_free(&rc);
+    close(a.fd);
+    close(b.fd);
+}
+END_TEST
+
+/* A fixed lease that Redis loses early is found on the next pass (a third
+ * of watchdog_ms), without anyone else touching the lock. */
+START_TEST(test_fixed_lease_checked)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    long long t0, dt;
+
+    h_start("lock:\n  watchdog_ms: 1500\n");
+    a = lk_connect(&D);
+    r = lk_must(a, "f", NULL, 60000, 0);
+    json_decref(r);
+    h_r_do(&R, "FLUSHALL");
+    t0 = h_now_ms();
+    ev = h_lock_lost(a, "f", 5000);
+    dt = h_now_ms() - t0;
+    ck_assert_msg(ev != NULL, "no lock_lost for a fixed lease Redis lost");
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+    /* One pass period (500 ms) and its reply, with room for a slow
+     * machine. */
+    ck_assert_msg(dt < 2000, "lock_lost %lld ms after the loss", dt);
+    h_close(a);
 }
 END_TEST
 
@@ -860,6 +874,8 @@ main(void)
         H_CASE(token_after_silent_loss, 60),
         H_CASE(fence_after_flushall, 60),
         H_CASE(recheck_on_reconnect, 90),
+        H_CASE(lost_before_local_grant, 60),
+        H_CASE(fixed_lease_checked, 60),
         H_CASE(lost_before_lease_end, 90),
         H_CASE(fences_exact, 60),
         H_CASE(max_hold_exact, 60),

@@ -8,6 +8,7 @@
 #endif
 
 #include "lock_util.h"
+#include "order_util.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -728,6 +729,51 @@ START_TEST(test_overlap_no_deadlock)
 }
 END_TEST
 
+/* --- holds a new grant through the same daemon rules out --------------- */
+
+/* Send LINE on C and insist on "acquired":true. */
+static void
+raw_must(struct raw *c, const char *line)
+{
+    raw_send(c, line);
+    json_t *r = raw_line(c, T_MS);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "%s: %s", line,
+                  r != NULL ? h_dump(r) : "no reply");
+    json_decref(r);
+}
+
+/* Redis loses a group's keys (FLUSHALL) and another session locks one of
+ * them alone: the group's session hears lock_lost for that key before
+ * the grant reaches the other; and the other way round, a group granted
+ * over a key the daemon counts as held by a single lock. */
+START_TEST(test_lost_before_local_grant)
+{
+    struct raw a, b;
+    struct race rc;
+
+    h_start("lock:\n  watchdog_ms: 60000\n");
+    raw_open(&a, D.sock);
+    raw_open(&b, D.sock);
+    raw_must(&a, "{\"id\":1,\"op\":\"lock\",\"keys\":[\"m1\",\"m2\"]}\n");
+    h_r_do(&R, "FLUSHALL");
+    raw_race(&a, &b, "{\"id\":2,\"op\":\"lock\",\"key\":\"m2\"}\n",
+             "lock_lost", "m2", 3000, &rc);
+    raw_race_assert(&rc, "key m2 of a group");
+    ck_assert_str_eq(jstr(rc.ev, "reason"), "taken");
+    raw_race_free(&rc);
+
+    raw_must(&a, "{\"id\":3,\"op\":\"lock\",\"key\":\"s\"}\n");
+    h_r_do(&R, "FLUSHALL");
+    raw_race(&a, &b, "{\"id\":4,\"op\":\"lock\",\"keys\":[\"s\",\"t\"]}\n",
+             "lock_lost", "s", 3000, &rc);
+    raw_race_assert(&rc, "single lock s under a new group");
+    ck_assert_str_eq(jstr(rc.ev, "reason"), "taken");
+    raw_race_free(&rc);
+    close(a.fd);
+    close(b.fd);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -747,6 +793,7 @@ main(void)
         H_CASE(lock_timeout_not_stranded, 60),
         H_CASE(unlock_outcome_unknown, 60),
         H_CASE(overlap_no_deadlock, 150),
+        H_CASE(lost_before_local_grant, 60),
     };
     return H_MAIN(fx, cases);
 }

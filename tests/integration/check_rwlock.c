@@ -11,6 +11,7 @@
 #endif
 
 #include "lock_util.h"
+#include "order_util.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -799,6 +800,53 @@ START_TEST(test_contention_two_daemons)
 }
 END_TEST
 
+/* --- holds a new grant through the same daemon rules out --------------- */
+
+static void
+raw_must(struct raw *c, const char *line)
+{
+    raw_send(c, line);
+    json_t *r = raw_line(c, T_MS);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "%s: %s", line,
+                  r != NULL ? h_dump(r) : "no reply");
+    json_decref(r);
+}
+
+/* Redis loses the lock (FLUSHALL) while A writes; B's read through the
+ * same daemon is granted, so A hears lock_lost before B hears its grant.
+ * Then B's read is lost the same way to C's write. */
+START_TEST(test_lost_before_local_grant)
+{
+    struct raw a, b, c;
+    struct race rc;
+
+    h_start("lock:\n  watchdog_ms: 60000\n");
+    raw_open(&a, D.sock);
+    raw_open(&b, D.sock);
+    raw_open(&c, D.sock);
+    raw_must(&a,
+             "{\"id\":1,\"op\":\"lock\",\"key\":\"rw\",\"mode\":\"write\"}\n");
+    h_r_do(&R, "FLUSHALL");
+    raw_race(&a, &b,
+             "{\"id\":2,\"op\":\"lock\",\"key\":\"rw\",\"mode\":\"read\"}\n",
+             "lock_lost", "rw", 3000, &rc);
+    raw_race_assert(&rc, "writer A, reader B");
+    ck_assert_str_eq(jstr(rc.ev, "reason"), "taken");
+    raw_race_free(&rc);
+
+    h_r_do(&R, "FLUSHALL");
+    raw_race(&b, &c,
+             "{\"id\":3,\"op\":\"lock\",\"key\":\"rw\",\"mode\":\"write\"}\n",
+             "lock_lost", "rw", 3000, &rc);
+    raw_race_assert(&rc, "reader B, writer C");
+    ck_assert_str_eq(jstr(rc.ev, "reason"), "taken");
+    raw_race_free(&rc);
+    close(a.fd);
+    close(b.fd);
+    close(c.fd);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -819,6 +867,7 @@ main(void)
         H_CASE(list_and_force_unlock, 60),
         H_CASE(two_daemons, 60),
         H_CASE(redis_down, 90),
+        H_CASE(lost_before_local_grant, 60),
         H_CASE(contention_two_daemons, 240),
     };
     return H_MAIN(fx, cases);

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE 1
 #endif
 
+#include "order_util.h"
 #include "sem_util.h"
 
 #include <signal.h>
@@ -558,6 +559,136 @@ START_TEST(test_contention_two_daemons)
 }
 END_TEST
 
+/* --- grants Redis lost ------------------------------------------------- */
+
+/* Send LINE on C and insist on "acquired":true. */
+static void
+raw_must(struct raw *c, const char *line)
+{
+    raw_send(c, line);
+    json_t *r = raw_line(c, T_MS);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "%s: %s", line,
+                  r != NULL ? h_dump(r) : "no reply");
+    json_decref(r);
+}
+
+/* The next sem_lost for KEY on C within TIMEOUT_MS (other events are
+ * dropped), or NULL. */
+static json_t *
+sem_lost(struct h_conn *c, const char *key, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+    for (;;) {
+        long long left = deadline - h_now_ms();
+        json_t *ev = left > 0 ? h_event(c, (int)left) : NULL;
+        if (ev == NULL || raw_is_event(ev, "sem_lost", key)) {
+            return ev;
+        }
+        json_decref(ev);
+    }
+}
+
+/* A holds the only permit of S (watchdog) and of T (fixed lease); Redis
+ * loses them (FLUSHALL) and B acquires each through the same daemon:
+ * A hears sem_lost before B's grant reaches B. No pass runs meanwhile
+ * (watchdog_ms 60 s). */
+START_TEST(test_lost_before_local_grant)
+{
+    struct raw a, b;
+    struct race rc;
+
+    h_start("lock:\n  watchdog_ms: 60000\n");
+    raw_open(&a, D1.sock);
+    raw_open(&b, D1.sock);
+    raw_must(&a, "{\"id\":1,\"op\":\"sem.acquire\",\"key\":\"S\","
+                 "\"limit\":1}\n");
+    h_r_do(&R, "FLUSHALL");
+
+    raw_race(&a, &b,
+             "{\"id\":3,\"op\":\"sem.acquire\",\"key\":\"S\",\"limit\":1}\n",
+             "sem_lost", "S", 3000, &rc);
+    raw_race_assert(&rc, "watchdog grant of S");
+    ck_assert_str_eq(jstr(rc.ev, "reason"), "expired");
+    raw_race_free(&rc);
+
+    /* (The loss of S started a check of every grant: T comes after.) */
+    raw_must(&a, "{\"id\":2,\"op\":\"sem.acquire\",\"key\":\"T\","
+                 "\"limit\":1,\"ttl_ms\":60000}\n");
+    h_r_do(&R, "FLUSHALL");
+    raw_race(&a, &b,
+             "{\"id\":4,\"op\":\"sem.acquire\",\"key\":\"T\",\"limit\":1,"
+             "\"ttl_ms\":60000}\n",
+             "sem_lost", "T", 3000, &rc);
+    raw_race_assert(&rc, "fixed-lease grant of T");
+    ck_assert_str_eq(jstr(rc.ev, "reason"), "expired");
+    raw_race_free(&rc);
+    close(a.fd);
+    close(b.fd);
+}
+END_TEST
+
+/* Redis restarts without its data: when the daemon reconnects it checks
+ * every grant at once (the pass would take 20 s here, and a fixed lease
+ * was never checked before it ended). */
+START_TEST(test_recheck_on_restart)
+{
+    struct h_conn *a;
+    json_t *ev;
+    char s[65], t[65];
+    long long t0;
+
+    h_start("lock:\n  watchdog_ms: 60000\n");
+    a = h_connect_ok(&D1);
+    s_must(a, "S", 1, 0, 0, s);
+    s_must(a, "T", 1, 0, 60000, t);
+    h_redis_kill(&R);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    t0 = h_now_ms();
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{S}:sem"), 0);
+
+    ev = sem_lost(a, "S", 10000);
+    ck_assert_msg(ev != NULL, "no sem_lost for S after the restart");
+    ck_assert_str_eq(jstr(ev, "token"), s);
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+    ev = sem_lost(a, "T", 10000);
+    ck_assert_msg(ev != NULL, "no sem_lost for T after the restart");
+    ck_assert_str_eq(jstr(ev, "token"), t);
+    json_decref(ev);
+    /* The reconnection (backoff included) and one round trip. */
+    ck_assert_msg(h_now_ms() - t0 < 8000,
+                  "sem_lost %lld ms after Redis "
+                  "was back",
+                  h_now_ms() - t0);
+    h_assert_stat(a, "sem_holds", 0, T_MS);
+    h_close(a);
+}
+END_TEST
+
+/* A fixed lease Redis loses early is found on the next pass (a third of
+ * watchdog_ms) without anyone else touching the semaphore. */
+START_TEST(test_fixed_lease_checked)
+{
+    struct h_conn *a;
+    json_t *ev;
+    char t[65];
+    long long t0, dt;
+
+    h_start("lock:\n  watchdog_ms: 1500\n");
+    a = h_connect_ok(&D1);
+    s_must(a, "T", 1, 0, 60000, t);
+    h_r_do(&R, "FLUSHALL");
+    t0 = h_now_ms();
+    ev = sem_lost(a, "T", 5000);
+    dt = h_now_ms() - t0;
+    ck_assert_msg(ev != NULL, "no sem_lost for a fixed lease Redis lost");
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+    ck_assert_msg(dt < 2000, "sem_lost %lld ms after the loss", dt);
+    h_close(a);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -571,6 +702,9 @@ main(void)
         H_CASE(grant_lost_and_shutdown, 60),
         H_CASE(redis_down_and_wrong_type, 60),
         H_CASE(lost_when_redis_down, 60),
+        H_CASE(lost_before_local_grant, 60),
+        H_CASE(recheck_on_restart, 90),
+        H_CASE(fixed_lease_checked, 60),
         H_CASE(contention_two_daemons, 200),
     };
     return H_MAIN(fx, cases);

@@ -320,6 +320,64 @@ START_TEST(test_lock_lost_to_failover)
 }
 END_TEST
 
+/* Take the one permit of semaphore KEY on C (watchdog) and insist. */
+static void
+must_sem(struct h_conn *c, const char *key)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "sem.acquire", "key",
+                        key, "limit", 1);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "sem %s not granted",
+                  key);
+    json_decref(r);
+}
+
+/* The next sem_lost for KEY on C within TIMEOUT_MS, or NULL. */
+static json_t *
+sem_lost(struct h_conn *c, const char *key, int timeout_ms)
+{
+    long long deadline = h_now_ms() + timeout_ms;
+    for (;;) {
+        long long left = deadline - h_now_ms();
+        json_t *ev = left > 0 ? h_event(c, (int)left) : NULL;
+        if (ev == NULL || (jstr(ev, "event") != NULL &&
+                           strcmp(jstr(ev, "event"), "sem_lost") == 0 &&
+                           strcmp(jstr(ev, "key"), key) == 0)) {
+            return ev;
+        }
+        json_decref(ev);
+    }
+}
+
+/* As test_lock_lost_to_failover, for semaphore grants: the one the
+ * promoted replica never saw is lost with reason failover, the one that
+ * replicated is kept. */
+START_TEST(test_sem_lost_to_failover)
+{
+    start_all("lock:\n  watchdog_ms: 10000\n");
+    struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D);
+    wait_master(a, M.port);
+    must_sem(a, "kept");
+    replicated();
+
+    kill(Rp.pid, SIGSTOP);
+    h_r_do(&M, "CLIENT KILL TYPE replica");
+    must_sem(a, "lost");
+    h_redis_kill(&M);
+    kill(Rp.pid, SIGCONT);
+
+    json_t *ev = sem_lost(a, "lost", FAILOVER_MS);
+    ck_assert_msg(ev != NULL, "no sem_lost for the unreplicated grant");
+    ck_assert_str_eq(jstr(ev, "reason"), "failover");
+    json_decref(ev);
+    wait_master(b, Rp.port);
+    ev = sem_lost(a, "kept", 2000);
+    ck_assert_msg(ev == NULL, "the replicated grant was lost: %s",
+                  ev != NULL ? jstr(ev, "reason") : "");
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* SENTINEL FAILOVER: the daemon follows the switch it is told of. */
 START_TEST(test_forced_failover)
 {
@@ -504,6 +562,7 @@ main(void)
         H_CASE(disagreeing_sentinel, 90),
         H_CASE(master_killed, 120),
         H_CASE(lock_lost_to_failover, 120),
+        H_CASE(sem_lost_to_failover, 120),
         H_CASE(forced_failover, 120),
         H_CASE(waiter_follows, 120),
         H_CASE(sentinel_auth, 60),

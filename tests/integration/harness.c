@@ -2900,6 +2900,7 @@ static const struct cluster_skip cluster_skips[] = {
      "stops the one Redis process (SIGSTOP) for longer than a lease"},
     {"sem", "redis_down_and_wrong_type", "kills and restarts the one Redis"},
     {"sem", "lost_when_redis_down", "kills the one Redis"},
+    {"sem", "recheck_on_restart", "kills and restarts the one Redis"},
     {"multilock", "redis_down", "kills and restarts the one Redis"},
     {"multilock", "redlock_group",
      "starts standalone servers of its own (lock.redlock and redis)"},
