@@ -430,12 +430,15 @@ ld_cache_init(const struct ld_ctx *ctx)
     if (cache_mod.keys == NULL) {
         return LD_ERR;
     }
+    cache_mod.owed = ld_dict_new();
     if (ld_journal_open(&cache_mod.journal, cfg->journal.path,
                         cfg->journal.fsync) != LD_OK) {
         log_error("cannot open the invalidation journal path=%s",
                   cfg->journal.path);
         ld_dict_free(cache_mod.keys);
         cache_mod.keys = NULL;
+        ld_dict_free(cache_mod.owed);
+        cache_mod.owed = NULL;
         return LD_ERR;
     }
     struct replay_state st = {0, ld_dict_new()};
@@ -570,6 +573,8 @@ ld_cache_free(void)
         }
     }
     LIST_INIT(&cache_mod.dels);
+    ld_dict_free(cache_mod.owed);
+    cache_mod.owed = NULL;
 
     if (cache_mod.tick_ev != NULL) {
         event_free(cache_mod.tick_ev);

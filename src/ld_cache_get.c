@@ -384,6 +384,23 @@ parse_probe(const redisReply *r, const redisReply **value, bool early)
     return R_MISS;
 }
 
+/* A read answered while a first delete of its key is owed (the
+ * invalidation came while the read was on its way, or Redis was down):
+ * what it found is what the invalidation voided. Its getters get a miss
+ * without a lease, as getter_begin gives, and a lease it took goes back. */
+static enum fres
+owed_miss(struct fetch *f, enum fres res)
+{
+    if (res == R_DOWN || res == R_ERROR || res == R_WRONG || res == R_MISS ||
+        !cache_first_owed(f->ck->key, f->ck->key_len)) {
+        return res;
+    }
+    if (res == R_GRANTED || res == R_STALE_GRANTED || res == R_REFRESH) {
+        release_unused(f->ck, f->token);
+    }
+    return R_MISS;
+}
+
 static void
 fetch_cb(redisReply *reply, void *arg)
 {
@@ -402,9 +419,9 @@ fetch_cb(redisReply *reply, void *arg)
         f->probing = false;
         res = parse_probe(reply, &value,
                           f->grant && cache_mod.ctx->cfg->cache.early_refresh);
+        bool keep = res == R_HIT && !cache_first_owed(ck->key, ck->key_len);
         ld_near_read_done(f->near, ld_redis_conn_id(),
-                          res == R_HIT ? value->str : NULL,
-                          res == R_HIT ? value->len : 0);
+                          keep ? value->str : NULL, keep ? value->len : 0);
         f->near = NULL;
         if (res == R_MISS) {
             if (fetch_send_script(f) == LD_OK) {
@@ -415,6 +432,7 @@ fetch_cb(redisReply *reply, void *arg)
     } else {
         res = parse_fetch(reply, &value, &pttl);
     }
+    res = owed_miss(f, res);
     /* The cause, while ld_redis can still tell it (inside this call). */
     char downmsg[256] = "";
     if (res == R_DOWN) {
@@ -610,6 +628,13 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     g->want_lease = want_lease;
     g->seq = ++cache_mod.next_seq;
     g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
+    if (cache_first_owed(key, len)) {
+        /* An invalidation acknowledged before its first delete reached
+         * Redis (Redis was down): the value Redis still holds is the one
+         * it voided, and no lease can be had while one is there. */
+        cache_settle_miss(g, NULL);
+        return;
+    }
     const char *v;
     size_t vlen;
     /* cache.get has looked already (a second look would count a miss
@@ -695,7 +720,8 @@ cache_op_get(struct ld_req *req)
     size_t vlen;
     /* The request's arrival is the clock of its near hit: one reading
      * of the clock less per hit, microseconds apart. */
-    if (near_lookup(key, len, req->start_us, &v, &vlen)) {
+    if (!cache_first_owed(key, len) &&
+        near_lookup(key, len, req->start_us, &v, &vlen)) {
         cache_reply_near_hit(req, v, vlen);
         return;
     }
