@@ -114,7 +114,8 @@ fetch_start(struct ckey *ck, bool grant)
     struct fetch *f = ld_xcalloc(1, sizeof(*f));
     f->ck = ck;
     f->gen = ck->gen;
-    f->grant = grant;
+    /* A lease taken while a first delete is owed would be voided by it. */
+    f->grant = grant && !cache_first_owed(ck->key, ck->key_len);
     glist_init(&f->getters);
     LIST_INSERT_HEAD(&cache_mod.fetches, f, link);
     ck->fetch = f;
@@ -386,19 +387,32 @@ parse_probe(const redisReply *r, const redisReply **value, bool early)
 
 /* A read answered while a first delete of its key is owed (the
  * invalidation came while the read was on its way, or Redis was down):
- * what it found is what the invalidation voided. Its getters get a miss
- * without a lease, as getter_begin gives, and a lease it took goes back. */
+ * what it found is what the invalidation voided, and a lease on it would
+ * be voided by the delete. It reads as a lease held elsewhere: a getter
+ * that may wait waits for the delete (cache_key_deleted wakes it), the
+ * others get a miss without a lease, as getter_begin gives. A lease it
+ * took goes back; fetch_start asks for none meanwhile. */
 static enum fres
-owed_miss(struct fetch *f, enum fres res)
+owed_held(struct fetch *f, enum fres res, long long *pttl)
 {
-    if (res == R_DOWN || res == R_ERROR || res == R_WRONG || res == R_MISS ||
+    if (res == R_DOWN || res == R_ERROR || res == R_WRONG ||
         !cache_first_owed(f->ck->key, f->ck->key_len)) {
         return res;
     }
     if (res == R_GRANTED || res == R_STALE_GRANTED || res == R_REFRESH) {
         release_unused(f->ck, f->token);
     }
-    return R_MISS;
+    *pttl = -1;
+    return R_HELD;
+}
+
+void
+cache_key_deleted(const char *key, size_t len)
+{
+    struct ckey *ck = ld_dict_get(cache_mod.keys, key, len);
+    if (ck != NULL) {
+        ckey_refresh(ck);
+    }
 }
 
 static void
@@ -432,7 +446,7 @@ fetch_cb(redisReply *reply, void *arg)
     } else {
         res = parse_fetch(reply, &value, &pttl);
     }
-    res = owed_miss(f, res);
+    res = owed_held(f, res, &pttl);
     /* The cause, while ld_redis can still tell it (inside this call). */
     char downmsg[256] = "";
     if (res == R_DOWN) {

@@ -290,6 +290,9 @@ void cache_settle_refresh(struct getter *g, const char *v, size_t len,
 /* ---- ld_cache_get.c: keys, fetches, cache.get and cache.mget --------- */
 
 void cache_ckey_arm(struct ckey *ck);
+/* A delete of KEY was answered: its waiters take a fresh look (one that
+ * parked while the delete was owed has no other wake-up to come). */
+void cache_key_deleted(const char *key, size_t len);
 void cache_ckey_maybe_free(struct ckey *ck);
 /* At exit: the spare timers of dropped key records. */
 void cache_ckey_spares_free(void);

@@ -217,6 +217,10 @@ del_cb(redisReply *reply, void *arg)
         ld_journal_done(cache_mod.journal, d->id);
         cache_update_journal_stats();
     }
+    /* No longer owed before the waiters look again: a lease is to be had
+     * from now on. */
+    owed_drop(d);
+    cache_key_deleted(d->key, d->key_len);
     del_free(d);
 }
 
