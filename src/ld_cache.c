@@ -200,6 +200,16 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
     ld_req_get(req, "key", &k);
     const char *key = k.s;
     int klen = (int)k.len;
+    if (key != NULL) {
+        /* Touched when it was issued, and again now: a write held in a
+         * batch (redis.batch_max) goes out at the end of the turn, and a
+         * read issued meanwhile on another connection (one that became
+         * ready, or took over from one set aside, in that turn) may reach
+         * Redis first, on the old value, with the generation of after
+         * the write. Nothing it read is kept near or shared with getters
+         * that come after this answer. */
+        cache_key_touched(key, k.len);
+    }
     if (reply == NULL) {
         /* A write that left and got no answer may have happened: the
          * client is told so instead of "nothing changed". */

@@ -185,6 +185,9 @@ del_cb(redisReply *reply, void *arg)
         free(d); /* ld_cache_free ran; the journal keeps it for next time */
         return;
     }
+    /* A read that overtook the delete on another connection (see
+     * write_reply_ok) is neither kept near nor shared from now on. */
+    cache_key_touched(d->key, d->key_len);
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
         if (reply != NULL && !d->retrying) {
             log_warn("cache delete failed, will retry id=%llu error=\"%s\"",
