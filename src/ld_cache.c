@@ -202,12 +202,16 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
     int klen = (int)k.len;
     if (key != NULL) {
         /* Touched when it was issued, and again now: a write held in a
-         * batch (redis.batch_max) goes out at the end of the turn, and a
-         * read issued meanwhile on another connection (one that became
-         * ready, or took over from one set aside, in that turn) may reach
-         * Redis first, on the old value, with the generation of after
-         * the write. Nothing it read is kept near or shared with getters
-         * that come after this answer. */
+         * batch (redis.batch_max) goes out at the end of the turn. On its
+         * own connection every command waits for it, but when that one is
+         * lost or set aside later in the same turn (or another one
+         * becomes ready), a read issued meanwhile goes out first on
+         * another connection and the write follows it there: the read
+         * finds the old value under the generation of after the write.
+         * Nothing it read is kept near, or shared with getters, once the
+         * write is answered. No test arranges those events within one
+         * turn of the loop; the tracking message of the write evicts
+         * such a value too, but possibly only after this answer. */
         cache_key_touched(key, k.len);
     }
     if (reply == NULL) {
