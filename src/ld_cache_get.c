@@ -643,9 +643,10 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     g->seq = ++cache_mod.next_seq;
     g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
     if (cache_first_owed(key, len)) {
-        /* An invalidation acknowledged before its first delete reached
-         * Redis (Redis was down): the value Redis still holds is the one
-         * it voided, and no lease can be had while one is there. */
+        /* An invalidation whose first delete has not reached Redis yet
+         * (Redis is down, or the delete is on its way): the value Redis
+         * still holds is the one it voided, and a lease would be voided
+         * by the delete. */
         cache_settle_miss(g, NULL);
         return;
     }
