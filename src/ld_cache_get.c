@@ -114,7 +114,8 @@ fetch_start(struct ckey *ck, bool grant)
     struct fetch *f = ld_xcalloc(1, sizeof(*f));
     f->ck = ck;
     f->gen = ck->gen;
-    f->grant = grant;
+    /* A lease taken while a first delete is owed would be voided by it. */
+    f->grant = grant && !cache_first_owed(ck->key, ck->key_len);
     glist_init(&f->getters);
     LIST_INSERT_HEAD(&cache_mod.fetches, f, link);
     ck->fetch = f;
@@ -384,6 +385,36 @@ parse_probe(const redisReply *r, const redisReply **value, bool early)
     return R_MISS;
 }
 
+/* A read answered while a first delete of its key is owed (the
+ * invalidation came while the read was on its way, or Redis was down):
+ * what it found is what the invalidation voided, and a lease on it would
+ * be voided by the delete. It reads as a lease held elsewhere: a getter
+ * that may wait waits for the delete (cache_key_deleted wakes it), the
+ * others get a miss without a lease, as getter_begin gives. A lease it
+ * took goes back; fetch_start asks for none meanwhile. */
+static enum fres
+owed_held(struct fetch *f, enum fres res, long long *pttl)
+{
+    if (res == R_DOWN || res == R_ERROR || res == R_WRONG ||
+        !cache_first_owed(f->ck->key, f->ck->key_len)) {
+        return res;
+    }
+    if (res == R_GRANTED || res == R_STALE_GRANTED || res == R_REFRESH) {
+        release_unused(f->ck, f->token);
+    }
+    *pttl = -1;
+    return R_HELD;
+}
+
+void
+cache_key_deleted(const char *key, size_t len)
+{
+    struct ckey *ck = ld_dict_get(cache_mod.keys, key, len);
+    if (ck != NULL) {
+        ckey_refresh(ck);
+    }
+}
+
 static void
 fetch_cb(redisReply *reply, void *arg)
 {
@@ -402,9 +433,9 @@ fetch_cb(redisReply *reply, void *arg)
         f->probing = false;
         res = parse_probe(reply, &value,
                           f->grant && cache_mod.ctx->cfg->cache.early_refresh);
+        bool keep = res == R_HIT && !cache_first_owed(ck->key, ck->key_len);
         ld_near_read_done(f->near, ld_redis_conn_id(),
-                          res == R_HIT ? value->str : NULL,
-                          res == R_HIT ? value->len : 0);
+                          keep ? value->str : NULL, keep ? value->len : 0);
         f->near = NULL;
         if (res == R_MISS) {
             if (fetch_send_script(f) == LD_OK) {
@@ -415,6 +446,7 @@ fetch_cb(redisReply *reply, void *arg)
     } else {
         res = parse_fetch(reply, &value, &pttl);
     }
+    res = owed_held(f, res, &pttl);
     /* The cause, while ld_redis can still tell it (inside this call). */
     char downmsg[256] = "";
     if (res == R_DOWN) {
@@ -610,6 +642,14 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     g->want_lease = want_lease;
     g->seq = ++cache_mod.next_seq;
     g->deadline_us = ld_now_us() + (uint64_t)wait_ms * 1000;
+    if (cache_first_owed(key, len)) {
+        /* An invalidation whose first delete has not reached Redis yet
+         * (Redis is down, or the delete is on its way): the value Redis
+         * still holds is the one it voided, and a lease would be voided
+         * by the delete. */
+        cache_settle_miss(g, NULL);
+        return;
+    }
     const char *v;
     size_t vlen;
     /* cache.get has looked already (a second look would count a miss
@@ -695,7 +735,8 @@ cache_op_get(struct ld_req *req)
     size_t vlen;
     /* The request's arrival is the clock of its near hit: one reading
      * of the clock less per hit, microseconds apart. */
-    if (near_lookup(key, len, req->start_us, &v, &vlen)) {
+    if (!cache_first_owed(key, len) &&
+        near_lookup(key, len, req->start_us, &v, &vlen)) {
         cache_reply_near_hit(req, v, vlen);
         return;
     }

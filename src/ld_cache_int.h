@@ -146,6 +146,7 @@ struct del {
     bool orphan;   /* ld_cache_free ran while it was running */
     bool second;   /* the delayed one */
     bool stale;    /* marks the entry stale instead (cache_stale.lua) */
+    bool owed;     /* a first delete, counted in cache_mod.owed */
     /* A second delete waits for its first: it is due delay_ms after the
      * first one has been carried out, not after it was promised, so the
      * two never run together when both are late (Redis was down, or the
@@ -169,6 +170,9 @@ struct cache_mod_state {
     bool hooks_registered;
     struct ld_journal *journal;
     struct ld_dict *keys; /* user key -> struct ckey */
+    /* User key -> how many first deletes of it are owed (uintptr_t):
+     * acknowledged or replayed, not yet carried out. */
+    struct ld_dict *owed;
     LIST_HEAD(, fetch) fetches;
     LIST_HEAD(, del) dels;
     struct event *tick_ev;
@@ -286,6 +290,9 @@ void cache_settle_refresh(struct getter *g, const char *v, size_t len,
 /* ---- ld_cache_get.c: keys, fetches, cache.get and cache.mget --------- */
 
 void cache_ckey_arm(struct ckey *ck);
+/* A delete of KEY was answered: its waiters take a fresh look (one that
+ * parked while the delete was owed has no other wake-up to come). */
+void cache_key_deleted(const char *key, size_t len);
 void cache_ckey_maybe_free(struct ckey *ck);
 /* At exit: the spare timers of dropped key records. */
 void cache_ckey_spares_free(void);
@@ -299,6 +306,9 @@ int cache_hot_init(void);
 /* ---- ld_cache_inval.c: cache.invalidate, deletes, replay ------------- */
 
 void cache_op_invalidate(struct ld_req *req);
+/* Whether a first delete of KEY is owed: what Redis and the near cache
+ * hold for it is what an invalidation voided. */
+bool cache_first_owed(const char *key, size_t len);
 void cache_redis_state_cb(bool up, void *arg);
 void cache_replay_one(const struct ld_journal_entry *e, void *arg);
 void cache_sync_run(void *arg);

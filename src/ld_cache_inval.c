@@ -64,8 +64,39 @@ del_unlink(struct del *d)
 }
 
 static void
+owed_add(struct del *d)
+{
+    uintptr_t n = (uintptr_t)ld_dict_get(cache_mod.owed, d->key, d->key_len);
+    ld_dict_set(cache_mod.owed, d->key, d->key_len, (void *)(n + 1));
+    d->owed = true;
+}
+
+static void
+owed_drop(struct del *d)
+{
+    if (!d->owed) {
+        return;
+    }
+    d->owed = false;
+    uintptr_t n = (uintptr_t)ld_dict_get(cache_mod.owed, d->key, d->key_len);
+    if (n > 1) {
+        ld_dict_set(cache_mod.owed, d->key, d->key_len, (void *)(n - 1));
+    } else {
+        ld_dict_del(cache_mod.owed, d->key, d->key_len);
+    }
+}
+
+bool
+cache_first_owed(const char *key, size_t len)
+{
+    return cache_mod.owed != NULL && ld_dict_size(cache_mod.owed) > 0 &&
+           ld_dict_get(cache_mod.owed, key, len) != NULL;
+}
+
+static void
 del_free(struct del *d)
 {
+    owed_drop(d);
     del_unlink(d);
     if (d->ev != NULL) {
         event_free(d->ev);
@@ -154,6 +185,9 @@ del_cb(redisReply *reply, void *arg)
         free(d); /* ld_cache_free ran; the journal keeps it for next time */
         return;
     }
+    /* A read that overtook the delete on another connection (see
+     * write_reply_ok) is neither kept near nor shared from now on. */
+    cache_key_touched(d->key, d->key_len);
     if (reply == NULL || reply->type != REDIS_REPLY_INTEGER) {
         if (reply != NULL && !d->retrying) {
             log_warn("cache delete failed, will retry id=%llu error=\"%s\"",
@@ -186,6 +220,10 @@ del_cb(redisReply *reply, void *arg)
         ld_journal_done(cache_mod.journal, d->id);
         cache_update_journal_stats();
     }
+    /* No longer owed before the waiters look again: a lease is to be had
+     * from now on. */
+    owed_drop(d);
+    cache_key_deleted(d->key, d->key_len);
     del_free(d);
 }
 
@@ -400,6 +438,7 @@ cache_op_invalidate(struct ld_req *req)
         ld_stats.cache_invalidations++;
         cache_key_touched(key, len);
         struct del *d1 = del_new(key, len, now, false, stale);
+        owed_add(d1);
         if (ld_journal_add_flags(cache_mod.journal, now, jflags, key, len,
                                  &d1->id) != LD_OK) {
             d1->id = 0;
@@ -449,6 +488,11 @@ cache_replay_one(const struct ld_journal_entry *e, void *arg)
                             (e->flags & LD_JOURNAL_F_STALE) != 0);
     d->id = e->id;
     st->count++;
+    /* An add due already is a first delete the last run did not carry
+     * out (or a second one that is late anyway). */
+    if (e->after_id == 0 && e->due_ms <= wall_ms()) {
+        owed_add(d);
+    }
     if (e->after_id == 0) {
         if (st->by_id != NULL) {
             ld_dict_set(st->by_id, &d->id, sizeof(d->id), d);

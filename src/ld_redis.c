@@ -259,15 +259,12 @@ notify_state(int k, bool up)
     }
 }
 
-/* Call before changing c->state: it compares with the old state. */
-void
-redis_set_ready(struct rconn *c, bool ready)
+/* C became ready or stopped being ready: count it, and tell the
+ * watchers when that changed whether its instance is up. */
+static void
+ready_changed(struct rconn *c, bool ready)
 {
-    bool was = c->state == CONN_READY;
     struct rnode *n = c->node;
-    if (was == ready) {
-        return;
-    }
     if (c->pool != LD_REDIS_POOL_SHARED) {
         /* The backend's state is the shared pool's. */
         if (ready) {
@@ -293,6 +290,29 @@ redis_set_ready(struct rconn *c, bool ready)
     if (inst_was != inst_is && (inst_is || !redis_mod.freeing)) {
         notify_state(n->instance, inst_is);
     }
+}
+
+/* Call before changing c->state: it compares with the old state. */
+void
+redis_set_ready(struct rconn *c, bool ready)
+{
+    bool was = c->state == CONN_READY;
+    if (was != ready) {
+        ready_changed(c, ready);
+    }
+}
+
+/* C's handshake is done. It takes commands, and Redis no longer counts
+ * as down, before the watchers hear that Redis is up: what they send at
+ * once (a delete owed, a re-check of the locks) would otherwise find no
+ * connection ready, fail at once and wait out a backoff. */
+void
+redis_conn_up(struct rconn *c)
+{
+    LD_ASSERT(c->state == CONN_HANDSHAKE);
+    c->state = CONN_READY;
+    c->node->known_down = false;
+    ready_changed(c, true);
 }
 
 struct rcmd_x *

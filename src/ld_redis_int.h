@@ -200,6 +200,7 @@ extern const char *const redis_script_names[];
 
 /* ld_redis.c */
 void redis_set_ready(struct rconn *c, bool ready);
+void redis_conn_up(struct rconn *c);
 void redis_fail_sent(struct rconn *c, const char *why);
 void redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner);
 int redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,

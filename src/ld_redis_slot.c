@@ -329,11 +329,9 @@ redis_handshake_reply(struct rconn *c, redisReply *reply, struct rcmd *cmd)
         ld_conn_close(c->conn, "handshake failed");
         return;
     }
-    redis_set_ready(c, true);
-    c->state = CONN_READY;
     ld_stats.redis_reconnects++;
     log_debug("redis connection ready conn=%d", c->idx);
-    c->node->known_down = false;
+    redis_conn_up(c);
     redis_waiting_retry(c->node);
 }
 

@@ -11,6 +11,8 @@
 #include "harness.h"
 
 #include <check.h>
+#include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -1108,8 +1110,16 @@ START_TEST(test_redis_down_queued)
     ck_assert_int_eq(jint(r, "pending"), 1);
     json_decref(r);
 
-    /* Reads and writes cannot be served, and say so. */
+    /* An invalidated key is a miss without a lease until its delete
+     * reaches Redis: the promise of the answer above. */
     r = get(a, "q");
+    ck_assert_msg(h_ok(r) && !jtrue(r, "hit") &&
+                      json_is_null(json_object_get(r, "lease")),
+                  "reply %s", h_dump(r));
+    json_decref(r);
+
+    /* Other reads and writes cannot be served, and say so. */
+    r = get(a, "q3");
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     ck_assert_msg(strncmp(jmsg(r), "redis unavailable: ", 19) == 0 &&
                       strlen(jmsg(r)) > 19,
@@ -1119,7 +1129,7 @@ START_TEST(test_redis_down_queued)
                 "value", "v");
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     json_decref(r);
-    r = h_callf(a, T_MS, "{s:s,s:[s]}", "op", "cache.mget", "keys", "q");
+    r = h_callf(a, T_MS, "{s:s,s:[s]}", "op", "cache.mget", "keys", "q3");
     h_must(r);
     ck_assert_str_eq(h_errcode(
                          json_array_get(json_object_get(r, "results"), 0)),
@@ -2042,6 +2052,132 @@ START_TEST(test_write_outcome_unknown)
 }
 END_TEST
 
+/* --- fdatasync slowed or failed (fsync_shim.so) ------------------------- */
+
+/* Start R and D, the daemon with tests/integration/fsync_shim.so preloaded
+ * (through LEASED_WRAPPER, ahead of any wrapper given); CTL gets the path
+ * of the file that steers its fdatasync (shim_ctl). */
+static void
+start_with_shim(char *ctl, size_t len)
+{
+    char so[PATH_MAX];
+    ck_assert_msg(realpath("tests/integration/fsync_shim.so", so) != NULL,
+                  "tests/integration/fsync_shim.so is not built");
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(ctl, len, "%s/fsync_ctl", R.dir);
+    const char *given = getenv("LEASED_WRAPPER");
+    char *saved = given != NULL ? strdup(given) : NULL;
+    char wrapper[2 * PATH_MAX + 512];
+    snprintf(wrapper, sizeof wrapper, "env LD_PRELOAD=%s LDSHIM_CTL=%s %s", so,
+             ctl, saved != NULL ? saved : "");
+    setenv("LEASED_WRAPPER", wrapper, 1);
+    int rc = h_daemon_start(&D, &R, NULL);
+    if (saved != NULL) {
+        setenv("LEASED_WRAPPER", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("LEASED_WRAPPER");
+    }
+    ck_assert_int_eq(rc, 0);
+}
+
+/* The daemon's fdatasync from now on: MODE ("delay MS", "fail"), or as
+ * it is (NULL). Renamed into place: the shim never reads half a line. */
+static void
+shim_ctl(const char *ctl, const char *mode)
+{
+    if (mode == NULL) {
+        ck_assert(unlink(ctl) == 0 || errno == ENOENT);
+        return;
+    }
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.new", ctl);
+    FILE *f = fopen(tmp, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(mode, f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(rename(tmp, ctl), 0);
+}
+
+#define SLOW_SYNC_MS 1500
+
+/* With fdatasync taking 1.5 s, no invalidation is answered before its
+ * records are durable: the answer comes no sooner than the sync that
+ * began after it was asked has returned. */
+START_TEST(test_fsync_slow_answer_waits)
+{
+    char ctl[400];
+    start_with_shim(ctl, sizeof ctl);
+    struct h_conn *a = h_connect_ok(&D);
+    set_value(a, "fs1", "old");
+    set_value(a, "fs2", "old");
+    char mode[32];
+    snprintf(mode, sizeof mode, "delay %d", SLOW_SYNC_MS);
+    shim_ctl(ctl, mode);
+
+    long long t0 = h_now_ms();
+    json_t *r = h_must(invalidate(a, "fs1", 0));
+    long long took = h_now_ms() - t0;
+    ck_assert_msg(jint(r, "deleted") == 1 && jint(r, "pending") == 0,
+                  "reply %s", h_dump(r));
+    json_decref(r);
+    ck_assert_msg(took >= SLOW_SYNC_MS,
+                  "answered %lld ms after it was asked; fdatasync takes "
+                  "%d ms",
+                  took, SLOW_SYNC_MS);
+
+    /* With a second delete: its record too is durable first. */
+    t0 = h_now_ms();
+    r = h_must(invalidate(a, "fs2", 1000));
+    took = h_now_ms() - t0;
+    ck_assert_msg(jint(r, "deleted") == 1 && jint(r, "pending") == 1,
+                  "reply %s", h_dump(r));
+    json_decref(r);
+    ck_assert_msg(took >= SLOW_SYNC_MS,
+                  "answered %lld ms after it was asked; fdatasync takes "
+                  "%d ms",
+                  took, SLOW_SYNC_MS);
+    shim_ctl(ctl, NULL);
+    h_close(a);
+}
+END_TEST
+
+/* A failed fdatasync is reported: the invalidations that waited for it
+ * are answered internal (their deletes still run), and so is every one
+ * after it until the journal has been rewritten, which the daemon retries
+ * once a second (leased-protocol(7), Invalidation journal). */
+START_TEST(test_fsync_failure_reported)
+{
+    char ctl[400];
+    start_with_shim(ctl, sizeof ctl);
+    struct h_conn *a = h_connect_ok(&D);
+    set_value(a, "ff1", "old");
+    set_value(a, "ff2", "old");
+    shim_ctl(ctl, "fail");
+
+    json_t *r = invalidate(a, "ff1", 0);
+    ck_assert_msg(h_errcode(r) != NULL &&
+                      strcmp(h_errcode(r), "internal") == 0 &&
+                      strstr(jmsg(r), "durable") != NULL,
+                  "invalidate under a failing fdatasync: %s", h_dump(r));
+    json_decref(r);
+    ck_assert(wait_gone("ff1", T_MS));
+    r = invalidate(a, "ff2", 0);
+    ck_assert_msg(h_errcode(r) != NULL &&
+                      strcmp(h_errcode(r), "internal") == 0,
+                  "invalidate before the journal is rewritten: %s", h_dump(r));
+    json_decref(r);
+    ck_assert(wait_gone("ff2", T_MS));
+
+    shim_ctl(ctl, NULL);
+    ck_assert(h_wait_log(&D, "journal rewritten after a failed sync", 5000));
+    r = h_must(invalidate(a, "ff3", 0));
+    ck_assert_msg(jint(r, "pending") == 0, "reply %s", h_dump(r));
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -2075,6 +2211,8 @@ main(void)
         H_CASE(second_delete_after_outage, 90),
         H_CASE(second_delete_after_replay, 120),
         H_CASE(write_outcome_unknown, 60),
+        H_CASE(fsync_slow_answer_waits, 60),
+        H_CASE(fsync_failure_reported, 60),
     };
 
     return H_MAIN(fx, cases);

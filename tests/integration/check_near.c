@@ -263,6 +263,87 @@ START_TEST(test_redis_restart_flushes)
 }
 END_TEST
 
+/* A cache.get of KEY (LEASE: whether it asks for one) must be a miss
+ * without a lease: what an acknowledged invalidation promised while its
+ * first delete is owed. */
+static void
+assert_owed_miss(struct h_conn *c, const char *key, bool lease)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                        key, "lease", lease);
+    ck_assert_msg(h_ok(r) && !jtrue(r, "hit") &&
+                      json_is_null(json_object_get(r, "lease")),
+                  "cache.get %s after its invalidation: %s", key, h_dump(r));
+    json_decref(r);
+}
+
+/* Redis stops with q cached near, cache.invalidate q is acknowledged as
+ * queued, and Redis comes back with its data (q still "old" there): no
+ * read after the answer sees "old", near or not, and the delete reaches
+ * Redis as soon as the daemon has a connection again, not after the
+ * backoff its failed attempts grew meanwhile. */
+START_TEST(test_invalidate_across_outage)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "q", "old", 0);
+    near_get_until_near(c, "q", "old");
+    h_r_do(&R, "SET witness here");
+    h_r_do(&R, "SAVE");
+    h_redis_kill(&R);
+
+    json_t *r = h_must(
+        h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.invalidate", "key", "q"));
+    ck_assert_msg(jtrue(r, "queued") && jint(r, "deleted") == 0 &&
+                      jint(r, "pending") == 1,
+                  "invalidate while Redis is down: %s", h_dump(r));
+    json_decref(r);
+    long long answered = h_now_ms();
+    /* The outage lasts (time passing is the point: the delete's retries
+     * back off meanwhile); the reads in it are misses without a lease. */
+    while (h_now_ms() - answered < 3000) {
+        assert_owed_miss(c, "q", true);
+        r = h_must(
+            h_callf(c, T_MS, "{s:s,s:[s]}", "op", "cache.mget", "keys", "q"));
+        json_t *res = json_array_get(json_object_get(r, "results"), 0);
+        ck_assert_msg(h_ok(res) && !jtrue(res, "hit") &&
+                          json_is_null(json_object_get(res, "lease")),
+                      "cache.mget after the invalidation: %s", h_dump(r));
+        json_decref(r);
+        usleep(20000);
+    }
+
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    redisReply *w = h_redis_cmd(&R, "GET witness");
+    ck_assert_msg(w != NULL && w->type == REDIS_REPLY_STRING,
+                  "Redis came back without its data");
+    freeReplyObject(w);
+    long long up = 0, gone = 0, deadline = h_now_ms() + 15000;
+    while (gone == 0 && h_now_ms() < deadline) {
+        assert_owed_miss(c, "q", false);
+        if (up == 0 && h_stat(c, "redis_connected") > 0) {
+            up = h_now_ms();
+        }
+        if (up != 0 && h_r_int(&R, "EXISTS " PREFIX "{q}") == 0) {
+            gone = h_now_ms();
+        }
+    }
+    ck_assert_msg(gone != 0, "the delete never reached Redis");
+    fprintf(stderr, "delete reached Redis %lld ms after it was up\n",
+            gone - up);
+    ck_assert_msg(gone - up < 1000,
+                  "the delete reached Redis %lld ms after it was up",
+                  gone - up);
+    h_assert_stat(c, "cache_invalidations_pending", 0, T_MS);
+    assert_owed_miss(c, "q", false);
+
+    /* Done with, the key is cached near again like any other. */
+    set(c, "q", "new", 0);
+    near_get_until_near(c, "q", "new");
+    h_close(c);
+}
+END_TEST
+
 START_TEST(test_ttl_respected)
 {
     /* Without Redis' active expiry, no invalidation comes when the key
@@ -673,6 +754,7 @@ main(void)
         H_CASE(other_daemon_and_invalidate_evict, 60),
         H_CASE(tracking_connection_killed_flushes, 60),
         H_CASE(redis_restart_flushes, 60),
+        H_CASE(invalidate_across_outage, 90),
         H_CASE(ttl_respected, 60),
         H_CASE(lru_bound_and_value_limit, 90),
         H_CASE(min_hits, 60),

@@ -2867,6 +2867,8 @@ static const struct cluster_skip cluster_skips[] = {
     {"near", "redis_restart_flushes",
      "kills and restarts the one Redis (check_near_cluster's "
      "lost_connections_flush and failover_flushes cover a cluster)"},
+    {"near", "invalidate_across_outage",
+     "kills and restarts the one Redis with its data"},
     {"near", "race_invalidation_overtakes_read",
      "puts its delaying proxy in front of the one Redis"},
     {"near", "silent_tracking_connection_flushes",
