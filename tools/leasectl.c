@@ -63,7 +63,7 @@ usage(FILE *f)
         "usage: " CTL_NAME " [options] COMMAND [ARGS]\n"
         "\n"
         "commands:\n"
-        "  ping                          check that leased answers\n"
+        "  ping                          check that leased is ready (exit 0)\n"
         "  stats [--json]                the daemon's figures\n"
         "  lock KEY [--ttl MS] [--wait MS] [--owner S] [--lost-exit N]\n"
         "       [-q] -- CMD [ARGS...]    run CMD while holding KEY\n"
@@ -116,9 +116,11 @@ exit_for(int code)
     switch (code) {
     case LEASED_E_CONNECT:
     case LEASED_E_IO:
+    /* Not 75: that says the lock is held elsewhere, and a script that
+     * retries on it would retry against a Redis that is down. */
+    case LEASED_E_REDIS_UNAVAILABLE:
         return EX_UNAVAILABLE;
     case LEASED_E_TIMEOUT:
-    case LEASED_E_REDIS_UNAVAILABLE:
     case LEASED_E_BUSY:
     case LEASED_E_SHUTTING_DOWN:
         return EX_TEMPFAIL;
@@ -427,6 +429,34 @@ one_key_cmd(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
 
 /* --- ping, stats -------------------------------------------------------- */
 
+/* Ready as the contract's /readyz means it: Redis reachable, the journal
+ * writable, no shutdown under way. The stats op tells it (ping's reply is
+ * fixed by the contract); a daemon whose stats lack "ready" predates the
+ * check and counts as ready. */
+static int
+ping_ready(struct ctl *ctl)
+{
+    struct leased_error err;
+    const char *why;
+    json_t *st;
+    int rc;
+
+    if (leased_stats(ctl->conn, &st, &err) != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    why = json_string_value(json_object_get(st, "not_ready"));
+    if (json_is_false(json_object_get(st, "ready"))) {
+        rc = why && !strcmp(why, "redis_unavailable") ? EX_UNAVAILABLE
+                                                      : EX_TEMPFAIL;
+        fprintf(stderr, CTL_NAME ": ping: not ready: %s\n",
+                why ? why : "unknown");
+        json_decref(st);
+        return rc;
+    }
+    json_decref(st);
+    return 0;
+}
+
 static int
 cmd_ping(struct ctl *ctl, int argc, char **argv)
 {
@@ -444,10 +474,13 @@ cmd_ping(struct ctl *ctl, int argc, char **argv)
 
         rc = call(ctl, json_pack("{s:s}", "op", "ping"), 0, &rep, &err);
         json_decref(rep);
-        return rc == LEASED_OK ? 0 : fail(ctl, &err);
+        return rc == LEASED_OK ? ping_ready(ctl) : fail(ctl, &err);
     }
     if (leased_ping(ctl->conn, &err) != LEASED_OK) {
         return fail(ctl, &err);
+    }
+    if ((rc = ping_ready(ctl)) != 0) {
+        return rc;
     }
     printf("pong\n");
     return 0;

@@ -630,6 +630,17 @@ START_TEST(test_auth)
 }
 END_TEST
 
+static bool
+ping_ready(void *arg)
+{
+    struct run *r = arg;
+
+    CTL(r, "ping");
+    return r->rc == 0;
+}
+
+/* Redis down is 69 (unavailable), not 75 (held elsewhere), for every
+ * command; ping says so until Redis is back. */
 START_TEST(test_redis_down)
 {
     char yaml[200];
@@ -641,17 +652,33 @@ START_TEST(test_redis_down)
              R.port);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
     setenv("LEASED_SOCKET", D.sock, 1);
+    CTL(&r, "ping");
+    CK_RC(&r, 0);
     h_redis_kill(&R);
 
     CTL(&r, "lock", "k", "--", "true");
-    CK_RC(&r, 75);
+    CK_RC(&r, 69);
     ck_assert_msg(!strncmp(r.err, "leasectl: lock: redis_unavailable: ", 35),
                   "stderr: %s", r.err);
+    CTL(&r, "lock", "k", "--wait", "200", "--", "true");
+    CK_RC(&r, 69);
     CTL(&r, "get", "k");
-    CK_RC(&r, 75);
+    CK_RC(&r, 69);
     CTL(&r, "invalidate", "k");
     CK_RC(&r, 0);
     ck_assert_msg(strstr(r.out, "queued=true"), "out: %s", r.out);
+
+    CTL(&r, "ping");
+    CK_RC(&r, 69);
+    ck_assert_str_eq(r.out, "");
+    ck_assert_str_eq(r.err, "leasectl: ping: not ready: redis_unavailable\n");
+    CTL(&r, "--json", "ping");
+    CK_RC(&r, 69);
+
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    ck_assert_msg(h_wait_until(ping_ready, &r, 10000),
+                  "ping not ready after Redis came back: %s", r.err);
+    ck_assert_str_eq(r.out, "pong\n");
     unsetenv("LEASED_SOCKET");
 }
 END_TEST
