@@ -151,6 +151,34 @@ START_TEST(test_defaults_accepted)
 }
 END_TEST
 
+/* The long options GNU tools teach users to try, beside the short ones. */
+START_TEST(test_long_options)
+{
+    char out[4096], err[4096];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, NULL), 0);
+    const char *version[] = {h_leased_bin(), "--version", NULL};
+    ck_assert_int_eq(h_run(version, out, sizeof out, err, sizeof err, RUN_MS),
+                     0);
+    ck_assert_msg(!strncmp(out, "leased ", 7), "--version: %s%s", out, err);
+    const char *v[] = {h_leased_bin(), "-v", NULL};
+    ck_assert_int_eq(h_run(v, out, sizeof out, err, sizeof err, RUN_MS), 0);
+    ck_assert_msg(!strncmp(out, "leased ", 7), "-v: %s%s", out, err);
+    const char *help[] = {h_leased_bin(), "--help", NULL};
+    ck_assert_int_eq(h_run(help, out, sizeof out, err, sizeof err, RUN_MS), 0);
+    ck_assert_msg(strstr(out, "--config FILE") && strstr(out, "--test") &&
+                      strstr(out, "/leased/leased.yml"),
+                  "--help: %s%s", out, err);
+    const char *test[] = {h_leased_bin(), "--test", "--config", D.conf, NULL};
+    ck_assert_int_eq(h_run(test, out, sizeof out, err, sizeof err, RUN_MS), 0);
+    ck_assert_msg(strstr(out, "is valid") != NULL, "--test: %s%s", out, err);
+    const char *bad[] = {h_leased_bin(), "--frobnicate", NULL};
+    ck_assert_int_eq(h_run(bad, out, sizeof out, err, sizeof err, RUN_MS), 2);
+    ck_assert_msg(strstr(err, "--frobnicate") != NULL, "stderr: %s", err);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -158,6 +186,7 @@ main(void)
         H_CASE(redlock_refused, 90),
         H_CASE(cluster_db_refused, 90),
         H_CASE(defaults_accepted, 60),
+        H_CASE(long_options, 60),
     };
 
     return H_MAIN(fx, cases);

@@ -283,6 +283,12 @@ START_TEST(test_ping_stats_usage)
     CTL(&r, "-V");
     CK_RC(&r, 0);
     ck_assert_msg(!strncmp(r.out, "leasectl ", 9), "version: %s", r.out);
+    CTL(&r, "--version");
+    CK_RC(&r, 0);
+    ck_assert_msg(!strncmp(r.out, "leasectl ", 9), "version: %s", r.out);
+    CTL(&r, "-h");
+    CK_RC(&r, 0);
+    ck_assert_msg(strstr(r.out, "usage: leasectl"), "help: %s", r.out);
 }
 END_TEST
 
