@@ -495,6 +495,29 @@ START_TEST(test_lock_contended)
     CK_RC(&r, 75);
     ck_assert_str_eq(r.err, "");
 
+    /* Durations with a unit; a bare number stays milliseconds. */
+    CTL(&r, "lock", "report", "--wait", "1s", "--", "sh", "-c", cmd);
+    CK_RC(&r, 75);
+    ck_assert_int_ge(r.took_ms, 950);
+    CTL(&r, "lock", "report", "--wait=300ms", "--", "sh", "-c", cmd);
+    CK_RC(&r, 75);
+    ck_assert_int_ge(r.took_ms, 280);
+    CTL(&r, "lock", "report", "--wait", "2x", "--", "sh", "-c", cmd);
+    CK_RC(&r, 64);
+    ck_assert_msg(strstr(r.err, "bad --wait '2x'"), "stderr: %s", r.err);
+    CTL(&r, "lock", "report", "--wait", "-1s", "--", "sh", "-c", cmd);
+    CK_RC(&r, 64);
+
+    /* flock -E: the status of a conflict is the caller's to choose. */
+    CTL(&r, "-q", "lock", "report", "--conflict-exit", "3", "--", "sh", "-c",
+        cmd);
+    CK_RC(&r, 3);
+    CTL(&r, "-q", "lock", "report", "-E", "0", "--", "sh", "-c", cmd);
+    CK_RC(&r, 0);
+    CTL(&r, "lock", "report", "--conflict-exit", "256", "--", "true");
+    CK_RC(&r, 64);
+    ck_assert_int_ne(access(marker, F_OK), 0);
+
     rep = h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key", "report");
     ck_assert_msg(h_ok(rep), "unlock: %s", h_errcode(rep));
     json_decref(rep);
