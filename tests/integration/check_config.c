@@ -94,7 +94,7 @@ refused_everywhere(const char *extra, const char *old, const char *new,
 
     /* SIGHUP: refused with the same message, the running daemon stays. */
     snprintf(reload_line, sizeof reload_line,
-             "reload failed, keeping the running configuration "
+             "msg=\"reload failed, keeping the running configuration\" "
              "error=\"%s\"",
              message);
     h_daemon_signal(&D, SIGHUP);
@@ -179,14 +179,32 @@ START_TEST(test_long_options)
 }
 END_TEST
 
+/* A start-up error names its cause in words, as the others do, not as a
+ * raw errno. */
+START_TEST(test_metrics_bind_worded)
+{
+    char extra[128];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    /* Redis holds this port already. */
+    snprintf(extra, sizeof extra, "metrics:\n  listen: \"127.0.0.1:%d\"\n",
+             R.port);
+    fprintf(stderr, "(a start-up failure is expected below)\n");
+    ck_assert_int_ne(h_daemon_start(&D, &R, extra), 0);
+    ck_assert_msg(h_log_has(&D, "msg=\"metrics bind failed\"") &&
+                      h_log_has(&D, "error=\"Address already in use\""),
+                  "the bind failure is not worded");
+    ck_assert(!h_log_has(&D, "errno="));
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(redlock_refused, 90),
-        H_CASE(cluster_db_refused, 90),
-        H_CASE(defaults_accepted, 60),
-        H_CASE(long_options, 60),
+        H_CASE(redlock_refused, 90),     H_CASE(cluster_db_refused, 90),
+        H_CASE(defaults_accepted, 60),   H_CASE(long_options, 60),
+        H_CASE(metrics_bind_worded, 60),
     };
 
     return H_MAIN(fx, cases);
