@@ -95,7 +95,7 @@ usage(FILE *f)
         "      --admin-token T listen.admin_token, for locks and unlock over\n"
         "                      TCP (or $LEASED_ADMIN_TOKEN)\n"
         "      --json          print the daemon's answers as JSON lines\n"
-        "  -t, --timeout MS    how long to wait for a reply (default %d)\n"
+        "  -t, --timeout T     how long to wait for a reply (default %d ms)\n"
         "  -q, --quiet         no message when a lock is not acquired\n"
         "  -h, --help          this text\n"
         "  -V, --version       the version\n"
@@ -172,6 +172,45 @@ parse_num(const char *s, long long min, long long max, long long *out)
     }
     *out = v;
     return true;
+}
+
+/* A duration in [MIN, MAX] milliseconds: a whole number with a unit (ms,
+ * s, m, h), or a bare number of milliseconds, the daemon's unit. flock(1)'s
+ * -w counts seconds; leasectl(1) says so. A negative value (-1: no limit)
+ * takes no unit. */
+static bool
+parse_duration_ms(const char *s, long long min, long long max, long long *out)
+{
+    static const struct {
+        const char *unit;
+        long long ms;
+    } units[] = {
+        {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+    char *end;
+    long long v;
+
+    if (!s || !*s) {
+        return false;
+    }
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || (*end && v < 0)) {
+        return false;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (!strcmp(end, units[i].unit)) {
+            if (v > max / units[i].ms) {
+                return false;
+            }
+            v *= units[i].ms;
+            if (v < min || v > max) {
+                return false;
+            }
+            *out = v;
+            return true;
+        }
+    }
+    return false;
 }
 
 /* Parse ARGV (after the command name) for the options of DEFS plus the
@@ -287,7 +326,7 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
     if (timeout) {
         long long v;
 
-        if (!parse_num(timeout, 1, 86400000, &v)) {
+        if (!parse_duration_ms(timeout, 1, 86400000, &v)) {
             return usage_error(ctl->cmd, "bad --timeout '%s'", timeout);
         }
         ctl->timeout_ms = (int)v;
@@ -299,45 +338,6 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
         ctl->json = true;
     }
     return 0;
-}
-
-/* A duration in [MIN, MAX] milliseconds: a whole number with a unit (ms,
- * s, m, h), or a bare number of milliseconds, the daemon's unit. flock(1)'s
- * -w counts seconds; leasectl(1) says so. A negative value (-1: no limit)
- * takes no unit. */
-static bool
-parse_duration_ms(const char *s, long long min, long long max, long long *out)
-{
-    static const struct {
-        const char *unit;
-        long long ms;
-    } units[] = {
-        {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
-    char *end;
-    long long v;
-
-    if (!s || !*s) {
-        return false;
-    }
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno || end == s || (*end && v < 0)) {
-        return false;
-    }
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (!strcmp(end, units[i].unit)) {
-            if (v > max / units[i].ms) {
-                return false;
-            }
-            v *= units[i].ms;
-            if (v < min || v > max) {
-                return false;
-            }
-            *out = v;
-            return true;
-        }
-    }
-    return false;
 }
 
 /* A duration option (see parse_duration_ms): absent leaves *OUT alone. */

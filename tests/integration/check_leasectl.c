@@ -225,6 +225,10 @@ START_TEST(test_ping_stats_usage)
     CK_RC(&r, 0);
     CTL(&r, "ping", "--host", tcp);
     CK_RC(&r, 0);
+    CTL(&r, "-s", D.sock, "--timeout", "5s", "ping");
+    CK_RC(&r, 0);
+    CTL(&r, "-s", D.sock, "-t", "soon", "ping");
+    CK_RC(&r, 64);
 
     setenv("LEASED_SOCKET", D.sock, 1);
     CTL(&r, "ping");
