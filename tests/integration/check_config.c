@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define T_MS 5000    /* how long a reply may take */
 #define RUN_MS 30000 /* how long leased -t or a failing start may take */
@@ -173,6 +174,16 @@ START_TEST(test_long_options)
     const char *test[] = {h_leased_bin(), "--test", "--config", D.conf, NULL};
     ck_assert_int_eq(h_run(test, out, sizeof out, err, sizeof err, RUN_MS), 0);
     ck_assert_msg(strstr(out, "is valid") != NULL, "--test: %s%s", out, err);
+    /* Without -c and without the default file, -t says it checked the
+     * built-in defaults (a machine that has the file is not changed). */
+    if (access(LD_SYSCONFDIR "/leased/leased.yml", F_OK) != 0) {
+        const char *dflt[] = {h_leased_bin(), "-t", NULL};
+        ck_assert_int_eq(h_run(dflt, out, sizeof out, err, sizeof err, RUN_MS),
+                         0);
+        ck_assert_str_eq(out, "no configuration file " LD_SYSCONFDIR
+                              "/leased/leased.yml: the built-in defaults "
+                              "are valid\n");
+    }
     const char *bad[] = {h_leased_bin(), "--frobnicate", NULL};
     ck_assert_int_eq(h_run(bad, out, sizeof out, err, sizeof err, RUN_MS), 2);
     ck_assert_msg(strstr(err, "--frobnicate") != NULL, "stderr: %s", err);
