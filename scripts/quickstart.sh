@@ -109,11 +109,13 @@ for p in $PACKAGES; do
     fi
 done
 # promtool, which make check runs on the daemon's /metrics, comes only in
-# the full Prometheus server package. The server itself is not wanted: it
-# is installed without recommends, its service is kept from starting
-# (policy-rc.d covers both sysvinit scripts, as in CI where root runs
-# without systemd, and deb-systemd-invoke) and, under systemd, from
-# starting at boot.
+# the full Prometheus server package (Debian 12 has no package with
+# promtool alone: apt-cache search promtool finds nothing else). The
+# server itself is not wanted: it is installed without recommends, its
+# service is kept from starting (policy-rc.d covers both sysvinit
+# scripts, as in CI where root runs without systemd, and
+# deb-systemd-invoke), then disabled so that it does not start at boot
+# either, and stopped in case a policy-rc.d of the host let it start.
 PROMETHEUS_PACKAGE=prometheus
 prometheus_missing=no
 status=$(dpkg-query -W -f='${Status}' "$PROMETHEUS_PACKAGE" 2>/dev/null) ||
@@ -149,7 +151,12 @@ if [ "$prometheus_missing" = yes ]; then
     [ "$own_policy" = no ] || rm -f "$policy"
     [ "$rc" -eq 0 ] || die "apt-get install $PROMETHEUS_PACKAGE failed"
     if [ -d /run/systemd/system ]; then
-        systemctl disable prometheus.service >/dev/null 2>&1 || true
+        systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    else
+        update-rc.d prometheus disable >/dev/null 2>&1 || true
+        if [ -x /etc/init.d/prometheus ]; then
+            /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+        fi
     fi
 fi
 if [ -z "$missing" ] && [ "$prometheus_missing" = no ]; then
