@@ -119,13 +119,6 @@ syslog_priority(int level)
     }
 }
 
-/* sd-daemon(3)'s prefixes are the syslog priorities. */
-static int
-journal_priority(int level)
-{
-    return syslog_priority(level);
-}
-
 /* Whether S, at the start of a word, is a key=value field: a key of
  * letters, digits, '_', '.' and '-' that starts with a letter or '_'. */
 static bool
@@ -219,7 +212,8 @@ line_prefix(char *out, size_t size, int level)
     int n;
 
     if (log_to_journal) {
-        n = snprintf(out, size, "<%d>", journal_priority(level));
+        /* sd-daemon(3)'s prefixes are the syslog priorities. */
+        n = snprintf(out, size, "<%d>", syslog_priority(level));
     } else {
         clock_gettime(CLOCK_REALTIME, &ts);
         gmtime_r(&ts.tv_sec, &tm);
