@@ -7,9 +7,15 @@
 # Run as root or through sudo. Under sudo the build runs as the calling
 # user (so a later plain `make check` can write to the tree) and so does
 # the daemon (so that user can talk to its socket). Safe to run again: what
-# is already installed, built or running is left as it is.
+# is already installed is left as it is, the tree is rebuilt, and the
+# daemon this script started is restarted when the rebuilt src/leased is
+# newer than it (a daemon it did not start is left alone).
 #
-# The daemon's pid goes to ./leased.pid and its output to ./leased.log.
+# The daemon's pid goes to ./leased.pid and its output to ./leased.log; a
+# redis-server it starts has its pid in ./redis.pid.
+#
+#   scripts/quickstart.sh stop    stops the leased and the redis-server
+#                                 whose pids those files hold, nothing else
 
 set -euo pipefail
 
@@ -18,6 +24,7 @@ TOP=$(pwd)
 SOCK=/run/leased/leased.sock
 PIDFILE=$TOP/leased.pid
 LOGFILE=$TOP/leased.log
+REDIS_PIDFILE=$TOP/redis.pid
 PACKAGES="build-essential autoconf automake pkg-config libhiredis-dev
 libevent-dev libssl-dev openssl libjansson-dev libyaml-dev check
 redis-server redis-tools socat python3 python3-venv nodejs"
@@ -25,10 +32,50 @@ redis-server redis-tools socat python3 python3-venv nodejs"
 say() { printf 'quickstart: %s\n' "$*"; }
 die() { printf 'quickstart: error: %s\n' "$*" >&2; exit 1; }
 
+case "${1:-}" in
+"" | stop) ;;
+*) die "usage: $0 [stop]" ;;
+esac
+
 if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null 2>&1 ||
         die "run as root (sudo is not installed)"
     exec sudo "$0" "$@"
+fi
+
+# The pid in FILE if it is alive and its command line holds NAME (a pid
+# file left from a reboot may name a recycled pid), else nothing.
+live_pid() {
+    local file=$1 name=$2 pid
+    [ -f "$file" ] || return 0
+    pid=$(cat "$file")
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+        tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$name"; then
+        echo "$pid"
+    fi
+}
+
+# SIGTERM the process in FILE (see live_pid), wait up to 10 s for it to
+# go, then SIGKILL; remove FILE.
+stop_pidfile() {
+    local file=$1 name=$2 pid
+    pid=$(live_pid "$file" "$name")
+    if [ -n "$pid" ]; then
+        say "stopping $name (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$file"
+}
+
+if [ "${1:-}" = stop ]; then
+    stop_pidfile "$PIDFILE" leased
+    stop_pidfile "$REDIS_PIDFILE" redis-server
+    exit 0
 fi
 
 # Who builds and runs the daemon: the user behind sudo, else root.
@@ -62,11 +109,13 @@ for p in $PACKAGES; do
     fi
 done
 # promtool, which make check runs on the daemon's /metrics, comes only in
-# the full Prometheus server package. The server itself is not wanted: it
-# is installed without recommends, its service is kept from starting
-# (policy-rc.d covers both sysvinit scripts, as in CI where root runs
-# without systemd, and deb-systemd-invoke) and, under systemd, from
-# starting at boot.
+# the full Prometheus server package (Debian 12 has no package with
+# promtool alone: apt-cache search promtool finds nothing else). The
+# server itself is not wanted: it is installed without recommends, its
+# service is kept from starting (policy-rc.d covers both sysvinit
+# scripts, as in CI where root runs without systemd, and
+# deb-systemd-invoke), then disabled so that it does not start at boot
+# either, and stopped in case a policy-rc.d of the host let it start.
 PROMETHEUS_PACKAGE=prometheus
 prometheus_missing=no
 status=$(dpkg-query -W -f='${Status}' "$PROMETHEUS_PACKAGE" 2>/dev/null) ||
@@ -102,7 +151,12 @@ if [ "$prometheus_missing" = yes ]; then
     [ "$own_policy" = no ] || rm -f "$policy"
     [ "$rc" -eq 0 ] || die "apt-get install $PROMETHEUS_PACKAGE failed"
     if [ -d /run/systemd/system ]; then
-        systemctl disable prometheus.service >/dev/null 2>&1 || true
+        systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    else
+        update-rc.d prometheus disable >/dev/null 2>&1 || true
+        if [ -x /etc/init.d/prometheus ]; then
+            /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+        fi
     fi
 fi
 if [ -z "$missing" ] && [ "$prometheus_missing" = no ]; then
@@ -123,7 +177,8 @@ else
     say "starting redis-server on 127.0.0.1:6379"
     redis-server --daemonize yes --bind 127.0.0.1 --port 6379 \
         --save "" --appendonly no --dir /tmp \
-        --logfile /tmp/leased-quickstart-redis.log
+        --logfile /tmp/leased-quickstart-redis.log \
+        --pidfile "$REDIS_PIDFILE"
     for _ in $(seq 100); do
         [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null || true)" = PONG ] &&
             break
@@ -134,23 +189,15 @@ else
 fi
 
 # --- leased ---------------------------------------------------------------
-if answers_ping; then
-    say "a leased is already answering on $SOCK; not starting another"
-else
-    if [ -f "$PIDFILE" ]; then
-        old=$(cat "$PIDFILE")
-        if [ -n "$old" ] && kill -0 "$old" 2>/dev/null &&
-                grep -q leased "/proc/$old/cmdline" 2>/dev/null; then
-            say "stopping the earlier leased (pid $old) that does not answer"
-            kill "$old" 2>/dev/null || true
-            for _ in $(seq 100); do
-                kill -0 "$old" 2>/dev/null || break
-                sleep 0.1
-            done
-            kill -9 "$old" 2>/dev/null || true
-        fi
-        rm -f "$PIDFILE"
-    fi
+# Seconds since the epoch when process PID started.
+started_at() {
+    local ticks boot
+    ticks=$(awk '{print $22}' "/proc/$1/stat")
+    boot=$(awk '/^btime/ {print $2}' /proc/stat)
+    echo $((boot + ticks / $(getconf CLK_TCK)))
+}
+
+start_leased() {
     # The built-in defaults put the socket and the journal here; the
     # journal may be left from a run as another user.
     mkdir -p /run/leased /var/lib/leased
@@ -180,6 +227,27 @@ else
         die "leased did not answer on $SOCK"
     fi
     say "leased is running, pid $(cat "$PIDFILE")"
+}
+
+ours=$(live_pid "$PIDFILE" leased)
+if [ -n "$ours" ] &&
+    [ "$(stat -c %Y "$TOP/src/leased")" -gt "$(started_at "$ours")" ]; then
+    say "src/leased was rebuilt after the running one (pid $ours) started"
+    stop_pidfile "$PIDFILE" leased
+elif [ -n "$ours" ] && ! answers_ping; then
+    say "the earlier leased (pid $ours) does not answer"
+    stop_pidfile "$PIDFILE" leased
+fi
+if answers_ping; then
+    if [ -n "$(live_pid "$PIDFILE" leased)" ]; then
+        say "leased (pid $(cat "$PIDFILE")) is already running this build"
+    else
+        say "a leased this script did not start is answering on $SOCK;" \
+            "not starting another (it may be an older build: stop it first)"
+    fi
+else
+    rm -f "$PIDFILE"
+    start_leased
 fi
 
 say "echo '{\"op\":\"ping\"}' | socat - UNIX-CONNECT:$SOCK"

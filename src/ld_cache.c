@@ -113,6 +113,17 @@ cache_set_timer(struct event *ev, uint64_t delay_us)
     event_add(ev, &tv);
 }
 
+/* An acknowledged invalidation must reach the journal: while it cannot
+ * be synced the daemon is not ready (leasectl ping, the stats op). */
+static const char *
+cache_journal_not_ready(void)
+{
+    if (cache_mod.journal != NULL && ld_journal_failed(cache_mod.journal)) {
+        return "journal_failed";
+    }
+    return NULL;
+}
+
 void
 cache_update_journal_stats(void)
 {
@@ -484,6 +495,7 @@ ld_cache_init(const struct ld_ctx *ctx)
         ld_redis_on_state(cache_redis_state_cb, NULL);
         cache_mod.hooks_registered = true;
     }
+    ld_dispatch_add_ready_check(cache_journal_not_ready);
     cache_mod.inited = true;
     if (ld_near_init(ctx) != LD_OK) {
         return LD_ERR;

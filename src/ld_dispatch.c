@@ -4,6 +4,7 @@
  */
 #include "ld_dispatch.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_features.h"
@@ -11,6 +12,8 @@
 #include "ld_ns.h"
 #include "ld_memlimit.h"
 #include "ld_proto.h"
+#include "ld_redis.h"
+#include "ld_redlock.h"
 #include "ld_session.h"
 #include "ld_stats.h"
 #include "ld_util.h"
@@ -19,6 +22,7 @@
 #include <string.h>
 
 #define MAX_OPS 32
+#define MAX_READY_CHECKS 4
 
 struct op_entry {
     const char *name;
@@ -30,7 +34,52 @@ static struct {
     const struct ld_ctx *ctx;
     struct op_entry ops[MAX_OPS];
     size_t n_ops;
+    ld_ready_fn *ready_checks[MAX_READY_CHECKS];
+    size_t n_ready_checks;
 } dispatch_mod;
+
+void
+ld_dispatch_add_ready_check(ld_ready_fn *fn)
+{
+    for (size_t i = 0; i < dispatch_mod.n_ready_checks; i++) {
+        if (dispatch_mod.ready_checks[i] == fn) {
+            return;
+        }
+    }
+    LD_ASSERT(dispatch_mod.n_ready_checks < MAX_READY_CHECKS);
+    dispatch_mod.ready_checks[dispatch_mod.n_ready_checks++] = fn;
+}
+
+/* With lock.redlock the locks need a quorum of their instances besides
+ * the main Redis the cache uses. */
+static bool
+redis_reachable(void)
+{
+    if (!ld_redis_ready()) {
+        return false;
+    }
+    return dispatch_mod.ctx->cfg->lock.redlock.count == 0 ||
+           ld_redlock_ready_count() >= ld_redlock_quorum();
+}
+
+const char *
+ld_dispatch_not_ready(void)
+{
+    if (dispatch_mod.ctx->shutting_down) {
+        return "shutting_down";
+    }
+    if (!redis_reachable()) {
+        return "redis_unavailable";
+    }
+    for (size_t i = 0; i < dispatch_mod.n_ready_checks; i++) {
+        const char *why = dispatch_mod.ready_checks[i]();
+
+        if (why != NULL) {
+            return why;
+        }
+    }
+    return NULL;
+}
 
 int
 ld_dispatch_register(const char *op, ld_handler *fn)
@@ -163,10 +212,20 @@ op_hello(struct ld_req *req)
                           s->name, "features", ld_features_json()));
 }
 
+/* The contract fixes ping's reply at {"ok":true} and lets stats carry
+ * more figures than it lists: readiness (what leasectl ping reports) is
+ * told here. */
 static void
 op_stats(struct ld_req *req)
 {
-    ld_reply_ok(req, json_pack("{s:o}", "stats", ld_stats_json()));
+    json_t *st = ld_stats_json();
+    const char *why = ld_dispatch_not_ready();
+
+    json_object_set_new(st, "ready", json_boolean(why == NULL));
+    if (why != NULL) {
+        json_object_set_new(st, "not_ready", json_string(why));
+    }
+    ld_reply_ok(req, json_pack("{s:o}", "stats", st));
 }
 
 void
@@ -214,6 +273,7 @@ ld_dispatch_init(const struct ld_ctx *ctx)
 {
     dispatch_mod.ctx = ctx;
     dispatch_mod.n_ops = 0;
+    dispatch_mod.n_ready_checks = 0;
     ld_memlimit_init(ctx);
     ld_dispatch_register("hello", op_hello);
     ld_dispatch_register("ping", op_ping);
@@ -225,5 +285,6 @@ void
 ld_dispatch_free(void)
 {
     dispatch_mod.n_ops = 0;
+    dispatch_mod.n_ready_checks = 0;
     ld_features_clear();
 }

@@ -13,8 +13,9 @@ void ld_log_set_level(int level);
 const char *ld_log_level_name(int level);
 void ld_log_close(void);
 
-/* One line per event: "2026-01-02T03:04:05.678Z level=info msg k=v".
- * Never log values or secrets. */
+/* One line per event: 2026-01-02T03:04:05.678Z level=info msg="text" k=v
+ * ("<6>level=info ..." when stderr is systemd's journal). Never log values
+ * or secrets. */
 void ld_log_write(int level, const char *fmt, ...) LD_PRINTF(2, 3);
 
 #define ld_log(lvl, ...)                                                      \

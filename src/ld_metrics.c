@@ -206,13 +206,14 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
 
     bs = evhttp_bind_socket_with_handle(metrics_http, host, (ev_uint16_t)port);
     if (bs == NULL) {
-        log_error("metrics bind failed listen=%s errno=%d", listen, errno);
+        log_error("metrics bind failed listen=%s error=\"%s\"", listen,
+                  strerror(errno));
         ld_metrics_stop();
         return LD_ERR;
     }
     port = bound_port_of(bs);
     if (port < 0) {
-        log_error("metrics getsockname failed errno=%d", errno);
+        log_error("metrics getsockname failed error=\"%s\"", strerror(errno));
         ld_metrics_stop();
         return LD_ERR;
     }

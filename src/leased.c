@@ -29,12 +29,16 @@ usage(FILE *out)
             "\n"
             "Distributed locks and cache-aside over Redis, as a sidecar.\n"
             "\n"
-            "  -c FILE  configuration file (default %s;\n"
-            "           when the default file is missing, built-in defaults)\n"
-            "  -t       test the configuration and exit (0 good, 1 bad)\n"
-            "  -f       stay in the foreground (implied under systemd)\n"
-            "  -v       print the version and exit\n"
-            "  -h       print this help and exit\n",
+            "  -c, --config FILE  configuration file, by default\n"
+            "                     %s\n"
+            "                     (built-in defaults when that file is "
+            "missing)\n"
+            "  -t, --test         test the configuration and exit (0 good, 1 "
+            "bad)\n"
+            "  -f, --foreground   stay in the foreground (implied under "
+            "systemd)\n"
+            "  -v, --version      print the version and exit\n"
+            "  -h, --help         print this help and exit\n",
             DEFAULT_CONF);
 }
 
@@ -74,6 +78,29 @@ daemonize(void)
     return LD_OK;
 }
 
+/* -t: the configuration and the files it names; the line says what was
+ * checked, the built-in defaults when the default file is missing. */
+static int
+test_config(const struct ld_options *opt, const struct ld_config *cfg)
+{
+    if (cfg->redis.tls.enabled) {
+        char err[512];
+        struct ssl_ctx_st *sctx = ld_tls_ctx_new(cfg, err, sizeof(err));
+        if (sctx == NULL) {
+            fprintf(stderr, "%s: %s\n", opt->conf_path, err);
+            return 1;
+        }
+        ld_tls_ctx_free(sctx);
+    }
+    if (!opt->conf_explicit && access(opt->conf_path, F_OK) != 0) {
+        printf("no configuration file %s: the built-in defaults are valid\n",
+               opt->conf_path);
+    } else {
+        printf("configuration %s is valid\n", opt->conf_path);
+    }
+    return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -81,7 +108,16 @@ main(int argc, char **argv)
     bool test_only = false;
     int ch;
 
-    while ((ch = getopt(argc, argv, "c:tfvh")) != -1) {
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"test", no_argument, NULL, 't'},
+        {"foreground", no_argument, NULL, 'f'},
+        {"version", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+
+    while ((ch = getopt_long(argc, argv, "c:tfvh", longopts, NULL)) != -1) {
         switch (ch) {
         case 'c':
             opt.conf_path = optarg;
@@ -138,20 +174,9 @@ main(int argc, char **argv)
         return 1;
     }
     if (test_only) {
-        /* The files named by the configuration are part of it. */
-        if (cfg.redis.tls.enabled) {
-            char err[512];
-            struct ssl_ctx_st *sctx = ld_tls_ctx_new(&cfg, err, sizeof(err));
-            if (sctx == NULL) {
-                fprintf(stderr, "%s: %s\n", opt.conf_path, err);
-                ld_conf_free(&cfg);
-                return 1;
-            }
-            ld_tls_ctx_free(sctx);
-        }
-        printf("configuration %s is valid\n", opt.conf_path);
+        int rc = test_config(&opt, &cfg);
         ld_conf_free(&cfg);
-        return 0;
+        return rc;
     }
 
     ld_log_open("leased", cfg.log.target == LD_LOG_TARGET_SYSLOG);

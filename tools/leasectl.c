@@ -40,9 +40,10 @@ struct ctl {
     const char *admin;  /* --admin-token / $LEASED_ADMIN_TOKEN */
     int timeout_ms;     /* --timeout */
     bool quiet;
-    bool json;        /* --json: print the daemon's answers as they are */
-    json_t *features; /* hello's "features", once asked (want_feature) */
-    const char *cmd;  /* the command's name, for messages */
+    int conflict_exit; /* lock, sem: not acquired (--conflict-exit) */
+    bool json;         /* --json: print the daemon's answers as they are */
+    json_t *features;  /* hello's "features", once asked (want_feature) */
+    const char *cmd;   /* the command's name, for messages */
     struct leased_conn *conn;
 };
 
@@ -63,22 +64,27 @@ usage(FILE *f)
         "usage: " CTL_NAME " [options] COMMAND [ARGS]\n"
         "\n"
         "commands:\n"
-        "  ping                          check that leased answers\n"
+        "  ping                          check that leased is ready (exit 0)\n"
         "  stats [--json]                the daemon's figures\n"
-        "  lock KEY [--ttl MS] [--wait MS] [--owner S] [--lost-exit N]\n"
-        "       [-q] -- CMD [ARGS...]    run CMD while holding KEY\n"
+        "  lock KEY [--ttl T] [--wait T] [--owner S] [--lost-exit N]\n"
+        "       [--conflict-exit N] [-q] -- CMD [ARGS...]\n"
+        "                                run CMD while holding KEY\n"
         "  get KEY [--json]              print a cached value (exit 1: miss)\n"
-        "  set KEY VALUE [--ttl MS]      store a value (--null: not found)\n"
-        "  invalidate KEY... [--delay MS]  delete cached keys\n"
+        "  set KEY VALUE [--ttl T]       store a value (--null: not found)\n"
+        "  invalidate KEY... [--delay T]  delete cached keys\n"
         "  info KEY [--owner S] [--token T]  is KEY locked (exit 1: no)\n"
         "  lock KEY --read | --write ... -- CMD  the sides of a read-write "
         "lock\n"
-        "  sem KEY --limit N [--ttl MS] [--wait MS] -- CMD [ARGS...]\n"
+        "  sem KEY --limit N [--ttl T] [--wait T] -- CMD [ARGS...]\n"
         "                                run CMD holding one of N permits\n"
         "  locks [PREFIX] [--limit N]    locks held through this daemon\n"
         "  unlock --force KEY            free KEY whoever holds it (exit 1:\n"
         "                                it was not locked)\n"
         "  hot [--limit N] [--json]      the most read cache keys\n"
+        "\n"
+        "T is a duration: 500ms, 60s, 2m, 1h; a bare number is milliseconds\n"
+        "(flock -w counts seconds). lock and sem try once without --wait\n"
+        "and exit 75 (or --conflict-exit N) when they do not acquire.\n"
         "\n"
         "options:\n"
         "  -s, --socket PATH   the daemon's Unix socket (default: "
@@ -89,7 +95,7 @@ usage(FILE *f)
         "      --admin-token T listen.admin_token, for locks and unlock over\n"
         "                      TCP (or $LEASED_ADMIN_TOKEN)\n"
         "      --json          print the daemon's answers as JSON lines\n"
-        "  -t, --timeout MS    how long to wait for a reply (default %d)\n"
+        "  -t, --timeout T     how long to wait for a reply (default %d ms)\n"
         "  -q, --quiet         no message when a lock is not acquired\n"
         "  -h, --help          this text\n"
         "  -V, --version       the version\n"
@@ -116,9 +122,11 @@ exit_for(int code)
     switch (code) {
     case LEASED_E_CONNECT:
     case LEASED_E_IO:
+    /* Not 75: that says the lock is held elsewhere, and a script that
+     * retries on it would retry against a Redis that is down. */
+    case LEASED_E_REDIS_UNAVAILABLE:
         return EX_UNAVAILABLE;
     case LEASED_E_TIMEOUT:
-    case LEASED_E_REDIS_UNAVAILABLE:
     case LEASED_E_BUSY:
     case LEASED_E_SHUTTING_DOWN:
         return EX_TEMPFAIL;
@@ -164,6 +172,45 @@ parse_num(const char *s, long long min, long long max, long long *out)
     }
     *out = v;
     return true;
+}
+
+/* A duration in [MIN, MAX] milliseconds: a whole number with a unit (ms,
+ * s, m, h), or a bare number of milliseconds, the daemon's unit. flock(1)'s
+ * -w counts seconds; leasectl(1) says so. A negative value (-1: no limit)
+ * takes no unit. */
+static bool
+parse_duration_ms(const char *s, long long min, long long max, long long *out)
+{
+    static const struct {
+        const char *unit;
+        long long ms;
+    } units[] = {
+        {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+    char *end;
+    long long v;
+
+    if (!s || !*s) {
+        return false;
+    }
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || (*end && v < 0)) {
+        return false;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (!strcmp(end, units[i].unit)) {
+            if (v > max / units[i].ms) {
+                return false;
+            }
+            v *= units[i].ms;
+            if (v < min || v > max) {
+                return false;
+            }
+            *out = v;
+            return true;
+        }
+    }
+    return false;
 }
 
 /* Parse ARGV (after the command name) for the options of DEFS plus the
@@ -279,7 +326,7 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
     if (timeout) {
         long long v;
 
-        if (!parse_num(timeout, 1, 86400000, &v)) {
+        if (!parse_duration_ms(timeout, 1, 86400000, &v)) {
             return usage_error(ctl->cmd, "bad --timeout '%s'", timeout);
         }
         ctl->timeout_ms = (int)v;
@@ -293,16 +340,40 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
     return 0;
 }
 
-/* A milliseconds option: absent leaves *OUT alone. */
+/* A duration option (see parse_duration_ms): absent leaves *OUT alone. */
 static int
 opt_ms(const struct ctl *ctl, const char *name, const char *s, long long min,
        long long *out)
 {
-    if (s && !parse_num(s, min, 86400000LL * 365, out)) {
-        char msg[64];
+    if (s && !parse_duration_ms(s, min, 86400000LL * 365, out)) {
+        char msg[128];
 
-        snprintf(msg, sizeof msg, "bad --%s '%%s'", name);
+        snprintf(msg, sizeof msg,
+                 "bad --%s '%%s' (milliseconds, or a number with ms, s, m "
+                 "or h)",
+                 name);
         return usage_error(ctl->cmd, msg, s);
+    }
+    return 0;
+}
+
+/* --lost-exit into *LOST_EXIT and --conflict-exit into the ctl, each
+ * 0..255 (absent: keep the defaults). */
+static int
+opt_exits(struct ctl *ctl, const char *lost, const char *conflict,
+          long long *lost_exit)
+{
+    long long v;
+
+    if (lost && !parse_num(lost, 0, 255, lost_exit)) {
+        return usage_error(ctl->cmd, "bad --lost-exit '%s' (0..255)", lost);
+    }
+    if (conflict) {
+        if (!parse_num(conflict, 0, 255, &v)) {
+            return usage_error(ctl->cmd, "bad --conflict-exit '%s' (0..255)",
+                               conflict);
+        }
+        ctl->conflict_exit = (int)v;
     }
     return 0;
 }
@@ -427,6 +498,34 @@ one_key_cmd(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
 
 /* --- ping, stats -------------------------------------------------------- */
 
+/* Ready as the contract's /readyz means it: Redis reachable, the journal
+ * writable, no shutdown under way. The stats op tells it (ping's reply is
+ * fixed by the contract); a daemon whose stats lack "ready" predates the
+ * check and counts as ready. */
+static int
+ping_ready(struct ctl *ctl)
+{
+    struct leased_error err;
+    const char *why;
+    json_t *st;
+    int rc;
+
+    if (leased_stats(ctl->conn, &st, &err) != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    why = json_string_value(json_object_get(st, "not_ready"));
+    if (json_is_false(json_object_get(st, "ready"))) {
+        rc = why && !strcmp(why, "redis_unavailable") ? EX_UNAVAILABLE
+                                                      : EX_TEMPFAIL;
+        fprintf(stderr, CTL_NAME ": ping: not ready: %s\n",
+                why ? why : "unknown");
+        json_decref(st);
+        return rc;
+    }
+    json_decref(st);
+    return 0;
+}
+
 static int
 cmd_ping(struct ctl *ctl, int argc, char **argv)
 {
@@ -444,10 +543,13 @@ cmd_ping(struct ctl *ctl, int argc, char **argv)
 
         rc = call(ctl, json_pack("{s:s}", "op", "ping"), 0, &rep, &err);
         json_decref(rep);
-        return rc == LEASED_OK ? 0 : fail(ctl, &err);
+        return rc == LEASED_OK ? ping_ready(ctl) : fail(ctl, &err);
     }
     if (leased_ping(ctl->conn, &err) != LEASED_OK) {
         return fail(ctl, &err);
+    }
+    if ((rc = ping_ready(ctl)) != 0) {
+        return rc;
     }
     printf("pong\n");
     return 0;
@@ -1031,7 +1133,7 @@ run_under(struct ctl *ctl, const char *key, const char *owner, json_t *req,
         }
         json_decref(rep);
         json_decref(release);
-        return EX_TEMPFAIL;
+        return ctl->conflict_exit;
     }
     snprintf(token, sizeof token, "%s",
              json_string_value(json_object_get(rep, "token"))
@@ -1046,11 +1148,15 @@ static int
 cmd_lock(struct ctl *ctl, int argc, char **argv)
 {
     const char *ttl = NULL, *wait = NULL, *owner = NULL, *lost = NULL;
-    const char *rd = NULL, *wr = NULL;
+    const char *rd = NULL, *wr = NULL, *conflict = NULL;
     const struct optdef defs[] = {
-        {"ttl", 0, true, &ttl},     {"wait", 'w', true, &wait},
-        {"owner", 0, true, &owner}, {"lost-exit", 0, true, &lost},
-        {"read", 0, false, &rd},    {"write", 0, false, &wr},
+        {"ttl", 0, true, &ttl},
+        {"wait", 'w', true, &wait},
+        {"owner", 0, true, &owner},
+        {"lost-exit", 0, true, &lost},
+        {"conflict-exit", 'E', true, &conflict},
+        {"read", 0, false, &rd},
+        {"write", 0, false, &wr},
         {NULL, 0, false, NULL},
     };
     struct leased_lock_args args = {0};
@@ -1063,11 +1169,9 @@ cmd_lock(struct ctl *ctl, int argc, char **argv)
     if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
                          &ncmd)) ||
         (rc = opt_ms(ctl, "ttl", ttl, 1, &args.ttl_ms)) ||
-        (rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms))) {
+        (rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms)) ||
+        (rc = opt_exits(ctl, lost, conflict, &lost_exit))) {
         return rc;
-    }
-    if (lost && !parse_num(lost, 0, 255, &lost_exit)) {
-        return usage_error(ctl->cmd, "bad --lost-exit '%s' (0..255)", lost);
     }
     if (npos != 1) {
         return usage_error(ctl->cmd, "wants KEY -- CMD [ARGS...]%s", "");
@@ -1121,7 +1225,7 @@ cmd_lock(struct ctl *ctl, int argc, char **argv)
                              "(lease left %lld ms); not running %s\n",
                     pos[0], res.ttl_ms, cmd[0]);
         }
-        return EX_TEMPFAIL;
+        return ctl->conflict_exit;
     }
     return hold_while(ctl, pos[0], owner, res.token, cmd, (int)lost_exit,
                       NULL);
@@ -1131,9 +1235,13 @@ static int
 cmd_sem(struct ctl *ctl, int argc, char **argv)
 {
     const char *ttl = NULL, *wait = NULL, *limit = NULL, *lost = NULL;
+    const char *conflict = NULL;
     const struct optdef defs[] = {
-        {"ttl", 0, true, &ttl},       {"wait", 'w', true, &wait},
-        {"limit", 'n', true, &limit}, {"lost-exit", 0, true, &lost},
+        {"ttl", 0, true, &ttl},
+        {"wait", 'w', true, &wait},
+        {"limit", 'n', true, &limit},
+        {"lost-exit", 0, true, &lost},
+        {"conflict-exit", 'E', true, &conflict},
         {NULL, 0, false, NULL},
     };
     long long ttl_ms = 0, wait_ms = 0, lim = 0, lost_exit = EX_SOFTWARE;
@@ -1144,14 +1252,12 @@ cmd_sem(struct ctl *ctl, int argc, char **argv)
     if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
                          &ncmd)) ||
         (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms)) ||
-        (rc = opt_ms(ctl, "wait", wait, -1, &wait_ms))) {
+        (rc = opt_ms(ctl, "wait", wait, -1, &wait_ms)) ||
+        (rc = opt_exits(ctl, lost, conflict, &lost_exit))) {
         return rc;
     }
     if (!limit || !parse_num(limit, 1, 1000000, &lim)) {
         return usage_error(ctl->cmd, "wants --limit N (1..1000000)%s", "");
-    }
-    if (lost && !parse_num(lost, 0, 255, &lost_exit)) {
-        return usage_error(ctl->cmd, "bad --lost-exit '%s' (0..255)", lost);
     }
     if (npos != 1) {
         return usage_error(ctl->cmd, "wants KEY --limit N -- CMD [ARGS...]%s",
@@ -1305,6 +1411,7 @@ main(int argc, char **argv)
     int i, rc;
 
     memset(&ctl, 0, sizeof ctl);
+    ctl.conflict_exit = EX_TEMPFAIL;
     ctl.auth = getenv("LEASED_AUTH");
     if (ctl.auth && !*ctl.auth) {
         ctl.auth = NULL;

@@ -238,7 +238,7 @@ START_TEST(test_tcp_needs_admin_token)
     ck_assert_msg(h_ok(r), "force as admin: %s", h_errcode(r));
     ck_assert(jtrue(r, "released"));
     json_decref(r);
-    ck_assert(h_wait_log(&D1, "lock force-unlocked key=k", T_MS));
+    ck_assert(h_wait_log(&D1, "msg=\"lock force-unlocked\" key=k", T_MS));
     ck_assert(h_log_has(&D1, "client=ops-1"));
     h_close(t);
 

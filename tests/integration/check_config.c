@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define T_MS 5000    /* how long a reply may take */
 #define RUN_MS 30000 /* how long leased -t or a failing start may take */
@@ -94,7 +95,7 @@ refused_everywhere(const char *extra, const char *old, const char *new,
 
     /* SIGHUP: refused with the same message, the running daemon stays. */
     snprintf(reload_line, sizeof reload_line,
-             "reload failed, keeping the running configuration "
+             "msg=\"reload failed, keeping the running configuration\" "
              "error=\"%s\"",
              message);
     h_daemon_signal(&D, SIGHUP);
@@ -180,14 +181,70 @@ START_TEST(test_redisson_empty_prefix)
 }
 END_TEST
 
+/* The long options GNU tools teach users to try, beside the short ones. */
+START_TEST(test_long_options)
+{
+    char out[4096], err[4096];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, NULL), 0);
+    const char *version[] = {h_leased_bin(), "--version", NULL};
+    ck_assert_int_eq(h_run(version, out, sizeof out, err, sizeof err, RUN_MS),
+                     0);
+    ck_assert_msg(!strncmp(out, "leased ", 7), "--version: %s%s", out, err);
+    const char *v[] = {h_leased_bin(), "-v", NULL};
+    ck_assert_int_eq(h_run(v, out, sizeof out, err, sizeof err, RUN_MS), 0);
+    ck_assert_msg(!strncmp(out, "leased ", 7), "-v: %s%s", out, err);
+    const char *help[] = {h_leased_bin(), "--help", NULL};
+    ck_assert_int_eq(h_run(help, out, sizeof out, err, sizeof err, RUN_MS), 0);
+    ck_assert_msg(strstr(out, "--config FILE") && strstr(out, "--test") &&
+                      strstr(out, "/leased/leased.yml"),
+                  "--help: %s%s", out, err);
+    const char *test[] = {h_leased_bin(), "--test", "--config", D.conf, NULL};
+    ck_assert_int_eq(h_run(test, out, sizeof out, err, sizeof err, RUN_MS), 0);
+    ck_assert_msg(strstr(out, "is valid") != NULL, "--test: %s%s", out, err);
+    /* Without -c and without the default file, -t says it checked the
+     * built-in defaults (a machine that has the file is not changed). */
+    if (access(LD_SYSCONFDIR "/leased/leased.yml", F_OK) != 0) {
+        const char *dflt[] = {h_leased_bin(), "-t", NULL};
+        ck_assert_int_eq(h_run(dflt, out, sizeof out, err, sizeof err, RUN_MS),
+                         0);
+        ck_assert_str_eq(out, "no configuration file " LD_SYSCONFDIR
+                              "/leased/leased.yml: the built-in defaults "
+                              "are valid\n");
+    }
+    const char *bad[] = {h_leased_bin(), "--frobnicate", NULL};
+    ck_assert_int_eq(h_run(bad, out, sizeof out, err, sizeof err, RUN_MS), 2);
+    ck_assert_msg(strstr(err, "--frobnicate") != NULL, "stderr: %s", err);
+}
+END_TEST
+
+/* A start-up error names its cause in words, as the others do, not as a
+ * raw errno. */
+START_TEST(test_metrics_bind_worded)
+{
+    char extra[128];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    /* Redis holds this port already. */
+    snprintf(extra, sizeof extra, "metrics:\n  listen: \"127.0.0.1:%d\"\n",
+             R.port);
+    fprintf(stderr, "(a start-up failure is expected below)\n");
+    ck_assert_int_ne(h_daemon_start(&D, &R, extra), 0);
+    ck_assert_msg(h_log_has(&D, "msg=\"metrics bind failed\"") &&
+                      h_log_has(&D, "error=\"Address already in use\""),
+                  "the bind failure is not worded");
+    ck_assert(!h_log_has(&D, "errno="));
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(redlock_refused, 90),
-        H_CASE(cluster_db_refused, 90),
-        H_CASE(defaults_accepted, 60),
-        H_CASE(redisson_empty_prefix, 60),
+        H_CASE(redlock_refused, 90),   H_CASE(cluster_db_refused, 90),
+        H_CASE(defaults_accepted, 60), H_CASE(redisson_empty_prefix, 60),
+        H_CASE(long_options, 60),      H_CASE(metrics_bind_worded, 60),
     };
 
     return H_MAIN(fx, cases);

@@ -246,7 +246,7 @@ START_TEST(test_blackhole_lost_before_redis_frees)
     r = h_lock_lost(a, "bhp", WATCHDOG_MS + 3000);
     ck_assert_msg(r != NULL, "no lock_lost");
     json_decref(r);
-    lost_at = log_time_ms(&D, "lock lost reason=redis_unavailable");
+    lost_at = log_time_ms(&D, "msg=\"lock lost\" reason=redis_unavailable");
     ck_assert_int_gt(lost_at, 0);
     ck_assert_msg(lost_at < expiry,
                   "the daemon gave the lock up %lld ms after Redis let it "

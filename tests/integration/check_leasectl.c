@@ -225,6 +225,10 @@ START_TEST(test_ping_stats_usage)
     CK_RC(&r, 0);
     CTL(&r, "ping", "--host", tcp);
     CK_RC(&r, 0);
+    CTL(&r, "-s", D.sock, "--timeout", "5s", "ping");
+    CK_RC(&r, 0);
+    CTL(&r, "-s", D.sock, "-t", "soon", "ping");
+    CK_RC(&r, 64);
 
     setenv("LEASED_SOCKET", D.sock, 1);
     CTL(&r, "ping");
@@ -283,6 +287,12 @@ START_TEST(test_ping_stats_usage)
     CTL(&r, "-V");
     CK_RC(&r, 0);
     ck_assert_msg(!strncmp(r.out, "leasectl ", 9), "version: %s", r.out);
+    CTL(&r, "--version");
+    CK_RC(&r, 0);
+    ck_assert_msg(!strncmp(r.out, "leasectl ", 9), "version: %s", r.out);
+    CTL(&r, "-h");
+    CK_RC(&r, 0);
+    ck_assert_msg(strstr(r.out, "usage: leasectl"), "help: %s", r.out);
 }
 END_TEST
 
@@ -489,6 +499,29 @@ START_TEST(test_lock_contended)
     CK_RC(&r, 75);
     ck_assert_str_eq(r.err, "");
 
+    /* Durations with a unit; a bare number stays milliseconds. */
+    CTL(&r, "lock", "report", "--wait", "1s", "--", "sh", "-c", cmd);
+    CK_RC(&r, 75);
+    ck_assert_int_ge(r.took_ms, 950);
+    CTL(&r, "lock", "report", "--wait=300ms", "--", "sh", "-c", cmd);
+    CK_RC(&r, 75);
+    ck_assert_int_ge(r.took_ms, 280);
+    CTL(&r, "lock", "report", "--wait", "2x", "--", "sh", "-c", cmd);
+    CK_RC(&r, 64);
+    ck_assert_msg(strstr(r.err, "bad --wait '2x'"), "stderr: %s", r.err);
+    CTL(&r, "lock", "report", "--wait", "-1s", "--", "sh", "-c", cmd);
+    CK_RC(&r, 64);
+
+    /* flock -E: the status of a conflict is the caller's to choose. */
+    CTL(&r, "-q", "lock", "report", "--conflict-exit", "3", "--", "sh", "-c",
+        cmd);
+    CK_RC(&r, 3);
+    CTL(&r, "-q", "lock", "report", "-E", "0", "--", "sh", "-c", cmd);
+    CK_RC(&r, 0);
+    CTL(&r, "lock", "report", "--conflict-exit", "256", "--", "true");
+    CK_RC(&r, 64);
+    ck_assert_int_ne(access(marker, F_OK), 0);
+
     rep = h_callf(c, T_MS, "{s:s,s:s}", "op", "unlock", "key", "report");
     ck_assert_msg(h_ok(rep), "unlock: %s", h_errcode(rep));
     json_decref(rep);
@@ -630,6 +663,17 @@ START_TEST(test_auth)
 }
 END_TEST
 
+static bool
+ping_ready(void *arg)
+{
+    struct run *r = arg;
+
+    CTL(r, "ping");
+    return r->rc == 0;
+}
+
+/* Redis down is 69 (unavailable), not 75 (held elsewhere), for every
+ * command; ping says so until Redis is back. */
 START_TEST(test_redis_down)
 {
     char yaml[200];
@@ -641,17 +685,33 @@ START_TEST(test_redis_down)
              R.port);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
     setenv("LEASED_SOCKET", D.sock, 1);
+    CTL(&r, "ping");
+    CK_RC(&r, 0);
     h_redis_kill(&R);
 
     CTL(&r, "lock", "k", "--", "true");
-    CK_RC(&r, 75);
+    CK_RC(&r, 69);
     ck_assert_msg(!strncmp(r.err, "leasectl: lock: redis_unavailable: ", 35),
                   "stderr: %s", r.err);
+    CTL(&r, "lock", "k", "--wait", "200", "--", "true");
+    CK_RC(&r, 69);
     CTL(&r, "get", "k");
-    CK_RC(&r, 75);
+    CK_RC(&r, 69);
     CTL(&r, "invalidate", "k");
     CK_RC(&r, 0);
     ck_assert_msg(strstr(r.out, "queued=true"), "out: %s", r.out);
+
+    CTL(&r, "ping");
+    CK_RC(&r, 69);
+    ck_assert_str_eq(r.out, "");
+    ck_assert_str_eq(r.err, "leasectl: ping: not ready: redis_unavailable\n");
+    CTL(&r, "--json", "ping");
+    CK_RC(&r, 69);
+
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    ck_assert_msg(h_wait_until(ping_ready, &r, 10000),
+                  "ping not ready after Redis came back: %s", r.err);
+    ck_assert_str_eq(r.out, "pong\n");
     unsetenv("LEASED_SOCKET");
 }
 END_TEST

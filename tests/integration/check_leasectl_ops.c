@@ -347,6 +347,8 @@ START_TEST(test_read_lock_and_sem)
         CK_RC(&r, 0);
         CTL(&r, "lock", "--write", "rw", "--", "true");
         CK_RC(&r, EX_TEMPFAIL);
+        CTL(&r, "lock", "--write", "rw", "--conflict-exit", "9", "--", "true");
+        CK_RC(&r, 9);
         pthread_join(bg.th, NULL);
         CK_RC(&bg, 0);
     } else {
@@ -366,6 +368,11 @@ START_TEST(test_read_lock_and_sem)
         json_decref(g);
         CTL(&r, "sem", "pool", "--limit", "1", "--", "true");
         CK_RC(&r, EX_TEMPFAIL);
+        long long t0 = h_now_ms();
+        CTL(&r, "sem", "pool", "--limit", "1", "--wait", "200ms", "-E", "5",
+            "--", "true");
+        CK_RC(&r, 5);
+        ck_assert_int_ge(h_now_ms() - t0, 180);
         CTL(&r, "sem", "pool", "--limit", "2", "--", "sh", "-c", "exit 4");
         CK_RC(&r, 4); /* the command ran, and its status is leasectl's */
         h_close(holder);

@@ -402,7 +402,7 @@ START_TEST(test_tcp_off_by_default)
 {
     h_start("listen:\n  unix: \"@DIR@/leased.sock\"\n");
     ck_assert_int_eq(D.tcp_port, 0);
-    ck_assert_int_eq(log_count(&D, "listening tcp="), 0);
+    ck_assert_int_eq(log_count(&D, "msg=\"listening\" tcp="), 0);
 }
 END_TEST
 
@@ -782,7 +782,7 @@ pid_from_log(const char *log)
         return 0;
     }
     while (fgets(line, sizeof line, f)) {
-        char *p = strstr(line, " starting ");
+        char *p = strstr(line, " starting");
         if (p && (p = strstr(p, " pid=")) != NULL) {
             pid = (pid_t)atoi(p + 5);
         }
@@ -816,7 +816,7 @@ static bool
 reloaded(void *arg)
 {
     (void)arg;
-    return log_count(&D, "configuration reloaded path=/") > 0;
+    return log_count(&D, "msg=\"configuration reloaded\" path=/") > 0;
 }
 
 /* Started from its directory with a relative -c, socket and journal, the

@@ -253,7 +253,7 @@ START_TEST(test_ops_over_tls)
     start_daemon(tls_keys(keys, sizeof keys, "ca", NULL), true);
     assert_locks_work();
     assert_cache_works();
-    ck_assert(h_log_has(&D, "tls on ca_file="));
+    ck_assert(h_log_has(&D, "msg=\"tls on\" ca_file="));
 }
 END_TEST
 

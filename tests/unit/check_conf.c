@@ -758,7 +758,8 @@ START_TEST(reload_applies_reloadable_keys_only)
     for (size_t i = 0; i < LD_ARRAY_LEN(kept); i++) {
         char line[128];
         snprintf(line, sizeof(line),
-                 "level=warn config: %s changed, needs restart\n", kept[i]);
+                 "level=warn msg=\"config: %s changed, needs restart\"\n",
+                 kept[i]);
         ck_assert_msg(strstr(log, line) != NULL, "no \"%s\" in:\n%s", line,
                       log);
     }
