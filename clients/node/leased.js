@@ -27,8 +27,18 @@ const { EventEmitter } = require('events');
 
 const DEFAULT_SOCKET = '/run/leased/leased.sock';
 
+// Every error of the client: the daemon's (CODE its error code, REPLY
+// the reply) and the client's own, built with clientError (CODE one of
+// connect, connection_closed, protocol, not_acquired, no_permit,
+// lock_lost, sem_lost; no REPLY). Abort signals reject with their own
+// reason, as fetch() does.
 class LeasedError extends Error {
-  constructor(reply) {
+  constructor(reply, message) {
+    if (typeof reply === 'string') {
+      super(`${reply}: ${message}`);
+      this.code = reply;
+      return;
+    }
     const err = reply.error || {};
     super(`${err.code}: ${err.message}`);
     this.code = err.code;
@@ -37,18 +47,51 @@ class LeasedError extends Error {
   }
 }
 
+function clientError(code, message, props) {
+  return Object.assign(new LeasedError(code, message), props);
+}
+
 function notAcquired(key, reply) {
-  const e = new Error(`lock ${key} held elsewhere (${reply.ttl_ms} ms left)`);
-  e.code = 'not_acquired';
-  e.ttl_ms = reply.ttl_ms;
-  return e;
+  return clientError('not_acquired',
+    `lock ${key} held elsewhere (${reply.ttl_ms} ms left)`,
+    { ttl_ms: reply.ttl_ms });
 }
 
 function noPermit(key, reply) {
-  const e = new Error(`semaphore ${key}: no permit (${reply.available} available)`);
-  e.code = 'no_permit';
-  e.available = reply.available;
-  return e;
+  return clientError('no_permit',
+    `semaphore ${key}: no permit (${reply.available} available)`,
+    { available: reply.available });
+}
+
+// What an application can check when TARGET cannot be reached: error E
+// of connecting (errno codes as Node names them).
+function connectError(target, tcp, e) {
+  let hint;
+  if (e.code === 'EACCES' || e.code === 'EPERM') {
+    hint = 'permission denied: is this user in the socket\'s group ' +
+      '(listen.unix_group in leased.yml(5))?';
+  } else if (tcp) {
+    hint = 'is leased running and listening there (listen.tcp)?';
+  } else if (e.code === 'ENOENT') {
+    hint = 'no such socket: is leased running, and is the path (or ' +
+      '$LEASED_SOCKET) the one in its listen.unix?';
+  } else {
+    hint = 'is leased running? Check the path (or $LEASED_SOCKET) ' +
+      'against its listen.unix';
+  }
+  return clientError('connect',
+    `cannot connect to leased at ${target}: ${e.code || e.message}; ${hint}`,
+    { target, cause: e });
+}
+
+function poolClosed() {
+  return clientError('connection_closed', 'the pool was closed');
+}
+
+function closedError(cause) {
+  return clientError('connection_closed',
+    'the connection to leased ended (daemon stopped or restarted?); its ' +
+    'session\'s locks went with it', cause ? { cause } : undefined);
 }
 
 function abortError(signal) {
@@ -252,8 +295,8 @@ class Leased extends EventEmitter {
     this.features = [];
     socket.setNoDelay && socket.setNoDelay(true);
     socket.on('data', (chunk) => this._data(chunk));
-    socket.on('close', () => this._closed(new Error('leased closed the connection')));
-    socket.on('error', (e) => this._closed(e));
+    socket.on('close', () => this._closed(closedError()));
+    socket.on('error', (e) => this._closed(closedError(e)));
   }
 
   // TARGET: a Unix socket path or "host:port"; $LEASED_SOCKET, else the
@@ -267,9 +310,10 @@ class Leased extends EventEmitter {
     const opts = m ? { host: m[1], port: Number(m[2]) } : { path: target };
     return new Promise((resolve, reject) => {
       const sock = net.createConnection(opts);
-      sock.once('error', reject);
+      const refused = (e) => reject(connectError(target, m !== null, e));
+      sock.once('error', refused);
       sock.once('connect', async () => {
-        sock.removeListener('error', reject);
+        sock.removeListener('error', refused);
         const ld = new Leased(sock);
         try {
           if (client !== undefined || auth !== undefined) {
@@ -332,7 +376,8 @@ class Leased extends EventEmitter {
     try {
       msg = JSON.parse(line);
     } catch (e) {
-      this._closed(new Error(`leased sent a line that is not JSON: ${e.message}`));
+      this._closed(clientError('protocol',
+        `leased sent a line that is not JSON: ${e.message}`));
       this.socket.destroy();
       return false;
     }
@@ -361,10 +406,8 @@ class Leased extends EventEmitter {
       if (set) {
         for (const ac of set) {
           const what = msg.event === 'lock_lost' ? 'lock' : 'semaphore grant';
-          const e = new Error(`${what} ${msg.key} lost (${msg.reason})`);
-          e.code = msg.event;
-          e.event = msg;
-          ac.abort(e);
+          ac.abort(clientError(msg.event,
+            `${what} ${msg.key} lost (${msg.reason})`, { event: msg }));
         }
       }
     }
@@ -378,10 +421,8 @@ class Leased extends EventEmitter {
     // The session ended: its session-bound locks went with it.
     for (const set of this.holds.values()) {
       for (const ac of set) {
-        const e = new Error('connection to leased closed: lock released');
-        e.code = 'connection_closed';
-        e.cause = err;
-        ac.abort(e);
+        ac.abort(clientError('connection_closed',
+          'connection to leased closed: lock released', { cause: err }));
       }
     }
     this.holds.clear();
@@ -417,7 +458,7 @@ class Leased extends EventEmitter {
   // OP: the op as a JSON string; BODY: the request's JSON after its id
   // (see body()).
   _call(op, body, { signal, onLate } = {}) {
-    if (this.closed) return Promise.reject(new Error('connection closed'));
+    if (this.closed) return Promise.reject(closedError());
     if (signal && signal.aborted) return Promise.reject(abortError(signal));
     const id = this.nextId++;
     const line = `{"op":${op},"id":${id}${body}}\n`;
@@ -526,9 +567,8 @@ class Leased extends EventEmitter {
     }
     if (this.closed) {
       // The connection ended right after the grant was read.
-      const e = new Error('connection to leased closed: lock released');
-      e.code = 'connection_closed';
-      ac.abort(e);
+      ac.abort(clientError('connection_closed',
+        'connection to leased closed: lock released'));
     }
     try {
       return await fn(ac.signal, held);
@@ -542,8 +582,12 @@ class Leased extends EventEmitter {
       try {
         await this.unlock(key, { owner: opts.owner, mode: opts.mode });
       } catch (e) {
-        // A lost lock is not ours to unlock; FN was told by the signal.
-        if (!(e.code === 'not_held' && ac.signal.aborted)) throw e;
+        // A lost lock (also with the connection, after a restart) is not
+        // ours to unlock; FN was told by the signal.
+        if (!(ac.signal.aborted && (e.code === 'not_held' ||
+              e.code === 'connection_closed'))) {
+          throw e;
+        }
       }
     }
   }
@@ -604,8 +648,12 @@ class Leased extends EventEmitter {
       try {
         await this.semRelease(key, grant.token);
       } catch (e) {
-        // Its lease ran out meanwhile: nothing left to give back.
-        if (e.code !== 'not_held') throw e;
+        // Its lease ran out meanwhile, or it went with the connection:
+        // nothing left to give back.
+        if (e.code !== 'not_held' &&
+            !(ac.signal.aborted && e.code === 'connection_closed')) {
+          throw e;
+        }
       }
     }
   }
@@ -730,11 +778,11 @@ class Pool extends EventEmitter {
   _slot(i) {
     const cur = this.slots[i];
     if (cur !== null && !(cur instanceof Leased && cur.closed)) return cur;
-    if (this.closed) return Promise.reject(new Error('pool closed'));
+    if (this.closed) return Promise.reject(poolClosed());
     const p = Leased.connect(this.target, this.opts).then((ld) => {
       if (this.closed) {
         ld.close();
-        throw new Error('pool closed');
+        throw poolClosed();
       }
       ld.on('event', (ev) => {
         this.emit('event', ev);

@@ -13,7 +13,7 @@ const net = require('net');
 const os = require('os');
 const path = require('path');
 const { execFileSync, spawnSync } = require('child_process');
-const { Leased, Pool } = require('./leased');
+const { Leased, LeasedError, Pool } = require('./leased');
 
 const SOCK = process.env.LEASED_SOCKET;
 const REDIS = process.env.LEASED_TEST_REDIS;
@@ -125,13 +125,18 @@ test('using() aborts its signal when the connection ends', async () => {
   await new Promise((r) => srv.listen(sockPath, r));
   const ld = await Leased.connect(sockPath);
   try {
-    await assert.rejects(ld.using('k', async (signal) => {
+    // The lock went with the session: FN is told by its signal, and
+    // leaving using() is no error, as for a lock_lost.
+    const got = await ld.using('k', async (signal) => {
       if (!signal.aborted) {
         await within(WAIT_MS, new Promise((r) =>
           signal.addEventListener('abort', r)), 'abort');
       }
+      assert.ok(signal.reason instanceof LeasedError);
       assert.strictEqual(signal.reason.code, 'connection_closed');
-    }), /closed/);
+      return 'told';
+    });
+    assert.strictEqual(got, 'told');
   } finally {
     ld.close();
     srv.close();
@@ -647,4 +652,139 @@ test('npm pack --dry-run', (t) => {
   }
   const files = JSON.parse(out)[0].files.map((f) => f.path).sort();
   assert.deepStrictEqual(files, ['README.md', 'leased.d.ts', 'leased.js', 'package.json']);
+});
+
+// A peer that answers every request with ok and acquired, until
+// restart() drops every connection and listens again at the same path,
+// as a restarted daemon does; stop() leaves nothing listening.
+async function restartingPeer(sockPath) {
+  const conns = new Set();
+  const listen = () => {
+    const srv = net.createServer((c) => {
+      conns.add(c);
+      c.on('close', () => conns.delete(c));
+      let buf = '';
+      c.on('data', (d) => {
+        buf += d.toString();
+        let nl;
+        while ((nl = buf.indexOf('\n')) >= 0) {
+          const req = JSON.parse(buf.slice(0, nl));
+          buf = buf.slice(nl + 1);
+          c.write(JSON.stringify({ id: req.id, ok: true, acquired: true,
+            token: 't', fence: 1, released: true }) + '\n');
+        }
+      });
+    });
+    return new Promise((r) => srv.listen(sockPath, () => r(srv)));
+  };
+  let srv = await listen();
+  const stop = () => {
+    for (const c of conns) c.destroy();
+    return new Promise((r) => srv.close(r));
+  };
+  return {
+    stop,
+    async restart() {
+      await stop();
+      srv = await listen();
+    },
+  };
+}
+
+function closed(ld) {
+  return ld.closed ? Promise.resolve() : new Promise((r) => ld.once('close', r));
+}
+
+test('after a restart: scopes end quietly, a Pool reconnects, errors are LeasedErrors',
+  async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+    const sockPath = path.join(dir, 's.sock');
+    const peer = await restartingPeer(sockPath);
+    const ld = await Leased.connect(sockPath);
+    const pool = await Leased.connect(sockPath, { connections: 2 });
+    try {
+      let inside;
+      const entered = new Promise((r) => { inside = r; });
+      const scope = ld.using('k', async (signal) => {
+        inside();
+        await within(WAIT_MS, new Promise((r) =>
+          signal.addEventListener('abort', r)), 'abort');
+        return signal.reason.code;
+      });
+      const plain = ld.withLock('k2', {}, async () => {
+        await entered;
+        await closed(ld);
+      });
+      await entered;
+      await peer.restart();
+      assert.strictEqual(await within(WAIT_MS, scope, 'using'),
+        'connection_closed');
+      await assert.rejects(plain, (e) => e instanceof LeasedError &&
+        e.code === 'connection_closed');
+      await assert.rejects(ld.lock('k'), (e) => e instanceof LeasedError &&
+        e.code === 'connection_closed' && /restarted/.test(e.message));
+
+      await Promise.all(pool.slots.map(closed));
+      assert.strictEqual((await pool.lock('k')).acquired, true);
+      assert.strictEqual((await pool.call('ping')).ok, true);
+
+      // Not there at all: the error says where and what to check.
+      await peer.stop();
+      await Promise.all(pool.slots.map(closed));
+      await assert.rejects(pool.lock('k'), (e) => e instanceof LeasedError &&
+        e.code === 'connect' && e.message.includes(sockPath) &&
+        /is leased running/.test(e.message) && /LEASED_SOCKET/.test(e.message));
+    } finally {
+      ld.close();
+      pool.close();
+      await peer.stop().catch(() => {});
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+test('connection errors name the target and what to check', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  try {
+    const missing = path.join(dir, 'missing.sock');
+    await assert.rejects(Leased.connect(missing), (e) =>
+      e instanceof LeasedError && e.code === 'connect' &&
+      e.cause.code === 'ENOENT' && e.message.includes(missing) &&
+      /is leased running/.test(e.message) && /LEASED_SOCKET/.test(e.message));
+    const port = await new Promise((r) => {
+      const s = net.createServer().listen(0, '127.0.0.1', () => {
+        const p = s.address().port;
+        s.close(() => r(p));
+      });
+    });
+    await assert.rejects(Leased.connect(`127.0.0.1:${port}`), (e) =>
+      e.code === 'connect' && e.message.includes(`127.0.0.1:${port}`) &&
+      /listen\.tcp/.test(e.message));
+
+    // A socket this user may not open: as nobody when run as root.
+    const sockPath = path.join(dir, 'closed.sock');
+    const srv = net.createServer();
+    await new Promise((r) => srv.listen(sockPath, r));
+    try {
+      fs.chmodSync(sockPath, 0o600);
+      fs.chmodSync(dir, 0o755);
+      const script = `require(${JSON.stringify(path.join(__dirname, 'leased.js'))})` +
+        `.Leased.connect(${JSON.stringify(sockPath)}).then(() => ` +
+        'console.log("connected"), (e) => console.log(e.code, e.message))';
+      let out;
+      if (process.getuid() === 0) {
+        out = spawnSync(process.execPath, ['-e', script],
+          { uid: 65534, gid: 65534, encoding: 'utf8', timeout: WAIT_MS }).stdout;
+      } else {
+        fs.chmodSync(sockPath, 0);
+        out = spawnSync(process.execPath, ['-e', script],
+          { encoding: 'utf8', timeout: WAIT_MS }).stdout;
+      }
+      assert.match(out, /^connect .*EACCES.*socket's group/, out);
+      assert.ok(out.includes(sockPath), out);
+    } finally {
+      srv.close();
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
