@@ -13,7 +13,7 @@ const net = require('net');
 const os = require('os');
 const path = require('path');
 const { execFileSync, spawnSync } = require('child_process');
-const { Leased, LeasedError, Pool } = require('./leased');
+const { Leased, LeasedError, Pool, RAW } = require('./leased');
 
 const SOCK = process.env.LEASED_SOCKET;
 const REDIS = process.env.LEASED_TEST_REDIS;
@@ -185,7 +185,7 @@ test('many requests in flight, and lines split across reads', async () => {
     const v = await ld.cached(`${TAG}:big`, () => big);
     assert.strictEqual(v, big);
     const got = await ld.call('cache.get', { key: `${TAG}:big` });
-    assert.strictEqual(got.value, big);
+    assert.strictEqual(got.value, JSON.stringify(big));
   } finally {
     ld.close();
   }
@@ -652,6 +652,148 @@ test('npm pack --dry-run', (t) => {
   }
   const files = JSON.parse(out)[0].files.map((f) => f.path).sort();
   assert.deepStrictEqual(files, ['README.md', 'leased.d.ts', 'leased.js', 'package.json']);
+});
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// N concurrent cached() of one key on LD, each with a loader of MS ms;
+// resolves with the loader's calls and the values.
+async function herd(ld, key, n, ms, opts) {
+  let calls = 0;
+  const values = await Promise.all(Array.from({ length: n }, () =>
+    ld.cached(key, async () => {
+      calls++;
+      await sleep(ms);
+      return { loaded: key };
+    }, opts)));
+  return { calls, values };
+}
+
+test('a Pool keeps single flight: 20 cached() of one key, 1 load', async () => {
+  const pool = await Leased.connect(SOCK, { connections: 4 });
+  try {
+    const key = `${TAG}:herd`;
+    const { calls, values } = await within(WAIT_MS,
+      herd(pool, key, 20, 500), 'cached()');
+    assert.strictEqual(calls, 1);
+    assert.ok(values.every((v) => v.loaded === key), JSON.stringify(values));
+  } finally {
+    pool.close();
+  }
+});
+
+test('cached() waits wait_ms for a fill: a loader slower than cache.wait_ms',
+  async () => {
+    const pool = await Leased.connect(SOCK, { connections: 2 });
+    try {
+      // 3500 ms: past the daemon's cache.wait_ms (3000), within its
+      // cache.fill_lease_ms (5000).
+      const slow = await within(WAIT_MS,
+        herd(pool, `${TAG}:slowfill`, 20, 3500, { wait_ms: 8000 }), 'slow');
+      assert.strictEqual(slow.calls, 1);
+      // wait_ms 0: nobody waits for the holder's fill; each loads.
+      const eager = await within(WAIT_MS,
+        herd(pool, `${TAG}:nowait`, 5, 300, { wait_ms: 0 }), 'eager');
+      assert.strictEqual(eager.calls, 5);
+    } finally {
+      pool.close();
+    }
+  });
+
+// The entry of KEY as a plain read: {hit, value, lease}.
+function peek(ld, key) {
+  return ld.call('cache.get', { key, lease: false });
+}
+
+// A lease for KEY at once (wait_ms 0): the last fill lease was given
+// back. Released after.
+async function leaseFree(ld, key) {
+  const got = await ld.call('cache.get', { key, wait_ms: 0 });
+  if (got.lease) await ld.call('cache.release', { key, lease: got.lease });
+  return !got.hit && typeof got.lease === 'string';
+}
+
+test('cached() stores any JSON value and gives the lease back on failure',
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    try {
+      const key = `${TAG}:obj`;
+      const user = { id: 7, name: 'Grace', tags: ['a'] };
+      assert.deepStrictEqual(await ld.cached(key, () => user), user);
+      assert.strictEqual((await peek(ld, key)).value, JSON.stringify(user));
+      assert.deepStrictEqual(await ld.cached(key, () => assert.fail('loaded')),
+        user);
+      for (const v of [42, ['x'], 'text', false]) {
+        const k = `${key}:${JSON.stringify(v)}`;
+        assert.deepStrictEqual(await ld.cached(k, () => v), v);
+        assert.deepStrictEqual(await ld.cached(k, () => null), v);
+      }
+
+      // Refused after the load, each with its lease given back.
+      const bad = [
+        ['undefined', () => undefined, {}, /undefined/],
+        ['raw number', () => 7, { serializer: RAW }, /no string/],
+        ['throwing serializer', () => 'v',
+          { serializer: { stringify() { throw new Error('nope'); } } }, /nope/],
+        ['loader throws', () => { throw new Error('db down'); }, {}, /db down/],
+        // Over limits.max_request_bytes: the daemon refuses the fill.
+        ['fill refused', () => 'x'.repeat(1100000), {}, /too_large/],
+      ];
+      for (const [what, loader, opts, re] of bad) {
+        const k = `${key}:bad:${what}`;
+        await assert.rejects(ld.cached(k, loader, opts), re, what);
+        assert.strictEqual(await leaseFree(ld, k), true, what);
+      }
+
+      // RAW: strings as they are, as other clients and leasectl write them.
+      const rk = `${key}:raw`;
+      assert.strictEqual(await ld.cached(rk, () => 'plain', { serializer: RAW }),
+        'plain');
+      assert.strictEqual((await peek(ld, rk)).value, 'plain');
+      await assert.rejects(ld.cached(rk, () => 'x'),
+        (e) => e instanceof LeasedError && e.code === 'invalid' &&
+          /RAW/.test(e.message));
+      const rawLd = await Leased.connect(SOCK, { serializer: RAW });
+      try {
+        assert.strictEqual(await rawLd.cached(rk, () => 'x'), 'plain');
+      } finally {
+        rawLd.close();
+      }
+    } finally {
+      ld.close();
+    }
+  });
+
+test('a key is a string, keys a string or an array of strings', async () => {
+  const ld = await Leased.connect(SOCK);
+  const pool = await Leased.connect(SOCK, { connections: 2 });
+  try {
+    const key = `${TAG}:inv`;
+    for (const c of [ld, pool]) {
+      await c.cached(key, () => 'v');
+      assert.strictEqual((await c.invalidate(key, { delay_ms: 0 })).deleted, 1);
+      assert.strictEqual((await peek(c, key)).hit, false);
+    }
+    const refused = [
+      (c) => c.invalidate(42), (c) => c.invalidate(new Set([key])),
+      (c) => c.invalidate([]), (c) => c.invalidate([key, 1]),
+      (c) => c.invalidate(null), (c) => c.lock(7), (c) => c.lock([]),
+      (c) => c.unlock({ key }), (c) => c.extend([1], 1000),
+      (c) => c.using(Buffer.from(key), () => assert.fail('ran')),
+      (c) => c.cached([key], () => assert.fail('loaded')),
+      (c) => c.semAcquire(undefined, 1), (c) => c.semInfo([key], 1),
+    ];
+    for (const c of [ld, pool]) {
+      for (const call of refused) {
+        await assert.rejects(call(c), (e) => e instanceof LeasedError &&
+          e.code === 'invalid' && /must be a string/.test(e.message),
+          call.toString());
+      }
+    }
+  } finally {
+    ld.close();
+    pool.close();
+  }
 });
 
 // A peer that answers every request with ok and acquired, until
