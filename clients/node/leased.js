@@ -344,10 +344,11 @@ class Leased extends EventEmitter {
   }
 
   // TARGET: a Unix socket path or "host:port"; $LEASED_SOCKET, else the
-  // default socket, when omitted. SERIALIZER: the default of cached()'s.
+  // default socket, when omitted. With CONNECTIONS, a Pool of that many
+  // (also of 1). SERIALIZER: the default of cached()'s.
   static connect(target, { client, auth, connections, serializer } = {}) {
     target = target || process.env.LEASED_SOCKET || DEFAULT_SOCKET;
-    if (connections !== undefined && connections !== 1) {
+    if (connections !== undefined) {
       return Pool.connect(target, { client, auth, connections, serializer });
     }
     const m = /^\[?([^/]*?)\]?:(\d+)$/.exec(target);

@@ -930,3 +930,28 @@ test('connection errors name the target and what to check', async () => {
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('connect() with connections gives a Pool, also of one; Pool.using(key, fn)',
+  async () => {
+    const pool = await Leased.connect(SOCK, { connections: 1 });
+    try {
+      assert.ok(pool instanceof Pool);
+      const key = `${TAG}:pool1`;
+      assert.strictEqual(await pool.using(key, async (signal, held) => {
+        assert.strictEqual(signal.aborted, false);
+        return held.acquired;
+      }), true);
+      assert.strictEqual((await pool.lock(key)).acquired, true);
+    } finally {
+      pool.close();
+    }
+  });
+
+test('package.json declares the types\' one dependency, @types/node', () => {
+  const pkg = JSON.parse(fs.readFileSync(path.join(__dirname, 'package.json')));
+  const types = fs.readFileSync(path.join(__dirname, pkg.types), 'utf8');
+  assert.match(types, /reference types="node"/);
+  assert.ok(pkg.peerDependencies['@types/node']);
+  assert.strictEqual(pkg.peerDependenciesMeta['@types/node'].optional, true);
+  assert.strictEqual(pkg.dependencies, undefined, 'no runtime dependencies');
+});
