@@ -909,7 +909,12 @@ test('connection errors name the target and what to check', async () => {
     try {
       fs.chmodSync(sockPath, 0o600);
       fs.chmodSync(dir, 0o755);
-      const script = `require(${JSON.stringify(path.join(__dirname, 'leased.js'))})` +
+      // A copy beside the socket: nobody may not read the source tree
+      // (a checkout in a home directory of mode 0700).
+      const lib = path.join(dir, 'leased.js');
+      fs.copyFileSync(path.join(__dirname, 'leased.js'), lib);
+      fs.chmodSync(lib, 0o644);
+      const script = `require(${JSON.stringify(lib)})` +
         `.Leased.connect(${JSON.stringify(sockPath)}).then(() => ` +
         'console.log("connected"), (e) => console.log(e.code, e.message))';
       let out;
