@@ -902,34 +902,37 @@ test('connection errors name the target and what to check', async () => {
       e.code === 'connect' && e.message.includes(`127.0.0.1:${port}`) &&
       /listen\.tcp/.test(e.message));
 
-    // A socket this user may not open: as nobody when run as root.
-    const sockPath = path.join(dir, 'closed.sock');
+    // A socket this user may not open: as nobody when run as root, in
+    // a directory of /tmp (TMPDIR may be private to this user).
+    const open = fs.mkdtempSync('/tmp/leased-api-');
+    const sockPath = path.join(open, 'closed.sock');
     const srv = net.createServer();
     await new Promise((r) => srv.listen(sockPath, r));
     try {
       fs.chmodSync(sockPath, 0o600);
-      fs.chmodSync(dir, 0o755);
+      fs.chmodSync(open, 0o755);
       // A copy beside the socket: nobody may not read the source tree
       // (a checkout in a home directory of mode 0700).
-      const lib = path.join(dir, 'leased.js');
+      const lib = path.join(open, 'leased.js');
       fs.copyFileSync(path.join(__dirname, 'leased.js'), lib);
       fs.chmodSync(lib, 0o644);
       const script = `require(${JSON.stringify(lib)})` +
         `.Leased.connect(${JSON.stringify(sockPath)}).then(() => ` +
         'console.log("connected"), (e) => console.log(e.code, e.message))';
-      let out;
+      const opts = { encoding: 'utf8', timeout: WAIT_MS };
       if (process.getuid() === 0) {
-        out = spawnSync(process.execPath, ['-e', script],
-          { uid: 65534, gid: 65534, encoding: 'utf8', timeout: WAIT_MS }).stdout;
+        Object.assign(opts, { uid: 65534, gid: 65534 });
       } else {
         fs.chmodSync(sockPath, 0);
-        out = spawnSync(process.execPath, ['-e', script],
-          { encoding: 'utf8', timeout: WAIT_MS }).stdout;
       }
-      assert.match(out, /^connect .*EACCES.*socket's group/, out);
+      const child = spawnSync(process.execPath, ['-e', script], opts);
+      const out = child.stdout;
+      assert.match(out, /^connect .*EACCES.*socket's group/,
+        `${out} ${child.stderr}`);
       assert.ok(out.includes(sockPath), out);
     } finally {
       srv.close();
+      fs.rmSync(open, { recursive: true, force: true });
     }
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
