@@ -978,6 +978,22 @@ connect_wait(int fd, const struct sockaddr *sa, socklen_t len,
     return soerr;
 }
 
+/* What to check when the daemon cannot be reached (errno E), for the
+ * message of LEASED_E_CONNECT: the caller is rarely the one who set up
+ * the socket. */
+static const char *
+connect_hint(int e, bool tcp)
+{
+    if (e == EACCES || e == EPERM) {
+        return "is this user in the socket's group (listen.unix_group)?";
+    }
+    if (tcp) {
+        return "is leased running and listening there (listen.tcp)?";
+    }
+    return "is leased running, and is the path (or $LEASED_SOCKET) its "
+           "listen.unix?";
+}
+
 static int
 open_unix(const char *path, long long deadline, int *fd_out,
           struct leased_error *err)
@@ -1000,8 +1016,8 @@ open_unix(const char *path, long long deadline, int *fd_out,
     e = connect_wait(fd, (struct sockaddr *)&sa, sizeof sa, deadline);
     if (e) {
         close(fd);
-        return set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s", path,
-                       strerror(e));
+        return set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s; %s", path,
+                       strerror(e), connect_hint(e, false));
     }
     *fd_out = fd;
     return LEASED_OK;
@@ -1042,8 +1058,8 @@ open_tcp(const char *target, const char *host, const char *port,
         close(fd);
     }
     freeaddrinfo(res);
-    return set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s", target,
-                   strerror(e));
+    return set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s; %s", target,
+                   strerror(e), connect_hint(e, true));
 }
 
 static int

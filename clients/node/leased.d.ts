@@ -1,4 +1,7 @@
 // Types for leased.js, the Node.js client of leased (leased-protocol(7)).
+// They use Node's own types (EventEmitter, AbortSignal, Buffer): install
+// @types/node (an optional peer dependency) to check against them.
+/// <reference types="node" />
 import { EventEmitter } from 'events';
 
 export interface Reply {
@@ -84,22 +87,61 @@ export interface LockLostEvent {
 
 /** signal.reason of using(): the lock_lost event, or the connection
  *  (so the session and its locks) ended. */
-export interface LockLostError extends Error {
+export interface LockLostError extends LeasedError {
   code: 'lock_lost' | 'sem_lost' | 'connection_closed';
   event?: LockLostEvent;
 }
 
 export type Using<T> = (signal: AbortSignal, held: LockReply) => Promise<T> | T;
 
+/** Every error of the client. CODE is the daemon's error code (REPLY
+ *  its reply), or the client's own: 'connect' (leased could not be
+ *  reached; the message names the target and what to check),
+ *  'connection_closed' (the connection ended, e.g. a restart: its
+ *  session's locks went with it), 'protocol', 'invalid' (a bad argument
+ *  or a value the serializer cannot take), 'not_acquired', 'no_permit',
+ *  'lock_lost', 'sem_lost'. An aborted signal rejects with its own
+ *  reason instead. */
 export declare class LeasedError extends Error {
+  constructor(reply: Reply);
+  constructor(code: string, message: string);
   code: string;
   reason?: string;
-  reply: Reply;
+  /** The daemon's reply, for the daemon's errors. */
+  reply?: Reply;
+  /** not_acquired: the holder's lease left. */
+  ttl_ms?: number;
+  /** no_permit: the permits available. */
+  available?: number;
+  /** connect: the target that could not be reached. */
+  target?: string;
 }
+
+/** How cached() stores values as text: JSON (the default) has this
+ *  shape. */
+export interface Serializer {
+  stringify(value: any): string;
+  parse(text: string): any;
+}
+
+/** Strings as they are (another type is refused): for entries that
+ *  other clients and leasectl read and write as plain text. */
+export declare const RAW: Serializer;
 
 export interface ConnectOptions {
   client?: string;
   auth?: string;
+  /** The default serializer of cached() (JSON). */
+  serializer?: Serializer;
+}
+
+export interface CachedOptions {
+  ttl_ms?: number;
+  /** How long to wait for another caller's fill (default the daemon's
+   *  cache.wait_ms, 3000). Past it this caller loads too, and fills only
+   *  when the daemon handed it a lease. */
+  wait_ms?: number;
+  serializer?: Serializer;
 }
 
 export interface UnlockOptions {
@@ -135,13 +177,17 @@ export declare class RWLock {
 }
 
 export declare class Leased extends EventEmitter {
-  /** TARGET: a Unix socket path or "host:port" ($LEASED_SOCKET, else
-   *  /run/leased/leased.sock). */
-  static connect(target?: string, opts?: ConnectOptions): Promise<Leased>;
   /** CONNECTIONS sessions in a Pool (see Pool). */
   static connect(target: string | undefined,
                  opts: ConnectOptions & { connections: number }):
-    Promise<Leased | Pool>;
+    Promise<Pool>;
+  /** TARGET: a Unix socket path or "host:port" ($LEASED_SOCKET, else
+   *  /run/leased/leased.sock). */
+  static connect(target?: string,
+                 opts?: ConnectOptions & { connections?: undefined }):
+    Promise<Leased>;
+  /** cached()'s default serializer (JSON). */
+  serializer: Serializer;
   session?: string;
   features: string[];
   close(): void;
@@ -157,9 +203,11 @@ export declare class Leased extends EventEmitter {
   using<T>(key: Key, fn: Using<T>): Promise<T>;
   withLock<T>(key: Key, opts: LockOptions | undefined,
               fn: (held: LockReply) => Promise<T> | T): Promise<T>;
-  cached<T extends string | null>(key: string,
-                                  loader: () => Promise<T> | T,
-                                  opts?: { ttl_ms?: number }): Promise<T>;
+  /** The value of KEY, or LOADER's loaded once cluster-wide and filled
+   *  (null: "not found"). The fill lease is given back when the load or
+   *  the fill fails. */
+  cached<T>(key: string, loader: () => Promise<T> | T,
+            opts?: CachedOptions): Promise<T>;
   invalidate(keys: string | string[], opts?: { delay_ms?: number }):
     Promise<Reply>;
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
@@ -168,6 +216,9 @@ export declare class Leased extends EventEmitter {
   /** Holds permits of KEY while FN runs; released when FN settles.
    *  Rejects with code 'no_permit'. */
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
+                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+    Promise<T>;
+  withSemaphore<T>(key: string, limit: number,
                    fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
     Promise<T>;
   on(event: 'lock_lost', listener: (ev: LockLostEvent) => void): this;
@@ -183,7 +234,7 @@ export declare class Leased extends EventEmitter {
  *  it (its locks ended with it). */
 export declare class Pool extends EventEmitter {
   constructor(opts?: { path?: string; size?: number } & ConnectOptions);
-  /** A Pool with all its connections open. */
+  /** A Pool with all its connections open (default 4). */
   static connect(target?: string,
                  opts?: ConnectOptions & { connections?: number }):
     Promise<Pool>;
@@ -199,17 +250,23 @@ export declare class Pool extends EventEmitter {
   extend(key: Key, ttl_ms: number, opts?: UnlockOptions): Promise<Reply>;
   rwlock(key: string): RWLock;
   using<T>(key: Key, opts: LockOptions, fn: Using<T>): Promise<T>;
+  using<T>(key: Key, fn: Using<T>): Promise<T>;
   withLock<T>(key: Key, opts: LockOptions | undefined,
               fn: (held: LockReply) => Promise<T> | T): Promise<T>;
-  cached<T extends string | null>(key: string,
-                                  loader: () => Promise<T> | T,
-                                  opts?: { ttl_ms?: number }): Promise<T>;
+  /** The value of KEY, or LOADER's loaded once cluster-wide and filled
+   *  (null: "not found"). The fill lease is given back when the load or
+   *  the fill fails. */
+  cached<T>(key: string, loader: () => Promise<T> | T,
+            opts?: CachedOptions): Promise<T>;
   invalidate(keys: string | string[], opts?: { delay_ms?: number }):
     Promise<Reply>;
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
+                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+    Promise<T>;
+  withSemaphore<T>(key: string, limit: number,
                    fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
     Promise<T>;
   close(): void;

@@ -5,7 +5,7 @@
 //   const ld = await Leased.connect('/run/leased/leased.sock');
 //   const held = await ld.lock('order:42', { wait_ms: 5000 });
 //   try { ... } finally { await ld.unlock('order:42'); }
-//   const user = await ld.cached('user:7', () => db.loadUser(7));
+//   const user = await ld.cached('user:7', () => db.loadUser(7)); // JSON
 //   ld.on('lock_lost', (ev) => { ... stop writing under ev.key ... });
 //   await ld.using('order:42', { wait_ms: 5000 }, async (signal, held) => {
 //     ... signal.aborted once the lock is lost ...
@@ -27,8 +27,18 @@ const { EventEmitter } = require('events');
 
 const DEFAULT_SOCKET = '/run/leased/leased.sock';
 
+// Every error of the client: the daemon's (CODE its error code, REPLY
+// the reply) and the client's own, built with clientError (CODE one of
+// connect, connection_closed, protocol, invalid, not_acquired, no_permit,
+// lock_lost, sem_lost; no REPLY). Abort signals reject with their own
+// reason, as fetch() does.
 class LeasedError extends Error {
-  constructor(reply) {
+  constructor(reply, message) {
+    if (typeof reply === 'string') {
+      super(`${reply}: ${message}`);
+      this.code = reply;
+      return;
+    }
     const err = reply.error || {};
     super(`${err.code}: ${err.message}`);
     this.code = err.code;
@@ -37,18 +47,94 @@ class LeasedError extends Error {
   }
 }
 
+function clientError(code, message, props) {
+  return Object.assign(new LeasedError(code, message), props);
+}
+
 function notAcquired(key, reply) {
-  const e = new Error(`lock ${key} held elsewhere (${reply.ttl_ms} ms left)`);
-  e.code = 'not_acquired';
-  e.ttl_ms = reply.ttl_ms;
-  return e;
+  return clientError('not_acquired',
+    `lock ${key} held elsewhere (${reply.ttl_ms} ms left)`,
+    { ttl_ms: reply.ttl_ms });
 }
 
 function noPermit(key, reply) {
-  const e = new Error(`semaphore ${key}: no permit (${reply.available} available)`);
-  e.code = 'no_permit';
-  e.available = reply.available;
-  return e;
+  return clientError('no_permit',
+    `semaphore ${key}: no permit (${reply.available} available)`,
+    { available: reply.available });
+}
+
+// What an application can check when TARGET cannot be reached: error E
+// of connecting (errno codes as Node names them).
+function connectError(target, tcp, e) {
+  let hint;
+  if (e.code === 'EACCES' || e.code === 'EPERM') {
+    hint = 'permission denied: is this user in the socket\'s group ' +
+      '(listen.unix_group in leased.yml(5))?';
+  } else if (tcp) {
+    hint = 'is leased running and listening there (listen.tcp)?';
+  } else if (e.code === 'ENOENT') {
+    hint = 'no such socket: is leased running, and is the path (or ' +
+      '$LEASED_SOCKET) the one in its listen.unix?';
+  } else {
+    hint = 'is leased running? Check the path (or $LEASED_SOCKET) ' +
+      'against its listen.unix';
+  }
+  return clientError('connect',
+    `cannot connect to leased at ${target}: ${e.code || e.message}; ${hint}`,
+    { target, cause: e });
+}
+
+function poolClosed() {
+  return clientError('connection_closed', 'the pool was closed');
+}
+
+function closedError(cause) {
+  return clientError('connection_closed',
+    'the connection to leased ended (daemon stopped or restarted?); its ' +
+    'session\'s locks went with it', cause ? { cause } : undefined);
+}
+
+// A key is a string; a group of keys (where GROUP allows one) a non-empty
+// array of strings. Returns the LeasedError that refuses KEY, or null.
+function badKey(key, group) {
+  if (typeof key === 'string') return null;
+  if (group && Array.isArray(key) && key.length > 0 &&
+      key.every((k) => typeof k === 'string')) {
+    return null;
+  }
+  const got = Array.isArray(key) ? 'an array holding a non-string or none'
+    : key === null ? 'null' : typeof key;
+  return clientError('invalid', `a key must be a string${group
+    ? ' or a non-empty array of strings' : ''}, not ${got}`);
+}
+
+// Values as they are: strings only (another type is refused).
+const RAW = { stringify: (v) => v, parse: (s) => s };
+
+// VALUE of KEY as the text cached() fills; null stays null ("not found").
+function toText(key, value, ser) {
+  if (value === null) return null;
+  if (value === undefined) {
+    throw clientError('invalid', `the loader of ${key} returned undefined ` +
+      '(return null to cache "not found")');
+  }
+  const text = ser.stringify(value);
+  if (typeof text !== 'string') {
+    throw clientError('invalid', `the serializer made no string of the ` +
+      `loader's ${typeof value} for ${key}`);
+  }
+  return text;
+}
+
+function fromText(key, text, ser) {
+  if (text === null) return null;
+  try {
+    return ser.parse(text);
+  } catch (e) {
+    throw clientError('invalid', `the cached value of ${key} cannot be ` +
+      `parsed (${e.message}); written as plain text by another client? ` +
+      'Pass { serializer: RAW }', { cause: e });
+  }
 }
 
 function abortError(signal) {
@@ -250,27 +336,31 @@ class Leased extends EventEmitter {
     this.flush = () => this._flush();
     this.closed = false;
     this.features = [];
+    this.serializer = JSON; // cached(): values as JSON text
     socket.setNoDelay && socket.setNoDelay(true);
     socket.on('data', (chunk) => this._data(chunk));
-    socket.on('close', () => this._closed(new Error('leased closed the connection')));
-    socket.on('error', (e) => this._closed(e));
+    socket.on('close', () => this._closed(closedError()));
+    socket.on('error', (e) => this._closed(closedError(e)));
   }
 
   // TARGET: a Unix socket path or "host:port"; $LEASED_SOCKET, else the
-  // default socket, when omitted.
-  static connect(target, { client, auth, connections } = {}) {
+  // default socket, when omitted. With CONNECTIONS, a Pool of that many
+  // (also of 1). SERIALIZER: the default of cached()'s.
+  static connect(target, { client, auth, connections, serializer } = {}) {
     target = target || process.env.LEASED_SOCKET || DEFAULT_SOCKET;
-    if (connections !== undefined && connections !== 1) {
-      return Pool.connect(target, { client, auth, connections });
+    if (connections !== undefined) {
+      return Pool.connect(target, { client, auth, connections, serializer });
     }
     const m = /^\[?([^/]*?)\]?:(\d+)$/.exec(target);
     const opts = m ? { host: m[1], port: Number(m[2]) } : { path: target };
     return new Promise((resolve, reject) => {
       const sock = net.createConnection(opts);
-      sock.once('error', reject);
+      const refused = (e) => reject(connectError(target, m !== null, e));
+      sock.once('error', refused);
       sock.once('connect', async () => {
-        sock.removeListener('error', reject);
+        sock.removeListener('error', refused);
         const ld = new Leased(sock);
+        if (serializer !== undefined) ld.serializer = serializer;
         try {
           if (client !== undefined || auth !== undefined) {
             const r = await ld.call('hello', { client, auth });
@@ -332,7 +422,8 @@ class Leased extends EventEmitter {
     try {
       msg = JSON.parse(line);
     } catch (e) {
-      this._closed(new Error(`leased sent a line that is not JSON: ${e.message}`));
+      this._closed(clientError('protocol',
+        `leased sent a line that is not JSON: ${e.message}`));
       this.socket.destroy();
       return false;
     }
@@ -361,10 +452,8 @@ class Leased extends EventEmitter {
       if (set) {
         for (const ac of set) {
           const what = msg.event === 'lock_lost' ? 'lock' : 'semaphore grant';
-          const e = new Error(`${what} ${msg.key} lost (${msg.reason})`);
-          e.code = msg.event;
-          e.event = msg;
-          ac.abort(e);
+          ac.abort(clientError(msg.event,
+            `${what} ${msg.key} lost (${msg.reason})`, { event: msg }));
         }
       }
     }
@@ -378,10 +467,8 @@ class Leased extends EventEmitter {
     // The session ended: its session-bound locks went with it.
     for (const set of this.holds.values()) {
       for (const ac of set) {
-        const e = new Error('connection to leased closed: lock released');
-        e.code = 'connection_closed';
-        e.cause = err;
-        ac.abort(e);
+        ac.abort(clientError('connection_closed',
+          'connection to leased closed: lock released', { cause: err }));
       }
     }
     this.holds.clear();
@@ -417,7 +504,7 @@ class Leased extends EventEmitter {
   // OP: the op as a JSON string; BODY: the request's JSON after its id
   // (see body()).
   _call(op, body, { signal, onLate } = {}) {
-    if (this.closed) return Promise.reject(new Error('connection closed'));
+    if (this.closed) return Promise.reject(closedError());
     if (signal && signal.aborted) return Promise.reject(abortError(signal));
     const id = this.nextId++;
     const line = `{"op":${op},"id":${id}${body}}\n`;
@@ -457,6 +544,9 @@ class Leased extends EventEmitter {
   // MODE 'read' or 'write' takes a side of a read-write lock (see
   // rwlock()); DETACH and TOKEN as in leased-protocol(7).
   lock(key, opts) {
+    if (typeof key !== 'string' && badKey(key, true)) {
+      return Promise.reject(badKey(key, true));
+    }
     if (opts === undefined) {
       const b = keyBody(key);
       if (b !== null) return this._call('"lock"', b);
@@ -479,6 +569,9 @@ class Leased extends EventEmitter {
   }
 
   unlock(key, opts) {
+    if (typeof key !== 'string' && badKey(key, true)) {
+      return Promise.reject(badKey(key, true));
+    }
     const b = opts === undefined ? keyBody(key) : unlockBody(key, opts);
     if (b !== null) return this._call('"unlock"', b);
     const { owner, token, mode } = opts || {};
@@ -487,6 +580,7 @@ class Leased extends EventEmitter {
   }
 
   extend(key, ttl_ms, { owner, token, mode } = {}) {
+    if (badKey(key, true)) return Promise.reject(badKey(key, true));
     return this.call('extend', { ...keyField(key), ttl_ms, owner, token,
       mode });
   }
@@ -526,9 +620,8 @@ class Leased extends EventEmitter {
     }
     if (this.closed) {
       // The connection ended right after the grant was read.
-      const e = new Error('connection to leased closed: lock released');
-      e.code = 'connection_closed';
-      ac.abort(e);
+      ac.abort(clientError('connection_closed',
+        'connection to leased closed: lock released'));
     }
     try {
       return await fn(ac.signal, held);
@@ -542,8 +635,12 @@ class Leased extends EventEmitter {
       try {
         await this.unlock(key, { owner: opts.owner, mode: opts.mode });
       } catch (e) {
-        // A lost lock is not ours to unlock; FN was told by the signal.
-        if (!(e.code === 'not_held' && ac.signal.aborted)) throw e;
+        // A lost lock (also with the connection, after a restart) is not
+        // ours to unlock; FN was told by the signal.
+        if (!(ac.signal.aborted && (e.code === 'not_held' ||
+              e.code === 'connection_closed'))) {
+          throw e;
+        }
       }
     }
   }
@@ -565,6 +662,7 @@ class Leased extends EventEmitter {
   // {acquired:false, available}. SIGNAL as for lock(); a grant that
   // comes after the abort is released.
   semAcquire(key, limit, { permits, wait_ms, ttl_ms, detach, signal } = {}) {
+    if (badKey(key, false)) return Promise.reject(badKey(key, false));
     const onLate = (r) => {
       if (r.acquired) this.semRelease(key, r.token).catch(() => {});
     };
@@ -573,10 +671,12 @@ class Leased extends EventEmitter {
   }
 
   semRelease(key, token) {
+    if (badKey(key, false)) return Promise.reject(badKey(key, false));
     return this.call('sem.release', { key, token });
   }
 
   semInfo(key, limit) {
+    if (badKey(key, false)) return Promise.reject(badKey(key, false));
     return this.call('sem.info', { key, limit });
   }
 
@@ -604,33 +704,53 @@ class Leased extends EventEmitter {
       try {
         await this.semRelease(key, grant.token);
       } catch (e) {
-        // Its lease ran out meanwhile: nothing left to give back.
-        if (e.code !== 'not_held') throw e;
+        // Its lease ran out meanwhile, or it went with the connection:
+        // nothing left to give back.
+        if (e.code !== 'not_held' &&
+            !(ac.signal.aborted && e.code === 'connection_closed')) {
+          throw e;
+        }
       }
     }
   }
 
   // Cache-aside read: the cached value, or LOADER() loaded once
-  // cluster-wide and filled (null caches "not found"). A failing loader
-  // gives its fill lease back.
-  async cached(key, loader, { ttl_ms } = {}) {
-    const got = await this.call('cache.get', { key });
-    if (got.hit) return got.value;
+  // cluster-wide and filled (null caches "not found"). Values are stored
+  // as text through SERIALIZER ({stringify, parse}; JSON unless connect()
+  // was given another; RAW stores strings as they are). WAIT_MS: how long
+  // to wait for another caller's fill (the daemon's cache.wait_ms when
+  // omitted); past it this caller loads too, and fills only when the
+  // daemon handed it a lease. The fill lease is given back (cache.release)
+  // whenever the load, its serialisation or the fill fails.
+  async cached(key, loader, { ttl_ms, wait_ms, serializer } = {}) {
+    if (badKey(key, false)) throw badKey(key, false);
+    const ser = serializer || this.serializer;
+    const got = await this.call('cache.get', { key, wait_ms });
+    if (got.hit) return fromText(key, got.value, ser);
     let value;
     try {
       value = await loader();
+      const text = toText(key, value, ser);
+      if (got.lease) {
+        await this.call('cache.fill', { key, lease: got.lease, value: text,
+          ttl_ms });
+      }
     } catch (e) {
-      if (got.lease) await this.call('cache.release', { key, lease: got.lease });
+      if (got.lease) {
+        // Not after a fill that failed for the connection: the lease then
+        // runs out with cache.fill_lease_ms.
+        await this.call('cache.release', { key, lease: got.lease })
+          .catch(() => {});
+      }
       throw e;
-    }
-    if (got.lease) {
-      await this.call('cache.fill', { key, lease: got.lease, value, ttl_ms });
     }
     return value;
   }
 
-  // Write path: call after the database write committed.
+  // Write path: call after the database write committed. KEYS: one key,
+  // or an array of them.
   invalidate(keys, { delay_ms } = {}) {
+    if (badKey(keys, true)) return Promise.reject(badKey(keys, true));
     return this.call('cache.invalidate', { keys: [].concat(keys), delay_ms });
   }
 }
@@ -696,19 +816,21 @@ function slotOf(key, n) {
 // still go out in one write, so N connections shared by many callers
 // cost fewer system calls than one connection per caller.
 class Pool extends EventEmitter {
-  constructor({ path, size = 4, client, auth } = {}) {
+  constructor({ path, size = 4, client, auth, serializer } = {}) {
     super();
     this.target = path;
     this.size = size;
-    this.opts = { client, auth };
+    this.opts = { client, auth, serializer };
     this.slots = new Array(size).fill(null); // Leased or Promise<Leased>
     this.closed = false;
   }
 
   // A connected Pool of CONNECTIONS sessions (Leased.connect with
   // { connections }).
-  static async connect(target, { client, auth, connections = 4 } = {}) {
-    const pool = new Pool({ path: target, size: connections, client, auth });
+  static async connect(target, { client, auth, connections = 4,
+    serializer } = {}) {
+    const pool = new Pool({ path: target, size: connections, client, auth,
+      serializer });
     try {
       await Promise.all(pool.slots.map((_, i) => pool._slot(i)));
     } catch (e) {
@@ -730,11 +852,11 @@ class Pool extends EventEmitter {
   _slot(i) {
     const cur = this.slots[i];
     if (cur !== null && !(cur instanceof Leased && cur.closed)) return cur;
-    if (this.closed) return Promise.reject(new Error('pool closed'));
+    if (this.closed) return Promise.reject(poolClosed());
     const p = Leased.connect(this.target, this.opts).then((ld) => {
       if (this.closed) {
         ld.close();
-        throw new Error('pool closed');
+        throw poolClosed();
       }
       ld.on('event', (ev) => {
         this.emit('event', ev);
@@ -755,6 +877,7 @@ class Pool extends EventEmitter {
   _on(key, fn) {
     let i = 0;
     if (key !== undefined) {
+      if (badKey(key, true)) return Promise.reject(badKey(key, true));
       i = slotOf(key, this.size);
     } else {
       let best = -1;
@@ -836,4 +959,4 @@ class Pool extends EventEmitter {
   }
 }
 
-module.exports = { Leased, LeasedError, Pool, RWLock };
+module.exports = { Leased, LeasedError, Pool, RWLock, RAW };

@@ -13,7 +13,7 @@ const net = require('net');
 const os = require('os');
 const path = require('path');
 const { execFileSync, spawnSync } = require('child_process');
-const { Leased, Pool } = require('./leased');
+const { Leased, LeasedError, Pool, RAW } = require('./leased');
 
 const SOCK = process.env.LEASED_SOCKET;
 const REDIS = process.env.LEASED_TEST_REDIS;
@@ -125,13 +125,18 @@ test('using() aborts its signal when the connection ends', async () => {
   await new Promise((r) => srv.listen(sockPath, r));
   const ld = await Leased.connect(sockPath);
   try {
-    await assert.rejects(ld.using('k', async (signal) => {
+    // The lock went with the session: FN is told by its signal, and
+    // leaving using() is no error, as for a lock_lost.
+    const got = await ld.using('k', async (signal) => {
       if (!signal.aborted) {
         await within(WAIT_MS, new Promise((r) =>
           signal.addEventListener('abort', r)), 'abort');
       }
+      assert.ok(signal.reason instanceof LeasedError);
       assert.strictEqual(signal.reason.code, 'connection_closed');
-    }), /closed/);
+      return 'told';
+    });
+    assert.strictEqual(got, 'told');
   } finally {
     ld.close();
     srv.close();
@@ -180,7 +185,7 @@ test('many requests in flight, and lines split across reads', async () => {
     const v = await ld.cached(`${TAG}:big`, () => big);
     assert.strictEqual(v, big);
     const got = await ld.call('cache.get', { key: `${TAG}:big` });
-    assert.strictEqual(got.value, big);
+    assert.strictEqual(got.value, JSON.stringify(big));
   } finally {
     ld.close();
   }
@@ -647,4 +652,314 @@ test('npm pack --dry-run', (t) => {
   }
   const files = JSON.parse(out)[0].files.map((f) => f.path).sort();
   assert.deepStrictEqual(files, ['README.md', 'leased.d.ts', 'leased.js', 'package.json']);
+});
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// N concurrent cached() of one key on LD, each with a loader of MS ms;
+// resolves with the loader's calls and the values.
+async function herd(ld, key, n, ms, opts) {
+  let calls = 0;
+  const values = await Promise.all(Array.from({ length: n }, () =>
+    ld.cached(key, async () => {
+      calls++;
+      await sleep(ms);
+      return { loaded: key };
+    }, opts)));
+  return { calls, values };
+}
+
+test('a Pool keeps single flight: 20 cached() of one key, 1 load', async () => {
+  const pool = await Leased.connect(SOCK, { connections: 4 });
+  try {
+    const key = `${TAG}:herd`;
+    const { calls, values } = await within(WAIT_MS,
+      herd(pool, key, 20, 500), 'cached()');
+    assert.strictEqual(calls, 1);
+    assert.ok(values.every((v) => v.loaded === key), JSON.stringify(values));
+  } finally {
+    pool.close();
+  }
+});
+
+test('cached() waits wait_ms for a fill: a loader slower than cache.wait_ms',
+  async () => {
+    const pool = await Leased.connect(SOCK, { connections: 2 });
+    try {
+      // 3500 ms: past the daemon's cache.wait_ms (3000), within its
+      // cache.fill_lease_ms (5000).
+      const slow = await within(WAIT_MS,
+        herd(pool, `${TAG}:slowfill`, 20, 3500, { wait_ms: 8000 }), 'slow');
+      assert.strictEqual(slow.calls, 1);
+      // wait_ms 0: nobody waits for the holder's fill; each loads.
+      const eager = await within(WAIT_MS,
+        herd(pool, `${TAG}:nowait`, 5, 300, { wait_ms: 0 }), 'eager');
+      assert.strictEqual(eager.calls, 5);
+    } finally {
+      pool.close();
+    }
+  });
+
+// The entry of KEY as a plain read: {hit, value, lease}.
+function peek(ld, key) {
+  return ld.call('cache.get', { key, lease: false });
+}
+
+// A lease for KEY at once (wait_ms 0): the last fill lease was given
+// back. Released after.
+async function leaseFree(ld, key) {
+  const got = await ld.call('cache.get', { key, wait_ms: 0 });
+  if (got.lease) await ld.call('cache.release', { key, lease: got.lease });
+  return !got.hit && typeof got.lease === 'string';
+}
+
+test('cached() stores any JSON value and gives the lease back on failure',
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    try {
+      const key = `${TAG}:obj`;
+      const user = { id: 7, name: 'Grace', tags: ['a'] };
+      assert.deepStrictEqual(await ld.cached(key, () => user), user);
+      assert.strictEqual((await peek(ld, key)).value, JSON.stringify(user));
+      assert.deepStrictEqual(await ld.cached(key, () => assert.fail('loaded')),
+        user);
+      for (const v of [42, ['x'], 'text', false]) {
+        const k = `${key}:${JSON.stringify(v)}`;
+        assert.deepStrictEqual(await ld.cached(k, () => v), v);
+        assert.deepStrictEqual(await ld.cached(k, () => null), v);
+      }
+
+      // Refused after the load, each with its lease given back.
+      const bad = [
+        ['undefined', () => undefined, {}, /undefined/],
+        ['raw number', () => 7, { serializer: RAW }, /no string/],
+        ['throwing serializer', () => 'v',
+          { serializer: { stringify() { throw new Error('nope'); } } }, /nope/],
+        ['loader throws', () => { throw new Error('db down'); }, {}, /db down/],
+        // Over limits.max_request_bytes: the daemon refuses the fill.
+        ['fill refused', () => 'x'.repeat(1100000), {}, /too_large/],
+      ];
+      for (const [what, loader, opts, re] of bad) {
+        const k = `${key}:bad:${what}`;
+        await assert.rejects(ld.cached(k, loader, opts), re, what);
+        assert.strictEqual(await leaseFree(ld, k), true, what);
+      }
+
+      // RAW: strings as they are, as other clients and leasectl write them.
+      const rk = `${key}:raw`;
+      assert.strictEqual(await ld.cached(rk, () => 'plain', { serializer: RAW }),
+        'plain');
+      assert.strictEqual((await peek(ld, rk)).value, 'plain');
+      await assert.rejects(ld.cached(rk, () => 'x'),
+        (e) => e instanceof LeasedError && e.code === 'invalid' &&
+          /RAW/.test(e.message));
+      const rawLd = await Leased.connect(SOCK, { serializer: RAW });
+      try {
+        assert.strictEqual(await rawLd.cached(rk, () => 'x'), 'plain');
+      } finally {
+        rawLd.close();
+      }
+    } finally {
+      ld.close();
+    }
+  });
+
+test('a key is a string, keys a string or an array of strings', async () => {
+  const ld = await Leased.connect(SOCK);
+  const pool = await Leased.connect(SOCK, { connections: 2 });
+  try {
+    const key = `${TAG}:inv`;
+    for (const c of [ld, pool]) {
+      await c.cached(key, () => 'v');
+      assert.strictEqual((await c.invalidate(key, { delay_ms: 0 })).deleted, 1);
+      assert.strictEqual((await peek(c, key)).hit, false);
+    }
+    const refused = [
+      (c) => c.invalidate(42), (c) => c.invalidate(new Set([key])),
+      (c) => c.invalidate([]), (c) => c.invalidate([key, 1]),
+      (c) => c.invalidate(null), (c) => c.lock(7), (c) => c.lock([]),
+      (c) => c.unlock({ key }), (c) => c.extend([1], 1000),
+      (c) => c.using(Buffer.from(key), () => assert.fail('ran')),
+      (c) => c.cached([key], () => assert.fail('loaded')),
+      (c) => c.semAcquire(undefined, 1), (c) => c.semInfo([key], 1),
+    ];
+    for (const c of [ld, pool]) {
+      for (const call of refused) {
+        await assert.rejects(call(c), (e) => e instanceof LeasedError &&
+          e.code === 'invalid' && /must be a string/.test(e.message),
+          call.toString());
+      }
+    }
+  } finally {
+    ld.close();
+    pool.close();
+  }
+});
+
+// A peer that answers every request with ok and acquired, until
+// restart() drops every connection and listens again at the same path,
+// as a restarted daemon does; stop() leaves nothing listening.
+async function restartingPeer(sockPath) {
+  const conns = new Set();
+  const listen = () => {
+    const srv = net.createServer((c) => {
+      conns.add(c);
+      c.on('close', () => conns.delete(c));
+      let buf = '';
+      c.on('data', (d) => {
+        buf += d.toString();
+        let nl;
+        while ((nl = buf.indexOf('\n')) >= 0) {
+          const req = JSON.parse(buf.slice(0, nl));
+          buf = buf.slice(nl + 1);
+          c.write(JSON.stringify({ id: req.id, ok: true, acquired: true,
+            token: 't', fence: 1, released: true }) + '\n');
+        }
+      });
+    });
+    return new Promise((r) => srv.listen(sockPath, () => r(srv)));
+  };
+  let srv = await listen();
+  const stop = () => {
+    for (const c of conns) c.destroy();
+    return new Promise((r) => srv.close(r));
+  };
+  return {
+    stop,
+    async restart() {
+      await stop();
+      srv = await listen();
+    },
+  };
+}
+
+function closed(ld) {
+  return ld.closed ? Promise.resolve() : new Promise((r) => ld.once('close', r));
+}
+
+test('after a restart: scopes end quietly, a Pool reconnects, errors are LeasedErrors',
+  async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+    const sockPath = path.join(dir, 's.sock');
+    const peer = await restartingPeer(sockPath);
+    const ld = await Leased.connect(sockPath);
+    const pool = await Leased.connect(sockPath, { connections: 2 });
+    try {
+      let inside;
+      const entered = new Promise((r) => { inside = r; });
+      const scope = ld.using('k', async (signal) => {
+        inside();
+        await within(WAIT_MS, new Promise((r) =>
+          signal.addEventListener('abort', r)), 'abort');
+        return signal.reason.code;
+      });
+      const plain = ld.withLock('k2', {}, async () => {
+        await entered;
+        await closed(ld);
+      });
+      await entered;
+      await peer.restart();
+      assert.strictEqual(await within(WAIT_MS, scope, 'using'),
+        'connection_closed');
+      await assert.rejects(plain, (e) => e instanceof LeasedError &&
+        e.code === 'connection_closed');
+      await assert.rejects(ld.lock('k'), (e) => e instanceof LeasedError &&
+        e.code === 'connection_closed' && /restarted/.test(e.message));
+
+      await Promise.all(pool.slots.map(closed));
+      assert.strictEqual((await pool.lock('k')).acquired, true);
+      assert.strictEqual((await pool.call('ping')).ok, true);
+
+      // Not there at all: the error says where and what to check.
+      await peer.stop();
+      await Promise.all(pool.slots.map(closed));
+      await assert.rejects(pool.lock('k'), (e) => e instanceof LeasedError &&
+        e.code === 'connect' && e.message.includes(sockPath) &&
+        /is leased running/.test(e.message) && /LEASED_SOCKET/.test(e.message));
+    } finally {
+      ld.close();
+      pool.close();
+      await peer.stop().catch(() => {});
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+test('connection errors name the target and what to check', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  try {
+    const missing = path.join(dir, 'missing.sock');
+    await assert.rejects(Leased.connect(missing), (e) =>
+      e instanceof LeasedError && e.code === 'connect' &&
+      e.cause.code === 'ENOENT' && e.message.includes(missing) &&
+      /is leased running/.test(e.message) && /LEASED_SOCKET/.test(e.message));
+    const port = await new Promise((r) => {
+      const s = net.createServer().listen(0, '127.0.0.1', () => {
+        const p = s.address().port;
+        s.close(() => r(p));
+      });
+    });
+    await assert.rejects(Leased.connect(`127.0.0.1:${port}`), (e) =>
+      e.code === 'connect' && e.message.includes(`127.0.0.1:${port}`) &&
+      /listen\.tcp/.test(e.message));
+
+    // A socket this user may not open: as nobody when run as root, in
+    // a directory of /tmp (TMPDIR may be private to this user).
+    const open = fs.mkdtempSync('/tmp/leased-api-');
+    const sockPath = path.join(open, 'closed.sock');
+    const srv = net.createServer();
+    await new Promise((r) => srv.listen(sockPath, r));
+    try {
+      fs.chmodSync(sockPath, 0o600);
+      fs.chmodSync(open, 0o755);
+      // A copy beside the socket: nobody may not read the source tree
+      // (a checkout in a home directory of mode 0700).
+      const lib = path.join(open, 'leased.js');
+      fs.copyFileSync(path.join(__dirname, 'leased.js'), lib);
+      fs.chmodSync(lib, 0o644);
+      const script = `require(${JSON.stringify(lib)})` +
+        `.Leased.connect(${JSON.stringify(sockPath)}).then(() => ` +
+        'console.log("connected"), (e) => console.log(e.code, e.message))';
+      const opts = { encoding: 'utf8', timeout: WAIT_MS };
+      if (process.getuid() === 0) {
+        Object.assign(opts, { uid: 65534, gid: 65534 });
+      } else {
+        fs.chmodSync(sockPath, 0);
+      }
+      const child = spawnSync(process.execPath, ['-e', script], opts);
+      const out = child.stdout;
+      assert.match(out, /^connect .*EACCES.*socket's group/,
+        `${out} ${child.stderr}`);
+      assert.ok(out.includes(sockPath), out);
+    } finally {
+      srv.close();
+      fs.rmSync(open, { recursive: true, force: true });
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('connect() with connections gives a Pool, also of one; Pool.using(key, fn)',
+  async () => {
+    const pool = await Leased.connect(SOCK, { connections: 1 });
+    try {
+      assert.ok(pool instanceof Pool);
+      const key = `${TAG}:pool1`;
+      assert.strictEqual(await pool.using(key, async (signal, held) => {
+        assert.strictEqual(signal.aborted, false);
+        return held.acquired;
+      }), true);
+      assert.strictEqual((await pool.lock(key)).acquired, true);
+    } finally {
+      pool.close();
+    }
+  });
+
+test('package.json declares the types\' one dependency, @types/node', () => {
+  const pkg = JSON.parse(fs.readFileSync(path.join(__dirname, 'package.json')));
+  const types = fs.readFileSync(path.join(__dirname, pkg.types), 'utf8');
+  assert.match(types, /reference types="node"/);
+  assert.ok(pkg.peerDependencies['@types/node']);
+  assert.strictEqual(pkg.peerDependenciesMeta['@types/node'].optional, true);
+  assert.strictEqual(pkg.dependencies, undefined, 'no runtime dependencies');
 });

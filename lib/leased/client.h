@@ -127,7 +127,8 @@ void leased_options_init(struct leased_options *opt);
  * A target that contains '/' is always a path; one that ends in ":digits"
  * otherwise is TCP. NULL means $LEASED_SOCKET, else LEASED_DEFAULT_SOCKET.
  * OPT may be NULL. Returns NULL on failure (ERR says why: LEASED_E_CONNECT
- * with sys_errno, or the error of hello). */
+ * with sys_errno and a message that names the target and what to check,
+ * or the error of hello). */
 struct leased_conn *leased_connect(const char *target,
                                    const struct leased_options *opt,
                                    struct leased_error *err);

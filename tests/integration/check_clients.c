@@ -15,9 +15,11 @@
 #include "harness.h"
 
 #include <check.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define RUN_MS 240000
 
@@ -110,6 +112,58 @@ START_TEST(test_node_api)
 }
 END_TEST
 
+/* clients/node/test_restart.js, run in a thread while this one restarts
+ * the daemon once the script, inside a using() scope, has created its
+ * flag file. */
+struct restart_run {
+    char script[1024];
+    char flag[400];
+    int rc;
+};
+
+static void *
+restart_script(void *arg)
+{
+    struct restart_run *run = arg;
+    const char *argv[] = {"node", run->script, D.sock, run->flag, NULL};
+
+    run->rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
+    return NULL;
+}
+
+static bool
+flag_exists(void *path)
+{
+    return access(path, F_OK) == 0;
+}
+
+START_TEST(test_node_restart)
+{
+    struct restart_run run;
+    pthread_t th;
+
+    snprintf(run.script, sizeof run.script, "%s/clients/node/test_restart.js",
+             srcdir());
+    snprintf(run.flag, sizeof run.flag, "%s/node-restart.flag", D.dir);
+    unlink(run.flag);
+    ck_assert_int_eq(pthread_create(&th, NULL, restart_script, &run), 0);
+    /* A script that fails before its scope leaves no flag: the restart
+     * is skipped and its output tells why. */
+    if (h_wait_until(flag_exists, run.flag, RUN_MS / 4)) {
+        ck_assert_int_eq(h_daemon_restart(&D), 0);
+    }
+    pthread_join(th, NULL);
+    if (run.rc != 0 || getenv("LD_VERBOSE")) {
+        fprintf(stderr,
+                "---- node test_restart.js: exit %d ----\n%s\n"
+                "---- stderr ----\n%s\n---- end ----\n",
+                run.rc, out, err);
+    }
+    ck_assert_msg(run.rc == 0, "node test_restart.js exited %d", run.rc);
+    ck_assert_msg(strstr(out, "ok 3 -"), "output: %s", out);
+}
+END_TEST
+
 START_TEST(test_shell)
 {
     if (!getenv("LEASECTL_BIN")) {
@@ -131,6 +185,8 @@ main(void)
         H_CASE(python, 300),
         H_CASE(node, 270),
         H_CASE(node_api, 270),
+        /* The daemon restarted under a using() scope and a Pool. */
+        H_CASE(node_restart, 270),
         H_CASE(shell, 270),
     };
 

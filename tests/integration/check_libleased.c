@@ -18,6 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define T_MS 5000
@@ -172,18 +176,80 @@ START_TEST(test_connect)
         ck_assert_int_eq(err.code, LEASED_E_CONNECT);
         ck_assert_int_eq(err.sys_errno, ENOENT);
         ck_assert_msg(strstr(err.message, path), "message: %s", err.message);
+        /* And what to check. */
+        ck_assert_msg(strstr(err.message, "is leased running") &&
+                          strstr(err.message, "$LEASED_SOCKET"),
+                      "message: %s", err.message);
     }
     snprintf(tcp, sizeof tcp, "127.0.0.1:%d", h_free_port());
     c = leased_connect(tcp, NULL, &err);
     ck_assert_ptr_null(c);
     ck_assert_int_eq(err.code, LEASED_E_CONNECT);
     ck_assert_int_eq(err.sys_errno, ECONNREFUSED);
+    ck_assert_msg(strstr(err.message, tcp) &&
+                      strstr(err.message, "listen.tcp"),
+                  "message: %s", err.message);
 
     ck_assert_str_eq(leased_strerror(LEASED_E_NOT_HELD), "not_held");
     ck_assert_str_eq(leased_strerror(LEASED_E_REDIS_UNAVAILABLE),
                      "redis_unavailable");
     ck_assert_str_eq(leased_strerror(LEASED_E_TIMEOUT), "timeout");
     leased_close(NULL);
+}
+END_TEST
+
+/* A socket this user may not open: the message points at the socket's
+ * group. Run as nobody in a child when the test runs as root (root
+ * passes the permission check). */
+START_TEST(test_connect_denied)
+{
+    char dir[] = "/tmp/libleased-XXXXXX", path[64];
+    struct sockaddr_un sa;
+    int srv, fds[2], status;
+    char msg[512] = "";
+    ssize_t n;
+    pid_t pid;
+
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/denied.sock", dir);
+    srv = socket(AF_UNIX, SOCK_STREAM, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    ck_assert_int_eq(bind(srv, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(srv, 1), 0);
+    ck_assert_int_eq(chmod(path, geteuid() == 0 ? 0600 : 0), 0);
+    ck_assert_int_eq(pipe(fds), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct leased_error err;
+        struct leased_conn *c;
+
+        close(fds[0]);
+        if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) {
+            _exit(2);
+        }
+        c = leased_connect(path, NULL, &err);
+        if (c || err.sys_errno != EACCES) {
+            _exit(3);
+        }
+        n = write(fds[1], err.message, strlen(err.message));
+        _exit(n > 0 ? 0 : 4);
+    }
+    close(fds[1]);
+    n = read(fds[0], msg, sizeof msg - 1);
+    msg[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    close(srv);
+    unlink(path);
+    rmdir(dir);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child: status %d", status);
+    ck_assert_msg(strstr(msg, path) && strstr(msg, "socket's group"),
+                  "message: %s", msg);
 }
 END_TEST
 
@@ -1096,6 +1162,7 @@ main(void)
 {
     const struct h_case cases[] = {
         H_CASE(connect, 60),
+        H_CASE(connect_denied, 60),
         H_CASE(stats, 60),
         H_CASE(locks, 60),
         H_CASE(lock_wait, 60),
