@@ -4,7 +4,9 @@
  * This program starts them, serves the control channel the runners (and
  * their helper processes) reach through $LEASED_CONTROL, and fails a
  * client's case naming each scenario its runner reported as failed.
- */
+ *
+ * python3 and node are required: a missing interpreter fails its case
+ * (exit 127 from exec), it is not skipped. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -661,12 +663,25 @@ START_TEST(test_c)
 }
 END_TEST
 
+START_TEST(test_python)
+{
+    char path[400];
+    const char *runner[] = {"python3", path, NULL};
+
+    snprintf(path, sizeof path, "%s/clients/python/conformance.py", srcdir());
+    run_conformance(runner, "Python");
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
         H_CASE(c, 200),
+        H_CASE(python, 200),
     };
 
+    /* Keep the source tree clean (and usable read-only, for distcheck). */
+    setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
     return H_MAIN(fx, cases);
 }

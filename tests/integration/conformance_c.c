@@ -527,10 +527,7 @@ do_open(const json_t *step)
     o.client = "conformance-c";
     if (strcmp(t, "tcp") == 0) {
         target = getenv("LEASED_TCP");
-        /* Without the token a hello is refused: open without one. */
-        o.client = NULL;
         if (json_is_true(json_object_get(step, "auth"))) {
-            o.client = "conformance-c";
             o.auth = getenv("LEASED_AUTH_TOKEN");
         }
     } else if (strcmp(t, "dead") == 0) {
