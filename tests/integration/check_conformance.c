@@ -673,12 +673,23 @@ START_TEST(test_python)
 }
 END_TEST
 
+START_TEST(test_node)
+{
+    char path[400];
+    const char *runner[] = {"node", path, NULL};
+
+    snprintf(path, sizeof path, "%s/clients/node/conformance.js", srcdir());
+    run_conformance(runner, "Node.js");
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
         H_CASE(c, 200),
         H_CASE(python, 200),
+        H_CASE(node, 200),
     };
 
     /* Keep the source tree clean (and usable read-only, for distcheck). */
