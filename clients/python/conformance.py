@@ -55,7 +55,7 @@ def error_code(e):
         return "timeout"
     if isinstance(e, (ConnectionError, OSError, EOFError)):
         return "io"
-    raise e
+    return "unexpected %r" % e
 
 
 class Handle:
