@@ -647,6 +647,10 @@ run_conformance(const char *const *runner, const char *what)
     }
     failed_lines(out, failed, sizeof failed);
     ck_assert_msg(rc != 127, "%s runner %s: not installed?", what, runner[0]);
+    ck_assert_msg(tot != NULL,
+                  "%s runner exited %d without its totals line (crashed or "
+                  "killed at %d ms?); failed so far:%s",
+                  what, rc, RUN_MS, failed[0] ? failed : " (none)");
     ck_assert_msg(nfailed == 0 && passed == nfiles && rc == 0,
                   "%s: %d of %d scenarios passed, runner exit %d; failed:%s",
                   what, passed, nfiles, rc, failed[0] ? failed : " (none)");
