@@ -299,7 +299,7 @@ START_TEST(test_redis_killed_in_flight)
         h_assert_ping(c[k]);
         sent0[k] = h_stat(st[k], "redis_commands");
     }
-    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    h_redis_signal(&R, SIGSTOP);
     for (int k = 0; k < 2; k++) {
         json_t *reqs[NK];
         for (int i = 0; i < NK; i++) {

@@ -2016,10 +2016,10 @@ START_TEST(test_write_outcome_unknown)
     json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
                                "key", "ou1", "value", "before")));
 
-    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    h_redis_signal(&R, SIGSTOP);
     r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "ou1",
                 "value", "after");
-    kill(R.pid, SIGCONT);
+    h_redis_signal(&R, SIGCONT);
     ck_assert_msg(r != NULL && h_errcode(r) != NULL &&
                       strcmp(h_errcode(r), "redis_unavailable") == 0,
                   "expected redis_unavailable, got %s", h_dump(r));

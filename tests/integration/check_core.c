@@ -731,11 +731,11 @@ START_TEST(test_redis_timeout)
     r = lock_ok(c, "to1");
     json_decref(r);
 
-    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    h_redis_signal(&R, SIGSTOP);
     t0 = h_now_ms();
     r = h_callf(c, T_MS, "{s:s,s:s}", "op", "lock", "key", "to2");
     took = h_now_ms() - t0;
-    kill(R.pid, SIGCONT);
+    h_redis_signal(&R, SIGCONT);
     ck_assert_msg(r != NULL, "no answer while Redis was stopped");
     ck_assert_str_eq(h_errcode(r), "redis_unavailable");
     json_decref(r);

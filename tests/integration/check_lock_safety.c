@@ -325,7 +325,7 @@ START_TEST(test_lost_before_lease_end)
     t_before = h_now_ms();
     pttl = h_r_int(&R, "PTTL leased:lock:{w}");
     ck_assert_msg(pttl > 5000, "PTTL %lld", pttl);
-    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    h_redis_signal(&R, SIGSTOP);
 
     ev = h_lock_lost(a, "w", 30000);
     t_ev = h_now_ms();
@@ -335,7 +335,7 @@ START_TEST(test_lost_before_lease_end)
     ck_assert_msg(t_ev < t_before + pttl,
                   "lock_lost %lld ms after the lease could end in redis",
                   t_ev - (t_before + pttl));
-    ck_assert_int_eq(kill(R.pid, SIGCONT), 0);
+    h_redis_signal(&R, SIGCONT);
     h_close(a);
 }
 END_TEST
@@ -851,10 +851,10 @@ START_TEST(test_short_lease_lost_in_time)
                 "ttl_ms", SHORT_TTL_MS);
     ck_assert_msg(r != NULL && h_ok(r), "extend sl");
     json_decref(r);
-    ck_assert_int_eq(kill(R.pid, SIGSTOP), 0);
+    h_redis_signal(&R, SIGSTOP);
     ev = h_lock_lost(a, "sl", SHORT_WATCHDOG_MS);
     long long t_ev = h_now_ms();
-    ck_assert_int_eq(kill(R.pid, SIGCONT), 0);
+    h_redis_signal(&R, SIGCONT);
     ck_assert_msg(ev != NULL, "no lock_lost while redis was stopped");
     ck_assert_str_eq(jstr(ev, "reason"), "redis_unavailable");
     json_decref(ev);

@@ -46,8 +46,9 @@ struct h_conn;
 int h_redis_start(struct h_redis *r, const char *extra_args);
 /* Same port again (after h_redis_kill), waits for PING. */
 int h_redis_restart(struct h_redis *r);
-void h_redis_kill(struct h_redis *r); /* SIGKILL, reaped */
-void h_redis_stop(struct h_redis *r); /* kill + remove dir */
+void h_redis_kill(struct h_redis *r);            /* SIGKILL, reaped */
+void h_redis_signal(struct h_redis *r, int sig); /* SIGSTOP/SIGCONT */
+void h_redis_stop(struct h_redis *r);            /* kill + remove dir */
 /* A Sentinel (redis-server --sentinel) on a free port, kept in an h_redis
  * so that h_redis_cmd, h_redis_kill and h_redis_stop serve it too. With
  * NAME it monitors the master on MASTER_PORT under that name (quorum 2,
