@@ -81,7 +81,9 @@ class Runner {
     } else if (target === 'dead') {
       where = process.env.LEASED_DEAD_SOCKET;
     }
-    const ld = await Leased.connect(where, opts);
+    // A Pool (of one connection) reconnects after a daemon restart; a
+    // single Leased stays closed by design (leased-protocol(7) CLIENTS).
+    const ld = await Leased.connect(where, { ...opts, connections: 1 });
     // Events with no listener would be thrown by the EventEmitter.
     ld.on('error', () => {});
     this.clients.set(step.as, ld);
@@ -204,7 +206,7 @@ class Runner {
         await ld.invalidate(step.keys);
         return {};
       case 'reconnect':
-        // The client is to connect again by itself.
+        // The Pool connects again by itself at its next call.
         return {};
       case 'close':
         ld.close();
