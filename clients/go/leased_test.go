@@ -374,8 +374,11 @@ func TestErrors(t *testing.T) {
 	if leased.Code(err) != "bad_request" {
 		t.Fatalf("long key: %v", err)
 	}
-	if _, err := ld.Lock(bg(), "", nil); !errors.Is(err, leased.ErrInvalid) {
+	if _, err := ld.Lock(bg(), "", nil); leased.Code(err) != "bad_request" {
 		t.Fatalf("empty key: %v", err)
+	}
+	if _, err := ld.LockKeys(bg(), nil, nil); !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("no key: %v", err)
 	}
 	h, _ := ld.Lock(bg(), k("err"), nil)
 	if _, err := ld.Do(bg(), map[string]any{"op": "unlock", "key": k("err"),

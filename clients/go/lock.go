@@ -336,14 +336,11 @@ func (cl *Client) TrySemaphore(ctx context.Context, key string, limit int, opts 
 	return h, nil
 }
 
+// checkKeys refuses a call without a key; what a key may be (not empty,
+// at most limits.max_key_bytes) is the daemon's to say (bad_request).
 func checkKeys(keys []string) error {
 	if len(keys) == 0 {
 		return newErr("invalid", "no key given")
-	}
-	for _, k := range keys {
-		if k == "" {
-			return newErr("invalid", "a key may not be empty")
-		}
 	}
 	return nil
 }
