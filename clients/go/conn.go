@@ -60,15 +60,20 @@ type conn struct {
 	nc       net.Conn
 	target   string
 	onEvent  func(Event)
-	wmu      sync.Mutex
-	mu       sync.Mutex
-	nextID   int64
-	pending  map[int64]*pend
-	holds    map[string][]*Held
-	features map[string]bool
-	session  string
-	dead     chan struct{}
-	inflight int32
+	wmu      sync.Mutex // guards the write queue below
+	wbuf     []byte
+	spare    []byte
+	flushing bool
+	// hasDeadline: a write deadline is set on nc.
+	hasDeadline bool
+	mu          sync.Mutex
+	nextID      int64
+	pending     map[int64]*pend
+	holds       map[string][]*Held
+	features    map[string]bool
+	session     string
+	dead        chan struct{}
+	inflight    int32
 }
 
 // Event is an unsolicited line from the daemon (lock_lost, sem_lost,
@@ -233,26 +238,60 @@ func (c *conn) send(ctx context.Context, req map[string]any,
 	c.pending[id] = p
 	c.mu.Unlock()
 	req["id"] = id
-	line, err := json.Marshal(req)
-	if err != nil {
+	if err := c.write(ctx, req); err != nil {
 		c.forget(id)
-		return 0, nil, &Error{Code: "invalid", Message: err.Error(), Err: err}
-	}
-	line = append(line, '\n')
-	c.wmu.Lock()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.nc.SetWriteDeadline(dl)
-	} else {
-		_ = c.nc.SetWriteDeadline(time.Time{})
-	}
-	_, err = c.nc.Write(line)
-	c.wmu.Unlock()
-	if err != nil {
-		c.forget(id)
-		c.close()
-		return 0, nil, errNotSent{c.ioErr(err)}
+		return 0, nil, err
 	}
 	return id, p, nil
+}
+
+// write queues one request line. Goroutines that send at the same time
+// share syscalls: the first to find nobody writing writes everything
+// queued, until the queue is empty, and the others only queue.
+func (c *conn) write(ctx context.Context, req map[string]any) error {
+	c.wmu.Lock()
+	buf, err := appendRequest(c.wbuf, req)
+	if err != nil {
+		c.wmu.Unlock()
+		return &Error{Code: "invalid", Message: err.Error(), Err: err}
+	}
+	c.wbuf = buf
+	if c.flushing {
+		c.wmu.Unlock()
+		return nil
+	}
+	c.flushing = true
+	for len(c.wbuf) > 0 {
+		out := c.wbuf
+		c.wbuf = c.spare[:0]
+		c.deadline(ctx)
+		c.wmu.Unlock()
+		_, err = c.nc.Write(out)
+		c.wmu.Lock()
+		c.spare = out[:0]
+		if err != nil {
+			c.wbuf = nil
+			break
+		}
+	}
+	c.flushing = false
+	c.wmu.Unlock()
+	if err != nil {
+		// The other requests of the batch fail when the reader sees
+		// the connection end; this one may go out on a new one.
+		c.close()
+		return errNotSent{c.ioErr(err)}
+	}
+	return nil
+}
+
+// deadline bounds a write by the writer's ctx (c.wmu held).
+func (c *conn) deadline(ctx context.Context) {
+	dl, ok := ctx.Deadline()
+	if ok || c.hasDeadline {
+		_ = c.nc.SetWriteDeadline(dl)
+		c.hasDeadline = ok
+	}
 }
 
 func (c *conn) forget(id int64) {

@@ -2,6 +2,7 @@ package leased_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -496,4 +497,26 @@ func TestReconnectAfterConnectionLoss(t *testing.T) {
 		t.Fatalf("lock on a new connection: %v", err)
 	}
 	h2.Unlock(bg())
+}
+
+// Keys and values that need escaping reach the daemon as they were.
+func TestEscapedStrings(t *testing.T) {
+	ld := dial(t)
+	for _, s := range []string{`quote " and \ back`, "tab\tnew\nline", "ünï\u2028cödé", "<&>"} {
+		key := k(s)
+		v, err := leased.Cached(bg(), ld, key, func(context.Context) (string, error) {
+			return s, nil
+		}, &leased.CacheOptions{TTL: time.Minute})
+		if err != nil || v != s {
+			t.Fatalf("%q: %q %v", s, v, err)
+		}
+		r, err := ld.Do(bg(), map[string]any{"op": "cache.get", "key": key, "lease": false})
+		var stored string
+		if err == nil {
+			err = json.Unmarshal([]byte(r["value"].(string)), &stored)
+		}
+		if err != nil || stored != s {
+			t.Fatalf("%q stored as %q (%v)", s, r["value"], err)
+		}
+	}
 }
