@@ -520,3 +520,44 @@ func TestEscapedStrings(t *testing.T) {
 		}
 	}
 }
+
+// A loader that panics gives the fill lease back as the panic passes.
+func TestCachedLoaderPanicReleasesLease(t *testing.T) {
+	ld := dial(t)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the loader's panic did not reach the caller")
+			}
+		}()
+		leased.Cached(bg(), ld, k("panic"), func(context.Context) (string, error) {
+			panic("loader bug")
+		}, nil)
+	}()
+	start := time.Now()
+	v, err := leased.Cached(bg(), ld, k("panic"), func(context.Context) (string, error) {
+		return "ok", nil
+	}, nil)
+	if err != nil || v != "ok" || time.Since(start) > time.Second {
+		t.Fatalf("after a panicking load: %q %v in %v", v, err, time.Since(start))
+	}
+}
+
+// A value the serializer refuses is an invalid error, and the lease is
+// given back.
+func TestCachedBadValueReleasesLease(t *testing.T) {
+	ld := dial(t)
+	_, err := leased.Cached(bg(), ld, k("bytes"), func(context.Context) ([]byte, error) {
+		return []byte("raw"), nil
+	}, nil)
+	if !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("[]byte value: %v", err)
+	}
+	start := time.Now()
+	v, err := leased.Cached(bg(), ld, k("bytes"), func(context.Context) (string, error) {
+		return "ok", nil
+	}, nil)
+	if err != nil || v != "ok" || time.Since(start) > time.Second {
+		t.Fatalf("after a refused value: %q %v in %v", v, err, time.Since(start))
+	}
+}
