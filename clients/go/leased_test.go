@@ -561,3 +561,54 @@ func TestCachedBadValueReleasesLease(t *testing.T) {
 		t.Fatalf("after a refused value: %q %v in %v", v, err, time.Since(start))
 	}
 }
+
+// A group with one key lost: Done closes, and Unlock still releases the
+// keys that were not lost.
+func TestGroupLostKeyUnlocksTheRest(t *testing.T) {
+	ld := dial(t)
+	h, err := ld.LockKeys(bg(), []string{k("g:a"), k("g:b")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ld.Do(bg(), map[string]any{"op": "lock.force_unlock",
+		"key": k("g:a")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed when a key of the group was lost")
+	}
+	if err := h.Unlock(bg()); err != nil {
+		t.Fatalf("unlock of a group with a lost key: %v", err)
+	}
+	o, err := ld.TryLock(bg(), k("g:b"), nil)
+	if o == nil || err != nil {
+		t.Fatalf("the group's other key stayed held: %v", err)
+	}
+	o.Unlock(bg())
+}
+
+// Two goroutines unlocking one hold release one count, not two.
+func TestUnlockTwiceReleasesOnce(t *testing.T) {
+	ld := dial(t)
+	o := &leased.LockOptions{Owner: "twice"}
+	h1, err := ld.Lock(bg(), k("twice"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := ld.Lock(bg(), k("twice"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); h2.Unlock(bg()) }()
+	}
+	wg.Wait()
+	if x, _ := ld.TryLock(bg(), k("twice"), nil); x != nil {
+		t.Fatal("free after one hold of two was unlocked twice")
+	}
+	h1.Unlock(bg())
+}

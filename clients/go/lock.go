@@ -73,7 +73,7 @@ func (h *Held) Reason() string {
 func (h *Held) lose(reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.reason != "" || h.released {
+	if h.reason != "" {
 		return
 	}
 	h.reason = reason
@@ -83,11 +83,14 @@ func (h *Held) lose(reason string) {
 // Unlock releases this acquisition (one count of a reentrant lock, or
 // the whole semaphore grant). It is meant for defer: when ctx has
 // already ended it uses a fresh one (bounded by 10 s) instead, so a
-// cancelled caller does not leave its lock behind. A hold that was lost
-// (Done closed) or already unlocked returns nil.
+// cancelled caller does not leave its lock behind. Unlocking a hold
+// that was lost (Done closed) is not an error: the unlock still goes
+// out, for the keys of a group that were not lost, unless the session
+// ended. A hold already unlocked returns nil.
 func (h *Held) Unlock(ctx context.Context) error {
 	h.mu.Lock()
-	skip := h.released || h.reason != ""
+	skip := h.released || h.reason == "connection_closed"
+	h.released = true
 	h.mu.Unlock()
 	if skip {
 		return nil
@@ -98,18 +101,23 @@ func (h *Held) Unlock(ctx context.Context) error {
 		defer cancel()
 	}
 	_, err := h.c.call(ctx, h.unlockReq(), nil)
-	if err != nil && h.Reason() != "" {
-		// Lost meanwhile: the lock went with its session or its lease.
-		return nil
-	}
-	if err == nil || Code(err) == "not_held" {
-		h.mu.Lock()
-		h.released = true
-		h.mu.Unlock()
+	if err == nil || Code(err) == "not_held" || h.lost() {
 		h.c.untrack(h)
+		if h.lost() {
+			// The loss was reported; the lock went with its lease or
+			// its session.
+			return nil
+		}
+		return err
 	}
+	// Not sent or no answer: the hold is still there to unlock.
+	h.mu.Lock()
+	h.released = false
+	h.mu.Unlock()
 	return err
 }
+
+func (h *Held) lost() bool { return h.Reason() != "" }
 
 func (h *Held) unlockReq() map[string]any {
 	if h.kind == "sem" {
