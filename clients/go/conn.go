@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -278,8 +279,12 @@ func (c *conn) write(ctx context.Context, req map[string]any) error {
 	c.wmu.Unlock()
 	if err != nil {
 		// The other requests of the batch fail when the reader sees
-		// the connection end; this one may go out on a new one.
+		// the connection end. This one may go out on a new one, unless
+		// the deadline cut the write short: part of it may have gone.
 		c.close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return c.ioErr(err)
+		}
 		return errNotSent{c.ioErr(err)}
 	}
 	return nil
