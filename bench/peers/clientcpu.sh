@@ -10,7 +10,9 @@
 # of this tree (the Node ones also with a Pool of 2 connections shared by
 # the workers, the Python ones also with a Pool of 50, as 50 asyncio
 # tasks on one AsyncLeased, and with a single thread: the per-call cost
-# without the threads' hand-offs), and
+# without the threads' hand-offs; the Go one as 50 goroutines sharing a
+# Client of 4 and of 1 connections, built offline into LEASED_GO_CACHE),
+# and
 # redis-semaphore and redis-py's Lock against the same Redis. Prints the
 # raw JSON lines, then a Markdown table of the medians (min-max) of the
 # client's CPU microseconds per pair. CPU time is what the client costs
@@ -57,6 +59,11 @@ git -C "$src" show "$base:clients/node/leased.js" >"$tmp/base/leased.js"
 git -C "$src" show "$base:clients/python/leased.py" >"$tmp/base/leased.py"
 raw=$tmp/raw
 : >"$raw"
+gocache=${LEASED_GO_CACHE:-${TMPDIR:-/tmp}/leased-go-$(id -u)}
+(cd "$src/clients/go" && GOCACHE=${GOCACHE:-$gocache/build} \
+    GOPATH=${GOPATH:-$gocache/path} GOFLAGS=-mod=mod GOPROXY=off \
+    go build -o "$tmp/clientcpu-go" ./cmd/leased-clientcpu) ||
+    { say "needs go (golang-go) to build clients/go"; exit 1; }
 
 runs() {
     np=${PAIRS:-100000}
@@ -76,6 +83,8 @@ py now --client=$src/clients/python/leased.py --pairs=$pp --asyncio=1
 py base --client=$tmp/base/leased.py --pairs=$pp --workers=1
 py now --client=$src/clients/python/leased.py --pairs=$pp --workers=1
 py redis-py --peer=redispy --pairs=$pp
+go now --pairs=$np --pool=4
+go now --pairs=$np --pool=1
 EOF
 }
 
@@ -89,6 +98,9 @@ while [ "$rep" -le "$repeats" ]; do
         if [ "$lang" = node ]; then
             "$node" "$here/clientcpu.js" --sock="$sock" --redis="$port" \
                 --workers="$workers" --label="$label" $args </dev/null
+        elif [ "$lang" = go ]; then
+            "$tmp/clientcpu-go" --sock="$sock" --workers="$workers" \
+                --label="$label" $args </dev/null
         else
             "$python" "$here/clientcpu.py" --sock="$sock" --redis="$port" \
                 --workers="$workers" --label="$label" $args </dev/null

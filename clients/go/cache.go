@@ -1,0 +1,199 @@
+package leased
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Serializer turns cached values into the strings the daemon stores,
+// and back.
+type Serializer interface {
+	Marshal(v any) (string, error)
+	Unmarshal(s string, v any) error
+}
+
+type jsonSerializer struct{}
+
+func (jsonSerializer) Marshal(v any) (string, error) {
+	if _, ok := v.([]byte); ok {
+		return "", errors.New("[]byte is not cached as JSON: " +
+			"convert it, or use a Serializer that takes it")
+	}
+	b, err := json.Marshal(v)
+	return string(b), err
+}
+
+func (jsonSerializer) Unmarshal(s string, v any) error {
+	return json.Unmarshal([]byte(s), v)
+}
+
+type stringSerializer struct{}
+
+func (stringSerializer) Marshal(v any) (string, error) {
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("a %T is not a string", v)
+	}
+	return s, nil
+}
+
+func (stringSerializer) Unmarshal(s string, v any) error {
+	p, ok := v.(*string)
+	if !ok {
+		return fmt.Errorf("a string cannot be read into a %T", v)
+	}
+	*p = s
+	return nil
+}
+
+// JSON stores values as JSON, as cache-manager's stores do (default).
+var JSON Serializer = jsonSerializer{}
+
+// Strings stores strings as they are and refuses anything else, for
+// keys shared with leasectl get/set or clients that store plain strings.
+var Strings Serializer = stringSerializer{}
+
+// CacheOptions of Cached.
+type CacheOptions struct {
+	// TTL of the filled value; 0: the daemon's cache.ttl_ms.
+	TTL time.Duration
+	// Wait is how long to wait while another caller loads the key; 0:
+	// the daemon's cache.wait_ms (3000). Past it the caller does not
+	// load: it gets an error with code timeout.
+	Wait time.Duration
+}
+
+// Cached is the cache-aside read path with single flight: a hit is
+// returned as it is; on a miss exactly one caller, in any process,
+// runs loader and fills the key while the others wait for its value.
+// A loader that returns ErrNotFound caches "not found" (and Cached
+// returns ErrNotFound to every reader until it expires). When the
+// loader fails, panics or its value cannot be stored, the fill lease is
+// given back at once so the next reader loads. The value is returned
+// as every later reader gets it: read back through the serializer.
+func Cached[T any](ctx context.Context, cl *Client, key string,
+	loader func(context.Context) (T, error), opts *CacheOptions) (T, error) {
+	var zero T
+	if err := checkKeys([]string{key}); err != nil {
+		return zero, err
+	}
+	if opts == nil {
+		opts = &CacheOptions{}
+	}
+	req := map[string]any{"op": "cache.get", "key": key}
+	if opts.Wait > 0 {
+		req["wait_ms"] = ms(opts.Wait)
+	}
+	r, c, err := cl.call(ctx, []string{key}, req, nil)
+	if err != nil {
+		return zero, err
+	}
+	if r.Hit {
+		return decode[T](cl, key, r.Value)
+	}
+	if !isString(r.Lease) {
+		return zero, newErr("timeout", "%q was being loaded elsewhere and "+
+			"no value came within the wait", key)
+	}
+	f := &filler{c: c, key: key, lease: rawString(r.Lease), ttl: opts.TTL}
+	return fill(ctx, cl, f, loader)
+}
+
+type filler struct {
+	c      *conn
+	key    string
+	lease  string
+	ttl    time.Duration
+	filled bool
+}
+
+// fill runs the loader under the fill lease; the deferred release
+// covers every way out that did not store (an error, a panic).
+func fill[T any](ctx context.Context, cl *Client, f *filler,
+	loader func(context.Context) (T, error)) (T, error) {
+	var zero T
+	defer f.release()
+	v, err := loader(ctx)
+	if errors.Is(err, ErrNotFound) {
+		if err := f.store(ctx, nil); err != nil {
+			return zero, err
+		}
+		return zero, ErrNotFound
+	}
+	if err != nil {
+		return zero, err
+	}
+	s, err := cl.opts.Serializer.Marshal(v)
+	if err != nil {
+		return zero, &Error{Code: "invalid", Message: "the value of " +
+			f.key + " cannot be stored: " + err.Error(), Err: err}
+	}
+	if err := f.store(ctx, &s); err != nil {
+		return zero, err
+	}
+	raw, _ := json.Marshal(s)
+	return decode[T](cl, f.key, raw)
+}
+
+func (f *filler) store(ctx context.Context, v *string) error {
+	req := map[string]any{"op": "cache.fill", "key": f.key, "lease": f.lease,
+		"value": v}
+	if f.ttl > 0 {
+		req["ttl_ms"] = ms(f.ttl)
+	}
+	_, err := f.c.call(ctx, req, nil)
+	if err == nil {
+		f.filled = true
+	}
+	return err
+}
+
+func (f *filler) release() {
+	if f.filled {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
+	defer cancel()
+	_, _ = f.c.call(ctx, map[string]any{"op": "cache.release",
+		"key": f.key, "lease": f.lease}, nil)
+}
+
+func decode[T any](cl *Client, key string, raw json.RawMessage) (T, error) {
+	var v T
+	if !isString(raw) {
+		return v, ErrNotFound
+	}
+	if err := cl.opts.Serializer.Unmarshal(rawString(raw), &v); err != nil {
+		return v, &Error{Code: "bad_value", Message: "the cached value of " +
+			key + " cannot be read: " + err.Error(), Err: err}
+	}
+	return v, nil
+}
+
+// Invalidate deletes the cached keys now and once more after the
+// daemon's cache.double_delete_ms (the delayed double delete). Call it
+// right after the database write committed.
+func (cl *Client) Invalidate(ctx context.Context, keys ...string) error {
+	if err := checkKeys(keys); err != nil {
+		return err
+	}
+	_, _, err := cl.call(ctx, nil, map[string]any{"op": "cache.invalidate",
+		"keys": keys}, nil)
+	return err
+}
+
+// Update runs the database write, then invalidates keys. The keys are
+// checked before the write runs.
+func (cl *Client) Update(ctx context.Context, writer func(context.Context) error,
+	keys ...string) error {
+	if err := checkKeys(keys); err != nil {
+		return err
+	}
+	if err := writer(ctx); err != nil {
+		return err
+	}
+	return cl.Invalidate(ctx, keys...)
+}

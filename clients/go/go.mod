@@ -1,0 +1,3 @@
+module leased.dev/leased
+
+go 1.19

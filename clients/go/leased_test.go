@@ -1,0 +1,614 @@
+package leased_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"leased.dev/leased"
+)
+
+// The tests run against a real daemon at LEASED_SOCKET
+// (tests/integration/check_client_go starts one).
+func dial(t *testing.T) *leased.Client {
+	t.Helper()
+	if os.Getenv("LEASED_SOCKET") == "" {
+		t.Fatal("LEASED_SOCKET is not set")
+	}
+	ld, err := leased.Dial(context.Background(), leased.Options{Client: "go-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ld.Close() })
+	return ld
+}
+
+func bg() context.Context { return context.Background() }
+
+// k names a key of this run, so a run never meets an earlier one's data.
+func k(name string) string { return "go:" + runID + ":" + name }
+
+var runID = strconv.FormatInt(time.Now().UnixNano(), 36)
+
+func TestLockUnlock(t *testing.T) {
+	ld := dial(t)
+	h, err := ld.Lock(bg(), k("lock"), nil)
+	if err != nil || h.Fence <= 0 || h.Token == "" || h.Count != 1 {
+		t.Fatalf("lock: %+v %v", h, err)
+	}
+	other, err := ld.TryLock(bg(), k("lock"), nil)
+	if other != nil || err != nil {
+		t.Fatalf("a second owner got the lock: %+v %v", other, err)
+	}
+	if _, err := ld.Lock(bg(), k("lock"), nil); !errors.Is(err, leased.ErrNotAcquired) {
+		t.Fatalf("Lock of a held key: %v", err)
+	}
+	if err := h.Unlock(bg()); err != nil {
+		t.Fatal(err)
+	}
+	h2, err := ld.Lock(bg(), k("lock"), nil)
+	if err != nil || h2.Fence <= h.Fence {
+		t.Fatalf("relock: %+v %v", h2, err)
+	}
+	h2.Unlock(bg())
+}
+
+func TestReentry(t *testing.T) {
+	ld := dial(t)
+	o := &leased.LockOptions{Owner: "w"}
+	h1, err := ld.Lock(bg(), k("re"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := ld.Lock(bg(), k("re"), o)
+	if err != nil || h2.Count != 2 || h2.Token != h1.Token {
+		t.Fatalf("reentry: %+v %v", h2, err)
+	}
+	h2.Unlock(bg())
+	if h, _ := ld.TryLock(bg(), k("re"), nil); h != nil {
+		t.Fatal("free after one of two unlocks")
+	}
+	h1.Unlock(bg())
+	if h, _ := ld.TryLock(bg(), k("re"), nil); h == nil {
+		t.Fatal("held after two unlocks")
+	}
+}
+
+// A waiting Lock whose context is cancelled returns at once, sends
+// cancel, and leaves nothing held.
+func TestCancelWait(t *testing.T) {
+	ld := dial(t)
+	h, err := ld.Lock(bg(), k("cancel"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled := stat(t, ld, "cancelled")
+	ctx, cancel := context.WithCancel(bg())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := ld.Lock(ctx, k("cancel"), &leased.LockOptions{Wait: leased.WaitForever})
+		errc <- err
+	}()
+	waitStat(t, ld, "lock_waiters", 1)
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) || leased.Code(err) != "cancelled" {
+			t.Fatalf("cancelled wait: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a cancelled wait did not return")
+	}
+	waitStat(t, ld, "lock_waiters", 0)
+	waitStat(t, ld, "cancelled", cancelled+1)
+	h.Unlock(bg())
+	h3, err := ld.TryLock(bg(), k("cancel"), nil)
+	if h3 == nil || err != nil {
+		t.Fatalf("the cancelled waiter took the lock: %v", err)
+	}
+	h3.Unlock(bg())
+}
+
+// A wait that runs past the context's deadline is a timeout.
+func TestDeadline(t *testing.T) {
+	ld := dial(t)
+	h, _ := ld.Lock(bg(), k("deadline"), nil)
+	defer h.Unlock(bg())
+	ctx, cancel := context.WithTimeout(bg(), 200*time.Millisecond)
+	defer cancel()
+	_, err := ld.Lock(ctx, k("deadline"), &leased.LockOptions{Wait: 10 * time.Second})
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, leased.ErrTimeout) {
+		t.Fatalf("deadline: %v", err)
+	}
+}
+
+func stat(t *testing.T, ld *leased.Client, name string) float64 {
+	t.Helper()
+	r, err := ld.Do(bg(), map[string]any{"op": "stats"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := r["stats"].(map[string]any)
+	n, ok := st[name].(float64)
+	if !ok {
+		t.Fatalf("no stats figure %s", name)
+	}
+	return n
+}
+
+// waitStat polls the daemon's stats until NAME is WANT.
+func waitStat(t *testing.T, ld *leased.Client, name string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for stat(t, ld, name) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %s: %v, want %v", name, stat(t, ld, name), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// held.Done() is closed on lock_lost, with its reason; Unlock of the
+// lost hold is not an error.
+func TestDoneOnLockLost(t *testing.T) {
+	ld := dial(t)
+	h, err := ld.Lock(bg(), k("lost"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ld.Do(bg(), map[string]any{"op": "lock.force_unlock",
+		"key": k("lost")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed on lock_lost")
+	}
+	if h.Reason() != "taken" {
+		t.Fatalf("reason %q", h.Reason())
+	}
+	if err := h.Unlock(bg()); err != nil {
+		t.Fatalf("unlock of a lost hold: %v", err)
+	}
+}
+
+// defer held.Unlock(ctx) still releases when ctx was cancelled.
+func TestUnlockAfterCancel(t *testing.T) {
+	ld := dial(t)
+	ctx, cancel := context.WithCancel(bg())
+	h, err := ld.Lock(ctx, k("defer"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := h.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h2, _ := ld.TryLock(bg(), k("defer"), nil); h2 == nil {
+		t.Fatal("still held after Unlock with a cancelled context")
+	}
+}
+
+func TestRWLock(t *testing.T) {
+	ld := dial(t)
+	rw := ld.RWLock(k("rw"))
+	r1, err := rw.RLock(bg(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := rw.RLock(bg(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, _ := rw.TryLock(bg(), nil); w != nil {
+		t.Fatal("a writer beside readers")
+	}
+	r1.Unlock(bg())
+	r2.Unlock(bg())
+	w, err := rw.Lock(bg(), &leased.LockOptions{Wait: time.Second})
+	if err != nil || w.Fence <= 0 {
+		t.Fatalf("write lock: %+v %v", w, err)
+	}
+	if r, _ := rw.TryRLock(bg(), nil); r != nil {
+		t.Fatal("a reader beside a writer")
+	}
+	w.Unlock(bg())
+}
+
+func TestLockKeys(t *testing.T) {
+	ld := dial(t)
+	h, err := ld.LockKeys(bg(), []string{k("m:a"), k("m:b")}, nil)
+	if err != nil || len(h.Fences) != 2 {
+		t.Fatalf("group: %+v %v", h, err)
+	}
+	if o, _ := ld.TryLock(bg(), k("m:b"), nil); o != nil {
+		t.Fatal("a key of a held group was free")
+	}
+	if err := h.Unlock(bg()); err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := ld.TryLockKeys(bg(), []string{k("m:b"), k("m:a")}, nil); o == nil {
+		t.Fatal("the group was not released")
+	}
+}
+
+func TestSemaphore(t *testing.T) {
+	ld := dial(t)
+	var hs []*leased.Held
+	for i := 0; i < 2; i++ {
+		h, err := ld.Semaphore(bg(), k("sem"), 2, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	if _, err := ld.Semaphore(bg(), k("sem"), 2, nil); !errors.Is(err, leased.ErrNoPermit) {
+		t.Fatalf("third permit: %v", err)
+	}
+	hs[0].Unlock(bg())
+	h, err := ld.Semaphore(bg(), k("sem"), 2, &leased.SemOptions{Wait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Unlock(bg())
+	hs[1].Unlock(bg())
+}
+
+type user struct {
+	Name string `json:"name"`
+	ID   int    `json:"id"`
+}
+
+// Many goroutines reading one missing key: one load, one value.
+func TestCachedSingleFlight(t *testing.T) {
+	ld := dial(t)
+	var loads int32
+	loader := func(context.Context) (user, error) {
+		atomic.AddInt32(&loads, 1)
+		time.Sleep(200 * time.Millisecond)
+		return user{Name: "Ada", ID: 7}, nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u, err := leased.Cached(bg(), ld, k("user:7"), loader, nil)
+			if err == nil && u.Name != "Ada" {
+				err = errors.New("wrong value " + u.Name)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := atomic.LoadInt32(&loads); n != 1 {
+		t.Fatalf("%d loads", n)
+	}
+}
+
+// A failing loader gives the fill lease back: the next reader loads at
+// once instead of waiting for the lease to run out.
+func TestCachedLoaderErrorReleasesLease(t *testing.T) {
+	ld := dial(t)
+	boom := errors.New("db down")
+	_, err := leased.Cached(bg(), ld, k("fail"), func(context.Context) (string, error) {
+		return "", boom
+	}, nil)
+	if !errors.Is(err, boom) {
+		t.Fatalf("loader error: %v", err)
+	}
+	start := time.Now()
+	v, err := leased.Cached(bg(), ld, k("fail"), func(context.Context) (string, error) {
+		return "ok", nil
+	}, nil)
+	if err != nil || v != "ok" || time.Since(start) > time.Second {
+		t.Fatalf("after a failed load: %q %v in %v", v, err, time.Since(start))
+	}
+}
+
+func TestCachedNotFound(t *testing.T) {
+	ld := dial(t)
+	for i := 0; i < 2; i++ {
+		_, err := leased.Cached(bg(), ld, k("none"), func(context.Context) (int, error) {
+			if i > 0 {
+				t.Fatal("a cached not-found was loaded again")
+			}
+			return 0, leased.ErrNotFound
+		}, nil)
+		if !errors.Is(err, leased.ErrNotFound) {
+			t.Fatalf("not found: %v", err)
+		}
+	}
+}
+
+func TestUpdateInvalidates(t *testing.T) {
+	ld := dial(t)
+	name := "Ada"
+	load := func(context.Context) (string, error) { return name, nil }
+	if v, _ := leased.Cached(bg(), ld, k("name"), load, nil); v != "Ada" {
+		t.Fatalf("first read %q", v)
+	}
+	err := ld.Update(bg(), func(context.Context) error { name = "Grace"; return nil }, k("name"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := leased.Cached(bg(), ld, k("name"), load, nil); v != "Grace" {
+		t.Fatalf("after update %q", v)
+	}
+	if err := ld.Invalidate(bg(), k("name"), k("other")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ld.Update(bg(), func(context.Context) error {
+		t.Fatal("the write ran for no key")
+		return nil
+	}); !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("update without keys: %v", err)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	_, err := leased.Dial(bg(), leased.Options{Address: "/nonexistent/leased.sock"})
+	if leased.Code(err) != "connect" || !strings.Contains(err.Error(), "/nonexistent/leased.sock") ||
+		!strings.Contains(err.Error(), "LEASED_SOCKET") {
+		t.Fatalf("dial error: %v", err)
+	}
+	ld := dial(t)
+	_, err = ld.Lock(bg(), strings.Repeat("k", 2000), nil)
+	if leased.Code(err) != "bad_request" {
+		t.Fatalf("long key: %v", err)
+	}
+	if _, err := ld.Lock(bg(), "", nil); leased.Code(err) != "bad_request" {
+		t.Fatalf("empty key: %v", err)
+	}
+	if _, err := ld.LockKeys(bg(), nil, nil); !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("no key: %v", err)
+	}
+	h, _ := ld.Lock(bg(), k("err"), nil)
+	if _, err := ld.Do(bg(), map[string]any{"op": "unlock", "key": k("err"),
+		"owner": "nobody"}); !errors.Is(err, leased.ErrNotHeld) {
+		t.Fatalf("unlock by another owner: %v", err)
+	}
+	h.Unlock(bg())
+}
+
+// Goroutines sharing one client exclude each other on one key.
+func TestConcurrentExclusion(t *testing.T) {
+	ld := dial(t)
+	var inside, most int32
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 5; j++ {
+				h, err := ld.Lock(bg(), k("excl"), &leased.LockOptions{Wait: 10 * time.Second})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n := atomic.AddInt32(&inside, 1)
+				if n > atomic.LoadInt32(&most) {
+					atomic.StoreInt32(&most, n)
+				}
+				atomic.AddInt32(&inside, -1)
+				h.Unlock(bg())
+			}
+		}()
+	}
+	wg.Wait()
+	if most != 1 {
+		t.Fatalf("%d holders at once", most)
+	}
+}
+
+// proxy forwards a socket of its own to the daemon; drop() closes every
+// connection through it, as a daemon restart does.
+type proxy struct {
+	path  string
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newProxy(t *testing.T) *proxy {
+	p := &proxy{path: filepath.Join(t.TempDir(), "proxy.sock")}
+	ln, err := net.Listen("unix", p.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ln = ln
+	t.Cleanup(func() { ln.Close(); p.drop() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			d, err := net.Dial("unix", os.Getenv("LEASED_SOCKET"))
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, d)
+			p.mu.Unlock()
+			go func() { io.Copy(d, c); d.Close() }()
+			go func() { io.Copy(c, d); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *proxy) drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// When the connection ends, its holds' Done() closes with
+// connection_closed, their Unlock is not an error, and the next call
+// opens a new session.
+func TestReconnectAfterConnectionLoss(t *testing.T) {
+	p := newProxy(t)
+	ld, err := leased.Dial(bg(), leased.Options{Address: p.path, PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ld.Close()
+	h, err := ld.Lock(bg(), k("reconnect"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.drop()
+	select {
+	case <-h.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed when the connection ended")
+	}
+	if h.Reason() != "connection_closed" {
+		t.Fatalf("reason %q", h.Reason())
+	}
+	if err := h.Unlock(bg()); err != nil {
+		t.Fatalf("unlock after the connection ended: %v", err)
+	}
+	h2, err := ld.Lock(bg(), k("reconnect"), &leased.LockOptions{Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("lock on a new connection: %v", err)
+	}
+	h2.Unlock(bg())
+}
+
+// Keys and values that need escaping reach the daemon as they were.
+func TestEscapedStrings(t *testing.T) {
+	ld := dial(t)
+	for _, s := range []string{`quote " and \ back`, "tab\tnew\nline", "ünï\u2028cödé", "<&>"} {
+		key := k(s)
+		v, err := leased.Cached(bg(), ld, key, func(context.Context) (string, error) {
+			return s, nil
+		}, &leased.CacheOptions{TTL: time.Minute})
+		if err != nil || v != s {
+			t.Fatalf("%q: %q %v", s, v, err)
+		}
+		r, err := ld.Do(bg(), map[string]any{"op": "cache.get", "key": key, "lease": false})
+		var stored string
+		if err == nil {
+			err = json.Unmarshal([]byte(r["value"].(string)), &stored)
+		}
+		if err != nil || stored != s {
+			t.Fatalf("%q stored as %q (%v)", s, r["value"], err)
+		}
+	}
+}
+
+// A loader that panics gives the fill lease back as the panic passes.
+func TestCachedLoaderPanicReleasesLease(t *testing.T) {
+	ld := dial(t)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the loader's panic did not reach the caller")
+			}
+		}()
+		leased.Cached(bg(), ld, k("panic"), func(context.Context) (string, error) {
+			panic("loader bug")
+		}, nil)
+	}()
+	start := time.Now()
+	v, err := leased.Cached(bg(), ld, k("panic"), func(context.Context) (string, error) {
+		return "ok", nil
+	}, nil)
+	if err != nil || v != "ok" || time.Since(start) > time.Second {
+		t.Fatalf("after a panicking load: %q %v in %v", v, err, time.Since(start))
+	}
+}
+
+// A value the serializer refuses is an invalid error, and the lease is
+// given back.
+func TestCachedBadValueReleasesLease(t *testing.T) {
+	ld := dial(t)
+	_, err := leased.Cached(bg(), ld, k("bytes"), func(context.Context) ([]byte, error) {
+		return []byte("raw"), nil
+	}, nil)
+	if !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("[]byte value: %v", err)
+	}
+	start := time.Now()
+	v, err := leased.Cached(bg(), ld, k("bytes"), func(context.Context) (string, error) {
+		return "ok", nil
+	}, nil)
+	if err != nil || v != "ok" || time.Since(start) > time.Second {
+		t.Fatalf("after a refused value: %q %v in %v", v, err, time.Since(start))
+	}
+}
+
+// A group with one key lost: Done closes, and Unlock still releases the
+// keys that were not lost.
+func TestGroupLostKeyUnlocksTheRest(t *testing.T) {
+	ld := dial(t)
+	h, err := ld.LockKeys(bg(), []string{k("g:a"), k("g:b")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ld.Do(bg(), map[string]any{"op": "lock.force_unlock",
+		"key": k("g:a")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed when a key of the group was lost")
+	}
+	if err := h.Unlock(bg()); err != nil {
+		t.Fatalf("unlock of a group with a lost key: %v", err)
+	}
+	o, err := ld.TryLock(bg(), k("g:b"), nil)
+	if o == nil || err != nil {
+		t.Fatalf("the group's other key stayed held: %v", err)
+	}
+	o.Unlock(bg())
+}
+
+// Two goroutines unlocking one hold release one count, not two.
+func TestUnlockTwiceReleasesOnce(t *testing.T) {
+	ld := dial(t)
+	o := &leased.LockOptions{Owner: "twice"}
+	h1, err := ld.Lock(bg(), k("twice"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := ld.Lock(bg(), k("twice"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); h2.Unlock(bg()) }()
+	}
+	wg.Wait()
+	if x, _ := ld.TryLock(bg(), k("twice"), nil); x != nil {
+		t.Fatal("free after one hold of two was unlocked twice")
+	}
+	h1.Unlock(bg())
+}
