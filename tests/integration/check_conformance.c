@@ -5,7 +5,7 @@
  * their helper processes) reach through $LEASED_CONTROL, and fails a
  * client's case naming each scenario its runner reported as failed.
  *
- * python3 and node are required: a missing interpreter fails its case
+ * python3, node and go are required: a missing toolchain fails its case
  * (exit 127 from exec), it is not skipped. */
 
 #ifndef _GNU_SOURCE
@@ -687,6 +687,17 @@ START_TEST(test_node)
 }
 END_TEST
 
+/* The script builds the runner offline into a cache outside the tree. */
+START_TEST(test_go)
+{
+    char path[400];
+    const char *runner[] = {"sh", path, NULL};
+
+    snprintf(path, sizeof path, "%s/clients/go/conformance.sh", srcdir());
+    run_conformance(runner, "Go");
+}
+END_TEST
+
 int
 main(void)
 {
@@ -694,6 +705,7 @@ main(void)
         H_CASE(c, 200),
         H_CASE(python, 200),
         H_CASE(node, 200),
+        H_CASE(go, 300),
     };
 
     /* Keep the source tree clean (and usable read-only, for distcheck). */
