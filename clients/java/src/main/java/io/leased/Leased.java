@@ -683,6 +683,11 @@ public final class Leased implements AutoCloseable {
         return lockAsync(List.of(oneKey(key)), false, o);
     }
 
+    /** {@link #lockAsync(String, LockOptions)} for a group of keys. */
+    public CompletableFuture<Held> lockAsync(Collection<String> keys, LockOptions o) {
+        return lockAsync(keyList(keys), true, o);
+    }
+
     CompletableFuture<Held> lockAsync(List<String> keys, boolean group, LockOptions o) {
         Map<String, Object> f = lockFields(keys, group, o);
         Sent s = send(null, "lock", f);

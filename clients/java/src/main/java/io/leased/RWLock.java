@@ -18,6 +18,15 @@ public final class RWLock {
         return ld.lock(key, o.mode("write"));
     }
 
+    /** The read side without blocking; see {@link Leased#lockAsync(String, LockOptions)}. */
+    public java.util.concurrent.CompletableFuture<Held> readLockAsync(LockOptions o) {
+        return ld.lockAsync(key, o.mode("read"));
+    }
+
+    public java.util.concurrent.CompletableFuture<Held> writeLockAsync(LockOptions o) {
+        return ld.lockAsync(key, o.mode("write"));
+    }
+
     public Held readLock() {
         return readLock(new LockOptions());
     }
