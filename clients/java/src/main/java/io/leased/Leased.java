@@ -323,12 +323,15 @@ public final class Leased implements AutoCloseable {
             try {
                 InetSocketAddress tcp = tcpAddress(ld.target);
                 SocketAddress addr = tcp != null ? tcp : UnixDomainSocketAddress.of(ld.target);
-                c = SocketChannel.open(tcp != null ? StandardProtocolFamily.INET
-                        : StandardProtocolFamily.UNIX);
                 if (tcp != null) {
+                    // Whichever family the host resolves to, within the timeout.
+                    c = SocketChannel.open();
                     c.setOption(StandardSocketOptions.TCP_NODELAY, true);
+                    c.socket().connect(addr, (int) Math.min(ld.timeoutMs, Integer.MAX_VALUE));
+                } else {
+                    c = SocketChannel.open(StandardProtocolFamily.UNIX);
+                    c.connect(addr);
                 }
-                c.connect(addr);
             } catch (IOException | RuntimeException e) {
                 closeQuietly(c);
                 IOException io = e instanceof IOException i ? i : new IOException(e.getMessage(), e);
@@ -736,11 +739,17 @@ public final class Leased implements AutoCloseable {
         try {
             return o.waitMs < 0 ? f.get() : f.get(timeoutMs + o.waitMs, TimeUnit.MILLISECONDS);
         } catch (TimeoutException e) {
-            f.cancel(true);
+            if (!f.cancel(true) && f.isDone() && !f.isCompletedExceptionally()) {
+                return f.join(); // granted just as the time ran out
+            }
             throw new LeasedException("timeout", "no reply from leased at " + target + " in time",
                     null, e);
         } catch (InterruptedException e) {
-            f.cancel(true);
+            if (!f.cancel(true) && f.isDone() && !f.isCompletedExceptionally()) {
+                // Granted before the interrupt was seen: the caller holds it.
+                Thread.currentThread().interrupt();
+                return f.join();
+            }
             Thread.currentThread().interrupt();
             throw new LeasedException("timeout", "interrupted while waiting for leased at "
                     + target, null, e);
