@@ -17,8 +17,12 @@
 # whatever else runs on the machine; the pairs/s column is indicative
 # only on a shared machine.
 #
-# Environment: REPEATS (3), PAIRS (node 100000, python 30000), WORKERS
-# (50), PYTHON, NODE.
+# The Java client of this tree (built with clients/java/build.sh into the
+# temp dir; ClientCpu.java in the JDK's source-file mode) is measured with
+# a connection per worker and with a LeasedPool of 2; it has no base rows.
+#
+# Environment: REPEATS (3), PAIRS (node 100000, python 30000, java
+# 30000), WORKERS (50), PYTHON, NODE, JAVA.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +41,7 @@ done
 repeats=${REPEATS:-3}
 workers=${WORKERS:-50}
 node=${NODE:-node}
+java=${JAVA:-java}
 python=
 for p in ${PYTHON:-python3 /usr/bin/python3}; do
     if "$p" -c 'import redis' >/dev/null 2>&1; then
@@ -55,6 +60,7 @@ src=$(cd "$here/../.." && pwd)
 mkdir -p "$tmp/base"
 git -C "$src" show "$base:clients/node/leased.js" >"$tmp/base/leased.js"
 git -C "$src" show "$base:clients/python/leased.py" >"$tmp/base/leased.py"
+sh "$src/clients/java/build.sh" "$tmp/java" >&2
 raw=$tmp/raw
 : >"$raw"
 
@@ -76,6 +82,8 @@ py now --client=$src/clients/python/leased.py --pairs=$pp --asyncio=1
 py base --client=$tmp/base/leased.py --pairs=$pp --workers=1
 py now --client=$src/clients/python/leased.py --pairs=$pp --workers=1
 py redis-py --peer=redispy --pairs=$pp
+java now --pairs=${PAIRS:-30000}
+java now --pairs=${PAIRS:-30000} --pool=2
 EOF
 }
 
@@ -89,6 +97,10 @@ while [ "$rep" -le "$repeats" ]; do
         if [ "$lang" = node ]; then
             "$node" "$here/clientcpu.js" --sock="$sock" --redis="$port" \
                 --workers="$workers" --label="$label" $args </dev/null
+        elif [ "$lang" = java ]; then
+            "$java" -cp "$tmp/java/leased-client.jar" "$here/ClientCpu.java" \
+                --sock="$sock" --workers="$workers" --label="$label" \
+                $args </dev/null
         else
             "$python" "$here/clientcpu.py" --sock="$sock" --redis="$port" \
                 --workers="$workers" --label="$label" $args </dev/null
