@@ -669,12 +669,12 @@ public final class Leased implements AutoCloseable {
      * Throws {@link LockNotAcquiredException} when it is held elsewhere past the wait.
      */
     public Held lock(String key, LockOptions o) {
-        return await(lockAsync(List.of(oneKey(key)), false, o), o);
+        return await(lockAsync(List.of(oneKey(key)), false, o, false), o);
     }
 
     /** Hold every key of KEYS, or none (one token, a fence per key). */
     public Held lock(Collection<String> keys, LockOptions o) {
-        return await(lockAsync(keyList(keys), true, o), o);
+        return await(lockAsync(keyList(keys), true, o, false), o);
     }
 
     /**
@@ -683,24 +683,30 @@ public final class Leased implements AutoCloseable {
      * a grant that won the race is given back.
      */
     public CompletableFuture<Held> lockAsync(String key, LockOptions o) {
-        return lockAsync(List.of(oneKey(key)), false, o);
+        return lockAsync(List.of(oneKey(key)), false, o, true);
     }
 
     /** {@link #lockAsync(String, LockOptions)} for a group of keys. */
     public CompletableFuture<Held> lockAsync(Collection<String> keys, LockOptions o) {
-        return lockAsync(keyList(keys), true, o);
+        return lockAsync(keyList(keys), true, o, true);
     }
 
-    CompletableFuture<Held> lockAsync(List<String> keys, boolean group, LockOptions o) {
+    CompletableFuture<Held> lockAsync(List<String> keys, boolean group, LockOptions o,
+            boolean async) {
         Map<String, Object> f = lockFields(keys, group, o);
         Sent s = send(null, "lock", f);
-        return hold(s, keys, group, o.mode, false, lateUnlock(s.conn, f));
+        return hold(s, keys, group, o.mode, false, lateUnlock(s.conn, f), async);
     }
 
+    /**
+     * The Held of the grant S brings. With ASYNC (a future handed to the
+     * application) it is completed off the reader thread, so that a callback
+     * on it may call the daemon; a blocking lock() waits for it directly.
+     */
     CompletableFuture<Held> hold(Sent s, List<String> keys, boolean group, String mode,
-            boolean sem, Consumer<Map<String, Object>> giveBack) {
+            boolean sem, Consumer<Map<String, Object>> giveBack, boolean async) {
         CompletableFuture<Held> out = new CompletableFuture<>();
-        s.reply.whenComplete((r, e) -> {
+        java.util.function.BiConsumer<Map<String, Object>, Throwable> done = (r, e) -> {
             if (e != null) {
                 out.completeExceptionally(e);
                 return;
@@ -719,10 +725,18 @@ public final class Leased implements AutoCloseable {
                 Held h = new Held(this, s.conn, keys, group, r, mode, sem);
                 s.conn.addHold(h);
                 if (!out.complete(h)) {
-                    h.close(); // cancelled meanwhile
+                    // Cancelled meanwhile: given back without waiting, as
+                    // this may be the reader thread.
+                    s.conn.removeHold(h);
+                    giveBack.accept(r);
                 }
             }
-        });
+        };
+        if (async) {
+            s.reply.whenCompleteAsync(done);
+        } else {
+            s.reply.whenComplete(done);
+        }
         out.whenComplete((h, e) -> {
             if (e instanceof CancellationException) {
                 s.conn.abandon(s.id, giveBack);
@@ -787,7 +801,7 @@ public final class Leased implements AutoCloseable {
                 s.conn.post("sem.release", Map.of("key", key, "token", r.get("token")));
             }
         };
-        return await(hold(s, List.of(key), false, null, true, giveBack), o);
+        return await(hold(s, List.of(key), false, null, true, giveBack, false), o);
     }
 
     public Held semaphore(String key, long limit) {

@@ -198,6 +198,21 @@ public final class TestLeased {
             }
         });
 
+        test("a callback on lockAsync's future may call the daemon", () -> {
+            String k = P + "async:callback";
+            try (Leased ld = Leased.builder().target(SOCK)
+                    .timeout(java.time.Duration.ofSeconds(3)).build()) {
+                CompletableFuture<Object> pinged = ld.lockAsync(k, new LockOptions())
+                        .thenApply(h -> {
+                            Object ok = ld.ping().get("ok");
+                            h.close();
+                            return ok;
+                        });
+                eq(Boolean.TRUE, pinged.get(WAIT_MS, TimeUnit.MILLISECONDS), "ping from the callback");
+                check(free(ld, k), "closed from the callback");
+            }
+        });
+
         test("cancel of a wait: nothing acquired", () -> {
             String k = P + "cancel";
             try (Leased ld = new Leased(SOCK); Leased other = new Leased(SOCK)) {
