@@ -908,7 +908,9 @@ public final class Leased implements AutoCloseable {
 
     /** Delete KEYS now and once more after the daemon's double-delete delay. */
     public Map<String, Object> invalidate(String... keys) {
-        return invalidate(List.of(keys), null);
+        // Arrays.asList, not List.of: a null key is the caller's "invalid",
+        // not a NullPointerException.
+        return invalidate(java.util.Arrays.asList(keys), null);
     }
 
     public Map<String, Object> invalidate(Collection<String> keys) {

@@ -444,6 +444,19 @@ public final class TestLeased {
             }
         });
 
+        test("a null key, in any call, is code invalid", () -> {
+            try (Leased ld = new Leased(SOCK)) {
+                fails("invalid", () -> ld.lock((String) null));
+                fails("invalid", () -> ld.invalidate((String) null));
+                fails("invalid", () -> ld.invalidate(java.util.Arrays.asList("a", null)));
+                fails("invalid", () -> ld.cached(null, () -> "v"));
+                AtomicInteger writes = new AtomicInteger();
+                fails("invalid", () -> ld.update((String) null, writes::incrementAndGet));
+                eq(0, writes.get(), "refused before the write runs");
+                eq(Boolean.TRUE, ld.ping().get("ok"), "still usable");
+            }
+        });
+
         test("raw serializer stores strings as they are; bad_value for foreign text", () -> {
             String k = P + "raw";
             try (Leased raw = Leased.builder().target(SOCK).serializer(Serializer.RAW).build();
