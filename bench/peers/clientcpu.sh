@@ -19,8 +19,12 @@
 # whatever else runs on the machine; the pairs/s column is indicative
 # only on a shared machine.
 #
-# Environment: REPEATS (3), PAIRS (node 100000, python 30000), WORKERS
-# (50), PYTHON, NODE.
+# The Java client of this tree (built with clients/java/build.sh into the
+# temp dir; ClientCpu.java in the JDK's source-file mode) is measured with
+# a connection per worker and with a LeasedPool of 2; it has no base rows.
+#
+# Environment: REPEATS (3), PAIRS (node 100000, python 30000, java
+# 30000), WORKERS (50), PYTHON, NODE, JAVA.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,6 +43,7 @@ done
 repeats=${REPEATS:-3}
 workers=${WORKERS:-50}
 node=${NODE:-node}
+java=${JAVA:-java}
 python=
 for p in ${PYTHON:-python3 /usr/bin/python3}; do
     if "$p" -c 'import redis' >/dev/null 2>&1; then
@@ -57,6 +62,7 @@ src=$(cd "$here/../.." && pwd)
 mkdir -p "$tmp/base"
 git -C "$src" show "$base:clients/node/leased.js" >"$tmp/base/leased.js"
 git -C "$src" show "$base:clients/python/leased.py" >"$tmp/base/leased.py"
+sh "$src/clients/java/build.sh" "$tmp/java" >&2
 raw=$tmp/raw
 : >"$raw"
 gocache=${LEASED_GO_CACHE:-${TMPDIR:-/tmp}/leased-go-$(id -u)}
@@ -85,6 +91,8 @@ py now --client=$src/clients/python/leased.py --pairs=$pp --workers=1
 py redis-py --peer=redispy --pairs=$pp
 go now --pairs=$np --pool=4
 go now --pairs=$np --pool=1
+java now --pairs=${PAIRS:-30000}
+java now --pairs=${PAIRS:-30000} --pool=2
 EOF
 }
 
@@ -101,6 +109,10 @@ while [ "$rep" -le "$repeats" ]; do
         elif [ "$lang" = go ]; then
             "$tmp/clientcpu-go" --sock="$sock" --workers="$workers" \
                 --label="$label" $args </dev/null
+        elif [ "$lang" = java ]; then
+            "$java" -cp "$tmp/java/leased-client.jar" "$here/ClientCpu.java" \
+                --sock="$sock" --workers="$workers" --label="$label" \
+                $args </dev/null
         else
             "$python" "$here/clientcpu.py" --sock="$sock" --redis="$port" \
                 --workers="$workers" --label="$label" $args </dev/null

@@ -1,0 +1,109 @@
+package io.leased;
+
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.atomic.AtomicInteger;
+
+/**
+ * Several connections shared by threads: each call goes to the next one
+ * (every connection is thread-safe, so none is checked out). A hold stays on
+ * the connection that took it, and {@code cached()} fills on the connection
+ * that got the lease. A connection whose daemon went away opens a new one
+ * at its next call, so a daemon restart costs the pool's callers no errors
+ * (only the holds of the old sessions, which are reported lost).
+ */
+public final class LeasedPool implements AutoCloseable {
+    private final List<Leased> conns = new ArrayList<>();
+    private final AtomicInteger next = new AtomicInteger();
+
+    /** A pool of 8 connections to $LEASED_SOCKET. */
+    public LeasedPool() {
+        this(Leased.builder());
+    }
+
+    public LeasedPool(String target, int size) {
+        this(Leased.builder().target(target).size(size));
+    }
+
+    LeasedPool(Leased.Builder b) {
+        if (b.size < 1) {
+            throw new LeasedException("invalid", "a pool needs at least one connection");
+        }
+        try {
+            for (int i = 0; i < b.size; i++) {
+                conns.add(new Leased(b));
+            }
+        } catch (LeasedException e) {
+            close();
+            throw e;
+        }
+    }
+
+    /** One of the pool's connections (for several calls on one session). */
+    public Leased connection() {
+        return conns.get(Math.floorMod(next.getAndIncrement(), conns.size()));
+    }
+
+    @Override
+    public void close() {
+        for (Leased l : conns) {
+            l.close();
+        }
+    }
+
+    public Map<String, Object> call(String op, Map<String, Object> fields) {
+        return connection().call(op, fields);
+    }
+
+    public Map<String, Object> tryLock(String key, LockOptions o) {
+        return connection().tryLock(key, o);
+    }
+
+    public Held lock(String key) {
+        return connection().lock(key);
+    }
+
+    public Held lock(String key, LockOptions o) {
+        return connection().lock(key, o);
+    }
+
+    public Held lock(Collection<String> keys, LockOptions o) {
+        return connection().lock(keys, o);
+    }
+
+    public RWLock rwlock(String key) {
+        return connection().rwlock(key);
+    }
+
+    public Held semaphore(String key, long limit, LockOptions o) {
+        return connection().semaphore(key, limit, o);
+    }
+
+    public <E extends Exception> Object cached(String key, Leased.Task<?, E> loader) throws E {
+        return connection().cached(key, loader);
+    }
+
+    public <E extends Exception> Object cached(String key, Leased.Task<?, E> loader, Long ttlMs,
+            Long waitMs) throws E {
+        return connection().cached(key, loader, ttlMs, waitMs);
+    }
+
+    public Map<String, Object> invalidate(String... keys) {
+        return connection().invalidate(keys);
+    }
+
+    public Map<String, Object> invalidate(Collection<String> keys) {
+        return connection().invalidate(keys);
+    }
+
+    public <T, E extends Exception> T update(String key, Leased.Task<T, E> writer) throws E {
+        return connection().update(key, writer);
+    }
+
+    public <T, E extends Exception> T update(Collection<String> keys, Leased.Task<T, E> writer)
+            throws E {
+        return connection().update(keys, writer);
+    }
+}

@@ -1,0 +1,642 @@
+package io.leased;
+
+import java.io.IOException;
+import java.net.ServerSocket;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+
+/**
+ * The Java client against a real leased at $LEASED_SOCKET (the restart tests
+ * also start one of their own: $LEASED_BIN on $LEASED_TEST_REDIS). Prints TAP
+ * and "N passed, M failed"; exits 1 when anything failed.
+ */
+public final class TestLeased {
+    static final String SOCK = System.getenv().getOrDefault("LEASED_SOCKET",
+            Leased.DEFAULT_SOCKET);
+    static final String P = "java:" + ProcessHandle.current().pid() + ":";
+    static final long WAIT_MS = 10000;
+
+    interface Case {
+        void run() throws Exception;
+    }
+
+    static final List<String> names = new ArrayList<>();
+    static final List<Case> cases = new ArrayList<>();
+
+    static void test(String name, Case c) {
+        names.add(name);
+        cases.add(c);
+    }
+
+    static void check(boolean ok, String what) {
+        if (!ok) {
+            throw new AssertionError(what);
+        }
+    }
+
+    static void eq(Object want, Object got, String what) {
+        if (want == null ? got != null : !want.equals(got)) {
+            throw new AssertionError(what + ": want " + want + ", got " + got);
+        }
+    }
+
+    static LeasedException fails(String code, Case c) throws Exception {
+        try {
+            c.run();
+        } catch (LeasedException e) {
+            eq(code, e.code(), "error code (" + e.getMessage() + ")");
+            return e;
+        }
+        throw new AssertionError("no error; wanted " + code);
+    }
+
+    static boolean free(Leased other, String key) {
+        Map<String, Object> r = other.tryLock(key, new LockOptions());
+        if (Boolean.TRUE.equals(r.get("acquired"))) {
+            other.call("unlock", Map.of("key", key));
+            return true;
+        }
+        return false;
+    }
+
+    static long waiters(Leased ld) {
+        Object stats = ld.call("stats", Map.of()).get("stats");
+        Object w = ((Map<?, ?>) stats).get("lock_waiters");
+        return w instanceof Number n ? n.longValue() : -1;
+    }
+
+    public static void main(String[] args) throws Exception {
+        define();
+        int passed = 0;
+        int failed = 0;
+        System.out.println("1.." + cases.size());
+        for (int i = 0; i < cases.size(); i++) {
+            try {
+                cases.get(i).run();
+                System.out.println("ok " + (i + 1) + " - " + names.get(i));
+                passed++;
+            } catch (Throwable t) {
+                System.out.println("not ok " + (i + 1) + " - " + names.get(i) + ": " + t);
+                t.printStackTrace(System.err);
+                failed++;
+            }
+        }
+        System.out.println("# " + passed + " passed, " + failed + " failed");
+        System.out.flush();
+        System.exit(failed == 0 ? 0 : 1);
+    }
+
+    static void define() {
+        test("json round trip and refusals", () -> {
+            Object v = Json.decode(" {\"a\":[1,2.5,\"x\\n\\u00e9\",true,null],\"b\":{}} ");
+            eq("{\"a\":[1,2.5,\"x\\né\",true,null],\"b\":{}}", Json.encode(v), "re-encoded");
+            for (String bad : new String[] {"", "{", "[1,]", "{\"a\" 1}", "tru", "1 2"}) {
+                try {
+                    Json.decode(bad);
+                    throw new AssertionError("accepted " + bad);
+                } catch (IllegalArgumentException expected) {
+                    // refused, as it should be
+                }
+            }
+        });
+
+        test("hello on connect: session, features, protocol", () -> {
+            try (Leased ld = new Leased(SOCK)) {
+                check(ld.session() != null && !ld.session().equals("null"), "a session id");
+                check(ld.hasFeature("cancel"), "cancel offered: " + ld.features());
+                eq(Boolean.TRUE, ld.ping().get("ok"), "ping");
+                eq(1, Leased.PROTOCOL, "protocol version");
+            }
+        });
+
+        test("lock, fence that grows, released at the end of the block", () -> {
+            String k = P + "lock";
+            try (Leased ld = new Leased(SOCK); Leased other = new Leased(SOCK)) {
+                long f1;
+                try (Held held = ld.lock(k, new LockOptions().waitMs(1000))) {
+                    f1 = held.fence();
+                    check(f1 > 0, "a fence");
+                    eq(1L, held.count(), "count");
+                    check(held.token() != null && held.leaseMs() > 0, "token and lease");
+                    check(!free(other, k), "held against another session");
+                }
+                check(free(other, k), "free after close");
+                try (Held held = ld.lock(k)) {
+                    check(held.fence() > f1, "fence grows: " + held.fence() + " > " + f1);
+                }
+            }
+        });
+
+        test("taken elsewhere: LockNotAcquiredException with the holder's ttl", () -> {
+            String k = P + "taken";
+            try (Leased ld = new Leased(SOCK); Leased other = new Leased(SOCK);
+                    Held held = ld.lock(k, new LockOptions().ttlMs(20000))) {
+                LeasedException e = fails("not_acquired", () -> other.lock(k));
+                check(e instanceof LockNotAcquiredException l && l.ttlMs() > 0, "ttl " + e);
+                long t0 = System.nanoTime();
+                fails("not_acquired", () -> other.lock(k, new LockOptions().waitMs(300)));
+                check(System.nanoTime() - t0 >= 250_000_000L, "waited");
+                eq(Boolean.FALSE, other.tryLock(k, new LockOptions()).get("acquired"), "try");
+            }
+        });
+
+        test("reentry by owner: count 2, free after two closes", () -> {
+            String k = P + "reentry";
+            try (Leased ld = new Leased(SOCK); Leased other = new Leased(SOCK)) {
+                LockOptions o = new LockOptions().owner("w");
+                Held outer = ld.lock(k, o);
+                try (Held inner = ld.lock(k, o)) {
+                    eq(2L, inner.count(), "count");
+                    eq(outer.token(), inner.token(), "same token");
+                    eq(outer.fence(), inner.fence(), "same fence");
+                }
+                check(!free(other, k), "still held after the inner close");
+                outer.close();
+                outer.close(); // a second close does nothing
+                check(free(other, k), "free after the outer close");
+            }
+        });
+
+        test("a hold belongs to its handle: closed from another thread", () -> {
+            String k = P + "handle";
+            try (Leased ld = new Leased(SOCK); Leased other = new Leased(SOCK)) {
+                Held held = ld.lock(k);
+                Thread t = new Thread(held::close);
+                t.start();
+                t.join();
+                check(free(other, k), "released by the other thread");
+            }
+        });
+
+        test("a waiter is granted when the holder lets go", () -> {
+            String k = P + "wait";
+            try (Leased ld = new Leased(SOCK); Leased other = new Leased(SOCK)) {
+                Held held = ld.lock(k);
+                CompletableFuture<Held> w = other.lockAsync(k, new LockOptions().waitMs(WAIT_MS));
+                check(!w.isDone(), "waits");
+                // The wait must not hold up other calls on the same connection.
+                eq(Boolean.TRUE, other.ping().get("ok"), "ping while waiting");
+                held.close();
+                try (Held got = w.get(WAIT_MS, TimeUnit.MILLISECONDS)) {
+                    check(got.fence() > held.fence(), "new fence");
+                }
+            }
+        });
+
+        test("a callback on lockAsync's future may call the daemon", () -> {
+            String k = P + "async:callback";
+            try (Leased ld = Leased.builder().target(SOCK)
+                    .timeout(java.time.Duration.ofSeconds(3)).build()) {
+                CompletableFuture<Object> pinged = ld.lockAsync(k, new LockOptions())
+                        .thenApply(h -> {
+                            Object ok = ld.ping().get("ok");
+                            h.close();
+                            return ok;
+                        });
+                eq(Boolean.TRUE, pinged.get(WAIT_MS, TimeUnit.MILLISECONDS), "ping from the callback");
+                check(free(ld, k), "closed from the callback");
+            }
+        });
+
+        test("cancel of a wait: nothing acquired", () -> {
+            String k = P + "cancel";
+            try (Leased ld = new Leased(SOCK); Leased other = new Leased(SOCK)) {
+                Held held = ld.lock(k);
+                CompletableFuture<Held> w = other.lockAsync(k, new LockOptions().waitMs(-1));
+                check(w.cancel(true), "cancelled");
+                eq(Boolean.TRUE, other.ping().get("ok"), "ping");
+                held.close();
+                try (Leased third = new Leased(SOCK)) {
+                    check(free(third, k), "the cancelled waiter took nothing");
+                }
+            }
+        });
+
+        test("an interrupted blocking lock cancels its wait", () -> {
+            String k = P + "interrupt";
+            try (Leased ld = new Leased(SOCK); Leased other = new Leased(SOCK)) {
+                Held held = ld.lock(k);
+                CompletableFuture<String> code = new CompletableFuture<>();
+                Thread t = new Thread(() -> {
+                    try {
+                        other.lock(k, new LockOptions().waitMs(-1)).close();
+                        code.complete("acquired");
+                    } catch (LeasedException e) {
+                        code.complete(e.code());
+                    }
+                });
+                t.start();
+                // Interrupt once the wait is under way at the daemon.
+                long deadline = System.currentTimeMillis() + WAIT_MS;
+                while (waiters(ld) < 1 && System.currentTimeMillis() < deadline) {
+                    Thread.sleep(10);
+                }
+                t.interrupt();
+                eq("timeout", code.get(WAIT_MS, TimeUnit.MILLISECONDS), "the waiter's error");
+                long left = System.currentTimeMillis() + WAIT_MS;
+                while (waiters(ld) > 0 && System.currentTimeMillis() < left) {
+                    Thread.sleep(10);
+                }
+                eq(0L, waiters(ld), "the wait was cancelled at the daemon");
+                held.close();
+                try (Leased third = new Leased(SOCK)) {
+                    check(free(third, k), "the interrupted waiter took nothing");
+                }
+            }
+        });
+
+        test("lock_lost completes held.lost() while the holder is idle", () -> {
+            String k = P + "lost";
+            try (Leased ld = new Leased(SOCK); Leased op = new Leased(SOCK)) {
+                try (Held held = ld.lock(k)) {
+                    op.call("lock.force_unlock", Map.of("key", k));
+                    LockLost why = held.lost().get(WAIT_MS, TimeUnit.MILLISECONDS);
+                    eq("taken", why.reason(), "reason");
+                    eq(held.token(), why.token(), "token");
+                    check(held.isLost(), "isLost");
+                } // closing a lost hold is no error
+                eq(Boolean.TRUE, ld.ping().get("ok"), "connection still usable");
+            }
+        });
+
+        test("held.lost() when the session ends with the connection", () -> {
+            String k = P + "session";
+            Leased ld = new Leased(SOCK);
+            Held held = ld.lock(k);
+            Held other = null;
+            try (Leased l2 = new Leased(SOCK)) {
+                other = l2.lock(P + "session:other");
+                ld.close();
+                eq("connection_closed",
+                        held.lost().get(WAIT_MS, TimeUnit.MILLISECONDS).reason(), "reason");
+                check(!other.isLost(), "another connection's hold is untouched");
+                held.close();
+                check(free(l2, k), "released with the session");
+                other.close();
+            }
+        });
+
+        test("read-write lock: readers share, a writer waits", () -> {
+            String k = P + "rw";
+            try (Leased a = new Leased(SOCK); Leased b = new Leased(SOCK)) {
+                check(a.hasFeature("rwlock"), "rwlock offered");
+                try (Held r1 = a.rwlock(k).readLock(); Held r2 = b.rwlock(k).readLock()) {
+                    check(r1.token() != null && r2.token() != null, "two readers");
+                    fails("not_acquired", () -> b.rwlock(k).writeLock(new LockOptions().owner("x")));
+                }
+                try (Held w = b.rwlock(k).writeLock(new LockOptions().waitMs(1000))) {
+                    check(w.fence() > 0, "writer fence");
+                    fails("not_acquired", () -> a.rwlock(k).readLock());
+                }
+            }
+        });
+
+        test("several keys: all or none, a fence per key", () -> {
+            String k1 = P + "multi:a";
+            String k2 = P + "multi:b";
+            try (Leased a = new Leased(SOCK); Leased b = new Leased(SOCK)) {
+                try (Held g = a.lock(List.of(k1, k2), new LockOptions())) {
+                    eq(2, g.fences().size(), "fences " + g.fences());
+                    check(!free(b, k1) && !free(b, k2), "both held");
+                }
+                try (Held one = b.lock(k2)) {
+                    fails("not_acquired", () -> a.lock(List.of(k1, k2), new LockOptions()));
+                    check(free(b, k1), "none taken when one is held");
+                }
+                fails("invalid", () -> a.lock(List.of(), new LockOptions()));
+            }
+        });
+
+        test("semaphore: permits up to the limit, back on close", () -> {
+            String k = P + "sem";
+            try (Leased a = new Leased(SOCK); Leased b = new Leased(SOCK)) {
+                Held s1 = a.semaphore(k, 2);
+                Held s2 = b.semaphore(k, 2);
+                LeasedException e = fails("no_permit", () -> b.semaphore(k, 2));
+                check(e instanceof NoPermitException, "NoPermitException");
+                s1.close();
+                try (Held s3 = b.semaphore(k, 2, new LockOptions().waitMs(1000))) {
+                    check(s3.token() != null, "a permit after a release");
+                }
+                s2.close();
+            }
+        });
+
+        test("cached: loads once, JSON values, null cached as not found", () -> {
+            String k = P + "cache";
+            AtomicInteger loads = new AtomicInteger();
+            try (Leased ld = new Leased(SOCK)) {
+                Object v = ld.cached(k, () -> {
+                    loads.incrementAndGet();
+                    return Map.of("name", "Ada", "n", 7);
+                });
+                eq("Ada", ((Map<?, ?>) v).get("name"), "value");
+                eq(7L, ((Map<?, ?>) v).get("n"), "a number comes back as read back");
+                Object again = ld.cached(k, () -> {
+                    loads.incrementAndGet();
+                    return "other";
+                });
+                eq(v, again, "hit");
+                eq(1, loads.get(), "one load");
+                String n = P + "cache:none";
+                eq(null, ld.cached(n, () -> null), "not found");
+                eq(null, ld.cached(n, () -> "loaded"), "not found is cached");
+                fails("invalid", () -> ld.cached(P + "cache:bytes", () -> new byte[] {1}));
+            }
+        });
+
+        test("cached: a loader that throws gives the lease back", () -> {
+            String k = P + "cache:throws";
+            try (Leased ld = new Leased(SOCK)) {
+                try {
+                    ld.cached(k, () -> {
+                        throw new IOException("database down");
+                    });
+                    throw new AssertionError("no error");
+                } catch (IOException expected) {
+                    eq("database down", expected.getMessage(), "the loader's error");
+                }
+                long t0 = System.nanoTime();
+                // The next reader gets a lease at once, not after the fill lease ran out.
+                eq("ok", ld.cached(k, () -> "ok", null, 2000L), "loaded");
+                check(System.nanoTime() - t0 < 1_500_000_000L, "without waiting the lease out");
+            }
+        });
+
+        test("cached: single flight across threads of a pool", () -> {
+            String k = P + "cache:flight";
+            AtomicInteger loads = new AtomicInteger();
+            ExecutorService ex = Executors.newFixedThreadPool(8);
+            try (LeasedPool pool = Leased.builder().target(SOCK).size(4).buildPool()) {
+                List<Future<Object>> fs = new ArrayList<>();
+                for (int i = 0; i < 8; i++) {
+                    fs.add(ex.submit(() -> pool.cached(k, () -> {
+                        loads.incrementAndGet();
+                        Thread.sleep(300);
+                        return "v";
+                    })));
+                }
+                for (Future<Object> f : fs) {
+                    eq("v", f.get(WAIT_MS, TimeUnit.MILLISECONDS), "value");
+                }
+                eq(1, loads.get(), "one load");
+            } finally {
+                ex.shutdownNow();
+            }
+        });
+
+        test("cached: a waiter past wait_ms times out and does not load", () -> {
+            String k = P + "cache:slow";
+            AtomicInteger loads = new AtomicInteger();
+            CountDownLatch loading = new CountDownLatch(1);
+            try (Leased a = new Leased(SOCK); Leased b = new Leased(SOCK)) {
+                CompletableFuture<Object> first = CompletableFuture.supplyAsync(() ->
+                        a.cached(k, () -> {
+                            loads.incrementAndGet();
+                            loading.countDown();
+                            try {
+                                Thread.sleep(1000);
+                            } catch (InterruptedException e) {
+                                throw new IllegalStateException(e);
+                            }
+                            return "slow";
+                        }));
+                check(loading.await(WAIT_MS, TimeUnit.MILLISECONDS), "loading");
+                fails("timeout", () -> b.cached(k, () -> {
+                    loads.incrementAndGet();
+                    return "again";
+                }, null, 100L));
+                eq("slow", first.get(WAIT_MS, TimeUnit.MILLISECONDS), "first");
+                eq(1, loads.get(), "one load");
+            }
+        });
+
+        test("update and invalidate: a string is one key, a list several", () -> {
+            String k1 = P + "inv:a";
+            String k2 = P + "inv:b";
+            try (Leased ld = new Leased(SOCK)) {
+                ld.cached(k1, () -> "1");
+                ld.cached(k2, () -> "1");
+                eq(1L, ld.invalidate(k1).get("deleted"), "one key deleted");
+                eq("2", ld.cached(k1, () -> "2"), "reloaded");
+                String r = ld.update(List.of(k1, k2), () -> "written");
+                eq("written", r, "the writer's result");
+                eq("3", ld.cached(k1, () -> "3"), "k1 reloaded");
+                eq("3", ld.cached(k2, () -> "3"), "k2 reloaded");
+                ld.update(k1, () -> null);
+                eq("4", ld.cached(k1, () -> "4"), "k1 reloaded after update(String)");
+                fails("invalid", () -> ld.invalidate(List.of()));
+            }
+        });
+
+        test("a null key, in any call, is code invalid", () -> {
+            try (Leased ld = new Leased(SOCK)) {
+                fails("invalid", () -> ld.lock((String) null));
+                fails("invalid", () -> ld.invalidate((String) null));
+                fails("invalid", () -> ld.invalidate(java.util.Arrays.asList("a", null)));
+                fails("invalid", () -> ld.cached(null, () -> "v"));
+                AtomicInteger writes = new AtomicInteger();
+                fails("invalid", () -> ld.update((String) null, writes::incrementAndGet));
+                eq(0, writes.get(), "refused before the write runs");
+                eq(Boolean.TRUE, ld.ping().get("ok"), "still usable");
+            }
+        });
+
+        test("raw serializer stores strings as they are; bad_value for foreign text", () -> {
+            String k = P + "raw";
+            try (Leased raw = Leased.builder().target(SOCK).serializer(Serializer.RAW).build();
+                    Leased json = new Leased(SOCK)) {
+                eq("plain text", raw.cached(k, () -> "plain text"), "raw value");
+                fails("bad_value", () -> json.cached(k, () -> "x"));
+                fails("invalid", () -> raw.cached(P + "raw:map", () -> Map.of()));
+            }
+        });
+
+        test("error replies carry the protocol's code", () -> {
+            try (Leased ld = new Leased(SOCK)) {
+                fails("bad_request", () -> ld.lock(""));
+                LeasedException e = fails("not_held", () -> ld.call("unlock",
+                        Map.of("key", P + "never")));
+                eq("absent", e.reason(), "reason");
+                fails("unknown_op", () -> ld.call("no.such.op", Map.of()));
+                eq(Boolean.TRUE, ld.ping().get("ok"), "still usable");
+            }
+        });
+
+        test("connect errors name the socket and what to check", () -> {
+            String path = "/nonexistent/leased.sock";
+            LeasedException e = fails("connect", () -> new Leased(path));
+            check(e.getMessage().contains(path), "names the path: " + e.getMessage());
+            check(e.getMessage().contains("LEASED_SOCKET"), "says what to check");
+            check(e.getCause() instanceof IOException, "the cause");
+        });
+
+        test("a pool shared by threads: locks exclude each other", () -> {
+            String k = P + "pool";
+            AtomicInteger inside = new AtomicInteger();
+            AtomicInteger overlaps = new AtomicInteger();
+            ExecutorService ex = Executors.newFixedThreadPool(8);
+            try (LeasedPool pool = Leased.builder().target(SOCK).size(3).buildPool()) {
+                List<Future<?>> fs = new ArrayList<>();
+                for (int t = 0; t < 8; t++) {
+                    fs.add(ex.submit(() -> {
+                        for (int i = 0; i < 25; i++) {
+                            try (Held h = pool.lock(k, new LockOptions().waitMs(WAIT_MS))) {
+                                if (inside.incrementAndGet() != 1) {
+                                    overlaps.incrementAndGet();
+                                }
+                                inside.decrementAndGet();
+                            }
+                        }
+                        return null;
+                    }));
+                }
+                for (Future<?> f : fs) {
+                    f.get(60, TimeUnit.SECONDS);
+                }
+                eq(0, overlaps.get(), "overlaps");
+            } finally {
+                ex.shutdownNow();
+            }
+        });
+
+        restartTests();
+    }
+
+    /** A leased of the test's own, for the tests that restart it. */
+    static final class OwnDaemon implements AutoCloseable {
+        final Path dir;
+        final String sock;
+        final String tcp;
+        final Path conf;
+        Process proc;
+
+        OwnDaemon() throws Exception {
+            dir = Files.createTempDirectory("leased-java");
+            sock = dir.resolve("own.sock").toString();
+            try (ServerSocket s = new ServerSocket(0)) {
+                tcp = "127.0.0.1:" + s.getLocalPort();
+            }
+            conf = dir.resolve("own.yml");
+            Files.writeString(conf, "listen:\n  unix: \"" + sock + "\"\n  tcp: \"" + tcp
+                    + "\"\nmetrics:\n  listen: \"\"\nredis:\n  address: \""
+                    + System.getenv("LEASED_TEST_REDIS") + "\"\njournal:\n  path: \""
+                    + dir.resolve("journal") + "\"\nlog:\n  level: info\n");
+            start();
+        }
+
+        void start() throws Exception {
+            proc = new ProcessBuilder(System.getenv("LEASED_BIN"), "-f", "-c", conf.toString())
+                    .redirectErrorStream(true)
+                    .redirectOutput(ProcessBuilder.Redirect.appendTo(dir.resolve("own.log")
+                            .toFile()))
+                    .start();
+            long deadline = System.currentTimeMillis() + WAIT_MS;
+            while (!answers()) {
+                if (!proc.isAlive() || System.currentTimeMillis() > deadline) {
+                    throw new AssertionError("leased did not start: "
+                            + Files.readString(dir.resolve("own.log")));
+                }
+                Thread.sleep(20);
+            }
+        }
+
+        boolean answers() {
+            try (SocketChannel c = SocketChannel.open(StandardProtocolFamily.UNIX)) {
+                c.connect(UnixDomainSocketAddress.of(sock));
+                c.write(ByteBuffer.wrap("{\"op\":\"ping\",\"id\":1}\n"
+                        .getBytes(StandardCharsets.UTF_8)));
+                ByteBuffer b = ByteBuffer.allocate(256);
+                return c.read(b) > 0;
+            } catch (IOException e) {
+                return false;
+            }
+        }
+
+        void stop() {
+            if (proc != null) {
+                proc.destroy();
+                try {
+                    if (!proc.waitFor(WAIT_MS, TimeUnit.MILLISECONDS)) {
+                        proc.destroyForcibly().waitFor();
+                    }
+                } catch (InterruptedException e) {
+                    proc.destroyForcibly();
+                    Thread.currentThread().interrupt();
+                }
+                proc = null;
+            }
+        }
+
+        void restart() throws Exception {
+            stop();
+            start();
+        }
+
+        @Override
+        public void close() {
+            stop();
+        }
+    }
+
+    static void restartTests() {
+        if (System.getenv("LEASED_BIN") == null || System.getenv("LEASED_TEST_REDIS") == null) {
+            test("restart tests need LEASED_BIN and LEASED_TEST_REDIS", () -> {
+                throw new AssertionError("LEASED_BIN or LEASED_TEST_REDIS not set");
+            });
+            return;
+        }
+        test("a lock block across a daemon restart ends without error", () -> {
+            try (OwnDaemon own = new OwnDaemon(); Leased ld = new Leased(own.sock)) {
+                String s1 = ld.session();
+                try (Held held = ld.lock(P + "restart:block")) {
+                    own.restart();
+                    eq("connection_closed",
+                            held.lost().get(WAIT_MS, TimeUnit.MILLISECONDS).reason(), "reason");
+                }
+                eq(Boolean.TRUE, ld.ping().get("ok"), "the next call opens a new session");
+                check(!s1.equals(ld.session()), "a new session");
+            }
+        });
+
+        test("Leased and a pool carry on after a restart (Unix socket and TCP)", () -> {
+            try (OwnDaemon own = new OwnDaemon()) {
+                for (String target : new String[] {own.sock, own.tcp}) {
+                    try (Leased ld = new Leased(target);
+                            LeasedPool pool = Leased.builder().target(target).size(2)
+                                    .buildPool()) {
+                        own.restart();
+                        eq(Boolean.TRUE, ld.ping().get("ok"), "ping after restart");
+                        for (int i = 0; i < 4; i++) {
+                            try (Held h = pool.lock(P + "restart:pool:" + i)) {
+                                check(h.fence() > 0, "pool lock after restart");
+                            }
+                        }
+                    }
+                }
+            }
+        });
+
+        test("a stopped daemon is a connect error", () -> {
+            OwnDaemon own = new OwnDaemon();
+            own.stop();
+            LeasedException e = fails("connect", () -> new Leased(own.sock));
+            check(e.getMessage().contains(own.sock), "names the socket");
+        });
+    }
+}
