@@ -5,7 +5,7 @@
  * their helper processes) reach through $LEASED_CONTROL, and fails a
  * client's case naming each scenario its runner reported as failed.
  *
- * python3, node and go are required: a missing toolchain fails its case
+ * python3, node, go and java are required: a missing toolchain fails its case
  * (exit 127 from exec), it is not skipped. */
 
 #ifndef _GNU_SOURCE
@@ -698,14 +698,23 @@ START_TEST(test_go)
 }
 END_TEST
 
+/* The script builds the client with javac once, outside the tree. */
+START_TEST(test_java)
+{
+    char path[400];
+    const char *runner[] = {"sh", path, NULL};
+
+    snprintf(path, sizeof path, "%s/clients/java/conformance.sh", srcdir());
+    run_conformance(runner, "Java");
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(c, 200),
-        H_CASE(python, 200),
-        H_CASE(node, 200),
-        H_CASE(go, 300),
+        H_CASE(c, 200),  H_CASE(python, 200), H_CASE(node, 200),
+        H_CASE(go, 300), H_CASE(java, 300),
     };
 
     /* Keep the source tree clean (and usable read-only, for distcheck). */
