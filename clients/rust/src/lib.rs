@@ -560,6 +560,21 @@ impl Leased {
         })
     }
 
+    /// End the session now: its session-bound locks are released and
+    /// their holds report `connection_closed`. A later call opens a new
+    /// connection.
+    pub fn close(&self) {
+        if let Some(c) = self
+            .shared
+            .conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            c.kill();
+        }
+    }
+
     pub fn ping(&self) -> Result<()> {
         self.call("ping", Json::object()).map(|_| ())
     }
@@ -692,13 +707,11 @@ impl Leased {
     }
 }
 
-/// KEYS, or an `invalid` Error when there is none or one is empty.
+/// KEYS, or an `invalid` Error when there is none (the daemon judges
+/// each key: an empty one is its `bad_request`).
 fn checked_keys(keys: Vec<String>) -> Result<Vec<String>> {
-    if keys.is_empty() || keys.iter().any(|k| k.is_empty()) {
-        return Err(Error::new(
-            "invalid",
-            "a key is a non-empty string, and a list of keys is not empty",
-        ));
+    if keys.is_empty() {
+        return Err(Error::new("invalid", "a list of keys is not empty"));
     }
     Ok(keys)
 }

@@ -314,7 +314,13 @@ fn update_invalidates_one_key_or_many() {
 #[test]
 fn errors_carry_the_protocol_code() {
     let ld = client();
-    assert_eq!(ld.lock("", &try_once()).unwrap_err().code(), "invalid");
+    assert_eq!(ld.lock("", &try_once()).unwrap_err().code(), "bad_request");
+    assert_eq!(
+        ld.lock(Vec::<String>::new(), &try_once())
+            .unwrap_err()
+            .code(),
+        "invalid"
+    );
     let long = "k".repeat(5000);
     assert_eq!(
         ld.lock(long.as_str(), &try_once()).unwrap_err().code(),
