@@ -10,7 +10,9 @@
 # of this tree (the Node ones also with a Pool of 2 connections shared by
 # the workers, the Python ones also with a Pool of 50, as 50 asyncio
 # tasks on one AsyncLeased, and with a single thread: the per-call cost
-# without the threads' hand-offs), and
+# without the threads' hand-offs; the Rust one, clients/rust's example
+# clientcpu built with cargo, with the threads sharing one Leased and
+# with one Leased each), and
 # redis-semaphore and redis-py's Lock against the same Redis. Prints the
 # raw JSON lines, then a Markdown table of the medians (min-max) of the
 # client's CPU microseconds per pair. CPU time is what the client costs
@@ -18,7 +20,7 @@
 # only on a shared machine.
 #
 # Environment: REPEATS (3), PAIRS (node 100000, python 30000), WORKERS
-# (50), PYTHON, NODE.
+# (50), PYTHON, NODE, CARGO (else ~/.cargo/bin/cargo, else cargo).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,6 +59,11 @@ git -C "$src" show "$base:clients/node/leased.js" >"$tmp/base/leased.js"
 git -C "$src" show "$base:clients/python/leased.py" >"$tmp/base/leased.py"
 raw=$tmp/raw
 : >"$raw"
+cargo=${CARGO:-$HOME/.cargo/bin/cargo}
+[ -x "$cargo" ] || cargo=cargo
+CARGO_TARGET_DIR=$tmp/rust "$cargo" build -q --offline --release \
+    --manifest-path "$src/clients/rust/Cargo.toml" --example clientcpu >&2
+rustcpu=$tmp/rust/release/examples/clientcpu
 
 runs() {
     np=${PAIRS:-100000}
@@ -76,6 +83,8 @@ py now --client=$src/clients/python/leased.py --pairs=$pp --asyncio=1
 py base --client=$tmp/base/leased.py --pairs=$pp --workers=1
 py now --client=$src/clients/python/leased.py --pairs=$pp --workers=1
 py redis-py --peer=redispy --pairs=$pp
+rust now --pairs=$pp
+rust now --pairs=$pp --conns=$workers
 EOF
 }
 
@@ -89,6 +98,9 @@ while [ "$rep" -le "$repeats" ]; do
         if [ "$lang" = node ]; then
             "$node" "$here/clientcpu.js" --sock="$sock" --redis="$port" \
                 --workers="$workers" --label="$label" $args </dev/null
+        elif [ "$lang" = rust ]; then
+            "$rustcpu" --sock="$sock" --workers="$workers" \
+                --label="$label" $args </dev/null
         else
             "$python" "$here/clientcpu.py" --sock="$sock" --redis="$port" \
                 --workers="$workers" --label="$label" $args </dev/null
