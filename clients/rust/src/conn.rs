@@ -165,6 +165,16 @@ pub(crate) struct Pending {
     rx: Receiver<Result<Json>>,
 }
 
+impl Pending {
+    /// The reply, when it came and was not read.
+    pub(crate) fn take(&self) -> Option<Json> {
+        match self.rx.try_recv() {
+            Ok(Ok(reply)) => Some(reply),
+            _ => None,
+        }
+    }
+}
+
 impl Conn {
     /// Connect to TARGET and start the reader thread.
     pub(crate) fn open(target: &str, timeout: Duration) -> Result<Arc<Conn>> {

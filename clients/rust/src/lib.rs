@@ -421,18 +421,29 @@ impl PendingLock {
     }
 
     fn timed_out(&self) -> Error {
-        let release = release_late(self.kind, self.keys.clone(), self.mode);
-        if self.conn.give_up(self.pending.id, release) && self.conn.has_feature("cancel") {
-            self.conn.post(
-                Json::object()
-                    .set("op", "cancel")
-                    .set("target", self.pending.id as i64),
-            );
-        }
         Error::new(
             "timeout",
             format!("no reply to the lock of {:?} in time", self.keys),
         )
+    }
+}
+
+impl Drop for PendingLock {
+    /// A request whose caller stopped waiting (it timed out, or dropped
+    /// the PendingLock unanswered) is cancelled where the daemon offers
+    /// cancel, and a grant that still comes, or came unread, is released.
+    fn drop(&mut self) {
+        let late = || release_late(self.kind, self.keys.clone(), self.mode);
+        if self.conn.give_up(self.pending.id, late()) {
+            if self.conn.has_feature("cancel") {
+                let req = Json::object()
+                    .set("op", "cancel")
+                    .set("target", self.pending.id as i64);
+                self.conn.post(req);
+            }
+        } else if let Some(reply) = self.pending.take() {
+            late()(&self.conn, reply);
+        }
     }
 }
 
