@@ -129,15 +129,15 @@ fn a_timed_out_wait_leaks_no_lock() {
 #[test]
 fn a_dropped_wait_leaks_no_lock() {
     let (a, b, c) = (client(), client(), client());
-    let held = a.lock(&k("dropped"), &try_once()).unwrap();
+    let held = a.lock(k("dropped"), &try_once()).unwrap();
     let pending = b
-        .start_lock(&k("dropped"), &LockOptions::new().wait_ms(20000))
+        .start_lock(k("dropped"), &LockOptions::new().wait_ms(20000))
         .unwrap();
     drop(pending);
     held.unlock().unwrap();
     // Served after b's wait, had it stayed: b's session lives on.
     let got = c
-        .try_lock(&k("dropped"), &LockOptions::new().wait_ms(10000))
+        .try_lock(k("dropped"), &LockOptions::new().wait_ms(10000))
         .unwrap();
     assert!(got.is_some(), "the dropped wait kept the lock");
 }
