@@ -156,19 +156,20 @@ impl Leased {
             Err(WaitError::Failed(e)) => Err(e),
             Err(WaitError::TimedOut) => {
                 let k = key.to_string();
-                conn.give_up(
-                    p.id,
-                    Box::new(move |c: &Conn, got: Json| {
-                        if let Some(l) = got.get("lease").and_then(Json::as_str) {
-                            c.post(
-                                Json::object()
-                                    .set("op", "cache.release")
-                                    .set("key", k)
-                                    .set("lease", l),
-                            );
-                        }
-                    }),
-                );
+                let late = Box::new(move |c: &Conn, got: Json| {
+                    if let Some(l) = got.get("lease").and_then(Json::as_str) {
+                        c.post(
+                            Json::object()
+                                .set("op", "cache.release")
+                                .set("key", k)
+                                .set("lease", l),
+                        );
+                    }
+                });
+                if conn.give_up(p.id, late) && conn.has_feature("cancel") {
+                    let target = p.id as i64;
+                    conn.post(Json::object().set("op", "cancel").set("target", target));
+                }
                 Err(Error::new(
                     "timeout",
                     format!("no reply to cache.get of {:?} in time", key),
