@@ -109,6 +109,13 @@ for p in $PACKAGES; do
         missing="$missing $p"
     fi
 done
+# The Rust client's tests need cargo: a toolchain the user installed
+# (rustup's, in ~/.cargo/bin) serves; else Debian's.
+if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ] &&
+    [ "$(dpkg-query -W -f='${Status}' cargo 2>/dev/null)" != \
+        "install ok installed" ]; then
+    missing="$missing cargo"
+fi
 # promtool, which make check runs on the daemon's /metrics, comes only in
 # the full Prometheus server package (Debian 12 has no package with
 # promtool alone: apt-cache search promtool finds nothing else). The

@@ -11,8 +11,9 @@
 # the workers, the Python ones also with a Pool of 50, as 50 asyncio
 # tasks on one AsyncLeased, and with a single thread: the per-call cost
 # without the threads' hand-offs; the Go one as 50 goroutines sharing a
-# Client of 4 and of 1 connections, built offline into LEASED_GO_CACHE),
-# and
+# Client of 4 and of 1 connections, built offline into LEASED_GO_CACHE;
+# the Rust one, clients/rust's example clientcpu built with cargo, with
+# the threads sharing one Leased and with one Leased each), and
 # redis-semaphore and redis-py's Lock against the same Redis. Prints the
 # raw JSON lines, then a Markdown table of the medians (min-max) of the
 # client's CPU microseconds per pair. CPU time is what the client costs
@@ -24,7 +25,8 @@
 # a connection per worker and with a LeasedPool of 2; it has no base rows.
 #
 # Environment: REPEATS (3), PAIRS (node 100000, python 30000, java
-# 30000), WORKERS (50), PYTHON, NODE, JAVA.
+# 30000), WORKERS (50), PYTHON, NODE, JAVA, CARGO (else
+# ~/.cargo/bin/cargo, else cargo).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -70,6 +72,11 @@ gocache=${LEASED_GO_CACHE:-${TMPDIR:-/tmp}/leased-go-$(id -u)}
     GOPATH=${GOPATH:-$gocache/path} GOFLAGS=-mod=mod GOPROXY=off \
     go build -o "$tmp/clientcpu-go" ./cmd/leased-clientcpu) ||
     { say "needs go (golang-go) to build clients/go"; exit 1; }
+cargo=${CARGO:-$HOME/.cargo/bin/cargo}
+[ -x "$cargo" ] || cargo=cargo
+CARGO_TARGET_DIR=$tmp/rust "$cargo" build -q --offline --release \
+    --manifest-path "$src/clients/rust/Cargo.toml" --example clientcpu >&2
+rustcpu=$tmp/rust/release/examples/clientcpu
 
 runs() {
     np=${PAIRS:-100000}
@@ -93,6 +100,8 @@ go now --pairs=$np --pool=4
 go now --pairs=$np --pool=1
 java now --pairs=${PAIRS:-30000}
 java now --pairs=${PAIRS:-30000} --pool=2
+rust now --pairs=$pp
+rust now --pairs=$pp --conns=$workers
 EOF
 }
 
@@ -113,6 +122,9 @@ while [ "$rep" -le "$repeats" ]; do
             "$java" -cp "$tmp/java/leased-client.jar" "$here/ClientCpu.java" \
                 --sock="$sock" --workers="$workers" --label="$label" \
                 $args </dev/null
+        elif [ "$lang" = rust ]; then
+            "$rustcpu" --sock="$sock" --workers="$workers" \
+                --label="$label" $args </dev/null
         else
             "$python" "$here/clientcpu.py" --sock="$sock" --redis="$port" \
                 --workers="$workers" --label="$label" $args </dev/null

@@ -1,0 +1,229 @@
+//! The cache-aside paths: `cached()` (read, load once cluster-wide, fill)
+//! and `update()`/`invalidate()` (write, then delete twice).
+
+use crate::conn::{ms, Conn, WaitError};
+use crate::{checked_keys, Error, Json, Keys, Leased, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+type LoadError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Options of `cached_with`.
+#[derive(Clone, Debug, Default)]
+pub struct CacheOptions {
+    ttl_ms: Option<i64>,
+    wait_ms: Option<i64>,
+}
+
+impl CacheOptions {
+    pub fn new() -> CacheOptions {
+        CacheOptions::default()
+    }
+    /// The TTL of the filled value (the daemon's `cache.ttl_ms` without).
+    pub fn ttl_ms(mut self, ms: i64) -> Self {
+        self.ttl_ms = Some(ms);
+        self
+    }
+    /// How long to wait for a load that runs elsewhere (the daemon's
+    /// `cache.wait_ms`, 3000, without); past it the call fails with code
+    /// `timeout` and does not load.
+    pub fn wait_ms(mut self, ms: i64) -> Self {
+        self.wait_ms = Some(ms);
+        self
+    }
+}
+
+/// A fill lease held while the loader runs: given back with
+/// cache.release unless it was filled, also when the loader panics, so
+/// the next reader loads at once instead of waiting the lease out.
+struct Lease<'a> {
+    conn: &'a Conn,
+    key: &'a str,
+    lease: String,
+    done: bool,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let req = Json::object()
+                .set("op", "cache.release")
+                .set("key", self.key)
+                .set("lease", self.lease.as_str());
+            let _ = self.conn.call(req, Duration::ZERO);
+        }
+    }
+}
+
+impl Leased {
+    /// The read path with values stored as JSON: the cached value, or
+    /// LOADER's, loaded once cluster-wide and filled. A loader's
+    /// `Json::Null` is cached as "not found" (and returned as Null).
+    /// What is returned is what every reader that hits gets.
+    pub fn cached<F, E>(&self, key: &str, loader: F) -> Result<Json>
+    where
+        F: FnOnce() -> std::result::Result<Json, E>,
+        E: Into<LoadError>,
+    {
+        self.cached_with(key, &CacheOptions::default(), loader)
+    }
+
+    pub fn cached_with<F, E>(&self, key: &str, opts: &CacheOptions, loader: F) -> Result<Json>
+    where
+        F: FnOnce() -> std::result::Result<Json, E>,
+        E: Into<LoadError>,
+    {
+        let load = || {
+            loader().map(|v| {
+                if v.is_null() {
+                    None
+                } else {
+                    Some(v.to_string())
+                }
+            })
+        };
+        match self.cached_raw(key, opts, load)? {
+            None => Ok(Json::Null),
+            Some(text) => Json::parse(&text).map_err(|e| {
+                Error::new(
+                    "bad_value",
+                    format!("the cached value of {:?} is not JSON: {}", key, e),
+                )
+            }),
+        }
+    }
+
+    /// The read path with values stored as they are (strings), for keys
+    /// shared with `leasectl get`/`set` or clients that store plain
+    /// strings. None is "not found".
+    pub fn cached_raw<F, E>(
+        &self,
+        key: &str,
+        opts: &CacheOptions,
+        loader: F,
+    ) -> Result<Option<String>>
+    where
+        F: FnOnce() -> std::result::Result<Option<String>, E>,
+        E: Into<LoadError>,
+    {
+        let key = &checked_keys(vec![key.to_string()])?[0];
+        let (conn, got) = self.cache_get(key, opts)?;
+        if got.bool_of("hit") {
+            return Ok(got.get("value").and_then(Json::as_str).map(String::from));
+        }
+        let lease = match got.get("lease").and_then(Json::as_str) {
+            Some(l) => l.to_string(),
+            None => {
+                return Err(Error::new(
+                    "timeout",
+                    format!("{:?} is still being loaded elsewhere after its wait", key),
+                ))
+            }
+        };
+        let mut held = Lease {
+            conn: &conn,
+            key,
+            lease,
+            done: false,
+        };
+        let value = loader().map_err(|e| {
+            Error::new("loader", format!("the loader of {:?} failed", key)).with_source(e.into())
+        })?;
+        let mut fill = Json::object()
+            .set("op", "cache.fill")
+            .set("key", key.as_str())
+            .set("lease", held.lease.as_str())
+            .set("value", value.clone());
+        if let Some(t) = opts.ttl_ms {
+            fill = fill.set("ttl_ms", t);
+        }
+        conn.call(fill, Duration::ZERO)?;
+        held.done = true;
+        Ok(value)
+    }
+
+    /// cache.get with a fill lease; a lease granted after the caller gave
+    /// up waiting is given back.
+    fn cache_get(&self, key: &str, opts: &CacheOptions) -> Result<(Arc<Conn>, Json)> {
+        let mut req = Json::object().set("op", "cache.get").set("key", key);
+        if let Some(w) = opts.wait_ms {
+            req = req.set("wait_ms", w);
+        }
+        let (conn, p) = self.send(req)?;
+        let wait = ms(opts.wait_ms.unwrap_or(3000));
+        match conn.wait(&p, wait) {
+            Ok(got) => Ok((conn, got)),
+            Err(WaitError::Failed(e)) => Err(e),
+            Err(WaitError::TimedOut) => {
+                let k = key.to_string();
+                let late = Box::new(move |c: &Conn, got: Json| {
+                    if let Some(l) = got.get("lease").and_then(Json::as_str) {
+                        c.post(
+                            Json::object()
+                                .set("op", "cache.release")
+                                .set("key", k)
+                                .set("lease", l),
+                        );
+                    }
+                });
+                if conn.give_up(p.id, late) && conn.has_feature("cancel") {
+                    let target = p.id as i64;
+                    conn.post(Json::object().set("op", "cancel").set("target", target));
+                }
+                Err(Error::new(
+                    "timeout",
+                    format!("no reply to cache.get of {:?} in time", key),
+                ))
+            }
+        }
+    }
+
+    /// Delete KEYS (one key, or several) now and again after `delay_ms`
+    /// (the daemon's `cache.double_delete_ms` without).
+    pub fn invalidate(&self, keys: impl Keys) -> Result<Json> {
+        self.invalidate_with(keys, None)
+    }
+
+    pub fn invalidate_with(&self, keys: impl Keys, delay_ms: Option<i64>) -> Result<Json> {
+        let keys = checked_keys(keys.keys())?;
+        let mut req = Json::object().set("keys", keys);
+        if let Some(d) = delay_ms {
+            req = req.set("delay_ms", d);
+        }
+        self.call("cache.invalidate", req)
+    }
+
+    /// The write path: WRITER commits to the database first, then KEYS are
+    /// invalidated. Returns WRITER's result; a writer that fails
+    /// invalidates nothing.
+    pub fn update<T, F, E>(&self, keys: impl Keys, writer: F) -> Result<T>
+    where
+        F: FnOnce() -> std::result::Result<T, E>,
+        E: Into<LoadError>,
+    {
+        let keys = checked_keys(keys.keys())?;
+        let out = writer()
+            .map_err(|e| Error::new("loader", "the writer failed").with_source(e.into()))?;
+        self.invalidate(keys)?;
+        Ok(out)
+    }
+
+    /// A plain read without a lease or wait: the value, or None on a miss
+    /// or a cached "not found".
+    pub fn get(&self, key: &str) -> Result<Option<String>> {
+        let got = self.call(
+            "cache.get",
+            Json::object().set("key", key).set("lease", false),
+        )?;
+        Ok(got.get("value").and_then(Json::as_str).map(String::from))
+    }
+
+    /// cache.set: an unconditional write (None: "not found").
+    pub fn set(&self, key: &str, value: Option<&str>, ttl_ms: Option<i64>) -> Result<()> {
+        let mut req = Json::object().set("key", key).set("value", value);
+        if let Some(t) = ttl_ms {
+            req = req.set("ttl_ms", t);
+        }
+        self.call("cache.set", req).map(|_| ())
+    }
+}

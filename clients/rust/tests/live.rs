@@ -1,0 +1,367 @@
+//! The client against a real daemon: LEASED_SOCKET must name the socket
+//! of a leased whose Redis may be written (tests/integration/
+//! check_client_rust starts both). Without it every test fails.
+
+use leased::{CacheOptions, Json, Leased, LockOptions, SemOptions};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+fn socket() -> String {
+    std::env::var("LEASED_SOCKET").expect("LEASED_SOCKET: the socket of a leased to test against")
+}
+
+fn client() -> Leased {
+    Leased::connect(&socket()).expect("connect")
+}
+
+fn try_once() -> LockOptions {
+    LockOptions::new()
+}
+
+/// A key of this run: the Redis behind the daemon may keep the last
+/// run's values.
+fn k(name: &str) -> String {
+    format!("rs{}:{}", std::process::id(), name)
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[test]
+fn guard_unlocks_on_drop_and_fences_increase() {
+    let (a, b) = (client(), client());
+    let first = a.lock(k("drop"), &try_once()).unwrap();
+    assert_eq!(first.count(), 1);
+    assert!(!first.token().is_empty());
+    assert!(b.try_lock(k("drop"), &try_once()).unwrap().is_none());
+    let fence = first.fence();
+    drop(first);
+    let second = b.lock(k("drop"), &try_once()).unwrap();
+    assert!(second.fence() > fence, "{} > {}", second.fence(), fence);
+    second.unlock().unwrap();
+}
+
+#[test]
+fn lock_not_acquired_is_an_error_with_its_code() {
+    let (a, b) = (client(), client());
+    let _held = a.lock(k("busy"), &try_once()).unwrap();
+    let err = b.lock(k("busy"), &try_once()).unwrap_err();
+    assert_eq!(err.code(), "not_acquired");
+}
+
+#[test]
+fn reentry_by_owner() {
+    let (a, b) = (client(), client());
+    let opts = LockOptions::new().owner("w");
+    let h1 = a.lock(k("reenter"), &opts).unwrap();
+    let h2 = a.lock(k("reenter"), &opts).unwrap();
+    assert_eq!(h2.count(), 2);
+    assert_eq!(h1.token(), h2.token());
+    h2.unlock().unwrap();
+    assert!(b.try_lock(k("reenter"), &try_once()).unwrap().is_none());
+    h1.unlock().unwrap();
+    assert!(b.try_lock(k("reenter"), &try_once()).unwrap().is_some());
+}
+
+#[test]
+fn threads_sharing_a_client_exclude_each_other() {
+    let ld = client();
+    let held = ld.lock(k("threads"), &try_once()).unwrap();
+    let other = ld.clone();
+    let t = thread::spawn(move || {
+        other
+            .try_lock(k("threads"), &LockOptions::new())
+            .unwrap()
+            .is_some()
+    });
+    assert!(!t.join().unwrap(), "another thread reentered the lock");
+    held.unlock().unwrap();
+}
+
+#[test]
+fn a_waiter_gets_the_lock_on_unlock() {
+    let (a, b) = (client(), client());
+    let held = a.lock(k("wait"), &try_once()).unwrap();
+    let pending = b
+        .start_lock(k("wait"), &LockOptions::new().wait_ms(10000))
+        .unwrap();
+    let waiter = thread::spawn(move || pending.wait().unwrap().map(|h| h.fence()));
+    held.unlock().unwrap();
+    assert!(waiter.join().unwrap().is_some());
+}
+
+#[test]
+fn cancel_ends_a_wait() {
+    let (a, b) = (client(), client());
+    let _held = a.lock(k("cancel"), &try_once()).unwrap();
+    let pending = b
+        .start_lock(k("cancel"), &LockOptions::new().wait_ms(-1))
+        .unwrap();
+    let canceller = pending.canceller();
+    let waiter = thread::spawn(move || pending.wait().unwrap().is_none());
+    // The cancel may reach the daemon before the lock starts waiting:
+    // then it finds nothing and is sent again.
+    let mut cancelled = false;
+    for _ in 0..100 {
+        if canceller.cancel().unwrap() {
+            cancelled = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(cancelled);
+    assert!(waiter.join().unwrap(), "a cancelled wait acquired");
+}
+
+#[test]
+fn a_timed_out_wait_leaks_no_lock() {
+    let (a, b) = (client(), client());
+    let held = a.lock(k("late"), &try_once()).unwrap();
+    let pending = b
+        .start_lock(k("late"), &LockOptions::new().wait_ms(300))
+        .unwrap();
+    assert!(pending.wait().unwrap().is_none());
+    held.unlock().unwrap();
+    assert!(a.try_lock(k("late"), &try_once()).unwrap().is_some());
+}
+
+#[test]
+fn a_dropped_wait_leaks_no_lock() {
+    let (a, b, c) = (client(), client(), client());
+    let held = a.lock(k("dropped"), &try_once()).unwrap();
+    let pending = b
+        .start_lock(k("dropped"), &LockOptions::new().wait_ms(20000))
+        .unwrap();
+    drop(pending);
+    held.unlock().unwrap();
+    // Served after b's wait, had it stayed: b's session lives on.
+    let got = c
+        .try_lock(k("dropped"), &LockOptions::new().wait_ms(10000))
+        .unwrap();
+    assert!(got.is_some(), "the dropped wait kept the lock");
+}
+
+#[test]
+fn lock_lost_reaches_the_guard() {
+    let (a, admin) = (client(), client());
+    let held = a.lock(k("lost"), &try_once()).unwrap();
+    assert!(!held.is_lost());
+    admin
+        .call("lock.force_unlock", Json::object().set("key", k("lost")))
+        .unwrap();
+    assert_eq!(held.wait_lost(10 * SECOND).as_deref(), Some("taken"));
+    assert!(held.is_lost());
+    // A lost lock is not unlocked with an error: the holder was told.
+    held.unlock().unwrap();
+}
+
+#[test]
+fn explicit_unlock_reports_not_held() {
+    let (a, b) = (client(), client());
+    let held = a
+        .lock(
+            k("detached"),
+            &LockOptions::new().detach(true).ttl_ms(60000),
+        )
+        .unwrap();
+    b.unlock_token(k("detached"), held.token()).unwrap();
+    let err = held.unlock().unwrap_err();
+    assert_eq!(err.code(), "not_held");
+    assert_eq!(err.reason(), Some("absent"));
+}
+
+#[test]
+fn read_write_lock() {
+    let (a, b) = (client(), client());
+    let r1 = a.read_lock(&k("rw"), &try_once()).unwrap();
+    let r2 = b.read_lock(&k("rw"), &try_once()).unwrap();
+    assert!(a.write_lock(&k("rw"), &try_once()).is_err());
+    r1.unlock().unwrap();
+    r2.unlock().unwrap();
+    let w = a.write_lock(&k("rw"), &try_once()).unwrap();
+    assert_eq!(
+        b.read_lock(&k("rw"), &try_once()).unwrap_err().code(),
+        "not_acquired"
+    );
+    w.unlock().unwrap();
+}
+
+#[test]
+fn several_keys_at_once() {
+    let (a, b) = (client(), client());
+    let group = a.lock([&k("m1"), &k("m2")], &try_once()).unwrap();
+    assert_eq!(group.fences().len(), 2);
+    assert!(b.try_lock(k("m2"), &try_once()).unwrap().is_none());
+    group.unlock().unwrap();
+    assert!(b
+        .try_lock(vec![&k("m2"), &k("m1")], &try_once())
+        .unwrap()
+        .is_some());
+}
+
+#[test]
+fn semaphore_permits() {
+    let (a, b) = (client(), client());
+    let one = a.semaphore(&k("sem"), 2, &SemOptions::new()).unwrap();
+    let _two = b.semaphore(&k("sem"), 2, &SemOptions::new()).unwrap();
+    assert_eq!(
+        b.semaphore(&k("sem"), 2, &SemOptions::new())
+            .unwrap_err()
+            .code(),
+        "no_permit"
+    );
+    one.unlock().unwrap();
+    assert!(b
+        .try_semaphore(&k("sem"), 2, &SemOptions::new())
+        .unwrap()
+        .is_some());
+    assert!(b.sem_info(&k("sem"), 2).unwrap().get("available").is_some());
+}
+
+#[test]
+fn cached_loads_once_for_many_threads() {
+    let ld = client();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (ld, loads, start) = (ld.clone(), loads.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                let opts = CacheOptions::new().wait_ms(10000);
+                ld.cached_with(&k("user:7"), &opts, || {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    // The database's time to answer, so that the other
+                    // readers find the load under way.
+                    thread::sleep(Duration::from_millis(300));
+                    Ok::<_, std::io::Error>(Json::object().set("name", "Ada"))
+                })
+                .unwrap()
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(
+            t.join().unwrap().get("name").and_then(Json::as_str),
+            Some("Ada")
+        );
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_failed_loader_gives_the_lease_back() {
+    let (a, b) = (client(), client());
+    let err = a
+        .cached(&k("fail"), || {
+            Err::<Json, _>(std::io::Error::new(std::io::ErrorKind::Other, "db down"))
+        })
+        .unwrap_err();
+    assert_eq!(err.code(), "loader");
+    assert!(std::error::Error::source(&err).is_some());
+    // With the lease still out, this reader would wait its full wait_ms
+    // and then time out instead of loading.
+    let v = b
+        .cached_with(&k("fail"), &CacheOptions::new().wait_ms(5000), || {
+            Ok::<_, std::io::Error>(Json::from(7))
+        })
+        .unwrap();
+    assert_eq!(v, Json::Int(7));
+}
+
+#[test]
+fn a_panicking_loader_gives_the_lease_back() {
+    let (a, b) = (client(), client());
+    let a2 = a.clone();
+    let r = thread::spawn(move || {
+        a2.cached(&k("panic"), || -> Result<Json, std::io::Error> {
+            panic!("loader")
+        })
+    })
+    .join();
+    assert!(r.is_err());
+    let v = b
+        .cached_with(&k("panic"), &CacheOptions::new().wait_ms(5000), || {
+            Ok::<_, std::io::Error>(Json::from("x"))
+        })
+        .unwrap();
+    assert_eq!(v.as_str(), Some("x"));
+}
+
+#[test]
+fn not_found_is_cached_as_null() {
+    let ld = client();
+    assert!(ld
+        .cached(&k("none"), || Ok::<_, std::io::Error>(Json::Null))
+        .unwrap()
+        .is_null());
+    let again = ld
+        .cached(&k("none"), || Ok::<_, std::io::Error>(Json::from("loaded")))
+        .unwrap();
+    assert!(again.is_null(), "the cached null was not served: {}", again);
+}
+
+#[test]
+fn update_invalidates_one_key_or_many() {
+    let ld = client();
+    let load = |v: &'static str| move || Ok::<_, std::io::Error>(Json::from(v));
+    assert_eq!(
+        ld.cached(&k("u1"), load("old")).unwrap().as_str(),
+        Some("old")
+    );
+    assert_eq!(
+        ld.cached(&k("u2"), load("old")).unwrap().as_str(),
+        Some("old")
+    );
+    let n = ld.update(k("u1"), || Ok::<_, std::io::Error>(1)).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(
+        ld.cached(&k("u1"), load("new")).unwrap().as_str(),
+        Some("new")
+    );
+    ld.invalidate(vec![&k("u1"), &k("u2")]).unwrap();
+    assert_eq!(
+        ld.cached(&k("u2"), load("new")).unwrap().as_str(),
+        Some("new")
+    );
+}
+
+#[test]
+fn errors_carry_the_protocol_code() {
+    let ld = client();
+    assert_eq!(ld.lock("", &try_once()).unwrap_err().code(), "bad_request");
+    assert_eq!(
+        ld.lock(Vec::<String>::new(), &try_once())
+            .unwrap_err()
+            .code(),
+        "invalid"
+    );
+    let long = "k".repeat(5000);
+    assert_eq!(
+        ld.lock(long.as_str(), &try_once()).unwrap_err().code(),
+        "bad_request"
+    );
+    assert_eq!(
+        ld.call("no.such.op", Json::object()).unwrap_err().code(),
+        "unknown_op"
+    );
+}
+
+#[test]
+fn connect_error_names_the_socket_and_what_to_check() {
+    let err = Leased::connect("/nonexistent/leased.sock").unwrap_err();
+    assert_eq!(err.code(), "connect");
+    assert!(
+        err.message().contains("/nonexistent/leased.sock"),
+        "{}",
+        err
+    );
+    assert!(err.message().contains("LEASED_SOCKET"), "{}", err);
+}
+
+#[test]
+fn hello_announces_features() {
+    let f = client().features().unwrap();
+    assert!(f.iter().any(|x| x == "cancel"), "{:?}", f);
+}
