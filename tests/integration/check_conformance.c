@@ -5,7 +5,7 @@
  * their helper processes) reach through $LEASED_CONTROL, and fails a
  * client's case naming each scenario its runner reported as failed.
  *
- * python3, node, go and java are required: a missing toolchain fails its case
+ * python3, node, go, java and cargo are required: a missing toolchain fails its case
  * (exit 127 from exec), it is not skipped. */
 
 #ifndef _GNU_SOURCE
@@ -709,12 +709,23 @@ START_TEST(test_java)
 }
 END_TEST
 
+/* The script builds the runner with cargo offline, outside the tree. */
+START_TEST(test_rust)
+{
+    char path[400];
+    const char *runner[] = {"sh", path, NULL};
+
+    snprintf(path, sizeof path, "%s/clients/rust/conformance.sh", srcdir());
+    run_conformance(runner, "Rust");
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
         H_CASE(c, 200),  H_CASE(python, 200), H_CASE(node, 200),
-        H_CASE(go, 300), H_CASE(java, 300),
+        H_CASE(go, 300), H_CASE(java, 300),   H_CASE(rust, 300),
     };
 
     /* Keep the source tree clean (and usable read-only, for distcheck). */
