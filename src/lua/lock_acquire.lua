@@ -17,9 +17,19 @@
 --   {-2}                       ABSENT: reenter-only and no lock
 --   {-3, pttl}                 OTHER: reenter-only and held by another
 --@include lock_numbers.lua
+-- The shape checks (lib/lock_shape.lua) are defined only when a script
+-- needs them: creating their closures would cost every call.
+local function shape()
 --@include lock_shape.lua
+    return holders, count_of
+end
 local t = redis.call('type', KEYS[1]).ok
-local kv = t == 'hash' and holders(KEYS[1], false)
+local kv, count_of = false, nil
+if t == 'hash' then
+    local holders
+    holders, count_of = shape()
+    kv = holders(KEYS[1], false)
+end
 if t ~= 'none' and not kv then
     return {-1}
 end
