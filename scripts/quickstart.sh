@@ -27,7 +27,7 @@ LOGFILE=$TOP/leased.log
 REDIS_PIDFILE=$TOP/redis.pid
 PACKAGES="build-essential autoconf automake pkg-config libhiredis-dev
 libevent-dev libssl-dev openssl libjansson-dev libyaml-dev check
-redis-server redis-tools socat python3 python3-venv nodejs tmux"
+redis-server redis-tools socat python3 python3-venv python3-yaml nodejs tmux"
 
 say() { printf 'quickstart: %s\n' "$*"; }
 die() { printf 'quickstart: error: %s\n' "$*" >&2; exit 1; }
