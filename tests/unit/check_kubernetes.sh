@@ -7,7 +7,21 @@
 # contrib/kubernetes/leased.yml, the file the image holds); the classic
 # one drains for less time than the pod's grace period. Output is TAP.
 srcdir=${LD_SRCDIR:-.}
-exec python3 - "$srcdir/contrib/kubernetes" "${LEASED_BIN:-src/leased}" <<'PY'
+# The python3 on PATH may be one without the yaml module; Debian's has it
+# with python3-yaml.
+py=
+for p in python3 /usr/bin/python3; do
+    if "$p" -c 'import yaml' 2>/dev/null; then
+        py=$p
+        break
+    fi
+done
+if [ -z "$py" ]; then
+    echo "1..1"
+    echo "not ok 1 - no python3 with the yaml module (Debian package python3-yaml)"
+    exit 1
+fi
+exec "$py" - "$srcdir/contrib/kubernetes" "${LEASED_BIN:-src/leased}" <<'PY'
 import os, subprocess, sys, tempfile
 import yaml
 
