@@ -106,20 +106,25 @@ rm -f "$WORK/run/leased.sock"
 if ! command -v crun >/dev/null 2>&1; then
     skip "crun is not installed: the container itself was not run"
 else
-    jq --arg run "$WORK/run" --arg lib "$WORK/lib" --arg etc "$WORK/etc" '
-        .root.readonly = true | .process.terminal = false
-        | .linux.namespaces |= map(select(.type != "network"))
-        | .mounts |= map(select(.destination != "/run/leased" and
-                                .destination != "/var/lib/leased"))
-        | .mounts += [
-            {destination: "/run/leased", type: "bind", source: $run,
-             options: ["rbind", "rw"]},
-            {destination: "/var/lib/leased", type: "bind", source: $lib,
-             options: ["rbind", "rw"]},
-            {destination: "/etc/leased", type: "bind", source: $etc,
-             options: ["rbind", "ro"]}]' \
-        "$WORK/bundle/config.json" > "$WORK/config.json" &&
-        mv "$WORK/config.json" "$WORK/bundle/config.json"
+    # The runtime bundle umoci made, with a read-only root, the host's
+    # network (the test's Redis is on its loopback) and the volumes bound
+    # to this test's directories.
+    python3 - "$WORK" <<'PY'
+import json, sys
+w = sys.argv[1]
+path = w + "/bundle/config.json"
+c = json.load(open(path))
+c["root"]["readonly"] = True
+c["process"]["terminal"] = False
+c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"]
+                            if n["type"] != "network"]
+vols = {"/run/leased": (w + "/run", "rw"), "/var/lib/leased": (w + "/lib", "rw"),
+        "/etc/leased": (w + "/etc", "ro")}
+c["mounts"] = [m for m in c["mounts"] if m["destination"] not in vols]
+c["mounts"] += [{"destination": d, "type": "bind", "source": s,
+                 "options": ["rbind", o]} for d, (s, o) in vols.items()]
+json.dump(c, open(path, "w"))
+PY
     if timeout 20 crun run -d --bundle "$WORK/bundle" "leased-check-$$" \
         > "$WORK/crun.log" 2>&1; then
         if ping_until "$WORK/run/leased.sock"; then
