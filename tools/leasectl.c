@@ -1526,7 +1526,7 @@ top_longest(const json_t *locks)
     qsort(v, n, sizeof *v, top_by_held);
     for (i = 0; i < n && i < TOP_ROWS; i++) {
         json_array_append_new(
-            out, json_pack("{s:O,s:O,s:I,s:I,s:I}", "key",
+            out, json_pack("{s:O?,s:O?,s:I,s:I,s:I}", "key",
                            json_object_get(v[i], "key"), "mode",
                            json_object_get(v[i], "mode"), "count",
                            (json_int_t)top_int(v[i], "count"), "held_ms",
@@ -1565,7 +1565,7 @@ top_frame(const struct top_sample *prev, const struct top_sample *cur)
 
     return json_pack(
         "{s:I,s:f,s:o,s:I,s:I,s:I,s:I,s:f,s:f,s:o,s:o,s:{s:I,s:I,s:I},"
-        "s:{s:I,s:I,s:O}}",
+        "s:{s:I,s:I,s:O?}}",
         "interval_ms", (json_int_t)(cur->at_ms - prev->at_ms),
         "requests_per_s", top_rate(p, c, "requests", dt), "ops_per_s",
         top_ops(p, c, dt), "sessions", (json_int_t)top_int(c, "sessions"),
@@ -1679,6 +1679,11 @@ top_run(struct ctl *ctl, bool once, bool tty)
         }
         json_t *f = top_frame(&prev, &cur);
 
+        if (!f) {
+            fprintf(stderr, CTL_NAME ": top: unexpected stats reply\n");
+            rc = EX_PROTOCOL;
+            break;
+        }
         if (ctl->json) {
             print_json(f);
         } else {
