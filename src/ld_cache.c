@@ -476,6 +476,7 @@ ld_cache_init(const struct ld_ctx *ctx)
              (unsigned long long)ld_journal_bytes(cache_mod.journal),
              replayed);
     cache_update_journal_stats();
+    ld_stats_add_refresh(cache_refresh_overdue);
 
     cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb,
                                   NULL);

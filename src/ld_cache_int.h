@@ -263,6 +263,8 @@ size_t cache_names_size(size_t len);
 void cache_put_names(char *buf, const char *key, size_t len, size_t *entry_len,
                      size_t *chan_len);
 void cache_set_timer(struct event *ev, uint64_t delay_us);
+/* ld_stats' refresh of cache_invalidations_overdue_ms. */
+void cache_refresh_overdue(void);
 void cache_update_journal_stats(void);
 
 /* ---- ld_cache_reply.c: answering getters ----------------------------- */

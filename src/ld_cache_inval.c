@@ -40,6 +40,28 @@ wall_ms(void)
 static void del_timer_cb(evutil_socket_t fd, short what, void *arg);
 static void del_cb(redisReply *reply, void *arg);
 
+static void
+note_oldest_due(const struct ld_journal_entry *e, void *arg)
+{
+    int64_t *oldest = arg;
+    /* An add after another holds a delay, not a time, until its first
+     * delete is done; it cannot be late before then. */
+    if (e->after_id == 0 && e->due_ms < *oldest) {
+        *oldest = e->due_ms;
+    }
+}
+
+void
+cache_refresh_overdue(void)
+{
+    int64_t now = wall_ms(), oldest = now;
+
+    if (cache_mod.journal != NULL) {
+        ld_journal_each(cache_mod.journal, note_oldest_due, &oldest);
+    }
+    ld_stats.cache_invalidations_overdue_ms = (long long)(now - oldest);
+}
+
 static struct del *
 del_new(const char *key, size_t len, int64_t due_ms, bool second, bool stale)
 {
