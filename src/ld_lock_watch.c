@@ -1,6 +1,8 @@
 /* Locks: the timers that end a hold this daemon can no longer vouch
- * for (lock_lost, max_hold), the watchdog pass that renews leases, and
- * the rechecks of every lock when Redis may have lost them. */
+ * for (lock_lost, max_hold), the watchdog pass that renews leases (and
+ * tells a holder when a renewal fails or is late: lock_at_risk, then
+ * lock_safe), and the rechecks of every lock when Redis may have lost
+ * them. */
 
 #include "ld_lock_int.h"
 

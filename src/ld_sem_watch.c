@@ -6,7 +6,9 @@
  * early); and the sem_lost event, sent as lock_lost is for locks: when a
  * renewal or check finds the grant gone before its lease, or at the
  * latest when the lease last confirmed ends (less a margin) without a
- * renewal having confirmed a newer one. */
+ * renewal having confirmed a newer one; before it, sem_at_risk when a
+ * renewal fails or is late, and sem_safe when a later one confirms the
+ * lease. */
 
 #include "ld_sem_int.h"
 

@@ -192,6 +192,36 @@ START_TEST(test_group_keys_at_risk)
 }
 END_TEST
 
+/* Both sides of a read-write lock (a reader of one lock, a writer of
+ * another, on two sessions) hear it. */
+START_TEST(test_rwlock_sides_at_risk)
+{
+    start(60000);
+    struct h_conn *c[2] = {lk_connect(&D), lk_connect(&D)};
+    const char *key[2] = {"rwr", "rww"}, *mode[2] = {"read", "write"};
+    for (int i = 0; i < 2; i++) {
+        json_t *r = h_callf(c[i], T_MS, "{s:s,s:s,s:s}", "op", "lock", "key",
+                            key[i], "mode", mode[i]);
+        ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "%s lock: %s", mode[i],
+                      h_errcode(r));
+        json_decref(r);
+    }
+    ck_assert(h_wait_stat_min(c[0], "lock_renewals_ok", 2, 2 * WATCHDOG_MS));
+    fp_set_mode(P, FP_STALL);
+    for (int i = 0; i < 2; i++) {
+        json_t *ev = expect_event(c[i], "lock_at_risk", key[i],
+                                  2 * WATCHDOG_MS);
+        ck_assert_int_gt(jint(ev, "lease_left_ms"), 0);
+        json_decref(ev);
+    }
+    fp_set_mode(P, FP_PASS);
+    for (int i = 0; i < 2; i++) {
+        json_decref(expect_event(c[i], "lock_safe", key[i], 2 * WATCHDOG_MS));
+        h_close(c[i]);
+    }
+}
+END_TEST
+
 struct zscore_above {
     const char *token;
     long long above;
@@ -261,9 +291,9 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(lock_late_then_safe, 60),  H_CASE(lock_failed_then_lost, 60),
-        H_CASE(group_keys_at_risk, 60),   H_CASE(sem_late_then_safe, 60),
-        H_CASE(sem_failed_then_lost, 60),
+        H_CASE(lock_late_then_safe, 60), H_CASE(lock_failed_then_lost, 60),
+        H_CASE(group_keys_at_risk, 60),  H_CASE(rwlock_sides_at_risk, 60),
+        H_CASE(sem_late_then_safe, 60),  H_CASE(sem_failed_then_lost, 60),
     };
 
     return H_MAIN(fx, cases);
