@@ -271,9 +271,11 @@ renew_on_reply(redisReply *r, void *arg)
         }
     } else if (renew) {
         ld_stats.lock_renewals_failed++;
-        /* Redlock: a renewal that no majority confirmed ends the lock at
-         * once; the instances that did renew may outlive the others. */
-        if (lock_mod.redlock || ld_now_ms() >= rec->lease_end_ms) {
+        /* The lease last confirmed still holds (with Redlock, on a
+         * majority, less the drift: a renewal that reached only some
+         * instances lengthens theirs, never shortens the others'); the
+         * timer ends the lock with it unless a renewal confirms it. */
+        if (ld_now_ms() >= rec->lease_end_ms) {
             lk_rec_lost(rec, "redis_unavailable", true);
         } else {
             rec_at_risk(rec);
