@@ -2,7 +2,7 @@
  * shutdown.drain_ms keeps the sessions already open served (their locks
  * renewed) while new connections are refused and /readyz fails, until
  * the sessions close, the drain time passes or a second signal comes;
- * /livez and /readyz on the metrics listener. */
+ * /livez and /readyz on the metrics listener; leasectl wait. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -320,6 +320,57 @@ START_TEST(test_readyz_redis_down)
 }
 END_TEST
 
+/* --- leasectl wait ------------------------------------------------------- */
+
+static const char *
+ctl_bin(void)
+{
+    const char *p = getenv("LEASECTL_BIN");
+
+    return p && *p ? p : "tools/leasectl";
+}
+
+static int
+ctl_wait(const char *timeout, char *out, char *err)
+{
+    const char *argv[] = {ctl_bin(),   "-s",    D.sock, "wait",
+                          "--timeout", timeout, NULL};
+
+    return h_run(argv, out, 512, err, 512, 30000);
+}
+
+START_TEST(test_leasectl_wait)
+{
+    char yaml[256], out[512], err[512];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    ck_assert_int_eq(ctl_wait("5s", out, err), 0);
+    ck_assert_str_eq(out, "ready\n");
+
+    h_redis_kill(&R);
+    long long t0 = h_now_ms();
+    int rc = ctl_wait("300ms", out, err);
+    ck_assert_msg(rc != 0 && strstr(err, "leasectl: wait: not ready after "
+                                         "300 ms: ") != NULL,
+                  "exit %d, stderr: %s", rc, err);
+    ck_assert_int_ge(h_now_ms() - t0, 300);
+
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    ck_assert_int_eq(ctl_wait("20s", out, err), 0);
+    ck_assert_str_eq(out, "ready\n");
+
+    /* No daemon at all: the wait ends with the connect error. */
+    h_daemon_kill(&D);
+    rc = ctl_wait("200ms", out, err);
+    ck_assert_msg(rc != 0 && strstr(err, "connect") != NULL,
+                  "exit %d, stderr: %s", rc, err);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -329,6 +380,7 @@ main(void)
         H_CASE(drain_deadline, 60),
         H_CASE(no_drain_by_default, 60),
         H_CASE(readyz_redis_down, 60),
+        H_CASE(leasectl_wait, 90),
     };
 
     return H_MAIN(fx, cases);
