@@ -595,6 +595,7 @@ ld_cache_free(void)
         if (d->running) {
             d->orphan = true;
         } else {
+            free(d->member);
             free(d);
         }
     }

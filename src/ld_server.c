@@ -145,6 +145,7 @@ begin_shutdown(const char *why)
     ld_session_shutdown_all();
     ld_lock_shutdown();
     ld_sem_shutdown();
+    ld_cache_hand_over();
     ld_cache_shutdown();
     server_mod.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
     struct timeval tv = {0, 0};

@@ -26,11 +26,11 @@
 #define WATCHDOG_MS 300
 
 static struct h_redis R;
-static struct h_daemon D;
+static struct h_daemon D, D2;
 static const struct h_fixture fx = {
     .suite = "drain",
     .redis = {&R},
-    .daemons = {&D},
+    .daemons = {&D, &D2},
 };
 
 #define DRAIN_YAML(ms)                                                        \
@@ -320,6 +320,69 @@ START_TEST(test_readyz_redis_down)
 }
 END_TEST
 
+/* --- second deletes handed over ---------------------------------------- */
+
+#define DUE_DELAY_MS 4000
+#define DUE_SET "leased:cache:due"
+
+static bool
+entry_gone(void *arg)
+{
+    (void)arg;
+    return h_r_int(&R, "EXISTS leased:cache:{handed}") == 0;
+}
+
+static bool
+due_set_empty(void *arg)
+{
+    (void)arg;
+    return h_r_int(&R, "ZCARD %s", DUE_SET) == 0;
+}
+
+/* A daemon stopped with a second delete still due hands it to Redis; its
+ * directory (journal and all) goes away; another daemon on the same
+ * Redis carries the delete out on time. */
+START_TEST(test_second_delete_handed_over)
+{
+    h_start(NULL);
+    ck_assert_int_eq(h_daemon_start(&D2, &R, NULL), 0);
+    struct h_conn *c = h_connect_ok(&D);
+    json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
+                               "key", "handed", "value", "v1")));
+    long long t0 = h_now_ms();
+    json_t *r = h_must(h_callf(c, T_MS, "{s:s,s:s,s:i}", "op",
+                               "cache.invalidate", "key", "handed", "delay_ms",
+                               DUE_DELAY_MS));
+    ck_assert_int_eq(jint(r, "pending"), 1);
+    json_decref(r);
+    h_close(c);
+
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD %s", DUE_SET), 1);
+    ck_assert_msg(h_log_has(&D, "deletes handed over to Redis\" count=1"),
+                  "no hand-over logged");
+    h_daemon_cleanup(&D);
+
+    /* A reader brings the old value back meanwhile, through the other
+     * daemon: the second delete is what removes it. */
+    struct h_conn *c2 = h_connect_ok(&D2);
+    json_decref(h_must(h_callf(c2, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
+                               "key", "handed", "value", "v1")));
+    h_close(c2);
+    ck_assert_msg(h_now_ms() - t0 < DUE_DELAY_MS - 500,
+                  "too slow to test the delay: %lld ms", h_now_ms() - t0);
+
+    ck_assert_msg(h_wait_until(entry_gone, NULL, DUE_DELAY_MS + 10000),
+                  "the handed-over delete never ran");
+    long long took = h_now_ms() - t0;
+    ck_assert_msg(took >= DUE_DELAY_MS - 100 && took <= DUE_DELAY_MS + 3000,
+                  "deleted %lld ms after the invalidation, delay %d", took,
+                  DUE_DELAY_MS);
+    ck_assert_msg(h_wait_until(due_set_empty, NULL, T_MS),
+                  "the member stayed in the due set");
+}
+END_TEST
+
 /* --- leasectl wait ------------------------------------------------------- */
 
 static const char *
@@ -380,6 +443,7 @@ main(void)
         H_CASE(drain_deadline, 60),
         H_CASE(no_drain_by_default, 60),
         H_CASE(readyz_redis_down, 60),
+        H_CASE(second_delete_handed_over, 60),
         H_CASE(leasectl_wait, 90),
     };
 
