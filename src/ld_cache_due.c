@@ -10,9 +10,13 @@
  * two deletes of one key stay two), then the key. Once Redis holds one,
  * the journal retires it.
  *
- * Every daemon sharing the prefix looks once a second (cache_tick_cb):
- * one script claims the members due, by moving their score a claim time
- * ahead, and the daemon runs each delete, then removes the member. A
+ * Every daemon sharing the prefix listens on a channel of the same name,
+ * on which a hand-over is announced. Once subscribed (at start, again
+ * after a reconnect) and after an announcement, it looks once a second
+ * (cache_tick_cb) for as long as the set holds members: one script
+ * claims the members due, by moving their score a claim time ahead, and
+ * the daemon runs each delete, then removes the member. While the set is
+ * empty nothing is sent, so an idle daemon costs Redis nothing. A
  * daemon that dies in between leaves the member to be claimed again when
  * its claim runs out; deletes are idempotent, so at worst one runs twice.
  */
@@ -25,6 +29,7 @@
 #include "ld_journal.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_pubsub.h"
 #include "ld_redis.h"
 
 #include <inttypes.h>
@@ -41,7 +46,10 @@
 #define CLAIM_MS "30000"
 
 static struct {
+    struct ld_pubsub_sub *sub;
+    bool active;       /* the set may hold members: look each second */
     bool polling;      /* a claim is in flight */
+    bool again;        /* announced while it was: its answer is old */
     long long handing; /* hand-overs not yet answered */
     long long handed;
     uint64_t seq;
@@ -72,6 +80,25 @@ make_member(struct del *d)
 }
 
 static void
+noop_cb(redisReply *reply, void *arg)
+{
+    LD_UNUSED(reply);
+    LD_UNUSED(arg);
+}
+
+/* Wake the daemons that listen: the set holds members now. */
+static void
+announce(void)
+{
+    size_t set_len;
+    char *set = due_set_name(&set_len);
+    const char *argv[] = {"PUBLISH", set, "due"};
+    size_t argvlen[] = {7, set_len, 3};
+    ld_redis_command(set, set_len, 3, argv, argvlen, noop_cb, NULL);
+    free(set);
+}
+
+static void
 hand_cb(redisReply *reply, void *arg)
 {
     struct del *d = arg;
@@ -93,6 +120,9 @@ hand_cb(redisReply *reply, void *arg)
         ld_journal_sync(cache_mod.journal);
         cache_update_journal_stats();
         log_info("deletes handed over to Redis count=%lld", due_mod.handed);
+        if (due_mod.handed > 0) {
+            announce();
+        }
     }
 }
 
@@ -132,13 +162,6 @@ ld_cache_hand_over(void)
     free(set);
 }
 
-static void
-noop_cb(redisReply *reply, void *arg)
-{
-    LD_UNUSED(reply);
-    LD_UNUSED(arg);
-}
-
 void
 cache_due_done(const char *member, size_t len)
 {
@@ -169,10 +192,13 @@ poll_cb(redisReply *reply, void *arg)
     LD_UNUSED(arg);
     due_mod.polling = false;
     if (!cache_mod.inited || reply == NULL ||
-        reply->type != REDIS_REPLY_ARRAY) {
-        return;
+        reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
+        reply->element[0]->type != REDIS_REPLY_INTEGER) {
+        return; /* still active: the next tick asks again */
     }
-    for (size_t i = 0; i < reply->elements; i++) {
+    due_mod.active = reply->element[0]->integer > 0 || due_mod.again;
+    due_mod.again = false;
+    for (size_t i = 1; i < reply->elements; i++) {
         take_over(reply->element[i]);
     }
 }
@@ -194,4 +220,36 @@ cache_due_poll(void)
     ld_redis_script(LD_SCRIPT_cache_due, set, set_len, 1, 4, argv, argvlen,
                     poll_cb, NULL);
     free(set);
+}
+
+static void
+sub_cb(enum ld_pubsub_event ev, const char *msg, size_t len, void *arg)
+{
+    LD_UNUSED(msg);
+    LD_UNUSED(len);
+    LD_UNUSED(arg);
+    if (ev != LD_PUBSUB_LOST) {
+        due_mod.active = true;
+        due_mod.again = due_mod.polling;
+        cache_due_poll();
+    }
+}
+
+void
+cache_due_init(void)
+{
+    size_t set_len;
+    char *set = due_set_name(&set_len);
+    memset(&due_mod, 0, sizeof(due_mod));
+    due_mod.sub = ld_pubsub_subscribe(set, set_len, sub_cb, NULL);
+    free(set);
+}
+
+void
+cache_due_free(void)
+{
+    if (due_mod.sub != NULL) {
+        ld_pubsub_unsubscribe(due_mod.sub);
+        due_mod.sub = NULL;
+    }
 }

@@ -324,8 +324,10 @@ int64_t cache_wall_ms(void);
 void cache_del_take_over(const char *key, size_t len, bool stale, char *member,
                          size_t member_len);
 void cache_del_handed(struct del *d);
-/* ld_cache_due.c: a member's delete was carried out; the periodic look
- * at the due set. */
+/* ld_cache_due.c: listening for hand-overs; a member's delete was
+ * carried out; the periodic look at the due set. */
+void cache_due_init(void);
+void cache_due_free(void);
 void cache_due_done(const char *member, size_t len);
 void cache_due_poll(void);
 

@@ -339,13 +339,13 @@ due_set_empty(void *arg)
     return h_r_int(&R, "ZCARD %s", DUE_SET) == 0;
 }
 
-/* A daemon stopped with a second delete still due hands it to Redis; its
- * directory (journal and all) goes away; another daemon on the same
- * Redis carries the delete out on time. */
-START_TEST(test_second_delete_handed_over)
+/* Through D: a value for "handed", then its invalidation with a second
+ * delete due DUE_DELAY_MS later; then D stops, handing that delete to
+ * Redis, and its directory (journal and all) goes away. Returns the
+ * time of the invalidation. */
+static long long
+invalidate_and_stop(void)
 {
-    h_start(NULL);
-    ck_assert_int_eq(h_daemon_start(&D2, &R, NULL), 0);
     struct h_conn *c = h_connect_ok(&D);
     json_decref(h_must(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
                                "key", "handed", "value", "v1")));
@@ -362,9 +362,14 @@ START_TEST(test_second_delete_handed_over)
     ck_assert_msg(h_log_has(&D, "deletes handed over to Redis\" count=1"),
                   "no hand-over logged");
     h_daemon_cleanup(&D);
+    return t0;
+}
 
-    /* A reader brings the old value back meanwhile, through the other
-     * daemon: the second delete is what removes it. */
+/* A reader brings the old value back through D2 before the delete is
+ * due; the handed-over delete must remove it on time. */
+static void
+assert_deleted_on_time(long long t0)
+{
     struct h_conn *c2 = h_connect_ok(&D2);
     json_decref(h_must(h_callf(c2, T_MS, "{s:s,s:s,s:s}", "op", "cache.set",
                                "key", "handed", "value", "v1")));
@@ -380,6 +385,25 @@ START_TEST(test_second_delete_handed_over)
                   DUE_DELAY_MS);
     ck_assert_msg(h_wait_until(due_set_empty, NULL, T_MS),
                   "the member stayed in the due set");
+}
+
+/* Another daemon on the same Redis, running all along, carries out the
+ * delete a stopped one handed over. */
+START_TEST(test_second_delete_handed_over)
+{
+    h_start(NULL);
+    ck_assert_int_eq(h_daemon_start(&D2, &R, NULL), 0);
+    assert_deleted_on_time(invalidate_and_stop());
+}
+END_TEST
+
+/* A daemon started after the hand-over looks at the set at once. */
+START_TEST(test_second_delete_taken_over_at_start)
+{
+    h_start(NULL);
+    long long t0 = invalidate_and_stop();
+    ck_assert_int_eq(h_daemon_start(&D2, &R, NULL), 0);
+    assert_deleted_on_time(t0);
 }
 END_TEST
 
@@ -444,6 +468,7 @@ main(void)
         H_CASE(no_drain_by_default, 60),
         H_CASE(readyz_redis_down, 60),
         H_CASE(second_delete_handed_over, 60),
+        H_CASE(second_delete_taken_over_at_start, 60),
         H_CASE(leasectl_wait, 90),
     };
 
