@@ -5,10 +5,11 @@
  * a first TERM only drains: readiness fails, new connections are refused
  * and the sessions already open keep full service until they close, the
  * drain time passes or another signal comes. Then (or on a first INT, or
- * without drain_ms) we stop accepting, tell every session {"event":"shutdown"} and close it
- * (which releases its locks through the close hooks), flush the journal,
+ * without drain_ms) we stop accepting, tell every session
+ * {"event":"shutdown"} and close it (which releases its locks through the
+ * close hooks), hand the deletes still due to Redis, flush the journal,
  * then keep the loop turning until Redis has answered what we sent or
- * the drain bound passes. A second signal exits at once.
+ * the drain bound passes. A signal during that exits at once.
  */
 #include "ld_server.h"
 
