@@ -498,6 +498,7 @@ ld_cache_init(const struct ld_ctx *ctx)
     }
     ld_dispatch_add_ready_check(cache_journal_not_ready);
     cache_mod.inited = true;
+    cache_due_init();
     if (ld_near_init(ctx) != LD_OK) {
         return LD_ERR;
     }
@@ -531,6 +532,7 @@ ld_cache_free(void)
         return;
     }
     cache_mod.inited = false;
+    cache_due_free();
     ld_near_free();
 
     /* Fetches still in flight: answer their getters now and leave the
@@ -596,6 +598,7 @@ ld_cache_free(void)
         if (d->running) {
             d->orphan = true;
         } else {
+            free(d->member);
             free(d);
         }
     }

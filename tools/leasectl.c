@@ -67,6 +67,8 @@ usage(FILE *f)
         "\n"
         "commands:\n"
         "  ping                          check that leased is ready (exit 0)\n"
+        "  wait [--timeout T]            wait until leased is ready (default\n"
+        "                                30s in all)\n"
         "  stats [--json]                the daemon's figures\n"
         "  lock KEY [--ttl T] [--wait T] [--owner S] [--lost-exit N]\n"
         "       [--conflict-exit N] [-q] -- CMD [ARGS...]\n"
@@ -556,6 +558,92 @@ cmd_ping(struct ctl *ctl, int argc, char **argv)
     }
     printf("pong\n");
     return 0;
+}
+
+/* --- wait --------------------------------------------------------------- */
+
+#define WAIT_DEFAULT_MS 30000
+#define WAIT_POLL_MS 100
+/* One look's bound: a daemon whose loop hangs is asked again. */
+#define WAIT_TRY_MS 2000
+
+static long long
+mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One look: 0 when the daemon answers and is ready; otherwise the exit
+ * status ping would give, with the reason in WHY. */
+static int
+wait_once(struct ctl *ctl, int timeout_ms, char *why, size_t whylen)
+{
+    struct leased_options opt;
+    struct leased_error err;
+    struct leased_conn *conn;
+    json_t *st = NULL;
+    int rc = 0;
+
+    leased_options_init(&opt);
+    opt.client = CTL_NAME;
+    opt.auth = ctl->auth;
+    opt.timeout_ms = timeout_ms;
+    conn = leased_connect(ctl->target, &opt, &err);
+    if (!conn || leased_stats(conn, &st, &err) != LEASED_OK) {
+        snprintf(why, whylen, "%s: %s", leased_strerror(err.code),
+                 err.message);
+        leased_close(conn);
+        return exit_for(err.code);
+    }
+    if (json_is_false(json_object_get(st, "ready"))) {
+        const char *r = json_string_value(json_object_get(st, "not_ready"));
+
+        snprintf(why, whylen, "not ready: %s", r ? r : "unknown");
+        rc = r && !strcmp(r, "redis_unavailable") ? EX_UNAVAILABLE
+                                                  : EX_TEMPFAIL;
+    }
+    json_decref(st);
+    leased_close(conn);
+    return rc;
+}
+
+/* Start-up ordering: poll until the daemon is ready, as ping judges it,
+ * or --timeout (here the whole wait) passes. */
+static int
+cmd_wait(struct ctl *ctl, int argc, char **argv)
+{
+    char *pos[1], why[320] = "";
+    int npos, rc;
+
+    if ((rc = parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL,
+                         NULL))) {
+        return rc;
+    }
+    long long total = ctl->timeout_ms > 0 ? ctl->timeout_ms : WAIT_DEFAULT_MS;
+    long long deadline = mono_ms() + total;
+    for (;;) {
+        long long left = deadline - mono_ms();
+        int one = left < WAIT_TRY_MS ? (int)(left > 0 ? left : 1)
+                                     : WAIT_TRY_MS;
+
+        if ((rc = wait_once(ctl, one, why, sizeof why)) == 0) {
+            if (!ctl->quiet) {
+                printf("ready\n");
+            }
+            return 0;
+        }
+        left = deadline - mono_ms();
+        if (left <= 0) {
+            break;
+        }
+        poll(NULL, 0, left < WAIT_POLL_MS ? (int)left : WAIT_POLL_MS);
+    }
+    fprintf(stderr, CTL_NAME ": wait: not ready after %lld ms: %s\n", total,
+            why);
+    return rc;
 }
 
 static void
@@ -1763,6 +1851,7 @@ static const struct {
     {"info", cmd_info},   {"sem", cmd_sem},
     {"locks", cmd_locks}, {"unlock", cmd_unlock},
     {"hot", cmd_hot},     {"top", cmd_top},
+    {"wait", cmd_wait},
 };
 
 int
