@@ -54,7 +54,7 @@ note_oldest_due(const struct ld_journal_entry *e, void *arg)
 void
 cache_refresh_overdue(void)
 {
-    int64_t now = wall_ms(), oldest = now;
+    int64_t now = cache_wall_ms(), oldest = now;
 
     if (cache_mod.journal != NULL) {
         ld_journal_each(cache_mod.journal, note_oldest_due, &oldest);
