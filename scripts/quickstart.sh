@@ -27,8 +27,8 @@ LOGFILE=$TOP/leased.log
 REDIS_PIDFILE=$TOP/redis.pid
 PACKAGES="build-essential autoconf automake pkg-config libhiredis-dev
 libevent-dev libssl-dev openssl libjansson-dev libyaml-dev check
-redis-server redis-tools socat python3 python3-venv nodejs golang-go
-openjdk-17-jdk-headless"
+redis-server redis-tools socat python3 python3-venv python3-yaml nodejs tmux
+golang-go openjdk-17-jdk-headless"
 
 say() { printf 'quickstart: %s\n' "$*"; }
 die() { printf 'quickstart: error: %s\n' "$*" >&2; exit 1; }

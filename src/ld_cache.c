@@ -476,6 +476,7 @@ ld_cache_init(const struct ld_ctx *ctx)
              (unsigned long long)ld_journal_bytes(cache_mod.journal),
              replayed);
     cache_update_journal_stats();
+    ld_stats_add_refresh(cache_refresh_overdue);
 
     cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb,
                                   NULL);
@@ -497,6 +498,7 @@ ld_cache_init(const struct ld_ctx *ctx)
     }
     ld_dispatch_add_ready_check(cache_journal_not_ready);
     cache_mod.inited = true;
+    cache_due_init();
     if (ld_near_init(ctx) != LD_OK) {
         return LD_ERR;
     }
@@ -530,6 +532,7 @@ ld_cache_free(void)
         return;
     }
     cache_mod.inited = false;
+    cache_due_free();
     ld_near_free();
 
     /* Fetches still in flight: answer their getters now and leave the
@@ -595,6 +598,7 @@ ld_cache_free(void)
         if (d->running) {
             d->orphan = true;
         } else {
+            free(d->member);
             free(d);
         }
     }

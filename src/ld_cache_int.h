@@ -154,6 +154,10 @@ struct del {
     struct del *then;  /* first: the second delete waiting for it */
     struct del *after; /* second: the first one, while it waits */
     int64_t delay_ms;
+    /* Its member in the due set (ld_cache_due.c): being handed over, or
+     * taken over from a daemon that stopped; removed once done. */
+    char *member;
+    size_t member_len;
     LIST_ENTRY(del) link; /* every delete owed, until done */
     size_t key_len;
     char key[];
@@ -263,6 +267,8 @@ size_t cache_names_size(size_t len);
 void cache_put_names(char *buf, const char *key, size_t len, size_t *entry_len,
                      size_t *chan_len);
 void cache_set_timer(struct event *ev, uint64_t delay_us);
+/* ld_stats' refresh of cache_invalidations_overdue_ms. */
+void cache_refresh_overdue(void);
 void cache_update_journal_stats(void);
 
 /* ---- ld_cache_reply.c: answering getters ----------------------------- */
@@ -313,5 +319,18 @@ void cache_redis_state_cb(bool up, void *arg);
 void cache_replay_one(const struct ld_journal_entry *e, void *arg);
 void cache_sync_run(void *arg);
 void cache_tick_cb(evutil_socket_t fd, short what, void *arg);
+/* For ld_cache_due.c: the wall clock of due times; a delete taken over
+ * from the due set, run now (not journaled); a delete handed over, done
+ * here. */
+int64_t cache_wall_ms(void);
+void cache_del_take_over(const char *key, size_t len, bool stale, char *member,
+                         size_t member_len);
+void cache_del_handed(struct del *d);
+/* ld_cache_due.c: listening for hand-overs; a member's delete was
+ * carried out; the periodic look at the due set. */
+void cache_due_init(void);
+void cache_due_free(void);
+void cache_due_done(const char *member, size_t len);
+void cache_due_poll(void);
 
 #endif

@@ -29,8 +29,8 @@
 
 /* ---- cache.invalidate and the deletes it promises -------------------- */
 
-static int64_t
-wall_ms(void)
+int64_t
+cache_wall_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -39,6 +39,28 @@ wall_ms(void)
 
 static void del_timer_cb(evutil_socket_t fd, short what, void *arg);
 static void del_cb(redisReply *reply, void *arg);
+
+static void
+note_oldest_due(const struct ld_journal_entry *e, void *arg)
+{
+    int64_t *oldest = arg;
+    /* An add after another holds a delay, not a time, until its first
+     * delete is done; it cannot be late before then. */
+    if (e->after_id == 0 && e->due_ms < *oldest) {
+        *oldest = e->due_ms;
+    }
+}
+
+void
+cache_refresh_overdue(void)
+{
+    int64_t now = cache_wall_ms(), oldest = now;
+
+    if (cache_mod.journal != NULL) {
+        ld_journal_each(cache_mod.journal, note_oldest_due, &oldest);
+    }
+    ld_stats.cache_invalidations_overdue_ms = (long long)(now - oldest);
+}
 
 static struct del *
 del_new(const char *key, size_t len, int64_t due_ms, bool second, bool stale)
@@ -101,6 +123,7 @@ del_free(struct del *d)
     if (d->ev != NULL) {
         event_free(d->ev);
     }
+    free(d->member);
     free(d);
 }
 
@@ -108,7 +131,7 @@ del_free(struct del *d)
 static void
 del_schedule(struct del *d)
 {
-    int64_t wait = d->due_ms - wall_ms();
+    int64_t wait = d->due_ms - cache_wall_ms();
     cache_set_timer(d->ev, wait > 0 ? (uint64_t)wait * 1000 : 0);
 }
 
@@ -182,7 +205,9 @@ del_cb(redisReply *reply, void *arg)
     LD_ASSERT(d->running);
     d->running = false;
     if (d->orphan) {
-        free(d); /* ld_cache_free ran; the journal keeps it for next time */
+        /* ld_cache_free ran; the journal or the due set keeps it. */
+        free(d->member);
+        free(d);
         return;
     }
     /* A read that overtook the delete on another connection (see
@@ -213,12 +238,15 @@ del_cb(redisReply *reply, void *arg)
         LD_ASSERT(d2->after == d && d2->second);
         d->then = NULL;
         d2->after = NULL;
-        d2->due_ms = wall_ms() + d2->delay_ms;
+        d2->due_ms = cache_wall_ms() + d2->delay_ms;
         del_schedule(d2);
     }
     if (d->id != 0) {
         ld_journal_done(cache_mod.journal, d->id);
         cache_update_journal_stats();
+    }
+    if (d->member != NULL) {
+        cache_due_done(d->member, d->member_len);
     }
     /* No longer owed before the waiters look again: a lease is to be had
      * from now on. */
@@ -237,6 +265,33 @@ del_timer_cb(evutil_socket_t fd, short what, void *arg)
         ld_stats.cache_invalidations_retried++;
     }
     del_run(d);
+}
+
+void
+cache_del_take_over(const char *key, size_t len, bool stale, char *member,
+                    size_t member_len)
+{
+    struct del *d = del_new(key, len, cache_wall_ms(), true, stale);
+    d->member = member;
+    d->member_len = member_len;
+    del_run(d);
+}
+
+/* Redis holds D now, in the due set: the journal and this daemon are
+ * done with it, and so is the delete it waited for or that waited. */
+void
+cache_del_handed(struct del *d)
+{
+    if (d->then != NULL) {
+        d->then->after = NULL;
+    }
+    if (d->after != NULL) {
+        d->after->then = NULL;
+    }
+    if (d->id != 0) {
+        ld_journal_done(cache_mod.journal, d->id);
+    }
+    del_free(d);
 }
 
 /* Redis is back: every delete waiting out a backoff goes now. */
@@ -429,7 +484,7 @@ cache_op_invalidate(struct ld_req *req)
     inv->stale_mode = stale;
     inv->n = n;
     inv->left = n;
-    int64_t now = wall_ms();
+    int64_t now = cache_wall_ms();
     for (size_t i = 0; i < n; i++) {
         if (keys != NULL) {
             key = json_string_value(json_array_get(keys, i));
@@ -490,7 +545,7 @@ cache_replay_one(const struct ld_journal_entry *e, void *arg)
     st->count++;
     /* An add due already is a first delete the last run did not carry
      * out (or a second one that is late anyway). */
-    if (e->after_id == 0 && e->due_ms <= wall_ms()) {
+    if (e->after_id == 0 && e->due_ms <= cache_wall_ms()) {
         owed_add(d);
     }
     if (e->after_id == 0) {
@@ -513,7 +568,7 @@ cache_replay_one(const struct ld_journal_entry *e, void *arg)
         d->after = first;
         d->due_ms = 0;
     } else {
-        d->due_ms = wall_ms() + d->delay_ms;
+        d->due_ms = cache_wall_ms() + d->delay_ms;
         del_schedule(d);
     }
 }
@@ -527,6 +582,7 @@ cache_tick_cb(evutil_socket_t fd, short what, void *arg)
     /* The whole of fsync "everysec"; under "always" it makes the done
      * records durable too, which spares a restart redundant deletes. */
     ld_journal_sync(cache_mod.journal);
+    cache_due_poll();
     if (ld_journal_should_compact(cache_mod.journal)) {
         ld_journal_compact(cache_mod.journal);
     }

@@ -211,6 +211,8 @@ const struct conf_directive conf_directives[] = {
     LLONG("limits.max_memory_bytes", limits.max_memory_bytes, F_RELOAD, "0", 0,
           1LL << 50),
 
+    LLONG("shutdown.drain_ms", shutdown.drain_ms, F_RELOAD, "0", 0, HOUR_MS),
+
     HOSTPORT("metrics.listen", metrics.listen, F_EMPTY_OK | F_LISTEN,
              "127.0.0.1:9379"),
     BOOL("metrics.hot_key_names", metrics.hot_key_names, F_RELOAD, "false"),

@@ -101,6 +101,9 @@ struct ld_config {
         long long max_memory_bytes; /* daemon-wide accounting, 0: none */
     } limits;
     struct {
+        long long drain_ms; /* SIGTERM: serve open sessions this long */
+    } shutdown;
+    struct {
         char *listen;       /* "host:port"; "" disables */
         bool hot_key_names; /* hot cache keys named in /metrics */
     } metrics;

@@ -17,6 +17,7 @@ struct ld_ctx {
     const char *instance;        /* random id of this daemon run */
     uint64_t start_ms;           /* monotonic, at start */
     bool shutting_down;          /* no new work is taken */
+    bool draining; /* SIGTERM: open sessions served, new ones refused */
 };
 
 #endif

@@ -68,6 +68,9 @@ ld_dispatch_not_ready(void)
     if (dispatch_mod.ctx->shutting_down) {
         return "shutting_down";
     }
+    if (dispatch_mod.ctx->draining) {
+        return "draining";
+    }
     if (!redis_reachable()) {
         return "redis_unavailable";
     }

@@ -100,15 +100,17 @@ struct lk_rec {
     bool detached;
     bool renewing;    /* a renewal or check is in flight */
     bool renew_early; /* CAP_EV renews the lease instead of ending it */
+    bool at_risk;     /* lock_at_risk sent, no renewal confirmed since */
     bool token_used;  /* granted once under this token */
     bool group;       /* a key of a group lock (ld_lock_multi.c) */
     unsigned refs;    /* commands in flight that name it */
     unsigned pending; /* acquisitions in flight or queued */
     uint64_t acquired_us;
     uint64_t acquired_ms;
-    uint64_t lease_end_ms; /* Redis keeps the lock at least until */
-    uint64_t cap_end_ms;   /* max_hold ends the lock (0: never) */
-    struct event *cap_ev;  /* lock_lost when it can't be proven */
+    uint64_t lease_end_ms;  /* Redis keeps the lock at least until */
+    uint64_t renew_sent_ms; /* when the renewal in flight was sent */
+    uint64_t cap_end_ms;    /* max_hold ends the lock (0: never) */
+    struct event *cap_ev;   /* lock_lost when it can't be proven */
     struct lk_fmemo *fm;
     LIST_ENTRY(lk_rec) fm_link;     /* the other records of this lock */
     TAILQ_ENTRY(lk_rec) held_entry; /* list of held records */

@@ -358,6 +358,7 @@ lk_rec_set_count(struct lk_rec *rec, long long n)
         ld_stats.locks_held--;
         ld_stats_observe(LD_HISTO_LOCK_HOLD, ld_now_us() - rec->acquired_us);
         held_unlink(rec);
+        rec->at_risk = false;
         if (rec->cap_ev != NULL) {
             evtimer_del(rec->cap_ev);
         }

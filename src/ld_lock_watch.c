@@ -1,6 +1,8 @@
 /* Locks: the timers that end a hold this daemon can no longer vouch
- * for (lock_lost, max_hold), the watchdog pass that renews leases, and
- * the rechecks of every lock when Redis may have lost them. */
+ * for (lock_lost, max_hold), the watchdog pass that renews leases (and
+ * tells a holder when a renewal fails or is late: lock_at_risk, then
+ * lock_safe), and the rechecks of every lock when Redis may have lost
+ * them. */
 
 #include "ld_lock_int.h"
 
@@ -13,6 +15,7 @@
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_redlock.h"
+#include "ld_session.h"
 #include "ld_stats.h"
 
 #include <event2/event.h>
@@ -165,6 +168,41 @@ lk_rec_cap_clip(const struct lk_rec *rec, long long lease)
 
 static void pass_continue(void);
 
+/* A renewal of REC failed, or is late (see pass_visit), while the lease
+ * it last confirmed may still hold: the holder hears it at once, once
+ * until a renewal confirms the lease again, so that it can finish or
+ * pause its writes before lock_lost. Nothing is sent once the lease
+ * (less the margin) has passed: lock_lost is due then. */
+static void
+rec_at_risk(struct lk_rec *rec)
+{
+    uint64_t now = ld_now_ms();
+    uint64_t end = rec->lease_end_ms;
+    uint64_t m = lost_margin_ms();
+    if (rec->at_risk || rec->ls == NULL || end <= now + m) {
+        return;
+    }
+    rec->at_risk = true;
+    json_t *ev = json_pack("{s:s,s:s%,s:s,s:I}", "event", "lock_at_risk",
+                           "key", rec->key, rec->key_len, "token", rec->token,
+                           "lease_left_ms", (json_int_t)(end - m - now));
+    ld_session_event(rec->ls->sess, ev);
+    log_info("lock at risk lease_left_ms=%llu session=%s",
+             (unsigned long long)(end - m - now), rec->ls->sess->name);
+}
+
+/* A renewal confirmed a lease of LEASE ms after lock_at_risk. */
+static void
+rec_safe(struct lk_rec *rec, long long lease)
+{
+    rec->at_risk = false;
+    json_t *ev = json_pack("{s:s,s:s%,s:s,s:I}", "event", "lock_safe", "key",
+                           rec->key, rec->key_len, "token", rec->token,
+                           "lease_ms", (json_int_t)lease);
+    ld_session_event(rec->ls->sess, ev);
+    log_info("lock safe again session=%s", rec->ls->sess->name);
+}
+
 static void
 renew_on_reply(redisReply *r, void *arg)
 {
@@ -199,6 +237,9 @@ renew_on_reply(redisReply *r, void *arg)
         if (v[2] > 0) {
             lk_rec_set_count(rec, v[2]);
         }
+        if (renew && rec->at_risk) {
+            rec_safe(rec, pttl);
+        }
         lk_rec_arm_cap(rec);
     } else if (n >= 1 && v[0] < 0) {
         /* Found gone before the lease it last confirmed could end in
@@ -230,10 +271,14 @@ renew_on_reply(redisReply *r, void *arg)
         }
     } else if (renew) {
         ld_stats.lock_renewals_failed++;
-        /* Redlock: a renewal that no majority confirmed ends the lock at
-         * once; the instances that did renew may outlive the others. */
-        if (lock_mod.redlock || ld_now_ms() >= rec->lease_end_ms) {
+        /* The lease last confirmed still holds (with Redlock, on a
+         * majority, less the drift: a renewal that reached only some
+         * instances lengthens theirs, never shortens the others'); the
+         * timer ends the lock with it unless a renewal confirms it. */
+        if (ld_now_ms() >= rec->lease_end_ms) {
             lk_rec_lost(rec, "redis_unavailable", true);
+        } else {
+            rec_at_risk(rec);
         }
     }
     lk_op_free(op);
@@ -253,6 +298,7 @@ renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
      * reason with them. */
     op->after_failover = lock_mod.after_failover;
     op->sent_ms = ld_now_ms();
+    rec->renew_sent_ms = op->sent_ms;
     op->inflight = true;
     lock_mod.renew_inflight++;
     lk_script(LD_SCRIPT_lock_renew, &rec->n, 2, 5, args, lens, renew_on_reply,
@@ -295,11 +341,18 @@ pass_visit(struct lk_rec *rec, uint64_t now)
     }
     if (rec->renewing) {
         /* The last renewal is still out; when the lease has passed
-         * meanwhile, Redis was unreachable for longer than it. */
+         * meanwhile, Redis was unreachable for longer than it. Out for
+         * half a period or more, it is late: the lease is at risk. One
+         * sent just before this pass (an early renewal) gets until the
+         * next. */
         if (now >= rec->lease_end_ms) {
             rec->refs++;
             lk_rec_lost(rec, "redis_unavailable", true);
             lk_rec_unref(rec);
+        } else if (now >= rec->renew_sent_ms &&
+                   now - rec->renew_sent_ms >=
+                       (uint64_t)pass_period_ms() / 2) {
+            rec_at_risk(rec);
         }
         return;
     }

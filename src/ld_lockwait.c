@@ -64,6 +64,30 @@ tv_ms(long long ms)
     return tv;
 }
 
+/* Each queue is FIFO, so its head is its oldest waiter; the oldest of
+ * all is among the heads. */
+static void
+refresh_oldest(void)
+{
+    struct ld_dict_iter it;
+    void *v;
+    uint64_t now = ld_now_ms(), oldest = now;
+
+    if (lockwait_mod.queues == NULL) {
+        ld_stats.lock_wait_oldest_ms = 0;
+        return;
+    }
+    ld_dict_iter_init(&it, lockwait_mod.queues);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct ld_lockwait *w = TAILQ_FIRST(
+            &((struct ld_lockwait_q *)v)->waiters);
+        if (w != NULL && w->since_ms < oldest) {
+            oldest = w->since_ms;
+        }
+    }
+    ld_stats.lock_wait_oldest_ms = (long long)(now - oldest);
+}
+
 int
 ld_lockwait_init(const struct ld_ctx *ctx)
 {
@@ -72,6 +96,7 @@ ld_lockwait_init(const struct ld_ctx *ctx)
     lockwait_mod.sub_fn = ld_pubsub_subscribe;
     lockwait_mod.unsub_fn = ld_pubsub_unsubscribe;
     lockwait_mod.lock_sub_fn = NULL;
+    ld_stats_add_refresh(refresh_oldest);
     return LD_OK;
 }
 
@@ -311,6 +336,7 @@ ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
     TAILQ_INSERT_TAIL(&q->waiters, w, link);
     w->trying = false;
     w->timed_out = false;
+    w->since_ms = ld_now_ms();
     ld_stats.lock_waiters++;
     if (wait_ms >= 0) {
         struct timeval tv = tv_ms(wait_ms);

@@ -31,6 +31,7 @@ struct ld_lockwait {
     struct event *deadline_ev;         /* NULL when waiting without limit */
     bool trying;                       /* an attempt is in flight */
     bool timed_out;                    /* the deadline passed */
+    uint64_t since_ms;                 /* when it joined its queue */
 };
 
 enum ld_lockwait_result {

@@ -1,5 +1,6 @@
 /* The Prometheus endpoint: GET /metrics on metrics.listen, served by
- * libevent's evhttp on the daemon's own loop. The figures are the ones of
+ * libevent's evhttp on the daemon's own loop, with the health checks
+ * GET /livez and GET /readyz beside it. The figures are the ones of
  * the `stats` op (ld_stats.c renders both), so the two views never
  * disagree. Nothing here changes state; a scrape only reads counters. */
 
@@ -34,6 +35,15 @@
 static struct evhttp *metrics_http;
 /* metrics.listen's host, the name the endpoint answers to. */
 static char metrics_host[256];
+static ld_metrics_ready_fn *ready_fn;
+
+#define LD_HTTP_UNAVAILABLE 503
+
+void
+ld_metrics_set_ready(ld_metrics_ready_fn *fn)
+{
+    ready_fn = fn;
+}
 
 static void
 free_text(const void *data, size_t len, void *arg)
@@ -145,6 +155,46 @@ metrics_cb(struct evhttp_request *req, void *arg)
 }
 
 static void
+send_text(struct evhttp_request *req, int code, const char *reason,
+          const char *body)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                      "text/plain; charset=utf-8");
+    evbuffer_add_printf(evhttp_request_get_output_buffer(req), "%s\n", body);
+    evhttp_send_reply(req, code, reason, NULL);
+}
+
+/* Served by the loop itself, so an answer at all means it turns. */
+static void
+livez_cb(struct evhttp_request *req, void *arg)
+{
+    LD_UNUSED(arg);
+    if (!host_allowed(evhttp_find_header(evhttp_request_get_input_headers(req),
+                                         "Host"))) {
+        evhttp_send_error(req, LD_HTTP_FORBIDDEN, "Forbidden");
+        return;
+    }
+    send_text(req, HTTP_OK, "OK", "ok");
+}
+
+static void
+readyz_cb(struct evhttp_request *req, void *arg)
+{
+    LD_UNUSED(arg);
+    if (!host_allowed(evhttp_find_header(evhttp_request_get_input_headers(req),
+                                         "Host"))) {
+        evhttp_send_error(req, LD_HTTP_FORBIDDEN, "Forbidden");
+        return;
+    }
+    const char *why = ready_fn != NULL ? ready_fn() : NULL;
+    if (why != NULL) {
+        send_text(req, LD_HTTP_UNAVAILABLE, "Service Unavailable", why);
+        return;
+    }
+    send_text(req, HTTP_OK, "OK", "ready");
+}
+
+static void
 not_found_cb(struct evhttp_request *req, void *arg)
 {
     LD_UNUSED(arg);
@@ -202,6 +252,8 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
     evhttp_set_max_headers_size(metrics_http, LD_METRICS_MAX_HEADERS_BYTES);
     evhttp_set_max_body_size(metrics_http, LD_METRICS_MAX_BODY_BYTES);
     evhttp_set_cb(metrics_http, "/metrics", metrics_cb, NULL);
+    evhttp_set_cb(metrics_http, "/livez", livez_cb, NULL);
+    evhttp_set_cb(metrics_http, "/readyz", readyz_cb, NULL);
     evhttp_set_gencb(metrics_http, not_found_cb, NULL);
 
     bs = evhttp_bind_socket_with_handle(metrics_http, host, (ev_uint16_t)port);

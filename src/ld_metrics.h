@@ -11,4 +11,9 @@ int ld_metrics_start(struct event_base *base, const char *listen,
                      int *bound_port);
 void ld_metrics_stop(void);
 
+/* What GET /readyz asks: NULL when ready, else the one-word reason it
+ * answers 503 with. Without it /readyz answers as /livez does. */
+typedef const char *ld_metrics_ready_fn(void);
+void ld_metrics_set_ready(ld_metrics_ready_fn *fn);
+
 #endif

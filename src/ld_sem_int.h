@@ -63,6 +63,7 @@ struct sem_grant {
     bool watchdog;
     bool renewing;       /* a renewal or check is in flight */
     bool renew_failover; /* it was sent after the master changed */
+    bool at_risk;        /* sem_at_risk sent, no renewal confirmed since */
     uint64_t renew_sent_ms;
     struct sem_key *sk;       /* its semaphore */
     struct sem_key *hold_key; /* a grant there waits for this check */

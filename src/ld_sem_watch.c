@@ -6,7 +6,9 @@
  * early); and the sem_lost event, sent as lock_lost is for locks: when a
  * renewal or check finds the grant gone before its lease, or at the
  * latest when the lease last confirmed ends (less a margin) without a
- * renewal having confirmed a newer one. */
+ * renewal having confirmed a newer one; before it, sem_at_risk when a
+ * renewal fails or is late, and sem_safe when a later one confirms the
+ * lease. */
 
 #include "ld_sem_int.h"
 
@@ -46,6 +48,44 @@ sem_grant_lost(struct sem_grant *g, const char *reason, bool release)
                                    reason));
     }
     sem_grant_drop(g, release);
+}
+
+/* As lock_at_risk for locks (ld_lock_watch.c): a renewal of watchdog
+ * grant G failed, or is late (pass_step), while its lease may still
+ * hold; once until a renewal confirms it again, never once the lease
+ * (less the margin) has passed. */
+static void
+grant_at_risk(struct sem_grant *g)
+{
+    uint64_t now = ld_now_ms();
+    uint64_t end = g->lease_end_ms;
+    uint64_t m = lost_margin_ms();
+    if (!g->watchdog || g->at_risk || g->ss == NULL || end <= now + m) {
+        return;
+    }
+    g->at_risk = true;
+    log_info("semaphore grant at risk key=\"%s\" lease_left_ms=%llu", g->key,
+             (unsigned long long)(end - m - now));
+    ld_session_event(g->ss->sess,
+                     json_pack("{s:s,s:s,s:s,s:I}", "event", "sem_at_risk",
+                               "key", g->key, "token", g->token,
+                               "lease_left_ms", (json_int_t)(end - m - now)));
+}
+
+/* A renewal confirmed G's lease again after sem_at_risk. */
+static void
+grant_safe(struct sem_grant *g)
+{
+    g->at_risk = false;
+    if (g->ss == NULL) {
+        return;
+    }
+    log_info("semaphore grant safe again key=\"%s\"", g->key);
+    ld_session_event(
+        g->ss->sess,
+        json_pack("{s:s,s:s,s:s,s:I}", "event", "sem_safe", "key", g->key,
+                  "token", g->token, "lease_ms",
+                  (json_int_t)sem_mod.ctx->cfg->lock.watchdog_ms));
 }
 
 static void
@@ -118,6 +158,7 @@ renew_result(struct sem_grant *g, const redisReply *r)
         r->element[0]->type != REDIS_REPLY_INTEGER) {
         /* No answer: the next pass tries again while the lease may
          * last. */
+        grant_at_risk(g);
         return;
     }
     long long code = r->element[0]->integer;
@@ -126,6 +167,9 @@ renew_result(struct sem_grant *g, const redisReply *r)
             g->lease_end_ms = g->renew_sent_ms +
                               (uint64_t)sem_mod.ctx->cfg->lock.watchdog_ms;
             sem_grant_arm(g);
+            if (g->at_risk) {
+                grant_safe(g);
+            }
         }
         return;
     }
@@ -242,6 +286,16 @@ sem_hold_grant(struct sem_op *op)
     return true;
 }
 
+/* A renewal still out half a pass period after it was sent is late (one
+ * that a grant's check sent just before the pass gets until the next). */
+static bool
+renew_late(const struct sem_grant *g)
+{
+    uint64_t now = ld_now_ms();
+    uint64_t half = (uint64_t)sem_mod.ctx->cfg->lock.watchdog_ms / 6;
+    return now >= g->renew_sent_ms && now - g->renew_sent_ms >= half;
+}
+
 /* Visits at most PASS_STEP grants per turn, with at most
  * SEM_RENEW_INFLIGHT_MAX commands out; replies bring the next step. */
 #define PASS_STEP 500
@@ -266,6 +320,8 @@ pass_step(void *arg)
         visited++;
         if (!g->renewing) {
             renew_send(g);
+        } else if (renew_late(g)) {
+            grant_at_risk(g);
         }
     }
     if (sem_mod.pass_left == 0) {

@@ -1,11 +1,15 @@
 /*
  * Start-up, the loop, reload and the graceful stop.
  *
- * Stop is a small state machine with a bound: on the first TERM/INT we
- * stop accepting, tell every session {"event":"shutdown"} and close it
- * (which releases its locks through the close hooks), flush the journal,
+ * Stop is a small state machine with a bound. With shutdown.drain_ms,
+ * a first TERM only drains: readiness fails, new connections are refused
+ * and the sessions already open keep full service until they close, the
+ * drain time passes or another signal comes. Then (or on a first INT, or
+ * without drain_ms) we stop accepting, tell every session
+ * {"event":"shutdown"} and close it (which releases its locks through the
+ * close hooks), hand the deletes still due to Redis, flush the journal,
  * then keep the loop turning until Redis has answered what we sent or
- * the drain bound passes. A second signal exits at once.
+ * the drain bound passes. A signal during that exits at once.
  */
 #include "ld_server.h"
 
@@ -49,6 +53,8 @@
 #include <yaml.h>
 
 #define DRAIN_CHECK_MS 10
+/* How often a SIGTERM drain looks whether the last session has gone. */
+#define DRAIN_SESSIONS_CHECK_MS 50
 #define DRAIN_MAX_MS 3000
 
 /* The process state, ld_server.c's alone: modules get CTX at init and
@@ -64,7 +70,8 @@ static struct {
     struct event *sig_hup;
     struct event *drain_ev;
     uint64_t drain_deadline_ms;
-    int signals_seen;
+    struct event *sessions_ev; /* the SIGTERM drain's check */
+    uint64_t sessions_deadline_ms;
 } server_mod;
 
 /* The directory the daemon was started in: relative paths of the
@@ -139,6 +146,7 @@ begin_shutdown(const char *why)
     ld_session_shutdown_all();
     ld_lock_shutdown();
     ld_sem_shutdown();
+    ld_cache_hand_over();
     ld_cache_shutdown();
     server_mod.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
     struct timeval tv = {0, 0};
@@ -146,16 +154,70 @@ begin_shutdown(const char *why)
 }
 
 static void
+end_drain(const char *why)
+{
+    ctx.draining = false;
+    evtimer_del(server_mod.sessions_ev);
+    begin_shutdown(why);
+}
+
+static void
+sessions_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    LD_UNUSED(arg);
+    if (ld_session_count() == 0) {
+        end_drain("drained");
+        return;
+    }
+    if (ld_now_ms() >= server_mod.sessions_deadline_ms) {
+        log_warn("drain time is over sessions=%lld drain_ms=%lld",
+                 ld_session_count(), ctx.cfg->shutdown.drain_ms);
+        end_drain("drain_ms");
+        return;
+    }
+    struct timeval tv = {0, DRAIN_SESSIONS_CHECK_MS * 1000};
+    evtimer_add(server_mod.sessions_ev, &tv);
+}
+
+/* Listeners and metrics stay up: a new connection gets its error line,
+ * and /readyz says why it fails. */
+static void
+begin_drain(void)
+{
+    long long ms = ctx.cfg->shutdown.drain_ms;
+    log_info("draining reason=SIGTERM sessions=%lld drain_ms=%lld",
+             ld_session_count(), ms);
+    ctx.draining = true;
+    ld_systemd_notify("STOPPING=1");
+    server_mod.sessions_deadline_ms = ld_now_ms() + (uint64_t)ms;
+    struct timeval tv = {0, 0};
+    evtimer_add(server_mod.sessions_ev, &tv);
+}
+
+static void
 stop_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     LD_UNUSED(what);
     LD_UNUSED(arg);
-    if (server_mod.signals_seen++ > 0) {
+    const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (ctx.draining) {
+        log_info("drain ended by a second signal signal=%s sessions=%lld",
+                 name, ld_session_count());
+        end_drain(name);
+        return;
+    }
+    if (ctx.shutting_down) {
         log_warn("second stop signal, exiting now signal=%d", (int)sig);
         ld_cache_shutdown();
         _exit(0);
     }
-    begin_shutdown(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (sig == SIGTERM && ctx.cfg->shutdown.drain_ms > 0) {
+        begin_drain();
+        return;
+    }
+    begin_shutdown(name);
 }
 
 static void
@@ -329,6 +391,7 @@ start(struct ld_config *cfg)
     check_fd_limit(cfg);
     if (cfg->metrics.listen[0] != '\0') {
         int port = 0;
+        ld_metrics_set_ready(ld_dispatch_not_ready);
         if (ld_metrics_start(ctx.base, cfg->metrics.listen, &port) != LD_OK) {
             return LD_ERR;
         }
@@ -367,6 +430,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     server_mod.sig_int = evsignal_new(ctx.base, SIGINT, stop_signal_cb, NULL);
     server_mod.sig_hup = evsignal_new(ctx.base, SIGHUP, hup_cb, NULL);
     server_mod.drain_ev = evtimer_new(ctx.base, drain_cb, NULL);
+    server_mod.sessions_ev = evtimer_new(ctx.base, sessions_cb, NULL);
     event_add(server_mod.sig_term, NULL);
     event_add(server_mod.sig_int, NULL);
     event_add(server_mod.sig_hup, NULL);
@@ -401,6 +465,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     event_free(server_mod.sig_int);
     event_free(server_mod.sig_hup);
     event_free(server_mod.drain_ev);
+    event_free(server_mod.sessions_ev);
     event_base_free(ctx.base);
     ctx.base = NULL;
     return status;

@@ -931,28 +931,37 @@ event_cb(struct bufferevent *bev, short what, void *arg)
     }
 }
 
+/* One line and goodbye: the socket is fresh, so this small write does
+ * not block in practice; if it would, the client just sees the close. */
+static void
+refuse(int fd)
+{
+    const struct ld_ctx *ctx = session_mod.ctx;
+    size_t len = 0;
+    int code = ctx->shutting_down || ctx->draining ? LD_E_SHUTTING_DOWN
+                                                   : LD_E_BUSY;
+    const char *msg = code == LD_E_BUSY
+                          ? "too many clients (limits.max_clients)"
+                      : ctx->draining
+                          ? "the daemon is draining before it stops: "
+                            "connect to another instance"
+                          : "the daemon is stopping";
+    char *line = session_mod.handlers->error_line(code, msg, &len);
+    ssize_t w = write(fd, line, len);
+    LD_UNUSED(w);
+    free(line);
+    ld_stats_count_error(code);
+    ld_stats.connections_rejected++;
+    close(fd);
+}
+
 struct ld_session *
 ld_session_new(int fd, bool auth_required, const char *listener)
 {
     const struct ld_ctx *ctx = session_mod.ctx;
     if (session_mod.count >= ctx->cfg->limits.max_clients ||
-        ctx->shutting_down) {
-        /* One line and goodbye: the socket is fresh, so this small write
-         * does not block in practice; if it would, the client just sees
-         * the close. */
-        size_t len = 0;
-        int code = ctx->shutting_down ? LD_E_SHUTTING_DOWN : LD_E_BUSY;
-        char *line = session_mod.handlers->error_line(
-            code,
-            code == LD_E_BUSY ? "too many clients (limits.max_clients)"
-                              : "the daemon is stopping",
-            &len);
-        ssize_t w = write(fd, line, len);
-        LD_UNUSED(w);
-        free(line);
-        ld_stats_count_error(code);
-        ld_stats.connections_rejected++;
-        close(fd);
+        ctx->shutting_down || ctx->draining) {
+        refuse(fd);
         return NULL;
     }
 

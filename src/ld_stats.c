@@ -170,6 +170,8 @@ uptime_s(void)
     return (long long)((now - stats_mod.ctx->start_ms) / 1000);
 }
 
+static void run_refresh(void);
+
 json_t *
 ld_stats_json(void)
 {
@@ -177,6 +179,7 @@ ld_stats_json(void)
     size_t i;
     int c;
 
+    run_refresh();
     o = json_object();
     ops = json_object();
     errs = json_object();
@@ -327,6 +330,21 @@ text_time_us(struct text *t, const char *name, const char *suffix,
     text_printf(t, "leased_%s %s\n", family, value);
 }
 
+/* An age NAME kept in milliseconds ("lock_wait_oldest_ms") as the gauge
+ * leased_<NAME without _ms>_seconds. */
+static void
+text_time_ms(struct text *t, const char *name, const char *help, long long ms)
+{
+    char stem[128];
+    size_t n = strlen(name);
+
+    if (n > 3 && strcmp(name + n - 3, "_ms") == 0) {
+        n -= 3;
+    }
+    snprintf(stem, sizeof(stem), "%.*s_us", (int)n, name);
+    text_time_us(t, stem, "_seconds", "gauge", help, ms > 0 ? ms * 1000 : 0);
+}
+
 static void
 text_histogram(struct text *t, const struct histo *hs, const char *name,
                const char *help)
@@ -348,6 +366,29 @@ text_histogram(struct text *t, const struct histo *hs, const char *name,
     text_printf(t, "leased_%s_sum %s\n", name, sum);
     text_printf(t, "leased_%s_count %llu\n", name,
                 (unsigned long long)hs->count);
+}
+
+static ld_stats_refresh_fn *refresh_fns[4];
+static size_t n_refresh_fns;
+
+void
+ld_stats_add_refresh(ld_stats_refresh_fn *fn)
+{
+    for (size_t i = 0; i < n_refresh_fns; i++) {
+        if (refresh_fns[i] == fn) {
+            return;
+        }
+    }
+    LD_ASSERT(n_refresh_fns < LD_ARRAY_LEN(refresh_fns));
+    refresh_fns[n_refresh_fns++] = fn;
+}
+
+static void
+run_refresh(void)
+{
+    for (size_t i = 0; i < n_refresh_fns; i++) {
+        refresh_fns[i]();
+    }
 }
 
 static ld_stats_prom_fn *prom_fns[4];
@@ -375,6 +416,7 @@ ld_stats_prometheus(size_t *len)
     if (len != NULL) {
         *len = 0;
     }
+    run_refresh();
     t.cap = 8192;
     t.buf = ld_xmalloc(t.cap);
     t.buf[0] = '\0';
@@ -405,6 +447,8 @@ ld_stats_prometheus(size_t *len)
     } else if (strcmp(#kind, "counter_us") == 0) {                            \
         text_time_us(&t, #name, "_seconds_total", "counter", help,            \
                      ld_stats.name);                                          \
+    } else if (strcmp(#kind, "age_ms") == 0) {                                \
+        text_time_ms(&t, #name, help, ld_stats.name);                         \
     } else {                                                                  \
         text_family(&t, #name, "gauge", help);                                \
         text_printf(&t, "leased_" #name " %lld\n", ld_stats.name);            \

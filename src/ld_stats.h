@@ -14,7 +14,9 @@
  * shows it as it is, Prometheus in its base unit, seconds, as
  * leased_STEM_smoothed_seconds where NAME is STEM_us (the histogram of the
  * same times owns leased_STEM_seconds); counter_us, a counter of
- * microseconds, in Prometheus leased_STEM_seconds_total.
+ * microseconds, in Prometheus leased_STEM_seconds_total; age_ms, a gauge
+ * of milliseconds computed when read (see ld_stats_add_refresh), in
+ * Prometheus leased_STEM_seconds where NAME is STEM_ms.
  *
  * The near_* figures stay 0 while cache.near.enabled is false. */
 #define LD_STATS_FIELDS(X)                                                    \
@@ -51,6 +53,8 @@
     X(gauge, pubsub_channels, "Channels the subscriber connection holds")     \
     X(gauge, locks_held, "Locks this daemon holds for its clients")           \
     X(gauge, lock_waiters, "Lock requests waiting")                           \
+    X(age_ms, lock_wait_oldest_ms,                                            \
+      "How long the longest waiting lock request has waited")                 \
     X(counter, lock_acquired, "Locks acquired (new and reentrant)")           \
     X(counter, lock_contended, "Lock attempts that found the lock taken")     \
     X(counter, lock_released, "Locks released")                               \
@@ -78,6 +82,8 @@
     X(gauge, cache_invalidations_pending, "Deletes waiting in the journal")   \
     X(counter, cache_invalidations_retried,                                   \
       "Deletes retried after a failure")                                      \
+    X(age_ms, cache_invalidations_overdue_ms,                                 \
+      "How far past its due time the oldest pending delete is")               \
     X(gauge, journal_bytes, "Size of the invalidation journal")               \
     X(gauge, near_entries, "Near-cache entries")                              \
     X(gauge, near_bytes, "Near-cache bytes, bookkeeping included")            \
@@ -125,6 +131,13 @@ enum ld_histo {
     LD_HISTO__COUNT
 };
 void ld_stats_observe(enum ld_histo h, uint64_t us);
+
+/* Figures that are cheaper to compute when read than to keep current
+ * (the age of the oldest waiter): FN sets its fields of ld_stats and runs
+ * before either view is rendered. Registering the same FN again is a
+ * no-op. */
+typedef void ld_stats_refresh_fn(void);
+void ld_stats_add_refresh(ld_stats_refresh_fn *fn);
 
 struct ld_ctx;
 /* Zeroes every figure; uptime and instance are read from CTX. */

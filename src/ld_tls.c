@@ -3,10 +3,13 @@
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_log.h"
+#include "ld_stats.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -91,6 +94,34 @@ ld_tls_ctx_free(SSL_CTX *sctx)
     SSL_CTX_free(sctx);
 }
 
+/* The client certificate's notAfter, as seconds since the epoch, for an
+ * alert well before mutual TLS starts failing. */
+static char *
+cert_prometheus(size_t *len)
+{
+    X509 *x = tls_mod.sctx != NULL ? SSL_CTX_get0_certificate(tls_mod.sctx)
+                                   : NULL;
+    int days, secs;
+    char *out;
+
+    if (x == NULL ||
+        ASN1_TIME_diff(&days, &secs, NULL, X509_get0_notAfter(x)) != 1) {
+        return NULL;
+    }
+    long long not_after = (long long)time(NULL) + (long long)days * 86400 +
+                          secs;
+    if (asprintf(&out,
+                 "# HELP leased_redis_tls_cert_not_after_seconds When "
+                 "redis.tls.cert_file expires, in seconds since the epoch\n"
+                 "# TYPE leased_redis_tls_cert_not_after_seconds gauge\n"
+                 "leased_redis_tls_cert_not_after_seconds %lld\n",
+                 not_after) < 0) {
+        return NULL;
+    }
+    *len = strlen(out);
+    return out;
+}
+
 int
 ld_tls_init(const struct ld_ctx *ctx)
 {
@@ -106,6 +137,7 @@ ld_tls_init(const struct ld_ctx *ctx)
         log_error("tls: %s", err);
         return LD_ERR;
     }
+    ld_stats_add_prometheus(cert_prometheus);
     log_info("tls on ca_file=%s cert_file=%s server_name=%s",
              cfg->redis.tls.ca_file[0] != '\0' ? cfg->redis.tls.ca_file
                                                : "(system store)",

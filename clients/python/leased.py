@@ -210,7 +210,11 @@ class Held(dict):
     .token, .fence, and .lost, an Event (threading.Event, or asyncio.Event
     for AsyncLeased) set when the daemon reports the lock lost; .lost_event
     is that lock_lost event. When the connection ends, its session's
-    locks are gone: .lost is set too, with reason "connection_closed"."""
+    locks are gone: .lost is set too, with reason "connection_closed".
+    .at_risk, an Event of the same kind, is set while a renewal has failed
+    or is late (lock_at_risk, sem_at_risk: finish or pause the writes) and
+    cleared when a later one confirms the lease (lock_safe, sem_safe); for
+    a group, while any of its keys is at risk."""
 
     def __init__(self, reply, key, owner, lost):
         dict.__init__(self, reply)
@@ -218,7 +222,19 @@ class Held(dict):
         self.owner = owner
         self.lost = lost
         self.lost_event = None
+        self.at_risk = type(lost)()
+        self._risky = set()
         self._conn = None
+
+    def _risk(self, event):
+        """A lock_at_risk or lock_safe (sem_ alike) event for this hold."""
+        if event.get("event").endswith("_at_risk"):
+            self._risky.add(event.get("key"))
+            self.at_risk.set()
+        else:
+            self._risky.discard(event.get("key"))
+            if not self._risky:
+                self.at_risk.clear()
 
     @property
     def token(self):
@@ -232,6 +248,9 @@ class Held(dict):
     def fences(self):
         """A group's fence per key ({key: fence}); None for one key."""
         return self.get("fences")
+
+
+_RISK_EVENTS = ("lock_at_risk", "lock_safe", "sem_at_risk", "sem_safe")
 
 
 def _norm_key(key):
@@ -320,12 +339,18 @@ class _Holds:
             _lose(held)
 
     def lost(self, event):
-        with self._mu:
-            lst = list(self._by.get((event.get("key"), event.get("token")),
-                                    ()))
-        for held in lst:
+        for held in self._of(event):
             held.lost_event = event
             held.lost.set()
+
+    def risk(self, event):
+        for held in self._of(event):
+            held._risk(event)
+
+    def _of(self, event):
+        with self._mu:
+            return list(self._by.get((event.get("key"), event.get("token")),
+                                     ()))
 
 
 def _lose(held):
@@ -623,6 +648,8 @@ class Leased:
         self.events.append(msg)
         if msg.get("event") in ("lock_lost", "sem_lost"):
             self._holds.lost(msg)
+        elif msg.get("event") in _RISK_EVENTS:
+            self._holds.risk(msg)
         if self.on_event is not None:
             self.on_event(msg)
 
@@ -1409,11 +1436,15 @@ class AsyncLeased:
 
     def _event(self, msg):
         self.events.append(msg)
+        holds = list(self._holds.get((msg.get("key"), msg.get("token")),
+                                     ()))
         if msg.get("event") in ("lock_lost", "sem_lost"):
-            for held in list(self._holds.get((msg.get("key"),
-                                              msg.get("token")), ())):
+            for held in holds:
                 held.lost_event = msg
                 held.lost.set()
+        elif msg.get("event") in _RISK_EVENTS:
+            for held in holds:
+                held._risk(msg)
         if self.on_event is not None:
             self.on_event(msg)
 

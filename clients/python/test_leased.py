@@ -1232,7 +1232,7 @@ class OwnDaemon:
     """A leased of the test's own ($LEASED_BIN, on LEASED_TEST_REDIS) in
     DIR, for the tests that stop and restart it."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, redis=None, extra=""):
         self.sock = os.path.join(tmp, "own.sock")
         self.conf = os.path.join(tmp, "own.yml")
         self.log = os.path.join(tmp, "own.log")
@@ -1244,9 +1244,9 @@ class OwnDaemon:
         with open(self.conf, "w") as f:
             f.write('listen:\n  unix: "%s"\n  tcp: "%s"\n'
                     'metrics:\n  listen: ""\nredis:\n  address: "%s"\n'
-                    'journal:\n  path: "%s"\nlog:\n  level: info\n'
-                    % (self.sock, self.tcp, REDIS,
-                       os.path.join(tmp, "journal")))
+                    'journal:\n  path: "%s"\nlog:\n  level: info\n%s'
+                    % (self.sock, self.tcp, redis or REDIS,
+                       os.path.join(tmp, "journal"), extra))
 
     def start(self):
         with open(self.log, "ab") as log:
@@ -1391,6 +1391,141 @@ class Restart(unittest.TestCase):
             self.assertEqual(cm.exception.code, "connect")
             self.assertIn(self.own.sock, str(cm.exception))
             self.assertIsInstance(cm.exception.__cause__, OSError)
+
+
+class StallProxy:
+    """A TCP proxy to LEASED_TEST_REDIS whose replies can be held back
+    (stall) and let go again, in order: a Redis that stops answering."""
+
+    def __init__(self):
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(8)
+        self.address = "127.0.0.1:%d" % self.srv.getsockname()[1]
+        self.socks = [self.srv]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stall(self, on):
+        if on:
+            self.flowing.clear()
+        else:
+            self.flowing.set()
+
+    def close(self):
+        self.flowing.set()
+        for s in self.socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def _accept(self):
+        host, _, port = REDIS.rpartition(":")
+        while True:
+            try:
+                down, _ = self.srv.accept()
+                up = socket.create_connection((host, int(port)), 10)
+            except OSError:
+                return
+            self.socks += [down, up]
+            for a, b, held in ((down, up, False), (up, down, True)):
+                threading.Thread(target=self._pump, args=(a, b, held),
+                                 daemon=True).start()
+
+    def _pump(self, src, dst, held):
+        while True:
+            try:
+                data = src.recv(65536)
+                if not data:
+                    return
+                if held:
+                    self.flowing.wait()
+                dst.sendall(data)
+            except OSError:
+                return
+
+
+def wait_for(cond, timeout):
+    """Whether COND() became true within TIMEOUT seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@own_daemon
+class AtRisk(unittest.TestCase):
+    """Redis stops answering while a lock or grant is held: held.at_risk
+    is set before held.lost, and cleared when Redis answers in time."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.proxy = StallProxy()
+        # The command timeout is longer than the stall: the renewal is
+        # late, not failed.
+        self.own = OwnDaemon(self.dir.name, self.proxy.address,
+                             "lock:\n  watchdog_ms: 3000\n")
+        with open(self.own.conf) as f:
+            conf = f.read()
+        with open(self.own.conf, "w") as f:
+            f.write(conf.replace('redis:\n', 'redis:\n  timeout_ms: 60000\n'
+                                 '  connections: 1\n'))
+        self.own.start()
+
+    def tearDown(self):
+        self.own.stop()
+        self.proxy.close()
+        self.dir.cleanup()
+
+    def stall_until_at_risk(self, held):
+        self.proxy.stall(True)
+        self.assertTrue(held.at_risk.wait(WAIT_S), "held.at_risk not set")
+        self.assertFalse(held.lost.is_set())
+
+    def test_lock_at_risk_then_safe(self):
+        with Leased(self.own.sock, timeout=10) as ld:
+            with ld.lock(PREFIX + "risk") as held:
+                self.assertFalse(held.at_risk.is_set())
+                self.stall_until_at_risk(held)
+                self.proxy.stall(False)
+                self.assertTrue(wait_for(lambda: not held.at_risk.is_set(),
+                                         WAIT_S), "held.at_risk not cleared")
+                self.assertFalse(held.lost.is_set())
+                self.assertTrue(ld.call("lock.info", key=held.key)["mine"])
+
+    def test_sem_at_risk_then_lost(self):
+        with Leased(self.own.sock, timeout=10) as ld:
+            with ld.semaphore(PREFIX + "risk", 1) as held:
+                self.stall_until_at_risk(held)
+                self.assertTrue(held.lost.wait(WAIT_S))
+                self.assertEqual(held.lost_event["event"], "sem_lost")
+                self.proxy.stall(False)
+
+    def test_async_at_risk_is_an_asyncio_event(self):
+        async def main():
+            ld = await AsyncLeased.connect(self.own.sock, timeout=10)
+            try:
+                async with ld.lock(PREFIX + "risk:async") as held:
+                    self.assertIsInstance(held.at_risk, asyncio.Event)
+                    self.proxy.stall(True)
+                    await asyncio.wait_for(held.at_risk.wait(), WAIT_S)
+                    self.assertFalse(held.lost.is_set())
+                    self.proxy.stall(False)
+                    deadline = time.monotonic() + WAIT_S
+                    while held.at_risk.is_set():
+                        self.assertLess(time.monotonic(), deadline,
+                                        "held.at_risk not cleared")
+                        await asyncio.sleep(0.01)
+                    self.assertFalse(held.lost.is_set())
+            finally:
+                await ld.close()
+
+        asyncio.run(asyncio.wait_for(main(), 60))
 
 
 class Errors(unittest.TestCase):

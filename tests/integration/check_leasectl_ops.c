@@ -385,13 +385,175 @@ START_TEST(test_read_lock_and_sem)
 }
 END_TEST
 
+/* A lock held, one request waiting behind it, and a key read often: what
+ * top must show. HOLDER and WAITER stay open for the caller to close. */
+static void
+top_scene(struct h_conn **holder, struct h_conn **waiter)
+{
+    struct h_conn *c = h_connect_ok(&D);
+
+    *holder = h_connect_ok(&D);
+    *waiter = h_connect_ok(&D);
+    json_t *r = h_callf(*holder, T_MS, "{s:s,s:s}", "op", "lock", "key",
+                        "top:held");
+    ck_assert(h_ok(r));
+    json_decref(r);
+    ck_assert_int_ge(h_send(*waiter, "{s:s,s:s,s:i}", "op", "lock", "key",
+                            "top:held", "wait_ms", 60000),
+                     0);
+    h_assert_stat(c, "lock_waiters", 1, T_MS);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.set", "key", "top:hot",
+                "value", "v");
+    ck_assert(h_ok(r));
+    json_decref(r);
+    for (int i = 0; i < 20; i++) {
+        r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "top:hot");
+        ck_assert(h_ok(r));
+        json_decref(r);
+    }
+    h_close(c);
+}
+
+START_TEST(test_top_once_and_json)
+{
+    struct h_conn *holder, *waiter;
+    struct run r;
+    json_t *j;
+
+    h_start(NULL);
+    setenv("LEASED_SOCKET", D.sock, 1);
+    top_scene(&holder, &waiter);
+
+    CTL(&r, "top", "-1");
+    CK_RC(&r, 0);
+    ck_assert_msg(strstr(r.out, "waiters 1") && strstr(r.out, "top:held") &&
+                      strstr(r.out, "top:hot") && strstr(r.out, "redis    up"),
+                  "top -1 printed:\n%s", r.out);
+    ck_assert_ptr_null(strstr(r.out, "q quits"));
+
+    CTL(&r, "top", "-1", "--json");
+    CK_RC(&r, 0);
+    ck_assert_msg(strchr(r.out, '\n') == r.out + strlen(r.out) - 1,
+                  "not one line: %s", r.out);
+    j = first_json(r.out);
+    ck_assert_int_ge(jint(j, "interval_ms"), 900);
+    ck_assert_int_eq(jint(j, "lock_waiters"), 1);
+    ck_assert_int_ge(jint(j, "lock_wait_oldest_ms"), 900);
+    ck_assert_int_eq(jint(j, "locks_held"), 1);
+    ck_assert_str_eq(jstr(json_array_get(json_object_get(j, "locks"), 0),
+                          "key"),
+                     "top:held");
+    ck_assert_str_eq(jstr(json_array_get(json_object_get(j, "hot"), 0), "key"),
+                     "top:hot");
+    /* top's own stats request is one of the ops it counts. */
+    ck_assert(json_number_value(
+                  json_object_get(json_object_get(j, "ops_per_s"), "stats")) >
+              0);
+    ck_assert_int_ge(jint(json_object_get(j, "redis"), "connected"), 1);
+    ck_assert(json_is_object(json_object_get(j, "journal")));
+    json_decref(j);
+    h_close(holder);
+    h_close(waiter);
+    unsetenv("LEASED_SOCKET");
+}
+END_TEST
+
+/* tmux on its own socket in the daemon's dir, so no other server is
+ * touched; its output in OUT. */
+static int
+tmux(const char *sock, char *out, size_t outlen, const char *const *args)
+{
+    const char *argv[16] = {"tmux", "-S", sock, "-f", "/dev/null"};
+    int n = 5;
+
+    for (; *args && n < 15; args++) {
+        argv[n++] = *args;
+    }
+    argv[n] = NULL;
+    return h_run(argv, out, outlen, NULL, 0, T_MS);
+}
+
+struct pane {
+    const char *sock;
+    char text[8192];
+    const char *want;
+    const char *differ; /* NULL, or a capture the pane must no longer be */
+};
+
+static bool
+pane_shows(void *arg)
+{
+    struct pane *p = arg;
+    const char *const cap[] = {"capture-pane", "-p", "-t", "top", NULL};
+
+    if (tmux(p->sock, p->text, sizeof p->text, cap) != 0) {
+        return false;
+    }
+    return strstr(p->text, p->want) != NULL &&
+           (p->differ == NULL || strcmp(p->text, p->differ) != 0);
+}
+
+static bool
+session_gone(void *arg)
+{
+    const char *const has[] = {"has-session", "-t", "top", NULL};
+    char out[256];
+
+    return tmux(arg, out, sizeof out, has) != 0;
+}
+
+START_TEST(test_top_interactive_tmux)
+{
+    struct h_conn *holder, *waiter;
+    char sock[512], cmd[1024], first[8192], out[256];
+    struct pane p;
+
+    h_start(NULL);
+    top_scene(&holder, &waiter);
+    snprintf(sock, sizeof sock, "%s/tmux.sock", D.dir);
+    snprintf(cmd, sizeof cmd, "exec '%s' -s '%s' top", ctl_bin(), D.sock);
+    const char *const start[] = {"new-session", "-d", "-s", "top", "-x",
+                                 "100",         "-y", "40", cmd,   NULL};
+    ck_assert_msg(tmux(sock, out, sizeof out, start) == 0,
+                  "tmux could not start (Debian package tmux): %s", out);
+    /* Killed at exit should the test stop before kill-server. */
+    const char *const pid[] = {"display-message", "-p", "-t", "top",
+                               "#{pid}",          NULL};
+    ck_assert_int_eq(tmux(sock, out, sizeof out, pid), 0);
+    h_track_pid((pid_t)atol(out));
+
+    memset(&p, 0, sizeof p);
+    p.sock = sock;
+    p.want = "(q quits)";
+    ck_assert_msg(h_wait_until(pane_shows, &p, T_MS), "no frame:\n%s", p.text);
+    ck_assert_ptr_nonnull(strstr(p.text, "top:held"));
+    ck_assert_ptr_nonnull(strstr(p.text, "waiters 1"));
+    /* A second frame replaces the first: the wait grows. */
+    snprintf(first, sizeof first, "%s", p.text);
+    p.differ = first;
+    ck_assert_msg(h_wait_until(pane_shows, &p, T_MS), "never refreshed:\n%s",
+                  p.text);
+    ck_assert_ptr_null(strstr(p.text, "oldest wait 0 ms"));
+
+    const char *const quit[] = {"send-keys", "-t", "top", "q", NULL};
+    ck_assert_int_eq(tmux(sock, out, sizeof out, quit), 0);
+    ck_assert_msg(h_wait_until(session_gone, sock, T_MS),
+                  "top did not quit on q");
+    const char *const stop[] = {"kill-server", NULL};
+    tmux(sock, out, sizeof out, stop);
+    h_close(holder);
+    h_close(waiter);
+}
+END_TEST
+
 int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(locks_and_force, 90),   H_CASE(tcp_admin_token, 60),
-        H_CASE(json_everywhere, 90),   H_CASE(lock_command_forced, 90),
-        H_CASE(read_lock_and_sem, 90),
+        H_CASE(locks_and_force, 90),      H_CASE(tcp_admin_token, 60),
+        H_CASE(json_everywhere, 90),      H_CASE(lock_command_forced, 90),
+        H_CASE(read_lock_and_sem, 90),    H_CASE(top_once_and_json, 60),
+        H_CASE(top_interactive_tmux, 60),
     };
     return H_MAIN(fx, cases);
 }

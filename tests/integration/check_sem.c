@@ -410,6 +410,12 @@ START_TEST(test_lost_when_redis_down)
     t0 = h_now_ms();
     h_redis_kill(&R);
     r = h_event(a, 5000);
+    /* A renewal that failed while the lease ran said so first. */
+    if (r != NULL && strcmp(jstr(r, "event"), "sem_at_risk") == 0) {
+        ck_assert_str_eq(jstr(r, "token"), t);
+        json_decref(r);
+        r = h_event(a, 5000);
+    }
     ck_assert_msg(r != NULL, "no sem_lost event with Redis down");
     ck_assert_str_eq(jstr(r, "event"), "sem_lost");
     ck_assert_str_eq(jstr(r, "token"), t);

@@ -107,6 +107,51 @@ START_TEST(test_promtool_accepts_metrics)
 }
 END_TEST
 
+/* The ages an alert needs, which no counter gives: how long the oldest
+ * lock request has waited, and how late the oldest pending delete is. */
+START_TEST(test_oldest_wait_and_overdue_delete)
+{
+    char yaml[128];
+    int port = h_free_port();
+
+    snprintf(yaml, sizeof yaml, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    struct h_conn *holder = h_connect_ok(&D);
+    struct h_conn *waiter = h_connect_ok(&D);
+    struct h_conn *c = h_connect_ok(&D);
+
+    call_ok(h_callf(holder, T_MS, "{s:s,s:s}", "op", "lock", "key", "w"));
+    ck_assert_int_eq(h_stat(c, "lock_wait_oldest_ms"), 0);
+    ck_assert_int_ge(h_send(waiter, "{s:s,s:s,s:i}", "op", "lock", "key", "w",
+                            "wait_ms", 20000),
+                     0);
+    ck_assert(h_wait_stat(c, "lock_waiters", 1, T_MS));
+    ck_assert(h_wait_stat_min(c, "lock_wait_oldest_ms", 300, T_MS));
+    call_ok(h_callf(holder, T_MS, "{s:s,s:s}", "op", "unlock", "key", "w"));
+    json_t *granted = h_recv(waiter, T_MS);
+    ck_assert_msg(h_ok(granted), "the waiter was not granted the lock");
+    json_decref(granted);
+    h_assert_stat(c, "lock_wait_oldest_ms", 0, T_MS);
+
+    /* With Redis gone the delete stays in the journal past its due time. */
+    ck_assert_int_eq(h_stat(c, "cache_invalidations_overdue_ms"), 0);
+    h_redis_kill(&R);
+    call_ok(h_callf(c, T_MS, "{s:s,s:[s]}", "op", "cache.invalidate", "keys",
+                    "gone"));
+    ck_assert(h_wait_stat_min(c, "cache_invalidations_overdue_ms", 300, T_MS));
+    char *body = h_get_metrics(port);
+    ck_assert_ptr_nonnull(
+        strstr(body, "\nleased_lock_wait_oldest_seconds 0\n"));
+    ck_assert_ptr_nonnull(
+        strstr(body, "\nleased_cache_invalidations_overdue_seconds 0."));
+    free(body);
+    h_close(holder);
+    h_close(waiter);
+    h_close(c);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -118,6 +163,7 @@ main(void)
     }
     const struct h_case cases[] = {
         H_CASE(promtool_accepts_metrics, 120),
+        H_CASE(oldest_wait_and_overdue_delete, 60),
     };
 
     return H_MAIN(fx, cases);

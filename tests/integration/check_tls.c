@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define T_MS 5000
@@ -302,6 +303,29 @@ START_TEST(test_mutual_tls)
     start_tls_redis(true);
     start_daemon(tls_keys(keys, sizeof keys, "ca", "client"), true);
     assert_locks_work();
+}
+END_TEST
+
+/* The client certificate's expiry in /metrics, for an alert before it
+ * runs out: the test's certificates are valid for 2 days. */
+START_TEST(test_cert_expiry_metric)
+{
+    char keys[1024], yaml[1200];
+    int port = h_free_port();
+
+    start_tls_redis(true);
+    snprintf(yaml, sizeof yaml, "%smetrics:\n  listen: 127.0.0.1:%d\n",
+             tls_keys(keys, sizeof keys, "ca", "client"), port);
+    start_daemon(yaml, true);
+    char *body = h_get_metrics(port);
+    const char *name = "\nleased_redis_tls_cert_not_after_seconds ";
+    const char *at = strstr(body, name);
+    ck_assert_msg(at != NULL, "no certificate expiry in:\n%s", body);
+    long long not_after = atoll(at + strlen(name));
+    long long now = (long long)time(NULL);
+    ck_assert_int_gt(not_after, now + 86400);
+    ck_assert_int_le(not_after, now + 2 * 86400 + 60);
+    free(body);
 }
 END_TEST
 
@@ -647,6 +671,7 @@ main(void)
         H_CASE(name_mismatch_refused, 60),
         H_CASE(server_name_used, 60),
         H_CASE(mutual_tls, 60),
+        H_CASE(cert_expiry_metric, 60),
         H_CASE(mutual_tls_missing_cert, 60),
         H_CASE(mutual_tls_wrong_cert, 60),
         H_CASE(verify_false_warns, 60),

@@ -97,6 +97,7 @@ assert_same_settings(const struct ld_config *a, const struct ld_config *b)
     ck_assert_int_eq(a->limits.max_waiters, b->limits.max_waiters);
     ck_assert_int_eq(a->limits.max_pending, b->limits.max_pending);
     ck_assert_int_eq(a->limits.max_output_bytes, b->limits.max_output_bytes);
+    ck_assert_int_eq(a->shutdown.drain_ms, b->shutdown.drain_ms);
     ck_assert_str_eq(a->metrics.listen, b->metrics.listen);
     ck_assert_int_eq(a->log.level, b->log.level);
     ck_assert_int_eq(a->log.target, b->log.target);
@@ -141,6 +142,8 @@ static const char full_yaml[] = "listen:\n"
                                 "  max_waiters: 10\n"
                                 "  max_pending: 7\n"
                                 "  max_output_bytes: 1000000\n"
+                                "shutdown:\n"
+                                "  drain_ms: 15000\n"
                                 "metrics:\n"
                                 "  listen: \"\"\n"
                                 "log:\n"
@@ -194,6 +197,7 @@ START_TEST(defaults_match_product)
     ck_assert_int_eq(c.limits.max_waiters, 100000);
     ck_assert_int_eq(c.limits.max_pending, 1024);
     ck_assert_int_eq(c.limits.max_output_bytes, 33554432);
+    ck_assert_int_eq(c.shutdown.drain_ms, 0);
     ck_assert_str_eq(c.metrics.listen, "127.0.0.1:9379");
     ck_assert_int_eq(c.log.level, LD_LOG_INFO);
     ck_assert_int_eq(c.log.target, LD_LOG_TARGET_STDERR);
@@ -269,6 +273,7 @@ START_TEST(full_file_sets_every_key)
     ck_assert_int_eq(c.limits.max_waiters, 10);
     ck_assert_int_eq(c.limits.max_pending, 7);
     ck_assert_int_eq(c.limits.max_output_bytes, 1000000);
+    ck_assert_int_eq(c.shutdown.drain_ms, 15000);
     ck_assert_str_eq(c.metrics.listen, "");
     ck_assert_int_eq(c.log.level, LD_LOG_DEBUG);
     ck_assert_int_eq(c.log.target, LD_LOG_TARGET_SYSLOG);
@@ -429,6 +434,8 @@ START_TEST(error_out_of_range)
                  "t.yml:2:7: redis.db: must be 0..1000000");
     expect_error("lock:\n  watchdog_ms: 99999999999999999999999\n",
                  "t.yml:2:16: lock.watchdog_ms: must be 100..86400000");
+    expect_error("shutdown:\n  drain_ms: 3600001\n",
+                 "t.yml:2:13: shutdown.drain_ms: must be 0..3600000");
     expect_error("cache:\n  ttl_jitter: 0.6\n",
                  "t.yml:2:15: cache.ttl_jitter: must be 0..0.5");
     expect_error("limits:\n  max_request_bytes: 63\n",
@@ -815,7 +822,7 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 61);
+    ck_assert_uint_eq(s.count, 62);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
