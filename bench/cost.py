@@ -177,20 +177,24 @@ def renewal_leased(a, cg):
 
     def done():
         return st.call(op='stats')['stats'].get('lock_renewals_ok', 0)
-    # Start between two passes: the count just became a multiple of N.
-    c = done()
-    while True:
-        time.sleep(0.01)
-        d = done()
-        if d != c and d % n == 0:
-            break
-        c = d
+    # A window of whole passes: it opens and closes while the count
+    # stands still between two passes.
+    def still():
+        c = done()
+        while True:
+            time.sleep(0.2)
+            d = done()
+            if d == c:
+                return d
+            c = d
+    held = st.call(op='stats')['stats'].get('locks_held', n)
+    c0 = still()
     cg.zero()
-    c0 = done()
-    while done() < c0 + 3 * n:
-        time.sleep(0.01)
+    while done() < c0 + 3 * held:
+        time.sleep(0.05)
+    c1 = still()
     ir = cg.dump()
-    renewed = done() - c0
+    renewed = c1 - c0
     ld.s.close()
     return ir, renewed
 
@@ -215,7 +219,7 @@ def main():
     p.add_argument('--cg-out', required=True)
     p.add_argument('--srcdir', default='.')
     p.add_argument('--ops', type=int, default=3000)
-    p.add_argument('--renew-locks', type=int, default=300)
+    p.add_argument('--renew-locks', type=int, default=100)
     a = p.parse_args()
     cg = Callgrind(a.pid, a.cg_out)
     for name, fn in pairs(a).items():
