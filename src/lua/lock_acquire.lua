@@ -48,7 +48,7 @@ if kv then
         end
         local n = redis.call('hincrby', KEYS[1], ARGV[2], 1)
         if lease > 0 then
-            redis.call('pexpire', KEYS[1], lease)
+            redis.call('pexpire', KEYS[1], ARGV[1])
         end
         -- Every new acquisition increments the counter, so while this
         -- holder kept the lock the counter still carries its fence.
@@ -86,7 +86,8 @@ if type(r) == 'table' then
     return {-1}
 end
 redis.call('hset', KEYS[1], ARGV[2], 1)
-redis.call('pexpire', KEYS[1], lease)
+-- ARGV[1] as sent: a Lua number would be printed back with sprintf.
+redis.call('pexpire', KEYS[1], ARGV[1])
 -- INCR's answer is exact as a Lua number below 2^53; above, the
 -- counter's own text.
 if r < 9007199254740992 then

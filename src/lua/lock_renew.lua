@@ -32,10 +32,10 @@ if lease > 0 then
     -- GT never shortens a lease and saves a PTTL: only a lease longer
     -- than the renewal (after an extend) needs asking for.
     if ARGV[3] ~= '1' then
-        redis.call('pexpire', KEYS[1], lease)
+        redis.call('pexpire', KEYS[1], ARGV[2])
         return {1, lease, tonumber(v)}
     end
-    if redis.call('pexpire', KEYS[1], lease, 'GT') == 1 then
+    if redis.call('pexpire', KEYS[1], ARGV[2], 'GT') == 1 then
         return {1, lease, tonumber(v)}
     end
 end
