@@ -3,8 +3,8 @@
 # depend on machine noise), through leased and for what an app would send
 # without it: Redisson's RLock, RReadWriteLock and RSemaphore scripts and
 # its watchdog renewal by EVALSHA (bench/redisson/), plain GET and MGET.
-# One redis-server under callgrind, leased native (lock.watchdog_ms 3000:
-# a pass of renewals every second); the cases in bench/cost.py.
+# One redis-server under callgrind, leased native (lock.watchdog_ms 6000:
+# a pass of renewals every two seconds); the cases in bench/cost.py.
 # Writes key=value lines to --raw FILE (default stdout). Runs alone too:
 #   sh bench/cost.sh --builddir BUILD --srcdir SRC --redis-server PATH [--quick]
 #   sh bench/cost.sh --table RAW   prints the markdown table of RAW.
@@ -71,7 +71,7 @@ until redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; do
     _w=$((_w + 1))
     [ $_w -lt 300 ] || { say "redis under callgrind did not start"; exit 1; }
 done
-leased_watchdog_ms=3000
+leased_watchdog_ms=6000
 start_leased 2
 python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
     --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" >>"$raw"
