@@ -212,6 +212,51 @@ START_TEST(test_wait_wake_fifo)
 }
 END_TEST
 
+/* A request for several permits counts all of them against the limit:
+ * with 2 of 3 held, 2 more do not fit, try-once or waiting, until the
+ * holder lets go; and the grant holds both. */
+START_TEST(test_multi_permit_limit)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char t[65];
+
+    h_start(NULL);
+    a = h_connect_ok(&D1);
+    b = h_connect_ok(&D1);
+
+    s_must(a, "mp", 3, 2, 0, t);
+    r = s_acquire(b, "mp", 3, 2, 0, 0);
+    ck_assert_msg(h_ok(r), "try 2 of 3: %s", h_errcode(r));
+    ck_assert_msg(!jtrue(r, "acquired"), "2 permits granted with 2 of 3 held");
+    ck_assert_int_eq(jint(r, "available"), 1);
+    json_decref(r);
+    ck_assert_int_eq(s_held(b, "mp", 3), 2);
+
+    s_send_id(b, 5, s_req("mp", 3, 2, 20000, 0));
+    h_assert_stat(b, "lock_waiters", 1, T_MS);
+    ck_assert_int_eq(s_held(b, "mp", 3), 2);
+    r = s_release(a, "mp", t);
+    ck_assert_int_eq(jint(r, "released"), 2);
+    json_decref(r);
+    r = h_recv_id(b, 5, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "2 permits not granted");
+    ck_assert_int_eq(jint(r, "permits"), 2);
+    ck_assert_int_eq(jint(r, "available"), 1);
+    json_decref(r);
+    ck_assert_int_eq(s_held(a, "mp", 3), 2);
+    /* The one left fits one permit, not two. */
+    r = s_acquire(a, "mp", 3, 2, 0, 0);
+    ck_assert_msg(h_ok(r) && !jtrue(r, "acquired"), "2 of 1 left granted");
+    json_decref(r);
+    s_must(a, "mp", 3, 1, 0, t);
+    ck_assert_int_eq(s_held(a, "mp", 3), 3);
+
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* --- leases: session end, crash, watchdog, expiry ------------------------ */
 
 /* Acquire one permit of "crash", tell the parent through FD, hang. */
@@ -566,6 +611,7 @@ main(void)
         H_CASE(validation, 60),
         H_CASE(hello_features, 60),
         H_CASE(wait_wake_fifo, 60),
+        H_CASE(multi_permit_limit, 60),
         H_CASE(session_end_and_crash, 60),
         H_CASE(watchdog_and_expiry, 60),
         H_CASE(grant_lost_and_shutdown, 60),
