@@ -386,6 +386,31 @@ START_TEST(test_watchdog_and_expiry)
 }
 END_TEST
 
+/* sem.info counts only grants whose lease has not ended: a fixed lease
+ * that ran out beside a longer one holds nothing, although the keys live
+ * on for the longer one and no acquire has reclaimed it yet. */
+START_TEST(test_expired_not_held)
+{
+    struct h_conn *a;
+    json_t *r;
+
+    h_start(NULL);
+    a = h_connect_ok(&D1);
+    r = s_acquire(a, "ei", 3, 0, 0, 300);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "short: %s", h_errcode(r));
+    json_decref(r);
+    r = s_acquire(a, "ei", 3, 0, 0, 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "long: %s", h_errcode(r));
+    json_decref(r);
+    s_wait_held(a, "ei", 3, 1, 5000);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{ei}:sem"), 2);
+    r = s_acquire(a, "ei", 3, 2, 0, 0);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "2 of 2 free not granted");
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
 START_TEST(test_grant_lost_and_shutdown)
 {
     struct h_conn *a;
@@ -615,6 +640,7 @@ main(void)
         H_CASE(session_end_and_crash, 60),
         H_CASE(watchdog_and_expiry, 60),
         H_CASE(grant_lost_and_shutdown, 60),
+        H_CASE(expired_not_held, 60),
         H_CASE(redis_down_and_wrong_type, 60),
         H_CASE(lost_when_redis_down, 60),
         H_CASE(contention_two_daemons, 200),
