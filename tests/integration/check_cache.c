@@ -2108,9 +2108,16 @@ start_with_shim(char *ctl, size_t len)
     snprintf(ctl, len, "%s/fsync_ctl", R.dir);
     const char *given = getenv("LEASED_WRAPPER");
     char *saved = given != NULL ? strdup(given) : NULL;
-    char wrapper[2 * PATH_MAX + 512];
-    snprintf(wrapper, sizeof wrapper, "env LD_PRELOAD=%s LDSHIM_CTL=%s %s", so,
-             ctl, saved != NULL ? saved : "");
+    /* Under AddressSanitizer its runtime must come first among the
+     * libraries; a preloaded shim comes before it, which ASan accepts
+     * only when told (it intercepts nothing the shim defines). */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char wrapper[3 * PATH_MAX + 512];
+    snprintf(wrapper, sizeof wrapper,
+             "env LD_PRELOAD=%s LDSHIM_CTL=%s "
+             "ASAN_OPTIONS=verify_asan_link_order=0%s%s %s",
+             so, ctl, asan != NULL && *asan ? ":" : "",
+             asan != NULL ? asan : "", saved != NULL ? saved : "");
     setenv("LEASED_WRAPPER", wrapper, 1);
     int rc = h_daemon_start(&D, &R, NULL);
     if (saved != NULL) {
