@@ -49,7 +49,7 @@ class Hold {
     this.emitter = risk;
   }
 
-  risk(ev, atRisk) {
+  mark(ev, atRisk) {
     const was = this.keys.size > 0;
     if (atRisk) this.keys.add(ev.key);
     else this.keys.delete(ev.key);
@@ -488,7 +488,7 @@ class Leased extends EventEmitter {
           `${what} ${msg.key} lost (${msg.reason})`, { event: msg }));
       }
     } else if (set && RISK_EVENTS[msg.event] !== undefined) {
-      for (const h of set) h.risk(msg, RISK_EVENTS[msg.event]);
+      for (const h of set) h.mark(msg, RISK_EVENTS[msg.event]);
     }
     this.emit('event', msg);
     this.emit(msg.event, msg);
@@ -646,7 +646,8 @@ class Leased extends EventEmitter {
     // A group's lock_lost names one of its keys.
     const hks = (Array.isArray(key) ? key : [key])
       .map((k) => `${k}\0${held.token}`);
-    const { ac } = this._track(hks, held);
+    const hold = this._track(hks, held);
+    const { ac } = hold;
     if (this.closed) {
       // The connection ended right after the grant was read.
       ac.abort(clientError('connection_closed',
@@ -655,7 +656,7 @@ class Leased extends EventEmitter {
     try {
       return await fn(ac.signal, held);
     } finally {
-      this._untrack(hks, ac);
+      this._untrack(hks, hold);
       try {
         await this.unlock(key, { owner: opts.owner, mode: opts.mode });
       } catch (e) {
@@ -680,11 +681,11 @@ class Leased extends EventEmitter {
     return h;
   }
 
-  _untrack(hks, ac) {
+  _untrack(hks, hold) {
     for (const hk of hks) {
       const set = this.holds.get(hk);
       if (!set) continue;
-      for (const h of set) if (h.ac === ac) set.delete(h);
+      set.delete(hold);
       if (set.size === 0) this.holds.delete(hk);
     }
   }
@@ -736,11 +737,12 @@ class Leased extends EventEmitter {
     const grant = await this.semAcquire(key, limit, opts);
     if (!grant.acquired) throw noPermit(key, grant);
     const hks = [`${key}\0${grant.token}`];
-    const { ac } = this._track(hks, grant);
+    const hold = this._track(hks, grant);
+    const { ac } = hold;
     try {
       return await fn(grant, ac.signal);
     } finally {
-      this._untrack(hks, ac);
+      this._untrack(hks, hold);
       try {
         await this.semRelease(key, grant.token);
       } catch (e) {
