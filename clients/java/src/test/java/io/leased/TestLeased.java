@@ -100,7 +100,8 @@ public final class TestLeased {
      */
     static void standInDaemon(ServerSocketChannel srv) {
         try (SocketChannel c = srv.accept();
-                BufferedReader in = new BufferedReader(Channels.newReader(c, StandardCharsets.UTF_8))) {
+                BufferedReader in = new BufferedReader(
+                        Channels.newReader(c, StandardCharsets.UTF_8))) {
             int pings = 0;
             for (String line; (line = in.readLine()) != null;) {
                 Matcher id = ID.matcher(line);
@@ -108,7 +109,8 @@ public final class TestLeased {
                 String name = op.find() ? op.group(1) : "";
                 StringBuilder out = new StringBuilder();
                 if (name.equals("ping") && ++pings == 1) {
-                    out.append(riskEvent("lock_at_risk", "a")).append(riskEvent("lock_at_risk", "b"))
+                    out.append(riskEvent("lock_at_risk", "a"))
+                            .append(riskEvent("lock_at_risk", "b"))
                             .append(riskEvent("lock_safe", "a"));
                 } else if (name.equals("ping")) {
                     out.append(riskEvent("lock_safe", "b"));
