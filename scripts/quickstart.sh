@@ -20,7 +20,7 @@ PIDFILE=$TOP/leased.pid
 LOGFILE=$TOP/leased.log
 PACKAGES="build-essential autoconf automake pkg-config libhiredis-dev
 libevent-dev libssl-dev openssl libjansson-dev libyaml-dev check
-redis-server redis-tools socat python3 python3-venv nodejs"
+redis-server redis-tools socat python3 python3-venv nodejs spin"
 
 say() { printf 'quickstart: %s\n' "$*"; }
 die() { printf 'quickstart: error: %s\n' "$*" >&2; exit 1; }
