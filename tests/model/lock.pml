@@ -11,9 +11,10 @@
  * moment (a superset of the pass every third of the lease), and the
  * daemon stops vouching for a lease MARGIN ticks before it ends.
  *
- * Time may pass (tick) only when no running daemon has a timer due and
- * no running client has an event unread: that is what "the daemon and
- * the client are not paused" means. A pause (daemon or client) lifts it.
+ * Time may pass (tick) only when no running daemon has a timer due, and
+ * a running client acts on lock_lost (or its connection closing) as it
+ * arrives: that is what "the daemon and the client are not paused" means.
+ * A pause (of a daemon or a client) lifts both.
  */
 
 #ifndef NS
