@@ -376,6 +376,35 @@ dup_str(json_t *v)
     return s ? strdup(s) : NULL;
 }
 
+static enum leased_event_type
+event_type(const char *name)
+{
+    static const struct {
+        const char *name;
+        enum leased_event_type type;
+    } known[] = {
+        {"sem_lost", LEASED_EV_SEM_LOST},
+        {"lock_at_risk", LEASED_EV_LOCK_AT_RISK},
+        {"lock_safe", LEASED_EV_LOCK_SAFE},
+        {"sem_at_risk", LEASED_EV_SEM_AT_RISK},
+        {"sem_safe", LEASED_EV_SEM_SAFE},
+    };
+
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (!strcmp(name, known[i].name)) {
+            return known[i].type;
+        }
+    }
+    return LEASED_EV_OTHER;
+}
+
+/* -1 when absent, so that 0 stays a value the daemon sent. */
+static long long
+int_or_none(json_t *v)
+{
+    return json_is_integer(v) ? (long long)json_integer_value(v) : -1;
+}
+
 static void
 on_event(struct leased_conn *c, json_t *msg)
 {
@@ -390,15 +419,15 @@ on_event(struct leased_conn *c, json_t *msg)
         e->ev.type = LEASED_EV_LOCK_LOST;
     } else if (!strcmp(name, "shutdown")) {
         e->ev.type = LEASED_EV_SHUTDOWN;
-    } else if (!strcmp(name, "sem_lost")) {
-        e->ev.type = LEASED_EV_SEM_LOST;
     } else {
-        e->ev.type = LEASED_EV_OTHER;
+        e->ev.type = event_type(name);
     }
     e->ev.name = strdup(name);
     e->ev.key = dup_str(json_object_get(msg, "key"));
     e->ev.token = dup_str(json_object_get(msg, "token"));
     e->ev.reason = dup_str(json_object_get(msg, "reason"));
+    e->ev.lease_left_ms = int_or_none(json_object_get(msg, "lease_left_ms"));
+    e->ev.lease_ms = int_or_none(json_object_get(msg, "lease_ms"));
     json_decref(msg);
     if (c->ev_tail) {
         c->ev_tail->next = e;

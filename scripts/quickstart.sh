@@ -28,7 +28,7 @@ REDIS_PIDFILE=$TOP/redis.pid
 PACKAGES="build-essential autoconf automake pkg-config libhiredis-dev
 libevent-dev libssl-dev openssl libjansson-dev libyaml-dev check
 redis-server redis-tools socat python3 python3-venv python3-yaml nodejs tmux
-golang-go openjdk-17-jdk-headless"
+spin golang-go openjdk-17-jdk-headless cargo"
 
 say() { printf 'quickstart: %s\n' "$*"; }
 die() { printf 'quickstart: error: %s\n' "$*" >&2; exit 1; }
@@ -109,13 +109,6 @@ for p in $PACKAGES; do
         missing="$missing $p"
     fi
 done
-# The Rust client's tests need cargo: a toolchain the user installed
-# (rustup's, in ~/.cargo/bin) serves; else Debian's.
-if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ] &&
-    [ "$(dpkg-query -W -f='${Status}' cargo 2>/dev/null)" != \
-        "install ok installed" ]; then
-    missing="$missing cargo"
-fi
 # promtool, which make check runs on the daemon's /metrics, comes only in
 # the full Prometheus server package (Debian 12 has no package with
 # promtool alone: apt-cache search promtool finds nothing else). The

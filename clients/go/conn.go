@@ -182,6 +182,10 @@ func (c *conn) route(r *reply) {
 	}
 }
 
+// riskEvents put a key of a hold at risk (true) or take it out (false).
+var riskEvents = map[string]bool{"lock_at_risk": true, "sem_at_risk": true,
+	"lock_safe": false, "sem_safe": false}
+
 func (c *conn) event(r *reply) {
 	if r.Event == "lock_lost" || r.Event == "sem_lost" {
 		c.mu.Lock()
@@ -190,6 +194,14 @@ func (c *conn) event(r *reply) {
 		c.mu.Unlock()
 		for _, h := range hs {
 			h.lose(r.Reason)
+		}
+	}
+	if atRisk, ok := riskEvents[r.Event]; ok {
+		c.mu.Lock()
+		hs := append([]*Held(nil), c.holds[r.Token]...)
+		c.mu.Unlock()
+		for _, h := range hs {
+			h.setRisk(r.Key, atRisk)
 		}
 	}
 	if c.onEvent != nil {

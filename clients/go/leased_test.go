@@ -612,3 +612,103 @@ func TestUnlockTwiceReleasesOnce(t *testing.T) {
 	}
 	h1.Unlock(bg())
 }
+
+// fakeDaemon answers hello and lock on a socket of its own, and hands
+// the test the connection, to say what the daemon says when a renewal
+// stalls (a stall of Redis itself is driven by the conformance suite).
+func fakeDaemon(t *testing.T) (string, <-chan net.Conn) {
+	path := filepath.Join(t.TempDir(), "fake.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	conns := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		t.Cleanup(func() { c.Close() })
+		conns <- c
+		dec := json.NewDecoder(c)
+		for {
+			var req map[string]any
+			if dec.Decode(&req) != nil {
+				return
+			}
+			rep := map[string]any{"id": req["id"], "ok": true,
+				"session": "s1", "protocol": 1, "acquired": true,
+				"token": "t1", "count": 1, "lease_ms": 30000,
+				"fences": map[string]int{"a": 1, "b": 2}, "released": true}
+			b, _ := json.Marshal(rep)
+			c.Write(append(b, '\n'))
+		}
+	}()
+	return path, conns
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// AtRisk and AtRiskC follow lock_at_risk and lock_safe; a group stays at
+// risk until its last key is safe.
+func TestAtRiskThenSafe(t *testing.T) {
+	path, conns := fakeDaemon(t)
+	// OnEvent runs after the hold saw the event.
+	seen := make(chan leased.Event, 8)
+	ld, err := leased.Dial(bg(), leased.Options{Address: path, PoolSize: 1,
+		OnEvent: func(ev leased.Event) { seen <- ev }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ld.Close()
+	h, err := ld.LockKeys(bg(), []string{"a", "b"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := <-conns
+	say := func(ev, key string) {
+		peer.Write([]byte(`{"event":"` + ev + `","key":"` + key +
+			`","token":"t1","lease_left_ms":1850,"lease_ms":30000}` + "\n"))
+		select {
+		case <-seen:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s %s not read", ev, key)
+		}
+	}
+	first := h.AtRiskC()
+	if h.AtRisk() || closed(first) {
+		t.Fatal("at risk before any event")
+	}
+	say("lock_at_risk", "a")
+	if !closed(first) || !h.AtRisk() {
+		t.Fatal("AtRiskC not closed on lock_at_risk")
+	}
+	say("lock_at_risk", "b")
+	say("lock_safe", "a")
+	if !h.AtRisk() {
+		t.Fatal("safe while key b is still at risk")
+	}
+	say("lock_safe", "b")
+	if h.AtRisk() {
+		t.Fatal("still at risk after lock_safe of every key")
+	}
+	next := h.AtRiskC()
+	if closed(next) {
+		t.Fatal("the channel of the next episode is already closed")
+	}
+	say("lock_at_risk", "b")
+	if !closed(next) {
+		t.Fatal("AtRiskC not closed on the second lock_at_risk")
+	}
+	if closed(h.Done()) {
+		t.Fatal("Done closed without lock_lost")
+	}
+}

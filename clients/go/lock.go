@@ -56,6 +56,53 @@ type Held struct {
 	mu       sync.Mutex
 	reason   string
 	released bool
+	risky    map[string]bool // keys at risk (lock_at_risk, sem_at_risk)
+	riskC    chan struct{}   // closed while at risk; new after safe
+}
+
+// AtRisk reports whether the hold is at risk: a renewal of it (of any
+// key, for a group) failed or is late and its lease may end, so finish
+// or pause the writes. It is true from lock_at_risk (sem_at_risk) until
+// lock_safe (sem_safe) or the loss.
+func (h *Held) AtRisk() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.risky) > 0
+}
+
+// AtRiskC is closed while the hold is at risk. After lock_safe it
+// returns a new channel, closed at the next episode; select on it and on
+// Done.
+func (h *Held) AtRiskC() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.riskC == nil {
+		h.riskC = make(chan struct{})
+	}
+	return h.riskC
+}
+
+func (h *Held) setRisk(key string, atRisk bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.riskC == nil {
+		h.riskC = make(chan struct{})
+	}
+	was := len(h.risky) > 0
+	if atRisk {
+		if h.risky == nil {
+			h.risky = make(map[string]bool)
+		}
+		h.risky[key] = true
+	} else {
+		delete(h.risky, key)
+	}
+	switch now := len(h.risky) > 0; {
+	case now && !was:
+		close(h.riskC)
+	case !now && was:
+		h.riskC = make(chan struct{})
+	}
 }
 
 // Done is closed when the daemon reports the lock lost (lock_lost,

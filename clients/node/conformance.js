@@ -176,6 +176,29 @@ class Runner {
     return { reason: why.event ? why.event.reason : why.code };
   }
 
+  // held.atRisk, waited for through held.risk's 'at_risk' or 'safe'.
+  async waitRisk(step, atRisk) {
+    const { signal, held } = this.handles.get(step.held);
+    if (held.atRisk !== atRisk && !signal.aborted) {
+      await new Promise((resolve) => {
+        const done = () => {
+          clearTimeout(t);
+          held.risk.off(atRisk ? 'at_risk' : 'safe', done);
+          signal.removeEventListener('abort', done);
+          resolve();
+        };
+        const t = setTimeout(done, step.within_ms);
+        held.risk.on(atRisk ? 'at_risk' : 'safe', done);
+        signal.addEventListener('abort', done);
+      });
+    }
+    if (held.atRisk !== atRisk || signal.aborted) {
+      throw new StepFailed(`not ${atRisk ? 'at risk' : 'safe'} within ` +
+        `${step.within_ms} ms`);
+    }
+    return {};
+  }
+
   async cached(ld, step) {
     const spec = step.loader;
     const value = await ld.cached(step.key, async () => {
@@ -237,6 +260,9 @@ class Runner {
         return this.unlock(step);
       case 'wait_lost':
         return this.waitLost(step);
+      case 'wait_at_risk':
+      case 'wait_safe':
+        return this.waitRisk(step, step.do === 'wait_at_risk');
       case 'await':
         return this.await(step);
       case 'cancel':

@@ -92,7 +92,28 @@ export interface LockLostError extends LeasedError {
   event?: LockLostEvent;
 }
 
-export type Using<T> = (signal: AbortSignal, held: LockReply) => Promise<T> | T;
+/** lock_at_risk / sem_at_risk: a renewal failed or is late; the lease
+ *  may still hold for lease_left_ms. lock_safe / sem_safe: a renewal
+ *  confirmed it again, for lease_ms. */
+export interface RiskEvent {
+  event: 'lock_at_risk' | 'sem_at_risk' | 'lock_safe' | 'sem_safe';
+  key: string;
+  token: string;
+  lease_left_ms?: number;
+  lease_ms?: number;
+}
+
+/** What using() and withSemaphore() add to the held lock or grant (both
+ *  non-enumerable). atRisk is true from lock_at_risk (sem_at_risk) of a
+ *  key until lock_safe (sem_safe); for a group while any key is at risk.
+ *  risk emits 'at_risk' and 'safe' with the event, once per episode. */
+export interface RiskState {
+  readonly atRisk: boolean;
+  readonly risk: import('events').EventEmitter;
+}
+
+export type Using<T> = (signal: AbortSignal,
+  held: LockReply & RiskState) => Promise<T> | T;
 
 /** Every error of the client. CODE is the daemon's error code (REPLY
  *  its reply), or the client's own: 'connect' (leased could not be
@@ -216,10 +237,12 @@ export declare class Leased extends EventEmitter {
   /** Holds permits of KEY while FN runs; released when FN settles.
    *  Rejects with code 'no_permit'. */
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
-                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+                   fn: (grant: SemReply & RiskState, signal: AbortSignal) =>
+                     Promise<T> | T):
     Promise<T>;
   withSemaphore<T>(key: string, limit: number,
-                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+                   fn: (grant: SemReply & RiskState, signal: AbortSignal) =>
+                     Promise<T> | T):
     Promise<T>;
   on(event: 'lock_lost', listener: (ev: LockLostEvent) => void): this;
   on(event: 'event', listener: (ev: Record<string, unknown>) => void): this;
@@ -264,10 +287,12 @@ export declare class Pool extends EventEmitter {
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
-                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+                   fn: (grant: SemReply & RiskState, signal: AbortSignal) =>
+                     Promise<T> | T):
     Promise<T>;
   withSemaphore<T>(key: string, limit: number,
-                   fn: (grant: SemReply, signal: AbortSignal) => Promise<T> | T):
+                   fn: (grant: SemReply & RiskState, signal: AbortSignal) =>
+                     Promise<T> | T):
     Promise<T>;
   close(): void;
 }

@@ -27,6 +27,39 @@ const { EventEmitter } = require('events');
 
 const DEFAULT_SOCKET = '/run/leased/leased.sock';
 
+// lock_at_risk and sem_at_risk put a key of a hold at risk (true), their
+// _safe events take it out (false).
+const RISK_EVENTS = {
+  lock_at_risk: true, sem_at_risk: true, lock_safe: false, sem_safe: false,
+};
+
+// A hold inside using() or withSemaphore(): the controller its signal
+// comes from, and the at-risk state shown on the held object. HELD gets
+// atRisk (true while any of its keys is at risk: a renewal failed or is
+// late and the lease may end) and risk, an EventEmitter of 'at_risk' and
+// 'safe' with the daemon's event; both non-enumerable, so the reply's
+// fields stay as they were.
+class Hold {
+  constructor(held) {
+    this.ac = new AbortController();
+    this.keys = new Set();
+    const risk = new EventEmitter();
+    Object.defineProperty(held, 'risk', { value: risk });
+    Object.defineProperty(held, 'atRisk', { get: () => this.keys.size > 0 });
+    this.emitter = risk;
+  }
+
+  mark(ev, atRisk) {
+    const was = this.keys.size > 0;
+    if (atRisk) this.keys.add(ev.key);
+    else this.keys.delete(ev.key);
+    // A group is at risk from its first key to its last one safe.
+    if (was !== this.keys.size > 0) {
+      this.emitter.emit(atRisk ? 'at_risk' : 'safe', ev);
+    }
+  }
+}
+
 // Every error of the client: the daemon's (CODE its error code, REPLY
 // the reply) and the client's own, built with clientError (CODE one of
 // connect, connection_closed, protocol, invalid, not_acquired, no_permit,
@@ -331,7 +364,7 @@ class Leased extends EventEmitter {
     this.nextId = 1;
     this.pending = new Pending();
     this.chunks = [];       // the unfinished line, as received
-    this.holds = new Map(); // key + '\0' + token -> Set of AbortControllers
+    this.holds = new Map(); // key + '\0' + token -> Set of Hold
     this.out = [];          // lines written in this tick, sent together
     this.flush = () => this._flush();
     this.closed = false;
@@ -447,15 +480,15 @@ class Leased extends EventEmitter {
   }
 
   _event(msg) {
-    if (msg.event === 'lock_lost' || msg.event === 'sem_lost') {
-      const set = this.holds.get(`${msg.key}\0${msg.token}`);
-      if (set) {
-        for (const ac of set) {
-          const what = msg.event === 'lock_lost' ? 'lock' : 'semaphore grant';
-          ac.abort(clientError(msg.event,
-            `${what} ${msg.key} lost (${msg.reason})`, { event: msg }));
-        }
+    const set = this.holds.get(`${msg.key}\0${msg.token}`);
+    if (set && (msg.event === 'lock_lost' || msg.event === 'sem_lost')) {
+      for (const h of set) {
+        const what = msg.event === 'lock_lost' ? 'lock' : 'semaphore grant';
+        h.ac.abort(clientError(msg.event,
+          `${what} ${msg.key} lost (${msg.reason})`, { event: msg }));
       }
+    } else if (set && RISK_EVENTS[msg.event] !== undefined) {
+      for (const h of set) h.mark(msg, RISK_EVENTS[msg.event]);
     }
     this.emit('event', msg);
     this.emit(msg.event, msg);
@@ -466,7 +499,7 @@ class Leased extends EventEmitter {
     this.pending.clear();
     // The session ended: its session-bound locks went with it.
     for (const set of this.holds.values()) {
-      for (const ac of set) {
+      for (const { ac } of set) {
         ac.abort(clientError('connection_closed',
           'connection to leased closed: lock released', { cause: err }));
       }
@@ -610,14 +643,11 @@ class Leased extends EventEmitter {
     opts = ownOwner(opts);
     const held = await this.lock(key, opts);
     if (!held.acquired) throw notAcquired(key, held);
-    const ac = new AbortController();
     // A group's lock_lost names one of its keys.
     const hks = (Array.isArray(key) ? key : [key])
       .map((k) => `${k}\0${held.token}`);
-    for (const hk of hks) {
-      if (!this.holds.has(hk)) this.holds.set(hk, new Set());
-      this.holds.get(hk).add(ac);
-    }
+    const hold = this._track(hks, held);
+    const { ac } = hold;
     if (this.closed) {
       // The connection ended right after the grant was read.
       ac.abort(clientError('connection_closed',
@@ -626,12 +656,7 @@ class Leased extends EventEmitter {
     try {
       return await fn(ac.signal, held);
     } finally {
-      for (const hk of hks) {
-        const set = this.holds.get(hk);
-        if (!set) continue;
-        set.delete(ac);
-        if (set.size === 0) this.holds.delete(hk);
-      }
+      this._untrack(hks, hold);
       try {
         await this.unlock(key, { owner: opts.owner, mode: opts.mode });
       } catch (e) {
@@ -642,6 +667,26 @@ class Leased extends EventEmitter {
           throw e;
         }
       }
+    }
+  }
+
+  // Register HELD (a lock reply or grant) under HKS for the events of
+  // its hold: lost aborts the Hold's controller, at risk and safe mark it.
+  _track(hks, held) {
+    const h = new Hold(held);
+    for (const hk of hks) {
+      if (!this.holds.has(hk)) this.holds.set(hk, new Set());
+      this.holds.get(hk).add(h);
+    }
+    return h;
+  }
+
+  _untrack(hks, hold) {
+    for (const hk of hks) {
+      const set = this.holds.get(hk);
+      if (!set) continue;
+      set.delete(hold);
+      if (set.size === 0) this.holds.delete(hk);
     }
   }
 
@@ -691,16 +736,13 @@ class Leased extends EventEmitter {
     }
     const grant = await this.semAcquire(key, limit, opts);
     if (!grant.acquired) throw noPermit(key, grant);
-    const ac = new AbortController();
-    const hk = `${key}\0${grant.token}`;
-    let set = this.holds.get(hk);
-    if (!set) this.holds.set(hk, (set = new Set()));
-    set.add(ac);
+    const hks = [`${key}\0${grant.token}`];
+    const hold = this._track(hks, grant);
+    const { ac } = hold;
     try {
       return await fn(grant, ac.signal);
     } finally {
-      set.delete(ac);
-      if (set.size === 0) this.holds.delete(hk);
+      this._untrack(hks, hold);
       try {
         await this.semRelease(key, grant.token);
       } catch (e) {

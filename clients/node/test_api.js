@@ -144,6 +144,98 @@ test('using() aborts its signal when the connection ends', async () => {
   }
 });
 
+test('held.atRisk follows lock_at_risk and lock_safe of its keys', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  let peer;
+  // A peer that grants the group and then says what the daemon says
+  // when a renewal stalls.
+  const srv = net.createServer((c) => {
+    peer = c;
+    c.on('data', (d) => {
+      for (const line of d.toString().split('\n').filter(Boolean)) {
+        const req = JSON.parse(line);
+        c.write(JSON.stringify(req.op === 'lock'
+          ? { id: req.id, ok: true, acquired: true, token: 't1', count: 1,
+            fences: { a: 1, b: 2 }, lease_ms: 30000 }
+          : { id: req.id, ok: true, released: true }) + '\n');
+      }
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  const say = (event, key, extra) => peer.write(JSON.stringify(
+    { event, key, token: 't1', ...extra }) + '\n');
+  try {
+    const seen = [];
+    await ld.using(['a', 'b'], async (signal, held) => {
+      assert.strictEqual(held.atRisk, false);
+      assert.ok(!Object.keys(held).includes('atRisk'));
+      held.risk.on('at_risk', (ev) => seen.push(`at_risk ${ev.key}`));
+      held.risk.on('safe', (ev) => seen.push(`safe ${ev.key}`));
+      const atRisk = new Promise((r) => held.risk.once('at_risk', r));
+      say('lock_at_risk', 'a', { lease_left_ms: 1850 });
+      say('lock_at_risk', 'b', { lease_left_ms: 1800 });
+      const ev = await within(WAIT_MS, atRisk, 'at_risk');
+      assert.strictEqual(ev.lease_left_ms, 1850);
+      assert.strictEqual(held.atRisk, true);
+      // Still at risk while one key of the group is.
+      const sawA = new Promise((r) => ld.once('lock_safe', r));
+      say('lock_safe', 'a', { lease_ms: 30000 });
+      await within(WAIT_MS, sawA, 'lock_safe a');
+      assert.strictEqual(held.atRisk, true);
+      const safe = new Promise((r) => held.risk.once('safe', r));
+      say('lock_safe', 'b', { lease_ms: 30000 });
+      assert.strictEqual((await within(WAIT_MS, safe, 'safe')).lease_ms, 30000);
+      assert.strictEqual(held.atRisk, false);
+      assert.strictEqual(signal.aborted, false);
+    });
+    assert.deepStrictEqual(seen, ['at_risk a', 'safe b']);
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('grant.atRisk follows sem_at_risk and sem_safe', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leased-api-'));
+  const sockPath = path.join(dir, 's.sock');
+  let peer;
+  const srv = net.createServer((c) => {
+    peer = c;
+    c.on('data', (d) => {
+      for (const line of d.toString().split('\n').filter(Boolean)) {
+        const req = JSON.parse(line);
+        c.write(JSON.stringify(req.op === 'sem.acquire'
+          ? { id: req.id, ok: true, acquired: true, token: 's1', permits: 1,
+            available: 1, lease_ms: 30000 }
+          : { id: req.id, ok: true, released: 1 }) + '\n');
+      }
+    });
+  });
+  await new Promise((r) => srv.listen(sockPath, r));
+  const ld = await Leased.connect(sockPath);
+  const say = (event, extra) => peer.write(JSON.stringify(
+    { event, key: 'pool', token: 's1', ...extra }) + '\n');
+  try {
+    await ld.withSemaphore('pool', 2, async (grant) => {
+      const atRisk = new Promise((r) => grant.risk.once('at_risk', r));
+      say('sem_at_risk', { lease_left_ms: 900 });
+      await within(WAIT_MS, atRisk, 'at_risk');
+      assert.strictEqual(grant.atRisk, true);
+      const safe = new Promise((r) => grant.risk.once('safe', r));
+      say('sem_safe', { lease_ms: 30000 });
+      await within(WAIT_MS, safe, 'safe');
+      assert.strictEqual(grant.atRisk, false);
+    });
+  } finally {
+    ld.close();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('using() releases the lock when the callback throws', async () => {
   const a = await Leased.connect(SOCK);
   const b = await Leased.connect(SOCK);

@@ -157,6 +157,20 @@ class Runner:
             raise StepFailed("not lost within %d ms" % step["within_ms"])
         return {"reason": (held.lost_event or {}).get("reason")}
 
+    async def wait_risk(self, step, at_risk):
+        # held.at_risk is set on lock_at_risk and cleared on lock_safe; an
+        # asyncio.Event has no wait for clear, so safe is polled.
+        held = self.handles[step["held"]].held
+        deadline = time.monotonic() + step["within_ms"] / 1000.0
+        while held.at_risk.is_set() != at_risk and not held.lost.is_set():
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.02)
+        if held.at_risk.is_set() != at_risk or held.lost.is_set():
+            raise StepFailed("not %s within %d ms" % (
+                "at risk" if at_risk else "safe", step["within_ms"]))
+        return {}
+
     async def cached(self, ld, step):
         spec = step["loader"]
 
@@ -218,6 +232,8 @@ class Runner:
             return {}
         if d == "wait_lost":
             return await self.wait_lost(step)
+        if d in ("wait_at_risk", "wait_safe"):
+            return await self.wait_risk(step, d == "wait_at_risk")
         if d == "await":
             return await self.await_(step)
         if d == "cancel":

@@ -163,16 +163,23 @@ enum leased_event_type {
     LEASED_EV_OTHER = 0, /* an event this version does not know */
     LEASED_EV_LOCK_LOST,
     LEASED_EV_SHUTDOWN,
-    LEASED_EV_SEM_LOST /* key, token and reason as for lock_lost */
+    LEASED_EV_SEM_LOST,     /* key, token and reason as for lock_lost */
+    LEASED_EV_LOCK_AT_RISK, /* key, token and lease_left_ms */
+    LEASED_EV_LOCK_SAFE,    /* key, token and lease_ms */
+    LEASED_EV_SEM_AT_RISK,  /* as lock_at_risk, for a semaphore grant */
+    LEASED_EV_SEM_SAFE      /* as lock_safe, for a semaphore grant */
 };
 
 struct leased_event {
     enum leased_event_type type;
-    char *name;   /* the "event" field */
-    char *key;    /* lock_lost: the lock's key */
-    char *token;  /* lock_lost: the lost lock's token */
-    char *reason; /* lock_lost: expired|taken|
+    char *name;              /* the "event" field */
+    char *key;               /* lock_lost: the lock's key */
+    char *token;             /* lock_lost: the lost lock's token */
+    char *reason;            /* lock_lost: expired|taken|
                                    redis_unavailable|max_hold */
+    long long lease_left_ms; /* *_at_risk: time left until lock_lost is
+                                due unless a renewal confirms; else -1 */
+    long long lease_ms;      /* *_safe: the lease the renewal set; else -1 */
 };
 
 /* Free the strings of EV (not EV itself); EV is zeroed. */

@@ -9,7 +9,7 @@ local t = redis.call('type', KEYS[1]).ok
 if t == 'none' then
     return {0, -2, 0}
 end
-local rw = t == 'hash' and is_rwlock(KEYS[1])
+local rw = t == 'hash' and is_rwlock(KEYS[1], ARGV[1])
 if t ~= 'hash' or not (rw or is_lock(KEYS[1])) then
     return {-1}
 end

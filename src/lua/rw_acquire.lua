@@ -17,7 +17,7 @@
 --@include lock_numbers.lua
 --@include lock_shape.lua
 local t = redis.call('type', KEYS[1]).ok
-if t ~= 'none' and (t ~= 'hash' or not is_rwlock(KEYS[1])) then
+if t ~= 'none' and (t ~= 'hash' or not is_rwlock(KEYS[1], ARGV[2])) then
     return {-1}
 end
 local ft = redis.call('type', KEYS[2]).ok

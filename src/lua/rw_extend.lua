@@ -10,7 +10,7 @@ local t = redis.call('type', KEYS[1]).ok
 if t == 'none' then
     return {-2}
 end
-if t ~= 'hash' or not is_rwlock(KEYS[1]) then
+if t ~= 'hash' or not is_rwlock(KEYS[1], ARGV[1]) then
     return {-1}
 end
 local field, mode, pfx = ARGV[1], ARGV[3], ARGV[4]

@@ -8,7 +8,7 @@ local t = redis.call('type', KEYS[1]).ok
 if t == 'none' then
     return {0, -2, 0, 0}
 end
-if t ~= 'hash' or not is_rwlock(KEYS[1]) then
+if t ~= 'hash' or not is_rwlock(KEYS[1], ARGV[1]) then
     return {-1}
 end
 local n = 0

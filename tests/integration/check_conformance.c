@@ -77,6 +77,7 @@ static struct {
     int nhelpers;
     char marks[MAX_MARKS][64];
     int nmarks;
+    bool redis_stalled; /* stall_redis without resume_redis yet */
     int listen_fd;
     int stop_pipe[2];
     struct peer peers[MAX_PEERS];
@@ -266,6 +267,19 @@ tmp_clear(void)
     }
 }
 
+/* SIGSTOP / SIGCONT of redis-server: it keeps its connections but
+ * answers nothing, so the daemon's renewals stall. */
+static json_t *
+stall_redis(bool stall)
+{
+    if (R.pid <= 0) {
+        return ctl_fail("redis-server is not running");
+    }
+    h_redis_signal(&R, stall ? SIGSTOP : SIGCONT);
+    ctl.redis_stalled = stall;
+    return ctl_ok();
+}
+
 /* A scenario starts on a flushed Redis and a running daemon, whatever the
  * one before it left behind. */
 static json_t *
@@ -274,6 +288,10 @@ act_begin(void)
     helpers_kill_all();
     ctl.nmarks = 0;
     tmp_clear();
+    /* A scenario that failed between stall_redis and resume_redis. */
+    if (ctl.redis_stalled && R.pid > 0) {
+        json_decref(stall_redis(false));
+    }
     if (R.pid <= 0 && h_redis_restart(&R) != 0) {
         return ctl_fail("redis-server did not start again");
     }
@@ -334,6 +352,25 @@ marked(const char *name)
     return false;
 }
 
+static json_t *
+act_redis(const char *a)
+{
+    if (strcmp(a, "stop_redis") == 0) {
+        h_redis_kill(&R);
+        return ctl_ok();
+    } else if (strcmp(a, "start_redis") == 0) {
+        return h_redis_restart(&R) == 0 && daemon_uses_redis()
+                   ? ctl_ok()
+                   : ctl_fail("Redis not back in use by leased");
+    } else if (strcmp(a, "flush_redis") == 0) {
+        return redis_flushed() ? ctl_ok() : ctl_fail("FLUSHALL failed");
+    } else if (strcmp(a, "stall_redis") == 0 ||
+               strcmp(a, "resume_redis") == 0) {
+        return stall_redis(strcmp(a, "stall_redis") == 0);
+    }
+    return ctl_fail("unknown action '%s'", a);
+}
+
 /* Actions that answer at once; NULL for those that wait. */
 static json_t *
 act_now(const json_t *req)
@@ -346,15 +383,8 @@ act_now(const json_t *req)
         h_daemon_stop(&D);
         return h_daemon_restart(&D) == 0 ? ctl_ok()
                                          : ctl_fail("leased did not start");
-    } else if (strcmp(a, "stop_redis") == 0) {
-        h_redis_kill(&R);
-        return ctl_ok();
-    } else if (strcmp(a, "start_redis") == 0) {
-        return h_redis_restart(&R) == 0 && daemon_uses_redis()
-                   ? ctl_ok()
-                   : ctl_fail("Redis not back in use by leased");
-    } else if (strcmp(a, "flush_redis") == 0) {
-        return redis_flushed() ? ctl_ok() : ctl_fail("FLUSHALL failed");
+    } else if (strstr(a, "_redis") != NULL) {
+        return act_redis(a);
     } else if (strcmp(a, "force_unlock") == 0) {
         return act_force_unlock(req);
     } else if (strcmp(a, "spawn") == 0) {

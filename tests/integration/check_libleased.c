@@ -1,8 +1,8 @@
 /* libleased against a real leased and redis-server: every op of the
  * contract through the typed calls, every error code that can be
- * provoked, events (lock_lost, shutdown) by queue and by callback, the
- * per-call timeout, out-of-order replies, and what a connection does when
- * the daemon restarts. */
+ * provoked, events (lock_lost, shutdown, lock_at_risk) by queue and by
+ * callback, the per-call timeout, out-of-order replies, and what a
+ * connection does when the daemon restarts. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -935,6 +935,89 @@ START_TEST(test_lock_lost)
 }
 END_TEST
 
+/* Two at-risk events (lock and semaphore, in either order) or two safe
+ * ones: each kind once, for its key and token, with the field it carries. */
+static void
+expect_pair(struct leased_conn *c, enum leased_event_type lock_type,
+            enum leased_event_type sem_type, const char *lock_token,
+            const char *sem_token)
+{
+    struct leased_event ev;
+    struct leased_error err;
+    bool seen_lock = false, seen_sem = false;
+    bool at_risk = lock_type == LEASED_EV_LOCK_AT_RISK;
+
+    for (int i = 0; i < 2; i++) {
+        int rc = leased_next_event(c, 6000, &ev, &err);
+        CK_OK(rc, err, at_risk ? "at-risk event" : "safe event");
+        ck_assert_msg(ev.type == lock_type || ev.type == sem_type,
+                      "unexpected event %s", ev.name);
+        bool is_lock = ev.type == lock_type;
+        ck_assert_str_eq(ev.key, is_lock ? "risky" : "risky-pool");
+        ck_assert_str_eq(ev.token, is_lock ? lock_token : sem_token);
+        if (at_risk) {
+            ck_assert_msg(ev.lease_left_ms > 0 && ev.lease_left_ms < 2000,
+                          "%s lease_left_ms %lld", ev.name, ev.lease_left_ms);
+            ck_assert_int_eq(ev.lease_ms, -1);
+        } else {
+            ck_assert_int_gt(ev.lease_ms, 0);
+            ck_assert_int_eq(ev.lease_left_ms, -1);
+        }
+        seen_lock |= is_lock;
+        seen_sem |= !is_lock;
+        leased_event_clear(&ev);
+    }
+    ck_assert(seen_lock && seen_sem);
+}
+
+static bool
+renewed_once(void *arg)
+{
+    return stat_of(arg, "lock_renewals_ok") >= 1;
+}
+
+/* Redis stopped (SIGSTOP) leaves the renewals of a lock and of a
+ * semaphore grant unanswered: each is at risk, typed and with the lease
+ * left, then safe with the new lease once Redis runs again; not lost. */
+START_TEST(test_at_risk)
+{
+    struct leased_conn *c;
+    struct leased_lock_result lr;
+    struct leased_sem_result sr;
+    struct leased_sem_args sa = {0};
+    struct leased_event ev;
+    struct leased_error err;
+    char yaml[256];
+    int rc;
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 60000\n"
+             "lock:\n  watchdog_ms: 2000\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    c = conn();
+    lock_ok(c, "risky", NULL, &lr);
+    rc = leased_sem_acquire(c, "risky-pool", 2, &sa, &sr, &err);
+    CK_OK(rc, err, "sem_acquire");
+    ck_assert(sr.acquired);
+    ck_assert_msg(h_wait_until(renewed_once, c, 5000),
+                  "no renewal before the stall");
+
+    h_redis_signal(&R, SIGSTOP);
+    expect_pair(c, LEASED_EV_LOCK_AT_RISK, LEASED_EV_SEM_AT_RISK, lr.token,
+                sr.token);
+    h_redis_signal(&R, SIGCONT);
+    expect_pair(c, LEASED_EV_LOCK_SAFE, LEASED_EV_SEM_SAFE, lr.token,
+                sr.token);
+    rc = leased_next_event(c, 0, &ev, &err);
+    CK_CODE(rc, err, LEASED_E_TIMEOUT, "nothing after safe");
+    rc = leased_unlock(c, "risky", NULL, lr.token, NULL, &err);
+    CK_OK(rc, err, "unlock after safe");
+    leased_close(c);
+}
+END_TEST
+
 struct waiter {
     struct leased_conn *c;
     int rc;
@@ -1173,6 +1256,7 @@ main(void)
         H_CASE(busy, 60),
         H_CASE(redis_unavailable, 60),
         H_CASE(lock_lost, 60),
+        H_CASE(at_risk, 60),
         H_CASE(shutdown, 60),
         H_CASE(reconnect, 90),
         H_CASE(timeout, 60),

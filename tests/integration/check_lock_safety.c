@@ -416,6 +416,48 @@ START_TEST(test_fences_exact)
 }
 END_TEST
 
+/* The write side of KEY with a fixed lease: its fence (unlocked again). */
+static long long
+write_fence_of(struct h_conn *c, const char *key)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", key,
+                        "mode", "write", "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "write %s: %s", key,
+                  h_ok(r) ? "not acquired" : h_errcode(r));
+    long long f = jint(r, "fence");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", key, "mode",
+                "write");
+    ck_assert_msg(h_ok(r), "unlock write %s: %s", key, h_errcode(r));
+    json_decref(r);
+    return f;
+}
+
+/* A fence counter that went back without going away (a restart from an
+ * older RDB, a failover to a lagging replica): the next fence from this
+ * daemon is still above every fence it handed out, for plain and write
+ * locks alike. */
+START_TEST(test_fence_counter_lowered)
+{
+    h_start(NULL);
+    struct h_conn *a = lk_connect(&D);
+    long long f = 0, g = 0;
+    for (int i = 0; i < 5; i++) {
+        f = fence_of(a, "low");
+        g = write_fence_of(a, "loww");
+    }
+    ck_assert_int_eq(f, 5);
+    ck_assert_int_eq(g, 5);
+    set_counter("low", "1");
+    set_counter("loww", "1");
+    f = fence_of(a, "low");
+    ck_assert_msg(f > 5, "plain lock: fence went back from 5 to %lld", f);
+    g = write_fence_of(a, "loww");
+    ck_assert_msg(g > 5, "write lock: fence went back from 5 to %lld", g);
+    h_close(a);
+}
+END_TEST
+
 /* --- max_hold ------------------------------------------------------------ */
 
 static long long since;
@@ -878,6 +920,7 @@ main(void)
         H_CASE(fixed_lease_checked, 60),
         H_CASE(lost_before_lease_end, 90),
         H_CASE(fences_exact, 60),
+        H_CASE(fence_counter_lowered, 60),
         H_CASE(max_hold_exact, 60),
         H_CASE(foreign_hold_count, 60),
         H_CASE(released_by_token_elsewhere, 60),

@@ -606,6 +606,10 @@ START_TEST(test_wait)
         lk_send(w[i], 100 + i, "q", NULL, NO_TTL, -1);
         h_assert_stat(a, "lock_waiters", i + 1, 10000);
     }
+    /* An unlock published before the queue's SUBSCRIBE is confirmed
+     * reaches no one; the head then goes on from the confirmation, which
+     * is not a wake-up. Each unlock below must be one. */
+    h_wait_subscribed(&R, "leased:lock:{q}:unlock", 10000);
     /* Waiting does not hold up other requests of the same session. */
     r = h_callf(w[0], T_MS, "{s:s}", "op", "ping");
     ck_assert(h_ok(r));

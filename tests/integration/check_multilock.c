@@ -216,6 +216,42 @@ START_TEST(test_fences_unlock)
 }
 END_TEST
 
+/* A fence counter that went back (lowered or gone) under a group: the
+ * group's next fences are still above every fence this daemon handed out
+ * for its keys, as for a single lock. */
+START_TEST(test_fence_counter_lowered)
+{
+    h_start(NULL);
+    struct h_conn *a = lk_connect(&D);
+    static const char *const keys[] = {"g:a", "g:b"};
+    for (int n = 1; n <= 3; n++) {
+        json_t *r = ml_lock(a, keys, 2, 60000, 0);
+        ck_assert_msg(jtrue(r, "acquired"), "group %d not acquired", n);
+        json_t *fences = json_object_get(r, "fences");
+        for (size_t i = 0; i < 2; i++) {
+            ck_assert_int_eq(json_integer_value(
+                                 json_object_get(fences, keys[i])),
+                             n);
+        }
+        json_decref(r);
+        r = ml_call(a, ml_req("unlock", keys, 2, NULL, 0, 0));
+        ck_assert_msg(h_ok(r), "unlock: %s", h_errcode(r));
+        json_decref(r);
+    }
+    h_r_do(&R, "SET leased:lock:{g:a}:fence 1");
+    h_r_do(&R, "DEL leased:lock:{g:b}:fence");
+    json_t *r = ml_lock(a, keys, 2, 60000, 0);
+    ck_assert(jtrue(r, "acquired"));
+    json_t *fences = json_object_get(r, "fences");
+    for (size_t i = 0; i < 2; i++) {
+        long long f = json_integer_value(json_object_get(fences, keys[i]));
+        ck_assert_msg(f > 3, "%s: fence went back from 3 to %lld", keys[i], f);
+    }
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
 START_TEST(test_extend)
 {
     h_start(NULL);
@@ -780,6 +816,7 @@ main(void)
     const struct h_case cases[] = {
         H_CASE(all_or_none, 60),
         H_CASE(fences_unlock, 60),
+        H_CASE(fence_counter_lowered, 60),
         H_CASE(extend, 60),
         H_CASE(session_close, 60),
         H_CASE(waiter, 60),

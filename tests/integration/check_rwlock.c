@@ -652,6 +652,76 @@ START_TEST(test_list_and_force_unlock)
 }
 END_TEST
 
+/* Any number of readers share a key: past 64 holders (where a whole
+ * check of the hash stops) readers are still granted, and every path that
+ * reads, releases or forces the lock still takes it as a lock. */
+#define MANY 100
+
+static void
+many_readers(struct h_conn **c, const char *key)
+{
+    for (int i = 0; i < MANY; i++) {
+        json_t *r = rw_lock(c[i], key, "read", NULL, 0, 0);
+        ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "reader %d of %s: %s",
+                      i + 1, key, h_ok(r) ? "not acquired" : h_errcode(r));
+        json_decref(r);
+    }
+}
+
+START_TEST(test_many_readers)
+{
+    h_start(NULL);
+    struct h_conn *c[MANY];
+    for (int i = 0; i < MANY; i++) {
+        c[i] = lk_connect(&D);
+    }
+    struct h_conn *w = lk_connect(&D), *op = lk_connect(&D);
+    many_readers(c, "mr");
+    many_readers(c, "mf");
+    /* Forced while MANY readers hold it: each of them is told. */
+    json_t *r = h_callf(op, T_MS, "{s:s,s:s}", "op", "lock.force_unlock",
+                        "key", "mf");
+    ck_assert_msg(h_ok(r), "force_unlock: %s", h_errcode(r));
+    json_decref(r);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{mf}"), 0);
+    json_t *ev = h_lock_lost(c[MANY - 1], "mf", 5000);
+    ck_assert_msg(ev != NULL, "no lock_lost for a forced reader");
+    json_decref(ev);
+    r = h_call(c[0], rw_req("lock.info", "mr", "read", NULL, 0, 0), T_MS);
+    ck_assert_msg(h_ok(r), "lock.info: %s", h_errcode(r));
+    ck_assert(jtrue(r, "locked") && jtrue(r, "mine"));
+    ck_assert_int_eq(jint(r, "count"), 1);
+    json_decref(r);
+    r = h_callf(op, T_MS, "{s:s,s:s}", "op", "lock.info", "key", "mr");
+    ck_assert_msg(h_ok(r) && jtrue(r, "locked"), "lock.info without mode: %s",
+                  h_errcode(r));
+    json_decref(r);
+    r = h_call(c[0], rw_req("extend", "mr", "read", NULL, 20000, 0), T_MS);
+    ck_assert_msg(h_ok(r), "extend: %s", h_errcode(r));
+    json_decref(r);
+    rw_send(w, 7, "mr", "write", 30000);
+    h_assert_stat(op, "lock_waiters", 1, 5000);
+    /* Half unlock, the other half close their sessions. */
+    for (int i = 0; i < MANY; i++) {
+        if (i % 2 == 0) {
+            rw_unlock_ok(c[i], "mr", "read", NULL);
+        } else {
+            h_close(c[i]);
+        }
+    }
+    ck_assert(acquired(h_recv_id(w, 7, 10000)));
+    assert_mode("leased:lock:{mr}", "write");
+    ck_assert_int_eq(h_r_int(&R, "HLEN leased:lock:{mr}"), 2);
+    rw_unlock_ok(w, "mr", "write", NULL);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{mr}"), 0);
+    for (int i = 0; i < MANY; i += 2) {
+        h_close(c[i]);
+    }
+    h_close(w);
+    h_close(op);
+}
+END_TEST
+
 /* -------------------------------------------------------- two daemons */
 
 START_TEST(test_two_daemons)
@@ -865,6 +935,7 @@ main(void)
         H_CASE(max_hold, 60),
         H_CASE(redisson_layout, 60),
         H_CASE(list_and_force_unlock, 60),
+        H_CASE(many_readers, 90),
         H_CASE(two_daemons, 60),
         H_CASE(redis_down, 90),
         H_CASE(lost_before_local_grant, 60),

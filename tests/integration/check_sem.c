@@ -213,6 +213,51 @@ START_TEST(test_wait_wake_fifo)
 }
 END_TEST
 
+/* A request for several permits counts all of them against the limit:
+ * with 2 of 3 held, 2 more do not fit, try-once or waiting, until the
+ * holder lets go; and the grant holds both. */
+START_TEST(test_multi_permit_limit)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char t[65];
+
+    h_start(NULL);
+    a = h_connect_ok(&D1);
+    b = h_connect_ok(&D1);
+
+    s_must(a, "mp", 3, 2, 0, t);
+    r = s_acquire(b, "mp", 3, 2, 0, 0);
+    ck_assert_msg(h_ok(r), "try 2 of 3: %s", h_errcode(r));
+    ck_assert_msg(!jtrue(r, "acquired"), "2 permits granted with 2 of 3 held");
+    ck_assert_int_eq(jint(r, "available"), 1);
+    json_decref(r);
+    ck_assert_int_eq(s_held(b, "mp", 3), 2);
+
+    s_send_id(b, 5, s_req("mp", 3, 2, 20000, 0));
+    h_assert_stat(b, "lock_waiters", 1, T_MS);
+    ck_assert_int_eq(s_held(b, "mp", 3), 2);
+    r = s_release(a, "mp", t);
+    ck_assert_int_eq(jint(r, "released"), 2);
+    json_decref(r);
+    r = h_recv_id(b, 5, 10000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "2 permits not granted");
+    ck_assert_int_eq(jint(r, "permits"), 2);
+    ck_assert_int_eq(jint(r, "available"), 1);
+    json_decref(r);
+    ck_assert_int_eq(s_held(a, "mp", 3), 2);
+    /* The one left fits one permit, not two. */
+    r = s_acquire(a, "mp", 3, 2, 0, 0);
+    ck_assert_msg(h_ok(r) && !jtrue(r, "acquired"), "2 of 1 left granted");
+    json_decref(r);
+    s_must(a, "mp", 3, 1, 0, t);
+    ck_assert_int_eq(s_held(a, "mp", 3), 3);
+
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* --- leases: session end, crash, watchdog, expiry ------------------------ */
 
 /* Acquire one permit of "crash", tell the parent through FD, hang. */
@@ -339,6 +384,31 @@ START_TEST(test_watchdog_and_expiry)
     ck_assert(jtrue(r, "acquired"));
     json_decref(r);
     h_close(b);
+}
+END_TEST
+
+/* sem.info counts only grants whose lease has not ended: a fixed lease
+ * that ran out beside a longer one holds nothing, although the keys live
+ * on for the longer one and no acquire has reclaimed it yet. */
+START_TEST(test_expired_not_held)
+{
+    struct h_conn *a;
+    json_t *r;
+
+    h_start(NULL);
+    a = h_connect_ok(&D1);
+    r = s_acquire(a, "ei", 3, 0, 0, 300);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "short: %s", h_errcode(r));
+    json_decref(r);
+    r = s_acquire(a, "ei", 3, 0, 0, 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "long: %s", h_errcode(r));
+    json_decref(r);
+    s_wait_held(a, "ei", 3, 1, 5000);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{ei}:sem"), 2);
+    r = s_acquire(a, "ei", 3, 2, 0, 0);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "2 of 2 free not granted");
+    json_decref(r);
+    h_close(a);
 }
 END_TEST
 
@@ -744,9 +814,11 @@ main(void)
         H_CASE(validation, 60),
         H_CASE(hello_features, 60),
         H_CASE(wait_wake_fifo, 60),
+        H_CASE(multi_permit_limit, 60),
         H_CASE(session_end_and_crash, 60),
         H_CASE(watchdog_and_expiry, 60),
         H_CASE(grant_lost_and_shutdown, 60),
+        H_CASE(expired_not_held, 60),
         H_CASE(redis_down_and_wrong_type, 60),
         H_CASE(lost_when_redis_down, 60),
         H_CASE(lost_before_local_grant, 60),

@@ -725,6 +725,33 @@ START_TEST(test_early_refresh_leases)
 }
 END_TEST
 
+/* A refresh lease filled with "not found" leaves the value it was to
+ * refresh: a null never replaces a real value. */
+START_TEST(test_refresh_null_keeps_value)
+{
+    h_start("cache:\n  early_refresh: true\n  early_refresh_beta: 1000\n"
+            "  fill_lease_ms: 600\n");
+    struct h_conn *a = h_connect_ok(&D);
+    load(a, "kn", 300, 3000);
+    char *l = refresh_lease(a, "kn");
+    json_t *r = h_must(h_callf(a, T_MS, "{s:s,s:s,s:s,s:n}", "op",
+                               "cache.fill", "key", "kn", "lease", l,
+                               "value"));
+    ck_assert_msg(json_is_false(json_object_get(r, "stored")),
+                  "null fill under a refresh lease: %s", h_dump(r));
+    json_decref(r);
+    free(l);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{kn} n"), 0);
+    r = h_must(h_callf(a, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
+                       "kn", "lease", 0));
+    ck_assert_msg(jtrue(r, "hit") && jstr(r, "value") != NULL &&
+                      strcmp(jstr(r, "value"), "v1") == 0,
+                  "value after the null fill: %s", h_dump(r));
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
 /* cache.invalidate_mode and cache.early_refresh change on SIGHUP. */
 START_TEST(test_reload)
 {
@@ -797,12 +824,19 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(readers_two_daemons, 60),     H_CASE(mode_and_reply, 60),
-        H_CASE(old_leases_rejected, 60),     H_CASE(stale_ms_ends_it, 60),
-        H_CASE(second_step_marks_again, 60), H_CASE(journal_kill9, 90),
-        H_CASE(redis_down_queued, 90),       H_CASE(mget, 60),
-        H_CASE(config_errors, 60),           H_CASE(early_refresh, 90),
-        H_CASE(early_refresh_leases, 60),    H_CASE(reload, 60),
+        H_CASE(readers_two_daemons, 60),
+        H_CASE(mode_and_reply, 60),
+        H_CASE(old_leases_rejected, 60),
+        H_CASE(stale_ms_ends_it, 60),
+        H_CASE(second_step_marks_again, 60),
+        H_CASE(journal_kill9, 90),
+        H_CASE(redis_down_queued, 90),
+        H_CASE(mget, 60),
+        H_CASE(config_errors, 60),
+        H_CASE(early_refresh, 90),
+        H_CASE(early_refresh_leases, 60),
+        H_CASE(reload, 60),
+        H_CASE(refresh_null_keeps_value, 60),
     };
 
     return H_MAIN(fx, cases);

@@ -39,6 +39,7 @@ struct held {
     json_t *req; /* the lock or sem step */
     char token[LEASED_TOKEN_MAX];
     char lost[32]; /* reason once lost, else "" */
+    int risky;     /* keys at risk: lock_at_risk less lock_safe */
     bool pending;
     uint64_t id;
     long long t0_ms;
@@ -370,34 +371,64 @@ do_cancel(struct held *h)
     return rc == LEASED_OK ? json_object() : err_result(rc);
 }
 
-/* Mark every held lock of CL that EV names lost. */
+/* Mark every held lock of CL that EV names lost, at risk or safe. */
 static void
 note_event(struct client *cl, const struct leased_event *ev)
 {
+    bool lost = ev->type == LEASED_EV_LOCK_LOST ||
+                ev->type == LEASED_EV_SEM_LOST;
+    int risk = ev->type == LEASED_EV_LOCK_AT_RISK ||
+                       ev->type == LEASED_EV_SEM_AT_RISK
+                   ? 1
+               : ev->type == LEASED_EV_LOCK_SAFE ||
+                       ev->type == LEASED_EV_SEM_SAFE
+                   ? -1
+                   : 0;
+
     for (int i = 0; i < S.nhelds; i++) {
         struct held *h = &S.helds[i];
 
-        if (h->cl == cl && ev->token && strcmp(h->token, ev->token) == 0 &&
-            !h->lost[0]) {
+        if (h->cl != cl || !ev->token || strcmp(h->token, ev->token) != 0 ||
+            h->lost[0]) {
+            continue;
+        }
+        if (lost) {
             snprintf(h->lost, sizeof h->lost, "%s",
                      ev->reason ? ev->reason : "?");
         }
+        h->risky += risk;
     }
 }
 
-static json_t *
-do_wait_lost(struct held *h, long long within_ms)
+enum until { UNTIL_LOST, UNTIL_AT_RISK, UNTIL_SAFE };
+
+static bool
+reached(const struct held *h, enum until u)
+{
+    switch (u) {
+    case UNTIL_LOST:
+        return h->lost[0] != '\0';
+    case UNTIL_AT_RISK:
+        return h->risky > 0;
+    default:
+        return h->risky == 0;
+    }
+}
+
+/* Read H's client's events until U holds, for up to WITHIN_MS. */
+static bool
+wait_events(struct held *h, enum until u, long long within_ms)
 {
     long long deadline = now_ms() + within_ms;
 
-    while (!h->lost[0]) {
+    while (!reached(h, u)) {
         struct leased_event ev = {0};
         struct leased_error e;
         long long left = deadline - now_ms();
         int rc;
 
-        if (left <= 0) {
-            return json_pack("{s:s}", "error", "not lost in time");
+        if (left <= 0 || (u != UNTIL_LOST && h->lost[0])) {
+            return false;
         }
         rc = leased_next_event(h->cl->c, (int)left, &ev, &e);
         if (rc == LEASED_E_IO) {
@@ -408,7 +439,27 @@ do_wait_lost(struct held *h, long long within_ms)
             leased_event_clear(&ev);
         }
     }
+    return true;
+}
+
+static json_t *
+do_wait_lost(struct held *h, long long within_ms)
+{
+    if (!wait_events(h, UNTIL_LOST, within_ms)) {
+        return json_pack("{s:s}", "error", "not lost in time");
+    }
     return json_pack("{s:s}", "reason", h->lost);
+}
+
+/* lock_at_risk (sem_at_risk) of the handle, or lock_safe after it. */
+static json_t *
+do_wait_risk(struct held *h, bool at_risk, long long within_ms)
+{
+    if (!wait_events(h, at_risk ? UNTIL_AT_RISK : UNTIL_SAFE, within_ms)) {
+        return json_pack("{s:s}", "error",
+                         at_risk ? "not at risk in time" : "not safe in time");
+    }
+    return json_object();
 }
 
 /* --- cache-aside ---------------------------------------------------------- */
@@ -604,6 +655,9 @@ held_step(const char *d, const json_t *step)
         return do_unlock(h);
     } else if (strcmp(d, "wait_lost") == 0) {
         return do_wait_lost(h, num(step, "within_ms", 0));
+    } else if (strcmp(d, "wait_at_risk") == 0 || strcmp(d, "wait_safe") == 0) {
+        return do_wait_risk(h, strcmp(d, "wait_at_risk") == 0,
+                            num(step, "within_ms", 0));
     } else if (strcmp(d, "await") == 0) {
         return do_await(h);
     } else if (strcmp(d, "cancel") == 0) {

@@ -92,11 +92,14 @@ fn open_stream(target: &str, timeout: Duration) -> Result<Stream> {
 }
 
 /// Where a hold hears that it is lost: a flag with the reason, and a
-/// condition variable to wait for it.
+/// condition variable to wait for it; also the keys of it at risk
+/// (lock_at_risk until lock_safe), with a condition variable of their own.
 #[derive(Default)]
 pub(crate) struct LostFlag {
     reason: Mutex<Option<String>>,
     cv: Condvar,
+    risky: Mutex<Vec<String>>,
+    risk_cv: Condvar,
 }
 
 impl LostFlag {
@@ -113,6 +116,33 @@ impl LostFlag {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    pub(crate) fn set_risk(&self, key: &str, at_risk: bool) {
+        let mut r = self.risky.lock().unwrap_or_else(|e| e.into_inner());
+        r.retain(|k| k != key);
+        if at_risk {
+            r.push(key.to_string());
+        }
+        self.risk_cv.notify_all();
+    }
+
+    pub(crate) fn at_risk(&self) -> bool {
+        !self
+            .risky
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// Wait up to TIMEOUT until at_risk() is WANT; whether it is.
+    pub(crate) fn wait_risk(&self, want: bool, timeout: Duration) -> bool {
+        let r = self.risky.lock().unwrap_or_else(|e| e.into_inner());
+        let (r, _) = self
+            .risk_cv
+            .wait_timeout_while(r, timeout, |r| r.is_empty() == want)
+            .unwrap_or_else(|e| e.into_inner());
+        r.is_empty() != want
     }
 
     pub(crate) fn wait(&self, timeout: Duration) -> Option<String> {
@@ -311,7 +341,8 @@ impl Conn {
         })
     }
 
-    /// Route lock_lost (or sem_lost) events for TOKEN on KEYS to FLAG.
+    /// Route lock_lost (or sem_lost) events for TOKEN on KEYS to FLAG, and
+    /// lock_at_risk and lock_safe (sem_*).
     pub(crate) fn watch(&self, keys: &[String], token: &str, sem: bool, flag: &Arc<LostFlag>) {
         let mut st = self.state();
         if st.closed {
@@ -343,10 +374,20 @@ impl Conn {
         let reason = ev.get("reason").and_then(Json::as_str).unwrap_or(name);
         let st = self.state();
         for w in st.watches.iter() {
-            if w.event == name && w.token == token && w.keys.iter().any(|k| k == key) {
-                if let Some(f) = w.flag.upgrade() {
-                    f.set(reason);
-                }
+            if w.token != token || !w.keys.iter().any(|k| k == key) {
+                continue;
+            }
+            let f = match w.flag.upgrade() {
+                Some(f) => f,
+                None => continue,
+            };
+            // "lock_" or "sem_", as the lost event of the watch.
+            let kind = &w.event[..w.event.len() - "lost".len()];
+            match name.strip_prefix(kind) {
+                Some("lost") => f.set(reason),
+                Some("at_risk") => f.set_risk(key, true),
+                Some("safe") => f.set_risk(key, false),
+                _ => {}
             }
         }
     }

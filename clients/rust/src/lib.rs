@@ -221,7 +221,7 @@ enum Kind {
 /// A lock (or semaphore grant) held: unlocked when dropped, or by
 /// `unlock()`, which says whether that worked. `is_lost()` tells when the
 /// daemon reported it lost (`lock_lost`, `sem_lost`) or its session ended;
-/// stop writing under it then.
+/// stop writing under it then. `is_at_risk()` tells the warning before.
 pub struct Held {
     conn: Arc<Conn>,
     kind: Kind,
@@ -281,6 +281,20 @@ impl Held {
     /// Wait up to TIMEOUT for the loss; the reason, or None.
     pub fn wait_lost(&self, timeout: Duration) -> Option<String> {
         self.lost.wait(timeout)
+    }
+    /// True from `lock_at_risk` (`sem_at_risk`) until `lock_safe`
+    /// (`sem_safe`): a renewal failed or is late and the lease may end, so
+    /// finish or pause the writes. For a group, while any key is at risk.
+    pub fn is_at_risk(&self) -> bool {
+        self.lost.at_risk()
+    }
+    /// Wait up to TIMEOUT for the hold to be at risk; whether it is.
+    pub fn wait_at_risk(&self, timeout: Duration) -> bool {
+        self.lost.wait_risk(true, timeout)
+    }
+    /// Wait up to TIMEOUT for the hold to be safe again; whether it is.
+    pub fn wait_safe(&self, timeout: Duration) -> bool {
+        self.lost.wait_risk(false, timeout)
     }
 
     /// Sets the remaining lease to TTL_MS; returns the new `lease_ms`.

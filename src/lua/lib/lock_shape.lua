@@ -66,8 +66,26 @@ local function is_lock(key)
     return holders_ok(key, false)
 end
 
-local function is_rwlock(key)
-    return holders_ok(key, true)
+-- Whether KEY (a hash) is a read-write lock that FIELD (nil or "" for
+-- none) may act on. Any number of readers share one lock, so only a
+-- small hash is checked whole; past that, what the script relies on is
+-- looked at (the mode and FIELD's own count), which keeps the work of
+-- one script bounded however many readers hold the lock. A lock leased
+-- built is never refused for the number of its readers.
+local function is_rwlock(key, field)
+    local len = redis.call('hlen', key)
+    if len <= 65 then
+        return holders(key, true, len) ~= false
+    end
+    local m = redis.call('hget', key, 'mode')
+    if m ~= 'read' and m ~= 'write' then
+        return false
+    end
+    if not field or field == '' then
+        return true
+    end
+    local c = redis.call('hget', key, field)
+    return not c or string.match(c, '^[1-9]%d*$') ~= nil
 end
 
 -- A reader's lease lives in one key per hold, Redisson's

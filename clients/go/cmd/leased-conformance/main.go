@@ -182,6 +182,8 @@ func (r *run) do(s step) (map[string]any, error) {
 		return errResult(h.Unlock(context.Background()), map[string]any{}), nil
 	case "wait_lost":
 		return r.waitLost(s)
+	case "wait_at_risk", "wait_safe":
+		return r.waitRisk(s, str(s, "do") == "wait_at_risk")
 	case "await":
 		return r.await(s)
 	case "cancel":
@@ -324,6 +326,30 @@ func (r *run) waitLost(s step) (map[string]any, error) {
 	case <-time.After(dur(s, "within_ms")):
 		return nil, fmt.Errorf("no lost signal within %v", dur(s, "within_ms"))
 	}
+}
+
+// waitRisk waits on AtRiskC for at risk; safe has no channel of its own,
+// so it is polled.
+func (r *run) waitRisk(s step, atRisk bool) (map[string]any, error) {
+	h, err := r.held(s)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.After(dur(s, "within_ms"))
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for h.AtRisk() != atRisk {
+		select {
+		case <-h.Done():
+			return nil, fmt.Errorf("lost (%s) while waiting", h.Reason())
+		case <-deadline:
+			return nil, fmt.Errorf("at risk %v, not %v, after %v", !atRisk,
+				atRisk, dur(s, "within_ms"))
+		case <-h.AtRiskC():
+		case <-tick.C:
+		}
+	}
+	return map[string]any{}, nil
 }
 
 func (r *run) await(s step) (map[string]any, error) {

@@ -273,6 +273,25 @@ impl Run {
         }
     }
 
+    fn wait_risk(&mut self, step: &Json, at_risk: bool) -> StepResult {
+        let name = field(step, "held");
+        let h = self
+            .held
+            .get(name)
+            .ok_or_else(|| format!("no held {:?}", name))?;
+        let within = Duration::from_millis(int(step, "within_ms").unwrap_or(5000) as u64);
+        let reached = if at_risk {
+            h.wait_at_risk(within)
+        } else {
+            h.wait_safe(within)
+        };
+        if !reached || h.is_lost() {
+            let what = if at_risk { "at risk" } else { "safe" };
+            return Err(format!("{:?} was not {} within {:?}", name, what, within));
+        }
+        Ok(Json::object())
+    }
+
     fn step(&mut self, step: &Json) -> StepResult {
         let done =
             |r: leased::Result<Json>| Ok(r.map_or_else(|e| error_result(&e), |_| Json::object()));
@@ -287,6 +306,8 @@ impl Run {
             "sem" => self.sem(step),
             "unlock" => self.unlock(step),
             "wait_lost" => self.wait_lost(step),
+            "wait_at_risk" => self.wait_risk(step, true),
+            "wait_safe" => self.wait_risk(step, false),
             "await" => self.await_op(step),
             "cancel" => {
                 let name = field(step, "op");

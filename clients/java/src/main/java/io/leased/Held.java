@@ -23,6 +23,10 @@ public final class Held implements AutoCloseable {
     private final CompletableFuture<LockLost> lost = new CompletableFuture<>();
     private final AtomicBoolean closed = new AtomicBoolean();
     private volatile boolean gone;
+    // Keys at risk (lock_at_risk until lock_safe), and the future of the
+    // episode under way or to come; both under this.
+    private final java.util.Set<String> risky = new java.util.HashSet<>();
+    private CompletableFuture<Map<String, Object>> risk = new CompletableFuture<>();
 
     Held(Leased ld, Leased.Conn conn, List<String> keys, boolean group, Map<String, Object> reply,
             String mode, boolean sem) {
@@ -84,6 +88,47 @@ public final class Held implements AutoCloseable {
     /** Whether the hold has been reported lost. */
     public boolean isLost() {
         return gone;
+    }
+
+    /**
+     * Whether the hold is at risk: from {@code lock_at_risk} ({@code
+     * sem_at_risk}) until {@code lock_safe} ({@code sem_safe}) a renewal failed
+     * or is late and the lease may end, so finish or pause the writes. For a
+     * group, while any of its keys is at risk.
+     */
+    public synchronized boolean atRisk() {
+        return !risky.isEmpty();
+    }
+
+    /**
+     * Completes with the {@code lock_at_risk} event when the hold is put at
+     * risk: already done while it is, else at the next episode. After {@code
+     * lock_safe} a new future stands for the next one.
+     */
+    public synchronized CompletableFuture<Map<String, Object>> atRiskFuture() {
+        return risk;
+    }
+
+    void risk(String key, boolean atRisk, Map<String, Object> event) {
+        CompletableFuture<Map<String, Object>> started = null;
+        synchronized (this) {
+            boolean was = !risky.isEmpty();
+            if (atRisk) {
+                risky.add(key);
+            } else {
+                risky.remove(key);
+            }
+            if (!was && atRisk) {
+                started = risk;
+            } else if (was && risky.isEmpty()) {
+                risk = new CompletableFuture<>();
+            }
+        }
+        if (started != null) {
+            // Off the reader thread, as for lost().
+            CompletableFuture<Map<String, Object>> f = started;
+            CompletableFuture.runAsync(() -> f.complete(event));
+        }
     }
 
     boolean group() {

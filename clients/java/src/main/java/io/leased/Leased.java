@@ -525,6 +525,10 @@ public final class Leased implements AutoCloseable {
             }
         }
 
+        /** The events that put a key of a hold at risk (true) or take it out. */
+        private static final Map<Object, Boolean> RISK = Map.of("lock_at_risk", true,
+                "sem_at_risk", true, "lock_safe", false, "sem_safe", false);
+
         private void event(Map<String, Object> msg) {
             Object ev = msg.get("event");
             if ("lock_lost".equals(ev) || "sem_lost".equals(ev)) {
@@ -546,6 +550,14 @@ public final class Leased implements AutoCloseable {
                         early.clear();
                     }
                     early.put(key + "\0" + token, msg);
+                }
+            } else if (RISK.containsKey(ev)) {
+                String key = String.valueOf(msg.get("key"));
+                String token = String.valueOf(msg.get("token"));
+                for (Held h : holds.getOrDefault(token, new CopyOnWriteArrayList<>())) {
+                    if (h.matches(key, token)) {
+                        h.risk(key, RISK.get(ev), msg);
+                    }
                 }
             }
             if (ld.onEvent != null) {

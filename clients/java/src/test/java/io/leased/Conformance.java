@@ -242,6 +242,10 @@ public final class Conformance {
                 return sem(s);
             case "wait_lost":
                 return waitLost(s);
+            case "wait_at_risk":
+                return waitRisk(s, true);
+            case "wait_safe":
+                return waitRisk(s, false);
             case "await":
                 return await(String.valueOf(s.get("op")));
             case "cancel":
@@ -449,6 +453,31 @@ public final class Conformance {
         } catch (TimeoutException e) {
             throw new StepFailed("no lost signal within " + within + " ms");
         }
+    }
+
+    /**
+     * At risk through {@link Held#atRiskFuture()}; safe has no future of its
+     * own, so {@link Held#atRisk()} is polled.
+     */
+    Map<String, Object> waitRisk(Map<String, Object> s, boolean atRisk) throws Exception {
+        Held h = handle(s.get("held"));
+        long within = s.get("within_ms") instanceof Number n ? n.longValue() : LOST_MS;
+        long deadline = System.currentTimeMillis() + within;
+        if (atRisk) {
+            try {
+                h.atRiskFuture().get(within, TimeUnit.MILLISECONDS);
+            } catch (TimeoutException e) {
+                throw new StepFailed("not at risk within " + within + " ms");
+            }
+        }
+        while (h.atRisk() != atRisk && !h.isLost() && System.currentTimeMillis() < deadline) {
+            Thread.sleep(20);
+        }
+        if (h.atRisk() != atRisk || h.isLost()) {
+            throw new StepFailed("not " + (atRisk ? "at risk" : "safe") + " within " + within
+                    + " ms" + (h.isLost() ? " (lost)" : ""));
+        }
+        return new LinkedHashMap<>();
     }
 
     Map<String, Object> cached(Map<String, Object> s) throws Exception {

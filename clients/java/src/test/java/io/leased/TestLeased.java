@@ -1,10 +1,13 @@
 package io.leased;
 
+import java.io.BufferedReader;
 import java.io.IOException;
 import java.net.ServerSocket;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
+import java.nio.channels.Channels;
+import java.nio.channels.ServerSocketChannel;
 import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -19,6 +22,8 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 
 /**
  * The Java client against a real leased at $LEASED_SOCKET (the restart tests
@@ -78,6 +83,46 @@ public final class TestLeased {
         Object stats = ld.call("stats", Map.of()).get("stats");
         Object w = ((Map<?, ?>) stats).get("lock_waiters");
         return w instanceof Number n ? n.longValue() : -1;
+    }
+
+    static final Pattern ID = Pattern.compile("\"id\":(\\d+)");
+    static final Pattern OP = Pattern.compile("\"op\":\"([a-z_.]+)\"");
+
+    static String riskEvent(String name, String key) {
+        return "{\"event\":\"" + name + "\",\"key\":\"" + key
+                + "\",\"token\":\"t1\",\"lease_left_ms\":1850}\n";
+    }
+
+    /**
+     * Answers one connection as the daemon would: the lock of a group is
+     * granted; before the first ping's reply both keys go at risk and a is
+     * safe again, before the second's b is.
+     */
+    static void standInDaemon(ServerSocketChannel srv) {
+        try (SocketChannel c = srv.accept();
+                BufferedReader in = new BufferedReader(
+                        Channels.newReader(c, StandardCharsets.UTF_8))) {
+            int pings = 0;
+            for (String line; (line = in.readLine()) != null;) {
+                Matcher id = ID.matcher(line);
+                Matcher op = OP.matcher(line);
+                String name = op.find() ? op.group(1) : "";
+                StringBuilder out = new StringBuilder();
+                if (name.equals("ping") && ++pings == 1) {
+                    out.append(riskEvent("lock_at_risk", "a"))
+                            .append(riskEvent("lock_at_risk", "b"))
+                            .append(riskEvent("lock_safe", "a"));
+                } else if (name.equals("ping")) {
+                    out.append(riskEvent("lock_safe", "b"));
+                }
+                out.append("{\"id\":").append(id.find() ? id.group(1) : "null")
+                        .append(",\"ok\":true,\"protocol\":1,\"features\":[],\"acquired\":true,"
+                                + "\"token\":\"t1\",\"count\":1,\"released\":true}\n");
+                c.write(ByteBuffer.wrap(out.toString().getBytes(StandardCharsets.UTF_8)));
+            }
+        } catch (IOException e) {
+            // the client closed
+        }
     }
 
     public static void main(String[] args) throws Exception {
@@ -271,6 +316,35 @@ public final class TestLeased {
                     check(held.isLost(), "isLost");
                 } // closing a lost hold is no error
                 eq(Boolean.TRUE, ld.ping().get("ok"), "connection still usable");
+            }
+        });
+
+        test("held.atRisk() follows lock_at_risk and lock_safe of each key", () -> {
+            Path dir = Files.createTempDirectory("leased-java-risk");
+            Path sock = dir.resolve("s.sock");
+            try (ServerSocketChannel srv = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
+                srv.bind(UnixDomainSocketAddress.of(sock));
+                Thread peer = new Thread(() -> standInDaemon(srv));
+                peer.setDaemon(true);
+                peer.start();
+                try (Leased ld = new Leased(sock.toString());
+                        Held held = ld.lock(List.of("a", "b"), new LockOptions())) {
+                    CompletableFuture<Map<String, Object>> first = held.atRiskFuture();
+                    check(!held.atRisk() && !first.isDone(), "at risk before any event");
+                    // Lines are read in order: the ping's reply comes after
+                    // lock_at_risk of a and b and lock_safe of a.
+                    ld.ping();
+                    Map<String, Object> ev = first.get(WAIT_MS, TimeUnit.MILLISECONDS);
+                    eq("lock_at_risk", ev.get("event"), "event");
+                    check(held.atRisk(), "safe while b is at risk");
+                    ld.ping(); // after lock_safe of b
+                    check(!held.atRisk(), "at risk after lock_safe of every key");
+                    check(!held.atRiskFuture().isDone(), "the next episode's future is done");
+                    check(!held.isLost(), "lost");
+                }
+            } finally {
+                Files.deleteIfExists(sock);
+                Files.deleteIfExists(dir);
             }
         });
 
