@@ -167,7 +167,7 @@ redis:
   connections: $_sl_conns
 $leased_redis_extra
 lock:
-  watchdog_ms: 30000
+  watchdog_ms: ${leased_watchdog_ms:-30000}
 $leased_lock_extra
 journal:
   path: "$tmp/invalidations.journal"

@@ -22,6 +22,7 @@
 #      with redis.mode cluster over three masters against a cluster-aware
 #      direct client (--no-cluster leaves it out);
 #   6. resources.sh: memory, renewal CPU, instructions per op;
+#   7. cost.sh: Redis instructions per op pair against Redisson's scripts;
 # and writes bench/results.md. Text below the marker line of an existing
 # results.md (the hand-written analysis) is kept.
 set -eu
@@ -189,6 +190,13 @@ if [ "$resources" = 1 ]; then
     sed 's/^/section=resources /' "$tmp/res.txt" >>"$rawfile"
     cat "$tmp/res.txt" >&2
 fi
+
+# Redis instructions per op pair against Redisson's scripts (cost.sh).
+sh "$here/cost.sh" --builddir "$builddir" --srcdir "$srcdir" \
+    --redis-server "$redis_server" --raw "$tmp/cost.txt" $qflag ||
+    say "cost.sh failed"
+[ ! -s "$tmp/cost.txt" ] ||
+    sed 's/^/section=cost /' "$tmp/cost.txt" >>"$rawfile"
 
 t_end=$(date +%s)
 load_after=$(uptime | sed 's/.*load average: *//')
@@ -670,6 +678,16 @@ END {
     print "</details>"
     print ""
 }' "$rawfile"
+if [ -s "$tmp/cost.txt" ]; then
+    echo "## What Redis executes per op, against Redisson's scripts"
+    echo
+    echo "redis-server under callgrind, leased native; each pair run 3000"
+    echo "times in a row on one connection (bench/cost.sh, bench/cost.py);"
+    echo "the Redisson side runs bench/redisson/*.lua by EVALSHA."
+    echo
+    sh "$here/cost.sh" --table "$tmp/cost.txt"
+    echo
+fi
 echo "$marker"
 cat "$notes"
 } >"$out.tmp"

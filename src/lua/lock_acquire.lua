@@ -17,9 +17,19 @@
 --   {-2}                       ABSENT: reenter-only and no lock
 --   {-3, pttl}                 OTHER: reenter-only and held by another
 --@include lock_numbers.lua
+-- The shape checks (lib/lock_shape.lua) are defined only when a script
+-- needs them: creating their closures would cost every call.
+local function shape()
 --@include lock_shape.lua
+    return holders, count_of
+end
 local t = redis.call('type', KEYS[1]).ok
-local kv = t == 'hash' and holders(KEYS[1], false)
+local kv, count_of = false, nil
+if t == 'hash' then
+    local holders
+    holders, count_of = shape()
+    kv = holders(KEYS[1], false)
+end
 if t ~= 'none' and not kv then
     return {-1}
 end
@@ -38,7 +48,7 @@ if kv then
         end
         local n = redis.call('hincrby', KEYS[1], ARGV[2], 1)
         if lease > 0 then
-            redis.call('pexpire', KEYS[1], lease)
+            redis.call('pexpire', KEYS[1], ARGV[1])
         end
         -- Every new acquisition increments the counter, so while this
         -- holder kept the lock the counter still carries its fence.
@@ -76,7 +86,8 @@ if type(r) == 'table' then
     return {-1}
 end
 redis.call('hset', KEYS[1], ARGV[2], 1)
-redis.call('pexpire', KEYS[1], lease)
+-- ARGV[1] as sent: a Lua number would be printed back with sprintf.
+redis.call('pexpire', KEYS[1], ARGV[1])
 -- INCR's answer is exact as a Lua number below 2^53; above, the
 -- counter's own text.
 if r < 9007199254740992 then

@@ -9,25 +9,36 @@
 -- key holds another type or a hash that is not a lock, {-2} ABSENT: no
 -- lock, {-3} OTHER: held by another.
 -- A hash that is not a lock (lib/lock_shape.lua) is never changed.
+-- The shape checks (lib/lock_shape.lua) are defined only when a script
+-- needs them: creating their closures would cost every call.
+local function shape()
 --@include lock_shape.lua
--- HLEN fails on anything but a hash and is 0 for no key: TYPE is not
--- needed.
-local len = redis.pcall('hlen', KEYS[1])
-if type(len) == 'table' then
+    return holders, count_of
+end
+-- The holder's own field first (HGET fails on anything but a hash): a
+-- hash whose one field is this holder with a count is a lock, and only a
+-- hash with more fields needs every field checked (HGETALL).
+local held = redis.pcall('hget', KEYS[1], ARGV[1])
+if type(held) == 'table' then
     return {-1}
 end
+local len = redis.call('hlen', KEYS[1])
 if len == 0 then
     return {-2}
 end
-local kv = holders(KEYS[1], false, len)
-if not kv then
+-- A 32-hex-digit token is the daemon's own: a holder; others (Redisson's
+-- <uuid>:<thread id>) are checked as the lib does.
+local own = #ARGV[1] == 32 and string.find(ARGV[1], '^[0-9a-f]+$')
+if len > 1 or not held or not own then
+    local holders = shape()
+    if not holders(KEYS[1], false, len) then
+        return {-1}
+    end
+    if not held then
+        return {-3}
+    end
+elseif not string.find(held, '^[1-9]%d*$') then
     return {-1}
-end
--- The holder's count from the list the shape check read: no HEXISTS, and
--- no HINCRBY for the last hold.
-local held = count_of(kv, ARGV[1])
-if not held then
-    return {-3}
 end
 if ARGV[2] == '1' and held ~= '1' then
     return {0, redis.call('hincrby', KEYS[1], ARGV[1], -1)}

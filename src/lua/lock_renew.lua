@@ -1,7 +1,7 @@
 --@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- Renew (watchdog), extend, or check a holder's lease. The watchdog sends
--- one of these per lock in a single burst, so the common path is three
--- calls: HGET, PTTL, PEXPIRE.
+-- one of these per lock in a single burst, so the common path is two
+-- calls: HGET, PEXPIRE.
 -- KEYS[1] lock hash  KEYS[2] force marker (lock_force.lua), optional
 -- ARGV[1] holder field
 -- ARGV[2] lease in ms; 0 only reports (check only, nothing written)
@@ -28,8 +28,20 @@ if #v > 15 or not string.find(v, '^[1-9][0-9]*$') then
     return {-1}
 end
 local lease = tonumber(ARGV[2])
+if lease > 0 then
+    -- GT never shortens a lease and saves a PTTL: only a lease longer
+    -- than the renewal (after an extend) needs asking for.
+    if ARGV[3] ~= '1' then
+        redis.call('pexpire', KEYS[1], ARGV[2])
+        return {1, lease, tonumber(v)}
+    end
+    if redis.call('pexpire', KEYS[1], ARGV[2], 'GT') == 1 then
+        return {1, lease, tonumber(v)}
+    end
+end
 local left = redis.call('pttl', KEYS[1])
-if lease > 0 and (ARGV[3] ~= '1' or left < lease) then
+if lease > 0 and left == -1 then
+    -- GT leaves a key without a TTL alone: give it the lease.
     redis.call('pexpire', KEYS[1], lease)
     left = lease
 end

@@ -8,38 +8,45 @@
 --                          the next lease ends (-1: none ends)
 --   {-1}                   WRONG_TYPE
 --@include sem_shape.lua
-if not sem_shape_ok() then
+-- One ZRANGE of every grant (it fails on a key of another type) gives
+-- the dead, the live and the longest lease: no TYPE of the zset, no
+-- second and third range.
+local all = redis.pcall('zrange', KEYS[1], 0, -1, 'withscores')
+local h = redis.call('type', KEYS[2]).ok
+if type(all) ~= 'table' or all.err or (h ~= 'none' and h ~= 'hash') then
     return {-1}
 end
 local now = sem_now()
-local dead = redis.call('zrangebyscore', KEYS[1], '-inf', now)
-for i = 1, #dead do
-    redis.call('hdel', KEYS[2], dead[i])
-end
-if #dead > 0 then
-    redis.call('zremrangebyscore', KEYS[1], '-inf', now)
-end
 local limit = tonumber(ARGV[1])
 local want = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
-local held = sem_held(now)
-if held + want > limit then
-    local first = redis.call('zrange', KEYS[1], 0, 0, 'withscores')
-    local wait = -1
-    if #first == 2 then
-        wait = tonumber(first[2]) - now
+local held, dead, first, last = 0, 0, nil, now + lease
+for i = 1, #all, 2 do
+    local at = tonumber(all[i + 1])
+    if at <= now then
+        redis.call('hdel', KEYS[2], all[i])
+        dead = dead + 1
+    else
+        held = held + (tonumber(redis.call('hget', KEYS[2], all[i])) or 0)
+        first = first or at
+        if at > last then
+            last = at
+        end
     end
+end
+if dead > 0 then
+    redis.call('zremrangebyscore', KEYS[1], '-inf', now)
+end
+if held + want > limit then
     local avail = limit - held
     if avail < 0 then
         avail = 0
     end
-    return {0, avail, wait}
+    return {0, avail, first and first - now or -1}
 end
 redis.call('zadd', KEYS[1], now + lease, ARGV[4])
 redis.call('hset', KEYS[2], ARGV[4], want)
 -- Both keys live as long as the longest lease.
-local last = redis.call('zrange', KEYS[1], -1, -1, 'withscores')
-local ttl = tonumber(last[2]) - now + 1
-redis.call('pexpire', KEYS[1], ttl)
-redis.call('pexpire', KEYS[2], ttl)
+redis.call('pexpire', KEYS[1], last - now + 1)
+redis.call('pexpire', KEYS[2], last - now + 1)
 return {1, limit - held - want, lease}

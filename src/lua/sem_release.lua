@@ -5,15 +5,17 @@
 -- holds nothing here (never did, released, or its lease ended),
 -- {-1} WRONG_TYPE.
 --@include sem_shape.lua
-if not sem_shape_ok() then
+-- ZSCORE and HGET fail on a key of another type before anything is
+-- written: no TYPE needed.
+local score = redis.pcall('zscore', KEYS[1], ARGV[1])
+local n = redis.pcall('hget', KEYS[2], ARGV[1])
+if type(score) == 'table' or type(n) == 'table' then
     return {-1}
 end
-local now = sem_now()
-local score = redis.call('zscore', KEYS[1], ARGV[1])
-local n = tonumber(redis.call('hget', KEYS[2], ARGV[1]))
+n = tonumber(n)
 redis.call('zrem', KEYS[1], ARGV[1])
 redis.call('hdel', KEYS[2], ARGV[1])
-if not score or not n or tonumber(score) <= now then
+if not score or not n or tonumber(score) <= sem_now() then
     return {0}
 end
 redis.call('publish', ARGV[2], '1')

@@ -5,13 +5,14 @@
 -- Returns {1} HELD (renewed), {0} ABSENT: the grant is gone (released,
 -- lease ended, Redis lost it), {-1} WRONG_TYPE.
 --@include sem_shape.lua
-if not sem_shape_ok() then
+-- ZSCORE and HEXISTS fail on a key of another type: no TYPE needed.
+local score = redis.pcall('zscore', KEYS[1], ARGV[1])
+local has = redis.pcall('hexists', KEYS[2], ARGV[1])
+if type(score) == 'table' or type(has) == 'table' then
     return {-1}
 end
 local now = sem_now()
-local score = redis.call('zscore', KEYS[1], ARGV[1])
-if not score or tonumber(score) <= now
-   or redis.call('hexists', KEYS[2], ARGV[1]) == 0 then
+if not score or tonumber(score) <= now or has == 0 then
     return {0}
 end
 local lease = tonumber(ARGV[2])

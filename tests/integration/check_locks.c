@@ -1089,6 +1089,63 @@ START_TEST(test_shutdown_releases)
 }
 END_TEST
 
+/* Calls of Redis command CMD (lower case) since the last CONFIG RESETSTAT,
+ * scripts' inner calls included. */
+static long long
+cmd_calls(const char *cmd)
+{
+    char pat[64];
+    redisReply *r = h_redis_cmd(&R, "INFO commandstats");
+    ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
+    const char *p = strstr(r->str, pat);
+    long long n = p != NULL ? atoll(p + strlen(pat)) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+/* An unlock reads the holder's own field, not the whole hash: a lock
+ * whose one field is its holder needs no HGETALL (issue 30). */
+START_TEST(test_unlock_cost)
+{
+    struct h_conn *a;
+
+    h_start(NULL);
+    a = lk_connect(&D);
+    json_decref(lk_must(a, "cost", NULL, NO_TTL, 0));
+    lk_unlock_ok(a, "cost", NULL);
+    freeReplyObject(h_redis_cmd(&R, "CONFIG RESETSTAT"));
+    for (int i = 0; i < 10; i++) {
+        json_decref(lk_must(a, "cost", NULL, NO_TTL, 0));
+        lk_unlock_ok(a, "cost", NULL);
+    }
+    ck_assert_int_eq(cmd_calls("hgetall"), 0);
+    ck_assert_int_eq(cmd_calls("del"), 10);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{cost}"), 0);
+    h_close(a);
+}
+END_TEST
+
+/* A watchdog renewal that lengthens the lease is HGET and PEXPIRE GT: no
+ * PTTL first (issue 30). */
+START_TEST(test_renew_cost)
+{
+    struct h_conn *a;
+
+    h_start("lock:\n  watchdog_ms: 600\n");
+    a = lk_connect(&D);
+    json_decref(lk_must(a, "cost", NULL, NO_TTL, 0));
+    freeReplyObject(h_redis_cmd(&R, "CONFIG RESETSTAT"));
+    long long ok0 = h_stat(a, "lock_renewals_ok");
+    ck_assert(h_wait_stat_min(a, "lock_renewals_ok", ok0 + 3, 10000));
+    ck_assert_int_ge(cmd_calls("pexpire"), 3);
+    ck_assert_int_eq(cmd_calls("pttl"), 0);
+    ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{cost}"), 0);
+    lk_unlock_ok(a, "cost", NULL);
+    h_close(a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 int
@@ -1111,6 +1168,8 @@ main(void)
         H_CASE(redisson_layout, 60),
         H_CASE(wait_replicas, 60),
         H_CASE(shutdown_releases, 60),
+        H_CASE(unlock_cost, 60),
+        H_CASE(renew_cost, 60),
     };
 
     return H_MAIN(fx, cases);

@@ -765,6 +765,47 @@ START_TEST(test_fixed_lease_checked)
 }
 END_TEST
 
+/* Calls of Redis command CMD (lower case) since the last CONFIG RESETSTAT,
+ * scripts' inner calls included. */
+static long long
+cmd_calls(const char *cmd)
+{
+    char pat[64];
+    redisReply *r = h_redis_cmd(&R, "INFO commandstats");
+    ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
+    const char *p = strstr(r->str, pat);
+    long long n = p != NULL ? atoll(p + strlen(pat)) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+/* An acquire reads the grants once (one ZRANGE) and neither script asks
+ * for types: ZRANGE, ZSCORE and HGET refuse another type themselves
+ * (issue 30). */
+START_TEST(test_pair_cost)
+{
+    struct h_conn *a;
+    char tok[65];
+
+    h_start(NULL);
+    a = h_connect_ok(&D1);
+    freeReplyObject(h_redis_cmd(&R, "CONFIG RESETSTAT"));
+    for (int i = 0; i < 10; i++) {
+        s_must(a, "cost", 3, 1, 0, tok);
+        json_t *r = s_release(a, "cost", tok);
+        ck_assert_msg(h_ok(r) && jint(r, "released") == 1, "release: %s",
+                      h_errcode(r));
+        json_decref(r);
+    }
+    ck_assert_int_eq(cmd_calls("zrange"), 10);
+    ck_assert_int_eq(cmd_calls("zrangebyscore"), 0);
+    ck_assert_int_le(cmd_calls("type"), 10);
+    ck_assert_int_eq(cmd_calls("publish"), 10);
+    h_close(a);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -784,6 +825,7 @@ main(void)
         H_CASE(recheck_on_restart, 90),
         H_CASE(fixed_lease_checked, 60),
         H_CASE(contention_two_daemons, 200),
+        H_CASE(pair_cost, 60),
     };
     return H_MAIN(fx, cases);
 }

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Instructions redis-server executes per op pair, through leased and for
+what an app would send without it (Redisson's scripts by EVALSHA, plain
+GET and MGET). Run by bench/cost.sh, which starts redis-server under
+callgrind and leased natively; prints one key=value line per case.
+
+Each case runs its pairs one after the other on one connection, between a
+zeroing and a dump of redis-server's counters (callgrind_control), so the
+window holds the case's work and little else (serverCron)."""
+
+import argparse
+import glob
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+
+VALUE = 'v' * 100
+MGET_KEYS = 10
+
+
+class Resp:
+    def __init__(self, port):
+        self.s = socket.create_connection(('127.0.0.1', port))
+        self.f = self.s.makefile('rb')
+
+    def call(self, *args):
+        out = [b'*%d\r\n' % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b'$%d\r\n%s\r\n' % (len(a), a))
+        self.s.sendall(b''.join(out))
+        return self.read()
+
+    def read(self):
+        line = self.f.readline()[:-2]
+        t, rest = line[:1], line[1:]
+        if t == b'-':
+            raise RuntimeError(rest.decode())
+        if t in (b'+', b':'):
+            return int(rest) if t == b':' else rest.decode()
+        if t == b'$':
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.f.read(n + 2)[:-2]
+            return data.decode()
+        n = int(rest)
+        return None if n < 0 else [self.read() for _ in range(n)]
+
+
+class Leased:
+    def __init__(self, path):
+        self.s = socket.socket(socket.AF_UNIX)
+        self.s.connect(path)
+        self.f = self.s.makefile('rb')
+
+    def call(self, **req):
+        self.s.sendall(json.dumps(req).encode() + b'\n')
+        while True:
+            r = json.loads(self.f.readline())
+            if 'event' not in r:
+                break
+        if not r.get('ok'):
+            raise RuntimeError(json.dumps(r))
+        return r
+
+
+class Callgrind:
+    def __init__(self, pid, out):
+        self.pid, self.out = pid, out
+
+    def zero(self):
+        subprocess.run(['callgrind_control', '-z', str(self.pid)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def dump(self):
+        n = len(glob.glob(self.out + '.[0-9]*')) + 1
+        subprocess.run(['callgrind_control', '-d', str(self.pid)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        path = '%s.%d' % (self.out, n)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with open(path) as f:
+                    text = f.read()
+                if re.search(r'^totals:', text, re.M):
+                    return int(re.search(r'^summary: *(\d+)', text,
+                                         re.M).group(1))
+            except FileNotFoundError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError('no callgrind dump in ' + path)
+
+    def window(self, fn, ops):
+        self.zero()
+        for i in range(ops):
+            fn(i)
+        return self.dump()
+
+
+def load(r, srcdir, name):
+    with open(os.path.join(srcdir, 'bench', 'redisson', name + '.lua')) as f:
+        return r.call('SCRIPT', 'LOAD', f.read())
+
+
+def pairs(a):
+    """The cases of op pairs: name -> (setup, one pair)."""
+    r = Resp(a.port)
+    ld = Leased(a.sock)
+    sha = {n: load(r, a.srcdir, n) for n in (
+        'lock_acquire', 'lock_release', 'read_acquire', 'read_release',
+        'write_acquire', 'write_release', 'sem_acquire', 'sem_release')}
+    holder = 'c0ffee00-0000-4000-8000-000000000001:1'
+    lease = 30000
+    cases = {}
+
+    cases['leased lock+unlock'] = lambda i: (
+        ld.call(op='lock', key='cost.l'), ld.call(op='unlock', key='cost.l'))
+    cases['redisson RLock'] = lambda i: (
+        r.call('EVALSHA', sha['lock_acquire'], 1, 'cost.rl', lease, holder),
+        r.call('EVALSHA', sha['lock_release'], 2, 'cost.rl',
+               'redisson_lock__channel:{cost.rl}', 0, lease, holder))
+    for m in ('read', 'write'):
+        cases['leased rw %s' % m] = (lambda m: lambda i: (
+            ld.call(op='lock', key='cost.rw', mode=m),
+            ld.call(op='unlock', key='cost.rw', mode=m)))(m)
+    tmo = '{cost.rrw}:%s:rwlock_timeout' % holder
+    cases['redisson RReadWriteLock read'] = lambda i: (
+        r.call('EVALSHA', sha['read_acquire'], 2, 'cost.rrw', tmo, lease,
+               holder, holder + ':write'),
+        r.call('EVALSHA', sha['read_release'], 4, 'cost.rrw',
+               'redisson_rwlock:{cost.rrw}', tmo, '{cost.rrw}', 0, holder))
+    cases['redisson RReadWriteLock write'] = lambda i: (
+        r.call('EVALSHA', sha['write_acquire'], 1, 'cost.rrw', lease,
+               holder + ':write'),
+        r.call('EVALSHA', sha['write_release'], 2, 'cost.rrw',
+               'redisson_rwlock:{cost.rrw}', 0, lease, holder + ':write'))
+
+    def sem(i):
+        t = ld.call(op='sem.acquire', key='cost.s', limit=10)['token']
+        ld.call(op='sem.release', key='cost.s', token=t)
+    cases['leased sem'] = sem
+    r.call('SET', 'cost.rs', 10)
+    cases['redisson RSemaphore'] = lambda i: (
+        r.call('EVALSHA', sha['sem_acquire'], 1, 'cost.rs', 1),
+        r.call('EVALSHA', sha['sem_release'], 2, 'cost.rs',
+               'redisson_sc:{cost.rs}', 1))
+
+    keys = ['cost.h%d' % k for k in range(MGET_KEYS)]
+    for k in keys:
+        ld.call(op='cache.set', key=k, value=VALUE, ttl_ms=3600000)
+        r.call('SET', 'plain:' + k, VALUE)
+
+    def hit(i):
+        if ld.call(op='cache.get', key=keys[0])['value'] != VALUE:
+            raise RuntimeError('cache.get did not hit')
+    cases['leased cache.get hit 100 B'] = hit
+    cases['GET 100 B'] = lambda i: r.call('GET', 'plain:' + keys[0])
+    cases['leased cache.mget %d hits' % MGET_KEYS] = lambda i: ld.call(
+        op='cache.mget', keys=keys)
+    cases['MGET %d' % MGET_KEYS] = lambda i: r.call(
+        'MGET', *['plain:' + k for k in keys])
+    return cases
+
+
+def renewal_leased(a, cg):
+    """Watchdog renewals of N held locks: a window of one whole pass
+    (leased runs with a short lock.watchdog_ms)."""
+    n = a.renew_locks
+    ld = Leased(a.sock)
+    for k in range(n):
+        ld.call(op='lock', key='cost.w%d' % k)
+    st = Leased(a.sock)
+
+    def done():
+        return st.call(op='stats')['stats'].get('lock_renewals_ok', 0)
+    # Between two passes the count stands still.
+    def still():
+        c = done()
+        while True:
+            time.sleep(0.2)
+            d = done()
+            if d == c:
+                return d
+            c = d
+    held = st.call(op='stats')['stats'].get('locks_held', n)
+    # One pass, from a still count to its last renewal answered: dense
+    # enough that serverCron's share of the window (at most the 2 s wait
+    # for the pass) stays small.
+    c0 = still()
+    cg.zero()
+    while done() < c0 + held:
+        time.sleep(0.01)
+    ir = cg.dump()
+    renewed = done() - c0
+    ld.s.close()
+    return ir, renewed
+
+
+def renewal_redisson(a, cg):
+    r = Resp(a.port)
+    sha = load(r, a.srcdir, 'renew')
+    n = a.renew_locks
+    holder = 'c0ffee00-0000-4000-8000-000000000001:1'
+    for k in range(n):
+        r.call('HSET', 'cost.rw%d' % k, holder, 1)
+    ir = cg.window(lambda i: r.call('EVALSHA', sha, 1, 'cost.rw%d' % (i % n),
+                                    30000, holder), n)
+    return ir, n
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument('--port', type=int, required=True)
+    p.add_argument('--sock', required=True)
+    p.add_argument('--pid', type=int, required=True)
+    p.add_argument('--cg-out', required=True)
+    p.add_argument('--srcdir', default='.')
+    p.add_argument('--ops', type=int, default=3000)
+    p.add_argument('--renew-locks', type=int, default=1000)
+    a = p.parse_args()
+    cg = Callgrind(a.pid, a.cg_out)
+    for name, fn in pairs(a).items():
+        for i in range(min(300, a.ops)):
+            fn(i)
+        ir = cg.window(fn, a.ops)
+        print('mode=cost case="%s" ops=%d ir=%d ir_per_op=%.0f'
+              % (name, a.ops, ir, ir / a.ops), flush=True)
+    for name, fn in (('leased watchdog renewal', renewal_leased),
+                     ('redisson renewal', renewal_redisson)):
+        ir, n = fn(a, cg)
+        print('mode=cost case="%s" ops=%d ir=%d ir_per_op=%.0f'
+              % (name, n, ir, ir / n), flush=True)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,77 @@
+#!/bin/sh
+# Instructions redis-server executes per op pair (callgrind: does not
+# depend on machine noise), through leased and for what an app would send
+# without it: Redisson's RLock, RReadWriteLock and RSemaphore scripts and
+# its watchdog renewal by EVALSHA (bench/redisson/), plain GET and MGET.
+# One redis-server under callgrind, leased native (lock.watchdog_ms 6000:
+# a pass of renewals every two seconds); the cases in bench/cost.py.
+# Writes key=value lines to --raw FILE (default stdout). Runs alone too:
+#   sh bench/cost.sh --builddir BUILD --srcdir SRC --redis-server PATH [--quick]
+#   sh bench/cost.sh --table RAW   prints the markdown table of RAW.
+set -eu
+
+if [ "${1:-}" = --table ]; then
+    awk '
+    /mode=cost/ {
+        match($0, /case="[^"]*"/)
+        c = substr($0, RSTART + 6, RLENGTH - 7)
+        match($0, /ir_per_op=[0-9]+/)
+        ir[c] = substr($0, RSTART + 10, RLENGTH - 10) + 0
+    }
+    function row(op, mine, theirs, label) {
+        if (!(mine in ir) || !(theirs in ir)) return
+        printf "| %s | %d | %s: %d | %.2f× |\n", op, ir[mine], label,
+            ir[theirs], ir[mine] / ir[theirs]
+    }
+    END {
+        print "| Redis instructions per op | through leased | " \
+            "without leased | ratio |"
+        print "|---|---|---|---|"
+        row("lock + unlock", "leased lock+unlock", "redisson RLock",
+            "Redisson RLock scripts")
+        row("read lock + unlock", "leased rw read",
+            "redisson RReadWriteLock read", "Redisson RReadLock scripts")
+        row("write lock + unlock", "leased rw write",
+            "redisson RReadWriteLock write", "Redisson RWriteLock scripts")
+        row("semaphore acquire + release", "leased sem",
+            "redisson RSemaphore", "Redisson RSemaphore scripts")
+        row("watchdog renewal", "leased watchdog renewal",
+            "redisson renewal", "Redisson renewExpiration")
+        row("cache.get hit, 100 B", "leased cache.get hit 100 B",
+            "GET 100 B", "GET")
+        row("cache.mget, 10 hits of 100 B", "leased cache.mget 10 hits",
+            "MGET 10", "MGET of 10 keys")
+    }' "$2"
+    exit 0
+fi
+
+here=$(dirname "$0")
+. "$here/lib.sh"
+bench_args "$@"
+bench_init
+[ -n "$raw" ] || raw=/dev/stdout
+ops=3000
+[ "$quick" = 0 ] || ops=1000
+
+if ! command -v valgrind >/dev/null ||
+    ! command -v callgrind_control >/dev/null; then
+    say "valgrind (callgrind) is not installed: no instruction counts"
+    exit 0
+fi
+
+start_redis
+stop_pid "$redis_pid"
+valgrind --tool=callgrind --callgrind-out-file="$tmp/cost.out" \
+    --dump-instr=no "$redis_server" --port "$port" --bind 127.0.0.1 \
+    --save '' --appendonly no --dir "$tmp" >/dev/null 2>&1 &
+redis_pid=$!
+_w=0
+until redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; do
+    sleep 0.2
+    _w=$((_w + 1))
+    [ $_w -lt 300 ] || { say "redis under callgrind did not start"; exit 1; }
+done
+leased_watchdog_ms=6000
+start_leased 2
+python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
+    --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" >>"$raw"
