@@ -1,0 +1,236 @@
+"""The history checker of tests/jepsen/jepsen.py.
+
+(a) fenced register: every accepted write was based on the value it
+    replaced (no lost update), fences never go down in the order Redis
+    accepted the writes, every write a client saw acknowledged is in the
+    log and none it saw refused is;
+(b) unfenced counter: read-modify-writes of different holds that overlap
+    in time, and increments lost, counted (expected above 0 under faults);
+(c) every lock_lost arrived no later than the lease end as the daemon knew
+    it: the latest confirmation (grant or extend) the client saw complete,
+    plus its lease_ms, plus SLACK for scheduling on a shared machine; a
+    hold whose client or daemon was stopped (SIGSTOP) at the deadline is
+    excused and counted apart, as no process can send or read while it is
+    stopped;
+(d) after an acknowledged (not queued) cache.invalidate of version V, no
+    cache hit invoked later than the acknowledgement plus the double-delete
+    delay plus SLACK returns a version below V.
+"""
+
+import bisect
+import json
+import statistics
+
+SLACK = 0.25
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def time_of(e):
+    return e.get("t", e.get("cpl", 0))
+
+
+def check_register(hist, final):
+    found, bad = {}, []
+    last_fence = 0
+    for line in final["log"] or []:
+        fence, read, old, new, tag = line.split()
+        fence = int(fence)
+        found[tag] = line
+        if old != read:
+            bad.append(("lost update", "write %s read %s but replaced %s"
+                        % (tag, read, old), line))
+        if fence < last_fence:
+            bad.append(("fence order", "write %s under fence %d after %d"
+                        % (tag, fence, last_fence), line))
+        last_fence = max(last_fence, fence)
+    for e in hist:
+        if e.get("f") != "fwrite":
+            continue
+        if e["type"] == "ok" and e["tag"] not in found:
+            bad.append(("acked write missing", e["tag"], e))
+        if e["type"] == "fail" and e["tag"] in found:
+            bad.append(("refused write applied", e["tag"], e))
+    if final["log"]:
+        tail = final["log"][-1].split()[3]
+        if tail != (final["reg"] or "0"):
+            bad.append(("register", "final %s but log ends at %s"
+                        % (final["reg"], tail), None))
+    return bad
+
+
+def fence_stats(hist):
+    grants = [e for e in hist if e.get("f") == "lock" and e["type"] == "ok"]
+    by_fence = {}
+    regress, last = 0, 0
+    for e in sorted(grants, key=lambda e: e["cpl"]):
+        by_fence.setdefault(e["fence"], set()).add(e["token"])
+        if e["fence"] <= last:
+            regress += 1
+        last = max(last, e["fence"])
+    reused = sum(1 for t in by_fence.values() if len(t) > 1)
+    refused = sum(1 for e in hist
+                  if e.get("f") in ("fread", "fwrite") and e["type"] == "fail")
+    return {"grants": len(grants), "max_fence": last,
+            "fence_not_increasing": regress, "fence_reused": reused,
+            "fenced_refused": refused}
+
+
+def check_counter(hist, final):
+    incs = sorted((e for e in hist if e.get("f") == "incr"),
+                  key=lambda e: e["inv"])
+    overlaps = 0
+    for i, a in enumerate(incs):
+        for b in incs[i + 1:]:
+            if b["inv"] >= a["cpl"]:
+                break
+            if b["token"] != a["token"]:
+                overlaps += 1
+    lost = len(incs) - int(final["counter"] or 0)
+    return {"incr": len(incs), "overlaps": overlaps, "lost_incr": lost}
+
+
+def stopped(hist):
+    """pid-less windows per target name: [(start, end)]."""
+    w, open_ = {}, {}
+    for e in hist:
+        if e.get("type") != "nemesis" or "target" not in e:
+            continue
+        if e["f"] == "start":
+            open_[e["target"]] = e["t"]
+        elif e["target"] in open_:
+            w.setdefault(e["target"], []).append(
+                (open_.pop(e["target"]), e["t"]))
+    return w
+
+
+def check_lost(hist, daemon_of):
+    conf, owner = {}, {}
+    for e in hist:
+        if e.get("f") in ("lock", "extend") and e["type"] == "ok" and \
+                e.get("lease") is not None:
+            end = e["cpl"] + e["lease"] / 1000.0
+            conf[e["token"]] = max(conf.get(e["token"], 0), end)
+            owner[e["token"]] = e["p"]
+    windows = stopped(hist)
+    margins, late, excused = [], [], 0
+    for e in hist:
+        if e.get("f") != "lock_lost" or e["token"] not in conf:
+            continue
+        dl = conf[e["token"]]
+        m = e["t"] - dl
+        margins.append(m)
+        if m <= SLACK:
+            continue
+        names = ("client%d" % owner[e["token"]],
+                 "leased%d" % daemon_of(owner[e["token"]]))
+        if any(s <= e["t"] and t + SLACK >= dl
+               for n in names for s, t in windows.get(n, [])):
+            excused += 1
+            continue
+        late.append(("late lock_lost", "%.3fs after the lease end" % m, e))
+    st = {"lock_lost": len(margins), "lost_late_excused": excused}
+    if margins:
+        st.update(lost_margin_min=min(margins),
+                  lost_margin_median=statistics.median(margins),
+                  lost_margin_max=max(margins))
+    return late, st
+
+
+def check_cache(hist, dd_ms):
+    acks = sorted((e["cpl"], int(e["version"])) for e in hist
+                  if e.get("f") == "invalidate" and e["type"] == "ok" and
+                  not e.get("queued"))
+    queued = sum(1 for e in hist
+                 if e.get("f") == "invalidate" and e.get("queued"))
+    times = [a[0] + dd_ms / 1000.0 + SLACK for a in acks]
+    best, top = [], 0
+    for _, v in acks:
+        top = max(top, v)
+        best.append(top)
+    bad, reads = [], 0
+    for e in hist:
+        if e.get("f") != "cache_get" or e["type"] != "ok" or \
+                e.get("loaded") or e.get("value") is None:
+            continue
+        reads += 1
+        i = bisect.bisect_left(times, e["inv"])
+        if i and int(e["value"]) < best[i - 1]:
+            bad.append(("stale read", "version %s read, %d invalidated"
+                        % (e["value"], best[i - 1]), e))
+    return bad, {"invalidations": len(acks), "queued": queued,
+                 "cache_hits": reads}
+
+
+def check(hist, final, dd_ms, daemon_of=lambda p: p // 4 + 1):
+    a = check_register(hist, final)
+    lost, st = check_lost(hist, daemon_of)
+    d, cst = check_cache(hist, dd_ms)
+    st.update(cst)
+    st.update(fence_stats(hist))
+    st.update(check_counter(hist, final))
+    st["ops"] = sum(1 for e in hist if e.get("type") in
+                    ("ok", "fail", "info"))
+    st["unknown"] = sum(1 for e in hist if e.get("type") == "info")
+    st["faults"] = sum(1 for e in hist if e.get("type") == "nemesis" and
+                       e["f"] == "start")
+    return {"a": a, "c": lost, "d": d, "stats": st,
+            "anomalies": len(a) + len(lost) + len(d)}
+
+
+def summary(r):
+    s = r["stats"]
+    return ("jepsen: %-12s ops %d, faults %d, anomalies a=%d c=%d d=%d, "
+            "overlaps %d, lost incr %d, lock_lost %d"
+            % (r["nemesis"], s["ops"], s["faults"], len(r["a"]),
+               len(r["c"]), len(r["d"]), s["overlaps"], s["lost_incr"],
+               s["lock_lost"]))
+
+
+def excerpt(r):
+    out = ["%s: %d anomalies" % (r["nemesis"], r["anomalies"])]
+    for kind in ("a", "c", "d"):
+        for what, why, e in r[kind][:5]:
+            out.append("  (%s) %s: %s\n      %s" % (kind, what, why,
+                                                   json.dumps(e)))
+    return "\n".join(out)
+
+
+def ms(x):
+    return "-" if x is None else "%+.0f" % (x * 1000)
+
+
+def table(results, label):
+    out = ["# make jepsen: results", "", label, "",
+           "Anomalies (a) fenced register, (c) lock_lost after the lease "
+           "end, (d) stale read after an acknowledged invalidation, and "
+           "(b) overlapping holds on the unfenced counter. lock_lost "
+           "margin: arrival minus the lease end the client saw confirmed "
+           "(negative: early), in ms. See tests/jepsen/checker.py.", "",
+           "| nemesis | s | faults | ops | unknown | grants | max fence "
+           "| fenced refused | (a) | (b) overlaps | lost incr | lock_lost "
+           "| margin min/med/max ms | late excused | (c) | invalidations "
+           "(queued) | hits | (d) |",
+           "|" + "---|" * 19]
+    for r in results:
+        s = r["stats"]
+        out.append("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d "
+                   "| %d | %s/%s/%s | %d | %d | %d (%d) | %d | %d |" % (
+                       r["nemesis"], r["seconds"], s["faults"], s["ops"],
+                       s["unknown"], s["grants"], s["max_fence"],
+                       s["fenced_refused"], len(r["a"]), s["overlaps"],
+                       s["lost_incr"], s["lock_lost"],
+                       ms(s.get("lost_margin_min")),
+                       ms(s.get("lost_margin_median")),
+                       ms(s.get("lost_margin_max")),
+                       s["lost_late_excused"], len(r["c"]),
+                       s["invalidations"], s["queued"], s["cache_hits"],
+                       len(r["d"])))
+    bad = [excerpt(r) for r in results if r["anomalies"]]
+    if bad:
+        out += ["", "## Anomalies (first of each kind)", "", "```"] + bad + \
+            ["```"]
+    return "\n".join(out) + "\n"
