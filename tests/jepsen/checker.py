@@ -7,11 +7,12 @@
 (b) unfenced counter: read-modify-writes of different holds that overlap
     in time, and increments lost, counted (expected above 0 under faults);
 (c) every lock_lost arrived no later than the lease end as the daemon knew
-    it: the latest confirmation (grant or extend) the client saw complete,
-    plus its lease_ms, plus SLACK for scheduling on a shared machine; a
-    hold whose client or daemon was stopped (SIGSTOP) at the deadline is
-    excused and counted apart, as no process can send or read while it is
-    stopped;
+    it, bounded from above, for a watchdog hold that a fault cut from Redis,
+    by max(fault start, grant completion) + lease_ms, plus SLACK for
+    scheduling on a shared machine; a holder still writing past that bound
+    without lock_lost counts too; a hold whose daemon or client was stopped
+    (SIGSTOP) then is excused and counted apart, as no process can send or
+    read while it is stopped;
 (d) after an acknowledged (not queued) cache.invalidate of version V, no
     cache hit invoked later than the acknowledgement plus the double-delete
     delay plus SLACK returns a version below V.
@@ -93,51 +94,97 @@ def check_counter(hist, final):
     return {"incr": len(incs), "overlaps": overlaps, "lost_incr": lost}
 
 
-def stopped(hist):
-    """pid-less windows per target name: [(start, end)]."""
-    w, open_ = {}, {}
+def windows(hist):
+    """The nemesis' faults in order: dicts with start, end, daemons (those
+    cut from Redis or stopped) and target (the process stopped)."""
+    out, cur = [], None
     for e in hist:
-        if e.get("type") != "nemesis" or "target" not in e:
+        if e.get("type") != "nemesis":
             continue
         if e["f"] == "start":
-            open_[e["target"]] = e["t"]
-        elif e["target"] in open_:
-            w.setdefault(e["target"], []).append(
-                (open_.pop(e["target"]), e["t"]))
-    return w
+            cur = {"start": e["t"], "end": None,
+                   "daemons": e.get("daemons", []), "target": e.get("target")}
+            out.append(cur)
+        elif cur is not None:
+            cur["end"] = e["t"]
+            cur = None
+    for w in out:
+        if w["end"] is None:
+            w["end"] = float("inf")
+    return out
+
+
+def holds(hist, daemon_of):
+    h = {}
+    for e in hist:
+        if e.get("f") == "lock" and e["type"] == "ok":
+            h[e["token"]] = {"p": e["p"], "d": daemon_of(e["p"]),
+                             "g": e["cpl"], "lease": e["lease"] / 1000.0,
+                             "lost": None, "writes": []}
+    for e in hist:
+        t = h.get(e.get("token"))
+        if t is None:
+            continue
+        if e.get("f") == "lock_lost":
+            t["lost"] = e["t"]
+        elif e.get("f") in ("fwrite", "incr"):
+            t["writes"].append(e["inv"])
+    return h
+
+
+def excused(h, w, ws, lo, hi):
+    """Whether a stopped process explains a late event: the holder's
+    daemon stopped in W, or its client stopped between LO and HI."""
+    if w["target"] == "leased%d" % h["d"]:
+        return True
+    me = "client%d" % h["p"]
+    return any(x["target"] == me and x["start"] <= hi and x["end"] >= lo
+               for x in ws)
 
 
 def check_lost(hist, daemon_of):
-    conf, owner = {}, {}
-    for e in hist:
-        if e.get("f") in ("lock", "extend") and e["type"] == "ok" and \
-                e.get("lease") is not None:
-            end = e["cpl"] + e["lease"] / 1000.0
-            conf[e["token"]] = max(conf.get(e["token"], 0), end)
-            owner[e["token"]] = e["p"]
-    windows = stopped(hist)
-    margins, late, excused = [], [], 0
-    for e in hist:
-        if e.get("f") != "lock_lost" or e["token"] not in conf:
-            continue
-        dl = conf[e["token"]]
-        m = e["t"] - dl
-        margins.append(m)
-        if m <= SLACK:
-            continue
-        names = ("client%d" % owner[e["token"]],
-                 "leased%d" % daemon_of(owner[e["token"]]))
-        if any(s <= e["t"] and t + SLACK >= dl
-               for n in names for s, t in windows.get(n, [])):
-            excused += 1
-            continue
-        late.append(("late lock_lost", "%.3fs after the lease end" % m, e))
-    st = {"lock_lost": len(margins), "lost_late_excused": excused}
+    """While a fault cuts a daemon from Redis (or stops it, or Redis) no
+    confirmation reaches it, so the lease end it knows for a hold granted
+    before the fault is at most max(fault start, grant) + lease: lock_lost
+    must arrive by then (+ SLACK), and a holder must not still be writing
+    past it without one."""
+    ws = windows(hist)
+    margins, bad, exc, outside = [], [], 0, 0
+    for tok, h in holds(hist, daemon_of).items():
+        for w in ws:
+            if h["d"] not in w["daemons"] or h["g"] >= w["end"]:
+                continue
+            bound = max(w["start"], h["g"]) + h["lease"]
+            if bound + SLACK >= w["end"]:
+                continue  # the fault ended before the lease could
+            t = h["lost"]
+            if t is not None and w["start"] <= t:
+                margins.append(t - bound)
+            late = [x for x in h["writes"] if bound + SLACK < x <= w["end"]
+                    and (t is None or x < t)]
+            if t is not None and w["start"] <= t and t > bound + SLACK:
+                late.insert(0, t)
+            if not late:
+                continue
+            if excused(h, w, ws, bound, late[0]):
+                exc += 1
+                continue
+            what = "late lock_lost" if late[0] == t else \
+                "write without lock_lost"
+            bad.append((what, "%.3fs after the lease end (fault %.3f-%.3f)"
+                        % (late[0] - bound, w["start"], w["end"]),
+                        dict(h, token=tok, bound=bound)))
+    for tok, h in holds(hist, daemon_of).items():
+        if h["lost"] is not None and not any(
+                h["d"] in w["daemons"] and w["start"] <= h["lost"] for w in ws):
+            outside += 1
+    st = {"lock_lost": sum(1 for e in hist if e.get("f") == "lock_lost"),
+          "lost_late_excused": exc, "lost_outside_faults": outside}
     if margins:
         st.update(lost_margin_min=min(margins),
                   lost_margin_median=statistics.median(margins),
                   lost_margin_max=max(margins))
-    return late, st
+    return bad, st
 
 
 def check_cache(hist, dd_ms):

@@ -28,7 +28,12 @@ def clean():
             {"p": 3, "f": "invalidate", "inv": 3.0, "cpl": 3.0,
              "type": "ok", "version": 5},
             {"p": 2, "f": "cache_get", "inv": 4.0, "cpl": 4.0, "type": "ok",
-             "value": "5"}]
+             "value": "5"},
+            # Daemon 2 (clients 4-7) cut from Redis from 2.2 to 5.0: B's
+            # lease, granted at 2.0 for 1 s, can be proven until 3.2.
+            {"p": "nemesis", "f": "start", "t": 2.2, "type": "nemesis",
+             "daemons": [2]},
+            {"p": "nemesis", "f": "end", "t": 5.0, "type": "nemesis"}]
     final = {"log": ["1 0 0 1 0.1", "2 1 1 2 4.1"], "reg": "2",
              "counter": "0"}
     return hist, final
@@ -55,8 +60,17 @@ def main():
     f["reg"] = "1"
     expect("acked write missing", h, f, "a", 1)
     h, f = clean()
-    h[4]["t"] = 3.5  # lease ended at 3.0
+    h[4]["t"] = 3.6
     expect("late lock_lost", h, f, "c", 1)
+    h, f = clean()
+    h[4]["token"] = "X"
+    h.append({"p": 4, "f": "incr", "inv": 3.6, "cpl": 3.6, "type": "ok",
+              "read": 0, "token": "B"})
+    expect("write without lock_lost", h, f, "c", 1)
+    h, f = clean()
+    h[7]["target"] = "leased2"  # the daemon was stopped, not cut off
+    h[4]["t"] = 3.6
+    expect("late, daemon stopped", h, f, "c", 0)
     h, f = clean()
     h[6]["value"] = "4"
     expect("stale read", h, f, "d", 1)

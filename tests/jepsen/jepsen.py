@@ -40,6 +40,7 @@ SVC = "10.231.0.1"
 LEASE_MS = 1500
 DD_MS = 300
 DAEMONS = 2
+ALL = list(range(1, DAEMONS + 1))
 
 
 def sh(*args, check=True):
@@ -278,13 +279,13 @@ class Nemesis:
         c, k = self.c, self.kind
         if k == "partition":
             i = self.rng.randint(1, DAEMONS)
-            self.note("start", link=i)
+            self.note("start", link=i, daemons=[i])
             c.link(i, False)
             time.sleep(length)
             c.link(i, True)
         elif k == "oneway":
             mode = self.rng.choice(["drop_up", "drop_down", "stall"])
-            self.note("start", mode=mode)
+            self.note("start", mode=mode, daemons=[1])
             c.fp_mode(mode)
             time.sleep(length)
             c.fp_mode("pass")
@@ -292,20 +293,24 @@ class Nemesis:
             self.pause(k, length)
             return
         elif k == "data-loss":
-            self.note("start")
+            self.note("start", daemons=ALL)
             self.restart_master(wipe=True)
         elif k == "failover":
-            self.note("start")
+            self.note("start", daemons=ALL)
             self.restart_master(wipe=False)
+            return
         self.note("end")
 
     def pause(self, k, length):
         c = self.c
+        hit = ALL
         if k == "pause-daemon":
-            name = "leased%d" % self.rng.randint(1, DAEMONS)
+            hit = [self.rng.randint(1, DAEMONS)]
+            name = "leased%d" % hit[0]
         elif k == "pause-redis":
             name = "redis%d" % c.current_master()
         else:
+            hit = []
             # Mostly lock holders: a stopped holder is what (b) is about.
             locks = [n for n in range(len(c.clients)) if n % 4 < 2]
             n = self.rng.choice(locks) if self.rng.random() < 0.75 else \
@@ -313,7 +318,7 @@ class Nemesis:
             name = "client%d" % n
         p = c.procs[name]
         # ip netns exec execs the program: the pid is the program's.
-        self.note("start", target=name, pid=p.pid)
+        self.note("start", target=name, pid=p.pid, daemons=hit)
         p.send_signal(signal.SIGSTOP)
         time.sleep(length)
         p.send_signal(signal.SIGCONT)
@@ -331,6 +336,9 @@ class Nemesis:
             c.redis(m)
             return
         until(lambda: c.current_master() == other, 30, "failover")
+        # The fault ends with the promotion: from then on the daemons can
+        # confirm leases again. The old master returns as a replica.
+        self.note("end")
         c.redis(m, replicaof=other)
 
 
