@@ -56,6 +56,16 @@ def main():
     f["reg"] = "1"
     expect("lost update", h, f, "a", 1)
     h, f = clean()
+    # The same fence from two daemons: documented after a data loss only.
+    f["log"] = ["1 0 0 1 0.1", "1 0 1 1 4.1"]
+    f["reg"] = "1"
+    h[3]["fence"] = 1
+    expect("same fence, no data loss", h, f, "a", 1)
+    h.insert(0, {"p": "nemesis", "f": "start", "t": 0.5, "type": "nemesis",
+                 "kind": "data-loss", "daemons": [1, 2]})
+    expect("same fence after a data loss", h, f, "a", 0)
+    expect("same fence after a data loss", h, f, "a_doc", 1)
+    h, f = clean()
     f["log"] = f["log"][:1]
     f["reg"] = "1"
     expect("acked write missing", h, f, "a", 1)

@@ -265,7 +265,8 @@ class Nemesis:
         self.out = open(hist, "a", buffering=1)
 
     def note(self, what, **kw):
-        kw.update(p="nemesis", f=what, t=time.monotonic(), type="nemesis")
+        kw.update(p="nemesis", f=what, t=time.monotonic(), type="nemesis",
+                  kind=self.kind)
         self.out.write(json.dumps(kw) + "\n")
 
     def run(self, seconds):
@@ -357,7 +358,8 @@ def run_one(a, kind, seconds):
         final = {"log": db.cmd("LRANGE", "reg:log", 0, -1),
                  "reg": db.cmd("GET", "reg"),
                  "counter": db.cmd("GET", "counter")}
-        res = checker.check(hist, final, DD_MS)
+        res = checker.check(hist, final, DD_MS,
+                            daemon_of=lambda p: p // 4 + 1)
         res["nemesis"] = kind
         res["seconds"] = seconds
         if a.keep:
