@@ -1,0 +1,307 @@
+"""The history checker of tests/jepsen/jepsen.py.
+
+(a) fenced register: every accepted write was based on the value it
+    replaced (no lost update), fences never go down in the order Redis
+    accepted the writes, every write a client saw acknowledged is in the
+    log and none it saw refused is;
+(b) unfenced counter: read-modify-writes of different holds that overlap
+    in time, and increments lost, counted (expected above 0 under faults);
+(c) every lock_lost arrived no later than the lease end as the daemon knew
+    it, bounded from above, for a watchdog hold that a fault cut from Redis,
+    by max(fault start, grant completion) + lease_ms, plus SLACK for
+    scheduling on a shared machine; a holder still writing past that bound
+    without lock_lost counts too; a hold whose daemon or client was stopped
+    (SIGSTOP) then is excused and counted apart, as no process can send or
+    read while it is stopped;
+(d) after an acknowledged (not queued) cache.invalidate of version V, no
+    cache hit invoked later than the acknowledgement plus the double-delete
+    delay plus SLACK returns a version below V.
+"""
+
+import bisect
+import json
+import statistics
+
+SLACK = 0.25
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def time_of(e):
+    return e.get("t", e.get("cpl", 0))
+
+
+def documented(prev, cur, hist, daemon_of):
+    """A lost update between two writes under the same fence from two
+    daemons after Redis lost its data: leased-protocol(7) says fences
+    are kept across daemons only as far as Redis keeps them."""
+    if prev is None or prev[0] != cur[0]:
+        return False
+    d1, d2 = (daemon_of(int(x[4].split(".")[0])) for x in (prev, cur))
+    inv = {e["tag"]: e["inv"] for e in hist if e.get("f") == "fwrite"}
+    t = inv.get(cur[4], 0)
+    return d1 != d2 and any(e.get("type") == "nemesis" and
+                            e.get("kind") == "data-loss" and e["t"] <= t
+                            for e in hist)
+
+
+def check_register(hist, final, daemon_of):
+    found, bad, doc = {}, [], []
+    last_fence, prev = 0, None
+    for line in final["log"] or []:
+        cur = line.split()
+        fence, read, old, new, tag = cur
+        fence = int(fence)
+        found[tag] = line
+        if old != read:
+            what = ("lost update", "write %s read %s but replaced %s"
+                    % (tag, read, old), line)
+            (doc if documented(prev, cur, hist, daemon_of)
+             else bad).append(what)
+        if fence < last_fence:
+            bad.append(("fence order", "write %s under fence %d after %d"
+                        % (tag, fence, last_fence), line))
+        last_fence = max(last_fence, fence)
+        prev = cur
+    for e in hist:
+        if e.get("f") != "fwrite":
+            continue
+        if e["type"] == "ok" and e["tag"] not in found:
+            bad.append(("acked write missing", e["tag"], e))
+        if e["type"] == "fail" and e["tag"] in found:
+            bad.append(("refused write applied", e["tag"], e))
+    if final["log"]:
+        tail = final["log"][-1].split()[3]
+        if tail != (final["reg"] or "0"):
+            bad.append(("register", "final %s but log ends at %s"
+                        % (final["reg"], tail), None))
+    return bad, doc
+
+
+def fence_stats(hist):
+    grants = [e for e in hist if e.get("f") == "lock" and e["type"] == "ok"]
+    by_fence = {}
+    regress, last = 0, 0
+    for e in sorted(grants, key=lambda e: e["cpl"]):
+        by_fence.setdefault(e["fence"], set()).add(e["token"])
+        if e["fence"] <= last:
+            regress += 1
+        last = max(last, e["fence"])
+    reused = sum(1 for t in by_fence.values() if len(t) > 1)
+    refused = sum(1 for e in hist
+                  if e.get("f") in ("fread", "fwrite") and e["type"] == "fail")
+    return {"grants": len(grants), "max_fence": last,
+            "fence_not_increasing": regress, "fence_reused": reused,
+            "fenced_refused": refused}
+
+
+def check_counter(hist, final):
+    incs = sorted((e for e in hist if e.get("f") == "incr"),
+                  key=lambda e: e["inv"])
+    overlaps = 0
+    for i, a in enumerate(incs):
+        for b in incs[i + 1:]:
+            if b["inv"] >= a["cpl"]:
+                break
+            if b["token"] != a["token"]:
+                overlaps += 1
+    lost = len(incs) - int(final["counter"] or 0)
+    return {"incr": len(incs), "overlaps": overlaps, "lost_incr": lost}
+
+
+def windows(hist):
+    """The nemesis' faults in order: dicts with start, end, daemons (those
+    cut from Redis or stopped) and target (the process stopped)."""
+    out, cur = [], None
+    for e in hist:
+        if e.get("type") != "nemesis":
+            continue
+        if e["f"] == "start":
+            cur = {"start": e["t"], "end": None,
+                   "daemons": e.get("daemons", []), "target": e.get("target")}
+            out.append(cur)
+        elif cur is not None:
+            cur["end"] = e["t"]
+            cur = None
+    for w in out:
+        if w["end"] is None:
+            w["end"] = float("inf")
+    return out
+
+
+def holds(hist, daemon_of):
+    h = {}
+    for e in hist:
+        if e.get("f") == "lock" and e["type"] == "ok":
+            h[e["token"]] = {"p": e["p"], "d": daemon_of(e["p"]),
+                             "g": e["cpl"], "lease": e["lease"] / 1000.0,
+                             "lost": None, "writes": []}
+    for e in hist:
+        t = h.get(e.get("token"))
+        if t is None:
+            continue
+        if e.get("f") == "lock_lost":
+            t["lost"] = e["t"]
+        elif e.get("f") in ("fwrite", "incr"):
+            t["writes"].append(e["inv"])
+    return h
+
+
+def excused(h, w, ws, lo, hi):
+    """Whether a stopped process explains a late event: the holder's
+    daemon stopped in W, or its client stopped between LO and HI."""
+    if w["target"] == "leased%d" % h["d"]:
+        return True
+    me = "client%d" % h["p"]
+    return any(x["target"] == me and x["start"] <= hi and x["end"] >= lo
+               for x in ws)
+
+
+def check_lost(hist, daemon_of):
+    """While a fault cuts a daemon from Redis (or stops it, or Redis) no
+    confirmation reaches it, so the lease end it knows for a hold granted
+    before the fault is at most max(fault start, grant) + lease: lock_lost
+    must arrive by then (+ SLACK), and a holder must not still be writing
+    past it without one."""
+    ws = windows(hist)
+    margins, bad, exc, outside = [], [], 0, 0
+    for tok, h in holds(hist, daemon_of).items():
+        for w in ws:
+            if h["d"] not in w["daemons"] or h["g"] >= w["end"]:
+                continue
+            bound = max(w["start"], h["g"]) + h["lease"]
+            if bound + SLACK >= w["end"]:
+                continue  # the fault ended before the lease could
+            t = h["lost"]
+            if t is not None and w["start"] <= t:
+                margins.append(t - bound)
+            late = [x for x in h["writes"] if bound + SLACK < x <= w["end"]
+                    and (t is None or x < t)]
+            if t is not None and w["start"] <= t and t > bound + SLACK:
+                late.insert(0, t)
+            if not late:
+                continue
+            if excused(h, w, ws, bound, late[0]):
+                exc += 1
+                continue
+            what = "late lock_lost" if late[0] == t else \
+                "write without lock_lost"
+            bad.append((what, "%.3fs after the lease end (fault %.3f-%.3f)"
+                        % (late[0] - bound, w["start"], w["end"]),
+                        dict(h, token=tok, bound=bound)))
+    for tok, h in holds(hist, daemon_of).items():
+        if h["lost"] is not None and not any(
+                h["d"] in w["daemons"] and w["start"] <= h["lost"] for w in ws):
+            outside += 1
+    st = {"lock_lost": sum(1 for e in hist if e.get("f") == "lock_lost"),
+          "lost_late_excused": exc, "lost_outside_faults": outside}
+    if margins:
+        st.update(lost_margin_min=min(margins),
+                  lost_margin_median=statistics.median(margins),
+                  lost_margin_max=max(margins))
+    return bad, st
+
+
+def check_cache(hist, dd_ms):
+    acks = sorted((e["cpl"], int(e["version"])) for e in hist
+                  if e.get("f") == "invalidate" and e["type"] == "ok" and
+                  not e.get("queued"))
+    queued = sum(1 for e in hist
+                 if e.get("f") == "invalidate" and e.get("queued"))
+    times = [a[0] + dd_ms / 1000.0 + SLACK for a in acks]
+    best, top = [], 0
+    for _, v in acks:
+        top = max(top, v)
+        best.append(top)
+    bad, reads = [], 0
+    for e in hist:
+        if e.get("f") != "cache_get" or e["type"] != "ok" or \
+                e.get("loaded") or e.get("value") is None:
+            continue
+        reads += 1
+        i = bisect.bisect_left(times, e["inv"])
+        if i and int(e["value"]) < best[i - 1]:
+            bad.append(("stale read", "version %s read, %d invalidated"
+                        % (e["value"], best[i - 1]), e))
+    return bad, {"invalidations": len(acks), "queued": queued,
+                 "cache_hits": reads}
+
+
+def check(hist, final, dd_ms, daemon_of=lambda p: p // 4 + 1):
+    a, doc = check_register(hist, final, daemon_of)
+    lost, st = check_lost(hist, daemon_of)
+    d, cst = check_cache(hist, dd_ms)
+    st.update(cst)
+    st.update(fence_stats(hist))
+    st.update(check_counter(hist, final))
+    st["a_documented"] = len(doc)
+    st["ops"] = sum(1 for e in hist if e.get("type") in
+                    ("ok", "fail", "info"))
+    st["unknown"] = sum(1 for e in hist if e.get("type") == "info")
+    st["faults"] = sum(1 for e in hist if e.get("type") == "nemesis" and
+                       e["f"] == "start")
+    return {"a": a, "c": lost, "d": d, "stats": st, "a_doc": doc,
+            "anomalies": len(a) + len(lost) + len(d)}
+
+
+def summary(r):
+    s = r["stats"]
+    return ("jepsen: %-12s ops %d, faults %d, anomalies a=%d c=%d d=%d, "
+            "(a) documented %d, overlaps %d, lost incr %d, lock_lost %d"
+            % (r["nemesis"], s["ops"], s["faults"], len(r["a"]),
+               len(r["c"]), len(r["d"]), s["a_documented"], s["overlaps"],
+               s["lost_incr"], s["lock_lost"]))
+
+
+def excerpt(r):
+    out = ["%s: %d anomalies" % (r["nemesis"], r["anomalies"])]
+    for kind in ("a", "c", "d", "a_doc"):
+        for what, why, e in r[kind][:5]:
+            out.append("  (%s) %s: %s\n      %s" % (kind, what, why,
+                                                   json.dumps(e)))
+    return "\n".join(out)
+
+
+def ms(x):
+    return "-" if x is None else "%+.0f" % (x * 1000)
+
+
+def table(results, label):
+    out = ["# make jepsen: results", "", label, "",
+           "Anomalies (a) fenced register, (c) lock_lost after the lease "
+           "end, (d) stale read after an acknowledged invalidation, and "
+           "(b) overlapping holds on the unfenced counter. lock_lost "
+           "margin: arrival minus the lease end the client saw confirmed "
+           "(negative: early), in ms. (a) documented: lost updates between two "
+           "daemons that handed out the same fence after Redis lost its data "
+           "(leased-protocol(7): across daemons fences are kept only as far "
+           "as Redis keeps them); reported, not failed. "
+           "See tests/jepsen/checker.py.", "",
+           "| nemesis | s | faults | ops | unknown | grants | max fence "
+           "| fenced refused | (a) | (a) documented | (b) overlaps | lost incr | lock_lost "
+           "| margin min/med/max ms | late excused | (c) | invalidations "
+           "(queued) | hits | (d) |",
+           "|" + "---|" * 20]
+    for r in results:
+        s = r["stats"]
+        out.append("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d "
+                   "| %d | %s/%s/%s | %d | %d | %d (%d) | %d | %d |" % (
+                       r["nemesis"], r["seconds"], s["faults"], s["ops"],
+                       s["unknown"], s["grants"], s["max_fence"],
+                       s["fenced_refused"], len(r["a"]),
+                       s["a_documented"], s["overlaps"],
+                       s["lost_incr"], s["lock_lost"],
+                       ms(s.get("lost_margin_min")),
+                       ms(s.get("lost_margin_median")),
+                       ms(s.get("lost_margin_max")),
+                       s["lost_late_excused"], len(r["c"]),
+                       s["invalidations"], s["queued"], s["cache_hits"],
+                       len(r["d"])))
+    bad = [excerpt(r) for r in results if r["anomalies"] or r["a_doc"]]
+    if bad:
+        out += ["", "## Anomalies (first of each kind)", "", "```"] + bad + \
+            ["```"]
+    return "\n".join(out) + "\n"

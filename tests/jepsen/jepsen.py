@@ -1,0 +1,432 @@
+#!/usr/bin/env python3
+"""Partitions and pauses judged by a history checker (make jepsen).
+
+The topology: one network namespace holds the backend (a Redis master, a
+replica and three Sentinels, all on the service address 10.231.0.1), and
+each leased daemon runs in a namespace of its own, joined to the backend
+by a veth pair. The clients run in the root namespace: they reach their
+daemon over its Unix socket and the resource they guard (the "database",
+a separate Redis on loopback) directly, so a partition cuts a daemon from
+its locks but not its clients from the resource, as in production.
+
+This is a Python driver rather than C on the integration harness: most of
+it is running `ip`, starting and signalling processes and JSON lines, and
+the clients must be processes of their own to be paused; the fault proxy
+is reused through tests/jepsen/fpctl.
+
+Usage: jepsen.py run [--seconds N] [--nemesis a,b] [--results FILE]
+       (as root; JEPSEN_SECONDS, LEASED_BIN, REDIS_SERVER, FPCTL_BIN)
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checker  # noqa: E402
+import worker  # noqa: E402
+
+NEMESES = ["none", "partition", "oneway", "pause-daemon", "pause-client",
+           "pause-redis", "data-loss", "failover"]
+SVC = "10.231.0.1"
+LEASE_MS = 1500
+DD_MS = 300
+DAEMONS = 2
+ALL = list(range(1, DAEMONS + 1))
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, check=check, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True).stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """Everything one nemesis run starts; stop() undoes all of it by pid
+    and by name, and is safe to call twice and after a partial start."""
+
+    def __init__(self, a, nemesis):
+        self.a = a
+        self.nemesis = nemesis
+        self.tag = "lj%d" % os.getpid()
+        self.rns = self.tag + "r"
+        self.dns = [self.tag + "d%d" % i for i in range(1, DAEMONS + 1)]
+        self.dir = tempfile.mkdtemp(prefix="jepsen-")
+        self.procs = {}  # name -> Popen
+        self.master = 6379
+        self.fp = None
+
+    # -- namespaces ----------------------------------------------------
+    def veth(self, i):
+        return self.tag + "a%d" % i, self.tag + "b%d" % i
+
+    def net_up(self):
+        sh("ip", "netns", "add", self.rns)
+        sh("ip", "-n", self.rns, "link", "set", "lo", "up")
+        sh("ip", "-n", self.rns, "addr", "add", SVC + "/32", "dev", "lo")
+        for i, ns in enumerate(self.dns, 1):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            r, d = self.veth(i)
+            sh("ip", "link", "add", r, "netns", self.rns, "type", "veth",
+               "peer", "name", d, "netns", ns)
+            sh("ip", "-n", self.rns, "addr", "add", "10.231.%d.1/24" % i,
+               "dev", r)
+            sh("ip", "-n", ns, "addr", "add", "10.231.%d.2/24" % i, "dev", d)
+            self.link(i, True)
+
+    def link(self, i, up):
+        r, d = self.veth(i)
+        state = "up" if up else "down"
+        sh("ip", "-n", self.rns, "link", "set", r, state)
+        sh("ip", "-n", self.dns[i - 1], "link", "set", d, state)
+        if up:
+            sh("ip", "-n", self.dns[i - 1], "route", "replace", SVC + "/32",
+               "via", "10.231.%d.1" % i)
+
+    def net_down(self):
+        for ns in [self.rns] + self.dns:
+            sh("ip", "netns", "del", ns, check=False)
+
+    # -- processes -----------------------------------------------------
+    def spawn(self, name, argv, ns=None, **kw):
+        if ns:
+            argv = ["ip", "netns", "exec", ns] + argv
+        log = open(os.path.join(self.dir, name + ".log"), "w")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=log,
+                                            **kw)
+        return self.procs[name]
+
+    def redis(self, port, replicaof=None):
+        argv = [self.a.redis, "--port", str(port), "--bind", "0.0.0.0",
+                "--save", "", "--appendonly", "no", "--protected-mode", "no",
+                "--replica-announce-ip", SVC, "--dir", self.dir]
+        if replicaof:
+            argv += ["--replicaof", SVC, str(replicaof)]
+        self.spawn("redis%d" % port, argv, self.rns)
+        self.wait_redis(port)
+
+    def ask(self, port, *cmd):
+        return sh("ip", "netns", "exec", self.rns, "redis-cli", "-h", SVC,
+                  "-p", str(port), *cmd, check=False).strip()
+
+    def wait_redis(self, port):
+        until(lambda: self.ask(port, "PING") == "PONG", 10, "redis up")
+
+    def sentinels(self):
+        for k in range(3):
+            port = 26379 + k
+            conf = os.path.join(self.dir, "sentinel%d.conf" % k)
+            with open(conf, "w") as f:
+                f.write("port %d\nbind 0.0.0.0\nprotected-mode no\n"
+                        "sentinel announce-ip %s\n"
+                        "sentinel monitor mymaster %s 6379 2\n"
+                        "sentinel down-after-milliseconds mymaster 3000\n"
+                        "sentinel failover-timeout mymaster 6000\n"
+                        % (port, SVC, SVC))
+            self.spawn("sentinel%d" % k, [self.a.redis, conf, "--sentinel"],
+                       self.rns)
+        # Only a failover needs the Sentinels to know the replica and each
+        # other (about 10 s); the others start once the master is known.
+        want = "slaves=1,sentinels=3" if self.nemesis == "failover" \
+            else "status=ok"
+        until(lambda: all(want in self.ask(26379 + k, "INFO", "sentinel")
+                          for k in range(3)), 30, "Sentinels ready")
+
+    def current_master(self):
+        out = self.ask(26379, "SENTINEL", "get-master-addr-by-name",
+                       "mymaster").split()
+        return int(out[1]) if len(out) == 2 else self.master
+
+    def daemon(self, i):
+        ns = self.dns[i - 1]
+        redis = ("mode: sentinel\n  addresses: [%s]\n  master_name: mymaster"
+                 % ", ".join("\"%s:%d\"" % (SVC, 26379 + k)
+                             for k in range(3)))
+        if self.nemesis == "oneway" and i == 1:
+            # The proxy listens on the backend's loopback: this daemon
+            # runs in the backend namespace, its Redis path through it.
+            ns = self.rns
+            redis = "mode: standalone\n  address: \"127.0.0.1:%d\"" % \
+                self.fp_port
+        conf = os.path.join(self.dir, "leased%d.yml" % i)
+        with open(conf, "w") as f:
+            f.write("listen:\n  unix: %s\n  tcp: \"\"\n"
+                    "redis:\n  %s\n  timeout_ms: 300\n"
+                    "lock:\n  watchdog_ms: %d\n"
+                    "cache:\n  double_delete_ms: %d\n"
+                    "journal:\n  path: %s\n"
+                    "metrics:\n  listen: \"\"\n"
+                    "log:\n  level: info\n"
+                    % (self.sock(i), redis, LEASE_MS, DD_MS,
+                       os.path.join(self.dir, "journal%d" % i)))
+        self.spawn("leased%d" % i, [self.a.leased, "-f", "-c", conf], ns)
+        until(lambda: os.path.exists(self.sock(i)), 10, "leased up")
+
+    def sock(self, i):
+        return os.path.join(self.dir, "leased%d.sock" % i)
+
+    def proxy(self):
+        self.fp = subprocess.Popen(
+            ["ip", "netns", "exec", self.rns, self.a.fpctl, "6379"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs["fpctl"] = self.fp
+        self.fp_port = int(self.fp.stdout.readline())
+
+    def fp_mode(self, mode):
+        self.fp.stdin.write(mode + "\n")
+        self.fp.stdin.flush()
+
+    def start(self):
+        self.net_up()
+        self.redis(6379)
+        self.redis(6380, replicaof=6379)
+        self.sentinels()
+        if self.nemesis == "oneway":
+            self.proxy()
+        for i in range(1, DAEMONS + 1):
+            self.daemon(i)
+        self.rport = free_port()
+        self.spawn("resource", [self.a.redis, "--port", str(self.rport),
+                                "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no"])
+        until(lambda: port_open(self.rport), 10, "resource redis up")
+
+    def workers(self, seconds):
+        self.hist = os.path.join(self.dir, "history.jsonl")
+        roles = []
+        for i in range(1, DAEMONS + 1):
+            roles += [(i, "lock"), (i, "lock"), (i, "cread"), (i, "cwrite")]
+        self.clients = []
+        for n, (i, role) in enumerate(roles):
+            argv = [sys.executable, os.path.abspath(__file__), "worker",
+                    "--sock", self.sock(i), "--role", role, "--id", str(n),
+                    "--out", self.hist, "--resource-port", str(self.rport),
+                    "--seconds", str(seconds), "--seed", str(n),
+                    "--lease-ms", str(LEASE_MS), "--dd-ms", str(DD_MS)]
+            self.clients.append(self.spawn("client%d" % n, argv))
+
+    def stop(self):
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGCONT)
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs = {}
+        self.net_down()
+
+    def cleanup_dir(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def port_open(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def until(cond, seconds, what):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise RuntimeError("timed out waiting for " + what)
+
+
+class Nemesis:
+    """Faults in cycles of a few seconds; each start and end is written
+    into the history, so the checker knows when a client was paused."""
+
+    def __init__(self, c, kind, hist, rng):
+        self.c, self.kind, self.rng = c, kind, rng
+        self.out = open(hist, "a", buffering=1)
+
+    def note(self, what, **kw):
+        kw.update(p="nemesis", f=what, t=time.monotonic(), type="nemesis",
+                  kind=self.kind)
+        self.out.write(json.dumps(kw) + "\n")
+
+    def run(self, seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end - 4:
+            time.sleep(self.rng.uniform(1.5, 3))
+            if self.kind != "none":
+                self.fault(self.rng.uniform(2, 4))
+
+    def fault(self, length):
+        c, k = self.c, self.kind
+        if k == "partition":
+            i = self.rng.randint(1, DAEMONS)
+            self.note("start", link=i, daemons=[i])
+            c.link(i, False)
+            time.sleep(length)
+            c.link(i, True)
+        elif k == "oneway":
+            mode = self.rng.choice(["drop_up", "drop_down", "stall"])
+            self.note("start", mode=mode, daemons=[1])
+            c.fp_mode(mode)
+            time.sleep(length)
+            c.fp_mode("pass")
+        elif k in ("pause-daemon", "pause-client", "pause-redis"):
+            self.pause(k, length)
+            return
+        elif k == "data-loss":
+            self.note("start", daemons=ALL)
+            self.restart_master(wipe=True)
+        elif k == "failover":
+            self.note("start", daemons=ALL)
+            self.restart_master(wipe=False)
+            return
+        self.note("end")
+
+    def pause(self, k, length):
+        c = self.c
+        hit = ALL
+        if k == "pause-daemon":
+            hit = [self.rng.randint(1, DAEMONS)]
+            name = "leased%d" % hit[0]
+        elif k == "pause-redis":
+            name = "redis%d" % c.current_master()
+        else:
+            hit = []
+            # Mostly lock holders: a stopped holder is what (b) is about.
+            locks = [n for n in range(len(c.clients)) if n % 4 < 2]
+            n = self.rng.choice(locks) if self.rng.random() < 0.75 else \
+                self.rng.randrange(len(c.clients))
+            name = "client%d" % n
+        p = c.procs[name]
+        # ip netns exec execs the program: the pid is the program's.
+        self.note("start", target=name, pid=p.pid, daemons=hit)
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(length)
+        p.send_signal(signal.SIGCONT)
+        self.note("end", target=name, pid=p.pid)
+
+    def restart_master(self, wipe):
+        c = self.c
+        m = c.current_master()
+        other = 6380 if m == 6379 else 6379
+        c.procs["redis%d" % m].kill()
+        c.procs["redis%d" % m].wait()
+        if wipe:
+            # Data loss: the same master back at once, empty (no
+            # persistence), before the Sentinels would fail over.
+            c.redis(m)
+            return
+        until(lambda: c.current_master() == other, 30, "failover")
+        # The fault ends with the promotion: from then on the daemons can
+        # confirm leases again. The old master returns as a replica.
+        self.note("end")
+        c.redis(m, replicaof=other)
+
+
+def run_one(a, kind, seconds):
+    c = Cluster(a, kind)
+    rng = random.Random(a.seed)
+    try:
+        c.start()
+        c.workers(seconds)
+        nem = Nemesis(c, kind, c.hist, rng)
+        nem.run(seconds)
+        for w in c.clients:
+            w.wait(timeout=seconds + 60)
+        hist = checker.load(c.hist)
+        db = worker.Resp(c.rport)
+        final = {"log": db.cmd("LRANGE", "reg:log", 0, -1),
+                 "reg": db.cmd("GET", "reg"),
+                 "counter": db.cmd("GET", "counter")}
+        res = checker.check(hist, final, DD_MS,
+                            daemon_of=lambda p: p // 4 + 1)
+        res["nemesis"] = kind
+        res["seconds"] = seconds
+        if a.keep:
+            shutil.copy(c.hist, "history-%s.jsonl" % kind)
+        return res
+    finally:
+        c.stop()
+        if not a.keep_dir:
+            c.cleanup_dir()
+
+
+def cmd_run(a):
+    if os.geteuid() != 0:
+        print("jepsen: needs root (ip netns); skipped")
+        return 77
+    kinds = a.nemesis.split(",") if a.nemesis else NEMESES
+    results = []
+
+    def on_signal(sig, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    for kind in kinds:
+        print("jepsen: %s for %ds" % (kind, a.seconds), flush=True)
+        r = run_one(a, kind, a.seconds)
+        print(checker.summary(r), flush=True)
+        results.append(r)
+    if a.results:
+        with open(a.results, "w") as f:
+            f.write(checker.table(results, a.label))
+    bad = [r for r in results if r["anomalies"]]
+    for r in bad:
+        print(checker.excerpt(r))
+    return 1 if bad else 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--seconds", type=int,
+                   default=int(os.environ.get("JEPSEN_SECONDS", "180")))
+    r.add_argument("--nemesis", default="")
+    r.add_argument("--results", default="")
+    r.add_argument("--label", default="")
+    r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--keep", action="store_true")
+    r.add_argument("--keep-dir", action="store_true")
+    r.add_argument("--leased", default=os.environ.get("LEASED_BIN",
+                                                      "src/leased"))
+    r.add_argument("--redis", default=os.environ.get("REDIS_SERVER",
+                                                     "redis-server"))
+    r.add_argument("--fpctl", default=os.environ.get("FPCTL_BIN",
+                                                     "tests/jepsen/fpctl"))
+    w = sub.add_parser("worker")
+    for opt in ("--sock", "--role", "--out"):
+        w.add_argument(opt, required=True)
+    for opt in ("--id", "--resource-port", "--seconds", "--seed",
+                "--lease-ms", "--dd-ms"):
+        w.add_argument(opt, type=int, required=True)
+    a = ap.parse_args()
+    if a.cmd == "worker":
+        return worker.main(a)
+    a.leased = os.path.abspath(a.leased)
+    a.fpctl = os.path.abspath(a.fpctl)
+    return cmd_run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
