@@ -2914,6 +2914,8 @@ static const struct cluster_skip cluster_skips[] = {
      "stops the one Redis process (SIGSTOP) for longer than a lease"},
     {"lock_safety", "short_lease_lost_in_time",
      "stops the one Redis process (SIGSTOP) past a shortened lease"},
+    {"libleased", "at_risk",
+     "stops the one Redis process (SIGSTOP) under a held lock and grant"},
     {"sem", "redis_down_and_wrong_type", "kills and restarts the one Redis"},
     {"sem", "lost_when_redis_down", "kills the one Redis"},
     {"sem", "recheck_on_restart", "kills and restarts the one Redis"},
