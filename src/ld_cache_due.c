@@ -206,7 +206,11 @@ poll_cb(redisReply *reply, void *arg)
 void
 cache_due_poll(void)
 {
-    if (due_mod.polling || cache_mod.ctx->shutting_down || !ld_redis_ready()) {
+    /* Each tick calls: an empty set (the usual case) is not asked about
+     * again until a hand-over is announced or the channel is joined anew,
+     * so that an idle daemon sends Redis nothing. */
+    if (!due_mod.active || due_mod.polling || cache_mod.ctx->shutting_down ||
+        !ld_redis_ready()) {
         return;
     }
     char now[24];

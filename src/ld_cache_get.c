@@ -116,6 +116,7 @@ fetch_start(struct ckey *ck, bool grant)
     f->gen = ck->gen;
     /* A lease taken while a first delete is owed would be voided by it. */
     f->grant = grant && !cache_first_owed(ck->key, ck->key_len);
+    f->withheld = grant && !f->grant;
     glist_init(&f->getters);
     LIST_INSERT_HEAD(&cache_mod.fetches, f, link);
     ck->fetch = f;
@@ -406,6 +407,22 @@ owed_held(struct fetch *f, enum fres res, long long *pttl)
     return R_HELD;
 }
 
+/* Whether F, sent without the lease its getters wanted because a first
+ * delete was owed, may ask for it now: the delete was carried out while
+ * F was on its way (its published message can overtake its answer, and
+ * wake the waiters first). F then asks the script again, with a lease,
+ * instead of answering a miss or a stale value without one. */
+static bool
+lease_now_free(struct fetch *f)
+{
+    if (!f->withheld || cache_first_owed(f->ck->key, f->ck->key_len)) {
+        return false;
+    }
+    f->withheld = false;
+    f->grant = true;
+    return true;
+}
+
 void
 cache_key_deleted(const char *key, size_t len)
 {
@@ -438,6 +455,7 @@ fetch_cb(redisReply *reply, void *arg)
                           keep ? value->str : NULL, keep ? value->len : 0);
         f->near = NULL;
         if (res == R_MISS) {
+            lease_now_free(f);
             if (fetch_send_script(f) == LD_OK) {
                 return; /* still in flight, getters still attached */
             }
@@ -445,6 +463,10 @@ fetch_cb(redisReply *reply, void *arg)
         }
     } else {
         res = parse_fetch(reply, &value, &pttl);
+        if ((res == R_MISS || res == R_STALE) && lease_now_free(f) &&
+            fetch_send_script(f) == LD_OK) {
+            return; /* asked again, with a lease */
+        }
     }
     res = owed_held(f, res, &pttl);
     /* The cause, while ld_redis can still tell it (inside this call). */

@@ -95,6 +95,8 @@ struct fetch {
     struct glist getters;
     uint64_t gen; /* the key's generation when it was sent */
     bool grant;
+    /* A lease was wanted but not asked for: a first delete was owed. */
+    bool withheld;
     bool probing; /* the HMGET is out, not yet the script */
     char token[LD_TOKEN_LEN + 1];
     struct ld_near_read *near; /* the probe may be kept near */

@@ -413,6 +413,40 @@ START_TEST(test_second_delete_taken_over_at_start)
 }
 END_TEST
 
+/* Calls of the due set's ZCARD (in the claim script) Redis has run. */
+static long long
+due_polls(void)
+{
+    redisReply *r = h_redis_cmd(&R, "INFO commandstats");
+    ck_assert_msg(r != NULL && r->type == REDIS_REPLY_STRING, "INFO failed");
+    const char *at = strstr(r->str, "cmdstat_zcard:calls=");
+    long long n = at != NULL ? atoll(at + strlen("cmdstat_zcard:calls=")) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+static bool
+due_polled_since(void *arg)
+{
+    return due_polls() > *(long long *)arg;
+}
+
+/* With the due set empty, the look at start is the only one: an idle
+ * daemon does not ask Redis about it each second. */
+START_TEST(test_empty_due_set_not_polled)
+{
+    h_start(NULL);
+    long long none = 0;
+    ck_assert_msg(h_wait_until(due_polled_since, &none, T_MS),
+                  "the due set was not looked at after the start");
+    long long polls = due_polls();
+    ck_assert_msg(!h_wait_until(due_polled_since, &polls, 3500),
+                  "an empty due set was asked about again (%lld looks)",
+                  due_polls());
+    ck_assert_int_eq(h_r_int(&R, "ZCARD %s", DUE_SET), 0);
+}
+END_TEST
+
 /* --- leasectl wait ------------------------------------------------------- */
 
 static const char *
@@ -475,6 +509,7 @@ main(void)
         H_CASE(readyz_redis_down, 60),
         H_CASE(second_delete_handed_over, 90),
         H_CASE(second_delete_taken_over_at_start, 90),
+        H_CASE(empty_due_set_not_polled, 60),
         H_CASE(leasectl_wait, 90),
     };
 

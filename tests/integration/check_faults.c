@@ -4,9 +4,10 @@
  * lock away, and nothing is granted twice after), a reply cut in the
  * middle of a pipeline and a reset with many commands in flight (every
  * request answered, none with another's reply), a stalled Redis (errors
- * in bounded time, memory bounded), and a slow or deaf subscriber
+ * in bounded time, memory bounded), a slow or deaf subscriber
  * connection (a waiter still gets the lock, by wake-up or by its
- * lease-expiry retry). */
+ * lease-expiry retry), and a delete whose published message overtakes
+ * its answer (the waiter it wakes still gets a fresh lease). */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -525,6 +526,50 @@ START_TEST(test_slow_subscriber)
 }
 END_TEST
 
+/* --- 6: a published delete overtakes its answer ------------------------- */
+
+/* A waiter woken by the delete's message while the delete is still owed
+ * (its answer is on its way) reads without a lease; the read is answered
+ * after the delete's answer, and the waiter must still get a fresh lease,
+ * not a miss without one. */
+START_TEST(test_owed_delete_wakes_waiter)
+{
+    start("", NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    struct h_conn *b = h_connect_ok(&D);
+    struct h_conn *s = h_connect_ok(&D);
+
+    json_t *r = h_must(h_callf(a, TIMEOUT_MS * 10, "{s:s,s:s}", "op",
+                               "cache.get", "key", "ow"));
+    ck_assert_msg(h_is_token(jstr(r, "lease")), "no lease: %s", h_dump(r));
+    char *lease = strdup(jstr(r, "lease"));
+    json_decref(r);
+    ck_assert_int_eq(h_send(b, "{s:I,s:s,s:s,s:I}", "id", (json_int_t)7, "op",
+                            "cache.get", "key", "ow", "wait_ms",
+                            (json_int_t)10000),
+                     0);
+    ck_assert(h_wait_stat(b, "cache_waits", 1, 5000));
+    h_wait_subscribed(&R, "leased:cache:{ow}:fill", 5000);
+
+    /* Commands and their answers are late, the message is not. */
+    fp_only_commands(P, true);
+    fp_set_latency(P, 300);
+    r = h_must(h_callf(s, 10000, "{s:s,s:s,s:i}", "op", "cache.invalidate",
+                       "key", "ow", "delay_ms", 0));
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "deleted")), 1);
+    json_decref(r);
+    r = h_recv(b, 10000);
+    ck_assert_msg(r != NULL && h_is_token(jstr(r, "lease")),
+                  "waiter expected a new lease, got %s", h_dump(r));
+    ck_assert_str_ne(jstr(r, "lease"), lease);
+    json_decref(r);
+    free(lease);
+    h_close(a);
+    h_close(b);
+    h_close(s);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -534,6 +579,7 @@ main(void)
         H_CASE(pipeline_cut_and_reset, 120),
         H_CASE(stall_bounded, 120),
         H_CASE(slow_subscriber, 120),
+        H_CASE(owed_delete_wakes_waiter, 60),
     };
 
     return H_MAIN(fx, cases);

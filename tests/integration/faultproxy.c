@@ -79,6 +79,7 @@ struct fp_settings {
     long cut;       /* armed cut, -1: none */
     bool reset_all; /* one shot */
     bool only_subscribers;
+    bool only_commands;
     bool stop;
 };
 
@@ -222,7 +223,10 @@ lossy(enum fp_mode m)
 static bool
 in_scope(const struct fp_conn *c, const struct fp_settings *s)
 {
-    return !s->only_subscribers || c->subscriber;
+    if (s->only_subscribers) {
+        return c->subscriber;
+    }
+    return !s->only_commands || !c->subscriber;
 }
 
 static enum fp_mode
@@ -639,6 +643,12 @@ void
 fp_only_subscribers(struct fp *p, bool only)
 {
     FP_SETTER(p->set.only_subscribers = only);
+}
+
+void
+fp_only_commands(struct fp *p, bool only)
+{
+    FP_SETTER(p->set.only_commands = only);
 }
 
 void

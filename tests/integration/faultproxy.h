@@ -46,6 +46,10 @@ void fp_cut_replies_after(struct fp *p, long bytes);
  * that sent a SUBSCRIBE (SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE); the others
  * pass. */
 void fp_only_subscribers(struct fp *p, bool only);
+/* The other way round: with ONLY set, they apply only to connections that
+ * sent no SUBSCRIBE (a published message overtakes the answer to the
+ * command that published it). */
+void fp_only_commands(struct fp *p, bool only);
 /* Reset every live connection now (both sides, RST). */
 void fp_reset_all(struct fp *p);
 
