@@ -3,8 +3,9 @@
  * milliseconds, the loss of the tracking connection (killed, or silent
  * and found out by the idle PING) or of Redis flushes,
  * a read whose reply is overtaken by an invalidation is not kept (proven
- * with a delaying proxy between leased and Redis), the byte bound holds,
- * and no entry outlives its Redis TTL. */
+ * with a delaying proxy between leased and Redis), a second delete drops
+ * the entry before Redis answers it, the byte bound holds, and no entry
+ * outlives its Redis TTL. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -527,7 +528,9 @@ END_TEST
  * DELAY_MS; the tracking connection (its name ends in ":track") is never
  * delayed, so an invalidation overtakes the reply of an earlier read.
  * While SILENT is set, the tracking connection's bytes are dropped both
- * ways: a peer gone without a word. */
+ * ways: a peer gone without a word. While HOLD_TRACK (HOLD_CMD) is set,
+ * Redis' bytes to the tracking (a command) connection are held back,
+ * then passed on in order once it is cleared. */
 #define DELAY_MS 400
 
 static struct {
@@ -535,6 +538,8 @@ static struct {
     int port;
     atomic_int slow;
     atomic_int silent;
+    atomic_int hold_track;
+    atomic_int hold_cmd;
     atomic_int stop;
 } P;
 
@@ -573,6 +578,11 @@ pump_down(void *arg)
     while ((n = read(pp->server, buf, sizeof buf)) > 0) {
         if (atomic_load(&P.slow) && !atomic_load(&pp->is_track)) {
             usleep(DELAY_MS * 1000);
+        }
+        while (atomic_load(atomic_load(&pp->is_track) ? &P.hold_track
+                                                      : &P.hold_cmd) &&
+               !atomic_load(&P.stop)) {
+            usleep(1000);
         }
         if (atomic_load(&P.silent) && atomic_load(&pp->is_track)) {
             continue;
@@ -710,6 +720,70 @@ START_TEST(test_race_invalidation_overtakes_read)
 }
 END_TEST
 
+/* The second delete drops the key's near entry before it is sent, not
+ * only when Redis answers it or tracking reports it: a value a stale
+ * writer put back after the first delete, read and kept near, is not
+ * served once Redis has deleted it. Tracking and the delete's answer are
+ * held back by the proxy, so only the daemon's own eviction is left. */
+START_TEST(test_second_delete_evicts_first)
+{
+    char yaml[512];
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    proxy_start();
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 10000\n"
+             "cache:\n  ttl_jitter: 0\n  double_delete_ms: 4000\n"
+             "  near: { enabled: true }\n",
+             P.port);
+    start_near(&D, yaml);
+    struct h_conn *c = h_connect_ok(&D);
+    h_r_do(&R, "HSET " PREFIX "{sd} v old");
+    h_r_do(&R, "PEXPIRE " PREFIX "{sd} 600000");
+    near_get_until_near(c, "sd", "old");
+
+    atomic_store(&P.hold_track, 1);
+    json_t *r = h_must(
+        h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.invalidate", "key", "sd"));
+    json_decref(r);
+    /* The stale writer, between the two deletes; its invalidation is held
+     * back, so the daemon keeps what it reads near. */
+    h_r_do(&R, "HSET " PREFIX "{sd} v stale");
+    h_r_do(&R, "PEXPIRE " PREFIX "{sd} 600000");
+    near_get_until_near(c, "sd", "stale");
+    atomic_store(&P.hold_cmd, 1);
+    ck_assert_msg(h_r_int(&R, "EXISTS " PREFIX "{sd}") == 1,
+                  "the second delete ran before the stale value was near");
+
+    long long deadline = h_now_ms() + 15000;
+    while (h_r_int(&R, "EXISTS " PREFIX "{sd}") == 1) {
+        ck_assert_msg(h_now_ms() < deadline, "the second delete never ran");
+        usleep(1000);
+    }
+    /* Redis deleted it; its answer is held. A read now is served near
+     * (an answer comes at once) or goes to Redis (its HMGET runs). */
+    long long before = hmget_calls();
+    ck_assert_int_eq(h_send(c, "{s:s,s:s,s:s,s:b}", "id", "r1", "op",
+                            "cache.get", "key", "sd", "lease", 0),
+                     0);
+    r = NULL;
+    deadline = h_now_ms() + T_MS;
+    while (r == NULL && hmget_calls() == before) {
+        ck_assert_msg(h_now_ms() < deadline, "the read was not answered");
+        r = h_recv(c, 10);
+    }
+    atomic_store(&P.hold_cmd, 0);
+    atomic_store(&P.hold_track, 0);
+    if (r == NULL) {
+        r = h_recv(c, T_MS);
+    }
+    ck_assert_msg(r != NULL && h_ok(r) && !jtrue(r, "hit"),
+                  "a read after the second delete: %s", h_dump(r));
+    json_decref(r);
+    atomic_store(&P.stop, 1);
+    h_close(c);
+}
+END_TEST
+
 /* The tracking connection is pinged when idle: one that goes silent
  * (no FIN, no RST) is given up within the idle time plus
  * redis.timeout_ms, and the near cache flushed. */
@@ -778,6 +852,7 @@ main(void)
         H_CASE(min_hits, 60),
         H_CASE(near_value_not_utf8, 60),
         H_CASE(race_invalidation_overtakes_read, 60),
+        H_CASE(second_delete_evicts_first, 60),
         H_CASE(silent_tracking_connection_flushes, 60),
         H_CASE(bad_config_refused, 60),
     };
