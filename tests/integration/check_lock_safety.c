@@ -878,6 +878,43 @@ START_TEST(test_short_lease_on_watchdog_lock)
 }
 END_TEST
 
+/* A lock found gone before its lease could end means Redis lost data:
+ * every other lock is looked at then, not at the next pass (30 s here).
+ * The shortened lease's early renewal, a third into it, is what finds
+ * it gone; the flush must come before that renewal. */
+#define EARLY_TTL_MS 9000
+
+START_TEST(test_early_loss_rechecks_all)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    long long t0, extended;
+
+    h_start("lock:\n  watchdog_ms: 90000\n");
+    a = lk_connect(&D);
+    json_decref(lk_must(a, "fx", NULL, 600000, 0));
+    json_decref(lk_must(a, "se", NULL, NO_TTL, 0));
+    extended = h_now_ms();
+    r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "extend", "key", "se",
+                "ttl_ms", EARLY_TTL_MS);
+    ck_assert_msg(r != NULL && jint(r, "lease_ms") == EARLY_TTL_MS,
+                  "extend se: %s", h_dump(r));
+    json_decref(r);
+    h_r_do(&R, "FLUSHALL");
+    t0 = h_now_ms();
+    ck_assert_msg(t0 - extended < EARLY_TTL_MS / 3 - 500,
+                  "too slow to flush before the early renewal: %lld ms",
+                  t0 - extended);
+    ev = h_lock_lost(a, "fx", EARLY_TTL_MS);
+    ck_assert_msg(ev != NULL,
+                  "no lock_lost for fx within %d ms of the loss found on se",
+                  EARLY_TTL_MS);
+    fprintf(stderr, "fx lost %lld ms after the flush\n", h_now_ms() - t0);
+    json_decref(ev);
+    h_close(a);
+}
+END_TEST
+
 /* The same shortened lease while Redis does not answer: lock_lost comes
  * before that lease could end in Redis, not at the next pass. */
 START_TEST(test_short_lease_lost_in_time)
@@ -926,6 +963,7 @@ main(void)
         H_CASE(released_by_token_elsewhere, 60),
         H_CASE(short_lease_on_watchdog_lock, 60),
         H_CASE(short_lease_lost_in_time, 60),
+        H_CASE(early_loss_rechecks_all, 60),
     };
 
     return H_MAIN(fx, cases);
