@@ -2885,6 +2885,8 @@ static const struct cluster_skip cluster_skips[] = {
      "puts its delaying proxy in front of the one Redis"},
     {"near", "silent_tracking_connection_flushes",
      "puts its proxy in front of the one Redis"},
+    {"near", "second_delete_evicts_first",
+     "puts its proxy in front of the one Redis"},
     {"rwlock", "redisson_layout",
      "the Java side publishes with classic PUBLISH, which leased on a "
      "cluster does not hear (it subscribes sharded, leased.yml(5)); "
@@ -2919,6 +2921,9 @@ static const struct cluster_skip cluster_skips[] = {
     {"sem", "redis_down_and_wrong_type", "kills and restarts the one Redis"},
     {"sem", "lost_when_redis_down", "kills the one Redis"},
     {"sem", "recheck_on_restart", "kills and restarts the one Redis"},
+    {"sem", "pair_cost",
+     "counts the commands of one node (INFO commandstats), which other "
+     "keys' slots share on a cluster"},
     {"multilock", "redis_down", "kills and restarts the one Redis"},
     {"multilock", "redlock_group",
      "starts standalone servers of its own (lock.redlock and redis)"},

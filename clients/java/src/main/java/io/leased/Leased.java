@@ -20,6 +20,9 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicLong;
@@ -312,7 +315,15 @@ public final class Leased implements AutoCloseable {
         // lock_lost events for a token whose hold was not registered yet: its
         // grant and the event can be read before the caller registers it.
         final ConcurrentHashMap<String, Map<String, Object>> early = new ConcurrentHashMap<>();
-        final Object writing = new Object();
+        // A SocketChannel is interruptible: a write by a thread that is
+        // interrupted meanwhile (a caller giving up a blocking lock) would
+        // close it, and with it the session and its locks. Writes therefore
+        // go out on a thread of the connection's own.
+        final ExecutorService writer = Executors.newSingleThreadExecutor(r -> {
+            Thread t = new Thread(r, "leased-writer");
+            t.setDaemon(true);
+            return t;
+        });
         volatile boolean dead;
         volatile String session;
         volatile List<String> features = List.of();
@@ -406,10 +417,36 @@ public final class Leased implements AutoCloseable {
         }
 
         void write(byte[] line) throws IOException {
-            ByteBuffer b = ByteBuffer.wrap(line);
-            synchronized (writing) {
-                while (b.hasRemaining()) {
-                    ch.write(b);
+            Future<?> done;
+            try {
+                done = writer.submit(() -> {
+                    ByteBuffer b = ByteBuffer.wrap(line);
+                    while (b.hasRemaining()) {
+                        ch.write(b);
+                    }
+                    return null;
+                });
+            } catch (java.util.concurrent.RejectedExecutionException e) {
+                throw new IOException("the connection is closed", e);
+            }
+            boolean interrupted = false;
+            try {
+                while (true) {
+                    try {
+                        done.get();
+                        return;
+                    } catch (InterruptedException e) {
+                        interrupted = true; // the write is quick: finish it
+                    } catch (ExecutionException e) {
+                        if (e.getCause() instanceof IOException io) {
+                            throw io;
+                        }
+                        throw new IOException(String.valueOf(e.getCause()), e.getCause());
+                    }
+                }
+            } finally {
+                if (interrupted) {
+                    Thread.currentThread().interrupt();
                 }
             }
         }
@@ -598,6 +635,7 @@ public final class Leased implements AutoCloseable {
                 dead = true;
             }
             closeQuietly(ch);
+            writer.shutdown();
             LeasedException err = why != null ? why : gone();
             for (Long k : new ArrayList<>(pending.keySet())) {
                 CompletableFuture<Map<String, Object>> f = pending.remove(k);
