@@ -30,7 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* A whole run of one client; the brief for a runner is ~60 s. */
+/* A whole run of one client; a runner is meant to take about 60 s. */
 #define RUN_MS 150000
 #define AUTH_TOKEN "conformance-T0ken"
 #define MAX_SCENARIOS 64
