@@ -41,8 +41,9 @@ srcdir(void)
     return p && *p ? p : ".";
 }
 
-/* The cargo to run: $CARGO, ~/.cargo/bin/cargo, /root/.cargo/bin/cargo,
- * else "cargo" from PATH. */
+/* The cargo to run: $CARGO, ~/.cargo/bin/cargo (rustup's), Debian's
+ * /usr/bin/cargo, else "cargo" from PATH. Not rustup's proxy under another
+ * HOME: a package build sets its own, where rustup finds no toolchain. */
 static const char *
 cargo(void)
 {
@@ -59,8 +60,11 @@ cargo(void)
             return path;
         }
     }
-    if (access("/root/.cargo/bin/cargo", X_OK) == 0) {
-        return "/root/.cargo/bin/cargo";
+    if (access("/usr/bin/cargo", X_OK) == 0) {
+        /* With its own compiler, not rustup's proxies from PATH. */
+        setenv("RUSTC", "/usr/bin/rustc", 0);
+        setenv("RUSTDOC", "/usr/bin/rustdoc", 0);
+        return "/usr/bin/cargo";
     }
     return "cargo";
 }
