@@ -239,11 +239,7 @@ raw_must_lock(struct raw *c, const char *key, long long ttl_ms)
         snprintf(line, sizeof line,
                  "{\"id\":1,\"op\":\"lock\",\"key\":\"%s\"}\n", key);
     }
-    raw_send(c, line);
-    json_t *r = raw_line(c, T_MS);
-    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "lock %s: %s", key,
-                  r != NULL ? h_dump(r) : "no reply");
-    json_decref(r);
+    raw_must(c, line);
 }
 
 /* A holds a watchdog lock and a fixed lease; Redis loses both (FLUSHALL)

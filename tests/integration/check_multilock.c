@@ -767,17 +767,6 @@ END_TEST
 
 /* --- holds a new grant through the same daemon rules out --------------- */
 
-/* Send LINE on C and insist on "acquired":true. */
-static void
-raw_must(struct raw *c, const char *line)
-{
-    raw_send(c, line);
-    json_t *r = raw_line(c, T_MS);
-    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "%s: %s", line,
-                  r != NULL ? h_dump(r) : "no reply");
-    json_decref(r);
-}
-
 /* Redis loses a group's keys (FLUSHALL) and another session locks one of
  * them alone: the group's session hears lock_lost for that key before
  * the grant reaches the other; and the other way round, a group granted

@@ -872,16 +872,6 @@ END_TEST
 
 /* --- holds a new grant through the same daemon rules out --------------- */
 
-static void
-raw_must(struct raw *c, const char *line)
-{
-    raw_send(c, line);
-    json_t *r = raw_line(c, T_MS);
-    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "%s: %s", line,
-                  r != NULL ? h_dump(r) : "no reply");
-    json_decref(r);
-}
-
 /* Redis loses the lock (FLUSHALL) while A writes; B's read through the
  * same daemon is granted, so A hears lock_lost before B hears its grant.
  * Then B's read is lost the same way to C's write. */

@@ -637,17 +637,6 @@ END_TEST
 
 /* --- grants Redis lost ------------------------------------------------- */
 
-/* Send LINE on C and insist on "acquired":true. */
-static void
-raw_must(struct raw *c, const char *line)
-{
-    raw_send(c, line);
-    json_t *r = raw_line(c, T_MS);
-    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "%s: %s", line,
-                  r != NULL ? h_dump(r) : "no reply");
-    json_decref(r);
-}
-
 /* The next sem_lost for KEY on C within TIMEOUT_MS (other events are
  * dropped), or NULL. */
 static json_t *

@@ -196,4 +196,16 @@ raw_race_free(struct race *r)
     json_decref(r->ev);
 }
 
+/* Send LINE on C and insist on "acquired":true within 5 s, as long as a
+ * plain reply may take in every test program that includes this. */
+static inline void
+raw_must(struct raw *c, const char *line)
+{
+    raw_send(c, line);
+    json_t *r = raw_line(c, 5000);
+    ck_assert_msg(r != NULL && jtrue(r, "acquired"), "%s: %s", line,
+                  r != NULL ? h_dump(r) : "no reply");
+    json_decref(r);
+}
+
 #endif
