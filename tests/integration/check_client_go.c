@@ -33,14 +33,6 @@ static const struct h_fixture fx = {
 };
 static char out[262144], err[65536];
 
-static const char *
-srcdir(void)
-{
-    const char *p = getenv("LD_SRCDIR");
-
-    return p && *p ? p : ".";
-}
-
 /* Go's caches under the build directory; no network, no module proxy. */
 static void
 go_env(void)
@@ -67,7 +59,7 @@ START_TEST(test_go_test_race)
                           dir, NULL};
     int rc;
 
-    snprintf(dir, sizeof dir, "%s/clients/go", srcdir());
+    snprintf(dir, sizeof dir, "%s/clients/go", h_srcdir());
     go_env();
     rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
     if (rc != 0 || getenv("LD_VERBOSE")) {

@@ -44,14 +44,6 @@ static const struct h_fixture fx = {
 };
 static char out[65536], err[65536];
 
-static const char *
-srcdir(void)
-{
-    const char *p = getenv("LD_SRCDIR");
-
-    return p && *p ? p : ".";
-}
-
 static void
 show(const char *what, int rc)
 {
@@ -71,7 +63,7 @@ START_TEST(test_java)
     int rc;
 
     ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
-    snprintf(script, sizeof script, "%s/clients/java/build.sh", srcdir());
+    snprintf(script, sizeof script, "%s/clients/java/build.sh", h_srcdir());
     rc = h_run(build, out, sizeof out, err, sizeof err, BUILD_MS);
     show("clients/java/build.sh", rc);
     ck_assert_msg(rc == 0, "build.sh exited %d%s", rc,

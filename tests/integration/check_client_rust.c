@@ -33,14 +33,6 @@ static const struct h_fixture fx = {
 };
 static char out[65536], err[65536];
 
-static const char *
-srcdir(void)
-{
-    const char *p = getenv("LD_SRCDIR");
-
-    return p && *p ? p : ".";
-}
-
 /* The cargo to run: $CARGO, ~/.cargo/bin/cargo (rustup's), Debian's
  * /usr/bin/cargo, else "cargo" from PATH. Not rustup's proxy under another
  * HOME: a package build sets its own, where rustup finds no toolchain. */
@@ -77,7 +69,7 @@ START_TEST(test_cargo_test)
     int rc;
 
     snprintf(manifest, sizeof manifest, "%s/clients/rust/Cargo.toml",
-             srcdir());
+             h_srcdir());
     ck_assert_int_eq(h_tmpdir(target, sizeof target), 0);
     setenv("CARGO_TARGET_DIR", target, 1);
     setenv("LEASED_SOCKET", D.sock, 1);

@@ -46,14 +46,6 @@ static const struct h_fixture fx = {
 };
 static char out[65536], err[65536];
 
-static const char *
-srcdir(void)
-{
-    const char *p = getenv("LD_SRCDIR");
-
-    return p && *p ? p : ".";
-}
-
 /* Run an example: INTERP SRCDIR/SCRIPT SOCKET. */
 static void
 run_example(const char *interp, const char *script)
@@ -62,7 +54,7 @@ run_example(const char *interp, const char *script)
     const char *argv[] = {interp, path, D.sock, NULL};
     int rc;
 
-    snprintf(path, sizeof path, "%s/%s", srcdir(), script);
+    snprintf(path, sizeof path, "%s/%s", h_srcdir(), script);
     rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
     /* LD_VERBOSE=1 shows what a passing example printed, too. */
     if (rc != 0 || getenv("LD_VERBOSE")) {
@@ -97,7 +89,7 @@ START_TEST(test_node_api)
     const char *argv[] = {"node", "--test", path, NULL};
     int rc;
 
-    snprintf(path, sizeof path, "%s/clients/node/test_api.js", srcdir());
+    snprintf(path, sizeof path, "%s/clients/node/test_api.js", h_srcdir());
     setenv("LEASED_SOCKET", D.sock, 1);
     rc = h_run(argv, out, sizeof out, err, sizeof err, RUN_MS);
     if (rc != 0 || getenv("LD_VERBOSE")) {
@@ -143,7 +135,7 @@ START_TEST(test_node_restart)
     pthread_t th;
 
     snprintf(run.script, sizeof run.script, "%s/clients/node/test_restart.js",
-             srcdir());
+             h_srcdir());
     snprintf(run.flag, sizeof run.flag, "%s/node-restart.flag", D.dir);
     unlink(run.flag);
     ck_assert_int_eq(pthread_create(&th, NULL, restart_script, &run), 0);

@@ -84,14 +84,6 @@ static struct {
 } ctl;
 
 static const char *
-srcdir(void)
-{
-    const char *p = getenv("LD_SRCDIR");
-
-    return p && *p ? p : ".";
-}
-
-static const char *
 builddir(void)
 {
     const char *p = getenv("LD_BUILDDIR");
@@ -573,7 +565,7 @@ scenario_files(char files[][FILE_LEN], int max)
     struct dirent **list;
     int n, k = 0;
 
-    snprintf(dir, sizeof dir, "%s/clients/conformance/scenarios", srcdir());
+    snprintf(dir, sizeof dir, "%s/clients/conformance/scenarios", h_srcdir());
     n = scandir(dir, &list, NULL, alphasort);
     ck_assert_msg(n > 0, "no scenarios in %s", dir);
     for (int i = 0; i < n; i++) {
@@ -702,7 +694,8 @@ START_TEST(test_python)
     char path[400];
     const char *runner[] = {"python3", path, NULL};
 
-    snprintf(path, sizeof path, "%s/clients/python/conformance.py", srcdir());
+    snprintf(path, sizeof path, "%s/clients/python/conformance.py",
+             h_srcdir());
     run_conformance(runner, "Python");
 }
 END_TEST
@@ -712,7 +705,7 @@ START_TEST(test_node)
     char path[400];
     const char *runner[] = {"node", path, NULL};
 
-    snprintf(path, sizeof path, "%s/clients/node/conformance.js", srcdir());
+    snprintf(path, sizeof path, "%s/clients/node/conformance.js", h_srcdir());
     run_conformance(runner, "Node.js");
 }
 END_TEST
@@ -723,7 +716,7 @@ START_TEST(test_go)
     char path[400];
     const char *runner[] = {"sh", path, NULL};
 
-    snprintf(path, sizeof path, "%s/clients/go/conformance.sh", srcdir());
+    snprintf(path, sizeof path, "%s/clients/go/conformance.sh", h_srcdir());
     run_conformance(runner, "Go");
 }
 END_TEST
@@ -734,7 +727,7 @@ START_TEST(test_java)
     char path[400];
     const char *runner[] = {"sh", path, NULL};
 
-    snprintf(path, sizeof path, "%s/clients/java/conformance.sh", srcdir());
+    snprintf(path, sizeof path, "%s/clients/java/conformance.sh", h_srcdir());
     run_conformance(runner, "Java");
 }
 END_TEST
@@ -745,7 +738,7 @@ START_TEST(test_rust)
     char path[400];
     const char *runner[] = {"sh", path, NULL};
 
-    snprintf(path, sizeof path, "%s/clients/rust/conformance.sh", srcdir());
+    snprintf(path, sizeof path, "%s/clients/rust/conformance.sh", h_srcdir());
     run_conformance(runner, "Rust");
 }
 END_TEST

@@ -236,6 +236,14 @@ h_free_port(void)
 }
 
 const char *
+h_srcdir(void)
+{
+    const char *p = getenv("LD_SRCDIR");
+
+    return p && *p ? p : ".";
+}
+
+const char *
 h_leased_bin(void)
 {
     const char *p = getenv("LEASED_BIN");

@@ -221,6 +221,8 @@ void h_track_pid(pid_t pid);
 void h_untrack_pid(pid_t pid);
 /* $LEASED_BIN (or "src/leased"). */
 const char *h_leased_bin(void);
+/* The source tree ($LD_SRCDIR, else "."): where the clients' files are. */
+const char *h_srcdir(void);
 /* Run ARGV (NULL-terminated; argv[0] a path or a name in $PATH) under a
  * deadline, capturing stdout into OUT and stderr into ERR (each may be
  * NULL; NUL-terminated, truncated to fit). Returns the exit status, 128 +
