@@ -15,8 +15,10 @@
 #include <string.h>
 
 /* Slack added to the holder's lease before retrying: Redis treats a key as
- * expired only once its expiry time is strictly in the past. */
-#define LW_EXPIRY_SLACK_MS 2
+ * expired only once its expiry time is strictly in the past, and libevent
+ * counts timers on CLOCK_MONOTONIC_COARSE, which ticks once a jiffy (4 ms at
+ * HZ=250), so a timer can fire that much before the lease's end. */
+#define LW_EXPIRY_SLACK_MS 6
 
 struct ld_lockwait_q {
     char *route;
