@@ -8,7 +8,7 @@
 -- ARGV[4] the highest fence this daemon handed out for the lock (decimal,
 --         "0" for none): a new fence is always above it, even when Redis
 --         lost the counter
--- Returns (the codes are named in src/ld_lock_codes.h):
+-- Returns (the codes are named in src/core/ld_lock_codes.h):
 --   {1, count, "fence", pttl}  GRANTED (count 1 = new acquisition)
 --   {0, pttl}                  TAKEN: held by another holder
 --   {-1}                       WRONG_TYPE: a key holds another type or data

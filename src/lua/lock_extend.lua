@@ -2,7 +2,7 @@
 -- checks that the hash is a lock first: extend names its key and holder
 -- from the request, and must never expire someone else's hash.
 -- KEYS[1] lock hash   ARGV[1] holder field   ARGV[2] lease in ms
--- Returns (the codes are named in src/ld_lock_codes.h): {1, pttl, count}
+-- Returns (the codes are named in src/core/ld_lock_codes.h): {1, pttl, count}
 -- HELD, {-1} WRONG_TYPE: the key holds another type or a hash that is not
 -- a lock, {-2} ABSENT: no lock, {-3} OTHER: held by another holder.
 -- A hash that is not a lock (lib/lock_shape.lua) is never changed.

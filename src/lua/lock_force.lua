@@ -6,7 +6,7 @@
 -- KEYS[1] lock hash  KEYS[2] force marker
 -- ARGV[1] unlock channel  ARGV[2] unlock message
 -- ARGV[3] unlock channel of a read-write lock (Redisson's differs)
--- Returns (the codes are named in src/ld_lock_codes.h): {1, holders}
+-- Returns (the codes are named in src/core/ld_lock_codes.h): {1, holders}
 -- RELEASED: deleted and published, {-1} WRONG_TYPE: the key holds another
 -- type or a hash that is not a lock (never changed), {-2} ABSENT: no lock.
 --@include lock_shape.lua

@@ -1,5 +1,5 @@
 -- Report a lock: KEYS[1] lock hash, ARGV[1] holder field ("" for none).
--- Returns (the codes are named in src/ld_lock_codes.h): {-1} WRONG_TYPE:
+-- Returns (the codes are named in src/core/ld_lock_codes.h): {-1} WRONG_TYPE:
 -- the key holds another type or a hash that is not a lock, {0, -2, 0}
 -- FREE, {1, pttl, count of ARGV[1]} HELD. A query without a side also
 -- describes a read-write lock (rw_info.lua): {1, pttl, count, mode}.

@@ -4,7 +4,7 @@
 -- ARGV[1] holder field   ARGV[2] "1" one hold, "a" all holds
 -- ARGV[3] unlock channel ARGV[4] unlock message
 -- The channel is an argument, not a key: channels have no hash slot.
--- Returns (the codes are named in src/ld_lock_codes.h): {1, 0} RELEASED
+-- Returns (the codes are named in src/core/ld_lock_codes.h): {1, 0} RELEASED
 -- (and published), {0, count} KEPT: holds remain, {-1} WRONG_TYPE: the
 -- key holds another type or a hash that is not a lock, {-2} ABSENT: no
 -- lock, {-3} OTHER: held by another.

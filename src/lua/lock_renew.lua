@@ -6,7 +6,7 @@
 -- ARGV[1] holder field
 -- ARGV[2] lease in ms; 0 only reports (check only, nothing written)
 -- ARGV[3] "1": never shorten the lease (watchdog renewal after an extend)
--- Returns (the codes are named in src/ld_lock_codes.h): {1, pttl, count}
+-- Returns (the codes are named in src/core/ld_lock_codes.h): {1, pttl, count}
 -- HELD, {-1} WRONG_TYPE: the key holds another type or a hold count
 -- leased did not write, {-2} ABSENT: no lock, {-3} OTHER: held by another
 -- holder, {-4} FORCED: no lock, and lock.force_unlock deleted it within

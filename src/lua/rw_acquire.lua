@@ -11,7 +11,7 @@
 -- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
 -- ARGV[7] the same owner's write holder field ("" for none): a reader
 --         it names may join the writer (downgrade)
--- Returns what lock_acquire.lua returns (src/ld_lock_codes.h). Only a
+-- Returns what lock_acquire.lua returns (src/core/ld_lock_codes.h). Only a
 -- new write acquisition increments the fence counter; a reader gets the
 -- counter as it is (the fence of the last writer, "0" for none).
 --@include lock_numbers.lua

@@ -1,6 +1,6 @@
 /*
  * P5: an acknowledged cache.invalidate's second delete happens, across a
- * daemon crash (src/ld_cache_inval.c, src/ld_journal.c). One key, one
+ * daemon crash (src/cache/ld_cache_inval.c, src/cache/ld_journal.c). One key, one
  * invalidation with a delay; see tests/model/README.
  *
  * The journal is a file: what ld_journal_add wrote is there after the

@@ -58,7 +58,7 @@
 /* The session's daemon. */
 #define DMN(s) ((s) == NS - 1 -> 1 : 0)
 
-/* Codes of the Lua scripts (src/ld_lock_codes.h). */
+/* Codes of the Lua scripts (src/core/ld_lock_codes.h). */
 #define GRANTED 1
 #define TAKEN 4  /* 0 in Redis */
 #define ABSENT 2 /* -2 in Redis */

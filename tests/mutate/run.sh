@@ -4,7 +4,7 @@
 # its top) changes one line of one file. The tree is copied once (make
 # distdir, configure, build); then, for each mutation: the line is
 # changed in the copy, make rebuilds what depends on it (a .lua file
-# too: src/ld_lua.c is made from the scripts), the test programs the
+# too: src/lua/ld_lua.c is made from the scripts), the test programs the
 # entry names run one after the other until one fails, and the file is
 # put back. Each mutation is CAUGHT (by the first program that failed)
 # or MISSED; the end prints the score and the survivors.

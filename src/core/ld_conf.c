@@ -733,7 +733,7 @@ ld_conf_absolute_paths(struct ld_config *cfg, const char *base)
 void
 ld_conf_apply_reload(struct ld_config *live, const struct ld_config *newcfg)
 {
-    int old_level = live->log.level;
+    enum ld_log_level old_level = live->log.level;
 
     for (size_t i = 0; i < conf_ndirectives; i++) {
         const struct conf_directive *d = &conf_directives[i];

@@ -1,5 +1,5 @@
 /*
- * Batched scripts: the scripts marked "--@batchable" (src/lua2c.sh) that
+ * Batched scripts: the scripts marked "--@batchable" (src/lua/lua2c.sh) that
  * are issued in one turn of the loop for the same connection leave as one
  * EVALSHA of a batch script, which runs each item in turn and answers an
  * array of one result per item.

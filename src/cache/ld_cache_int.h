@@ -2,7 +2,7 @@
 #define LD_CACHE_INT_H
 
 /* The cache module's own types and the calls between its files; for
- * src/ld_cache*.c only. ld_cache.c: the ops that write and the module
+ * src/cache/ld_cache*.c only. ld_cache.c: the ops that write and the module
  * itself; ld_cache_get.c: keys, fetches, waiting and the single flight of
  * cache.get and cache.mget; ld_cache_reply.c: answering getters and the
  * mget reply; ld_cache_inval.c: cache.invalidate, the deletes it promises

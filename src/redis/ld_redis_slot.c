@@ -343,7 +343,8 @@ redis_slot_start(struct rconn *c)
 }
 
 void
-redis_slot_init(struct rnode *n, struct rconn *c, int idx, int pool)
+redis_slot_init(struct rnode *n, struct rconn *c, int idx,
+                enum ld_redis_pool pool)
 {
     c->node = n;
     c->idx = idx;

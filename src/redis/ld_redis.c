@@ -119,8 +119,9 @@ ld_redis_conn_id(void)
 }
 
 void
-redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
-              const char *reason, uint64_t conn_id)
+redis_call_cb(struct rcmd *cmd, redisReply *reply,
+              enum ld_redis_outcome outcome, const char *reason,
+              uint64_t conn_id)
 {
     char buf[320];
     if (reply != NULL && reply->type == REDIS_REPLY_ERROR) {
@@ -378,7 +379,8 @@ fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome, const char *reason)
 }
 
 void
-redis_fail_later(struct rcmd *cmd, int outcome, const char *reason)
+redis_fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome,
+                 const char *reason)
 {
     fail_later(cmd, (enum ld_redis_outcome)outcome, reason);
 }

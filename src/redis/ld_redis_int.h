@@ -9,6 +9,7 @@
 #include "ld_conn.h"
 #include "ld_defer.h"
 #include "ld_lua.h"
+#include "ld_redis.h"
 
 #include <sys/queue.h>
 
@@ -17,8 +18,6 @@
 struct event;
 struct ld_redis_conn_hooks;
 
-/* Not ld_redis.h: ld_redis.c includes this header, and the module graph
- * must stay a DAG. Enums are ints here for that reason. */
 #define REDIS_SCRIPT_ONE(name) +1
 #define REDIS_N_SCRIPTS (0 LD_LUA_SCRIPTS(REDIS_SCRIPT_ONE))
 /* The batch script (ld_redis_batch.c) comes after the files' scripts. */
@@ -70,8 +69,8 @@ struct rcmd {
     unsigned timeout_ms;    /* ld_redis_opts.timeout_ms, 0: redis's */
     /* Small: the records are kept for reuse (redis_cmd_new), but a
      * burst past the spares allocates one per command. */
-    int16_t instance;     /* ld_redis_opts.instance, <= MAX_INSTANCES */
-    uint8_t pool;         /* enum ld_redis_pool */
+    int16_t instance; /* ld_redis_opts.instance, <= MAX_INSTANCES */
+    enum ld_redis_pool pool;
     uint8_t fail_outcome; /* on the failure list */
     bool answered;        /* the callback has had UNKNOWN already */
     bool noscript;        /* resent as EVAL after NOSCRIPT */
@@ -98,8 +97,8 @@ struct rconn {
     struct rcmd_queue sent;   /* sent, awaiting replies, in send order */
     unsigned handshake_left;
     bool handshake_failed;
-    uint64_t id;   /* its ld_conn_id, for pinned commands */
-    int pool;      /* enum ld_redis_pool */
+    uint64_t id; /* its ld_conn_id, for pinned commands */
+    enum ld_redis_pool pool;
     bool draining; /* set aside after a timeout */
     bool closing;
     uint64_t drain_end_us;
@@ -205,8 +204,9 @@ void redis_fail_sent(struct rconn *c, const char *why);
 void redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner);
 int redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
                     const char **argv, const size_t *argvlen);
-void redis_call_cb(struct rcmd *cmd, redisReply *reply, int outcome,
-                   const char *reason, uint64_t conn_id);
+void redis_call_cb(struct rcmd *cmd, redisReply *reply,
+                   enum ld_redis_outcome outcome, const char *reason,
+                   uint64_t conn_id);
 void redis_waiting_retry(struct rnode *n);
 struct rcmd *redis_cmd_new(void);
 void redis_rcmd_free(struct rcmd *cmd);
@@ -219,7 +219,8 @@ void redis_route(struct rcmd *cmd);
 void redis_send_to(struct rnode *n, int argc, const char **argv,
                    const size_t *argvlen,
                    void (*cb)(redisReply *reply, void *arg), void *arg);
-void redis_fail_later(struct rcmd *cmd, int outcome, const char *reason);
+void redis_fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome,
+                      const char *reason);
 uint64_t redis_cmd_timeout_us(const struct rcmd *cmd);
 void redis_map_changed(bool changed, bool failover);
 
@@ -247,7 +248,8 @@ void redis_cluster_node_up(struct rnode *n);
 void redis_hook_lost(uint64_t conn_id);
 
 /* ld_redis_slot.c */
-void redis_slot_init(struct rnode *n, struct rconn *c, int idx, int pool);
+void redis_slot_init(struct rnode *n, struct rconn *c, int idx,
+                     enum ld_redis_pool pool);
 void redis_slot_start(struct rconn *c);
 void redis_handshake_reply(struct rconn *c, redisReply *reply,
                            struct rcmd *cmd);

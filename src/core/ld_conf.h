@@ -2,6 +2,7 @@
 #define LD_CONF_H
 
 #include "ld_common.h"
+#include "ld_log.h"
 #include "ld_ns_list.h"
 
 #include <sys/types.h>
@@ -108,7 +109,7 @@ struct ld_config {
         bool hot_key_names; /* hot cache keys named in /metrics */
     } metrics;
     struct {
-        int level; /* enum ld_log_level */
+        enum ld_log_level level;
         enum ld_log_target target;
     } log;
 };
