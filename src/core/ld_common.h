@@ -15,6 +15,11 @@
 #define LD_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define LD_UNUSED(x) ((void)(x))
 
+/* The struct that holds MEMBER at PTR: how an embedded link or timer finds
+ * its owner without a back pointer. */
+#define ld_container_of(ptr, type, member)                                    \
+    ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
 #if defined(__GNUC__)
 #define LD_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #define LD_NORETURN __attribute__((noreturn))

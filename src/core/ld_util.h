@@ -3,9 +3,21 @@
 
 #include "ld_common.h"
 
+#include <sys/time.h>
+
 /* Monotonic clock, for deadlines and latencies. */
 uint64_t ld_now_us(void);
 uint64_t ld_now_ms(void);
+
+/* MS milliseconds as the timeval libevent's timers take. */
+static inline struct timeval
+ld_tv_ms(long long ms)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)(ms / 1000);
+    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+    return tv;
+}
 
 /* Fill BUF with LEN bytes from the kernel CSPRNG (getrandom). */
 int ld_random_bytes(void *buf, size_t len);
