@@ -65,6 +65,10 @@ def main():
                  "kind": "data-loss", "daemons": [1, 2]})
     expect("same fence after a data loss", h, f, "a", 0)
     expect("same fence after a data loss", h, f, "a_doc", 1)
+    h[0].update(kind="pause-redis", f="promoted", master=6380, was=6379)
+    expect("same fence after a promotion", h, f, "a", 0)
+    h[0].update(f="start")
+    expect("same fence, a pause without promotion", h, f, "a", 1)
     h, f = clean()
     f["log"] = f["log"][:1]
     f["reg"] = "1"
@@ -84,6 +88,14 @@ def main():
     h, f = clean()
     h[6]["value"] = "4"
     expect("stale read", h, f, "d", 1)
+    # A failover replaced the master that acknowledged the invalidation:
+    # documented when the read came after the promotion only.
+    h.append({"p": "nemesis", "f": "promoted", "t": 3.5, "type": "nemesis",
+              "kind": "pause-redis"})
+    expect("stale read after a promotion", h, f, "d", 0)
+    expect("stale read after a promotion", h, f, "d_doc", 1)
+    h[-1]["t"] = 4.5
+    expect("stale read before the promotion", h, f, "d", 1)
     h, f = clean()
     h[6].update(value="4", inv=3.1)  # within the double-delete delay
     expect("read within the delay", h, f, "d", 0)

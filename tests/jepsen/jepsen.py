@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -263,18 +264,36 @@ class Nemesis:
     def __init__(self, c, kind, hist, rng):
         self.c, self.kind, self.rng = c, kind, rng
         self.out = open(hist, "a", buffering=1)
+        self.lock = threading.Lock()
 
     def note(self, what, **kw):
         kw.update(p="nemesis", f=what, t=time.monotonic(), type="nemesis",
                   kind=self.kind)
-        self.out.write(json.dumps(kw) + "\n")
+        with self.lock:
+            self.out.write(json.dumps(kw) + "\n")
 
     def run(self, seconds):
         end = time.monotonic() + seconds
+        watch = threading.Thread(target=self.watch_master, args=(end,),
+                                 daemon=True)
+        watch.start()
         while time.monotonic() < end - 4:
             time.sleep(self.rng.uniform(1.5, 3))
             if self.kind != "none":
                 self.fault(self.rng.uniform(2, 4))
+        watch.join()
+
+    def watch_master(self, end):
+        """Note each promotion the Sentinels make, whatever the fault:
+        a pause of the master past down-after-milliseconds is a failover
+        too, and writes the old master had not replicated are lost."""
+        seen = self.c.current_master()
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            m = self.c.current_master()
+            if m != seen:
+                self.note("promoted", master=m, was=seen)
+                seen = m
 
     def fault(self, length):
         c, k = self.c, self.kind
