@@ -112,10 +112,10 @@ static int
 usage_error(const char *cmd, const char *fmt, const char *arg)
 {
     fprintf(stderr, CTL_NAME ": ");
-    if (cmd) {
+    if (cmd != NULL) {
         fprintf(stderr, "%s: ", cmd);
     }
-    fprintf(stderr, fmt, arg ? arg : "");
+    fprintf(stderr, fmt, arg != NULL ? arg : "");
     fprintf(stderr, "\nTry '" CTL_NAME " --help'.\n");
     return EX_USAGE;
 }
@@ -167,12 +167,12 @@ parse_num(const char *s, long long min, long long max, long long *out)
     char *end;
     long long v;
 
-    if (!s || !*s) {
+    if (s == NULL || *s == '\0') {
         return false;
     }
     errno = 0;
     v = strtoll(s, &end, 10);
-    if (errno || *end || v < min || v > max) {
+    if (errno != 0 || *end != '\0' || v < min || v > max) {
         return false;
     }
     *out = v;
@@ -194,16 +194,16 @@ parse_duration_ms(const char *s, long long min, long long max, long long *out)
     char *end;
     long long v;
 
-    if (!s || !*s) {
+    if (s == NULL || *s == '\0') {
         return false;
     }
     errno = 0;
     v = strtoll(s, &end, 10);
-    if (errno || end == s || (*end && v < 0)) {
+    if (errno != 0 || end == s || (*end != '\0' && v < 0)) {
         return false;
     }
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (!strcmp(end, units[i].unit)) {
+        if (strcmp(end, units[i].unit) == 0) {
             if (v > max / units[i].ms) {
                 return false;
             }
@@ -243,7 +243,7 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
     int i;
 
     *npos = 0;
-    if (rest) {
+    if (rest != NULL) {
         *rest = NULL;
         *nrest = 0;
     }
@@ -252,7 +252,7 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
         const struct optdef *found = NULL;
         const char *eq = NULL;
 
-        if (!strcmp(a, "--")) {
+        if (strcmp(a, "--") == 0) {
             i++;
             break;
         }
@@ -266,33 +266,33 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
             pos[(*npos)++] = argv[i];
             continue;
         }
-        for (int set = 0; set < 2 && !found; set++) {
-            const struct optdef *d = set ? globals : defs;
+        for (int set = 0; set < 2 && found == NULL; set++) {
+            const struct optdef *d = set != 0 ? globals : defs;
 
-            for (; d && d->name; d++) {
+            for (; d != NULL && d->name != NULL; d++) {
                 if (a[1] == '-') {
                     size_t n = strlen(d->name);
 
-                    if (!strncmp(a + 2, d->name, n) &&
+                    if (strncmp(a + 2, d->name, n) == 0 &&
                         (a[2 + n] == '\0' ||
                          (a[2 + n] == '=' && d->has_arg))) {
                         found = d;
                         eq = a[2 + n] == '=' ? a + 3 + n : NULL;
                         break;
                     }
-                } else if (d->short_name && a[1] == d->short_name &&
+                } else if (d->short_name != '\0' && a[1] == d->short_name &&
                            a[2] == '\0') {
                     found = d;
                     break;
                 }
             }
         }
-        if (!found) {
+        if (found == NULL) {
             return usage_error(ctl->cmd, "unknown option '%s'", a);
         }
         if (!found->has_arg) {
             *found->val = "1";
-        } else if (eq) {
+        } else if (eq != NULL) {
             *found->val = eq;
         } else if (i + 1 < argc) {
             *found->val = argv[++i];
@@ -300,7 +300,7 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
             return usage_error(ctl->cmd, "option '%s' needs a value", a);
         }
     }
-    if (rest) {
+    if (rest != NULL) {
         *rest = argv + i;
         *nrest = argc - i;
     } else if (i < argc) {
@@ -313,22 +313,22 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
             pos[(*npos)++] = argv[i];
         }
     }
-    if (help) {
+    if (help != NULL) {
         usage(stdout);
         exit(0);
     }
-    if (sock && host) {
+    if (sock != NULL && host != NULL) {
         return usage_error(ctl->cmd, "-s and -H exclude each other%s", "");
     }
-    if (sock) {
+    if (sock != NULL) {
         ctl->target = sock;
-    } else if (host) {
-        if (!strchr(host, ':')) {
+    } else if (host != NULL) {
+        if (strchr(host, ':') == NULL) {
             return usage_error(ctl->cmd, "-H wants HOST:PORT, not '%s'", host);
         }
         ctl->target = host;
     }
-    if (timeout) {
+    if (timeout != NULL) {
         long long v;
 
         if (!parse_duration_ms(timeout, 1, 86400000, &v)) {
@@ -336,10 +336,10 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
         }
         ctl->timeout_ms = (int)v;
     }
-    if (quiet) {
+    if (quiet != NULL) {
         ctl->quiet = true;
     }
-    if (json) {
+    if (json != NULL) {
         ctl->json = true;
     }
     return 0;
@@ -350,7 +350,7 @@ static int
 opt_ms(const struct ctl *ctl, const char *name, const char *s, long long min,
        long long *out)
 {
-    if (s && !parse_duration_ms(s, min, 86400000LL * 365, out)) {
+    if (s != NULL && !parse_duration_ms(s, min, 86400000LL * 365, out)) {
         char msg[128];
 
         snprintf(msg, sizeof msg,
@@ -370,10 +370,10 @@ opt_exits(struct ctl *ctl, const char *lost, const char *conflict,
 {
     long long v;
 
-    if (lost && !parse_num(lost, 0, 255, lost_exit)) {
+    if (lost != NULL && !parse_num(lost, 0, 255, lost_exit)) {
         return usage_error(ctl->cmd, "bad --lost-exit '%s' (0..255)", lost);
     }
-    if (conflict) {
+    if (conflict != NULL) {
         if (!parse_num(conflict, 0, 255, &v)) {
             return usage_error(ctl->cmd, "bad --conflict-exit '%s' (0..255)",
                                conflict);
@@ -394,10 +394,10 @@ open_conn(struct ctl *ctl)
     opt.auth = ctl->auth;
     opt.timeout_ms = ctl->timeout_ms;
     ctl->conn = leased_connect(ctl->target, &opt, &err);
-    if (!ctl->conn) {
+    if (ctl->conn == NULL) {
         return fail(ctl, &err);
     }
-    if (ctl->admin) {
+    if (ctl->admin != NULL) {
         /* A second hello: the first one (the library's) authenticated,
          * this one asks for the operator identity. */
         json_t *req = json_pack("{s:s,s:s,s:s}", "op", "hello", "client",
@@ -423,7 +423,7 @@ print_json(json_t *rep)
 {
     char *s = json_dumps(rep, JSON_COMPACT | JSON_PRESERVE_ORDER);
 
-    if (s) {
+    if (s != NULL) {
         printf("%s\n", s);
         free(s);
     }
@@ -440,7 +440,7 @@ call(struct ctl *ctl, json_t *req, long long wait_ms, json_t **rep,
     int rc = leased_call_json(ctl->conn, req, wait_ms, rep, err);
 
     json_decref(req);
-    if (ctl->json && *rep) {
+    if (ctl->json && *rep != NULL) {
         print_json(*rep);
     }
     return rc;
@@ -454,7 +454,7 @@ want_feature(struct ctl *ctl, const char *name)
     size_t i;
     json_t *v;
 
-    if (!ctl->features) {
+    if (ctl->features == NULL) {
         struct leased_error err;
         json_t *rep = NULL;
         json_t *req = json_pack("{s:s,s:s}", "op", "hello", "client",
@@ -468,7 +468,7 @@ want_feature(struct ctl *ctl, const char *name)
     }
     json_array_foreach(ctl->features, i, v)
     {
-        if (json_is_string(v) && !strcmp(json_string_value(v), name)) {
+        if (json_is_string(v) && strcmp(json_string_value(v), name) == 0) {
             return true;
         }
     }
@@ -491,12 +491,27 @@ one_key_cmd(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
 {
     int npos, rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
-                         NULL))) {
+    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL, NULL);
+    if (rc != 0) {
         return rc;
     }
     if (npos != 1) {
         return usage_error(ctl->cmd, "wants one KEY%s", "");
+    }
+    return open_conn(ctl);
+}
+
+/* The options of a subcommand that takes no positional argument, then
+ * the connection. */
+static int
+no_arg_cmd(struct ctl *ctl, int argc, char **argv, const struct optdef *defs)
+{
+    char *pos[1];
+    int npos, rc;
+
+    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL, NULL);
+    if (rc != 0) {
+        return rc;
     }
     return open_conn(ctl);
 }
@@ -520,10 +535,11 @@ ping_ready(struct ctl *ctl)
     }
     why = json_string_value(json_object_get(st, "not_ready"));
     if (json_is_false(json_object_get(st, "ready"))) {
-        rc = why && !strcmp(why, "redis_unavailable") ? EX_UNAVAILABLE
-                                                      : EX_TEMPFAIL;
+        rc = why != NULL && strcmp(why, "redis_unavailable") == 0
+                 ? EX_UNAVAILABLE
+                 : EX_TEMPFAIL;
         fprintf(stderr, CTL_NAME ": ping: not ready: %s\n",
-                why ? why : "unknown");
+                why != NULL ? why : "unknown");
         json_decref(st);
         return rc;
     }
@@ -535,12 +551,10 @@ static int
 cmd_ping(struct ctl *ctl, int argc, char **argv)
 {
     struct leased_error err;
-    char *pos[1];
-    int npos, rc;
+    int rc;
 
-    if ((rc = parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL,
-                         NULL)) ||
-        (rc = open_conn(ctl))) {
+    rc = no_arg_cmd(ctl, argc, argv, NULL);
+    if (rc != 0) {
         return rc;
     }
     if (ctl->json) {
@@ -553,7 +567,8 @@ cmd_ping(struct ctl *ctl, int argc, char **argv)
     if (leased_ping(ctl->conn, &err) != LEASED_OK) {
         return fail(ctl, &err);
     }
-    if ((rc = ping_ready(ctl)) != 0) {
+    rc = ping_ready(ctl);
+    if (rc != 0) {
         return rc;
     }
     printf("pong\n");
@@ -592,7 +607,7 @@ wait_once(struct ctl *ctl, int timeout_ms, char *why, size_t whylen)
     opt.auth = ctl->auth;
     opt.timeout_ms = timeout_ms;
     conn = leased_connect(ctl->target, &opt, &err);
-    if (!conn || leased_stats(conn, &st, &err) != LEASED_OK) {
+    if (conn == NULL || leased_stats(conn, &st, &err) != LEASED_OK) {
         snprintf(why, whylen, "%s: %s", leased_strerror(err.code),
                  err.message);
         leased_close(conn);
@@ -601,9 +616,9 @@ wait_once(struct ctl *ctl, int timeout_ms, char *why, size_t whylen)
     if (json_is_false(json_object_get(st, "ready"))) {
         const char *r = json_string_value(json_object_get(st, "not_ready"));
 
-        snprintf(why, whylen, "not ready: %s", r ? r : "unknown");
-        rc = r && !strcmp(r, "redis_unavailable") ? EX_UNAVAILABLE
-                                                  : EX_TEMPFAIL;
+        snprintf(why, whylen, "not ready: %s", r != NULL ? r : "unknown");
+        rc = r != NULL && strcmp(r, "redis_unavailable") == 0 ? EX_UNAVAILABLE
+                                                              : EX_TEMPFAIL;
     }
     json_decref(st);
     leased_close(conn);
@@ -618,8 +633,8 @@ cmd_wait(struct ctl *ctl, int argc, char **argv)
     char *pos[1], why[320] = "";
     int npos, rc;
 
-    if ((rc = parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL,
-                         NULL))) {
+    rc = parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL, NULL);
+    if (rc != 0) {
         return rc;
     }
     long long total = ctl->timeout_ms > 0 ? ctl->timeout_ms : WAIT_DEFAULT_MS;
@@ -629,7 +644,8 @@ cmd_wait(struct ctl *ctl, int argc, char **argv)
         int one = left < WAIT_TRY_MS ? (int)(left > 0 ? left : 1)
                                      : WAIT_TRY_MS;
 
-        if ((rc = wait_once(ctl, one, why, sizeof why)) == 0) {
+        rc = wait_once(ctl, one, why, sizeof why);
+        if (rc == 0) {
             if (!ctl->quiet) {
                 printf("ready\n");
             }
@@ -651,7 +667,8 @@ print_stat(const char *prefix, const char *name, json_t *v)
 {
     char full[256];
 
-    snprintf(full, sizeof full, "%s%s%s", prefix, *prefix ? "." : "", name);
+    snprintf(full, sizeof full, "%s%s%s", prefix, *prefix != '\0' ? "." : "",
+             name);
     if (json_is_object(v)) {
         const char *k;
         json_t *sub;
@@ -674,7 +691,7 @@ print_stat(const char *prefix, const char *name, json_t *v)
     } else {
         char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
 
-        printf("%s\n", s ? s : "-");
+        printf("%s\n", s != NULL ? s : "-");
         free(s);
     }
 }
@@ -688,12 +705,10 @@ cmd_stats(struct ctl *ctl, int argc, char **argv)
         {NULL, 0, false, NULL},
     };
     struct leased_error err;
-    char *pos[1];
-    int npos, rc;
+    int rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
-                         NULL)) ||
-        (rc = open_conn(ctl))) {
+    rc = no_arg_cmd(ctl, argc, argv, defs);
+    if (rc != 0) {
         return rc;
     }
     if (ctl->json) {
@@ -703,7 +718,7 @@ cmd_stats(struct ctl *ctl, int argc, char **argv)
         json_decref(rep);
         return rc == LEASED_OK ? 0 : fail(ctl, &err);
     }
-    if (as_json) {
+    if (as_json != NULL) {
         char *text;
 
         if (leased_stats_text(ctl->conn, &text, &err) != LEASED_OK) {
@@ -742,7 +757,8 @@ cmd_get(struct ctl *ctl, int argc, char **argv)
     char *pos[1];
     int rc;
 
-    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
+    rc = one_key_cmd(ctl, argc, argv, defs, pos);
+    if (rc != 0) {
         return rc;
     }
     /* A plain read: a command-line user will not fill the key, so taking
@@ -770,12 +786,12 @@ cmd_get(struct ctl *ctl, int argc, char **argv)
         leased_cache_result_free(&res);
         return 1;
     }
-    if (as_json) {
+    if (as_json != NULL) {
         json_t *v = res.is_null ? json_null()
                                 : json_stringn(res.value, res.value_len);
-        char *s = v ? json_dumps(v, JSON_ENCODE_ANY) : NULL;
+        char *s = v != NULL ? json_dumps(v, JSON_ENCODE_ANY) : NULL;
 
-        printf("%s\n", s ? s : "null");
+        printf("%s\n", s != NULL ? s : "null");
         free(s);
         json_decref(v);
     } else if (!res.is_null) {
@@ -800,24 +816,28 @@ cmd_set(struct ctl *ctl, int argc, char **argv)
     char *pos[2];
     int npos, rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 2, false, NULL,
-                         NULL)) ||
-        (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms))) {
+    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 2, false, NULL, NULL);
+    if (rc == 0) {
+        rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms);
+    }
+    if (rc != 0) {
         return rc;
     }
-    if (npos != (null ? 1 : 2)) {
+    if (npos != (null != NULL ? 1 : 2)) {
         return usage_error(ctl->cmd, "wants KEY VALUE, or KEY --null%s", "");
     }
-    if ((rc = open_conn(ctl))) {
+    rc = open_conn(ctl);
+    if (rc != 0) {
         return rc;
     }
     if (ctl->json) {
         json_t *req = json_pack("{s:s,s:s,s:o}", "op", "cache.set", "key",
                                 pos[0], "value",
-                                null ? json_null() : json_string(pos[1]));
+                                null != NULL ? json_null()
+                                             : json_string(pos[1]));
         json_t *rep = NULL;
 
-        if (!req) {
+        if (req == NULL) {
             return usage_error(ctl->cmd, "VALUE must be UTF-8%s", "");
         }
         if (ttl_ms > 0) {
@@ -827,8 +847,8 @@ cmd_set(struct ctl *ctl, int argc, char **argv)
         json_decref(rep);
         return rc == LEASED_OK ? 0 : fail(ctl, &err);
     }
-    if (leased_cache_set(ctl->conn, pos[0], null ? NULL : pos[1], (size_t)-1,
-                         ttl_ms, &err) != LEASED_OK) {
+    if (leased_cache_set(ctl->conn, pos[0], null != NULL ? NULL : pos[1],
+                         (size_t)-1, ttl_ms, &err) != LEASED_OK) {
         return fail(ctl, &err);
     }
     return 0;
@@ -849,13 +869,16 @@ cmd_invalidate(struct ctl *ctl, int argc, char **argv)
     int npos, rc;
 
     pos = calloc((size_t)argc + 1, sizeof *pos);
-    if (!pos) {
+    if (pos == NULL) {
         fprintf(stderr, CTL_NAME ": out of memory\n");
         return EX_OSERR;
     }
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, argc, false, NULL,
-                         NULL)) ||
-        (rc = opt_ms(ctl, "delay", delay, 0, &delay_ms))) {
+    rc = parse_args(ctl, argc, argv, defs, pos, &npos, argc, false, NULL,
+                    NULL);
+    if (rc == 0) {
+        rc = opt_ms(ctl, "delay", delay, 0, &delay_ms);
+    }
+    if (rc != 0) {
         free(pos);
         return rc;
     }
@@ -863,7 +886,8 @@ cmd_invalidate(struct ctl *ctl, int argc, char **argv)
         free(pos);
         return usage_error(ctl->cmd, "wants at least one KEY%s", "");
     }
-    if ((rc = open_conn(ctl))) {
+    rc = open_conn(ctl);
+    if (rc != 0) {
         free(pos);
         return rc;
     }
@@ -917,14 +941,15 @@ cmd_hot(struct ctl *ctl, int argc, char **argv)
     int npos, rc;
     json_t *req, *reply = NULL;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
-                         NULL))) {
+    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL, NULL);
+    if (rc != 0) {
         return rc;
     }
-    if (limit && !parse_num(limit, 1, 10000, &n)) {
+    if (limit != NULL && !parse_num(limit, 1, 10000, &n)) {
         return usage_error(ctl->cmd, "bad --limit '%s'", limit);
     }
-    if ((rc = open_conn(ctl))) {
+    rc = open_conn(ctl);
+    if (rc != 0) {
         return rc;
     }
     req = n > 0 ? json_pack("{s:s,s:I}", "op", "cache.hot", "limit",
@@ -938,10 +963,10 @@ cmd_hot(struct ctl *ctl, int argc, char **argv)
     json_t *keys = json_object_get(reply, "keys");
     if (ctl->json) {
         /* The answer was printed as it is. */
-    } else if (as_json) {
+    } else if (as_json != NULL) {
         char *text = json_dumps(keys, JSON_COMPACT | JSON_ENCODE_ANY);
 
-        printf("%s\n", text ? text : "[]");
+        printf("%s\n", text != NULL ? text : "[]");
         free(text);
     } else {
         size_t i;
@@ -978,7 +1003,8 @@ cmd_info(struct ctl *ctl, int argc, char **argv)
     char *pos[1];
     int rc;
 
-    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
+    rc = one_key_cmd(ctl, argc, argv, defs, pos);
+    if (rc != 0) {
         return rc;
     }
     if (ctl->json) {
@@ -986,10 +1012,10 @@ cmd_info(struct ctl *ctl, int argc, char **argv)
         json_t *rep = NULL;
         bool locked;
 
-        if (owner) {
+        if (owner != NULL) {
             json_object_set_new(req, "owner", json_string(owner));
         }
-        if (token) {
+        if (token != NULL) {
             json_object_set_new(req, "token", json_string(token));
         }
         rc = call(ctl, req, 0, &rep, &err);
@@ -1007,7 +1033,7 @@ cmd_info(struct ctl *ctl, int argc, char **argv)
     printf("locked %s\n", info.locked ? "yes" : "no");
     if (info.locked) {
         printf("ttl_ms %lld\n", info.ttl_ms);
-        if (owner || token) {
+        if (owner != NULL || token != NULL) {
             printf("mine %s\n", info.mine ? "yes" : "no");
             if (info.mine && info.count >= 0) {
                 printf("count %lld\n", info.count);
@@ -1096,13 +1122,16 @@ hold_while(struct ctl *ctl, const char *key, const char *owner,
         int nfd = 1, rc = LEASED_OK;
 
         /* Events may already sit in the library's buffer. */
-        while (!lost && (rc = leased_next_event(ctl->conn, 0, &ev, &err)) ==
-                            LEASED_OK) {
-            if (ev.type == LEASED_EV_LOCK_LOST && ev.key &&
-                !strcmp(ev.key, key) &&
-                (!ev.token || !strcmp(ev.token, token))) {
+        while (!lost) {
+            rc = leased_next_event(ctl->conn, 0, &ev, &err);
+            if (rc != LEASED_OK) {
+                break;
+            }
+            if (ev.type == LEASED_EV_LOCK_LOST && ev.key != NULL &&
+                strcmp(ev.key, key) == 0 &&
+                (ev.token == NULL || strcmp(ev.token, token) == 0)) {
                 snprintf(whybuf, sizeof whybuf, "lock lost (%s)",
-                         ev.reason ? ev.reason : "no reason given");
+                         ev.reason != NULL ? ev.reason : "no reason given");
                 why = whybuf;
                 lost = true;
             } else if (ev.type == LEASED_EV_SHUTDOWN) {
@@ -1120,7 +1149,7 @@ hold_while(struct ctl *ctl, const char *key, const char *owner,
         }
         if (lost && !term_sent) {
             fprintf(stderr, CTL_NAME ": %s: %s: %s; stopping the command\n",
-                    ctl->cmd, key, why ? why : "lock lost");
+                    ctl->cmd, key, why != NULL ? why : "lock lost");
             kill(pid, SIGTERM);
             term_sent = true;
         }
@@ -1171,7 +1200,7 @@ hold_while(struct ctl *ctl, const char *key, const char *owner,
     }
     /* Give the lock back now rather than when the connection closes, so
      * that a failure to do so is reported. */
-    if (release) {
+    if (release != NULL) {
         json_t *rep = NULL;
 
         if (call(ctl, release, 0, &rep, &err) != LEASED_OK &&
@@ -1199,6 +1228,7 @@ run_under(struct ctl *ctl, const char *key, const char *owner, json_t *req,
 {
     struct leased_error err;
     json_t *rep = NULL;
+    const char *tok;
     char token[LEASED_TOKEN_MAX];
 
     if (call(ctl, req, wait_ms, &rep, &err) != LEASED_OK) {
@@ -1226,10 +1256,8 @@ run_under(struct ctl *ctl, const char *key, const char *owner, json_t *req,
         json_decref(release);
         return ctl->conflict_exit;
     }
-    snprintf(token, sizeof token, "%s",
-             json_string_value(json_object_get(rep, "token"))
-                 ? json_string_value(json_object_get(rep, "token"))
-                 : "");
+    tok = json_string_value(json_object_get(rep, "token"));
+    snprintf(token, sizeof token, "%s", tok != NULL ? tok : "");
     json_decref(rep);
     json_object_set_new(release, "token", json_string(token));
     return hold_while(ctl, key, owner, token, cmd, lost_exit, release);
@@ -1257,11 +1285,17 @@ cmd_lock(struct ctl *ctl, int argc, char **argv)
     char *pos[1], **cmd;
     int npos, ncmd, rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
-                         &ncmd)) ||
-        (rc = opt_ms(ctl, "ttl", ttl, 1, &args.ttl_ms)) ||
-        (rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms)) ||
-        (rc = opt_exits(ctl, lost, conflict, &lost_exit))) {
+    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd, &ncmd);
+    if (rc == 0) {
+        rc = opt_ms(ctl, "ttl", ttl, 1, &args.ttl_ms);
+    }
+    if (rc == 0) {
+        rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms);
+    }
+    if (rc == 0) {
+        rc = opt_exits(ctl, lost, conflict, &lost_exit);
+    }
+    if (rc != 0) {
         return rc;
     }
     if (npos != 1) {
@@ -1270,30 +1304,31 @@ cmd_lock(struct ctl *ctl, int argc, char **argv)
     if (ncmd < 1) {
         return usage_error(ctl->cmd, "no command to run after KEY%s", "");
     }
-    if (rd && wr) {
+    if (rd != NULL && wr != NULL) {
         return usage_error(ctl->cmd, "--read and --write exclude each other%s",
                            "");
     }
-    if ((rc = open_conn(ctl))) {
+    rc = open_conn(ctl);
+    if (rc != 0) {
         return rc;
     }
-    if (rd || wr || ctl->json) {
-        const char *mode = rd ? "read" : wr ? "write" : NULL;
+    if (rd != NULL || wr != NULL || ctl->json) {
+        const char *mode = rd != NULL ? "read" : wr != NULL ? "write" : NULL;
         json_t *req = json_pack("{s:s,s:s}", "op", "lock", "key", pos[0]);
         json_t *rel = json_pack("{s:s,s:s}", "op", "unlock", "key", pos[0]);
 
         /* An older daemon ignores an unknown field: it would hand out a
          * plain lock instead of the side asked for. */
-        if (mode && !want_feature(ctl, "rwlock")) {
+        if (mode != NULL && !want_feature(ctl, "rwlock")) {
             json_decref(req);
             json_decref(rel);
             return no_feature(ctl, "read-write locks (feature rwlock)");
         }
-        if (mode) {
+        if (mode != NULL) {
             json_object_set_new(req, "mode", json_string(mode));
             json_object_set_new(rel, "mode", json_string(mode));
         }
-        if (owner) {
+        if (owner != NULL) {
             json_object_set_new(req, "owner", json_string(owner));
         }
         if (args.ttl_ms > 0) {
@@ -1340,14 +1375,20 @@ cmd_sem(struct ctl *ctl, int argc, char **argv)
     int npos, ncmd, rc;
     json_t *req;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
-                         &ncmd)) ||
-        (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms)) ||
-        (rc = opt_ms(ctl, "wait", wait, -1, &wait_ms)) ||
-        (rc = opt_exits(ctl, lost, conflict, &lost_exit))) {
+    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd, &ncmd);
+    if (rc == 0) {
+        rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms);
+    }
+    if (rc == 0) {
+        rc = opt_ms(ctl, "wait", wait, -1, &wait_ms);
+    }
+    if (rc == 0) {
+        rc = opt_exits(ctl, lost, conflict, &lost_exit);
+    }
+    if (rc != 0) {
         return rc;
     }
-    if (!limit || !parse_num(limit, 1, 1000000, &lim)) {
+    if (limit == NULL || !parse_num(limit, 1, 1000000, &lim)) {
         return usage_error(ctl->cmd, "wants --limit N (1..1000000)%s", "");
     }
     if (npos != 1) {
@@ -1357,7 +1398,8 @@ cmd_sem(struct ctl *ctl, int argc, char **argv)
     if (ncmd < 1) {
         return usage_error(ctl->cmd, "no command to run after KEY%s", "");
     }
-    if ((rc = open_conn(ctl))) {
+    rc = open_conn(ctl);
+    if (rc != 0) {
         return rc;
     }
     if (!want_feature(ctl, "semaphore")) {
@@ -1394,14 +1436,15 @@ cmd_locks(struct ctl *ctl, int argc, char **argv)
     int npos, rc;
     size_t i;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
-                         NULL))) {
+    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL, NULL);
+    if (rc != 0) {
         return rc;
     }
-    if (limit && !parse_num(limit, 1, 100000, &lim)) {
+    if (limit != NULL && !parse_num(limit, 1, 100000, &lim)) {
         return usage_error(ctl->cmd, "bad --limit '%s' (1..100000)", limit);
     }
-    if ((rc = open_conn(ctl))) {
+    rc = open_conn(ctl);
+    if (rc != 0) {
         return rc;
     }
     req = json_pack("{s:s}", "op", "lock.list");
@@ -1433,7 +1476,8 @@ cmd_locks(struct ctl *ctl, int argc, char **argv)
                    (long long)json_integer_value(json_object_get(e, "ttl_ms")),
                    (long long)json_integer_value(
                        json_object_get(e, "held_ms")),
-                   sess ? sess : "-", client && *client ? client : "-");
+                   sess != NULL ? sess : "-",
+                   client != NULL && *client != '\0' ? client : "-");
         }
         if (json_is_true(json_object_get(rep, "truncated")) && !ctl->quiet) {
             fprintf(stderr, CTL_NAME ": locks: more locks than shown "
@@ -1458,12 +1502,13 @@ cmd_unlock(struct ctl *ctl, int argc, char **argv)
     bool released;
     int rc;
 
-    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
+    rc = one_key_cmd(ctl, argc, argv, defs, pos);
+    if (rc != 0) {
         return rc;
     }
     /* An unlock of someone else's lock is only ever the operator's
      * decision, so it is spelled out. */
-    if (!force) {
+    if (force == NULL) {
         return usage_error(ctl->cmd,
                            "frees a lock whoever holds it: say --force%s", "");
     }
@@ -1530,7 +1575,7 @@ top_ask(struct ctl *ctl, json_t *req, const char *field, int *rc)
     json_decref(req);
     if (r == LEASED_OK) {
         v = json_incref(json_object_get(rep, field));
-    } else if (!rep) {
+    } else if (rep == NULL) {
         *rc = fail(ctl, &err);
     }
     json_decref(rep);
@@ -1566,7 +1611,7 @@ top_sample(struct ctl *ctl, struct top_sample *s)
                                    TOP_ROWS),
                          "keys", &rc);
     }
-    if (rc == 0 && !s->stats) {
+    if (rc == 0 && s->stats == NULL) {
         fprintf(stderr, CTL_NAME ": top: the daemon refused stats\n");
         rc = EX_PROTOCOL;
     }
@@ -1602,10 +1647,10 @@ static json_t *
 top_longest(const json_t *locks)
 {
     size_t n = json_array_size(locks), i;
-    json_t **v = calloc(n ? n : 1, sizeof *v);
+    json_t **v = calloc(n != 0 ? n : 1, sizeof *v);
     json_t *out = json_array();
 
-    if (!v) {
+    if (v == NULL) {
         return out;
     }
     for (i = 0; i < n; i++) {
@@ -1662,9 +1707,10 @@ top_frame(const struct top_sample *prev, const struct top_sample *cur)
         (json_int_t)top_int(c, "lock_wait_oldest_ms"), "lock_contended_per_s",
         top_rate(p, c, "lock_contended", dt), "lock_lost_per_s",
         top_rate(p, c, "lock_lost", dt), "locks", top_longest(cur->locks),
-        "hot", cur->hot ? json_incref(cur->hot) : json_array(), "journal",
-        "pending", (json_int_t)top_int(c, "cache_invalidations_pending"),
-        "bytes", (json_int_t)top_int(c, "journal_bytes"), "overdue_ms",
+        "hot", cur->hot != NULL ? json_incref(cur->hot) : json_array(),
+        "journal", "pending",
+        (json_int_t)top_int(c, "cache_invalidations_pending"), "bytes",
+        (json_int_t)top_int(c, "journal_bytes"), "overdue_ms",
         (json_int_t)top_int(c, "cache_invalidations_overdue_ms"), "redis",
         "connected", (json_int_t)top_int(c, "redis_connected"), "rtt_us",
         (json_int_t)top_int(c, "redis_rtt_us"), "master",
@@ -1713,7 +1759,7 @@ top_print_text(const json_t *f, bool tty)
     printf("redis    %s  connections %lld  rtt %lld us  %s\n",
            top_int(redis, "connected") > 0 ? "up" : "DOWN",
            top_int(redis, "connected"), top_int(redis, "rtt_us"),
-           master ? master : "");
+           master != NULL ? master : "");
     printf("ops/s   ");
     json_object_foreach(json_object_get(f, "ops_per_s"), op, v)
     {
@@ -1762,12 +1808,13 @@ top_run(struct ctl *ctl, bool once, bool tty)
     int rc = top_sample(ctl, &prev);
 
     while (rc == 0 && !top_wait(tty, TOP_INTERVAL_MS)) {
-        if ((rc = top_sample(ctl, &cur))) {
+        rc = top_sample(ctl, &cur);
+        if (rc != 0) {
             break;
         }
         json_t *f = top_frame(&prev, &cur);
 
-        if (!f) {
+        if (f == NULL) {
             fprintf(stderr, CTL_NAME ": top: unexpected stats reply\n");
             rc = EX_PROTOCOL;
             break;
@@ -1809,14 +1856,10 @@ cmd_top(struct ctl *ctl, int argc, char **argv)
     };
     struct sigaction sa;
     struct termios saved, raw;
-    char *pos[1];
-    int npos, rc;
+    int rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
-                         NULL))) {
-        return rc;
-    }
-    if ((rc = open_conn(ctl))) {
+    rc = no_arg_cmd(ctl, argc, argv, defs);
+    if (rc != 0) {
         return rc;
     }
     memset(&sa, 0, sizeof sa);
@@ -1825,7 +1868,7 @@ cmd_top(struct ctl *ctl, int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     /* Interactive only on a terminal, and then keys are read one by one
      * without echo; the terminal is given back as it was. */
-    bool tty = !once && !ctl->json && isatty(STDIN_FILENO) &&
+    bool tty = once == NULL && !ctl->json && isatty(STDIN_FILENO) &&
                isatty(STDOUT_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
     if (tty) {
         raw = saved;
@@ -1839,6 +1882,23 @@ cmd_top(struct ctl *ctl, int argc, char **argv)
         tcsetattr(STDIN_FILENO, TCSANOW, &saved);
     }
     return rc;
+}
+
+/* Is A a global option that takes the next word as its value? */
+static bool
+takes_value(const char *a)
+{
+    static const char *const with_value[] = {
+        "-s",     "--socket",      "-H", "--host",
+        "--auth", "--admin-token", "-t", "--timeout",
+    };
+
+    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
+        if (strcmp(a, with_value[k]) == 0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 static const struct {
@@ -1863,11 +1923,11 @@ main(int argc, char **argv)
     memset(&ctl, 0, sizeof ctl);
     ctl.conflict_exit = EX_TEMPFAIL;
     ctl.auth = getenv("LEASED_AUTH");
-    if (ctl.auth && !*ctl.auth) {
+    if (ctl.auth != NULL && *ctl.auth == '\0') {
         ctl.auth = NULL;
     }
     ctl.admin = getenv("LEASED_ADMIN_TOKEN");
-    if (ctl.admin && !*ctl.admin) {
+    if (ctl.admin != NULL && *ctl.admin == '\0') {
         ctl.admin = NULL;
     }
     /* Find the command: the first word that is neither an option nor the
@@ -1878,20 +1938,16 @@ main(int argc, char **argv)
         if (a[0] != '-' || a[1] == '\0') {
             break;
         }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
+        if (strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) {
             printf(CTL_NAME " " PACKAGE_VERSION " (protocol %d)\n",
                    LEASED_PROTOCOL_VERSION);
             return 0;
         }
-        if ((!strcmp(a, "-s") || !strcmp(a, "--socket") || !strcmp(a, "-H") ||
-             !strcmp(a, "--host") || !strcmp(a, "--auth") ||
-             !strcmp(a, "--admin-token") || !strcmp(a, "-t") ||
-             !strcmp(a, "--timeout")) &&
-            i + 1 < argc) {
+        if (takes_value(a) && i + 1 < argc) {
             i++;
         }
     }
@@ -1899,7 +1955,7 @@ main(int argc, char **argv)
         return usage_error(NULL, "no command%s", "");
     }
     for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
-        if (!strcmp(argv[i], commands[k].name)) {
+        if (strcmp(argv[i], commands[k].name) == 0) {
             const struct optdef none[] = {{NULL, 0, false, NULL}};
             char *pos[1];
             int npos;
@@ -1907,7 +1963,7 @@ main(int argc, char **argv)
             ctl.cmd = commands[k].name;
             rc = parse_args(&ctl, i - 1, argv + 1, none, pos, &npos, 0, false,
                             NULL, NULL);
-            if (rc) {
+            if (rc != 0) {
                 return rc;
             }
             rc = commands[k].fn(&ctl, argc - i - 1, argv + i + 1);
