@@ -610,6 +610,57 @@ conn_read(struct leased_conn *c, long long deadline)
     }
 }
 
+/* Wait until DEADLINE for room to write, reading what the daemon sends
+ * meanwhile. *WRITABLE says whether a send may go now (false after a
+ * signal or when only bytes to read came). */
+static int
+send_poll(struct leased_conn *c, long long deadline, bool *writable,
+          struct leased_error *err)
+{
+    struct pollfd pfd;
+    int pr;
+
+    *writable = false;
+    if (c->broken) {
+        return broken_err(c, err);
+    }
+    pfd.fd = c->fd;
+    pfd.events = POLLIN | POLLOUT;
+    pfd.revents = 0;
+    pr = poll(&pfd, 1, ms_left(deadline));
+    if (pr < 0) {
+        if (errno == EINTR) {
+            return LEASED_OK;
+        }
+        conn_break(c, LEASED_E_IO, errno, "poll failed");
+        return broken_err(c, err);
+    }
+    if (pr == 0) {
+        return set_err(err, LEASED_E_TIMEOUT, 0,
+                       "timed out sending a request");
+    }
+    if ((pfd.revents & POLLIN) && read_ready(c) < 0) {
+        return broken_err(c, err);
+    }
+    *writable = (pfd.revents & (POLLOUT | POLLERR | POLLHUP)) != 0;
+    return LEASED_OK;
+}
+
+/* A send failed with errno E: the connection is over. */
+static int
+send_failed(struct leased_conn *c, int e, struct leased_error *err)
+{
+    char why[200];
+
+    /* A daemon that refused the connection wrote one busy line before
+     * closing; read it so the caller learns why. */
+    while (read_ready(c) > 0) {
+    }
+    snprintf(why, sizeof why, "write to the daemon: %s", strerror(e));
+    conn_break(c, LEASED_E_IO, e, why);
+    return broken_err(c, err);
+}
+
 /* Send all of BUF before DEADLINE, reading meanwhile so that a daemon
  * that waits for us to drain its replies cannot deadlock a large send. */
 static int
@@ -619,51 +670,24 @@ send_all(struct leased_conn *c, const char *buf, size_t len,
     size_t off = 0;
 
     while (off < len) {
-        struct pollfd pfd;
+        bool writable;
         ssize_t n;
-        int pr;
+        int rc = send_poll(c, deadline, &writable, err);
 
-        if (c->broken) {
-            return broken_err(c, err);
+        if (rc != LEASED_OK) {
+            return rc;
         }
-        pfd.fd = c->fd;
-        pfd.events = POLLIN | POLLOUT;
-        pfd.revents = 0;
-        pr = poll(&pfd, 1, ms_left(deadline));
-        if (pr < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            conn_break(c, LEASED_E_IO, errno, "poll failed");
-            return broken_err(c, err);
-        }
-        if (pr == 0) {
-            return set_err(err, LEASED_E_TIMEOUT, 0,
-                           "timed out sending a request");
-        }
-        if (pfd.revents & POLLIN) {
-            if (read_ready(c) < 0) {
-                return broken_err(c, err);
-            }
-        }
-        if (!(pfd.revents & (POLLOUT | POLLERR | POLLHUP))) {
+        if (!writable) {
             continue;
         }
         n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             int e = errno;
-            char why[200];
 
             if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR) {
                 continue;
             }
-            /* A daemon that refused the connection wrote one busy line
-             * before closing; read it so the caller learns why. */
-            while (read_ready(c) > 0) {
-            }
-            snprintf(why, sizeof why, "write to the daemon: %s", strerror(e));
-            conn_break(c, LEASED_E_IO, e, why);
-            return broken_err(c, err);
+            return send_failed(c, e, err);
         }
         off += (size_t)n;
     }
@@ -672,14 +696,49 @@ send_all(struct leased_conn *c, const char *buf, size_t len,
 
 /* --- requests ----------------------------------------------------------- */
 
+/* REQ with ID added, as one line: *TEXT (malloc'd) of *LEN bytes, the
+ * newline included. */
+static int
+encode_req(json_t *req, uint64_t id, char **text, size_t *len,
+           struct leased_error *err)
+{
+    json_t *msg = json_copy(req);
+    char *s, *t;
+    size_t n;
+
+    if (msg == NULL) {
+        return nomem(err);
+    }
+    if (json_object_set_new(msg, "id", json_integer((json_int_t)id)) < 0) {
+        json_decref(msg);
+        return nomem(err);
+    }
+    s = json_dumps(msg, JSON_COMPACT);
+    json_decref(msg);
+    if (s == NULL) {
+        return set_err(err, LEASED_E_INVALID, 0,
+                       "the request cannot be encoded as JSON");
+    }
+    n = strlen(s);
+    t = realloc(s, n + 2);
+    if (t == NULL) {
+        free(s);
+        return nomem(err);
+    }
+    t[n++] = '\n';
+    t[n] = '\0';
+    *text = t;
+    *len = n;
+    return LEASED_OK;
+}
+
 /* Copy REQ, give it a fresh id, send it. The id counts as in flight. */
 static int
 send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
          long long deadline, struct leased_error *err)
 {
-    json_t *msg;
-    char *text;
-    size_t n;
+    char *text = NULL;
+    size_t n = 0;
     uint64_t id;
     int rc;
 
@@ -690,33 +749,11 @@ send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
     if (c->broken) {
         return broken_err(c, err);
     }
-    msg = json_copy(req);
-    if (msg == NULL) {
-        return nomem(err);
-    }
     id = ++c->next_id;
-    if (json_object_set_new(msg, "id", json_integer((json_int_t)id)) < 0) {
-        json_decref(msg);
-        return nomem(err);
+    rc = encode_req(req, id, &text, &n, err);
+    if (rc != LEASED_OK) {
+        return rc;
     }
-    text = json_dumps(msg, JSON_COMPACT);
-    json_decref(msg);
-    if (text == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "the request cannot be encoded as JSON");
-    }
-    n = strlen(text);
-    {
-        char *t = realloc(text, n + 2);
-
-        if (t == NULL) {
-            free(text);
-            return nomem(err);
-        }
-        text = t;
-    }
-    text[n++] = '\n';
-    text[n] = '\0';
     if (inflight_add(c, id) < 0) {
         free(text);
         return nomem(err);
@@ -1481,7 +1518,41 @@ leased_stats_text(struct leased_conn *c, char **json_text,
     return rc;
 }
 
-/* --- locks -------------------------------------------------------------- */
+/* --- locks and semaphores ----------------------------------------------- */
+
+/* The lease fields a lock and a semaphore request share; 0 and false are
+ * left out, so the daemon's defaults apply. */
+static void
+add_lease_args(json_t *req, long long ttl_ms, long long wait_ms, bool detach)
+{
+    if (req == NULL) {
+        return;
+    }
+    if (ttl_ms != 0) {
+        json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
+    }
+    if (wait_ms != 0) {
+        json_object_set_new(req, "wait_ms", json_integer(wait_ms));
+    }
+    if (detach) {
+        json_object_set_new(req, "detach", json_true());
+    }
+}
+
+/* The token of an acquired lease into TOKEN (SIZE bytes); an answer to OP
+ * without one that fits is a protocol error. */
+static int
+reply_token(json_t *reply, const char *op, char *token, size_t size,
+            struct leased_error *err)
+{
+    const char *tok = json_string_value(json_object_get(reply, "token"));
+
+    if (tok == NULL || *tok == '\0' || strlen(tok) >= size) {
+        return missing(err, op, "token");
+    }
+    snprintf(token, size, "%s", tok);
+    return LEASED_OK;
+}
 
 /* {"op":OP,"keys":[KEYS...]}: lock, unlock or extend of a group. */
 static json_t *
@@ -1550,6 +1621,53 @@ group_fences(json_t *reply, const char *const *keys, size_t n,
     return true;
 }
 
+/* REQ (stolen) with the fields of ARGS; NULL when a string is not valid. */
+static json_t *
+lock_args_req(json_t *req, const struct leased_lock_args *args)
+{
+    if (add_str(req, "owner", args->owner) < 0 ||
+        add_str(req, "token", args->token) < 0 ||
+        add_str(req, "mode", args->mode) < 0) {
+        json_decref(req);
+        return NULL;
+    }
+    add_lease_args(req, args->ttl_ms, args->wait_ms, args->detach);
+    return req;
+}
+
+/* An ok answer to lock into RES: the lease taken, or how long the holder
+ * keeps it. KEYS (N, FENCES) as for lock_req. */
+static int
+lock_reply(json_t *reply, struct leased_lock_result *res,
+           const char *const *keys, size_t n, long long *fences,
+           struct leased_error *err)
+{
+    int rc;
+
+    if (!bool_field(reply, "acquired", &res->acquired)) {
+        return missing(err, "lock", "acquired");
+    }
+    if (!res->acquired) {
+        res->ttl_ms = int_or(reply, "ttl_ms", -1);
+        return LEASED_OK;
+    }
+    rc = reply_token(reply, "lock", res->token, sizeof res->token, err);
+    if (rc != LEASED_OK) {
+        return rc;
+    }
+    res->count = int_or(reply, "count", -1);
+    res->fence = int_or(reply, "fence", -1);
+    res->lease_ms = int_or(reply, "lease_ms", -1);
+    if (keys == NULL) {
+        return LEASED_OK;
+    }
+    if (!group_fences(reply, keys, n, fences)) {
+        return missing(err, "lock", "fences");
+    }
+    res->count = 1;
+    return LEASED_OK;
+}
+
 /* lock with REQ (stolen) naming one key, or the N KEYS of a group. */
 static int
 lock_req(struct leased_conn *c, json_t *req,
@@ -1560,7 +1678,6 @@ lock_req(struct leased_conn *c, json_t *req,
     struct leased_lock_args none = {0};
     json_t *reply;
     struct leased_lock_result res;
-    const char *tok;
     int rc;
 
     if (args == NULL) {
@@ -1568,44 +1685,9 @@ lock_req(struct leased_conn *c, json_t *req,
     }
     memset(&res, 0, sizeof res);
     res.ttl_ms = -1;
-    if (add_str(req, "owner", args->owner) < 0 ||
-        add_str(req, "token", args->token) < 0 ||
-        add_str(req, "mode", args->mode) < 0) {
-        json_decref(req);
-        req = NULL;
-    }
-    if (req != NULL && args->ttl_ms != 0) {
-        json_object_set_new(req, "ttl_ms", json_integer(args->ttl_ms));
-    }
-    if (req != NULL && args->wait_ms != 0) {
-        json_object_set_new(req, "wait_ms", json_integer(args->wait_ms));
-    }
-    if (req != NULL && args->detach) {
-        json_object_set_new(req, "detach", json_true());
-    }
-    rc = call_new(c, req, args->wait_ms, &reply, err);
+    rc = call_new(c, lock_args_req(req, args), args->wait_ms, &reply, err);
     if (rc == LEASED_OK) {
-        if (!bool_field(reply, "acquired", &res.acquired)) {
-            rc = missing(err, "lock", "acquired");
-        } else if (res.acquired) {
-            tok = json_string_value(json_object_get(reply, "token"));
-            if (tok == NULL || *tok == '\0' ||
-                strlen(tok) >= sizeof res.token) {
-                rc = missing(err, "lock", "token");
-            } else {
-                snprintf(res.token, sizeof res.token, "%s", tok);
-                res.count = int_or(reply, "count", -1);
-                res.fence = int_or(reply, "fence", -1);
-                res.lease_ms = int_or(reply, "lease_ms", -1);
-                if (keys != NULL && !group_fences(reply, keys, n, fences)) {
-                    rc = missing(err, "lock", "fences");
-                } else if (keys != NULL) {
-                    res.count = 1;
-                }
-            }
-        } else {
-            res.ttl_ms = int_or(reply, "ttl_ms", -1);
-        }
+        rc = lock_reply(reply, &res, keys, n, fences, err);
     }
     json_decref(reply);
     if (out != NULL) {
@@ -1786,6 +1868,29 @@ leased_lock_info_mode(struct leased_conn *c, const char *key, const char *mode,
 
 /* --- semaphores --------------------------------------------------------- */
 
+/* An ok answer to sem.acquire into RES. */
+static int
+sem_reply(json_t *reply, struct leased_sem_result *res,
+          struct leased_error *err)
+{
+    int rc;
+
+    res->available = int_or(reply, "available", -1);
+    if (!bool_field(reply, "acquired", &res->acquired)) {
+        return missing(err, "sem.acquire", "acquired");
+    }
+    if (!res->acquired) {
+        return LEASED_OK;
+    }
+    rc = reply_token(reply, "sem.acquire", res->token, sizeof res->token, err);
+    if (rc != LEASED_OK) {
+        return rc;
+    }
+    res->permits = int_or(reply, "permits", -1);
+    res->lease_ms = int_or(reply, "lease_ms", -1);
+    return LEASED_OK;
+}
+
 int
 leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
                    const struct leased_sem_args *args,
@@ -1794,7 +1899,6 @@ leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
     struct leased_sem_args none = {0};
     json_t *req = key_req("sem.acquire", key), *reply;
     struct leased_sem_result res;
-    const char *tok;
     int rc;
 
     if (args == NULL) {
@@ -1807,31 +1911,10 @@ leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
     if (req != NULL && args->permits != 0) {
         json_object_set_new(req, "permits", json_integer(args->permits));
     }
-    if (req != NULL && args->ttl_ms != 0) {
-        json_object_set_new(req, "ttl_ms", json_integer(args->ttl_ms));
-    }
-    if (req != NULL && args->wait_ms != 0) {
-        json_object_set_new(req, "wait_ms", json_integer(args->wait_ms));
-    }
-    if (req != NULL && args->detach) {
-        json_object_set_new(req, "detach", json_true());
-    }
+    add_lease_args(req, args->ttl_ms, args->wait_ms, args->detach);
     rc = call_new(c, req, args->wait_ms, &reply, err);
     if (rc == LEASED_OK) {
-        res.available = int_or(reply, "available", -1);
-        if (!bool_field(reply, "acquired", &res.acquired)) {
-            rc = missing(err, "sem.acquire", "acquired");
-        } else if (res.acquired) {
-            tok = json_string_value(json_object_get(reply, "token"));
-            if (tok == NULL || *tok == '\0' ||
-                strlen(tok) >= sizeof res.token) {
-                rc = missing(err, "sem.acquire", "token");
-            } else {
-                snprintf(res.token, sizeof res.token, "%s", tok);
-                res.permits = int_or(reply, "permits", -1);
-                res.lease_ms = int_or(reply, "lease_ms", -1);
-            }
-        }
+        rc = sem_reply(reply, &res, err);
     }
     json_decref(reply);
     if (out != NULL) {
