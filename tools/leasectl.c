@@ -218,6 +218,140 @@ parse_duration_ms(const char *s, long long min, long long max, long long *out)
     return false;
 }
 
+/* The options every command accepts, as parse_args reads them (each
+ * NULL when absent). */
+struct global_opts {
+    const char *help;
+    const char *sock;
+    const char *host;
+    const char *timeout;
+    const char *quiet;
+    const char *json;
+};
+
+/* The option of DEFS, else of GLOBALS, that A ("--name", "--name=value"
+ * or "-x") names, or NULL; *EQ gets the value after '=', if any. */
+static const struct optdef *
+find_opt(const struct optdef *defs, const struct optdef *globals,
+         const char *a, const char **eq)
+{
+    *eq = NULL;
+    for (int set = 0; set < 2; set++) {
+        const struct optdef *d = set != 0 ? globals : defs;
+
+        for (; d != NULL && d->name != NULL; d++) {
+            if (a[1] == '-') {
+                size_t n = strlen(d->name);
+
+                if (strncmp(a + 2, d->name, n) == 0 &&
+                    (a[2 + n] == '\0' || (a[2 + n] == '=' && d->has_arg))) {
+                    *eq = a[2 + n] == '=' ? a + 3 + n : NULL;
+                    return d;
+                }
+            } else if (d->short_name != '\0' && a[1] == d->short_name &&
+                       a[2] == '\0') {
+                return d;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Store the value of the option ARGV[*I] names in DEFS or GLOBALS: "1"
+ * for a flag, the text after '=', or the next word (then *I moves on to
+ * it). */
+static int
+take_opt(const struct ctl *ctl, const struct optdef *defs,
+         const struct optdef *globals, int argc, char **argv, int *i)
+{
+    const char *eq;
+    const struct optdef *d = find_opt(defs, globals, argv[*i], &eq);
+
+    if (d == NULL) {
+        return usage_error(ctl->cmd, "unknown option '%s'", argv[*i]);
+    }
+    if (!d->has_arg) {
+        *d->val = "1";
+    } else if (eq != NULL) {
+        *d->val = eq;
+    } else if (*i + 1 < argc) {
+        *i += 1;
+        *d->val = argv[*i];
+    } else {
+        return usage_error(ctl->cmd, "option '%s' needs a value", argv[*i]);
+    }
+    return 0;
+}
+
+/* A positional argument A into POS (*NPOS of MAXPOS taken). */
+static int
+take_pos(const struct ctl *ctl, char *a, char **pos, int *npos, int maxpos)
+{
+    if (*npos >= maxpos) {
+        return usage_error(ctl->cmd, "unexpected argument '%s'", a);
+    }
+    pos[(*npos)++] = a;
+    return 0;
+}
+
+/* The words from ARGV[I] on: the command to run into *REST when REST is
+ * asked for, else more positional arguments (those after "--"). */
+static int
+take_rest(const struct ctl *ctl, int argc, char **argv, int i, char **pos,
+          int *npos, int maxpos, char ***rest, int *nrest)
+{
+    if (rest != NULL) {
+        *rest = argv + i;
+        *nrest = argc - i;
+        return 0;
+    }
+    for (; i < argc; i++) {
+        int rc = take_pos(ctl, argv[i], pos, npos, maxpos);
+
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* The global options G into the ctl (--help prints the usage and exits). */
+static int
+apply_globals(struct ctl *ctl, const struct global_opts *g)
+{
+    if (g->help != NULL) {
+        usage(stdout);
+        exit(0);
+    }
+    if (g->sock != NULL && g->host != NULL) {
+        return usage_error(ctl->cmd, "-s and -H exclude each other%s", "");
+    }
+    if (g->sock != NULL) {
+        ctl->target = g->sock;
+    } else if (g->host != NULL) {
+        if (strchr(g->host, ':') == NULL) {
+            return usage_error(ctl->cmd, "-H wants HOST:PORT, not '%s'",
+                               g->host);
+        }
+        ctl->target = g->host;
+    }
+    if (g->timeout != NULL) {
+        long long v;
+
+        if (!parse_duration_ms(g->timeout, 1, 86400000, &v)) {
+            return usage_error(ctl->cmd, "bad --timeout '%s'", g->timeout);
+        }
+        ctl->timeout_ms = (int)v;
+    }
+    if (g->quiet != NULL) {
+        ctl->quiet = true;
+    }
+    if (g->json != NULL) {
+        ctl->json = true;
+    }
+    return 0;
+}
+
 /* Parse ARGV (after the command name) for the options of DEFS plus the
  * global ones. Positional arguments are collected in POS (*NPOS); with
  * STOP_AT_SECOND (lock) everything from "--" or from the second
@@ -227,20 +361,19 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
            char **pos, int *npos, int maxpos, bool stop_at_second,
            char ***rest, int *nrest)
 {
-    const char *timeout = NULL, *quiet = NULL, *sock = NULL, *host = NULL;
-    const char *help = NULL, *json = NULL;
+    struct global_opts g = {0};
     const struct optdef globals[] = {
-        {"help", 'h', false, &help},
-        {"socket", 's', true, &sock},
-        {"host", 'H', true, &host},
+        {"help", 'h', false, &g.help},
+        {"socket", 's', true, &g.sock},
+        {"host", 'H', true, &g.host},
         {"auth", 0, true, &ctl->auth},
         {"admin-token", 0, true, &ctl->admin},
-        {"timeout", 't', true, &timeout},
-        {"quiet", 'q', false, &quiet},
-        {"json", 0, false, &json},
+        {"timeout", 't', true, &g.timeout},
+        {"quiet", 'q', false, &g.quiet},
+        {"json", 0, false, &g.json},
         {NULL, 0, false, NULL},
     };
-    int i;
+    int i, rc;
 
     *npos = 0;
     if (rest != NULL) {
@@ -249,8 +382,6 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
     }
     for (i = 0; i < argc; i++) {
         const char *a = argv[i];
-        const struct optdef *found = NULL;
-        const char *eq = NULL;
 
         if (strcmp(a, "--") == 0) {
             i++;
@@ -260,89 +391,19 @@ parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
             if (stop_at_second && *npos == 1) {
                 break;
             }
-            if (*npos >= maxpos) {
-                return usage_error(ctl->cmd, "unexpected argument '%s'", a);
-            }
-            pos[(*npos)++] = argv[i];
-            continue;
-        }
-        for (int set = 0; set < 2 && found == NULL; set++) {
-            const struct optdef *d = set != 0 ? globals : defs;
-
-            for (; d != NULL && d->name != NULL; d++) {
-                if (a[1] == '-') {
-                    size_t n = strlen(d->name);
-
-                    if (strncmp(a + 2, d->name, n) == 0 &&
-                        (a[2 + n] == '\0' ||
-                         (a[2 + n] == '=' && d->has_arg))) {
-                        found = d;
-                        eq = a[2 + n] == '=' ? a + 3 + n : NULL;
-                        break;
-                    }
-                } else if (d->short_name != '\0' && a[1] == d->short_name &&
-                           a[2] == '\0') {
-                    found = d;
-                    break;
-                }
-            }
-        }
-        if (found == NULL) {
-            return usage_error(ctl->cmd, "unknown option '%s'", a);
-        }
-        if (!found->has_arg) {
-            *found->val = "1";
-        } else if (eq != NULL) {
-            *found->val = eq;
-        } else if (i + 1 < argc) {
-            *found->val = argv[++i];
+            rc = take_pos(ctl, argv[i], pos, npos, maxpos);
         } else {
-            return usage_error(ctl->cmd, "option '%s' needs a value", a);
+            rc = take_opt(ctl, defs, globals, argc, argv, &i);
+        }
+        if (rc != 0) {
+            return rc;
         }
     }
-    if (rest != NULL) {
-        *rest = argv + i;
-        *nrest = argc - i;
-    } else if (i < argc) {
-        /* Everything after "--" is positional for the other commands. */
-        for (; i < argc; i++) {
-            if (*npos >= maxpos) {
-                return usage_error(ctl->cmd, "unexpected argument '%s'",
-                                   argv[i]);
-            }
-            pos[(*npos)++] = argv[i];
-        }
+    rc = take_rest(ctl, argc, argv, i, pos, npos, maxpos, rest, nrest);
+    if (rc != 0) {
+        return rc;
     }
-    if (help != NULL) {
-        usage(stdout);
-        exit(0);
-    }
-    if (sock != NULL && host != NULL) {
-        return usage_error(ctl->cmd, "-s and -H exclude each other%s", "");
-    }
-    if (sock != NULL) {
-        ctl->target = sock;
-    } else if (host != NULL) {
-        if (strchr(host, ':') == NULL) {
-            return usage_error(ctl->cmd, "-H wants HOST:PORT, not '%s'", host);
-        }
-        ctl->target = host;
-    }
-    if (timeout != NULL) {
-        long long v;
-
-        if (!parse_duration_ms(timeout, 1, 86400000, &v)) {
-            return usage_error(ctl->cmd, "bad --timeout '%s'", timeout);
-        }
-        ctl->timeout_ms = (int)v;
-    }
-    if (quiet != NULL) {
-        ctl->quiet = true;
-    }
-    if (json != NULL) {
-        ctl->json = true;
-    }
-    return 0;
+    return apply_globals(ctl, &g);
 }
 
 /* A duration option (see parse_duration_ms): absent leaves *OUT alone. */
@@ -744,6 +805,45 @@ cmd_stats(struct ctl *ctl, int argc, char **argv)
 
 /* --- cache -------------------------------------------------------------- */
 
+/* cache.get with --json: the daemon's answer is printed as it is. */
+static int
+get_json(struct ctl *ctl, const char *key)
+{
+    struct leased_error err;
+    json_t *rep = NULL;
+    bool hit;
+    int rc;
+
+    rc = call(ctl,
+              json_pack("{s:s,s:s,s:b}", "op", "cache.get", "key", key,
+                        "lease", 0),
+              0, &rep, &err);
+    hit = json_is_true(json_object_get(rep, "hit"));
+    json_decref(rep);
+    if (rc != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    return hit ? 0 : 1;
+}
+
+/* A hit's value: as it is, or as a JSON value (AS_JSON). */
+static void
+print_value(const struct leased_cache_result *res, bool as_json)
+{
+    if (as_json) {
+        json_t *v = res->is_null ? json_null()
+                                 : json_stringn(res->value, res->value_len);
+        char *s = v != NULL ? json_dumps(v, JSON_ENCODE_ANY) : NULL;
+
+        printf("%s\n", s != NULL ? s : "null");
+        free(s);
+        json_decref(v);
+    } else if (!res->is_null) {
+        fwrite(res->value, 1, res->value_len, stdout);
+        putchar('\n');
+    }
+}
+
 static int
 cmd_get(struct ctl *ctl, int argc, char **argv)
 {
@@ -764,19 +864,7 @@ cmd_get(struct ctl *ctl, int argc, char **argv)
     /* A plain read: a command-line user will not fill the key, so taking
      * a fill lease would only make other readers wait for nothing. */
     if (ctl->json) {
-        json_t *rep = NULL;
-        bool hit;
-
-        rc = call(ctl,
-                  json_pack("{s:s,s:s,s:b}", "op", "cache.get", "key", pos[0],
-                            "lease", 0),
-                  0, &rep, &err);
-        hit = json_is_true(json_object_get(rep, "hit"));
-        json_decref(rep);
-        if (rc != LEASED_OK) {
-            return fail(ctl, &err);
-        }
-        return hit ? 0 : 1;
+        return get_json(ctl, pos[0]);
     }
     if (leased_cache_get(ctl->conn, pos[0], LEASED_UNSET, false, &res, &err) !=
         LEASED_OK) {
@@ -786,18 +874,7 @@ cmd_get(struct ctl *ctl, int argc, char **argv)
         leased_cache_result_free(&res);
         return 1;
     }
-    if (as_json != NULL) {
-        json_t *v = res.is_null ? json_null()
-                                : json_stringn(res.value, res.value_len);
-        char *s = v != NULL ? json_dumps(v, JSON_ENCODE_ANY) : NULL;
-
-        printf("%s\n", s != NULL ? s : "null");
-        free(s);
-        json_decref(v);
-    } else if (!res.is_null) {
-        fwrite(res.value, 1, res.value_len, stdout);
-        putchar('\n');
-    }
+    print_value(&res, as_json != NULL);
     leased_cache_result_free(&res);
     return fflush(stdout) == 0 ? 0 : EX_IOERR;
 }
@@ -854,6 +931,49 @@ cmd_set(struct ctl *ctl, int argc, char **argv)
     return 0;
 }
 
+/* cache.invalidate of the NPOS keys POS with --json. */
+static int
+invalidate_json(struct ctl *ctl, char **pos, int npos, long long delay_ms)
+{
+    struct leased_error err;
+    json_t *keys = json_array(), *rep = NULL, *req;
+    int rc;
+
+    for (int k = 0; k < npos; k++) {
+        json_array_append_new(keys, json_string(pos[k]));
+    }
+    req = json_pack("{s:s,s:o}", "op", "cache.invalidate", "keys", keys);
+    if (delay_ms != LEASED_UNSET) {
+        json_object_set_new(req, "delay_ms", json_integer(delay_ms));
+    }
+    rc = call(ctl, req, 0, &rep, &err);
+    json_decref(rep);
+    return rc == LEASED_OK ? 0 : fail(ctl, &err);
+}
+
+/* cache.invalidate of the NPOS keys POS, and what it did as one line. */
+static int
+invalidate_plain(struct ctl *ctl, char **pos, int npos, long long delay_ms)
+{
+    struct leased_invalidate_result res;
+    struct leased_error err;
+
+    if (leased_cache_invalidate(ctl->conn, (const char *const *)pos,
+                                (size_t)npos, delay_ms, &res,
+                                &err) != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    printf("deleted=%lld pending=%lld%s\n", res.deleted, res.pending,
+           res.queued ? " queued=true" : "");
+    if (res.queued && !ctl->quiet) {
+        fprintf(stderr,
+                CTL_NAME ": %s: Redis is unavailable; the "
+                         "invalidation is journaled and will be retried\n",
+                ctl->cmd);
+    }
+    return 0;
+}
+
 static int
 cmd_invalidate(struct ctl *ctl, int argc, char **argv)
 {
@@ -862,8 +982,6 @@ cmd_invalidate(struct ctl *ctl, int argc, char **argv)
         {"delay", 0, true, &delay},
         {NULL, 0, false, NULL},
     };
-    struct leased_invalidate_result res;
-    struct leased_error err;
     long long delay_ms = LEASED_UNSET;
     char **pos;
     int npos, rc;
@@ -878,49 +996,44 @@ cmd_invalidate(struct ctl *ctl, int argc, char **argv)
     if (rc == 0) {
         rc = opt_ms(ctl, "delay", delay, 0, &delay_ms);
     }
-    if (rc != 0) {
-        free(pos);
-        return rc;
+    if (rc == 0 && npos < 1) {
+        rc = usage_error(ctl->cmd, "wants at least one KEY%s", "");
     }
-    if (npos < 1) {
-        free(pos);
-        return usage_error(ctl->cmd, "wants at least one KEY%s", "");
+    if (rc == 0) {
+        rc = open_conn(ctl);
     }
-    rc = open_conn(ctl);
-    if (rc != 0) {
-        free(pos);
-        return rc;
+    if (rc == 0) {
+        rc = ctl->json ? invalidate_json(ctl, pos, npos, delay_ms)
+                       : invalidate_plain(ctl, pos, npos, delay_ms);
     }
-    if (ctl->json) {
-        json_t *keys = json_array(), *rep = NULL, *req;
-
-        for (int k = 0; k < npos; k++) {
-            json_array_append_new(keys, json_string(pos[k]));
-        }
-        free(pos);
-        req = json_pack("{s:s,s:o}", "op", "cache.invalidate", "keys", keys);
-        if (delay_ms != LEASED_UNSET) {
-            json_object_set_new(req, "delay_ms", json_integer(delay_ms));
-        }
-        rc = call(ctl, req, 0, &rep, &err);
-        json_decref(rep);
-        return rc == LEASED_OK ? 0 : fail(ctl, &err);
-    }
-    rc = leased_cache_invalidate(ctl->conn, (const char *const *)pos,
-                                 (size_t)npos, delay_ms, &res, &err);
     free(pos);
-    if (rc != LEASED_OK) {
-        return fail(ctl, &err);
+    return rc;
+}
+
+/* cache.hot's KEYS: as one JSON array (AS_JSON), or a line each. */
+static void
+print_hot(const json_t *keys, bool as_json)
+{
+    size_t i;
+    json_t *k;
+
+    if (as_json) {
+        char *text = json_dumps(keys, JSON_COMPACT | JSON_ENCODE_ANY);
+
+        printf("%s\n", text != NULL ? text : "[]");
+        free(text);
+        return;
     }
-    printf("deleted=%lld pending=%lld%s\n", res.deleted, res.pending,
-           res.queued ? " queued=true" : "");
-    if (res.queued && !ctl->quiet) {
-        fprintf(stderr,
-                CTL_NAME ": %s: Redis is unavailable; the "
-                         "invalidation is journaled and will be retried\n",
-                ctl->cmd);
+    json_array_foreach(keys, i, k)
+    {
+        json_t *key = json_object_get(k, "key");
+
+        printf("%.1f\t%.3f\t",
+               json_number_value(json_object_get(k, "reads_per_s")),
+               json_number_value(json_object_get(k, "hit_ratio")));
+        fwrite(json_string_value(key), 1, json_string_length(key), stdout);
+        putchar('\n');
     }
-    return 0;
 }
 
 /* The most read keys of the daemon (cache.hot): reads per second, hit
@@ -960,34 +1073,41 @@ cmd_hot(struct ctl *ctl, int argc, char **argv)
         json_decref(reply);
         return fail(ctl, &err);
     }
-    json_t *keys = json_object_get(reply, "keys");
-    if (ctl->json) {
-        /* The answer was printed as it is. */
-    } else if (as_json != NULL) {
-        char *text = json_dumps(keys, JSON_COMPACT | JSON_ENCODE_ANY);
-
-        printf("%s\n", text != NULL ? text : "[]");
-        free(text);
-    } else {
-        size_t i;
-        json_t *k;
-
-        json_array_foreach(keys, i, k)
-        {
-            json_t *key = json_object_get(k, "key");
-
-            printf("%.1f\t%.3f\t",
-                   json_number_value(json_object_get(k, "reads_per_s")),
-                   json_number_value(json_object_get(k, "hit_ratio")));
-            fwrite(json_string_value(key), 1, json_string_length(key), stdout);
-            putchar('\n');
-        }
+    /* With --json the answer was printed as it is. */
+    if (!ctl->json) {
+        print_hot(json_object_get(reply, "keys"), as_json != NULL);
     }
     json_decref(reply);
     return fflush(stdout) == 0 ? 0 : EX_IOERR;
 }
 
 /* --- locks -------------------------------------------------------------- */
+
+/* lock.info with --json: exit 0 when KEY is locked. */
+static int
+info_json(struct ctl *ctl, const char *key, const char *owner,
+          const char *token)
+{
+    json_t *req = json_pack("{s:s,s:s}", "op", "lock.info", "key", key);
+    json_t *rep = NULL;
+    struct leased_error err;
+    bool locked;
+    int rc;
+
+    if (owner != NULL) {
+        json_object_set_new(req, "owner", json_string(owner));
+    }
+    if (token != NULL) {
+        json_object_set_new(req, "token", json_string(token));
+    }
+    rc = call(ctl, req, 0, &rep, &err);
+    locked = json_is_true(json_object_get(rep, "locked"));
+    json_decref(rep);
+    if (rc != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    return locked ? 0 : 1;
+}
 
 static int
 cmd_info(struct ctl *ctl, int argc, char **argv)
@@ -1008,23 +1128,7 @@ cmd_info(struct ctl *ctl, int argc, char **argv)
         return rc;
     }
     if (ctl->json) {
-        json_t *req = json_pack("{s:s,s:s}", "op", "lock.info", "key", pos[0]);
-        json_t *rep = NULL;
-        bool locked;
-
-        if (owner != NULL) {
-            json_object_set_new(req, "owner", json_string(owner));
-        }
-        if (token != NULL) {
-            json_object_set_new(req, "token", json_string(token));
-        }
-        rc = call(ctl, req, 0, &rep, &err);
-        locked = json_is_true(json_object_get(rep, "locked"));
-        json_decref(rep);
-        if (rc != LEASED_OK) {
-            return fail(ctl, &err);
-        }
-        return locked ? 0 : 1;
+        return info_json(ctl, pos[0], owner, token);
     }
     if (leased_lock_info(ctl->conn, pos[0], owner, token, &info, &err) !=
         LEASED_OK) {
@@ -1073,21 +1177,13 @@ status_of(int wstatus)
     return EX_SOFTWARE;
 }
 
-/* Hold the lock while CMD runs: wait on the child (SIGCHLD through a
- * signalfd) and on the daemon's socket at once. The daemon renews a
- * watchdog lock for as long as this connection lives, so there is
- * nothing to send; what matters is noticing lock_lost, shutdown or the
- * connection's end, and stopping CMD then. RELEASE (stolen) is the
- * request that gives the lock or permit back; NULL: unlock KEY by OWNER. */
+/* Start CMD with SIGCHLD, SIGINT, SIGTERM and SIGHUP blocked here and
+ * readable from *SFD; *OLDMASK gets the mask to restore, *PID the child. */
 static int
-hold_while(struct ctl *ctl, const char *key, const char *owner,
-           const char *token, char **cmd, int lost_exit, json_t *release)
+hold_start(char **cmd, sigset_t *oldmask, int *sfd, pid_t *pid)
 {
-    sigset_t set, oldmask;
-    struct leased_error err;
-    bool lost = false, term_sent = false;
-    int sfd, wstatus = 0;
-    pid_t pid, parent = getpid();
+    sigset_t set;
+    pid_t parent = getpid();
 
     sigemptyset(&set);
     sigaddset(&set, SIGCHLD);
@@ -1096,110 +1192,125 @@ hold_while(struct ctl *ctl, const char *key, const char *owner,
     sigaddset(&set, SIGHUP);
     /* An inherited SIG_IGN for SIGCHLD would reap CMD behind our back. */
     signal(SIGCHLD, SIG_DFL);
-    sigprocmask(SIG_BLOCK, &set, &oldmask);
-    sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (sfd < 0) {
+    sigprocmask(SIG_BLOCK, &set, oldmask);
+    *sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (*sfd < 0) {
         fprintf(stderr, CTL_NAME ": lock: signalfd: %s\n", strerror(errno));
         return EX_OSERR;
     }
     fflush(NULL);
-    pid = fork();
-    if (pid < 0) {
+    *pid = fork();
+    if (*pid < 0) {
         fprintf(stderr, CTL_NAME ": lock: fork: %s\n", strerror(errno));
-        close(sfd);
+        close(*sfd);
         return EX_OSERR;
     }
-    if (pid == 0) {
-        close(sfd);
-        run_child(cmd, &oldmask, parent);
+    if (*pid == 0) {
+        close(*sfd);
+        run_child(cmd, oldmask, parent);
     }
+    return 0;
+}
 
-    for (;;) {
-        struct leased_event ev;
-        struct pollfd pfd[2];
-        const char *why = NULL;
-        char whybuf[300];
-        int nfd = 1, rc = LEASED_OK;
+/* Is the lock on KEY (TOKEN) gone: lock_lost for it, the daemon's
+ * shutdown, or the connection's end? The reason (written into BUF, or a
+ * fixed text), or NULL while it is held. */
+static const char *
+hold_lost(struct ctl *ctl, const char *key, const char *token, char *buf,
+          size_t size)
+{
+    struct leased_event ev;
+    struct leased_error err;
+    const char *why = NULL;
+    int rc = LEASED_OK;
 
-        /* Events may already sit in the library's buffer. */
-        while (!lost) {
-            rc = leased_next_event(ctl->conn, 0, &ev, &err);
-            if (rc != LEASED_OK) {
-                break;
+    /* Events may already sit in the library's buffer. */
+    while (why == NULL) {
+        rc = leased_next_event(ctl->conn, 0, &ev, &err);
+        if (rc != LEASED_OK) {
+            break;
+        }
+        if (ev.type == LEASED_EV_LOCK_LOST && ev.key != NULL &&
+            strcmp(ev.key, key) == 0 &&
+            (ev.token == NULL || strcmp(ev.token, token) == 0)) {
+            snprintf(buf, size, "lock lost (%s)",
+                     ev.reason != NULL ? ev.reason : "no reason given");
+            why = buf;
+        } else if (ev.type == LEASED_EV_SHUTDOWN) {
+            why = "leased is shutting down";
+        }
+        leased_event_clear(&ev);
+    }
+    if (why == NULL && rc != LEASED_OK && rc != LEASED_E_TIMEOUT) {
+        /* The session is gone, and its locks with it. */
+        snprintf(buf, size, "connection to leased lost (%s)", err.message);
+        why = buf;
+    }
+    return why;
+}
+
+/* Read the signals that came: SIGCHLD reaps CMD (PID), the others are
+ * passed on to it. True once CMD is reaped, its status in *WSTATUS. */
+static bool
+hold_signals(int sfd, pid_t pid, int *wstatus)
+{
+    struct signalfd_siginfo si;
+    bool reaped = false;
+
+    while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        int sig = (int)si.ssi_signo;
+
+        if (sig == SIGCHLD) {
+            pid_t r = waitpid(pid, wstatus, WNOHANG);
+
+            if (r == pid) {
+                reaped = true;
             }
-            if (ev.type == LEASED_EV_LOCK_LOST && ev.key != NULL &&
-                strcmp(ev.key, key) == 0 &&
-                (ev.token == NULL || strcmp(ev.token, token) == 0)) {
-                snprintf(whybuf, sizeof whybuf, "lock lost (%s)",
-                         ev.reason != NULL ? ev.reason : "no reason given");
-                why = whybuf;
-                lost = true;
-            } else if (ev.type == LEASED_EV_SHUTDOWN) {
-                why = "leased is shutting down";
-                lost = true;
-            }
-            leased_event_clear(&ev);
-        }
-        if (!lost && rc != LEASED_OK && rc != LEASED_E_TIMEOUT) {
-            /* The session is gone, and its locks with it. */
-            snprintf(whybuf, sizeof whybuf, "connection to leased lost (%s)",
-                     err.message);
-            why = whybuf;
-            lost = true;
-        }
-        if (lost && !term_sent) {
-            fprintf(stderr, CTL_NAME ": %s: %s: %s; stopping the command\n",
-                    ctl->cmd, key, why != NULL ? why : "lock lost");
-            kill(pid, SIGTERM);
-            term_sent = true;
-        }
-
-        pfd[0].fd = sfd;
-        pfd[0].events = POLLIN;
-        pfd[0].revents = 0;
-        if (!lost && leased_fd(ctl->conn) >= 0) {
-            pfd[1].fd = leased_fd(ctl->conn);
-            pfd[1].events = POLLIN;
-            pfd[1].revents = 0;
-            nfd = 2;
-        }
-        if (poll(pfd, (nfds_t)nfd, -1) < 0 && errno != EINTR) {
-            fprintf(stderr, CTL_NAME ": lock: poll: %s\n", strerror(errno));
-            kill(pid, SIGTERM);
-        }
-        if (pfd[0].revents & POLLIN) {
-            struct signalfd_siginfo si;
-            bool reaped = false;
-
-            while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-                int sig = (int)si.ssi_signo;
-
-                if (sig == SIGCHLD) {
-                    pid_t r = waitpid(pid, &wstatus, WNOHANG);
-
-                    if (r == pid) {
-                        reaped = true;
-                    }
-                } else if (!(sig == SIGINT && si.ssi_code == SI_KERNEL)) {
-                    /* A keyboard ^C reached CMD already: it is in our
-                     * process group. Everything else is passed on. */
-                    kill(pid, sig);
-                }
-            }
-            if (reaped) {
-                break;
-            }
+        } else if (!(sig == SIGINT && si.ssi_code == SI_KERNEL)) {
+            /* A keyboard ^C reached CMD already: it is in our process
+             * group. Everything else is passed on. */
+            kill(pid, sig);
         }
     }
-    close(sfd);
-    sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    return reaped;
+}
 
-    if (lost) {
-        json_decref(release);
-        return lost_exit;
+/* Wait for a signal and, while the lock is held (not LOST), for the
+ * daemon. True once CMD (PID) has ended, its status in *WSTATUS. */
+static bool
+hold_wait(struct ctl *ctl, int sfd, pid_t pid, bool lost, int *wstatus)
+{
+    struct pollfd pfd[2];
+    int nfd = 1;
+
+    pfd[0].fd = sfd;
+    pfd[0].events = POLLIN;
+    pfd[0].revents = 0;
+    if (!lost && leased_fd(ctl->conn) >= 0) {
+        pfd[1].fd = leased_fd(ctl->conn);
+        pfd[1].events = POLLIN;
+        pfd[1].revents = 0;
+        nfd = 2;
     }
-    /* Give the lock back now rather than when the connection closes, so
-     * that a failure to do so is reported. */
+    if (poll(pfd, (nfds_t)nfd, -1) < 0 && errno != EINTR) {
+        fprintf(stderr, CTL_NAME ": lock: poll: %s\n", strerror(errno));
+        kill(pid, SIGTERM);
+    }
+    if ((pfd[0].revents & POLLIN) == 0) {
+        return false;
+    }
+    return hold_signals(sfd, pid, wstatus);
+}
+
+/* Give the lock back now rather than when the connection closes, so
+ * that a failure to do so is reported: RELEASE (stolen), or else an
+ * unlock of KEY by OWNER. */
+static void
+hold_release(struct ctl *ctl, const char *key, const char *owner,
+             json_t *release)
+{
+    struct leased_error err;
+
     if (release != NULL) {
         json_t *rep = NULL;
 
@@ -1215,6 +1326,47 @@ hold_while(struct ctl *ctl, const char *key, const char *owner,
         fprintf(stderr, CTL_NAME ": lock: %s: unlock: %s: %s\n", key,
                 leased_strerror(err.code), err.message);
     }
+}
+
+/* Hold the lock while CMD runs: wait on the child (SIGCHLD through a
+ * signalfd) and on the daemon's socket at once. The daemon renews a
+ * watchdog lock for as long as this connection lives, so there is
+ * nothing to send; what matters is noticing lock_lost, shutdown or the
+ * connection's end, and stopping CMD then. RELEASE (stolen) is the
+ * request that gives the lock or permit back; NULL: unlock KEY by OWNER. */
+static int
+hold_while(struct ctl *ctl, const char *key, const char *owner,
+           const char *token, char **cmd, int lost_exit, json_t *release)
+{
+    sigset_t oldmask;
+    bool lost = false;
+    int sfd, rc, wstatus = 0;
+    pid_t pid;
+
+    rc = hold_start(cmd, &oldmask, &sfd, &pid);
+    if (rc != 0) {
+        return rc;
+    }
+    do {
+        char whybuf[300];
+        const char *why = lost ? NULL
+                               : hold_lost(ctl, key, token, whybuf,
+                                           sizeof whybuf);
+
+        if (why != NULL) {
+            fprintf(stderr, CTL_NAME ": %s: %s: %s; stopping the command\n",
+                    ctl->cmd, key, why);
+            kill(pid, SIGTERM);
+            lost = true;
+        }
+    } while (!hold_wait(ctl, sfd, pid, lost, &wstatus));
+    close(sfd);
+    sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    if (lost) {
+        json_decref(release);
+        return lost_exit;
+    }
+    hold_release(ctl, key, owner, release);
     return status_of(wstatus);
 }
 
@@ -1263,45 +1415,136 @@ run_under(struct ctl *ctl, const char *key, const char *owner, json_t *req,
     return hold_while(ctl, key, owner, token, cmd, lost_exit, release);
 }
 
+/* What lock and sem share on their command line: KEY -- CMD [ARGS...]
+ * and the options below (each NULL when absent), and their values. */
+struct run_opts {
+    const char *ttl;
+    const char *wait;
+    const char *lost;
+    const char *conflict;
+    long long ttl_ms;
+    long long wait_ms;
+    long long lost_exit;
+    char *pos[1];
+    int npos;
+    char **cmd;
+    int ncmd;
+};
+
+/* Parse ARGV with DEFS (which point into O), then --ttl, --wait,
+ * --lost-exit and --conflict-exit. */
+static int
+run_parse(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
+          struct run_opts *o)
+{
+    int rc = parse_args(ctl, argc, argv, defs, o->pos, &o->npos, 1, true,
+                        &o->cmd, &o->ncmd);
+
+    if (rc == 0) {
+        rc = opt_ms(ctl, "ttl", o->ttl, 1, &o->ttl_ms);
+    }
+    if (rc == 0) {
+        rc = opt_ms(ctl, "wait", o->wait, -1, &o->wait_ms);
+    }
+    if (rc == 0) {
+        rc = opt_exits(ctl, o->lost, o->conflict, &o->lost_exit);
+    }
+    return rc;
+}
+
+/* --ttl and --wait into an acquisition request (absent: the daemon's
+ * defaults). */
+static void
+run_req_times(json_t *req, const struct run_opts *o)
+{
+    if (o->ttl_ms > 0) {
+        json_object_set_new(req, "ttl_ms", json_integer(o->ttl_ms));
+    }
+    if (o->wait_ms != 0) {
+        json_object_set_new(req, "wait_ms", json_integer(o->wait_ms));
+    }
+}
+
+/* lock through the daemon's JSON: for --json, and for the side MODE
+ * ("read", "write") of a read-write lock. */
+static int
+lock_json(struct ctl *ctl, const struct run_opts *o, const char *owner,
+          const char *mode)
+{
+    const char *key = o->pos[0];
+    json_t *req, *rel;
+
+    /* An older daemon ignores an unknown field: it would hand out a plain
+     * lock instead of the side asked for. */
+    if (mode != NULL && !want_feature(ctl, "rwlock")) {
+        return no_feature(ctl, "read-write locks (feature rwlock)");
+    }
+    req = json_pack("{s:s,s:s}", "op", "lock", "key", key);
+    rel = json_pack("{s:s,s:s}", "op", "unlock", "key", key);
+    if (mode != NULL) {
+        json_object_set_new(req, "mode", json_string(mode));
+        json_object_set_new(rel, "mode", json_string(mode));
+    }
+    if (owner != NULL) {
+        json_object_set_new(req, "owner", json_string(owner));
+    }
+    run_req_times(req, o);
+    return run_under(ctl, key, owner, req, o->wait_ms, o->cmd,
+                     (int)o->lost_exit, rel, "held by another holder");
+}
+
+/* lock through libleased: a plain lock, unlocked by OWNER at the end. */
+static int
+lock_plain(struct ctl *ctl, const struct run_opts *o, const char *owner)
+{
+    struct leased_lock_args args = {0};
+    struct leased_lock_result res;
+    struct leased_error err;
+
+    args.ttl_ms = o->ttl_ms;
+    args.wait_ms = o->wait_ms;
+    args.owner = owner;
+    if (leased_lock(ctl->conn, o->pos[0], &args, &res, &err) != LEASED_OK) {
+        return fail(ctl, &err);
+    }
+    if (!res.acquired) {
+        if (!ctl->quiet) {
+            fprintf(stderr,
+                    CTL_NAME ": lock: %s: held by another holder "
+                             "(lease left %lld ms); not running %s\n",
+                    o->pos[0], res.ttl_ms, o->cmd[0]);
+        }
+        return ctl->conflict_exit;
+    }
+    return hold_while(ctl, o->pos[0], owner, res.token, o->cmd,
+                      (int)o->lost_exit, NULL);
+}
+
 static int
 cmd_lock(struct ctl *ctl, int argc, char **argv)
 {
-    const char *ttl = NULL, *wait = NULL, *owner = NULL, *lost = NULL;
-    const char *rd = NULL, *wr = NULL, *conflict = NULL;
+    struct run_opts o = {.lost_exit = EX_SOFTWARE};
+    const char *owner = NULL, *rd = NULL, *wr = NULL;
     const struct optdef defs[] = {
-        {"ttl", 0, true, &ttl},
-        {"wait", 'w', true, &wait},
+        {"ttl", 0, true, &o.ttl},
+        {"wait", 'w', true, &o.wait},
         {"owner", 0, true, &owner},
-        {"lost-exit", 0, true, &lost},
-        {"conflict-exit", 'E', true, &conflict},
+        {"lost-exit", 0, true, &o.lost},
+        {"conflict-exit", 'E', true, &o.conflict},
         {"read", 0, false, &rd},
         {"write", 0, false, &wr},
         {NULL, 0, false, NULL},
     };
-    struct leased_lock_args args = {0};
-    struct leased_lock_result res;
-    struct leased_error err;
-    long long lost_exit = EX_SOFTWARE;
-    char *pos[1], **cmd;
-    int npos, ncmd, rc;
+    int rc;
 
-    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd, &ncmd);
-    if (rc == 0) {
-        rc = opt_ms(ctl, "ttl", ttl, 1, &args.ttl_ms);
-    }
-    if (rc == 0) {
-        rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms);
-    }
-    if (rc == 0) {
-        rc = opt_exits(ctl, lost, conflict, &lost_exit);
-    }
+    rc = run_parse(ctl, argc, argv, defs, &o);
     if (rc != 0) {
         return rc;
     }
-    if (npos != 1) {
+    if (o.npos != 1) {
         return usage_error(ctl->cmd, "wants KEY -- CMD [ARGS...]%s", "");
     }
-    if (ncmd < 1) {
+    if (o.ncmd < 1) {
         return usage_error(ctl->cmd, "no command to run after KEY%s", "");
     }
     if (rd != NULL && wr != NULL) {
@@ -1313,89 +1556,43 @@ cmd_lock(struct ctl *ctl, int argc, char **argv)
         return rc;
     }
     if (rd != NULL || wr != NULL || ctl->json) {
-        const char *mode = rd != NULL ? "read" : wr != NULL ? "write" : NULL;
-        json_t *req = json_pack("{s:s,s:s}", "op", "lock", "key", pos[0]);
-        json_t *rel = json_pack("{s:s,s:s}", "op", "unlock", "key", pos[0]);
-
-        /* An older daemon ignores an unknown field: it would hand out a
-         * plain lock instead of the side asked for. */
-        if (mode != NULL && !want_feature(ctl, "rwlock")) {
-            json_decref(req);
-            json_decref(rel);
-            return no_feature(ctl, "read-write locks (feature rwlock)");
-        }
-        if (mode != NULL) {
-            json_object_set_new(req, "mode", json_string(mode));
-            json_object_set_new(rel, "mode", json_string(mode));
-        }
-        if (owner != NULL) {
-            json_object_set_new(req, "owner", json_string(owner));
-        }
-        if (args.ttl_ms > 0) {
-            json_object_set_new(req, "ttl_ms", json_integer(args.ttl_ms));
-        }
-        if (args.wait_ms != 0) {
-            json_object_set_new(req, "wait_ms", json_integer(args.wait_ms));
-        }
-        return run_under(ctl, pos[0], owner, req, args.wait_ms, cmd,
-                         (int)lost_exit, rel, "held by another holder");
+        return lock_json(ctl, &o, owner,
+                         rd != NULL   ? "read"
+                         : wr != NULL ? "write"
+                                      : NULL);
     }
-    args.owner = owner;
-    if (leased_lock(ctl->conn, pos[0], &args, &res, &err) != LEASED_OK) {
-        return fail(ctl, &err);
-    }
-    if (!res.acquired) {
-        if (!ctl->quiet) {
-            fprintf(stderr,
-                    CTL_NAME ": lock: %s: held by another holder "
-                             "(lease left %lld ms); not running %s\n",
-                    pos[0], res.ttl_ms, cmd[0]);
-        }
-        return ctl->conflict_exit;
-    }
-    return hold_while(ctl, pos[0], owner, res.token, cmd, (int)lost_exit,
-                      NULL);
+    return lock_plain(ctl, &o, owner);
 }
 
 static int
 cmd_sem(struct ctl *ctl, int argc, char **argv)
 {
-    const char *ttl = NULL, *wait = NULL, *limit = NULL, *lost = NULL;
-    const char *conflict = NULL;
+    struct run_opts o = {.lost_exit = EX_SOFTWARE};
+    const char *limit = NULL;
     const struct optdef defs[] = {
-        {"ttl", 0, true, &ttl},
-        {"wait", 'w', true, &wait},
+        {"ttl", 0, true, &o.ttl},
+        {"wait", 'w', true, &o.wait},
         {"limit", 'n', true, &limit},
-        {"lost-exit", 0, true, &lost},
-        {"conflict-exit", 'E', true, &conflict},
+        {"lost-exit", 0, true, &o.lost},
+        {"conflict-exit", 'E', true, &o.conflict},
         {NULL, 0, false, NULL},
     };
-    long long ttl_ms = 0, wait_ms = 0, lim = 0, lost_exit = EX_SOFTWARE;
-    char *pos[1], **cmd;
-    int npos, ncmd, rc;
+    long long lim = 0;
     json_t *req;
+    int rc;
 
-    rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd, &ncmd);
-    if (rc == 0) {
-        rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms);
-    }
-    if (rc == 0) {
-        rc = opt_ms(ctl, "wait", wait, -1, &wait_ms);
-    }
-    if (rc == 0) {
-        rc = opt_exits(ctl, lost, conflict, &lost_exit);
-    }
+    rc = run_parse(ctl, argc, argv, defs, &o);
     if (rc != 0) {
         return rc;
     }
     if (limit == NULL || !parse_num(limit, 1, 1000000, &lim)) {
         return usage_error(ctl->cmd, "wants --limit N (1..1000000)%s", "");
     }
-    if (npos != 1) {
+    if (o.npos != 1) {
         return usage_error(ctl->cmd, "wants KEY --limit N -- CMD [ARGS...]%s",
                            "");
     }
-    if (ncmd < 1) {
+    if (o.ncmd < 1) {
         return usage_error(ctl->cmd, "no command to run after KEY%s", "");
     }
     rc = open_conn(ctl);
@@ -1405,21 +1602,46 @@ cmd_sem(struct ctl *ctl, int argc, char **argv)
     if (!want_feature(ctl, "semaphore")) {
         return no_feature(ctl, "semaphores (feature semaphore)");
     }
-    req = json_pack("{s:s,s:s,s:I}", "op", "sem.acquire", "key", pos[0],
+    req = json_pack("{s:s,s:s,s:I}", "op", "sem.acquire", "key", o.pos[0],
                     "limit", (json_int_t)lim);
-    if (ttl_ms > 0) {
-        json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
-    }
-    if (wait_ms != 0) {
-        json_object_set_new(req, "wait_ms", json_integer(wait_ms));
-    }
-    return run_under(ctl, pos[0], NULL, req, wait_ms, cmd, (int)lost_exit,
+    run_req_times(req, &o);
+    return run_under(ctl, o.pos[0], NULL, req, o.wait_ms, o.cmd,
+                     (int)o.lost_exit,
                      json_pack("{s:s,s:s}", "op", "sem.release", "key",
-                               pos[0]),
+                               o.pos[0]),
                      "no permit free");
 }
 
 /* --- operators ------------------------------------------------------------ */
+
+/* lock.list's answer as a table. */
+static void
+print_locks(const struct ctl *ctl, const json_t *rep)
+{
+    const json_t *e;
+    size_t i;
+
+    printf("%-32s %-5s %5s %10s %10s %-28s %s\n", "KEY", "MODE", "COUNT",
+           "TTL_MS", "HELD_MS", "SESSION", "CLIENT");
+    json_array_foreach(json_object_get(rep, "locks"), i, e)
+    {
+        const char *sess = json_string_value(json_object_get(e, "session"));
+        const char *client = json_string_value(json_object_get(e, "client"));
+
+        printf("%-32s %-5s %5lld %10lld %10lld %-28s %s\n",
+               json_string_value(json_object_get(e, "key")),
+               json_string_value(json_object_get(e, "mode")),
+               (long long)json_integer_value(json_object_get(e, "count")),
+               (long long)json_integer_value(json_object_get(e, "ttl_ms")),
+               (long long)json_integer_value(json_object_get(e, "held_ms")),
+               sess != NULL ? sess : "-",
+               client != NULL && *client != '\0' ? client : "-");
+    }
+    if (json_is_true(json_object_get(rep, "truncated")) && !ctl->quiet) {
+        fprintf(stderr, CTL_NAME ": locks: more locks than shown "
+                                 "(--limit)\n");
+    }
+}
 
 static int
 cmd_locks(struct ctl *ctl, int argc, char **argv)
@@ -1431,10 +1653,9 @@ cmd_locks(struct ctl *ctl, int argc, char **argv)
     };
     struct leased_error err;
     long long lim = 0;
-    json_t *req, *rep = NULL, *e;
+    json_t *req, *rep = NULL;
     char *pos[1];
     int npos, rc;
-    size_t i;
 
     rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL, NULL);
     if (rc != 0) {
@@ -1460,29 +1681,7 @@ cmd_locks(struct ctl *ctl, int argc, char **argv)
         return fail(ctl, &err);
     }
     if (!ctl->json) {
-        printf("%-32s %-5s %5s %10s %10s %-28s %s\n", "KEY", "MODE", "COUNT",
-               "TTL_MS", "HELD_MS", "SESSION", "CLIENT");
-        json_array_foreach(json_object_get(rep, "locks"), i, e)
-        {
-            const char *sess = json_string_value(
-                json_object_get(e, "session"));
-            const char *client = json_string_value(
-                json_object_get(e, "client"));
-
-            printf("%-32s %-5s %5lld %10lld %10lld %-28s %s\n",
-                   json_string_value(json_object_get(e, "key")),
-                   json_string_value(json_object_get(e, "mode")),
-                   (long long)json_integer_value(json_object_get(e, "count")),
-                   (long long)json_integer_value(json_object_get(e, "ttl_ms")),
-                   (long long)json_integer_value(
-                       json_object_get(e, "held_ms")),
-                   sess != NULL ? sess : "-",
-                   client != NULL && *client != '\0' ? client : "-");
-        }
-        if (json_is_true(json_object_get(rep, "truncated")) && !ctl->quiet) {
-            fprintf(stderr, CTL_NAME ": locks: more locks than shown "
-                                     "(--limit)\n");
-        }
+        print_locks(ctl, rep);
     }
     json_decref(rep);
     return fflush(stdout) == 0 ? 0 : EX_IOERR;
@@ -1914,22 +2113,51 @@ static const struct {
     {"wait", cmd_wait},
 };
 
+/* The environment variable NAME, or NULL when it is unset or empty. */
+static const char *
+env_value(const char *name)
+{
+    const char *v = getenv(name);
+
+    return v != NULL && *v != '\0' ? v : NULL;
+}
+
+/* Run the command ARGV[I] with the global options before it (ARGV[1] up
+ * to it) and its own arguments after it. */
+static int
+run_command(struct ctl *ctl, int argc, char **argv, int i)
+{
+    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
+        if (strcmp(argv[i], commands[k].name) == 0) {
+            const struct optdef none[] = {{NULL, 0, false, NULL}};
+            char *pos[1];
+            int npos, rc;
+
+            ctl->cmd = commands[k].name;
+            rc = parse_args(ctl, i - 1, argv + 1, none, pos, &npos, 0, false,
+                            NULL, NULL);
+            if (rc != 0) {
+                return rc;
+            }
+            rc = commands[k].fn(ctl, argc - i - 1, argv + i + 1);
+            leased_close(ctl->conn);
+            json_decref(ctl->features);
+            return rc;
+        }
+    }
+    return usage_error(NULL, "unknown command '%s'", argv[i]);
+}
+
 int
 main(int argc, char **argv)
 {
     struct ctl ctl;
-    int i, rc;
+    int i;
 
     memset(&ctl, 0, sizeof ctl);
     ctl.conflict_exit = EX_TEMPFAIL;
-    ctl.auth = getenv("LEASED_AUTH");
-    if (ctl.auth != NULL && *ctl.auth == '\0') {
-        ctl.auth = NULL;
-    }
-    ctl.admin = getenv("LEASED_ADMIN_TOKEN");
-    if (ctl.admin != NULL && *ctl.admin == '\0') {
-        ctl.admin = NULL;
-    }
+    ctl.auth = env_value("LEASED_AUTH");
+    ctl.admin = env_value("LEASED_ADMIN_TOKEN");
     /* Find the command: the first word that is neither an option nor the
      * value of one. The options before it are parsed like those after. */
     for (i = 1; i < argc; i++) {
@@ -1954,23 +2182,5 @@ main(int argc, char **argv)
     if (i >= argc) {
         return usage_error(NULL, "no command%s", "");
     }
-    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
-        if (strcmp(argv[i], commands[k].name) == 0) {
-            const struct optdef none[] = {{NULL, 0, false, NULL}};
-            char *pos[1];
-            int npos;
-
-            ctl.cmd = commands[k].name;
-            rc = parse_args(&ctl, i - 1, argv + 1, none, pos, &npos, 0, false,
-                            NULL, NULL);
-            if (rc != 0) {
-                return rc;
-            }
-            rc = commands[k].fn(&ctl, argc - i - 1, argv + i + 1);
-            leased_close(ctl.conn);
-            json_decref(ctl.features);
-            return rc;
-        }
-    }
-    return usage_error(NULL, "unknown command '%s'", argv[i]);
+    return run_command(&ctl, argc, argv, i);
 }
