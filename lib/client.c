@@ -1539,14 +1539,22 @@ add_lease_args(json_t *req, long long ttl_ms, long long wait_ms, bool detach)
     }
 }
 
-/* The token of an acquired lease into TOKEN (SIZE bytes); an answer to OP
- * without one that fits is a protocol error. */
+/* Whether an answer to OP acquired the lease (*ACQUIRED) and, when it
+ * did, its token into TOKEN (SIZE bytes); an answer without either is a
+ * protocol error. */
 static int
-reply_token(json_t *reply, const char *op, char *token, size_t size,
-            struct leased_error *err)
+reply_acquired(json_t *reply, const char *op, bool *acquired, char *token,
+               size_t size, struct leased_error *err)
 {
-    const char *tok = json_string_value(json_object_get(reply, "token"));
+    const char *tok;
 
+    if (!bool_field(reply, "acquired", acquired)) {
+        return missing(err, op, "acquired");
+    }
+    if (!*acquired) {
+        return LEASED_OK;
+    }
+    tok = json_string_value(json_object_get(reply, "token"));
     if (tok == NULL || *tok == '\0' || strlen(tok) >= size) {
         return missing(err, op, "token");
     }
@@ -1642,18 +1650,15 @@ lock_reply(json_t *reply, struct leased_lock_result *res,
            const char *const *keys, size_t n, long long *fences,
            struct leased_error *err)
 {
-    int rc;
+    int rc = reply_acquired(reply, "lock", &res->acquired, res->token,
+                            sizeof res->token, err);
 
-    if (!bool_field(reply, "acquired", &res->acquired)) {
-        return missing(err, "lock", "acquired");
+    if (rc != LEASED_OK) {
+        return rc;
     }
     if (!res->acquired) {
         res->ttl_ms = int_or(reply, "ttl_ms", -1);
         return LEASED_OK;
-    }
-    rc = reply_token(reply, "lock", res->token, sizeof res->token, err);
-    if (rc != LEASED_OK) {
-        return rc;
     }
     res->count = int_or(reply, "count", -1);
     res->fence = int_or(reply, "fence", -1);
@@ -1876,14 +1881,9 @@ sem_reply(json_t *reply, struct leased_sem_result *res,
     int rc;
 
     res->available = int_or(reply, "available", -1);
-    if (!bool_field(reply, "acquired", &res->acquired)) {
-        return missing(err, "sem.acquire", "acquired");
-    }
-    if (!res->acquired) {
-        return LEASED_OK;
-    }
-    rc = reply_token(reply, "sem.acquire", res->token, sizeof res->token, err);
-    if (rc != LEASED_OK) {
+    rc = reply_acquired(reply, "sem.acquire", &res->acquired, res->token,
+                        sizeof res->token, err);
+    if (rc != LEASED_OK || !res->acquired) {
         return rc;
     }
     res->permits = int_or(reply, "permits", -1);

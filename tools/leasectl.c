@@ -509,6 +509,28 @@ cmd_get(struct ctl *ctl, int argc, char **argv)
     return fflush(stdout) == 0 ? 0 : EX_IOERR;
 }
 
+/* cache.set with --json; VALUE NULL stores "not found". */
+static int
+set_json(struct ctl *ctl, const char *key, const char *value, long long ttl_ms)
+{
+    json_t *req = json_pack("{s:s,s:s,s:o}", "op", "cache.set", "key", key,
+                            "value",
+                            value == NULL ? json_null() : json_string(value));
+    json_t *rep = NULL;
+    struct leased_error err;
+    int rc;
+
+    if (req == NULL) {
+        return ctl_usage_error(ctl->cmd, "VALUE must be UTF-8%s", "");
+    }
+    if (ttl_ms > 0) {
+        json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
+    }
+    rc = ctl_call(ctl, req, 0, &rep, &err);
+    json_decref(rep);
+    return rc == LEASED_OK ? 0 : ctl_fail(ctl, &err);
+}
+
 static int
 cmd_set(struct ctl *ctl, int argc, char **argv)
 {
@@ -540,21 +562,7 @@ cmd_set(struct ctl *ctl, int argc, char **argv)
         return rc;
     }
     if (ctl->json) {
-        json_t *req = json_pack("{s:s,s:s,s:o}", "op", "cache.set", "key",
-                                pos[0], "value",
-                                null != NULL ? json_null()
-                                             : json_string(pos[1]));
-        json_t *rep = NULL;
-
-        if (req == NULL) {
-            return ctl_usage_error(ctl->cmd, "VALUE must be UTF-8%s", "");
-        }
-        if (ttl_ms > 0) {
-            json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
-        }
-        rc = ctl_call(ctl, req, 0, &rep, &err);
-        json_decref(rep);
-        return rc == LEASED_OK ? 0 : ctl_fail(ctl, &err);
+        return set_json(ctl, pos[0], null != NULL ? NULL : pos[1], ttl_ms);
     }
     if (leased_cache_set(ctl->conn, pos[0], null != NULL ? NULL : pos[1],
                          (size_t)-1, ttl_ms, &err) != LEASED_OK) {

@@ -80,6 +80,19 @@ ctl_usage_error(const char *cmd, const char *fmt, const char *arg)
     return EX_USAGE;
 }
 
+/* The decimal number S starts with into *V, *END just after it; false
+ * when S is empty or the number does not fit. */
+static bool
+leading_num(const char *s, long long *v, char **end)
+{
+    if (s == NULL || *s == '\0') {
+        return false;
+    }
+    errno = 0;
+    *v = strtoll(s, end, 10);
+    return errno == 0;
+}
+
 /* A whole decimal number in [MIN, MAX]. */
 bool
 ctl_parse_num(const char *s, long long min, long long max, long long *out)
@@ -87,12 +100,7 @@ ctl_parse_num(const char *s, long long min, long long max, long long *out)
     char *end;
     long long v;
 
-    if (s == NULL || *s == '\0') {
-        return false;
-    }
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v < min || v > max) {
+    if (!leading_num(s, &v, &end) || *end != '\0' || v < min || v > max) {
         return false;
     }
     *out = v;
@@ -114,12 +122,7 @@ parse_duration_ms(const char *s, long long min, long long max, long long *out)
     char *end;
     long long v;
 
-    if (s == NULL || *s == '\0') {
-        return false;
-    }
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || (*end != '\0' && v < 0)) {
+    if (!leading_num(s, &v, &end) || end == s || (*end != '\0' && v < 0)) {
         return false;
     }
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
