@@ -5,7 +5,13 @@
  * other than the one being waited for, and the events not yet handed out.
  * Every wait goes through conn_read, which splits lines and sorts each
  * into replies or events, so an event that arrives in the middle of a
- * lock call is never lost and never mistaken for its reply. */
+ * lock call is never lost and never mistaken for its reply.
+ *
+ * The file owns that connection state and nothing else: no global
+ * state besides constant tables, no signal handler, no output on stdout
+ * or stderr (every failure goes back to the caller in a struct
+ * leased_error), and no SIGPIPE (sends use MSG_NOSIGNAL), so that it can
+ * live inside any program. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
