@@ -5,7 +5,13 @@
  * other than the one being waited for, and the events not yet handed out.
  * Every wait goes through conn_read, which splits lines and sorts each
  * into replies or events, so an event that arrives in the middle of a
- * lock call is never lost and never mistaken for its reply. */
+ * lock call is never lost and never mistaken for its reply.
+ *
+ * The file owns that connection state and nothing else: no global
+ * state besides constant tables, no signal handler, no output on stdout
+ * or stderr (every failure goes back to the caller in a struct
+ * leased_error), and no SIGPIPE (sends use MSG_NOSIGNAL), so that it can
+ * live inside any program. */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -123,7 +129,7 @@ code_from_name(const char *name)
         if (lc_codes[i].code >= LEASED_E_CONNECT) {
             break;
         }
-        if (!strcmp(lc_codes[i].name, name)) {
+        if (strcmp(lc_codes[i].name, name) == 0) {
             return lc_codes[i].code;
         }
     }
@@ -139,7 +145,7 @@ set_err(struct leased_error *err, int code, int sys_errno, const char *fmt,
 {
     va_list ap;
 
-    if (err) {
+    if (err != NULL) {
         err->code = code;
         err->sys_errno = sys_errno;
         err->reason[0] = '\0';
@@ -153,7 +159,7 @@ set_err(struct leased_error *err, int code, int sys_errno, const char *fmt,
 static void
 clear_err(struct leased_error *err)
 {
-    if (err) {
+    if (err != NULL) {
         memset(err, 0, sizeof *err);
     }
 }
@@ -247,10 +253,10 @@ static int
 inflight_add(struct leased_conn *c, uint64_t id)
 {
     if (c->ninflight == c->capinflight) {
-        size_t ncap = c->capinflight ? c->capinflight * 2 : 8;
+        size_t ncap = c->capinflight != 0 ? c->capinflight * 2 : 8;
         uint64_t *n = realloc(c->inflight, ncap * sizeof *n);
 
-        if (!n) {
+        if (n == NULL) {
             return -1;
         }
         c->inflight = n;
@@ -276,7 +282,7 @@ inflight_remove(struct leased_conn *c, uint64_t id)
 static bool
 reply_buffered(const struct leased_conn *c, uint64_t id)
 {
-    for (const struct lc_reply *r = c->replies; r; r = r->next) {
+    for (const struct lc_reply *r = c->replies; r != NULL; r = r->next) {
         if (r->id == id) {
             return true;
         }
@@ -287,7 +293,7 @@ reply_buffered(const struct leased_conn *c, uint64_t id)
 static json_t *
 reply_take(struct leased_conn *c, uint64_t id)
 {
-    for (struct lc_reply **pp = &c->replies; *pp; pp = &(*pp)->next) {
+    for (struct lc_reply **pp = &c->replies; *pp != NULL; pp = &(*pp)->next) {
         struct lc_reply *r = *pp;
 
         if (r->id == id) {
@@ -304,7 +310,7 @@ reply_take(struct leased_conn *c, uint64_t id)
 static void
 replies_clear(struct leased_conn *c)
 {
-    while (c->replies) {
+    while (c->replies != NULL) {
         struct lc_reply *r = c->replies;
 
         c->replies = r->next;
@@ -358,7 +364,7 @@ on_reply(struct leased_conn *c, json_t *msg)
         return;
     }
     r = malloc(sizeof *r);
-    if (!r) {
+    if (r == NULL) {
         json_decref(msg);
         return;
     }
@@ -373,7 +379,7 @@ dup_str(json_t *v)
 {
     const char *s = json_string_value(v);
 
-    return s ? strdup(s) : NULL;
+    return s != NULL ? strdup(s) : NULL;
 }
 
 static enum leased_event_type
@@ -391,7 +397,7 @@ event_type(const char *name)
     };
 
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
-        if (!strcmp(name, known[i].name)) {
+        if (strcmp(name, known[i].name) == 0) {
             return known[i].type;
         }
     }
@@ -411,13 +417,13 @@ on_event(struct leased_conn *c, json_t *msg)
     struct lc_event *e = calloc(1, sizeof *e);
     const char *name = json_string_value(json_object_get(msg, "event"));
 
-    if (!e) {
+    if (e == NULL) {
         json_decref(msg);
         return;
     }
-    if (!strcmp(name, "lock_lost")) {
+    if (strcmp(name, "lock_lost") == 0) {
         e->ev.type = LEASED_EV_LOCK_LOST;
-    } else if (!strcmp(name, "shutdown")) {
+    } else if (strcmp(name, "shutdown") == 0) {
         e->ev.type = LEASED_EV_SHUTDOWN;
     } else {
         e->ev.type = event_type(name);
@@ -429,7 +435,7 @@ on_event(struct leased_conn *c, json_t *msg)
     e->ev.lease_left_ms = int_or_none(json_object_get(msg, "lease_left_ms"));
     e->ev.lease_ms = int_or_none(json_object_get(msg, "lease_ms"));
     json_decref(msg);
-    if (c->ev_tail) {
+    if (c->ev_tail != NULL) {
         c->ev_tail->next = e;
     } else {
         c->ev_head = e;
@@ -456,13 +462,13 @@ on_line(struct leased_conn *c, const char *line, size_t len)
         snprintf(why, sizeof why,
                  "the daemon sent a line that is not a "
                  "JSON object (%.100s)",
-                 msg ? "not an object" : jerr.text);
+                 msg != NULL ? "not an object" : jerr.text);
         json_decref(msg);
         conn_break(c, LEASED_E_PROTOCOL, 0, why);
         return;
     }
     if (json_is_string(json_object_get(msg, "event")) &&
-        !json_object_get(msg, "ok")) {
+        json_object_get(msg, "ok") == NULL) {
         on_event(c, msg);
     } else {
         on_reply(c, msg);
@@ -473,12 +479,15 @@ static void
 split_lines(struct leased_conn *c)
 {
     size_t start = 0;
-    char *nl;
 
-    while (!c->broken &&
-           (nl = memchr(c->rbuf + start, '\n', c->rlen - start))) {
-        size_t end = (size_t)(nl - c->rbuf);
+    while (!c->broken) {
+        char *nl = memchr(c->rbuf + start, '\n', c->rlen - start);
+        size_t end;
 
+        if (nl == NULL) {
+            break;
+        }
+        end = (size_t)(nl - c->rbuf);
         on_line(c, c->rbuf + start, end - start);
         start = end + 1;
     }
@@ -494,11 +503,11 @@ deliver_events(struct leased_conn *c)
     if (c->in_callback) {
         return;
     }
-    while (c->cb && c->ev_head) {
+    while (c->cb != NULL && c->ev_head != NULL) {
         struct lc_event *e = c->ev_head;
 
         c->ev_head = e->next;
-        if (!c->ev_head) {
+        if (c->ev_head == NULL) {
             c->ev_tail = NULL;
         }
         c->in_callback = true;
@@ -517,7 +526,7 @@ read_ready(struct leased_conn *c)
     ssize_t n;
 
     if (c->rcap - c->rlen < LC_READ_CHUNK) {
-        size_t ncap = c->rcap ? c->rcap * 2 : 2 * LC_READ_CHUNK;
+        size_t ncap = c->rcap != 0 ? c->rcap * 2 : 2 * LC_READ_CHUNK;
         char *nb;
 
         if (ncap > LC_MAX_LINE + LC_READ_CHUNK) {
@@ -526,7 +535,7 @@ read_ready(struct leased_conn *c)
             return -1;
         }
         nb = realloc(c->rbuf, ncap);
-        if (!nb) {
+        if (nb == NULL) {
             conn_break(c, LEASED_E_NOMEM, ENOMEM, "out of memory");
             return -1;
         }
@@ -607,6 +616,57 @@ conn_read(struct leased_conn *c, long long deadline)
     }
 }
 
+/* Wait until DEADLINE for room to write, reading what the daemon sends
+ * meanwhile. *WRITABLE says whether a send may go now (false after a
+ * signal or when only bytes to read came). */
+static int
+send_poll(struct leased_conn *c, long long deadline, bool *writable,
+          struct leased_error *err)
+{
+    struct pollfd pfd;
+    int pr;
+
+    *writable = false;
+    if (c->broken) {
+        return broken_err(c, err);
+    }
+    pfd.fd = c->fd;
+    pfd.events = POLLIN | POLLOUT;
+    pfd.revents = 0;
+    pr = poll(&pfd, 1, ms_left(deadline));
+    if (pr < 0) {
+        if (errno == EINTR) {
+            return LEASED_OK;
+        }
+        conn_break(c, LEASED_E_IO, errno, "poll failed");
+        return broken_err(c, err);
+    }
+    if (pr == 0) {
+        return set_err(err, LEASED_E_TIMEOUT, 0,
+                       "timed out sending a request");
+    }
+    if ((pfd.revents & POLLIN) && read_ready(c) < 0) {
+        return broken_err(c, err);
+    }
+    *writable = (pfd.revents & (POLLOUT | POLLERR | POLLHUP)) != 0;
+    return LEASED_OK;
+}
+
+/* A send failed with errno E: the connection is over. */
+static int
+send_failed(struct leased_conn *c, int e, struct leased_error *err)
+{
+    char why[200];
+
+    /* A daemon that refused the connection wrote one busy line before
+     * closing; read it so the caller learns why. */
+    while (read_ready(c) > 0) {
+    }
+    snprintf(why, sizeof why, "write to the daemon: %s", strerror(e));
+    conn_break(c, LEASED_E_IO, e, why);
+    return broken_err(c, err);
+}
+
 /* Send all of BUF before DEADLINE, reading meanwhile so that a daemon
  * that waits for us to drain its replies cannot deadlock a large send. */
 static int
@@ -616,51 +676,24 @@ send_all(struct leased_conn *c, const char *buf, size_t len,
     size_t off = 0;
 
     while (off < len) {
-        struct pollfd pfd;
+        bool writable;
         ssize_t n;
-        int pr;
+        int rc = send_poll(c, deadline, &writable, err);
 
-        if (c->broken) {
-            return broken_err(c, err);
+        if (rc != LEASED_OK) {
+            return rc;
         }
-        pfd.fd = c->fd;
-        pfd.events = POLLIN | POLLOUT;
-        pfd.revents = 0;
-        pr = poll(&pfd, 1, ms_left(deadline));
-        if (pr < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            conn_break(c, LEASED_E_IO, errno, "poll failed");
-            return broken_err(c, err);
-        }
-        if (pr == 0) {
-            return set_err(err, LEASED_E_TIMEOUT, 0,
-                           "timed out sending a request");
-        }
-        if (pfd.revents & POLLIN) {
-            if (read_ready(c) < 0) {
-                return broken_err(c, err);
-            }
-        }
-        if (!(pfd.revents & (POLLOUT | POLLERR | POLLHUP))) {
+        if (!writable) {
             continue;
         }
         n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             int e = errno;
-            char why[200];
 
             if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR) {
                 continue;
             }
-            /* A daemon that refused the connection wrote one busy line
-             * before closing; read it so the caller learns why. */
-            while (read_ready(c) > 0) {
-            }
-            snprintf(why, sizeof why, "write to the daemon: %s", strerror(e));
-            conn_break(c, LEASED_E_IO, e, why);
-            return broken_err(c, err);
+            return send_failed(c, e, err);
         }
         off += (size_t)n;
     }
@@ -669,14 +702,49 @@ send_all(struct leased_conn *c, const char *buf, size_t len,
 
 /* --- requests ----------------------------------------------------------- */
 
+/* REQ with ID added, as one line: *TEXT (malloc'd) of *LEN bytes, the
+ * newline included. */
+static int
+encode_req(json_t *req, uint64_t id, char **text, size_t *len,
+           struct leased_error *err)
+{
+    json_t *msg = json_copy(req);
+    char *s, *t;
+    size_t n;
+
+    if (msg == NULL) {
+        return nomem(err);
+    }
+    if (json_object_set_new(msg, "id", json_integer((json_int_t)id)) < 0) {
+        json_decref(msg);
+        return nomem(err);
+    }
+    s = json_dumps(msg, JSON_COMPACT);
+    json_decref(msg);
+    if (s == NULL) {
+        return set_err(err, LEASED_E_INVALID, 0,
+                       "the request cannot be encoded as JSON");
+    }
+    n = strlen(s);
+    t = realloc(s, n + 2);
+    if (t == NULL) {
+        free(s);
+        return nomem(err);
+    }
+    t[n++] = '\n';
+    t[n] = '\0';
+    *text = t;
+    *len = n;
+    return LEASED_OK;
+}
+
 /* Copy REQ, give it a fresh id, send it. The id counts as in flight. */
 static int
 send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
          long long deadline, struct leased_error *err)
 {
-    json_t *msg;
-    char *text;
-    size_t n;
+    char *text = NULL;
+    size_t n = 0;
     uint64_t id;
     int rc;
 
@@ -687,33 +755,11 @@ send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
     if (c->broken) {
         return broken_err(c, err);
     }
-    msg = json_copy(req);
-    if (!msg) {
-        return nomem(err);
-    }
     id = ++c->next_id;
-    if (json_object_set_new(msg, "id", json_integer((json_int_t)id)) < 0) {
-        json_decref(msg);
-        return nomem(err);
+    rc = encode_req(req, id, &text, &n, err);
+    if (rc != LEASED_OK) {
+        return rc;
     }
-    text = json_dumps(msg, JSON_COMPACT);
-    json_decref(msg);
-    if (!text) {
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "the request cannot be encoded as JSON");
-    }
-    n = strlen(text);
-    {
-        char *t = realloc(text, n + 2);
-
-        if (!t) {
-            free(text);
-            return nomem(err);
-        }
-        text = t;
-    }
-    text[n++] = '\n';
-    text[n] = '\0';
     if (inflight_add(c, id) < 0) {
         free(text);
         return nomem(err);
@@ -759,7 +805,7 @@ reply_status(json_t *reply, struct leased_error *err)
             json_is_string(msg) ? json_string_value(msg)
                                 : json_string_value(code));
     reason = json_object_get(e, "reason");
-    if (err && json_is_string(reason)) {
+    if (err != NULL && json_is_string(reason)) {
         snprintf(err->reason, sizeof err->reason, "%s",
                  json_string_value(reason));
     }
@@ -776,7 +822,7 @@ wait_reply(struct leased_conn *c, uint64_t id, long long deadline, bool keep,
         json_t *msg = reply_take(c, id);
         int rc;
 
-        if (msg) {
+        if (msg != NULL) {
             inflight_remove(c, id);
             json_object_del(msg, "id");
             *reply = msg;
@@ -809,7 +855,7 @@ call(struct leased_conn *c, json_t *req, long long wait_ms, json_t **reply,
 
     *reply = NULL;
     clear_err(err);
-    if (!c) {
+    if (c == NULL) {
         return set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
     rc = send_req(c, req, &id, deadline, err);
@@ -832,7 +878,7 @@ call_new(struct leased_conn *c, json_t *req, long long wait_ms, json_t **reply,
     int rc;
 
     *reply = NULL;
-    if (!req) {
+    if (req == NULL) {
         clear_err(err);
         return set_err(err, LEASED_E_INVALID, 0,
                        "a string argument is not valid UTF-8 "
@@ -850,7 +896,7 @@ leased_call_json(struct leased_conn *c, json_t *req, long long wait_ms,
     json_t *r = NULL;
     int rc = call(c, req, wait_ms, &r, err);
 
-    if (reply) {
+    if (reply != NULL) {
         *reply = r;
     } else {
         json_decref(r);
@@ -866,11 +912,11 @@ leased_call_raw(struct leased_conn *c, const char *request, long long wait_ms,
     json_t *req, *r = NULL;
     int rc;
 
-    if (reply) {
+    if (reply != NULL) {
         *reply = NULL;
     }
     clear_err(err);
-    if (!request) {
+    if (request == NULL) {
         return set_err(err, LEASED_E_INVALID, 0, "no request");
     }
     req = json_loads(request, JSON_DECODE_ANY, &jerr);
@@ -878,13 +924,13 @@ leased_call_raw(struct leased_conn *c, const char *request, long long wait_ms,
         json_decref(req);
         return set_err(err, LEASED_E_INVALID, 0,
                        "the request is not a JSON object: %s",
-                       req ? "other JSON value" : jerr.text);
+                       req != NULL ? "other JSON value" : jerr.text);
     }
     rc = call(c, req, wait_ms, &r, err);
     json_decref(req);
-    if (r && reply) {
+    if (r != NULL && reply != NULL) {
         *reply = json_dumps(r, JSON_COMPACT);
-        if (!*reply) {
+        if (*reply == NULL) {
             json_decref(r);
             return nomem(err);
         }
@@ -900,11 +946,11 @@ leased_send(struct leased_conn *c, json_t *req, uint64_t *id,
     uint64_t tmp;
 
     clear_err(err);
-    if (!c) {
+    if (c == NULL) {
         return set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
-    return send_req(c, req, id ? id : &tmp, deadline_after(c->timeout_ms),
-                    err);
+    return send_req(c, req, id != NULL ? id : &tmp,
+                    deadline_after(c->timeout_ms), err);
 }
 
 int
@@ -915,10 +961,10 @@ leased_wait_reply(struct leased_conn *c, uint64_t id, int timeout_ms,
     int rc;
 
     clear_err(err);
-    if (reply) {
+    if (reply != NULL) {
         *reply = NULL;
     }
-    if (!c || !inflight_has(c, id)) {
+    if (c == NULL || !inflight_has(c, id)) {
         return set_err(err, LEASED_E_INVALID, 0,
                        "no request with id %llu in flight",
                        (unsigned long long)id);
@@ -928,7 +974,7 @@ leased_wait_reply(struct leased_conn *c, uint64_t id, int timeout_ms,
         return rc;
     }
     rc = reply_status(r, err);
-    if (reply) {
+    if (reply != NULL) {
         *reply = r;
     } else {
         json_decref(r);
@@ -953,7 +999,7 @@ split_hostport(const char *target, char *host, size_t hostlen, char *port,
     const char *h = target;
     size_t hl;
 
-    if (strchr(target, '/') || !colon || !colon[1] ||
+    if (strchr(target, '/') != NULL || colon == NULL || colon[1] == '\0' ||
         strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
         strlen(colon + 1) >= portlen) {
         return false;
@@ -1043,7 +1089,7 @@ open_unix(const char *path, long long deadline, int *fd_out,
     sa.sun_family = AF_UNIX;
     memcpy(sa.sun_path, path, strlen(path) + 1);
     e = connect_wait(fd, (struct sockaddr *)&sa, sizeof sa, deadline);
-    if (e) {
+    if (e != 0) {
         close(fd);
         return set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s; %s", path,
                        strerror(e), connect_hint(e, false));
@@ -1067,7 +1113,7 @@ open_tcp(const char *target, const char *host, const char *port,
         return set_err(err, LEASED_E_CONNECT, 0, "resolve %s: %s", target,
                        gai_strerror(gai));
     }
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
         int one = 1;
         int fd = socket(ai->ai_family,
                         ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
@@ -1095,7 +1141,8 @@ static int
 conn_open(struct leased_conn *c, struct leased_error *err)
 {
     char host[256], port[16];
-    int cto = c->connect_timeout_ms ? c->connect_timeout_ms : c->timeout_ms;
+    int cto = c->connect_timeout_ms != 0 ? c->connect_timeout_ms
+                                         : c->timeout_ms;
     long long deadline = deadline_after(cto);
     int fd = -1, rc;
 
@@ -1111,7 +1158,7 @@ conn_open(struct leased_conn *c, struct leased_error *err)
     c->broken = false;
     c->rlen = 0;
     c->session[0] = '\0';
-    if (c->hello || c->client || c->auth) {
+    if (c->hello || c->client != NULL || c->auth != NULL) {
         rc = leased_hello(c, c->client, c->auth, NULL, err);
         if (rc != LEASED_OK) {
             conn_break(c, LEASED_E_IO, 0, "hello failed");
@@ -1128,7 +1175,7 @@ conn_free(struct leased_conn *c)
         close(c->fd);
     }
     replies_clear(c);
-    while (c->ev_head) {
+    while (c->ev_head != NULL) {
         struct lc_event *e = c->ev_head;
 
         c->ev_head = e->next;
@@ -1150,31 +1197,32 @@ leased_connect(const char *target, const struct leased_options *opt,
     struct leased_conn *c;
 
     clear_err(err);
-    if (!target || !*target) {
+    if (target == NULL || *target == '\0') {
         target = getenv("LEASED_SOCKET");
-        if (!target || !*target) {
+        if (target == NULL || *target == '\0') {
             target = LEASED_DEFAULT_SOCKET;
         }
     }
     c = calloc(1, sizeof *c);
-    if (!c) {
+    if (c == NULL) {
         nomem(err);
         return NULL;
     }
     c->fd = -1;
     c->target = strdup(target);
     c->timeout_ms = LEASED_DEFAULT_TIMEOUT_MS;
-    if (opt) {
-        if (opt->timeout_ms) {
+    if (opt != NULL) {
+        if (opt->timeout_ms != 0) {
             c->timeout_ms = opt->timeout_ms;
         }
         c->connect_timeout_ms = opt->connect_timeout_ms;
         c->hello = opt->hello;
-        c->client = opt->client ? strdup(opt->client) : NULL;
-        c->auth = opt->auth ? strdup(opt->auth) : NULL;
+        c->client = opt->client != NULL ? strdup(opt->client) : NULL;
+        c->auth = opt->auth != NULL ? strdup(opt->auth) : NULL;
     }
-    if (!c->target || (opt && opt->client && !c->client) ||
-        (opt && opt->auth && !c->auth)) {
+    if (c->target == NULL ||
+        (opt != NULL && opt->client != NULL && c->client == NULL) ||
+        (opt != NULL && opt->auth != NULL && c->auth == NULL)) {
         conn_free(c);
         nomem(err);
         return NULL;
@@ -1189,7 +1237,7 @@ leased_connect(const char *target, const struct leased_options *opt,
 void
 leased_close(struct leased_conn *c)
 {
-    if (c) {
+    if (c != NULL) {
         conn_free(c);
     }
 }
@@ -1198,7 +1246,7 @@ int
 leased_reconnect(struct leased_conn *c, struct leased_error *err)
 {
     clear_err(err);
-    if (!c) {
+    if (c == NULL) {
         return set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
     if (c->fd >= 0) {
@@ -1210,10 +1258,10 @@ leased_reconnect(struct leased_conn *c, struct leased_error *err)
     c->broken = false;
     if (conn_open(c, err) != LEASED_OK) {
         if (!c->broken) {
-            conn_break(c, err ? err->code : LEASED_E_CONNECT,
-                       err ? err->sys_errno : 0, "reconnect failed");
+            conn_break(c, err != NULL ? err->code : LEASED_E_CONNECT,
+                       err != NULL ? err->sys_errno : 0, "reconnect failed");
         }
-        return err ? err->code : LEASED_E_CONNECT;
+        return err != NULL ? err->code : LEASED_E_CONNECT;
     }
     return LEASED_OK;
 }
@@ -1221,20 +1269,21 @@ leased_reconnect(struct leased_conn *c, struct leased_error *err)
 int
 leased_fd(const struct leased_conn *c)
 {
-    return c && !c->broken ? c->fd : -1;
+    return c != NULL && !c->broken ? c->fd : -1;
 }
 
 const char *
 leased_session(const struct leased_conn *c)
 {
-    return c && c->session[0] ? c->session : NULL;
+    return c != NULL && c->session[0] != '\0' ? c->session : NULL;
 }
 
 void
 leased_set_timeout(struct leased_conn *c, int timeout_ms)
 {
-    if (c) {
-        c->timeout_ms = timeout_ms ? timeout_ms : LEASED_DEFAULT_TIMEOUT_MS;
+    if (c != NULL) {
+        c->timeout_ms = timeout_ms != 0 ? timeout_ms
+                                        : LEASED_DEFAULT_TIMEOUT_MS;
     }
 }
 
@@ -1249,7 +1298,7 @@ leased_free(void *p)
 void
 leased_event_clear(struct leased_event *ev)
 {
-    if (!ev) {
+    if (ev == NULL) {
         return;
     }
     free(ev->name);
@@ -1263,7 +1312,7 @@ void
 leased_set_event_callback(struct leased_conn *c, leased_event_fn *fn,
                           void *arg)
 {
-    if (!c) {
+    if (c == NULL) {
         return;
     }
     c->cb = fn;
@@ -1278,16 +1327,16 @@ leased_next_event(struct leased_conn *c, int timeout_ms,
     long long deadline = deadline_after(timeout_ms);
 
     clear_err(err);
-    if (!c || !ev) {
+    if (c == NULL || ev == NULL) {
         return set_err(err, LEASED_E_INVALID, 0, "no connection or event");
     }
     memset(ev, 0, sizeof *ev);
     for (;;) {
-        if (c->ev_head) {
+        if (c->ev_head != NULL) {
             struct lc_event *e = c->ev_head;
 
             c->ev_head = e->next;
-            if (!c->ev_head) {
+            if (c->ev_head == NULL) {
                 c->ev_tail = NULL;
             }
             *ev = e->ev;
@@ -1298,7 +1347,7 @@ leased_next_event(struct leased_conn *c, int timeout_ms,
             return broken_err(c, err);
         }
         if (conn_read(c, deadline) == 0) {
-            if (c->ev_head) {
+            if (c->ev_head != NULL) {
                 continue;
             }
             return set_err(err, LEASED_E_TIMEOUT, 0, "no event in time");
@@ -1313,7 +1362,7 @@ leased_dispatch(struct leased_conn *c, int timeout_ms,
     int rc;
 
     clear_err(err);
-    if (!c) {
+    if (c == NULL) {
         return set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
     if (c->broken) {
@@ -1364,11 +1413,11 @@ add_str(json_t *req, const char *name, const char *s)
 {
     json_t *v;
 
-    if (!req || !s) {
+    if (req == NULL || s == NULL) {
         return 0;
     }
     v = json_string(s);
-    if (!v) {
+    if (v == NULL) {
         return -1;
     }
     return json_object_set_new(req, name, v);
@@ -1378,9 +1427,9 @@ add_str(json_t *req, const char *name, const char *s)
 static json_t *
 key_req(const char *op, const char *key)
 {
-    json_t *req = json_object(), *k = key ? json_string(key) : NULL;
+    json_t *req = json_object(), *k = key != NULL ? json_string(key) : NULL;
 
-    if (!req || !k) {
+    if (req == NULL || k == NULL) {
         json_decref(req);
         json_decref(k);
         return NULL;
@@ -1417,13 +1466,15 @@ leased_hello(struct leased_conn *c, const char *client, const char *auth,
     rc = call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
         s = json_string_value(json_object_get(reply, "session"));
-        snprintf(c->session, sizeof c->session, "%s", s ? s : "");
-        if (info) {
+        snprintf(c->session, sizeof c->session, "%s", s != NULL ? s : "");
+        if (info != NULL) {
             memset(info, 0, sizeof *info);
             s = json_string_value(json_object_get(reply, "server"));
-            snprintf(info->server, sizeof info->server, "%s", s ? s : "");
+            snprintf(info->server, sizeof info->server, "%s",
+                     s != NULL ? s : "");
             s = json_string_value(json_object_get(reply, "version"));
-            snprintf(info->version, sizeof info->version, "%s", s ? s : "");
+            snprintf(info->version, sizeof info->version, "%s",
+                     s != NULL ? s : "");
             info->protocol = (int)int_or(reply, "protocol", 0);
             snprintf(info->session, sizeof info->session, "%s", c->session);
         }
@@ -1438,14 +1489,14 @@ leased_stats(struct leased_conn *c, json_t **stats, struct leased_error *err)
     json_t *reply, *st;
     int rc = call_new(c, json_pack("{s:s}", "op", "stats"), 0, &reply, err);
 
-    if (stats) {
+    if (stats != NULL) {
         *stats = NULL;
     }
     if (rc == LEASED_OK) {
         st = json_object_get(reply, "stats");
         if (!json_is_object(st)) {
             rc = missing(err, "stats", "stats");
-        } else if (stats) {
+        } else if (stats != NULL) {
             *stats = json_incref(st);
         }
     }
@@ -1460,12 +1511,12 @@ leased_stats_text(struct leased_conn *c, char **json_text,
     json_t *st = NULL;
     int rc = leased_stats(c, &st, err);
 
-    if (json_text) {
+    if (json_text != NULL) {
         *json_text = NULL;
     }
-    if (rc == LEASED_OK && json_text) {
+    if (rc == LEASED_OK && json_text != NULL) {
         *json_text = json_dumps(st, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        if (!*json_text) {
+        if (*json_text == NULL) {
             rc = nomem(err);
         }
     }
@@ -1473,7 +1524,49 @@ leased_stats_text(struct leased_conn *c, char **json_text,
     return rc;
 }
 
-/* --- locks -------------------------------------------------------------- */
+/* --- locks and semaphores ----------------------------------------------- */
+
+/* The lease fields a lock and a semaphore request share; 0 and false are
+ * left out, so the daemon's defaults apply. */
+static void
+add_lease_args(json_t *req, long long ttl_ms, long long wait_ms, bool detach)
+{
+    if (req == NULL) {
+        return;
+    }
+    if (ttl_ms != 0) {
+        json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
+    }
+    if (wait_ms != 0) {
+        json_object_set_new(req, "wait_ms", json_integer(wait_ms));
+    }
+    if (detach) {
+        json_object_set_new(req, "detach", json_true());
+    }
+}
+
+/* Whether an answer to OP acquired the lease (*ACQUIRED) and, when it
+ * did, its token into TOKEN (SIZE bytes); an answer without either is a
+ * protocol error. */
+static int
+reply_acquired(json_t *reply, const char *op, bool *acquired, char *token,
+               size_t size, struct leased_error *err)
+{
+    const char *tok;
+
+    if (!bool_field(reply, "acquired", acquired)) {
+        return missing(err, op, "acquired");
+    }
+    if (!*acquired) {
+        return LEASED_OK;
+    }
+    tok = json_string_value(json_object_get(reply, "token"));
+    if (tok == NULL || *tok == '\0' || strlen(tok) >= size) {
+        return missing(err, op, "token");
+    }
+    snprintf(token, size, "%s", tok);
+    return LEASED_OK;
+}
 
 /* {"op":OP,"keys":[KEYS...]}: lock, unlock or extend of a group. */
 static json_t *
@@ -1481,13 +1574,14 @@ keys_req(const char *op, const char *const *keys, size_t n)
 {
     json_t *req = json_object(), *arr = json_array();
 
-    if (!req || !arr || json_object_set_new(req, "keys", arr) < 0) {
+    if (req == NULL || arr == NULL ||
+        json_object_set_new(req, "keys", arr) < 0) {
         json_decref(req);
         return NULL;
     }
     for (size_t i = 0; i < n; i++) {
-        json_t *k = keys[i] ? json_string(keys[i]) : NULL;
-        if (!k || json_array_append_new(arr, k) < 0) {
+        json_t *k = keys[i] != NULL ? json_string(keys[i]) : NULL;
+        if (k == NULL || json_array_append_new(arr, k) < 0) {
             json_decref(req);
             return NULL;
         }
@@ -1534,11 +1628,55 @@ group_fences(json_t *reply, const char *const *keys, size_t n,
         if (!json_is_integer(v)) {
             return false;
         }
-        if (fences) {
+        if (fences != NULL) {
             fences[i] = (long long)json_integer_value(v);
         }
     }
     return true;
+}
+
+/* REQ (stolen) with the fields of ARGS; NULL when a string is not valid. */
+static json_t *
+lock_args_req(json_t *req, const struct leased_lock_args *args)
+{
+    if (add_str(req, "owner", args->owner) < 0 ||
+        add_str(req, "token", args->token) < 0 ||
+        add_str(req, "mode", args->mode) < 0) {
+        json_decref(req);
+        return NULL;
+    }
+    add_lease_args(req, args->ttl_ms, args->wait_ms, args->detach);
+    return req;
+}
+
+/* An ok answer to lock into RES: the lease taken, or how long the holder
+ * keeps it. KEYS (N, FENCES) as for lock_req. */
+static int
+lock_reply(json_t *reply, struct leased_lock_result *res,
+           const char *const *keys, size_t n, long long *fences,
+           struct leased_error *err)
+{
+    int rc = reply_acquired(reply, "lock", &res->acquired, res->token,
+                            sizeof res->token, err);
+
+    if (rc != LEASED_OK) {
+        return rc;
+    }
+    if (!res->acquired) {
+        res->ttl_ms = int_or(reply, "ttl_ms", -1);
+        return LEASED_OK;
+    }
+    res->count = int_or(reply, "count", -1);
+    res->fence = int_or(reply, "fence", -1);
+    res->lease_ms = int_or(reply, "lease_ms", -1);
+    if (keys == NULL) {
+        return LEASED_OK;
+    }
+    if (!group_fences(reply, keys, n, fences)) {
+        return missing(err, "lock", "fences");
+    }
+    res->count = 1;
+    return LEASED_OK;
 }
 
 /* lock with REQ (stolen) naming one key, or the N KEYS of a group. */
@@ -1551,54 +1689,19 @@ lock_req(struct leased_conn *c, json_t *req,
     struct leased_lock_args none = {0};
     json_t *reply;
     struct leased_lock_result res;
-    const char *tok;
     int rc;
 
-    if (!args) {
+    if (args == NULL) {
         args = &none;
     }
     memset(&res, 0, sizeof res);
     res.ttl_ms = -1;
-    if (add_str(req, "owner", args->owner) < 0 ||
-        add_str(req, "token", args->token) < 0 ||
-        add_str(req, "mode", args->mode) < 0) {
-        json_decref(req);
-        req = NULL;
-    }
-    if (req && args->ttl_ms) {
-        json_object_set_new(req, "ttl_ms", json_integer(args->ttl_ms));
-    }
-    if (req && args->wait_ms) {
-        json_object_set_new(req, "wait_ms", json_integer(args->wait_ms));
-    }
-    if (req && args->detach) {
-        json_object_set_new(req, "detach", json_true());
-    }
-    rc = call_new(c, req, args->wait_ms, &reply, err);
+    rc = call_new(c, lock_args_req(req, args), args->wait_ms, &reply, err);
     if (rc == LEASED_OK) {
-        if (!bool_field(reply, "acquired", &res.acquired)) {
-            rc = missing(err, "lock", "acquired");
-        } else if (res.acquired) {
-            tok = json_string_value(json_object_get(reply, "token"));
-            if (!tok || !*tok || strlen(tok) >= sizeof res.token) {
-                rc = missing(err, "lock", "token");
-            } else {
-                snprintf(res.token, sizeof res.token, "%s", tok);
-                res.count = int_or(reply, "count", -1);
-                res.fence = int_or(reply, "fence", -1);
-                res.lease_ms = int_or(reply, "lease_ms", -1);
-                if (keys && !group_fences(reply, keys, n, fences)) {
-                    rc = missing(err, "lock", "fences");
-                } else if (keys) {
-                    res.count = 1;
-                }
-            }
-        } else {
-            res.ttl_ms = int_or(reply, "ttl_ms", -1);
-        }
+        rc = lock_reply(reply, &res, keys, n, fences, err);
     }
     json_decref(reply);
-    if (out) {
+    if (out != NULL) {
         *out = res;
     }
     return rc;
@@ -1683,7 +1786,7 @@ unlock_req(struct leased_conn *c, json_t *req,
         res.count = int_or(reply, "count", -1);
     }
     json_decref(reply);
-    if (out) {
+    if (out != NULL) {
         *out = res;
     }
     return rc;
@@ -1726,11 +1829,11 @@ extend_req(struct leased_conn *c, json_t *req, long long ttl_ms,
     json_t *reply;
     int rc;
 
-    if (req) {
+    if (req != NULL) {
         json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
     }
     rc = call_new(c, req, 0, &reply, err);
-    if (lease_ms) {
+    if (lease_ms != NULL) {
         *lease_ms = rc == LEASED_OK ? int_or(reply, "lease_ms", -1) : -1;
     }
     json_decref(reply);
@@ -1763,18 +1866,36 @@ leased_lock_info_mode(struct leased_conn *c, const char *key, const char *mode,
         bool_field(reply, "mine", &res.mine);
         res.count = int_or(reply, "count", -1);
         const char *m = json_string_value(json_object_get(reply, "mode"));
-        if (m && strlen(m) < sizeof(res.mode)) {
+        if (m != NULL && strlen(m) < sizeof(res.mode)) {
             strcpy(res.mode, m);
         }
     }
     json_decref(reply);
-    if (out) {
+    if (out != NULL) {
         *out = res;
     }
     return rc;
 }
 
 /* --- semaphores --------------------------------------------------------- */
+
+/* An ok answer to sem.acquire into RES. */
+static int
+sem_reply(json_t *reply, struct leased_sem_result *res,
+          struct leased_error *err)
+{
+    int rc;
+
+    res->available = int_or(reply, "available", -1);
+    rc = reply_acquired(reply, "sem.acquire", &res->acquired, res->token,
+                        sizeof res->token, err);
+    if (rc != LEASED_OK || !res->acquired) {
+        return rc;
+    }
+    res->permits = int_or(reply, "permits", -1);
+    res->lease_ms = int_or(reply, "lease_ms", -1);
+    return LEASED_OK;
+}
 
 int
 leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
@@ -1784,46 +1905,25 @@ leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
     struct leased_sem_args none = {0};
     json_t *req = key_req("sem.acquire", key), *reply;
     struct leased_sem_result res;
-    const char *tok;
     int rc;
 
-    if (!args) {
+    if (args == NULL) {
         args = &none;
     }
     memset(&res, 0, sizeof res);
-    if (req) {
+    if (req != NULL) {
         json_object_set_new(req, "limit", json_integer(limit));
     }
-    if (req && args->permits) {
+    if (req != NULL && args->permits != 0) {
         json_object_set_new(req, "permits", json_integer(args->permits));
     }
-    if (req && args->ttl_ms) {
-        json_object_set_new(req, "ttl_ms", json_integer(args->ttl_ms));
-    }
-    if (req && args->wait_ms) {
-        json_object_set_new(req, "wait_ms", json_integer(args->wait_ms));
-    }
-    if (req && args->detach) {
-        json_object_set_new(req, "detach", json_true());
-    }
+    add_lease_args(req, args->ttl_ms, args->wait_ms, args->detach);
     rc = call_new(c, req, args->wait_ms, &reply, err);
     if (rc == LEASED_OK) {
-        res.available = int_or(reply, "available", -1);
-        if (!bool_field(reply, "acquired", &res.acquired)) {
-            rc = missing(err, "sem.acquire", "acquired");
-        } else if (res.acquired) {
-            tok = json_string_value(json_object_get(reply, "token"));
-            if (!tok || !*tok || strlen(tok) >= sizeof res.token) {
-                rc = missing(err, "sem.acquire", "token");
-            } else {
-                snprintf(res.token, sizeof res.token, "%s", tok);
-                res.permits = int_or(reply, "permits", -1);
-                res.lease_ms = int_or(reply, "lease_ms", -1);
-            }
-        }
+        rc = sem_reply(reply, &res, err);
     }
     json_decref(reply);
-    if (out) {
+    if (out != NULL) {
         *out = res;
     }
     return rc;
@@ -1845,7 +1945,7 @@ leased_sem_release(struct leased_conn *c, const char *key, const char *token,
         !json_is_integer(json_object_get(reply, "released"))) {
         rc = missing(err, "sem.release", "released");
     }
-    if (released) {
+    if (released != NULL) {
         *released = rc == LEASED_OK ? int_or(reply, "released", 0) : 0;
     }
     json_decref(reply);
@@ -1860,7 +1960,7 @@ leased_sem_info(struct leased_conn *c, const char *key, long long limit,
     struct leased_sem_info res = {-1, -1};
     int rc;
 
-    if (req) {
+    if (req != NULL) {
         json_object_set_new(req, "limit", json_integer(limit));
     }
     rc = call_new(c, req, 0, &reply, err);
@@ -1872,7 +1972,7 @@ leased_sem_info(struct leased_conn *c, const char *key, long long limit,
         }
     }
     json_decref(reply);
-    if (out) {
+    if (out != NULL) {
         *out = res;
     }
     return rc;
@@ -1893,7 +1993,7 @@ leased_cancel(struct leased_conn *c, uint64_t id, bool *cancelled,
     if (rc == LEASED_OK && !bool_field(reply, "cancelled", &done)) {
         rc = missing(err, "cancel", "cancelled");
     }
-    if (cancelled) {
+    if (cancelled != NULL) {
         *cancelled = done;
     }
     json_decref(reply);
@@ -1905,7 +2005,7 @@ leased_cancel(struct leased_conn *c, uint64_t id, bool *cancelled,
 void
 leased_cache_result_free(struct leased_cache_result *r)
 {
-    if (r) {
+    if (r != NULL) {
         free(r->error_message);
         free(r->value);
         free(r->lease);
@@ -1927,7 +2027,7 @@ parse_get(json_t *obj, struct leased_cache_result *out,
 
         out->error = reply_status(obj, &kerr);
         out->error_message = strdup(kerr.message);
-        return out->error_message ? LEASED_OK : nomem(err);
+        return out->error_message != NULL ? LEASED_OK : nomem(err);
     }
     if (!json_is_object(obj) || !bool_field(obj, "hit", &out->hit)) {
         return missing(err, "cache.get", "hit");
@@ -1943,7 +2043,7 @@ parse_get(json_t *obj, struct leased_cache_result *out,
         }
         out->value_len = json_string_length(v);
         out->value = malloc(out->value_len + 1);
-        if (!out->value) {
+        if (out->value == NULL) {
             return nomem(err);
         }
         memcpy(out->value, json_string_value(v), out->value_len + 1);
@@ -1952,7 +2052,7 @@ parse_get(json_t *obj, struct leased_cache_result *out,
     v = json_object_get(obj, "lease");
     if (json_is_string(v)) {
         out->lease = strdup(json_string_value(v));
-        if (!out->lease) {
+        if (out->lease == NULL) {
             return nomem(err);
         }
     }
@@ -1962,7 +2062,7 @@ parse_get(json_t *obj, struct leased_cache_result *out,
 static void
 add_wait_lease(json_t *req, long long wait_ms, bool lease)
 {
-    if (!req) {
+    if (req == NULL) {
         return;
     }
     if (wait_ms != LEASED_UNSET) {
@@ -1996,7 +2096,7 @@ leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
     struct leased_cache_result tmp;
     int rc;
 
-    if (!out) {
+    if (out == NULL) {
         out = &tmp;
     }
     memset(out, 0, sizeof *out);
@@ -2016,7 +2116,7 @@ leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
 static json_t *
 value_json(const char *value, size_t value_len)
 {
-    if (!value) {
+    if (value == NULL) {
         return json_null();
     }
     if (value_len == (size_t)-1) {
@@ -2033,17 +2133,18 @@ leased_cache_fill(struct leased_conn *c, const char *key, const char *lease,
     json_t *req = key_req("cache.fill", key), *reply, *v;
     int rc;
 
-    if (stored) {
+    if (stored != NULL) {
         *stored = false;
     }
     v = value_json(value, value_len);
-    if (!req || !v || !lease || add_str(req, "lease", lease) < 0) {
+    if (req == NULL || v == NULL || lease == NULL ||
+        add_str(req, "lease", lease) < 0) {
         json_decref(req);
         json_decref(v);
         req = NULL;
     } else {
         json_object_set_new(req, "value", v);
-        if (ttl_ms) {
+        if (ttl_ms != 0) {
             json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
         }
     }
@@ -2053,7 +2154,7 @@ leased_cache_fill(struct leased_conn *c, const char *key, const char *lease,
 
         if (!bool_field(reply, "stored", &s)) {
             rc = missing(err, "cache.fill", "stored");
-        } else if (stored) {
+        } else if (stored != NULL) {
             *stored = s;
         }
     }
@@ -2068,10 +2169,10 @@ leased_cache_release(struct leased_conn *c, const char *key, const char *lease,
     json_t *req = key_req("cache.release", key), *reply;
     int rc;
 
-    if (released) {
+    if (released != NULL) {
         *released = false;
     }
-    if (!lease || add_str(req, "lease", lease) < 0) {
+    if (lease == NULL || add_str(req, "lease", lease) < 0) {
         json_decref(req);
         req = NULL;
     }
@@ -2081,7 +2182,7 @@ leased_cache_release(struct leased_conn *c, const char *key, const char *lease,
 
         if (!bool_field(reply, "released", &r)) {
             rc = missing(err, "cache.release", "released");
-        } else if (released) {
+        } else if (released != NULL) {
             *released = r;
         }
     }
@@ -2097,13 +2198,13 @@ leased_cache_set(struct leased_conn *c, const char *key, const char *value,
     json_t *v = value_json(value, value_len);
     int rc;
 
-    if (!req || !v) {
+    if (req == NULL || v == NULL) {
         json_decref(req);
         json_decref(v);
         req = NULL;
     } else {
         json_object_set_new(req, "value", v);
-        if (ttl_ms) {
+        if (ttl_ms != 0) {
             json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
         }
     }
@@ -2118,10 +2219,10 @@ keys_array(const char *const *keys, size_t nkeys)
 {
     json_t *arr = json_array();
 
-    for (size_t i = 0; arr && i < nkeys; i++) {
-        json_t *k = keys[i] ? json_string(keys[i]) : NULL;
+    for (size_t i = 0; arr != NULL && i < nkeys; i++) {
+        json_t *k = keys[i] != NULL ? json_string(keys[i]) : NULL;
 
-        if (!k || json_array_append_new(arr, k) < 0) {
+        if (k == NULL || json_array_append_new(arr, k) < 0) {
             json_decref(arr);
             return NULL;
         }
@@ -2139,7 +2240,7 @@ leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
     json_t *req, *reply;
     int rc;
 
-    if (!keys || nkeys == 0) {
+    if (keys == NULL || nkeys == 0) {
         clear_err(err);
         return set_err(err, LEASED_E_INVALID, 0, "no keys to invalidate");
     }
@@ -2148,11 +2249,11 @@ leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
     } else {
         json_t *arr = keys_array(keys, nkeys);
 
-        req = arr ? json_pack("{s:s,s:o}", "op", "cache.invalidate", "keys",
-                              arr)
-                  : NULL;
+        req = arr != NULL ? json_pack("{s:s,s:o}", "op", "cache.invalidate",
+                                      "keys", arr)
+                          : NULL;
     }
-    if (req && delay_ms != LEASED_UNSET) {
+    if (req != NULL && delay_ms != LEASED_UNSET) {
         json_object_set_new(req, "delay_ms", json_integer(delay_ms));
     }
     rc = call_new(c, req, 0, &reply, err);
@@ -2165,7 +2266,7 @@ leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
         }
     }
     json_decref(reply);
-    if (out) {
+    if (out != NULL) {
         *out = res;
     }
     return rc;
@@ -2180,13 +2281,13 @@ leased_cache_mget(struct leased_conn *c, const char *const *keys, size_t nkeys,
     json_t *arr, *req = NULL, *reply, *res;
     int rc;
 
-    if (!results || !keys || nkeys == 0) {
+    if (results == NULL || keys == NULL || nkeys == 0) {
         clear_err(err);
         return set_err(err, LEASED_E_INVALID, 0, "no keys or no results");
     }
     memset(results, 0, nkeys * sizeof *results);
     arr = keys_array(keys, nkeys);
-    if (arr) {
+    if (arr != NULL) {
         req = json_pack("{s:s,s:o}", "op", "cache.mget", "keys", arr);
     }
     add_wait_lease(req, wait_ms, lease);

@@ -6,7 +6,14 @@
  * Exit statuses follow sysexits.h so scripts can tell "the lock is taken"
  * (75, EX_TEMPFAIL) from "leased is not running" (69, EX_UNAVAILABLE) and
  * from the status of the command run under a lock; leasectl(1) lists
- * them. */
+ * them.
+ *
+ * This file owns main and the command table, the connection (one per
+ * run, closed by main) and the calls through it, and the commands that
+ * are one request and one answer: ping, wait, stats, get, set,
+ * invalidate, hot, info, locks and unlock. It reads no option itself
+ * (leasectl_args.c does), starts no process (leasectl_run.c) and never
+ * touches the terminal's mode (leasectl_top.c). */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -14,111 +21,14 @@
 
 #include "config.h"
 
-#include "leased/client.h"
+#include "leasectl.h"
 
-#include <errno.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
-#include <termios.h>
 #include <time.h>
-#include <unistd.h>
-
-#include <sys/prctl.h>
-#include <sys/signalfd.h>
-#include <sys/wait.h>
-
-#include <jansson.h>
-
-#define CTL_NAME "leasectl"
-
-/* The options every command accepts, and the connection they describe. */
-struct ctl {
-    const char *target; /* -s / -H / $LEASED_SOCKET / default */
-    const char *auth;   /* --auth / $LEASED_AUTH */
-    const char *admin;  /* --admin-token / $LEASED_ADMIN_TOKEN */
-    int timeout_ms;     /* --timeout */
-    bool quiet;
-    int conflict_exit; /* lock, sem: not acquired (--conflict-exit) */
-    bool json;         /* --json: print the daemon's answers as they are */
-    json_t *features;  /* hello's "features", once asked (want_feature) */
-    const char *cmd;   /* the command's name, for messages */
-    struct leased_conn *conn;
-};
-
-/* One option of a command. VAL receives the argument (or "1" for a
- * flag). */
-struct optdef {
-    const char *name; /* long name, without "--" */
-    char short_name;  /* 0: none */
-    bool has_arg;
-    const char **val;
-};
-
-static void
-usage(FILE *f)
-{
-    fprintf(
-        f,
-        "usage: " CTL_NAME " [options] COMMAND [ARGS]\n"
-        "\n"
-        "commands:\n"
-        "  ping                          check that leased is ready (exit 0)\n"
-        "  wait [--timeout T]            wait until leased is ready (default\n"
-        "                                30s in all)\n"
-        "  stats [--json]                the daemon's figures\n"
-        "  lock KEY [--ttl T] [--wait T] [--owner S] [--lost-exit N]\n"
-        "       [--conflict-exit N] [-q] -- CMD [ARGS...]\n"
-        "                                run CMD while holding KEY\n"
-        "  get KEY [--json]              print a cached value (exit 1: miss)\n"
-        "  set KEY VALUE [--ttl T]       store a value (--null: not found)\n"
-        "  invalidate KEY... [--delay T]  delete cached keys\n"
-        "  info KEY [--owner S] [--token T]  is KEY locked (exit 1: no)\n"
-        "  lock KEY --read | --write ... -- CMD  the sides of a read-write "
-        "lock\n"
-        "  sem KEY --limit N [--ttl T] [--wait T] -- CMD [ARGS...]\n"
-        "                                run CMD holding one of N permits\n"
-        "  locks [PREFIX] [--limit N]    locks held through this daemon\n"
-        "  unlock --force KEY            free KEY whoever holds it (exit 1:\n"
-        "                                it was not locked)\n"
-        "  hot [--limit N] [--json]      the most read cache keys\n"
-        "  top [-1] [--json]             a live view, every second (q quits)\n"
-        "\n"
-        "T is a duration: 500ms, 60s, 2m, 1h; a bare number is milliseconds\n"
-        "(flock -w counts seconds). lock and sem try once without --wait\n"
-        "and exit 75 (or --conflict-exit N) when they do not acquire.\n"
-        "\n"
-        "options:\n"
-        "  -s, --socket PATH   the daemon's Unix socket (default: "
-        "$LEASED_SOCKET,\n"
-        "                      else " LEASED_DEFAULT_SOCKET ")\n"
-        "  -H, --host H:P      the daemon's TCP address instead\n"
-        "      --auth TOKEN    the listener's auth token (or $LEASED_AUTH)\n"
-        "      --admin-token T listen.admin_token, for locks and unlock over\n"
-        "                      TCP (or $LEASED_ADMIN_TOKEN)\n"
-        "      --json          print the daemon's answers as JSON lines\n"
-        "  -t, --timeout T     how long to wait for a reply (default %d ms)\n"
-        "  -q, --quiet         no message when a lock is not acquired\n"
-        "  -h, --help          this text\n"
-        "  -V, --version       the version\n"
-        "\nSee leasectl(1).\n",
-        LEASED_DEFAULT_TIMEOUT_MS);
-}
-
-static int
-usage_error(const char *cmd, const char *fmt, const char *arg)
-{
-    fprintf(stderr, CTL_NAME ": ");
-    if (cmd) {
-        fprintf(stderr, "%s: ", cmd);
-    }
-    fprintf(stderr, fmt, arg ? arg : "");
-    fprintf(stderr, "\nTry '" CTL_NAME " --help'.\n");
-    return EX_USAGE;
-}
 
 /* The exit status for a libleased error. */
 static int
@@ -152,239 +62,16 @@ exit_for(int code)
     }
 }
 
-static int
-fail(const struct ctl *ctl, const struct leased_error *err)
+int
+ctl_fail(const struct ctl *ctl, const struct leased_error *err)
 {
     fprintf(stderr, CTL_NAME ": %s: %s: %s\n", ctl->cmd,
             leased_strerror(err->code), err->message);
     return exit_for(err->code);
 }
 
-/* A whole decimal number in [MIN, MAX]. */
-static bool
-parse_num(const char *s, long long min, long long max, long long *out)
-{
-    char *end;
-    long long v;
-
-    if (!s || !*s) {
-        return false;
-    }
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno || *end || v < min || v > max) {
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-/* A duration in [MIN, MAX] milliseconds: a whole number with a unit (ms,
- * s, m, h), or a bare number of milliseconds, the daemon's unit. flock(1)'s
- * -w counts seconds; leasectl(1) says so. A negative value (-1: no limit)
- * takes no unit. */
-static bool
-parse_duration_ms(const char *s, long long min, long long max, long long *out)
-{
-    static const struct {
-        const char *unit;
-        long long ms;
-    } units[] = {
-        {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
-    char *end;
-    long long v;
-
-    if (!s || !*s) {
-        return false;
-    }
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno || end == s || (*end && v < 0)) {
-        return false;
-    }
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (!strcmp(end, units[i].unit)) {
-            if (v > max / units[i].ms) {
-                return false;
-            }
-            v *= units[i].ms;
-            if (v < min || v > max) {
-                return false;
-            }
-            *out = v;
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Parse ARGV (after the command name) for the options of DEFS plus the
- * global ones. Positional arguments are collected in POS (*NPOS); with
- * STOP_AT_SECOND (lock) everything from "--" or from the second
- * positional argument on is left as *REST. Returns 0 or EX_USAGE. */
-static int
-parse_args(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
-           char **pos, int *npos, int maxpos, bool stop_at_second,
-           char ***rest, int *nrest)
-{
-    const char *timeout = NULL, *quiet = NULL, *sock = NULL, *host = NULL;
-    const char *help = NULL, *json = NULL;
-    const struct optdef globals[] = {
-        {"help", 'h', false, &help},
-        {"socket", 's', true, &sock},
-        {"host", 'H', true, &host},
-        {"auth", 0, true, &ctl->auth},
-        {"admin-token", 0, true, &ctl->admin},
-        {"timeout", 't', true, &timeout},
-        {"quiet", 'q', false, &quiet},
-        {"json", 0, false, &json},
-        {NULL, 0, false, NULL},
-    };
-    int i;
-
-    *npos = 0;
-    if (rest) {
-        *rest = NULL;
-        *nrest = 0;
-    }
-    for (i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const struct optdef *found = NULL;
-        const char *eq = NULL;
-
-        if (!strcmp(a, "--")) {
-            i++;
-            break;
-        }
-        if (a[0] != '-' || a[1] == '\0') {
-            if (stop_at_second && *npos == 1) {
-                break;
-            }
-            if (*npos >= maxpos) {
-                return usage_error(ctl->cmd, "unexpected argument '%s'", a);
-            }
-            pos[(*npos)++] = argv[i];
-            continue;
-        }
-        for (int set = 0; set < 2 && !found; set++) {
-            const struct optdef *d = set ? globals : defs;
-
-            for (; d && d->name; d++) {
-                if (a[1] == '-') {
-                    size_t n = strlen(d->name);
-
-                    if (!strncmp(a + 2, d->name, n) &&
-                        (a[2 + n] == '\0' ||
-                         (a[2 + n] == '=' && d->has_arg))) {
-                        found = d;
-                        eq = a[2 + n] == '=' ? a + 3 + n : NULL;
-                        break;
-                    }
-                } else if (d->short_name && a[1] == d->short_name &&
-                           a[2] == '\0') {
-                    found = d;
-                    break;
-                }
-            }
-        }
-        if (!found) {
-            return usage_error(ctl->cmd, "unknown option '%s'", a);
-        }
-        if (!found->has_arg) {
-            *found->val = "1";
-        } else if (eq) {
-            *found->val = eq;
-        } else if (i + 1 < argc) {
-            *found->val = argv[++i];
-        } else {
-            return usage_error(ctl->cmd, "option '%s' needs a value", a);
-        }
-    }
-    if (rest) {
-        *rest = argv + i;
-        *nrest = argc - i;
-    } else if (i < argc) {
-        /* Everything after "--" is positional for the other commands. */
-        for (; i < argc; i++) {
-            if (*npos >= maxpos) {
-                return usage_error(ctl->cmd, "unexpected argument '%s'",
-                                   argv[i]);
-            }
-            pos[(*npos)++] = argv[i];
-        }
-    }
-    if (help) {
-        usage(stdout);
-        exit(0);
-    }
-    if (sock && host) {
-        return usage_error(ctl->cmd, "-s and -H exclude each other%s", "");
-    }
-    if (sock) {
-        ctl->target = sock;
-    } else if (host) {
-        if (!strchr(host, ':')) {
-            return usage_error(ctl->cmd, "-H wants HOST:PORT, not '%s'", host);
-        }
-        ctl->target = host;
-    }
-    if (timeout) {
-        long long v;
-
-        if (!parse_duration_ms(timeout, 1, 86400000, &v)) {
-            return usage_error(ctl->cmd, "bad --timeout '%s'", timeout);
-        }
-        ctl->timeout_ms = (int)v;
-    }
-    if (quiet) {
-        ctl->quiet = true;
-    }
-    if (json) {
-        ctl->json = true;
-    }
-    return 0;
-}
-
-/* A duration option (see parse_duration_ms): absent leaves *OUT alone. */
-static int
-opt_ms(const struct ctl *ctl, const char *name, const char *s, long long min,
-       long long *out)
-{
-    if (s && !parse_duration_ms(s, min, 86400000LL * 365, out)) {
-        char msg[128];
-
-        snprintf(msg, sizeof msg,
-                 "bad --%s '%%s' (milliseconds, or a number with ms, s, m "
-                 "or h)",
-                 name);
-        return usage_error(ctl->cmd, msg, s);
-    }
-    return 0;
-}
-
-/* --lost-exit into *LOST_EXIT and --conflict-exit into the ctl, each
- * 0..255 (absent: keep the defaults). */
-static int
-opt_exits(struct ctl *ctl, const char *lost, const char *conflict,
-          long long *lost_exit)
-{
-    long long v;
-
-    if (lost && !parse_num(lost, 0, 255, lost_exit)) {
-        return usage_error(ctl->cmd, "bad --lost-exit '%s' (0..255)", lost);
-    }
-    if (conflict) {
-        if (!parse_num(conflict, 0, 255, &v)) {
-            return usage_error(ctl->cmd, "bad --conflict-exit '%s' (0..255)",
-                               conflict);
-        }
-        ctl->conflict_exit = (int)v;
-    }
-    return 0;
-}
-
-static int
-open_conn(struct ctl *ctl)
+int
+ctl_open_conn(struct ctl *ctl)
 {
     struct leased_options opt;
     struct leased_error err;
@@ -394,10 +81,10 @@ open_conn(struct ctl *ctl)
     opt.auth = ctl->auth;
     opt.timeout_ms = ctl->timeout_ms;
     ctl->conn = leased_connect(ctl->target, &opt, &err);
-    if (!ctl->conn) {
-        return fail(ctl, &err);
+    if (ctl->conn == NULL) {
+        return ctl_fail(ctl, &err);
     }
-    if (ctl->admin) {
+    if (ctl->admin != NULL) {
         /* A second hello: the first one (the library's) authenticated,
          * this one asks for the operator identity. */
         json_t *req = json_pack("{s:s,s:s,s:s}", "op", "hello", "client",
@@ -411,19 +98,19 @@ open_conn(struct ctl *ctl)
         }
         json_decref(rep);
         if (rc != LEASED_OK) {
-            return fail(ctl, &err);
+            return ctl_fail(ctl, &err);
         }
     }
     return 0;
 }
 
 /* Print a reply as one JSON line (--json). */
-static void
-print_json(json_t *rep)
+void
+ctl_print_json(json_t *rep)
 {
     char *s = json_dumps(rep, JSON_COMPACT | JSON_PRESERVE_ORDER);
 
-    if (s) {
+    if (s != NULL) {
         printf("%s\n", s);
         free(s);
     }
@@ -433,28 +120,28 @@ print_json(json_t *rep)
  * reference, also for an error reply; NULL when none came). With --json
  * every reply that came is printed as it is. WAIT_MS as for
  * leased_call_json. */
-static int
-call(struct ctl *ctl, json_t *req, long long wait_ms, json_t **rep,
-     struct leased_error *err)
+int
+ctl_call(struct ctl *ctl, json_t *req, long long wait_ms, json_t **rep,
+         struct leased_error *err)
 {
     int rc = leased_call_json(ctl->conn, req, wait_ms, rep, err);
 
     json_decref(req);
-    if (ctl->json && *rep) {
-        print_json(*rep);
+    if (ctl->json && *rep != NULL) {
+        ctl_print_json(*rep);
     }
     return rc;
 }
 
 /* Does the daemon offer the optional part NAME (hello's features)? Asks
  * with a second hello the first time. */
-static bool
-want_feature(struct ctl *ctl, const char *name)
+bool
+ctl_want_feature(struct ctl *ctl, const char *name)
 {
     size_t i;
     json_t *v;
 
-    if (!ctl->features) {
+    if (ctl->features == NULL) {
         struct leased_error err;
         json_t *rep = NULL;
         json_t *req = json_pack("{s:s,s:s}", "op", "hello", "client",
@@ -468,15 +155,15 @@ want_feature(struct ctl *ctl, const char *name)
     }
     json_array_foreach(ctl->features, i, v)
     {
-        if (json_is_string(v) && !strcmp(json_string_value(v), name)) {
+        if (json_is_string(v) && strcmp(json_string_value(v), name) == 0) {
             return true;
         }
     }
     return false;
 }
 
-static int
-no_feature(const struct ctl *ctl, const char *what)
+int
+ctl_no_feature(const struct ctl *ctl, const char *what)
 {
     fprintf(stderr, CTL_NAME ": %s: this leased does not offer %s\n", ctl->cmd,
             what);
@@ -491,14 +178,32 @@ one_key_cmd(struct ctl *ctl, int argc, char **argv, const struct optdef *defs,
 {
     int npos, rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
-                         NULL))) {
+    rc = ctl_parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
+                        NULL);
+    if (rc != 0) {
         return rc;
     }
     if (npos != 1) {
-        return usage_error(ctl->cmd, "wants one KEY%s", "");
+        return ctl_usage_error(ctl->cmd, "wants one KEY%s", "");
     }
-    return open_conn(ctl);
+    return ctl_open_conn(ctl);
+}
+
+/* The options of a subcommand that takes no positional argument, then
+ * the connection. */
+int
+ctl_no_arg_cmd(struct ctl *ctl, int argc, char **argv,
+               const struct optdef *defs)
+{
+    char *pos[1];
+    int npos, rc;
+
+    rc = ctl_parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
+                        NULL);
+    if (rc != 0) {
+        return rc;
+    }
+    return ctl_open_conn(ctl);
 }
 
 /* --- ping, stats -------------------------------------------------------- */
@@ -516,14 +221,15 @@ ping_ready(struct ctl *ctl)
     int rc;
 
     if (leased_stats(ctl->conn, &st, &err) != LEASED_OK) {
-        return fail(ctl, &err);
+        return ctl_fail(ctl, &err);
     }
     why = json_string_value(json_object_get(st, "not_ready"));
     if (json_is_false(json_object_get(st, "ready"))) {
-        rc = why && !strcmp(why, "redis_unavailable") ? EX_UNAVAILABLE
-                                                      : EX_TEMPFAIL;
+        rc = why != NULL && strcmp(why, "redis_unavailable") == 0
+                 ? EX_UNAVAILABLE
+                 : EX_TEMPFAIL;
         fprintf(stderr, CTL_NAME ": ping: not ready: %s\n",
-                why ? why : "unknown");
+                why != NULL ? why : "unknown");
         json_decref(st);
         return rc;
     }
@@ -535,25 +241,24 @@ static int
 cmd_ping(struct ctl *ctl, int argc, char **argv)
 {
     struct leased_error err;
-    char *pos[1];
-    int npos, rc;
+    int rc;
 
-    if ((rc = parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL,
-                         NULL)) ||
-        (rc = open_conn(ctl))) {
+    rc = ctl_no_arg_cmd(ctl, argc, argv, NULL);
+    if (rc != 0) {
         return rc;
     }
     if (ctl->json) {
         json_t *rep = NULL;
 
-        rc = call(ctl, json_pack("{s:s}", "op", "ping"), 0, &rep, &err);
+        rc = ctl_call(ctl, json_pack("{s:s}", "op", "ping"), 0, &rep, &err);
         json_decref(rep);
-        return rc == LEASED_OK ? ping_ready(ctl) : fail(ctl, &err);
+        return rc == LEASED_OK ? ping_ready(ctl) : ctl_fail(ctl, &err);
     }
     if (leased_ping(ctl->conn, &err) != LEASED_OK) {
-        return fail(ctl, &err);
+        return ctl_fail(ctl, &err);
     }
-    if ((rc = ping_ready(ctl)) != 0) {
+    rc = ping_ready(ctl);
+    if (rc != 0) {
         return rc;
     }
     printf("pong\n");
@@ -567,8 +272,8 @@ cmd_ping(struct ctl *ctl, int argc, char **argv)
 /* One look's bound: a daemon whose loop hangs is asked again. */
 #define WAIT_TRY_MS 2000
 
-static long long
-mono_ms(void)
+long long
+ctl_now_ms(void)
 {
     struct timespec ts;
 
@@ -592,7 +297,7 @@ wait_once(struct ctl *ctl, int timeout_ms, char *why, size_t whylen)
     opt.auth = ctl->auth;
     opt.timeout_ms = timeout_ms;
     conn = leased_connect(ctl->target, &opt, &err);
-    if (!conn || leased_stats(conn, &st, &err) != LEASED_OK) {
+    if (conn == NULL || leased_stats(conn, &st, &err) != LEASED_OK) {
         snprintf(why, whylen, "%s: %s", leased_strerror(err.code),
                  err.message);
         leased_close(conn);
@@ -601,9 +306,9 @@ wait_once(struct ctl *ctl, int timeout_ms, char *why, size_t whylen)
     if (json_is_false(json_object_get(st, "ready"))) {
         const char *r = json_string_value(json_object_get(st, "not_ready"));
 
-        snprintf(why, whylen, "not ready: %s", r ? r : "unknown");
-        rc = r && !strcmp(r, "redis_unavailable") ? EX_UNAVAILABLE
-                                                  : EX_TEMPFAIL;
+        snprintf(why, whylen, "not ready: %s", r != NULL ? r : "unknown");
+        rc = r != NULL && strcmp(r, "redis_unavailable") == 0 ? EX_UNAVAILABLE
+                                                              : EX_TEMPFAIL;
     }
     json_decref(st);
     leased_close(conn);
@@ -618,24 +323,26 @@ cmd_wait(struct ctl *ctl, int argc, char **argv)
     char *pos[1], why[320] = "";
     int npos, rc;
 
-    if ((rc = parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL,
-                         NULL))) {
+    rc = ctl_parse_args(ctl, argc, argv, NULL, pos, &npos, 0, false, NULL,
+                        NULL);
+    if (rc != 0) {
         return rc;
     }
     long long total = ctl->timeout_ms > 0 ? ctl->timeout_ms : WAIT_DEFAULT_MS;
-    long long deadline = mono_ms() + total;
+    long long deadline = ctl_now_ms() + total;
     for (;;) {
-        long long left = deadline - mono_ms();
+        long long left = deadline - ctl_now_ms();
         int one = left < WAIT_TRY_MS ? (int)(left > 0 ? left : 1)
                                      : WAIT_TRY_MS;
 
-        if ((rc = wait_once(ctl, one, why, sizeof why)) == 0) {
+        rc = wait_once(ctl, one, why, sizeof why);
+        if (rc == 0) {
             if (!ctl->quiet) {
                 printf("ready\n");
             }
             return 0;
         }
-        left = deadline - mono_ms();
+        left = deadline - ctl_now_ms();
         if (left <= 0) {
             break;
         }
@@ -651,7 +358,8 @@ print_stat(const char *prefix, const char *name, json_t *v)
 {
     char full[256];
 
-    snprintf(full, sizeof full, "%s%s%s", prefix, *prefix ? "." : "", name);
+    snprintf(full, sizeof full, "%s%s%s", prefix, *prefix != '\0' ? "." : "",
+             name);
     if (json_is_object(v)) {
         const char *k;
         json_t *sub;
@@ -674,7 +382,7 @@ print_stat(const char *prefix, const char *name, json_t *v)
     } else {
         char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
 
-        printf("%s\n", s ? s : "-");
+        printf("%s\n", s != NULL ? s : "-");
         free(s);
     }
 }
@@ -688,26 +396,24 @@ cmd_stats(struct ctl *ctl, int argc, char **argv)
         {NULL, 0, false, NULL},
     };
     struct leased_error err;
-    char *pos[1];
-    int npos, rc;
+    int rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
-                         NULL)) ||
-        (rc = open_conn(ctl))) {
+    rc = ctl_no_arg_cmd(ctl, argc, argv, defs);
+    if (rc != 0) {
         return rc;
     }
     if (ctl->json) {
         json_t *rep = NULL;
 
-        rc = call(ctl, json_pack("{s:s}", "op", "stats"), 0, &rep, &err);
+        rc = ctl_call(ctl, json_pack("{s:s}", "op", "stats"), 0, &rep, &err);
         json_decref(rep);
-        return rc == LEASED_OK ? 0 : fail(ctl, &err);
+        return rc == LEASED_OK ? 0 : ctl_fail(ctl, &err);
     }
-    if (as_json) {
+    if (as_json != NULL) {
         char *text;
 
         if (leased_stats_text(ctl->conn, &text, &err) != LEASED_OK) {
-            return fail(ctl, &err);
+            return ctl_fail(ctl, &err);
         }
         printf("%s\n", text);
         leased_free(text);
@@ -716,7 +422,7 @@ cmd_stats(struct ctl *ctl, int argc, char **argv)
         const char *k;
 
         if (leased_stats(ctl->conn, &st, &err) != LEASED_OK) {
-            return fail(ctl, &err);
+            return ctl_fail(ctl, &err);
         }
         json_object_foreach(st, k, v)
         {
@@ -728,6 +434,45 @@ cmd_stats(struct ctl *ctl, int argc, char **argv)
 }
 
 /* --- cache -------------------------------------------------------------- */
+
+/* cache.get with --json: the daemon's answer is printed as it is. */
+static int
+get_json(struct ctl *ctl, const char *key)
+{
+    struct leased_error err;
+    json_t *rep = NULL;
+    bool hit;
+    int rc;
+
+    rc = ctl_call(ctl,
+                  json_pack("{s:s,s:s,s:b}", "op", "cache.get", "key", key,
+                            "lease", 0),
+                  0, &rep, &err);
+    hit = json_is_true(json_object_get(rep, "hit"));
+    json_decref(rep);
+    if (rc != LEASED_OK) {
+        return ctl_fail(ctl, &err);
+    }
+    return hit ? 0 : 1;
+}
+
+/* A hit's value: as it is, or as a JSON value (AS_JSON). */
+static void
+print_value(const struct leased_cache_result *res, bool as_json)
+{
+    if (as_json) {
+        json_t *v = res->is_null ? json_null()
+                                 : json_stringn(res->value, res->value_len);
+        char *s = v != NULL ? json_dumps(v, JSON_ENCODE_ANY) : NULL;
+
+        printf("%s\n", s != NULL ? s : "null");
+        free(s);
+        json_decref(v);
+    } else if (!res->is_null) {
+        fwrite(res->value, 1, res->value_len, stdout);
+        putchar('\n');
+    }
+}
 
 static int
 cmd_get(struct ctl *ctl, int argc, char **argv)
@@ -742,48 +487,48 @@ cmd_get(struct ctl *ctl, int argc, char **argv)
     char *pos[1];
     int rc;
 
-    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
+    rc = one_key_cmd(ctl, argc, argv, defs, pos);
+    if (rc != 0) {
         return rc;
     }
     /* A plain read: a command-line user will not fill the key, so taking
      * a fill lease would only make other readers wait for nothing. */
     if (ctl->json) {
-        json_t *rep = NULL;
-        bool hit;
-
-        rc = call(ctl,
-                  json_pack("{s:s,s:s,s:b}", "op", "cache.get", "key", pos[0],
-                            "lease", 0),
-                  0, &rep, &err);
-        hit = json_is_true(json_object_get(rep, "hit"));
-        json_decref(rep);
-        if (rc != LEASED_OK) {
-            return fail(ctl, &err);
-        }
-        return hit ? 0 : 1;
+        return get_json(ctl, pos[0]);
     }
     if (leased_cache_get(ctl->conn, pos[0], LEASED_UNSET, false, &res, &err) !=
         LEASED_OK) {
-        return fail(ctl, &err);
+        return ctl_fail(ctl, &err);
     }
     if (!res.hit) {
         leased_cache_result_free(&res);
         return 1;
     }
-    if (as_json) {
-        json_t *v = res.is_null ? json_null()
-                                : json_stringn(res.value, res.value_len);
-        char *s = v ? json_dumps(v, JSON_ENCODE_ANY) : NULL;
-
-        printf("%s\n", s ? s : "null");
-        free(s);
-        json_decref(v);
-    } else if (!res.is_null) {
-        fwrite(res.value, 1, res.value_len, stdout);
-        putchar('\n');
-    }
+    print_value(&res, as_json != NULL);
     leased_cache_result_free(&res);
     return fflush(stdout) == 0 ? 0 : EX_IOERR;
+}
+
+/* cache.set with --json; VALUE NULL stores "not found". */
+static int
+set_json(struct ctl *ctl, const char *key, const char *value, long long ttl_ms)
+{
+    json_t *req = json_pack("{s:s,s:s,s:o}", "op", "cache.set", "key", key,
+                            "value",
+                            value == NULL ? json_null() : json_string(value));
+    json_t *rep = NULL;
+    struct leased_error err;
+    int rc;
+
+    if (req == NULL) {
+        return ctl_usage_error(ctl->cmd, "VALUE must be UTF-8%s", "");
+    }
+    if (ttl_ms > 0) {
+        json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
+    }
+    rc = ctl_call(ctl, req, 0, &rep, &err);
+    json_decref(rep);
+    return rc == LEASED_OK ? 0 : ctl_fail(ctl, &err);
 }
 
 static int
@@ -800,36 +545,71 @@ cmd_set(struct ctl *ctl, int argc, char **argv)
     char *pos[2];
     int npos, rc;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 2, false, NULL,
-                         NULL)) ||
-        (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms))) {
+    rc = ctl_parse_args(ctl, argc, argv, defs, pos, &npos, 2, false, NULL,
+                        NULL);
+    if (rc == 0) {
+        rc = ctl_opt_ms(ctl, "ttl", ttl, 1, &ttl_ms);
+    }
+    if (rc != 0) {
         return rc;
     }
-    if (npos != (null ? 1 : 2)) {
-        return usage_error(ctl->cmd, "wants KEY VALUE, or KEY --null%s", "");
+    if (npos != (null != NULL ? 1 : 2)) {
+        return ctl_usage_error(ctl->cmd, "wants KEY VALUE, or KEY --null%s",
+                               "");
     }
-    if ((rc = open_conn(ctl))) {
+    rc = ctl_open_conn(ctl);
+    if (rc != 0) {
         return rc;
     }
     if (ctl->json) {
-        json_t *req = json_pack("{s:s,s:s,s:o}", "op", "cache.set", "key",
-                                pos[0], "value",
-                                null ? json_null() : json_string(pos[1]));
-        json_t *rep = NULL;
-
-        if (!req) {
-            return usage_error(ctl->cmd, "VALUE must be UTF-8%s", "");
-        }
-        if (ttl_ms > 0) {
-            json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
-        }
-        rc = call(ctl, req, 0, &rep, &err);
-        json_decref(rep);
-        return rc == LEASED_OK ? 0 : fail(ctl, &err);
+        return set_json(ctl, pos[0], null != NULL ? NULL : pos[1], ttl_ms);
     }
-    if (leased_cache_set(ctl->conn, pos[0], null ? NULL : pos[1], (size_t)-1,
-                         ttl_ms, &err) != LEASED_OK) {
-        return fail(ctl, &err);
+    if (leased_cache_set(ctl->conn, pos[0], null != NULL ? NULL : pos[1],
+                         (size_t)-1, ttl_ms, &err) != LEASED_OK) {
+        return ctl_fail(ctl, &err);
+    }
+    return 0;
+}
+
+/* cache.invalidate of the NPOS keys POS with --json. */
+static int
+invalidate_json(struct ctl *ctl, char **pos, int npos, long long delay_ms)
+{
+    struct leased_error err;
+    json_t *keys = json_array(), *rep = NULL, *req;
+    int rc;
+
+    for (int k = 0; k < npos; k++) {
+        json_array_append_new(keys, json_string(pos[k]));
+    }
+    req = json_pack("{s:s,s:o}", "op", "cache.invalidate", "keys", keys);
+    if (delay_ms != LEASED_UNSET) {
+        json_object_set_new(req, "delay_ms", json_integer(delay_ms));
+    }
+    rc = ctl_call(ctl, req, 0, &rep, &err);
+    json_decref(rep);
+    return rc == LEASED_OK ? 0 : ctl_fail(ctl, &err);
+}
+
+/* cache.invalidate of the NPOS keys POS, and what it did as one line. */
+static int
+invalidate_plain(struct ctl *ctl, char **pos, int npos, long long delay_ms)
+{
+    struct leased_invalidate_result res;
+    struct leased_error err;
+
+    if (leased_cache_invalidate(ctl->conn, (const char *const *)pos,
+                                (size_t)npos, delay_ms, &res,
+                                &err) != LEASED_OK) {
+        return ctl_fail(ctl, &err);
+    }
+    printf("deleted=%lld pending=%lld%s\n", res.deleted, res.pending,
+           res.queued ? " queued=true" : "");
+    if (res.queued && !ctl->quiet) {
+        fprintf(stderr,
+                CTL_NAME ": %s: Redis is unavailable; the "
+                         "invalidation is journaled and will be retried\n",
+                ctl->cmd);
     }
     return 0;
 }
@@ -842,61 +622,58 @@ cmd_invalidate(struct ctl *ctl, int argc, char **argv)
         {"delay", 0, true, &delay},
         {NULL, 0, false, NULL},
     };
-    struct leased_invalidate_result res;
-    struct leased_error err;
     long long delay_ms = LEASED_UNSET;
     char **pos;
     int npos, rc;
 
     pos = calloc((size_t)argc + 1, sizeof *pos);
-    if (!pos) {
+    if (pos == NULL) {
         fprintf(stderr, CTL_NAME ": out of memory\n");
         return EX_OSERR;
     }
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, argc, false, NULL,
-                         NULL)) ||
-        (rc = opt_ms(ctl, "delay", delay, 0, &delay_ms))) {
-        free(pos);
-        return rc;
+    rc = ctl_parse_args(ctl, argc, argv, defs, pos, &npos, argc, false, NULL,
+                        NULL);
+    if (rc == 0) {
+        rc = ctl_opt_ms(ctl, "delay", delay, 0, &delay_ms);
     }
-    if (npos < 1) {
-        free(pos);
-        return usage_error(ctl->cmd, "wants at least one KEY%s", "");
+    if (rc == 0 && npos < 1) {
+        rc = ctl_usage_error(ctl->cmd, "wants at least one KEY%s", "");
     }
-    if ((rc = open_conn(ctl))) {
-        free(pos);
-        return rc;
+    if (rc == 0) {
+        rc = ctl_open_conn(ctl);
     }
-    if (ctl->json) {
-        json_t *keys = json_array(), *rep = NULL, *req;
-
-        for (int k = 0; k < npos; k++) {
-            json_array_append_new(keys, json_string(pos[k]));
-        }
-        free(pos);
-        req = json_pack("{s:s,s:o}", "op", "cache.invalidate", "keys", keys);
-        if (delay_ms != LEASED_UNSET) {
-            json_object_set_new(req, "delay_ms", json_integer(delay_ms));
-        }
-        rc = call(ctl, req, 0, &rep, &err);
-        json_decref(rep);
-        return rc == LEASED_OK ? 0 : fail(ctl, &err);
+    if (rc == 0) {
+        rc = ctl->json ? invalidate_json(ctl, pos, npos, delay_ms)
+                       : invalidate_plain(ctl, pos, npos, delay_ms);
     }
-    rc = leased_cache_invalidate(ctl->conn, (const char *const *)pos,
-                                 (size_t)npos, delay_ms, &res, &err);
     free(pos);
-    if (rc != LEASED_OK) {
-        return fail(ctl, &err);
+    return rc;
+}
+
+/* cache.hot's KEYS: as one JSON array (AS_JSON), or a line each. */
+static void
+print_hot(const json_t *keys, bool as_json)
+{
+    size_t i;
+    json_t *k;
+
+    if (as_json) {
+        char *text = json_dumps(keys, JSON_COMPACT | JSON_ENCODE_ANY);
+
+        printf("%s\n", text != NULL ? text : "[]");
+        free(text);
+        return;
     }
-    printf("deleted=%lld pending=%lld%s\n", res.deleted, res.pending,
-           res.queued ? " queued=true" : "");
-    if (res.queued && !ctl->quiet) {
-        fprintf(stderr,
-                CTL_NAME ": %s: Redis is unavailable; the "
-                         "invalidation is journaled and will be retried\n",
-                ctl->cmd);
+    json_array_foreach(keys, i, k)
+    {
+        json_t *key = json_object_get(k, "key");
+
+        printf("%.1f\t%.3f\t",
+               json_number_value(json_object_get(k, "reads_per_s")),
+               json_number_value(json_object_get(k, "hit_ratio")));
+        fwrite(json_string_value(key), 1, json_string_length(key), stdout);
+        putchar('\n');
     }
-    return 0;
 }
 
 /* The most read keys of the daemon (cache.hot): reads per second, hit
@@ -917,52 +694,61 @@ cmd_hot(struct ctl *ctl, int argc, char **argv)
     int npos, rc;
     json_t *req, *reply = NULL;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
-                         NULL))) {
+    rc = ctl_parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
+                        NULL);
+    if (rc != 0) {
         return rc;
     }
-    if (limit && !parse_num(limit, 1, 10000, &n)) {
-        return usage_error(ctl->cmd, "bad --limit '%s'", limit);
+    if (limit != NULL && !ctl_parse_num(limit, 1, 10000, &n)) {
+        return ctl_usage_error(ctl->cmd, "bad --limit '%s'", limit);
     }
-    if ((rc = open_conn(ctl))) {
+    rc = ctl_open_conn(ctl);
+    if (rc != 0) {
         return rc;
     }
     req = n > 0 ? json_pack("{s:s,s:I}", "op", "cache.hot", "limit",
                             (json_int_t)n)
                 : json_pack("{s:s}", "op", "cache.hot");
-    rc = call(ctl, req, 0, &reply, &err);
+    rc = ctl_call(ctl, req, 0, &reply, &err);
     if (rc != LEASED_OK) {
         json_decref(reply);
-        return fail(ctl, &err);
+        return ctl_fail(ctl, &err);
     }
-    json_t *keys = json_object_get(reply, "keys");
-    if (ctl->json) {
-        /* The answer was printed as it is. */
-    } else if (as_json) {
-        char *text = json_dumps(keys, JSON_COMPACT | JSON_ENCODE_ANY);
-
-        printf("%s\n", text ? text : "[]");
-        free(text);
-    } else {
-        size_t i;
-        json_t *k;
-
-        json_array_foreach(keys, i, k)
-        {
-            json_t *key = json_object_get(k, "key");
-
-            printf("%.1f\t%.3f\t",
-                   json_number_value(json_object_get(k, "reads_per_s")),
-                   json_number_value(json_object_get(k, "hit_ratio")));
-            fwrite(json_string_value(key), 1, json_string_length(key), stdout);
-            putchar('\n');
-        }
+    /* With --json the answer was printed as it is. */
+    if (!ctl->json) {
+        print_hot(json_object_get(reply, "keys"), as_json != NULL);
     }
     json_decref(reply);
     return fflush(stdout) == 0 ? 0 : EX_IOERR;
 }
 
 /* --- locks -------------------------------------------------------------- */
+
+/* lock.info with --json: exit 0 when KEY is locked. */
+static int
+info_json(struct ctl *ctl, const char *key, const char *owner,
+          const char *token)
+{
+    json_t *req = json_pack("{s:s,s:s}", "op", "lock.info", "key", key);
+    json_t *rep = NULL;
+    struct leased_error err;
+    bool locked;
+    int rc;
+
+    if (owner != NULL) {
+        json_object_set_new(req, "owner", json_string(owner));
+    }
+    if (token != NULL) {
+        json_object_set_new(req, "token", json_string(token));
+    }
+    rc = ctl_call(ctl, req, 0, &rep, &err);
+    locked = json_is_true(json_object_get(rep, "locked"));
+    json_decref(rep);
+    if (rc != LEASED_OK) {
+        return ctl_fail(ctl, &err);
+    }
+    return locked ? 0 : 1;
+}
 
 static int
 cmd_info(struct ctl *ctl, int argc, char **argv)
@@ -978,36 +764,21 @@ cmd_info(struct ctl *ctl, int argc, char **argv)
     char *pos[1];
     int rc;
 
-    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
+    rc = one_key_cmd(ctl, argc, argv, defs, pos);
+    if (rc != 0) {
         return rc;
     }
     if (ctl->json) {
-        json_t *req = json_pack("{s:s,s:s}", "op", "lock.info", "key", pos[0]);
-        json_t *rep = NULL;
-        bool locked;
-
-        if (owner) {
-            json_object_set_new(req, "owner", json_string(owner));
-        }
-        if (token) {
-            json_object_set_new(req, "token", json_string(token));
-        }
-        rc = call(ctl, req, 0, &rep, &err);
-        locked = json_is_true(json_object_get(rep, "locked"));
-        json_decref(rep);
-        if (rc != LEASED_OK) {
-            return fail(ctl, &err);
-        }
-        return locked ? 0 : 1;
+        return info_json(ctl, pos[0], owner, token);
     }
     if (leased_lock_info(ctl->conn, pos[0], owner, token, &info, &err) !=
         LEASED_OK) {
-        return fail(ctl, &err);
+        return ctl_fail(ctl, &err);
     }
     printf("locked %s\n", info.locked ? "yes" : "no");
     if (info.locked) {
         printf("ttl_ms %lld\n", info.ttl_ms);
-        if (owner || token) {
+        if (owner != NULL || token != NULL) {
             printf("mine %s\n", info.mine ? "yes" : "no");
             if (info.mine && info.count >= 0) {
                 printf("count %lld\n", info.count);
@@ -1017,367 +788,36 @@ cmd_info(struct ctl *ctl, int argc, char **argv)
     return info.locked ? 0 : 1;
 }
 
-/* The child: the signal mask leasectl had, and death with leasectl, so
- * that CMD never runs on without the lock when leasectl is killed. */
-static void
-run_child(char **cmd, const sigset_t *oldmask, pid_t parent)
-{
-    int e;
-
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) {
-        _exit(EX_SOFTWARE);
-    }
-    sigprocmask(SIG_SETMASK, oldmask, NULL);
-    execvp(cmd[0], cmd);
-    e = errno;
-    fprintf(stderr, CTL_NAME ": lock: %s: %s\n", cmd[0], strerror(e));
-    _exit(e == ENOENT ? 127 : 126);
-}
-
-static int
-status_of(int wstatus)
-{
-    if (WIFEXITED(wstatus)) {
-        return WEXITSTATUS(wstatus);
-    }
-    if (WIFSIGNALED(wstatus)) {
-        return 128 + WTERMSIG(wstatus);
-    }
-    return EX_SOFTWARE;
-}
-
-/* Hold the lock while CMD runs: wait on the child (SIGCHLD through a
- * signalfd) and on the daemon's socket at once. The daemon renews a
- * watchdog lock for as long as this connection lives, so there is
- * nothing to send; what matters is noticing lock_lost, shutdown or the
- * connection's end, and stopping CMD then. RELEASE (stolen) is the
- * request that gives the lock or permit back; NULL: unlock KEY by OWNER. */
-static int
-hold_while(struct ctl *ctl, const char *key, const char *owner,
-           const char *token, char **cmd, int lost_exit, json_t *release)
-{
-    sigset_t set, oldmask;
-    struct leased_error err;
-    bool lost = false, term_sent = false;
-    int sfd, wstatus = 0;
-    pid_t pid, parent = getpid();
-
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
-    /* An inherited SIG_IGN for SIGCHLD would reap CMD behind our back. */
-    signal(SIGCHLD, SIG_DFL);
-    sigprocmask(SIG_BLOCK, &set, &oldmask);
-    sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (sfd < 0) {
-        fprintf(stderr, CTL_NAME ": lock: signalfd: %s\n", strerror(errno));
-        return EX_OSERR;
-    }
-    fflush(NULL);
-    pid = fork();
-    if (pid < 0) {
-        fprintf(stderr, CTL_NAME ": lock: fork: %s\n", strerror(errno));
-        close(sfd);
-        return EX_OSERR;
-    }
-    if (pid == 0) {
-        close(sfd);
-        run_child(cmd, &oldmask, parent);
-    }
-
-    for (;;) {
-        struct leased_event ev;
-        struct pollfd pfd[2];
-        const char *why = NULL;
-        char whybuf[300];
-        int nfd = 1, rc = LEASED_OK;
-
-        /* Events may already sit in the library's buffer. */
-        while (!lost && (rc = leased_next_event(ctl->conn, 0, &ev, &err)) ==
-                            LEASED_OK) {
-            if (ev.type == LEASED_EV_LOCK_LOST && ev.key &&
-                !strcmp(ev.key, key) &&
-                (!ev.token || !strcmp(ev.token, token))) {
-                snprintf(whybuf, sizeof whybuf, "lock lost (%s)",
-                         ev.reason ? ev.reason : "no reason given");
-                why = whybuf;
-                lost = true;
-            } else if (ev.type == LEASED_EV_SHUTDOWN) {
-                why = "leased is shutting down";
-                lost = true;
-            }
-            leased_event_clear(&ev);
-        }
-        if (!lost && rc != LEASED_OK && rc != LEASED_E_TIMEOUT) {
-            /* The session is gone, and its locks with it. */
-            snprintf(whybuf, sizeof whybuf, "connection to leased lost (%s)",
-                     err.message);
-            why = whybuf;
-            lost = true;
-        }
-        if (lost && !term_sent) {
-            fprintf(stderr, CTL_NAME ": %s: %s: %s; stopping the command\n",
-                    ctl->cmd, key, why ? why : "lock lost");
-            kill(pid, SIGTERM);
-            term_sent = true;
-        }
-
-        pfd[0].fd = sfd;
-        pfd[0].events = POLLIN;
-        pfd[0].revents = 0;
-        if (!lost && leased_fd(ctl->conn) >= 0) {
-            pfd[1].fd = leased_fd(ctl->conn);
-            pfd[1].events = POLLIN;
-            pfd[1].revents = 0;
-            nfd = 2;
-        }
-        if (poll(pfd, (nfds_t)nfd, -1) < 0 && errno != EINTR) {
-            fprintf(stderr, CTL_NAME ": lock: poll: %s\n", strerror(errno));
-            kill(pid, SIGTERM);
-        }
-        if (pfd[0].revents & POLLIN) {
-            struct signalfd_siginfo si;
-            bool reaped = false;
-
-            while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-                int sig = (int)si.ssi_signo;
-
-                if (sig == SIGCHLD) {
-                    pid_t r = waitpid(pid, &wstatus, WNOHANG);
-
-                    if (r == pid) {
-                        reaped = true;
-                    }
-                } else if (!(sig == SIGINT && si.ssi_code == SI_KERNEL)) {
-                    /* A keyboard ^C reached CMD already: it is in our
-                     * process group. Everything else is passed on. */
-                    kill(pid, sig);
-                }
-            }
-            if (reaped) {
-                break;
-            }
-        }
-    }
-    close(sfd);
-    sigprocmask(SIG_SETMASK, &oldmask, NULL);
-
-    if (lost) {
-        json_decref(release);
-        return lost_exit;
-    }
-    /* Give the lock back now rather than when the connection closes, so
-     * that a failure to do so is reported. */
-    if (release) {
-        json_t *rep = NULL;
-
-        if (call(ctl, release, 0, &rep, &err) != LEASED_OK &&
-            err.code != LEASED_E_NOT_HELD) {
-            fprintf(stderr, CTL_NAME ": %s: %s: release: %s: %s\n", ctl->cmd,
-                    key, leased_strerror(err.code), err.message);
-        }
-        json_decref(rep);
-    } else if (leased_unlock(ctl->conn, key, owner, NULL, NULL, &err) !=
-                   LEASED_OK &&
-               err.code != LEASED_E_NOT_HELD) {
-        fprintf(stderr, CTL_NAME ": lock: %s: unlock: %s: %s\n", key,
-                leased_strerror(err.code), err.message);
-    }
-    return status_of(wstatus);
-}
-
-/* lock and sem through the daemon's JSON: the acquisition REQ (stolen),
- * then CMD under it, then RELEASE (stolen) with the token added. WHAT
- * names the thing for messages. */
-static int
-run_under(struct ctl *ctl, const char *key, const char *owner, json_t *req,
-          long long wait_ms, char **cmd, int lost_exit, json_t *release,
-          const char *what)
-{
-    struct leased_error err;
-    json_t *rep = NULL;
-    char token[LEASED_TOKEN_MAX];
-
-    if (call(ctl, req, wait_ms, &rep, &err) != LEASED_OK) {
-        json_decref(rep);
-        json_decref(release);
-        return fail(ctl, &err);
-    }
-    fflush(stdout);
-    if (!json_is_true(json_object_get(rep, "acquired"))) {
-        if (!ctl->quiet) {
-            json_t *ttl = json_object_get(rep, "ttl_ms");
-
-            if (json_is_integer(ttl)) {
-                fprintf(stderr,
-                        CTL_NAME ": %s: %s: %s (lease left %lld ms); not "
-                                 "running %s\n",
-                        ctl->cmd, key, what,
-                        (long long)json_integer_value(ttl), cmd[0]);
-            } else {
-                fprintf(stderr, CTL_NAME ": %s: %s: %s; not running %s\n",
-                        ctl->cmd, key, what, cmd[0]);
-            }
-        }
-        json_decref(rep);
-        json_decref(release);
-        return ctl->conflict_exit;
-    }
-    snprintf(token, sizeof token, "%s",
-             json_string_value(json_object_get(rep, "token"))
-                 ? json_string_value(json_object_get(rep, "token"))
-                 : "");
-    json_decref(rep);
-    json_object_set_new(release, "token", json_string(token));
-    return hold_while(ctl, key, owner, token, cmd, lost_exit, release);
-}
-
-static int
-cmd_lock(struct ctl *ctl, int argc, char **argv)
-{
-    const char *ttl = NULL, *wait = NULL, *owner = NULL, *lost = NULL;
-    const char *rd = NULL, *wr = NULL, *conflict = NULL;
-    const struct optdef defs[] = {
-        {"ttl", 0, true, &ttl},
-        {"wait", 'w', true, &wait},
-        {"owner", 0, true, &owner},
-        {"lost-exit", 0, true, &lost},
-        {"conflict-exit", 'E', true, &conflict},
-        {"read", 0, false, &rd},
-        {"write", 0, false, &wr},
-        {NULL, 0, false, NULL},
-    };
-    struct leased_lock_args args = {0};
-    struct leased_lock_result res;
-    struct leased_error err;
-    long long lost_exit = EX_SOFTWARE;
-    char *pos[1], **cmd;
-    int npos, ncmd, rc;
-
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
-                         &ncmd)) ||
-        (rc = opt_ms(ctl, "ttl", ttl, 1, &args.ttl_ms)) ||
-        (rc = opt_ms(ctl, "wait", wait, -1, &args.wait_ms)) ||
-        (rc = opt_exits(ctl, lost, conflict, &lost_exit))) {
-        return rc;
-    }
-    if (npos != 1) {
-        return usage_error(ctl->cmd, "wants KEY -- CMD [ARGS...]%s", "");
-    }
-    if (ncmd < 1) {
-        return usage_error(ctl->cmd, "no command to run after KEY%s", "");
-    }
-    if (rd && wr) {
-        return usage_error(ctl->cmd, "--read and --write exclude each other%s",
-                           "");
-    }
-    if ((rc = open_conn(ctl))) {
-        return rc;
-    }
-    if (rd || wr || ctl->json) {
-        const char *mode = rd ? "read" : wr ? "write" : NULL;
-        json_t *req = json_pack("{s:s,s:s}", "op", "lock", "key", pos[0]);
-        json_t *rel = json_pack("{s:s,s:s}", "op", "unlock", "key", pos[0]);
-
-        /* An older daemon ignores an unknown field: it would hand out a
-         * plain lock instead of the side asked for. */
-        if (mode && !want_feature(ctl, "rwlock")) {
-            json_decref(req);
-            json_decref(rel);
-            return no_feature(ctl, "read-write locks (feature rwlock)");
-        }
-        if (mode) {
-            json_object_set_new(req, "mode", json_string(mode));
-            json_object_set_new(rel, "mode", json_string(mode));
-        }
-        if (owner) {
-            json_object_set_new(req, "owner", json_string(owner));
-        }
-        if (args.ttl_ms > 0) {
-            json_object_set_new(req, "ttl_ms", json_integer(args.ttl_ms));
-        }
-        if (args.wait_ms != 0) {
-            json_object_set_new(req, "wait_ms", json_integer(args.wait_ms));
-        }
-        return run_under(ctl, pos[0], owner, req, args.wait_ms, cmd,
-                         (int)lost_exit, rel, "held by another holder");
-    }
-    args.owner = owner;
-    if (leased_lock(ctl->conn, pos[0], &args, &res, &err) != LEASED_OK) {
-        return fail(ctl, &err);
-    }
-    if (!res.acquired) {
-        if (!ctl->quiet) {
-            fprintf(stderr,
-                    CTL_NAME ": lock: %s: held by another holder "
-                             "(lease left %lld ms); not running %s\n",
-                    pos[0], res.ttl_ms, cmd[0]);
-        }
-        return ctl->conflict_exit;
-    }
-    return hold_while(ctl, pos[0], owner, res.token, cmd, (int)lost_exit,
-                      NULL);
-}
-
-static int
-cmd_sem(struct ctl *ctl, int argc, char **argv)
-{
-    const char *ttl = NULL, *wait = NULL, *limit = NULL, *lost = NULL;
-    const char *conflict = NULL;
-    const struct optdef defs[] = {
-        {"ttl", 0, true, &ttl},
-        {"wait", 'w', true, &wait},
-        {"limit", 'n', true, &limit},
-        {"lost-exit", 0, true, &lost},
-        {"conflict-exit", 'E', true, &conflict},
-        {NULL, 0, false, NULL},
-    };
-    long long ttl_ms = 0, wait_ms = 0, lim = 0, lost_exit = EX_SOFTWARE;
-    char *pos[1], **cmd;
-    int npos, ncmd, rc;
-    json_t *req;
-
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, true, &cmd,
-                         &ncmd)) ||
-        (rc = opt_ms(ctl, "ttl", ttl, 1, &ttl_ms)) ||
-        (rc = opt_ms(ctl, "wait", wait, -1, &wait_ms)) ||
-        (rc = opt_exits(ctl, lost, conflict, &lost_exit))) {
-        return rc;
-    }
-    if (!limit || !parse_num(limit, 1, 1000000, &lim)) {
-        return usage_error(ctl->cmd, "wants --limit N (1..1000000)%s", "");
-    }
-    if (npos != 1) {
-        return usage_error(ctl->cmd, "wants KEY --limit N -- CMD [ARGS...]%s",
-                           "");
-    }
-    if (ncmd < 1) {
-        return usage_error(ctl->cmd, "no command to run after KEY%s", "");
-    }
-    if ((rc = open_conn(ctl))) {
-        return rc;
-    }
-    if (!want_feature(ctl, "semaphore")) {
-        return no_feature(ctl, "semaphores (feature semaphore)");
-    }
-    req = json_pack("{s:s,s:s,s:I}", "op", "sem.acquire", "key", pos[0],
-                    "limit", (json_int_t)lim);
-    if (ttl_ms > 0) {
-        json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
-    }
-    if (wait_ms != 0) {
-        json_object_set_new(req, "wait_ms", json_integer(wait_ms));
-    }
-    return run_under(ctl, pos[0], NULL, req, wait_ms, cmd, (int)lost_exit,
-                     json_pack("{s:s,s:s}", "op", "sem.release", "key",
-                               pos[0]),
-                     "no permit free");
-}
-
 /* --- operators ------------------------------------------------------------ */
+
+/* lock.list's answer as a table. */
+static void
+print_locks(const struct ctl *ctl, const json_t *rep)
+{
+    const json_t *e;
+    size_t i;
+
+    printf("%-32s %-5s %5s %10s %10s %-28s %s\n", "KEY", "MODE", "COUNT",
+           "TTL_MS", "HELD_MS", "SESSION", "CLIENT");
+    json_array_foreach(json_object_get(rep, "locks"), i, e)
+    {
+        const char *sess = json_string_value(json_object_get(e, "session"));
+        const char *client = json_string_value(json_object_get(e, "client"));
+
+        printf("%-32s %-5s %5lld %10lld %10lld %-28s %s\n",
+               json_string_value(json_object_get(e, "key")),
+               json_string_value(json_object_get(e, "mode")),
+               (long long)json_integer_value(json_object_get(e, "count")),
+               (long long)json_integer_value(json_object_get(e, "ttl_ms")),
+               (long long)json_integer_value(json_object_get(e, "held_ms")),
+               sess != NULL ? sess : "-",
+               client != NULL && *client != '\0' ? client : "-");
+    }
+    if (json_is_true(json_object_get(rep, "truncated")) && !ctl->quiet) {
+        fprintf(stderr, CTL_NAME ": locks: more locks than shown "
+                                 "(--limit)\n");
+    }
+}
 
 static int
 cmd_locks(struct ctl *ctl, int argc, char **argv)
@@ -1389,19 +829,21 @@ cmd_locks(struct ctl *ctl, int argc, char **argv)
     };
     struct leased_error err;
     long long lim = 0;
-    json_t *req, *rep = NULL, *e;
+    json_t *req, *rep = NULL;
     char *pos[1];
     int npos, rc;
-    size_t i;
 
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
-                         NULL))) {
+    rc = ctl_parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
+                        NULL);
+    if (rc != 0) {
         return rc;
     }
-    if (limit && !parse_num(limit, 1, 100000, &lim)) {
-        return usage_error(ctl->cmd, "bad --limit '%s' (1..100000)", limit);
+    if (limit != NULL && !ctl_parse_num(limit, 1, 100000, &lim)) {
+        return ctl_usage_error(ctl->cmd, "bad --limit '%s' (1..100000)",
+                               limit);
     }
-    if ((rc = open_conn(ctl))) {
+    rc = ctl_open_conn(ctl);
+    if (rc != 0) {
         return rc;
     }
     req = json_pack("{s:s}", "op", "lock.list");
@@ -1411,34 +853,13 @@ cmd_locks(struct ctl *ctl, int argc, char **argv)
     if (lim > 0) {
         json_object_set_new(req, "limit", json_integer(lim));
     }
-    rc = call(ctl, req, 0, &rep, &err);
+    rc = ctl_call(ctl, req, 0, &rep, &err);
     if (rc != LEASED_OK) {
         json_decref(rep);
-        return fail(ctl, &err);
+        return ctl_fail(ctl, &err);
     }
     if (!ctl->json) {
-        printf("%-32s %-5s %5s %10s %10s %-28s %s\n", "KEY", "MODE", "COUNT",
-               "TTL_MS", "HELD_MS", "SESSION", "CLIENT");
-        json_array_foreach(json_object_get(rep, "locks"), i, e)
-        {
-            const char *sess = json_string_value(
-                json_object_get(e, "session"));
-            const char *client = json_string_value(
-                json_object_get(e, "client"));
-
-            printf("%-32s %-5s %5lld %10lld %10lld %-28s %s\n",
-                   json_string_value(json_object_get(e, "key")),
-                   json_string_value(json_object_get(e, "mode")),
-                   (long long)json_integer_value(json_object_get(e, "count")),
-                   (long long)json_integer_value(json_object_get(e, "ttl_ms")),
-                   (long long)json_integer_value(
-                       json_object_get(e, "held_ms")),
-                   sess ? sess : "-", client && *client ? client : "-");
-        }
-        if (json_is_true(json_object_get(rep, "truncated")) && !ctl->quiet) {
-            fprintf(stderr, CTL_NAME ": locks: more locks than shown "
-                                     "(--limit)\n");
-        }
+        print_locks(ctl, rep);
     }
     json_decref(rep);
     return fflush(stdout) == 0 ? 0 : EX_IOERR;
@@ -1458,22 +879,25 @@ cmd_unlock(struct ctl *ctl, int argc, char **argv)
     bool released;
     int rc;
 
-    if ((rc = one_key_cmd(ctl, argc, argv, defs, pos))) {
+    rc = one_key_cmd(ctl, argc, argv, defs, pos);
+    if (rc != 0) {
         return rc;
     }
     /* An unlock of someone else's lock is only ever the operator's
      * decision, so it is spelled out. */
-    if (!force) {
-        return usage_error(ctl->cmd,
-                           "frees a lock whoever holds it: say --force%s", "");
+    if (force == NULL) {
+        return ctl_usage_error(ctl->cmd,
+                               "frees a lock whoever holds it: say --force%s",
+                               "");
     }
-    rc = call(ctl,
-              json_pack("{s:s,s:s}", "op", "lock.force_unlock", "key", pos[0]),
-              0, &rep, &err);
+    rc = ctl_call(ctl,
+                  json_pack("{s:s,s:s}", "op", "lock.force_unlock", "key",
+                            pos[0]),
+                  0, &rep, &err);
     released = json_is_true(json_object_get(rep, "released"));
     json_decref(rep);
     if (rc != LEASED_OK) {
-        return fail(ctl, &err);
+        return ctl_fail(ctl, &err);
     }
     if (!ctl->json) {
         printf("%s %s\n", pos[0], released ? "released" : "was not locked");
@@ -1481,364 +905,21 @@ cmd_unlock(struct ctl *ctl, int argc, char **argv)
     return released ? 0 : 1;
 }
 
-/* ------------------------------------------------------------------------ */
-
-/* --- top ---------------------------------------------------------------- */
-
-/* How many locks and hot keys a frame shows. */
-#define TOP_ROWS 5
-/* lock.list is asked for this many, sorted here by how long each is held. */
-#define TOP_LOCKS_ASKED 1000
-#define TOP_INTERVAL_MS 1000
-
-/* One reading of the daemon: its stats, the locks it holds, its hot keys
- * (NULL when the daemon refused the op), and when it was taken. */
-struct top_sample {
-    json_t *stats;
-    json_t *locks;
-    json_t *hot;
-    long long at_ms;
-};
-
-static volatile sig_atomic_t top_stop;
-
-static void
-top_on_signal(int sig)
-{
-    (void)sig;
-    top_stop = 1;
-}
-
-static long long
-top_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Send REQ (stolen) and return FIELD of the reply (a new reference), or
- * NULL when the daemon refused the op; *RC is set on a connection error. */
-static json_t *
-top_ask(struct ctl *ctl, json_t *req, const char *field, int *rc)
-{
-    struct leased_error err;
-    json_t *rep = NULL, *v = NULL;
-    int r = leased_call_json(ctl->conn, req, 0, &rep, &err);
-
-    json_decref(req);
-    if (r == LEASED_OK) {
-        v = json_incref(json_object_get(rep, field));
-    } else if (!rep) {
-        *rc = fail(ctl, &err);
-    }
-    json_decref(rep);
-    return v;
-}
-
-static void
-top_sample_free(struct top_sample *s)
-{
-    json_decref(s->stats);
-    json_decref(s->locks);
-    json_decref(s->hot);
-    memset(s, 0, sizeof *s);
-}
-
-static int
-top_sample(struct ctl *ctl, struct top_sample *s)
-{
-    int rc = 0;
-
-    top_sample_free(s);
-    s->at_ms = top_now_ms();
-    s->stats = top_ask(ctl, json_pack("{s:s}", "op", "stats"), "stats", &rc);
-    if (rc == 0) {
-        s->locks = top_ask(ctl,
-                           json_pack("{s:s,s:i}", "op", "lock.list", "limit",
-                                     TOP_LOCKS_ASKED),
-                           "locks", &rc);
-    }
-    if (rc == 0) {
-        s->hot = top_ask(ctl,
-                         json_pack("{s:s,s:i}", "op", "cache.hot", "limit",
-                                   TOP_ROWS),
-                         "keys", &rc);
-    }
-    if (rc == 0 && !s->stats) {
-        fprintf(stderr, CTL_NAME ": top: the daemon refused stats\n");
-        rc = EX_PROTOCOL;
-    }
-    return rc;
-}
-
-static long long
-top_int(const json_t *o, const char *k)
-{
-    return (long long)json_integer_value(json_object_get(o, k));
-}
-
-/* The rate of counter K between two stats objects, per second. */
-static double
-top_rate(const json_t *prev, const json_t *cur, const char *k, double dt_s)
-{
-    long long d = top_int(cur, k) - top_int(prev, k);
-
-    return d > 0 && dt_s > 0 ? (double)d / dt_s : 0.0;
-}
-
-static int
-top_by_held(const void *a, const void *b)
-{
-    long long x = top_int(*(json_t *const *)a, "held_ms");
-    long long y = top_int(*(json_t *const *)b, "held_ms");
-
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-/* The TOP_ROWS locks held longest, from lock.list's answer. */
-static json_t *
-top_longest(const json_t *locks)
-{
-    size_t n = json_array_size(locks), i;
-    json_t **v = calloc(n ? n : 1, sizeof *v);
-    json_t *out = json_array();
-
-    if (!v) {
-        return out;
-    }
-    for (i = 0; i < n; i++) {
-        v[i] = json_array_get(locks, i);
-    }
-    qsort(v, n, sizeof *v, top_by_held);
-    for (i = 0; i < n && i < TOP_ROWS; i++) {
-        json_array_append_new(
-            out, json_pack("{s:O?,s:O?,s:I,s:I,s:I}", "key",
-                           json_object_get(v[i], "key"), "mode",
-                           json_object_get(v[i], "mode"), "count",
-                           (json_int_t)top_int(v[i], "count"), "held_ms",
-                           (json_int_t)top_int(v[i], "held_ms"), "ttl_ms",
-                           (json_int_t)top_int(v[i], "ttl_ms")));
-    }
-    free(v);
-    return out;
-}
-
-static json_t *
-top_ops(const json_t *prev, const json_t *cur, double dt_s)
-{
-    const json_t *p = json_object_get(prev, "requests_by_op");
-    const char *op;
-    json_t *c, *out = json_object();
-
-    json_object_foreach(json_object_get(cur, "requests_by_op"), op, c)
-    {
-        double r = top_rate(p, json_object_get(cur, "requests_by_op"), op,
-                            dt_s);
-
-        if (r > 0) {
-            json_object_set_new(out, op, json_real(r));
-        }
-    }
-    return out;
-}
-
-/* What one frame shows, as --json prints it. */
-static json_t *
-top_frame(const struct top_sample *prev, const struct top_sample *cur)
-{
-    const json_t *p = prev->stats, *c = cur->stats;
-    double dt = (double)(cur->at_ms - prev->at_ms) / 1000.0;
-
-    return json_pack(
-        "{s:I,s:f,s:o,s:I,s:I,s:I,s:I,s:f,s:f,s:o,s:o,s:{s:I,s:I,s:I},"
-        "s:{s:I,s:I,s:O?}}",
-        "interval_ms", (json_int_t)(cur->at_ms - prev->at_ms),
-        "requests_per_s", top_rate(p, c, "requests", dt), "ops_per_s",
-        top_ops(p, c, dt), "sessions", (json_int_t)top_int(c, "sessions"),
-        "locks_held", (json_int_t)top_int(c, "locks_held"), "lock_waiters",
-        (json_int_t)top_int(c, "lock_waiters"), "lock_wait_oldest_ms",
-        (json_int_t)top_int(c, "lock_wait_oldest_ms"), "lock_contended_per_s",
-        top_rate(p, c, "lock_contended", dt), "lock_lost_per_s",
-        top_rate(p, c, "lock_lost", dt), "locks", top_longest(cur->locks),
-        "hot", cur->hot ? json_incref(cur->hot) : json_array(), "journal",
-        "pending", (json_int_t)top_int(c, "cache_invalidations_pending"),
-        "bytes", (json_int_t)top_int(c, "journal_bytes"), "overdue_ms",
-        (json_int_t)top_int(c, "cache_invalidations_overdue_ms"), "redis",
-        "connected", (json_int_t)top_int(c, "redis_connected"), "rtt_us",
-        (json_int_t)top_int(c, "redis_rtt_us"), "master",
-        json_object_get(c, "redis_master"));
-}
-
-static void
-top_print_lists(const json_t *f)
-{
-    const json_t *e;
-    size_t i;
-
-    printf("\n%-40s %10s %-5s %5s\n", "LOCKS HELD LONGEST", "HELD_MS", "MODE",
-           "COUNT");
-    json_array_foreach(json_object_get(f, "locks"), i, e)
-    {
-        printf("%-40s %10lld %-5s %5lld\n",
-               json_string_value(json_object_get(e, "key")),
-               top_int(e, "held_ms"),
-               json_string_value(json_object_get(e, "mode")),
-               top_int(e, "count"));
-    }
-    printf("\n%-40s %10s %6s\n", "HOT KEYS", "READS/S", "HIT");
-    json_array_foreach(json_object_get(f, "hot"), i, e)
-    {
-        printf("%-40s %10.1f %6.3f\n",
-               json_string_value(json_object_get(e, "key")),
-               json_number_value(json_object_get(e, "reads_per_s")),
-               json_number_value(json_object_get(e, "hit_ratio")));
-    }
-}
-
-static void
-top_print_text(const json_t *f, bool tty)
-{
-    const json_t *redis = json_object_get(f, "redis");
-    const json_t *journal = json_object_get(f, "journal");
-    const char *op,
-        *master = json_string_value(json_object_get(redis, "master"));
-    json_t *v;
-
-    printf("leased top  sessions %lld  requests %.1f/s%s\n",
-           top_int(f, "sessions"),
-           json_number_value(json_object_get(f, "requests_per_s")),
-           tty ? "  (q quits)" : "");
-    printf("redis    %s  connections %lld  rtt %lld us  %s\n",
-           top_int(redis, "connected") > 0 ? "up" : "DOWN",
-           top_int(redis, "connected"), top_int(redis, "rtt_us"),
-           master ? master : "");
-    printf("ops/s   ");
-    json_object_foreach(json_object_get(f, "ops_per_s"), op, v)
-    {
-        printf(" %s %.1f", op, json_number_value(v));
-    }
-    printf("\nlocks    held %lld  waiters %lld  oldest wait %lld ms  "
-           "contended %.1f/s  lost %.1f/s\n",
-           top_int(f, "locks_held"), top_int(f, "lock_waiters"),
-           top_int(f, "lock_wait_oldest_ms"),
-           json_number_value(json_object_get(f, "lock_contended_per_s")),
-           json_number_value(json_object_get(f, "lock_lost_per_s")));
-    printf(
-        "journal  pending %lld  bytes %lld  oldest delete overdue %lld ms\n",
-        top_int(journal, "pending"), top_int(journal, "bytes"),
-        top_int(journal, "overdue_ms"));
-    top_print_lists(f);
-}
-
-/* Wait up to MS for the interval to pass; true when the user asked to
- * quit (q on the terminal) or a signal came. */
+/* Is A a global option that takes the next word as its value? */
 static bool
-top_wait(bool tty, int ms)
+takes_value(const char *a)
 {
-    struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
-    long long end = top_now_ms() + ms;
+    static const char *const with_value[] = {
+        "-s",     "--socket",      "-H", "--host",
+        "--auth", "--admin-token", "-t", "--timeout",
+    };
 
-    while (!top_stop) {
-        long long left = end - top_now_ms();
-        char c;
-
-        if (left <= 0) {
-            return false;
-        }
-        if (poll(&pfd, tty ? 1 : 0, (int)left) > 0 &&
-            read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q')) {
+    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
+        if (strcmp(a, with_value[k]) == 0) {
             return true;
         }
     }
-    return true;
-}
-
-static int
-top_run(struct ctl *ctl, bool once, bool tty)
-{
-    struct top_sample prev = {0}, cur = {0};
-    int rc = top_sample(ctl, &prev);
-
-    while (rc == 0 && !top_wait(tty, TOP_INTERVAL_MS)) {
-        if ((rc = top_sample(ctl, &cur))) {
-            break;
-        }
-        json_t *f = top_frame(&prev, &cur);
-
-        if (!f) {
-            fprintf(stderr, CTL_NAME ": top: unexpected stats reply\n");
-            rc = EX_PROTOCOL;
-            break;
-        }
-        if (ctl->json) {
-            print_json(f);
-        } else {
-            if (tty) {
-                fputs("\033[H\033[2J", stdout);
-            }
-            top_print_text(f, tty);
-            if (!tty && !once) {
-                putchar('\n');
-            }
-        }
-        json_decref(f);
-        if (fflush(stdout) != 0) {
-            rc = EX_IOERR;
-        }
-        top_sample_free(&prev);
-        prev = cur;
-        memset(&cur, 0, sizeof cur);
-        if (once) {
-            break;
-        }
-    }
-    top_sample_free(&prev);
-    top_sample_free(&cur);
-    return rc;
-}
-
-static int
-cmd_top(struct ctl *ctl, int argc, char **argv)
-{
-    const char *once = NULL;
-    const struct optdef defs[] = {
-        {"once", '1', false, &once},
-        {NULL, 0, false, NULL},
-    };
-    struct sigaction sa;
-    struct termios saved, raw;
-    char *pos[1];
-    int npos, rc;
-
-    if ((rc = parse_args(ctl, argc, argv, defs, pos, &npos, 0, false, NULL,
-                         NULL))) {
-        return rc;
-    }
-    if ((rc = open_conn(ctl))) {
-        return rc;
-    }
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = top_on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    /* Interactive only on a terminal, and then keys are read one by one
-     * without echo; the terminal is given back as it was. */
-    bool tty = !once && !ctl->json && isatty(STDIN_FILENO) &&
-               isatty(STDOUT_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
-    if (tty) {
-        raw = saved;
-        raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
-        raw.c_cc[VMIN] = 1;
-        raw.c_cc[VTIME] = 0;
-        tcsetattr(STDIN_FILENO, TCSANOW, &raw);
-    }
-    rc = top_run(ctl, once != NULL, tty);
-    if (tty) {
-        tcsetattr(STDIN_FILENO, TCSANOW, &saved);
-    }
-    return rc;
+    return false;
 }
 
 static const struct {
@@ -1854,22 +935,51 @@ static const struct {
     {"wait", cmd_wait},
 };
 
+/* The environment variable NAME, or NULL when it is unset or empty. */
+static const char *
+env_value(const char *name)
+{
+    const char *v = getenv(name);
+
+    return v != NULL && *v != '\0' ? v : NULL;
+}
+
+/* Run the command ARGV[I] with the global options before it (ARGV[1] up
+ * to it) and its own arguments after it. */
+static int
+run_command(struct ctl *ctl, int argc, char **argv, int i)
+{
+    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
+        if (strcmp(argv[i], commands[k].name) == 0) {
+            const struct optdef none[] = {{NULL, 0, false, NULL}};
+            char *pos[1];
+            int npos, rc;
+
+            ctl->cmd = commands[k].name;
+            rc = ctl_parse_args(ctl, i - 1, argv + 1, none, pos, &npos, 0,
+                                false, NULL, NULL);
+            if (rc != 0) {
+                return rc;
+            }
+            rc = commands[k].fn(ctl, argc - i - 1, argv + i + 1);
+            leased_close(ctl->conn);
+            json_decref(ctl->features);
+            return rc;
+        }
+    }
+    return ctl_usage_error(NULL, "unknown command '%s'", argv[i]);
+}
+
 int
 main(int argc, char **argv)
 {
     struct ctl ctl;
-    int i, rc;
+    int i;
 
     memset(&ctl, 0, sizeof ctl);
     ctl.conflict_exit = EX_TEMPFAIL;
-    ctl.auth = getenv("LEASED_AUTH");
-    if (ctl.auth && !*ctl.auth) {
-        ctl.auth = NULL;
-    }
-    ctl.admin = getenv("LEASED_ADMIN_TOKEN");
-    if (ctl.admin && !*ctl.admin) {
-        ctl.admin = NULL;
-    }
+    ctl.auth = env_value("LEASED_AUTH");
+    ctl.admin = env_value("LEASED_ADMIN_TOKEN");
     /* Find the command: the first word that is neither an option nor the
      * value of one. The options before it are parsed like those after. */
     for (i = 1; i < argc; i++) {
@@ -1878,43 +988,21 @@ main(int argc, char **argv)
         if (a[0] != '-' || a[1] == '\0') {
             break;
         }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            ctl_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
+        if (strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) {
             printf(CTL_NAME " " PACKAGE_VERSION " (protocol %d)\n",
                    LEASED_PROTOCOL_VERSION);
             return 0;
         }
-        if ((!strcmp(a, "-s") || !strcmp(a, "--socket") || !strcmp(a, "-H") ||
-             !strcmp(a, "--host") || !strcmp(a, "--auth") ||
-             !strcmp(a, "--admin-token") || !strcmp(a, "-t") ||
-             !strcmp(a, "--timeout")) &&
-            i + 1 < argc) {
+        if (takes_value(a) && i + 1 < argc) {
             i++;
         }
     }
     if (i >= argc) {
-        return usage_error(NULL, "no command%s", "");
+        return ctl_usage_error(NULL, "no command%s", "");
     }
-    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
-        if (!strcmp(argv[i], commands[k].name)) {
-            const struct optdef none[] = {{NULL, 0, false, NULL}};
-            char *pos[1];
-            int npos;
-
-            ctl.cmd = commands[k].name;
-            rc = parse_args(&ctl, i - 1, argv + 1, none, pos, &npos, 0, false,
-                            NULL, NULL);
-            if (rc) {
-                return rc;
-            }
-            rc = commands[k].fn(&ctl, argc - i - 1, argv + i + 1);
-            leased_close(ctl.conn);
-            json_decref(ctl.features);
-            return rc;
-        }
-    }
-    return usage_error(NULL, "unknown command '%s'", argv[i]);
+    return run_command(&ctl, argc, argv, i);
 }
