@@ -11,11 +11,14 @@
 #include "harness.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sysexits.h>
+#include <unistd.h>
 
 #define T_MS 5000
 #define RUN_MS 20000 /* deadline of one leasectl run */
@@ -341,7 +344,15 @@ START_TEST(test_read_lock_and_sem)
 
     if (has_feature("rwlock")) {
         struct locked_arg la = {"rw", true};
-        CTL_BG(&bg, "lock", "--read", "rw", "--", "sleep", "2");
+        /* The reader holds until the test is done with it: its command
+         * waits on a FIFO the test writes at the end, so a slow machine
+         * cannot end the hold under the checks. */
+        char fifo[sizeof(D.sock) + 8];
+        snprintf(fifo, sizeof(fifo), "%s.hold", D.sock);
+        unlink(fifo);
+        ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+        CTL_BG(&bg, "lock", "--read", "rw", "--", "sh", "-c",
+               "read x < \"$0\"", fifo);
         ck_assert(h_wait_until(locked_is, &la, T_MS));
         CTL(&r, "lock", "--read", "rw", "--", "true");
         CK_RC(&r, 0);
@@ -349,7 +360,12 @@ START_TEST(test_read_lock_and_sem)
         CK_RC(&r, EX_TEMPFAIL);
         CTL(&r, "lock", "--write", "rw", "--conflict-exit", "9", "--", "true");
         CK_RC(&r, 9);
+        int fd = open(fifo, O_WRONLY);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, "\n", 1), 1);
+        close(fd);
         pthread_join(bg.th, NULL);
+        unlink(fifo);
         CK_RC(&bg, 0);
     } else {
         CTL(&r, "lock", "--read", "rw", "--", "true");
