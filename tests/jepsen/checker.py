@@ -131,7 +131,7 @@ def windows(hist):
             cur = {"start": e["t"], "end": None,
                    "daemons": e.get("daemons", []), "target": e.get("target")}
             out.append(cur)
-        elif cur is not None:
+        elif e["f"] == "end" and cur is not None:
             cur["end"] = e["t"]
             cur = None
     for w in out:

@@ -115,6 +115,13 @@ class Cluster:
         argv = [self.a.redis, "--port", str(port), "--bind", "0.0.0.0",
                 "--save", "", "--appendonly", "no", "--protected-mode", "no",
                 "--replica-announce-ip", SVC, "--dir", self.dir]
+        if self.a.min_replicas > 0:
+            # The setting leased-protocol(7) GUARANTEES asks for under
+            # Sentinel: a master whose replica is gone or still syncing
+            # refuses writes instead of acknowledging what a failover to
+            # that replica would lose.
+            argv += ["--min-replicas-to-write", str(self.a.min_replicas),
+                     "--min-replicas-max-lag", "1"]
         if replicaof:
             argv += ["--replicaof", SVC, str(replicaof)]
         self.spawn("redis%d" % port, argv, self.rns)
@@ -257,6 +264,21 @@ def until(cond, seconds, what):
     raise RuntimeError("timed out waiting for " + what)
 
 
+def stopped(pid, seconds=1.0):
+    """True once /proc says PID is stopped (state T), within SECONDS."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                # The state follows the command name, which is in parens.
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return True
+        except OSError:
+            return False
+        time.sleep(0.01)
+    return False
+
+
 class Nemesis:
     """Faults in cycles of a few seconds; each start and end is written
     into the history, so the checker knows when a client was paused."""
@@ -267,10 +289,11 @@ class Nemesis:
         self.lock = threading.Lock()
 
     def note(self, what, **kw):
-        kw.update(p="nemesis", f=what, t=time.monotonic(), type="nemesis",
-                  kind=self.kind)
+        rec = dict(p="nemesis", f=what, t=time.monotonic(), type="nemesis",
+                   kind=self.kind)
+        rec.update(kw)
         with self.lock:
-            self.out.write(json.dumps(kw) + "\n")
+            self.out.write(json.dumps(rec) + "\n")
 
     def run(self, seconds):
         end = time.monotonic() + seconds
@@ -338,8 +361,15 @@ class Nemesis:
             name = "client%d" % n
         p = c.procs[name]
         # ip netns exec execs the program: the pid is the program's.
-        self.note("start", target=name, pid=p.pid, daemons=hit)
+        t = time.monotonic()
         p.send_signal(signal.SIGSTOP)
+        if stopped(p.pid):
+            self.note("start", target=name, pid=p.pid, daemons=hit, t=t)
+        else:
+            # Not seen stopped: the fault cut nobody, and the checker must
+            # not judge lock_lost against it.
+            self.note("start", target=None, pid=p.pid, daemons=[], t=t,
+                      missed=name)
         time.sleep(length)
         p.send_signal(signal.SIGCONT)
         self.note("end", target=name, pid=p.pid)
@@ -427,6 +457,8 @@ def main():
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--keep", action="store_true")
     r.add_argument("--keep-dir", action="store_true")
+    r.add_argument("--min-replicas", type=int, default=1,
+                   help="Redis min-replicas-to-write (0: off)")
     r.add_argument("--leased", default=os.environ.get("LEASED_BIN",
                                                       "src/leased"))
     r.add_argument("--redis", default=os.environ.get("REDIS_SERVER",
