@@ -122,7 +122,14 @@ if floor ~= '0' and (not cur or less(cur, floor)) then
 end
 local r = redis.pcall('incr', KEYS[2])
 if type(r) == 'table' then
-    return {-1}
+    -- A counter of another type or not a number is foreign data; any
+    -- other error is Redis refusing the write (NOREPLICAS, OOM): raised,
+    -- so that the daemon answers redis_unavailable.
+    if string.find(r.err, 'WRONGTYPE', 1, true) or
+            string.find(r.err, 'not an integer', 1, true) then
+        return {-1}
+    end
+    return r
 end
 redis.call('hset', KEYS[1], 'mode', 'write', field, 1)
 redis.call('pexpire', KEYS[1], lease)
