@@ -238,6 +238,12 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
                                  : "no answer");
         return false;
     }
+    if (ld_reply_is_unavailable(reply)) {
+        log_info("redis refused op=%s key=\"%.*s\" error=\"%s\"", op,
+                 klen > 200 ? 200 : klen, key != NULL ? key : "", reply->str);
+        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", reply->str);
+        return false;
+    }
     if (reply->type != REDIS_REPLY_INTEGER) {
         const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
                                                            : "bad shape";

@@ -147,6 +147,27 @@ ld_reply_is_error(const redisReply *r, const char *prefix)
     return prefix == NULL || strncmp(r->str, prefix, strlen(prefix)) == 0;
 }
 
+bool
+ld_reply_is_unavailable(const redisReply *r)
+{
+    static const char *const codes[] = {
+        "LOADING",     "BUSY",     "READONLY",   "MASTERDOWN",
+        "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "OOM",
+        "MISCONF",     "NOAUTH",   "MOVED",      "ASK",
+    };
+    if (r == NULL || r->type != REDIS_REPLY_ERROR) {
+        return false;
+    }
+    for (size_t i = 0; i < LD_ARRAY_LEN(codes); i++) {
+        size_t n = strlen(codes[i]);
+        if (strncmp(r->str, codes[i], n) == 0 &&
+            (r->str[n] == ' ' || r->str[n] == '\0')) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* The node of the backend of redis.* (standalone and sentinel modes). */
 static struct rnode *
 main_node(void)

@@ -207,5 +207,11 @@ int ld_redis_parse_address(const char *addr, char *host, size_t hostlen,
 
 /* Helpers for reply checks. */
 bool ld_reply_is_error(const redisReply *r, const char *prefix);
+/* An error reply of a Redis that is up but cannot serve the command now
+ * (loading, busy, a replica, no replica in sync, out of memory, unable to
+ * persist, a slot elsewhere): the caller answers redis_unavailable, as for
+ * a Redis it cannot reach, never "wrong type" or "internal". A script
+ * that meets one raises it. */
+bool ld_reply_is_unavailable(const redisReply *r);
 
 #endif
