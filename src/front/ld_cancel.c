@@ -65,7 +65,8 @@ op_cancel(struct ld_req *req)
 int
 ld_cancel_init(const struct ld_ctx *ctx)
 {
+    static const struct ld_op cancel_op = {"cancel", op_cancel, 0};
     LD_UNUSED(ctx);
     ld_features_add("cancel");
-    return ld_dispatch_register("cancel", op_cancel);
+    return ld_dispatch_register_ops(&cancel_op, 1);
 }
