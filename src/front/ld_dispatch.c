@@ -148,94 +148,130 @@ op_ping(struct ld_req *req)
     ld_reply_ok(req, NULL);
 }
 
-static void
-op_hello(struct ld_req *req)
-{
-    const char *client = NULL;
-    const char *auth = NULL;
-    const char *admin = NULL;
-    size_t client_len = 0;
-    size_t auth_len = 0;
-    size_t admin_len = 0;
-    bool has_auth = false;
-    bool has_admin = false;
+/* What a hello offers, and what it makes of the session. */
+struct hello {
+    const char *client;
+    size_t client_len;
+    const char *auth;
+    size_t auth_len;
+    bool has_auth;
+    const char *admin;
+    size_t admin_len;
+    bool has_admin;
+    bool is_admin;
+};
 
-    if (ld_req_str(req, "client", false, &client, &client_len, NULL) !=
-            LD_OK ||
-        ld_req_str(req, "auth", false, &auth, &auth_len, &has_auth) != LD_OK ||
-        ld_req_str(req, "admin_token", false, &admin, &admin_len,
-                   &has_admin) != LD_OK) {
-        return;
-    }
+static bool
+hello_fields(struct ld_req *req, struct hello *h)
+{
+    return ld_req_str(req, "client", false, &h->client, &h->client_len,
+                      NULL) == LD_OK &&
+           ld_req_str(req, "auth", false, &h->auth, &h->auth_len,
+                      &h->has_auth) == LD_OK &&
+           ld_req_str(req, "admin_token", false, &h->admin, &h->admin_len,
+                      &h->has_admin) == LD_OK;
+}
+
+/* The admin token is the operator's identity (protocol.md "Operator
+ * ops"), given as admin_token, or as auth like any token. It also
+ * authenticates: whoever holds it may do more than an app. False when
+ * REQ was refused. */
+static bool
+hello_admin(struct ld_req *req, struct hello *h)
+{
     struct ld_session *s = req->sess;
-    const char *token = dispatch_mod.ctx->cfg->listen.auth_token;
-    size_t token_len = strlen(token);
     const char *atoken = dispatch_mod.ctx->cfg->listen.admin_token;
     size_t atoken_len = strlen(atoken);
 
-    /* The admin token is the operator's identity (protocol.md "Operator
-     * ops"), given as admin_token, or as auth like any token. It also
-     * authenticates: whoever holds it may do more than an app. */
-    bool is_admin = false;
-    if (has_admin) {
+    if (h->has_admin) {
         if (atoken_len == 0 ||
-            !ld_secure_equal(admin, admin_len, atoken, atoken_len)) {
+            !ld_secure_equal(h->admin, h->admin_len, atoken, atoken_len)) {
             log_warn("hello refused session=%s reason=bad_admin_token",
                      s->name);
             ld_reply_error(req, LD_E_UNAUTHORIZED,
                            atoken_len == 0 ? "listen.admin_token is not set"
                                            : "bad admin_token");
-            return;
+            return false;
         }
-        is_admin = true;
-    } else if (has_auth && atoken_len > 0 &&
-               ld_secure_equal(auth, auth_len, atoken, atoken_len)) {
-        is_admin = true;
-        has_auth = false;
+        h->is_admin = true;
+    } else if (h->has_auth && atoken_len > 0 &&
+               ld_secure_equal(h->auth, h->auth_len, atoken, atoken_len)) {
+        h->is_admin = true;
+        h->has_auth = false;
     }
-    if (is_admin && !has_auth) {
+    if (h->is_admin && !h->has_auth) {
         s->authed = true;
     }
+    return true;
+}
 
-    /* A token, when configured, is checked wherever it is offered; it is
-     * required only where the listener says so. */
-    if (has_auth && ld_ns_takes_auth(s)) {
+/* A token, when configured, is checked wherever it is offered; it is
+ * required only where the listener says so. False when REQ was
+ * refused. */
+static bool
+hello_auth(struct ld_req *req, const struct hello *h)
+{
+    struct ld_session *s = req->sess;
+    const char *token = dispatch_mod.ctx->cfg->listen.auth_token;
+    size_t token_len = strlen(token);
+
+    if (h->has_auth && ld_ns_takes_auth(s)) {
         /* With namespaces a TCP client's token also names its namespace
          * (ld_ns.c); a token that is none of them is refused. */
-        if (!ld_ns_hello_auth(s, auth, auth_len)) {
+        if (!ld_ns_hello_auth(s, h->auth, h->auth_len)) {
             log_warn("hello refused session=%s reason=bad_auth", s->name);
             ld_reply_error(req, LD_E_UNAUTHORIZED, "bad auth");
-            return;
+            return false;
         }
-    } else if (token_len > 0 && (has_auth || !s->authed)) {
-        if (!has_auth || !ld_secure_equal(auth, auth_len, token, token_len)) {
+    } else if (token_len > 0 && (h->has_auth || !s->authed)) {
+        if (!h->has_auth ||
+            !ld_secure_equal(h->auth, h->auth_len, token, token_len)) {
             log_warn("hello refused session=%s reason=bad_auth", s->name);
             ld_reply_error(req, LD_E_UNAUTHORIZED, "bad or missing auth");
-            return;
+            return false;
         }
     }
+    return true;
+}
+
+/* The session as the hello that was accepted makes it. */
+static void
+hello_accept(struct ld_session *s, const struct hello *h)
+{
     s->authed = true;
-    if (has_auth) {
-        ld_ns_hello_token(s, auth, auth_len);
+    if (h->has_auth) {
+        ld_ns_hello_token(s, h->auth, h->auth_len);
     }
-    if (is_admin) {
+    if (h->is_admin) {
         s->admin = true;
         log_info("operator session=%s", s->name);
     }
-    if (client != NULL) {
+    if (h->client != NULL) {
         snprintf(s->client, sizeof(s->client), "%.*s",
-                 (int)(client_len < sizeof(s->client) - 1
-                           ? client_len
+                 (int)(h->client_len < sizeof(s->client) - 1
+                           ? h->client_len
                            : sizeof(s->client) - 1),
-                 client);
+                 h->client);
     }
+}
+
+static void
+op_hello(struct ld_req *req)
+{
+    struct hello h = {.client = NULL};
+
+    if (!hello_fields(req, &h) || !hello_admin(req, &h) ||
+        !hello_auth(req, &h)) {
+        return;
+    }
+    hello_accept(req->sess, &h);
     /* The optional parts of the protocol this daemon offers, as the
      * modules added them (ld_features.h); a client checks before it
      * relies on one. */
     ld_reply_ok(req,
                 json_pack("{s:s,s:s,s:i,s:s,s:o}", "server", "leased",
                           "version", PACKAGE_VERSION, "protocol", 1, "session",
-                          s->name, "features", ld_features_json()));
+                          req->sess->name, "features", ld_features_json()));
 }
 
 /* The contract fixes ping's reply at {"ok":true} and lets stats carry
