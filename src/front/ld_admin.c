@@ -6,6 +6,11 @@
  * pgbouncer's admin console over its socket) or by hello (TCP: the admin
  * token); this module only reads the session's flag. What is listed and
  * how a lock is forced belong to the lock modules, which plug in here.
+ *
+ * This module owns the operator ops' fields and the lister and forcer
+ * slots. It must not reach into the lock modules' state (they list and
+ * force through their plug-ins), and dispatch, not the op, asks
+ * ld_admin_check before an op flagged LD_OP_ADMIN runs.
  */
 #include "ld_admin.h"
 

@@ -1,6 +1,10 @@
 /*
  * NDJSON framing. Kept free of sockets so that split reads, several lines
  * per read, CRLF and over-long lines can be tested from raw bytes.
+ *
+ * This module owns the framer's state (struct ld_framer) and nothing
+ * else: it must not touch sockets, sessions or JSON, and a line is
+ * handed out as bytes for the session to do with as it will.
  */
 #include "ld_frame.h"
 

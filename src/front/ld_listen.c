@@ -1,6 +1,12 @@
 /*
  * Listeners: the Unix socket local apps use, loopback TCP, or the sockets
  * systemd passed us. Accepted connections become sessions.
+ *
+ * This module owns the listening sockets, their pauses when accept fails
+ * for want of descriptors, and the socket file it created (removed at
+ * stop). An accepted connection is the session module's from the start:
+ * whether it is refused (limits.max_clients, stopping) is decided there,
+ * not here.
  */
 #include "ld_listen.h"
 

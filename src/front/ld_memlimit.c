@@ -2,6 +2,11 @@
  * limits.max_memory_bytes (ld_memlimit.h). The accounting is of what
  * clients can make grow, kept up to date where it changes, so a check
  * costs a few additions per request.
+ *
+ * This module owns the refusal of new work and how often it is logged.
+ * It only reads the accounting (the sessions' buffers, the figures in
+ * ld_stats the other modules keep): it must not change it, nor decide
+ * which op adds work (the op's row in the op table says so).
  */
 #include "ld_memlimit.h"
 

@@ -5,7 +5,12 @@
  * The session keeps only its identity; the entry is looked up in the live
  * list on every request that names a key, so a reload that changes the
  * list applies to the next request of every session. The lists are short
- * (one entry per app on the host), and the lookup is a scan. */
+ * (one entry per app on the host), and the lookup is a scan.
+ *
+ * This module owns the identity (the session's ns_state) and the key
+ * check. The list belongs to the configuration and is only read here;
+ * hello's other tokens, and whether an op is checked at all (its flags),
+ * are dispatch's. */
 #include "ld_ns.h"
 
 #include "ld_conf.h"

@@ -5,6 +5,40 @@
  * outlives its socket until the last request in flight has been answered,
  * so feature modules never see a dangling session pointer inside a
  * request.
+ *
+ * This module owns the connections: sockets, their buffers and the
+ * accounting of them, the open list and the close hooks. It must not
+ * parse a line (the line handler does) nor touch a module's per-session
+ * state (the slots of struct ld_session, which each module drops from its
+ * close hook).
+ *
+ * A session's states:
+ *
+ *   READING    open, its socket read (sock_read_cb) and each read's lines
+ *              dispatched, a bounded share per loop turn.
+ *   BACKLOG    open, the turn's share used up: lines wait in the input
+ *              buffer and reading stops; more_cb goes on in the next turn
+ *              (-> READING, or stays BACKLOG).
+ *   PAUSED     open, the output owed above the high mark (owed_output):
+ *              neither dispatching nor reading; back to READING when it
+ *              falls to the low mark (maybe_resume, from the output
+ *              buffer's callback or an answer), or, when only the
+ *              estimate keeps it there, for BLIND_REQUESTS more lines
+ *              after GRACE_MS without an answer (grace_cb).
+ *   OVER       a write would pass limits.max_output_bytes: its output is
+ *              dropped, and more_cb closes it and drops its socket at once
+ *              (-> RELEASED).
+ *   LINGERING  closed (ld_session_close: EOF, an error, the HTTP guard,
+ *              shutdown or a module): the close hooks ran and it left the
+ *              open list, but its socket still writes what is queued and
+ *              the answers owed (-> RELEASED when done, at a socket error,
+ *              or at redis.timeout_ms + LINGER_EXTRA_MS: linger_cb).
+ *   RELEASED   no socket (release_socket): the memory stays while a
+ *              request in flight holds a reference, and is freed with the
+ *              last one (ld_session_unref).
+ *
+ * ld_session_new makes a session READING, or none (one error line and
+ * the close) at limits.max_clients or while the daemon stops.
  */
 #include "ld_session.h"
 
