@@ -105,7 +105,7 @@ accept_error_cb(struct evconnlistener *evl, void *arg)
         p->suppressed = 0;
     }
     if (exhausted && p->resume_ev != NULL) {
-        struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+        struct timeval tv = ld_tv_ms(ACCEPT_PAUSE_MS);
         evconnlistener_disable(evl);
         event_add(p->resume_ev, &tv);
     }

@@ -544,9 +544,8 @@ ld_session_close(struct ld_session *s, const char *why)
         if (closed_and_done(s)) {
             release_socket(s);
         } else {
-            long long ms = sessions_cfg()->redis.timeout_ms + LINGER_EXTRA_MS;
-            struct timeval tv = {(time_t)(ms / 1000),
-                                 (suseconds_t)(ms % 1000) * 1000};
+            struct timeval tv = ld_tv_ms(sessions_cfg()->redis.timeout_ms +
+                                         LINGER_EXTRA_MS);
             bufferevent_setwatermark(s->bev, EV_WRITE, 0, 0);
             bufferevent_setcb(s->bev, NULL, closed_write_cb, closed_event_cb,
                               s);
@@ -788,7 +787,7 @@ owes_enough(struct ld_session *s)
     }
     s->io->out_paused = true;
     if (out_low) {
-        struct timeval tv = {0, GRACE_MS * 1000};
+        struct timeval tv = ld_tv_ms(GRACE_MS);
         s->io->grace_mark = s->io->answered;
         evtimer_add(s->io->grace_ev, &tv);
     }
@@ -973,7 +972,7 @@ grace_cb(evutil_socket_t fd, short what, void *arg)
     }
     if (s->io->answered != s->io->grace_mark) {
         /* Answers are coming: they resume it (maybe_resume). */
-        struct timeval tv = {0, GRACE_MS * 1000};
+        struct timeval tv = ld_tv_ms(GRACE_MS);
         s->io->grace_mark = s->io->answered;
         evtimer_add(s->io->grace_ev, &tv);
         return;
