@@ -508,12 +508,15 @@ ld_cache_init(const struct ld_ctx *ctx)
     if (ld_near_init(ctx) != LD_OK) {
         return LD_ERR;
     }
-    if (ld_dispatch_register("cache.get", cache_op_get) != LD_OK ||
-        ld_dispatch_register("cache.mget", cache_op_mget) != LD_OK ||
-        ld_dispatch_register("cache.fill", op_fill) != LD_OK ||
-        ld_dispatch_register("cache.release", op_release) != LD_OK ||
-        ld_dispatch_register("cache.set", op_set) != LD_OK ||
-        ld_dispatch_register("cache.invalidate", cache_op_invalidate) !=
+    static const struct ld_op cache_ops[] = {
+        {"cache.get", cache_op_get, LD_OP_ADDS_WORK},
+        {"cache.mget", cache_op_mget, LD_OP_ADDS_WORK},
+        {"cache.fill", op_fill, LD_OP_ADDS_WORK},
+        {"cache.release", op_release, 0},
+        {"cache.set", op_set, LD_OP_ADDS_WORK},
+        {"cache.invalidate", cache_op_invalidate, 0},
+    };
+    if (ld_dispatch_register_ops(cache_ops, LD_ARRAY_LEN(cache_ops)) !=
             LD_OK ||
         cache_hot_init() != LD_OK) {
         return LD_ERR;

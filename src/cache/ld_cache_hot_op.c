@@ -137,5 +137,6 @@ cache_hot_init(void)
 {
     ld_cache_hot_init((size_t)cache_mod.ctx->cfg->cache.hot_keys);
     ld_stats_add_prometheus(hot_prometheus);
-    return ld_dispatch_register("cache.hot", op_hot);
+    static const struct ld_op hot_op = {"cache.hot", op_hot, LD_OP_ADMIN};
+    return ld_dispatch_register_ops(&hot_op, 1);
 }

@@ -6,6 +6,11 @@
  * pgbouncer's admin console over its socket) or by hello (TCP: the admin
  * token); this module only reads the session's flag. What is listed and
  * how a lock is forced belong to the lock modules, which plug in here.
+ *
+ * This module owns the operator ops' fields and the lister and forcer
+ * slots. It must not reach into the lock modules' state (they list and
+ * force through their plug-ins), and dispatch, not the op, asks
+ * ld_admin_check before an op flagged LD_OP_ADMIN runs.
  */
 #include "ld_admin.h"
 
@@ -120,8 +125,7 @@ static void
 op_lock_list(struct ld_req *req)
 {
     struct ld_admin_list l = {.prefix = "", .limit = LIST_LIMIT_DEFAULT};
-    if (!ld_admin_check(req) ||
-        ld_req_str(req, "prefix", false, &l.prefix, &l.prefix_len, NULL) !=
+    if (ld_req_str(req, "prefix", false, &l.prefix, &l.prefix_len, NULL) !=
             LD_OK ||
         ld_req_int(req, "limit", false, 1, LIST_LIMIT_MAX, &l.limit, NULL) !=
             LD_OK) {
@@ -140,7 +144,7 @@ op_force_unlock(struct ld_req *req)
 {
     const char *key;
     size_t len;
-    if (!ld_admin_check(req) || ld_req_key(req, "key", &key, &len) != LD_OK) {
+    if (ld_req_key(req, "key", &key, &len) != LD_OK) {
         return;
     }
     if (admin_mod.forcer == NULL) {
@@ -156,9 +160,14 @@ op_force_unlock(struct ld_req *req)
 int
 ld_admin_init(const struct ld_ctx *ctx)
 {
+    static const struct ld_op admin_ops[] = {
+        {"lock.list", op_lock_list, LD_OP_ADMIN},
+        {"lock.force_unlock", op_force_unlock, LD_OP_ADMIN},
+    };
     admin_mod.ctx = ctx;
-    if (ld_dispatch_register("lock.list", op_lock_list) != LD_OK ||
-        ld_dispatch_register("lock.force_unlock", op_force_unlock) != LD_OK) {
+    ld_dispatch_set_admin_check(ld_admin_check);
+    if (ld_dispatch_register_ops(admin_ops, LD_ARRAY_LEN(admin_ops)) !=
+        LD_OK) {
         return LD_ERR;
     }
     ld_features_add("admin");

@@ -17,7 +17,8 @@ int ld_admin_init(const struct ld_ctx *ctx);
 void ld_admin_free(void);
 
 /* False, with REQ answered unauthorized, when its session may not run an
- * operator op. Every operator op starts with it. */
+ * operator op. Dispatch runs it (ld_dispatch_set_admin_check) before
+ * every op flagged LD_OP_ADMIN. */
 bool ld_admin_check(struct ld_req *req);
 
 /* One lock held through this daemon, as lock.list shows it. */

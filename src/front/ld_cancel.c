@@ -2,6 +2,11 @@
  * The cancel op. Requests that wait (lock, sem.acquire, cache.get) are
  * listed on their session while they may be cancelled; the module that
  * parks one says how its wait ends (ld_cancel_on).
+ *
+ * This module owns the list's entries and the op. How a wait ends, and
+ * the waiting request itself, are the parking module's: cancelling calls
+ * its function, which answers the request and frees it, and nothing of
+ * the request is touched after.
  */
 #include "ld_cancel.h"
 
@@ -65,7 +70,8 @@ op_cancel(struct ld_req *req)
 int
 ld_cancel_init(const struct ld_ctx *ctx)
 {
+    static const struct ld_op cancel_op = {"cancel", op_cancel, 0};
     LD_UNUSED(ctx);
     ld_features_add("cancel");
-    return ld_dispatch_register("cancel", op_cancel);
+    return ld_dispatch_register_ops(&cancel_op, 1);
 }

@@ -1,6 +1,13 @@
 /*
- * The op table. Core ops (hello, ping, stats) live here; feature modules
- * add theirs at init, so an op whose module is absent is simply unknown.
+ * The op table, and the checks a request passes before its op runs.
+ * Feature modules add their rows (struct ld_op) at init, so an op whose
+ * module is absent is simply unknown; the core ops (hello, ping, stats)
+ * live here. What is checked for an op follows from its row's flags,
+ * never from which op it is: a new op is one row.
+ *
+ * Dispatch owns the table and the readiness checks. It reads no field of
+ * a request but its op (the handler's, ld_ns's and ld_memlimit's
+ * business) and no module's state.
  */
 #include "ld_dispatch.h"
 
@@ -25,9 +32,8 @@
 #define MAX_READY_CHECKS 4
 
 struct op_entry {
-    const char *name;
-    size_t len; /* of name: most ops are told apart by it alone */
-    ld_handler *fn;
+    const struct ld_op *op;
+    size_t len; /* of its name: most ops are told apart by it alone */
 };
 
 static struct {
@@ -36,7 +42,14 @@ static struct {
     size_t n_ops;
     ld_ready_fn *ready_checks[MAX_READY_CHECKS];
     size_t n_ready_checks;
+    ld_op_check *admin_check;
 } dispatch_mod;
+
+void
+ld_dispatch_set_admin_check(ld_op_check *fn)
+{
+    dispatch_mod.admin_check = fn;
+}
 
 void
 ld_dispatch_add_ready_check(ld_ready_fn *fn)
@@ -84,23 +97,33 @@ ld_dispatch_not_ready(void)
     return NULL;
 }
 
-int
-ld_dispatch_register(const char *op, ld_handler *fn)
+static int
+register_op(const struct ld_op *op)
 {
     for (size_t i = 0; i < dispatch_mod.n_ops; i++) {
-        if (strcmp(dispatch_mod.ops[i].name, op) == 0) {
-            dispatch_mod.ops[i].fn = fn;
+        if (strcmp(dispatch_mod.ops[i].op->name, op->name) == 0) {
+            dispatch_mod.ops[i].op = op;
             return LD_OK;
         }
     }
     if (dispatch_mod.n_ops == MAX_OPS) {
-        log_error("dispatch table full op=%s", op);
+        log_error("dispatch table full op=%s", op->name);
         return LD_ERR;
     }
-    dispatch_mod.ops[dispatch_mod.n_ops].name = op;
-    dispatch_mod.ops[dispatch_mod.n_ops].len = strlen(op);
-    dispatch_mod.ops[dispatch_mod.n_ops].fn = fn;
+    dispatch_mod.ops[dispatch_mod.n_ops].op = op;
+    dispatch_mod.ops[dispatch_mod.n_ops].len = strlen(op->name);
     dispatch_mod.n_ops++;
+    return LD_OK;
+}
+
+int
+ld_dispatch_register_ops(const struct ld_op *ops, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (register_op(&ops[i]) != LD_OK) {
+            return LD_ERR;
+        }
+    }
     return LD_OK;
 }
 
@@ -112,7 +135,7 @@ find_op(const char *name)
     size_t len = strlen(name);
     for (size_t i = 0; i < dispatch_mod.n_ops; i++) {
         const struct op_entry *e = &dispatch_mod.ops[i];
-        if (e->len == len && memcmp(e->name, name, len) == 0) {
+        if (e->len == len && memcmp(e->op->name, name, len) == 0) {
             return e;
         }
     }
@@ -125,94 +148,130 @@ op_ping(struct ld_req *req)
     ld_reply_ok(req, NULL);
 }
 
-static void
-op_hello(struct ld_req *req)
-{
-    const char *client = NULL;
-    const char *auth = NULL;
-    const char *admin = NULL;
-    size_t client_len = 0;
-    size_t auth_len = 0;
-    size_t admin_len = 0;
-    bool has_auth = false;
-    bool has_admin = false;
+/* What a hello offers, and what it makes of the session. */
+struct hello {
+    const char *client;
+    size_t client_len;
+    const char *auth;
+    size_t auth_len;
+    bool has_auth;
+    const char *admin;
+    size_t admin_len;
+    bool has_admin;
+    bool is_admin;
+};
 
-    if (ld_req_str(req, "client", false, &client, &client_len, NULL) !=
-            LD_OK ||
-        ld_req_str(req, "auth", false, &auth, &auth_len, &has_auth) != LD_OK ||
-        ld_req_str(req, "admin_token", false, &admin, &admin_len,
-                   &has_admin) != LD_OK) {
-        return;
-    }
+static bool
+hello_fields(struct ld_req *req, struct hello *h)
+{
+    return ld_req_str(req, "client", false, &h->client, &h->client_len,
+                      NULL) == LD_OK &&
+           ld_req_str(req, "auth", false, &h->auth, &h->auth_len,
+                      &h->has_auth) == LD_OK &&
+           ld_req_str(req, "admin_token", false, &h->admin, &h->admin_len,
+                      &h->has_admin) == LD_OK;
+}
+
+/* The admin token is the operator's identity (protocol.md "Operator
+ * ops"), given as admin_token, or as auth like any token. It also
+ * authenticates: whoever holds it may do more than an app. False when
+ * REQ was refused. */
+static bool
+hello_admin(struct ld_req *req, struct hello *h)
+{
     struct ld_session *s = req->sess;
-    const char *token = dispatch_mod.ctx->cfg->listen.auth_token;
-    size_t token_len = strlen(token);
     const char *atoken = dispatch_mod.ctx->cfg->listen.admin_token;
     size_t atoken_len = strlen(atoken);
 
-    /* The admin token is the operator's identity (protocol.md "Operator
-     * ops"), given as admin_token, or as auth like any token. It also
-     * authenticates: whoever holds it may do more than an app. */
-    bool is_admin = false;
-    if (has_admin) {
+    if (h->has_admin) {
         if (atoken_len == 0 ||
-            !ld_secure_equal(admin, admin_len, atoken, atoken_len)) {
+            !ld_secure_equal(h->admin, h->admin_len, atoken, atoken_len)) {
             log_warn("hello refused session=%s reason=bad_admin_token",
                      s->name);
             ld_reply_error(req, LD_E_UNAUTHORIZED,
                            atoken_len == 0 ? "listen.admin_token is not set"
                                            : "bad admin_token");
-            return;
+            return false;
         }
-        is_admin = true;
-    } else if (has_auth && atoken_len > 0 &&
-               ld_secure_equal(auth, auth_len, atoken, atoken_len)) {
-        is_admin = true;
-        has_auth = false;
+        h->is_admin = true;
+    } else if (h->has_auth && atoken_len > 0 &&
+               ld_secure_equal(h->auth, h->auth_len, atoken, atoken_len)) {
+        h->is_admin = true;
+        h->has_auth = false;
     }
-    if (is_admin && !has_auth) {
+    if (h->is_admin && !h->has_auth) {
         s->authed = true;
     }
+    return true;
+}
 
-    /* A token, when configured, is checked wherever it is offered; it is
-     * required only where the listener says so. */
-    if (has_auth && ld_ns_takes_auth(s)) {
+/* A token, when configured, is checked wherever it is offered; it is
+ * required only where the listener says so. False when REQ was
+ * refused. */
+static bool
+hello_auth(struct ld_req *req, const struct hello *h)
+{
+    struct ld_session *s = req->sess;
+    const char *token = dispatch_mod.ctx->cfg->listen.auth_token;
+    size_t token_len = strlen(token);
+
+    if (h->has_auth && ld_ns_takes_auth(s)) {
         /* With namespaces a TCP client's token also names its namespace
          * (ld_ns.c); a token that is none of them is refused. */
-        if (!ld_ns_hello_auth(s, auth, auth_len)) {
+        if (!ld_ns_hello_auth(s, h->auth, h->auth_len)) {
             log_warn("hello refused session=%s reason=bad_auth", s->name);
             ld_reply_error(req, LD_E_UNAUTHORIZED, "bad auth");
-            return;
+            return false;
         }
-    } else if (token_len > 0 && (has_auth || !s->authed)) {
-        if (!has_auth || !ld_secure_equal(auth, auth_len, token, token_len)) {
+    } else if (token_len > 0 && (h->has_auth || !s->authed)) {
+        if (!h->has_auth ||
+            !ld_secure_equal(h->auth, h->auth_len, token, token_len)) {
             log_warn("hello refused session=%s reason=bad_auth", s->name);
             ld_reply_error(req, LD_E_UNAUTHORIZED, "bad or missing auth");
-            return;
+            return false;
         }
     }
+    return true;
+}
+
+/* The session as the hello that was accepted makes it. */
+static void
+hello_accept(struct ld_session *s, const struct hello *h)
+{
     s->authed = true;
-    if (has_auth) {
-        ld_ns_hello_token(s, auth, auth_len);
+    if (h->has_auth) {
+        ld_ns_hello_token(s, h->auth, h->auth_len);
     }
-    if (is_admin) {
+    if (h->is_admin) {
         s->admin = true;
         log_info("operator session=%s", s->name);
     }
-    if (client != NULL) {
+    if (h->client != NULL) {
         snprintf(s->client, sizeof(s->client), "%.*s",
-                 (int)(client_len < sizeof(s->client) - 1
-                           ? client_len
+                 (int)(h->client_len < sizeof(s->client) - 1
+                           ? h->client_len
                            : sizeof(s->client) - 1),
-                 client);
+                 h->client);
     }
+}
+
+static void
+op_hello(struct ld_req *req)
+{
+    struct hello h = {.client = NULL};
+
+    if (!hello_fields(req, &h) || !hello_admin(req, &h) ||
+        !hello_auth(req, &h)) {
+        return;
+    }
+    hello_accept(req->sess, &h);
     /* The optional parts of the protocol this daemon offers, as the
      * modules added them (ld_features.h); a client checks before it
      * relies on one. */
     ld_reply_ok(req,
                 json_pack("{s:s,s:s,s:i,s:s,s:o}", "server", "leased",
                           "version", PACKAGE_VERSION, "protocol", 1, "session",
-                          s->name, "features", ld_features_json()));
+                          req->sess->name, "features", ld_features_json()));
 }
 
 /* The contract fixes ping's reply at {"ok":true} and lets stats carry
@@ -231,16 +290,48 @@ op_stats(struct ld_req *req)
     ld_reply_ok(req, json_pack("{s:o}", "stats", st));
 }
 
+/* The checks every op passes, then those its FLAGS call for, in the
+ * order of their refusals: true when REQ was refused (and answered). */
+static bool
+refused(struct ld_req *req, unsigned flags)
+{
+    if (dispatch_mod.ctx->shutting_down) {
+        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+        return true;
+    }
+    /* pending already counts this request. */
+    if (req->sess->pending > dispatch_mod.ctx->cfg->limits.max_pending) {
+        ld_reply_error(req, LD_E_BUSY,
+                       "too many requests in flight on this connection "
+                       "(limits.max_pending %lld)",
+                       dispatch_mod.ctx->cfg->limits.max_pending);
+        return true;
+    }
+    if ((flags & LD_OP_NO_NS) == 0 &&
+        ld_ns_check(req, (flags & LD_OP_ADMIN) != 0) != LD_OK) {
+        return true;
+    }
+    if (ld_memlimit_refuse(req, flags)) {
+        return true;
+    }
+    if ((flags & LD_OP_ADMIN) != 0) {
+        LD_ASSERTF(dispatch_mod.admin_check != NULL,
+                   "operator op %s without the admin module", req->op);
+        return !dispatch_mod.admin_check(req);
+    }
+    return false;
+}
+
 void
 ld_dispatch(struct ld_req *req)
 {
-    struct ld_session *s = req->sess;
     const struct op_entry *e = find_op(req->op);
 
     if (e != NULL) {
-        ld_stats_count_op(e->name);
+        ld_stats_count_op(e->op->name);
     }
-    if (!s->authed && (e == NULL || e->fn != op_hello)) {
+    if (!req->sess->authed &&
+        (e == NULL || (e->op->flags & LD_OP_NO_AUTH) == 0)) {
         ld_reply_error(req, LD_E_UNAUTHORIZED,
                        "this listener requires hello with auth first");
         return;
@@ -249,27 +340,19 @@ ld_dispatch(struct ld_req *req)
         ld_reply_error(req, LD_E_UNKNOWN_OP, "unknown op '%s'", req->op);
         return;
     }
-    if (dispatch_mod.ctx->shutting_down) {
-        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+    if (refused(req, e->op->flags)) {
         return;
     }
-    /* pending already counts this request. */
-    if (s->pending > dispatch_mod.ctx->cfg->limits.max_pending) {
-        ld_reply_error(req, LD_E_BUSY,
-                       "too many requests in flight on this connection "
-                       "(limits.max_pending %lld)",
-                       dispatch_mod.ctx->cfg->limits.max_pending);
-        return;
-    }
-    if (e->fn != op_hello && e->fn != op_ping && e->fn != op_stats &&
-        ld_ns_check(req) != LD_OK) {
-        return;
-    }
-    if (ld_memlimit_refuse(req)) {
-        return;
-    }
-    e->fn(req);
+    e->op->fn(req);
 }
+
+/* The core ops. hello is what authenticates a session; none of the
+ * three is sent keys. */
+static const struct ld_op core_ops[] = {
+    {"hello", op_hello, LD_OP_NO_AUTH | LD_OP_NO_NS},
+    {"ping", op_ping, LD_OP_NO_NS},
+    {"stats", op_stats, LD_OP_NO_NS},
+};
 
 int
 ld_dispatch_init(const struct ld_ctx *ctx)
@@ -277,11 +360,9 @@ ld_dispatch_init(const struct ld_ctx *ctx)
     dispatch_mod.ctx = ctx;
     dispatch_mod.n_ops = 0;
     dispatch_mod.n_ready_checks = 0;
+    dispatch_mod.admin_check = NULL;
     ld_memlimit_init(ctx);
-    ld_dispatch_register("hello", op_hello);
-    ld_dispatch_register("ping", op_ping);
-    ld_dispatch_register("stats", op_stats);
-    return LD_OK;
+    return ld_dispatch_register_ops(core_ops, LD_ARRAY_LEN(core_ops));
 }
 
 void

@@ -1,6 +1,10 @@
 /*
  * NDJSON framing. Kept free of sockets so that split reads, several lines
  * per read, CRLF and over-long lines can be tested from raw bytes.
+ *
+ * This module owns the framer's state (struct ld_framer) and nothing
+ * else: it must not touch sockets, sessions or JSON, and a line is
+ * handed out as bytes for the session to do with as it will.
  */
 #include "ld_frame.h"
 
@@ -37,6 +41,72 @@ keep_head_in(struct ld_framer *f, struct evbuffer *in)
     f->head_len = n > 0 ? (size_t)n : 0;
 }
 
+/* Where the first \n of IN's AVAIL bytes is (pos -1: none). The search
+ * resumes where the last one stopped: a long line arriving in small reads
+ * would otherwise be rescanned from its start on every read. */
+static struct evbuffer_ptr
+find_newline(struct ld_framer *f, struct evbuffer *in, size_t avail)
+{
+    struct evbuffer_ptr nl = {.pos = -1};
+
+    if (f->scanned > avail) {
+        f->scanned = 0;
+    }
+    if (f->scanned < avail) {
+        /* (Nothing to search, and no position to start from, when no byte
+         * came since the last search.) */
+        struct evbuffer_ptr start;
+        evbuffer_ptr_set(in, &start, f->scanned, EVBUFFER_PTR_SET);
+        nl = evbuffer_search(in, "\n", 1, &start);
+    }
+    f->scanned = nl.pos < 0 ? avail : 0;
+    return nl;
+}
+
+/* IN's AVAIL bytes hold no \n: the start of a line, which waits for more
+ * unless it is over the limit already. */
+static enum ld_frame_result
+unended_line(struct ld_framer *f, struct evbuffer *in, size_t avail)
+{
+    /* The terminator does not count against the limit: a line of exactly
+     * max_bytes may still be waiting for the \n of its \r\n. */
+    if (avail > f->max_bytes + 1 ||
+        (avail == f->max_bytes + 1 && !ends_with_cr(in, avail))) {
+        /* Report now rather than buffering the whole line. */
+        keep_head_in(f, in);
+        evbuffer_drain(in, avail);
+        f->scanned = 0;
+        f->discarding = true;
+        return LD_FRAME_TOO_LARGE;
+    }
+    return LD_FRAME_NEED_MORE;
+}
+
+/* The line of IN's first N bytes, which a \n follows. */
+static enum ld_frame_result
+ended_line(struct ld_framer *f, struct evbuffer *in, size_t n, char **line,
+           size_t *len)
+{
+    if (n > f->max_bytes && (n > f->max_bytes + 1 || !ends_with_cr(in, n))) {
+        keep_head_in(f, in);
+        evbuffer_drain(in, n + 1);
+        return LD_FRAME_TOO_LARGE;
+    }
+    char *buf = malloc(n + 1);
+    if (buf == NULL) {
+        return LD_FRAME_NEED_MORE;
+    }
+    evbuffer_remove(in, buf, n);
+    evbuffer_drain(in, 1);
+    if (n > 0 && buf[n - 1] == '\r') {
+        n--;
+    }
+    buf[n] = '\0';
+    *line = buf;
+    *len = n;
+    return LD_FRAME_LINE;
+}
+
 enum ld_frame_result
 ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
               size_t *len)
@@ -46,22 +116,7 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
         if (avail == 0) {
             return LD_FRAME_NEED_MORE;
         }
-        /* Resume the search where the last one stopped: a long line
-         * arriving in small reads would otherwise be rescanned from its
-         * start on every read. */
-        if (f->scanned > avail) {
-            f->scanned = 0;
-        }
-        struct evbuffer_ptr nl = {.pos = -1};
-        if (f->scanned < avail) {
-            /* (Nothing to search, and no position to start from, when
-             * no byte came since the last search.) */
-            struct evbuffer_ptr start;
-            evbuffer_ptr_set(in, &start, f->scanned, EVBUFFER_PTR_SET);
-            nl = evbuffer_search(in, "\n", 1, &start);
-        }
-        f->scanned = nl.pos < 0 ? avail : 0;
-
+        struct evbuffer_ptr nl = find_newline(f, in, avail);
         if (f->discarding) {
             if (nl.pos < 0) {
                 evbuffer_drain(in, avail);
@@ -72,43 +127,10 @@ ld_frame_next(struct ld_framer *f, struct evbuffer *in, char **line,
             f->discarding = false;
             continue;
         }
-
         if (nl.pos < 0) {
-            /* The terminator does not count against the limit: a line of
-             * exactly max_bytes may still be waiting for the \n of its
-             * \r\n. */
-            if (avail > f->max_bytes + 1 ||
-                (avail == f->max_bytes + 1 && !ends_with_cr(in, avail))) {
-                /* Report now rather than buffering the whole line. */
-                keep_head_in(f, in);
-                evbuffer_drain(in, avail);
-                f->scanned = 0;
-                f->discarding = true;
-                return LD_FRAME_TOO_LARGE;
-            }
-            return LD_FRAME_NEED_MORE;
+            return unended_line(f, in, avail);
         }
-
-        size_t n = (size_t)nl.pos; /* bytes before the \n */
-        if (n > f->max_bytes &&
-            (n > f->max_bytes + 1 || !ends_with_cr(in, n))) {
-            keep_head_in(f, in);
-            evbuffer_drain(in, n + 1);
-            return LD_FRAME_TOO_LARGE;
-        }
-        char *buf = malloc(n + 1);
-        if (buf == NULL) {
-            return LD_FRAME_NEED_MORE;
-        }
-        evbuffer_remove(in, buf, n);
-        evbuffer_drain(in, 1);
-        if (n > 0 && buf[n - 1] == '\r') {
-            n--;
-        }
-        buf[n] = '\0';
-        *line = buf;
-        *len = n;
-        return LD_FRAME_LINE;
+        return ended_line(f, in, (size_t)nl.pos, line, len);
     }
 }
 
@@ -122,6 +144,44 @@ move_to_newline(struct evbuffer *in, const char *buf, size_t len, size_t *pos)
     size_t n = nl != NULL ? (size_t)(nl - p) + 1 : len - *pos;
     evbuffer_add(in, p, n);
     *pos += n;
+}
+
+/* BUF's AVAIL bytes at P hold no \n: the start of a line, which goes to
+ * IN (empty) to wait for the next read, unless it is over the limit
+ * already. */
+static enum ld_frame_result
+unended_in_place(struct ld_framer *f, struct evbuffer *in, const char *p,
+                 size_t avail)
+{
+    if (avail > f->max_bytes + 1 ||
+        (avail == f->max_bytes + 1 && p[avail - 1] != '\r')) {
+        keep_head(f, p, avail);
+        f->discarding = true;
+        return LD_FRAME_TOO_LARGE;
+    }
+    evbuffer_add(in, p, avail);
+    f->scanned = avail;
+    return LD_FRAME_NEED_MORE;
+}
+
+/* The line of the N bytes at P, which a \n follows: NUL-terminated where
+ * it lies. */
+static enum ld_frame_result
+ended_in_place(struct ld_framer *f, char *p, size_t n, char **line,
+               size_t *llen, bool *owned)
+{
+    if (n > f->max_bytes && (n > f->max_bytes + 1 || p[n - 1] != '\r')) {
+        keep_head(f, p, n);
+        return LD_FRAME_TOO_LARGE;
+    }
+    if (n > 0 && p[n - 1] == '\r') {
+        n--;
+    }
+    p[n] = '\0';
+    *line = p;
+    *llen = n;
+    *owned = false;
+    return LD_FRAME_LINE;
 }
 
 enum ld_frame_result
@@ -161,33 +221,12 @@ ld_frame_take(struct ld_framer *f, struct evbuffer *in, char *buf, size_t len,
             continue;
         }
         if (nl == NULL) {
-            if (avail > f->max_bytes + 1 ||
-                (avail == f->max_bytes + 1 && p[avail - 1] != '\r')) {
-                keep_head(f, p, avail);
-                *pos = len;
-                f->discarding = true;
-                return LD_FRAME_TOO_LARGE;
-            }
-            /* IN is empty, and the bytes it gets hold no \n. */
-            evbuffer_add(in, p, avail);
-            f->scanned = avail;
             *pos = len;
-            return LD_FRAME_NEED_MORE;
+            return unended_in_place(f, in, p, avail);
         }
         size_t n = (size_t)(nl - p);
         *pos += n + 1;
-        if (n > f->max_bytes && (n > f->max_bytes + 1 || p[n - 1] != '\r')) {
-            keep_head(f, p, n);
-            return LD_FRAME_TOO_LARGE;
-        }
-        if (n > 0 && p[n - 1] == '\r') {
-            n--;
-        }
-        p[n] = '\0';
-        *line = p;
-        *llen = n;
-        *owned = false;
-        return LD_FRAME_LINE;
+        return ended_in_place(f, p, n, line, llen, owned);
     }
 }
 

@@ -1,6 +1,12 @@
 /*
  * Listeners: the Unix socket local apps use, loopback TCP, or the sockets
  * systemd passed us. Accepted connections become sessions.
+ *
+ * This module owns the listening sockets, their pauses when accept fails
+ * for want of descriptors, and the socket file it created (removed at
+ * stop). An accepted connection is the session module's from the start:
+ * whether it is refused (limits.max_clients, stopping) is decided there,
+ * not here.
  */
 #include "ld_listen.h"
 
@@ -44,12 +50,16 @@ struct accept_pause {
     unsigned long suppressed;
 };
 
-static struct ld_listener listeners[MAX_LISTENERS];
-static struct accept_pause pauses[MAX_LISTENERS];
-static size_t n_listeners;
-static const struct ld_ctx *listen_ctx;
-static int tcp_port; /* bound TCP port (useful with port 0) */
-static char unix_path_created[sizeof(((struct sockaddr_un *)0)->sun_path)];
+#define UNIX_PATH_BYTES sizeof(((struct sockaddr_un *)0)->sun_path)
+
+static struct {
+    const struct ld_ctx *ctx;
+    struct ld_listener listeners[MAX_LISTENERS];
+    struct accept_pause pauses[MAX_LISTENERS]; /* pauses[i]: listeners[i] */
+    size_t n_listeners;
+    int tcp_port; /* bound TCP port (useful with port 0) */
+    char unix_path_created[UNIX_PATH_BYTES]; /* removed at stop */
+} listen_mod;
 
 static void
 accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
@@ -77,7 +87,7 @@ static void
 accept_error_cb(struct evconnlistener *evl, void *arg)
 {
     struct ld_listener *l = arg;
-    struct accept_pause *p = &pauses[l - listeners];
+    struct accept_pause *p = &listen_mod.pauses[l - listen_mod.listeners];
     int err = EVUTIL_SOCKET_ERROR();
     bool exhausted = err == EMFILE || err == ENFILE || err == ENOBUFS ||
                      err == ENOMEM;
@@ -95,7 +105,7 @@ accept_error_cb(struct evconnlistener *evl, void *arg)
         p->suppressed = 0;
     }
     if (exhausted && p->resume_ev != NULL) {
-        struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+        struct timeval tv = ld_tv_ms(ACCEPT_PAUSE_MS);
         evconnlistener_disable(evl);
         event_add(p->resume_ev, &tv);
     }
@@ -104,15 +114,16 @@ accept_error_cb(struct evconnlistener *evl, void *arg)
 static struct ld_listener *
 add_listener(int fd, bool is_unix, const char *name)
 {
-    if (n_listeners == MAX_LISTENERS) {
+    if (listen_mod.n_listeners == MAX_LISTENERS) {
         log_error("too many listeners");
         return NULL;
     }
-    struct ld_listener *l = &listeners[n_listeners];
+    struct accept_pause *p = &listen_mod.pauses[listen_mod.n_listeners];
+    struct ld_listener *l = &listen_mod.listeners[listen_mod.n_listeners];
     memset(l, 0, sizeof(*l));
     l->is_unix = is_unix;
     snprintf(l->name, sizeof(l->name), "%s", name);
-    l->evl = evconnlistener_new(listen_ctx->base, accept_cb, l,
+    l->evl = evconnlistener_new(listen_mod.ctx->base, accept_cb, l,
                                 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
                                 -1, fd);
     if (l->evl == NULL) {
@@ -121,10 +132,9 @@ add_listener(int fd, bool is_unix, const char *name)
         return NULL;
     }
     evconnlistener_set_error_cb(l->evl, accept_error_cb);
-    memset(&pauses[n_listeners], 0, sizeof(pauses[n_listeners]));
-    pauses[n_listeners].resume_ev = evtimer_new(listen_ctx->base,
-                                                resume_accept_cb, l);
-    n_listeners++;
+    memset(p, 0, sizeof(*p));
+    p->resume_ev = evtimer_new(listen_mod.ctx->base, resume_accept_cb, l);
+    listen_mod.n_listeners++;
     return l;
 }
 
@@ -164,13 +174,59 @@ clear_stale_socket(const char *path)
     return LD_OK;
 }
 
+/* A socket bound to PATH, or -1. It is bound under a tight umask, then
+ * widened to the configured mode (set_socket_access): the socket is never
+ * reachable with looser permissions than asked. */
+static int
+bind_unix(const char *path)
+{
+    struct sockaddr_un sa;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        log_error("socket failed error=\"%s\"", strerror(errno));
+        return -1;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    mode_t old = umask(0177);
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(old);
+    if (rc != 0) {
+        log_error("bind failed path=%s error=\"%s\"", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The socket file gets the group and mode of listen.unix_group and
+ * listen.unix_mode. */
+static int
+set_socket_access(const struct ld_config *cfg, const char *path)
+{
+    gid_t gid;
+    if (cfg->listen.unix_group[0] != '\0' &&
+        ld_conf_parse_group(cfg->listen.unix_group, &gid) &&
+        chown(path, (uid_t)-1, gid) != 0) {
+        /* A socket its clients cannot reach is no use: fail loudly. */
+        log_error("cannot set the socket's group path=%s group=%s "
+                  "error=\"%s\"",
+                  path, cfg->listen.unix_group, strerror(errno));
+        return LD_ERR;
+    }
+    if (chmod(path, cfg->listen.unix_mode) != 0) {
+        log_warn("chmod failed path=%s error=\"%s\"", path, strerror(errno));
+    }
+    return LD_OK;
+}
+
 static int
 open_unix(const struct ld_config *cfg)
 {
     const char *path = cfg->listen.unix_path;
-    struct sockaddr_un sa;
 
-    if (strlen(path) >= sizeof(sa.sun_path)) {
+    if (strlen(path) >= UNIX_PATH_BYTES) {
         log_error("listen.unix path too long path=%s", path);
         return LD_ERR;
     }
@@ -182,38 +238,15 @@ open_unix(const struct ld_config *cfg)
     if (clear_stale_socket(path) != LD_OK) {
         return LD_ERR;
     }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int fd = bind_unix(path);
     if (fd < 0) {
-        log_error("socket failed error=\"%s\"", strerror(errno));
         return LD_ERR;
     }
-    memset(&sa, 0, sizeof(sa));
-    sa.sun_family = AF_UNIX;
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-    /* Bind under a tight umask, then widen to the configured mode: the
-     * socket is never reachable with looser permissions than asked. */
-    mode_t old = umask(0177);
-    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    umask(old);
-    if (rc != 0) {
-        log_error("bind failed path=%s error=\"%s\"", path, strerror(errno));
+    snprintf(listen_mod.unix_path_created,
+             sizeof(listen_mod.unix_path_created), "%s", path);
+    if (set_socket_access(cfg, path) != LD_OK) {
         close(fd);
         return LD_ERR;
-    }
-    snprintf(unix_path_created, sizeof(unix_path_created), "%s", path);
-    gid_t gid;
-    if (cfg->listen.unix_group[0] != '\0' &&
-        ld_conf_parse_group(cfg->listen.unix_group, &gid) &&
-        chown(path, (uid_t)-1, gid) != 0) {
-        /* A socket its clients cannot reach is no use: fail loudly. */
-        log_error("cannot set the socket's group path=%s group=%s "
-                  "error=\"%s\"",
-                  path, cfg->listen.unix_group, strerror(errno));
-        close(fd);
-        return LD_ERR;
-    }
-    if (chmod(path, cfg->listen.unix_mode) != 0) {
-        log_warn("chmod failed path=%s error=\"%s\"", path, strerror(errno));
     }
     if (listen(fd, BACKLOG) != 0) {
         log_error("listen failed path=%s error=\"%s\"", path, strerror(errno));
@@ -246,6 +279,42 @@ bound_port(int fd)
     return -1;
 }
 
+/* A socket listening on HOST:PORT (listen.tcp), or -1. */
+static int
+listen_tcp(const struct ld_config *cfg, const char *host, int port)
+{
+    struct addrinfo hints, *res = NULL;
+    char portstr[16];
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    int gai = getaddrinfo(host, portstr, &hints, &res);
+    if (gai != 0) {
+        log_error("cannot resolve listen.tcp host=%s error=\"%s\"", host,
+                  gai_strerror(gai));
+        return -1;
+    }
+    int fd = socket(res->ai_family,
+                    res->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        freeaddrinfo(res);
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0 ||
+        listen(fd, BACKLOG) != 0) {
+        log_error("cannot listen on tcp=%s error=\"%s\"", cfg->listen.tcp,
+                  strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
 static int
 open_tcp(const struct ld_config *cfg)
 {
@@ -256,36 +325,10 @@ open_tcp(const struct ld_config *cfg)
         log_error("bad listen.tcp value=%s", cfg->listen.tcp);
         return LD_ERR;
     }
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    char portstr[16];
-    snprintf(portstr, sizeof(portstr), "%d", port);
-    int gai = getaddrinfo(host, portstr, &hints, &res);
-    if (gai != 0) {
-        log_error("cannot resolve listen.tcp host=%s error=\"%s\"", host,
-                  gai_strerror(gai));
-        return LD_ERR;
-    }
-    int fd = socket(res->ai_family,
-                    res->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int fd = listen_tcp(cfg, host, port);
     if (fd < 0) {
-        freeaddrinfo(res);
         return LD_ERR;
     }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0 ||
-        listen(fd, BACKLOG) != 0) {
-        log_error("cannot listen on tcp=%s error=\"%s\"", cfg->listen.tcp,
-                  strerror(errno));
-        close(fd);
-        freeaddrinfo(res);
-        return LD_ERR;
-    }
-    freeaddrinfo(res);
     int p = bound_port(fd);
     char name[300];
     snprintf(name, sizeof(name), "%s:%d", host, p);
@@ -295,7 +338,7 @@ open_tcp(const struct ld_config *cfg)
     }
     l->port = p;
     l->auth_required = cfg->listen.auth_token[0] != '\0';
-    tcp_port = p;
+    listen_mod.tcp_port = p;
     log_info("listening tcp=%s auth=%s", name,
              l->auth_required ? "required" : "off");
     return LD_OK;
@@ -343,7 +386,7 @@ adopt(const struct ld_config *cfg, int *fds, int n)
         if (!is_unix) {
             l->port = bound_port(fds[i]);
             l->auth_required = cfg->listen.auth_token[0] != '\0';
-            tcp_port = l->port;
+            listen_mod.tcp_port = l->port;
         }
         log_info("adopted socket from systemd listener=%s", name);
     }
@@ -353,15 +396,15 @@ adopt(const struct ld_config *cfg, int *fds, int n)
 int
 ld_listen_tcp_port(void)
 {
-    return tcp_port;
+    return listen_mod.tcp_port;
 }
 
 int
 ld_listen_init(const struct ld_ctx *ctx)
 {
     const struct ld_config *cfg = ctx->cfg;
-    listen_ctx = ctx;
-    tcp_port = 0;
+    listen_mod.ctx = ctx;
+    listen_mod.tcp_port = 0;
     int *fds = NULL;
     int n = ld_systemd_listen_fds(&fds);
     if (n < 0) {
@@ -380,7 +423,7 @@ ld_listen_init(const struct ld_ctx *ctx)
     if (cfg->listen.tcp[0] != '\0' && open_tcp(cfg) != LD_OK) {
         return LD_ERR;
     }
-    if (n_listeners == 0) {
+    if (listen_mod.n_listeners == 0) {
         log_error("no listener configured (listen.unix and listen.tcp "
                   "are both empty)");
         return LD_ERR;
@@ -391,19 +434,21 @@ ld_listen_init(const struct ld_ctx *ctx)
 void
 ld_listen_stop(void)
 {
-    for (size_t i = 0; i < n_listeners; i++) {
-        if (listeners[i].evl != NULL) {
-            evconnlistener_free(listeners[i].evl);
-            listeners[i].evl = NULL;
+    for (size_t i = 0; i < listen_mod.n_listeners; i++) {
+        struct ld_listener *l = &listen_mod.listeners[i];
+        struct accept_pause *p = &listen_mod.pauses[i];
+        if (l->evl != NULL) {
+            evconnlistener_free(l->evl);
+            l->evl = NULL;
         }
-        if (pauses[i].resume_ev != NULL) {
-            event_free(pauses[i].resume_ev);
-            pauses[i].resume_ev = NULL;
+        if (p->resume_ev != NULL) {
+            event_free(p->resume_ev);
+            p->resume_ev = NULL;
         }
     }
-    n_listeners = 0;
-    if (unix_path_created[0] != '\0') {
-        unlink(unix_path_created);
-        unix_path_created[0] = '\0';
+    listen_mod.n_listeners = 0;
+    if (listen_mod.unix_path_created[0] != '\0') {
+        unlink(listen_mod.unix_path_created);
+        listen_mod.unix_path_created[0] = '\0';
     }
 }

@@ -2,6 +2,11 @@
  * limits.max_memory_bytes (ld_memlimit.h). The accounting is of what
  * clients can make grow, kept up to date where it changes, so a check
  * costs a few additions per request.
+ *
+ * This module owns the refusal of new work and how often it is logged.
+ * It only reads the accounting (the sessions' buffers, the figures in
+ * ld_stats the other modules keep): it must not change it, nor decide
+ * which op adds work (the op's row in the op table says so).
  */
 #include "ld_memlimit.h"
 
@@ -9,6 +14,7 @@
 #include "ld_ctx.h"
 #include "ld_errcode.h"
 #include "ld_log.h"
+#include "ld_op.h"
 #include "ld_proto.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -48,20 +54,17 @@ ld_memlimit_used(void)
            (size_t)(held > 0 ? held : 0) + (size_t)(near > 0 ? near : 0);
 }
 
-/* Ops that add work: every cache read or write, and a lock or semaphore
- * acquisition that may wait. The rest (ping, unlock, extend,
- * cache.invalidate, cache.release, ...) frees or keeps what is held. */
+/* Ops that add work say so in their flags (ld_op.h): every cache
+ * read or write, and a lock or semaphore acquisition that may wait. The
+ * rest (ping, unlock, extend, cache.invalidate, cache.release, ...)
+ * frees or keeps what is held. */
 static bool
-adds_work(const struct ld_req *req)
+adds_work(const struct ld_req *req, unsigned op_flags)
 {
-    static const char *const always[] = {"cache.get", "cache.mget",
-                                         "cache.set", "cache.fill"};
-    for (size_t i = 0; i < LD_ARRAY_LEN(always); i++) {
-        if (strcmp(req->op, always[i]) == 0) {
-            return true;
-        }
+    if ((op_flags & LD_OP_ADDS_WORK) != 0) {
+        return true;
     }
-    if (strcmp(req->op, "lock") == 0 || strcmp(req->op, "sem.acquire") == 0) {
+    if ((op_flags & LD_OP_WAITS) != 0) {
         /* wait_ms defaults to 0 (try once); a malformed one is left to
          * the op, which answers bad_request. */
         struct ld_rval w;
@@ -72,10 +75,10 @@ adds_work(const struct ld_req *req)
 }
 
 bool
-ld_memlimit_refuse(struct ld_req *req)
+ld_memlimit_refuse(struct ld_req *req, unsigned op_flags)
 {
     long long limit = memlimit_mod.ctx->cfg->limits.max_memory_bytes;
-    if (limit <= 0 || !adds_work(req)) {
+    if (limit <= 0 || !adds_work(req, op_flags)) {
         return false;
     }
     size_t used = ld_memlimit_used();

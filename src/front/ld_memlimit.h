@@ -17,7 +17,8 @@ void ld_memlimit_init(const struct ld_ctx *ctx);
 size_t ld_memlimit_used(void);
 
 /* Before REQ's handler runs: true when REQ was answered busy because the
- * accounting is past the limit and REQ would add work. */
-bool ld_memlimit_refuse(struct ld_req *req);
+ * accounting is past the limit and REQ would add work, as its op's
+ * OP_FLAGS (enum ld_op_flag) tell. */
+bool ld_memlimit_refuse(struct ld_req *req, unsigned op_flags);
 
 #endif

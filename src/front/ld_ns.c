@@ -5,7 +5,12 @@
  * The session keeps only its identity; the entry is looked up in the live
  * list on every request that names a key, so a reload that changes the
  * list applies to the next request of every session. The lists are short
- * (one entry per app on the host), and the lookup is a scan. */
+ * (one entry per app on the host), and the lookup is a scan.
+ *
+ * This module owns the identity (the session's ns_state) and the key
+ * check. The list belongs to the configuration and is only read here;
+ * hello's other tokens, and whether an op is checked at all (its flags),
+ * are dispatch's. */
 #include "ld_ns.h"
 
 #include "ld_conf.h"
@@ -234,17 +239,8 @@ ld_ns_may_operate(struct ld_session *s)
     return full || (e != NULL && e->admin);
 }
 
-/* The operator ops act on any key (an operator frees another app's
- * lock): for an admin entry their keys are not checked. */
-static bool
-operator_op(const char *op)
-{
-    return strcmp(op, "lock.force_unlock") == 0 ||
-           strcmp(op, "lock.list") == 0 || strcmp(op, "cache.hot") == 0;
-}
-
 int
-ld_ns_check(struct ld_req *req)
+ld_ns_check(struct ld_req *req, bool operator_op)
 {
     const struct ld_ns_list *l = live_list();
     struct ld_rval key, keys;
@@ -262,7 +258,9 @@ ld_ns_check(struct ld_req *req)
         return LD_OK; /* names no key; a malformed one is the op's */
     }
     e = identify(req->sess, l, &full);
-    if (full || (e != NULL && e->admin && operator_op(req->op))) {
+    /* The operator ops act on any key (an operator frees another app's
+     * lock): for an admin entry their keys are not checked. */
+    if (full || (e != NULL && e->admin && operator_op)) {
         return LD_OK;
     }
     if (key.kind == LD_RV_STR && !allowed(e, key.s, key.len)) {

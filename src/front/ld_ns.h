@@ -28,10 +28,12 @@ bool ld_ns_hello_auth(struct ld_session *s, const char *auth, size_t len);
 void ld_ns_hello_token(struct ld_session *s, const char *auth, size_t len);
 
 /* Before an op runs: every key REQ names ("key", each of "keys") must lie
- * under a prefix of the session's namespace. Returns LD_OK, or answers
- * unauthorized with the first key outside it and returns LD_ERR (REQ is
- * then consumed). Without namespaces, always LD_OK. */
-int ld_ns_check(struct ld_req *req);
+ * under a prefix of the session's namespace, unless OPERATOR_OP (its op
+ * is an operator op) and the session's entry has admin: true. Returns
+ * LD_OK, or answers unauthorized with the first key outside it and
+ * returns LD_ERR (REQ is then consumed). Without namespaces, always
+ * LD_OK. */
+int ld_ns_check(struct ld_req *req, bool operator_op);
 
 /* Whether S may run the operator ops as far as namespaces go: none are
  * configured, S is unrestricted, or its entry has admin: true. (On TCP

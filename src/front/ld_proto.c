@@ -1,6 +1,11 @@
 /*
  * Requests and replies: NDJSON lines to request objects, field checks that
  * name the offending field, and the one place replies are serialised.
+ *
+ * This module owns the request records (struct ld_req) from the line to
+ * the answer. It must not route a request (it hands each to the route
+ * given at init: dispatch) nor write to a socket but through the session
+ * module.
  */
 #include "ld_proto.h"
 

@@ -5,6 +5,40 @@
  * outlives its socket until the last request in flight has been answered,
  * so feature modules never see a dangling session pointer inside a
  * request.
+ *
+ * This module owns the connections: sockets, their buffers and the
+ * accounting of them, the open list and the close hooks. It must not
+ * parse a line (the line handler does) nor touch a module's per-session
+ * state (the slots of struct ld_session, which each module drops from its
+ * close hook).
+ *
+ * A session's states:
+ *
+ *   READING    open, its socket read (sock_read_cb) and each read's lines
+ *              dispatched, a bounded share per loop turn.
+ *   BACKLOG    open, the turn's share used up: lines wait in the input
+ *              buffer and reading stops; more_cb goes on in the next turn
+ *              (-> READING, or stays BACKLOG).
+ *   PAUSED     open, the output owed above the high mark (owed_output):
+ *              neither dispatching nor reading; back to READING when it
+ *              falls to the low mark (maybe_resume, from the output
+ *              buffer's callback or an answer), or, when only the
+ *              estimate keeps it there, for BLIND_REQUESTS more lines
+ *              after GRACE_MS without an answer (grace_cb).
+ *   OVER       a write would pass limits.max_output_bytes: its output is
+ *              dropped, and more_cb closes it and drops its socket at once
+ *              (-> RELEASED).
+ *   LINGERING  closed (ld_session_close: EOF, an error, the HTTP guard,
+ *              shutdown or a module): the close hooks ran and it left the
+ *              open list, but its socket still writes what is queued and
+ *              the answers owed (-> RELEASED when done, at a socket error,
+ *              or at redis.timeout_ms + LINGER_EXTRA_MS: linger_cb).
+ *   RELEASED   no socket (release_socket): the memory stays while a
+ *              request in flight holds a reference, and is freed with the
+ *              last one (ld_session_unref).
+ *
+ * ld_session_new makes a session READING, or none (one error line and
+ * the close) at limits.max_clients or while the daemon stops.
  */
 #include "ld_session.h"
 
@@ -510,9 +544,8 @@ ld_session_close(struct ld_session *s, const char *why)
         if (closed_and_done(s)) {
             release_socket(s);
         } else {
-            long long ms = sessions_cfg()->redis.timeout_ms + LINGER_EXTRA_MS;
-            struct timeval tv = {(time_t)(ms / 1000),
-                                 (suseconds_t)(ms % 1000) * 1000};
+            struct timeval tv = ld_tv_ms(sessions_cfg()->redis.timeout_ms +
+                                         LINGER_EXTRA_MS);
             bufferevent_setwatermark(s->bev, EV_WRITE, 0, 0);
             bufferevent_setcb(s->bev, NULL, closed_write_cb, closed_event_cb,
                               s);
@@ -736,6 +769,81 @@ http_guard_closes(struct ld_session *s, const char *line, size_t len)
     return false;
 }
 
+/* Whether the requests the session has in flight owe enough output to
+ * pause its dispatching (see output_high): true when it paused, then
+ * armed to let a few more through after GRACE_MS if only the estimate
+ * made it (see BLIND_REQUESTS). */
+static bool
+owes_enough(struct ld_session *s)
+{
+    size_t limit = ld_session_output_limit();
+    if (owed_output(s) <= output_high(limit)) {
+        return false;
+    }
+    bool out_low = ld_session_output_bytes(s) <= output_low(limit);
+    if (s->io->grace > 0 && out_low) {
+        s->io->grace--;
+        return false;
+    }
+    s->io->out_paused = true;
+    if (out_low) {
+        struct timeval tv = ld_tv_ms(GRACE_MS);
+        s->io->grace_mark = s->io->answered;
+        evtimer_add(s->io->grace_ev, &tv);
+    }
+    return true;
+}
+
+/* Whether this turn's share of the session's work is used up (LINES
+ * lines and BYTES bytes framed): true when it is, with what is left in
+ * the input buffer and the LEFT bytes of the read for a later turn. */
+static bool
+turn_used_up(struct ld_session *s, size_t lines, size_t bytes, size_t left)
+{
+    if (lines < TURN_MAX_LINES && bytes < TURN_MAX_BYTES) {
+        return false;
+    }
+    if (evbuffer_get_length(bufferevent_get_input(s->bev)) > 0 || left > 0) {
+        s->io->backlog = true;
+        event_active(s->io->more_ev, EV_TIMEOUT, 0);
+    }
+    return true;
+}
+
+/* A line over limits.max_request_bytes is answered too_large, once: false
+ * when, sent before the first JSON object, it closed the session. */
+static bool
+take_too_large(struct ld_session *s, size_t *bytes)
+{
+    char msg[96];
+    if (http_guard_closes(s, s->io->framer.head, s->io->framer.head_len)) {
+        return false;
+    }
+    *bytes += (size_t)sessions_cfg()->limits.max_request_bytes;
+    ld_stats.requests++;
+    snprintf(msg, sizeof(msg), "request line over %lld bytes",
+             sessions_cfg()->limits.max_request_bytes);
+    reply_bare_error(s, LD_E_TOO_LARGE, msg);
+    return true;
+}
+
+/* A whole line goes to the line handler: false when, sent before the
+ * first JSON object, it closed the session instead. LINE is freed if
+ * OWNED. */
+static bool
+take_line(struct ld_session *s, char *line, size_t len, bool owned)
+{
+    bool closes = http_guard_closes(s, line, len);
+    if (!closes) {
+        ld_stats.requests++;
+        session_mod.handlers->line(s, line, len);
+    }
+    if (owned) {
+        free(line);
+    }
+    return !closes;
+}
+
 /* Frame and dispatch buffered lines, then those of FRESH (LEN bytes just
  * read, or none), within the bound of one turn; what is left of FRESH is
  * kept in the session's input buffer. */
@@ -752,27 +860,7 @@ process_input(struct ld_session *s, char *fresh, size_t fresh_len)
     ld_session_ref(s);
     s->io->backlog = false;
     while (s->open && !s->io->out_paused && !s->io->over_limit) {
-        size_t limit = ld_session_output_limit();
-        if (owed_output(s) > output_high(limit)) {
-            bool out_low = ld_session_output_bytes(s) <= output_low(limit);
-            if (s->io->grace > 0 && out_low) {
-                s->io->grace--;
-            } else {
-                /* The requests dispatched already owe enough. */
-                s->io->out_paused = true;
-                if (out_low) {
-                    struct timeval tv = {0, GRACE_MS * 1000};
-                    s->io->grace_mark = s->io->answered;
-                    evtimer_add(s->io->grace_ev, &tv);
-                }
-                break;
-            }
-        }
-        if (lines >= TURN_MAX_LINES || bytes >= TURN_MAX_BYTES) {
-            if (evbuffer_get_length(in) > 0 || pos < fresh_len) {
-                s->io->backlog = true;
-                event_active(s->io->more_ev, EV_TIMEOUT, 0);
-            }
+        if (owes_enough(s) || turn_used_up(s, lines, bytes, fresh_len - pos)) {
             break;
         }
         char *line = NULL;
@@ -788,29 +876,14 @@ process_input(struct ld_session *s, char *fresh, size_t fresh_len)
         }
         lines++;
         if (r == LD_FRAME_TOO_LARGE) {
-            char msg[96];
-            if (http_guard_closes(s, s->io->framer.head,
-                                  s->io->framer.head_len)) {
+            if (!take_too_large(s, &bytes)) {
                 break;
             }
-            bytes += (size_t)sessions_cfg()->limits.max_request_bytes;
-            ld_stats.requests++;
-            snprintf(msg, sizeof(msg), "request line over %lld bytes",
-                     sessions_cfg()->limits.max_request_bytes);
-            reply_bare_error(s, LD_E_TOO_LARGE, msg);
             continue;
         }
         bytes += len;
-        if (http_guard_closes(s, line, len)) {
-            if (owned) {
-                free(line);
-            }
+        if (!take_line(s, line, len, owned)) {
             break;
-        }
-        ld_stats.requests++;
-        session_mod.handlers->line(s, line, len);
-        if (owned) {
-            free(line);
         }
     }
     if (s->open && s->bev != NULL) {
@@ -899,7 +972,7 @@ grace_cb(evutil_socket_t fd, short what, void *arg)
     }
     if (s->io->answered != s->io->grace_mark) {
         /* Answers are coming: they resume it (maybe_resume). */
-        struct timeval tv = {0, GRACE_MS * 1000};
+        struct timeval tv = ld_tv_ms(GRACE_MS);
         s->io->grace_mark = s->io->answered;
         evtimer_add(s->io->grace_ev, &tv);
         return;
@@ -955,46 +1028,30 @@ refuse(int fd)
     close(fd);
 }
 
-struct ld_session *
-ld_session_new(int fd, bool auth_required, const char *listener)
+/* The events of session S on FD. */
+static struct session_io *
+io_new(struct ld_session *s, int fd)
 {
-    const struct ld_ctx *ctx = session_mod.ctx;
-    if (session_mod.count >= ctx->cfg->limits.max_clients ||
-        ctx->shutting_down || ctx->draining) {
-        refuse(fd);
-        return NULL;
-    }
-
-    struct ld_session *s = ld_xcalloc(1, sizeof(*s));
+    struct event_base *base = session_mod.ctx->base;
     struct session_io *io = ld_xcalloc(1, sizeof(*io));
-    struct bufferevent *bev = bufferevent_socket_new(ctx->base, fd,
-                                                     BEV_OPT_CLOSE_ON_FREE);
-    io->read_ev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, sock_read_cb,
-                            s);
-    io->linger_ev = evtimer_new(ctx->base, linger_cb, s);
-    io->more_ev = event_new(ctx->base, -1, 0, more_cb, s);
-    io->grace_ev = evtimer_new(ctx->base, grace_cb, s);
-    if (bev == NULL || io->read_ev == NULL || io->linger_ev == NULL ||
-        io->more_ev == NULL || io->grace_ev == NULL) {
+
+    io->read_ev = event_new(base, fd, EV_READ | EV_PERSIST, sock_read_cb, s);
+    io->linger_ev = evtimer_new(base, linger_cb, s);
+    io->more_ev = event_new(base, -1, 0, more_cb, s);
+    io->grace_ev = evtimer_new(base, grace_cb, s);
+    if (io->read_ev == NULL || io->linger_ev == NULL || io->more_ev == NULL ||
+        io->grace_ev == NULL) {
         ld_oom(0);
     }
-    s->id = session_mod.next_id++;
-    snprintf(s->name, sizeof(s->name), "%s-%llu", ctx->instance,
-             (unsigned long long)s->id);
-    snprintf(s->listener, sizeof(s->listener), "%s",
-             listener != NULL ? listener : "-");
-    s->fd = fd;
-    s->bev = bev;
-    s->io = io;
-    s->open = true;
-    s->authed = !auth_required;
-    s->admin = sock_is_unix(fd);
-    s->refs = 1;
+    return io;
+}
 
-    TAILQ_INSERT_HEAD(&session_mod.open, s, io->link);
-    session_mod.count++;
-    ld_stats.sessions = session_mod.count;
-    ld_stats.connections_accepted++;
+/* The socket's buffers become the session's: counted (account), written
+ * to by flush_cb, read into by sock_read_cb, which starts now. */
+static void
+io_start(struct ld_session *s)
+{
+    struct bufferevent *bev = s->bev;
 
     bufferevent_setcb(bev, NULL, write_cb, event_cb, s);
     evbuffer_add_cb(bufferevent_get_output(bev), output_cb, s);
@@ -1006,8 +1063,43 @@ ld_session_new(int fd, bool auth_required, const char *listener)
      * bufferevent froze its end to be the only one adding to it, and it
      * never reads. */
     evbuffer_unfreeze(bufferevent_get_input(bev), 0);
-    event_add(io->read_ev, NULL);
-    io->reading = true;
+    event_add(s->io->read_ev, NULL);
+    s->io->reading = true;
+}
+
+struct ld_session *
+ld_session_new(int fd, bool auth_required, const char *listener)
+{
+    const struct ld_ctx *ctx = session_mod.ctx;
+    if (session_mod.count >= ctx->cfg->limits.max_clients ||
+        ctx->shutting_down || ctx->draining) {
+        refuse(fd);
+        return NULL;
+    }
+
+    struct ld_session *s = ld_xcalloc(1, sizeof(*s));
+    s->bev = bufferevent_socket_new(ctx->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (s->bev == NULL) {
+        ld_oom(0);
+    }
+    s->io = io_new(s, fd);
+    s->id = session_mod.next_id++;
+    snprintf(s->name, sizeof(s->name), "%s-%llu", ctx->instance,
+             (unsigned long long)s->id);
+    snprintf(s->listener, sizeof(s->listener), "%s",
+             listener != NULL ? listener : "-");
+    s->fd = fd;
+    s->open = true;
+    s->authed = !auth_required;
+    s->admin = sock_is_unix(fd);
+    s->refs = 1;
+
+    TAILQ_INSERT_HEAD(&session_mod.open, s, io->link);
+    session_mod.count++;
+    ld_stats.sessions = session_mod.count;
+    ld_stats.connections_accepted++;
+
+    io_start(s);
     log_debug("session opened session=%s listener=%s", s->name, s->listener);
     return s;
 }

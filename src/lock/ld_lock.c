@@ -737,10 +737,13 @@ ld_lock_init(const struct ld_ctx *ctx)
     lk_watch_init();
     lk_admin_init();
     ld_session_on_close(on_session_close);
-    if (ld_dispatch_register("lock", lk_op_lock) != LD_OK ||
-        ld_dispatch_register("unlock", op_unlock) != LD_OK ||
-        ld_dispatch_register("extend", op_extend) != LD_OK ||
-        ld_dispatch_register("lock.info", op_info) != LD_OK) {
+    static const struct ld_op lock_ops[] = {
+        {"lock", lk_op_lock, LD_OP_WAITS},
+        {"unlock", op_unlock, 0},
+        {"extend", op_extend, 0},
+        {"lock.info", op_info, 0},
+    };
+    if (ld_dispatch_register_ops(lock_ops, LD_ARRAY_LEN(lock_ops)) != LD_OK) {
         return LD_ERR;
     }
     ld_features_add("multilock"); /* lock and unlock with "keys" */

@@ -704,9 +704,12 @@ ld_sem_init(const struct ld_ctx *ctx)
     sem_mod.freed = false;
     sem_watch_init();
     ld_session_on_close(on_session_close);
-    if (ld_dispatch_register("sem.acquire", op_acquire) != LD_OK ||
-        ld_dispatch_register("sem.release", op_release) != LD_OK ||
-        ld_dispatch_register("sem.info", op_info) != LD_OK) {
+    static const struct ld_op sem_ops[] = {
+        {"sem.acquire", op_acquire, LD_OP_WAITS},
+        {"sem.release", op_release, 0},
+        {"sem.info", op_info, 0},
+    };
+    if (ld_dispatch_register_ops(sem_ops, LD_ARRAY_LEN(sem_ops)) != LD_OK) {
         return LD_ERR;
     }
     ld_features_add("semaphore");
