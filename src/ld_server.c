@@ -131,7 +131,7 @@ drain_cb(evutil_socket_t fd, short what, void *arg)
         event_base_loopexit(ctx.base, NULL);
         return;
     }
-    struct timeval tv = {0, DRAIN_CHECK_MS * 1000};
+    struct timeval tv = ld_tv_ms(DRAIN_CHECK_MS);
     event_add(server_mod.drain_ev, &tv);
 }
 
@@ -149,7 +149,7 @@ begin_shutdown(const char *why)
     ld_cache_hand_over();
     ld_cache_shutdown();
     server_mod.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
-    struct timeval tv = {0, 0};
+    struct timeval tv = ld_tv_ms(0);
     event_add(server_mod.drain_ev, &tv);
 }
 
@@ -177,7 +177,7 @@ sessions_cb(evutil_socket_t fd, short what, void *arg)
         end_drain("drain_ms");
         return;
     }
-    struct timeval tv = {0, DRAIN_SESSIONS_CHECK_MS * 1000};
+    struct timeval tv = ld_tv_ms(DRAIN_SESSIONS_CHECK_MS);
     evtimer_add(server_mod.sessions_ev, &tv);
 }
 
@@ -192,7 +192,7 @@ begin_drain(void)
     ctx.draining = true;
     ld_systemd_notify("STOPPING=1");
     server_mod.sessions_deadline_ms = ld_now_ms() + (uint64_t)ms;
-    struct timeval tv = {0, 0};
+    struct timeval tv = ld_tv_ms(0);
     evtimer_add(server_mod.sessions_ev, &tv);
 }
 

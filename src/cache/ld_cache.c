@@ -108,8 +108,7 @@ cache_make_names(const char *key, size_t len, size_t *entry_len,
 void
 cache_set_timer(struct event *ev, uint64_t delay_us)
 {
-    struct timeval tv = {(time_t)(delay_us / 1000000),
-                         (suseconds_t)(delay_us % 1000000)};
+    struct timeval tv = ld_tv_us(delay_us);
     event_add(ev, &tv);
 }
 
@@ -488,7 +487,7 @@ ld_cache_init(const struct ld_ctx *ctx)
         /* Without it the loop syncs itself, as it always could. */
         cache_mod.syncer = ld_fsync_new(ctx->base);
     }
-    struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
+    struct timeval tv = ld_tv_ms(TICK_MS);
     event_add(cache_mod.tick_ev, &tv);
 
     if (!cache_mod.hooks_registered) {

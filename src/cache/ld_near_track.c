@@ -202,7 +202,7 @@ reissue_cb(redisReply *reply, void *arg)
             set_armed_stat();
         } else if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
             /* Still in its handshake (or just gone): ask again soon. */
-            struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
+            struct timeval tv = ld_tv_ms(REISSUE_RETRY_MS);
             event_add(track_mod.retry_ev, &tv);
         } else {
             log_refused(ri->conn_id, reply);
@@ -307,7 +307,7 @@ hook_reply(uint64_t conn_id, const redisReply *reply, void *arg)
     set_armed_stat();
     if (asked != t->node->client_id) {
         /* The tracking connection changed meanwhile. */
-        struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
+        struct timeval tv = ld_tv_ms(REISSUE_RETRY_MS);
         event_add(track_mod.retry_ev, &tv);
     }
 }

@@ -19,6 +19,16 @@ ld_tv_ms(long long ms)
     return tv;
 }
 
+/* US microseconds as a timeval, for deadlines kept in ld_now_us() time. */
+static inline struct timeval
+ld_tv_us(uint64_t us)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)(us / 1000000);
+    tv.tv_usec = (suseconds_t)(us % 1000000);
+    return tv;
+}
+
 /* Fill BUF with LEN bytes from the kernel CSPRNG (getrandom). */
 int ld_random_bytes(void *buf, size_t len);
 

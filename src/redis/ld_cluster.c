@@ -74,8 +74,7 @@ static void refresh_now(void);
 static void
 refresh_arm(uint64_t in_ms)
 {
-    struct timeval tv = {(time_t)(in_ms / 1000),
-                         (suseconds_t)(in_ms % 1000) * 1000};
+    struct timeval tv = ld_tv_ms(in_ms);
     event_add(redis_mod.refresh_ev, &tv);
 }
 
@@ -267,8 +266,7 @@ retry_arm(void)
     }
     uint64_t now = ld_now_us();
     uint64_t wait = first > now ? first - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     event_add(redis_mod.retry_ev, &tv);
 }
 

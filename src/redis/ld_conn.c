@@ -183,8 +183,7 @@ timer_at(struct ld_conn *c, uint64_t at)
 {
     uint64_t now = ld_now_us();
     uint64_t wait = at > now ? at - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     c->timer_at_us = at;
     event_add(c->timer_ev, &tv);
 }
@@ -276,7 +275,7 @@ schedule_retry(struct ld_conn *c)
         return;
     }
     int ms = ld_backoff_next_ms(&c->backoff);
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    struct timeval tv = ld_tv_ms(ms);
     event_add(c->retry_ev, &tv);
 }
 

@@ -740,8 +740,7 @@ wait_arm(struct rnode *n, uint64_t until)
     }
     uint64_t now = ld_now_us();
     uint64_t wait = until > now ? until - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     n->wait_at_us = until;
     event_add(n->wait_ev, &tv);
 }
@@ -813,8 +812,7 @@ redis_timeout_arm(struct rcmd *cmd)
     uint64_t now = ld_now_us();
     uint64_t end = cmd->wait_until_us;
     uint64_t wait = end > now ? end - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     event_add(x->timeout_ev, &tv);
 }
 

@@ -170,8 +170,7 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
         return;
     }
     uint64_t wait = d->drain_end_us - now;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     event_add(d->timeout_ev, &tv);
 }
 

@@ -135,7 +135,7 @@ ask_next(const char *why)
         log_warn("sentinel: no Sentinel named a master for %s; asking again "
                  "in %d ms",
                  sentinel_mod.ctx->cfg->redis.master_name, ms);
-        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        struct timeval tv = ld_tv_ms(ms);
         event_add(sentinel_mod.ask_ev, &tv);
         return;
     }
@@ -266,8 +266,7 @@ ld_sentinel_doubt(const char *why, void *arg)
         return;
     }
     uint64_t wait = next - now;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     event_add(sentinel_mod.ask_ev, &tv);
 }
 
@@ -302,7 +301,7 @@ sub_down(struct ld_conn *c, bool was_ready, const char *why, void *owner)
      * missed meanwhile is asked for once the subscription is back. */
     if (!event_pending(sentinel_mod.sub_ev, EV_TIMEOUT, NULL)) {
         int ms = ld_backoff_next_ms(&sentinel_mod.sub_backoff);
-        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        struct timeval tv = ld_tv_ms(ms);
         event_add(sentinel_mod.sub_ev, &tv);
     }
 }
