@@ -201,25 +201,6 @@ not_found_cb(struct evhttp_request *req, void *arg)
     evhttp_send_error(req, HTTP_NOTFOUND, NULL);
 }
 
-static int
-bound_port_of(struct evhttp_bound_socket *bs)
-{
-    struct sockaddr_storage ss;
-    socklen_t sslen = sizeof(ss);
-    evutil_socket_t fd = evhttp_bound_socket_get_fd(bs);
-
-    if (getsockname(fd, (struct sockaddr *)&ss, &sslen) != 0) {
-        return -1;
-    }
-    if (ss.ss_family == AF_INET) {
-        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    }
-    if (ss.ss_family == AF_INET6) {
-        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
-    return -1;
-}
-
 int
 ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
 {
@@ -263,7 +244,7 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
         ld_metrics_stop();
         return LD_ERR;
     }
-    port = bound_port_of(bs);
+    port = ld_bound_port(evhttp_bound_socket_get_fd(bs));
     if (port < 0) {
         log_error("metrics getsockname failed error=\"%s\"", strerror(errno));
         ld_metrics_stop();
