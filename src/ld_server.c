@@ -420,7 +420,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     ctx.start_ms = ld_now_ms();
     ctx.base = event_base_new();
     if (ctx.base == NULL) {
-        ld_oom(0);
+        ld_oom_in("event_base_new");
     }
     ld_stats_init(&ctx);
     banner();

@@ -451,9 +451,6 @@ ld_cache_init(const struct ld_ctx *ctx)
     STAILQ_INIT(&cache_mod.sync_q);
     STAILQ_INIT(&cache_mod.sync_running);
     cache_mod.keys = ld_dict_new();
-    if (cache_mod.keys == NULL) {
-        return LD_ERR;
-    }
     cache_mod.owed = ld_dict_new();
     if (ld_journal_open(&cache_mod.journal, cfg->journal.path,
                         cfg->journal.fsync) != LD_OK) {
@@ -480,7 +477,7 @@ ld_cache_init(const struct ld_ctx *ctx)
     cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb,
                                   NULL);
     if (cache_mod.tick_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("event_new");
     }
     ld_defer_init(&cache_mod.sync_defer, ctx->base, cache_sync_run, NULL);
     if (cfg->journal.fsync == LD_FSYNC_ALWAYS) {

@@ -72,7 +72,7 @@ ckey_get(const char *key, size_t len)
         ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
     }
     if (ck->timer == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     ck->key_len = len;
     glist_init(&ck->waiters);
@@ -784,11 +784,6 @@ cache_op_mget(struct ld_req *req)
     size_t n = json_array_size(keys);
     struct cop *op = cop_new(req, n, true);
     struct ld_dict *seen = ld_dict_new();
-    if (seen == NULL) {
-        cache_cop_free(op);
-        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
-        return;
-    }
     /* Count the duplicates out first: the op may complete (and be freed)
      * inside the loop below once every real slot has an answer. */
     for (size_t i = 0; i < n; i++) {

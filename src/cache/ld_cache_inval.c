@@ -68,7 +68,7 @@ del_new(const char *key, size_t len, int64_t due_ms, bool second, bool stale)
     struct del *d = ld_xcalloc(1, sizeof(*d) + len);
     d->ev = evtimer_new(cache_mod.ctx->base, del_timer_cb, d);
     if (d->ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     d->due_ms = due_ms;
     d->second = second;

@@ -259,7 +259,7 @@ cache_mget_finish(struct cop *op)
     }
     struct evbuffer *buf = evbuffer_new();
     if (buf == NULL) {
-        ld_oom(0);
+        ld_oom_in("evbuffer_new");
     }
     if (req->id != NULL) {
         evbuffer_add(buf, "{\"id\":", 6);

@@ -492,9 +492,6 @@ ld_journal_open(struct ld_journal **out, const char *path,
     j->compact_min_bytes = COMPACT_MIN_BYTES_DEFAULT;
     j->path = ld_xstrdup(path);
     j->live = ld_dict_new();
-    if (j->live == NULL) {
-        goto fail;
-    }
     if (mkdir_parents_durable(path) != LD_OK) {
         log_error("journal directory failed path=%s error=\"%s\"", path,
                   strerror(errno));

@@ -498,7 +498,7 @@ near_track_init(const struct ld_ctx *ctx)
     }
     track_mod.retry_ev = evtimer_new(ctx->base, retry_cb, NULL);
     if (track_mod.retry_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     track_mod.hooks.handshake = hook_handshake;
     track_mod.hooks.reply = hook_reply;

@@ -21,7 +21,7 @@ ld_defer_init(struct ld_defer *d, struct event_base *base,
     d->arg = arg;
     d->ev = event_new(base, -1, 0, trampoline, d);
     if (d->ev == NULL) {
-        ld_oom(sizeof(struct event *));
+        ld_oom_in("event_new");
     }
 }
 

@@ -184,7 +184,7 @@ ld_stats_json(void)
     ops = json_object();
     errs = json_object();
     if (o == NULL || ops == NULL || errs == NULL) {
-        ld_oom(0);
+        ld_oom_in("json_object");
     }
 
     json_object_set_new(o, "uptime_s", json_integer(uptime_s()));

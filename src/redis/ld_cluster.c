@@ -437,7 +437,7 @@ redis_cluster_init(void)
     redis_mod.refresh_ev = evtimer_new(redis_mod.ctx->base, refresh_cb, NULL);
     redis_mod.retry_ev = evtimer_new(redis_mod.ctx->base, retry_cb, NULL);
     if (redis_mod.refresh_ev == NULL || redis_mod.retry_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     /* Sharded pub/sub: a wake-up stays on the shard of its key. Every
      * script publishes with redis.call('PUBLISH', ...) or 'publish'. */

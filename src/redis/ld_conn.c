@@ -251,7 +251,7 @@ transport_new(struct ld_conn *c, char *why, size_t whylen)
                                              BUFFEREVENT_SSL_CONNECTING,
                                              BEV_OPT_CLOSE_ON_FREE);
         if (bev == NULL) {
-            ld_oom(0);
+            ld_oom_in("bufferevent_openssl_socket_new");
         }
         /* A Redis that is killed or restarted closes without a TLS
          * close_notify: that is an end of stream, not a protocol error. */
@@ -259,7 +259,7 @@ transport_new(struct ld_conn *c, char *why, size_t whylen)
     } else {
         bev = bufferevent_socket_new(c->ctx->base, -1, BEV_OPT_CLOSE_ON_FREE);
         if (bev == NULL) {
-            ld_oom(0);
+            ld_oom_in("bufferevent_socket_new");
         }
     }
     /* A burst of pipelined commands leaves in one write, not in 16 KB
@@ -1077,7 +1077,7 @@ ld_conn_new(const struct ld_ctx *ctx, const struct ld_conn_addr *addr,
     c->flush_ev = event_new(ctx->base, -1, 0, flush_cb, c);
     if (c->retry_ev == NULL || c->timer_ev == NULL || c->read_ev == NULL ||
         c->flush_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("event_new");
     }
     return c;
 }

@@ -187,7 +187,7 @@ ld_reader_new(struct ld_reader_bounds *b)
 {
     redisReader *r = redisReaderCreate();
     if (r == NULL) {
-        ld_oom(0);
+        ld_oom_in("redisReaderCreate");
     }
     if (base_fns == NULL) {
         base_fns = r->fn;

@@ -805,7 +805,7 @@ redis_timeout_arm(struct rcmd *cmd)
     if (x->timeout_ev == NULL) {
         x->timeout_ev = evtimer_new(redis_mod.ctx->base, cmd_timeout_cb, cmd);
         if (x->timeout_ev == NULL) {
-            ld_oom(0);
+            ld_oom_in("evtimer_new");
         }
     }
     /* From the issue, like the wait for a connection. */
@@ -1138,7 +1138,7 @@ redis_node_new(int instance, const struct ld_conn_addr *addr, const char *text)
     TAILQ_INIT(&n->waiting);
     n->wait_ev = evtimer_new(redis_mod.ctx->base, wait_cb, n);
     if (n->wait_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     if (instance < 0) {
         return n;

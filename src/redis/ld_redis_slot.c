@@ -241,7 +241,7 @@ conn_drain(struct rconn *c, const char *why)
     TAILQ_CONCAT(&d->sent, &c->sent, link);
     d->timeout_ev = evtimer_new(redis_mod.ctx->base, drain_timeout_cb, d);
     if (d->timeout_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     snprintf(d->why, sizeof(d->why), "%s", why);
     ld_conn_set_owner(d->conn, &drain_ops, d);

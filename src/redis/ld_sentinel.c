@@ -428,7 +428,7 @@ ld_sentinel_init(const struct ld_ctx *ctx, ld_sentinel_master_fn *fn,
     sentinel_mod.ask_ev = evtimer_new(ctx->base, ask_cb, NULL);
     sentinel_mod.sub_ev = evtimer_new(ctx->base, sub_move_cb, NULL);
     if (sentinel_mod.ask_ev == NULL || sentinel_mod.sub_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     ld_backoff_reset(&sentinel_mod.round_backoff);
     ld_backoff_reset(&sentinel_mod.sub_backoff);
