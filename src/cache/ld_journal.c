@@ -805,6 +805,132 @@ ld_journal_set_compact_min_bytes(struct ld_journal *j, uint64_t bytes)
     j->compact_min_bytes = bytes;
 }
 
+static size_t
+longest_key(struct jrec *const *v, size_t n)
+{
+    size_t max_key = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i]->key_len > max_key) {
+            max_key = v[i]->key_len;
+        }
+    }
+    return max_key;
+}
+
+/* The live records, by id, into a new file at TMP that is whole on disk
+ * and locked: its descriptor, with its length in SIZE and the number of
+ * records in N; or -1 with errno set, and no file left at TMP. */
+static int
+compact_write(struct ld_journal *j, const char *tmp, uint64_t *size, size_t *n)
+{
+    unsigned char *buf = NULL;
+    int fd = -1;
+    int rc = LD_ERR;
+
+    *size = LD_JOURNAL_HEADER_BYTES;
+    struct jrec **v = sorted_live(j, n);
+    if (v == NULL) {
+        goto done;
+    }
+    buf = malloc(rec_bytes(longest_key(v, *n), true));
+    if (buf == NULL) {
+        goto done;
+    }
+    fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        goto done;
+    }
+    if (write_all_at(fd, (const unsigned char *)LD_JOURNAL_MAGIC,
+                     LD_JOURNAL_HEADER_BYTES, 0) != LD_OK) {
+        goto done;
+    }
+    for (size_t i = 0; i < *n; i++) {
+        size_t len = encode(buf,
+                            v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
+                                             : LD_JOURNAL_ADD,
+                            v[i]->flags, v[i]->id, v[i]->due_ms, v[i]->after,
+                            v[i]->key, v[i]->key_len);
+        if (write_all_at(fd, buf, len, *size) != LD_OK) {
+            goto done;
+        }
+        *size += len;
+    }
+    /* The new file must be whole on disk before its name replaces the
+     * old one, or a crash could leave a name pointing at nothing. */
+    if (ld_journal_fsync_fn(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        goto done;
+    }
+    j->syncs++;
+    rc = LD_OK;
+
+done:;
+    int saved = errno;
+    free(v);
+    free(buf);
+    if (rc != LD_OK && fd >= 0) {
+        close(fd);
+        unlink(tmp);
+        fd = -1;
+    }
+    errno = saved;
+    return fd;
+}
+
+/* The file at TMP takes the journal's name; the old file keeps a second
+ * name, OLD, until the rename is durable, so that it can be put back if
+ * that cannot be made sure. */
+static int
+compact_rename(const struct ld_journal *j, const char *tmp, const char *old)
+{
+    unlink(old);
+    if (link(j->path, old) != 0) {
+        return LD_ERR;
+    }
+    if (rename(tmp, j->path) != 0) {
+        int saved = errno;
+        unlink(old);
+        errno = saved;
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
+/* From now on the journal appends to FD, SIZE bytes long. */
+static void
+compact_adopt(struct ld_journal *j, int fd, uint64_t size, bool failed)
+{
+    close(j->fd);
+    j->fd = fd;
+    j->size = size;
+    j->dirty = false;
+    j->failed = failed;
+}
+
+/* The directory could not be synced after the rename: nobody knows which
+ * name a crash would leave. Go on with the old file, under its name
+ * again; or, when it cannot be put back, with the new one (which is
+ * whole: appending to the old one would write where no restart looks),
+ * trusting nothing until a later rewrite is durable. Keeps errno. */
+static void
+compact_undo(struct ld_journal *j, int fd, uint64_t size, const char *old)
+{
+    int saved = errno;
+    if (rename(old, j->path) == 0) {
+        sync_parent_dir(j->path);
+        close(fd);
+        log_error("journal compaction failed, directory sync: the old "
+                  "file stays path=%s error=\"%s\"",
+                  j->path, strerror(saved));
+    } else {
+        log_error("journal directory sync failed and the old file cannot "
+                  "be put back path=%s error=\"%s\"",
+                  j->path, strerror(saved));
+        unlink(old);
+        compact_adopt(j, fd, size, true);
+    }
+    errno = saved;
+}
+
 int
 ld_journal_compact(struct ld_journal *j)
 {
@@ -813,127 +939,41 @@ ld_journal_compact(struct ld_journal *j)
     }
     char *tmp = tmp_path(j->path);
     char *old = suffixed_path(j->path, ".old");
-    size_t n = 0;
-    struct jrec **v = NULL;
-    unsigned char *buf = NULL;
-    int fd = -1;
-    uint64_t size = LD_JOURNAL_HEADER_BYTES;
     uint64_t before = j->size;
+    uint64_t size;
+    size_t n = 0;
+    int rc = LD_ERR;
 
-    v = sorted_live(j, &n);
-    if (v == NULL) {
-        goto fail;
+    int fd = compact_write(j, tmp, &size, &n);
+    if (fd >= 0 && compact_rename(j, tmp, old) != LD_OK) {
+        int saved = errno;
+        close(fd);
+        unlink(tmp);
+        errno = saved;
+        fd = -1;
     }
-    size_t max_key = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (v[i]->key_len > max_key) {
-            max_key = v[i]->key_len;
-        }
-    }
-    buf = malloc(rec_bytes(max_key, true));
-    if (buf == NULL) {
-        goto fail;
-    }
-    fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) {
-        goto fail;
-    }
-    if (write_all_at(fd, (const unsigned char *)LD_JOURNAL_MAGIC,
-                     LD_JOURNAL_HEADER_BYTES, 0) != LD_OK) {
-        goto fail;
-    }
-    for (size_t i = 0; i < n; i++) {
-        size_t len = encode(buf,
-                            v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
-                                             : LD_JOURNAL_ADD,
-                            v[i]->flags, v[i]->id, v[i]->due_ms, v[i]->after,
-                            v[i]->key, v[i]->key_len);
-        if (write_all_at(fd, buf, len, size) != LD_OK) {
-            goto fail;
-        }
-        size += len;
-    }
-    /* The new file must be whole on disk before its name replaces the
-     * old one, or a crash could leave a name pointing at nothing. */
-    if (ld_journal_fsync_fn(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        goto fail;
-    }
-    j->syncs++;
-    /* The old file keeps a second name until the rename is durable, so
-     * that it can be put back if that cannot be made sure. */
-    unlink(old);
-    if (link(j->path, old) != 0) {
-        goto fail;
-    }
-    if (rename(tmp, j->path) != 0) {
-        unlink(old);
-        goto fail;
+        log_error("journal compaction failed path=%s error=\"%s\"", j->path,
+                  strerror(errno));
+        goto done;
     }
     if (sync_parent_dir(j->path) != LD_OK) {
-        int saved = errno;
-        /* Nobody knows which name a crash would leave: go on with the
-         * old file, under its name again, and fail the compaction. */
-        if (rename(old, j->path) == 0) {
-            sync_parent_dir(j->path);
-            close(fd);
-            log_error("journal compaction failed, directory sync: the old "
-                      "file stays path=%s error=\"%s\"",
-                      j->path, strerror(saved));
-            free(v);
-            free(buf);
-            free(tmp);
-            free(old);
-            errno = saved;
-            return LD_ERR;
-        }
-        /* The name stays on the new file, which is whole: appending to
-         * the old one would write where no restart looks. Use the new
-         * one, but trust nothing until a later rewrite is durable. */
-        log_error("journal directory sync failed and the old file cannot "
-                  "be put back path=%s error=\"%s\"",
-                  j->path, strerror(saved));
-        unlink(old);
-        close(j->fd);
-        j->fd = fd;
-        j->size = size;
-        j->dirty = false;
-        j->failed = true;
-        free(v);
-        free(buf);
-        free(tmp);
-        free(old);
-        errno = saved;
-        return LD_ERR;
+        compact_undo(j, fd, size, old);
+        goto done;
     }
     unlink(old);
-    close(j->fd);
-    j->fd = fd;
-    j->size = size;
-    j->dirty = false;
-    j->failed = false;
+    compact_adopt(j, fd, size, false);
     log_info("journal compacted path=%s bytes_before=%llu bytes_after=%llu "
              "live=%zu",
              j->path, (unsigned long long)before, (unsigned long long)size, n);
-    free(v);
-    free(buf);
-    free(tmp);
-    free(old);
-    return LD_OK;
+    rc = LD_OK;
 
-fail:;
+done:;
     int saved = errno;
-    log_error("journal compaction failed path=%s error=\"%s\"", j->path,
-              strerror(saved));
-    if (fd >= 0) {
-        close(fd);
-        unlink(tmp);
-    }
-    free(v);
-    free(buf);
     free(tmp);
     free(old);
     errno = saved;
-    return LD_ERR;
+    return rc;
 }
 
 enum ld_fsync_mode
