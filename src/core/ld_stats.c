@@ -406,12 +406,106 @@ ld_stats_add_prometheus(ld_stats_prom_fn *fn)
     prom_fns[n_prom_fns++] = fn;
 }
 
+/* The daemon's identity: version, the Redis in use, uptime. */
+static void
+prom_info(struct text *t)
+{
+    text_family(t, "build_info", "gauge",
+                "Always 1; the version is in the label");
+    text_printf(t, "leased_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
+    if (stats_mod.redis_master[0] != '\0' &&
+        strpbrk(stats_mod.redis_master, "\"\\\n") == NULL) {
+        text_family(t, "redis_master_info", "gauge",
+                    "Always 1; the Redis (master) in use is in the label");
+        text_printf(t, "leased_redis_master_info{address=\"%s\"} 1\n",
+                    stats_mod.redis_master);
+    }
+    text_family(t, "uptime_seconds", "gauge",
+                "Seconds since the daemon started");
+    text_printf(t, "leased_uptime_seconds %lld\n", uptime_s());
+}
+
+static void
+prom_fields(struct text *t)
+{
+    /* Names and units follow the Prometheus conventions (promtool check
+     * metrics): counters end in _total, times are in seconds. */
+#define LD_STATS_PROM(kind, name, help)                                       \
+    if (strcmp(#kind, "counter") == 0) {                                      \
+        text_family(t, #name "_total", "counter", help);                      \
+        text_printf(t, "leased_" #name "_total %lld\n", ld_stats.name);       \
+    } else if (strcmp(#kind, "smoothed_us") == 0) {                           \
+        text_time_us(t, #name, "_smoothed_seconds", "gauge", help,            \
+                     ld_stats.name);                                          \
+    } else if (strcmp(#kind, "counter_us") == 0) {                            \
+        text_time_us(t, #name, "_seconds_total", "counter", help,             \
+                     ld_stats.name);                                          \
+    } else if (strcmp(#kind, "age_ms") == 0) {                                \
+        text_time_ms(t, #name, help, ld_stats.name);                          \
+    } else {                                                                  \
+        text_family(t, #name, "gauge", help);                                 \
+        text_printf(t, "leased_" #name " %lld\n", ld_stats.name);             \
+    }
+    LD_STATS_FIELDS(LD_STATS_PROM)
+#undef LD_STATS_PROM
+}
+
+static void
+prom_ops(struct text *t)
+{
+    size_t i;
+
+    text_family(t, "requests_by_op_total", "counter",
+                "Requests received, by op");
+    for (i = 0; i < op_used; i++) {
+        text_printf(t, "leased_requests_by_op_total{op=\"");
+        text_label_value(t, op_counts[i].name);
+        text_printf(t, "\"} %lld\n", op_counts[i].count);
+    }
+    if (op_other > 0) {
+        text_printf(t, "leased_requests_by_op_total{op=\"other\"} %lld\n",
+                    op_other);
+    }
+}
+
+static void
+prom_errors(struct text *t)
+{
+    int c;
+
+    /* Every code is listed, zeros included, so that rate() over a code
+     * that appears for the first time does not miss its first errors. */
+    text_family(t, "errors_total", "counter", "Error replies, by code");
+    for (c = 0; c < LD_E__COUNT; c++) {
+        text_printf(t, "leased_errors_total{code=\"");
+        text_label_value(t, ld_errcode_name(c));
+        text_printf(t, "\"} %lld\n", err_counts[c]);
+    }
+}
+
+/* The histograms, then what other modules add (ld_stats_add_prometheus). */
+static void
+prom_histograms_and_more(struct text *t)
+{
+    size_t i;
+
+    for (i = 0; i < LD_HISTO__COUNT; i++) {
+        text_histogram(t, &histos[i], histo_info[i].name, histo_info[i].help);
+    }
+    for (i = 0; i < n_prom_fns; i++) {
+        size_t n = 0;
+        char *more = prom_fns[i](&n);
+        if (more != NULL) {
+            text_printf(t, "%.*s", (int)n, more);
+            free(more);
+        }
+    }
+}
+
 char *
 ld_stats_prometheus(size_t *len)
 {
     struct text t = {0};
-    size_t i;
-    int c;
 
     if (len != NULL) {
         *len = 0;
@@ -421,73 +515,11 @@ ld_stats_prometheus(size_t *len)
     t.buf = ld_xmalloc(t.cap);
     t.buf[0] = '\0';
 
-    text_family(&t, "build_info", "gauge",
-                "Always 1; the version is in the label");
-    text_printf(&t, "leased_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
-    if (stats_mod.redis_master[0] != '\0' &&
-        strpbrk(stats_mod.redis_master, "\"\\\n") == NULL) {
-        text_family(&t, "redis_master_info", "gauge",
-                    "Always 1; the Redis (master) in use is in the label");
-        text_printf(&t, "leased_redis_master_info{address=\"%s\"} 1\n",
-                    stats_mod.redis_master);
-    }
-    text_family(&t, "uptime_seconds", "gauge",
-                "Seconds since the daemon started");
-    text_printf(&t, "leased_uptime_seconds %lld\n", uptime_s());
-
-    /* Names and units follow the Prometheus conventions (promtool check
-     * metrics): counters end in _total, times are in seconds. */
-#define LD_STATS_PROM(kind, name, help)                                       \
-    if (strcmp(#kind, "counter") == 0) {                                      \
-        text_family(&t, #name "_total", "counter", help);                     \
-        text_printf(&t, "leased_" #name "_total %lld\n", ld_stats.name);      \
-    } else if (strcmp(#kind, "smoothed_us") == 0) {                           \
-        text_time_us(&t, #name, "_smoothed_seconds", "gauge", help,           \
-                     ld_stats.name);                                          \
-    } else if (strcmp(#kind, "counter_us") == 0) {                            \
-        text_time_us(&t, #name, "_seconds_total", "counter", help,            \
-                     ld_stats.name);                                          \
-    } else if (strcmp(#kind, "age_ms") == 0) {                                \
-        text_time_ms(&t, #name, help, ld_stats.name);                         \
-    } else {                                                                  \
-        text_family(&t, #name, "gauge", help);                                \
-        text_printf(&t, "leased_" #name " %lld\n", ld_stats.name);            \
-    }
-    LD_STATS_FIELDS(LD_STATS_PROM)
-#undef LD_STATS_PROM
-
-    text_family(&t, "requests_by_op_total", "counter",
-                "Requests received, by op");
-    for (i = 0; i < op_used; i++) {
-        text_printf(&t, "leased_requests_by_op_total{op=\"");
-        text_label_value(&t, op_counts[i].name);
-        text_printf(&t, "\"} %lld\n", op_counts[i].count);
-    }
-    if (op_other > 0) {
-        text_printf(&t, "leased_requests_by_op_total{op=\"other\"} %lld\n",
-                    op_other);
-    }
-
-    /* Every code is listed, zeros included, so that rate() over a code
-     * that appears for the first time does not miss its first errors. */
-    text_family(&t, "errors_total", "counter", "Error replies, by code");
-    for (c = 0; c < LD_E__COUNT; c++) {
-        text_printf(&t, "leased_errors_total{code=\"");
-        text_label_value(&t, ld_errcode_name(c));
-        text_printf(&t, "\"} %lld\n", err_counts[c]);
-    }
-
-    for (i = 0; i < LD_HISTO__COUNT; i++) {
-        text_histogram(&t, &histos[i], histo_info[i].name, histo_info[i].help);
-    }
-    for (i = 0; i < n_prom_fns; i++) {
-        size_t n = 0;
-        char *more = prom_fns[i](&n);
-        if (more != NULL) {
-            text_printf(&t, "%.*s", (int)n, more);
-            free(more);
-        }
-    }
+    prom_info(&t);
+    prom_fields(&t);
+    prom_ops(&t);
+    prom_errors(&t);
+    prom_histograms_and_more(&t);
 
     if (t.failed) {
         free(t.buf);
