@@ -521,18 +521,11 @@ ld_cache_shutdown(void)
     }
 }
 
-void
-ld_cache_free(void)
+/* Fetches still in flight: answer their getters now and leave the
+ * structs to their callbacks, which ld_redis_free may still run. */
+static void
+orphan_fetches(void)
 {
-    if (!cache_mod.inited) {
-        return;
-    }
-    cache_mod.inited = false;
-    cache_due_free();
-    ld_near_free();
-
-    /* Fetches still in flight: answer their getters now and leave the
-     * structs to their callbacks, which ld_redis_free may still run. */
     struct fetch *f;
     LIST_FOREACH(f, &cache_mod.fetches, link)
     {
@@ -545,7 +538,12 @@ ld_cache_free(void)
         f->ck = NULL;
     }
     LIST_INIT(&cache_mod.fetches);
+}
 
+/* Every key, its waiters answered. */
+static void
+free_keys(void)
+{
     struct ld_dict_iter it;
     void *v;
     ld_dict_iter_init(&it, cache_mod.keys);
@@ -567,10 +565,15 @@ ld_cache_free(void)
     cache_mod.keys = NULL;
     cache_mod.n_waiters = 0;
     cache_ckey_spares_free();
+}
 
-    /* Deletes stay in the journal for the next start. A sync still on
-     * the worker is waited for; its invalidations are answered below,
-     * through their deletes, like those still queued. */
+/* Deletes stay in the journal for the next start. A sync still on the
+ * worker is waited for; its invalidations are answered here, through
+ * their deletes, like those still queued. A delete whose command is out
+ * is left to its callback. */
+static void
+free_dels(void)
+{
     ld_fsync_free(cache_mod.syncer);
     cache_mod.syncer = NULL;
     STAILQ_INIT(&cache_mod.sync_q);
@@ -585,8 +588,7 @@ ld_cache_free(void)
                 ld_reply_error(inv->req, LD_E_SHUTTING_DOWN,
                                "the daemon is stopping; the invalidation "
                                "is journaled and runs at the next start");
-                free(inv->firsts);
-                free(inv);
+                cache_inv_free(inv);
             }
         }
         event_free(d->ev);
@@ -601,7 +603,20 @@ ld_cache_free(void)
     LIST_INIT(&cache_mod.dels);
     ld_dict_free(cache_mod.owed);
     cache_mod.owed = NULL;
+}
 
+void
+ld_cache_free(void)
+{
+    if (!cache_mod.inited) {
+        return;
+    }
+    cache_mod.inited = false;
+    cache_due_free();
+    ld_near_free();
+    orphan_fetches();
+    free_keys();
+    free_dels();
     if (cache_mod.tick_ev != NULL) {
         event_free(cache_mod.tick_ev);
     }

@@ -313,6 +313,14 @@ cache_redis_state_cb(bool up, void *arg)
     }
 }
 
+void
+cache_inv_free(struct inv *inv)
+{
+    free(inv->queued_at);
+    free(inv->firsts);
+    free(inv);
+}
+
 static void
 inv_reply(struct inv *inv)
 {
@@ -347,9 +355,7 @@ inv_reply(struct inv *inv)
         }
         ld_reply_ok(inv->req, f);
     }
-    free(inv->queued_at);
-    free(inv->firsts);
-    free(inv);
+    cache_inv_free(inv);
 }
 
 static void
