@@ -437,6 +437,47 @@ early_refresh_on(void)
     return cache_mod.ctx->cfg->cache.early_refresh;
 }
 
+/* The journal, and every delete it still promises back on its way. */
+static int
+open_journal(const struct ld_config *cfg)
+{
+    if (ld_journal_open(&cache_mod.journal, cfg->journal.path,
+                        cfg->journal.fsync) != LD_OK) {
+        log_error("cannot open the invalidation journal path=%s",
+                  cfg->journal.path);
+        return LD_ERR;
+    }
+    struct replay_state st = {0, ld_dict_new()};
+    ld_journal_each(cache_mod.journal, cache_replay_one, &st);
+    ld_dict_free(st.by_id);
+    size_t replayed = st.count;
+    log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
+             cfg->journal.path,
+             cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",
+             (unsigned long long)ld_journal_bytes(cache_mod.journal),
+             replayed);
+    cache_update_journal_stats();
+    return LD_OK;
+}
+
+/* The periodic duty, and the deferred journal sync. */
+static void
+start_timers(const struct ld_ctx *ctx)
+{
+    cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb,
+                                  NULL);
+    if (cache_mod.tick_ev == NULL) {
+        ld_oom_in("event_new");
+    }
+    ld_defer_init(&cache_mod.sync_defer, ctx->base, cache_sync_run, NULL);
+    if (ctx->cfg->journal.fsync == LD_FSYNC_ALWAYS) {
+        /* Without it the loop syncs itself, as it always could. */
+        cache_mod.syncer = ld_fsync_new(ctx->base);
+    }
+    struct timeval tv = ld_tv_ms(TICK_MS);
+    event_add(cache_mod.tick_ev, &tv);
+}
+
 int
 ld_cache_init(const struct ld_ctx *ctx)
 {
@@ -452,40 +493,15 @@ ld_cache_init(const struct ld_ctx *ctx)
     STAILQ_INIT(&cache_mod.sync_running);
     cache_mod.keys = ld_dict_new();
     cache_mod.owed = ld_dict_new();
-    if (ld_journal_open(&cache_mod.journal, cfg->journal.path,
-                        cfg->journal.fsync) != LD_OK) {
-        log_error("cannot open the invalidation journal path=%s",
-                  cfg->journal.path);
+    if (open_journal(cfg) != LD_OK) {
         ld_dict_free(cache_mod.keys);
         cache_mod.keys = NULL;
         ld_dict_free(cache_mod.owed);
         cache_mod.owed = NULL;
         return LD_ERR;
     }
-    struct replay_state st = {0, ld_dict_new()};
-    ld_journal_each(cache_mod.journal, cache_replay_one, &st);
-    ld_dict_free(st.by_id);
-    size_t replayed = st.count;
-    log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
-             cfg->journal.path,
-             cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",
-             (unsigned long long)ld_journal_bytes(cache_mod.journal),
-             replayed);
-    cache_update_journal_stats();
     ld_stats_add_refresh(cache_refresh_overdue);
-
-    cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb,
-                                  NULL);
-    if (cache_mod.tick_ev == NULL) {
-        ld_oom_in("event_new");
-    }
-    ld_defer_init(&cache_mod.sync_defer, ctx->base, cache_sync_run, NULL);
-    if (cfg->journal.fsync == LD_FSYNC_ALWAYS) {
-        /* Without it the loop syncs itself, as it always could. */
-        cache_mod.syncer = ld_fsync_new(ctx->base);
-    }
-    struct timeval tv = ld_tv_ms(TICK_MS);
-    event_add(cache_mod.tick_ev, &tv);
+    start_timers(ctx);
 
     if (!cache_mod.hooks_registered) {
         ld_session_on_close(on_session_close);
