@@ -891,6 +891,54 @@ event_cb(struct bufferevent *bev, short what, void *arg)
     maybe_free(c);
 }
 
+/* CONNECTING: the attempt fails when it has taken the whole bound. */
+static void
+connect_deadline(struct ld_conn *c, uint64_t now)
+{
+    char why[128];
+    if (now - c->started_us < timeout_us(c)) {
+        arm_timer(c);
+        return;
+    }
+    if (c->tls) {
+        /* A port without TLS waits for a line that never comes. */
+        snprintf(why, sizeof(why),
+                 "TLS: connect or handshake timed out after %d ms",
+                 c->ctx->cfg->redis.timeout_ms);
+        log_tls_failure(c, why);
+    } else {
+        snprintf(why, sizeof(why), "connect timed out after %d ms",
+                 c->ctx->cfg->redis.timeout_ms);
+    }
+    conn_down(c, why);
+}
+
+/* Replies are owed: the connection is down when none came for the whole
+ * bound, unless its owner takes the stall over. */
+static void
+reply_deadline(struct ld_conn *c, uint64_t now)
+{
+    char why[128];
+    if (now - c->progress_us < timeout_us(c)) {
+        arm_timer(c);
+        return;
+    }
+    snprintf(why, sizeof(why), "timed out after %d ms",
+             c->ctx->cfg->redis.timeout_ms);
+    if (c->state == LD_CONN_READY && c->ops->on_stall != NULL &&
+        !(c->own_n > 0 && owed(c) == c->own_n)) {
+        /* The owner decides; the next call comes after another full
+         * bound. */
+        c->progress_us = now;
+        c->ops->on_stall(c, c->owner);
+        if (c->state != LD_CONN_DOWN && !c->free_pending) {
+            arm_timer(c);
+        }
+    } else {
+        conn_down(c, why);
+    }
+}
+
 static void
 timer_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -898,43 +946,11 @@ timer_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     uint64_t now = ld_now_us();
-    char why[128];
     c->busy++;
     if (c->state == LD_CONN_CONNECTING) {
-        if (now - c->started_us >= timeout_us(c)) {
-            if (c->tls) {
-                /* A port without TLS waits for a line that never comes. */
-                snprintf(why, sizeof(why),
-                         "TLS: connect or handshake timed out after %d ms",
-                         c->ctx->cfg->redis.timeout_ms);
-                log_tls_failure(c, why);
-            } else {
-                snprintf(why, sizeof(why), "connect timed out after %d ms",
-                         c->ctx->cfg->redis.timeout_ms);
-            }
-            conn_down(c, why);
-        } else {
-            arm_timer(c);
-        }
+        connect_deadline(c, now);
     } else if (c->state != LD_CONN_DOWN && owed(c) > 0) {
-        if (now - c->progress_us >= timeout_us(c)) {
-            snprintf(why, sizeof(why), "timed out after %d ms",
-                     c->ctx->cfg->redis.timeout_ms);
-            if (c->state == LD_CONN_READY && c->ops->on_stall != NULL &&
-                !(c->own_n > 0 && owed(c) == c->own_n)) {
-                /* The owner decides; the next call comes after another
-                 * full bound. */
-                c->progress_us = now;
-                c->ops->on_stall(c, c->owner);
-                if (c->state != LD_CONN_DOWN && !c->free_pending) {
-                    arm_timer(c);
-                }
-            } else {
-                conn_down(c, why);
-            }
-        } else {
-            arm_timer(c);
-        }
+        reply_deadline(c, now);
     } else if (c->state == LD_CONN_READY) {
         if (now - c->last_io_us >= (uint64_t)c->ping_idle_ms * 1000) {
             send_ping(c);
@@ -945,6 +961,68 @@ timer_cb(evutil_socket_t fd, short what, void *arg)
     maybe_free(c);
 }
 
+/* C's address as a socket address in SS (SL bytes long); LD_ERR with
+ * the reason in WHY when it has none. */
+static int
+conn_resolve(const struct ld_conn *c, struct sockaddr_storage *ss,
+             socklen_t *sl, char *why, size_t whylen)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (c->addr.is_unix) {
+        struct sockaddr_un *sun = (struct sockaddr_un *)ss;
+        sun->sun_family = AF_UNIX;
+        size_t n = strlen(c->addr.host);
+        if (n >= sizeof(sun->sun_path)) {
+            snprintf(why, whylen, "socket path too long");
+            return LD_ERR;
+        }
+        memcpy(sun->sun_path, c->addr.host, n + 1);
+        *sl = sizeof(*sun);
+        return LD_OK;
+    }
+    struct evutil_addrinfo hints, *res = NULL;
+    char port[16];
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(port, sizeof(port), "%d", c->addr.port);
+    int rc = evutil_getaddrinfo(c->addr.host, port, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        snprintf(why, whylen, "%s", evutil_gai_strerror(rc));
+        return LD_ERR;
+    }
+    /* Prefer IPv4, where a default Redis listens for sure. */
+    struct evutil_addrinfo *pick = res;
+    for (struct evutil_addrinfo *a = res; a != NULL; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            pick = a;
+            break;
+        }
+    }
+    memcpy(ss, pick->ai_addr, pick->ai_addrlen);
+    *sl = (socklen_t)pick->ai_addrlen;
+    evutil_freeaddrinfo(res);
+    return LD_OK;
+}
+
+/* A new reader for the new transport. No reply of Redis to the daemon is
+ * larger than a value it takes from a client or may hand one: one request
+ * line, one client's unsent output. */
+static void
+conn_reader_reset(struct ld_conn *c)
+{
+    if (c->reader != NULL) {
+        redisReaderFree(c->reader);
+    }
+    const struct ld_config *cfg = c->ctx->cfg;
+    size_t max_value = (size_t)cfg->limits.max_request_bytes;
+    if ((size_t)cfg->limits.max_output_bytes > max_value) {
+        max_value = (size_t)cfg->limits.max_output_bytes;
+    }
+    ld_reader_bounds_init(&c->bounds, max_value);
+    c->reader = ld_reader_new(&c->bounds);
+}
+
 /* Resolve and connect; an error reported at once is a failed attempt
  * like any other. */
 static void
@@ -953,41 +1031,9 @@ conn_connect(struct ld_conn *c)
     struct sockaddr_storage ss;
     socklen_t sl = 0;
     char why[192];
-    memset(&ss, 0, sizeof(ss));
-    if (c->addr.is_unix) {
-        struct sockaddr_un *sun = (struct sockaddr_un *)&ss;
-        sun->sun_family = AF_UNIX;
-        size_t n = strlen(c->addr.host);
-        if (n >= sizeof(sun->sun_path)) {
-            conn_down(c, "socket path too long");
-            return;
-        }
-        memcpy(sun->sun_path, c->addr.host, n + 1);
-        sl = sizeof(*sun);
-    } else {
-        struct evutil_addrinfo hints, *res = NULL;
-        char port[16];
-        memset(&hints, 0, sizeof(hints));
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        snprintf(port, sizeof(port), "%d", c->addr.port);
-        int rc = evutil_getaddrinfo(c->addr.host, port, &hints, &res);
-        if (rc != 0 || res == NULL) {
-            snprintf(why, sizeof(why), "%s", evutil_gai_strerror(rc));
-            conn_down(c, why);
-            return;
-        }
-        /* Prefer IPv4, where a default Redis listens for sure. */
-        struct evutil_addrinfo *pick = res;
-        for (struct evutil_addrinfo *a = res; a != NULL; a = a->ai_next) {
-            if (a->ai_family == AF_INET) {
-                pick = a;
-                break;
-            }
-        }
-        memcpy(&ss, pick->ai_addr, pick->ai_addrlen);
-        sl = (socklen_t)pick->ai_addrlen;
-        evutil_freeaddrinfo(res);
+    if (conn_resolve(c, &ss, &sl, why, sizeof(why)) != LD_OK) {
+        conn_down(c, why);
+        return;
     }
     c->bev = transport_new(c, why, sizeof(why));
     if (c->bev == NULL) {
@@ -997,19 +1043,7 @@ conn_connect(struct ld_conn *c)
     }
     bufferevent_setcb(c->bev, NULL, NULL, event_cb, c);
     bufferevent_enable(c->bev, EV_WRITE);
-    if (c->reader != NULL) {
-        redisReaderFree(c->reader);
-    }
-    /* No reply of Redis to the daemon is larger than a value it takes
-     * from a client or may hand one: one request line, one client's
-     * unsent output. */
-    const struct ld_config *cfg = c->ctx->cfg;
-    size_t max_value = (size_t)cfg->limits.max_request_bytes;
-    if ((size_t)cfg->limits.max_output_bytes > max_value) {
-        max_value = (size_t)cfg->limits.max_output_bytes;
-    }
-    ld_reader_bounds_init(&c->bounds, max_value);
-    c->reader = ld_reader_new(&c->bounds);
+    conn_reader_reset(c);
     c->id = ++next_conn_id;
     c->state = LD_CONN_CONNECTING;
     c->started_us = ld_now_us();
