@@ -60,9 +60,8 @@
 /* The process state, ld_server.c's alone: modules get CTX at init and
  * read it; only this file writes it. */
 static struct ld_ctx ctx;
-static char instance[17]; /* random id of this daemon run */
-
 static struct {
+    char instance[17];     /* random id of this daemon run */
     struct ld_config *cfg; /* the live configuration, CTX's, writable */
     const char *conf_path;
     struct event *sig_term;
@@ -72,12 +71,11 @@ static struct {
     uint64_t drain_deadline_ms;
     struct event *sessions_ev; /* the SIGTERM drain's check */
     uint64_t sessions_deadline_ms;
+    /* The directory the daemon was started in: relative paths of the
+     * configuration are taken from it, at start and on every reload,
+     * also after the daemon has detached to "/". */
+    char start_dir[PATH_MAX];
 } server_mod;
-
-/* The directory the daemon was started in: relative paths of the
- * configuration are taken from it, at start and on every reload, also
- * after the daemon has detached to "/". */
-static char start_dir[PATH_MAX];
 
 /* A secret in a file other users can read is no secret. */
 static void
@@ -106,8 +104,9 @@ int
 ld_server_load_config(const struct ld_options *opt, struct ld_config *cfg)
 {
     char err[1024];
-    if (start_dir[0] == '\0' && getcwd(start_dir, sizeof(start_dir)) == NULL) {
-        start_dir[0] = '\0';
+    if (server_mod.start_dir[0] == '\0' &&
+        getcwd(server_mod.start_dir, sizeof(server_mod.start_dir)) == NULL) {
+        server_mod.start_dir[0] = '\0';
     }
     ld_conf_defaults(cfg);
     if (ld_conf_load(cfg, opt->conf_path, !opt->conf_explicit, err,
@@ -115,7 +114,7 @@ ld_server_load_config(const struct ld_options *opt, struct ld_config *cfg)
         fprintf(stderr, "%s\n", err);
         return LD_ERR;
     }
-    ld_conf_absolute_paths(cfg, start_dir);
+    ld_conf_absolute_paths(cfg, server_mod.start_dir);
     check_secret_mode(opt->conf_path, cfg);
     return LD_OK;
 }
@@ -236,7 +235,7 @@ reload(void)
                   "error=\"%s\"",
                   err);
     } else {
-        ld_conf_absolute_paths(&fresh, start_dir);
+        ld_conf_absolute_paths(&fresh, server_mod.start_dir);
         check_secret_mode(server_mod.conf_path, &fresh);
         ld_conf_apply_reload(server_mod.cfg, &fresh);
         ld_log_set_level(server_mod.cfg->log.level);
@@ -264,10 +263,10 @@ make_instance_id(void)
         memset(raw, 0, sizeof(raw));
     }
     for (size_t i = 0; i < sizeof(raw); i++) {
-        instance[2 * i] = hex[raw[i] >> 4];
-        instance[2 * i + 1] = hex[raw[i] & 15];
+        server_mod.instance[2 * i] = hex[raw[i] >> 4];
+        server_mod.instance[2 * i + 1] = hex[raw[i] & 15];
     }
-    instance[16] = '\0';
+    server_mod.instance[16] = '\0';
 }
 
 static void
@@ -416,7 +415,7 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     server_mod.conf_path = opt->conf_path;
     make_instance_id();
     ctx.cfg = cfg;
-    ctx.instance = instance;
+    ctx.instance = server_mod.instance;
     ctx.start_ms = ld_now_ms();
     ctx.base = event_base_new();
     if (ctx.base == NULL) {

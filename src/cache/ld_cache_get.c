@@ -39,14 +39,16 @@ static void ckey_timer_cb(evutil_socket_t fd, short what, void *arg);
  * it: the timers of dropped records are kept for the next ones (up to
  * SPARE_TIMERS), which spares an event_new and an event_free a read. */
 #define SPARE_TIMERS 64
-static struct event *spare_timers[SPARE_TIMERS];
-static size_t n_spare_timers;
+static struct {
+    struct event *spare_timers[SPARE_TIMERS];
+    size_t n_spare_timers;
+} get_mod;
 
 void
 cache_ckey_spares_free(void)
 {
-    while (n_spare_timers > 0) {
-        event_free(spare_timers[--n_spare_timers]);
+    while (get_mod.n_spare_timers > 0) {
+        event_free(get_mod.spare_timers[--get_mod.n_spare_timers]);
     }
 }
 
@@ -65,8 +67,8 @@ ckey_get(const char *key, size_t len)
     ck->key[len] = '\0';
     ck->names = ck->key + len + 1;
     cache_put_names(ck->names, key, len, &ck->entry_len, &ck->chan_len);
-    if (n_spare_timers > 0) {
-        ck->timer = spare_timers[--n_spare_timers];
+    if (get_mod.n_spare_timers > 0) {
+        ck->timer = get_mod.spare_timers[--get_mod.n_spare_timers];
         evtimer_assign(ck->timer, cache_mod.ctx->base, ckey_timer_cb, ck);
     } else {
         ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
@@ -91,9 +93,9 @@ cache_ckey_maybe_free(struct ckey *ck)
     if (ck->sub != NULL) {
         ld_pubsub_unsubscribe(ck->sub);
     }
-    if (n_spare_timers < SPARE_TIMERS) {
+    if (get_mod.n_spare_timers < SPARE_TIMERS) {
         event_del(ck->timer);
-        spare_timers[n_spare_timers++] = ck->timer;
+        get_mod.spare_timers[get_mod.n_spare_timers++] = ck->timer;
     } else {
         event_free(ck->timer);
     }

@@ -61,8 +61,10 @@ struct ld_journal {
 
 /* ---- CRC-32 ---------------------------------------------------------- */
 
-static uint32_t crc_table[256];
-static bool crc_ready;
+static struct {
+    uint32_t crc_table[256];
+    bool crc_ready;
+} journal_mod;
 
 static void
 crc_init(void)
@@ -72,9 +74,9 @@ crc_init(void)
         for (int k = 0; k < 8; k++) {
             c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
         }
-        crc_table[i] = c;
+        journal_mod.crc_table[i] = c;
     }
-    crc_ready = true;
+    journal_mod.crc_ready = true;
 }
 
 uint32_t
@@ -83,11 +85,11 @@ ld_crc32(const void *data, size_t len)
     const unsigned char *p = data;
     uint32_t c = 0xffffffffu;
 
-    if (!crc_ready) {
+    if (!journal_mod.crc_ready) {
         crc_init();
     }
     for (size_t i = 0; i < len; i++) {
-        c = crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+        c = journal_mod.crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
     }
     return c ^ 0xffffffffu;
 }

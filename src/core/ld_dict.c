@@ -29,22 +29,24 @@ struct ld_dict {
     size_t size;
 };
 
-static uint64_t dict_seed;
-static bool dict_seeded;
+static struct {
+    uint64_t seed;
+    bool seeded;
+} dict_mod;
 
 static uint64_t
 dict_hash(const void *key, size_t len)
 {
-    if (!dict_seeded) {
-        if (ld_random_bytes(&dict_seed, sizeof(dict_seed)) != LD_OK) {
-            dict_seed = ld_now_us();
+    if (!dict_mod.seeded) {
+        if (ld_random_bytes(&dict_mod.seed, sizeof(dict_mod.seed)) != LD_OK) {
+            dict_mod.seed = ld_now_us();
         }
-        dict_seeded = true;
+        dict_mod.seeded = true;
     }
     /* FNV-1a from a seeded basis, then the murmur3 64-bit finalizer so
      * that every input bit reaches the low bits. */
     const unsigned char *p = key;
-    uint64_t h = 0xcbf29ce484222325ull ^ dict_seed;
+    uint64_t h = 0xcbf29ce484222325ull ^ dict_mod.seed;
     for (size_t i = 0; i < len; i++) {
         h ^= p[i];
         h *= 0x100000001b3ull;

@@ -26,8 +26,10 @@
 
 int ld_log_level = LD_LOG_INFO;
 
-static bool log_to_syslog;
-static bool log_to_journal;
+static struct {
+    bool to_syslog;
+    bool to_journal;
+} log_mod;
 
 /* Long enough for any line we write on purpose; a longer one is cut rather
  * than split, so that one event stays one line. */
@@ -62,11 +64,11 @@ stderr_is_journal(void)
 void
 ld_log_open(const char *ident, bool syslog_target)
 {
-    if (log_to_syslog) {
+    if (log_mod.to_syslog) {
         closelog();
     }
-    log_to_syslog = syslog_target;
-    log_to_journal = !syslog_target && stderr_is_journal();
+    log_mod.to_syslog = syslog_target;
+    log_mod.to_journal = !syslog_target && stderr_is_journal();
     if (syslog_target) {
         /* LOG_NDELAY: connect now, while /dev/log is still reachable,
          * before any chroot or sandboxing a later step may add. */
@@ -78,9 +80,9 @@ ld_log_open(const char *ident, bool syslog_target)
 void
 ld_log_close(void)
 {
-    if (log_to_syslog) {
+    if (log_mod.to_syslog) {
         closelog();
-        log_to_syslog = false;
+        log_mod.to_syslog = false;
     }
 }
 
@@ -211,7 +213,7 @@ line_prefix(char *out, size_t size, int level)
     char stamp[32];
     int n;
 
-    if (log_to_journal) {
+    if (log_mod.to_journal) {
         /* sd-daemon(3)'s prefixes are the syslog priorities. */
         n = snprintf(out, size, "<%d>", syslog_priority(level));
     } else {
@@ -237,7 +239,7 @@ ld_log_write(int level, const char *fmt, ...)
     va_end(ap);
     sanitize(msg);
 
-    if (log_to_syslog) {
+    if (log_mod.to_syslog) {
         /* syslog stamps time and host itself. */
         format_fields(line, sizeof(line), &len, level, msg);
         syslog(syslog_priority(level), "%s", line);

@@ -32,17 +32,19 @@
 /* Refused Host header: the status a browser's page gets. */
 #define LD_HTTP_FORBIDDEN 403
 
-static struct evhttp *metrics_http;
-/* metrics.listen's host, the name the endpoint answers to. */
-static char metrics_host[256];
-static ld_metrics_ready_fn *ready_fn;
+static struct {
+    struct evhttp *http;
+    /* metrics.listen's host, the name the endpoint answers to. */
+    char host[256];
+    ld_metrics_ready_fn *ready_fn;
+} metrics_mod;
 
 #define LD_HTTP_UNAVAILABLE 503
 
 void
 ld_metrics_set_ready(ld_metrics_ready_fn *fn)
 {
-    ready_fn = fn;
+    metrics_mod.ready_fn = fn;
 }
 
 static void
@@ -116,10 +118,10 @@ host_allowed(const char *v)
         return false;
     }
     if (strcasecmp(h, "localhost") == 0 || strcmp(h, "127.0.0.1") == 0 ||
-        strcmp(h, "::1") == 0 || strcasecmp(h, metrics_host) == 0) {
+        strcmp(h, "::1") == 0 || strcasecmp(h, metrics_mod.host) == 0) {
         return true;
     }
-    return is_wildcard(metrics_host) && is_address(h);
+    return is_wildcard(metrics_mod.host) && is_address(h);
 }
 
 static void
@@ -186,7 +188,8 @@ readyz_cb(struct evhttp_request *req, void *arg)
         evhttp_send_error(req, LD_HTTP_FORBIDDEN, "Forbidden");
         return;
     }
-    const char *why = ready_fn != NULL ? ready_fn() : NULL;
+    const char *why = metrics_mod.ready_fn != NULL ? metrics_mod.ready_fn()
+                                                   : NULL;
     if (why != NULL) {
         send_text(req, LD_HTTP_UNAVAILABLE, "Service Unavailable", why);
         return;
@@ -214,30 +217,33 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
     if (listen == NULL || listen[0] == '\0') {
         return LD_OK;
     }
-    if (metrics_http != NULL) {
+    if (metrics_mod.http != NULL) {
         ld_metrics_stop();
     }
     if (ld_parse_hostport(listen, host, sizeof(host), &port) != LD_OK) {
         log_error("metrics bad address listen=%s", listen);
         return LD_ERR;
     }
-    snprintf(metrics_host, sizeof(metrics_host), "%s", host);
+    snprintf(metrics_mod.host, sizeof(metrics_mod.host), "%s", host);
 
-    metrics_http = evhttp_new(base);
-    if (metrics_http == NULL) {
+    metrics_mod.http = evhttp_new(base);
+    if (metrics_mod.http == NULL) {
         log_error("metrics start failed reason=evhttp_new");
         return LD_ERR;
     }
-    evhttp_set_allowed_methods(metrics_http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
-    evhttp_set_timeout(metrics_http, LD_METRICS_TIMEOUT_S);
-    evhttp_set_max_headers_size(metrics_http, LD_METRICS_MAX_HEADERS_BYTES);
-    evhttp_set_max_body_size(metrics_http, LD_METRICS_MAX_BODY_BYTES);
-    evhttp_set_cb(metrics_http, "/metrics", metrics_cb, NULL);
-    evhttp_set_cb(metrics_http, "/livez", livez_cb, NULL);
-    evhttp_set_cb(metrics_http, "/readyz", readyz_cb, NULL);
-    evhttp_set_gencb(metrics_http, not_found_cb, NULL);
+    evhttp_set_allowed_methods(metrics_mod.http,
+                               EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+    evhttp_set_timeout(metrics_mod.http, LD_METRICS_TIMEOUT_S);
+    evhttp_set_max_headers_size(metrics_mod.http,
+                                LD_METRICS_MAX_HEADERS_BYTES);
+    evhttp_set_max_body_size(metrics_mod.http, LD_METRICS_MAX_BODY_BYTES);
+    evhttp_set_cb(metrics_mod.http, "/metrics", metrics_cb, NULL);
+    evhttp_set_cb(metrics_mod.http, "/livez", livez_cb, NULL);
+    evhttp_set_cb(metrics_mod.http, "/readyz", readyz_cb, NULL);
+    evhttp_set_gencb(metrics_mod.http, not_found_cb, NULL);
 
-    bs = evhttp_bind_socket_with_handle(metrics_http, host, (ev_uint16_t)port);
+    bs = evhttp_bind_socket_with_handle(metrics_mod.http, host,
+                                        (ev_uint16_t)port);
     if (bs == NULL) {
         log_error("metrics bind failed listen=%s error=\"%s\"", listen,
                   strerror(errno));
@@ -264,8 +270,8 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
 void
 ld_metrics_stop(void)
 {
-    if (metrics_http != NULL) {
-        evhttp_free(metrics_http);
-        metrics_http = NULL;
+    if (metrics_mod.http != NULL) {
+        evhttp_free(metrics_mod.http);
+        metrics_mod.http = NULL;
     }
 }

@@ -118,13 +118,15 @@ ld_token_new(char out[LD_TOKEN_LEN + 1])
 
 /* splitmix64: tiny, fast and good enough to spread TTLs and backoffs. Its
  * output is predictable from a few samples, hence never for tokens. */
-static uint64_t prng_state;
-static bool prng_seeded;
+static struct {
+    uint64_t prng_state;
+    bool prng_seeded;
+} util_mod;
 
 static uint64_t
 splitmix64(void)
 {
-    uint64_t z = (prng_state += 0x9e3779b97f4a7c15ull);
+    uint64_t z = (util_mod.prng_state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -133,13 +135,14 @@ splitmix64(void)
 double
 ld_random_unit(void)
 {
-    if (!prng_seeded) {
-        if (ld_random_bytes(&prng_state, sizeof(prng_state)) != LD_OK) {
+    if (!util_mod.prng_seeded) {
+        if (ld_random_bytes(&util_mod.prng_state,
+                            sizeof(util_mod.prng_state)) != LD_OK) {
             /* Only jitter suffers, so a weak seed is acceptable; it still
              * differs between processes started at the same moment. */
-            prng_state = ld_now_us() ^ ((uint64_t)getpid() << 32);
+            util_mod.prng_state = ld_now_us() ^ ((uint64_t)getpid() << 32);
         }
-        prng_seeded = true;
+        util_mod.prng_seeded = true;
     }
     /* The top 53 bits fill a double's mantissa exactly: [0, 1). */
     return (double)(splitmix64() >> 11) * 0x1.0p-53;

@@ -94,7 +94,9 @@ struct ld_conn {
     char last_error[192];
 };
 
-static uint64_t next_conn_id;
+static struct {
+    uint64_t next_id; /* of a connection attempt: ld_conn_id */
+} conn_mod;
 
 static const char *role_names[] = {"cmd",      "lock",         "sub",
                                    "sentinel", "sentinel-sub", "track"};
@@ -1044,7 +1046,7 @@ conn_connect(struct ld_conn *c)
     bufferevent_setcb(c->bev, NULL, NULL, event_cb, c);
     bufferevent_enable(c->bev, EV_WRITE);
     conn_reader_reset(c);
-    c->id = ++next_conn_id;
+    c->id = ++conn_mod.next_id;
     c->state = LD_CONN_CONNECTING;
     c->started_us = ld_now_us();
     c->n_sent = c->n_recv = 0;

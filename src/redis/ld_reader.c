@@ -16,7 +16,9 @@
 
 /* hiredis' own functions, behind the table every reader of the daemon
  * uses. */
-static redisReplyObjectFunctions *base_fns;
+static struct {
+    redisReplyObjectFunctions *base_fns;
+} reader_mod;
 
 /* What one value costs beyond its bytes: the reply struct and its
  * place in the parent's array. */
@@ -159,7 +161,7 @@ bounded_nil(const redisReadTask *t)
 static void
 bounded_free(void *obj)
 {
-    base_fns->freeObject(obj);
+    reader_mod.base_fns->freeObject(obj);
 }
 
 static redisReplyObjectFunctions bounded_fns = {
@@ -189,8 +191,8 @@ ld_reader_new(struct ld_reader_bounds *b)
     if (r == NULL) {
         ld_oom_in("redisReaderCreate");
     }
-    if (base_fns == NULL) {
-        base_fns = r->fn;
+    if (reader_mod.base_fns == NULL) {
+        reader_mod.base_fns = r->fn;
     }
     r->fn = &bounded_fns;
     r->privdata = b;

@@ -98,24 +98,32 @@ struct cb_context {
     const char *reason;
     uint64_t conn_id;
 };
-static struct cb_context CUR = {LD_REDIS_ANSWERED, "", 0};
+
+/* ld_redis.c's own state beside redis_mod (which ld_redis_init clears):
+ * what the running callback is told, and the spare command records. */
+#define CMD_SPARE 128
+static struct {
+    struct cb_context cur;
+    struct rcmd *spare[CMD_SPARE];
+    int n_spare;
+} cmd_mod = {{LD_REDIS_ANSWERED, "", 0}, {NULL}, 0};
 
 enum ld_redis_outcome
 ld_redis_outcome(void)
 {
-    return CUR.outcome;
+    return cmd_mod.cur.outcome;
 }
 
 const char *
 ld_redis_failure_reason(void)
 {
-    return CUR.reason;
+    return cmd_mod.cur.reason;
 }
 
 uint64_t
 ld_redis_conn_id(void)
 {
-    return CUR.conn_id;
+    return cmd_mod.cur.conn_id;
 }
 
 void
@@ -130,12 +138,12 @@ redis_call_cb(struct rcmd *cmd, redisReply *reply,
                  (int)reply->len, reply->str);
         reason = buf;
     }
-    struct cb_context saved = CUR;
-    CUR.outcome = outcome;
-    CUR.reason = reason != NULL ? reason : "";
-    CUR.conn_id = conn_id;
+    struct cb_context saved = cmd_mod.cur;
+    cmd_mod.cur.outcome = outcome;
+    cmd_mod.cur.reason = reason != NULL ? reason : "";
+    cmd_mod.cur.conn_id = conn_id;
     cmd->cb(reply, cmd->arg);
-    CUR = saved;
+    cmd_mod.cur = saved;
 }
 
 bool
@@ -325,18 +333,15 @@ redis_cmd_x(struct rcmd *cmd)
     return cmd->x;
 }
 
-/* Records of ended commands, kept for the next ones: a request's
- * command would otherwise cost a calloc and a free. Bounded, so that a
- * burst does not keep its peak. */
-#define CMD_SPARE 128
-static struct rcmd *cmd_spare[CMD_SPARE];
-static int n_cmd_spare;
+/* Records of ended commands are kept for the next ones (cmd_mod.spare):
+ * a request's command would otherwise cost a calloc and a free. Bounded,
+ * so that a burst does not keep its peak. */
 
 struct rcmd *
 redis_cmd_new(void)
 {
-    if (n_cmd_spare > 0) {
-        struct rcmd *cmd = cmd_spare[--n_cmd_spare];
+    if (cmd_mod.n_spare > 0) {
+        struct rcmd *cmd = cmd_mod.spare[--cmd_mod.n_spare];
         memset(cmd, 0, offsetof(struct rcmd, keep));
         return cmd;
     }
@@ -359,8 +364,8 @@ redis_rcmd_free(struct rcmd *cmd)
         }
         free(cmd->x);
     }
-    if (n_cmd_spare < CMD_SPARE) {
-        cmd_spare[n_cmd_spare++] = cmd;
+    if (cmd_mod.n_spare < CMD_SPARE) {
+        cmd_mod.spare[cmd_mod.n_spare++] = cmd;
     } else {
         free(cmd);
     }
@@ -1355,8 +1360,8 @@ ld_redis_free(void)
         ld_defer_free(&redis_mod.fail_defer);
     }
     redis_batch_free();
-    while (n_cmd_spare > 0) {
-        free(cmd_spare[--n_cmd_spare]);
+    while (cmd_mod.n_spare > 0) {
+        free(cmd_mod.spare[--cmd_mod.n_spare]);
     }
     redis_mod.started = false;
 }

@@ -58,7 +58,7 @@ struct rbatch {
     struct rcmd **items;
     int n, cap;
     size_t bytes;
-    bool held; /* on bm.held this turn */
+    bool held; /* on batch_mod.held this turn */
 };
 
 static struct {
@@ -67,7 +67,7 @@ static struct {
     struct rconn **held; /* connections holding a batch this turn */
     int n_held, cap_held;
     long long pending; /* items held, not sent yet */
-} bm;
+} batch_mod;
 
 /* KEYS and ARGV of the items are two tables reused from item to item
  * (entries past the item's count cleared): a new pair per item costs
@@ -127,7 +127,7 @@ build_body(void)
 const char *
 redis_batch_body(void)
 {
-    return bm.body;
+    return batch_mod.body;
 }
 
 static void flush_all(void *arg);
@@ -135,25 +135,25 @@ static void flush_all(void *arg);
 int
 redis_batch_init(void)
 {
-    memset(&bm, 0, sizeof(bm));
-    bm.body = build_body();
-    ld_defer_init(&bm.defer, redis_mod.ctx->base, flush_all, NULL);
+    memset(&batch_mod, 0, sizeof(batch_mod));
+    batch_mod.body = build_body();
+    ld_defer_init(&batch_mod.defer, redis_mod.ctx->base, flush_all, NULL);
     return LD_OK;
 }
 
 void
 redis_batch_free(void)
 {
-    ld_defer_free(&bm.defer);
-    free(bm.held);
-    free(bm.body);
-    memset(&bm, 0, sizeof(bm));
+    ld_defer_free(&batch_mod.defer);
+    free(batch_mod.held);
+    free(batch_mod.body);
+    memset(&batch_mod, 0, sizeof(batch_mod));
 }
 
 long long
 redis_batch_pending(void)
 {
-    return bm.pending;
+    return batch_mod.pending;
 }
 
 static void batch_cb(redisReply *reply, void *arg);
@@ -215,13 +215,16 @@ redis_batch_add(struct rconn *c, struct rcmd *cmd, uint64_t pin)
     }
     if (!b->held) {
         b->held = true;
-        if (bm.n_held == bm.cap_held) {
-            bm.cap_held = bm.cap_held == 0 ? 16 : 2 * bm.cap_held;
-            bm.held = ld_xrealloc(bm.held,
-                                  sizeof(*bm.held) * (size_t)bm.cap_held);
+        if (batch_mod.n_held == batch_mod.cap_held) {
+            batch_mod.cap_held = batch_mod.cap_held == 0
+                                     ? 16
+                                     : 2 * batch_mod.cap_held;
+            batch_mod.held = ld_xrealloc(batch_mod.held,
+                                         sizeof(*batch_mod.held) *
+                                             (size_t)batch_mod.cap_held);
         }
-        bm.held[bm.n_held++] = c;
-        ld_defer_kick(&bm.defer);
+        batch_mod.held[batch_mod.n_held++] = c;
+        ld_defer_kick(&batch_mod.defer);
     }
     if (b->n == b->cap) {
         b->cap = b->cap == 0 ? 8 : 2 * b->cap;
@@ -229,7 +232,7 @@ redis_batch_add(struct rconn *c, struct rcmd *cmd, uint64_t pin)
     }
     b->items[b->n++] = cmd;
     b->bytes += item_bytes(cmd);
-    bm.pending++;
+    batch_mod.pending++;
     cmd->conn = c; /* for a timeout of its own (redis_timeout_arm) */
     if (b->n >= max || b->bytes >= BATCH_MAX_BYTES) {
         redis_batch_flush_conn(c);
@@ -241,9 +244,9 @@ void
 redis_batch_drop(struct rconn *c, const char *why)
 {
     /* C's memory is going: no entry of the held list may point at it. */
-    for (int i = 0; i < bm.n_held; i++) {
-        if (bm.held[i] == c) {
-            bm.held[i] = NULL;
+    for (int i = 0; i < batch_mod.n_held; i++) {
+        if (batch_mod.held[i] == c) {
+            batch_mod.held[i] = NULL;
         }
     }
     struct rbatch *b = c->batch;
@@ -251,7 +254,7 @@ redis_batch_drop(struct rconn *c, const char *why)
         return;
     }
     c->batch = NULL;
-    bm.pending -= b->n;
+    batch_mod.pending -= b->n;
     for (int i = 0; i < b->n; i++) {
         b->items[i]->conn = NULL;
         redis_fail_later(b->items[i], LD_REDIS_NOT_SENT, why);
@@ -355,7 +358,7 @@ redis_batch_flush_conn(struct rconn *c)
         return;
     }
     int n = h->n;
-    bm.pending -= n;
+    batch_mod.pending -= n;
     h->n = 0;
     h->bytes = 0;
     if (c->state != CONN_READY || c->conn == NULL) {
@@ -402,14 +405,14 @@ flush_all(void *arg)
 {
     (void)arg;
     /* Rerouted items may be held again, appended: the index sees them. */
-    for (int i = 0; i < bm.n_held; i++) {
-        struct rconn *c = bm.held[i];
+    for (int i = 0; i < batch_mod.n_held; i++) {
+        struct rconn *c = batch_mod.held[i];
         if (c != NULL) {
             c->batch->held = false;
             redis_batch_flush_conn(c);
         }
     }
-    bm.n_held = 0;
+    batch_mod.n_held = 0;
 }
 
 /* No reply for the batch: each item hears what it would have heard alone
