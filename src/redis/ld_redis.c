@@ -284,6 +284,9 @@ ready_changed(struct rconn *c, bool ready)
     /* An instance is up while any of its nodes is. */
     bool inst_was = ld_redis_instance_ready(n->instance);
     n->n_ready += ready ? 1 : -1;
+    LD_ASSERTF(n->n_ready >= 0 && n->n_ready <= n->n_conns,
+               "ready connections of %s: %d of %d", n->address, n->n_ready,
+               n->n_conns);
     bool inst_is = ld_redis_instance_ready(n->instance);
     if (n->instance == 0) {
         ld_stats.redis_connected += ready ? 1 : -1;
@@ -351,6 +354,7 @@ redis_cmd_new(void)
 void
 redis_rcmd_free(struct rcmd *cmd)
 {
+    LD_ASSERT(!cmd->waiting);
     if (redis_batch_owns(cmd)) {
         redis_batch_release(cmd);
     }
@@ -376,6 +380,8 @@ redis_rcmd_free(struct rcmd *cmd)
 static void
 fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome, const char *reason)
 {
+    /* One link: a command is on one list at a time. */
+    LD_ASSERT(!cmd->waiting);
     cmd->fail_outcome = outcome;
     free(cmd->fail_reason);
     cmd->fail_reason = ld_xstrdup(reason);
@@ -417,6 +423,7 @@ redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
     if (ld_conn_send(c->conn, argc, argv, argvlen) != LD_OK) {
         return LD_ERR;
     }
+    LD_ASSERT(!cmd->waiting);
     cmd->conn = c;
     cmd->sent_us = ld_now_us();
     TAILQ_INSERT_TAIL(&c->sent, cmd, link);
@@ -448,6 +455,7 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
     if (cmd == NULL) {
         return;
     }
+    LD_ASSERT(cmd->conn == c);
     TAILQ_REMOVE(&c->sent, cmd, link);
     double sample = (double)(ld_now_us() - cmd->sent_us);
     double rtt = redis_mod.rtt_us;
@@ -875,6 +883,7 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
         cmd->wait_until_us = from + (uint64_t)cmd_timeout_ms(cmd) * 1000;
     }
     cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
+    LD_ASSERT(!cmd->waiting);
     cmd->waiting = true;
     TAILQ_INSERT_TAIL(&node->waiting, cmd, link);
     node->n_waiting++;
@@ -948,6 +957,7 @@ wait_cb(evutil_socket_t fd, short what, void *arg)
             }
             continue;
         }
+        LD_ASSERT(cmd->waiting && n->n_waiting > 0);
         TAILQ_REMOVE(&n->waiting, cmd, link);
         n->n_waiting--;
         cmd->waiting = false;
