@@ -455,7 +455,6 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
     if (cmd == NULL) {
         return;
     }
-    LD_ASSERT(cmd->conn == c);
     TAILQ_REMOVE(&c->sent, cmd, link);
     double sample = (double)(ld_now_us() - cmd->sent_us);
     double rtt = redis_mod.rtt_us;
