@@ -10,6 +10,9 @@
  * close hooks), hand the deletes still due to Redis, flush the journal,
  * then keep the loop turning until Redis has answered what we sent or
  * the drain bound passes. A signal during that exits at once.
+ *
+ * It owns the process context (ctx) and the order of start, reload and stop;
+ * the modules get the ctx at init and must not write it.
  */
 #include "ld_server.h"
 

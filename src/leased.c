@@ -1,5 +1,8 @@
 /*
  * leased: defaults -> options -> config -> daemon -> loop -> shutdown.
+ *
+ * main only: the options, the process set-up and the fork; from the loaded
+ * configuration on, everything is ld_server.c's.
  */
 #include "ld_common.h"
 

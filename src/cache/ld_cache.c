@@ -37,6 +37,12 @@
  * deletes. Each delete is retried with capped backoff until Redis takes it,
  * then retired by a done record. At start the journal is replayed: every
  * delete not retired runs at its due time, or at once when overdue.
+ *
+ * Files: ld_cache.c owns the module state (cache_mod), start and stop, and
+ * the writes (cache.fill, cache.release, cache.set); reading is
+ * ld_cache_get.c, answering ld_cache_reply.c, invalidation ld_cache_inval.c,
+ * the due set ld_cache_due.c, the near cache ld_near*.c. Nothing in the cache
+ * package reaches into the lock or semaphore packages.
  */
 #include "ld_cache.h"
 

@@ -1,6 +1,10 @@
 /*
  * Reading: keys, fetches, waiting and the single flight of cache.get and
  * cache.mget (see the overview in ld_cache.c).
+ *
+ * It owns the keys (struct ckey), the fetches and the waiters; answering them
+ * is ld_cache_reply.c's, and it writes nothing in Redis but the return of a
+ * lease nobody can use.
  */
 #include "ld_cache_int.h"
 

@@ -9,6 +9,8 @@
  * Buckets come from a pool of K (there are never more distinct counts
  * than slots). Keys are found through an open-addressing table of indexes
  * with room for twice K.
+ *
+ * Bookkeeping only: no I/O, no Redis, no knowledge of the ops that feed it.
  */
 #include "ld_cache_hot.h"
 

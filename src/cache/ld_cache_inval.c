@@ -1,6 +1,9 @@
 /*
  * cache.invalidate, the deletes it promises and the journal's replay at
  * start (see the overview in ld_cache.c).
+ *
+ * It owns the invalidations (struct inv), the deletes (struct del) and their
+ * journal records; the readers are only told that a key changed.
  */
 #include "ld_cache_int.h"
 

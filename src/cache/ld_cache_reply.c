@@ -3,6 +3,9 @@
  * answered as soon as its one getter settles; a cache.mget keeps each
  * distinct key's result as a serialised chunk and builds its reply once
  * the last one is in, sized first against the output limit.
+ *
+ * It owns the reply texts and the limits on them; it must not start a fetch
+ * or send anything to Redis.
  */
 #include "ld_cache_int.h"
 

@@ -8,6 +8,9 @@
  *
  * The live adds are also kept in memory, keyed by id, so that compaction
  * and the stats never have to read the file back.
+ *
+ * It owns the file and its format; it must not know Redis or the cache's
+ * structs (a record is an id, a due time, flags and a key).
  */
 #include "ld_journal.h"
 

@@ -17,6 +17,9 @@
  * or a tracked command connection went away, the master moved, the slot
  * map of a cluster changed, Redis flushed) everything is flushed at once,
  * before another near hit.
+ *
+ * It owns the entries and the flights; whether a connection's tracking can be
+ * trusted is ld_near_track.c's call, not this file's.
  */
 #include "ld_features.h"
 #include "ld_near.h"

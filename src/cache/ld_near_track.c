@@ -29,6 +29,10 @@
  * failover, a slot moved, a node gone) flushes the store: the keys read
  * from a master that lost its slots would go unheard once another serves
  * them.
+ *
+ * It owns the tracking connection and the trust in each command connection's
+ * tracking; the entries are ld_near.c's, which it tells of the keys that
+ * changed.
  */
 #include "ld_near_int.h"
 

@@ -3,7 +3,11 @@
  *
  * Parsing goes through libyaml's document API: the whole file becomes a
  * node tree, so duplicate keys can be found within a mapping and every
- * error can point at the node it is about. */
+ * error can point at the node it is about.
+ *
+ * It owns the walk of the YAML tree and its errors; it must not hold a
+ * setting of its own: every key is a row of ld_conf.c's table, and
+ * listen.namespaces is parsed by ld_ns_conf.c. */
 #include "ld_conf.h"
 #include "ld_conf_int.h"
 

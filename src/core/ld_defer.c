@@ -1,3 +1,6 @@
+/* Work finished on a later turn of the loop (ld_defer.h): one event per
+ * ld_defer, made active by a kick. It owns that event only: the queued work
+ * is its owner's, and it must never run the owner's function inside the kick. */
 #include "ld_defer.h"
 
 #include "ld_mem.h"

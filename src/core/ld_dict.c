@@ -4,7 +4,10 @@
  * must not be something a client can aim at: the hash is seeded once per
  * process and passed through a finalizer. Plain FNV-1a alone would be a
  * poor choice here, because its low bits depend only on the low bits of
- * each input byte, and the low bits pick the bucket. */
+ * each input byte, and the low bits pick the bucket.
+ *
+ * It owns the buckets and its copies of the keys; the values are the
+ * caller's, never freed here. */
 #include "ld_dict.h"
 
 #include "ld_mem.h"

@@ -4,6 +4,9 @@
  * general parser and dumper cost several times what these shapes need.
  * Whatever falls outside them goes to jansson, so its behaviour (and its
  * error messages) stay the reference.
+ *
+ * Functions of bytes only: no state, no I/O, and no knowledge of what the
+ * protocol's fields mean.
  */
 #include "ld_json.h"
 

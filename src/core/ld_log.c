@@ -8,7 +8,10 @@
  * with a UTC timestamp, except when stderr is systemd's journal
  * ($JOURNAL_STREAM names it): the journal stamps lines itself and takes
  * the priority from a "<N>" prefix (sd-daemon(3)), without which every
- * line would be filed at the default, info. */
+ * line would be filed at the default, info.
+ *
+ * It owns the output and the level; a line is built on the stack, so it must
+ * not allocate (an out-of-memory path may still log). */
 #include "ld_log.h"
 
 #include "ld_assert.h"

@@ -1,3 +1,6 @@
+/* The allocation wrappers of ld_mem.h and the out-of-memory abort. It owns no
+ * state; it must not log through ld_log (which may need memory itself), and
+ * must never hand a NULL back. */
 #include "ld_mem.h"
 
 #include <stdio.h>

@@ -2,7 +2,10 @@
  * libevent's evhttp on the daemon's own loop, with the health checks
  * GET /livez and GET /readyz beside it. The figures are the ones of
  * the `stats` op (ld_stats.c renders both), so the two views never
- * disagree. Nothing here changes state; a scrape only reads counters. */
+ * disagree. Nothing here changes state; a scrape only reads counters.
+ *
+ * It owns the HTTP listener only: the figures are ld_stats.c's, and readiness
+ * is asked of the function the server hands in. */
 
 #include "ld_metrics.h"
 

@@ -1,6 +1,10 @@
 /* listen.namespaces: the YAML list of entries into struct ld_ns_list.
  * Every error points at the node it is about, so the loader can print
- * file:line:col like for any other setting. */
+ * file:line:col like for any other setting.
+ *
+ * It owns the entries' parsing, copy, comparison and freeing; matching a
+ * client against them is the front's, and it must not look at sockets or
+ * sessions. */
 #include "ld_ns_conf.h"
 
 #include "ld_mem.h"

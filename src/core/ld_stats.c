@@ -2,7 +2,11 @@
  * `stats` op (JSON) and the Prometheus text exposition format 0.0.4.
  *
  * Everything here runs on the one event-loop thread, so the figures are
- * plain integers; no atomics, no locks. */
+ * plain integers; no atomics, no locks.
+ *
+ * It owns the figures and their rendering. Modules bump the counters; what
+ * only a module can work out it hands in as a refresh or Prometheus function,
+ * so this file includes nothing above core. */
 
 #include "ld_stats.h"
 

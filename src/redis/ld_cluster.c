@@ -16,6 +16,9 @@
  * A full map in which a master that owned slots owns none any more while
  * a node that owned none now owns some is a failover: the locks held are
  * then checked again (see ld_redis_on_failover).
+ *
+ * It owns the slot map and which node serves a slot; the connections stay
+ * ld_redis_slot.c's and the command records ld_redis.c's.
  */
 #include "ld_redis_int.h"
 

@@ -10,6 +10,9 @@
  * subscriber connection Redis also pushes messages nobody asked for, so
  * there only the handshake (sent before any SUBSCRIBE) is numbered and a
  * "pong" is recognised by its content.
+ *
+ * It owns the transport, the reader and the timers of one connection; it must
+ * not know what the owners' commands are, only how many replies it owes them.
  */
 #include "ld_conn.h"
 

@@ -28,6 +28,10 @@
  * channel lives on one backend; the same name on two backends is two
  * channels. A group subscription (ld_pubsub_subscribe_group) holds one
  * member subscription per backend and folds their events into one.
+ *
+ * It owns the subscriber connections and the channel table; it must not send
+ * on the command connections (ld_redis), nor know what a channel means to
+ * those who listen.
  */
 #include "ld_pubsub.h"
 

@@ -3,6 +3,8 @@
  * of its own, but it builds every value through a table of functions: the
  * table here checks each value against the bounds before the default one
  * builds it, and a refusal (NULL) makes the reader fail.
+ *
+ * It owns the bounds only; the reader and its replies are hiredis'.
  */
 #include "ld_reader.h"
 

@@ -37,6 +37,10 @@
  *      call that issued them.
  *
  * See also "HOW A REQUEST REACHES REDIS" in leased(8).
+ *
+ * It owns the command records, their queues and their outcomes; the
+ * connections are ld_redis_slot.c's and the slot map ld_cluster.c's, and no
+ * caller above ever sees a connection of it.
  */
 #include "ld_redis.h"
 #include "ld_redis_int.h"

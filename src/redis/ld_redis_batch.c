@@ -33,6 +33,9 @@
  * lock.wait_replicas, and cluster mode (the keys of one EVALSHA must share
  * a slot; items go one by one there). Redlock's instances batch per
  * instance, as each is a node of its own.
+ *
+ * It owns the held batches; it must not change the order of what one
+ * connection sends (what was issued before a batch goes before it).
  */
 #include "ld_redis.h"
 #include "ld_redis_int.h"

@@ -4,6 +4,9 @@
  * aside (kept for late answers, for a bounded time) when ld_conn reports
  * a reply owed for redis.timeout_ms, while the slot gets a new
  * connection.
+ *
+ * It owns the pools' connections and the drains of those set aside; the
+ * commands on them are ld_redis.c's.
  */
 #include "ld_redis_int.h"
 

@@ -14,7 +14,10 @@
  * with a per-command timeout of min(redis.timeout_ms, lease / 10): an
  * instance that is down or slow costs a short wait, never the lease. The
  * decision waits for the first answer (or its absence) of every instance,
- * so it is taken at most one such timeout after the send. */
+ * so it is taken at most one such timeout after the send.
+ *
+ * It owns the fan-out and the decision; the instances' connections are
+ * ld_redis's (instances k >= 1), and it must not touch the main backend's. */
 
 #include "ld_redlock.h"
 

@@ -6,6 +6,9 @@
  * no Redis data server itself. Whether the named server really is a
  * master is checked by the connections that go there (ROLE in their
  * handshake), whose failure comes back here as a doubt.
+ *
+ * It owns the two Sentinel connections and the address they name; the
+ * connections to that address are ld_redis's and ld_pubsub's.
  */
 #include "ld_sentinel.h"
 

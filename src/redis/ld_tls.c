@@ -1,3 +1,7 @@
+/* TLS toward Redis: the SSL_CTX made from redis.tls.* (also for leased -t), a
+ * new SSL per connection with its server name and verification, the
+ * certificate's expiry in /metrics, and OpenSSL's errors in words. It owns
+ * the SSL_CTX; the connections and their handshakes are ld_conn.c's. */
 #include "ld_tls.h"
 
 #include "ld_conf.h"
