@@ -2,6 +2,30 @@
  * Reading: keys, fetches, waiting and the single flight of cache.get and
  * cache.mget (see the overview in ld_cache.c).
  *
+ * The states of a getter (one key of a cache.get or a cache.mget,
+ * enum gstate):
+ *   G_IDLE   set up by getter_begin.
+ *            -> G_DONE   answered at once: a first delete of the key is
+ *                        owed (a miss), or a near hit (cache.mget; a
+ *                        cache.get looks before it makes a getter);
+ *            -> G_FETCH  attached to the key's fetch in flight when it
+ *                        is recent enough (same generation, a lease asked
+ *                        for if it wants one), else to a new fetch.
+ *   G_FETCH  on fetch->getters, until fetch_cb.
+ *            -> G_DONE   the answer settles it: a hit, a cached null, a
+ *                        miss, a stale value, a lease (to the first getter
+ *                        that wants one), an error; or it may not wait;
+ *            -> G_WAIT   somebody else holds the lease and it may wait.
+ *   G_WAIT   on ckey->waiters (counted in limits.max_waiters); the key
+ *            is subscribed to its channel and its timer armed.
+ *            -> G_FETCH  a message, the subscription's confirmation, the
+ *                        end of the holder's lease, the getter's deadline
+ *                        or a local write wakes every waiter into one new
+ *                        fetch (ckey_refresh); past its deadline, that
+ *                        fetch answers it a miss.
+ *   G_FETCH and G_WAIT -> G_DONE on cancel (a miss) or at shutdown.
+ *   G_DONE   answered (cache_getter_done); its op is freed with the last.
+ *
  * It owns the keys (struct ckey), the fetches and the waiters; answering them
  * is ld_cache_reply.c's, and it writes nothing in Redis but the return of a
  * lease nobody can use.

@@ -11,6 +11,24 @@
  * there only the handshake (sent before any SUBSCRIBE) is numbered and a
  * "pong" is recognised by its content.
  *
+ * The states of a connection (enum ld_conn_state):
+ *   DOWN        no transport; the retry timer (backoff) starts the next
+ *               attempt, unless the owner said ld_conn_no_retry.
+ *               -> CONNECTING
+ *   CONNECTING  resolving, connecting, the TLS handshake; bounded by
+ *               redis.timeout_ms.
+ *               -> HANDSHAKE  connected: AUTH, SELECT, CLIENT SETNAME
+ *                             and ROLE are sent (as the role needs);
+ *               -> DOWN       refused, failed or timed out.
+ *   HANDSHAKE   its own replies are counted down.
+ *               -> READY      the last step answered: on_ready;
+ *               -> DOWN       a step refused, or no reply in time.
+ *   READY       the owner's commands go; PING when idle; a reply owed
+ *               too long is the owner's to decide (on_stall), or DOWN.
+ *               -> DOWN       an error, EOF, the stall, a close.
+ *   Every way to DOWN tells the owner (on_down) that nothing it is owed
+ *   will come.
+ *
  * It owns the transport, the reader and the timers of one connection; it must
  * not know what the owners' commands are, only how many replies it owes them.
  */

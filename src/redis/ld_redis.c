@@ -38,6 +38,38 @@
  *
  * See also "HOW A REQUEST REACHES REDIS" in leased(8).
  *
+ * The states of a command (struct rcmd; its one link puts it on one list
+ * at a time):
+ *   ISSUED   route_cmd picks a node and a connection of it.
+ *            -> SENT     a connection is ready (or the command is pinned
+ *                        to one): formatted, on that connection's FIFO;
+ *                        a batchable script is first held in the
+ *                        connection's batch (ld_redis_batch.c) until the
+ *                        turn ends or the batch is full;
+ *            -> WAITING  none is ready but one is on its way;
+ *            -> FAILED   Redis counts as down, the wait queue is full,
+ *                        the pin is gone.
+ *   WAITING  on the node's wait queue (cmd->waiting), in issue order.
+ *            -> ISSUED   a connection became ready or an attempt failed
+ *                        (redis_waiting_retry);
+ *            -> FAILED   redis.timeout_ms from the issue ran out.
+ *   SENT     on conn->sent until its reply, which pops the FIFO's head.
+ *            -> ANSWERED the reply came: the callback runs (ANSWERED);
+ *            -> ISSUED   cluster: MOVED or ASK sends it again; TRYAGAIN
+ *                        or CLUSTERDOWN after a backoff (ld_cluster.c);
+ *            -> SENT     NOSCRIPT: sent again as EVAL, on the same
+ *                        connection;
+ *            -> UNKNOWN  its own timeout_ms, or the connection was set
+ *                        aside: the callback hears UNKNOWN (answered),
+ *                        the record stays on the FIFO (of the drain
+ *                        record, when set aside) for the late reply;
+ *            -> ANSWERED the connection went down: UNKNOWN, or LOST
+ *                        after an UNKNOWN (redis_fail_sent).
+ *   UNKNOWN  answered, still owed a reply: with LD_REDIS_F_LATE the
+ *            callback runs once more, LATE with the reply or LOST.
+ *   FAILED   on redis_mod.failed, answered (NOT_SENT) from the loop.
+ *   ANSWERED freed, or kept as a spare record (redis_rcmd_free).
+ *
  * It owns the command records, their queues and their outcomes; the
  * connections are ld_redis_slot.c's and the slot map ld_cluster.c's, and no
  * caller above ever sees a connection of it.
