@@ -480,6 +480,45 @@ drained_check(struct rconn *c)
     }
 }
 
+/* The round trip of CMD, answered now, in the smoothed RTT and its
+ * histogram. */
+static void
+note_rtt(const struct rcmd *cmd)
+{
+    double sample = (double)(ld_now_us() - cmd->sent_us);
+    double rtt = redis_mod.rtt_us;
+    redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
+    ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
+    ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
+}
+
+/* Whether REPLY says CMD did not run and sends it again: a cluster
+ * redirection, or NOSCRIPT. */
+static bool
+sent_again(struct rconn *c, struct rcmd *cmd, const redisReply *reply)
+{
+    if (redis_mod.cluster && reply->type == REDIS_REPLY_ERROR &&
+        !cmd->answered && cmd->instance == 0 &&
+        redis_cluster_redirect(cmd, reply)) {
+        /* Sent again elsewhere, or later: nothing ran here. */
+        drained_check(c);
+        return true;
+    }
+    if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
+        !cmd->answered && !cmd->noscript &&
+        (c->state == CONN_READY || (c->draining && !c->closing))) {
+        /* The script cache was flushed under us (SCRIPT FLUSH, or a
+         * restart we did not notice): EVAL carries the body and reloads
+         * it, so the caller never sees the difference. */
+        ld_stats.redis_noscript++;
+        cmd->noscript = true;
+        resend_as_eval(c, cmd);
+        reload_scripts(c);
+        return true;
+    }
+    return false;
+}
+
 void
 redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
@@ -492,34 +531,14 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
         return;
     }
     TAILQ_REMOVE(&c->sent, cmd, link);
-    double sample = (double)(ld_now_us() - cmd->sent_us);
-    double rtt = redis_mod.rtt_us;
-    redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
-    ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
-    ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
+    note_rtt(cmd);
 
     if (cmd->internal) {
         redis_handshake_reply(c, reply, cmd);
         redis_rcmd_free(cmd);
         return;
     }
-    if (redis_mod.cluster && reply->type == REDIS_REPLY_ERROR &&
-        !cmd->answered && cmd->instance == 0 &&
-        redis_cluster_redirect(cmd, reply)) {
-        /* Sent again elsewhere, or later: nothing ran here. */
-        drained_check(c);
-        return;
-    }
-    if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
-        !cmd->answered && !cmd->noscript &&
-        (c->state == CONN_READY || (c->draining && !c->closing))) {
-        /* The script cache was flushed under us (SCRIPT FLUSH, or a
-         * restart we did not notice): EVAL carries the body and reloads
-         * it, so the caller never sees the difference. */
-        ld_stats.redis_noscript++;
-        cmd->noscript = true;
-        resend_as_eval(c, cmd);
-        reload_scripts(c);
+    if (sent_again(c, cmd, reply)) {
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR &&
@@ -645,47 +664,38 @@ pick_node(const struct rcmd *cmd)
     return main_node();
 }
 
-/* Where a command goes; NULL with *WHY set when nowhere. *MAY_WAIT
- * tells whether it may wait for a connection being established. */
+/* The connection PIN names (a command that must follow an earlier one
+ * on it), if it is still up: connection ids are unique over every node,
+ * and a connection set aside still carries what is pinned to it. */
 static struct rconn *
-pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
-          char *why, size_t whylen, bool *may_wait)
+pinned_conn(uint64_t pin)
 {
-    *may_wait = false;
-    if (o != NULL && o->pin != 0) {
-        /* Connection ids are unique over every node. */
-        for (int k = 0; k < redis_mod.n_nodes; k++) {
-            struct rnode *n = redis_mod.nodes[k];
-            for (int i = 0; i < n->n_conns + n->n_lock; i++) {
-                struct rconn *c = &n->conns[i];
-                if (c->id == o->pin && c->state == CONN_READY) {
-                    return c;
-                }
+    for (int k = 0; k < redis_mod.n_nodes; k++) {
+        struct rnode *n = redis_mod.nodes[k];
+        for (int i = 0; i < n->n_conns + n->n_lock; i++) {
+            struct rconn *c = &n->conns[i];
+            if (c->id == pin && c->state == CONN_READY) {
+                return c;
             }
         }
-        struct rconn *d;
-        LIST_FOREACH(d, &redis_mod.draining, dlink)
-        {
-            if (d->id == o->pin && d->conn != NULL && !d->closing) {
-                return d;
-            }
+    }
+    struct rconn *d;
+    LIST_FOREACH(d, &redis_mod.draining, dlink)
+    {
+        if (d->id == pin && d->conn != NULL && !d->closing) {
+            return d;
         }
-        snprintf(why, whylen,
-                 "the connection of the earlier command is "
-                 "gone");
-        return NULL;
     }
-    if (node == NULL) {
-        snprintf(why, whylen, "no redis instance %d",
-                 o != NULL ? o->instance : 0);
-        return NULL;
-    }
-    if (node->n_conns == 0) {
-        /* The queue of cluster commands awaiting a slot map. */
-        *may_wait = true;
-        snprintf(why, whylen, "no master known for the slot");
-        return NULL;
-    }
+    return NULL;
+}
+
+/* The ready connection of NODE's pool (O's) that HASH picks, or the next
+ * ready one after it; NULL when none is, *PENDING telling whether one is
+ * on its way. */
+static struct rconn *
+pool_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
+          bool *pending)
+{
     int base = 0, n = node->n_conns;
     if (o != NULL && o->pool == LD_REDIS_POOL_LOCK) {
         if (node->n_lock == 0) {
@@ -699,7 +709,7 @@ pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
         }
     }
     int start = (int)(hash % (uint64_t)n);
-    bool pending = false;
+    *pending = false;
     for (int i = 0; i < n; i++) {
         struct rconn *c = &node->conns[base + (start + i) % n];
         if (c->state == CONN_READY) {
@@ -707,8 +717,43 @@ pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
         }
         if (c->state == CONN_HANDSHAKE ||
             ld_conn_state(c->conn) != LD_CONN_DOWN) {
-            pending = true;
+            *pending = true;
         }
+    }
+    return NULL;
+}
+
+/* Where a command goes; NULL with *WHY set when nowhere. *MAY_WAIT
+ * tells whether it may wait for a connection being established. */
+static struct rconn *
+pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
+          char *why, size_t whylen, bool *may_wait)
+{
+    *may_wait = false;
+    if (o != NULL && o->pin != 0) {
+        struct rconn *c = pinned_conn(o->pin);
+        if (c == NULL) {
+            snprintf(why, whylen,
+                     "the connection of the earlier command is "
+                     "gone");
+        }
+        return c;
+    }
+    if (node == NULL) {
+        snprintf(why, whylen, "no redis instance %d",
+                 o != NULL ? o->instance : 0);
+        return NULL;
+    }
+    if (node->n_conns == 0) {
+        /* The queue of cluster commands awaiting a slot map. */
+        *may_wait = true;
+        snprintf(why, whylen, "no master known for the slot");
+        return NULL;
+    }
+    bool pending;
+    struct rconn *c = pool_conn(node, o, hash, &pending);
+    if (c != NULL) {
+        return c;
     }
     /* A connection on its way may be ready in a moment; a Redis whose
      * last attempt failed is down, and saying so at once beats making
@@ -864,6 +909,51 @@ redis_timeout_arm(struct rcmd *cmd)
     event_add(x->timeout_ev, &tv);
 }
 
+/* CMD goes out on C now (or in C's batch of this turn). */
+static void
+send_on(struct rconn *c, struct rcmd *cmd, const struct ld_redis_opts *opts,
+        int argc, const char **argv, const size_t *argvlen)
+{
+    int rc;
+    if (cmd->x != NULL && cmd->x->asking) {
+        send_asking(c);
+    }
+    if (cmd->script >= 0) {
+        rc = redis_batch_add(c, cmd, opts != NULL ? opts->pin : 0)
+                 ? LD_OK
+                 : redis_send_script(c, cmd);
+    } else if (argv != NULL) {
+        rc = redis_send_argv(c, cmd, argc, argv, argvlen);
+    } else {
+        rc = redis_send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
+                             cmd->argvlen);
+    }
+    if (rc != LD_OK) {
+        fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
+    } else {
+        redis_timeout_arm(cmd);
+    }
+}
+
+/* CMD waits on NODE's queue for a connection on its way. */
+static void
+wait_on(struct rnode *node, struct rcmd *cmd, const struct ld_redis_opts *opts)
+{
+    if (cmd->wait_until_us == 0) {
+        /* The clock runs from the issue, not from the latest retry. */
+        uint64_t from = cmd->x != NULL && cmd->x->issued_us != 0
+                            ? cmd->x->issued_us
+                            : ld_now_us();
+        cmd->wait_until_us = from + (uint64_t)cmd_timeout_ms(cmd) * 1000;
+    }
+    cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
+    LD_ASSERT(!cmd->waiting);
+    cmd->waiting = true;
+    TAILQ_INSERT_TAIL(&node->waiting, cmd, link);
+    node->n_waiting++;
+    wait_arm(node, cmd->wait_until_us);
+}
+
 /* Send CMD, let it wait for a connection being established, or answer it
  * NOT_SENT. Its arguments are the kept ones unless ARGV is given. */
 static void
@@ -880,25 +970,7 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
                              (uint64_t)cmd_timeout_ms(cmd) * 1000;
     }
     if (c != NULL) {
-        int rc;
-        if (cmd->x != NULL && cmd->x->asking) {
-            send_asking(c);
-        }
-        if (cmd->script >= 0) {
-            rc = redis_batch_add(c, cmd, opts != NULL ? opts->pin : 0)
-                     ? LD_OK
-                     : redis_send_script(c, cmd);
-        } else if (argv != NULL) {
-            rc = redis_send_argv(c, cmd, argc, argv, argvlen);
-        } else {
-            rc = redis_send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
-                                 cmd->argvlen);
-        }
-        if (rc != LD_OK) {
-            fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
-        } else {
-            redis_timeout_arm(cmd);
-        }
+        send_on(c, cmd, opts, argc, argv, argvlen);
         return;
     }
     if (!may_wait || node->n_waiting >= MAX_WAITING) {
@@ -910,19 +982,7 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
         fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
         return;
     }
-    if (cmd->wait_until_us == 0) {
-        /* The clock runs from the issue, not from the latest retry. */
-        uint64_t from = cmd->x != NULL && cmd->x->issued_us != 0
-                            ? cmd->x->issued_us
-                            : ld_now_us();
-        cmd->wait_until_us = from + (uint64_t)cmd_timeout_ms(cmd) * 1000;
-    }
-    cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
-    LD_ASSERT(!cmd->waiting);
-    cmd->waiting = true;
-    TAILQ_INSERT_TAIL(&node->waiting, cmd, link);
-    node->n_waiting++;
-    wait_arm(node, cmd->wait_until_us);
+    wait_on(node, cmd, opts);
 }
 
 /* Send CMD again from its kept arguments (a redirection, a retry). */
