@@ -280,6 +280,59 @@ live_del(struct ld_journal *j, uint64_t id)
 
 /* ---- replay ---------------------------------------------------------- */
 
+/* The body of the record at BUF+OFF, whole and with a good CRC, in
+ * *BODY and *BODY_LEN; else why not. */
+static const char *
+record_body(const unsigned char *buf, size_t len, size_t off,
+            const unsigned char **body, uint32_t *body_len)
+{
+    if (len - off < LD_JOURNAL_RECORD_OVERHEAD) {
+        return "short header";
+    }
+    *body_len = get_u32(buf + off);
+    uint32_t crc = get_u32(buf + off + 4);
+    if (*body_len < LD_JOURNAL_BODY_MIN ||
+        *body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_AFTER_BYTES +
+                        LD_JOURNAL_MAX_KEY) {
+        return "bad length";
+    }
+    if (len - off - LD_JOURNAL_RECORD_OVERHEAD < *body_len) {
+        return "short record";
+    }
+    *body = buf + off + LD_JOURNAL_RECORD_OVERHEAD;
+    if (ld_crc32(*body, *body_len) != crc) {
+        return "bad crc";
+    }
+    return NULL;
+}
+
+/* An add record (TYPE, of record ID) into the live set; else why not. */
+static const char *
+replay_add(struct ld_journal *j, const unsigned char *body, uint32_t body_len,
+           unsigned type, uint64_t id)
+{
+    int64_t due = (int64_t)get_u64(body + 9);
+    unsigned flags = body[0] & LD_JOURNAL_FLAGS;
+    size_t key_len = body_len - LD_JOURNAL_BODY_MIN;
+    size_t head = LD_JOURNAL_BODY_MIN;
+    uint64_t after = 0;
+    if (type == LD_JOURNAL_ADD_AFTER) {
+        if (key_len <= LD_JOURNAL_AFTER_BYTES) {
+            return "bad add record";
+        }
+        after = get_u64(body + head);
+        head += LD_JOURNAL_AFTER_BYTES;
+        key_len -= LD_JOURNAL_AFTER_BYTES;
+    }
+    if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
+        (type == LD_JOURNAL_ADD_AFTER && (after == 0 || after >= id)) ||
+        ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
+        return "bad add record";
+    }
+    live_add(j, id, due, after, flags, (const char *)body + head, key_len);
+    return NULL;
+}
+
 /* Parse records from BUF+OFF; returns the offset just past the last good
  * record, and the reason parsing stopped early in *WHY (NULL at a clean
  * end). */
@@ -289,57 +342,23 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len, size_t off,
 {
     *why = NULL;
     while (off < len) {
-        if (len - off < LD_JOURNAL_RECORD_OVERHEAD) {
-            *why = "short header";
-            break;
-        }
-        uint32_t body_len = get_u32(buf + off);
-        uint32_t crc = get_u32(buf + off + 4);
-        if (body_len < LD_JOURNAL_BODY_MIN ||
-            body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_AFTER_BYTES +
-                           LD_JOURNAL_MAX_KEY) {
-            *why = "bad length";
-            break;
-        }
-        if (len - off - LD_JOURNAL_RECORD_OVERHEAD < body_len) {
-            *why = "short record";
-            break;
-        }
-        const unsigned char *body = buf + off + LD_JOURNAL_RECORD_OVERHEAD;
-        if (ld_crc32(body, body_len) != crc) {
-            *why = "bad crc";
+        const unsigned char *body;
+        uint32_t body_len;
+        *why = record_body(buf, len, off, &body, &body_len);
+        if (*why != NULL) {
             break;
         }
         uint64_t id = get_u64(body + 1);
-        int64_t due = (int64_t)get_u64(body + 9);
-        size_t key_len = body_len - LD_JOURNAL_BODY_MIN;
         if (id > MAX_ID) {
             *why = "bad record id";
             break;
         }
         unsigned type = body[0] & ~LD_JOURNAL_FLAGS;
-        unsigned flags = body[0] & LD_JOURNAL_FLAGS;
         if (type == LD_JOURNAL_ADD || type == LD_JOURNAL_ADD_AFTER) {
-            size_t head = LD_JOURNAL_BODY_MIN;
-            uint64_t after = 0;
-            if (type == LD_JOURNAL_ADD_AFTER) {
-                if (key_len <= LD_JOURNAL_AFTER_BYTES) {
-                    *why = "bad add record";
-                    break;
-                }
-                after = get_u64(body + head);
-                head += LD_JOURNAL_AFTER_BYTES;
-                key_len -= LD_JOURNAL_AFTER_BYTES;
-            }
-            if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
-                (type == LD_JOURNAL_ADD_AFTER &&
-                 (after == 0 || after >= id)) ||
-                ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
-                *why = "bad add record";
+            *why = replay_add(j, body, body_len, type, id);
+            if (*why != NULL) {
                 break;
             }
-            live_add(j, id, due, after, flags, (const char *)body + head,
-                     key_len);
         } else if (body[0] == LD_JOURNAL_DONE) {
             /* A done for an id we do not know retires nothing; it can
              * only come from a damaged file, and is harmless. */
