@@ -412,7 +412,12 @@ start(struct ld_config *cfg)
 int
 ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
 {
+    /* The start directory is the one ld_server_load_config noted: it
+     * outlives the run state. */
+    char start_dir[PATH_MAX];
+    memcpy(start_dir, server_mod.start_dir, sizeof(start_dir));
     memset(&server_mod, 0, sizeof(server_mod));
+    memcpy(server_mod.start_dir, start_dir, sizeof(start_dir));
     memset(&ctx, 0, sizeof(ctx));
     server_mod.cfg = cfg;
     server_mod.conf_path = opt->conf_path;
