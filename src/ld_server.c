@@ -409,11 +409,11 @@ start(struct ld_config *cfg)
     return LD_OK;
 }
 
-int
-ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
+/* The run state and the ctx, fresh; the start directory is the one
+ * ld_server_load_config noted, and outlives them. */
+static void
+init_state(const struct ld_options *opt, struct ld_config *cfg)
 {
-    /* The start directory is the one ld_server_load_config noted: it
-     * outlives the run state. */
     char start_dir[PATH_MAX];
     memcpy(start_dir, server_mod.start_dir, sizeof(start_dir));
     memset(&server_mod, 0, sizeof(server_mod));
@@ -429,9 +429,12 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     if (ctx.base == NULL) {
         ld_oom_in("event_base_new");
     }
-    ld_stats_init(&ctx);
-    banner();
+}
 
+/* Signals as loop events, and the timers of the stop. */
+static void
+add_events(void)
+{
     server_mod.sig_term = evsignal_new(ctx.base, SIGTERM, stop_signal_cb,
                                        NULL);
     server_mod.sig_int = evsignal_new(ctx.base, SIGINT, stop_signal_cb, NULL);
@@ -441,20 +444,12 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     event_add(server_mod.sig_term, NULL);
     event_add(server_mod.sig_int, NULL);
     event_add(server_mod.sig_hup, NULL);
+}
 
-    int status = 0;
-    if (start(cfg) != LD_OK) {
-        log_error("start-up failed");
-        status = 1;
-    } else {
-        /* Tell systemd the truth: we are listening now. */
-        ld_systemd_notify("READY=1");
-        log_info("ready redis=%s tcp_port=%d", ld_redis_address(),
-                 ld_listen_tcp_port());
-        event_base_dispatch(ctx.base);
-        log_info("stopped");
-    }
-
+/* Every module down, then the loop's own events and the loop. */
+static void
+free_all(void)
+{
     ld_listen_stop();
     ld_metrics_stop();
     ld_session_cleanup();
@@ -475,5 +470,28 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     event_free(server_mod.sessions_ev);
     event_base_free(ctx.base);
     ctx.base = NULL;
+}
+
+int
+ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
+{
+    init_state(opt, cfg);
+    ld_stats_init(&ctx);
+    banner();
+    add_events();
+
+    int status = 0;
+    if (start(cfg) != LD_OK) {
+        log_error("start-up failed");
+        status = 1;
+    } else {
+        /* Tell systemd the truth: we are listening now. */
+        ld_systemd_notify("READY=1");
+        log_info("ready redis=%s tcp_port=%d", ld_redis_address(),
+                 ld_listen_tcp_port());
+        event_base_dispatch(ctx.base);
+        log_info("stopped");
+    }
+    free_all();
     return status;
 }
