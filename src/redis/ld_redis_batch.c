@@ -276,46 +276,31 @@ item_nkeys(const struct rcmd *it)
     return nk;
 }
 
-/* The arguments of the batch, kept on its command in the layout of
- * the kept arguments of a script (for a NOSCRIPT): the key count, every item's keys,
- * the header, every item's arguments. The header is one string of three
- * bytes per item (script, key count, argument count), which the script
- * reads with one string.byte per item. */
-static struct rcmd *
-batch_cmd(struct rbatch *b)
+/* The batch's key and argument counts over every item, and the bytes
+ * of the items' arguments (with their NULs) beyond the scripts' names. */
+static size_t
+batch_counts(const struct rbatch *b, int *nk_all, int *na_all)
 {
-    int nk_all = 0, na_all = 0;
     size_t bytes = 0;
+    *nk_all = 0;
+    *na_all = 0;
     for (int i = 0; i < b->n; i++) {
         const struct rcmd *it = b->items[i];
         int nk = item_nkeys(it);
-        nk_all += nk;
-        na_all += it->argc - 1 - nk;
+        *nk_all += nk;
+        *na_all += it->argc - 1 - nk;
         bytes += b->items[i]->argc + item_bytes(it) - it->argvlen[0];
     }
-    char nks[LD_LL_STR_MAX];
-    size_t nks_len = ld_ll_to_str(nks, nk_all);
-    int argc = 1 + nk_all + 1 + na_all;
-    size_t hlen = 3 * (size_t)b->n;
-    bytes += nks_len + 1 + hlen + 1;
-    size_t head = (sizeof(char *) + sizeof(size_t)) * (size_t)argc;
-    char *block = malloc(head + bytes);
-    if (block == NULL) {
-        return NULL;
-    }
-    char **av = (char **)block;
-    size_t *al = (size_t *)(block + sizeof(char *) * (size_t)argc);
-    char *p = block + head;
-    int k = 1, a = 1 + nk_all + 1;
-    memcpy(p, nks, nks_len + 1);
-    av[0] = p;
-    al[0] = nks_len;
-    p += nks_len + 1;
-    char *hdr = p;
-    av[1 + nk_all] = hdr;
-    al[1 + nk_all] = hlen;
-    p += hlen + 1;
-    hdr[hlen] = '\0';
+    return bytes;
+}
+
+/* Every item's header bytes into HDR, and its keys (from AV[1]) and
+ * arguments (from AV[A]) copied from P on. */
+static void
+batch_fill(const struct rbatch *b, char **av, size_t *al, char *hdr, char *p,
+           int a)
+{
+    int k = 1;
     for (int i = 0; i < b->n; i++) {
         const struct rcmd *it = b->items[i];
         int nk = item_nkeys(it);
@@ -330,6 +315,42 @@ batch_cmd(struct rbatch *b)
             p += it->argvlen[j] + 1;
         }
     }
+}
+
+/* The arguments of the batch, kept on its command in the layout of
+ * the kept arguments of a script (for a NOSCRIPT): the key count, every
+ * item's keys, the header, every item's arguments. The header is one
+ * string of three bytes per item (script, key count, argument count),
+ * which the script reads with one string.byte per item. */
+static struct rcmd *
+batch_cmd(struct rbatch *b)
+{
+    int nk_all, na_all;
+    size_t bytes = batch_counts(b, &nk_all, &na_all);
+    char nks[LD_LL_STR_MAX];
+    size_t nks_len = ld_ll_to_str(nks, nk_all);
+    int argc = 1 + nk_all + 1 + na_all;
+    size_t hlen = 3 * (size_t)b->n;
+    bytes += nks_len + 1 + hlen + 1;
+    size_t head = (sizeof(char *) + sizeof(size_t)) * (size_t)argc;
+    char *block = malloc(head + bytes);
+    if (block == NULL) {
+        return NULL;
+    }
+    char **av = (char **)block;
+    size_t *al = (size_t *)(block + sizeof(char *) * (size_t)argc);
+    char *p = block + head;
+    memcpy(p, nks, nks_len + 1);
+    av[0] = p;
+    al[0] = nks_len;
+    p += nks_len + 1;
+    char *hdr = p;
+    av[1 + nk_all] = hdr;
+    al[1 + nk_all] = hlen;
+    p += hlen + 1;
+    hdr[hlen] = '\0';
+    batch_fill(b, av, al, hdr, p, 1 + nk_all + 1);
+
     struct rcmd *cmd = redis_cmd_new();
     cmd->cb = batch_cb;
     cmd->arg = b;
