@@ -207,6 +207,26 @@ not_found_cb(struct evhttp_request *req, void *arg)
     evhttp_send_error(req, HTTP_NOTFOUND, NULL);
 }
 
+/* The HTTP server: GET and HEAD of three paths, small requests, and a
+ * bound on slow clients. */
+static struct evhttp *
+http_new(struct event_base *base)
+{
+    struct evhttp *http = evhttp_new(base);
+    if (http == NULL) {
+        return NULL;
+    }
+    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+    evhttp_set_timeout(http, LD_METRICS_TIMEOUT_S);
+    evhttp_set_max_headers_size(http, LD_METRICS_MAX_HEADERS_BYTES);
+    evhttp_set_max_body_size(http, LD_METRICS_MAX_BODY_BYTES);
+    evhttp_set_cb(http, "/metrics", metrics_cb, NULL);
+    evhttp_set_cb(http, "/livez", livez_cb, NULL);
+    evhttp_set_cb(http, "/readyz", readyz_cb, NULL);
+    evhttp_set_gencb(http, not_found_cb, NULL);
+    return http;
+}
+
 int
 ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
 {
@@ -229,21 +249,11 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
     }
     snprintf(metrics_mod.host, sizeof(metrics_mod.host), "%s", host);
 
-    metrics_mod.http = evhttp_new(base);
+    metrics_mod.http = http_new(base);
     if (metrics_mod.http == NULL) {
         log_error("metrics start failed reason=evhttp_new");
         return LD_ERR;
     }
-    evhttp_set_allowed_methods(metrics_mod.http,
-                               EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
-    evhttp_set_timeout(metrics_mod.http, LD_METRICS_TIMEOUT_S);
-    evhttp_set_max_headers_size(metrics_mod.http,
-                                LD_METRICS_MAX_HEADERS_BYTES);
-    evhttp_set_max_body_size(metrics_mod.http, LD_METRICS_MAX_BODY_BYTES);
-    evhttp_set_cb(metrics_mod.http, "/metrics", metrics_cb, NULL);
-    evhttp_set_cb(metrics_mod.http, "/livez", livez_cb, NULL);
-    evhttp_set_cb(metrics_mod.http, "/readyz", readyz_cb, NULL);
-    evhttp_set_gencb(metrics_mod.http, not_found_cb, NULL);
 
     bs = evhttp_bind_socket_with_handle(metrics_mod.http, host,
                                         (ev_uint16_t)port);
