@@ -201,6 +201,33 @@ del_run(struct del *d)
     free(names);
 }
 
+/* D, a first delete, is done: its second delete is due its delay_ms
+ * from now. */
+static void
+start_second(struct del *d)
+{
+    struct del *d2 = d->then;
+    LD_ASSERT(d2->after == d && d2->second);
+    d->then = NULL;
+    d2->after = NULL;
+    d2->due_ms = cache_wall_ms() + d2->delay_ms;
+    del_schedule(d2);
+}
+
+/* D is carried out: its record in the journal, or in the due set, is
+ * retired. */
+static void
+retire(const struct del *d)
+{
+    if (d->id != 0) {
+        ld_journal_done(cache_mod.journal, d->id);
+        cache_update_journal_stats();
+    }
+    if (d->member != NULL) {
+        cache_due_done(d->member, d->member_len);
+    }
+}
+
 static void
 del_cb(redisReply *reply, void *arg)
 {
@@ -237,20 +264,9 @@ del_cb(redisReply *reply, void *arg)
         inv_first_result(inv, true, n);
     }
     if (d->then != NULL) {
-        struct del *d2 = d->then;
-        LD_ASSERT(d2->after == d && d2->second);
-        d->then = NULL;
-        d2->after = NULL;
-        d2->due_ms = cache_wall_ms() + d2->delay_ms;
-        del_schedule(d2);
+        start_second(d);
     }
-    if (d->id != 0) {
-        ld_journal_done(cache_mod.journal, d->id);
-        cache_update_journal_stats();
-    }
-    if (d->member != NULL) {
-        cache_due_done(d->member, d->member_len);
-    }
+    retire(d);
     /* No longer owed before the waiters look again: a lease is to be had
      * from now on. */
     owed_drop(d);
