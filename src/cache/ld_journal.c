@@ -390,6 +390,25 @@ write_header(struct ld_journal *j)
     return sync_parent_dir(j->path);
 }
 
+/* The records from GOOD on (BYTES of them) are torn or damaged: cut
+ * them off, durably, so that appends follow the last good record. */
+static int
+drop_tail(struct ld_journal *j, size_t good, size_t bytes, const char *why)
+{
+    j->dropped_bytes = bytes;
+    log_warn("journal tail dropped path=%s offset=%zu bytes=%zu "
+             "reason=\"%s\"",
+             j->path, good, bytes, why != NULL ? why : "unknown");
+    if (ftruncate(j->fd, (off_t)good) != 0 ||
+        ld_journal_fdatasync_fn(j->fd) != 0) {
+        log_error("journal truncate failed path=%s error=\"%s\"", j->path,
+                  strerror(errno));
+        return LD_ERR;
+    }
+    j->syncs++;
+    return LD_OK;
+}
+
 static int
 load(struct ld_journal *j)
 {
@@ -401,15 +420,17 @@ load(struct ld_journal *j)
                   strerror(errno));
         return LD_ERR;
     }
+    /* Empty, or the header of a new file was torn: start afresh.
+     * Anything else this short is not ours to overwrite. */
+    size_t magic = len < LD_JOURNAL_HEADER_BYTES ? len
+                                                 : LD_JOURNAL_HEADER_BYTES;
+    if (memcmp(buf, LD_JOURNAL_MAGIC, magic) != 0) {
+        free(buf);
+        log_error("journal is not a leased journal path=%s", j->path);
+        errno = EINVAL;
+        return LD_ERR;
+    }
     if (len < LD_JOURNAL_HEADER_BYTES) {
-        /* Empty, or the header of a new file was torn: start afresh.
-         * Anything else this short is not ours to overwrite. */
-        if (memcmp(buf, LD_JOURNAL_MAGIC, len) != 0) {
-            free(buf);
-            log_error("journal is not a leased journal path=%s", j->path);
-            errno = EINVAL;
-            return LD_ERR;
-        }
         free(buf);
         if (write_header(j) != LD_OK) {
             log_error("journal create failed path=%s error=\"%s\"", j->path,
@@ -418,30 +439,11 @@ load(struct ld_journal *j)
         }
         return LD_OK;
     }
-    if (memcmp(buf, LD_JOURNAL_MAGIC, LD_JOURNAL_HEADER_BYTES) != 0) {
-        free(buf);
-        log_error("journal is not a leased journal path=%s", j->path);
-        errno = EINVAL;
-        return LD_ERR;
-    }
     const char *why = NULL;
     size_t good = replay(j, buf, len, LD_JOURNAL_HEADER_BYTES, &why);
     free(buf);
     j->size = good;
-    if (good < len) {
-        j->dropped_bytes = len - good;
-        log_warn("journal tail dropped path=%s offset=%zu bytes=%zu "
-                 "reason=\"%s\"",
-                 j->path, good, len - good, why != NULL ? why : "unknown");
-        if (ftruncate(j->fd, (off_t)good) != 0 ||
-            ld_journal_fdatasync_fn(j->fd) != 0) {
-            log_error("journal truncate failed path=%s error=\"%s\"", j->path,
-                      strerror(errno));
-            return LD_ERR;
-        }
-        j->syncs++;
-    }
-    return LD_OK;
+    return good < len ? drop_tail(j, good, len - good, why) : LD_OK;
 }
 
 /* PATH followed by SUFFIX (".tmp", ".old"; four bytes). */
