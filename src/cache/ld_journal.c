@@ -843,6 +843,26 @@ longest_key(struct jrec *const *v, size_t n)
     return max_key;
 }
 
+/* The N records V after the header of FD, encoded in BUF (room for the
+ * longest); *SIZE grows by what was written. */
+static int
+write_records(int fd, struct jrec *const *v, size_t n, unsigned char *buf,
+              uint64_t *size)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t len = encode(buf,
+                            v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
+                                             : LD_JOURNAL_ADD,
+                            v[i]->flags, v[i]->id, v[i]->due_ms, v[i]->after,
+                            v[i]->key, v[i]->key_len);
+        if (write_all_at(fd, buf, len, *size) != LD_OK) {
+            return LD_ERR;
+        }
+        *size += len;
+    }
+    return LD_OK;
+}
+
 /* The live records, by id, into a new file at TMP that is whole on disk
  * and locked: its descriptor, with its length in SIZE and the number of
  * records in N; or -1 with errno set, and no file left at TMP. */
@@ -870,16 +890,8 @@ compact_write(struct ld_journal *j, const char *tmp, uint64_t *size, size_t *n)
                      LD_JOURNAL_HEADER_BYTES, 0) != LD_OK) {
         goto done;
     }
-    for (size_t i = 0; i < *n; i++) {
-        size_t len = encode(buf,
-                            v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
-                                             : LD_JOURNAL_ADD,
-                            v[i]->flags, v[i]->id, v[i]->due_ms, v[i]->after,
-                            v[i]->key, v[i]->key_len);
-        if (write_all_at(fd, buf, len, *size) != LD_OK) {
-            goto done;
-        }
-        *size += len;
+    if (write_records(fd, v, *n, buf, size) != LD_OK) {
+        goto done;
     }
     /* The new file must be whole on disk before its name replaces the
      * old one, or a crash could leave a name pointing at nothing. */
