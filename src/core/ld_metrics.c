@@ -227,10 +227,28 @@ http_new(struct event_base *base)
     return http;
 }
 
+/* The server on HOST:PORT (LISTEN as configured, for the log): the port
+ * it got (PORT may be 0), or -1. */
+static int
+http_bind(const char *listen, const char *host, int port)
+{
+    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(
+        metrics_mod.http, host, (ev_uint16_t)port);
+    if (bs == NULL) {
+        log_error("metrics bind failed listen=%s error=\"%s\"", listen,
+                  strerror(errno));
+        return -1;
+    }
+    int bound = ld_bound_port(evhttp_bound_socket_get_fd(bs));
+    if (bound < 0) {
+        log_error("metrics getsockname failed error=\"%s\"", strerror(errno));
+    }
+    return bound;
+}
+
 int
 ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
 {
-    struct evhttp_bound_socket *bs;
     char host[256];
     int port;
 
@@ -255,17 +273,8 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
         return LD_ERR;
     }
 
-    bs = evhttp_bind_socket_with_handle(metrics_mod.http, host,
-                                        (ev_uint16_t)port);
-    if (bs == NULL) {
-        log_error("metrics bind failed listen=%s error=\"%s\"", listen,
-                  strerror(errno));
-        ld_metrics_stop();
-        return LD_ERR;
-    }
-    port = ld_bound_port(evhttp_bound_socket_get_fd(bs));
+    port = http_bind(listen, host, port);
     if (port < 0) {
-        log_error("metrics getsockname failed error=\"%s\"", strerror(errno));
         ld_metrics_stop();
         return LD_ERR;
     }
