@@ -10,6 +10,9 @@
  * close hooks), hand the deletes still due to Redis, flush the journal,
  * then keep the loop turning until Redis has answered what we sent or
  * the drain bound passes. A signal during that exits at once.
+ *
+ * It owns the process context (ctx) and the order of start, reload and stop;
+ * the modules get the ctx at init and must not write it.
  */
 #include "ld_server.h"
 
@@ -60,9 +63,8 @@
 /* The process state, ld_server.c's alone: modules get CTX at init and
  * read it; only this file writes it. */
 static struct ld_ctx ctx;
-static char instance[17]; /* random id of this daemon run */
-
 static struct {
+    char instance[17];     /* random id of this daemon run */
     struct ld_config *cfg; /* the live configuration, CTX's, writable */
     const char *conf_path;
     struct event *sig_term;
@@ -72,12 +74,11 @@ static struct {
     uint64_t drain_deadline_ms;
     struct event *sessions_ev; /* the SIGTERM drain's check */
     uint64_t sessions_deadline_ms;
+    /* The directory the daemon was started in: relative paths of the
+     * configuration are taken from it, at start and on every reload,
+     * also after the daemon has detached to "/". */
+    char start_dir[PATH_MAX];
 } server_mod;
-
-/* The directory the daemon was started in: relative paths of the
- * configuration are taken from it, at start and on every reload, also
- * after the daemon has detached to "/". */
-static char start_dir[PATH_MAX];
 
 /* A secret in a file other users can read is no secret. */
 static void
@@ -106,8 +107,9 @@ int
 ld_server_load_config(const struct ld_options *opt, struct ld_config *cfg)
 {
     char err[1024];
-    if (start_dir[0] == '\0' && getcwd(start_dir, sizeof(start_dir)) == NULL) {
-        start_dir[0] = '\0';
+    if (server_mod.start_dir[0] == '\0' &&
+        getcwd(server_mod.start_dir, sizeof(server_mod.start_dir)) == NULL) {
+        server_mod.start_dir[0] = '\0';
     }
     ld_conf_defaults(cfg);
     if (ld_conf_load(cfg, opt->conf_path, !opt->conf_explicit, err,
@@ -115,7 +117,7 @@ ld_server_load_config(const struct ld_options *opt, struct ld_config *cfg)
         fprintf(stderr, "%s\n", err);
         return LD_ERR;
     }
-    ld_conf_absolute_paths(cfg, start_dir);
+    ld_conf_absolute_paths(cfg, server_mod.start_dir);
     check_secret_mode(opt->conf_path, cfg);
     return LD_OK;
 }
@@ -131,7 +133,7 @@ drain_cb(evutil_socket_t fd, short what, void *arg)
         event_base_loopexit(ctx.base, NULL);
         return;
     }
-    struct timeval tv = {0, DRAIN_CHECK_MS * 1000};
+    struct timeval tv = ld_tv_ms(DRAIN_CHECK_MS);
     event_add(server_mod.drain_ev, &tv);
 }
 
@@ -149,7 +151,7 @@ begin_shutdown(const char *why)
     ld_cache_hand_over();
     ld_cache_shutdown();
     server_mod.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
-    struct timeval tv = {0, 0};
+    struct timeval tv = ld_tv_ms(0);
     event_add(server_mod.drain_ev, &tv);
 }
 
@@ -177,7 +179,7 @@ sessions_cb(evutil_socket_t fd, short what, void *arg)
         end_drain("drain_ms");
         return;
     }
-    struct timeval tv = {0, DRAIN_SESSIONS_CHECK_MS * 1000};
+    struct timeval tv = ld_tv_ms(DRAIN_SESSIONS_CHECK_MS);
     evtimer_add(server_mod.sessions_ev, &tv);
 }
 
@@ -192,7 +194,7 @@ begin_drain(void)
     ctx.draining = true;
     ld_systemd_notify("STOPPING=1");
     server_mod.sessions_deadline_ms = ld_now_ms() + (uint64_t)ms;
-    struct timeval tv = {0, 0};
+    struct timeval tv = ld_tv_ms(0);
     evtimer_add(server_mod.sessions_ev, &tv);
 }
 
@@ -236,7 +238,7 @@ reload(void)
                   "error=\"%s\"",
                   err);
     } else {
-        ld_conf_absolute_paths(&fresh, start_dir);
+        ld_conf_absolute_paths(&fresh, server_mod.start_dir);
         check_secret_mode(server_mod.conf_path, &fresh);
         ld_conf_apply_reload(server_mod.cfg, &fresh);
         ld_log_set_level(server_mod.cfg->log.level);
@@ -264,10 +266,10 @@ make_instance_id(void)
         memset(raw, 0, sizeof(raw));
     }
     for (size_t i = 0; i < sizeof(raw); i++) {
-        instance[2 * i] = hex[raw[i] >> 4];
-        instance[2 * i + 1] = hex[raw[i] & 15];
+        server_mod.instance[2 * i] = hex[raw[i] >> 4];
+        server_mod.instance[2 * i + 1] = hex[raw[i] & 15];
     }
-    instance[16] = '\0';
+    server_mod.instance[16] = '\0';
 }
 
 static void
@@ -407,24 +409,32 @@ start(struct ld_config *cfg)
     return LD_OK;
 }
 
-int
-ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
+/* The run state and the ctx, fresh; the start directory is the one
+ * ld_server_load_config noted, and outlives them. */
+static void
+init_state(const struct ld_options *opt, struct ld_config *cfg)
 {
+    char start_dir[PATH_MAX];
+    memcpy(start_dir, server_mod.start_dir, sizeof(start_dir));
     memset(&server_mod, 0, sizeof(server_mod));
+    memcpy(server_mod.start_dir, start_dir, sizeof(start_dir));
     memset(&ctx, 0, sizeof(ctx));
     server_mod.cfg = cfg;
     server_mod.conf_path = opt->conf_path;
     make_instance_id();
     ctx.cfg = cfg;
-    ctx.instance = instance;
+    ctx.instance = server_mod.instance;
     ctx.start_ms = ld_now_ms();
     ctx.base = event_base_new();
     if (ctx.base == NULL) {
-        ld_oom(0);
+        ld_oom_in("event_base_new");
     }
-    ld_stats_init(&ctx);
-    banner();
+}
 
+/* Signals as loop events, and the timers of the stop. */
+static void
+add_events(void)
+{
     server_mod.sig_term = evsignal_new(ctx.base, SIGTERM, stop_signal_cb,
                                        NULL);
     server_mod.sig_int = evsignal_new(ctx.base, SIGINT, stop_signal_cb, NULL);
@@ -434,20 +444,12 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     event_add(server_mod.sig_term, NULL);
     event_add(server_mod.sig_int, NULL);
     event_add(server_mod.sig_hup, NULL);
+}
 
-    int status = 0;
-    if (start(cfg) != LD_OK) {
-        log_error("start-up failed");
-        status = 1;
-    } else {
-        /* Tell systemd the truth: we are listening now. */
-        ld_systemd_notify("READY=1");
-        log_info("ready redis=%s tcp_port=%d", ld_redis_address(),
-                 ld_listen_tcp_port());
-        event_base_dispatch(ctx.base);
-        log_info("stopped");
-    }
-
+/* Every module down, then the loop's own events and the loop. */
+static void
+free_all(void)
+{
     ld_listen_stop();
     ld_metrics_stop();
     ld_session_cleanup();
@@ -468,5 +470,28 @@ ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
     event_free(server_mod.sessions_ev);
     event_base_free(ctx.base);
     ctx.base = NULL;
+}
+
+int
+ld_server_run(const struct ld_options *opt, struct ld_config *cfg)
+{
+    init_state(opt, cfg);
+    ld_stats_init(&ctx);
+    banner();
+    add_events();
+
+    int status = 0;
+    if (start(cfg) != LD_OK) {
+        log_error("start-up failed");
+        status = 1;
+    } else {
+        /* Tell systemd the truth: we are listening now. */
+        ld_systemd_notify("READY=1");
+        log_info("ready redis=%s tcp_port=%d", ld_redis_address(),
+                 ld_listen_tcp_port());
+        event_base_dispatch(ctx.base);
+        log_info("stopped");
+    }
+    free_all();
     return status;
 }

@@ -1,5 +1,8 @@
 /*
  * leased: defaults -> options -> config -> daemon -> loop -> shutdown.
+ *
+ * main only: the options, the process set-up and the fork; from the loaded
+ * configuration on, everything is ld_server.c's.
  */
 #include "ld_common.h"
 
@@ -101,13 +104,11 @@ test_config(const struct ld_options *opt, const struct ld_config *cfg)
     return 0;
 }
 
-int
-main(int argc, char **argv)
+/* The command line into OPT and TEST_ONLY: -1 to go on, else the exit
+ * status (of -v, -h or a usage error). */
+static int
+parse_options(int argc, char **argv, struct ld_options *opt, bool *test_only)
 {
-    struct ld_options opt = {DEFAULT_CONF, false, false};
-    bool test_only = false;
-    int ch;
-
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},
         {"test", no_argument, NULL, 't'},
@@ -116,18 +117,19 @@ main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    int ch;
 
     while ((ch = getopt_long(argc, argv, "c:tfvh", longopts, NULL)) != -1) {
         switch (ch) {
         case 'c':
-            opt.conf_path = optarg;
-            opt.conf_explicit = true;
+            opt->conf_path = optarg;
+            opt->conf_explicit = true;
             break;
         case 't':
-            test_only = true;
+            *test_only = true;
             break;
         case 'f':
-            opt.foreground = true;
+            opt->foreground = true;
             break;
         case 'v':
             printf("leased %s (protocol 1)\n", PACKAGE_VERSION);
@@ -144,17 +146,26 @@ main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    return -1;
+}
 
-    /* Reload reads the file again after the daemon has detached to "/":
-     * a relative -c must keep naming the file it named at start. */
+/* Reload reads the file again after the daemon has detached to "/": a
+ * relative -c must keep naming the file it named at start. */
+static void
+absolute_conf_path(struct ld_options *opt)
+{
     static char abs_conf[PATH_MAX];
-    if (opt.conf_path[0] != '/' && getcwd(abs_conf, sizeof(abs_conf)) &&
-        strlen(abs_conf) + 1 + strlen(opt.conf_path) < sizeof(abs_conf)) {
+    if (opt->conf_path[0] != '/' && getcwd(abs_conf, sizeof(abs_conf)) &&
+        strlen(abs_conf) + 1 + strlen(opt->conf_path) < sizeof(abs_conf)) {
         strcat(abs_conf, "/");
-        strcat(abs_conf, opt.conf_path);
-        opt.conf_path = abs_conf;
+        strcat(abs_conf, opt->conf_path);
+        opt->conf_path = abs_conf;
     }
+}
 
+static void
+process_setup(void)
+{
     /* Before any socket exists: a client that hangs up mid-reply must
      * not kill the daemon. */
     signal(SIGPIPE, SIG_IGN);
@@ -167,6 +178,20 @@ main(int argc, char **argv)
      * returned when freed. */
     mallopt(M_TRIM_THRESHOLD, 16 * 1024 * 1024);
     mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
+}
+
+int
+main(int argc, char **argv)
+{
+    struct ld_options opt = {DEFAULT_CONF, false, false};
+    bool test_only = false;
+
+    int rc = parse_options(argc, argv, &opt, &test_only);
+    if (rc >= 0) {
+        return rc;
+    }
+    absolute_conf_path(&opt);
+    process_setup();
 
     struct ld_config cfg;
     if (ld_server_load_config(&opt, &cfg) != LD_OK) {
@@ -174,7 +199,7 @@ main(int argc, char **argv)
         return 1;
     }
     if (test_only) {
-        int rc = test_config(&opt, &cfg);
+        rc = test_config(&opt, &cfg);
         ld_conf_free(&cfg);
         return rc;
     }

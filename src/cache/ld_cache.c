@@ -37,6 +37,12 @@
  * deletes. Each delete is retried with capped backoff until Redis takes it,
  * then retired by a done record. At start the journal is replayed: every
  * delete not retired runs at its due time, or at once when overdue.
+ *
+ * Files: ld_cache.c owns the module state (cache_mod), start and stop, and
+ * the writes (cache.fill, cache.release, cache.set); reading is
+ * ld_cache_get.c, answering ld_cache_reply.c, invalidation ld_cache_inval.c,
+ * the due set ld_cache_due.c, the near cache ld_near*.c. Nothing in the cache
+ * package reaches into the lock or semaphore packages.
  */
 #include "ld_cache.h"
 
@@ -108,8 +114,7 @@ cache_make_names(const char *key, size_t len, size_t *entry_len,
 void
 cache_set_timer(struct event *ev, uint64_t delay_us)
 {
-    struct timeval tv = {(time_t)(delay_us / 1000000),
-                         (suseconds_t)(delay_us % 1000000)};
+    struct timeval tv = ld_tv_us(delay_us);
     event_add(ev, &tv);
 }
 
@@ -444,6 +449,47 @@ early_refresh_on(void)
     return cache_mod.ctx->cfg->cache.early_refresh;
 }
 
+/* The journal, and every delete it still promises back on its way. */
+static int
+open_journal(const struct ld_config *cfg)
+{
+    if (ld_journal_open(&cache_mod.journal, cfg->journal.path,
+                        cfg->journal.fsync) != LD_OK) {
+        log_error("cannot open the invalidation journal path=%s",
+                  cfg->journal.path);
+        return LD_ERR;
+    }
+    struct replay_state st = {0, ld_dict_new()};
+    ld_journal_each(cache_mod.journal, cache_replay_one, &st);
+    ld_dict_free(st.by_id);
+    size_t replayed = st.count;
+    log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
+             cfg->journal.path,
+             cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",
+             (unsigned long long)ld_journal_bytes(cache_mod.journal),
+             replayed);
+    cache_update_journal_stats();
+    return LD_OK;
+}
+
+/* The periodic duty, and the deferred journal sync. */
+static void
+start_timers(const struct ld_ctx *ctx)
+{
+    cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb,
+                                  NULL);
+    if (cache_mod.tick_ev == NULL) {
+        ld_oom_in("event_new");
+    }
+    ld_defer_init(&cache_mod.sync_defer, ctx->base, cache_sync_run, NULL);
+    if (ctx->cfg->journal.fsync == LD_FSYNC_ALWAYS) {
+        /* Without it the loop syncs itself, as it always could. */
+        cache_mod.syncer = ld_fsync_new(ctx->base);
+    }
+    struct timeval tv = ld_tv_ms(TICK_MS);
+    event_add(cache_mod.tick_ev, &tv);
+}
+
 int
 ld_cache_init(const struct ld_ctx *ctx)
 {
@@ -458,44 +504,16 @@ ld_cache_init(const struct ld_ctx *ctx)
     STAILQ_INIT(&cache_mod.sync_q);
     STAILQ_INIT(&cache_mod.sync_running);
     cache_mod.keys = ld_dict_new();
-    if (cache_mod.keys == NULL) {
-        return LD_ERR;
-    }
     cache_mod.owed = ld_dict_new();
-    if (ld_journal_open(&cache_mod.journal, cfg->journal.path,
-                        cfg->journal.fsync) != LD_OK) {
-        log_error("cannot open the invalidation journal path=%s",
-                  cfg->journal.path);
+    if (open_journal(cfg) != LD_OK) {
         ld_dict_free(cache_mod.keys);
         cache_mod.keys = NULL;
         ld_dict_free(cache_mod.owed);
         cache_mod.owed = NULL;
         return LD_ERR;
     }
-    struct replay_state st = {0, ld_dict_new()};
-    ld_journal_each(cache_mod.journal, cache_replay_one, &st);
-    ld_dict_free(st.by_id);
-    size_t replayed = st.count;
-    log_info("journal opened path=%s fsync=%s bytes=%llu pending=%zu",
-             cfg->journal.path,
-             cfg->journal.fsync == LD_FSYNC_ALWAYS ? "always" : "everysec",
-             (unsigned long long)ld_journal_bytes(cache_mod.journal),
-             replayed);
-    cache_update_journal_stats();
     ld_stats_add_refresh(cache_refresh_overdue);
-
-    cache_mod.tick_ev = event_new(ctx->base, -1, EV_PERSIST, cache_tick_cb,
-                                  NULL);
-    if (cache_mod.tick_ev == NULL) {
-        ld_oom(0);
-    }
-    ld_defer_init(&cache_mod.sync_defer, ctx->base, cache_sync_run, NULL);
-    if (cfg->journal.fsync == LD_FSYNC_ALWAYS) {
-        /* Without it the loop syncs itself, as it always could. */
-        cache_mod.syncer = ld_fsync_new(ctx->base);
-    }
-    struct timeval tv = {TICK_MS / 1000, (TICK_MS % 1000) * 1000};
-    event_add(cache_mod.tick_ev, &tv);
+    start_timers(ctx);
 
     if (!cache_mod.hooks_registered) {
         ld_session_on_close(on_session_close);
@@ -534,18 +552,11 @@ ld_cache_shutdown(void)
     }
 }
 
-void
-ld_cache_free(void)
+/* Fetches still in flight: answer their getters now and leave the
+ * structs to their callbacks, which ld_redis_free may still run. */
+static void
+orphan_fetches(void)
 {
-    if (!cache_mod.inited) {
-        return;
-    }
-    cache_mod.inited = false;
-    cache_due_free();
-    ld_near_free();
-
-    /* Fetches still in flight: answer their getters now and leave the
-     * structs to their callbacks, which ld_redis_free may still run. */
     struct fetch *f;
     LIST_FOREACH(f, &cache_mod.fetches, link)
     {
@@ -558,7 +569,12 @@ ld_cache_free(void)
         f->ck = NULL;
     }
     LIST_INIT(&cache_mod.fetches);
+}
 
+/* Every key, its waiters answered. */
+static void
+free_keys(void)
+{
     struct ld_dict_iter it;
     void *v;
     ld_dict_iter_init(&it, cache_mod.keys);
@@ -580,10 +596,15 @@ ld_cache_free(void)
     cache_mod.keys = NULL;
     cache_mod.n_waiters = 0;
     cache_ckey_spares_free();
+}
 
-    /* Deletes stay in the journal for the next start. A sync still on
-     * the worker is waited for; its invalidations are answered below,
-     * through their deletes, like those still queued. */
+/* Deletes stay in the journal for the next start. A sync still on the
+ * worker is waited for; its invalidations are answered here, through
+ * their deletes, like those still queued. A delete whose command is out
+ * is left to its callback. */
+static void
+free_dels(void)
+{
     ld_fsync_free(cache_mod.syncer);
     cache_mod.syncer = NULL;
     STAILQ_INIT(&cache_mod.sync_q);
@@ -598,8 +619,7 @@ ld_cache_free(void)
                 ld_reply_error(inv->req, LD_E_SHUTTING_DOWN,
                                "the daemon is stopping; the invalidation "
                                "is journaled and runs at the next start");
-                free(inv->firsts);
-                free(inv);
+                cache_inv_free(inv);
             }
         }
         event_free(d->ev);
@@ -614,7 +634,20 @@ ld_cache_free(void)
     LIST_INIT(&cache_mod.dels);
     ld_dict_free(cache_mod.owed);
     cache_mod.owed = NULL;
+}
 
+void
+ld_cache_free(void)
+{
+    if (!cache_mod.inited) {
+        return;
+    }
+    cache_mod.inited = false;
+    cache_due_free();
+    ld_near_free();
+    orphan_fetches();
+    free_keys();
+    free_dels();
     if (cache_mod.tick_ev != NULL) {
         event_free(cache_mod.tick_ev);
     }

@@ -19,6 +19,9 @@
  * empty nothing is sent, so an idle daemon costs Redis nothing. A
  * daemon that dies in between leaves the member to be claimed again when
  * its claim runs out; deletes are idempotent, so at worst one runs twice.
+ *
+ * It owns the due set's key in Redis, the hand-over at stop and the take-over
+ * at start; the deletes themselves stay ld_cache_inval.c's.
  */
 #include "ld_cache.h"
 

@@ -1,6 +1,34 @@
 /*
  * Reading: keys, fetches, waiting and the single flight of cache.get and
  * cache.mget (see the overview in ld_cache.c).
+ *
+ * The states of a getter (one key of a cache.get or a cache.mget,
+ * enum gstate):
+ *   G_IDLE   set up by getter_begin.
+ *            -> G_DONE   answered at once: a first delete of the key is
+ *                        owed (a miss), or a near hit (cache.mget; a
+ *                        cache.get looks before it makes a getter);
+ *            -> G_FETCH  attached to the key's fetch in flight when it
+ *                        is recent enough (same generation, a lease asked
+ *                        for if it wants one), else to a new fetch.
+ *   G_FETCH  on fetch->getters, until fetch_cb.
+ *            -> G_DONE   the answer settles it: a hit, a cached null, a
+ *                        miss, a stale value, a lease (to the first getter
+ *                        that wants one), an error; or it may not wait;
+ *            -> G_WAIT   somebody else holds the lease and it may wait.
+ *   G_WAIT   on ckey->waiters (counted in limits.max_waiters); the key
+ *            is subscribed to its channel and its timer armed.
+ *            -> G_FETCH  a message, the subscription's confirmation, the
+ *                        end of the holder's lease, the getter's deadline
+ *                        or a local write wakes every waiter into one new
+ *                        fetch (ckey_refresh); past its deadline, that
+ *                        fetch answers it a miss.
+ *   G_FETCH and G_WAIT -> G_DONE on cancel (a miss) or at shutdown.
+ *   G_DONE   answered (cache_getter_done); its op is freed with the last.
+ *
+ * It owns the keys (struct ckey), the fetches and the waiters; answering them
+ * is ld_cache_reply.c's, and it writes nothing in Redis but the return of a
+ * lease nobody can use.
  */
 #include "ld_cache_int.h"
 
@@ -39,14 +67,16 @@ static void ckey_timer_cb(evutil_socket_t fd, short what, void *arg);
  * it: the timers of dropped records are kept for the next ones (up to
  * SPARE_TIMERS), which spares an event_new and an event_free a read. */
 #define SPARE_TIMERS 64
-static struct event *spare_timers[SPARE_TIMERS];
-static size_t n_spare_timers;
+static struct {
+    struct event *spare_timers[SPARE_TIMERS];
+    size_t n_spare_timers;
+} get_mod;
 
 void
 cache_ckey_spares_free(void)
 {
-    while (n_spare_timers > 0) {
-        event_free(spare_timers[--n_spare_timers]);
+    while (get_mod.n_spare_timers > 0) {
+        event_free(get_mod.spare_timers[--get_mod.n_spare_timers]);
     }
 }
 
@@ -65,14 +95,14 @@ ckey_get(const char *key, size_t len)
     ck->key[len] = '\0';
     ck->names = ck->key + len + 1;
     cache_put_names(ck->names, key, len, &ck->entry_len, &ck->chan_len);
-    if (n_spare_timers > 0) {
-        ck->timer = spare_timers[--n_spare_timers];
+    if (get_mod.n_spare_timers > 0) {
+        ck->timer = get_mod.spare_timers[--get_mod.n_spare_timers];
         evtimer_assign(ck->timer, cache_mod.ctx->base, ckey_timer_cb, ck);
     } else {
         ck->timer = evtimer_new(cache_mod.ctx->base, ckey_timer_cb, ck);
     }
     if (ck->timer == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     ck->key_len = len;
     glist_init(&ck->waiters);
@@ -91,9 +121,9 @@ cache_ckey_maybe_free(struct ckey *ck)
     if (ck->sub != NULL) {
         ld_pubsub_unsubscribe(ck->sub);
     }
-    if (n_spare_timers < SPARE_TIMERS) {
+    if (get_mod.n_spare_timers < SPARE_TIMERS) {
         event_del(ck->timer);
-        spare_timers[n_spare_timers++] = ck->timer;
+        get_mod.spare_timers[get_mod.n_spare_timers++] = ck->timer;
     } else {
         event_free(ck->timer);
     }
@@ -432,187 +462,258 @@ cache_key_deleted(const char *key, size_t len)
     }
 }
 
-static void
-fetch_cb(redisReply *reply, void *arg)
-{
-    struct fetch *f = arg;
-    struct ckey *ck = f->ck;
-    const redisReply *value = NULL;
-    long long pttl = -1;
+/* What a fetch found, as its getters are told. */
+struct answer {
     enum fres res;
+    const redisReply *value; /* R_HIT, R_STALE*, R_REFRESH */
+    long long pttl;          /* R_HELD: the lease's, -1 if unknown */
+    const char *token;       /* the lease a grant brought */
+    bool given;              /* that lease went to a getter */
+    uint64_t now;
+    char downmsg[256]; /* R_DOWN */
+    char errmsg[160];  /* R_ERROR, R_WRONG */
+};
 
-    if (ck == NULL) {
-        ld_near_read_done(f->near, 0, NULL, 0);
-        free(f); /* orphaned by ld_cache_free; its getters were answered */
-        return;
-    }
+/* Read F's reply into A. False when F went out again (the probe found no
+ * answer and the script is on its way, or a lease just came free): its
+ * getters stay on it. */
+static bool
+fetch_read(struct fetch *f, const redisReply *reply, struct answer *a)
+{
+    struct ckey *ck = f->ck;
     if (f->probing) {
         f->probing = false;
-        res = parse_probe(reply, &value,
-                          f->grant && cache_mod.ctx->cfg->cache.early_refresh);
-        bool keep = res == R_HIT && !cache_first_owed(ck->key, ck->key_len);
+        a->res = parse_probe(reply, &a->value,
+                             f->grant &&
+                                 cache_mod.ctx->cfg->cache.early_refresh);
+        const redisReply *value = a->value;
+        bool keep = a->res == R_HIT && !cache_first_owed(ck->key, ck->key_len);
         ld_near_read_done(f->near, ld_redis_conn_id(),
                           keep ? value->str : NULL, keep ? value->len : 0);
         f->near = NULL;
-        if (res == R_MISS) {
+        if (a->res == R_MISS) {
             lease_now_free(f);
             if (fetch_send_script(f) == LD_OK) {
-                return; /* still in flight, getters still attached */
+                return false; /* still in flight, getters still attached */
             }
-            res = R_ERROR;
+            a->res = R_ERROR;
         }
     } else {
-        res = parse_fetch(reply, &value, &pttl);
-        if ((res == R_MISS || res == R_STALE) && lease_now_free(f) &&
+        a->res = parse_fetch(reply, &a->value, &a->pttl);
+        if ((a->res == R_MISS || a->res == R_STALE) && lease_now_free(f) &&
             fetch_send_script(f) == LD_OK) {
-            return; /* asked again, with a lease */
+            return false; /* asked again, with a lease */
         }
     }
-    res = owed_held(f, res, &pttl);
-    /* The cause, while ld_redis can still tell it (inside this call). */
-    char downmsg[256] = "";
-    if (res == R_DOWN) {
-        snprintf(downmsg, sizeof(downmsg), "redis unavailable: %s",
+    a->res = owed_held(f, a->res, &a->pttl);
+    return true;
+}
+
+/* The messages A's getters get, while ld_redis can still tell the cause
+ * of a failure (only inside the reply callback). */
+static void
+answer_messages(struct answer *a, const struct ckey *ck,
+                const redisReply *reply)
+{
+    if (a->res == R_DOWN) {
+        snprintf(a->downmsg, sizeof(a->downmsg), "redis unavailable: %s",
                  ld_redis_failure_reason()[0] != '\0'
                      ? ld_redis_failure_reason()
                      : "no answer");
     }
-    fetch_unlink(f);
-    LD_ASSERT(ck->nfetch > 0);
-    ck->nfetch--;
-    if (ck->fetch == f) {
-        ck->fetch = NULL;
-    }
-
-    uint64_t now = ld_now_us();
-    char errmsg[160];
-
-    if (res == R_ERROR) {
-        snprintf(errmsg, sizeof(errmsg), "unexpected reply to cache.get: %s",
+    if (a->res == R_ERROR) {
+        snprintf(a->errmsg, sizeof(a->errmsg),
+                 "unexpected reply to cache.get: %s",
                  reply != NULL && reply->type == REDIS_REPLY_ERROR
                      ? reply->str
                      : "bad shape");
         log_error("cache script failed op=cache.get key=\"%.*s\" "
                   "error=\"%s\"",
                   (int)(ck->key_len > 200 ? 200 : ck->key_len), ck->key,
-                  errmsg);
+                  a->errmsg);
     }
-    if (res == R_WRONG) {
-        snprintf(errmsg, sizeof(errmsg),
+    if (a->res == R_WRONG) {
+        snprintf(a->errmsg, sizeof(a->errmsg),
                  "the Redis key of entry '%.*s' "
                  "holds data leased did not write; nothing was changed",
                  (int)(ck->key_len > 60 ? 60 : ck->key_len), ck->key);
     }
-    if (res == R_HELD) {
-        ck->lease_end_us = pttl >= 0
-                               ? now + (uint64_t)pttl * 1000 + LEASE_SLACK_US
-                               : 0;
-    } else if (res == R_GRANTED) {
-        ck->lease_end_us = now +
+}
+
+/* F is answered: its key no longer counts it in flight. */
+static void
+fetch_detach(struct fetch *f)
+{
+    struct ckey *ck = f->ck;
+    fetch_unlink(f);
+    LD_ASSERT(ck->nfetch > 0);
+    ck->nfetch--;
+    if (ck->fetch == f) {
+        ck->fetch = NULL;
+    }
+}
+
+/* When the lease the answer tells of ends: the waiters' timer. */
+static void
+note_lease_end(struct ckey *ck, const struct answer *a)
+{
+    if (a->res == R_HELD) {
+        ck->lease_end_us = a->pttl >= 0 ? a->now + (uint64_t)a->pttl * 1000 +
+                                              LEASE_SLACK_US
+                                        : 0;
+    } else if (a->res == R_GRANTED) {
+        ck->lease_end_us = a->now +
                            (uint64_t)cache_mod.ctx->cfg->cache.fill_lease_ms *
                                1000 +
                            LEASE_SLACK_US;
     }
+}
 
-    bool given = false;
+/* Answer G from A when A answers it; false when somebody else loads the
+ * value (the lease is held, or was granted to an earlier getter). The
+ * lease a grant brought goes to the first getter that wants one. */
+static bool
+settle_from_answer(struct getter *g, struct answer *a)
+{
+    const redisReply *value = a->value;
+    bool given = a->given;
+    switch (a->res) {
+    case R_HIT:
+        cache_settle_hit(g, value->str, value->len);
+        return true;
+    case R_NULL:
+        cache_settle_null(g);
+        return true;
+    case R_WRONG:
+        cache_getter_settle(g, NULL, LD_E_WRONG_TYPE, a->errmsg);
+        return true;
+    case R_DOWN:
+        cache_getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE, a->downmsg);
+        return true;
+    case R_ERROR:
+        cache_getter_settle(g, NULL, LD_E_INTERNAL, a->errmsg);
+        return true;
+    case R_MISS:
+        cache_settle_miss(g, NULL);
+        return true;
+    case R_STALE_GRANTED:
+        if (g->want_lease && !given) {
+            a->given = true;
+            ld_stats.cache_leases_granted++;
+            cache_settle_stale(g, value->str, value->len, a->token);
+            return true;
+        }
+        cache_settle_stale(g, value->str, value->len, NULL);
+        return true;
+    case R_STALE:
+        cache_settle_stale(g, value->str, value->len, NULL);
+        return true;
+    case R_REFRESH:
+        if (g->want_lease && !given) {
+            a->given = true;
+            ld_stats.cache_refreshes_granted++;
+            cache_settle_refresh(g, value->str, value->len, a->token);
+            return true;
+        }
+        cache_settle_hit(g, value->str, value->len);
+        return true;
+    case R_GRANTED:
+        if (g->want_lease && !given) {
+            a->given = true;
+            ld_stats.cache_leases_granted++;
+            cache_settle_miss(g, a->token);
+            return true;
+        }
+        return false;
+    case R_HELD:
+        return false;
+    }
+    return false;
+}
+
+/* Somebody else loads the value: G waits for it onto KEEP, unless it may
+ * not wait (no lease wanted, or its wait is over) or too many wait. */
+static void
+wait_or_miss(struct getter *g, uint64_t now, struct glist *keep)
+{
+    if (!g->want_lease || now >= g->deadline_us) {
+        cache_settle_miss(g, NULL);
+    } else if (!g->holds_place &&
+               cache_mod.n_waiters >= cache_mod.ctx->cfg->limits.max_waiters) {
+        /* Counted one by one as they are parked: one fetch may bring any
+         * number of new waiters at once. */
+        cache_getter_settle(g, NULL, LD_E_BUSY,
+                            "too many waiters (limits.max_waiters)");
+    } else {
+        if (!g->waited) {
+            g->waited = true;
+            ld_stats.cache_waits++;
+        }
+        if (!g->holds_place) {
+            g->holds_place = true;
+            cache_mod.n_waiters++;
+        }
+        g->state = G_WAIT;
+        glist_push(keep, g);
+    }
+}
+
+/* The getters KEEP wait on CK for the value somebody else loads. */
+static void
+ckey_park(struct ckey *ck, struct glist *keep, uint64_t sent_gen)
+{
+    glist_merge(&ck->waiters, keep);
+    if (ck->sub == NULL) {
+        ck->sub = ld_pubsub_subscribe(ck->names, ck->chan_len, sub_cb, ck);
+    }
+    /* Something happened to the entry while this answer was on its way
+     * (a message, a local write): the "held" it says may already be
+     * stale, and the wake-up that said so went to others. */
+    if (ck->gen != sent_gen) {
+        ckey_refresh(ck);
+    }
+}
+
+static void
+fetch_cb(redisReply *reply, void *arg)
+{
+    struct fetch *f = arg;
+    struct ckey *ck = f->ck;
+    struct answer a = {.pttl = -1, .token = f->token};
+
+    if (ck == NULL) {
+        ld_near_read_done(f->near, 0, NULL, 0);
+        free(f); /* orphaned by ld_cache_free; its getters were answered */
+        return;
+    }
+    if (!fetch_read(f, reply, &a)) {
+        return;
+    }
+    answer_messages(&a, ck, reply);
+    fetch_detach(f);
+    a.now = ld_now_us();
+    note_lease_end(ck, &a);
+
     struct glist keep;
     glist_init(&keep);
     struct getter *g;
     while ((g = glist_pop(&f->getters)) != NULL) {
         g->fetch = NULL;
         g->state = G_IDLE;
-        switch (res) {
-        case R_HIT:
-            cache_settle_hit(g, value->str, value->len);
-            continue;
-        case R_NULL:
-            cache_settle_null(g);
-            continue;
-        case R_WRONG:
-            cache_getter_settle(g, NULL, LD_E_WRONG_TYPE, errmsg);
-            continue;
-        case R_DOWN:
-            cache_getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE, downmsg);
-            continue;
-        case R_ERROR:
-            cache_getter_settle(g, NULL, LD_E_INTERNAL, errmsg);
-            continue;
-        case R_MISS:
-            cache_settle_miss(g, NULL);
-            continue;
-        case R_STALE_GRANTED:
-            if (g->want_lease && !given) {
-                given = true;
-                ld_stats.cache_leases_granted++;
-                cache_settle_stale(g, value->str, value->len, f->token);
-                continue;
-            }
-            cache_settle_stale(g, value->str, value->len, NULL);
-            continue;
-        case R_STALE:
-            cache_settle_stale(g, value->str, value->len, NULL);
-            continue;
-        case R_REFRESH:
-            if (g->want_lease && !given) {
-                given = true;
-                ld_stats.cache_refreshes_granted++;
-                cache_settle_refresh(g, value->str, value->len, f->token);
-                continue;
-            }
-            cache_settle_hit(g, value->str, value->len);
-            continue;
-        case R_GRANTED:
-            if (g->want_lease && !given) {
-                given = true;
-                ld_stats.cache_leases_granted++;
-                cache_settle_miss(g, f->token);
-                continue;
-            }
-            break;
-        case R_HELD:
-            break;
-        }
-        /* Somebody else loads the value. */
-        if (!g->want_lease || now >= g->deadline_us) {
-            cache_settle_miss(g, NULL);
-        } else if (!g->holds_place &&
-                   cache_mod.n_waiters >=
-                       cache_mod.ctx->cfg->limits.max_waiters) {
-            /* Counted one by one as they are parked: one fetch may
-             * bring any number of new waiters at once. */
-            cache_getter_settle(g, NULL, LD_E_BUSY,
-                                "too many waiters (limits.max_waiters)");
-        } else {
-            if (!g->waited) {
-                g->waited = true;
-                ld_stats.cache_waits++;
-            }
-            if (!g->holds_place) {
-                g->holds_place = true;
-                cache_mod.n_waiters++;
-            }
-            g->state = G_WAIT;
-            glist_push(&keep, g);
+        if (!settle_from_answer(g, &a)) {
+            wait_or_miss(g, a.now, &keep);
         }
     }
-    if ((res == R_GRANTED || res == R_STALE_GRANTED || res == R_REFRESH) &&
-        !given) {
+    if ((a.res == R_GRANTED || a.res == R_STALE_GRANTED ||
+         a.res == R_REFRESH) &&
+        !a.given) {
         release_unused(ck, f->token);
     }
     uint64_t sent_gen = f->gen;
     free(f);
 
     if (keep.n > 0) {
-        glist_merge(&ck->waiters, &keep);
-        if (ck->sub == NULL) {
-            ck->sub = ld_pubsub_subscribe(ck->names, ck->chan_len, sub_cb, ck);
-        }
-        /* Something happened to the entry while this answer was on its
-         * way (a message, a local write): the "held" it says may already
-         * be stale, and the wake-up that said so went to others. */
-        if (ck->gen != sent_gen) {
-            ckey_refresh(ck);
-        }
+        ckey_park(ck, &keep, sent_gen);
     }
     cache_ckey_arm(ck);
     cache_ckey_maybe_free(ck);
@@ -784,11 +885,6 @@ cache_op_mget(struct ld_req *req)
     size_t n = json_array_size(keys);
     struct cop *op = cop_new(req, n, true);
     struct ld_dict *seen = ld_dict_new();
-    if (seen == NULL) {
-        cache_cop_free(op);
-        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
-        return;
-    }
     /* Count the duplicates out first: the op may complete (and be freed)
      * inside the loop below once every real slot has an answer. */
     for (size_t i = 0; i < n; i++) {

@@ -9,6 +9,8 @@
  * Buckets come from a pool of K (there are never more distinct counts
  * than slots). Keys are found through an open-addressing table of indexes
  * with room for twice K.
+ *
+ * Bookkeeping only: no I/O, no Redis, no knowledge of the ops that feed it.
  */
 #include "ld_cache_hot.h"
 
@@ -55,37 +57,37 @@ static struct {
     bool have_prev; /* a whole period lies behind period_start_ms */
     bool started;
     uint64_t seed;
-} hot;
+} hot_mod;
 
 bool
 ld_cache_hot_enabled(void)
 {
-    return hot.k > 0;
+    return hot_mod.k > 0;
 }
 
 void
 ld_cache_hot_free(void)
 {
-    for (size_t i = 0; i < hot.k; i++) {
-        free(hot.slots[i].key);
+    for (size_t i = 0; i < hot_mod.k; i++) {
+        free(hot_mod.slots[i].key);
     }
-    free(hot.slots);
-    free(hot.buckets);
-    free(hot.tab);
-    free(hot.order);
-    free(hot.score);
-    free(hot.free_slots);
-    memset(&hot, 0, sizeof(hot));
+    free(hot_mod.slots);
+    free(hot_mod.buckets);
+    free(hot_mod.tab);
+    free(hot_mod.order);
+    free(hot_mod.score);
+    free(hot_mod.free_slots);
+    memset(&hot_mod, 0, sizeof(hot_mod));
 }
 
 static void
 reset_buckets(void)
 {
-    for (size_t i = 0; i < hot.k; i++) {
-        hot.buckets[i].next = i + 1 < hot.k ? (int)i + 1 : NONE;
+    for (size_t i = 0; i < hot_mod.k; i++) {
+        hot_mod.buckets[i].next = i + 1 < hot_mod.k ? (int)i + 1 : NONE;
     }
-    hot.free_bucket = 0;
-    hot.head = NONE;
+    hot_mod.free_bucket = 0;
+    hot_mod.head = NONE;
 }
 
 void
@@ -95,29 +97,29 @@ ld_cache_hot_init(size_t k)
     if (k == 0) {
         return;
     }
-    hot.k = k;
-    hot.slots = ld_xcalloc(k, sizeof(*hot.slots));
-    hot.buckets = ld_xcalloc(k, sizeof(*hot.buckets));
+    hot_mod.k = k;
+    hot_mod.slots = ld_xcalloc(k, sizeof(*hot_mod.slots));
+    hot_mod.buckets = ld_xcalloc(k, sizeof(*hot_mod.buckets));
     size_t t = 4;
     while (t < 2 * k) {
         t *= 2;
     }
-    hot.tab = ld_xmalloc(t * sizeof(*hot.tab));
-    hot.tab_mask = t - 1;
+    hot_mod.tab = ld_xmalloc(t * sizeof(*hot_mod.tab));
+    hot_mod.tab_mask = t - 1;
     for (size_t i = 0; i < t; i++) {
-        hot.tab[i] = NONE;
+        hot_mod.tab[i] = NONE;
     }
-    hot.order = ld_xmalloc(k * sizeof(*hot.order));
-    hot.free_slots = ld_xmalloc(k * sizeof(*hot.free_slots));
+    hot_mod.order = ld_xmalloc(k * sizeof(*hot_mod.order));
+    hot_mod.free_slots = ld_xmalloc(k * sizeof(*hot_mod.free_slots));
     for (size_t i = 0; i < k; i++) {
-        hot.free_slots[i] = (int)(k - 1 - i);
+        hot_mod.free_slots[i] = (int)(k - 1 - i);
     }
-    hot.n_free = k;
-    hot.score = ld_xmalloc(k * sizeof(*hot.score));
+    hot_mod.n_free = k;
+    hot_mod.score = ld_xmalloc(k * sizeof(*hot_mod.score));
     /* Keys come from clients: a secret seed keeps them from choosing
      * collisions. */
-    if (ld_random_bytes(&hot.seed, sizeof(hot.seed)) != LD_OK) {
-        hot.seed = (uint64_t)(ld_random_unit() * (double)UINT64_MAX);
+    if (ld_random_bytes(&hot_mod.seed, sizeof(hot_mod.seed)) != LD_OK) {
+        hot_mod.seed = (uint64_t)(ld_random_unit() * (double)UINT64_MAX);
     }
     reset_buckets();
 }
@@ -125,7 +127,7 @@ ld_cache_hot_init(size_t k)
 static uint64_t
 key_hash(const char *key, size_t len)
 {
-    return ld_hash(key, len) ^ hot.seed;
+    return ld_hash(key, len) ^ hot_mod.seed;
 }
 
 /* ---- the index ------------------------------------------------------- */
@@ -133,12 +135,12 @@ key_hash(const char *key, size_t len)
 static int
 tab_find(const char *key, size_t len, uint64_t h)
 {
-    for (size_t p = h & hot.tab_mask;; p = (p + 1) & hot.tab_mask) {
-        int i = hot.tab[p];
+    for (size_t p = h & hot_mod.tab_mask;; p = (p + 1) & hot_mod.tab_mask) {
+        int i = hot_mod.tab[p];
         if (i == NONE) {
             return NONE;
         }
-        const struct hslot *s = &hot.slots[i];
+        const struct hslot *s = &hot_mod.slots[i];
         if (s->hash == h && s->len == len && memcmp(s->key, key, len) == 0) {
             return i;
         }
@@ -148,11 +150,11 @@ tab_find(const char *key, size_t len, uint64_t h)
 static void
 tab_insert(int i)
 {
-    size_t p = hot.slots[i].hash & hot.tab_mask;
-    while (hot.tab[p] != NONE) {
-        p = (p + 1) & hot.tab_mask;
+    size_t p = hot_mod.slots[i].hash & hot_mod.tab_mask;
+    while (hot_mod.tab[p] != NONE) {
+        p = (p + 1) & hot_mod.tab_mask;
     }
-    hot.tab[p] = i;
+    hot_mod.tab[p] = i;
 }
 
 /* Linear probing without tombstones: the entries after the hole that
@@ -160,23 +162,23 @@ tab_insert(int i)
 static void
 tab_remove(int i)
 {
-    size_t p = hot.slots[i].hash & hot.tab_mask;
-    while (hot.tab[p] != i) {
-        p = (p + 1) & hot.tab_mask;
+    size_t p = hot_mod.slots[i].hash & hot_mod.tab_mask;
+    while (hot_mod.tab[p] != i) {
+        p = (p + 1) & hot_mod.tab_mask;
     }
     size_t hole = p;
-    for (size_t q = (p + 1) & hot.tab_mask; hot.tab[q] != NONE;
-         q = (q + 1) & hot.tab_mask) {
-        size_t home = hot.slots[hot.tab[q]].hash & hot.tab_mask;
+    for (size_t q = (p + 1) & hot_mod.tab_mask; hot_mod.tab[q] != NONE;
+         q = (q + 1) & hot_mod.tab_mask) {
+        size_t home = hot_mod.slots[hot_mod.tab[q]].hash & hot_mod.tab_mask;
         /* Does q's home lie cyclically in (hole, q]? Then it stays. */
         bool stays = hole <= q ? (home > hole && home <= q)
                                : (home > hole || home <= q);
         if (!stays) {
-            hot.tab[hole] = hot.tab[q];
+            hot_mod.tab[hole] = hot_mod.tab[q];
             hole = q;
         }
     }
-    hot.tab[hole] = NONE;
+    hot_mod.tab[hole] = NONE;
 }
 
 /* ---- buckets --------------------------------------------------------- */
@@ -184,21 +186,21 @@ tab_remove(int i)
 static int
 bucket_new(uint64_t count, int after)
 {
-    int b = hot.free_bucket;
+    int b = hot_mod.free_bucket;
     /* At most one bucket per used slot, and the pool has K. */
-    hot.free_bucket = hot.buckets[b].next;
-    struct hbucket *nb = &hot.buckets[b];
+    hot_mod.free_bucket = hot_mod.buckets[b].next;
+    struct hbucket *nb = &hot_mod.buckets[b];
     nb->count = count;
     nb->first = NONE;
     nb->prev = after;
-    nb->next = after == NONE ? hot.head : hot.buckets[after].next;
+    nb->next = after == NONE ? hot_mod.head : hot_mod.buckets[after].next;
     if (nb->next != NONE) {
-        hot.buckets[nb->next].prev = b;
+        hot_mod.buckets[nb->next].prev = b;
     }
     if (after == NONE) {
-        hot.head = b;
+        hot_mod.head = b;
     } else {
-        hot.buckets[after].next = b;
+        hot_mod.buckets[after].next = b;
     }
     return b;
 }
@@ -206,44 +208,44 @@ bucket_new(uint64_t count, int after)
 static void
 bucket_drop(int b)
 {
-    struct hbucket *ob = &hot.buckets[b];
+    struct hbucket *ob = &hot_mod.buckets[b];
     if (ob->prev != NONE) {
-        hot.buckets[ob->prev].next = ob->next;
+        hot_mod.buckets[ob->prev].next = ob->next;
     } else {
-        hot.head = ob->next;
+        hot_mod.head = ob->next;
     }
     if (ob->next != NONE) {
-        hot.buckets[ob->next].prev = ob->prev;
+        hot_mod.buckets[ob->next].prev = ob->prev;
     }
-    ob->next = hot.free_bucket;
-    hot.free_bucket = b;
+    ob->next = hot_mod.free_bucket;
+    hot_mod.free_bucket = b;
 }
 
 static void
 slot_link(int i, int b)
 {
-    struct hslot *s = &hot.slots[i];
+    struct hslot *s = &hot_mod.slots[i];
     s->bucket = b;
     s->prev_in_b = NONE;
-    s->next_in_b = hot.buckets[b].first;
+    s->next_in_b = hot_mod.buckets[b].first;
     if (s->next_in_b != NONE) {
-        hot.slots[s->next_in_b].prev_in_b = i;
+        hot_mod.slots[s->next_in_b].prev_in_b = i;
     }
-    hot.buckets[b].first = i;
+    hot_mod.buckets[b].first = i;
 }
 
 /* Take slot I out of its bucket (which may be left empty). */
 static void
 slot_unlink(int i)
 {
-    struct hslot *s = &hot.slots[i];
+    struct hslot *s = &hot_mod.slots[i];
     if (s->prev_in_b != NONE) {
-        hot.slots[s->prev_in_b].next_in_b = s->next_in_b;
+        hot_mod.slots[s->prev_in_b].next_in_b = s->next_in_b;
     } else {
-        hot.buckets[s->bucket].first = s->next_in_b;
+        hot_mod.buckets[s->bucket].first = s->next_in_b;
     }
     if (s->next_in_b != NONE) {
-        hot.slots[s->next_in_b].prev_in_b = s->prev_in_b;
+        hot_mod.slots[s->next_in_b].prev_in_b = s->prev_in_b;
     }
 }
 
@@ -251,23 +253,23 @@ slot_unlink(int i)
 static void
 slot_bump(int i)
 {
-    struct hslot *s = &hot.slots[i];
+    struct hslot *s = &hot_mod.slots[i];
     int b = s->bucket;
     uint64_t c = ++s->count;
-    int next = hot.buckets[b].next;
+    int next = hot_mod.buckets[b].next;
     slot_unlink(i);
-    if (next != NONE && hot.buckets[next].count == c) {
+    if (next != NONE && hot_mod.buckets[next].count == c) {
         slot_link(i, next);
-    } else if (hot.buckets[b].first == NONE) {
+    } else if (hot_mod.buckets[b].first == NONE) {
         /* Alone in its bucket: the bucket moves up with it, and stays
          * below the next one. */
-        hot.buckets[b].count = c;
+        hot_mod.buckets[b].count = c;
         slot_link(i, b);
         return;
     } else {
         slot_link(i, bucket_new(c, b));
     }
-    if (hot.buckets[b].first == NONE) {
+    if (hot_mod.buckets[b].first == NONE) {
         bucket_drop(b);
     }
 }
@@ -277,8 +279,8 @@ slot_bump(int i)
 static int
 by_count(const void *a, const void *b)
 {
-    uint64_t ca = hot.slots[*(const int *)a].count;
-    uint64_t cb = hot.slots[*(const int *)b].count;
+    uint64_t ca = hot_mod.slots[*(const int *)a].count;
+    uint64_t cb = hot_mod.slots[*(const int *)b].count;
     return ca < cb ? -1 : ca > cb;
 }
 
@@ -287,16 +289,16 @@ by_count(const void *a, const void *b)
 static void
 roll(uint64_t now_ms)
 {
-    uint64_t periods = (now_ms - hot.period_start_ms) / LD_HOT_WINDOW_MS;
-    hot.period_start_ms += periods * LD_HOT_WINDOW_MS;
-    hot.have_prev = true;
-    for (size_t t = 0; t <= hot.tab_mask; t++) {
-        hot.tab[t] = NONE;
+    uint64_t periods = (now_ms - hot_mod.period_start_ms) / LD_HOT_WINDOW_MS;
+    hot_mod.period_start_ms += periods * LD_HOT_WINDOW_MS;
+    hot_mod.have_prev = true;
+    for (size_t t = 0; t <= hot_mod.tab_mask; t++) {
+        hot_mod.tab[t] = NONE;
     }
     reset_buckets();
     size_t n = 0;
-    for (size_t i = 0; i < hot.k; i++) {
-        struct hslot *s = &hot.slots[i];
+    for (size_t i = 0; i < hot_mod.k; i++) {
+        struct hslot *s = &hot_mod.slots[i];
         if (!s->used) {
             continue;
         }
@@ -306,19 +308,20 @@ roll(uint64_t now_ms)
         s->count = s->prev;
         if (s->count == 0) {
             s->used = false;
-            hot.free_slots[hot.n_free++] = (int)i;
+            hot_mod.free_slots[hot_mod.n_free++] = (int)i;
             continue;
         }
-        hot.order[n++] = (int)i;
+        hot_mod.order[n++] = (int)i;
     }
-    LD_ASSERT(hot.n_free + n == hot.k);
-    qsort(hot.order, n, sizeof(*hot.order), by_count);
+    LD_ASSERT(hot_mod.n_free + n == hot_mod.k);
+    qsort(hot_mod.order, n, sizeof(*hot_mod.order), by_count);
     int last = NONE;
     for (size_t j = 0; j < n; j++) {
-        int i = hot.order[j];
+        int i = hot_mod.order[j];
         tab_insert(i);
-        if (last == NONE || hot.buckets[last].count != hot.slots[i].count) {
-            last = bucket_new(hot.slots[i].count, last);
+        if (last == NONE ||
+            hot_mod.buckets[last].count != hot_mod.slots[i].count) {
+            last = bucket_new(hot_mod.slots[i].count, last);
         }
         slot_link(i, last);
     }
@@ -327,12 +330,12 @@ roll(uint64_t now_ms)
 static void
 advance(uint64_t now_ms)
 {
-    if (!hot.started) {
-        hot.started = true;
-        hot.period_start_ms = now_ms;
+    if (!hot_mod.started) {
+        hot_mod.started = true;
+        hot_mod.period_start_ms = now_ms;
         return;
     }
-    if (now_ms >= hot.period_start_ms + LD_HOT_WINDOW_MS) {
+    if (now_ms >= hot_mod.period_start_ms + LD_HOT_WINDOW_MS) {
         roll(now_ms);
     }
 }
@@ -342,7 +345,7 @@ advance(uint64_t now_ms)
 void
 ld_cache_hot_note(const char *key, size_t len, bool hit, uint64_t now_ms)
 {
-    if (hot.k == 0) {
+    if (hot_mod.k == 0) {
         return;
     }
     advance(now_ms);
@@ -350,19 +353,20 @@ ld_cache_hot_note(const char *key, size_t len, bool hit, uint64_t now_ms)
     int i = tab_find(key, len, h);
     if (i == NONE) {
         struct hslot *s;
-        if (hot.n_free > 0) {
-            i = hot.free_slots[--hot.n_free];
-            s = &hot.slots[i];
+        if (hot_mod.n_free > 0) {
+            i = hot_mod.free_slots[--hot_mod.n_free];
+            s = &hot_mod.slots[i];
             s->count = 0;
-            int b = hot.head != NONE && hot.buckets[hot.head].count == 0
-                        ? hot.head
+            int b = hot_mod.head != NONE &&
+                            hot_mod.buckets[hot_mod.head].count == 0
+                        ? hot_mod.head
                         : bucket_new(0, NONE);
             slot_link(i, b);
         } else {
             /* Space-saving: the key replaces the least counted one and
              * inherits its count as its possible error. */
-            i = hot.buckets[hot.head].first;
-            s = &hot.slots[i];
+            i = hot_mod.buckets[hot_mod.head].first;
+            s = &hot_mod.slots[i];
             tab_remove(i);
         }
         if (len > s->cap) {
@@ -376,7 +380,7 @@ ld_cache_hot_note(const char *key, size_t len, bool hit, uint64_t now_ms)
         s->used = true;
         tab_insert(i);
     }
-    struct hslot *s = &hot.slots[i];
+    struct hslot *s = &hot_mod.slots[i];
     s->cur++;
     if (hit) {
         s->cur_hits++;
@@ -387,20 +391,21 @@ ld_cache_hot_note(const char *key, size_t len, bool hit, uint64_t now_ms)
 static int
 by_score_desc(const void *a, const void *b)
 {
-    double sa = hot.score[*(const int *)a];
-    double sb = hot.score[*(const int *)b];
+    double sa = hot_mod.score[*(const int *)a];
+    double sb = hot_mod.score[*(const int *)b];
     return sa > sb ? -1 : sa < sb;
 }
 
 size_t
 ld_cache_hot_top(struct ld_hot_key *out, size_t max, uint64_t now_ms)
 {
-    if (hot.k == 0 || !hot.started) {
+    if (hot_mod.k == 0 || !hot_mod.started) {
         return 0;
     }
     advance(now_ms);
-    uint64_t into = now_ms - hot.period_start_ms;
-    double left = hot.have_prev ? 1.0 - (double)into / LD_HOT_WINDOW_MS : 0.0;
+    uint64_t into = now_ms - hot_mod.period_start_ms;
+    double left = hot_mod.have_prev ? 1.0 - (double)into / LD_HOT_WINDOW_MS
+                                    : 0.0;
     /* The span the weighted counts cover; at least a second, so that the
      * first reads after a start do not read as a huge rate. */
     double span_s = ((double)into + left * LD_HOT_WINDOW_MS) / 1000.0;
@@ -408,29 +413,30 @@ ld_cache_hot_top(struct ld_hot_key *out, size_t max, uint64_t now_ms)
         span_s = 1.0;
     }
     size_t n = 0;
-    for (size_t i = 0; i < hot.k; i++) {
-        const struct hslot *s = &hot.slots[i];
+    for (size_t i = 0; i < hot_mod.k; i++) {
+        const struct hslot *s = &hot_mod.slots[i];
         if (!s->used) {
             continue;
         }
-        hot.score[i] = (double)s->cur + left * (double)s->prev;
-        if (hot.score[i] > 0) {
-            hot.order[n++] = (int)i;
+        hot_mod.score[i] = (double)s->cur + left * (double)s->prev;
+        if (hot_mod.score[i] > 0) {
+            hot_mod.order[n++] = (int)i;
         }
     }
-    qsort(hot.order, n, sizeof(*hot.order), by_score_desc);
+    qsort(hot_mod.order, n, sizeof(*hot_mod.order), by_score_desc);
     if (n > max) {
         n = max;
     }
     for (size_t j = 0; j < n; j++) {
-        int i = hot.order[j];
-        const struct hslot *s = &hot.slots[i];
+        int i = hot_mod.order[j];
+        const struct hslot *s = &hot_mod.slots[i];
         double hits = (double)s->cur_hits + left * (double)s->prev_hits;
         out[j].key = s->key;
         out[j].len = s->len;
-        out[j].reads = (uint64_t)(hot.score[i] + 0.5);
-        out[j].reads_per_s = hot.score[i] / span_s;
-        out[j].hit_ratio = hot.score[i] > 0 ? hits / hot.score[i] : 0.0;
+        out[j].reads = (uint64_t)(hot_mod.score[i] + 0.5);
+        out[j].reads_per_s = hot_mod.score[i] / span_s;
+        out[j].hit_ratio = hot_mod.score[i] > 0 ? hits / hot_mod.score[i]
+                                                : 0.0;
     }
     return n;
 }

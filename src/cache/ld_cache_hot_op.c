@@ -2,6 +2,8 @@
  * The hot keys seen from outside: the cache.hot operator op and the
  * top of the ranking in /metrics. The ranking itself is ld_cache_hot.c;
  * the cache module feeds it every answered read (ld_cache_reply.c).
+ *
+ * It reads the ranking and must not change it.
  */
 #include "ld_cache_int.h"
 

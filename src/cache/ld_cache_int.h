@@ -314,6 +314,8 @@ int cache_hot_init(void);
 /* ---- ld_cache_inval.c: cache.invalidate, deletes, replay ------------- */
 
 void cache_op_invalidate(struct ld_req *req);
+/* An answered invalidation, its arrays with it. */
+void cache_inv_free(struct inv *inv);
 /* Whether a first delete of KEY is owed: what Redis and the near cache
  * hold for it is what an invalidation voided. */
 bool cache_first_owed(const char *key, size_t len);

@@ -1,6 +1,9 @@
 /*
  * cache.invalidate, the deletes it promises and the journal's replay at
  * start (see the overview in ld_cache.c).
+ *
+ * It owns the invalidations (struct inv), the deletes (struct del) and their
+ * journal records; the readers are only told that a key changed.
  */
 #include "ld_cache_int.h"
 
@@ -68,7 +71,7 @@ del_new(const char *key, size_t len, int64_t due_ms, bool second, bool stale)
     struct del *d = ld_xcalloc(1, sizeof(*d) + len);
     d->ev = evtimer_new(cache_mod.ctx->base, del_timer_cb, d);
     if (d->ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     d->due_ms = due_ms;
     d->second = second;
@@ -198,6 +201,33 @@ del_run(struct del *d)
     free(names);
 }
 
+/* D, a first delete, is done: its second delete is due its delay_ms
+ * from now. */
+static void
+start_second(struct del *d)
+{
+    struct del *d2 = d->then;
+    LD_ASSERT(d2->after == d && d2->second);
+    d->then = NULL;
+    d2->after = NULL;
+    d2->due_ms = cache_wall_ms() + d2->delay_ms;
+    del_schedule(d2);
+}
+
+/* D is carried out: its record in the journal, or in the due set, is
+ * retired. */
+static void
+retire(const struct del *d)
+{
+    if (d->id != 0) {
+        ld_journal_done(cache_mod.journal, d->id);
+        cache_update_journal_stats();
+    }
+    if (d->member != NULL) {
+        cache_due_done(d->member, d->member_len);
+    }
+}
+
 static void
 del_cb(redisReply *reply, void *arg)
 {
@@ -234,20 +264,9 @@ del_cb(redisReply *reply, void *arg)
         inv_first_result(inv, true, n);
     }
     if (d->then != NULL) {
-        struct del *d2 = d->then;
-        LD_ASSERT(d2->after == d && d2->second);
-        d->then = NULL;
-        d2->after = NULL;
-        d2->due_ms = cache_wall_ms() + d2->delay_ms;
-        del_schedule(d2);
+        start_second(d);
     }
-    if (d->id != 0) {
-        ld_journal_done(cache_mod.journal, d->id);
-        cache_update_journal_stats();
-    }
-    if (d->member != NULL) {
-        cache_due_done(d->member, d->member_len);
-    }
+    retire(d);
     /* No longer owed before the waiters look again: a lease is to be had
      * from now on. */
     owed_drop(d);
@@ -313,6 +332,14 @@ cache_redis_state_cb(bool up, void *arg)
     }
 }
 
+void
+cache_inv_free(struct inv *inv)
+{
+    free(inv->queued_at);
+    free(inv->firsts);
+    free(inv);
+}
+
 static void
 inv_reply(struct inv *inv)
 {
@@ -347,9 +374,7 @@ inv_reply(struct inv *inv)
         }
         ld_reply_ok(inv->req, f);
     }
-    free(inv->queued_at);
-    free(inv->firsts);
-    free(inv);
+    cache_inv_free(inv);
 }
 
 static void
@@ -441,88 +466,127 @@ cache_sync_run(void *arg)
                  NULL);
 }
 
-void
-cache_op_invalidate(struct ld_req *req)
+/* The fields of a cache.invalidate: KEYS (then KEY is NULL) or KEY,
+ * DELAY_MS and STALE. LD_ERR when the request was answered with an
+ * error. */
+static int
+inval_params(struct ld_req *req, json_t **keys, const char **key, size_t *len,
+             long long *delay_ms, bool *stale)
 {
     struct ld_rval jkey, jkeys;
     ld_req_get(req, "key", &jkey);
     ld_req_get(req, "keys", &jkeys);
     bool has_key = ld_rval_given(&jkey);
     bool has_keys = ld_rval_given(&jkeys);
-    json_t *keys = NULL;
-    const char *key = NULL;
-    size_t len = 0;
-    long long delay_ms = cache_mod.ctx->cfg->cache.double_delete_ms;
 
+    *delay_ms = cache_mod.ctx->cfg->cache.double_delete_ms;
     if (has_key && has_keys) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'key' and field 'keys' exclude each other");
-        return;
+        return LD_ERR;
     }
     if (has_keys) {
-        if (ld_req_keys(req, "keys", INVALIDATE_MAX_KEYS, &keys) != LD_OK) {
-            return;
+        if (ld_req_keys(req, "keys", INVALIDATE_MAX_KEYS, keys) != LD_OK) {
+            return LD_ERR;
         }
-    } else if (ld_req_key(req, "key", &key, &len) != LD_OK) {
-        return;
+    } else if (ld_req_key(req, "key", key, len) != LD_OK) {
+        return LD_ERR;
     }
-    bool stale = cache_mod.ctx->cfg->cache.invalidate_mode ==
-                 LD_INVALIDATE_STALE;
-    if (ld_req_int(req, "delay_ms", false, 0, LD_DELAY_MS_MAX, &delay_ms,
+    *stale = cache_mod.ctx->cfg->cache.invalidate_mode == LD_INVALIDATE_STALE;
+    if (ld_req_int(req, "delay_ms", false, 0, LD_DELAY_MS_MAX, delay_ms,
                    NULL) != LD_OK ||
-        ld_req_bool(req, "stale", &stale) != LD_OK) {
-        return;
+        ld_req_bool(req, "stale", stale) != LD_OK) {
+        return LD_ERR;
     }
-    unsigned jflags = stale ? LD_JOURNAL_F_STALE : 0;
-    size_t n = keys != NULL ? json_array_size(keys) : 1;
+    return LD_OK;
+}
+
+static struct inv *
+inv_new(struct ld_req *req, size_t n, bool many, bool stale)
+{
     struct inv *inv = ld_xcalloc(1, sizeof(*inv));
     inv->firsts = ld_xcalloc(n, sizeof(*inv->firsts));
-    if (keys != NULL) {
+    if (many) {
         inv->queued_at = ld_xcalloc(n, sizeof(*inv->queued_at));
     }
     inv->req = req;
     inv->stale_mode = stale;
     inv->n = n;
     inv->left = n;
+    return inv;
+}
+
+/* The second delete of KEY, DELAY_MS after D1, journaled. */
+static void
+inv_add_second(struct inv *inv, struct del *d1, const char *key, size_t len,
+               int64_t now, long long delay_ms, bool stale)
+{
+    unsigned jflags = stale ? LD_JOURNAL_F_STALE : 0;
+    struct del *d2 = del_new(key, len, now + delay_ms, true, stale);
+    /* Recorded as waiting for the first, so that a replay keeps the two
+     * apart too. Without the first's record there is nothing to wait for
+     * in the file: a plain add then (the request is answered with an
+     * error anyway). */
+    int rc = d1->id != 0
+                 ? ld_journal_add_after_flags(cache_mod.journal, d1->id,
+                                              delay_ms, jflags, key, len,
+                                              &d2->id)
+                 : ld_journal_add_flags(cache_mod.journal, now + delay_ms,
+                                        jflags, key, len, &d2->id);
+    if (rc != LD_OK) {
+        d2->id = 0;
+        inv->journal_failed = true;
+    }
+    inv->pending++;
+    d2->delay_ms = delay_ms;
+    d2->after = d1;
+    d1->then = d2;
+}
+
+/* Slot I of INV: the first delete of KEY, due now and journaled, and the
+ * second after DELAY_MS when there is one. */
+static void
+inv_add_key(struct inv *inv, size_t i, const char *key, size_t len,
+            int64_t now, long long delay_ms, bool stale)
+{
+    unsigned jflags = stale ? LD_JOURNAL_F_STALE : 0;
+    ld_stats.cache_invalidations++;
+    cache_key_touched(key, len);
+    struct del *d1 = del_new(key, len, now, false, stale);
+    owed_add(d1);
+    if (ld_journal_add_flags(cache_mod.journal, now, jflags, key, len,
+                             &d1->id) != LD_OK) {
+        d1->id = 0;
+        inv->journal_failed = true;
+    }
+    d1->inv = inv;
+    inv->firsts[i] = d1;
+    if (delay_ms > 0) {
+        inv_add_second(inv, d1, key, len, now, delay_ms, stale);
+    }
+}
+
+void
+cache_op_invalidate(struct ld_req *req)
+{
+    json_t *keys = NULL;
+    const char *key = NULL;
+    size_t len = 0;
+    long long delay_ms;
+    bool stale;
+
+    if (inval_params(req, &keys, &key, &len, &delay_ms, &stale) != LD_OK) {
+        return;
+    }
+    size_t n = keys != NULL ? json_array_size(keys) : 1;
+    struct inv *inv = inv_new(req, n, keys != NULL, stale);
     int64_t now = cache_wall_ms();
     for (size_t i = 0; i < n; i++) {
         if (keys != NULL) {
             key = json_string_value(json_array_get(keys, i));
             len = json_string_length(json_array_get(keys, i));
         }
-        ld_stats.cache_invalidations++;
-        cache_key_touched(key, len);
-        struct del *d1 = del_new(key, len, now, false, stale);
-        owed_add(d1);
-        if (ld_journal_add_flags(cache_mod.journal, now, jflags, key, len,
-                                 &d1->id) != LD_OK) {
-            d1->id = 0;
-            inv->journal_failed = true;
-        }
-        d1->inv = inv;
-        inv->firsts[i] = d1;
-        if (delay_ms > 0) {
-            struct del *d2 = del_new(key, len, now + delay_ms, true, stale);
-            /* Recorded as waiting for the first, so that a replay keeps
-             * the two apart too. Without the first's record there is
-             * nothing to wait for in the file: a plain add then (the
-             * request is answered with an error anyway). */
-            int rc = d1->id != 0
-                         ? ld_journal_add_after_flags(cache_mod.journal,
-                                                      d1->id, delay_ms, jflags,
-                                                      key, len, &d2->id)
-                         : ld_journal_add_flags(cache_mod.journal,
-                                                now + delay_ms, jflags, key,
-                                                len, &d2->id);
-            if (rc != LD_OK) {
-                d2->id = 0;
-                inv->journal_failed = true;
-            }
-            inv->pending++;
-            d2->delay_ms = delay_ms;
-            d2->after = d1;
-            d1->then = d2;
-        }
+        inv_add_key(inv, i, key, len, now, delay_ms, stale);
     }
     cache_update_journal_stats();
     if (ld_journal_mode(cache_mod.journal) == LD_FSYNC_ALWAYS) {

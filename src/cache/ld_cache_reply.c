@@ -3,6 +3,9 @@
  * answered as soon as its one getter settles; a cache.mget keeps each
  * distinct key's result as a serialised chunk and builds its reply once
  * the last one is in, sized first against the output limit.
+ *
+ * It owns the reply texts and the limits on them; it must not start a fetch
+ * or send anything to Redis.
  */
 #include "ld_cache_int.h"
 
@@ -199,39 +202,42 @@ add_text(struct evbuffer *buf, struct chunk *c, bool first)
     }
 }
 
-void
-cache_mget_finish(struct cop *op)
+/* The same key again gets the same answer, but a lease belongs to one
+ * caller only, and the first occurrence has it: the others get the hit
+ * without it (stale, early refresh), or a miss without a lease. (A
+ * duplicate is never the first element, so its text keeps its comma.) */
+static const char dup_miss[] = ",{\"ok\":true,\"hit\":false,\"lease\":null}";
+
+/* The size of OP's reply in TOTAL; false when a slot has no text (it
+ * could not be built). Sized first: a reply over the output limit is
+ * never built. */
+static bool
+mget_reply_bytes(const struct cop *op, size_t *total)
 {
-    /* The same key again gets the same answer, but a lease belongs to
-     * one caller only, and the first occurrence has it: the others get
-     * the hit without it (stale, early refresh), or a miss without a
-     * lease. (A duplicate is never the first element, so its text keeps
-     * its comma.) */
-    static const char dup_miss[] =
-        ",{\"ok\":true,\"hit\":false,\"lease\":null}";
-    cache_cop_unlink(op);
-    struct ld_req *req = op->req;
-    /* Size first: a reply over the output limit is never built. */
-    size_t total = 32 + req->id_len;
-    bool bad = false;
+    *total = 32 + op->req->id_len;
     for (size_t i = 0; i < op->n; i++) {
         size_t j = op->dup_of[i] != SIZE_MAX ? op->dup_of[i] : i;
         const struct chunk *c = op->texts[j];
         if (c == NULL) {
-            bad = true;
-            break;
+            return false;
         }
         const struct chunk *d = op->dup_texts != NULL ? op->dup_texts[j]
                                                       : NULL;
-        total += j == i || !op->leased[j] ? c->len
-                 : d != NULL              ? d->len
-                                          : sizeof(dup_miss) - 1;
+        *total += j == i || !op->leased[j] ? c->len
+                  : d != NULL              ? d->len
+                                           : sizeof(dup_miss) - 1;
     }
-    if (bad) {
-        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
-        cache_cop_free(op);
-        return;
-    }
+    return true;
+}
+
+/* Whether a reply of TOTAL bytes may go out on REQ's session. When it
+ * may not, REQ is answered with the error; MGET_TOO_BIG: and the session
+ * is to end. */
+enum mget_room { MGET_FITS, MGET_NO_ROOM, MGET_TOO_BIG };
+
+static enum mget_room
+mget_room(struct ld_req *req, size_t n, size_t total)
+{
     struct ld_session *s = req->sess;
     if (s != NULL && total > ld_session_output_limit()) {
         /* This reply alone passes limits.max_output_bytes (it could be
@@ -240,27 +246,28 @@ cache_mget_finish(struct cop *op)
         log_warn("session closed: one reply over the output limit "
                  "session=%s op=cache.mget keys=%zu reply_bytes=%zu "
                  "limit=%zu",
-                 s->name, op->n, total, ld_session_output_limit());
+                 s->name, n, total, ld_session_output_limit());
         ld_reply_error(req, LD_E_BUSY,
                        "the reply would take %zu bytes, over the output "
                        "limit (limits.max_output_bytes); the session is "
                        "closed",
                        total);
-        cache_cop_free(op);
-        ld_session_close(s, "reply over limits.max_output_bytes");
-        return;
+        return MGET_TOO_BIG;
     }
     if (s != NULL && !ld_session_output_room(s, total)) {
         /* With what the client has not taken yet it would pass the
          * limit: the session is closing and its output is dropped. */
         ld_reply_error(req, LD_E_BUSY, "over the output limit");
-        cache_cop_free(op);
-        return;
+        return MGET_NO_ROOM;
     }
-    struct evbuffer *buf = evbuffer_new();
-    if (buf == NULL) {
-        ld_oom(0);
-    }
+    return MGET_FITS;
+}
+
+/* OP's reply into BUF: the texts of its slots, in the request's order. */
+static void
+mget_write(const struct cop *op, struct evbuffer *buf)
+{
+    const struct ld_req *req = op->req;
     if (req->id != NULL) {
         evbuffer_add(buf, "{\"id\":", 6);
         evbuffer_add(buf, req->id, req->id_len);
@@ -282,6 +289,33 @@ cache_mget_finish(struct cop *op)
         }
     }
     evbuffer_add(buf, "]}\n", 3);
+}
+
+void
+cache_mget_finish(struct cop *op)
+{
+    cache_cop_unlink(op);
+    struct ld_req *req = op->req;
+    size_t total;
+    if (!mget_reply_bytes(op, &total)) {
+        ld_reply_error(req, LD_E_INTERNAL, "out of memory");
+        cache_cop_free(op);
+        return;
+    }
+    struct ld_session *s = req->sess;
+    enum mget_room room = mget_room(req, op->n, total);
+    if (room != MGET_FITS) {
+        cache_cop_free(op);
+        if (room == MGET_TOO_BIG) {
+            ld_session_close(s, "reply over limits.max_output_bytes");
+        }
+        return;
+    }
+    struct evbuffer *buf = evbuffer_new();
+    if (buf == NULL) {
+        ld_oom_in("evbuffer_new");
+    }
+    mget_write(op, buf);
     ld_reply_buffer(req, buf);
     evbuffer_free(buf);
     cache_cop_free(op);

@@ -3,6 +3,8 @@
  * job it is handed (a descriptor and a function) and the result it hands
  * back; every other piece of state stays with the loop, so the rest of
  * the daemon remains single-threaded.
+ *
+ * It owns the thread and its one job slot.
  */
 #include "ld_fsync.h"
 

@@ -8,6 +8,9 @@
  *
  * The live adds are also kept in memory, keyed by id, so that compaction
  * and the stats never have to read the file back.
+ *
+ * It owns the file and its format; it must not know Redis or the cache's
+ * structs (a record is an id, a due time, flags and a key).
  */
 #include "ld_journal.h"
 
@@ -61,8 +64,10 @@ struct ld_journal {
 
 /* ---- CRC-32 ---------------------------------------------------------- */
 
-static uint32_t crc_table[256];
-static bool crc_ready;
+static struct {
+    uint32_t crc_table[256];
+    bool crc_ready;
+} journal_mod;
 
 static void
 crc_init(void)
@@ -72,9 +77,9 @@ crc_init(void)
         for (int k = 0; k < 8; k++) {
             c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
         }
-        crc_table[i] = c;
+        journal_mod.crc_table[i] = c;
     }
-    crc_ready = true;
+    journal_mod.crc_ready = true;
 }
 
 uint32_t
@@ -83,11 +88,11 @@ ld_crc32(const void *data, size_t len)
     const unsigned char *p = data;
     uint32_t c = 0xffffffffu;
 
-    if (!crc_ready) {
+    if (!journal_mod.crc_ready) {
         crc_init();
     }
     for (size_t i = 0; i < len; i++) {
-        c = crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+        c = journal_mod.crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
     }
     return c ^ 0xffffffffu;
 }
@@ -275,6 +280,59 @@ live_del(struct ld_journal *j, uint64_t id)
 
 /* ---- replay ---------------------------------------------------------- */
 
+/* The body of the record at BUF+OFF, whole and with a good CRC, in
+ * *BODY and *BODY_LEN; else why not. */
+static const char *
+record_body(const unsigned char *buf, size_t len, size_t off,
+            const unsigned char **body, uint32_t *body_len)
+{
+    if (len - off < LD_JOURNAL_RECORD_OVERHEAD) {
+        return "short header";
+    }
+    *body_len = get_u32(buf + off);
+    uint32_t crc = get_u32(buf + off + 4);
+    if (*body_len < LD_JOURNAL_BODY_MIN ||
+        *body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_AFTER_BYTES +
+                        LD_JOURNAL_MAX_KEY) {
+        return "bad length";
+    }
+    if (len - off - LD_JOURNAL_RECORD_OVERHEAD < *body_len) {
+        return "short record";
+    }
+    *body = buf + off + LD_JOURNAL_RECORD_OVERHEAD;
+    if (ld_crc32(*body, *body_len) != crc) {
+        return "bad crc";
+    }
+    return NULL;
+}
+
+/* An add record (TYPE, of record ID) into the live set; else why not. */
+static const char *
+replay_add(struct ld_journal *j, const unsigned char *body, uint32_t body_len,
+           unsigned type, uint64_t id)
+{
+    int64_t due = (int64_t)get_u64(body + 9);
+    unsigned flags = body[0] & LD_JOURNAL_FLAGS;
+    size_t key_len = body_len - LD_JOURNAL_BODY_MIN;
+    size_t head = LD_JOURNAL_BODY_MIN;
+    uint64_t after = 0;
+    if (type == LD_JOURNAL_ADD_AFTER) {
+        if (key_len <= LD_JOURNAL_AFTER_BYTES) {
+            return "bad add record";
+        }
+        after = get_u64(body + head);
+        head += LD_JOURNAL_AFTER_BYTES;
+        key_len -= LD_JOURNAL_AFTER_BYTES;
+    }
+    if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
+        (type == LD_JOURNAL_ADD_AFTER && (after == 0 || after >= id)) ||
+        ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
+        return "bad add record";
+    }
+    live_add(j, id, due, after, flags, (const char *)body + head, key_len);
+    return NULL;
+}
+
 /* Parse records from BUF+OFF; returns the offset just past the last good
  * record, and the reason parsing stopped early in *WHY (NULL at a clean
  * end). */
@@ -284,57 +342,23 @@ replay(struct ld_journal *j, const unsigned char *buf, size_t len, size_t off,
 {
     *why = NULL;
     while (off < len) {
-        if (len - off < LD_JOURNAL_RECORD_OVERHEAD) {
-            *why = "short header";
-            break;
-        }
-        uint32_t body_len = get_u32(buf + off);
-        uint32_t crc = get_u32(buf + off + 4);
-        if (body_len < LD_JOURNAL_BODY_MIN ||
-            body_len > LD_JOURNAL_BODY_MIN + LD_JOURNAL_AFTER_BYTES +
-                           LD_JOURNAL_MAX_KEY) {
-            *why = "bad length";
-            break;
-        }
-        if (len - off - LD_JOURNAL_RECORD_OVERHEAD < body_len) {
-            *why = "short record";
-            break;
-        }
-        const unsigned char *body = buf + off + LD_JOURNAL_RECORD_OVERHEAD;
-        if (ld_crc32(body, body_len) != crc) {
-            *why = "bad crc";
+        const unsigned char *body;
+        uint32_t body_len;
+        *why = record_body(buf, len, off, &body, &body_len);
+        if (*why != NULL) {
             break;
         }
         uint64_t id = get_u64(body + 1);
-        int64_t due = (int64_t)get_u64(body + 9);
-        size_t key_len = body_len - LD_JOURNAL_BODY_MIN;
         if (id > MAX_ID) {
             *why = "bad record id";
             break;
         }
         unsigned type = body[0] & ~LD_JOURNAL_FLAGS;
-        unsigned flags = body[0] & LD_JOURNAL_FLAGS;
         if (type == LD_JOURNAL_ADD || type == LD_JOURNAL_ADD_AFTER) {
-            size_t head = LD_JOURNAL_BODY_MIN;
-            uint64_t after = 0;
-            if (type == LD_JOURNAL_ADD_AFTER) {
-                if (key_len <= LD_JOURNAL_AFTER_BYTES) {
-                    *why = "bad add record";
-                    break;
-                }
-                after = get_u64(body + head);
-                head += LD_JOURNAL_AFTER_BYTES;
-                key_len -= LD_JOURNAL_AFTER_BYTES;
-            }
-            if (key_len == 0 || key_len > LD_JOURNAL_MAX_KEY ||
-                (type == LD_JOURNAL_ADD_AFTER &&
-                 (after == 0 || after >= id)) ||
-                ld_dict_get(j->live, &id, sizeof(id)) != NULL) {
-                *why = "bad add record";
+            *why = replay_add(j, body, body_len, type, id);
+            if (*why != NULL) {
                 break;
             }
-            live_add(j, id, due, after, flags, (const char *)body + head,
-                     key_len);
         } else if (body[0] == LD_JOURNAL_DONE) {
             /* A done for an id we do not know retires nothing; it can
              * only come from a damaged file, and is harmless. */
@@ -366,6 +390,25 @@ write_header(struct ld_journal *j)
     return sync_parent_dir(j->path);
 }
 
+/* The records from GOOD on (BYTES of them) are torn or damaged: cut
+ * them off, durably, so that appends follow the last good record. */
+static int
+drop_tail(struct ld_journal *j, size_t good, size_t bytes, const char *why)
+{
+    j->dropped_bytes = bytes;
+    log_warn("journal tail dropped path=%s offset=%zu bytes=%zu "
+             "reason=\"%s\"",
+             j->path, good, bytes, why != NULL ? why : "unknown");
+    if (ftruncate(j->fd, (off_t)good) != 0 ||
+        ld_journal_fdatasync_fn(j->fd) != 0) {
+        log_error("journal truncate failed path=%s error=\"%s\"", j->path,
+                  strerror(errno));
+        return LD_ERR;
+    }
+    j->syncs++;
+    return LD_OK;
+}
+
 static int
 load(struct ld_journal *j)
 {
@@ -377,15 +420,17 @@ load(struct ld_journal *j)
                   strerror(errno));
         return LD_ERR;
     }
+    /* Empty, or the header of a new file was torn: start afresh.
+     * Anything else this short is not ours to overwrite. */
+    size_t magic = len < LD_JOURNAL_HEADER_BYTES ? len
+                                                 : LD_JOURNAL_HEADER_BYTES;
+    if (memcmp(buf, LD_JOURNAL_MAGIC, magic) != 0) {
+        free(buf);
+        log_error("journal is not a leased journal path=%s", j->path);
+        errno = EINVAL;
+        return LD_ERR;
+    }
     if (len < LD_JOURNAL_HEADER_BYTES) {
-        /* Empty, or the header of a new file was torn: start afresh.
-         * Anything else this short is not ours to overwrite. */
-        if (memcmp(buf, LD_JOURNAL_MAGIC, len) != 0) {
-            free(buf);
-            log_error("journal is not a leased journal path=%s", j->path);
-            errno = EINVAL;
-            return LD_ERR;
-        }
         free(buf);
         if (write_header(j) != LD_OK) {
             log_error("journal create failed path=%s error=\"%s\"", j->path,
@@ -394,30 +439,11 @@ load(struct ld_journal *j)
         }
         return LD_OK;
     }
-    if (memcmp(buf, LD_JOURNAL_MAGIC, LD_JOURNAL_HEADER_BYTES) != 0) {
-        free(buf);
-        log_error("journal is not a leased journal path=%s", j->path);
-        errno = EINVAL;
-        return LD_ERR;
-    }
     const char *why = NULL;
     size_t good = replay(j, buf, len, LD_JOURNAL_HEADER_BYTES, &why);
     free(buf);
     j->size = good;
-    if (good < len) {
-        j->dropped_bytes = len - good;
-        log_warn("journal tail dropped path=%s offset=%zu bytes=%zu "
-                 "reason=\"%s\"",
-                 j->path, good, len - good, why != NULL ? why : "unknown");
-        if (ftruncate(j->fd, (off_t)good) != 0 ||
-            ld_journal_fdatasync_fn(j->fd) != 0) {
-            log_error("journal truncate failed path=%s error=\"%s\"", j->path,
-                      strerror(errno));
-            return LD_ERR;
-        }
-        j->syncs++;
-    }
-    return LD_OK;
+    return good < len ? drop_tail(j, good, len - good, why) : LD_OK;
 }
 
 /* PATH followed by SUFFIX (".tmp", ".old"; four bytes). */
@@ -492,9 +518,6 @@ ld_journal_open(struct ld_journal **out, const char *path,
     j->compact_min_bytes = COMPACT_MIN_BYTES_DEFAULT;
     j->path = ld_xstrdup(path);
     j->live = ld_dict_new();
-    if (j->live == NULL) {
-        goto fail;
-    }
     if (mkdir_parents_durable(path) != LD_OK) {
         log_error("journal directory failed path=%s error=\"%s\"", path,
                   strerror(errno));
@@ -808,6 +831,144 @@ ld_journal_set_compact_min_bytes(struct ld_journal *j, uint64_t bytes)
     j->compact_min_bytes = bytes;
 }
 
+static size_t
+longest_key(struct jrec *const *v, size_t n)
+{
+    size_t max_key = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i]->key_len > max_key) {
+            max_key = v[i]->key_len;
+        }
+    }
+    return max_key;
+}
+
+/* The N records V after the header of FD, encoded in BUF (room for the
+ * longest); *SIZE grows by what was written. */
+static int
+write_records(int fd, struct jrec *const *v, size_t n, unsigned char *buf,
+              uint64_t *size)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t len = encode(buf,
+                            v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
+                                             : LD_JOURNAL_ADD,
+                            v[i]->flags, v[i]->id, v[i]->due_ms, v[i]->after,
+                            v[i]->key, v[i]->key_len);
+        if (write_all_at(fd, buf, len, *size) != LD_OK) {
+            return LD_ERR;
+        }
+        *size += len;
+    }
+    return LD_OK;
+}
+
+/* The live records, by id, into a new file at TMP that is whole on disk
+ * and locked: its descriptor, with its length in SIZE and the number of
+ * records in N; or -1 with errno set, and no file left at TMP. */
+static int
+compact_write(struct ld_journal *j, const char *tmp, uint64_t *size, size_t *n)
+{
+    unsigned char *buf = NULL;
+    int fd = -1;
+    int rc = LD_ERR;
+
+    *size = LD_JOURNAL_HEADER_BYTES;
+    struct jrec **v = sorted_live(j, n);
+    if (v == NULL) {
+        goto done;
+    }
+    buf = malloc(rec_bytes(longest_key(v, *n), true));
+    if (buf == NULL) {
+        goto done;
+    }
+    fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        goto done;
+    }
+    if (write_all_at(fd, (const unsigned char *)LD_JOURNAL_MAGIC,
+                     LD_JOURNAL_HEADER_BYTES, 0) != LD_OK) {
+        goto done;
+    }
+    if (write_records(fd, v, *n, buf, size) != LD_OK) {
+        goto done;
+    }
+    /* The new file must be whole on disk before its name replaces the
+     * old one, or a crash could leave a name pointing at nothing. */
+    if (ld_journal_fsync_fn(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        goto done;
+    }
+    j->syncs++;
+    rc = LD_OK;
+
+done:;
+    int saved = errno;
+    free(v);
+    free(buf);
+    if (rc != LD_OK && fd >= 0) {
+        close(fd);
+        unlink(tmp);
+        fd = -1;
+    }
+    errno = saved;
+    return fd;
+}
+
+/* The file at TMP takes the journal's name; the old file keeps a second
+ * name, OLD, until the rename is durable, so that it can be put back if
+ * that cannot be made sure. */
+static int
+compact_rename(const struct ld_journal *j, const char *tmp, const char *old)
+{
+    unlink(old);
+    if (link(j->path, old) != 0) {
+        return LD_ERR;
+    }
+    if (rename(tmp, j->path) != 0) {
+        int saved = errno;
+        unlink(old);
+        errno = saved;
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
+/* From now on the journal appends to FD, SIZE bytes long. */
+static void
+compact_adopt(struct ld_journal *j, int fd, uint64_t size, bool failed)
+{
+    close(j->fd);
+    j->fd = fd;
+    j->size = size;
+    j->dirty = false;
+    j->failed = failed;
+}
+
+/* The directory could not be synced after the rename: nobody knows which
+ * name a crash would leave. Go on with the old file, under its name
+ * again; or, when it cannot be put back, with the new one (which is
+ * whole: appending to the old one would write where no restart looks),
+ * trusting nothing until a later rewrite is durable. Keeps errno. */
+static void
+compact_undo(struct ld_journal *j, int fd, uint64_t size, const char *old)
+{
+    int saved = errno;
+    if (rename(old, j->path) == 0) {
+        sync_parent_dir(j->path);
+        close(fd);
+        log_error("journal compaction failed, directory sync: the old "
+                  "file stays path=%s error=\"%s\"",
+                  j->path, strerror(saved));
+    } else {
+        log_error("journal directory sync failed and the old file cannot "
+                  "be put back path=%s error=\"%s\"",
+                  j->path, strerror(saved));
+        unlink(old);
+        compact_adopt(j, fd, size, true);
+    }
+    errno = saved;
+}
+
 int
 ld_journal_compact(struct ld_journal *j)
 {
@@ -816,127 +977,41 @@ ld_journal_compact(struct ld_journal *j)
     }
     char *tmp = tmp_path(j->path);
     char *old = suffixed_path(j->path, ".old");
-    size_t n = 0;
-    struct jrec **v = NULL;
-    unsigned char *buf = NULL;
-    int fd = -1;
-    uint64_t size = LD_JOURNAL_HEADER_BYTES;
     uint64_t before = j->size;
+    uint64_t size;
+    size_t n = 0;
+    int rc = LD_ERR;
 
-    v = sorted_live(j, &n);
-    if (v == NULL) {
-        goto fail;
+    int fd = compact_write(j, tmp, &size, &n);
+    if (fd >= 0 && compact_rename(j, tmp, old) != LD_OK) {
+        int saved = errno;
+        close(fd);
+        unlink(tmp);
+        errno = saved;
+        fd = -1;
     }
-    size_t max_key = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (v[i]->key_len > max_key) {
-            max_key = v[i]->key_len;
-        }
-    }
-    buf = malloc(rec_bytes(max_key, true));
-    if (buf == NULL) {
-        goto fail;
-    }
-    fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) {
-        goto fail;
-    }
-    if (write_all_at(fd, (const unsigned char *)LD_JOURNAL_MAGIC,
-                     LD_JOURNAL_HEADER_BYTES, 0) != LD_OK) {
-        goto fail;
-    }
-    for (size_t i = 0; i < n; i++) {
-        size_t len = encode(buf,
-                            v[i]->after != 0 ? LD_JOURNAL_ADD_AFTER
-                                             : LD_JOURNAL_ADD,
-                            v[i]->flags, v[i]->id, v[i]->due_ms, v[i]->after,
-                            v[i]->key, v[i]->key_len);
-        if (write_all_at(fd, buf, len, size) != LD_OK) {
-            goto fail;
-        }
-        size += len;
-    }
-    /* The new file must be whole on disk before its name replaces the
-     * old one, or a crash could leave a name pointing at nothing. */
-    if (ld_journal_fsync_fn(fd) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        goto fail;
-    }
-    j->syncs++;
-    /* The old file keeps a second name until the rename is durable, so
-     * that it can be put back if that cannot be made sure. */
-    unlink(old);
-    if (link(j->path, old) != 0) {
-        goto fail;
-    }
-    if (rename(tmp, j->path) != 0) {
-        unlink(old);
-        goto fail;
+        log_error("journal compaction failed path=%s error=\"%s\"", j->path,
+                  strerror(errno));
+        goto done;
     }
     if (sync_parent_dir(j->path) != LD_OK) {
-        int saved = errno;
-        /* Nobody knows which name a crash would leave: go on with the
-         * old file, under its name again, and fail the compaction. */
-        if (rename(old, j->path) == 0) {
-            sync_parent_dir(j->path);
-            close(fd);
-            log_error("journal compaction failed, directory sync: the old "
-                      "file stays path=%s error=\"%s\"",
-                      j->path, strerror(saved));
-            free(v);
-            free(buf);
-            free(tmp);
-            free(old);
-            errno = saved;
-            return LD_ERR;
-        }
-        /* The name stays on the new file, which is whole: appending to
-         * the old one would write where no restart looks. Use the new
-         * one, but trust nothing until a later rewrite is durable. */
-        log_error("journal directory sync failed and the old file cannot "
-                  "be put back path=%s error=\"%s\"",
-                  j->path, strerror(saved));
-        unlink(old);
-        close(j->fd);
-        j->fd = fd;
-        j->size = size;
-        j->dirty = false;
-        j->failed = true;
-        free(v);
-        free(buf);
-        free(tmp);
-        free(old);
-        errno = saved;
-        return LD_ERR;
+        compact_undo(j, fd, size, old);
+        goto done;
     }
     unlink(old);
-    close(j->fd);
-    j->fd = fd;
-    j->size = size;
-    j->dirty = false;
-    j->failed = false;
+    compact_adopt(j, fd, size, false);
     log_info("journal compacted path=%s bytes_before=%llu bytes_after=%llu "
              "live=%zu",
              j->path, (unsigned long long)before, (unsigned long long)size, n);
-    free(v);
-    free(buf);
-    free(tmp);
-    free(old);
-    return LD_OK;
+    rc = LD_OK;
 
-fail:;
+done:;
     int saved = errno;
-    log_error("journal compaction failed path=%s error=\"%s\"", j->path,
-              strerror(saved));
-    if (fd >= 0) {
-        close(fd);
-        unlink(tmp);
-    }
-    free(v);
-    free(buf);
     free(tmp);
     free(old);
     errno = saved;
-    return LD_ERR;
+    return rc;
 }
 
 enum ld_fsync_mode

@@ -17,6 +17,29 @@
  * or a tracked command connection went away, the master moved, the slot
  * map of a cluster changed, Redis flushed) everything is flushed at once,
  * before another near hit.
+ *
+ * The life of a key's near entry:
+ *   ABSENT   a read from Redis (the HMGET probe of cache.get) of a key
+ *            admitted (cache.near.min_hits) while tracking is armed
+ *            begins a near read (ld_near_read_begin).
+ *            -> READING
+ *   READING  struct ld_near_read, holding its key's flight and the epoch;
+ *            three answers to come: CLIENT CACHING, the read, PTTL.
+ *            -> KEPT     all three came on one trusted connection, and
+ *                        neither the flight's generation nor the epoch
+ *                        moved (rules 1 and 2): stored, first in the LRU;
+ *            -> ABSENT   anything else: the read is dropped (a read
+ *                        orphaned by ld_near_free only frees itself).
+ *   KEPT     struct nentry, answering cache.get and cache.mget (a hit
+ *            moves it to the front of the LRU).
+ *            -> ABSENT   Redis' TTL passed (seen at the next lookup), the
+ *                        LRU pushed it out (max_bytes), the key changed
+ *                        (Redis' invalidation, this daemon's own write or
+ *                        delete: ld_near_evict), a flush (rule 3);
+ *            -> KEPT     a newer read of the key replaces it.
+ *
+ * It owns the entries and the flights; whether a connection's tracking can be
+ * trusted is ld_near_track.c's call, not this file's.
  */
 #include "ld_features.h"
 #include "ld_near.h"

@@ -29,6 +29,10 @@
  * failover, a slot moved, a node gone) flushes the store: the keys read
  * from a master that lost its slots would go unheard once another serves
  * them.
+ *
+ * It owns the tracking connection and the trust in each command connection's
+ * tracking; the entries are ld_near.c's, which it tells of the keys that
+ * changed.
  */
 #include "ld_near_int.h"
 
@@ -202,7 +206,7 @@ reissue_cb(redisReply *reply, void *arg)
             set_armed_stat();
         } else if (ld_redis_outcome() == LD_REDIS_NOT_SENT) {
             /* Still in its handshake (or just gone): ask again soon. */
-            struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
+            struct timeval tv = ld_tv_ms(REISSUE_RETRY_MS);
             event_add(track_mod.retry_ev, &tv);
         } else {
             log_refused(ri->conn_id, reply);
@@ -307,7 +311,7 @@ hook_reply(uint64_t conn_id, const redisReply *reply, void *arg)
     set_armed_stat();
     if (asked != t->node->client_id) {
         /* The tracking connection changed meanwhile. */
-        struct timeval tv = {0, REISSUE_RETRY_MS * 1000};
+        struct timeval tv = ld_tv_ms(REISSUE_RETRY_MS);
         event_add(track_mod.retry_ev, &tv);
     }
 }
@@ -498,7 +502,7 @@ near_track_init(const struct ld_ctx *ctx)
     }
     track_mod.retry_ev = evtimer_new(ctx->base, retry_cb, NULL);
     if (track_mod.retry_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     track_mod.hooks.handshake = hook_handshake;
     track_mod.hooks.reply = hook_reply;

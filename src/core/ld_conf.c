@@ -5,7 +5,11 @@
  * version has the feature at all. The same table drives the defaults, the
  * parser (ld_conf_load.c), reload and the docs check in the test suite, so
  * a new setting is one new row (plus its struct field, its line in
- * conf/leased.yml and its entry in leased.yml(5)). */
+ * conf/leased.yml and its entry in leased.yml(5)).
+ *
+ * It owns the table, the defaults and the rules of reload; it must not know
+ * the modules that read a setting (each gets the struct at init) nor read a
+ * file (ld_conf_load.c does). */
 #include "ld_conf.h"
 #include "ld_conf_int.h"
 

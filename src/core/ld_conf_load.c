@@ -3,7 +3,11 @@
  *
  * Parsing goes through libyaml's document API: the whole file becomes a
  * node tree, so duplicate keys can be found within a mapping and every
- * error can point at the node it is about. */
+ * error can point at the node it is about.
+ *
+ * It owns the walk of the YAML tree and its errors; it must not hold a
+ * setting of its own: every key is a row of ld_conf.c's table, and
+ * listen.namespaces is parsed by ld_ns_conf.c. */
 #include "ld_conf.h"
 #include "ld_conf_int.h"
 
@@ -188,6 +192,32 @@ same_key(const yaml_node_t *a, const yaml_node_t *b)
                   a->data.scalar.length) == 0;
 }
 
+static int walk_mapping(struct conf_load *st, yaml_node_t *map,
+                        const char *prefix);
+
+/* The VALUE of key NAME (dotted, KEY's node): a setting, or a section. */
+static int
+walk_value(struct conf_load *st, const yaml_node_t *key, yaml_node_t *value,
+           const char *name)
+{
+    const struct conf_directive *d = conf_find_directive(name);
+    if (d != NULL) {
+        return set_value(st, d, value);
+    }
+    if (!is_section(name)) {
+        return conf_error(st, key->start_mark, name, "unknown key");
+    }
+    if (value->type == YAML_MAPPING_NODE) {
+        return walk_mapping(st, value, name);
+    }
+    /* "section:" with every line below commented out. */
+    if (!node_is_null(value)) {
+        return conf_error(st, value->start_mark, name,
+                          "expected a mapping, got %s", node_kind(value));
+    }
+    return LD_OK;
+}
+
 /* Walk the mapping of section PREFIX ("" at the top level). */
 static int
 walk_mapping(struct conf_load *st, yaml_node_t *map, const char *prefix)
@@ -225,26 +255,8 @@ walk_mapping(struct conf_load *st, yaml_node_t *map, const char *prefix)
             return conf_error(st, key->start_mark, name, "unknown key");
         }
 
-        const struct conf_directive *d = conf_find_directive(name);
-        if (d != NULL) {
-            if (set_value(st, d, value) != LD_OK) {
-                return LD_ERR;
-            }
-        } else if (is_section(name)) {
-            if (value->type == YAML_MAPPING_NODE) {
-                if (walk_mapping(st, value, name) != LD_OK) {
-                    return LD_ERR;
-                }
-            } else {
-                /* "section:" with every line below commented out. */
-                if (!node_is_null(value)) {
-                    return conf_error(st, value->start_mark, name,
-                                      "expected a mapping, got %s",
-                                      node_kind(value));
-                }
-            }
-        } else {
-            return conf_error(st, key->start_mark, name, "unknown key");
+        if (walk_value(st, key, value, name) != LD_OK) {
+            return LD_ERR;
         }
     }
     return LD_OK;
@@ -353,10 +365,9 @@ redisson_bare(const struct ld_config *c)
            c->cache.prefix[0] != '{' && c->cache.prefix[0] != '\0';
 }
 
-/* Rules that tie settings together, checked on the final values so that
- * their order in the file does not matter. */
+/* The listeners: who may connect, and with which token. */
 static int
-check_relations(struct conf_load *st)
+check_listen_relations(struct conf_load *st)
 {
     const struct ld_config *c = st->cfg;
 
@@ -379,6 +390,15 @@ check_relations(struct conf_load *st)
             st, mark_of(st, "listen.admin_token", "listen.auth_token"),
             "listen.admin_token", "must differ from listen.auth_token");
     }
+    return LD_OK;
+}
+
+/* The Redis backend and what the locks ask of it. */
+static int
+check_backend_relations(struct conf_load *st)
+{
+    const struct ld_config *c = st->cfg;
+
     if (c->redis.mode == LD_REDIS_SENTINEL && c->redis.addresses.count == 0) {
         return conf_error(st, mark_of(st, "redis.mode", "redis.addresses"),
                           "redis.mode",
@@ -404,6 +424,15 @@ check_relations(struct conf_load *st)
         return conf_error(st, mark_of(st, "redis.db", "redis.mode"),
                           "redis.db", "must be 0 in cluster mode");
     }
+    return LD_OK;
+}
+
+/* The near cache's bounds, and the cache's names beside the locks'. */
+static int
+check_cache_relations(struct conf_load *st)
+{
+    const struct ld_config *c = st->cfg;
+
     /* max_bytes 0 keeps nothing, whatever the value bound. */
     if (c->cache.near.enabled && c->cache.near.max_bytes > 0 &&
         c->cache.near.max_value_bytes > c->cache.near.max_bytes) {
@@ -424,6 +453,19 @@ check_relations(struct conf_load *st)
                           lp == cp ? "must differ from lock.prefix"
                                    : "must not be a prefix of lock.prefix, "
                                      "nor lock.prefix of it");
+    }
+    return LD_OK;
+}
+
+/* Rules that tie settings together, checked on the final values so that
+ * their order in the file does not matter. */
+static int
+check_relations(struct conf_load *st)
+{
+    if (check_listen_relations(st) != LD_OK ||
+        check_backend_relations(st) != LD_OK ||
+        check_cache_relations(st) != LD_OK) {
+        return LD_ERR;
     }
     return LD_OK;
 }
@@ -471,13 +513,60 @@ syntax_error(struct conf_load *st, const yaml_parser_t *p)
     return conf_error(st, p->problem_mark, NULL, "syntax error: %s", problem);
 }
 
+/* A second document would be silently ignored otherwise. */
+static bool
+only_one_document(struct conf_load *st, yaml_parser_t *parser)
+{
+    yaml_document_t extra;
+    if (!yaml_parser_load(parser, &extra)) {
+        syntax_error(st, parser);
+        return false;
+    }
+    yaml_node_t *extra_root = yaml_document_get_root_node(&extra);
+    if (extra_root != NULL) {
+        conf_error(st, extra.start_mark, NULL,
+                   "only one YAML document is allowed");
+        yaml_document_delete(&extra);
+        return false;
+    }
+    yaml_document_delete(&extra);
+    return true;
+}
+
+/* The document's ROOT into the configuration, then the checks of the
+ * whole. */
+static int
+load_root(struct conf_load *st, yaml_node_t *root)
+{
+    if (root == NULL) {
+        return LD_OK; /* empty, or only comments: all defaults */
+    }
+    if (root->type != YAML_MAPPING_NODE) {
+        if (node_is_null(root)) {
+            return LD_OK;
+        }
+        return conf_error(st, root->start_mark, NULL,
+                          "expected a mapping of sections at the top, "
+                          "got %s",
+                          node_kind(root));
+    }
+    int rc = walk_mapping(st, root, "");
+    if (rc == LD_OK) {
+        rc = check_unbuilt(st);
+    }
+    if (rc == LD_OK) {
+        rc = check_relations(st);
+    }
+    return rc;
+}
+
 int
 ld_conf_load_string(struct ld_config *cfg, const char *yaml, size_t len,
                     const char *name, char *err, size_t errlen)
 {
     struct conf_load st;
     yaml_parser_t parser;
-    yaml_document_t doc, extra;
+    yaml_document_t doc;
     int rc = LD_ERR;
 
     memset(&st, 0, sizeof(st));
@@ -503,43 +592,10 @@ ld_conf_load_string(struct ld_config *cfg, const char *yaml, size_t len,
         return LD_ERR;
     }
 
-    /* A second document would be silently ignored otherwise. */
-    if (!yaml_parser_load(&parser, &extra)) {
-        syntax_error(&st, &parser);
-        goto out_doc;
-    }
-    yaml_node_t *extra_root = yaml_document_get_root_node(&extra);
-    if (extra_root != NULL) {
-        conf_error(&st, extra.start_mark, NULL,
-                   "only one YAML document is allowed");
-        yaml_document_delete(&extra);
-        goto out_doc;
-    }
-    yaml_document_delete(&extra);
-
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root == NULL) {
-        rc = LD_OK; /* empty, or only comments: all defaults */
-    } else if (root->type == YAML_MAPPING_NODE) {
-        rc = walk_mapping(&st, root, "");
-        if (rc == LD_OK) {
-            rc = check_unbuilt(&st);
-        }
-        if (rc == LD_OK) {
-            rc = check_relations(&st);
-        }
-    } else {
-        if (node_is_null(root)) {
-            rc = LD_OK;
-        } else {
-            rc = conf_error(&st, root->start_mark, NULL,
-                            "expected a mapping of sections at the top, "
-                            "got %s",
-                            node_kind(root));
-        }
+    if (only_one_document(&st, &parser)) {
+        rc = load_root(&st, yaml_document_get_root_node(&doc));
     }
 
-out_doc:
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
     return rc;

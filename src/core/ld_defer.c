@@ -1,3 +1,6 @@
+/* Work finished on a later turn of the loop (ld_defer.h): one event per
+ * ld_defer, made active by a kick. It owns that event only: the queued work
+ * is its owner's, and it must never run the owner's function inside the kick. */
 #include "ld_defer.h"
 
 #include "ld_mem.h"
@@ -21,7 +24,7 @@ ld_defer_init(struct ld_defer *d, struct event_base *base,
     d->arg = arg;
     d->ev = event_new(base, -1, 0, trampoline, d);
     if (d->ev == NULL) {
-        ld_oom(sizeof(struct event *));
+        ld_oom_in("event_new");
     }
 }
 

@@ -4,7 +4,10 @@
  * must not be something a client can aim at: the hash is seeded once per
  * process and passed through a finalizer. Plain FNV-1a alone would be a
  * poor choice here, because its low bits depend only on the low bits of
- * each input byte, and the low bits pick the bucket. */
+ * each input byte, and the low bits pick the bucket.
+ *
+ * It owns the buckets and its copies of the keys; the values are the
+ * caller's, never freed here. */
 #include "ld_dict.h"
 
 #include "ld_mem.h"
@@ -29,22 +32,24 @@ struct ld_dict {
     size_t size;
 };
 
-static uint64_t dict_seed;
-static bool dict_seeded;
+static struct {
+    uint64_t seed;
+    bool seeded;
+} dict_mod;
 
 static uint64_t
 dict_hash(const void *key, size_t len)
 {
-    if (!dict_seeded) {
-        if (ld_random_bytes(&dict_seed, sizeof(dict_seed)) != LD_OK) {
-            dict_seed = ld_now_us();
+    if (!dict_mod.seeded) {
+        if (ld_random_bytes(&dict_mod.seed, sizeof(dict_mod.seed)) != LD_OK) {
+            dict_mod.seed = ld_now_us();
         }
-        dict_seeded = true;
+        dict_mod.seeded = true;
     }
     /* FNV-1a from a seeded basis, then the murmur3 64-bit finalizer so
      * that every input bit reaches the low bits. */
     const unsigned char *p = key;
-    uint64_t h = 0xcbf29ce484222325ull ^ dict_seed;
+    uint64_t h = 0xcbf29ce484222325ull ^ dict_mod.seed;
     for (size_t i = 0; i < len; i++) {
         h ^= p[i];
         h *= 0x100000001b3ull;

@@ -3,6 +3,9 @@
  * contract closes the list of names (near, rwlock, semaphore, multilock,
  * cancel, stale, early_refresh, admin), so more than a handful means a
  * module adds names it should not.
+ *
+ * It owns the list only: each module adds its own names at init, and nothing
+ * here knows which module has which feature.
  */
 #include "ld_features.h"
 

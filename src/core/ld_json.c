@@ -4,6 +4,9 @@
  * general parser and dumper cost several times what these shapes need.
  * Whatever falls outside them goes to jansson, so its behaviour (and its
  * error messages) stay the reference.
+ *
+ * Functions of bytes only: no state, no I/O, and no knowledge of what the
+ * protocol's fields mean.
  */
 #include "ld_json.h"
 
@@ -108,10 +111,49 @@ plain_words(const unsigned char *p, size_t len)
 #undef BYTES
 }
 
+/* The escape of ASCII byte C at O, as jansson writes it; returns the
+ * end. */
+static char *
+put_escape(char *o, unsigned c)
+{
+    static const char hex[] = "0123456789ABCDEF"; /* as jansson */
+    *o++ = '\\';
+    switch (c) {
+    case '"':
+        *o++ = '"';
+        break;
+    case '\\':
+        *o++ = '\\';
+        break;
+    case '\b':
+        *o++ = 'b';
+        break;
+    case '\f':
+        *o++ = 'f';
+        break;
+    case '\n':
+        *o++ = 'n';
+        break;
+    case '\r':
+        *o++ = 'r';
+        break;
+    case '\t':
+        *o++ = 't';
+        break;
+    default:
+        *o++ = 'u';
+        *o++ = '0';
+        *o++ = '0';
+        *o++ = hex[c >> 4];
+        *o++ = hex[c & 15];
+        break;
+    }
+    return o;
+}
+
 size_t
 ld_json_quote(char *out, const char *s, size_t len)
 {
-    static const char hex[] = "0123456789ABCDEF"; /* as jansson */
     const unsigned char *p = (const unsigned char *)s;
     char *o = out;
     size_t i = 0;
@@ -141,37 +183,7 @@ ld_json_quote(char *out, const char *s, size_t len)
             i += n;
             continue;
         }
-        *o++ = '\\';
-        switch (c) {
-        case '"':
-            *o++ = '"';
-            break;
-        case '\\':
-            *o++ = '\\';
-            break;
-        case '\b':
-            *o++ = 'b';
-            break;
-        case '\f':
-            *o++ = 'f';
-            break;
-        case '\n':
-            *o++ = 'n';
-            break;
-        case '\r':
-            *o++ = 'r';
-            break;
-        case '\t':
-            *o++ = 't';
-            break;
-        default:
-            *o++ = 'u';
-            *o++ = '0';
-            *o++ = '0';
-            *o++ = hex[c >> 4];
-            *o++ = hex[c & 15];
-            break;
-        }
+        o = put_escape(o, c);
         i++;
     }
     *o++ = '"';
@@ -340,6 +352,29 @@ ld_json_member(const char *text, const struct ld_jmember *m, int n,
     return NULL;
 }
 
+/* One "key": value of an object into V (offsets from BASE). */
+static bool
+scan_member(struct scan *s, const unsigned char *base, struct ld_jmember *v)
+{
+    const char *key;
+    size_t klen;
+    skip_ws(s);
+    if (!scan_string(s, &key, &klen)) {
+        return false;
+    }
+    skip_ws(s);
+    if (s->p >= s->end || *s->p++ != ':') {
+        return false;
+    }
+    skip_ws(s);
+    if (!scan_value(s, base, v)) {
+        return false;
+    }
+    v->name = (uint32_t)((const unsigned char *)key - base);
+    v->name_len = (uint32_t)klen;
+    return true;
+}
+
 int
 ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m, int max)
 {
@@ -358,27 +393,15 @@ ld_json_flat_scan(const char *text, size_t len, struct ld_jmember *m, int max)
         s.p++;
     } else {
         for (;;) {
-            const char *key;
-            size_t klen;
             struct ld_jmember v;
-            skip_ws(&s);
-            if (!scan_string(&s, &key, &klen)) {
+            if (!scan_member(&s, base, &v)) {
                 return -1;
             }
-            skip_ws(&s);
-            if (s.p >= s.end || *s.p++ != ':') {
-                return -1;
-            }
-            skip_ws(&s);
-            if (!scan_value(&s, base, &v)) {
-                return -1;
-            }
-            v.name = (uint32_t)((const unsigned char *)key - base);
-            v.name_len = (uint32_t)klen;
             /* Like json_loadb: a repeated key keeps its place and takes
              * the later value. */
-            const struct ld_jmember *same = ld_json_member(text, m, n, key,
-                                                           klen);
+            const struct ld_jmember *same = ld_json_member(text, m, n,
+                                                           text + v.name,
+                                                           v.name_len);
             int k = same != NULL ? (int)(same - m) : n;
             if (k == n) {
                 if (n == max) {

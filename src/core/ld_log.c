@@ -8,7 +8,10 @@
  * with a UTC timestamp, except when stderr is systemd's journal
  * ($JOURNAL_STREAM names it): the journal stamps lines itself and takes
  * the priority from a "<N>" prefix (sd-daemon(3)), without which every
- * line would be filed at the default, info. */
+ * line would be filed at the default, info.
+ *
+ * It owns the output and the level; a line is built on the stack, so it must
+ * not allocate (an out-of-memory path may still log). */
 #include "ld_log.h"
 
 #include "ld_assert.h"
@@ -26,8 +29,10 @@
 
 int ld_log_level = LD_LOG_INFO;
 
-static bool log_to_syslog;
-static bool log_to_journal;
+static struct {
+    bool to_syslog;
+    bool to_journal;
+} log_mod;
 
 /* Long enough for any line we write on purpose; a longer one is cut rather
  * than split, so that one event stays one line. */
@@ -62,11 +67,11 @@ stderr_is_journal(void)
 void
 ld_log_open(const char *ident, bool syslog_target)
 {
-    if (log_to_syslog) {
+    if (log_mod.to_syslog) {
         closelog();
     }
-    log_to_syslog = syslog_target;
-    log_to_journal = !syslog_target && stderr_is_journal();
+    log_mod.to_syslog = syslog_target;
+    log_mod.to_journal = !syslog_target && stderr_is_journal();
     if (syslog_target) {
         /* LOG_NDELAY: connect now, while /dev/log is still reachable,
          * before any chroot or sandboxing a later step may add. */
@@ -78,9 +83,9 @@ ld_log_open(const char *ident, bool syslog_target)
 void
 ld_log_close(void)
 {
-    if (log_to_syslog) {
+    if (log_mod.to_syslog) {
         closelog();
-        log_to_syslog = false;
+        log_mod.to_syslog = false;
     }
 }
 
@@ -211,7 +216,7 @@ line_prefix(char *out, size_t size, int level)
     char stamp[32];
     int n;
 
-    if (log_to_journal) {
+    if (log_mod.to_journal) {
         /* sd-daemon(3)'s prefixes are the syslog priorities. */
         n = snprintf(out, size, "<%d>", syslog_priority(level));
     } else {
@@ -237,7 +242,7 @@ ld_log_write(int level, const char *fmt, ...)
     va_end(ap);
     sanitize(msg);
 
-    if (log_to_syslog) {
+    if (log_mod.to_syslog) {
         /* syslog stamps time and host itself. */
         format_fields(line, sizeof(line), &len, level, msg);
         syslog(syslog_priority(level), "%s", line);

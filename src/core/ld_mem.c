@@ -1,3 +1,6 @@
+/* The allocation wrappers of ld_mem.h and the out-of-memory abort. It owns no
+ * state; it must not log through ld_log (which may need memory itself), and
+ * must never hand a NULL back. */
 #include "ld_mem.h"
 
 #include <stdio.h>
@@ -5,19 +8,38 @@
 #include <string.h>
 #include <unistd.h>
 
-void
-ld_oom(size_t size)
+/* No logging module here: it may need memory itself. One write(2) of a
+ * message built on the stack always works. */
+static void LD_NORETURN
+oom_abort(const char *msg, int n)
 {
-    /* No logging module here: it may need memory itself. One write(2)
-     * of a message built on the stack always works. */
-    char msg[96];
-    int n = snprintf(msg, sizeof(msg),
-                     "leased: out of memory allocating %zu bytes\n", size);
     if (n > 0) {
         ssize_t w = write(STDERR_FILENO, msg, (size_t)n);
         (void)w;
     }
     abort();
+}
+
+void
+ld_oom(size_t size)
+{
+    char msg[96];
+    int n = size != 0
+                ? snprintf(msg, sizeof(msg),
+                           "leased: out of memory allocating %zu bytes\n",
+                           size)
+                : snprintf(msg, sizeof(msg),
+                           "leased: out of memory in a library allocation\n");
+    oom_abort(msg, n);
+}
+
+void
+ld_oom_in(const char *what)
+{
+    char msg[128];
+    int n = snprintf(msg, sizeof(msg), "leased: out of memory in %.64s\n",
+                     what);
+    oom_abort(msg, n);
 }
 
 void *

@@ -17,8 +17,11 @@ char *ld_xstrdup(const char *s);
 char *ld_xstrndup(const char *s, size_t len);
 void *ld_xmemdup(const void *p, size_t len);
 
-/* The abort itself, for allocations made by a library (jansson, libevent)
- * that report failure by returning NULL. */
+/* The abort itself. SIZE is what the failed allocation asked for; 0 when
+ * it is not known (a library's allocation). */
 void ld_oom(size_t size) LD_NORETURN;
+/* The abort for an allocation made by a library (jansson, libevent) that
+ * reports failure by returning NULL: WHAT names the call that failed. */
+void ld_oom_in(const char *what) LD_NORETURN;
 
 #endif

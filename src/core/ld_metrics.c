@@ -2,7 +2,10 @@
  * libevent's evhttp on the daemon's own loop, with the health checks
  * GET /livez and GET /readyz beside it. The figures are the ones of
  * the `stats` op (ld_stats.c renders both), so the two views never
- * disagree. Nothing here changes state; a scrape only reads counters. */
+ * disagree. Nothing here changes state; a scrape only reads counters.
+ *
+ * It owns the HTTP listener only: the figures are ld_stats.c's, and readiness
+ * is asked of the function the server hands in. */
 
 #include "ld_metrics.h"
 
@@ -32,17 +35,19 @@
 /* Refused Host header: the status a browser's page gets. */
 #define LD_HTTP_FORBIDDEN 403
 
-static struct evhttp *metrics_http;
-/* metrics.listen's host, the name the endpoint answers to. */
-static char metrics_host[256];
-static ld_metrics_ready_fn *ready_fn;
+static struct {
+    struct evhttp *http;
+    /* metrics.listen's host, the name the endpoint answers to. */
+    char host[256];
+    ld_metrics_ready_fn *ready_fn;
+} metrics_mod;
 
 #define LD_HTTP_UNAVAILABLE 503
 
 void
 ld_metrics_set_ready(ld_metrics_ready_fn *fn)
 {
-    ready_fn = fn;
+    metrics_mod.ready_fn = fn;
 }
 
 static void
@@ -116,10 +121,10 @@ host_allowed(const char *v)
         return false;
     }
     if (strcasecmp(h, "localhost") == 0 || strcmp(h, "127.0.0.1") == 0 ||
-        strcmp(h, "::1") == 0 || strcasecmp(h, metrics_host) == 0) {
+        strcmp(h, "::1") == 0 || strcasecmp(h, metrics_mod.host) == 0) {
         return true;
     }
-    return is_wildcard(metrics_host) && is_address(h);
+    return is_wildcard(metrics_mod.host) && is_address(h);
 }
 
 static void
@@ -186,7 +191,8 @@ readyz_cb(struct evhttp_request *req, void *arg)
         evhttp_send_error(req, LD_HTTP_FORBIDDEN, "Forbidden");
         return;
     }
-    const char *why = ready_fn != NULL ? ready_fn() : NULL;
+    const char *why = metrics_mod.ready_fn != NULL ? metrics_mod.ready_fn()
+                                                   : NULL;
     if (why != NULL) {
         send_text(req, LD_HTTP_UNAVAILABLE, "Service Unavailable", why);
         return;
@@ -201,29 +207,48 @@ not_found_cb(struct evhttp_request *req, void *arg)
     evhttp_send_error(req, HTTP_NOTFOUND, NULL);
 }
 
-static int
-bound_port_of(struct evhttp_bound_socket *bs)
+/* The HTTP server: GET and HEAD of three paths, small requests, and a
+ * bound on slow clients. */
+static struct evhttp *
+http_new(struct event_base *base)
 {
-    struct sockaddr_storage ss;
-    socklen_t sslen = sizeof(ss);
-    evutil_socket_t fd = evhttp_bound_socket_get_fd(bs);
+    struct evhttp *http = evhttp_new(base);
+    if (http == NULL) {
+        return NULL;
+    }
+    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+    evhttp_set_timeout(http, LD_METRICS_TIMEOUT_S);
+    evhttp_set_max_headers_size(http, LD_METRICS_MAX_HEADERS_BYTES);
+    evhttp_set_max_body_size(http, LD_METRICS_MAX_BODY_BYTES);
+    evhttp_set_cb(http, "/metrics", metrics_cb, NULL);
+    evhttp_set_cb(http, "/livez", livez_cb, NULL);
+    evhttp_set_cb(http, "/readyz", readyz_cb, NULL);
+    evhttp_set_gencb(http, not_found_cb, NULL);
+    return http;
+}
 
-    if (getsockname(fd, (struct sockaddr *)&ss, &sslen) != 0) {
+/* The server on HOST:PORT (LISTEN as configured, for the log): the port
+ * it got (PORT may be 0), or -1. */
+static int
+http_bind(const char *listen, const char *host, int port)
+{
+    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(
+        metrics_mod.http, host, (ev_uint16_t)port);
+    if (bs == NULL) {
+        log_error("metrics bind failed listen=%s error=\"%s\"", listen,
+                  strerror(errno));
         return -1;
     }
-    if (ss.ss_family == AF_INET) {
-        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    int bound = ld_bound_port(evhttp_bound_socket_get_fd(bs));
+    if (bound < 0) {
+        log_error("metrics getsockname failed error=\"%s\"", strerror(errno));
     }
-    if (ss.ss_family == AF_INET6) {
-        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
-    return -1;
+    return bound;
 }
 
 int
 ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
 {
-    struct evhttp_bound_socket *bs;
     char host[256];
     int port;
 
@@ -233,39 +258,23 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
     if (listen == NULL || listen[0] == '\0') {
         return LD_OK;
     }
-    if (metrics_http != NULL) {
+    if (metrics_mod.http != NULL) {
         ld_metrics_stop();
     }
     if (ld_parse_hostport(listen, host, sizeof(host), &port) != LD_OK) {
         log_error("metrics bad address listen=%s", listen);
         return LD_ERR;
     }
-    snprintf(metrics_host, sizeof(metrics_host), "%s", host);
+    snprintf(metrics_mod.host, sizeof(metrics_mod.host), "%s", host);
 
-    metrics_http = evhttp_new(base);
-    if (metrics_http == NULL) {
+    metrics_mod.http = http_new(base);
+    if (metrics_mod.http == NULL) {
         log_error("metrics start failed reason=evhttp_new");
         return LD_ERR;
     }
-    evhttp_set_allowed_methods(metrics_http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
-    evhttp_set_timeout(metrics_http, LD_METRICS_TIMEOUT_S);
-    evhttp_set_max_headers_size(metrics_http, LD_METRICS_MAX_HEADERS_BYTES);
-    evhttp_set_max_body_size(metrics_http, LD_METRICS_MAX_BODY_BYTES);
-    evhttp_set_cb(metrics_http, "/metrics", metrics_cb, NULL);
-    evhttp_set_cb(metrics_http, "/livez", livez_cb, NULL);
-    evhttp_set_cb(metrics_http, "/readyz", readyz_cb, NULL);
-    evhttp_set_gencb(metrics_http, not_found_cb, NULL);
 
-    bs = evhttp_bind_socket_with_handle(metrics_http, host, (ev_uint16_t)port);
-    if (bs == NULL) {
-        log_error("metrics bind failed listen=%s error=\"%s\"", listen,
-                  strerror(errno));
-        ld_metrics_stop();
-        return LD_ERR;
-    }
-    port = bound_port_of(bs);
+    port = http_bind(listen, host, port);
     if (port < 0) {
-        log_error("metrics getsockname failed error=\"%s\"", strerror(errno));
         ld_metrics_stop();
         return LD_ERR;
     }
@@ -283,8 +292,8 @@ ld_metrics_start(struct event_base *base, const char *listen, int *bound_port)
 void
 ld_metrics_stop(void)
 {
-    if (metrics_http != NULL) {
-        evhttp_free(metrics_http);
-        metrics_http = NULL;
+    if (metrics_mod.http != NULL) {
+        evhttp_free(metrics_mod.http);
+        metrics_mod.http = NULL;
     }
 }

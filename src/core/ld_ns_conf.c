@@ -1,6 +1,10 @@
 /* listen.namespaces: the YAML list of entries into struct ld_ns_list.
  * Every error points at the node it is about, so the loader can print
- * file:line:col like for any other setting. */
+ * file:line:col like for any other setting.
+ *
+ * It owns the entries' parsing, copy, comparison and freeing; matching a
+ * client against them is the front's, and it must not look at sockets or
+ * sessions. */
 #include "ld_ns_conf.h"
 
 #include "ld_mem.h"
@@ -174,6 +178,126 @@ parse_prefixes(struct ns_parse *p, yaml_node_t *node, struct ld_ns_entry *e)
 }
 
 static bool
+parse_user(struct ns_parse *p, const yaml_node_t *v, struct ld_ns_entry *e)
+{
+    size_t len;
+    const char *t = scalar_text(p, v, "user", &len);
+    struct passwd *pw = t != NULL ? getpwnam(t) : NULL;
+    if (t == NULL) {
+        return false;
+    }
+    if (pw == NULL) {
+        return fail(p, v, "user: no such user '%s'", t);
+    }
+    e->kind = LD_NS_UID;
+    e->id = (unsigned)pw->pw_uid;
+    return true;
+}
+
+static bool
+parse_group(struct ns_parse *p, const yaml_node_t *v, struct ld_ns_entry *e)
+{
+    size_t len;
+    const char *t = scalar_text(p, v, "group", &len);
+    struct group *gr = t != NULL ? getgrnam(t) : NULL;
+    if (t == NULL) {
+        return false;
+    }
+    if (gr == NULL) {
+        return fail(p, v, "group: no such group '%s'", t);
+    }
+    e->kind = LD_NS_GID;
+    e->id = (unsigned)gr->gr_gid;
+    return true;
+}
+
+static bool
+parse_token(struct ns_parse *p, const yaml_node_t *v, struct ld_ns_entry *e)
+{
+    size_t len;
+    const char *t = scalar_text(p, v, "token", &len);
+    if (t == NULL) {
+        return false;
+    }
+    if (len == 0) {
+        return fail(p, v, "token: must not be empty");
+    }
+    e->kind = LD_NS_TOKEN;
+    e->token = ld_xstrndup(t, len);
+    e->token_len = len;
+    return true;
+}
+
+static bool
+parse_admin(struct ns_parse *p, const yaml_node_t *v, struct ld_ns_entry *e)
+{
+    size_t len;
+    const char *t = scalar_text(p, v, "admin", &len);
+    if (t == NULL) {
+        return false;
+    }
+    if (strcmp(t, "true") != 0 && strcmp(t, "false") != 0) {
+        return fail(p, v, "admin: expected true or false");
+    }
+    e->admin = t[0] == 't';
+    return true;
+}
+
+/* Does KEY name the entry's identity (of which it has exactly one)? */
+static bool
+is_identity_key(const char *key)
+{
+    return strcmp(key, "uid") == 0 || strcmp(key, "gid") == 0 ||
+           strcmp(key, "user") == 0 || strcmp(key, "group") == 0 ||
+           strcmp(key, "token") == 0;
+}
+
+/* Is KEY the key of a pair of the entry before PAIR? */
+static bool
+key_seen(struct ns_parse *p, const yaml_node_pair_t *start,
+         const yaml_node_pair_t *pair, const char *key)
+{
+    for (const yaml_node_pair_t *prev = start; prev < pair; prev++) {
+        yaml_node_t *pk = yaml_document_get_node(p->doc, prev->key);
+        if (pk->type == YAML_SCALAR_NODE &&
+            strcmp((const char *)pk->data.scalar.value, key) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* One KEY: V pair of an entry into E. */
+static bool
+parse_field(struct ns_parse *p, const yaml_node_t *k, yaml_node_t *v,
+            const char *key, struct ld_ns_entry *e)
+{
+    if (strcmp(key, "uid") == 0 || strcmp(key, "gid") == 0) {
+        e->kind = key[0] == 'u' ? LD_NS_UID : LD_NS_GID;
+        return parse_id(p, v, key, &e->id);
+    }
+    if (strcmp(key, "user") == 0) {
+        return parse_user(p, v, e);
+    }
+    if (strcmp(key, "group") == 0) {
+        return parse_group(p, v, e);
+    }
+    if (strcmp(key, "token") == 0) {
+        return parse_token(p, v, e);
+    }
+    if (strcmp(key, "prefixes") == 0) {
+        return parse_prefixes(p, v, e);
+    }
+    if (strcmp(key, "admin") == 0) {
+        return parse_admin(p, v, e);
+    }
+    return fail(p, k,
+                "%s: unknown key (an entry has uid, gid, user, "
+                "group or token, prefixes and admin)",
+                key);
+}
+
+static bool
 parse_entry(struct ns_parse *p, yaml_node_t *map, struct ld_ns_entry *e)
 {
     const yaml_node_t *ident = NULL, *prefixes = NULL;
@@ -188,87 +312,29 @@ parse_entry(struct ns_parse *p, yaml_node_t *map, struct ld_ns_entry *e)
     for (yaml_node_pair_t *pair = start; pair < top; pair++) {
         yaml_node_t *k = yaml_document_get_node(p->doc, pair->key);
         yaml_node_t *v = yaml_document_get_node(p->doc, pair->value);
-        size_t klen, len;
+        size_t klen;
         const char *key = scalar_text(p, k, "entry", &klen);
         if (key == NULL) {
             return false;
         }
-        for (yaml_node_pair_t *prev = start; prev < pair; prev++) {
-            yaml_node_t *pk = yaml_document_get_node(p->doc, prev->key);
-            if (pk->type == YAML_SCALAR_NODE &&
-                strcmp((const char *)pk->data.scalar.value, key) == 0) {
-                return fail(p, k, "%s: duplicate key", key);
-            }
+        if (key_seen(p, start, pair, key)) {
+            return fail(p, k, "%s: duplicate key", key);
         }
-        bool is_ident = strcmp(key, "uid") == 0 || strcmp(key, "gid") == 0 ||
-                        strcmp(key, "user") == 0 ||
-                        strcmp(key, "group") == 0 || strcmp(key, "token") == 0;
+        bool is_ident = is_identity_key(key);
         if (is_ident && ident != NULL) {
             return fail(p, k,
                         "%s: an entry names one identity (uid, gid, user, "
                         "group or token)",
                         key);
         }
-        if (strcmp(key, "uid") == 0 || strcmp(key, "gid") == 0) {
-            e->kind = key[0] == 'u' ? LD_NS_UID : LD_NS_GID;
-            if (!parse_id(p, v, key, &e->id)) {
-                return false;
-            }
-        } else if (strcmp(key, "user") == 0) {
-            const char *t = scalar_text(p, v, key, &len);
-            struct passwd *pw = t != NULL ? getpwnam(t) : NULL;
-            if (t == NULL) {
-                return false;
-            }
-            if (pw == NULL) {
-                return fail(p, v, "user: no such user '%s'", t);
-            }
-            e->kind = LD_NS_UID;
-            e->id = (unsigned)pw->pw_uid;
-        } else if (strcmp(key, "group") == 0) {
-            const char *t = scalar_text(p, v, key, &len);
-            struct group *gr = t != NULL ? getgrnam(t) : NULL;
-            if (t == NULL) {
-                return false;
-            }
-            if (gr == NULL) {
-                return fail(p, v, "group: no such group '%s'", t);
-            }
-            e->kind = LD_NS_GID;
-            e->id = (unsigned)gr->gr_gid;
-        } else if (strcmp(key, "token") == 0) {
-            const char *t = scalar_text(p, v, key, &len);
-            if (t == NULL) {
-                return false;
-            }
-            if (len == 0) {
-                return fail(p, v, "token: must not be empty");
-            }
-            e->kind = LD_NS_TOKEN;
-            e->token = ld_xstrndup(t, len);
-            e->token_len = len;
-        } else if (strcmp(key, "prefixes") == 0) {
-            if (!parse_prefixes(p, v, e)) {
-                return false;
-            }
-            prefixes = v;
-        } else if (strcmp(key, "admin") == 0) {
-            const char *t = scalar_text(p, v, key, &len);
-            if (t == NULL) {
-                return false;
-            }
-            if (strcmp(t, "true") != 0 && strcmp(t, "false") != 0) {
-                return fail(p, v, "admin: expected true or false");
-            }
-            e->admin = t[0] == 't';
-        } else {
-            return fail(p, k,
-                        "%s: unknown key (an entry has uid, gid, user, "
-                        "group or token, prefixes and admin)",
-                        key);
+        if (!parse_field(p, k, v, key, e)) {
+            return false;
         }
         if (is_ident) {
             ident = k;
+        }
+        if (strcmp(key, "prefixes") == 0) {
+            prefixes = v;
         }
     }
     if (ident == NULL) {

@@ -2,7 +2,11 @@
  * `stats` op (JSON) and the Prometheus text exposition format 0.0.4.
  *
  * Everything here runs on the one event-loop thread, so the figures are
- * plain integers; no atomics, no locks. */
+ * plain integers; no atomics, no locks.
+ *
+ * It owns the figures and their rendering. Modules bump the counters; what
+ * only a module can work out it hands in as a refresh or Prometheus function,
+ * so this file includes nothing above core. */
 
 #include "ld_stats.h"
 
@@ -32,20 +36,6 @@ struct op_count {
     long long count;
 };
 
-static struct op_count op_counts[LD_STATS_MAX_OPS];
-static size_t op_used;
-static long long op_other;
-
-/* What the figures report about the daemon itself: the start time and
- * the instance come from the ctx, the TCP port once it is bound. */
-static struct {
-    const struct ld_ctx *ctx;
-    int tcp_port;
-    char redis_master[300];
-} stats_mod;
-
-static long long err_counts[LD_E__COUNT];
-
 /* Histogram bucket upper bounds in microseconds, from 50 us (a Redis round
  * trip on loopback) to 10 s (a long lock wait). The +Inf bucket is
  * implicit: it is the total count. Counts are kept per bucket and made
@@ -62,7 +52,25 @@ struct histo {
     uint64_t count;
 };
 
-static struct histo histos[LD_HISTO__COUNT];
+static struct {
+    /* What the figures report about the daemon itself: the start time
+     * and the instance come from the ctx, the TCP port once it is
+     * bound. */
+    const struct ld_ctx *ctx;
+    int tcp_port;
+    char redis_master[300];
+    struct op_count op_counts[LD_STATS_MAX_OPS];
+    size_t op_used;
+    long long op_other; /* ops past LD_STATS_MAX_OPS distinct names */
+    long long err_counts[LD_E__COUNT];
+    struct histo histos[LD_HISTO__COUNT];
+    /* What other modules hand in: figures to update before a report,
+     * and text to add to the Prometheus one. */
+    ld_stats_refresh_fn *refresh_fns[4];
+    size_t n_refresh_fns;
+    ld_stats_prom_fn *prom_fns[4];
+    size_t n_prom_fns;
+} stats_mod;
 
 static const struct {
     const char *name;
@@ -84,11 +92,11 @@ ld_stats_init(const struct ld_ctx *ctx)
     stats_mod.tcp_port = 0;
     stats_mod.redis_master[0] = '\0';
     memset(&ld_stats, 0, sizeof(ld_stats));
-    memset(op_counts, 0, sizeof(op_counts));
-    op_used = 0;
-    op_other = 0;
-    memset(err_counts, 0, sizeof(err_counts));
-    memset(histos, 0, sizeof(histos));
+    memset(stats_mod.op_counts, 0, sizeof(stats_mod.op_counts));
+    stats_mod.op_used = 0;
+    stats_mod.op_other = 0;
+    memset(stats_mod.err_counts, 0, sizeof(stats_mod.err_counts));
+    memset(stats_mod.histos, 0, sizeof(stats_mod.histos));
     return LD_OK;
 }
 
@@ -111,31 +119,31 @@ ld_stats_count_op(const char *op)
     size_t i, len;
 
     if (op == NULL) {
-        op_other++;
+        stats_mod.op_other++;
         return;
     }
-    for (i = 0; i < op_used; i++) {
-        if (strcmp(op_counts[i].name, op) == 0) {
-            op_counts[i].count++;
+    for (i = 0; i < stats_mod.op_used; i++) {
+        if (strcmp(stats_mod.op_counts[i].name, op) == 0) {
+            stats_mod.op_counts[i].count++;
             return;
         }
     }
     len = strlen(op);
-    if (op_used == LD_STATS_MAX_OPS || len == 0 ||
+    if (stats_mod.op_used == LD_STATS_MAX_OPS || len == 0 ||
         len >= LD_STATS_OP_NAME_MAX) {
-        op_other++;
+        stats_mod.op_other++;
         return;
     }
-    memcpy(op_counts[op_used].name, op, len + 1);
-    op_counts[op_used].count = 1;
-    op_used++;
+    memcpy(stats_mod.op_counts[stats_mod.op_used].name, op, len + 1);
+    stats_mod.op_counts[stats_mod.op_used].count = 1;
+    stats_mod.op_used++;
 }
 
 void
 ld_stats_count_error(int code)
 {
     if (code >= 0 && code < LD_E__COUNT) {
-        err_counts[code]++;
+        stats_mod.err_counts[code]++;
     }
 }
 
@@ -148,7 +156,7 @@ ld_stats_observe(enum ld_histo h, uint64_t us)
     if ((int)h < 0 || h >= LD_HISTO__COUNT) {
         return;
     }
-    hs = &histos[h];
+    hs = &stats_mod.histos[h];
     for (i = 0; i < LD_HISTO_BUCKETS; i++) {
         if (us <= histo_bounds_us[i]) {
             break;
@@ -184,7 +192,7 @@ ld_stats_json(void)
     ops = json_object();
     errs = json_object();
     if (o == NULL || ops == NULL || errs == NULL) {
-        ld_oom(0);
+        ld_oom_in("json_object");
     }
 
     json_object_set_new(o, "uptime_s", json_integer(uptime_s()));
@@ -199,18 +207,18 @@ ld_stats_json(void)
     LD_STATS_FIELDS(LD_STATS_JSON)
 #undef LD_STATS_JSON
 
-    for (i = 0; i < op_used; i++) {
-        json_object_set_new(ops, op_counts[i].name,
-                            json_integer(op_counts[i].count));
+    for (i = 0; i < stats_mod.op_used; i++) {
+        json_object_set_new(ops, stats_mod.op_counts[i].name,
+                            json_integer(stats_mod.op_counts[i].count));
     }
-    if (op_other > 0) {
-        json_object_set_new(ops, "other", json_integer(op_other));
+    if (stats_mod.op_other > 0) {
+        json_object_set_new(ops, "other", json_integer(stats_mod.op_other));
     }
     json_object_set_new(o, "requests_by_op", ops);
 
     for (c = 0; c < LD_E__COUNT; c++) {
         json_object_set_new(errs, ld_errcode_name(c),
-                            json_integer(err_counts[c]));
+                            json_integer(stats_mod.err_counts[c]));
     }
     json_object_set_new(o, "errors_by_code", errs);
     return o;
@@ -368,50 +376,139 @@ text_histogram(struct text *t, const struct histo *hs, const char *name,
                 (unsigned long long)hs->count);
 }
 
-static ld_stats_refresh_fn *refresh_fns[4];
-static size_t n_refresh_fns;
-
 void
 ld_stats_add_refresh(ld_stats_refresh_fn *fn)
 {
-    for (size_t i = 0; i < n_refresh_fns; i++) {
-        if (refresh_fns[i] == fn) {
+    for (size_t i = 0; i < stats_mod.n_refresh_fns; i++) {
+        if (stats_mod.refresh_fns[i] == fn) {
             return;
         }
     }
-    LD_ASSERT(n_refresh_fns < LD_ARRAY_LEN(refresh_fns));
-    refresh_fns[n_refresh_fns++] = fn;
+    LD_ASSERT(stats_mod.n_refresh_fns < LD_ARRAY_LEN(stats_mod.refresh_fns));
+    stats_mod.refresh_fns[stats_mod.n_refresh_fns++] = fn;
 }
 
 static void
 run_refresh(void)
 {
-    for (size_t i = 0; i < n_refresh_fns; i++) {
-        refresh_fns[i]();
+    for (size_t i = 0; i < stats_mod.n_refresh_fns; i++) {
+        stats_mod.refresh_fns[i]();
     }
 }
-
-static ld_stats_prom_fn *prom_fns[4];
-static size_t n_prom_fns;
 
 void
 ld_stats_add_prometheus(ld_stats_prom_fn *fn)
 {
-    for (size_t i = 0; i < n_prom_fns; i++) {
-        if (prom_fns[i] == fn) {
+    for (size_t i = 0; i < stats_mod.n_prom_fns; i++) {
+        if (stats_mod.prom_fns[i] == fn) {
             return;
         }
     }
-    LD_ASSERT(n_prom_fns < LD_ARRAY_LEN(prom_fns));
-    prom_fns[n_prom_fns++] = fn;
+    LD_ASSERT(stats_mod.n_prom_fns < LD_ARRAY_LEN(stats_mod.prom_fns));
+    stats_mod.prom_fns[stats_mod.n_prom_fns++] = fn;
+}
+
+/* The daemon's identity: version, the Redis in use, uptime. */
+static void
+prom_info(struct text *t)
+{
+    text_family(t, "build_info", "gauge",
+                "Always 1; the version is in the label");
+    text_printf(t, "leased_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
+    if (stats_mod.redis_master[0] != '\0' &&
+        strpbrk(stats_mod.redis_master, "\"\\\n") == NULL) {
+        text_family(t, "redis_master_info", "gauge",
+                    "Always 1; the Redis (master) in use is in the label");
+        text_printf(t, "leased_redis_master_info{address=\"%s\"} 1\n",
+                    stats_mod.redis_master);
+    }
+    text_family(t, "uptime_seconds", "gauge",
+                "Seconds since the daemon started");
+    text_printf(t, "leased_uptime_seconds %lld\n", uptime_s());
+}
+
+static void
+prom_fields(struct text *t)
+{
+    /* Names and units follow the Prometheus conventions (promtool check
+     * metrics): counters end in _total, times are in seconds. */
+#define LD_STATS_PROM(kind, name, help)                                       \
+    if (strcmp(#kind, "counter") == 0) {                                      \
+        text_family(t, #name "_total", "counter", help);                      \
+        text_printf(t, "leased_" #name "_total %lld\n", ld_stats.name);       \
+    } else if (strcmp(#kind, "smoothed_us") == 0) {                           \
+        text_time_us(t, #name, "_smoothed_seconds", "gauge", help,            \
+                     ld_stats.name);                                          \
+    } else if (strcmp(#kind, "counter_us") == 0) {                            \
+        text_time_us(t, #name, "_seconds_total", "counter", help,             \
+                     ld_stats.name);                                          \
+    } else if (strcmp(#kind, "age_ms") == 0) {                                \
+        text_time_ms(t, #name, help, ld_stats.name);                          \
+    } else {                                                                  \
+        text_family(t, #name, "gauge", help);                                 \
+        text_printf(t, "leased_" #name " %lld\n", ld_stats.name);             \
+    }
+    LD_STATS_FIELDS(LD_STATS_PROM)
+#undef LD_STATS_PROM
+}
+
+static void
+prom_ops(struct text *t)
+{
+    size_t i;
+
+    text_family(t, "requests_by_op_total", "counter",
+                "Requests received, by op");
+    for (i = 0; i < stats_mod.op_used; i++) {
+        text_printf(t, "leased_requests_by_op_total{op=\"");
+        text_label_value(t, stats_mod.op_counts[i].name);
+        text_printf(t, "\"} %lld\n", stats_mod.op_counts[i].count);
+    }
+    if (stats_mod.op_other > 0) {
+        text_printf(t, "leased_requests_by_op_total{op=\"other\"} %lld\n",
+                    stats_mod.op_other);
+    }
+}
+
+static void
+prom_errors(struct text *t)
+{
+    int c;
+
+    /* Every code is listed, zeros included, so that rate() over a code
+     * that appears for the first time does not miss its first errors. */
+    text_family(t, "errors_total", "counter", "Error replies, by code");
+    for (c = 0; c < LD_E__COUNT; c++) {
+        text_printf(t, "leased_errors_total{code=\"");
+        text_label_value(t, ld_errcode_name(c));
+        text_printf(t, "\"} %lld\n", stats_mod.err_counts[c]);
+    }
+}
+
+/* The histograms, then what other modules add (ld_stats_add_prometheus). */
+static void
+prom_histograms_and_more(struct text *t)
+{
+    size_t i;
+
+    for (i = 0; i < LD_HISTO__COUNT; i++) {
+        text_histogram(t, &stats_mod.histos[i], histo_info[i].name,
+                       histo_info[i].help);
+    }
+    for (i = 0; i < stats_mod.n_prom_fns; i++) {
+        size_t n = 0;
+        char *more = stats_mod.prom_fns[i](&n);
+        if (more != NULL) {
+            text_printf(t, "%.*s", (int)n, more);
+            free(more);
+        }
+    }
 }
 
 char *
 ld_stats_prometheus(size_t *len)
 {
     struct text t = {0};
-    size_t i;
-    int c;
 
     if (len != NULL) {
         *len = 0;
@@ -421,73 +518,11 @@ ld_stats_prometheus(size_t *len)
     t.buf = ld_xmalloc(t.cap);
     t.buf[0] = '\0';
 
-    text_family(&t, "build_info", "gauge",
-                "Always 1; the version is in the label");
-    text_printf(&t, "leased_build_info{version=\"%s\"} 1\n", PACKAGE_VERSION);
-    if (stats_mod.redis_master[0] != '\0' &&
-        strpbrk(stats_mod.redis_master, "\"\\\n") == NULL) {
-        text_family(&t, "redis_master_info", "gauge",
-                    "Always 1; the Redis (master) in use is in the label");
-        text_printf(&t, "leased_redis_master_info{address=\"%s\"} 1\n",
-                    stats_mod.redis_master);
-    }
-    text_family(&t, "uptime_seconds", "gauge",
-                "Seconds since the daemon started");
-    text_printf(&t, "leased_uptime_seconds %lld\n", uptime_s());
-
-    /* Names and units follow the Prometheus conventions (promtool check
-     * metrics): counters end in _total, times are in seconds. */
-#define LD_STATS_PROM(kind, name, help)                                       \
-    if (strcmp(#kind, "counter") == 0) {                                      \
-        text_family(&t, #name "_total", "counter", help);                     \
-        text_printf(&t, "leased_" #name "_total %lld\n", ld_stats.name);      \
-    } else if (strcmp(#kind, "smoothed_us") == 0) {                           \
-        text_time_us(&t, #name, "_smoothed_seconds", "gauge", help,           \
-                     ld_stats.name);                                          \
-    } else if (strcmp(#kind, "counter_us") == 0) {                            \
-        text_time_us(&t, #name, "_seconds_total", "counter", help,            \
-                     ld_stats.name);                                          \
-    } else if (strcmp(#kind, "age_ms") == 0) {                                \
-        text_time_ms(&t, #name, help, ld_stats.name);                         \
-    } else {                                                                  \
-        text_family(&t, #name, "gauge", help);                                \
-        text_printf(&t, "leased_" #name " %lld\n", ld_stats.name);            \
-    }
-    LD_STATS_FIELDS(LD_STATS_PROM)
-#undef LD_STATS_PROM
-
-    text_family(&t, "requests_by_op_total", "counter",
-                "Requests received, by op");
-    for (i = 0; i < op_used; i++) {
-        text_printf(&t, "leased_requests_by_op_total{op=\"");
-        text_label_value(&t, op_counts[i].name);
-        text_printf(&t, "\"} %lld\n", op_counts[i].count);
-    }
-    if (op_other > 0) {
-        text_printf(&t, "leased_requests_by_op_total{op=\"other\"} %lld\n",
-                    op_other);
-    }
-
-    /* Every code is listed, zeros included, so that rate() over a code
-     * that appears for the first time does not miss its first errors. */
-    text_family(&t, "errors_total", "counter", "Error replies, by code");
-    for (c = 0; c < LD_E__COUNT; c++) {
-        text_printf(&t, "leased_errors_total{code=\"");
-        text_label_value(&t, ld_errcode_name(c));
-        text_printf(&t, "\"} %lld\n", err_counts[c]);
-    }
-
-    for (i = 0; i < LD_HISTO__COUNT; i++) {
-        text_histogram(&t, &histos[i], histo_info[i].name, histo_info[i].help);
-    }
-    for (i = 0; i < n_prom_fns; i++) {
-        size_t n = 0;
-        char *more = prom_fns[i](&n);
-        if (more != NULL) {
-            text_printf(&t, "%.*s", (int)n, more);
-            free(more);
-        }
-    }
+    prom_info(&t);
+    prom_fields(&t);
+    prom_ops(&t);
+    prom_errors(&t);
+    prom_histograms_and_more(&t);
 
     if (t.failed) {
         free(t.buf);

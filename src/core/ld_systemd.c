@@ -2,7 +2,10 @@
  * daemon needs no libsystemd: readiness notification ($NOTIFY_SOCKET, see
  * sd_notify(3)) and socket activation ($LISTEN_PID/$LISTEN_FDS, see
  * sd_listen_fds(3)). Outside systemd the variables are absent and both
- * functions do nothing. */
+ * functions do nothing.
+ *
+ * It owns the two protocols only; what to announce, and when, is the
+ * server's. */
 
 #include "ld_systemd.h"
 

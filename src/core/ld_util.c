@@ -1,5 +1,7 @@
-/* Small helpers shared by every module: clocks, randomness, hashing, Redis
- * Cluster slots, constant-time comparison and address parsing. */
+/* Small helpers shared by every module: clocks, randomness, hashing,
+ * constant-time comparison, address parsing and bound ports. Nothing here
+ * keeps state beyond the PRNG seed, and nothing knows of another module
+ * (Redis Cluster's key slots are ld_cluster_slot.c's). */
 #include "ld_util.h"
 
 #include "ld_mem.h"
@@ -8,9 +10,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -114,13 +118,15 @@ ld_token_new(char out[LD_TOKEN_LEN + 1])
 
 /* splitmix64: tiny, fast and good enough to spread TTLs and backoffs. Its
  * output is predictable from a few samples, hence never for tokens. */
-static uint64_t prng_state;
-static bool prng_seeded;
+static struct {
+    uint64_t prng_state;
+    bool prng_seeded;
+} util_mod;
 
 static uint64_t
 splitmix64(void)
 {
-    uint64_t z = (prng_state += 0x9e3779b97f4a7c15ull);
+    uint64_t z = (util_mod.prng_state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -129,13 +135,14 @@ splitmix64(void)
 double
 ld_random_unit(void)
 {
-    if (!prng_seeded) {
-        if (ld_random_bytes(&prng_state, sizeof(prng_state)) != LD_OK) {
+    if (!util_mod.prng_seeded) {
+        if (ld_random_bytes(&util_mod.prng_state,
+                            sizeof(util_mod.prng_state)) != LD_OK) {
             /* Only jitter suffers, so a weak seed is acceptable; it still
              * differs between processes started at the same moment. */
-            prng_state = ld_now_us() ^ ((uint64_t)getpid() << 32);
+            util_mod.prng_state = ld_now_us() ^ ((uint64_t)getpid() << 32);
         }
-        prng_seeded = true;
+        util_mod.prng_seeded = true;
     }
     /* The top 53 bits fill a double's mantissa exactly: [0, 1). */
     return (double)(splitmix64() >> 11) * 0x1.0p-53;
@@ -168,42 +175,6 @@ ld_hash(const void *data, size_t len)
         h *= 0x100000001b3ull;
     }
     return h;
-}
-
-/* CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), the checksum
- * Redis Cluster uses for key slots. Bitwise: keys are short and a table
- * would cost more cache than it saves. */
-static uint16_t
-crc16(const unsigned char *p, size_t len)
-{
-    uint16_t crc = 0;
-    for (size_t i = 0; i < len; i++) {
-        crc ^= (uint16_t)(p[i] << 8);
-        for (int b = 0; b < 8; b++) {
-            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021)
-                                 : (uint16_t)(crc << 1);
-        }
-    }
-    return crc;
-}
-
-unsigned
-ld_key_slot(const char *key, size_t len)
-{
-    const unsigned char *p = (const unsigned char *)key;
-
-    /* Hash tag rule of the Redis Cluster spec: when the key has a '{' and
-     * a later '}' with at least one byte between them, only those bytes
-     * are hashed. Only the first '{' counts. */
-    const unsigned char *open = memchr(p, '{', len);
-    if (open != NULL) {
-        size_t start = (size_t)(open - p) + 1;
-        const unsigned char *close = memchr(p + start, '}', len - start);
-        if (close != NULL && close > p + start) {
-            return crc16(p + start, (size_t)(close - (p + start))) & 16383u;
-        }
-    }
-    return crc16(p, len) & 16383u;
 }
 
 bool
@@ -299,6 +270,23 @@ ld_host_is_loopback(const char *host)
     }
     /* Any other name could resolve anywhere; treat it as remote. */
     return false;
+}
+
+int
+ld_bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
+        return -1;
+    }
+    if (ss.ss_family == AF_INET) {
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    }
+    if (ss.ss_family == AF_INET6) {
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    return -1;
 }
 
 int

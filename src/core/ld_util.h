@@ -19,6 +19,16 @@ ld_tv_ms(long long ms)
     return tv;
 }
 
+/* US microseconds as a timeval, for deadlines kept in ld_now_us() time. */
+static inline struct timeval
+ld_tv_us(uint64_t us)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)(us / 1000000);
+    tv.tv_usec = (suseconds_t)(us % 1000000);
+    return tv;
+}
+
 /* Fill BUF with LEN bytes from the kernel CSPRNG (getrandom). */
 int ld_random_bytes(void *buf, size_t len);
 
@@ -42,9 +52,6 @@ size_t ld_ll_to_str(char out[LD_LL_STR_MAX], long long v);
 /* 64-bit FNV-1a, for routing and hash tables. */
 uint64_t ld_hash(const void *data, size_t len);
 
-/* Redis Cluster hash slot of KEY (CRC16 with hash tags). */
-unsigned ld_key_slot(const char *key, size_t len);
-
 /* Constant-time comparison of two strings (auth tokens). */
 bool ld_secure_equal(const char *a, size_t alen, const char *b, size_t blen);
 
@@ -53,6 +60,10 @@ int ld_parse_hostport(const char *s, char *host, size_t hostlen, int *port);
 
 /* Is HOST a loopback address or "localhost"? */
 bool ld_host_is_loopback(const char *host);
+
+/* The local TCP port socket FD is bound to (port 0 asks the kernel for
+ * one, and this says which), or -1 when it has none or is not IPv4/v6. */
+int ld_bound_port(int fd);
 
 /* Create the parent directory of PATH (one level) if missing. */
 int ld_mkdir_parent(const char *path, unsigned mode);

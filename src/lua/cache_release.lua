@@ -5,20 +5,9 @@
 --   REFUSED 0     the lease was no longer the current one
 --   WRONG_TYPE -1 data leased did not write, left alone
 --@include cache_shape.lua
-local DONE, REFUSED, WRONG_TYPE = 1, 0, -1
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t == 'none' then
-    return REFUSED
-end
-if t ~= 'hash' then
-    return WRONG_TYPE
-end
-local f = entry_fields(KEYS[1])
+local f, rc = leased_entry(KEYS[1], ARGV[1])
 if not f then
-    return WRONG_TYPE
-end
-if f[3] ~= ARGV[1] then
-    return REFUSED
+    return rc
 end
 if f[1] or f[2] then
     redis.call('HDEL', KEYS[1], 'l')

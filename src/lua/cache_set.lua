@@ -6,7 +6,6 @@
 --   WRONG_TYPE -1 data leased did not write, left alone (cache.invalidate
 --                 removes it)
 --@include cache_shape.lua
-local DONE, WRONG_TYPE = 1, -1
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'none' and t ~= 'hash' then
     return WRONG_TYPE

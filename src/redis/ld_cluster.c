@@ -16,6 +16,9 @@
  * A full map in which a master that owned slots owns none any more while
  * a node that owned none now owns some is a failover: the locks held are
  * then checked again (see ld_redis_on_failover).
+ *
+ * It owns the slot map and which node serves a slot; the connections stay
+ * ld_redis_slot.c's and the command records ld_redis.c's.
  */
 #include "ld_redis_int.h"
 
@@ -74,8 +77,7 @@ static void refresh_now(void);
 static void
 refresh_arm(uint64_t in_ms)
 {
-    struct timeval tv = {(time_t)(in_ms / 1000),
-                         (suseconds_t)(in_ms % 1000) * 1000};
+    struct timeval tv = ld_tv_ms(in_ms);
     event_add(redis_mod.refresh_ev, &tv);
 }
 
@@ -140,27 +142,17 @@ masters_changed_by_failover(void)
     return gone && come;
 }
 
-static void
-slots_cb(redisReply *reply, void *arg)
+/* The slot map REPLY (CLUSTER SLOTS, asked of FROM) describes, with
+ * the masters marked; *COVERED gets the number of slots it assigns. */
+static struct rnode **
+map_of_reply(const redisReply *reply, const struct rnode *from, int *covered)
 {
-    struct rnode *from = arg;
-    redis_mod.refreshing = false;
-    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY ||
-        reply->elements == 0) {
-        log_warn("redis cluster map refresh failed node=%s reason=\"%s\"",
-                 from->address,
-                 reply != NULL && reply->type == REDIS_REPLY_ERROR
-                     ? reply->str
-                     : ld_redis_failure_reason());
-        refresh_arm(REFRESH_GAP_MS * 5);
-        return;
-    }
     struct rnode **map = ld_xcalloc(LD_CLUSTER_SLOTS, sizeof(*map));
     for (int i = 0; i < redis_mod.n_nodes; i++) {
         redis_mod.nodes[i]->was_master = redis_mod.nodes[i]->is_master;
         redis_mod.nodes[i]->is_master = false;
     }
-    int covered = 0;
+    *covered = 0;
     for (size_t i = 0; i < reply->elements; i++) {
         const redisReply *e = reply->element[i];
         char text[300];
@@ -179,8 +171,38 @@ slots_cb(redisReply *reply, void *arg)
         for (long long s = lo; s <= hi; s++) {
             map[s] = n;
         }
-        covered += (int)(hi - lo + 1);
+        *covered += (int)(hi - lo + 1);
     }
+    return map;
+}
+
+static int
+count_masters(void)
+{
+    int masters = 0;
+    for (int i = 0; i < redis_mod.n_nodes; i++) {
+        masters += redis_mod.nodes[i]->is_master ? 1 : 0;
+    }
+    return masters;
+}
+
+static void
+slots_cb(redisReply *reply, void *arg)
+{
+    struct rnode *from = arg;
+    redis_mod.refreshing = false;
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY ||
+        reply->elements == 0) {
+        log_warn("redis cluster map refresh failed node=%s reason=\"%s\"",
+                 from->address,
+                 reply != NULL && reply->type == REDIS_REPLY_ERROR
+                     ? reply->str
+                     : ld_redis_failure_reason());
+        refresh_arm(REFRESH_GAP_MS * 5);
+        return;
+    }
+    int covered;
+    struct rnode **map = map_of_reply(reply, from, &covered);
     bool first = !redis_mod.have_map;
     bool failover = !first && masters_changed_by_failover();
     bool changed = first || memcmp(map, redis_mod.slots,
@@ -190,10 +212,7 @@ slots_cb(redisReply *reply, void *arg)
     redis_mod.have_map = true;
     redis_mod.last_refresh_ms = ld_now_ms();
     ld_stats.redis_cluster_refreshes++;
-    int masters = 0;
-    for (int i = 0; i < redis_mod.n_nodes; i++) {
-        masters += redis_mod.nodes[i]->is_master ? 1 : 0;
-    }
+    int masters = count_masters();
     ld_stats.redis_cluster_nodes = masters;
     if (changed || covered < LD_CLUSTER_SLOTS) {
         log_info("redis cluster map masters=%d slots_covered=%d%s", masters,
@@ -267,8 +286,7 @@ retry_arm(void)
     }
     uint64_t now = ld_now_us();
     uint64_t wait = first > now ? first - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     event_add(redis_mod.retry_ev, &tv);
 }
 
@@ -316,49 +334,49 @@ parse_redirect(const char *s, unsigned *slot, char *addr, size_t len)
     return addr[0] != '\0';
 }
 
-bool
-redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply)
+/* MOVED or ASK: CMD goes where REPLY says; false when it cannot (too
+ * many redirections, an address nobody knows). */
+static bool
+follow_redirect(struct rcmd *cmd, const redisReply *reply, bool moved)
 {
-    bool moved = ld_reply_is_error(reply, "MOVED ");
-    bool ask = ld_reply_is_error(reply, "ASK ");
-    if (moved || ask) {
-        unsigned slot;
-        char addr[300];
-        if (cmd->x->redirects >= MAX_REDIRECTS ||
-            !parse_redirect(reply->str, &slot, addr, sizeof(addr))) {
-            return false;
-        }
-        struct rnode *to = node_at(addr);
-        if (to == NULL) {
-            return false;
-        }
-        if (moved) {
-            ld_stats.redis_moved++;
-            if (redis_mod.slots != NULL) {
-                redis_mod.slots[slot] = to;
-            }
-            redis_cluster_refresh_soon("MOVED");
-            cmd->x->target = NULL;
-            cmd->x->asking = false;
-        } else {
-            ld_stats.redis_ask++;
-            cmd->x->target = to;
-            cmd->x->asking = true;
-        }
-        cmd->x->redirects++;
-        cmd->conn = NULL;
-        cmd->noscript = false;
-        redis_route(cmd);
-        if (moved) {
-            redis_map_changed(true, false);
-        }
-        return true;
-    }
-    bool down = ld_reply_is_error(reply, "CLUSTERDOWN");
-    if (!down && !ld_reply_is_error(reply, "TRYAGAIN")) {
+    unsigned slot;
+    char addr[300];
+    if (cmd->x->redirects >= MAX_REDIRECTS ||
+        !parse_redirect(reply->str, &slot, addr, sizeof(addr))) {
         return false;
     }
-    /* Within the command's time, from its issue. */
+    struct rnode *to = node_at(addr);
+    if (to == NULL) {
+        return false;
+    }
+    if (moved) {
+        ld_stats.redis_moved++;
+        if (redis_mod.slots != NULL) {
+            redis_mod.slots[slot] = to;
+        }
+        redis_cluster_refresh_soon("MOVED");
+        cmd->x->target = NULL;
+        cmd->x->asking = false;
+    } else {
+        ld_stats.redis_ask++;
+        cmd->x->target = to;
+        cmd->x->asking = true;
+    }
+    cmd->x->redirects++;
+    cmd->conn = NULL;
+    cmd->noscript = false;
+    redis_route(cmd);
+    if (moved) {
+        redis_map_changed(true, false);
+    }
+    return true;
+}
+
+/* TRYAGAIN or CLUSTERDOWN (DOWN): CMD is sent again after a backoff,
+ * when that is within its time from its issue. */
+static bool
+retry_later(struct rcmd *cmd, bool down)
+{
     uint64_t now = ld_now_us();
     uint64_t delay = (uint64_t)RETRY_FIRST_MS * 1000
                      << (cmd->x->tries < 5 ? cmd->x->tries : 5);
@@ -379,6 +397,21 @@ redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply)
     redis_mod.n_retry++;
     retry_arm();
     return true;
+}
+
+bool
+redis_cluster_redirect(struct rcmd *cmd, const redisReply *reply)
+{
+    bool moved = ld_reply_is_error(reply, "MOVED ");
+    bool ask = ld_reply_is_error(reply, "ASK ");
+    if (moved || ask) {
+        return follow_redirect(cmd, reply, moved);
+    }
+    bool down = ld_reply_is_error(reply, "CLUSTERDOWN");
+    if (!down && !ld_reply_is_error(reply, "TRYAGAIN")) {
+        return false;
+    }
+    return retry_later(cmd, down);
 }
 
 /* ---- the node of a connection ---------------------------------------- */
@@ -439,7 +472,7 @@ redis_cluster_init(void)
     redis_mod.refresh_ev = evtimer_new(redis_mod.ctx->base, refresh_cb, NULL);
     redis_mod.retry_ev = evtimer_new(redis_mod.ctx->base, retry_cb, NULL);
     if (redis_mod.refresh_ev == NULL || redis_mod.retry_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     /* Sharded pub/sub: a wake-up stays on the shard of its key. Every
      * script publishes with redis.call('PUBLISH', ...) or 'publish'. */

@@ -1,6 +1,8 @@
 /*
  * Redis Cluster's key to slot function, as the servers compute it (so
  * that a command goes to the master that owns its key without a MOVED).
+ *
+ * A pure function: no state, no connection.
  */
 #include "ld_cluster_slot.h"
 

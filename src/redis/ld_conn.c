@@ -10,6 +10,27 @@
  * subscriber connection Redis also pushes messages nobody asked for, so
  * there only the handshake (sent before any SUBSCRIBE) is numbered and a
  * "pong" is recognised by its content.
+ *
+ * The states of a connection (enum ld_conn_state):
+ *   DOWN        no transport; the retry timer (backoff) starts the next
+ *               attempt, unless the owner said ld_conn_no_retry.
+ *               -> CONNECTING
+ *   CONNECTING  resolving, connecting, the TLS handshake; bounded by
+ *               redis.timeout_ms.
+ *               -> HANDSHAKE  connected: AUTH, SELECT, CLIENT SETNAME
+ *                             and ROLE are sent (as the role needs);
+ *               -> DOWN       refused, failed or timed out.
+ *   HANDSHAKE   its own replies are counted down.
+ *               -> READY      the last step answered: on_ready;
+ *               -> DOWN       a step refused, or no reply in time.
+ *   READY       the owner's commands go; PING when idle; a reply owed
+ *               too long is the owner's to decide (on_stall), or DOWN.
+ *               -> DOWN       an error, EOF, the stall, a close.
+ *   Every way to DOWN tells the owner (on_down) that nothing it is owed
+ *   will come.
+ *
+ * It owns the transport, the reader and the timers of one connection; it must
+ * not know what the owners' commands are, only how many replies it owes them.
  */
 #include "ld_conn.h"
 
@@ -94,7 +115,9 @@ struct ld_conn {
     char last_error[192];
 };
 
-static uint64_t next_conn_id;
+static struct {
+    uint64_t next_id; /* of a connection attempt: ld_conn_id */
+} conn_mod;
 
 static const char *role_names[] = {"cmd",      "lock",         "sub",
                                    "sentinel", "sentinel-sub", "track"};
@@ -183,8 +206,7 @@ timer_at(struct ld_conn *c, uint64_t at)
 {
     uint64_t now = ld_now_us();
     uint64_t wait = at > now ? at - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     c->timer_at_us = at;
     event_add(c->timer_ev, &tv);
 }
@@ -252,7 +274,7 @@ transport_new(struct ld_conn *c, char *why, size_t whylen)
                                              BUFFEREVENT_SSL_CONNECTING,
                                              BEV_OPT_CLOSE_ON_FREE);
         if (bev == NULL) {
-            ld_oom(0);
+            ld_oom_in("bufferevent_openssl_socket_new");
         }
         /* A Redis that is killed or restarted closes without a TLS
          * close_notify: that is an end of stream, not a protocol error. */
@@ -260,7 +282,7 @@ transport_new(struct ld_conn *c, char *why, size_t whylen)
     } else {
         bev = bufferevent_socket_new(c->ctx->base, -1, BEV_OPT_CLOSE_ON_FREE);
         if (bev == NULL) {
-            ld_oom(0);
+            ld_oom_in("bufferevent_socket_new");
         }
     }
     /* A burst of pipelined commands leaves in one write, not in 16 KB
@@ -276,7 +298,7 @@ schedule_retry(struct ld_conn *c)
         return;
     }
     int ms = ld_backoff_next_ms(&c->backoff);
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    struct timeval tv = ld_tv_ms(ms);
     event_add(c->retry_ev, &tv);
 }
 
@@ -892,6 +914,54 @@ event_cb(struct bufferevent *bev, short what, void *arg)
     maybe_free(c);
 }
 
+/* CONNECTING: the attempt fails when it has taken the whole bound. */
+static void
+connect_deadline(struct ld_conn *c, uint64_t now)
+{
+    char why[128];
+    if (now - c->started_us < timeout_us(c)) {
+        arm_timer(c);
+        return;
+    }
+    if (c->tls) {
+        /* A port without TLS waits for a line that never comes. */
+        snprintf(why, sizeof(why),
+                 "TLS: connect or handshake timed out after %d ms",
+                 c->ctx->cfg->redis.timeout_ms);
+        log_tls_failure(c, why);
+    } else {
+        snprintf(why, sizeof(why), "connect timed out after %d ms",
+                 c->ctx->cfg->redis.timeout_ms);
+    }
+    conn_down(c, why);
+}
+
+/* Replies are owed: the connection is down when none came for the whole
+ * bound, unless its owner takes the stall over. */
+static void
+reply_deadline(struct ld_conn *c, uint64_t now)
+{
+    char why[128];
+    if (now - c->progress_us < timeout_us(c)) {
+        arm_timer(c);
+        return;
+    }
+    snprintf(why, sizeof(why), "timed out after %d ms",
+             c->ctx->cfg->redis.timeout_ms);
+    if (c->state == LD_CONN_READY && c->ops->on_stall != NULL &&
+        !(c->own_n > 0 && owed(c) == c->own_n)) {
+        /* The owner decides; the next call comes after another full
+         * bound. */
+        c->progress_us = now;
+        c->ops->on_stall(c, c->owner);
+        if (c->state != LD_CONN_DOWN && !c->free_pending) {
+            arm_timer(c);
+        }
+    } else {
+        conn_down(c, why);
+    }
+}
+
 static void
 timer_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -899,43 +969,11 @@ timer_cb(evutil_socket_t fd, short what, void *arg)
     LD_UNUSED(fd);
     LD_UNUSED(what);
     uint64_t now = ld_now_us();
-    char why[128];
     c->busy++;
     if (c->state == LD_CONN_CONNECTING) {
-        if (now - c->started_us >= timeout_us(c)) {
-            if (c->tls) {
-                /* A port without TLS waits for a line that never comes. */
-                snprintf(why, sizeof(why),
-                         "TLS: connect or handshake timed out after %d ms",
-                         c->ctx->cfg->redis.timeout_ms);
-                log_tls_failure(c, why);
-            } else {
-                snprintf(why, sizeof(why), "connect timed out after %d ms",
-                         c->ctx->cfg->redis.timeout_ms);
-            }
-            conn_down(c, why);
-        } else {
-            arm_timer(c);
-        }
+        connect_deadline(c, now);
     } else if (c->state != LD_CONN_DOWN && owed(c) > 0) {
-        if (now - c->progress_us >= timeout_us(c)) {
-            snprintf(why, sizeof(why), "timed out after %d ms",
-                     c->ctx->cfg->redis.timeout_ms);
-            if (c->state == LD_CONN_READY && c->ops->on_stall != NULL &&
-                !(c->own_n > 0 && owed(c) == c->own_n)) {
-                /* The owner decides; the next call comes after another
-                 * full bound. */
-                c->progress_us = now;
-                c->ops->on_stall(c, c->owner);
-                if (c->state != LD_CONN_DOWN && !c->free_pending) {
-                    arm_timer(c);
-                }
-            } else {
-                conn_down(c, why);
-            }
-        } else {
-            arm_timer(c);
-        }
+        reply_deadline(c, now);
     } else if (c->state == LD_CONN_READY) {
         if (now - c->last_io_us >= (uint64_t)c->ping_idle_ms * 1000) {
             send_ping(c);
@@ -946,6 +984,68 @@ timer_cb(evutil_socket_t fd, short what, void *arg)
     maybe_free(c);
 }
 
+/* C's address as a socket address in SS (SL bytes long); LD_ERR with
+ * the reason in WHY when it has none. */
+static int
+conn_resolve(const struct ld_conn *c, struct sockaddr_storage *ss,
+             socklen_t *sl, char *why, size_t whylen)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (c->addr.is_unix) {
+        struct sockaddr_un *sun = (struct sockaddr_un *)ss;
+        sun->sun_family = AF_UNIX;
+        size_t n = strlen(c->addr.host);
+        if (n >= sizeof(sun->sun_path)) {
+            snprintf(why, whylen, "socket path too long");
+            return LD_ERR;
+        }
+        memcpy(sun->sun_path, c->addr.host, n + 1);
+        *sl = sizeof(*sun);
+        return LD_OK;
+    }
+    struct evutil_addrinfo hints, *res = NULL;
+    char port[16];
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(port, sizeof(port), "%d", c->addr.port);
+    int rc = evutil_getaddrinfo(c->addr.host, port, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        snprintf(why, whylen, "%s", evutil_gai_strerror(rc));
+        return LD_ERR;
+    }
+    /* Prefer IPv4, where a default Redis listens for sure. */
+    struct evutil_addrinfo *pick = res;
+    for (struct evutil_addrinfo *a = res; a != NULL; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            pick = a;
+            break;
+        }
+    }
+    memcpy(ss, pick->ai_addr, pick->ai_addrlen);
+    *sl = (socklen_t)pick->ai_addrlen;
+    evutil_freeaddrinfo(res);
+    return LD_OK;
+}
+
+/* A new reader for the new transport. No reply of Redis to the daemon is
+ * larger than a value it takes from a client or may hand one: one request
+ * line, one client's unsent output. */
+static void
+conn_reader_reset(struct ld_conn *c)
+{
+    if (c->reader != NULL) {
+        redisReaderFree(c->reader);
+    }
+    const struct ld_config *cfg = c->ctx->cfg;
+    size_t max_value = (size_t)cfg->limits.max_request_bytes;
+    if ((size_t)cfg->limits.max_output_bytes > max_value) {
+        max_value = (size_t)cfg->limits.max_output_bytes;
+    }
+    ld_reader_bounds_init(&c->bounds, max_value);
+    c->reader = ld_reader_new(&c->bounds);
+}
+
 /* Resolve and connect; an error reported at once is a failed attempt
  * like any other. */
 static void
@@ -954,41 +1054,9 @@ conn_connect(struct ld_conn *c)
     struct sockaddr_storage ss;
     socklen_t sl = 0;
     char why[192];
-    memset(&ss, 0, sizeof(ss));
-    if (c->addr.is_unix) {
-        struct sockaddr_un *sun = (struct sockaddr_un *)&ss;
-        sun->sun_family = AF_UNIX;
-        size_t n = strlen(c->addr.host);
-        if (n >= sizeof(sun->sun_path)) {
-            conn_down(c, "socket path too long");
-            return;
-        }
-        memcpy(sun->sun_path, c->addr.host, n + 1);
-        sl = sizeof(*sun);
-    } else {
-        struct evutil_addrinfo hints, *res = NULL;
-        char port[16];
-        memset(&hints, 0, sizeof(hints));
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        snprintf(port, sizeof(port), "%d", c->addr.port);
-        int rc = evutil_getaddrinfo(c->addr.host, port, &hints, &res);
-        if (rc != 0 || res == NULL) {
-            snprintf(why, sizeof(why), "%s", evutil_gai_strerror(rc));
-            conn_down(c, why);
-            return;
-        }
-        /* Prefer IPv4, where a default Redis listens for sure. */
-        struct evutil_addrinfo *pick = res;
-        for (struct evutil_addrinfo *a = res; a != NULL; a = a->ai_next) {
-            if (a->ai_family == AF_INET) {
-                pick = a;
-                break;
-            }
-        }
-        memcpy(&ss, pick->ai_addr, pick->ai_addrlen);
-        sl = (socklen_t)pick->ai_addrlen;
-        evutil_freeaddrinfo(res);
+    if (conn_resolve(c, &ss, &sl, why, sizeof(why)) != LD_OK) {
+        conn_down(c, why);
+        return;
     }
     c->bev = transport_new(c, why, sizeof(why));
     if (c->bev == NULL) {
@@ -998,20 +1066,8 @@ conn_connect(struct ld_conn *c)
     }
     bufferevent_setcb(c->bev, NULL, NULL, event_cb, c);
     bufferevent_enable(c->bev, EV_WRITE);
-    if (c->reader != NULL) {
-        redisReaderFree(c->reader);
-    }
-    /* No reply of Redis to the daemon is larger than a value it takes
-     * from a client or may hand one: one request line, one client's
-     * unsent output. */
-    const struct ld_config *cfg = c->ctx->cfg;
-    size_t max_value = (size_t)cfg->limits.max_request_bytes;
-    if ((size_t)cfg->limits.max_output_bytes > max_value) {
-        max_value = (size_t)cfg->limits.max_output_bytes;
-    }
-    ld_reader_bounds_init(&c->bounds, max_value);
-    c->reader = ld_reader_new(&c->bounds);
-    c->id = ++next_conn_id;
+    conn_reader_reset(c);
+    c->id = ++conn_mod.next_id;
     c->state = LD_CONN_CONNECTING;
     c->started_us = ld_now_us();
     c->n_sent = c->n_recv = 0;
@@ -1078,7 +1134,7 @@ ld_conn_new(const struct ld_ctx *ctx, const struct ld_conn_addr *addr,
     c->flush_ev = event_new(ctx->base, -1, 0, flush_cb, c);
     if (c->retry_ev == NULL || c->timer_ev == NULL || c->read_ev == NULL ||
         c->flush_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("event_new");
     }
     return c;
 }

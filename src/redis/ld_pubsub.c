@@ -28,6 +28,10 @@
  * channel lives on one backend; the same name on two backends is two
  * channels. A group subscription (ld_pubsub_subscribe_group) holds one
  * member subscription per backend and folds their events into one.
+ *
+ * It owns the subscriber connections and the channel table; it must not send
+ * on the command connections (ld_redis), nor know what a channel means to
+ * those who listen.
  */
 #include "ld_pubsub.h"
 
@@ -534,6 +538,46 @@ push_error(struct shard *sh, const redisReply *reply)
     ld_redis_cluster_refresh();
 }
 
+/* SH confirmed its SUBSCRIBE of CH. */
+static void
+on_subscribed(struct shard *sh, struct chan *ch)
+{
+    if (ch->state != CH_SUBSCRIBING || ch->sh != sh) {
+        return;
+    }
+    ch->state = CH_SUBSCRIBED;
+    if (ch->n_subs == 0) {
+        chan_want(ch);
+    } else {
+        deliver(ch, LD_PUBSUB_SUBSCRIBED, NULL, 0);
+    }
+}
+
+/* SH no longer holds CH: as asked, or the server dropped it. */
+static void
+on_unsubscribed(struct shard *sh, struct chan *ch)
+{
+    if (ch->state == CH_UNSUBSCRIBING && ch->sh == sh) {
+        ch->state = CH_IDLE;
+        ch->sh = NULL;
+        if (ch->n_subs == 0) {
+            chan_free(ch);
+        } else {
+            chan_want(ch);
+        }
+    } else if (ch->state == CH_SUBSCRIBED && ch->sh == sh) {
+        /* Unasked: the master gave the channel's slot away. */
+        ch->state = CH_IDLE;
+        ch->sh = NULL;
+        pubsub_mod.orphans = true;
+        log_info("redis subscriber channel dropped by the server "
+                 "address=%s; subscribing where its slot is now",
+                 sh->address);
+        deliver(ch, LD_PUBSUB_LOST, NULL, 0);
+        ld_redis_cluster_refresh();
+    }
+}
+
 static void
 push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
@@ -565,34 +609,9 @@ push_cb(struct ld_conn *conn, redisReply *reply, void *owner)
             deliver(ch, LD_PUBSUB_MESSAGE, m->str, m->len);
         }
     } else if (strcmp(kind, "subscribe") == 0) {
-        if (ch->state == CH_SUBSCRIBING && ch->sh == sh) {
-            ch->state = CH_SUBSCRIBED;
-            if (ch->n_subs == 0) {
-                chan_want(ch);
-            } else {
-                deliver(ch, LD_PUBSUB_SUBSCRIBED, NULL, 0);
-            }
-        }
+        on_subscribed(sh, ch);
     } else if (strcmp(kind, "unsubscribe") == 0) {
-        if (ch->state == CH_UNSUBSCRIBING && ch->sh == sh) {
-            ch->state = CH_IDLE;
-            ch->sh = NULL;
-            if (ch->n_subs == 0) {
-                chan_free(ch);
-            } else {
-                chan_want(ch);
-            }
-        } else if (ch->state == CH_SUBSCRIBED && ch->sh == sh) {
-            /* Unasked: the master gave the channel's slot away. */
-            ch->state = CH_IDLE;
-            ch->sh = NULL;
-            pubsub_mod.orphans = true;
-            log_info("redis subscriber channel dropped by the server "
-                     "address=%s; subscribing where its slot is now",
-                     sh->address);
-            deliver(ch, LD_PUBSUB_LOST, NULL, 0);
-            ld_redis_cluster_refresh();
-        }
+        on_unsubscribed(sh, ch);
     }
 }
 

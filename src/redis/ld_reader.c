@@ -3,6 +3,8 @@
  * of its own, but it builds every value through a table of functions: the
  * table here checks each value against the bounds before the default one
  * builds it, and a refusal (NULL) makes the reader fail.
+ *
+ * It owns the bounds only; the reader and its replies are hiredis'.
  */
 #include "ld_reader.h"
 
@@ -16,7 +18,9 @@
 
 /* hiredis' own functions, behind the table every reader of the daemon
  * uses. */
-static redisReplyObjectFunctions *base_fns;
+static struct {
+    redisReplyObjectFunctions *base_fns;
+} reader_mod;
 
 /* What one value costs beyond its bytes: the reply struct and its
  * place in the parent's array. */
@@ -159,7 +163,7 @@ bounded_nil(const redisReadTask *t)
 static void
 bounded_free(void *obj)
 {
-    base_fns->freeObject(obj);
+    reader_mod.base_fns->freeObject(obj);
 }
 
 static redisReplyObjectFunctions bounded_fns = {
@@ -187,10 +191,10 @@ ld_reader_new(struct ld_reader_bounds *b)
 {
     redisReader *r = redisReaderCreate();
     if (r == NULL) {
-        ld_oom(0);
+        ld_oom_in("redisReaderCreate");
     }
-    if (base_fns == NULL) {
-        base_fns = r->fn;
+    if (reader_mod.base_fns == NULL) {
+        reader_mod.base_fns = r->fn;
     }
     r->fn = &bounded_fns;
     r->privdata = b;

@@ -37,6 +37,42 @@
  *      call that issued them.
  *
  * See also "HOW A REQUEST REACHES REDIS" in leased(8).
+ *
+ * The states of a command (struct rcmd; its one link puts it on one list
+ * at a time):
+ *   ISSUED   route_cmd picks a node and a connection of it.
+ *            -> SENT     a connection is ready (or the command is pinned
+ *                        to one): formatted, on that connection's FIFO;
+ *                        a batchable script is first held in the
+ *                        connection's batch (ld_redis_batch.c) until the
+ *                        turn ends or the batch is full;
+ *            -> WAITING  none is ready but one is on its way;
+ *            -> FAILED   Redis counts as down, the wait queue is full,
+ *                        the pin is gone.
+ *   WAITING  on the node's wait queue (cmd->waiting), in issue order.
+ *            -> ISSUED   a connection became ready or an attempt failed
+ *                        (redis_waiting_retry);
+ *            -> FAILED   redis.timeout_ms from the issue ran out.
+ *   SENT     on conn->sent until its reply, which pops the FIFO's head.
+ *            -> ANSWERED the reply came: the callback runs (ANSWERED);
+ *            -> ISSUED   cluster: MOVED or ASK sends it again; TRYAGAIN
+ *                        or CLUSTERDOWN after a backoff (ld_cluster.c);
+ *            -> SENT     NOSCRIPT: sent again as EVAL, on the same
+ *                        connection;
+ *            -> UNKNOWN  its own timeout_ms, or the connection was set
+ *                        aside: the callback hears UNKNOWN (answered),
+ *                        the record stays on the FIFO (of the drain
+ *                        record, when set aside) for the late reply;
+ *            -> ANSWERED the connection went down: UNKNOWN, or LOST
+ *                        after an UNKNOWN (redis_fail_sent).
+ *   UNKNOWN  answered, still owed a reply: with LD_REDIS_F_LATE the
+ *            callback runs once more, LATE with the reply or LOST.
+ *   FAILED   on redis_mod.failed, answered (NOT_SENT) from the loop.
+ *   ANSWERED freed, or kept as a spare record (redis_rcmd_free).
+ *
+ * It owns the command records, their queues and their outcomes; the
+ * connections are ld_redis_slot.c's and the slot map ld_cluster.c's, and no
+ * caller above ever sees a connection of it.
  */
 #include "ld_redis.h"
 #include "ld_redis_int.h"
@@ -98,24 +134,32 @@ struct cb_context {
     const char *reason;
     uint64_t conn_id;
 };
-static struct cb_context CUR = {LD_REDIS_ANSWERED, "", 0};
+
+/* ld_redis.c's own state beside redis_mod (which ld_redis_init clears):
+ * what the running callback is told, and the spare command records. */
+#define CMD_SPARE 128
+static struct {
+    struct cb_context cur;
+    struct rcmd *spare[CMD_SPARE];
+    int n_spare;
+} cmd_mod = {{LD_REDIS_ANSWERED, "", 0}, {NULL}, 0};
 
 enum ld_redis_outcome
 ld_redis_outcome(void)
 {
-    return CUR.outcome;
+    return cmd_mod.cur.outcome;
 }
 
 const char *
 ld_redis_failure_reason(void)
 {
-    return CUR.reason;
+    return cmd_mod.cur.reason;
 }
 
 uint64_t
 ld_redis_conn_id(void)
 {
-    return CUR.conn_id;
+    return cmd_mod.cur.conn_id;
 }
 
 void
@@ -130,12 +174,12 @@ redis_call_cb(struct rcmd *cmd, redisReply *reply,
                  (int)reply->len, reply->str);
         reason = buf;
     }
-    struct cb_context saved = CUR;
-    CUR.outcome = outcome;
-    CUR.reason = reason != NULL ? reason : "";
-    CUR.conn_id = conn_id;
+    struct cb_context saved = cmd_mod.cur;
+    cmd_mod.cur.outcome = outcome;
+    cmd_mod.cur.reason = reason != NULL ? reason : "";
+    cmd_mod.cur.conn_id = conn_id;
     cmd->cb(reply, cmd->arg);
-    CUR = saved;
+    cmd_mod.cur = saved;
 }
 
 bool
@@ -297,6 +341,9 @@ ready_changed(struct rconn *c, bool ready)
     /* An instance is up while any of its nodes is. */
     bool inst_was = ld_redis_instance_ready(n->instance);
     n->n_ready += ready ? 1 : -1;
+    LD_ASSERTF(n->n_ready >= 0 && n->n_ready <= n->n_conns,
+               "ready connections of %s: %d of %d", n->address, n->n_ready,
+               n->n_conns);
     bool inst_is = ld_redis_instance_ready(n->instance);
     if (n->instance == 0) {
         ld_stats.redis_connected += ready ? 1 : -1;
@@ -346,18 +393,15 @@ redis_cmd_x(struct rcmd *cmd)
     return cmd->x;
 }
 
-/* Records of ended commands, kept for the next ones: a request's
- * command would otherwise cost a calloc and a free. Bounded, so that a
- * burst does not keep its peak. */
-#define CMD_SPARE 128
-static struct rcmd *cmd_spare[CMD_SPARE];
-static int n_cmd_spare;
+/* Records of ended commands are kept for the next ones (cmd_mod.spare):
+ * a request's command would otherwise cost a calloc and a free. Bounded,
+ * so that a burst does not keep its peak. */
 
 struct rcmd *
 redis_cmd_new(void)
 {
-    if (n_cmd_spare > 0) {
-        struct rcmd *cmd = cmd_spare[--n_cmd_spare];
+    if (cmd_mod.n_spare > 0) {
+        struct rcmd *cmd = cmd_mod.spare[--cmd_mod.n_spare];
         memset(cmd, 0, offsetof(struct rcmd, keep));
         return cmd;
     }
@@ -367,6 +411,7 @@ redis_cmd_new(void)
 void
 redis_rcmd_free(struct rcmd *cmd)
 {
+    LD_ASSERT(!cmd->waiting);
     if (redis_batch_owns(cmd)) {
         redis_batch_release(cmd);
     }
@@ -380,8 +425,8 @@ redis_rcmd_free(struct rcmd *cmd)
         }
         free(cmd->x);
     }
-    if (n_cmd_spare < CMD_SPARE) {
-        cmd_spare[n_cmd_spare++] = cmd;
+    if (cmd_mod.n_spare < CMD_SPARE) {
+        cmd_mod.spare[cmd_mod.n_spare++] = cmd;
     } else {
         free(cmd);
     }
@@ -392,6 +437,8 @@ redis_rcmd_free(struct rcmd *cmd)
 static void
 fail_later(struct rcmd *cmd, enum ld_redis_outcome outcome, const char *reason)
 {
+    /* One link: a command is on one list at a time. */
+    LD_ASSERT(!cmd->waiting);
     cmd->fail_outcome = outcome;
     free(cmd->fail_reason);
     cmd->fail_reason = ld_xstrdup(reason);
@@ -433,6 +480,7 @@ redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc, const char **argv,
     if (ld_conn_send(c->conn, argc, argv, argvlen) != LD_OK) {
         return LD_ERR;
     }
+    LD_ASSERT(!cmd->waiting);
     cmd->conn = c;
     cmd->sent_us = ld_now_us();
     TAILQ_INSERT_TAIL(&c->sent, cmd, link);
@@ -453,6 +501,45 @@ drained_check(struct rconn *c)
     }
 }
 
+/* The round trip of CMD, answered now, in the smoothed RTT and its
+ * histogram. */
+static void
+note_rtt(const struct rcmd *cmd)
+{
+    double sample = (double)(ld_now_us() - cmd->sent_us);
+    double rtt = redis_mod.rtt_us;
+    redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
+    ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
+    ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
+}
+
+/* Whether REPLY says CMD did not run and sends it again: a cluster
+ * redirection, or NOSCRIPT. */
+static bool
+sent_again(struct rconn *c, struct rcmd *cmd, const redisReply *reply)
+{
+    if (redis_mod.cluster && reply->type == REDIS_REPLY_ERROR &&
+        !cmd->answered && cmd->instance == 0 &&
+        redis_cluster_redirect(cmd, reply)) {
+        /* Sent again elsewhere, or later: nothing ran here. */
+        drained_check(c);
+        return true;
+    }
+    if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
+        !cmd->answered && !cmd->noscript &&
+        (c->state == CONN_READY || (c->draining && !c->closing))) {
+        /* The script cache was flushed under us (SCRIPT FLUSH, or a
+         * restart we did not notice): EVAL carries the body and reloads
+         * it, so the caller never sees the difference. */
+        ld_stats.redis_noscript++;
+        cmd->noscript = true;
+        resend_as_eval(c, cmd);
+        reload_scripts(c);
+        return true;
+    }
+    return false;
+}
+
 void
 redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
 {
@@ -465,34 +552,14 @@ redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner)
         return;
     }
     TAILQ_REMOVE(&c->sent, cmd, link);
-    double sample = (double)(ld_now_us() - cmd->sent_us);
-    double rtt = redis_mod.rtt_us;
-    redis_mod.rtt_us = rtt == 0 ? sample : rtt * 0.875 + sample * 0.125;
-    ld_stats.redis_rtt_us = (long long)redis_mod.rtt_us;
-    ld_stats_observe(LD_HISTO_REDIS_RTT, (uint64_t)sample);
+    note_rtt(cmd);
 
     if (cmd->internal) {
         redis_handshake_reply(c, reply, cmd);
         redis_rcmd_free(cmd);
         return;
     }
-    if (redis_mod.cluster && reply->type == REDIS_REPLY_ERROR &&
-        !cmd->answered && cmd->instance == 0 &&
-        redis_cluster_redirect(cmd, reply)) {
-        /* Sent again elsewhere, or later: nothing ran here. */
-        drained_check(c);
-        return;
-    }
-    if (cmd->script >= 0 && ld_reply_is_error(reply, "NOSCRIPT") &&
-        !cmd->answered && !cmd->noscript &&
-        (c->state == CONN_READY || (c->draining && !c->closing))) {
-        /* The script cache was flushed under us (SCRIPT FLUSH, or a
-         * restart we did not notice): EVAL carries the body and reloads
-         * it, so the caller never sees the difference. */
-        ld_stats.redis_noscript++;
-        cmd->noscript = true;
-        resend_as_eval(c, cmd);
-        reload_scripts(c);
+    if (sent_again(c, cmd, reply)) {
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR &&
@@ -618,47 +685,38 @@ pick_node(const struct rcmd *cmd)
     return main_node();
 }
 
-/* Where a command goes; NULL with *WHY set when nowhere. *MAY_WAIT
- * tells whether it may wait for a connection being established. */
+/* The connection PIN names (a command that must follow an earlier one
+ * on it), if it is still up: connection ids are unique over every node,
+ * and a connection set aside still carries what is pinned to it. */
 static struct rconn *
-pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
-          char *why, size_t whylen, bool *may_wait)
+pinned_conn(uint64_t pin)
 {
-    *may_wait = false;
-    if (o != NULL && o->pin != 0) {
-        /* Connection ids are unique over every node. */
-        for (int k = 0; k < redis_mod.n_nodes; k++) {
-            struct rnode *n = redis_mod.nodes[k];
-            for (int i = 0; i < n->n_conns + n->n_lock; i++) {
-                struct rconn *c = &n->conns[i];
-                if (c->id == o->pin && c->state == CONN_READY) {
-                    return c;
-                }
+    for (int k = 0; k < redis_mod.n_nodes; k++) {
+        struct rnode *n = redis_mod.nodes[k];
+        for (int i = 0; i < n->n_conns + n->n_lock; i++) {
+            struct rconn *c = &n->conns[i];
+            if (c->id == pin && c->state == CONN_READY) {
+                return c;
             }
         }
-        struct rconn *d;
-        LIST_FOREACH(d, &redis_mod.draining, dlink)
-        {
-            if (d->id == o->pin && d->conn != NULL && !d->closing) {
-                return d;
-            }
+    }
+    struct rconn *d;
+    LIST_FOREACH(d, &redis_mod.draining, dlink)
+    {
+        if (d->id == pin && d->conn != NULL && !d->closing) {
+            return d;
         }
-        snprintf(why, whylen,
-                 "the connection of the earlier command is "
-                 "gone");
-        return NULL;
     }
-    if (node == NULL) {
-        snprintf(why, whylen, "no redis instance %d",
-                 o != NULL ? o->instance : 0);
-        return NULL;
-    }
-    if (node->n_conns == 0) {
-        /* The queue of cluster commands awaiting a slot map. */
-        *may_wait = true;
-        snprintf(why, whylen, "no master known for the slot");
-        return NULL;
-    }
+    return NULL;
+}
+
+/* The ready connection of NODE's pool (O's) that HASH picks, or the next
+ * ready one after it; NULL when none is, *PENDING telling whether one is
+ * on its way. */
+static struct rconn *
+pool_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
+          bool *pending)
+{
     int base = 0, n = node->n_conns;
     if (o != NULL && o->pool == LD_REDIS_POOL_LOCK) {
         if (node->n_lock == 0) {
@@ -672,7 +730,7 @@ pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
         }
     }
     int start = (int)(hash % (uint64_t)n);
-    bool pending = false;
+    *pending = false;
     for (int i = 0; i < n; i++) {
         struct rconn *c = &node->conns[base + (start + i) % n];
         if (c->state == CONN_READY) {
@@ -680,8 +738,43 @@ pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
         }
         if (c->state == CONN_HANDSHAKE ||
             ld_conn_state(c->conn) != LD_CONN_DOWN) {
-            pending = true;
+            *pending = true;
         }
+    }
+    return NULL;
+}
+
+/* Where a command goes; NULL with *WHY set when nowhere. *MAY_WAIT
+ * tells whether it may wait for a connection being established. */
+static struct rconn *
+pick_conn(struct rnode *node, const struct ld_redis_opts *o, uint64_t hash,
+          char *why, size_t whylen, bool *may_wait)
+{
+    *may_wait = false;
+    if (o != NULL && o->pin != 0) {
+        struct rconn *c = pinned_conn(o->pin);
+        if (c == NULL) {
+            snprintf(why, whylen,
+                     "the connection of the earlier command is "
+                     "gone");
+        }
+        return c;
+    }
+    if (node == NULL) {
+        snprintf(why, whylen, "no redis instance %d",
+                 o != NULL ? o->instance : 0);
+        return NULL;
+    }
+    if (node->n_conns == 0) {
+        /* The queue of cluster commands awaiting a slot map. */
+        *may_wait = true;
+        snprintf(why, whylen, "no master known for the slot");
+        return NULL;
+    }
+    bool pending;
+    struct rconn *c = pool_conn(node, o, hash, &pending);
+    if (c != NULL) {
+        return c;
     }
     /* A connection on its way may be ready in a moment; a Redis whose
      * last attempt failed is down, and saying so at once beats making
@@ -761,8 +854,7 @@ wait_arm(struct rnode *n, uint64_t until)
     }
     uint64_t now = ld_now_us();
     uint64_t wait = until > now ? until - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     n->wait_at_us = until;
     event_add(n->wait_ev, &tv);
 }
@@ -827,16 +919,60 @@ redis_timeout_arm(struct rcmd *cmd)
     if (x->timeout_ev == NULL) {
         x->timeout_ev = evtimer_new(redis_mod.ctx->base, cmd_timeout_cb, cmd);
         if (x->timeout_ev == NULL) {
-            ld_oom(0);
+            ld_oom_in("evtimer_new");
         }
     }
     /* From the issue, like the wait for a connection. */
     uint64_t now = ld_now_us();
     uint64_t end = cmd->wait_until_us;
     uint64_t wait = end > now ? end - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     event_add(x->timeout_ev, &tv);
+}
+
+/* CMD goes out on C now (or in C's batch of this turn). */
+static void
+send_on(struct rconn *c, struct rcmd *cmd, const struct ld_redis_opts *opts,
+        int argc, const char **argv, const size_t *argvlen)
+{
+    int rc;
+    if (cmd->x != NULL && cmd->x->asking) {
+        send_asking(c);
+    }
+    if (cmd->script >= 0) {
+        rc = redis_batch_add(c, cmd, opts != NULL ? opts->pin : 0)
+                 ? LD_OK
+                 : redis_send_script(c, cmd);
+    } else if (argv != NULL) {
+        rc = redis_send_argv(c, cmd, argc, argv, argvlen);
+    } else {
+        rc = redis_send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
+                             cmd->argvlen);
+    }
+    if (rc != LD_OK) {
+        fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
+    } else {
+        redis_timeout_arm(cmd);
+    }
+}
+
+/* CMD waits on NODE's queue for a connection on its way. */
+static void
+wait_on(struct rnode *node, struct rcmd *cmd, const struct ld_redis_opts *opts)
+{
+    if (cmd->wait_until_us == 0) {
+        /* The clock runs from the issue, not from the latest retry. */
+        uint64_t from = cmd->x != NULL && cmd->x->issued_us != 0
+                            ? cmd->x->issued_us
+                            : ld_now_us();
+        cmd->wait_until_us = from + (uint64_t)cmd_timeout_ms(cmd) * 1000;
+    }
+    cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
+    LD_ASSERT(!cmd->waiting);
+    cmd->waiting = true;
+    TAILQ_INSERT_TAIL(&node->waiting, cmd, link);
+    node->n_waiting++;
+    wait_arm(node, cmd->wait_until_us);
 }
 
 /* Send CMD, let it wait for a connection being established, or answer it
@@ -855,25 +991,7 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
                              (uint64_t)cmd_timeout_ms(cmd) * 1000;
     }
     if (c != NULL) {
-        int rc;
-        if (cmd->x != NULL && cmd->x->asking) {
-            send_asking(c);
-        }
-        if (cmd->script >= 0) {
-            rc = redis_batch_add(c, cmd, opts != NULL ? opts->pin : 0)
-                     ? LD_OK
-                     : redis_send_script(c, cmd);
-        } else if (argv != NULL) {
-            rc = redis_send_argv(c, cmd, argc, argv, argvlen);
-        } else {
-            rc = redis_send_argv(c, cmd, cmd->argc, (const char **)cmd->argv,
-                                 cmd->argvlen);
-        }
-        if (rc != LD_OK) {
-            fail_later(cmd, LD_REDIS_NOT_SENT, "could not queue the command");
-        } else {
-            redis_timeout_arm(cmd);
-        }
+        send_on(c, cmd, opts, argc, argv, argvlen);
         return;
     }
     if (!may_wait || node->n_waiting >= MAX_WAITING) {
@@ -885,18 +1003,7 @@ route_cmd(struct rcmd *cmd, const struct ld_redis_opts *opts, int argc,
         fail_later(cmd, LD_REDIS_NOT_SENT, "out of memory");
         return;
     }
-    if (cmd->wait_until_us == 0) {
-        /* The clock runs from the issue, not from the latest retry. */
-        uint64_t from = cmd->x != NULL && cmd->x->issued_us != 0
-                            ? cmd->x->issued_us
-                            : ld_now_us();
-        cmd->wait_until_us = from + (uint64_t)cmd_timeout_ms(cmd) * 1000;
-    }
-    cmd->pool = opts != NULL ? opts->pool : LD_REDIS_POOL_SHARED;
-    cmd->waiting = true;
-    TAILQ_INSERT_TAIL(&node->waiting, cmd, link);
-    node->n_waiting++;
-    wait_arm(node, cmd->wait_until_us);
+    wait_on(node, cmd, opts);
 }
 
 /* Send CMD again from its kept arguments (a redirection, a retry). */
@@ -966,6 +1073,7 @@ wait_cb(evutil_socket_t fd, short what, void *arg)
             }
             continue;
         }
+        LD_ASSERT(cmd->waiting && n->n_waiting > 0);
         TAILQ_REMOVE(&n->waiting, cmd, link);
         n->n_waiting--;
         cmd->waiting = false;
@@ -1161,7 +1269,7 @@ redis_node_new(int instance, const struct ld_conn_addr *addr, const char *text)
     TAILQ_INIT(&n->waiting);
     n->wait_ev = evtimer_new(redis_mod.ctx->base, wait_cb, n);
     if (n->wait_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     if (instance < 0) {
         return n;
@@ -1378,8 +1486,8 @@ ld_redis_free(void)
         ld_defer_free(&redis_mod.fail_defer);
     }
     redis_batch_free();
-    while (n_cmd_spare > 0) {
-        free(cmd_spare[--n_cmd_spare]);
+    while (cmd_mod.n_spare > 0) {
+        free(cmd_mod.spare[--cmd_mod.n_spare]);
     }
     redis_mod.started = false;
 }

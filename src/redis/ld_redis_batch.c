@@ -33,6 +33,9 @@
  * lock.wait_replicas, and cluster mode (the keys of one EVALSHA must share
  * a slot; items go one by one there). Redlock's instances batch per
  * instance, as each is a node of its own.
+ *
+ * It owns the held batches; it must not change the order of what one
+ * connection sends (what was issued before a batch goes before it).
  */
 #include "ld_redis.h"
 #include "ld_redis_int.h"
@@ -58,7 +61,7 @@ struct rbatch {
     struct rcmd **items;
     int n, cap;
     size_t bytes;
-    bool held; /* on bm.held this turn */
+    bool held; /* on batch_mod.held this turn */
 };
 
 static struct {
@@ -67,7 +70,7 @@ static struct {
     struct rconn **held; /* connections holding a batch this turn */
     int n_held, cap_held;
     long long pending; /* items held, not sent yet */
-} bm;
+} batch_mod;
 
 /* KEYS and ARGV of the items are two tables reused from item to item
  * (entries past the item's count cleared): a new pair per item costs
@@ -127,7 +130,7 @@ build_body(void)
 const char *
 redis_batch_body(void)
 {
-    return bm.body;
+    return batch_mod.body;
 }
 
 static void flush_all(void *arg);
@@ -135,25 +138,25 @@ static void flush_all(void *arg);
 int
 redis_batch_init(void)
 {
-    memset(&bm, 0, sizeof(bm));
-    bm.body = build_body();
-    ld_defer_init(&bm.defer, redis_mod.ctx->base, flush_all, NULL);
+    memset(&batch_mod, 0, sizeof(batch_mod));
+    batch_mod.body = build_body();
+    ld_defer_init(&batch_mod.defer, redis_mod.ctx->base, flush_all, NULL);
     return LD_OK;
 }
 
 void
 redis_batch_free(void)
 {
-    ld_defer_free(&bm.defer);
-    free(bm.held);
-    free(bm.body);
-    memset(&bm, 0, sizeof(bm));
+    ld_defer_free(&batch_mod.defer);
+    free(batch_mod.held);
+    free(batch_mod.body);
+    memset(&batch_mod, 0, sizeof(batch_mod));
 }
 
 long long
 redis_batch_pending(void)
 {
-    return bm.pending;
+    return batch_mod.pending;
 }
 
 static void batch_cb(redisReply *reply, void *arg);
@@ -215,13 +218,16 @@ redis_batch_add(struct rconn *c, struct rcmd *cmd, uint64_t pin)
     }
     if (!b->held) {
         b->held = true;
-        if (bm.n_held == bm.cap_held) {
-            bm.cap_held = bm.cap_held == 0 ? 16 : 2 * bm.cap_held;
-            bm.held = ld_xrealloc(bm.held,
-                                  sizeof(*bm.held) * (size_t)bm.cap_held);
+        if (batch_mod.n_held == batch_mod.cap_held) {
+            batch_mod.cap_held = batch_mod.cap_held == 0
+                                     ? 16
+                                     : 2 * batch_mod.cap_held;
+            batch_mod.held = ld_xrealloc(batch_mod.held,
+                                         sizeof(*batch_mod.held) *
+                                             (size_t)batch_mod.cap_held);
         }
-        bm.held[bm.n_held++] = c;
-        ld_defer_kick(&bm.defer);
+        batch_mod.held[batch_mod.n_held++] = c;
+        ld_defer_kick(&batch_mod.defer);
     }
     if (b->n == b->cap) {
         b->cap = b->cap == 0 ? 8 : 2 * b->cap;
@@ -229,7 +235,7 @@ redis_batch_add(struct rconn *c, struct rcmd *cmd, uint64_t pin)
     }
     b->items[b->n++] = cmd;
     b->bytes += item_bytes(cmd);
-    bm.pending++;
+    batch_mod.pending++;
     cmd->conn = c; /* for a timeout of its own (redis_timeout_arm) */
     if (b->n >= max || b->bytes >= BATCH_MAX_BYTES) {
         redis_batch_flush_conn(c);
@@ -241,9 +247,9 @@ void
 redis_batch_drop(struct rconn *c, const char *why)
 {
     /* C's memory is going: no entry of the held list may point at it. */
-    for (int i = 0; i < bm.n_held; i++) {
-        if (bm.held[i] == c) {
-            bm.held[i] = NULL;
+    for (int i = 0; i < batch_mod.n_held; i++) {
+        if (batch_mod.held[i] == c) {
+            batch_mod.held[i] = NULL;
         }
     }
     struct rbatch *b = c->batch;
@@ -251,7 +257,7 @@ redis_batch_drop(struct rconn *c, const char *why)
         return;
     }
     c->batch = NULL;
-    bm.pending -= b->n;
+    batch_mod.pending -= b->n;
     for (int i = 0; i < b->n; i++) {
         b->items[i]->conn = NULL;
         redis_fail_later(b->items[i], LD_REDIS_NOT_SENT, why);
@@ -270,46 +276,31 @@ item_nkeys(const struct rcmd *it)
     return nk;
 }
 
-/* The arguments of the batch, kept on its command in the layout of
- * the kept arguments of a script (for a NOSCRIPT): the key count, every item's keys,
- * the header, every item's arguments. The header is one string of three
- * bytes per item (script, key count, argument count), which the script
- * reads with one string.byte per item. */
-static struct rcmd *
-batch_cmd(struct rbatch *b)
+/* The batch's key and argument counts over every item, and the bytes
+ * of the items' arguments (with their NULs) beyond the scripts' names. */
+static size_t
+batch_counts(const struct rbatch *b, int *nk_all, int *na_all)
 {
-    int nk_all = 0, na_all = 0;
     size_t bytes = 0;
+    *nk_all = 0;
+    *na_all = 0;
     for (int i = 0; i < b->n; i++) {
         const struct rcmd *it = b->items[i];
         int nk = item_nkeys(it);
-        nk_all += nk;
-        na_all += it->argc - 1 - nk;
+        *nk_all += nk;
+        *na_all += it->argc - 1 - nk;
         bytes += b->items[i]->argc + item_bytes(it) - it->argvlen[0];
     }
-    char nks[LD_LL_STR_MAX];
-    size_t nks_len = ld_ll_to_str(nks, nk_all);
-    int argc = 1 + nk_all + 1 + na_all;
-    size_t hlen = 3 * (size_t)b->n;
-    bytes += nks_len + 1 + hlen + 1;
-    size_t head = (sizeof(char *) + sizeof(size_t)) * (size_t)argc;
-    char *block = malloc(head + bytes);
-    if (block == NULL) {
-        return NULL;
-    }
-    char **av = (char **)block;
-    size_t *al = (size_t *)(block + sizeof(char *) * (size_t)argc);
-    char *p = block + head;
-    int k = 1, a = 1 + nk_all + 1;
-    memcpy(p, nks, nks_len + 1);
-    av[0] = p;
-    al[0] = nks_len;
-    p += nks_len + 1;
-    char *hdr = p;
-    av[1 + nk_all] = hdr;
-    al[1 + nk_all] = hlen;
-    p += hlen + 1;
-    hdr[hlen] = '\0';
+    return bytes;
+}
+
+/* Every item's header bytes into HDR, and its keys (from AV[1]) and
+ * arguments (from AV[A]) copied from P on. */
+static void
+batch_fill(const struct rbatch *b, char **av, size_t *al, char *hdr, char *p,
+           int a)
+{
+    int k = 1;
     for (int i = 0; i < b->n; i++) {
         const struct rcmd *it = b->items[i];
         int nk = item_nkeys(it);
@@ -324,6 +315,42 @@ batch_cmd(struct rbatch *b)
             p += it->argvlen[j] + 1;
         }
     }
+}
+
+/* The arguments of the batch, kept on its command in the layout of
+ * the kept arguments of a script (for a NOSCRIPT): the key count, every
+ * item's keys, the header, every item's arguments. The header is one
+ * string of three bytes per item (script, key count, argument count),
+ * which the script reads with one string.byte per item. */
+static struct rcmd *
+batch_cmd(struct rbatch *b)
+{
+    int nk_all, na_all;
+    size_t bytes = batch_counts(b, &nk_all, &na_all);
+    char nks[LD_LL_STR_MAX];
+    size_t nks_len = ld_ll_to_str(nks, nk_all);
+    int argc = 1 + nk_all + 1 + na_all;
+    size_t hlen = 3 * (size_t)b->n;
+    bytes += nks_len + 1 + hlen + 1;
+    size_t head = (sizeof(char *) + sizeof(size_t)) * (size_t)argc;
+    char *block = malloc(head + bytes);
+    if (block == NULL) {
+        return NULL;
+    }
+    char **av = (char **)block;
+    size_t *al = (size_t *)(block + sizeof(char *) * (size_t)argc);
+    char *p = block + head;
+    memcpy(p, nks, nks_len + 1);
+    av[0] = p;
+    al[0] = nks_len;
+    p += nks_len + 1;
+    char *hdr = p;
+    av[1 + nk_all] = hdr;
+    al[1 + nk_all] = hlen;
+    p += hlen + 1;
+    hdr[hlen] = '\0';
+    batch_fill(b, av, al, hdr, p, 1 + nk_all + 1);
+
     struct rcmd *cmd = redis_cmd_new();
     cmd->cb = batch_cb;
     cmd->arg = b;
@@ -355,7 +382,7 @@ redis_batch_flush_conn(struct rconn *c)
         return;
     }
     int n = h->n;
-    bm.pending -= n;
+    batch_mod.pending -= n;
     h->n = 0;
     h->bytes = 0;
     if (c->state != CONN_READY || c->conn == NULL) {
@@ -402,14 +429,14 @@ flush_all(void *arg)
 {
     (void)arg;
     /* Rerouted items may be held again, appended: the index sees them. */
-    for (int i = 0; i < bm.n_held; i++) {
-        struct rconn *c = bm.held[i];
+    for (int i = 0; i < batch_mod.n_held; i++) {
+        struct rconn *c = batch_mod.held[i];
         if (c != NULL) {
             c->batch->held = false;
             redis_batch_flush_conn(c);
         }
     }
-    bm.n_held = 0;
+    batch_mod.n_held = 0;
 }
 
 /* No reply for the batch: each item hears what it would have heard alone

@@ -4,6 +4,9 @@
  * aside (kept for late answers, for a bounded time) when ld_conn reports
  * a reply owed for redis.timeout_ms, while the slot gets a new
  * connection.
+ *
+ * It owns the pools' connections and the drains of those set aside; the
+ * commands on them are ld_redis.c's.
  */
 #include "ld_redis_int.h"
 
@@ -170,8 +173,7 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
         return;
     }
     uint64_t wait = d->drain_end_us - now;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     event_add(d->timeout_ev, &tv);
 }
 
@@ -242,7 +244,7 @@ conn_drain(struct rconn *c, const char *why)
     TAILQ_CONCAT(&d->sent, &c->sent, link);
     d->timeout_ev = evtimer_new(redis_mod.ctx->base, drain_timeout_cb, d);
     if (d->timeout_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     snprintf(d->why, sizeof(d->why), "%s", why);
     ld_conn_set_owner(d->conn, &drain_ops, d);

@@ -14,10 +14,14 @@
  * with a per-command timeout of min(redis.timeout_ms, lease / 10): an
  * instance that is down or slow costs a short wait, never the lease. The
  * decision waits for the first answer (or its absence) of every instance,
- * so it is taken at most one such timeout after the send. */
+ * so it is taken at most one such timeout after the send.
+ *
+ * It owns the fan-out and the decision; the instances' connections are
+ * ld_redis's (instances k >= 1), and it must not touch the main backend's. */
 
 #include "ld_redlock.h"
 
+#include "ld_assert.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_lock_codes.h"
@@ -223,6 +227,7 @@ ld_redlock_failure_reason(void)
 static void
 call_unref(struct rl_call *c)
 {
+    LD_ASSERTF(c->refs > 0, "redlock call freed twice refs=%d", c->refs);
     if (--c->refs > 0) {
         return;
     }
@@ -245,6 +250,8 @@ undo_on_reply(redisReply *r, void *arg)
 static void
 undo_one(struct rl_call *c, int idx)
 {
+    /* Only an acquisition that was not granted gives holds back. */
+    LD_ASSERT(c->failed && c->id == LD_SCRIPT_lock_acquire);
     if (rl_mod.freed) {
         return;
     }
@@ -441,26 +448,31 @@ fail(struct rl_call *c, const char *what, bool write)
             write && any_may_run(c) ? LD_REDIS_LOST : LD_REDIS_NOT_SENT);
 }
 
-static void
-decide_acquire(struct rl_call *c)
+/* A majority granted C: it is the caller's when time is left of the
+ * shortest lease, after the time the acquisition took and the clock
+ * drift. */
+static bool
+grant_if_valid(struct rl_call *c)
 {
     struct rl_answer a;
-    int m = quorum();
-    int granted = count_code(c, LD_LOCK_GRANTED, 4);
-    if (granted >= m) {
-        long long pttl = min_of(c, LD_LOCK_GRANTED, 3);
-        long long lease = c->lease > 0 ? c->lease : pttl;
-        long long validity = pttl - elapsed_ms(c) - drift_ms(lease);
-        if (validity > 0) {
-            deliver(c,
-                    answer_grant(&a, max_of(c, LD_LOCK_GRANTED, 1),
-                                 max_of(c, LD_LOCK_GRANTED, 2), validity),
-                    LD_REDIS_ANSWERED);
-            return;
-        }
+    long long pttl = min_of(c, LD_LOCK_GRANTED, 3);
+    long long lease = c->lease > 0 ? c->lease : pttl;
+    long long validity = pttl - elapsed_ms(c) - drift_ms(lease);
+    if (validity <= 0) {
+        return false;
     }
-    /* Not granted: give back every hold it took, now or when a late
-     * answer says it took one. */
+    deliver(c,
+            answer_grant(&a, max_of(c, LD_LOCK_GRANTED, 1),
+                         max_of(c, LD_LOCK_GRANTED, 2), validity),
+            LD_REDIS_ANSWERED);
+    return true;
+}
+
+/* Not granted: give back every hold C took, now or when a late answer
+ * says it took one. */
+static void
+undo_holds(struct rl_call *c)
+{
     c->failed = true;
     for (int i = 0; i < rl_mod.n; i++) {
         const struct rl_slot *s = &c->slot[i];
@@ -468,6 +480,18 @@ decide_acquire(struct rl_call *c)
             undo_one(c, i);
         }
     }
+}
+
+static void
+decide_acquire(struct rl_call *c)
+{
+    struct rl_answer a;
+    int m = quorum();
+    int granted = count_code(c, LD_LOCK_GRANTED, 4);
+    if (granted >= m && grant_if_valid(c)) {
+        return;
+    }
+    undo_holds(c);
     if (granted >= m) {
         fail(c, "the acquisition took longer than the lease", true);
         return;
@@ -636,6 +660,7 @@ decide_info(struct rl_call *c)
 static void
 decide(struct rl_call *c)
 {
+    LD_ASSERT(c->left == 0);
     switch (c->id) {
     case LD_SCRIPT_lock_acquire:
         decide_acquire(c);
@@ -663,7 +688,9 @@ slot_on_reply(redisReply *r, void *arg)
     enum ld_redis_outcome o = ld_redis_outcome();
     if (s->first) {
         /* The second call after UNKNOWN: a late grant of a failed
-         * acquisition is given back now. */
+         * acquisition is given back now. Only an acquisition asks for
+         * it (LD_REDIS_F_LATE). */
+        LD_ASSERTF(s->late, "second answer of instance %d unasked", s->k);
         long long v[4];
         if (o == LD_REDIS_LATE && c->failed && read_reply(r, v, 4) >= 4 &&
             v[0] == LD_LOCK_GRANTED) {
@@ -673,6 +700,7 @@ slot_on_reply(redisReply *r, void *arg)
         call_unref(c);
         return;
     }
+    LD_ASSERT(c->left > 0);
     s->first = true;
     s->n = read_reply(r, s->v, 4);
     if (s->n < 1) {
@@ -698,20 +726,17 @@ dup_arg(const char *s, size_t len, size_t *out)
     return ld_xstrndup(s, len);
 }
 
-void
-ld_redlock_script(enum ld_script_id script, const char *route,
-                  size_t route_len, const char *chan, size_t chan_len,
-                  int nkeys, int argc, const char **argv,
-                  const size_t *argvlen, ld_redis_cb *cb, void *arg)
+/* A call of SCRIPT, with what the decision needs of its arguments:
+ * the hash, the holder field and the lease, where the script has them. */
+static struct rl_call *
+call_new(enum ld_script_id script, const char *chan, size_t chan_len,
+         int nkeys, int argc, const char **argv, const size_t *argvlen)
 {
     struct rl_call *c = ld_xcalloc(1, sizeof(*c) + (size_t)rl_mod.n *
                                                        sizeof(c->slot[0]));
     c->id = script;
-    c->cb = cb;
-    c->arg = arg;
     c->hash = dup_arg(argv[0], argvlen[0], &c->hash_len);
     c->chan = dup_arg(chan, chan_len, &c->chan_len);
-    /* The holder field and the lease, where each script has them. */
     int fi = nkeys, li = -1;
     switch (script) {
     case LD_SCRIPT_lock_acquire:
@@ -736,12 +761,33 @@ ld_redlock_script(enum ld_script_id script, const char *route,
         buf[l] = '\0';
         c->lease = strtoll(buf, NULL, 10);
     }
+    return c;
+}
+
+/* The per-command timeout: min(redis.timeout_ms, lease / 10), so that an
+ * instance that is down or slow never costs the lease. */
+static unsigned
+call_timeout_ms(const struct rl_call *c)
+{
     long long t = rl_mod.ctx->cfg->redis.timeout_ms;
     if (c->lease > 0 && c->lease / 10 < t) {
         t = c->lease / 10 > 0 ? c->lease / 10 : 1;
     }
+    return (unsigned)t;
+}
+
+void
+ld_redlock_script(enum ld_script_id script, const char *route,
+                  size_t route_len, const char *chan, size_t chan_len,
+                  int nkeys, int argc, const char **argv,
+                  const size_t *argvlen, ld_redis_cb *cb, void *arg)
+{
+    struct rl_call *c = call_new(script, chan, chan_len, nkeys, argc, argv,
+                                 argvlen);
+    c->cb = cb;
+    c->arg = arg;
     struct ld_redis_opts o = {0};
-    o.timeout_ms = (unsigned)t;
+    o.timeout_ms = call_timeout_ms(c);
     if (script == LD_SCRIPT_lock_acquire) {
         o.flags = LD_REDIS_F_LATE;
     }

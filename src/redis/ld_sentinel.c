@@ -6,6 +6,9 @@
  * no Redis data server itself. Whether the named server really is a
  * master is checked by the connections that go there (ROLE in their
  * handshake), whose failure comes back here as a doubt.
+ *
+ * It owns the two Sentinel connections and the address they name; the
+ * connections to that address are ld_redis's and ld_pubsub's.
  */
 #include "ld_sentinel.h"
 
@@ -135,7 +138,7 @@ ask_next(const char *why)
         log_warn("sentinel: no Sentinel named a master for %s; asking again "
                  "in %d ms",
                  sentinel_mod.ctx->cfg->redis.master_name, ms);
-        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        struct timeval tv = ld_tv_ms(ms);
         event_add(sentinel_mod.ask_ev, &tv);
         return;
     }
@@ -266,8 +269,7 @@ ld_sentinel_doubt(const char *why, void *arg)
         return;
     }
     uint64_t wait = next - now;
-    struct timeval tv = {(time_t)(wait / 1000000),
-                         (suseconds_t)(wait % 1000000)};
+    struct timeval tv = ld_tv_us(wait);
     event_add(sentinel_mod.ask_ev, &tv);
 }
 
@@ -302,7 +304,7 @@ sub_down(struct ld_conn *c, bool was_ready, const char *why, void *owner)
      * missed meanwhile is asked for once the subscription is back. */
     if (!event_pending(sentinel_mod.sub_ev, EV_TIMEOUT, NULL)) {
         int ms = ld_backoff_next_ms(&sentinel_mod.sub_backoff);
-        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        struct timeval tv = ld_tv_ms(ms);
         event_add(sentinel_mod.sub_ev, &tv);
     }
 }
@@ -429,7 +431,7 @@ ld_sentinel_init(const struct ld_ctx *ctx, ld_sentinel_master_fn *fn,
     sentinel_mod.ask_ev = evtimer_new(ctx->base, ask_cb, NULL);
     sentinel_mod.sub_ev = evtimer_new(ctx->base, sub_move_cb, NULL);
     if (sentinel_mod.ask_ev == NULL || sentinel_mod.sub_ev == NULL) {
-        ld_oom(0);
+        ld_oom_in("evtimer_new");
     }
     ld_backoff_reset(&sentinel_mod.round_backoff);
     ld_backoff_reset(&sentinel_mod.sub_backoff);

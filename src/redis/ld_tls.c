@@ -1,3 +1,7 @@
+/* TLS toward Redis: the SSL_CTX made from redis.tls.* (also for leased -t), a
+ * new SSL per connection with its server name and verification, the
+ * certificate's expiry in /metrics, and OpenSSL's errors in words. It owns
+ * the SSL_CTX; the connections and their handshakes are ld_conn.c's. */
 #include "ld_tls.h"
 
 #include "ld_conf.h"
@@ -34,6 +38,45 @@ ssl_err(char *err, size_t errlen, const char *what, const char *path)
              path != NULL ? path : "", reason[0] != '\0' ? ": " : "", reason);
 }
 
+/* The CAs that vouch for Redis: redis.tls.ca_file, or the system's. */
+static int
+load_ca(SSL_CTX *sctx, const struct ld_config *cfg, char *err, size_t errlen)
+{
+    if (cfg->redis.tls.ca_file[0] != '\0') {
+        if (SSL_CTX_load_verify_locations(sctx, cfg->redis.tls.ca_file,
+                                          NULL) != 1) {
+            ssl_err(err, errlen, "redis.tls.ca_file: cannot load",
+                    cfg->redis.tls.ca_file);
+            return LD_ERR;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(sctx) != 1) {
+        ssl_err(err, errlen, "the system's CA store cannot be loaded", NULL);
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
+/* The daemon's own certificate and key, for mutual TLS. */
+static int
+load_client_cert(SSL_CTX *sctx, const char *cert, const char *key, char *err,
+                 size_t errlen)
+{
+    if (SSL_CTX_use_certificate_chain_file(sctx, cert) != 1) {
+        ssl_err(err, errlen, "redis.tls.cert_file: cannot load", cert);
+        return LD_ERR;
+    }
+    if (SSL_CTX_use_PrivateKey_file(sctx, key, SSL_FILETYPE_PEM) != 1) {
+        ssl_err(err, errlen, "redis.tls.key_file: cannot load", key);
+        return LD_ERR;
+    }
+    if (SSL_CTX_check_private_key(sctx) != 1) {
+        ssl_err(err, errlen,
+                "redis.tls.key_file does not match redis.tls.cert_file", NULL);
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
 SSL_CTX *
 ld_tls_ctx_new(const struct ld_config *cfg, char *err, size_t errlen)
 {
@@ -51,32 +94,10 @@ ld_tls_ctx_new(const struct ld_config *cfg, char *err, size_t errlen)
         return NULL;
     }
     SSL_CTX_set_min_proto_version(sctx, TLS1_2_VERSION);
-    if (cfg->redis.tls.ca_file[0] != '\0') {
-        if (SSL_CTX_load_verify_locations(sctx, cfg->redis.tls.ca_file,
-                                          NULL) != 1) {
-            ssl_err(err, errlen, "redis.tls.ca_file: cannot load",
-                    cfg->redis.tls.ca_file);
-            goto fail;
-        }
-    } else if (SSL_CTX_set_default_verify_paths(sctx) != 1) {
-        ssl_err(err, errlen, "the system's CA store cannot be loaded", NULL);
+    if (load_ca(sctx, cfg, err, errlen) != LD_OK ||
+        (cert[0] != '\0' &&
+         load_client_cert(sctx, cert, key, err, errlen) != LD_OK)) {
         goto fail;
-    }
-    if (cert[0] != '\0') {
-        if (SSL_CTX_use_certificate_chain_file(sctx, cert) != 1) {
-            ssl_err(err, errlen, "redis.tls.cert_file: cannot load", cert);
-            goto fail;
-        }
-        if (SSL_CTX_use_PrivateKey_file(sctx, key, SSL_FILETYPE_PEM) != 1) {
-            ssl_err(err, errlen, "redis.tls.key_file: cannot load", key);
-            goto fail;
-        }
-        if (SSL_CTX_check_private_key(sctx) != 1) {
-            ssl_err(err, errlen,
-                    "redis.tls.key_file does not match redis.tls.cert_file",
-                    NULL);
-            goto fail;
-        }
     }
     SSL_CTX_set_verify(sctx,
                        cfg->redis.tls.verify ? SSL_VERIFY_PEER

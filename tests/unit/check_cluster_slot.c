@@ -50,6 +50,23 @@ START_TEST(names_of_one_lock_share_a_slot)
 }
 END_TEST
 
+START_TEST(hash_tags_pick_the_slot)
+{
+#define SLOT(s) ld_cluster_slot((s), strlen(s))
+    ck_assert_uint_eq(SLOT("{user1000}.following"),
+                      SLOT("{user1000}.followers"));
+    ck_assert_uint_eq(SLOT("{user1000}.following"), SLOT("user1000"));
+    ck_assert_uint_eq(SLOT("leased:lock:{order:42}"), SLOT("order:42"));
+    /* Only the first '{' and the first '}' after it count. */
+    ck_assert_uint_eq(SLOT("foo{bar}{zap}"), SLOT("bar"));
+    ck_assert_uint_eq(SLOT("foo{{bar}}zap"), SLOT("{bar"));
+    /* An empty tag, or no closing brace, hashes the whole key. */
+    ck_assert_uint_ne(SLOT("foo{}{bar}"), SLOT("bar"));
+    ck_assert_uint_ne(SLOT("{bar"), SLOT("bar"));
+#undef SLOT
+}
+END_TEST
+
 static Suite *
 slot_suite(void)
 {
@@ -57,6 +74,7 @@ slot_suite(void)
     TCase *tc = tcase_create("slots");
     tcase_add_test(tc, slots_as_redis);
     tcase_add_test(tc, names_of_one_lock_share_a_slot);
+    tcase_add_test(tc, hash_tags_pick_the_slot);
     suite_add_tcase(s, tc);
     return s;
 }

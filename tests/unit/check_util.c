@@ -1,4 +1,4 @@
-/* ld_util: tokens, jitter, hashing, cluster slots, address parsing and the
+/* ld_util: tokens, jitter, hashing, address parsing, bound ports and the
  * constant-time comparison. */
 #include "ld_common.h"
 
@@ -6,11 +6,14 @@
 
 #include "unit.h"
 
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -99,35 +102,6 @@ START_TEST(fnv1a_known_values)
     ck_assert_uint_eq(ld_hash("", 0), 0xcbf29ce484222325ull);
     ck_assert_uint_eq(ld_hash("a", 1), 0xaf63dc4c8601ec8cull);
     ck_assert_uint_eq(ld_hash("foobar", 6), 0x85944171f73967e8ull);
-}
-END_TEST
-
-START_TEST(cluster_slots)
-{
-    /* 0x31C3 is the CRC16/XMODEM check value of "123456789". */
-    ck_assert_uint_eq(ld_key_slot("123456789", 9), 0x31C3 & 16383);
-    ck_assert_uint_eq(ld_key_slot("foo", 3), 12182);
-    ck_assert_uint_eq(ld_key_slot("bar", 3), 5061);
-    ck_assert_uint_eq(ld_key_slot("", 0), 0);
-}
-END_TEST
-
-START_TEST(cluster_hash_tags)
-{
-#define SLOT(s) ld_key_slot((s), strlen(s))
-    ck_assert_uint_eq(SLOT("{user1000}.following"),
-                      SLOT("{user1000}.followers"));
-    ck_assert_uint_eq(SLOT("{user1000}.following"), SLOT("user1000"));
-    ck_assert_uint_eq(SLOT("leased:lock:{order:42}"), SLOT("order:42"));
-    /* Only the first '{' and the first '}' after it count. */
-    ck_assert_uint_eq(SLOT("foo{bar}{zap}"), SLOT("bar"));
-    ck_assert_uint_eq(SLOT("foo{{bar}}zap"), SLOT("{bar"));
-    /* An empty tag, or no closing brace, hashes the whole key. */
-    ck_assert_uint_eq(SLOT("foo{}{bar}"), 8363);
-    ck_assert_uint_ne(SLOT("foo{}{bar}"), SLOT("bar"));
-    ck_assert_uint_eq(SLOT("{bar"), ld_key_slot("{bar", 4));
-    ck_assert_uint_ne(SLOT("{bar"), SLOT("bar"));
-#undef SLOT
 }
 END_TEST
 
@@ -249,6 +223,31 @@ START_TEST(monotonic_clock)
 }
 END_TEST
 
+START_TEST(bound_port)
+{
+    /* Port 0 asks the kernel for one; the bound port is the one it gave. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t alen = sizeof(a);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+    ck_assert_int_gt(ntohs(a.sin_port), 0);
+    ck_assert_int_eq(ld_bound_port(fd), ntohs(a.sin_port));
+    close(fd);
+
+    /* A Unix socket has no port; a closed descriptor has no address. */
+    int u = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert_int_ge(u, 0);
+    ck_assert_int_eq(ld_bound_port(u), -1);
+    close(u);
+    ck_assert_int_eq(ld_bound_port(fd), -1);
+}
+END_TEST
+
 static Suite *
 util_suite(void)
 {
@@ -263,13 +262,12 @@ util_suite(void)
         {"jitter_stays_within_bounds", jitter_stays_within_bounds},
         {"jitter_edge_cases", jitter_edge_cases},
         {"fnv1a_known_values", fnv1a_known_values},
-        {"cluster_slots", cluster_slots},
-        {"cluster_hash_tags", cluster_hash_tags},
         {"hostport_parsing", hostport_parsing},
         {"secure_equal", secure_equal},
         {"loopback_hosts", loopback_hosts},
         {"mkdir_parent", mkdir_parent},
         {"monotonic_clock", monotonic_clock},
+        {"bound_port", bound_port},
     };
 
     for (size_t i = 0; i < LD_ARRAY_LEN(cases); i++) {

@@ -1,5 +1,9 @@
 -- Included by the cache scripts (lua2c.sh pastes it in: Redis scripts
 -- cannot share code at run time).
+-- What the writes (cache.fill, cache.release, cache.set) answer: enum
+-- cache_write_rc on the C side, CACHE_WRITE_ + these names.
+local DONE, REFUSED, WRONG_TYPE = 1, 0, -1
+
 -- An entry leased wrote is a hash with only the fields v (the value),
 -- n ("1": a cached "not found"), l (the current fill lease), s (the stale
 -- mark: stale-while-revalidate), d (how long the load of the value took,
@@ -27,6 +31,29 @@ local function entry_fields(key)
        or (not f[1] and not f[2] and not f[3])
        or (not f[1] and not f[2] and redis.call('PTTL', key) < 0) then
         return nil
+    end
+    return f
+end
+
+-- The lease check of a write under a fill lease (cache.fill,
+-- cache.release): the fields of the entry at KEY when LEASE is its current
+-- lease; else nil and what the write answers: REFUSED when the lease is
+-- gone (no entry, or another lease), WRONG_TYPE for data leased did not
+-- write.
+local function leased_entry(key, lease)
+    local t = redis.call('TYPE', key)['ok']
+    if t == 'none' then
+        return nil, REFUSED
+    end
+    if t ~= 'hash' then
+        return nil, WRONG_TYPE
+    end
+    local f = entry_fields(key)
+    if not f then
+        return nil, WRONG_TYPE
+    end
+    if f[3] ~= lease then
+        return nil, REFUSED
     end
     return f
 end
