@@ -7,7 +7,6 @@
  */
 #include "ld_cache_int.h"
 
-#include "ld_admin.h"
 #include "ld_cache_hot.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
@@ -31,10 +30,6 @@ static void
 op_hot(struct ld_req *req)
 {
     long long limit = cache_mod.ctx->cfg->cache.hot_keys;
-    /* An operator op: the Unix socket, or TCP with listen.admin_token. */
-    if (!ld_admin_check(req)) {
-        return;
-    }
     if (ld_req_int(req, "limit", false, 1, HOT_LIMIT_MAX, &limit, NULL) !=
         LD_OK) {
         return;

@@ -27,8 +27,6 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 
 #include <event2/event.h>
 #include <event2/listener.h>
@@ -262,23 +260,6 @@ open_unix(const struct ld_config *cfg)
     return LD_OK;
 }
 
-static int
-bound_port(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
-        return -1;
-    }
-    if (ss.ss_family == AF_INET) {
-        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    }
-    if (ss.ss_family == AF_INET6) {
-        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
-    return -1;
-}
-
 /* A socket listening on HOST:PORT (listen.tcp), or -1. */
 static int
 listen_tcp(const struct ld_config *cfg, const char *host, int port)
@@ -329,7 +310,7 @@ open_tcp(const struct ld_config *cfg)
     if (fd < 0) {
         return LD_ERR;
     }
-    int p = bound_port(fd);
+    int p = ld_bound_port(fd);
     char name[300];
     snprintf(name, sizeof(name), "%s:%d", host, p);
     struct ld_listener *l = add_listener(fd, false, name);
@@ -366,7 +347,7 @@ adopt(const struct ld_config *cfg, int *fds, int n)
                             NULL, 0, NI_NUMERICHOST) != 0) {
                 host[0] = '\0';
             }
-            snprintf(name, sizeof(name), "%s:%d", host, bound_port(fds[i]));
+            snprintf(name, sizeof(name), "%s:%d", host, ld_bound_port(fds[i]));
         }
         /* The rule of listen.tcp holds for sockets systemd made too: a
          * TCP port reachable from other hosts needs the token. */
@@ -384,7 +365,7 @@ adopt(const struct ld_config *cfg, int *fds, int n)
             return LD_ERR;
         }
         if (!is_unix) {
-            l->port = bound_port(fds[i]);
+            l->port = ld_bound_port(fds[i]);
             l->auth_required = cfg->listen.auth_token[0] != '\0';
             listen_mod.tcp_port = l->port;
         }
