@@ -338,7 +338,9 @@ static const struct {
 static enum fres
 parse_fetch(const redisReply *r, const redisReply **value, long long *pttl)
 {
-    if (r == NULL) {
+    /* A Redis refusing the script's writes (NOREPLICAS, OOM) cannot
+     * serve the get either: the same answer as one that is away. */
+    if (r == NULL || ld_reply_is_unavailable(r)) {
         return R_DOWN;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
@@ -517,7 +519,8 @@ answer_messages(struct answer *a, const struct ckey *ck,
 {
     if (a->res == R_DOWN) {
         snprintf(a->downmsg, sizeof(a->downmsg), "redis unavailable: %s",
-                 ld_redis_failure_reason()[0] != '\0'
+                 reply != NULL ? reply->str
+                 : ld_redis_failure_reason()[0] != '\0'
                      ? ld_redis_failure_reason()
                      : "no answer");
     }
