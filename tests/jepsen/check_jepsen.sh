@@ -12,10 +12,12 @@ if [ "$(id -u)" != 0 ] || ! ip netns list >/dev/null 2>&1; then
     echo "ok 2 # SKIP needs root and ip netns"
     exit 0
 fi
+failed=0
 if python3 "$srcdir/tests/jepsen/checker_selftest.py"; then
     echo "ok 1 - the checker finds planted anomalies"
 else
     echo "not ok 1 - the checker finds planted anomalies"
+    failed=1
 fi
 out=$(FPCTL_BIN="$builddir/tests/jepsen/fpctl" nice python3 \
     "$srcdir/tests/jepsen/jepsen.py" run \
@@ -26,4 +28,6 @@ if [ $rc = 0 ]; then
     echo "ok 2 - no anomaly of (a), (c) or (d) under any nemesis"
 else
     echo "not ok 2 - no anomaly of (a), (c) or (d) under any nemesis"
+    failed=1
 fi
+exit $failed

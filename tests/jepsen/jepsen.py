@@ -120,8 +120,12 @@ class Cluster:
             # Sentinel: a master whose replica is gone or still syncing
             # refuses writes instead of acknowledging what a failover to
             # that replica would lose.
+            # No diskless sync delay: a replica that must resync (after
+            # each data loss or failover) is back in sync at once, not
+            # after 5 s of refused writes.
             argv += ["--min-replicas-to-write", str(self.a.min_replicas),
-                     "--min-replicas-max-lag", "1"]
+                     "--min-replicas-max-lag", "1",
+                     "--repl-diskless-sync-delay", "0"]
         if replicaof:
             argv += ["--replicaof", SVC, str(replicaof)]
         self.spawn("redis%d" % port, argv, self.rns)
