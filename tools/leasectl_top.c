@@ -124,11 +124,23 @@ top_by_held(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* The TOP_ROWS locks held longest, from lock.list's answer. */
-static json_t *
-top_longest(const json_t *locks)
+/* Most waiters first, then the longest held. */
+static int
+top_by_waiters(const void *a, const void *b)
 {
-    size_t n = json_array_size(locks), i;
+    long long x = top_int(*(json_t *const *)a, "waiters");
+    long long y = top_int(*(json_t *const *)b, "waiters");
+
+    return x < y ? 1 : x > y ? -1 : top_by_held(a, b);
+}
+
+/* The first TOP_ROWS locks of lock.list's answer in the order of CMP;
+ * with WAITED only those that requests of the daemon wait for. */
+static json_t *
+top_rows(const json_t *locks, int (*cmp)(const void *, const void *),
+         bool waited)
+{
+    size_t n = json_array_size(locks), i, k = 0;
     json_t **v = calloc(n != 0 ? n : 1, sizeof *v);
     json_t *out = json_array();
 
@@ -136,17 +148,22 @@ top_longest(const json_t *locks)
         return out;
     }
     for (i = 0; i < n; i++) {
-        v[i] = json_array_get(locks, i);
+        json_t *e = json_array_get(locks, i);
+
+        if (!waited || top_int(e, "waiters") > 0) {
+            v[k++] = e;
+        }
     }
-    qsort(v, n, sizeof *v, top_by_held);
-    for (i = 0; i < n && i < TOP_ROWS; i++) {
+    qsort(v, k, sizeof *v, cmp);
+    for (i = 0; i < k && i < TOP_ROWS; i++) {
         json_array_append_new(
-            out, json_pack("{s:O?,s:O?,s:I,s:I,s:I}", "key",
+            out, json_pack("{s:O?,s:O?,s:I,s:I,s:I,s:I}", "key",
                            json_object_get(v[i], "key"), "mode",
                            json_object_get(v[i], "mode"), "count",
                            (json_int_t)top_int(v[i], "count"), "held_ms",
                            (json_int_t)top_int(v[i], "held_ms"), "ttl_ms",
-                           (json_int_t)top_int(v[i], "ttl_ms")));
+                           (json_int_t)top_int(v[i], "ttl_ms"), "waiters",
+                           (json_int_t)top_int(v[i], "waiters")));
     }
     free(v);
     return out;
@@ -180,7 +197,7 @@ top_frame(const struct top_sample *prev, const struct top_sample *cur)
 
     return json_pack(
         "{s:I,s:f,s:o,s:I,s:I,s:I,s:I,s:f,s:f,s:o,s:o,s:{s:I,s:I,s:I},"
-        "s:{s:I,s:I,s:O?}}",
+        "s:{s:I,s:I,s:O?},s:o}",
         "interval_ms", (json_int_t)(cur->at_ms - prev->at_ms),
         "requests_per_s", top_rate(p, c, "requests", dt), "ops_per_s",
         top_ops(p, c, dt), "sessions", (json_int_t)top_int(c, "sessions"),
@@ -188,15 +205,16 @@ top_frame(const struct top_sample *prev, const struct top_sample *cur)
         (json_int_t)top_int(c, "lock_waiters"), "lock_wait_oldest_ms",
         (json_int_t)top_int(c, "lock_wait_oldest_ms"), "lock_contended_per_s",
         top_rate(p, c, "lock_contended", dt), "lock_lost_per_s",
-        top_rate(p, c, "lock_lost", dt), "locks", top_longest(cur->locks),
-        "hot", cur->hot != NULL ? json_incref(cur->hot) : json_array(),
-        "journal", "pending",
-        (json_int_t)top_int(c, "cache_invalidations_pending"), "bytes",
-        (json_int_t)top_int(c, "journal_bytes"), "overdue_ms",
+        top_rate(p, c, "lock_lost", dt), "locks",
+        top_rows(cur->locks, top_by_held, false), "hot",
+        cur->hot != NULL ? json_incref(cur->hot) : json_array(), "journal",
+        "pending", (json_int_t)top_int(c, "cache_invalidations_pending"),
+        "bytes", (json_int_t)top_int(c, "journal_bytes"), "overdue_ms",
         (json_int_t)top_int(c, "cache_invalidations_overdue_ms"), "redis",
         "connected", (json_int_t)top_int(c, "redis_connected"), "rtt_us",
         (json_int_t)top_int(c, "redis_rtt_us"), "master",
-        json_object_get(c, "redis_master"));
+        json_object_get(c, "redis_master"), "contended",
+        top_rows(cur->locks, top_by_waiters, true));
 }
 
 static void
@@ -214,6 +232,13 @@ top_print_lists(const json_t *f)
                top_int(e, "held_ms"),
                json_string_value(json_object_get(e, "mode")),
                top_int(e, "count"));
+    }
+    printf("\n%-40s %10s %10s\n", "MOST CONTENDED", "WAITERS", "HELD_MS");
+    json_array_foreach(json_object_get(f, "contended"), i, e)
+    {
+        printf("%-40s %10lld %10lld\n",
+               json_string_value(json_object_get(e, "key")),
+               top_int(e, "waiters"), top_int(e, "held_ms"));
     }
     printf("\n%-40s %10s %6s\n", "HOT KEYS", "READS/S", "HIT");
     json_array_foreach(json_object_get(f, "hot"), i, e)

@@ -108,13 +108,14 @@ ld_admin_list_add(struct ld_admin_list *l, const struct ld_admin_lock *e)
         return false;
     }
     const struct ld_session *s = e->sess;
-    json_t *o = json_pack("{s:s%,s:s,s:o,s:s,s:I,s:I,s:I}", "key", e->key,
+    json_t *o = json_pack("{s:s%,s:s,s:o,s:s,s:I,s:I,s:I,s:I}", "key", e->key,
                           e->key_len, "mode", e->mode, "session",
                           s != NULL ? json_string(s->name) : json_null(),
                           "client", s != NULL ? s->client : "", "count",
                           (json_int_t)e->count, "ttl_ms",
                           (json_int_t)e->ttl_ms, "held_ms",
-                          (json_int_t)e->held_ms);
+                          (json_int_t)e->held_ms, "waiters",
+                          (json_int_t)e->waiters);
     if (o != NULL) {
         json_array_append_new(l->locks, o);
     }

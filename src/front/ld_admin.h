@@ -30,6 +30,7 @@ struct ld_admin_lock {
     long long count;   /* hold count, or permits of a semaphore */
     long long ttl_ms;  /* lease left as last confirmed by Redis; -1 unknown */
     long long held_ms; /* since the acquisition */
+    long long waiters; /* requests of this daemon waiting for it */
 };
 
 /* A listing in progress. A lister visits what its module holds and adds

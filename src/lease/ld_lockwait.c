@@ -310,6 +310,22 @@ ld_lockwait_queued(const char *route, size_t route_len)
     return ld_dict_get(lockwait_mod.queues, route, route_len) != NULL;
 }
 
+long long
+ld_lockwait_waiting(const char *route, size_t route_len)
+{
+    const struct ld_lockwait_q *q = ld_dict_get(lockwait_mod.queues, route,
+                                                route_len);
+    long long n = 0;
+    const struct ld_lockwait *w;
+    if (q != NULL) {
+        TAILQ_FOREACH(w, &q->waiters, link)
+        {
+            n++;
+        }
+    }
+    return n;
+}
+
 void
 ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
                  const char *chan, size_t chan_len, long long wait_ms,

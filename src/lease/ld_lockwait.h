@@ -80,6 +80,8 @@ bool ld_lockwait_full(void);
 /* True when requests of this daemon wait for the lock whose Redis key is
  * ROUTE (a reader that only tries once does not get ahead of them). */
 bool ld_lockwait_queued(const char *route, size_t route_len);
+/* How many requests of this daemon wait for that lock (lock.list). */
+long long ld_lockwait_waiting(const char *route, size_t route_len);
 
 /* Queue W (zeroed by the caller) behind the other waiters for the lock
  * whose Redis key is ROUTE and whose unlock channel is CHAN. WAIT_MS is

@@ -7,6 +7,7 @@
 #include "ld_lock_int.h"
 
 #include "ld_lock_codes.h"
+#include "ld_lockwait.h"
 #include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_proto.h"
@@ -39,6 +40,7 @@ list_plain(struct ld_admin_list *l)
             .held_ms = now > rec->acquired_ms
                            ? (long long)(now - rec->acquired_ms)
                            : 0,
+            .waiters = ld_lockwait_waiting(rec->n.hash, rec->n.hash_len),
         };
         if (!ld_admin_list_add(l, &e)) {
             return;

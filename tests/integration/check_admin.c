@@ -133,6 +133,12 @@ START_TEST(test_list)
     json_decref(lk_must(a, "order:1", NULL, NO_TTL, 0)); /* count 2 */
     json_decref(lk_must(a, "order:2", NULL, 60000, 0));
     json_decref(lk_must(b, "job:9", NULL, NO_TTL, 0));
+    /* A request of this daemon waits for order:1. */
+    struct h_conn *w = lk_connect(&D1);
+    ck_assert_int_eq(h_send(w, "{s:i,s:s,s:s,s:i}", "id", 5, "op", "lock",
+                            "key", "order:1", "wait_ms", 60000),
+                     0);
+    h_assert_stat(op, "lock_waiters", 1, T_MS);
 
     r = list_locks(op, NULL, 0);
     ck_assert_msg(h_ok(r), "lock.list: %s", h_errcode(r));
@@ -147,6 +153,7 @@ START_TEST(test_list)
     ck_assert_int_gt(jint(e, "ttl_ms"), 0);
     ck_assert_int_le(jint(e, "ttl_ms"), WATCHDOG_MS);
     ck_assert_int_ge(jint(e, "held_ms"), 0);
+    ck_assert_int_eq(jint(e, "waiters"), 1);
     e = entry_of(r, "order:2");
     ck_assert_ptr_nonnull(e);
     ck_assert_int_gt(jint(e, "ttl_ms"), WATCHDOG_MS);
@@ -154,7 +161,9 @@ START_TEST(test_list)
     e = entry_of(r, "job:9");
     ck_assert_ptr_nonnull(e);
     ck_assert_str_eq(jstr(e, "client"), "");
+    ck_assert_int_eq(jint(e, "waiters"), 0);
     json_decref(r);
+    h_close(w);
 
     /* A prefix of the app's key, not of the Redis key. */
     r = list_locks(op, "order:", 0);

@@ -443,6 +443,7 @@ START_TEST(test_top_once_and_json)
     CTL(&r, "top", "-1");
     CK_RC(&r, 0);
     ck_assert_msg(strstr(r.out, "waiters 1") && strstr(r.out, "top:held") &&
+                      strstr(r.out, "MOST CONTENDED") &&
                       strstr(r.out, "top:hot") && strstr(r.out, "redis    up"),
                   "top -1 printed:\n%s", r.out);
     ck_assert_ptr_null(strstr(r.out, "q quits"));
@@ -461,6 +462,11 @@ START_TEST(test_top_once_and_json)
                      "top:held");
     ck_assert_str_eq(jstr(json_array_get(json_object_get(j, "hot"), 0), "key"),
                      "top:hot");
+    /* The one lock somebody waits for, with its queue. */
+    const json_t *most = json_array_get(json_object_get(j, "contended"), 0);
+    ck_assert_str_eq(jstr(most, "key"), "top:held");
+    ck_assert_int_eq(jint(most, "waiters"), 1);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "contended")), 1);
     /* top's own stats request is one of the ops it counts. */
     ck_assert(json_number_value(
                   json_object_get(json_object_get(j, "ops_per_s"), "stats")) >
