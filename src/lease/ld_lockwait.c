@@ -1,3 +1,9 @@
+/* The wait queues locks and semaphores share (ld_lockwait.h): one FIFO
+ * per Redis key in this daemon, its timers and its subscription to the
+ * key's release channel. It decides when the head tries again; it must
+ * not answer a request nor look inside what waits (its owner's try and
+ * expire callbacks do both). */
+
 #include "ld_lockwait.h"
 
 #include "ld_assert.h"
@@ -296,6 +302,16 @@ w_on_deadline(evutil_socket_t fd, short what, void *arg)
     long long ttl = q_ttl_estimate(q);
     w_unlink(w);
     w_expire(w, ttl);
+}
+
+long long
+ld_lockwait_left(long long wait_ms, uint64_t start_us)
+{
+    if (wait_ms < 0) {
+        return -1;
+    }
+    long long left = wait_ms - (long long)((ld_now_us() - start_us) / 1000);
+    return left > 0 ? left : 0;
 }
 
 bool

@@ -14,7 +14,10 @@
  *
  * The op handlers for unlock, extend and lock.info, the ops in flight,
  * session close and the module are here; ld_lock_int.h lists the other
- * files. Waiting is in ld_lockwait.c. */
+ * files. Waiting is in ld_lockwait.c, the watchdog pass and the rechecks
+ * in the lease engine (ld_lease.c): this file must not time a lease
+ * itself nor change a record's count other than from a reply
+ * (lk_rec_set_count). */
 
 #include "ld_lock.h"
 #include "ld_lock_int.h"
@@ -157,10 +160,7 @@ lk_op_fail(struct lk_op *op, const redisReply *r, int n, const long long *v,
 {
     size_t klen;
     const char *key = op_key(op, &klen);
-    struct lk_rec *rec = op->rec;
-    if (rec != NULL && !rec->linked) {
-        rec = NULL;
-    }
+    struct lk_rec *rec = lk_op_live_rec(op);
     bool wrong = n >= 1 && v[0] == LD_LOCK_WRONG_TYPE;
     bool gone = n >= 1 && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER);
     if (!wrong && !gone) {
@@ -187,7 +187,7 @@ release_all_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     long long v[2] = {0, 0};
-    if (!lock_mod.freed && lk_reply_ints(r, v, 2) >= 1 &&
+    if (!lock_mod.freed && ld_lease_reply_ints(r, v, 2) >= 1 &&
         v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
@@ -412,7 +412,7 @@ unlock_recheck_on_reply(redisReply *r, void *arg)
     struct lk_rec *rec = op->rec;
     long long v[3] = {0, 0, 0};
     if (!lock_mod.freed && rec != NULL && rec->linked &&
-        lk_reply_ints(r, v, 3) >= 3 &&
+        ld_lease_reply_ints(r, v, 3) >= 3 &&
         (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
         lk_unlock_settle(op, rec, v[2]);
     }
@@ -459,12 +459,9 @@ unlock_on_reply(redisReply *r, void *arg)
         lk_unlock_recheck(op);
         return;
     }
-    struct lk_rec *rec = op->rec;
-    if (rec != NULL && !rec->linked) {
-        rec = NULL;
-    }
+    struct lk_rec *rec = lk_op_live_rec(op);
     long long v[2] = {0, 0};
-    int n = lk_reply_ints(r, v, 2);
+    int n = ld_lease_reply_ints(r, v, 2);
     size_t klen;
     const char *key = op_key(op, &klen);
     if (o == LD_REDIS_LATE) {
@@ -537,12 +534,9 @@ extend_on_reply(redisReply *r, void *arg)
         lk_op_free(op);
         return;
     }
-    struct lk_rec *rec = op->rec;
-    if (rec != NULL && !rec->linked) {
-        rec = NULL;
-    }
+    struct lk_rec *rec = lk_op_live_rec(op);
     long long v[3] = {0, 0, 0};
-    int n = lk_reply_ints(r, v, 3);
+    int n = ld_lease_reply_ints(r, v, 3);
     size_t klen;
     const char *key = op_key(op, &klen);
     if (o == LD_REDIS_LATE) {
@@ -619,7 +613,7 @@ info_on_reply(redisReply *r, void *arg)
         return;
     }
     long long v[4] = {0, 0, 0, 0};
-    int n = lk_reply_ints(r, v, 4);
+    int n = ld_lease_reply_ints(r, v, 4);
     if (n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
         json_t *body = json_pack("{s:b,s:I,s:b}", "locked",
                                  v[0] == LD_LOCK_HELD, "ttl_ms",

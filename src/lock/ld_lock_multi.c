@@ -13,7 +13,8 @@
  * nothing, and no two groups can each hold what the other waits for.
  * A waiting group queues on the key that stopped it (ld_lockwait.c) and
  * retries from its first key when that key is released or its lease
- * ends. */
+ * ends. This file owns the groups (struct lk_grp); the records of their
+ * keys are ld_lock_rec.c's, and it must not renew or time them. */
 
 #include "ld_lock_int.h"
 
@@ -199,7 +200,7 @@ give_back_on_reply(redisReply *r, void *arg)
         }
     }
     long long v[2] = {0, 0};
-    int n = lk_reply_ints(r, v, 2);
+    int n = ld_lease_reply_ints(r, v, 2);
     if (!lock_mod.freed && n >= 1 && v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
@@ -212,7 +213,7 @@ give_back_on_reply(redisReply *r, void *arg)
     if (op->undo_ev == NULL) {
         ld_oom(0);
     }
-    struct timeval tv = tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
+    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
     evtimer_add(op->undo_ev, &tv);
 }
 
@@ -376,16 +377,14 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
 static void
 grp_acq_on_reply(redisReply *r, void *arg)
 {
-    struct lk_op *op = arg;
-    struct lk_grp *g = op->grp;
-    op->inflight = false;
-    if (lock_mod.freed) {
-        lk_op_free(op);
+    long long v[4];
+    int n;
+    struct lk_op *op = lk_acq_reply_open(arg, r, v, &n);
+    if (op == NULL) {
         return;
     }
+    struct lk_grp *g = op->grp;
     struct lk_rec *rec = g->recs[g->next];
-    long long v[4] = {0, 0, 0, 0};
-    int n = lk_reply_acquire(r, v);
     bool queued = op->w.q != NULL;
 
     if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
@@ -748,12 +747,9 @@ part_on_reply(redisReply *r, void *arg)
         }
         return;
     }
-    struct lk_rec *rec = sub->rec;
-    if (rec != NULL && !rec->linked) {
-        rec = NULL;
-    }
+    struct lk_rec *rec = lk_op_live_rec(sub);
     long long v[3] = {0, 0, 0};
-    int n = lk_reply_ints(r, v, 3);
+    int n = ld_lease_reply_ints(r, v, 3);
     json_t *key = json_stringn(sub->key, sub->key_len);
     if (unlock && n >= 2 &&
         (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT)) {

@@ -1,6 +1,8 @@
 /* Locks: the Redis names of a lock, the records of what this daemon
  * holds (by session, owner and key, and by token), and the memo of the
- * highest fence handed out per lock. */
+ * highest fence handed out per lock. It owns a record's life and links
+ * (ld_lock_int.h has its states); it must not send a command to Redis
+ * but for giving a lost hold back (lk_rec_lost). */
 
 #include "ld_lock_int.h"
 
@@ -104,33 +106,19 @@ lk_names_build_mode(struct lk_names *n, const char *key, size_t len,
         n->rwpfx_len = (size_t)(p - n->rwpfx);
         *p = '\0';
     } else {
-        const char *pfx = cfg->lock.prefix;
-        size_t plen = strlen(pfx);
-        size_t hlen = plen + len + 2;
-        size_t cap = (hlen + 1) + (hlen + 7) + (hlen + 8) + (hlen + 8);
-        char *p = n->buf = ld_xmalloc(cap);
-        n->hash = p;
-        n->hash_len = hlen;
-        p = put(p, pfx, plen);
-        p = put(p, "{", 1);
-        p = put(p, key, len);
-        p = put(p, "}", 1);
-        *p++ = '\0';
-        n->fence = p;
-        n->fence_len = hlen + 6;
-        p = put(p, n->hash, hlen);
-        p = put(p, ":fence", 6);
-        *p++ = '\0';
-        n->chan = p;
-        n->chan_len = hlen + 7;
-        p = put(p, n->hash, hlen);
-        p = put(p, ":unlock", 7);
-        *p++ = '\0';
-        n->forced = p;
-        n->forced_len = hlen + 7;
-        p = put(p, n->hash, hlen);
-        p = put(p, ":forced", 7);
-        *p = '\0';
+        static const char *const sufs[] = {":fence", ":unlock", ":forced"};
+        const char *names[4];
+        size_t lens[4];
+        n->buf = ld_lease_names(cfg->lock.prefix, key, len, "", sufs, 3, names,
+                                lens);
+        n->hash = names[0];
+        n->hash_len = lens[0];
+        n->fence = names[1];
+        n->fence_len = lens[1];
+        n->chan = names[2];
+        n->chan_len = lens[2];
+        n->forced = names[3];
+        n->forced_len = lens[3];
         /* A read-write lock uses the plain lock's channel, and its
          * readers' lease keys start with the hash's name (same slot). */
         n->rwchan = n->chan;
