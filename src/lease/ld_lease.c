@@ -77,12 +77,8 @@ pass_run(evutil_socket_t fd, short what, void *arg)
     pass_arm(p);
 }
 
-/* Check every lease now, fixed leases too, in one pass bounded like the
- * watchdog's: Redis came back (it may have restarted without its data),
- * the master changed, or a lease was found gone before its end. Leases
- * that did not survive are reported at once instead of a pass later. */
-void
-ld_lease_pass_recheck(struct ld_lease_pass *p)
+static void
+recheck_start(struct ld_lease_pass *p)
 {
     if (p->freed || (p->passing && p->recheck)) {
         return;
@@ -93,6 +89,17 @@ ld_lease_pass_recheck(struct ld_lease_pass *p)
     pass_continue(p);
 }
 
+/* Check every lease now, fixed leases too, in one pass bounded like the
+ * watchdog's: Redis came back (it may have restarted without its data),
+ * the master changed, or a lease was found gone before its end. Leases
+ * that did not survive are reported at once instead of a pass later. */
+void
+ld_lease_pass_recheck(struct ld_lease_pass *p)
+{
+    p->retry_ms = LD_LEASE_RETRY_MS;
+    recheck_start(p);
+}
+
 /* The master changed (Sentinel, Cluster): leases the next recheck finds
  * gone were lost to the failover. */
 void
@@ -101,10 +108,44 @@ ld_lease_pass_failover(struct ld_lease_pass *p)
     p->after_failover = true;
 }
 
-void
+/* A renewal or check leaves; true when it belongs to a recheck (see
+ * ld_lease_pass_retry). */
+bool
 ld_lease_pass_sent(struct ld_lease_pass *p)
 {
     p->inflight++;
+    return p->recheck;
+}
+
+static void
+retry_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    recheck_start(arg);
+}
+
+/* A check or renewal sent by a recheck got no answer: Redis, just back,
+ * may still refuse (loading its data, a connection of the pool not up
+ * yet). The leases it may have lost are looked at again soon, not a
+ * pass later (a third of a watchdog lease), with the failover still
+ * the reason when AFTER_FAILOVER; one retry answers every such reply. */
+void
+ld_lease_pass_retry(struct ld_lease_pass *p, bool after_failover)
+{
+    if (p->freed) {
+        return;
+    }
+    if (after_failover) {
+        p->after_failover = true;
+    }
+    if (evtimer_pending(p->retry_ev, NULL)) {
+        return;
+    }
+    struct timeval tv = ld_tv_ms(p->retry_ms);
+    evtimer_add(p->retry_ev, &tv);
+    long long period = ld_lease_pass_period_ms(p);
+    p->retry_ms = p->retry_ms * 2 < period ? p->retry_ms * 2 : period;
 }
 
 /* A renewal or check has its answer: a pass held back by the bound on
@@ -139,8 +180,10 @@ ld_lease_pass_init(struct ld_lease_pass *p, const struct ld_ctx *ctx,
     p->recheck = false;
     p->after_failover = false;
     p->freed = false;
+    p->retry_ms = LD_LEASE_RETRY_MS;
     p->ev = evtimer_new(ctx->base, pass_run, p);
-    if (p->ev == NULL) {
+    p->retry_ev = evtimer_new(ctx->base, retry_on_timer, p);
+    if (p->ev == NULL || p->retry_ev == NULL) {
         ld_oom(0);
     }
     ld_defer_init(&p->step, ctx->base, pass_step, p);
@@ -154,6 +197,8 @@ ld_lease_pass_free(struct ld_lease_pass *p)
     if (p->ev != NULL) {
         event_free(p->ev);
         p->ev = NULL;
+        event_free(p->retry_ev);
+        p->retry_ev = NULL;
         ld_defer_free(&p->step);
     }
 }

@@ -28,6 +28,10 @@ struct ld_session;
 #define LD_LEASE_PASS_STEP 500
 #define LD_LEASE_INFLIGHT_MAX 1000
 
+/* The first retry of a recheck whose command got no answer; each next
+ * one waits twice as long, up to a pass period. */
+#define LD_LEASE_RETRY_MS 100
+
 /* The module's side of a pass: BEGIN puts it at its first lease, MORE
  * says whether one is left, VISIT renews or checks the next one. */
 struct ld_lease_pass_fns {
@@ -42,9 +46,11 @@ struct ld_lease_pass {
     const struct ld_ctx *ctx;
     const struct ld_lease_pass_fns *fns;
     struct event *ev;
-    uint64_t next_ms;     /* when EV fires next */
-    struct ld_defer step; /* continues a pass on a later turn */
-    long long inflight;   /* renewals and checks sent, unanswered */
+    uint64_t next_ms;       /* when EV fires next */
+    struct ld_defer step;   /* continues a pass on a later turn */
+    struct event *retry_ev; /* a recheck again (ld_lease_pass_retry) */
+    long long retry_ms;     /* how long the next retry waits */
+    long long inflight;     /* renewals and checks sent, unanswered */
     bool passing;
     bool recheck;        /* this pass checks everything Redis may have lost */
     bool after_failover; /* the master changed: leases found gone until the
@@ -57,7 +63,8 @@ void ld_lease_pass_init(struct ld_lease_pass *p, const struct ld_ctx *ctx,
 void ld_lease_pass_free(struct ld_lease_pass *p);
 void ld_lease_pass_recheck(struct ld_lease_pass *p);
 void ld_lease_pass_failover(struct ld_lease_pass *p);
-void ld_lease_pass_sent(struct ld_lease_pass *p);
+bool ld_lease_pass_sent(struct ld_lease_pass *p);
+void ld_lease_pass_retry(struct ld_lease_pass *p, bool after_failover);
 void ld_lease_pass_answered(struct ld_lease_pass *p);
 long long ld_lease_pass_period_ms(const struct ld_lease_pass *p);
 bool ld_lease_renew_late(const struct ld_lease_pass *p, uint64_t sent_ms,

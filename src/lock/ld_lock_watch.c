@@ -302,7 +302,7 @@ renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     op->sent_ms = ld_now_ms();
     rec->renew_sent_ms = op->sent_ms;
     op->inflight = true;
-    ld_lease_pass_sent(&lock_mod.pass);
+    (void)ld_lease_pass_sent(&lock_mod.pass);
     lk_script(LD_SCRIPT_lock_renew, &rec->n, 2, 5, args, lens, renew_on_reply,
               op);
 }

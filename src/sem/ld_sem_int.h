@@ -63,6 +63,7 @@ struct sem_grant {
     bool watchdog;
     bool renewing;       /* a renewal or check is in flight */
     bool renew_failover; /* it was sent after the master changed */
+    bool renew_recheck;  /* it was sent by a recheck */
     bool at_risk;        /* sem_at_risk sent, no renewal confirmed since */
     uint64_t renew_sent_ms;
     struct sem_key *sk;       /* its semaphore */

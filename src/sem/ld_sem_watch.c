@@ -139,8 +139,11 @@ renew_result(struct sem_grant *g, const redisReply *r)
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {
         /* No answer: the next pass tries again while the lease may
-         * last. */
+         * last, or sooner when this was a recheck's. */
         grant_at_risk(g);
+        if (g->renew_recheck) {
+            ld_lease_pass_retry(&sem_mod.pass, g->renew_failover);
+        }
         return;
     }
     long long code = r->element[0]->integer;
@@ -214,7 +217,7 @@ renew_send(struct sem_grant *g)
     g->renewing = true;
     g->renew_failover = sem_mod.pass.after_failover;
     g->renew_sent_ms = ld_now_ms();
-    ld_lease_pass_sent(&sem_mod.pass);
+    g->renew_recheck = ld_lease_pass_sent(&sem_mod.pass);
     sem_script(LD_SCRIPT_sem_renew, &g->n, 2, args, lens, renew_on_reply, g);
 }
 

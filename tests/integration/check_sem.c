@@ -733,6 +733,48 @@ START_TEST(test_recheck_on_restart)
 }
 END_TEST
 
+/* As test_recheck_on_restart with the pass far off (20 s): both grants
+ * are reported within the budget a lock gets (check_lock_safety's
+ * recheck_on_reconnect). A check of the recheck that Redis, just back,
+ * leaves unanswered (a connection of the pool not up yet) is retried
+ * within a second, not at the next pass. */
+START_TEST(test_recheck_prompt)
+{
+    struct h_conn *a;
+    json_t *ev;
+    char s[65], t[65];
+    long long t0;
+
+    h_start("lock:\n  watchdog_ms: 60000\n");
+    a = h_connect_ok(&D1);
+    s_must(a, "S", 1, 0, 0, s);
+    s_must(a, "T", 1, 0, 600000, t);
+    h_redis_kill(&R);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    t0 = h_now_ms();
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{S}:sem"), 0);
+
+    bool seen_s = false, seen_t = false;
+    long long deadline = t0 + 15000;
+    while (!(seen_s && seen_t) && h_now_ms() < deadline) {
+        ev = h_event(a, (int)(deadline - h_now_ms()));
+        if (ev == NULL) {
+            break;
+        }
+        if (raw_is_event(ev, "sem_lost", "S") ||
+            raw_is_event(ev, "sem_lost", "T")) {
+            ck_assert_str_eq(jstr(ev, "reason"), "expired");
+            seen_s = seen_s || strcmp(jstr(ev, "key"), "S") == 0;
+            seen_t = seen_t || strcmp(jstr(ev, "key"), "T") == 0;
+        }
+        json_decref(ev);
+    }
+    ck_assert_msg(seen_s, "no sem_lost for S within 15 s of the restart");
+    ck_assert_msg(seen_t, "no sem_lost for T within 15 s of the restart");
+    h_close(a);
+}
+END_TEST
+
 /* A fixed lease Redis loses early is found on the next pass (a third of
  * watchdog_ms) without anyone else touching the semaphore. */
 START_TEST(test_fixed_lease_checked)
@@ -888,6 +930,7 @@ main(void)
         H_CASE(lost_when_redis_down, 60),
         H_CASE(lost_before_local_grant, 60),
         H_CASE(recheck_on_restart, 90),
+        H_CASE(recheck_prompt, 90),
         H_CASE(fixed_lease_checked, 60),
         H_CASE(lost_before_lease_end, 90),
         H_CASE(early_loss_rechecks_all, 60),
