@@ -222,16 +222,18 @@ acq_give_back(struct lk_op *op)
                  lens, undo_on_reply, op);
 }
 
-/* The acquisition was granted with hold count N. Returns true when OP was
- * kept for the WAIT step (the caller must not free it). */
-static bool
-acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
+/* REC now holds N times, with FENCE, for PTTL ms (-1: the lease OP
+ * asked for) from when OP was sent. A first hold (N 1) rules out the
+ * holds this daemon still counts that Redis no longer has: their holders
+ * hear of it first. */
+static void
+grant_record(struct lk_op *op, long long n, long long fence, long long pttl)
 {
     struct lk_rec *rec = op->rec;
     if (n == 1 && rec->count > 0) {
         /* A fresh acquisition although we believed it held: the old hold
          * had ended (expired, or released by token elsewhere) between two
-         * acquisitions sent together. Its holder hears of it first. */
+         * acquisitions sent together. */
         lk_rec_lost(rec, "expired", false);
     }
     if (n == 1) {
@@ -258,27 +260,63 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
     }
     lk_rec_cap_update(rec);
     lk_rec_arm_cap(rec);
+}
+
+/* Its session ended (or the daemon is stopping) while the request was on
+ * its way: a session-bound lock must not outlive it. A client that only
+ * half-closed still reads this answer, which says what happened:
+ * granted, then released with its session, like every other lock the
+ * session held. */
+static void
+grant_orphaned(struct lk_op *op)
+{
+    lk_rec_release_all(op->rec);
+    lk_rec_set_count(op->rec, 0);
+    if (op->req == NULL) {
+        return;
+    }
+    if (lock_mod.stopping) {
+        ld_reply_error(op->req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+        op->req = NULL;
+    } else {
+        acq_reply_granted(op);
+    }
+}
+
+/* WAIT for REPLICAS replicas to have the grant before OP is answered. */
+static void
+grant_wait_replicas(struct lk_op *op, int replicas)
+{
+    struct lk_rec *rec = op->rec;
+    char nbuf[16], tbuf[24];
+    /* Half the command timeout, so the answer arrives before the daemon's
+     * own timeout gives up on the connection. */
+    long long t = lock_mod.ctx->cfg->redis.timeout_ms / 2;
+    snprintf(nbuf, sizeof(nbuf), "%d", replicas);
+    snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
+    const char *argv[] = {"WAIT", nbuf, tbuf};
+    size_t lens[] = {4, strlen(nbuf), strlen(tbuf)};
+    /* WAIT counts the writes of its own connection: the grant's. */
+    struct ld_redis_opts o = {.pool = LD_REDIS_POOL_LOCK, .pin = lk_conn_id()};
+    op->inflight = true;
+    ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
+                        acq_on_wait, op);
+}
+
+/* The acquisition was granted with hold count N. Returns true when OP was
+ * kept for the WAIT step (the caller must not free it). */
+static bool
+acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
+{
+    struct lk_rec *rec = op->rec;
+    grant_record(op, n, fence, pttl);
     ld_stats.lock_acquired++;
     op->grant_count = n;
     op->grant_fence = rec->fence;
     if (!rec->detached && (rec->ls == NULL || lock_mod.stopping)) {
-        /* Its session ended (or the daemon is stopping) while the request
-         * was on its way: a session-bound lock must not outlive it. A
-         * client that only half-closed still reads this answer, which
-         * says what happened: granted, then released with its session,
-         * like every other lock the session held. A detached lock does
-         * not depend on its session and is answered as usual. */
-        lk_rec_release_all(rec);
-        lk_rec_set_count(rec, 0);
-        if (op->req != NULL) {
-            if (lock_mod.stopping) {
-                ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
-                               "the daemon is stopping");
-                op->req = NULL;
-            } else {
-                acq_reply_granted(op);
-            }
-        }
+        /* A detached lock does not depend on its session and is answered
+         * as usual. */
+        grant_orphaned(op);
         return false;
     }
     if (op->req == NULL) {
@@ -292,20 +330,7 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
     int replicas = lock_mod.redlock ? 0
                                     : lock_mod.ctx->cfg->lock.wait_replicas;
     if (replicas > 0) {
-        char nbuf[16], tbuf[24];
-        /* Half the command timeout, so the answer arrives before the
-         * daemon's own timeout gives up on the connection. */
-        long long t = lock_mod.ctx->cfg->redis.timeout_ms / 2;
-        snprintf(nbuf, sizeof(nbuf), "%d", replicas);
-        snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
-        const char *argv[] = {"WAIT", nbuf, tbuf};
-        size_t lens[] = {4, strlen(nbuf), strlen(tbuf)};
-        /* WAIT counts the writes of its own connection: the grant's. */
-        struct ld_redis_opts o = {.pool = LD_REDIS_POOL_LOCK,
-                                  .pin = lk_conn_id()};
-        op->inflight = true;
-        ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
-                            acq_on_wait, op);
+        grant_wait_replicas(op, replicas);
         return true;
     }
     acq_reply_granted(op);
@@ -596,7 +621,33 @@ struct lock_args {
     enum lk_mode mode;
 };
 
-static bool lock_may_grant(struct ld_req *req, const struct lock_args *a);
+/* The daemon can grant a lock now: not stopping, a Redlock majority
+ * there, and a DETACHed lock has a lease of its own (HAS_TTL); false once
+ * REQ has been answered with why not. */
+bool
+lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl)
+{
+    if (lock_mod.stopping) {
+        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+        return false;
+    }
+    if (lock_mod.redlock && ld_redlock_ready_count() < ld_redlock_quorum()) {
+        /* No majority to grant it: no point waiting for one. */
+        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
+                       "redlock: %d of %d instances reachable, a lock "
+                       "needs %d",
+                       ld_redlock_ready_count(), ld_redlock_count(),
+                       ld_redlock_quorum());
+        return false;
+    }
+    if (detach && !has_ttl) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'ttl_ms' is required with detach (a "
+                       "detached lock is never renewed)");
+        return false;
+    }
+    return true;
+}
 
 /* Read and check A's fields, and whether a lock may be granted now;
  * false once REQ has been answered with why not. */
@@ -629,34 +680,7 @@ lock_args_read(struct ld_req *req, struct lock_args *a)
     if (a->has_token && !lk_token_check(req, a->token, a->tlen)) {
         return false;
     }
-    return lock_may_grant(req, a);
-}
-
-/* The daemon can grant A now: not stopping, a Redlock majority there,
- * and a detached lock has a lease of its own. */
-static bool
-lock_may_grant(struct ld_req *req, const struct lock_args *a)
-{
-    if (lock_mod.stopping) {
-        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
-        return false;
-    }
-    if (lock_mod.redlock && ld_redlock_ready_count() < ld_redlock_quorum()) {
-        /* No majority to grant it: no point waiting for one. */
-        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
-                       "redlock: %d of %d instances reachable, a lock "
-                       "needs %d",
-                       ld_redlock_ready_count(), ld_redlock_count(),
-                       ld_redlock_quorum());
-        return false;
-    }
-    if (a->detach && !a->has_ttl) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'ttl_ms' is required with detach (a "
-                       "detached lock is never renewed)");
-        return false;
-    }
-    return true;
+    return lk_lock_may_grant(req, a->detach, a->has_ttl);
 }
 
 /* lock with "token": a reentry of that hold only, never a wait. */

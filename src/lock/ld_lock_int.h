@@ -276,6 +276,7 @@ void lk_unlock_settle(const struct lk_op *op, struct lk_rec *rec,
 void lk_acq_init(void);
 void lk_acq_reply_false(struct lk_op *op, long long ttl);
 void lk_acq_undo_unanswered(struct lk_rec *rec);
+bool lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl);
 void lk_op_lock(struct ld_req *req);
 
 /* ld_lock_multi.c: the ops with "keys" instead of "key" */

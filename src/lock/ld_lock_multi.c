@@ -540,74 +540,63 @@ sorted_keys(struct ld_req *req, json_t *keys, const char *owner, size_t olen)
     return e;
 }
 
-void
-lk_multi_lock(struct ld_req *req)
+/* The fields of a lock request with "keys". */
+struct multi_args {
+    json_t *keys;
+    const char *owner;
+    size_t olen;
+    long long ttl, wait;
+    bool has_ttl, detach;
+};
+
+/* Read and check A's fields, and whether a group may be granted now;
+ * false once REQ has been answered with why not. */
+static bool
+multi_args_read(struct ld_req *req, struct multi_args *a)
 {
-    json_t *keys = NULL;
-    const char *owner = "";
-    size_t olen = 0;
-    long long ttl = 0, wait = 0;
-    bool has_owner = false, has_ttl = false, has_wait = false;
-    bool detach = false;
+    bool has_owner = false, has_wait = false;
+    a->keys = NULL;
+    a->owner = "";
+    a->olen = 0;
+    a->ttl = a->wait = 0;
+    a->has_ttl = a->detach = false;
     if (check_fields(req, "lock") != LD_OK ||
-        ld_req_keys(req, "keys", MULTI_KEYS_MAX, &keys) != LD_OK ||
-        check_unique(req, keys) != LD_OK ||
-        ld_req_str(req, "owner", false, &owner, &olen, &has_owner) != LD_OK ||
-        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl, &has_ttl) !=
+        ld_req_keys(req, "keys", MULTI_KEYS_MAX, &a->keys) != LD_OK ||
+        check_unique(req, a->keys) != LD_OK ||
+        ld_req_str(req, "owner", false, &a->owner, &a->olen, &has_owner) !=
             LD_OK ||
-        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait,
+        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &a->ttl,
+                   &a->has_ttl) != LD_OK ||
+        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &a->wait,
                    &has_wait) != LD_OK ||
-        ld_req_bool(req, "detach", &detach) != LD_OK) {
-        return;
+        ld_req_bool(req, "detach", &a->detach) != LD_OK) {
+        return false;
     }
-    if (lock_mod.stopping) {
-        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
-        return;
-    }
-    if (lock_mod.redlock && ld_redlock_ready_count() < ld_redlock_quorum()) {
-        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
-                       "redlock: %d of %d instances reachable, a lock "
-                       "needs %d",
-                       ld_redlock_ready_count(), ld_redlock_count(),
-                       ld_redlock_quorum());
-        return;
-    }
-    if (!lock_mod.redlock && lock_mod.ctx->cfg->lock.wait_replicas > 0) {
-        /* Each key's grant would need its own WAIT, on its own node. */
+    if (!lock_mod.redlock && lock_mod.ctx->cfg->lock.wait_replicas > 0 &&
+        !lock_mod.stopping) {
+        /* Each key's grant would need its own WAIT, on its own node (a
+         * stopping daemon says that first). */
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'keys' is not available with "
                        "lock.wait_replicas");
-        return;
+        return false;
     }
-    if (detach && !has_ttl) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'ttl_ms' is required with detach (a "
-                       "detached lock is never renewed)");
-        return;
-    }
-    struct ent *e = sorted_keys(req, keys, owner, olen);
-    if (e == NULL) {
-        return;
-    }
-    size_t n = json_array_size(keys);
-    char tok[LD_TOKEN_LEN + 1];
-    if (ld_token_new(tok) != LD_OK) {
-        for (size_t i = 0; i < n; i++) {
-            free(e[i].n.buf);
-        }
-        free(e);
-        ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
-        return;
-    }
-    struct lk_sess *ls = lk_sess_get(req->sess, true);
-    struct lk_op *op = lk_op_new(LK_ACQ, req, NULL);
-    struct lk_grp *g = grp_new(op);
+    return lk_lock_may_grant(req, a->detach, a->has_ttl);
+}
+
+/* One record per key of E (N of them, in Redis name order) for group G,
+ * all under token TOK; E's names are freed. Returns false when a record
+ * could not be made. */
+static bool
+grp_recs_new(struct lk_grp *g, struct lk_sess *ls, struct ent *e, size_t n,
+             const struct multi_args *a, const char *tok)
+{
     g->recs = ld_xcalloc(n, sizeof(*g->recs));
     for (size_t i = 0; i < n; i++) {
         size_t dlen;
-        char *d = lk_dkey_build(owner, olen, e[i].key, e[i].len, &dlen);
+        char *d = lk_dkey_build(a->owner, a->olen, e[i].key, e[i].len, &dlen);
         struct lk_rec *rec = lk_rec_new(ls, d, dlen, e[i].key, e[i].len,
-                                        detach, LK_MODE_PLAIN);
+                                        a->detach, LK_MODE_PLAIN);
         free(e[i].n.buf);
         if (rec == NULL) {
             /* Only its own token can fail; the group's is made. */
@@ -621,17 +610,45 @@ lk_multi_lock(struct ld_req *req)
         rec->pending++;
         g->recs[g->n++] = rec;
     }
+    return g->n == n;
+}
+
+void
+lk_multi_lock(struct ld_req *req)
+{
+    struct multi_args a;
+    if (!multi_args_read(req, &a)) {
+        return;
+    }
+    struct ent *e = sorted_keys(req, a.keys, a.owner, a.olen);
+    if (e == NULL) {
+        return;
+    }
+    size_t n = json_array_size(a.keys);
+    char tok[LD_TOKEN_LEN + 1];
+    if (ld_token_new(tok) != LD_OK) {
+        for (size_t i = 0; i < n; i++) {
+            free(e[i].n.buf);
+        }
+        free(e);
+        ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
+        return;
+    }
+    struct lk_sess *ls = lk_sess_get(req->sess, true);
+    struct lk_op *op = lk_op_new(LK_ACQ, req, NULL);
+    struct lk_grp *g = grp_new(op);
+    bool made = grp_recs_new(g, ls, e, n, &a, tok);
     free(e);
-    if (g->n < n) {
+    if (!made) {
         ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
         op->req = NULL;
         lk_op_free(op);
         return;
     }
-    op->watchdog = !has_ttl;
-    op->lease_ms = has_ttl ? ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
+    op->watchdog = !a.has_ttl;
+    op->lease_ms = a.has_ttl ? a.ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
     op->lease_asked = op->lease_ms;
-    op->wait_ms = wait;
+    op->wait_ms = a.wait;
     grp_step(op);
 }
 

@@ -107,6 +107,40 @@ kind_name(enum lk_kind kind)
     }
 }
 
+/* No reply at all: for a command that changes the lock (WRITE) and was
+ * sent, the outcome is unknown; otherwise nothing changed. */
+static void
+reply_no_answer(struct ld_req *req, const char *opname, int klen,
+                const char *key, bool write)
+{
+    const char *why = lk_failure_reason();
+    enum ld_redis_outcome o = lk_outcome();
+    bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
+    if (unknown) {
+        log_warn("redis failure op=%s key=%.*s outcome=unknown "
+                 "reason=\"%s\"",
+                 opname, klen, key, why);
+    } else {
+        /* Nothing changed; the connection's own loss is a warning
+         * already, so one line per request stays quieter. */
+        log_info("redis failure op=%s key=%.*s outcome=unchanged "
+                 "reason=\"%s\"",
+                 opname, klen, key, why);
+    }
+    if (req == NULL) {
+        return;
+    }
+    if (unknown) {
+        ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
+                             json_pack("{s:s}", "outcome", "unknown"),
+                             "redis: %s; the %s was sent and may have "
+                             "taken effect",
+                             why, opname);
+    } else {
+        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
+    }
+}
+
 /* Answer REQ for a command that got no usable reply (inside the command's
  * callback, where ld_redis says why). WRITE: the command changes the lock,
  * so a command sent without an answer may have happened, and the client
@@ -125,31 +159,7 @@ lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
         key = op->rec->key;
     }
     if (r == NULL) {
-        enum ld_redis_outcome o = lk_outcome();
-        bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
-        if (unknown) {
-            log_warn("redis failure op=%s key=%.*s outcome=unknown "
-                     "reason=\"%s\"",
-                     opname, klen, key, why);
-        } else {
-            /* Nothing changed; the connection's own loss is a warning
-             * already, so one line per request stays quieter. */
-            log_info("redis failure op=%s key=%.*s outcome=unchanged "
-                     "reason=\"%s\"",
-                     opname, klen, key, why);
-        }
-        if (req == NULL) {
-            return;
-        }
-        if (unknown) {
-            ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
-                                 json_pack("{s:s}", "outcome", "unknown"),
-                                 "redis: %s; the %s was sent and may have "
-                                 "taken effect",
-                                 why, opname);
-        } else {
-            ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
-        }
+        reply_no_answer(req, opname, klen, key, write);
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
