@@ -374,6 +374,83 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
                      rec->n.chan_len, left, true, pttl);
 }
 
+/* Redis granted the group's next key, REC. */
+static void
+grp_on_granted(struct lk_op *op, struct lk_rec *rec, const long long *v,
+               bool queued)
+{
+    struct lk_grp *g = op->grp;
+    grp_granted(op, rec, v);
+    g->next++;
+    if (op->req == NULL ||
+        (!rec->detached && (rec->ls == NULL || lock_mod.stopping))) {
+        /* Answered already (its deadline passed, its session closed) or
+         * the daemon stops: nothing of it may stay held. */
+        grp_give_back(g, g->next);
+        if (op->req != NULL && lock_mod.stopping) {
+            ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
+                           "the daemon is stopping");
+            op->req = NULL;
+        }
+        lk_acq_reply_false(op, -1);
+        lk_op_wait_unlink(op);
+        ld_lockwait_leave(&op->w);
+        lk_op_free(op);
+        return;
+    }
+    if (g->next < g->n) {
+        grp_step(op);
+        return;
+    }
+    lk_op_wait_unlink(op);
+    if (queued) {
+        ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
+    }
+    grp_reply_granted(op);
+    lk_op_free(op);
+}
+
+/* The group's next key is held for PTTL ms more: the keys taken go back
+ * and the group waits for that one, or is answered. */
+static void
+grp_on_taken(struct lk_op *op, long long pttl, bool queued)
+{
+    struct lk_grp *g = op->grp;
+    ld_stats.lock_contended++;
+    grp_give_back(g, g->next);
+    if (op->req == NULL) {
+        lk_op_wait_unlink(op);
+        ld_lockwait_leave(&op->w);
+        lk_op_free(op);
+        return;
+    }
+    grp_wait(op, g->next, pttl, queued);
+}
+
+/* Wrong type, Redis unreachable or an error reply: the keys taken go
+ * back, and the one whose answer never came (REC) is undone like a
+ * single lock's. */
+static void
+grp_on_failure(struct lk_op *op, struct lk_rec *rec, const redisReply *r,
+               int n, const long long *v, bool queued)
+{
+    if (r == NULL && rec->count == 0 && !lock_mod.stopping) {
+        lk_acq_undo_unanswered(rec);
+    }
+    grp_give_back(op->grp, op->grp->next);
+    if (op->req != NULL) {
+        free(op->key);
+        op->key = ld_xstrndup(rec->key, rec->key_len);
+        op->key_len = rec->key_len;
+        lk_op_fail(op, r, n, v, false);
+    }
+    lk_op_wait_unlink(op);
+    if (queued) {
+        ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
+    }
+    lk_op_free(op);
+}
+
 static void
 grp_acq_on_reply(redisReply *r, void *arg)
 {
@@ -386,69 +463,13 @@ grp_acq_on_reply(redisReply *r, void *arg)
     struct lk_grp *g = op->grp;
     struct lk_rec *rec = g->recs[g->next];
     bool queued = op->w.q != NULL;
-
     if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
-        grp_granted(op, rec, v);
-        g->next++;
-        if (op->req == NULL ||
-            (!rec->detached && (rec->ls == NULL || lock_mod.stopping))) {
-            /* Answered already (its deadline passed, its session closed)
-             * or the daemon stops: nothing of it may stay held. */
-            grp_give_back(g, g->next);
-            if (op->req != NULL && lock_mod.stopping) {
-                ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
-                               "the daemon is stopping");
-                op->req = NULL;
-            }
-            lk_acq_reply_false(op, -1);
-            lk_op_wait_unlink(op);
-            ld_lockwait_leave(&op->w);
-            lk_op_free(op);
-            return;
-        }
-        if (g->next < g->n) {
-            grp_step(op);
-            return;
-        }
-        lk_op_wait_unlink(op);
-        if (queued) {
-            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
-        }
-        grp_reply_granted(op);
-        lk_op_free(op);
-        return;
+        grp_on_granted(op, rec, v, queued);
+    } else if (n >= 2 && v[0] == LD_LOCK_TAKEN) {
+        grp_on_taken(op, v[1], queued);
+    } else {
+        grp_on_failure(op, rec, r, n, v, queued);
     }
-    if (n >= 2 && v[0] == LD_LOCK_TAKEN) {
-        ld_stats.lock_contended++;
-        grp_give_back(g, g->next);
-        if (op->req == NULL) {
-            lk_op_wait_unlink(op);
-            ld_lockwait_leave(&op->w);
-            lk_op_free(op);
-            return;
-        }
-        grp_wait(op, g->next, v[1], queued);
-        return;
-    }
-
-    /* Wrong type, Redis unreachable or an error reply: the keys taken go
-     * back, and the one whose answer never came is undone like a single
-     * lock's. */
-    if (r == NULL && rec->count == 0 && !lock_mod.stopping) {
-        lk_acq_undo_unanswered(rec);
-    }
-    grp_give_back(g, g->next);
-    if (op->req != NULL) {
-        free(op->key);
-        op->key = ld_xstrndup(rec->key, rec->key_len);
-        op->key_len = rec->key_len;
-        lk_op_fail(op, r, n, v, false);
-    }
-    lk_op_wait_unlink(op);
-    if (queued) {
-        ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
-    }
-    lk_op_free(op);
 }
 
 static void
@@ -737,36 +758,43 @@ part_failed(struct lk_op *sub, bool unknown)
 /* Like unlock_on_reply and extend_on_reply for one key of a group: called
  * once with the answer or with UNKNOWN, then once more with the late
  * answer or LOST. */
-static void
-part_on_reply(redisReply *r, void *arg)
+/* The outcome of SUB is not known yet (UNKNOWN: its late answer or LOST
+ * follows), it is lost, or the module has gone: true once SUB has been
+ * dealt with. */
+static bool
+part_unsettled(struct lk_op *sub, enum ld_redis_outcome o)
 {
-    struct lk_op *sub = arg;
-    struct lk_grp *g = sub->grp;
-    bool unlock = sub->kind == LK_UNLOCK;
-    enum ld_redis_outcome o = lk_outcome();
     if (o == LD_REDIS_UNKNOWN) {
         part_failed(sub, true);
         part_done(sub);
-        return; /* the late answer or LOST follows */
+        return true;
     }
     if (lock_mod.freed) {
         part_done(sub);
         lk_op_free(sub);
-        return;
+        return true;
     }
     if (o == LD_REDIS_LOST) {
         part_failed(sub, true);
         part_done(sub);
-        if (unlock) {
+        if (sub->kind == LK_UNLOCK) {
             lk_unlock_recheck(sub);
         } else {
             lk_op_free(sub);
         }
-        return;
+        return true;
     }
+    return false;
+}
+
+/* What Redis answered (V, N of them) for one key of a group's unlock or
+ * extend: the key's record and the group's answer follow it. */
+static void
+part_settle(struct lk_op *sub, const long long *v, int n)
+{
+    struct lk_grp *g = sub->grp;
+    bool unlock = sub->kind == LK_UNLOCK;
     struct lk_rec *rec = lk_op_live_rec(sub);
-    long long v[3] = {0, 0, 0};
-    int n = ld_lease_reply_ints(r, v, 3);
     json_t *key = json_stringn(sub->key, sub->key_len);
     if (unlock && n >= 2 &&
         (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT)) {
@@ -798,12 +826,25 @@ part_on_reply(redisReply *r, void *arg)
     } else {
         part_failed(sub, false);
     }
+    json_decref(key);
+}
+
+static void
+part_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *sub = arg;
+    enum ld_redis_outcome o = lk_outcome();
+    if (part_unsettled(sub, o)) {
+        return;
+    }
+    long long v[3] = {0, 0, 0};
+    int n = ld_lease_reply_ints(r, v, 3);
+    part_settle(sub, v, n);
     if (o == LD_REDIS_LATE) {
         log_info("late answer settled op=%s key=%.*s result=%lld",
-                 unlock ? "unlock" : "extend", (int)sub->key_len, sub->key,
-                 n >= 1 ? v[0] : -100);
+                 sub->kind == LK_UNLOCK ? "unlock" : "extend",
+                 (int)sub->key_len, sub->key, n >= 1 ? v[0] : -100);
     }
-    json_decref(key);
     part_done(sub);
     lk_op_free(sub);
 }
