@@ -770,23 +770,11 @@ ld_lock_shutdown(void)
     }
 }
 
-void
-ld_lock_free(void)
+/* Requests still out get their answer now; their commands' replies, if
+ * they still come, only free what is left. */
+static void
+ops_answer_stopping(void)
 {
-    if (lock_mod.by_token == NULL) {
-        return;
-    }
-    for (struct ld_session *s = ld_session_first(); s != NULL;
-         s = ld_session_next(s)) {
-        struct lk_sess *ls = s->lock_state;
-        if (ls != NULL) {
-            sess_drop_waiters(ls, LD_E_SHUTTING_DOWN,
-                              "the daemon is stopping");
-        }
-    }
-    lock_mod.freed = true;
-    /* Requests still out get their answer now; their commands' replies,
-     * if they still come, only free what is left. */
     for (struct lk_op *op = LIST_FIRST(&lock_mod.ops), *next; op != NULL;
          op = next) {
         next = LIST_NEXT(op, link);
@@ -799,6 +787,12 @@ ld_lock_free(void)
             lk_op_free(op); /* a release planned for later: no command */
         }
     }
+}
+
+/* Every session forgets its records: none is held any more here. */
+static void
+sessions_forget(void)
+{
     for (struct ld_session *s = ld_session_first(); s != NULL;
          s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
@@ -820,6 +814,25 @@ ld_lock_free(void)
         ld_dict_free(ls->recs);
         free(ls);
     }
+}
+
+void
+ld_lock_free(void)
+{
+    if (lock_mod.by_token == NULL) {
+        return;
+    }
+    for (struct ld_session *s = ld_session_first(); s != NULL;
+         s = ld_session_next(s)) {
+        struct lk_sess *ls = s->lock_state;
+        if (ls != NULL) {
+            sess_drop_waiters(ls, LD_E_SHUTTING_DOWN,
+                              "the daemon is stopping");
+        }
+    }
+    lock_mod.freed = true;
+    ops_answer_stopping();
+    sessions_forget();
     ld_lockwait_free();
     lk_watch_free();
     ld_dict_free(lock_mod.by_token);

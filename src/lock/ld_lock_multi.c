@@ -849,6 +849,37 @@ part_on_reply(redisReply *r, void *arg)
     lk_op_free(sub);
 }
 
+/* Send one key's part of a group's unlock or extend (TTL: the lease an
+ * extend sets). */
+static void
+part_send(struct lk_op *sub, long long ttl)
+{
+    const struct lk_names *nm = lk_op_names(sub);
+    const char *field = sub->field != NULL ? sub->field
+                        : sub->rec != NULL ? sub->rec->token
+                                           : "";
+    size_t flen = sub->field != NULL ? sub->field_len
+                  : sub->rec != NULL ? LD_TOKEN_LEN
+                                     : 0;
+    sub->sent_ms = ld_now_ms();
+    sub->inflight = true;
+    if (sub->kind == LK_UNLOCK) {
+        const char *args[] = {nm->hash, field, "1", nm->chan, LK_UNLOCK_MSG};
+        size_t lens[] = {nm->hash_len, flen, 1, nm->chan_len,
+                         strlen(LK_UNLOCK_MSG)};
+        lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, nm, 1, 5,
+                     args, lens, part_on_reply, sub);
+        return;
+    }
+    sub->lease_ms = lk_rec_cap_clip(sub->rec, ttl);
+    char lbuf[24];
+    snprintf(lbuf, sizeof(lbuf), "%lld", sub->lease_ms);
+    const char *args[] = {nm->hash, field, lbuf};
+    size_t lens[] = {nm->hash_len, flen, strlen(lbuf)};
+    lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_extend, nm, 1, 3, args,
+                 lens, part_on_reply, sub);
+}
+
 static void
 grp_parts(struct ld_req *req, enum lk_kind kind, long long ttl)
 {
@@ -889,31 +920,7 @@ grp_parts(struct ld_req *req, enum lk_kind kind, long long ttl)
         sub->req = NULL;
         sub->grp = g;
         g->refs++;
-        const struct lk_names *nm = lk_op_names(sub);
-        const char *field = sub->field != NULL ? sub->field
-                            : sub->rec != NULL ? sub->rec->token
-                                               : "";
-        size_t flen = sub->field != NULL ? sub->field_len
-                      : sub->rec != NULL ? LD_TOKEN_LEN
-                                         : 0;
-        sub->sent_ms = ld_now_ms();
-        sub->inflight = true;
-        if (kind == LK_UNLOCK) {
-            const char *args[] = {nm->hash, field, "1", nm->chan,
-                                  LK_UNLOCK_MSG};
-            size_t lens[] = {nm->hash_len, flen, 1, nm->chan_len,
-                             strlen(LK_UNLOCK_MSG)};
-            lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, nm, 1, 5,
-                         args, lens, part_on_reply, sub);
-        } else {
-            sub->lease_ms = lk_rec_cap_clip(sub->rec, ttl);
-            char lbuf[24];
-            snprintf(lbuf, sizeof(lbuf), "%lld", sub->lease_ms);
-            const char *args[] = {nm->hash, field, lbuf};
-            size_t lens[] = {nm->hash_len, flen, strlen(lbuf)};
-            lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_extend, nm, 1, 3,
-                         args, lens, part_on_reply, sub);
-        }
+        part_send(sub, ttl);
     }
 }
 
