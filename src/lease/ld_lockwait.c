@@ -63,15 +63,6 @@ w_expire(struct ld_lockwait *w, long long ttl_ms)
     (w->fns != NULL ? w->fns->expire_fn : lockwait_mod.expire_fn)(w, ttl_ms);
 }
 
-static struct timeval
-tv_ms(long long ms)
-{
-    struct timeval tv;
-    tv.tv_sec = (time_t)(ms / 1000);
-    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
-    return tv;
-}
-
 /* Each queue is FIFO, so its head is its oldest waiter; the oldest of
  * all is among the heads. */
 static void
@@ -192,7 +183,7 @@ q_arm_retry(struct ld_lockwait_q *q, long long pttl)
     } else {
         ms = 1;
     }
-    struct timeval tv = tv_ms((long long)ms);
+    struct timeval tv = ld_tv_ms((long long)ms);
     evtimer_add(q->retry_ev, &tv);
 }
 
@@ -326,6 +317,31 @@ ld_lockwait_queued(const char *route, size_t route_len)
     return ld_dict_get(lockwait_mod.queues, route, route_len) != NULL;
 }
 
+/* The queue of ROUTE, made (with release channel CHAN) when there is
+ * none. */
+static struct ld_lockwait_q *
+q_get(const char *route, size_t route_len, const char *chan, size_t chan_len)
+{
+    struct ld_lockwait_q *q = ld_dict_get(lockwait_mod.queues, route,
+                                          route_len);
+    if (q != NULL) {
+        return q;
+    }
+    q = ld_xcalloc(1, sizeof(*q));
+    TAILQ_INIT(&q->waiters);
+    q->route = ld_xstrndup(route, route_len);
+    q->route_len = route_len;
+    q->chan = ld_xstrndup(chan, chan_len);
+    q->chan_len = chan_len;
+    q->pttl = -1;
+    q->retry_ev = evtimer_new(lockwait_mod.ctx->base, q_on_retry_timer, q);
+    if (q->retry_ev == NULL) {
+        ld_oom(0);
+    }
+    ld_dict_set(lockwait_mod.queues, q->route, route_len, q);
+    return q;
+}
+
 void
 ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
                  const char *chan, size_t chan_len, long long wait_ms,
@@ -334,22 +350,7 @@ ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
     LD_ASSERT(w->q == NULL);
     LD_ASSERT(w->fns != NULL ||
               (lockwait_mod.try_fn != NULL && lockwait_mod.expire_fn != NULL));
-    struct ld_lockwait_q *q = ld_dict_get(lockwait_mod.queues, route,
-                                          route_len);
-    if (q == NULL) {
-        q = ld_xcalloc(1, sizeof(*q));
-        TAILQ_INIT(&q->waiters);
-        q->route = ld_xstrndup(route, route_len);
-        q->route_len = route_len;
-        q->chan = ld_xstrndup(chan, chan_len);
-        q->chan_len = chan_len;
-        q->pttl = -1;
-        q->retry_ev = evtimer_new(lockwait_mod.ctx->base, q_on_retry_timer, q);
-        if (q->retry_ev == NULL) {
-            ld_oom(0);
-        }
-        ld_dict_set(lockwait_mod.queues, q->route, route_len, q);
-    }
+    struct ld_lockwait_q *q = q_get(route, route_len, chan, chan_len);
     w->q = q;
     TAILQ_INSERT_TAIL(&q->waiters, w, link);
     w->trying = false;
@@ -357,7 +358,7 @@ ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
     w->since_ms = ld_now_ms();
     ld_stats.lock_waiters++;
     if (wait_ms >= 0) {
-        struct timeval tv = tv_ms(wait_ms);
+        struct timeval tv = ld_tv_ms(wait_ms);
         w->deadline_ev = evtimer_new(lockwait_mod.ctx->base, w_on_deadline, w);
         if (w->deadline_ev == NULL) {
             ld_oom(0);
