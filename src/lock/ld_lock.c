@@ -744,10 +744,10 @@ ld_lock_init(const struct ld_ctx *ctx)
     return LD_OK;
 }
 
-void
-ld_lock_shutdown(void)
+/* Every session's waiting requests hear that the daemon is stopping. */
+static void
+waiters_drop_stopping(void)
 {
-    lock_mod.stopping = true;
     for (struct ld_session *s = ld_session_first(); s != NULL;
          s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
@@ -756,6 +756,13 @@ ld_lock_shutdown(void)
                               "the daemon is stopping");
         }
     }
+}
+
+void
+ld_lock_shutdown(void)
+{
+    lock_mod.stopping = true;
+    waiters_drop_stopping();
     struct lk_rec *next;
     for (struct lk_rec *rec = TAILQ_FIRST(&lock_mod.held); rec != NULL;
          rec = next) {
@@ -822,14 +829,7 @@ ld_lock_free(void)
     if (lock_mod.by_token == NULL) {
         return;
     }
-    for (struct ld_session *s = ld_session_first(); s != NULL;
-         s = ld_session_next(s)) {
-        struct lk_sess *ls = s->lock_state;
-        if (ls != NULL) {
-            sess_drop_waiters(ls, LD_E_SHUTTING_DOWN,
-                              "the daemon is stopping");
-        }
-    }
+    waiters_drop_stopping();
     lock_mod.freed = true;
     ops_answer_stopping();
     sessions_forget();
