@@ -1,3 +1,9 @@
+/* The wait queues locks and semaphores share (ld_lockwait.h): one FIFO
+ * per Redis key in this daemon, its timers and its subscription to the
+ * key's release channel. It decides when the head tries again; it must
+ * not answer a request nor look inside what waits (its owner's try and
+ * expire callbacks do both). */
+
 #include "ld_lockwait.h"
 
 #include "ld_assert.h"
@@ -55,15 +61,6 @@ static void
 w_expire(struct ld_lockwait *w, long long ttl_ms)
 {
     (w->fns != NULL ? w->fns->expire_fn : lockwait_mod.expire_fn)(w, ttl_ms);
-}
-
-static struct timeval
-tv_ms(long long ms)
-{
-    struct timeval tv;
-    tv.tv_sec = (time_t)(ms / 1000);
-    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
-    return tv;
 }
 
 /* Each queue is FIFO, so its head is its oldest waiter; the oldest of
@@ -186,7 +183,7 @@ q_arm_retry(struct ld_lockwait_q *q, long long pttl)
     } else {
         ms = 1;
     }
-    struct timeval tv = tv_ms((long long)ms);
+    struct timeval tv = ld_tv_ms((long long)ms);
     evtimer_add(q->retry_ev, &tv);
 }
 
@@ -298,6 +295,16 @@ w_on_deadline(evutil_socket_t fd, short what, void *arg)
     w_expire(w, ttl);
 }
 
+long long
+ld_lockwait_left(long long wait_ms, uint64_t start_us)
+{
+    if (wait_ms < 0) {
+        return -1;
+    }
+    long long left = wait_ms - (long long)((ld_now_us() - start_us) / 1000);
+    return left > 0 ? left : 0;
+}
+
 bool
 ld_lockwait_full(void)
 {
@@ -326,6 +333,31 @@ ld_lockwait_waiting(const char *route, size_t route_len)
     return n;
 }
 
+/* The queue of ROUTE, made (with release channel CHAN) when there is
+ * none. */
+static struct ld_lockwait_q *
+q_get(const char *route, size_t route_len, const char *chan, size_t chan_len)
+{
+    struct ld_lockwait_q *q = ld_dict_get(lockwait_mod.queues, route,
+                                          route_len);
+    if (q != NULL) {
+        return q;
+    }
+    q = ld_xcalloc(1, sizeof(*q));
+    TAILQ_INIT(&q->waiters);
+    q->route = ld_xstrndup(route, route_len);
+    q->route_len = route_len;
+    q->chan = ld_xstrndup(chan, chan_len);
+    q->chan_len = chan_len;
+    q->pttl = -1;
+    q->retry_ev = evtimer_new(lockwait_mod.ctx->base, q_on_retry_timer, q);
+    if (q->retry_ev == NULL) {
+        ld_oom(0);
+    }
+    ld_dict_set(lockwait_mod.queues, q->route, route_len, q);
+    return q;
+}
+
 void
 ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
                  const char *chan, size_t chan_len, long long wait_ms,
@@ -334,22 +366,7 @@ ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
     LD_ASSERT(w->q == NULL);
     LD_ASSERT(w->fns != NULL ||
               (lockwait_mod.try_fn != NULL && lockwait_mod.expire_fn != NULL));
-    struct ld_lockwait_q *q = ld_dict_get(lockwait_mod.queues, route,
-                                          route_len);
-    if (q == NULL) {
-        q = ld_xcalloc(1, sizeof(*q));
-        TAILQ_INIT(&q->waiters);
-        q->route = ld_xstrndup(route, route_len);
-        q->route_len = route_len;
-        q->chan = ld_xstrndup(chan, chan_len);
-        q->chan_len = chan_len;
-        q->pttl = -1;
-        q->retry_ev = evtimer_new(lockwait_mod.ctx->base, q_on_retry_timer, q);
-        if (q->retry_ev == NULL) {
-            ld_oom(0);
-        }
-        ld_dict_set(lockwait_mod.queues, q->route, route_len, q);
-    }
+    struct ld_lockwait_q *q = q_get(route, route_len, chan, chan_len);
     w->q = q;
     TAILQ_INSERT_TAIL(&q->waiters, w, link);
     w->trying = false;
@@ -357,7 +374,7 @@ ld_lockwait_join(struct ld_lockwait *w, const char *route, size_t route_len,
     w->since_ms = ld_now_ms();
     ld_stats.lock_waiters++;
     if (wait_ms >= 0) {
-        struct timeval tv = tv_ms(wait_ms);
+        struct timeval tv = ld_tv_ms(wait_ms);
         w->deadline_ev = evtimer_new(lockwait_mod.ctx->base, w_on_deadline, w);
         if (w->deadline_ev == NULL) {
             ld_oom(0);

@@ -77,6 +77,11 @@ void ld_lockwait_free(void);
  * a new waiter is then refused. */
 bool ld_lockwait_full(void);
 
+/* What is left of a wait of WAIT_MS (-1: no end) for a request that
+ * started at START_US (ld_now_us): -1, or 0 and up, for
+ * ld_lockwait_join. */
+long long ld_lockwait_left(long long wait_ms, uint64_t start_us);
+
 /* True when requests of this daemon wait for the lock whose Redis key is
  * ROUTE (a reader that only tries once does not get ahead of them). */
 bool ld_lockwait_queued(const char *route, size_t route_len);

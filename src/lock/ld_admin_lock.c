@@ -1,7 +1,9 @@
 /*
  * The plain locks' part of the operator ops: what lock.list shows of them
  * and how lock.force_unlock frees one (src/lua/lock_force.lua). Part of
- * the lock module (ld_lock_int.h); ld_admin.c holds the ops.
+ * the lock module (ld_lock_int.h); ld_admin.c holds the ops. It only
+ * reads the records, but for telling the holders of a lock it freed
+ * (lk_rec_lost), and must not touch read-write locks or groups.
  */
 #include "ld_admin.h"
 #include "ld_lock_int.h"
@@ -78,7 +80,7 @@ force_on_reply(redisReply *r, void *arg)
         return;
     }
     long long v[2] = {0, 0};
-    int n = lk_reply_ints(r, v, 2);
+    int n = ld_lease_reply_ints(r, v, 2);
     struct ld_req *req = op->req;
     const char *who = req->sess->client[0] != '\0' ? req->sess->client : "-";
     if (n >= 2 && v[0] == LD_LOCK_RELEASED) {

@@ -14,7 +14,10 @@
  *
  * The op handlers for unlock, extend and lock.info, the ops in flight,
  * session close and the module are here; ld_lock_int.h lists the other
- * files. Waiting is in ld_lockwait.c. */
+ * files. Waiting is in ld_lockwait.c, the watchdog pass and the rechecks
+ * in the lease engine (ld_lease.c): this file must not time a lease
+ * itself nor change a record's count other than from a reply
+ * (lk_rec_set_count). */
 
 #include "ld_lock.h"
 #include "ld_lock_int.h"
@@ -157,10 +160,7 @@ lk_op_fail(struct lk_op *op, const redisReply *r, int n, const long long *v,
 {
     size_t klen;
     const char *key = op_key(op, &klen);
-    struct lk_rec *rec = op->rec;
-    if (rec != NULL && !rec->linked) {
-        rec = NULL;
-    }
+    struct lk_rec *rec = lk_op_live_rec(op);
     bool wrong = n >= 1 && v[0] == LD_LOCK_WRONG_TYPE;
     bool gone = n >= 1 && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER);
     if (!wrong && !gone) {
@@ -187,7 +187,7 @@ release_all_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     long long v[2] = {0, 0};
-    if (!lock_mod.freed && lk_reply_ints(r, v, 2) >= 1 &&
+    if (!lock_mod.freed && ld_lease_reply_ints(r, v, 2) >= 1 &&
         v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
@@ -412,7 +412,7 @@ unlock_recheck_on_reply(redisReply *r, void *arg)
     struct lk_rec *rec = op->rec;
     long long v[3] = {0, 0, 0};
     if (!lock_mod.freed && rec != NULL && rec->linked &&
-        lk_reply_ints(r, v, 3) >= 3 &&
+        ld_lease_reply_ints(r, v, 3) >= 3 &&
         (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
         lk_unlock_settle(op, rec, v[2]);
     }
@@ -459,12 +459,9 @@ unlock_on_reply(redisReply *r, void *arg)
         lk_unlock_recheck(op);
         return;
     }
-    struct lk_rec *rec = op->rec;
-    if (rec != NULL && !rec->linked) {
-        rec = NULL;
-    }
+    struct lk_rec *rec = lk_op_live_rec(op);
     long long v[2] = {0, 0};
-    int n = lk_reply_ints(r, v, 2);
+    int n = ld_lease_reply_ints(r, v, 2);
     size_t klen;
     const char *key = op_key(op, &klen);
     if (o == LD_REDIS_LATE) {
@@ -537,12 +534,9 @@ extend_on_reply(redisReply *r, void *arg)
         lk_op_free(op);
         return;
     }
-    struct lk_rec *rec = op->rec;
-    if (rec != NULL && !rec->linked) {
-        rec = NULL;
-    }
+    struct lk_rec *rec = lk_op_live_rec(op);
     long long v[3] = {0, 0, 0};
-    int n = lk_reply_ints(r, v, 3);
+    int n = ld_lease_reply_ints(r, v, 3);
     size_t klen;
     const char *key = op_key(op, &klen);
     if (o == LD_REDIS_LATE) {
@@ -619,7 +613,7 @@ info_on_reply(redisReply *r, void *arg)
         return;
     }
     long long v[4] = {0, 0, 0, 0};
-    int n = lk_reply_ints(r, v, 4);
+    int n = ld_lease_reply_ints(r, v, 4);
     if (n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
         json_t *body = json_pack("{s:b,s:I,s:b}", "locked",
                                  v[0] == LD_LOCK_HELD, "ttl_ms",
@@ -753,10 +747,10 @@ ld_lock_init(const struct ld_ctx *ctx)
     return LD_OK;
 }
 
-void
-ld_lock_shutdown(void)
+/* Every session's waiting requests hear that the daemon is stopping. */
+static void
+waiters_drop_stopping(void)
 {
-    lock_mod.stopping = true;
     for (struct ld_session *s = ld_session_first(); s != NULL;
          s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
@@ -765,6 +759,13 @@ ld_lock_shutdown(void)
                               "the daemon is stopping");
         }
     }
+}
+
+void
+ld_lock_shutdown(void)
+{
+    lock_mod.stopping = true;
+    waiters_drop_stopping();
     struct lk_rec *next;
     for (struct lk_rec *rec = TAILQ_FIRST(&lock_mod.held); rec != NULL;
          rec = next) {
@@ -779,23 +780,11 @@ ld_lock_shutdown(void)
     }
 }
 
-void
-ld_lock_free(void)
+/* Requests still out get their answer now; their commands' replies, if
+ * they still come, only free what is left. */
+static void
+ops_answer_stopping(void)
 {
-    if (lock_mod.by_token == NULL) {
-        return;
-    }
-    for (struct ld_session *s = ld_session_first(); s != NULL;
-         s = ld_session_next(s)) {
-        struct lk_sess *ls = s->lock_state;
-        if (ls != NULL) {
-            sess_drop_waiters(ls, LD_E_SHUTTING_DOWN,
-                              "the daemon is stopping");
-        }
-    }
-    lock_mod.freed = true;
-    /* Requests still out get their answer now; their commands' replies,
-     * if they still come, only free what is left. */
     for (struct lk_op *op = LIST_FIRST(&lock_mod.ops), *next; op != NULL;
          op = next) {
         next = LIST_NEXT(op, link);
@@ -808,6 +797,12 @@ ld_lock_free(void)
             lk_op_free(op); /* a release planned for later: no command */
         }
     }
+}
+
+/* Every session forgets its records: none is held any more here. */
+static void
+sessions_forget(void)
+{
     for (struct ld_session *s = ld_session_first(); s != NULL;
          s = ld_session_next(s)) {
         struct lk_sess *ls = s->lock_state;
@@ -829,6 +824,18 @@ ld_lock_free(void)
         ld_dict_free(ls->recs);
         free(ls);
     }
+}
+
+void
+ld_lock_free(void)
+{
+    if (lock_mod.by_token == NULL) {
+        return;
+    }
+    waiters_drop_stopping();
+    lock_mod.freed = true;
+    ops_answer_stopping();
+    sessions_forget();
     ld_lockwait_free();
     lk_watch_free();
     ld_dict_free(lock_mod.by_token);

@@ -1,6 +1,7 @@
 /* Locks: the lock op. Acquisition, reentry by owner or by token,
  * waiting (the queue itself is ld_lockwait.c), WAIT for replicas, and
- * giving a hold back when its outcome is unknown. */
+ * giving a hold back when its outcome is unknown. It must not handle
+ * "keys" (ld_lock_multi.c) nor renew a lease (ld_lock_watch.c). */
 
 #include "ld_lock_int.h"
 
@@ -60,7 +61,7 @@ undo_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
     long long v[2] = {0, 0};
-    int n = lk_reply_ints(r, v, 2);
+    int n = ld_lease_reply_ints(r, v, 2);
     op->inflight = false;
     if (!lock_mod.freed && op->req != NULL) {
         int need = lock_mod.ctx->cfg->lock.wait_replicas;
@@ -124,7 +125,7 @@ undo_later(struct lk_op *op)
     if (op->undo_ev == NULL) {
         ld_oom(0);
     }
-    struct timeval tv = tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
+    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
     evtimer_add(op->undo_ev, &tv);
 }
 
@@ -134,7 +135,7 @@ undo_pinned_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     op->inflight = false;
     long long v[2] = {0, 0};
-    if (!lock_mod.freed && lk_reply_ints(r, v, 2) >= 1 &&
+    if (!lock_mod.freed && ld_lease_reply_ints(r, v, 2) >= 1 &&
         v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
@@ -221,16 +222,18 @@ acq_give_back(struct lk_op *op)
                  lens, undo_on_reply, op);
 }
 
-/* The acquisition was granted with hold count N. Returns true when OP was
- * kept for the WAIT step (the caller must not free it). */
-static bool
-acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
+/* REC now holds N times, with FENCE, for PTTL ms (-1: the lease OP
+ * asked for) from when OP was sent. A first hold (N 1) rules out the
+ * holds this daemon still counts that Redis no longer has: their holders
+ * hear of it first. */
+static void
+grant_record(struct lk_op *op, long long n, long long fence, long long pttl)
 {
     struct lk_rec *rec = op->rec;
     if (n == 1 && rec->count > 0) {
         /* A fresh acquisition although we believed it held: the old hold
          * had ended (expired, or released by token elsewhere) between two
-         * acquisitions sent together. Its holder hears of it first. */
+         * acquisitions sent together. */
         lk_rec_lost(rec, "expired", false);
     }
     if (n == 1) {
@@ -257,27 +260,63 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
     }
     lk_rec_cap_update(rec);
     lk_rec_arm_cap(rec);
+}
+
+/* Its session ended (or the daemon is stopping) while the request was on
+ * its way: a session-bound lock must not outlive it. A client that only
+ * half-closed still reads this answer, which says what happened:
+ * granted, then released with its session, like every other lock the
+ * session held. */
+static void
+grant_orphaned(struct lk_op *op)
+{
+    lk_rec_release_all(op->rec);
+    lk_rec_set_count(op->rec, 0);
+    if (op->req == NULL) {
+        return;
+    }
+    if (lock_mod.stopping) {
+        ld_reply_error(op->req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
+        op->req = NULL;
+    } else {
+        acq_reply_granted(op);
+    }
+}
+
+/* WAIT for REPLICAS replicas to have the grant before OP is answered. */
+static void
+grant_wait_replicas(struct lk_op *op, int replicas)
+{
+    struct lk_rec *rec = op->rec;
+    char nbuf[16], tbuf[24];
+    /* Half the command timeout, so the answer arrives before the daemon's
+     * own timeout gives up on the connection. */
+    long long t = lock_mod.ctx->cfg->redis.timeout_ms / 2;
+    snprintf(nbuf, sizeof(nbuf), "%d", replicas);
+    snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
+    const char *argv[] = {"WAIT", nbuf, tbuf};
+    size_t lens[] = {4, strlen(nbuf), strlen(tbuf)};
+    /* WAIT counts the writes of its own connection: the grant's. */
+    struct ld_redis_opts o = {.pool = LD_REDIS_POOL_LOCK, .pin = lk_conn_id()};
+    op->inflight = true;
+    ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
+                        acq_on_wait, op);
+}
+
+/* The acquisition was granted with hold count N. Returns true when OP was
+ * kept for the WAIT step (the caller must not free it). */
+static bool
+acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
+{
+    struct lk_rec *rec = op->rec;
+    grant_record(op, n, fence, pttl);
     ld_stats.lock_acquired++;
     op->grant_count = n;
     op->grant_fence = rec->fence;
     if (!rec->detached && (rec->ls == NULL || lock_mod.stopping)) {
-        /* Its session ended (or the daemon is stopping) while the request
-         * was on its way: a session-bound lock must not outlive it. A
-         * client that only half-closed still reads this answer, which
-         * says what happened: granted, then released with its session,
-         * like every other lock the session held. A detached lock does
-         * not depend on its session and is answered as usual. */
-        lk_rec_release_all(rec);
-        lk_rec_set_count(rec, 0);
-        if (op->req != NULL) {
-            if (lock_mod.stopping) {
-                ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
-                               "the daemon is stopping");
-                op->req = NULL;
-            } else {
-                acq_reply_granted(op);
-            }
-        }
+        /* A detached lock does not depend on its session and is answered
+         * as usual. */
+        grant_orphaned(op);
         return false;
     }
     if (op->req == NULL) {
@@ -291,118 +330,86 @@ acq_granted(struct lk_op *op, long long n, long long fence, long long pttl)
     int replicas = lock_mod.redlock ? 0
                                     : lock_mod.ctx->cfg->lock.wait_replicas;
     if (replicas > 0) {
-        char nbuf[16], tbuf[24];
-        /* Half the command timeout, so the answer arrives before the
-         * daemon's own timeout gives up on the connection. */
-        long long t = lock_mod.ctx->cfg->redis.timeout_ms / 2;
-        snprintf(nbuf, sizeof(nbuf), "%d", replicas);
-        snprintf(tbuf, sizeof(tbuf), "%lld", t > 0 ? t : 1);
-        const char *argv[] = {"WAIT", nbuf, tbuf};
-        size_t lens[] = {4, strlen(nbuf), strlen(tbuf)};
-        /* WAIT counts the writes of its own connection: the grant's. */
-        struct ld_redis_opts o = {.pool = LD_REDIS_POOL_LOCK,
-                                  .pin = lk_conn_id()};
-        op->inflight = true;
-        ld_redis_command_ex(&o, rec->n.hash, rec->n.hash_len, 3, argv, lens,
-                            acq_on_wait, op);
+        grant_wait_replicas(op, replicas);
         return true;
     }
     acq_reply_granted(op);
     return false;
 }
 
-static void
-acq_on_reply(redisReply *r, void *arg)
+/* A reentry found the hold this daemon believed its owner had gone (a
+ * fixed lease ran out, Redis lost it, an unlock by token): the holder
+ * hears it before anything else, then the request is a new acquisition,
+ * under a new token. Returns true when OP has been dealt with. */
+static bool
+acq_reenter_gone(struct lk_op *op, long long *v)
 {
-    struct lk_op *op = arg;
-    op->inflight = false;
-    if (lock_mod.freed) {
+    struct lk_rec *rec = op->rec;
+    if (rec->count > 0) {
+        bool early = ld_now_ms() < rec->lease_end_ms;
+        lk_rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken", false);
+        if (early) {
+            /* Gone before its lease: Redis may have lost data. */
+            lk_recheck_start();
+        }
+    }
+    if (op->req == NULL) {
+        lk_op_free(op);
+        return true;
+    }
+    if (v[0] == LD_LOCK_ABSENT) {
+        acq_send(op);
+        return true;
+    }
+    v[0] = LD_LOCK_TAKEN;
+    return false;
+}
+
+/* Redis says someone else holds the lock for PTTL ms more: answer OP
+ * false, or let it wait (a first try, or a reentry that found its hold
+ * gone, waits like any other). */
+static void
+acq_on_taken(struct lk_op *op, long long pttl, bool queued)
+{
+    struct lk_rec *rec = op->rec;
+    ld_stats.lock_contended++;
+    if (op->req == NULL) {
+        /* Answered already (its session closed, or it timed out). */
         lk_op_free(op);
         return;
     }
+    if (queued) {
+        /* May answer and free OP through acq_expire. */
+        ld_lockwait_done(&op->w, LD_LOCKWAIT_TAKEN, pttl);
+        return;
+    }
+    long long left = op->wait_ms == 0
+                         ? 0
+                         : ld_lockwait_left(op->wait_ms, op->req->start_us);
+    if (left == 0 || rec->ls == NULL || lock_mod.stopping) {
+        lk_acq_reply_false(op, pttl);
+        lk_op_free(op);
+        return;
+    }
+    if (ld_lockwait_full()) {
+        ld_reply_error(op->req, LD_E_BUSY,
+                       "too many lock waiters (limits.max_waiters)");
+        op->req = NULL;
+        lk_op_free(op);
+        return;
+    }
+    lk_op_wait_add(op, rec->ls);
+    ld_cancel_on(op->req, acq_cancel, op);
+    ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
+                     rec->n.chan_len, left, true, pttl);
+}
+
+/* Wrong type, Redis unreachable or an error reply. */
+static void
+acq_on_failure(struct lk_op *op, const redisReply *r, int n,
+               const long long *v, bool queued)
+{
     struct lk_rec *rec = op->rec;
-    long long v[4] = {0, 0, 0, 0};
-    int n = lk_reply_acquire(r, v);
-    bool queued = op->w.q != NULL;
-
-    if (op->reenter && n >= 1 &&
-        (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER)) {
-        /* We believed this owner held the lock, but its hold is gone (a
-         * fixed lease ran out, Redis lost it, an unlock by token): tell
-         * the holder before anything else, then this request is a new
-         * acquisition, under a new token. */
-        if (rec->count > 0) {
-            bool early = ld_now_ms() < rec->lease_end_ms;
-            lk_rec_lost(rec, v[0] == LD_LOCK_ABSENT ? "expired" : "taken",
-                        false);
-            if (early) {
-                /* Gone before its lease: Redis may have lost data. */
-                lk_recheck_start();
-            }
-        }
-        if (op->req == NULL) {
-            lk_op_free(op);
-            return;
-        }
-        if (v[0] == LD_LOCK_ABSENT) {
-            acq_send(op);
-            return;
-        }
-        v[0] = LD_LOCK_TAKEN;
-    }
-
-    if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
-        bool kept = acq_granted(op, v[1], v[2], v[3]);
-        lk_op_wait_unlink(op);
-        if (queued) {
-            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
-        }
-        if (!kept) {
-            lk_op_free(op);
-        }
-        return;
-    }
-    if (n >= 2 && v[0] == LD_LOCK_TAKEN) {
-        long long pttl = v[1];
-        ld_stats.lock_contended++;
-        if (op->req == NULL) {
-            /* Answered already (its session closed, or it timed out). */
-            lk_op_free(op);
-            return;
-        }
-        if (queued) {
-            /* May answer and free OP through acq_expire. */
-            ld_lockwait_done(&op->w, LD_LOCKWAIT_TAKEN, pttl);
-            return;
-        }
-        long long left = -1;
-        if (op->wait_ms > 0) {
-            long long waited = (long long)((ld_now_us() - op->req->start_us) /
-                                           1000);
-            left = op->wait_ms - waited;
-        }
-        if (op->wait_ms == 0 || (op->wait_ms > 0 && left <= 0) ||
-            rec->ls == NULL || lock_mod.stopping) {
-            lk_acq_reply_false(op, pttl);
-            lk_op_free(op);
-            return;
-        }
-        /* A reentry that found its hold gone: it waits like any other. */
-        if (ld_lockwait_full()) {
-            ld_reply_error(op->req, LD_E_BUSY,
-                           "too many lock waiters (limits.max_waiters)");
-            op->req = NULL;
-            lk_op_free(op);
-            return;
-        }
-        lk_op_wait_add(op, rec->ls);
-        ld_cancel_on(op->req, acq_cancel, op);
-        ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
-                         rec->n.chan_len, left, true, pttl);
-        return;
-    }
-
-    /* Wrong type, Redis unreachable or an error reply. */
     if (r == NULL && rec->count == 0 && rec->pending == 1 &&
         !lock_mod.stopping) {
         lk_acq_undo_unanswered(rec);
@@ -421,6 +428,39 @@ acq_on_reply(redisReply *r, void *arg)
         ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
     }
     lk_op_free(op);
+}
+
+static void
+acq_on_reply(redisReply *r, void *arg)
+{
+    long long v[4];
+    int n;
+    struct lk_op *op = lk_acq_reply_open(arg, r, v, &n);
+    if (op == NULL) {
+        return;
+    }
+    bool queued = op->w.q != NULL;
+    if (op->reenter && n >= 1 &&
+        (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER) &&
+        acq_reenter_gone(op, v)) {
+        return;
+    }
+    if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
+        bool kept = acq_granted(op, v[1], v[2], v[3]);
+        lk_op_wait_unlink(op);
+        if (queued) {
+            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
+        }
+        if (!kept) {
+            lk_op_free(op);
+        }
+        return;
+    }
+    if (n >= 2 && v[0] == LD_LOCK_TAKEN) {
+        acq_on_taken(op, v[1], queued);
+        return;
+    }
+    acq_on_failure(op, r, n, v, queued);
 }
 
 /* For the read side of a read-write lock: whether the same owner holds
@@ -489,7 +529,7 @@ acq_try(struct ld_lockwait *w)
 {
     /* While stopping, every waiter is being answered and dropped; an
      * attempt now would only take a lock to give back. */
-    struct lk_op *op = container_of(w, struct lk_op, w);
+    struct lk_op *op = ld_container_of(w, struct lk_op, w);
     if (lock_mod.stopping || lock_mod.freed ||
         (op->ls != NULL && op->ls->closing)) {
         return;
@@ -511,7 +551,7 @@ acq_cancel(void *arg)
 static void
 acq_expire(struct ld_lockwait *w, long long ttl_ms)
 {
-    struct lk_op *op = container_of(w, struct lk_op, w);
+    struct lk_op *op = ld_container_of(w, struct lk_op, w);
     lk_acq_reply_false(op, ttl_ms);
     if (!op->inflight) {
         lk_op_free(op);
@@ -532,13 +572,12 @@ lk_acq_init(void)
 static void
 acq_token_on_reply(redisReply *r, void *arg)
 {
-    struct lk_op *op = arg;
-    if (lock_mod.freed) {
-        lk_op_free(op);
+    long long v[4];
+    int n;
+    struct lk_op *op = lk_acq_reply_open(arg, r, v, &n);
+    if (op == NULL) {
         return;
     }
-    long long v[4] = {0, 0, 0, 0};
-    int n = lk_reply_acquire(r, v);
     if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
         struct lk_rec *rec = op->rec;
         long long fence = v[2];
@@ -573,43 +612,24 @@ acq_token_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
-void
-lk_op_lock(struct ld_req *req)
-{
+/* The fields of a lock request with "key". */
+struct lock_args {
+    const char *key, *owner, *token;
+    size_t klen, olen, tlen;
+    long long ttl, wait;
+    bool has_ttl, has_token, detach;
     enum lk_mode mode;
-    if (lk_req_mode(req, &mode) != LD_OK) {
-        return;
-    }
-    if (lk_multi_asked(req)) {
-        lk_multi_lock(req);
-        return;
-    }
-    const char *key, *owner = "", *token = "";
-    size_t klen, olen = 0, tlen = 0;
-    long long ttl = 0, wait = 0;
-    bool has_owner = false, has_ttl = false, has_wait = false;
-    bool has_token = false, detach = false;
-    if (ld_req_key(req, "key", &key, &klen) != LD_OK ||
-        ld_req_str(req, "owner", false, &owner, &olen, &has_owner) != LD_OK ||
-        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl, &has_ttl) !=
-            LD_OK ||
-        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait,
-                   &has_wait) != LD_OK ||
-        ld_req_bool(req, "detach", &detach) != LD_OK ||
-        ld_req_str(req, "token", false, &token, &tlen, &has_token) != LD_OK) {
-        return;
-    }
-    if (has_token && tlen == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'token' must not be empty");
-        return;
-    }
-    if (has_token && !lk_token_check(req, token, tlen)) {
-        return;
-    }
+};
+
+/* The daemon can grant a lock now: not stopping, a Redlock majority
+ * there, and a DETACHed lock has a lease of its own (HAS_TTL); false once
+ * REQ has been answered with why not. */
+bool
+lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl)
+{
     if (lock_mod.stopping) {
         ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
-        return;
+        return false;
     }
     if (lock_mod.redlock && ld_redlock_ready_count() < ld_redlock_quorum()) {
         /* No majority to grant it: no point waiting for one. */
@@ -618,67 +638,155 @@ lk_op_lock(struct ld_req *req)
                        "needs %d",
                        ld_redlock_ready_count(), ld_redlock_count(),
                        ld_redlock_quorum());
-        return;
+        return false;
     }
     if (detach && !has_ttl) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'ttl_ms' is required with detach (a "
                        "detached lock is never renewed)");
-        return;
+        return false;
     }
+    return true;
+}
 
-    if (has_token) {
-        struct lk_target t = {key, klen, owner, olen, token, tlen, true, mode};
-        struct lk_op *op = lk_target_op(LK_ACQ_TOKEN, req, &t);
-        op->lease_ms = has_ttl ? lk_rec_cap_clip(op->rec, ttl) : 0;
-        const struct lk_names *n = lk_op_names(op);
-        char lbuf[24];
-        ld_ll_to_str(lbuf, op->lease_ms);
-        const char *args[] = {n->hash, n->fence, lbuf, op->field, "1", "0"};
-        size_t lens[] = {
-            n->hash_len, n->fence_len, strlen(lbuf), op->field_len, 1, 1};
-        op->sent_ms = ld_now_ms();
-        op->inflight = true;
-        lk_script(LD_SCRIPT_lock_acquire, n, 2, 6, args, lens,
-                  acq_token_on_reply, op);
-        return;
+/* Read and check A's fields, and whether a lock may be granted now;
+ * false once REQ has been answered with why not. */
+static bool
+lock_args_read(struct ld_req *req, struct lock_args *a)
+{
+    bool has_owner = false, has_wait = false;
+    a->owner = "";
+    a->token = "";
+    a->olen = a->tlen = 0;
+    a->ttl = a->wait = 0;
+    a->has_ttl = a->has_token = a->detach = false;
+    if (ld_req_key(req, "key", &a->key, &a->klen) != LD_OK ||
+        ld_req_str(req, "owner", false, &a->owner, &a->olen, &has_owner) !=
+            LD_OK ||
+        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &a->ttl,
+                   &a->has_ttl) != LD_OK ||
+        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &a->wait,
+                   &has_wait) != LD_OK ||
+        ld_req_bool(req, "detach", &a->detach) != LD_OK ||
+        ld_req_str(req, "token", false, &a->token, &a->tlen, &a->has_token) !=
+            LD_OK) {
+        return false;
     }
+    if (a->has_token && a->tlen == 0) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'token' must not be empty");
+        return false;
+    }
+    if (a->has_token && !lk_token_check(req, a->token, a->tlen)) {
+        return false;
+    }
+    return lk_lock_may_grant(req, a->detach, a->has_ttl);
+}
 
-    struct lk_sess *ls = lk_sess_get(req->sess, true);
+/* lock with "token": a reentry of that hold only, never a wait. */
+static void
+lock_by_token(struct ld_req *req, const struct lock_args *a)
+{
+    struct lk_target t = {a->key,   a->klen, a->owner, a->olen,
+                          a->token, a->tlen, true,     a->mode};
+    struct lk_op *op = lk_target_op(LK_ACQ_TOKEN, req, &t);
+    op->lease_ms = a->has_ttl ? lk_rec_cap_clip(op->rec, a->ttl) : 0;
+    const struct lk_names *n = lk_op_names(op);
+    char lbuf[24];
+    ld_ll_to_str(lbuf, op->lease_ms);
+    const char *args[] = {n->hash, n->fence, lbuf, op->field, "1", "0"};
+    size_t lens[] = {
+        n->hash_len, n->fence_len, strlen(lbuf), op->field_len, 1, 1};
+    op->sent_ms = ld_now_ms();
+    op->inflight = true;
+    lk_script(LD_SCRIPT_lock_acquire, n, 2, 6, args, lens, acq_token_on_reply,
+              op);
+}
+
+/* The record of (session, owner, key) for A, made when there is none;
+ * NULL once REQ has been answered with why it cannot be used. */
+static struct lk_rec *
+lock_rec_get(struct ld_req *req, struct lk_sess *ls, const struct lock_args *a)
+{
     size_t dlen;
-    char *d = lk_dkey_build_mode(owner, olen, key, klen, mode, &dlen);
+    char *d = lk_dkey_build_mode(a->owner, a->olen, a->key, a->klen, a->mode,
+                                 &dlen);
     struct lk_rec *rec = ld_dict_get(ls->recs, d, dlen);
-    if (rec != NULL) {
-        free(d);
-        if (rec->group) {
-            ld_reply_error(req, LD_E_BAD_REQUEST,
-                           "this owner holds lock '%.*s' in a group "
-                           "(\"keys\"), which is not reentrant",
-                           (int)klen, key);
-            return;
-        }
-        if (rec->detached != detach) {
-            ld_reply_error(req, LD_E_BAD_REQUEST,
-                           "field 'detach' does not match: this owner "
-                           "holds lock '%.*s' %s",
-                           (int)klen, key,
-                           rec->detached ? "detached" : "session-bound");
-            return;
-        }
-    } else {
-        rec = lk_rec_new(ls, d, dlen, key, klen, detach, mode);
+    if (rec == NULL) {
+        rec = lk_rec_new(ls, d, dlen, a->key, a->klen, a->detach, a->mode);
         if (rec == NULL) {
             free(d);
             ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
-            return;
         }
+        return rec;
+    }
+    free(d);
+    if (rec->group) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "this owner holds lock '%.*s' in a group "
+                       "(\"keys\"), which is not reentrant",
+                       (int)a->klen, a->key);
+        return NULL;
+    }
+    if (rec->detached != a->detach) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'detach' does not match: this owner "
+                       "holds lock '%.*s' %s",
+                       (int)a->klen, a->key,
+                       rec->detached ? "detached" : "session-bound");
+        return NULL;
+    }
+    return rec;
+}
+
+/* Queue OP behind the others waiting for its lock here. */
+static void
+lock_wait(struct lk_op *op, struct lk_sess *ls)
+{
+    struct lk_rec *rec = op->rec;
+    if (ld_lockwait_full()) {
+        ld_reply_error(op->req, LD_E_BUSY,
+                       "too many lock waiters (limits.max_waiters)");
+        op->req = NULL;
+        lk_op_free(op);
+        return;
+    }
+    long long left = ld_lockwait_left(op->wait_ms, op->req->start_us);
+    lk_op_wait_add(op, ls);
+    ld_cancel_on(op->req, acq_cancel, op);
+    ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
+                     rec->n.chan_len, left, false, 0);
+}
+
+void
+lk_op_lock(struct ld_req *req)
+{
+    struct lock_args a;
+    if (lk_req_mode(req, &a.mode) != LD_OK) {
+        return;
+    }
+    if (lk_multi_asked(req)) {
+        lk_multi_lock(req);
+        return;
+    }
+    if (!lock_args_read(req, &a)) {
+        return;
+    }
+    if (a.has_token) {
+        lock_by_token(req, &a);
+        return;
+    }
+    struct lk_sess *ls = lk_sess_get(req->sess, true);
+    struct lk_rec *rec = lock_rec_get(req, ls, &a);
+    if (rec == NULL) {
+        return;
     }
     struct lk_op *op = lk_op_new(LK_ACQ, req, rec);
     rec->pending++;
-    op->watchdog = !has_ttl;
-    op->lease_ms = has_ttl ? ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
+    op->watchdog = !a.has_ttl;
+    op->lease_ms = a.has_ttl ? a.ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
     op->lease_asked = op->lease_ms;
-    op->wait_ms = wait;
+    op->wait_ms = a.wait;
 
     /* A reentry never waits, nor does a writer's read of its own lock
      * (downgrade: waiting behind writers that wait for it would never
@@ -686,33 +794,16 @@ lk_op_lock(struct ld_req *req)
      * here, except a reader's: once a writer waits, readers queue behind
      * it, and a try-once reader does not get ahead of it. */
     bool down = rw_downgrade(rec);
-    if (mode == LK_MODE_READ && wait == 0 && rec->count == 0 && !down &&
+    if (a.mode == LK_MODE_READ && a.wait == 0 && rec->count == 0 && !down &&
         ld_lockwait_queued(rec->n.hash, rec->n.hash_len)) {
         ld_stats.lock_contended++;
         lk_acq_reply_false(op, -1);
         lk_op_free(op);
         return;
     }
-    if (rec->count > 0 || wait == 0 || down) {
+    if (rec->count > 0 || a.wait == 0 || down) {
         acq_send(op);
         return;
     }
-    if (ld_lockwait_full()) {
-        ld_reply_error(req, LD_E_BUSY,
-                       "too many lock waiters (limits.max_waiters)");
-        op->req = NULL;
-        lk_op_free(op);
-        return;
-    }
-    long long left = -1;
-    if (wait > 0) {
-        left = wait - (long long)((ld_now_us() - req->start_us) / 1000);
-        if (left < 0) {
-            left = 0;
-        }
-    }
-    lk_op_wait_add(op, ls);
-    ld_cancel_on(req, acq_cancel, op);
-    ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
-                     rec->n.chan_len, left, false, 0);
+    lock_wait(op, ls);
 }

@@ -15,7 +15,7 @@
  * which answers them as one Redis would (lk_script_ex decides). */
 
 #include "ld_common.h"
-#include "ld_defer.h"
+#include "ld_lease.h"
 #include "ld_lockwait.h"
 #include "ld_redis.h"
 #include "ld_util.h"
@@ -30,9 +30,6 @@ struct ld_req;
 struct ld_session;
 
 #define LK_UNLOCK_MSG "0" /* Redisson's LockPubSub.UNLOCK_MESSAGE */
-
-#define container_of(ptr, type, member)                                       \
-    ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 /* Which kind of lock, and for a read-write lock which side. */
 enum lk_mode { LK_MODE_PLAIN, LK_MODE_READ, LK_MODE_WRITE };
@@ -84,7 +81,24 @@ struct lk_sess {
 /* What this daemon knows of one (session, owner, key): the token, and the
  * hold count as of the last reply. A record is linked (findable by owner
  * and by token) while it holds the lock or an acquisition for it is on its
- * way, and freed once unlinked and no command refers to it any more. */
+ * way, and freed once unlinked and no command refers to it any more.
+ *
+ * Its states, and what moves it between them:
+ *   PENDING   linked, count 0, pending > 0: an acquisition for it is out
+ *             or queued (lk_rec_new from lk_op_lock, or a new
+ *             acquisition of a record whose hold ended: a new token,
+ *             lk_rec_retoken).
+ *   HELD      linked, count > 0, in lock_mod.held and so in the pass: a
+ *             grant's reply set the count (lk_rec_set_count). Reentries,
+ *             partial unlocks and renewals change only the count and the
+ *             lease.
+ *   ENDED     count back to 0 (the last unlock, a fixed lease run out, a
+ *             hold lost: lk_rec_lost sends lock_lost): back to PENDING
+ *             when an acquisition is pending, else unlinked at once
+ *             (rec_settle).
+ *   UNLINKED  not findable (lk_rec_unlink; its session's close unlinks
+ *             it too, ls NULL): freed once no command refers to it (refs
+ *             0, lk_rec_unref). */
 struct lk_rec {
     struct lk_sess *ls; /* NULL once its session has closed */
     char *dkey;
@@ -165,16 +179,9 @@ struct lk_mod {
     struct ld_dict *by_token; /* token -> linked struct lk_rec */
     TAILQ_HEAD(, lk_rec) held;
     LIST_HEAD(, lk_op) ops;
-    struct event *pass_ev;
-    uint64_t next_pass_ms; /* when PASS_EV fires next */
-    struct ld_defer step;  /* continues a pass on a later turn */
-    struct lk_rec *cursor; /* next record of the pass running */
-    bool passing;
-    long long renew_inflight; /* renewals and checks sent, unanswered */
-    bool check_all;           /* this pass checks fixed leases too */
-    bool after_failover;      /* the master changed: locks found gone until the
-                            next full check are lost to the failover */
-    struct ld_dict *fences;   /* lock hash name -> struct lk_fmemo */
+    struct ld_lease_pass pass; /* the watchdog pass and rechecks */
+    struct lk_rec *cursor;     /* next record of the pass running */
+    struct ld_dict *fences;    /* lock hash name -> struct lk_fmemo */
     TAILQ_HEAD(, lk_fmemo) idle;
     size_t idle_n;
     bool stopping;
@@ -183,13 +190,6 @@ struct lk_mod {
 };
 
 extern struct lk_mod lock_mod;
-
-/* A pass over 100,000 locks must not monopolise the loop nor put 100,000
- * scripts in Redis ahead of client commands: it goes in steps of at most
- * PASS_STEP records, with at most RENEW_INFLIGHT_MAX renewals out at a
- * time; replies bring the next step. */
-#define PASS_STEP 500
-#define RENEW_INFLIGHT_MAX 1000
 
 /* Fields shared by unlock, extend and lock.info: the lock, and whose. */
 struct lk_target {
@@ -202,15 +202,6 @@ struct lk_target {
     bool has_token;
     enum lk_mode mode;
 };
-
-static inline struct timeval
-tv_ms(long long ms)
-{
-    struct timeval tv;
-    tv.tv_sec = (time_t)(ms / 1000);
-    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
-    return tv;
-}
 
 /* ld_admin_lock.c: lock.list and lock.force_unlock of plain locks */
 void lk_admin_init(void);
@@ -244,8 +235,10 @@ void lk_rec_unref(struct lk_rec *rec);
 enum ld_redis_outcome lk_outcome(void);
 const char *lk_failure_reason(void);
 uint64_t lk_conn_id(void);
+struct lk_op *lk_acq_reply_open(void *arg, const redisReply *r, long long v[4],
+                                int *n);
+struct lk_rec *lk_op_live_rec(const struct lk_op *op);
 int lk_reply_acquire(const redisReply *r, long long v[4]);
-int lk_reply_ints(const redisReply *r, long long *v, int max);
 void lk_reply_not_held(struct ld_req *req, const char *key, size_t klen,
                        bool other);
 void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
@@ -283,6 +276,7 @@ void lk_unlock_settle(const struct lk_op *op, struct lk_rec *rec,
 void lk_acq_init(void);
 void lk_acq_reply_false(struct lk_op *op, long long ttl);
 void lk_acq_undo_unanswered(struct lk_rec *rec);
+bool lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl);
 void lk_op_lock(struct ld_req *req);
 
 /* ld_lock_multi.c: the ops with "keys" instead of "key" */

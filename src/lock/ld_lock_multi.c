@@ -13,7 +13,8 @@
  * nothing, and no two groups can each hold what the other waits for.
  * A waiting group queues on the key that stopped it (ld_lockwait.c) and
  * retries from its first key when that key is released or its lease
- * ends. */
+ * ends. This file owns the groups (struct lk_grp); the records of their
+ * keys are ld_lock_rec.c's, and it must not renew or time them. */
 
 #include "ld_lock_int.h"
 
@@ -199,7 +200,7 @@ give_back_on_reply(redisReply *r, void *arg)
         }
     }
     long long v[2] = {0, 0};
-    int n = lk_reply_ints(r, v, 2);
+    int n = ld_lease_reply_ints(r, v, 2);
     if (!lock_mod.freed && n >= 1 && v[0] == LD_LOCK_RELEASED) {
         ld_stats.lock_released++;
     }
@@ -212,7 +213,7 @@ give_back_on_reply(redisReply *r, void *arg)
     if (op->undo_ev == NULL) {
         ld_oom(0);
     }
-    struct timeval tv = tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
+    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
     evtimer_add(op->undo_ev, &tv);
 }
 
@@ -373,72 +374,70 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
                      rec->n.chan_len, left, true, pttl);
 }
 
+/* Redis granted the group's next key, REC. */
 static void
-grp_acq_on_reply(redisReply *r, void *arg)
+grp_on_granted(struct lk_op *op, struct lk_rec *rec, const long long *v,
+               bool queued)
 {
-    struct lk_op *op = arg;
     struct lk_grp *g = op->grp;
-    op->inflight = false;
-    if (lock_mod.freed) {
-        lk_op_free(op);
-        return;
-    }
-    struct lk_rec *rec = g->recs[g->next];
-    long long v[4] = {0, 0, 0, 0};
-    int n = lk_reply_acquire(r, v);
-    bool queued = op->w.q != NULL;
-
-    if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
-        grp_granted(op, rec, v);
-        g->next++;
-        if (op->req == NULL ||
-            (!rec->detached && (rec->ls == NULL || lock_mod.stopping))) {
-            /* Answered already (its deadline passed, its session closed)
-             * or the daemon stops: nothing of it may stay held. */
-            grp_give_back(g, g->next);
-            if (op->req != NULL && lock_mod.stopping) {
-                ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
-                               "the daemon is stopping");
-                op->req = NULL;
-            }
-            lk_acq_reply_false(op, -1);
-            lk_op_wait_unlink(op);
-            ld_lockwait_leave(&op->w);
-            lk_op_free(op);
-            return;
-        }
-        if (g->next < g->n) {
-            grp_step(op);
-            return;
-        }
-        lk_op_wait_unlink(op);
-        if (queued) {
-            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
-        }
-        grp_reply_granted(op);
-        lk_op_free(op);
-        return;
-    }
-    if (n >= 2 && v[0] == LD_LOCK_TAKEN) {
-        ld_stats.lock_contended++;
+    grp_granted(op, rec, v);
+    g->next++;
+    if (op->req == NULL ||
+        (!rec->detached && (rec->ls == NULL || lock_mod.stopping))) {
+        /* Answered already (its deadline passed, its session closed) or
+         * the daemon stops: nothing of it may stay held. */
         grp_give_back(g, g->next);
-        if (op->req == NULL) {
-            lk_op_wait_unlink(op);
-            ld_lockwait_leave(&op->w);
-            lk_op_free(op);
-            return;
+        if (op->req != NULL && lock_mod.stopping) {
+            ld_reply_error(op->req, LD_E_SHUTTING_DOWN,
+                           "the daemon is stopping");
+            op->req = NULL;
         }
-        grp_wait(op, g->next, v[1], queued);
+        lk_acq_reply_false(op, -1);
+        lk_op_wait_unlink(op);
+        ld_lockwait_leave(&op->w);
+        lk_op_free(op);
         return;
     }
+    if (g->next < g->n) {
+        grp_step(op);
+        return;
+    }
+    lk_op_wait_unlink(op);
+    if (queued) {
+        ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
+    }
+    grp_reply_granted(op);
+    lk_op_free(op);
+}
 
-    /* Wrong type, Redis unreachable or an error reply: the keys taken go
-     * back, and the one whose answer never came is undone like a single
-     * lock's. */
+/* The group's next key is held for PTTL ms more: the keys taken go back
+ * and the group waits for that one, or is answered. */
+static void
+grp_on_taken(struct lk_op *op, long long pttl, bool queued)
+{
+    struct lk_grp *g = op->grp;
+    ld_stats.lock_contended++;
+    grp_give_back(g, g->next);
+    if (op->req == NULL) {
+        lk_op_wait_unlink(op);
+        ld_lockwait_leave(&op->w);
+        lk_op_free(op);
+        return;
+    }
+    grp_wait(op, g->next, pttl, queued);
+}
+
+/* Wrong type, Redis unreachable or an error reply: the keys taken go
+ * back, and the one whose answer never came (REC) is undone like a
+ * single lock's. */
+static void
+grp_on_failure(struct lk_op *op, struct lk_rec *rec, const redisReply *r,
+               int n, const long long *v, bool queued)
+{
     if (r == NULL && rec->count == 0 && !lock_mod.stopping) {
         lk_acq_undo_unanswered(rec);
     }
-    grp_give_back(g, g->next);
+    grp_give_back(op->grp, op->grp->next);
     if (op->req != NULL) {
         free(op->key);
         op->key = ld_xstrndup(rec->key, rec->key_len);
@@ -450,6 +449,27 @@ grp_acq_on_reply(redisReply *r, void *arg)
         ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
     }
     lk_op_free(op);
+}
+
+static void
+grp_acq_on_reply(redisReply *r, void *arg)
+{
+    long long v[4];
+    int n;
+    struct lk_op *op = lk_acq_reply_open(arg, r, v, &n);
+    if (op == NULL) {
+        return;
+    }
+    struct lk_grp *g = op->grp;
+    struct lk_rec *rec = g->recs[g->next];
+    bool queued = op->w.q != NULL;
+    if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
+        grp_on_granted(op, rec, v, queued);
+    } else if (n >= 2 && v[0] == LD_LOCK_TAKEN) {
+        grp_on_taken(op, v[1], queued);
+    } else {
+        grp_on_failure(op, rec, r, n, v, queued);
+    }
 }
 
 static void
@@ -541,74 +561,63 @@ sorted_keys(struct ld_req *req, json_t *keys, const char *owner, size_t olen)
     return e;
 }
 
-void
-lk_multi_lock(struct ld_req *req)
+/* The fields of a lock request with "keys". */
+struct multi_args {
+    json_t *keys;
+    const char *owner;
+    size_t olen;
+    long long ttl, wait;
+    bool has_ttl, detach;
+};
+
+/* Read and check A's fields, and whether a group may be granted now;
+ * false once REQ has been answered with why not. */
+static bool
+multi_args_read(struct ld_req *req, struct multi_args *a)
 {
-    json_t *keys = NULL;
-    const char *owner = "";
-    size_t olen = 0;
-    long long ttl = 0, wait = 0;
-    bool has_owner = false, has_ttl = false, has_wait = false;
-    bool detach = false;
+    bool has_owner = false, has_wait = false;
+    a->keys = NULL;
+    a->owner = "";
+    a->olen = 0;
+    a->ttl = a->wait = 0;
+    a->has_ttl = a->detach = false;
     if (check_fields(req, "lock") != LD_OK ||
-        ld_req_keys(req, "keys", MULTI_KEYS_MAX, &keys) != LD_OK ||
-        check_unique(req, keys) != LD_OK ||
-        ld_req_str(req, "owner", false, &owner, &olen, &has_owner) != LD_OK ||
-        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl, &has_ttl) !=
+        ld_req_keys(req, "keys", MULTI_KEYS_MAX, &a->keys) != LD_OK ||
+        check_unique(req, a->keys) != LD_OK ||
+        ld_req_str(req, "owner", false, &a->owner, &a->olen, &has_owner) !=
             LD_OK ||
-        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait,
+        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &a->ttl,
+                   &a->has_ttl) != LD_OK ||
+        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &a->wait,
                    &has_wait) != LD_OK ||
-        ld_req_bool(req, "detach", &detach) != LD_OK) {
-        return;
+        ld_req_bool(req, "detach", &a->detach) != LD_OK) {
+        return false;
     }
-    if (lock_mod.stopping) {
-        ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
-        return;
-    }
-    if (lock_mod.redlock && ld_redlock_ready_count() < ld_redlock_quorum()) {
-        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE,
-                       "redlock: %d of %d instances reachable, a lock "
-                       "needs %d",
-                       ld_redlock_ready_count(), ld_redlock_count(),
-                       ld_redlock_quorum());
-        return;
-    }
-    if (!lock_mod.redlock && lock_mod.ctx->cfg->lock.wait_replicas > 0) {
-        /* Each key's grant would need its own WAIT, on its own node. */
+    if (!lock_mod.redlock && lock_mod.ctx->cfg->lock.wait_replicas > 0 &&
+        !lock_mod.stopping) {
+        /* Each key's grant would need its own WAIT, on its own node (a
+         * stopping daemon says that first). */
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'keys' is not available with "
                        "lock.wait_replicas");
-        return;
+        return false;
     }
-    if (detach && !has_ttl) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'ttl_ms' is required with detach (a "
-                       "detached lock is never renewed)");
-        return;
-    }
-    struct ent *e = sorted_keys(req, keys, owner, olen);
-    if (e == NULL) {
-        return;
-    }
-    size_t n = json_array_size(keys);
-    char tok[LD_TOKEN_LEN + 1];
-    if (ld_token_new(tok) != LD_OK) {
-        for (size_t i = 0; i < n; i++) {
-            free(e[i].n.buf);
-        }
-        free(e);
-        ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
-        return;
-    }
-    struct lk_sess *ls = lk_sess_get(req->sess, true);
-    struct lk_op *op = lk_op_new(LK_ACQ, req, NULL);
-    struct lk_grp *g = grp_new(op);
+    return lk_lock_may_grant(req, a->detach, a->has_ttl);
+}
+
+/* One record per key of E (N of them, in Redis name order) for group G,
+ * all under token TOK; E's names are freed. Returns false when a record
+ * could not be made. */
+static bool
+grp_recs_new(struct lk_grp *g, struct lk_sess *ls, struct ent *e, size_t n,
+             const struct multi_args *a, const char *tok)
+{
     g->recs = ld_xcalloc(n, sizeof(*g->recs));
     for (size_t i = 0; i < n; i++) {
         size_t dlen;
-        char *d = lk_dkey_build(owner, olen, e[i].key, e[i].len, &dlen);
+        char *d = lk_dkey_build(a->owner, a->olen, e[i].key, e[i].len, &dlen);
         struct lk_rec *rec = lk_rec_new(ls, d, dlen, e[i].key, e[i].len,
-                                        detach, LK_MODE_PLAIN);
+                                        a->detach, LK_MODE_PLAIN);
         free(e[i].n.buf);
         if (rec == NULL) {
             /* Only its own token can fail; the group's is made. */
@@ -622,17 +631,45 @@ lk_multi_lock(struct ld_req *req)
         rec->pending++;
         g->recs[g->n++] = rec;
     }
+    return g->n == n;
+}
+
+void
+lk_multi_lock(struct ld_req *req)
+{
+    struct multi_args a;
+    if (!multi_args_read(req, &a)) {
+        return;
+    }
+    struct ent *e = sorted_keys(req, a.keys, a.owner, a.olen);
+    if (e == NULL) {
+        return;
+    }
+    size_t n = json_array_size(a.keys);
+    char tok[LD_TOKEN_LEN + 1];
+    if (ld_token_new(tok) != LD_OK) {
+        for (size_t i = 0; i < n; i++) {
+            free(e[i].n.buf);
+        }
+        free(e);
+        ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
+        return;
+    }
+    struct lk_sess *ls = lk_sess_get(req->sess, true);
+    struct lk_op *op = lk_op_new(LK_ACQ, req, NULL);
+    struct lk_grp *g = grp_new(op);
+    bool made = grp_recs_new(g, ls, e, n, &a, tok);
     free(e);
-    if (g->n < n) {
+    if (!made) {
         ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
         op->req = NULL;
         lk_op_free(op);
         return;
     }
-    op->watchdog = !has_ttl;
-    op->lease_ms = has_ttl ? ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
+    op->watchdog = !a.has_ttl;
+    op->lease_ms = a.has_ttl ? a.ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
     op->lease_asked = op->lease_ms;
-    op->wait_ms = wait;
+    op->wait_ms = a.wait;
     grp_step(op);
 }
 
@@ -721,39 +758,43 @@ part_failed(struct lk_op *sub, bool unknown)
 /* Like unlock_on_reply and extend_on_reply for one key of a group: called
  * once with the answer or with UNKNOWN, then once more with the late
  * answer or LOST. */
-static void
-part_on_reply(redisReply *r, void *arg)
+/* The outcome of SUB is not known yet (UNKNOWN: its late answer or LOST
+ * follows), it is lost, or the module has gone: true once SUB has been
+ * dealt with. */
+static bool
+part_unsettled(struct lk_op *sub, enum ld_redis_outcome o)
 {
-    struct lk_op *sub = arg;
-    struct lk_grp *g = sub->grp;
-    bool unlock = sub->kind == LK_UNLOCK;
-    enum ld_redis_outcome o = lk_outcome();
     if (o == LD_REDIS_UNKNOWN) {
         part_failed(sub, true);
         part_done(sub);
-        return; /* the late answer or LOST follows */
+        return true;
     }
     if (lock_mod.freed) {
         part_done(sub);
         lk_op_free(sub);
-        return;
+        return true;
     }
     if (o == LD_REDIS_LOST) {
         part_failed(sub, true);
         part_done(sub);
-        if (unlock) {
+        if (sub->kind == LK_UNLOCK) {
             lk_unlock_recheck(sub);
         } else {
             lk_op_free(sub);
         }
-        return;
+        return true;
     }
-    struct lk_rec *rec = sub->rec;
-    if (rec != NULL && !rec->linked) {
-        rec = NULL;
-    }
-    long long v[3] = {0, 0, 0};
-    int n = lk_reply_ints(r, v, 3);
+    return false;
+}
+
+/* What Redis answered (V, N of them) for one key of a group's unlock or
+ * extend: the key's record and the group's answer follow it. */
+static void
+part_settle(struct lk_op *sub, const long long *v, int n)
+{
+    struct lk_grp *g = sub->grp;
+    bool unlock = sub->kind == LK_UNLOCK;
+    struct lk_rec *rec = lk_op_live_rec(sub);
     json_t *key = json_stringn(sub->key, sub->key_len);
     if (unlock && n >= 2 &&
         (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT)) {
@@ -785,14 +826,58 @@ part_on_reply(redisReply *r, void *arg)
     } else {
         part_failed(sub, false);
     }
+    json_decref(key);
+}
+
+static void
+part_on_reply(redisReply *r, void *arg)
+{
+    struct lk_op *sub = arg;
+    enum ld_redis_outcome o = lk_outcome();
+    if (part_unsettled(sub, o)) {
+        return;
+    }
+    long long v[3] = {0, 0, 0};
+    int n = ld_lease_reply_ints(r, v, 3);
+    part_settle(sub, v, n);
     if (o == LD_REDIS_LATE) {
         log_info("late answer settled op=%s key=%.*s result=%lld",
-                 unlock ? "unlock" : "extend", (int)sub->key_len, sub->key,
-                 n >= 1 ? v[0] : -100);
+                 sub->kind == LK_UNLOCK ? "unlock" : "extend",
+                 (int)sub->key_len, sub->key, n >= 1 ? v[0] : -100);
     }
-    json_decref(key);
     part_done(sub);
     lk_op_free(sub);
+}
+
+/* Send one key's part of a group's unlock or extend (TTL: the lease an
+ * extend sets). */
+static void
+part_send(struct lk_op *sub, long long ttl)
+{
+    const struct lk_names *nm = lk_op_names(sub);
+    const char *field = sub->field != NULL ? sub->field
+                        : sub->rec != NULL ? sub->rec->token
+                                           : "";
+    size_t flen = sub->field != NULL ? sub->field_len
+                  : sub->rec != NULL ? LD_TOKEN_LEN
+                                     : 0;
+    sub->sent_ms = ld_now_ms();
+    sub->inflight = true;
+    if (sub->kind == LK_UNLOCK) {
+        const char *args[] = {nm->hash, field, "1", nm->chan, LK_UNLOCK_MSG};
+        size_t lens[] = {nm->hash_len, flen, 1, nm->chan_len,
+                         strlen(LK_UNLOCK_MSG)};
+        lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, nm, 1, 5,
+                     args, lens, part_on_reply, sub);
+        return;
+    }
+    sub->lease_ms = lk_rec_cap_clip(sub->rec, ttl);
+    char lbuf[24];
+    snprintf(lbuf, sizeof(lbuf), "%lld", sub->lease_ms);
+    const char *args[] = {nm->hash, field, lbuf};
+    size_t lens[] = {nm->hash_len, flen, strlen(lbuf)};
+    lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_extend, nm, 1, 3, args,
+                 lens, part_on_reply, sub);
 }
 
 static void
@@ -835,31 +920,7 @@ grp_parts(struct ld_req *req, enum lk_kind kind, long long ttl)
         sub->req = NULL;
         sub->grp = g;
         g->refs++;
-        const struct lk_names *nm = lk_op_names(sub);
-        const char *field = sub->field != NULL ? sub->field
-                            : sub->rec != NULL ? sub->rec->token
-                                               : "";
-        size_t flen = sub->field != NULL ? sub->field_len
-                      : sub->rec != NULL ? LD_TOKEN_LEN
-                                         : 0;
-        sub->sent_ms = ld_now_ms();
-        sub->inflight = true;
-        if (kind == LK_UNLOCK) {
-            const char *args[] = {nm->hash, field, "1", nm->chan,
-                                  LK_UNLOCK_MSG};
-            size_t lens[] = {nm->hash_len, flen, 1, nm->chan_len,
-                             strlen(LK_UNLOCK_MSG)};
-            lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, nm, 1, 5,
-                         args, lens, part_on_reply, sub);
-        } else {
-            sub->lease_ms = lk_rec_cap_clip(sub->rec, ttl);
-            char lbuf[24];
-            snprintf(lbuf, sizeof(lbuf), "%lld", sub->lease_ms);
-            const char *args[] = {nm->hash, field, lbuf};
-            size_t lens[] = {nm->hash_len, flen, strlen(lbuf)};
-            lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_extend, nm, 1, 3,
-                         args, lens, part_on_reply, sub);
-        }
+        part_send(sub, ttl);
     }
 }
 

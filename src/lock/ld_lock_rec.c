@@ -1,6 +1,8 @@
 /* Locks: the Redis names of a lock, the records of what this daemon
  * holds (by session, owner and key, and by token), and the memo of the
- * highest fence handed out per lock. */
+ * highest fence handed out per lock. It owns a record's life and links
+ * (ld_lock_int.h has its states); it must not send a command to Redis
+ * but for giving a lost hold back (lk_rec_lost). */
 
 #include "ld_lock_int.h"
 
@@ -57,86 +59,87 @@ lk_mode_name(enum lk_mode mode)
     }
 }
 
+/* Redisson's names (lock.layout redisson). */
+static void
+names_redisson(struct lk_names *n, const char *key, size_t len)
+{
+    static const char chan_pfx[] = "redisson_lock__channel";
+    static const char rwchan_pfx[] = "redisson_rwlock";
+    static const char fence_pfx[] = "redisson_lock_token";
+    size_t cap = (len + 1) + (sizeof(chan_pfx) + len + 4) +
+                 2 * (sizeof(fence_pfx) + len + 4) + 7 +
+                 (sizeof(rwchan_pfx) + len + 4) + (len + 3);
+    char *p = n->buf = ld_xmalloc(cap);
+    n->hash = p;
+    n->hash_len = len;
+    p = put(p, key, len);
+    *p++ = '\0';
+    n->chan = p;
+    n->chan_len = redisson_name(p, chan_pfx, key, len);
+    p += n->chan_len + 1;
+    n->fence = p;
+    n->fence_len = redisson_name(p, fence_pfx, key, len);
+    p += n->fence_len + 1;
+    /* Beside the fence counter: the lock hash may have no hash tag,
+     * and in a cluster the marker must share the slot it hashes to. */
+    n->forced = p;
+    n->forced_len = n->fence_len + 7;
+    p = put(p, n->fence, n->fence_len);
+    p = put(p, ":forced", 7);
+    *p++ = '\0';
+    n->rwchan = p;
+    n->rwchan_len = redisson_name(p, rwchan_pfx, key, len);
+    p += n->rwchan_len + 1;
+    /* RedissonReadLock's key prefix: the name, in braces unless it
+     * carries a hash tag already (so it hashes with the name). */
+    n->rwpfx = p;
+    if (memchr(key, '{', len) != NULL) {
+        p = put(p, key, len);
+    } else {
+        p = put(p, "{", 1);
+        p = put(p, key, len);
+        p = put(p, "}", 1);
+    }
+    n->rwpfx_len = (size_t)(p - n->rwpfx);
+    *p = '\0';
+}
+
+/* leased's names: <lock.prefix>{KEY} and its fence, channel and marker
+ * beside it, in one hash slot. */
+static void
+names_leased(struct lk_names *n, const char *key, size_t len)
+{
+    const struct ld_config *cfg = lock_mod.ctx->cfg;
+    static const char *const sufs[] = {":fence", ":unlock", ":forced"};
+    const char *names[4];
+    size_t lens[4];
+    n->buf = ld_lease_names(cfg->lock.prefix, key, len, "", sufs, 3, names,
+                            lens);
+    n->hash = names[0];
+    n->hash_len = lens[0];
+    n->fence = names[1];
+    n->fence_len = lens[1];
+    n->chan = names[2];
+    n->chan_len = lens[2];
+    n->forced = names[3];
+    n->forced_len = lens[3];
+    /* A read-write lock uses the plain lock's channel, and its
+     * readers' lease keys start with the hash's name (same slot). */
+    n->rwchan = n->chan;
+    n->rwchan_len = n->chan_len;
+    n->rwpfx = n->hash;
+    n->rwpfx_len = n->hash_len;
+}
+
 void
 lk_names_build_mode(struct lk_names *n, const char *key, size_t len,
                     enum lk_mode mode)
 {
     memset(n, 0, sizeof(*n));
-    const struct ld_config *cfg = lock_mod.ctx->cfg;
-    if (cfg->lock.layout == LD_LAYOUT_REDISSON) {
-        static const char chan_pfx[] = "redisson_lock__channel";
-        static const char rwchan_pfx[] = "redisson_rwlock";
-        static const char fence_pfx[] = "redisson_lock_token";
-        size_t cap = (len + 1) + (sizeof(chan_pfx) + len + 4) +
-                     2 * (sizeof(fence_pfx) + len + 4) + 7 +
-                     (sizeof(rwchan_pfx) + len + 4) + (len + 3);
-        char *p = n->buf = ld_xmalloc(cap);
-        n->hash = p;
-        n->hash_len = len;
-        p = put(p, key, len);
-        *p++ = '\0';
-        n->chan = p;
-        n->chan_len = redisson_name(p, chan_pfx, key, len);
-        p += n->chan_len + 1;
-        n->fence = p;
-        n->fence_len = redisson_name(p, fence_pfx, key, len);
-        p += n->fence_len + 1;
-        /* Beside the fence counter: the lock hash may have no hash tag,
-         * and in a cluster the marker must share the slot it hashes to. */
-        n->forced = p;
-        n->forced_len = n->fence_len + 7;
-        p = put(p, n->fence, n->fence_len);
-        p = put(p, ":forced", 7);
-        *p++ = '\0';
-        n->rwchan = p;
-        n->rwchan_len = redisson_name(p, rwchan_pfx, key, len);
-        p += n->rwchan_len + 1;
-        /* RedissonReadLock's key prefix: the name, in braces unless it
-         * carries a hash tag already (so it hashes with the name). */
-        n->rwpfx = p;
-        if (memchr(key, '{', len) != NULL) {
-            p = put(p, key, len);
-        } else {
-            p = put(p, "{", 1);
-            p = put(p, key, len);
-            p = put(p, "}", 1);
-        }
-        n->rwpfx_len = (size_t)(p - n->rwpfx);
-        *p = '\0';
+    if (lock_mod.ctx->cfg->lock.layout == LD_LAYOUT_REDISSON) {
+        names_redisson(n, key, len);
     } else {
-        const char *pfx = cfg->lock.prefix;
-        size_t plen = strlen(pfx);
-        size_t hlen = plen + len + 2;
-        size_t cap = (hlen + 1) + (hlen + 7) + (hlen + 8) + (hlen + 8);
-        char *p = n->buf = ld_xmalloc(cap);
-        n->hash = p;
-        n->hash_len = hlen;
-        p = put(p, pfx, plen);
-        p = put(p, "{", 1);
-        p = put(p, key, len);
-        p = put(p, "}", 1);
-        *p++ = '\0';
-        n->fence = p;
-        n->fence_len = hlen + 6;
-        p = put(p, n->hash, hlen);
-        p = put(p, ":fence", 6);
-        *p++ = '\0';
-        n->chan = p;
-        n->chan_len = hlen + 7;
-        p = put(p, n->hash, hlen);
-        p = put(p, ":unlock", 7);
-        *p++ = '\0';
-        n->forced = p;
-        n->forced_len = hlen + 7;
-        p = put(p, n->hash, hlen);
-        p = put(p, ":forced", 7);
-        *p = '\0';
-        /* A read-write lock uses the plain lock's channel, and its
-         * readers' lease keys start with the hash's name (same slot). */
-        n->rwchan = n->chan;
-        n->rwchan_len = n->chan_len;
-        n->rwpfx = n->hash;
-        n->rwpfx_len = n->hash_len;
+        names_leased(n, key, len);
     }
     n->mode = mode;
     if (mode != LK_MODE_PLAIN) {

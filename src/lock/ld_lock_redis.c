@@ -1,5 +1,7 @@
-/* Locks: running the lock scripts, reading their replies, and the
- * answers for replies that are failures. */
+/* Locks: running the lock scripts (on Redis or on lock.redlock's
+ * instances), reading their replies, and the answers for replies that
+ * are failures. It must not change a record: what a reply means is its
+ * callback's business. */
 
 #include "ld_lock_int.h"
 
@@ -18,22 +20,30 @@
 
 /* ------------------------------------------------------- Redis helpers */
 
-/* Read a script's integer array into V; returns the count, or -1 when the
- * reply is anything else. */
-int
-lk_reply_ints(const redisReply *r, long long *v, int max)
+/* The opening every acquisition's reply callback shares (lock, lock by
+ * token, a group's key): OP (ARG) is no longer in flight; when the module
+ * has gone meanwhile it is freed and NULL comes back, else OP, with the
+ * reply read into V and its length into *N (lk_reply_acquire). */
+struct lk_op *
+lk_acq_reply_open(void *arg, const redisReply *r, long long v[4], int *n)
 {
-    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
-        return -1;
+    struct lk_op *op = arg;
+    op->inflight = false;
+    if (lock_mod.freed) {
+        lk_op_free(op);
+        return NULL;
     }
-    int n = 0;
-    for (size_t i = 0; i < r->elements && n < max; i++) {
-        if (r->element[i]->type != REDIS_REPLY_INTEGER) {
-            return -1;
-        }
-        v[n++] = r->element[i]->integer;
-    }
-    return n;
+    memset(v, 0, 4 * sizeof(*v));
+    *n = lk_reply_acquire(r, v);
+    return op;
+}
+
+/* The record a reply callback may still settle: OP's, while linked. */
+struct lk_rec *
+lk_op_live_rec(const struct lk_op *op)
+{
+    struct lk_rec *rec = op->rec;
+    return rec != NULL && rec->linked ? rec : NULL;
 }
 
 /* Read lock_acquire's reply into V: like lk_reply_ints, but a grant carries
@@ -48,7 +58,7 @@ lk_reply_acquire(const redisReply *r, long long v[4])
         return -1;
     }
     if (r->element[0]->integer != LD_LOCK_GRANTED) {
-        return lk_reply_ints(r, v, 4);
+        return ld_lease_reply_ints(r, v, 4);
     }
     if (r->elements != 4 || r->element[1]->type != REDIS_REPLY_INTEGER ||
         r->element[2]->type != REDIS_REPLY_STRING ||
@@ -97,6 +107,40 @@ kind_name(enum lk_kind kind)
     }
 }
 
+/* No reply at all: for a command that changes the lock (WRITE) and was
+ * sent, the outcome is unknown; otherwise nothing changed. */
+static void
+reply_no_answer(struct ld_req *req, const char *opname, int klen,
+                const char *key, bool write)
+{
+    const char *why = lk_failure_reason();
+    enum ld_redis_outcome o = lk_outcome();
+    bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
+    if (unknown) {
+        log_warn("redis failure op=%s key=%.*s outcome=unknown "
+                 "reason=\"%s\"",
+                 opname, klen, key, why);
+    } else {
+        /* Nothing changed; the connection's own loss is a warning
+         * already, so one line per request stays quieter. */
+        log_info("redis failure op=%s key=%.*s outcome=unchanged "
+                 "reason=\"%s\"",
+                 opname, klen, key, why);
+    }
+    if (req == NULL) {
+        return;
+    }
+    if (unknown) {
+        ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
+                             json_pack("{s:s}", "outcome", "unknown"),
+                             "redis: %s; the %s was sent and may have "
+                             "taken effect",
+                             why, opname);
+    } else {
+        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
+    }
+}
+
 /* Answer REQ for a command that got no usable reply (inside the command's
  * callback, where ld_redis says why). WRITE: the command changes the lock,
  * so a command sent without an answer may have happened, and the client
@@ -106,11 +150,6 @@ void
 lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
                           const struct lk_op *op, bool write)
 {
-    static const char *const unavailable[] = {
-        "LOADING",     "BUSY",     "READONLY",   "MASTERDOWN",
-        "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "OOM",
-        "NOAUTH",      "MOVED",    "ASK",
-    };
     const char *why = lk_failure_reason();
     const char *opname = op != NULL ? kind_name(op->kind) : "lock";
     int klen = op != NULL && op->key != NULL ? (int)op->key_len : 1;
@@ -120,44 +159,17 @@ lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
         key = op->rec->key;
     }
     if (r == NULL) {
-        enum ld_redis_outcome o = lk_outcome();
-        bool unknown = write && (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST);
-        if (unknown) {
-            log_warn("redis failure op=%s key=%.*s outcome=unknown "
-                     "reason=\"%s\"",
-                     opname, klen, key, why);
-        } else {
-            /* Nothing changed; the connection's own loss is a warning
-             * already, so one line per request stays quieter. */
-            log_info("redis failure op=%s key=%.*s outcome=unchanged "
-                     "reason=\"%s\"",
-                     opname, klen, key, why);
-        }
-        if (req == NULL) {
-            return;
-        }
-        if (unknown) {
-            ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
-                                 json_pack("{s:s}", "outcome", "unknown"),
-                                 "redis: %s; the %s was sent and may have "
-                                 "taken effect",
-                                 why, opname);
-        } else {
-            ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
-        }
+        reply_no_answer(req, opname, klen, key, write);
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        for (size_t i = 0; i < LD_ARRAY_LEN(unavailable); i++) {
-            if (ld_reply_is_error(r, unavailable[i])) {
-                log_warn("redis failure op=%s key=%.*s reason=\"%s\"", opname,
-                         klen, key, why);
-                if (req != NULL) {
-                    ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s",
-                                   why);
-                }
-                return;
+        if (ld_lease_error_unavailable(r)) {
+            log_warn("redis failure op=%s key=%.*s reason=\"%s\"", opname,
+                     klen, key, why);
+            if (req != NULL) {
+                ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", why);
             }
+            return;
         }
         log_error("internal error op=%s key=%.*s redis=\"%s\"", opname, klen,
                   key, why);

@@ -1,8 +1,10 @@
 /* Locks: the timers that end a hold this daemon can no longer vouch
- * for (lock_lost, max_hold), the watchdog pass that renews leases (and
- * tells a holder when a renewal fails or is late: lock_at_risk, then
- * lock_safe), and the rechecks of every lock when Redis may have lost
- * them. */
+ * for (lock_lost, max_hold), what the watchdog pass does for one lock
+ * (renew it, or check a fixed lease, and tell a holder when a renewal
+ * fails or is late: lock_at_risk, then lock_safe) and what a renewal's
+ * answer means. The pass itself, its bounds and the rechecks are the
+ * lease engine's (ld_lease.c); this file must not run a pass of its own
+ * nor touch a record's Redis keys other than through lock_renew. */
 
 #include "ld_lock_int.h"
 
@@ -23,19 +25,14 @@
 #include <stdio.h>
 #include <string.h>
 
-/* How long before the end of a confirmed watchdog lease the daemon stops
- * vouching for it: the lease is counted from when the confirming command
- * was sent, which is never later than Redis started it, and the margin
- * covers the clocks of the two hosts drifting apart (1% of a watchdog
- * lease, as for Redlock) and the event's way to the client (2 ms). */
+/* The margin before a watchdog lease's end (ld_lease_margin_ms). */
 static uint64_t
 lost_margin_ms(void)
 {
-    return 2 + (uint64_t)lock_mod.ctx->cfg->lock.watchdog_ms / 100;
+    return ld_lease_margin_ms(&lock_mod.pass);
 }
 
 static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease);
-static long long pass_period_ms(void);
 
 static void
 cap_on_timer(evutil_socket_t fd, short what, void *arg)
@@ -77,7 +74,8 @@ static uint64_t
 early_renew_at(const struct lk_rec *rec, uint64_t lost_at)
 {
     if (rec->renewing ||
-        lost_at >= lock_mod.next_pass_ms + (uint64_t)pass_period_ms() ||
+        lost_at >= lock_mod.pass.next_ms +
+                       (uint64_t)ld_lease_pass_period_ms(&lock_mod.pass) ||
         (rec->cap_end_ms != 0 &&
          rec->lease_end_ms + lost_margin_ms() >= rec->cap_end_ms)) {
         return UINT64_MAX;
@@ -99,8 +97,7 @@ lk_rec_arm_cap(struct lk_rec *rec)
     }
     uint64_t at = UINT64_MAX;
     if (rec->watchdog && rec->ls != NULL) {
-        uint64_t m = lost_margin_ms();
-        at = rec->lease_end_ms > m ? rec->lease_end_ms - m : 0;
+        at = ld_lease_vouch_end(&lock_mod.pass, rec->lease_end_ms);
         uint64_t early = early_renew_at(rec, at);
         if (early < at) {
             at = early;
@@ -117,16 +114,7 @@ lk_rec_arm_cap(struct lk_rec *rec)
         }
         return;
     }
-    if (rec->cap_ev == NULL) {
-        rec->cap_ev = evtimer_new(lock_mod.ctx->base, cap_on_timer, rec);
-        if (rec->cap_ev == NULL) {
-            ld_oom(0);
-        }
-    }
-    uint64_t now = ld_now_ms();
-    uint64_t ms = at > now ? at - now : 0;
-    struct timeval tv = tv_ms((long long)ms);
-    evtimer_add(rec->cap_ev, &tv);
+    ld_lease_timer_arm(&lock_mod.pass, &rec->cap_ev, cap_on_timer, rec, at);
 }
 
 /* Follow lock.max_hold_ms (reloads apply) for a watchdog-renewed lock. */
@@ -166,8 +154,6 @@ lk_rec_cap_clip(const struct lk_rec *rec, long long lease)
 
 /* ------------------------------------------------------------ watchdog */
 
-static void pass_continue(void);
-
 /* A renewal of REC failed, or is late (see pass_visit), while the lease
  * it last confirmed may still hold: the holder hears it at once, once
  * until a renewal confirms the lease again, so that it can finish or
@@ -183,9 +169,9 @@ rec_at_risk(struct lk_rec *rec)
         return;
     }
     rec->at_risk = true;
-    json_t *ev = json_pack("{s:s,s:s%,s:s,s:I}", "event", "lock_at_risk",
-                           "key", rec->key, rec->key_len, "token", rec->token,
-                           "lease_left_ms", (json_int_t)(end - m - now));
+    json_t *ev = ld_lease_event("lock", "at_risk", rec->key, rec->key_len,
+                                rec->token);
+    json_object_set_new(ev, "lease_left_ms", json_integer(end - m - now));
     ld_session_event(rec->ls->sess, ev);
     log_info("lock at risk lease_left_ms=%llu session=%s",
              (unsigned long long)(end - m - now), rec->ls->sess->name);
@@ -196,11 +182,82 @@ static void
 rec_safe(struct lk_rec *rec, long long lease)
 {
     rec->at_risk = false;
-    json_t *ev = json_pack("{s:s,s:s%,s:s,s:I}", "event", "lock_safe", "key",
-                           rec->key, rec->key_len, "token", rec->token,
-                           "lease_ms", (json_int_t)lease);
+    json_t *ev = ld_lease_event("lock", "safe", rec->key, rec->key_len,
+                                rec->token);
+    json_object_set_new(ev, "lease_ms", json_integer(lease));
     ld_session_event(rec->ls->sess, ev);
     log_info("lock safe again session=%s", rec->ls->sess->name);
+}
+
+/* A renewal or check found REC held, for PTTL ms more, COUNT times. */
+static void
+renew_held(struct lk_rec *rec, const struct lk_op *op, long long pttl,
+           long long count)
+{
+    bool renew = op->kind == LK_RENEW;
+    if (renew) {
+        ld_stats.lock_renewals_ok++;
+    }
+    if (pttl < 0) {
+        /* Someone removed the expiry; look again in a while. */
+        pttl = lock_mod.ctx->cfg->lock.watchdog_ms;
+    }
+    rec->lease_end_ms = op->sent_ms + (uint64_t)pttl;
+    if (count > 0) {
+        lk_rec_set_count(rec, count);
+    }
+    if (renew && rec->at_risk) {
+        rec_safe(rec, pttl);
+    }
+    lk_rec_arm_cap(rec);
+}
+
+/* A renewal or check found REC gone (CODE < 0). Found gone before the
+ * lease it last confirmed could end in Redis: Redis lost data (FLUSHALL,
+ * a restart without persistence, an eviction), so look at every lock at
+ * once. */
+static void
+renew_gone(struct lk_rec *rec, const struct lk_op *op, long long code)
+{
+    bool early = ld_now_ms() < rec->lease_end_ms;
+    if (code == LD_LOCK_WRONG_TYPE) {
+        log_warn("lock '%.*s': its redis key holds data leased did not "
+                 "write",
+                 (int)rec->key_len, rec->key);
+    }
+    /* FORCED: an operator took it (lock.force_unlock), not data loss, so
+     * no recheck of the others. */
+    bool forced = code == LD_LOCK_FORCED;
+    const char *why = op->after_failover       ? "failover"
+                      : code == LD_LOCK_ABSENT ? "expired"
+                                               : "taken";
+    if (op->kind == LK_RENEW) {
+        ld_stats.lock_renewals_failed++;
+        lk_rec_lost(rec, why, false);
+    } else if (early || op->after_failover) {
+        lk_rec_lost(rec, why, false);
+    } else {
+        /* A fixed lease ran out: that is what the client asked for. */
+        lk_rec_set_count(rec, 0);
+    }
+    if (early && code != LD_LOCK_WRONG_TYPE && !forced) {
+        lk_recheck_start();
+    }
+}
+
+/* A renewal got no answer. The lease last confirmed still holds (with
+ * Redlock, on a majority, less the drift: a renewal that reached only
+ * some instances lengthens theirs, never shortens the others'); the
+ * timer ends the lock with it unless a renewal confirms it. */
+static void
+renew_unanswered(struct lk_rec *rec)
+{
+    ld_stats.lock_renewals_failed++;
+    if (ld_now_ms() >= rec->lease_end_ms) {
+        lk_rec_lost(rec, "redis_unavailable", true);
+    } else {
+        rec_at_risk(rec);
+    }
 }
 
 static void
@@ -208,78 +265,23 @@ renew_on_reply(redisReply *r, void *arg)
 {
     struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
-    LD_ASSERT(rec->renewing && lock_mod.renew_inflight > 0);
+    LD_ASSERT(rec->renewing && lock_mod.pass.inflight > 0);
     rec->renewing = false;
-    lock_mod.renew_inflight--;
-    if (lock_mod.passing && !lock_mod.freed &&
-        lock_mod.renew_inflight <= RENEW_INFLIGHT_MAX / 2) {
-        pass_continue();
-    }
+    ld_lease_pass_answered(&lock_mod.pass);
     /* Replies come in command order, so a record that was released or
      * lost meanwhile simply ignores what this renewal found. */
     if (lock_mod.freed || !rec->linked || rec->count == 0 || rec->ls == NULL) {
         lk_op_free(op);
         return;
     }
-    bool renew = op->kind == LK_RENEW;
     long long v[3] = {0, 0, 0};
-    int n = lk_reply_ints(r, v, 3);
+    int n = ld_lease_reply_ints(r, v, 3);
     if (n >= 3 && v[0] == LD_LOCK_HELD) {
-        if (renew) {
-            ld_stats.lock_renewals_ok++;
-        }
-        long long pttl = v[1];
-        if (pttl < 0) {
-            /* Someone removed the expiry; look again in a while. */
-            pttl = lock_mod.ctx->cfg->lock.watchdog_ms;
-        }
-        rec->lease_end_ms = op->sent_ms + (uint64_t)pttl;
-        if (v[2] > 0) {
-            lk_rec_set_count(rec, v[2]);
-        }
-        if (renew && rec->at_risk) {
-            rec_safe(rec, pttl);
-        }
-        lk_rec_arm_cap(rec);
+        renew_held(rec, op, v[1], v[2]);
     } else if (n >= 1 && v[0] < 0) {
-        /* Found gone before the lease it last confirmed could end in
-         * Redis: Redis lost data (FLUSHALL, a restart without
-         * persistence, an eviction), so look at every lock at once. */
-        bool early = ld_now_ms() < rec->lease_end_ms;
-        if (v[0] == LD_LOCK_WRONG_TYPE) {
-            log_warn("lock '%.*s': its redis key holds data leased did not "
-                     "write",
-                     (int)rec->key_len, rec->key);
-        }
-        /* FORCED: an operator took it (lock.force_unlock), not data
-         * loss, so no recheck of the others. */
-        bool forced = v[0] == LD_LOCK_FORCED;
-        const char *why = op->after_failover       ? "failover"
-                          : v[0] == LD_LOCK_ABSENT ? "expired"
-                                                   : "taken";
-        if (renew) {
-            ld_stats.lock_renewals_failed++;
-            lk_rec_lost(rec, why, false);
-        } else if (early || op->after_failover) {
-            lk_rec_lost(rec, why, false);
-        } else {
-            /* A fixed lease ran out: that is what the client asked for. */
-            lk_rec_set_count(rec, 0);
-        }
-        if (early && v[0] != LD_LOCK_WRONG_TYPE && !forced) {
-            lk_recheck_start();
-        }
-    } else if (renew) {
-        ld_stats.lock_renewals_failed++;
-        /* The lease last confirmed still holds (with Redlock, on a
-         * majority, less the drift: a renewal that reached only some
-         * instances lengthens theirs, never shortens the others'); the
-         * timer ends the lock with it unless a renewal confirms it. */
-        if (ld_now_ms() >= rec->lease_end_ms) {
-            lk_rec_lost(rec, "redis_unavailable", true);
-        } else {
-            rec_at_risk(rec);
-        }
+        renew_gone(rec, op, v[0]);
+    } else if (op->kind == LK_RENEW) {
+        renew_unanswered(rec);
     }
     lk_op_free(op);
 }
@@ -296,29 +298,13 @@ renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     rec->renewing = true;
     /* The replies of this pass come after it ends: they carry the
      * reason with them. */
-    op->after_failover = lock_mod.after_failover;
+    op->after_failover = lock_mod.pass.after_failover;
     op->sent_ms = ld_now_ms();
     rec->renew_sent_ms = op->sent_ms;
     op->inflight = true;
-    lock_mod.renew_inflight++;
+    (void)ld_lease_pass_sent(&lock_mod.pass);
     lk_script(LD_SCRIPT_lock_renew, &rec->n, 2, 5, args, lens, renew_on_reply,
               op);
-}
-
-static long long
-pass_period_ms(void)
-{
-    long long p = lock_mod.ctx->cfg->lock.watchdog_ms / 3;
-    return p > 0 ? p : 1;
-}
-
-static void
-pass_arm(void)
-{
-    long long ms = pass_period_ms();
-    struct timeval tv = tv_ms((long long)ms);
-    lock_mod.next_pass_ms = ld_now_ms() + (uint64_t)ms;
-    evtimer_add(lock_mod.pass_ev, &tv);
 }
 
 /* What the pass does for one record: renew a watchdog lock, stop renewing
@@ -349,9 +335,8 @@ pass_visit(struct lk_rec *rec, uint64_t now)
             rec->refs++;
             lk_rec_lost(rec, "redis_unavailable", true);
             lk_rec_unref(rec);
-        } else if (now >= rec->renew_sent_ms &&
-                   now - rec->renew_sent_ms >=
-                       (uint64_t)pass_period_ms() / 2) {
+        } else if (ld_lease_renew_late(&lock_mod.pass, rec->renew_sent_ms,
+                                       now)) {
             rec_at_risk(rec);
         }
         return;
@@ -368,80 +353,48 @@ pass_visit(struct lk_rec *rec, uint64_t now)
     lk_rec_arm_cap(rec);
 }
 
-/* One step of the pass. The renewals of a step leave pipelined, in one
- * write per connection. The cursor survives records leaving the list
- * (held_unlink moves it on); records added meanwhile are new and wait for
- * the next pass. */
+/* The pass starts at the first held record. The cursor survives records
+ * leaving the list (held_unlink moves it on); records added meanwhile
+ * are new and wait for the next pass. */
 static void
-pass_step(void *arg)
+pass_begin(void)
 {
-    LD_UNUSED(arg);
-    uint64_t now = ld_now_ms();
-    int visited = 0;
-    while (lock_mod.cursor != NULL && visited < PASS_STEP &&
-           lock_mod.renew_inflight < RENEW_INFLIGHT_MAX) {
-        struct lk_rec *rec = lock_mod.cursor;
-        LD_ASSERT(rec->in_held);
-        lock_mod.cursor = TAILQ_NEXT(rec, held_entry);
-        pass_visit(rec, now);
-        visited++;
-    }
-    if (lock_mod.cursor == NULL) {
-        if (lock_mod.check_all) {
-            lock_mod.after_failover = false;
-        }
-        lock_mod.passing = false;
-        lock_mod.check_all = false;
-    } else if (lock_mod.renew_inflight < RENEW_INFLIGHT_MAX) {
-        pass_continue();
-    }
-    /* else: renew_on_reply continues once replies have come back. */
+    lock_mod.cursor = TAILQ_FIRST(&lock_mod.held);
+}
+
+static bool
+pass_more(void)
+{
+    return lock_mod.cursor != NULL;
 }
 
 static void
-pass_continue(void)
+pass_next(uint64_t now)
 {
-    ld_defer_kick(&lock_mod.step);
+    struct lk_rec *rec = lock_mod.cursor;
+    LD_ASSERT(rec->in_held);
+    lock_mod.cursor = TAILQ_NEXT(rec, held_entry);
+    pass_visit(rec, now);
 }
 
-/* The one periodic timer starts a pass over every held lock, unless the
- * last one is still going (Redis slow), which then simply goes on. */
-static void
-pass_run(evutil_socket_t fd, short what, void *arg)
-{
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    LD_UNUSED(arg);
-    if (!lock_mod.passing) {
-        lock_mod.passing = true;
-        lock_mod.cursor = TAILQ_FIRST(&lock_mod.held);
-    }
-    pass_step(NULL);
-    pass_arm();
-}
+static const struct ld_lease_pass_fns pass_fns = {pass_begin, pass_more,
+                                                  pass_next};
 
-/* Check every held lock now, fixed leases too, in one pass bounded like
- * the watchdog's: Redis came back (it may have restarted without its
- * data) or a lock was found gone before its lease. Locks that did not
- * survive are reported at once instead of a pass later, and fixed-lease
- * locks at all. */
+/* Check every held lock now (ld_lease_pass_recheck), unless the module
+ * is stopping. */
 void
 lk_recheck_start(void)
 {
-    if (lock_mod.freed || lock_mod.stopping ||
-        (lock_mod.passing && lock_mod.check_all)) {
+    if (lock_mod.freed || lock_mod.stopping) {
         return;
     }
-    lock_mod.check_all = true;
-    lock_mod.passing = true;
-    lock_mod.cursor = TAILQ_FIRST(&lock_mod.held);
-    pass_continue();
+    ld_lease_pass_recheck(&lock_mod.pass);
 }
 
 void
 ld_lock_failover(void)
 {
-    lock_mod.after_failover = true;
+    ld_lease_pass_failover(&lock_mod.pass);
 }
 
 static void
@@ -457,12 +410,7 @@ on_redis_state(bool up, void *arg)
 void
 lk_watch_init(void)
 {
-    lock_mod.pass_ev = evtimer_new(lock_mod.ctx->base, pass_run, NULL);
-    if (lock_mod.pass_ev == NULL) {
-        ld_oom(0);
-    }
-    ld_defer_init(&lock_mod.step, lock_mod.ctx->base, pass_step, NULL);
-    pass_arm();
+    ld_lease_pass_init(&lock_mod.pass, lock_mod.ctx, &pass_fns);
     if (lock_mod.redlock) {
         ld_redlock_on_state(on_redis_state, NULL);
     } else {
@@ -473,7 +421,5 @@ lk_watch_init(void)
 void
 lk_watch_free(void)
 {
-    event_free(lock_mod.pass_ev);
-    lock_mod.pass_ev = NULL;
-    ld_defer_free(&lock_mod.step);
+    ld_lease_pass_free(&lock_mod.pass);
 }

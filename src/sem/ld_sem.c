@@ -14,6 +14,7 @@
 #include "ld_sem.h"
 #include "ld_sem_int.h"
 
+#include "ld_assert.h"
 #include "ld_cancel.h"
 #include "ld_conf.h"
 #include "ld_ctx.h"
@@ -33,19 +34,9 @@
 
 #define SEM_LIMIT_MAX 1000000LL
 
-#define container_of(ptr, type, member)                                       \
-    ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
-
 struct sem_mod sem_mod;
 
 /* ------------------------------------------------------------- names */
-
-static char *
-put(char *p, const char *s, size_t n)
-{
-    memcpy(p, s, n);
-    return p + n;
-}
 
 /* <lock.prefix>{KEY}:sem, <lock.prefix>{KEY}:sem:permits and the channel
  * <lock.prefix>{KEY}:sem:release: one hash slot, beside the lock of the
@@ -53,28 +44,17 @@ put(char *p, const char *s, size_t n)
 static void
 names_build(struct sem_names *n, const char *key, size_t len)
 {
-    const char *pfx = sem_mod.ctx->cfg->lock.prefix;
-    size_t plen = strlen(pfx);
-    size_t base = plen + len + 2 + 4; /* {} and :sem */
-    size_t cap = (base + 1) + (base + 9) + (base + 9);
-    char *p = n->buf = ld_xmalloc(cap);
-    n->zset = p;
-    n->zset_len = base;
-    p = put(p, pfx, plen);
-    p = put(p, "{", 1);
-    p = put(p, key, len);
-    p = put(p, "}:sem", 5);
-    *p++ = '\0';
-    n->hash = p;
-    n->hash_len = base + 8;
-    p = put(p, n->zset, base);
-    p = put(p, ":permits", 8);
-    *p++ = '\0';
-    n->chan = p;
-    n->chan_len = base + 8;
-    p = put(p, n->zset, base);
-    p = put(p, ":release", 8);
-    *p = '\0';
+    static const char *const sufs[] = {":permits", ":release"};
+    const char *names[3];
+    size_t lens[3];
+    n->buf = ld_lease_names(sem_mod.ctx->cfg->lock.prefix, key, len, ":sem",
+                            sufs, 2, names, lens);
+    n->zset = names[0];
+    n->zset_len = lens[0];
+    n->hash = names[1];
+    n->hash_len = lens[1];
+    n->chan = names[2];
+    n->chan_len = lens[2];
 }
 
 void
@@ -91,41 +71,15 @@ sem_script(enum ld_script_id id, const struct sem_names *n, int nargs,
                     arg);
 }
 
-static int
-reply_ints(const redisReply *r, long long *v, int max)
-{
-    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
-        return -1;
-    }
-    int n = 0;
-    for (size_t i = 0; i < r->elements && n < max; i++) {
-        if (r->element[i]->type != REDIS_REPLY_INTEGER) {
-            return -1;
-        }
-        v[n++] = r->element[i]->integer;
-    }
-    return n;
-}
-
 /* A script failed: Redis unreachable or an error reply. Errors that say
  * Redis cannot serve now are redis_unavailable (as for locks), others
  * internal. */
 static void
 reply_failure(struct ld_req *req, const redisReply *r, const char *what)
 {
-    static const char *const unavailable[] = {
-        "LOADING",     "BUSY",     "READONLY",   "MASTERDOWN",
-        "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "OOM",
-        "NOAUTH",      "MOVED",    "ASK",
-    };
     if (r != NULL && r->type == REDIS_REPLY_ERROR) {
-        int code = LD_E_INTERNAL;
-        for (size_t i = 0; i < sizeof(unavailable) / sizeof(*unavailable);
-             i++) {
-            if (ld_reply_is_error(r, unavailable[i])) {
-                code = LD_E_REDIS_UNAVAILABLE;
-            }
-        }
+        int code = ld_lease_error_unavailable(r) ? LD_E_REDIS_UNAVAILABLE
+                                                 : LD_E_INTERNAL;
         ld_reply_error(req, code, "%s: %s", what, r->str);
         return;
     }
@@ -200,7 +154,7 @@ release_on_reply(redisReply *r, void *arg)
 {
     LD_UNUSED(arg);
     long long v[2];
-    if (reply_ints(r, v, 2) == 2 && v[0] == 1) {
+    if (ld_lease_reply_ints(r, v, 2) == 2 && v[0] == 1) {
         ld_stats.sem_released++;
     }
 }
@@ -218,6 +172,8 @@ release_token(const struct sem_names *n, const char *token)
 static struct sem_grant *
 grant_new(struct sem_sess *ss, struct sem_op *op, long long lease)
 {
+    /* A detached grant is Redis' alone: this daemon keeps none. */
+    LD_ASSERT(ss != NULL && !op->detach && op->n.buf != NULL);
     struct sem_grant *g = ld_xcalloc(1, sizeof(*g));
     g->ss = ss;
     g->n = op->n; /* the names move to the grant */
@@ -247,6 +203,7 @@ sem_grant_drop(struct sem_grant *g, bool release)
         return;
     }
     g->gone = true;
+    LD_ASSERT(g->sk != NULL && ld_stats.sem_holds > 0);
     if (release) {
         release_token(&g->n, g->token);
     }
@@ -343,6 +300,7 @@ on_session_close(struct ld_session *s)
     if (ss == NULL) {
         return;
     }
+    LD_ASSERT(ss->sess == s);
     s->sem_state = NULL;
     LIST_REMOVE(ss, link);
     sess_drop_ops(ss, -1, NULL);
@@ -355,49 +313,45 @@ on_session_close(struct ld_session *s)
 
 /* ------------------------------------------------------------ acquire */
 
+/* Redis granted OP: answer it now, or once the checks of this daemon's
+ * other grants of the semaphore have answered (sem_hold_grant). */
 static void
-acq_on_reply(redisReply *r, void *arg)
+acq_on_granted(struct sem_op *op, const long long *v)
 {
-    struct sem_op *op = arg;
-    op->inflight = false;
-    if (sem_mod.freed) {
-        free(op->n.buf);
-        free(op->key);
-        free(op);
+    ld_stats.sem_acquired++;
+    op->available = v[1];
+    op->granted = v[2];
+    if (sem_hold_grant(op)) {
+        /* Its answer waits for those checks, as a request in flight. */
+        op->inflight = true;
         return;
     }
-    long long v[3] = {0, 0, 0};
-    int n = reply_ints(r, v, 3);
-    bool queued = op->w.q != NULL;
+    sem_acq_finish(op);
+}
 
-    if (n == 3 && v[0] == 1) {
-        ld_stats.sem_acquired++;
-        op->available = v[1];
-        op->granted = v[2];
-        if (sem_hold_grant(op)) {
-            /* Its answer waits for the checks of this daemon's other
-             * grants of the semaphore, as a request in flight. */
-            op->inflight = true;
-            return;
-        }
-        sem_acq_finish(op);
-        return;
-    }
-    if (n == 3 && v[0] == 0) {
-        op->available = v[1];
-        if (op->req == NULL) {
-            op_free(op);
-            return;
-        }
-        if (queued) {
-            /* May answer and free OP through sem_expire. */
-            ld_lockwait_done(&op->w, LD_LOCKWAIT_TAKEN, v[2]);
-            return;
-        }
-        reply_false(op);
+/* No permit free: answer OP false, or let it wait for a wake-up. */
+static void
+acq_on_taken(struct sem_op *op, const long long *v, bool queued)
+{
+    op->available = v[1];
+    if (op->req == NULL) {
         op_free(op);
         return;
     }
+    if (queued) {
+        /* May answer and free OP through sem_expire. */
+        ld_lockwait_done(&op->w, LD_LOCKWAIT_TAKEN, v[2]);
+        return;
+    }
+    reply_false(op);
+    op_free(op);
+}
+
+/* Wrong type, Redis unreachable or an error reply. */
+static void
+acq_on_failure(struct sem_op *op, const redisReply *r, int n,
+               const long long *v, bool queued)
+{
     if (r == NULL && ld_redis_outcome() != LD_REDIS_NOT_SENT) {
         /* It may have run: then a grant stands that nobody will use. */
         release_token(&op->n, op->token);
@@ -416,11 +370,37 @@ acq_on_reply(redisReply *r, void *arg)
     op_free(op);
 }
 
+static void
+acq_on_reply(redisReply *r, void *arg)
+{
+    struct sem_op *op = arg;
+    LD_ASSERT(op->inflight);
+    op->inflight = false;
+    if (sem_mod.freed) {
+        free(op->n.buf);
+        free(op->key);
+        free(op);
+        return;
+    }
+    long long v[3] = {0, 0, 0};
+    int n = ld_lease_reply_ints(r, v, 3);
+    bool queued = op->w.q != NULL;
+    if (n == 3 && v[0] == 1) {
+        acq_on_granted(op, v);
+    } else if (n == 3 && v[0] == 0) {
+        acq_on_taken(op, v, queued);
+    } else {
+        acq_on_failure(op, r, n, v, queued);
+    }
+}
+
 /* OP was granted (op->available, op->granted): answer it, or give the
  * grant back when nobody may use it any more. */
 void
 sem_acq_finish(struct sem_op *op)
 {
+    /* Its reply has come, and any check it waited for. */
+    LD_ASSERT(!op->inflight);
     if (op->req == NULL || (op->ss == NULL && !op->detach) ||
         sem_mod.stopping) {
         /* Answered already (cancel, its session ended) or stopping:
@@ -465,7 +445,9 @@ acq_send(struct sem_op *op)
 static void
 sem_try(struct ld_lockwait *w)
 {
-    struct sem_op *op = container_of(w, struct sem_op, w);
+    struct sem_op *op = ld_container_of(w, struct sem_op, w);
+    /* The queue asks only its head, and only once at a time. */
+    LD_ASSERT(!op->inflight);
     acq_send(op);
 }
 
@@ -473,7 +455,7 @@ static void
 sem_expire(struct ld_lockwait *w, long long ttl_ms)
 {
     LD_UNUSED(ttl_ms);
-    struct sem_op *op = container_of(w, struct sem_op, w);
+    struct sem_op *op = ld_container_of(w, struct sem_op, w);
     reply_false(op);
     if (!op->inflight) {
         op_free(op);
@@ -489,67 +471,97 @@ sem_cancel(void *arg)
     return ld_lockwait_cancel(&op->w);
 }
 
-static void
-op_acquire(struct ld_req *req)
-{
+/* The fields of a sem.acquire. */
+struct acq_args {
     const char *key;
     size_t klen;
-    long long limit = 0, permits = 1, wait = 0, ttl = 0;
-    bool has_ttl = false, detach = false;
-    if (ld_req_key(req, "key", &key, &klen) != LD_OK ||
-        ld_req_int(req, "limit", true, 1, SEM_LIMIT_MAX, &limit, NULL) !=
+    long long limit, permits, wait, ttl;
+    bool has_ttl, detach;
+};
+
+/* Read and check A's fields, and whether a grant may be kept for REQ's
+ * session; false once REQ has been answered with why not. */
+static bool
+acq_args_read(struct ld_req *req, struct acq_args *a)
+{
+    a->limit = a->wait = a->ttl = 0;
+    a->permits = 1;
+    a->has_ttl = a->detach = false;
+    if (ld_req_key(req, "key", &a->key, &a->klen) != LD_OK ||
+        ld_req_int(req, "limit", true, 1, SEM_LIMIT_MAX, &a->limit, NULL) !=
             LD_OK ||
-        ld_req_int(req, "permits", false, 1, SEM_LIMIT_MAX, &permits, NULL) !=
-            LD_OK ||
-        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &wait, NULL) !=
-            LD_OK ||
-        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &ttl, &has_ttl) !=
-            LD_OK ||
-        ld_req_bool(req, "detach", &detach) != LD_OK) {
-        return;
+        ld_req_int(req, "permits", false, 1, SEM_LIMIT_MAX, &a->permits,
+                   NULL) != LD_OK ||
+        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &a->wait,
+                   NULL) != LD_OK ||
+        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &a->ttl,
+                   &a->has_ttl) != LD_OK ||
+        ld_req_bool(req, "detach", &a->detach) != LD_OK) {
+        return false;
     }
-    if (permits > limit) {
+    if (a->permits > a->limit) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'permits' (%lld) is above 'limit' (%lld)",
-                       permits, limit);
-        return;
+                       a->permits, a->limit);
+        return false;
     }
-    if (detach && !has_ttl) {
+    if (a->detach && !a->has_ttl) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'ttl_ms' is required with detach (a "
                        "detached grant is never renewed)");
-        return;
+        return false;
     }
     if (sem_mod.stopping) {
         ld_reply_error(req, LD_E_SHUTTING_DOWN, "the daemon is stopping");
-        return;
+        return false;
     }
     if (!ld_req_session_open(req)) {
         /* Its close hook has run: nothing may be kept for it. */
         ld_reply_error(req, LD_E_SHUTTING_DOWN, "the session has ended");
-        return;
+        return false;
     }
+    return true;
+}
+
+/* The acquisition A asks for, under a new token, in its session's list;
+ * NULL once REQ has been answered with why not. */
+static struct sem_op *
+acq_op_new(struct ld_req *req, const struct acq_args *a)
+{
     struct sem_op *op = ld_xcalloc(1, sizeof(*op));
     if (ld_token_new(op->token) != LD_OK) {
         free(op);
         ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
-        return;
+        return NULL;
     }
     struct sem_sess *ss = sess_get(req->sess);
     op->req = req;
     op->ss = ss;
     LIST_INSERT_HEAD(&ss->ops, op, link);
-    names_build(&op->n, key, klen);
-    op->key = ld_xstrndup(key, klen);
-    op->limit = limit;
-    op->permits = permits;
-    op->wait_ms = wait;
-    op->detach = detach;
-    op->watchdog = !has_ttl;
-    op->lease_ms = has_ttl ? ttl : sem_mod.ctx->cfg->lock.watchdog_ms;
+    names_build(&op->n, a->key, a->klen);
+    op->key = ld_xstrndup(a->key, a->klen);
+    op->limit = a->limit;
+    op->permits = a->permits;
+    op->wait_ms = a->wait;
+    op->detach = a->detach;
+    op->watchdog = !a->has_ttl;
+    op->lease_ms = a->has_ttl ? a->ttl : sem_mod.ctx->cfg->lock.watchdog_ms;
     op->w.fns = &sem_wait_fns;
+    return op;
+}
 
-    if (wait == 0) {
+static void
+op_acquire(struct ld_req *req)
+{
+    struct acq_args a;
+    if (!acq_args_read(req, &a)) {
+        return;
+    }
+    struct sem_op *op = acq_op_new(req, &a);
+    if (op == NULL) {
+        return;
+    }
+    if (a.wait == 0) {
         acq_send(op);
         return;
     }
@@ -560,16 +572,10 @@ op_acquire(struct ld_req *req)
         op_free(op);
         return;
     }
-    long long left = -1;
-    if (wait > 0) {
-        left = wait - (long long)((ld_now_us() - req->start_us) / 1000);
-        if (left < 0) {
-            left = 0;
-        }
-    }
     ld_cancel_on(req, sem_cancel, op);
     ld_lockwait_join(&op->w, op->n.zset, op->n.zset_len, op->n.chan,
-                     op->n.chan_len, left, false, 0);
+                     op->n.chan_len, ld_lockwait_left(a.wait, req->start_us),
+                     false, 0);
 }
 
 /* ------------------------------------------------------- release, info */
@@ -592,7 +598,7 @@ release_on_answer(redisReply *r, void *arg)
 {
     struct sem_call *c = arg;
     long long v[2] = {0, 0};
-    int n = reply_ints(r, v, 2);
+    int n = ld_lease_reply_ints(r, v, 2);
     if (n == 2 && v[0] == 1) {
         ld_stats.sem_released++;
         struct sem_grant *g = sem_mod.freed
@@ -656,7 +662,7 @@ info_on_reply(redisReply *r, void *arg)
 {
     struct sem_call *c = arg;
     long long v[3] = {0, 0, 0};
-    int n = reply_ints(r, v, 3);
+    int n = ld_lease_reply_ints(r, v, 3);
     if (n == 3 && v[0] == 1) {
         ld_reply_ok(c->req,
                     json_pack("{s:I,s:I}", "available", (json_int_t)v[1],
@@ -739,7 +745,7 @@ ld_sem_shutdown(void)
 void
 ld_sem_failover(void)
 {
-    sem_mod.after_failover = true;
+    ld_lease_pass_failover(&sem_mod.pass);
 }
 
 /* Grants still held back have no command out: they go with the module

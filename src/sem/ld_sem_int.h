@@ -8,7 +8,7 @@
  *                   have lost them, and grants held back meanwhile */
 
 #include "ld_common.h"
-#include "ld_defer.h"
+#include "ld_lease.h"
 #include "ld_lockwait.h"
 #include "ld_redis.h"
 #include "ld_util.h"
@@ -63,6 +63,7 @@ struct sem_grant {
     bool watchdog;
     bool renewing;       /* a renewal or check is in flight */
     bool renew_failover; /* it was sent after the master changed */
+    bool renew_recheck;  /* it was sent by a recheck */
     bool at_risk;        /* sem_at_risk sent, no renewal confirmed since */
     uint64_t renew_sent_ms;
     struct sem_key *sk;       /* its semaphore */
@@ -98,13 +99,9 @@ struct sem_mod {
     struct ld_dict *by_token; /* token -> struct sem_grant */
     TAILQ_HEAD(, sem_grant) grants;
     LIST_HEAD(, sem_sess) sessions;
-    struct ld_dict *keys; /* zset name -> struct sem_key */
-    struct event *pass_ev;
-    struct ld_defer step; /* continues a pass on a later turn */
-    long long pass_left;  /* grants the pass running still visits */
-    bool pass_recheck;    /* it checks everything Redis may have lost */
-    bool after_failover;  /* grants found gone until then: "failover" */
-    long long renew_inflight;
+    struct ld_dict *keys;      /* zset name -> struct sem_key */
+    struct ld_lease_pass pass; /* the watchdog pass and rechecks */
+    long long pass_left;       /* grants the pass running still visits */
     bool stopping;
     bool freed;
 };

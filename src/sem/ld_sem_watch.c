@@ -1,14 +1,15 @@
-/* Semaphores: the watchdog that renews session-bound grants without a
- * fixed lease while their session lives, on the lock watchdog's period
- * (lock.watchdog_ms / 3) and with its lease (lock.watchdog_ms), and
- * checks fixed leases on the same period; the rechecks of every grant
- * when Redis may have lost them (Redis back, failover, a grant found gone
- * early); and the sem_lost event, sent as lock_lost is for locks: when a
- * renewal or check finds the grant gone before its lease, or at the
- * latest when the lease last confirmed ends (less a margin) without a
- * renewal having confirmed a newer one; before it, sem_at_risk when a
- * renewal fails or is late, and sem_safe when a later one confirms the
- * lease. */
+/* Semaphores: what the watchdog pass does for one grant (renew a
+ * session-bound grant without a fixed lease, with the lock watchdog's
+ * lease, lock.watchdog_ms; check a fixed lease), what its answer means,
+ * and the sem_lost event, sent as lock_lost is for locks: when a renewal
+ * or check finds the grant gone before its lease, or at the latest when
+ * the lease last confirmed ends (less a margin) without a renewal having
+ * confirmed a newer one; before it, sem_at_risk when a renewal fails or
+ * is late, and sem_safe when a later one confirms the lease. The pass,
+ * its bounds, the rechecks when Redis may have lost grants and the lost
+ * margin are the lease engine's (ld_lease.c), the same as for locks;
+ * this file must not run a pass of its own nor touch the grants' lists
+ * (ld_sem.c owns them). */
 
 #include "ld_sem_int.h"
 
@@ -24,17 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Renewals out at once; the rest wait for the next pass, two of which
- * still fit in one lease. */
-#define SEM_RENEW_INFLIGHT_MAX 1000
-
-/* As for locks (ld_lock_watch.c): the lease counts from when the
- * confirming command was sent; the margin covers clock drift and the
- * event's way to the client. */
+/* The margin before a watchdog lease's end (ld_lease_margin_ms). */
 static uint64_t
 lost_margin_ms(void)
 {
-    return 2 + (uint64_t)sem_mod.ctx->cfg->lock.watchdog_ms / 100;
+    return ld_lease_margin_ms(&sem_mod.pass);
 }
 
 void
@@ -42,10 +37,10 @@ sem_grant_lost(struct sem_grant *g, const char *reason, bool release)
 {
     log_info("semaphore grant lost key=\"%s\" reason=%s", g->key, reason);
     if (g->ss != NULL) {
-        ld_session_event(g->ss->sess,
-                         json_pack("{s:s,s:s,s:s,s:s}", "event", "sem_lost",
-                                   "key", g->key, "token", g->token, "reason",
-                                   reason));
+        json_t *ev = ld_lease_event("sem", "lost", g->key, strlen(g->key),
+                                    g->token);
+        json_object_set_new(ev, "reason", json_string(reason));
+        ld_session_event(g->ss->sess, ev);
     }
     sem_grant_drop(g, release);
 }
@@ -66,10 +61,10 @@ grant_at_risk(struct sem_grant *g)
     g->at_risk = true;
     log_info("semaphore grant at risk key=\"%s\" lease_left_ms=%llu", g->key,
              (unsigned long long)(end - m - now));
-    ld_session_event(g->ss->sess,
-                     json_pack("{s:s,s:s,s:s,s:I}", "event", "sem_at_risk",
-                               "key", g->key, "token", g->token,
-                               "lease_left_ms", (json_int_t)(end - m - now)));
+    json_t *ev = ld_lease_event("sem", "at_risk", g->key, strlen(g->key),
+                                g->token);
+    json_object_set_new(ev, "lease_left_ms", json_integer(end - m - now));
+    ld_session_event(g->ss->sess, ev);
 }
 
 /* A renewal confirmed G's lease again after sem_at_risk. */
@@ -81,11 +76,11 @@ grant_safe(struct sem_grant *g)
         return;
     }
     log_info("semaphore grant safe again key=\"%s\"", g->key);
-    ld_session_event(
-        g->ss->sess,
-        json_pack("{s:s,s:s,s:s,s:I}", "event", "sem_safe", "key", g->key,
-                  "token", g->token, "lease_ms",
-                  (json_int_t)sem_mod.ctx->cfg->lock.watchdog_ms));
+    json_t *ev = ld_lease_event("sem", "safe", g->key, strlen(g->key),
+                                g->token);
+    json_object_set_new(ev, "lease_ms",
+                        json_integer(sem_mod.ctx->cfg->lock.watchdog_ms));
+    ld_session_event(g->ss->sess, ev);
 }
 
 static void
@@ -110,25 +105,12 @@ end_on_timer(evutil_socket_t fd, short what, void *arg)
 void
 sem_grant_arm(struct sem_grant *g)
 {
-    if (g->end_ev == NULL) {
-        g->end_ev = evtimer_new(sem_mod.ctx->base, end_on_timer, g);
-        if (g->end_ev == NULL) {
-            ld_oom(0);
-        }
-    }
-    uint64_t now = ld_now_ms();
     uint64_t end = g->lease_end_ms;
     if (g->watchdog) {
-        end = end > lost_margin_ms() ? end - lost_margin_ms() : 0;
+        end = ld_lease_vouch_end(&sem_mod.pass, end);
     }
-    long long ms = end > now ? (long long)(end - now) : 0;
-    struct timeval tv;
-    tv.tv_sec = (time_t)(ms / 1000);
-    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
-    evtimer_add(g->end_ev, &tv);
+    ld_lease_timer_arm(&sem_mod.pass, &g->end_ev, end_on_timer, g, end);
 }
-
-static void pass_step(void *arg);
 
 /* The answer a grant held back in K waited for has come. */
 static void
@@ -157,8 +139,11 @@ renew_result(struct sem_grant *g, const redisReply *r)
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {
         /* No answer: the next pass tries again while the lease may
-         * last. */
+         * last, or sooner when this was a recheck's. */
         grant_at_risk(g);
+        if (g->renew_recheck) {
+            ld_lease_pass_retry(&sem_mod.pass, g->renew_failover);
+        }
         return;
     }
     long long code = r->element[0]->integer;
@@ -199,16 +184,12 @@ renew_on_reply(redisReply *r, void *arg)
 {
     struct sem_grant *g = arg;
     g->renewing = false;
-    sem_mod.renew_inflight--;
+    ld_lease_pass_answered(&sem_mod.pass);
     if (sem_mod.freed) {
         /* Every grant was dropped (gone) with the module. */
         free(g->n.buf);
         free(g);
         return;
-    }
-    if (sem_mod.pass_left > 0 &&
-        sem_mod.renew_inflight <= SEM_RENEW_INFLIGHT_MAX / 2) {
-        ld_defer_kick(&sem_mod.step);
     }
     struct sem_key *hold = g->hold_key;
     g->hold_key = NULL;
@@ -234,9 +215,9 @@ renew_send(struct sem_grant *g)
     const char *args[] = {g->token, lbuf};
     size_t lens[] = {LD_TOKEN_LEN, strlen(lbuf)};
     g->renewing = true;
-    g->renew_failover = sem_mod.after_failover;
+    g->renew_failover = sem_mod.pass.after_failover;
     g->renew_sent_ms = ld_now_ms();
-    sem_mod.renew_inflight++;
+    g->renew_recheck = ld_lease_pass_sent(&sem_mod.pass);
     sem_script(LD_SCRIPT_sem_renew, &g->n, 2, args, lens, renew_on_reply, g);
 }
 
@@ -266,7 +247,7 @@ sem_hold_grant(struct sem_op *op)
             mine += g->permits;
         }
     }
-    bool suspect = mine > before || sem_mod.pass_recheck;
+    bool suspect = mine > before || sem_mod.pass.recheck;
     LIST_FOREACH(g, &k->grants, key_link)
     {
         if (g->hold_key != NULL || (!suspect && !g->renewing)) {
@@ -286,94 +267,50 @@ sem_hold_grant(struct sem_op *op)
     return true;
 }
 
-/* A renewal still out half a pass period after it was sent is late (one
- * that a grant's check sent just before the pass gets until the next). */
+/* The pass visits every grant once: visited grants move to the tail, so
+ * that a pass cut short by the bound goes on with those it left. */
+static void
+pass_begin(void)
+{
+    sem_mod.pass_left = (long long)ld_stats.sem_holds;
+}
+
 static bool
-renew_late(const struct sem_grant *g)
+pass_more(void)
 {
-    uint64_t now = ld_now_ms();
-    uint64_t half = (uint64_t)sem_mod.ctx->cfg->lock.watchdog_ms / 6;
-    return now >= g->renew_sent_ms && now - g->renew_sent_ms >= half;
+    return sem_mod.pass_left > 0 && !TAILQ_EMPTY(&sem_mod.grants);
 }
 
-/* Visits at most PASS_STEP grants per turn, with at most
- * SEM_RENEW_INFLIGHT_MAX commands out; replies bring the next step. */
-#define PASS_STEP 500
-
+/* A watchdog grant is renewed, a fixed lease checked (so that one Redis
+ * lost early is reported within a pass); a renewal still out is late
+ * after half a pass period. */
 static void
-pass_step(void *arg)
+pass_next(uint64_t now)
 {
-    LD_UNUSED(arg);
-    /* Visited grants move to the tail: a pass cut short by the bound
-     * goes on with those it left. */
-    int visited = 0;
-    while (sem_mod.pass_left > 0 && visited < PASS_STEP &&
-           sem_mod.renew_inflight < SEM_RENEW_INFLIGHT_MAX) {
-        struct sem_grant *g = TAILQ_FIRST(&sem_mod.grants);
-        if (g == NULL) {
-            sem_mod.pass_left = 0;
-            break;
-        }
-        TAILQ_REMOVE(&sem_mod.grants, g, all_link);
-        TAILQ_INSERT_TAIL(&sem_mod.grants, g, all_link);
-        sem_mod.pass_left--;
-        visited++;
-        if (!g->renewing) {
-            renew_send(g);
-        } else if (renew_late(g)) {
-            grant_at_risk(g);
-        }
+    struct sem_grant *g = TAILQ_FIRST(&sem_mod.grants);
+    TAILQ_REMOVE(&sem_mod.grants, g, all_link);
+    TAILQ_INSERT_TAIL(&sem_mod.grants, g, all_link);
+    sem_mod.pass_left--;
+    if (!g->renewing) {
+        renew_send(g);
+    } else if (ld_lease_renew_late(&sem_mod.pass, g->renew_sent_ms, now)) {
+        grant_at_risk(g);
     }
-    if (sem_mod.pass_left == 0) {
-        if (sem_mod.pass_recheck) {
-            sem_mod.after_failover = false;
-        }
-        sem_mod.pass_recheck = false;
-    } else if (sem_mod.renew_inflight < SEM_RENEW_INFLIGHT_MAX) {
-        ld_defer_kick(&sem_mod.step);
-    }
-    /* else: renew_on_reply goes on once replies have come back. */
 }
 
-static void
-pass_arm(void)
-{
-    long long ms = sem_mod.ctx->cfg->lock.watchdog_ms / 3;
-    struct timeval tv;
-    tv.tv_sec = (time_t)(ms / 1000);
-    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
-    evtimer_add(sem_mod.pass_ev, &tv);
-}
+static const struct ld_lease_pass_fns pass_fns = {pass_begin, pass_more,
+                                                  pass_next};
 
-/* Every lock.watchdog_ms / 3, a pass over every grant: watchdog grants
- * are renewed, fixed leases checked (so one Redis lost early is reported
- * within a pass). A pass still running (Redis slow) simply goes on. */
-static void
-pass_run(evutil_socket_t fd, short what, void *arg)
-{
-    LD_UNUSED(fd);
-    LD_UNUSED(what);
-    LD_UNUSED(arg);
-    if (sem_mod.pass_left == 0) {
-        sem_mod.pass_left = (long long)ld_stats.sem_holds;
-    }
-    pass_step(NULL);
-    pass_arm();
-}
-
-/* Check every grant now, as for locks (lk_recheck_start): Redis came
- * back (it may have restarted without its data), the master changed, or
- * a grant was found gone before its lease. */
+/* Check every grant now (ld_lease_pass_recheck), as for locks: Redis
+ * came back (it may have restarted without its data), the master
+ * changed, or a grant was found gone before its lease. */
 void
 sem_recheck_start(void)
 {
-    if (sem_mod.freed || sem_mod.stopping ||
-        (sem_mod.pass_recheck && sem_mod.pass_left > 0)) {
+    if (sem_mod.freed || sem_mod.stopping) {
         return;
     }
-    sem_mod.pass_recheck = true;
-    sem_mod.pass_left = (long long)ld_stats.sem_holds;
-    ld_defer_kick(&sem_mod.step);
+    ld_lease_pass_recheck(&sem_mod.pass);
 }
 
 static void
@@ -388,24 +325,13 @@ on_redis_state(bool up, void *arg)
 void
 sem_watch_init(void)
 {
-    sem_mod.pass_ev = evtimer_new(sem_mod.ctx->base, pass_run, NULL);
-    if (sem_mod.pass_ev == NULL) {
-        ld_oom(0);
-    }
-    ld_defer_init(&sem_mod.step, sem_mod.ctx->base, pass_step, NULL);
     sem_mod.pass_left = 0;
-    sem_mod.pass_recheck = false;
-    sem_mod.after_failover = false;
-    pass_arm();
+    ld_lease_pass_init(&sem_mod.pass, sem_mod.ctx, &pass_fns);
     ld_redis_on_state(on_redis_state, NULL);
 }
 
 void
 sem_watch_free(void)
 {
-    if (sem_mod.pass_ev != NULL) {
-        event_free(sem_mod.pass_ev);
-        sem_mod.pass_ev = NULL;
-        ld_defer_free(&sem_mod.step);
-    }
+    ld_lease_pass_free(&sem_mod.pass);
 }

@@ -733,6 +733,48 @@ START_TEST(test_recheck_on_restart)
 }
 END_TEST
 
+/* As test_recheck_on_restart with the pass far off (20 s): both grants
+ * are reported within the budget a lock gets (check_lock_safety's
+ * recheck_on_reconnect). A check of the recheck that Redis, just back,
+ * leaves unanswered (a connection of the pool not up yet) is retried
+ * within a second, not at the next pass. */
+START_TEST(test_recheck_prompt)
+{
+    struct h_conn *a;
+    json_t *ev;
+    char s[65], t[65];
+    long long t0;
+
+    h_start("lock:\n  watchdog_ms: 60000\n");
+    a = h_connect_ok(&D1);
+    s_must(a, "S", 1, 0, 0, s);
+    s_must(a, "T", 1, 0, 600000, t);
+    h_redis_kill(&R);
+    ck_assert_int_eq(h_redis_restart(&R), 0);
+    t0 = h_now_ms();
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{S}:sem"), 0);
+
+    bool seen_s = false, seen_t = false;
+    long long deadline = t0 + 15000;
+    while (!(seen_s && seen_t) && h_now_ms() < deadline) {
+        ev = h_event(a, (int)(deadline - h_now_ms()));
+        if (ev == NULL) {
+            break;
+        }
+        if (raw_is_event(ev, "sem_lost", "S") ||
+            raw_is_event(ev, "sem_lost", "T")) {
+            ck_assert_str_eq(jstr(ev, "reason"), "expired");
+            seen_s = seen_s || strcmp(jstr(ev, "key"), "S") == 0;
+            seen_t = seen_t || strcmp(jstr(ev, "key"), "T") == 0;
+        }
+        json_decref(ev);
+    }
+    ck_assert_msg(seen_s, "no sem_lost for S within 15 s of the restart");
+    ck_assert_msg(seen_t, "no sem_lost for T within 15 s of the restart");
+    h_close(a);
+}
+END_TEST
+
 /* A fixed lease Redis loses early is found on the next pass (a third of
  * watchdog_ms) without anyone else touching the semaphore. */
 START_TEST(test_fixed_lease_checked)
@@ -754,6 +796,78 @@ START_TEST(test_fixed_lease_checked)
     json_decref(ev);
     ck_assert_msg(dt < 2000, "sem_lost %lld ms after the loss", dt);
     h_close(a);
+}
+END_TEST
+
+/* Redis stops answering while a watchdog grant is held: the holder hears
+ * sem_lost before the lease Redis granted can run out, that is before
+ * another client could be granted its permits (as lock_lost for a lock,
+ * check_lock_safety's lost_before_lease_end). */
+START_TEST(test_lost_before_lease_end)
+{
+    struct h_conn *a;
+    json_t *ev;
+    char t[65];
+    long long t_before, pttl, t_ev;
+
+    h_start("lock:\n  watchdog_ms: 10000\n");
+    a = h_connect_ok(&D1);
+    s_must(a, "w", 1, 0, 0, t);
+
+    /* Redis keeps the grant at least until t_before + pttl (the keys
+     * live as long as the last lease in them, here the only one). */
+    t_before = h_now_ms();
+    pttl = h_r_int(&R, "PTTL leased:lock:{w}:sem");
+    ck_assert_msg(pttl > 5000, "PTTL %lld", pttl);
+    h_redis_signal(&R, SIGSTOP);
+
+    ev = sem_lost(a, "w", 30000);
+    t_ev = h_now_ms();
+    h_redis_signal(&R, SIGCONT);
+    ck_assert_msg(ev != NULL, "no sem_lost while redis was stopped");
+    ck_assert_str_eq(jstr(ev, "token"), t);
+    ck_assert_str_eq(jstr(ev, "reason"), "redis_unavailable");
+    json_decref(ev);
+    ck_assert_msg(t_ev < t_before + pttl,
+                  "sem_lost %lld ms after the lease could end in redis",
+                  t_ev - (t_before + pttl));
+    h_assert_stat(a, "sem_holds", 0, T_MS);
+    h_close(a);
+}
+END_TEST
+
+/* A grant found gone before its lease could end means Redis lost data:
+ * every other grant is checked at once, not at the next pass (30 s
+ * here), as for locks (check_lock_safety's early_loss_rechecks_all). The
+ * loss of S is found by the check a new grant of S through the same
+ * daemon starts; F, a fixed lease of another semaphore, must follow. */
+START_TEST(test_early_loss_rechecks_all)
+{
+    struct h_conn *a, *b;
+    json_t *ev, *r;
+    char s[65], f[65];
+    long long t0;
+
+    h_start("lock:\n  watchdog_ms: 90000\n");
+    a = h_connect_ok(&D1);
+    b = h_connect_ok(&D1);
+    s_must(a, "F", 1, 0, 600000, f);
+    s_must(a, "S", 1, 0, 0, s);
+    h_r_do(&R, "FLUSHALL");
+    t0 = h_now_ms();
+    r = s_acquire(b, "S", 1, 0, 0, 0);
+    ck_assert(jtrue(r, "acquired"));
+    json_decref(r);
+    ev = sem_lost(a, "F", 10000);
+    ck_assert_msg(ev != NULL, "no sem_lost for F after the loss found on S");
+    ck_assert_str_eq(jstr(ev, "token"), f);
+    ck_assert_str_eq(jstr(ev, "reason"), "expired");
+    json_decref(ev);
+    ck_assert_msg(h_now_ms() - t0 < 5000,
+                  "sem_lost for F %lld ms after the loss", h_now_ms() - t0);
+    h_assert_stat(a, "sem_holds", 1, T_MS);
+    h_close(a);
+    h_close(b);
 }
 END_TEST
 
@@ -827,7 +941,10 @@ main(void)
         H_CASE(lost_when_redis_down, 60),
         H_CASE(lost_before_local_grant, 60),
         H_CASE(recheck_on_restart, 90),
+        H_CASE(recheck_prompt, 90),
         H_CASE(fixed_lease_checked, 60),
+        H_CASE(lost_before_lease_end, 90),
+        H_CASE(early_loss_rechecks_all, 60),
         H_CASE(contention_two_daemons, 200),
         H_CASE(pair_cost, 60),
     };

@@ -2929,6 +2929,9 @@ static const struct cluster_skip cluster_skips[] = {
     {"sem", "redis_down_and_wrong_type", "kills and restarts the one Redis"},
     {"sem", "lost_when_redis_down", "kills the one Redis"},
     {"sem", "recheck_on_restart", "kills and restarts the one Redis"},
+    {"sem", "recheck_prompt", "kills and restarts the one Redis"},
+    {"sem", "lost_before_lease_end",
+     "stops the one Redis process (SIGSTOP) for longer than a lease"},
     {"sem", "pair_cost",
      "counts the commands of one node (INFO commandstats), which other "
      "keys' slots share on a cluster"},
