@@ -286,22 +286,6 @@ ld_lease_names(const char *pfx, const char *key, size_t klen, const char *tail,
     return buf;
 }
 
-bool
-ld_lease_error_unavailable(const redisReply *r)
-{
-    static const char *const unavailable[] = {
-        "LOADING",     "BUSY",     "READONLY",   "MASTERDOWN",
-        "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "OOM",
-        "NOAUTH",      "MOVED",    "ASK",
-    };
-    for (size_t i = 0; i < LD_ARRAY_LEN(unavailable); i++) {
-        if (ld_reply_is_error(r, unavailable[i])) {
-            return true;
-        }
-    }
-    return false;
-}
-
 int
 ld_lease_reply_ints(const redisReply *r, long long *v, int max)
 {

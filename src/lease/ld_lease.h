@@ -93,11 +93,6 @@ char *ld_lease_names(const char *pfx, const char *key, size_t klen,
                      const char *tail, const char *const *sufs, int nsuf,
                      const char **names, size_t *lens);
 
-/* Whether error reply R says Redis cannot serve now (loading, busy, a
- * replica, a failover under way, out of memory, ...): redis_unavailable
- * for the client, not an internal error. */
-bool ld_lease_error_unavailable(const redisReply *r);
-
 /* The integers of a script's array reply into V (at most MAX): how many,
  * or -1 when the reply is not an array of integers. */
 int ld_lease_reply_ints(const redisReply *r, long long *v, int max);

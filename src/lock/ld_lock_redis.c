@@ -163,7 +163,7 @@ lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        if (ld_lease_error_unavailable(r)) {
+        if (ld_reply_is_unavailable(r)) {
             log_warn("redis failure op=%s key=%.*s reason=\"%s\"", opname,
                      klen, key, why);
             if (req != NULL) {

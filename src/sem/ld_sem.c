@@ -78,8 +78,8 @@ static void
 reply_failure(struct ld_req *req, const redisReply *r, const char *what)
 {
     if (r != NULL && r->type == REDIS_REPLY_ERROR) {
-        int code = ld_lease_error_unavailable(r) ? LD_E_REDIS_UNAVAILABLE
-                                                 : LD_E_INTERNAL;
+        int code = ld_reply_is_unavailable(r) ? LD_E_REDIS_UNAVAILABLE
+                                              : LD_E_INTERNAL;
         ld_reply_error(req, code, "%s: %s", what, r->str);
         return;
     }
