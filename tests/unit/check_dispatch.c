@@ -162,6 +162,21 @@ ask(int fd, const char *request)
     return client.line;
 }
 
+/* Close the client's end and turn the loop until the session has seen it
+ * and gone, so that nothing of it outlives the case. */
+static void
+close_session(int fd)
+{
+    close(fd);
+    uint64_t deadline = ld_now_ms() + WAIT_MS;
+    while (ld_session_count() > 0) {
+        ck_assert_msg(ld_now_ms() < deadline, "the session stayed");
+        struct timeval tv = {0, 10 * 1000};
+        event_base_loopexit(ctx.base, &tv);
+        event_base_loop(ctx.base, EVLOOP_ONCE);
+    }
+}
+
 #define ck_answer(fd, request, text)                                          \
     do {                                                                      \
         const char *a_ = ask((fd), (request));                                \
@@ -190,7 +205,7 @@ START_TEST(only_hello_before_auth)
     ck_answer(c, "{\"op\":\"t.plain\"}", "\"ran\":\"t.plain\"");
     ck_answer(c, "{\"op\":\"ping\"}", "\"ok\":true");
     ck_answer(c, "{\"op\":\"no.such\"}", "\"code\":\"unknown_op\"");
-    close(c);
+    close_session(c);
 }
 END_TEST
 
@@ -208,7 +223,7 @@ START_TEST(admin_flag_needs_operator)
     ck_answer(c, "{\"op\":\"t.admin\"}", "is for operators");
     ck_answer(c, "{\"op\":\"lock.list\"}", "is for operators");
     ck_answer(c, "{\"op\":\"t.plain\"}", "\"ran\":\"t.plain\"");
-    close(c);
+    close_session(c);
 }
 END_TEST
 
@@ -227,7 +242,7 @@ START_TEST(memory_flags)
     ck_answer(c, "{\"op\":\"t.waits\",\"wait_ms\":0}", "\"ran\":\"t.waits\"");
     ck_answer(c, "{\"op\":\"t.waits\"}", "\"ran\":\"t.waits\"");
     ck_answer(c, "{\"op\":\"t.plain\"}", "\"ran\":\"t.plain\"");
-    close(c);
+    close_session(c);
 }
 END_TEST
 
@@ -240,7 +255,7 @@ START_TEST(memory_flags_under_limit)
 
     ck_answer(c, "{\"op\":\"t.adds\"}", "\"ran\":\"t.adds\"");
     ck_answer(c, "{\"op\":\"t.waits\",\"wait_ms\":5}", "\"ran\":\"t.waits\"");
-    close(c);
+    close_session(c);
 }
 END_TEST
 
@@ -260,7 +275,7 @@ START_TEST(register_again_replaces)
     ck_answer(c, "{\"op\":\"t.plain\"}", "\"by\":\"second\"");
     s->admin = false;
     ck_answer(c, "{\"op\":\"t.plain\"}", "is for operators");
-    close(c);
+    close_session(c);
 }
 END_TEST
 
@@ -278,7 +293,7 @@ START_TEST(stopping_refuses_every_op)
     ck_answer(c, "{\"op\":\"t.plain\"}", "\"code\":\"shutting_down\"");
     ck_answer(c, "{\"op\":\"no.such\"}", "\"code\":\"unknown_op\"");
     ctx.shutting_down = false;
-    close(c);
+    close_session(c);
 }
 END_TEST
 
