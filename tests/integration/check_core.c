@@ -871,8 +871,11 @@ START_TEST(test_half_close)
 
     other = h_connect_ok(&D);
     /* Session-bound: released when the session ended, long before the
-     * 30 s watchdog lease. Detached: still held. */
-    r = h_callf(other, T_MS, "{s:s,s:s}", "op", "lock", "key", "hc-bound");
+     * 30 s watchdog lease (the release may still be on its way to Redis
+     * when the socket closes, so this waits for it, well short of the
+     * lease). Detached: still held. */
+    r = h_callf(other, T_MS + 5000, "{s:s,s:s,s:i}", "op", "lock", "key",
+                "hc-bound", "wait_ms", 5000);
     ck_assert_msg(json_is_true(json_object_get(r, "acquired")),
                   "session-bound lock survived its half-closed session");
     json_decref(r);
