@@ -263,7 +263,8 @@ START_TEST(test_recheck_retried)
 
     /* Both, in either order (their keys may use different connections). */
     bool seen_f = false, seen_w = false;
-    deadline = h_now_ms() + 5000;
+    long long t0 = h_now_ms();
+    deadline = t0 + 5000;
     while (!(seen_f && seen_w) && h_now_ms() < deadline) {
         ev = h_event(a, (int)(deadline - h_now_ms()));
         if (ev == NULL) {
@@ -279,6 +280,9 @@ START_TEST(test_recheck_retried)
     }
     ck_assert_msg(seen_w, "no lock_lost for w within 5 s of scripts allowed");
     ck_assert_msg(seen_f, "no lock_lost for f within 5 s of scripts allowed");
+    fprintf(stderr,
+            "recheck_retried: lock_lost %lld ms after scripts allowed\n",
+            h_now_ms() - t0);
     /* The pass (40 s after the start) could not have found them. */
     ck_assert_msg(h_now_ms() - t_start < 40000,
                   "too slow to tell the retry from the pass: %lld ms",

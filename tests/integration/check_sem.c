@@ -808,7 +808,11 @@ START_TEST(test_recheck_retried)
     }
     ck_assert_msg(refused, "no sem_at_risk for S: its check was not refused");
     h_r_do(&R, "ACL SETUSER default +@all");
+    long long t0 = h_now_ms();
     expect_both_lost(a, s, t, 5000, "scripts allowed again");
+    fprintf(stderr,
+            "recheck_retried: sem_lost %lld ms after scripts allowed\n",
+            h_now_ms() - t0);
     /* The pass (40 s after the start) could not have found them. */
     ck_assert_msg(h_now_ms() - t_start < 40000,
                   "too slow to tell the retry from the pass: %lld ms",
