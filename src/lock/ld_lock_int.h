@@ -160,6 +160,7 @@ struct lk_op {
     bool answered_early; /* answered while its try was out */
     bool reenter;        /* sent as reentry only */
     bool after_failover; /* a check sent after the master changed */
+    bool recheck;        /* a renewal or check sent by a recheck */
     bool foreign;        /* by token from a session other than REC's */
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */

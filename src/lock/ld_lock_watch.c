@@ -280,8 +280,15 @@ renew_on_reply(redisReply *r, void *arg)
         renew_held(rec, op, v[1], v[2]);
     } else if (n >= 1 && v[0] < 0) {
         renew_gone(rec, op, v[0]);
-    } else if (op->kind == LK_RENEW) {
-        renew_unanswered(rec);
+    } else {
+        if (op->kind == LK_RENEW) {
+            renew_unanswered(rec);
+        }
+        if (op->recheck) {
+            /* Redis, just back, may still refuse: look again soon, not
+             * a pass later (ld_lease_pass_retry). */
+            ld_lease_pass_retry(&lock_mod.pass, op->after_failover);
+        }
     }
     lk_op_free(op);
 }
@@ -302,7 +309,7 @@ renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     op->sent_ms = ld_now_ms();
     rec->renew_sent_ms = op->sent_ms;
     op->inflight = true;
-    (void)ld_lease_pass_sent(&lock_mod.pass);
+    op->recheck = ld_lease_pass_sent(&lock_mod.pass);
     lk_script(LD_SCRIPT_lock_renew, &rec->n, 2, 5, args, lens, renew_on_reply,
               op);
 }

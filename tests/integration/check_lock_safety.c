@@ -224,6 +224,74 @@ START_TEST(test_recheck_on_reconnect)
 }
 END_TEST
 
+/* A check or renewal of a recheck that Redis refuses while the connection
+ * stays up (just back, Redis may still be loading its data, or a
+ * connection of the pool is not up yet) is tried again within a second
+ * (ld_lease_pass_retry), not at the next pass, 40 s after the daemon
+ * started here. Redis lost the locks (FLUSHALL), the daemon's
+ * connections are dropped so that it rechecks when they are back, and
+ * scripts are refused (ACL) until the recheck's renewal of w was:
+ * w's lock_at_risk says it was. */
+START_TEST(test_recheck_retried)
+{
+    struct h_conn *a;
+    json_t *r, *ev;
+    long long t_start = h_now_ms();
+
+    h_start("lock:\n  watchdog_ms: 120000\n");
+    a = lk_connect(&D);
+    r = lk_must(a, "w", NULL, NO_TTL, 0);
+    json_decref(r);
+    r = lk_must(a, "f", NULL, 600000, 0);
+    json_decref(r);
+    h_r_do(&R, "FLUSHALL");
+    h_r_do(&R, "ACL SETUSER default -eval -evalsha -eval_ro -evalsha_ro");
+    h_r_do(&R, "CLIENT KILL TYPE normal SKIPME yes");
+
+    long long deadline = h_now_ms() + 10000;
+    bool refused = false;
+    while (!refused &&
+           (ev = h_event(a, (int)(deadline - h_now_ms()))) != NULL) {
+        ck_assert_msg(!raw_is_event(ev, "lock_lost", "w"),
+                      "lock_lost for w while Redis refused its renewal");
+        refused = raw_is_event(ev, "lock_at_risk", "w");
+        json_decref(ev);
+    }
+    ck_assert_msg(refused,
+                  "no lock_at_risk for w: its renewal was not refused");
+    h_r_do(&R, "ACL SETUSER default +@all");
+
+    /* Both, in either order (their keys may use different connections). */
+    bool seen_f = false, seen_w = false;
+    long long t0 = h_now_ms();
+    deadline = t0 + 5000;
+    while (!(seen_f && seen_w) && h_now_ms() < deadline) {
+        ev = h_event(a, (int)(deadline - h_now_ms()));
+        if (ev == NULL) {
+            break;
+        }
+        if (raw_is_event(ev, "lock_lost", "f") ||
+            raw_is_event(ev, "lock_lost", "w")) {
+            ck_assert_str_eq(jstr(ev, "reason"), "expired");
+            seen_f = seen_f || strcmp(jstr(ev, "key"), "f") == 0;
+            seen_w = seen_w || strcmp(jstr(ev, "key"), "w") == 0;
+        }
+        json_decref(ev);
+    }
+    ck_assert_msg(seen_w, "no lock_lost for w within 5 s of scripts allowed");
+    ck_assert_msg(seen_f, "no lock_lost for f within 5 s of scripts allowed");
+    fprintf(stderr,
+            "recheck_retried: lock_lost %lld ms after scripts allowed\n",
+            h_now_ms() - t0);
+    /* The pass (40 s after the start) could not have found them. */
+    ck_assert_msg(h_now_ms() - t_start < 40000,
+                  "too slow to tell the retry from the pass: %lld ms",
+                  h_now_ms() - t_start);
+    h_assert_stat(a, "locks_held", 0, T_MS);
+    h_close(a);
+}
+END_TEST
+
 /* --- a grant through the daemon that still counts another hold ---------- */
 
 /* Lock KEY on raw connection C (ttl_ms 0: watchdog) and insist on it. */
@@ -949,6 +1017,7 @@ main(void)
         H_CASE(token_after_silent_loss, 60),
         H_CASE(fence_after_flushall, 60),
         H_CASE(recheck_on_reconnect, 90),
+        H_CASE(recheck_retried, 60),
         H_CASE(lost_before_local_grant, 60),
         H_CASE(fixed_lease_checked, 60),
         H_CASE(lost_before_lease_end, 90),

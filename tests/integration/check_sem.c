@@ -692,19 +692,48 @@ START_TEST(test_lost_before_local_grant)
 }
 END_TEST
 
+/* Wait up to WITHIN_MS for sem_lost of both S (token TS) and T (token TT)
+ * on A, reason "expired": one recheck finds both gone, and their checks
+ * may travel on different connections, so they come in either order.
+ * Other events (sem_at_risk) are passed over. */
+static void
+expect_both_lost(struct h_conn *a, const char *ts, const char *tt,
+                 int within_ms, const char *after)
+{
+    bool seen_s = false, seen_t = false;
+    long long deadline = h_now_ms() + within_ms;
+    while (!(seen_s && seen_t) && h_now_ms() < deadline) {
+        json_t *ev = h_event(a, (int)(deadline - h_now_ms()));
+        if (ev == NULL) {
+            break;
+        }
+        bool is_s = raw_is_event(ev, "sem_lost", "S");
+        if (is_s || raw_is_event(ev, "sem_lost", "T")) {
+            ck_assert_str_eq(jstr(ev, "token"), is_s ? ts : tt);
+            ck_assert_str_eq(jstr(ev, "reason"), "expired");
+            seen_s = seen_s || is_s;
+            seen_t = seen_t || !is_s;
+        }
+        json_decref(ev);
+    }
+    ck_assert_msg(seen_s, "no sem_lost for S within %d ms of %s", within_ms,
+                  after);
+    ck_assert_msg(seen_t, "no sem_lost for T within %d ms of %s", within_ms,
+                  after);
+}
+
 /* Redis restarts without its data: when the daemon reconnects it checks
  * every grant at once (the pass would take 20 s here, and a fixed lease
  * was never checked before it ended). */
 START_TEST(test_recheck_on_restart)
 {
     struct h_conn *a;
-    json_t *ev;
     char s[65], t[65];
     long long t0;
 
     /* A check that Redis, just restarted, did not answer is tried again
-     * at the next pass (a third of watchdog_ms): the bound below allows
-     * one. */
+     * soon, or at the latest at the next pass (a third of watchdog_ms):
+     * the bound below allows one. */
     h_start("lock:\n  watchdog_ms: 15000\n");
     a = h_connect_ok(&D1);
     s_must(a, "S", 1, 0, 0, s);
@@ -714,27 +743,8 @@ START_TEST(test_recheck_on_restart)
     t0 = h_now_ms();
     ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{S}:sem"), 0);
 
-    /* Both are found gone by the same recheck, in either order. */
-    bool seen_s = false, seen_t = false;
-    long long deadline = t0 + 15000;
-    while (!(seen_s && seen_t) && h_now_ms() < deadline) {
-        ev = h_event(a, (int)(deadline - h_now_ms()));
-        if (ev == NULL) {
-            break;
-        }
-        if (raw_is_event(ev, "sem_lost", "S")) {
-            ck_assert_str_eq(jstr(ev, "token"), s);
-            ck_assert_str_eq(jstr(ev, "reason"), "expired");
-            seen_s = true;
-        } else if (raw_is_event(ev, "sem_lost", "T")) {
-            ck_assert_str_eq(jstr(ev, "token"), t);
-            seen_t = true;
-        }
-        json_decref(ev);
-    }
-    ck_assert_msg(seen_s, "no sem_lost for S after the restart");
-    ck_assert_msg(seen_t, "no sem_lost for T after the restart");
     /* The reconnection (backoff included) and one round trip, or a pass. */
+    expect_both_lost(a, s, t, 5000 + 8000, "the restart");
     ck_assert_msg(h_now_ms() - t0 < 5000 + 8000,
                   "sem_lost %lld ms after Redis "
                   "was back",
@@ -746,15 +756,11 @@ END_TEST
 
 /* As test_recheck_on_restart with the pass far off (20 s): both grants
  * are reported within the budget a lock gets (check_lock_safety's
- * recheck_on_reconnect). A check of the recheck that Redis, just back,
- * leaves unanswered (a connection of the pool not up yet) is retried
- * within a second, not at the next pass. */
+ * recheck_on_reconnect). */
 START_TEST(test_recheck_prompt)
 {
     struct h_conn *a;
-    json_t *ev;
     char s[65], t[65];
-    long long t0;
 
     h_start("lock:\n  watchdog_ms: 60000\n");
     a = h_connect_ok(&D1);
@@ -762,26 +768,56 @@ START_TEST(test_recheck_prompt)
     s_must(a, "T", 1, 0, 600000, t);
     h_redis_kill(&R);
     ck_assert_int_eq(h_redis_restart(&R), 0);
-    t0 = h_now_ms();
     ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{S}:sem"), 0);
+    expect_both_lost(a, s, t, 15000, "the restart");
+    h_close(a);
+}
+END_TEST
 
-    bool seen_s = false, seen_t = false;
-    long long deadline = t0 + 15000;
-    while (!(seen_s && seen_t) && h_now_ms() < deadline) {
-        ev = h_event(a, (int)(deadline - h_now_ms()));
-        if (ev == NULL) {
-            break;
-        }
-        if (raw_is_event(ev, "sem_lost", "S") ||
-            raw_is_event(ev, "sem_lost", "T")) {
-            ck_assert_str_eq(jstr(ev, "reason"), "expired");
-            seen_s = seen_s || strcmp(jstr(ev, "key"), "S") == 0;
-            seen_t = seen_t || strcmp(jstr(ev, "key"), "T") == 0;
-        }
+/* A check of a recheck that Redis refuses while the connection stays up
+ * (just back, Redis may still be loading its data, or a connection of
+ * the pool is not up yet) is tried again within a second
+ * (ld_lease_pass_retry), not at the next pass, 40 s after the daemon
+ * started here. Redis lost the grants (FLUSHALL), the daemon's
+ * connections are dropped so that it rechecks when they are back, and
+ * scripts are refused (ACL) until the recheck's check of S was: S's
+ * sem_at_risk says it was. */
+START_TEST(test_recheck_retried)
+{
+    struct h_conn *a;
+    json_t *ev;
+    char s[65], t[65];
+    long long t_start = h_now_ms();
+
+    h_start("lock:\n  watchdog_ms: 120000\n");
+    a = h_connect_ok(&D1);
+    s_must(a, "S", 1, 0, 0, s);
+    s_must(a, "T", 1, 0, 600000, t);
+    h_r_do(&R, "FLUSHALL");
+    h_r_do(&R, "ACL SETUSER default -eval -evalsha -eval_ro -evalsha_ro");
+    h_r_do(&R, "CLIENT KILL TYPE normal SKIPME yes");
+
+    long long deadline = h_now_ms() + 10000;
+    bool refused = false;
+    while (!refused &&
+           (ev = h_event(a, (int)(deadline - h_now_ms()))) != NULL) {
+        ck_assert_msg(!raw_is_event(ev, "sem_lost", "S"),
+                      "sem_lost for S while Redis refused its check");
+        refused = raw_is_event(ev, "sem_at_risk", "S");
         json_decref(ev);
     }
-    ck_assert_msg(seen_s, "no sem_lost for S within 15 s of the restart");
-    ck_assert_msg(seen_t, "no sem_lost for T within 15 s of the restart");
+    ck_assert_msg(refused, "no sem_at_risk for S: its check was not refused");
+    h_r_do(&R, "ACL SETUSER default +@all");
+    long long t0 = h_now_ms();
+    expect_both_lost(a, s, t, 5000, "scripts allowed again");
+    fprintf(stderr,
+            "recheck_retried: sem_lost %lld ms after scripts allowed\n",
+            h_now_ms() - t0);
+    /* The pass (40 s after the start) could not have found them. */
+    ck_assert_msg(h_now_ms() - t_start < 40000,
+                  "too slow to tell the retry from the pass: %lld ms",
+                  h_now_ms() - t_start);
+    h_assert_stat(a, "sem_holds", 0, T_MS);
     h_close(a);
 }
 END_TEST
@@ -953,6 +989,7 @@ main(void)
         H_CASE(lost_before_local_grant, 60),
         H_CASE(recheck_on_restart, 90),
         H_CASE(recheck_prompt, 90),
+        H_CASE(recheck_retried, 60),
         H_CASE(fixed_lease_checked, 60),
         H_CASE(lost_before_lease_end, 90),
         H_CASE(early_loss_rechecks_all, 60),
