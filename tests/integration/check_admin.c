@@ -250,8 +250,8 @@ expect_row(json_t *r, const char *key, const char *mode, long long count,
                   jint(e, "count"), count);
     ck_assert_msg(json_is_integer(json_object_get(e, "waiters")) &&
                       jint(e, "waiters") == waiters,
-                  "%s: waiters %s, not %lld", key,
-                  h_dump(json_object_get(e, "waiters")), waiters);
+                  "%s: waiters %lld, not %lld: %s", key, jint(e, "waiters"),
+                  waiters, h_dump(e));
 }
 
 /* Read-write locks are listed with their side, and each row counts the
