@@ -524,6 +524,49 @@ scenario(enum refusal how)
                          "ttl_ms", LEASE_MS),
                     "multi-key extend");
 
+    /* Reads of what is held write nothing and are served. */
+    json_t *q = call(c, "lock.info", "{s:s,s:s,s:s}", "op", "lock.info", "key",
+                     "p", "token", h.plain);
+    ck_assert_msg(h_ok(q) && jtrue(q, "locked") && jtrue(q, "mine"),
+                  "%s, lock.info: %s", why, h_dump(q));
+    json_decref(q);
+    q = call(c, "lock.info", "{s:s,s:s}", "op", "lock.info", "key", "w");
+    ck_assert_msg(h_ok(q) && jtrue(q, "locked") && jstr(q, "mode") &&
+                      strcmp(jstr(q, "mode"), "write") == 0,
+                  "%s, lock.info of the write lock: %s", why, h_dump(q));
+    json_decref(q);
+    q = call(c, "sem.info", "{s:s,s:s,s:i}", "op", "sem.info", "key", "s",
+             "limit", 2);
+    ck_assert_msg(h_ok(q) && jint(q, "held") == 1, "%s, sem.info: %s", why,
+                  h_dump(q));
+    json_decref(q);
+
+    /* cache.mget answers per key: the hit, and for the miss whose lease
+     * Redis refused, that key's own error. */
+    q = call(c, "cache.mget", "{s:s,s:[s,s]}", "op", "cache.mget", "keys",
+             "hit", "m2");
+    json_t *res = json_object_get(q, "results");
+    ck_assert_msg(h_ok(q) && json_array_size(res) == 2, "%s, cache.mget: %s",
+                  why, h_dump(q));
+    json_t *r0 = json_array_get(res, 0);
+    ck_assert_msg(h_ok(r0) && jtrue(r0, "hit") && jstr(r0, "value") &&
+                      strcmp(jstr(r0, "value"), "there") == 0,
+                  "%s, cache.mget of a hit: %s", why, h_dump(q));
+    ck_assert_msg(is_unavailable(json_array_get(res, 1)),
+                  "%s, cache.mget of a miss: %s", why, h_dump(q));
+    json_decref(q);
+    /* Invalidations of several keys are queued whole, or (OOM: deletes
+     * free memory) done. */
+    q = call(c, "cache.invalidate", "{s:s,s:[s,s]}", "op", "cache.invalidate",
+             "keys", "i1", "i2");
+    ck_assert_msg(h_ok(q) && jint(q, "pending") == 2 &&
+                      (how == OOM ||
+                       (jtrue(q, "queued") &&
+                        json_array_size(json_object_get(q, "queued_keys")) ==
+                            2)),
+                  "%s, cache.invalidate of two keys: %s", why, h_dump(q));
+    json_decref(q);
+
     /* Giving back what is held: refused, and then nothing changed. */
     for (int i = 0; i < N_GIVE; i++) {
         char what[64];
