@@ -19,7 +19,8 @@
  * started, so on a cluster (on_cluster/check_refused.cluster) every
  * master refuses; MISCONF and READONLY need one server's directory and
  * REPLICAOF, and run on standalone Redis only (harness.c's
- * cluster_skips). */
+ * cluster_skips). Renewals refused for longer than a lease end the holds
+ * they renew (renewal_refused). */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -643,6 +644,95 @@ scenario(enum refusal how)
     h_close(c);
 }
 
+/* Session-bound holds renewed by the watchdog while Redis refuses the
+ * renewals: each holder hears it is at risk, then, when the lease last
+ * confirmed runs out, that it lost the hold (reason redis_unavailable,
+ * the daemon could not renew it; not expired or taken). Redis lets the
+ * lease run out too, so once it takes writes again another session gets
+ * the lock and the permit. */
+#define WATCHDOG_MS 1500
+
+struct hold_events {
+    const char *key, *risk, *lost;
+    bool at_risk, gone;
+};
+
+START_TEST(test_renewal_refused)
+{
+    char yaml_wd[64];
+    snprintf(yaml_wd, sizeof yaml_wd, "lock:\n  watchdog_ms: %d\n",
+             WATCHDOG_MS);
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml_wd), 0);
+    struct h_conn *c = h_connect_ok(&D);
+    char lt[64], st[64];
+    token_of(call(c, "lock", "{s:s,s:s}", "op", "lock", "key", "wd"), lt,
+             "watchdog lock");
+    token_of(call(c, "sem", "{s:s,s:s,s:i}", "op", "sem.acquire", "key", "ws",
+                  "limit", 1),
+             st, "watchdog grant");
+    refuse(NOREPLICAS);
+
+    /* The two holds' events come in either order. */
+    struct hold_events hold[2] = {
+        {"wd", "lock_at_risk", "lock_lost", false, false},
+        {"ws", "sem_at_risk", "sem_lost", false, false},
+    };
+    long long end = h_now_ms() + 10 * WATCHDOG_MS;
+    while (!(hold[0].gone && hold[1].gone) && h_now_ms() < end) {
+        json_t *ev = h_event(c, (int)(end - h_now_ms()));
+        if (ev == NULL) {
+            break;
+        }
+        const char *name = jstr(ev, "event"), *key = jstr(ev, "key");
+        for (int i = 0; i < 2 && name != NULL && key != NULL; i++) {
+            struct hold_events *e = &hold[i];
+            if (strcmp(key, e->key) != 0) {
+                continue;
+            }
+            ck_assert_msg(!e->gone, "an event after %s: %s", e->lost,
+                          h_dump(ev));
+            if (strcmp(name, e->risk) == 0) {
+                e->at_risk = true;
+            } else if (strcmp(name, e->lost) == 0) {
+                ck_assert_msg(e->at_risk, "%s without %s first", e->lost,
+                              e->risk);
+                ck_assert_msg(jstr(ev, "reason") != NULL &&
+                                  strcmp(jstr(ev, "reason"),
+                                         "redis_unavailable") == 0,
+                              "%s: %s", e->lost, h_dump(ev));
+                e->gone = true;
+            }
+        }
+        json_decref(ev);
+    }
+    ck_assert_msg(hold[0].gone, "no lock_lost while renewals were refused");
+    ck_assert_msg(hold[1].gone, "no sem_lost while renewals were refused");
+    h_assert_ping(c);
+
+    accept_writes(NOREPLICAS);
+    struct h_conn *o = h_connect_ok(&D);
+    json_t *r = call(o, "lock", "{s:s,s:s,s:i}", "op", "lock", "key", "wd",
+                     "wait_ms", 5000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"),
+                  "the lock lost is not free: %s", h_dump(r));
+    json_decref(r);
+    r = call(o, "sem", "{s:s,s:s,s:i,s:i}", "op", "sem.acquire", "key", "ws",
+             "limit", 1, "wait_ms", 5000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"),
+                  "the permit lost is not free: %s", h_dump(r));
+    json_decref(r);
+    r = call(c, "unlock", "{s:s,s:s,s:s}", "op", "unlock", "key", "wd",
+             "token", lt);
+    ck_assert_msg(h_errcode(r) != NULL &&
+                      strcmp(h_errcode(r), "not_held") == 0,
+                  "unlock of the lock lost: %s", h_dump(r));
+    json_decref(r);
+    h_close(o);
+    h_close(c);
+}
+END_TEST
+
 START_TEST(test_no_replicas)
 {
     scenario(NOREPLICAS);
@@ -671,10 +761,9 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(no_replicas, 90),
-        H_CASE(out_of_memory, 90),
-        H_CASE(misconf, 90),
-        H_CASE(readonly, 90),
+        H_CASE(no_replicas, 90),     H_CASE(out_of_memory, 90),
+        H_CASE(misconf, 90),         H_CASE(readonly, 90),
+        H_CASE(renewal_refused, 60),
     };
 
     return H_MAIN(fx, cases);
