@@ -14,6 +14,7 @@
 #include "ld_sem.h"
 #include "ld_sem_int.h"
 
+#include "ld_admin.h"
 #include "ld_assert.h"
 #include "ld_cancel.h"
 #include "ld_conf.h"
@@ -184,6 +185,7 @@ grant_new(struct sem_sess *ss, struct sem_op *op, long long lease)
     g->watchdog = op->watchdog;
     g->permits = op->permits;
     g->lease_end_ms = op->sent_ms + (uint64_t)lease;
+    g->granted_ms = op->sent_ms;
     g->sk = key_get(&g->n);
     LIST_INSERT_HEAD(&g->sk->grants, g, key_link);
     LIST_INSERT_HEAD(&ss->grants, g, sess_link);
@@ -696,6 +698,39 @@ op_info(struct ld_req *req)
     sem_script(LD_SCRIPT_sem_info, &c->n, 1, args, lens, info_on_reply, c);
 }
 
+/* lock.list: the grants this daemon keeps (session-bound ones; a detached
+ * grant is Redis' alone), mode "sem", count the permits, and waiters the
+ * acquisitions of this daemon queued for the semaphore. */
+static void
+list_grants(struct ld_admin_list *l)
+{
+    uint64_t now = ld_now_ms();
+    struct sem_grant *g;
+    TAILQ_FOREACH(g, &sem_mod.grants, all_link)
+    {
+        if (g->gone || g->ss == NULL || g->key == NULL ||
+            !ld_admin_list_wants(l, g->key, strlen(g->key))) {
+            continue;
+        }
+        struct ld_admin_lock e = {
+            .key = g->key,
+            .key_len = strlen(g->key),
+            .mode = "sem",
+            .sess = g->ss->sess,
+            .count = g->permits,
+            .ttl_ms = g->lease_end_ms > now
+                          ? (long long)(g->lease_end_ms - now)
+                          : 0,
+            .held_ms = now > g->granted_ms ? (long long)(now - g->granted_ms)
+                                           : 0,
+            .waiters = ld_lockwait_waiting(g->n.zset, g->n.zset_len),
+        };
+        if (!ld_admin_list_add(l, &e)) {
+            return;
+        }
+    }
+}
+
 /* -------------------------------------------------------------- module */
 
 int
@@ -710,6 +745,7 @@ ld_sem_init(const struct ld_ctx *ctx)
     sem_mod.freed = false;
     sem_watch_init();
     ld_session_on_close(on_session_close);
+    ld_admin_add_lister(list_grants);
     static const struct ld_op sem_ops[] = {
         {"sem.acquire", op_acquire, LD_OP_WAITS},
         {"sem.release", op_release, 0},

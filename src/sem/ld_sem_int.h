@@ -70,6 +70,7 @@ struct sem_grant {
     struct sem_key *hold_key; /* a grant there waits for this check */
     bool gone; /* released or lost: freed once no renewal refers to it */
     uint64_t lease_end_ms;
+    uint64_t granted_ms;  /* when its sem.acquire was sent (lock.list) */
     struct event *end_ev; /* the lease can no longer be vouched for */
     LIST_ENTRY(sem_grant) sess_link;
     LIST_ENTRY(sem_grant) key_link;

@@ -210,6 +210,166 @@ START_TEST(test_list)
 }
 END_TEST
 
+/* {"op":"lock","key":KEY,"mode":MODE} with wait_ms (0: absent), sent
+ * under ID without waiting for the reply (ID 0: h_call, reply returned). */
+static json_t *
+rw_lock(struct h_conn *c, json_int_t id, const char *key, const char *mode,
+        long long wait_ms)
+{
+    json_t *req = json_pack("{s:s,s:s,s:s}", "op", "lock", "key", key, "mode",
+                            mode);
+    if (wait_ms != 0) {
+        json_object_set_new(req, "wait_ms", json_integer(wait_ms));
+    }
+    if (id == 0) {
+        json_t *r = h_call(c, req, T_MS);
+        ck_assert_msg(r != NULL && h_ok(r) && jtrue(r, "acquired"),
+                      "%s lock %s: %s", mode, key, h_dump(r));
+        return r;
+    }
+    json_decref(req);
+    ck_assert_int_eq(h_send(c, "{s:I,s:s,s:s,s:s,s:I}", "id", id, "op", "lock",
+                            "key", key, "mode", mode, "wait_ms",
+                            (json_int_t)wait_ms),
+                     0);
+    return NULL;
+}
+
+/* The row of KEY must be there with MODE, COUNT and WAITERS. */
+static void
+expect_row(json_t *r, const char *key, const char *mode, long long count,
+           long long waiters)
+{
+    json_t *e = entry_of(r, key);
+    ck_assert_msg(e != NULL, "lock.list has no row for %s: %s", key,
+                  h_dump(r));
+    ck_assert_msg(jstr(e, "mode") != NULL &&
+                      strcmp(jstr(e, "mode"), mode) == 0,
+                  "%s: mode %s, not %s", key, jstr(e, "mode"), mode);
+    ck_assert_msg(jint(e, "count") == count, "%s: count %lld, not %lld", key,
+                  jint(e, "count"), count);
+    ck_assert_msg(json_is_integer(json_object_get(e, "waiters")) &&
+                      jint(e, "waiters") == waiters,
+                  "%s: waiters %lld, not %lld: %s", key, jint(e, "waiters"),
+                  waiters, h_dump(e));
+}
+
+/* Read-write locks are listed with their side, and each row counts the
+ * requests of this daemon that wait for that key: a reader behind a
+ * writer, a writer behind readers (a reader that arrives after a waiting
+ * writer queues too, and counts). */
+START_TEST(test_list_rwlock_waiters)
+{
+    h_start(yaml_admin);
+    struct h_conn *a = lk_connect(&D1);
+    struct h_conn *b = lk_connect(&D1);
+    struct h_conn *w1 = lk_connect(&D1);
+    struct h_conn *w2 = lk_connect(&D1);
+    struct h_conn *w3 = lk_connect(&D1);
+    struct h_conn *op = lk_connect(&D1);
+
+    json_decref(rw_lock(a, 0, "rw:w", "write", 0));
+    json_decref(rw_lock(a, 0, "rw:r", "read", 0));
+    json_decref(rw_lock(b, 0, "rw:r", "read", 0));
+    json_t *r = list_locks(op, "rw:", 0);
+    ck_assert_msg(h_ok(r), "lock.list: %s", h_dump(r));
+    ck_assert_int_eq(json_array_size(json_object_get(r, "locks")), 3);
+    expect_row(r, "rw:w", "write", 1, 0);
+    expect_row(r, "rw:r", "read", 1, 0);
+    json_decref(r);
+
+    rw_lock(w1, 11, "rw:w", "read", 60000);
+    h_assert_stat(op, "lock_waiters", 1, T_MS);
+    rw_lock(w2, 12, "rw:r", "write", 60000);
+    h_assert_stat(op, "lock_waiters", 2, T_MS);
+    rw_lock(w3, 13, "rw:r", "read", 60000);
+    h_assert_stat(op, "lock_waiters", 3, T_MS);
+
+    r = list_locks(op, "rw:", 0);
+    ck_assert_msg(h_ok(r), "lock.list: %s", h_dump(r));
+    ck_assert_int_eq(json_array_size(json_object_get(r, "locks")), 3);
+    expect_row(r, "rw:w", "write", 1, 1);
+    /* Both readers' rows name the key's two waiters. */
+    json_t *locks = json_object_get(r, "locks");
+    int readers = 0;
+    for (size_t i = 0; i < json_array_size(locks); i++) {
+        json_t *e = json_array_get(locks, i);
+        if (strcmp(jstr(e, "key"), "rw:r") == 0) {
+            readers++;
+            ck_assert_str_eq(jstr(e, "mode"), "read");
+            ck_assert_msg(jint(e, "waiters") == 2, "rw:r waiters: %s",
+                          h_dump(e));
+        }
+    }
+    ck_assert_int_eq(readers, 2);
+    json_decref(r);
+
+    /* Waiters that give up leave the count. */
+    h_close(w1);
+    h_close(w2);
+    h_close(w3);
+    h_assert_stat(op, "lock_waiters", 0, T_MS);
+    r = list_locks(op, "rw:", 0);
+    expect_row(r, "rw:w", "write", 1, 0);
+    expect_row(r, "rw:r", "read", 1, 0);
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+    h_close(op);
+}
+END_TEST
+
+/* Semaphore grants are listed as mode "sem" (the protocol's lock.list),
+ * with the requests of this daemon that wait for a permit. */
+START_TEST(test_list_sem_waiters)
+{
+    h_start(yaml_admin);
+    struct h_conn *a = lk_connect(&D1);
+    struct h_conn *w1 = lk_connect(&D1);
+    struct h_conn *w2 = lk_connect(&D1);
+    struct h_conn *op = lk_connect(&D1);
+
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:i,s:i}", "op", "sem.acquire",
+                        "key", "sem:1", "limit", 2, "permits", 2);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "sem.acquire: %s",
+                  h_dump(r));
+    json_decref(r);
+    r = list_locks(op, "sem:", 0);
+    ck_assert_msg(h_ok(r), "lock.list: %s", h_dump(r));
+    ck_assert_int_eq(json_array_size(json_object_get(r, "locks")), 1);
+    expect_row(r, "sem:1", "sem", 2, 0);
+    json_decref(r);
+
+    ck_assert_int_eq(h_send(w1, "{s:i,s:s,s:s,s:i,s:i}", "id", 21, "op",
+                            "sem.acquire", "key", "sem:1", "limit", 2,
+                            "wait_ms", 60000),
+                     0);
+    ck_assert_int_eq(h_send(w2, "{s:i,s:s,s:s,s:i,s:i}", "id", 22, "op",
+                            "sem.acquire", "key", "sem:1", "limit", 2,
+                            "wait_ms", 60000),
+                     0);
+    h_assert_stat(op, "lock_waiters", 2, T_MS);
+    r = list_locks(op, "sem:", 0);
+    expect_row(r, "sem:1", "sem", 2, 2);
+    json_decref(r);
+
+    h_close(w1);
+    h_close(w2);
+    h_assert_stat(op, "lock_waiters", 0, T_MS);
+    r = list_locks(op, "sem:", 0);
+    expect_row(r, "sem:1", "sem", 2, 0);
+    json_decref(r);
+
+    /* A session that ends gives its permits back and leaves the list. */
+    h_close(a);
+    h_assert_stat(op, "sem_holds", 0, T_MS);
+    r = list_locks(op, "sem:", 0);
+    ck_assert_int_eq(json_array_size(json_object_get(r, "locks")), 0);
+    json_decref(r);
+    h_close(op);
+}
+END_TEST
+
 START_TEST(test_tcp_needs_admin_token)
 {
     h_start(yaml_admin);
@@ -584,6 +744,8 @@ main(void)
     const struct h_case cases[] = {
         H_CASE(features, 60),
         H_CASE(list, 90),
+        H_CASE(list_rwlock_waiters, 90),
+        H_CASE(list_sem_waiters, 90),
         H_CASE(tcp_needs_admin_token, 60),
         H_CASE(tcp_without_admin_token_configured, 60),
         H_CASE(force_local, 90),

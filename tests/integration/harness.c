@@ -2951,6 +2951,12 @@ static const struct cluster_skip cluster_skips[] = {
      "checks that the harness stops the Redis it started (none here)"},
     {"admin", "force_redis_down", "kills the one Redis"},
     {"libleased", "redis_unavailable", "kills the one Redis"},
+    {"refused", "misconf",
+     "moves the one Redis' directory away under a save (a cluster node "
+     "keeps its nodes.conf there)"},
+    {"refused", "readonly",
+     "turns the one Redis into a replica (a cluster node refuses "
+     "REPLICAOF)"},
 };
 
 #define H_CLUSTER_ENV "LD_TEST_CLUSTER"
