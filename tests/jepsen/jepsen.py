@@ -409,6 +409,11 @@ def run_one(a, kind, seconds):
         for w in c.clients:
             w.wait(timeout=seconds + 60)
         hist = checker.load(c.hist)
+        for i in ALL:
+            log = os.path.join(c.dir, "leased%d.log" % i)
+            hist += checker.daemon_log(log, i)
+            if a.keep:
+                shutil.copy(log, "leased%d-%s.log" % (i, kind))
         db = worker.Resp(c.rport)
         final = {"log": db.cmd("LRANGE", "reg:log", 0, -1),
                  "reg": db.cmd("GET", "reg"),
