@@ -413,7 +413,7 @@ def table(results, label):
            "| fenced refused | (a) | (a) documented | (b) overlaps | lost incr | lock_lost "
            "| margin min/med/max ms | late excused | late stalled | (c) "
            "| invalidations (queued) | hits | (d) | (d) documented |",
-           "|" + "---|" * 22]
+           "|" + "---|" * 21]
     for r in results:
         s = r["stats"]
         out.append("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d "
