@@ -34,6 +34,31 @@ lost_margin_ms(void)
 
 static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease);
 
+/* How late lock_lost may leave before the daemon says so in its log. */
+#define LOST_LATE_MS 50
+
+/* REC's lease (or max_hold) can no longer be proven and lock_lost goes
+ * out now: when that is well past the moment it was due, the loop did
+ * not run then (a host too loaded to schedule the daemon, or the daemon
+ * stopped), and the log says when it was due and when it left, in
+ * CLOCK_MONOTONIC ms, so that a late event can be told apart from a
+ * wrong lease end. */
+static void
+lost_late_note(const struct lk_rec *rec)
+{
+    uint64_t due = ld_lease_vouch_end(&lock_mod.pass, rec->lease_end_ms);
+    if (rec->cap_end_ms != 0 && rec->cap_end_ms < due) {
+        due = rec->cap_end_ms;
+    }
+    uint64_t now = ld_now_ms();
+    if (rec->ls != NULL && now >= due + LOST_LATE_MS) {
+        log_warn("lock lost late due_ms=%llu now_ms=%llu late_ms=%llu "
+                 "session=%s",
+                 (unsigned long long)due, (unsigned long long)now,
+                 (unsigned long long)(now - due), rec->ls->sess->name);
+    }
+}
+
 static void
 cap_on_timer(evutil_socket_t fd, short what, void *arg)
 {
@@ -59,6 +84,7 @@ cap_on_timer(evutil_socket_t fd, short what, void *arg)
      * the reason, not Redis. */
     bool cap = rec->cap_end_ms != 0 &&
                rec->lease_end_ms + lost_margin_ms() >= rec->cap_end_ms;
+    lost_late_note(rec);
     rec->refs++;
     lk_rec_lost(rec, cap ? "max_hold" : "redis_unavailable", true);
     lk_rec_unref(rec);
@@ -254,6 +280,7 @@ renew_unanswered(struct lk_rec *rec)
 {
     ld_stats.lock_renewals_failed++;
     if (ld_now_ms() >= rec->lease_end_ms) {
+        lost_late_note(rec);
         lk_rec_lost(rec, "redis_unavailable", true);
     } else {
         rec_at_risk(rec);
@@ -339,6 +366,7 @@ pass_visit(struct lk_rec *rec, uint64_t now)
          * sent just before this pass (an early renewal) gets until the
          * next. */
         if (now >= rec->lease_end_ms) {
+            lost_late_note(rec);
             rec->refs++;
             lk_rec_lost(rec, "redis_unavailable", true);
             lk_rec_unref(rec);

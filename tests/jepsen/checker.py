@@ -12,7 +12,9 @@
     scheduling on a shared machine; a holder still writing past that bound
     without lock_lost counts too; a hold whose daemon or client was stopped
     (SIGSTOP) then is excused and counted apart, as no process can send or
-    read while it is stopped;
+    read while it is stopped; so is a lock_lost the daemon's own log shows
+    was due in time but sent late, while no process of the test ran (the
+    host did not schedule them: "late stalled");
 (d) after an acknowledged (not queued) cache.invalidate of version V, no
     cache hit invoked later than the acknowledgement plus the double-delete
     delay plus SLACK returns a version below V.
@@ -32,6 +34,25 @@ def load(path):
 
 def time_of(e):
     return e.get("t", e.get("cpl", 0))
+
+
+def daemon_log(path, d):
+    """Daemon D's lost timers that ran late, from its log ("lock lost
+    late" lines, src/lock/ld_lock_watch.c): when the lease it could vouch
+    for ended (due) and when it sent lock_lost (t), CLOCK_MONOTONIC as the
+    history's times."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            if 'msg="lock lost late' not in line:
+                continue
+            kv = dict(x.split("=", 1) for x in line.split()
+                      if "=" in x and not x.startswith("msg="))
+            out.append({"p": "leased%d" % d, "f": "lost_timer_late",
+                        "type": "daemon", "d": d,
+                        "due": int(kv["due_ms"]) / 1000.0,
+                        "t": int(kv["now_ms"]) / 1000.0})
+    return out
 
 
 def lost_writes(e):
@@ -168,6 +189,46 @@ def excused(h, w, ws, lo, hi):
                for x in ws)
 
 
+def activity(hist):
+    """Every moment a process of the test was seen running: invocations,
+    completions, events received, nemesis notes (not the daemons' logs)."""
+    out = []
+    for e in hist:
+        if e.get("type") == "daemon":
+            continue
+        for k in ("inv", "cpl", "t"):
+            if k in e:
+                out.append(e[k])
+    return sorted(out)
+
+
+def silence(times, lo, hi):
+    """The longest stretch of [LO, HI] in which no process ran."""
+    i = bisect.bisect_left(times, lo)
+    prev, best = lo, 0.0
+    for x in times[i:]:
+        if x >= hi:
+            break
+        best = max(best, x - prev)
+        prev = x
+    return max(best, hi - prev)
+
+
+def stalled(h, t, bound, timers, times):
+    """Whether the daemon's own log proves a late lock_lost (at T) was due
+    in time: its lost timer was due by BOUND (+ SLACK), it sent lock_lost
+    just before T, and between the two no process of the test ran for
+    all but SLACK of the wait (the host did not schedule them; a daemon
+    whose own code blocked would leave the others running)."""
+    for r in timers:
+        if r["d"] != h["d"] or not t - SLACK <= r["t"] <= t + 0.002:
+            continue
+        if r["due"] <= bound + SLACK and \
+                silence(times, r["due"], r["t"]) >= r["t"] - r["due"] - SLACK:
+            return r
+    return None
+
+
 def check_lost(hist, daemon_of):
     """While a fault cuts a daemon from Redis (or stops it, or Redis) no
     confirmation reaches it, so the lease end it knows for a hold granted
@@ -175,7 +236,9 @@ def check_lost(hist, daemon_of):
     must arrive by then (+ SLACK), and a holder must not still be writing
     past it without one."""
     ws = windows(hist)
-    margins, bad, exc, outside = [], [], 0, 0
+    timers = [e for e in hist if e.get("f") == "lost_timer_late"]
+    times = activity(hist) if timers else []
+    margins, bad, exc, outside, stall = [], [], 0, 0, []
     for tok, h in holds(hist, daemon_of).items():
         for w in ws:
             if h["d"] not in w["daemons"] or h["g"] >= w["end"]:
@@ -195,6 +258,14 @@ def check_lost(hist, daemon_of):
             if excused(h, w, ws, bound, late[0]):
                 exc += 1
                 continue
+            r = stalled(h, t, bound, timers, times) if late[0] == t else None
+            if r is not None:
+                stall.append(("late lock_lost, stalled",
+                              "%.3fs after the lease end; timer due %+.3fs, "
+                              "sent %.3fs late" % (t - bound, r["due"] - bound,
+                                                   r["t"] - r["due"]),
+                              dict(h, token=tok, bound=bound)))
+                continue
             what = "late lock_lost" if late[0] == t else \
                 "write without lock_lost"
             bad.append((what, "%.3fs after the lease end (fault %.3f-%.3f)"
@@ -205,7 +276,8 @@ def check_lost(hist, daemon_of):
                 h["d"] in w["daemons"] and w["start"] <= h["lost"] for w in ws):
             outside += 1
     st = {"lock_lost": sum(1 for e in hist if e.get("f") == "lock_lost"),
-          "lost_late_excused": exc, "lost_outside_faults": outside}
+          "lost_late_excused": exc, "lost_late_stalled": len(stall),
+          "lost_outside_faults": outside, "c_stalled": stall}
     if margins:
         st.update(lost_margin_min=min(margins),
                   lost_margin_median=statistics.median(margins),
@@ -277,6 +349,7 @@ def lost_in_failover(missed, read_at, windows):
 def check(hist, final, dd_ms, daemon_of=lambda p: p // 4 + 1):
     a, doc = check_register(hist, final, daemon_of)
     lost, st = check_lost(hist, daemon_of)
+    stall = st.pop("c_stalled")
     d, d_doc, cst = check_cache(hist, dd_ms)
     st.update(cst)
     st.update(fence_stats(hist))
@@ -289,7 +362,7 @@ def check(hist, final, dd_ms, daemon_of=lambda p: p // 4 + 1):
     st["faults"] = sum(1 for e in hist if e.get("type") == "nemesis" and
                        e["f"] == "start")
     return {"a": a, "c": lost, "d": d, "stats": st, "a_doc": doc,
-            "d_doc": d_doc,
+            "d_doc": d_doc, "c_stalled": stall,
             "anomalies": len(a) + len(lost) + len(d)}
 
 
@@ -297,17 +370,17 @@ def summary(r):
     s = r["stats"]
     return ("jepsen: %-12s ops %d, faults %d, anomalies a=%d c=%d d=%d, "
             "(a) documented %d, (d) documented %d, overlaps %d, "
-            "lost incr %d, lock_lost %d"
+            "lost incr %d, lock_lost %d (late stalled %d)"
             % (r["nemesis"], s["ops"], s["faults"], len(r["a"]),
                len(r["c"]), len(r["d"]), s["a_documented"],
                s["d_documented"], s["overlaps"],
-               s["lost_incr"], s["lock_lost"]))
+               s["lost_incr"], s["lock_lost"], s["lost_late_stalled"]))
 
 
 def excerpt(r):
     out = ["%s: %d anomalies" % (r["nemesis"], r["anomalies"])]
-    for kind in ("a", "c", "d", "a_doc", "d_doc"):
-        for what, why, e in r[kind][:5]:
+    for kind in ("a", "c", "d", "a_doc", "d_doc", "c_stalled"):
+        for what, why, e in r.get(kind, [])[:5]:
             out.append("  (%s) %s: %s\n      %s" % (kind, what, why,
                                                    json.dumps(e)))
     return "\n".join(out)
@@ -331,17 +404,20 @@ def table(results, label):
            "and a failover then replaced (Redis replicates asynchronously: "
            "the old master's unreplicated deletes are lost); reported, not "
            "failed. Both count only after a failover or a restart without "
-           "data, noted in the history as it happens. "
+           "data, noted in the history as it happens. Late stalled: late "
+           "lock_lost the daemon's log shows due in time and sent late "
+           "while no process of the test ran (the host did not schedule "
+           "them); reported, not failed. "
            "See tests/jepsen/checker.py.", "",
            "| nemesis | s | faults | ops | unknown | grants | max fence "
            "| fenced refused | (a) | (a) documented | (b) overlaps | lost incr | lock_lost "
-           "| margin min/med/max ms | late excused | (c) | invalidations "
-           "(queued) | hits | (d) | (d) documented |",
+           "| margin min/med/max ms | late excused | late stalled | (c) "
+           "| invalidations (queued) | hits | (d) | (d) documented |",
            "|" + "---|" * 21]
     for r in results:
         s = r["stats"]
         out.append("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d "
-                   "| %d | %s/%s/%s | %d | %d | %d (%d) | %d | %d | %d |" % (
+                   "| %d | %s/%s/%s | %d | %d | %d | %d (%d) | %d | %d | %d |" % (
                        r["nemesis"], r["seconds"], s["faults"], s["ops"],
                        s["unknown"], s["grants"], s["max_fence"],
                        s["fenced_refused"], len(r["a"]),
@@ -350,11 +426,13 @@ def table(results, label):
                        ms(s.get("lost_margin_min")),
                        ms(s.get("lost_margin_median")),
                        ms(s.get("lost_margin_max")),
-                       s["lost_late_excused"], len(r["c"]),
+                       s["lost_late_excused"], s["lost_late_stalled"],
+                       len(r["c"]),
                        s["invalidations"], s["queued"], s["cache_hits"],
                        len(r["d"]), s["d_documented"]))
     bad = [excerpt(r) for r in results
-           if r["anomalies"] or r["a_doc"] or r["d_doc"]]
+           if r["anomalies"] or r["a_doc"] or r["d_doc"] or
+           r.get("c_stalled")]
     if bad:
         out += ["", "## Anomalies (first of each kind)", "", "```"] + bad + \
             ["```"]

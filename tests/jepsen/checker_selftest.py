@@ -85,6 +85,29 @@ def main():
     h[7]["target"] = "leased2"  # the daemon was stopped, not cut off
     h[4]["t"] = 3.6
     expect("late, daemon stopped", h, f, "c", 0)
+    # Late (3.6, the bound 3.2 + SLACK is 3.45), but daemon 2's log shows
+    # its timer due at 3.18 and run at 3.599, and nothing of the test ran
+    # from 3.0 to 3.6: the host did not schedule it.
+    h, f = clean()
+    h[4]["t"] = 3.6
+    h.append({"p": "leased2", "f": "lost_timer_late", "type": "daemon",
+              "d": 2, "due": 3.18, "t": 3.599})
+    expect("late, loop stalled", h, f, "c", 0)
+    expect("late, loop stalled", h, f, "c_stalled", 1)
+    # The same, but clients ran meanwhile: the daemon alone was slow.
+    h.append({"p": 2, "f": "cache_get", "inv": 3.3, "cpl": 3.45,
+              "type": "ok", "value": "5"})
+    expect("late, only the daemon stalled", h, f, "c", 1)
+    # The same stall, but the timer was due past the bound: the daemon
+    # knew a lease end the fault did not allow.
+    h, f = clean()
+    h[4]["t"] = 3.6
+    h.append({"p": "leased2", "f": "lost_timer_late", "type": "daemon",
+              "d": 2, "due": 3.5, "t": 3.599})
+    expect("late, timer due late", h, f, "c", 1)
+    # A timer of the other daemon proves nothing about this hold.
+    h[-1].update(d=1, p="leased1", due=3.18)
+    expect("late, other daemon's timer", h, f, "c", 1)
     h, f = clean()
     h[6]["value"] = "4"
     expect("stale read", h, f, "d", 1)
