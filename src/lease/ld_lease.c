@@ -7,6 +7,7 @@
 
 #include "ld_conf.h"
 #include "ld_ctx.h"
+#include "ld_log.h"
 #include "ld_mem.h"
 #include "ld_util.h"
 
@@ -219,6 +220,18 @@ ld_lease_vouch_end(const struct ld_lease_pass *p, uint64_t end)
 {
     uint64_t m = ld_lease_margin_ms(p);
     return end > m ? end - m : 0;
+}
+
+void
+ld_lease_note_late(const char *kind, uint64_t due, const char *session)
+{
+    uint64_t now = ld_now_ms();
+    if (now >= due + LD_LEASE_LATE_MS) {
+        log_warn("%s lost late due_ms=%llu now_ms=%llu late_ms=%llu "
+                 "session=%s",
+                 kind, (unsigned long long)due, (unsigned long long)now,
+                 (unsigned long long)(now - due), session);
+    }
 }
 
 void

@@ -75,6 +75,16 @@ bool ld_lease_renew_late(const struct ld_lease_pass *p, uint64_t sent_ms,
 uint64_t ld_lease_margin_ms(const struct ld_lease_pass *p);
 uint64_t ld_lease_vouch_end(const struct ld_lease_pass *p, uint64_t end);
 
+/* A <KIND>_lost goes out now for a lease this daemon stopped vouching
+ * for at DUE (ms): when that is LD_LEASE_LATE_MS or more ago, the loop
+ * did not run then (a host too loaded to schedule the daemon, or the
+ * daemon stopped), and the log says when it was due and when it left,
+ * in CLOCK_MONOTONIC ms, so that a late event can be told apart from a
+ * wrong lease end ("<KIND> lost late due_ms=... now_ms=... late_ms=...
+ * session=SESSION"; make jepsen's checker reads it). */
+#define LD_LEASE_LATE_MS 50
+void ld_lease_note_late(const char *kind, uint64_t due, const char *session);
+
 /* (Re)arm *EV (created on first use) to call CB(ARG) at AT (ms). */
 void ld_lease_timer_arm(const struct ld_lease_pass *p, struct event **ev,
                         void (*cb)(evutil_socket_t, short, void *), void *arg,

@@ -34,15 +34,8 @@ lost_margin_ms(void)
 
 static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease);
 
-/* How late lock_lost may leave before the daemon says so in its log. */
-#define LOST_LATE_MS 50
-
 /* REC's lease (or max_hold) can no longer be proven and lock_lost goes
- * out now: when that is well past the moment it was due, the loop did
- * not run then (a host too loaded to schedule the daemon, or the daemon
- * stopped), and the log says when it was due and when it left, in
- * CLOCK_MONOTONIC ms, so that a late event can be told apart from a
- * wrong lease end. */
+ * out now (ld_lease_note_late). */
 static void
 lost_late_note(const struct lk_rec *rec)
 {
@@ -50,12 +43,8 @@ lost_late_note(const struct lk_rec *rec)
     if (rec->cap_end_ms != 0 && rec->cap_end_ms < due) {
         due = rec->cap_end_ms;
     }
-    uint64_t now = ld_now_ms();
-    if (rec->ls != NULL && now >= due + LOST_LATE_MS) {
-        log_warn("lock lost late due_ms=%llu now_ms=%llu late_ms=%llu "
-                 "session=%s",
-                 (unsigned long long)due, (unsigned long long)now,
-                 (unsigned long long)(now - due), rec->ls->sess->name);
+    if (rec->ls != NULL) {
+        ld_lease_note_late("lock", due, rec->ls->sess->name);
     }
 }
 

@@ -93,6 +93,12 @@ end_on_timer(evutil_socket_t fd, short what, void *arg)
         /* No renewal confirmed a newer lease in time (Redis slow or
          * away): the holder must stop now, and whatever Redis still
          * keeps goes back. */
+        if (g->ss != NULL) {
+            ld_lease_note_late("sem",
+                               ld_lease_vouch_end(&sem_mod.pass,
+                                                  g->lease_end_ms),
+                               g->ss->sess->name);
+        }
         sem_grant_lost(g, "redis_unavailable", true);
     } else {
         /* A fixed lease ran out, as the client asked: Redis reclaims

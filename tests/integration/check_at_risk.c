@@ -195,45 +195,6 @@ log_line(const char *needle, char *buf, size_t len)
  * that a late event can be told apart from a wrong lease end
  * (tests/jepsen/checker.py reads it). Due within a lease of the stall's
  * start: no confirmation got through after it. */
-START_TEST(test_lock_lost_late_logged)
-{
-    char token[65], line[1024];
-
-    start(500);
-    struct h_conn *a = lk_connect(&D);
-    json_t *r = lk_must(a, "late", NULL, NO_TTL, 0);
-    snprintf(token, sizeof token, "%s", jstr(r, "token"));
-    json_decref(r);
-    ck_assert(h_wait_stat_min(a, "lock_renewals_ok", 1, 2 * WATCHDOG_MS));
-    long long t0 = h_now_ms();
-    stall_until_at_risk(a, "lock_at_risk", "late", token);
-    h_daemon_signal(&D, SIGSTOP);
-    /* Not an assertion: the daemon must stay stopped past the lease. */
-    while (h_now_ms() < t0 + WATCHDOG_MS + 500) {
-        usleep(50 * 1000);
-    }
-    long long t1 = h_now_ms();
-    h_daemon_signal(&D, SIGCONT);
-    r = expect_event(a, "lock_lost", "late", 2 * WATCHDOG_MS);
-    ck_assert_str_eq(jstr(r, "token"), token);
-    json_decref(r);
-    ck_assert_msg(h_wait_log(&D, "lock lost late", 5000),
-                  "no \"lock lost late\" line in the log");
-    ck_assert(log_line("lock lost late", line, sizeof line));
-    const char *p = strstr(line, "due_ms=");
-    unsigned long long due, now, late;
-    ck_assert_msg(p != NULL &&
-                      sscanf(p, "due_ms=%llu now_ms=%llu late_ms=%llu", &due,
-                             &now, &late) == 3,
-                  "log line: %s", line);
-    ck_assert_msg((long long)due <= t0 + WATCHDOG_MS && (long long)due < t1,
-                  "due %llu, stall at %lld, resumed at %lld", due, t0, t1);
-    ck_assert_msg((long long)now >= t1 && late == now - due,
-                  "sent %llu late %llu, resumed at %lld", now, late, t1);
-    fp_set_mode(P, FP_PASS);
-    h_close(a);
-}
-END_TEST
 
 /* Each key of a group hears it. */
 START_TEST(test_group_keys_at_risk)
@@ -393,6 +354,71 @@ sem_at_risk_then(int timeout_ms, bool lasts)
     h_close(a);
 }
 
+/* KIND ("lock" or "sem") lost late: hold KEY, stall Redis until the
+ * hold is at risk, stop the daemon past the lease, resume it. */
+static void
+lost_late_logged(const char *kind)
+{
+    char token[65], line[1024], ev[32], needle[32];
+    bool sem = strcmp(kind, "sem") == 0;
+    const char *key = sem ? "pool" : "late";
+
+    snprintf(ev, sizeof ev, "%s_lost", kind);
+    snprintf(needle, sizeof needle, "%s lost late", kind);
+    start(500);
+    struct h_conn *a = lk_connect(&D);
+    if (sem) {
+        s_must(a, key, 2, 1, 0, token);
+        struct zscore_above w = {
+            token, h_r_int(&R, "ZSCORE leased:lock:{pool}:sem %s", token)};
+        ck_assert(h_wait_until(zscore_grew, &w, 2 * WATCHDOG_MS));
+    } else {
+        json_t *r = lk_must(a, key, NULL, NO_TTL, 0);
+        snprintf(token, sizeof token, "%s", jstr(r, "token"));
+        json_decref(r);
+        ck_assert(h_wait_stat_min(a, "lock_renewals_ok", 1, 2 * WATCHDOG_MS));
+    }
+    long long t0 = h_now_ms();
+    stall_until_at_risk(a, sem ? "sem_at_risk" : "lock_at_risk", key, token);
+    h_daemon_signal(&D, SIGSTOP);
+    /* Not an assertion: the daemon must stay stopped past the lease. */
+    while (h_now_ms() < t0 + WATCHDOG_MS + 500) {
+        usleep(50 * 1000);
+    }
+    long long t1 = h_now_ms();
+    h_daemon_signal(&D, SIGCONT);
+    json_t *r = expect_event(a, ev, key, 2 * WATCHDOG_MS);
+    ck_assert_str_eq(jstr(r, "token"), token);
+    json_decref(r);
+    ck_assert_msg(h_wait_log(&D, needle, 5000), "no \"%s\" line in the log",
+                  needle);
+    ck_assert(log_line(needle, line, sizeof line));
+    const char *p = strstr(line, "due_ms=");
+    unsigned long long due, now, late;
+    ck_assert_msg(p != NULL &&
+                      sscanf(p, "due_ms=%llu now_ms=%llu late_ms=%llu", &due,
+                             &now, &late) == 3,
+                  "log line: %s", line);
+    ck_assert_msg((long long)due <= t0 + WATCHDOG_MS && (long long)due < t1,
+                  "due %llu, stall at %lld, resumed at %lld", due, t0, t1);
+    ck_assert_msg((long long)now >= t1 && late == now - due,
+                  "sent %llu late %llu, resumed at %lld", now, late, t1);
+    fp_set_mode(P, FP_PASS);
+    h_close(a);
+}
+
+START_TEST(test_lock_lost_late_logged)
+{
+    lost_late_logged("lock");
+}
+END_TEST
+
+START_TEST(test_sem_lost_late_logged)
+{
+    lost_late_logged("sem");
+}
+END_TEST
+
 START_TEST(test_sem_late_then_safe)
 {
     sem_at_risk_then(60000, false);
@@ -413,6 +439,7 @@ main(void)
         H_CASE(group_keys_at_risk, 60),     H_CASE(rwlock_sides_at_risk, 60),
         H_CASE(redlock_late_then_safe, 60), H_CASE(sem_late_then_safe, 60),
         H_CASE(sem_failed_then_lost, 60),   H_CASE(lock_lost_late_logged, 60),
+        H_CASE(sem_lost_late_logged, 60),
     };
 
     return H_MAIN(fx, cases);
