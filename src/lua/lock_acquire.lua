@@ -73,31 +73,8 @@ if cur and not valid(cur) then
     return {-1}
 end
 local floor = ARGV[4] or '0'
-if floor ~= '0' and (not cur or less(cur, floor)) then
-    -- The counter went back (FLUSHALL, a restart without persistence, an
-    -- eviction): carry on from the highest fence handed out here.
-    if not valid(floor) then
-        return {-1}
-    end
-    redis.call('set', KEYS[2], floor)
-end
-local r = redis.pcall('incr', KEYS[2])
-if type(r) == 'table' then
-    -- A counter of another type or not a number is foreign data; any
-    -- other error is Redis refusing the write (NOREPLICAS, OOM): raised,
-    -- so that the daemon answers redis_unavailable.
-    if string.find(r.err, 'WRONGTYPE', 1, true) or
-            string.find(r.err, 'not an integer', 1, true) then
-        return {-1}
-    end
-    return r
-end
+--@include fence_take.lua
 redis.call('hset', KEYS[1], ARGV[2], 1)
 -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
 redis.call('pexpire', KEYS[1], ARGV[1])
--- INCR's answer is exact as a Lua number below 2^53; above, the
--- counter's own text.
-if r < 9007199254740992 then
-    return {1, 1, string.format('%d', r), lease}
-end
-return {1, 1, redis.call('get', KEYS[2]), lease}
+return {1, 1, fence, lease}

@@ -11,22 +11,7 @@
 -- leased did not write, {-2} ABSENT: no lock, {-3} OTHER: held by another
 -- holder, {-4} FORCED: no lock, and lock.force_unlock deleted it within
 -- the lease it had.
-local v = redis.pcall('hget', KEYS[1], ARGV[1])
-if type(v) == 'table' then
-    return {-1}
-end
-if not v then
-    if redis.call('exists', KEYS[1]) == 0 then
-        if KEYS[2] and redis.call('exists', KEYS[2]) == 1 then
-            return {-4}
-        end
-        return {-2}
-    end
-    return {-3}
-end
-if #v > 15 or not string.find(v, '^[1-9][0-9]*$') then
-    return {-1}
-end
+--@include renew_open.lua
 local lease = tonumber(ARGV[2])
 if lease > 0 then
     -- GT never shortens a lease and saves a PTTL: only a lease longer

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Turns the Lua scripts into C strings so the daemon carries them in its
 # binary: usage lua2c.sh OUTBASE file.lua...  writes OUTBASE.c and OUTBASE.h.
-# A line "--@include NAME" is replaced by src/lua/lib/NAME: Redis scripts
-# cannot share code at run time, so the shared parts are pasted in here.
+# A line "--@include NAME" is replaced by src/lua/lib/NAME (in a lib file
+# too): Redis scripts cannot share code at run time, so the shared parts
+# are pasted in here.
 # A line "--@batchable" marks a script that may run as one item of the
 # batch script (ld_redis_batch.c): ld_lua_batchable[] lists the marks.
 # Temporary names carry the pid: make -j may run the rule twice at once.
@@ -10,16 +11,25 @@ set -e
 
 expand() {
     awk -v lib="$(dirname "$1")/lib" '
-        /^--@include / {
-            path = lib "/" $2
+        # A lib file may include another (a lazily created set of
+        # checks inside a function of its own).
+        function put(path,    line, r, w) {
             while ((r = (getline line < path)) > 0) {
-                print line
+                if (line ~ /^--@include /) {
+                    split(line, w, " ")
+                    put(lib "/" w[2])
+                } else {
+                    print line
+                }
             }
             if (r < 0) {
                 print "lua2c.sh: cannot read " path > "/dev/stderr"
                 exit 1
             }
             close(path)
+        }
+        /^--@include / {
+            put(lib "/" $2)
             next
         }
         { print }' "$1"

@@ -1,7 +1,7 @@
 -- Acquire or reenter one side of a read-write lock. The layout is
 -- Redisson's RReadWriteLock: one hash with a field "mode" ("read" or
 -- "write") and one field per holder with its hold count; a reader's holds
--- have each a lease key (lib/lock_shape.lua, rw_tkey), the hash lives as
+-- have each a lease key (lib/rw_open.lua, rw_tkey), the hash lives as
 -- long as the longest lease in it.
 -- KEYS[1] lock hash   KEYS[2] fence counter (same hash slot, no TTL)
 -- ARGV[1] lease in ms; 0 keeps the current lease (reentry by token)
@@ -15,17 +15,16 @@
 -- new write acquisition increments the fence counter; a reader gets the
 -- counter as it is (the fence of the last writer, "0" for none).
 --@include lock_numbers.lua
---@include lock_shape.lua
-local t = redis.call('type', KEYS[1]).ok
-if t ~= 'none' and (t ~= 'hash' or not is_rwlock(KEYS[1], ARGV[2])) then
+--@include rw_open.lua
+local field, mode, pfx = ARGV[2], ARGV[5], ARGV[6]
+local len, hmode, held = rw_open(field)
+if not len then
     return {-1}
 end
-local ft = redis.call('type', KEYS[2]).ok
-if ft ~= 'none' and ft ~= 'string' then
-    return {-1}
-end
-local cur = redis.call('get', KEYS[2])
-if cur and not valid(cur) then
+-- The counter is a string or nothing: GET fails on anything else, which
+-- saves asking for its type first.
+local cur = redis.pcall('get', KEYS[2])
+if type(cur) == 'table' or (cur and not valid(cur)) then
     return {-1}
 end
 local floor = ARGV[4]
@@ -33,20 +32,6 @@ if floor ~= '0' and not valid(floor) then
     return {-1}
 end
 local lease = tonumber(ARGV[1])
-local field, mode, pfx = ARGV[2], ARGV[5], ARGV[6]
-local hmode = false
-if t == 'hash' then
-    hmode = redis.call('hget', KEYS[1], 'mode')
-end
-
--- The fence a reader gets: never below what this daemon handed out.
-local function fence_now()
-    local f = cur or '0'
-    if less(f, floor) then
-        f = floor
-    end
-    return f
-end
 
 -- Make the hash live at least until LEFT from now.
 local function keep(left)
@@ -55,44 +40,37 @@ local function keep(left)
     end
 end
 
-local function read_hold(n, left)
-    redis.call('set', rw_tkey(pfx, field, n), 1, 'px', left)
-    keep(left)
-end
-
-if hmode then
-    local held = redis.call('hget', KEYS[1], field)
-    if held then
-        if not count_ok(held) then
-            return {-1}
-        end
-        if (mode == 'write' and hmode ~= 'write') or (mode == 'read'
-                and not rw_is_reader(pfx, hmode, field, tonumber(held))) then
-            return {-3, redis.call('pttl', KEYS[1])}
-        end
-        local n = redis.call('hincrby', KEYS[1], field, 1)
-        local left
-        if mode == 'read' then
-            left = lease
-            if left <= 0 then
-                left = redis.call('pttl', rw_tkey(pfx, field, n - 1))
-            end
-            if left <= 0 then
-                left = math.max(redis.call('pttl', KEYS[1]), 1)
-            end
-            read_hold(n, left)
-        else
-            if lease > 0 then
-                keep(lease)
-            end
-            left = redis.call('pttl', KEYS[1])
-        end
-        local f = cur
-        if not valid(f) then
-            f = '0'
-        end
-        return {1, n, f, left}
+if held then
+    if not count_ok(held) then
+        return {-1}
     end
+    if (mode == 'write' and hmode ~= 'write') or (mode == 'read'
+            and not rw_is_reader(pfx, hmode, field, tonumber(held))) then
+        return {-3, redis.call('pttl', KEYS[1])}
+    end
+    local n = redis.call('hincrby', KEYS[1], field, 1)
+    local left
+    if mode == 'read' then
+        left = lease
+        if left <= 0 then
+            left = redis.call('pttl', rw_tkey(pfx, field, n - 1))
+        end
+        if left <= 0 then
+            left = math.max(redis.call('pttl', KEYS[1]), 1)
+        end
+        redis.call('set', rw_tkey(pfx, field, n), 1, 'px', left)
+        keep(left)
+    else
+        if lease > 0 then
+            keep(lease)
+        end
+        left = redis.call('pttl', KEYS[1])
+    end
+    local f = cur
+    if not valid(f) then
+        f = '0'
+    end
+    return {1, n, f, left}
 end
 if ARGV[3] == '1' then
     if not hmode then
@@ -106,31 +84,29 @@ if mode == 'read' then
         return {0, redis.call('pttl', KEYS[1])}
     end
     if not hmode then
-        redis.call('hset', KEYS[1], 'mode', 'read')
+        redis.call('hset', KEYS[1], 'mode', 'read', field, 1)
+    else
+        redis.call('hset', KEYS[1], field, 1)
     end
-    redis.call('hset', KEYS[1], field, 1)
-    read_hold(1, lease)
-    return {1, 1, fence_now(), lease}
+    -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
+    redis.call('set', rw_tkey(pfx, field, 1), 1, 'px', ARGV[1])
+    if not hmode then
+        -- A new hash has no TTL yet.
+        redis.call('pexpire', KEYS[1], ARGV[1])
+    else
+        keep(lease)
+    end
+    -- A reader's fence: never below what this daemon handed out.
+    local f = cur or '0'
+    if less(f, floor) then
+        f = floor
+    end
+    return {1, 1, f, lease}
 end
 if hmode then
     return {0, redis.call('pttl', KEYS[1])}
 end
-if floor ~= '0' and (not cur or less(cur, floor)) then
-    -- The counter went back (FLUSHALL, a restart without persistence, an
-    -- eviction): carry on from the highest fence handed out here.
-    redis.call('set', KEYS[2], floor)
-end
-local r = redis.pcall('incr', KEYS[2])
-if type(r) == 'table' then
-    -- A counter of another type or not a number is foreign data; any
-    -- other error is Redis refusing the write (NOREPLICAS, OOM): raised,
-    -- so that the daemon answers redis_unavailable.
-    if string.find(r.err, 'WRONGTYPE', 1, true) or
-            string.find(r.err, 'not an integer', 1, true) then
-        return {-1}
-    end
-    return r
-end
+--@include fence_take.lua
 redis.call('hset', KEYS[1], 'mode', 'write', field, 1)
-redis.call('pexpire', KEYS[1], lease)
-return {1, 1, redis.call('get', KEYS[2]), lease}
+redis.call('pexpire', KEYS[1], ARGV[1])
+return {1, 1, fence, lease}

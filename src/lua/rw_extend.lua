@@ -5,26 +5,17 @@
 -- ARGV[3] "read" or "write"   ARGV[4] prefix of the readers' lease keys
 -- Returns what lock_extend.lua returns: {1, pttl, count} HELD,
 -- {-1} WRONG_TYPE, {-2} ABSENT, {-3} OTHER.
---@include lock_shape.lua
-local t = redis.call('type', KEYS[1]).ok
-if t == 'none' then
-    return {-2}
-end
-if t ~= 'hash' or not is_rwlock(KEYS[1], ARGV[1]) then
-    return {-1}
-end
+--@include rw_hold.lua
 local field, mode, pfx = ARGV[1], ARGV[3], ARGV[4]
-local hmode = redis.call('hget', KEYS[1], 'mode')
-local n = tonumber(redis.call('hget', KEYS[1], field))
-if not n or (mode == 'write' and hmode ~= 'write')
-        or (mode == 'read' and not rw_is_reader(pfx, hmode, field, n)) then
-    return {-3}
+local held, n, hmode = rw_held(field, mode, pfx)
+if held ~= 1 then
+    return {held}
 end
 local lease = tonumber(ARGV[2])
 local want = lease
 if mode == 'read' then
     for i = n, math.max(1, n - 63), -1 do
-        redis.call('set', rw_tkey(pfx, field, i), 1, 'px', lease)
+        redis.call('set', rw_tkey(pfx, field, i), 1, 'px', ARGV[2])
     end
     if hmode == 'write' then
         -- The writer's lease is the hash's: never shortened by its reader.

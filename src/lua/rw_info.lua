@@ -3,20 +3,20 @@
 -- ARGV[2] "read" or "write"   ARGV[3] prefix of the readers' lease keys
 -- Returns {-1} WRONG_TYPE, {0, -2, 0, 0} FREE, {1, pttl, count of
 -- ARGV[1], mode} HELD, where mode is 1 for "read" and 2 for "write".
---@include lock_shape.lua
-local t = redis.call('type', KEYS[1]).ok
-if t == 'none' then
-    return {0, -2, 0, 0}
-end
-if t ~= 'hash' or not is_rwlock(KEYS[1], ARGV[1]) then
+--@include rw_open.lua
+local len, hmode, c = rw_open(ARGV[1])
+if not len then
     return {-1}
+end
+if len == 0 then
+    return {0, -2, 0, 0}
 end
 local n = 0
 if ARGV[1] ~= '' then
-    n = tonumber(redis.call('hget', KEYS[1], ARGV[1])) or 0
+    n = tonumber(c) or 0
 end
 local m = 1
-if redis.call('hget', KEYS[1], 'mode') == 'write' then
+if hmode == 'write' then
     m = 2
 end
 return {1, redis.call('pttl', KEYS[1]), n, m}

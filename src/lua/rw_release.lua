@@ -11,49 +11,43 @@
 -- Messages as Redisson's: a reader's last unlock publishes ARGV[4]
 -- (UNLOCK_MESSAGE, one waiter may go on), a writer's "1"
 -- (READ_UNLOCK_MESSAGE, every waiting reader may go on).
---@include lock_shape.lua
-local t = redis.call('type', KEYS[1]).ok
-if t == 'none' then
-    return {-2}
-end
-if t ~= 'hash' or not is_rwlock(KEYS[1], ARGV[1]) then
-    return {-1}
-end
+--@include rw_hold.lua
 local field, mode, pfx = ARGV[1], ARGV[5], ARGV[6]
-local hmode = redis.call('hget', KEYS[1], 'mode')
-local c = tonumber(redis.call('hget', KEYS[1], field))
-if not c or (mode == 'write' and hmode ~= 'write')
-        or (mode == 'read' and not rw_is_reader(pfx, hmode, field, c)) then
-    return {-3}
+local held, c, hmode, len = rw_held(field, mode, pfx)
+if held ~= 1 then
+    return {held}
 end
 -- A reader whose own lease ran out while others kept the hash holds
 -- nothing: its field is cleared and the answer is ABSENT, as for a plain
--- lock whose lease ran out.
-local gone = mode == 'read'
-             and redis.call('exists', rw_tkey(pfx, field, c)) == 0
-local done = {1, 0}
-if gone then
-    done = {-2}
-end
+-- lock whose lease ran out. DEL of its newest lease key tells.
+local gone = false
 local left = 0
+if mode == 'read' then
+    gone = redis.call('del', rw_tkey(pfx, field, c)) == 0
+end
 if ARGV[2] == '1' and not gone then
     left = c - 1
 end
 if mode == 'read' then
-    for i = c, math.max(left + 1, c - 63), -1 do
+    for i = c - 1, math.max(left + 1, c - 63), -1 do
         redis.call('del', rw_tkey(pfx, field, i))
     end
+end
+local done = {1, 0}
+if gone then
+    done = {-2}
 end
 if left > 0 then
     redis.call('hset', KEYS[1], field, left)
     return {0, left}
 end
-redis.call('hdel', KEYS[1], field)
 local msg = ARGV[4]
 if mode == 'write' then
     msg = '1'
 end
-if redis.call('hlen', KEYS[1]) > 1 then
+-- LEN counts the mode and this holder: more is other holders.
+if len > 2 then
+    redis.call('hdel', KEYS[1], field)
     if mode == 'write' then
         -- The writer's own readers stay (downgrade): now a read lock.
         redis.call('hset', KEYS[1], 'mode', 'read')

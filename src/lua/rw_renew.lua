@@ -8,22 +8,7 @@
 -- Returns what lock_renew.lua returns: {1, pttl, count} HELD (pttl: this
 -- holder's lease), {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
 -- own lease ran out), {-3} OTHER, {-4} FORCED.
-local v = redis.pcall('hget', KEYS[1], ARGV[1])
-if type(v) == 'table' then
-    return {-1}
-end
-if not v then
-    if redis.call('exists', KEYS[1]) == 0 then
-        if redis.call('exists', KEYS[2]) == 1 then
-            return {-4}
-        end
-        return {-2}
-    end
-    return {-3}
-end
-if #v > 15 or not string.find(v, '^[1-9][0-9]*$') then
-    return {-1}
-end
+--@include renew_open.lua
 local n = tonumber(v)
 local field, mode, pfx = ARGV[1], ARGV[4], ARGV[5]
 local hmode = redis.call('hget', KEYS[1], 'mode')
@@ -33,27 +18,26 @@ end
 if mode == 'write' and hmode ~= 'write' then
     return {-3}
 end
-if mode == 'read' and redis.call('exists',
-        pfx .. ':' .. field .. ':rwlock_timeout:' .. n) == 0 then
-    -- A reader's lease ran out although other holders keep the hash (or
-    -- the field is the writer's): its hold is over.
-    return {-2}
-end
-local lease = tonumber(ARGV[2])
 local tk = KEYS[1]
 if mode == 'read' then
     tk = pfx .. ':' .. field .. ':rwlock_timeout:' .. n
 end
 local left = redis.call('pttl', tk)
+if mode == 'read' and left == -2 then
+    -- A reader's lease ran out although other holders keep the hash (or
+    -- the field is the writer's): its hold is over.
+    return {-2}
+end
+local lease = tonumber(ARGV[2])
 if lease > 0 and (ARGV[3] ~= '1' or left < lease) then
     if mode == 'read' then
         for i = n, math.max(1, n - 63), -1 do
             redis.call('set', pfx .. ':' .. field .. ':rwlock_timeout:' .. i,
-                       1, 'px', lease)
+                       1, 'px', ARGV[2])
         end
     end
     if redis.call('pttl', KEYS[1]) < lease then
-        redis.call('pexpire', KEYS[1], lease)
+        redis.call('pexpire', KEYS[1], ARGV[2])
     end
     left = lease
 end

@@ -12,14 +12,23 @@
 -- the dead, the live and the longest lease: no TYPE of the zset, no
 -- second and third range.
 local all = redis.pcall('zrange', KEYS[1], 0, -1, 'withscores')
-local h = redis.call('type', KEYS[2]).ok
-if type(all) ~= 'table' or all.err or (h ~= 'none' and h ~= 'hash') then
+if type(all) ~= 'table' or all.err then
     return {-1}
 end
-local now = sem_now()
 local limit = tonumber(ARGV[1])
 local want = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
+-- The hash's type is asked only when something reads it first: grants
+-- to count or clear, or an answer (too many permits) given before the
+-- HSET below, which fails on a key of another type before anything is
+-- written.
+if #all > 0 or want > limit then
+    local h = redis.call('type', KEYS[2]).ok
+    if h ~= 'none' and h ~= 'hash' then
+        return {-1}
+    end
+end
+local now = sem_now()
 local held, dead, first, last = 0, 0, nil, now + lease
 for i = 1, #all, 2 do
     local at = tonumber(all[i + 1])
@@ -44,9 +53,17 @@ if held + want > limit then
     end
     return {0, avail, first and first - now or -1}
 end
+-- The permits as sent: a Lua number would be printed back with sprintf.
+local r = redis.pcall('hset', KEYS[2], ARGV[4], ARGV[2])
+if type(r) == 'table' then
+    if string.find(r.err, 'WRONGTYPE', 1, true) then
+        return {-1}
+    end
+    return r
+end
 redis.call('zadd', KEYS[1], now + lease, ARGV[4])
-redis.call('hset', KEYS[2], ARGV[4], want)
 -- Both keys live as long as the longest lease.
-redis.call('pexpire', KEYS[1], last - now + 1)
-redis.call('pexpire', KEYS[2], last - now + 1)
+local ttl = tostring(last - now + 1)
+redis.call('pexpire', KEYS[1], ttl)
+redis.call('pexpire', KEYS[2], ttl)
 return {1, limit - held - want, lease}

@@ -3,6 +3,24 @@
 -- ARGV[1] limit
 -- Returns {1, available, held}, or {-1} WRONG_TYPE.
 --@include sem_shape.lua
+-- Only this script reads the whole semaphore: the others have their
+-- commands refuse a key of another type themselves.
+local function sem_shape_ok()
+    local z = redis.call('type', KEYS[1]).ok
+    local h = redis.call('type', KEYS[2]).ok
+    return (z == 'none' or z == 'zset') and (h == 'none' or h == 'hash')
+end
+
+-- Permits held by grants whose lease has not ended at NOW.
+local function sem_held(now)
+    local live = redis.call('zrangebyscore', KEYS[1], '(' .. now, '+inf')
+    local held = 0
+    for i = 1, #live do
+        held = held + (tonumber(redis.call('hget', KEYS[2], live[i])) or 0)
+    end
+    return held
+end
+
 if not sem_shape_ok() then
     return {-1}
 end

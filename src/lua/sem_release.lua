@@ -12,9 +12,13 @@ local n = redis.pcall('hget', KEYS[2], ARGV[1])
 if type(score) == 'table' or type(n) == 'table' then
     return {-1}
 end
+if score then
+    redis.call('zrem', KEYS[1], ARGV[1])
+end
+if n then
+    redis.call('hdel', KEYS[2], ARGV[1])
+end
 n = tonumber(n)
-redis.call('zrem', KEYS[1], ARGV[1])
-redis.call('hdel', KEYS[2], ARGV[1])
 if not score or not n or tonumber(score) <= sem_now() then
     return {0}
 end

@@ -71,9 +71,10 @@ end
 -- small hash is checked whole; past that, what the script relies on is
 -- looked at (the mode and FIELD's own count), which keeps the work of
 -- one script bounded however many readers hold the lock. A lock leased
--- built is never refused for the number of its readers.
-local function is_rwlock(key, field)
-    local len = redis.call('hlen', key)
+-- built is never refused for the number of its readers. LEN is KEY's
+-- HLEN when the caller has it.
+local function is_rwlock(key, field, len)
+    len = len or redis.call('hlen', key)
     if len <= 65 then
         return holders(key, true, len) ~= false
     end
@@ -86,39 +87,4 @@ local function is_rwlock(key, field)
     end
     local c = redis.call('hget', key, field)
     return not c or string.match(c, '^[1-9]%d*$') ~= nil
-end
-
--- A reader's lease lives in one key per hold, Redisson's
--- "<prefix>:<holder>:rwlock_timeout:<n>", so that each reader's holds
--- expire on their own although they share one hash.
-local function rw_tkey(pfx, f, i)
-    return pfx .. ':' .. f .. ':rwlock_timeout:' .. i
-end
-
--- The longest lease left among the readers of KEY (-3 when none). Only
--- the 64 most recent holds of a holder are looked at: a bound on the
--- work of one script, and the older ones were set no later.
-local function rw_readers_max(key, pfx)
-    local best = -3
-    local kv = redis.call('hgetall', key)
-    for i = 1, #kv, 2 do
-        local n = tonumber(kv[i + 1])
-        if kv[i] ~= 'mode' and n then
-            for j = n, math.max(1, n - 63), -1 do
-                local left = redis.call('pttl', rw_tkey(pfx, kv[i], j))
-                if left > best then
-                    best = left
-                end
-            end
-        end
-    end
-    return best
-end
-
--- Whether holder F (C holds) of a read-write lock in mode HMODE is a
--- reader: in write mode the hash holds the writer and the writer's own
--- readers, and only readers have lease keys.
-local function rw_is_reader(pfx, hmode, f, c)
-    return hmode ~= 'write'
-           or redis.call('exists', rw_tkey(pfx, f, c)) == 1
 end
