@@ -852,11 +852,8 @@ wait_arm(struct rnode *n, uint64_t until)
     if (n->wait_at_us != 0 && n->wait_at_us <= until) {
         return;
     }
-    uint64_t now = ld_now_us();
-    uint64_t wait = until > now ? until - now : 0;
-    struct timeval tv = ld_tv_us(wait);
     n->wait_at_us = until;
-    event_add(n->wait_ev, &tv);
+    ld_timer_at_us(n->wait_ev, until);
 }
 
 static unsigned
@@ -923,11 +920,7 @@ redis_timeout_arm(struct rcmd *cmd)
         }
     }
     /* From the issue, like the wait for a connection. */
-    uint64_t now = ld_now_us();
-    uint64_t end = cmd->wait_until_us;
-    uint64_t wait = end > now ? end - now : 0;
-    struct timeval tv = ld_tv_us(wait);
-    event_add(x->timeout_ev, &tv);
+    ld_timer_at_us(x->timeout_ev, cmd->wait_until_us);
 }
 
 /* CMD goes out on C now (or in C's batch of this turn). */

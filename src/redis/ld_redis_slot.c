@@ -172,9 +172,7 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
         redis_drain_close(d);
         return;
     }
-    uint64_t wait = d->drain_end_us - now;
-    struct timeval tv = ld_tv_us(wait);
-    event_add(d->timeout_ev, &tv);
+    ld_timer_at_us(d->timeout_ev, d->drain_end_us);
 }
 
 static void
