@@ -69,6 +69,17 @@ lk_op_wait_unlink(struct lk_op *op)
     op->ls = NULL;
 }
 
+/* OP's attempt has its outcome RES: off its session's waiting list and,
+ * when QUEUED, out of the lock's queue (or on to its next wait). */
+void
+lk_op_wait_end(struct lk_op *op, bool queued, enum ld_lockwait_result res)
+{
+    lk_op_wait_unlink(op);
+    if (queued) {
+        ld_lockwait_done(&op->w, res, 0);
+    }
+}
+
 void
 lk_op_free(struct lk_op *op)
 {
@@ -90,6 +101,16 @@ lk_op_free(struct lk_op *op)
     free(op->field);
     free(op->key);
     free(op);
+}
+
+/* OP is dropped without an outcome for its queue, which carries on
+ * without it (answered already, or nobody left to answer). */
+void
+lk_op_drop(struct lk_op *op)
+{
+    lk_op_wait_unlink(op);
+    ld_lockwait_leave(&op->w);
+    lk_op_free(op);
 }
 
 const struct lk_names *

@@ -423,10 +423,7 @@ acq_on_failure(struct lk_op *op, const redisReply *r, int n,
         /* An answered request's failure is nobody's to hear of. */
         lk_op_fail(op, r, n, v, false);
     }
-    lk_op_wait_unlink(op);
-    if (queued) {
-        ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
-    }
+    lk_op_wait_end(op, queued, LD_LOCKWAIT_FAILED);
     lk_op_free(op);
 }
 
@@ -447,10 +444,7 @@ acq_on_reply(redisReply *r, void *arg)
     }
     if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
         bool kept = acq_granted(op, v[1], v[2], v[3]);
-        lk_op_wait_unlink(op);
-        if (queued) {
-            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
-        }
+        lk_op_wait_end(op, queued, LD_LOCKWAIT_GRANTED);
         if (!kept) {
             lk_op_free(op);
         }

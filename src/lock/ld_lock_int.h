@@ -258,7 +258,10 @@ void lk_op_free(struct lk_op *op);
 const struct lk_names *lk_op_names(const struct lk_op *op);
 struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,
                         struct lk_rec *rec);
+void lk_op_drop(struct lk_op *op);
 void lk_op_wait_add(struct lk_op *op, struct lk_sess *ls);
+void lk_op_wait_end(struct lk_op *op, bool queued,
+                    enum ld_lockwait_result res);
 void lk_op_wait_unlink(struct lk_op *op);
 void lk_rec_forget_stale(const struct lk_op *op, struct lk_rec *rec,
                          long long code);

@@ -393,19 +393,14 @@ grp_on_granted(struct lk_op *op, struct lk_rec *rec, const long long *v,
             op->req = NULL;
         }
         lk_acq_reply_false(op, -1);
-        lk_op_wait_unlink(op);
-        ld_lockwait_leave(&op->w);
-        lk_op_free(op);
+        lk_op_drop(op);
         return;
     }
     if (g->next < g->n) {
         grp_step(op);
         return;
     }
-    lk_op_wait_unlink(op);
-    if (queued) {
-        ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
-    }
+    lk_op_wait_end(op, queued, LD_LOCKWAIT_GRANTED);
     grp_reply_granted(op);
     lk_op_free(op);
 }
@@ -419,9 +414,7 @@ grp_on_taken(struct lk_op *op, long long pttl, bool queued)
     ld_stats.lock_contended++;
     grp_give_back(g, g->next);
     if (op->req == NULL) {
-        lk_op_wait_unlink(op);
-        ld_lockwait_leave(&op->w);
-        lk_op_free(op);
+        lk_op_drop(op);
         return;
     }
     grp_wait(op, g->next, pttl, queued);
@@ -444,10 +437,7 @@ grp_on_failure(struct lk_op *op, struct lk_rec *rec, const redisReply *r,
         op->key_len = rec->key_len;
         lk_op_fail(op, r, n, v, false);
     }
-    lk_op_wait_unlink(op);
-    if (queued) {
-        ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
-    }
+    lk_op_wait_end(op, queued, LD_LOCKWAIT_FAILED);
     lk_op_free(op);
 }
 
