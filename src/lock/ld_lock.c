@@ -695,6 +695,30 @@ sess_drop_waiters(struct lk_sess *ls, int code, const char *msg)
     }
 }
 
+/* LS and its records part: none is held here any more. RELEASE: a
+ * session-bound hold is given back in Redis (a session closed); without
+ * it nothing is sent (the module is being freed). */
+static void
+sess_free(struct lk_sess *ls, bool release)
+{
+    struct ld_dict_iter it;
+    void *v;
+    ld_dict_iter_init(&it, ls->recs);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct lk_rec *rec = v;
+        rec->refs++;
+        lk_rec_unlink(rec);
+        rec->ls = NULL;
+        if (release && rec->count > 0 && !rec->detached) {
+            lk_rec_release_all(rec);
+        }
+        lk_rec_set_count(rec, 0);
+        lk_rec_unref(rec);
+    }
+    ld_dict_free(ls->recs);
+    free(ls);
+}
+
 static void
 on_session_close(struct ld_session *s)
 {
@@ -706,24 +730,7 @@ on_session_close(struct ld_session *s)
     ls->closing = true;
     /* Requests of a closed session are dropped, whatever they answer. */
     sess_drop_waiters(ls, -1, NULL);
-    struct ld_dict_iter it;
-    void *v;
-    ld_dict_iter_init(&it, ls->recs);
-    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
-        struct lk_rec *rec = v;
-        rec->refs++;
-        lk_rec_unlink(rec);
-        rec->ls = NULL;
-        if (rec->count > 0) {
-            if (!rec->detached) {
-                lk_rec_release_all(rec);
-            }
-            lk_rec_set_count(rec, 0);
-        }
-        lk_rec_unref(rec);
-    }
-    ld_dict_free(ls->recs);
-    free(ls);
+    sess_free(ls, true);
 }
 
 /* -------------------------------------------------------------- module */
@@ -831,19 +838,7 @@ sessions_forget(void)
             continue;
         }
         s->lock_state = NULL;
-        struct ld_dict_iter it;
-        void *v;
-        ld_dict_iter_init(&it, ls->recs);
-        while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
-            struct lk_rec *rec = v;
-            rec->refs++;
-            lk_rec_unlink(rec);
-            rec->ls = NULL;
-            lk_rec_set_count(rec, 0);
-            lk_rec_unref(rec);
-        }
-        ld_dict_free(ls->recs);
-        free(ls);
+        sess_free(ls, false);
     }
 }
 
