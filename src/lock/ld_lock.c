@@ -275,10 +275,16 @@ token_ok(const char *t, size_t len)
     return at < len && all_of(t + at, len - at, "0123456789");
 }
 
-/* Answers REQ and returns false when TOKEN cannot be a holder. */
+/* Answers REQ and returns false when TOKEN, given in the request, cannot
+ * be a holder. */
 bool
 lk_token_check(struct ld_req *req, const char *t, size_t len)
 {
+    if (len == 0) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'token' must not be empty");
+        return false;
+    }
     if (token_ok(t, len)) {
         return true;
     }
@@ -344,11 +350,6 @@ parse_target(struct ld_req *req, struct lk_target *t)
         ld_req_str(req, "token", false, &t->token, &t->token_len,
                    &t->has_token) != LD_OK ||
         lk_req_mode(req, &t->mode) != LD_OK) {
-        return LD_ERR;
-    }
-    if (t->has_token && t->token_len == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'token' must not be empty");
         return LD_ERR;
     }
     if (t->has_token && !lk_token_check(req, t->token, t->token_len)) {

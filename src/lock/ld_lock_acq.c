@@ -666,11 +666,6 @@ lock_args_read(struct ld_req *req, struct lock_args *a)
             LD_OK) {
         return false;
     }
-    if (a->has_token && a->tlen == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'token' must not be empty");
-        return false;
-    }
     if (a->has_token && !lk_token_check(req, a->token, a->tlen)) {
         return false;
     }

@@ -888,11 +888,6 @@ grp_parts(struct ld_req *req, enum lk_kind kind, long long ttl)
                    &t.has_token) != LD_OK) {
         return;
     }
-    if (t.has_token && t.token_len == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'token' must not be empty");
-        return;
-    }
     if (t.has_token && !lk_token_check(req, t.token, t.token_len)) {
         return;
     }
