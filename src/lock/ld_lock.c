@@ -119,8 +119,9 @@ lk_op_names(const struct lk_op *op)
     return op->rec != NULL ? &op->rec->n : &op->n;
 }
 
-static const char *
-op_field(const struct lk_op *op, size_t *len)
+/* The hash field OP names: the token it was given, else its record's. */
+const char *
+lk_op_field(const struct lk_op *op, size_t *len)
 {
     if (op->field != NULL) {
         *len = op->field_len;
@@ -528,7 +529,7 @@ op_unlock(struct ld_req *req)
     struct lk_op *op = lk_target_op(LK_UNLOCK, req, &t);
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
-    const char *field = op_field(op, &flen);
+    const char *field = lk_op_field(op, &flen);
     const char *args[] = {n->hash, field, "1", n->chan, LK_UNLOCK_MSG};
     size_t lens[] = {n->hash_len, flen, 1, n->chan_len, strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
@@ -613,7 +614,7 @@ op_extend(struct ld_req *req)
     op->lease_ms = ttl;
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
-    const char *field = op_field(op, &flen);
+    const char *field = lk_op_field(op, &flen);
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", ttl);
     const char *args[] = {n->hash, field, lbuf};
@@ -666,7 +667,7 @@ op_info(struct ld_req *req)
     struct lk_op *op = lk_target_op(LK_INFO, req, &t);
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
-    const char *field = op_field(op, &flen);
+    const char *field = lk_op_field(op, &flen);
     const char *args[] = {n->hash, field};
     size_t lens[] = {n->hash_len, flen};
     op->inflight = true;

@@ -254,6 +254,7 @@ void lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
 /* ld_lock.c */
 void lk_op_fail(struct lk_op *op, const redisReply *r, int n,
                 const long long *v, bool write);
+const char *lk_op_field(const struct lk_op *op, size_t *len);
 void lk_op_free(struct lk_op *op);
 const struct lk_names *lk_op_names(const struct lk_op *op);
 struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,

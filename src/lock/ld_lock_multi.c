@@ -845,12 +845,8 @@ static void
 part_send(struct lk_op *sub, long long ttl)
 {
     const struct lk_names *nm = lk_op_names(sub);
-    const char *field = sub->field != NULL ? sub->field
-                        : sub->rec != NULL ? sub->rec->token
-                                           : "";
-    size_t flen = sub->field != NULL ? sub->field_len
-                  : sub->rec != NULL ? LD_TOKEN_LEN
-                                     : 0;
+    size_t flen;
+    const char *field = lk_op_field(sub, &flen);
     sub->sent_ms = ld_now_ms();
     sub->inflight = true;
     if (sub->kind == LK_UNLOCK) {
