@@ -170,6 +170,18 @@ lk_rec_forget_stale(const struct lk_op *op, struct lk_rec *rec, long long code)
     lk_rec_set_count(rec, 0);
 }
 
+/* A late answer to OP's unlock or extend settled what its client heard
+ * as "outcome":"unknown": the log is the only trace of how it ended. */
+void
+lk_op_log_late(const struct lk_op *op, int n, const long long *v)
+{
+    size_t klen;
+    const char *key = op_key(op, &klen);
+    log_info("late answer settled op=%s key=%.*s result=%lld",
+             op->kind == LK_UNLOCK ? "unlock" : "extend", (int)klen, key,
+             n >= 1 ? v[0] : -100);
+}
+
 /* The one failure path of the lock handlers, for a script reply that is
  * not a success: V holds its N integers (N < 1 when it was no usable
  * reply). Answers OP's request when still owed. WRITE: the command
@@ -485,11 +497,8 @@ unlock_on_reply(redisReply *r, void *arg)
     struct lk_rec *rec = lk_op_live_rec(op);
     long long v[2] = {0, 0};
     int n = ld_lease_reply_ints(r, v, 2);
-    size_t klen;
-    const char *key = op_key(op, &klen);
     if (o == LD_REDIS_LATE) {
-        log_info("late answer settled op=unlock key=%.*s result=%lld",
-                 (int)klen, key, n >= 1 ? v[0] : -100);
+        lk_op_log_late(op, n, v);
     }
     if (n >= 2 && (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT)) {
         if (v[0] == LD_LOCK_RELEASED) {
@@ -560,11 +569,8 @@ extend_on_reply(redisReply *r, void *arg)
     struct lk_rec *rec = lk_op_live_rec(op);
     long long v[3] = {0, 0, 0};
     int n = ld_lease_reply_ints(r, v, 3);
-    size_t klen;
-    const char *key = op_key(op, &klen);
     if (o == LD_REDIS_LATE) {
-        log_info("late answer settled op=extend key=%.*s result=%lld",
-                 (int)klen, key, n >= 1 ? v[0] : -100);
+        lk_op_log_late(op, n, v);
     }
     if (n >= 3 && v[0] == LD_LOCK_HELD) {
         if (rec != NULL) {

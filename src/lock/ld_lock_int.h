@@ -256,6 +256,7 @@ void lk_op_fail(struct lk_op *op, const redisReply *r, int n,
                 const long long *v, bool write);
 const char *lk_op_field(const struct lk_op *op, size_t *len);
 void lk_op_free(struct lk_op *op);
+void lk_op_log_late(const struct lk_op *op, int n, const long long *v);
 const struct lk_names *lk_op_names(const struct lk_op *op);
 struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,
                         struct lk_rec *rec);

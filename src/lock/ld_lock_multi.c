@@ -831,9 +831,7 @@ part_on_reply(redisReply *r, void *arg)
     int n = ld_lease_reply_ints(r, v, 3);
     part_settle(sub, v, n);
     if (o == LD_REDIS_LATE) {
-        log_info("late answer settled op=%s key=%.*s result=%lld",
-                 sub->kind == LK_UNLOCK ? "unlock" : "extend",
-                 (int)sub->key_len, sub->key, n >= 1 ? v[0] : -100);
+        lk_op_log_late(sub, n, v);
     }
     part_done(sub);
     lk_op_free(sub);
