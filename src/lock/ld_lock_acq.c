@@ -404,6 +404,20 @@ acq_on_taken(struct lk_op *op, long long pttl, bool queued)
                      rec->n.chan_len, left, true, pttl);
 }
 
+/* The end of an acquisition that failed (a single lock's or a group's):
+ * its client hears why, its queue moves on, and OP is freed. */
+void
+lk_acq_failed(struct lk_op *op, const redisReply *r, int n, const long long *v,
+              bool queued)
+{
+    if (op->req != NULL) {
+        /* An answered request's failure is nobody's to hear of. */
+        lk_op_fail(op, r, n, v, false);
+    }
+    lk_op_wait_end(op, queued, LD_LOCKWAIT_FAILED);
+    lk_op_free(op);
+}
+
 /* Wrong type, Redis unreachable or an error reply. */
 static void
 acq_on_failure(struct lk_op *op, const redisReply *r, int n,
@@ -419,12 +433,7 @@ acq_on_failure(struct lk_op *op, const redisReply *r, int n,
                  "write; nothing changed",
                  (int)rec->key_len, rec->key);
     }
-    if (op->req != NULL) {
-        /* An answered request's failure is nobody's to hear of. */
-        lk_op_fail(op, r, n, v, false);
-    }
-    lk_op_wait_end(op, queued, LD_LOCKWAIT_FAILED);
-    lk_op_free(op);
+    lk_acq_failed(op, r, n, v, queued);
 }
 
 static void

@@ -278,6 +278,8 @@ void lk_unlock_settle(const struct lk_op *op, struct lk_rec *rec,
                       long long count);
 
 /* ld_lock_acq.c */
+void lk_acq_failed(struct lk_op *op, const redisReply *r, int n,
+                   const long long *v, bool queued);
 void lk_acq_init(void);
 void lk_acq_reply_false(struct lk_op *op, long long ttl);
 void lk_acq_undo_unanswered(struct lk_rec *rec);

@@ -432,13 +432,12 @@ grp_on_failure(struct lk_op *op, struct lk_rec *rec, const redisReply *r,
     }
     grp_give_back(op->grp, op->grp->next);
     if (op->req != NULL) {
+        /* The answer names the key that failed. */
         free(op->key);
         op->key = ld_xstrndup(rec->key, rec->key_len);
         op->key_len = rec->key_len;
-        lk_op_fail(op, r, n, v, false);
     }
-    lk_op_wait_end(op, queued, LD_LOCKWAIT_FAILED);
-    lk_op_free(op);
+    lk_acq_failed(op, r, n, v, queued);
 }
 
 static void
