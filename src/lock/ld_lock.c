@@ -214,6 +214,21 @@ lk_op_fail(struct lk_op *op, const redisReply *r, int n, const long long *v,
     op->req = NULL;
 }
 
+/* The end of every unlock, extend and lock.info reply (V, N of them): OK
+ * when it was the script's success, which the caller has answered; any
+ * other reply goes the failure path. OP is done either way. */
+static void
+op_finish(struct lk_op *op, const redisReply *r, int n, const long long *v,
+          bool ok, bool write)
+{
+    if (ok) {
+        op->req = NULL;
+    } else {
+        lk_op_fail(op, r, n, v, write);
+    }
+    lk_op_free(op);
+}
+
 /* --------------------------------------------------------- release all */
 
 static void
@@ -500,7 +515,8 @@ unlock_on_reply(redisReply *r, void *arg)
     if (o == LD_REDIS_LATE) {
         lk_op_log_late(op, n, v);
     }
-    if (n >= 2 && (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT)) {
+    bool ok = n >= 2 && (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT);
+    if (ok) {
         if (v[0] == LD_LOCK_RELEASED) {
             ld_stats.lock_released++;
         }
@@ -513,11 +529,8 @@ unlock_on_reply(redisReply *r, void *arg)
                                          LD_INT("count", v[1])};
             ld_reply_ok_fields(op->req, f, LD_ARRAY_LEN(f));
         }
-        op->req = NULL;
-    } else {
-        lk_op_fail(op, r, n, v, true);
     }
-    lk_op_free(op);
+    op_finish(op, r, n, v, ok, true);
 }
 
 static void
@@ -572,7 +585,8 @@ extend_on_reply(redisReply *r, void *arg)
     if (o == LD_REDIS_LATE) {
         lk_op_log_late(op, n, v);
     }
-    if (n >= 3 && v[0] == LD_LOCK_HELD) {
+    bool ok = n >= 3 && v[0] == LD_LOCK_HELD;
+    if (ok) {
         if (rec != NULL) {
             lk_rec_set_count(rec, v[2]);
             if (v[1] >= 0) {
@@ -586,11 +600,8 @@ extend_on_reply(redisReply *r, void *arg)
             ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",
                                            (json_int_t)op->lease_ms));
         }
-        op->req = NULL;
-    } else {
-        lk_op_fail(op, r, n, v, true);
     }
-    lk_op_free(op);
+    op_finish(op, r, n, v, ok, true);
 }
 
 static void
@@ -643,7 +654,8 @@ info_on_reply(redisReply *r, void *arg)
     }
     long long v[4] = {0, 0, 0, 0};
     int n = ld_lease_reply_ints(r, v, 4);
-    if (n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
+    bool ok = n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD);
+    if (ok) {
         json_t *body = json_pack("{s:b,s:I,s:b}", "locked",
                                  v[0] == LD_LOCK_HELD, "ttl_ms",
                                  (json_int_t)v[1], "mine", v[2] > 0);
@@ -656,11 +668,8 @@ info_on_reply(redisReply *r, void *arg)
                                 json_string(v[3] == 2 ? "write" : "read"));
         }
         ld_reply_ok(op->req, body);
-        op->req = NULL;
-    } else {
-        lk_op_fail(op, r, n, v, false);
     }
-    lk_op_free(op);
+    op_finish(op, r, n, v, ok, false);
 }
 
 static void
