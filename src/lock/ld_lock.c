@@ -182,6 +182,15 @@ lk_op_log_late(const struct lk_op *op, int n, const long long *v)
              n >= 1 ? v[0] : -100);
 }
 
+/* OP's command got no usable answer from Redis (none, or an error): its
+ * request, when still owed, hears so; WRITE as for lk_op_fail. */
+static void
+op_fail_redis(struct lk_op *op, const redisReply *r, bool write)
+{
+    lk_reply_redis_failure_op(op->req, r, op, write);
+    op->req = NULL;
+}
+
 /* The one failure path of the lock handlers, for a script reply that is
  * not a success: V holds its N integers (N < 1 when it was no usable
  * reply). Answers OP's request when still owed. WRITE: the command
@@ -199,8 +208,7 @@ lk_op_fail(struct lk_op *op, const redisReply *r, int n, const long long *v,
     bool gone = n >= 1 && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER);
     if (!wrong && !gone) {
         /* No answer, an error, or one no script gives. */
-        lk_reply_redis_failure_op(op->req, r, op, write);
-        op->req = NULL;
+        op_fail_redis(op, r, write);
         return;
     }
     if (write) {
@@ -495,8 +503,7 @@ unlock_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     enum ld_redis_outcome o = lk_outcome();
     if (o == LD_REDIS_UNKNOWN) {
-        lk_reply_redis_failure_op(op->req, r, op, true);
-        op->req = NULL;
+        op_fail_redis(op, r, true);
         return; /* the late answer or LOST follows */
     }
     if (lock_mod.freed) {
@@ -504,8 +511,7 @@ unlock_on_reply(redisReply *r, void *arg)
         return;
     }
     if (o == LD_REDIS_LOST) {
-        lk_reply_redis_failure_op(op->req, r, op, true);
-        op->req = NULL;
+        op_fail_redis(op, r, true);
         lk_unlock_recheck(op);
         return;
     }
@@ -569,13 +575,11 @@ extend_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     enum ld_redis_outcome o = lk_outcome();
     if (o == LD_REDIS_UNKNOWN) {
-        lk_reply_redis_failure_op(op->req, r, op, true);
-        op->req = NULL;
+        op_fail_redis(op, r, true);
         return; /* the late answer or LOST follows */
     }
     if (lock_mod.freed || o == LD_REDIS_LOST) {
-        lk_reply_redis_failure_op(op->req, r, op, true);
-        op->req = NULL;
+        op_fail_redis(op, r, true);
         lk_op_free(op);
         return;
     }
