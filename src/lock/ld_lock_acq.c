@@ -391,11 +391,7 @@ acq_on_taken(struct lk_op *op, long long pttl, bool queued)
         lk_op_free(op);
         return;
     }
-    if (ld_lockwait_full()) {
-        ld_reply_error(op->req, LD_E_BUSY,
-                       "too many lock waiters (limits.max_waiters)");
-        op->req = NULL;
-        lk_op_free(op);
+    if (lk_acq_refused_full(op)) {
         return;
     }
     lk_op_wait_add(op, rec->ls);
@@ -416,6 +412,21 @@ lk_acq_failed(struct lk_op *op, const redisReply *r, int n, const long long *v,
     }
     lk_op_wait_end(op, queued, LD_LOCKWAIT_FAILED);
     lk_op_free(op);
+}
+
+/* When no more waiters may queue (limits.max_waiters), OP's request
+ * hears so, OP is freed and true is returned. */
+bool
+lk_acq_refused_full(struct lk_op *op)
+{
+    if (!ld_lockwait_full()) {
+        return false;
+    }
+    ld_reply_error(op->req, LD_E_BUSY,
+                   "too many lock waiters (limits.max_waiters)");
+    op->req = NULL;
+    lk_op_free(op);
+    return true;
 }
 
 /* Wrong type, Redis unreachable or an error reply. */
@@ -742,11 +753,7 @@ static void
 lock_wait(struct lk_op *op, struct lk_sess *ls)
 {
     struct lk_rec *rec = op->rec;
-    if (ld_lockwait_full()) {
-        ld_reply_error(op->req, LD_E_BUSY,
-                       "too many lock waiters (limits.max_waiters)");
-        op->req = NULL;
-        lk_op_free(op);
+    if (lk_acq_refused_full(op)) {
         return;
     }
     long long left = ld_lockwait_left(op->wait_ms, op->req->start_us);

@@ -281,6 +281,7 @@ void lk_unlock_settle(const struct lk_op *op, struct lk_rec *rec,
 void lk_acq_failed(struct lk_op *op, const redisReply *r, int n,
                    const long long *v, bool queued);
 void lk_acq_init(void);
+bool lk_acq_refused_full(struct lk_op *op);
 void lk_acq_reply_false(struct lk_op *op, long long ttl);
 void lk_acq_undo_unanswered(struct lk_rec *rec);
 bool lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl);

@@ -359,11 +359,7 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
         return;
     }
     if (op->ls == NULL) {
-        if (ld_lockwait_full()) {
-            ld_reply_error(op->req, LD_E_BUSY,
-                           "too many lock waiters (limits.max_waiters)");
-            op->req = NULL;
-            lk_op_free(op);
+        if (lk_acq_refused_full(op)) {
             return;
         }
         lk_op_wait_add(op, rec->ls);
