@@ -113,6 +113,20 @@ lk_op_drop(struct lk_op *op)
     lk_op_free(op);
 }
 
+/* OP's release goes out redis.timeout_ms from now, through CB: Redis has
+ * then seen what went before it. Until then OP has no command out, and a
+ * stopping daemon frees it unsent. */
+void
+lk_op_undo_later(struct lk_op *op, event_callback_fn cb)
+{
+    op->undo_ev = evtimer_new(lock_mod.ctx->base, cb, op);
+    if (op->undo_ev == NULL) {
+        ld_oom(0);
+    }
+    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
+    evtimer_add(op->undo_ev, &tv);
+}
+
 const struct lk_names *
 lk_op_names(const struct lk_op *op)
 {

@@ -121,12 +121,7 @@ undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
 static void
 undo_later(struct lk_op *op)
 {
-    op->undo_ev = evtimer_new(lock_mod.ctx->base, undo_later_on_timer, op);
-    if (op->undo_ev == NULL) {
-        ld_oom(0);
-    }
-    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
-    evtimer_add(op->undo_ev, &tv);
+    lk_op_undo_later(op, undo_later_on_timer);
 }
 
 static void

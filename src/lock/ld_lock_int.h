@@ -20,6 +20,7 @@
 #include "ld_redis.h"
 #include "ld_util.h"
 
+#include <event2/event.h>
 #include <sys/queue.h>
 #include <sys/time.h>
 
@@ -261,6 +262,7 @@ const struct lk_names *lk_op_names(const struct lk_op *op);
 struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,
                         struct lk_rec *rec);
 void lk_op_drop(struct lk_op *op);
+void lk_op_undo_later(struct lk_op *op, event_callback_fn cb);
 void lk_op_wait_add(struct lk_op *op, struct lk_sess *ls);
 void lk_op_wait_end(struct lk_op *op, bool queued,
                     enum ld_lockwait_result res);

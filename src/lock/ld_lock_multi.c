@@ -209,12 +209,7 @@ give_back_on_reply(redisReply *r, void *arg)
         lk_op_free(op);
         return;
     }
-    op->undo_ev = evtimer_new(lock_mod.ctx->base, give_back_on_timer, op);
-    if (op->undo_ev == NULL) {
-        ld_oom(0);
-    }
-    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
-    evtimer_add(op->undo_ev, &tv);
+    lk_op_undo_later(op, give_back_on_timer);
 }
 
 static void
