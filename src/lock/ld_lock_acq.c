@@ -124,6 +124,22 @@ undo_later(struct lk_op *op)
     lk_op_undo_later(op, undo_later_on_timer);
 }
 
+/* Give back one hold of OP's record under its token, on the connection
+ * of the reply being handled (inside its callback): behind the command
+ * it undoes. CB gets the answer. */
+static void
+release_one_pinned(struct lk_op *op, ld_redis_cb *cb)
+{
+    struct lk_rec *rec = op->rec;
+    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
+                          LK_UNLOCK_MSG};
+    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                     strlen(LK_UNLOCK_MSG)};
+    op->inflight = true;
+    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
+                 lens, cb, op);
+}
+
 static void
 undo_pinned_on_reply(redisReply *r, void *arg)
 {
@@ -162,13 +178,7 @@ lk_acq_undo_unanswered(struct lk_rec *rec)
         undo_later(op); /* its connection is not known, nor there */
         return;
     }
-    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
-                          LK_UNLOCK_MSG};
-    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                     strlen(LK_UNLOCK_MSG)};
-    op->inflight = true;
-    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
-                 lens, undo_pinned_on_reply, op);
+    release_one_pinned(op, undo_pinned_on_reply);
 }
 
 static void acq_give_back(struct lk_op *op);
@@ -205,16 +215,9 @@ acq_on_wait(redisReply *r, void *arg)
 static void
 acq_give_back(struct lk_op *op)
 {
-    struct lk_rec *rec = op->rec;
-    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
-                          LK_UNLOCK_MSG};
-    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                     strlen(LK_UNLOCK_MSG)};
-    op->inflight = true;
     /* On the connection of the grant and its WAIT, so that the give-back
      * runs after the grant even when WAIT timed out. */
-    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
-                 lens, undo_on_reply, op);
+    release_one_pinned(op, undo_on_reply);
 }
 
 /* REC now holds N times, with FENCE, for PTTL ms (-1: the lease OP
