@@ -602,6 +602,26 @@ redis_fail_sent(struct rconn *c, const char *why)
  * loaded and not loaded for long, or of two commands on one key sent
  * later the second could run while the first is being sent again. Once
  * per node and 100 ms, as every command in flight may get a NOSCRIPT. */
+/* Send SCRIPT LOAD of script I (REDIS_BATCH_SCRIPT: the batch script)
+ * on C, as an internal command whose reply is handled as SCRIPT's, ARG
+ * saying what for. LD_ERR when it could not be sent. */
+int
+redis_script_load(struct rconn *c, int i, int script, const char *arg)
+{
+    const char *body = redis_script_body(c->node, i);
+    const char *av[] = {"SCRIPT", "LOAD", body};
+    size_t al[] = {6, 4, strlen(body)};
+    struct rcmd *cmd = redis_cmd_new();
+    cmd->internal = true;
+    cmd->script = script;
+    cmd->arg = (void *)arg;
+    if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
+        free(cmd);
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
 static void
 reload_scripts(struct rconn *c)
 {
@@ -611,15 +631,7 @@ reload_scripts(struct rconn *c)
     }
     c->node->reload_us = now;
     for (int i = 0; i <= REDIS_BATCH_SCRIPT; i++) {
-        const char *body = redis_script_body(c->node, i);
-        const char *av[] = {"SCRIPT", "LOAD", body};
-        size_t al[] = {6, 4, strlen(body)};
-        struct rcmd *cmd = redis_cmd_new();
-        cmd->internal = true;
-        cmd->script = -1;
-        cmd->arg = (void *)"reload";
-        if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
-            free(cmd);
+        if (redis_script_load(c, i, -1, "reload") != LD_OK) {
             return;
         }
     }
