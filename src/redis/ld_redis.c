@@ -1111,6 +1111,26 @@ cmd_cluster_prepare(struct rcmd *cmd, const char *route, size_t route_len)
     x->issued_us = ld_now_us();
 }
 
+/* A caller's command (SCRIPT: its script, or -1), answered to CB with
+ * ARG, routed by ROUTE, as OPTS (NULL: the defaults) ask. */
+static struct rcmd *
+cmd_for(const struct ld_redis_opts *opts, int script, const char *route,
+        size_t route_len, ld_redis_cb *cb, void *arg)
+{
+    struct rcmd *cmd = redis_cmd_new();
+    cmd->cb = cb;
+    cmd->arg = arg;
+    cmd->script = script;
+    cmd->flags = opts != NULL ? opts->flags : 0;
+    if (opts != NULL) {
+        cmd->instance = opts->instance;
+        cmd->timeout_ms = opts->timeout_ms;
+        cmd->pool = opts->pool;
+    }
+    cmd->route_hash = ld_hash(route, route_len);
+    return cmd;
+}
+
 void
 ld_redis_command(const char *route, size_t route_len, int argc,
                  const char **argv, const size_t *argvlen, ld_redis_cb *cb,
@@ -1124,17 +1144,7 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
                     size_t route_len, int argc, const char **argv,
                     const size_t *argvlen, ld_redis_cb *cb, void *arg)
 {
-    struct rcmd *cmd = redis_cmd_new();
-    cmd->cb = cb;
-    cmd->arg = arg;
-    cmd->script = -1;
-    cmd->flags = opts != NULL ? opts->flags : 0;
-    if (opts != NULL) {
-        cmd->instance = opts->instance;
-        cmd->timeout_ms = opts->timeout_ms;
-        cmd->pool = opts->pool;
-    }
-    cmd->route_hash = ld_hash(route, route_len);
+    struct rcmd *cmd = cmd_for(opts, -1, route, route_len, cb, arg);
     if (redis_mod.cluster && cmd->instance == 0) {
         /* Kept: a redirection sends it again. */
         cmd_cluster_prepare(cmd, route, route_len);
@@ -1201,17 +1211,7 @@ ld_redis_script_ex(const struct ld_redis_opts *opts, enum ld_script_id script,
                    const char **argv, const size_t *argvlen, ld_redis_cb *cb,
                    void *arg)
 {
-    struct rcmd *cmd = redis_cmd_new();
-    cmd->cb = cb;
-    cmd->arg = arg;
-    cmd->script = (int)script;
-    cmd->flags = opts != NULL ? opts->flags : 0;
-    if (opts != NULL) {
-        cmd->instance = opts->instance;
-        cmd->timeout_ms = opts->timeout_ms;
-        cmd->pool = opts->pool;
-    }
-    cmd->route_hash = ld_hash(route, route_len);
+    struct rcmd *cmd = cmd_for(opts, (int)script, route, route_len, cb, arg);
     if (redis_mod.cluster && cmd->instance == 0) {
         cmd_cluster_prepare(cmd, route, route_len);
     }
