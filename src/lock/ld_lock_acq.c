@@ -626,12 +626,42 @@ acq_token_on_reply(redisReply *r, void *arg)
 
 /* The fields of a lock request with "key". */
 struct lock_args {
-    const char *key, *owner, *token;
-    size_t klen, olen, tlen;
-    long long ttl, wait;
-    bool has_ttl, has_token, detach;
+    const char *key, *token;
+    size_t klen, tlen;
+    bool has_token;
     enum lk_mode mode;
+    struct lk_lock_opts o;
 };
+
+/* The fields of a lock request besides what it locks, read into O (the
+ * defaults when absent); false once REQ has been answered with why not. */
+bool
+lk_lock_opts_read(struct ld_req *req, struct lk_lock_opts *o)
+{
+    bool has_owner = false, has_wait = false;
+    o->owner = "";
+    o->olen = 0;
+    o->ttl = o->wait = 0;
+    o->has_ttl = o->detach = false;
+    return ld_req_str(req, "owner", false, &o->owner, &o->olen, &has_owner) ==
+               LD_OK &&
+           ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &o->ttl,
+                      &o->has_ttl) == LD_OK &&
+           ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &o->wait,
+                      &has_wait) == LD_OK &&
+           ld_req_bool(req, "detach", &o->detach) == LD_OK;
+}
+
+/* OP acquires as O asks: the lease asked for (none: the watchdog's,
+ * renewed) and how long it may wait. */
+void
+lk_op_asked(struct lk_op *op, const struct lk_lock_opts *o)
+{
+    op->watchdog = !o->has_ttl;
+    op->lease_ms = o->has_ttl ? o->ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
+    op->lease_asked = op->lease_ms;
+    op->wait_ms = o->wait;
+}
 
 /* The daemon can grant a lock now: not stopping, a Redlock majority
  * there, and a DETACHed lock has a lease of its own (HAS_TTL); false once
@@ -666,20 +696,11 @@ lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl)
 static bool
 lock_args_read(struct ld_req *req, struct lock_args *a)
 {
-    bool has_owner = false, has_wait = false;
-    a->owner = "";
     a->token = "";
-    a->olen = a->tlen = 0;
-    a->ttl = a->wait = 0;
-    a->has_ttl = a->has_token = a->detach = false;
+    a->tlen = 0;
+    a->has_token = false;
     if (ld_req_key(req, "key", &a->key, &a->klen) != LD_OK ||
-        ld_req_str(req, "owner", false, &a->owner, &a->olen, &has_owner) !=
-            LD_OK ||
-        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &a->ttl,
-                   &a->has_ttl) != LD_OK ||
-        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &a->wait,
-                   &has_wait) != LD_OK ||
-        ld_req_bool(req, "detach", &a->detach) != LD_OK ||
+        !lk_lock_opts_read(req, &a->o) ||
         ld_req_str(req, "token", false, &a->token, &a->tlen, &a->has_token) !=
             LD_OK) {
         return false;
@@ -687,17 +708,17 @@ lock_args_read(struct ld_req *req, struct lock_args *a)
     if (a->has_token && !lk_token_check(req, a->token, a->tlen)) {
         return false;
     }
-    return lk_lock_may_grant(req, a->detach, a->has_ttl);
+    return lk_lock_may_grant(req, a->o.detach, a->o.has_ttl);
 }
 
 /* lock with "token": a reentry of that hold only, never a wait. */
 static void
 lock_by_token(struct ld_req *req, const struct lock_args *a)
 {
-    struct lk_target t = {a->key,   a->klen, a->owner, a->olen,
-                          a->token, a->tlen, true,     a->mode};
+    struct lk_target t = {a->key,   a->klen, a->o.owner, a->o.olen,
+                          a->token, a->tlen, true,       a->mode};
     struct lk_op *op = lk_target_op(LK_ACQ_TOKEN, req, &t);
-    op->lease_ms = a->has_ttl ? lk_rec_cap_clip(op->rec, a->ttl) : 0;
+    op->lease_ms = a->o.has_ttl ? lk_rec_cap_clip(op->rec, a->o.ttl) : 0;
     const struct lk_names *n = lk_op_names(op);
     char lbuf[24];
     ld_ll_to_str(lbuf, op->lease_ms);
@@ -716,11 +737,11 @@ static struct lk_rec *
 lock_rec_get(struct ld_req *req, struct lk_sess *ls, const struct lock_args *a)
 {
     size_t dlen;
-    char *d = lk_dkey_build_mode(a->owner, a->olen, a->key, a->klen, a->mode,
-                                 &dlen);
+    char *d = lk_dkey_build_mode(a->o.owner, a->o.olen, a->key, a->klen,
+                                 a->mode, &dlen);
     struct lk_rec *rec = ld_dict_get(ls->recs, d, dlen);
     if (rec == NULL) {
-        rec = lk_rec_new(ls, d, dlen, a->key, a->klen, a->detach, a->mode);
+        rec = lk_rec_new(ls, d, dlen, a->key, a->klen, a->o.detach, a->mode);
         if (rec == NULL) {
             free(d);
             ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
@@ -735,7 +756,7 @@ lock_rec_get(struct ld_req *req, struct lk_sess *ls, const struct lock_args *a)
                        (int)a->klen, a->key);
         return NULL;
     }
-    if (rec->detached != a->detach) {
+    if (rec->detached != a->o.detach) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'detach' does not match: this owner "
                        "holds lock '%.*s' %s",
@@ -786,10 +807,7 @@ lk_op_lock(struct ld_req *req)
     }
     struct lk_op *op = lk_op_new(LK_ACQ, req, rec);
     rec->pending++;
-    op->watchdog = !a.has_ttl;
-    op->lease_ms = a.has_ttl ? a.ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
-    op->lease_asked = op->lease_ms;
-    op->wait_ms = a.wait;
+    lk_op_asked(op, &a.o);
 
     /* A reentry never waits, nor does a writer's read of its own lock
      * (downgrade: waiting behind writers that wait for it would never
@@ -797,14 +815,14 @@ lk_op_lock(struct ld_req *req)
      * here, except a reader's: once a writer waits, readers queue behind
      * it, and a try-once reader does not get ahead of it. */
     bool down = rw_downgrade(rec);
-    if (a.mode == LK_MODE_READ && a.wait == 0 && rec->count == 0 && !down &&
+    if (a.mode == LK_MODE_READ && a.o.wait == 0 && rec->count == 0 && !down &&
         ld_lockwait_queued(rec->n.hash, rec->n.hash_len)) {
         ld_stats.lock_contended++;
         lk_acq_reply_false(op, -1);
         lk_op_free(op);
         return;
     }
-    if (rec->count > 0 || a.wait == 0 || down) {
+    if (rec->count > 0 || a.o.wait == 0 || down) {
         acq_send(op);
         return;
     }

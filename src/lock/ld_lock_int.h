@@ -193,6 +193,17 @@ struct lk_mod {
 extern struct lk_mod lock_mod;
 
 /* Fields shared by unlock, extend and lock.info: the lock, and whose. */
+/* What a lock request asks besides what it locks (a single lock's and a
+ * group's alike): the owner, the lease (HAS_TTL: a fixed one, else the
+ * watchdog renews), how long it may wait (0: not at all, -1: without
+ * end) and whether it outlives its session. */
+struct lk_lock_opts {
+    const char *owner;
+    size_t olen;
+    long long ttl, wait;
+    bool has_ttl, detach;
+};
+
 struct lk_target {
     const char *key;
     size_t key_len;
@@ -287,6 +298,8 @@ bool lk_acq_refused_full(struct lk_op *op);
 void lk_acq_reply_false(struct lk_op *op, long long ttl);
 void lk_acq_undo_unanswered(struct lk_rec *rec);
 bool lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl);
+bool lk_lock_opts_read(struct ld_req *req, struct lk_lock_opts *o);
+void lk_op_asked(struct lk_op *op, const struct lk_lock_opts *o);
 void lk_op_lock(struct ld_req *req);
 
 /* ld_lock_multi.c: the ops with "keys" instead of "key" */

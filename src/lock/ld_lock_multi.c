@@ -544,10 +544,7 @@ sorted_keys(struct ld_req *req, json_t *keys, const char *owner, size_t olen)
 /* The fields of a lock request with "keys". */
 struct multi_args {
     json_t *keys;
-    const char *owner;
-    size_t olen;
-    long long ttl, wait;
-    bool has_ttl, detach;
+    struct lk_lock_opts o;
 };
 
 /* Read and check A's fields, and whether a group may be granted now;
@@ -555,22 +552,11 @@ struct multi_args {
 static bool
 multi_args_read(struct ld_req *req, struct multi_args *a)
 {
-    bool has_owner = false, has_wait = false;
     a->keys = NULL;
-    a->owner = "";
-    a->olen = 0;
-    a->ttl = a->wait = 0;
-    a->has_ttl = a->detach = false;
     if (check_fields(req, "lock") != LD_OK ||
         ld_req_keys(req, "keys", MULTI_KEYS_MAX, &a->keys) != LD_OK ||
         check_unique(req, a->keys) != LD_OK ||
-        ld_req_str(req, "owner", false, &a->owner, &a->olen, &has_owner) !=
-            LD_OK ||
-        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &a->ttl,
-                   &a->has_ttl) != LD_OK ||
-        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &a->wait,
-                   &has_wait) != LD_OK ||
-        ld_req_bool(req, "detach", &a->detach) != LD_OK) {
+        !lk_lock_opts_read(req, &a->o)) {
         return false;
     }
     if (!lock_mod.redlock && lock_mod.ctx->cfg->lock.wait_replicas > 0 &&
@@ -582,7 +568,7 @@ multi_args_read(struct ld_req *req, struct multi_args *a)
                        "lock.wait_replicas");
         return false;
     }
-    return lk_lock_may_grant(req, a->detach, a->has_ttl);
+    return lk_lock_may_grant(req, a->o.detach, a->o.has_ttl);
 }
 
 /* One record per key of E (N of them, in Redis name order) for group G,
@@ -595,9 +581,10 @@ grp_recs_new(struct lk_grp *g, struct lk_sess *ls, struct ent *e, size_t n,
     g->recs = ld_xcalloc(n, sizeof(*g->recs));
     for (size_t i = 0; i < n; i++) {
         size_t dlen;
-        char *d = lk_dkey_build(a->owner, a->olen, e[i].key, e[i].len, &dlen);
+        char *d = lk_dkey_build(a->o.owner, a->o.olen, e[i].key, e[i].len,
+                                &dlen);
         struct lk_rec *rec = lk_rec_new(ls, d, dlen, e[i].key, e[i].len,
-                                        a->detach, LK_MODE_PLAIN);
+                                        a->o.detach, LK_MODE_PLAIN);
         free(e[i].n.buf);
         if (rec == NULL) {
             /* Only its own token can fail; the group's is made. */
@@ -621,7 +608,7 @@ lk_multi_lock(struct ld_req *req)
     if (!multi_args_read(req, &a)) {
         return;
     }
-    struct ent *e = sorted_keys(req, a.keys, a.owner, a.olen);
+    struct ent *e = sorted_keys(req, a.keys, a.o.owner, a.o.olen);
     if (e == NULL) {
         return;
     }
@@ -646,10 +633,7 @@ lk_multi_lock(struct ld_req *req)
         lk_op_free(op);
         return;
     }
-    op->watchdog = !a.has_ttl;
-    op->lease_ms = a.has_ttl ? a.ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
-    op->lease_asked = op->lease_ms;
-    op->wait_ms = a.wait;
+    lk_op_asked(op, &a.o);
     grp_step(op);
 }
 
