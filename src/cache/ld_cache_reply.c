@@ -379,6 +379,22 @@ cache_getter_settle(struct getter *g, json_t *fields, int code,
     }
 }
 
+/* Settles G with F, the answer built for a hit on a cached value: NULL
+ * when the value is not valid UTF-8, which JSON cannot carry, and then
+ * the client hears that leased did not write it. */
+static void
+settle_value(struct getter *g, json_t *f)
+{
+    if (f == NULL) {
+        cache_getter_settle(g, NULL, LD_E_WRONG_TYPE,
+                            "the cached value is not valid UTF-8; leased "
+                            "did not write it");
+        return;
+    }
+    ld_stats.cache_hits++;
+    cache_getter_settle(g, f, 0, NULL);
+}
+
 /* A near hit answers like a Redis hit, plus "near":true. */
 #define NEAR_EXTRA ",\"near\":true"
 
@@ -415,15 +431,7 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
         }
     }
     json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
-    if (f == NULL) {
-        cache_getter_settle(
-            g, NULL, LD_E_WRONG_TYPE,
-            "the cached value is not valid UTF-8; leased did not "
-            "write it");
-        return;
-    }
-    ld_stats.cache_hits++;
-    cache_getter_settle(g, f, 0, NULL);
+    settle_value(g, f);
 }
 
 /* Near hits come as JSON text (ld_near_get): copied, never escaped
@@ -485,19 +493,13 @@ cache_settle_stale(struct getter *g, const char *v, size_t len,
     note_read(g, true);
     json_t *f = json_pack("{s:b,s:s%,s:b}", "hit", 1, "value", v, len, "stale",
                           1);
-    if (f == NULL) {
-        cache_getter_settle(
-            g, NULL, LD_E_WRONG_TYPE,
-            "the cached value is not valid UTF-8; leased did not "
-            "write it");
-        return;
+    if (f != NULL) {
+        if (lease != NULL) {
+            json_object_set_new(f, "lease", json_string(lease));
+        }
+        ld_stats.cache_stale_hits++;
     }
-    if (lease != NULL) {
-        json_object_set_new(f, "lease", json_string(lease));
-    }
-    ld_stats.cache_hits++;
-    ld_stats.cache_stale_hits++;
-    cache_getter_settle(g, f, 0, NULL);
+    settle_value(g, f);
 }
 
 /* A hit that also carries the lease to reload the value early. */
@@ -508,13 +510,5 @@ cache_settle_refresh(struct getter *g, const char *v, size_t len,
     note_read(g, true);
     json_t *f = json_pack("{s:b,s:s%,s:s}", "hit", 1, "value", v, len,
                           "refresh", lease);
-    if (f == NULL) {
-        cache_getter_settle(
-            g, NULL, LD_E_WRONG_TYPE,
-            "the cached value is not valid UTF-8; leased did not "
-            "write it");
-        return;
-    }
-    ld_stats.cache_hits++;
-    cache_getter_settle(g, f, 0, NULL);
+    settle_value(g, f);
 }

@@ -7,6 +7,7 @@
 #include "ld_mem.h"
 
 #include <arpa/inet.h>
+#include <event2/event.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -34,6 +35,14 @@ uint64_t
 ld_now_ms(void)
 {
     return ld_now_us() / 1000u;
+}
+
+void
+ld_timer_at_us(struct event *ev, uint64_t at_us)
+{
+    uint64_t now = ld_now_us();
+    struct timeval tv = ld_tv_us(at_us > now ? at_us - now : 0);
+    event_add(ev, &tv);
 }
 
 #ifndef HAVE_GETRANDOM

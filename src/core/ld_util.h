@@ -29,6 +29,11 @@ ld_tv_us(uint64_t us)
     return tv;
 }
 
+/* Arms the timer EV for AT_US, a moment in ld_now_us() time; one already
+ * past fires at once. */
+struct event;
+void ld_timer_at_us(struct event *ev, uint64_t at_us);
+
 /* Fill BUF with LEN bytes from the kernel CSPRNG (getrandom). */
 int ld_random_bytes(void *buf, size_t len);
 

@@ -941,14 +941,43 @@ ld_req_body(struct ld_req *req)
     return req->body;
 }
 
+/* The start of every typed read of FIELD into V: a field that is absent
+ * (or null) answers REQ with an error when REQUIRED, else the caller
+ * finds V not given. *PRESENT, when asked for, stays false until the
+ * caller has taken the value. */
+static int
+req_field(struct ld_req *req, const char *field, bool required,
+          struct ld_rval *v, bool *present)
+{
+    ld_req_get(req, field, v);
+    if (present != NULL) {
+        *present = false;
+    }
+    if (required && !ld_rval_given(v)) {
+        return bad_field(req, field, "is required");
+    }
+    return LD_OK;
+}
+
+/* Keys, names and tokens, not values (those are read apart, with their
+ * length): NUL would cut them short wherever they are used as C strings.
+ * (A flat request's strings have no escapes, so no NUL.) */
+static int
+req_no_nul(struct ld_req *req, const char *field, const struct ld_rval *v)
+{
+    if (!req->flat && memchr(v->s, '\0', v->len) != NULL) {
+        return bad_field(req, field, "must not contain NUL (\\u0000)");
+    }
+    return LD_OK;
+}
+
 int
 ld_req_key(struct ld_req *req, const char *field, const char **key,
            size_t *len)
 {
     struct ld_rval v;
-    ld_req_get(req, field, &v);
-    if (!ld_rval_given(&v)) {
-        return bad_field(req, field, "is required");
+    if (req_field(req, field, true, &v, NULL) != LD_OK) {
+        return LD_ERR;
     }
     if (v.kind != LD_RV_STR) {
         return bad_field(req, field, "must be a string");
@@ -962,9 +991,8 @@ ld_req_key(struct ld_req *req, const char *field, const char **key,
                  proto_mod.ctx->cfg->limits.max_key_bytes);
         return bad_field(req, field, what);
     }
-    /* (A flat request's strings have no escapes, so no NUL.) */
-    if (!req->flat && memchr(v.s, '\0', v.len) != NULL) {
-        return bad_field(req, field, "must not contain NUL (\\u0000)");
+    if (req_no_nul(req, field, &v) != LD_OK) {
+        return LD_ERR;
     }
     *key = v.s;
     *len = v.len;
@@ -976,24 +1004,17 @@ ld_req_str(struct ld_req *req, const char *field, bool required,
            const char **s, size_t *len, bool *present)
 {
     struct ld_rval v;
-    ld_req_get(req, field, &v);
-    if (present != NULL) {
-        *present = false;
+    if (req_field(req, field, required, &v, present) != LD_OK) {
+        return LD_ERR;
     }
     if (!ld_rval_given(&v)) {
-        if (required) {
-            return bad_field(req, field, "is required");
-        }
         return LD_OK;
     }
     if (v.kind != LD_RV_STR) {
         return bad_field(req, field, "must be a string");
     }
-    /* Names and tokens, not values (those are read apart, with their
-     * length): NUL would cut them short wherever they are used as C
-     * strings. */
-    if (!req->flat && memchr(v.s, '\0', v.len) != NULL) {
-        return bad_field(req, field, "must not contain NUL (\\u0000)");
+    if (req_no_nul(req, field, &v) != LD_OK) {
+        return LD_ERR;
     }
     *s = v.s;
     if (len != NULL) {
@@ -1010,14 +1031,10 @@ ld_req_int(struct ld_req *req, const char *field, bool required, long long min,
            long long max, long long *out, bool *present)
 {
     struct ld_rval v;
-    ld_req_get(req, field, &v);
-    if (present != NULL) {
-        *present = false;
+    if (req_field(req, field, required, &v, present) != LD_OK) {
+        return LD_ERR;
     }
     if (!ld_rval_given(&v)) {
-        if (required) {
-            return bad_field(req, field, "is required");
-        }
         return LD_OK;
     }
     if (v.kind != LD_RV_INT) {
@@ -1040,7 +1057,9 @@ int
 ld_req_bool(struct ld_req *req, const char *field, bool *out)
 {
     struct ld_rval v;
-    ld_req_get(req, field, &v);
+    if (req_field(req, field, false, &v, NULL) != LD_OK) {
+        return LD_ERR;
+    }
     if (!ld_rval_given(&v)) {
         return LD_OK;
     }
@@ -1055,9 +1074,8 @@ int
 ld_req_keys(struct ld_req *req, const char *field, size_t max, json_t **arr)
 {
     struct ld_rval rv;
-    ld_req_get(req, field, &rv);
-    if (!ld_rval_given(&rv)) {
-        return bad_field(req, field, "is required");
+    if (req_field(req, field, true, &rv, NULL) != LD_OK) {
+        return LD_ERR;
     }
     json_t *v = rv.j;
     if (!json_is_array(v)) {

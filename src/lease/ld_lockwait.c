@@ -145,13 +145,11 @@ q_ttl_estimate(const struct ld_lockwait_q *q)
     return left > 0 ? left : -1;
 }
 
-/* Unlink W; destroys the queue when it empties. Returns the queue, or
- * NULL when it was destroyed. */
-static struct ld_lockwait_q *
-w_unlink(struct ld_lockwait *w)
+/* Take W out of its queue Q, with its deadline and its count: the one
+ * way a waiter leaves, whether the queue lives on or goes. */
+static void
+w_detach(struct ld_lockwait_q *q, struct ld_lockwait *w)
 {
-    struct ld_lockwait_q *q = w->q;
-    LD_ASSERT(q != NULL);
     LD_ASSERT(ld_stats.lock_waiters > 0);
     TAILQ_REMOVE(&q->waiters, w, link);
     w->q = NULL;
@@ -160,6 +158,16 @@ w_unlink(struct ld_lockwait *w)
         w->deadline_ev = NULL;
     }
     ld_stats.lock_waiters--;
+}
+
+/* Unlink W; destroys the queue when it empties. Returns the queue, or
+ * NULL when it was destroyed. */
+static struct ld_lockwait_q *
+w_unlink(struct ld_lockwait *w)
+{
+    struct ld_lockwait_q *q = w->q;
+    LD_ASSERT(q != NULL);
+    w_detach(q, w);
     if (TAILQ_EMPTY(&q->waiters)) {
         q_destroy(q);
         return NULL;
@@ -473,13 +481,7 @@ ld_lockwait_free(void)
         struct ld_lockwait_q *q = v;
         struct ld_lockwait *w;
         while ((w = TAILQ_FIRST(&q->waiters)) != NULL) {
-            TAILQ_REMOVE(&q->waiters, w, link);
-            w->q = NULL;
-            if (w->deadline_ev != NULL) {
-                event_free(w->deadline_ev);
-                w->deadline_ev = NULL;
-            }
-            ld_stats.lock_waiters--;
+            w_detach(q, w);
         }
         q_destroy(q);
     }

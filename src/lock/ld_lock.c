@@ -69,6 +69,17 @@ lk_op_wait_unlink(struct lk_op *op)
     op->ls = NULL;
 }
 
+/* OP's attempt has its outcome RES: off its session's waiting list and,
+ * when QUEUED, out of the lock's queue (or on to its next wait). */
+void
+lk_op_wait_end(struct lk_op *op, bool queued, enum ld_lockwait_result res)
+{
+    lk_op_wait_unlink(op);
+    if (queued) {
+        ld_lockwait_done(&op->w, res, 0);
+    }
+}
+
 void
 lk_op_free(struct lk_op *op)
 {
@@ -92,14 +103,39 @@ lk_op_free(struct lk_op *op)
     free(op);
 }
 
+/* OP is dropped without an outcome for its queue, which carries on
+ * without it (answered already, or nobody left to answer). */
+void
+lk_op_drop(struct lk_op *op)
+{
+    lk_op_wait_unlink(op);
+    ld_lockwait_leave(&op->w);
+    lk_op_free(op);
+}
+
+/* OP's release goes out redis.timeout_ms from now, through CB: Redis has
+ * then seen what went before it. Until then OP has no command out, and a
+ * stopping daemon frees it unsent. */
+void
+lk_op_undo_later(struct lk_op *op, event_callback_fn cb)
+{
+    op->undo_ev = evtimer_new(lock_mod.ctx->base, cb, op);
+    if (op->undo_ev == NULL) {
+        ld_oom(0);
+    }
+    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
+    evtimer_add(op->undo_ev, &tv);
+}
+
 const struct lk_names *
 lk_op_names(const struct lk_op *op)
 {
     return op->rec != NULL ? &op->rec->n : &op->n;
 }
 
-static const char *
-op_field(const struct lk_op *op, size_t *len)
+/* The hash field OP names: the token it was given, else its record's. */
+const char *
+lk_op_field(const struct lk_op *op, size_t *len)
 {
     if (op->field != NULL) {
         *len = op->field_len;
@@ -148,6 +184,27 @@ lk_rec_forget_stale(const struct lk_op *op, struct lk_rec *rec, long long code)
     lk_rec_set_count(rec, 0);
 }
 
+/* A late answer to OP's unlock or extend settled what its client heard
+ * as "outcome":"unknown": the log is the only trace of how it ended. */
+void
+lk_op_log_late(const struct lk_op *op, int n, const long long *v)
+{
+    size_t klen;
+    const char *key = op_key(op, &klen);
+    log_info("late answer settled op=%s key=%.*s result=%lld",
+             op->kind == LK_UNLOCK ? "unlock" : "extend", (int)klen, key,
+             n >= 1 ? v[0] : -100);
+}
+
+/* OP's command got no usable answer from Redis (none, or an error): its
+ * request, when still owed, hears so; WRITE as for lk_op_fail. */
+static void
+op_fail_redis(struct lk_op *op, const redisReply *r, bool write)
+{
+    lk_reply_redis_failure_op(op->req, r, op, write);
+    op->req = NULL;
+}
+
 /* The one failure path of the lock handlers, for a script reply that is
  * not a success: V holds its N integers (N < 1 when it was no usable
  * reply). Answers OP's request when still owed. WRITE: the command
@@ -165,8 +222,7 @@ lk_op_fail(struct lk_op *op, const redisReply *r, int n, const long long *v,
     bool gone = n >= 1 && (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER);
     if (!wrong && !gone) {
         /* No answer, an error, or one no script gives. */
-        lk_reply_redis_failure_op(op->req, r, op, write);
-        op->req = NULL;
+        op_fail_redis(op, r, write);
         return;
     }
     if (write) {
@@ -178,6 +234,21 @@ lk_op_fail(struct lk_op *op, const redisReply *r, int n, const long long *v,
         lk_reply_not_held(op->req, key, klen, v[0] == LD_LOCK_OTHER);
     }
     op->req = NULL;
+}
+
+/* The end of every unlock, extend and lock.info reply (V, N of them): OK
+ * when it was the script's success, which the caller has answered; any
+ * other reply goes the failure path. OP is done either way. */
+static void
+op_finish(struct lk_op *op, const redisReply *r, int n, const long long *v,
+          bool ok, bool write)
+{
+    if (ok) {
+        op->req = NULL;
+    } else {
+        lk_op_fail(op, r, n, v, write);
+    }
+    lk_op_free(op);
 }
 
 /* --------------------------------------------------------- release all */
@@ -254,10 +325,16 @@ token_ok(const char *t, size_t len)
     return at < len && all_of(t + at, len - at, "0123456789");
 }
 
-/* Answers REQ and returns false when TOKEN cannot be a holder. */
+/* Answers REQ and returns false when TOKEN, given in the request, cannot
+ * be a holder. */
 bool
 lk_token_check(struct ld_req *req, const char *t, size_t len)
 {
+    if (len == 0) {
+        ld_reply_error(req, LD_E_BAD_REQUEST,
+                       "field 'token' must not be empty");
+        return false;
+    }
     if (token_ok(t, len)) {
         return true;
     }
@@ -323,11 +400,6 @@ parse_target(struct ld_req *req, struct lk_target *t)
         ld_req_str(req, "token", false, &t->token, &t->token_len,
                    &t->has_token) != LD_OK ||
         lk_req_mode(req, &t->mode) != LD_OK) {
-        return LD_ERR;
-    }
-    if (t->has_token && t->token_len == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'token' must not be empty");
         return LD_ERR;
     }
     if (t->has_token && !lk_token_check(req, t->token, t->token_len)) {
@@ -445,8 +517,7 @@ unlock_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     enum ld_redis_outcome o = lk_outcome();
     if (o == LD_REDIS_UNKNOWN) {
-        lk_reply_redis_failure_op(op->req, r, op, true);
-        op->req = NULL;
+        op_fail_redis(op, r, true);
         return; /* the late answer or LOST follows */
     }
     if (lock_mod.freed) {
@@ -454,21 +525,18 @@ unlock_on_reply(redisReply *r, void *arg)
         return;
     }
     if (o == LD_REDIS_LOST) {
-        lk_reply_redis_failure_op(op->req, r, op, true);
-        op->req = NULL;
+        op_fail_redis(op, r, true);
         lk_unlock_recheck(op);
         return;
     }
     struct lk_rec *rec = lk_op_live_rec(op);
     long long v[2] = {0, 0};
     int n = ld_lease_reply_ints(r, v, 2);
-    size_t klen;
-    const char *key = op_key(op, &klen);
     if (o == LD_REDIS_LATE) {
-        log_info("late answer settled op=unlock key=%.*s result=%lld",
-                 (int)klen, key, n >= 1 ? v[0] : -100);
+        lk_op_log_late(op, n, v);
     }
-    if (n >= 2 && (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT)) {
+    bool ok = n >= 2 && (v[0] == LD_LOCK_RELEASED || v[0] == LD_LOCK_KEPT);
+    if (ok) {
         if (v[0] == LD_LOCK_RELEASED) {
             ld_stats.lock_released++;
         }
@@ -481,11 +549,8 @@ unlock_on_reply(redisReply *r, void *arg)
                                          LD_INT("count", v[1])};
             ld_reply_ok_fields(op->req, f, LD_ARRAY_LEN(f));
         }
-        op->req = NULL;
-    } else {
-        lk_op_fail(op, r, n, v, true);
     }
-    lk_op_free(op);
+    op_finish(op, r, n, v, ok, true);
 }
 
 static void
@@ -506,7 +571,7 @@ op_unlock(struct ld_req *req)
     struct lk_op *op = lk_target_op(LK_UNLOCK, req, &t);
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
-    const char *field = op_field(op, &flen);
+    const char *field = lk_op_field(op, &flen);
     const char *args[] = {n->hash, field, "1", n->chan, LK_UNLOCK_MSG};
     size_t lens[] = {n->hash_len, flen, 1, n->chan_len, strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
@@ -524,26 +589,22 @@ extend_on_reply(redisReply *r, void *arg)
     struct lk_op *op = arg;
     enum ld_redis_outcome o = lk_outcome();
     if (o == LD_REDIS_UNKNOWN) {
-        lk_reply_redis_failure_op(op->req, r, op, true);
-        op->req = NULL;
+        op_fail_redis(op, r, true);
         return; /* the late answer or LOST follows */
     }
     if (lock_mod.freed || o == LD_REDIS_LOST) {
-        lk_reply_redis_failure_op(op->req, r, op, true);
-        op->req = NULL;
+        op_fail_redis(op, r, true);
         lk_op_free(op);
         return;
     }
     struct lk_rec *rec = lk_op_live_rec(op);
     long long v[3] = {0, 0, 0};
     int n = ld_lease_reply_ints(r, v, 3);
-    size_t klen;
-    const char *key = op_key(op, &klen);
     if (o == LD_REDIS_LATE) {
-        log_info("late answer settled op=extend key=%.*s result=%lld",
-                 (int)klen, key, n >= 1 ? v[0] : -100);
+        lk_op_log_late(op, n, v);
     }
-    if (n >= 3 && v[0] == LD_LOCK_HELD) {
+    bool ok = n >= 3 && v[0] == LD_LOCK_HELD;
+    if (ok) {
         if (rec != NULL) {
             lk_rec_set_count(rec, v[2]);
             if (v[1] >= 0) {
@@ -557,11 +618,8 @@ extend_on_reply(redisReply *r, void *arg)
             ld_reply_ok(op->req, json_pack("{s:I}", "lease_ms",
                                            (json_int_t)op->lease_ms));
         }
-        op->req = NULL;
-    } else {
-        lk_op_fail(op, r, n, v, true);
     }
-    lk_op_free(op);
+    op_finish(op, r, n, v, ok, true);
 }
 
 static void
@@ -591,7 +649,7 @@ op_extend(struct ld_req *req)
     op->lease_ms = ttl;
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
-    const char *field = op_field(op, &flen);
+    const char *field = lk_op_field(op, &flen);
     char lbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", ttl);
     const char *args[] = {n->hash, field, lbuf};
@@ -614,7 +672,8 @@ info_on_reply(redisReply *r, void *arg)
     }
     long long v[4] = {0, 0, 0, 0};
     int n = ld_lease_reply_ints(r, v, 4);
-    if (n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD)) {
+    bool ok = n >= 3 && (v[0] == LD_LOCK_FREE || v[0] == LD_LOCK_HELD);
+    if (ok) {
         json_t *body = json_pack("{s:b,s:I,s:b}", "locked",
                                  v[0] == LD_LOCK_HELD, "ttl_ms",
                                  (json_int_t)v[1], "mine", v[2] > 0);
@@ -627,11 +686,8 @@ info_on_reply(redisReply *r, void *arg)
                                 json_string(v[3] == 2 ? "write" : "read"));
         }
         ld_reply_ok(op->req, body);
-        op->req = NULL;
-    } else {
-        lk_op_fail(op, r, n, v, false);
     }
-    lk_op_free(op);
+    op_finish(op, r, n, v, ok, false);
 }
 
 static void
@@ -644,7 +700,7 @@ op_info(struct ld_req *req)
     struct lk_op *op = lk_target_op(LK_INFO, req, &t);
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
-    const char *field = op_field(op, &flen);
+    const char *field = lk_op_field(op, &flen);
     const char *args[] = {n->hash, field};
     size_t lens[] = {n->hash_len, flen};
     op->inflight = true;
@@ -674,6 +730,30 @@ sess_drop_waiters(struct lk_sess *ls, int code, const char *msg)
     }
 }
 
+/* LS and its records part: none is held here any more. RELEASE: a
+ * session-bound hold is given back in Redis (a session closed); without
+ * it nothing is sent (the module is being freed). */
+static void
+sess_free(struct lk_sess *ls, bool release)
+{
+    struct ld_dict_iter it;
+    void *v;
+    ld_dict_iter_init(&it, ls->recs);
+    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
+        struct lk_rec *rec = v;
+        rec->refs++;
+        lk_rec_unlink(rec);
+        rec->ls = NULL;
+        if (release && rec->count > 0 && !rec->detached) {
+            lk_rec_release_all(rec);
+        }
+        lk_rec_set_count(rec, 0);
+        lk_rec_unref(rec);
+    }
+    ld_dict_free(ls->recs);
+    free(ls);
+}
+
 static void
 on_session_close(struct ld_session *s)
 {
@@ -685,24 +765,7 @@ on_session_close(struct ld_session *s)
     ls->closing = true;
     /* Requests of a closed session are dropped, whatever they answer. */
     sess_drop_waiters(ls, -1, NULL);
-    struct ld_dict_iter it;
-    void *v;
-    ld_dict_iter_init(&it, ls->recs);
-    while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
-        struct lk_rec *rec = v;
-        rec->refs++;
-        lk_rec_unlink(rec);
-        rec->ls = NULL;
-        if (rec->count > 0) {
-            if (!rec->detached) {
-                lk_rec_release_all(rec);
-            }
-            lk_rec_set_count(rec, 0);
-        }
-        lk_rec_unref(rec);
-    }
-    ld_dict_free(ls->recs);
-    free(ls);
+    sess_free(ls, true);
 }
 
 /* -------------------------------------------------------------- module */
@@ -810,19 +873,7 @@ sessions_forget(void)
             continue;
         }
         s->lock_state = NULL;
-        struct ld_dict_iter it;
-        void *v;
-        ld_dict_iter_init(&it, ls->recs);
-        while (ld_dict_iter_next(&it, NULL, NULL, &v)) {
-            struct lk_rec *rec = v;
-            rec->refs++;
-            lk_rec_unlink(rec);
-            rec->ls = NULL;
-            lk_rec_set_count(rec, 0);
-            lk_rec_unref(rec);
-        }
-        ld_dict_free(ls->recs);
-        free(ls);
+        sess_free(ls, false);
     }
 }
 

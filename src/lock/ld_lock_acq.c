@@ -121,12 +121,23 @@ undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
 static void
 undo_later(struct lk_op *op)
 {
-    op->undo_ev = evtimer_new(lock_mod.ctx->base, undo_later_on_timer, op);
-    if (op->undo_ev == NULL) {
-        ld_oom(0);
-    }
-    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
-    evtimer_add(op->undo_ev, &tv);
+    lk_op_undo_later(op, undo_later_on_timer);
+}
+
+/* Give back one hold of OP's record under its token, on the connection
+ * of the reply being handled (inside its callback): behind the command
+ * it undoes. CB gets the answer. */
+static void
+release_one_pinned(struct lk_op *op, ld_redis_cb *cb)
+{
+    struct lk_rec *rec = op->rec;
+    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
+                          LK_UNLOCK_MSG};
+    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
+                     strlen(LK_UNLOCK_MSG)};
+    op->inflight = true;
+    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
+                 lens, cb, op);
 }
 
 static void
@@ -167,13 +178,7 @@ lk_acq_undo_unanswered(struct lk_rec *rec)
         undo_later(op); /* its connection is not known, nor there */
         return;
     }
-    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
-                          LK_UNLOCK_MSG};
-    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                     strlen(LK_UNLOCK_MSG)};
-    op->inflight = true;
-    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
-                 lens, undo_pinned_on_reply, op);
+    release_one_pinned(op, undo_pinned_on_reply);
 }
 
 static void acq_give_back(struct lk_op *op);
@@ -210,16 +215,9 @@ acq_on_wait(redisReply *r, void *arg)
 static void
 acq_give_back(struct lk_op *op)
 {
-    struct lk_rec *rec = op->rec;
-    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
-                          LK_UNLOCK_MSG};
-    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                     strlen(LK_UNLOCK_MSG)};
-    op->inflight = true;
     /* On the connection of the grant and its WAIT, so that the give-back
      * runs after the grant even when WAIT timed out. */
-    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
-                 lens, undo_on_reply, op);
+    release_one_pinned(op, undo_on_reply);
 }
 
 /* REC now holds N times, with FENCE, for PTTL ms (-1: the lease OP
@@ -391,17 +389,42 @@ acq_on_taken(struct lk_op *op, long long pttl, bool queued)
         lk_op_free(op);
         return;
     }
-    if (ld_lockwait_full()) {
-        ld_reply_error(op->req, LD_E_BUSY,
-                       "too many lock waiters (limits.max_waiters)");
-        op->req = NULL;
-        lk_op_free(op);
+    if (lk_acq_refused_full(op)) {
         return;
     }
     lk_op_wait_add(op, rec->ls);
     ld_cancel_on(op->req, acq_cancel, op);
     ld_lockwait_join(&op->w, rec->n.hash, rec->n.hash_len, rec->n.chan,
                      rec->n.chan_len, left, true, pttl);
+}
+
+/* The end of an acquisition that failed (a single lock's or a group's):
+ * its client hears why, its queue moves on, and OP is freed. */
+void
+lk_acq_failed(struct lk_op *op, const redisReply *r, int n, const long long *v,
+              bool queued)
+{
+    if (op->req != NULL) {
+        /* An answered request's failure is nobody's to hear of. */
+        lk_op_fail(op, r, n, v, false);
+    }
+    lk_op_wait_end(op, queued, LD_LOCKWAIT_FAILED);
+    lk_op_free(op);
+}
+
+/* When no more waiters may queue (limits.max_waiters), OP's request
+ * hears so, OP is freed and true is returned. */
+bool
+lk_acq_refused_full(struct lk_op *op)
+{
+    if (!ld_lockwait_full()) {
+        return false;
+    }
+    ld_reply_error(op->req, LD_E_BUSY,
+                   "too many lock waiters (limits.max_waiters)");
+    op->req = NULL;
+    lk_op_free(op);
+    return true;
 }
 
 /* Wrong type, Redis unreachable or an error reply. */
@@ -419,15 +442,7 @@ acq_on_failure(struct lk_op *op, const redisReply *r, int n,
                  "write; nothing changed",
                  (int)rec->key_len, rec->key);
     }
-    if (op->req != NULL) {
-        /* An answered request's failure is nobody's to hear of. */
-        lk_op_fail(op, r, n, v, false);
-    }
-    lk_op_wait_unlink(op);
-    if (queued) {
-        ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
-    }
-    lk_op_free(op);
+    lk_acq_failed(op, r, n, v, queued);
 }
 
 static void
@@ -447,10 +462,7 @@ acq_on_reply(redisReply *r, void *arg)
     }
     if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
         bool kept = acq_granted(op, v[1], v[2], v[3]);
-        lk_op_wait_unlink(op);
-        if (queued) {
-            ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
-        }
+        lk_op_wait_end(op, queued, LD_LOCKWAIT_GRANTED);
         if (!kept) {
             lk_op_free(op);
         }
@@ -614,12 +626,42 @@ acq_token_on_reply(redisReply *r, void *arg)
 
 /* The fields of a lock request with "key". */
 struct lock_args {
-    const char *key, *owner, *token;
-    size_t klen, olen, tlen;
-    long long ttl, wait;
-    bool has_ttl, has_token, detach;
+    const char *key, *token;
+    size_t klen, tlen;
+    bool has_token;
     enum lk_mode mode;
+    struct lk_lock_opts o;
 };
+
+/* The fields of a lock request besides what it locks, read into O (the
+ * defaults when absent); false once REQ has been answered with why not. */
+bool
+lk_lock_opts_read(struct ld_req *req, struct lk_lock_opts *o)
+{
+    bool has_owner = false, has_wait = false;
+    o->owner = "";
+    o->olen = 0;
+    o->ttl = o->wait = 0;
+    o->has_ttl = o->detach = false;
+    return ld_req_str(req, "owner", false, &o->owner, &o->olen, &has_owner) ==
+               LD_OK &&
+           ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &o->ttl,
+                      &o->has_ttl) == LD_OK &&
+           ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &o->wait,
+                      &has_wait) == LD_OK &&
+           ld_req_bool(req, "detach", &o->detach) == LD_OK;
+}
+
+/* OP acquires as O asks: the lease asked for (none: the watchdog's,
+ * renewed) and how long it may wait. */
+void
+lk_op_asked(struct lk_op *op, const struct lk_lock_opts *o)
+{
+    op->watchdog = !o->has_ttl;
+    op->lease_ms = o->has_ttl ? o->ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
+    op->lease_asked = op->lease_ms;
+    op->wait_ms = o->wait;
+}
 
 /* The daemon can grant a lock now: not stopping, a Redlock majority
  * there, and a DETACHed lock has a lease of its own (HAS_TTL); false once
@@ -654,43 +696,29 @@ lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl)
 static bool
 lock_args_read(struct ld_req *req, struct lock_args *a)
 {
-    bool has_owner = false, has_wait = false;
-    a->owner = "";
     a->token = "";
-    a->olen = a->tlen = 0;
-    a->ttl = a->wait = 0;
-    a->has_ttl = a->has_token = a->detach = false;
+    a->tlen = 0;
+    a->has_token = false;
     if (ld_req_key(req, "key", &a->key, &a->klen) != LD_OK ||
-        ld_req_str(req, "owner", false, &a->owner, &a->olen, &has_owner) !=
-            LD_OK ||
-        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &a->ttl,
-                   &a->has_ttl) != LD_OK ||
-        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &a->wait,
-                   &has_wait) != LD_OK ||
-        ld_req_bool(req, "detach", &a->detach) != LD_OK ||
+        !lk_lock_opts_read(req, &a->o) ||
         ld_req_str(req, "token", false, &a->token, &a->tlen, &a->has_token) !=
             LD_OK) {
-        return false;
-    }
-    if (a->has_token && a->tlen == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'token' must not be empty");
         return false;
     }
     if (a->has_token && !lk_token_check(req, a->token, a->tlen)) {
         return false;
     }
-    return lk_lock_may_grant(req, a->detach, a->has_ttl);
+    return lk_lock_may_grant(req, a->o.detach, a->o.has_ttl);
 }
 
 /* lock with "token": a reentry of that hold only, never a wait. */
 static void
 lock_by_token(struct ld_req *req, const struct lock_args *a)
 {
-    struct lk_target t = {a->key,   a->klen, a->owner, a->olen,
-                          a->token, a->tlen, true,     a->mode};
+    struct lk_target t = {a->key,   a->klen, a->o.owner, a->o.olen,
+                          a->token, a->tlen, true,       a->mode};
     struct lk_op *op = lk_target_op(LK_ACQ_TOKEN, req, &t);
-    op->lease_ms = a->has_ttl ? lk_rec_cap_clip(op->rec, a->ttl) : 0;
+    op->lease_ms = a->o.has_ttl ? lk_rec_cap_clip(op->rec, a->o.ttl) : 0;
     const struct lk_names *n = lk_op_names(op);
     char lbuf[24];
     ld_ll_to_str(lbuf, op->lease_ms);
@@ -709,11 +737,11 @@ static struct lk_rec *
 lock_rec_get(struct ld_req *req, struct lk_sess *ls, const struct lock_args *a)
 {
     size_t dlen;
-    char *d = lk_dkey_build_mode(a->owner, a->olen, a->key, a->klen, a->mode,
-                                 &dlen);
+    char *d = lk_dkey_build_mode(a->o.owner, a->o.olen, a->key, a->klen,
+                                 a->mode, &dlen);
     struct lk_rec *rec = ld_dict_get(ls->recs, d, dlen);
     if (rec == NULL) {
-        rec = lk_rec_new(ls, d, dlen, a->key, a->klen, a->detach, a->mode);
+        rec = lk_rec_new(ls, d, dlen, a->key, a->klen, a->o.detach, a->mode);
         if (rec == NULL) {
             free(d);
             ld_reply_error(req, LD_E_INTERNAL, "no random bytes for a token");
@@ -728,7 +756,7 @@ lock_rec_get(struct ld_req *req, struct lk_sess *ls, const struct lock_args *a)
                        (int)a->klen, a->key);
         return NULL;
     }
-    if (rec->detached != a->detach) {
+    if (rec->detached != a->o.detach) {
         ld_reply_error(req, LD_E_BAD_REQUEST,
                        "field 'detach' does not match: this owner "
                        "holds lock '%.*s' %s",
@@ -744,11 +772,7 @@ static void
 lock_wait(struct lk_op *op, struct lk_sess *ls)
 {
     struct lk_rec *rec = op->rec;
-    if (ld_lockwait_full()) {
-        ld_reply_error(op->req, LD_E_BUSY,
-                       "too many lock waiters (limits.max_waiters)");
-        op->req = NULL;
-        lk_op_free(op);
+    if (lk_acq_refused_full(op)) {
         return;
     }
     long long left = ld_lockwait_left(op->wait_ms, op->req->start_us);
@@ -783,10 +807,7 @@ lk_op_lock(struct ld_req *req)
     }
     struct lk_op *op = lk_op_new(LK_ACQ, req, rec);
     rec->pending++;
-    op->watchdog = !a.has_ttl;
-    op->lease_ms = a.has_ttl ? a.ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
-    op->lease_asked = op->lease_ms;
-    op->wait_ms = a.wait;
+    lk_op_asked(op, &a.o);
 
     /* A reentry never waits, nor does a writer's read of its own lock
      * (downgrade: waiting behind writers that wait for it would never
@@ -794,14 +815,14 @@ lk_op_lock(struct ld_req *req)
      * here, except a reader's: once a writer waits, readers queue behind
      * it, and a try-once reader does not get ahead of it. */
     bool down = rw_downgrade(rec);
-    if (a.mode == LK_MODE_READ && a.wait == 0 && rec->count == 0 && !down &&
+    if (a.mode == LK_MODE_READ && a.o.wait == 0 && rec->count == 0 && !down &&
         ld_lockwait_queued(rec->n.hash, rec->n.hash_len)) {
         ld_stats.lock_contended++;
         lk_acq_reply_false(op, -1);
         lk_op_free(op);
         return;
     }
-    if (rec->count > 0 || a.wait == 0 || down) {
+    if (rec->count > 0 || a.o.wait == 0 || down) {
         acq_send(op);
         return;
     }

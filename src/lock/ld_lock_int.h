@@ -20,6 +20,7 @@
 #include "ld_redis.h"
 #include "ld_util.h"
 
+#include <event2/event.h>
 #include <sys/queue.h>
 #include <sys/time.h>
 
@@ -193,6 +194,17 @@ struct lk_mod {
 extern struct lk_mod lock_mod;
 
 /* Fields shared by unlock, extend and lock.info: the lock, and whose. */
+/* What a lock request asks besides what it locks (a single lock's and a
+ * group's alike): the owner, the lease (HAS_TTL: a fixed one, else the
+ * watchdog renews), how long it may wait (0: not at all, -1: without
+ * end) and whether it outlives its session. */
+struct lk_lock_opts {
+    const char *owner;
+    size_t olen;
+    long long ttl, wait;
+    bool has_ttl, detach;
+};
+
 struct lk_target {
     const char *key;
     size_t key_len;
@@ -255,11 +267,17 @@ void lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
 /* ld_lock.c */
 void lk_op_fail(struct lk_op *op, const redisReply *r, int n,
                 const long long *v, bool write);
+const char *lk_op_field(const struct lk_op *op, size_t *len);
 void lk_op_free(struct lk_op *op);
+void lk_op_log_late(const struct lk_op *op, int n, const long long *v);
 const struct lk_names *lk_op_names(const struct lk_op *op);
 struct lk_op *lk_op_new(enum lk_kind kind, struct ld_req *req,
                         struct lk_rec *rec);
+void lk_op_drop(struct lk_op *op);
+void lk_op_undo_later(struct lk_op *op, event_callback_fn cb);
 void lk_op_wait_add(struct lk_op *op, struct lk_sess *ls);
+void lk_op_wait_end(struct lk_op *op, bool queued,
+                    enum ld_lockwait_result res);
 void lk_op_wait_unlink(struct lk_op *op);
 void lk_rec_forget_stale(const struct lk_op *op, struct lk_rec *rec,
                          long long code);
@@ -274,10 +292,15 @@ void lk_unlock_settle(const struct lk_op *op, struct lk_rec *rec,
                       long long count);
 
 /* ld_lock_acq.c */
+void lk_acq_failed(struct lk_op *op, const redisReply *r, int n,
+                   const long long *v, bool queued);
 void lk_acq_init(void);
+bool lk_acq_refused_full(struct lk_op *op);
 void lk_acq_reply_false(struct lk_op *op, long long ttl);
 void lk_acq_undo_unanswered(struct lk_rec *rec);
 bool lk_lock_may_grant(struct ld_req *req, bool detach, bool has_ttl);
+bool lk_lock_opts_read(struct ld_req *req, struct lk_lock_opts *o);
+void lk_op_asked(struct lk_op *op, const struct lk_lock_opts *o);
 void lk_op_lock(struct ld_req *req);
 
 /* ld_lock_multi.c: the ops with "keys" instead of "key" */

@@ -209,12 +209,7 @@ give_back_on_reply(redisReply *r, void *arg)
         lk_op_free(op);
         return;
     }
-    op->undo_ev = evtimer_new(lock_mod.ctx->base, give_back_on_timer, op);
-    if (op->undo_ev == NULL) {
-        ld_oom(0);
-    }
-    struct timeval tv = ld_tv_ms(lock_mod.ctx->cfg->redis.timeout_ms);
-    evtimer_add(op->undo_ev, &tv);
+    lk_op_undo_later(op, give_back_on_timer);
 }
 
 static void
@@ -359,11 +354,7 @@ grp_wait(struct lk_op *op, size_t j, long long pttl, bool queued)
         return;
     }
     if (op->ls == NULL) {
-        if (ld_lockwait_full()) {
-            ld_reply_error(op->req, LD_E_BUSY,
-                           "too many lock waiters (limits.max_waiters)");
-            op->req = NULL;
-            lk_op_free(op);
+        if (lk_acq_refused_full(op)) {
             return;
         }
         lk_op_wait_add(op, rec->ls);
@@ -393,19 +384,14 @@ grp_on_granted(struct lk_op *op, struct lk_rec *rec, const long long *v,
             op->req = NULL;
         }
         lk_acq_reply_false(op, -1);
-        lk_op_wait_unlink(op);
-        ld_lockwait_leave(&op->w);
-        lk_op_free(op);
+        lk_op_drop(op);
         return;
     }
     if (g->next < g->n) {
         grp_step(op);
         return;
     }
-    lk_op_wait_unlink(op);
-    if (queued) {
-        ld_lockwait_done(&op->w, LD_LOCKWAIT_GRANTED, 0);
-    }
+    lk_op_wait_end(op, queued, LD_LOCKWAIT_GRANTED);
     grp_reply_granted(op);
     lk_op_free(op);
 }
@@ -419,9 +405,7 @@ grp_on_taken(struct lk_op *op, long long pttl, bool queued)
     ld_stats.lock_contended++;
     grp_give_back(g, g->next);
     if (op->req == NULL) {
-        lk_op_wait_unlink(op);
-        ld_lockwait_leave(&op->w);
-        lk_op_free(op);
+        lk_op_drop(op);
         return;
     }
     grp_wait(op, g->next, pttl, queued);
@@ -439,16 +423,12 @@ grp_on_failure(struct lk_op *op, struct lk_rec *rec, const redisReply *r,
     }
     grp_give_back(op->grp, op->grp->next);
     if (op->req != NULL) {
+        /* The answer names the key that failed. */
         free(op->key);
         op->key = ld_xstrndup(rec->key, rec->key_len);
         op->key_len = rec->key_len;
-        lk_op_fail(op, r, n, v, false);
     }
-    lk_op_wait_unlink(op);
-    if (queued) {
-        ld_lockwait_done(&op->w, LD_LOCKWAIT_FAILED, 0);
-    }
-    lk_op_free(op);
+    lk_acq_failed(op, r, n, v, queued);
 }
 
 static void
@@ -564,10 +544,7 @@ sorted_keys(struct ld_req *req, json_t *keys, const char *owner, size_t olen)
 /* The fields of a lock request with "keys". */
 struct multi_args {
     json_t *keys;
-    const char *owner;
-    size_t olen;
-    long long ttl, wait;
-    bool has_ttl, detach;
+    struct lk_lock_opts o;
 };
 
 /* Read and check A's fields, and whether a group may be granted now;
@@ -575,22 +552,11 @@ struct multi_args {
 static bool
 multi_args_read(struct ld_req *req, struct multi_args *a)
 {
-    bool has_owner = false, has_wait = false;
     a->keys = NULL;
-    a->owner = "";
-    a->olen = 0;
-    a->ttl = a->wait = 0;
-    a->has_ttl = a->detach = false;
     if (check_fields(req, "lock") != LD_OK ||
         ld_req_keys(req, "keys", MULTI_KEYS_MAX, &a->keys) != LD_OK ||
         check_unique(req, a->keys) != LD_OK ||
-        ld_req_str(req, "owner", false, &a->owner, &a->olen, &has_owner) !=
-            LD_OK ||
-        ld_req_int(req, "ttl_ms", false, 1, LD_TTL_MS_MAX, &a->ttl,
-                   &a->has_ttl) != LD_OK ||
-        ld_req_int(req, "wait_ms", false, -1, LD_WAIT_MS_MAX, &a->wait,
-                   &has_wait) != LD_OK ||
-        ld_req_bool(req, "detach", &a->detach) != LD_OK) {
+        !lk_lock_opts_read(req, &a->o)) {
         return false;
     }
     if (!lock_mod.redlock && lock_mod.ctx->cfg->lock.wait_replicas > 0 &&
@@ -602,7 +568,7 @@ multi_args_read(struct ld_req *req, struct multi_args *a)
                        "lock.wait_replicas");
         return false;
     }
-    return lk_lock_may_grant(req, a->detach, a->has_ttl);
+    return lk_lock_may_grant(req, a->o.detach, a->o.has_ttl);
 }
 
 /* One record per key of E (N of them, in Redis name order) for group G,
@@ -615,9 +581,10 @@ grp_recs_new(struct lk_grp *g, struct lk_sess *ls, struct ent *e, size_t n,
     g->recs = ld_xcalloc(n, sizeof(*g->recs));
     for (size_t i = 0; i < n; i++) {
         size_t dlen;
-        char *d = lk_dkey_build(a->owner, a->olen, e[i].key, e[i].len, &dlen);
+        char *d = lk_dkey_build(a->o.owner, a->o.olen, e[i].key, e[i].len,
+                                &dlen);
         struct lk_rec *rec = lk_rec_new(ls, d, dlen, e[i].key, e[i].len,
-                                        a->detach, LK_MODE_PLAIN);
+                                        a->o.detach, LK_MODE_PLAIN);
         free(e[i].n.buf);
         if (rec == NULL) {
             /* Only its own token can fail; the group's is made. */
@@ -641,7 +608,7 @@ lk_multi_lock(struct ld_req *req)
     if (!multi_args_read(req, &a)) {
         return;
     }
-    struct ent *e = sorted_keys(req, a.keys, a.owner, a.olen);
+    struct ent *e = sorted_keys(req, a.keys, a.o.owner, a.o.olen);
     if (e == NULL) {
         return;
     }
@@ -666,10 +633,7 @@ lk_multi_lock(struct ld_req *req)
         lk_op_free(op);
         return;
     }
-    op->watchdog = !a.has_ttl;
-    op->lease_ms = a.has_ttl ? a.ttl : lock_mod.ctx->cfg->lock.watchdog_ms;
-    op->lease_asked = op->lease_ms;
-    op->wait_ms = a.wait;
+    lk_op_asked(op, &a.o);
     grp_step(op);
 }
 
@@ -841,9 +805,7 @@ part_on_reply(redisReply *r, void *arg)
     int n = ld_lease_reply_ints(r, v, 3);
     part_settle(sub, v, n);
     if (o == LD_REDIS_LATE) {
-        log_info("late answer settled op=%s key=%.*s result=%lld",
-                 sub->kind == LK_UNLOCK ? "unlock" : "extend",
-                 (int)sub->key_len, sub->key, n >= 1 ? v[0] : -100);
+        lk_op_log_late(sub, n, v);
     }
     part_done(sub);
     lk_op_free(sub);
@@ -855,12 +817,8 @@ static void
 part_send(struct lk_op *sub, long long ttl)
 {
     const struct lk_names *nm = lk_op_names(sub);
-    const char *field = sub->field != NULL ? sub->field
-                        : sub->rec != NULL ? sub->rec->token
-                                           : "";
-    size_t flen = sub->field != NULL ? sub->field_len
-                  : sub->rec != NULL ? LD_TOKEN_LEN
-                                     : 0;
+    size_t flen;
+    const char *field = lk_op_field(sub, &flen);
     sub->sent_ms = ld_now_ms();
     sub->inflight = true;
     if (sub->kind == LK_UNLOCK) {
@@ -896,11 +854,6 @@ grp_parts(struct ld_req *req, enum lk_kind kind, long long ttl)
             LD_OK ||
         ld_req_str(req, "token", false, &t.token, &t.token_len,
                    &t.has_token) != LD_OK) {
-        return;
-    }
-    if (t.has_token && t.token_len == 0) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "field 'token' must not be empty");
         return;
     }
     if (t.has_token && !lk_token_check(req, t.token, t.token_len)) {

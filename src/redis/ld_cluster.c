@@ -284,10 +284,7 @@ retry_arm(void)
     if (first == 0) {
         return;
     }
-    uint64_t now = ld_now_us();
-    uint64_t wait = first > now ? first - now : 0;
-    struct timeval tv = ld_tv_us(wait);
-    event_add(redis_mod.retry_ev, &tv);
+    ld_timer_at_us(redis_mod.retry_ev, first);
 }
 
 static void

@@ -204,11 +204,8 @@ owed(const struct ld_conn *c)
 static void
 timer_at(struct ld_conn *c, uint64_t at)
 {
-    uint64_t now = ld_now_us();
-    uint64_t wait = at > now ? at - now : 0;
-    struct timeval tv = ld_tv_us(wait);
     c->timer_at_us = at;
-    event_add(c->timer_ev, &tv);
+    ld_timer_at_us(c->timer_ev, at);
 }
 
 /* The next moment something must be checked: the connect bound, the

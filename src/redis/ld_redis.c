@@ -602,6 +602,26 @@ redis_fail_sent(struct rconn *c, const char *why)
  * loaded and not loaded for long, or of two commands on one key sent
  * later the second could run while the first is being sent again. Once
  * per node and 100 ms, as every command in flight may get a NOSCRIPT. */
+/* Send SCRIPT LOAD of script I (REDIS_BATCH_SCRIPT: the batch script)
+ * on C, as an internal command whose reply is handled as SCRIPT's, ARG
+ * saying what for. LD_ERR when it could not be sent. */
+int
+redis_script_load(struct rconn *c, int i, int script, const char *arg)
+{
+    const char *body = redis_script_body(c->node, i);
+    const char *av[] = {"SCRIPT", "LOAD", body};
+    size_t al[] = {6, 4, strlen(body)};
+    struct rcmd *cmd = redis_cmd_new();
+    cmd->internal = true;
+    cmd->script = script;
+    cmd->arg = (void *)arg;
+    if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
+        free(cmd);
+        return LD_ERR;
+    }
+    return LD_OK;
+}
+
 static void
 reload_scripts(struct rconn *c)
 {
@@ -611,15 +631,7 @@ reload_scripts(struct rconn *c)
     }
     c->node->reload_us = now;
     for (int i = 0; i <= REDIS_BATCH_SCRIPT; i++) {
-        const char *body = redis_script_body(c->node, i);
-        const char *av[] = {"SCRIPT", "LOAD", body};
-        size_t al[] = {6, 4, strlen(body)};
-        struct rcmd *cmd = redis_cmd_new();
-        cmd->internal = true;
-        cmd->script = -1;
-        cmd->arg = (void *)"reload";
-        if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
-            free(cmd);
+        if (redis_script_load(c, i, -1, "reload") != LD_OK) {
             return;
         }
     }
@@ -852,11 +864,8 @@ wait_arm(struct rnode *n, uint64_t until)
     if (n->wait_at_us != 0 && n->wait_at_us <= until) {
         return;
     }
-    uint64_t now = ld_now_us();
-    uint64_t wait = until > now ? until - now : 0;
-    struct timeval tv = ld_tv_us(wait);
     n->wait_at_us = until;
-    event_add(n->wait_ev, &tv);
+    ld_timer_at_us(n->wait_ev, until);
 }
 
 static unsigned
@@ -923,11 +932,7 @@ redis_timeout_arm(struct rcmd *cmd)
         }
     }
     /* From the issue, like the wait for a connection. */
-    uint64_t now = ld_now_us();
-    uint64_t end = cmd->wait_until_us;
-    uint64_t wait = end > now ? end - now : 0;
-    struct timeval tv = ld_tv_us(wait);
-    event_add(x->timeout_ev, &tv);
+    ld_timer_at_us(x->timeout_ev, cmd->wait_until_us);
 }
 
 /* CMD goes out on C now (or in C's batch of this turn). */
@@ -1106,6 +1111,26 @@ cmd_cluster_prepare(struct rcmd *cmd, const char *route, size_t route_len)
     x->issued_us = ld_now_us();
 }
 
+/* A caller's command (SCRIPT: its script, or -1), answered to CB with
+ * ARG, routed by ROUTE, as OPTS (NULL: the defaults) ask. */
+static struct rcmd *
+cmd_for(const struct ld_redis_opts *opts, int script, const char *route,
+        size_t route_len, ld_redis_cb *cb, void *arg)
+{
+    struct rcmd *cmd = redis_cmd_new();
+    cmd->cb = cb;
+    cmd->arg = arg;
+    cmd->script = script;
+    cmd->flags = opts != NULL ? opts->flags : 0;
+    if (opts != NULL) {
+        cmd->instance = opts->instance;
+        cmd->timeout_ms = opts->timeout_ms;
+        cmd->pool = opts->pool;
+    }
+    cmd->route_hash = ld_hash(route, route_len);
+    return cmd;
+}
+
 void
 ld_redis_command(const char *route, size_t route_len, int argc,
                  const char **argv, const size_t *argvlen, ld_redis_cb *cb,
@@ -1119,17 +1144,7 @@ ld_redis_command_ex(const struct ld_redis_opts *opts, const char *route,
                     size_t route_len, int argc, const char **argv,
                     const size_t *argvlen, ld_redis_cb *cb, void *arg)
 {
-    struct rcmd *cmd = redis_cmd_new();
-    cmd->cb = cb;
-    cmd->arg = arg;
-    cmd->script = -1;
-    cmd->flags = opts != NULL ? opts->flags : 0;
-    if (opts != NULL) {
-        cmd->instance = opts->instance;
-        cmd->timeout_ms = opts->timeout_ms;
-        cmd->pool = opts->pool;
-    }
-    cmd->route_hash = ld_hash(route, route_len);
+    struct rcmd *cmd = cmd_for(opts, -1, route, route_len, cb, arg);
     if (redis_mod.cluster && cmd->instance == 0) {
         /* Kept: a redirection sends it again. */
         cmd_cluster_prepare(cmd, route, route_len);
@@ -1196,17 +1211,7 @@ ld_redis_script_ex(const struct ld_redis_opts *opts, enum ld_script_id script,
                    const char **argv, const size_t *argvlen, ld_redis_cb *cb,
                    void *arg)
 {
-    struct rcmd *cmd = redis_cmd_new();
-    cmd->cb = cb;
-    cmd->arg = arg;
-    cmd->script = (int)script;
-    cmd->flags = opts != NULL ? opts->flags : 0;
-    if (opts != NULL) {
-        cmd->instance = opts->instance;
-        cmd->timeout_ms = opts->timeout_ms;
-        cmd->pool = opts->pool;
-    }
-    cmd->route_hash = ld_hash(route, route_len);
+    struct rcmd *cmd = cmd_for(opts, (int)script, route, route_len, cb, arg);
     if (redis_mod.cluster && cmd->instance == 0) {
         cmd_cluster_prepare(cmd, route, route_len);
     }

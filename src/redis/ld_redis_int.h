@@ -204,6 +204,7 @@ void redis_fail_sent(struct rconn *c, const char *why);
 void redis_reply_cb(struct ld_conn *conn, redisReply *reply, void *owner);
 int redis_send_argv(struct rconn *c, struct rcmd *cmd, int argc,
                     const char **argv, const size_t *argvlen);
+int redis_script_load(struct rconn *c, int i, int script, const char *arg);
 void redis_call_cb(struct rcmd *cmd, redisReply *reply,
                    enum ld_redis_outcome outcome, const char *reason,
                    uint64_t conn_id);

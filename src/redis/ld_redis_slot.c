@@ -78,19 +78,12 @@ slot_ready(struct ld_conn *conn, void *owner)
     c->handshake_failed = false;
     /* The scripts, then the batch script made of them. */
     for (int i = 0; i <= REDIS_BATCH_SCRIPT; i++) {
-        const char *body = redis_script_body(c->node, i);
-        const char *av[] = {"SCRIPT", "LOAD", body};
-        size_t al[] = {6, 4, strlen(body)};
-        struct rcmd *cmd = redis_cmd_new();
-        cmd->internal = true;
-        cmd->script = i;
-        cmd->arg = i < REDIS_BATCH_SCRIPT ? (void *)redis_script_names[i]
-                                          : (void *)"batch";
         c->handshake_left++;
-        if (redis_send_argv(c, cmd, 3, av, al) != LD_OK) {
+        if (redis_script_load(c, i, i,
+                              i < REDIS_BATCH_SCRIPT ? redis_script_names[i]
+                                                     : "batch") != LD_OK) {
             c->handshake_left--;
             c->handshake_failed = true;
-            free(cmd);
         }
     }
     slot_hook_step(c);
@@ -172,9 +165,7 @@ drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
         redis_drain_close(d);
         return;
     }
-    uint64_t wait = d->drain_end_us - now;
-    struct timeval tv = ld_tv_us(wait);
-    event_add(d->timeout_ev, &tv);
+    ld_timer_at_us(d->timeout_ev, d->drain_end_us);
 }
 
 static void

@@ -268,9 +268,7 @@ ld_sentinel_doubt(const char *why, void *arg)
         ask_now();
         return;
     }
-    uint64_t wait = next - now;
-    struct timeval tv = ld_tv_us(wait);
-    event_add(sentinel_mod.ask_ev, &tv);
+    ld_timer_at_us(sentinel_mod.ask_ev, next);
 }
 
 /* ---- listening ------------------------------------------------------ */

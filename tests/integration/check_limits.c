@@ -1060,6 +1060,54 @@ START_TEST(test_nul_rules)
 }
 END_TEST
 
+/* FIELD's error message in R is "field 'FIELD' WHAT". */
+static void
+assert_field_error(json_t *r, const char *field, const char *what)
+{
+    char want[128];
+    snprintf(want, sizeof want, "field '%s' %s", field, what);
+    ck_assert_str_eq(h_errcode(r), "bad_request");
+    ck_assert_str_eq(json_string_value(
+                         json_object_get(json_object_get(r, "error"),
+                                         "message")),
+                     want);
+    json_decref(r);
+}
+
+/* Every typed field answers alike: absent or null is "is required" where
+ * the op needs it and the default where it does not; a value of the
+ * wrong kind is named. */
+START_TEST(test_required_fields)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    h_start(NULL);
+    c = h_connect_ok(&D);
+    assert_field_error(h_callf(c, T_MS, "{s:s}", "op", "lock"), "key",
+                       "is required");
+    assert_field_error(h_callf(c, T_MS, "{s:s,s:n}", "op", "lock", "key"),
+                       "key", "is required");
+    assert_field_error(h_callf(c, T_MS, "{s:s,s:s}", "op", "extend", "key",
+                               "rk"),
+                       "ttl_ms", "is required");
+    assert_field_error(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "lock", "key",
+                               "rk", "ttl_ms", "x"),
+                       "ttl_ms", "must be an integer");
+    assert_field_error(h_callf(c, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key",
+                               "rk", "owner", 1),
+                       "owner", "must be a string");
+    /* Null where a field may be left out: the default. */
+    r = h_callf(c, T_MS, "{s:s,s:s,s:n,s:n}", "op", "lock", "key", "rk",
+                "owner", "ttl_ms");
+    ck_assert_msg(h_ok(r), "lock: %s", h_errcode(r));
+    ck_assert(json_is_true(json_object_get(r, "acquired")));
+    json_decref(r);
+    h_assert_ping(c);
+    h_close(c);
+}
+END_TEST
+
 /* An error that quotes a long multi-byte name is cut at a character. */
 START_TEST(test_error_message_utf8)
 {
@@ -1104,6 +1152,7 @@ main(void)
         H_CASE(unix_group, 60),
         H_CASE(crlf_at_limit, 60),
         H_CASE(nul_rules, 60),
+        H_CASE(required_fields, 60),
         H_CASE(error_message_utf8, 60),
     };
 
