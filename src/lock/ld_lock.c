@@ -85,6 +85,7 @@ lk_op_free(struct lk_op *op)
         event_free(op->undo_ev);
     }
     lk_multi_op_free(op);
+    lk_idem_op_free(op);
     free(op->wait_why);
     free(op->n.buf);
     free(op->field);
@@ -472,6 +473,8 @@ unlock_on_reply(redisReply *r, void *arg)
         if (v[0] == LD_LOCK_RELEASED) {
             ld_stats.lock_released++;
         }
+        lk_idem_done(op, v[0] == LD_LOCK_RELEASED, v[1],
+                     rec != NULL ? rec->lease_end_ms : 0);
         if (rec != NULL) {
             lk_unlock_settle(op, rec, v[1]);
         }
@@ -500,13 +503,18 @@ op_unlock(struct ld_req *req)
         return;
     }
     struct lk_target t;
-    if (parse_target(req, &t) != LD_OK) {
+    struct lk_rid rid;
+    if (parse_target(req, &t) != LD_OK || lk_idem_parse(req, &rid) != LD_OK) {
         return;
     }
     struct lk_op *op = lk_target_op(LK_UNLOCK, req, &t);
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
     const char *field = op_field(op, &flen);
+    if (lk_idem_start(op, field, flen, &rid)) {
+        lk_op_free(op);
+        return;
+    }
     const char *args[] = {n->hash, field, "1", n->chan, LK_UNLOCK_MSG};
     size_t lens[] = {n->hash_len, flen, 1, n->chan_len, strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
@@ -848,5 +856,6 @@ ld_lock_free(void)
     }
     ld_dict_free(lock_mod.fences);
     lock_mod.fences = NULL;
+    lk_idem_free_all();
     ld_redlock_free();
 }

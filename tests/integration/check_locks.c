@@ -1146,6 +1146,151 @@ START_TEST(test_renew_cost)
 }
 END_TEST
 
+/* --- request_id: a retried unlock is answered, not run again ---------- */
+
+/* Unlock KEY (MODE NULL: plain) by TOKEN with request id RID on C. */
+static json_t *
+unlock_rid(struct h_conn *c, const char *key, const char *mode,
+           const char *token, const char *rid)
+{
+    json_t *req = json_pack("{s:s,s:s,s:s,s:s}", "op", "unlock", "key", key,
+                            "token", token, "request_id", rid);
+    if (mode != NULL) {
+        json_object_set_new(req, "mode", json_string(mode));
+    }
+    json_t *r = h_call(c, req, T_MS);
+    ck_assert_msg(r != NULL, "no reply to unlock %s", key);
+    ck_assert_msg(h_ok(r), "unlock %s rid %s: %s", key, rid, h_errcode(r));
+    return r;
+}
+
+static void
+expect_unlock(json_t *r, bool released, long long count)
+{
+    ck_assert_int_eq(jtrue(r, "released"), released);
+    ck_assert_int_eq(jint(r, "count"), count);
+    json_decref(r);
+}
+
+/* The reentrancy case of issue 34: held twice, an unlock whose reply was
+ * lost and that is sent again must not take the second hold. */
+START_TEST(test_unlock_request_id)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char tok[80], field[120];
+
+    h_start(NULL);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    r = lk_must(a, "idem", NULL, 60000, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    json_decref(lk_must(a, "idem", NULL, 60000, 0));
+    snprintf(field, sizeof field, "HGET leased:lock:{idem} %s", tok);
+
+    /* By owner the first time, by token from another session the next:
+     * the memory is the token's, as a retry after a lost connection is. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "idem",
+                "request_id", "r1");
+    ck_assert_msg(h_ok(r), "unlock r1: %s", h_errcode(r));
+    expect_unlock(r, false, 1);
+    long long evals = r_eval_calls(&R);
+    expect_unlock(unlock_rid(a, "idem", NULL, tok, "r1"), false, 1);
+    expect_unlock(unlock_rid(b, "idem", NULL, tok, "r1"), false, 1);
+    ck_assert_int_eq(r_eval_calls(&R), evals);
+    ck_assert_int_eq(h_r_int(&R, field), 1);
+
+    /* The last hold: its retry still says released, not not_held. */
+    expect_unlock(unlock_rid(a, "idem", NULL, tok, "r2"), true, 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{idem}"), 0);
+    evals = r_eval_calls(&R);
+    expect_unlock(unlock_rid(b, "idem", NULL, tok, "r2"), true, 0);
+    ck_assert_int_eq(r_eval_calls(&R), evals);
+    /* Another request id runs: nothing is held any more. */
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key", "idem",
+                "token", tok, "request_id", "r3");
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    /* A failure is not remembered: the same id runs again once held. */
+    r = lk_must(a, "idem2", NULL, 60000, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key",
+                "not-idem2", "token", tok, "request_id", "r4");
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    expect_unlock(unlock_rid(a, "idem2", NULL, tok, "r4"), true, 0);
+
+    /* A read lock held twice. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", "rwi",
+                "mode", "read", "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "read lock: %s",
+                  h_errcode(r));
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", "rwi",
+                "mode", "read", "ttl_ms", 60000);
+    ck_assert_int_eq(jint(r, "count"), 2);
+    json_decref(r);
+    expect_unlock(unlock_rid(a, "rwi", "read", tok, "w1"), false, 1);
+    evals = r_eval_calls(&R);
+    expect_unlock(unlock_rid(b, "rwi", "read", tok, "w1"), false, 1);
+    ck_assert_int_eq(r_eval_calls(&R), evals);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key", "rwi",
+                "mode", "read");
+    ck_assert_int_eq(jint(r, "count"), 1);
+    json_decref(r);
+
+    /* A group, by owner and then by token. */
+    r = h_callf(a, T_MS, "{s:s,s:[s,s],s:i}", "op", "lock", "keys", "g1", "g2",
+                "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "group lock: %s",
+                  h_errcode(r));
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:[s,s],s:s}", "op", "unlock", "keys", "g1",
+                "g2", "request_id", "m1");
+    ck_assert_msg(h_ok(r), "group unlock: %s", h_errcode(r));
+    expect_unlock(r, true, 0);
+    evals = r_eval_calls(&R);
+    r = h_callf(b, T_MS, "{s:s,s:[s,s],s:s,s:s}", "op", "unlock", "keys", "g1",
+                "g2", "token", tok, "request_id", "m1");
+    ck_assert_msg(h_ok(r), "group unlock retried: %s", h_errcode(r));
+    expect_unlock(r, true, 0);
+    ck_assert_int_eq(r_eval_calls(&R), evals);
+
+    /* Bad request ids. */
+    expect_bad(a, "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":\"\"}\n",
+               "request_id");
+    expect_bad(a, "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":7}\n",
+               "request_id");
+    expect_bad(a,
+               "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":\"a\\tb\"}\n",
+               "request_id");
+    expect_bad(
+        a,
+        "{\"op\":\"unlock\",\"keys\":[\"k\"],\"request_id\":\"\\u00e9\"}"
+        "\n",
+        "request_id");
+    char line[200];
+    snprintf(line, sizeof line,
+             "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":\"%065d\"}\n",
+             0);
+    expect_bad(a, line, "request_id");
+    snprintf(line, sizeof line,
+             "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":\"%064d\"}\n",
+             0);
+    r = NULL;
+    ck_assert_int_eq(h_send_raw(a, line, strlen(line)), 0);
+    r = h_recv(a, T_MS);
+    ck_assert_str_eq(h_errcode(r), "not_held"); /* 64 is allowed */
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 int
@@ -1170,6 +1315,7 @@ main(void)
         H_CASE(shutdown_releases, 60),
         H_CASE(unlock_cost, 60),
         H_CASE(renew_cost, 60),
+        H_CASE(unlock_request_id, 60),
     };
 
     return H_MAIN(fx, cases);
