@@ -27,6 +27,7 @@
 #include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_evict.h"
 #include "ld_features.h"
 #include "ld_lock_codes.h"
 #include "ld_log.h"
@@ -735,6 +736,9 @@ ld_lock_init(const struct ld_ctx *ctx)
     if (lock_mod.redlock) {
         ld_lockwait_set_lock_channel(ld_redlock_subscribe);
     }
+    if (ld_evict_init(ctx, ctx->cfg->lock.redlock.count) != LD_OK) {
+        return LD_ERR;
+    }
     lk_acq_init();
     lk_watch_init();
     lk_admin_init();
@@ -857,5 +861,6 @@ ld_lock_free(void)
     ld_dict_free(lock_mod.fences);
     lock_mod.fences = NULL;
     lk_idem_free_all();
+    ld_evict_free();
     ld_redlock_free();
 }

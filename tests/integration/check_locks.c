@@ -1291,6 +1291,182 @@ START_TEST(test_unlock_request_id)
 }
 END_TEST
 
+/* --- maxmemory-policy: the eviction check ---------------------------- */
+
+/* How many lines of D's log hold NEEDLE. */
+static int
+log_count(const char *needle)
+{
+    FILE *f = fopen(D.log, "r");
+    char line[4096];
+    int n = 0;
+    if (f == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strstr(line, needle) != NULL) {
+            n++;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+struct stat_want {
+    struct h_conn *c;
+    const char *name;
+    long long v;
+};
+
+static bool
+stat_is(void *arg)
+{
+    const struct stat_want *w = arg;
+    return h_stat(w->c, w->name) == w->v;
+}
+
+static bool
+config_calls_above(void *arg)
+{
+    return cmd_calls("config|get") > *(long long *)arg;
+}
+
+/* Kill the daemon's command connections (not its subscriber) and wait
+ * until it has asked Redis for the policy again. */
+static void
+reconnect_and_recheck(void)
+{
+    long long before = cmd_calls("config|get");
+    freeReplyObject(h_redis_cmd(&R, "CLIENT KILL TYPE normal"));
+    ck_assert_msg(h_wait_until(config_calls_above, &before, 15000),
+                  "no CONFIG GET after the reconnect");
+}
+
+/* An allkeys-* policy: a warning (once, not at every reconnect) and the
+ * gauge at 1; noeviction after a reconnect: 0. */
+START_TEST(test_evict_warning)
+{
+    struct h_conn *a;
+
+    ck_assert_int_eq(h_redis_start(&R, "--maxmemory-policy allkeys-lru"), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, NULL), 0);
+    a = lk_connect(&D);
+    struct stat_want w = {a, "redis_eviction_unsafe", 1};
+    ck_assert_msg(h_wait_until(stat_is, &w, 15000), "gauge not 1");
+    ck_assert(h_wait_log(&D, "maxmemory_policy=allkeys-lru", 5000));
+    ck_assert_int_eq(log_count("maxmemory_policy=allkeys-lru"), 1);
+    /* A warning, not an error: locks are served. */
+    json_decref(lk_must(a, "ev", NULL, NO_TTL, 0));
+    lk_unlock_ok(a, "ev", NULL);
+
+    reconnect_and_recheck();
+    ck_assert_int_eq(h_stat(a, "redis_eviction_unsafe"), 1);
+    ck_assert_int_eq(log_count("maxmemory_policy=allkeys-lru"), 1);
+
+    freeReplyObject(h_redis_cmd(&R, "CONFIG SET maxmemory-policy noeviction"));
+    reconnect_and_recheck();
+    w.v = 0;
+    ck_assert_msg(h_wait_until(stat_is, &w, 15000), "gauge not back to 0");
+    ck_assert(h_wait_log(&D, "maxmemory_policy=noeviction", 5000));
+    h_close(a);
+}
+END_TEST
+
+struct lock_msg_want {
+    struct h_conn *c;
+    const char *op;     /* "lock" or "sem.acquire" */
+    const char *needle; /* in the error message; NULL: acquired */
+};
+
+static bool
+lock_answer_is(void *arg)
+{
+    const struct lock_msg_want *w = arg;
+    json_t *r = strcmp(w->op, "lock") == 0
+                    ? h_callf(w->c, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key",
+                              "evr", "ttl_ms", 60000)
+                    : h_callf(w->c, T_MS, "{s:s,s:s,s:i,s:i}", "op",
+                              "sem.acquire", "key", "evs", "limit", 5,
+                              "ttl_ms", 60000);
+    bool ok;
+    if (w->needle == NULL) {
+        ok = r != NULL && h_ok(r) && jtrue(r, "acquired");
+    } else {
+        const char *msg = r == NULL || h_ok(r)
+                              ? NULL
+                              : json_string_value(json_object_get(
+                                    json_object_get(r, "error"), "message"));
+        ok = msg != NULL && strcmp(h_errcode(r), "redis_unavailable") == 0 &&
+             strstr(msg, w->needle) != NULL;
+    }
+    json_decref(r);
+    return ok;
+}
+
+/* lock.require_noeviction: lock and sem.acquire refused, naming the
+ * policy, until a reconnect finds noeviction. */
+START_TEST(test_evict_require)
+{
+    struct h_conn *a;
+
+    ck_assert_int_eq(h_redis_start(&R, "--maxmemory-policy volatile-ttl"), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R,
+                                    "lock:\n  require_noeviction: true\n"),
+                     0);
+    a = lk_connect(&D);
+    struct lock_msg_want w = {a, "lock", "volatile-ttl"};
+    ck_assert_msg(h_wait_until(lock_answer_is, &w, 15000),
+                  "lock not refused naming the policy");
+    w.op = "sem.acquire";
+    ck_assert(lock_answer_is(&w));
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{evr}"), 0);
+    /* Unlock and the cache are not refused. */
+    json_t *r = lk_unlock(a, "evr", NULL);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+
+    freeReplyObject(h_redis_cmd(&R, "CONFIG SET maxmemory-policy noeviction"));
+    reconnect_and_recheck();
+    w.op = "lock";
+    w.needle = NULL;
+    ck_assert_msg(h_wait_until(lock_answer_is, &w, 15000),
+                  "lock still refused after noeviction");
+    w.op = "sem.acquire";
+    ck_assert(lock_answer_is(&w));
+    h_close(a);
+}
+END_TEST
+
+/* A Redis without CONFIG: the policy is unknown, said once at info
+ * level; the daemon serves, unless lock.require_noeviction asks for
+ * proof. */
+START_TEST(test_evict_config_refused)
+{
+    struct h_conn *a;
+
+    ck_assert_int_eq(h_redis_start(&R,
+                                   "--rename-command CONFIG ld-hidden-config"),
+                     0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, NULL), 0);
+    ck_assert(h_wait_log(&D, "maxmemory-policy unknown", 15000));
+    a = lk_connect(&D);
+    json_decref(lk_must(a, "evu", NULL, NO_TTL, 0));
+    lk_unlock_ok(a, "evu", NULL);
+    ck_assert_int_eq(h_stat(a, "redis_eviction_unsafe"), 0);
+    h_close(a);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+
+    ck_assert_int_eq(h_daemon_start(&D, &R,
+                                    "lock:\n  require_noeviction: true\n"),
+                     0);
+    a = lk_connect(&D);
+    struct lock_msg_want w = {a, "lock", "unknown"};
+    ck_assert_msg(h_wait_until(lock_answer_is, &w, 15000),
+                  "lock not refused on an unknown policy");
+    h_close(a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 int
@@ -1316,6 +1492,9 @@ main(void)
         H_CASE(unlock_cost, 60),
         H_CASE(renew_cost, 60),
         H_CASE(unlock_request_id, 60),
+        H_CASE(evict_warning, 90),
+        H_CASE(evict_require, 90),
+        H_CASE(evict_config_refused, 90),
     };
 
     return H_MAIN(fx, cases);
