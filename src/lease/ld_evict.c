@@ -60,6 +60,7 @@ static struct {
     /* Cluster mode: a key of each slot (its decimal text). */
     uint32_t *slot_key;
     struct event *retry_ev;
+    bool slots_unknown; /* cluster: the map did not cover every slot */
 } ev;
 
 struct ev_check {
@@ -127,6 +128,7 @@ src_log(struct ev_src *s)
 }
 
 static void check_send(int idx);
+static void retry_arm(void);
 
 static void
 retry_arm(void)
@@ -246,12 +248,14 @@ cluster_sources(void)
         free(seen);
     }
     bool present[EV_SRC_MAX] = {false};
+    ev.slots_unknown = false;
     char k[16], text[128];
     struct ld_conn_addr addr;
     for (unsigned slot = 0; slot < LD_CLUSTER_SLOTS; slot++) {
         int len = snprintf(k, sizeof k, "%u", ev.slot_key[slot]);
         if (ld_redis_route_address(k, (size_t)len, &addr, text, sizeof text) !=
             LD_OK) {
+            ev.slots_unknown = true;
             continue;
         }
         int i = src_find(0, text, true);
@@ -268,10 +272,16 @@ cluster_sources(void)
             ev.src[i].used = false;
         }
     }
+    if (ev.slots_unknown) {
+        /* The backend is up before its slot map is loaded: look again. */
+        retry_arm();
+    }
 }
 
+/* ALL: ask every Redis of INSTANCE again (it came back); else only
+ * those never answered. */
 static void
-check_instance(int instance)
+check_instance(int instance, bool all)
 {
     if (instance == 0 && ld_redis_is_cluster()) {
         cluster_sources();
@@ -279,7 +289,9 @@ check_instance(int instance)
         src_find(instance, "", true);
     }
     for (int i = 0; i < EV_SRC_MAX; i++) {
-        if (ev.src[i].used && ev.src[i].instance == instance) {
+        struct ev_src *s = &ev.src[i];
+        if (s->used && s->instance == instance &&
+            (all || (s->state == EV_UNCHECKED && !s->inflight))) {
             check_send(i);
         }
     }
@@ -291,7 +303,7 @@ on_state(bool up, void *arg)
 {
     LD_UNUSED(arg);
     if (up) {
-        check_instance(0);
+        check_instance(0, true);
     }
 }
 
@@ -300,7 +312,7 @@ on_instance_state(int k, bool up, void *arg)
 {
     LD_UNUSED(arg);
     if (up && k > 0) {
-        check_instance(k);
+        check_instance(k, true);
     }
 }
 
@@ -315,9 +327,13 @@ on_retry(evutil_socket_t fd, short what, void *arg)
     for (int i = 0; i < EV_SRC_MAX; i++) {
         struct ev_src *s = &ev.src[i];
         if (s->used && !s->inflight && s->state == EV_UNCHECKED &&
-            ld_redis_instance_ready(s->instance)) {
+            ld_redis_instance_ready(s->instance) &&
+            !(s->instance == 0 && ld_redis_is_cluster())) {
             check_send(i);
         }
+    }
+    if (ld_redis_is_cluster() && ld_redis_instance_ready(0)) {
+        check_instance(0, false);
     }
 }
 
