@@ -1291,6 +1291,77 @@ START_TEST(test_unlock_request_id)
 }
 END_TEST
 
+struct retry_want {
+    struct h_conn *c;
+    const char *tok;
+};
+
+/* The retry of "x1" answered from memory (not "still waiting"). */
+static bool
+retry_answered(void *arg)
+{
+    const struct retry_want *w = arg;
+    json_t *r = h_callf(w->c, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key",
+                        "ru", "token", w->tok, "request_id", "x1");
+    bool ok = r != NULL && h_ok(r);
+    if (ok) {
+        ck_assert(!jtrue(r, "released"));
+        ck_assert_int_eq(jint(r, "count"), 1);
+    } else {
+        ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    }
+    json_decref(r);
+    return ok;
+}
+
+/* The case request_id is for: Redis answers the unlock too late, the
+ * client hears "outcome":"unknown" and sends it again. While the first is
+ * still out the repeat runs nothing; once the late answer came it gets
+ * that answer, and the hold count went down once. */
+START_TEST(test_unlock_request_id_unknown)
+{
+    struct h_conn *a;
+    json_t *r;
+    char tok[80], yaml[256], field[120];
+
+    ck_assert_int_eq(h_redis_start(&R, "--enable-debug-command yes"), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 500\n"
+             "  connections: 1\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    a = lk_connect(&D);
+    r = lk_must(a, "ru", NULL, 60000, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    json_decref(lk_must(a, "ru", NULL, 60000, 0));
+    snprintf(field, sizeof field, "HGET leased:lock:{ru} %s", tok);
+
+    redisContext *z = h_redis_sleep_start(&R, 2);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key", "ru",
+                "token", tok, "request_id", "x1");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_str_eq(json_string_value(
+                         json_object_get(json_object_get(r, "error"),
+                                         "outcome")),
+                     "unknown");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key", "ru",
+                "token", tok, "request_id", "x1");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(strstr(jmsg(r), "still waiting") != NULL, "message: %s",
+                  jmsg(r));
+    json_decref(r);
+    h_redis_sleep_end(z);
+
+    struct retry_want w = {a, tok};
+    ck_assert_msg(h_wait_until(retry_answered, &w, 15000),
+                  "the retry was never answered from memory");
+    ck_assert_int_eq(h_r_int(&R, field), 1);
+    h_close(a);
+}
+END_TEST
+
 /* --- maxmemory-policy: the eviction check ---------------------------- */
 
 /* How many lines of D's log hold NEEDLE. */
@@ -1492,6 +1563,7 @@ main(void)
         H_CASE(unlock_cost, 60),
         H_CASE(renew_cost, 60),
         H_CASE(unlock_request_id, 60),
+        H_CASE(unlock_request_id_unknown, 60),
         H_CASE(evict_warning, 90),
         H_CASE(evict_require, 90),
         H_CASE(evict_config_refused, 90),

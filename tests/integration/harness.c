@@ -2913,6 +2913,8 @@ static const struct cluster_skip cluster_skips[] = {
      "starts its own Redis with a maxmemory-policy (check_cluster's "
      "eviction_per_master covers a cluster)"},
     {"locks", "evict_require", "starts its own Redis with a maxmemory-policy"},
+    {"locks", "unlock_request_id_unknown",
+     "puts the one Redis to sleep (DEBUG SLEEP)"},
     {"locks", "evict_config_refused", "starts its own Redis without CONFIG"},
     {"cache", "redis_down_queued",
      "kills and restarts the one Redis to queue deletes in the journal "
