@@ -49,7 +49,7 @@ struct ev_src {
     char policy[64]; /* as Redis answered, or why it is unknown */
     enum ev_state logged_state;
     char logged_policy[64];
-    unsigned gen; /* a reply of an older check is ignored */
+    unsigned gen; /* its last check's: a reply of an older one is ignored */
     bool inflight;
 };
 
@@ -61,6 +61,7 @@ static struct {
     uint32_t *slot_key;
     struct event *retry_ev;
     bool slots_unknown; /* cluster: the map did not cover every slot */
+    unsigned gen;       /* of the last check sent, over all sources */
 } ev;
 
 struct ev_check {
@@ -127,7 +128,6 @@ src_log(struct ev_src *s)
     snprintf(s->logged_policy, sizeof s->logged_policy, "%s", s->policy);
 }
 
-static void check_send(int idx);
 static void retry_arm(void);
 
 static void
@@ -192,7 +192,9 @@ check_send(int idx)
     static const char *argv[] = {"CONFIG", "GET", "maxmemory-policy"};
     static const size_t lens[] = {6, 3, 16};
     struct ev_check *c = ld_xcalloc(1, sizeof(*c));
-    s->gen++;
+    /* Daemon-wide, so that a source dropped and made again in the same
+     * slot never takes an old reply as its own. */
+    s->gen = ++ev.gen;
     s->inflight = true;
     c->idx = idx;
     c->gen = s->gen;
