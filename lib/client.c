@@ -1751,6 +1751,19 @@ leased_unlock_mode(struct leased_conn *c, const char *key, const char *mode,
                       out, err);
 }
 
+int
+leased_unlock_rid(struct leased_conn *c, const char *key, const char *mode,
+                  const char *owner, const char *token, const char *request_id,
+                  struct leased_unlock_result *out, struct leased_error *err)
+{
+    json_t *req = holder_req_mode("unlock", key, mode, owner, token);
+    if (req != NULL && add_str(req, "request_id", request_id) < 0) {
+        json_decref(req);
+        req = NULL;
+    }
+    return unlock_req(c, req, out, err);
+}
+
 /* REQ (may be NULL) plus owner/token; NULL when one is not valid. */
 static json_t *
 add_holder(json_t *req, const char *owner, const char *token)
@@ -1769,6 +1782,21 @@ leased_unlock_keys(struct leased_conn *c, const char *const *keys, size_t n,
 {
     return unlock_req(c, add_holder(keys_req("unlock", keys, n), owner, token),
                       out, err);
+}
+
+int
+leased_unlock_keys_rid(struct leased_conn *c, const char *const *keys,
+                       size_t n, const char *owner, const char *token,
+                       const char *request_id,
+                       struct leased_unlock_result *out,
+                       struct leased_error *err)
+{
+    json_t *req = add_holder(keys_req("unlock", keys, n), owner, token);
+    if (req != NULL && add_str(req, "request_id", request_id) < 0) {
+        json_decref(req);
+        req = NULL;
+    }
+    return unlock_req(c, req, out, err);
 }
 
 static int

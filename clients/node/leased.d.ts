@@ -170,6 +170,10 @@ export interface UnlockOptions {
   token?: string;
   /** The mode the lock was taken in (read-write locks). */
   mode?: 'read' | 'write';
+  /** 1 to 64 printable ASCII characters: the same unlock sent again
+   *  with the same id (after a lost answer) gets the first answer and
+   *  releases no second hold. */
+  request_id?: string;
 }
 
 /** Leased or Pool: what an RWLock runs on. */

@@ -249,8 +249,9 @@ function unlockBody(key, o) {
   const a = field('owner', o.owner);
   const b = field('token', o.token);
   const c = field('mode', o.mode);
-  if (a === null || b === null || c === null) return null;
-  return ',"key":' + JSON.stringify(key) + a + b + c;
+  const d = field('request_id', o.request_id);
+  if (a === null || b === null || c === null || d === null) return null;
+  return ',"key":' + JSON.stringify(key) + a + b + c + d;
 }
 
 // The requests waiting for their reply, by id; each waiter carries its
@@ -601,15 +602,20 @@ class Leased extends EventEmitter {
     return this._call('"lock"', body(fields), { signal, onLate });
   }
 
+  // opts.request_id (1 to 64 printable ASCII characters) makes the call
+  // safe to repeat: sent again with the same token (or owner) and id
+  // after a lost answer (a connection error, or redis_unavailable with
+  // outcome unknown), it gets the first answer and releases no second
+  // hold (leased-protocol(7), unlock).
   unlock(key, opts) {
     if (typeof key !== 'string' && badKey(key, true)) {
       return Promise.reject(badKey(key, true));
     }
     const b = opts === undefined ? keyBody(key) : unlockBody(key, opts);
     if (b !== null) return this._call('"unlock"', b);
-    const { owner, token, mode } = opts || {};
+    const { owner, token, mode, request_id } = opts || {};
     return this._call('"unlock"', body({ ...keyField(key), owner, token,
-      mode }));
+      mode, request_id }));
   }
 
   extend(key, ttl_ms, { owner, token, mode } = {}) {

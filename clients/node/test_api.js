@@ -381,6 +381,9 @@ test('lock and unlock options written as JSON writes them', async () => {
     ['unlock', 'k', { owner: odd, token: 't', mode: 'write' }],
     ['unlock', odd, { token: 7 }],
     ['unlock', 'k', { owner: null }],
+    ['unlock', 'k', { token: 't', request_id: 'r-1' }],
+    ['unlock', odd, { owner: 'o', request_id: odd }],
+    ['unlock', ['a', 'b'], { token: 't', request_id: 'r-2' }],
   ];
   try {
     await within(WAIT_MS, Promise.all(cases.map(([op, k, o]) => ld[op](k, o))),
@@ -389,7 +392,7 @@ test('lock and unlock options written as JSON writes them', async () => {
     cases.forEach(([op, k, o], i) => {
       const names = op === 'lock'
         ? ['wait_ms', 'ttl_ms', 'owner', 'mode', 'detach', 'token']
-        : ['owner', 'token', 'mode'];
+        : ['owner', 'token', 'mode', 'request_id'];
       const want = { op, id: i + 1,
         ...(Array.isArray(k) ? { keys: k } : { key: k }) };
       for (const n of names) want[n] = o[n];
@@ -524,6 +527,29 @@ test('an AbortSignal ends a lock or semaphore wait and takes nothing', async () 
     // Already aborted: nothing is sent.
     await assert.rejects(b.semAcquire(key, 1, { signal: AbortSignal.abort() }),
       (e) => e.name === 'AbortError');
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+test('an unlock repeated with its request_id releases one hold', async () => {
+  const a = await Leased.connect(SOCK);
+  const b = await Leased.connect(SOCK);
+  const key = `${TAG}:rid`;
+  try {
+    const held = await a.lock(key, { ttl_ms: 60000, detach: true });
+    await a.lock(key, { token: held.token });
+    const first = await a.unlock(key, { token: held.token, request_id: 'n1' });
+    assert.deepStrictEqual([first.released, first.count], [false, 1]);
+    const again = await b.unlock(key, { token: held.token, request_id: 'n1' });
+    assert.deepStrictEqual([again.released, again.count], [false, 1]);
+    const info = await b.call('lock.info', { key, token: held.token });
+    assert.strictEqual(info.count, 1);
+    await assert.rejects(b.unlock(key, { token: held.token, request_id: '' }),
+      (e) => e.code === 'bad_request');
+    const last = await b.unlock(key, { token: held.token, request_id: 'n2' });
+    assert.strictEqual(last.released, true);
   } finally {
     a.close();
     b.close();

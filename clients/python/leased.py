@@ -905,7 +905,15 @@ class Leased:
             self._post("unlock", token=reply["token"], **_key_fields(key),
                        **mode)
 
-    def unlock(self, key, owner=None, token=None, **extra):
+    def unlock(self, key, owner=None, token=None, request_id=None,
+               **extra):
+        """REQUEST_ID (1 to 64 printable ASCII characters, e.g.
+        uuid.uuid4().hex) makes the call safe to repeat: sent again with
+        the same token (or owner) and id after a lost answer (a
+        connection error, or redis_unavailable with outcome unknown), it
+        gets the first answer and releases no second hold."""
+        if request_id is not None:
+            extra["request_id"] = request_id
         if owner is None and not extra and isinstance(key, str) and \
                 (token is None or isinstance(token, str)):
             return self._key_call(b"unlock", key, token=token)
@@ -1241,8 +1249,10 @@ class Pool:
         return self._use(Leased.try_lock, key, wait_ms, ttl_ms, owner,
                          **extra)
 
-    def unlock(self, key, owner=None, token=None, **extra):
-        return self._use(Leased.unlock, key, owner, token, **extra)
+    def unlock(self, key, owner=None, token=None, request_id=None,
+               **extra):
+        return self._use(Leased.unlock, key, owner, token, request_id,
+                         **extra)
 
     def extend(self, key, ttl_ms, owner=None, token=None, **extra):
         return self._use(Leased.extend, key, ttl_ms, owner, token, **extra)
@@ -1566,7 +1576,11 @@ class AsyncLeased:
         return await self.call("lock", _on_abandon=granted_too_late,
                                **fields)
 
-    async def unlock(self, key, owner=None, token=None, **extra):
+    async def unlock(self, key, owner=None, token=None, request_id=None,
+                     **extra):
+        """REQUEST_ID: as for Leased.unlock."""
+        if request_id is not None:
+            extra["request_id"] = request_id
         fields = _key_fields(key)
         if owner is not None:
             fields["owner"] = owner

@@ -316,6 +316,39 @@ class Locks(unittest.TestCase):
             with b.lock(key) as held2:
                 self.assertGreater(held2["fence"], held["fence"])
 
+    def test_unlock_request_id_repeated_releases_one_hold(self):
+        key = PREFIX + "lock:rid"
+        with Leased(SOCKET, timeout=10) as a, Leased(SOCKET, timeout=10) as b:
+            r = a.try_lock(key, ttl_ms=60000, detach=True)
+            tok = r["token"]
+            a.try_lock(key, token=tok)
+            first = a.unlock(key, token=tok, request_id="py-1")
+            self.assertEqual((first["released"], first["count"]), (False, 1))
+            again = b.unlock(key, token=tok, request_id="py-1")
+            self.assertEqual((again["released"], again["count"]), (False, 1))
+            self.assertEqual(b.call("lock.info", key=key, token=tok)["count"],
+                             1)
+            with self.assertRaises(LeasedError) as cm:
+                b.unlock(key, token=tok, request_id="")
+            self.assertEqual(cm.exception.code, "bad_request")
+            self.assertTrue(b.unlock(key, token=tok,
+                                     request_id="py-2")["released"])
+
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET)
+            try:
+                r = await ld.try_lock(key + ":aio", ttl_ms=60000)
+                await ld.try_lock(key + ":aio", ttl_ms=60000)
+                for _ in range(2):
+                    u = await ld.unlock(key + ":aio", request_id="aio-1")
+                    self.assertEqual((u["released"], u["count"]), (False, 1))
+                u = await ld.unlock(key + ":aio", token=r["token"],
+                                    request_id="aio-2")
+                self.assertTrue(u["released"])
+            finally:
+                await ld.close()
+        asyncio.run(main())
+
     def test_a_late_grant_is_given_back(self):
         key = PREFIX + "lock:late"
         with Leased(SOCKET, timeout=10) as a, Leased(SOCKET, timeout=10) as b, \

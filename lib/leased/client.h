@@ -281,6 +281,18 @@ int leased_unlock_mode(struct leased_conn *c, const char *key,
                        struct leased_unlock_result *out,
                        struct leased_error *err);
 
+/* The same with REQUEST_ID (1 to 64 printable ASCII characters; NULL:
+ * none, as leased_unlock_mode): the daemon remembers the answer, and a
+ * call again with the same token (or owner) and REQUEST_ID within the
+ * lease gets the same answer without releasing a second hold. Retry with
+ * the same id when a call failed with LEASED_E_IO or
+ * LEASED_E_REDIS_UNAVAILABLE (on a new connection, by TOKEN, when the
+ * lock is detached); use a new id for each hold to release. */
+int leased_unlock_rid(struct leased_conn *c, const char *key, const char *mode,
+                      const char *owner, const char *token,
+                      const char *request_id, struct leased_unlock_result *out,
+                      struct leased_error *err);
+
 /* Set the remaining lease to TTL_MS; *LEASE_MS (may be NULL) gets the
  * lease the daemon reports. */
 int leased_extend(struct leased_conn *c, const char *key, const char *owner,
@@ -307,6 +319,12 @@ int leased_unlock_keys(struct leased_conn *c, const char *const *keys,
                        size_t n, const char *owner, const char *token,
                        struct leased_unlock_result *out,
                        struct leased_error *err);
+/* leased_unlock_keys with REQUEST_ID, as leased_unlock_rid. */
+int leased_unlock_keys_rid(struct leased_conn *c, const char *const *keys,
+                           size_t n, const char *owner, const char *token,
+                           const char *request_id,
+                           struct leased_unlock_result *out,
+                           struct leased_error *err);
 int leased_extend_keys(struct leased_conn *c, const char *const *keys,
                        size_t n, const char *owner, const char *token,
                        long long ttl_ms, long long *lease_ms,

@@ -168,6 +168,8 @@ const struct conf_directive conf_directives[] = {
           DAY_MS),
     LLONG("lock.max_hold_ms", lock.max_hold_ms, F_RELOAD, "0", 0, YEAR_MS),
     INT("lock.wait_replicas", lock.wait_replicas, F_RELOAD, "0", 0, 16),
+    BOOL("lock.require_noeviction", lock.require_noeviction, F_RELOAD,
+         "false"),
     ENUM("lock.layout", lock.layout, 0, "leased", lock_layouts),
     STRLIST("lock.redlock", lock.redlock, F_UNIX_OK),
 

@@ -61,9 +61,10 @@ struct ld_config {
     } redis;
     struct {
         char *prefix;
-        long long watchdog_ms; /* 100..86400000 */
-        long long max_hold_ms; /* 0 = unlimited */
-        int wait_replicas;     /* 0..16 */
+        long long watchdog_ms;   /* 100..86400000 */
+        long long max_hold_ms;   /* 0 = unlimited */
+        int wait_replicas;       /* 0..16 */
+        bool require_noeviction; /* refuse locks on an evicting Redis */
         enum ld_lock_layout layout;
         struct ld_strlist redlock;
     } lock;

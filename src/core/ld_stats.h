@@ -47,6 +47,9 @@
     X(gauge, redlock_subscribers_up,                                          \
       "Redlock instances with a ready subscriber connection")                 \
     X(gauge, redis_cluster_nodes, "Masters in the cluster slot map")          \
+    X(gauge, redis_eviction_unsafe,                                           \
+      "1 when a Redis holding locks has a maxmemory-policy that can evict "   \
+      "them")                                                                 \
     X(counter, redis_cluster_refreshes, "Cluster slot map refreshes")         \
     X(counter, redis_moved, "Cluster MOVED redirections followed")            \
     X(counter, redis_ask, "Cluster ASK redirections followed")                \

@@ -27,6 +27,7 @@
 #include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_evict.h"
 #include "ld_features.h"
 #include "ld_lock_codes.h"
 #include "ld_log.h"
@@ -96,6 +97,7 @@ lk_op_free(struct lk_op *op)
         event_free(op->undo_ev);
     }
     lk_multi_op_free(op);
+    lk_idem_op_free(op);
     free(op->wait_why);
     free(op->n.buf);
     free(op->field);
@@ -540,6 +542,8 @@ unlock_on_reply(redisReply *r, void *arg)
         if (v[0] == LD_LOCK_RELEASED) {
             ld_stats.lock_released++;
         }
+        lk_idem_done(op, v[0] == LD_LOCK_RELEASED, v[1],
+                     rec != NULL ? rec->lease_end_ms : 0);
         if (rec != NULL) {
             lk_unlock_settle(op, rec, v[1]);
         }
@@ -565,13 +569,18 @@ op_unlock(struct ld_req *req)
         return;
     }
     struct lk_target t;
-    if (parse_target(req, &t) != LD_OK) {
+    struct lk_rid rid;
+    if (parse_target(req, &t) != LD_OK || lk_idem_parse(req, &rid) != LD_OK) {
         return;
     }
     struct lk_op *op = lk_target_op(LK_UNLOCK, req, &t);
     const struct lk_names *n = lk_op_names(op);
     size_t flen;
     const char *field = lk_op_field(op, &flen);
+    if (lk_idem_start(op, field, flen, &rid)) {
+        lk_op_free(op);
+        return;
+    }
     const char *args[] = {n->hash, field, "1", n->chan, LK_UNLOCK_MSG};
     size_t lens[] = {n->hash_len, flen, 1, n->chan_len, strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
@@ -790,6 +799,9 @@ ld_lock_init(const struct ld_ctx *ctx)
     if (lock_mod.redlock) {
         ld_lockwait_set_lock_channel(ld_redlock_subscribe);
     }
+    if (ld_evict_init(ctx, ctx->cfg->lock.redlock.count) != LD_OK) {
+        return LD_ERR;
+    }
     lk_acq_init();
     lk_watch_init();
     lk_admin_init();
@@ -899,5 +911,7 @@ ld_lock_free(void)
     }
     ld_dict_free(lock_mod.fences);
     lock_mod.fences = NULL;
+    lk_idem_free_all();
+    ld_evict_free();
     ld_redlock_free();
 }

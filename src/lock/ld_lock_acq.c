@@ -9,6 +9,7 @@
 #include "ld_conf.h"
 #include "ld_ctx.h"
 #include "ld_dict.h"
+#include "ld_evict.h"
 #include "ld_lock_codes.h"
 #include "ld_log.h"
 #include "ld_mem.h"
@@ -786,7 +787,7 @@ void
 lk_op_lock(struct ld_req *req)
 {
     struct lock_args a;
-    if (lk_req_mode(req, &a.mode) != LD_OK) {
+    if (lk_req_mode(req, &a.mode) != LD_OK || ld_evict_refuse(req)) {
         return;
     }
     if (lk_multi_asked(req)) {

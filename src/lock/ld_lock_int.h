@@ -11,6 +11,7 @@
  *                    rechecks
  *   ld_lock_multi.c  lock, unlock and extend with "keys": a group of
  *                    records under one token
+ *   ld_lock_idem.c   unlock's request_id: answers remembered for retries
  * With lock.redlock the scripts run on N instances through ld_redlock.c,
  * which answers them as one Redis would (lk_script_ex decides). */
 
@@ -173,6 +174,7 @@ struct lk_op {
     LIST_ENTRY(lk_op) link; /* every op */
     struct event *undo_ev;  /* a release by token, later */
     struct lk_grp *grp;     /* a group request or one of its parts */
+    struct lk_idem *idem;   /* its request_id's memory, while out */
 };
 
 /* The module's state, one for the daemon (defined in ld_lock.c). */
@@ -215,6 +217,28 @@ struct lk_target {
     bool has_token;
     enum lk_mode mode;
 };
+
+/* An unlock's optional "request_id" (ld_lock_idem.c). */
+struct lk_rid {
+    const char *s;
+    size_t len;
+    bool has;
+};
+
+#define LK_REQUEST_ID_MAX 64
+#define IDEM_MAX 16384 /* remembered unlock answers, daemon-wide */
+
+/* ld_lock_idem.c. lk_idem_parse validates the field (bad_request, LD_ERR).
+ * lk_idem_start: true when OP's request was answered from memory (or told
+ * that its first try is still out); else OP's success must be passed to
+ * lk_idem_done, and anything else forgets the request id (lk_op_free). */
+int lk_idem_parse(struct ld_req *req, struct lk_rid *rid);
+bool lk_idem_start(struct lk_op *op, const char *tok, size_t tlen,
+                   const struct lk_rid *rid);
+void lk_idem_done(struct lk_op *op, bool released, long long count,
+                  uint64_t lease_end_ms);
+void lk_idem_op_free(struct lk_op *op);
+void lk_idem_free_all(void);
 
 /* ld_admin_lock.c: lock.list and lock.force_unlock of plain locks */
 void lk_admin_init(void);

@@ -680,6 +680,7 @@ grp_answer(struct lk_grp *g)
                              nabsent + nother,
                              unlock ? " (the others were released)" : "");
     } else if (unlock) {
+        lk_idem_done(op, g->count == 0, g->count, 0);
         const struct ld_field f[] = {LD_BOOL("released", g->count == 0),
                                      LD_INT("count", g->count)};
         ld_reply_ok_fields(req, f, LD_ARRAY_LEN(f));
@@ -838,6 +839,26 @@ part_send(struct lk_op *sub, long long ttl)
                  lens, part_on_reply, sub);
 }
 
+/* A group's request id is remembered under its token: the one given, or
+ * the one its owner holds the first key under. */
+static bool
+multi_idem_start(struct lk_op *op, struct ld_req *req, struct lk_target *t,
+                 json_t *keys, const struct lk_rid *rid)
+{
+    if (t->has_token) {
+        return lk_idem_start(op, t->token, t->token_len, rid);
+    }
+    json_t *k = json_array_get(keys, 0);
+    t->key = json_string_value(k);
+    t->key_len = json_string_length(k);
+    struct lk_op *probe = lk_target_op(LK_INFO, req, t);
+    probe->req = NULL;
+    bool done = probe->rec != NULL &&
+                lk_idem_start(op, probe->rec->token, LD_TOKEN_LEN, rid);
+    lk_op_free(probe);
+    return done;
+}
+
 static void
 grp_parts(struct ld_req *req, enum lk_kind kind, long long ttl)
 {
@@ -859,7 +880,15 @@ grp_parts(struct ld_req *req, enum lk_kind kind, long long ttl)
     if (t.has_token && !lk_token_check(req, t.token, t.token_len)) {
         return;
     }
+    struct lk_rid rid = {NULL, 0, false};
+    if (kind == LK_UNLOCK && lk_idem_parse(req, &rid) != LD_OK) {
+        return;
+    }
     struct lk_op *op = lk_op_new(kind, req, NULL);
+    if (rid.has && multi_idem_start(op, req, &t, keys, &rid)) {
+        lk_op_free(op);
+        return;
+    }
     struct lk_grp *g = grp_new(op);
     size_t n = json_array_size(keys);
     g->left = n;

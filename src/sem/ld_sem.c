@@ -21,6 +21,7 @@
 #include "ld_ctx.h"
 #include "ld_dict.h"
 #include "ld_dispatch.h"
+#include "ld_evict.h"
 #include "ld_features.h"
 #include "ld_log.h"
 #include "ld_mem.h"
@@ -556,7 +557,7 @@ static void
 op_acquire(struct ld_req *req)
 {
     struct acq_args a;
-    if (!acq_args_read(req, &a)) {
+    if (!acq_args_read(req, &a) || ld_evict_refuse(req)) {
         return;
     }
     struct sem_op *op = acq_op_new(req, &a);

@@ -630,6 +630,33 @@ START_TEST(test_forced_failover)
 }
 END_TEST
 
+/* The eviction check reaches every master: one master with allkeys-lru
+ * is found and named; after its replica (noeviction) took over, the
+ * check that follows the failover clears the gauge. */
+START_TEST(test_eviction_per_master)
+{
+    char redis[512], needle[64];
+    ck_assert_int_eq(h_cluster_start_ex(&C, 3, NULL), 0);
+    int m[3];
+    masters(m);
+    h_r_do(&C.node[m[1]], "CONFIG SET maxmemory-policy allkeys-lru");
+    h_cluster_yaml(&C, "  timeout_ms: 500\n", redis, sizeof(redis));
+    ck_assert_int_eq(h_daemon_start(&D, &C.node[0], redis), 0);
+    struct h_conn *a = h_connect_ok(&D);
+    h_assert_stat(a, "redis_eviction_unsafe", 1, T_MS * 3);
+    snprintf(needle, sizeof needle, "redis=127.0.0.1:%d maxmemory_policy",
+             C.node[m[1]].port);
+    ck_assert(h_wait_log(&D, needle, T_MS));
+
+    int rep = h_cluster_replica_of(&C, m[1]);
+    ck_assert_int_ge(rep, 0);
+    h_r_do(&C.node[rep], "CLUSTER FAILOVER");
+    h_assert_stat(a, "redis_failovers", 1, FAILOVER_MS);
+    h_assert_stat(a, "redis_eviction_unsafe", 0, FAILOVER_MS);
+    h_close(a);
+}
+END_TEST
+
 /* A master and its replica gone, the cluster told to serve the rest
  * (cluster-require-full-coverage no): a cache.mget across the masters
  * answers per key, an error object for the keys of the lost one; a
@@ -711,6 +738,7 @@ main(void)
         H_CASE(forced_failover, 120),
         H_CASE(redisson_layout, 120),
         H_CASE(tls_nodes, 120),
+        H_CASE(eviction_per_master, 120),
     };
     return H_MAIN(fx, cases);
 }

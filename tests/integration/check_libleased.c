@@ -472,6 +472,64 @@ START_TEST(test_several_keys_at_once)
 }
 END_TEST
 
+/* leased_unlock_rid: the same request id sent again (from a new
+ * connection, by token) releases no second hold. */
+START_TEST(test_unlock_request_id)
+{
+    static const char *const keys[] = {"ri:1", "ri:2"};
+    struct leased_conn *a, *b;
+    struct leased_lock_result r1, r2;
+    struct leased_unlock_result ur;
+    struct leased_lock_info info;
+    struct leased_error err;
+    struct leased_lock_args args = {0};
+    int rc;
+
+    h_start(NULL);
+    a = conn();
+    b = conn();
+    args.detach = true;
+    args.ttl_ms = 60000;
+    lock_ok(a, "ri", &args, &r1);
+    args.detach = false;
+    args.token = r1.token;
+    lock_ok(a, "ri", &args, &r2);
+    ck_assert_int_eq(r2.count, 2);
+    rc = leased_unlock_rid(a, "ri", NULL, NULL, r1.token, "u1", &ur, &err);
+    CK_OK(rc, err, "unlock u1");
+    ck_assert(!ur.released);
+    ck_assert_int_eq(ur.count, 1);
+    leased_close(a);
+    rc = leased_unlock_rid(b, "ri", NULL, NULL, r1.token, "u1", &ur, &err);
+    CK_OK(rc, err, "unlock u1 again");
+    ck_assert(!ur.released);
+    ck_assert_int_eq(ur.count, 1);
+    rc = leased_lock_info(b, "ri", NULL, r1.token, &info, &err);
+    CK_OK(rc, err, "lock.info");
+    ck_assert(info.locked);
+    ck_assert_int_eq(info.count, 1);
+    rc = leased_unlock_rid(b, "ri", NULL, NULL, r1.token, "u2", &ur, &err);
+    CK_OK(rc, err, "unlock u2");
+    ck_assert(ur.released);
+    rc = leased_unlock_rid(b, "ri", NULL, NULL, r1.token, "", &ur, &err);
+    CK_CODE(rc, err, LEASED_E_BAD_REQUEST, "empty request id");
+
+    rc = leased_unlock_keys_rid(b, keys, 2, NULL, NULL, "g1", &ur, &err);
+    CK_CODE(rc, err, LEASED_E_NOT_HELD, "unlock_keys_rid not held");
+    rc = leased_lock_keys(b, keys, 2, NULL, &r2, NULL, &err);
+    CK_OK(rc, err, "lock_keys");
+    rc = leased_unlock_keys_rid(b, keys, 2, NULL, NULL, "g1", &ur, &err);
+    CK_OK(rc, err, "unlock_keys_rid");
+    ck_assert(ur.released);
+    rc = leased_unlock_keys_rid(b, keys, 2, NULL, r2.token, "g1", &ur, &err);
+    CK_OK(rc, err, "unlock_keys_rid again");
+    ck_assert(ur.released);
+    rc = leased_unlock_rid(b, "ri-none", "read", NULL, NULL, "u3", &ur, &err);
+    CK_CODE(rc, err, LEASED_E_NOT_HELD, "unlock_rid of a read side");
+    leased_close(b);
+}
+END_TEST
+
 START_TEST(test_lock_wait)
 {
     struct leased_conn *a, *b, *w;
@@ -1255,6 +1313,7 @@ main(void)
         H_CASE(locks, 60),
         H_CASE(lock_wait, 60),
         H_CASE(several_keys_at_once, 60),
+        H_CASE(unlock_request_id, 60),
         H_CASE(cache, 60),
         H_CASE(errors, 60),
         H_CASE(unauthorized, 60),

@@ -1146,6 +1146,398 @@ START_TEST(test_renew_cost)
 }
 END_TEST
 
+/* --- request_id: a retried unlock is answered, not run again ---------- */
+
+/* Unlock KEY (MODE NULL: plain) by TOKEN with request id RID on C. */
+static json_t *
+unlock_rid(struct h_conn *c, const char *key, const char *mode,
+           const char *token, const char *rid)
+{
+    json_t *req = json_pack("{s:s,s:s,s:s,s:s}", "op", "unlock", "key", key,
+                            "token", token, "request_id", rid);
+    if (mode != NULL) {
+        json_object_set_new(req, "mode", json_string(mode));
+    }
+    json_t *r = h_call(c, req, T_MS);
+    ck_assert_msg(r != NULL, "no reply to unlock %s", key);
+    ck_assert_msg(h_ok(r), "unlock %s rid %s: %s", key, rid, h_errcode(r));
+    return r;
+}
+
+static void
+expect_unlock(json_t *r, bool released, long long count)
+{
+    ck_assert_int_eq(jtrue(r, "released"), released);
+    ck_assert_int_eq(jint(r, "count"), count);
+    json_decref(r);
+}
+
+/* The reentrancy case of issue 34: held twice, an unlock whose reply was
+ * lost and that is sent again must not take the second hold. */
+START_TEST(test_unlock_request_id)
+{
+    struct h_conn *a, *b;
+    json_t *r;
+    char tok[80], field[120];
+
+    h_start(NULL);
+    a = lk_connect(&D);
+    b = lk_connect(&D);
+    r = lk_must(a, "idem", NULL, 60000, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    json_decref(lk_must(a, "idem", NULL, 60000, 0));
+    snprintf(field, sizeof field, "HGET leased:lock:{idem} %s", tok);
+
+    /* By owner the first time, by token from another session the next:
+     * the memory is the token's, as a retry after a lost connection is. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", "idem",
+                "request_id", "r1");
+    ck_assert_msg(h_ok(r), "unlock r1: %s", h_errcode(r));
+    expect_unlock(r, false, 1);
+    long long evals = r_eval_calls(&R);
+    expect_unlock(unlock_rid(a, "idem", NULL, tok, "r1"), false, 1);
+    expect_unlock(unlock_rid(b, "idem", NULL, tok, "r1"), false, 1);
+    ck_assert_int_eq(r_eval_calls(&R), evals);
+    ck_assert_int_eq(h_r_int(&R, field), 1);
+
+    /* The last hold: its retry still says released, not not_held. */
+    expect_unlock(unlock_rid(a, "idem", NULL, tok, "r2"), true, 0);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{idem}"), 0);
+    evals = r_eval_calls(&R);
+    expect_unlock(unlock_rid(b, "idem", NULL, tok, "r2"), true, 0);
+    ck_assert_int_eq(r_eval_calls(&R), evals);
+    /* Another request id runs: nothing is held any more. */
+    r = h_callf(b, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key", "idem",
+                "token", tok, "request_id", "r3");
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    /* A failure is not remembered: the same id runs again once held. */
+    r = lk_must(a, "idem2", NULL, 60000, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key",
+                "not-idem2", "token", tok, "request_id", "r4");
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    expect_unlock(unlock_rid(a, "idem2", NULL, tok, "r4"), true, 0);
+
+    /* A read lock held twice. */
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", "rwi",
+                "mode", "read", "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "read lock: %s",
+                  h_errcode(r));
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", "rwi",
+                "mode", "read", "ttl_ms", 60000);
+    ck_assert_int_eq(jint(r, "count"), 2);
+    json_decref(r);
+    expect_unlock(unlock_rid(a, "rwi", "read", tok, "w1"), false, 1);
+    evals = r_eval_calls(&R);
+    expect_unlock(unlock_rid(b, "rwi", "read", tok, "w1"), false, 1);
+    ck_assert_int_eq(r_eval_calls(&R), evals);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "lock.info", "key", "rwi",
+                "mode", "read");
+    ck_assert_int_eq(jint(r, "count"), 1);
+    json_decref(r);
+
+    /* A group, by owner and then by token. */
+    r = h_callf(a, T_MS, "{s:s,s:[s,s],s:i}", "op", "lock", "keys", "g1", "g2",
+                "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "group lock: %s",
+                  h_errcode(r));
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:[s,s],s:s}", "op", "unlock", "keys", "g1",
+                "g2", "request_id", "m1");
+    ck_assert_msg(h_ok(r), "group unlock: %s", h_errcode(r));
+    expect_unlock(r, true, 0);
+    evals = r_eval_calls(&R);
+    r = h_callf(b, T_MS, "{s:s,s:[s,s],s:s,s:s}", "op", "unlock", "keys", "g1",
+                "g2", "token", tok, "request_id", "m1");
+    ck_assert_msg(h_ok(r), "group unlock retried: %s", h_errcode(r));
+    expect_unlock(r, true, 0);
+    ck_assert_int_eq(r_eval_calls(&R), evals);
+
+    /* Bad request ids. */
+    expect_bad(a, "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":\"\"}\n",
+               "request_id");
+    expect_bad(a, "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":7}\n",
+               "request_id");
+    expect_bad(a,
+               "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":\"a\\tb\"}\n",
+               "request_id");
+    expect_bad(
+        a,
+        "{\"op\":\"unlock\",\"keys\":[\"k\"],\"request_id\":\"\\u00e9\"}"
+        "\n",
+        "request_id");
+    char line[200];
+    snprintf(line, sizeof line,
+             "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":\"%065d\"}\n",
+             0);
+    expect_bad(a, line, "request_id");
+    snprintf(line, sizeof line,
+             "{\"op\":\"unlock\",\"key\":\"k\",\"request_id\":\"%064d\"}\n",
+             0);
+    r = NULL;
+    ck_assert_int_eq(h_send_raw(a, line, strlen(line)), 0);
+    r = h_recv(a, T_MS);
+    ck_assert_str_eq(h_errcode(r), "not_held"); /* 64 is allowed */
+    json_decref(r);
+    h_close(a);
+    h_close(b);
+}
+END_TEST
+
+struct retry_want {
+    struct h_conn *c;
+    const char *tok;
+};
+
+/* The retry of "x1" answered from memory (not "still waiting"). */
+static bool
+retry_answered(void *arg)
+{
+    const struct retry_want *w = arg;
+    json_t *r = h_callf(w->c, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key",
+                        "ru", "token", w->tok, "request_id", "x1");
+    bool ok = r != NULL && h_ok(r);
+    if (ok) {
+        ck_assert(!jtrue(r, "released"));
+        ck_assert_int_eq(jint(r, "count"), 1);
+    } else {
+        ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    }
+    json_decref(r);
+    return ok;
+}
+
+/* The case request_id is for: Redis answers the unlock too late, the
+ * client hears "outcome":"unknown" and sends it again. While the first is
+ * still out the repeat runs nothing; once the late answer came it gets
+ * that answer, and the hold count went down once. */
+START_TEST(test_unlock_request_id_unknown)
+{
+    struct h_conn *a;
+    json_t *r;
+    char tok[80], yaml[256], field[120];
+
+    ck_assert_int_eq(h_redis_start(&R, "--enable-debug-command yes"), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 500\n"
+             "  connections: 1\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    a = lk_connect(&D);
+    r = lk_must(a, "ru", NULL, 60000, 0);
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    json_decref(lk_must(a, "ru", NULL, 60000, 0));
+    snprintf(field, sizeof field, "HGET leased:lock:{ru} %s", tok);
+
+    redisContext *z = h_redis_sleep_start(&R, 2);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key", "ru",
+                "token", tok, "request_id", "x1");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_str_eq(json_string_value(
+                         json_object_get(json_object_get(r, "error"),
+                                         "outcome")),
+                     "unknown");
+    json_decref(r);
+    r = h_callf(a, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key", "ru",
+                "token", tok, "request_id", "x1");
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(strstr(jmsg(r), "still waiting") != NULL, "message: %s",
+                  jmsg(r));
+    json_decref(r);
+    h_redis_sleep_end(z);
+
+    struct retry_want w = {a, tok};
+    ck_assert_msg(h_wait_until(retry_answered, &w, 15000),
+                  "the retry was never answered from memory");
+    ck_assert_int_eq(h_r_int(&R, field), 1);
+    h_close(a);
+}
+END_TEST
+
+/* --- maxmemory-policy: the eviction check ---------------------------- */
+
+/* How many lines of D's log hold NEEDLE. */
+static int
+log_count(const char *needle)
+{
+    FILE *f = fopen(D.log, "r");
+    char line[4096];
+    int n = 0;
+    if (f == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strstr(line, needle) != NULL) {
+            n++;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+struct stat_want {
+    struct h_conn *c;
+    const char *name;
+    long long v;
+};
+
+static bool
+stat_is(void *arg)
+{
+    const struct stat_want *w = arg;
+    return h_stat(w->c, w->name) == w->v;
+}
+
+static bool
+config_calls_above(void *arg)
+{
+    return cmd_calls("config|get") > *(long long *)arg;
+}
+
+/* Kill the daemon's command connections (not its subscriber) and wait
+ * until it has asked Redis for the policy again. */
+static void
+reconnect_and_recheck(void)
+{
+    long long before = cmd_calls("config|get");
+    freeReplyObject(h_redis_cmd(&R, "CLIENT KILL TYPE normal"));
+    ck_assert_msg(h_wait_until(config_calls_above, &before, 15000),
+                  "no CONFIG GET after the reconnect");
+}
+
+/* An allkeys-* policy: a warning (once, not at every reconnect) and the
+ * gauge at 1; noeviction after a reconnect: 0. */
+START_TEST(test_evict_warning)
+{
+    struct h_conn *a;
+
+    ck_assert_int_eq(h_redis_start(&R, "--maxmemory-policy allkeys-lru"), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, NULL), 0);
+    a = lk_connect(&D);
+    struct stat_want w = {a, "redis_eviction_unsafe", 1};
+    ck_assert_msg(h_wait_until(stat_is, &w, 15000), "gauge not 1");
+    ck_assert(h_wait_log(&D, "maxmemory_policy=allkeys-lru", 5000));
+    ck_assert_int_eq(log_count("maxmemory_policy=allkeys-lru"), 1);
+    /* A warning, not an error: locks are served. */
+    json_decref(lk_must(a, "ev", NULL, NO_TTL, 0));
+    lk_unlock_ok(a, "ev", NULL);
+
+    reconnect_and_recheck();
+    ck_assert_int_eq(h_stat(a, "redis_eviction_unsafe"), 1);
+    ck_assert_int_eq(log_count("maxmemory_policy=allkeys-lru"), 1);
+
+    freeReplyObject(h_redis_cmd(&R, "CONFIG SET maxmemory-policy noeviction"));
+    reconnect_and_recheck();
+    w.v = 0;
+    ck_assert_msg(h_wait_until(stat_is, &w, 15000), "gauge not back to 0");
+    ck_assert(h_wait_log(&D, "maxmemory_policy=noeviction", 5000));
+    h_close(a);
+}
+END_TEST
+
+struct lock_msg_want {
+    struct h_conn *c;
+    const char *op;     /* "lock" or "sem.acquire" */
+    const char *needle; /* in the error message; NULL: acquired */
+};
+
+static bool
+lock_answer_is(void *arg)
+{
+    const struct lock_msg_want *w = arg;
+    json_t *r = strcmp(w->op, "lock") == 0
+                    ? h_callf(w->c, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key",
+                              "evr", "ttl_ms", 60000)
+                    : h_callf(w->c, T_MS, "{s:s,s:s,s:i,s:i}", "op",
+                              "sem.acquire", "key", "evs", "limit", 5,
+                              "ttl_ms", 60000);
+    bool ok;
+    if (w->needle == NULL) {
+        ok = r != NULL && h_ok(r) && jtrue(r, "acquired");
+    } else {
+        const char *msg = r == NULL || h_ok(r)
+                              ? NULL
+                              : json_string_value(json_object_get(
+                                    json_object_get(r, "error"), "message"));
+        ok = msg != NULL && strcmp(h_errcode(r), "redis_unavailable") == 0 &&
+             strstr(msg, w->needle) != NULL;
+    }
+    json_decref(r);
+    return ok;
+}
+
+/* lock.require_noeviction: lock and sem.acquire refused, naming the
+ * policy, until a reconnect finds noeviction. */
+START_TEST(test_evict_require)
+{
+    struct h_conn *a;
+
+    ck_assert_int_eq(h_redis_start(&R, "--maxmemory-policy volatile-ttl"), 0);
+    ck_assert_int_eq(h_daemon_start(&D, &R,
+                                    "lock:\n  require_noeviction: true\n"),
+                     0);
+    a = lk_connect(&D);
+    struct lock_msg_want w = {a, "lock", "volatile-ttl"};
+    ck_assert_msg(h_wait_until(lock_answer_is, &w, 15000),
+                  "lock not refused naming the policy");
+    w.op = "sem.acquire";
+    ck_assert(lock_answer_is(&w));
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{evr}"), 0);
+    /* Unlock and the cache are not refused. */
+    json_t *r = lk_unlock(a, "evr", NULL);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+
+    freeReplyObject(h_redis_cmd(&R, "CONFIG SET maxmemory-policy noeviction"));
+    reconnect_and_recheck();
+    w.op = "lock";
+    w.needle = NULL;
+    ck_assert_msg(h_wait_until(lock_answer_is, &w, 15000),
+                  "lock still refused after noeviction");
+    w.op = "sem.acquire";
+    ck_assert(lock_answer_is(&w));
+    h_close(a);
+}
+END_TEST
+
+/* A Redis without CONFIG: the policy is unknown, said once at info
+ * level; the daemon serves, unless lock.require_noeviction asks for
+ * proof. */
+START_TEST(test_evict_config_refused)
+{
+    struct h_conn *a;
+
+    ck_assert_int_eq(h_redis_start(&R,
+                                   "--rename-command CONFIG ld-hidden-config"),
+                     0);
+    ck_assert_int_eq(h_daemon_start(&D, &R, NULL), 0);
+    ck_assert(h_wait_log(&D, "maxmemory-policy unknown", 15000));
+    a = lk_connect(&D);
+    json_decref(lk_must(a, "evu", NULL, NO_TTL, 0));
+    lk_unlock_ok(a, "evu", NULL);
+    ck_assert_int_eq(h_stat(a, "redis_eviction_unsafe"), 0);
+    h_close(a);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+
+    ck_assert_int_eq(h_daemon_start(&D, &R,
+                                    "lock:\n  require_noeviction: true\n"),
+                     0);
+    a = lk_connect(&D);
+    struct lock_msg_want w = {a, "lock", "unknown"};
+    ck_assert_msg(h_wait_until(lock_answer_is, &w, 15000),
+                  "lock not refused on an unknown policy");
+    h_close(a);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 
 int
@@ -1170,6 +1562,11 @@ main(void)
         H_CASE(shutdown_releases, 60),
         H_CASE(unlock_cost, 60),
         H_CASE(renew_cost, 60),
+        H_CASE(unlock_request_id, 60),
+        H_CASE(unlock_request_id_unknown, 60),
+        H_CASE(evict_warning, 90),
+        H_CASE(evict_require, 90),
+        H_CASE(evict_config_refused, 90),
     };
 
     return H_MAIN(fx, cases);

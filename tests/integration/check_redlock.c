@@ -366,6 +366,47 @@ START_TEST(test_two_down_unavailable)
 }
 END_TEST
 
+/* The eviction check asks every instance, each time it comes back:
+ * one that turns to allkeys-lru is named, and with
+ * lock.require_noeviction refuses locks until it is back on noeviction. */
+START_TEST(test_eviction_instance)
+{
+    struct h_conn *c;
+    json_t *r;
+
+    start_all(1, "  require_noeviction: true\n");
+    c = lk_connect(&D1);
+    r = lock_until(c, "ev", 5000, true, 10000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not granted: %s",
+                  h_errcode(r));
+    json_decref(r);
+    lk_unlock_ok(c, "ev", NULL);
+    ck_assert_int_eq(h_stat(c, "redis_eviction_unsafe"), 0);
+
+    freeReplyObject(
+        h_redis_cmd(&I[1], "CONFIG SET maxmemory-policy allkeys-lru"));
+    freeReplyObject(h_redis_cmd(&I[1], "CLIENT KILL TYPE normal"));
+    h_assert_stat(c, "redis_eviction_unsafe", 1, 10000);
+    ck_assert(h_wait_log(&D1, "redis=lock.redlock instance 2", 5000));
+    r = lk_lock(c, "ev", NULL, 5000, 0);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    ck_assert_msg(strstr(jmsg(r), "allkeys-lru") != NULL, "message: %s",
+                  jmsg(r));
+    json_decref(r);
+    ck_assert_int_eq(instances_with("ev"), 0);
+
+    freeReplyObject(
+        h_redis_cmd(&I[1], "CONFIG SET maxmemory-policy noeviction"));
+    freeReplyObject(h_redis_cmd(&I[1], "CLIENT KILL TYPE normal"));
+    h_assert_stat(c, "redis_eviction_unsafe", 0, 10000);
+    r = lock_until(c, "ev", 5000, true, 10000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "not granted again: %s",
+                  h_errcode(r));
+    json_decref(r);
+    h_close(c);
+}
+END_TEST
+
 /* Another holder on two instances: the attempt gets only one, which it
  * must give back. With the third instance asleep past the per-instance
  * timeout, the grant it makes when it wakes is given back too. */
@@ -965,6 +1006,7 @@ main(void)
         H_CASE(grant_keys_and_unlock, 90),
         H_CASE(extend_and_session_end, 60),
         H_CASE(unix_socket_instance, 60),
+        H_CASE(eviction_instance, 90),
         H_CASE(two_down_unavailable, 60),
         H_CASE(failed_attempt_undone, 60),
         H_CASE(waiter_no_expiry_holder, 60),

@@ -397,6 +397,31 @@ START_TEST(test_forced_failover)
 }
 END_TEST
 
+/* The eviction check follows the master: a replica set to allkeys-lru
+ * is found unsafe once a failover made it the master. */
+START_TEST(test_eviction_after_failover)
+{
+    start_all("");
+    struct h_conn *c = h_connect_ok(&D);
+    wait_master(c, M.port);
+    freeReplyObject(
+        h_redis_cmd(&Rp, "CONFIG SET maxmemory-policy allkeys-lru"));
+    h_assert_stat(c, "redis_eviction_unsafe", 0, T_MS);
+    redisReply *r = h_redis_cmd(&S[0], "SENTINEL FAILOVER mymaster");
+    ck_assert_ptr_nonnull(r);
+    ck_assert_msg(r->type == REDIS_REPLY_STATUS, "SENTINEL FAILOVER: %s",
+                  r->str);
+    freeReplyObject(r);
+    wait_master(c, Rp.port);
+    h_assert_stat(c, "redis_eviction_unsafe", 1, FAILOVER_MS);
+    char needle[64];
+    snprintf(needle, sizeof needle, "redis=127.0.0.1:%d maxmemory_policy",
+             Rp.port);
+    ck_assert(h_wait_log(&D, needle, T_MS));
+    h_close(c);
+}
+END_TEST
+
 /* Read KEY until it answers VALUE, and near when NEAR (redis_unavailable
  * is waited out: the connections may be moving). */
 static void
@@ -564,6 +589,7 @@ main(void)
         H_CASE(lock_lost_to_failover, 120),
         H_CASE(sem_lost_to_failover, 120),
         H_CASE(forced_failover, 120),
+        H_CASE(eviction_after_failover, 120),
         H_CASE(waiter_follows, 120),
         H_CASE(sentinel_auth, 60),
         H_CASE(no_sentinel, 60),

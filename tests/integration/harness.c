@@ -2909,6 +2909,13 @@ static const struct cluster_skip cluster_skips[] = {
      "check_cluster's redisson_layout covers the layout there"},
     {"locks", "wait_replicas",
      "starts its own master without a replica, then links one"},
+    {"locks", "evict_warning",
+     "starts its own Redis with a maxmemory-policy (check_cluster's "
+     "eviction_per_master covers a cluster)"},
+    {"locks", "evict_require", "starts its own Redis with a maxmemory-policy"},
+    {"locks", "unlock_request_id_unknown",
+     "puts the one Redis to sleep (DEBUG SLEEP)"},
+    {"locks", "evict_config_refused", "starts its own Redis without CONFIG"},
     {"cache", "redis_down_queued",
      "kills and restarts the one Redis to queue deletes in the journal "
      "(check_cluster's master_lost_for_good replays them per key)"},

@@ -71,6 +71,7 @@ assert_same_settings(const struct ld_config *a, const struct ld_config *b)
     ck_assert_int_eq(a->lock.watchdog_ms, b->lock.watchdog_ms);
     ck_assert_int_eq(a->lock.max_hold_ms, b->lock.max_hold_ms);
     ck_assert_int_eq(a->lock.wait_replicas, b->lock.wait_replicas);
+    ck_assert_int_eq(a->lock.require_noeviction, b->lock.require_noeviction);
     ck_assert_int_eq(a->lock.layout, b->lock.layout);
     ck_assert_uint_eq(a->lock.redlock.count, b->lock.redlock.count);
     for (size_t i = 0; i < a->lock.redlock.count; i++) {
@@ -123,6 +124,7 @@ static const char full_yaml[] = "listen:\n"
                                 "  watchdog_ms: 9000\n"
                                 "  max_hold_ms: 60000\n"
                                 "  wait_replicas: 1\n"
+                                "  require_noeviction: true\n"
                                 "  layout: redisson\n"
                                 "cache:\n"
                                 "  prefix: \"c:\"\n"
@@ -175,6 +177,7 @@ START_TEST(defaults_match_product)
     ck_assert_int_eq(c.lock.watchdog_ms, 30000);
     ck_assert_int_eq(c.lock.max_hold_ms, 0);
     ck_assert_int_eq(c.lock.wait_replicas, 0);
+    ck_assert(!c.lock.require_noeviction);
     ck_assert_int_eq(c.lock.layout, LD_LAYOUT_LEASED);
     ck_assert_uint_eq(c.lock.redlock.count, 0);
     ck_assert_str_eq(c.cache.prefix, "leased:cache:");
@@ -257,6 +260,7 @@ START_TEST(full_file_sets_every_key)
     ck_assert_int_eq(c.lock.watchdog_ms, 9000);
     ck_assert_int_eq(c.lock.max_hold_ms, 60000);
     ck_assert_int_eq(c.lock.wait_replicas, 1);
+    ck_assert(c.lock.require_noeviction);
     ck_assert_int_eq(c.lock.layout, LD_LAYOUT_REDISSON);
     ck_assert_str_eq(c.cache.prefix, "c:");
     ck_assert_int_eq(c.cache.ttl_ms, 1000);
@@ -822,7 +826,7 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 62);
+    ck_assert_uint_eq(s.count, 63);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
