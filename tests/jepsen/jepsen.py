@@ -130,15 +130,28 @@ class Topology:
     def spawn(self, name, argv, ns=None, **kw):
         if ns:
             argv = ["ip", "netns", "exec", ns] + argv
-        log = open(os.path.join(self.dir, name + ".log"), "w")
+        # Appended: a server restarted by the nemesis keeps its earlier
+        # lives' log.
+        log = open(os.path.join(self.dir, name + ".log"), "a")
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=log,
                                             **kw)
         return self.procs[name]
 
     def redis(self, port, replicaof=None, extra=()):
+        # Without persistence Redis still writes the RDB a replica
+        # receives in a full sync to its dbfilename, and loads that file
+        # when it starts: one file per server, removed before each start,
+        # or a restart "without data" comes back with an old snapshot (of
+        # itself or, in one shared dump.rdb, of another server).
+        rdb = "dump-%d.rdb" % port
+        try:
+            os.unlink(os.path.join(self.dir, rdb))
+        except FileNotFoundError:
+            pass
         argv = [self.a.redis, "--port", str(port), "--bind", "0.0.0.0",
                 "--save", "", "--appendonly", "no", "--protected-mode", "no",
-                "--replica-announce-ip", self.SVC, "--dir", self.dir]
+                "--replica-announce-ip", self.SVC, "--dir", self.dir,
+                "--dbfilename", rdb]
         argv += list(extra)
         if self.a.min_replicas > 0:
             # The setting leased-protocol(7) GUARANTEES asks for under
@@ -374,9 +387,14 @@ class ClusterTopology(Topology):
         return out
 
     def owner(self, port, slot):
-        """The port of the master of SLOT as node PORT sees it, or None."""
+        """The port of the master of SLOT as node PORT sees it, or None.
+        A master flagged as failing still owns its slots until a replica
+        is promoted: the failover nemesis waits for that promotion, and
+        must not take the failing flag for it (restarting the old master
+        empty before then, it would hand the cluster an empty master that
+        its replica then syncs from)."""
         for p, (_, flags, _, ranges) in self.nodes(port).items():
-            if "master" in flags and "fail" not in flags and \
+            if "master" in flags and \
                     any(lo <= slot <= hi for lo, hi in ranges):
                 return p
         return None
@@ -427,11 +445,18 @@ class ClusterTopology(Topology):
     def current_master(self):
         """The master of the lock key's slot, as the first master that
         is never a target (7002, else 7003) sees it."""
-        for p in self.MASTERS[1:]:
-            m = self.owner(p, LOCK_SLOT)
-            if m is not None:
-                return m
-        return self.MASTERS[0]
+        found = []
+
+        def ask():
+            for p in self.MASTERS[1:]:
+                m = self.owner(p, LOCK_SLOT)
+                if m is not None:
+                    found.append(m)
+                    return True
+            return False
+
+        until(ask, 10, "the lock slot's master")
+        return found[0]
 
     def daemon_backend(self, i):
         return self.dns[i - 1], (
