@@ -87,6 +87,7 @@ struct fp {
     int lfd;
     int port;
     int upstream_port;
+    struct in_addr upstream_addr;
     int wake[2];
     pthread_t thread;
     pthread_mutex_t mu;
@@ -153,7 +154,7 @@ conn_free(struct fp *p, struct fp_conn *c, bool rst)
 }
 
 static int
-connect_upstream(int port)
+connect_upstream(struct in_addr addr, int port)
 {
     struct sockaddr_in sa;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -163,9 +164,10 @@ connect_upstream(int port)
     }
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_addr = addr;
     sa.sin_port = htons((uint16_t)port);
-    /* Loopback: connect completes or is refused at once. */
+    /* Loopback, or a link that is up (fp_start_at): connect completes or
+     * is refused at once. */
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         close(fd);
         return -1;
@@ -190,7 +192,7 @@ do_accept(struct fp *p, const struct fp_settings *s)
             atomic_fetch_add(&p->resets, 1);
             continue;
         }
-        int up = connect_upstream(p->upstream_port);
+        int up = connect_upstream(p->upstream_addr, p->upstream_port);
         if (up < 0) {
             rst_close(fd);
             atomic_fetch_add(&p->resets, 1);
@@ -541,6 +543,13 @@ wake(struct fp *p)
 struct fp *
 fp_start(int upstream_port)
 {
+    return fp_start_at("127.0.0.1", 0, "127.0.0.1", upstream_port);
+}
+
+struct fp *
+fp_start_at(const char *listen_ip, int listen_port, const char *upstream_ip,
+            int upstream_port)
+{
     struct fp *p = calloc(1, sizeof *p);
     struct sockaddr_in sa;
     socklen_t len = sizeof sa;
@@ -550,6 +559,10 @@ fp_start(int upstream_port)
         return NULL;
     }
     p->upstream_port = upstream_port;
+    if (inet_pton(AF_INET, upstream_ip, &p->upstream_addr) != 1) {
+        free(p);
+        return NULL;
+    }
     p->set.cut = -1;
     LIST_INIT(&p->conns);
     pthread_mutex_init(&p->mu, NULL);
@@ -560,8 +573,9 @@ fp_start(int upstream_port)
     (void)setsockopt(p->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(p->lfd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+    sa.sin_port = htons((uint16_t)listen_port);
+    if (inet_pton(AF_INET, listen_ip, &sa.sin_addr) != 1 ||
+        bind(p->lfd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
         listen(p->lfd, 128) != 0 ||
         getsockname(p->lfd, (struct sockaddr *)&sa, &len) != 0) {
         goto fail;

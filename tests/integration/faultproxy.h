@@ -29,6 +29,13 @@ struct fp;
 
 /* Start a proxy to 127.0.0.1:UPSTREAM_PORT in a thread; NULL on error. */
 struct fp *fp_start(int upstream_port);
+/* The same on LISTEN_IP:LISTEN_PORT (0: a free port) to
+ * UPSTREAM_IP:UPSTREAM_PORT, for a proxy that stands in for a server
+ * elsewhere at its own address (tests/jepsen). The upstream is connected
+ * to in the proxy's thread: it must answer at once, as a local one or one
+ * over a link that is up does. */
+struct fp *fp_start_at(const char *listen_ip, int listen_port,
+                       const char *upstream_ip, int upstream_port);
 /* Stop the thread, close every connection, free. */
 void fp_stop(struct fp *p);
 int fp_port(const struct fp *p);

@@ -1,21 +1,40 @@
 #!/usr/bin/env python3
 """Partitions and pauses judged by a history checker (make jepsen).
 
-The topology: one network namespace holds the backend (a Redis master, a
-replica and three Sentinels, all on the service address 10.231.0.1), and
-each leased daemon runs in a namespace of its own, joined to the backend
-by a veth pair. The clients run in the root namespace: they reach their
-daemon over its Unix socket and the resource they guard (the "database",
-a separate Redis on loopback) directly, so a partition cuts a daemon from
-its locks but not its clients from the resource, as in production.
+The topology: one network namespace holds the backend, and each leased
+daemon runs in a namespace of its own, joined to the backend by a veth
+pair. Two backends (--backend):
+* sentinel (the default): a Redis master, a replica and three Sentinels,
+  all on the service address 10.231.0.1;
+* cluster: a Redis Cluster of three masters and three replicas on
+  10.232.0.1, ports 7001-7006, with a cluster-node-timeout of 2 s so that
+  the cluster itself promotes a replica when its master dies or stops.
+  The lock key's slot and the cache key's slot are given to one master
+  (7001), so the faults aimed at "the master" hit both workloads.
+Each run's namespaces and links are named after the backend and the pid,
+and the two backends use different subnets, so runs side by side (of one
+backend or both) do not collide. The clients run in the root namespace:
+they reach their daemon over its Unix socket and the resource they guard
+(the "database", a separate Redis on loopback) directly, so a partition
+cuts a daemon from its locks but not its clients from the resource, as in
+production.
+
+The oneway nemesis puts daemon 1's path to Redis through the fault proxy:
+under Sentinel that daemon runs in the backend's namespace and talks to
+the master through one proxy; on a cluster it stays in its own namespace,
+where the service address is local and one proxy per node forwards over
+its link, since the daemon connects to whatever nodes the cluster names.
 
 This is a Python driver rather than C on the integration harness: most of
 it is running `ip`, starting and signalling processes and JSON lines, and
 the clients must be processes of their own to be paused; the fault proxy
 is reused through tests/jepsen/fpctl.
 
-Usage: jepsen.py run [--seconds N] [--nemesis a,b] [--results FILE]
+Usage: jepsen.py run [--backend sentinel|cluster] [--seconds N]
+                    [--nemesis a,b] [--results FILE]
        (as root; JEPSEN_SECONDS, LEASED_BIN, REDIS_SERVER, FPCTL_BIN)
+--results replaces the backend's section of FILE (between its marker
+lines), or appends one when FILE has none.
 """
 
 import argparse
@@ -37,7 +56,6 @@ import worker  # noqa: E402
 
 NEMESES = ["none", "partition", "oneway", "pause-daemon", "pause-client",
            "pause-redis", "data-loss", "failover"]
-SVC = "10.231.0.1"
 LEASE_MS = 1500
 DD_MS = 300
 DAEMONS = 2
@@ -55,19 +73,23 @@ def free_port():
         return s.getsockname()[1]
 
 
-class Cluster:
+class Topology:
     """Everything one nemesis run starts; stop() undoes all of it by pid
-    and by name, and is safe to call twice and after a partial start."""
+    and by name, and is safe to call twice and after a partial start.
+    The backend's own part is in a subclass."""
+
+    TAG = "lj"  # namespace and link names: TAG + pid + ...
+    NET = 231  # the backend's subnets: 10.NET.0.1 and 10.NET.i.0/24
+    SVC = "10.231.0.1"  # the backend's service address
 
     def __init__(self, a, nemesis):
         self.a = a
         self.nemesis = nemesis
-        self.tag = "lj%d" % os.getpid()
+        self.tag = self.TAG + "%d" % os.getpid()
         self.rns = self.tag + "r"
         self.dns = [self.tag + "d%d" % i for i in range(1, DAEMONS + 1)]
         self.dir = tempfile.mkdtemp(prefix="jepsen-")
         self.procs = {}  # name -> Popen
-        self.master = 6379
         self.fp = None
 
     # -- namespaces ----------------------------------------------------
@@ -77,16 +99,18 @@ class Cluster:
     def net_up(self):
         sh("ip", "netns", "add", self.rns)
         sh("ip", "-n", self.rns, "link", "set", "lo", "up")
-        sh("ip", "-n", self.rns, "addr", "add", SVC + "/32", "dev", "lo")
+        sh("ip", "-n", self.rns, "addr", "add", self.SVC + "/32", "dev",
+           "lo")
         for i, ns in enumerate(self.dns, 1):
             sh("ip", "netns", "add", ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
             r, d = self.veth(i)
             sh("ip", "link", "add", r, "netns", self.rns, "type", "veth",
                "peer", "name", d, "netns", ns)
-            sh("ip", "-n", self.rns, "addr", "add", "10.231.%d.1/24" % i,
-               "dev", r)
-            sh("ip", "-n", ns, "addr", "add", "10.231.%d.2/24" % i, "dev", d)
+            sh("ip", "-n", self.rns, "addr", "add",
+               "10.%d.%d.1/24" % (self.NET, i), "dev", r)
+            sh("ip", "-n", ns, "addr", "add", "10.%d.%d.2/24" % (self.NET, i),
+               "dev", d)
             self.link(i, True)
 
     def link(self, i, up):
@@ -95,8 +119,8 @@ class Cluster:
         sh("ip", "-n", self.rns, "link", "set", r, state)
         sh("ip", "-n", self.dns[i - 1], "link", "set", d, state)
         if up:
-            sh("ip", "-n", self.dns[i - 1], "route", "replace", SVC + "/32",
-               "via", "10.231.%d.1" % i)
+            sh("ip", "-n", self.dns[i - 1], "route", "replace",
+               self.SVC + "/32", "via", "10.%d.%d.1" % (self.NET, i))
 
     def net_down(self):
         for ns in [self.rns] + self.dns:
@@ -106,15 +130,29 @@ class Cluster:
     def spawn(self, name, argv, ns=None, **kw):
         if ns:
             argv = ["ip", "netns", "exec", ns] + argv
-        log = open(os.path.join(self.dir, name + ".log"), "w")
+        # Appended: a server restarted by the nemesis keeps its earlier
+        # lives' log.
+        log = open(os.path.join(self.dir, name + ".log"), "a")
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=log,
                                             **kw)
         return self.procs[name]
 
-    def redis(self, port, replicaof=None):
+    def redis(self, port, replicaof=None, extra=()):
+        # Without persistence Redis still writes the RDB a replica
+        # receives in a full sync to its dbfilename, and loads that file
+        # when it starts: one file per server, removed before each start,
+        # or a restart "without data" comes back with an old snapshot (of
+        # itself or, in one shared dump.rdb, of another server).
+        rdb = "dump-%d.rdb" % port
+        try:
+            os.unlink(os.path.join(self.dir, rdb))
+        except FileNotFoundError:
+            pass
         argv = [self.a.redis, "--port", str(port), "--bind", "0.0.0.0",
                 "--save", "", "--appendonly", "no", "--protected-mode", "no",
-                "--replica-announce-ip", SVC, "--dir", self.dir]
+                "--replica-announce-ip", self.SVC, "--dir", self.dir,
+                "--dbfilename", rdb]
+        argv += list(extra)
         if self.a.min_replicas > 0:
             # The setting leased-protocol(7) GUARANTEES asks for under
             # Sentinel: a master whose replica is gone or still syncing
@@ -127,53 +165,19 @@ class Cluster:
                      "--min-replicas-max-lag", "1",
                      "--repl-diskless-sync-delay", "0"]
         if replicaof:
-            argv += ["--replicaof", SVC, str(replicaof)]
+            argv += ["--replicaof", self.SVC, str(replicaof)]
         self.spawn("redis%d" % port, argv, self.rns)
         self.wait_redis(port)
 
     def ask(self, port, *cmd):
-        return sh("ip", "netns", "exec", self.rns, "redis-cli", "-h", SVC,
-                  "-p", str(port), *cmd, check=False).strip()
+        return sh("ip", "netns", "exec", self.rns, "redis-cli", "-h",
+                  self.SVC, "-p", str(port), *cmd, check=False).strip()
 
     def wait_redis(self, port):
         until(lambda: self.ask(port, "PING") == "PONG", 10, "redis up")
 
-    def sentinels(self):
-        for k in range(3):
-            port = 26379 + k
-            conf = os.path.join(self.dir, "sentinel%d.conf" % k)
-            with open(conf, "w") as f:
-                f.write("port %d\nbind 0.0.0.0\nprotected-mode no\n"
-                        "sentinel announce-ip %s\n"
-                        "sentinel monitor mymaster %s 6379 2\n"
-                        "sentinel down-after-milliseconds mymaster 3000\n"
-                        "sentinel failover-timeout mymaster 6000\n"
-                        % (port, SVC, SVC))
-            self.spawn("sentinel%d" % k, [self.a.redis, conf, "--sentinel"],
-                       self.rns)
-        # Only a failover needs the Sentinels to know the replica and each
-        # other (about 10 s); the others start once the master is known.
-        want = "slaves=1,sentinels=3" if self.nemesis == "failover" \
-            else "status=ok"
-        until(lambda: all(want in self.ask(26379 + k, "INFO", "sentinel")
-                          for k in range(3)), 30, "Sentinels ready")
-
-    def current_master(self):
-        out = self.ask(26379, "SENTINEL", "get-master-addr-by-name",
-                       "mymaster").split()
-        return int(out[1]) if len(out) == 2 else self.master
-
     def daemon(self, i):
-        ns = self.dns[i - 1]
-        redis = ("mode: sentinel\n  addresses: [%s]\n  master_name: mymaster"
-                 % ", ".join("\"%s:%d\"" % (SVC, 26379 + k)
-                             for k in range(3)))
-        if self.nemesis == "oneway" and i == 1:
-            # The proxy listens on the backend's loopback: this daemon
-            # runs in the backend namespace, its Redis path through it.
-            ns = self.rns
-            redis = "mode: standalone\n  address: \"127.0.0.1:%d\"" % \
-                self.fp_port
+        ns, redis = self.daemon_backend(i)
         conf = os.path.join(self.dir, "leased%d.yml" % i)
         with open(conf, "w") as f:
             f.write("listen:\n  unix: %s\n  tcp: \"\"\n"
@@ -191,22 +195,13 @@ class Cluster:
     def sock(self, i):
         return os.path.join(self.dir, "leased%d.sock" % i)
 
-    def proxy(self):
-        self.fp = subprocess.Popen(
-            ["ip", "netns", "exec", self.rns, self.a.fpctl, "6379"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.procs["fpctl"] = self.fp
-        self.fp_port = int(self.fp.stdout.readline())
-
     def fp_mode(self, mode):
         self.fp.stdin.write(mode + "\n")
         self.fp.stdin.flush()
 
     def start(self):
         self.net_up()
-        self.redis(6379)
-        self.redis(6380, replicaof=6379)
-        self.sentinels()
+        self.backend_up()
         if self.nemesis == "oneway":
             self.proxy()
         for i in range(1, DAEMONS + 1):
@@ -249,6 +244,269 @@ class Cluster:
 
     def cleanup_dir(self):
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SentinelTopology(Topology):
+    """A Redis master and its replica, watched by three Sentinels."""
+
+    def backend_up(self):
+        self.redis(6379)
+        self.redis(6380, replicaof=6379)
+        self.sentinels()
+
+    def sentinels(self):
+        for k in range(3):
+            port = 26379 + k
+            conf = os.path.join(self.dir, "sentinel%d.conf" % k)
+            with open(conf, "w") as f:
+                f.write("port %d\nbind 0.0.0.0\nprotected-mode no\n"
+                        "sentinel announce-ip %s\n"
+                        "sentinel monitor mymaster %s 6379 2\n"
+                        "sentinel down-after-milliseconds mymaster 3000\n"
+                        "sentinel failover-timeout mymaster 6000\n"
+                        % (port, self.SVC, self.SVC))
+            self.spawn("sentinel%d" % k, [self.a.redis, conf, "--sentinel"],
+                       self.rns)
+        # Only a failover needs the Sentinels to know the replica and each
+        # other (about 10 s); the others start once the master is known.
+        want = "slaves=1,sentinels=3" if self.nemesis == "failover" \
+            else "status=ok"
+        until(lambda: all(want in self.ask(26379 + k, "INFO", "sentinel")
+                          for k in range(3)), 30, "Sentinels ready")
+
+    def current_master(self):
+        out = self.ask(26379, "SENTINEL", "get-master-addr-by-name",
+                       "mymaster").split()
+        return int(out[1]) if len(out) == 2 else 6379
+
+    def daemon_backend(self, i):
+        """The namespace daemon I runs in and its redis: section."""
+        if self.nemesis == "oneway" and i == 1:
+            # The proxy listens on the backend's loopback: this daemon
+            # runs in the backend namespace, its Redis path through it.
+            return self.rns, ("mode: standalone\n  address: "
+                              "\"127.0.0.1:%d\"" % self.fp_port)
+        return self.dns[i - 1], (
+            "mode: sentinel\n  addresses: [%s]\n  master_name: mymaster"
+            % ", ".join("\"%s:%d\"" % (self.SVC, 26379 + k)
+                        for k in range(3)))
+
+    def proxy(self):
+        self.fp = subprocess.Popen(
+            ["ip", "netns", "exec", self.rns, self.a.fpctl, "6379"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs["fpctl"] = self.fp
+        self.fp_port = int(self.fp.stdout.readline())
+
+    def restart_master(self, wipe, note):
+        m = self.current_master()
+        other = 6380 if m == 6379 else 6379
+        # The fault starts at the kill, not before the question above: on
+        # a loaded host redis-cli took up to 174 ms, and the daemons
+        # confirmed leases meanwhile.
+        note("start", daemons=ALL)
+        self.procs["redis%d" % m].kill()
+        self.procs["redis%d" % m].wait()
+        if wipe:
+            # Data loss: the same master back at once, empty (no
+            # persistence), before the Sentinels would fail over.
+            self.redis(m)
+            return
+        until(lambda: self.current_master() == other, 30, "failover")
+        # The fault ends with the promotion: from then on the daemons can
+        # confirm leases again. The old master returns as a replica.
+        note("end")
+        self.redis(m, replicaof=other)
+
+
+def keyslot(key):
+    """Redis Cluster's hash slot of KEY (CRC16/XMODEM mod 16384; the key
+    has no hash tag of its own)."""
+    crc = 0
+    for byte in key.encode():
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xffff
+    return crc % 16384
+
+
+# The daemons name a lock's keys and a cache entry "<prefix>{KEY}": the
+# slots the workload's lock ("jl", worker.py) and cache entry ("jc") live in.
+LOCK_SLOT = keyslot("jl")
+CACHE_SLOT = keyslot("jc")
+
+
+class ClusterTopology(Topology):
+    """A Redis Cluster: three masters, each with one replica, all on the
+    service address, ports 7001-7006 (their cluster bus 10000 higher)."""
+
+    TAG = "lc"
+    NET = 232
+    SVC = "10.232.0.1"
+    MASTERS = [7001, 7002, 7003]
+    REPLICAS = [7004, 7005, 7006]
+    NODE_TIMEOUT_MS = 2000
+
+    def node(self, port):
+        # The same nodes.conf across a restart: a node killed and started
+        # again keeps its id and its slots (or its master), and without
+        # persistence comes back empty.
+        self.redis(port, extra=[
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes-%d.conf" % port,
+            "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS),
+            "--cluster-announce-ip", self.SVC])
+
+    def slot_ranges(self):
+        """Three even ranges, but the cache key's slot goes to the master
+        of the lock key's, so a fault of that one master hits both."""
+        even = [(0, 5460), (5461, 10922), (10923, 16383)]
+        out = [[r] for r in even]
+        own = [k for k, (lo, hi) in enumerate(even) if lo <= LOCK_SLOT <= hi]
+        has = [k for k, (lo, hi) in enumerate(even) if lo <= CACHE_SLOT <= hi]
+        if own != has:
+            lo, hi = even[has[0]]
+            out[has[0]] = [r for r in ((lo, CACHE_SLOT - 1),
+                                       (CACHE_SLOT + 1, hi)) if r[0] <= r[1]]
+            out[own[0]].append((CACHE_SLOT, CACHE_SLOT))
+        return out
+
+    def nodes(self, port):
+        """CLUSTER NODES as node PORT sees it: {port: (id, flags, master
+        id, [slot ranges])}."""
+        out = {}
+        for line in self.ask(port, "CLUSTER", "NODES").splitlines():
+            f = line.split()
+            if len(f) < 8 or "@" not in f[1]:
+                continue
+            p = int(f[1].split("@")[0].rsplit(":", 1)[1] or 0)
+            ranges = []
+            for r in f[8:]:
+                if r.startswith("["):
+                    continue  # a slot being migrated or imported
+                lo, _, hi = r.partition("-")
+                ranges.append((int(lo), int(hi or lo)))
+            out[p] = (f[0], f[2].split(","), f[3], ranges)
+        return out
+
+    def owner(self, port, slot):
+        """The port of the master of SLOT as node PORT sees it, or None.
+        A master flagged as failing still owns its slots until a replica
+        is promoted: the failover nemesis waits for that promotion, and
+        must not take the failing flag for it (restarting the old master
+        empty before then, it would hand the cluster an empty master that
+        its replica then syncs from)."""
+        for p, (_, flags, _, ranges) in self.nodes(port).items():
+            if "master" in flags and \
+                    any(lo <= slot <= hi for lo, hi in ranges):
+                return p
+        return None
+
+    def cluster_ok(self):
+        want = self.MASTERS[0]
+        for p in self.MASTERS + self.REPLICAS:
+            info = self.ask(p, "CLUSTER", "INFO")
+            if "cluster_state:ok" not in info or \
+                    "cluster_slots_ok:16384" not in info or \
+                    self.owner(p, LOCK_SLOT) != want:
+                return False
+        return all("master_link_status:up" in
+                   self.ask(r, "INFO", "replication") for r in self.REPLICAS)
+
+    def backend_up(self):
+        ports = self.MASTERS + self.REPLICAS
+        for p in ports:
+            self.node(p)
+        ids = {p: self.ask(p, "CLUSTER", "MYID") for p in ports}
+        for k, p in enumerate(ports, 1):
+            # Distinct config epochs from the start, as redis-cli --cluster
+            # create gives them, rather than left to collision handling.
+            self.ask(p, "CLUSTER", "SET-CONFIG-EPOCH", str(k))
+        for p in ports[1:]:
+            self.ask(ports[0], "CLUSTER", "MEET", self.SVC, str(p))
+        for m, ranges in zip(self.MASTERS, self.slot_ranges()):
+            args = [str(x) for r in ranges for x in r]
+            self.ask(m, "CLUSTER", "ADDSLOTSRANGE", *args)
+
+        def met():
+            for p in ports:
+                seen = self.nodes(p)
+                if len(seen) != len(ports) or any(
+                        "handshake" in v[1] or "noaddr" in v[1]
+                        for v in seen.values()):
+                    return False
+            return True
+
+        until(met, 30, "cluster nodes to meet")
+        for r, m in zip(self.REPLICAS, self.MASTERS):
+            # A replica must have heard of its master by id first; met()
+            # waited for that.
+            until(lambda: self.ask(r, "CLUSTER", "REPLICATE", ids[m]) == "OK",
+                  10, "CLUSTER REPLICATE")
+        until(self.cluster_ok, 60, "cluster_state:ok")
+
+    def current_master(self):
+        """The master of the lock key's slot, as the first master that
+        is never a target (7002, else 7003) sees it."""
+        found = []
+
+        def ask():
+            for p in self.MASTERS[1:]:
+                m = self.owner(p, LOCK_SLOT)
+                if m is not None:
+                    found.append(m)
+                    return True
+            return False
+
+        until(ask, 10, "the lock slot's master")
+        return found[0]
+
+    def daemon_backend(self, i):
+        return self.dns[i - 1], (
+            "mode: cluster\n  addresses: [%s]"
+            % ", ".join("\"%s:%d\"" % (self.SVC, p) for p in self.MASTERS))
+
+    def proxy(self):
+        """Daemon 1 reaches every node through the fault proxy: in its
+        namespace the service address is local, and a proxy on each
+        node's port there forwards over the link to the node (the
+        cluster bus and the other daemon do not pass through it)."""
+        ns = self.dns[0]
+        sh("ip", "-n", ns, "addr", "add", self.SVC + "/32", "dev", "lo")
+        ports = [str(p) for p in self.MASTERS + self.REPLICAS]
+        self.fp = subprocess.Popen(
+            ["ip", "netns", "exec", ns, self.a.fpctl, "-a", self.SVC,
+             "10.%d.1.1" % self.NET] + ports,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs["fpctl"] = self.fp
+        for _ in ports:
+            if not self.fp.stdout.readline():
+                raise RuntimeError("fpctl did not start")
+
+    def restart_master(self, wipe, note):
+        m = self.current_master()
+        note("start", daemons=ALL)  # at the kill, as above
+        self.procs["redis%d" % m].kill()
+        self.procs["redis%d" % m].wait()
+        if wipe:
+            # Data loss: the same node back at once with its slots, empty
+            # (no persistence), long before the cluster would fail over;
+            # its replica then resyncs from it, empty too.
+            self.node(m)
+            return
+        until(lambda: self.current_master() != m, 30, "failover")
+        # The fault ends with the promotion; the old master returns as a
+        # replica of its successor, and the next failover waits until it
+        # is in sync (a replica that never synced is not eligible under
+        # the default cluster-replica-validity-factor).
+        note("end")
+        self.node(m)
+        until(lambda: "master_link_status:up" in
+              self.ask(m, "INFO", "replication"), 30, "replica in sync")
+
+
+TOPOLOGIES = {"sentinel": SentinelTopology, "cluster": ClusterTopology}
 
 
 def port_open(port):
@@ -311,9 +569,10 @@ class Nemesis:
         watch.join()
 
     def watch_master(self, end):
-        """Note each promotion the Sentinels make, whatever the fault:
-        a pause of the master past down-after-milliseconds is a failover
-        too, and writes the old master had not replicated are lost."""
+        """Note each promotion the Sentinels (or the cluster) make,
+        whatever the fault: a pause of the master past
+        down-after-milliseconds (cluster-node-timeout) is a failover too,
+        and writes the old master had not replicated are lost."""
         seen = self.c.current_master()
         while time.monotonic() < end:
             time.sleep(0.1)
@@ -377,29 +636,11 @@ class Nemesis:
         self.note("end", target=name, pid=p.pid)
 
     def restart_master(self, wipe):
-        c = self.c
-        m = c.current_master()
-        other = 6380 if m == 6379 else 6379
-        # The fault starts at the kill, not before the question above: on
-        # a loaded host redis-cli took up to 174 ms, and the daemons
-        # confirmed leases meanwhile.
-        self.note("start", daemons=ALL)
-        c.procs["redis%d" % m].kill()
-        c.procs["redis%d" % m].wait()
-        if wipe:
-            # Data loss: the same master back at once, empty (no
-            # persistence), before the Sentinels would fail over.
-            c.redis(m)
-            return
-        until(lambda: c.current_master() == other, 30, "failover")
-        # The fault ends with the promotion: from then on the daemons can
-        # confirm leases again. The old master returns as a replica.
-        self.note("end")
-        c.redis(m, replicaof=other)
+        self.c.restart_master(wipe, self.note)
 
 
 def run_one(a, kind, seconds):
-    c = Cluster(a, kind)
+    c = TOPOLOGIES[a.backend](a, kind)
     rng = random.Random(a.seed)
     try:
         c.start()
@@ -423,12 +664,45 @@ def run_one(a, kind, seconds):
         res["nemesis"] = kind
         res["seconds"] = seconds
         if a.keep:
-            shutil.copy(c.hist, "history-%s.jsonl" % kind)
+            shutil.copy(c.hist, "history-%s.jsonl" % kind
+                        if a.backend == "sentinel"
+                        else "history-%s-%s.jsonl" % (a.backend, kind))
         return res
     finally:
         c.stop()
         if not a.keep_dir:
             c.cleanup_dir()
+
+
+TITLES = {"sentinel": "Redis with a replica and Sentinels "
+                      "(--backend sentinel)",
+          "cluster": "Redis Cluster (--backend cluster)"}
+
+
+def write_results(path, backend, table):
+    """Put TABLE (checker.table's page) into PATH as the backend's
+    section: between its two marker lines if PATH has them, else at the
+    end, so that the runs of the two backends and the text around them
+    stay side by side in one file."""
+    begin = "<!-- make jepsen --backend %s: begin -->" % backend
+    end = "<!-- make jepsen --backend %s: end -->" % backend
+    body = table.split("\n", 1)[1] if table.startswith("# ") else table
+    body = "\n".join("#" + x if x.startswith("## ") else x
+                     for x in body.split("\n"))
+    section = "%s\n## %s\n%s%s" % (begin, TITLES[backend], body, end)
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = "# make jepsen: results\n"
+    i, j = old.find(begin), old.find(end)
+    if 0 <= i < j:
+        new = old[:i] + section + old[j + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + section + "\n"
+    with open(path + ".tmp", "w") as f:
+        f.write(new)
+    os.replace(path + ".tmp", path)
 
 
 def cmd_run(a):
@@ -443,13 +717,13 @@ def cmd_run(a):
 
     signal.signal(signal.SIGTERM, on_signal)
     for kind in kinds:
-        print("jepsen: %s for %ds" % (kind, a.seconds), flush=True)
+        print("jepsen: %s %s for %ds" % (a.backend, kind, a.seconds),
+              flush=True)
         r = run_one(a, kind, a.seconds)
         print(checker.summary(r), flush=True)
         results.append(r)
     if a.results:
-        with open(a.results, "w") as f:
-            f.write(checker.table(results, a.label))
+        write_results(a.results, a.backend, checker.table(results, a.label))
     bad = [r for r in results if r["anomalies"]]
     for r in bad:
         print(checker.excerpt(r))
@@ -463,6 +737,8 @@ def main():
     r.add_argument("--seconds", type=int,
                    default=int(os.environ.get("JEPSEN_SECONDS", "180")))
     r.add_argument("--nemesis", default="")
+    r.add_argument("--backend", choices=sorted(TOPOLOGIES),
+                   default="sentinel")
     r.add_argument("--results", default="")
     r.add_argument("--label", default="")
     r.add_argument("--seed", type=int, default=1)
