@@ -404,6 +404,37 @@ START_TEST(test_namespace)
 }
 END_TEST
 
+/* The entries' writes leave together: a write or two per connection
+ * (redis.connections, per master on a cluster), not one per entry. */
+START_TEST(test_pipelined)
+{
+    h_start(NULL);
+    struct h_conn *st = h_connect_ok(&D);
+    struct h_conn *c = h_connect_ok(&D);
+    enum { N = 500 };
+    char key[32];
+
+    h_assert_ping(c);
+    json_t *es = json_array();
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "p:%d", i);
+        json_array_append_new(es, entry(key, "v", 0));
+    }
+    long long w0 = h_stat(st, "redis_writes");
+    long long c0 = h_stat(st, "redis_commands");
+    json_t *r = mset(c, es);
+    ck_assert_msg(h_ok(r) && jint(r, "stored") == N, "mset: %s", h_dump(r));
+    json_decref(r);
+    long long dw = h_stat(st, "redis_writes") - w0;
+    long long dc = h_stat(st, "redis_commands") - c0;
+    ck_assert_int_ge(dc, N);
+    ck_assert_msg(dw >= 1 && dw <= 50, "writes %lld for %lld commands", dw,
+                  dc);
+    h_close(c);
+    h_close(st);
+}
+END_TEST
+
 /* hello offers it. */
 START_TEST(test_feature)
 {
@@ -436,6 +467,7 @@ main(void)
         H_CASE(invalidation_in_flight, 60),
         H_CASE(namespace, 60),
         H_CASE(feature, 60),
+        H_CASE(pipelined, 60),
     };
     return H_MAIN(fx, cases);
 }
