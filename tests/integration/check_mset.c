@@ -12,6 +12,7 @@
 #include "harness.h"
 
 #include <check.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,6 +315,55 @@ START_TEST(test_redis_down)
 }
 END_TEST
 
+/* A Redis that stops answering: each entry that left gets
+ * redis_unavailable with "outcome":"unknown" (it may have been written),
+ * as cache.set does; and a daemon stopped while entries are out exits
+ * cleanly, answering them. */
+START_TEST(test_redis_stalled)
+{
+    char yaml[256];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+    struct h_conn *c = h_connect_ok(&D);
+    struct h_conn *st = h_connect_ok(&D);
+
+    h_redis_signal(&R, SIGSTOP);
+    json_t *r = mset(c, json_pack("[o,o]", entry("s1", "v", 0),
+                                  entry("s2", "w", 0)));
+    h_redis_signal(&R, SIGCONT);
+    ck_assert_msg(h_ok(r) && jint(r, "stored") == 0, "mset: %s", h_dump(r));
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert_msg(
+            result_code(r, i) != NULL &&
+                strcmp(result_code(r, i), "redis_unavailable") == 0 &&
+                jstr(json_object_get(result(r, i), "error"), "outcome") !=
+                    NULL &&
+                strcmp(jstr(json_object_get(result(r, i), "error"), "outcome"),
+                       "unknown") == 0,
+            "entry %zu: %s", i, h_dump(r));
+    }
+    json_decref(r);
+    ck_assert(h_wait_stat_min(st, "redis_connected", 1, T_MS));
+
+    /* Stopped with a cache.mset out. */
+    h_redis_signal(&R, SIGSTOP);
+    json_t *req = json_pack("{s:s,s:[o,o,o]}", "op", "cache.mset", "entries",
+                            entry("q1", "v", 0), entry("q2", "v", 0),
+                            entry("q3", NULL, 0));
+    ck_assert_int_eq(h_send_all(c, &req, 1, 77), 0);
+    ck_assert(h_wait_stat_min(st, "requests_pending", 2, T_MS));
+    int status = h_daemon_stop(&D);
+    h_redis_signal(&R, SIGCONT);
+    ck_assert_int_eq(status, 0);
+    h_close(c);
+    h_close(st);
+}
+END_TEST
+
 /* As with cache.set, an entry voids the fill lease out on its key: the
  * loader's fill is refused and the entry's value stays. */
 START_TEST(test_lease_voided)
@@ -468,6 +518,7 @@ main(void)
         H_CASE(namespace, 60),
         H_CASE(feature, 60),
         H_CASE(pipelined, 60),
+        H_CASE(redis_stalled, 60),
     };
     return H_MAIN(fx, cases);
 }
