@@ -272,7 +272,7 @@ enum cache_write_rc {
  * and (stolen by whoever answers with it) extra fields of the error. */
 struct cache_write_err {
     int code;
-    char msg[320];
+    char msg[512];
     json_t *extra;
 };
 
