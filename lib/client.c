@@ -2300,6 +2300,103 @@ leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
     return rc;
 }
 
+void
+leased_mset_result_free(struct leased_mset_result *r)
+{
+    if (r != NULL) {
+        free(r->error_message);
+        r->error_message = NULL;
+    }
+}
+
+/* The entries of a cache.mset as a JSON array, or NULL. */
+static json_t *
+mset_entries(const struct leased_mset_entry *entries, size_t n)
+{
+    json_t *arr = json_array();
+
+    for (size_t i = 0; arr != NULL && i < n; i++) {
+        const struct leased_mset_entry *e = &entries[i];
+        json_t *v = value_json(e->value, e->value_len);
+        json_t *o = e->key != NULL && v != NULL
+                        ? json_pack("{s:s,s:o}", "key", e->key, "value", v)
+                        : NULL;
+
+        if (o == NULL) {
+            json_decref(v);
+            json_decref(arr);
+            return NULL;
+        }
+        if (e->ttl_ms != 0) {
+            json_object_set_new(o, "ttl_ms", json_integer(e->ttl_ms));
+        }
+        if (json_array_append_new(arr, o) < 0) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
+    return arr;
+}
+
+int
+leased_cache_mset(struct leased_conn *c,
+                  const struct leased_mset_entry *entries, size_t n,
+                  size_t *stored, struct leased_mset_result *results,
+                  struct leased_error *err)
+{
+    json_t *arr, *req = NULL, *reply, *res;
+    int rc;
+
+    if (stored != NULL) {
+        *stored = 0;
+    }
+    if (entries == NULL || n == 0) {
+        clear_err(err);
+        return set_err(err, LEASED_E_INVALID, 0, "no entries to store");
+    }
+    if (results != NULL) {
+        memset(results, 0, n * sizeof *results);
+    }
+    arr = mset_entries(entries, n);
+    if (arr != NULL) {
+        req = json_pack("{s:s,s:o}", "op", "cache.mset", "entries", arr);
+    }
+    rc = call_new(c, req, 0, &reply, err);
+    if (rc == LEASED_OK) {
+        long long s = int_or(reply, "stored", -1);
+
+        res = json_object_get(reply, "results");
+        if (s < 0) {
+            rc = missing(err, "cache.mset", "stored");
+        } else if (!json_is_array(res) || json_array_size(res) != n) {
+            rc = missing(err, "cache.mset", "results");
+        } else if (stored != NULL) {
+            *stored = (size_t)s;
+        }
+        for (size_t i = 0; rc == LEASED_OK && results != NULL && i < n; i++) {
+            json_t *r = json_array_get(res, i);
+
+            if (json_is_false(json_object_get(r, "ok"))) {
+                struct leased_error kerr;
+
+                results[i].error = reply_status(r, &kerr);
+                results[i].error_message = strdup(kerr.message);
+                if (results[i].error_message == NULL) {
+                    rc = nomem(err);
+                }
+            }
+        }
+        if (rc != LEASED_OK && results != NULL) {
+            for (size_t i = 0; i < n; i++) {
+                leased_mset_result_free(&results[i]);
+                results[i].error = LEASED_OK;
+            }
+        }
+    }
+    json_decref(reply);
+    return rc;
+}
+
 int
 leased_cache_mget(struct leased_conn *c, const char *const *keys, size_t nkeys,
                   long long wait_ms, bool lease,

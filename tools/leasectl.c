@@ -932,7 +932,7 @@ static const struct {
     {"info", cmd_info},   {"sem", cmd_sem},
     {"locks", cmd_locks}, {"unlock", cmd_unlock},
     {"hot", cmd_hot},     {"top", cmd_top},
-    {"wait", cmd_wait},
+    {"wait", cmd_wait},   {"cache", cmd_cache},
 };
 
 /* The environment variable NAME, or NULL when it is unset or empty. */

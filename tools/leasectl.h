@@ -1,7 +1,7 @@
 /* leasectl: what its files share. leasectl.c has main, the connection and
  * the one-request commands, leasectl_args.c the command line,
- * leasectl_run.c lock and sem (a command run under a lease) and
- * leasectl_top.c the live view. */
+ * leasectl_run.c lock and sem (a command run under a lease),
+ * leasectl_top.c the live view and leasectl_load.c cache load. */
 
 #ifndef LEASECTL_H
 #define LEASECTL_H
@@ -73,5 +73,6 @@ long long ctl_now_ms(void);
 int cmd_lock(struct ctl *ctl, int argc, char **argv);
 int cmd_sem(struct ctl *ctl, int argc, char **argv);
 int cmd_top(struct ctl *ctl, int argc, char **argv);
+int cmd_cache(struct ctl *ctl, int argc, char **argv);
 
 #endif /* LEASECTL_H */

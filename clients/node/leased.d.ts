@@ -156,6 +156,20 @@ export interface ConnectOptions {
   serializer?: Serializer;
 }
 
+/** One entry of warm() (cache.mset). */
+export interface WarmEntry {
+  key: string;
+  value: unknown;
+  ttl_ms?: number;
+}
+
+/** warm()'s answer: how many were stored, and each entry's result in
+ *  order ({ok: true}, or {ok: false, error: {code, message}}). */
+export interface WarmReply extends Reply {
+  stored: number;
+  results: Array<{ ok: boolean; error?: { code: string; message: string } }>;
+}
+
 export interface CachedOptions {
   ttl_ms?: number;
   /** How long to wait for another caller's fill (default the daemon's
@@ -235,6 +249,10 @@ export declare class Leased extends EventEmitter {
             opts?: CachedOptions): Promise<T>;
   invalidate(keys: string | string[], opts?: { delay_ms?: number }):
     Promise<Reply>;
+  /** cache.mset: ENTRIES stored as fills store them (values through the
+   *  serializer, null: "not found"); one result per entry. */
+  warm(entries: WarmEntry[], opts?: { ttl_ms?: number;
+    serializer?: Serializer }): Promise<WarmReply>;
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
@@ -287,6 +305,10 @@ export declare class Pool extends EventEmitter {
             opts?: CachedOptions): Promise<T>;
   invalidate(keys: string | string[], opts?: { delay_ms?: number }):
     Promise<Reply>;
+  /** cache.mset: ENTRIES stored as fills store them (values through the
+   *  serializer, null: "not found"); one result per entry. */
+  warm(entries: WarmEntry[], opts?: { ttl_ms?: number;
+    serializer?: Serializer }): Promise<WarmReply>;
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;

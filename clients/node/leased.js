@@ -801,6 +801,41 @@ class Leased extends EventEmitter {
     if (badKey(keys, true)) return Promise.reject(badKey(keys, true));
     return this.call('cache.invalidate', { keys: [].concat(keys), delay_ms });
   }
+
+  // Bulk warm-up (cache.mset, hello's feature "mset"): ENTRIES, an array
+  // of {key, value, ttl_ms} (at most 1000; ttl_ms optional, else TTL_MS,
+  // else the daemon's default), each stored as a fill stores it, its
+  // value through SERIALIZER as cached() reads it (null: "not found").
+  // Resolves to {stored, results}: one result per entry, {ok:true} or
+  // {ok:false, error:{code, message}} for an entry that failed alone.
+  warm(entries, { ttl_ms, serializer } = {}) {
+    let fields;
+    try {
+      fields = warmFields(entries, ttl_ms, serializer || this.serializer);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.call('cache.mset', fields);
+  }
+}
+
+function warmFields(entries, ttl_ms, ser) {
+  if (!Array.isArray(entries) || entries.length === 0) {
+    throw clientError('invalid', 'warm() takes a non-empty array of ' +
+      '{key, value, ttl_ms}');
+  }
+  return {
+    entries: entries.map((e) => {
+      if (e === null || typeof e !== 'object' || badKey(e.key, false)) {
+        throw clientError('invalid', 'each entry of warm() is ' +
+          '{key: string, value, ttl_ms}');
+      }
+      const out = { key: e.key, value: toText(e.key, e.value, ser) };
+      const ttl = e.ttl_ms !== undefined ? e.ttl_ms : ttl_ms;
+      if (ttl !== undefined) out.ttl_ms = ttl;
+      return out;
+    }),
+  };
 }
 
 // The read and the write side of one read-write lock; LD is a Leased or
@@ -980,6 +1015,10 @@ class Pool extends EventEmitter {
 
   invalidate(keys, opts) {
     return this._on(undefined, (c) => c.invalidate(keys, opts));
+  }
+
+  warm(entries, opts) {
+    return this._on(undefined, (c) => c.warm(entries, opts));
   }
 
   semAcquire(key, limit, opts) {

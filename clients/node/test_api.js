@@ -882,6 +882,41 @@ test('cached() stores any JSON value and gives the lease back on failure',
     }
   });
 
+test('warm() stores entries as cached() reads them, each with its result',
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    const pool = await Leased.connect(SOCK, { connections: 2 });
+    try {
+      for (const [i, c] of [ld, pool].entries()) {
+        const k = `${TAG}:warm${i}`;
+        const user = { id: 7, name: 'Grace' };
+        const r = await c.warm([
+          { key: `${k}:a`, value: user },
+          { key: `${k}:n`, value: null, ttl_ms: 30000 },
+          { key: '', value: 'x' },
+          { key: `${k}:t`, value: 'v', ttl_ms: 0 },
+        ], { ttl_ms: 60000 });
+        assert.strictEqual(r.stored, 2);
+        assert.deepStrictEqual(r.results.map((x) => x.ok),
+          [true, true, false, false]);
+        assert.strictEqual(r.results[2].error.code, 'bad_request');
+        assert.strictEqual(r.results[3].error.code, 'bad_request');
+        assert.deepStrictEqual(await c.cached(`${k}:a`,
+          () => assert.fail('loaded')), user);
+        const n = await peek(c, `${k}:n`);
+        assert.strictEqual(n.hit, true);
+        assert.strictEqual(n.value, null);
+      }
+      for (const bad of [[], null, 'x', [{ value: 1 }], [{ key: 'k' }]]) {
+        await assert.rejects(ld.warm(bad), (e) => e instanceof LeasedError &&
+          e.code === 'invalid', JSON.stringify(bad));
+      }
+    } finally {
+      ld.close();
+      pool.close();
+    }
+  });
+
 test('a key is a string, keys a string or an array of strings', async () => {
   const ld = await Leased.connect(SOCK);
   const pool = await Leased.connect(SOCK, { connections: 2 });

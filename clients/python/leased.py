@@ -451,6 +451,28 @@ def _fill_fields(key, lease, text, ttl_ms):
     return fields
 
 
+def _warm_fields(serializer, entries, ttl_ms):
+    """cache.mset's fields for ENTRIES: a dict {key: value}, or an iterable
+    of (key, value) or (key, value, ttl_ms); values go through SERIALIZER
+    as cached() stores them (None: "not found")."""
+    if isinstance(entries, dict):
+        entries = entries.items()
+    out = []
+    for e in entries:
+        if not isinstance(e, (tuple, list)) or len(e) not in (2, 3):
+            raise LeasedTypeError("an entry to warm is (key, value) or "
+                                  "(key, value, ttl_ms), not %r" % (e,))
+        key = _one_key(e[0])
+        entry = {"key": key, "value": _value_text(serializer, key, e[1])}
+        ttl = e[2] if len(e) == 3 else ttl_ms
+        if ttl is not None:
+            entry["ttl_ms"] = ttl
+        out.append(entry)
+    if not out:
+        raise LeasedTypeError("nothing to warm")
+    return {"entries": out}
+
+
 def _get_fields(key, wait_ms):
     fields = {"key": _one_key(key)}
     if wait_ms is not None:
@@ -1050,6 +1072,18 @@ class Leased:
         self.invalidate(keys)
         return result
 
+    def warm(self, entries, ttl_ms=None):
+        """Bulk warm-up (cache.mset; hello's feature "mset"): store ENTRIES
+        (a dict {key: value}, or (key, value) and (key, value, ttl_ms)
+        tuples; at most 1000) as cached() would have filled them, values
+        through the serializer (None: "not found"), TTL_MS for those
+        without their own (the daemon's default when None). Returns the
+        reply: "stored" counts what was stored, "results" has one result
+        per entry in order, {"ok": False, "error": {...}} for an entry
+        that failed alone."""
+        return self.call("cache.mset",
+                         **_warm_fields(self.serializer, entries, ttl_ms))
+
 
 def _key_line(op, rid, key, token):
     if token is None:
@@ -1288,6 +1322,10 @@ class Pool:
     def invalidate(self, keys, delay_ms=None):
         with self.connection() as c:
             return c.invalidate(keys, delay_ms)
+
+    def warm(self, entries, ttl_ms=None):
+        with self.connection() as c:
+            return c.warm(entries, ttl_ms)
 
     def update(self, keys, writer):
         keys = _keys(keys)
@@ -1708,6 +1746,12 @@ class AsyncLeased:
     async def invalidate(self, keys, delay_ms=None):
         return await self.call("cache.invalidate",
                                **_invalidate_fields(keys, delay_ms))
+
+    async def warm(self, entries, ttl_ms=None):
+        """As Leased.warm."""
+        return await self.call("cache.mset",
+                               **_warm_fields(self.serializer, entries,
+                                              ttl_ms))
 
     async def update(self, keys, writer):
         keys = _keys(keys)

@@ -28,7 +28,8 @@ sys.path.insert(0, HERE)
 from leased import _decode as leased_decode  # noqa: E402
 from leased import _connect_error as leased_connect_error  # noqa: E402
 from leased import (AsyncLeased, Leased, LeasedError,  # noqa: E402
-                    LockNotAcquired, NoPermit, Pool, RWLock)
+                    LeasedTypeError, LockNotAcquired, NoPermit, Pool,
+                    RWLock)
 
 SOCKET = os.environ.get("LEASED_SOCKET", "")
 REDIS = os.environ.get("LEASED_TEST_REDIS", "")
@@ -136,6 +137,41 @@ class CacheAside(unittest.TestCase):
         self.assertEqual(self.ld.cached(key, lambda: "fine"), "fine")
         self.assertLess(time.monotonic() - start, 2.0)
         self.assertEqual(self.ld.cached(key, lambda: "loaded again"), "fine")
+
+    def test_warm_is_read_by_cached(self):
+        k = PREFIX + "warm:"
+        got = self.ld.warm([(k + "a", {"name": "Ada"}),
+                            (k + "none", None, 30000),
+                            ("", "empty key"),
+                            (k + "t", "v", 0)], ttl_ms=60000)
+        self.assertEqual(got["stored"], 2, got)
+        self.assertEqual([r["ok"] for r in got["results"]],
+                         [True, True, False, False])
+        self.assertEqual(got["results"][2]["error"]["code"], "bad_request")
+        fail = lambda: self.fail("loaded")  # noqa: E731
+        self.assertEqual(self.ld.cached(k + "a", fail), {"name": "Ada"})
+        self.assertIsNone(self.ld.cached(k + "none", fail))
+        self.assertEqual(self.ld.warm({k + "b": 1})["stored"], 1)
+        self.assertEqual(self.ld.cached(k + "b", fail), 1)
+        for bad in ([], [("k",)], [(7, "v")], ["k"]):
+            with self.assertRaises(LeasedTypeError):
+                self.ld.warm(bad)
+
+    def test_warm_async_and_pool(self):
+        k = PREFIX + "warm2:"
+
+        async def main():
+            a = await AsyncLeased.connect(SOCKET, timeout=10)
+            try:
+                return await a.warm({k + "x": "y"})
+            finally:
+                await a.close()
+
+        self.assertEqual(asyncio.run(main())["stored"], 1)
+        with Pool(SOCKET, size=2) as pool:
+            self.assertEqual(pool.warm([(k + "p", "q")])["stored"], 1)
+            self.assertEqual(pool.cached(k + "p", lambda: "loaded"), "q")
+        self.assertEqual(self.ld.cached(k + "x", lambda: "loaded"), "y")
 
     def test_a_string_is_one_key(self):
         key = PREFIX + "user:7"

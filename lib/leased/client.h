@@ -460,6 +460,35 @@ int leased_cache_mget(struct leased_conn *c, const char *const *keys,
                       struct leased_cache_result *results,
                       struct leased_error *err);
 
+/* One entry of leased_cache_mset, stored as leased_cache_set stores one:
+ * VALUE NULL stores "not found" (null), VALUE_LEN (size_t)-1: strlen,
+ * TTL_MS 0: the daemon's default. */
+struct leased_mset_entry {
+    const char *key;
+    const char *value;
+    size_t value_len;
+    long long ttl_ms;
+};
+
+/* The outcome of one entry: LEASED_OK, or its own error (e.g.
+ * LEASED_E_BAD_REQUEST, LEASED_E_WRONG_TYPE, LEASED_E_REDIS_UNAVAILABLE)
+ * with the daemon's message (free with leased_mset_result_free). */
+struct leased_mset_result {
+    int error;
+    char *error_message;
+};
+
+void leased_mset_result_free(struct leased_mset_result *r);
+
+/* cache.mset (hello's feature "mset"): the N ENTRIES (at most 1000) in one
+ * request. *STORED (may be NULL) counts the entries stored; RESULTS (may
+ * be NULL) has N elements, filled in order (zeroed on error). An entry
+ * that failed on its own leaves the call LEASED_OK. */
+int leased_cache_mset(struct leased_conn *c,
+                      const struct leased_mset_entry *entries, size_t n,
+                      size_t *stored, struct leased_mset_result *results,
+                      struct leased_error *err);
+
 /* --- raw requests ------------------------------------------------------- */
 
 /* Send REQUEST (a JSON object as text; its "id", if any, is replaced by

@@ -39,7 +39,8 @@
  * delete not retired runs at its due time, or at once when overdue.
  *
  * Files: ld_cache.c owns the module state (cache_mod), start and stop, and
- * the writes (cache.fill, cache.release, cache.set); reading is
+ * the writes (cache.fill, cache.release, cache.set); cache.mset is
+ * ld_cache_mset.c; reading is
  * ld_cache_get.c, answering ld_cache_reply.c, invalidation ld_cache_inval.c,
  * the due set ld_cache_due.c, the near cache ld_near*.c. Nothing in the cache
  * package reaches into the lock or semaphore packages.
@@ -190,8 +191,8 @@ ttl_param(struct ld_req *req, long long *ttl_ms, bool *present)
 /* The TTL an entry gets: nulls always cache.null_ttl_ms (a "not found"
  * must stay short-lived whatever TTL the caller uses for values), values
  * ttl_ms or cache.ttl_ms; spread by cache.ttl_jitter either way. */
-static long long
-entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
+long long
+cache_entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
 {
     const struct ld_config *cfg = cache_mod.ctx->cfg;
     long long base = is_null ? cfg->cache.null_ttl_ms
@@ -199,13 +200,52 @@ entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
     return ld_jitter_ttl(base, cfg->cache.ttl_jitter);
 }
 
-/* What the write scripts (cache_fill, cache_release, cache_set) return,
- * named once: each script's header comment uses the same names. */
-enum cache_write_rc {
-    CACHE_WRITE_WRONG_TYPE = -1, /* data leased did not write, untouched */
-    CACHE_WRITE_REFUSED = 0,     /* the lease given is not the current one */
-    CACHE_WRITE_DONE = 1,        /* stored, released, set */
-};
+bool
+cache_write_check(const redisReply *reply, const char *op, const char *key,
+                  size_t klen, struct cache_write_err *err)
+{
+    int kl = klen > 200 ? 200 : (int)klen;
+    err->extra = NULL;
+    if (reply == NULL) {
+        /* A write that left and got no answer may have happened: the
+         * client is told so instead of "nothing changed". */
+        if (ld_redis_outcome() != LD_REDIS_NOT_SENT) {
+            err->extra = json_pack("{s:s}", "outcome", "unknown");
+        }
+        err->code = LD_E_REDIS_UNAVAILABLE;
+        snprintf(err->msg, sizeof(err->msg), "redis unavailable: %s",
+                 ld_redis_failure_reason()[0] != '\0'
+                     ? ld_redis_failure_reason()
+                     : "no answer");
+        return false;
+    }
+    if (ld_reply_is_unavailable(reply)) {
+        log_info("redis refused op=%s key=\"%.*s\" error=\"%s\"", op, kl,
+                 key != NULL ? key : "", reply->str);
+        err->code = LD_E_REDIS_UNAVAILABLE;
+        snprintf(err->msg, sizeof(err->msg), "redis: %s", reply->str);
+        return false;
+    }
+    if (reply->type != REDIS_REPLY_INTEGER) {
+        const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
+                                                           : "bad shape";
+        log_error("cache script failed op=%s key=\"%.*s\" error=\"%s\"", op,
+                  kl, key != NULL ? key : "", why);
+        err->code = LD_E_INTERNAL;
+        snprintf(err->msg, sizeof(err->msg), "unexpected reply to %s: %s", op,
+                 why);
+        return false;
+    }
+    if (reply->integer == CACHE_WRITE_WRONG_TYPE) {
+        err->code = LD_E_WRONG_TYPE;
+        snprintf(err->msg, sizeof(err->msg),
+                 "the Redis key of entry '%.*s' holds data leased did not "
+                 "write; nothing was changed",
+                 kl, key != NULL ? key : "");
+        return false;
+    }
+    return true;
+}
 
 /* Common checks of a write script's reply; returns true when the caller
  * should go on with REPLY->integer. */
@@ -215,7 +255,6 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
     struct ld_rval k;
     ld_req_get(req, "key", &k);
     const char *key = k.s;
-    int klen = (int)k.len;
     if (key != NULL) {
         /* Touched when it was issued, and again now: a write held in a
          * batch (redis.batch_max) goes out at the end of the turn. On its
@@ -230,39 +269,9 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
          * such a value too, but possibly only after this answer. */
         cache_key_touched(key, k.len);
     }
-    if (reply == NULL) {
-        /* A write that left and got no answer may have happened: the
-         * client is told so instead of "nothing changed". */
-        bool unknown = ld_redis_outcome() != LD_REDIS_NOT_SENT;
-        ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
-                             unknown ? json_pack("{s:s}", "outcome", "unknown")
-                                     : NULL,
-                             "redis unavailable: %s",
-                             ld_redis_failure_reason()[0] != '\0'
-                                 ? ld_redis_failure_reason()
-                                 : "no answer");
-        return false;
-    }
-    if (ld_reply_is_unavailable(reply)) {
-        log_info("redis refused op=%s key=\"%.*s\" error=\"%s\"", op,
-                 klen > 200 ? 200 : klen, key != NULL ? key : "", reply->str);
-        ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "redis: %s", reply->str);
-        return false;
-    }
-    if (reply->type != REDIS_REPLY_INTEGER) {
-        const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
-                                                           : "bad shape";
-        log_error("cache script failed op=%s key=\"%.*s\" error=\"%s\"", op,
-                  klen > 200 ? 200 : klen, key != NULL ? key : "", why);
-        ld_reply_error(req, LD_E_INTERNAL, "unexpected reply to %s: %s", op,
-                       why);
-        return false;
-    }
-    if (reply->integer == CACHE_WRITE_WRONG_TYPE) {
-        ld_reply_error(req, LD_E_WRONG_TYPE,
-                       "the Redis key of entry '%.*s' holds data leased did "
-                       "not write; nothing was changed",
-                       klen > 200 ? 200 : klen, key != NULL ? key : "");
+    struct cache_write_err err;
+    if (!cache_write_check(reply, op, key, key != NULL ? k.len : 0, &err)) {
+        ld_reply_error_extra(req, err.code, err.extra, "%s", err.msg);
         return false;
     }
     return true;
@@ -342,7 +351,8 @@ op_fill(struct ld_req *req)
         return;
     }
     char ttl[24];
-    snprintf(ttl, sizeof(ttl), "%lld", entry_ttl(is_null, ttl_given, ttl_ms));
+    snprintf(ttl, sizeof(ttl), "%lld",
+             cache_entry_ttl(is_null, ttl_given, ttl_ms));
     const char *argv[] = {NULL, lease, is_null ? "n" : "v", value, ttl, NULL};
     size_t argvlen[] = {0, lease_len, 1, value_len, strlen(ttl), 0};
     run_write(req, LD_SCRIPT_cache_fill, key, len, 6, argv, argvlen, fill_cb);
@@ -377,11 +387,25 @@ op_set(struct ld_req *req)
         ttl_param(req, &ttl_ms, &ttl_given) != LD_OK) {
         return;
     }
+    cache_send_set(key, len, value, value_len, is_null,
+                   cache_entry_ttl(is_null, ttl_given, ttl_ms), set_cb, req);
+}
+
+void
+cache_send_set(const char *key, size_t len, const char *value,
+               size_t value_len, bool is_null, long long ttl_ms,
+               ld_redis_cb *cb, void *arg)
+{
     char ttl[24];
-    snprintf(ttl, sizeof(ttl), "%lld", entry_ttl(is_null, ttl_given, ttl_ms));
-    const char *argv[] = {NULL, is_null ? "n" : "v", value, ttl, NULL};
-    size_t argvlen[] = {0, 1, value_len, strlen(ttl), 0};
-    run_write(req, LD_SCRIPT_cache_set, key, len, 5, argv, argvlen, set_cb);
+    snprintf(ttl, sizeof(ttl), "%lld", ttl_ms);
+    size_t elen, clen;
+    char *names = cache_make_names(key, len, &elen, &clen);
+    const char *argv[] = {names, is_null ? "n" : "v", value, ttl, names};
+    size_t argvlen[] = {elen, 1, value_len, strlen(ttl), clen};
+    cache_key_touched(key, len);
+    ld_redis_script(LD_SCRIPT_cache_set, names, elen, 1, 5, argv, argvlen, cb,
+                    arg);
+    free(names);
 }
 
 /* ---- sessions, init and teardown ------------------------------------- */
@@ -532,6 +556,7 @@ ld_cache_init(const struct ld_ctx *ctx)
         {"cache.fill", op_fill, LD_OP_ADDS_WORK},
         {"cache.release", op_release, 0},
         {"cache.set", op_set, LD_OP_ADDS_WORK},
+        {"cache.mset", cache_op_mset, LD_OP_ADDS_WORK},
         {"cache.invalidate", cache_op_invalidate, 0},
     };
     if (ld_dispatch_register_ops(cache_ops, LD_ARRAY_LEN(cache_ops)) !=
@@ -540,6 +565,7 @@ ld_cache_init(const struct ld_ctx *ctx)
         return LD_ERR;
     }
     ld_features_add("stale");
+    ld_features_add("mset");
     ld_features_add_if("early_refresh", early_refresh_on);
     return LD_OK;
 }

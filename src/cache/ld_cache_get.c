@@ -53,7 +53,6 @@
 
 #include <event2/event.h>
 
-#define MGET_MAX_KEYS 1000
 /* PTTL is rounded and Redis expires a key a little after its time; waking
  * a touch late saves a fetch that would only find the lease still there. */
 #define LEASE_SLACK_US 3000
@@ -727,7 +726,7 @@ fetch_cb(redisReply *reply, void *arg)
 static struct cop *
 cop_new(struct ld_req *req, size_t n, bool mget)
 {
-    /* N is at most MGET_MAX_KEYS: small. */
+    /* N is at most CACHE_MAX_KEYS: small. */
     struct cop *op = ld_xcalloc(1, sizeof(*op));
     op->req = req;
     op->mget = mget;
@@ -881,7 +880,7 @@ cache_op_mget(struct ld_req *req)
     long long wait_ms;
     bool lease;
 
-    if (ld_req_keys(req, "keys", MGET_MAX_KEYS, &keys) != LD_OK ||
+    if (ld_req_keys(req, "keys", CACHE_MAX_KEYS, &keys) != LD_OK ||
         get_params(req, &wait_ms, &lease) != LD_OK || drop_if_closed(req)) {
         return;
     }

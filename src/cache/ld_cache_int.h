@@ -11,6 +11,7 @@
 #include "ld_common.h"
 #include "ld_assert.h"
 #include "ld_defer.h"
+#include "ld_redis.h"
 #include "ld_util.h"
 
 #include <sys/queue.h>
@@ -259,6 +260,37 @@ glist_merge(struct glist *dst, struct glist *src)
 
 /* ---- ld_cache.c: helpers --------------------------------------------- */
 
+/* What the write scripts (cache_fill, cache_release, cache_set) return,
+ * named once: each script's header comment uses the same names. */
+enum cache_write_rc {
+    CACHE_WRITE_WRONG_TYPE = -1, /* data leased did not write, untouched */
+    CACHE_WRITE_REFUSED = 0,     /* the lease given is not the current one */
+    CACHE_WRITE_DONE = 1,        /* stored, released, set */
+};
+
+/* Why a write script's reply is not a result: the error code, its message
+ * and (stolen by whoever answers with it) extra fields of the error. */
+struct cache_write_err {
+    int code;
+    char msg[512];
+    json_t *extra;
+};
+
+/* False, with ERR filled in, when REPLY (to OP on KEY) is not an integer
+ * the caller can act on: Redis was unavailable or refused the write, the
+ * script failed, or the key holds data leased did not write. */
+bool cache_write_check(const redisReply *reply, const char *op,
+                       const char *key, size_t klen,
+                       struct cache_write_err *err);
+/* The TTL a stored entry gets (nulls cache.null_ttl_ms, values TTL_MS
+ * when TTL_GIVEN, else cache.ttl_ms), spread by cache.ttl_jitter. */
+long long cache_entry_ttl(bool is_null, bool ttl_given, long long ttl_ms);
+/* cache.set's write of one entry, TTL_MS already jittered; CB gets the
+ * script's reply (enum cache_write_rc). */
+void cache_send_set(const char *key, size_t len, const char *value,
+                    size_t value_len, bool is_null, long long ttl_ms,
+                    ld_redis_cb *cb, void *arg);
+
 void cache_key_touched(const char *key, size_t len);
 /* prefix "{" key "}" ":fill" in one buffer: the entry key is its first
  * *ENTRY_LEN bytes, the channel all of it. The buffer is malloc'd, or
@@ -306,6 +338,12 @@ void cache_ckey_maybe_free(struct ckey *ck);
 void cache_ckey_spares_free(void);
 void cache_op_get(struct ld_req *req);
 void cache_op_mget(struct ld_req *req);
+/* The most keys one cache.mget, or entries one cache.mset, may name. */
+#define CACHE_MAX_KEYS 1000
+
+/* ---- ld_cache_mset.c: cache.mset ----------------------------------- */
+
+void cache_op_mset(struct ld_req *req);
 
 /* ---- ld_cache_hot_op.c: cache.hot and the hot keys in /metrics ----- */
 

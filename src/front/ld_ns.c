@@ -243,7 +243,7 @@ int
 ld_ns_check(struct ld_req *req, bool operator_op)
 {
     const struct ld_ns_list *l = live_list();
-    struct ld_rval key, keys;
+    struct ld_rval key, keys, entries;
     const struct ld_ns_entry *e;
     bool full;
     size_t i;
@@ -254,7 +254,10 @@ ld_ns_check(struct ld_req *req, bool operator_op)
     }
     ld_req_get(req, "key", &key);
     ld_req_get(req, "keys", &keys);
-    if (key.kind != LD_RV_STR && !json_is_array(keys.j)) {
+    /* cache.mset names its keys in the objects of "entries". */
+    ld_req_get(req, "entries", &entries);
+    if (key.kind != LD_RV_STR && !json_is_array(keys.j) &&
+        !json_is_array(entries.j)) {
         return LD_OK; /* names no key; a malformed one is the op's */
     }
     e = identify(req->sess, l, &full);
@@ -273,6 +276,17 @@ ld_ns_check(struct ld_req *req, bool operator_op)
                 !allowed(e, json_string_value(k), json_string_length(k))) {
                 return refuse(req, e, json_string_value(k),
                               json_string_length(k));
+            }
+        }
+    }
+    if (json_is_array(entries.j)) {
+        json_array_foreach(entries.j, i, k)
+        {
+            json_t *ek = json_object_get(k, "key");
+            if (json_is_string(ek) &&
+                !allowed(e, json_string_value(ek), json_string_length(ek))) {
+                return refuse(req, e, json_string_value(ek),
+                              json_string_length(ek));
             }
         }
     }

@@ -149,6 +149,108 @@ locked_is(void *arg)
     return locked == a->want;
 }
 
+/* cache load FILE: JSON lines stored with cache.mset in batches; the bad
+ * ones reported by line and counted, exit 1 when any failed. */
+static json_t *
+plain_get(struct h_conn *c, const char *key)
+{
+    return h_callf(c, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key", key,
+                   "lease", 0);
+}
+
+START_TEST(test_cache_load)
+{
+    struct run r;
+    char dir[256], path[300], good[300], cmd[1024];
+    FILE *f;
+
+    h_start(NULL);
+    if (!has_feature("mset")) {
+        CTL(&r, "-s", D.sock, "cache", "load", "/dev/null");
+        CK_RC(&r, EX_UNAVAILABLE);
+        return;
+    }
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/warm.jsonl", dir);
+    snprintf(good, sizeof good, "%s/good.jsonl", dir);
+    h_r_do(&R, "SET leased:cache:{foreign} theirs");
+
+    /* 2500 entries: three batches of up to 1000, keys on every slot. */
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 2500; i++) {
+        fprintf(f,
+                "{\"key\":\"warm:%d\",\"value\":\"v%d\",\"ttl_ms\":100000}\n",
+                i, i);
+        if (i == 10) {
+            fprintf(f, "not json\n\n");
+        }
+        if (i == 1500) {
+            fprintf(f, "{\"key\":\"badttl\",\"value\":\"x\",\"ttl_ms\":0}\n");
+            fprintf(f, "{\"key\":\"foreign\",\"value\":\"x\"}\n");
+        }
+    }
+    fprintf(f, "{\"key\":\"nul\",\"value\":null}\n");
+    ck_assert_int_eq(fclose(f), 0);
+
+    CTL(&r, "-s", D.sock, "cache", "load", path);
+    CK_RC(&r, 1);
+    ck_assert_msg(strstr(r.out, "stored 2501 failed 3") != NULL, "stdout: %s",
+                  r.out);
+    ck_assert_msg(strstr(r.err, "line 12") != NULL &&
+                      strstr(r.err, "badttl") != NULL &&
+                      strstr(r.err, "wrong_type") != NULL,
+                  "stderr: %s", r.err);
+
+    struct h_conn *c = h_connect_ok(&D);
+    const char *keys[] = {"warm:0", "warm:999", "warm:1000", "warm:2499"};
+    const char *vals[] = {"v0", "v999", "v1000", "v2499"};
+    for (size_t i = 0; i < 4; i++) {
+        json_t *g = plain_get(c, keys[i]);
+        ck_assert_msg(h_ok(g) && jtrue(g, "hit") &&
+                          strcmp(jstr(g, "value"), vals[i]) == 0,
+                      "%s: %s", keys[i], h_dump(g));
+        json_decref(g);
+    }
+    json_t *g = plain_get(c, "nul");
+    ck_assert_msg(h_ok(g) && jtrue(g, "hit") &&
+                      json_is_null(json_object_get(g, "value")),
+                  "nul: %s", h_dump(g));
+    json_decref(g);
+    long long pttl = h_r_int(&R, "PTTL leased:cache:{warm:7}");
+    ck_assert_msg(pttl >= 80000 && pttl <= 110000, "pttl %lld", pttl);
+    h_close(c);
+
+    /* From stdin, in small batches: all stored, exit 0. */
+    f = fopen(good, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 30; i++) {
+        fprintf(f, "{\"key\":\"in:%d\",\"value\":\"s%d\"}\n", i, i);
+    }
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(cmd, sizeof cmd, "exec %s -s %s cache load --batch 7 - < %s",
+             ctl_bin(), D.sock, good);
+    const char *const sh[] = {"-c", cmd, NULL};
+    fill_argv(&r, sh);
+    r.argv[0] = "sh";
+    r.rc = h_run(r.argv, r.out, sizeof r.out, r.err, sizeof r.err, RUN_MS);
+    CK_RC(&r, 0);
+    ck_assert_msg(strstr(r.out, "stored 30 failed 0") != NULL, "stdout: %s",
+                  r.out);
+    c = h_connect_ok(&D);
+    g = plain_get(c, "in:29");
+    ck_assert_msg(h_ok(g) && jtrue(g, "hit") &&
+                      strcmp(jstr(g, "value"), "s29") == 0,
+                  "in:29: %s", h_dump(g));
+    json_decref(g);
+    h_close(c);
+
+    /* A file that is not there. */
+    CTL(&r, "-s", D.sock, "cache", "load", "/nonexistent/warm.jsonl");
+    CK_RC(&r, EX_NOINPUT);
+}
+END_TEST
+
 START_TEST(test_locks_and_force)
 {
     struct run r;
@@ -575,7 +677,7 @@ main(void)
         H_CASE(locks_and_force, 90),      H_CASE(tcp_admin_token, 60),
         H_CASE(json_everywhere, 90),      H_CASE(lock_command_forced, 90),
         H_CASE(read_lock_and_sem, 90),    H_CASE(top_once_and_json, 60),
-        H_CASE(top_interactive_tmux, 60),
+        H_CASE(top_interactive_tmux, 60), H_CASE(cache_load, 120),
     };
     return H_MAIN(fx, cases);
 }

@@ -711,6 +711,67 @@ START_TEST(test_cache)
 }
 END_TEST
 
+/* leased_cache_mset: the count, each entry's outcome in order, values
+ * (binary-safe, null) readable afterwards with their TTLs. */
+START_TEST(test_cache_mset)
+{
+    static const char bin[] = "a\"b\\c\n\x01z";
+    struct leased_conn *c;
+    struct leased_cache_result g;
+    struct leased_mset_result res[4];
+    struct leased_error err;
+    size_t stored;
+    int rc;
+
+    h_start(NULL);
+    c = conn();
+    h_r_do(&R, "SET leased:cache:{m:alien} x");
+    const struct leased_mset_entry es[4] = {
+        {"m:a", "value-a", (size_t)-1, 60000},
+        {"m:bin", bin, sizeof bin - 1, 0},
+        {"m:null", NULL, 0, 0},
+        {"m:alien", "x", (size_t)-1, 0},
+    };
+    rc = leased_cache_mset(c, es, 4, &stored, res, &err);
+    CK_OK(rc, err, "cache.mset");
+    ck_assert_uint_eq(stored, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(res[i].error, LEASED_OK);
+        ck_assert_ptr_null(res[i].error_message);
+    }
+    ck_assert_int_eq(res[3].error, LEASED_E_WRONG_TYPE);
+    ck_assert_ptr_nonnull(res[3].error_message);
+    for (int i = 0; i < 4; i++) {
+        leased_mset_result_free(&res[i]);
+    }
+
+    rc = leased_cache_get(c, "m:a", LEASED_UNSET, false, &g, &err);
+    CK_OK(rc, err, "cache.get m:a");
+    ck_assert(g.hit);
+    ck_assert_str_eq(g.value, "value-a");
+    leased_cache_result_free(&g);
+    long long pttl = h_r_int(&R, "PTTL leased:cache:{m:a}");
+    ck_assert_msg(pttl > 40000 && pttl <= 66000, "pttl %lld", pttl);
+    rc = leased_cache_get(c, "m:bin", LEASED_UNSET, false, &g, &err);
+    CK_OK(rc, err, "cache.get m:bin");
+    ck_assert_uint_eq(g.value_len, sizeof bin - 1);
+    ck_assert(!memcmp(g.value, bin, sizeof bin - 1));
+    leased_cache_result_free(&g);
+    rc = leased_cache_get(c, "m:null", LEASED_UNSET, false, &g, &err);
+    CK_OK(rc, err, "cache.get m:null");
+    ck_assert(g.hit && g.is_null);
+    leased_cache_result_free(&g);
+
+    /* Results may be left out; no entries is the caller's mistake. */
+    rc = leased_cache_mset(c, es, 1, &stored, NULL, &err);
+    CK_OK(rc, err, "cache.mset without results");
+    ck_assert_uint_eq(stored, 1);
+    rc = leased_cache_mset(c, es, 0, &stored, NULL, &err);
+    CK_CODE(rc, err, LEASED_E_INVALID, "cache.mset of nothing");
+    leased_close(c);
+}
+END_TEST
+
 /* --- errors ------------------------------------------------------------- */
 
 START_TEST(test_errors)
@@ -1315,6 +1376,7 @@ main(void)
         H_CASE(several_keys_at_once, 60),
         H_CASE(unlock_request_id, 60),
         H_CASE(cache, 60),
+        H_CASE(cache_mset, 60),
         H_CASE(errors, 60),
         H_CASE(unauthorized, 60),
         H_CASE(busy, 60),

@@ -431,6 +431,18 @@ fresh_writes_refused(struct h_conn *c, enum refusal how)
          * memory. */
         EXPECT("cache.set", "{s:s,s:s,s:s,s:i}", "op", "cache.set", "key", "k",
                "value", "v", "ttl_ms", 10000);
+        /* cache.mset answers ok, with each entry's refusal as its
+         * result and none stored. */
+        json_t *m = call(c, "cache.mset", "{s:s,s:[{s:s,s:s},{s:s,s:n}]}",
+                         "op", "cache.mset", "entries", "key", "k1", "value",
+                         "v", "key", "k2", "value");
+        json_t *res = json_object_get(m, "results");
+        ck_assert_msg(h_ok(m) && jint(m, "stored") == 0 &&
+                          json_array_size(res) == 2 &&
+                          is_unavailable(json_array_get(res, 0)) &&
+                          is_unavailable(json_array_get(res, 1)),
+                      "%s, cache.mset: %s", why, h_dump(m));
+        json_decref(m);
     }
 #undef EXPECT
 

@@ -2919,6 +2919,9 @@ static const struct cluster_skip cluster_skips[] = {
     {"cache", "redis_down_queued",
      "kills and restarts the one Redis to queue deletes in the journal "
      "(check_cluster's master_lost_for_good replays them per key)"},
+    {"mset", "redis_down", "kills and restarts the one Redis"},
+    {"mset", "redis_stalled",
+     "stops the one Redis process (SIGSTOP) to time a request out"},
     {"cache", "second_delete_after_outage",
      "kills and restarts the one Redis"},
     {"cache", "second_delete_after_replay",
