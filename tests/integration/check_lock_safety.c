@@ -244,27 +244,12 @@ START_TEST(test_recheck_retried)
     json_decref(r);
     r = lk_must(a, "f", NULL, 600000, 0);
     json_decref(r);
-    h_r_do(&R, "FLUSHALL");
-    h_r_do(&R, "ACL SETUSER default -eval -evalsha -eval_ro -evalsha_ro");
-    h_r_do(&R, "CLIENT KILL TYPE normal SKIPME yes");
-
-    long long deadline = h_now_ms() + 10000;
-    bool refused = false;
-    while (!refused &&
-           (ev = h_event(a, (int)(deadline - h_now_ms()))) != NULL) {
-        ck_assert_msg(!raw_is_event(ev, "lock_lost", "w"),
-                      "lock_lost for w while Redis refused its renewal");
-        refused = raw_is_event(ev, "lock_at_risk", "w");
-        json_decref(ev);
-    }
-    ck_assert_msg(refused,
-                  "no lock_at_risk for w: its renewal was not refused");
-    h_r_do(&R, "ACL SETUSER default +@all");
+    recheck_refused(&R, a, "lock_at_risk", "lock_lost", "w");
 
     /* Both, in either order (their keys may use different connections). */
     bool seen_f = false, seen_w = false;
     long long t0 = h_now_ms();
-    deadline = t0 + 5000;
+    long long deadline = t0 + 5000;
     while (!(seen_f && seen_w) && h_now_ms() < deadline) {
         ev = h_event(a, (int)(deadline - h_now_ms()));
         if (ev == NULL) {

@@ -785,7 +785,6 @@ END_TEST
 START_TEST(test_recheck_retried)
 {
     struct h_conn *a;
-    json_t *ev;
     char s[65], t[65];
     long long t_start = h_now_ms();
 
@@ -793,21 +792,7 @@ START_TEST(test_recheck_retried)
     a = h_connect_ok(&D1);
     s_must(a, "S", 1, 0, 0, s);
     s_must(a, "T", 1, 0, 600000, t);
-    h_r_do(&R, "FLUSHALL");
-    h_r_do(&R, "ACL SETUSER default -eval -evalsha -eval_ro -evalsha_ro");
-    h_r_do(&R, "CLIENT KILL TYPE normal SKIPME yes");
-
-    long long deadline = h_now_ms() + 10000;
-    bool refused = false;
-    while (!refused &&
-           (ev = h_event(a, (int)(deadline - h_now_ms()))) != NULL) {
-        ck_assert_msg(!raw_is_event(ev, "sem_lost", "S"),
-                      "sem_lost for S while Redis refused its check");
-        refused = raw_is_event(ev, "sem_at_risk", "S");
-        json_decref(ev);
-    }
-    ck_assert_msg(refused, "no sem_at_risk for S: its check was not refused");
-    h_r_do(&R, "ACL SETUSER default +@all");
+    recheck_refused(&R, a, "sem_at_risk", "sem_lost", "S");
     long long t0 = h_now_ms();
     expect_both_lost(a, s, t, 5000, "scripts allowed again");
     fprintf(stderr,

@@ -117,6 +117,33 @@ raw_is_event(const json_t *j, const char *name, const char *key)
            jstr(j, "key") != NULL && strcmp(jstr(j, "key"), key) == 0;
 }
 
+/* Make REDIS lose every hold (FLUSHALL) and refuse scripts (an ACL),
+ * then drop the daemon's connections so that its reconnect starts a
+ * recheck: its check of KEY is refused while the connection stays up.
+ * Waits on C for AT_RISK for KEY (the refusal seen; LOST for KEY before
+ * it fails the test), then lets scripts run again. */
+static inline void
+recheck_refused(struct h_redis *redis, struct h_conn *c, const char *at_risk,
+                const char *lost, const char *key)
+{
+    json_t *ev;
+    h_r_do(redis, "FLUSHALL");
+    h_r_do(redis, "ACL SETUSER default -eval -evalsha -eval_ro -evalsha_ro");
+    h_r_do(redis, "CLIENT KILL TYPE normal SKIPME yes");
+    long long deadline = h_now_ms() + 10000;
+    bool refused = false;
+    while (!refused &&
+           (ev = h_event(c, (int)(deadline - h_now_ms()))) != NULL) {
+        ck_assert_msg(!raw_is_event(ev, lost, key),
+                      "%s for %s while Redis refused its check", lost, key);
+        refused = raw_is_event(ev, at_risk, key);
+        json_decref(ev);
+    }
+    ck_assert_msg(refused, "no %s for %s: its check was not refused", at_risk,
+                  key);
+    h_r_do(redis, "ACL SETUSER default +@all");
+}
+
 /* Send LINE on B, then read A and B as lines reach them until B's reply
  * and A's EVENT for KEY have both come, or TIMEOUT_MS has passed. Each
  * round reads what poll says is there, A's socket first: an event that
