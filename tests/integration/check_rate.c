@@ -85,6 +85,17 @@ START_TEST(test_validation)
     struct h_conn *a = h_connect_ok(&D1);
     json_t *q;
 
+    json_t *r = h_callf(a, T_MS, "{s:s}", "op", "hello");
+    ck_assert(h_ok(r));
+    json_t *f = json_object_get(r, "features");
+    bool named = false;
+    for (size_t i = 0; i < json_array_size(f); i++) {
+        const char *n = json_string_value(json_array_get(f, i));
+        named = named || (n != NULL && strcmp(n, "rate") == 0);
+    }
+    ck_assert_msg(named, "hello's features lack rate");
+    json_decref(r);
+
     bad(a,
         json_pack("{s:s,s:s,s:i}", "op", "rate.acquire", "key", "v", "per_ms",
                   1000),
