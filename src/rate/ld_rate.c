@@ -25,6 +25,7 @@
 #include "ld_proto.h"
 #include "ld_redis.h"
 #include "ld_session.h"
+#include "ld_stats.h"
 #include "ld_util.h"
 
 #include <event2/event.h>
@@ -67,6 +68,8 @@ op_free(struct rate_op *op)
 {
     TAILQ_REMOVE(&rate_mod.ops, op, link);
     if (op->timer != NULL) {
+        LD_ASSERT(ld_stats.rate_waiting > 0);
+        ld_stats.rate_waiting--;
         event_free(op->timer);
     }
     free(op->name);
@@ -82,6 +85,11 @@ reply_result(struct rate_op *op, bool acquired, long long retry_ms)
     ld_reply_ok(op->req, json_pack("{s:b,s:I}", "acquired", acquired,
                                    "retry_after_ms", (json_int_t)retry_ms));
     op->req = NULL;
+    if (acquired) {
+        ld_stats.rate_granted++;
+    } else {
+        ld_stats.rate_refused++;
+    }
 }
 
 /* Errors that say Redis cannot serve now (unreachable, read-only, out of
@@ -144,6 +152,7 @@ on_refused(struct rate_op *op, long long retry_ms)
     }
     if (op->timer == NULL) {
         op->timer = evtimer_new(rate_mod.ctx->base, on_timer, op);
+        ld_stats.rate_waiting++;
         ld_cancel_on(op->req, on_cancel, op);
     }
     /* The script rounds up to whole milliseconds: the permits are free
@@ -359,6 +368,7 @@ ld_rate_free(void)
         LD_ASSERT(op->inflight && op->req == NULL);
         TAILQ_REMOVE(&rate_mod.ops, op, link);
         if (op->timer != NULL) {
+            ld_stats.rate_waiting--;
             event_free(op->timer);
             op->timer = NULL;
         }

@@ -230,12 +230,16 @@ START_TEST(test_wait_ends_with_session_and_cancel)
     rate_must(rate_call(a, "s", 1, 4000, 1, 0, 0), true, "first");
     s_send_id(b, 5, rate_req("s", 1, 4000, 1, 0, 30000));
     ck_assert(h_wait_until(pending_is, &w, T_MS)); /* its and the stats' */
+    h_assert_stat(a, "rate_waiting", 1, T_MS);
     long long t0 = h_now_ms();
     h_close(b);
     w.n = 1;
     ck_assert_msg(h_wait_until(pending_is, &w, T_MS), "still waiting");
     ck_assert_msg(h_now_ms() - t0 < 2500, "ended only after %lld ms",
                   h_now_ms() - t0);
+    h_assert_stat(a, "rate_waiting", 0, T_MS);
+    h_assert_stat(a, "rate_granted", 1, T_MS);
+    h_assert_stat(a, "rate_refused", 1, T_MS);
 
     /* Cancel: answered at once, acquired false, with the retry. */
     b = h_connect_ok(&D1);
@@ -250,6 +254,8 @@ START_TEST(test_wait_ends_with_session_and_cancel)
     long long retry = rate_must(r, false, "cancelled");
     ck_assert_msg(retry > 0 && retry <= 4000, "retry %lld", retry);
     ck_assert_int_lt(h_now_ms() - t0, 2500);
+    h_assert_stat(a, "rate_waiting", 0, T_MS);
+    h_assert_stat(a, "cancelled", 1, T_MS);
     h_close(b);
     h_close(a);
 }
