@@ -261,6 +261,32 @@ START_TEST(test_wait_ends_with_session_and_cancel)
 }
 END_TEST
 
+/* A graceful stop answers the waiting requests at once (shutting_down,
+ * or acquired false when the stop ends their session first) and exits
+ * cleanly. */
+START_TEST(test_stop_while_waiting)
+{
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D1);
+    rate_must(rate_call(a, "stop", 1, 5000, 1, 0, 0), true, "first");
+    s_send_id(a, 9, rate_req("stop", 1, 5000, 1, 0, 30000));
+    struct h_conn *b = h_connect_ok(&D1);
+    h_assert_stat(b, "rate_waiting", 1, T_MS);
+    h_close(b);
+    long long t0 = h_now_ms();
+    ck_assert_int_eq(h_daemon_stop(&D1), 0);
+    ck_assert_msg(h_now_ms() - t0 < 4000, "stopped only after %lld ms",
+                  h_now_ms() - t0);
+    json_t *r = h_recv_id(a, 9, 1000);
+    if (r != NULL && h_ok(r)) {
+        rate_must(r, false, "a wait at the stop");
+    } else if (r != NULL) {
+        h_expect_code(r, "shutting_down", "a wait at the stop");
+    }
+    h_close(a);
+}
+END_TEST
+
 START_TEST(test_max_pending)
 {
     h_start("limits:\n  max_pending: 2\n");
@@ -451,6 +477,7 @@ main(void)
         H_CASE(wait_granted, 40),
         H_CASE(wait_ends_with_session_and_cancel, 40),
         H_CASE(max_pending, 30),
+        H_CASE(stop_while_waiting, 40),
         H_CASE(redis_down_and_wrong_type, 40),
         H_CASE(exact_across_daemons, 60),
     };
