@@ -1957,6 +1957,54 @@ leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
     return rc;
 }
 
+/* --- rate limiter -------------------------------------------------------- */
+
+int
+leased_rate_acquire(struct leased_conn *c, const char *key, long long rate,
+                    long long per_ms, const struct leased_rate_args *args,
+                    struct leased_rate_result *out, struct leased_error *err)
+{
+    struct leased_rate_args none = {0};
+    json_t *req = key_req("rate.acquire", key), *reply;
+    struct leased_rate_result res = {false, -1};
+    int rc;
+
+    if (args == NULL) {
+        args = &none;
+    }
+    if (req != NULL) {
+        json_object_set_new(req, "rate", json_integer(rate));
+        json_object_set_new(req, "per_ms", json_integer(per_ms));
+        if (args->burst != 0) {
+            json_object_set_new(req, "burst", json_integer(args->burst));
+        }
+        if (args->permits != 0) {
+            json_object_set_new(req, "permits", json_integer(args->permits));
+        }
+        if (args->wait_ms != 0) {
+            json_object_set_new(req, "wait_ms", json_integer(args->wait_ms));
+        }
+    }
+    rc = call_new(c, req, args->wait_ms, &reply, err);
+    if (rc == LEASED_OK) {
+        json_t *a = json_object_get(reply, "acquired");
+        json_t *r = json_object_get(reply, "retry_after_ms");
+        if (!json_is_boolean(a)) {
+            rc = missing(err, "rate.acquire", "acquired");
+        } else if (!json_is_integer(r)) {
+            rc = missing(err, "rate.acquire", "retry_after_ms");
+        } else {
+            res.acquired = json_is_true(a);
+            res.retry_after_ms = (long long)json_integer_value(r);
+        }
+    }
+    json_decref(reply);
+    if (out != NULL) {
+        *out = res;
+    }
+    return rc;
+}
+
 int
 leased_sem_release(struct leased_conn *c, const char *key, const char *token,
                    long long *released, struct leased_error *err)

@@ -36,11 +36,12 @@ import sys
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 # From the top down; keep in step with src/local.am.
-PACKAGES = ["top", "lock", "sem", "cache", "lease", "front", "redis", "core"]
+PACKAGES = ["top", "lock", "sem", "cache", "rate", "lease", "front", "redis", "core"]
 # Generated, or not C: not packages of the daemon.
 NOT_PACKAGES = {"lua"}
 # Packages of one rank: they may not include each other.
-RANK = {"top": 0, "lock": 1, "sem": 1, "cache": 1, "lease": 2, "front": 3,
+RANK = {"top": 0, "lock": 1, "sem": 1, "cache": 1,
+        "rate": 1, "lease": 2, "front": 3,
         "redis": 4, "core": 5}
 
 

@@ -31,6 +31,7 @@
 #include "ld_ns.h"
 #include "ld_proto.h"
 #include "ld_pubsub.h"
+#include "ld_rate.h"
 #include "ld_redis.h"
 #include "ld_sem.h"
 #include "ld_sentinel.h"
@@ -148,6 +149,7 @@ begin_shutdown(const char *why)
     ld_session_shutdown_all();
     ld_lock_shutdown();
     ld_sem_shutdown();
+    ld_rate_shutdown();
     ld_cache_hand_over();
     ld_cache_shutdown();
     server_mod.drain_deadline_ms = ld_now_ms() + DRAIN_MAX_MS;
@@ -364,6 +366,9 @@ ld_server_wire(const struct ld_ctx *c)
     if (ld_sem_init(c) != LD_OK || ld_cancel_init(c) != LD_OK) {
         return LD_ERR;
     }
+    if (ld_rate_init(c) != LD_OK) {
+        return LD_ERR;
+    }
     if (c->cfg->redis.mode == LD_REDIS_SENTINEL) {
         if (ld_sentinel_init(c, on_master, NULL) != LD_OK) {
             return LD_ERR;
@@ -453,6 +458,7 @@ free_all(void)
     ld_listen_stop();
     ld_metrics_stop();
     ld_session_cleanup();
+    ld_rate_free();
     ld_sem_free();
     ld_lock_free();
     ld_cache_free();

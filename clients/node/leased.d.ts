@@ -26,6 +26,24 @@ export interface LockOptions {
   signal?: AbortSignal;
 }
 
+export interface RateOptions {
+  /** At most this many at once after a quiet spell (default: the rate). */
+  burst?: number;
+  /** How many permits to take, all or none (default 1). */
+  permits?: number;
+  /** 0 decides once (default); positive lets the daemon wait that long. */
+  wait_ms?: number;
+  /** Aborting it ends the wait at once (cancel is sent). */
+  signal?: AbortSignal;
+}
+
+export interface RateReply extends Reply {
+  acquired: boolean;
+  /** Refused: ms until the permits could be granted; granted: ms until
+   *  one more could be (0: now). */
+  retry_after_ms: number;
+}
+
 export interface SemOptions {
   /** How many permits this grant takes (default 1). */
   permits?: number;
@@ -256,6 +274,8 @@ export declare class Leased extends EventEmitter {
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
+  rateAcquire(key: string, rate: number, per_ms: number,
+              opts?: RateOptions): Promise<RateReply>;
   /** Holds permits of KEY while FN runs; released when FN settles.
    *  Rejects with code 'no_permit'. */
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
@@ -312,6 +332,8 @@ export declare class Pool extends EventEmitter {
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
+  rateAcquire(key: string, rate: number, per_ms: number,
+              opts?: RateOptions): Promise<RateReply>;
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
                    fn: (grant: SemReply & RiskState, signal: AbortSignal) =>
                      Promise<T> | T):

@@ -731,6 +731,15 @@ class Leased extends EventEmitter {
     return this.call('sem.info', { key, limit });
   }
 
+  // The rate limiter: {acquired, retry_after_ms}. BURST defaults to the
+  // rate in the daemon; with WAIT_MS the daemon waits until the permits
+  // are free, up to that long. SIGNAL as for lock().
+  rateAcquire(key, rate, per_ms, { burst, permits, wait_ms, signal } = {}) {
+    if (badKey(key, false)) return Promise.reject(badKey(key, false));
+    return this.call('rate.acquire', { key, rate, per_ms, burst, permits, wait_ms },
+      { signal });
+  }
+
   // Run FN(grant, signal) holding permits of KEY and release them when
   // FN settles; throws an error with code 'no_permit' when none came
   // within wait_ms. SIGNAL is aborted on sem_lost (signal.reason.event)
@@ -1031,6 +1040,10 @@ class Pool extends EventEmitter {
 
   semInfo(key, limit) {
     return this._on(key, (c) => c.semInfo(key, limit));
+  }
+
+  rateAcquire(key, rate, per_ms, opts) {
+    return this._on(key, (c) => c.rateAcquire(key, rate, per_ms, opts));
   }
 
   withSemaphore(key, limit, opts, fn) {

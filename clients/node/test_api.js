@@ -451,6 +451,30 @@ test('withSemaphore() holds a permit for the callback', async () => {
   }
 });
 
+test('rateAcquire() grants, refuses with retry_after_ms and waits', async () => {
+  const a = await Leased.connect(SOCK);
+  const pool = new Pool({ path: SOCK, size: 1 });
+  try {
+    const key = `${TAG}:rate`;
+    let r = await a.rateAcquire(key, 2, 60000, { burst: 2 });
+    assert.deepStrictEqual([r.acquired, r.retry_after_ms], [true, 0]);
+    r = await pool.rateAcquire(key, 2, 60000, { burst: 2 });
+    assert.strictEqual(r.acquired, true);
+    r = await a.rateAcquire(key, 2, 60000, { burst: 2 });
+    assert.strictEqual(r.acquired, false);
+    assert.ok(r.retry_after_ms > 0 && r.retry_after_ms <= 30000, `${r.retry_after_ms}`);
+    await assert.rejects(a.rateAcquire(key, 2, 60000, { burst: 2, permits: 3 }),
+      (e) => e.code === 'bad_request');
+    const wkey = `${TAG}:rate-wait`;
+    assert.strictEqual((await a.rateAcquire(wkey, 1, 300, { burst: 1 })).acquired, true);
+    r = await a.rateAcquire(wkey, 1, 300, { burst: 1, wait_ms: 10000 });
+    assert.strictEqual(r.acquired, true);
+  } finally {
+    a.close();
+    pool.close();
+  }
+});
+
 function redisDelKeys(names) {
   const [host, port] = REDIS.split(':');
   const parts = ['DEL', ...names].map((x) => Buffer.from(x));

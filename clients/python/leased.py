@@ -205,6 +205,18 @@ def _sem_fields(key, limit, permits, wait_ms, ttl_ms, extra):
     return fields
 
 
+def _rate_fields(key, rate, per_ms, burst, permits, wait_ms, extra):
+    fields = {"key": _one_key(key), "rate": rate, "per_ms": per_ms}
+    if burst is not None:
+        fields["burst"] = burst
+    if permits != 1:
+        fields["permits"] = permits
+    if wait_ms:
+        fields["wait_ms"] = wait_ms
+    fields.update(extra)
+    return fields
+
+
 class Held(dict):
     """A held lock: the lock reply (held["fence"] as before) with .key,
     .token, .fence, and .lost, an Event (threading.Event, or asyncio.Event
@@ -1007,6 +1019,15 @@ class Leased:
     def sem_info(self, key, limit):
         return self.call("sem.info", key=_one_key(key), limit=limit)
 
+    def rate_acquire(self, key, rate, per_ms, burst=None, permits=1,
+                     wait_ms=0, **extra):
+        """rate.acquire: {"acquired":bool,"retry_after_ms":ms}. BURST
+        None is the daemon's default (the rate); with WAIT_MS the daemon
+        waits until the permits are free, up to that long."""
+        return self.call("rate.acquire",
+                         **_rate_fields(key, rate, per_ms, burst, permits,
+                                        wait_ms, extra))
+
     @contextlib.contextmanager
     def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
                   **extra):
@@ -1276,6 +1297,11 @@ class Pool:
 
     def call(self, op, **fields):
         return self._use(Leased.call, op, **fields)
+
+    def rate_acquire(self, key, rate, per_ms, burst=None, permits=1,
+                     wait_ms=0, **extra):
+        return self._use(Leased.rate_acquire, key, rate, per_ms, burst,
+                         permits, wait_ms, **extra)
 
     def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """A lock that outlives the call is bound to a connection that
@@ -1705,6 +1731,13 @@ class AsyncLeased:
 
     async def sem_info(self, key, limit):
         return await self.call("sem.info", key=_one_key(key), limit=limit)
+
+    async def rate_acquire(self, key, rate, per_ms, burst=None, permits=1,
+                           wait_ms=0, **extra):
+        """As Leased.rate_acquire."""
+        return await self.call("rate.acquire",
+                               **_rate_fields(key, rate, per_ms, burst,
+                                              permits, wait_ms, extra))
 
     def semaphore(self, key, limit, permits=1, wait_ms=0, ttl_ms=None,
                   **extra):

@@ -1294,6 +1294,40 @@ class Semaphores(unittest.TestCase):
         self.run_async(main())
 
 
+class RateLimiter(unittest.TestCase):
+    def test_rate_acquire(self):
+        key = PREFIX + "rate"
+        with Leased(SOCKET) as ld:
+            r = ld.rate_acquire(key, 2, 60000, burst=2)
+            self.assertEqual((r["acquired"], r["retry_after_ms"]), (True, 0))
+            r = ld.rate_acquire(key, 2, 60000, burst=2)
+            self.assertTrue(r["acquired"])
+            r = ld.rate_acquire(key, 2, 60000, burst=2)
+            self.assertFalse(r["acquired"])
+            self.assertTrue(0 < r["retry_after_ms"] <= 30000)
+            with self.assertRaises(LeasedError) as cm:
+                ld.rate_acquire(key, 2, 60000, burst=2, permits=3)
+            self.assertEqual(cm.exception.code, "bad_request")
+        with Pool(SOCKET, size=1) as pool:
+            r = pool.rate_acquire(key, 2, 60000, burst=2)
+            self.assertFalse(r["acquired"])
+
+    def test_rate_acquire_waits(self):
+        key = PREFIX + "rate-wait"
+
+        async def main():
+            a = await AsyncLeased.connect(SOCKET)
+            try:
+                r = await a.rate_acquire(key, 1, 300, burst=1)
+                self.assertTrue(r["acquired"])
+                r = await a.rate_acquire(key, 1, 300, burst=1,
+                                         wait_ms=WAIT_S * 1000)
+                self.assertTrue(r["acquired"])
+            finally:
+                await a.close()
+        asyncio.run(asyncio.wait_for(main(), WAIT_S * 2))
+
+
 LEASED_BIN = os.environ.get("LEASED_BIN", "")
 
 

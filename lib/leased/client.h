@@ -388,6 +388,30 @@ struct leased_sem_info {
 int leased_sem_info(struct leased_conn *c, const char *key, long long limit,
                     struct leased_sem_info *out, struct leased_error *err);
 
+/* --- rate limiter -------------------------------------------------------- */
+
+/* Optional fields of rate.acquire; a zeroed struct (or NULL) takes one
+ * permit with burst = rate, decided once. */
+struct leased_rate_args {
+    long long burst;   /* 0: the rate */
+    long long permits; /* 0: 1 */
+    long long wait_ms; /* 0: decide once; > 0: the daemon waits up to it */
+};
+
+struct leased_rate_result {
+    bool acquired;
+    /* Refused: ms until the permits could be granted; granted: ms until
+     * one more could be (0: now). */
+    long long retry_after_ms;
+};
+
+/* Take ARGS->permits of KEY's limiter of RATE permits per PER_MS ms.
+ * Refused is not an error (OUT->acquired false). */
+int leased_rate_acquire(struct leased_conn *c, const char *key, long long rate,
+                        long long per_ms, const struct leased_rate_args *args,
+                        struct leased_rate_result *out,
+                        struct leased_error *err);
+
 /* --- cancelling a wait ---------------------------------------------------- */
 
 /* End the wait of a request sent with leased_send (a lock or sem.acquire

@@ -69,6 +69,9 @@
     X(gauge, sem_holds, "Semaphore grants held by this daemon's sessions")    \
     X(counter, sem_acquired, "Semaphore permits granted (acquisitions)")      \
     X(counter, sem_released, "Semaphore acquisitions released")               \
+    X(counter, rate_granted, "rate.acquire requests granted")                 \
+    X(counter, rate_refused, "rate.acquire requests answered not acquired")   \
+    X(gauge, rate_waiting, "rate.acquire requests refused once, waiting")     \
     X(counter, cancelled, "Waiting requests ended by cancel")                 \
     X(counter, cache_hits, "cache.get hits with a value")                     \
     X(counter, cache_negative_hits, "cache.get hits on a cached null")        \

@@ -1,5 +1,5 @@
-/* libleased's semaphore calls and leased_cancel against real
- * redis-server and real leased. */
+/* libleased's semaphore and rate limiter calls and leased_cancel against
+ * real redis-server and real leased. */
 
 #include "harness.h"
 #include "leased/client.h"
@@ -64,6 +64,41 @@ START_TEST(test_sem_calls)
 }
 END_TEST
 
+START_TEST(test_rate_calls)
+{
+    struct leased_conn *a = conn();
+    struct leased_error err;
+    struct leased_rate_result r;
+    struct leased_rate_args two = {.burst = 2};
+
+    ck_assert_int_eq(leased_rate_acquire(a, "lrate", 2, 60000, &two, &r, &err),
+                     LEASED_OK);
+    ck_assert(r.acquired);
+    ck_assert_int_eq(r.retry_after_ms, 0);
+    ck_assert_int_eq(leased_rate_acquire(a, "lrate", 2, 60000, &two, &r, &err),
+                     LEASED_OK);
+    ck_assert(r.acquired);
+    ck_assert_int_eq(leased_rate_acquire(a, "lrate", 2, 60000, &two, &r, &err),
+                     LEASED_OK);
+    ck_assert(!r.acquired);
+    ck_assert_msg(r.retry_after_ms > 0 && r.retry_after_ms <= 30000,
+                  "retry after %lld", r.retry_after_ms);
+    struct leased_rate_args three = {.burst = 2, .permits = 3};
+    ck_assert_int_eq(leased_rate_acquire(a, "lrate", 2, 60000, &three, &r,
+                                         &err),
+                     LEASED_E_BAD_REQUEST);
+    /* Default burst (the rate) and a wait the daemon does for us. */
+    ck_assert_int_eq(leased_rate_acquire(a, "lw", 1, 300, NULL, &r, &err),
+                     LEASED_OK);
+    ck_assert(r.acquired);
+    struct leased_rate_args wait = {.wait_ms = 10000};
+    ck_assert_int_eq(leased_rate_acquire(a, "lw", 1, 300, &wait, &r, &err),
+                     LEASED_OK);
+    ck_assert(r.acquired);
+    leased_close(a);
+}
+END_TEST
+
 START_TEST(test_cancel)
 {
     struct leased_conn *a = conn(), *b = conn();
@@ -121,6 +156,7 @@ main(void)
 {
     const struct h_case cases[] = {
         H_CASE(sem_calls, 60),
+        H_CASE(rate_calls, 60),
         H_CASE(cancel, 60),
         H_CASE(sem_lost_event, 60),
     };

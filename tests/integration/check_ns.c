@@ -152,9 +152,15 @@ as_nobody(void)
                 "other:v") ||
         refused(h_callf(c, T_MS, "{s:s,s:s}", "op", "lock.info", "key",
                         "other:1"),
-                "other:1")) {
+                "other:1") ||
+        refused(h_callf(c, T_MS, "{s:s,s:s,s:i,s:i}", "op", "rate.acquire",
+                        "key", "other:r", "rate", 5, "per_ms", 1000),
+                "other:r")) {
         return 1;
     }
+    EXPECT(acquired(h_callf(c, T_MS, "{s:s,s:s,s:i,s:i}", "op", "rate.acquire",
+                            "key", "nb:r", "rate", 5, "per_ms", 1000)),
+           "rate.acquire nb:r not acquired");
     r = h_callf(c, T_MS, "{s:s,s:s}", "op", "cache.get", "key", "nb:v");
     EXPECT(r != NULL && h_ok(r) && jtrue(r, "hit"),
            "nb:v was changed by a refused invalidate");

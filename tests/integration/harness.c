@@ -2939,6 +2939,8 @@ static const struct cluster_skip cluster_skips[] = {
     {"libleased", "at_risk",
      "stops the one Redis process (SIGSTOP) under a held lock and grant"},
     {"sem", "redis_down_and_wrong_type", "kills and restarts the one Redis"},
+    {"rate", "redis_down_and_wrong_type",
+     "kills the one Redis and sets its min-replicas-to-write"},
     {"sem", "lost_when_redis_down", "kills the one Redis"},
     {"sem", "recheck_on_restart", "kills and restarts the one Redis"},
     {"sem", "recheck_prompt", "kills and restarts the one Redis"},
