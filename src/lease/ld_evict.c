@@ -62,7 +62,7 @@ static struct {
     struct event *retry_ev;
     bool slots_unknown; /* cluster: the map did not cover every slot */
     unsigned gen;       /* of the last check sent, over all sources */
-} ev;
+} evict_mod;
 
 struct ev_check {
     int idx;
@@ -87,7 +87,7 @@ gauge_update(void)
 {
     long long unsafe = 0;
     for (int i = 0; i < EV_SRC_MAX; i++) {
-        if (ev.src[i].used && ev.src[i].state == EV_UNSAFE) {
+        if (evict_mod.src[i].used && evict_mod.src[i].state == EV_UNSAFE) {
             unsafe = 1;
         }
     }
@@ -104,8 +104,9 @@ src_log(struct ev_src *s)
     }
     char name[160];
     src_name(s, name, sizeof name);
-    const char *require = ev.ctx->cfg->lock.require_noeviction ? "true"
-                                                               : "false";
+    const char *require = evict_mod.ctx->cfg->lock.require_noeviction
+                              ? "true"
+                              : "false";
     if (s->state == EV_UNSAFE) {
         log_warn("redis may evict locks under memory pressure, set "
                  "maxmemory-policy noeviction redis=%s maxmemory_policy=%s "
@@ -137,9 +138,10 @@ static void retry_arm(void);
 static void
 retry_arm(void)
 {
-    if (ev.retry_ev != NULL && !evtimer_pending(ev.retry_ev, NULL)) {
+    if (evict_mod.retry_ev != NULL &&
+        !evtimer_pending(evict_mod.retry_ev, NULL)) {
         struct timeval tv = {EV_RETRY_MS / 1000, (EV_RETRY_MS % 1000) * 1000};
-        evtimer_add(ev.retry_ev, &tv);
+        evtimer_add(evict_mod.retry_ev, &tv);
     }
 }
 
@@ -150,10 +152,10 @@ on_reply(redisReply *r, void *arg)
     int idx = c->idx;
     unsigned gen = c->gen;
     free(c);
-    if (!ev.inited) {
+    if (!evict_mod.inited) {
         return;
     }
-    struct ev_src *s = &ev.src[idx];
+    struct ev_src *s = &evict_mod.src[idx];
     if (!s->used || s->gen != gen) {
         return;
     }
@@ -192,13 +194,13 @@ on_reply(redisReply *r, void *arg)
 static void
 check_send(int idx)
 {
-    struct ev_src *s = &ev.src[idx];
+    struct ev_src *s = &evict_mod.src[idx];
     static const char *argv[] = {"CONFIG", "GET", "maxmemory-policy"};
     static const size_t lens[] = {6, 3, 16};
     struct ev_check *c = ld_xcalloc(1, sizeof(*c));
     /* Daemon-wide, so that a source dropped and made again in the same
      * slot never takes an old reply as its own. */
-    s->gen = ++ev.gen;
+    s->gen = ++evict_mod.gen;
     s->inflight = true;
     c->idx = idx;
     c->gen = s->gen;
@@ -213,7 +215,7 @@ src_find(int instance, const char *addr, bool create)
 {
     int free_i = -1;
     for (int i = 0; i < EV_SRC_MAX; i++) {
-        struct ev_src *s = &ev.src[i];
+        struct ev_src *s = &evict_mod.src[i];
         if (s->used && s->instance == instance && strcmp(s->addr, addr) == 0) {
             return i;
         }
@@ -224,7 +226,7 @@ src_find(int instance, const char *addr, bool create)
     if (!create || free_i < 0) {
         return -1;
     }
-    struct ev_src *s = &ev.src[free_i];
+    struct ev_src *s = &evict_mod.src[free_i];
     memset(s, 0, sizeof(*s));
     s->used = true;
     s->instance = instance;
@@ -237,8 +239,8 @@ src_find(int instance, const char *addr, bool create)
 static void
 cluster_sources(void)
 {
-    if (ev.slot_key == NULL) {
-        ev.slot_key = ld_xcalloc(LD_CLUSTER_SLOTS, sizeof(uint32_t));
+    if (evict_mod.slot_key == NULL) {
+        evict_mod.slot_key = ld_xcalloc(LD_CLUSTER_SLOTS, sizeof(uint32_t));
         bool *seen = ld_xcalloc(LD_CLUSTER_SLOTS, sizeof(bool));
         unsigned left = LD_CLUSTER_SLOTS;
         char k[16];
@@ -247,38 +249,40 @@ cluster_sources(void)
             unsigned slot = ld_cluster_slot(k, (size_t)len);
             if (!seen[slot]) {
                 seen[slot] = true;
-                ev.slot_key[slot] = n;
+                evict_mod.slot_key[slot] = n;
                 left--;
             }
         }
         free(seen);
     }
     bool present[EV_SRC_MAX] = {false};
-    ev.slots_unknown = false;
+    evict_mod.slots_unknown = false;
     char k[16], text[128];
     struct ld_conn_addr addr;
     for (unsigned slot = 0; slot < LD_CLUSTER_SLOTS; slot++) {
-        int len = snprintf(k, sizeof k, "%u", ev.slot_key[slot]);
+        int len = snprintf(k, sizeof k, "%u", evict_mod.slot_key[slot]);
         if (ld_redis_route_address(k, (size_t)len, &addr, text, sizeof text) !=
             LD_OK) {
-            ev.slots_unknown = true;
+            evict_mod.slots_unknown = true;
             continue;
         }
         int i = src_find(0, text, true);
         if (i < 0) {
             continue;
         }
-        if (ev.src[i].route[0] == '\0') {
-            snprintf(ev.src[i].route, sizeof ev.src[i].route, "%s", k);
+        if (evict_mod.src[i].route[0] == '\0') {
+            snprintf(evict_mod.src[i].route, sizeof evict_mod.src[i].route,
+                     "%s", k);
         }
         present[i] = true;
     }
     for (int i = 0; i < EV_SRC_MAX; i++) {
-        if (ev.src[i].used && ev.src[i].instance == 0 && !present[i]) {
-            ev.src[i].used = false;
+        if (evict_mod.src[i].used && evict_mod.src[i].instance == 0 &&
+            !present[i]) {
+            evict_mod.src[i].used = false;
         }
     }
-    if (ev.slots_unknown) {
+    if (evict_mod.slots_unknown) {
         /* The backend is up before its slot map is loaded: look again. */
         retry_arm();
     }
@@ -295,7 +299,7 @@ check_instance(int instance, bool all)
         src_find(instance, "", true);
     }
     for (int i = 0; i < EV_SRC_MAX; i++) {
-        struct ev_src *s = &ev.src[i];
+        struct ev_src *s = &evict_mod.src[i];
         if (s->used && s->instance == instance &&
             (all || (s->state == EV_UNCHECKED && !s->inflight))) {
             check_send(i);
@@ -331,7 +335,7 @@ on_retry(evutil_socket_t fd, short what, void *arg)
     /* A refused CONFIG is not asked again: that changes nothing. A Redis
      * that is down is asked by its state watcher when it is back. */
     for (int i = 0; i < EV_SRC_MAX; i++) {
-        struct ev_src *s = &ev.src[i];
+        struct ev_src *s = &evict_mod.src[i];
         if (s->used && !s->inflight && s->state == EV_UNCHECKED &&
             ld_redis_instance_ready(s->instance) &&
             !(s->instance == 0 && ld_redis_is_cluster())) {
@@ -346,12 +350,12 @@ on_retry(evutil_socket_t fd, short what, void *arg)
 int
 ld_evict_init(const struct ld_ctx *ctx, int instances)
 {
-    if (ev.inited) {
+    if (evict_mod.inited) {
         return LD_OK;
     }
-    ev.ctx = ctx;
-    ev.inited = true;
-    ev.retry_ev = evtimer_new(ctx->base, on_retry, NULL);
+    evict_mod.ctx = ctx;
+    evict_mod.inited = true;
+    evict_mod.retry_ev = evtimer_new(ctx->base, on_retry, NULL);
     ld_redis_on_state(on_state, NULL);
     if (instances > 0) {
         ld_redis_on_instance_state(on_instance_state, NULL);
@@ -362,27 +366,27 @@ ld_evict_init(const struct ld_ctx *ctx, int instances)
 void
 ld_evict_free(void)
 {
-    if (!ev.inited) {
+    if (!evict_mod.inited) {
         return;
     }
-    ev.inited = false;
-    if (ev.retry_ev != NULL) {
-        event_free(ev.retry_ev);
-        ev.retry_ev = NULL;
+    evict_mod.inited = false;
+    if (evict_mod.retry_ev != NULL) {
+        event_free(evict_mod.retry_ev);
+        evict_mod.retry_ev = NULL;
     }
-    free(ev.slot_key);
-    ev.slot_key = NULL;
-    memset(ev.src, 0, sizeof ev.src);
+    free(evict_mod.slot_key);
+    evict_mod.slot_key = NULL;
+    memset(evict_mod.src, 0, sizeof evict_mod.src);
 }
 
 bool
 ld_evict_refuse(struct ld_req *req)
 {
-    if (!ev.inited || !ev.ctx->cfg->lock.require_noeviction) {
+    if (!evict_mod.inited || !evict_mod.ctx->cfg->lock.require_noeviction) {
         return false;
     }
     for (int i = 0; i < EV_SRC_MAX; i++) {
-        struct ev_src *s = &ev.src[i];
+        struct ev_src *s = &evict_mod.src[i];
         if (!s->used || s->state == EV_SAFE) {
             continue;
         }

@@ -38,9 +38,11 @@ struct lk_idem {
     TAILQ_ENTRY(lk_idem) link; /* oldest first */
 };
 
-static struct ld_dict *idem_by_key;
-static TAILQ_HEAD(, lk_idem) idem_fifo = TAILQ_HEAD_INITIALIZER(idem_fifo);
-static size_t idem_n;
+static struct {
+    struct ld_dict *by_key;
+    TAILQ_HEAD(, lk_idem) fifo; /* oldest first */
+    size_t n;
+} idem_mod = {.fifo = TAILQ_HEAD_INITIALIZER(idem_mod.fifo)};
 
 static bool
 rid_ok(const char *s, size_t len)
@@ -78,9 +80,9 @@ lk_idem_parse(struct ld_req *req, struct lk_rid *rid)
 static void
 idem_free(struct lk_idem *e)
 {
-    TAILQ_REMOVE(&idem_fifo, e, link);
-    ld_dict_del(idem_by_key, e->key, e->key_len);
-    idem_n--;
+    TAILQ_REMOVE(&idem_mod.fifo, e, link);
+    ld_dict_del(idem_mod.by_key, e->key, e->key_len);
+    idem_mod.n--;
     if (e->op != NULL) {
         e->op->idem = NULL;
     }
@@ -95,8 +97,8 @@ static void
 idem_trim(uint64_t now)
 {
     struct lk_idem *e;
-    while ((e = TAILQ_FIRST(&idem_fifo)) != NULL &&
-           (idem_n >= IDEM_MAX || (e->op == NULL && e->until_ms <= now))) {
+    while ((e = TAILQ_FIRST(&idem_mod.fifo)) != NULL &&
+           (idem_mod.n >= IDEM_MAX || (e->op == NULL && e->until_ms <= now))) {
         idem_free(e);
     }
 }
@@ -119,14 +121,14 @@ lk_idem_start(struct lk_op *op, const char *tok, size_t tlen,
     if (!rid->has || tlen == 0) {
         return false;
     }
-    if (idem_by_key == NULL) {
-        idem_by_key = ld_dict_new();
+    if (idem_mod.by_key == NULL) {
+        idem_mod.by_key = ld_dict_new();
     }
     uint64_t now = ld_now_ms();
     idem_trim(now);
     size_t klen;
     char *k = idem_key(tok, tlen, rid, &klen);
-    struct lk_idem *e = ld_dict_get(idem_by_key, k, klen);
+    struct lk_idem *e = ld_dict_get(idem_mod.by_key, k, klen);
     if (e != NULL && e->op == NULL && e->until_ms <= now) {
         idem_free(e);
         e = NULL;
@@ -153,9 +155,9 @@ lk_idem_start(struct lk_op *op, const char *tok, size_t tlen,
     e->key_len = klen;
     e->op = op;
     op->idem = e;
-    ld_dict_set(idem_by_key, k, klen, e);
-    TAILQ_INSERT_TAIL(&idem_fifo, e, link);
-    idem_n++;
+    ld_dict_set(idem_mod.by_key, k, klen, e);
+    TAILQ_INSERT_TAIL(&idem_mod.fifo, e, link);
+    idem_mod.n++;
     return false;
 }
 
@@ -190,11 +192,11 @@ void
 lk_idem_free_all(void)
 {
     struct lk_idem *e;
-    while ((e = TAILQ_FIRST(&idem_fifo)) != NULL) {
+    while ((e = TAILQ_FIRST(&idem_mod.fifo)) != NULL) {
         idem_free(e);
     }
-    if (idem_by_key != NULL) {
-        ld_dict_free(idem_by_key);
-        idem_by_key = NULL;
+    if (idem_mod.by_key != NULL) {
+        ld_dict_free(idem_mod.by_key);
+        idem_mod.by_key = NULL;
     }
 }
