@@ -1,6 +1,6 @@
 /* The lease engine locks and semaphores share (ld_lease.h): the watchdog
- * pass, the rechecks, the lost margin and timer, the holder's events and
- * reply reading. It owns no lease: it must not know what a lock or a
+ * pass, the rechecks, the lost margin and timer, the holder's events,
+ * reply reading and the answer to a script that failed. It owns no lease: it must not know what a lock or a
  * semaphore is, nor call into either; they call it. */
 
 #include "ld_lease.h"
@@ -9,6 +9,7 @@
 #include "ld_ctx.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_proto.h"
 #include "ld_util.h"
 
 #include <event2/event.h>
@@ -313,4 +314,29 @@ ld_lease_reply_ints(const redisReply *r, long long *v, int max)
         v[n++] = r->element[i]->integer;
     }
     return n;
+}
+
+void
+ld_lease_reply_failure(struct ld_req *req, const redisReply *r,
+                       const char *what)
+{
+    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
+        int code = ld_reply_is_unavailable(r) ? LD_E_REDIS_UNAVAILABLE
+                                              : LD_E_INTERNAL;
+        ld_reply_error(req, code, "%s: %s", what, r->str);
+        return;
+    }
+    if (r != NULL) {
+        ld_reply_error(req, LD_E_INTERNAL, "%s: unexpected reply", what);
+        return;
+    }
+    enum ld_redis_outcome o = ld_redis_outcome();
+    if (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST) {
+        ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
+                             json_pack("{s:s}", "outcome", "unknown"),
+                             "%s: %s", what, ld_redis_failure_reason());
+        return;
+    }
+    ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "%s: %s", what,
+                   ld_redis_failure_reason());
 }

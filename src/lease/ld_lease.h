@@ -103,6 +103,16 @@ char *ld_lease_names(const char *pfx, const char *key, size_t klen,
                      const char *tail, const char *const *sufs, int nsuf,
                      const char **names, size_t *lens);
 
+struct ld_req;
+
+/* Answer REQ for a script that failed, WHAT naming the op: an error
+ * reply that says Redis cannot serve now (ld_reply_is_unavailable) or no
+ * answer at all is redis_unavailable, with "outcome":"unknown" when the
+ * script left and may have run (it may have granted); any other error or
+ * shape is internal. Inside the script's callback only. */
+void ld_lease_reply_failure(struct ld_req *req, const redisReply *r,
+                            const char *what);
+
 /* The integers of a script's array reply into V (at most MAX): how many,
  * or -1 when the reply is not an array of integers. */
 int ld_lease_reply_ints(const redisReply *r, long long *v, int max);

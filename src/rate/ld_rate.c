@@ -92,25 +92,6 @@ reply_result(struct rate_op *op, bool acquired, long long retry_ms)
     }
 }
 
-/* Errors that say Redis cannot serve now (unreachable, read-only, out of
- * memory, loading) are redis_unavailable, others internal. */
-static void
-reply_failure(struct ld_req *req, const redisReply *r)
-{
-    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
-        int code = ld_reply_is_unavailable(r) ? LD_E_REDIS_UNAVAILABLE
-                                              : LD_E_INTERNAL;
-        ld_reply_error(req, code, "rate.acquire: %s", r->str);
-        return;
-    }
-    if (r != NULL) {
-        ld_reply_error(req, LD_E_INTERNAL, "rate.acquire: unexpected reply");
-        return;
-    }
-    ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "rate.acquire: %s",
-                   ld_redis_failure_reason());
-}
-
 /* ------------------------------------------------------------ waiting */
 
 static void
@@ -193,7 +174,7 @@ on_reply(redisReply *r, void *arg)
         op->req = NULL;
         op_free(op);
     } else {
-        reply_failure(op->req, r);
+        ld_lease_reply_failure(op->req, r, "rate.acquire");
         op->req = NULL;
         op_free(op);
     }

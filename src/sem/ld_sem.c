@@ -73,33 +73,6 @@ sem_script(enum ld_script_id id, const struct sem_names *n, int nargs,
                     arg);
 }
 
-/* A script failed: Redis unreachable or an error reply. Errors that say
- * Redis cannot serve now are redis_unavailable (as for locks), others
- * internal. */
-static void
-reply_failure(struct ld_req *req, const redisReply *r, const char *what)
-{
-    if (r != NULL && r->type == REDIS_REPLY_ERROR) {
-        int code = ld_reply_is_unavailable(r) ? LD_E_REDIS_UNAVAILABLE
-                                              : LD_E_INTERNAL;
-        ld_reply_error(req, code, "%s: %s", what, r->str);
-        return;
-    }
-    if (r != NULL) {
-        ld_reply_error(req, LD_E_INTERNAL, "%s: unexpected reply", what);
-        return;
-    }
-    enum ld_redis_outcome o = ld_redis_outcome();
-    if (o == LD_REDIS_UNKNOWN || o == LD_REDIS_LOST) {
-        ld_reply_error_extra(req, LD_E_REDIS_UNAVAILABLE,
-                             json_pack("{s:s}", "outcome", "unknown"),
-                             "%s: %s", what, ld_redis_failure_reason());
-        return;
-    }
-    ld_reply_error(req, LD_E_REDIS_UNAVAILABLE, "%s: %s", what,
-                   ld_redis_failure_reason());
-}
-
 static void
 reply_wrong_type(struct ld_req *req)
 {
@@ -363,7 +336,7 @@ acq_on_failure(struct sem_op *op, const redisReply *r, int n,
         if (n >= 1 && v[0] == -1) {
             reply_wrong_type(op->req);
         } else {
-            reply_failure(op->req, r, "sem.acquire");
+            ld_lease_reply_failure(op->req, r, "sem.acquire");
         }
         op->req = NULL;
     }
@@ -630,7 +603,7 @@ release_on_answer(redisReply *r, void *arg)
     } else if (n >= 1 && v[0] == -1) {
         reply_wrong_type(c->req);
     } else {
-        reply_failure(c->req, r, "sem.release");
+        ld_lease_reply_failure(c->req, r, "sem.release");
     }
     call_free(c);
 }
@@ -673,7 +646,7 @@ info_on_reply(redisReply *r, void *arg)
     } else if (n >= 1 && v[0] == -1) {
         reply_wrong_type(c->req);
     } else {
-        reply_failure(c->req, r, "sem.info");
+        ld_lease_reply_failure(c->req, r, "sem.info");
     }
     call_free(c);
 }

@@ -341,6 +341,34 @@ START_TEST(test_redis_down_and_wrong_type)
 }
 END_TEST
 
+/* A decision that left while Redis stalled may have granted (and the
+ * permits count against the limit): the caller is told the outcome is
+ * unknown, as for a lock or a semaphore. */
+START_TEST(test_redis_stalled_outcome_unknown)
+{
+    char yaml[160];
+    ck_assert_int_eq(h_redis_start(&R, "--enable-debug-command yes"), 0);
+    snprintf(yaml, sizeof yaml,
+             "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 300\n"
+             "  connections: 1\n",
+             R.port);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, yaml), 0);
+    struct h_conn *a = h_connect_ok(&D1);
+    rate_must(rate_call(a, "st", 5, 1000, 0, 0, 0), true, "before the stall");
+
+    redisContext *z = h_redis_sleep_start(&R, 2);
+    json_t *r = rate_call(a, "st", 5, 1000, 0, 0, 0);
+    ck_assert_str_eq(h_errcode(r), "redis_unavailable");
+    const char *o = json_string_value(
+        json_object_get(json_object_get(r, "error"), "outcome"));
+    ck_assert_msg(o != NULL && strcmp(o, "unknown") == 0,
+                  "no \"outcome\":\"unknown\" for a decision that left");
+    json_decref(r);
+    h_redis_sleep_end(z);
+    h_close(a);
+}
+END_TEST
+
 /* --- exactness across daemons ------------------------------------------ */
 
 #define EX_PROCS 6
@@ -479,6 +507,7 @@ main(void)
         H_CASE(max_pending, 30),
         H_CASE(stop_while_waiting, 40),
         H_CASE(redis_down_and_wrong_type, 40),
+        H_CASE(redis_stalled_outcome_unknown, 40),
         H_CASE(exact_across_daemons, 60),
     };
     return H_MAIN(fx, cases);
