@@ -308,6 +308,10 @@ void cache_update_journal_stats(void);
 /* ---- ld_cache_reply.c: answering getters ----------------------------- */
 
 struct chunk *cache_chunk_of_json(json_t *obj);
+/* A per-key result of cache.mget and cache.mset that failed:
+ * {"ok":false,"error":{"code":CODE,"message":MSG,...EXTRA}} (EXTRA, when
+ * not NULL, is stolen). */
+json_t *cache_result_error(int code, json_t *extra, const char *msg);
 void cache_cop_free(struct cop *op);
 void cache_cop_link(struct cop *op);
 void cache_cop_unlink(struct cop *op);

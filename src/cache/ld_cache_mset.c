@@ -47,14 +47,7 @@ static void
 entry_error(struct mset *op, size_t i, int code, json_t *extra,
             const char *msg)
 {
-    json_t *err = json_pack("{s:s,s:s}", "code", ld_errcode_name(code),
-                            "message", msg);
-    if (extra != NULL) {
-        json_object_update(err, extra);
-        json_decref(extra);
-    }
-    json_array_set_new(op->results, i,
-                       json_pack("{s:b,s:o}", "ok", 0, "error", err));
+    json_array_set_new(op->results, i, cache_result_error(code, extra, msg));
 }
 
 static void

@@ -129,11 +129,16 @@ note_read(const struct getter *g, bool hit)
     }
 }
 
-static json_t *
-error_object(int code, const char *msg)
+json_t *
+cache_result_error(int code, json_t *extra, const char *msg)
 {
-    return json_pack("{s:b,s:{s:s,s:s}}", "ok", 0, "error", "code",
-                     ld_errcode_name(code), "message", msg);
+    json_t *err = json_pack("{s:s,s:s}", "code", ld_errcode_name(code),
+                            "message", msg);
+    if (extra != NULL) {
+        json_object_update(err, extra);
+        json_decref(extra);
+    }
+    return json_pack("{s:b,s:o}", "ok", 0, "error", err);
 }
 
 /* "," and OBJ (stolen) serialised: a slot's result text. */
@@ -372,7 +377,8 @@ cache_getter_settle(struct getter *g, json_t *fields, int code,
         }
         op->texts[g->slot] = cache_chunk_of_json(res);
     } else {
-        op->texts[g->slot] = cache_chunk_of_json(error_object(code, msg));
+        op->texts[g->slot] = cache_chunk_of_json(
+            cache_result_error(code, NULL, msg));
     }
     if (--op->left == 0) {
         cache_mget_finish(op);
