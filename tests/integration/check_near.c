@@ -229,6 +229,31 @@ START_TEST(test_other_daemon_and_invalidate_evict)
 }
 END_TEST
 
+/* The daemon's own cache.mset, like its cache.set: the very next read
+ * of each key has the new value, never the near copy it replaced. */
+START_TEST(test_own_mset_evicts)
+{
+    start_near(&D, NEAR_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "m1", "old1", 0);
+    set(c, "m2", "old2", 0);
+    near_get_until_near(c, "m1", "old1");
+    near_get_until_near(c, "m2", "old2");
+    json_t *r = h_must(h_callf(c, T_MS, "{s:s,s:[{s:s,s:s},{s:s,s:s}]}", "op",
+                               "cache.mset", "entries", "key", "m1", "value",
+                               "new1", "key", "m2", "value", "new2"));
+    ck_assert_int_eq(jint(r, "stored"), 2);
+    json_decref(r);
+    r = near_get(c, "m1");
+    ck_assert_msg(near_hit_of(r, "new1"), "read after mset: %s", h_dump(r));
+    json_decref(r);
+    r = near_get(c, "m2");
+    ck_assert_msg(near_hit_of(r, "new2"), "read after mset: %s", h_dump(r));
+    json_decref(r);
+    h_close(c);
+}
+END_TEST
+
 START_TEST(test_tracking_connection_killed_flushes)
 {
     start_near(&D, NEAR_YAML);
@@ -844,6 +869,7 @@ main(void)
         H_CASE(near_hit_costs_redis_nothing, 60),
         H_CASE(write_in_redis_evicts, 60),
         H_CASE(other_daemon_and_invalidate_evict, 60),
+        H_CASE(own_mset_evicts, 60),
         H_CASE(tracking_connection_killed_flushes, 60),
         H_CASE(redis_restart_flushes, 60),
         H_CASE(invalidate_across_outage, 90),
