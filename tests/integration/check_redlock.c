@@ -240,6 +240,33 @@ END_TEST
 
 /* extend sets the lease on every instance; a closing session releases
  * its locks on every instance, a detached lock stays. */
+/* unlock's request_id under Redlock: the retry of an answered unlock is
+ * answered from memory and takes no second hold off any instance. */
+START_TEST(test_unlock_request_id)
+{
+    start_all(1, NULL);
+    struct h_conn *c = lk_connect(&D1);
+    json_t *r = lk_must(c, "ri", NULL, 10000, 0);
+    char tok[80];
+    snprintf(tok, sizeof tok, "%s", jstr(r, "token"));
+    json_decref(r);
+    json_decref(lk_must(c, "ri", NULL, 10000, 0));
+    for (int round = 0; round < 2; round++) {
+        r = h_must(h_callf(c, T_MS, "{s:s,s:s,s:s,s:s}", "op", "unlock", "key",
+                           "ri", "token", tok, "request_id", "r1"));
+        ck_assert_msg(!jtrue(r, "released") && jint(r, "count") == 1,
+                      "unlock %d: %s", round, h_dump(r));
+        json_decref(r);
+    }
+    char field[120];
+    snprintf(field, sizeof field, "HGET leased:lock:{ri} %s", tok);
+    for (int i = 0; i < NI; i++) {
+        ck_assert_int_eq(h_r_int(&I[i], field), 1);
+    }
+    h_close(c);
+}
+END_TEST
+
 START_TEST(test_extend_and_session_end)
 {
     struct h_conn *c;
@@ -1004,6 +1031,7 @@ main(void)
 {
     const struct h_case cases[] = {
         H_CASE(grant_keys_and_unlock, 90),
+        H_CASE(unlock_request_id, 60),
         H_CASE(extend_and_session_end, 60),
         H_CASE(unix_socket_instance, 60),
         H_CASE(eviction_instance, 90),
