@@ -34,6 +34,9 @@ from leased import Leased, NearSegment  # noqa: E402
 MISS = leased._NEAR_MISS
 CLOSED = leased._NEAR_CLOSED
 PAGE = 4096
+# Long enough that no test depends on the machine's speed; the tests of
+# staleness set the heartbeat back past it.
+STALE_NS = 5 * 10**9
 BUCKET = 168
 WAY = 40
 
@@ -43,7 +46,7 @@ class Writer:
     under a seqlock, records in a ring (bump allocation; the tests write
     little), a header with epoch, heartbeat and state."""
 
-    def __init__(self, size=1 << 20, nbuckets=64, stale_ns=50_000_000,
+    def __init__(self, size=1 << 20, nbuckets=64, stale_ns=STALE_NS,
                  fd=None):
         self.fd = os.memfd_create("near-test") if fd is None else fd
         if fd is None:
@@ -175,9 +178,9 @@ class Reads(unittest.TestCase):
 
     def test_stale_or_future_heartbeat_is_a_miss(self):
         self.w.put("k", b"v")
-        self.w.beat(time.monotonic_ns() - 51_000_000)
+        self.w.beat(time.monotonic_ns() - STALE_NS - 10**6)
         self.assertIs(self.seg.get(b"k"), MISS)
-        self.w.beat(time.monotonic_ns() + 10**9)
+        self.w.beat(time.monotonic_ns() + STALE_NS + 10**9)
         self.assertIs(self.seg.get(b"k"), MISS)
         self.w.beat()
         self.assertEqual(self.seg.get(b"k"), b"v")
@@ -577,7 +580,7 @@ class Connection(unittest.TestCase):
         self.w.put("k", b'"v"')
         with Leased(self.path, client="test_near") as ld:
             self.assertEqual(ld.cached("k", lambda: 1 / 0), "v")
-            self.w.beat(time.monotonic_ns() - 60_000_000)
+            self.w.beat(time.monotonic_ns() - STALE_NS - 10**6)
             self.assertEqual(ld.cached("k", lambda: 1 / 0), "socket")
 
 
