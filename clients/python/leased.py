@@ -718,6 +718,99 @@ class NearSegment:
             return _NEAR_MISS
 
 
+class _NearReads:
+    """AsyncLeased's side of the shared near cache: the segment, when to
+    ask for it again, and the counts near.hits reports."""
+
+    def __init__(self):
+        self.seg = None
+        self.off = False        # this session has none (TCP, no feature)
+        self.mapping = False    # a near.map is under way
+        self.retry = 0.0
+        self.hits = self.falls = 0
+        self.last = _monotonic_ns()
+
+    def reset(self):
+        """A new session: its segment is asked for anew."""
+        seg, self.seg = self.seg, None
+        if seg is not None:
+            seg.close()
+        self.off = False
+        self.retry = 0.0
+
+    def may_map(self):
+        now = time.monotonic()
+        if self.mapping or now < self.retry:
+            return False
+        self.retry = now + _NEAR_RETRY_S
+        return True
+
+    def lookup(self, key):
+        """KEY's value text from the segment (None: a cached null), or
+        _NEAR_MISS; counted."""
+        seg = self.seg
+        got = seg.get(key.encode())
+        if got is _NEAR_CLOSED:
+            self.seg = None
+            seg.close()
+            got = _NEAR_MISS
+        elif got is not _NEAR_MISS and got is not None:
+            try:
+                got = got.decode()
+            except UnicodeDecodeError:
+                got = _NEAR_MISS
+        if got is _NEAR_MISS:
+            self.falls += 1
+        else:
+            self.hits += 1
+        return got
+
+    def due(self):
+        return self.hits + self.falls >= _NEAR_REPORT_EVERY or \
+            _monotonic_ns() - self.last >= _NEAR_REPORT_NS
+
+    def take(self):
+        """near.hits' fields, the counts starting again."""
+        fields = {"hits": self.hits, "fallbacks": self.falls}
+        self.hits = self.falls = 0
+        self.last = _monotonic_ns()
+        return fields
+
+
+def _near_map_side(target, hello, timeout):
+    """The segment, through a short connection of its own (hello, then
+    near.map): asyncio's streams cannot receive a descriptor. A
+    NearSegment, or None when there is none."""
+    fds = []
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(target)
+            s.sendall(_encode(dict(hello, op="hello", id=1)).encode() +
+                      b'\n{"op":"near.map","id":2}\n')
+            buf = b""
+            while True:
+                data = _recv_fds(s, fds)
+                if not data:
+                    return None
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    msg = _decode(line) if line.strip() else None
+                    if msg is None or msg.get("id") != 2:
+                        continue
+                    if not msg.get("ok") or msg.get("layout") != 1 or \
+                            not fds:
+                        return None
+                    return NearSegment(fds[0])
+    except (OSError, ValueError, LeasedError):
+        return None
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _recv_fds(sock, fds):
     """One recvmsg of SOCK with room for descriptors, which go to FDS;
     the bytes are returned."""
@@ -1722,6 +1815,7 @@ class AsyncLeased:
         self._hello = None
         self._shut = False      # close() was called
         self._reopening = asyncio.Lock()
+        self._nr = _NearReads()
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -1762,11 +1856,17 @@ class AsyncLeased:
                                                            self.timeout)
             self._out = []
             self._closed = False
+            self._nr.reset()
             self._task = self._loop.create_task(self._read())
             await self._say_hello()
 
     async def close(self):
         self._shut = True
+        nr = self._nr
+        if nr.hits or nr.falls:
+            self._fire("near.hits", **nr.take())
+        nr.reset()
+        nr.off = True
         if not self._closed:
             self._flush()
             self._closed = True
@@ -2072,6 +2172,17 @@ class AsyncLeased:
     async def cached(self, key, loader, ttl_ms=None, wait_ms=None):
         """As Leased.cached; LOADER may be a coroutine function. Values go
         through the serializer given to connect() (JSON by default)."""
+        nr = self._nr
+        if not nr.off:
+            if nr.seg is None:
+                self._near_map()
+            elif type(key) is str:
+                text = nr.lookup(key)
+                if nr.due():
+                    # Goes out with this iteration's other requests.
+                    self._fire("near.hits", **nr.take())
+                if text is not _NEAR_MISS:
+                    return _value_of(self.serializer, key, text)
 
         def lease_too_late(reply):
             if reply.get("lease"):
@@ -2096,6 +2207,31 @@ class AsyncLeased:
             self._fire("cache.release", key=key, lease=lease)
             raise
         return _value_of(self.serializer, key, text)
+
+    def _near_map(self):
+        """Start mapping the session's segment in a thread (the reads go
+        to the socket meanwhile), as Leased does at its first cached()."""
+        nr = self._nr
+        if not nr.may_map():
+            return
+        if self._hello is None or _split_target(self.target) or \
+                "shared_near" not in self.features:
+            nr.off = True
+            return
+        nr.mapping = True
+        fut = self._loop.run_in_executor(None, _near_map_side, self.target,
+                                         self._hello, self.timeout)
+
+        def mapped(f):
+            nr.mapping = False
+            seg = None if f.cancelled() or f.exception() else f.result()
+            if seg is not None and (nr.off or nr.seg is not None):
+                seg.close()     # closed, or reopened, meanwhile
+            elif seg is not None:
+                nr.seg = seg
+                nr.last = _monotonic_ns()
+
+        fut.add_done_callback(mapped)
 
     async def invalidate(self, keys, delay_ms=None):
         return await self.call("cache.invalidate",

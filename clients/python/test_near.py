@@ -9,6 +9,7 @@ peer that speaks the protocol.
                                     # also against a real daemon
 """
 
+import asyncio
 import json
 import mmap
 import os
@@ -574,6 +575,35 @@ class Connection(unittest.TestCase):
             self.assertEqual(got, "v")
             self.assertGreaterEqual(time.monotonic() - start, 0.9)
             self.assertEqual(p.ops.count("near.map"), 2)
+
+    def test_async_maps_in_a_thread_and_reads_the_segment(self):
+        p = self.peer()
+        self.w.put("k", b'"v"')
+        self.w.put("none", b"", null=True)
+
+        async def run():
+            ld = await leased.AsyncLeased.connect(self.path, client="t")
+            try:
+                # The first read asks for the segment and is answered by
+                # the socket meanwhile.
+                self.assertEqual(await ld.cached("k", lambda: 1 / 0),
+                                 "socket")
+                deadline = time.monotonic() + 10
+                while ld._nr.seg is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                gets = p.ops.count("cache.get")
+                for _ in range(1500):
+                    self.assertEqual(await ld.cached("k", lambda: 1 / 0),
+                                     "v")
+                self.assertIsNone(await ld.cached("none", lambda: 1 / 0))
+                self.assertEqual(p.ops.count("cache.get"), gets)
+            finally:
+                await ld.close()
+
+        asyncio.run(run())
+        self.assertTrue(wait_for(lambda: sum(h for h, _ in p.reports)
+                                 == 1501), p.reports)
+        self.assertEqual(p.ops.count("near.map"), 1)
 
     def test_a_stale_heartbeat_sends_reads_to_the_socket(self):
         self.peer()
