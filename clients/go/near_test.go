@@ -533,3 +533,81 @@ func BenchmarkNearGet(b *testing.B) {
 		}
 	}
 }
+
+// Against the daemon of LEASED_SOCKET, when it offers shared_near
+// (check_client_go turns it on): a hit is the daemon's answer, and after
+// a cache.set is answered the old value is never read, through the
+// segment or the socket.
+func TestNearRealDaemon(t *testing.T) {
+	sock := os.Getenv("LEASED_SOCKET")
+	if sock == "" {
+		t.Skip("LEASED_SOCKET is not set")
+	}
+	ctx := context.Background()
+	cl, err := Dial(ctx, Options{Address: sock, PoolSize: 1, Serializer: Strings})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	c, err := cl.conn(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.features["shared_near"] {
+		t.Skip("the daemon offers no shared_near")
+	}
+	w, err := Dial(ctx, Options{Address: sock, PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	key := "go-near:" + itoa(uint64(time.Now().UnixNano()))
+	set := func(v string) {
+		if _, err := w.Do(ctx, map[string]any{"op": "cache.set", "key": key,
+			"value": v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	never := func(context.Context) (string, error) {
+		return "", errors.New("the loader ran")
+	}
+	get := func() string {
+		v, err := Cached(ctx, cl, key, never, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	inSegment := func(want string) bool {
+		s := c.near.seg.Load()
+		if s == nil {
+			return false
+		}
+		v, res := s.get(key, monoNow())
+		return res == nearHit && v == want
+	}
+	set("v0")
+	deadline := time.Now().Add(10 * time.Second)
+	for !(get() == "v0" && inSegment("v0")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the key never reached the segment")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	served := 0
+	for i := 1; i < 300; i++ {
+		want := "v" + itoa(uint64(i))
+		set(want)
+		for j := 0; j < 3; j++ {
+			if inSegment(want) {
+				served++
+			}
+			if got := get(); got != want {
+				t.Fatalf("after the set of %s, read %s", want, got)
+			}
+		}
+	}
+	if served == 0 {
+		t.Fatal("the segment served none of the reads")
+	}
+}

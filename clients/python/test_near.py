@@ -614,5 +614,181 @@ class Connection(unittest.TestCase):
             self.assertEqual(ld.cached("k", lambda: 1 / 0), "socket")
 
 
+# --- against a real daemon --------------------------------------------------
+
+LEASED_BIN = os.environ.get("LEASED_BIN", "")
+REDIS = os.environ.get("LEASED_TEST_REDIS", "")
+STALE_MS = 50
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """A leased of the test's own on LEASED_TEST_REDIS, near cache and
+    shared segment on (shared_stale_ms 50), a TCP listener (whose
+    sessions never map) and a metrics listener."""
+
+    def __init__(self, tmp):
+        self.sock = os.path.join(tmp, "near.sock")
+        self.tcp = "127.0.0.1:%d" % free_port()
+        self.metrics = "127.0.0.1:%d" % free_port()
+        conf = os.path.join(tmp, "near.yml")
+        self.log = os.path.join(tmp, "near.log")
+        with open(conf, "w") as f:
+            f.write('listen:\n  unix: "%s"\n  tcp: "%s"\n'
+                    'metrics:\n  listen: "%s"\nredis:\n  address: "%s"\n'
+                    'journal:\n  path: "%s"\nlog:\n  level: info\n'
+                    'cache:\n  near: { enabled: true, shared_stale_ms: %d }\n'
+                    % (self.sock, self.tcp, self.metrics, REDIS,
+                       os.path.join(tmp, "journal"), STALE_MS))
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([LEASED_BIN, "-f", "-c", conf],
+                                         stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(self.sock)
+                break
+            except OSError:
+                if self.proc.poll() is not None or \
+                        time.monotonic() > deadline:
+                    with open(self.log) as f:
+                        raise AssertionError("leased did not start: " +
+                                             f.read())
+                time.sleep(0.02)
+
+    def metric(self, name):
+        with urllib.request.urlopen("http://%s/metrics" % self.metrics,
+                                    timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@unittest.skipUnless(LEASED_BIN and REDIS,
+                     "LEASED_BIN or LEASED_TEST_REDIS not set")
+class RealDaemon(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.d = Daemon(self.dir.name)
+        self.addCleanup(self.dir.cleanup)
+        self.addCleanup(self.d.stop)
+        self.ld = Leased(self.d.sock, client="test_near", serializer=None)
+        self.addCleanup(self.ld.close)
+        self.key = "near-py-%d-%s" % (os.getpid(), self._testMethodName)
+
+    def near_has(self, key, value):
+        """KEY read until the segment holds VALUE (the daemon keeps a key
+        near once read); True when it does."""
+        def there():
+            got = self.ld.cached(key, None)
+            seg = self.ld._near
+            return got == value and seg is not None and \
+                seg.get(key.encode()) == value.encode()
+        return wait_for(there, 10)
+
+    def test_a_hit_is_what_the_socket_answers(self):
+        self.assertIn("shared_near", self.ld.features)
+        with Leased(self.d.tcp, client="tcp", serializer=None) as tcp:
+            for i, value in enumerate(["plain", "üñí \"quoted\"\n", ""]):
+                key = "%s-%d" % (self.key, i)
+                self.ld.call("cache.set", key=key, value=value)
+                self.assertTrue(self.near_has(key, value), value)
+                hits = self.ld._near_hits
+                self.assertEqual(self.ld.cached(key, None), value)
+                self.assertEqual(self.ld._near_hits, hits + 1)
+                got = tcp.call("cache.get", key=key)
+                self.assertEqual(got["value"], value)
+            self.assertIsNone(tcp._near)
+
+    def test_after_a_set_the_old_value_is_never_read(self):
+        writer = Leased(self.d.sock, client="writer", serializer=None)
+        self.addCleanup(writer.close)
+        writer.call("cache.set", key=self.key, value="v0")
+        self.assertTrue(self.near_has(self.key, "v0"))
+        hits = self.ld._near_hits
+        for i in range(1, 300):
+            writer.call("cache.set", key=self.key, value="v%d" % i)
+            # Answered: from here on no reader may see v(i-1).
+            for _ in range(3):
+                self.assertEqual(self.ld.cached(self.key, None), "v%d" % i)
+        # The segment answered some of them (the daemon keeps a key near
+        # again once read), so the check above covered the segment path.
+        self.assertGreater(self.ld._near_hits, hits)
+
+    def test_a_stopped_daemon_sends_readers_to_the_socket(self):
+        self.ld.call("cache.set", key=self.key, value="v")
+        self.assertTrue(self.near_has(self.key, "v"))
+        seg = self.ld._near
+        os.kill(self.d.proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic_ns()
+        try:
+            # Whenever this process gets the CPU, a hit is only allowed
+            # while the daemon's last beat (before the stop) is younger
+            # than shared_stale_ms: the bound is on when the lookup ran,
+            # not on how fast this loop turns.
+            last_hit = None
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                t = time.monotonic_ns()
+                got = seg.get(self.key.encode())
+                if got is MISS:
+                    break
+                last_hit = t
+            else:
+                self.fail("the segment still answered 10 s after SIGSTOP")
+            if last_hit is not None:
+                late_ms = (last_hit - stopped) / 1e6
+                self.assertLessEqual(late_ms, STALE_MS + 5,
+                                     "a hit %.1f ms after SIGSTOP" % late_ms)
+            self.assertLessEqual((t - stopped) / 1e6, 10000)
+        finally:
+            os.kill(self.d.proc.pid, signal.SIGCONT)
+        # Alive again: the heartbeat moves and the segment answers.
+        self.assertTrue(wait_for(lambda: seg.get(self.key.encode()) == b"v",
+                                 10))
+
+    def test_hits_move_the_daemons_metric(self):
+        before = self.d.metric("leased_near_shared_hits_total") or 0
+        self.ld.call("cache.set", key=self.key, value="v")
+        self.assertTrue(self.near_has(self.key, "v"))
+        for _ in range(1500):
+            self.assertEqual(self.ld.cached(self.key, None), "v")
+        # Every 1000 lookups a report goes out, unasked.
+        self.assertTrue(wait_for(
+            lambda: (self.d.metric("leased_near_shared_hits_total") or 0)
+            >= before + 1000, 10))
+        # A key the segment does not have is a fallback; close() reports
+        # what is left.
+        falls = self.d.metric("leased_near_shared_fallbacks_total") or 0
+        self.ld.cached(self.key + "-absent", lambda: None)
+        self.ld.close()
+        self.assertTrue(wait_for(
+            lambda: (self.d.metric("leased_near_shared_hits_total") or 0)
+            >= before + 1500, 10))
+        self.assertTrue(wait_for(
+            lambda: (self.d.metric("leased_near_shared_fallbacks_total")
+                     or 0) >= falls + 1, 10))
+
+
 if __name__ == "__main__":
+    # check_clients passes the shared daemon's socket first: not needed.
+    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
+        sys.argv.pop(1)
     unittest.main(argv=[sys.argv[0]] + sys.argv[1:])
