@@ -86,7 +86,7 @@ func Cached[T any](ctx context.Context, cl *Client, key string,
 	// The shared near cache first, on the connection the key's requests
 	// go to (its session's segment).
 	if c, err := cl.conn(ctx, cl.slotOf([]string{key})); err == nil {
-		if v, null, ok := c.nearGet(key); ok {
+		if v, null, ok := c.nearGet(ctx, key); ok {
 			if null {
 				return zero, ErrNotFound
 			}

@@ -269,14 +269,14 @@ type nearState struct {
 
 // nearGet is key's value text from the segment: ok false when the
 // daemon must answer; null true for a cached "not found".
-func (c *conn) nearGet(key string) (v string, null bool, ok bool) {
+func (c *conn) nearGet(ctx context.Context, key string) (v string, null bool, ok bool) {
 	n := &c.near
 	if atomic.LoadInt32(&n.off) != 0 {
 		return "", false, false
 	}
 	s := n.seg.Load()
 	if s == nil {
-		if s = c.nearMap(); s == nil {
+		if s = c.nearMap(ctx); s == nil {
 			return "", false, false
 		}
 	}
@@ -327,10 +327,13 @@ func (c *conn) nearReport() {
 }
 
 // nearMap asks for this session's segment (near.map); nil when there is
-// none, then the daemon answers every read.
-func (c *conn) nearMap() *nearSeg {
+// none, then the daemon answers every read. While one goroutine asks, the
+// others read through the socket rather than wait for it.
+func (c *conn) nearMap(ctx context.Context) *nearSeg {
 	n := &c.near
-	n.mu.Lock()
+	if !n.mu.TryLock() {
+		return nil
+	}
 	defer n.mu.Unlock()
 	if s := n.seg.Load(); s != nil {
 		return s
@@ -343,8 +346,6 @@ func (c *conn) nearMap() *nearSeg {
 		atomic.StoreInt32(&n.off, 1)
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	// The descriptor comes with the reply's first byte, so the reader
 	// has it queued when the reply is routed; the segment is mapped
 	// there, whenever the reply comes.

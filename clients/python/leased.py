@@ -1452,10 +1452,8 @@ class Leased:
     def _near_map(self):
         """Map this session's segment (near.map); None when there is none
         (then the daemon answers every read)."""
-        now = time.monotonic()
-        if now < self._near_retry:
+        if time.monotonic() < self._near_retry:
             return None
-        self._near_retry = now + _NEAR_RETRY_S
         if _split_target(self.target):
             self._near_off = True   # descriptors cross Unix sockets only
             return None
@@ -1465,7 +1463,8 @@ class Leased:
                 if self._closed:
                     return None
                 if self.sock is None:
-                    self._connect()
+                    self._connect()     # (which forgets _near_retry)
+                self._near_retry = time.monotonic() + _NEAR_RETRY_S
                 if not self._greeted:
                     self._greet()
                 if "shared_near" not in self.features:
