@@ -11,7 +11,9 @@ daemon, and times, on one thread, alternately:
 Each round runs SECONDS per side; the figures are medians over the rounds
 of ops/s (ops / wall time of the round) and of the per-op p50 (taken from
 a timed pass of its own, so the clock reads do not slow the ops/s pass).
-Prints one Markdown table row per side and the ratio.
+Prints one Markdown table row per side and the ratio. With --go, the
+same for the Go client (clients/go/cmd/leased-nearbench, built offline
+into the run's temporary directory), against the same daemon and Redis.
 """
 
 import argparse
@@ -112,6 +114,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--go", action="store_true",
+                    help="also time the Go client")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="near-py-")
@@ -183,6 +187,8 @@ def main():
                  ", ".join("%.1fx" % (a[0] / b[0]) for a, b in
                            zip(res["near"], res["direct"])), fallbacks))
         ld.close()
+        if args.go:
+            go_rows(tmp, sock, port, key, args)
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -192,6 +198,34 @@ def main():
                 p.kill()
                 p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def go_rows(tmp, sock, port, key, args):
+    src = os.path.join(HERE, "..", "clients", "go")
+    env = dict(os.environ, GOFLAGS="-mod=mod", GOPROXY="off",
+               GOCACHE=os.environ.get("GOCACHE",
+                                      os.path.join(tmp, "gocache")))
+    binary = os.path.join(tmp, "leased-nearbench")
+    subprocess.run(["go", "build", "-o", binary, "./cmd/leased-nearbench"],
+                   cwd=src, env=env, check=True)
+    out = subprocess.run(
+        [binary, "-socket", sock, "-redis", "127.0.0.1:%d" % port,
+         "-key", key, "-direct-key", "bench:direct",
+         "-seconds", str(args.seconds), "-rounds", str(args.rounds)],
+        check=True, capture_output=True, text=True).stdout
+    got = {}
+    for line in out.splitlines():
+        name, ops, p50 = line.split()
+        got[name] = (float(ops), float(p50))
+    print()
+    print("| side | ops/s | p50 us |")
+    print("|---|---|---|")
+    print("| Go `Cached` hit from the shared segment | %.0f | %.3f |"
+          % got["near"])
+    print("| Go direct GET, raw RESP connection | %.0f | %.3f |"
+          % got["direct"])
+    print()
+    print("Go ratio: %.1fx ops/s" % (got["near"][0] / got["direct"][0]))
 
 
 if __name__ == "__main__":
