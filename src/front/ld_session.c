@@ -646,25 +646,23 @@ write_out(struct ld_session *s, const char *bytes, struct evbuffer *buf,
         output_over_limit(s, total);
         return;
     }
-    if (!TAILQ_EMPTY(&s->io->fd_lines)) {
-        /* Behind a line still waiting to carry its descriptor. */
-        struct evbuffer *after =
-            TAILQ_LAST(&s->io->fd_lines, fd_line_list)->after;
-        if (buf != NULL) {
-            evbuffer_add_buffer(after, buf);
-        } else {
-            evbuffer_add(after, bytes, len);
-        }
-        s->io->held += len;
-        return;
-    }
+    bool behind = !TAILQ_EMPTY(&s->io->fd_lines);
+    /* Behind a line still waiting to carry its descriptor, it waits in
+     * that line's AFTER. */
+    struct evbuffer *to =
+        behind ? TAILQ_LAST(&s->io->fd_lines, fd_line_list)->after : out;
     if (buf != NULL) {
-        evbuffer_add_buffer(out, buf);
+        evbuffer_add_buffer(to, buf);
     } else {
-        evbuffer_add(out, bytes, len);
+        evbuffer_add(to, bytes, len);
+    }
+    if (behind) {
+        s->io->held += len;
     }
     if (s->open) {
-        mark_dirty(s);
+        if (!behind) {
+            mark_dirty(s);
+        }
         if (len >= s->io->reply_est) {
             s->io->reply_est = len;
         } else {
