@@ -199,10 +199,11 @@ func (s *nearSeg) ways(boff uint64, h uint32, key string, klen uint64,
 		vlen := uint64(s.u32(w + 8))
 		flags := s.u32(w + 12)
 		off := s.u64(w + 16)
-		deadline := int64(s.u64(w + 24))
+		// Unsigned: an entry without an expiry says 2^64 - 1.
+		deadline := s.u64(w + 24)
 		// Sizes stay far below 2^64 here: klen and vlen are 32-bit.
 		span := (nearRecBytes + klen + vlen + 7) &^ 7
-		if deadline <= now || off%8 != 0 || off > s.ringBytes ||
+		if deadline <= uint64(now) || off%8 != 0 || off > s.ringBytes ||
 			span > s.ringBytes-off {
 			return "", nearMiss, true
 		}

@@ -187,6 +187,9 @@ func TestNearReads(t *testing.T) {
 
 	w.put("short", "v", -time.Nanosecond, false, -1)
 	expect(t, s, "short", "", nearMiss) // expired
+	_, wo := w.put("forever", "v", time.Minute, false, -1)
+	binary.LittleEndian.PutUint64(w.mem[wo+24:], ^uint64(0)) // no expiry
+	expect(t, s, "forever", "v", nearHit)
 
 	w.put("k", "v", time.Minute, false, -1)
 	w.beat(monoNow() - int64(testStale+time.Millisecond))
