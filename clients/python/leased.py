@@ -579,14 +579,17 @@ _NEAR_GEOMETRY = struct.Struct("<8sIIQIIQQQQ")
 # epoch, heartbeat_ns, state (offset 64): read on every lookup.
 _NEAR_LIVE = struct.Struct("<QQI")
 _NEAR_EPOCH = struct.Struct("<Q")
-# A bucket: seq, pad, then four ways of hash, klen, vlen, flags, off,
-# deadline_ns, version. One unpack_from copies all of it.
-_NEAR_BUCKET = struct.Struct("<I4x" + "IIIIQQQ" * 4)
+# A bucket's seq, then each way's hash and klen as one number (hash |
+# klen << 32, little-endian): the bucket's index in one unpack of five
+# numbers, searched with tuple.index. A way starts at 8 + 40 * n.
+_NEAR_INDEX = struct.Struct("<I4x" + "Q32x" * 3 + "Q")
+# A way's vlen, flags, off and deadline_ns (from its byte 8).
+_NEAR_WAY = struct.Struct("<IIQQ")
 _NEAR_SEQ = struct.Struct("<I")
 _NEAR_REC = struct.Struct("<II")
 _NEAR_HDR_BYTES = 256
+_NEAR_BUCKET_BYTES = 168
 _NEAR_REC_BYTES = 16
-_NEAR_WAYS = (1, 8, 15, 22)     # where each way starts in a bucket's tuple
 _NEAR_LIVE_STATE = 1
 _NEAR_NULL = 1
 # A bucket that stays odd, or keeps moving, this many times sends the read
@@ -644,7 +647,7 @@ class NearSegment:
         if nbuckets == 0 or nbuckets & (nbuckets - 1):
             raise ValueError("%d buckets is no power of two" % nbuckets)
         if buckets_off < _NEAR_HDR_BYTES or \
-                buckets_off + nbuckets * _NEAR_BUCKET.size > size:
+                buckets_off + nbuckets * _NEAR_BUCKET_BYTES > size:
             raise ValueError("the buckets lie outside the segment")
         if ring_off % 8 or ring_off < _NEAR_HDR_BYTES or \
                 ring_off + ring_bytes > size:
@@ -677,40 +680,45 @@ class NearSegment:
             # A beat from the future is as wrong as an old one.
             if now - beat > stale or beat - now > stale:
                 return _NEAR_MISS
-            h = _crc32(kb)
-            boff = self._buckets_off + (h & self._mask) * 168
             klen = len(kb)
+            if not klen:
+                return _NEAR_MISS   # an empty way says klen 0
+            h = _crc32(kb)
+            want = h | klen << 32
+            boff = self._buckets_off + (h & self._mask) * _NEAR_BUCKET_BYTES
             for _ in range(_NEAR_TRIES):
-                b = _NEAR_BUCKET.unpack_from(mv, boff)
+                b = _NEAR_INDEX.unpack_from(mv, boff)
                 seq = b[0]
                 if seq & 1:
                     continue
-                for i in _NEAR_WAYS:
-                    if b[i] != h or b[i + 1] != klen:
-                        continue
-                    vlen = b[i + 2]
-                    off = b[i + 4]
-                    if b[i + 5] <= now or off & 7 or \
+                i = 0
+                while True:
+                    try:
+                        i = b.index(want, i + 1)
+                    except ValueError:
+                        return _NEAR_MISS   # not in the bucket
+                    vlen, flags, off, deadline = _NEAR_WAY.unpack_from(
+                        mv, boff + i * 40 - 24)
+                    if deadline <= now or off & 7 or \
                             off + _NEAR_REC_BYTES + klen + vlen > \
                             self._ring_bytes:
-                        break   # expired, or torn: the seq says which
+                        val = _NEAR_MISS   # expired, or torn: seq says
+                        break
                     rec = self._ring_off + off
-                    rk, rv = _NEAR_REC.unpack_from(mv, rec)
                     kstart = rec + _NEAR_REC_BYTES
                     vstart = kstart + klen
-                    if rk != klen or rv != vlen or mv[kstart:vstart] != kb:
+                    if _NEAR_REC.unpack_from(mv, rec) != (klen, vlen) or \
+                            mv[kstart:vstart] != kb:
                         continue    # another key of this hash, or torn
-                    val = None if b[i + 3] & _NEAR_NULL else \
+                    val = None if flags & _NEAR_NULL else \
                         mv[vstart:vstart + vlen].tobytes()
-                    if _NEAR_SEQ.unpack_from(mv, boff)[0] != seq:
-                        break
-                    if _NEAR_EPOCH.unpack_from(mv, 64)[0] != epoch:
-                        return _NEAR_MISS
-                    return val
-                else:
+                    break
+                if _NEAR_SEQ.unpack_from(mv, boff)[0] != seq:
+                    continue    # the daemon wrote the bucket meanwhile
+                if val is _NEAR_MISS or \
+                        _NEAR_EPOCH.unpack_from(mv, 64)[0] != epoch:
                     return _NEAR_MISS
-                if _NEAR_SEQ.unpack_from(mv, boff)[0] == seq:
-                    return _NEAR_MISS   # the way itself said no
+                return val
             return _NEAR_MISS
         except (TypeError, ValueError, IndexError, struct.error):
             # A released mapping, or offsets no check above foresaw: the
