@@ -238,10 +238,53 @@ class Reads(unittest.TestCase):
                 self.assertIs(self.seg.get(b"k"), MISS)
                 self.w.delete("k")
 
+    def test_text_answers_a_key_read_again_only_while_it_stands(self):
+        """text() keeps what a full lookup copied; every way the segment
+        can say the copy is gone is heard: a new value, a delete, a
+        flush, an old heartbeat, the deadline, a closed segment."""
+        seg = self.seg
+        self.w.put("k", b"one")
+        self.assertEqual(seg.text("k"), "one")
+        self.assertEqual(seg.text("k"), "one")     # the kept copy
+        self.w.put("k", b"two")
+        self.assertEqual(seg.text("k"), "two")
+        self.w.put("other in the bucket? no matter", b"x")
+        self.w.delete("k")
+        self.assertIs(seg.text("k"), MISS)
+        self.w.put("k", b"three")
+        self.assertEqual(seg.text("k"), "three")
+        self.w.flush()
+        self.assertIs(seg.text("k"), MISS)
+        self.w.put("k", b"four")
+        self.assertEqual(seg.text("k"), "four")
+        self.w.beat(time.monotonic_ns() - STALE_NS - 10**6)
+        self.assertIs(seg.text("k"), MISS)
+        self.w.beat()
+        self.assertEqual(seg.text("k"), "four")
+        self.w.state(0)
+        self.assertIs(seg.text("k"), CLOSED)
+        self.w.state(1)
+        self.w.put("null", b"", null=True)
+        self.assertIsNone(seg.text("null"))
+        self.assertIsNone(seg.text("null"))
+        # The deadline: a copy is not kept past the entry's own.
+        self.w.put("short", b"v", ttl_ns=300_000_000)
+        deadline = time.monotonic_ns() + 300_000_000
+        self.assertEqual(seg.text("short"), "v")
+        self.assertTrue(wait_for(lambda: seg.text("short") is MISS, 10))
+        self.assertGreaterEqual(time.monotonic_ns(), deadline - 10**6)
+
+    def test_text_of_bytes_that_are_no_utf8_is_a_miss(self):
+        self.w.put("k", b"\xff\xfe")
+        self.assertEqual(self.seg.get(b"k"), b"\xff\xfe")
+        self.assertIs(self.seg.text("k"), MISS)
+
     def test_a_released_segment_is_a_miss(self):
         self.w.put("k", b"v")
+        self.assertEqual(self.seg.text("k"), "v")
         self.seg.close()
         self.assertIs(self.seg.get(b"k"), MISS)
+        self.assertIs(self.seg.text("k"), MISS)
 
 
 def memfd_of(data, size=None):
@@ -391,13 +434,15 @@ class Race(unittest.TestCase):
         hits = torn = misses = 0
         try:
             while proc.poll() is None:
-                got = seg.get(b"k")
-                if got is MISS:
-                    misses += 1
-                    continue
-                hits += 1
-                if len(got) < 50 or got.count(got[:1]) != len(got):
-                    torn += 1
+                # The full lookup and text(), which keeps a copy between
+                # reads of a bucket that did not move.
+                for got in (seg.get(b"k"), seg.text("k")):
+                    if got is MISS:
+                        misses += 1
+                        continue
+                    hits += 1
+                    if len(got) < 50 or got.count(got[:1]) != len(got):
+                        torn += 1
             writes = int(proc.communicate()[0])
         finally:
             proc.wait()
