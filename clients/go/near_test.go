@@ -502,6 +502,30 @@ func TestNearThroughTheClient(t *testing.T) {
 	}
 }
 
+func TestNearSegmentThatIsNoSegment(t *testing.T) {
+	w := newNearWriter(t, 1<<20, 64)
+	w.put("k", `"v"`, time.Minute, false, -1)
+	copy(w.mem, "NOTNEAR!")
+	path, p := startNearPeer(t, w, true)
+	ctx := context.Background()
+	cl, err := Dial(ctx, Options{Address: path, PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := 0; i < 3; i++ {
+		v, err := Cached(ctx, cl, "k", func(context.Context) (string, error) {
+			return "", errors.New("the loader ran")
+		}, nil)
+		if err != nil || v != "socket" {
+			t.Fatalf("%q %v", v, err)
+		}
+	}
+	if n := p.count("near.map"); n != 1 {
+		t.Fatalf("near.map asked %d times", n)
+	}
+}
+
 func TestNearWithoutTheFeature(t *testing.T) {
 	w := newNearWriter(t, 1<<20, 64)
 	path, p := startNearPeer(t, w, false)

@@ -600,6 +600,16 @@ class Connection(unittest.TestCase):
         # Asked once, not on every read.
         self.assertEqual(p.ops.count("near.map"), 1)
 
+    def test_a_segment_that_is_no_segment_leaves_the_socket_path(self):
+        p = self.peer()
+        self.w.put("k", b'"v"')
+        self.w.mm[0:8] = b"NOTNEAR!"
+        with Leased(self.path, client="test_near") as ld:
+            for _ in range(3):
+                self.assertEqual(ld.cached("k", lambda: 1 / 0), "socket")
+            self.assertIsNone(ld._near)
+        self.assertEqual(p.ops.count("near.map"), 1)
+
     def test_hello_is_said_first_when_the_connection_did_not(self):
         p = self.peer()
         self.w.put("k", b'"v"')
