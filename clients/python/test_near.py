@@ -697,15 +697,10 @@ class Daemon:
         self.sock = os.path.join(tmp, "near.sock")
         self.tcp = "127.0.0.1:%d" % free_port()
         self.metrics = "127.0.0.1:%d" % free_port()
-        conf = os.path.join(tmp, "near.yml")
+        self.tmp = tmp
+        self.conf = conf = os.path.join(tmp, "near.yml")
         self.log = os.path.join(tmp, "near.log")
-        with open(conf, "w") as f:
-            f.write('listen:\n  unix: "%s"\n  tcp: "%s"\n'
-                    'metrics:\n  listen: "%s"\nredis:\n  address: "%s"\n'
-                    'journal:\n  path: "%s"\nlog:\n  level: info\n'
-                    'cache:\n  near: { enabled: true, shared_stale_ms: %d }\n'
-                    % (self.sock, self.tcp, self.metrics, REDIS,
-                       os.path.join(tmp, "journal"), STALE_MS))
+        self.configure(STALE_MS)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([LEASED_BIN, "-f", "-c", conf],
                                          stdout=log, stderr=log)
@@ -722,6 +717,15 @@ class Daemon:
                         raise AssertionError("leased did not start: " +
                                              f.read())
                 time.sleep(0.02)
+
+    def configure(self, stale_ms):
+        with open(self.conf, "w") as f:
+            f.write('listen:\n  unix: "%s"\n  tcp: "%s"\n'
+                    'metrics:\n  listen: "%s"\nredis:\n  address: "%s"\n'
+                    'journal:\n  path: "%s"\nlog:\n  level: info\n'
+                    'cache:\n  near: { enabled: true, shared_stale_ms: %d }\n'
+                    % (self.sock, self.tcp, self.metrics, REDIS,
+                       os.path.join(self.tmp, "journal"), stale_ms))
 
     def metric(self, name):
         with urllib.request.urlopen("http://%s/metrics" % self.metrics,
@@ -824,6 +828,24 @@ class RealDaemon(unittest.TestCase):
         # Alive again: the heartbeat moves and the segment answers.
         self.assertTrue(wait_for(lambda: seg.get(self.key.encode()) == b"v",
                                  10))
+
+    def test_a_reload_that_replaces_the_segment_is_followed(self):
+        """A reload that changes shared_stale_ms closes the segment; the
+        connection reads through the socket, maps the new one (at most
+        once a second) and reads there again."""
+        self.ld.call("cache.set", key=self.key, value="v")
+        self.assertTrue(self.near_has(self.key, "v"))
+        old = self.ld._near
+        maps = self.d.metric("leased_near_shared_maps_total")
+        self.d.configure(STALE_MS * 2)
+        os.kill(self.d.proc.pid, signal.SIGHUP)
+        self.assertTrue(wait_for(lambda: old.get(b"x") is CLOSED, 10))
+        self.assertEqual(self.ld.cached(self.key, None), "v")
+        self.assertTrue(self.near_has(self.key, "v"))
+        self.assertIsNot(self.ld._near, old)
+        self.assertEqual(self.ld._near.stale_ns, STALE_MS * 2 * 10**6)
+        self.assertEqual(self.d.metric("leased_near_shared_maps_total"),
+                         maps + 1)
 
     def test_hits_move_the_daemons_metric(self):
         def reported():
