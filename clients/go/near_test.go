@@ -638,3 +638,47 @@ func TestNearRealDaemon(t *testing.T) {
 		t.Fatal("the segment served none of the reads")
 	}
 }
+
+// A segment the daemon closed (a reload) sends reads to the socket, and
+// is asked for again once a second has passed.
+func TestNearClosedIsMappedAgain(t *testing.T) {
+	w := newNearWriter(t, 1<<20, 64)
+	w.put("k", `"v"`, time.Minute, false, -1)
+	path, p := startNearPeer(t, w, true)
+	ctx := context.Background()
+	cl, err := Dial(ctx, Options{Address: path, PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	get := func() string {
+		v, err := Cached(ctx, cl, "k", func(context.Context) (string, error) {
+			return "", errors.New("the loader ran")
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	start := time.Now() // the first near.map is asked after this
+	if v := get(); v != "v" {
+		t.Fatalf("first read %q", v)
+	}
+	w.store32(80, 0)
+	if v := get(); v != "socket" {
+		t.Fatalf("read of a closed segment %q", v)
+	}
+	w.store32(80, nearLive)
+	for get() != "v" {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the segment was not mapped again")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if el := time.Since(start); el < nearRetry-10*time.Millisecond {
+		t.Fatalf("mapped again after %v", el)
+	}
+	if n := p.count("near.map"); n != 2 {
+		t.Fatalf("near.map asked %d times", n)
+	}
+}

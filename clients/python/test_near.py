@@ -621,9 +621,9 @@ class Connection(unittest.TestCase):
         p = self.peer()
         self.w.put("k", b'"v"')
         with Leased(self.path, client="test_near") as ld:
+            start = time.monotonic()    # the first near.map comes later
             self.assertEqual(ld.cached("k", lambda: 1 / 0), "v")
             self.w.state(0)
-            start = time.monotonic()
             # The old segment says closed: the socket answers, and
             # near.map is asked again once the second has passed.
             self.assertEqual(ld.cached("k", lambda: 1 / 0), "socket")
@@ -634,7 +634,7 @@ class Connection(unittest.TestCase):
                 self.w.beat()
                 got = ld.cached("k", lambda: 1 / 0)
             self.assertEqual(got, "v")
-            self.assertGreaterEqual(time.monotonic() - start, 0.9)
+            self.assertGreaterEqual(time.monotonic() - start, 0.99)
             self.assertEqual(p.ops.count("near.map"), 2)
 
     def test_async_maps_in_a_thread_and_reads_the_segment(self):
