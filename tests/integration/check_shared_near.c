@@ -799,6 +799,26 @@ START_TEST(test_reload_replaces)
 }
 END_TEST
 
+/* A daemon that stops closes its segments: a reader that kept the
+ * mapping sees it closed, not merely stale. */
+START_TEST(test_exit_closes)
+{
+    start_shm(&D, SHM_YAML);
+    struct seg g;
+    seg_open(&g, &D);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "k", "v");
+    warm(c, &g, "k", "v");
+    h_close(c);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+    ck_assert_int_eq(seg_state(&g), LEASED_NEAR_CLOSED);
+    char buf[64];
+    ck_assert_int_eq(seg_get(&g, "k", buf, sizeof buf),
+                     LEASED_NEAR_CLOSED_SEG);
+    seg_close(&g);
+}
+END_TEST
+
 /* --- namespaces: a child of another uid maps its own segment ----------- */
 
 #define NS_UID 23461
@@ -949,6 +969,7 @@ main(void)
         H_CASE(disabled, 60),
         H_CASE(hits_reported, 60),
         H_CASE(reload_replaces, 60),
+        H_CASE(exit_closes, 60),
         H_CASE(namespaces, 60),
     };
     return H_MAIN(fx, cases);
