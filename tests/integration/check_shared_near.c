@@ -611,6 +611,127 @@ START_TEST(test_stopped_daemon_goes_stale)
 }
 END_TEST
 
+/* near.map behind replies the client has not read: each waits for the
+ * bytes before it, at most MAP_PENDING_MAX (4) of them, and every reply
+ * keeps its place, the descriptors on the first bytes of their lines. */
+START_TEST(test_pending_maps_bounded)
+{
+    start_shm(&D, SHM_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    size_t vn = 512 * 1024;
+    char *big = malloc(vn + 1);
+    memset(big, 'v', vn);
+    big[vn] = '\0';
+    set(c, "big", big);
+    h_close(c);
+
+    int fd = unix_connect(&D);
+    int none;
+    json_t *r = raw_call(fd, "{\"op\":\"hello\"}\n", &none);
+    json_decref(r);
+    /* 8 MB of replies the client does not read yet, then six near.map. */
+    enum { GETS = 16, MAPS = 6 };
+    char req[128];
+    for (int i = 0; i < GETS; i++) {
+        snprintf(req, sizeof req,
+                 "{\"id\":%d,\"op\":\"cache.get\",\"key\":\"big\","
+                 "\"lease\":false}\n",
+                 i);
+        ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL),
+                         (ssize_t)strlen(req));
+    }
+    /* The gets answered into the daemon's output, which the socket
+     * cannot take. */
+    struct h_conn *st = h_connect_ok(&D);
+    long long t0 = h_now_ms();
+    while (h_stat(st, "session_buffer_bytes") < (long long)(4 * vn)) {
+        ck_assert_msg(h_now_ms() - t0 < T_MS, "the replies never queued");
+        usleep(5000);
+    }
+    h_close(st);
+    for (int i = 0; i < MAPS; i++) {
+        snprintf(req, sizeof req, "{\"id\":%d,\"op\":\"near.map\"}\n",
+                 100 + i);
+        ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL),
+                         (ssize_t)strlen(req));
+    }
+    size_t cap = (size_t)(GETS + 2) * (vn + 256);
+    char *buf = malloc(cap);
+    size_t have = 0, line_start = 0;
+    int lines = 0, oks = 0, busy = 0, fds = 0, gets = 0;
+    int last_id = -1;
+    while (lines < GETS + MAPS) {
+        union {
+            struct cmsghdr h;
+            char room[CMSG_SPACE(4 * sizeof(int))];
+        } ctl;
+        struct iovec iov = {buf + have, cap - have};
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = ctl.room,
+                             .msg_controllen = sizeof ctl.room};
+        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        ck_assert_msg(n > 0, "recvmsg: %s", strerror(errno));
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL;
+             cm = CMSG_NXTHDR(&msg, cm)) {
+            if (cm->cmsg_type == SCM_RIGHTS) {
+                int got;
+                memcpy(&got, CMSG_DATA(cm), sizeof(int));
+                close(got);
+                fds++;
+                /* The descriptor's bytes are the whole near.map line,
+                 * which ends the read (the kernel glues earlier bytes
+                 * in front of it, never later ones behind). */
+                size_t end = have + (size_t)n;
+                ck_assert_msg(buf[end - 1] == '\n', "a descriptor with a "
+                                                    "partial line");
+                size_t ls = end - 1;
+                while (ls > 0 && buf[ls - 1] != '\n') {
+                    ls--;
+                }
+                ck_assert_msg(strncmp(buf + ls, "{\"id\":10", 8) == 0,
+                              "a descriptor with %.30s", buf + ls);
+            }
+        }
+        have += (size_t)n;
+        char *nl;
+        while ((nl = memchr(buf + line_start, '\n', have - line_start)) !=
+               NULL) {
+            json_error_t e;
+            json_t *j = json_loadb(buf + line_start,
+                                   (size_t)(nl - buf) - line_start, 0, &e);
+            ck_assert(j != NULL);
+            int id = (int)jint(j, "id");
+            if (id < 100) {
+                gets++;
+                ck_assert_msg(near_hit_of(j, big) || !h_ok(j), "get %d", id);
+            } else if (h_ok(j)) {
+                oks++;
+            } else {
+                ck_assert_str_eq(h_errcode(j), "busy");
+                busy++;
+            }
+            ck_assert_msg(id > last_id || id < 100 || last_id < 100,
+                          "near.map %d after %d", id, last_id);
+            if (id >= 100) {
+                last_id = id;
+            }
+            json_decref(j);
+            lines++;
+            line_start = (size_t)(nl - buf) + 1;
+        }
+    }
+    ck_assert_int_eq(gets, GETS);
+    ck_assert_int_eq(oks, fds);
+    ck_assert_msg(oks == 4 && busy == MAPS - 4, "%d ok, %d busy", oks, busy);
+    fprintf(stderr, "pending maps: %d ok with a descriptor, %d busy\n", oks,
+            busy);
+    free(buf);
+    free(big);
+    close(fd);
+}
+END_TEST
+
 /* Redis gone: the segment is flushed with the near cache (nothing read
  * while nobody listens is trusted), and near.map, which needs no Redis,
  * still answers. */
@@ -964,6 +1085,7 @@ main(void)
         H_CASE(no_read_older_than_answer, 90),
         H_CASE(tracking_killed_flushes, 60),
         H_CASE(stopped_daemon_goes_stale, 60),
+        H_CASE(pending_maps_bounded, 60),
         H_CASE(redis_down, 60),
         H_CASE(tcp_refused, 60),
         H_CASE(disabled, 60),
