@@ -38,7 +38,7 @@
 #define STALE_MS 50
 /* How far past shared_stale_ms a reader may notice a stopped daemon on a
  * loaded machine: its own polling and scheduling, not the daemon's. */
-#define STALE_MARGIN_MS 250
+#define STALE_MARGIN_MS 450
 
 static struct h_redis R;
 static struct h_daemon D;
