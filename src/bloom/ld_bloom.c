@@ -440,19 +440,19 @@ op_check(struct ld_req *req)
 
 /* ------------------------------------------------------------ create */
 
-struct cop_create {
+/* One bloom.create on its way. */
+struct create_op {
     struct ld_req *req;
     char *names;
     char *filter;
     size_t filter_len;
-    long long capacity;
     char rate[32];
     uint64_t m;
     unsigned k;
 };
 
 static void
-create_reply(struct cop_create *c, bool created)
+create_reply(struct create_op *c, bool created)
 {
     known_set(c->filter, c->filter_len, c->m, c->k);
     ld_reply_ok(c->req,
@@ -464,7 +464,7 @@ create_reply(struct cop_create *c, bool created)
 static void
 create_cb(redisReply *r, void *arg)
 {
-    struct cop_create *c = arg;
+    struct create_op *c = arg;
     const char *f = c->filter;
     int fl = (int)(c->filter_len > 60 ? 60 : c->filter_len);
     long long rc = -99;
@@ -546,9 +546,8 @@ op_create(struct ld_req *req)
                        capacity, rate, (double)m);
         return;
     }
-    struct cop_create *c = ld_xcalloc(1, sizeof(*c));
+    struct create_op *c = ld_xcalloc(1, sizeof(*c));
     c->req = req;
-    c->capacity = capacity;
     c->m = m;
     c->k = k;
     /* Printed so that the same number always reads back the same: the
