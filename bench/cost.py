@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions redis-server executes per op pair, through leased and for
 what an app would send without it (Redisson's scripts by EVALSHA, plain
-GET and MGET). Run by bench/cost.sh, which starts redis-server under
+GET and MGET, pipelined SET PX). Run by bench/cost.sh, which starts redis-server under
 callgrind and leased natively; prints one key=value line per case.
 
 Each case runs its pairs one after the other on one connection, between a
@@ -19,6 +19,8 @@ import time
 
 VALUE = 'v' * 100
 MGET_KEYS = 10
+MSET_ENTRIES = 10
+TTL_MS = 3600000
 
 
 class Resp:
@@ -26,13 +28,22 @@ class Resp:
         self.s = socket.create_connection(('127.0.0.1', port))
         self.f = self.s.makefile('rb')
 
-    def call(self, *args):
+    @staticmethod
+    def encode(args):
         out = [b'*%d\r\n' % len(args)]
         for a in args:
             a = a if isinstance(a, bytes) else str(a).encode()
             out.append(b'$%d\r\n%s\r\n' % (len(a), a))
-        self.s.sendall(b''.join(out))
+        return b''.join(out)
+
+    def call(self, *args):
+        self.s.sendall(self.encode(args))
         return self.read()
+
+    def pipeline(self, cmds):
+        """CMDS sent in one write, then their replies read."""
+        self.s.sendall(b''.join(self.encode(c) for c in cmds))
+        return [self.read() for _ in cmds]
 
     def read(self):
         line = self.f.readline()[:-2]
@@ -66,6 +77,20 @@ class Leased:
         if not r.get('ok'):
             raise RuntimeError(json.dumps(r))
         return r
+
+    def pipeline(self, reqs):
+        """REQS sent in one write, then their answers read."""
+        self.s.sendall(b''.join(json.dumps(q).encode() + b'\n'
+                                for q in reqs))
+        out = []
+        while len(out) < len(reqs):
+            r = json.loads(self.f.readline())
+            if 'event' in r:
+                continue
+            if not r.get('ok'):
+                raise RuntimeError(json.dumps(r))
+            out.append(r)
+        return out
 
 
 class Callgrind:
@@ -112,7 +137,8 @@ def pairs(a):
     ld = Leased(a.sock)
     sha = {n: load(r, a.srcdir, n) for n in (
         'lock_acquire', 'lock_release', 'read_acquire', 'read_release',
-        'write_acquire', 'write_release', 'sem_acquire', 'sem_release')}
+        'write_acquire', 'write_release', 'sem_acquire', 'sem_release',
+        'rate_acquire')}
     holder = 'c0ffee00-0000-4000-8000-000000000001:1'
     lease = 30000
     cases = {}
@@ -148,6 +174,40 @@ def pairs(a):
         r.call('EVALSHA', sha['sem_acquire'], 1, 'cost.rs', 1),
         r.call('EVALSHA', sha['sem_release'], 2, 'cost.rs',
                'redisson_sc:{cost.rs}', 1))
+
+    # A granted decision: limits far above the pace of the run, the same
+    # on both sides (a million a second). Redisson logs every grant for
+    # one interval, so its sorted set holds a second of this run's grants
+    # and each try gives back about as many as it takes: its steady state.
+    def rate(i):
+        if not ld.call(op='rate.acquire', key='cost.rt', rate=1000000,
+                       per_ms=1000)['acquired']:
+            raise RuntimeError('rate.acquire refused')
+    cases['leased rate.acquire granted'] = rate
+    r.call('HSET', 'cost.rrt', 'rate', 1000000, 'interval', 1000,
+           'type', 0, 'keepAliveTime', 0)
+    rkeys = ['cost.rrt', '{cost.rrt}:value', '{cost.rrt}:value:c0ffee',
+             '{cost.rrt}:permits', '{cost.rrt}:permits:c0ffee']
+
+    def rrate(i):
+        if r.call('EVALSHA', sha['rate_acquire'], len(rkeys), *rkeys, 1,
+                  int(time.time() * 1000), os.urandom(8)) is not None:
+            raise RuntimeError('RRateLimiter refused')
+    cases['redisson RRateLimiter'] = rrate
+
+    # Bulk writes of MSET_ENTRIES values of 100 B: one cache.mset, as many
+    # cache.set pipelined, and as many SET PX pipelined straight to Redis.
+    ments = [{'key': 'cost.m%d' % k, 'value': VALUE, 'ttl_ms': TTL_MS}
+             for k in range(MSET_ENTRIES)]
+
+    def mset(i):
+        if ld.call(op='cache.mset', entries=ments)['stored'] != MSET_ENTRIES:
+            raise RuntimeError('cache.mset did not store every entry')
+    cases['leased cache.mset %d' % MSET_ENTRIES] = mset
+    cases['leased cache.set x%d pipelined' % MSET_ENTRIES] = lambda i: (
+        ld.pipeline([dict(op='cache.set', **e) for e in ments]))
+    cases['SET PX x%d pipelined' % MSET_ENTRIES] = lambda i: r.pipeline(
+        [('SET', 'plain:' + e['key'], VALUE, 'PX', TTL_MS) for e in ments])
 
     keys = ['cost.h%d' % k for k in range(MGET_KEYS)]
     for k in keys:
