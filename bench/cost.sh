@@ -10,6 +10,7 @@
 # Writes key=value lines to --raw FILE (default stdout). Runs alone too:
 #   sh bench/cost.sh --builddir BUILD --srcdir SRC --redis-server PATH [--quick]
 #   sh bench/cost.sh --table RAW   prints the markdown table of RAW.
+# COST_CASES=REGEX runs only the cases whose name matches it.
 set -eu
 
 if [ "${1:-}" = --table ]; then
@@ -84,4 +85,5 @@ done
 leased_watchdog_ms=6000
 start_leased 2
 python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
-    --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" >>"$raw"
+    --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" \
+    --cases "${COST_CASES:-}" >>"$raw"
