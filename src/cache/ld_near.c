@@ -344,7 +344,8 @@ store(const struct ld_near_read *nr)
     TAILQ_INSERT_HEAD(&near_mod.lru, e, lru);
     near_mod.bytes += (long long)bytes;
     if (nr->raw != NULL) {
-        near_seg_put(nr->key, nr->key_len, nr->raw, nr->raw_len, e->expire_us);
+        near_seg_put(nr->key, nr->key_len, nr->raw, nr->raw_len, e->expire_us,
+                     e->version);
     }
     struct nentry *t;
     while (near_mod.bytes > cfg()->cache.near.max_bytes &&

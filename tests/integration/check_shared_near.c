@@ -374,6 +374,19 @@ START_TEST(test_values_in_segment)
 
     set(c, "plain", "value-1");
     warm(c, &g, "plain", "value-1");
+    /* With the version a hit carries (versioned writes). */
+    json_t *hit = near_get(c, "plain");
+    char vb[64];
+    struct leased_near_value val;
+    ck_assert_int_eq(leased_near_lookup(g.map, g.len, "plain", 5, mono_ns(),
+                                        vb, sizeof vb, &val),
+                     LEASED_NEAR_HIT);
+    ck_assert_msg(json_integer_value(json_object_get(hit, "version")) ==
+                      (json_int_t)val.version,
+                  "segment version %llu, hit %s",
+                  (unsigned long long)val.version, h_dump(hit));
+    ck_assert_msg(val.version > 0, "no version: %s", h_dump(hit));
+    json_decref(hit);
     /* Decoded, as cache.get's "value": no quotes, no escapes. */
     const char *odd = "q\"b\\s\n\xc3\xa9";
     set(c, "odd", odd);
