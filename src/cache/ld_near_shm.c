@@ -327,8 +327,10 @@ ld_near_shm_put(struct ld_near_shm *s, const char *key, size_t klen,
         /* klen 0 marks an empty way: such a key cannot be stored. */
         return false;
     }
-    if (klen > s->ring_bytes || vlen > s->ring_bytes ||
-        rec_bytes(klen, vlen) > s->ring_bytes / 4) {
+    /* The layout's lengths are 32 bits: a segment over 16 GiB could
+     * otherwise take a value whose length does not fit. */
+    if (klen > UINT32_MAX || vlen > UINT32_MAX || klen > s->ring_bytes ||
+        vlen > s->ring_bytes || rec_bytes(klen, vlen) > s->ring_bytes / 4) {
         ld_near_shm_del(s, key, klen);
         return false;
     }
