@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -31,6 +33,7 @@ type reply struct {
 	Lease     json.RawMessage  `json:"lease"`
 	Stored    bool             `json:"stored"`
 	Features  []string         `json:"features"`
+	Layout    int              `json:"layout"`
 	Session   string           `json:"session"`
 	Protocol  int              `json:"protocol"`
 	Key       string           `json:"key"`
@@ -75,6 +78,7 @@ type conn struct {
 	session     string
 	dead        chan struct{}
 	inflight    int32
+	near        nearState
 }
 
 // Event is an unsolicited line from the daemon (lock_lost, sem_lost,
@@ -145,7 +149,11 @@ func (c *conn) isDead() bool {
 func (c *conn) close() { _ = c.nc.Close() }
 
 func (c *conn) read() {
-	br := bufio.NewReaderSize(c.nc, 64*1024)
+	var src io.Reader = c.nc
+	if uc, ok := c.nc.(*net.UnixConn); ok {
+		src = &fdReader{uc: uc, c: c, oob: make([]byte, syscall.CmsgSpace(4*4))}
+	}
+	br := bufio.NewReaderSize(src, 64*1024)
 	for {
 		line, err := br.ReadBytes('\n')
 		if err != nil {
@@ -220,7 +228,12 @@ func (c *conn) end() {
 	holds := c.holds
 	c.holds = make(map[string][]*Held)
 	close(c.dead)
+	closeFds(c.near.fds)
+	c.near.fds = nil
 	c.mu.Unlock()
+	if s := c.near.seg.Swap(nil); s != nil {
+		s.retire()
+	}
 	for _, p := range pends {
 		p.ch <- nil
 	}
