@@ -37,6 +37,15 @@ export interface RateOptions {
   signal?: AbortSignal;
 }
 
+export interface BloomCreateReply extends Reply {
+  /** False when the filter existed with these very parameters. */
+  created: boolean;
+  bits: number;
+  hashes: number;
+  /** The bitmap's size when full. */
+  bytes: number;
+}
+
 export interface RateReply extends Reply {
   acquired: boolean;
   /** Refused: ms until the permits could be granted; granted: ms until
@@ -172,6 +181,9 @@ export interface ConnectOptions {
   auth?: string;
   /** The default serializer of cached() (JSON). */
   serializer?: Serializer;
+  /** A Bloom filter (hello's feature "bloom"): a key it rules out is
+   *  "not found" (null) at once, LOADER not called. */
+  bloom?: string;
 }
 
 /** One entry of warm() (cache.mset). */
@@ -186,6 +198,30 @@ export interface WarmEntry {
 export interface WarmReply extends Reply {
   stored: number;
   results: Array<{ ok: boolean; error?: { code: string; message: string } }>;
+}
+
+/** read()'s answer (versioned writes): the value with its version (0 on
+ *  a miss), and the fill lease of a miss read with {lease: true}. */
+export interface VersionedRead<T = unknown> {
+  hit: boolean;
+  value: T | null;
+  version: number;
+  lease: string | null;
+}
+
+/** write() and fill(): whether it stored, and the version it stored, or
+ *  when it did not the entry's current one (0: none). */
+export interface VersionedWrite {
+  stored: boolean;
+  version: number;
+}
+
+export interface WriteOptions {
+  ttl_ms?: number;
+  /** Store only when the entry's version is this one (0: only when there
+   *  is none). */
+  if_version?: number;
+  serializer?: Serializer;
 }
 
 export interface CachedOptions {
@@ -271,11 +307,28 @@ export declare class Leased extends EventEmitter {
    *  serializer, null: "not found"); one result per entry. */
   warm(entries: WarmEntry[], opts?: { ttl_ms?: number;
     serializer?: Serializer }): Promise<WarmReply>;
+  /** cache.get with the version of the value (feature "versioned"). */
+  read<T = unknown>(key: string, opts?: { lease?: boolean; wait_ms?: number;
+    serializer?: Serializer }): Promise<VersionedRead<T>>;
+  /** cache.set, with if_version a compare-and-set. */
+  write(key: string, value: unknown, opts?: WriteOptions):
+    Promise<VersionedWrite>;
+  /** cache.fill under LEASE, with if_version as write() has it. */
+  fill(key: string, lease: string, value: unknown, opts?: WriteOptions):
+    Promise<VersionedWrite>;
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
   rateAcquire(key: string, rate: number, per_ms: number,
               opts?: RateOptions): Promise<RateReply>;
+  /** bloom.create: other parameters than the filter has reject with
+   *  bad_request. */
+  bloomCreate(filter: string, capacity: number, error_rate: number):
+    Promise<BloomCreateReply>;
+  /** true where the key was surely not in FILTER before. */
+  bloomAdd(filter: string, keys: string | string[]): Promise<boolean[]>;
+  /** false where the key was surely never added to FILTER. */
+  bloomCheck(filter: string, keys: string | string[]): Promise<boolean[]>;
   /** Holds permits of KEY while FN runs; released when FN settles.
    *  Rejects with code 'no_permit'. */
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
@@ -329,11 +382,28 @@ export declare class Pool extends EventEmitter {
    *  serializer, null: "not found"); one result per entry. */
   warm(entries: WarmEntry[], opts?: { ttl_ms?: number;
     serializer?: Serializer }): Promise<WarmReply>;
+  /** cache.get with the version of the value (feature "versioned"). */
+  read<T = unknown>(key: string, opts?: { lease?: boolean; wait_ms?: number;
+    serializer?: Serializer }): Promise<VersionedRead<T>>;
+  /** cache.set, with if_version a compare-and-set. */
+  write(key: string, value: unknown, opts?: WriteOptions):
+    Promise<VersionedWrite>;
+  /** cache.fill under LEASE, with if_version as write() has it. */
+  fill(key: string, lease: string, value: unknown, opts?: WriteOptions):
+    Promise<VersionedWrite>;
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
   rateAcquire(key: string, rate: number, per_ms: number,
               opts?: RateOptions): Promise<RateReply>;
+  /** bloom.create: other parameters than the filter has reject with
+   *  bad_request. */
+  bloomCreate(filter: string, capacity: number, error_rate: number):
+    Promise<BloomCreateReply>;
+  /** true where the key was surely not in FILTER before. */
+  bloomAdd(filter: string, keys: string | string[]): Promise<boolean[]>;
+  /** false where the key was surely never added to FILTER. */
+  bloomCheck(filter: string, keys: string | string[]): Promise<boolean[]>;
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
                    fn: (grant: SemReply & RiskState, signal: AbortSignal) =>
                      Promise<T> | T):

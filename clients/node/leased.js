@@ -779,10 +779,12 @@ class Leased extends EventEmitter {
   // omitted); past it this caller loads too, and fills only when the
   // daemon handed it a lease. The fill lease is given back (cache.release)
   // whenever the load, its serialisation or the fill fails.
-  async cached(key, loader, { ttl_ms, wait_ms, serializer } = {}) {
+  // BLOOM names a Bloom filter (hello's feature "bloom"): a key it rules
+  // out is "not found" (null) at once, LOADER not called.
+  async cached(key, loader, { ttl_ms, wait_ms, serializer, bloom } = {}) {
     if (badKey(key, false)) throw badKey(key, false);
     const ser = serializer || this.serializer;
-    const got = await this.call('cache.get', { key, wait_ms });
+    const got = await this.call('cache.get', { key, wait_ms, bloom });
     if (got.hit) return fromText(key, got.value, ser);
     let value;
     try {
@@ -802,6 +804,31 @@ class Leased extends EventEmitter {
       throw e;
     }
     return value;
+  }
+
+  // Bloom filters (hello's feature "bloom"). bloomCreate: a filter for
+  // CAPACITY keys at ERROR_RATE false positives; {created, bits, hashes,
+  // bytes}, created false when it existed alike (other parameters reject
+  // with bad_request).
+  bloomCreate(filter, capacity, error_rate) {
+    if (badKey(filter, false)) return Promise.reject(badKey(filter, false));
+    return this.call('bloom.create', { filter, capacity, error_rate });
+  }
+
+  // Add KEYS (one key or an array, at most 1000) to FILTER: an array of
+  // booleans, true where the key was surely not in it before.
+  async bloomAdd(filter, keys) {
+    if (badKey(filter, false)) throw badKey(filter, false);
+    if (badKey(keys, true)) throw badKey(keys, true);
+    return (await this.call('bloom.add', { filter, keys: [].concat(keys) })).added;
+  }
+
+  // An array of booleans for KEYS: false where the key was surely never
+  // added to FILTER.
+  async bloomCheck(filter, keys) {
+    if (badKey(filter, false)) throw badKey(filter, false);
+    if (badKey(keys, true)) throw badKey(keys, true);
+    return (await this.call('bloom.check', { filter, keys: [].concat(keys) })).maybe;
   }
 
   // Write path: call after the database write committed. KEYS: one key,
@@ -825,6 +852,45 @@ class Leased extends EventEmitter {
       return Promise.reject(e);
     }
     return this.call('cache.mset', fields);
+  }
+
+  // Versioned writes (hello's feature "versioned"). read(): a cache.get
+  // that resolves to {hit, value, version, lease}: the value through
+  // SERIALIZER, its version (0 on a miss), and with LEASE true the fill
+  // lease of a miss (it may then wait, as cached() does).
+  async read(key, { lease = false, wait_ms, serializer } = {}) {
+    if (badKey(key, false)) throw badKey(key, false);
+    const got = await this.call('cache.get',
+      lease ? { key, wait_ms } : { key, lease: false });
+    if (!got.hit) {
+      return { hit: false, value: null, version: 0,
+        lease: got.lease || null };
+    }
+    return { hit: true,
+      value: fromText(key, got.value, serializer || this.serializer),
+      version: got.version || 0, lease: null };
+  }
+
+  // cache.set of VALUE (null: "not found"); with IF_VERSION only when the
+  // entry's version is that one (0: only when there is none), a
+  // compare-and-set. Resolves to {stored, version}: the version stored,
+  // or with stored false the current one, to read again and retry.
+  async write(key, value, { ttl_ms, if_version, serializer } = {}) {
+    if (badKey(key, false)) throw badKey(key, false);
+    const text = toText(key, value, serializer || this.serializer);
+    const r = await this.call('cache.set', { key, value: text, ttl_ms,
+      if_version });
+    return { stored: r.stored === true, version: r.version || 0 };
+  }
+
+  // cache.fill under LEASE (from read(key, {lease: true})), with
+  // IF_VERSION as write() has it; resolves to {stored, version}.
+  async fill(key, lease, value, { ttl_ms, if_version, serializer } = {}) {
+    if (badKey(key, false)) throw badKey(key, false);
+    const text = toText(key, value, serializer || this.serializer);
+    const r = await this.call('cache.fill', { key, lease, value: text,
+      ttl_ms, if_version });
+    return { stored: r.stored === true, version: r.version || 0 };
   }
 }
 
@@ -1030,6 +1096,18 @@ class Pool extends EventEmitter {
     return this._on(undefined, (c) => c.warm(entries, opts));
   }
 
+  read(key, opts) {
+    return this._on(key, (c) => c.read(key, opts));
+  }
+
+  write(key, value, opts) {
+    return this._on(key, (c) => c.write(key, value, opts));
+  }
+
+  fill(key, lease, value, opts) {
+    return this._on(key, (c) => c.fill(key, lease, value, opts));
+  }
+
   semAcquire(key, limit, opts) {
     return this._on(key, (c) => c.semAcquire(key, limit, opts));
   }
@@ -1044,6 +1122,18 @@ class Pool extends EventEmitter {
 
   rateAcquire(key, rate, per_ms, opts) {
     return this._on(key, (c) => c.rateAcquire(key, rate, per_ms, opts));
+  }
+
+  bloomCreate(filter, capacity, error_rate) {
+    return this._on(undefined, (c) => c.bloomCreate(filter, capacity, error_rate));
+  }
+
+  bloomAdd(filter, keys) {
+    return this._on(undefined, (c) => c.bloomAdd(filter, keys));
+  }
+
+  bloomCheck(filter, keys) {
+    return this._on(undefined, (c) => c.bloomCheck(filter, keys));
   }
 
   withSemaphore(key, limit, opts, fn) {

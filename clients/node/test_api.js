@@ -475,6 +475,35 @@ test('rateAcquire() grants, refuses with retry_after_ms and waits', async () => 
   }
 });
 
+test('bloomCreate/Add/Check, and cached() with bloom skips the loader', async () => {
+  const a = await Leased.connect(SOCK);
+  const pool = new Pool({ path: SOCK, size: 1 });
+  try {
+    const f = `${TAG}:bloom`;
+    const [k1, k2, k3] = [`${TAG}:b1`, `${TAG}:b2`, `${TAG}:b3`];
+    let r = await a.bloomCreate(f, 100, 0.01);
+    assert.deepStrictEqual([r.created, r.hashes], [true, 7]);
+    assert.strictEqual((await pool.bloomCreate(f, 100, 0.01)).created, false);
+    await assert.rejects(a.bloomCreate(f, 200, 0.01), (e) => e.code === 'bad_request');
+    assert.deepStrictEqual(await a.bloomAdd(f, [k1, k2]), [true, true]);
+    assert.deepStrictEqual(await pool.bloomAdd(f, k1), [false]);
+    assert.deepStrictEqual(await a.bloomCheck(f, [k1, k2, k3]), [true, true, false]);
+    assert.deepStrictEqual(await pool.bloomCheck(f, k3), [false]);
+    await assert.rejects(a.bloomCheck(`${TAG}:no-such-filter`, k1),
+      (e) => e.code === 'bad_request');
+    let loads = 0;
+    const loader = () => { loads++; return { n: 1 }; };
+    assert.strictEqual(await a.cached(k3, loader, { bloom: f }), null);
+    assert.strictEqual(await pool.cached(k3, loader, { bloom: f }), null);
+    assert.strictEqual(loads, 0);
+    assert.deepStrictEqual(await a.cached(k1, loader, { bloom: f }), { n: 1 });
+    assert.strictEqual(loads, 1);
+  } finally {
+    a.close();
+    pool.close();
+  }
+});
+
 function redisDelKeys(names) {
   const [host, port] = REDIS.split(':');
   const parts = ['DEL', ...names].map((x) => Buffer.from(x));
@@ -935,6 +964,48 @@ test('warm() stores entries as cached() reads them, each with its result',
         await assert.rejects(ld.warm(bad), (e) => e instanceof LeasedError &&
           e.code === 'invalid', JSON.stringify(bad));
       }
+    } finally {
+      ld.close();
+      pool.close();
+    }
+  });
+
+test('read() carries the version; write() and fill() take if_version',
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    const pool = await Leased.connect(SOCK, { connections: 2 });
+    try {
+      for (const [i, c] of [ld, pool].entries()) {
+        const k = `${TAG}:ver${i}`;
+        assert.deepStrictEqual(await c.read(`${k}:a`),
+          { hit: false, value: null, version: 0, lease: null });
+        const w1 = await c.write(`${k}:a`, { n: 1 }, { if_version: 0 });
+        assert.strictEqual(w1.stored, true);
+        assert.ok(w1.version > 0);
+        const r1 = await c.read(`${k}:a`);
+        assert.deepStrictEqual(r1, { hit: true, value: { n: 1 },
+          version: w1.version, lease: null });
+        // Compare-and-set: the second writer over the same version loses.
+        const w2 = await c.write(`${k}:a`, { n: 2 },
+          { if_version: r1.version });
+        assert.strictEqual(w2.stored, true);
+        assert.ok(w2.version > w1.version);
+        assert.deepStrictEqual(await c.write(`${k}:a`, { n: 9 },
+          { if_version: r1.version }), { stored: false, version: w2.version });
+        assert.deepStrictEqual((await c.read(`${k}:a`)).value, { n: 2 });
+        // A fill under the lease of a miss, over version 0.
+        const miss = await c.read(`${k}:f`, { lease: true });
+        assert.ok(miss.lease);
+        assert.deepStrictEqual(await c.fill(`${k}:f`, miss.lease, 'x',
+          { if_version: 3 }), { stored: false, version: 0 });
+        const f = await c.fill(`${k}:f`, miss.lease, null, { if_version: 0 });
+        assert.strictEqual(f.stored, true);
+        const got = await c.read(`${k}:f`);
+        assert.deepStrictEqual([got.hit, got.value, got.version],
+          [true, null, f.version]);
+      }
+      await assert.rejects(ld.write(`${TAG}:ver`, 'x', { if_version: -1 }),
+        (e) => e instanceof LeasedError && e.code === 'bad_request');
     } finally {
       ld.close();
       pool.close();

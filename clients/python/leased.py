@@ -39,6 +39,7 @@ block and ends with the connection.
 
 import array
 import asyncio
+import collections
 import contextlib
 import functools
 import itertools
@@ -54,7 +55,8 @@ import zlib
 
 __all__ = ["Leased", "Pool", "AsyncLeased", "Held", "RWLock", "LeasedError",
            "LeasedConnectionError", "LeasedTimeout", "LeasedTypeError",
-           "LockNotAcquired", "NoPermit", "DEFAULT_SOCKET"]
+           "LockNotAcquired", "NoPermit", "Versioned", "Written",
+           "DEFAULT_SOCKET"]
 __version__ = "0.1.0"
 
 DEFAULT_SOCKET = "/run/leased/leased.sock"
@@ -476,6 +478,49 @@ def _fill_fields(key, lease, text, ttl_ms):
     return fields
 
 
+class Versioned(collections.namedtuple("Versioned",
+                                        "hit value version lease")):
+    """What read() found: HIT, the VALUE (through the serializer; None for
+    a miss or a cached "not found"), its VERSION (hello's feature
+    "versioned"; 0 on a miss) and, on a miss read with lease=True, the
+    fill LEASE (None otherwise)."""
+
+
+class Written(collections.namedtuple("Written", "stored version")):
+    """What write() and fill() did: STORED, and the VERSION the value got,
+    or, when it was not stored, the entry's current version (0: none)."""
+
+
+def _versioned(serializer, key, got):
+    if got["hit"]:
+        return Versioned(True, _value_of(serializer, key, got["value"]),
+                         got.get("version", 0), None)
+    return Versioned(False, None, 0, got.get("lease"))
+
+
+def _read_fields(key, lease, wait_ms):
+    fields = _get_fields(key, wait_ms)
+    if not lease:
+        fields["lease"] = False
+    return fields
+
+
+def _write_fields(serializer, key, value, ttl_ms, if_version, lease=None):
+    key = _one_key(key)
+    fields = {"key": key, "value": _value_text(serializer, key, value)}
+    if lease is not None:
+        fields["lease"] = lease
+    if ttl_ms:
+        fields["ttl_ms"] = ttl_ms
+    if if_version is not None:
+        fields["if_version"] = if_version
+    return fields
+
+
+def _written(reply):
+    return Written(bool(reply.get("stored")), reply.get("version", 0))
+
+
 def _warm_fields(serializer, entries, ttl_ms):
     """cache.mset's fields for ENTRIES: a dict {key: value}, or an iterable
     of (key, value) or (key, value, ttl_ms); values go through SERIALIZER
@@ -498,10 +543,25 @@ def _warm_fields(serializer, entries, ttl_ms):
     return {"entries": out}
 
 
-def _get_fields(key, wait_ms):
+def _get_fields(key, wait_ms, bloom=None):
     fields = {"key": _one_key(key)}
     if wait_ms is not None:
         fields["wait_ms"] = wait_ms
+    if bloom is not None:
+        fields["bloom"] = bloom
+    return fields
+
+
+def _bloom_create_fields(filter, capacity, error_rate, extra):
+    fields = {"filter": _one_key(filter), "capacity": capacity,
+              "error_rate": float(error_rate)}
+    fields.update(extra)
+    return fields
+
+
+def _bloom_keys_fields(filter, keys, extra):
+    fields = {"filter": _one_key(filter), "keys": _keys(keys)}
+    fields.update(extra)
     return fields
 
 
@@ -1424,7 +1484,7 @@ class Leased:
 
     # --- cache-aside ---------------------------------------------------------
 
-    def cached(self, key, loader, ttl_ms=None, wait_ms=None):
+    def cached(self, key, loader, ttl_ms=None, wait_ms=None, bloom=None):
         """The read path: the cached value, or LOADER() loaded once
         cluster-wide and filled. WAIT_MS (cache.wait_ms, 3000, when None)
         is how long to wait for a load that runs elsewhere; past it a
@@ -1435,7 +1495,9 @@ class Leased:
         gets it. A loader returning None caches "not found". A loader
         that raises, or a value that cannot be filled, gives the fill
         lease back (and raises), and so does a get that timed out when
-        its lease comes later."""
+        its lease comes later. BLOOM names a Bloom filter (hello's
+        feature "bloom"): a key it rules out is "not found" (None) at once,
+        LOADER not called."""
 
         if not self._near_off:
             text = self._near_get(key)
@@ -1447,7 +1509,7 @@ class Leased:
                 self._post("cache.release", key=key, lease=reply["lease"])
 
         got = self.call("cache.get", _on_late=late,
-                        **_get_fields(key, wait_ms))
+                        **_get_fields(key, wait_ms, bloom))
         return _load_through(self.call, self.serializer, got, key, loader,
                              ttl_ms, wait_ms)
 
@@ -1556,6 +1618,27 @@ class Leased:
         self.invalidate(keys)
         return result
 
+    def bloom_create(self, filter, capacity, error_rate, **extra):
+        """bloom.create (hello's feature "bloom"): a filter for CAPACITY
+        keys at ERROR_RATE false positives. Returns the reply ("created"
+        false when it existed alike; "bits", "hashes", "bytes"); other
+        parameters than the filter has raise bad_request."""
+        return self.call("bloom.create",
+                         **_bloom_create_fields(filter, capacity, error_rate,
+                                                extra))
+
+    def bloom_add(self, filter, keys, **extra):
+        """Add KEYS (a str, or a list or tuple, at most 1000) to FILTER:
+        a list of booleans, True where the key was surely not in it."""
+        return self.call("bloom.add",
+                         **_bloom_keys_fields(filter, keys, extra))["added"]
+
+    def bloom_check(self, filter, keys, **extra):
+        """A list of booleans for KEYS: False where the key was surely
+        never added to FILTER."""
+        return self.call("bloom.check",
+                         **_bloom_keys_fields(filter, keys, extra))["maybe"]
+
     def warm(self, entries, ttl_ms=None):
         """Bulk warm-up (cache.mset; hello's feature "mset"): store ENTRIES
         (a dict {key: value}, or (key, value) and (key, value, ttl_ms)
@@ -1567,6 +1650,34 @@ class Leased:
         that failed alone."""
         return self.call("cache.mset",
                          **_warm_fields(self.serializer, entries, ttl_ms))
+
+    # --- versioned writes (hello's feature "versioned") -----------------
+
+    def read(self, key, lease=False, wait_ms=None):
+        """A cache.get that returns a Versioned: the value (through the
+        serializer) with its version, for a later write() or fill() with
+        if_version. LEASE true asks for the fill lease on a miss (and may
+        wait, as cached() does)."""
+        return _versioned(self.serializer, key,
+                          self.call("cache.get",
+                                    **_read_fields(key, lease, wait_ms)))
+
+    def write(self, key, value, ttl_ms=None, if_version=None):
+        """cache.set of VALUE (through the serializer; None: "not found").
+        With IF_VERSION, only when the entry's version is that one (0:
+        only when there is none): a compare-and-set. Returns a Written;
+        stored False carries the current version, to read and retry."""
+        return _written(self.call("cache.set",
+                                  **_write_fields(self.serializer, key, value,
+                                                  ttl_ms, if_version)))
+
+    def fill(self, key, lease, value, ttl_ms=None, if_version=None):
+        """cache.fill under LEASE (from read(key, lease=True)), with
+        IF_VERSION as write() has it. Returns a Written."""
+        return _written(self.call("cache.fill",
+                                  **_write_fields(self.serializer, key, value,
+                                                  ttl_ms, if_version,
+                                                  lease=lease)))
 
 
 def _key_line(op, rid, key, token):
@@ -1799,14 +1910,24 @@ class Pool:
         keeps its connection as lock() does."""
         return RWLock(self, key)
 
-    def cached(self, key, loader, ttl_ms=None, wait_ms=None):
+    def cached(self, key, loader, ttl_ms=None, wait_ms=None, bloom=None):
         # One connection for the whole read path, LOADER included: the
         # waiters for KEY may hold every other connection inside cache.get
         # (up to wait_ms), so a lease holder that gave its connection back
         # could not send its fill, and the waiters would time out and each
         # load: no single flight in exactly the pool's busiest case.
         with self.connection() as c:
-            return c.cached(key, loader, ttl_ms, wait_ms)
+            return c.cached(key, loader, ttl_ms, wait_ms, bloom)
+
+    def bloom_create(self, filter, capacity, error_rate, **extra):
+        return self._use(Leased.bloom_create, filter, capacity, error_rate,
+                         **extra)
+
+    def bloom_add(self, filter, keys, **extra):
+        return self._use(Leased.bloom_add, filter, keys, **extra)
+
+    def bloom_check(self, filter, keys, **extra):
+        return self._use(Leased.bloom_check, filter, keys, **extra)
 
     def invalidate(self, keys, delay_ms=None):
         with self.connection() as c:
@@ -1815,6 +1936,18 @@ class Pool:
     def warm(self, entries, ttl_ms=None):
         with self.connection() as c:
             return c.warm(entries, ttl_ms)
+
+    def read(self, key, lease=False, wait_ms=None):
+        with self.connection() as c:
+            return c.read(key, lease, wait_ms)
+
+    def write(self, key, value, ttl_ms=None, if_version=None):
+        with self.connection() as c:
+            return c.write(key, value, ttl_ms, if_version)
+
+    def fill(self, key, lease, value, ttl_ms=None, if_version=None):
+        with self.connection() as c:
+            return c.fill(key, lease, value, ttl_ms, if_version)
 
     def update(self, keys, writer):
         keys = _keys(keys)
@@ -2218,7 +2351,8 @@ class AsyncLeased:
 
     # --- cache-aside ---------------------------------------------------------
 
-    async def cached(self, key, loader, ttl_ms=None, wait_ms=None):
+    async def cached(self, key, loader, ttl_ms=None, wait_ms=None,
+                     bloom=None):
         """As Leased.cached; LOADER may be a coroutine function. Values go
         through the serializer given to connect() (JSON by default)."""
         nr = self._nr
@@ -2238,7 +2372,7 @@ class AsyncLeased:
                 self._fire("cache.release", key=key, lease=reply["lease"])
 
         got = await self.call("cache.get", _on_abandon=lease_too_late,
-                              **_get_fields(key, wait_ms))
+                              **_get_fields(key, wait_ms, bloom))
         if got["hit"]:
             return _value_of(self.serializer, key, got["value"])
         lease = _lease_of(got, key, wait_ms)
@@ -2286,11 +2420,47 @@ class AsyncLeased:
         return await self.call("cache.invalidate",
                                **_invalidate_fields(keys, delay_ms))
 
+    async def bloom_create(self, filter, capacity, error_rate, **extra):
+        """As Leased.bloom_create."""
+        return await self.call("bloom.create",
+                               **_bloom_create_fields(filter, capacity,
+                                                      error_rate, extra))
+
+    async def bloom_add(self, filter, keys, **extra):
+        """As Leased.bloom_add."""
+        r = await self.call("bloom.add",
+                            **_bloom_keys_fields(filter, keys, extra))
+        return r["added"]
+
+    async def bloom_check(self, filter, keys, **extra):
+        """As Leased.bloom_check."""
+        r = await self.call("bloom.check",
+                            **_bloom_keys_fields(filter, keys, extra))
+        return r["maybe"]
+
     async def warm(self, entries, ttl_ms=None):
         """As Leased.warm."""
         return await self.call("cache.mset",
                                **_warm_fields(self.serializer, entries,
                                               ttl_ms))
+
+    async def read(self, key, lease=False, wait_ms=None):
+        """As Leased.read."""
+        got = await self.call("cache.get",
+                              **_read_fields(key, lease, wait_ms))
+        return _versioned(self.serializer, key, got)
+
+    async def write(self, key, value, ttl_ms=None, if_version=None):
+        """As Leased.write."""
+        return _written(await self.call(
+            "cache.set", **_write_fields(self.serializer, key, value, ttl_ms,
+                                         if_version)))
+
+    async def fill(self, key, lease, value, ttl_ms=None, if_version=None):
+        """As Leased.fill."""
+        return _written(await self.call(
+            "cache.fill", **_write_fields(self.serializer, key, value, ttl_ms,
+                                          if_version, lease=lease)))
 
     async def update(self, keys, writer):
         keys = _keys(keys)

@@ -435,6 +435,9 @@ struct leased_cache_result {
                                    contain NULs: see value_len); else NULL */
     size_t value_len;
     char *lease; /* miss: the fill lease, NULL when none */
+    /* hit: the version of the value or null (hello's feature
+     * "versioned"; 0 from a daemon without it, and on a miss) */
+    long long version;
 };
 
 void leased_cache_result_free(struct leased_cache_result *r);
@@ -504,6 +507,23 @@ int leased_cache_set(struct leased_conn *c, const char *key, const char *value,
                      size_t value_len, long long ttl_ms,
                      struct leased_error *err);
 
+/* Versioned writes (hello's feature "versioned"): leased_cache_set and
+ * leased_cache_fill, stored only when the entry's version is IF_VERSION
+ * (0: only when there is no value and no null; LEASED_UNSET: always, as
+ * those two do). *STORED (may be NULL) is false when the version had
+ * moved on (or, for a fill, the lease was no longer valid); *VERSION (may
+ * be NULL) is then the entry's current version, else the one the value
+ * got. */
+int leased_cache_set_if(struct leased_conn *c, const char *key,
+                        const char *value, size_t value_len, long long ttl_ms,
+                        long long if_version, bool *stored, long long *version,
+                        struct leased_error *err);
+int leased_cache_fill_if(struct leased_conn *c, const char *key,
+                         const char *lease, const char *value,
+                         size_t value_len, long long ttl_ms,
+                         long long if_version, bool *stored,
+                         long long *version, struct leased_error *err);
+
 struct leased_invalidate_result {
     long long deleted;
     long long pending;
@@ -553,6 +573,35 @@ int leased_cache_mset(struct leased_conn *c,
                       const struct leased_mset_entry *entries, size_t n,
                       size_t *stored, struct leased_mset_result *results,
                       struct leased_error *err);
+
+/* --- Bloom filters (hello's feature "bloom") ----------------------------- */
+
+/* Make FILTER for CAPACITY keys at ERROR_RATE false positives. *CREATED
+ * (may be NULL) is false when it existed with these very parameters; with
+ * others the call fails (LEASED_E_BAD_REQUEST, naming them). */
+int leased_bloom_create(struct leased_conn *c, const char *filter,
+                        long long capacity, double error_rate, bool *created,
+                        struct leased_error *err);
+
+/* Add the NKEYS KEYS (at most 1000) to FILTER. ADDED (may be NULL) has
+ * NKEYS elements: true where the key was certainly not in it before. */
+int leased_bloom_add(struct leased_conn *c, const char *filter,
+                     const char *const *keys, size_t nkeys, bool *added,
+                     struct leased_error *err);
+
+/* MAYBE (may be NULL) has NKEYS elements: false where the key was
+ * certainly never added to FILTER. */
+int leased_bloom_check(struct leased_conn *c, const char *filter,
+                       const char *const *keys, size_t nkeys, bool *maybe,
+                       struct leased_error *err);
+
+/* leased_cache_get with FILTER consulted first: a key it rules out is
+ * answered as a cached null (OUT->hit and OUT->is_null) with *RULED_OUT
+ * (may be NULL) true, without a read of the entry or a fill lease. */
+int leased_cache_get_bloom(struct leased_conn *c, const char *key,
+                           const char *filter, long long wait_ms, bool lease,
+                           struct leased_cache_result *out, bool *ruled_out,
+                           struct leased_error *err);
 
 /* --- raw requests ------------------------------------------------------- */
 

@@ -20,10 +20,11 @@ int near_seg_init(const struct ld_ctx *ctx);
 void near_seg_free(void);
 /* Segments exist: values are put in them. */
 bool near_seg_on(void);
-/* KEY's value V (as stored in Redis) is kept until EXPIRE_US (ld_now_us
- * time; 0: no TTL): into every segment KEY belongs to. */
+/* KEY's value V (as stored in Redis) of VERSION (0: none) is kept until
+ * EXPIRE_US (ld_now_us time; 0: no TTL): into every segment KEY belongs
+ * to. */
 void near_seg_put(const char *key, size_t klen, const char *v, size_t vlen,
-                  uint64_t expire_us);
+                  uint64_t expire_us, uint64_t version);
 /* KEY's entry is gone: out of every segment, before this returns. */
 void near_seg_del(const char *key, size_t klen);
 /* Every segment emptied, its epoch moved. */

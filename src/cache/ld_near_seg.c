@@ -226,14 +226,14 @@ seg_holds(const struct seg *g, const char *key, size_t len)
 
 void
 near_seg_put(const char *key, size_t klen, const char *v, size_t vlen,
-             uint64_t expire_us)
+             uint64_t expire_us, uint64_t version)
 {
     /* The near cache's deadlines are ld_now_us, CLOCK_MONOTONIC too. */
     uint64_t deadline = expire_us == 0 ? UINT64_MAX : expire_us * 1000u;
     for (size_t i = 0; i < seg_mod.nsegs; i++) {
         struct seg *g = &seg_mod.segs[i];
         if (seg_holds(g, key, klen)) {
-            ld_near_shm_put(g->shm, key, klen, v, vlen, deadline, 0);
+            ld_near_shm_put(g->shm, key, klen, v, vlen, deadline, version);
         }
     }
 }

@@ -341,8 +341,10 @@ give(struct h_conn *c, const struct held *h, int i)
         return call(c, "sem.release", "{s:s,s:s,s:s}", "op", "sem.release",
                     "key", "s", "token", h->sem);
     case 5:
-        return call(c, "cache.fill", "{s:s,s:s,s:s,s:s}", "op", "cache.fill",
-                    "key", "f", "lease", h->fill, "value", "loaded");
+        /* Over version 0, the miss it loaded for. */
+        return call(c, "cache.fill", "{s:s,s:s,s:s,s:s,s:i}", "op",
+                    "cache.fill", "key", "f", "lease", h->fill, "value",
+                    "loaded", "if_version", 0);
     default:
         return call(c, "cache.release", "{s:s,s:s,s:s}", "op", "cache.release",
                     "key", "rel", "lease", h->rel);
@@ -425,12 +427,29 @@ fresh_writes_refused(struct h_conn *c, enum refusal how)
     /* A read whose script also writes (the fill lease, the hot-key and
      * refresh marks) cannot be answered either. */
     EXPECT("cache.get", "{s:s,s:s}", "op", "cache.get", "key", "m");
+    /* A new filter, and bits set in the filter scenario() made. */
+    EXPECT("bloom.create", "{s:s,s:s,s:i,s:f}", "op", "bloom.create", "filter",
+           "bf2", "capacity", 100, "error_rate", 0.01);
+    EXPECT("bloom.add", "{s:s,s:s,s:[s]}", "op", "bloom.add", "filter", "bf",
+           "keys", "bk");
     if (how != OOM) {
         /* Under OOM cache.set's script deletes first, and Redis lets a
          * script that has written finish its writes whatever the
          * memory. */
         EXPECT("cache.set", "{s:s,s:s,s:s,s:i}", "op", "cache.set", "key", "k",
                "value", "v", "ttl_ms", 10000);
+        /* A versioned write whose version holds (0: nothing there) must
+         * write, and so is refused. */
+        EXPECT("cache.set if_version", "{s:s,s:s,s:s,s:i}", "op", "cache.set",
+               "key", "k", "value", "v", "if_version", 0);
+        json_t *mv = call(c, "cache.mset", "{s:s,s:[{s:s,s:s,s:i}]}", "op",
+                          "cache.mset", "entries", "key", "k3", "value", "v",
+                          "if_version", 0);
+        json_t *mres = json_object_get(mv, "results");
+        ck_assert_msg(h_ok(mv) && jint(mv, "stored") == 0 &&
+                          is_unavailable(json_array_get(mres, 0)),
+                      "%s, cache.mset if_version: %s", why, h_dump(mv));
+        json_decref(mv);
         /* cache.mset answers ok, with each entry's refusal as its
          * result and none stored. */
         json_t *m = call(c, "cache.mset", "{s:s,s:[{s:s,s:s},{s:s,s:n}]}",
@@ -500,6 +519,9 @@ scenario(enum refusal how)
     struct h_conn *c = h_connect_ok(&D);
 
     take_all(c, &h);
+    json_decref(h_must(call(c, "bloom.create", "{s:s,s:s,s:i,s:f}", "op",
+                            "bloom.create", "filter", "bf", "capacity", 100,
+                            "error_rate", 0.01)));
     json_decref(
         h_must(call(c, "cache.set", "{s:s,s:s,s:s,s:i}", "op", "cache.set",
                     "key", "v", "value", "old", "ttl_ms", LEASE_MS)));

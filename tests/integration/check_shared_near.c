@@ -38,7 +38,7 @@
 #define STALE_MS 50
 /* How far past shared_stale_ms a reader may notice a stopped daemon on a
  * loaded machine: its own polling and scheduling, not the daemon's. */
-#define STALE_MARGIN_MS 250
+#define STALE_MARGIN_MS 450
 
 static struct h_redis R;
 static struct h_daemon D;
@@ -374,6 +374,19 @@ START_TEST(test_values_in_segment)
 
     set(c, "plain", "value-1");
     warm(c, &g, "plain", "value-1");
+    /* With the version a hit carries (versioned writes). */
+    json_t *hit = near_get(c, "plain");
+    char vb[64];
+    struct leased_near_value val;
+    ck_assert_int_eq(leased_near_lookup(g.map, g.len, "plain", 5, mono_ns(),
+                                        vb, sizeof vb, &val),
+                     LEASED_NEAR_HIT);
+    ck_assert_msg(json_integer_value(json_object_get(hit, "version")) ==
+                      (json_int_t)val.version,
+                  "segment version %llu, hit %s",
+                  (unsigned long long)val.version, h_dump(hit));
+    ck_assert_msg(val.version > 0, "no version: %s", h_dump(hit));
+    json_decref(hit);
     /* Decoded, as cache.get's "value": no quotes, no escapes. */
     const char *odd = "q\"b\\s\n\xc3\xa9";
     set(c, "odd", odd);
@@ -611,6 +624,127 @@ START_TEST(test_stopped_daemon_goes_stale)
 }
 END_TEST
 
+/* near.map behind replies the client has not read: each waits for the
+ * bytes before it, at most MAP_PENDING_MAX (4) of them, and every reply
+ * keeps its place, the descriptors on the first bytes of their lines. */
+START_TEST(test_pending_maps_bounded)
+{
+    start_shm(&D, SHM_YAML);
+    struct h_conn *c = h_connect_ok(&D);
+    size_t vn = 512 * 1024;
+    char *big = malloc(vn + 1);
+    memset(big, 'v', vn);
+    big[vn] = '\0';
+    set(c, "big", big);
+    h_close(c);
+
+    int fd = unix_connect(&D);
+    int none;
+    json_t *r = raw_call(fd, "{\"op\":\"hello\"}\n", &none);
+    json_decref(r);
+    /* 8 MB of replies the client does not read yet, then six near.map. */
+    enum { GETS = 16, MAPS = 6 };
+    char req[128];
+    for (int i = 0; i < GETS; i++) {
+        snprintf(req, sizeof req,
+                 "{\"id\":%d,\"op\":\"cache.get\",\"key\":\"big\","
+                 "\"lease\":false}\n",
+                 i);
+        ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL),
+                         (ssize_t)strlen(req));
+    }
+    /* The gets answered into the daemon's output, which the socket
+     * cannot take. */
+    struct h_conn *st = h_connect_ok(&D);
+    long long t0 = h_now_ms();
+    while (h_stat(st, "session_buffer_bytes") < (long long)(4 * vn)) {
+        ck_assert_msg(h_now_ms() - t0 < T_MS, "the replies never queued");
+        usleep(5000);
+    }
+    h_close(st);
+    for (int i = 0; i < MAPS; i++) {
+        snprintf(req, sizeof req, "{\"id\":%d,\"op\":\"near.map\"}\n",
+                 100 + i);
+        ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL),
+                         (ssize_t)strlen(req));
+    }
+    size_t cap = (size_t)(GETS + 2) * (vn + 256);
+    char *buf = malloc(cap);
+    size_t have = 0, line_start = 0;
+    int lines = 0, oks = 0, busy = 0, fds = 0, gets = 0;
+    int last_id = -1;
+    while (lines < GETS + MAPS) {
+        union {
+            struct cmsghdr h;
+            char room[CMSG_SPACE(4 * sizeof(int))];
+        } ctl;
+        struct iovec iov = {buf + have, cap - have};
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = ctl.room,
+                             .msg_controllen = sizeof ctl.room};
+        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        ck_assert_msg(n > 0, "recvmsg: %s", strerror(errno));
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL;
+             cm = CMSG_NXTHDR(&msg, cm)) {
+            if (cm->cmsg_type == SCM_RIGHTS) {
+                int got;
+                memcpy(&got, CMSG_DATA(cm), sizeof(int));
+                close(got);
+                fds++;
+                /* The descriptor's bytes are the whole near.map line,
+                 * which ends the read (the kernel glues earlier bytes
+                 * in front of it, never later ones behind). */
+                size_t end = have + (size_t)n;
+                ck_assert_msg(buf[end - 1] == '\n', "a descriptor with a "
+                                                    "partial line");
+                size_t ls = end - 1;
+                while (ls > 0 && buf[ls - 1] != '\n') {
+                    ls--;
+                }
+                ck_assert_msg(strncmp(buf + ls, "{\"id\":10", 8) == 0,
+                              "a descriptor with %.30s", buf + ls);
+            }
+        }
+        have += (size_t)n;
+        char *nl;
+        while ((nl = memchr(buf + line_start, '\n', have - line_start)) !=
+               NULL) {
+            json_error_t e;
+            json_t *j = json_loadb(buf + line_start,
+                                   (size_t)(nl - buf) - line_start, 0, &e);
+            ck_assert(j != NULL);
+            int id = (int)jint(j, "id");
+            if (id < 100) {
+                gets++;
+                ck_assert_msg(near_hit_of(j, big) || !h_ok(j), "get %d", id);
+            } else if (h_ok(j)) {
+                oks++;
+            } else {
+                ck_assert_str_eq(h_errcode(j), "busy");
+                busy++;
+            }
+            ck_assert_msg(id > last_id || id < 100 || last_id < 100,
+                          "near.map %d after %d", id, last_id);
+            if (id >= 100) {
+                last_id = id;
+            }
+            json_decref(j);
+            lines++;
+            line_start = (size_t)(nl - buf) + 1;
+        }
+    }
+    ck_assert_int_eq(gets, GETS);
+    ck_assert_int_eq(oks, fds);
+    ck_assert_msg(oks == 4 && busy == MAPS - 4, "%d ok, %d busy", oks, busy);
+    fprintf(stderr, "pending maps: %d ok with a descriptor, %d busy\n", oks,
+            busy);
+    free(buf);
+    free(big);
+    close(fd);
+}
+END_TEST
+
 /* Redis gone: the segment is flushed with the near cache (nothing read
  * while nobody listens is trusted), and near.map, which needs no Redis,
  * still answers. */
@@ -799,6 +933,26 @@ START_TEST(test_reload_replaces)
 }
 END_TEST
 
+/* A daemon that stops closes its segments: a reader that kept the
+ * mapping sees it closed, not merely stale. */
+START_TEST(test_exit_closes)
+{
+    start_shm(&D, SHM_YAML);
+    struct seg g;
+    seg_open(&g, &D);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "k", "v");
+    warm(c, &g, "k", "v");
+    h_close(c);
+    ck_assert_int_eq(h_daemon_stop(&D), 0);
+    ck_assert_int_eq(seg_state(&g), LEASED_NEAR_CLOSED);
+    char buf[64];
+    ck_assert_int_eq(seg_get(&g, "k", buf, sizeof buf),
+                     LEASED_NEAR_CLOSED_SEG);
+    seg_close(&g);
+}
+END_TEST
+
 /* --- namespaces: a child of another uid maps its own segment ----------- */
 
 #define NS_UID 23461
@@ -944,11 +1098,13 @@ main(void)
         H_CASE(no_read_older_than_answer, 90),
         H_CASE(tracking_killed_flushes, 60),
         H_CASE(stopped_daemon_goes_stale, 60),
+        H_CASE(pending_maps_bounded, 60),
         H_CASE(redis_down, 60),
         H_CASE(tcp_refused, 60),
         H_CASE(disabled, 60),
         H_CASE(hits_reported, 60),
         H_CASE(reload_replaces, 60),
+        H_CASE(exit_closes, 60),
         H_CASE(namespaces, 60),
     };
     return H_MAIN(fx, cases);

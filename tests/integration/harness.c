@@ -2923,6 +2923,7 @@ static const struct cluster_skip cluster_skips[] = {
      "kills and restarts the one Redis to queue deletes in the journal "
      "(check_cluster's master_lost_for_good replays them per key)"},
     {"mset", "redis_down", "kills and restarts the one Redis"},
+    {"versioned", "redis_down", "kills the one Redis"},
     {"mset", "redis_stalled",
      "stops the one Redis process (SIGSTOP) to time a request out"},
     {"cache", "second_delete_after_outage",
@@ -2943,6 +2944,8 @@ static const struct cluster_skip cluster_skips[] = {
      "stops the one Redis process (SIGSTOP) under a held lock and grant"},
     {"sem", "redis_down_and_wrong_type", "kills and restarts the one Redis"},
     {"rate", "redis_down_and_wrong_type",
+     "kills the one Redis and sets its min-replicas-to-write"},
+    {"bloom", "redis_down",
      "kills the one Redis and sets its min-replicas-to-write"},
     {"rate", "redis_stalled_outcome_unknown",
      "starts a Redis of its own with DEBUG and puts it to sleep"},
