@@ -850,6 +850,39 @@ class RealDaemon(unittest.TestCase):
         self.assertEqual(self.d.metric("leased_near_shared_maps_total"),
                          maps + 1)
 
+    def test_async_reads_the_segment_and_never_an_old_value(self):
+        writer = Leased(self.d.sock, client="writer", serializer=None)
+        self.addCleanup(writer.close)
+        writer.call("cache.set", key=self.key, value="v0")
+
+        async def run():
+            ld = await leased.AsyncLeased.connect(self.d.sock, client="a",
+                                                  serializer=None)
+            try:
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    got = await ld.cached(self.key, None)
+                    seg = ld._nr.seg
+                    if got == "v0" and seg is not None and \
+                            seg.text(self.key) == "v0":
+                        break
+                    await asyncio.sleep(0.005)
+                else:
+                    self.fail("the key never reached the async segment")
+                served = 0
+                for i in range(1, 200):
+                    want = "v%d" % i
+                    writer.call("cache.set", key=self.key, value=want)
+                    for _ in range(3):
+                        served += ld._nr.seg.text(self.key) == want
+                        self.assertEqual(await ld.cached(self.key, None),
+                                         want)
+                self.assertGreater(served, 0)
+            finally:
+                await ld.close()
+
+        asyncio.run(run())
+
     def test_hits_move_the_daemons_metric(self):
         def reported():
             return (self.d.metric("leased_near_shared_hits_total") or 0) + \
