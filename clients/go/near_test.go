@@ -14,6 +14,7 @@ import (
 	"math/rand"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -680,5 +681,99 @@ func TestNearClosedIsMappedAgain(t *testing.T) {
 	}
 	if n := p.count("near.map"); n != 2 {
 		t.Fatalf("near.map asked %d times", n)
+	}
+}
+
+// A daemon of the test's own (LEASED_BIN on LEASED_TEST_REDIS, as
+// check_client_go sets them), stopped with SIGSTOP: no hit is served by a
+// lookup that starts later than shared_stale_ms (+5 ms for the stop to
+// land) after the stop, however slowly this loop turns, and the segment
+// answers again after SIGCONT.
+func TestNearStoppedDaemon(t *testing.T) {
+	bin, redis := os.Getenv("LEASED_BIN"), os.Getenv("LEASED_TEST_REDIS")
+	if bin == "" || redis == "" {
+		t.Skip("LEASED_BIN or LEASED_TEST_REDIS is not set")
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s")
+	conf := filepath.Join(dir, "c.yml")
+	yml := "listen:\n  unix: \"" + sock + "\"\nmetrics:\n  listen: \"\"\n" +
+		"redis:\n  address: \"" + redis + "\"\njournal:\n  path: \"" +
+		filepath.Join(dir, "j") + "\"\nlog:\n  level: warn\n" +
+		"cache:\n  near: { enabled: true, shared_stale_ms: 50 }\n"
+	if err := os.WriteFile(conf, []byte(yml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := exec.Command(bin, "-f", "-c", conf)
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = d.Process.Signal(syscall.SIGCONT)
+		_ = d.Process.Signal(syscall.SIGTERM)
+		_ = d.Wait()
+	}()
+	ctx := context.Background()
+	var cl *Client
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if cl, err = Dial(ctx, Options{Address: sock, PoolSize: 1,
+			Serializer: Strings}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer cl.Close()
+	if _, err := cl.Do(ctx, map[string]any{"op": "cache.set", "key": "k",
+		"value": "v"}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := cl.conn(ctx, 0)
+	var s *nearSeg
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, _ = Cached(ctx, cl, "k", func(context.Context) (string, error) {
+			return "", errors.New("the loader ran")
+		}, nil)
+		if s = c.near.seg.Load(); s != nil {
+			if _, res := s.get("k", monoNow()); res == nearHit {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the key never reached the segment")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := d.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := monoNow()
+	lastHit := int64(0)
+	for {
+		at := monoNow()
+		if _, res := s.get("k", at); res != nearHit {
+			break
+		}
+		lastHit = at
+		if at-stopped > int64(10*time.Second) {
+			t.Fatal("the segment still answered 10 s after SIGSTOP")
+		}
+	}
+	if late := time.Duration(lastHit - stopped); lastHit != 0 &&
+		late > 55*time.Millisecond {
+		t.Fatalf("a hit %v after SIGSTOP (shared_stale_ms 50)", late)
+	}
+	_ = d.Process.Signal(syscall.SIGCONT)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, res := s.get("k", monoNow()); res == nearHit {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the segment did not answer again after SIGCONT")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
