@@ -2376,25 +2376,15 @@ near_report_due(struct leased_conn *c, long long deadline)
     }
 }
 
-int
-leased_near_map(struct leased_conn *c, struct leased_error *err)
+/* Asks for the segment: its descriptor (the first that came with the
+ * reply; any other is closed) and the size and layout announced. */
+static int
+near_map_call(struct leased_conn *c, int *fd, long long *bytes,
+              long long *layout, struct leased_error *err)
 {
     json_t *reply;
-    struct stat st;
-    long long bytes, layout;
-    void *m;
-    int rc, fd, e;
+    int rc;
 
-    clear_err(err);
-    if (c == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0, "no connection");
-    }
-    if (!c->is_unix) {
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "the shared near cache is mapped over a Unix "
-                       "socket only");
-    }
-    c->near_map_at_ms = now_ms();
     /* A descriptor left by an abandoned (timed-out) near.map. */
     fds_clear(c);
     rc = call_new(c, json_pack("{s:s}", "op", "near.map"), 0, &reply, err);
@@ -2403,17 +2393,30 @@ leased_near_map(struct leased_conn *c, struct leased_error *err)
         fds_clear(c);
         return rc;
     }
-    bytes = int_or(reply, "bytes", -1);
-    layout = int_or(reply, "layout", -1);
+    *bytes = int_or(reply, "bytes", -1);
+    *layout = int_or(reply, "layout", -1);
     json_decref(reply);
     if (c->nfds == 0) {
         return set_err(err, LEASED_E_PROTOCOL, 0,
                        "near.map answered without a descriptor");
     }
-    fd = c->fds[0];
+    *fd = c->fds[0];
     memmove(c->fds, c->fds + 1, (c->nfds - 1) * sizeof c->fds[0]);
     c->nfds--;
     fds_clear(c);
+    return LEASED_OK;
+}
+
+/* Maps FD (closing it) in place of the segment mapped before, once it is
+ * a segment this library reads of the size the daemon announced. */
+static int
+near_map_fd(struct leased_conn *c, int fd, long long bytes, long long layout,
+            struct leased_error *err)
+{
+    struct stat st;
+    void *m;
+    int e;
+
     if (layout != LEASED_NEAR_LAYOUT) {
         close(fd);
         return set_err(err, LEASED_E_PROTOCOL, 0,
@@ -2441,6 +2444,29 @@ leased_near_map(struct leased_conn *c, struct leased_error *err)
     return LEASED_OK;
 }
 
+int
+leased_near_map(struct leased_conn *c, struct leased_error *err)
+{
+    long long bytes, layout;
+    int rc, fd = -1;
+
+    clear_err(err);
+    if (c == NULL) {
+        return set_err(err, LEASED_E_INVALID, 0, "no connection");
+    }
+    if (!c->is_unix) {
+        return set_err(err, LEASED_E_INVALID, 0,
+                       "the shared near cache is mapped over a Unix "
+                       "socket only");
+    }
+    c->near_map_at_ms = now_ms();
+    rc = near_map_call(c, &fd, &bytes, &layout, err);
+    if (rc != LEASED_OK) {
+        return rc;
+    }
+    return near_map_fd(c, fd, bytes, layout, err);
+}
+
 /* Whether a segment is mapped, mapping it on first use when the daemon
  * offers one over this Unix socket. A failed mapping is not tried again
  * on this connection: the socket path works without it. */
@@ -2460,42 +2486,51 @@ near_ready(struct leased_conn *c)
     return true;
 }
 
-bool
-leased_near_get(struct leased_conn *c, const char *key,
-                struct leased_cache_result *out)
-{
-    enum leased_near_result r = LEASED_NEAR_FALLBACK;
-    struct leased_near_value v;
+/* The buffer a lookup copies into: on the stack, and on the heap for a
+ * value larger than that. */
+struct near_buf {
+    char *p;
+    size_t cap;
     char small[1024];
-    char *buf = small;
-    size_t cap = sizeof small, klen;
+};
 
-    if (out != NULL) {
-        memset(out, 0, sizeof *out);
-    }
-    if (c == NULL || key == NULL || !near_ready(c)) {
+static bool
+near_buf_grow(struct near_buf *b, size_t cap)
+{
+    char *nb = malloc(cap);
+
+    if (nb == NULL) {
         return false;
     }
-    klen = strlen(key);
+    if (b->p != b->small) {
+        free(b->p);
+    }
+    b->p = nb;
+    b->cap = cap;
+    return true;
+}
+
+/* KEY in the segment, looked up again with a buffer large enough for its
+ * value, or in the daemon's new segment once a reload or a restart
+ * closed this one. */
+static enum leased_near_result
+near_lookup(struct leased_conn *c, const char *key, struct near_buf *b,
+            struct leased_near_value *v)
+{
+    enum leased_near_result r = LEASED_NEAR_FALLBACK;
+    size_t klen = strlen(key);
+
     for (int tries = 0; tries < 4; tries++) {
         r = leased_near_lookup(c->near_map, c->near_len, key, klen, mono_ns(),
-                               buf, cap, &v);
+                               b->p, b->cap, v);
         if (r == LEASED_NEAR_TOO_SMALL) {
-            char *nb = malloc(v.vlen + 1);
-
-            if (nb == NULL) {
+            if (!near_buf_grow(b, v->vlen + 1)) {
                 break;
             }
-            if (buf != small) {
-                free(buf);
-            }
-            buf = nb;
-            cap = v.vlen + 1;
             continue;
         }
         if (r == LEASED_NEAR_CLOSED_SEG &&
             now_ms() - c->near_map_at_ms >= LC_NEAR_REMAP_MS) {
-            /* A reload or a restart closed it: the daemon has a new one. */
             if (leased_near_map(c, NULL) != LEASED_OK) {
                 near_unmap(c);
                 c->near_failed = true;
@@ -2505,27 +2540,58 @@ leased_near_get(struct leased_conn *c, const char *key,
         }
         break;
     }
-    if (r == LEASED_NEAR_HIT && out != NULL && !v.null) {
-        out->value = malloc(v.vlen + 1);
+    return r;
+}
+
+/* A hit's value into OUT, as the socket path would give it; a copy that
+ * fails turns the hit into a fallback. */
+static enum leased_near_result
+near_copy_out(enum leased_near_result r, const struct near_buf *b,
+              const struct leased_near_value *v,
+              struct leased_cache_result *out)
+{
+    if (r != LEASED_NEAR_HIT || out == NULL) {
+        return r;
+    }
+    if (!v->null) {
+        out->value = malloc(v->vlen + 1);
         if (out->value == NULL) {
-            r = LEASED_NEAR_FALLBACK;
-        } else {
-            memcpy(out->value, buf, v.vlen);
-            out->value[v.vlen] = '\0';
-            out->value_len = v.vlen;
+            return LEASED_NEAR_FALLBACK;
         }
+        memcpy(out->value, b->p, v->vlen);
+        out->value[v->vlen] = '\0';
+        out->value_len = v->vlen;
     }
-    if (buf != small) {
-        free(buf);
+    out->hit = true;
+    out->is_null = v->null != 0;
+    return r;
+}
+
+bool
+leased_near_get(struct leased_conn *c, const char *key,
+                struct leased_cache_result *out)
+{
+    enum leased_near_result r;
+    struct leased_near_value v;
+    struct near_buf b;
+
+    if (out != NULL) {
+        memset(out, 0, sizeof *out);
     }
+    if (c == NULL || key == NULL || !near_ready(c)) {
+        return false;
+    }
+    b.p = b.small;
+    b.cap = sizeof b.small;
+    r = near_copy_out(near_lookup(c, key, &b, &v), &b, &v, out);
+    if (b.p != b.small) {
+        free(b.p);
+    }
+    /* Counted for near.hits, the daemon's view of the shared reads. */
     if (r != LEASED_NEAR_HIT) {
         c->near_fallbacks++;
         c->near_fallbacks_total++;
         return false;
-    }
-    if (out != NULL) {
-        out->hit = true;
-        out->is_null = v.null != 0;
     }
     c->near_hits++;
     c->near_hits_total++;
@@ -2829,13 +2895,63 @@ mset_entries(const struct leased_mset_entry *entries, size_t n)
     return arr;
 }
 
+/* Each refused entry's error into RESULTS; on a failure none is kept, so
+ * the caller has nothing to free. */
+static int
+mset_errors(json_t *res, size_t n, struct leased_mset_result *results,
+            struct leased_error *err)
+{
+    int rc = LEASED_OK;
+
+    for (size_t i = 0; rc == LEASED_OK && i < n; i++) {
+        json_t *r = json_array_get(res, i);
+
+        if (json_is_false(json_object_get(r, "ok"))) {
+            struct leased_error kerr;
+
+            results[i].error = reply_status(r, &kerr);
+            results[i].error_message = strdup(kerr.message);
+            if (results[i].error_message == NULL) {
+                rc = nomem(err);
+            }
+        }
+    }
+    if (rc != LEASED_OK) {
+        for (size_t i = 0; i < n; i++) {
+            leased_mset_result_free(&results[i]);
+            results[i].error = LEASED_OK;
+        }
+    }
+    return rc;
+}
+
+/* A cache.mset reply of N entries into STORED and RESULTS. */
+static int
+mset_parse(json_t *reply, size_t n, size_t *stored,
+           struct leased_mset_result *results, struct leased_error *err)
+{
+    long long s = int_or(reply, "stored", -1);
+    json_t *res = json_object_get(reply, "results");
+
+    if (s < 0) {
+        return missing(err, "cache.mset", "stored");
+    }
+    if (!json_is_array(res) || json_array_size(res) != n) {
+        return missing(err, "cache.mset", "results");
+    }
+    if (stored != NULL) {
+        *stored = (size_t)s;
+    }
+    return results != NULL ? mset_errors(res, n, results, err) : LEASED_OK;
+}
+
 int
 leased_cache_mset(struct leased_conn *c,
                   const struct leased_mset_entry *entries, size_t n,
                   size_t *stored, struct leased_mset_result *results,
                   struct leased_error *err)
 {
-    json_t *arr, *req = NULL, *reply, *res;
+    json_t *arr, *req = NULL, *reply;
     int rc;
 
     if (stored != NULL) {
@@ -2854,35 +2970,7 @@ leased_cache_mset(struct leased_conn *c,
     }
     rc = call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
-        long long s = int_or(reply, "stored", -1);
-
-        res = json_object_get(reply, "results");
-        if (s < 0) {
-            rc = missing(err, "cache.mset", "stored");
-        } else if (!json_is_array(res) || json_array_size(res) != n) {
-            rc = missing(err, "cache.mset", "results");
-        } else if (stored != NULL) {
-            *stored = (size_t)s;
-        }
-        for (size_t i = 0; rc == LEASED_OK && results != NULL && i < n; i++) {
-            json_t *r = json_array_get(res, i);
-
-            if (json_is_false(json_object_get(r, "ok"))) {
-                struct leased_error kerr;
-
-                results[i].error = reply_status(r, &kerr);
-                results[i].error_message = strdup(kerr.message);
-                if (results[i].error_message == NULL) {
-                    rc = nomem(err);
-                }
-            }
-        }
-        if (rc != LEASED_OK && results != NULL) {
-            for (size_t i = 0; i < n; i++) {
-                leased_mset_result_free(&results[i]);
-                results[i].error = LEASED_OK;
-            }
-        }
+        rc = mset_parse(reply, n, stored, results, err);
     }
     json_decref(reply);
     return rc;
