@@ -77,7 +77,8 @@ ctl_usage(FILE *f)
         "      --json          print the daemon's answers as JSON lines\n"
         "  -t, --timeout T     how long to wait for a reply (default %d ms)\n"
         "  -q, --quiet         no message when a lock is not acquired (nor\n"
-        "                      rate's answer)\n"
+        "                      rate's answer, bloom create's and\n"
+        "                      add's counts)\n"
         "  -h, --help          this text\n"
         "  -V, --version       the version\n"
         "\nSee leasectl(1).\n",

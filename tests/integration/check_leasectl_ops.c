@@ -685,6 +685,9 @@ START_TEST(test_bloom)
     CTL(&r, "bloom", "create", "users", "-n", "10000", "-e", "0.01");
     CK_RC(&r, 0);
     ck_assert_str_eq(r.out, "exists users bits=95851 hashes=7 bytes=11982\n");
+    CTL(&r, "-q", "bloom", "create", "users", "-n", "10000", "-e", "0.01");
+    CK_RC(&r, 0);
+    ck_assert_str_eq(r.out, "");
     CTL(&r, "bloom", "create", "users", "--capacity", "20000", "--error-rate",
         "0.01");
     CK_RC(&r, EX_DATAERR);
