@@ -25,6 +25,9 @@
 #   7. cost.sh: Redis instructions per op pair against Redisson's scripts;
 #   8. rate-mset.sh: rate.acquire against its script by EVALSHA, and
 #      cache.mset against pipelined cache.set and pipelined SET PX;
+#   9. bloom.sh: cache.get of absent keys with a Bloom filter against a
+#      miss and its released lease and against a cached null, and
+#      bloom.check of 1 and 100 keys;
 # and writes bench/results.md. Text below the marker line of an existing
 # results.md (the hand-written analysis) is kept.
 set -eu
@@ -206,6 +209,13 @@ sh "$here/rate-mset.sh" --builddir "$builddir" \
     --raw "$tmp/ratemset.txt" $qflag || say "rate-mset.sh failed"
 [ ! -s "$tmp/ratemset.txt" ] ||
     sed 's/^/section=rate-mset /' "$tmp/ratemset.txt" >>"$rawfile"
+
+# The Bloom filter against the miss it saves.
+sh "$here/bloom.sh" --builddir "$builddir" \
+    --redis-server "$redis_server" --connections "$best" \
+    --raw "$tmp/bloom.txt" $qflag || say "bloom.sh failed"
+[ ! -s "$tmp/bloom.txt" ] ||
+    sed 's/^/section=bloom /' "$tmp/bloom.txt" >>"$rawfile"
 
 t_end=$(date +%s)
 load_after=$(uptime | sed 's/.*load average: *//')
@@ -670,7 +680,7 @@ END {
     print "## Reproduce"
     print ""
     print "    mkdir build && cd build && ../configure && make"
-    print "    make bench            # about 18 minutes; rewrites bench/results.md"
+    print "    make bench            # about 20 minutes; rewrites bench/results.md"
     print "    make bench BENCH_FLAGS=--quick    # a 1-minute smoke run"
     print "    make bench-quick      # the target rows and their controls, 3.5 minutes;"
     print "                          # the proxy control needs nutcracker installed"
@@ -707,6 +717,19 @@ if [ -s "$tmp/ratemset.txt" ]; then
     echo "Medians of $rep runs of ${dur} s each."
     echo
     sh "$here/rate-mset.sh" --table "$tmp/ratemset.txt"
+    echo
+fi
+if [ -s "$tmp/bloom.txt" ]; then
+    echo "## Bloom filter"
+    echo
+    echo "bench/bloom.sh, one leased and one Redis, a filter for 1000000"
+    echo "keys at 1% holding 100000: cache.get of keys never stored, with"
+    echo "\"bloom\" (ruled out by the filter) and without it (a miss, its"
+    echo "fill lease given back by cache.release), a cached null, and"
+    echo "bloom.check of keys never added. Medians of $rep runs of ${dur} s"
+    echo "each."
+    echo
+    sh "$here/bloom.sh" --table "$tmp/bloom.txt"
     echo
 fi
 echo "$marker"
