@@ -197,3 +197,78 @@ func (cl *Client) Update(ctx context.Context, writer func(context.Context) error
 	}
 	return cl.Invalidate(ctx, keys...)
 }
+
+// WarmEntry is one value Warm stores. Value goes through the
+// serializer as Cached stores a loaded value; NotFound stores "not
+// found" instead (what a loader's ErrNotFound caches).
+type WarmEntry struct {
+	Key      string
+	Value    any
+	NotFound bool
+	// TTL of this entry; 0: Warm's ttl, else the daemon's cache.ttl_ms.
+	TTL time.Duration
+}
+
+// Warmed is the answer of Warm: Stored counts the entries stored, and
+// Errors[i] is entry i's own error (nil when it was stored).
+type Warmed struct {
+	Stored int
+	Errors []error
+}
+
+// Warm is the bulk warm-up (cache.mset; hello's feature mset): up to
+// 1000 entries stored in one request as Cached would have filled them,
+// each with its own TTL or ttl (0: the daemon's default). An entry that
+// fails alone (bad_request, wrong_type, redis_unavailable) is in
+// Errors; the others are stored all the same. A request the daemon
+// refuses as a whole (no entries, too many) is the error returned.
+func (cl *Client) Warm(ctx context.Context, entries []WarmEntry,
+	ttl time.Duration) (*Warmed, error) {
+	if len(entries) == 0 {
+		return nil, newErr("invalid", "nothing to warm")
+	}
+	list := make([]map[string]any, len(entries))
+	for i, e := range entries {
+		m := map[string]any{"key": e.Key, "value": nil}
+		if !e.NotFound {
+			s, err := cl.opts.Serializer.Marshal(e.Value)
+			if err != nil {
+				return nil, &Error{Code: "invalid", Message: "the value of " +
+					e.Key + " cannot be stored: " + err.Error(), Err: err}
+			}
+			m["value"] = s
+		}
+		if e.TTL > 0 {
+			m["ttl_ms"] = ms(e.TTL)
+		} else if ttl > 0 {
+			m["ttl_ms"] = ms(ttl)
+		}
+		list[i] = m
+	}
+	r, _, err := cl.call(ctx, nil, map[string]any{"op": "cache.mset",
+		"entries": list}, nil)
+	if err != nil {
+		return nil, err
+	}
+	var body struct {
+		Stored  int `json:"stored"`
+		Results []struct {
+			OK    bool       `json:"ok"`
+			Error *wireError `json:"error"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(r.raw, &body); err != nil {
+		return nil, newErr("io", "unreadable cache.mset reply: %v", err)
+	}
+	w := &Warmed{Stored: body.Stored, Errors: make([]error, len(entries))}
+	for i, res := range body.Results {
+		if i < len(w.Errors) && !res.OK {
+			if res.Error != nil {
+				w.Errors[i] = res.Error.toError()
+			} else {
+				w.Errors[i] = newErr("internal", "entry result without ok")
+			}
+		}
+	}
+	return w, nil
+}
