@@ -825,6 +825,78 @@ public final class Leased implements AutoCloseable {
         }
     }
 
+    /**
+     * Release one hold of KEY named by OWNER (on this connection's session)
+     * or TOKEN (any session; a detached lock), outside of a {@link Held}: for
+     * a lock of another process, or an unlock that must be safe to repeat.
+     * REQUEST_ID (1 to 64 printable ASCII characters, unique among the
+     * unlocks of one hold; null for none): sent again with the same token or
+     * owner and id after a lost answer (code {@code io} or {@code timeout},
+     * or {@link LeasedException#outcomeUnknown()}), it gets the first answer
+     * and releases no second hold. Returns the reply: {@code released}, and
+     * the {@code count} of holds left.
+     */
+    public Map<String, Object> unlock(String key, String owner, String token, String requestId) {
+        return unlock(key, owner, token, requestId, null);
+    }
+
+    /** {@link #unlock(String, String, String, String)} of a side ("read"/"write") of a read-write lock. */
+    public Map<String, Object> unlock(String key, String owner, String token, String requestId,
+            String mode) {
+        if (owner == null && token == null) {
+            throw new LeasedException("invalid", "unlock needs an owner or a token");
+        }
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("key", oneKey(key));
+        if (owner != null) {
+            f.put("owner", owner);
+        }
+        if (token != null) {
+            f.put("token", token);
+        }
+        if (mode != null) {
+            f.put("mode", mode);
+        }
+        if (requestId != null) {
+            f.put("request_id", requestId);
+        }
+        return callOn(null, "unlock", f, 0, null);
+    }
+
+    /** {@link #rateAcquire(String, long, long, Long, long, long)} of one permit, deciding once. */
+    public Map<String, Object> rateAcquire(String key, long rate, long perMs) {
+        return rateAcquire(key, rate, perMs, null, 1, 0);
+    }
+
+    /**
+     * Take PERMITS from the rate limiter KEY, which allows RATE permits every
+     * PER_MS milliseconds with at most BURST at once (null: the daemon's
+     * default, the rate); GCRA decided on Redis time, exact across daemons.
+     * WAIT_MS 0 decides once; more lets the daemon try again when the permits
+     * will be free, up to that long. Returns the reply: {@code acquired}, and
+     * {@code retry_after_ms} (refused: until the permits could be granted;
+     * granted: until one more could be). A refusal is no exception; a
+     * {@code redis_unavailable} whose {@link LeasedException#outcomeUnknown()}
+     * may have granted.
+     */
+    public Map<String, Object> rateAcquire(String key, long rate, long perMs, Long burst,
+            long permits, long waitMs) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("key", oneKey(key));
+        f.put("rate", rate);
+        f.put("per_ms", perMs);
+        if (burst != null) {
+            f.put("burst", burst);
+        }
+        if (permits != 1) {
+            f.put("permits", permits);
+        }
+        if (waitMs != 0) {
+            f.put("wait_ms", waitMs);
+        }
+        return call("rate.acquire", f);
+    }
+
     /** The two sides of the read-write lock KEY (when features has "rwlock"). */
     public RWLock rwlock(String key) {
         return new RWLock(this, oneKey(key));
@@ -954,6 +1026,49 @@ public final class Leased implements AutoCloseable {
             throw new LeasedException("bad_value", "the cached value of '" + key
                     + "' cannot be read by the serializer: " + e.getMessage(), null, e);
         }
+    }
+
+    /** One entry of {@link #warm(Collection, Long)}: TTL_MS null takes warm's. */
+    public record Entry(String key, Object value, Long ttlMs) {
+        public Entry(String key, Object value) {
+            this(key, value, null);
+        }
+    }
+
+    /** {@link #warm(Collection, Long)} of KEY to VALUE pairs, each with TTL_MS. */
+    public Map<String, Object> warm(Map<String, ?> entries, Long ttlMs) {
+        List<Entry> list = new ArrayList<>();
+        entries.forEach((k, v) -> list.add(new Entry(k, v)));
+        return warm(list, ttlMs);
+    }
+
+    /**
+     * Bulk warm-up (cache.mset; hello's feature "mset"): store ENTRIES (at
+     * most 1000) in one request as {@link #cached} would have filled them,
+     * values through the serializer (null: "not found"), each with its own
+     * TTL or TTL_MS (null: the daemon's cache.ttl_ms). Returns the reply:
+     * {@code stored} counts what was stored, {@code results} has one result
+     * per entry in order, {@code {"ok":false,"error":{...}}} for an entry that
+     * failed alone. A request refused as a whole throws.
+     */
+    public Map<String, Object> warm(Collection<Entry> entries, Long ttlMs) {
+        List<Object> out = new ArrayList<>();
+        for (Entry e : entries) {
+            Map<String, Object> m = new LinkedHashMap<>();
+            m.put("key", oneKey(e.key()));
+            m.put("value", textOf(e.key(), e.value()));
+            Long ttl = e.ttlMs() != null ? e.ttlMs() : ttlMs;
+            if (ttl != null) {
+                m.put("ttl_ms", ttl);
+            }
+            out.add(m);
+        }
+        if (out.isEmpty()) {
+            throw new LeasedException("invalid", "nothing to warm");
+        }
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("entries", out);
+        return callOn(null, "cache.mset", f, 0, null);
     }
 
     /** Delete KEYS now and once more after the daemon's double-delete delay. */

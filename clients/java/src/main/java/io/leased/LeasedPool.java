@@ -106,4 +106,26 @@ public final class LeasedPool implements AutoCloseable {
             throws E {
         return connection().update(keys, writer);
     }
+
+    /** By token (a pool's connections are different sessions: an owner names one). */
+    public Map<String, Object> unlock(String key, String token, String requestId) {
+        return connection().unlock(key, null, token, requestId);
+    }
+
+    public Map<String, Object> rateAcquire(String key, long rate, long perMs) {
+        return connection().rateAcquire(key, rate, perMs);
+    }
+
+    public Map<String, Object> rateAcquire(String key, long rate, long perMs, Long burst,
+            long permits, long waitMs) {
+        return connection().rateAcquire(key, rate, perMs, burst, permits, waitMs);
+    }
+
+    public Map<String, Object> warm(Map<String, ?> entries, Long ttlMs) {
+        return connection().warm(entries, ttlMs);
+    }
+
+    public Map<String, Object> warm(Collection<Leased.Entry> entries, Long ttlMs) {
+        return connection().warm(entries, ttlMs);
+    }
 }
