@@ -55,7 +55,85 @@ impl Drop for Lease<'_> {
     }
 }
 
+/// One entry of `Leased::warm`: VALUE stored as JSON, as `cached()` stores
+/// a loaded value (`Json::Null`: "not found").
+#[derive(Clone, Debug)]
+pub struct WarmEntry {
+    key: String,
+    value: Json,
+    ttl_ms: Option<i64>,
+}
+
+impl WarmEntry {
+    pub fn new(key: &str, value: impl Into<Json>) -> WarmEntry {
+        WarmEntry {
+            key: key.to_string(),
+            value: value.into(),
+            ttl_ms: None,
+        }
+    }
+
+    /// This entry's TTL (else `warm`'s, else the daemon's cache.ttl_ms).
+    pub fn ttl_ms(mut self, ms: i64) -> Self {
+        self.ttl_ms = Some(ms);
+        self
+    }
+}
+
+/// The answer of `warm`: how many entries were stored, and each entry's
+/// own error (None when it was stored), in order.
+#[derive(Debug)]
+pub struct Warmed {
+    pub stored: i64,
+    pub errors: Vec<Option<Error>>,
+}
+
 impl Leased {
+    /// Bulk warm-up (`cache.mset`; hello's feature `mset`): up to 1000
+    /// ENTRIES stored in one request as `cached()` would have filled them,
+    /// each with its own TTL or TTL_MS (None: the daemon's default). An
+    /// entry that fails alone (`bad_request`, `wrong_type`,
+    /// `redis_unavailable`) is in `errors`; the others are stored all the
+    /// same. A request refused as a whole is the Error.
+    pub fn warm(&self, entries: &[WarmEntry], ttl_ms: Option<i64>) -> Result<Warmed> {
+        if entries.is_empty() {
+            return Err(Error::new("invalid", "nothing to warm"));
+        }
+        let list: Vec<Json> = entries
+            .iter()
+            .map(|e| {
+                let value = if e.value.is_null() {
+                    Json::Null
+                } else {
+                    Json::from(e.value.to_string())
+                };
+                let mut m = Json::object()
+                    .set("key", e.key.as_str())
+                    .set("value", value);
+                if let Some(t) = e.ttl_ms.or(ttl_ms) {
+                    m = m.set("ttl_ms", t);
+                }
+                m
+            })
+            .collect();
+        let r = self.call("cache.mset", Json::object().set("entries", list))?;
+        let mut errors: Vec<Option<Error>> = Vec::with_capacity(entries.len());
+        if let Some(results) = r.get("results").and_then(Json::as_array) {
+            for res in results {
+                errors.push(if res.bool_of("ok") {
+                    None
+                } else {
+                    Some(Error::from_reply(res.clone()))
+                });
+            }
+        }
+        errors.resize_with(entries.len(), || None);
+        Ok(Warmed {
+            stored: r.get("stored").and_then(Json::as_i64).unwrap_or(0),
+            errors,
+        })
+    }
+
     /// The read path with values stored as JSON: the cached value, or
     /// LOADER's, loaded once cluster-wide and filled. A loader's
     /// `Json::Null` is cached as "not found" (and returned as Null).

@@ -2,7 +2,9 @@
 //! of a leased whose Redis may be written (tests/integration/
 //! check_client_rust starts both). Without it every test fails.
 
-use leased::{CacheOptions, Json, Leased, LockOptions, SemOptions};
+use leased::{
+    CacheOptions, Json, Leased, LockOptions, RateOptions, SemOptions, UnlockOptions, WarmEntry,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -364,4 +366,106 @@ fn connect_error_names_the_socket_and_what_to_check() {
 fn hello_announces_features() {
     let f = client().features().unwrap();
     assert!(f.iter().any(|x| x == "cancel"), "{:?}", f);
+}
+
+#[test]
+fn unlock_repeated_with_one_request_id_releases_one_hold() {
+    let (a, b) = (client(), client());
+    let key = k("rid");
+    let opts = LockOptions::new().owner("rid");
+    let h1 = a.lock(key.as_str(), &opts).unwrap();
+    let h2 = a.lock(key.as_str(), &opts).unwrap();
+    let by_owner = UnlockOptions::new().owner("rid");
+    for i in 0..2 {
+        let u = a
+            .unlock_with(&key, &by_owner.clone().request_id("rs-1"))
+            .unwrap();
+        assert_eq!((u.released, u.count), (false, 1), "unlock {}", i + 1);
+    }
+    let info = b
+        .call(
+            "lock.info",
+            Json::object()
+                .set("key", key.as_str())
+                .set("token", h1.token()),
+        )
+        .unwrap();
+    assert_eq!(info.get("count").and_then(Json::as_i64), Some(1));
+    assert!(b.try_lock(key.as_str(), &try_once()).unwrap().is_none());
+    let long = "r".repeat(65);
+    let err = a
+        .unlock_with(&key, &by_owner.clone().request_id(&long))
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request");
+    let err = a.unlock_with(&key, &UnlockOptions::new()).unwrap_err();
+    assert_eq!(err.code(), "invalid");
+    let u = b
+        .unlock_with(
+            &key,
+            &UnlockOptions::new().token(h1.token()).request_id("rs-2"),
+        )
+        .unwrap();
+    assert!(u.released);
+    let err = a
+        .unlock_with(&key, &by_owner.request_id("rs-3"))
+        .unwrap_err();
+    assert_eq!(err.code(), "not_held");
+    // Both holds were released above: the guards' own unlocks find nothing.
+    drop((h1, h2));
+}
+
+#[test]
+fn rate_acquire_bursts_refuses_and_waits() {
+    let ld = client();
+    let key = k("rate");
+    let slow = RateOptions::new().burst(2);
+    for i in 0..2 {
+        let r = ld.rate_acquire(&key, 1, 60_000, &slow).unwrap();
+        assert!(r.acquired, "grant {}", i + 1);
+    }
+    let r = ld.rate_acquire(&key, 1, 60_000, &slow).unwrap();
+    assert!(!r.acquired && r.retry_after_ms > 0, "{:?}", r);
+    let err = ld
+        .rate_acquire(&key, 1, 60_000, &slow.clone().permits(3))
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request");
+    // 20 a second, one at a time: the second waits about 50 ms.
+    let fast = k("rate:fast");
+    let one = RateOptions::new().burst(1);
+    assert!(ld.rate_acquire(&fast, 20, 1000, &one).unwrap().acquired);
+    let r = ld
+        .rate_acquire(&fast, 20, 1000, &one.wait_ms(10_000))
+        .unwrap();
+    assert!(r.acquired, "{:?}", r);
+}
+
+#[test]
+fn warmed_entries_are_hits_and_errors_are_per_entry() {
+    let ld = client();
+    let (a, none, t) = (k("warm:a"), k("warm:none"), k("warm:t"));
+    let w = ld
+        .warm(
+            &[
+                WarmEntry::new(&a, Json::object().set("name", "Ada")),
+                WarmEntry::new(&none, Json::Null).ttl_ms(30_000),
+                WarmEntry::new("", "empty key"),
+                WarmEntry::new(&t, "v").ttl_ms(0),
+            ],
+            Some(60_000),
+        )
+        .unwrap();
+    assert_eq!(w.stored, 2);
+    assert_eq!(w.errors.len(), 4);
+    assert!(w.errors[0].is_none() && w.errors[1].is_none());
+    assert_eq!(w.errors[2].as_ref().unwrap().code(), "bad_request");
+    assert_eq!(w.errors[3].as_ref().unwrap().code(), "bad_request");
+    let fail = || -> Result<Json, std::io::Error> { panic!("loaded a warmed key") };
+    let v = ld.cached(&a, fail).unwrap();
+    assert_eq!(v.get("name").and_then(Json::as_str), Some("Ada"));
+    assert!(ld.cached(&none, fail).unwrap().is_null());
+    assert_eq!(ld.warm(&[], None).unwrap_err().code(), "invalid");
+    let many: Vec<WarmEntry> = (0..1001)
+        .map(|i| WarmEntry::new(&k(&format!("warm:m{}", i)), i))
+        .collect();
+    assert_eq!(ld.warm(&many, None).unwrap_err().code(), "bad_request");
 }
