@@ -2445,6 +2445,126 @@ leased_cache_mset(struct leased_conn *c,
     return rc;
 }
 
+/* --- Bloom filters ------------------------------------------------------ */
+
+int
+leased_bloom_create(struct leased_conn *c, const char *filter,
+                    long long capacity, double error_rate, bool *created,
+                    struct leased_error *err)
+{
+    json_t *f = filter != NULL ? json_string(filter) : NULL, *reply;
+    json_t *req = f != NULL ? json_pack("{s:s,s:o,s:I,s:f}", "op",
+                                        "bloom.create", "filter", f,
+                                        "capacity", (json_int_t)capacity,
+                                        "error_rate", error_rate)
+                            : NULL;
+    bool made = false;
+    int rc = call_new(c, req, 0, &reply, err);
+
+    if (rc == LEASED_OK && !bool_field(reply, "created", &made)) {
+        rc = missing(err, "bloom.create", "created");
+    }
+    json_decref(reply);
+    if (created != NULL) {
+        *created = made;
+    }
+    return rc;
+}
+
+/* bloom.add or bloom.check (OP) of NKEYS KEYS: FIELD's booleans into OUT
+ * (may be NULL). */
+static int
+bloom_keys(struct leased_conn *c, const char *op, const char *field,
+           const char *filter, const char *const *keys, size_t nkeys,
+           bool *out, struct leased_error *err)
+{
+    json_t *req = NULL, *reply;
+    json_t *f = filter != NULL ? json_string(filter) : NULL;
+    json_t *arr = keys != NULL && nkeys > 0 ? keys_array(keys, nkeys) : NULL;
+    int rc;
+
+    if (out != NULL && nkeys > 0) {
+        memset(out, 0, nkeys * sizeof(*out));
+    }
+    if (keys == NULL || nkeys == 0) {
+        json_decref(f);
+        clear_err(err);
+        return set_err(err, LEASED_E_INVALID, 0, "no keys");
+    }
+    if (f != NULL && arr != NULL) {
+        req = json_pack("{s:s,s:o,s:o}", "op", op, "filter", f, "keys", arr);
+    } else {
+        json_decref(f);
+        json_decref(arr);
+    }
+    rc = call_new(c, req, 0, &reply, err);
+    if (rc == LEASED_OK) {
+        json_t *a = json_object_get(reply, field);
+        if (!json_is_array(a) || json_array_size(a) != nkeys) {
+            rc = missing(err, op, field);
+        } else if (out != NULL) {
+            for (size_t i = 0; i < nkeys; i++) {
+                out[i] = json_is_true(json_array_get(a, i));
+            }
+        }
+    }
+    json_decref(reply);
+    return rc;
+}
+
+int
+leased_bloom_add(struct leased_conn *c, const char *filter,
+                 const char *const *keys, size_t nkeys, bool *added,
+                 struct leased_error *err)
+{
+    return bloom_keys(c, "bloom.add", "added", filter, keys, nkeys, added,
+                      err);
+}
+
+int
+leased_bloom_check(struct leased_conn *c, const char *filter,
+                   const char *const *keys, size_t nkeys, bool *maybe,
+                   struct leased_error *err)
+{
+    return bloom_keys(c, "bloom.check", "maybe", filter, keys, nkeys, maybe,
+                      err);
+}
+
+int
+leased_cache_get_bloom(struct leased_conn *c, const char *key,
+                       const char *filter, long long wait_ms, bool lease,
+                       struct leased_cache_result *out, bool *ruled_out,
+                       struct leased_error *err)
+{
+    json_t *req = key_req("cache.get", key), *reply;
+    struct leased_cache_result tmp;
+    bool ruled = false;
+    int rc;
+
+    if (out == NULL) {
+        out = &tmp;
+    }
+    memset(out, 0, sizeof *out);
+    add_wait_lease(req, wait_ms, lease);
+    if (req != NULL && (filter == NULL || add_str(req, "bloom", filter) < 0)) {
+        json_decref(req);
+        req = NULL;
+    }
+    rc = call_new(c, req, get_wait(wait_ms, lease), &reply, err);
+    if (rc == LEASED_OK) {
+        rc = parse_get(reply, out, err);
+        bool_field(reply, "bloom", &ruled);
+    }
+    if (rc != LEASED_OK || out == &tmp) {
+        leased_cache_result_free(out);
+    }
+    json_decref(reply);
+    if (ruled_out != NULL) {
+        *ruled_out = rc == LEASED_OK && ruled;
+    }
+    return rc;
+}
+
 int
 leased_cache_mget(struct leased_conn *c, const char *const *keys, size_t nkeys,
                   long long wait_ms, bool lease,

@@ -17,6 +17,7 @@
 #include "ld_server.h"
 
 #include "ld_admin.h"
+#include "ld_bloom.h"
 #include "ld_cache.h"
 #include "ld_cancel.h"
 #include "ld_conf.h"
@@ -366,7 +367,7 @@ ld_server_wire(const struct ld_ctx *c)
     if (ld_sem_init(c) != LD_OK || ld_cancel_init(c) != LD_OK) {
         return LD_ERR;
     }
-    if (ld_rate_init(c) != LD_OK) {
+    if (ld_rate_init(c) != LD_OK || ld_bloom_init(c) != LD_OK) {
         return LD_ERR;
     }
     if (c->cfg->redis.mode == LD_REDIS_SENTINEL) {
@@ -465,6 +466,7 @@ free_all(void)
     ld_sentinel_free();
     ld_pubsub_free();
     ld_redis_free();
+    ld_bloom_free();
     ld_tls_free();
     ld_admin_free();
     ld_dispatch_free();

@@ -37,6 +37,15 @@ export interface RateOptions {
   signal?: AbortSignal;
 }
 
+export interface BloomCreateReply extends Reply {
+  /** False when the filter existed with these very parameters. */
+  created: boolean;
+  bits: number;
+  hashes: number;
+  /** The bitmap's size when full. */
+  bytes: number;
+}
+
 export interface RateReply extends Reply {
   acquired: boolean;
   /** Refused: ms until the permits could be granted; granted: ms until
@@ -172,6 +181,9 @@ export interface ConnectOptions {
   auth?: string;
   /** The default serializer of cached() (JSON). */
   serializer?: Serializer;
+  /** A Bloom filter (hello's feature "bloom"): a key it rules out is
+   *  "not found" (null) at once, LOADER not called. */
+  bloom?: string;
 }
 
 /** One entry of warm() (cache.mset). */
@@ -276,6 +288,14 @@ export declare class Leased extends EventEmitter {
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
   rateAcquire(key: string, rate: number, per_ms: number,
               opts?: RateOptions): Promise<RateReply>;
+  /** bloom.create: other parameters than the filter has reject with
+   *  bad_request. */
+  bloomCreate(filter: string, capacity: number, error_rate: number):
+    Promise<BloomCreateReply>;
+  /** true where the key was surely not in FILTER before. */
+  bloomAdd(filter: string, keys: string | string[]): Promise<boolean[]>;
+  /** false where the key was surely never added to FILTER. */
+  bloomCheck(filter: string, keys: string | string[]): Promise<boolean[]>;
   /** Holds permits of KEY while FN runs; released when FN settles.
    *  Rejects with code 'no_permit'. */
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
@@ -334,6 +354,14 @@ export declare class Pool extends EventEmitter {
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
   rateAcquire(key: string, rate: number, per_ms: number,
               opts?: RateOptions): Promise<RateReply>;
+  /** bloom.create: other parameters than the filter has reject with
+   *  bad_request. */
+  bloomCreate(filter: string, capacity: number, error_rate: number):
+    Promise<BloomCreateReply>;
+  /** true where the key was surely not in FILTER before. */
+  bloomAdd(filter: string, keys: string | string[]): Promise<boolean[]>;
+  /** false where the key was surely never added to FILTER. */
+  bloomCheck(filter: string, keys: string | string[]): Promise<boolean[]>;
   withSemaphore<T>(key: string, limit: number, opts: SemOptions | undefined,
                    fn: (grant: SemReply & RiskState, signal: AbortSignal) =>
                      Promise<T> | T):

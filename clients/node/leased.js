@@ -779,10 +779,12 @@ class Leased extends EventEmitter {
   // omitted); past it this caller loads too, and fills only when the
   // daemon handed it a lease. The fill lease is given back (cache.release)
   // whenever the load, its serialisation or the fill fails.
-  async cached(key, loader, { ttl_ms, wait_ms, serializer } = {}) {
+  // BLOOM names a Bloom filter (hello's feature "bloom"): a key it rules
+  // out is "not found" (null) at once, LOADER not called.
+  async cached(key, loader, { ttl_ms, wait_ms, serializer, bloom } = {}) {
     if (badKey(key, false)) throw badKey(key, false);
     const ser = serializer || this.serializer;
-    const got = await this.call('cache.get', { key, wait_ms });
+    const got = await this.call('cache.get', { key, wait_ms, bloom });
     if (got.hit) return fromText(key, got.value, ser);
     let value;
     try {
@@ -802,6 +804,31 @@ class Leased extends EventEmitter {
       throw e;
     }
     return value;
+  }
+
+  // Bloom filters (hello's feature "bloom"). bloomCreate: a filter for
+  // CAPACITY keys at ERROR_RATE false positives; {created, bits, hashes,
+  // bytes}, created false when it existed alike (other parameters reject
+  // with bad_request).
+  bloomCreate(filter, capacity, error_rate) {
+    if (badKey(filter, false)) return Promise.reject(badKey(filter, false));
+    return this.call('bloom.create', { filter, capacity, error_rate });
+  }
+
+  // Add KEYS (one key or an array, at most 1000) to FILTER: an array of
+  // booleans, true where the key was surely not in it before.
+  async bloomAdd(filter, keys) {
+    if (badKey(filter, false)) throw badKey(filter, false);
+    if (badKey(keys, true)) throw badKey(keys, true);
+    return (await this.call('bloom.add', { filter, keys: [].concat(keys) })).added;
+  }
+
+  // An array of booleans for KEYS: false where the key was surely never
+  // added to FILTER.
+  async bloomCheck(filter, keys) {
+    if (badKey(filter, false)) throw badKey(filter, false);
+    if (badKey(keys, true)) throw badKey(keys, true);
+    return (await this.call('bloom.check', { filter, keys: [].concat(keys) })).maybe;
   }
 
   // Write path: call after the database write committed. KEYS: one key,
@@ -1044,6 +1071,18 @@ class Pool extends EventEmitter {
 
   rateAcquire(key, rate, per_ms, opts) {
     return this._on(key, (c) => c.rateAcquire(key, rate, per_ms, opts));
+  }
+
+  bloomCreate(filter, capacity, error_rate) {
+    return this._on(undefined, (c) => c.bloomCreate(filter, capacity, error_rate));
+  }
+
+  bloomAdd(filter, keys) {
+    return this._on(undefined, (c) => c.bloomAdd(filter, keys));
+  }
+
+  bloomCheck(filter, keys) {
+    return this._on(undefined, (c) => c.bloomCheck(filter, keys));
   }
 
   withSemaphore(key, limit, opts, fn) {

@@ -475,6 +475,35 @@ test('rateAcquire() grants, refuses with retry_after_ms and waits', async () => 
   }
 });
 
+test('bloomCreate/Add/Check, and cached() with bloom skips the loader', async () => {
+  const a = await Leased.connect(SOCK);
+  const pool = new Pool({ path: SOCK, size: 1 });
+  try {
+    const f = `${TAG}:bloom`;
+    const [k1, k2, k3] = [`${TAG}:b1`, `${TAG}:b2`, `${TAG}:b3`];
+    let r = await a.bloomCreate(f, 100, 0.01);
+    assert.deepStrictEqual([r.created, r.hashes], [true, 7]);
+    assert.strictEqual((await pool.bloomCreate(f, 100, 0.01)).created, false);
+    await assert.rejects(a.bloomCreate(f, 200, 0.01), (e) => e.code === 'bad_request');
+    assert.deepStrictEqual(await a.bloomAdd(f, [k1, k2]), [true, true]);
+    assert.deepStrictEqual(await pool.bloomAdd(f, k1), [false]);
+    assert.deepStrictEqual(await a.bloomCheck(f, [k1, k2, k3]), [true, true, false]);
+    assert.deepStrictEqual(await pool.bloomCheck(f, k3), [false]);
+    await assert.rejects(a.bloomCheck(`${TAG}:no-such-filter`, k1),
+      (e) => e.code === 'bad_request');
+    let loads = 0;
+    const loader = () => { loads++; return { n: 1 }; };
+    assert.strictEqual(await a.cached(k3, loader, { bloom: f }), null);
+    assert.strictEqual(await pool.cached(k3, loader, { bloom: f }), null);
+    assert.strictEqual(loads, 0);
+    assert.deepStrictEqual(await a.cached(k1, loader, { bloom: f }), { n: 1 });
+    assert.strictEqual(loads, 1);
+  } finally {
+    a.close();
+    pool.close();
+  }
+});
+
 function redisDelKeys(names) {
   const [host, port] = REDIS.split(':');
   const parts = ['DEL', ...names].map((x) => Buffer.from(x));

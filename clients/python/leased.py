@@ -485,10 +485,25 @@ def _warm_fields(serializer, entries, ttl_ms):
     return {"entries": out}
 
 
-def _get_fields(key, wait_ms):
+def _get_fields(key, wait_ms, bloom=None):
     fields = {"key": _one_key(key)}
     if wait_ms is not None:
         fields["wait_ms"] = wait_ms
+    if bloom is not None:
+        fields["bloom"] = bloom
+    return fields
+
+
+def _bloom_create_fields(filter, capacity, error_rate, extra):
+    fields = {"filter": _one_key(filter), "capacity": capacity,
+              "error_rate": float(error_rate)}
+    fields.update(extra)
+    return fields
+
+
+def _bloom_keys_fields(filter, keys, extra):
+    fields = {"filter": _one_key(filter), "keys": _keys(keys)}
+    fields.update(extra)
     return fields
 
 
@@ -1055,7 +1070,7 @@ class Leased:
 
     # --- cache-aside ---------------------------------------------------------
 
-    def cached(self, key, loader, ttl_ms=None, wait_ms=None):
+    def cached(self, key, loader, ttl_ms=None, wait_ms=None, bloom=None):
         """The read path: the cached value, or LOADER() loaded once
         cluster-wide and filled. WAIT_MS (cache.wait_ms, 3000, when None)
         is how long to wait for a load that runs elsewhere; past it a
@@ -1066,14 +1081,16 @@ class Leased:
         gets it. A loader returning None caches "not found". A loader
         that raises, or a value that cannot be filled, gives the fill
         lease back (and raises), and so does a get that timed out when
-        its lease comes later."""
+        its lease comes later. BLOOM names a Bloom filter (hello's
+        feature "bloom"): a key it rules out is "not found" (None) at once,
+        LOADER not called."""
 
         def late(reply):
             if reply.get("lease"):
                 self._post("cache.release", key=key, lease=reply["lease"])
 
         got = self.call("cache.get", _on_late=late,
-                        **_get_fields(key, wait_ms))
+                        **_get_fields(key, wait_ms, bloom))
         return _load_through(self.call, self.serializer, got, key, loader,
                              ttl_ms, wait_ms)
 
@@ -1092,6 +1109,27 @@ class Leased:
         result = writer()
         self.invalidate(keys)
         return result
+
+    def bloom_create(self, filter, capacity, error_rate, **extra):
+        """bloom.create (hello's feature "bloom"): a filter for CAPACITY
+        keys at ERROR_RATE false positives. Returns the reply ("created"
+        false when it existed alike; "bits", "hashes", "bytes"); other
+        parameters than the filter has raise bad_request."""
+        return self.call("bloom.create",
+                         **_bloom_create_fields(filter, capacity, error_rate,
+                                                extra))
+
+    def bloom_add(self, filter, keys, **extra):
+        """Add KEYS (a str, or a list or tuple, at most 1000) to FILTER:
+        a list of booleans, True where the key was surely not in it."""
+        return self.call("bloom.add",
+                         **_bloom_keys_fields(filter, keys, extra))["added"]
+
+    def bloom_check(self, filter, keys, **extra):
+        """A list of booleans for KEYS: False where the key was surely
+        never added to FILTER."""
+        return self.call("bloom.check",
+                         **_bloom_keys_fields(filter, keys, extra))["maybe"]
 
     def warm(self, entries, ttl_ms=None):
         """Bulk warm-up (cache.mset; hello's feature "mset"): store ENTRIES
@@ -1336,14 +1374,24 @@ class Pool:
         keeps its connection as lock() does."""
         return RWLock(self, key)
 
-    def cached(self, key, loader, ttl_ms=None, wait_ms=None):
+    def cached(self, key, loader, ttl_ms=None, wait_ms=None, bloom=None):
         # One connection for the whole read path, LOADER included: the
         # waiters for KEY may hold every other connection inside cache.get
         # (up to wait_ms), so a lease holder that gave its connection back
         # could not send its fill, and the waiters would time out and each
         # load: no single flight in exactly the pool's busiest case.
         with self.connection() as c:
-            return c.cached(key, loader, ttl_ms, wait_ms)
+            return c.cached(key, loader, ttl_ms, wait_ms, bloom)
+
+    def bloom_create(self, filter, capacity, error_rate, **extra):
+        return self._use(Leased.bloom_create, filter, capacity, error_rate,
+                         **extra)
+
+    def bloom_add(self, filter, keys, **extra):
+        return self._use(Leased.bloom_add, filter, keys, **extra)
+
+    def bloom_check(self, filter, keys, **extra):
+        return self._use(Leased.bloom_check, filter, keys, **extra)
 
     def invalidate(self, keys, delay_ms=None):
         with self.connection() as c:
@@ -1748,7 +1796,8 @@ class AsyncLeased:
 
     # --- cache-aside ---------------------------------------------------------
 
-    async def cached(self, key, loader, ttl_ms=None, wait_ms=None):
+    async def cached(self, key, loader, ttl_ms=None, wait_ms=None,
+                     bloom=None):
         """As Leased.cached; LOADER may be a coroutine function. Values go
         through the serializer given to connect() (JSON by default)."""
 
@@ -1757,7 +1806,7 @@ class AsyncLeased:
                 self._fire("cache.release", key=key, lease=reply["lease"])
 
         got = await self.call("cache.get", _on_abandon=lease_too_late,
-                              **_get_fields(key, wait_ms))
+                              **_get_fields(key, wait_ms, bloom))
         if got["hit"]:
             return _value_of(self.serializer, key, got["value"])
         lease = _lease_of(got, key, wait_ms)
@@ -1779,6 +1828,24 @@ class AsyncLeased:
     async def invalidate(self, keys, delay_ms=None):
         return await self.call("cache.invalidate",
                                **_invalidate_fields(keys, delay_ms))
+
+    async def bloom_create(self, filter, capacity, error_rate, **extra):
+        """As Leased.bloom_create."""
+        return await self.call("bloom.create",
+                               **_bloom_create_fields(filter, capacity,
+                                                      error_rate, extra))
+
+    async def bloom_add(self, filter, keys, **extra):
+        """As Leased.bloom_add."""
+        r = await self.call("bloom.add",
+                            **_bloom_keys_fields(filter, keys, extra))
+        return r["added"]
+
+    async def bloom_check(self, filter, keys, **extra):
+        """As Leased.bloom_check."""
+        r = await self.call("bloom.check",
+                            **_bloom_keys_fields(filter, keys, extra))
+        return r["maybe"]
 
     async def warm(self, entries, ttl_ms=None):
         """As Leased.warm."""

@@ -1328,6 +1328,54 @@ class RateLimiter(unittest.TestCase):
         asyncio.run(asyncio.wait_for(main(), WAIT_S * 2))
 
 
+class BloomFilter(unittest.TestCase):
+    def test_bloom_ops_and_cached(self):
+        f = PREFIX + "bloom"
+        k1, k2, k3 = PREFIX + "b1", PREFIX + "b2", PREFIX + "b3"
+        with Leased(SOCKET) as ld:
+            r = ld.bloom_create(f, 100, 0.01)
+            self.assertEqual((r["created"], r["hashes"]), (True, 7))
+            self.assertFalse(ld.bloom_create(f, 100, 0.01)["created"])
+            with self.assertRaises(LeasedError) as cm:
+                ld.bloom_create(f, 200, 0.01)
+            self.assertEqual(cm.exception.code, "bad_request")
+            self.assertEqual(ld.bloom_add(f, [k1, k2]), [True, True])
+            self.assertEqual(ld.bloom_add(f, k1), [False])
+            self.assertEqual(ld.bloom_check(f, (k1, k2, k3)),
+                             [True, True, False])
+            calls = []
+
+            def loader():
+                calls.append(1)
+                return {"n": 1}
+            # Ruled out: "not found" at once, the loader not called.
+            self.assertIsNone(ld.cached(k3, loader, bloom=f))
+            self.assertEqual(calls, [])
+            # Maybe: loaded and filled as usual.
+            self.assertEqual(ld.cached(k1, loader, bloom=f), {"n": 1})
+            self.assertEqual(calls, [1])
+            with self.assertRaises(LeasedError) as cm:
+                ld.bloom_check(PREFIX + "no-such-filter", k1)
+            self.assertEqual(cm.exception.code, "bad_request")
+        with Pool(SOCKET, size=1) as pool:
+            self.assertEqual(pool.bloom_check(f, [k2, k3]), [True, False])
+            self.assertIsNone(pool.cached(k3, loader, bloom=f))
+
+        async def main():
+            a = await AsyncLeased.connect(SOCKET)
+            try:
+                self.assertEqual(await a.bloom_add(f, k3), [True])
+                self.assertEqual(await a.bloom_check(f, [k3]), [True])
+                r = await a.bloom_create(f, 100, 0.01)
+                self.assertFalse(r["created"])
+                self.assertIsNone(
+                    await a.cached(PREFIX + "b4", loader, bloom=f))
+            finally:
+                await a.close()
+        asyncio.run(asyncio.wait_for(main(), WAIT_S))
+        self.assertEqual(calls, [1])
+
+
 LEASED_BIN = os.environ.get("LEASED_BIN", "")
 
 

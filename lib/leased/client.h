@@ -513,6 +513,35 @@ int leased_cache_mset(struct leased_conn *c,
                       size_t *stored, struct leased_mset_result *results,
                       struct leased_error *err);
 
+/* --- Bloom filters (hello's feature "bloom") ----------------------------- */
+
+/* Make FILTER for CAPACITY keys at ERROR_RATE false positives. *CREATED
+ * (may be NULL) is false when it existed with these very parameters; with
+ * others the call fails (LEASED_E_BAD_REQUEST, naming them). */
+int leased_bloom_create(struct leased_conn *c, const char *filter,
+                        long long capacity, double error_rate, bool *created,
+                        struct leased_error *err);
+
+/* Add the NKEYS KEYS (at most 1000) to FILTER. ADDED (may be NULL) has
+ * NKEYS elements: true where the key was certainly not in it before. */
+int leased_bloom_add(struct leased_conn *c, const char *filter,
+                     const char *const *keys, size_t nkeys, bool *added,
+                     struct leased_error *err);
+
+/* MAYBE (may be NULL) has NKEYS elements: false where the key was
+ * certainly never added to FILTER. */
+int leased_bloom_check(struct leased_conn *c, const char *filter,
+                       const char *const *keys, size_t nkeys, bool *maybe,
+                       struct leased_error *err);
+
+/* leased_cache_get with FILTER consulted first: a key it rules out is
+ * answered as a cached null (OUT->hit and OUT->is_null) with *RULED_OUT
+ * (may be NULL) true, without a read of the entry or a fill lease. */
+int leased_cache_get_bloom(struct leased_conn *c, const char *key,
+                           const char *filter, long long wait_ms, bool lease,
+                           struct leased_cache_result *out, bool *ruled_out,
+                           struct leased_error *err);
+
 /* --- raw requests ------------------------------------------------------- */
 
 /* Send REQUEST (a JSON object as text; its "id", if any, is replaced by

@@ -44,6 +44,8 @@
 #define LEASED_NEAR_WAYS 4
 #define LEASED_NEAR_LIVE 1u
 #define LEASED_NEAR_CLOSED 0u
+/* A way's flag: the entry is a cached null ("not found"), vlen 0. */
+#define LEASED_NEAR_NULL 1u
 
 struct leased_near_hdr {
     char magic[8];        /*   0: LEASED_NEAR_MAGIC, no NUL */
@@ -69,7 +71,7 @@ struct leased_near_way {
     uint32_t hash;        /* 0: leased_near_crc32 of the key */
     uint32_t klen;        /* 4: 0 = empty way */
     uint32_t vlen;        /* 8 */
-    uint32_t flags;       /* 12: none defined in layout 1; a reader ignores */
+    uint32_t flags;       /* 12: LEASED_NEAR_NULL; other bits: ignore */
     uint64_t off;         /* 16: the record, from ring_off */
     uint64_t deadline_ns; /* 24: CLOCK_MONOTONIC */
     uint64_t version;     /* 32: the entry's version (versioned writes); 0 = none */

@@ -72,9 +72,16 @@
     X(counter, rate_granted, "rate.acquire requests granted")                 \
     X(counter, rate_refused, "rate.acquire requests answered not acquired")   \
     X(gauge, rate_waiting, "rate.acquire requests refused once, waiting")     \
+    X(counter, bloom_added, "Keys added to Bloom filters (bloom.add)")        \
+    X(counter, bloom_checked,                                                 \
+      "Keys checked against Bloom filters (bloom.check, cache.get)")          \
+    X(counter, bloom_ruled_out, "Keys checked that a Bloom filter ruled out") \
     X(counter, cancelled, "Waiting requests ended by cancel")                 \
     X(counter, cache_hits, "cache.get hits with a value")                     \
     X(counter, cache_negative_hits, "cache.get hits on a cached null")        \
+    X(counter, cache_bloom_hits,                                              \
+      "cache.get answered a null at once: its Bloom filter ruled the key "    \
+      "out")                                                                  \
     X(counter, cache_misses, "cache.get misses")                              \
     X(counter, cache_stale_hits, "cache.get hits on a stale value")           \
     X(counter, cache_leases_granted, "Fill leases granted")                   \

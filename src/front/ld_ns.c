@@ -243,7 +243,7 @@ int
 ld_ns_check(struct ld_req *req, bool operator_op)
 {
     const struct ld_ns_list *l = live_list();
-    struct ld_rval key, keys, entries;
+    struct ld_rval key, keys, entries, filter, bloom;
     const struct ld_ns_entry *e;
     bool full;
     size_t i;
@@ -256,8 +256,13 @@ ld_ns_check(struct ld_req *req, bool operator_op)
     ld_req_get(req, "keys", &keys);
     /* cache.mset names its keys in the objects of "entries". */
     ld_req_get(req, "entries", &entries);
+    /* A Bloom filter's name is a key (bloom.*'s "filter", cache.get's
+     * "bloom"): its Redis keys are named after it. */
+    ld_req_get(req, "filter", &filter);
+    ld_req_get(req, "bloom", &bloom);
     if (key.kind != LD_RV_STR && !json_is_array(keys.j) &&
-        !json_is_array(entries.j)) {
+        !json_is_array(entries.j) && filter.kind != LD_RV_STR &&
+        bloom.kind != LD_RV_STR) {
         return LD_OK; /* names no key; a malformed one is the op's */
     }
     e = identify(req->sess, l, &full);
@@ -268,6 +273,12 @@ ld_ns_check(struct ld_req *req, bool operator_op)
     }
     if (key.kind == LD_RV_STR && !allowed(e, key.s, key.len)) {
         return refuse(req, e, key.s, key.len);
+    }
+    if (filter.kind == LD_RV_STR && !allowed(e, filter.s, filter.len)) {
+        return refuse(req, e, filter.s, filter.len);
+    }
+    if (bloom.kind == LD_RV_STR && !allowed(e, bloom.s, bloom.len)) {
+        return refuse(req, e, bloom.s, bloom.len);
     }
     if (json_is_array(keys.j)) {
         json_array_foreach(keys.j, i, k)

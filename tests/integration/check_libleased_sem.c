@@ -1,5 +1,5 @@
-/* libleased's semaphore and rate limiter calls and leased_cancel against
- * real redis-server and real leased. */
+/* libleased's semaphore, rate limiter and Bloom filter calls and
+ * leased_cancel against real redis-server and real leased. */
 
 #include "harness.h"
 #include "leased/client.h"
@@ -99,6 +99,46 @@ START_TEST(test_rate_calls)
 }
 END_TEST
 
+START_TEST(test_bloom_calls)
+{
+    struct leased_conn *a = conn();
+    struct leased_error err;
+    struct leased_cache_result r;
+    bool created = false, ruled = true, out[3];
+    const char *keys[] = {"lb:1", "lb:2", "lb:3"};
+
+    ck_assert_int_eq(leased_bloom_create(a, "lbf", 100, 0.01, &created, &err),
+                     LEASED_OK);
+    ck_assert(created);
+    ck_assert_int_eq(leased_bloom_create(a, "lbf", 100, 0.01, &created, &err),
+                     LEASED_OK);
+    ck_assert(!created);
+    ck_assert_int_eq(leased_bloom_create(a, "lbf", 200, 0.01, &created, &err),
+                     LEASED_E_BAD_REQUEST);
+    ck_assert_int_eq(leased_bloom_add(a, "lbf", keys, 2, out, &err),
+                     LEASED_OK);
+    ck_assert(out[0] && out[1]);
+    ck_assert_int_eq(leased_bloom_check(a, "lbf", keys, 3, out, &err),
+                     LEASED_OK);
+    ck_assert(out[0] && out[1] && !out[2]);
+    ck_assert_int_eq(leased_bloom_check(a, "none", keys, 1, out, &err),
+                     LEASED_E_BAD_REQUEST);
+    /* Ruled out: a null, marked. */
+    ck_assert_int_eq(leased_cache_get_bloom(a, "lb:3", "lbf", LEASED_UNSET,
+                                            true, &r, &ruled, &err),
+                     LEASED_OK);
+    ck_assert(r.hit && r.is_null && r.lease == NULL && ruled);
+    leased_cache_result_free(&r);
+    /* Maybe: the usual miss with its lease. */
+    ck_assert_int_eq(leased_cache_get_bloom(a, "lb:1", "lbf", LEASED_UNSET,
+                                            true, &r, &ruled, &err),
+                     LEASED_OK);
+    ck_assert(!r.hit && r.lease != NULL && !ruled);
+    leased_cache_result_free(&r);
+    leased_close(a);
+}
+END_TEST
+
 START_TEST(test_cancel)
 {
     struct leased_conn *a = conn(), *b = conn();
@@ -155,9 +195,8 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(sem_calls, 60),
-        H_CASE(rate_calls, 60),
-        H_CASE(cancel, 60),
+        H_CASE(sem_calls, 60),      H_CASE(rate_calls, 60),
+        H_CASE(bloom_calls, 60),    H_CASE(cancel, 60),
         H_CASE(sem_lost_event, 60),
     };
     return H_MAIN(fx, cases);

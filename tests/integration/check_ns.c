@@ -155,9 +155,31 @@ as_nobody(void)
                 "other:1") ||
         refused(h_callf(c, T_MS, "{s:s,s:s,s:i,s:i}", "op", "rate.acquire",
                         "key", "other:r", "rate", 5, "per_ms", 1000),
-                "other:r")) {
+                "other:r") ||
+        /* A Bloom filter's name is a key, and so is each of its keys. */
+        refused(h_callf(c, T_MS, "{s:s,s:s,s:i,s:f}", "op", "bloom.create",
+                        "filter", "other:f", "capacity", 10, "error_rate",
+                        0.01),
+                "other:f") ||
+        refused(h_callf(c, T_MS, "{s:s,s:s,s:[s,s]}", "op", "bloom.add",
+                        "filter", "nb:f", "keys", "nb:k", "other:k"),
+                "other:k") ||
+        refused(h_callf(c, T_MS, "{s:s,s:s,s:[s]}", "op", "bloom.check",
+                        "filter", "other:f", "keys", "nb:k"),
+                "other:f") ||
+        refused(h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "cache.get", "key",
+                        "nb:k", "bloom", "other:f"),
+                "other:f")) {
         return 1;
     }
+    r = h_callf(c, T_MS, "{s:s,s:s,s:i,s:f}", "op", "bloom.create", "filter",
+                "nb:f", "capacity", 10, "error_rate", 0.01);
+    EXPECT(r != NULL && h_ok(r), "bloom.create nb:f refused");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:[s]}", "op", "bloom.add", "filter",
+                "nb:f", "keys", "nb:k");
+    EXPECT(r != NULL && h_ok(r), "bloom.add nb:f refused");
+    json_decref(r);
     EXPECT(acquired(h_callf(c, T_MS, "{s:s,s:s,s:i,s:i}", "op", "rate.acquire",
                             "key", "nb:r", "rate", 5, "per_ms", 1000)),
            "rate.acquire nb:r not acquired");

@@ -425,6 +425,11 @@ fresh_writes_refused(struct h_conn *c, enum refusal how)
     /* A read whose script also writes (the fill lease, the hot-key and
      * refresh marks) cannot be answered either. */
     EXPECT("cache.get", "{s:s,s:s}", "op", "cache.get", "key", "m");
+    /* A new filter, and bits set in the filter scenario() made. */
+    EXPECT("bloom.create", "{s:s,s:s,s:i,s:f}", "op", "bloom.create", "filter",
+           "bf2", "capacity", 100, "error_rate", 0.01);
+    EXPECT("bloom.add", "{s:s,s:s,s:[s]}", "op", "bloom.add", "filter", "bf",
+           "keys", "bk");
     if (how != OOM) {
         /* Under OOM cache.set's script deletes first, and Redis lets a
          * script that has written finish its writes whatever the
@@ -500,6 +505,9 @@ scenario(enum refusal how)
     struct h_conn *c = h_connect_ok(&D);
 
     take_all(c, &h);
+    json_decref(h_must(call(c, "bloom.create", "{s:s,s:s,s:i,s:f}", "op",
+                            "bloom.create", "filter", "bf", "capacity", 100,
+                            "error_rate", 0.01)));
     json_decref(
         h_must(call(c, "cache.set", "{s:s,s:s,s:s,s:i}", "op", "cache.set",
                     "key", "v", "value", "old", "ttl_ms", LEASE_MS)));

@@ -2941,6 +2941,8 @@ static const struct cluster_skip cluster_skips[] = {
     {"sem", "redis_down_and_wrong_type", "kills and restarts the one Redis"},
     {"rate", "redis_down_and_wrong_type",
      "kills the one Redis and sets its min-replicas-to-write"},
+    {"bloom", "redis_down",
+     "kills the one Redis and sets its min-replicas-to-write"},
     {"rate", "redis_stalled_outcome_unknown",
      "starts a Redis of its own with DEBUG and puts it to sleep"},
     {"sem", "lost_when_redis_down", "kills the one Redis"},
