@@ -64,6 +64,9 @@ type CacheOptions struct {
 	// the daemon's cache.wait_ms (3000). Past it the caller does not
 	// load: it gets an error with code timeout.
 	Wait time.Duration
+	// Bloom names a Bloom filter (hello's feature bloom): a key it rules
+	// out is ErrNotFound at once, the loader not called.
+	Bloom string
 }
 
 // Cached is the cache-aside read path with single flight: a hit is
@@ -86,6 +89,9 @@ func Cached[T any](ctx context.Context, cl *Client, key string,
 	req := map[string]any{"op": "cache.get", "key": key}
 	if opts.Wait > 0 {
 		req["wait_ms"] = ms(opts.Wait)
+	}
+	if opts.Bloom != "" {
+		req["bloom"] = opts.Bloom
 	}
 	r, c, err := cl.call(ctx, []string{key}, req, nil)
 	if err != nil {
@@ -271,4 +277,61 @@ func (cl *Client) Warm(ctx context.Context, entries []WarmEntry,
 		}
 	}
 	return w, nil
+}
+
+// Bloom is the answer of BloomCreate: Created is false when the filter
+// existed with the same parameters; Bits, Hashes and Bytes its size.
+type Bloom struct {
+	Created bool  `json:"created"`
+	Bits    int64 `json:"bits"`
+	Hashes  int   `json:"hashes"`
+	Bytes   int64 `json:"bytes"`
+}
+
+// BloomCreate makes the Bloom filter (hello's feature bloom) for
+// capacity keys at errorRate false positives. The same filter with
+// other parameters is a bad_request that names the ones it has.
+func (cl *Client) BloomCreate(ctx context.Context, filter string,
+	capacity int64, errorRate float64) (*Bloom, error) {
+	r, _, err := cl.call(ctx, nil, map[string]any{"op": "bloom.create",
+		"filter": filter, "capacity": capacity, "error_rate": errorRate}, nil)
+	if err != nil {
+		return nil, err
+	}
+	b := &Bloom{}
+	if err := json.Unmarshal(r.raw, b); err != nil {
+		return nil, newErr("io", "unreadable bloom.create reply: %v", err)
+	}
+	return b, nil
+}
+
+// BloomAdd adds keys (1 to 1000) to filter: true where the key was
+// certainly not in it before.
+func (cl *Client) BloomAdd(ctx context.Context, filter string, keys ...string) ([]bool, error) {
+	return cl.bloomKeys(ctx, "bloom.add", "added", filter, keys)
+}
+
+// BloomCheck asks filter about keys: false where the key was certainly
+// never added. A filter that does not exist is a bad_request.
+func (cl *Client) BloomCheck(ctx context.Context, filter string, keys ...string) ([]bool, error) {
+	return cl.bloomKeys(ctx, "bloom.check", "maybe", filter, keys)
+}
+
+func (cl *Client) bloomKeys(ctx context.Context, op, field, filter string,
+	keys []string) ([]bool, error) {
+	if err := checkKeys(keys); err != nil {
+		return nil, err
+	}
+	r, _, err := cl.call(ctx, nil, map[string]any{"op": op, "filter": filter,
+		"keys": keys}, nil)
+	if err != nil {
+		return nil, err
+	}
+	var body map[string]json.RawMessage
+	var out []bool
+	if json.Unmarshal(r.raw, &body) != nil ||
+		json.Unmarshal(body[field], &out) != nil || len(out) != len(keys) {
+		return nil, newErr("io", "unreadable %s reply", op)
+	}
+	return out, nil
 }

@@ -855,3 +855,51 @@ func TestWarm(t *testing.T) {
 		t.Fatalf("1001 entries: %v", err)
 	}
 }
+
+func TestBloom(t *testing.T) {
+	ld := dial(t)
+	f := k("bloom")
+	b, err := ld.BloomCreate(bg(), f, 1000, 0.01)
+	if err != nil || !b.Created || b.Bits <= 0 || b.Hashes <= 0 || b.Bytes <= 0 {
+		t.Fatalf("create: %+v %v", b, err)
+	}
+	if b, err := ld.BloomCreate(bg(), f, 1000, 0.01); err != nil || b.Created {
+		t.Fatalf("create again alike: %+v %v", b, err)
+	}
+	if _, err := ld.BloomCreate(bg(), f, 2000, 0.01); leased.Code(err) != "bad_request" {
+		t.Fatalf("create again with another capacity: %v", err)
+	}
+	in, out := k("bloom:in"), k("bloom:out")
+	added, err := ld.BloomAdd(bg(), f, in)
+	if err != nil || len(added) != 1 || !added[0] {
+		t.Fatalf("add: %v %v", added, err)
+	}
+	if added, err := ld.BloomAdd(bg(), f, in); err != nil || added[0] {
+		t.Fatalf("add again: %v %v", added, err)
+	}
+	maybe, err := ld.BloomCheck(bg(), f, in, out)
+	if err != nil || len(maybe) != 2 || !maybe[0] || maybe[1] {
+		t.Fatalf("check: %v %v", maybe, err)
+	}
+	if _, err := ld.BloomCheck(bg(), k("bloom:none"), in); leased.Code(err) != "bad_request" {
+		t.Fatalf("check of a filter that does not exist: %v", err)
+	}
+	if _, err := ld.BloomAdd(bg(), f); !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("add of no key: %v", err)
+	}
+	var loads int32
+	loader := func(context.Context) (string, error) {
+		atomic.AddInt32(&loads, 1)
+		return "v", nil
+	}
+	o := &leased.CacheOptions{Bloom: f}
+	if _, err := leased.Cached(bg(), ld, out, loader, o); !errors.Is(err, leased.ErrNotFound) {
+		t.Fatalf("a key the filter rules out: %v", err)
+	}
+	if v, err := leased.Cached(bg(), ld, in, loader, o); err != nil || v != "v" {
+		t.Fatalf("a key the filter may hold: %q %v", v, err)
+	}
+	if n := atomic.LoadInt32(&loads); n != 1 {
+		t.Fatalf("%d loads, want 1 (for the key that may exist)", n)
+	}
+}
