@@ -954,10 +954,23 @@ public final class Leased implements AutoCloseable {
      */
     public <E extends Exception> Object cached(String key, Task<?, E> loader, Long ttlMs,
             Long waitMs) throws E {
+        return cached(key, loader, ttlMs, waitMs, null);
+    }
+
+    /**
+     * {@link #cached(String, Task, Long, Long)} that asks the Bloom filter
+     * BLOOM first (hello's feature "bloom"; null: none): a key it rules out
+     * is "not found" (null) at once, LOADER not called.
+     */
+    public <E extends Exception> Object cached(String key, Task<?, E> loader, Long ttlMs,
+            Long waitMs, String bloom) throws E {
         Map<String, Object> f = new LinkedHashMap<>();
         f.put("key", oneKey(key));
         if (waitMs != null) {
             f.put("wait_ms", waitMs);
+        }
+        if (bloom != null) {
+            f.put("bloom", bloom);
         }
         Sent s = send(null, "cache.get", f);
         Conn c = s.conn;
@@ -1069,6 +1082,45 @@ public final class Leased implements AutoCloseable {
         Map<String, Object> f = new LinkedHashMap<>();
         f.put("entries", out);
         return callOn(null, "cache.mset", f, 0, null);
+    }
+
+    /**
+     * bloom.create (hello's feature "bloom"): the filter FILTER for CAPACITY
+     * keys at ERROR_RATE false positives. Returns the reply ({@code created}
+     * false when it existed alike; {@code bits}, {@code hashes},
+     * {@code bytes}); other parameters than the filter has are a
+     * {@code bad_request}.
+     */
+    public Map<String, Object> bloomCreate(String filter, long capacity, double errorRate) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("filter", oneKey(filter));
+        f.put("capacity", capacity);
+        f.put("error_rate", errorRate);
+        return callOn(null, "bloom.create", f, 0, null);
+    }
+
+    /** Add KEYS (1 to 1000) to FILTER: true where the key was certainly not in it. */
+    public List<Boolean> bloomAdd(String filter, Collection<String> keys) {
+        return bloomKeys("bloom.add", "added", filter, keys);
+    }
+
+    /** Ask FILTER about KEYS: false where the key was certainly never added. */
+    public List<Boolean> bloomCheck(String filter, Collection<String> keys) {
+        return bloomKeys("bloom.check", "maybe", filter, keys);
+    }
+
+    private List<Boolean> bloomKeys(String op, String field, String filter,
+            Collection<String> keys) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("filter", oneKey(filter));
+        f.put("keys", keyList(keys));
+        List<Boolean> out = new ArrayList<>();
+        if (callOn(null, op, f, 0, null).get(field) instanceof List<?> l) {
+            for (Object o : l) {
+                out.add(Boolean.TRUE.equals(o));
+            }
+        }
+        return out;
     }
 
     /** Delete KEYS now and once more after the daemon's double-delete delay. */

@@ -128,4 +128,21 @@ public final class LeasedPool implements AutoCloseable {
     public Map<String, Object> warm(Collection<Leased.Entry> entries, Long ttlMs) {
         return connection().warm(entries, ttlMs);
     }
+
+    public <E extends Exception> Object cached(String key, Leased.Task<?, E> loader, Long ttlMs,
+            Long waitMs, String bloom) throws E {
+        return connection().cached(key, loader, ttlMs, waitMs, bloom);
+    }
+
+    public Map<String, Object> bloomCreate(String filter, long capacity, double errorRate) {
+        return connection().bloomCreate(filter, capacity, errorRate);
+    }
+
+    public List<Boolean> bloomAdd(String filter, Collection<String> keys) {
+        return connection().bloomAdd(filter, keys);
+    }
+
+    public List<Boolean> bloomCheck(String filter, Collection<String> keys) {
+        return connection().bloomCheck(filter, keys);
+    }
 }

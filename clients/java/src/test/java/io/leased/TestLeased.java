@@ -519,6 +519,35 @@ public final class TestLeased {
             }
         });
 
+        test("bloom: create, add, check, and cached() asking the filter first", () -> {
+            String f = P + "bloom";
+            String in = P + "bloom:in";
+            String out = P + "bloom:out";
+            try (Leased ld = new Leased(SOCK)) {
+                Map<String, Object> c = ld.bloomCreate(f, 1000, 0.01);
+                eq(true, c.get("created"), "created");
+                check(Leased.num(c.get("bits")) > 0 && Leased.num(c.get("hashes")) > 0,
+                        "sized: " + c);
+                eq(false, ld.bloomCreate(f, 1000, 0.01).get("created"), "created again alike");
+                fails("bad_request", () -> ld.bloomCreate(f, 2000, 0.01));
+                eq(List.of(true), ld.bloomAdd(f, List.of(in)), "added");
+                eq(List.of(false), ld.bloomAdd(f, List.of(in)), "added again");
+                eq(List.of(true, false), ld.bloomCheck(f, List.of(in, out)), "maybe");
+                fails("bad_request", () -> ld.bloomCheck(P + "bloom:none", List.of(in)));
+                fails("invalid", () -> ld.bloomAdd(f, List.of()));
+                AtomicInteger loads = new AtomicInteger();
+                eq(null, ld.cached(out, () -> {
+                    loads.incrementAndGet();
+                    return "v";
+                }, null, null, f), "ruled out: not found");
+                eq("v", ld.cached(in, () -> {
+                    loads.incrementAndGet();
+                    return "v";
+                }, null, null, f), "maybe: loaded");
+                eq(1, loads.get(), "one load, for the key that may exist");
+            }
+        });
+
         test("cached: loads once, JSON values, null cached as not found", () -> {
             String k = P + "cache";
             AtomicInteger loads = new AtomicInteger();
