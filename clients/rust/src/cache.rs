@@ -13,6 +13,7 @@ type LoadError = Box<dyn std::error::Error + Send + Sync>;
 pub struct CacheOptions {
     ttl_ms: Option<i64>,
     wait_ms: Option<i64>,
+    bloom: Option<String>,
 }
 
 impl CacheOptions {
@@ -29,6 +30,12 @@ impl CacheOptions {
     /// `timeout` and does not load.
     pub fn wait_ms(mut self, ms: i64) -> Self {
         self.wait_ms = Some(ms);
+        self
+    }
+    /// A Bloom filter to ask first (hello's feature `bloom`): a key it
+    /// rules out is "not found" at once, the loader not called.
+    pub fn bloom(mut self, filter: &str) -> Self {
+        self.bloom = Some(filter.to_string());
         self
     }
 }
@@ -227,6 +234,9 @@ impl Leased {
         if let Some(w) = opts.wait_ms {
             req = req.set("wait_ms", w);
         }
+        if let Some(b) = &opts.bloom {
+            req = req.set("bloom", b.as_str());
+        }
         let (conn, p) = self.send(req)?;
         let wait = ms(opts.wait_ms.unwrap_or(3000));
         match conn.wait(&p, wait) {
@@ -254,6 +264,53 @@ impl Leased {
                 ))
             }
         }
+    }
+
+    /// `bloom.create` (hello's feature `bloom`): the filter FILTER for
+    /// CAPACITY keys at ERROR_RATE false positives. Returns the reply
+    /// (`created` false when it existed alike; `bits`, `hashes`, `bytes`);
+    /// other parameters than the filter has are a `bad_request`.
+    pub fn bloom_create(&self, filter: &str, capacity: i64, error_rate: f64) -> Result<Json> {
+        self.call(
+            "bloom.create",
+            Json::object()
+                .set("filter", filter)
+                .set("capacity", capacity)
+                .set("error_rate", error_rate),
+        )
+    }
+
+    /// Add KEYS (1 to 1000) to FILTER: true where the key was certainly
+    /// not in it before.
+    pub fn bloom_add(&self, filter: &str, keys: impl Keys) -> Result<Vec<bool>> {
+        self.bloom_keys("bloom.add", "added", filter, keys)
+    }
+
+    /// Ask FILTER about KEYS: false where the key was certainly never
+    /// added. A filter that does not exist is a `bad_request`.
+    pub fn bloom_check(&self, filter: &str, keys: impl Keys) -> Result<Vec<bool>> {
+        self.bloom_keys("bloom.check", "maybe", filter, keys)
+    }
+
+    fn bloom_keys(
+        &self,
+        op: &str,
+        field: &str,
+        filter: &str,
+        keys: impl Keys,
+    ) -> Result<Vec<bool>> {
+        let keys = checked_keys(keys.keys())?;
+        let n = keys.len();
+        let r = self.call(op, Json::object().set("filter", filter).set("keys", keys))?;
+        let out: Vec<bool> = r
+            .get(field)
+            .and_then(Json::as_array)
+            .map(|a| a.iter().map(|b| b.as_bool() == Some(true)).collect())
+            .unwrap_or_default();
+        if out.len() != n {
+            return Err(Error::new("io", format!("unreadable {} reply", op)));
+        }
+        Ok(out)
     }
 
     /// Delete KEYS (one key, or several) now and again after `delay_ms`

@@ -469,3 +469,46 @@ fn warmed_entries_are_hits_and_errors_are_per_entry() {
         .collect();
     assert_eq!(ld.warm(&many, None).unwrap_err().code(), "bad_request");
 }
+
+#[test]
+fn bloom_filter_rules_keys_out_before_the_cache() {
+    let ld = client();
+    let (f, inside, outside) = (k("bloom"), k("bloom:in"), k("bloom:out"));
+    let c = ld.bloom_create(&f, 1000, 0.01).unwrap();
+    assert_eq!(c.get("created").and_then(Json::as_bool), Some(true));
+    assert!(c.get("bits").and_then(Json::as_i64).unwrap_or(0) > 0);
+    let again = ld.bloom_create(&f, 1000, 0.01).unwrap();
+    assert_eq!(again.get("created").and_then(Json::as_bool), Some(false));
+    assert_eq!(
+        ld.bloom_create(&f, 2000, 0.01).unwrap_err().code(),
+        "bad_request"
+    );
+    assert_eq!(ld.bloom_add(&f, inside.as_str()).unwrap(), vec![true]);
+    assert_eq!(ld.bloom_add(&f, inside.as_str()).unwrap(), vec![false]);
+    assert_eq!(
+        ld.bloom_check(&f, vec![inside.clone(), outside.clone()])
+            .unwrap(),
+        vec![true, false]
+    );
+    let none = k("bloom:none");
+    assert_eq!(
+        ld.bloom_check(&none, inside.as_str()).unwrap_err().code(),
+        "bad_request"
+    );
+    assert_eq!(
+        ld.bloom_add(&f, Vec::<String>::new()).unwrap_err().code(),
+        "invalid"
+    );
+    let loads = AtomicUsize::new(0);
+    let opts = CacheOptions::new().bloom(&f);
+    let load = || -> Result<Json, std::io::Error> {
+        loads.fetch_add(1, Ordering::SeqCst);
+        Ok(Json::from("v"))
+    };
+    assert!(ld.cached_with(&outside, &opts, load).unwrap().is_null());
+    assert_eq!(
+        ld.cached_with(&inside, &opts, load).unwrap().as_str(),
+        Some("v")
+    );
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+}
