@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions redis-server executes per op pair, through leased and for
 what an app would send without it (Redisson's scripts by EVALSHA, plain
-GET and MGET). Run by bench/cost.sh, which starts redis-server under
+GET and MGET, pipelined SET PX). Run by bench/cost.sh, which starts redis-server under
 callgrind and leased natively; prints one key=value line per case.
 
 Each case runs its pairs one after the other on one connection, between a
@@ -19,6 +19,8 @@ import time
 
 VALUE = 'v' * 100
 MGET_KEYS = 10
+MSET_ENTRIES = 10
+TTL_MS = 3600000
 
 
 class Resp:
@@ -26,13 +28,22 @@ class Resp:
         self.s = socket.create_connection(('127.0.0.1', port))
         self.f = self.s.makefile('rb')
 
-    def call(self, *args):
+    @staticmethod
+    def encode(args):
         out = [b'*%d\r\n' % len(args)]
         for a in args:
             a = a if isinstance(a, bytes) else str(a).encode()
             out.append(b'$%d\r\n%s\r\n' % (len(a), a))
-        self.s.sendall(b''.join(out))
+        return b''.join(out)
+
+    def call(self, *args):
+        self.s.sendall(self.encode(args))
         return self.read()
+
+    def pipeline(self, cmds):
+        """CMDS sent in one write, then their replies read."""
+        self.s.sendall(b''.join(self.encode(c) for c in cmds))
+        return [self.read() for _ in cmds]
 
     def read(self):
         line = self.f.readline()[:-2]
@@ -67,6 +78,20 @@ class Leased:
             raise RuntimeError(json.dumps(r))
         return r
 
+    def pipeline(self, reqs):
+        """REQS sent in one write, then their answers read."""
+        self.s.sendall(b''.join(json.dumps(q).encode() + b'\n'
+                                for q in reqs))
+        out = []
+        while len(out) < len(reqs):
+            r = json.loads(self.f.readline())
+            if 'event' in r:
+                continue
+            if not r.get('ok'):
+                raise RuntimeError(json.dumps(r))
+            out.append(r)
+        return out
+
 
 class Callgrind:
     def __init__(self, pid, out):
@@ -95,10 +120,13 @@ class Callgrind:
         raise RuntimeError('no callgrind dump in ' + path)
 
     def window(self, fn, ops):
+        """Instructions of OPS calls of FN, and their seconds."""
         self.zero()
+        t0 = time.monotonic()
         for i in range(ops):
             fn(i)
-        return self.dump()
+        secs = time.monotonic() - t0
+        return self.dump(), secs
 
 
 def load(r, srcdir, name):
@@ -112,7 +140,8 @@ def pairs(a):
     ld = Leased(a.sock)
     sha = {n: load(r, a.srcdir, n) for n in (
         'lock_acquire', 'lock_release', 'read_acquire', 'read_release',
-        'write_acquire', 'write_release', 'sem_acquire', 'sem_release')}
+        'write_acquire', 'write_release', 'sem_acquire', 'sem_release',
+        'rate_acquire')}
     holder = 'c0ffee00-0000-4000-8000-000000000001:1'
     lease = 30000
     cases = {}
@@ -148,6 +177,40 @@ def pairs(a):
         r.call('EVALSHA', sha['sem_acquire'], 1, 'cost.rs', 1),
         r.call('EVALSHA', sha['sem_release'], 2, 'cost.rs',
                'redisson_sc:{cost.rs}', 1))
+
+    # A granted decision: limits far above the pace of the run, the same
+    # on both sides (a million a second). Redisson logs every grant for
+    # one interval, so its sorted set holds a second of this run's grants
+    # and each try gives back about as many as it takes: its steady state.
+    def rate(i):
+        if not ld.call(op='rate.acquire', key='cost.rt', rate=1000000,
+                       per_ms=1000)['acquired']:
+            raise RuntimeError('rate.acquire refused')
+    cases['leased rate.acquire granted'] = rate
+    r.call('HSET', 'cost.rrt', 'rate', 1000000, 'interval', 1000,
+           'type', 0, 'keepAliveTime', 0)
+    rkeys = ['cost.rrt', '{cost.rrt}:value', '{cost.rrt}:value:c0ffee',
+             '{cost.rrt}:permits', '{cost.rrt}:permits:c0ffee']
+
+    def rrate(i):
+        if r.call('EVALSHA', sha['rate_acquire'], len(rkeys), *rkeys, 1,
+                  int(time.time() * 1000), os.urandom(8)) is not None:
+            raise RuntimeError('RRateLimiter refused')
+    cases['redisson RRateLimiter'] = rrate
+
+    # Bulk writes of MSET_ENTRIES values of 100 B: one cache.mset, as many
+    # cache.set pipelined, and as many SET PX pipelined straight to Redis.
+    ments = [{'key': 'cost.m%d' % k, 'value': VALUE, 'ttl_ms': TTL_MS}
+             for k in range(MSET_ENTRIES)]
+
+    def mset(i):
+        if ld.call(op='cache.mset', entries=ments)['stored'] != MSET_ENTRIES:
+            raise RuntimeError('cache.mset did not store every entry')
+    cases['leased cache.mset %d' % MSET_ENTRIES] = mset
+    cases['leased cache.set x%d pipelined' % MSET_ENTRIES] = lambda i: (
+        ld.pipeline([dict(op='cache.set', **e) for e in ments]))
+    cases['SET PX x%d pipelined' % MSET_ENTRIES] = lambda i: r.pipeline(
+        [('SET', 'plain:' + e['key'], VALUE, 'PX', TTL_MS) for e in ments])
 
     keys = ['cost.h%d' % k for k in range(MGET_KEYS)]
     for k in keys:
@@ -207,8 +270,9 @@ def renewal_redisson(a, cg):
     holder = 'c0ffee00-0000-4000-8000-000000000001:1'
     for k in range(n):
         r.call('HSET', 'cost.rw%d' % k, holder, 1)
-    ir = cg.window(lambda i: r.call('EVALSHA', sha, 1, 'cost.rw%d' % (i % n),
-                                    30000, holder), n)
+    ir, _ = cg.window(lambda i: r.call('EVALSHA', sha, 1,
+                                       'cost.rw%d' % (i % n), 30000, holder),
+                      n)
     return ir, n
 
 
@@ -221,16 +285,24 @@ def main():
     p.add_argument('--srcdir', default='.')
     p.add_argument('--ops', type=int, default=3000)
     p.add_argument('--renew-locks', type=int, default=1000)
+    p.add_argument('--cases', default='',
+                   help='only the cases whose name matches this regex')
     a = p.parse_args()
     cg = Callgrind(a.pid, a.cg_out)
+    # ops_s: the pace under callgrind. Redisson's rate limiter logs every
+    # grant for its interval, so what a try costs it depends on it.
     for name, fn in pairs(a).items():
+        if not re.search(a.cases, name):
+            continue
         for i in range(min(300, a.ops)):
             fn(i)
-        ir = cg.window(fn, a.ops)
-        print('mode=cost case="%s" ops=%d ir=%d ir_per_op=%.0f'
-              % (name, a.ops, ir, ir / a.ops), flush=True)
+        ir, secs = cg.window(fn, a.ops)
+        print('mode=cost case="%s" ops=%d ir=%d ir_per_op=%.0f ops_s=%.0f'
+              % (name, a.ops, ir, ir / a.ops, a.ops / secs), flush=True)
     for name, fn in (('leased watchdog renewal', renewal_leased),
                      ('redisson renewal', renewal_redisson)):
+        if not re.search(a.cases, name):
+            continue
         ir, n = fn(a, cg)
         print('mode=cost case="%s" ops=%d ir=%d ir_per_op=%.0f'
               % (name, n, ir, ir / n), flush=True)

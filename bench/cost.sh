@@ -1,13 +1,16 @@
 #!/bin/sh
 # Instructions redis-server executes per op pair (callgrind: does not
 # depend on machine noise), through leased and for what an app would send
-# without it: Redisson's RLock, RReadWriteLock and RSemaphore scripts and
-# its watchdog renewal by EVALSHA (bench/redisson/), plain GET and MGET.
+# without it: Redisson's RLock, RReadWriteLock, RSemaphore and
+# RRateLimiter scripts and its watchdog renewal by EVALSHA
+# (bench/redisson/), plain GET and MGET, and a pipelined batch of SET PX
+# against cache.mset.
 # One redis-server under callgrind, leased native (lock.watchdog_ms 6000:
 # a pass of renewals every two seconds); the cases in bench/cost.py.
 # Writes key=value lines to --raw FILE (default stdout). Runs alone too:
 #   sh bench/cost.sh --builddir BUILD --srcdir SRC --redis-server PATH [--quick]
 #   sh bench/cost.sh --table RAW   prints the markdown table of RAW.
+# COST_CASES=REGEX runs only the cases whose name matches it.
 set -eu
 
 if [ "${1:-}" = --table ]; then
@@ -41,6 +44,14 @@ if [ "${1:-}" = --table ]; then
             "GET 100 B", "GET")
         row("cache.mget, 10 hits of 100 B", "leased cache.mget 10 hits",
             "MGET 10", "MGET of 10 keys")
+        row("rate.acquire, granted", "leased rate.acquire granted",
+            "redisson RRateLimiter", "Redisson RRateLimiter tryAcquire")
+        row("cache.mset of 10 entries of 100 B",
+            "leased cache.mset 10", "SET PX x10 pipelined",
+            "10 SET PX pipelined")
+        row("10 cache.set of 100 B, pipelined",
+            "leased cache.set x10 pipelined", "SET PX x10 pipelined",
+            "10 SET PX pipelined")
     }' "$2"
     exit 0
 fi
@@ -74,4 +85,5 @@ done
 leased_watchdog_ms=6000
 start_leased 2
 python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
-    --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" >>"$raw"
+    --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" \
+    --cases "${COST_CASES:-}" >>"$raw"

@@ -76,14 +76,18 @@ enum mode {
     M_RWWRITE, /* the same, write side */
     M_MISS,    /* cache.get of a new key (a miss and its lease) + cache.fill */
     M_ZIPF,    /* bench_zipf.c */
+    M_RATE,    /* a granted rate.acquire (direct: its script by EVALSHA) */
+    M_MSET,    /* one cache.mset of --entries entries (direct: that many
+                * SET PX, pipelined) */
+    M_SETPIPE, /* --entries cache.set, pipelined (direct: as for mset) */
     M_WAITERS, /* internal: the queued waiters of --mode isolation */
     M_INVAL    /* internal: the invalidating sessions of --mode storm */
 };
 static const char *const mode_names[] = {
-    "lock",    "lock-contended", "get",          "mix",   "ping",
-    "hold",    "isolation",      "renewal",      "storm", "stampede",
-    "sem",     "rwlock-read",    "rwlock-write", "miss",  "zipf",
-    "waiters", "inval"};
+    "lock", "lock-contended", "get",           "mix",     "ping",
+    "hold", "isolation",      "renewal",       "storm",   "stampede",
+    "sem",  "rwlock-read",    "rwlock-write",  "miss",    "zipf",
+    "rate", "mset",           "set-pipelined", "waiters", "inval"};
 
 enum target { T_LEASED, T_DIRECT };
 static const char *const target_names[] = {"leased", "direct"};
@@ -99,7 +103,9 @@ enum step {
     S_HELD,        /* hold/waiters: holding, nothing in flight */
     S_INVAL,       /* storm: an invalidation in flight */
     S_MISS,        /* miss: the cache.get of a new key in flight */
-    S_FILL         /* miss: its cache.fill in flight */
+    S_FILL,        /* miss: its cache.fill in flight */
+    S_RATE,        /* rate: the decision in flight */
+    S_BULK         /* mset, set-pipelined: replies outstanding in left */
 };
 
 struct run;
@@ -129,6 +135,11 @@ struct client {
     size_t lock_len, unlock_len, get_len, sub_len;
     char *base_key;      /* miss: the prefix of its new keys */
     unsigned long n_key; /* miss: keys used so far */
+    /* direct mset and set-pipelined: the SET PX commands sent at once */
+    char **bulk_cmd;
+    size_t *bulk_len;
+    int left;     /* replies still to come for the op in flight */
+    bool bulk_ok; /* no reply of the op in flight was wrong */
 };
 
 struct cpu {
@@ -179,6 +190,7 @@ static struct {
     int repeat;
     long long ops_limit;
     long long wait_ms;
+    int entries; /* mset, set-pipelined: entries per op */
     bool json;
     pid_t leased_pid;
     pid_t redis_pids[16]; /* their CPU is summed (a cluster's masters) */
@@ -220,7 +232,7 @@ static struct {
 
 static struct event_base *base;
 static char acq_sha[41], rel_sha[41], sem_acq_sha[41], sem_rel_sha[41];
-static char rw_acq_sha[41], rw_rel_sha[41];
+static char rw_acq_sha[41], rw_rel_sha[41], rate_sha[41];
 static int run_counter;
 static char *value_buf; /* SIZE bytes of 'x', NUL-terminated */
 
@@ -569,9 +581,10 @@ load_scripts(void)
 {
     const char *const texts[] = {ld_lua_lock_acquire, ld_lua_lock_release,
                                  ld_lua_sem_acquire,  ld_lua_sem_release,
-                                 ld_lua_rw_acquire,   ld_lua_rw_release};
-    char *shas[] = {acq_sha,     rel_sha,    sem_acq_sha,
-                    sem_rel_sha, rw_acq_sha, rw_rel_sha};
+                                 ld_lua_rw_acquire,   ld_lua_rw_release,
+                                 ld_lua_rate_acquire};
+    char *shas[] = {acq_sha,    rel_sha,    sem_acq_sha, sem_rel_sha,
+                    rw_acq_sha, rw_rel_sha, rate_sha};
     if (o.cluster) {
         cluster_map();
     }
@@ -816,6 +829,21 @@ sem_release(struct client *c, struct evbuffer *in, size_t len)
     leased_send(c, req, (size_t)n, S_REL);
 }
 
+/* One reply of a bulk op has come: the op is done with the last one
+ * (measured only when every reply was right). */
+static void
+bulk_reply_done(struct client *c)
+{
+    if (--c->left > 0) {
+        return;
+    }
+    if (c->bulk_ok) {
+        op_done(c);
+    } else {
+        next_op(c);
+    }
+}
+
 static void
 leased_reply(struct client *c, struct evbuffer *in, size_t len)
 {
@@ -901,6 +929,29 @@ leased_reply(struct client *c, struct evbuffer *in, size_t len)
             leased_error(c, in, len);
             next_op(c);
         }
+        break;
+    case S_RATE:
+        if (line_has(in, len, "\"acquired\":true")) {
+            op_done(c);
+        } else if (line_has(in, len, "\"acquired\":false")) {
+            /* Not what is measured (the limit is far above the load):
+             * counted apart, as a lock-contended wait that ran out. */
+            r->timeouts++;
+            next_op(c);
+        } else {
+            leased_error(c, in, len);
+            next_op(c);
+        }
+        break;
+    case S_BULK:
+        /* mset: one reply that stored every entry; set-pipelined: one
+         * ok per request. */
+        if (r->mode == M_MSET ? !line_has(in, len, c->unlock_req)
+                              : !line_has(in, len, "\"ok\":true")) {
+            leased_error(c, in, len);
+            c->bulk_ok = false;
+        }
+        bulk_reply_done(c);
         break;
     default:
         leased_error(c, in, len);
@@ -1130,6 +1181,59 @@ direct_ping_cb(redisAsyncContext *ac, void *reply, void *priv)
     }
 }
 
+static void
+direct_rate_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing) {
+        return;
+    }
+    long long v = elem_int(rep, 0);
+    if (v == 1) {
+        op_done(c);
+    } else if (v == 0) {
+        c->run->timeouts++;
+        next_op(c);
+    } else {
+        direct_reply_error(c, rep);
+        next_op(c);
+    }
+}
+
+static void
+direct_bulk_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing) {
+        return;
+    }
+    if (rep->type != REDIS_REPLY_STATUS || strcmp(rep->str, "OK") != 0) {
+        direct_reply_error(c, rep);
+        c->bulk_ok = false;
+    }
+    bulk_reply_done(c);
+}
+
+/* The op's SET PX commands go out together, in one write: what a client
+ * that pipelines a batch does. */
+static void
+direct_bulk(struct client *c)
+{
+    c->step = S_BULK;
+    c->left = o.entries;
+    c->bulk_ok = true;
+    for (int i = 0; i < o.entries; i++) {
+        if (redisAsyncFormattedCommand(c->ac, direct_bulk_cb, c,
+                                       c->bulk_cmd[i],
+                                       c->bulk_len[i]) != REDIS_OK) {
+            die("redis command failed: %s", c->ac->errstr);
+        }
+    }
+    redisAsyncHandleWrite(c->ac);
+}
+
 /* --------------------------------------------------------- operations */
 
 static bool
@@ -1173,6 +1277,26 @@ next_op(struct client *c)
         miss_next(c);
         return;
     }
+    if (r->mode == M_RATE) {
+        if (r->target == T_LEASED) {
+            leased_send(c, c->get_req, c->get_len, S_RATE);
+        } else {
+            direct_send(c, direct_rate_cb, c->get_req, c->get_len, S_RATE);
+        }
+        return;
+    }
+    if (r->mode == M_MSET || r->mode == M_SETPIPE) {
+        if (r->target == T_LEASED) {
+            /* mset: one reply; set-pipelined: one per request, all the
+             * requests in one write. */
+            c->left = r->mode == M_MSET ? 1 : o.entries;
+            c->bulk_ok = true;
+            leased_send(c, c->get_req, c->get_len, S_BULK);
+        } else {
+            direct_bulk(c);
+        }
+        return;
+    }
     bool lock = op_is_lock(c);
     if (r->target == T_LEASED) {
         if (lock) {
@@ -1206,6 +1330,44 @@ resp(size_t *len, int argc, const char **argv)
     }
     *len = (size_t)n;
     return cmd;
+}
+
+/* mset: one cache.mset line of --entries entries (get_req) and the
+ * reply's count that says all were stored (unlock_req);
+ * set-pipelined: as many cache.set lines, one after the other. */
+static void
+build_leased_bulk(struct run *r, struct client *c, const char *base_key)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL) {
+        die("out of memory");
+    }
+    if (r->mode == M_MSET) {
+        evbuffer_add_printf(b, "{\"op\":\"cache.mset\",\"entries\":[");
+    }
+    for (int i = 0; i < o.entries; i++) {
+        if (r->mode == M_MSET) {
+            evbuffer_add_printf(b,
+                                "%s{\"key\":\"%s.e%d\",\"value\":\"%s\","
+                                "\"ttl_ms\":%d}",
+                                i > 0 ? "," : "", base_key, i, value_buf,
+                                CACHE_TTL_MS);
+        } else {
+            evbuffer_add_printf(b,
+                                "{\"op\":\"cache.set\",\"key\":\"%s.e%d\","
+                                "\"value\":\"%s\",\"ttl_ms\":%d}\n",
+                                base_key, i, value_buf, CACHE_TTL_MS);
+        }
+    }
+    if (r->mode == M_MSET) {
+        evbuffer_add_printf(b, "]}\n");
+    }
+    c->get_len = evbuffer_get_length(b);
+    c->get_req = xmalloc(c->get_len + 1);
+    evbuffer_remove(b, c->get_req, c->get_len);
+    c->get_req[c->get_len] = '\0';
+    evbuffer_free(b);
+    c->unlock_req = xasprintf(&c->unlock_len, "\"stored\":%d,", o.entries);
 }
 
 static void
@@ -1245,6 +1407,19 @@ build_leased(struct run *r, struct client *c, const char *base_key)
         c->unlock_req = xasprintf(&c->unlock_len,
                                   "{\"op\":\"unlock\",\"key\":\"%s.l\"}\n",
                                   base_key);
+    }
+    if (r->mode == M_RATE) {
+        /* A limit far above any load: every decision grants, and the
+         * script does the same work whatever the numbers. */
+        c->get_req = xasprintf(&c->get_len,
+                               "{\"op\":\"rate.acquire\",\"key\":"
+                               "\"%s.r\",\"rate\":1000000,\"per_ms\":1}\n",
+                               base_key);
+        return;
+    }
+    if (r->mode == M_MSET || r->mode == M_SETPIPE) {
+        build_leased_bulk(r, c, base_key);
+        return;
     }
     if (r->mode == M_PING) {
         c->get_req = xasprintf(&c->get_len, "{\"op\":\"ping\"}\n");
@@ -1318,7 +1493,26 @@ build_direct(struct run *r, struct client *c, const char *base_key,
     }
     const char *sub[] = {"SUBSCRIBE", chan};
     c->sub_req = resp(&c->sub_len, 2, sub);
-    if (r->mode == M_PING) {
+    if (r->mode == M_MSET || r->mode == M_SETPIPE) {
+        /* What an app sends without leased: SET key value PX ttl. */
+        char ttl[24];
+        snprintf(ttl, sizeof(ttl), "%d", CACHE_TTL_MS);
+        c->bulk_cmd = xmalloc(sizeof(char *) * (size_t)o.entries);
+        c->bulk_len = xmalloc(sizeof(size_t) * (size_t)o.entries);
+        for (int i = 0; i < o.entries; i++) {
+            char bkey[180];
+            snprintf(bkey, sizeof(bkey), "benchd:get:%s.e%d", get_base, i);
+            const char *set[] = {"SET", bkey, value_buf, "PX", ttl};
+            c->bulk_cmd[i] = resp(&c->bulk_len[i], 5, set);
+        }
+    }
+    if (r->mode == M_RATE) {
+        char rkey[180];
+        snprintf(rkey, sizeof(rkey), "benchd:lock:{%s.r}:rate", get_base);
+        const char *rate[] = {"EVALSHA", rate_sha, "1",       rkey,
+                              "1000000", "1",      "1000000", "1"};
+        c->get_req = resp(&c->get_len, 8, rate);
+    } else if (r->mode == M_PING) {
         const char *ping[] = {"PING"};
         c->get_req = resp(&c->get_len, 1, ping);
     } else {
@@ -1497,6 +1691,11 @@ clients_close(struct run *r)
             redisFreeCommand(c->unlock_req);
             redisFreeCommand(c->get_req);
             redisFreeCommand(c->sub_req);
+            for (int k = 0; c->bulk_cmd != NULL && k < o.entries; k++) {
+                redisFreeCommand(c->bulk_cmd[k]);
+            }
+            free(c->bulk_cmd);
+            free(c->bulk_len);
         } else {
             free(c->lock_req);
             free(c->unlock_req);
@@ -2263,7 +2462,9 @@ usage(FILE *f)
         "hold |\n"
         "                       isolation | renewal | storm | stampede | "
         "sem |\n"
-        "                       rwlock-read | rwlock-write | zipf |\n"
+        "                       rwlock-read | rwlock-write | zipf | rate "
+        "|\n"
+        "                       mset | set-pipelined |\n"
         "                       miss (leased only: cache.get of a new key, "
         "then\n"
         "                       cache.fill of its lease)\n"
@@ -2292,6 +2493,10 @@ usage(FILE *f)
         "      --ops N          stop after N measured ops instead of a "
         "duration\n"
         "      --wait-ms MS     lock-contended: wait_ms (default 10000)\n"
+        "      --entries N      mset, set-pipelined: entries per op (one\n"
+        "                       cache.mset, N cache.set or N SET PX "
+        "pipelined;\n"
+        "                       default 10)\n"
         "      --mix-lock-pct P mix: percent of lock+unlock ops (default 10)\n"
         "      --pid PID        leased's pid (CPU and memory figures)\n"
         "      --redis-pid PID[,PID...]\n"
@@ -2361,7 +2566,8 @@ parse_args(int argc, char **argv)
         O_WRITE_EVERY,
         O_WRITER,
         O_PREFIX,
-        O_VIA
+        O_VIA,
+        O_ENTRIES
     };
     static const struct option lo[] = {
         {"mode", required_argument, NULL, 'm'},
@@ -2375,6 +2581,7 @@ parse_args(int argc, char **argv)
         {"repeat", required_argument, NULL, 'n'},
         {"ops", required_argument, NULL, O_OPS},
         {"wait-ms", required_argument, NULL, O_WAIT},
+        {"entries", required_argument, NULL, O_ENTRIES},
         {"pid", required_argument, NULL, O_PID},
         {"redis-pid", required_argument, NULL, O_RPID},
         {"locks", required_argument, NULL, O_LOCKS},
@@ -2406,6 +2613,7 @@ parse_args(int argc, char **argv)
     o.warmup_s = 0.5;
     o.repeat = 1;
     o.wait_ms = 10000;
+    o.entries = 10;
     o.locks = 1;
     o.hold_s = 30;
     o.waiters = 1000;
@@ -2540,6 +2748,9 @@ parse_args(int argc, char **argv)
         case O_PREFIX:
             o.zipf.prefix = optarg;
             break;
+        case O_ENTRIES:
+            o.entries = atoi(optarg);
+            break;
         case 'h':
             usage(stdout);
             exit(0);
@@ -2553,8 +2764,8 @@ parse_args(int argc, char **argv)
         exit(2);
     }
     if (o.conns < 1 || o.repeat < 1 || o.repeat > 100 || o.locks < 1 ||
-        o.waiters < 1 || o.holders < 1 || o.duration_s <= 0 ||
-        o.size > (64u << 20)) {
+        o.waiters < 1 || o.holders < 1 || o.duration_s <= 0 || o.entries < 1 ||
+        o.entries > 1000 || o.size > (64u << 20)) {
         die("bad numeric option (see --help)");
     }
     /* The modes whose direct keys are per connection (a shared key would

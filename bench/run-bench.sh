@@ -23,6 +23,8 @@
 #      direct client (--no-cluster leaves it out);
 #   6. resources.sh: memory, renewal CPU, instructions per op;
 #   7. cost.sh: Redis instructions per op pair against Redisson's scripts;
+#   8. rate-mset.sh: rate.acquire against its script by EVALSHA, and
+#      cache.mset against pipelined cache.set and pipelined SET PX;
 # and writes bench/results.md. Text below the marker line of an existing
 # results.md (the hand-written analysis) is kept.
 set -eu
@@ -197,6 +199,13 @@ sh "$here/cost.sh" --builddir "$builddir" --srcdir "$srcdir" \
     say "cost.sh failed"
 [ ! -s "$tmp/cost.txt" ] ||
     sed 's/^/section=cost /' "$tmp/cost.txt" >>"$rawfile"
+
+# rate.acquire and cache.mset against the same work sent straight to Redis.
+sh "$here/rate-mset.sh" --builddir "$builddir" \
+    --redis-server "$redis_server" --connections "$best" \
+    --raw "$tmp/ratemset.txt" $qflag || say "rate-mset.sh failed"
+[ ! -s "$tmp/ratemset.txt" ] ||
+    sed 's/^/section=rate-mset /' "$tmp/ratemset.txt" >>"$rawfile"
 
 t_end=$(date +%s)
 load_after=$(uptime | sed 's/.*load average: *//')
@@ -661,7 +670,7 @@ END {
     print "## Reproduce"
     print ""
     print "    mkdir build && cd build && ../configure && make"
-    print "    make bench            # about 14 minutes; rewrites bench/results.md"
+    print "    make bench            # about 18 minutes; rewrites bench/results.md"
     print "    make bench BENCH_FLAGS=--quick    # a 1-minute smoke run"
     print "    make bench-quick      # the target rows and their controls, 3.5 minutes;"
     print "                          # the proxy control needs nutcracker installed"
@@ -686,6 +695,18 @@ if [ -s "$tmp/cost.txt" ]; then
     echo "the Redisson side runs bench/redisson/*.lua by EVALSHA."
     echo
     sh "$here/cost.sh" --table "$tmp/cost.txt"
+    echo
+fi
+if [ -s "$tmp/ratemset.txt" ]; then
+    echo "## rate.acquire and cache.mset"
+    echo
+    echo "bench/rate-mset.sh, one leased and one Redis: a granted"
+    echo "rate.acquire (limit far above the load) against its script by"
+    echo "EVALSHA; an op of the mset table is a whole batch: one cache.mset,"
+    echo "N cache.set pipelined, or N SET PX pipelined straight to Redis."
+    echo "Medians of $rep runs of ${dur} s each."
+    echo
+    sh "$here/rate-mset.sh" --table "$tmp/ratemset.txt"
     echo
 fi
 echo "$marker"

@@ -2109,6 +2109,7 @@ parse_get(json_t *obj, struct leased_cache_result *out,
         return missing(err, "cache.get", "hit");
     }
     if (out->hit) {
+        out->version = int_or(obj, "version", 0);
         v = json_object_get(obj, "value");
         if (json_is_null(v)) {
             out->is_null = true;
@@ -2287,6 +2288,93 @@ leased_cache_set(struct leased_conn *c, const char *key, const char *value,
     rc = call_new(c, req, 0, &reply, err);
     json_decref(reply);
     return rc;
+}
+
+/* A write of cache.set or cache.fill (REQ, stolen) over IF_VERSION, and
+ * what it answered. */
+static int
+versioned_write(struct leased_conn *c, const char *op, json_t *req,
+                long long if_version, bool *stored, long long *version,
+                struct leased_error *err)
+{
+    json_t *reply;
+    int rc;
+
+    if (stored != NULL) {
+        *stored = false;
+    }
+    if (version != NULL) {
+        *version = 0;
+    }
+    if (req != NULL && if_version != LEASED_UNSET &&
+        json_object_set_new(req, "if_version", json_integer(if_version)) < 0) {
+        json_decref(req);
+        req = NULL;
+    }
+    rc = call_new(c, req, 0, &reply, err);
+    if (rc == LEASED_OK) {
+        bool s;
+
+        if (!bool_field(reply, "stored", &s)) {
+            rc = missing(err, op, "stored");
+        } else {
+            if (stored != NULL) {
+                *stored = s;
+            }
+            if (version != NULL) {
+                *version = int_or(reply, "version", 0);
+            }
+        }
+    }
+    json_decref(reply);
+    return rc;
+}
+
+/* REQ of OP for KEY with VALUE and TTL_MS, or NULL. */
+static json_t *
+value_req(const char *op, const char *key, const char *value, size_t value_len,
+          long long ttl_ms)
+{
+    json_t *req = key_req(op, key);
+    json_t *v = value_json(value, value_len);
+
+    if (req == NULL || v == NULL) {
+        json_decref(req);
+        json_decref(v);
+        return NULL;
+    }
+    json_object_set_new(req, "value", v);
+    if (ttl_ms != 0) {
+        json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
+    }
+    return req;
+}
+
+int
+leased_cache_set_if(struct leased_conn *c, const char *key, const char *value,
+                    size_t value_len, long long ttl_ms, long long if_version,
+                    bool *stored, long long *version, struct leased_error *err)
+{
+    return versioned_write(c, "cache.set",
+                           value_req("cache.set", key, value, value_len,
+                                     ttl_ms),
+                           if_version, stored, version, err);
+}
+
+int
+leased_cache_fill_if(struct leased_conn *c, const char *key, const char *lease,
+                     const char *value, size_t value_len, long long ttl_ms,
+                     long long if_version, bool *stored, long long *version,
+                     struct leased_error *err)
+{
+    json_t *req = value_req("cache.fill", key, value, value_len, ttl_ms);
+
+    if (req != NULL && (lease == NULL || add_str(req, "lease", lease) < 0)) {
+        json_decref(req);
+        req = NULL;
+    }
+    return versioned_write(c, "cache.fill", req, if_version, stored, version,
+                           err);
 }
 
 /* A JSON array of NKEYS strings, or NULL. */

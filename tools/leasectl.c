@@ -11,7 +11,7 @@
  * This file owns main and the command table, the connection (one per
  * run, closed by main) and the calls through it, and the commands that
  * are one request and one answer: ping, wait, stats, get, set,
- * invalidate, hot, info, locks and unlock. It reads no option itself
+ * invalidate, hot, info, locks, unlock and rate. It reads no option itself
  * (leasectl_args.c does), starts no process (leasectl_run.c) and never
  * touches the terminal's mode (leasectl_top.c). */
 
@@ -905,6 +905,114 @@ cmd_unlock(struct ctl *ctl, int argc, char **argv)
     return released ? 0 : 1;
 }
 
+/* --- rate --------------------------------------------------------------- */
+
+/* One rate.acquire decision. Refused is leasectl's "not acquired" (75 or
+ * --conflict-exit), as for lock and sem: a script that runs a job only
+ * within the rate treats both alike. */
+static int
+cmd_rate(struct ctl *ctl, int argc, char **argv)
+{
+    const char *rate = NULL, *per = NULL, *burst = NULL, *permits = NULL;
+    const char *wait = NULL, *conflict = NULL;
+    const struct optdef defs[] = {
+        {"rate", 0, true, &rate},   {"per", 0, true, &per},
+        {"burst", 0, true, &burst}, {"permits", 'n', true, &permits},
+        {"wait", 'w', true, &wait}, {"conflict-exit", 'E', true, &conflict},
+        {NULL, 0, false, NULL},
+    };
+    struct leased_rate_args args = {0};
+    struct leased_rate_result res;
+    struct leased_error err;
+    long long rate_n = 0, per_ms = 0, unused;
+    char *pos[1];
+    int npos, rc;
+
+    rc = ctl_parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
+                        NULL);
+    if (rc != 0) {
+        return rc;
+    }
+    if (npos != 1) {
+        return ctl_usage_error(ctl->cmd,
+                               "wants KEY --rate N --per T [--burst B] "
+                               "[--permits P] [--wait T]%s",
+                               "");
+    }
+    /* The bounds are the daemon's (leased-protocol(7)): a value past them
+     * is a usage error here, before any connection. */
+    if (rate == NULL || !ctl_parse_num(rate, 1, 1000000, &rate_n)) {
+        return ctl_usage_error(ctl->cmd, "wants --rate N (1..1000000)%s", "");
+    }
+    if (per == NULL) {
+        return ctl_usage_error(ctl->cmd, "wants --per T (up to 1 day)%s", "");
+    }
+    rc = ctl_opt_ms(ctl, "per", per, 1, &per_ms);
+    if (rc == 0 && per_ms > 86400000) {
+        rc = ctl_usage_error(ctl->cmd, "bad --per '%s' (up to 1 day)", per);
+    }
+    if (rc == 0 && burst != NULL &&
+        !ctl_parse_num(burst, 1, 1000000, &args.burst)) {
+        rc = ctl_usage_error(ctl->cmd, "bad --burst '%s' (1..1000000)", burst);
+    }
+    if (rc == 0 && permits != NULL &&
+        !ctl_parse_num(permits, 1, 1000000, &args.permits)) {
+        rc = ctl_usage_error(ctl->cmd, "bad --permits '%s' (1..1000000)",
+                             permits);
+    }
+    if (rc == 0) {
+        rc = ctl_opt_ms(ctl, "wait", wait, 0, &args.wait_ms);
+    }
+    if (rc == 0) {
+        rc = ctl_opt_exits(ctl, NULL, conflict, &unused);
+    }
+    if (rc == 0) {
+        rc = ctl_open_conn(ctl);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    if (!ctl_want_feature(ctl, "rate")) {
+        return ctl_no_feature(ctl, "the rate limiter (feature rate)");
+    }
+    if (ctl->json) {
+        json_t *req = json_pack("{s:s,s:s,s:I,s:I}", "op", "rate.acquire",
+                                "key", pos[0], "rate", (json_int_t)rate_n,
+                                "per_ms", (json_int_t)per_ms);
+        json_t *rep = NULL;
+        bool acquired;
+
+        if (args.burst != 0) {
+            json_object_set_new(req, "burst", json_integer(args.burst));
+        }
+        if (args.permits != 0) {
+            json_object_set_new(req, "permits", json_integer(args.permits));
+        }
+        if (args.wait_ms != 0) {
+            json_object_set_new(req, "wait_ms", json_integer(args.wait_ms));
+        }
+        rc = ctl_call(ctl, req, args.wait_ms, &rep, &err);
+        acquired = json_is_true(json_object_get(rep, "acquired"));
+        json_decref(rep);
+        if (rc != LEASED_OK) {
+            return ctl_fail(ctl, &err);
+        }
+        return acquired ? 0 : ctl->conflict_exit;
+    }
+    if (leased_rate_acquire(ctl->conn, pos[0], rate_n, per_ms, &args, &res,
+                            &err) != LEASED_OK) {
+        return ctl_fail(ctl, &err);
+    }
+    if (!ctl->quiet) {
+        printf("%s retry_after_ms=%lld\n",
+               res.acquired ? "acquired" : "refused", res.retry_after_ms);
+    }
+    if (fflush(stdout) != 0) {
+        return EX_IOERR;
+    }
+    return res.acquired ? 0 : ctl->conflict_exit;
+}
+
 /* Is A a global option that takes the next word as its value? */
 static bool
 takes_value(const char *a)
@@ -933,6 +1041,7 @@ static const struct {
     {"locks", cmd_locks}, {"unlock", cmd_unlock},
     {"hot", cmd_hot},     {"top", cmd_top},
     {"wait", cmd_wait},   {"cache", cmd_cache},
+    {"rate", cmd_rate},
 };
 
 /* The environment variable NAME, or NULL when it is unset or empty. */

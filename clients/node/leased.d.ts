@@ -200,6 +200,30 @@ export interface WarmReply extends Reply {
   results: Array<{ ok: boolean; error?: { code: string; message: string } }>;
 }
 
+/** read()'s answer (versioned writes): the value with its version (0 on
+ *  a miss), and the fill lease of a miss read with {lease: true}. */
+export interface VersionedRead<T = unknown> {
+  hit: boolean;
+  value: T | null;
+  version: number;
+  lease: string | null;
+}
+
+/** write() and fill(): whether it stored, and the version it stored, or
+ *  when it did not the entry's current one (0: none). */
+export interface VersionedWrite {
+  stored: boolean;
+  version: number;
+}
+
+export interface WriteOptions {
+  ttl_ms?: number;
+  /** Store only when the entry's version is this one (0: only when there
+   *  is none). */
+  if_version?: number;
+  serializer?: Serializer;
+}
+
 export interface CachedOptions {
   ttl_ms?: number;
   /** How long to wait for another caller's fill (default the daemon's
@@ -283,6 +307,15 @@ export declare class Leased extends EventEmitter {
    *  serializer, null: "not found"); one result per entry. */
   warm(entries: WarmEntry[], opts?: { ttl_ms?: number;
     serializer?: Serializer }): Promise<WarmReply>;
+  /** cache.get with the version of the value (feature "versioned"). */
+  read<T = unknown>(key: string, opts?: { lease?: boolean; wait_ms?: number;
+    serializer?: Serializer }): Promise<VersionedRead<T>>;
+  /** cache.set, with if_version a compare-and-set. */
+  write(key: string, value: unknown, opts?: WriteOptions):
+    Promise<VersionedWrite>;
+  /** cache.fill under LEASE, with if_version as write() has it. */
+  fill(key: string, lease: string, value: unknown, opts?: WriteOptions):
+    Promise<VersionedWrite>;
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;
@@ -349,6 +382,15 @@ export declare class Pool extends EventEmitter {
    *  serializer, null: "not found"); one result per entry. */
   warm(entries: WarmEntry[], opts?: { ttl_ms?: number;
     serializer?: Serializer }): Promise<WarmReply>;
+  /** cache.get with the version of the value (feature "versioned"). */
+  read<T = unknown>(key: string, opts?: { lease?: boolean; wait_ms?: number;
+    serializer?: Serializer }): Promise<VersionedRead<T>>;
+  /** cache.set, with if_version a compare-and-set. */
+  write(key: string, value: unknown, opts?: WriteOptions):
+    Promise<VersionedWrite>;
+  /** cache.fill under LEASE, with if_version as write() has it. */
+  fill(key: string, lease: string, value: unknown, opts?: WriteOptions):
+    Promise<VersionedWrite>;
   semAcquire(key: string, limit: number, opts?: SemOptions): Promise<SemReply>;
   semRelease(key: string, token: string): Promise<Reply>;
   semInfo(key: string, limit: number): Promise<SemInfoReply>;

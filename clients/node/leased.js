@@ -853,6 +853,45 @@ class Leased extends EventEmitter {
     }
     return this.call('cache.mset', fields);
   }
+
+  // Versioned writes (hello's feature "versioned"). read(): a cache.get
+  // that resolves to {hit, value, version, lease}: the value through
+  // SERIALIZER, its version (0 on a miss), and with LEASE true the fill
+  // lease of a miss (it may then wait, as cached() does).
+  async read(key, { lease = false, wait_ms, serializer } = {}) {
+    if (badKey(key, false)) throw badKey(key, false);
+    const got = await this.call('cache.get',
+      lease ? { key, wait_ms } : { key, lease: false });
+    if (!got.hit) {
+      return { hit: false, value: null, version: 0,
+        lease: got.lease || null };
+    }
+    return { hit: true,
+      value: fromText(key, got.value, serializer || this.serializer),
+      version: got.version || 0, lease: null };
+  }
+
+  // cache.set of VALUE (null: "not found"); with IF_VERSION only when the
+  // entry's version is that one (0: only when there is none), a
+  // compare-and-set. Resolves to {stored, version}: the version stored,
+  // or with stored false the current one, to read again and retry.
+  async write(key, value, { ttl_ms, if_version, serializer } = {}) {
+    if (badKey(key, false)) throw badKey(key, false);
+    const text = toText(key, value, serializer || this.serializer);
+    const r = await this.call('cache.set', { key, value: text, ttl_ms,
+      if_version });
+    return { stored: r.stored === true, version: r.version || 0 };
+  }
+
+  // cache.fill under LEASE (from read(key, {lease: true})), with
+  // IF_VERSION as write() has it; resolves to {stored, version}.
+  async fill(key, lease, value, { ttl_ms, if_version, serializer } = {}) {
+    if (badKey(key, false)) throw badKey(key, false);
+    const text = toText(key, value, serializer || this.serializer);
+    const r = await this.call('cache.fill', { key, lease, value: text,
+      ttl_ms, if_version });
+    return { stored: r.stored === true, version: r.version || 0 };
+  }
 }
 
 function warmFields(entries, ttl_ms, ser) {
@@ -1055,6 +1094,18 @@ class Pool extends EventEmitter {
 
   warm(entries, opts) {
     return this._on(undefined, (c) => c.warm(entries, opts));
+  }
+
+  read(key, opts) {
+    return this._on(key, (c) => c.read(key, opts));
+  }
+
+  write(key, value, opts) {
+    return this._on(key, (c) => c.write(key, value, opts));
+  }
+
+  fill(key, lease, value, opts) {
+    return this._on(key, (c) => c.fill(key, lease, value, opts));
   }
 
   semAcquire(key, limit, opts) {

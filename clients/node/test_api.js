@@ -970,6 +970,48 @@ test('warm() stores entries as cached() reads them, each with its result',
     }
   });
 
+test('read() carries the version; write() and fill() take if_version',
+  async () => {
+    const ld = await Leased.connect(SOCK);
+    const pool = await Leased.connect(SOCK, { connections: 2 });
+    try {
+      for (const [i, c] of [ld, pool].entries()) {
+        const k = `${TAG}:ver${i}`;
+        assert.deepStrictEqual(await c.read(`${k}:a`),
+          { hit: false, value: null, version: 0, lease: null });
+        const w1 = await c.write(`${k}:a`, { n: 1 }, { if_version: 0 });
+        assert.strictEqual(w1.stored, true);
+        assert.ok(w1.version > 0);
+        const r1 = await c.read(`${k}:a`);
+        assert.deepStrictEqual(r1, { hit: true, value: { n: 1 },
+          version: w1.version, lease: null });
+        // Compare-and-set: the second writer over the same version loses.
+        const w2 = await c.write(`${k}:a`, { n: 2 },
+          { if_version: r1.version });
+        assert.strictEqual(w2.stored, true);
+        assert.ok(w2.version > w1.version);
+        assert.deepStrictEqual(await c.write(`${k}:a`, { n: 9 },
+          { if_version: r1.version }), { stored: false, version: w2.version });
+        assert.deepStrictEqual((await c.read(`${k}:a`)).value, { n: 2 });
+        // A fill under the lease of a miss, over version 0.
+        const miss = await c.read(`${k}:f`, { lease: true });
+        assert.ok(miss.lease);
+        assert.deepStrictEqual(await c.fill(`${k}:f`, miss.lease, 'x',
+          { if_version: 3 }), { stored: false, version: 0 });
+        const f = await c.fill(`${k}:f`, miss.lease, null, { if_version: 0 });
+        assert.strictEqual(f.stored, true);
+        const got = await c.read(`${k}:f`);
+        assert.deepStrictEqual([got.hit, got.value, got.version],
+          [true, null, f.version]);
+      }
+      await assert.rejects(ld.write(`${TAG}:ver`, 'x', { if_version: -1 }),
+        (e) => e instanceof LeasedError && e.code === 'bad_request');
+    } finally {
+      ld.close();
+      pool.close();
+    }
+  });
+
 test('a key is a string, keys a string or an array of strings', async () => {
   const ld = await Leased.connect(SOCK);
   const pool = await Leased.connect(SOCK, { connections: 2 });

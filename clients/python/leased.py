@@ -38,6 +38,7 @@ block and ends with the connection.
 """
 
 import asyncio
+import collections
 import contextlib
 import functools
 import itertools
@@ -51,7 +52,8 @@ import time
 
 __all__ = ["Leased", "Pool", "AsyncLeased", "Held", "RWLock", "LeasedError",
            "LeasedConnectionError", "LeasedTimeout", "LeasedTypeError",
-           "LockNotAcquired", "NoPermit", "DEFAULT_SOCKET"]
+           "LockNotAcquired", "NoPermit", "Versioned", "Written",
+           "DEFAULT_SOCKET"]
 __version__ = "0.1.0"
 
 DEFAULT_SOCKET = "/run/leased/leased.sock"
@@ -461,6 +463,49 @@ def _fill_fields(key, lease, text, ttl_ms):
     if ttl_ms:
         fields["ttl_ms"] = ttl_ms
     return fields
+
+
+class Versioned(collections.namedtuple("Versioned",
+                                        "hit value version lease")):
+    """What read() found: HIT, the VALUE (through the serializer; None for
+    a miss or a cached "not found"), its VERSION (hello's feature
+    "versioned"; 0 on a miss) and, on a miss read with lease=True, the
+    fill LEASE (None otherwise)."""
+
+
+class Written(collections.namedtuple("Written", "stored version")):
+    """What write() and fill() did: STORED, and the VERSION the value got,
+    or, when it was not stored, the entry's current version (0: none)."""
+
+
+def _versioned(serializer, key, got):
+    if got["hit"]:
+        return Versioned(True, _value_of(serializer, key, got["value"]),
+                         got.get("version", 0), None)
+    return Versioned(False, None, 0, got.get("lease"))
+
+
+def _read_fields(key, lease, wait_ms):
+    fields = _get_fields(key, wait_ms)
+    if not lease:
+        fields["lease"] = False
+    return fields
+
+
+def _write_fields(serializer, key, value, ttl_ms, if_version, lease=None):
+    key = _one_key(key)
+    fields = {"key": key, "value": _value_text(serializer, key, value)}
+    if lease is not None:
+        fields["lease"] = lease
+    if ttl_ms:
+        fields["ttl_ms"] = ttl_ms
+    if if_version is not None:
+        fields["if_version"] = if_version
+    return fields
+
+
+def _written(reply):
+    return Written(bool(reply.get("stored")), reply.get("version", 0))
 
 
 def _warm_fields(serializer, entries, ttl_ms):
@@ -1143,6 +1188,34 @@ class Leased:
         return self.call("cache.mset",
                          **_warm_fields(self.serializer, entries, ttl_ms))
 
+    # --- versioned writes (hello's feature "versioned") -----------------
+
+    def read(self, key, lease=False, wait_ms=None):
+        """A cache.get that returns a Versioned: the value (through the
+        serializer) with its version, for a later write() or fill() with
+        if_version. LEASE true asks for the fill lease on a miss (and may
+        wait, as cached() does)."""
+        return _versioned(self.serializer, key,
+                          self.call("cache.get",
+                                    **_read_fields(key, lease, wait_ms)))
+
+    def write(self, key, value, ttl_ms=None, if_version=None):
+        """cache.set of VALUE (through the serializer; None: "not found").
+        With IF_VERSION, only when the entry's version is that one (0:
+        only when there is none): a compare-and-set. Returns a Written;
+        stored False carries the current version, to read and retry."""
+        return _written(self.call("cache.set",
+                                  **_write_fields(self.serializer, key, value,
+                                                  ttl_ms, if_version)))
+
+    def fill(self, key, lease, value, ttl_ms=None, if_version=None):
+        """cache.fill under LEASE (from read(key, lease=True)), with
+        IF_VERSION as write() has it. Returns a Written."""
+        return _written(self.call("cache.fill",
+                                  **_write_fields(self.serializer, key, value,
+                                                  ttl_ms, if_version,
+                                                  lease=lease)))
+
 
 def _key_line(op, rid, key, token):
     if token is None:
@@ -1400,6 +1473,18 @@ class Pool:
     def warm(self, entries, ttl_ms=None):
         with self.connection() as c:
             return c.warm(entries, ttl_ms)
+
+    def read(self, key, lease=False, wait_ms=None):
+        with self.connection() as c:
+            return c.read(key, lease, wait_ms)
+
+    def write(self, key, value, ttl_ms=None, if_version=None):
+        with self.connection() as c:
+            return c.write(key, value, ttl_ms, if_version)
+
+    def fill(self, key, lease, value, ttl_ms=None, if_version=None):
+        with self.connection() as c:
+            return c.fill(key, lease, value, ttl_ms, if_version)
 
     def update(self, keys, writer):
         keys = _keys(keys)
@@ -1852,6 +1937,24 @@ class AsyncLeased:
         return await self.call("cache.mset",
                                **_warm_fields(self.serializer, entries,
                                               ttl_ms))
+
+    async def read(self, key, lease=False, wait_ms=None):
+        """As Leased.read."""
+        got = await self.call("cache.get",
+                              **_read_fields(key, lease, wait_ms))
+        return _versioned(self.serializer, key, got)
+
+    async def write(self, key, value, ttl_ms=None, if_version=None):
+        """As Leased.write."""
+        return _written(await self.call(
+            "cache.set", **_write_fields(self.serializer, key, value, ttl_ms,
+                                         if_version)))
+
+    async def fill(self, key, lease, value, ttl_ms=None, if_version=None):
+        """As Leased.fill."""
+        return _written(await self.call(
+            "cache.fill", **_write_fields(self.serializer, key, value, ttl_ms,
+                                          if_version, lease=lease)))
 
     async def update(self, keys, writer):
         keys = _keys(keys)

@@ -173,6 +173,55 @@ class CacheAside(unittest.TestCase):
             self.assertEqual(pool.cached(k + "p", lambda: "loaded"), "q")
         self.assertEqual(self.ld.cached(k + "x", lambda: "loaded"), "y")
 
+    def test_versioned_writes(self):
+        k = PREFIX + "ver:"
+        miss = self.ld.read(k + "a")
+        self.assertEqual((miss.hit, miss.value, miss.version), (False, None, 0))
+        w1 = self.ld.write(k + "a", {"n": 1}, if_version=0)
+        self.assertTrue(w1.stored)
+        self.assertGreater(w1.version, 0)
+        got = self.ld.read(k + "a")
+        self.assertEqual((got.hit, got.value, got.version),
+                         (True, {"n": 1}, w1.version))
+        # A compare-and-set loop: the loser reads again and retries.
+        w2 = self.ld.write(k + "a", {"n": 2}, if_version=got.version)
+        self.assertTrue(w2.stored)
+        self.assertGreater(w2.version, w1.version)
+        late = self.ld.write(k + "a", {"n": 99}, if_version=got.version)
+        self.assertEqual(late, (False, w2.version))
+        self.assertEqual(self.ld.read(k + "a").value, {"n": 2})
+        # A fill under the lease of a miss, over version 0.
+        lease = self.ld.read(k + "f", lease=True).lease
+        self.assertIsNotNone(lease)
+        self.assertEqual(self.ld.fill(k + "f", lease, "x", if_version=7),
+                         (False, 0))
+        f = self.ld.fill(k + "f", lease, None, if_version=0)
+        self.assertTrue(f.stored)
+        got = self.ld.read(k + "f")
+        self.assertEqual((got.hit, got.value, got.version),
+                         (True, None, f.version))
+        with self.assertRaises(LeasedError) as e:
+            self.ld.write(k + "a", "x", if_version=-1)
+        self.assertEqual(e.exception.code, "bad_request")
+
+        async def main():
+            a = await AsyncLeased.connect(SOCKET, timeout=10)
+            try:
+                cur = await a.read(k + "a")
+                w = await a.write(k + "a", "async", if_version=cur.version)
+                return cur, w, await a.read(k + "a")
+            finally:
+                await a.close()
+
+        cur, w, after = asyncio.run(main())
+        self.assertEqual(cur.version, w2.version)
+        self.assertTrue(w.stored)
+        self.assertEqual((after.value, after.version), ("async", w.version))
+        with Pool(SOCKET, size=2) as pool:
+            p = pool.write(k + "a", "pool", if_version=w.version)
+            self.assertTrue(p.stored)
+            self.assertEqual(pool.read(k + "a").version, p.version)
+
     def test_a_string_is_one_key(self):
         key = PREFIX + "user:7"
         pool = Pool(SOCKET, size=2, timeout=10)

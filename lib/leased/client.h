@@ -435,6 +435,9 @@ struct leased_cache_result {
                                    contain NULs: see value_len); else NULL */
     size_t value_len;
     char *lease; /* miss: the fill lease, NULL when none */
+    /* hit: the version of the value or null (hello's feature
+     * "versioned"; 0 from a daemon without it, and on a miss) */
+    long long version;
 };
 
 void leased_cache_result_free(struct leased_cache_result *r);
@@ -462,6 +465,23 @@ int leased_cache_release(struct leased_conn *c, const char *key,
 int leased_cache_set(struct leased_conn *c, const char *key, const char *value,
                      size_t value_len, long long ttl_ms,
                      struct leased_error *err);
+
+/* Versioned writes (hello's feature "versioned"): leased_cache_set and
+ * leased_cache_fill, stored only when the entry's version is IF_VERSION
+ * (0: only when there is no value and no null; LEASED_UNSET: always, as
+ * those two do). *STORED (may be NULL) is false when the version had
+ * moved on (or, for a fill, the lease was no longer valid); *VERSION (may
+ * be NULL) is then the entry's current version, else the one the value
+ * got. */
+int leased_cache_set_if(struct leased_conn *c, const char *key,
+                        const char *value, size_t value_len, long long ttl_ms,
+                        long long if_version, bool *stored, long long *version,
+                        struct leased_error *err);
+int leased_cache_fill_if(struct leased_conn *c, const char *key,
+                         const char *lease, const char *value,
+                         size_t value_len, long long ttl_ms,
+                         long long if_version, bool *stored,
+                         long long *version, struct leased_error *err);
 
 struct leased_invalidate_result {
     long long deleted;

@@ -202,7 +202,8 @@ cache_entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
 
 bool
 cache_write_check(const redisReply *reply, const char *op, const char *key,
-                  size_t klen, struct cache_write_err *err)
+                  size_t klen, struct cache_write_err *err,
+                  struct cache_write_res *res)
 {
     int kl = klen > 200 ? 200 : (int)klen;
     err->extra = NULL;
@@ -226,7 +227,15 @@ cache_write_check(const redisReply *reply, const char *op, const char *key,
         snprintf(err->msg, sizeof(err->msg), "redis: %s", reply->str);
         return false;
     }
-    if (reply->type != REDIS_REPLY_INTEGER) {
+    res->version = -1;
+    if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
+        reply->element[0]->type == REDIS_REPLY_INTEGER &&
+        reply->element[1]->type == REDIS_REPLY_INTEGER) {
+        res->rc = reply->element[0]->integer;
+        res->version = reply->element[1]->integer;
+    } else if (reply->type == REDIS_REPLY_INTEGER) {
+        res->rc = reply->integer;
+    } else {
         const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
                                                            : "bad shape";
         log_error("cache script failed op=%s key=\"%.*s\" error=\"%s\"", op,
@@ -236,7 +245,7 @@ cache_write_check(const redisReply *reply, const char *op, const char *key,
                  why);
         return false;
     }
-    if (reply->integer == CACHE_WRITE_WRONG_TYPE) {
+    if (res->rc == CACHE_WRITE_WRONG_TYPE) {
         err->code = LD_E_WRONG_TYPE;
         snprintf(err->msg, sizeof(err->msg),
                  "the Redis key of entry '%.*s' holds data leased did not "
@@ -248,9 +257,10 @@ cache_write_check(const redisReply *reply, const char *op, const char *key,
 }
 
 /* Common checks of a write script's reply; returns true when the caller
- * should go on with REPLY->integer. */
+ * should go on with RES. */
 static bool
-write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
+write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op,
+               struct cache_write_res *res)
 {
     struct ld_rval k;
     ld_req_get(req, "key", &k);
@@ -270,7 +280,8 @@ write_reply_ok(struct ld_req *req, const redisReply *reply, const char *op)
         cache_key_touched(key, k.len);
     }
     struct cache_write_err err;
-    if (!cache_write_check(reply, op, key, key != NULL ? k.len : 0, &err)) {
+    if (!cache_write_check(reply, op, key, key != NULL ? k.len : 0, &err,
+                           res)) {
         ld_reply_error_extra(req, err.code, err.extra, "%s", err.msg);
         return false;
     }
@@ -281,37 +292,86 @@ static void
 fill_cb(redisReply *reply, void *arg)
 {
     struct ld_req *req = arg;
-    if (!write_reply_ok(req, reply, "cache.fill")) {
+    struct cache_write_res res;
+    if (!write_reply_ok(req, reply, "cache.fill", &res)) {
         return;
     }
-    bool stored = reply->integer == CACHE_WRITE_DONE;
+    bool stored = res.rc == CACHE_WRITE_DONE;
     if (stored) {
         ld_stats.cache_fills_stored++;
     } else {
         ld_stats.cache_fills_rejected++;
     }
-    ld_reply_ok(req, json_pack("{s:b}", "stored", stored));
+    ld_reply_ok(req, json_pack("{s:b,s:I}", "stored", stored, "version",
+                               (json_int_t)res.version));
 }
 
 static void
 release_cb(redisReply *reply, void *arg)
 {
     struct ld_req *req = arg;
-    if (!write_reply_ok(req, reply, "cache.release")) {
+    struct cache_write_res res;
+    if (!write_reply_ok(req, reply, "cache.release", &res)) {
         return;
     }
-    ld_reply_ok(req, json_pack("{s:b}", "released",
-                               reply->integer == CACHE_WRITE_DONE));
+    ld_reply_ok(req,
+                json_pack("{s:b}", "released", res.rc == CACHE_WRITE_DONE));
 }
 
 static void
 set_cb(redisReply *reply, void *arg)
 {
     struct ld_req *req = arg;
-    if (!write_reply_ok(req, reply, "cache.set")) {
+    struct cache_write_res res;
+    if (!write_reply_ok(req, reply, "cache.set", &res)) {
         return;
     }
-    ld_reply_ok(req, NULL);
+    ld_reply_ok(req,
+                json_pack("{s:b,s:I}", "stored", res.rc == CACHE_WRITE_DONE,
+                          "version", (json_int_t)res.version));
+}
+
+const char *
+cache_if_version(const json_t *j, long long *if_version)
+{
+    *if_version = -1;
+    if (j == NULL || json_is_null(j)) {
+        return NULL;
+    }
+    if (!json_is_integer(j) || json_integer_value(j) < 0 ||
+        json_integer_value(j) > CACHE_VERSION_MAX) {
+        return "field 'if_version' must be an integer between 0 and 2^53";
+    }
+    *if_version = json_integer_value(j);
+    return NULL;
+}
+
+/* The request's if_version into *IF_VERSION (-1: absent); LD_ERR when it
+ * answered bad_request. */
+static int
+req_if_version(struct ld_req *req, long long *if_version)
+{
+    bool present;
+    *if_version = -1;
+    if (ld_req_int(req, "if_version", false, 0, CACHE_VERSION_MAX, if_version,
+                   &present) != LD_OK) {
+        return LD_ERR;
+    }
+    if (!present) {
+        *if_version = -1;
+    }
+    return LD_OK;
+}
+
+/* The ARGV text of IF_VERSION: "" when absent. */
+static size_t
+if_version_text(char *buf, size_t size, long long if_version)
+{
+    if (if_version < 0) {
+        buf[0] = '\0';
+        return 0;
+    }
+    return (size_t)snprintf(buf, size, "%lld", if_version);
 }
 
 /* Run a write script on KEY's entry: ARGV[0] is replaced by the entry key
@@ -342,20 +402,23 @@ op_fill(struct ld_req *req)
     const char *key, *lease, *value;
     size_t len, lease_len, value_len;
     bool is_null, ttl_given;
-    long long ttl_ms = 0;
+    long long ttl_ms = 0, if_version;
 
     if (ld_req_key(req, "key", &key, &len) != LD_OK ||
         ld_req_str(req, "lease", true, &lease, &lease_len, NULL) != LD_OK ||
         req_value(req, &value, &value_len, &is_null) != LD_OK ||
-        ttl_param(req, &ttl_ms, &ttl_given) != LD_OK) {
+        ttl_param(req, &ttl_ms, &ttl_given) != LD_OK ||
+        req_if_version(req, &if_version) != LD_OK) {
         return;
     }
-    char ttl[24];
+    char ttl[24], ifv[24];
     snprintf(ttl, sizeof(ttl), "%lld",
              cache_entry_ttl(is_null, ttl_given, ttl_ms));
-    const char *argv[] = {NULL, lease, is_null ? "n" : "v", value, ttl, NULL};
-    size_t argvlen[] = {0, lease_len, 1, value_len, strlen(ttl), 0};
-    run_write(req, LD_SCRIPT_cache_fill, key, len, 6, argv, argvlen, fill_cb);
+    size_t ifv_len = if_version_text(ifv, sizeof(ifv), if_version);
+    const char *argv[] = {NULL, lease, is_null ? "n" : "v", value, ttl,
+                          NULL, ifv};
+    size_t argvlen[] = {0, lease_len, 1, value_len, strlen(ttl), 0, ifv_len};
+    run_write(req, LD_SCRIPT_cache_fill, key, len, 7, argv, argvlen, fill_cb);
 }
 
 static void
@@ -380,30 +443,33 @@ op_set(struct ld_req *req)
     const char *key, *value;
     size_t len, value_len;
     bool is_null, ttl_given;
-    long long ttl_ms = 0;
+    long long ttl_ms = 0, if_version;
 
     if (ld_req_key(req, "key", &key, &len) != LD_OK ||
         req_value(req, &value, &value_len, &is_null) != LD_OK ||
-        ttl_param(req, &ttl_ms, &ttl_given) != LD_OK) {
+        ttl_param(req, &ttl_ms, &ttl_given) != LD_OK ||
+        req_if_version(req, &if_version) != LD_OK) {
         return;
     }
     cache_send_set(key, len, value, value_len, is_null,
-                   cache_entry_ttl(is_null, ttl_given, ttl_ms), set_cb, req);
+                   cache_entry_ttl(is_null, ttl_given, ttl_ms), if_version,
+                   set_cb, req);
 }
 
 void
 cache_send_set(const char *key, size_t len, const char *value,
                size_t value_len, bool is_null, long long ttl_ms,
-               ld_redis_cb *cb, void *arg)
+               long long if_version, ld_redis_cb *cb, void *arg)
 {
-    char ttl[24];
+    char ttl[24], ifv[24];
     snprintf(ttl, sizeof(ttl), "%lld", ttl_ms);
+    size_t ifv_len = if_version_text(ifv, sizeof(ifv), if_version);
     size_t elen, clen;
     char *names = cache_make_names(key, len, &elen, &clen);
-    const char *argv[] = {names, is_null ? "n" : "v", value, ttl, names};
-    size_t argvlen[] = {elen, 1, value_len, strlen(ttl), clen};
+    const char *argv[] = {names, is_null ? "n" : "v", value, ttl, names, ifv};
+    size_t argvlen[] = {elen, 1, value_len, strlen(ttl), clen, ifv_len};
     cache_key_touched(key, len);
-    ld_redis_script(LD_SCRIPT_cache_set, names, elen, 1, 5, argv, argvlen, cb,
+    ld_redis_script(LD_SCRIPT_cache_set, names, elen, 1, 6, argv, argvlen, cb,
                     arg);
     free(names);
 }
@@ -566,6 +632,7 @@ ld_cache_init(const struct ld_ctx *ctx)
     }
     ld_features_add("stale");
     ld_features_add("mset");
+    ld_features_add("versioned");
     ld_features_add_if("early_refresh", early_refresh_on);
     return LD_OK;
 }

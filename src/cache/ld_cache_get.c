@@ -155,15 +155,15 @@ fetch_start(struct ckey *ck, bool grant)
     /* Most reads are hits: a plain HMGET answers them in one cheap
      * command, with no script and no lease token. Only when it finds no
      * value does the script run, to decide about the lease atomically. */
-    static const char *fields[] = {"HMGET", NULL, "v", "n", "s", "d"};
-    const char *argv[6];
-    size_t argvlen[6] = {5, ck->entry_len, 1, 1, 1, 1};
+    static const char *fields[] = {"HMGET", NULL, "v", "n", "s", "d", "r"};
+    const char *argv[7];
+    size_t argvlen[7] = {5, ck->entry_len, 1, 1, 1, 1, 1};
     memcpy(argv, fields, sizeof(argv));
     argv[1] = ck->names;
     f->probing = true;
     f->near = ld_near_read_begin(ck->key, ck->key_len, ck->names,
                                  ck->entry_len);
-    ld_redis_command(ck->names, ck->entry_len, 6, argv, argvlen, fetch_cb, f);
+    ld_redis_command(ck->names, ck->entry_len, 7, argv, argvlen, fetch_cb, f);
     ld_near_read_sent(f->near);
     return f;
 }
@@ -336,7 +336,8 @@ static const struct {
 };
 
 static enum fres
-parse_fetch(const redisReply *r, const redisReply **value, long long *pttl)
+parse_fetch(const redisReply *r, const redisReply **value, long long *pttl,
+            uint64_t *version)
 {
     /* A Redis refusing the script's writes (NOREPLICAS, OOM) cannot
      * serve the get either: the same answer as one that is away. */
@@ -359,10 +360,20 @@ parse_fetch(const redisReply *r, const redisReply **value, long long *pttl)
     case R_STALE:
     case R_STALE_GRANTED:
     case R_REFRESH:
-        if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_STRING) {
+        if (r->elements < 3 || r->element[1]->type != REDIS_REPLY_STRING ||
+            r->element[2]->type != REDIS_REPLY_INTEGER ||
+            r->element[2]->integer < 0) {
             return R_ERROR;
         }
         *value = r->element[1];
+        *version = (uint64_t)r->element[2]->integer;
+        break;
+    case R_NULL:
+        if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_INTEGER ||
+            r->element[1]->integer < 0) {
+            return R_ERROR;
+        }
+        *version = (uint64_t)r->element[1]->integer;
         break;
     case R_HELD:
         if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_INTEGER) {
@@ -382,12 +393,38 @@ fetch_unlink(struct fetch *f)
     LIST_REMOVE(f, link);
 }
 
+/* The version field R as the probe read it: an entry written before
+ * versions has none and reads as 1 (cache_shape.lua's entry_version).
+ * False for anything but digits up to CACHE_VERSION_MAX: not ours, which
+ * the script says. */
+static bool
+probe_version(const redisReply *r, uint64_t *version)
+{
+    if (r->type != REDIS_REPLY_STRING) {
+        *version = 1;
+        return true;
+    }
+    if (r->len == 0 || r->len > 16) {
+        return false;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < r->len; i++) {
+        if (r->str[i] < '0' || r->str[i] > '9') {
+            return false;
+        }
+        v = v * 10 + (uint64_t)(r->str[i] - '0');
+    }
+    *version = v;
+    return v <= (uint64_t)CACHE_VERSION_MAX;
+}
+
 /* The HMGET probe decides hits, cached nulls, a key of another type and
  * an unreachable Redis; R_MISS means "ask the script", which a stale
  * mark always does, and so does a value whose load time is known when it
  * may be refreshed early (EARLY). */
 static enum fres
-parse_probe(const redisReply *r, const redisReply **value, bool early)
+parse_probe(const redisReply *r, const redisReply **value, bool early,
+            uint64_t *version)
 {
     if (r == NULL) {
         return R_DOWN;
@@ -395,11 +432,12 @@ parse_probe(const redisReply *r, const redisReply **value, bool early)
     if (ld_reply_is_error(r, "WRONGTYPE")) {
         return R_WRONG;
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4) {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 5) {
         return R_ERROR;
     }
     if (r->element[2]->type == REDIS_REPLY_STRING ||
-        (early && r->element[3]->type == REDIS_REPLY_STRING)) {
+        (early && r->element[3]->type == REDIS_REPLY_STRING) ||
+        !probe_version(r->element[4], version)) {
         return R_MISS;
     }
     if (r->element[0]->type == REDIS_REPLY_STRING &&
@@ -468,6 +506,7 @@ cache_key_deleted(const char *key, size_t len)
 struct answer {
     enum fres res;
     const redisReply *value; /* R_HIT, R_STALE*, R_REFRESH */
+    uint64_t version;        /* of the value, or of R_NULL's null */
     long long pttl;          /* R_HELD: the lease's, -1 if unknown */
     const char *token;       /* the lease a grant brought */
     bool given;              /* that lease went to a getter */
@@ -487,9 +526,11 @@ fetch_read(struct fetch *f, const redisReply *reply, struct answer *a)
         f->probing = false;
         a->res = parse_probe(reply, &a->value,
                              f->grant &&
-                                 cache_mod.ctx->cfg->cache.early_refresh);
+                                 cache_mod.ctx->cfg->cache.early_refresh,
+                             &a->version);
         const redisReply *value = a->value;
         bool keep = a->res == R_HIT && !cache_first_owed(ck->key, ck->key_len);
+        ld_near_read_version(f->near, a->version);
         ld_near_read_done(f->near, ld_redis_conn_id(),
                           keep ? value->str : NULL, keep ? value->len : 0);
         f->near = NULL;
@@ -501,7 +542,7 @@ fetch_read(struct fetch *f, const redisReply *reply, struct answer *a)
             a->res = R_ERROR;
         }
     } else {
-        a->res = parse_fetch(reply, &a->value, &a->pttl);
+        a->res = parse_fetch(reply, &a->value, &a->pttl, &a->version);
         if ((a->res == R_MISS || a->res == R_STALE) && lease_now_free(f) &&
             fetch_send_script(f) == LD_OK) {
             return false; /* asked again, with a lease */
@@ -582,10 +623,10 @@ settle_from_answer(struct getter *g, struct answer *a)
     bool given = a->given;
     switch (a->res) {
     case R_HIT:
-        cache_settle_hit(g, value->str, value->len);
+        cache_settle_hit(g, value->str, value->len, a->version);
         return true;
     case R_NULL:
-        cache_settle_null(g);
+        cache_settle_null(g, a->version);
         return true;
     case R_WRONG:
         cache_getter_settle(g, NULL, LD_E_WRONG_TYPE, a->errmsg);
@@ -603,22 +644,24 @@ settle_from_answer(struct getter *g, struct answer *a)
         if (g->want_lease && !given) {
             a->given = true;
             ld_stats.cache_leases_granted++;
-            cache_settle_stale(g, value->str, value->len, a->token);
+            cache_settle_stale(g, value->str, value->len, a->token,
+                               a->version);
             return true;
         }
-        cache_settle_stale(g, value->str, value->len, NULL);
+        cache_settle_stale(g, value->str, value->len, NULL, a->version);
         return true;
     case R_STALE:
-        cache_settle_stale(g, value->str, value->len, NULL);
+        cache_settle_stale(g, value->str, value->len, NULL, a->version);
         return true;
     case R_REFRESH:
         if (g->want_lease && !given) {
             a->given = true;
             ld_stats.cache_refreshes_granted++;
-            cache_settle_refresh(g, value->str, value->len, a->token);
+            cache_settle_refresh(g, value->str, value->len, a->token,
+                                 a->version);
             return true;
         }
-        cache_settle_hit(g, value->str, value->len);
+        cache_settle_hit(g, value->str, value->len, a->version);
         return true;
     case R_GRANTED:
         if (g->want_lease && !given) {
@@ -746,9 +789,9 @@ cop_new(struct ld_req *req, size_t n, bool mget)
  * here, for it never reaches a ckey. */
 static bool
 near_lookup(const char *key, size_t len, uint64_t now_us, const char **v,
-            size_t *vlen)
+            size_t *vlen, uint64_t *version)
 {
-    if (!ld_near_get(key, len, now_us, v, vlen)) {
+    if (!ld_near_get_version(key, len, now_us, v, vlen, version)) {
         return false;
     }
     if (ld_cache_hot_enabled()) {
@@ -778,10 +821,12 @@ getter_begin(struct cop *op, size_t i, const char *key, size_t len,
     }
     const char *v;
     size_t vlen;
+    uint64_t version;
     /* cache.get has looked already (a second look would count a miss
      * twice towards cache.near.min_hits). */
-    if (op->mget && near_lookup(key, len, op->req->start_us, &v, &vlen)) {
-        cache_settle_near_hit(g, v, vlen);
+    if (op->mget &&
+        near_lookup(key, len, op->req->start_us, &v, &vlen, &version)) {
+        cache_settle_near_hit(g, v, vlen, version);
         return;
     }
     g->ck = ckey_get(key, len);
@@ -939,11 +984,12 @@ get_go(struct ld_req *req, const char *key, size_t len, long long wait_ms,
      * before this returns (a third of its instructions went to them). */
     const char *v;
     size_t vlen;
+    uint64_t version;
     /* The request's arrival is the clock of its near hit: one reading
      * of the clock less per hit, microseconds apart. */
     if (!cache_first_owed(key, len) &&
-        near_lookup(key, len, req->start_us, &v, &vlen)) {
-        cache_reply_near_hit(req, v, vlen);
+        near_lookup(key, len, req->start_us, &v, &vlen, &version)) {
+        cache_reply_near_hit(req, v, vlen, version);
         return;
     }
     struct cop *op = cop_new(req, 1, false);

@@ -266,7 +266,21 @@ enum cache_write_rc {
     CACHE_WRITE_WRONG_TYPE = -1, /* data leased did not write, untouched */
     CACHE_WRITE_REFUSED = 0,     /* the lease given is not the current one */
     CACHE_WRITE_DONE = 1,        /* stored, released, set */
+    CACHE_WRITE_MOVED = 2,       /* the version is not if_version */
 };
+
+/* A write script's result: RC, and the VERSION that cache_set and
+ * cache_fill answer beside it (the one stored, or the current one when
+ * nothing was; -1 from a script that answers RC alone). */
+struct cache_write_res {
+    long long rc;
+    long long version;
+};
+
+/* The largest if_version and version: 2^53, where a JSON number stops
+ * being an exact integer. Versions are Redis' clock in microseconds (about
+ * 2^50.6 now) or one above the previous version: see cache_shape.lua. */
+#define CACHE_VERSION_MAX (1LL << 53)
 
 /* Why a write script's reply is not a result: the error code, its message
  * and (stolen by whoever answers with it) extra fields of the error. */
@@ -276,20 +290,27 @@ struct cache_write_err {
     json_t *extra;
 };
 
-/* False, with ERR filled in, when REPLY (to OP on KEY) is not an integer
+/* False, with ERR filled in, when REPLY (to OP on KEY) is not a result
  * the caller can act on: Redis was unavailable or refused the write, the
- * script failed, or the key holds data leased did not write. */
+ * script failed, or the key holds data leased did not write. Else RES is
+ * the result (an integer, or {rc, version}). */
 bool cache_write_check(const redisReply *reply, const char *op,
                        const char *key, size_t klen,
-                       struct cache_write_err *err);
+                       struct cache_write_err *err,
+                       struct cache_write_res *res);
 /* The TTL a stored entry gets (nulls cache.null_ttl_ms, values TTL_MS
  * when TTL_GIVEN, else cache.ttl_ms), spread by cache.ttl_jitter. */
 long long cache_entry_ttl(bool is_null, bool ttl_given, long long ttl_ms);
-/* cache.set's write of one entry, TTL_MS already jittered; CB gets the
- * script's reply (enum cache_write_rc). */
+/* cache.set's write of one entry, TTL_MS already jittered, only over
+ * version IF_VERSION when that is not negative; CB gets the script's
+ * reply ({rc, version}: enum cache_write_rc). */
 void cache_send_set(const char *key, size_t len, const char *value,
                     size_t value_len, bool is_null, long long ttl_ms,
-                    ld_redis_cb *cb, void *arg);
+                    long long if_version, ld_redis_cb *cb, void *arg);
+/* The optional "if_version" of a write (0..CACHE_VERSION_MAX; -1 when
+ * absent) from J, the field's value, NULL when absent; NULL, or the
+ * bad_request text. */
+const char *cache_if_version(const json_t *j, long long *if_version);
 
 void cache_key_touched(const char *key, size_t len);
 /* prefix "{" key "}" ":fill" in one buffer: the entry key is its first
@@ -319,17 +340,21 @@ void cache_getter_done(struct getter *g);
 void cache_getter_settle(struct getter *g, json_t *fields, int code,
                          const char *msg);
 void cache_mget_finish(struct cop *op);
-void cache_settle_hit(struct getter *g, const char *v, size_t len);
+/* VERSION: of the value or null answered (versioned writes). */
+void cache_settle_hit(struct getter *g, const char *v, size_t len,
+                      uint64_t version);
 /* JSON: the value as ld_near_get gives it. */
-void cache_settle_near_hit(struct getter *g, const char *json, size_t len);
+void cache_settle_near_hit(struct getter *g, const char *json, size_t len,
+                           uint64_t version);
 /* cache.get answered from the near cache at once, without a getter. */
-void cache_reply_near_hit(struct ld_req *req, const char *json, size_t len);
+void cache_reply_near_hit(struct ld_req *req, const char *json, size_t len,
+                          uint64_t version);
 void cache_settle_miss(struct getter *g, const char *lease);
-void cache_settle_null(struct getter *g);
+void cache_settle_null(struct getter *g, uint64_t version);
 void cache_settle_stale(struct getter *g, const char *v, size_t len,
-                        const char *lease);
+                        const char *lease, uint64_t version);
 void cache_settle_refresh(struct getter *g, const char *v, size_t len,
-                          const char *lease);
+                          const char *lease, uint64_t version);
 
 /* ---- ld_cache_get.c: keys, fetches, cache.get and cache.mget --------- */
 

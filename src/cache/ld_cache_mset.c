@@ -11,8 +11,9 @@
  * fetches of cache.mget do.
  *
  * The answer counts the entries stored and has one result per entry, in
- * order: {"ok":true}, or an error object as cache.mget's results have
- * them. A malformed entry fails alone; a malformed request (no entries,
+ * order: {"ok":true,"stored":true,"version":N}, {"ok":true,"stored":false,
+ * "version":CURRENT} for an entry whose if_version no longer holds, or an
+ * error object as cache.mget's results have them. A malformed entry fails alone; a malformed request (no entries,
  * too many) fails whole.
  */
 #include "ld_cache_int.h"
@@ -72,9 +73,14 @@ entry_cb(redisReply *reply, void *arg)
      * ld_cache.c (a read issued meanwhile may have gone out first). */
     cache_key_touched(e->key, e->len);
     struct cache_write_err err;
-    if (cache_write_check(reply, "cache.mset", e->key, e->len, &err)) {
-        op->stored++;
-        json_array_set_new(op->results, e->i, json_pack("{s:b}", "ok", 1));
+    struct cache_write_res res;
+    if (cache_write_check(reply, "cache.mset", e->key, e->len, &err, &res)) {
+        bool stored = res.rc == CACHE_WRITE_DONE;
+        op->stored += stored;
+        json_array_set_new(op->results, e->i,
+                           json_pack("{s:b,s:b,s:I}", "ok", 1, "stored",
+                                     stored, "version",
+                                     (json_int_t)res.version));
     } else {
         entry_error(op, e->i, err.code, err.extra, err.msg);
     }
@@ -89,13 +95,14 @@ entry_begin(struct mset *op, size_t i, json_t *j)
     if (!json_is_object(j)) {
         entry_error(op, i, LD_E_BAD_REQUEST, NULL,
                     "an entry must be an object with key, value and "
-                    "optionally ttl_ms");
+                    "optionally ttl_ms and if_version");
         mset_settled(op);
         return;
     }
     json_t *k = json_object_get(j, "key");
     json_t *v = json_object_get(j, "value");
     json_t *t = json_object_get(j, "ttl_ms");
+    long long if_version = -1;
     const char *why = NULL;
     if (!json_is_string(k)) {
         why = "field 'key' is required and must be a string";
@@ -109,6 +116,8 @@ entry_begin(struct mset *op, size_t i, json_t *j)
                (!json_is_integer(t) || json_integer_value(t) < 1 ||
                 json_integer_value(t) > LD_TTL_MS_MAX)) {
         why = "field 'ttl_ms' must be an integer between 1 and 2^40";
+    } else {
+        why = cache_if_version(json_object_get(j, "if_version"), &if_version);
     }
     if (why != NULL) {
         entry_error(op, i, LD_E_BAD_REQUEST, NULL, why);
@@ -124,8 +133,8 @@ entry_begin(struct mset *op, size_t i, json_t *j)
     long long ttl = cache_entry_ttl(is_null, t != NULL,
                                     t != NULL ? json_integer_value(t) : 0);
     cache_send_set(e->key, e->len, is_null ? "" : json_string_value(v),
-                   is_null ? 0 : json_string_length(v), is_null, ttl, entry_cb,
-                   e);
+                   is_null ? 0 : json_string_length(v), is_null, ttl,
+                   if_version, entry_cb, e);
 }
 
 void

@@ -404,17 +404,46 @@ settle_value(struct getter *g, json_t *f)
 /* A near hit answers like a Redis hit, plus "near":true. */
 #define NEAR_EXTRA ",\"near\":true"
 
+/* The members a hit carries after its value: ",\"version\":N", then
+ * TAIL (NULL: nothing). BUF has VERSION_EXTRA_MAX bytes. */
+#define VERSION_EXTRA_MAX 64
+static const char *
+version_extra(char *buf, uint64_t version, const char *tail)
+{
+    static const char head[] = ",\"version\":";
+    /* By hand, not snprintf: it is on every hit's path. */
+    char digits[24];
+    size_t n = 0;
+    do {
+        digits[n++] = (char)('0' + version % 10);
+        version /= 10;
+    } while (version > 0);
+    char *o = buf;
+    memcpy(o, head, sizeof(head) - 1);
+    o += sizeof(head) - 1;
+    while (n > 0) {
+        *o++ = digits[--n];
+    }
+    size_t tlen = tail != NULL ? strlen(tail) : 0;
+    LD_ASSERT((size_t)(o - buf) + tlen < VERSION_EXTRA_MAX);
+    memcpy(o, tail != NULL ? tail : "", tlen);
+    o[tlen] = '\0';
+    return buf;
+}
+
 void
-cache_settle_hit(struct getter *g, const char *v, size_t len)
+cache_settle_hit(struct getter *g, const char *v, size_t len, uint64_t version)
 {
     struct cop *op = g->op;
+    char extra[VERSION_EXTRA_MAX];
+    version_extra(extra, version, NULL);
     note_read(g, true);
     if (!op->mget) {
         /* The common case, built straight into the reply line: a JSON
          * tree would check and escape a large value byte by byte. */
         struct ld_req *req = op->req;
         op->req = NULL;
-        if (ld_reply_ok_hit_ex(req, v, len, NULL) == LD_OK) {
+        if (ld_reply_ok_hit_ex(req, v, len, extra) == LD_OK) {
             ld_stats.cache_hits++;
             cache_getter_done(g);
             cache_cop_unlink(op);
@@ -425,7 +454,7 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
     } else {
         /* Escaped once here; the reply refers to it for every slot
          * naming this key. */
-        struct chunk *c = chunk_of_hit(v, len, false, NULL);
+        struct chunk *c = chunk_of_hit(v, len, false, extra);
         if (c != NULL) {
             ld_stats.cache_hits++;
             op->texts[g->slot] = c;
@@ -436,7 +465,8 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
             return;
         }
     }
-    json_t *f = json_pack("{s:b,s:s%}", "hit", 1, "value", v, len);
+    json_t *f = json_pack("{s:b,s:s%,s:I}", "hit", 1, "value", v, len,
+                          "version", (json_int_t)version);
     settle_value(g, f);
 }
 
@@ -444,11 +474,14 @@ cache_settle_hit(struct getter *g, const char *v, size_t len)
  * again. cache.get answers them at once, without a getter; a getter's is
  * a slot of cache.mget. */
 void
-cache_settle_near_hit(struct getter *g, const char *json, size_t len)
+cache_settle_near_hit(struct getter *g, const char *json, size_t len,
+                      uint64_t version)
 {
     struct cop *op = g->op;
     LD_ASSERT(op->mget);
-    struct chunk *c = chunk_of_hit(json, len, true, NEAR_EXTRA);
+    char extra[VERSION_EXTRA_MAX];
+    struct chunk *c = chunk_of_hit(json, len, true,
+                                   version_extra(extra, version, NEAR_EXTRA));
     if (c == NULL) {
         cache_getter_settle(g, NULL, LD_E_INTERNAL, "out of memory");
         return;
@@ -462,9 +495,13 @@ cache_settle_near_hit(struct getter *g, const char *json, size_t len)
 }
 
 void
-cache_reply_near_hit(struct ld_req *req, const char *json, size_t len)
+cache_reply_near_hit(struct ld_req *req, const char *json, size_t len,
+                     uint64_t version)
 {
-    if (ld_reply_ok_hit_json(req, json, len, NEAR_EXTRA) != LD_OK) {
+    char extra[VERSION_EXTRA_MAX];
+    if (ld_reply_ok_hit_json(req, json, len,
+                             version_extra(extra, version, NEAR_EXTRA)) !=
+        LD_OK) {
         ld_reply_error(req, LD_E_INTERNAL, "out of memory");
         return;
     }
@@ -472,11 +509,14 @@ cache_reply_near_hit(struct ld_req *req, const char *json, size_t len)
 }
 
 void
-cache_settle_null(struct getter *g)
+cache_settle_null(struct getter *g, uint64_t version)
 {
     note_read(g, true);
     ld_stats.cache_negative_hits++;
-    cache_getter_settle(g, json_pack("{s:b,s:n}", "hit", 1, "value"), 0, NULL);
+    cache_getter_settle(g,
+                        json_pack("{s:b,s:n,s:I}", "hit", 1, "value",
+                                  "version", (json_int_t)version),
+                        0, NULL);
 }
 
 void
@@ -494,11 +534,11 @@ cache_settle_miss(struct getter *g, const char *lease)
  * when LEASE is not NULL. */
 void
 cache_settle_stale(struct getter *g, const char *v, size_t len,
-                   const char *lease)
+                   const char *lease, uint64_t version)
 {
     note_read(g, true);
-    json_t *f = json_pack("{s:b,s:s%,s:b}", "hit", 1, "value", v, len, "stale",
-                          1);
+    json_t *f = json_pack("{s:b,s:s%,s:I,s:b}", "hit", 1, "value", v, len,
+                          "version", (json_int_t)version, "stale", 1);
     if (f != NULL) {
         if (lease != NULL) {
             json_object_set_new(f, "lease", json_string(lease));
@@ -511,10 +551,10 @@ cache_settle_stale(struct getter *g, const char *v, size_t len,
 /* A hit that also carries the lease to reload the value early. */
 void
 cache_settle_refresh(struct getter *g, const char *v, size_t len,
-                     const char *lease)
+                     const char *lease, uint64_t version)
 {
     note_read(g, true);
-    json_t *f = json_pack("{s:b,s:s%,s:s}", "hit", 1, "value", v, len,
-                          "refresh", lease);
+    json_t *f = json_pack("{s:b,s:s%,s:I,s:s}", "hit", 1, "value", v, len,
+                          "version", (json_int_t)version, "refresh", lease);
     settle_value(g, f);
 }

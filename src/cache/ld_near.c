@@ -71,6 +71,7 @@ enum cause { CAUSE_LRU, CAUSE_TTL, CAUSE_TRACKING, CAUSE_FLUSH };
 struct nentry {
     TAILQ_ENTRY(nentry) lru; /* most recently used first */
     uint64_t expire_us;      /* monotonic; 0: no TTL in Redis */
+    uint64_t version;        /* of the value, as Redis holds it */
     size_t key_len, val_len, bytes;
     char data[]; /* the key, then the value as a JSON string literal */
 };
@@ -101,6 +102,7 @@ struct ld_near_read {
     bool have_pttl;
     uint64_t caching_conn, value_conn, pttl_conn;
     long long pttl_ms;
+    uint64_t version;
     char *value; /* as a JSON string literal */
     size_t vlen;
 };
@@ -263,6 +265,14 @@ bool
 ld_near_get(const char *key, size_t len, uint64_t now_us, const char **json,
             size_t *jlen)
 {
+    uint64_t version;
+    return ld_near_get_version(key, len, now_us, json, jlen, &version);
+}
+
+bool
+ld_near_get_version(const char *key, size_t len, uint64_t now_us,
+                    const char **json, size_t *jlen, uint64_t *version)
+{
     if (!near_mod.enabled) {
         return false;
     }
@@ -285,6 +295,7 @@ ld_near_get(const char *key, size_t len, uint64_t now_us, const char **json,
     ld_stats.near_hits++;
     *json = e->data + e->key_len;
     *jlen = e->val_len;
+    *version = e->version;
     return true;
 }
 
@@ -308,6 +319,7 @@ store(const struct ld_near_read *nr)
     struct nentry *e = ld_xmalloc(sizeof(*e) + nr->key_len + nr->vlen);
     e->key_len = nr->key_len;
     e->val_len = nr->vlen;
+    e->version = nr->version;
     e->bytes = bytes;
     /* PTTL was measured after the read was sent: counting from the send
      * ends the entry no later than Redis ends the key; less one ms, for
@@ -455,6 +467,14 @@ quoted_room(const char *v, size_t len)
         n += c < 0x20 ? 5 : (c == '"' || c == '\\');
     }
     return n;
+}
+
+void
+ld_near_read_version(struct ld_near_read *nr, uint64_t version)
+{
+    if (nr != NULL) {
+        nr->version = version;
+    }
 }
 
 void

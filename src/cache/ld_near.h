@@ -36,6 +36,9 @@ bool ld_near_enabled(void);
  * cache.near.min_hits. */
 bool ld_near_get(const char *key, size_t len, uint64_t now_us,
                  const char **json, size_t *jlen);
+/* The same, with the version of the value kept (versioned writes). */
+bool ld_near_get_version(const char *key, size_t len, uint64_t now_us,
+                         const char **json, size_t *jlen, uint64_t *version);
 
 struct ld_near_read;
 /* A read of KEY's entry ENTRY (also the route of its commands) is about to
@@ -46,6 +49,9 @@ struct ld_near_read *ld_near_read_begin(const char *key, size_t len,
                                         const char *entry, size_t entry_len);
 /* The read has been sent (NR may be NULL). */
 void ld_near_read_sent(struct ld_near_read *nr);
+/* The version of the value the read found, before ld_near_read_done (NR
+ * may be NULL): kept with it. */
+void ld_near_read_version(struct ld_near_read *nr, uint64_t version);
 /* Its answer: the value V (NULL: none, or no answer), which came on
  * connection CONN_ID (ld_redis_conn_id). NR may be NULL; it is not used
  * again by the caller. */

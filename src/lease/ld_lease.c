@@ -35,6 +35,9 @@ pass_step(void *arg)
         p->fns->visit(now);
         visited++;
     }
+    if (p->fns->step_end != NULL) {
+        p->fns->step_end();
+    }
     if (!p->fns->more()) {
         if (p->recheck) {
             p->after_failover = false;

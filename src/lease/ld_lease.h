@@ -33,11 +33,14 @@ struct ld_session;
 #define LD_LEASE_RETRY_MS 100
 
 /* The module's side of a pass: BEGIN puts it at its first lease, MORE
- * says whether one is left, VISIT renews or checks the next one. */
+ * says whether one is left, VISIT renews or checks the next one, and
+ * STEP_END (may be NULL) sends what the visits of one step held back to
+ * send together. */
 struct ld_lease_pass_fns {
     void (*begin)(void);
     bool (*more)(void);
     void (*visit)(uint64_t now);
+    void (*step_end)(void);
 };
 
 /* One module's pass. Every watchdog period / 3 a pass visits every

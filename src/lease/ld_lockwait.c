@@ -316,7 +316,11 @@ ld_lockwait_left(long long wait_ms, uint64_t start_us)
 bool
 ld_lockwait_full(void)
 {
-    return ld_stats.lock_waiters >= lockwait_mod.ctx->cfg->limits.max_waiters;
+    /* rate.acquire's waits are no queue of this module but are waits of
+     * the same kind, a request parked on a timer until a key frees up:
+     * they share the one bound. */
+    return ld_stats.lock_waiters + ld_stats.rate_waiting >=
+           lockwait_mod.ctx->cfg->limits.max_waiters;
 }
 
 bool

@@ -73,8 +73,8 @@ void ld_lockwait_set_lock_channel(ld_lockwait_sub_fn *sub_fn);
 /* Drops every queue; waiters must have left already. */
 void ld_lockwait_free(void);
 
-/* True when limits.max_waiters requests wait already (in all queues):
- * a new waiter is then refused. */
+/* True when limits.max_waiters requests wait already (in all queues, and
+ * rate.acquire's waiting on their timers): a new waiter is then refused. */
 bool ld_lockwait_full(void);
 
 /* What is left of a wait of WAIT_MS (-1: no end) for a request that

@@ -4,7 +4,8 @@
  * fails or is late: lock_at_risk, then lock_safe) and what a renewal's
  * answer means. The pass itself, its bounds and the rechecks are the
  * lease engine's (ld_lease.c); this file must not run a pass of its own
- * nor touch a record's Redis keys other than through lock_renew. */
+ * nor touch a record's Redis keys other than through lock_renew and
+ * lock_renew_many. */
 
 #include "ld_lock_int.h"
 
@@ -16,6 +17,7 @@
 #include "ld_lock_codes.h"
 #include "ld_log.h"
 #include "ld_mem.h"
+#include "ld_redis.h"
 #include "ld_redlock.h"
 #include "ld_session.h"
 #include "ld_stats.h"
@@ -23,6 +25,7 @@
 #include <event2/event.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The margin before a watchdog lease's end (ld_lease_margin_ms). */
@@ -33,6 +36,12 @@ lost_margin_ms(void)
 }
 
 static void renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease);
+
+/* The most watchdog renewals in one lock_renew_many call: enough that
+ * Redis' fixed cost per command is a small part of each, few enough that
+ * one call keeps Redis from its other clients for well under a
+ * millisecond. */
+#define RENEW_MANY_MAX 32
 
 /* REC's lease (or max_hold) can no longer be proven and lock_lost goes
  * out now (ld_lease_note_late). */
@@ -276,10 +285,11 @@ renew_unanswered(struct lk_rec *rec)
     }
 }
 
+/* What a renewal or check OP found: N numbers V (fewer than one: no
+ * answer, or not one the script gives). */
 static void
-renew_on_reply(redisReply *r, void *arg)
+renew_found(struct lk_op *op, const long long *v, int n)
 {
-    struct lk_op *op = arg;
     struct lk_rec *rec = op->rec;
     LD_ASSERT(rec->renewing && lock_mod.pass.inflight > 0);
     rec->renewing = false;
@@ -290,8 +300,6 @@ renew_on_reply(redisReply *r, void *arg)
         lk_op_free(op);
         return;
     }
-    long long v[3] = {0, 0, 0};
-    int n = ld_lease_reply_ints(r, v, 3);
     if (n >= 3 && v[0] == LD_LOCK_HELD) {
         renew_held(rec, op, v[1], v[2]);
     } else if (n >= 1 && v[0] < 0) {
@@ -310,14 +318,19 @@ renew_on_reply(redisReply *r, void *arg)
 }
 
 static void
-renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
+renew_on_reply(redisReply *r, void *arg)
+{
+    long long v[3] = {0, 0, 0};
+    int n = ld_lease_reply_ints(r, v, 3);
+    renew_found(arg, v, n);
+}
+
+/* A renewal or check of REC about to leave. */
+static struct lk_op *
+renew_op(struct lk_rec *rec, enum lk_kind kind, long long lease)
 {
     struct lk_op *op = lk_op_new(kind, NULL, rec);
-    char lbuf[24];
-    snprintf(lbuf, sizeof(lbuf), "%lld", lease);
-    const char *args[] = {rec->n.hash, rec->n.forced, rec->token, lbuf, "1"};
-    size_t lens[] = {rec->n.hash_len, rec->n.forced_len, LD_TOKEN_LEN,
-                     strlen(lbuf), 1};
+    op->lease_ms = lease;
     rec->renewing = true;
     /* The replies of this pass come after it ends: they carry the
      * reason with them. */
@@ -326,8 +339,143 @@ renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
     rec->renew_sent_ms = op->sent_ms;
     op->inflight = true;
     op->recheck = ld_lease_pass_sent(&lock_mod.pass);
+    return op;
+}
+
+static void
+renew_op_send(struct lk_op *op)
+{
+    struct lk_rec *rec = op->rec;
+    char lbuf[24];
+    snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
+    const char *args[] = {rec->n.hash, rec->n.forced, rec->token, lbuf, "1"};
+    size_t lens[] = {rec->n.hash_len, rec->n.forced_len, LD_TOKEN_LEN,
+                     strlen(lbuf), 1};
     lk_script(LD_SCRIPT_lock_renew, &rec->n, 2, 5, args, lens, renew_on_reply,
               op);
+}
+
+static void
+renew_send(struct lk_rec *rec, enum lk_kind kind, long long lease)
+{
+    renew_op_send(renew_op(rec, kind, lease));
+}
+
+/* The renewals a pass step holds for one lock_renew_many call. */
+struct renew_many {
+    int n;
+    struct lk_op *op[RENEW_MANY_MAX];
+};
+
+/* Held renewals by connection: a lock's commands all take the connection
+ * its hash name picks (ld_redis_route_lane), so that their replies come in the
+ * order they were sent (renew_found relies on it), and so do the
+ * renewals sent together, by the first one's name. */
+static struct renew_many *held_many[LD_REDIS_CONNS_MAX];
+
+static unsigned
+renew_lane(const struct lk_rec *rec)
+{
+    return ld_redis_route_lane(rec->n.hash, rec->n.hash_len);
+}
+
+/* Whether a watchdog renewal of REC may go in a lock_renew_many call:
+ * its keys share a connection with the others (not cluster mode, where
+ * they share no slot, nor Redlock, nor the lock pool of
+ * lock.wait_replicas, whose connections are picked among others) and it
+ * is a plain lock (read-write locks renew with rw_renew). */
+static bool
+renew_many_fits(const struct lk_rec *rec)
+{
+    const struct ld_config *cfg = lock_mod.ctx->cfg;
+    return !lock_mod.redlock && rec->n.mode == LK_MODE_PLAIN &&
+           cfg->redis.mode != LD_REDIS_CLUSTER && cfg->lock.wait_replicas == 0;
+}
+
+static void
+renew_many_on_reply(redisReply *r, void *arg)
+{
+    struct renew_many *m = arg;
+    bool whole = r != NULL && r->type == REDIS_REPLY_ARRAY &&
+                 r->elements == (size_t)m->n * 3;
+    for (int i = 0; i < m->n; i++) {
+        long long v[3] = {0, 0, 0};
+        int n = -1;
+        for (int k = 0; whole && k < 3; k++) {
+            const redisReply *e = r->element[i * 3 + k];
+            if (e->type != REDIS_REPLY_INTEGER) {
+                n = -1;
+                break;
+            }
+            v[k] = e->integer;
+            n = k + 1;
+        }
+        renew_found(m->op[i], v, n);
+    }
+    free(m);
+}
+
+static void
+renew_many_send_lane(unsigned lane)
+{
+    struct renew_many *m = held_many[lane];
+    held_many[lane] = NULL;
+    if (m == NULL) {
+        return;
+    }
+    if (m->n == 1) {
+        renew_op_send(m->op[0]);
+        free(m);
+        return;
+    }
+    const char *args[RENEW_MANY_MAX * 4];
+    size_t lens[RENEW_MANY_MAX * 4];
+    char lbuf[RENEW_MANY_MAX][24];
+    int nk = m->n * 2;
+    for (int i = 0; i < m->n; i++) {
+        struct lk_rec *rec = m->op[i]->rec;
+        snprintf(lbuf[i], sizeof(lbuf[i]), "%lld", m->op[i]->lease_ms);
+        args[2 * i] = rec->n.hash;
+        lens[2 * i] = rec->n.hash_len;
+        args[2 * i + 1] = rec->n.forced;
+        lens[2 * i + 1] = rec->n.forced_len;
+        args[nk + 2 * i] = rec->token;
+        lens[nk + 2 * i] = LD_TOKEN_LEN;
+        args[nk + 2 * i + 1] = lbuf[i];
+        lens[nk + 2 * i + 1] = strlen(lbuf[i]);
+    }
+    lk_script(LD_SCRIPT_lock_renew_many, &m->op[0]->rec->n, nk, nk * 2, args,
+              lens, renew_many_on_reply, m);
+}
+
+/* The end of a pass step: every renewal held leaves. */
+static void
+renew_many_send(void)
+{
+    for (unsigned i = 0; i < LD_REDIS_CONNS_MAX; i++) {
+        renew_many_send_lane(i);
+    }
+}
+
+/* A watchdog renewal of REC for LEASE ms: held for one call with the
+ * others of this step that take its connection where it fits, else sent
+ * alone. */
+static void
+renew_watchdog(struct lk_rec *rec, long long lease)
+{
+    if (!renew_many_fits(rec)) {
+        renew_send(rec, LK_RENEW, lease);
+        return;
+    }
+    unsigned lane = renew_lane(rec);
+    if (held_many[lane] == NULL) {
+        held_many[lane] = ld_xcalloc(1, sizeof(*held_many[lane]));
+    }
+    struct renew_many *m = held_many[lane];
+    m->op[m->n++] = renew_op(rec, LK_RENEW, lease);
+    if (m->n == RENEW_MANY_MAX) {
+        renew_many_send_lane(lane);
+    }
 }
 
 /* What the pass does for one record: renew a watchdog lock, stop renewing
@@ -373,7 +521,7 @@ pass_visit(struct lk_rec *rec, uint64_t now)
         return;
     }
     /* The renewals near max_hold end the lease exactly there. */
-    renew_send(rec, LK_RENEW, lk_rec_cap_clip(rec, cfg->lock.watchdog_ms));
+    renew_watchdog(rec, lk_rec_cap_clip(rec, cfg->lock.watchdog_ms));
     lk_rec_arm_cap(rec);
 }
 
@@ -402,7 +550,7 @@ pass_next(uint64_t now)
 }
 
 static const struct ld_lease_pass_fns pass_fns = {pass_begin, pass_more,
-                                                  pass_next};
+                                                  pass_next, renew_many_send};
 
 /* Check every held lock now (ld_lease_pass_recheck), unless the module
  * is stopping. */

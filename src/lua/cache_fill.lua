@@ -1,17 +1,30 @@
 --@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- cache.fill: store a loaded value, only under the lease that is current.
 -- KEYS[1] entry hash; ARGV[1] lease, ARGV[2] "v" (value) or "n" (null),
--- ARGV[3] value, ARGV[4] ttl_ms (already jittered), ARGV[5] channel.
--- Returns (enum cache_write_rc CACHE_WRITE_ + these names on the C side):
---   DONE 1        stored
+-- ARGV[3] value, ARGV[4] ttl_ms (already jittered), ARGV[5] channel,
+-- ARGV[6] if_version ("" for none): store only when the entry's version
+-- is that one (0: no value and no null there).
+-- Returns {rc, version}, rc (enum cache_write_rc CACHE_WRITE_ + these
+-- names on the C side):
+--   DONE 1        stored; version is the one it got
 --   REFUSED 0     the lease is gone: expired, released, invalidated or
---                 overwritten by cache.set
---   WRONG_TYPE -1 data leased did not write, left alone
+--                 overwritten by cache.set; version is the current one
+--   MOVED 2       the version is not ARGV[6]; version is the current one
+--   WRONG_TYPE -1 data leased did not write, left alone; version 0
 --@include cache_shape.lua
-local f, rc = leased_entry(KEYS[1], ARGV[1])
+local f, rc, other = leased_entry(KEYS[1], ARGV[1])
 if not f then
-    return rc
+    return {rc, entry_version(other)}
 end
+local cur = entry_version(f)
+if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= cur then
+    return {MOVED, cur}
+end
+-- "Not found" must never replace a real value (a stale one is replaced).
+if ARGV[2] ~= 'v' and f[1] and not f[4] then
+    return {REFUSED, cur}
+end
+local ver = version_text(next_version(cur))
 if f[4] then
     -- The reload of a stale entry replaces it, "not found" included.
     redis.call('HDEL', KEYS[1], 'v', 's')
@@ -22,7 +35,7 @@ if f[4] then
     f[1] = nil
 end
 if ARGV[2] == 'v' then
-    redis.call('HSET', KEYS[1], 'v', ARGV[3])
+    redis.call('HSET', KEYS[1], 'v', ARGV[3], 'r', ver)
     redis.call('HDEL', KEYS[1], 'l', 'n')
     if f[6] then
         -- Early refresh: how long this load took, lease grant to fill.
@@ -33,11 +46,7 @@ if ARGV[2] == 'v' then
         redis.call('HDEL', KEYS[1], 'd')
     end
 else
-    -- "Not found" must never replace a real value.
-    if f[1] then
-        return REFUSED
-    end
-    redis.call('HSET', KEYS[1], 'n', '1')
+    redis.call('HSET', KEYS[1], 'n', '1', 'r', ver)
     redis.call('HDEL', KEYS[1], 'l')
     if f[6] then
         redis.call('HDEL', KEYS[1], 'g')
@@ -45,4 +54,4 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PUBLISH', ARGV[5], 'fill')
-return DONE
+return {DONE, tonumber(ver)}

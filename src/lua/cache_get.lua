@@ -10,13 +10,17 @@
 -- loader's lease ends with the key.
 -- Returns an array whose first element names the answer (get_replies on
 -- the C side, the same names):
---   {'hit', value}   a value        {'null'}     a cached "not found"
+--   {'hit', value, version}   a value
+--   {'null', version}         a cached "not found"
 --   {'held', pttl}   another's lease {'granted'} ARGV[1] is the lease now
 --   {'miss'}         nothing, no lease asked for
---   {'stale', value} a stale value; another caller holds its lease
---   {'stale_granted', value}  a stale value, and ARGV[1] is its lease now
---   {'refresh', value} a value close to its expiry, and ARGV[1] is the
---                    lease to reload it early (XFetch)
+--   {'stale', value, version} a stale value; another caller holds its
+--                    lease
+--   {'stale_granted', value, version}  a stale value, and ARGV[1] is its
+--                    lease now
+--   {'refresh', value, version} a value close to its expiry, and ARGV[1]
+--                    is the lease to reload it early (XFetch)
+-- (version: entry_version, the version of the value or null returned)
 --   {'wrong_type'}   data leased did not write, left alone
 -- No data in Redis may make this script raise an error.
 --@include cache_shape.lua
@@ -54,10 +58,10 @@ if f[4] then
             elseif f[6] then
                 redis.call('HDEL', KEYS[1], 'g')
             end
-            return {'stale_granted', f[1]}
+            return {'stale_granted', f[1], entry_version(f)}
         end
     end
-    return {'stale', f[1]}
+    return {'stale', f[1], entry_version(f)}
 end
 if f[1] then
     -- XFetch: refresh with probability exp(-ttl_left / (d * beta)), so
@@ -73,14 +77,14 @@ if f[1] then
                       * math.log(tonumber(ARGV[6]))
             if ttl >= 0 and x >= ttl then
                 redis.call('HSET', KEYS[1], 'l', ARGV[1], 'g', tostring(now))
-                return {'refresh', f[1]}
+                return {'refresh', f[1], entry_version(f)}
             end
         end
     end
-    return {'hit', f[1]}
+    return {'hit', f[1], entry_version(f)}
 end
 if f[2] then
-    return {'null'}
+    return {'null', entry_version(f)}
 end
 -- A lease alone: entry_fields saw it expire, so PTTL is its time left.
 return {'held', redis.call('PTTL', KEYS[1])}

@@ -8,7 +8,14 @@
 -- Returns what lock_renew.lua returns: {1, pttl, count} HELD (pttl: this
 -- holder's lease), {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
 -- own lease ran out), {-3} OTHER, {-4} FORCED.
+local key, forced, holder = KEYS[1], KEYS[2], ARGV[1]
+local code, v
+repeat
 --@include renew_open.lua
+until true
+if code then
+    return {code}
+end
 local n = tonumber(v)
 local field, mode, pfx = ARGV[1], ARGV[4], ARGV[5]
 local hmode = redis.call('hget', KEYS[1], 'mode')

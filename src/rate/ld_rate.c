@@ -8,7 +8,9 @@
  * script says the permits could be free (a timer, no polling), until its
  * wait runs out; it is then answered with the last retry_after_ms. A
  * waiting request stays pending for its session (limits.max_pending),
- * ends when its session closes and may be ended by the cancel op.
+ * takes a place under limits.max_waiters with the lock and semaphore
+ * waiters, ends when its session closes and may be ended by the cancel
+ * op.
  */
 #include "ld_rate.h"
 
@@ -132,6 +134,15 @@ on_refused(struct rate_op *op, long long retry_ms)
         return;
     }
     if (op->timer == NULL) {
+        /* A wait starts: it takes a place under limits.max_waiters, as a
+         * lock's does, or is refused busy as a lock's is. */
+        if (ld_lockwait_full()) {
+            ld_reply_error(op->req, LD_E_BUSY,
+                           "too many waiters (limits.max_waiters)");
+            op->req = NULL;
+            op_free(op);
+            return;
+        }
         op->timer = evtimer_new(rate_mod.ctx->base, on_timer, op);
         ld_stats.rate_waiting++;
         ld_cancel_on(op->req, on_cancel, op);

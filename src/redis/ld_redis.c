@@ -722,6 +722,12 @@ pinned_conn(uint64_t pin)
     return NULL;
 }
 
+unsigned
+ld_redis_route_lane(const char *route, size_t len)
+{
+    return (unsigned)(ld_hash(route, len) % (uint64_t)redis_mod.n_conns);
+}
+
 /* The ready connection of NODE's pool (O's) that HASH picks, or the next
  * ready one after it; NULL when none is, *PENDING telling whether one is
  * on its way. */

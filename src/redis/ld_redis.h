@@ -73,6 +73,9 @@ uint64_t ld_redis_conn_id(void);
  * is sent on until the replicas confirm or its timeout passes, and WAIT
  * only counts the writes of its own connection, so a grant and its WAIT
  * go together on one of these and never hold up the shared ones. */
+/* The most connections of a pool (redis.connections is at most this). */
+#define LD_REDIS_CONNS_MAX 64
+
 enum ld_redis_pool { LD_REDIS_POOL_SHARED, LD_REDIS_POOL_LOCK };
 
 struct ld_redis_opts {
@@ -213,5 +216,11 @@ bool ld_reply_is_error(const redisReply *r, const char *prefix);
  * a Redis it cannot reach, never "wrong type" or "internal". A script
  * that meets one raises it. */
 bool ld_reply_is_unavailable(const redisReply *r);
+
+/* The connection of the shared pool (0 .. LD_REDIS_CONNS_MAX - 1) that
+ * the commands routed by ROUTE take while it is up: those of one route
+ * keep their order, and so do commands of several routes sent as one,
+ * routed by one of them (lock_renew_many). */
+unsigned ld_redis_route_lane(const char *route, size_t len);
 
 #endif

@@ -23,7 +23,7 @@ struct ld_redis_conn_hooks;
 /* The batch script (ld_redis_batch.c) comes after the files' scripts. */
 #define REDIS_BATCH_SCRIPT REDIS_N_SCRIPTS
 
-#define MAX_CONNS 64 /* per pool */
+#define MAX_CONNS LD_REDIS_CONNS_MAX /* per pool */
 #define STACK_ARGS 32
 #define MAX_WAITING 4096 /* commands awaiting a connection */
 

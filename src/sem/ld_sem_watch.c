@@ -305,7 +305,7 @@ pass_next(uint64_t now)
 }
 
 static const struct ld_lease_pass_fns pass_fns = {pass_begin, pass_more,
-                                                  pass_next};
+                                                  pass_next, NULL};
 
 /* Check every grant now (ld_lease_pass_recheck), as for locks: Redis
  * came back (it may have restarted without its data), the master

@@ -2,7 +2,8 @@
  * redis-server: locks [PREFIX], unlock --force KEY (Unix socket, TCP with
  * and without --admin-token), --json on every command, and lock --read /
  * sem, which run against the daemon when it offers them (hello's
- * features "rwlock", "semaphore") and otherwise must refuse plainly. */
+ * features "rwlock", "semaphore") and otherwise must refuse plainly, and
+ * rate (feature "rate"). */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -354,7 +355,10 @@ START_TEST(test_json_everywhere)
     json_decref(j);
     CTL(&r, "--json", "set", "k", "v1");
     CK_RC(&r, 0);
-    ck_assert_str_eq(r.out, "{\"ok\":true}\n");
+    /* The daemon's answer as it is: stored, with the version it got. */
+    j = first_json(r.out);
+    ck_assert(jtrue(j, "ok") && jtrue(j, "stored") && jint(j, "version") > 0);
+    json_decref(j);
     CTL(&r, "--json", "get", "k");
     CK_RC(&r, 0);
     j = first_json(r.out);
@@ -499,6 +503,112 @@ START_TEST(test_read_lock_and_sem)
         CK_RC(&r, EX_UNAVAILABLE);
         ck_assert_ptr_nonnull(strstr(r.err, "semaphore"));
     }
+    unsetenv("LEASED_SOCKET");
+}
+END_TEST
+
+/* The retry_after_ms of leasectl rate's line "WORD retry_after_ms=N". */
+static long long
+rate_line(const struct run *r, const char *word)
+{
+    char want[64];
+    long long n = -1;
+
+    snprintf(want, sizeof want, "%s retry_after_ms=%%lld\n", word);
+    ck_assert_msg(sscanf(r->out, want, &n) == 1, "not '%s ...': %s", word,
+                  r->out);
+    return n;
+}
+
+/* rate KEY: one rate.acquire; acquired exits 0, refused 75 (or
+ * --conflict-exit), each with its retry_after_ms; --wait lets the daemon
+ * wait for the permits; bad options are usage errors before any request,
+ * the daemon's refusals its usual statuses. */
+START_TEST(test_rate)
+{
+    struct run r;
+
+    h_start(NULL);
+    setenv("LEASED_SOCKET", D.sock, 1);
+    CTL(&r, "rate", "rl", "--per", "1s");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "rate", "rl", "--rate", "2");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "rate", "rl", "--rate", "0", "--per", "1s");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "rate", "rl", "--rate", "2", "--per", "2d");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "rate", "rl", "--rate", "2", "--per", "1s", "--burst", "x");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "rate", "--rate", "2", "--per", "1s");
+    CK_RC(&r, EX_USAGE);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{rl}:rate"), 0);
+
+    if (!has_feature("rate")) {
+        CTL(&r, "rate", "rl", "--rate", "2", "--per", "60s");
+        CK_RC(&r, EX_UNAVAILABLE);
+        ck_assert_ptr_nonnull(strstr(r.err, "rate"));
+        unsetenv("LEASED_SOCKET");
+        return;
+    }
+    /* 2 a minute, burst 2: two now (the second says when a third may
+     * be), then refused until then. */
+    CTL(&r, "rate", "rl", "--rate", "2", "--per", "60s");
+    CK_RC(&r, 0);
+    ck_assert_int_eq(rate_line(&r, "acquired"), 0);
+    CTL(&r, "rate", "rl", "--rate", "2", "--per", "60000");
+    CK_RC(&r, 0);
+    long long n = rate_line(&r, "acquired");
+    ck_assert_msg(n > 0 && n <= 30000, "next in %lld", n);
+    CTL(&r, "rate", "rl", "--rate", "2", "--per", "1m");
+    CK_RC(&r, EX_TEMPFAIL);
+    n = rate_line(&r, "refused");
+    ck_assert_msg(n > 0 && n <= 30000, "retry after %lld", n);
+    CTL(&r, "rate", "rl", "--rate", "2", "--per", "1m", "-E", "9");
+    CK_RC(&r, 9);
+    CTL(&r, "-q", "rate", "rl", "--rate", "2", "--per", "1m");
+    CK_RC(&r, EX_TEMPFAIL);
+    ck_assert_str_eq(r.out, "");
+    /* A wait shorter than the retry is answered at once. */
+    long long t0 = h_now_ms();
+    CTL(&r, "rate", "rl", "--rate", "2", "--per", "1m", "--wait", "100ms");
+    CK_RC(&r, EX_TEMPFAIL);
+    ck_assert_int_lt(h_now_ms() - t0, 10000);
+    CTL(&r, "--json", "rate", "rl", "--rate", "2", "--per", "1m");
+    CK_RC(&r, EX_TEMPFAIL);
+    json_t *j = first_json(r.out);
+    ck_assert(json_is_false(json_object_get(j, "acquired")));
+    ck_assert(json_integer_value(json_object_get(j, "retry_after_ms")) > 0);
+    json_decref(j);
+    ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{rl}:rate"), 0);
+
+    /* --permits and --burst reach the daemon: 3 of a burst of 2 never
+     * can be (bad_request), 2 of 2 on a fresh key can. */
+    CTL(&r, "rate", "pb", "--rate", "1", "--per", "1m", "--burst", "2", "-n",
+        "3");
+    CK_RC(&r, EX_DATAERR);
+    ck_assert_ptr_nonnull(strstr(r.err, "bad_request"));
+    CTL(&r, "rate", "pb", "--rate", "1", "--per", "1m", "--burst", "2",
+        "--permits", "2");
+    CK_RC(&r, 0);
+    CTL(&r, "rate", "pb", "--rate", "1", "--per", "1m", "--burst", "2");
+    CK_RC(&r, EX_TEMPFAIL);
+
+    /* --wait: 1 per 400 ms; the second is granted once the first's
+     * interval has passed, not before. */
+    CTL(&r, "rate", "wt", "--rate", "1", "--per", "400ms");
+    CK_RC(&r, 0);
+    t0 = h_now_ms();
+    CTL(&r, "rate", "wt", "--rate", "1", "--per", "400ms", "-w", "15s");
+    CK_RC(&r, 0);
+    rate_line(&r, "acquired");
+    ck_assert_int_ge(h_now_ms() - t0, 200);
+
+    /* Foreign data: wrong_type, EX_DATAERR. */
+    h_r_do(&R, "HSET leased:lock:{ft}:rate a 1");
+    CTL(&r, "rate", "ft", "--rate", "1", "--per", "1s");
+    CK_RC(&r, EX_DATAERR);
+    ck_assert_ptr_nonnull(strstr(r.err, "wrong_type"));
     unsetenv("LEASED_SOCKET");
 }
 END_TEST
@@ -674,10 +784,15 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(locks_and_force, 90),      H_CASE(tcp_admin_token, 60),
-        H_CASE(json_everywhere, 90),      H_CASE(lock_command_forced, 90),
-        H_CASE(read_lock_and_sem, 90),    H_CASE(top_once_and_json, 60),
-        H_CASE(top_interactive_tmux, 60), H_CASE(cache_load, 120),
+        H_CASE(locks_and_force, 90),
+        H_CASE(tcp_admin_token, 60),
+        H_CASE(json_everywhere, 90),
+        H_CASE(lock_command_forced, 90),
+        H_CASE(read_lock_and_sem, 90),
+        H_CASE(top_once_and_json, 60),
+        H_CASE(top_interactive_tmux, 60),
+        H_CASE(cache_load, 120),
+        H_CASE(rate, 90),
     };
     return H_MAIN(fx, cases);
 }

@@ -711,6 +711,78 @@ START_TEST(test_cache)
 }
 END_TEST
 
+/* Versioned writes: a hit's version, and set and fill over a version,
+ * refused with the current one when it moved on. */
+START_TEST(test_cache_versioned)
+{
+    struct leased_conn *c;
+    struct leased_cache_result g;
+    struct leased_error err;
+    long long v1, v2, cur;
+    bool stored;
+    int rc;
+
+    h_start(NULL);
+    c = conn();
+
+    rc = leased_cache_set_if(c, "v:a", "one", (size_t)-1, 0, 0, &stored, &v1,
+                             &err);
+    CK_OK(rc, err, "cache.set if_version 0");
+    ck_assert(stored);
+    ck_assert_int_gt(v1, 0);
+    rc = leased_cache_get(c, "v:a", LEASED_UNSET, false, &g, &err);
+    CK_OK(rc, err, "cache.get");
+    ck_assert(g.hit);
+    ck_assert_int_eq(g.version, v1);
+    leased_cache_result_free(&g);
+    rc = leased_cache_set_if(c, "v:a", "two", (size_t)-1, 0, v1, &stored, &v2,
+                             &err);
+    CK_OK(rc, err, "cache.set over v1");
+    ck_assert(stored);
+    ck_assert_int_gt(v2, v1);
+    rc = leased_cache_set_if(c, "v:a", "late", (size_t)-1, 0, v1, &stored,
+                             &cur, &err);
+    CK_OK(rc, err, "cache.set over v1 again");
+    ck_assert(!stored);
+    ck_assert_int_eq(cur, v2);
+    /* Unconditional, as leased_cache_set. */
+    rc = leased_cache_set_if(c, "v:a", "three", (size_t)-1, 0, LEASED_UNSET,
+                             &stored, &cur, &err);
+    CK_OK(rc, err, "cache.set unconditional");
+    ck_assert(stored);
+    ck_assert_int_gt(cur, v2);
+
+    /* A fill over 0 (the miss it loaded for); a wrong version is refused
+     * and the lease kept. */
+    rc = leased_cache_get(c, "v:f", LEASED_UNSET, true, &g, &err);
+    CK_OK(rc, err, "cache.get miss");
+    ck_assert_ptr_nonnull(g.lease);
+    ck_assert_int_eq(g.version, 0);
+    rc = leased_cache_fill_if(c, "v:f", g.lease, "x", (size_t)-1, 0, 5,
+                              &stored, &cur, &err);
+    CK_OK(rc, err, "cache.fill over 5");
+    ck_assert(!stored);
+    ck_assert_int_eq(cur, 0);
+    rc = leased_cache_fill_if(c, "v:f", g.lease, NULL, 0, 0, 0, &stored, &cur,
+                              &err);
+    CK_OK(rc, err, "cache.fill null over 0");
+    ck_assert(stored);
+    ck_assert_int_gt(cur, 0);
+    leased_cache_result_free(&g);
+    rc = leased_cache_get(c, "v:f", LEASED_UNSET, false, &g, &err);
+    CK_OK(rc, err, "cache.get null");
+    ck_assert(g.hit && g.is_null);
+    ck_assert_int_eq(g.version, cur);
+    leased_cache_result_free(&g);
+
+    /* A bad if_version is the daemon's bad_request. */
+    rc = leased_cache_set_if(c, "v:a", "x", (size_t)-1, 0, -5, &stored, NULL,
+                             &err);
+    ck_assert_int_eq(rc, LEASED_E_BAD_REQUEST);
+    leased_close(c);
+}
+END_TEST
+
 /* leased_cache_mset: the count, each entry's outcome in order, values
  * (binary-safe, null) readable afterwards with their TTLs. */
 START_TEST(test_cache_mset)
@@ -1377,6 +1449,7 @@ main(void)
         H_CASE(unlock_request_id, 60),
         H_CASE(cache, 60),
         H_CASE(cache_mset, 60),
+        H_CASE(cache_versioned, 60),
         H_CASE(errors, 60),
         H_CASE(unauthorized, 60),
         H_CASE(busy, 60),

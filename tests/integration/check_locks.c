@@ -1146,6 +1146,73 @@ START_TEST(test_renew_cost)
 }
 END_TEST
 
+/* The watchdog's passes renew many locks per Redis call
+ * (lock_renew_many.lua), and each lock still gets its own answer: of 40
+ * held, the one whose key is deleted is lost, the one taken by someone
+ * else is lost as taken, and the others stay held (issue 30). */
+START_TEST(test_renew_many)
+{
+    struct h_conn *a;
+    char key[32];
+    enum { N = 40 };
+
+    h_start("lock:\n  watchdog_ms: 600\n");
+    a = lk_connect(&D);
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "many%d", i);
+        json_decref(lk_must(a, key, NULL, NO_TTL, 0));
+    }
+    freeReplyObject(h_redis_cmd(&R, "CONFIG RESETSTAT"));
+    long long ok0 = h_stat(a, "lock_renewals_ok");
+    ck_assert(h_wait_stat_min(a, "lock_renewals_ok", ok0 + 3 * N, 10000));
+    long long renewed = h_stat(a, "lock_renewals_ok") - ok0;
+    long long calls = cmd_calls("evalsha") + cmd_calls("eval");
+    /* 40 locks on redis.connections 2 are at least two calls a pass; one
+     * call per lock would be 40. */
+    ck_assert_msg(calls * 5 <= renewed,
+                  "%lld script calls for %lld renewals", calls, renewed);
+
+    ck_assert_int_eq(h_r_int(&R, "DEL leased:lock:{many7}"), 1);
+    redisReply *rep =
+        h_redis_cmd(&R, "EVAL %s 1 %s",
+                    "redis.call('del', KEYS[1]); redis.call('hset', KEYS[1], "
+                    "'0000000000000000000000000000000f', 1); "
+                    "redis.call('pexpire', KEYS[1], 60000)",
+                    "leased:lock:{many23}");
+    ck_assert(rep != NULL);
+    freeReplyObject(rep);
+    bool lost7 = false, lost23 = false;
+    while (!lost7 || !lost23) {
+        json_t *ev = h_event(a, 3000);
+        ck_assert_msg(ev != NULL, "no lock_lost for many7 (%d) or many23 (%d)",
+                      lost7, lost23);
+        ck_assert_str_eq(jstr(ev, "event"), "lock_lost");
+        const char *k = jstr(ev, "key");
+        if (strcmp(k, "many7") == 0) {
+            ck_assert_str_eq(jstr(ev, "reason"), "expired");
+            lost7 = true;
+        } else {
+            ck_assert_msg(strcmp(k, "many23") == 0, "lock_lost for %s", k);
+            ck_assert_str_eq(jstr(ev, "reason"), "taken");
+            lost23 = true;
+        }
+        json_decref(ev);
+    }
+    /* Two more passes: the 38 others renewed, none lost. */
+    ok0 = h_stat(a, "lock_renewals_ok");
+    ck_assert(h_wait_stat_min(a, "lock_renewals_ok", ok0 + 2 * (N - 2), 10000));
+    ck_assert_int_eq(h_stat(a, "locks_held"), N - 2);
+    ck_assert_int_eq(h_stat(a, "lock_lost"), 2);
+    for (int i = 0; i < N; i++) {
+        if (i == 7 || i == 23) {
+            continue;
+        }
+        ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{many%d}", i), 0);
+    }
+    h_close(a);
+}
+END_TEST
+
 /* --- request_id: a retried unlock is answered, not run again ---------- */
 
 /* Unlock KEY (MODE NULL: plain) by TOKEN with request id RID on C. */
@@ -1562,6 +1629,7 @@ main(void)
         H_CASE(shutdown_releases, 60),
         H_CASE(unlock_cost, 60),
         H_CASE(renew_cost, 60),
+        H_CASE(renew_many, 90),
         H_CASE(unlock_request_id, 60),
         H_CASE(unlock_request_id_unknown, 60),
         H_CASE(evict_warning, 90),

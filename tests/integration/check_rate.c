@@ -1,7 +1,8 @@
 /* The rate limiter against real redis-server and real leased:
  * rate.acquire's checks, its decisions and retry_after_ms, permits and
  * burst, waiting (granted after about retry_after_ms, ended by the
- * session closing and by cancel), Redis down, foreign data, and
+ * session closing and by cancel, bounded by limits.max_waiters), Redis
+ * down, foreign data, and
  * processes on two daemons hammering one key that never pass the rate in
  * any window. */
 
@@ -210,14 +211,30 @@ pending_is(void *arg)
     return h_stat(w->c, "requests_pending") == w->n;
 }
 
+struct cancel_want {
+    struct h_conn *c;
+    int id;
+};
+
+/* Cancel the request ID of C: true once that ended its wait (a decision
+ * in flight is not cancelled, so this is asked until it is not). */
 static bool
-cancelled(void *arg)
+cancelled_id(void *arg)
 {
-    json_t *c = h_callf(arg, T_MS, "{s:s,s:i}", "op", "cancel", "target", 6);
+    struct cancel_want *w = arg;
+    json_t *c = h_callf(w->c, T_MS, "{s:s,s:i}", "op", "cancel", "target",
+                        w->id);
     ck_assert_msg(c != NULL && h_ok(c), "cancel refused");
     bool done = jtrue(c, "cancelled");
     json_decref(c);
     return done;
+}
+
+static bool
+cancelled(void *arg)
+{
+    struct cancel_want w = {arg, 6};
+    return cancelled_id(&w);
 }
 
 START_TEST(test_wait_ends_with_session_and_cancel)
@@ -302,6 +319,63 @@ START_TEST(test_max_pending)
     h_expect_code(r, "busy", "a third waiting rate.acquire");
     h_close(a);
     h_close(b);
+}
+END_TEST
+
+/* A rate wait takes a place under limits.max_waiters, daemon-wide and
+ * shared with lock and semaphore waiters: past it a request that would
+ * wait is answered busy, as a lock's is. A wait that a cancel or its
+ * session's end closes gives its place back. The busy answers come at
+ * once: a probe that waits instead has no reply within T_MS. */
+START_TEST(test_max_waiters)
+{
+    h_start("limits:\n  max_waiters: 2\n");
+    struct h_conn *a = h_connect_ok(&D1);
+    struct h_conn *b = h_connect_ok(&D1);
+    struct h_conn *c = h_connect_ok(&D1);
+
+    rate_must(rate_call(a, "mw", 1, 60000, 1, 0, 0), true, "first");
+    rate_must(rate_call(a, "mw2", 1, 60000, 1, 0, 0), true, "first of mw2");
+    s_send_id(b, 1, rate_req("mw", 1, 60000, 1, 0, 120000));
+    s_send_id(b, 2, rate_req("mw", 1, 60000, 1, 0, 120000));
+    h_assert_stat(a, "rate_waiting", 2, T_MS);
+
+    h_expect_code(h_call(c, rate_req("mw", 1, 60000, 1, 0, 120000), T_MS),
+                  "busy", "a third rate wait");
+    /* The count is the daemon's, not the key's. */
+    h_expect_code(h_call(c, rate_req("mw2", 1, 60000, 1, 0, 120000), T_MS),
+                  "busy", "a rate wait on another key");
+    /* Deciding once, or a wait shorter than the retry, does not wait. */
+    rate_must(rate_call(c, "mw", 1, 60000, 1, 0, 0), false, "try once");
+    rate_must(rate_call(c, "mw", 1, 60000, 1, 0, 1000), false, "short wait");
+    /* Shared with the semaphore's (and the lock's) waiters. */
+    char tok[65];
+    s_must(a, "mws", 1, 0, 0, tok);
+    json_t *r = h_call(c, s_req("mws", 1, 0, 120000, 0), T_MS);
+    h_expect_code(r, "busy", "a semaphore wait behind two rate waits");
+
+    /* A cancelled wait gives its place back. */
+    ck_assert(h_wait_until(cancelled_id, &(struct cancel_want){b, 2}, T_MS));
+    rate_must(h_recv_id(b, 2, T_MS), false, "cancelled");
+    h_assert_stat(a, "rate_waiting", 1, T_MS);
+    s_send_id(c, 3, rate_req("mw2", 1, 60000, 1, 0, 120000));
+    h_assert_stat(a, "rate_waiting", 2, T_MS);
+    h_expect_code(h_call(a, rate_req("mw", 1, 60000, 1, 0, 120000), T_MS),
+                  "busy", "full again");
+
+    /* So does one whose session closed. */
+    h_close(b);
+    h_assert_stat(a, "rate_waiting", 1, T_MS);
+    struct h_conn *d = h_connect_ok(&D1);
+    s_send_id(d, 4, rate_req("mw", 1, 60000, 1, 0, 120000));
+    h_assert_stat(a, "rate_waiting", 2, T_MS);
+    h_expect_code(h_call(a, rate_req("mw", 1, 60000, 1, 0, 120000), T_MS),
+                  "busy", "full once more");
+    h_close(c);
+    h_close(d);
+    h_assert_stat(a, "rate_waiting", 0, T_MS);
+    ck_assert_int_eq(h_stat(a, "lock_waiters"), 0);
+    h_close(a);
 }
 END_TEST
 
@@ -505,6 +579,7 @@ main(void)
         H_CASE(wait_granted, 40),
         H_CASE(wait_ends_with_session_and_cancel, 40),
         H_CASE(max_pending, 30),
+        H_CASE(max_waiters, 40),
         H_CASE(stop_while_waiting, 40),
         H_CASE(redis_down_and_wrong_type, 40),
         H_CASE(redis_stalled_outcome_unknown, 40),

@@ -341,8 +341,10 @@ give(struct h_conn *c, const struct held *h, int i)
         return call(c, "sem.release", "{s:s,s:s,s:s}", "op", "sem.release",
                     "key", "s", "token", h->sem);
     case 5:
-        return call(c, "cache.fill", "{s:s,s:s,s:s,s:s}", "op", "cache.fill",
-                    "key", "f", "lease", h->fill, "value", "loaded");
+        /* Over version 0, the miss it loaded for. */
+        return call(c, "cache.fill", "{s:s,s:s,s:s,s:s,s:i}", "op",
+                    "cache.fill", "key", "f", "lease", h->fill, "value",
+                    "loaded", "if_version", 0);
     default:
         return call(c, "cache.release", "{s:s,s:s,s:s}", "op", "cache.release",
                     "key", "rel", "lease", h->rel);
@@ -436,6 +438,18 @@ fresh_writes_refused(struct h_conn *c, enum refusal how)
          * memory. */
         EXPECT("cache.set", "{s:s,s:s,s:s,s:i}", "op", "cache.set", "key", "k",
                "value", "v", "ttl_ms", 10000);
+        /* A versioned write whose version holds (0: nothing there) must
+         * write, and so is refused. */
+        EXPECT("cache.set if_version", "{s:s,s:s,s:s,s:i}", "op", "cache.set",
+               "key", "k", "value", "v", "if_version", 0);
+        json_t *mv = call(c, "cache.mset", "{s:s,s:[{s:s,s:s,s:i}]}", "op",
+                          "cache.mset", "entries", "key", "k3", "value", "v",
+                          "if_version", 0);
+        json_t *mres = json_object_get(mv, "results");
+        ck_assert_msg(h_ok(mv) && jint(mv, "stored") == 0 &&
+                          is_unavailable(json_array_get(mres, 0)),
+                      "%s, cache.mset if_version: %s", why, h_dump(mv));
+        json_decref(mv);
         /* cache.mset answers ok, with each entry's refusal as its
          * result and none stored. */
         json_t *m = call(c, "cache.mset", "{s:s,s:[{s:s,s:s},{s:s,s:n}]}",

@@ -2920,6 +2920,7 @@ static const struct cluster_skip cluster_skips[] = {
      "kills and restarts the one Redis to queue deletes in the journal "
      "(check_cluster's master_lost_for_good replays them per key)"},
     {"mset", "redis_down", "kills and restarts the one Redis"},
+    {"versioned", "redis_down", "kills the one Redis"},
     {"mset", "redis_stalled",
      "stops the one Redis process (SIGSTOP) to time a request out"},
     {"cache", "second_delete_after_outage",

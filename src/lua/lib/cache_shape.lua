@@ -1,24 +1,28 @@
 -- Included by the cache scripts (lua2c.sh pastes it in: Redis scripts
 -- cannot share code at run time).
 -- What the writes (cache.fill, cache.release, cache.set) answer: enum
--- cache_write_rc on the C side, CACHE_WRITE_ + these names.
-local DONE, REFUSED, WRONG_TYPE = 1, 0, -1
+-- cache_write_rc on the C side, CACHE_WRITE_ + these names. MOVED: the
+-- entry's version is not the if_version the write was made for.
+local DONE, REFUSED, WRONG_TYPE, MOVED = 1, 0, -1, 2
 
 -- An entry leased wrote is a hash with only the fields v (the value),
 -- n ("1": a cached "not found"), l (the current fill lease), s (the stale
 -- mark: stale-while-revalidate), d (how long the load of the value took,
--- ms: early refresh) and g (when the lease l was granted, ms: early
--- refresh), at least one of v, n and l, never v and n together; a lease
+-- ms: early refresh), g (when the lease l was granted, ms: early
+-- refresh) and r (the version of the value or null: versioned writes),
+-- at least one of v, n and l, never v and n together; a lease
 -- alone always expires (the entry's TTL is then the lease's); s only
 -- beside v, holding digits (the wall-clock ms, by Redis' TIME, until
 -- which the lease l of the stale entry is honoured; 0 while none was
--- granted); d only beside v and g only beside l, both digits.
--- entry_fields returns {v, n, l, s, d, g} of such an entry, or nil for
+-- granted); d only beside v and g only beside l, both digits; r only
+-- beside v or n, digits (absent in entries written before versions: they
+-- read as version 1).
+-- entry_fields returns {v, n, l, s, d, g, r} of such an entry, or nil for
 -- data leased did not write. KEY must be a hash.
 local function entry_fields(key)
-    local f = redis.call('HMGET', key, 'v', 'n', 'l', 's', 'd', 'g')
+    local f = redis.call('HMGET', key, 'v', 'n', 'l', 's', 'd', 'g', 'r')
     local k = 0
-    for i = 1, 6 do
+    for i = 1, 7 do
         if f[i] then
             k = k + 1
         end
@@ -28,6 +32,8 @@ local function entry_fields(key)
        or (f[4] and (not f[1] or not string.match(f[4], '^%d+$')))
        or (f[5] and (not f[1] or not string.match(f[5], '^%d+$')))
        or (f[6] and (not f[3] or not string.match(f[6], '^%d+$')))
+       or (f[7] and ((not f[1] and not f[2])
+                     or not string.match(f[7], '^%d+$')))
        or (not f[1] and not f[2] and not f[3])
        or (not f[1] and not f[2] and redis.call('PTTL', key) < 0) then
         return nil
@@ -38,8 +44,8 @@ end
 -- The lease check of a write under a fill lease (cache.fill,
 -- cache.release): the fields of the entry at KEY when LEASE is its current
 -- lease; else nil and what the write answers: REFUSED when the lease is
--- gone (no entry, or another lease), WRONG_TYPE for data leased did not
--- write.
+-- gone (no entry, or another lease: then the entry's fields too),
+-- WRONG_TYPE for data leased did not write.
 local function leased_entry(key, lease)
     local t = redis.call('TYPE', key)['ok']
     if t == 'none' then
@@ -53,7 +59,7 @@ local function leased_entry(key, lease)
         return nil, WRONG_TYPE
     end
     if f[3] ~= lease then
-        return nil, REFUSED
+        return nil, REFUSED, f
     end
     return f
 end
@@ -62,4 +68,38 @@ end
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The version of what the entry F (entry_fields) holds: 0 for no value
+-- and no null (nothing, or a lease alone), 1 for one written before
+-- versions existed.
+local function entry_version(f)
+    if not f or (not f[1] and not f[2]) then
+        return 0
+    end
+    if not f[7] then
+        return 1
+    end
+    return tonumber(f[7])
+end
+
+-- The version a write that stores gives the entry whose version is CUR:
+-- above CUR, and no lower than Redis' clock in microseconds, so that a
+-- key deleted and written again never gets a version it had before (as
+-- long as Redis' clock does not step back over the gap). Microseconds
+-- since 1970 are about 2^50.6: far below 2^53, where a Lua number (a
+-- double) or a JSON integer would stop being exact, until the year 2255;
+-- CUR + 1 can pass the clock only by one per write within a microsecond.
+local function next_version(cur)
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    if cur + 1 > now then
+        return cur + 1
+    end
+    return now
+end
+
+-- A version as the digits HSET stores (tostring would write 1.7e+15).
+local function version_text(v)
+    return string.format('%.0f', v)
 end

@@ -1,21 +1,26 @@
--- Pasted at the top of the renewal scripts (lock_renew.lua,
--- rw_renew.lua): statements, not a function, because creating a closure
--- costs every renewal. The holder's own field is all a renewal reads
--- (HGET fails on a key of another type); when it holds nothing the
--- answer is ABSENT, OTHER or FORCED. Leaves the count, a string, in v.
-local v = redis.pcall('hget', KEYS[1], ARGV[1])
+-- Pasted inside "repeat ... until true" at the top of the renewals
+-- (lock_renew.lua, lock_renew_many.lua, rw_renew.lua): statements, not a
+-- function, because creating a closure costs every renewal. Reads key,
+-- forced (may be nil) and holder. The holder's own field is all a renewal
+-- reads (HGET fails on a key of another type). When it holds nothing,
+-- code is WRONG_TYPE, ABSENT, OTHER or FORCED and the loop is left;
+-- otherwise v is the count, a string.
+v = redis.pcall('hget', key, holder)
 if type(v) == 'table' then
-    return {-1}
+    code = -1
+    break
 end
 if not v then
-    if redis.call('exists', KEYS[1]) == 0 then
-        if KEYS[2] and redis.call('exists', KEYS[2]) == 1 then
-            return {-4}
+    code = -3
+    if redis.call('exists', key) == 0 then
+        code = -2
+        if forced and redis.call('exists', forced) == 1 then
+            code = -4
         end
-        return {-2}
     end
-    return {-3}
+    break
 end
 if #v > 15 or not string.find(v, '^[1-9][0-9]*$') then
-    return {-1}
+    code = -1
+    break
 end
