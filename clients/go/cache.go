@@ -335,3 +335,128 @@ func (cl *Client) bloomKeys(ctx context.Context, op, field, filter string,
 	}
 	return out, nil
 }
+
+// Versioned is what Read found (hello's feature versioned): Hit, and on
+// a hit the Value read through the serializer (NotFound for a cached
+// "not found") and its Version; on a miss read with a lease, the fill
+// Lease.
+type Versioned[T any] struct {
+	Hit      bool
+	NotFound bool
+	Value    T
+	Version  int64
+	Lease    string
+}
+
+// ReadOptions of Read.
+type ReadOptions struct {
+	// Lease asks for the fill lease on a miss (and may wait while
+	// another caller loads, as Cached does); false reads without one.
+	Lease bool
+	// Wait as for CacheOptions.
+	Wait time.Duration
+}
+
+// Read is a cache.get that returns the value with its version, for a
+// later Write or Fill with WriteOptions.IfVersion (a compare-and-set).
+func Read[T any](ctx context.Context, cl *Client, key string,
+	opts *ReadOptions) (*Versioned[T], error) {
+	if err := checkKeys([]string{key}); err != nil {
+		return nil, err
+	}
+	if opts == nil {
+		opts = &ReadOptions{}
+	}
+	req := map[string]any{"op": "cache.get", "key": key}
+	if !opts.Lease {
+		req["lease"] = false
+	}
+	if opts.Wait > 0 {
+		req["wait_ms"] = ms(opts.Wait)
+	}
+	r, _, err := cl.call(ctx, []string{key}, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	v := &Versioned[T]{Hit: r.Hit}
+	if !r.Hit {
+		if isString(r.Lease) {
+			v.Lease = rawString(r.Lease)
+		}
+		return v, nil
+	}
+	v.Version = rawInt(r.Version)
+	v.Value, err = decode[T](cl, key, r.Value)
+	if errors.Is(err, ErrNotFound) {
+		v.NotFound, err = true, nil
+	}
+	return v, err
+}
+
+// WriteOptions of Write and Fill.
+type WriteOptions struct {
+	// TTL of the value; 0: the daemon's cache.ttl_ms.
+	TTL time.Duration
+	// IfVersion, when set (leased.Version(n)), stores only when the
+	// entry's version is n; Version(0): only when there is none.
+	IfVersion *int64
+}
+
+// Version gives a WriteOptions.IfVersion.
+func Version(n int64) *int64 { return &n }
+
+// Written is what Write and Fill did: Stored, and the Version the value
+// got, or, when it was not stored, the entry's current version (0:
+// none), to read again and retry.
+type Written struct {
+	Stored  bool
+	Version int64
+}
+
+// Write is a cache.set of value through the serializer (nil: "not
+// found"); with opts.IfVersion a compare-and-set. Any outstanding fill
+// lease of the key becomes invalid.
+func (cl *Client) Write(ctx context.Context, key string, value any,
+	opts *WriteOptions) (*Written, error) {
+	return cl.write(ctx, "cache.set", key, "", value, opts)
+}
+
+// Fill stores value under lease (from Read with a lease), with
+// opts.IfVersion as Write has it.
+func (cl *Client) Fill(ctx context.Context, key, lease string, value any,
+	opts *WriteOptions) (*Written, error) {
+	return cl.write(ctx, "cache.fill", key, lease, value, opts)
+}
+
+func (cl *Client) write(ctx context.Context, op, key, lease string,
+	value any, opts *WriteOptions) (*Written, error) {
+	if err := checkKeys([]string{key}); err != nil {
+		return nil, err
+	}
+	if opts == nil {
+		opts = &WriteOptions{}
+	}
+	req := map[string]any{"op": op, "key": key, "value": nil}
+	if value != nil {
+		s, err := cl.opts.Serializer.Marshal(value)
+		if err != nil {
+			return nil, &Error{Code: "invalid", Message: "the value of " +
+				key + " cannot be stored: " + err.Error(), Err: err}
+		}
+		req["value"] = s
+	}
+	if op == "cache.fill" {
+		req["lease"] = lease
+	}
+	if opts.TTL > 0 {
+		req["ttl_ms"] = ms(opts.TTL)
+	}
+	if opts.IfVersion != nil {
+		req["if_version"] = *opts.IfVersion
+	}
+	r, _, err := cl.call(ctx, []string{key}, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Written{Stored: string(r.Stored) == "true", Version: rawInt(r.Version)}, nil
+}

@@ -42,7 +42,10 @@ type reply struct {
 	Reason    string          `json:"reason"`
 	Permits   int             `json:"permits"`
 	Available int             `json:"available"`
-	raw       []byte
+	// Version is a number on a cache hit or write, the daemon's version
+	// string in hello's reply: raw, as Released and Stored.
+	Version json.RawMessage `json:"version"`
+	raw     []byte
 }
 
 type wireError struct {
@@ -397,6 +400,12 @@ func (c *conn) giveBack(ctx context.Context, req map[string]any, r *reply) {
 			return
 		}
 	}
+}
+
+// rawInt is the integer RAW holds, or 0 (absent, or not a number).
+func rawInt(raw json.RawMessage) int64 {
+	n, _ := strconv.ParseInt(string(raw), 10, 64)
+	return n
 }
 
 func isString(raw json.RawMessage) bool { return len(raw) > 0 && raw[0] == '"' }

@@ -903,3 +903,51 @@ func TestBloom(t *testing.T) {
 		t.Fatalf("%d loads, want 1 (for the key that may exist)", n)
 	}
 }
+
+// A compare-and-set that wins, one that loses with the current version,
+// and a fill over version 0.
+func TestVersionedWrites(t *testing.T) {
+	ld := dial(t)
+	a, f := k("ver:a"), k("ver:f")
+	miss, err := leased.Read[user](bg(), ld, a, nil)
+	if err != nil || miss.Hit || miss.Version != 0 {
+		t.Fatalf("read of a miss: %+v %v", miss, err)
+	}
+	w1, err := ld.Write(bg(), a, user{ID: 1}, &leased.WriteOptions{IfVersion: leased.Version(0)})
+	if err != nil || !w1.Stored || w1.Version <= 0 {
+		t.Fatalf("write over none: %+v %v", w1, err)
+	}
+	got, err := leased.Read[user](bg(), ld, a, nil)
+	if err != nil || !got.Hit || got.Value.ID != 1 || got.Version != w1.Version {
+		t.Fatalf("read: %+v %v", got, err)
+	}
+	w2, err := ld.Write(bg(), a, user{ID: 2}, &leased.WriteOptions{IfVersion: leased.Version(got.Version)})
+	if err != nil || !w2.Stored || w2.Version <= w1.Version {
+		t.Fatalf("compare-and-set: %+v %v", w2, err)
+	}
+	late, err := ld.Write(bg(), a, user{ID: 99}, &leased.WriteOptions{IfVersion: leased.Version(got.Version)})
+	if err != nil || late.Stored || late.Version != w2.Version {
+		t.Fatalf("a write over a version that moved on: %+v %v", late, err)
+	}
+	if now, _ := leased.Read[user](bg(), ld, a, nil); now.Value.ID != 2 {
+		t.Fatalf("the losing write was stored: %+v", now)
+	}
+	r, err := leased.Read[string](bg(), ld, f, &leased.ReadOptions{Lease: true})
+	if err != nil || r.Hit || r.Lease == "" {
+		t.Fatalf("read with a lease: %+v %v", r, err)
+	}
+	if w, err := ld.Fill(bg(), f, r.Lease, "x", &leased.WriteOptions{IfVersion: leased.Version(7)}); err != nil || w.Stored || w.Version != 0 {
+		t.Fatalf("fill over version 7 of none: %+v %v", w, err)
+	}
+	fw, err := ld.Fill(bg(), f, r.Lease, nil, &leased.WriteOptions{IfVersion: leased.Version(0)})
+	if err != nil || !fw.Stored {
+		t.Fatalf("fill over none: %+v %v", fw, err)
+	}
+	nf, err := leased.Read[string](bg(), ld, f, nil)
+	if err != nil || !nf.Hit || !nf.NotFound || nf.Version != fw.Version {
+		t.Fatalf("read of a filled not found: %+v %v", nf, err)
+	}
+	if _, err := ld.Write(bg(), a, "x", &leased.WriteOptions{IfVersion: leased.Version(-1)}); leased.Code(err) != "bad_request" {
+		t.Fatalf("if_version -1: %v", err)
+	}
+}
