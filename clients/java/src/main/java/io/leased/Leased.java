@@ -1123,6 +1123,90 @@ public final class Leased implements AutoCloseable {
         return out;
     }
 
+    /**
+     * What {@link #read} found (hello's feature "versioned"): HIT, the VALUE
+     * through the serializer (null for a miss or a cached "not found"), its
+     * VERSION (0 on a miss) and, on a miss read with a lease, the fill LEASE.
+     */
+    public record Versioned(boolean hit, Object value, long version, String lease) {}
+
+    /**
+     * What {@link #write} and {@link #fill(String, String, Object, Long, Long)}
+     * did: STORED, and the VERSION the value got, or, when it was not stored,
+     * the entry's current version (0: none), to read again and retry.
+     */
+    public record Written(boolean stored, long version) {}
+
+    /** {@link #read(String, boolean, Long)} without a lease. */
+    public Versioned read(String key) {
+        return read(key, false, null);
+    }
+
+    /**
+     * A cache.get that returns the value with its version, for a later
+     * {@link #write} or {@code fill} with ifVersion (a compare-and-set).
+     * LEASE true asks for the fill lease on a miss (and may wait up to WAIT_MS,
+     * as {@link #cached} does).
+     */
+    public Versioned read(String key, boolean lease, Long waitMs) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("key", oneKey(key));
+        if (!lease) {
+            f.put("lease", false);
+        }
+        if (waitMs != null) {
+            f.put("wait_ms", waitMs);
+        }
+        Map<String, Object> got = callOn(null, "cache.get", f,
+                lease ? (waitMs != null ? waitMs : 3000) : 0, null);
+        if (Boolean.TRUE.equals(got.get("hit"))) {
+            return new Versioned(true, valueOf(key, (String) got.get("value")),
+                    num(got.get("version")), null);
+        }
+        return new Versioned(false, null, 0, got.get("lease") instanceof String l ? l : null);
+    }
+
+    /**
+     * cache.set of VALUE (through the serializer; null: "not found"), with
+     * TTL_MS (null: the daemon's default). IF_VERSION (null: none) stores
+     * only when the entry's version is that one (0: only when there is none).
+     */
+    public Written write(String key, Object value, Long ttlMs, Long ifVersion) {
+        return written(callOn(null, "cache.set", writeFields(key, null, value, ttlMs, ifVersion),
+                0, null));
+    }
+
+    /** cache.fill under LEASE (from {@code read(key, true, ...)}), IF_VERSION as for write. */
+    public Written fill(String key, String lease, Object value, Long ttlMs, Long ifVersion) {
+        if (lease == null) {
+            throw new LeasedException("invalid", "a fill needs the lease of a miss");
+        }
+        return written(callOn(null, "cache.fill", writeFields(key, lease, value, ttlMs, ifVersion),
+                0, null));
+    }
+
+    private Map<String, Object> writeFields(String key, String lease, Object value, Long ttlMs,
+            Long ifVersion) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("key", oneKey(key));
+        if (lease != null) {
+            f.put("lease", lease);
+        }
+        f.put("value", textOf(key, value));
+        if (ttlMs != null) {
+            f.put("ttl_ms", ttlMs);
+        }
+        if (ifVersion != null) {
+            f.put("if_version", ifVersion);
+        }
+        return f;
+    }
+
+    private static Written written(Map<String, Object> r) {
+        long v = r.get("version") instanceof Number n ? n.longValue() : 0;
+        return new Written(Boolean.TRUE.equals(r.get("stored")), v);
+    }
+
     /** Delete KEYS now and once more after the daemon's double-delete delay. */
     public Map<String, Object> invalidate(String... keys) {
         // Arrays.asList, not List.of: a null key is the caller's "invalid",

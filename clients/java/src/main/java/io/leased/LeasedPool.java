@@ -145,4 +145,21 @@ public final class LeasedPool implements AutoCloseable {
     public List<Boolean> bloomCheck(String filter, Collection<String> keys) {
         return connection().bloomCheck(filter, keys);
     }
+
+    public Leased.Versioned read(String key) {
+        return connection().read(key);
+    }
+
+    public Leased.Versioned read(String key, boolean lease, Long waitMs) {
+        return connection().read(key, lease, waitMs);
+    }
+
+    public Leased.Written write(String key, Object value, Long ttlMs, Long ifVersion) {
+        return connection().write(key, value, ttlMs, ifVersion);
+    }
+
+    public Leased.Written fill(String key, String lease, Object value, Long ttlMs,
+            Long ifVersion) {
+        return connection().fill(key, lease, value, ttlMs, ifVersion);
+    }
 }

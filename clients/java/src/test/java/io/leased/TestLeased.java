@@ -548,6 +548,38 @@ public final class TestLeased {
             }
         });
 
+        test("versioned: a compare-and-set that wins, one that loses, a fill over 0", () -> {
+            String a = P + "ver:a";
+            String f = P + "ver:f";
+            try (Leased ld = new Leased(SOCK)) {
+                Leased.Versioned miss = ld.read(a);
+                check(!miss.hit() && miss.value() == null && miss.version() == 0, "miss " + miss);
+                Leased.Written w1 = ld.write(a, Map.of("n", 1), null, 0L);
+                check(w1.stored() && w1.version() > 0, "written over none " + w1);
+                Leased.Versioned got = ld.read(a);
+                check(got.hit() && got.version() == w1.version(), "read " + got);
+                eq(1L, ((Map<?, ?>) got.value()).get("n"), "value");
+                Leased.Written w2 = ld.write(a, Map.of("n", 2), null, got.version());
+                check(w2.stored() && w2.version() > w1.version(), "compare-and-set " + w2);
+                eq(new Leased.Written(false, w2.version()), ld.write(a, "late", null, got.version()),
+                        "a write over a version that moved on");
+                eq(2L, ((Map<?, ?>) ld.read(a).value()).get("n"), "the losing write not stored");
+                String lease = ld.read(f, true, null).lease();
+                check(lease != null, "a lease on a miss");
+                eq(new Leased.Written(false, 0), ld.fill(f, lease, "x", null, 7L), "fill over 7");
+                Leased.Written fw = ld.fill(f, lease, null, null, 0L);
+                check(fw.stored(), "fill over none");
+                Leased.Versioned nf = ld.read(f);
+                check(nf.hit() && nf.value() == null && nf.version() == fw.version(), "nf " + nf);
+                fails("bad_request", () -> ld.write(a, "x", null, -1L));
+            }
+            try (LeasedPool pool = new LeasedPool(SOCK, 2)) {
+                long v = pool.read(a).version();
+                Leased.Written p = pool.write(a, "pool", null, v);
+                check(p.stored() && pool.read(a).version() == p.version(), "pool " + p);
+            }
+        });
+
         test("cached: loads once, JSON values, null cached as not found", () -> {
             String k = P + "cache";
             AtomicInteger loads = new AtomicInteger();
