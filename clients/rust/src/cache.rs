@@ -95,7 +95,141 @@ pub struct Warmed {
     pub errors: Vec<Option<Error>>,
 }
 
+/// What `read` found (hello's feature `versioned`): `hit`, the `value` as
+/// JSON (`Json::Null` for a miss or a cached "not found"), its `version`
+/// (0 on a miss) and, on a miss read with a lease, the fill `lease`.
+#[derive(Clone, Debug)]
+pub struct Versioned {
+    pub hit: bool,
+    pub value: Json,
+    pub version: i64,
+    pub lease: Option<String>,
+}
+
+/// What `write` and `fill` did: `stored`, and the `version` the value got,
+/// or, when it was not stored, the entry's current version (0: none), to
+/// read again and retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub stored: bool,
+    pub version: i64,
+}
+
+/// The fields of `write` and `fill` besides the value.
+#[derive(Clone, Debug, Default)]
+pub struct WriteOptions {
+    ttl_ms: Option<i64>,
+    if_version: Option<i64>,
+}
+
+impl WriteOptions {
+    pub fn new() -> WriteOptions {
+        WriteOptions::default()
+    }
+
+    /// The TTL of the value (the daemon's `cache.ttl_ms` without).
+    pub fn ttl_ms(mut self, ms: i64) -> Self {
+        self.ttl_ms = Some(ms);
+        self
+    }
+
+    /// Store only while the entry's version is V (0: only when there is
+    /// none): a compare-and-set.
+    pub fn if_version(mut self, v: i64) -> Self {
+        self.if_version = Some(v);
+        self
+    }
+}
+
 impl Leased {
+    /// A cache.get that returns the value (as JSON, as `cached()` stores
+    /// it) with its version, for a later `write` or `fill` with
+    /// `if_version`. With `lease` a miss carries the fill lease (and may
+    /// wait up to `opts.wait_ms`, as `cached()` does).
+    pub fn read(&self, key: &str, lease: bool, opts: &CacheOptions) -> Result<Versioned> {
+        let key = &checked_keys(vec![key.to_string()])?[0];
+        let got = if lease {
+            self.cache_get(key, opts)?.1
+        } else {
+            self.call(
+                "cache.get",
+                Json::object().set("key", key.as_str()).set("lease", false),
+            )?
+        };
+        if !got.bool_of("hit") {
+            return Ok(Versioned {
+                hit: false,
+                value: Json::Null,
+                version: 0,
+                lease: got.get("lease").and_then(Json::as_str).map(String::from),
+            });
+        }
+        let value = match got.get("value").and_then(Json::as_str) {
+            None => Json::Null,
+            Some(text) => Json::parse(text).map_err(|e| {
+                Error::new(
+                    "bad_value",
+                    format!("the cached value of {:?} is not JSON: {}", key, e),
+                )
+            })?,
+        };
+        Ok(Versioned {
+            hit: true,
+            value,
+            version: got.get("version").and_then(Json::as_i64).unwrap_or(0),
+            lease: None,
+        })
+    }
+
+    /// cache.set of VALUE as JSON (`Json::Null`: "not found"); with
+    /// `if_version` a compare-and-set.
+    pub fn write(&self, key: &str, value: impl Into<Json>, opts: &WriteOptions) -> Result<Written> {
+        self.versioned_write("cache.set", key, None, value.into(), opts)
+    }
+
+    /// cache.fill under LEASE (from `read` with a lease), `if_version` as
+    /// `write` has it.
+    pub fn fill(
+        &self,
+        key: &str,
+        lease: &str,
+        value: impl Into<Json>,
+        opts: &WriteOptions,
+    ) -> Result<Written> {
+        self.versioned_write("cache.fill", key, Some(lease), value.into(), opts)
+    }
+
+    fn versioned_write(
+        &self,
+        op: &str,
+        key: &str,
+        lease: Option<&str>,
+        value: Json,
+        opts: &WriteOptions,
+    ) -> Result<Written> {
+        let key = &checked_keys(vec![key.to_string()])?[0];
+        let text = if value.is_null() {
+            Json::Null
+        } else {
+            Json::from(value.to_string())
+        };
+        let mut req = Json::object().set("key", key.as_str()).set("value", text);
+        if let Some(l) = lease {
+            req = req.set("lease", l);
+        }
+        if let Some(t) = opts.ttl_ms {
+            req = req.set("ttl_ms", t);
+        }
+        if let Some(v) = opts.if_version {
+            req = req.set("if_version", v);
+        }
+        let r = self.call(op, req)?;
+        Ok(Written {
+            stored: r.bool_of("stored"),
+            version: r.get("version").and_then(Json::as_i64).unwrap_or(0),
+        })
+    }
+
     /// Bulk warm-up (`cache.mset`; hello's feature `mset`): up to 1000
     /// ENTRIES stored in one request as `cached()` would have filled them,
     /// each with its own TTL or TTL_MS (None: the daemon's default). An

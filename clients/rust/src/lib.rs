@@ -488,7 +488,7 @@ fn release_late(kind: Kind, keys: Vec<String>, mode: Option<Mode>) -> Late {
 }
 
 mod cache;
-pub use cache::{CacheOptions, WarmEntry, Warmed};
+pub use cache::{CacheOptions, Versioned, WarmEntry, Warmed, WriteOptions, Written};
 
 impl Leased {
     /// Connect to the daemon at TARGET (a Unix socket path, or

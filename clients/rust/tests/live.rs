@@ -4,6 +4,7 @@
 
 use leased::{
     CacheOptions, Json, Leased, LockOptions, RateOptions, SemOptions, UnlockOptions, WarmEntry,
+    WriteOptions,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -511,4 +512,52 @@ fn bloom_filter_rules_keys_out_before_the_cache() {
         Some("v")
     );
     assert_eq!(loads.load(Ordering::SeqCst), 1);
+}
+
+/// A compare-and-set that wins, one that loses with the current version,
+/// and a fill over version 0.
+#[test]
+fn versioned_writes_compare_and_set() {
+    let ld = client();
+    let (a, f) = (k("ver:a"), k("ver:f"));
+    let none = CacheOptions::new();
+    let miss = ld.read(&a, false, &none).unwrap();
+    assert!(!miss.hit && miss.version == 0 && miss.value.is_null());
+    let w1 = ld
+        .write(
+            &a,
+            Json::object().set("n", 1),
+            &WriteOptions::new().if_version(0),
+        )
+        .unwrap();
+    assert!(w1.stored && w1.version > 0, "{:?}", w1);
+    let got = ld.read(&a, false, &none).unwrap();
+    assert!(got.hit && got.version == w1.version);
+    assert_eq!(got.value.get("n").and_then(Json::as_i64), Some(1));
+    let cas = WriteOptions::new().if_version(got.version);
+    let w2 = ld.write(&a, Json::object().set("n", 2), &cas).unwrap();
+    assert!(w2.stored && w2.version > w1.version, "{:?}", w2);
+    let late = ld.write(&a, "late", &cas).unwrap();
+    assert_eq!((late.stored, late.version), (false, w2.version));
+    let now = ld.read(&a, false, &none).unwrap();
+    assert_eq!(now.value.get("n").and_then(Json::as_i64), Some(2));
+    let lease = ld
+        .read(&f, true, &none)
+        .unwrap()
+        .lease
+        .expect("a lease on a miss");
+    let w = ld
+        .fill(&f, &lease, "x", &WriteOptions::new().if_version(7))
+        .unwrap();
+    assert_eq!((w.stored, w.version), (false, 0));
+    let fw = ld
+        .fill(&f, &lease, Json::Null, &WriteOptions::new().if_version(0))
+        .unwrap();
+    assert!(fw.stored);
+    let nf = ld.read(&f, false, &none).unwrap();
+    assert!(nf.hit && nf.value.is_null() && nf.version == fw.version);
+    let err = ld
+        .write(&a, "x", &WriteOptions::new().if_version(-1))
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request");
 }
