@@ -18,6 +18,7 @@
 #endif
 
 #include "leased/client.h"
+#include "leased/near.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,7 +34,9 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <jansson.h>
@@ -42,6 +45,14 @@
  * before it eats the process's memory. */
 #define LC_MAX_LINE (256u * 1024 * 1024)
 #define LC_READ_CHUNK 65536
+/* Descriptors kept from the daemon's bytes until claimed; only near.map
+ * sends one, so a few is plenty. */
+#define LC_MAX_FDS 4
+/* The shared near cache: a CLOSED segment is mapped again at most this
+ * often, and hits are reported at most this often or every so many. */
+#define LC_NEAR_REMAP_MS 1000
+#define LC_NEAR_REPORT_MS 1000
+#define LC_NEAR_REPORT_HITS 1000
 
 struct lc_reply {
     uint64_t id;
@@ -83,6 +94,22 @@ struct leased_conn {
     bool in_callback;
 
     char session[128];
+
+    /* Descriptors that came with the daemon's bytes (SCM_RIGHTS), oldest
+     * first, until a near.map call takes one. */
+    int fds[LC_MAX_FDS];
+    size_t nfds;
+
+    /* The shared near cache segment (leased/near.h). */
+    bool is_unix;
+    bool near_offered; /* hello listed shared_near */
+    bool near_failed;  /* mapping failed once: never again here */
+    const unsigned char *near_map;
+    size_t near_len;
+    long long near_map_at_ms; /* the last near.map (a CLOSED re-map waits) */
+    uint64_t near_hits, near_fallbacks;             /* not yet reported */
+    uint64_t near_hits_total, near_fallbacks_total; /* since connect */
+    long long near_report_at_ms;
 };
 
 /* --- errors ------------------------------------------------------------- */
@@ -518,6 +545,61 @@ deliver_events(struct leased_conn *c)
     }
 }
 
+static void
+fds_clear(struct leased_conn *c)
+{
+    for (size_t i = 0; i < c->nfds; i++) {
+        close(c->fds[i]);
+    }
+    c->nfds = 0;
+}
+
+/* recv, by recvmsg: a descriptor the daemon sends (near.map) rides on a
+ * reply's first byte, and a read without room for control data would
+ * lose it (the kernel closes it). Descriptors are queued for the call
+ * that asked; any beyond the queue are closed. */
+static ssize_t
+recv_fds(struct leased_conn *c, char *buf, size_t len)
+{
+    union {
+        struct cmsghdr hdr;
+        char space[CMSG_SPACE(sizeof(int) * LC_MAX_FDS)];
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr mh;
+    struct cmsghdr *cm;
+    ssize_t n;
+
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctl.space;
+    mh.msg_controllen = sizeof ctl.space;
+    n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+        return n;
+    }
+    for (cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm)) {
+        size_t nfd;
+
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
+            continue;
+        }
+        nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int fd;
+
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+            if (c->nfds < LC_MAX_FDS) {
+                c->fds[c->nfds++] = fd;
+            } else {
+                close(fd);
+            }
+        }
+    }
+    return n;
+}
+
 /* One recv of what is there (the socket is non-blocking). Returns 1 when
  * bytes came, 0 when none were ready, -1 when the connection ended. */
 static int
@@ -542,7 +624,7 @@ read_ready(struct leased_conn *c)
         c->rbuf = nb;
         c->rcap = ncap;
     }
-    n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+    n = recv_fds(c, c->rbuf + c->rlen, c->rcap - c->rlen);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
             return 0;
@@ -738,6 +820,8 @@ encode_req(json_t *req, uint64_t id, char **text, size_t *len,
     return LEASED_OK;
 }
 
+static void near_report_due(struct leased_conn *c, long long deadline);
+
 /* Copy REQ, give it a fresh id, send it. The id counts as in flight. */
 static int
 send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
@@ -755,6 +839,7 @@ send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
     if (c->broken) {
         return broken_err(c, err);
     }
+    near_report_due(c, deadline);
     id = ++c->next_id;
     rc = encode_req(req, id, &text, &n, err);
     if (rc != LEASED_OK) {
@@ -1137,6 +1222,9 @@ open_tcp(const char *target, const char *host, const char *port,
                    strerror(e), connect_hint(e, true));
 }
 
+static void near_unmap(struct leased_conn *c);
+static void near_report(struct leased_conn *c, long long deadline);
+
 static int
 conn_open(struct leased_conn *c, struct leased_error *err)
 {
@@ -1146,7 +1234,16 @@ conn_open(struct leased_conn *c, struct leased_error *err)
     long long deadline = deadline_after(cto);
     int fd = -1, rc;
 
-    if (split_hostport(c->target, host, sizeof host, port, sizeof port)) {
+    /* A new session: the old one's segment is no longer its own (its
+     * namespace, its features may differ). */
+    near_unmap(c);
+    c->near_offered = false;
+    c->near_failed = false;
+    c->near_map_at_ms = 0;
+    fds_clear(c);
+    c->is_unix = !split_hostport(c->target, host, sizeof host, port,
+                                 sizeof port);
+    if (!c->is_unix) {
         rc = open_tcp(c->target, host, port, deadline, &fd, err);
     } else {
         rc = open_unix(c->target, deadline, &fd, err);
@@ -1172,8 +1269,11 @@ static void
 conn_free(struct leased_conn *c)
 {
     if (c->fd >= 0) {
+        near_report(c, deadline_after(c->timeout_ms));
         close(c->fd);
     }
+    near_unmap(c);
+    fds_clear(c);
     replies_clear(c);
     while (c->ev_head != NULL) {
         struct lc_event *e = c->ev_head;
@@ -1465,8 +1565,19 @@ leased_hello(struct leased_conn *c, const char *client, const char *auth,
     }
     rc = call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
+        json_t *features = json_object_get(reply, "features"), *f;
+        size_t i;
+
         s = json_string_value(json_object_get(reply, "session"));
         snprintf(c->session, sizeof c->session, "%s", s != NULL ? s : "");
+        c->near_offered = false;
+        json_array_foreach(features, i, f)
+        {
+            if (json_is_string(f) &&
+                strcmp(json_string_value(f), "shared_near") == 0) {
+                c->near_offered = true;
+            }
+        }
         if (info != NULL) {
             memset(info, 0, sizeof *info);
             s = json_string_value(json_object_get(reply, "server"));
@@ -2177,6 +2288,16 @@ leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
         out = &tmp;
     }
     memset(out, 0, sizeof *out);
+    /* A hit in the shared segment is what the daemon would answer from
+     * its near cache, without the round trip. */
+    if (c != NULL && key != NULL && leased_near_get(c, key, out)) {
+        json_decref(req);
+        clear_err(err);
+        if (out == &tmp) {
+            leased_cache_result_free(out);
+        }
+        return LEASED_OK;
+    }
     add_wait_lease(req, wait_ms, lease);
     rc = call_new(c, req, get_wait(wait_ms, lease), &reply, err);
     if (rc == LEASED_OK) {
@@ -2187,6 +2308,240 @@ leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
     }
     json_decref(reply);
     return rc;
+}
+
+/* --- the shared near cache --------------------------------------------- */
+
+static uint64_t
+mono_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void
+near_unmap(struct leased_conn *c)
+{
+    if (c->near_map != NULL) {
+        munmap((void *)c->near_map, c->near_len);
+        c->near_map = NULL;
+        c->near_len = 0;
+    }
+}
+
+/* Sends near.hits with what was counted since the last report, without
+ * waiting: its id is not in flight, so its reply is dropped when it
+ * comes, and the caller's request goes right behind it. */
+static void
+near_report(struct leased_conn *c, long long deadline)
+{
+    json_t *req;
+    char *text;
+    size_t n;
+
+    if (c->broken || c->fd < 0 ||
+        (c->near_hits == 0 && c->near_fallbacks == 0)) {
+        return;
+    }
+    c->near_report_at_ms = now_ms();
+    req = json_pack("{s:s,s:I,s:I}", "op", "near.hits", "hits",
+                    (json_int_t)c->near_hits, "fallbacks",
+                    (json_int_t)c->near_fallbacks);
+    if (req == NULL) {
+        return;
+    }
+    if (encode_req(req, ++c->next_id, &text, &n, NULL) == LEASED_OK) {
+        if (send_all(c, text, n, deadline, NULL) == LEASED_OK) {
+            c->near_hits = 0;
+            c->near_fallbacks = 0;
+        }
+        free(text);
+    }
+    json_decref(req);
+}
+
+/* Before a request: a report when a second has passed since the last one
+ * or enough hits wait. */
+static void
+near_report_due(struct leased_conn *c, long long deadline)
+{
+    if (c->near_hits + c->near_fallbacks == 0) {
+        return;
+    }
+    if (c->near_hits >= LC_NEAR_REPORT_HITS ||
+        now_ms() - c->near_report_at_ms >= LC_NEAR_REPORT_MS) {
+        near_report(c, deadline);
+    }
+}
+
+int
+leased_near_map(struct leased_conn *c, struct leased_error *err)
+{
+    json_t *reply;
+    struct stat st;
+    long long bytes, layout;
+    void *m;
+    int rc, fd, e;
+
+    clear_err(err);
+    if (c == NULL) {
+        return set_err(err, LEASED_E_INVALID, 0, "no connection");
+    }
+    if (!c->is_unix) {
+        return set_err(err, LEASED_E_INVALID, 0,
+                       "the shared near cache is mapped over a Unix "
+                       "socket only");
+    }
+    c->near_map_at_ms = now_ms();
+    /* A descriptor left by an abandoned (timed-out) near.map. */
+    fds_clear(c);
+    rc = call_new(c, json_pack("{s:s}", "op", "near.map"), 0, &reply, err);
+    if (rc != LEASED_OK) {
+        json_decref(reply);
+        fds_clear(c);
+        return rc;
+    }
+    bytes = int_or(reply, "bytes", -1);
+    layout = int_or(reply, "layout", -1);
+    json_decref(reply);
+    if (c->nfds == 0) {
+        return set_err(err, LEASED_E_PROTOCOL, 0,
+                       "near.map answered without a descriptor");
+    }
+    fd = c->fds[0];
+    memmove(c->fds, c->fds + 1, (c->nfds - 1) * sizeof c->fds[0]);
+    c->nfds--;
+    fds_clear(c);
+    if (layout != LEASED_NEAR_LAYOUT) {
+        close(fd);
+        return set_err(err, LEASED_E_PROTOCOL, 0,
+                       "near.map: layout %lld is not one this library "
+                       "reads",
+                       layout);
+    }
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 ||
+        (bytes >= 0 && (long long)st.st_size != bytes)) {
+        close(fd);
+        return set_err(err, LEASED_E_PROTOCOL, 0,
+                       "near.map: the descriptor is not a segment of the "
+                       "size announced");
+    }
+    m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    e = errno;
+    close(fd);
+    if (m == MAP_FAILED) {
+        return set_err(err, LEASED_E_IO, e, "mmap of the segment: %s",
+                       strerror(e));
+    }
+    near_unmap(c);
+    c->near_map = m;
+    c->near_len = (size_t)st.st_size;
+    return LEASED_OK;
+}
+
+/* Whether a segment is mapped, mapping it on first use when the daemon
+ * offers one over this Unix socket. A failed mapping is not tried again
+ * on this connection: the socket path works without it. */
+static bool
+near_ready(struct leased_conn *c)
+{
+    if (c->near_map != NULL) {
+        return true;
+    }
+    if (c->near_failed || !c->near_offered || !c->is_unix || c->broken) {
+        return false;
+    }
+    if (leased_near_map(c, NULL) != LEASED_OK) {
+        c->near_failed = true;
+        return false;
+    }
+    return true;
+}
+
+bool
+leased_near_get(struct leased_conn *c, const char *key,
+                struct leased_cache_result *out)
+{
+    enum leased_near_result r = LEASED_NEAR_FALLBACK;
+    struct leased_near_value v;
+    char small[1024];
+    char *buf = small;
+    size_t cap = sizeof small, klen;
+
+    if (out != NULL) {
+        memset(out, 0, sizeof *out);
+    }
+    if (c == NULL || key == NULL || !near_ready(c)) {
+        return false;
+    }
+    klen = strlen(key);
+    for (int tries = 0; tries < 4; tries++) {
+        r = leased_near_lookup(c->near_map, c->near_len, key, klen, mono_ns(),
+                               buf, cap, &v);
+        if (r == LEASED_NEAR_TOO_SMALL) {
+            char *nb = malloc(v.vlen + 1);
+
+            if (nb == NULL) {
+                break;
+            }
+            if (buf != small) {
+                free(buf);
+            }
+            buf = nb;
+            cap = v.vlen + 1;
+            continue;
+        }
+        if (r == LEASED_NEAR_CLOSED_SEG &&
+            now_ms() - c->near_map_at_ms >= LC_NEAR_REMAP_MS) {
+            /* A reload or a restart closed it: the daemon has a new one. */
+            if (leased_near_map(c, NULL) != LEASED_OK) {
+                near_unmap(c);
+                c->near_failed = true;
+                break;
+            }
+            continue;
+        }
+        break;
+    }
+    if (r == LEASED_NEAR_HIT && out != NULL && !v.null) {
+        out->value = malloc(v.vlen + 1);
+        if (out->value == NULL) {
+            r = LEASED_NEAR_FALLBACK;
+        } else {
+            memcpy(out->value, buf, v.vlen);
+            out->value[v.vlen] = '\0';
+            out->value_len = v.vlen;
+        }
+    }
+    if (buf != small) {
+        free(buf);
+    }
+    if (r != LEASED_NEAR_HIT) {
+        c->near_fallbacks++;
+        c->near_fallbacks_total++;
+        return false;
+    }
+    if (out != NULL) {
+        out->hit = true;
+        out->is_null = v.null != 0;
+    }
+    c->near_hits++;
+    c->near_hits_total++;
+    return true;
+}
+
+void
+leased_near_info(const struct leased_conn *c, struct leased_near_info *out)
+{
+    memset(out, 0, sizeof *out);
+    if (c != NULL) {
+        out->mapped = c->near_map != NULL;
+        out->bytes = c->near_len;
+        out->hits = c->near_hits_total;
+        out->fallbacks = c->near_fallbacks_total;
+    }
 }
 
 /* VALUE as a JSON value: a string of VALUE_LEN bytes, or null. */

@@ -61,6 +61,8 @@
 /* How often a SIGTERM drain looks whether the last session has gone. */
 #define DRAIN_SESSIONS_CHECK_MS 50
 #define DRAIN_MAX_MS 3000
+/* See init_state. */
+#define LOOP_TIMER_CHECK_MS 2
 
 /* The process state, ld_server.c's alone: modules get CTX at init and
  * read it; only this file writes it. */
@@ -245,6 +247,7 @@ reload(void)
         check_secret_mode(server_mod.conf_path, &fresh);
         ld_conf_apply_reload(server_mod.cfg, &fresh);
         ld_log_set_level(server_mod.cfg->log.level);
+        ld_near_reloaded();
         log_info("configuration reloaded path=%s", server_mod.conf_path);
     }
     ld_conf_free(&fresh);
@@ -431,7 +434,18 @@ init_state(const struct ld_options *opt, struct ld_config *cfg)
     ctx.cfg = cfg;
     ctx.instance = server_mod.instance;
     ctx.start_ms = ld_now_ms();
-    ctx.base = event_base_new();
+    /* Timers are looked at again after LOOP_TIMER_CHECK_MS of callbacks
+     * however many events are ready: the shared near cache's heartbeat
+     * (and every other timer) is late only when one callback itself runs
+     * that long, never because much work is queued. */
+    struct event_config *ecfg = event_config_new();
+    struct timeval check = ld_tv_ms(LOOP_TIMER_CHECK_MS);
+    if (ecfg == NULL ||
+        event_config_set_max_dispatch_interval(ecfg, &check, -1, 0) != 0) {
+        ld_oom_in("event_config");
+    }
+    ctx.base = event_base_new_with_config(ecfg);
+    event_config_free(ecfg);
     if (ctx.base == NULL) {
         ld_oom_in("event_base_new");
     }

@@ -86,6 +86,16 @@ func Cached[T any](ctx context.Context, cl *Client, key string,
 	if opts == nil {
 		opts = &CacheOptions{}
 	}
+	// The shared near cache first, on the connection the key's requests
+	// go to (its session's segment).
+	if c, err := cl.conn(ctx, cl.slotOf([]string{key})); err == nil {
+		if v, null, ok := c.nearGet(ctx, key); ok {
+			if null {
+				return zero, ErrNotFound
+			}
+			return decodeText[T](cl, key, v)
+		}
+	}
 	req := map[string]any{"op": "cache.get", "key": key}
 	if opts.Wait > 0 {
 		req["wait_ms"] = ms(opts.Wait)
@@ -168,11 +178,17 @@ func (f *filler) release() {
 }
 
 func decode[T any](cl *Client, key string, raw json.RawMessage) (T, error) {
-	var v T
 	if !isString(raw) {
+		var v T
 		return v, ErrNotFound
 	}
-	if err := cl.opts.Serializer.Unmarshal(rawString(raw), &v); err != nil {
+	return decodeText[T](cl, key, rawString(raw))
+}
+
+// decodeText reads the cached text s (the value, not JSON-quoted).
+func decodeText[T any](cl *Client, key string, s string) (T, error) {
+	var v T
+	if err := cl.opts.Serializer.Unmarshal(s, &v); err != nil {
 		return v, &Error{Code: "bad_value", Message: "the cached value of " +
 			key + " cannot be read: " + err.Error(), Err: err}
 	}

@@ -99,6 +99,8 @@ func (cl *Client) Close() error {
 		s := &cl.slots[i]
 		s.mu.Lock()
 		if s.c != nil {
+			// What the shared near cache served since the last report.
+			s.c.nearReport()
 			s.c.close()
 			s.c = nil
 		}

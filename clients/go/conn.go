@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -36,6 +38,7 @@ type reply struct {
 	Released  json.RawMessage `json:"released"`
 	Stored    json.RawMessage `json:"stored"`
 	Features  []string        `json:"features"`
+	Layout    int             `json:"layout"`
 	Session   string          `json:"session"`
 	Protocol  int             `json:"protocol"`
 	Key       string          `json:"key"`
@@ -89,6 +92,7 @@ type conn struct {
 	session     string
 	dead        chan struct{}
 	inflight    int32
+	near        nearState
 }
 
 // Event is an unsolicited line from the daemon (lock_lost, sem_lost,
@@ -159,7 +163,11 @@ func (c *conn) isDead() bool {
 func (c *conn) close() { _ = c.nc.Close() }
 
 func (c *conn) read() {
-	br := bufio.NewReaderSize(c.nc, 64*1024)
+	var src io.Reader = c.nc
+	if uc, ok := c.nc.(*net.UnixConn); ok {
+		src = &fdReader{uc: uc, c: c, oob: make([]byte, syscall.CmsgSpace(4*4))}
+	}
+	br := bufio.NewReaderSize(src, 64*1024)
 	for {
 		line, err := br.ReadBytes('\n')
 		if err != nil {
@@ -234,7 +242,12 @@ func (c *conn) end() {
 	holds := c.holds
 	c.holds = make(map[string][]*Held)
 	close(c.dead)
+	closeFds(c.near.fds)
+	c.near.fds = nil
 	c.mu.Unlock()
+	if s := c.near.seg.Swap(nil); s != nil {
+		s.retire()
+	}
 	for _, p := range pends {
 		p.ch <- nil
 	}

@@ -37,18 +37,21 @@ the call that waits for them. The watcher starts with the first lock()
 block and ends with the connection.
 """
 
+import array
 import asyncio
 import collections
 import contextlib
 import functools
 import itertools
 import json
+import mmap
 import os
 import select
 import socket
 import struct
 import threading
 import time
+import zlib
 
 __all__ = ["Leased", "Pool", "AsyncLeased", "Held", "RWLock", "LeasedError",
            "LeasedConnectionError", "LeasedTimeout", "LeasedTypeError",
@@ -407,6 +410,16 @@ class JSONSerializer:
         return _encode_text(value)
 
     def loads(self, text):
+        # The C scanner alone when the text is one JSON value and nothing
+        # else (what the daemon hands back): a tenth of json.loads' cost,
+        # which a hit from the shared near cache would otherwise be made
+        # of. Anything else goes through json.loads for its answer.
+        try:
+            obj, end = _scan(text, 0)
+        except StopIteration:
+            return json.loads(text)
+        if end == len(text):
+            return obj
         return json.loads(text)
 
 
@@ -609,6 +622,275 @@ def _open(target, timeout):
 _JSON = JSONSerializer()
 
 
+# --- the shared near cache ---------------------------------------------------
+#
+# leased may publish its near cache in a read-only shared memory segment
+# (hello's feature "shared_near"; leased-protocol(7), "Shared near cache";
+# the layout is lib/leased/near_layout.h). A connection on the Unix socket
+# maps it at its first cached() and reads a key there before asking the
+# daemon. The daemon writes; nothing in the segment is trusted: every rule
+# of the layout is checked on every read, and anything out of place sends
+# the read to the socket as if there were no segment.
+
+_NEAR_MAGIC = b"LDNEAR01"
+# magic, layout, header_bytes, total_bytes, nbuckets, ways, buckets_off,
+# ring_off, ring_bytes, stale_ns: fixed for the segment's life.
+_NEAR_GEOMETRY = struct.Struct("<8sIIQIIQQQQ")
+# epoch, heartbeat_ns, state (offset 64): read on every lookup.
+_NEAR_LIVE = struct.Struct("<QQI")
+_NEAR_EPOCH = struct.Struct("<Q")
+# A bucket's seq, then each way's hash and klen as one number (hash |
+# klen << 32, little-endian): the bucket's index in one unpack of five
+# numbers, searched with tuple.index. A way starts at 8 + 40 * n.
+_NEAR_INDEX = struct.Struct("<I4x" + "Q32x" * 3 + "Q")
+# A way's vlen, flags, off and deadline_ns (from its byte 8).
+_NEAR_WAY = struct.Struct("<IIQQ")
+_NEAR_SEQ = struct.Struct("<I")
+_NEAR_REC = struct.Struct("<II")
+_NEAR_HDR_BYTES = 256
+_NEAR_BUCKET_BYTES = 168
+_NEAR_REC_BYTES = 16
+_NEAR_LIVE_STATE = 1
+_NEAR_NULL = 1
+# A bucket that stays odd, or keeps moving, this many times sends the read
+# to the socket: the daemon is writing it, and waiting would cost more.
+_NEAR_TRIES = 8
+# How often a connection tells the daemon what the segment served
+# (near.hits): after this many lookups, or this long, whichever is first.
+_NEAR_REPORT_EVERY = 1000
+_NEAR_REPORT_NS = 1000000000
+# Asking for a segment again (after it closed, or near.map failed): at
+# most this often.
+_NEAR_RETRY_S = 1.0
+
+# What NearSegment.get answers when it has no answer: ask the daemon.
+_NEAR_MISS = object()
+# The segment is closed (a reload replaced it): map it again.
+_NEAR_CLOSED = object()
+
+_monotonic_ns = time.monotonic_ns
+_crc32 = zlib.crc32
+
+
+class NearSegment:
+    """One mapped segment of the shared near cache (read-only). get(key)
+    answers the value's bytes, None for a cached "not found", or
+    _NEAR_MISS / _NEAR_CLOSED when the daemon must be asked; it never
+    raises for anything the segment holds, whatever its bytes."""
+
+    def __init__(self, fd):
+        """Maps the whole of FD (the caller keeps and closes FD). Raises
+        ValueError for a segment that is no layout 1 segment or whose
+        header names space outside the file."""
+        size = os.fstat(fd).st_size
+        if size < _NEAR_HDR_BYTES:
+            raise ValueError("a shared near segment of %d bytes" % size)
+        self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        try:
+            self._check(size)
+        except BaseException:
+            self._mm.close()
+            raise
+        self._mv = memoryview(self._mm)
+        self.size = size
+
+    def _check(self, size):
+        (magic, layout, header_bytes, total, nbuckets, ways, buckets_off,
+         ring_off, ring_bytes, stale_ns) = _NEAR_GEOMETRY.unpack_from(
+             self._mm, 0)
+        if magic != _NEAR_MAGIC or layout != 1 or ways != 4:
+            raise ValueError("not a layout 1 shared near segment")
+        if total > size or header_bytes < _NEAR_HDR_BYTES or \
+                header_bytes > size:
+            raise ValueError("the segment's header names %d bytes of %d"
+                             % (max(total, header_bytes), size))
+        if nbuckets == 0 or nbuckets & (nbuckets - 1):
+            raise ValueError("%d buckets is no power of two" % nbuckets)
+        if buckets_off < _NEAR_HDR_BYTES or \
+                buckets_off + nbuckets * _NEAR_BUCKET_BYTES > size:
+            raise ValueError("the buckets lie outside the segment")
+        if ring_off % 8 or ring_off < _NEAR_HDR_BYTES or \
+                ring_off + ring_bytes > size:
+            raise ValueError("the ring lies outside the segment")
+        if stale_ns == 0:
+            raise ValueError("the segment has no staleness bound")
+        self._mask = nbuckets - 1
+        self._buckets_off = buckets_off
+        self._ring_off = ring_off
+        self._ring_bytes = ring_bytes
+        self.stale_ns = stale_ns
+        self.now = 0
+
+    def close(self):
+        mv, self._mv = self._mv, None
+        if mv is not None:
+            mv.release()
+            self._mm.close()
+
+    def get(self, kb):
+        """KB's value (bytes) from the segment, None for a cached null,
+        else _NEAR_MISS (ask the daemon) or _NEAR_CLOSED."""
+        mv = self._mv
+        try:
+            epoch, beat, state = _NEAR_LIVE.unpack_from(mv, 64)
+            if state != _NEAR_LIVE_STATE:
+                return _NEAR_CLOSED
+            self.now = now = _monotonic_ns()
+            stale = self.stale_ns
+            # A beat from the future is as wrong as an old one.
+            if now - beat > stale or beat - now > stale:
+                return _NEAR_MISS
+            klen = len(kb)
+            if not klen:
+                return _NEAR_MISS   # an empty way says klen 0
+            h = _crc32(kb)
+            want = h | klen << 32
+            boff = self._buckets_off + (h & self._mask) * _NEAR_BUCKET_BYTES
+            for _ in range(_NEAR_TRIES):
+                b = _NEAR_INDEX.unpack_from(mv, boff)
+                seq = b[0]
+                if seq & 1:
+                    continue
+                i = 0
+                while True:
+                    try:
+                        i = b.index(want, i + 1)
+                    except ValueError:
+                        return _NEAR_MISS   # not in the bucket
+                    vlen, flags, off, deadline = _NEAR_WAY.unpack_from(
+                        mv, boff + i * 40 - 24)
+                    if deadline <= now or off & 7 or \
+                            off + _NEAR_REC_BYTES + klen + vlen > \
+                            self._ring_bytes:
+                        val = _NEAR_MISS   # expired, or torn: seq says
+                        break
+                    rec = self._ring_off + off
+                    kstart = rec + _NEAR_REC_BYTES
+                    vstart = kstart + klen
+                    if _NEAR_REC.unpack_from(mv, rec) != (klen, vlen) or \
+                            mv[kstart:vstart] != kb:
+                        continue    # another key of this hash, or torn
+                    val = None if flags & _NEAR_NULL else \
+                        mv[vstart:vstart + vlen].tobytes()
+                    break
+                if _NEAR_SEQ.unpack_from(mv, boff)[0] != seq:
+                    continue    # the daemon wrote the bucket meanwhile
+                if val is _NEAR_MISS or \
+                        _NEAR_EPOCH.unpack_from(mv, 64)[0] != epoch:
+                    return _NEAR_MISS
+                return val
+            return _NEAR_MISS
+        except (TypeError, ValueError, IndexError, struct.error):
+            # A released mapping, or offsets no check above foresaw: the
+            # socket answers.
+            return _NEAR_MISS
+
+
+class _NearReads:
+    """AsyncLeased's side of the shared near cache: the segment, when to
+    ask for it again, and the counts near.hits reports."""
+
+    def __init__(self):
+        self.seg = None
+        self.off = False        # this session has none (TCP, no feature)
+        self.mapping = False    # a near.map is under way
+        self.retry = 0.0
+        self.hits = self.falls = 0
+        self.last = _monotonic_ns()
+
+    def reset(self):
+        """A new session: its segment is asked for anew."""
+        seg, self.seg = self.seg, None
+        if seg is not None:
+            seg.close()
+        self.off = False
+        self.retry = 0.0
+
+    def may_map(self):
+        now = time.monotonic()
+        if self.mapping or now < self.retry:
+            return False
+        self.retry = now + _NEAR_RETRY_S
+        return True
+
+    def lookup(self, key):
+        """KEY's value text from the segment (None: a cached null), or
+        _NEAR_MISS; counted."""
+        seg = self.seg
+        got = seg.get(key.encode())
+        if got is _NEAR_CLOSED:
+            self.seg = None
+            seg.close()
+            got = _NEAR_MISS
+        elif got is not _NEAR_MISS and got is not None:
+            try:
+                got = got.decode()
+            except UnicodeDecodeError:
+                got = _NEAR_MISS
+        if got is _NEAR_MISS:
+            self.falls += 1
+        else:
+            self.hits += 1
+        return got
+
+    def due(self):
+        return self.hits + self.falls >= _NEAR_REPORT_EVERY or \
+            _monotonic_ns() - self.last >= _NEAR_REPORT_NS
+
+    def take(self):
+        """near.hits' fields, the counts starting again."""
+        fields = {"hits": self.hits, "fallbacks": self.falls}
+        self.hits = self.falls = 0
+        self.last = _monotonic_ns()
+        return fields
+
+
+def _near_map_side(target, hello, timeout):
+    """The segment, through a short connection of its own (hello, then
+    near.map): asyncio's streams cannot receive a descriptor. A
+    NearSegment, or None when there is none."""
+    fds = []
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(target)
+            s.sendall(_encode(dict(hello, op="hello", id=1)).encode() +
+                      b'\n{"op":"near.map","id":2}\n')
+            buf = b""
+            while True:
+                data = _recv_fds(s, fds)
+                if not data:
+                    return None
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    msg = _decode(line) if line.strip() else None
+                    if msg is None or msg.get("id") != 2:
+                        continue
+                    if not msg.get("ok") or msg.get("layout") != 1 or \
+                            not fds:
+                        return None
+                    return NearSegment(fds[0])
+    except (OSError, ValueError, LeasedError):
+        return None
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _recv_fds(sock, fds):
+    """One recvmsg of SOCK with room for descriptors, which go to FDS;
+    the bytes are returned."""
+    data, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(16))
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(payload[:len(payload) - len(payload) % arr.itemsize])
+            fds.extend(arr)
+    return data
+
+
 class Leased:
     def __init__(self, target=None, timeout=30.0, client=None, auth=None,
                  on_event=None, serializer=_JSON, _holds=None):
@@ -641,6 +923,20 @@ class Leased:
             self._hello["client"] = client
         if auth is not None:
             self._hello["auth"] = auth
+        # The shared near cache: the mapped segment (None until mapped),
+        # _near_off when this session cannot have one (TCP, or no
+        # shared_near in hello's features), when to ask again, what the
+        # segment served and what it sent to the socket since the last
+        # near.hits, and a near.hits line to go out with the next request.
+        self._near = None
+        self._near_off = False
+        self._near_retry = 0.0
+        self._near_hits = 0
+        self._near_falls = 0
+        self._near_last = 0
+        self._near_pre = b""
+        self._fds = None    # descriptors received while near.map is read
+        self._greeted = False
         with self._io:
             self._connect()
 
@@ -649,7 +945,13 @@ class Leased:
     def close(self):
         if self._closed:
             return
+        if self._near_hits or self._near_falls:
+            with contextlib.suppress(LeasedError, OSError):
+                self._near_report(False)
         self._closed = True
+        seg, self._near = self._near, None
+        if seg is not None:
+            seg.close()
         watcher = self._watcher
         self._stop_watcher()
         if watcher is not None and watcher is not threading.current_thread():
@@ -668,8 +970,19 @@ class Leased:
         # calls per request that the kernel's own timeouts make needless.
         self._set_timeout(self.timeout)
         self._sndtimeo(self.timeout)
+        # A new session: its namespace's segment is asked for anew.
+        self._greeted = False
+        self._near_off = False
+        self._near_retry = 0.0
+        seg, self._near = self._near, None
+        if seg is not None:
+            seg.close()
         if not self._hello:
             return
+        self._greet()
+
+    def _greet(self):
+        """hello (with the socket lock held)."""
         fields = dict(self._hello, op="hello", id=next(self._ids))
         hello = self._exchange(fields["id"], _encode(fields).encode() + b"\n",
                                0, None)
@@ -678,6 +991,7 @@ class Leased:
             _raise_for(hello)
         self.session = hello.get("session")
         self.features = hello.get("features", [])
+        self._greeted = True
 
     def _drop(self):
         """The connection failed (with the socket lock held): close it.
@@ -767,7 +1081,10 @@ class Leased:
     def _read_msg(self, deadline):
         while not self._lines:
             try:
-                chunk = self.sock.recv(65536)
+                if self._fds is None:
+                    chunk = self.sock.recv(65536)
+                else:
+                    chunk = _recv_fds(self.sock, self._fds)
             except BlockingIOError:
                 # SO_RCVTIMEO ran out.
                 raise LeasedTimeout("timeout", "no reply from leased at %s "
@@ -819,6 +1136,10 @@ class Leased:
                     % self.target)
             if self.sock is None:
                 self._connect()
+            if self._near_pre:
+                # What the segment served goes out with this request.
+                line = self._near_pre + line
+                self._near_pre = b""
             reply = self._exchange(rid, line, wait_ms, _on_late)
         if not reply.get("ok"):
             _raise_for(reply)
@@ -1130,6 +1451,11 @@ class Leased:
         feature "bloom"): a key it rules out is "not found" (None) at once,
         LOADER not called."""
 
+        if not self._near_off:
+            text = self._near_get(key)
+            if text is not _NEAR_MISS:
+                return _value_of(self.serializer, key, text)
+
         def late(reply):
             if reply.get("lease"):
                 self._post("cache.release", key=key, lease=reply["lease"])
@@ -1138,6 +1464,101 @@ class Leased:
                         **_get_fields(key, wait_ms, bloom))
         return _load_through(self.call, self.serializer, got, key, loader,
                              ttl_ms, wait_ms)
+
+    def _near_get(self, key):
+        """KEY's value text (None for a cached null) from the shared
+        segment, or _NEAR_MISS: the daemon answers."""
+        seg = self._near
+        if seg is None:
+            seg = self._near_map()
+            if seg is None:
+                return _NEAR_MISS
+        if type(key) is not str:
+            return _NEAR_MISS   # the socket path says what is wrong
+        got = seg.get(key.encode())
+        if got is _NEAR_MISS or got is _NEAR_CLOSED:
+            if got is _NEAR_CLOSED:
+                # A reload replaced the segment: ask for the new one.
+                self._near = None
+                seg.close()
+            self._near_falls += 1
+            if self._near_falls + self._near_hits >= _NEAR_REPORT_EVERY or \
+                    seg.now - self._near_last >= _NEAR_REPORT_NS:
+                self._near_report(True)
+            return _NEAR_MISS
+        if got is not None:
+            try:
+                got = got.decode()
+            except UnicodeDecodeError:
+                self._near_falls += 1
+                return _NEAR_MISS
+        self._near_hits += 1
+        if self._near_hits + self._near_falls >= _NEAR_REPORT_EVERY or \
+                seg.now - self._near_last >= _NEAR_REPORT_NS:
+            self._near_report(False)
+        return got
+
+    def _near_report(self, with_next):
+        """near.hits: what the segment served and what went to the
+        socket since the last report; WITH_NEXT puts it in front of the
+        next request (a socket call follows), else it goes out now. Its
+        answer is read and dropped as a late reply is."""
+        line = b'{"op":"near.hits","id":%d,"hits":%d,"fallbacks":%d}\n' % (
+            next(self._ids), self._near_hits, self._near_falls)
+        self._near_hits = self._near_falls = 0
+        self._near_last = _monotonic_ns()
+        if with_next:
+            self._near_pre += line
+            return
+        with self._io:
+            if self.sock is None or self._closed:
+                return
+            try:
+                self.sock.sendall(self._near_pre + line)
+                self._near_pre = b""
+            except OSError:
+                self._drop()
+
+    def _near_map(self):
+        """Map this session's segment (near.map); None when there is none
+        (then the daemon answers every read)."""
+        if time.monotonic() < self._near_retry:
+            return None
+        if _split_target(self.target):
+            self._near_off = True   # descriptors cross Unix sockets only
+            return None
+        fds = []
+        try:
+            with self._io:
+                if self._closed:
+                    return None
+                if self.sock is None:
+                    self._connect()     # (which forgets _near_retry)
+                self._near_retry = time.monotonic() + _NEAR_RETRY_S
+                if not self._greeted:
+                    self._greet()
+                if "shared_near" not in self.features:
+                    self._near_off = True
+                    return None
+                rid = next(self._ids)
+                self._fds = fds
+                try:
+                    reply = self._exchange(
+                        rid, b'{"op":"near.map","id":%d}\n' % rid, 0, None)
+                finally:
+                    self._fds = None
+            if not reply.get("ok") or reply.get("layout") != 1 or not fds:
+                return None
+            seg = NearSegment(fds[0])
+        except (LeasedError, OSError, ValueError):
+            return None
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._near = seg
+        self._near_last = _monotonic_ns()
+        return seg
 
     def invalidate(self, keys, delay_ms=None):
         """Delete KEYS (one key as a str, or a list or tuple of them) now
@@ -1534,6 +1955,7 @@ class AsyncLeased:
         self._hello = None
         self._shut = False      # close() was called
         self._reopening = asyncio.Lock()
+        self._nr = _NearReads()
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -1574,11 +1996,17 @@ class AsyncLeased:
                                                            self.timeout)
             self._out = []
             self._closed = False
+            self._nr.reset()
             self._task = self._loop.create_task(self._read())
             await self._say_hello()
 
     async def close(self):
         self._shut = True
+        nr = self._nr
+        if nr.hits or nr.falls:
+            self._fire("near.hits", **nr.take())
+        nr.reset()
+        nr.off = True
         if not self._closed:
             self._flush()
             self._closed = True
@@ -1885,6 +2313,17 @@ class AsyncLeased:
                      bloom=None):
         """As Leased.cached; LOADER may be a coroutine function. Values go
         through the serializer given to connect() (JSON by default)."""
+        nr = self._nr
+        if not nr.off:
+            if nr.seg is None:
+                self._near_map()
+            elif type(key) is str:
+                text = nr.lookup(key)
+                if nr.due():
+                    # Goes out with this iteration's other requests.
+                    self._fire("near.hits", **nr.take())
+                if text is not _NEAR_MISS:
+                    return _value_of(self.serializer, key, text)
 
         def lease_too_late(reply):
             if reply.get("lease"):
@@ -1909,6 +2348,31 @@ class AsyncLeased:
             self._fire("cache.release", key=key, lease=lease)
             raise
         return _value_of(self.serializer, key, text)
+
+    def _near_map(self):
+        """Start mapping the session's segment in a thread (the reads go
+        to the socket meanwhile), as Leased does at its first cached()."""
+        nr = self._nr
+        if not nr.may_map():
+            return
+        if self._hello is None or _split_target(self.target) or \
+                "shared_near" not in self.features:
+            nr.off = True
+            return
+        nr.mapping = True
+        fut = self._loop.run_in_executor(None, _near_map_side, self.target,
+                                         self._hello, self.timeout)
+
+        def mapped(f):
+            nr.mapping = False
+            seg = None if f.cancelled() or f.exception() else f.result()
+            if seg is not None and (nr.off or nr.seg is not None):
+                seg.close()     # closed, or reopened, meanwhile
+            elif seg is not None:
+                nr.seg = seg
+                nr.last = _monotonic_ns()
+
+        fut.add_done_callback(mapped)
 
     async def invalidate(self, keys, delay_ms=None):
         return await self.call("cache.invalidate",

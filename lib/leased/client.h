@@ -448,6 +448,47 @@ int leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
                      bool lease, struct leased_cache_result *out,
                      struct leased_error *err);
 
+/* --- the shared near cache (feature "shared_near") ----------------------
+ *
+ * Over a Unix socket, a daemon whose hello lists "shared_near" hands out
+ * a read-only mapping of its near cache (leased-protocol(7), "Shared near
+ * cache"), and leased_cache_get answers a hit from it without a round
+ * trip: the same value the daemon would answer, never one older than an
+ * invalidation it acknowledged. The segment is mapped on the first
+ * leased_cache_get (or leased_near_get) of a connection that said hello;
+ * when mapping fails it is not tried again on that connection, and
+ * everything goes over the socket as before. When the daemon is stopped or
+ * stalled (the segment's heartbeat is older than its bound), or a flush is
+ * under way, lookups fall back to the socket. A segment the daemon closed
+ * (a reload, a restart) is mapped again, at most once a second. Hits and
+ * fallbacks are reported to the daemon (near.hits) ahead of a later
+ * request, at most about once a second or every 1000 hits, and when the
+ * connection is closed. A connection, and so its mapping, is used by one
+ * thread at a time, as for every call. */
+
+/* Maps this connection's segment now (near.map), replacing one mapped
+ * before. LEASED_E_INVALID over TCP; the daemon's error when it has no
+ * segment (feature not enabled). */
+int leased_near_map(struct leased_conn *c, struct leased_error *err);
+
+/* KEY from the segment alone: true and *OUT (may be NULL) filled as
+ * leased_cache_get fills it on a hit (free with leased_cache_result_free);
+ * false when the segment does not have it, cannot be trusted now, or is
+ * not mapped: ask with leased_cache_get. Maps on first use as above;
+ * counts a hit or a fallback when a segment was looked at. */
+bool leased_near_get(struct leased_conn *c, const char *key,
+                     struct leased_cache_result *out);
+
+struct leased_near_info {
+    bool mapped;
+    size_t bytes;       /* the mapping's size */
+    uint64_t hits;      /* served from the segment, since connect */
+    uint64_t fallbacks; /* looked up there and asked the daemon instead */
+};
+
+void leased_near_info(const struct leased_conn *c,
+                      struct leased_near_info *out);
+
 /* VALUE NULL stores "not found" (null). VALUE_LEN (size_t)-1: strlen.
  * TTL_MS 0: the daemon's default. *STORED (may be NULL) is false when the
  * lease was no longer valid. */

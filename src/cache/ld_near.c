@@ -105,6 +105,8 @@ struct ld_near_read {
     uint64_t version;
     char *value; /* as a JSON string literal */
     size_t vlen;
+    char *raw; /* as Redis has it, for the shared segments */
+    size_t raw_len;
 };
 
 static struct {
@@ -116,6 +118,7 @@ static struct {
     LIST_HEAD(, ld_near_read) reads;
     uint64_t epoch;
     long long bytes;
+    bool flushing;            /* the segments were flushed whole already */
     struct admit_slot *admit; /* only with min_hits > 0 */
 } near_mod;
 
@@ -155,6 +158,11 @@ entry_drop(struct nentry *e, enum cause cause)
         ld_stats.near_evictions_flush++;
         break;
     }
+    /* Out of the segments first: whatever this drop answers or counts
+     * comes after it. */
+    if (!near_mod.flushing) {
+        near_seg_del(e->data, e->key_len);
+    }
     TAILQ_REMOVE(&near_mod.lru, e, lru);
     ld_dict_del(near_mod.entries, e->data, e->key_len);
     LD_ASSERT(near_mod.bytes >= (long long)e->bytes);
@@ -183,10 +191,13 @@ near_flush(const char *why)
     size_t n = ld_dict_size(near_mod.entries);
     near_mod.epoch++;
     ld_stats.near_flushes++;
+    near_seg_flush();
+    near_mod.flushing = true;
     struct nentry *e;
     while ((e = TAILQ_FIRST(&near_mod.lru)) != NULL) {
         entry_drop(e, CAUSE_FLUSH);
     }
+    near_mod.flushing = false;
     update_gauges();
     if (n > 0) {
         log_info("near cache flushed entries=%zu reason=\"%s\"", n, why);
@@ -332,6 +343,10 @@ store(const struct ld_near_read *nr)
     ld_dict_set(near_mod.entries, e->data, e->key_len, e);
     TAILQ_INSERT_HEAD(&near_mod.lru, e, lru);
     near_mod.bytes += (long long)bytes;
+    if (nr->raw != NULL) {
+        near_seg_put(nr->key, nr->key_len, nr->raw, nr->raw_len, e->expire_us,
+                     e->version);
+    }
     struct nentry *t;
     while (near_mod.bytes > cfg()->cache.near.max_bytes &&
            (t = TAILQ_LAST(&near_mod.lru, nentry_lru_head)) != NULL) {
@@ -384,6 +399,7 @@ read_part_done(struct ld_near_read *nr)
         LIST_REMOVE(nr, link);
     }
     free(nr->value);
+    free(nr->raw);
     free(nr->key);
     free(nr->entry);
     free(nr);
@@ -496,6 +512,10 @@ ld_near_read_done(struct ld_near_read *nr, uint64_t conn_id, const char *v,
             nr->value = q;
             nr->vlen = qlen;
             nr->have_value = true;
+            if (near_seg_on()) {
+                nr->raw = ld_xmemdup(v, vlen);
+                nr->raw_len = vlen;
+            }
         } else {
             free(q);
         }
@@ -513,6 +533,10 @@ ld_near_init(const struct ld_ctx *ctx)
     near_mod.enabled = ctx->cfg->cache.near.enabled;
     TAILQ_INIT(&near_mod.lru);
     LIST_INIT(&near_mod.reads);
+    /* Its ops answer that it is off when the near cache is. */
+    if (near_seg_init(ctx) != LD_OK) {
+        return LD_ERR;
+    }
     if (!near_mod.enabled) {
         return LD_OK;
     }
@@ -549,8 +573,17 @@ ld_near_set_address(const struct ld_conn_addr *addr)
 }
 
 void
+ld_near_reloaded(void)
+{
+    if (near_seg_reload() && near_mod.enabled) {
+        near_flush("shared segments replaced");
+    }
+}
+
+void
 ld_near_free(void)
 {
+    near_seg_free();
     if (!near_mod.enabled) {
         return;
     }

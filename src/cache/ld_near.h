@@ -25,6 +25,8 @@ void ld_near_start(void);
  * flushed and the tracking connection moves there. */
 void ld_near_set_address(const struct ld_conn_addr *addr);
 void ld_near_free(void);
+/* The configuration was reloaded: the shared segments follow it. */
+void ld_near_reloaded(void);
 
 bool ld_near_enabled(void);
 

@@ -26,7 +26,8 @@ void ld_near_shm_destroy(struct ld_near_shm *s);
 int ld_near_shm_ro_fd(const struct ld_near_shm *s);
 
 /* KEY's value is V until DEADLINE_NS (CLOCK_MONOTONIC), with VERSION (0:
- * none). Replaces what was there. A value that cannot fit (over a quarter
+ * none); V NULL (VLEN 0) is a cached null (LEASED_NEAR_NULL), V non-NULL
+ * with VLEN 0 an empty value. Replaces what was there. A value that cannot fit (over a quarter
  * of the ring) is not stored and KEY is deleted instead; returns whether
  * it was stored. Older records are taken out to make room. */
 bool ld_near_shm_put(struct ld_near_shm *s, const char *key, size_t klen,

@@ -198,6 +198,10 @@ const struct conf_directive conf_directives[] = {
     LLONG("cache.near.min_hits", cache.near.min_hits, 0, "0", 0, 1000000),
     LLONG("cache.near.min_hits_window_ms", cache.near.min_hits_window_ms, 0,
           "10000", 1, DAY_MS),
+    LLONG("cache.near.shared_bytes", cache.near.shared_bytes, F_RELOAD,
+          "16777216", 0, 1LL << 34),
+    LLONG("cache.near.shared_stale_ms", cache.near.shared_stale_ms, F_RELOAD,
+          "50", 5, 10000),
 
     STRING("journal.path", journal.path, F_NONEMPTY, NULL),
     ENUM("journal.fsync", journal.fsync, 0, "always", fsync_modes),

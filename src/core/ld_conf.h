@@ -7,6 +7,9 @@
 
 #include <sys/types.h>
 
+/* The smallest shared near cache segment (cache.near.shared_bytes). */
+#define LD_NEAR_SHARED_MIN_BYTES 65536
+
 /* The typed configuration. Every YAML key of conf/leased.yml has a field
  * here named after it; numbers carry their unit in the name. Strings are
  * heap-allocated and owned by the struct (never NULL after defaults). */
@@ -87,6 +90,8 @@ struct ld_config {
             long long max_value_bytes;
             long long min_hits;
             long long min_hits_window_ms;
+            long long shared_bytes;    /* each segment; 0 = none */
+            long long shared_stale_ms; /* readers' heartbeat bound */
         } near;
     } cache;
     struct {

@@ -442,6 +442,14 @@ check_cache_relations(struct conf_load *st)
                           "cache.near.max_value_bytes",
                           "may not exceed cache.near.max_bytes");
     }
+    /* A segment smaller than this has too few buckets and too short a
+     * ring to be worth mapping. */
+    if (c->cache.near.shared_bytes > 0 &&
+        c->cache.near.shared_bytes < LD_NEAR_SHARED_MIN_BYTES) {
+        return conf_error(st, mark_of(st, "cache.near.shared_bytes", NULL),
+                          "cache.near.shared_bytes",
+                          "must be 0 (no shared segment) or at least 65536");
+    }
     /* One prefix inside the other would let a cache key name a lock's
      * Redis key (or the reverse), e.g. "leased:" and "leased:lock:". */
     size_t lp = strlen(c->lock.prefix);

@@ -108,7 +108,17 @@
     X(counter, near_evictions_ttl, "Near entries dropped at their Redis TTL") \
     X(counter, near_evictions_tracking,                                       \
       "Near entries invalidated by Redis or by this daemon's writes")         \
-    X(counter, near_evictions_flush, "Near entries dropped by a flush")
+    X(counter, near_evictions_flush, "Near entries dropped by a flush")       \
+    X(gauge, near_shared_bytes,                                               \
+      "Shared near cache segments' size, all segments")                       \
+    X(gauge, near_shared_used_bytes,                                          \
+      "Shared near cache bytes held by live records, all segments")           \
+    X(gauge, near_shared_entries, "Shared near cache entries, all segments")  \
+    X(counter, near_shared_hits,                                              \
+      "Hits clients served from a shared segment (near.hits)")                \
+    X(counter, near_shared_fallbacks,                                         \
+      "Lookups clients took to the socket instead (near.hits)")               \
+    X(counter, near_shared_maps, "Segments handed out by near.map")
 
 struct ld_stats {
 #define LD_STATS_DECL(kind, name, help) long long name;

@@ -198,8 +198,8 @@ identify(struct ld_session *s, const struct ld_ns_list *l, bool *full)
     return NULL;
 }
 
-static bool
-allowed(const struct ld_ns_entry *e, const char *key, size_t len)
+bool
+ld_ns_entry_allows(const struct ld_ns_entry *e, const char *key, size_t len)
 {
     if (e == NULL) {
         return false;
@@ -271,20 +271,23 @@ ld_ns_check(struct ld_req *req, bool operator_op)
     if (full || (e != NULL && e->admin && operator_op)) {
         return LD_OK;
     }
-    if (key.kind == LD_RV_STR && !allowed(e, key.s, key.len)) {
+    if (key.kind == LD_RV_STR && !ld_ns_entry_allows(e, key.s, key.len)) {
         return refuse(req, e, key.s, key.len);
     }
-    if (filter.kind == LD_RV_STR && !allowed(e, filter.s, filter.len)) {
+    if (filter.kind == LD_RV_STR &&
+        !ld_ns_entry_allows(e, filter.s, filter.len)) {
         return refuse(req, e, filter.s, filter.len);
     }
-    if (bloom.kind == LD_RV_STR && !allowed(e, bloom.s, bloom.len)) {
+    if (bloom.kind == LD_RV_STR &&
+        !ld_ns_entry_allows(e, bloom.s, bloom.len)) {
         return refuse(req, e, bloom.s, bloom.len);
     }
     if (json_is_array(keys.j)) {
         json_array_foreach(keys.j, i, k)
         {
             if (json_is_string(k) &&
-                !allowed(e, json_string_value(k), json_string_length(k))) {
+                !ld_ns_entry_allows(e, json_string_value(k),
+                                    json_string_length(k))) {
                 return refuse(req, e, json_string_value(k),
                               json_string_length(k));
             }
@@ -295,11 +298,32 @@ ld_ns_check(struct ld_req *req, bool operator_op)
         {
             json_t *ek = json_object_get(k, "key");
             if (json_is_string(ek) &&
-                !allowed(e, json_string_value(ek), json_string_length(ek))) {
+                !ld_ns_entry_allows(e, json_string_value(ek),
+                                    json_string_length(ek))) {
                 return refuse(req, e, json_string_value(ek),
                               json_string_length(ek));
             }
         }
     }
+    return LD_OK;
+}
+
+int
+ld_ns_entry_index(struct ld_session *s, long *index)
+{
+    const struct ld_ns_list *l = live_list();
+    bool full;
+    *index = -1;
+    if (l->count == 0) {
+        return LD_OK;
+    }
+    const struct ld_ns_entry *e = identify(s, l, &full);
+    if (full) {
+        return LD_OK;
+    }
+    if (e == NULL) {
+        return LD_ERR;
+    }
+    *index = (long)(e - l->items);
     return LD_OK;
 }

@@ -40,4 +40,16 @@ int ld_ns_check(struct ld_req *req, bool operator_op);
  * the admin identity of hello is needed as well; see ld_admin.) */
 bool ld_ns_may_operate(struct ld_session *s);
 
+/* The entry of listen.namespaces (index into the live list) S belongs to,
+ * for what S may map of the shared near cache: LD_OK with *INDEX -1 when
+ * S is unrestricted (no namespaces, or a client the namespaces do not
+ * restrict), LD_OK with the entry's index, or LD_ERR when S has no entry
+ * and namespaces are configured. */
+int ld_ns_entry_index(struct ld_session *s, long *index);
+
+/* Whether KEY lies under one of E's prefixes, as ld_ns_check decides. */
+struct ld_ns_entry;
+bool ld_ns_entry_allows(const struct ld_ns_entry *e, const char *key,
+                        size_t len);
+
 #endif

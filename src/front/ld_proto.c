@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 
@@ -732,6 +733,20 @@ ld_reply_buffer(struct ld_req *req, struct evbuffer *buf)
     if (req->sess != NULL) {
         ld_session_write_buffer(req->sess, buf);
     }
+    req_free(req);
+}
+
+void
+ld_reply_ok_fd(struct ld_req *req, json_t *fields, int fd)
+{
+    size_t len = 0;
+    char *line = ld_proto_ok_line(req->id, req->id_len, fields, &len);
+    if (req->sess != NULL && line != NULL) {
+        ld_session_write_fd(req->sess, line, len, fd);
+    } else {
+        close(fd);
+    }
+    free(line);
     req_free(req);
 }
 

@@ -160,6 +160,10 @@ int ld_reply_ok_hit_json(struct ld_req *req, const char *json, size_t len,
 struct evbuffer;
 void ld_reply_buffer(struct ld_req *req, struct evbuffer *buf);
 
+/* Answer REQ with an ok line that carries the descriptor FD (handed over)
+ * on its first byte: see ld_session_write_fd. */
+void ld_reply_ok_fd(struct ld_req *req, json_t *fields, int fd);
+
 /* Is the session that sent REQ still connected? */
 bool ld_req_session_open(const struct ld_req *req);
 

@@ -104,8 +104,25 @@ TAILQ_HEAD(session_list, ld_session);
  * client (indistinguishable from a half-closed one) keeps alive. */
 #define LINGER_EXTRA_MS 2000
 
+/* A reply line that carries a descriptor (SCM_RIGHTS) on its first byte:
+ * it leaves by sendmsg once every byte before it has left, and what is
+ * written after it waits in AFTER meanwhile, so replies keep their order
+ * on the wire. */
+struct fd_line {
+    TAILQ_ENTRY(fd_line) link;
+    int fd;
+    struct evbuffer *after;
+    size_t len;
+    char line[];
+};
+TAILQ_HEAD(fd_line_list, fd_line);
+
 struct session_io {
     struct ld_framer framer;
+    struct fd_line_list fd_lines; /* oldest first */
+    size_t n_fd_lines;
+    size_t held;             /* bytes of FD_LINES, their AFTERs included */
+    struct event *fd_ev;     /* the socket can take the next fd line */
     struct event *read_ev;   /* the socket, read here (see sock_read_cb) */
     struct event *linger_ev; /* bounds the writing after close */
     struct event *more_ev;   /* continue with buffered lines */
@@ -154,6 +171,8 @@ static struct {
 #define sessions_cfg() (session_mod.ctx->cfg)
 
 static void flush_cb(evutil_socket_t fd, short what, void *arg);
+static void fd_lines_send(struct ld_session *s);
+static bool sock_is_unix(int fd);
 
 int
 ld_session_init(const struct ld_ctx *ctx,
@@ -222,6 +241,8 @@ flush_cb(evutil_socket_t fd, short what, void *arg)
             } else if (evbuffer_get_length(out) > 0) {
                 /* The socket is full: let the bufferevent finish. */
                 bufferevent_enable(s->bev, EV_WRITE);
+            } else {
+                fd_lines_send(s);
             }
         }
         ld_session_unref(s);
@@ -240,7 +261,7 @@ ld_session_output_bytes(const struct ld_session *s)
     if (s->bev == NULL) {
         return 0;
     }
-    return evbuffer_get_length(bufferevent_get_output(s->bev));
+    return evbuffer_get_length(bufferevent_get_output(s->bev)) + s->io->held;
 }
 
 /* The output the session owes (see output_high). Before its first reply
@@ -414,6 +435,10 @@ ld_session_unref(struct ld_session *s)
         event_free(s->io->linger_ev);
         event_free(s->io->more_ev);
         event_free(s->io->grace_ev);
+        if (s->io->fd_ev != NULL) {
+            event_free(s->io->fd_ev);
+        }
+        LD_ASSERT(TAILQ_EMPTY(&s->io->fd_lines));
         free(s->io);
         free(s);
     }
@@ -421,6 +446,8 @@ ld_session_unref(struct ld_session *s)
 
 static void output_cb(struct evbuffer *buf,
                       const struct evbuffer_cb_info *info, void *arg);
+static void fd_lines_drop(struct ld_session *s);
+static void fd_lines_send(struct ld_session *s);
 static void input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
                      void *arg);
 
@@ -433,6 +460,7 @@ release_socket(struct ld_session *s)
         return;
     }
     LD_ASSERT(!s->open && session_mod.lingering > 0);
+    fd_lines_drop(s);
     struct evbuffer *in = bufferevent_get_input(s->bev);
     struct evbuffer *out = bufferevent_get_output(s->bev);
     evbuffer_remove_cb(out, output_cb, s);
@@ -458,6 +486,7 @@ static bool
 closed_and_done(struct ld_session *s)
 {
     return !s->open && s->bev != NULL && s->pending == 0 &&
+           TAILQ_EMPTY(&s->io->fd_lines) &&
            evbuffer_get_length(bufferevent_get_output(s->bev)) == 0;
 }
 
@@ -502,6 +531,7 @@ closed_write_cb(struct bufferevent *bev, void *arg)
 {
     LD_UNUSED(bev);
     struct ld_session *s = arg;
+    fd_lines_send(s);
     if (closed_and_done(s)) {
         release_socket(s);
     }
@@ -607,7 +637,7 @@ write_out(struct ld_session *s, const char *bytes, struct evbuffer *buf,
         return;
     }
     struct evbuffer *out = bufferevent_get_output(s->bev);
-    size_t total = evbuffer_get_length(out) + len;
+    size_t total = evbuffer_get_length(out) + s->io->held + len;
     size_t limit = ld_session_output_limit();
     if (total > limit) {
         if (buf != NULL) {
@@ -616,13 +646,23 @@ write_out(struct ld_session *s, const char *bytes, struct evbuffer *buf,
         output_over_limit(s, total);
         return;
     }
+    bool behind = !TAILQ_EMPTY(&s->io->fd_lines);
+    /* Behind a line still waiting to carry its descriptor, it waits in
+     * that line's AFTER. */
+    struct evbuffer *to =
+        behind ? TAILQ_LAST(&s->io->fd_lines, fd_line_list)->after : out;
     if (buf != NULL) {
-        evbuffer_add_buffer(out, buf);
+        evbuffer_add_buffer(to, buf);
     } else {
-        evbuffer_add(out, bytes, len);
+        evbuffer_add(to, bytes, len);
+    }
+    if (behind) {
+        s->io->held += len;
     }
     if (s->open) {
-        mark_dirty(s);
+        if (!behind) {
+            mark_dirty(s);
+        }
         if (len >= s->io->reply_est) {
             s->io->reply_est = len;
         } else {
@@ -645,6 +685,178 @@ void
 ld_session_write_buffer(struct ld_session *s, struct evbuffer *buf)
 {
     write_out(s, NULL, buf, evbuffer_get_length(buf));
+}
+
+/* ---- reply lines that carry a descriptor ----------------------------- */
+
+static void
+fd_line_pop(struct ld_session *s, struct fd_line *l)
+{
+    TAILQ_REMOVE(&s->io->fd_lines, l, link);
+    s->io->n_fd_lines--;
+    LD_ASSERT(s->io->held >= l->len + evbuffer_get_length(l->after));
+    s->io->held -= l->len + evbuffer_get_length(l->after);
+    if (l->fd >= 0) {
+        close(l->fd);
+    }
+    evbuffer_free(l->after);
+    free(l);
+}
+
+static void
+fd_lines_drop(struct ld_session *s)
+{
+    struct fd_line *l;
+    while ((l = TAILQ_FIRST(&s->io->fd_lines)) != NULL) {
+        fd_line_pop(s, l);
+    }
+    if (s->io->fd_ev != NULL) {
+        event_del(s->io->fd_ev);
+    }
+}
+
+/* The socket failed with ERR: nothing more goes out, the session ends. */
+static void
+fd_lines_fail(struct ld_session *s, int err)
+{
+    log_debug("descriptor not sent session=%s error=\"%s\"", s->name,
+              strerror(err));
+    ld_session_ref(s);
+    fd_lines_drop(s);
+    ld_session_close(s, strerror(err));
+    ld_session_unref(s);
+}
+
+static void
+fd_ev_cb(evutil_socket_t fd, short what, void *arg)
+{
+    LD_UNUSED(fd);
+    LD_UNUSED(what);
+    fd_lines_send(arg);
+}
+
+/* The first fd line leaves once the output before it has: its first
+ * bytes by sendmsg with the descriptor, whatever the socket did not take
+ * and the lines written after it through the output as usual. */
+static void
+fd_lines_send(struct ld_session *s)
+{
+    struct fd_line *l;
+    while (s->bev != NULL && !s->io->over_limit &&
+           (l = TAILQ_FIRST(&s->io->fd_lines)) != NULL) {
+        struct evbuffer *out = bufferevent_get_output(s->bev);
+        if (evbuffer_get_length(out) > 0) {
+            /* write_cb or flush_cb comes back here once it is empty. */
+            bufferevent_enable(s->bev, EV_WRITE);
+            return;
+        }
+        union {
+            struct cmsghdr h;
+            char room[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        memset(&ctl, 0, sizeof(ctl));
+        struct iovec iov = {.iov_base = l->line, .iov_len = l->len};
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = ctl.room,
+                             .msg_controllen = sizeof(ctl.room)};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &l->fd, sizeof(int));
+        ssize_t n = sendmsg(s->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+                if (s->io->fd_ev == NULL) {
+                    s->io->fd_ev = event_new(session_mod.ctx->base, s->fd,
+                                             EV_WRITE, fd_ev_cb, s);
+                    if (s->io->fd_ev == NULL) {
+                        ld_oom(0);
+                    }
+                }
+                event_add(s->io->fd_ev, NULL);
+                return;
+            }
+            fd_lines_fail(s, errno);
+            return;
+        }
+        /* The descriptor went with the first byte; the rest of the line
+         * and what followed it join the output, in order. */
+        size_t sent = (size_t)n;
+        size_t rest = l->len - sent;
+        s->io->held -= rest + evbuffer_get_length(l->after);
+        struct evbuffer *after = l->after;
+        l->after = evbuffer_new();
+        if (l->after == NULL) {
+            ld_oom(0);
+        }
+        l->len = sent;
+        if (rest > 0) {
+            evbuffer_add(out, l->line + sent, rest);
+        }
+        evbuffer_add_buffer(out, after);
+        evbuffer_free(after);
+        fd_line_pop(s, l);
+        if (evbuffer_get_length(out) > 0) {
+            mark_dirty(s);
+        }
+    }
+}
+
+size_t
+ld_session_fd_lines(const struct ld_session *s)
+{
+    return s->io->n_fd_lines;
+}
+
+bool
+ld_session_is_unix(const struct ld_session *s)
+{
+    return s->fd >= 0 && sock_is_unix(s->fd);
+}
+
+void
+ld_session_write_fd(struct ld_session *s, const char *line, size_t len, int fd)
+{
+    if (s->bev == NULL || s->io->over_limit || len == 0) {
+        close(fd);
+        return;
+    }
+    struct evbuffer *out = bufferevent_get_output(s->bev);
+    size_t total = evbuffer_get_length(out) + s->io->held + len;
+    if (total > ld_session_output_limit()) {
+        close(fd);
+        output_over_limit(s, total);
+        return;
+    }
+    struct fd_line *l = ld_xmalloc(sizeof(*l) + len);
+    l->fd = fd;
+    l->after = evbuffer_new();
+    if (l->after == NULL) {
+        ld_oom(0);
+    }
+    l->len = len;
+    memcpy(l->line, line, len);
+    /* Behind an fd line still waiting, it waits for that one. */
+    bool first = TAILQ_EMPTY(&s->io->fd_lines);
+    TAILQ_INSERT_TAIL(&s->io->fd_lines, l, link);
+    s->io->n_fd_lines++;
+    s->io->held += len;
+    if (first) {
+        /* What flush_cb would write this turn goes first, now. */
+        if (evbuffer_get_length(out) > 0) {
+            evbuffer_unfreeze(out, 1);
+            int n = evbuffer_write(out, s->fd);
+            evbuffer_freeze(out, 1);
+            if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                errno != EINTR) {
+                fd_lines_fail(s, errno);
+                return;
+            }
+        }
+        fd_lines_send(s);
+    }
 }
 
 void
@@ -985,10 +1197,10 @@ grace_cb(evutil_socket_t fd, short what, void *arg)
 static void
 write_cb(struct bufferevent *bev, void *arg)
 {
-    LD_UNUSED(arg);
     if (evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
         /* Back to writing from flush_cb (see mark_dirty). */
         bufferevent_disable(bev, EV_WRITE);
+        fd_lines_send(arg);
     }
 }
 
@@ -1039,6 +1251,7 @@ io_new(struct ld_session *s, int fd)
     io->linger_ev = evtimer_new(base, linger_cb, s);
     io->more_ev = event_new(base, -1, 0, more_cb, s);
     io->grace_ev = evtimer_new(base, grace_cb, s);
+    TAILQ_INIT(&io->fd_lines);
     if (io->read_ev == NULL || io->linger_ev == NULL || io->more_ev == NULL ||
         io->grace_ev == NULL) {
         ld_oom(0);

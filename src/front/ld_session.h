@@ -84,6 +84,17 @@ void ld_session_write(struct ld_session *s, const char *buf, size_t len);
 struct evbuffer;
 void ld_session_write_buffer(struct ld_session *s, struct evbuffer *buf);
 
+/* Write LINE (a whole reply line) with the descriptor FD attached to its
+ * first byte (SCM_RIGHTS), after every byte written to the session before
+ * it; lines written after it follow it. FD is handed over (closed once
+ * sent, or when the session ends first). A Unix socket only. */
+void ld_session_write_fd(struct ld_session *s, const char *line, size_t len,
+                         int fd);
+/* Lines with a descriptor still waiting to leave. */
+size_t ld_session_fd_lines(const struct ld_session *s);
+/* Did S come over a Unix socket? */
+bool ld_session_is_unix(const struct ld_session *s);
+
 /* Begin closing: hooks run, the socket closes once output is flushed
  * (bounded), the struct is freed when the last request is answered. */
 void ld_session_close(struct ld_session *s, const char *why);

@@ -1,6 +1,6 @@
 /* The Go client (clients/go) against its own redis-server and leased:
  * its package tests run with the race detector, with LEASED_SOCKET set
- * to the daemon's socket.
+ * to the daemon's socket (near cache and shared segment on).
  *
  * The go toolchain is required: a missing one fails the test (exit 127
  * from exec), it is not skipped. Go's build cache lives under the build
@@ -29,7 +29,10 @@ static const struct h_fixture fx = {
     .suite = "client_go",
     .redis = {&R},
     .daemons = {&D},
-    .start_yaml = "log:\n  level: info\nlock:\n  watchdog_ms: 1500\n",
+    /* The near cache and its shared segment on: Cached reads through the
+     * segment, and TestNearRealDaemon checks it against the socket. */
+    .start_yaml = "log:\n  level: info\nlock:\n  watchdog_ms: 1500\n"
+                  "cache:\n  near: { enabled: true }\n",
 };
 static char out[262144], err[65536];
 

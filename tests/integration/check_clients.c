@@ -73,6 +73,15 @@ START_TEST(test_python)
 }
 END_TEST
 
+/* The shared near cache reader (clients/python/test_near.py): segments
+ * written by the test itself, hostile ones, a racing writer, and a leased
+ * of its own with the segment on (LEASED_BIN, LEASED_TEST_REDIS). */
+START_TEST(test_python_near)
+{
+    run_example("python3", "clients/python/test_near.py");
+}
+END_TEST
+
 START_TEST(test_node)
 {
     run_example("node", "clients/node/test_leased.js");
@@ -175,6 +184,7 @@ main(void)
          * and its output printed rather than the case being cut short by
          * Check. */
         H_CASE(python, 300),
+        H_CASE(python_near, 270),
         H_CASE(node, 270),
         H_CASE(node_api, 270),
         /* The daemon restarted under a using() scope and a Pool. */

@@ -2895,6 +2895,9 @@ static const struct cluster_skip cluster_skips[] = {
      "puts its proxy in front of the one Redis"},
     {"near", "second_delete_evicts_first",
      "puts its proxy in front of the one Redis"},
+    {"shared_near", "redis_down",
+     "kills and restarts the one Redis (tracking_killed_flushes covers the "
+     "flush on a cluster)"},
     {"rwlock", "redisson_layout",
      "the Java side publishes with classic PUBLISH, which leased on a "
      "cluster does not hear (it subscribes sharded, leased.yml(5)); "

@@ -91,6 +91,9 @@ assert_same_settings(const struct ld_config *a, const struct ld_config *b)
     ck_assert_int_eq(a->cache.near.min_hits, b->cache.near.min_hits);
     ck_assert_int_eq(a->cache.near.min_hits_window_ms,
                      b->cache.near.min_hits_window_ms);
+    ck_assert_int_eq(a->cache.near.shared_bytes, b->cache.near.shared_bytes);
+    ck_assert_int_eq(a->cache.near.shared_stale_ms,
+                     b->cache.near.shared_stale_ms);
     ck_assert_int_eq(a->journal.fsync, b->journal.fsync);
     ck_assert_int_eq(a->limits.max_clients, b->limits.max_clients);
     ck_assert_int_eq(a->limits.max_request_bytes, b->limits.max_request_bytes);
@@ -192,6 +195,8 @@ START_TEST(defaults_match_product)
     ck_assert_int_eq(c.cache.near.max_value_bytes, 65536);
     ck_assert_int_eq(c.cache.near.min_hits, 0);
     ck_assert_int_eq(c.cache.near.min_hits_window_ms, 10000);
+    ck_assert_int_eq(c.cache.near.shared_bytes, 16777216);
+    ck_assert_int_eq(c.cache.near.shared_stale_ms, 50);
     ck_assert_str_eq(c.journal.path, "/var/lib/leased/invalidations.journal");
     ck_assert_int_eq(c.journal.fsync, LD_FSYNC_ALWAYS);
     ck_assert_int_eq(c.limits.max_clients, 10000);
@@ -349,6 +354,21 @@ START_TEST(near_in_flow_and_block_style)
                   "%s", err);
     ck_assert_int_eq(c.cache.near.max_bytes, 0);
     ld_conf_free(&c);
+    /* The shared segments: none, or a size worth mapping; and a stale
+     * bound a heartbeat can keep. */
+    ck_assert_msg(load(&c, "cache:\n  near: { enabled: true, shared_bytes: "
+                           "0, shared_stale_ms: 5 }\n") == LD_OK,
+                  "%s", err);
+    ck_assert_int_eq(c.cache.near.shared_bytes, 0);
+    ck_assert_int_eq(c.cache.near.shared_stale_ms, 5);
+    ld_conf_free(&c);
+    expect_error("cache:\n  near: { shared_bytes: 4096 }\n",
+                 "t.yml:2:25: cache.near.shared_bytes: must be 0 (no shared "
+                 "segment) or at least 65536");
+    expect_error("cache:\n  near: { shared_stale_ms: 4 }\n",
+                 "t.yml:2:28: cache.near.shared_stale_ms: must be 5..10000");
+    expect_error("cache:\n  near: { shared_stale_ms: 10001 }\n",
+                 "t.yml:2:28: cache.near.shared_stale_ms: must be 5..10000");
 }
 END_TEST
 
@@ -826,7 +846,7 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 63);
+    ck_assert_uint_eq(s.count, 65);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
