@@ -261,7 +261,7 @@ type nearState struct {
 	mu      sync.Mutex // one near.map at a time
 	seg     atomic.Pointer[nearSeg]
 	off     int32 // 1: this session has no segment (TCP, no feature)
-	retryAt int64 // UnixNano before which near.map is not asked again
+	retryAt int64 // monoNow before which near.map is not asked again
 	hits    uint64
 	falls   uint64
 	last    int64 // monoNow of the last near.hits
@@ -339,10 +339,10 @@ func (c *conn) nearMap(ctx context.Context) *nearSeg {
 	if s := n.seg.Load(); s != nil {
 		return s
 	}
-	if time.Now().UnixNano() < atomic.LoadInt64(&n.retryAt) {
+	if monoNow() < atomic.LoadInt64(&n.retryAt) {
 		return nil
 	}
-	atomic.StoreInt64(&n.retryAt, time.Now().Add(nearRetry).UnixNano())
+	atomic.StoreInt64(&n.retryAt, monoNow()+int64(nearRetry))
 	if _, unix := c.nc.(*net.UnixConn); !unix || !c.features["shared_near"] {
 		atomic.StoreInt32(&n.off, 1)
 		return nil

@@ -14,6 +14,7 @@ import (
 	"math/rand"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -209,7 +210,7 @@ func TestNearSeqStuckOdd(t *testing.T) {
 	w.store32(boff, w.load32(boff)+1)
 	start := time.Now()
 	expect(t, s, "k", "", nearMiss)
-	if d := time.Since(start); d > 100*time.Millisecond {
+	if d := time.Since(start); d > 5*time.Second { // a few tries, no waiting
 		t.Fatalf("a stuck bucket held the reader %v", d)
 	}
 }
@@ -502,6 +503,30 @@ func TestNearThroughTheClient(t *testing.T) {
 	}
 }
 
+func TestNearSegmentThatIsNoSegment(t *testing.T) {
+	w := newNearWriter(t, 1<<20, 64)
+	w.put("k", `"v"`, time.Minute, false, -1)
+	copy(w.mem, "NOTNEAR!")
+	path, p := startNearPeer(t, w, true)
+	ctx := context.Background()
+	cl, err := Dial(ctx, Options{Address: path, PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := 0; i < 3; i++ {
+		v, err := Cached(ctx, cl, "k", func(context.Context) (string, error) {
+			return "", errors.New("the loader ran")
+		}, nil)
+		if err != nil || v != "socket" {
+			t.Fatalf("%q %v", v, err)
+		}
+	}
+	if n := p.count("near.map"); n != 1 {
+		t.Fatalf("near.map asked %d times", n)
+	}
+}
+
 func TestNearWithoutTheFeature(t *testing.T) {
 	w := newNearWriter(t, 1<<20, 64)
 	path, p := startNearPeer(t, w, false)
@@ -612,5 +637,143 @@ func TestNearRealDaemon(t *testing.T) {
 	}
 	if served == 0 {
 		t.Fatal("the segment served none of the reads")
+	}
+}
+
+// A segment the daemon closed (a reload) sends reads to the socket, and
+// is asked for again once a second has passed.
+func TestNearClosedIsMappedAgain(t *testing.T) {
+	w := newNearWriter(t, 1<<20, 64)
+	w.put("k", `"v"`, time.Minute, false, -1)
+	path, p := startNearPeer(t, w, true)
+	ctx := context.Background()
+	cl, err := Dial(ctx, Options{Address: path, PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	get := func() string {
+		v, err := Cached(ctx, cl, "k", func(context.Context) (string, error) {
+			return "", errors.New("the loader ran")
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	start := time.Now() // the first near.map is asked after this
+	if v := get(); v != "v" {
+		t.Fatalf("first read %q", v)
+	}
+	w.store32(80, 0)
+	if v := get(); v != "socket" {
+		t.Fatalf("read of a closed segment %q", v)
+	}
+	w.store32(80, nearLive)
+	for get() != "v" {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the segment was not mapped again")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if el := time.Since(start); el < nearRetry-10*time.Millisecond {
+		t.Fatalf("mapped again after %v", el)
+	}
+	if n := p.count("near.map"); n != 2 {
+		t.Fatalf("near.map asked %d times", n)
+	}
+}
+
+// A daemon of the test's own (LEASED_BIN on LEASED_TEST_REDIS, as
+// check_client_go sets them), stopped with SIGSTOP: no hit is served by a
+// lookup that starts later than shared_stale_ms (+5 ms for the stop to
+// land) after the stop, however slowly this loop turns, and the segment
+// answers again after SIGCONT.
+func TestNearStoppedDaemon(t *testing.T) {
+	bin, redis := os.Getenv("LEASED_BIN"), os.Getenv("LEASED_TEST_REDIS")
+	if bin == "" || redis == "" {
+		t.Skip("LEASED_BIN or LEASED_TEST_REDIS is not set")
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s")
+	conf := filepath.Join(dir, "c.yml")
+	yml := "listen:\n  unix: \"" + sock + "\"\nmetrics:\n  listen: \"\"\n" +
+		"redis:\n  address: \"" + redis + "\"\njournal:\n  path: \"" +
+		filepath.Join(dir, "j") + "\"\nlog:\n  level: warn\n" +
+		"cache:\n  near: { enabled: true, shared_stale_ms: 50 }\n"
+	if err := os.WriteFile(conf, []byte(yml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := exec.Command(bin, "-f", "-c", conf)
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = d.Process.Signal(syscall.SIGCONT)
+		_ = d.Process.Signal(syscall.SIGTERM)
+		_ = d.Wait()
+	}()
+	ctx := context.Background()
+	var cl *Client
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if cl, err = Dial(ctx, Options{Address: sock, PoolSize: 1,
+			Serializer: Strings}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer cl.Close()
+	if _, err := cl.Do(ctx, map[string]any{"op": "cache.set", "key": "k",
+		"value": "v"}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := cl.conn(ctx, 0)
+	var s *nearSeg
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, _ = Cached(ctx, cl, "k", func(context.Context) (string, error) {
+			return "", errors.New("the loader ran")
+		}, nil)
+		if s = c.near.seg.Load(); s != nil {
+			if _, res := s.get("k", monoNow()); res == nearHit {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the key never reached the segment")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := d.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := monoNow()
+	lastHit := int64(0)
+	for {
+		at := monoNow()
+		if _, res := s.get("k", at); res != nearHit {
+			break
+		}
+		lastHit = at
+		if at-stopped > int64(10*time.Second) {
+			t.Fatal("the segment still answered 10 s after SIGSTOP")
+		}
+	}
+	if late := time.Duration(lastHit - stopped); lastHit != 0 &&
+		late > 55*time.Millisecond {
+		t.Fatalf("a hit %v after SIGSTOP (shared_stale_ms 50)", late)
+	}
+	_ = d.Process.Signal(syscall.SIGCONT)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, res := s.get("k", monoNow()); res == nearHit {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the segment did not answer again after SIGCONT")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

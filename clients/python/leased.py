@@ -662,6 +662,9 @@ _NEAR_REPORT_NS = 1000000000
 # Asking for a segment again (after it closed, or near.map failed): at
 # most this often.
 _NEAR_RETRY_S = 1.0
+# NearSegment.text keeps what it copied for this many keys, this long.
+_NEAR_MEMO_KEYS = 1024
+_NEAR_MEMO_NS = 1000000000
 
 # What NearSegment.get answers when it has no answer: ask the daemon.
 _NEAR_MISS = object()
@@ -692,6 +695,7 @@ class NearSegment:
             self._mm.close()
             raise
         self._mv = memoryview(self._mm)
+        self._memo = {}
         self.size = size
 
     def _check(self, size):
@@ -722,68 +726,117 @@ class NearSegment:
         self.now = 0
 
     def close(self):
+        self._memo = {}
         mv, self._mv = self._mv, None
         if mv is not None:
             mv.release()
             self._mm.close()
 
+    def _live(self):
+        """(epoch, now) while the segment may be read; else _NEAR_MISS or
+        _NEAR_CLOSED."""
+        epoch, beat, state = _NEAR_LIVE.unpack_from(self._mv, 64)
+        if state != _NEAR_LIVE_STATE:
+            return _NEAR_CLOSED
+        self.now = now = _monotonic_ns()
+        stale = self.stale_ns
+        # A beat from the future is as wrong as an old one.
+        if now - beat > stale or beat - now > stale:
+            return _NEAR_MISS
+        return epoch, now
+
     def get(self, kb):
         """KB's value (bytes) from the segment, None for a cached null,
         else _NEAR_MISS (ask the daemon) or _NEAR_CLOSED."""
-        mv = self._mv
         try:
-            epoch, beat, state = _NEAR_LIVE.unpack_from(mv, 64)
-            if state != _NEAR_LIVE_STATE:
-                return _NEAR_CLOSED
-            self.now = now = _monotonic_ns()
-            stale = self.stale_ns
-            # A beat from the future is as wrong as an old one.
-            if now - beat > stale or beat - now > stale:
-                return _NEAR_MISS
-            klen = len(kb)
-            if not klen:
-                return _NEAR_MISS   # an empty way says klen 0
-            h = _crc32(kb)
-            want = h | klen << 32
-            boff = self._buckets_off + (h & self._mask) * _NEAR_BUCKET_BYTES
-            for _ in range(_NEAR_TRIES):
-                b = _NEAR_INDEX.unpack_from(mv, boff)
-                seq = b[0]
-                if seq & 1:
-                    continue
-                i = 0
-                while True:
-                    try:
-                        i = b.index(want, i + 1)
-                    except ValueError:
-                        return _NEAR_MISS   # not in the bucket
-                    vlen, flags, off, deadline = _NEAR_WAY.unpack_from(
-                        mv, boff + i * 40 - 24)
-                    if deadline <= now or off & 7 or \
-                            off + _NEAR_REC_BYTES + klen + vlen > \
-                            self._ring_bytes:
-                        val = _NEAR_MISS   # expired, or torn: seq says
-                        break
-                    rec = self._ring_off + off
-                    kstart = rec + _NEAR_REC_BYTES
-                    vstart = kstart + klen
-                    if _NEAR_REC.unpack_from(mv, rec) != (klen, vlen) or \
-                            mv[kstart:vstart] != kb:
-                        continue    # another key of this hash, or torn
-                    val = None if flags & _NEAR_NULL else \
-                        mv[vstart:vstart + vlen].tobytes()
-                    break
-                if _NEAR_SEQ.unpack_from(mv, boff)[0] != seq:
-                    continue    # the daemon wrote the bucket meanwhile
-                if val is _NEAR_MISS or \
-                        _NEAR_EPOCH.unpack_from(mv, 64)[0] != epoch:
-                    return _NEAR_MISS
-                return val
-            return _NEAR_MISS
+            live = self._live()
+            if type(live) is not tuple:
+                return live
+            got = self._lookup(kb, *live)
+            return got if got is _NEAR_MISS else got[0]
         except (TypeError, ValueError, IndexError, struct.error):
-            # A released mapping, or offsets no check above foresaw: the
-            # socket answers.
             return _NEAR_MISS
+
+    def text(self, key):
+        """KEY's value as text (None for a cached null), or _NEAR_MISS /
+        _NEAR_CLOSED. A key read again is answered from what the last
+        full lookup copied as long as its bucket's seq, the epoch and the
+        heartbeat say the segment still holds it: the same rules as a
+        full lookup, where the copy was checked, and a tenth of its
+        work. The copy is kept at most _NEAR_MEMO_NS, far less than the
+        2^31 writes to one bucket that could bring its seq round."""
+        try:
+            live = self._live()
+            if type(live) is not tuple:
+                return live
+            epoch, now = live
+            mv = self._mv
+            m = self._memo.get(key)
+            if m is not None and m[0] == epoch and now < m[3] and \
+                    now - m[4] < _NEAR_MEMO_NS and \
+                    _NEAR_SEQ.unpack_from(mv, m[1])[0] == m[2] and \
+                    _NEAR_EPOCH.unpack_from(mv, 64)[0] == epoch:
+                return m[5]
+            got = self._lookup(key.encode(), epoch, now)
+            if got is _NEAR_MISS:
+                return got
+            val, boff, seq, deadline = got
+            text = None if val is None else val.decode()
+        except (TypeError, ValueError, IndexError, struct.error):
+            # Not UTF-8 (UnicodeDecodeError is a ValueError), a released
+            # mapping, or offsets no check foresaw: the socket answers.
+            return _NEAR_MISS
+        memo = self._memo
+        if len(memo) >= _NEAR_MEMO_KEYS:
+            memo.clear()
+        memo[key] = (epoch, boff, seq, deadline, now, text)
+        return text
+
+    def _lookup(self, kb, epoch, now):
+        """(value bytes or None, bucket offset, seq, deadline) of KB,
+        following every rule of the layout; _NEAR_MISS when it is not
+        there or the bucket would not hold still."""
+        mv = self._mv
+        klen = len(kb)
+        if not klen:
+            return _NEAR_MISS   # an empty way says klen 0
+        h = _crc32(kb)
+        want = h | klen << 32
+        boff = self._buckets_off + (h & self._mask) * _NEAR_BUCKET_BYTES
+        for _ in range(_NEAR_TRIES):
+            b = _NEAR_INDEX.unpack_from(mv, boff)
+            seq = b[0]
+            if seq & 1:
+                continue
+            i = 0
+            while True:
+                try:
+                    i = b.index(want, i + 1)
+                except ValueError:
+                    return _NEAR_MISS   # not in the bucket
+                vlen, flags, off, deadline = _NEAR_WAY.unpack_from(
+                    mv, boff + i * 40 - 24)
+                if deadline <= now or off & 7 or \
+                        off + _NEAR_REC_BYTES + klen + vlen > \
+                        self._ring_bytes:
+                    val = _NEAR_MISS   # expired, or torn: the seq says
+                    break
+                rec = self._ring_off + off
+                kstart = rec + _NEAR_REC_BYTES
+                vstart = kstart + klen
+                if _NEAR_REC.unpack_from(mv, rec) != (klen, vlen) or \
+                        mv[kstart:vstart] != kb:
+                    continue    # another key of this hash, or torn
+                val = None if flags & _NEAR_NULL else \
+                    mv[vstart:vstart + vlen].tobytes()
+                break
+            if _NEAR_SEQ.unpack_from(mv, boff)[0] != seq:
+                continue    # the daemon wrote the bucket meanwhile
+            if val is _NEAR_MISS or \
+                    _NEAR_EPOCH.unpack_from(mv, 64)[0] != epoch:
+                return _NEAR_MISS
+            return val, boff, seq, deadline
+        return _NEAR_MISS
 
 
 class _NearReads:
@@ -817,16 +870,11 @@ class _NearReads:
         """KEY's value text from the segment (None: a cached null), or
         _NEAR_MISS; counted."""
         seg = self.seg
-        got = seg.get(key.encode())
+        got = seg.text(key)
         if got is _NEAR_CLOSED:
             self.seg = None
             seg.close()
             got = _NEAR_MISS
-        elif got is not _NEAR_MISS and got is not None:
-            try:
-                got = got.decode()
-            except UnicodeDecodeError:
-                got = _NEAR_MISS
         if got is _NEAR_MISS:
             self.falls += 1
         else:
@@ -1475,7 +1523,7 @@ class Leased:
                 return _NEAR_MISS
         if type(key) is not str:
             return _NEAR_MISS   # the socket path says what is wrong
-        got = seg.get(key.encode())
+        got = seg.text(key)
         if got is _NEAR_MISS or got is _NEAR_CLOSED:
             if got is _NEAR_CLOSED:
                 # A reload replaced the segment: ask for the new one.
@@ -1486,12 +1534,6 @@ class Leased:
                     seg.now - self._near_last >= _NEAR_REPORT_NS:
                 self._near_report(True)
             return _NEAR_MISS
-        if got is not None:
-            try:
-                got = got.decode()
-            except UnicodeDecodeError:
-                self._near_falls += 1
-                return _NEAR_MISS
         self._near_hits += 1
         if self._near_hits + self._near_falls >= _NEAR_REPORT_EVERY or \
                 seg.now - self._near_last >= _NEAR_REPORT_NS:

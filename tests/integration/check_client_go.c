@@ -25,6 +25,17 @@
 static struct h_redis R;
 static struct h_daemon D;
 
+/* TestNearStoppedDaemon starts a leased of its own (LEASED_BIN) on this
+ * Redis, to stop it with SIGSTOP. */
+static void
+export_redis(void)
+{
+    char addr[64];
+
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", R.port);
+    setenv("LEASED_TEST_REDIS", addr, 1);
+}
+
 static const struct h_fixture fx = {
     .suite = "client_go",
     .redis = {&R},
@@ -33,6 +44,7 @@ static const struct h_fixture fx = {
      * segment, and TestNearRealDaemon checks it against the socket. */
     .start_yaml = "log:\n  level: info\nlock:\n  watchdog_ms: 1500\n"
                   "cache:\n  near: { enabled: true }\n",
+    .setup = export_redis,
 };
 static char out[262144], err[65536];
 

@@ -41,7 +41,10 @@ static const struct h_fixture fx = {
     .suite = "clients",
     .redis = {&R},
     .daemons = {&D},
-    .start_yaml = "log:\n  level: info\nlock:\n  watchdog_ms: 1500\n",
+    /* The near cache and its shared segment on: the Python client's
+     * cached() reads through the segment (Node's keeps the socket). */
+    .start_yaml = "log:\n  level: info\nlock:\n  watchdog_ms: 1500\n"
+                  "cache:\n  near: { enabled: true }\n",
     .setup = export_redis,
 };
 static char out[65536], err[65536];

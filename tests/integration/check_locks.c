@@ -1167,10 +1167,14 @@ START_TEST(test_renew_many)
     ck_assert(h_wait_stat_min(a, "lock_renewals_ok", ok0 + 3 * N, 10000));
     long long renewed = h_stat(a, "lock_renewals_ok") - ok0;
     long long calls = cmd_calls("evalsha") + cmd_calls("eval");
-    /* 40 locks on redis.connections 2 are at least two calls a pass; one
-     * call per lock would be 40. */
-    ck_assert_msg(calls * 5 <= renewed,
-                  "%lld script calls for %lld renewals", calls, renewed);
+    if (!h_on_cluster()) {
+        /* 40 locks on redis.connections 2 are at least two calls a pass;
+         * one call per lock would be 40. In cluster mode the keys of one
+         * call would lie in different slots: one lock per call (and
+         * cmd_calls counts one node's). */
+        ck_assert_msg(calls * 5 <= renewed,
+                      "%lld script calls for %lld renewals", calls, renewed);
+    }
 
     ck_assert_int_eq(h_r_int(&R, "DEL leased:lock:{many7}"), 1);
     redisReply *rep =
