@@ -212,6 +212,53 @@ def pairs(a):
     cases['SET PX x%d pipelined' % MSET_ENTRIES] = lambda i: r.pipeline(
         [('SET', 'plain:' + e['key'], VALUE, 'PX', TTL_MS) for e in ments])
 
+    # The Bloom filter: 10000 keys in a filter for 1000000 at 1%, and
+    # keys never stored that it rules out (asked once here, so that each
+    # case below reads the same absent keys and none is let through).
+    ld.call(op='bloom.create', filter='cost.bf', capacity=1000000,
+            error_rate=0.01)
+    # Batches of 100: Redis under callgrind answers a bloom.add of 1000
+    # keys later than leased's redis.timeout_ms.
+    for b in range(0, 10000, 100):
+        ld.call(op='bloom.add', filter='cost.bf',
+                keys=['cost.e%d' % k for k in range(b, b + 100)])
+    absent = []
+    for b in range(0, 4000, 100):
+        cand = ['cost.a%d' % k for k in range(b, b + 100)]
+        maybe = ld.call(op='bloom.check', filter='cost.bf',
+                        keys=cand)['maybe']
+        absent += [k for k, m in zip(cand, maybe) if not m]
+
+    def bloom_get(i):
+        if not ld.call(op='cache.get', key=absent[i % len(absent)],
+                       bloom='cost.bf').get('bloom'):
+            raise RuntimeError('the filter did not rule the key out')
+    cases['leased cache.get bloom ruled out'] = bloom_get
+
+    def miss_release(i):
+        k = absent[i % len(absent)]
+        g = ld.call(op='cache.get', key=k)
+        if g['hit'] or not ld.call(op='cache.release', key=k,
+                                   lease=g['lease'])['released']:
+            raise RuntimeError('no miss and release of ' + k)
+    cases['leased cache.get miss + cache.release'] = miss_release
+    ld.call(op='cache.set', key='cost.null', value=None, ttl_ms=TTL_MS)
+
+    def null_get(i):
+        g = ld.call(op='cache.get', key='cost.null')
+        if not g['hit'] or g['value'] is not None:
+            raise RuntimeError('cache.get did not read the cached null')
+    cases['leased cache.get cached null'] = null_get
+    cases['GET absent'] = lambda i: r.call(
+        'GET', 'plain:' + absent[i % len(absent)])
+    for n in (1, 100):
+        def check(i, n=n):
+            ks = [absent[(i + j) % len(absent)] for j in range(n)]
+            if any(ld.call(op='bloom.check', filter='cost.bf',
+                           keys=ks)['maybe']):
+                raise RuntimeError('bloom.check let a key through')
+        cases['leased bloom.check %d' % n] = check
+
     keys = ['cost.h%d' % k for k in range(MGET_KEYS)]
     for k in keys:
         ld.call(op='cache.set', key=k, value=VALUE, ttl_ms=3600000)

@@ -3,8 +3,9 @@
 # depend on machine noise), through leased and for what an app would send
 # without it: Redisson's RLock, RReadWriteLock, RSemaphore and
 # RRateLimiter scripts and its watchdog renewal by EVALSHA
-# (bench/redisson/), plain GET and MGET, and a pipelined batch of SET PX
-# against cache.mset.
+# (bench/redisson/), plain GET and MGET, a pipelined batch of SET PX
+# against cache.mset, and a GET of an absent key against cache.get of it
+# with a Bloom filter, without one (miss and release) and cached null.
 # One redis-server under callgrind, leased native (lock.watchdog_ms 6000:
 # a pass of renewals every two seconds); the cases in bench/cost.py.
 # Writes key=value lines to --raw FILE (default stdout). Runs alone too:
@@ -22,6 +23,10 @@ if [ "${1:-}" = --table ]; then
         ir[c] = substr($0, RSTART + 10, RLENGTH - 10) + 0
     }
     function row(op, mine, theirs, label) {
+        if ((mine in ir) && theirs == "") {
+            printf "| %s | %d | - | - |\n", op, ir[mine]
+            return
+        }
         if (!(mine in ir) || !(theirs in ir)) return
         printf "| %s | %d | %s: %d | %.2f× |\n", op, ir[mine], label,
             ir[theirs], ir[mine] / ir[theirs]
@@ -52,6 +57,16 @@ if [ "${1:-}" = --table ]; then
         row("10 cache.set of 100 B, pipelined",
             "leased cache.set x10 pipelined", "SET PX x10 pipelined",
             "10 SET PX pipelined")
+        row("cache.get of an absent key, ruled out by \"bloom\"",
+            "leased cache.get bloom ruled out", "GET absent",
+            "GET of the absent key")
+        row("cache.get of an absent key: miss + cache.release",
+            "leased cache.get miss + cache.release", "GET absent",
+            "GET of the absent key")
+        row("cache.get of a cached null", "leased cache.get cached null",
+            "GET absent", "GET of the absent key")
+        row("bloom.check of 1 key", "leased bloom.check 1", "", "")
+        row("bloom.check of 100 keys", "leased bloom.check 100", "", "")
     }' "$2"
     exit 0
 fi

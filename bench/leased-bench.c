@@ -80,14 +80,21 @@ enum mode {
     M_MSET,    /* one cache.mset of --entries entries (direct: that many
                 * SET PX, pipelined) */
     M_SETPIPE, /* --entries cache.set, pipelined (direct: as for mset) */
-    M_WAITERS, /* internal: the queued waiters of --mode isolation */
-    M_INVAL    /* internal: the invalidating sessions of --mode storm */
+    M_BLOOMGET,   /* cache.get of a new key with "bloom": ruled out (a maybe:
+                 * its miss, then cache.release of the lease) */
+    M_MISSREL,    /* cache.get of a new key (a miss and its lease), then
+                 * cache.release: the same absent key without a filter */
+    M_NULLGET,    /* cache.get of a cached null */
+    M_BLOOMCHECK, /* bloom.check of --entries keys */
+    M_WAITERS,    /* internal: the queued waiters of --mode isolation */
+    M_INVAL       /* internal: the invalidating sessions of --mode storm */
 };
 static const char *const mode_names[] = {
-    "lock", "lock-contended", "get",           "mix",     "ping",
-    "hold", "isolation",      "renewal",       "storm",   "stampede",
-    "sem",  "rwlock-read",    "rwlock-write",  "miss",    "zipf",
-    "rate", "mset",           "set-pipelined", "waiters", "inval"};
+    "lock",     "lock-contended", "get",           "mix",       "ping",
+    "hold",     "isolation",      "renewal",       "storm",     "stampede",
+    "sem",      "rwlock-read",    "rwlock-write",  "miss",      "zipf",
+    "rate",     "mset",           "set-pipelined", "bloom-get", "miss-release",
+    "null-get", "bloom-check",    "waiters",       "inval"};
 
 enum target { T_LEASED, T_DIRECT };
 static const char *const target_names[] = {"leased", "direct"};
@@ -105,7 +112,10 @@ enum step {
     S_MISS,        /* miss: the cache.get of a new key in flight */
     S_FILL,        /* miss: its cache.fill in flight */
     S_RATE,        /* rate: the decision in flight */
-    S_BULK         /* mset, set-pipelined: replies outstanding in left */
+    S_BULK,        /* mset, set-pipelined: replies outstanding in left */
+    S_BGET,        /* bloom-get, miss-release: the cache.get in flight */
+    S_BREL,        /* bloom-get, miss-release: its cache.release */
+    S_BCHECK       /* bloom-check: the bloom.check in flight */
 };
 
 struct run;
@@ -190,7 +200,8 @@ static struct {
     int repeat;
     long long ops_limit;
     long long wait_ms;
-    int entries; /* mset, set-pipelined: entries per op */
+    int entries;        /* mset, set-pipelined: entries per op */
+    const char *filter; /* bloom-get, bloom-check: the filter's name */
     bool json;
     pid_t leased_pid;
     pid_t redis_pids[16]; /* their CPU is summed (a cluster's masters) */
@@ -808,6 +819,57 @@ miss_fill(struct client *c, struct evbuffer *in, size_t len)
     free(req);
 }
 
+/* bloom-get, miss-release: a cache.get of a key never used, the same
+ * keys in both modes (absent: never filled). */
+static void
+absent_next(struct client *c)
+{
+    char req[400];
+    int n;
+    if (c->run->mode == M_BLOOMGET) {
+        n = snprintf(req, sizeof(req),
+                     "{\"op\":\"cache.get\",\"key\":\"%s.m%lu\","
+                     "\"bloom\":\"%s\"}\n",
+                     c->base_key, ++c->n_key, o.filter);
+    } else {
+        n = snprintf(req, sizeof(req),
+                     "{\"op\":\"cache.get\",\"key\":\"%s.m%lu\"}\n",
+                     c->base_key, ++c->n_key);
+    }
+    leased_send(c, req, (size_t)n, S_BGET);
+}
+
+/* The answer to absent_next: ruled out by the filter (done), or a miss
+ * whose fill lease is given back, as an app does that finds nothing to
+ * fill (its loader found no row). */
+static void
+absent_reply(struct client *c, struct evbuffer *in, size_t len)
+{
+    static const char field[] = "\"lease\":\"";
+    if (c->run->mode == M_BLOOMGET && line_has(in, len, "\"bloom\":true")) {
+        op_done(c);
+        return;
+    }
+    const char *line = (const char *)evbuffer_pullup(in, (ev_ssize_t)len);
+    const char *t = memmem(line, len, field, sizeof(field) - 1);
+    const char *e = NULL;
+    if (t != NULL) {
+        t += sizeof(field) - 1;
+        e = memchr(t, '"', len - (size_t)(t - line));
+    }
+    if (e == NULL || !line_has(in, len, "\"hit\":false")) {
+        leased_error(c, in, len);
+        next_op(c);
+        return;
+    }
+    char req[400];
+    int n = snprintf(req, sizeof(req),
+                     "{\"op\":\"cache.release\",\"key\":\"%s.m%lu\","
+                     "\"lease\":\"%.*s\"}\n",
+                     c->base_key, c->n_key, (int)(e - t), t);
+    leased_send(c, req, (size_t)n, S_BREL);
+}
+
 /* sem.release names the grant's token, read from the acquire reply. */
 static void
 sem_release(struct client *c, struct evbuffer *in, size_t len)
@@ -904,7 +966,9 @@ leased_reply(struct client *c, struct evbuffer *in, size_t len)
         }
         break;
     case S_GET:
-        if (line_has(in, len, "\"hit\":true") && len >= r->size) {
+        if (line_has(in, len, "\"hit\":true") &&
+            (r->mode == M_NULLGET ? line_has(in, len, "\"value\":null")
+                                  : len >= r->size)) {
             op_done(c);
         } else {
             leased_error(c, in, len);
@@ -938,6 +1002,25 @@ leased_reply(struct client *c, struct evbuffer *in, size_t len)
              * counted apart, as a lock-contended wait that ran out. */
             r->timeouts++;
             next_op(c);
+        } else {
+            leased_error(c, in, len);
+            next_op(c);
+        }
+        break;
+    case S_BGET:
+        absent_reply(c, in, len);
+        break;
+    case S_BREL:
+        if (line_has(in, len, "\"released\":true")) {
+            op_done(c);
+        } else {
+            leased_error(c, in, len);
+            next_op(c);
+        }
+        break;
+    case S_BCHECK:
+        if (line_has(in, len, "\"maybe\":[")) {
+            op_done(c);
         } else {
             leased_error(c, in, len);
             next_op(c);
@@ -1277,6 +1360,14 @@ next_op(struct client *c)
         miss_next(c);
         return;
     }
+    if (r->mode == M_BLOOMGET || r->mode == M_MISSREL) {
+        absent_next(c);
+        return;
+    }
+    if (r->mode == M_BLOOMCHECK) {
+        leased_send(c, c->get_req, c->get_len, S_BCHECK);
+        return;
+    }
     if (r->mode == M_RATE) {
         if (r->target == T_LEASED) {
             leased_send(c, c->get_req, c->get_len, S_RATE);
@@ -1419,6 +1510,28 @@ build_leased(struct run *r, struct client *c, const char *base_key)
     }
     if (r->mode == M_MSET || r->mode == M_SETPIPE) {
         build_leased_bulk(r, c, base_key);
+        return;
+    }
+    if (r->mode == M_BLOOMCHECK) {
+        /* Keys never added: what a reader asks before its reads. */
+        struct evbuffer *b = evbuffer_new();
+        if (b == NULL) {
+            die("out of memory");
+        }
+        evbuffer_add_printf(b,
+                            "{\"op\":\"bloom.check\",\"filter\":\"%s\","
+                            "\"keys\":[",
+                            o.filter);
+        for (int i = 0; i < o.entries; i++) {
+            evbuffer_add_printf(b, "%s\"%s.c%d\"", i > 0 ? "," : "", base_key,
+                                i);
+        }
+        evbuffer_add_printf(b, "]}\n");
+        c->get_len = evbuffer_get_length(b);
+        c->get_req = xmalloc(c->get_len + 1);
+        evbuffer_remove(b, c->get_req, c->get_len);
+        c->get_req[c->get_len] = '\0';
+        evbuffer_free(b);
         return;
     }
     if (r->mode == M_PING) {
@@ -1574,7 +1687,7 @@ direct_connect(struct client *c)
 static void
 prefill(struct run *r)
 {
-    if (r->mode != M_GET && r->mode != M_MIX) {
+    if (r->mode != M_GET && r->mode != M_MIX && r->mode != M_NULLGET) {
         return;
     }
     if (r->target == T_DIRECT) {
@@ -1603,11 +1716,18 @@ prefill(struct run *r)
     int fd = unix_connect(o.sock);
     for (int i = 0; i < r->conns; i++) {
         size_t len;
-        char *req = xasprintf(&len,
-                              "{\"op\":\"cache.set\",\"key\":\"b%d.%d.%d.g\","
-                              "\"value\":\"%s\",\"ttl_ms\":%d}\n",
-                              (int)getpid(), r->id, i, value_buf,
-                              CACHE_TTL_MS);
+        /* null-get: "not found" cached, as a loader that found no row
+         * stores it. */
+        char *req =
+            r->mode == M_NULLGET
+                ? xasprintf(&len,
+                            "{\"op\":\"cache.set\",\"key\":\"b%d.%d.%d.g\","
+                            "\"value\":null,\"ttl_ms\":%d}\n",
+                            (int)getpid(), r->id, i, CACHE_TTL_MS)
+                : xasprintf(&len,
+                            "{\"op\":\"cache.set\",\"key\":\"b%d.%d.%d.g\","
+                            "\"value\":\"%s\",\"ttl_ms\":%d}\n",
+                            (int)getpid(), r->id, i, value_buf, CACHE_TTL_MS);
         char *line = blocking_call(fd, req, len);
         if (strstr(line, "\"ok\":true") == NULL) {
             die("cache.set failed: %.300s", line);
@@ -2464,7 +2584,8 @@ usage(FILE *f)
         "sem |\n"
         "                       rwlock-read | rwlock-write | zipf | rate "
         "|\n"
-        "                       mset | set-pipelined |\n"
+        "                       mset | set-pipelined | bloom-get |\n"
+        "                       miss-release | null-get | bloom-check |\n"
         "                       miss (leased only: cache.get of a new key, "
         "then\n"
         "                       cache.fill of its lease)\n"
@@ -2496,7 +2617,11 @@ usage(FILE *f)
         "      --entries N      mset, set-pipelined: entries per op (one\n"
         "                       cache.mset, N cache.set or N SET PX "
         "pipelined;\n"
-        "                       default 10)\n"
+        "                       default 10); bloom-check: keys per "
+        "request\n"
+        "      --filter NAME    bloom-get, bloom-check: the filter, made "
+        "and\n"
+        "                       filled before (default bench.bf)\n"
         "      --mix-lock-pct P mix: percent of lock+unlock ops (default 10)\n"
         "      --pid PID        leased's pid (CPU and memory figures)\n"
         "      --redis-pid PID[,PID...]\n"
@@ -2567,7 +2692,8 @@ parse_args(int argc, char **argv)
         O_WRITER,
         O_PREFIX,
         O_VIA,
-        O_ENTRIES
+        O_ENTRIES,
+        O_FILTER
     };
     static const struct option lo[] = {
         {"mode", required_argument, NULL, 'm'},
@@ -2582,6 +2708,7 @@ parse_args(int argc, char **argv)
         {"ops", required_argument, NULL, O_OPS},
         {"wait-ms", required_argument, NULL, O_WAIT},
         {"entries", required_argument, NULL, O_ENTRIES},
+        {"filter", required_argument, NULL, O_FILTER},
         {"pid", required_argument, NULL, O_PID},
         {"redis-pid", required_argument, NULL, O_RPID},
         {"locks", required_argument, NULL, O_LOCKS},
@@ -2614,6 +2741,7 @@ parse_args(int argc, char **argv)
     o.repeat = 1;
     o.wait_ms = 10000;
     o.entries = 10;
+    o.filter = "bench.bf";
     o.locks = 1;
     o.hold_s = 30;
     o.waiters = 1000;
@@ -2751,6 +2879,9 @@ parse_args(int argc, char **argv)
         case O_ENTRIES:
             o.entries = atoi(optarg);
             break;
+        case O_FILTER:
+            o.filter = optarg;
+            break;
         case 'h':
             usage(stdout);
             exit(0);
@@ -2770,8 +2901,10 @@ parse_args(int argc, char **argv)
     }
     /* The modes whose direct keys are per connection (a shared key would
      * live on one master only). */
-    if (o.mode == M_MISS && o.want[T_DIRECT]) {
-        die("--mode miss: leased only (-t leased)");
+    if ((o.mode == M_MISS || o.mode == M_BLOOMGET || o.mode == M_MISSREL ||
+         o.mode == M_NULLGET || o.mode == M_BLOOMCHECK) &&
+        o.want[T_DIRECT]) {
+        die("--mode %s: leased only (-t leased)", mode_names[o.mode]);
     }
     if (o.cluster && o.want[T_DIRECT] && o.mode != M_LOCK && o.mode != M_GET &&
         o.mode != M_MIX && o.mode != M_PING && o.mode != M_RWREAD &&

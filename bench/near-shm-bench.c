@@ -91,8 +91,9 @@ static void
 near_op(char *buf, size_t cap, size_t size, int copy)
 {
     struct leased_near_value v;
-    enum leased_near_result r = leased_near_lookup(
-        map, map_len, KEY, sizeof(KEY) - 1, mono_ns(), buf, cap, &v);
+    enum leased_near_result r = leased_near_lookup(map, map_len, KEY,
+                                                   sizeof(KEY) - 1, mono_ns(),
+                                                   buf, cap, &v);
     if (r != LEASED_NEAR_HIT || v.vlen != size) {
         fprintf(stderr, "near-shm-bench: lookup gave %d (vlen %llu)\n", r,
                 (unsigned long long)v.vlen);
@@ -276,10 +277,11 @@ main(int argc, char **argv)
     double mn = median_dbl(n_ops, repeat), mnp = median_dbl(n_p50, repeat),
            mc = median_dbl(c_ops, repeat), mcp = median_dbl(c_p50, repeat),
            mg = median_dbl(g_ops, repeat), mgp = median_dbl(g_p50, repeat);
-    printf("mode=near_shm summary size=%zu repeat=%d lookup_ops_s=%.0f "
-           "lookup_p50_ns=%.0f near_get_ops_s=%.0f near_get_p50_ns=%.0f "
-           "redis_ops_s=%.0f redis_p50_ns=%.0f lookup_x=%.1f near_get_x=%.1f\n",
-           size, repeat, mn, mnp, mc, mcp, mg, mgp, mn / mg, mc / mg);
+    printf(
+        "mode=near_shm summary size=%zu repeat=%d lookup_ops_s=%.0f "
+        "lookup_p50_ns=%.0f near_get_ops_s=%.0f near_get_p50_ns=%.0f "
+        "redis_ops_s=%.0f redis_p50_ns=%.0f lookup_x=%.1f near_get_x=%.1f\n",
+        size, repeat, mn, mnp, mc, mcp, mg, mgp, mn / mg, mc / mg);
 
     __atomic_store_n(&stop_beat, 1, __ATOMIC_RELAXED);
     pthread_join(bt, NULL);

@@ -25,6 +25,11 @@
 #   7. cost.sh: Redis instructions per op pair against Redisson's scripts;
 #   8. rate-mset.sh: rate.acquire against its script by EVALSHA, and
 #      cache.mset against pipelined cache.set and pipelined SET PX;
+#   9. bloom.sh: cache.get of absent keys with a Bloom filter against a
+#      miss and its released lease and against a cached null, and
+#      bloom.check of 1 and 100 keys;
+#  10. near-shm.sh and near-py.py: a near hit read from the shared
+#      segment by C, Python and Go against a direct GET;
 # and writes bench/results.md. Text below the marker line of an existing
 # results.md (the hand-written analysis) is kept.
 set -eu
@@ -206,6 +211,29 @@ sh "$here/rate-mset.sh" --builddir "$builddir" \
     --raw "$tmp/ratemset.txt" $qflag || say "rate-mset.sh failed"
 [ ! -s "$tmp/ratemset.txt" ] ||
     sed 's/^/section=rate-mset /' "$tmp/ratemset.txt" >>"$rawfile"
+
+# The Bloom filter against the miss it saves.
+sh "$here/bloom.sh" --builddir "$builddir" \
+    --redis-server "$redis_server" --connections "$best" \
+    --raw "$tmp/bloom.txt" $qflag || say "bloom.sh failed"
+[ ! -s "$tmp/bloom.txt" ] ||
+    sed 's/^/section=bloom /' "$tmp/bloom.txt" >>"$rawfile"
+
+# A near hit read from the shared segment, by C, Python and Go, against a
+# direct GET round trip from the same language.
+sh "$here/near-shm.sh" --builddir "$builddir" --redis-server "$redis_server" \
+    --out "$tmp/nearshm.md" $qflag || say "near-shm.sh failed"
+if [ "$quick" = 1 ]; then
+    near_py_args="--rounds 3 --seconds 1"
+else
+    near_py_args="--rounds 5 --seconds 2"
+fi
+near_py_go=
+! command -v go >/dev/null 2>&1 || near_py_go=--go
+# shellcheck disable=SC2086
+python3 "$here/near-py.py" --leased "$builddir/src/leased" \
+    --redis-server "$redis_server" $near_py_args $near_py_go \
+    >"$tmp/nearpy.md" || say "near-py.py failed"
 
 t_end=$(date +%s)
 load_after=$(uptime | sed 's/.*load average: *//')
@@ -670,7 +698,7 @@ END {
     print "## Reproduce"
     print ""
     print "    mkdir build && cd build && ../configure && make"
-    print "    make bench            # about 18 minutes; rewrites bench/results.md"
+    print "    make bench            # about 20 minutes; rewrites bench/results.md"
     print "    make bench BENCH_FLAGS=--quick    # a 1-minute smoke run"
     print "    make bench-quick      # the target rows and their controls, 3.5 minutes;"
     print "                          # the proxy control needs nutcracker installed"
@@ -707,6 +735,35 @@ if [ -s "$tmp/ratemset.txt" ]; then
     echo "Medians of $rep runs of ${dur} s each."
     echo
     sh "$here/rate-mset.sh" --table "$tmp/ratemset.txt"
+    echo
+fi
+if [ -s "$tmp/bloom.txt" ]; then
+    echo "## Bloom filter"
+    echo
+    echo "bench/bloom.sh, one leased and one Redis, a filter for 1000000"
+    echo "keys at 1% holding 100000: cache.get of keys never stored, with"
+    echo "\"bloom\" (ruled out by the filter) and without it (a miss, its"
+    echo "fill lease given back by cache.release), a cached null, and"
+    echo "bloom.check of keys never added. Medians of $rep runs of ${dur} s"
+    echo "each."
+    echo
+    sh "$here/bloom.sh" --table "$tmp/bloom.txt"
+    echo
+fi
+if [ -s "$tmp/nearshm.md" ] || [ -s "$tmp/nearpy.md" ]; then
+    echo "## Shared near cache"
+    echo
+    echo "A near hit read from the shared segment on one thread against a"
+    echo "direct GET round trip to Redis from the same language, in one run."
+    echo "C (bench/near-shm.sh): the daemon's writer in the bench process,"
+    echo "read through a read-only mapping as libleased reads it; targets"
+    echo "p50 <= 1 us and >= 50x. Python and Go (bench/near-py.py): the"
+    echo "clients' cache reads against a leased with the segment on; target"
+    echo "for Python >= 10x."
+    echo
+    [ ! -s "$tmp/nearshm.md" ] || cat "$tmp/nearshm.md"
+    echo
+    [ ! -s "$tmp/nearpy.md" ] || cat "$tmp/nearpy.md"
     echo
 fi
 echo "$marker"

@@ -1041,7 +1041,7 @@ static const struct {
     {"locks", cmd_locks}, {"unlock", cmd_unlock},
     {"hot", cmd_hot},     {"top", cmd_top},
     {"wait", cmd_wait},   {"cache", cmd_cache},
-    {"rate", cmd_rate},
+    {"rate", cmd_rate},   {"bloom", cmd_bloom},
 };
 
 /* The environment variable NAME, or NULL when it is unset or empty. */

@@ -1,7 +1,8 @@
 /* leasectl: what its files share. leasectl.c has main, the connection and
  * the one-request commands, leasectl_args.c the command line,
  * leasectl_run.c lock and sem (a command run under a lease),
- * leasectl_top.c the live view and leasectl_load.c cache load. */
+ * leasectl_top.c the live view, leasectl_load.c cache load and
+ * leasectl_bloom.c the Bloom filters. */
 
 #ifndef LEASECTL_H
 #define LEASECTL_H
@@ -74,5 +75,6 @@ int cmd_lock(struct ctl *ctl, int argc, char **argv);
 int cmd_sem(struct ctl *ctl, int argc, char **argv);
 int cmd_top(struct ctl *ctl, int argc, char **argv);
 int cmd_cache(struct ctl *ctl, int argc, char **argv);
+int cmd_bloom(struct ctl *ctl, int argc, char **argv);
 
 #endif /* LEASECTL_H */

@@ -17,30 +17,38 @@ import (
 
 // reply is one line from the daemon: a response (with id) or an event.
 type reply struct {
-	ID        json.RawMessage  `json:"id"`
-	Event     string           `json:"event"`
-	OK        bool             `json:"ok"`
-	Error     *wireError       `json:"error"`
-	Acquired  bool             `json:"acquired"`
-	Token     string           `json:"token"`
-	Count     int              `json:"count"`
-	Fence     int64            `json:"fence"`
-	Fences    map[string]int64 `json:"fences"`
-	LeaseMS   int64            `json:"lease_ms"`
-	TTLMS     int64            `json:"ttl_ms"`
-	Hit       bool             `json:"hit"`
-	Value     json.RawMessage  `json:"value"`
-	Lease     json.RawMessage  `json:"lease"`
-	Stored    bool             `json:"stored"`
-	Features  []string         `json:"features"`
-	Layout    int              `json:"layout"`
-	Session   string           `json:"session"`
-	Protocol  int              `json:"protocol"`
-	Key       string           `json:"key"`
-	Reason    string           `json:"reason"`
-	Permits   int              `json:"permits"`
-	Available int              `json:"available"`
-	raw       []byte
+	ID       json.RawMessage  `json:"id"`
+	Event    string           `json:"event"`
+	OK       bool             `json:"ok"`
+	Error    *wireError       `json:"error"`
+	Acquired bool             `json:"acquired"`
+	Token    string           `json:"token"`
+	Count    int              `json:"count"`
+	Fence    int64            `json:"fence"`
+	Fences   map[string]int64 `json:"fences"`
+	LeaseMS  int64            `json:"lease_ms"`
+	TTLMS    int64            `json:"ttl_ms"`
+	Hit      bool             `json:"hit"`
+	Value    json.RawMessage  `json:"value"`
+	Lease    json.RawMessage  `json:"lease"`
+	RetryMS  int64            `json:"retry_after_ms"`
+	// Released is a bool for unlock, a count for sem.release; Stored a
+	// bool for cache.fill, a count for cache.mset. Raw, since a field of
+	// the wrong type would make the whole line unreadable.
+	Released  json.RawMessage `json:"released"`
+	Stored    json.RawMessage `json:"stored"`
+	Features  []string        `json:"features"`
+	Layout    int             `json:"layout"`
+	Session   string          `json:"session"`
+	Protocol  int             `json:"protocol"`
+	Key       string          `json:"key"`
+	Reason    string          `json:"reason"`
+	Permits   int             `json:"permits"`
+	Available int             `json:"available"`
+	// Version is a number on a cache hit or write, the daemon's version
+	// string in hello's reply: raw, as Released and Stored.
+	Version json.RawMessage `json:"version"`
+	raw     []byte
 }
 
 type wireError struct {
@@ -48,6 +56,12 @@ type wireError struct {
 	Message string `json:"message"`
 	Reason  string `json:"reason"`
 	Key     string `json:"key"`
+	Outcome string `json:"outcome"`
+}
+
+func (w *wireError) toError() *Error {
+	return &Error{Code: w.Code, Message: w.Message, Reason: w.Reason,
+		Key: w.Key, Outcome: w.Outcome}
 }
 
 // pend is a request waiting for its reply. onReply, when set, runs in
@@ -357,8 +371,7 @@ func (c *conn) result(r *reply) (*reply, error) {
 	if !r.OK {
 		e := &Error{Code: "internal", Message: "reply without ok"}
 		if r.Error != nil {
-			e = &Error{Code: r.Error.Code, Message: r.Error.Message,
-				Reason: r.Error.Reason, Key: r.Error.Key}
+			e = r.Error.toError()
 		}
 		return r, e
 	}
@@ -367,7 +380,8 @@ func (c *conn) result(r *reply) (*reply, error) {
 
 func (c *conn) abandon(id int64, req map[string]any, p *pend) {
 	op := req["op"]
-	if (op == "lock" || op == "sem.acquire" || op == "cache.get") &&
+	if (op == "lock" || op == "sem.acquire" || op == "cache.get" ||
+		op == "rate.acquire") &&
 		c.features["cancel"] {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, _ = c.call(ctx, map[string]any{"op": "cancel", "target": id}, nil)
@@ -399,6 +413,12 @@ func (c *conn) giveBack(ctx context.Context, req map[string]any, r *reply) {
 			return
 		}
 	}
+}
+
+// rawInt is the integer RAW holds, or 0 (absent, or not a number).
+func rawInt(raw json.RawMessage) int64 {
+	n, _ := strconv.ParseInt(string(raw), 10, 64)
+	return n
 }
 
 func isString(raw json.RawMessage) bool { return len(raw) > 0 && raw[0] == '"' }

@@ -18,6 +18,10 @@ type Error struct {
 	// Key is the error object's key (unauthorized: the key outside the
 	// namespace).
 	Key string
+	// Outcome is "unknown" when the request left for Redis and no answer
+	// came (redis_unavailable): it may have taken effect. An unlock is
+	// then safe to repeat with the same request id; see OutcomeUnknown.
+	Outcome string
 	// Err is the error behind this one (a socket error, ctx.Err()).
 	Err error
 }
@@ -53,6 +57,13 @@ var (
 	ErrNotFound = &Error{Code: "not_found"}
 	ErrNotHeld  = &Error{Code: "not_held"}
 )
+
+// OutcomeUnknown reports whether err says the request may have taken
+// effect although no answer came (the error's "outcome":"unknown").
+func OutcomeUnknown(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Outcome == "unknown"
+}
 
 // Code gives the leased error code of err, or "" when err is not one.
 func Code(err error) string {

@@ -641,6 +641,12 @@ func fakeDaemon(t *testing.T) (string, <-chan net.Conn) {
 				"session": "s1", "protocol": 1, "acquired": true,
 				"token": "t1", "count": 1, "lease_ms": 30000,
 				"fences": map[string]int{"a": 1, "b": 2}, "released": true}
+			if req["op"] == "rate.acquire" {
+				// A decision that left for Redis and got no answer.
+				rep = map[string]any{"id": req["id"], "ok": false,
+					"error": map[string]any{"code": "redis_unavailable",
+						"message": "no answer", "outcome": "unknown"}}
+			}
 			b, _ := json.Marshal(rep)
 			c.Write(append(b, '\n'))
 		}
@@ -710,5 +716,238 @@ func TestAtRiskThenSafe(t *testing.T) {
 	}
 	if closed(h.Done()) {
 		t.Fatal("Done closed without lock_lost")
+	}
+}
+
+// An unlock sent again with the same request id is answered from the
+// daemon's memory: of a lock held twice, one hold is left, not none.
+func TestUnlockRequestID(t *testing.T) {
+	ld := dial(t)
+	key := k("rid")
+	o := &leased.LockOptions{Owner: "rid"}
+	h1, err := ld.Lock(bg(), key, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ld.Lock(bg(), key, o); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		u, err := ld.Unlock(bg(), key, &leased.UnlockOptions{Owner: "rid",
+			RequestID: "go-1"})
+		if err != nil || u.Released || u.Count != 1 {
+			t.Fatalf("unlock %d with go-1: %+v %v", i+1, u, err)
+		}
+	}
+	info, err := ld.Do(bg(), map[string]any{"op": "lock.info", "key": key,
+		"token": h1.Token})
+	if err != nil || info["count"] != float64(1) {
+		t.Fatalf("lock.info after a repeated unlock: %v %v", info, err)
+	}
+	if x, _ := ld.TryLock(bg(), key, nil); x != nil {
+		t.Fatal("another owner got a lock still held once")
+	}
+	_, err = ld.Unlock(bg(), key, &leased.UnlockOptions{Owner: "rid",
+		RequestID: strings.Repeat("r", 65)})
+	if leased.Code(err) != "bad_request" {
+		t.Fatalf("a request id of 65 characters: %v", err)
+	}
+	if _, err := ld.Unlock(bg(), key, nil); !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("unlock naming no holder: %v", err)
+	}
+	u, err := ld.Unlock(bg(), key, &leased.UnlockOptions{Token: h1.Token,
+		RequestID: "go-2"})
+	if err != nil || !u.Released {
+		t.Fatalf("unlock with a new id: %+v %v", u, err)
+	}
+	if _, err := ld.Unlock(bg(), key, &leased.UnlockOptions{Owner: "rid",
+		RequestID: "go-3"}); !errors.Is(err, leased.ErrNotHeld) {
+		t.Fatalf("unlock of a free lock: %v", err)
+	}
+}
+
+func TestRateAcquire(t *testing.T) {
+	ld := dial(t)
+	key := k("rate")
+	slow := &leased.RateOptions{Burst: 2}
+	for i := 0; i < 2; i++ {
+		r, err := ld.RateAcquire(bg(), key, 1, time.Minute, slow)
+		if err != nil || !r.Acquired {
+			t.Fatalf("grant %d of a burst of 2: %+v %v", i+1, r, err)
+		}
+	}
+	r, err := ld.RateAcquire(bg(), key, 1, time.Minute, slow)
+	if err != nil || r.Acquired || r.RetryAfter <= 0 {
+		t.Fatalf("past the burst: %+v %v", r, err)
+	}
+	_, err = ld.RateAcquire(bg(), key, 1, time.Minute,
+		&leased.RateOptions{Burst: 2, Permits: 3})
+	if leased.Code(err) != "bad_request" {
+		t.Fatalf("permits above burst: %v", err)
+	}
+	// 20 a second, one at a time: the second waits about 50 ms for its
+	// permit and gets it.
+	fast := k("rate:fast")
+	if r, err := ld.RateAcquire(bg(), fast, 20, time.Second,
+		&leased.RateOptions{Burst: 1}); err != nil || !r.Acquired {
+		t.Fatalf("first of a fast limiter: %+v %v", r, err)
+	}
+	r, err = ld.RateAcquire(bg(), fast, 20, time.Second,
+		&leased.RateOptions{Burst: 1, Wait: 10 * time.Second})
+	if err != nil || !r.Acquired {
+		t.Fatalf("a wait that covers the interval: %+v %v", r, err)
+	}
+}
+
+// A rate.acquire answered redis_unavailable with outcome unknown says
+// so (it may have granted).
+func TestRateOutcomeUnknown(t *testing.T) {
+	path, _ := fakeDaemon(t)
+	ld, err := leased.Dial(bg(), leased.Options{Address: path, PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ld.Close()
+	_, err = ld.RateAcquire(bg(), "r", 1, time.Second, nil)
+	if leased.Code(err) != "redis_unavailable" || !leased.OutcomeUnknown(err) {
+		t.Fatalf("outcome unknown: %v", err)
+	}
+	if leased.OutcomeUnknown(leased.ErrIO) {
+		t.Fatal("an io error said outcome unknown")
+	}
+}
+
+func TestWarm(t *testing.T) {
+	ld := dial(t)
+	a, none, bad := k("warm:a"), k("warm:none"), k("warm:bad")
+	w, err := ld.Warm(bg(), []leased.WarmEntry{
+		{Key: a, Value: user{ID: 7, Name: "Ada"}},
+		{Key: none, NotFound: true, TTL: 30 * time.Second},
+		{Key: "", Value: "empty key"},
+		{Key: bad, Value: "v", TTL: time.Minute},
+	}, time.Minute)
+	if err != nil || w.Stored != 3 || len(w.Errors) != 4 {
+		t.Fatalf("warm: %+v %v", w, err)
+	}
+	if w.Errors[0] != nil || w.Errors[1] != nil || w.Errors[3] != nil ||
+		leased.Code(w.Errors[2]) != "bad_request" {
+		t.Fatalf("per-entry errors: %v", w.Errors)
+	}
+	fail := func(context.Context) (user, error) {
+		t.Error("loaded a warmed key")
+		return user{}, nil
+	}
+	if u, err := leased.Cached(bg(), ld, a, fail, nil); err != nil ||
+		u.Name != "Ada" || u.ID != 7 {
+		t.Fatalf("cached after warm: %+v %v", u, err)
+	}
+	if _, err := leased.Cached(bg(), ld, none, fail, nil); !errors.Is(err, leased.ErrNotFound) {
+		t.Fatalf("a warmed not found: %v", err)
+	}
+	if _, err := ld.Warm(bg(), nil, 0); !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("warm of nothing: %v", err)
+	}
+	many := make([]leased.WarmEntry, 1001)
+	for i := range many {
+		many[i] = leased.WarmEntry{Key: k("warm:m" + strconv.Itoa(i)), Value: i}
+	}
+	if _, err := ld.Warm(bg(), many, 0); leased.Code(err) != "bad_request" {
+		t.Fatalf("1001 entries: %v", err)
+	}
+}
+
+func TestBloom(t *testing.T) {
+	ld := dial(t)
+	f := k("bloom")
+	b, err := ld.BloomCreate(bg(), f, 1000, 0.01)
+	if err != nil || !b.Created || b.Bits <= 0 || b.Hashes <= 0 || b.Bytes <= 0 {
+		t.Fatalf("create: %+v %v", b, err)
+	}
+	if b, err := ld.BloomCreate(bg(), f, 1000, 0.01); err != nil || b.Created {
+		t.Fatalf("create again alike: %+v %v", b, err)
+	}
+	if _, err := ld.BloomCreate(bg(), f, 2000, 0.01); leased.Code(err) != "bad_request" {
+		t.Fatalf("create again with another capacity: %v", err)
+	}
+	in, out := k("bloom:in"), k("bloom:out")
+	added, err := ld.BloomAdd(bg(), f, in)
+	if err != nil || len(added) != 1 || !added[0] {
+		t.Fatalf("add: %v %v", added, err)
+	}
+	if added, err := ld.BloomAdd(bg(), f, in); err != nil || added[0] {
+		t.Fatalf("add again: %v %v", added, err)
+	}
+	maybe, err := ld.BloomCheck(bg(), f, in, out)
+	if err != nil || len(maybe) != 2 || !maybe[0] || maybe[1] {
+		t.Fatalf("check: %v %v", maybe, err)
+	}
+	if _, err := ld.BloomCheck(bg(), k("bloom:none"), in); leased.Code(err) != "bad_request" {
+		t.Fatalf("check of a filter that does not exist: %v", err)
+	}
+	if _, err := ld.BloomAdd(bg(), f); !errors.Is(err, leased.ErrInvalid) {
+		t.Fatalf("add of no key: %v", err)
+	}
+	var loads int32
+	loader := func(context.Context) (string, error) {
+		atomic.AddInt32(&loads, 1)
+		return "v", nil
+	}
+	o := &leased.CacheOptions{Bloom: f}
+	if _, err := leased.Cached(bg(), ld, out, loader, o); !errors.Is(err, leased.ErrNotFound) {
+		t.Fatalf("a key the filter rules out: %v", err)
+	}
+	if v, err := leased.Cached(bg(), ld, in, loader, o); err != nil || v != "v" {
+		t.Fatalf("a key the filter may hold: %q %v", v, err)
+	}
+	if n := atomic.LoadInt32(&loads); n != 1 {
+		t.Fatalf("%d loads, want 1 (for the key that may exist)", n)
+	}
+}
+
+// A compare-and-set that wins, one that loses with the current version,
+// and a fill over version 0.
+func TestVersionedWrites(t *testing.T) {
+	ld := dial(t)
+	a, f := k("ver:a"), k("ver:f")
+	miss, err := leased.Read[user](bg(), ld, a, nil)
+	if err != nil || miss.Hit || miss.Version != 0 {
+		t.Fatalf("read of a miss: %+v %v", miss, err)
+	}
+	w1, err := ld.Write(bg(), a, user{ID: 1}, &leased.WriteOptions{IfVersion: leased.Version(0)})
+	if err != nil || !w1.Stored || w1.Version <= 0 {
+		t.Fatalf("write over none: %+v %v", w1, err)
+	}
+	got, err := leased.Read[user](bg(), ld, a, nil)
+	if err != nil || !got.Hit || got.Value.ID != 1 || got.Version != w1.Version {
+		t.Fatalf("read: %+v %v", got, err)
+	}
+	w2, err := ld.Write(bg(), a, user{ID: 2}, &leased.WriteOptions{IfVersion: leased.Version(got.Version)})
+	if err != nil || !w2.Stored || w2.Version <= w1.Version {
+		t.Fatalf("compare-and-set: %+v %v", w2, err)
+	}
+	late, err := ld.Write(bg(), a, user{ID: 99}, &leased.WriteOptions{IfVersion: leased.Version(got.Version)})
+	if err != nil || late.Stored || late.Version != w2.Version {
+		t.Fatalf("a write over a version that moved on: %+v %v", late, err)
+	}
+	if now, _ := leased.Read[user](bg(), ld, a, nil); now.Value.ID != 2 {
+		t.Fatalf("the losing write was stored: %+v", now)
+	}
+	r, err := leased.Read[string](bg(), ld, f, &leased.ReadOptions{Lease: true})
+	if err != nil || r.Hit || r.Lease == "" {
+		t.Fatalf("read with a lease: %+v %v", r, err)
+	}
+	if w, err := ld.Fill(bg(), f, r.Lease, "x", &leased.WriteOptions{IfVersion: leased.Version(7)}); err != nil || w.Stored || w.Version != 0 {
+		t.Fatalf("fill over version 7 of none: %+v %v", w, err)
+	}
+	fw, err := ld.Fill(bg(), f, r.Lease, nil, &leased.WriteOptions{IfVersion: leased.Version(0)})
+	if err != nil || !fw.Stored {
+		t.Fatalf("fill over none: %+v %v", fw, err)
+	}
+	nf, err := leased.Read[string](bg(), ld, f, nil)
+	if err != nil || !nf.Hit || !nf.NotFound || nf.Version != fw.Version {
+		t.Fatalf("read of a filled not found: %+v %v", nf, err)
+	}
+	if _, err := ld.Write(bg(), a, "x", &leased.WriteOptions{IfVersion: leased.Version(-1)}); leased.Code(err) != "bad_request" {
+		t.Fatalf("if_version -1: %v", err)
 	}
 }

@@ -416,3 +416,113 @@ func waitMS(d time.Duration) int64 {
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// UnlockOptions name the lock Client.Unlock releases: by Owner on the
+// session that locked it, or by Token (any session; a detached lock).
+type UnlockOptions struct {
+	Owner string
+	Token string
+	// Mode is "read" or "write" for a side of a read-write lock.
+	Mode string
+	// RequestID (1 to 64 printable ASCII characters, unique among the
+	// unlocks of one hold) makes the unlock safe to send again: a repeat
+	// with the same token or owner and id within the lease gets the first
+	// answer and releases no second hold. Repeat with it after a lost
+	// answer (an io or timeout error, or OutcomeUnknown); use a new one
+	// for each hold meant to be released.
+	RequestID string
+}
+
+// Unlocked is the answer of an unlock: Released when the lock is free
+// now, else the hold Count that is left.
+type Unlocked struct {
+	Released bool
+	Count    int
+}
+
+// Unlock releases one hold of key named by opts, outside of a Held:
+// for a lock of another process (by token) or an unlock that must be
+// safe to retry (opts.RequestID). An owner-named unlock goes out on the
+// connection key locks on, so it names the same session's owner.
+func (cl *Client) Unlock(ctx context.Context, key string, opts *UnlockOptions) (*Unlocked, error) {
+	if err := checkKeys([]string{key}); err != nil {
+		return nil, err
+	}
+	if opts == nil || (opts.Owner == "" && opts.Token == "") {
+		return nil, newErr("invalid", "unlock needs an owner or a token")
+	}
+	req := map[string]any{"op": "unlock", "key": key}
+	if opts.Owner != "" {
+		req["owner"] = opts.Owner
+	}
+	if opts.Token != "" {
+		req["token"] = opts.Token
+	}
+	if opts.Mode != "" {
+		req["mode"] = opts.Mode
+	}
+	if opts.RequestID != "" {
+		req["request_id"] = opts.RequestID
+	}
+	r, _, err := cl.call(ctx, []string{key}, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Unlocked{Released: string(r.Released) == "true", Count: r.Count},
+		nil
+}
+
+// RateOptions are the fields of rate.acquire besides key, rate and per.
+type RateOptions struct {
+	// Burst is how many permits may be taken at once after a quiet
+	// spell; 0: the daemon's default, the rate.
+	Burst int
+	// Permits taken all or none; 0: 1.
+	Permits int
+	// Wait lets the daemon try again when the permits will be free, up
+	// to this long; 0 decides once. The call's context still ends it.
+	Wait time.Duration
+}
+
+// Rate is the answer of rate.acquire. A refusal is not an error.
+type Rate struct {
+	Acquired bool
+	// RetryAfter: refused, how long until the permits could be granted;
+	// granted, until one more could be (0: one is free now).
+	RetryAfter time.Duration
+}
+
+// RateAcquire takes permits from the rate limiter key, which allows
+// rate permits every per (GCRA, decided on Redis time, exact across
+// daemons and clients):
+//
+//	r, err := ld.RateAcquire(ctx, "api:user42", 20, time.Second, nil)
+//	if err == nil && !r.Acquired { /* retry after r.RetryAfter */ }
+//
+// redis_unavailable with OutcomeUnknown(err) may have granted them.
+func (cl *Client) RateAcquire(ctx context.Context, key string, rate int,
+	per time.Duration, opts *RateOptions) (*Rate, error) {
+	if err := checkKeys([]string{key}); err != nil {
+		return nil, err
+	}
+	if opts == nil {
+		opts = &RateOptions{}
+	}
+	req := map[string]any{"op": "rate.acquire", "key": key, "rate": rate,
+		"per_ms": ms(per)}
+	if opts.Burst > 0 {
+		req["burst"] = opts.Burst
+	}
+	if opts.Permits > 0 {
+		req["permits"] = opts.Permits
+	}
+	if opts.Wait > 0 {
+		req["wait_ms"] = ms(opts.Wait)
+	}
+	r, _, err := cl.call(ctx, []string{key}, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Rate{Acquired: r.Acquired,
+		RetryAfter: time.Duration(r.RetryMS) * time.Millisecond}, nil
+}

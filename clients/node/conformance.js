@@ -42,6 +42,14 @@ function appendLine(name) {
   if (name) fs.appendFileSync(path.join(TMP, name), 'x\n');
 }
 
+// stored, failed (entries with their own error) and the first one's code.
+function warmResult(reply) {
+  const errs = reply.results.filter((r) => !r.ok).map((r) => r.error.code);
+  const out = { stored: reply.stored, failed: errs.length };
+  if (errs.length) out.first_error = errs[0];
+  return out;
+}
+
 const delay = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // The README's code for an error of the client.
@@ -228,6 +236,18 @@ class Runner {
         appendLine(step.writer.count_file);
         await ld.invalidate(step.keys);
         return {};
+      case 'rate': {
+        const r = await ld.rateAcquire(step.key, step.rate, step.per_ms, {
+          burst: step.burst, permits: step.permits, wait_ms: step.wait_ms });
+        return { acquired: r.acquired, retry_after_ms: r.retry_after_ms };
+      }
+      case 'warm':
+        return warmResult(await ld.warm(step.entries));
+      case 'unlock_id': {
+        const r = await ld.unlock(step.key, { owner: step.owner,
+          request_id: step.request_id });
+        return { released: r.released, count: r.count || 0 };
+      }
       case 'reconnect':
         // The Pool connects again by itself at its next call.
         return {};

@@ -67,6 +67,16 @@ class Handle:
         self.held = held
 
 
+def warm_result(reply):
+    """stored, failed (entries with their own error) and the first one's
+    code."""
+    errs = [r["error"]["code"] for r in reply["results"] if not r["ok"]]
+    out = {"stored": reply["stored"], "failed": len(errs)}
+    if errs:
+        out["first_error"] = errs[0]
+    return out
+
+
 class Runner:
     def __init__(self):
         self.clients = {}
@@ -200,6 +210,21 @@ class Runner:
             return {}
         if d == "update":
             return await self.update(ld, step)
+        if d == "rate":
+            r = await ld.rate_acquire(step["key"], step["rate"],
+                                      step["per_ms"], burst=step.get("burst"),
+                                      permits=step.get("permits", 1),
+                                      wait_ms=step.get("wait_ms", 0))
+            return {"acquired": r["acquired"],
+                    "retry_after_ms": r["retry_after_ms"]}
+        if d == "warm":
+            return warm_result(await ld.warm(
+                [(e["key"], e["value"], e["ttl_ms"]) if "ttl_ms" in e
+                 else (e["key"], e["value"]) for e in step["entries"]]))
+        if d == "unlock_id":
+            r = await ld.unlock(step["key"], owner=step["owner"],
+                                request_id=step["request_id"])
+            return {"released": r["released"], "count": r.get("count", 0)}
         if d == "reconnect":
             # AsyncLeased makes a new connection on its own.
             return {}

@@ -48,22 +48,22 @@
 #define LEASED_NEAR_NULL 1u
 
 struct leased_near_hdr {
-    char magic[8];        /*   0: LEASED_NEAR_MAGIC, no NUL */
-    uint32_t layout;      /*   8: LEASED_NEAR_LAYOUT */
+    char magic[8];         /*   0: LEASED_NEAR_MAGIC, no NUL */
+    uint32_t layout;       /*   8: LEASED_NEAR_LAYOUT */
     uint32_t header_bytes; /* 12: offset of the first bucket's page */
-    uint64_t total_bytes; /*  16: the whole mapping */
-    uint32_t nbuckets;    /*  24: a power of two */
-    uint32_t ways;        /*  28: LEASED_NEAR_WAYS */
-    uint64_t buckets_off; /*  32 */
-    uint64_t ring_off;    /*  40 */
-    uint64_t ring_bytes;  /*  48 */
-    uint64_t stale_ns;    /*  56: cache.near.shared_stale_ms */
-    uint64_t epoch;       /*  64: bumped by every whole flush */
+    uint64_t total_bytes;  /*  16: the whole mapping */
+    uint32_t nbuckets;     /*  24: a power of two */
+    uint32_t ways;         /*  28: LEASED_NEAR_WAYS */
+    uint64_t buckets_off;  /*  32 */
+    uint64_t ring_off;     /*  40 */
+    uint64_t ring_bytes;   /*  48 */
+    uint64_t stale_ns;     /*  56: cache.near.shared_stale_ms */
+    uint64_t epoch;        /*  64: bumped by every whole flush */
     uint64_t heartbeat_ns; /* 72: CLOCK_MONOTONIC of the last beat */
-    uint32_t state;       /*  80: LEASED_NEAR_LIVE or LEASED_NEAR_CLOSED */
-    uint32_t pad0;        /*  84 */
-    uint64_t entries;     /*  88: ways in use (for the curious; not needed) */
-    uint64_t used_bytes;  /*  96: ring bytes held by live records */
+    uint32_t state;        /*  80: LEASED_NEAR_LIVE or LEASED_NEAR_CLOSED */
+    uint32_t pad0;         /*  84 */
+    uint64_t entries;      /*  88: ways in use (for the curious; not needed) */
+    uint64_t used_bytes;   /*  96: ring bytes held by live records */
     uint8_t reserved[152]; /* 104 .. 256 */
 };
 
@@ -74,20 +74,21 @@ struct leased_near_way {
     uint32_t flags;       /* 12: LEASED_NEAR_NULL; other bits: ignore */
     uint64_t off;         /* 16: the record, from ring_off */
     uint64_t deadline_ns; /* 24: CLOCK_MONOTONIC */
-    uint64_t version;     /* 32: the entry's version (versioned writes); 0 = none */
+    uint64_t
+        version; /* 32: the entry's version (versioned writes); 0 = none */
 };
 
 struct leased_near_bucket {
-    uint32_t seq;         /* 0: odd while the daemon writes the bucket */
-    uint32_t pad;         /* 4 */
+    uint32_t seq; /* 0: odd while the daemon writes the bucket */
+    uint32_t pad; /* 4 */
     struct leased_near_way way[LEASED_NEAR_WAYS]; /* 8 */
 };
 
 struct leased_near_rec {
-    uint32_t klen;        /* 0: as in the way that names the record */
-    uint32_t vlen;        /* 4 */
-    uint32_t bucket;      /* 8: the daemon's own bookkeeping */
-    uint32_t way;         /* 12 */
+    uint32_t klen;   /* 0: as in the way that names the record */
+    uint32_t vlen;   /* 4 */
+    uint32_t bucket; /* 8: the daemon's own bookkeeping */
+    uint32_t way;    /* 12 */
     /* then klen bytes of key, vlen bytes of value, zero padding to 8 */
 };
 

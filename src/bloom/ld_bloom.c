@@ -84,23 +84,12 @@ static struct {
  * finaliser (FNV-1a alone mixes its last bytes into the low bits only);
  * h1 its low 32 bits, h2 its high 32 bits; position i, for i from 0 to
  * k - 1, is (h1 + i * h2) mod m (Kirsch and Mitzenmacher's double
- * hashing). Its own code, not ld_hash's: the bits in Redis outlive any
- * change to the daemon's hash tables. */
+ * hashing). ld_hash_mixed's fixed recipe, not ld_hash's nor the
+ * dictionaries' seeded one: the bits in Redis outlive any daemon. */
 static uint64_t
 key_hash(const char *key, size_t len)
 {
-    const unsigned char *p = (const unsigned char *)key;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
+    return ld_hash_mixed(LD_FNV_BASIS, key, len);
 }
 
 void

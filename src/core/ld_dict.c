@@ -46,20 +46,7 @@ dict_hash(const void *key, size_t len)
         }
         dict_mod.seeded = true;
     }
-    /* FNV-1a from a seeded basis, then the murmur3 64-bit finalizer so
-     * that every input bit reaches the low bits. */
-    const unsigned char *p = key;
-    uint64_t h = 0xcbf29ce484222325ull ^ dict_mod.seed;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
+    return ld_hash_mixed(LD_FNV_BASIS ^ dict_mod.seed, key, len);
 }
 
 struct ld_dict *

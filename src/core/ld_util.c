@@ -178,11 +178,28 @@ uint64_t
 ld_hash(const void *data, size_t len)
 {
     const unsigned char *p = data;
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = LD_FNV_BASIS;
     for (size_t i = 0; i < len; i++) {
         h ^= p[i];
         h *= 0x100000001b3ull;
     }
+    return h;
+}
+
+uint64_t
+ld_hash_mixed(uint64_t basis, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    uint64_t h = basis;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
     return h;
 }
 

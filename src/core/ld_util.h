@@ -56,6 +56,13 @@ size_t ld_ll_to_str(char out[LD_LL_STR_MAX], long long v);
 
 /* 64-bit FNV-1a, for routing and hash tables. */
 uint64_t ld_hash(const void *data, size_t len);
+/* FNV-1a's offset basis, ld_hash's start. */
+#define LD_FNV_BASIS 0xcbf29ce484222325ull
+/* FNV-1a of DATA from BASIS, then murmur3's 64-bit finalizer, so that
+ * every input bit reaches the low bits. Bloom filters' bit positions in
+ * Redis are made with it from LD_FNV_BASIS (leased-protocol(7) gives the
+ * recipe): it must never change. */
+uint64_t ld_hash_mixed(uint64_t basis, const void *data, size_t len);
 
 /* Constant-time comparison of two strings (auth tokens). */
 bool ld_secure_equal(const char *a, size_t alen, const char *b, size_t blen);

@@ -2,8 +2,8 @@
  * redis-server: locks [PREFIX], unlock --force KEY (Unix socket, TCP with
  * and without --admin-token), --json on every command, and lock --read /
  * sem, which run against the daemon when it offers them (hello's
- * features "rwlock", "semaphore") and otherwise must refuse plainly, and
- * rate (feature "rate"). */
+ * features "rwlock", "semaphore") and otherwise must refuse plainly,
+ * rate (feature "rate") and bloom (feature "bloom"). */
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
@@ -48,7 +48,7 @@ ctl_bin(void)
 
 struct run {
     const char *argv[24];
-    char out[8192];
+    char out[32768]; /* bloom add --json: 2500 booleans */
     char err[8192];
     int rc;
     pthread_t th;
@@ -613,6 +613,176 @@ START_TEST(test_rate)
 }
 END_TEST
 
+/* The lines of OUT. */
+static int
+count_lines(const char *out)
+{
+    int n = 0;
+
+    for (; *out != '\0'; out++) {
+        n += *out == '\n';
+    }
+    return n;
+}
+
+/* bloom.check of KEY in FILTER, straight through the protocol. */
+static bool
+bloom_maybe(struct h_conn *c, const char *filter, const char *key)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:[s]}", "op", "bloom.check",
+                        "filter", filter, "keys", key);
+    bool maybe;
+
+    ck_assert_msg(h_ok(r), "bloom.check %s: %s", key, h_dump(r));
+    maybe = json_is_true(json_array_get(json_object_get(r, "maybe"), 0));
+    json_decref(r);
+    return maybe;
+}
+
+/* bloom create, add and check: the options checked before any request,
+ * add's batches within bloom.add's limit (one reply a batch with --json),
+ * every key of the file in the filter, check's lines and exit status
+ * (1: some key certainly absent), and the daemon's refusals. */
+START_TEST(test_bloom)
+{
+    struct run r;
+    char dir[256], path[300], small[300], cmd[2048];
+    FILE *f;
+
+    h_start(NULL);
+    setenv("LEASED_SOCKET", D.sock, 1);
+    CTL(&r, "bloom");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "make", "f");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "create", "f", "--error-rate", "0.01");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "create", "f", "--capacity", "0", "--error-rate", "0.01");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "create", "f", "--capacity", "10");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "create", "f", "--capacity", "10", "--error-rate", "0.5");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "create", "f", "--capacity", "10", "--error-rate", "1%");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "add", "f");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "add", "f", "/dev/null", "--batch", "1001");
+    CK_RC(&r, EX_USAGE);
+    CTL(&r, "bloom", "check", "f");
+    CK_RC(&r, EX_USAGE);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:cache:{f}:bloom:p"), 0);
+
+    if (!has_feature("bloom")) {
+        CTL(&r, "bloom", "check", "f", "k");
+        CK_RC(&r, EX_UNAVAILABLE);
+        ck_assert_ptr_nonnull(strstr(r.err, "bloom"));
+        unsetenv("LEASED_SOCKET");
+        return;
+    }
+
+    CTL(&r, "bloom", "create", "users", "--capacity", "10000", "--error-rate",
+        "0.01");
+    CK_RC(&r, 0);
+    ck_assert_str_eq(r.out, "created users bits=95851 hashes=7 bytes=11982\n");
+    CTL(&r, "bloom", "create", "users", "-n", "10000", "-e", "0.01");
+    CK_RC(&r, 0);
+    ck_assert_str_eq(r.out, "exists users bits=95851 hashes=7 bytes=11982\n");
+    CTL(&r, "-q", "bloom", "create", "users", "-n", "10000", "-e", "0.01");
+    CK_RC(&r, 0);
+    ck_assert_str_eq(r.out, "");
+    CTL(&r, "bloom", "create", "users", "--capacity", "20000", "--error-rate",
+        "0.01");
+    CK_RC(&r, EX_DATAERR);
+    ck_assert_ptr_nonnull(strstr(r.err, "bad_request"));
+
+    /* 2500 keys, CRLF and blank lines among them: three batches. */
+    ck_assert_int_eq(h_tmpdir(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/keys.txt", dir);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 2500; i++) {
+        fprintf(f, i % 100 == 0 ? "user:%d\r\n\n" : "user:%d\n", i);
+    }
+    ck_assert_int_eq(fclose(f), 0);
+    CTL(&r, "--json", "bloom", "add", "users", path);
+    CK_RC(&r, 0);
+    ck_assert_msg(count_lines(r.out) == 3, "not three batches: %.300s", r.out);
+    json_t *j = first_json(r.out);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "added")), 1000);
+    json_decref(j);
+    struct h_conn *c = h_connect_ok(&D);
+    for (int i = 0; i < 2500; i += 37) {
+        char key[32];
+        snprintf(key, sizeof key, "user:%d", i);
+        ck_assert_msg(bloom_maybe(c, "users", key), "%s not added", key);
+    }
+    ck_assert(bloom_maybe(c, "users", "user:2499"));
+    ck_assert(!bloom_maybe(c, "users", "user:2500"));
+    ck_assert(!bloom_maybe(c, "users", "user:100\r"));
+
+    /* From stdin in batches of 7; the same keys again add nothing new. */
+    snprintf(small, sizeof small, "%s/small.txt", dir);
+    f = fopen(small, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 30; i++) {
+        fprintf(f, "new:%d\n", i);
+    }
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s -s %s bloom add users --batch 7 - < %s && "
+             "%s -s %s bloom add users --batch 7 - < %s",
+             ctl_bin(), D.sock, small, ctl_bin(), D.sock, small);
+    const char *const sh[] = {"-c", cmd, NULL};
+    fill_argv(&r, sh);
+    r.argv[0] = "sh";
+    r.rc = h_run(r.argv, r.out, sizeof r.out, r.err, sizeof r.err, RUN_MS);
+    CK_RC(&r, 0);
+    ck_assert_msg(strstr(r.out, "added 30 new 30\nadded 30 new 0\n") != NULL,
+                  "stdout: %s", r.out);
+    ck_assert(bloom_maybe(c, "users", "new:29"));
+
+    /* check: a line per key, in order; exit 1 when one is ruled out. */
+    CTL(&r, "bloom", "check", "users", "user:7", "new:3");
+    CK_RC(&r, 0);
+    ck_assert_str_eq(r.out, "maybe\tuser:7\nmaybe\tnew:3\n");
+    CTL(&r, "bloom", "check", "users", "user:7", "user:2500", "new:3");
+    CK_RC(&r, 1);
+    ck_assert_str_eq(r.out, "maybe\tuser:7\nno\tuser:2500\nmaybe\tnew:3\n");
+    CTL(&r, "--json", "bloom", "check", "users", "user:2500");
+    CK_RC(&r, 1);
+    j = first_json(r.out);
+    ck_assert(json_is_false(json_array_get(json_object_get(j, "maybe"), 0)));
+    json_decref(j);
+
+    /* The daemon's refusals: a filter never made, foreign data, a file
+     * that is not there. */
+    CTL(&r, "bloom", "check", "nosuch", "k");
+    CK_RC(&r, EX_DATAERR);
+    ck_assert_ptr_nonnull(strstr(r.err, "does not exist"));
+    CTL(&r, "bloom", "add", "nosuch", small);
+    CK_RC(&r, EX_DATAERR);
+    ck_assert_msg(strstr(r.err, "lines 1-30 not added") != NULL, "stderr: %s",
+                  r.err);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:cache:{nosuch}:bloom"), 0);
+    CTL(&r, "bloom", "add", "users", "/nonexistent/keys.txt");
+    CK_RC(&r, EX_NOINPUT);
+    h_r_do(&R, "SET leased:cache:{ft}:bloom:p theirs");
+    CTL(&r, "bloom", "check", "ft", "k");
+    CK_RC(&r, EX_DATAERR);
+    ck_assert_ptr_nonnull(strstr(r.err, "wrong_type"));
+    h_close(c);
+
+    if (!h_on_cluster()) {
+        h_redis_kill(&R);
+        CTL(&r, "bloom", "check", "users", "k");
+        CK_RC(&r, EX_UNAVAILABLE);
+        ck_assert_ptr_nonnull(strstr(r.err, "redis_unavailable"));
+    }
+    unsetenv("LEASED_SOCKET");
+}
+END_TEST
+
 /* A lock held, one request waiting behind it, and a key read often: what
  * top must show. HOLDER and WAITER stay open for the caller to close. */
 static void
@@ -793,6 +963,7 @@ main(void)
         H_CASE(top_interactive_tmux, 60),
         H_CASE(cache_load, 120),
         H_CASE(rate, 90),
+        H_CASE(bloom, 90),
     };
     return H_MAIN(fx, cases);
 }

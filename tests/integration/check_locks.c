@@ -1204,7 +1204,8 @@ START_TEST(test_renew_many)
     }
     /* Two more passes: the 38 others renewed, none lost. */
     ok0 = h_stat(a, "lock_renewals_ok");
-    ck_assert(h_wait_stat_min(a, "lock_renewals_ok", ok0 + 2 * (N - 2), 10000));
+    ck_assert(
+        h_wait_stat_min(a, "lock_renewals_ok", ok0 + 2 * (N - 2), 10000));
     ck_assert_int_eq(h_stat(a, "locks_held"), N - 2);
     ck_assert_int_eq(h_stat(a, "lock_lost"), 2);
     for (int i = 0; i < N; i++) {

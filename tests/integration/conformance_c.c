@@ -546,6 +546,87 @@ do_invalidate(struct client *cl, const json_t *step)
 }
 
 static json_t *
+do_rate(struct client *cl, const json_t *step)
+{
+    struct leased_rate_args a = {0};
+    struct leased_rate_result rr;
+    struct leased_error e;
+    int rc;
+
+    a.burst = num(step, "burst", 0);
+    a.permits = num(step, "permits", 0);
+    a.wait_ms = num(step, "wait_ms", 0);
+    rc = leased_rate_acquire(cl->c, str(step, "key"), num(step, "rate", 0),
+                             num(step, "per_ms", 0), &a, &rr, &e);
+    if (rc != LEASED_OK) {
+        return err_result(rc);
+    }
+    return json_pack("{s:b,s:I}", "acquired", rr.acquired, "retry_after_ms",
+                     (json_int_t)rr.retry_after_ms);
+}
+
+/* stored, failed (entries with their own error) and the first one's code. */
+static json_t *
+do_warm(struct client *cl, const json_t *step)
+{
+    json_t *list = json_object_get(step, "entries"), *x, *r;
+    struct leased_mset_entry es[64];
+    struct leased_mset_result rs[64];
+    struct leased_error e;
+    size_t n = 0, i, stored = 0;
+    long long failed = 0;
+    int rc, first = LEASED_OK;
+
+    json_array_foreach(list, i, x)
+    {
+        if (n == 64) {
+            break;
+        }
+        es[n].key = str(x, "key");
+        es[n].value = str(x, "value");
+        es[n].value_len = (size_t)-1;
+        es[n].ttl_ms = num(x, "ttl_ms", 0);
+        n++;
+    }
+    rc = leased_cache_mset(cl->c, es, n, &stored, rs, &e);
+    if (rc != LEASED_OK) {
+        return err_result(rc);
+    }
+    for (i = 0; i < n; i++) {
+        if (rs[i].error != LEASED_OK) {
+            failed++;
+            if (first == LEASED_OK) {
+                first = rs[i].error;
+            }
+        }
+        leased_mset_result_free(&rs[i]);
+    }
+    r = json_pack("{s:I,s:I}", "stored", (json_int_t)stored, "failed",
+                  (json_int_t)failed);
+    if (first != LEASED_OK) {
+        json_object_set_new(r, "first_error",
+                            json_string(leased_strerror(first)));
+    }
+    return r;
+}
+
+static json_t *
+do_unlock_id(struct client *cl, const json_t *step)
+{
+    struct leased_unlock_result ur;
+    struct leased_error e;
+    int rc = leased_unlock_rid(cl->c, str(step, "key"), NULL,
+                               str(step, "owner"), NULL,
+                               str(step, "request_id"), &ur, &e);
+
+    if (rc != LEASED_OK) {
+        return err_result(rc);
+    }
+    return json_pack("{s:b,s:I}", "released", ur.released, "count",
+                     (json_int_t)ur.count);
+}
+
+static json_t *
 do_count(const json_t *step)
 {
     char path[1024], line[256];
@@ -613,7 +694,8 @@ client_step(const char *d, const json_t *step)
     struct client *cl = client_of(step);
     static const char *const ops[] = {"lock",       "sem",    "cached",
                                       "invalidate", "update", "reconnect",
-                                      "close",      NULL};
+                                      "close",      "rate",   "unlock_id",
+                                      "warm",       NULL};
     int i = 0;
 
     while (ops[i] && strcmp(ops[i], d) != 0) {
@@ -635,6 +717,12 @@ client_step(const char *d, const json_t *step)
         return do_invalidate(cl, step);
     } else if (strcmp(d, "reconnect") == 0) {
         return do_reconnect(cl);
+    } else if (strcmp(d, "rate") == 0) {
+        return do_rate(cl, step);
+    } else if (strcmp(d, "warm") == 0) {
+        return do_warm(cl, step);
+    } else if (strcmp(d, "unlock_id") == 0) {
+        return do_unlock_id(cl, step);
     }
     leased_close(cl->c);
     cl->c = NULL;

@@ -64,6 +64,18 @@ impl Error {
         self.reply.as_ref()
     }
 
+    /// True when the request left for Redis and no answer came
+    /// (`redis_unavailable` with `"outcome":"unknown"`): it may have taken
+    /// effect. An unlock with a request id is then safe to repeat.
+    pub fn outcome_unknown(&self) -> bool {
+        self.reply
+            .as_ref()
+            .and_then(|r| r.get("error"))
+            .and_then(|e| e.get("outcome"))
+            .and_then(Json::as_str)
+            == Some("unknown")
+    }
+
     /// The `reason` of a `not_held` error: `absent` or `other`.
     pub fn reason(&self) -> Option<&str> {
         self.reply.as_ref()?.get("error")?.get("reason")?.as_str()

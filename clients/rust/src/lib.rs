@@ -488,7 +488,7 @@ fn release_late(kind: Kind, keys: Vec<String>, mode: Option<Mode>) -> Late {
 }
 
 mod cache;
-pub use cache::CacheOptions;
+pub use cache::{CacheOptions, Versioned, WarmEntry, Warmed, WriteOptions, Written};
 
 impl Leased {
     /// Connect to the daemon at TARGET (a Unix socket path, or
@@ -684,6 +684,67 @@ impl Leased {
         self.call("unlock", req.set("token", token))
     }
 
+    /// Release one hold of KEY named by `opts` (owner on this session, or
+    /// token from any), outside of a `Held`: for an unlock that must be
+    /// safe to repeat (`UnlockOptions::request_id`).
+    pub fn unlock_with(&self, key: &str, opts: &UnlockOptions) -> Result<Unlocked> {
+        let key = &checked_keys(vec![key.to_string()])?[0];
+        if opts.owner.is_none() && opts.token.is_none() {
+            return Err(Error::new("invalid", "unlock needs an owner or a token"));
+        }
+        let mut req = Json::object().set("key", key.as_str());
+        if let Some(o) = &opts.owner {
+            req = req.set("owner", o.as_str());
+        }
+        if let Some(t) = &opts.token {
+            req = req.set("token", t.as_str());
+        }
+        if let Some(m) = opts.mode {
+            req = req.set("mode", m.name());
+        }
+        if let Some(r) = &opts.request_id {
+            req = req.set("request_id", r.as_str());
+        }
+        let r = self.call("unlock", req)?;
+        Ok(Unlocked {
+            released: r.bool_of("released"),
+            count: r.get("count").and_then(Json::as_i64).unwrap_or(0),
+        })
+    }
+
+    /// `rate.acquire`: take `opts.permits` from the rate limiter KEY, which
+    /// allows RATE permits every PER_MS milliseconds (GCRA decided on Redis
+    /// time, exact across daemons). A refusal is `acquired` false, not an
+    /// error; a `redis_unavailable` whose `outcome_unknown()` may have
+    /// granted.
+    pub fn rate_acquire(
+        &self,
+        key: &str,
+        rate: i64,
+        per_ms: i64,
+        opts: &RateOptions,
+    ) -> Result<RateGrant> {
+        let key = &checked_keys(vec![key.to_string()])?[0];
+        let mut req = Json::object()
+            .set("key", key.as_str())
+            .set("rate", rate)
+            .set("per_ms", per_ms);
+        if let Some(b) = opts.burst {
+            req = req.set("burst", b);
+        }
+        if opts.permits != 1 {
+            req = req.set("permits", opts.permits);
+        }
+        if opts.wait_ms != 0 {
+            req = req.set("wait_ms", opts.wait_ms);
+        }
+        let r = self.call("rate.acquire", req)?;
+        Ok(RateGrant {
+            acquired: r.bool_of("acquired"),
+            retry_after_ms: r.get("retry_after_ms").and_then(Json::as_i64).unwrap_or(0),
+        })
+    }
+
     /// Send a sem.acquire and return at once; see `PendingLock`.
     pub fn start_semaphore(&self, key: &str, limit: i64, opts: &SemOptions) -> Result<PendingLock> {
         let keys = checked_keys(vec![key.to_string()])?;
@@ -730,6 +791,109 @@ impl Leased {
             Json::object().set("key", key).set("limit", limit),
         )
     }
+}
+
+/// Which lock `Leased::unlock_with` releases, and how.
+#[derive(Clone, Debug, Default)]
+pub struct UnlockOptions {
+    owner: Option<String>,
+    token: Option<String>,
+    mode: Option<Mode>,
+    request_id: Option<String>,
+}
+
+impl UnlockOptions {
+    pub fn new() -> UnlockOptions {
+        UnlockOptions::default()
+    }
+
+    /// The owner that locked, on this session.
+    pub fn owner(mut self, owner: &str) -> Self {
+        self.owner = Some(owner.to_string());
+        self
+    }
+
+    /// The lock's token (any session; a detached lock).
+    pub fn token(mut self, token: &str) -> Self {
+        self.token = Some(token.to_string());
+        self
+    }
+
+    /// A side of a read-write lock.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// 1 to 64 printable ASCII characters, unique among the unlocks of one
+    /// hold: sent again with the same id after a lost answer (`io`,
+    /// `timeout`, or `outcome_unknown()`), the unlock gets the first answer
+    /// and releases no second hold.
+    pub fn request_id(mut self, id: &str) -> Self {
+        self.request_id = Some(id.to_string());
+        self
+    }
+}
+
+/// The answer of an unlock: `released` when the lock is free now, else
+/// the hold `count` left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unlocked {
+    pub released: bool,
+    pub count: i64,
+}
+
+/// The fields of `rate.acquire` besides key, rate and per_ms.
+#[derive(Clone, Debug)]
+pub struct RateOptions {
+    burst: Option<i64>,
+    permits: i64,
+    wait_ms: i64,
+}
+
+impl Default for RateOptions {
+    fn default() -> Self {
+        RateOptions {
+            burst: None,
+            permits: 1,
+            wait_ms: 0,
+        }
+    }
+}
+
+impl RateOptions {
+    pub fn new() -> RateOptions {
+        RateOptions::default()
+    }
+
+    /// How many permits may be taken at once after a quiet spell (the
+    /// daemon's default: the rate).
+    pub fn burst(mut self, n: i64) -> Self {
+        self.burst = Some(n);
+        self
+    }
+
+    /// Taken all or none (default 1).
+    pub fn permits(mut self, n: i64) -> Self {
+        self.permits = n;
+        self
+    }
+
+    /// Let the daemon try again when the permits will be free, up to this
+    /// long (default 0: decide once).
+    pub fn wait_ms(mut self, ms: i64) -> Self {
+        self.wait_ms = ms;
+        self
+    }
+}
+
+/// The answer of `rate.acquire`: `retry_after_ms` is, when refused, how
+/// long until the permits could be granted; when granted, until one more
+/// could be (0: one is free now).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateGrant {
+    pub acquired: bool,
+    pub retry_after_ms: i64,
 }
 
 /// KEYS, or an `invalid` Error when there is none (the daemon judges

@@ -2,7 +2,10 @@
 //! of a leased whose Redis may be written (tests/integration/
 //! check_client_rust starts both). Without it every test fails.
 
-use leased::{CacheOptions, Json, Leased, LockOptions, SemOptions};
+use leased::{
+    CacheOptions, Json, Leased, LockOptions, RateOptions, SemOptions, UnlockOptions, WarmEntry,
+    WriteOptions,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -364,4 +367,197 @@ fn connect_error_names_the_socket_and_what_to_check() {
 fn hello_announces_features() {
     let f = client().features().unwrap();
     assert!(f.iter().any(|x| x == "cancel"), "{:?}", f);
+}
+
+#[test]
+fn unlock_repeated_with_one_request_id_releases_one_hold() {
+    let (a, b) = (client(), client());
+    let key = k("rid");
+    let opts = LockOptions::new().owner("rid");
+    let h1 = a.lock(key.as_str(), &opts).unwrap();
+    let h2 = a.lock(key.as_str(), &opts).unwrap();
+    let by_owner = UnlockOptions::new().owner("rid");
+    for i in 0..2 {
+        let u = a
+            .unlock_with(&key, &by_owner.clone().request_id("rs-1"))
+            .unwrap();
+        assert_eq!((u.released, u.count), (false, 1), "unlock {}", i + 1);
+    }
+    let info = b
+        .call(
+            "lock.info",
+            Json::object()
+                .set("key", key.as_str())
+                .set("token", h1.token()),
+        )
+        .unwrap();
+    assert_eq!(info.get("count").and_then(Json::as_i64), Some(1));
+    assert!(b.try_lock(key.as_str(), &try_once()).unwrap().is_none());
+    let long = "r".repeat(65);
+    let err = a
+        .unlock_with(&key, &by_owner.clone().request_id(&long))
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request");
+    let err = a.unlock_with(&key, &UnlockOptions::new()).unwrap_err();
+    assert_eq!(err.code(), "invalid");
+    let u = b
+        .unlock_with(
+            &key,
+            &UnlockOptions::new().token(h1.token()).request_id("rs-2"),
+        )
+        .unwrap();
+    assert!(u.released);
+    let err = a
+        .unlock_with(&key, &by_owner.request_id("rs-3"))
+        .unwrap_err();
+    assert_eq!(err.code(), "not_held");
+    // Both holds were released above: the guards' own unlocks find nothing.
+    drop((h1, h2));
+}
+
+#[test]
+fn rate_acquire_bursts_refuses_and_waits() {
+    let ld = client();
+    let key = k("rate");
+    let slow = RateOptions::new().burst(2);
+    for i in 0..2 {
+        let r = ld.rate_acquire(&key, 1, 60_000, &slow).unwrap();
+        assert!(r.acquired, "grant {}", i + 1);
+    }
+    let r = ld.rate_acquire(&key, 1, 60_000, &slow).unwrap();
+    assert!(!r.acquired && r.retry_after_ms > 0, "{:?}", r);
+    let err = ld
+        .rate_acquire(&key, 1, 60_000, &slow.clone().permits(3))
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request");
+    // 20 a second, one at a time: the second waits about 50 ms.
+    let fast = k("rate:fast");
+    let one = RateOptions::new().burst(1);
+    assert!(ld.rate_acquire(&fast, 20, 1000, &one).unwrap().acquired);
+    let r = ld
+        .rate_acquire(&fast, 20, 1000, &one.wait_ms(10_000))
+        .unwrap();
+    assert!(r.acquired, "{:?}", r);
+}
+
+#[test]
+fn warmed_entries_are_hits_and_errors_are_per_entry() {
+    let ld = client();
+    let (a, none, t) = (k("warm:a"), k("warm:none"), k("warm:t"));
+    let w = ld
+        .warm(
+            &[
+                WarmEntry::new(&a, Json::object().set("name", "Ada")),
+                WarmEntry::new(&none, Json::Null).ttl_ms(30_000),
+                WarmEntry::new("", "empty key"),
+                WarmEntry::new(&t, "v").ttl_ms(0),
+            ],
+            Some(60_000),
+        )
+        .unwrap();
+    assert_eq!(w.stored, 2);
+    assert_eq!(w.errors.len(), 4);
+    assert!(w.errors[0].is_none() && w.errors[1].is_none());
+    assert_eq!(w.errors[2].as_ref().unwrap().code(), "bad_request");
+    assert_eq!(w.errors[3].as_ref().unwrap().code(), "bad_request");
+    let fail = || -> Result<Json, std::io::Error> { panic!("loaded a warmed key") };
+    let v = ld.cached(&a, fail).unwrap();
+    assert_eq!(v.get("name").and_then(Json::as_str), Some("Ada"));
+    assert!(ld.cached(&none, fail).unwrap().is_null());
+    assert_eq!(ld.warm(&[], None).unwrap_err().code(), "invalid");
+    let many: Vec<WarmEntry> = (0..1001)
+        .map(|i| WarmEntry::new(&k(&format!("warm:m{}", i)), i))
+        .collect();
+    assert_eq!(ld.warm(&many, None).unwrap_err().code(), "bad_request");
+}
+
+#[test]
+fn bloom_filter_rules_keys_out_before_the_cache() {
+    let ld = client();
+    let (f, inside, outside) = (k("bloom"), k("bloom:in"), k("bloom:out"));
+    let c = ld.bloom_create(&f, 1000, 0.01).unwrap();
+    assert_eq!(c.get("created").and_then(Json::as_bool), Some(true));
+    assert!(c.get("bits").and_then(Json::as_i64).unwrap_or(0) > 0);
+    let again = ld.bloom_create(&f, 1000, 0.01).unwrap();
+    assert_eq!(again.get("created").and_then(Json::as_bool), Some(false));
+    assert_eq!(
+        ld.bloom_create(&f, 2000, 0.01).unwrap_err().code(),
+        "bad_request"
+    );
+    assert_eq!(ld.bloom_add(&f, inside.as_str()).unwrap(), vec![true]);
+    assert_eq!(ld.bloom_add(&f, inside.as_str()).unwrap(), vec![false]);
+    assert_eq!(
+        ld.bloom_check(&f, vec![inside.clone(), outside.clone()])
+            .unwrap(),
+        vec![true, false]
+    );
+    let none = k("bloom:none");
+    assert_eq!(
+        ld.bloom_check(&none, inside.as_str()).unwrap_err().code(),
+        "bad_request"
+    );
+    assert_eq!(
+        ld.bloom_add(&f, Vec::<String>::new()).unwrap_err().code(),
+        "invalid"
+    );
+    let loads = AtomicUsize::new(0);
+    let opts = CacheOptions::new().bloom(&f);
+    let load = || -> Result<Json, std::io::Error> {
+        loads.fetch_add(1, Ordering::SeqCst);
+        Ok(Json::from("v"))
+    };
+    assert!(ld.cached_with(&outside, &opts, load).unwrap().is_null());
+    assert_eq!(
+        ld.cached_with(&inside, &opts, load).unwrap().as_str(),
+        Some("v")
+    );
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+}
+
+/// A compare-and-set that wins, one that loses with the current version,
+/// and a fill over version 0.
+#[test]
+fn versioned_writes_compare_and_set() {
+    let ld = client();
+    let (a, f) = (k("ver:a"), k("ver:f"));
+    let none = CacheOptions::new();
+    let miss = ld.read(&a, false, &none).unwrap();
+    assert!(!miss.hit && miss.version == 0 && miss.value.is_null());
+    let w1 = ld
+        .write(
+            &a,
+            Json::object().set("n", 1),
+            &WriteOptions::new().if_version(0),
+        )
+        .unwrap();
+    assert!(w1.stored && w1.version > 0, "{:?}", w1);
+    let got = ld.read(&a, false, &none).unwrap();
+    assert!(got.hit && got.version == w1.version);
+    assert_eq!(got.value.get("n").and_then(Json::as_i64), Some(1));
+    let cas = WriteOptions::new().if_version(got.version);
+    let w2 = ld.write(&a, Json::object().set("n", 2), &cas).unwrap();
+    assert!(w2.stored && w2.version > w1.version, "{:?}", w2);
+    let late = ld.write(&a, "late", &cas).unwrap();
+    assert_eq!((late.stored, late.version), (false, w2.version));
+    let now = ld.read(&a, false, &none).unwrap();
+    assert_eq!(now.value.get("n").and_then(Json::as_i64), Some(2));
+    let lease = ld
+        .read(&f, true, &none)
+        .unwrap()
+        .lease
+        .expect("a lease on a miss");
+    let w = ld
+        .fill(&f, &lease, "x", &WriteOptions::new().if_version(7))
+        .unwrap();
+    assert_eq!((w.stored, w.version), (false, 0));
+    let fw = ld
+        .fill(&f, &lease, Json::Null, &WriteOptions::new().if_version(0))
+        .unwrap();
+    assert!(fw.stored);
+    let nf = ld.read(&f, false, &none).unwrap();
+    assert!(nf.hit && nf.value.is_null() && nf.version == fw.version);
+    let err = ld
+        .write(&a, "x", &WriteOptions::new().if_version(-1))
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request");
 }

@@ -195,6 +195,8 @@ func (r *run) do(s step) (map[string]any, error) {
 		return map[string]any{}, nil
 	case "cached", "invalidate", "update":
 		return r.cacheStep(s)
+	case "rate", "warm", "unlock_id":
+		return r.wave3Step(s)
 	case "reconnect":
 		// The client opens a new session by itself at its next call.
 		_, err := r.client(s)
@@ -402,6 +404,59 @@ func (r *run) cacheStep(s step) (map[string]any, error) {
 		return errResult(err, nil), nil
 	}
 	return map[string]any{"value": v}, nil
+}
+
+// wave3Step: rate (RateAcquire), warm (Warm: stored, failed and the
+// first entry error's code) and unlock_id (Unlock with a request id).
+func (r *run) wave3Step(s step) (map[string]any, error) {
+	c, err := r.client(s)
+	if err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	switch s["do"] {
+	case "rate":
+		n := func(k string) int { f, _ := s[k].(float64); return int(f) }
+		g, err := c.RateAcquire(ctx, str(s, "key"), n("rate"),
+			dur(s, "per_ms"), &leased.RateOptions{Burst: n("burst"),
+				Permits: n("permits"), Wait: dur(s, "wait_ms")})
+		if err != nil {
+			return errResult(err, nil), nil
+		}
+		return map[string]any{"acquired": g.Acquired,
+			"retry_after_ms": g.RetryAfter.Milliseconds()}, nil
+	case "warm":
+		var es []leased.WarmEntry
+		list, _ := s["entries"].([]any)
+		for _, x := range list {
+			e, _ := x.(map[string]any)
+			es = append(es, leased.WarmEntry{Key: str(e, "key"),
+				Value: str(e, "value"), TTL: dur(e, "ttl_ms")})
+		}
+		w, err := c.Warm(ctx, es, 0)
+		if err != nil {
+			return errResult(err, nil), nil
+		}
+		res := map[string]any{"stored": w.Stored}
+		failed := 0
+		for _, e := range w.Errors {
+			if e == nil {
+				continue
+			}
+			if failed == 0 {
+				res["first_error"] = leased.Code(e)
+			}
+			failed++
+		}
+		res["failed"] = failed
+		return res, nil
+	}
+	u, err := c.Unlock(ctx, str(s, "key"), &leased.UnlockOptions{
+		Owner: str(s, "owner"), RequestID: str(s, "request_id")})
+	if err != nil {
+		return errResult(err, nil), nil
+	}
+	return map[string]any{"released": u.Released, "count": u.Count}, nil
 }
 
 func load(l map[string]any) (string, error) {

@@ -6,7 +6,8 @@
 //!     leased-conformance --steps JSON    helper mode: run the steps, exit 0/1
 
 use leased::{
-    CacheOptions, Canceller, Error, Held, Json, Leased, LockOptions, Mode, Options, SemOptions,
+    CacheOptions, Canceller, Error, Held, Json, Leased, LockOptions, Mode, Options, RateOptions,
+    SemOptions, UnlockOptions, WarmEntry,
 };
 use std::collections::HashMap;
 use std::fs::OpenOptions;
@@ -250,6 +251,78 @@ impl Run {
         }
     }
 
+    fn rate(&mut self, step: &Json) -> StepResult {
+        let mut o = RateOptions::new()
+            .permits(int(step, "permits").unwrap_or(1))
+            .wait_ms(int(step, "wait_ms").unwrap_or(0));
+        if let Some(b) = int(step, "burst") {
+            o = o.burst(b);
+        }
+        let c = self.client(step)?;
+        let got = c.rate_acquire(
+            field(step, "key"),
+            int(step, "rate").unwrap_or(0),
+            int(step, "per_ms").unwrap_or(0),
+            &o,
+        );
+        Ok(got.map_or_else(
+            |e| error_result(&e),
+            |g| {
+                Json::object()
+                    .set("acquired", g.acquired)
+                    .set("retry_after_ms", g.retry_after_ms)
+            },
+        ))
+    }
+
+    /// stored, failed (entries with their own error) and the first one's
+    /// code.
+    fn warm(&mut self, step: &Json) -> StepResult {
+        let entries: Vec<WarmEntry> = step
+            .get("entries")
+            .and_then(Json::as_array)
+            .map_or(&[][..], |a| &a[..])
+            .iter()
+            .map(|e| {
+                let w = WarmEntry::new(
+                    field(e, "key"),
+                    e.get("value").cloned().unwrap_or(Json::Null),
+                );
+                match int(e, "ttl_ms") {
+                    Some(t) => w.ttl_ms(t),
+                    None => w,
+                }
+            })
+            .collect();
+        let w = match self.client(step)?.warm(&entries, None) {
+            Ok(w) => w,
+            Err(e) => return Ok(error_result(&e)),
+        };
+        let failed: Vec<&Error> = w.errors.iter().flatten().collect();
+        let mut r = Json::object()
+            .set("stored", w.stored)
+            .set("failed", failed.len() as i64);
+        if let Some(e) = failed.first() {
+            r = r.set("first_error", e.code());
+        }
+        Ok(r)
+    }
+
+    fn unlock_id(&mut self, step: &Json) -> StepResult {
+        let o = UnlockOptions::new()
+            .owner(field(step, "owner"))
+            .request_id(field(step, "request_id"));
+        let got = self.client(step)?.unlock_with(field(step, "key"), &o);
+        Ok(got.map_or_else(
+            |e| error_result(&e),
+            |u| {
+                Json::object()
+                    .set("released", u.released)
+                    .set("count", u.count)
+            },
+        ))
+    }
+
     fn unlock(&mut self, step: &Json) -> StepResult {
         let name = field(step, "held");
         let h = self
@@ -318,6 +391,9 @@ impl Run {
                 done(bg.canceller.cancel().map(|_| Json::Null))
             }
             "cached" => self.cached(step),
+            "rate" => self.rate(step),
+            "warm" => self.warm(step),
+            "unlock_id" => self.unlock_id(step),
             "invalidate" => done(self.client(step)?.invalidate(keys_of(step))),
             "update" => {
                 let f = step

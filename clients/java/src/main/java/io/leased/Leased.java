@@ -825,6 +825,78 @@ public final class Leased implements AutoCloseable {
         }
     }
 
+    /**
+     * Release one hold of KEY named by OWNER (on this connection's session)
+     * or TOKEN (any session; a detached lock), outside of a {@link Held}: for
+     * a lock of another process, or an unlock that must be safe to repeat.
+     * REQUEST_ID (1 to 64 printable ASCII characters, unique among the
+     * unlocks of one hold; null for none): sent again with the same token or
+     * owner and id after a lost answer (code {@code io} or {@code timeout},
+     * or {@link LeasedException#outcomeUnknown()}), it gets the first answer
+     * and releases no second hold. Returns the reply: {@code released}, and
+     * the {@code count} of holds left.
+     */
+    public Map<String, Object> unlock(String key, String owner, String token, String requestId) {
+        return unlock(key, owner, token, requestId, null);
+    }
+
+    /** {@link #unlock(String, String, String, String)} of a side ("read"/"write") of a read-write lock. */
+    public Map<String, Object> unlock(String key, String owner, String token, String requestId,
+            String mode) {
+        if (owner == null && token == null) {
+            throw new LeasedException("invalid", "unlock needs an owner or a token");
+        }
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("key", oneKey(key));
+        if (owner != null) {
+            f.put("owner", owner);
+        }
+        if (token != null) {
+            f.put("token", token);
+        }
+        if (mode != null) {
+            f.put("mode", mode);
+        }
+        if (requestId != null) {
+            f.put("request_id", requestId);
+        }
+        return callOn(null, "unlock", f, 0, null);
+    }
+
+    /** {@link #rateAcquire(String, long, long, Long, long, long)} of one permit, deciding once. */
+    public Map<String, Object> rateAcquire(String key, long rate, long perMs) {
+        return rateAcquire(key, rate, perMs, null, 1, 0);
+    }
+
+    /**
+     * Take PERMITS from the rate limiter KEY, which allows RATE permits every
+     * PER_MS milliseconds with at most BURST at once (null: the daemon's
+     * default, the rate); GCRA decided on Redis time, exact across daemons.
+     * WAIT_MS 0 decides once; more lets the daemon try again when the permits
+     * will be free, up to that long. Returns the reply: {@code acquired}, and
+     * {@code retry_after_ms} (refused: until the permits could be granted;
+     * granted: until one more could be). A refusal is no exception; a
+     * {@code redis_unavailable} whose {@link LeasedException#outcomeUnknown()}
+     * may have granted.
+     */
+    public Map<String, Object> rateAcquire(String key, long rate, long perMs, Long burst,
+            long permits, long waitMs) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("key", oneKey(key));
+        f.put("rate", rate);
+        f.put("per_ms", perMs);
+        if (burst != null) {
+            f.put("burst", burst);
+        }
+        if (permits != 1) {
+            f.put("permits", permits);
+        }
+        if (waitMs != 0) {
+            f.put("wait_ms", waitMs);
+        }
+        return call("rate.acquire", f);
+    }
+
     /** The two sides of the read-write lock KEY (when features has "rwlock"). */
     public RWLock rwlock(String key) {
         return new RWLock(this, oneKey(key));
@@ -882,10 +954,23 @@ public final class Leased implements AutoCloseable {
      */
     public <E extends Exception> Object cached(String key, Task<?, E> loader, Long ttlMs,
             Long waitMs) throws E {
+        return cached(key, loader, ttlMs, waitMs, null);
+    }
+
+    /**
+     * {@link #cached(String, Task, Long, Long)} that asks the Bloom filter
+     * BLOOM first (hello's feature "bloom"; null: none): a key it rules out
+     * is "not found" (null) at once, LOADER not called.
+     */
+    public <E extends Exception> Object cached(String key, Task<?, E> loader, Long ttlMs,
+            Long waitMs, String bloom) throws E {
         Map<String, Object> f = new LinkedHashMap<>();
         f.put("key", oneKey(key));
         if (waitMs != null) {
             f.put("wait_ms", waitMs);
+        }
+        if (bloom != null) {
+            f.put("bloom", bloom);
         }
         Sent s = send(null, "cache.get", f);
         Conn c = s.conn;
@@ -954,6 +1039,172 @@ public final class Leased implements AutoCloseable {
             throw new LeasedException("bad_value", "the cached value of '" + key
                     + "' cannot be read by the serializer: " + e.getMessage(), null, e);
         }
+    }
+
+    /** One entry of {@link #warm(Collection, Long)}: TTL_MS null takes warm's. */
+    public record Entry(String key, Object value, Long ttlMs) {
+        public Entry(String key, Object value) {
+            this(key, value, null);
+        }
+    }
+
+    /** {@link #warm(Collection, Long)} of KEY to VALUE pairs, each with TTL_MS. */
+    public Map<String, Object> warm(Map<String, ?> entries, Long ttlMs) {
+        List<Entry> list = new ArrayList<>();
+        entries.forEach((k, v) -> list.add(new Entry(k, v)));
+        return warm(list, ttlMs);
+    }
+
+    /**
+     * Bulk warm-up (cache.mset; hello's feature "mset"): store ENTRIES (at
+     * most 1000) in one request as {@link #cached} would have filled them,
+     * values through the serializer (null: "not found"), each with its own
+     * TTL or TTL_MS (null: the daemon's cache.ttl_ms). Returns the reply:
+     * {@code stored} counts what was stored, {@code results} has one result
+     * per entry in order, {@code {"ok":false,"error":{...}}} for an entry that
+     * failed alone. A request refused as a whole throws.
+     */
+    public Map<String, Object> warm(Collection<Entry> entries, Long ttlMs) {
+        List<Object> out = new ArrayList<>();
+        for (Entry e : entries) {
+            Map<String, Object> m = new LinkedHashMap<>();
+            m.put("key", oneKey(e.key()));
+            m.put("value", textOf(e.key(), e.value()));
+            Long ttl = e.ttlMs() != null ? e.ttlMs() : ttlMs;
+            if (ttl != null) {
+                m.put("ttl_ms", ttl);
+            }
+            out.add(m);
+        }
+        if (out.isEmpty()) {
+            throw new LeasedException("invalid", "nothing to warm");
+        }
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("entries", out);
+        return callOn(null, "cache.mset", f, 0, null);
+    }
+
+    /**
+     * bloom.create (hello's feature "bloom"): the filter FILTER for CAPACITY
+     * keys at ERROR_RATE false positives. Returns the reply ({@code created}
+     * false when it existed alike; {@code bits}, {@code hashes},
+     * {@code bytes}); other parameters than the filter has are a
+     * {@code bad_request}.
+     */
+    public Map<String, Object> bloomCreate(String filter, long capacity, double errorRate) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("filter", oneKey(filter));
+        f.put("capacity", capacity);
+        f.put("error_rate", errorRate);
+        return callOn(null, "bloom.create", f, 0, null);
+    }
+
+    /** Add KEYS (1 to 1000) to FILTER: true where the key was certainly not in it. */
+    public List<Boolean> bloomAdd(String filter, Collection<String> keys) {
+        return bloomKeys("bloom.add", "added", filter, keys);
+    }
+
+    /** Ask FILTER about KEYS: false where the key was certainly never added. */
+    public List<Boolean> bloomCheck(String filter, Collection<String> keys) {
+        return bloomKeys("bloom.check", "maybe", filter, keys);
+    }
+
+    private List<Boolean> bloomKeys(String op, String field, String filter,
+            Collection<String> keys) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("filter", oneKey(filter));
+        f.put("keys", keyList(keys));
+        List<Boolean> out = new ArrayList<>();
+        if (callOn(null, op, f, 0, null).get(field) instanceof List<?> l) {
+            for (Object o : l) {
+                out.add(Boolean.TRUE.equals(o));
+            }
+        }
+        return out;
+    }
+
+    /**
+     * What {@link #read} found (hello's feature "versioned"): HIT, the VALUE
+     * through the serializer (null for a miss or a cached "not found"), its
+     * VERSION (0 on a miss) and, on a miss read with a lease, the fill LEASE.
+     */
+    public record Versioned(boolean hit, Object value, long version, String lease) {}
+
+    /**
+     * What {@link #write} and {@link #fill(String, String, Object, Long, Long)}
+     * did: STORED, and the VERSION the value got, or, when it was not stored,
+     * the entry's current version (0: none), to read again and retry.
+     */
+    public record Written(boolean stored, long version) {}
+
+    /** {@link #read(String, boolean, Long)} without a lease. */
+    public Versioned read(String key) {
+        return read(key, false, null);
+    }
+
+    /**
+     * A cache.get that returns the value with its version, for a later
+     * {@link #write} or {@code fill} with ifVersion (a compare-and-set).
+     * LEASE true asks for the fill lease on a miss (and may wait up to WAIT_MS,
+     * as {@link #cached} does).
+     */
+    public Versioned read(String key, boolean lease, Long waitMs) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("key", oneKey(key));
+        if (!lease) {
+            f.put("lease", false);
+        }
+        if (waitMs != null) {
+            f.put("wait_ms", waitMs);
+        }
+        Map<String, Object> got = callOn(null, "cache.get", f,
+                lease ? (waitMs != null ? waitMs : 3000) : 0, null);
+        if (Boolean.TRUE.equals(got.get("hit"))) {
+            return new Versioned(true, valueOf(key, (String) got.get("value")),
+                    num(got.get("version")), null);
+        }
+        return new Versioned(false, null, 0, got.get("lease") instanceof String l ? l : null);
+    }
+
+    /**
+     * cache.set of VALUE (through the serializer; null: "not found"), with
+     * TTL_MS (null: the daemon's default). IF_VERSION (null: none) stores
+     * only when the entry's version is that one (0: only when there is none).
+     */
+    public Written write(String key, Object value, Long ttlMs, Long ifVersion) {
+        return written(callOn(null, "cache.set", writeFields(key, null, value, ttlMs, ifVersion),
+                0, null));
+    }
+
+    /** cache.fill under LEASE (from {@code read(key, true, ...)}), IF_VERSION as for write. */
+    public Written fill(String key, String lease, Object value, Long ttlMs, Long ifVersion) {
+        if (lease == null) {
+            throw new LeasedException("invalid", "a fill needs the lease of a miss");
+        }
+        return written(callOn(null, "cache.fill", writeFields(key, lease, value, ttlMs, ifVersion),
+                0, null));
+    }
+
+    private Map<String, Object> writeFields(String key, String lease, Object value, Long ttlMs,
+            Long ifVersion) {
+        Map<String, Object> f = new LinkedHashMap<>();
+        f.put("key", oneKey(key));
+        if (lease != null) {
+            f.put("lease", lease);
+        }
+        f.put("value", textOf(key, value));
+        if (ttlMs != null) {
+            f.put("ttl_ms", ttlMs);
+        }
+        if (ifVersion != null) {
+            f.put("if_version", ifVersion);
+        }
+        return f;
+    }
+
+    private static Written written(Map<String, Object> r) {
+        long v = r.get("version") instanceof Number n ? n.longValue() : 0;
+        return new Written(Boolean.TRUE.equals(r.get("stored")), v);
     }
 
     /** Delete KEYS now and once more after the daemon's double-delete delay. */

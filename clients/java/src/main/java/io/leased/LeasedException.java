@@ -58,4 +58,13 @@ public class LeasedException extends RuntimeException {
         }
         return null;
     }
+
+    /**
+     * True when the request left for Redis and no answer came
+     * ({@code redis_unavailable} with {@code "outcome":"unknown"}): it may
+     * have taken effect. An unlock with a request id is then safe to repeat.
+     */
+    public boolean outcomeUnknown() {
+        return reply.get("error") instanceof Map<?, ?> m && "unknown".equals(m.get("outcome"));
+    }
 }

@@ -106,4 +106,60 @@ public final class LeasedPool implements AutoCloseable {
             throws E {
         return connection().update(keys, writer);
     }
+
+    /** By token (a pool's connections are different sessions: an owner names one). */
+    public Map<String, Object> unlock(String key, String token, String requestId) {
+        return connection().unlock(key, null, token, requestId);
+    }
+
+    public Map<String, Object> rateAcquire(String key, long rate, long perMs) {
+        return connection().rateAcquire(key, rate, perMs);
+    }
+
+    public Map<String, Object> rateAcquire(String key, long rate, long perMs, Long burst,
+            long permits, long waitMs) {
+        return connection().rateAcquire(key, rate, perMs, burst, permits, waitMs);
+    }
+
+    public Map<String, Object> warm(Map<String, ?> entries, Long ttlMs) {
+        return connection().warm(entries, ttlMs);
+    }
+
+    public Map<String, Object> warm(Collection<Leased.Entry> entries, Long ttlMs) {
+        return connection().warm(entries, ttlMs);
+    }
+
+    public <E extends Exception> Object cached(String key, Leased.Task<?, E> loader, Long ttlMs,
+            Long waitMs, String bloom) throws E {
+        return connection().cached(key, loader, ttlMs, waitMs, bloom);
+    }
+
+    public Map<String, Object> bloomCreate(String filter, long capacity, double errorRate) {
+        return connection().bloomCreate(filter, capacity, errorRate);
+    }
+
+    public List<Boolean> bloomAdd(String filter, Collection<String> keys) {
+        return connection().bloomAdd(filter, keys);
+    }
+
+    public List<Boolean> bloomCheck(String filter, Collection<String> keys) {
+        return connection().bloomCheck(filter, keys);
+    }
+
+    public Leased.Versioned read(String key) {
+        return connection().read(key);
+    }
+
+    public Leased.Versioned read(String key, boolean lease, Long waitMs) {
+        return connection().read(key, lease, waitMs);
+    }
+
+    public Leased.Written write(String key, Object value, Long ttlMs, Long ifVersion) {
+        return connection().write(key, value, ttlMs, ifVersion);
+    }
+
+    public Leased.Written fill(String key, String lease, Object value, Long ttlMs,
+            Long ifVersion) {
+        return connection().fill(key, lease, value, ttlMs, ifVersion);
+    }
 }

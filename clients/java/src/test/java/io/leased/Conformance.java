@@ -258,6 +258,18 @@ public final class Conformance {
                 return new LinkedHashMap<>();
             case "update":
                 return update(s);
+            case "rate":
+                return rate(s);
+            case "warm":
+                return warm(s);
+            case "unlock_id": {
+                Map<String, Object> u = client(s).unlock(String.valueOf(s.get("key")),
+                        (String) s.get("owner"), null, (String) s.get("request_id"));
+                Map<String, Object> r = new LinkedHashMap<>();
+                r.put("released", u.get("released"));
+                r.put("count", u.getOrDefault("count", 0L));
+                return r;
+            }
             case "reconnect":
                 // The client opens a new connection at its next call by itself.
                 client(s);
@@ -500,6 +512,44 @@ public final class Conformance {
         });
         Map<String, Object> r = new LinkedHashMap<>();
         r.put("value", v);
+        return r;
+    }
+
+    static long num(Object o, long dflt) {
+        return o instanceof Number n ? n.longValue() : dflt;
+    }
+
+    Map<String, Object> rate(Map<String, Object> s) throws StepFailed {
+        Long burst = s.get("burst") instanceof Number n ? n.longValue() : null;
+        Map<String, Object> g = client(s).rateAcquire(String.valueOf(s.get("key")),
+                num(s.get("rate"), 0), num(s.get("per_ms"), 0), burst, num(s.get("permits"), 1),
+                num(s.get("wait_ms"), 0));
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("acquired", g.get("acquired"));
+        r.put("retry_after_ms", g.get("retry_after_ms"));
+        return r;
+    }
+
+    /** stored, failed (entries with their own error) and the first one's code. */
+    Map<String, Object> warm(Map<String, Object> s) throws StepFailed {
+        List<Leased.Entry> es = new ArrayList<>();
+        for (Object o : (List<?>) s.get("entries")) {
+            Map<String, Object> e = asMap(o);
+            Long ttl = e.get("ttl_ms") instanceof Number n ? n.longValue() : null;
+            es.add(new Leased.Entry(String.valueOf(e.get("key")), e.get("value"), ttl));
+        }
+        Map<String, Object> w = client(s).warm(es, null);
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("stored", w.get("stored"));
+        long failed = 0;
+        for (Object o : (List<?>) w.get("results")) {
+            if (o instanceof Map<?, ?> m && !Boolean.TRUE.equals(m.get("ok"))) {
+                if (failed++ == 0 && m.get("error") instanceof Map<?, ?> err) {
+                    r.put("first_error", err.get("code"));
+                }
+            }
+        }
+        r.put("failed", failed);
         return r;
     }
 

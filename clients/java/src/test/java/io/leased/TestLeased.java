@@ -129,7 +129,16 @@ public final class TestLeased {
                 } else if (name.equals("ping")) {
                     out.append(riskEvent("lock_safe", "b"));
                 }
-                out.append("{\"id\":").append(id.find() ? id.group(1) : "null")
+                String rid = id.find() ? id.group(1) : "null";
+                if (name.equals("rate.acquire")) {
+                    // A decision that left for Redis and got no answer.
+                    out.append("{\"id\":").append(rid).append(",\"ok\":false,\"error\":"
+                            + "{\"code\":\"redis_unavailable\",\"message\":\"no answer\","
+                            + "\"outcome\":\"unknown\"}}\n");
+                    c.write(ByteBuffer.wrap(out.toString().getBytes(StandardCharsets.UTF_8)));
+                    continue;
+                }
+                out.append("{\"id\":").append(rid)
                         .append(",\"ok\":true,\"protocol\":1,\"features\":[],\"acquired\":true,"
                                 + "\"token\":\"t1\",\"count\":1,\"released\":true}\n");
                 c.write(ByteBuffer.wrap(out.toString().getBytes(StandardCharsets.UTF_8)));
@@ -422,6 +431,166 @@ public final class TestLeased {
                     check(s3.token() != null, "a permit after a release");
                 }
                 s2.close();
+            }
+        });
+
+        test("unlock repeated with one request_id releases one hold of two", () -> {
+            String k = P + "rid";
+            try (Leased a = new Leased(SOCK); Leased b = new Leased(SOCK)) {
+                LockOptions o = new LockOptions().owner("rid");
+                Held h1 = a.lock(k, o);
+                a.lock(k, o);
+                for (int i = 0; i < 2; i++) {
+                    Map<String, Object> u = a.unlock(k, "rid", null, "java-1");
+                    eq(false, u.get("released"), "released, unlock " + (i + 1));
+                    eq(1L, u.get("count"), "count, unlock " + (i + 1));
+                }
+                eq(1L, b.call("lock.info", Map.of("key", k, "token", h1.token())).get("count"),
+                        "lock.info count");
+                check(!free(b, k), "still held once");
+                fails("bad_request", () -> a.unlock(k, "rid", null, "r".repeat(65)));
+                fails("invalid", () -> a.unlock(k, null, null, "java-x"));
+                eq(true, b.unlock(k, null, h1.token(), "java-2").get("released"),
+                        "released with a new id");
+                check(free(b, k), "free");
+                fails("not_held", () -> a.unlock(k, "rid", null, "java-3"));
+            }
+        });
+
+        test("rateAcquire: a burst, a refusal with retry_after_ms, a wait that gets it", () -> {
+            String k = P + "rate";
+            try (Leased ld = new Leased(SOCK)) {
+                for (int i = 0; i < 2; i++) {
+                    eq(true, ld.rateAcquire(k, 1, 60000, 2L, 1, 0).get("acquired"),
+                            "grant " + (i + 1));
+                }
+                Map<String, Object> r = ld.rateAcquire(k, 1, 60000, 2L, 1, 0);
+                eq(false, r.get("acquired"), "past the burst");
+                check(Leased.num(r.get("retry_after_ms")) > 0, "retry_after_ms " + r);
+                fails("bad_request", () -> ld.rateAcquire(k, 1, 60000, 2L, 3, 0));
+                // 20 a second, one at a time: the second waits about 50 ms.
+                String f = P + "rate:fast";
+                eq(true, ld.rateAcquire(f, 20, 1000, 1L, 1, 0).get("acquired"), "first");
+                eq(true, ld.rateAcquire(f, 20, 1000, 1L, 1, 10000).get("acquired"),
+                        "after a wait");
+            }
+            try (LeasedPool pool = new LeasedPool(SOCK, 2)) {
+                eq(true, pool.rateAcquire(P + "rate:pool", 5, 1000).get("acquired"), "pool");
+            }
+        });
+
+        test("rateAcquire: redis_unavailable with outcome unknown says so", () -> {
+            Path dir = Files.createTempDirectory("leased-java-rate");
+            Path sock = dir.resolve("s.sock");
+            try (ServerSocketChannel srv = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
+                srv.bind(UnixDomainSocketAddress.of(sock));
+                Thread peer = new Thread(() -> standInDaemon(srv));
+                peer.setDaemon(true);
+                peer.start();
+                try (Leased ld = new Leased(sock.toString())) {
+                    LeasedException e = fails("redis_unavailable",
+                            () -> ld.rateAcquire("r", 1, 1000));
+                    check(e.outcomeUnknown(), "outcomeUnknown");
+                    check(!new LeasedException("io", "x").outcomeUnknown(), "io is known");
+                }
+            } finally {
+                Files.deleteIfExists(sock);
+                Files.deleteIfExists(dir);
+            }
+        });
+
+        test("warm: entries read by cached as hits, per-entry errors", () -> {
+            String k = P + "warm:";
+            try (Leased ld = new Leased(SOCK)) {
+                Map<String, Object> r = ld.warm(List.of(
+                        new Leased.Entry(k + "a", Map.of("name", "Ada")),
+                        new Leased.Entry(k + "none", null, 30000L),
+                        new Leased.Entry("", "empty key"),
+                        new Leased.Entry(k + "t", "v", 0L)), 60000L);
+                eq(2L, r.get("stored"), "stored " + r);
+                List<?> res = (List<?>) r.get("results");
+                eq(4, res.size(), "results");
+                eq(true, ((Map<?, ?>) res.get(0)).get("ok"), "entry 1");
+                eq(false, ((Map<?, ?>) res.get(2)).get("ok"), "entry 3");
+                eq("bad_request", ((Map<?, ?>) ((Map<?, ?>) res.get(2)).get("error")).get("code"),
+                        "entry 3's code");
+                eq(false, ((Map<?, ?>) res.get(3)).get("ok"), "entry 4 (ttl 0)");
+                Leased.Task<Object, RuntimeException> fail = () -> {
+                    throw new AssertionError("loaded a warmed key");
+                };
+                eq("Ada", ((Map<?, ?>) ld.cached(k + "a", fail)).get("name"), "hit");
+                eq(null, ld.cached(k + "none", fail), "not found");
+                Map<String, Object> one = new java.util.LinkedHashMap<>();
+                one.put(k + "b", 1);
+                eq(1L, ld.warm(one, null).get("stored"), "a map");
+                eq(1L, ld.cached(k + "b", fail), "hit b");
+                fails("invalid", () -> ld.warm(List.<Leased.Entry>of(), null));
+                List<Leased.Entry> many = new ArrayList<>();
+                for (int i = 0; i < 1001; i++) {
+                    many.add(new Leased.Entry(k + "m" + i, i));
+                }
+                fails("bad_request", () -> ld.warm(many, null));
+            }
+        });
+
+        test("bloom: create, add, check, and cached() asking the filter first", () -> {
+            String f = P + "bloom";
+            String in = P + "bloom:in";
+            String out = P + "bloom:out";
+            try (Leased ld = new Leased(SOCK)) {
+                Map<String, Object> c = ld.bloomCreate(f, 1000, 0.01);
+                eq(true, c.get("created"), "created");
+                check(Leased.num(c.get("bits")) > 0 && Leased.num(c.get("hashes")) > 0,
+                        "sized: " + c);
+                eq(false, ld.bloomCreate(f, 1000, 0.01).get("created"), "created again alike");
+                fails("bad_request", () -> ld.bloomCreate(f, 2000, 0.01));
+                eq(List.of(true), ld.bloomAdd(f, List.of(in)), "added");
+                eq(List.of(false), ld.bloomAdd(f, List.of(in)), "added again");
+                eq(List.of(true, false), ld.bloomCheck(f, List.of(in, out)), "maybe");
+                fails("bad_request", () -> ld.bloomCheck(P + "bloom:none", List.of(in)));
+                fails("invalid", () -> ld.bloomAdd(f, List.of()));
+                AtomicInteger loads = new AtomicInteger();
+                eq(null, ld.cached(out, () -> {
+                    loads.incrementAndGet();
+                    return "v";
+                }, null, null, f), "ruled out: not found");
+                eq("v", ld.cached(in, () -> {
+                    loads.incrementAndGet();
+                    return "v";
+                }, null, null, f), "maybe: loaded");
+                eq(1, loads.get(), "one load, for the key that may exist");
+            }
+        });
+
+        test("versioned: a compare-and-set that wins, one that loses, a fill over 0", () -> {
+            String a = P + "ver:a";
+            String f = P + "ver:f";
+            try (Leased ld = new Leased(SOCK)) {
+                Leased.Versioned miss = ld.read(a);
+                check(!miss.hit() && miss.value() == null && miss.version() == 0, "miss " + miss);
+                Leased.Written w1 = ld.write(a, Map.of("n", 1), null, 0L);
+                check(w1.stored() && w1.version() > 0, "written over none " + w1);
+                Leased.Versioned got = ld.read(a);
+                check(got.hit() && got.version() == w1.version(), "read " + got);
+                eq(1L, ((Map<?, ?>) got.value()).get("n"), "value");
+                Leased.Written w2 = ld.write(a, Map.of("n", 2), null, got.version());
+                check(w2.stored() && w2.version() > w1.version(), "compare-and-set " + w2);
+                eq(new Leased.Written(false, w2.version()), ld.write(a, "late", null, got.version()),
+                        "a write over a version that moved on");
+                eq(2L, ((Map<?, ?>) ld.read(a).value()).get("n"), "the losing write not stored");
+                String lease = ld.read(f, true, null).lease();
+                check(lease != null, "a lease on a miss");
+                eq(new Leased.Written(false, 0), ld.fill(f, lease, "x", null, 7L), "fill over 7");
+                Leased.Written fw = ld.fill(f, lease, null, null, 0L);
+                check(fw.stored(), "fill over none");
+                Leased.Versioned nf = ld.read(f);
+                check(nf.hit() && nf.value() == null && nf.version() == fw.version(), "nf " + nf);
+                fails("bad_request", () -> ld.write(a, "x", null, -1L));
+            }
+            try (LeasedPool pool = new LeasedPool(SOCK, 2)) {
+                long v = pool.read(a).version();
+                Leased.Written p = pool.write(a, "pool", null, v);
+                check(p.stored() && pool.read(a).version() == p.version(), "pool " + p);
             }
         });
 
