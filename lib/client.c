@@ -17,8 +17,7 @@
 #define _GNU_SOURCE 1
 #endif
 
-#include "leased/client.h"
-#include "leased/near.h"
+#include "client_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,9 +33,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <jansson.h>
@@ -45,14 +42,6 @@
  * before it eats the process's memory. */
 #define LC_MAX_LINE (256u * 1024 * 1024)
 #define LC_READ_CHUNK 65536
-/* Descriptors kept from the daemon's bytes until claimed; only near.map
- * sends one, so a few is plenty. */
-#define LC_MAX_FDS 4
-/* The shared near cache: a CLOSED segment is mapped again at most this
- * often, and hits are reported at most this often or every so many. */
-#define LC_NEAR_REMAP_MS 1000
-#define LC_NEAR_REPORT_MS 1000
-#define LC_NEAR_REPORT_HITS 1000
 
 struct lc_reply {
     uint64_t id;
@@ -63,53 +52,6 @@ struct lc_reply {
 struct lc_event {
     struct leased_event ev;
     struct lc_event *next;
-};
-
-struct leased_conn {
-    int fd;
-    char *target;
-    char *client;
-    char *auth;
-    bool hello;
-    int timeout_ms;
-    int connect_timeout_ms;
-
-    /* Set once the connection failed; every later call repeats it. */
-    bool broken;
-    int broken_code;
-    int broken_errno;
-    char broken_msg[200];
-
-    char *rbuf;
-    size_t rlen, rcap;
-
-    uint64_t next_id;
-    uint64_t *inflight; /* ids sent and not yet collected, in order */
-    size_t ninflight, capinflight;
-    struct lc_reply *replies; /* replies of in-flight ids, any order */
-
-    struct lc_event *ev_head, *ev_tail;
-    leased_event_fn *cb;
-    void *cb_arg;
-    bool in_callback;
-
-    char session[128];
-
-    /* Descriptors that came with the daemon's bytes (SCM_RIGHTS), oldest
-     * first, until a near.map call takes one. */
-    int fds[LC_MAX_FDS];
-    size_t nfds;
-
-    /* The shared near cache segment (leased/near.h). */
-    bool is_unix;
-    bool near_offered; /* hello listed shared_near */
-    bool near_failed;  /* mapping failed once: never again here */
-    const unsigned char *near_map;
-    size_t near_len;
-    long long near_map_at_ms; /* the last near.map (a CLOSED re-map waits) */
-    uint64_t near_hits, near_fallbacks;             /* not yet reported */
-    uint64_t near_hits_total, near_fallbacks_total; /* since connect */
-    long long near_report_at_ms;
 };
 
 /* --- errors ------------------------------------------------------------- */
@@ -163,12 +105,9 @@ code_from_name(const char *name)
     return -1;
 }
 
-static int set_err(struct leased_error *err, int code, int sys_errno,
-                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static int
-set_err(struct leased_error *err, int code, int sys_errno, const char *fmt,
-        ...)
+int
+lc_set_err(struct leased_error *err, int code, int sys_errno, const char *fmt,
+           ...)
 {
     va_list ap;
 
@@ -183,8 +122,8 @@ set_err(struct leased_error *err, int code, int sys_errno, const char *fmt,
     return code;
 }
 
-static void
-clear_err(struct leased_error *err)
+void
+lc_clear_err(struct leased_error *err)
 {
     if (err != NULL) {
         memset(err, 0, sizeof *err);
@@ -194,13 +133,13 @@ clear_err(struct leased_error *err)
 static int
 nomem(struct leased_error *err)
 {
-    return set_err(err, LEASED_E_NOMEM, ENOMEM, "out of memory");
+    return lc_set_err(err, LEASED_E_NOMEM, ENOMEM, "out of memory");
 }
 
 /* --- time --------------------------------------------------------------- */
 
-static long long
-now_ms(void)
+long long
+lc_now_ms(void)
 {
     struct timespec ts;
 
@@ -212,7 +151,7 @@ now_ms(void)
 static long long
 deadline_after(long long timeout_ms)
 {
-    return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    return timeout_ms < 0 ? -1 : lc_now_ms() + timeout_ms;
 }
 
 /* Milliseconds left for poll(): -1 for none, 0 when past. */
@@ -224,7 +163,7 @@ ms_left(long long deadline)
     if (deadline < 0) {
         return -1;
     }
-    left = deadline - now_ms();
+    left = deadline - lc_now_ms();
     if (left <= 0) {
         return 0;
     }
@@ -262,7 +201,8 @@ conn_break(struct leased_conn *c, int code, int sys_errno, const char *why)
 static int
 broken_err(const struct leased_conn *c, struct leased_error *err)
 {
-    return set_err(err, c->broken_code, c->broken_errno, "%s", c->broken_msg);
+    return lc_set_err(err, c->broken_code, c->broken_errno, "%s",
+                      c->broken_msg);
 }
 
 static bool
@@ -545,61 +485,6 @@ deliver_events(struct leased_conn *c)
     }
 }
 
-static void
-fds_clear(struct leased_conn *c)
-{
-    for (size_t i = 0; i < c->nfds; i++) {
-        close(c->fds[i]);
-    }
-    c->nfds = 0;
-}
-
-/* recv, by recvmsg: a descriptor the daemon sends (near.map) rides on a
- * reply's first byte, and a read without room for control data would
- * lose it (the kernel closes it). Descriptors are queued for the call
- * that asked; any beyond the queue are closed. */
-static ssize_t
-recv_fds(struct leased_conn *c, char *buf, size_t len)
-{
-    union {
-        struct cmsghdr hdr;
-        char space[CMSG_SPACE(sizeof(int) * LC_MAX_FDS)];
-    } ctl;
-    struct iovec iov = {.iov_base = buf, .iov_len = len};
-    struct msghdr mh;
-    struct cmsghdr *cm;
-    ssize_t n;
-
-    memset(&mh, 0, sizeof mh);
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = ctl.space;
-    mh.msg_controllen = sizeof ctl.space;
-    n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-        return n;
-    }
-    for (cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm)) {
-        size_t nfd;
-
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
-            continue;
-        }
-        nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfd; i++) {
-            int fd;
-
-            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-            if (c->nfds < LC_MAX_FDS) {
-                c->fds[c->nfds++] = fd;
-            } else {
-                close(fd);
-            }
-        }
-    }
-    return n;
-}
-
 /* One recv of what is there (the socket is non-blocking). Returns 1 when
  * bytes came, 0 when none were ready, -1 when the connection ended. */
 static int
@@ -624,7 +509,7 @@ read_ready(struct leased_conn *c)
         c->rbuf = nb;
         c->rcap = ncap;
     }
-    n = recv_fds(c, c->rbuf + c->rlen, c->rcap - c->rlen);
+    n = lc_recv_fds(c, c->rbuf + c->rlen, c->rcap - c->rlen);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
             return 0;
@@ -724,8 +609,8 @@ send_poll(struct leased_conn *c, long long deadline, bool *writable,
         return broken_err(c, err);
     }
     if (pr == 0) {
-        return set_err(err, LEASED_E_TIMEOUT, 0,
-                       "timed out sending a request");
+        return lc_set_err(err, LEASED_E_TIMEOUT, 0,
+                          "timed out sending a request");
     }
     if ((pfd.revents & POLLIN) && read_ready(c) < 0) {
         return broken_err(c, err);
@@ -751,9 +636,9 @@ send_failed(struct leased_conn *c, int e, struct leased_error *err)
 
 /* Send all of BUF before DEADLINE, reading meanwhile so that a daemon
  * that waits for us to drain its replies cannot deadlock a large send. */
-static int
-send_all(struct leased_conn *c, const char *buf, size_t len,
-         long long deadline, struct leased_error *err)
+int
+lc_send_all(struct leased_conn *c, const char *buf, size_t len,
+            long long deadline, struct leased_error *err)
 {
     size_t off = 0;
 
@@ -786,9 +671,9 @@ send_all(struct leased_conn *c, const char *buf, size_t len,
 
 /* REQ with ID added, as one line: *TEXT (malloc'd) of *LEN bytes, the
  * newline included. */
-static int
-encode_req(json_t *req, uint64_t id, char **text, size_t *len,
-           struct leased_error *err)
+int
+lc_encode_req(json_t *req, uint64_t id, char **text, size_t *len,
+              struct leased_error *err)
 {
     json_t *msg = json_copy(req);
     char *s, *t;
@@ -804,8 +689,8 @@ encode_req(json_t *req, uint64_t id, char **text, size_t *len,
     s = json_dumps(msg, JSON_COMPACT);
     json_decref(msg);
     if (s == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "the request cannot be encoded as JSON");
+        return lc_set_err(err, LEASED_E_INVALID, 0,
+                          "the request cannot be encoded as JSON");
     }
     n = strlen(s);
     t = realloc(s, n + 2);
@@ -820,8 +705,6 @@ encode_req(json_t *req, uint64_t id, char **text, size_t *len,
     return LEASED_OK;
 }
 
-static void near_report_due(struct leased_conn *c, long long deadline);
-
 /* Copy REQ, give it a fresh id, send it. The id counts as in flight. */
 static int
 send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
@@ -833,15 +716,15 @@ send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
     int rc;
 
     if (!json_is_object(req)) {
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "a request must be a JSON object");
+        return lc_set_err(err, LEASED_E_INVALID, 0,
+                          "a request must be a JSON object");
     }
     if (c->broken) {
         return broken_err(c, err);
     }
-    near_report_due(c, deadline);
+    lc_near_report_due(c, deadline);
     id = ++c->next_id;
-    rc = encode_req(req, id, &text, &n, err);
+    rc = lc_encode_req(req, id, &text, &n, err);
     if (rc != LEASED_OK) {
         return rc;
     }
@@ -849,7 +732,7 @@ send_req(struct leased_conn *c, json_t *req, uint64_t *id_out,
         free(text);
         return nomem(err);
     }
-    rc = send_all(c, text, n, deadline, err);
+    rc = lc_send_all(c, text, n, deadline, err);
     free(text);
     if (rc != LEASED_OK && !reply_buffered(c, id)) {
         inflight_remove(c, id);
@@ -870,25 +753,25 @@ reply_status(json_t *reply, struct leased_error *err)
         return LEASED_OK;
     }
     if (!json_is_false(json_object_get(reply, "ok"))) {
-        return set_err(err, LEASED_E_PROTOCOL, 0,
-                       "reply without a boolean \"ok\"");
+        return lc_set_err(err, LEASED_E_PROTOCOL, 0,
+                          "reply without a boolean \"ok\"");
     }
     e = json_object_get(reply, "error");
     code = json_object_get(e, "code");
     msg = json_object_get(e, "message");
     if (!json_is_string(code)) {
-        return set_err(err, LEASED_E_PROTOCOL, 0,
-                       "error reply without a code");
+        return lc_set_err(err, LEASED_E_PROTOCOL, 0,
+                          "error reply without a code");
     }
     ec = code_from_name(json_string_value(code));
     if (ec < 0) {
-        return set_err(err, LEASED_E_PROTOCOL, 0, "unknown error code %s: %s",
-                       json_string_value(code),
-                       json_is_string(msg) ? json_string_value(msg) : "");
+        return lc_set_err(err, LEASED_E_PROTOCOL, 0,
+                          "unknown error code %s: %s", json_string_value(code),
+                          json_is_string(msg) ? json_string_value(msg) : "");
     }
-    set_err(err, ec, 0, "%s",
-            json_is_string(msg) ? json_string_value(msg)
-                                : json_string_value(code));
+    lc_set_err(err, ec, 0, "%s",
+               json_is_string(msg) ? json_string_value(msg)
+                                   : json_string_value(code));
     reason = json_object_get(e, "reason");
     if (err != NULL && json_is_string(reason)) {
         snprintf(err->reason, sizeof err->reason, "%s",
@@ -922,8 +805,8 @@ wait_reply(struct leased_conn *c, uint64_t id, long long deadline, bool keep,
             if (!keep) {
                 inflight_remove(c, id);
             }
-            return set_err(err, LEASED_E_TIMEOUT, 0,
-                           "no reply from the daemon in time");
+            return lc_set_err(err, LEASED_E_TIMEOUT, 0,
+                              "no reply from the daemon in time");
         }
     }
 }
@@ -939,9 +822,9 @@ call(struct leased_conn *c, json_t *req, long long wait_ms, json_t **reply,
     int rc;
 
     *reply = NULL;
-    clear_err(err);
+    lc_clear_err(err);
     if (c == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0, "no connection");
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
     rc = send_req(c, req, &id, deadline, err);
     if (rc != LEASED_OK) {
@@ -956,18 +839,18 @@ call(struct leased_conn *c, json_t *req, long long wait_ms, json_t **reply,
 
 /* call() for a request built here (REQ stolen; NULL means building it
  * ran out of memory or met a string that is not UTF-8). */
-static int
-call_new(struct leased_conn *c, json_t *req, long long wait_ms, json_t **reply,
-         struct leased_error *err)
+int
+lc_call_new(struct leased_conn *c, json_t *req, long long wait_ms,
+            json_t **reply, struct leased_error *err)
 {
     int rc;
 
     *reply = NULL;
     if (req == NULL) {
-        clear_err(err);
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "a string argument is not valid UTF-8 "
-                       "(or out of memory)");
+        lc_clear_err(err);
+        return lc_set_err(err, LEASED_E_INVALID, 0,
+                          "a string argument is not valid UTF-8 "
+                          "(or out of memory)");
     }
     rc = call(c, req, wait_ms, reply, err);
     json_decref(req);
@@ -1000,16 +883,16 @@ leased_call_raw(struct leased_conn *c, const char *request, long long wait_ms,
     if (reply != NULL) {
         *reply = NULL;
     }
-    clear_err(err);
+    lc_clear_err(err);
     if (request == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0, "no request");
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no request");
     }
     req = json_loads(request, JSON_DECODE_ANY, &jerr);
     if (!json_is_object(req)) {
         json_decref(req);
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "the request is not a JSON object: %s",
-                       req != NULL ? "other JSON value" : jerr.text);
+        return lc_set_err(err, LEASED_E_INVALID, 0,
+                          "the request is not a JSON object: %s",
+                          req != NULL ? "other JSON value" : jerr.text);
     }
     rc = call(c, req, wait_ms, &r, err);
     json_decref(req);
@@ -1030,9 +913,9 @@ leased_send(struct leased_conn *c, json_t *req, uint64_t *id,
 {
     uint64_t tmp;
 
-    clear_err(err);
+    lc_clear_err(err);
     if (c == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0, "no connection");
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
     return send_req(c, req, id != NULL ? id : &tmp,
                     deadline_after(c->timeout_ms), err);
@@ -1045,14 +928,14 @@ leased_wait_reply(struct leased_conn *c, uint64_t id, int timeout_ms,
     json_t *r = NULL;
     int rc;
 
-    clear_err(err);
+    lc_clear_err(err);
     if (reply != NULL) {
         *reply = NULL;
     }
     if (c == NULL || !inflight_has(c, id)) {
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "no request with id %llu in flight",
-                       (unsigned long long)id);
+        return lc_set_err(err, LEASED_E_INVALID, 0,
+                          "no request with id %llu in flight",
+                          (unsigned long long)id);
     }
     rc = wait_reply(c, id, deadline_after(timeout_ms), true, &r, err);
     if (rc != LEASED_OK) {
@@ -1162,13 +1045,13 @@ open_unix(const char *path, long long deadline, int *fd_out,
     int fd, e;
 
     if (strlen(path) >= sizeof sa.sun_path) {
-        return set_err(err, LEASED_E_CONNECT, ENAMETOOLONG,
-                       "socket path too long: %s", path);
+        return lc_set_err(err, LEASED_E_CONNECT, ENAMETOOLONG,
+                          "socket path too long: %s", path);
     }
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         e = errno;
-        return set_err(err, LEASED_E_CONNECT, e, "socket: %s", strerror(e));
+        return lc_set_err(err, LEASED_E_CONNECT, e, "socket: %s", strerror(e));
     }
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
@@ -1176,8 +1059,8 @@ open_unix(const char *path, long long deadline, int *fd_out,
     e = connect_wait(fd, (struct sockaddr *)&sa, sizeof sa, deadline);
     if (e != 0) {
         close(fd);
-        return set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s; %s", path,
-                       strerror(e), connect_hint(e, false));
+        return lc_set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s; %s",
+                          path, strerror(e), connect_hint(e, false));
     }
     *fd_out = fd;
     return LEASED_OK;
@@ -1195,8 +1078,8 @@ open_tcp(const char *target, const char *host, const char *port,
     hints.ai_socktype = SOCK_STREAM;
     gai = getaddrinfo(host, port, &hints, &res);
     if (gai != 0) {
-        return set_err(err, LEASED_E_CONNECT, 0, "resolve %s: %s", target,
-                       gai_strerror(gai));
+        return lc_set_err(err, LEASED_E_CONNECT, 0, "resolve %s: %s", target,
+                          gai_strerror(gai));
     }
     for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
         int one = 1;
@@ -1218,12 +1101,9 @@ open_tcp(const char *target, const char *host, const char *port,
         close(fd);
     }
     freeaddrinfo(res);
-    return set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s; %s", target,
-                   strerror(e), connect_hint(e, true));
+    return lc_set_err(err, LEASED_E_CONNECT, e, "connect to %s: %s; %s",
+                      target, strerror(e), connect_hint(e, true));
 }
-
-static void near_unmap(struct leased_conn *c);
-static void near_report(struct leased_conn *c, long long deadline);
 
 static int
 conn_open(struct leased_conn *c, struct leased_error *err)
@@ -1236,11 +1116,11 @@ conn_open(struct leased_conn *c, struct leased_error *err)
 
     /* A new session: the old one's segment is no longer its own (its
      * namespace, its features may differ). */
-    near_unmap(c);
+    lc_near_unmap(c);
     c->near_offered = false;
     c->near_failed = false;
     c->near_map_at_ms = 0;
-    fds_clear(c);
+    lc_fds_clear(c);
     c->is_unix = !split_hostport(c->target, host, sizeof host, port,
                                  sizeof port);
     if (!c->is_unix) {
@@ -1269,11 +1149,11 @@ static void
 conn_free(struct leased_conn *c)
 {
     if (c->fd >= 0) {
-        near_report(c, deadline_after(c->timeout_ms));
+        lc_near_report(c, deadline_after(c->timeout_ms));
         close(c->fd);
     }
-    near_unmap(c);
-    fds_clear(c);
+    lc_near_unmap(c);
+    lc_fds_clear(c);
     replies_clear(c);
     while (c->ev_head != NULL) {
         struct lc_event *e = c->ev_head;
@@ -1296,7 +1176,7 @@ leased_connect(const char *target, const struct leased_options *opt,
 {
     struct leased_conn *c;
 
-    clear_err(err);
+    lc_clear_err(err);
     if (target == NULL || *target == '\0') {
         target = getenv("LEASED_SOCKET");
         if (target == NULL || *target == '\0') {
@@ -1345,9 +1225,9 @@ leased_close(struct leased_conn *c)
 int
 leased_reconnect(struct leased_conn *c, struct leased_error *err)
 {
-    clear_err(err);
+    lc_clear_err(err);
     if (c == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0, "no connection");
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
     if (c->fd >= 0) {
         close(c->fd);
@@ -1426,9 +1306,9 @@ leased_next_event(struct leased_conn *c, int timeout_ms,
 {
     long long deadline = deadline_after(timeout_ms);
 
-    clear_err(err);
+    lc_clear_err(err);
     if (c == NULL || ev == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0, "no connection or event");
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no connection or event");
     }
     memset(ev, 0, sizeof *ev);
     for (;;) {
@@ -1450,7 +1330,7 @@ leased_next_event(struct leased_conn *c, int timeout_ms,
             if (c->ev_head != NULL) {
                 continue;
             }
-            return set_err(err, LEASED_E_TIMEOUT, 0, "no event in time");
+            return lc_set_err(err, LEASED_E_TIMEOUT, 0, "no event in time");
         }
     }
 }
@@ -1461,9 +1341,9 @@ leased_dispatch(struct leased_conn *c, int timeout_ms,
 {
     int rc;
 
-    clear_err(err);
+    lc_clear_err(err);
     if (c == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0, "no connection");
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no connection");
     }
     if (c->broken) {
         return broken_err(c, err);
@@ -1473,15 +1353,15 @@ leased_dispatch(struct leased_conn *c, int timeout_ms,
         return LEASED_OK;
     }
     if (rc == 0) {
-        return set_err(err, LEASED_E_TIMEOUT, 0, "nothing read in time");
+        return lc_set_err(err, LEASED_E_TIMEOUT, 0, "nothing read in time");
     }
     return broken_err(c, err);
 }
 
 /* --- reply fields ------------------------------------------------------- */
 
-static long long
-int_or(json_t *obj, const char *field, long long dflt)
+long long
+lc_int_or(json_t *obj, const char *field, long long dflt)
 {
     json_t *v = json_object_get(obj, field);
 
@@ -1503,8 +1383,8 @@ bool_field(json_t *obj, const char *field, bool *out)
 static int
 missing(struct leased_error *err, const char *op, const char *field)
 {
-    return set_err(err, LEASED_E_PROTOCOL, 0,
-                   "%s reply without a valid \"%s\"", op, field);
+    return lc_set_err(err, LEASED_E_PROTOCOL, 0,
+                      "%s reply without a valid \"%s\"", op, field);
 }
 
 /* Add the optional string field NAME when S is set. */
@@ -1545,7 +1425,7 @@ int
 leased_ping(struct leased_conn *c, struct leased_error *err)
 {
     json_t *reply;
-    int rc = call_new(c, json_pack("{s:s}", "op", "ping"), 0, &reply, err);
+    int rc = lc_call_new(c, json_pack("{s:s}", "op", "ping"), 0, &reply, err);
 
     json_decref(reply);
     return rc;
@@ -1563,7 +1443,7 @@ leased_hello(struct leased_conn *c, const char *client, const char *auth,
         json_decref(req);
         req = NULL;
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
         json_t *features = json_object_get(reply, "features"), *f;
         size_t i;
@@ -1586,7 +1466,7 @@ leased_hello(struct leased_conn *c, const char *client, const char *auth,
             s = json_string_value(json_object_get(reply, "version"));
             snprintf(info->version, sizeof info->version, "%s",
                      s != NULL ? s : "");
-            info->protocol = (int)int_or(reply, "protocol", 0);
+            info->protocol = (int)lc_int_or(reply, "protocol", 0);
             snprintf(info->session, sizeof info->session, "%s", c->session);
         }
     }
@@ -1598,7 +1478,7 @@ int
 leased_stats(struct leased_conn *c, json_t **stats, struct leased_error *err)
 {
     json_t *reply, *st;
-    int rc = call_new(c, json_pack("{s:s}", "op", "stats"), 0, &reply, err);
+    int rc = lc_call_new(c, json_pack("{s:s}", "op", "stats"), 0, &reply, err);
 
     if (stats != NULL) {
         *stats = NULL;
@@ -1774,12 +1654,12 @@ lock_reply(json_t *reply, struct leased_lock_result *res,
         return rc;
     }
     if (!res->acquired) {
-        res->ttl_ms = int_or(reply, "ttl_ms", -1);
+        res->ttl_ms = lc_int_or(reply, "ttl_ms", -1);
         return LEASED_OK;
     }
-    res->count = int_or(reply, "count", -1);
-    res->fence = int_or(reply, "fence", -1);
-    res->lease_ms = int_or(reply, "lease_ms", -1);
+    res->count = lc_int_or(reply, "count", -1);
+    res->fence = lc_int_or(reply, "fence", -1);
+    res->lease_ms = lc_int_or(reply, "lease_ms", -1);
     if (keys == NULL) {
         return LEASED_OK;
     }
@@ -1807,7 +1687,7 @@ lock_req(struct leased_conn *c, json_t *req,
     }
     memset(&res, 0, sizeof res);
     res.ttl_ms = -1;
-    rc = call_new(c, lock_args_req(req, args), args->wait_ms, &reply, err);
+    rc = lc_call_new(c, lock_args_req(req, args), args->wait_ms, &reply, err);
     if (rc == LEASED_OK) {
         rc = lock_reply(reply, &res, keys, n, fences, err);
     }
@@ -1916,13 +1796,13 @@ unlock_req(struct leased_conn *c, json_t *req,
 {
     json_t *reply;
     struct leased_unlock_result res = {false, -1};
-    int rc = call_new(c, req, 0, &reply, err);
+    int rc = lc_call_new(c, req, 0, &reply, err);
 
     if (rc == LEASED_OK) {
         if (!bool_field(reply, "released", &res.released)) {
             rc = missing(err, "unlock", "released");
         }
-        res.count = int_or(reply, "count", -1);
+        res.count = lc_int_or(reply, "count", -1);
     }
     json_decref(reply);
     if (out != NULL) {
@@ -1971,9 +1851,9 @@ extend_req(struct leased_conn *c, json_t *req, long long ttl_ms,
     if (req != NULL) {
         json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (lease_ms != NULL) {
-        *lease_ms = rc == LEASED_OK ? int_or(reply, "lease_ms", -1) : -1;
+        *lease_ms = rc == LEASED_OK ? lc_int_or(reply, "lease_ms", -1) : -1;
     }
     json_decref(reply);
     return rc;
@@ -1994,16 +1874,17 @@ leased_lock_info_mode(struct leased_conn *c, const char *key, const char *mode,
 {
     json_t *reply;
     struct leased_lock_info res = {false, -1, false, -1, ""};
-    int rc = call_new(c, holder_req_mode("lock.info", key, mode, owner, token),
-                      0, &reply, err);
+    int rc = lc_call_new(c,
+                         holder_req_mode("lock.info", key, mode, owner, token),
+                         0, &reply, err);
 
     if (rc == LEASED_OK) {
         if (!bool_field(reply, "locked", &res.locked)) {
             rc = missing(err, "lock.info", "locked");
         }
-        res.ttl_ms = int_or(reply, "ttl_ms", -1);
+        res.ttl_ms = lc_int_or(reply, "ttl_ms", -1);
         bool_field(reply, "mine", &res.mine);
-        res.count = int_or(reply, "count", -1);
+        res.count = lc_int_or(reply, "count", -1);
         const char *m = json_string_value(json_object_get(reply, "mode"));
         if (m != NULL && strlen(m) < sizeof(res.mode)) {
             strcpy(res.mode, m);
@@ -2025,14 +1906,14 @@ sem_reply(json_t *reply, struct leased_sem_result *res,
 {
     int rc;
 
-    res->available = int_or(reply, "available", -1);
+    res->available = lc_int_or(reply, "available", -1);
     rc = reply_acquired(reply, "sem.acquire", &res->acquired, res->token,
                         sizeof res->token, err);
     if (rc != LEASED_OK || !res->acquired) {
         return rc;
     }
-    res->permits = int_or(reply, "permits", -1);
-    res->lease_ms = int_or(reply, "lease_ms", -1);
+    res->permits = lc_int_or(reply, "permits", -1);
+    res->lease_ms = lc_int_or(reply, "lease_ms", -1);
     return LEASED_OK;
 }
 
@@ -2057,7 +1938,7 @@ leased_sem_acquire(struct leased_conn *c, const char *key, long long limit,
         json_object_set_new(req, "permits", json_integer(args->permits));
     }
     add_lease_args(req, args->ttl_ms, args->wait_ms, args->detach);
-    rc = call_new(c, req, args->wait_ms, &reply, err);
+    rc = lc_call_new(c, req, args->wait_ms, &reply, err);
     if (rc == LEASED_OK) {
         rc = sem_reply(reply, &res, err);
     }
@@ -2096,7 +1977,7 @@ leased_rate_acquire(struct leased_conn *c, const char *key, long long rate,
             json_object_set_new(req, "wait_ms", json_integer(args->wait_ms));
         }
     }
-    rc = call_new(c, req, args->wait_ms, &reply, err);
+    rc = lc_call_new(c, req, args->wait_ms, &reply, err);
     if (rc == LEASED_OK) {
         json_t *a = json_object_get(reply, "acquired");
         json_t *r = json_object_get(reply, "retry_after_ms");
@@ -2127,13 +2008,13 @@ leased_sem_release(struct leased_conn *c, const char *key, const char *token,
         json_decref(req);
         req = NULL;
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK &&
         !json_is_integer(json_object_get(reply, "released"))) {
         rc = missing(err, "sem.release", "released");
     }
     if (released != NULL) {
-        *released = rc == LEASED_OK ? int_or(reply, "released", 0) : 0;
+        *released = rc == LEASED_OK ? lc_int_or(reply, "released", 0) : 0;
     }
     json_decref(reply);
     return rc;
@@ -2150,10 +2031,10 @@ leased_sem_info(struct leased_conn *c, const char *key, long long limit,
     if (req != NULL) {
         json_object_set_new(req, "limit", json_integer(limit));
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
-        res.available = int_or(reply, "available", -1);
-        res.held = int_or(reply, "held", -1);
+        res.available = lc_int_or(reply, "available", -1);
+        res.held = lc_int_or(reply, "held", -1);
         if (res.available < 0 || res.held < 0) {
             rc = missing(err, "sem.info", "held");
         }
@@ -2175,7 +2056,7 @@ leased_cancel(struct leased_conn *c, uint64_t id, bool *cancelled,
                             (json_int_t)id),
            *reply;
     bool done = false;
-    int rc = call_new(c, req, 0, &reply, err);
+    int rc = lc_call_new(c, req, 0, &reply, err);
 
     if (rc == LEASED_OK && !bool_field(reply, "cancelled", &done)) {
         rc = missing(err, "cancel", "cancelled");
@@ -2220,7 +2101,7 @@ parse_get(json_t *obj, struct leased_cache_result *out,
         return missing(err, "cache.get", "hit");
     }
     if (out->hit) {
-        out->version = int_or(obj, "version", 0);
+        out->version = lc_int_or(obj, "version", 0);
         v = json_object_get(obj, "value");
         if (json_is_null(v)) {
             out->is_null = true;
@@ -2292,14 +2173,14 @@ leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
      * its near cache, without the round trip. */
     if (c != NULL && key != NULL && leased_near_get(c, key, out)) {
         json_decref(req);
-        clear_err(err);
+        lc_clear_err(err);
         if (out == &tmp) {
             leased_cache_result_free(out);
         }
         return LEASED_OK;
     }
     add_wait_lease(req, wait_ms, lease);
-    rc = call_new(c, req, get_wait(wait_ms, lease), &reply, err);
+    rc = lc_call_new(c, req, get_wait(wait_ms, lease), &reply, err);
     if (rc == LEASED_OK) {
         rc = parse_get(reply, out, err);
     }
@@ -2308,240 +2189,6 @@ leased_cache_get(struct leased_conn *c, const char *key, long long wait_ms,
     }
     json_decref(reply);
     return rc;
-}
-
-/* --- the shared near cache --------------------------------------------- */
-
-static uint64_t
-mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void
-near_unmap(struct leased_conn *c)
-{
-    if (c->near_map != NULL) {
-        munmap((void *)c->near_map, c->near_len);
-        c->near_map = NULL;
-        c->near_len = 0;
-    }
-}
-
-/* Sends near.hits with what was counted since the last report, without
- * waiting: its id is not in flight, so its reply is dropped when it
- * comes, and the caller's request goes right behind it. */
-static void
-near_report(struct leased_conn *c, long long deadline)
-{
-    json_t *req;
-    char *text;
-    size_t n;
-
-    if (c->broken || c->fd < 0 ||
-        (c->near_hits == 0 && c->near_fallbacks == 0)) {
-        return;
-    }
-    c->near_report_at_ms = now_ms();
-    req = json_pack("{s:s,s:I,s:I}", "op", "near.hits", "hits",
-                    (json_int_t)c->near_hits, "fallbacks",
-                    (json_int_t)c->near_fallbacks);
-    if (req == NULL) {
-        return;
-    }
-    if (encode_req(req, ++c->next_id, &text, &n, NULL) == LEASED_OK) {
-        if (send_all(c, text, n, deadline, NULL) == LEASED_OK) {
-            c->near_hits = 0;
-            c->near_fallbacks = 0;
-        }
-        free(text);
-    }
-    json_decref(req);
-}
-
-/* Before a request: a report when a second has passed since the last one
- * or enough hits wait. */
-static void
-near_report_due(struct leased_conn *c, long long deadline)
-{
-    if (c->near_hits + c->near_fallbacks == 0) {
-        return;
-    }
-    if (c->near_hits >= LC_NEAR_REPORT_HITS ||
-        now_ms() - c->near_report_at_ms >= LC_NEAR_REPORT_MS) {
-        near_report(c, deadline);
-    }
-}
-
-int
-leased_near_map(struct leased_conn *c, struct leased_error *err)
-{
-    json_t *reply;
-    struct stat st;
-    long long bytes, layout;
-    void *m;
-    int rc, fd, e;
-
-    clear_err(err);
-    if (c == NULL) {
-        return set_err(err, LEASED_E_INVALID, 0, "no connection");
-    }
-    if (!c->is_unix) {
-        return set_err(err, LEASED_E_INVALID, 0,
-                       "the shared near cache is mapped over a Unix "
-                       "socket only");
-    }
-    c->near_map_at_ms = now_ms();
-    /* A descriptor left by an abandoned (timed-out) near.map. */
-    fds_clear(c);
-    rc = call_new(c, json_pack("{s:s}", "op", "near.map"), 0, &reply, err);
-    if (rc != LEASED_OK) {
-        json_decref(reply);
-        fds_clear(c);
-        return rc;
-    }
-    bytes = int_or(reply, "bytes", -1);
-    layout = int_or(reply, "layout", -1);
-    json_decref(reply);
-    if (c->nfds == 0) {
-        return set_err(err, LEASED_E_PROTOCOL, 0,
-                       "near.map answered without a descriptor");
-    }
-    fd = c->fds[0];
-    memmove(c->fds, c->fds + 1, (c->nfds - 1) * sizeof c->fds[0]);
-    c->nfds--;
-    fds_clear(c);
-    if (layout != LEASED_NEAR_LAYOUT) {
-        close(fd);
-        return set_err(err, LEASED_E_PROTOCOL, 0,
-                       "near.map: layout %lld is not one this library "
-                       "reads",
-                       layout);
-    }
-    if (fstat(fd, &st) != 0 || st.st_size <= 0 ||
-        (bytes >= 0 && (long long)st.st_size != bytes)) {
-        close(fd);
-        return set_err(err, LEASED_E_PROTOCOL, 0,
-                       "near.map: the descriptor is not a segment of the "
-                       "size announced");
-    }
-    m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    e = errno;
-    close(fd);
-    if (m == MAP_FAILED) {
-        return set_err(err, LEASED_E_IO, e, "mmap of the segment: %s",
-                       strerror(e));
-    }
-    near_unmap(c);
-    c->near_map = m;
-    c->near_len = (size_t)st.st_size;
-    return LEASED_OK;
-}
-
-/* Whether a segment is mapped, mapping it on first use when the daemon
- * offers one over this Unix socket. A failed mapping is not tried again
- * on this connection: the socket path works without it. */
-static bool
-near_ready(struct leased_conn *c)
-{
-    if (c->near_map != NULL) {
-        return true;
-    }
-    if (c->near_failed || !c->near_offered || !c->is_unix || c->broken) {
-        return false;
-    }
-    if (leased_near_map(c, NULL) != LEASED_OK) {
-        c->near_failed = true;
-        return false;
-    }
-    return true;
-}
-
-bool
-leased_near_get(struct leased_conn *c, const char *key,
-                struct leased_cache_result *out)
-{
-    enum leased_near_result r = LEASED_NEAR_FALLBACK;
-    struct leased_near_value v;
-    char small[1024];
-    char *buf = small;
-    size_t cap = sizeof small, klen;
-
-    if (out != NULL) {
-        memset(out, 0, sizeof *out);
-    }
-    if (c == NULL || key == NULL || !near_ready(c)) {
-        return false;
-    }
-    klen = strlen(key);
-    for (int tries = 0; tries < 4; tries++) {
-        r = leased_near_lookup(c->near_map, c->near_len, key, klen, mono_ns(),
-                               buf, cap, &v);
-        if (r == LEASED_NEAR_TOO_SMALL) {
-            char *nb = malloc(v.vlen + 1);
-
-            if (nb == NULL) {
-                break;
-            }
-            if (buf != small) {
-                free(buf);
-            }
-            buf = nb;
-            cap = v.vlen + 1;
-            continue;
-        }
-        if (r == LEASED_NEAR_CLOSED_SEG &&
-            now_ms() - c->near_map_at_ms >= LC_NEAR_REMAP_MS) {
-            /* A reload or a restart closed it: the daemon has a new one. */
-            if (leased_near_map(c, NULL) != LEASED_OK) {
-                near_unmap(c);
-                c->near_failed = true;
-                break;
-            }
-            continue;
-        }
-        break;
-    }
-    if (r == LEASED_NEAR_HIT && out != NULL && !v.null) {
-        out->value = malloc(v.vlen + 1);
-        if (out->value == NULL) {
-            r = LEASED_NEAR_FALLBACK;
-        } else {
-            memcpy(out->value, buf, v.vlen);
-            out->value[v.vlen] = '\0';
-            out->value_len = v.vlen;
-        }
-    }
-    if (buf != small) {
-        free(buf);
-    }
-    if (r != LEASED_NEAR_HIT) {
-        c->near_fallbacks++;
-        c->near_fallbacks_total++;
-        return false;
-    }
-    if (out != NULL) {
-        out->hit = true;
-        out->is_null = v.null != 0;
-    }
-    c->near_hits++;
-    c->near_hits_total++;
-    return true;
-}
-
-void
-leased_near_info(const struct leased_conn *c, struct leased_near_info *out)
-{
-    memset(out, 0, sizeof *out);
-    if (c != NULL) {
-        out->mapped = c->near_map != NULL;
-        out->bytes = c->near_len;
-        out->hits = c->near_hits_total;
-        out->fallbacks = c->near_fallbacks_total;
-    }
 }
 
 /* VALUE as a JSON value: a string of VALUE_LEN bytes, or null. */
@@ -2580,7 +2227,7 @@ leased_cache_fill(struct leased_conn *c, const char *key, const char *lease,
             json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
         }
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
         bool s;
 
@@ -2608,7 +2255,7 @@ leased_cache_release(struct leased_conn *c, const char *key, const char *lease,
         json_decref(req);
         req = NULL;
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
         bool r;
 
@@ -2640,7 +2287,7 @@ leased_cache_set(struct leased_conn *c, const char *key, const char *value,
             json_object_set_new(req, "ttl_ms", json_integer(ttl_ms));
         }
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     json_decref(reply);
     return rc;
 }
@@ -2666,7 +2313,7 @@ versioned_write(struct leased_conn *c, const char *op, json_t *req,
         json_decref(req);
         req = NULL;
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
         bool s;
 
@@ -2677,7 +2324,7 @@ versioned_write(struct leased_conn *c, const char *op, json_t *req,
                 *stored = s;
             }
             if (version != NULL) {
-                *version = int_or(reply, "version", 0);
+                *version = lc_int_or(reply, "version", 0);
             }
         }
     }
@@ -2760,8 +2407,8 @@ leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
     int rc;
 
     if (keys == NULL || nkeys == 0) {
-        clear_err(err);
-        return set_err(err, LEASED_E_INVALID, 0, "no keys to invalidate");
+        lc_clear_err(err);
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no keys to invalidate");
     }
     if (nkeys == 1) {
         req = key_req("cache.invalidate", keys[0]);
@@ -2775,10 +2422,10 @@ leased_cache_invalidate(struct leased_conn *c, const char *const *keys,
     if (req != NULL && delay_ms != LEASED_UNSET) {
         json_object_set_new(req, "delay_ms", json_integer(delay_ms));
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
-        res.deleted = int_or(reply, "deleted", -1);
-        res.pending = int_or(reply, "pending", -1);
+        res.deleted = lc_int_or(reply, "deleted", -1);
+        res.pending = lc_int_or(reply, "pending", -1);
         bool_field(reply, "queued", &res.queued);
         if (res.deleted < 0) {
             rc = missing(err, "cache.invalidate", "deleted");
@@ -2829,21 +2476,71 @@ mset_entries(const struct leased_mset_entry *entries, size_t n)
     return arr;
 }
 
+/* Each refused entry's error into RESULTS; on a failure none is kept, so
+ * the caller has nothing to free. */
+static int
+mset_errors(json_t *res, size_t n, struct leased_mset_result *results,
+            struct leased_error *err)
+{
+    int rc = LEASED_OK;
+
+    for (size_t i = 0; rc == LEASED_OK && i < n; i++) {
+        json_t *r = json_array_get(res, i);
+
+        if (json_is_false(json_object_get(r, "ok"))) {
+            struct leased_error kerr;
+
+            results[i].error = reply_status(r, &kerr);
+            results[i].error_message = strdup(kerr.message);
+            if (results[i].error_message == NULL) {
+                rc = nomem(err);
+            }
+        }
+    }
+    if (rc != LEASED_OK) {
+        for (size_t i = 0; i < n; i++) {
+            leased_mset_result_free(&results[i]);
+            results[i].error = LEASED_OK;
+        }
+    }
+    return rc;
+}
+
+/* A cache.mset reply of N entries into STORED and RESULTS. */
+static int
+mset_parse(json_t *reply, size_t n, size_t *stored,
+           struct leased_mset_result *results, struct leased_error *err)
+{
+    long long s = lc_int_or(reply, "stored", -1);
+    json_t *res = json_object_get(reply, "results");
+
+    if (s < 0) {
+        return missing(err, "cache.mset", "stored");
+    }
+    if (!json_is_array(res) || json_array_size(res) != n) {
+        return missing(err, "cache.mset", "results");
+    }
+    if (stored != NULL) {
+        *stored = (size_t)s;
+    }
+    return results != NULL ? mset_errors(res, n, results, err) : LEASED_OK;
+}
+
 int
 leased_cache_mset(struct leased_conn *c,
                   const struct leased_mset_entry *entries, size_t n,
                   size_t *stored, struct leased_mset_result *results,
                   struct leased_error *err)
 {
-    json_t *arr, *req = NULL, *reply, *res;
+    json_t *arr, *req = NULL, *reply;
     int rc;
 
     if (stored != NULL) {
         *stored = 0;
     }
     if (entries == NULL || n == 0) {
-        clear_err(err);
-        return set_err(err, LEASED_E_INVALID, 0, "no entries to store");
+        lc_clear_err(err);
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no entries to store");
     }
     if (results != NULL) {
         memset(results, 0, n * sizeof *results);
@@ -2852,37 +2549,9 @@ leased_cache_mset(struct leased_conn *c,
     if (arr != NULL) {
         req = json_pack("{s:s,s:o}", "op", "cache.mset", "entries", arr);
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
-        long long s = int_or(reply, "stored", -1);
-
-        res = json_object_get(reply, "results");
-        if (s < 0) {
-            rc = missing(err, "cache.mset", "stored");
-        } else if (!json_is_array(res) || json_array_size(res) != n) {
-            rc = missing(err, "cache.mset", "results");
-        } else if (stored != NULL) {
-            *stored = (size_t)s;
-        }
-        for (size_t i = 0; rc == LEASED_OK && results != NULL && i < n; i++) {
-            json_t *r = json_array_get(res, i);
-
-            if (json_is_false(json_object_get(r, "ok"))) {
-                struct leased_error kerr;
-
-                results[i].error = reply_status(r, &kerr);
-                results[i].error_message = strdup(kerr.message);
-                if (results[i].error_message == NULL) {
-                    rc = nomem(err);
-                }
-            }
-        }
-        if (rc != LEASED_OK && results != NULL) {
-            for (size_t i = 0; i < n; i++) {
-                leased_mset_result_free(&results[i]);
-                results[i].error = LEASED_OK;
-            }
-        }
+        rc = mset_parse(reply, n, stored, results, err);
     }
     json_decref(reply);
     return rc;
@@ -2902,7 +2571,7 @@ leased_bloom_create(struct leased_conn *c, const char *filter,
                                         "error_rate", error_rate)
                             : NULL;
     bool made = false;
-    int rc = call_new(c, req, 0, &reply, err);
+    int rc = lc_call_new(c, req, 0, &reply, err);
 
     if (rc == LEASED_OK && !bool_field(reply, "created", &made)) {
         rc = missing(err, "bloom.create", "created");
@@ -2931,8 +2600,8 @@ bloom_keys(struct leased_conn *c, const char *op, const char *field,
     }
     if (keys == NULL || nkeys == 0) {
         json_decref(f);
-        clear_err(err);
-        return set_err(err, LEASED_E_INVALID, 0, "no keys");
+        lc_clear_err(err);
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no keys");
     }
     if (f != NULL && arr != NULL) {
         req = json_pack("{s:s,s:o,s:o}", "op", op, "filter", f, "keys", arr);
@@ -2940,7 +2609,7 @@ bloom_keys(struct leased_conn *c, const char *op, const char *field,
         json_decref(f);
         json_decref(arr);
     }
-    rc = call_new(c, req, 0, &reply, err);
+    rc = lc_call_new(c, req, 0, &reply, err);
     if (rc == LEASED_OK) {
         json_t *a = json_object_get(reply, field);
         if (!json_is_array(a) || json_array_size(a) != nkeys) {
@@ -2993,7 +2662,7 @@ leased_cache_get_bloom(struct leased_conn *c, const char *key,
         json_decref(req);
         req = NULL;
     }
-    rc = call_new(c, req, get_wait(wait_ms, lease), &reply, err);
+    rc = lc_call_new(c, req, get_wait(wait_ms, lease), &reply, err);
     if (rc == LEASED_OK) {
         rc = parse_get(reply, out, err);
         bool_field(reply, "bloom", &ruled);
@@ -3018,8 +2687,8 @@ leased_cache_mget(struct leased_conn *c, const char *const *keys, size_t nkeys,
     int rc;
 
     if (results == NULL || keys == NULL || nkeys == 0) {
-        clear_err(err);
-        return set_err(err, LEASED_E_INVALID, 0, "no keys or no results");
+        lc_clear_err(err);
+        return lc_set_err(err, LEASED_E_INVALID, 0, "no keys or no results");
     }
     memset(results, 0, nkeys * sizeof *results);
     arr = keys_array(keys, nkeys);
@@ -3027,7 +2696,7 @@ leased_cache_mget(struct leased_conn *c, const char *const *keys, size_t nkeys,
         req = json_pack("{s:s,s:o}", "op", "cache.mget", "keys", arr);
     }
     add_wait_lease(req, wait_ms, lease);
-    rc = call_new(c, req, get_wait(wait_ms, lease), &reply, err);
+    rc = lc_call_new(c, req, get_wait(wait_ms, lease), &reply, err);
     if (rc == LEASED_OK) {
         res = json_object_get(reply, "results");
         if (!json_is_array(res) || json_array_size(res) != nkeys) {

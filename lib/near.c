@@ -109,19 +109,39 @@ cpu_relax(void)
 #define WAY_BYTES sizeof(struct leased_near_way)
 #define REC_BYTES sizeof(struct leased_near_rec)
 
-enum leased_near_result
-leased_near_lookup(const void *map, size_t len, const void *key, size_t klen,
-                   uint64_t now_ns, void *buf, size_t cap,
-                   struct leased_near_value *out)
+/* Where the header puts the buckets and the ring, each field loaded once
+ * and checked against the mapping, and the epoch the lookup started in. */
+struct seg_view {
+    const unsigned char *buckets;
+    const unsigned char *ring;
+    uint64_t rbytes;
+    uint64_t epoch;
+    uint32_t nb;
+};
+
+/* The fields of one way, loaded once: the writer may change them under us,
+ * and the bucket's seq says afterwards whether they belonged together. */
+struct way_view {
+    uint32_t vlen;
+    uint32_t flags;
+    uint64_t off;
+    uint64_t deadline;
+    uint64_t version;
+};
+
+/* The header of a segment that is live, sane and fresh fills V; anything
+ * else says why the caller must ask the daemon. */
+static inline enum leased_near_result
+seg_open(const unsigned char *m, size_t len, uint64_t now_ns,
+         struct seg_view *v)
 {
-    const unsigned char *m = map;
     /* Aligned loads of the 8-byte fields need an aligned mapping (mmap's
      * always is). */
     if (m == NULL || ((uintptr_t)m & 7u) != 0 ||
         len < sizeof(struct leased_near_hdr)) {
         return LEASED_NEAR_FALLBACK;
     }
-    const struct leased_near_hdr *h = map;
+    const struct leased_near_hdr *h = (const void *)m;
     if (memcmp(h->magic, LEASED_NEAR_MAGIC, sizeof(h->magic)) != 0 ||
         ld32(&h->layout) != LEASED_NEAR_LAYOUT) {
         return LEASED_NEAR_FALLBACK;
@@ -149,17 +169,101 @@ leased_near_lookup(const void *map, size_t len, const void *key, size_t klen,
     if (now_ns > beat && now_ns - beat > stale) {
         return LEASED_NEAR_FALLBACK;
     }
-    uint64_t epoch = __atomic_load_n(&h->epoch, __ATOMIC_ACQUIRE);
+    v->epoch = __atomic_load_n(&h->epoch, __ATOMIC_ACQUIRE);
+    v->buckets = m + boff;
+    v->ring = m + roff;
+    v->rbytes = rbytes;
+    v->nb = nb;
+    return LEASED_NEAR_HIT;
+}
+
+/* The record a way points at when it is KEY's, or NULL: the offset and
+ * lengths are checked against the ring before the record is read. */
+static inline const unsigned char *
+way_record(const struct seg_view *s, const unsigned char *way, uint32_t hash,
+           const void *key, uint32_t klen, struct way_view *w)
+{
+    if (ld32(way + 0) != hash || ld32(way + 4) != klen) {
+        return NULL;
+    }
+    w->vlen = ld32(way + 8);
+    w->flags = ld32(way + 12);
+    w->off = ld64(way + 16);
+    w->deadline = ld64(way + 24);
+    w->version = ld64(way + 32);
+    /* klen and vlen are below 2^32: the sum cannot wrap. */
+    if ((w->off & 7u) != 0 || w->off > s->rbytes ||
+        REC_BYTES + (uint64_t)klen + w->vlen > s->rbytes - w->off) {
+        return NULL;
+    }
+    const unsigned char *rec = s->ring + w->off;
+    if (ld32(rec + 0) != klen || ld32(rec + 4) != w->vlen ||
+        memcmp(rec + REC_BYTES, key, klen) != 0) {
+        return NULL;
+    }
+    return rec;
+}
+
+/* The answer a matching way gives; OUT stays zero for a miss. */
+static inline enum leased_near_result
+way_answer(const struct way_view *w, const unsigned char *rec, uint32_t klen,
+           uint64_t now_ns, void *buf, size_t cap,
+           struct leased_near_value *out)
+{
+    if (now_ns >= w->deadline) {
+        return LEASED_NEAR_MISS; /* past its deadline */
+    }
+    out->version = w->version;
+    if ((w->flags & LEASED_NEAR_NULL) != 0) {
+        out->null = 1;
+        return LEASED_NEAR_HIT;
+    }
+    out->vlen = w->vlen;
+    if (w->vlen > cap) {
+        return LEASED_NEAR_TOO_SMALL;
+    }
+    if (w->vlen > 0) {
+        memcpy(buf, rec + REC_BYTES + klen, w->vlen);
+    }
+    return LEASED_NEAR_HIT;
+}
+
+/* One pass over the bucket's ways; whether it stands is the seq's to say. */
+static inline enum leased_near_result
+bucket_scan(const struct seg_view *s, const unsigned char *bucket,
+            uint32_t hash, const void *key, uint32_t klen, uint64_t now_ns,
+            void *buf, size_t cap, struct leased_near_value *out)
+{
+    for (int i = 0; i < LEASED_NEAR_WAYS; i++) {
+        const unsigned char *way = bucket + 8 + (size_t)i * WAY_BYTES;
+        struct way_view w;
+        const unsigned char *rec = way_record(s, way, hash, key, klen, &w);
+        if (rec != NULL) {
+            return way_answer(&w, rec, klen, now_ns, buf, cap, out);
+        }
+    }
+    return LEASED_NEAR_MISS;
+}
+
+enum leased_near_result
+leased_near_lookup(const void *map, size_t len, const void *key, size_t klen,
+                   uint64_t now_ns, void *buf, size_t cap,
+                   struct leased_near_value *out)
+{
+    struct seg_view s;
+    enum leased_near_result open = seg_open(map, len, now_ns, &s);
+    if (open != LEASED_NEAR_HIT) {
+        return open;
+    }
     if (klen == 0 || klen > UINT32_MAX) {
         /* Not a key the daemon can store. */
         return LEASED_NEAR_MISS;
     }
-
+    const struct leased_near_hdr *h = map;
     uint32_t hash = leased_near_hash(key, klen);
-    const unsigned char *bucket = m + boff +
-                                  (uint64_t)(hash & (nb - 1)) * BUCKET_BYTES;
+    const unsigned char *bucket = s.buckets +
+                                  (uint64_t)(hash & (s.nb - 1)) * BUCKET_BYTES;
     const uint32_t *seqp = (const uint32_t *)(const void *)bucket;
-    const unsigned char *ring = m + roff;
 
     for (int attempt = 0; attempt < LEASED_NEAR_RETRIES; attempt++) {
         if (attempt > 0) {
@@ -169,52 +273,15 @@ leased_near_lookup(const void *map, size_t len, const void *key, size_t klen,
         if ((seq & 1u) != 0) {
             continue;
         }
-        enum leased_near_result res = LEASED_NEAR_MISS;
         struct leased_near_value v = {0, 0, 0};
-        for (int w = 0; w < LEASED_NEAR_WAYS; w++) {
-            const unsigned char *way = bucket + 8 + (size_t)w * WAY_BYTES;
-            if (ld32(way + 0) != hash || ld32(way + 4) != klen) {
-                continue;
-            }
-            uint32_t vlen = ld32(way + 8);
-            uint32_t flags = ld32(way + 12);
-            uint64_t off = ld64(way + 16);
-            uint64_t deadline = ld64(way + 24);
-            uint64_t version = ld64(way + 32);
-            /* klen and vlen are below 2^32: the sum cannot wrap. */
-            if ((off & 7u) != 0 || off > rbytes ||
-                REC_BYTES + (uint64_t)klen + vlen > rbytes - off) {
-                continue;
-            }
-            const unsigned char *rec = ring + off;
-            if (ld32(rec + 0) != klen || ld32(rec + 4) != vlen ||
-                memcmp(rec + REC_BYTES, key, klen) != 0) {
-                continue;
-            }
-            if (now_ns >= deadline) {
-                break; /* past its deadline: a miss */
-            }
-            v.version = version;
-            if ((flags & LEASED_NEAR_NULL) != 0) {
-                v.null = 1;
-                res = LEASED_NEAR_HIT;
-            } else if (vlen > cap) {
-                v.vlen = vlen;
-                res = LEASED_NEAR_TOO_SMALL;
-            } else {
-                v.vlen = vlen;
-                if (vlen > 0) {
-                    memcpy(buf, rec + REC_BYTES + klen, vlen);
-                }
-                res = LEASED_NEAR_HIT;
-            }
-            break;
-        }
+        enum leased_near_result res = bucket_scan(&s, bucket, hash, key,
+                                                  (uint32_t)klen, now_ns, buf,
+                                                  cap, &v);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if (__atomic_load_n(seqp, __ATOMIC_RELAXED) != seq) {
             continue;
         }
-        if (__atomic_load_n(&h->epoch, __ATOMIC_RELAXED) != epoch) {
+        if (__atomic_load_n(&h->epoch, __ATOMIC_RELAXED) != s.epoch) {
             return LEASED_NEAR_FALLBACK;
         }
         if (out != NULL) {

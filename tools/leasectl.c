@@ -910,21 +910,116 @@ cmd_unlock(struct ctl *ctl, int argc, char **argv)
 /* One rate.acquire decision. Refused is leasectl's "not acquired" (75 or
  * --conflict-exit), as for lock and sem: a script that runs a job only
  * within the rate treats both alike. */
+/* rate's options, and what they say once checked. */
+struct rate_opts {
+    const char *rate, *per, *burst, *permits, *wait, *conflict;
+    long long rate_n, per_ms;
+    struct leased_rate_args args;
+};
+
+/* The bounds are the daemon's (leased-protocol(7)): a value past them is a
+ * usage error here, before any connection. */
+static int
+rate_check(struct ctl *ctl, struct rate_opts *o)
+{
+    long long unused;
+    int rc;
+
+    if (o->rate == NULL || !ctl_parse_num(o->rate, 1, 1000000, &o->rate_n)) {
+        return ctl_usage_error(ctl->cmd, "wants --rate N (1..1000000)%s", "");
+    }
+    if (o->per == NULL) {
+        return ctl_usage_error(ctl->cmd, "wants --per T (up to 1 day)%s", "");
+    }
+    rc = ctl_opt_ms(ctl, "per", o->per, 1, &o->per_ms);
+    if (rc == 0 && o->per_ms > 86400000) {
+        rc = ctl_usage_error(ctl->cmd, "bad --per '%s' (up to 1 day)", o->per);
+    }
+    if (rc == 0 && o->burst != NULL &&
+        !ctl_parse_num(o->burst, 1, 1000000, &o->args.burst)) {
+        rc = ctl_usage_error(ctl->cmd, "bad --burst '%s' (1..1000000)",
+                             o->burst);
+    }
+    if (rc == 0 && o->permits != NULL &&
+        !ctl_parse_num(o->permits, 1, 1000000, &o->args.permits)) {
+        rc = ctl_usage_error(ctl->cmd, "bad --permits '%s' (1..1000000)",
+                             o->permits);
+    }
+    if (rc == 0) {
+        rc = ctl_opt_ms(ctl, "wait", o->wait, 0, &o->args.wait_ms);
+    }
+    if (rc == 0) {
+        rc = ctl_opt_exits(ctl, NULL, o->conflict, &unused);
+    }
+    return rc;
+}
+
+/* With --json: rate.acquire as sent, the daemon's answer printed as it
+ * came. */
+static int
+rate_json(struct ctl *ctl, const char *key, const struct rate_opts *o)
+{
+    json_t *req = json_pack("{s:s,s:s,s:I,s:I}", "op", "rate.acquire", "key",
+                            key, "rate", (json_int_t)o->rate_n, "per_ms",
+                            (json_int_t)o->per_ms);
+    json_t *rep = NULL;
+    struct leased_error err;
+    bool acquired;
+    int rc;
+
+    if (o->args.burst != 0) {
+        json_object_set_new(req, "burst", json_integer(o->args.burst));
+    }
+    if (o->args.permits != 0) {
+        json_object_set_new(req, "permits", json_integer(o->args.permits));
+    }
+    if (o->args.wait_ms != 0) {
+        json_object_set_new(req, "wait_ms", json_integer(o->args.wait_ms));
+    }
+    rc = ctl_call(ctl, req, o->args.wait_ms, &rep, &err);
+    acquired = json_is_true(json_object_get(rep, "acquired"));
+    json_decref(rep);
+    if (rc != LEASED_OK) {
+        return ctl_fail(ctl, &err);
+    }
+    return acquired ? 0 : ctl->conflict_exit;
+}
+
+/* Without --json: "acquired" or "refused", and the wait the daemon
+ * advises before the next try. */
+static int
+rate_plain(struct ctl *ctl, const char *key, const struct rate_opts *o)
+{
+    struct leased_rate_result res;
+    struct leased_error err;
+
+    if (leased_rate_acquire(ctl->conn, key, o->rate_n, o->per_ms, &o->args,
+                            &res, &err) != LEASED_OK) {
+        return ctl_fail(ctl, &err);
+    }
+    if (!ctl->quiet) {
+        printf("%s retry_after_ms=%lld\n",
+               res.acquired ? "acquired" : "refused", res.retry_after_ms);
+    }
+    if (fflush(stdout) != 0) {
+        return EX_IOERR;
+    }
+    return res.acquired ? 0 : ctl->conflict_exit;
+}
+
 static int
 cmd_rate(struct ctl *ctl, int argc, char **argv)
 {
-    const char *rate = NULL, *per = NULL, *burst = NULL, *permits = NULL;
-    const char *wait = NULL, *conflict = NULL;
+    struct rate_opts o = {0};
     const struct optdef defs[] = {
-        {"rate", 0, true, &rate},   {"per", 0, true, &per},
-        {"burst", 0, true, &burst}, {"permits", 'n', true, &permits},
-        {"wait", 'w', true, &wait}, {"conflict-exit", 'E', true, &conflict},
+        {"rate", 0, true, &o.rate},
+        {"per", 0, true, &o.per},
+        {"burst", 0, true, &o.burst},
+        {"permits", 'n', true, &o.permits},
+        {"wait", 'w', true, &o.wait},
+        {"conflict-exit", 'E', true, &o.conflict},
         {NULL, 0, false, NULL},
     };
-    struct leased_rate_args args = {0};
-    struct leased_rate_result res;
-    struct leased_error err;
-    long long rate_n = 0, per_ms = 0, unused;
     char *pos[1];
     int npos, rc;
 
@@ -939,33 +1034,7 @@ cmd_rate(struct ctl *ctl, int argc, char **argv)
                                "[--permits P] [--wait T]%s",
                                "");
     }
-    /* The bounds are the daemon's (leased-protocol(7)): a value past them
-     * is a usage error here, before any connection. */
-    if (rate == NULL || !ctl_parse_num(rate, 1, 1000000, &rate_n)) {
-        return ctl_usage_error(ctl->cmd, "wants --rate N (1..1000000)%s", "");
-    }
-    if (per == NULL) {
-        return ctl_usage_error(ctl->cmd, "wants --per T (up to 1 day)%s", "");
-    }
-    rc = ctl_opt_ms(ctl, "per", per, 1, &per_ms);
-    if (rc == 0 && per_ms > 86400000) {
-        rc = ctl_usage_error(ctl->cmd, "bad --per '%s' (up to 1 day)", per);
-    }
-    if (rc == 0 && burst != NULL &&
-        !ctl_parse_num(burst, 1, 1000000, &args.burst)) {
-        rc = ctl_usage_error(ctl->cmd, "bad --burst '%s' (1..1000000)", burst);
-    }
-    if (rc == 0 && permits != NULL &&
-        !ctl_parse_num(permits, 1, 1000000, &args.permits)) {
-        rc = ctl_usage_error(ctl->cmd, "bad --permits '%s' (1..1000000)",
-                             permits);
-    }
-    if (rc == 0) {
-        rc = ctl_opt_ms(ctl, "wait", wait, 0, &args.wait_ms);
-    }
-    if (rc == 0) {
-        rc = ctl_opt_exits(ctl, NULL, conflict, &unused);
-    }
+    rc = rate_check(ctl, &o);
     if (rc == 0) {
         rc = ctl_open_conn(ctl);
     }
@@ -975,42 +1044,8 @@ cmd_rate(struct ctl *ctl, int argc, char **argv)
     if (!ctl_want_feature(ctl, "rate")) {
         return ctl_no_feature(ctl, "the rate limiter (feature rate)");
     }
-    if (ctl->json) {
-        json_t *req = json_pack("{s:s,s:s,s:I,s:I}", "op", "rate.acquire",
-                                "key", pos[0], "rate", (json_int_t)rate_n,
-                                "per_ms", (json_int_t)per_ms);
-        json_t *rep = NULL;
-        bool acquired;
-
-        if (args.burst != 0) {
-            json_object_set_new(req, "burst", json_integer(args.burst));
-        }
-        if (args.permits != 0) {
-            json_object_set_new(req, "permits", json_integer(args.permits));
-        }
-        if (args.wait_ms != 0) {
-            json_object_set_new(req, "wait_ms", json_integer(args.wait_ms));
-        }
-        rc = ctl_call(ctl, req, args.wait_ms, &rep, &err);
-        acquired = json_is_true(json_object_get(rep, "acquired"));
-        json_decref(rep);
-        if (rc != LEASED_OK) {
-            return ctl_fail(ctl, &err);
-        }
-        return acquired ? 0 : ctl->conflict_exit;
-    }
-    if (leased_rate_acquire(ctl->conn, pos[0], rate_n, per_ms, &args, &res,
-                            &err) != LEASED_OK) {
-        return ctl_fail(ctl, &err);
-    }
-    if (!ctl->quiet) {
-        printf("%s retry_after_ms=%lld\n",
-               res.acquired ? "acquired" : "refused", res.retry_after_ms);
-    }
-    if (fflush(stdout) != 0) {
-        return EX_IOERR;
-    }
-    return res.acquired ? 0 : ctl->conflict_exit;
+    return ctl->json ? rate_json(ctl, pos[0], &o)
+                     : rate_plain(ctl, pos[0], &o);
 }
 
 /* Is A a global option that takes the next word as its value? */

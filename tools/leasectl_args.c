@@ -18,11 +18,11 @@
 #include <string.h>
 #include <sysexits.h>
 
-void
-ctl_usage(FILE *f)
+/* The commands, as leasectl(1) lists them. */
+static void
+usage_commands(FILE *f)
 {
-    fprintf(
-        f,
+    fputs(
         "usage: " CTL_NAME " [options] COMMAND [ARGS]\n"
         "\n"
         "commands:\n"
@@ -65,7 +65,16 @@ ctl_usage(FILE *f)
         "T is a duration: 500ms, 60s, 2m, 1h; a bare number is milliseconds\n"
         "(flock -w counts seconds). lock and sem try once without --wait\n"
         "and exit 75 (or --conflict-exit N) when they do not acquire.\n"
-        "\n"
+        "\n",
+        f);
+}
+
+/* The options, with their defaults. */
+static void
+usage_options(FILE *f)
+{
+    fprintf(
+        f,
         "options:\n"
         "  -s, --socket PATH   the daemon's Unix socket (default: "
         "$LEASED_SOCKET,\n"
@@ -83,6 +92,13 @@ ctl_usage(FILE *f)
         "  -V, --version       the version\n"
         "\nSee leasectl(1).\n",
         LEASED_DEFAULT_TIMEOUT_MS);
+}
+
+void
+ctl_usage(FILE *f)
+{
+    usage_commands(f);
+    usage_options(f);
 }
 
 int

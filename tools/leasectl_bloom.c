@@ -50,6 +50,61 @@ want_bloom(struct ctl *ctl)
 
 /* --- create ------------------------------------------------------------- */
 
+/* --error-rate E: a number from ERROR_RATE_MIN up to, not including,
+ * ERROR_RATE_MAX. */
+static bool
+parse_error_rate(const char *s, double *rate)
+{
+    char *end;
+
+    if (s == NULL || *s == '\0') {
+        return false;
+    }
+    errno = 0;
+    *rate = strtod(s, &end);
+    return *end == '\0' && errno == 0 && *rate >= ERROR_RATE_MIN &&
+           *rate < ERROR_RATE_MAX;
+}
+
+/* Made now, or there already with these very parameters: both leave the
+ * filter the caller asked for, so both exit 0. */
+static void
+print_created(const char *filter, json_t *rep)
+{
+    printf("%s %s bits=%lld hashes=%lld bytes=%lld\n",
+           json_is_true(json_object_get(rep, "created")) ? "created"
+                                                         : "exists",
+           filter, (long long)json_integer_value(json_object_get(rep, "bits")),
+           (long long)json_integer_value(json_object_get(rep, "hashes")),
+           (long long)json_integer_value(json_object_get(rep, "bytes")));
+}
+
+/* bloom.create on a connection that has Bloom filters. */
+static int
+create_filter(struct ctl *ctl, const char *filter, long long cap, double rate)
+{
+    struct leased_error err;
+    json_t *rep = NULL;
+    int rc = want_bloom(ctl);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = ctl_call(ctl,
+                  json_pack("{s:s,s:s,s:I,s:f}", "op", "bloom.create",
+                            "filter", filter, "capacity", (json_int_t)cap,
+                            "error_rate", rate),
+                  0, &rep, &err);
+    if (rc != LEASED_OK) {
+        json_decref(rep);
+        return ctl_fail(ctl, &err);
+    }
+    if (!ctl->json && !ctl->quiet) {
+        print_created(filter, rep);
+    }
+    json_decref(rep);
+    return fflush(stdout) == 0 ? 0 : EX_IOERR;
+}
+
 static int
 bloom_create(struct ctl *ctl, int argc, char **argv)
 {
@@ -59,10 +114,9 @@ bloom_create(struct ctl *ctl, int argc, char **argv)
         {"error-rate", 'e', true, &error_rate},
         {NULL, 0, false, NULL},
     };
-    struct leased_error err;
     long long cap = 0;
     double rate = 0;
-    char *pos[1], *end;
+    char *pos[1];
     int npos, rc;
 
     rc = ctl_parse_args(ctl, argc, argv, defs, pos, &npos, 1, false, NULL,
@@ -79,44 +133,13 @@ bloom_create(struct ctl *ctl, int argc, char **argv)
         return ctl_usage_error(ctl->cmd,
                                "wants --capacity N (1..1000000000)%s", "");
     }
-    if (error_rate != NULL) {
-        errno = 0;
-        rate = strtod(error_rate, &end);
-    }
-    if (error_rate == NULL || *error_rate == '\0' || *end != '\0' ||
-        errno != 0 || !(rate >= ERROR_RATE_MIN && rate < ERROR_RATE_MAX)) {
+    if (!parse_error_rate(error_rate, &rate)) {
         return ctl_usage_error(ctl->cmd,
                                "wants --error-rate E (0.000000001 up to, not "
                                "including, 0.5)%s",
                                "");
     }
-    rc = want_bloom(ctl);
-    if (rc != 0) {
-        return rc;
-    }
-    json_t *rep = NULL;
-    rc = ctl_call(ctl,
-                  json_pack("{s:s,s:s,s:I,s:f}", "op", "bloom.create",
-                            "filter", pos[0], "capacity", (json_int_t)cap,
-                            "error_rate", rate),
-                  0, &rep, &err);
-    if (rc != LEASED_OK) {
-        json_decref(rep);
-        return ctl_fail(ctl, &err);
-    }
-    if (!ctl->json && !ctl->quiet) {
-        /* Made now, or there already with these very parameters: both
-         * leave the filter the caller asked for, so both exit 0. */
-        printf("%s %s bits=%lld hashes=%lld bytes=%lld\n",
-               json_is_true(json_object_get(rep, "created")) ? "created"
-                                                             : "exists",
-               pos[0],
-               (long long)json_integer_value(json_object_get(rep, "bits")),
-               (long long)json_integer_value(json_object_get(rep, "hashes")),
-               (long long)json_integer_value(json_object_get(rep, "bytes")));
-    }
-    json_decref(rep);
-    return fflush(stdout) == 0 ? 0 : EX_IOERR;
+    return create_filter(ctl, pos[0], cap, rate);
 }
 
 /* --- add ---------------------------------------------------------------- */
@@ -238,6 +261,34 @@ add_stream(struct add *a, FILE *f, const char *name)
     return rc != 0 ? rc : add_flush(a);
 }
 
+/* Adds the keys of the file at PATH ("-": stdin) over a connection that
+ * has Bloom filters, in batches. */
+static int
+add_file(struct add *a, const char *path)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, CTL_NAME ": %s: %s: %s\n", a->ctl->cmd, path,
+                strerror(errno));
+        return EX_NOINPUT;
+    }
+    int rc = want_bloom(a->ctl);
+    if (rc == 0) {
+        a->keys = json_array();
+        if (a->keys == NULL) {
+            fprintf(stderr, CTL_NAME ": %s: out of memory\n", a->ctl->cmd);
+            rc = EX_OSERR;
+        } else {
+            rc = add_stream(a, f, path);
+        }
+        json_decref(a->keys);
+    }
+    if (f != stdin) {
+        fclose(f);
+    }
+    return rc;
+}
+
 static int
 bloom_add(struct ctl *ctl, int argc, char **argv)
 {
@@ -274,26 +325,7 @@ bloom_add(struct ctl *ctl, int argc, char **argv)
                                batch_bytes);
     }
     a.filter = pos[0];
-    FILE *f = strcmp(pos[1], "-") == 0 ? stdin : fopen(pos[1], "r");
-    if (f == NULL) {
-        fprintf(stderr, CTL_NAME ": %s: %s: %s\n", ctl->cmd, pos[1],
-                strerror(errno));
-        return EX_NOINPUT;
-    }
-    rc = want_bloom(ctl);
-    if (rc == 0) {
-        a.keys = json_array();
-        if (a.keys == NULL) {
-            fprintf(stderr, CTL_NAME ": %s: out of memory\n", ctl->cmd);
-            rc = EX_OSERR;
-        } else {
-            rc = add_stream(&a, f, pos[1]);
-        }
-        json_decref(a.keys);
-    }
-    if (f != stdin) {
-        fclose(f);
-    }
+    rc = add_file(&a, pos[1]);
     if (rc == 0 && !ctl->json && !ctl->quiet) {
         printf("added %lld new %lld\n", a.added, a.fresh);
     }

@@ -49,6 +49,42 @@ entry_failed(struct load *l, long long line, const char *key, const char *code,
     }
 }
 
+/* The key of the batch's entry I, for the report of its failure. */
+static const char *
+entry_key(const struct load *l, size_t i)
+{
+    return json_string_value(
+        json_object_get(json_array_get(l->entries, i), "key"));
+}
+
+/* Each entry of a batch the daemon took, as its result says. */
+static void
+batch_results(struct load *l, json_t *res, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        json_t *r = json_array_get(res, i);
+        json_t *e = json_object_get(r, "error");
+
+        if (json_is_true(json_object_get(r, "ok"))) {
+            l->stored++;
+        } else {
+            entry_failed(l, l->lines[i], entry_key(l, i),
+                         json_string_value(json_object_get(e, "code")),
+                         json_string_value(json_object_get(e, "message")));
+        }
+    }
+}
+
+/* Whether the daemon refused the batch whole for what is in it: its
+ * entries failed, and the next batch may still go. */
+static bool
+batch_refused(int rc)
+{
+    return rc == LEASED_E_BAD_REQUEST || rc == LEASED_E_TOO_LARGE ||
+           rc == LEASED_E_WRONG_TYPE || rc == LEASED_E_UNAUTHORIZED ||
+           rc == LEASED_E_BUSY;
+}
+
 /* Send the batch; 0, or the exit status of a failure that ends the load
  * (the connection is gone, or the daemon cannot take cache.mset). */
 static int
@@ -67,30 +103,11 @@ flush(struct load *l)
     json_t *res = json_object_get(rep, "results");
 
     if (rc == LEASED_OK && json_is_array(res) && json_array_size(res) == n) {
+        batch_results(l, res, n);
+    } else if (batch_refused(rc)) {
         for (size_t i = 0; i < n; i++) {
-            json_t *r = json_array_get(res, i);
-            json_t *e = json_object_get(r, "error");
-            const char *key = json_string_value(
-                json_object_get(json_array_get(l->entries, i), "key"));
-
-            if (json_is_true(json_object_get(r, "ok"))) {
-                l->stored++;
-            } else {
-                entry_failed(l, l->lines[i], key,
-                             json_string_value(json_object_get(e, "code")),
-                             json_string_value(json_object_get(e, "message")));
-            }
-        }
-    } else if (rc == LEASED_E_BAD_REQUEST || rc == LEASED_E_TOO_LARGE ||
-               rc == LEASED_E_WRONG_TYPE || rc == LEASED_E_UNAUTHORIZED ||
-               rc == LEASED_E_BUSY) {
-        /* The batch was refused whole: its entries failed, the next
-         * batch may still go. */
-        for (size_t i = 0; i < n; i++) {
-            const char *key = json_string_value(
-                json_object_get(json_array_get(l->entries, i), "key"));
-            entry_failed(l, l->lines[i], key, leased_strerror(err.code),
-                         err.message);
+            entry_failed(l, l->lines[i], entry_key(l, i),
+                         leased_strerror(err.code), err.message);
         }
     } else {
         json_decref(rep);
@@ -178,6 +195,30 @@ load_stream(struct load *l, FILE *f)
     return rc != 0 ? rc : flush(l);
 }
 
+/* Loads F over a connection that can take cache.mset, in batches. */
+static int
+load_file(struct load *l, FILE *f)
+{
+    int rc = ctl_open_conn(l->ctl);
+    if (rc == 0 && !ctl_want_feature(l->ctl, "mset")) {
+        rc = ctl_no_feature(l->ctl, "cache.mset");
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    l->entries = json_array();
+    l->lines = calloc((size_t)l->batch_entries, sizeof *l->lines);
+    if (l->entries == NULL || l->lines == NULL) {
+        fprintf(stderr, CTL_NAME ": cache load: out of memory\n");
+        rc = EX_OSERR;
+    } else {
+        rc = load_stream(l, f);
+    }
+    json_decref(l->entries);
+    free(l->lines);
+    return rc;
+}
+
 static int
 cache_load(struct ctl *ctl, int argc, char **argv)
 {
@@ -216,22 +257,7 @@ cache_load(struct ctl *ctl, int argc, char **argv)
                 strerror(errno));
         return EX_NOINPUT;
     }
-    rc = ctl_open_conn(ctl);
-    if (rc == 0 && !ctl_want_feature(ctl, "mset")) {
-        rc = ctl_no_feature(ctl, "cache.mset");
-    }
-    if (rc == 0) {
-        l.entries = json_array();
-        l.lines = calloc((size_t)l.batch_entries, sizeof *l.lines);
-        if (l.entries == NULL || l.lines == NULL) {
-            fprintf(stderr, CTL_NAME ": cache load: out of memory\n");
-            rc = EX_OSERR;
-        } else {
-            rc = load_stream(&l, f);
-        }
-        json_decref(l.entries);
-        free(l.lines);
-    }
+    rc = load_file(&l, f);
     if (f != stdin) {
         fclose(f);
     }

@@ -200,6 +200,40 @@ cache_entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
     return ld_jitter_ttl(base, cfg->cache.ttl_jitter);
 }
 
+/* A write that got no answer: it may have happened when it left, and the
+ * client is told so instead of "nothing changed". */
+static void
+write_unanswered(struct cache_write_err *err)
+{
+    if (ld_redis_outcome() != LD_REDIS_NOT_SENT) {
+        err->extra = json_pack("{s:s}", "outcome", "unknown");
+    }
+    err->code = LD_E_REDIS_UNAVAILABLE;
+    snprintf(err->msg, sizeof(err->msg), "redis unavailable: %s",
+             ld_redis_failure_reason()[0] != '\0' ? ld_redis_failure_reason()
+                                                  : "no answer");
+}
+
+/* A write script's {rc, version} (or a bare rc: version -1) into RES;
+ * false for any other shape. */
+static bool
+write_result(const redisReply *reply, struct cache_write_res *res)
+{
+    res->version = -1;
+    if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
+        reply->element[0]->type == REDIS_REPLY_INTEGER &&
+        reply->element[1]->type == REDIS_REPLY_INTEGER) {
+        res->rc = reply->element[0]->integer;
+        res->version = reply->element[1]->integer;
+        return true;
+    }
+    if (reply->type == REDIS_REPLY_INTEGER) {
+        res->rc = reply->integer;
+        return true;
+    }
+    return false;
+}
+
 bool
 cache_write_check(const redisReply *reply, const char *op, const char *key,
                   size_t klen, struct cache_write_err *err,
@@ -208,16 +242,7 @@ cache_write_check(const redisReply *reply, const char *op, const char *key,
     int kl = klen > 200 ? 200 : (int)klen;
     err->extra = NULL;
     if (reply == NULL) {
-        /* A write that left and got no answer may have happened: the
-         * client is told so instead of "nothing changed". */
-        if (ld_redis_outcome() != LD_REDIS_NOT_SENT) {
-            err->extra = json_pack("{s:s}", "outcome", "unknown");
-        }
-        err->code = LD_E_REDIS_UNAVAILABLE;
-        snprintf(err->msg, sizeof(err->msg), "redis unavailable: %s",
-                 ld_redis_failure_reason()[0] != '\0'
-                     ? ld_redis_failure_reason()
-                     : "no answer");
+        write_unanswered(err);
         return false;
     }
     if (ld_reply_is_unavailable(reply)) {
@@ -227,15 +252,7 @@ cache_write_check(const redisReply *reply, const char *op, const char *key,
         snprintf(err->msg, sizeof(err->msg), "redis: %s", reply->str);
         return false;
     }
-    res->version = -1;
-    if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
-        reply->element[0]->type == REDIS_REPLY_INTEGER &&
-        reply->element[1]->type == REDIS_REPLY_INTEGER) {
-        res->rc = reply->element[0]->integer;
-        res->version = reply->element[1]->integer;
-    } else if (reply->type == REDIS_REPLY_INTEGER) {
-        res->rc = reply->integer;
-    } else {
+    if (!write_result(reply, res)) {
         const char *why = reply->type == REDIS_REPLY_ERROR ? reply->str
                                                            : "bad shape";
         log_error("cache script failed op=%s key=\"%.*s\" error=\"%s\"", op,
@@ -580,6 +597,31 @@ start_timers(const struct ld_ctx *ctx)
     event_add(cache_mod.tick_ev, &tv);
 }
 
+/* The cache ops and the features hello announces for them. */
+static int
+cache_ops_register(void)
+{
+    static const struct ld_op cache_ops[] = {
+        {"cache.get", cache_op_get, LD_OP_ADDS_WORK},
+        {"cache.mget", cache_op_mget, LD_OP_ADDS_WORK},
+        {"cache.fill", op_fill, LD_OP_ADDS_WORK},
+        {"cache.release", op_release, 0},
+        {"cache.set", op_set, LD_OP_ADDS_WORK},
+        {"cache.mset", cache_op_mset, LD_OP_ADDS_WORK},
+        {"cache.invalidate", cache_op_invalidate, 0},
+    };
+    if (ld_dispatch_register_ops(cache_ops, LD_ARRAY_LEN(cache_ops)) !=
+            LD_OK ||
+        cache_hot_init() != LD_OK) {
+        return LD_ERR;
+    }
+    ld_features_add("stale");
+    ld_features_add("mset");
+    ld_features_add("versioned");
+    ld_features_add_if("early_refresh", early_refresh_on);
+    return LD_OK;
+}
+
 int
 ld_cache_init(const struct ld_ctx *ctx)
 {
@@ -616,25 +658,7 @@ ld_cache_init(const struct ld_ctx *ctx)
     if (ld_near_init(ctx) != LD_OK) {
         return LD_ERR;
     }
-    static const struct ld_op cache_ops[] = {
-        {"cache.get", cache_op_get, LD_OP_ADDS_WORK},
-        {"cache.mget", cache_op_mget, LD_OP_ADDS_WORK},
-        {"cache.fill", op_fill, LD_OP_ADDS_WORK},
-        {"cache.release", op_release, 0},
-        {"cache.set", op_set, LD_OP_ADDS_WORK},
-        {"cache.mset", cache_op_mset, LD_OP_ADDS_WORK},
-        {"cache.invalidate", cache_op_invalidate, 0},
-    };
-    if (ld_dispatch_register_ops(cache_ops, LD_ARRAY_LEN(cache_ops)) !=
-            LD_OK ||
-        cache_hot_init() != LD_OK) {
-        return LD_ERR;
-    }
-    ld_features_add("stale");
-    ld_features_add("mset");
-    ld_features_add("versioned");
-    ld_features_add_if("early_refresh", early_refresh_on);
-    return LD_OK;
+    return cache_ops_register();
 }
 
 void

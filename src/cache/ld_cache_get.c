@@ -613,33 +613,15 @@ note_lease_end(struct ckey *ck, const struct answer *a)
     }
 }
 
-/* Answer G from A when A answers it; false when somebody else loads the
- * value (the lease is held, or was granted to an earlier getter). The
- * lease a grant brought goes to the first getter that wants one. */
+/* The answers that brought a lease: it goes to the first getter that
+ * wants one; the others get the value without it, or wait (false) when
+ * there is no value yet. */
 static bool
-settle_from_answer(struct getter *g, struct answer *a)
+settle_leased(struct getter *g, struct answer *a)
 {
     const redisReply *value = a->value;
     bool given = a->given;
     switch (a->res) {
-    case R_HIT:
-        cache_settle_hit(g, value->str, value->len, a->version);
-        return true;
-    case R_NULL:
-        cache_settle_null(g, a->version);
-        return true;
-    case R_WRONG:
-        cache_getter_settle(g, NULL, LD_E_WRONG_TYPE, a->errmsg);
-        return true;
-    case R_DOWN:
-        cache_getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE, a->downmsg);
-        return true;
-    case R_ERROR:
-        cache_getter_settle(g, NULL, LD_E_INTERNAL, a->errmsg);
-        return true;
-    case R_MISS:
-        cache_settle_miss(g, NULL);
-        return true;
     case R_STALE_GRANTED:
         if (g->want_lease && !given) {
             a->given = true;
@@ -648,9 +630,6 @@ settle_from_answer(struct getter *g, struct answer *a)
                                a->version);
             return true;
         }
-        cache_settle_stale(g, value->str, value->len, NULL, a->version);
-        return true;
-    case R_STALE:
         cache_settle_stale(g, value->str, value->len, NULL, a->version);
         return true;
     case R_REFRESH:
@@ -671,6 +650,43 @@ settle_from_answer(struct getter *g, struct answer *a)
             return true;
         }
         return false;
+    default:
+        return false;
+    }
+}
+
+/* Answer G from A when A answers it; false when somebody else loads the
+ * value (the lease is held, or was granted to an earlier getter). */
+static bool
+settle_from_answer(struct getter *g, struct answer *a)
+{
+    const redisReply *value = a->value;
+    switch (a->res) {
+    case R_HIT:
+        cache_settle_hit(g, value->str, value->len, a->version);
+        return true;
+    case R_NULL:
+        cache_settle_null(g, a->version);
+        return true;
+    case R_WRONG:
+        cache_getter_settle(g, NULL, LD_E_WRONG_TYPE, a->errmsg);
+        return true;
+    case R_DOWN:
+        cache_getter_settle(g, NULL, LD_E_REDIS_UNAVAILABLE, a->downmsg);
+        return true;
+    case R_ERROR:
+        cache_getter_settle(g, NULL, LD_E_INTERNAL, a->errmsg);
+        return true;
+    case R_MISS:
+        cache_settle_miss(g, NULL);
+        return true;
+    case R_STALE:
+        cache_settle_stale(g, value->str, value->len, NULL, a->version);
+        return true;
+    case R_STALE_GRANTED:
+    case R_REFRESH:
+    case R_GRANTED:
+        return settle_leased(g, a);
     case R_HELD:
         return false;
     }

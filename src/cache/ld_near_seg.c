@@ -280,12 +280,46 @@ refresh_gauges(void)
 /* ---- near.map and near.hits ------------------------------------------ */
 
 static void
+map_not_enabled(struct ld_req *req)
+{
+    ld_reply_error(req, LD_E_BAD_REQUEST,
+                   "the shared near cache is not enabled "
+                   "(cache.near.enabled, cache.near.shared_bytes)");
+}
+
+/* The segment of S's namespace, or NULL once the refusal is answered: a
+ * client without a namespace, a namespace whose segment could not be made,
+ * or too many descriptors already waiting for this client to read. */
+static struct ld_near_shm *
+map_segment(struct ld_req *req, struct ld_session *s)
+{
+    long idx;
+    if (ld_ns_entry_index(s, &idx) != LD_OK) {
+        ld_reply_error(req, LD_E_UNAUTHORIZED,
+                       "this client has no namespace (listen.namespaces)");
+        return NULL;
+    }
+    size_t which = idx < 0 ? 0 : 1 + (size_t)idx;
+    if (which >= seg_mod.nsegs || seg_mod.segs[which].shm == NULL) {
+        ld_reply_error(req, LD_E_INTERNAL,
+                       "no shared segment for this client's namespace "
+                       "(see the daemon's log)");
+        return NULL;
+    }
+    if (ld_session_fd_lines(s) >= MAP_PENDING_MAX) {
+        ld_reply_error(req, LD_E_BUSY,
+                       "near.map replies still waiting for this client to "
+                       "read them");
+        return NULL;
+    }
+    return seg_mod.segs[which].shm;
+}
+
+static void
 op_map(struct ld_req *req)
 {
     if (!seg_mod.on) {
-        ld_reply_error(req, LD_E_BAD_REQUEST,
-                       "the shared near cache is not enabled "
-                       "(cache.near.enabled, cache.near.shared_bytes)");
+        map_not_enabled(req);
         return;
     }
     struct ld_session *s = req->sess;
@@ -299,32 +333,14 @@ op_map(struct ld_req *req)
     if (near_seg_reload()) {
         near_flush("shared segments replaced");
         if (!seg_mod.on) {
-            ld_reply_error(req, LD_E_BAD_REQUEST,
-                           "the shared near cache is not enabled "
-                           "(cache.near.enabled, cache.near.shared_bytes)");
+            map_not_enabled(req);
             return;
         }
     }
-    long idx;
-    if (ld_ns_entry_index(s, &idx) != LD_OK) {
-        ld_reply_error(req, LD_E_UNAUTHORIZED,
-                       "this client has no namespace (listen.namespaces)");
+    struct ld_near_shm *shm = map_segment(req, s);
+    if (shm == NULL) {
         return;
     }
-    size_t which = idx < 0 ? 0 : 1 + (size_t)idx;
-    if (which >= seg_mod.nsegs || seg_mod.segs[which].shm == NULL) {
-        ld_reply_error(req, LD_E_INTERNAL,
-                       "no shared segment for this client's namespace "
-                       "(see the daemon's log)");
-        return;
-    }
-    if (ld_session_fd_lines(s) >= MAP_PENDING_MAX) {
-        ld_reply_error(req, LD_E_BUSY,
-                       "near.map replies still waiting for this client to "
-                       "read them");
-        return;
-    }
-    struct ld_near_shm *shm = seg_mod.segs[which].shm;
     int fd = ld_near_shm_ro_fd(shm);
     if (fd < 0) {
         ld_reply_error(req, LD_E_INTERNAL, "no descriptor of the segment: %s",

@@ -204,22 +204,19 @@ way_victim(struct ld_near_shm *s, uint32_t b)
     return best;
 }
 
-struct ld_near_shm *
-ld_near_shm_create(const char *name, uint64_t bytes, uint64_t stale_ns)
+/* A sealed memfd of BYTES mapped read-write at *MAP, or -1 (errno set). */
+static int
+shm_memfd(const char *name, uint64_t bytes, void **map)
 {
-    bytes &= ~(uint64_t)(SHM_PAGE - 1);
-    if (bytes < SHM_MIN_BYTES) {
-        bytes = SHM_MIN_BYTES;
-    }
     int fd = memfd_create(name, MFD_ALLOW_SEALING | MFD_CLOEXEC);
     if (fd < 0) {
-        return NULL;
+        return -1;
     }
     if (ftruncate(fd, (off_t)bytes) != 0) {
         goto fail_fd;
     }
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) {
+    *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (*map == MAP_FAILED) {
         goto fail_fd;
     }
     /*
@@ -243,39 +240,55 @@ ld_near_shm_create(const char *name, uint64_t bytes, uint64_t stale_ns)
         goto fail_map;
     }
 #endif
-    struct ld_near_shm *s = ld_xcalloc(1, sizeof(*s));
-    s->fd = fd;
-    s->map = map;
-    s->bytes = bytes;
-    s->hdr = map;
+    return fd;
 
-    /* About a quarter of the segment for the buckets (a way per 168 bytes
-     * of ring on average), the rest for the ring. */
+fail_map:;
+    int e = errno;
+    munmap(*map, bytes);
+    errno = e;
+fail_fd:
+    e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+}
+
+/* Cuts the segment into buckets and ring: about a quarter for the
+ * buckets (a way per 168 bytes of ring on average), the rest for the
+ * ring, which starts on a page. Returns the number of buckets. */
+static uint64_t
+shm_cut(struct ld_near_shm *s)
+{
     uint64_t nb = 1;
-    while (nb * 2 * sizeof(struct leased_near_bucket) <= bytes / 4 &&
+    while (nb * 2 * sizeof(struct leased_near_bucket) <= s->bytes / 4 &&
            nb * 2 <= (1ull << 31)) {
         nb *= 2;
     }
-    uint64_t buckets_off = SHM_PAGE;
-    uint64_t ring_off = buckets_off + nb * sizeof(struct leased_near_bucket);
+    uint64_t ring_off = SHM_PAGE + nb * sizeof(struct leased_near_bucket);
     ring_off = (ring_off + SHM_PAGE - 1) & ~(uint64_t)(SHM_PAGE - 1);
-    LD_ASSERT(ring_off < bytes);
-    s->buckets = (struct leased_near_bucket *)(void *)(s->map + buckets_off);
+    LD_ASSERT(ring_off < s->bytes);
+    s->buckets = (struct leased_near_bucket *)(void *)(s->map + SHM_PAGE);
     s->mask = (uint32_t)(nb - 1);
     s->ring = s->map + ring_off;
-    s->ring_bytes = bytes - ring_off;
+    s->ring_bytes = s->bytes - ring_off;
+    return nb;
+}
 
-    /* A fresh memfd reads as zeros: every way empty, every seq even, the
-     * state CLOSED until the header is whole. */
+/* Writes the header and then, with release, the LIVE state: a fresh memfd
+ * reads as zeros (every way empty, every seq even, the state CLOSED)
+ * until the header is whole. */
+static void
+shm_publish(struct ld_near_shm *s, uint64_t nb, uint64_t stale_ns)
+{
     struct leased_near_hdr *h = s->hdr;
     memcpy(h->magic, LEASED_NEAR_MAGIC, sizeof(h->magic));
     h->layout = LEASED_NEAR_LAYOUT;
     h->header_bytes = SHM_PAGE;
-    h->total_bytes = bytes;
+    h->total_bytes = s->bytes;
     h->nbuckets = (uint32_t)nb;
     h->ways = LEASED_NEAR_WAYS;
-    h->buckets_off = buckets_off;
-    h->ring_off = ring_off;
+    h->buckets_off = SHM_PAGE;
+    h->ring_off = (uint64_t)(s->ring - s->map);
     h->ring_bytes = s->ring_bytes;
     h->stale_ns = stale_ns;
     h->epoch = 1;
@@ -285,17 +298,27 @@ ld_near_shm_create(const char *name, uint64_t bytes, uint64_t stale_ns)
                      (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
                      __ATOMIC_RELAXED);
     __atomic_store_n(&h->state, LEASED_NEAR_LIVE, __ATOMIC_RELEASE);
-    return s;
+}
 
-fail_map:;
-    int e = errno;
-    munmap(map, bytes);
-    errno = e;
-fail_fd:
-    e = errno;
-    close(fd);
-    errno = e;
-    return NULL;
+struct ld_near_shm *
+ld_near_shm_create(const char *name, uint64_t bytes, uint64_t stale_ns)
+{
+    bytes &= ~(uint64_t)(SHM_PAGE - 1);
+    if (bytes < SHM_MIN_BYTES) {
+        bytes = SHM_MIN_BYTES;
+    }
+    void *map;
+    int fd = shm_memfd(name, bytes, &map);
+    if (fd < 0) {
+        return NULL;
+    }
+    struct ld_near_shm *s = ld_xcalloc(1, sizeof(*s));
+    s->fd = fd;
+    s->map = map;
+    s->bytes = bytes;
+    s->hdr = map;
+    shm_publish(s, shm_cut(s), stale_ns);
+    return s;
 }
 
 void
@@ -316,6 +339,42 @@ ld_near_shm_ro_fd(const struct ld_near_shm *s)
     char path[64];
     snprintf(path, sizeof(path), "/proc/self/fd/%d", s->fd);
     return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+/* Writes a record of N bytes for KEY at OFF in the ring, zero-padded. */
+static struct leased_near_rec *
+rec_write(struct ld_near_shm *s, uint64_t off, uint64_t n, uint32_t b,
+          const char *key, size_t klen, const char *v, size_t vlen)
+{
+    struct leased_near_rec *r = rec_at(s, off);
+    r->klen = (uint32_t)klen;
+    r->vlen = (uint32_t)vlen;
+    r->bucket = b;
+    memcpy(s->ring + off + sizeof(*r), key, klen);
+    if (vlen > 0) {
+        memcpy(s->ring + off + sizeof(*r) + klen, v, vlen);
+    }
+    size_t tail = sizeof(*r) + klen + vlen;
+    memset(s->ring + off + tail, 0, n - tail);
+    return r;
+}
+
+/* The way of bucket B that KEY's new record takes, emptied: the one that
+ * held KEY, else an empty one or the oldest. */
+static int
+way_take(struct ld_near_shm *s, uint32_t b, uint32_t hash, const char *key,
+         size_t klen)
+{
+    int w = way_find(s, b, hash, key, klen);
+    if (w >= 0) {
+        way_clear(s, b, (uint32_t)w);
+    } else {
+        w = way_victim(s, b);
+        if (s->buckets[b].way[w].klen != 0) {
+            way_clear(s, b, (uint32_t)w);
+        }
+    }
+    return w;
 }
 
 bool
@@ -340,26 +399,8 @@ ld_near_shm_put(struct ld_near_shm *s, const char *key, size_t klen,
 
     make_room(s, n);
     uint64_t off = s->head;
-    struct leased_near_rec *r = rec_at(s, off);
-    r->klen = (uint32_t)klen;
-    r->vlen = (uint32_t)vlen;
-    r->bucket = b;
-    memcpy(s->ring + off + sizeof(*r), key, klen);
-    if (vlen > 0) {
-        memcpy(s->ring + off + sizeof(*r) + klen, v, vlen);
-    }
-    size_t tail = sizeof(*r) + klen + vlen;
-    memset(s->ring + off + tail, 0, n - tail);
-
-    int w = way_find(s, b, hash, key, klen);
-    if (w >= 0) {
-        way_clear(s, b, (uint32_t)w);
-    } else {
-        w = way_victim(s, b);
-        if (s->buckets[b].way[w].klen != 0) {
-            way_clear(s, b, (uint32_t)w);
-        }
-    }
+    struct leased_near_rec *r = rec_write(s, off, n, b, key, klen, v, vlen);
+    int w = way_take(s, b, hash, key, klen);
     r->way = (uint32_t)w;
     struct leased_near_bucket *bk = &s->buckets[b];
     bucket_open(bk);

@@ -239,30 +239,87 @@ ld_ns_may_operate(struct ld_session *s)
     return full || (e != NULL && e->admin);
 }
 
+/* The fields in which a request names keys. */
+struct ns_names {
+    struct ld_rval key, keys, entries, filter, bloom;
+};
+
+/* Reads them; false when the request names no key. */
+static bool
+names_read(struct ld_req *req, struct ns_names *n)
+{
+    ld_req_get(req, "key", &n->key);
+    ld_req_get(req, "keys", &n->keys);
+    /* cache.mset names its keys in the objects of "entries". */
+    ld_req_get(req, "entries", &n->entries);
+    /* A Bloom filter's name is a key (bloom.*'s "filter", cache.get's
+     * "bloom"): its Redis keys are named after it. */
+    ld_req_get(req, "filter", &n->filter);
+    ld_req_get(req, "bloom", &n->bloom);
+    return n->key.kind == LD_RV_STR || json_is_array(n->keys.j) ||
+           json_is_array(n->entries.j) || n->filter.kind == LD_RV_STR ||
+           n->bloom.kind == LD_RV_STR;
+}
+
+/* Whether E refuses the key K names; anything but a string is left to
+ * the op to refuse as malformed. */
+static bool
+refuses_json(const struct ld_ns_entry *e, json_t *k)
+{
+    return json_is_string(k) &&
+           !ld_ns_entry_allows(e, json_string_value(k), json_string_length(k));
+}
+
+/* Every key named, in the order of the fields, against E: the first one
+ * refused is the one the error names. */
+static int
+names_check(struct ld_req *req, const struct ld_ns_entry *e,
+            const struct ns_names *n)
+{
+    const struct ld_rval *strs[] = {&n->key, &n->filter, &n->bloom};
+    size_t i;
+    json_t *k;
+
+    for (i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
+        const struct ld_rval *v = strs[i];
+        if (v->kind == LD_RV_STR && !ld_ns_entry_allows(e, v->s, v->len)) {
+            return refuse(req, e, v->s, v->len);
+        }
+    }
+    if (json_is_array(n->keys.j)) {
+        json_array_foreach(n->keys.j, i, k)
+        {
+            if (refuses_json(e, k)) {
+                return refuse(req, e, json_string_value(k),
+                              json_string_length(k));
+            }
+        }
+    }
+    if (json_is_array(n->entries.j)) {
+        json_array_foreach(n->entries.j, i, k)
+        {
+            json_t *ek = json_object_get(k, "key");
+            if (refuses_json(e, ek)) {
+                return refuse(req, e, json_string_value(ek),
+                              json_string_length(ek));
+            }
+        }
+    }
+    return LD_OK;
+}
+
 int
 ld_ns_check(struct ld_req *req, bool operator_op)
 {
     const struct ld_ns_list *l = live_list();
-    struct ld_rval key, keys, entries, filter, bloom;
+    struct ns_names n;
     const struct ld_ns_entry *e;
     bool full;
-    size_t i;
-    json_t *k;
 
     if (l->count == 0) {
         return LD_OK;
     }
-    ld_req_get(req, "key", &key);
-    ld_req_get(req, "keys", &keys);
-    /* cache.mset names its keys in the objects of "entries". */
-    ld_req_get(req, "entries", &entries);
-    /* A Bloom filter's name is a key (bloom.*'s "filter", cache.get's
-     * "bloom"): its Redis keys are named after it. */
-    ld_req_get(req, "filter", &filter);
-    ld_req_get(req, "bloom", &bloom);
-    if (key.kind != LD_RV_STR && !json_is_array(keys.j) &&
-        !json_is_array(entries.j) && filter.kind != LD_RV_STR &&
-        bloom.kind != LD_RV_STR) {
+    if (!names_read(req, &n)) {
         return LD_OK; /* names no key; a malformed one is the op's */
     }
     e = identify(req->sess, l, &full);
@@ -271,41 +328,7 @@ ld_ns_check(struct ld_req *req, bool operator_op)
     if (full || (e != NULL && e->admin && operator_op)) {
         return LD_OK;
     }
-    if (key.kind == LD_RV_STR && !ld_ns_entry_allows(e, key.s, key.len)) {
-        return refuse(req, e, key.s, key.len);
-    }
-    if (filter.kind == LD_RV_STR &&
-        !ld_ns_entry_allows(e, filter.s, filter.len)) {
-        return refuse(req, e, filter.s, filter.len);
-    }
-    if (bloom.kind == LD_RV_STR &&
-        !ld_ns_entry_allows(e, bloom.s, bloom.len)) {
-        return refuse(req, e, bloom.s, bloom.len);
-    }
-    if (json_is_array(keys.j)) {
-        json_array_foreach(keys.j, i, k)
-        {
-            if (json_is_string(k) &&
-                !ld_ns_entry_allows(e, json_string_value(k),
-                                    json_string_length(k))) {
-                return refuse(req, e, json_string_value(k),
-                              json_string_length(k));
-            }
-        }
-    }
-    if (json_is_array(entries.j)) {
-        json_array_foreach(entries.j, i, k)
-        {
-            json_t *ek = json_object_get(k, "key");
-            if (json_is_string(ek) &&
-                !ld_ns_entry_allows(e, json_string_value(ek),
-                                    json_string_length(ek))) {
-                return refuse(req, e, json_string_value(ek),
-                              json_string_length(ek));
-            }
-        }
-    }
-    return LD_OK;
+    return names_check(req, e, &n);
 }
 
 int

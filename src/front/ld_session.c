@@ -738,6 +738,65 @@ fd_ev_cb(evutil_socket_t fd, short what, void *arg)
 /* The first fd line leaves once the output before it has: its first
  * bytes by sendmsg with the descriptor, whatever the socket did not take
  * and the lines written after it through the output as usual. */
+/* Sends L's line with its descriptor in one sendmsg: the descriptor goes
+ * with the line's first byte. */
+static ssize_t
+fd_line_sendmsg(int fd, struct fd_line *l)
+{
+    union {
+        struct cmsghdr h;
+        char room[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct iovec iov = {.iov_base = l->line, .iov_len = l->len};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.room,
+                         .msg_controllen = sizeof(ctl.room)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &l->fd, sizeof(int));
+    return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* fd_ev_cb comes back to fd_lines_send once the socket takes more. */
+static void
+fd_lines_wait(struct ld_session *s)
+{
+    if (s->io->fd_ev == NULL) {
+        s->io->fd_ev = event_new(session_mod.ctx->base, s->fd, EV_WRITE,
+                                 fd_ev_cb, s);
+        if (s->io->fd_ev == NULL) {
+            ld_oom(0);
+        }
+    }
+    event_add(s->io->fd_ev, NULL);
+}
+
+/* The descriptor went with the first byte; the rest of the line and what
+ * followed it join the output, in order. */
+static void
+fd_line_sent(struct ld_session *s, struct fd_line *l, size_t sent,
+             struct evbuffer *out)
+{
+    size_t rest = l->len - sent;
+    s->io->held -= rest + evbuffer_get_length(l->after);
+    struct evbuffer *after = l->after;
+    l->after = evbuffer_new();
+    if (l->after == NULL) {
+        ld_oom(0);
+    }
+    l->len = sent;
+    if (rest > 0) {
+        evbuffer_add(out, l->line + sent, rest);
+    }
+    evbuffer_add_buffer(out, after);
+    evbuffer_free(after);
+    fd_line_pop(s, l);
+}
+
 static void
 fd_lines_send(struct ld_session *s)
 {
@@ -750,54 +809,16 @@ fd_lines_send(struct ld_session *s)
             bufferevent_enable(s->bev, EV_WRITE);
             return;
         }
-        union {
-            struct cmsghdr h;
-            char room[CMSG_SPACE(sizeof(int))];
-        } ctl;
-        memset(&ctl, 0, sizeof(ctl));
-        struct iovec iov = {.iov_base = l->line, .iov_len = l->len};
-        struct msghdr msg = {.msg_iov = &iov,
-                             .msg_iovlen = 1,
-                             .msg_control = ctl.room,
-                             .msg_controllen = sizeof(ctl.room)};
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &l->fd, sizeof(int));
-        ssize_t n = sendmsg(s->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = fd_line_sendmsg(s->fd, l);
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-                if (s->io->fd_ev == NULL) {
-                    s->io->fd_ev = event_new(session_mod.ctx->base, s->fd,
-                                             EV_WRITE, fd_ev_cb, s);
-                    if (s->io->fd_ev == NULL) {
-                        ld_oom(0);
-                    }
-                }
-                event_add(s->io->fd_ev, NULL);
+                fd_lines_wait(s);
                 return;
             }
             fd_lines_fail(s, errno);
             return;
         }
-        /* The descriptor went with the first byte; the rest of the line
-         * and what followed it join the output, in order. */
-        size_t sent = (size_t)n;
-        size_t rest = l->len - sent;
-        s->io->held -= rest + evbuffer_get_length(l->after);
-        struct evbuffer *after = l->after;
-        l->after = evbuffer_new();
-        if (l->after == NULL) {
-            ld_oom(0);
-        }
-        l->len = sent;
-        if (rest > 0) {
-            evbuffer_add(out, l->line + sent, rest);
-        }
-        evbuffer_add_buffer(out, after);
-        evbuffer_free(after);
-        fd_line_pop(s, l);
+        fd_line_sent(s, l, (size_t)n, out);
         if (evbuffer_get_length(out) > 0) {
             mark_dirty(s);
         }
