@@ -44,6 +44,20 @@ struct optdef {
 void ctl_usage(FILE *f);
 /* Print "leasectl: CMD: " FMT (with ARG) and a hint; returns EX_USAGE. */
 int ctl_usage_error(const char *cmd, const char *fmt, const char *arg);
+/* The batches of a bulk command (cache load, bloom add): at most ITEMS
+ * items and about BYTES bytes of them a request. The default bytes are
+ * half of the daemon's default limits.max_request_bytes: room for the
+ * request around them. */
+#define CTL_BATCH_BYTES_DEFAULT (512 * 1024)
+struct ctl_batch {
+    long long items;
+    long long bytes;
+};
+/* --batch BATCH (1..MAX) and --batch-bytes BYTES, either NULL when not
+ * given (then MAX and CTL_BATCH_BYTES_DEFAULT), into *OUT: 0, or the
+ * usage error's exit status. */
+int ctl_batch_opts(const struct ctl *ctl, const char *batch, const char *bytes,
+                   long long max, struct ctl_batch *out);
 bool ctl_parse_num(const char *s, long long min, long long max,
                    long long *out);
 int ctl_parse_args(struct ctl *ctl, int argc, char **argv,

@@ -140,6 +140,24 @@ ctl_parse_num(const char *s, long long min, long long max, long long *out)
     return true;
 }
 
+int
+ctl_batch_opts(const struct ctl *ctl, const char *batch, const char *bytes,
+               long long max, struct ctl_batch *out)
+{
+    char range[48];
+
+    out->items = max;
+    out->bytes = CTL_BATCH_BYTES_DEFAULT;
+    if (batch != NULL && !ctl_parse_num(batch, 1, max, &out->items)) {
+        snprintf(range, sizeof range, "bad --batch '%%s' (1..%lld)", max);
+        return ctl_usage_error(ctl->cmd, range, batch);
+    }
+    if (bytes != NULL && !ctl_parse_num(bytes, 1, 1LL << 30, &out->bytes)) {
+        return ctl_usage_error(ctl->cmd, "bad --batch-bytes '%s'", bytes);
+    }
+    return 0;
+}
+
 /* A duration in [MIN, MAX] milliseconds: a whole number with a unit (ms,
  * s, m, h), or a bare number of milliseconds, the daemon's unit. flock(1)'s
  * -w counts seconds; leasectl(1) says so. A negative value (-1: no limit)

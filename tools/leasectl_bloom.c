@@ -28,10 +28,6 @@
 
 /* The daemon's limit on the keys of one bloom.add or bloom.check. */
 #define BLOOM_MAX_KEYS 1000
-/* Bytes of keys per batch by default: half of the daemon's default
- * limits.max_request_bytes, room for the quoting around them. */
-#define DEFAULT_BATCH_BYTES (512 * 1024)
-
 /* The bounds bloom.create takes (leased-protocol(7)). */
 #define CAPACITY_MAX 1000000000LL
 #define ERROR_RATE_MIN 1e-9
@@ -147,10 +143,9 @@ bloom_create(struct ctl *ctl, int argc, char **argv)
 struct add {
     struct ctl *ctl;
     const char *filter;
-    long long batch_keys;  /* --batch */
-    long long batch_bytes; /* --batch-bytes */
-    json_t *keys;          /* the batch being filled */
-    long long first_line;  /* the line of its first key */
+    struct ctl_batch batch; /* --batch, --batch-bytes */
+    json_t *keys;           /* the batch being filled */
+    long long first_line;   /* the line of its first key */
     long long last_line;
     size_t bytes; /* of its keys */
     long long added, fresh;
@@ -214,8 +209,8 @@ add_key(struct add *a, const char *key, size_t len, long long no)
     }
     /* Counted as JSON will quote it, about: the bytes, quotes, a comma. */
     len += 3;
-    if (n > 0 && ((long long)n >= a->batch_keys ||
-                  (long long)(a->bytes + len) > a->batch_bytes)) {
+    if (n > 0 && ((long long)n >= a->batch.items ||
+                  (long long)(a->bytes + len) > a->batch.bytes)) {
         int rc = add_flush(a);
 
         if (rc != 0) {
@@ -298,9 +293,7 @@ bloom_add(struct ctl *ctl, int argc, char **argv)
         {"batch-bytes", 0, true, &batch_bytes},
         {NULL, 0, false, NULL},
     };
-    struct add a = {.ctl = ctl,
-                    .batch_keys = BLOOM_MAX_KEYS,
-                    .batch_bytes = DEFAULT_BATCH_BYTES};
+    struct add a = {.ctl = ctl};
     char *pos[2];
     int npos, rc;
 
@@ -315,14 +308,9 @@ bloom_add(struct ctl *ctl, int argc, char **argv)
                                "line%s",
                                "");
     }
-    if (batch != NULL &&
-        !ctl_parse_num(batch, 1, BLOOM_MAX_KEYS, &a.batch_keys)) {
-        return ctl_usage_error(ctl->cmd, "bad --batch '%s' (1..1000)", batch);
-    }
-    if (batch_bytes != NULL &&
-        !ctl_parse_num(batch_bytes, 1, 1LL << 30, &a.batch_bytes)) {
-        return ctl_usage_error(ctl->cmd, "bad --batch-bytes '%s'",
-                               batch_bytes);
+    rc = ctl_batch_opts(ctl, batch, batch_bytes, BLOOM_MAX_KEYS, &a.batch);
+    if (rc != 0) {
+        return rc;
     }
     a.filter = pos[0];
     rc = add_file(&a, pos[1]);

@@ -23,17 +23,12 @@
 
 /* The daemon's limit on the entries of one cache.mset. */
 #define MSET_MAX_ENTRIES 1000
-/* Bytes of entries per batch by default: half of the daemon's default
- * limits.max_request_bytes, room for the request around them. */
-#define DEFAULT_BATCH_BYTES (512 * 1024)
-
 struct load {
     struct ctl *ctl;
-    long long batch_entries; /* --batch */
-    long long batch_bytes;   /* --batch-bytes */
-    json_t *entries;         /* the batch being filled */
-    long long *lines;        /* the line number of each of its entries */
-    size_t bytes;            /* of its entries, as JSON */
+    struct ctl_batch batch; /* --batch, --batch-bytes */
+    json_t *entries;        /* the batch being filled */
+    long long *lines;       /* the line number of each of its entries */
+    size_t bytes;           /* of its entries, as JSON */
     long long stored, failed;
 };
 
@@ -152,8 +147,8 @@ take_line(struct load *l, const char *line, long long no)
     json_decref(obj);
     size_t len = strlen(line) + 1;
     size_t n = json_array_size(l->entries);
-    if (n > 0 && ((long long)n >= l->batch_entries ||
-                  (long long)(l->bytes + len) > l->batch_bytes)) {
+    if (n > 0 && ((long long)n >= l->batch.items ||
+                  (long long)(l->bytes + len) > l->batch.bytes)) {
         int rc = flush(l);
         if (rc != 0) {
             json_decref(e);
@@ -207,7 +202,7 @@ load_file(struct load *l, FILE *f)
         return rc;
     }
     l->entries = json_array();
-    l->lines = calloc((size_t)l->batch_entries, sizeof *l->lines);
+    l->lines = calloc((size_t)l->batch.items, sizeof *l->lines);
     if (l->entries == NULL || l->lines == NULL) {
         fprintf(stderr, CTL_NAME ": cache load: out of memory\n");
         rc = EX_OSERR;
@@ -228,9 +223,7 @@ cache_load(struct ctl *ctl, int argc, char **argv)
         {"batch-bytes", 0, true, &batch_bytes},
         {NULL, 0, false, NULL},
     };
-    struct load l = {.ctl = ctl,
-                     .batch_entries = MSET_MAX_ENTRIES,
-                     .batch_bytes = DEFAULT_BATCH_BYTES};
+    struct load l = {.ctl = ctl};
     char *pos[1];
     int npos, rc;
 
@@ -242,14 +235,9 @@ cache_load(struct ctl *ctl, int argc, char **argv)
     if (npos != 1) {
         return ctl_usage_error(ctl->cmd, "wants FILE (or - for stdin)%s", "");
     }
-    if (batch != NULL &&
-        !ctl_parse_num(batch, 1, MSET_MAX_ENTRIES, &l.batch_entries)) {
-        return ctl_usage_error(ctl->cmd, "bad --batch '%s' (1..1000)", batch);
-    }
-    if (batch_bytes != NULL &&
-        !ctl_parse_num(batch_bytes, 1, 1LL << 30, &l.batch_bytes)) {
-        return ctl_usage_error(ctl->cmd, "bad --batch-bytes '%s'",
-                               batch_bytes);
+    rc = ctl_batch_opts(ctl, batch, batch_bytes, MSET_MAX_ENTRIES, &l.batch);
+    if (rc != 0) {
+        return rc;
     }
     FILE *f = strcmp(pos[0], "-") == 0 ? stdin : fopen(pos[0], "r");
     if (f == NULL) {
