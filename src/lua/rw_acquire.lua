@@ -11,9 +11,10 @@
 -- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
 -- ARGV[7] the same owner's write holder field ("" for none): a reader
 --         it names may join the writer (downgrade)
--- Returns what lock_acquire.lua returns (src/core/ld_lock_codes.h). Only a
--- new write acquisition increments the fence counter; a reader gets the
--- counter as it is (the fence of the last writer, "0" for none).
+-- Returns what lock_acquire.lua returns (src/core/ld_lock_codes.h), a new
+-- reader's fence 0 too. Only a new write acquisition increments the fence
+-- counter; a reader gets the counter as it is (the fence of the last
+-- writer, "0" for none).
 --@include lock_numbers.lua
 --@include rw_open.lua
 local field, mode, pfx = ARGV[2], ARGV[5], ARGV[6]
@@ -96,17 +97,25 @@ if mode == 'read' then
     else
         keep(lease)
     end
-    -- A reader's fence: never below what this daemon handed out.
+    -- A reader's fence: never below what this daemon handed out. Below
+    -- 10^15 (exact as a Lua number) it goes alone, as lock_acquire.lua's
+    -- free-lock grant does.
     local f = cur or '0'
     if less(f, floor) then
         f = floor
+    end
+    if #f < 16 then
+        return tonumber(f)
     end
     return {1, 1, f, lease}
 end
 if hmode then
     return {0, redis.call('pttl', KEYS[1])}
 end
---@include fence_take.lua
+--@include fence_incr.lua
 redis.call('hset', KEYS[1], 'mode', 'write', field, 1)
 redis.call('pexpire', KEYS[1], ARGV[1])
-return {1, 1, fence, lease}
+if r < 9007199254740992 then
+    return r
+end
+return {1, 1, redis.call('get', KEYS[2]), lease}

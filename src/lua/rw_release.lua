@@ -4,7 +4,7 @@
 -- ARGV[1] holder field   ARGV[2] "1" one hold, "a" all holds
 -- ARGV[3] unlock channel ARGV[4] unlock message of a reader
 -- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
--- Returns what lock_release.lua returns: {1, 0} RELEASED (this holder
+-- Returns what lock_release.lua returns: 1 RELEASED (this holder
 -- holds nothing now; the lock may still be held by other readers),
 -- {0, count} KEPT, {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
 -- own lease ran out; its field is cleared), {-3} OTHER.
@@ -33,7 +33,7 @@ if mode == 'read' then
         redis.call('del', rw_tkey(pfx, field, i))
     end
 end
-local done = {1, 0}
+local done = 1
 if gone then
     done = {-2}
 end
