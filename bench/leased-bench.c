@@ -1578,12 +1578,12 @@ build_direct(struct run *r, struct client *c, const char *base_key,
          * the daemon's layout) and no downgrade field. */
         const char *m = r->mode == M_RWREAD ? "read" : "write";
         const char *racq[] = {"EVALSHA", rw_acq_sha, "2", hash, fence, lease,
-                              field,     "0",        "0", m,    hash,  ""};
+                              field,     "0",        m,   hash, ""};
         const char *rrel[] = {"EVALSHA", rw_rel_sha, "1", hash, field,
                               "1",       chan,       "0", m,    hash};
         free(c->lock_req);
         free(c->unlock_req);
-        c->lock_req = resp(&c->lock_len, 12, racq);
+        c->lock_req = resp(&c->lock_len, 11, racq);
         c->unlock_req = resp(&c->unlock_len, 10, rrel);
     }
     if (r->mode == M_SEM) {

@@ -6,10 +6,10 @@
 -- KEYS[1] lock hash   KEYS[2] fence counter (same hash slot, no TTL)
 -- ARGV[1] lease in ms; 0 keeps the current lease (reentry by token)
 -- ARGV[2] holder field (the token)
--- ARGV[3] "1": reenter only, never take a free lock
--- ARGV[4] the highest fence this daemon handed out for the lock
--- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
--- ARGV[7] the same owner's write holder field ("" for none): a reader
+-- ARGV[3] "r": reenter only, never take a free lock; otherwise the
+--         highest fence this daemon handed out for the lock
+-- ARGV[4] "read" or "write"   ARGV[5] prefix of the readers' lease keys
+-- ARGV[6] the same owner's write holder field ("" for none): a reader
 --         it names may join the writer (downgrade)
 -- Returns what lock_acquire.lua returns (src/core/ld_lock_codes.h), a new
 -- reader's fence 0 too. Only a new write acquisition increments the fence
@@ -17,7 +17,7 @@
 -- writer, "0" for none).
 --@include lock_numbers.lua
 --@include rw_open.lua
-local field, mode, pfx = ARGV[2], ARGV[5], ARGV[6]
+local field, mode, pfx = ARGV[2], ARGV[4], ARGV[5]
 local len, hmode, held = rw_open(field)
 if not len then
     return {-1}
@@ -28,7 +28,11 @@ local cur = redis.pcall('get', KEYS[2])
 if type(cur) == 'table' or (cur and not valid(cur)) then
     return {-1}
 end
-local floor = ARGV[4]
+local floor = ARGV[3]
+local reenter = floor == 'r'
+if reenter then
+    floor = '0'
+end
 if floor ~= '0' and not valid(floor) then
     return {-1}
 end
@@ -73,15 +77,15 @@ if held then
     end
     return {1, n, f, left}
 end
-if ARGV[3] == '1' then
+if reenter then
     if not hmode then
         return {-2}
     end
     return {-3, redis.call('pttl', KEYS[1])}
 end
 if mode == 'read' then
-    if hmode == 'write' and not (ARGV[7] ~= ''
-            and redis.call('hexists', KEYS[1], ARGV[7]) == 1) then
+    if hmode == 'write' and not (ARGV[6] ~= ''
+            and redis.call('hexists', KEYS[1], ARGV[6]) == 1) then
         return {0, redis.call('pttl', KEYS[1])}
     end
     if not hmode then

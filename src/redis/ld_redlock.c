@@ -756,7 +756,7 @@ call_new(enum ld_script_id script, const char *chan, size_t chan_len,
         fi = nkeys + 1;
         li = nkeys;
         c->reenter = argc > nkeys + 2 && argvlen[nkeys + 2] == 1 &&
-                     argv[nkeys + 2][0] == '1';
+                     argv[nkeys + 2][0] == 'r';
         break;
     case LD_SCRIPT_lock_renew:
     case LD_SCRIPT_lock_extend:

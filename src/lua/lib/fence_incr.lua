@@ -3,7 +3,7 @@
 -- because creating a closure costs every call of the script. Reads cur
 -- (the counter at KEYS[2]: nil, or a string whose first character is a
 -- digit 1 to 9; whatever else valid() refuses, INCR refuses below
--- without a change) and floor (ARGV[4]); leaves INCR's answer, a number,
+-- without a change) and floor (ARGV[3], a decimal); leaves INCR's answer, a number,
 -- in r.
 local back = floor ~= '0' and cur and (#cur < #floor or
                                       (#cur == #floor and cur < floor))
