@@ -22,30 +22,8 @@
 --   {-2}                       ABSENT: reenter-only and no lock
 --   {-3, pttl}                 OTHER: reenter-only and held by another
 local floor = ARGV[3]
--- A free lock taken anew, the common case, with the fewest calls: EXISTS
--- (a key of any type counts), GET of the counter (GET fails on anything
--- but a string, and INCR refuses what the first character does not),
--- INCR, HSET, PEXPIRE.
-if floor ~= 'r' and redis.call('exists', KEYS[1]) == 0 then
-    local cur = redis.pcall('get', KEYS[2])
-    if type(cur) == 'table' then
-        return {-1}
-    end
-    if cur then
-        local b = string.byte(cur)
-        if not b or b < 49 or b > 57 then
-            return {-1}
-        end
-    end
---@include fence_incr.lua
-    redis.call('hset', KEYS[1], ARGV[2], 1)
-    -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
-    redis.call('pexpire', KEYS[1], ARGV[1])
-    if r < 9007199254740992 then
-        return r
-    end
-    return {1, 1, redis.call('get', KEYS[2]), tonumber(ARGV[1])}
-end
+local side = 'plain'
+--@include lock_fresh.lua
 -- Here the key exists, or only a reentry is asked for.
 -- Created only past the common case above, as the closures cost every
 -- call.

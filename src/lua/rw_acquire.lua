@@ -15,6 +15,8 @@
 -- reader's fence 0 too. Only a new write acquisition increments the fence
 -- counter; a reader gets the counter as it is (the fence of the last
 -- writer, "0" for none).
+local floor, side = ARGV[3], ARGV[4]
+--@include lock_fresh.lua
 --@include lock_numbers.lua
 --@include rw_open.lua
 local field, mode, pfx = ARGV[2], ARGV[4], ARGV[5]
@@ -28,7 +30,6 @@ local cur = redis.pcall('get', KEYS[2])
 if type(cur) == 'table' or (cur and not valid(cur)) then
     return {-1}
 end
-local floor = ARGV[3]
 local reenter = floor == 'r'
 if reenter then
     floor = '0'
@@ -113,13 +114,5 @@ if mode == 'read' then
     end
     return {1, 1, f, lease}
 end
-if hmode then
-    return {0, redis.call('pttl', KEYS[1])}
-end
---@include fence_incr.lua
-redis.call('hset', KEYS[1], 'mode', 'write', field, 1)
-redis.call('pexpire', KEYS[1], ARGV[1])
-if r < 9007199254740992 then
-    return r
-end
-return {1, 1, redis.call('get', KEYS[2]), lease}
+-- A writer: a free lock was taken at the top (lib/lock_fresh.lua).
+return {0, redis.call('pttl', KEYS[1])}
