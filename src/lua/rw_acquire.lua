@@ -18,8 +18,25 @@
 local floor, side = ARGV[3], ARGV[4]
 --@include lock_fresh.lua
 --@include lock_numbers.lua
---@include rw_open.lua
 local field, mode, pfx = ARGV[2], ARGV[4], ARGV[5]
+-- A reader on a free lock, before the closures of lib/rw_open.lua are
+-- created: EXISTS, GET, HSET, SET, PEXPIRE.
+if mode == 'read' and floor ~= 'r'
+        and redis.call('exists', KEYS[1]) == 0 then
+    local cur = redis.pcall('get', KEYS[2])
+    if type(cur) == 'table' or (cur and not valid(cur))
+            or (floor ~= '0' and not valid(floor)) then
+        return {-1}
+    end
+    redis.call('hset', KEYS[1], 'mode', 'read', field, 1)
+    -- Its lease key, named as rw_tkey (lib/rw_open.lua) names it; ARGV[1]
+    -- as sent: a Lua number would be printed back with sprintf.
+    redis.call('set', pfx .. ':' .. field .. ':rwlock_timeout:1', 1, 'px',
+               ARGV[1])
+    redis.call('pexpire', KEYS[1], ARGV[1])
+--@include rw_reader_fence.lua
+end
+--@include rw_open.lua
 local len, hmode, held = rw_open(field)
 if not len then
     return {-1}
@@ -89,30 +106,12 @@ if mode == 'read' then
             and redis.call('hexists', KEYS[1], ARGV[6]) == 1) then
         return {0, redis.call('pttl', KEYS[1])}
     end
-    if not hmode then
-        redis.call('hset', KEYS[1], 'mode', 'read', field, 1)
-    else
-        redis.call('hset', KEYS[1], field, 1)
-    end
+    -- Joining the readers (a free lock was taken above).
+    redis.call('hset', KEYS[1], field, 1)
     -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
     redis.call('set', rw_tkey(pfx, field, 1), 1, 'px', ARGV[1])
-    if not hmode then
-        -- A new hash has no TTL yet.
-        redis.call('pexpire', KEYS[1], ARGV[1])
-    else
-        keep(lease)
-    end
-    -- A reader's fence: never below what this daemon handed out. Below
-    -- 10^15 (exact as a Lua number) it goes alone, as lock_acquire.lua's
-    -- free-lock grant does.
-    local f = cur or '0'
-    if less(f, floor) then
-        f = floor
-    end
-    if #f < 16 then
-        return tonumber(f)
-    end
-    return {1, 1, f, lease}
+    keep(lease)
+--@include rw_reader_fence.lua
 end
 -- A writer: a free lock was taken at the top (lib/lock_fresh.lua).
 return {0, redis.call('pttl', KEYS[1])}
