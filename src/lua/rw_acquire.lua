@@ -9,6 +9,7 @@
 -- ARGV[3] "r": reenter only, never take a free lock; otherwise the
 --         highest fence this daemon handed out for the lock
 -- ARGV[4] "read" or "write"   ARGV[5] prefix of the readers' lease keys
+--         (a reader only: a writer never reads it, nor ARGV[6])
 -- ARGV[6] the same owner's write holder field ("" for none): a reader
 --         it names may join the writer (downgrade)
 -- Returns what lock_acquire.lua returns (src/core/ld_lock_codes.h), a new
