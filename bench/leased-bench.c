@@ -1114,6 +1114,17 @@ elem_int(const redisReply *rep, size_t i)
     return rep->element[i]->integer;
 }
 
+/* The daemon's lock scripts answer a free lock taken with its fence alone
+ * and a release with a bare 1; the other answers stay tables. */
+static long long
+reply_code(const redisReply *rep)
+{
+    if (rep->type == REDIS_REPLY_INTEGER) {
+        return rep->integer >= 0 ? 1 : LLONG_MIN;
+    }
+    return elem_int(rep, 0);
+}
+
 static void direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv);
 static void direct_sub_cb(redisAsyncContext *ac, void *reply, void *priv);
 
@@ -1132,7 +1143,7 @@ direct_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
     if (rep == NULL || c->run->closing) {
         return;
     }
-    if (elem_int(rep, 0) == 1) {
+    if (reply_code(rep) == 1) {
         op_done(c);
     } else {
         direct_reply_error(c, rep);
@@ -1185,7 +1196,7 @@ direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
     if (rep == NULL || c->run->closing) {
         return;
     }
-    long long v = elem_int(rep, 0);
+    long long v = reply_code(rep);
     if (v == 1) {
         direct_send(c, direct_rel_cb, c->unlock_req, c->unlock_len, S_REL);
     } else if (v == 0 && c->run->mode == M_CONTENDED) {
