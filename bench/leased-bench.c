@@ -1152,7 +1152,8 @@ elem_int(const redisReply *rep, size_t i)
 }
 
 /* The daemon's lock scripts answer a free lock taken with its fence alone
- * and a release with a bare 1; the other answers stay tables. */
+ * and a release with a bare 1, its semaphore scripts a grant and a
+ * release with a bare count; the other answers stay tables. */
 static long long
 reply_code(const redisReply *rep)
 {
