@@ -1,11 +1,12 @@
 #!/bin/sh
 # Instructions redis-server executes per op pair (callgrind: does not
 # depend on machine noise), through leased and for what an app would send
-# without it: Redisson's RLock, RReadWriteLock, RSemaphore and
-# RRateLimiter scripts and its watchdog renewal by EVALSHA
-# (bench/redisson/), plain GET and MGET, a pipelined batch of SET PX
-# against cache.mset, and a GET of an absent key against cache.get of it
-# with a Bloom filter, without one (miss and release) and cached null.
+# without it: Redisson's RLock, RReadWriteLock, RSemaphore,
+# RPermitExpirableSemaphore and RRateLimiter scripts and its watchdog
+# renewal by EVALSHA (bench/redisson/), plain GET and MGET, a pipelined
+# batch of SET PX against cache.mset, and a GET of an absent key against
+# cache.get of it with a Bloom filter, without one (miss and release) and
+# cached null.
 # One redis-server under callgrind, leased native (lock.watchdog_ms 6000:
 # a pass of renewals every two seconds); the cases in bench/cost.py.
 # Writes key=value lines to --raw FILE (default stdout). Runs alone too:
@@ -43,6 +44,10 @@ if [ "${1:-}" = --table ]; then
             "redisson RReadWriteLock write", "Redisson RWriteLock scripts")
         row("semaphore acquire + release", "leased sem",
             "redisson RSemaphore", "Redisson RSemaphore scripts")
+        row("semaphore acquire + release, against Redisson\047s " \
+            "RPermitExpirableSemaphore (permits with a lease)", "leased sem",
+            "redisson RPermitExpirableSemaphore",
+            "Redisson RPermitExpirableSemaphore scripts")
         row("watchdog renewal", "leased watchdog renewal",
             "redisson renewal", "Redisson renewExpiration")
         row("cache.get hit, 100 B", "leased cache.get hit 100 B",

@@ -96,8 +96,10 @@ static const char *const mode_names[] = {
     "rate",     "mset",           "set-pipelined", "bloom-get", "miss-release",
     "null-get", "bloom-check",    "waiters",       "inval"};
 
-enum target { T_LEASED, T_DIRECT };
-static const char *const target_names[] = {"leased", "direct"};
+/* T_REDISSON: lock only, Redisson's RLock scripts (bench/redisson) sent
+ * straight to Redis on the direct side's connections. */
+enum target { T_LEASED, T_DIRECT, T_REDISSON, N_TARGETS };
+static const char *const target_names[] = {"leased", "direct", "redisson"};
 
 enum step {
     S_IDLE,
@@ -189,8 +191,9 @@ struct result {
 
 static struct {
     enum mode mode;
-    bool want[2];
+    bool want[N_TARGETS];
     bool direct_first;
+    const char *redisson_dir;
     const char *sock;
     char redis_host[256];
     int redis_port;
@@ -244,6 +247,7 @@ static struct {
 static struct event_base *base;
 static char acq_sha[41], rel_sha[41], sem_acq_sha[41], sem_rel_sha[41];
 static char rw_acq_sha[41], rw_rel_sha[41], rate_sha[41];
+static char rl_acq_sha[41], rl_rel_sha[41]; /* Redisson's RLock */
 static int run_counter;
 static char *value_buf; /* SIZE bytes of 'x', NUL-terminated */
 
@@ -615,6 +619,39 @@ load_scripts(void)
         }
         redisFree(rc);
     }
+}
+
+/* Redisson's RLock scripts, as its client does: the text loaded once
+ * with SCRIPT LOAD, then run by EVALSHA. */
+static void
+load_redisson(void)
+{
+    const char *const names[] = {"lock_acquire", "lock_release"};
+    char *shas[] = {rl_acq_sha, rl_rel_sha};
+    redisContext *rc = redis_sync();
+    for (size_t i = 0; i < 2; i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s.lua", o.redisson_dir, names[i]);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            die("%s: %s (see --redisson-dir)", path, strerror(errno));
+        }
+        char text[8192];
+        size_t n = fread(text, 1, sizeof(text), f);
+        bool whole = feof(f) && !ferror(f);
+        fclose(f);
+        if (!whole || n == 0) {
+            die("%s: cannot read it whole", path);
+        }
+        redisReply *r = redisCommand(rc, "SCRIPT LOAD %b", text, n);
+        if (r == NULL || r->type != REDIS_REPLY_STRING || r->len != 40) {
+            die("SCRIPT LOAD of %s failed: %s", path,
+                r && r->type == REDIS_REPLY_ERROR ? r->str : "?");
+        }
+        memcpy(shas[i], r->str, 41);
+        freeReplyObject(r);
+    }
+    redisFree(rc);
 }
 
 /* The name under FMT (one %s) for connection I's key base whose slot
@@ -1114,14 +1151,29 @@ elem_int(const redisReply *rep, size_t i)
     return rep->element[i]->integer;
 }
 
+/* The daemon's lock scripts answer a free lock taken with its fence alone
+ * and a release with a bare 1, its semaphore scripts a grant and a
+ * release with a bare count; the other answers stay tables. */
+static long long
+reply_code(const redisReply *rep)
+{
+    if (rep->type == REDIS_REPLY_INTEGER) {
+        return rep->integer >= 0 ? 1 : LLONG_MIN;
+    }
+    return elem_int(rep, 0);
+}
+
 static void direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv);
+static void redisson_acq_cb(redisAsyncContext *ac, void *reply, void *priv);
 static void direct_sub_cb(redisAsyncContext *ac, void *reply, void *priv);
 
 static void
 direct_try(struct client *c)
 {
     c->wake = false;
-    direct_send(c, direct_acq_cb, c->lock_req, c->lock_len, S_ACQ);
+    direct_send(c,
+                c->run->target == T_REDISSON ? redisson_acq_cb : direct_acq_cb,
+                c->lock_req, c->lock_len, S_ACQ);
 }
 
 static void
@@ -1132,7 +1184,7 @@ direct_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
     if (rep == NULL || c->run->closing) {
         return;
     }
-    if (elem_int(rep, 0) == 1) {
+    if (reply_code(rep) == 1) {
         op_done(c);
     } else {
         direct_reply_error(c, rep);
@@ -1185,7 +1237,7 @@ direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
     if (rep == NULL || c->run->closing) {
         return;
     }
-    long long v = elem_int(rep, 0);
+    long long v = reply_code(rep);
     if (v == 1) {
         direct_send(c, direct_rel_cb, c->unlock_req, c->unlock_len, S_REL);
     } else if (v == 0 && c->run->mode == M_CONTENDED) {
@@ -1194,6 +1246,48 @@ direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
         direct_reply_error(c, rep);
         next_op(c);
     }
+}
+
+/* Redisson's RLock answers a release with 1 (the last hold let go). */
+static void
+redisson_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing) {
+        return;
+    }
+    if (rep->type == REDIS_REPLY_INTEGER && rep->integer == 1) {
+        op_done(c);
+    } else {
+        direct_reply_error(c, rep);
+        next_op(c);
+    }
+}
+
+/* Its acquire answers nil when granted and the holder's pttl when taken;
+ * taken is an error here, each connection having a key of its own. */
+static void
+redisson_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct client *c = priv;
+    redisReply *rep = reply;
+    if (rep == NULL || c->run->closing) {
+        return;
+    }
+    if (rep->type == REDIS_REPLY_NIL) {
+        direct_send(c, redisson_rel_cb, c->unlock_req, c->unlock_len, S_REL);
+        return;
+    }
+    if (rep->type == REDIS_REPLY_INTEGER) {
+        char buf[64];
+        int n = snprintf(buf, sizeof(buf), "lock taken (pttl %lld)",
+                         rep->integer);
+        show_error(c->run, "reply", buf, (size_t)n);
+    } else {
+        direct_reply_error(c, rep);
+    }
+    next_op(c);
 }
 
 static void
@@ -1549,6 +1643,26 @@ build_leased(struct run *r, struct client *c, const char *base_key)
     }
 }
 
+/* Redisson's RLock on the direct side's per-connection key under a
+ * prefix of its own, with Redisson's channel name for a hash-tagged lock
+ * and its holder field (the client's uuid, ':', the thread id). */
+static void
+build_redisson(struct client *c, const char *base_key)
+{
+    char hash[160], chan[200], hex[33], field[48], lease[24];
+    snprintf(hash, sizeof(hash), "benchr:lock:{%s.l}", base_key);
+    snprintf(chan, sizeof(chan), "redisson_lock__channel:%s", hash);
+    random_hex(hex, 32);
+    snprintf(field, sizeof(field), "%.8s-%.4s-%.4s-%.4s-%.12s:1", hex, hex + 8,
+             hex + 12, hex + 16, hex + 20);
+    snprintf(lease, sizeof(lease), "%d", LOCK_LEASE_MS);
+    const char *acq[] = {"EVALSHA", rl_acq_sha, "1", hash, lease, field};
+    const char *rel[] = {"EVALSHA", rl_rel_sha, "2",   hash,
+                         chan,      "0",        lease, field};
+    c->lock_req = resp(&c->lock_len, 6, acq);
+    c->unlock_req = resp(&c->unlock_len, 8, rel);
+}
+
 static void
 build_direct(struct run *r, struct client *c, const char *base_key,
              const char *get_base)
@@ -1578,12 +1692,12 @@ build_direct(struct run *r, struct client *c, const char *base_key,
          * the daemon's layout) and no downgrade field. */
         const char *m = r->mode == M_RWREAD ? "read" : "write";
         const char *racq[] = {"EVALSHA", rw_acq_sha, "2", hash, fence, lease,
-                              field,     "0",        "0", m,    hash,  ""};
+                              field,     "0",        m,   hash, ""};
         const char *rrel[] = {"EVALSHA", rw_rel_sha, "1", hash, field,
                               "1",       chan,       "0", m,    hash};
         free(c->lock_req);
         free(c->unlock_req);
-        c->lock_req = resp(&c->lock_len, 12, racq);
+        c->lock_req = resp(&c->lock_len, 11, racq);
         c->unlock_req = resp(&c->unlock_len, 10, rrel);
     }
     if (r->mode == M_SEM) {
@@ -1774,7 +1888,11 @@ clients_open(struct run *r)
         } else {
             char get_base[96];
             c->node = direct_keys(r, i, base_key, get_base, sizeof(get_base));
-            build_direct(r, c, base_key, get_base);
+            if (r->target == T_REDISSON) {
+                build_redisson(c, base_key);
+            } else {
+                build_direct(r, c, base_key, get_base);
+            }
             c->ac = direct_connect(c);
             if (r->mode == M_CONTENDED) {
                 c->sub = direct_connect(c);
@@ -1806,7 +1924,7 @@ clients_close(struct run *r)
         if (c->timer != NULL) {
             event_free(c->timer);
         }
-        if (r->target == T_DIRECT) {
+        if (r->target != T_LEASED) {
             redisFreeCommand(c->lock_req);
             redisFreeCommand(c->unlock_req);
             redisFreeCommand(c->get_req);
@@ -2008,21 +2126,23 @@ median(double *v, int n)
 
 /* Both sides, R times, in the order L D D L L D ... so that a drift of the
  * machine's load over the pairs falls on both alike; the summary takes
- * the median of each figure. */
+ * the median of each figure. The other side is direct, or Redisson's
+ * scripts for -t leased,redisson. */
 static void
 run_pairs(void)
 {
     int n = o.repeat;
     double ops[2][n], p50[2][n], p99[2][n], p999[2][n];
     int cnt[2] = {0, 0};
+    enum target other = o.want[T_REDISSON] ? T_REDISSON : T_DIRECT;
+    enum target sides[2] = {T_LEASED, other};
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < 2; k++) {
-            int t = ((i % 2) ^ k ^ (int)o.direct_first) ? T_DIRECT : T_LEASED;
-            if (!o.want[t]) {
+            int t = (i % 2) ^ k ^ (int)o.direct_first;
+            if (!o.want[sides[t]]) {
                 continue;
             }
-            struct result res = run_one(o.mode, (enum target)t, o.conns,
-                                        o.size);
+            struct result res = run_one(o.mode, sides[t], o.conns, o.size);
             print_result(&res);
             ops[t][cnt[t]] = res.ops_s;
             p50[t][cnt[t]] = res.p50;
@@ -2039,25 +2159,34 @@ run_pairs(void)
     double l99 = median(p99[0], cnt[0]), d99 = median(p99[1], cnt[1]);
     double l999 = median(p999[0], cnt[0]), d999 = median(p999[1], cnt[1]);
     double ratio = dop > 0 ? lo / dop : 0;
+    /* Against direct, the line reports as it always has (target=both,
+     * direct_*); against Redisson, its figures are named after it. */
+    const char *pair = other == T_REDISSON ? "leased,redisson" : "both";
+    const char *on = target_names[other];
     if (o.json) {
+        char k_ops[32], k_p50[32], k_p99[32], k_p999[32];
+        snprintf(k_ops, sizeof(k_ops), "%s_ops_s", on);
+        snprintf(k_p50, sizeof(k_p50), "%s_p50_us", on);
+        snprintf(k_p99, sizeof(k_p99), "%s_p99_us", on);
+        snprintf(k_p999, sizeof(k_p999), "%s_p999_us", on);
         json_t *j = json_pack(
             "{s:s,s:s,s:i,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}",
-            "mode", mode_names[o.mode], "target", "both", "conns", o.conns,
-            "size", (json_int_t)o.size, "repeat", n, "leased_ops_s", lo,
-            "direct_ops_s", dop, "ratio", ratio, "leased_p50_us", l50,
-            "direct_p50_us", d50, "leased_p99_us", l99, "direct_p99_us", d99,
-            "leased_p999_us", l999, "direct_p999_us", d999);
+            "mode", mode_names[o.mode], "target", pair, "conns", o.conns,
+            "size", (json_int_t)o.size, "repeat", n, "leased_ops_s", lo, k_ops,
+            dop, "ratio", ratio, "leased_p50_us", l50, k_p50, d50,
+            "leased_p99_us", l99, k_p99, d99, "leased_p999_us", l999, k_p999,
+            d999);
         char *txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
         puts(txt);
         free(txt);
         json_decref(j);
     } else {
-        printf("mode=%s target=both conns=%d size=%zu repeat=%d "
-               "leased_ops_s=%.0f direct_ops_s=%.0f ratio=%.3f "
-               "leased_p50_us=%.1f direct_p50_us=%.1f leased_p99_us=%.1f "
-               "direct_p99_us=%.1f leased_p999_us=%.1f direct_p999_us=%.1f\n",
-               mode_names[o.mode], o.conns, o.size, n, lo, dop, ratio, l50,
-               d50, l99, d99, l999, d999);
+        printf("mode=%s target=%s conns=%d size=%zu repeat=%d "
+               "leased_ops_s=%.0f %s_ops_s=%.0f ratio=%.3f "
+               "leased_p50_us=%.1f %s_p50_us=%.1f leased_p99_us=%.1f "
+               "%s_p99_us=%.1f leased_p999_us=%.1f %s_p999_us=%.1f\n",
+               mode_names[o.mode], pair, o.conns, o.size, n, lo, on, dop,
+               ratio, l50, on, d50, l99, on, d99, l999, on, d999);
     }
     fflush(stdout);
 }
@@ -2590,8 +2719,17 @@ usage(FILE *f)
         "then\n"
         "                       cache.fill of its lease)\n"
         "                       (default lock)\n"
-        "  -t, --target T       both | leased | direct (default both)\n"
-        "      --direct-first   run direct before leased in each pair\n"
+        "  -t, --target T       both | leased | direct | redisson |\n"
+        "                       leased,redisson (default both: leased "
+        "and\n"
+        "                       direct); redisson (lock only): Redisson's "
+        "RLock\n"
+        "                       scripts by EVALSHA straight to Redis\n"
+        "      --direct-first   run direct (or redisson) before leased in "
+        "each pair\n"
+        "      --redisson-dir D redisson: where lock_acquire.lua and\n"
+        "                       lock_release.lua are (default the source\n"
+        "                       tree's bench/redisson)\n"
         "      --cluster        --redis is a Redis Cluster node: each "
         "direct\n"
         "                       connection uses one master and keys of "
@@ -2668,6 +2806,32 @@ parse_hostport(const char *opt, const char *s, char *host, size_t cap,
     }
 }
 
+/* -t: one side, or a pair run alternately (leased is always one of a
+ * pair). */
+static void
+parse_target(const char *s)
+{
+    static const struct {
+        const char *name;
+        bool leased, direct, redisson;
+    } ts[] = {{"both", true, true, false},
+              {"leased", true, false, false},
+              {"direct", false, true, false},
+              {"redisson", false, false, true},
+              {"leased,redisson", true, false, true}};
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
+        if (strcmp(s, ts[i].name) == 0) {
+            o.want[T_LEASED] = ts[i].leased;
+            o.want[T_DIRECT] = ts[i].direct;
+            o.want[T_REDISSON] = ts[i].redisson;
+            return;
+        }
+    }
+    die("unknown target %s (both, leased, direct, redisson or "
+        "leased,redisson)",
+        s);
+}
+
 static void
 parse_args(int argc, char **argv)
 {
@@ -2693,7 +2857,8 @@ parse_args(int argc, char **argv)
         O_PREFIX,
         O_VIA,
         O_ENTRIES,
-        O_FILTER
+        O_FILTER,
+        O_RDIR
     };
     static const struct option lo[] = {
         {"mode", required_argument, NULL, 'm'},
@@ -2719,6 +2884,7 @@ parse_args(int argc, char **argv)
         {"seed", required_argument, NULL, O_SEED},
         {"mix-lock-pct", required_argument, NULL, O_MIX},
         {"direct-first", no_argument, NULL, O_DFIRST},
+        {"redisson-dir", required_argument, NULL, O_RDIR},
         {"cluster", no_argument, NULL, O_CLUSTER},
         {"via", required_argument, NULL, O_VIA},
         {"keys", required_argument, NULL, O_KEYS},
@@ -2731,6 +2897,7 @@ parse_args(int argc, char **argv)
         {NULL, 0, NULL, 0}};
     o.mode = M_LOCK;
     o.want[T_LEASED] = o.want[T_DIRECT] = true;
+    o.redisson_dir = BENCH_REDISSON_DIR;
     o.sock = "/run/leased/leased.sock";
     strcpy(o.redis_host, "127.0.0.1");
     o.redis_port = 6379;
@@ -2770,12 +2937,7 @@ parse_args(int argc, char **argv)
             break;
         }
         case 't':
-            o.want[T_LEASED] = strcmp(optarg, "direct") != 0;
-            o.want[T_DIRECT] = strcmp(optarg, "leased") != 0;
-            if (strcmp(optarg, "both") && strcmp(optarg, "leased") &&
-                strcmp(optarg, "direct")) {
-                die("unknown target %s", optarg);
-            }
+            parse_target(optarg);
             break;
         case 's':
             o.sock = optarg;
@@ -2882,6 +3044,9 @@ parse_args(int argc, char **argv)
         case O_FILTER:
             o.filter = optarg;
             break;
+        case O_RDIR:
+            o.redisson_dir = optarg;
+            break;
         case 'h':
             usage(stdout);
             exit(0);
@@ -2910,6 +3075,13 @@ parse_args(int argc, char **argv)
         o.mode != M_MIX && o.mode != M_PING && o.mode != M_RWREAD &&
         o.mode != M_RWWRITE) {
         die("--cluster: direct side for lock, get, mix and ping only");
+    }
+    if (o.want[T_REDISSON] && o.mode != M_LOCK) {
+        die("-t redisson: --mode lock only (Redisson's RLock scripts)");
+    }
+    if (o.want[T_REDISSON] && (o.cluster || o.via != NULL)) {
+        die("-t redisson: not with --cluster or --via (one Redis, "
+            "straight)");
     }
     if (o.via != NULL &&
         (o.cluster || o.want[T_LEASED] ||
@@ -2953,6 +3125,9 @@ main(int argc, char **argv)
         o.mode != M_RENEWAL && o.mode != M_STORM && o.mode != M_STAMPEDE &&
         o.mode != M_ZIPF) {
         load_scripts();
+    }
+    if (o.want[T_REDISSON]) {
+        load_redisson();
     }
     switch (o.mode) {
     case M_HOLD:

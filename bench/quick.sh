@@ -4,7 +4,12 @@
 # side by side, in alternating order, 3 times; the table gives medians
 # and the ratio leased / direct of the medians. Instruction counts come
 # from resources.sh (--quick); batched scripts on and off from batch.sh
-# (--quick). Prints markdown to stdout (or --out FILE).
+# (--quick). Prints markdown to stdout (or --out FILE); --raw FILE keeps
+# the bench's lines the table is made of.
+#
+# The lock cell at 50 connections runs a second time against Redisson's
+# RLock scripts sent straight to Redis (leased-bench -t leased,redisson,
+# bench/redisson): through leased ÷ what a Redisson app makes Redis do.
 #
 # Two controls say what a missed row is made of. Where nutcracker is
 # installed, the 50-connection rows also run through it (a proxy that only
@@ -23,11 +28,21 @@ rawf=$tmp/quick.raw
 
 start_redis
 start_leased "$connections"
-say "pairs: lock, rwlock read and write, and get at 50 connections, lock at 1"
-for cell in "lock 50 100" "rwlock-read 50 100" "rwlock-write 50 100" \
-    "get 50 100" "get 50 10000" "lock 1 100" "ping 1 100"; do
+say "pairs: lock (against direct and Redisson's RLock), rwlock read and" \
+    "write, and get at 50 connections, lock at 1"
+for cell in "lock 50 100" "lock 50 100 redisson" "rwlock-read 50 100" \
+    "rwlock-write 50 100" "get 50 100" "get 50 10000" "lock 1 100" \
+    "ping 1 100"; do
     set -- $cell
-    run_bench -m "$1" -c "$2" -z "$3" -n 3 -d 2 -w 0.5 >>"$rawf"
+    if [ $# -eq 4 ]; then
+        # Its own mode name keeps its leased runs apart from the cell
+        # against direct.
+        run_bench -t "leased,$4" --redisson-dir "$here/redisson" \
+            -m "$1" -c "$2" -z "$3" -n 3 -d 2 -w 0.5 |
+            sed "s/^mode=$1 /mode=$1-vs-$4 /" >>"$rawf"
+    else
+        run_bench -m "$1" -c "$2" -z "$3" -n 3 -d 2 -w 0.5 >>"$rawf"
+    fi
 done
 say "storm: cache.get p99 while 20 sessions invalidate (fsync always)"
 run_bench -t leased -m storm -c 10 -z 100 --waiters 20 -d 2 -w 0.5 \
@@ -101,6 +116,8 @@ sh "$here/batch.sh" --builddir "$builddir" --redis-server "$redis_server" \
     f["target"] != "" && f["ops_s"] != "" {
         cell = f["mode"] " " f["conns"] " " f["size"]
         if (!(cell in seen)) { seen[cell] = 1; order[++n] = cell }
+        # Against the Redisson scripts, their runs fill the direct column.
+        if (f["target"] == "redisson") vs[cell] = 1
         ops[cell, f["target"]] = ops[cell, f["target"]] " " f["ops_s"]
         p50[cell, f["target"]] = p50[cell, f["target"]] " " f["p50_us"]
         # CPU per op in microseconds of one core, and the cores the
@@ -122,14 +139,23 @@ sh "$here/batch.sh" --builddir "$builddir" --redis-server "$redis_server" \
         print "|---|---|---|---|---|"
         for (i = 1; i <= n; i++) {
             c = order[i]; split(c, w, " ")
-            lo = median(ops[c, "leased"]); dop = median(ops[c, "direct"])
-            lp = median(p50[c, "leased"]); dp = median(p50[c, "direct"])
+            d = c in vs ? "redisson" : "direct"
+            lo = median(ops[c, "leased"]); dop = median(ops[c, d])
+            lp = median(p50[c, "leased"]); dp = median(p50[c, d])
             px = ops[c, "proxy"] == "" ? "-" : sprintf("%.2f× (%.0f)",
                 (dop > 0 ? median(ops[c, "proxy"]) / dop : 0),
                 median(ops[c, "proxy"]))
-            printf "| %s, %s conns, %s B: ops/s (p50 µs) | %.0f (%.0f) | " \
-                "%.0f (%.0f) | %.2f× (p50 %+.0f µs) | %s |\n", w[1], w[2],
-                w[3], lo, lp, dop, dp, (dop > 0 ? lo / dop : 0), lp - dp, px
+            what = w[1]
+            if (c in vs) {
+                sub(/-vs-redisson$/, "", what)
+                fig = sprintf("%s, %s conns: through leased ÷ Redisson " \
+                    "RLock direct, ops/s (p50 µs)", what, w[2])
+            } else
+                fig = sprintf("%s, %s conns, %s B: ops/s (p50 µs)", what,
+                    w[2], w[3])
+            printf "| %s | %.0f (%.0f) | %.0f (%.0f) | %.2f× (p50 %+.0f " \
+                "µs) | %s |\n", fig, lo, lp, dop, dp,
+                (dop > 0 ? lo / dop : 0), lp - dp, px
         }
         print ""
         print "| CPU per op, µs of one core (mean of the runs) | bench | " \
@@ -160,3 +186,4 @@ sh "$here/batch.sh" --builddir "$builddir" --redis-server "$redis_server" \
         sh "$here/batch.sh" --table "$tmp/batch.raw"
     fi
 } >"$target"
+[ -z "$raw" ] || cp "$rawf" "$raw"

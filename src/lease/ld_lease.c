@@ -306,6 +306,13 @@ ld_lease_names(const char *pfx, const char *key, size_t klen, const char *tail,
 int
 ld_lease_reply_ints(const redisReply *r, long long *v, int max)
 {
+    if (r != NULL && r->type == REDIS_REPLY_INTEGER && max >= 1) {
+        v[0] = r->integer;
+        for (int i = 1; i < max; i++) {
+            v[i] = 0;
+        }
+        return max;
+    }
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
         return -1;
     }

@@ -117,7 +117,9 @@ void ld_lease_reply_failure(struct ld_req *req, const redisReply *r,
                             const char *what);
 
 /* The integers of a script's array reply into V (at most MAX): how many,
- * or -1 when the reply is not an array of integers. */
+ * or -1 when the reply is not an array of integers. A bare integer X
+ * stands for {X, 0, ...}: MAX numbers (a script answers its commonest
+ * outcome so, which costs Redis less than a table). */
 int ld_lease_reply_ints(const redisReply *r, long long *v, int max);
 
 #endif

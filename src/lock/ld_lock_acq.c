@@ -524,15 +524,14 @@ acq_send(struct lk_op *op)
     char lbuf[24], fbuf[24];
     ld_ll_to_str(lbuf, op->lease_ms);
     ld_ll_to_str(fbuf, rec->fm->fence);
-    const char *args[] = {
-        rec->n.hash, rec->n.fence, lbuf, rec->token, op->reenter ? "1" : "0",
-        fbuf};
-    size_t lens[] = {
-        rec->n.hash_len, rec->n.fence_len, strlen(lbuf), LD_TOKEN_LEN, 1,
-        strlen(fbuf)};
+    /* ARGV[3]: "r" asks for a reentry only, else it is the fence floor. */
+    const char *args[] = {rec->n.hash, rec->n.fence, lbuf, rec->token,
+                          op->reenter ? "r" : fbuf};
+    size_t lens[] = {rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
+                     LD_TOKEN_LEN, op->reenter ? 1 : strlen(fbuf)};
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    lk_script(LD_SCRIPT_lock_acquire, &rec->n, 2, 6, args, lens, acq_on_reply,
+    lk_script(LD_SCRIPT_lock_acquire, &rec->n, 2, 5, args, lens, acq_on_reply,
               op);
 }
 
@@ -723,12 +722,12 @@ lock_by_token(struct ld_req *req, const struct lock_args *a)
     const struct lk_names *n = lk_op_names(op);
     char lbuf[24];
     ld_ll_to_str(lbuf, op->lease_ms);
-    const char *args[] = {n->hash, n->fence, lbuf, op->field, "1", "0"};
-    size_t lens[] = {
-        n->hash_len, n->fence_len, strlen(lbuf), op->field_len, 1, 1};
+    const char *args[] = {n->hash, n->fence, lbuf, op->field, "r"};
+    size_t lens[] = {n->hash_len, n->fence_len, strlen(lbuf), op->field_len,
+                     1};
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    lk_script(LD_SCRIPT_lock_acquire, n, 2, 6, args, lens, acq_token_on_reply,
+    lk_script(LD_SCRIPT_lock_acquire, n, 2, 5, args, lens, acq_token_on_reply,
               op);
 }
 

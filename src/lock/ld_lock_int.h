@@ -275,7 +275,7 @@ uint64_t lk_conn_id(void);
 struct lk_op *lk_acq_reply_open(void *arg, const redisReply *r, long long v[4],
                                 int *n);
 struct lk_rec *lk_op_live_rec(const struct lk_op *op);
-int lk_reply_acquire(const redisReply *r, long long v[4]);
+int lk_reply_acquire(const redisReply *r, long long v[4], long long lease_ms);
 void lk_reply_not_held(struct ld_req *req, const char *key, size_t klen,
                        bool other);
 void lk_reply_redis_failure_op(struct ld_req *req, const redisReply *r,

@@ -465,14 +465,12 @@ grp_step(struct lk_op *op)
     char lbuf[24], fbuf[24];
     snprintf(lbuf, sizeof(lbuf), "%lld", op->lease_ms);
     snprintf(fbuf, sizeof(fbuf), "%lld", rec->fm->fence);
-    const char *args[] = {rec->n.hash, rec->n.fence, lbuf,
-                          rec->token,  "0",          fbuf};
-    size_t lens[] = {
-        rec->n.hash_len, rec->n.fence_len, strlen(lbuf), LD_TOKEN_LEN, 1,
-        strlen(fbuf)};
+    const char *args[] = {rec->n.hash, rec->n.fence, lbuf, rec->token, fbuf};
+    size_t lens[] = {rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
+                     LD_TOKEN_LEN, strlen(fbuf)};
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    lk_script(LD_SCRIPT_lock_acquire, &rec->n, 2, 6, args, lens,
+    lk_script(LD_SCRIPT_lock_acquire, &rec->n, 2, 5, args, lens,
               grp_acq_on_reply, op);
 }
 

@@ -4,17 +4,12 @@
 -- ARGV[1] holder field   ARGV[2] "1" one hold, "a" all holds
 -- ARGV[3] unlock channel ARGV[4] unlock message
 -- The channel is an argument, not a key: channels have no hash slot.
--- Returns (the codes are named in src/core/ld_lock_codes.h): {1, 0} RELEASED
--- (and published), {0, count} KEPT: holds remain, {-1} WRONG_TYPE: the
+-- Returns (the codes are named in src/core/ld_lock_codes.h): 1 RELEASED
+-- (and published; a bare number costs Redis less than {1, 0}), {0, count}
+-- KEPT: holds remain, {-1} WRONG_TYPE: the
 -- key holds another type or a hash that is not a lock, {-2} ABSENT: no
 -- lock, {-3} OTHER: held by another.
 -- A hash that is not a lock (lib/lock_shape.lua) is never changed.
--- The shape checks (lib/lock_shape.lua) are defined only when a script
--- needs them: creating their closures would cost every call.
-local function shape()
---@include lock_shape.lua
-    return holders, count_of
-end
 -- The holder's own field first (HGET fails on anything but a hash): a
 -- hash whose one field is this holder with a count is a lock, and only a
 -- hash with more fields needs every field checked (HGETALL).
@@ -23,26 +18,33 @@ if type(held) == 'table' then
     return {-1}
 end
 local len = redis.call('hlen', KEYS[1])
-if len == 0 then
-    return {-2}
-end
--- A 32-hex-digit token is the daemon's own: a holder; others (Redisson's
--- <uuid>:<thread id>) are checked as the lib does.
-local own = #ARGV[1] == 32 and string.find(ARGV[1], '^[0-9a-f]+$')
-if len > 1 or not held or not own then
-    local holders = shape()
-    if not holders(KEYS[1], false, len) then
+-- The common case passes none of the checks below: the daemon's own
+-- token (the daemon sends only holder-shaped tokens, and a Redisson
+-- holder is longer than 32), the one field, one hold.
+if len ~= 1 or held ~= '1' or #ARGV[1] ~= 32 then
+    if len == 0 then
+        return {-2}
+    end
+    -- A 32-hex-digit token is the daemon's own: a holder; others
+    -- (Redisson's <uuid>:<thread id>) are checked as the lib does.
+    local own = #ARGV[1] == 32 and string.find(ARGV[1], '^[0-9a-f]+$')
+    if len > 1 or not held or not own then
+        -- The shape checks (lib/lock_shape.lua) are defined only here:
+        -- creating their closures would cost every call.
+--@include lock_shape.lua
+        if not holders(KEYS[1], false, len) then
+            return {-1}
+        end
+        if not held then
+            return {-3}
+        end
+    elseif not string.find(held, '^[1-9]%d*$') then
         return {-1}
     end
-    if not held then
-        return {-3}
+    if ARGV[2] == '1' and held ~= '1' then
+        return {0, redis.call('hincrby', KEYS[1], ARGV[1], -1)}
     end
-elseif not string.find(held, '^[1-9]%d*$') then
-    return {-1}
-end
-if ARGV[2] == '1' and held ~= '1' then
-    return {0, redis.call('hincrby', KEYS[1], ARGV[1], -1)}
 end
 redis.call('del', KEYS[1])
 redis.call('publish', ARGV[3], ARGV[4])
-return {1, 0}
+return 1

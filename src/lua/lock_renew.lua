@@ -14,6 +14,7 @@
 -- the lease it had.
 local key, forced, holder = KEYS[1], KEYS[2], ARGV[1]
 local lease_s, keep = ARGV[2], ARGV[3]
+local lease = tonumber(lease_s)
 local code, v, left
 repeat
 --@include renew_open.lua

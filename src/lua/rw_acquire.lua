@@ -6,17 +6,38 @@
 -- KEYS[1] lock hash   KEYS[2] fence counter (same hash slot, no TTL)
 -- ARGV[1] lease in ms; 0 keeps the current lease (reentry by token)
 -- ARGV[2] holder field (the token)
--- ARGV[3] "1": reenter only, never take a free lock
--- ARGV[4] the highest fence this daemon handed out for the lock
--- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
--- ARGV[7] the same owner's write holder field ("" for none): a reader
+-- ARGV[3] "r": reenter only, never take a free lock; otherwise the
+--         highest fence this daemon handed out for the lock
+-- ARGV[4] "read" or "write"   ARGV[5] prefix of the readers' lease keys
+--         (a reader only: a writer never reads it, nor ARGV[6])
+-- ARGV[6] the same owner's write holder field ("" for none): a reader
 --         it names may join the writer (downgrade)
--- Returns what lock_acquire.lua returns (src/core/ld_lock_codes.h). Only a
--- new write acquisition increments the fence counter; a reader gets the
--- counter as it is (the fence of the last writer, "0" for none).
+-- Returns what lock_acquire.lua returns (src/core/ld_lock_codes.h), a new
+-- reader's fence 0 too. Only a new write acquisition increments the fence
+-- counter; a reader gets the counter as it is (the fence of the last
+-- writer, "0" for none).
+local floor, side = ARGV[3], ARGV[4]
+--@include lock_fresh.lua
 --@include lock_numbers.lua
+local field, mode, pfx = ARGV[2], ARGV[4], ARGV[5]
+-- A reader on a free lock, before the closures of lib/rw_open.lua are
+-- created: EXISTS, GET, HSET, SET, PEXPIRE.
+if mode == 'read' and floor ~= 'r'
+        and redis.call('exists', KEYS[1]) == 0 then
+    local cur = redis.pcall('get', KEYS[2])
+    if type(cur) == 'table' or (cur and not valid(cur))
+            or (floor ~= '0' and not valid(floor)) then
+        return {-1}
+    end
+    redis.call('hset', KEYS[1], 'mode', 'read', field, 1)
+    -- Its lease key, named as rw_tkey (lib/rw_open.lua) names it; ARGV[1]
+    -- as sent: a Lua number would be printed back with sprintf.
+    redis.call('set', pfx .. ':' .. field .. ':rwlock_timeout:1', 1, 'px',
+               ARGV[1])
+    redis.call('pexpire', KEYS[1], ARGV[1])
+--@include rw_reader_fence.lua
+end
 --@include rw_open.lua
-local field, mode, pfx = ARGV[2], ARGV[5], ARGV[6]
 local len, hmode, held = rw_open(field)
 if not len then
     return {-1}
@@ -27,7 +48,10 @@ local cur = redis.pcall('get', KEYS[2])
 if type(cur) == 'table' or (cur and not valid(cur)) then
     return {-1}
 end
-local floor = ARGV[4]
+local reenter = floor == 'r'
+if reenter then
+    floor = '0'
+end
 if floor ~= '0' and not valid(floor) then
     return {-1}
 end
@@ -72,41 +96,23 @@ if held then
     end
     return {1, n, f, left}
 end
-if ARGV[3] == '1' then
+if reenter then
     if not hmode then
         return {-2}
     end
     return {-3, redis.call('pttl', KEYS[1])}
 end
 if mode == 'read' then
-    if hmode == 'write' and not (ARGV[7] ~= ''
-            and redis.call('hexists', KEYS[1], ARGV[7]) == 1) then
+    if hmode == 'write' and not (ARGV[6] ~= ''
+            and redis.call('hexists', KEYS[1], ARGV[6]) == 1) then
         return {0, redis.call('pttl', KEYS[1])}
     end
-    if not hmode then
-        redis.call('hset', KEYS[1], 'mode', 'read', field, 1)
-    else
-        redis.call('hset', KEYS[1], field, 1)
-    end
+    -- Joining the readers (a free lock was taken above).
+    redis.call('hset', KEYS[1], field, 1)
     -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
     redis.call('set', rw_tkey(pfx, field, 1), 1, 'px', ARGV[1])
-    if not hmode then
-        -- A new hash has no TTL yet.
-        redis.call('pexpire', KEYS[1], ARGV[1])
-    else
-        keep(lease)
-    end
-    -- A reader's fence: never below what this daemon handed out.
-    local f = cur or '0'
-    if less(f, floor) then
-        f = floor
-    end
-    return {1, 1, f, lease}
+    keep(lease)
+--@include rw_reader_fence.lua
 end
-if hmode then
-    return {0, redis.call('pttl', KEYS[1])}
-end
---@include fence_take.lua
-redis.call('hset', KEYS[1], 'mode', 'write', field, 1)
-redis.call('pexpire', KEYS[1], ARGV[1])
-return {1, 1, fence, lease}
+-- A writer: a free lock was taken at the top (lib/lock_fresh.lua).
+return {0, redis.call('pttl', KEYS[1])}

@@ -4,15 +4,34 @@
 -- ARGV[1] holder field   ARGV[2] "1" one hold, "a" all holds
 -- ARGV[3] unlock channel ARGV[4] unlock message of a reader
 -- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
--- Returns what lock_release.lua returns: {1, 0} RELEASED (this holder
+-- Returns what lock_release.lua returns: 1 RELEASED (this holder
 -- holds nothing now; the lock may still be held by other readers),
 -- {0, count} KEPT, {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
 -- own lease ran out; its field is cleared), {-3} OTHER.
 -- Messages as Redisson's: a reader's last unlock publishes ARGV[4]
 -- (UNLOCK_MESSAGE, one waiter may go on), a writer's "1"
 -- (READ_UNLOCK_MESSAGE, every waiting reader may go on).
---@include rw_hold.lua
 local field, mode, pfx = ARGV[1], ARGV[5], ARGV[6]
+-- The common case, before any closure is created (each costs every call):
+-- this holder alone, with one hold of its side, the daemon's own token
+-- (the daemon sends only holder-shaped tokens, and Redisson's are longer
+-- than 32). HLEN fails on a key of another type: the checks below say so.
+if #field == 32 and redis.pcall('hlen', KEYS[1]) == 2 then
+    local v = redis.call('hmget', KEYS[1], 'mode', field)
+    if v[1] == mode and v[2] == '1' then
+        -- A reader's own lease may have run out: ABSENT, as below. Its
+        -- lease key named as rw_tkey (lib/rw_open.lua) names it.
+        local gone = mode == 'read' and redis.call('del',
+            pfx .. ':' .. field .. ':rwlock_timeout:1') == 0
+        redis.call('del', KEYS[1])
+        redis.call('publish', ARGV[3], mode == 'write' and '1' or ARGV[4])
+        if gone then
+            return {-2}
+        end
+        return 1
+    end
+end
+--@include rw_hold.lua
 local held, c, hmode, len = rw_held(field, mode, pfx)
 if held ~= 1 then
     return {held}
@@ -33,7 +52,7 @@ if mode == 'read' then
         redis.call('del', rw_tkey(pfx, field, i))
     end
 end
-local done = {1, 0}
+local done = 1
 if gone then
     done = {-2}
 end

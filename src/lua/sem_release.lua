@@ -1,9 +1,9 @@
 -- Release every permit of one grant and wake the waiters.
 -- KEYS[1] grant leases (zset)   KEYS[2] grant permits (hash)
 -- ARGV[1] token   ARGV[2] release channel
--- Returns {1, permits} RELEASED (and published), {0} ABSENT: the token
--- holds nothing here (never did, released, or its lease ended),
--- {-1} WRONG_TYPE.
+-- Returns the permits, a bare number: RELEASED (and published); {0}
+-- ABSENT: the token holds nothing here (never did, released, or its
+-- lease ended); {-1} WRONG_TYPE.
 --@include sem_shape.lua
 -- ZSCORE and HGET fail on a key of another type before anything is
 -- written: no TYPE needed.
@@ -23,4 +23,4 @@ if not score or not n or tonumber(score) <= sem_now() then
     return {0}
 end
 redis.call('publish', ARGV[2], '1')
-return {1, n}
+return n

@@ -267,10 +267,23 @@ undo_one(struct rl_call *c, int idx)
                        argv, lens, undo_on_reply, c);
 }
 
-/* A script reply as integers (a decimal string counts: the fence). */
+/* A script reply to C as integers (a decimal string counts: the fence).
+ * A bare integer stands for {X, 0, ...}, and from lock_acquire for a
+ * grant of one hold with fence X for the lease sent (lk_reply_acquire). */
 static int
-read_reply(const redisReply *r, long long *v, int max)
+read_reply(const struct rl_call *c, const redisReply *r, long long *v, int max)
 {
+    if (r != NULL && r->type == REDIS_REPLY_INTEGER && max >= 4) {
+        bool grant = c->id == LD_SCRIPT_lock_acquire;
+        if (grant && r->integer < 1) {
+            return -1;
+        }
+        v[0] = grant ? LD_LOCK_GRANTED : r->integer;
+        v[1] = grant ? 1 : 0;
+        v[2] = grant ? r->integer : 0;
+        v[3] = grant ? c->lease : 0;
+        return 4;
+    }
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
         return -1;
     }
@@ -692,7 +705,7 @@ slot_on_reply(redisReply *r, void *arg)
          * it (LD_REDIS_F_LATE). */
         LD_ASSERTF(s->late, "second answer of instance %d unasked", s->k);
         long long v[4];
-        if (o == LD_REDIS_LATE && c->failed && read_reply(r, v, 4) >= 4 &&
+        if (o == LD_REDIS_LATE && c->failed && read_reply(c, r, v, 4) >= 4 &&
             v[0] == LD_LOCK_GRANTED) {
             undo_one(c, s->k);
         }
@@ -702,7 +715,7 @@ slot_on_reply(redisReply *r, void *arg)
     }
     LD_ASSERT(c->left > 0);
     s->first = true;
-    s->n = read_reply(r, s->v, 4);
+    s->n = read_reply(c, r, s->v, 4);
     if (s->n < 1) {
         snprintf(s->why, sizeof(s->why), "%s",
                  r == NULL                      ? ld_redis_failure_reason()
@@ -743,7 +756,7 @@ call_new(enum ld_script_id script, const char *chan, size_t chan_len,
         fi = nkeys + 1;
         li = nkeys;
         c->reenter = argc > nkeys + 2 && argvlen[nkeys + 2] == 1 &&
-                     argv[nkeys + 2][0] == '1';
+                     argv[nkeys + 2][0] == 'r';
         break;
     case LD_SCRIPT_lock_renew:
     case LD_SCRIPT_lock_extend:

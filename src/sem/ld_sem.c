@@ -124,12 +124,30 @@ sem_key_maybe_free(struct sem_key *k)
 
 /* ------------------------------------------------------------ grants */
 
+/* A reply of sem_acquire or sem_release into V (at most MAX numbers), as
+ * ld_lease_reply_ints reads it; but their commonest answers, a grant and
+ * a release, come as a bare number (the permits available; the permits
+ * released), which costs Redis less than a table: {1, X, LEASE_MS}. */
+static int
+sem_reply_ints(const redisReply *r, long long *v, int max, long long lease_ms)
+{
+    if (r == NULL || r->type != REDIS_REPLY_INTEGER) {
+        return ld_lease_reply_ints(r, v, max);
+    }
+    v[0] = 1;
+    v[1] = r->integer;
+    if (max > 2) {
+        v[2] = lease_ms;
+    }
+    return max;
+}
+
 static void
 release_on_reply(redisReply *r, void *arg)
 {
     LD_UNUSED(arg);
     long long v[2];
-    if (ld_lease_reply_ints(r, v, 2) == 2 && v[0] == 1) {
+    if (sem_reply_ints(r, v, 2, 0) == 2 && v[0] == 1) {
         ld_stats.sem_released++;
     }
 }
@@ -359,7 +377,7 @@ acq_on_reply(redisReply *r, void *arg)
         return;
     }
     long long v[3] = {0, 0, 0};
-    int n = ld_lease_reply_ints(r, v, 3);
+    int n = sem_reply_ints(r, v, 3, op->lease_ms);
     bool queued = op->w.q != NULL;
     if (n == 3 && v[0] == 1) {
         acq_on_granted(op, v);
@@ -574,7 +592,7 @@ release_on_answer(redisReply *r, void *arg)
 {
     struct sem_call *c = arg;
     long long v[2] = {0, 0};
-    int n = ld_lease_reply_ints(r, v, 2);
+    int n = sem_reply_ints(r, v, 2, 0);
     if (n == 2 && v[0] == 1) {
         ld_stats.sem_released++;
         struct sem_grant *g = sem_mod.freed

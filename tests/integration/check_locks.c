@@ -9,6 +9,8 @@
 
 #include "lock_util.h"
 
+#include "ld_lua.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1218,6 +1220,48 @@ START_TEST(test_renew_many)
 }
 END_TEST
 
+/* lock_renew_many.lua on Redis alone: each lock gets its own lease, also
+ * when the one before it had another (the script reads a lease once while
+ * the next is the same), and its own count. */
+START_TEST(test_renew_many_leases)
+{
+    static const char tok[] = "0123456789abcdef0123456789abcdef";
+    h_start(NULL);
+    if (h_on_cluster()) {
+        /* The keys of one call lie in different slots there: the
+         * daemon never sends this script in cluster mode. */
+        return;
+    }
+    const char *cnt[] = {"1", "3", "1", "2"};
+    const char *lease[] = {"60000", "5000", "5000", "60000"};
+    for (int i = 0; i < 4; i++) {
+        freeReplyObject(
+            h_redis_cmd(&R, "HSET leased:lock:{rml%d} %s %s", i, tok, cnt[i]));
+        freeReplyObject(
+            h_redis_cmd(&R, "PEXPIRE leased:lock:{rml%d} 1000", i));
+    }
+    redisReply *r = h_redis_cmd(
+        &R,
+        "EVAL %s 8 leased:lock:{rml0} f0 leased:lock:{rml1} f1 "
+        "leased:lock:{rml2} f2 leased:lock:{rml3} f3 %s %s %s %s %s %s %s %s",
+        ld_lua_lock_renew_many, tok, lease[0], tok, lease[1], tok, lease[2],
+        tok, lease[3]);
+    ck_assert_msg(r != NULL && r->type == REDIS_REPLY_ARRAY &&
+                      r->elements == 12,
+                  "reply type %d", r != NULL ? r->type : -1);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(r->element[3 * i]->integer, 1);
+        ck_assert_int_eq(r->element[3 * i + 1]->integer, atoll(lease[i]));
+        ck_assert_int_eq(r->element[3 * i + 2]->integer, atoll(cnt[i]));
+        long long pttl = h_r_int(&R, "PTTL leased:lock:{rml%d}", i);
+        ck_assert_msg(pttl > atoll(lease[i]) - 2000 && pttl <= atoll(lease[i]),
+                      "lock %d: pttl %lld for a lease of %s", i, pttl,
+                      lease[i]);
+    }
+    freeReplyObject(r);
+}
+END_TEST
+
 /* --- request_id: a retried unlock is answered, not run again ---------- */
 
 /* Unlock KEY (MODE NULL: plain) by TOKEN with request id RID on C. */
@@ -1635,6 +1679,7 @@ main(void)
         H_CASE(unlock_cost, 60),
         H_CASE(renew_cost, 60),
         H_CASE(renew_many, 90),
+        H_CASE(renew_many_leases, 30),
         H_CASE(unlock_request_id, 60),
         H_CASE(unlock_request_id_unknown, 60),
         H_CASE(evict_warning, 90),

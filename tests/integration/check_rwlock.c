@@ -492,6 +492,26 @@ START_TEST(test_reader_lease_runs_out)
 }
 END_TEST
 
+/* A lone reader whose lease key is gone (it ran out while the hash lived
+ * on, as after a downgrade; here deleted as its expiry would) holds
+ * nothing: its unlock answers not_held and clears the hash. */
+START_TEST(test_lone_reader_lease_key_gone)
+{
+    h_start(NULL);
+    struct h_conn *a = lk_connect(&D);
+    json_t *r = rw_lock(a, "lkg", "read", NULL, 60000, 0);
+    ck_assert_int_eq(jint(r, "count"), 1);
+    ck_assert_int_eq(h_r_int(&R, "DEL leased:lock:{lkg}:%s:rwlock_timeout:1",
+                             jstr(r, "token")),
+                     1);
+    json_decref(r);
+    h_expect_code(rw_unlock(a, "lkg", "read", NULL), "not_held",
+                  "unlock of a reader whose lease key is gone");
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{lkg}"), 0);
+    h_close(a);
+}
+END_TEST
+
 /* lock.max_hold_ms ends a watched reader's hold, and only its own: the
  * other reader keeps the lock. */
 START_TEST(test_max_hold)
@@ -920,6 +940,7 @@ main(void)
         H_CASE(session_close_releases, 60),
         H_CASE(lock_lost_when_deleted, 60),
         H_CASE(watchdog_extend_info, 60),
+        H_CASE(lone_reader_lease_key_gone, 30),
         H_CASE(reader_lease_runs_out, 60),
         H_CASE(detach_and_cancel, 60),
         H_CASE(max_hold, 60),

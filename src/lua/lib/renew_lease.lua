@@ -1,8 +1,8 @@
 -- Pasted after renew_open.lua in the plain lock's renewals
 -- (lock_renew.lua, lock_renew_many.lua). Reads key, lease_s (the lease in
--- ms, a string; 0 only reports) and keep ("1": never shorten the lease,
--- a watchdog renewal after an extend); sets left, the lease now held.
-local lease = tonumber(lease_s)
+-- ms, a string; 0 only reports), lease (the same as a number) and keep
+-- ("1": never shorten the lease, a watchdog renewal after an extend); sets
+-- left, the lease now held.
 if lease > 0 then
     -- GT never shortens a lease and saves a PTTL: only a lease longer
     -- than the renewal (after an extend) needs asking for.
