@@ -482,6 +482,40 @@ write_fence_of(struct h_conn *c, const char *key)
     return f;
 }
 
+/* The read side of KEY with a fixed lease: its fence (unlocked again). */
+static long long
+read_fence_of(struct h_conn *c, const char *key)
+{
+    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", key,
+                        "mode", "read", "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "read %s: %s", key,
+                  h_ok(r) ? "not acquired" : h_errcode(r));
+    long long f = jint(r, "fence");
+    json_decref(r);
+    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", key, "mode",
+                "read");
+    ck_assert_msg(h_ok(r), "unlock read %s: %s", key, h_errcode(r));
+    json_decref(r);
+    return f;
+}
+
+/* Both sides of a read-write lock give fences above 2^53 exactly, where a
+ * Lua number would round them: a reader the counter as it is, a writer
+ * its next value. */
+START_TEST(test_rw_fences_exact)
+{
+    h_start(NULL);
+    struct h_conn *a = lk_connect(&D);
+    set_counter("r53", "9007199254740993");
+    ck_assert_int_eq(read_fence_of(a, "r53"), 9007199254740993LL);
+    ck_assert_int_eq(write_fence_of(a, "r53"), 9007199254740994LL);
+    set_counter("r53", "9007199254740995");
+    ck_assert_int_eq(write_fence_of(a, "r53"), 9007199254740996LL);
+    ck_assert_int_eq(read_fence_of(a, "r53"), 9007199254740996LL);
+    h_close(a);
+}
+END_TEST
+
 /* A fence counter that went back without going away (a restart from an
  * older RDB, a failover to a lagging replica): the next fence from this
  * daemon is still above every fence it handed out, for plain and write
@@ -1008,6 +1042,7 @@ main(void)
         H_CASE(lost_before_lease_end, 90),
         H_CASE(fences_exact, 60),
         H_CASE(fence_counter_lowered, 60),
+        H_CASE(rw_fences_exact, 60),
         H_CASE(max_hold_exact, 60),
         H_CASE(foreign_hold_count, 60),
         H_CASE(released_by_token_elsewhere, 60),
