@@ -1,10 +1,9 @@
--- Pasted where a lock script takes a new fence (fence_take.lua, and the
--- free-lock path of lock_acquire.lua): statements, not a function,
--- because creating a closure costs every call of the script. Reads cur
--- (the counter at KEYS[2]: nil, or a string whose first character is a
--- digit 1 to 9; whatever else valid() refuses, INCR refuses below
--- without a change) and floor (ARGV[3], a decimal); leaves INCR's answer, a number,
--- in r.
+-- Pasted where a lock takes a new fence (lib/lock_fresh.lua, for plain
+-- locks and writers): statements, not a function, because creating a
+-- closure costs every call of the script. Reads cur (the counter at
+-- KEYS[2]: nil, or a string whose first character is a digit 1 to 9;
+-- whatever else valid() refuses, INCR refuses below without a change) and
+-- floor (ARGV[3], a decimal); leaves INCR's answer, a number, in r.
 local back = floor ~= '0' and cur and (#cur < #floor or
                                       (#cur == #floor and cur < floor))
 if floor ~= '0' and (not cur or back) then
