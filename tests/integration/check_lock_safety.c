@@ -465,38 +465,34 @@ START_TEST(test_fences_exact)
 }
 END_TEST
 
-/* The write side of KEY with a fixed lease: its fence (unlocked again). */
+/* SIDE ("read" or "write") of KEY with a fixed lease: its fence (unlocked
+ * again). */
 static long long
-write_fence_of(struct h_conn *c, const char *key)
+side_fence_of(struct h_conn *c, const char *key, const char *side)
 {
     json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", key,
-                        "mode", "write", "ttl_ms", 60000);
-    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "write %s: %s", key,
+                        "mode", side, "ttl_ms", 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "%s %s: %s", side, key,
                   h_ok(r) ? "not acquired" : h_errcode(r));
     long long f = jint(r, "fence");
     json_decref(r);
     r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", key, "mode",
-                "write");
-    ck_assert_msg(h_ok(r), "unlock write %s: %s", key, h_errcode(r));
+                side);
+    ck_assert_msg(h_ok(r), "unlock %s %s: %s", side, key, h_errcode(r));
     json_decref(r);
     return f;
 }
 
-/* The read side of KEY with a fixed lease: its fence (unlocked again). */
+static long long
+write_fence_of(struct h_conn *c, const char *key)
+{
+    return side_fence_of(c, key, "write");
+}
+
 static long long
 read_fence_of(struct h_conn *c, const char *key)
 {
-    json_t *r = h_callf(c, T_MS, "{s:s,s:s,s:s,s:i}", "op", "lock", "key", key,
-                        "mode", "read", "ttl_ms", 60000);
-    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "read %s: %s", key,
-                  h_ok(r) ? "not acquired" : h_errcode(r));
-    long long f = jint(r, "fence");
-    json_decref(r);
-    r = h_callf(c, T_MS, "{s:s,s:s,s:s}", "op", "unlock", "key", key, "mode",
-                "read");
-    ck_assert_msg(h_ok(r), "unlock read %s: %s", key, h_errcode(r));
-    json_decref(r);
-    return f;
+    return side_fence_of(c, key, "read");
 }
 
 /* Both sides of a read-write lock give fences above 2^53 exactly, where a
