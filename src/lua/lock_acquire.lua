@@ -22,7 +22,7 @@
 --   {-2}                       ABSENT: reenter-only and no lock
 --   {-3, pttl}                 OTHER: reenter-only and held by another
 local floor = ARGV[3]
-local side = 'plain'
+local mode = 'plain'
 --@include lock_fresh.lua
 -- Here the key exists, or only a reentry is asked for.
 -- Created only past the common case above, as the closures cost every

@@ -1,7 +1,7 @@
 -- Acquire or reenter one side of a read-write lock. The layout is
 -- Redisson's RReadWriteLock: one hash with a field "mode" ("read" or
 -- "write") and one field per holder with its hold count; a reader's holds
--- have each a lease key (lib/rw_open.lua, rw_tkey), the hash lives as
+-- have each a lease key (lib/rw_tkey.lua), the hash lives as
 -- long as the longest lease in it.
 -- KEYS[1] lock hash   KEYS[2] fence counter (same hash slot, no TTL)
 -- ARGV[1] lease in ms; 0 keeps the current lease (reentry by token)
@@ -16,43 +16,35 @@
 -- reader's fence 0 too. Only a new write acquisition increments the fence
 -- counter; a reader gets the counter as it is (the fence of the last
 -- writer, "0" for none).
-local floor, side = ARGV[3], ARGV[4]
---@include lock_fresh.lua
---@include lock_numbers.lua
+local floor = ARGV[3]
 local field, mode, pfx = ARGV[2], ARGV[4], ARGV[5]
+--@include lock_fresh.lua
+--@include rw_tkey.lua
+--@include lock_numbers.lua
+local reenter = floor == 'r'
+if reenter then
+    floor = '0'
+end
+-- The counter is a string or nothing: GET fails on anything else, which
+-- saves asking for its type first.
+local cur = redis.pcall('get', KEYS[2])
+if type(cur) == 'table' or (cur and not valid(cur))
+        or (floor ~= '0' and not valid(floor)) then
+    return {-1}
+end
 -- A reader on a free lock, before the closures of lib/rw_open.lua are
 -- created: EXISTS, GET, HSET, SET, PEXPIRE.
-if mode == 'read' and floor ~= 'r'
+if mode == 'read' and not reenter
         and redis.call('exists', KEYS[1]) == 0 then
-    local cur = redis.pcall('get', KEYS[2])
-    if type(cur) == 'table' or (cur and not valid(cur))
-            or (floor ~= '0' and not valid(floor)) then
-        return {-1}
-    end
     redis.call('hset', KEYS[1], 'mode', 'read', field, 1)
-    -- Its lease key, named as rw_tkey (lib/rw_open.lua) names it; ARGV[1]
-    -- as sent: a Lua number would be printed back with sprintf.
-    redis.call('set', pfx .. ':' .. field .. ':rwlock_timeout:1', 1, 'px',
-               ARGV[1])
+    -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
+    redis.call('set', rw_tkey(pfx, field, 1), 1, 'px', ARGV[1])
     redis.call('pexpire', KEYS[1], ARGV[1])
 --@include rw_reader_fence.lua
 end
 --@include rw_open.lua
 local len, hmode, held = rw_open(field)
 if not len then
-    return {-1}
-end
--- The counter is a string or nothing: GET fails on anything else, which
--- saves asking for its type first.
-local cur = redis.pcall('get', KEYS[2])
-if type(cur) == 'table' or (cur and not valid(cur)) then
-    return {-1}
-end
-local reenter = floor == 'r'
-if reenter then
-    floor = '0'
-end
-if floor ~= '0' and not valid(floor) then
     return {-1}
 end
 local lease = tonumber(ARGV[1])

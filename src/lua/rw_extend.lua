@@ -5,6 +5,7 @@
 -- ARGV[3] "read" or "write"   ARGV[4] prefix of the readers' lease keys
 -- Returns what lock_extend.lua returns: {1, pttl, count} HELD,
 -- {-1} WRONG_TYPE, {-2} ABSENT, {-3} OTHER.
+--@include rw_tkey.lua
 --@include rw_hold.lua
 local field, mode, pfx = ARGV[1], ARGV[3], ARGV[4]
 local held, n, hmode = rw_held(field, mode, pfx)

@@ -3,6 +3,7 @@
 -- ARGV[2] "read" or "write"   ARGV[3] prefix of the readers' lease keys
 -- Returns {-1} WRONG_TYPE, {0, -2, 0, 0} FREE, {1, pttl, count of
 -- ARGV[1], mode} HELD, where mode is 1 for "read" and 2 for "write".
+--@include rw_tkey.lua
 --@include rw_open.lua
 local len, hmode, c = rw_open(ARGV[1])
 if not len then

@@ -11,18 +11,19 @@
 -- Messages as Redisson's: a reader's last unlock publishes ARGV[4]
 -- (UNLOCK_MESSAGE, one waiter may go on), a writer's "1"
 -- (READ_UNLOCK_MESSAGE, every waiting reader may go on).
+--@include rw_tkey.lua
 local field, mode, pfx = ARGV[1], ARGV[5], ARGV[6]
--- The common case, before any closure is created (each costs every call):
+-- The common case, before the other closures are created (each costs
+-- every call):
 -- this holder alone, with one hold of its side, the daemon's own token
 -- (the daemon sends only holder-shaped tokens, and Redisson's are longer
 -- than 32). HLEN fails on a key of another type: the checks below say so.
 if #field == 32 and redis.pcall('hlen', KEYS[1]) == 2 then
     local v = redis.call('hmget', KEYS[1], 'mode', field)
     if v[1] == mode and v[2] == '1' then
-        -- A reader's own lease may have run out: ABSENT, as below. Its
-        -- lease key named as rw_tkey (lib/rw_open.lua) names it.
-        local gone = mode == 'read' and redis.call('del',
-            pfx .. ':' .. field .. ':rwlock_timeout:1') == 0
+        -- A reader's own lease may have run out: ABSENT, as below.
+        local gone = mode == 'read' and
+                     redis.call('del', rw_tkey(pfx, field, 1)) == 0
         redis.call('del', KEYS[1])
         redis.call('publish', ARGV[3], mode == 'write' and '1' or ARGV[4])
         if gone then

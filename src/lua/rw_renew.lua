@@ -8,6 +8,7 @@
 -- Returns what lock_renew.lua returns: {1, pttl, count} HELD (pttl: this
 -- holder's lease), {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
 -- own lease ran out), {-3} OTHER, {-4} FORCED.
+--@include rw_tkey.lua
 local key, forced, holder = KEYS[1], KEYS[2], ARGV[1]
 local code, v
 repeat
@@ -27,7 +28,7 @@ if mode == 'write' and hmode ~= 'write' then
 end
 local tk = KEYS[1]
 if mode == 'read' then
-    tk = pfx .. ':' .. field .. ':rwlock_timeout:' .. n
+    tk = rw_tkey(pfx, field, n)
 end
 local left = redis.call('pttl', tk)
 if mode == 'read' and left == -2 then
@@ -39,8 +40,7 @@ local lease = tonumber(ARGV[2])
 if lease > 0 and (ARGV[3] ~= '1' or left < lease) then
     if mode == 'read' then
         for i = n, math.max(1, n - 63), -1 do
-            redis.call('set', pfx .. ':' .. field .. ':rwlock_timeout:' .. i,
-                       1, 'px', ARGV[2])
+            redis.call('set', rw_tkey(pfx, field, i), 1, 'px', ARGV[2])
         end
     end
     if redis.call('pttl', KEYS[1]) < lease then

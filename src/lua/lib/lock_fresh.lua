@@ -4,9 +4,9 @@
 -- GET of the counter (GET fails on anything but a string, and INCR
 -- refuses what the first character does not), INCR, HSET, PEXPIRE.
 -- Reads floor (ARGV[3]: "r" for a reentry only, else the fence floor) and
--- side ("plain", or the side of a read-write lock: a reader is never
+-- mode ("plain", or the side of a read-write lock: a reader is never
 -- taken here). Answers the fence alone (see lock_acquire.lua).
-if side ~= 'read' and floor ~= 'r'
+if mode ~= 'read' and floor ~= 'r'
         and redis.call('exists', KEYS[1]) == 0 then
     local cur = redis.pcall('get', KEYS[2])
     if type(cur) == 'table' then
@@ -19,7 +19,7 @@ if side ~= 'read' and floor ~= 'r'
         end
     end
 --@include fence_incr.lua
-    if side == 'write' then
+    if mode == 'write' then
         redis.call('hset', KEYS[1], 'mode', 'write', ARGV[2], 1)
     else
         redis.call('hset', KEYS[1], ARGV[2], 1)

@@ -1,17 +1,10 @@
--- Included by the read-write lock scripts (lua2c.sh pastes it in); the
--- layout: rw_acquire.lua.
+-- Included by the read-write lock scripts (lua2c.sh pastes it in), after
+-- lib/rw_tkey.lua; the layout: rw_acquire.lua.
 -- The shape checks (lib/lock_shape.lua) are created only when a script
 -- needs them: their closures would cost every call.
 local function rw_shape()
 --@include lock_shape.lua
     return is_rwlock
-end
-
--- A reader's lease lives in one key per hold, Redisson's
--- "<prefix>:<holder>:rwlock_timeout:<n>", so that each reader's holds
--- expire on their own although they share one hash.
-local function rw_tkey(pfx, f, i)
-    return pfx .. ':' .. f .. ':rwlock_timeout:' .. i
 end
 
 -- The read-write lock at KEYS[1] as holder FIELD sees it: the number of
