@@ -1184,7 +1184,11 @@ direct_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
     if (rep == NULL || c->run->closing) {
         return;
     }
-    if (reply_code(rep) == 1) {
+    /* Redisson's RLock answers 1 when the last hold is let go. */
+    bool ok = c->run->target == T_REDISSON
+                  ? rep->type == REDIS_REPLY_INTEGER && rep->integer == 1
+                  : reply_code(rep) == 1;
+    if (ok) {
         op_done(c);
     } else {
         direct_reply_error(c, rep);
@@ -1248,23 +1252,6 @@ direct_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
     }
 }
 
-/* Redisson's RLock answers a release with 1 (the last hold let go). */
-static void
-redisson_rel_cb(redisAsyncContext *ac, void *reply, void *priv)
-{
-    struct client *c = priv;
-    redisReply *rep = reply;
-    if (rep == NULL || c->run->closing) {
-        return;
-    }
-    if (rep->type == REDIS_REPLY_INTEGER && rep->integer == 1) {
-        op_done(c);
-    } else {
-        direct_reply_error(c, rep);
-        next_op(c);
-    }
-}
-
 /* Its acquire answers nil when granted and the holder's pttl when taken;
  * taken is an error here, each connection having a key of its own. */
 static void
@@ -1276,7 +1263,7 @@ redisson_acq_cb(redisAsyncContext *ac, void *reply, void *priv)
         return;
     }
     if (rep->type == REDIS_REPLY_NIL) {
-        direct_send(c, redisson_rel_cb, c->unlock_req, c->unlock_len, S_REL);
+        direct_send(c, direct_rel_cb, c->unlock_req, c->unlock_len, S_REL);
         return;
     }
     if (rep->type == REDIS_REPLY_INTEGER) {
