@@ -26,4 +26,17 @@ enum ld_lock_code {
     LD_LOCK_HELD = 1
 };
 
+/* lock_acquire's (and rw_acquire's) bare answer, a free lock taken, as the
+ * table it stands for: one hold with fence FENCE for LEASE_MS, the lease
+ * that was sent. Returns the count of V's numbers. */
+static inline int
+ld_lock_bare_grant(long long fence, long long lease_ms, long long v[4])
+{
+    v[0] = LD_LOCK_GRANTED;
+    v[1] = 1;
+    v[2] = fence;
+    v[3] = lease_ms;
+    return 4;
+}
+
 #endif

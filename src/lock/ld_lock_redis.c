@@ -60,11 +60,7 @@ lk_reply_acquire(const redisReply *r, long long v[4], long long lease_ms)
         if (r->integer < 0) {
             return -1;
         }
-        v[0] = LD_LOCK_GRANTED;
-        v[1] = 1;
-        v[2] = r->integer;
-        v[3] = lease_ms;
-        return 4;
+        return ld_lock_bare_grant(r->integer, lease_ms, v);
     }
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {

@@ -14,10 +14,10 @@
 --@include rw_tkey.lua
 local field, mode, pfx = ARGV[1], ARGV[5], ARGV[6]
 -- The common case, before the other closures are created (each costs
--- every call):
--- this holder alone, with one hold of its side, the daemon's own token
--- (the daemon sends only holder-shaped tokens, and Redisson's are longer
--- than 32). HLEN fails on a key of another type: the checks below say so.
+-- every call): this holder alone, with one hold of its side, the daemon's
+-- own token (the daemon sends only holder-shaped tokens, and Redisson's
+-- are longer than 32). HLEN fails on a key of another type: the checks
+-- below say so.
 if #field == 32 and redis.pcall('hlen', KEYS[1]) == 2 then
     local v = redis.call('hmget', KEYS[1], 'mode', field)
     if v[1] == mode and v[2] == '1' then

@@ -274,15 +274,13 @@ static int
 read_reply(const struct rl_call *c, const redisReply *r, long long *v, int max)
 {
     if (r != NULL && r->type == REDIS_REPLY_INTEGER && max >= 4) {
-        bool grant = c->id == LD_SCRIPT_lock_acquire;
-        if (grant && r->integer < 1) {
-            return -1;
+        if (c->id != LD_SCRIPT_lock_acquire) {
+            v[0] = r->integer;
+            v[1] = v[2] = v[3] = 0;
+            return 4;
         }
-        v[0] = grant ? LD_LOCK_GRANTED : r->integer;
-        v[1] = grant ? 1 : 0;
-        v[2] = grant ? r->integer : 0;
-        v[3] = grant ? c->lease : 0;
-        return 4;
+        return r->integer < 1 ? -1
+                              : ld_lock_bare_grant(r->integer, c->lease, v);
     }
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
         return -1;
