@@ -141,7 +141,7 @@ def pairs(a):
     sha = {n: load(r, a.srcdir, n) for n in (
         'lock_acquire', 'lock_release', 'read_acquire', 'read_release',
         'write_acquire', 'write_release', 'sem_acquire', 'sem_release',
-        'psem_acquire', 'psem_release', 'rate_acquire')}
+        'psem_acquire', 'psem_release', 'rate_acquire', 'flock_acquire')}
     holder = 'c0ffee00-0000-4000-8000-000000000001:1'
     lease = 30000
     cases = {}
@@ -152,6 +152,13 @@ def pairs(a):
         r.call('EVALSHA', sha['lock_acquire'], 1, 'cost.rl', lease, holder),
         r.call('EVALSHA', sha['lock_release'], 2, 'cost.rl',
                'redisson_lock__channel:{cost.rl}', 0, lease, holder))
+    # RFencedLock: RLock with a token (a fence) from a counter beside the
+    # lock on every grant, as leased gives; its release is RLock's.
+    cases['redisson RFencedLock'] = lambda i: (
+        r.call('EVALSHA', sha['flock_acquire'], 2, 'cost.rfl',
+               'redisson_lock_token:{cost.rfl}', lease, holder),
+        r.call('EVALSHA', sha['lock_release'], 2, 'cost.rfl',
+               'redisson_lock__channel:{cost.rfl}', 0, lease, holder))
     for m in ('read', 'write'):
         cases['leased rw %s' % m] = (lambda m: lambda i: (
             ld.call(op='lock', key='cost.rw', mode=m),

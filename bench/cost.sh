@@ -1,7 +1,7 @@
 #!/bin/sh
 # Instructions redis-server executes per op pair (callgrind: does not
 # depend on machine noise), through leased and for what an app would send
-# without it: Redisson's RLock, RReadWriteLock, RSemaphore,
+# without it: Redisson's RLock, RFencedLock, RReadWriteLock, RSemaphore,
 # RPermitExpirableSemaphore and RRateLimiter scripts and its watchdog
 # renewal by EVALSHA (bench/redisson/), plain GET and MGET, a pipelined
 # batch of SET PX against cache.mset, and a GET of an absent key against
@@ -12,7 +12,9 @@
 # Writes key=value lines to --raw FILE (default stdout). Runs alone too:
 #   sh bench/cost.sh --builddir BUILD --srcdir SRC --redis-server PATH [--quick]
 #   sh bench/cost.sh --table RAW   prints the markdown table of RAW.
-# COST_CASES=REGEX runs only the cases whose name matches it.
+# COST_CASES=REGEX runs only the cases whose name matches it;
+# COST_KEEP=DIR keeps callgrind's dumps there, one per case in the order
+# run, for callgrind_annotate.
 set -eu
 
 if [ "${1:-}" = --table ]; then
@@ -38,6 +40,9 @@ if [ "${1:-}" = --table ]; then
         print "|---|---|---|---|"
         row("lock + unlock", "leased lock+unlock", "redisson RLock",
             "Redisson RLock scripts")
+        row("lock + unlock, against Redisson\047s RFencedLock (a fence " \
+            "per grant, as leased gives)", "leased lock+unlock",
+            "redisson RFencedLock", "Redisson RFencedLock scripts")
         row("read lock + unlock", "leased rw read",
             "redisson RReadWriteLock read", "Redisson RReadLock scripts")
         row("write lock + unlock", "leased rw write",
@@ -107,3 +112,7 @@ start_leased 2
 python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
     --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" \
     --cases "${COST_CASES:-}" >>"$raw"
+if [ -n "${COST_KEEP:-}" ]; then
+    mkdir -p "$COST_KEEP"
+    cp "$tmp"/cost.out.* "$COST_KEEP"/
+fi
