@@ -276,13 +276,9 @@ lk_rec_release_all(struct lk_rec *rec)
         return;
     }
     struct lk_op *op = lk_op_new(LK_RELEASE, NULL, rec);
-    const char *args[] = {rec->n.hash, rec->token, "a", rec->n.chan,
-                          LK_UNLOCK_MSG};
-    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                     strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
-    lk_script(LD_SCRIPT_lock_release, &rec->n, 1, 5, args, lens,
-              release_all_on_reply, op);
+    lk_release_send(0, 0, &rec->n, rec->token, LD_TOKEN_LEN, true,
+                    release_all_on_reply, op);
 }
 
 static bool
@@ -581,11 +577,9 @@ op_unlock(struct ld_req *req)
         lk_op_free(op);
         return;
     }
-    const char *args[] = {n->hash, field, "1", n->chan, LK_UNLOCK_MSG};
-    size_t lens[] = {n->hash_len, flen, 1, n->chan_len, strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
-    lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, n, 1, 5, args,
-                 lens, unlock_on_reply, op);
+    lk_release_send(LD_REDIS_F_LATE, 0, n, field, flen, false, unlock_on_reply,
+                    op);
 }
 
 /* -------------------------------------------------------------- extend */

@@ -132,13 +132,9 @@ static void
 release_one_pinned(struct lk_op *op, ld_redis_cb *cb)
 {
     struct lk_rec *rec = op->rec;
-    const char *args[] = {rec->n.hash, rec->token, "1", rec->n.chan,
-                          LK_UNLOCK_MSG};
-    size_t lens[] = {rec->n.hash_len, LD_TOKEN_LEN, 1, rec->n.chan_len,
-                     strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
-    lk_script_ex(0, lk_conn_id(), LD_SCRIPT_lock_release, &rec->n, 1, 5, args,
-                 lens, cb, op);
+    lk_release_send(0, lk_conn_id(), &rec->n, rec->token, LD_TOKEN_LEN, false,
+                    cb, op);
 }
 
 static void

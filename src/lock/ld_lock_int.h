@@ -287,6 +287,9 @@ void lk_script(enum ld_script_id id, const struct lk_names *n, int nkeys,
 void lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
                   const struct lk_names *n, int nkeys, int nargs,
                   const char **args, size_t *lens, ld_redis_cb *cb, void *arg);
+void lk_release_send(unsigned flags, uint64_t pin, const struct lk_names *n,
+                     const char *field, size_t flen, bool all, ld_redis_cb *cb,
+                     void *arg);
 
 /* ld_lock.c */
 void lk_op_fail(struct lk_op *op, const redisReply *r, int n,

@@ -215,13 +215,9 @@ give_back_on_reply(redisReply *r, void *arg)
 static void
 give_back_send(struct lk_op *op)
 {
-    const struct lk_names *n = &op->rec->n;
-    const char *args[] = {n->hash, op->field, "a", n->chan, LK_UNLOCK_MSG};
-    size_t lens[] = {n->hash_len, op->field_len, 1, n->chan_len,
-                     strlen(LK_UNLOCK_MSG)};
     op->inflight = true;
-    lk_script(LD_SCRIPT_lock_release, n, 1, 5, args, lens, give_back_on_reply,
-              op);
+    lk_release_send(0, 0, &op->rec->n, op->field, op->field_len, true,
+                    give_back_on_reply, op);
 }
 
 /* Give back every key of G before key UPTO. */
@@ -821,11 +817,8 @@ part_send(struct lk_op *sub, long long ttl)
     sub->sent_ms = ld_now_ms();
     sub->inflight = true;
     if (sub->kind == LK_UNLOCK) {
-        const char *args[] = {nm->hash, field, "1", nm->chan, LK_UNLOCK_MSG};
-        size_t lens[] = {nm->hash_len, flen, 1, nm->chan_len,
-                         strlen(LK_UNLOCK_MSG)};
-        lk_script_ex(LD_REDIS_F_LATE, 0, LD_SCRIPT_lock_release, nm, 1, 5,
-                     args, lens, part_on_reply, sub);
+        lk_release_send(LD_REDIS_F_LATE, 0, nm, field, flen, false,
+                        part_on_reply, sub);
         return;
     }
     sub->lease_ms = lk_rec_cap_clip(sub->rec, ttl);

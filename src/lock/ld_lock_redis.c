@@ -288,6 +288,28 @@ lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
                        cb, arg);
 }
 
+/* Give back one hold of FIELD (ALL: every hold) by lock_release (or
+ * rw_release, which takes the same arguments before its own). A plain
+ * lock's release leaves out what the script takes as its default, the
+ * one hold and Redisson's unlock message: each argument costs Redis
+ * instructions on every call. Redlock sends the message, which it makes
+ * its own for each release (ld_redlock.c). */
+void
+lk_release_send(unsigned flags, uint64_t pin, const struct lk_names *n,
+                const char *field, size_t flen, bool all, ld_redis_cb *cb,
+                void *arg)
+{
+    const char *args[] = {n->hash, field, n->chan, all ? "a" : "1",
+                          LK_UNLOCK_MSG};
+    size_t lens[] = {n->hash_len, flen, n->chan_len, 1, strlen(LK_UNLOCK_MSG)};
+    int nargs = 5;
+    if (n->mode == LK_MODE_PLAIN && !lock_mod.redlock) {
+        nargs = all ? 4 : 3;
+    }
+    lk_script_ex(flags, pin, LD_SCRIPT_lock_release, n, 1, nargs, args, lens,
+                 cb, arg);
+}
+
 void
 lk_script(enum ld_script_id id, const struct lk_names *n, int nkeys, int nargs,
           const char **args, size_t *lens, ld_redis_cb *cb, void *arg)

@@ -1,8 +1,8 @@
 -- Release one hold (unlock) or every hold (session end) of one side of a
 -- read-write lock (the layout: rw_acquire.lua).
 -- KEYS[1] lock hash
--- ARGV[1] holder field   ARGV[2] "1" one hold, "a" all holds
--- ARGV[3] unlock channel ARGV[4] unlock message of a reader
+-- ARGV[1] holder field   ARGV[2] unlock channel
+-- ARGV[3] "1" one hold, "a" all holds   ARGV[4] unlock message of a reader
 -- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
 -- Returns what lock_release.lua returns: 1 RELEASED (this holder
 -- holds nothing now; the lock may still be held by other readers),
@@ -25,7 +25,7 @@ if #field == 32 and redis.pcall('hlen', KEYS[1]) == 2 then
         local gone = mode == 'read' and
                      redis.call('del', rw_tkey(pfx, field, 1)) == 0
         redis.call('del', KEYS[1])
-        redis.call('publish', ARGV[3], mode == 'write' and '1' or ARGV[4])
+        redis.call('publish', ARGV[2], mode == 'write' and '1' or ARGV[4])
         if gone then
             return {-2}
         end
@@ -45,7 +45,7 @@ local left = 0
 if mode == 'read' then
     gone = redis.call('del', rw_tkey(pfx, field, c)) == 0
 end
-if ARGV[2] == '1' and not gone then
+if ARGV[3] == '1' and not gone then
     left = c - 1
 end
 if mode == 'read' then
@@ -78,11 +78,11 @@ if len > 2 then
     if best > 0 then
         redis.call('pexpire', KEYS[1], best)
         if mode == 'write' then
-            redis.call('publish', ARGV[3], msg)
+            redis.call('publish', ARGV[2], msg)
         end
         return done
     end
 end
 redis.call('del', KEYS[1])
-redis.call('publish', ARGV[3], msg)
+redis.call('publish', ARGV[2], msg)
 return done
