@@ -19,11 +19,13 @@ local lease = tonumber(ARGV[2])
 if lease <= 0 then
     return {1}
 end
+-- Numbers go to Redis as '%d' text: a Lua number would be printed
+-- with '%.17g' (about 3k instructions each).
 if tonumber(score) < now + lease then
-    redis.call('zadd', KEYS[1], now + lease, ARGV[1])
+    redis.call('zadd', KEYS[1], string.format('%d', now + lease), ARGV[1])
 end
 local last = redis.call('zrange', KEYS[1], -1, -1, 'withscores')
-local ttl = tonumber(last[2]) - now + 1
+local ttl = string.format('%d', tonumber(last[2]) - now + 1)
 redis.call('pexpire', KEYS[1], ttl)
 redis.call('pexpire', KEYS[2], ttl)
 return {1}
