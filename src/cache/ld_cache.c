@@ -214,8 +214,10 @@ write_unanswered(struct cache_write_err *err)
                                                   : "no answer");
 }
 
-/* A write script's {rc, version} (or a bare rc: version -1) into RES;
- * false for any other shape. */
+/* A write script's {rc, version} into RES; a bare number is an rc
+ * (version -1), or above the rcs cache_set's DONE with that version
+ * (versions are Redis' clock in microseconds: cache_shape.lua); false for
+ * any other shape. */
 static bool
 write_result(const redisReply *reply, struct cache_write_res *res)
 {
@@ -229,6 +231,10 @@ write_result(const redisReply *reply, struct cache_write_res *res)
     }
     if (reply->type == REDIS_REPLY_INTEGER) {
         res->rc = reply->integer;
+        if (reply->integer > CACHE_WRITE_MOVED) {
+            res->rc = CACHE_WRITE_DONE;
+            res->version = reply->integer;
+        }
         return true;
     }
     return false;

@@ -303,7 +303,8 @@ bool cache_write_check(const redisReply *reply, const char *op,
 long long cache_entry_ttl(bool is_null, bool ttl_given, long long ttl_ms);
 /* cache.set's write of one entry, TTL_MS already jittered, only over
  * version IF_VERSION when that is not negative; CB gets the script's
- * reply ({rc, version}: enum cache_write_rc). */
+ * reply ({rc, version}: enum cache_write_rc; DONE as the bare version:
+ * cache_write_check reads both). */
 void cache_send_set(const char *key, size_t len, const char *value,
                     size_t value_len, bool is_null, long long ttl_ms,
                     long long if_version, ld_redis_cb *cb, void *arg);
