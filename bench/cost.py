@@ -10,6 +10,7 @@ window holds the case's work and little else (serverCron)."""
 
 import argparse
 import glob
+import itertools
 import json
 import os
 import re
@@ -267,6 +268,27 @@ def pairs(a):
                                    lease=g['lease'])['released']:
             raise RuntimeError('no miss and release of ' + k)
     cases['leased cache.get miss + cache.release'] = miss_release
+
+    # Cache-aside's miss: a key never read before each time (the warm-up
+    # and the window take their own), its fill lease and the fill, against
+    # what an app does by hand: GET, nothing there, SET PX of the value.
+    fresh = itertools.count()
+
+    def miss_fill(i):
+        k = 'cost.f%d' % next(fresh)
+        g = ld.call(op='cache.get', key=k)
+        if g['hit'] or not ld.call(op='cache.fill', key=k, lease=g['lease'],
+                                   value=VALUE, ttl_ms=TTL_MS)['stored']:
+            raise RuntimeError('no miss and fill of ' + k)
+    cases['leased cache.get miss + cache.fill'] = miss_fill
+    plain = itertools.count()
+
+    def get_set(i):
+        k = 'plain:cost.f%d' % next(plain)
+        if r.call('GET', k) is not None:
+            raise RuntimeError('GET of %s found a value' % k)
+        r.call('SET', k, VALUE, 'PX', TTL_MS)
+    cases['GET miss + SET PX'] = get_set
     null_set = []
 
     def null_get(i):

@@ -73,6 +73,9 @@ if [ "${1:-}" = --table ]; then
         row("cache.get of an absent key: miss + cache.release",
             "leased cache.get miss + cache.release", "GET absent",
             "GET of the absent key")
+        row("cache.get miss + cache.fill of 100 B (cache-aside\047s miss)",
+            "leased cache.get miss + cache.fill", "GET miss + SET PX",
+            "GET, then SET PX")
         row("cache.get of a cached null", "leased cache.get cached null",
             "GET absent", "GET of the absent key")
         row("bloom.check of 1 key", "leased bloom.check 1", "", "")
