@@ -349,6 +349,10 @@ parse_fetch(const redisReply *r, const redisReply **value, long long *pttl,
     if (r == NULL || ld_reply_is_unavailable(r)) {
         return R_DOWN;
     }
+    /* A lease granted on an absent key: a bare 1 (cache_get.lua). */
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 1) {
+        return R_GRANTED;
+    }
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_STRING) {
         return R_ERROR;

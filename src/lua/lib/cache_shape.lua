@@ -47,16 +47,21 @@ end
 -- cache.release): the fields of the entry at KEY when LEASE is its current
 -- lease; else nil and what the write answers: REFUSED when the lease is
 -- gone (no entry, or another lease: then the entry's fields too),
--- WRONG_TYPE for data leased did not write.
-local function leased_entry(key, lease)
-    local t = redis.call('TYPE', key)['ok']
-    if t == 'none' then
+-- WRONG_TYPE for data leased did not write. F and LEN as entry_fields
+-- takes them, from a caller that read the key (a hash or nothing) already.
+local function leased_entry(key, lease, f, len)
+    if not f then
+        local t = redis.call('TYPE', key)['ok']
+        if t == 'none' then
+            return nil, REFUSED
+        end
+        if t ~= 'hash' then
+            return nil, WRONG_TYPE
+        end
+    elseif len == 0 then
         return nil, REFUSED
     end
-    if t ~= 'hash' then
-        return nil, WRONG_TYPE
-    end
-    local f = entry_fields(key)
+    f = entry_fields(key, f, len)
     if not f then
         return nil, WRONG_TYPE
     end
