@@ -643,6 +643,29 @@ START_TEST(test_release_and_fifo)
 }
 END_TEST
 
+/* A miss's entry is its lease alone (the common case of a release,
+ * answered before the script's shape checks): a release with a lease that
+ * is not the current one does nothing there either, and the current one
+ * still fills. */
+START_TEST(test_release_other_lease)
+{
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    char *lease = get_lease(a, "ro");
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:s}", "op", "cache.release", "key",
+                        "ro", "lease", "0123456789abcdef0123456789abcdef");
+    h_must(r);
+    ck_assert(json_is_false(json_object_get(r, "released")));
+    json_decref(r);
+    ck_assert(fill(a, "ro", lease, "R"));
+    r = get(a, "ro");
+    expect_hit(r, "R");
+    json_decref(r);
+    free(lease);
+    h_close(a);
+}
+END_TEST
+
 /* Getters of a missing key that reach the daemon together share one
  * fetch: exactly one of them gets the fill lease, the others wait for its
  * fill. */
@@ -2320,6 +2343,7 @@ main(void)
         H_CASE(coalesced_round_trip, 60),
         H_CASE(loader_dies, 60),
         H_CASE(release_and_fifo, 60),
+        H_CASE(release_other_lease, 30),
         H_CASE(coalesced_one_lease, 60),
         H_CASE(waiter_session_closes, 60),
         H_CASE(wait_limits, 60),
