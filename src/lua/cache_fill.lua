@@ -16,16 +16,9 @@
 --   WRONG_TYPE -1 data leased did not write, left alone; version 0
 -- The common case first, before cache_shape.lua's closures are created
 -- (each costs every call): the entry is this lease alone, as the miss
--- left it. HMGET fails on a key of another type; the fields it read
--- serve the checks below too. A lease alone always expires (PTTL).
-local f = redis.pcall('HMGET', KEYS[1], 'v', 'n', 'l', 's', 'd', 'g', 'r')
-if f.err then
-    if string.find(f.err, 'WRONGTYPE', 1, true) then
-        return {-1, 0}
-    end
-    return f
-end
-local len = redis.call('HLEN', KEYS[1])
+-- left it (the fields: lib/cache_read.lua). A lease alone always expires
+-- (PTTL).
+--@include cache_read.lua
 if len == 1 and f[3] == ARGV[1] and redis.call('PTTL', KEYS[1]) >= 0 then
     if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= 0 then
         return {2, 0}

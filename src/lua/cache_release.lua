@@ -3,18 +3,12 @@
 -- Returns (enum cache_write_rc CACHE_WRITE_ + these names on the C side):
 --   DONE 1        released
 --   REFUSED 0     the lease was no longer the current one
---   WRONG_TYPE -1 data leased did not write, left alone
+--   WRONG_TYPE -1 data leased did not write, left alone ({-1, 0} from
+--                 lib/cache_read.lua: a key of another type)
 -- The common case first, before cache_shape.lua's closures are created
 -- (each costs every call): the entry is this lease alone, as the miss
 -- left it (see cache_fill.lua).
-local f = redis.pcall('HMGET', KEYS[1], 'v', 'n', 'l', 's', 'd', 'g', 'r')
-if f.err then
-    if string.find(f.err, 'WRONGTYPE', 1, true) then
-        return -1
-    end
-    return f
-end
-local len = redis.call('HLEN', KEYS[1])
+--@include cache_read.lua
 if len == 1 and f[3] == ARGV[1] and redis.call('PTTL', KEYS[1]) >= 0 then
     redis.call('DEL', KEYS[1])
     redis.call('PUBLISH', ARGV[2], 'release')

@@ -14,16 +14,8 @@
 --                 microseconds or above it (next_version), never 0 to 2
 -- The common cases come first, before cache_shape.lua's closures are
 -- created (each costs every call): no entry, or one holding a value or a
--- null and its version alone. HMGET fails on a key of another type; the
--- fields it read serve the checks below too.
-local f = redis.pcall('HMGET', KEYS[1], 'v', 'n', 'l', 's', 'd', 'g', 'r')
-if f.err then
-    if string.find(f.err, 'WRONGTYPE', 1, true) then
-        return {-1, 0}
-    end
-    return f
-end
-local len = redis.call('HLEN', KEYS[1])
+-- null and its version alone (the fields: lib/cache_read.lua).
+--@include cache_read.lua
 if len == 0 or (len == 2 and f[7] and (f[1] or f[2] == '1') and
                 string.find(f[7], '^%d+$')) then
     local cur = len == 0 and 0 or tonumber(f[7])
