@@ -22,6 +22,7 @@ VALUE = 'v' * 100
 MGET_KEYS = 10
 MSET_ENTRIES = 10
 TTL_MS = 3600000
+SEM_HELD = 20
 
 
 class Resp:
@@ -203,6 +204,37 @@ def pairs(a):
         r.call('EVALSHA', sha['psem_release'], 3, ps_keys[0], ps_keys[2],
                ps_keys[1], pid, 1, int(time.time() * 1000), 'publish')
     cases['redisson RPermitExpirableSemaphore'] = rpsem
+
+    # The same with SEM_HELD grants held by others all along (detached
+    # with a long lease on leased's side: no renewal in the window).
+    other = Leased(a.sock)
+    for _ in range(SEM_HELD):
+        other.call(op='sem.acquire', key='cost.s%d' % SEM_HELD, limit=100,
+                   detach=True, ttl_ms=TTL_MS)
+
+    def sem_held(i):
+        t = ld.call(op='sem.acquire', key='cost.s%d' % SEM_HELD,
+                    limit=100)['token']
+        ld.call(op='sem.release', key='cost.s%d' % SEM_HELD, token=t)
+    cases['leased sem %d held' % SEM_HELD] = sem_held
+    r.call('SET', 'cost.rps%d' % SEM_HELD, 100)
+    ph_keys = ['cost.rps%d' % SEM_HELD, '{cost.rps%d}:timeout' % SEM_HELD,
+               'redisson_sc:{cost.rps%d}' % SEM_HELD]
+    now = int(time.time() * 1000)
+    for _ in range(SEM_HELD):
+        r.call('EVALSHA', sha['psem_acquire'], 3, *ph_keys, 1, now + TTL_MS,
+               now, 922337203685477, 'publish', os.urandom(16))
+
+    def rpsem_held(i):
+        pid = os.urandom(16)
+        now = int(time.time() * 1000)
+        if r.call('EVALSHA', sha['psem_acquire'], 3, *ph_keys, 1, now + lease,
+                  now, 922337203685477, 'publish', pid) != 'OK':
+            raise RuntimeError('RPermitExpirableSemaphore refused')
+        r.call('EVALSHA', sha['psem_release'], 3, ph_keys[0], ph_keys[2],
+               ph_keys[1], pid, 1, int(time.time() * 1000), 'publish')
+    cases['redisson RPermitExpirableSemaphore %d held' % SEM_HELD] = \
+        rpsem_held
 
     # A granted decision: limits far above the pace of the run, the same
     # on both sides (a million a second). Redisson logs every grant for

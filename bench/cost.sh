@@ -53,6 +53,10 @@ if [ "${1:-}" = --table ]; then
             "RPermitExpirableSemaphore (permits with a lease)", "leased sem",
             "redisson RPermitExpirableSemaphore",
             "Redisson RPermitExpirableSemaphore scripts")
+        row("semaphore acquire + release, 20 grants held by others, " \
+            "against RPermitExpirableSemaphore", "leased sem 20 held",
+            "redisson RPermitExpirableSemaphore 20 held",
+            "Redisson RPermitExpirableSemaphore scripts")
         row("watchdog renewal", "leased watchdog renewal",
             "redisson renewal", "Redisson renewExpiration")
         row("cache.get hit, 100 B", "leased cache.get hit 100 B",
