@@ -10,10 +10,10 @@
 --                          the next lease ends (-1: none ends)
 --   {-1}                   WRONG_TYPE
 --@include sem_shape.lua
--- One ZRANGE of every grant (it fails on a key of another type) gives
--- the dead, the live and the longest lease: no TYPE of the zset, no
--- second and third range.
-local all = redis.pcall('zrange', KEYS[1], 0, -1, 'withscores')
+-- The members alone (ZRANGE fails on a key of another type: no TYPE of
+-- the zset): a score in a reply is printed with '%.17g', about 4k
+-- instructions each, so scores are asked for only where one is needed.
+local all = redis.pcall('zrange', KEYS[1], 0, -1)
 if type(all) ~= 'table' or all.err then
     return {-1}
 end
@@ -31,29 +31,44 @@ if #all > 0 or want > limit then
     end
 end
 local now = sem_now()
-local held, dead, first, last = 0, 0, nil, now + lease
-for i = 1, #all, 2 do
-    local at = tonumber(all[i + 1])
-    if at <= now then
-        redis.call('hdel', KEYS[2], all[i])
-        dead = dead + 1
-    else
-        held = held + (tonumber(redis.call('hget', KEYS[2], all[i])) or 0)
-        first = first or at
-        if at > last then
-            last = at
+local held, last = 0, now + lease
+if #all > 0 then
+    -- Numbers go to Redis as '%d' text: a Lua number would be printed
+    -- with '%.17g' (about 3k instructions each).
+    local nows = string.format('%d', now)
+    -- The dead reclaimed, then the live counted, each in one call (in
+    -- chunks), not one per grant: a semaphore with many holders would
+    -- pay for each on every acquire. The permits of ALL are read after
+    -- the dead's are deleted: theirs count nothing.
+    local dead = redis.call('zrangebyscore', KEYS[1], '-inf', nows)
+    if #dead > 0 then
+        for i = 1, #dead, 1000 do
+            redis.call('hdel', KEYS[2],
+                       unpack(dead, i, math.min(i + 999, #dead)))
+        end
+        redis.call('zremrangebyscore', KEYS[1], '-inf', nows)
+    end
+    if #all > #dead then
+--@include sem_held.lua
+        held = sem_permits(all)
+        if held + want > limit then
+            -- How long until the next lease ends: the earliest score.
+            local first = redis.call('zrange', KEYS[1], 0, 0, 'withscores')
+            local avail = limit - held
+            if avail < 0 then
+                avail = 0
+            end
+            return {0, avail, tonumber(first[2]) - now}
+        end
+        -- Both keys live as long as the longest lease: the last score.
+        local top = redis.call('zrange', KEYS[1], -1, -1, 'withscores')
+        if tonumber(top[2]) > last then
+            last = tonumber(top[2])
         end
     end
 end
-if dead > 0 then
-    redis.call('zremrangebyscore', KEYS[1], '-inf', now)
-end
 if held + want > limit then
-    local avail = limit - held
-    if avail < 0 then
-        avail = 0
-    end
-    return {0, avail, first and first - now or -1}
+    return {0, limit - held > 0 and limit - held or 0, -1}
 end
 -- The permits as sent: a Lua number would be printed back with sprintf.
 local r = redis.pcall('hset', KEYS[2], ARGV[4], ARGV[2])
@@ -63,8 +78,6 @@ if type(r) == 'table' then
     end
     return r
 end
--- Numbers go to Redis as '%d' text: a Lua number would be printed
--- with '%.17g' (about 3k instructions each).
 redis.call('zadd', KEYS[1], string.format('%d', now + lease), ARGV[4])
 -- Both keys live as long as the longest lease.
 local ttl = string.format('%d', last - now + 1)

@@ -11,14 +11,11 @@ local function sem_shape_ok()
     return (z == 'none' or z == 'zset') and (h == 'none' or h == 'hash')
 end
 
+--@include sem_held.lua
 -- Permits held by grants whose lease has not ended at NOW.
 local function sem_held(now)
-    local live = redis.call('zrangebyscore', KEYS[1], '(' .. now, '+inf')
-    local held = 0
-    for i = 1, #live do
-        held = held + (tonumber(redis.call('hget', KEYS[2], live[i])) or 0)
-    end
-    return held
+    return sem_permits(redis.call('zrangebyscore', KEYS[1], '(' .. now,
+                                  '+inf'))
 end
 
 if not sem_shape_ok() then

@@ -412,6 +412,43 @@ START_TEST(test_expired_not_held)
 }
 END_TEST
 
+/* A waiter that needs more permits than one lease gives back is tried
+ * again when the earliest lease ends, not the longest, and gets them then
+ * without any release; the grant reclaims the dead one, and the keys live
+ * as long as the longest lease, not the new one. */
+START_TEST(test_waiter_at_first_lease_end)
+{
+    struct h_conn *a, *b, *c;
+    json_t *r;
+
+    h_start(NULL);
+    a = h_connect_ok(&D1);
+    b = h_connect_ok(&D1);
+    c = h_connect_ok(&D1);
+    r = s_acquire(c, "fl", 4, 1, 0, 60000);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "long: %s", h_errcode(r));
+    json_decref(r);
+    r = s_acquire(a, "fl", 4, 2, 0, 400);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "short: %s", h_errcode(r));
+    json_decref(r);
+    long long t0 = h_now_ms();
+    r = s_acquire(b, "fl", 4, 2, 5000, 0);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"),
+                  "not granted at the first lease end: %s", h_dump(r));
+    ck_assert_int_ge(h_now_ms() - t0, 300);
+    ck_assert_int_lt(h_now_ms() - t0, 2500);
+    ck_assert_int_eq(jint(r, "available"), 1);
+    json_decref(r);
+    ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{fl}:sem"), 2);
+    ck_assert_int_eq(h_r_int(&R, "HLEN leased:lock:{fl}:sem:permits"), 2);
+    ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{fl}:sem"), 50000);
+    ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{fl}:sem:permits"), 50000);
+    h_close(a);
+    h_close(b);
+    h_close(c);
+}
+END_TEST
+
 START_TEST(test_grant_lost_and_shutdown)
 {
     struct h_conn *a;
@@ -969,6 +1006,7 @@ main(void)
         H_CASE(watchdog_and_expiry, 60),
         H_CASE(grant_lost_and_shutdown, 60),
         H_CASE(expired_not_held, 60),
+        H_CASE(waiter_at_first_lease_end, 60),
         H_CASE(redis_down_and_wrong_type, 60),
         H_CASE(lost_when_redis_down, 60),
         H_CASE(lost_before_local_grant, 60),
