@@ -57,7 +57,7 @@ if kv then
         if not count_ok(held) then
             return {-1}
         end
-        local n = redis.call('hincrby', KEYS[1], ARGV[2], 1)
+        local n = redis.call('hincrby', KEYS[1], ARGV[2], '1')
         if lease > 0 then
             redis.call('pexpire', KEYS[1], ARGV[1])
         end

@@ -45,7 +45,7 @@ if len ~= 1 or held ~= '1' or #ARGV[1] ~= 32 then
         return {-1}
     end
     if ARGV[3] ~= 'a' and held ~= '1' then
-        return {0, redis.call('hincrby', KEYS[1], ARGV[1], -1)}
+        return {0, redis.call('hincrby', KEYS[1], ARGV[1], '-1')}
     end
 end
 redis.call('del', KEYS[1])

@@ -36,9 +36,9 @@ end
 -- created: EXISTS, GET, HSET, SET, PEXPIRE.
 if mode == 'read' and not reenter
         and redis.call('exists', KEYS[1]) == 0 then
-    redis.call('hset', KEYS[1], 'mode', 'read', field, 1)
+    redis.call('hset', KEYS[1], 'mode', 'read', field, '1')
     -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
-    redis.call('set', rw_tkey(pfx, field, 1), 1, 'px', ARGV[1])
+    redis.call('set', rw_tkey(pfx, field, '1'), '1', 'px', ARGV[1])
     redis.call('pexpire', KEYS[1], ARGV[1])
 --@include rw_reader_fence.lua
 end
@@ -64,7 +64,7 @@ if held then
             and not rw_is_reader(pfx, hmode, field, tonumber(held))) then
         return {-3, redis.call('pttl', KEYS[1])}
     end
-    local n = redis.call('hincrby', KEYS[1], field, 1)
+    local n = redis.call('hincrby', KEYS[1], field, '1')
     local left
     if mode == 'read' then
         left = lease
@@ -74,7 +74,7 @@ if held then
         if left <= 0 then
             left = math.max(redis.call('pttl', KEYS[1]), 1)
         end
-        redis.call('set', rw_tkey(pfx, field, n), 1, 'px', left)
+        redis.call('set', rw_tkey(pfx, field, n), '1', 'px', left)
         keep(left)
     else
         if lease > 0 then
@@ -100,9 +100,9 @@ if mode == 'read' then
         return {0, redis.call('pttl', KEYS[1])}
     end
     -- Joining the readers (a free lock was taken above).
-    redis.call('hset', KEYS[1], field, 1)
+    redis.call('hset', KEYS[1], field, '1')
     -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
-    redis.call('set', rw_tkey(pfx, field, 1), 1, 'px', ARGV[1])
+    redis.call('set', rw_tkey(pfx, field, '1'), '1', 'px', ARGV[1])
     keep(lease)
 --@include rw_reader_fence.lua
 end

@@ -16,7 +16,7 @@ local lease = tonumber(ARGV[2])
 local want = lease
 if mode == 'read' then
     for i = n, math.max(1, n - 63), -1 do
-        redis.call('set', rw_tkey(pfx, field, i), 1, 'px', ARGV[2])
+        redis.call('set', rw_tkey(pfx, field, i), '1', 'px', ARGV[2])
     end
     if hmode == 'write' then
         -- The writer's lease is the hash's: never shortened by its reader.

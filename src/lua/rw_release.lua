@@ -23,7 +23,7 @@ if #field == 32 and redis.pcall('hlen', KEYS[1]) == 2 then
     if v[1] == mode and v[2] == '1' then
         -- A reader's own lease may have run out: ABSENT, as below.
         local gone = mode == 'read' and
-                     redis.call('del', rw_tkey(pfx, field, 1)) == 0
+                     redis.call('del', rw_tkey(pfx, field, '1')) == 0
         redis.call('del', KEYS[1])
         redis.call('publish', ARGV[2], mode == 'write' and '1' or ARGV[4])
         if gone then

@@ -40,7 +40,7 @@ local lease = tonumber(ARGV[2])
 if lease > 0 and (ARGV[3] ~= '1' or left < lease) then
     if mode == 'read' then
         for i = n, math.max(1, n - 63), -1 do
-            redis.call('set', rw_tkey(pfx, field, i), 1, 'px', ARGV[2])
+            redis.call('set', rw_tkey(pfx, field, i), '1', 'px', ARGV[2])
         end
     end
     if redis.call('pttl', KEYS[1]) < lease then

@@ -13,7 +13,7 @@
 -- The members alone (ZRANGE fails on a key of another type: no TYPE of
 -- the zset): a score in a reply is printed with '%.17g', about 4k
 -- instructions each, so scores are asked for only where one is needed.
-local all = redis.pcall('zrange', KEYS[1], 0, -1)
+local all = redis.pcall('zrange', KEYS[1], '0', '-1')
 if type(all) ~= 'table' or all.err then
     return {-1}
 end
@@ -53,7 +53,7 @@ if #all > 0 then
         held = sem_permits(all)
         if held + want > limit then
             -- How long until the next lease ends: the earliest score.
-            local first = redis.call('zrange', KEYS[1], 0, 0, 'withscores')
+            local first = redis.call('zrange', KEYS[1], '0', '0', 'withscores')
             local avail = limit - held
             if avail < 0 then
                 avail = 0
@@ -61,7 +61,7 @@ if #all > 0 then
             return {0, avail, tonumber(first[2]) - now}
         end
         -- Both keys live as long as the longest lease: the last score.
-        local top = redis.call('zrange', KEYS[1], -1, -1, 'withscores')
+        local top = redis.call('zrange', KEYS[1], '-1', '-1', 'withscores')
         if tonumber(top[2]) > last then
             last = tonumber(top[2])
         end

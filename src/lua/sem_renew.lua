@@ -24,7 +24,7 @@ end
 if tonumber(score) < now + lease then
     redis.call('zadd', KEYS[1], string.format('%d', now + lease), ARGV[1])
 end
-local last = redis.call('zrange', KEYS[1], -1, -1, 'withscores')
+local last = redis.call('zrange', KEYS[1], '-1', '-1', 'withscores')
 local ttl = string.format('%d', tonumber(last[2]) - now + 1)
 redis.call('pexpire', KEYS[1], ttl)
 redis.call('pexpire', KEYS[2], ttl)

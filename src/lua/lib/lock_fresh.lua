@@ -20,9 +20,9 @@ if mode ~= 'read' and floor ~= 'r'
     end
 --@include fence_incr.lua
     if mode == 'write' then
-        redis.call('hset', KEYS[1], 'mode', 'write', ARGV[2], 1)
+        redis.call('hset', KEYS[1], 'mode', 'write', ARGV[2], '1')
     else
-        redis.call('hset', KEYS[1], ARGV[2], 1)
+        redis.call('hset', KEYS[1], ARGV[2], '1')
     end
     -- ARGV[1] as sent: a Lua number would be printed back with sprintf.
     redis.call('pexpire', KEYS[1], ARGV[1])
