@@ -219,15 +219,14 @@ lk_reply_wrong_type(struct ld_req *req, const char *key, size_t klen)
 /* A read-write lock's script for plain lock script ID: it takes the same
  * keys and arguments, then the side, the prefix of the readers' lease
  * keys and (rw_acquire only) the downgrade field (src/lua/rw_*.lua); a
- * writer's rw_acquire the side alone. */
+ * writer's rw_acquire the side alone. Releases name rw_release
+ * themselves (lk_release_send): its arguments differ. */
 static enum ld_script_id
 rw_script(enum ld_script_id id)
 {
     switch (id) {
     case LD_SCRIPT_lock_acquire:
         return LD_SCRIPT_rw_acquire;
-    case LD_SCRIPT_lock_release:
-        return LD_SCRIPT_rw_release;
     case LD_SCRIPT_lock_renew:
         return LD_SCRIPT_rw_renew;
     case LD_SCRIPT_lock_extend:
@@ -288,10 +287,9 @@ lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
                        cb, arg);
 }
 
-/* Give back one hold of FIELD (ALL: every hold) by lock_release (or
- * rw_release, which takes the same arguments before its own). A plain
- * lock's release leaves out what the script takes as its default, the
- * one hold and Redisson's unlock message: each argument costs Redis
+/* Give back one hold of FIELD (ALL: every hold) by lock_release or
+ * rw_release. Each leaves out what its script takes as the default (one
+ * hold, Redisson's unlock message): each argument costs Redis
  * instructions on every call. Redlock sends the message, which it makes
  * its own for each release (ld_redlock.c). */
 void
@@ -299,11 +297,20 @@ lk_release_send(unsigned flags, uint64_t pin, const struct lk_names *n,
                 const char *field, size_t flen, bool all, ld_redis_cb *cb,
                 void *arg)
 {
+    if (n->mode != LK_MODE_PLAIN) {
+        const char *side = lk_mode_name(n->mode);
+        const char *rw[] = {n->hash, field, n->chan, side, n->rwpfx, "a"};
+        size_t rwlens[] = {n->hash_len,  flen,         n->chan_len,
+                           strlen(side), n->rwpfx_len, 1};
+        lk_script_ex(flags, pin, LD_SCRIPT_rw_release, n, 1, all ? 6 : 5, rw,
+                     rwlens, cb, arg);
+        return;
+    }
     const char *args[] = {n->hash, field, n->chan, all ? "a" : "1",
                           LK_UNLOCK_MSG};
     size_t lens[] = {n->hash_len, flen, n->chan_len, 1, strlen(LK_UNLOCK_MSG)};
     int nargs = 5;
-    if (n->mode == LK_MODE_PLAIN && !lock_mod.redlock) {
+    if (!lock_mod.redlock) {
         nargs = all ? 4 : 3;
     }
     lk_script_ex(flags, pin, LD_SCRIPT_lock_release, n, 1, nargs, args, lens,

@@ -2,17 +2,19 @@
 -- read-write lock (the layout: rw_acquire.lua).
 -- KEYS[1] lock hash
 -- ARGV[1] holder field   ARGV[2] unlock channel
--- ARGV[3] "1" one hold, "a" all holds   ARGV[4] unlock message of a reader
--- ARGV[5] "read" or "write"   ARGV[6] prefix of the readers' lease keys
+-- ARGV[3] "read" or "write"   ARGV[4] prefix of the readers' lease keys
+-- ARGV[5] "a": all holds (session end); none: one hold. Four arguments
+-- for an unlock: Lua's ARGV table grows at 1, 2, 4 and 8 entries, and
+-- each growth costs Redis on every call.
 -- Returns what lock_release.lua returns: 1 RELEASED (this holder
 -- holds nothing now; the lock may still be held by other readers),
 -- {0, count} KEPT, {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
 -- own lease ran out; its field is cleared), {-3} OTHER.
--- Messages as Redisson's: a reader's last unlock publishes ARGV[4]
+-- Messages as Redisson's: a reader's last unlock publishes "0"
 -- (UNLOCK_MESSAGE, one waiter may go on), a writer's "1"
 -- (READ_UNLOCK_MESSAGE, every waiting reader may go on).
 --@include rw_tkey.lua
-local field, mode, pfx = ARGV[1], ARGV[5], ARGV[6]
+local field, mode, pfx = ARGV[1], ARGV[3], ARGV[4]
 -- The common case, before the other closures are created (each costs
 -- every call): this holder alone, with one hold of its side, the daemon's
 -- own token (the daemon sends only holder-shaped tokens, and Redisson's
@@ -25,7 +27,7 @@ if #field == 32 and redis.pcall('hlen', KEYS[1]) == 2 then
         local gone = mode == 'read' and
                      redis.call('del', rw_tkey(pfx, field, '1')) == 0
         redis.call('del', KEYS[1])
-        redis.call('publish', ARGV[2], mode == 'write' and '1' or ARGV[4])
+        redis.call('publish', ARGV[2], mode == 'write' and '1' or '0')
         if gone then
             return {-2}
         end
@@ -45,7 +47,7 @@ local left = 0
 if mode == 'read' then
     gone = redis.call('del', rw_tkey(pfx, field, c)) == 0
 end
-if ARGV[3] == '1' and not gone then
+if ARGV[5] ~= 'a' and not gone then
     left = c - 1
 end
 if mode == 'read' then
@@ -61,7 +63,7 @@ if left > 0 then
     redis.call('hset', KEYS[1], field, left)
     return {0, left}
 end
-local msg = ARGV[4]
+local msg = '0'
 if mode == 'write' then
     msg = '1'
 end
