@@ -461,6 +461,15 @@ START_TEST(test_fences_exact)
     expect_foreign(a, "fzero", "0");
     expect_foreign(a, "flead", "007");
     expect_foreign(a, "fbig", "99999999999999999999");
+
+    /* INCR's answer is held against the floor as a double: past 2^53 the
+     * floor 2^53+3 and the answer 2^53+5 round alike, and the counter,
+     * moved on by another daemon to 2^53+4, is still not the one that
+     * went back. */
+    set_counter("f53c", "9007199254740994");
+    ck_assert_int_eq(fence_of(a, "f53c"), 9007199254740995LL);
+    set_counter("f53c", "9007199254740996");
+    ck_assert_int_eq(fence_of(a, "f53c"), 9007199254740997LL);
     h_close(a);
 }
 END_TEST
@@ -533,6 +542,19 @@ START_TEST(test_fence_counter_lowered)
     ck_assert_msg(f > 5, "plain lock: fence went back from 5 to %lld", f);
     g = write_fence_of(a, "loww");
     ck_assert_msg(g > 5, "write lock: fence went back from 5 to %lld", g);
+
+    /* Gone, or reset to "0": the same, from the highest fence handed
+     * out here. */
+    ck_assert_int_eq(h_r_int(&R, "DEL leased:lock:{low}:fence"), 1);
+    ck_assert_int_eq(fence_of(a, "low"), f + 1);
+    set_counter("low", "0");
+    ck_assert_int_eq(fence_of(a, "low"), f + 2);
+    set_counter("loww", "0");
+    ck_assert_int_eq(write_fence_of(a, "loww"), g + 1);
+    /* Below zero is foreign data, also under a floor: refused, and the
+     * counter left as it was. */
+    expect_foreign(a, "low", "-5");
+    expect_foreign(a, "low", "-1");
     h_close(a);
 }
 END_TEST

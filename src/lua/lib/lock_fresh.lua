@@ -1,21 +1,27 @@
 -- Pasted at the top of lock_acquire.lua and rw_acquire.lua, before any
 -- closure is created (each costs every call): a free lock taken anew, the
 -- common case, with the fewest calls. EXISTS (a key of any type counts),
--- GET of the counter (GET fails on anything but a string, and INCR
--- refuses what the first character does not), INCR, HSET, PEXPIRE.
+-- INCR of the counter, HSET, PEXPIRE.
 -- Reads floor (ARGV[3]: "r" for a reentry only, else the fence floor) and
 -- mode ("plain", or the side of a read-write lock: a reader is never
 -- taken here). Answers the fence alone (see lock_acquire.lua).
 if mode ~= 'read' and floor ~= 'r'
         and redis.call('exists', KEYS[1]) == 0 then
-    local cur = redis.pcall('get', KEYS[2])
-    if type(cur) == 'table' then
-        return {-1}
-    end
-    if cur then
-        local b = string.byte(cur)
-        if not b or b < 49 or b > 57 then
+    if floor == '0' then
+        -- The first fence of the lock this daemon hands out: with no floor
+        -- to hold INCR's answer against, the counter is read first. GET
+        -- fails on anything but a string, and INCR refuses what the first
+        -- character does not, except "0" and below. Past this, the floor
+        -- catches a counter that went to "0" or away (lib/fence_incr.lua).
+        local cur = redis.pcall('get', KEYS[2])
+        if type(cur) == 'table' then
             return {-1}
+        end
+        if cur then
+            local b = string.byte(cur)
+            if not b or b < 49 or b > 57 then
+                return {-1}
+            end
         end
     end
 --@include fence_incr.lua
