@@ -1670,9 +1670,13 @@ build_direct(struct run *r, struct client *c, const char *base_key,
     snprintf(lease, sizeof(lease), "%d", LOCK_LEASE_MS);
     const char *acq[] = {"EVALSHA", acq_sha, "2",   hash,
                          fence,     lease,   field, "0"};
-    const char *rel[] = {"EVALSHA", rel_sha, "1", hash, field, "1", chan, "0"};
+    /* The daemon leaves out the release's defaults (one hold, its own
+     * channel, Redisson's message); it sends the highest fence it handed
+     * out as the floor, where this sends "0", a lock's first fence (the
+     * counter read first: one GET more than the daemon's). */
+    const char *rel[] = {"EVALSHA", rel_sha, "1", hash, field};
     c->lock_req = resp(&c->lock_len, 8, acq);
-    c->unlock_req = resp(&c->unlock_len, 8, rel);
+    c->unlock_req = resp(&c->unlock_len, 5, rel);
     if (r->mode == M_RWREAD || r->mode == M_RWWRITE) {
         /* The daemon's read-write scripts (src/lua/rw_*.lua): the plain
          * arguments, then the side, the readers' key prefix (the hash in
@@ -1680,30 +1684,28 @@ build_direct(struct run *r, struct client *c, const char *base_key,
         const char *m = r->mode == M_RWREAD ? "read" : "write";
         const char *racq[] = {"EVALSHA", rw_acq_sha, "2", hash, fence, lease,
                               field,     "0",        m,   hash, ""};
-        const char *rrel[] = {"EVALSHA", rw_rel_sha, "1", hash, field,
-                              "1",       chan,       "0", m,    hash};
+        const char *rrel[] = {"EVALSHA", rw_rel_sha, "1", hash, field, m};
         free(c->lock_req);
         free(c->unlock_req);
         c->lock_req = resp(&c->lock_len, 11, racq);
-        c->unlock_req = resp(&c->unlock_len, 10, rrel);
+        c->unlock_req = resp(&c->unlock_len, 6, rrel);
     }
     if (r->mode == M_SEM) {
         /* One semaphore of CONNS permits, the daemon's layout; each
          * connection reuses one token (it holds one grant at a time). */
-        char zset[200], permits[220], schan[220], limit[16];
+        char zset[200], permits[220], limit[16];
         snprintf(zset, sizeof(zset), "benchd:lock:{b%d.%d.sem}:sem",
                  (int)getpid(), r->id);
         snprintf(permits, sizeof(permits), "%s:permits", zset);
-        snprintf(schan, sizeof(schan), "%s:release", zset);
         snprintf(limit, sizeof(limit), "%d", r->conns);
         free(c->lock_req);
         free(c->unlock_req);
         const char *sacq[] = {"EVALSHA", sem_acq_sha, "2",   zset, permits,
                               limit,     "1",         lease, field};
-        const char *srel[] = {"EVALSHA", sem_rel_sha, "2",  zset,
-                              permits,   field,       schan};
+        const char *srel[] = {"EVALSHA", sem_rel_sha, "2",
+                              zset,      permits,     field};
         c->lock_req = resp(&c->lock_len, 9, sacq);
-        c->unlock_req = resp(&c->unlock_len, 7, srel);
+        c->unlock_req = resp(&c->unlock_len, 6, srel);
     }
     const char *sub[] = {"SUBSCRIBE", chan};
     c->sub_req = resp(&c->sub_len, 2, sub);

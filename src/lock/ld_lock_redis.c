@@ -287,11 +287,23 @@ lk_script_ex(unsigned flags, uint64_t pin, enum ld_script_id id,
                        cb, arg);
 }
 
+/* Whether N's channel is the one lock_release names when none is sent:
+ * the hash's name and ":unlock" (leased's layout). */
+static bool
+chan_is_default(const struct lk_names *n)
+{
+    static const char sfx[] = ":unlock";
+    size_t slen = sizeof(sfx) - 1;
+    return n->chan_len == n->hash_len + slen &&
+           memcmp(n->chan, n->hash, n->hash_len) == 0 &&
+           memcmp(n->chan + n->hash_len, sfx, slen) == 0;
+}
+
 /* Give back one hold of FIELD (ALL: every hold) by lock_release or
  * rw_release. Each leaves out what its script takes as the default (one
- * hold, Redisson's unlock message): each argument costs Redis
- * instructions on every call. Redlock sends the message, which it makes
- * its own for each release (ld_redlock.c). */
+ * hold, leased's channel, Redisson's unlock message): each argument costs
+ * Redis instructions on every call. Redlock sends the message, which it
+ * makes its own for each release (ld_redlock.c). */
 void
 lk_release_send(unsigned flags, uint64_t pin, const struct lk_names *n,
                 const char *field, size_t flen, bool all, ld_redis_cb *cb,
@@ -299,19 +311,28 @@ lk_release_send(unsigned flags, uint64_t pin, const struct lk_names *n,
 {
     if (n->mode != LK_MODE_PLAIN) {
         const char *side = lk_mode_name(n->mode);
-        const char *rw[] = {n->hash, field, n->chan, side, n->rwpfx, "a"};
-        size_t rwlens[] = {n->hash_len,  flen,         n->chan_len,
-                           strlen(side), n->rwpfx_len, 1};
-        lk_script_ex(flags, pin, LD_SCRIPT_rw_release, n, 1, all ? 6 : 5, rw,
-                     rwlens, cb, arg);
+        const char *rw[] = {n->hash,         field,   side,
+                            all ? "a" : "1", n->chan, n->rwpfx};
+        size_t rwlens[] = {n->hash_len, flen,        strlen(side),
+                           1,           n->chan_len, n->rwpfx_len};
+        int nargs = 6;
+        if (chan_is_default(n) && n->rwpfx_len == n->hash_len &&
+            memcmp(n->rwpfx, n->hash, n->hash_len) == 0) {
+            nargs = all ? 4 : 3;
+        }
+        lk_script_ex(flags, pin, LD_SCRIPT_rw_release, n, 1, nargs, rw, rwlens,
+                     cb, arg);
         return;
     }
-    const char *args[] = {n->hash, field, n->chan, all ? "a" : "1",
+    const char *args[] = {n->hash, field, all ? "a" : "1", n->chan,
                           LK_UNLOCK_MSG};
-    size_t lens[] = {n->hash_len, flen, n->chan_len, 1, strlen(LK_UNLOCK_MSG)};
+    size_t lens[] = {n->hash_len, flen, 1, n->chan_len, strlen(LK_UNLOCK_MSG)};
     int nargs = 5;
     if (!lock_mod.redlock) {
-        nargs = all ? 4 : 3;
+        nargs = 4;
+        if (chan_is_default(n)) {
+            nargs = all ? 3 : 2;
+        }
     }
     lk_script_ex(flags, pin, LD_SCRIPT_lock_release, n, 1, nargs, args, lens,
                  cb, arg);

@@ -1,12 +1,14 @@
 --@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- Release one hold (unlock) or every hold (session end) of a holder.
 -- KEYS[1] lock hash
--- ARGV[1] holder field   ARGV[2] unlock channel
--- ARGV[3] "a" all holds; "1" or none: one hold
+-- ARGV[1] holder field
+-- ARGV[2] "a" all holds; "1" or none: one hold
+-- ARGV[3] unlock channel; none: KEYS[1]..":unlock" (leased's layout)
 -- ARGV[4] unlock message; none: "0" (Redisson's UNLOCK_MESSAGE)
 -- The channel is an argument, not a key: channels have no hash slot. The
 -- daemon leaves out the arguments it would send as their defaults: each
--- costs Redis instructions on every call.
+-- costs Redis about 1k instructions on every call, more than making the
+-- channel's name here.
 -- Returns (the codes are named in src/core/ld_lock_codes.h): 1 RELEASED
 -- (and published; a bare number costs Redis less than {1, 0}), {0, count}
 -- KEPT: holds remain, {-1} WRONG_TYPE: the
@@ -44,10 +46,10 @@ if len ~= 1 or held ~= '1' or #ARGV[1] ~= 32 then
     elseif not string.find(held, '^[1-9]%d*$') then
         return {-1}
     end
-    if ARGV[3] ~= 'a' and held ~= '1' then
+    if ARGV[2] ~= 'a' and held ~= '1' then
         return {0, redis.call('hincrby', KEYS[1], ARGV[1], '-1')}
     end
 end
 redis.call('del', KEYS[1])
-redis.call('publish', ARGV[2], ARGV[4] or '0')
+redis.call('publish', ARGV[3] or KEYS[1] .. ':unlock', ARGV[4] or '0')
 return 1

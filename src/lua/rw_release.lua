@@ -1,11 +1,13 @@
 -- Release one hold (unlock) or every hold (session end) of one side of a
 -- read-write lock (the layout: rw_acquire.lua).
 -- KEYS[1] lock hash
--- ARGV[1] holder field   ARGV[2] unlock channel
--- ARGV[3] "read" or "write"   ARGV[4] prefix of the readers' lease keys
--- ARGV[5] "a": all holds (session end); none: one hold. Four arguments
--- for an unlock: Lua's ARGV table grows at 1, 2, 4 and 8 entries, and
--- each growth costs Redis on every call.
+-- ARGV[1] holder field   ARGV[2] "read" or "write"
+-- ARGV[3] "a": all holds (session end); "1" or none: one hold
+-- ARGV[4] unlock channel; none: KEYS[1]..":unlock" (leased's layout)
+-- ARGV[5] prefix of the readers' lease keys; none: KEYS[1] (leased's)
+-- The daemon leaves out what it would send as the default: each argument
+-- costs Redis about 1k instructions on every call, more than making the
+-- names here, and Lua's ARGV table grows at 1, 2, 4 and 8 entries.
 -- Returns what lock_release.lua returns: 1 RELEASED (this holder
 -- holds nothing now; the lock may still be held by other readers),
 -- {0, count} KEPT, {-1} WRONG_TYPE, {-2} ABSENT (also: this reader's
@@ -14,7 +16,7 @@
 -- (UNLOCK_MESSAGE, one waiter may go on), a writer's "1"
 -- (READ_UNLOCK_MESSAGE, every waiting reader may go on).
 --@include rw_tkey.lua
-local field, mode, pfx = ARGV[1], ARGV[3], ARGV[4]
+local field, mode, pfx = ARGV[1], ARGV[2], ARGV[5] or KEYS[1]
 -- The common case, before the other closures are created (each costs
 -- every call): this holder alone, with one hold of its side, the daemon's
 -- own token (the daemon sends only holder-shaped tokens, and Redisson's
@@ -27,7 +29,8 @@ if #field == 32 and redis.pcall('hlen', KEYS[1]) == 2 then
         local gone = mode == 'read' and
                      redis.call('del', rw_tkey(pfx, field, '1')) == 0
         redis.call('del', KEYS[1])
-        redis.call('publish', ARGV[2], mode == 'write' and '1' or '0')
+        redis.call('publish', ARGV[4] or KEYS[1] .. ':unlock',
+                   mode == 'write' and '1' or '0')
         if gone then
             return {-2}
         end
@@ -47,7 +50,7 @@ local left = 0
 if mode == 'read' then
     gone = redis.call('del', rw_tkey(pfx, field, c)) == 0
 end
-if ARGV[5] ~= 'a' and not gone then
+if ARGV[3] ~= 'a' and not gone then
     left = c - 1
 end
 if mode == 'read' then
@@ -80,11 +83,11 @@ if len > 2 then
     if best > 0 then
         redis.call('pexpire', KEYS[1], best)
         if mode == 'write' then
-            redis.call('publish', ARGV[2], msg)
+            redis.call('publish', ARGV[4] or KEYS[1] .. ':unlock', msg)
         end
         return done
     end
 end
 redis.call('del', KEYS[1])
-redis.call('publish', ARGV[2], msg)
+redis.call('publish', ARGV[4] or KEYS[1] .. ':unlock', msg)
 return done

@@ -257,8 +257,8 @@ undo_one(struct rl_call *c, int idx)
     }
     char buf[64];
     const char *msg = unlock_msg(buf, sizeof(buf), RL_REDISSON_UNLOCK);
-    const char *argv[] = {c->hash, c->field, c->chan, "1", msg};
-    size_t lens[] = {c->hash_len, c->field_len, c->chan_len, 1, strlen(msg)};
+    const char *argv[] = {c->hash, c->field, "1", c->chan, msg};
+    size_t lens[] = {c->hash_len, c->field_len, 1, c->chan_len, strlen(msg)};
     struct ld_redis_opts o = {0};
     o.instance = rl_mod.inst[idx];
     c->refs++;

@@ -42,7 +42,8 @@ struct sem_mod sem_mod;
 
 /* <lock.prefix>{KEY}:sem, <lock.prefix>{KEY}:sem:permits and the channel
  * <lock.prefix>{KEY}:sem:release: one hash slot, beside the lock of the
- * same key but never in its way. */
+ * same key but never in its way. sem_release.lua makes the channel's name
+ * from the first. */
 static void
 names_build(struct sem_names *n, const char *key, size_t len)
 {
@@ -156,9 +157,9 @@ release_on_reply(redisReply *r, void *arg)
 static void
 release_token(const struct sem_names *n, const char *token)
 {
-    const char *args[] = {token, n->chan};
-    size_t lens[] = {LD_TOKEN_LEN, n->chan_len};
-    sem_script(LD_SCRIPT_sem_release, n, 2, args, lens, release_on_reply,
+    const char *args[] = {token};
+    size_t lens[] = {LD_TOKEN_LEN};
+    sem_script(LD_SCRIPT_sem_release, n, 1, args, lens, release_on_reply,
                NULL);
 }
 
@@ -645,9 +646,9 @@ op_release(struct ld_req *req)
     c->req = req;
     memcpy(c->token, token, LD_TOKEN_LEN);
     names_build(&c->n, key, klen);
-    const char *args[] = {c->token, c->n.chan};
-    size_t lens[] = {LD_TOKEN_LEN, c->n.chan_len};
-    sem_script(LD_SCRIPT_sem_release, &c->n, 2, args, lens, release_on_answer,
+    const char *args[] = {c->token};
+    size_t lens[] = {LD_TOKEN_LEN};
+    sem_script(LD_SCRIPT_sem_release, &c->n, 1, args, lens, release_on_answer,
                c);
 }
 

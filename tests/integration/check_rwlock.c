@@ -630,6 +630,16 @@ START_TEST(test_redisson_layout)
                   "read on Redisson's plain lock");
     h_expect_code(rw_lock(c, "rp", "write", NULL, 0, 0), "wrong_type",
                   "write on Redisson's plain lock");
+    /* A name with a hash tag: the readers' prefix is the name itself,
+     * the channel still Redisson's, where a waiter hears the unlock. */
+    r = rw_lock(c, "{rt}k", "write", NULL, 30000, 0);
+    ck_assert(h_ok(r));
+    json_decref(r);
+    rw_send(o, 9, "{rt}k", "write", 20000);
+    h_wait_subscribed(&R, "redisson_rwlock:{rt}k", 5000);
+    rw_unlock_ok(c, "{rt}k", "write", NULL);
+    ck_assert_msg(acquired(h_recv_id(o, 9, 5000)),
+                  "the waiter did not hear the unlock of {rt}k");
     h_close(c);
     h_close(o);
 }
