@@ -97,6 +97,8 @@ undo_on_reply(redisReply *r, void *arg)
     lk_op_free(op);
 }
 
+static void acq_undo_hold(struct lk_rec *rec);
+
 /* A release by token after the acquisition's connection was lost. */
 static void
 undo_later_on_timer(evutil_socket_t fd, short what, void *arg)
@@ -170,6 +172,14 @@ lk_acq_undo_unanswered(struct lk_rec *rec)
     if (lk_outcome() == LD_REDIS_NOT_SENT) {
         return; /* it never left the daemon */
     }
+    acq_undo_hold(rec);
+}
+
+/* Give back one hold of REC's token (inside a reply's callback), on that
+ * reply's connection, else by token later. */
+static void
+acq_undo_hold(struct lk_rec *rec)
+{
     struct lk_op *op = lk_op_new(LK_RELEASE, NULL, rec);
     if (lk_conn_id() == 0) {
         undo_later(op); /* its connection is not known, nor there */
@@ -442,6 +452,10 @@ acq_on_failure(struct lk_op *op, const redisReply *r, int n,
     lk_acq_failed(op, r, n, v, queued);
 }
 
+static bool acq_refence(struct lk_op *op, const long long *v);
+static void acq_refence_failed(struct lk_op *op, const redisReply *r, int n,
+                               const long long *v, bool queued);
+
 static void
 acq_on_reply(redisReply *r, void *arg)
 {
@@ -452,12 +466,22 @@ acq_on_reply(redisReply *r, void *arg)
         return;
     }
     bool queued = op->w.q != NULL;
+    if (op->refencing) {
+        op->refencing = false;
+        if (n < 4 || v[0] != LD_LOCK_GRANTED) {
+            acq_refence_failed(op, r, n, v, queued);
+            return;
+        }
+    }
     if (op->reenter && n >= 1 &&
         (v[0] == LD_LOCK_ABSENT || v[0] == LD_LOCK_OTHER) &&
         acq_reenter_gone(op, v)) {
         return;
     }
     if (n >= 4 && v[0] == LD_LOCK_GRANTED) {
+        if (acq_refence(op, v)) {
+            return;
+        }
         bool kept = acq_granted(op, v[1], v[2], v[3]);
         lk_op_wait_end(op, queued, LD_LOCKWAIT_GRANTED);
         if (!kept) {
@@ -520,15 +544,62 @@ acq_send(struct lk_op *op)
     char lbuf[24], fbuf[24];
     ld_ll_to_str(lbuf, op->lease_ms);
     ld_ll_to_str(fbuf, rec->fm->fence);
-    /* ARGV[3]: "r" asks for a reentry only, else it is the fence floor. */
+    /* ARGV[3]: "r" asks for a reentry only, else it is the fence floor.
+     * A plain lock on one Redis leaves a floor above 0 out, and the fence
+     * that comes back is held against it here (acq_refence): the argument
+     * costs every acquisition, a counter that went back is rare. A
+     * read-write lock's arguments go on after it; Redlock's fence is the
+     * highest of its instances'. */
+    op->floor_out = !op->reenter && rec->n.mode == LK_MODE_PLAIN &&
+                    !lock_mod.redlock && rec->fm->fence > 0;
     const char *args[] = {rec->n.hash, rec->n.fence, lbuf, rec->token,
                           op->reenter ? "r" : fbuf};
     size_t lens[] = {rec->n.hash_len, rec->n.fence_len, strlen(lbuf),
                      LD_TOKEN_LEN, op->reenter ? 1 : strlen(fbuf)};
     op->sent_ms = ld_now_ms();
     op->inflight = true;
-    lk_script(LD_SCRIPT_lock_acquire, &rec->n, 2, 5, args, lens, acq_on_reply,
+    lk_script(LD_SCRIPT_lock_acquire, &rec->n, 2, op->floor_out ? 4 : 5, args,
+              lens, acq_on_reply, op);
+}
+
+/* OP, sent without its floor, took a free lock with a fence at or below
+ * the highest this daemon handed out for it: the counter went back. The
+ * lock is held; lock_refence raises the counter past that fence and takes
+ * the next, and its answer comes to acq_on_reply as the grant. Returns
+ * true when it was sent. */
+static bool
+acq_refence(struct lk_op *op, const long long *v)
+{
+    struct lk_rec *rec = op->rec;
+    if (!op->floor_out || v[1] != 1 || v[2] > rec->fm->fence) {
+        return false;
+    }
+    op->floor_out = false;
+    op->refencing = true;
+    char fbuf[24];
+    ld_ll_to_str(fbuf, rec->fm->fence);
+    const char *args[] = {rec->n.fence, fbuf};
+    size_t lens[] = {rec->n.fence_len, strlen(fbuf)};
+    op->inflight = true;
+    lk_script(LD_SCRIPT_lock_refence, &rec->n, 1, 2, args, lens, acq_on_reply,
               op);
+    return true;
+}
+
+/* lock_refence failed (no answer, an error, a counter leased did not
+ * write): the hold the acquisition took stands with no fence to hand out.
+ * It is given back as an unanswered acquisition's is, and OP fails. */
+static void
+acq_refence_failed(struct lk_op *op, const redisReply *r, int n,
+                   const long long *v, bool queued)
+{
+    acq_undo_hold(op->rec);
+    if (n >= 1 && v[0] == LD_LOCK_WRONG_TYPE) {
+        log_warn("lock '%.*s': its fence counter holds data leased did not "
+                 "write; the hold taken was given back",
+                 (int)op->rec->key_len, op->rec->key);
+    }
+    lk_acq_failed(op, r, n, v, queued);
 }
 
 /* ld_lockwait calls these for queued requests. */

@@ -164,6 +164,8 @@ struct lk_op {
     bool after_failover; /* a check sent after the master changed */
     bool recheck;        /* a renewal or check sent by a recheck */
     bool foreign;        /* by token from a session other than REC's */
+    bool floor_out;      /* sent without its fence floor: checked here */
+    bool refencing;      /* lock_refence is out for its grant */
     uint64_t sent_ms;
     long long grant_count, grant_fence; /* kept across the WAIT step */
     long long replicas_got;             /* WAIT's answer, -1 when none */

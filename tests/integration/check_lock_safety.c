@@ -462,10 +462,9 @@ START_TEST(test_fences_exact)
     expect_foreign(a, "flead", "007");
     expect_foreign(a, "fbig", "99999999999999999999");
 
-    /* INCR's answer is held against the floor as a double: past 2^53 the
-     * floor 2^53+3 and the answer 2^53+5 round alike, and the counter,
-     * moved on by another daemon to 2^53+4, is still not the one that
-     * went back. */
+    /* Past 2^53 the fence is held against the floor exactly: the
+     * counter, moved on by another daemon to 2^53+4, is not one that went
+     * back from this daemon's 2^53+3. */
     set_counter("f53c", "9007199254740994");
     ck_assert_int_eq(fence_of(a, "f53c"), 9007199254740995LL);
     set_counter("f53c", "9007199254740996");
@@ -517,6 +516,14 @@ START_TEST(test_rw_fences_exact)
     set_counter("r53", "9007199254740995");
     ck_assert_int_eq(write_fence_of(a, "r53"), 9007199254740996LL);
     ck_assert_int_eq(read_fence_of(a, "r53"), 9007199254740996LL);
+    /* A writer's floor goes with it, and INCR's answer is held against it
+     * in the script as a double: the floor 2^53+3 and the answer 2^53+5
+     * round alike, and the counter, moved on by another daemon to 2^53+4,
+     * is still not one that went back. */
+    set_counter("r96", "9007199254740994");
+    ck_assert_int_eq(write_fence_of(a, "r96"), 9007199254740995LL);
+    set_counter("r96", "9007199254740996");
+    ck_assert_int_eq(write_fence_of(a, "r96"), 9007199254740997LL);
     h_close(a);
 }
 END_TEST
@@ -555,6 +562,44 @@ START_TEST(test_fence_counter_lowered)
      * counter left as it was. */
     expect_foreign(a, "low", "-5");
     expect_foreign(a, "low", "-1");
+    h_close(a);
+}
+END_TEST
+
+static bool
+refence_hold_gone(void *arg)
+{
+    (void)arg;
+    return h_r_int(&R, "EXISTS leased:lock:{rf}") == 0;
+}
+
+/* The fence of a plain lock comes back at or below the one this daemon
+ * handed out last (the counter went back) and raising the counter fails
+ * (here SET is refused by ACL): the lock was taken all the same, so the
+ * hold is given back at once, not left for its lease, and the request
+ * fails. Once SET is allowed again the fence is above every earlier
+ * one. */
+START_TEST(test_refence_refused)
+{
+    h_start(NULL);
+    struct h_conn *a = lk_connect(&D);
+    long long f = 0;
+    for (int i = 0; i < 3; i++) {
+        f = fence_of(a, "rf");
+    }
+    ck_assert_int_eq(f, 3);
+    set_counter("rf", "1");
+    h_r_do(&R, "ACL SETUSER default -set");
+    json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:i}", "op", "lock", "key", "rf",
+                        "ttl_ms", 60000);
+    h_r_do(&R, "ACL SETUSER default +set");
+    ck_assert_msg(r != NULL && !h_ok(r), "granted without a fence above 3: %s",
+                  h_dump(r));
+    json_decref(r);
+    ck_assert_msg(h_wait_until(refence_hold_gone, NULL, 10000),
+                  "the hold taken stays in redis");
+    f = fence_of(a, "rf");
+    ck_assert_msg(f > 3, "fence went back from 3 to %lld", f);
     h_close(a);
 }
 END_TEST
@@ -1060,6 +1105,7 @@ main(void)
         H_CASE(lost_before_lease_end, 90),
         H_CASE(fences_exact, 60),
         H_CASE(fence_counter_lowered, 60),
+        H_CASE(refence_refused, 60),
         H_CASE(rw_fences_exact, 60),
         H_CASE(max_hold_exact, 60),
         H_CASE(foreign_hold_count, 60),

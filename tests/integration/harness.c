@@ -3294,7 +3294,7 @@ for_every_master(const char *fmt)
     static const char *const all[] = {"FLUSHALL",         "FLUSHDB",
                                       "SCRIPT FLUSH",     "DBSIZE",
                                       "CONFIG RESETSTAT", "CLIENT PAUSE",
-                                      "CLIENT UNPAUSE"};
+                                      "CLIENT UNPAUSE",   "ACL SETUSER"};
 
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (strncasecmp(fmt, all[i], strlen(all[i])) == 0) {

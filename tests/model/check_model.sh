@@ -128,18 +128,24 @@ only() {
 # shellcheck disable=SC2046 # the defines are words
 case $mode in
 check)
-    echo "1..11"
+    echo "1..13"
     b="-DMAXG=2 -DMAXT=5"
     run "P1-P4 without faults" lock.pml holds "" $b $none
     run "P1-P4 with a pause" lock.pml holds "" -DMAXG=2 -DMAXT=4 \
         $(only N_PAUSE)
     run "P1-P4 with a daemon crash" lock.pml holds "" $b $(only N_CRASH)
     run "P1-P4 with Redis data loss" lock.pml holds "" $b $(only N_LOSS)
+    # A third grant, so that a fence raised by lock_refence is one a
+    # lost counter could hand out again.
+    run "P1-P4 with Redis data loss, 3 grants" lock.pml holds "" -DMAXG=3 \
+        -DMAXT=5 $(only N_LOSS)
     run "P1-P4 with a failover" lock.pml holds "" -DMAXG=2 -DMAXT=3 \
         $(only N_FAILOVER)
     run "P5 across daemon crashes" inval.pml holds ""
     run "seeded NO_FLOOR breaks P2" lock.pml fails "p2_max" \
         -DNO_FLOOR $b $(only N_LOSS)
+    run "seeded NO_REFENCE_RAISE breaks P2" lock.pml fails "p2_max" \
+        -DNO_REFENCE_RAISE -DMAXG=3 -DMAXT=5 $(only N_LOSS)
     run "seeded LATE_LOST breaks P3" lock.pml fails "s_lend[i]-1" \
         -DLATE_LOST $b $none
     run "seeded REUSE_TOKEN breaks P4" lock.pml fails "c_hold" \

@@ -63,6 +63,7 @@
 #define TAKEN 4  /* 0 in Redis */
 #define ABSENT 2 /* -2 in Redis */
 #define OTHER 3  /* -3 in Redis */
+#define FAILED 5 /* the daemon's: no usable answer */
 
 /* ---- Redis: the master, its replica ---------------------------------- */
 /* The lock hash (one holder: its token, hold count, expiry tick) and the
@@ -105,6 +106,14 @@ byte p2_max[ND]; /* highest fence daemon d handed out since it started */
 bool lossy;      /* Redis lost data or failed over */
 bool paused;     /* a daemon or a client was paused */
 byte n_loss, n_failover, n_crash, n_pause, n_close;
+
+/* Seeded NO_FLOOR: no floor at all, neither in the script nor held
+ * against the fence by the daemon. */
+#ifdef NO_FLOOR
+#define FLOOR_CHECKED false
+#else
+#define FLOOR_CHECKED true
+#endif
 
 /* The scripts' results. */
 byte rc, rcnt, rfence;
@@ -172,6 +181,21 @@ inline lock_acquire(tk, lease, reenter, floor)
             rc = GRANTED; rcnt = 1; rfence = m_fence
         fi
     fi
+}
+
+/* src/lua/lock_refence.lua: for a fresh grant whose fence came back at or
+ * below the daemon's floor, raise the counter past the floor and take the
+ * next fence (the lock is held by then). */
+inline lock_refence(floor)
+{
+#ifndef NO_REFENCE_RAISE
+    if
+    :: m_fence < floor -> m_fence = floor
+    :: else
+    fi;
+#endif
+    m_fence++;
+    rfence = m_fence
 }
 
 /* src/lua/lock_release.lua: one hold, or all of them (all). */
@@ -353,15 +377,32 @@ inline acq_send(s, wd, wait)
     :: else
     fi;
     if
-    :: !s_held[s] && rc != TAKEN ->
+    :: !s_held[s] && rc != TAKEN && d_floor[DMN(s)] == 0 ->
         lk_rec_retoken(s);
-        lock_acquire(s_tok[s], lease, false, d_floor[DMN(s)])
+        lock_acquire(s_tok[s], lease, false, 0)
+    :: !s_held[s] && rc != TAKEN && d_floor[DMN(s)] > 0 ->
+        /* The floor left out: the daemon holds the fence against it
+         * (acq_refence), and raises the counter itself when it went back;
+         * should that fail, the hold is given back (acq_refence_failed). */
+        lk_rec_retoken(s);
+        lock_acquire(s_tok[s], lease, false, 0);
+        if
+        :: rc == GRANTED && rcnt == 1 && rfence <= d_floor[DMN(s)] &&
+           FLOOR_CHECKED ->
+            if
+            :: true -> lock_refence(d_floor[DMN(s)])
+            :: true -> lock_release(s_tok[s], false); rc = FAILED
+            :: true -> rc = FAILED /* the give-back lost too: the lease ends */
+            fi
+        :: else
+        fi
     :: else
     fi;
     if
     :: rc == GRANTED -> s_wait[s] = false; s_wwd[s] = false; acq_granted(s, wd, lease)
     :: rc == TAKEN && wait -> s_wait[s] = true; s_wwd[s] = wd
     :: rc == TAKEN && !wait -> s_wait[s] = false; s_wwd[s] = false; client_read(s)
+    :: rc == FAILED -> s_wait[s] = false; s_wwd[s] = false; client_read(s)
     fi
 }
 

@@ -2,7 +2,8 @@
 -- locks and writers): statements, not a function, because creating a
 -- closure costs every call of the script. Reads floor (ARGV[3], a
 -- decimal: the highest fence this daemon handed out for the lock, "0" for
--- none); leaves INCR's answer, a number, in r.
+-- none; nil when the daemon holds the answer against it itself, for a
+-- plain lock: lock_refence.lua); leaves INCR's answer, a number, in r.
 -- INCR first, its answer held against the floor after: reading the
 -- counter before costs every acquisition a GET (about 3.5k Redis
 -- instructions), and a counter that went back is rare.
@@ -26,7 +27,7 @@ if r < 1 then
 end
 -- r is a double, exact below 2^53; rounding never puts it above a floor
 -- it is not above, so only the rounded-equal need the exact decimals.
-if floor ~= '0' and r <= tonumber(floor) then
+if floor and floor ~= '0' and r <= tonumber(floor) then
     local cur = redis.call('get', KEYS[2])
     if #cur < #floor or (#cur == #floor and cur <= floor) then
         -- The counter went back (FLUSHALL, a restart without
