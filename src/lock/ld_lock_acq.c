@@ -576,6 +576,10 @@ acq_refence(struct lk_op *op, const long long *v)
     }
     op->floor_out = false;
     op->refencing = true;
+    log_warn("lock '%.*s': fence %lld came back at or below %lld, handed "
+             "out here before: the counter went back (Redis lost data?); "
+             "raising it",
+             (int)rec->key_len, rec->key, v[2], rec->fm->fence);
     char fbuf[24];
     ld_ll_to_str(fbuf, rec->fm->fence);
     const char *args[] = {rec->n.fence, fbuf};
