@@ -67,7 +67,7 @@ if ARGV[2] == 'v' then
     redis.call('HDEL', KEYS[1], 'l', 'n')
     if f[6] then
         -- Early refresh: how long this load took, lease grant to fill.
-        local d = now_ms() - tonumber(f[6])
+        local d = redis_ms() - tonumber(f[6])
         redis.call('HSET', KEYS[1], 'd', tostring(d > 0 and d or 0))
         redis.call('HDEL', KEYS[1], 'g')
     elseif f[5] then

@@ -34,12 +34,12 @@ if t == 'none' then
         redis.call('HSET', KEYS[1], 'l', ARGV[1])
         if ARGV[4] == '1' then
             -- The load's length is measured from here to the fill (Redis'
-            -- clock in ms, as now_ms; '%d': a Lua number would be printed
+            -- clock in ms, as redis_ms; '%d': a Lua number would be printed
             -- with '%.17g').
             local c = redis.call('TIME')
+            local us = c[2] + 0
             redis.call('HSET', KEYS[1], 'g', string.format('%d',
-                       tonumber(c[1]) * 1000 + math.floor(tonumber(c[2]) /
-                                                          1000)))
+                       c[1] * 1000 + (us - us % 1000) / 1000))
         end
         redis.call('PEXPIRE', KEYS[1], ARGV[2])
         return 1
@@ -59,7 +59,7 @@ if f[4] then
     -- Stale (cache.invalidate "stale"): the old value now, and one lease
     -- at a time to reload it; a lease not filled in time is given again.
     if ARGV[3] == '1' then
-        local now = now_ms()
+        local now = redis_ms()
         if not f[3] or now >= tonumber(f[4]) then
             redis.call('HSET', KEYS[1], 'l', ARGV[1], 's',
                        tostring(now + tonumber(ARGV[2])))
@@ -79,7 +79,7 @@ if f[1] then
     -- load time is known (filled under a lease), one lease at a time: a
     -- refresh lease not filled within fill_lease_ms is given again.
     if early and ARGV[3] == '1' and f[5] then
-        local now = now_ms()
+        local now = redis_ms()
         if not f[3] or not f[6]
            or now >= tonumber(f[6]) + tonumber(ARGV[2]) then
             local ttl = redis.call('PTTL', KEYS[1])

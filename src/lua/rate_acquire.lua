@@ -17,7 +17,7 @@ local per_us = tonumber(ARGV[2]) * 1000
 local burst = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
 local t = redis.call('time')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = t[1] * 1000000 + t[2]
 
 local cur = redis.pcall('get', KEYS[1])
 if type(cur) == 'table' and cur.err then

@@ -30,7 +30,7 @@ if #all > 0 or want > limit then
         return {-1}
     end
 end
-local now = sem_now()
+local now = redis_ms()
 local held, last = 0, now + lease
 if #all > 0 then
     -- Numbers go to Redis as '%d' text: a Lua number would be printed

@@ -21,7 +21,7 @@ end
 if not sem_shape_ok() then
     return {-1}
 end
-local held = sem_held(sem_now())
+local held = sem_held(redis_ms())
 local avail = tonumber(ARGV[1]) - held
 if avail < 0 then
     avail = 0

@@ -20,7 +20,7 @@ if n then
     redis.call('hdel', KEYS[2], ARGV[1])
 end
 n = tonumber(n)
-if not score or not n or tonumber(score) <= sem_now() then
+if not score or not n or tonumber(score) <= redis_ms() then
     return {0}
 end
 redis.call('publish', KEYS[1] .. ':release', '1')

@@ -11,7 +11,7 @@ local has = redis.pcall('hexists', KEYS[2], ARGV[1])
 if type(score) == 'table' or type(has) == 'table' then
     return {-1}
 end
-local now = sem_now()
+local now = redis_ms()
 if not score or tonumber(score) <= now or has == 0 then
     return {0}
 end

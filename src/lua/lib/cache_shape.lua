@@ -71,11 +71,7 @@ local function leased_entry(key, lease, f, len)
     return f
 end
 
--- Redis' clock in ms: every daemon sharing the entry agrees on it.
-local function now_ms()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+--@include redis_ms.lua
 
 -- The version of what the entry F (entry_fields) holds: 0 for no value
 -- and no null (nothing, or a lease alone), 1 for one written before
