@@ -1671,9 +1671,10 @@ build_direct(struct run *r, struct client *c, const char *base_key,
     const char *acq[] = {"EVALSHA", acq_sha, "2",   hash,
                          fence,     lease,   field, "0"};
     /* The daemon leaves out the release's defaults (one hold, its own
-     * channel, Redisson's message); it sends the highest fence it handed
-     * out as the floor, where this sends "0", a lock's first fence (the
-     * counter read first: one GET more than the daemon's). */
+     * channel, Redisson's message), and the floor once it handed out a
+     * fence for the lock (it holds the fence against it itself); this
+     * sends the floor "0", a lock's first fence: one argument and one GET
+     * (the counter read first) more than the daemon's. */
     const char *rel[] = {"EVALSHA", rel_sha, "1", hash, field};
     c->lock_req = resp(&c->lock_len, 8, acq);
     c->unlock_req = resp(&c->unlock_len, 5, rel);

@@ -19,14 +19,9 @@ end
 if not cur or less(cur, ARGV[1]) then
     redis.call('set', KEYS[1], ARGV[1])
 end
-local r = redis.pcall('incr', KEYS[1])
-if type(r) == 'table' then
-    -- At 2^63-1 the counter has no next fence; any other error is Redis
-    -- refusing the write (NOREPLICAS, OOM): raised, so that the daemon
-    -- answers redis_unavailable.
-    if string.find(r.err, 'overflow', 1, true) then
-        return {-1}
-    end
-    return r
-end
+-- The counter is below 2^63-1 here (valid()), so INCR has a next fence;
+-- an error is Redis refusing the write (NOREPLICAS, OOM), raised so that
+-- the daemon answers redis_unavailable. The fence is read back as text:
+-- INCR's answer would reach Lua as a double.
+redis.call('incr', KEYS[1])
 return {1, 1, redis.call('get', KEYS[1]), -1}

@@ -28,13 +28,14 @@ end
 -- r is a double, exact below 2^53; rounding never puts it above a floor
 -- it is not above, so only the rounded-equal need the exact decimals.
 if floor and floor ~= '0' and r <= tonumber(floor) then
+    -- The checks are defined here, where they are needed: creating their
+    -- closures would cost every call.
+--@include lock_numbers.lua
     local cur = redis.call('get', KEYS[2])
-    if #cur < #floor or (#cur == #floor and cur <= floor) then
+    if not less(floor, cur) then
         -- The counter went back (FLUSHALL, a restart without
         -- persistence, an eviction, a reset to "0"): carry on from the
-        -- highest fence handed out here. The check is defined here,
-        -- where it is needed: creating its closure costs every call.
---@include lock_numbers.lua
+        -- highest fence handed out here.
         if not valid(floor) then
             return {-1}
         end
