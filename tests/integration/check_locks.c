@@ -1063,8 +1063,20 @@ START_TEST(test_wait_replicas)
     ck_assert_msg(h_wait_until(h_replica_linked, &R, 15000),
                   "replica did not link");
     r = lk_must(a, "rep", NULL, NO_TTL, 0);
+    long long fence = jint(r, "fence");
     json_decref(r);
     ck_assert_int_eq(h_r_int(&R2, "EXISTS leased:lock:{rep}"), 1);
+    /* A counter that went back is raised by a second script after the
+     * grant: the WAIT covers that write too, so the replica has the fence
+     * handed out. */
+    lk_unlock_ok(a, "rep", NULL);
+    ck_assert_int_eq(h_r_int(&R, "DEL leased:lock:{rep}:fence"), 1);
+    r = lk_must(a, "rep", NULL, NO_TTL, 0);
+    long long raised = jint(r, "fence");
+    json_decref(r);
+    ck_assert_msg(raised > fence, "fence went back from %lld to %lld", fence,
+                  raised);
+    ck_assert_int_eq(h_r_int(&R2, "GET leased:lock:{rep}:fence"), raised);
     h_close(a);
 }
 END_TEST
