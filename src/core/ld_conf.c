@@ -171,6 +171,7 @@ const struct conf_directive conf_directives[] = {
     BOOL("lock.require_noeviction", lock.require_noeviction, F_RELOAD,
          "false"),
     ENUM("lock.layout", lock.layout, 0, "leased", lock_layouts),
+    INT("lock.sem_layout", lock.sem_layout, 0, "1", 1, 2),
     STRLIST("lock.redlock", lock.redlock, F_UNIX_OK),
 
     STRING("cache.prefix", cache.prefix, 0, "leased:cache:"),

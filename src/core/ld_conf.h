@@ -69,6 +69,7 @@ struct ld_config {
         int wait_replicas;       /* 0..16 */
         bool require_noeviction; /* refuse locks on an evicting Redis */
         enum ld_lock_layout layout;
+        int sem_layout; /* 1: every grant's permits in the hash; 2: but one */
         struct ld_strlist redlock;
     } lock;
     struct {

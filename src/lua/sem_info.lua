@@ -15,7 +15,7 @@ end
 -- Permits held by grants whose lease has not ended at NOW.
 local function sem_held(now)
     return sem_permits(redis.call('zrangebyscore', KEYS[1], '(' .. now,
-                                  '+inf'))
+                                  '+inf'), 1)
 end
 
 if not sem_shape_ok() then

@@ -114,9 +114,10 @@ void sem_acq_finish(struct sem_op *op);
 void sem_grant_drop(struct sem_grant *g, bool release);
 struct sem_key *sem_key_find(const struct sem_names *n);
 void sem_key_maybe_free(struct sem_key *k);
-void sem_script(enum ld_script_id id, const struct sem_names *n, int nargs,
-                const char **args, const size_t *lens, ld_redis_cb *cb,
-                void *arg);
+bool sem_bare(long long permits);
+void sem_script(enum ld_script_id id, const struct sem_names *n, bool bare,
+                int nargs, const char **args, const size_t *lens,
+                ld_redis_cb *cb, void *arg);
 
 /* ld_sem_watch.c */
 void sem_grant_arm(struct sem_grant *g);

@@ -224,7 +224,8 @@ renew_send(struct sem_grant *g)
     g->renew_failover = sem_mod.pass.after_failover;
     g->renew_sent_ms = ld_now_ms();
     g->renew_recheck = ld_lease_pass_sent(&sem_mod.pass);
-    sem_script(LD_SCRIPT_sem_renew, &g->n, 2, args, lens, renew_on_reply, g);
+    sem_script(LD_SCRIPT_sem_renew, &g->n, sem_bare(g->permits), 2, args, lens,
+               renew_on_reply, g);
 }
 
 /* Redis granted OP: when the permits Redis counted before it are fewer

@@ -17,6 +17,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* The lock.sem_layout of every daemon a case does not set it for
+ * (check_sem_layout2 is built with 2). */
+#ifdef H_SEM_LAYOUT
+#define SEM_LAYOUT H_SEM_LAYOUT
+#else
+#define SEM_LAYOUT 1
+#endif
+
 static struct h_redis R;
 static struct h_daemon D1, D2;
 static const struct h_fixture fx = {
@@ -73,10 +81,14 @@ START_TEST(test_acquire_release_info)
     /* A caller claiming a bigger limit is honoured as given. */
     ck_assert_int_eq(s_held(a, "pool", 5), 3);
 
-    /* The layout: one sorted set of grants, one hash of their permits. */
+    /* The layout: one sorted set of grants, one hash of their permits;
+     * under layout 2 a grant of one permit has no field there. */
     ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{pool}:sem"), 2);
     ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{pool}:sem:permits %s", t2),
                      2);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS leased:lock:{pool}:sem:permits %s",
+                             t1),
+                     SEM_LAYOUT == 1);
 
     /* Any session may release by token; all the token's permits go. */
     r = s_release(a, "pool", t2);
@@ -436,7 +448,8 @@ START_TEST(test_waiter_at_first_lease_end)
     ck_assert_int_eq(jint(r, "available"), 1);
     json_decref(r);
     ck_assert_int_eq(h_r_int(&R, "ZCARD leased:lock:{fl}:sem"), 2);
-    ck_assert_int_eq(h_r_int(&R, "HLEN leased:lock:{fl}:sem:permits"), 2);
+    ck_assert_int_eq(h_r_int(&R, "HLEN leased:lock:{fl}:sem:permits"),
+                     SEM_LAYOUT == 1 ? 2 : 1);
     ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{fl}:sem"), 50000);
     ck_assert_int_gt(h_r_int(&R, "PTTL leased:lock:{fl}:sem:permits"), 50000);
     h_close(a);
@@ -938,6 +951,88 @@ END_TEST
 
 /* Calls of Redis command CMD (lower case) since the last CONFIG RESETSTAT,
  * scripts' inner calls included. */
+/* --- both layouts on one semaphore ------------------------------------- */
+
+/* The sole grant of KEY has left the zset (its lease ended and an
+ * acquire took it back). */
+static bool
+zset_empty(void *arg)
+{
+    return h_r_int(&R, "ZCARD leased:lock:{%s}:sem", (const char *)arg) == 0;
+}
+
+/* A fleet between its two restarts (lock.sem_layout): D1 writes a field
+ * for every grant, D2 none for a grant of one permit. Each counts the
+ * other's grants, releases them by token and takes them back when their
+ * lease ends; a grant without a field holds one permit, never none (the
+ * counting an older daemon does, and why layout 2 waits for the fleet). */
+START_TEST(test_layouts_mixed)
+{
+    char t1[65], t2[65], t3[65], t4[65];
+
+    ck_assert_int_eq(h_redis_start(&R, NULL), 0);
+    ck_assert_int_eq(h_daemon_start(&D1, &R, "lock:\n  sem_layout: 1\n"), 0);
+    ck_assert_int_eq(h_daemon_start(&D2, &R, "lock:\n  sem_layout: 2\n"), 0);
+    struct h_conn *a = h_connect_ok(&D1);
+    struct h_conn *b = h_connect_ok(&D2);
+
+    s_must(b, "mix", 4, 1, 0, t1);
+    s_must(a, "mix", 4, 1, 0, t2);
+    s_must(b, "mix", 4, 2, 0, t3);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS leased:lock:{mix}:sem:permits %s",
+                             t1),
+                     0);
+    ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{mix}:sem:permits %s", t2),
+                     1);
+    ck_assert_int_eq(h_r_int(&R, "HGET leased:lock:{mix}:sem:permits %s", t3),
+                     2);
+    ck_assert_int_eq(s_held(a, "mix", 4), 4);
+    ck_assert_int_eq(s_held(b, "mix", 4), 4);
+    json_t *r = s_acquire(a, "mix", 4, 1, 0, 0);
+    ck_assert_msg(h_ok(r) && !jtrue(r, "acquired"), "over the limit: %s",
+                  h_dump(r));
+    json_decref(r);
+
+    /* D1 releases D2's grant without a field, D2 D1's with one. */
+    r = s_release(a, "mix", t1);
+    ck_assert_msg(h_ok(r) && jint(r, "released") == 1, "t1: %s", h_dump(r));
+    json_decref(r);
+    r = s_release(a, "mix", t1);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+    r = s_release(b, "mix", t2);
+    ck_assert_msg(h_ok(r) && jint(r, "released") == 1, "t2: %s", h_dump(r));
+    json_decref(r);
+    ck_assert_int_eq(s_held(a, "mix", 4), 2);
+    r = s_release(b, "mix", t3);
+    ck_assert_msg(h_ok(r) && jint(r, "released") == 2, "t3: %s", h_dump(r));
+    json_decref(r);
+    ck_assert_int_eq(h_r_int(&R, "EXISTS leased:lock:{mix}:sem:permits"), 0);
+
+    /* A grant without a field whose lease ended counts nothing: D1 takes
+     * the whole semaphore once D2's grant of one permit is taken back. */
+    s_must(b, "gone", 2, 1, 300, t4);
+    r = s_acquire(a, "gone", 2, 2, 5000, 0);
+    ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "after the lease: %s",
+                  h_dump(r));
+    json_decref(r);
+    r = s_release(b, "gone", t4);
+    ck_assert_str_eq(h_errcode(r), "not_held");
+    json_decref(r);
+
+    /* A grant of one permit of D2 excludes D1, and goes back when its
+     * session ends (released with the zset alone). */
+    s_must(b, "kept", 1, 1, 0, t4);
+    ck_assert_int_eq(h_r_int(&R, "HLEN leased:lock:{kept}:sem:permits"), 0);
+    r = s_acquire(a, "kept", 1, 1, 0, 0);
+    ck_assert_msg(h_ok(r) && !jtrue(r, "acquired"), "kept: %s", h_dump(r));
+    json_decref(r);
+    h_close(b); /* its session ends: the grant goes back at once */
+    ck_assert(h_wait_until(zset_empty, (void *)"kept", T_MS));
+    h_close(a);
+}
+END_TEST
+
 static long long
 cmd_calls(const char *cmd)
 {
@@ -959,8 +1054,7 @@ due_set_looked_at(void *arg)
 }
 
 /* An acquire reads the grants once (one ZRANGE) and neither script asks
- * for types: ZRANGE, ZSCORE and HGET refuse another type themselves
- * (issue 30). */
+ * for types: ZRANGE, ZSCORE and HGET refuse another type themselves. */
 START_TEST(test_pair_cost)
 {
     struct h_conn *a;
@@ -983,6 +1077,10 @@ START_TEST(test_pair_cost)
     ck_assert_int_eq(cmd_calls("zrange"), 10);
     ck_assert_int_eq(cmd_calls("zrangebyscore"), 0);
     ck_assert_int_le(cmd_calls("type"), 10);
+    /* Under layout 2 a grant of one permit leaves the hash alone. */
+    ck_assert_int_eq(cmd_calls("hset"), SEM_LAYOUT == 1 ? 10 : 0);
+    ck_assert_int_eq(cmd_calls("hget") + cmd_calls("hdel"),
+                     SEM_LAYOUT == 1 ? 20 : 0);
     /* The wake-up: PUBLISH, or SPUBLISH on a cluster (sharded). */
     ck_assert_int_eq(cmd_calls("publish") + cmd_calls("spublish"), 10);
     h_close(a);
@@ -1013,6 +1111,7 @@ main(void)
         H_CASE(lost_before_lease_end, 90),
         H_CASE(early_loss_rechecks_all, 60),
         H_CASE(contention_two_daemons, 200),
+        H_CASE(layouts_mixed, 60),
         H_CASE(pair_cost, 60),
     };
     return H_MAIN(fx, cases);

@@ -1086,6 +1086,35 @@ subst_dir(const char *in, const char *dir, char *out, size_t len)
     return 0;
 }
 
+/* The case's YAML X into M. A program built with H_SEM_LAYOUT (such as
+ * check_sem_layout2) runs every daemon under that lock.sem_layout, unless
+ * the case sets one itself: put into its lock section, or in one of its
+ * own. */
+static void
+put_extra(FILE *m, const char *x)
+{
+#ifdef H_SEM_LAYOUT
+    if (strstr(x, "sem_layout") == NULL) {
+        const char *at = strstr(x, "lock:\n");
+        while (at != NULL && at != x && at[-1] != '\n') {
+            at = strstr(at + 1, "lock:\n");
+        }
+        if (at == NULL) {
+            fprintf(m, "lock:\n  sem_layout: %d\n", H_SEM_LAYOUT);
+        } else {
+            at += strlen("lock:\n");
+            fwrite(x, 1, (size_t)(at - x), m);
+            fprintf(m, "  sem_layout: %d\n", H_SEM_LAYOUT);
+            x = at;
+        }
+    }
+#endif
+    fputs(x, m);
+    if (*x && x[strlen(x) - 1] != '\n') {
+        fputc('\n', m);
+    }
+}
+
 static int
 write_daemon_conf(struct h_daemon *d)
 {
@@ -1117,10 +1146,7 @@ write_daemon_conf(struct h_daemon *d)
     if (!has_section(x, "log")) {
         fprintf(m, "log:\n  level: debug\n");
     }
-    fputs(x, m);
-    if (*x && x[strlen(x) - 1] != '\n') {
-        fputc('\n', m);
-    }
+    put_extra(m, x);
     fclose(m);
     rc = write_file(d->conf, text);
     free(text);
