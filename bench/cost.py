@@ -136,6 +136,27 @@ def load(r, srcdir, name):
         return r.call('SCRIPT', 'LOAD', f.read())
 
 
+def sem_cases(a, ld, tag=''):
+    """leased's semaphore pairs: alone, and with SEM_HELD grants held by
+    others all along (detached with a long lease: no renewal in the
+    window). TAG names the cases of a second daemon's run, on keys of
+    their own."""
+    key = 'cost.s' + re.sub(r'\W+', '.', tag)
+    held = key + '%d' % SEM_HELD
+    other = Leased(a.sock)
+    for _ in range(SEM_HELD):
+        other.call(op='sem.acquire', key=held, limit=100, detach=True,
+                   ttl_ms=TTL_MS)
+
+    def pair(k, limit):
+        def one(i):
+            t = ld.call(op='sem.acquire', key=k, limit=limit)['token']
+            ld.call(op='sem.release', key=k, token=t)
+        return one
+    return {'leased sem' + tag: pair(key, 10),
+            'leased sem %d held%s' % (SEM_HELD, tag): pair(held, 100)}
+
+
 def pairs(a):
     """The cases of op pairs: name -> (setup, one pair)."""
     r = Resp(a.port)
@@ -177,10 +198,7 @@ def pairs(a):
         r.call('EVALSHA', sha['write_release'], 2, 'cost.rrw',
                'redisson_rwlock:{cost.rrw}', 0, lease, holder + ':write'))
 
-    def sem(i):
-        t = ld.call(op='sem.acquire', key='cost.s', limit=10)['token']
-        ld.call(op='sem.release', key='cost.s', token=t)
-    cases['leased sem'] = sem
+    cases.update(sem_cases(a, ld))
     r.call('SET', 'cost.rs', 10)
     cases['redisson RSemaphore'] = lambda i: (
         r.call('EVALSHA', sha['sem_acquire'], 1, 'cost.rs', 1),
@@ -205,18 +223,6 @@ def pairs(a):
                ps_keys[1], pid, 1, int(time.time() * 1000), 'publish')
     cases['redisson RPermitExpirableSemaphore'] = rpsem
 
-    # The same with SEM_HELD grants held by others all along (detached
-    # with a long lease on leased's side: no renewal in the window).
-    other = Leased(a.sock)
-    for _ in range(SEM_HELD):
-        other.call(op='sem.acquire', key='cost.s%d' % SEM_HELD, limit=100,
-                   detach=True, ttl_ms=TTL_MS)
-
-    def sem_held(i):
-        t = ld.call(op='sem.acquire', key='cost.s%d' % SEM_HELD,
-                    limit=100)['token']
-        ld.call(op='sem.release', key='cost.s%d' % SEM_HELD, token=t)
-    cases['leased sem %d held' % SEM_HELD] = sem_held
     r.call('SET', 'cost.rps%d' % SEM_HELD, 100)
     ph_keys = ['cost.rps%d' % SEM_HELD, '{cost.rps%d}:timeout' % SEM_HELD,
                'redisson_sc:{cost.rps%d}' % SEM_HELD]
@@ -408,6 +414,19 @@ def renewal_redisson(a, cg):
     return ir, n
 
 
+def window_all(cg, a, cases):
+    # ops_s: the pace under callgrind. Redisson's rate limiter logs every
+    # grant for its interval, so what a try costs it depends on it.
+    for name, fn in cases.items():
+        if not re.search(a.cases, name):
+            continue
+        for i in range(min(300, a.ops)):
+            fn(i)
+        ir, secs = cg.window(fn, a.ops)
+        print('mode=cost case="%s" ops=%d ir=%d ir_per_op=%.0f ops_s=%.0f'
+              % (name, a.ops, ir, ir / a.ops, a.ops / secs), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('--port', type=int, required=True)
@@ -419,18 +438,16 @@ def main():
     p.add_argument('--renew-locks', type=int, default=1000)
     p.add_argument('--cases', default='',
                    help='only the cases whose name matches this regex')
+    p.add_argument('--tag', default='',
+                   help="the semaphore's cases alone, their names ending "
+                   'with this (a daemon configured otherwise)')
     a = p.parse_args()
     cg = Callgrind(a.pid, a.cg_out)
-    # ops_s: the pace under callgrind. Redisson's rate limiter logs every
-    # grant for its interval, so what a try costs it depends on it.
-    for name, fn in pairs(a).items():
-        if not re.search(a.cases, name):
-            continue
-        for i in range(min(300, a.ops)):
-            fn(i)
-        ir, secs = cg.window(fn, a.ops)
-        print('mode=cost case="%s" ops=%d ir=%d ir_per_op=%.0f ops_s=%.0f'
-              % (name, a.ops, ir, ir / a.ops, a.ops / secs), flush=True)
+    if a.tag:
+        cases = sem_cases(a, Leased(a.sock), a.tag)
+        window_all(cg, a, cases)
+        return
+    window_all(cg, a, pairs(a))
     for name, fn in (('leased watchdog renewal', renewal_leased),
                      ('redisson renewal', renewal_redisson)):
         if not re.search(a.cases, name):

@@ -8,7 +8,8 @@
 # cache.get of it with a Bloom filter, without one (miss and release) and
 # cached null.
 # One redis-server under callgrind, leased native (lock.watchdog_ms 6000:
-# a pass of renewals every two seconds); the cases in bench/cost.py.
+# a pass of renewals every two seconds); the cases in bench/cost.py, then
+# the semaphore's again through a daemon under lock.sem_layout 2.
 # Writes key=value lines to --raw FILE (default stdout). Runs alone too:
 #   sh bench/cost.sh --builddir BUILD --srcdir SRC --redis-server PATH [--quick]
 #   sh bench/cost.sh --table RAW   prints the markdown table of RAW.
@@ -55,6 +56,15 @@ if [ "${1:-}" = --table ]; then
             "Redisson RPermitExpirableSemaphore scripts")
         row("semaphore acquire + release, 20 grants held by others, " \
             "against RPermitExpirableSemaphore", "leased sem 20 held",
+            "redisson RPermitExpirableSemaphore 20 held",
+            "Redisson RPermitExpirableSemaphore scripts")
+        row("semaphore acquire + release, lock.sem_layout 2, against " \
+            "RPermitExpirableSemaphore", "leased sem (sem_layout 2)",
+            "redisson RPermitExpirableSemaphore",
+            "Redisson RPermitExpirableSemaphore scripts")
+        row("semaphore acquire + release, lock.sem_layout 2, 20 grants " \
+            "held by others, against RPermitExpirableSemaphore",
+            "leased sem 20 held (sem_layout 2)",
             "redisson RPermitExpirableSemaphore 20 held",
             "Redisson RPermitExpirableSemaphore scripts")
         row("watchdog renewal", "leased watchdog renewal",
@@ -119,6 +129,14 @@ start_leased 2
 python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
     --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" \
     --cases "${COST_CASES:-}" >>"$raw"
+# The semaphore again through a daemon under lock.sem_layout 2 (the first
+# is stopped: its background work stays out of the windows).
+stop_leased
+leased_lock_extra="  sem_layout: 2"
+start_leased 2
+python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
+    --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" \
+    --cases "${COST_CASES:-}" --tag " (sem_layout 2)" >>"$raw"
 if [ -n "${COST_KEEP:-}" ]; then
     mkdir -p "$COST_KEEP"
     cp "$tmp"/cost.out.* "$COST_KEEP"/
