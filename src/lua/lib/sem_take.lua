@@ -3,11 +3,10 @@
 -- writes its field in the permits hash for. A grant without a field holds
 -- one permit (sem_held.lua).
 --@include sem_shape.lua
--- The members alone (ZRANGE fails on a key of another type: no TYPE of
--- the zset): a score in a reply is printed with '%.17g', about 4k
--- instructions each, so scores are asked for only where one is needed.
-local all = redis.pcall('zrange', KEYS[1], '0', '-1')
-if type(all) ~= 'table' or all.err then
+-- How many grants (ZCARD fails on a key of another type: no TYPE of the
+-- zset); their names are read only when the hash has fields to match.
+local n = redis.pcall('zcard', KEYS[1])
+if type(n) == 'table' then
     return {-1}
 end
 local limit = tonumber(ARGV[1])
@@ -18,34 +17,48 @@ local lease = tonumber(ARGV[3])
 -- HSET below, which fails on a key of another type before anything is
 -- written. A grant without a field on an empty semaphore does not touch
 -- the hash: another type there is found by the next acquire that counts.
-if #all > 0 or want > limit then
-    local h = redis.call('type', KEYS[2]).ok
+local h
+if n > 0 or want > limit then
+    h = redis.call('type', KEYS[2]).ok
     if h ~= 'none' and h ~= 'hash' then
         return {-1}
     end
 end
 local now = redis_ms()
 local held, last = 0, now + lease
-if #all > 0 then
+if n > 0 then
     -- Numbers go to Redis as '%d' text: a Lua number would be printed
     -- with '%.17g' (about 3k instructions each).
     local nows = string.format('%d', now)
-    -- The dead reclaimed, then the live counted, each in one call (in
-    -- chunks), not one per grant: a semaphore with many holders would
-    -- pay for each on every acquire.
-    local dead = redis.call('zrangebyscore', KEYS[1], '-inf', nows)
-    if #dead > 0 then
-        for i = 1, #dead, 1000 do
-            redis.call('hdel', KEYS[2],
-                       unpack(dead, i, math.min(i + 999, #dead)))
+    local live
+    if h == 'none' then
+        -- No fields (layout 2, grants of one permit each): the dead are
+        -- reclaimed and the live counted without a name read, in time
+        -- that does not grow with the holders.
+        live = n - redis.call('zremrangebyscore', KEYS[1], '-inf', nows)
+        held = live
+    else
+        -- The dead reclaimed, then the live counted, each in one call
+        -- (in chunks), not one per grant: a semaphore with many holders
+        -- would pay for each on every acquire.
+        local all = redis.call('zrange', KEYS[1], '0', '-1')
+        local dead = redis.call('zrangebyscore', KEYS[1], '-inf', nows)
+        if #dead > 0 then
+            for i = 1, #dead, 1000 do
+                redis.call('hdel', KEYS[2],
+                           unpack(dead, i, math.min(i + 999, #dead)))
+            end
+            redis.call('zremrangebyscore', KEYS[1], '-inf', nows)
         end
-        redis.call('zremrangebyscore', KEYS[1], '-inf', nows)
-    end
-    if #all > #dead then
-        -- ZRANGE and ZRANGEBYSCORE list by score alike: the dead are the
-        -- first of ALL, and the live the rest.
+        live = #all - #dead
+        if live > 0 then
+            -- ZRANGE and ZRANGEBYSCORE list by score alike: the dead
+            -- are the first of ALL, and the live the rest.
 --@include sem_held.lua
-        held = sem_permits(all, #dead + 1)
+            held = sem_permits(all, #dead + 1)
+        end
+    end
+    if live > 0 then
         if held + want > limit then
             -- How long until the next lease ends: the earliest score.
             local first = redis.call('zrange', KEYS[1], '0', '0', 'withscores')
