@@ -360,6 +360,14 @@ def pairs(a):
             raise RuntimeError('cache.get did not hit')
     cases['leased cache.get hit 100 B'] = hit
     cases['GET 100 B'] = lambda i: r.call('GET', 'plain:' + keys[0])
+    # What a hit costs at least while the entry is a hash, read by a plain
+    # command from the same client as GET: the value's field, and every
+    # field, of the entry cache.set wrote.
+    entry = 'leased:cache:{%s}' % keys[0]
+    if r.call('HGET', entry, 'v') != VALUE:
+        raise RuntimeError('the entry is not where cost.py looks: %s' % entry)
+    cases['HGET v of the entry'] = lambda i: r.call('HGET', entry, 'v')
+    cases['HGETALL of the entry'] = lambda i: r.call('HGETALL', entry)
     cases['leased cache.mget %d hits' % MGET_KEYS] = lambda i: ld.call(
         op='cache.mget', keys=keys)
     cases['MGET %d' % MGET_KEYS] = lambda i: r.call(

@@ -71,6 +71,10 @@ if [ "${1:-}" = --table ]; then
             "redisson renewal", "Redisson renewExpiration")
         row("cache.get hit, 100 B", "leased cache.get hit 100 B",
             "GET 100 B", "GET")
+        row("the least a hit on the entry\047s hash can cost: HGET of its " \
+            "value", "HGET v of the entry", "GET 100 B", "GET")
+        row("the same, every field (HGETALL)", "HGETALL of the entry",
+            "GET 100 B", "GET")
         row("cache.mget, 10 hits of 100 B", "leased cache.mget 10 hits",
             "MGET 10", "MGET of 10 keys")
         row("rate.acquire, granted", "leased rate.acquire granted",
