@@ -1053,6 +1053,22 @@ due_set_looked_at(void *arg)
     return cmd_calls("evalsha") >= 1;
 }
 
+/* Redis' command counts reset, then ten pairs of a grant of one permit of
+ * "cost" (of LIMIT) on A and its release. */
+static void
+ten_pairs(struct h_conn *a, long long limit)
+{
+    char tok[65];
+    freeReplyObject(h_redis_cmd(&R, "CONFIG RESETSTAT"));
+    for (int i = 0; i < 10; i++) {
+        s_must(a, "cost", limit, 1, 0, tok);
+        json_t *r = s_release(a, "cost", tok);
+        ck_assert_msg(h_ok(r) && jint(r, "released") == 1, "release: %s",
+                      h_errcode(r));
+        json_decref(r);
+    }
+}
+
 /* An acquire of an empty semaphore counts its grants once (one ZCARD)
  * and neither script asks for types: ZCARD, ZSCORE and HGET refuse
  * another type themselves. */
@@ -1067,14 +1083,7 @@ START_TEST(test_pair_cost)
      * the reset. */
     ck_assert(h_wait_until(due_set_looked_at, NULL, T_MS));
     a = h_connect_ok(&D1);
-    freeReplyObject(h_redis_cmd(&R, "CONFIG RESETSTAT"));
-    for (int i = 0; i < 10; i++) {
-        s_must(a, "cost", 3, 1, 0, tok);
-        json_t *r = s_release(a, "cost", tok);
-        ck_assert_msg(h_ok(r) && jint(r, "released") == 1, "release: %s",
-                      h_errcode(r));
-        json_decref(r);
-    }
+    ten_pairs(a, 3);
     ck_assert_int_eq(cmd_calls("zcard"), 10);
     ck_assert_int_eq(cmd_calls("zrange") + cmd_calls("zrangebyscore"), 0);
     ck_assert_int_le(cmd_calls("type"), 10);
@@ -1092,14 +1101,7 @@ START_TEST(test_pair_cost)
     for (int i = 0; i < 3; i++) {
         s_must(b, "cost", 10, 1, 0, tok);
     }
-    freeReplyObject(h_redis_cmd(&R, "CONFIG RESETSTAT"));
-    for (int i = 0; i < 10; i++) {
-        s_must(a, "cost", 10, 1, 0, tok);
-        json_t *r = s_release(a, "cost", tok);
-        ck_assert_msg(h_ok(r) && jint(r, "released") == 1, "release: %s",
-                      h_errcode(r));
-        json_decref(r);
-    }
+    ten_pairs(a, 10);
     ck_assert_int_eq(cmd_calls("hmget"), SEM_LAYOUT == 1 ? 10 : 0);
     ck_assert_int_eq(cmd_calls("zrangebyscore"), SEM_LAYOUT == 1 ? 10 : 0);
     ck_assert_int_eq(cmd_calls("zremrangebyscore"), SEM_LAYOUT == 1 ? 0 : 10);
