@@ -1037,9 +1037,10 @@ h_redis_stop(struct h_redis *r)
 
 /* --- leased ----------------------------------------------------------- */
 
-/* Does EXTRA define the top-level section NAME (a line "NAME:")? */
-static bool
-has_section(const char *extra, const char *name)
+/* The line of EXTRA that opens the top-level section NAME (a line
+ * "NAME:"), or NULL. */
+static const char *
+section_at(const char *extra, const char *name)
 {
     size_t nlen = strlen(name);
     const char *line = extra;
@@ -1051,14 +1052,21 @@ has_section(const char *extra, const char *name)
             k++;
         }
         if (k > 0 && line[k] == ':' && k == nlen && !memcmp(line, name, k)) {
-            return true;
+            return line;
         }
         line = strchr(line, '\n');
         if (line) {
             line++;
         }
     }
-    return false;
+    return NULL;
+}
+
+/* Does EXTRA define the top-level section NAME? */
+static bool
+has_section(const char *extra, const char *name)
+{
+    return section_at(extra, name) != NULL;
 }
 
 /* Copy IN to OUT replacing every "@DIR@" by DIR. */
@@ -1095,17 +1103,16 @@ put_extra(FILE *m, const char *x)
 {
 #ifdef H_SEM_LAYOUT
     if (strstr(x, "sem_layout") == NULL) {
-        const char *at = strstr(x, "lock:\n");
-        while (at != NULL && at != x && at[-1] != '\n') {
-            at = strstr(at + 1, "lock:\n");
-        }
+        const char *at = section_at(x, "lock");
         if (at == NULL) {
             fprintf(m, "lock:\n  sem_layout: %d\n", H_SEM_LAYOUT);
         } else {
-            at += strlen("lock:\n");
-            fwrite(x, 1, (size_t)(at - x), m);
-            fprintf(m, "  sem_layout: %d\n", H_SEM_LAYOUT);
-            x = at;
+            /* After the section's line ("lock:", its last maybe). */
+            const char *end = strchr(at, '\n');
+            size_t n = end != NULL ? (size_t)(end - x) : strlen(x);
+            fwrite(x, 1, n, m);
+            fprintf(m, "\n  sem_layout: %d\n", H_SEM_LAYOUT);
+            x = end != NULL ? end + 1 : "";
         }
     }
 #endif

@@ -113,13 +113,18 @@ mut_awk() {
 }
 
 # The program of test NAME (check_locks, or a path as in TESTS).
+# Is the test program P (from the top of the tree) another program's
+# source built again (check_sem_layout2), named only in a Makefile part?
+built_again() {
+    grep -qx "check_PROGRAMS += $1" "$srcdir"/tests/*/*.am
+}
+
 test_path() {
     case $1 in
     */*) echo "$1" ;;
     *)
         if [ -f "$srcdir/tests/integration/$1.c" ] ||
-            grep -qx "check_PROGRAMS += tests/integration/$1" \
-                "$srcdir"/tests/integration/*.am; then
+            built_again "tests/integration/$1"; then
             echo "tests/integration/$1"
         elif [ -f "$srcdir/tests/unit/$1.c" ]; then
             echo "tests/unit/$1"
@@ -171,10 +176,8 @@ while IFS="$US" read -r id file find replace nth tests equiv line; do
     fi
     for t in $tests; do
         p=$(test_path "$t")
-        # A program is its own source, a script, or another program's
-        # source built again (check_sem_layout2).
         if [ ! -f "$srcdir/$p.c" ] && [ ! -f "$srcdir/$p" ] &&
-            ! grep -qx "check_PROGRAMS += $p" "$srcdir"/tests/*/*.am; then
+            ! built_again "$p"; then
             echo "$where: $id: no test program $t" >&2
             errors=$((errors + 1))
         fi
