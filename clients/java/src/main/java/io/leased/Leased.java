@@ -57,6 +57,7 @@ public final class Leased implements AutoCloseable {
     final Serializer serializer;
     final Consumer<Map<String, Object>> onEvent;
     private final AtomicLong ids = new AtomicLong();
+    private final AtomicLong owners = new AtomicLong();
     private final Object opening = new Object();
     private volatile Conn conn;
     private volatile boolean closed;
@@ -703,9 +704,34 @@ public final class Leased implements AutoCloseable {
         };
     }
 
-    /** The lock reply ({@code acquired} true with token and fence, or false with ttl_ms). */
+    /**
+     * The owner a blocking lock call without one holds under: the calling
+     * thread's, so a thread that locks a key it holds reenters (as with
+     * Redisson's RLock and ReentrantLock) and threads sharing the connection
+     * exclude each other. For an unlock by owner of such a hold.
+     */
+    public static String threadOwner() {
+        return "java-thread-" + Thread.currentThread().getId();
+    }
+
+    /**
+     * O with an owner: its own, else the thread's (BLOCKING) or one of this
+     * call's own, since async callers on one thread (an event loop) are
+     * separate tasks that must not reenter each other's holds.
+     */
+    LockOptions owned(LockOptions o, boolean blocking) {
+        if (o.owner != null) {
+            return o;
+        }
+        return o.copy().owner(blocking ? threadOwner() : "java-call-" + owners.incrementAndGet());
+    }
+
+    /**
+     * The lock reply ({@code acquired} true with token and fence, or false
+     * with ttl_ms). Without an owner it holds under {@link #threadOwner()}.
+     */
     public Map<String, Object> tryLock(String key, LockOptions o) {
-        Map<String, Object> f = lockFields(List.of(oneKey(key)), false, o);
+        Map<String, Object> f = lockFields(List.of(oneKey(key)), false, owned(o, true));
         Sent s = send(null, "lock", f);
         return await(s, o.waitMs, lateUnlock(s.conn, f));
     }
@@ -717,6 +743,8 @@ public final class Leased implements AutoCloseable {
     /**
      * Hold KEY until the handle is closed: {@code try (var held = ld.lock(k, opts))}.
      * Throws {@link LockNotAcquiredException} when it is held elsewhere past the wait.
+     * Without an owner it holds under {@link #threadOwner()}: the same thread
+     * locking KEY again reenters, another thread waits.
      */
     public Held lock(String key, LockOptions o) {
         return await(lockAsync(List.of(oneKey(key)), false, o, false), o);
@@ -730,7 +758,9 @@ public final class Leased implements AutoCloseable {
     /**
      * Start taking KEY and return at once. Cancelling the future
      * ({@code cancel(true)}) ends the wait at the daemon (op {@code cancel});
-     * a grant that won the race is given back.
+     * a grant that won the race is given back. Without an owner each call
+     * holds under one of its own: two calls exclude each other, whatever
+     * thread makes them.
      */
     public CompletableFuture<Held> lockAsync(String key, LockOptions o) {
         return lockAsync(List.of(oneKey(key)), false, o, true);
@@ -743,7 +773,7 @@ public final class Leased implements AutoCloseable {
 
     CompletableFuture<Held> lockAsync(List<String> keys, boolean group, LockOptions o,
             boolean async) {
-        Map<String, Object> f = lockFields(keys, group, o);
+        Map<String, Object> f = lockFields(keys, group, owned(o, !async));
         Sent s = send(null, "lock", f);
         return hold(s, keys, group, o.mode, false, lateUnlock(s.conn, f), async);
     }

@@ -8,9 +8,10 @@ import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * Several connections shared by threads: each call goes to the next one
- * (every connection is thread-safe, so none is checked out). A hold stays on
- * the connection that took it, and {@code cached()} fills on the connection
- * that got the lease. A connection whose daemon went away opens a new one
+ * (every connection is thread-safe, so none is checked out), except a lock,
+ * which goes to its key's connection, so a thread reenters a lock it holds
+ * as on one connection. A hold stays on the connection that took it, and
+ * {@code cached()} fills on the connection that got the lease. A connection whose daemon went away opens a new one
  * at its next call, so a daemon restart costs the pool's callers no errors
  * (only the holds of the old sessions, which are reported lost).
  */
@@ -46,6 +47,26 @@ public final class LeasedPool implements AutoCloseable {
         return conns.get(Math.floorMod(next.getAndIncrement(), conns.size()));
     }
 
+    /**
+     * The connection KEY's locks go to, so that a thread's second lock of
+     * a key meets the session of its first and reenters; a group goes by
+     * its smallest key. A key the call refuses (null) goes anywhere.
+     */
+    Leased connectionFor(Collection<String> keys) {
+        String k = null;
+        for (Object o : keys == null ? List.of() : keys) {
+            if (!(o instanceof String s)) {
+                return connection();
+            }
+            k = k == null || s.compareTo(k) < 0 ? s : k;
+        }
+        return k == null ? connection() : conns.get(Math.floorMod(k.hashCode(), conns.size()));
+    }
+
+    Leased connectionFor(String key) {
+        return key == null ? connection() : connectionFor(List.of(key));
+    }
+
     @Override
     public void close() {
         for (Leased l : conns) {
@@ -58,23 +79,23 @@ public final class LeasedPool implements AutoCloseable {
     }
 
     public Map<String, Object> tryLock(String key, LockOptions o) {
-        return connection().tryLock(key, o);
+        return connectionFor(key).tryLock(key, o);
     }
 
     public Held lock(String key) {
-        return connection().lock(key);
+        return connectionFor(key).lock(key);
     }
 
     public Held lock(String key, LockOptions o) {
-        return connection().lock(key, o);
+        return connectionFor(key).lock(key, o);
     }
 
     public Held lock(Collection<String> keys, LockOptions o) {
-        return connection().lock(keys, o);
+        return connectionFor(keys).lock(keys, o);
     }
 
     public RWLock rwlock(String key) {
-        return connection().rwlock(key);
+        return connectionFor(key).rwlock(key);
     }
 
     public Held semaphore(String key, long limit, LockOptions o) {

@@ -5,8 +5,10 @@ import java.util.Map;
 
 /**
  * How to take a lock or a semaphore: {@code new LockOptions().waitMs(5000)}.
- * Absent values are the daemon's defaults: try once, a watchdog lease renewed
- * while the connection lives, the owner "" of the connection's session.
+ * Absent values are the daemon's defaults (try once, a watchdog lease renewed
+ * while the connection lives), except the owner: a blocking call holds under
+ * the calling thread's ({@link Leased#threadOwner()}), an async call under
+ * one of its own.
  */
 public final class LockOptions {
     long waitMs;
@@ -28,7 +30,7 @@ public final class LockOptions {
         return this;
     }
 
-    /** Reentrancy is per (session, owner). */
+    /** Reentrancy is per (session, owner): name one to reenter across threads or async calls. */
     public LockOptions owner(String owner) {
         this.owner = owner;
         return this;

@@ -73,7 +73,7 @@ public final class TestLeased {
     static boolean free(Leased other, String key) {
         Map<String, Object> r = other.tryLock(key, new LockOptions());
         if (Boolean.TRUE.equals(r.get("acquired"))) {
-            other.call("unlock", Map.of("key", key));
+            other.call("unlock", Map.of("key", key, "token", r.get("token")));
             return true;
         }
         return false;
@@ -741,6 +741,68 @@ public final class TestLeased {
             check(e.getMessage().contains(path), "names the path: " + e.getMessage());
             check(e.getMessage().contains("LEASED_SOCKET"), "says what to check");
             check(e.getCause() instanceof IOException, "the cause");
+        });
+
+        test("threads sharing a connection exclude each other; a thread reenters its own", () -> {
+            String k = P + "threads";
+            ExecutorService other = Executors.newSingleThreadExecutor();
+            try (Leased ld = new Leased(SOCK)) {
+                Held h1 = ld.lock(k);
+                Held h2 = ld.lock(k);
+                eq(2L, h2.count(), "the same thread reenters");
+                eq(h1.token(), h2.token(), "one token");
+                other.submit(() -> {
+                    eq(Boolean.FALSE, ld.tryLock(k, new LockOptions()).get("acquired"),
+                            "another thread's tryLock");
+                    fails("not_acquired", () -> ld.lock(k));
+                    return null;
+                }).get(WAIT_MS, TimeUnit.MILLISECONDS);
+                CompletableFuture<Held> async = ld.lockAsync(k, new LockOptions());
+                fails("not_acquired", () -> {
+                    try {
+                        async.get(WAIT_MS, TimeUnit.MILLISECONDS).close();
+                    } catch (java.util.concurrent.ExecutionException e) {
+                        throw (Exception) e.getCause();
+                    }
+                });
+                RWLock rw = ld.rwlock(k + ":rw");
+                try (Held w1 = rw.writeLock(); Held w2 = rw.writeLock()) {
+                    eq(2L, w2.count(), "the same thread reenters the write side");
+                    other.submit(() -> fails("not_acquired", rw::writeLock))
+                            .get(WAIT_MS, TimeUnit.MILLISECONDS);
+                }
+                h2.close();
+                h1.close();
+                other.submit(() -> {
+                    try (Held h = ld.lock(k)) {
+                        eq(1L, h.count(), "another thread's lock once it is free");
+                    }
+                    return null;
+                }).get(WAIT_MS, TimeUnit.MILLISECONDS);
+                eq(Boolean.TRUE, ld.tryLock(k, new LockOptions()).get("acquired"), "tryLock");
+                eq(true, ld.unlock(k, Leased.threadOwner(), null, null).get("released"),
+                        "unlocked by the thread's owner");
+            } finally {
+                other.shutdownNow();
+            }
+        });
+
+        test("a pool: a thread reenters a lock it holds; a group meets its own session", () -> {
+            try (LeasedPool pool = Leased.builder().target(SOCK).size(3).buildPool()) {
+                for (int i = 0; i < 6; i++) {
+                    String k = P + "pool-re:" + i;
+                    try (Held h1 = pool.lock(k); Held h2 = pool.lock(k)) {
+                        eq(2L, h2.count(), "count of " + k);
+                        eq(h1.token(), h2.token(), "token of " + k);
+                    }
+                    // A group is not reentrant: the second lock meets the
+                    // first's session and owner, which refuses it at once.
+                    List<String> group = List.of(k + ":b", k + ":a");
+                    try (Held g = pool.lock(group, new LockOptions())) {
+                        fails("bad_request", () -> pool.lock(group, new LockOptions()));
+                    }
+                }
+            }
         });
 
         test("a pool shared by threads: locks exclude each other", () -> {
