@@ -11,9 +11,10 @@ import java.util.concurrent.atomic.AtomicInteger;
  * (every connection is thread-safe, so none is checked out), except a lock,
  * which goes to its key's connection, so a thread reenters a lock it holds
  * as on one connection. A hold stays on the connection that took it, and
- * {@code cached()} fills on the connection that got the lease. A connection whose daemon went away opens a new one
- * at its next call, so a daemon restart costs the pool's callers no errors
- * (only the holds of the old sessions, which are reported lost).
+ * {@code cached()} fills on the connection that got the lease. A connection
+ * whose daemon went away opens a new one at its next call, so a daemon
+ * restart costs the pool's callers no errors (only the holds of the old
+ * sessions, which are reported lost).
  */
 public final class LeasedPool implements AutoCloseable {
     private final List<Leased> conns = new ArrayList<>();
