@@ -15,6 +15,9 @@ export interface LockOptions {
   wait_ms?: number;
   /** A fixed lease; without it the daemon renews the lock (watchdog). */
   ttl_ms?: number;
+  /** Reentry is per owner. Without owner and token, lock() gets an owner
+   *  of its own (callers sharing the connection exclude each other), and
+   *  unlock()/extend() naming neither find its hold. */
   owner?: string;
   detach?: boolean;
   token?: string;

@@ -180,10 +180,21 @@ function abortError(signal) {
 
 let owners = 0;
 
+function newOwner() {
+  return `using-${process.pid}-${++owners}`;
+}
+
 function ownOwner(opts) {
   opts = Object.assign({}, opts);
-  if (opts.owner === undefined) opts.owner = `using-${process.pid}-${++owners}`;
+  if (opts.owner === undefined) opts.owner = newOwner();
   return opts;
+}
+
+// Where a connection keeps the tokens of its anonymous holds (see
+// Leased.lock): by key (a group: by its sorted keys) and mode.
+function anonKey(key, mode) {
+  const k = Array.isArray(key) ? 'g' + JSON.stringify([...key].sort()) : 'k' + key;
+  return mode === undefined ? k : `${k}\0${mode}`;
 }
 
 // KEY names one lock, or, as an array, a group of keys locked together
@@ -229,11 +240,11 @@ function field(name, v) {
 // with 50 callers on a Pool, lock(key, {}) through the object promoted
 // ~1 MB per young collection of V8 (pauses of 2-3 ms), through the text
 // 11 kB (bench/peers/results.md).
-function lockBody(key, o) {
+function lockBody(key, o, owner) {
   if (typeof key !== 'string') return null;
   const a = field('wait_ms', o.wait_ms);
   const b = field('ttl_ms', o.ttl_ms);
-  const c = field('owner', o.owner);
+  const c = field('owner', owner);
   const d = field('mode', o.mode);
   const e = field('detach', o.detach);
   const f = field('token', o.token);
@@ -366,6 +377,7 @@ class Leased extends EventEmitter {
     this.pending = new Pending();
     this.chunks = [];       // the unfinished line, as received
     this.holds = new Map(); // key + '\0' + token -> Set of Hold
+    this.anon = new Map();  // anonKey -> tokens of the anonymous holds
     this.out = [];          // lines written in this tick, sent together
     this.flush = () => this._flush();
     this.closed = false;
@@ -506,6 +518,7 @@ class Leased extends EventEmitter {
       }
     }
     this.holds.clear();
+    this.anon.clear();
     if (!this.closed) {
       this.closed = true;
       this.emit('close', err);
@@ -577,19 +590,33 @@ class Leased extends EventEmitter {
   // SIGNAL: see call(); a lock granted after the abort is unlocked.
   // MODE 'read' or 'write' takes a side of a read-write lock (see
   // rwlock()); DETACH and TOKEN as in leased-protocol(7).
+  // A lock that names neither an owner nor a token is anonymous: it gets
+  // an owner of its own. Callers share the connection, hence the session,
+  // and one session's holds of a key under one owner are reentrant, so two
+  // callers locking as the session's owner "" would both hold the key. Its
+  // token is kept for an unlock() or extend() that names neither (the
+  // latest anonymous hold of the key and mode); reentry needs an owner.
   lock(key, opts) {
     if (typeof key !== 'string' && badKey(key, true)) {
       return Promise.reject(badKey(key, true));
     }
-    if (opts === undefined) {
-      const b = keyBody(key);
-      if (b !== null) return this._call('"lock"', b);
-      opts = {};
-    } else if (!opts.signal) {
-      const b = lockBody(key, opts);
+    const o = opts === undefined ? {} : opts;
+    const anon = o.owner === undefined && o.token === undefined;
+    const owner = anon ? newOwner() : o.owner;
+    const p = this._lock(key, o, owner);
+    if (!anon) return p;
+    return p.then((r) => {
+      if (r.acquired) this._keepAnon(key, o.mode, r.token);
+      return r;
+    });
+  }
+
+  _lock(key, o, owner) {
+    if (!o.signal) {
+      const b = lockBody(key, o, owner);
       if (b !== null) return this._call('"lock"', b);
     }
-    const { wait_ms, ttl_ms, owner, mode, detach, token, signal } = opts;
+    const { wait_ms, ttl_ms, mode, detach, token, signal } = o;
     const fields = { ...keyField(key), wait_ms, ttl_ms, owner, mode, detach,
       token };
     if (!signal) return this._call('"lock"', body(fields));
@@ -602,6 +629,30 @@ class Leased extends EventEmitter {
     return this._call('"lock"', body(fields), { signal, onLate });
   }
 
+  // An exclusive grant ends every earlier anonymous hold of its key here
+  // (lost or expired: no two holders); read holds share the key.
+  _keepAnon(key, mode, token) {
+    const k = anonKey(key, mode);
+    const ts = mode === 'read' ? this.anon.get(k) : undefined;
+    if (ts) ts.push(token);
+    else this.anon.set(k, [token]);
+  }
+
+  // OPTS with the token of the latest anonymous hold of KEY when it names
+  // neither an owner nor a token (TAKE: the unlock, which forgets it).
+  _anonOpts(key, opts, take) {
+    if (this.anon.size === 0 || (opts && (opts.owner !== undefined ||
+        opts.token !== undefined))) {
+      return opts;
+    }
+    const k = anonKey(key, opts && opts.mode);
+    const ts = this.anon.get(k);
+    if (!ts) return opts;
+    const token = take ? ts.pop() : ts[ts.length - 1];
+    if (ts.length === 0) this.anon.delete(k);
+    return { ...opts, token };
+  }
+
   // opts.request_id (1 to 64 printable ASCII characters) makes the call
   // safe to repeat: sent again with the same token (or owner) and id
   // after a lost answer (a connection error, or redis_unavailable with
@@ -611,6 +662,7 @@ class Leased extends EventEmitter {
     if (typeof key !== 'string' && badKey(key, true)) {
       return Promise.reject(badKey(key, true));
     }
+    opts = this._anonOpts(key, opts, true);
     const b = opts === undefined ? keyBody(key) : unlockBody(key, opts);
     if (b !== null) return this._call('"unlock"', b);
     const { owner, token, mode, request_id } = opts || {};
@@ -618,8 +670,9 @@ class Leased extends EventEmitter {
       mode, request_id }));
   }
 
-  extend(key, ttl_ms, { owner, token, mode } = {}) {
+  extend(key, ttl_ms, opts) {
     if (badKey(key, true)) return Promise.reject(badKey(key, true));
+    const { owner, token, mode } = this._anonOpts(key, opts, false) || {};
     return this.call('extend', { ...keyField(key), ttl_ms, owner, token,
       mode });
   }

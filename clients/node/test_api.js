@@ -396,6 +396,11 @@ test('lock and unlock options written as JSON writes them', async () => {
       const want = { op, id: i + 1,
         ...(Array.isArray(k) ? { keys: k } : { key: k }) };
       for (const n of names) want[n] = o[n];
+      if (op === 'lock' && o.owner === undefined && o.token === undefined) {
+        const { owner } = JSON.parse(lines[i]);
+        assert.match(owner, /^using-\d+-\d+$/, `case ${i}: an owner of its own`);
+        want.owner = owner;
+      }
       assert.strictEqual(lines[i], JSON.stringify(want), `case ${i}`);
     });
   } finally {
@@ -631,6 +636,58 @@ test('keys that need escaping go through the short lock path intact', async () =
   } finally {
     a.close();
     b.close();
+  }
+});
+
+test('callers sharing a connection exclude each other; unlock and extend by key find it', async () => {
+  const single = await Leased.connect(SOCK);
+  const pool = await Leased.connect(SOCK, { connections: 2 });
+  const other = await Leased.connect(SOCK);
+  try {
+    for (const [name, ld] of [['Leased', single], ['Pool', pool]]) {
+      const key = `${TAG}:share:${name}`;
+      const both = await Promise.all([ld.lock(key), ld.lock(key)]);
+      assert.deepStrictEqual(both.map((r) => r.acquired).sort(), [false, true], name);
+      const [held] = both.filter((r) => r.acquired);
+      assert.strictEqual(held.count, 1, name);
+      assert.strictEqual((await ld.lock(key)).acquired, false,
+        `${name}: no reentry without an owner`);
+      const ext = await ld.extend(key, 60000);
+      assert.ok(ext.lease_ms > 30000, `${name}: extended by key: ${JSON.stringify(ext)}`);
+      const info = await other.call('lock.info', { key, token: held.token });
+      assert.ok(info.ttl_ms > 30000, `${name}: the caller's hold was extended`);
+      assert.strictEqual((await ld.unlock(key)).released, true, name);
+      assert.strictEqual((await other.lock(key)).acquired, true, `${name}: free`);
+      await other.unlock(key);
+      // A waiter granted after the holder's unlock is the one unlock(key) finds.
+      const first = await ld.lock(key);
+      const waiting = ld.lock(key, { wait_ms: WAIT_MS });
+      assert.strictEqual((await ld.unlock(key)).released, true, name);
+      const second = await waiting;
+      assert.strictEqual(second.acquired, true, name);
+      assert.notStrictEqual(second.token, first.token, name);
+      assert.strictEqual((await ld.unlock(key)).released, true, `${name}: the waiter's hold`);
+      await assert.rejects(ld.unlock(key), (e) => e.code === 'not_held', name);
+      // Readers share; each unlock(key) of the side gives one read hold back.
+      const reads = await Promise.all([ld.lock(key, { mode: 'read' }),
+        ld.lock(key, { mode: 'read' })]);
+      assert.ok(reads.every((r) => r.acquired), name);
+      await ld.unlock(key, { mode: 'read' });
+      assert.strictEqual((await other.lock(key, { mode: 'write' })).acquired, false, name);
+      await ld.unlock(key, { mode: 'read' });
+      assert.strictEqual((await other.lock(key, { mode: 'write' })).acquired, true,
+        `${name}: both reads given back`);
+      await other.unlock(key, { mode: 'write' });
+      // A named owner reenters.
+      await ld.lock(key, { owner: 'w' });
+      assert.strictEqual((await ld.lock(key, { owner: 'w' })).count, 2, name);
+      await ld.unlock(key, { owner: 'w' });
+      assert.strictEqual((await ld.unlock(key, { owner: 'w' })).released, true, name);
+    }
+  } finally {
+    single.close();
+    pool.close();
+    other.close();
   }
 });
 
