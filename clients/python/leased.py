@@ -275,6 +275,61 @@ def _norm_key(key):
     return tuple(key) if isinstance(key, (list, tuple)) else key
 
 
+class _Anon:
+    """The anonymous holds of a client whose callers share sessions
+    (AsyncLeased's tasks, a Pool's threads): try_lock calls that named
+    neither an owner nor a token. One session's holds of a key under one
+    owner are reentrant, so two callers locking as the session's owner ""
+    would both hold the key: each such call gets an owner of its own, and
+    its token is kept for an unlock or extend that names neither (the
+    latest anonymous hold of the key and mode)."""
+
+    _owners = itertools.count(1)
+
+    def __init__(self):
+        self._tokens = {}
+        self._mu = threading.Lock()
+
+    @staticmethod
+    def wanted(owner, extra):
+        return owner is None and extra.get("token") is None
+
+    def owner(self):
+        return "anon-%d-%d" % (os.getpid(), next(self._owners))
+
+    @staticmethod
+    def _slot(key, extra):
+        k = tuple(sorted(key)) if isinstance(key, (list, tuple)) else key
+        return (k, extra.get("mode"))
+
+    def keep(self, key, extra, reply):
+        """An exclusive grant ends every earlier anonymous hold of its key
+        here (lost or expired: no two holders); read holds share it."""
+        if not reply.get("acquired"):
+            return
+        slot = self._slot(key, extra)
+        with self._mu:
+            if slot[1] == "read":
+                self._tokens.setdefault(slot, []).append(reply["token"])
+            else:
+                self._tokens[slot] = [reply["token"]]
+
+    def token(self, key, owner, token, extra, take):
+        """TOKEN, or the latest anonymous hold's when neither it nor
+        OWNER is given (TAKE: for the unlock, which forgets it)."""
+        if owner is not None or token is not None or not self._tokens:
+            return token
+        slot = self._slot(key, extra)
+        with self._mu:
+            ts = self._tokens.get(slot)
+            if not ts:
+                return None
+            token = ts.pop() if take else ts[-1]
+            if not ts:
+                del self._tokens[slot]
+            return token
+
+
 def _key_fields(key):
     """{"keys": [...]} for a group of keys, else {"key": KEY}."""
     if isinstance(key, str):
@@ -1753,6 +1808,7 @@ class Pool:
         self._cv = threading.Condition(threading.Lock())
         self._local = threading.local()
         self._holds = _Holds()
+        self._anon = _Anon()
         self._closed = False
         self.timeout = timeout
 
@@ -1879,16 +1935,29 @@ class Pool:
 
     def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """A lock that outlives the call is bound to a connection that
-        goes back to the pool: unlock it by token (any connection)."""
-        return self._use(Leased.try_lock, key, wait_ms, ttl_ms, owner,
-                         **extra)
+        goes back to the pool, where other threads use its session:
+        without an owner it gets one of its own (see _Anon), and unlock()
+        or extend() naming neither owner nor token find it by its token
+        (any connection). Inside a lock() block the thread's connection
+        is its alone, and the call reenters as on a Leased."""
+        anon = (getattr(self._local, "conn", None) is None
+                and _Anon.wanted(owner, extra))
+        if anon:
+            owner = self._anon.owner()
+        reply = self._use(Leased.try_lock, key, wait_ms, ttl_ms, owner,
+                          **extra)
+        if anon:
+            self._anon.keep(key, extra, reply)
+        return reply
 
     def unlock(self, key, owner=None, token=None, request_id=None,
                **extra):
+        token = self._anon.token(key, owner, token, extra, True)
         return self._use(Leased.unlock, key, owner, token, request_id,
                          **extra)
 
     def extend(self, key, ttl_ms, owner=None, token=None, **extra):
+        token = self._anon.token(key, owner, token, extra, False)
         return self._use(Leased.extend, key, ttl_ms, owner, token, **extra)
 
     @contextlib.contextmanager
@@ -1987,6 +2056,7 @@ class AsyncLeased:
         self._ids = itertools.count(1)
         self._pending = {}
         self._holds = {}
+        self._anon = _Anon()
         self._closed = False
         self.on_event = None
         self.events = []
@@ -2230,6 +2300,14 @@ class AsyncLeased:
 
     async def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None,
                        **extra):
+        """The lock reply. Tasks share the session: without an owner the
+        call gets one of its own (no reentry), and unlock() or extend()
+        naming neither owner nor token find its hold by token."""
+        if _Anon.wanted(owner, extra):
+            reply = await self.try_lock(key, wait_ms, ttl_ms,
+                                        self._anon.owner(), **extra)
+            self._anon.keep(key, extra, reply)
+            return reply
         fields = _lock_fields(key, wait_ms, ttl_ms, owner, extra)
         mode = _mode(extra)
 
@@ -2248,6 +2326,7 @@ class AsyncLeased:
         """REQUEST_ID: as for Leased.unlock."""
         if request_id is not None:
             extra["request_id"] = request_id
+        token = self._anon.token(key, owner, token, extra, True)
         fields = _key_fields(key)
         if owner is not None:
             fields["owner"] = owner
@@ -2272,6 +2351,7 @@ class AsyncLeased:
         return reply
 
     async def extend(self, key, ttl_ms, owner=None, token=None, **extra):
+        token = self._anon.token(key, owner, token, extra, False)
         fields = dict(_key_fields(key), ttl_ms=ttl_ms)
         if owner is not None:
             fields["owner"] = owner

@@ -422,10 +422,11 @@ class Locks(unittest.TestCase):
         async def main():
             ld = await AsyncLeased.connect(SOCKET)
             try:
-                r = await ld.try_lock(key + ":aio", ttl_ms=60000)
-                await ld.try_lock(key + ":aio", ttl_ms=60000)
+                r = await ld.try_lock(key + ":aio", ttl_ms=60000, owner="w")
+                await ld.try_lock(key + ":aio", ttl_ms=60000, owner="w")
                 for _ in range(2):
-                    u = await ld.unlock(key + ":aio", request_id="aio-1")
+                    u = await ld.unlock(key + ":aio", owner="w",
+                                        request_id="aio-1")
                     self.assertEqual((u["released"], u["count"]), (False, 1))
                 u = await ld.unlock(key + ":aio", token=r["token"],
                                     request_id="aio-2")
@@ -485,6 +486,85 @@ class Locks(unittest.TestCase):
         self.assertEqual(errors, [])
         self.assertFalse(state["overlap"])
         self.assertEqual(state["count"], rounds * workers)
+
+
+    def _shared_session_checks(self, name, try_lock, unlock, extend,
+                               other):
+        """What a client whose callers share sessions owes them (a Pool's
+        threads, an AsyncLeased's tasks): locks without an owner exclude
+        each other, and unlock/extend by key find the caller's hold."""
+        key = PREFIX + "share:" + name
+        both = try_lock(key, both=True)
+        self.assertEqual(sorted(r["acquired"] for r in both), [False, True],
+                         name)
+        held = [r for r in both if r["acquired"]][0]
+        self.assertFalse(try_lock(key)["acquired"],
+                         name + ": no reentry without an owner")
+        self.assertGreater(extend(key, 60000)["lease_ms"], 30000, name)
+        info = other.call("lock.info", key=key, token=held["token"])
+        self.assertGreater(info["ttl_ms"], 30000, name)
+        self.assertTrue(unlock(key)["released"], name)
+        with self.assertRaises(LeasedError) as cm:
+            unlock(key)
+        self.assertEqual(cm.exception.code, "not_held", name)
+        reads = try_lock(key, both=True, mode="read")
+        self.assertTrue(all(r["acquired"] for r in reads), name)
+        unlock(key, mode="read")
+        self.assertFalse(other.try_lock(key, mode="write")["acquired"], name)
+        unlock(key, mode="read")
+        w = other.try_lock(key, mode="write")
+        self.assertTrue(w["acquired"], name + ": both reads given back")
+        other.unlock(key, token=w["token"], mode="write")
+        try_lock(key, owner="w")
+        self.assertEqual(try_lock(key, owner="w")["count"], 2, name)
+
+    def test_pool_threads_exclude_each_other_unlock_by_key(self):
+        with Pool(SOCKET, size=2, timeout=10) as pool, \
+                Leased(SOCKET, timeout=10) as other:
+            def try_lock(key, both=False, **kw):
+                if not both:
+                    return pool.try_lock(key, **kw)
+                out = [pool.try_lock(key, **kw)]
+                t = threading.Thread(
+                    target=lambda: out.append(pool.try_lock(key, **kw)))
+                t.start()
+                t.join(30)
+                return out
+            self._shared_session_checks("pool", try_lock, pool.unlock,
+                                        pool.extend, other)
+            # Inside a lock() block the connection is the thread's alone:
+            # a try_lock there reenters, as on a Leased.
+            key = PREFIX + "share:pool:block"
+            with pool.lock(key):
+                self.assertEqual(pool.try_lock(key)["count"], 2)
+                self.assertEqual(pool.unlock(key)["count"], 1)
+
+    def test_async_tasks_exclude_each_other_unlock_by_key(self):
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET)
+            loop = asyncio.get_running_loop()
+            try:
+                with Leased(SOCKET, timeout=10) as other:
+                    def run(coro):
+                        return asyncio.run_coroutine_threadsafe(
+                            coro, loop).result(30)
+
+                    def try_lock(key, both=False, **kw):
+                        if not both:
+                            return run(ld.try_lock(key, **kw))
+
+                        async def two():
+                            return await asyncio.gather(
+                                ld.try_lock(key, **kw),
+                                ld.try_lock(key, **kw))
+                        return list(run(two()))
+                    await loop.run_in_executor(
+                        None, self._shared_session_checks, "aio", try_lock,
+                        lambda key, **kw: run(ld.unlock(key, **kw)),
+                        lambda key, ms: run(ld.extend(key, ms)), other)
+            finally:
+                await ld.close()
+        asyncio.run(asyncio.wait_for(main(), 90))
 
 
 class Lines(unittest.TestCase):
