@@ -24,8 +24,9 @@ request gets an id; unsolicited events that come while waiting are kept in
 Leased is one connection, so one session: its session-bound locks are
 released when it is closed. When the connection fails (the daemon
 restarted, say), they are lost (held.lost is set) and the next call opens
-a new connection, a new session. It is not thread-safe; share a Pool between
-threads instead. AsyncLeased is the asyncio client.
+a new connection, a new session. It is one thread's; share a Pool between
+threads instead (threads that share one anyway exclude each other: see
+Leased._owner). AsyncLeased is the asyncio client.
 
 Events and idle holders: a lock_lost event is read by whoever reads the
 socket. While a with-block of lock() is open, a watcher thread of the
@@ -1013,6 +1014,11 @@ class Leased:
         self._lines = []
         self._io = threading.Lock()
         self._holds = _holds if _holds is not None else _Holds()
+        self._threads = threading.local()   # .owner: see _owner
+        # A Pool lends a connection to one thread at a time, and a lock()
+        # block keeps it: its calls need no owner of the thread's.
+        self._pooled = _holds is not None
+        self._thread_n = itertools.count()
         self._late = {}     # id of a timed-out request -> its cleanup
         self._watcher = None
         self._wake = None
@@ -1403,11 +1409,30 @@ class Leased:
 
     # --- locks ---------------------------------------------------------------
 
+    def _owner(self, owner):
+        """OWNER, or the calling thread's when it is None: the session's
+        default "" for the first thread that locks here, an owner of its
+        own for any other. A Leased is one thread's, but nothing stops two
+        threads from sharing one, and as one owner they would reenter each
+        other's holds; so they exclude each other. A thread that ends takes
+        its owner along (a new thread never inherits it, even with the
+        same ident). A Pool's connections keep "" (see _pooled)."""
+        if owner is not None or self._pooled:
+            return owner
+        try:
+            return self._threads.owner
+        except AttributeError:
+            n = next(self._thread_n)
+            self._threads.owner = None if n == 0 else "py-thread-%d" % n
+            return self._threads.owner
+
     def try_lock(self, key, wait_ms=0, ttl_ms=None, owner=None, **extra):
         """The lock reply: {"acquired":true,"token":..,"fence":..} or
         {"acquired":false,"ttl_ms":..}. EXTRA goes into the request as
         it is (e.g. detach=True, token=...). A lock granted after the
-        call timed out is unlocked when its reply is read."""
+        call timed out is unlocked when its reply is read. Without OWNER
+        the thread's (see _owner): a thread reenters its own holds."""
+        owner = self._owner(owner)
         if (not wait_ms and ttl_ms is None and owner is None and not extra
                 and isinstance(key, str)):
             return self._key_call(b"lock", key,
@@ -1432,6 +1457,8 @@ class Leased:
         gets the first answer and releases no second hold."""
         if request_id is not None:
             extra["request_id"] = request_id
+        if token is None:
+            owner = self._owner(owner)
         if owner is None and not extra and isinstance(key, str) and \
                 (token is None or isinstance(token, str)):
             return self._key_call(b"unlock", key, token=token)
@@ -1446,6 +1473,8 @@ class Leased:
     def extend(self, key, ttl_ms, owner=None, token=None, **extra):
         """EXTRA goes into the request (mode="read"|"write" for a side of
         a read-write lock)."""
+        if token is None:
+            owner = self._owner(owner)
         fields = dict(_key_fields(key), ttl_ms=ttl_ms)
         if owner is not None:
             fields["owner"] = owner

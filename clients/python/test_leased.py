@@ -488,6 +488,41 @@ class Locks(unittest.TestCase):
         self.assertEqual(state["count"], rounds * workers)
 
 
+    def test_threads_sharing_one_leased_exclude_each_other(self):
+        key = PREFIX + "lock:shared-leased"
+        results = {}
+
+        def other_thread(step):
+            def run():
+                try:
+                    results[step] = step_of[step]()
+                except Exception as e:  # noqa: BLE001 - checked below
+                    results[step] = e
+            t = threading.Thread(target=run)
+            t.start()
+            t.join(30)
+            return results[step]
+
+        with Leased(SOCKET, timeout=10) as ld:
+            def locked_elsewhere():
+                with ld.lock(key):
+                    return "entered"
+
+            def lock_once_free():
+                with ld.lock(key) as held:
+                    return held["count"]
+            step_of = {"try": lambda: ld.try_lock(key)["acquired"],
+                       "block": locked_elsewhere, "free": lock_once_free}
+            with ld.lock(key):
+                with ld.lock(key) as again:
+                    self.assertEqual(again["count"], 2, "the thread reenters")
+                self.assertFalse(other_thread("try"))
+                self.assertIsInstance(other_thread("block"), LockNotAcquired)
+            self.assertEqual(other_thread("free"), 1)
+            # The first thread keeps the session's owner "": by hand.
+            self.assertTrue(ld.try_lock(key)["acquired"])
+            self.assertTrue(ld.call("unlock", key=key)["released"])
+
     def _shared_session_checks(self, name, try_lock, unlock, extend,
                                other):
         """What a client whose callers share sessions owes them (a Pool's
