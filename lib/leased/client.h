@@ -43,7 +43,10 @@
  * Threads.  The library has no global state. A connection is not
  * thread-safe: use one connection per thread, or serialise every call on
  * a shared connection (including leased_next_event, leased_dispatch and
- * leased_close) with your own mutex. Event callbacks run on the thread
+ * leased_close) with your own mutex. Threads that share a connection
+ * share its session: give each its own owner in leased_lock_opts (and
+ * unlock by it or by token), or one thread's lock of a key another holds
+ * is a reentry, not a wait. Event callbacks run on the thread
  * that made the call during which the event arrived, and must not call
  * into the same connection. The library never changes signal dispositions;
  * writes use MSG_NOSIGNAL, so a closed peer gives LEASED_E_IO, not
