@@ -320,44 +320,51 @@ START_TEST(test_list_rwlock_waiters)
 END_TEST
 
 /* Semaphore grants are listed as mode "sem" (the protocol's lock.list),
- * with the requests of this daemon that wait for a permit. */
-START_TEST(test_list_sem_waiters)
+ * with the requests of this daemon that wait for a permit: a grant of
+ * PERMITS of as many, under SEM_LAYOUT (2, one permit: a bare grant, its
+ * count from the zset alone). */
+static void
+list_sem_waiters(int sem_layout, int permits)
 {
-    h_start(yaml_admin);
+    char yaml[sizeof yaml_admin + 32];
+
+    snprintf(yaml, sizeof yaml, "%s  sem_layout: %d\n", yaml_admin,
+             sem_layout);
+    h_start(yaml);
     struct h_conn *a = lk_connect(&D1);
     struct h_conn *w1 = lk_connect(&D1);
     struct h_conn *w2 = lk_connect(&D1);
     struct h_conn *op = lk_connect(&D1);
 
     json_t *r = h_callf(a, T_MS, "{s:s,s:s,s:i,s:i}", "op", "sem.acquire",
-                        "key", "sem:1", "limit", 2, "permits", 2);
+                        "key", "sem:1", "limit", permits, "permits", permits);
     ck_assert_msg(h_ok(r) && jtrue(r, "acquired"), "sem.acquire: %s",
                   h_dump(r));
     json_decref(r);
     r = list_locks(op, "sem:", 0);
     ck_assert_msg(h_ok(r), "lock.list: %s", h_dump(r));
     ck_assert_int_eq(json_array_size(json_object_get(r, "locks")), 1);
-    expect_row(r, "sem:1", "sem", 2, 0);
+    expect_row(r, "sem:1", "sem", permits, 0);
     json_decref(r);
 
     ck_assert_int_eq(h_send(w1, "{s:i,s:s,s:s,s:i,s:i}", "id", 21, "op",
-                            "sem.acquire", "key", "sem:1", "limit", 2,
+                            "sem.acquire", "key", "sem:1", "limit", permits,
                             "wait_ms", 60000),
                      0);
     ck_assert_int_eq(h_send(w2, "{s:i,s:s,s:s,s:i,s:i}", "id", 22, "op",
-                            "sem.acquire", "key", "sem:1", "limit", 2,
+                            "sem.acquire", "key", "sem:1", "limit", permits,
                             "wait_ms", 60000),
                      0);
     h_assert_stat(op, "lock_waiters", 2, T_MS);
     r = list_locks(op, "sem:", 0);
-    expect_row(r, "sem:1", "sem", 2, 2);
+    expect_row(r, "sem:1", "sem", permits, 2);
     json_decref(r);
 
     h_close(w1);
     h_close(w2);
     h_assert_stat(op, "lock_waiters", 0, T_MS);
     r = list_locks(op, "sem:", 0);
-    expect_row(r, "sem:1", "sem", 2, 0);
+    expect_row(r, "sem:1", "sem", permits, 0);
     json_decref(r);
 
     /* A session that ends gives its permits back and leaves the list. */
@@ -367,6 +374,17 @@ START_TEST(test_list_sem_waiters)
     ck_assert_int_eq(json_array_size(json_object_get(r, "locks")), 0);
     json_decref(r);
     h_close(op);
+}
+
+START_TEST(test_list_sem_waiters)
+{
+    list_sem_waiters(1, 2);
+}
+END_TEST
+
+START_TEST(test_list_sem_waiters_layout2)
+{
+    list_sem_waiters(2, 1);
 }
 END_TEST
 
@@ -746,6 +764,7 @@ main(void)
         H_CASE(list, 90),
         H_CASE(list_rwlock_waiters, 90),
         H_CASE(list_sem_waiters, 90),
+        H_CASE(list_sem_waiters_layout2, 90),
         H_CASE(tcp_needs_admin_token, 60),
         H_CASE(tcp_without_admin_token_configured, 60),
         H_CASE(force_local, 90),

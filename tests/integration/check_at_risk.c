@@ -51,7 +51,7 @@ static const struct h_fixture fx = {
 /* Redis, the proxy, and D through it. TIMEOUT_MS is redis.timeout_ms:
  * short, a stalled renewal fails (an error reply); long, it is late. */
 static void
-start(int timeout_ms)
+start_layout(int timeout_ms, int sem_layout)
 {
     char yaml[512];
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
@@ -59,9 +59,16 @@ start(int timeout_ms)
     ck_assert_msg(P != NULL, "proxy did not start");
     snprintf(yaml, sizeof yaml,
              "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: %d\n"
-             "  connections: 1\nlock:\n  watchdog_ms: %d\n",
-             fp_port(P), timeout_ms, WATCHDOG_MS);
+             "  connections: 1\nlock:\n  watchdog_ms: %d\n"
+             "  sem_layout: %d\n",
+             fp_port(P), timeout_ms, WATCHDOG_MS, sem_layout);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
+}
+
+static void
+start(int timeout_ms)
+{
+    start_layout(timeout_ms, 1);
 }
 
 /* The next event on C, which must be NAME for KEY; returned. */
@@ -314,15 +321,20 @@ zscore_grew(void *arg)
            w->above;
 }
 
+/* Under SEM_LAYOUT, a one-permit grant is a bare zset member (2) or has
+ * its hash field (1): its renewals, late or failed, take either path. */
 static void
-sem_at_risk_then(int timeout_ms, bool lasts)
+sem_at_risk_then(int timeout_ms, bool lasts, int sem_layout)
 {
     struct h_conn *a;
     char token[65];
 
-    start(timeout_ms);
+    start_layout(timeout_ms, sem_layout);
     a = lk_connect(&D);
     s_must(a, "pool", 2, 1, 0, token);
+    ck_assert_int_eq(h_r_int(&R, "HEXISTS leased:lock:{pool}:sem:permits %s",
+                             token),
+                     sem_layout == 1);
     /* A renewal has moved the grant's lease on. */
     struct zscore_above w = {token,
                              h_r_int(&R, "ZSCORE leased:lock:{pool}:sem %s",
@@ -421,13 +433,25 @@ END_TEST
 
 START_TEST(test_sem_late_then_safe)
 {
-    sem_at_risk_then(60000, false);
+    sem_at_risk_then(60000, false, 1);
 }
 END_TEST
 
 START_TEST(test_sem_failed_then_lost)
 {
-    sem_at_risk_then(500, true);
+    sem_at_risk_then(500, true, 1);
+}
+END_TEST
+
+START_TEST(test_sem_late_then_safe_layout2)
+{
+    sem_at_risk_then(60000, false, 2);
+}
+END_TEST
+
+START_TEST(test_sem_failed_then_lost_layout2)
+{
+    sem_at_risk_then(500, true, 2);
 }
 END_TEST
 
@@ -435,11 +459,17 @@ int
 main(void)
 {
     const struct h_case cases[] = {
-        H_CASE(lock_late_then_safe, 60),    H_CASE(lock_failed_then_lost, 60),
-        H_CASE(group_keys_at_risk, 60),     H_CASE(rwlock_sides_at_risk, 60),
-        H_CASE(redlock_late_then_safe, 60), H_CASE(sem_late_then_safe, 60),
-        H_CASE(sem_failed_then_lost, 60),   H_CASE(lock_lost_late_logged, 60),
+        H_CASE(lock_late_then_safe, 60),
+        H_CASE(lock_failed_then_lost, 60),
+        H_CASE(group_keys_at_risk, 60),
+        H_CASE(rwlock_sides_at_risk, 60),
+        H_CASE(redlock_late_then_safe, 60),
+        H_CASE(sem_late_then_safe, 60),
+        H_CASE(sem_failed_then_lost, 60),
+        H_CASE(lock_lost_late_logged, 60),
         H_CASE(sem_lost_late_logged, 60),
+        H_CASE(sem_late_then_safe_layout2, 60),
+        H_CASE(sem_failed_then_lost_layout2, 60),
     };
 
     return H_MAIN(fx, cases);

@@ -281,19 +281,21 @@ START_TEST(test_cancel_cache_wait)
 END_TEST
 
 /* A cancel that arrives while the waiter's attempt is held up in Redis:
- * the answer is immediate, and what the attempt grants is given back. */
-START_TEST(test_cancel_grant_in_flight)
+ * the answer is immediate, and what the attempt grants is given back
+ * (under SEM_LAYOUT 2 the one-permit grant is a bare zset member). */
+static void
+cancel_grant_in_flight(int sem_layout)
 {
     struct h_conn *a, *b;
     json_t *r;
     long long t0;
 
-    char yaml[160];
+    char yaml[192];
     ck_assert_int_eq(h_redis_start(&R, NULL), 0);
     snprintf(yaml, sizeof yaml,
              "redis:\n  address: \"127.0.0.1:%d\"\n  timeout_ms: 5000\n"
-             "cache:\n  fill_lease_ms: 30000\n",
-             R.port);
+             "cache:\n  fill_lease_ms: 30000\nlock:\n  sem_layout: %d\n",
+             R.port, sem_layout);
     ck_assert_int_eq(h_daemon_start(&D, &R, yaml), 0);
     a = h_connect_ok(&D);
     b = h_connect_ok(&D);
@@ -360,6 +362,17 @@ START_TEST(test_cancel_grant_in_flight)
     h_close(a);
     h_close(b);
 }
+
+START_TEST(test_cancel_grant_in_flight)
+{
+    cancel_grant_in_flight(1);
+}
+END_TEST
+
+START_TEST(test_cancel_grant_in_flight_layout2)
+{
+    cancel_grant_in_flight(2);
+}
 END_TEST
 
 int
@@ -372,6 +385,7 @@ main(void)
         H_CASE(cancel_cache_wait, 60),
         H_CASE(cancel_multilock_wait, 60),
         H_CASE(cancel_grant_in_flight, 60),
+        H_CASE(cancel_grant_in_flight_layout2, 60),
     };
     return H_MAIN(fx, cases);
 }

@@ -348,12 +348,18 @@ sem_lost(struct h_conn *c, const char *key, int timeout_ms)
     }
 }
 
-/* As test_lock_lost_to_failover, for semaphore grants: the one the
- * promoted replica never saw is lost with reason failover, the one that
+/* As test_lock_lost_to_failover, for semaphore grants under SEM_LAYOUT
+ * (2: one-permit grants are bare zset members): the one the promoted
+ * replica never saw is lost with reason failover, the one that
  * replicated is kept. */
-START_TEST(test_sem_lost_to_failover)
+static void
+sem_lost_to_failover(int sem_layout)
 {
-    start_all("lock:\n  watchdog_ms: 10000\n");
+    char yaml[64];
+
+    snprintf(yaml, sizeof yaml,
+             "lock:\n  watchdog_ms: 10000\n  sem_layout: %d\n", sem_layout);
+    start_all(yaml);
     struct h_conn *a = h_connect_ok(&D), *b = h_connect_ok(&D);
     wait_master(a, M.port);
     must_sem(a, "kept");
@@ -375,6 +381,17 @@ START_TEST(test_sem_lost_to_failover)
                   ev != NULL ? jstr(ev, "reason") : "");
     h_close(a);
     h_close(b);
+}
+
+START_TEST(test_sem_lost_to_failover)
+{
+    sem_lost_to_failover(1);
+}
+END_TEST
+
+START_TEST(test_sem_lost_to_failover_layout2)
+{
+    sem_lost_to_failover(2);
 }
 END_TEST
 
@@ -588,6 +605,7 @@ main(void)
         H_CASE(master_killed, 120),
         H_CASE(lock_lost_to_failover, 120),
         H_CASE(sem_lost_to_failover, 120),
+        H_CASE(sem_lost_to_failover_layout2, 120),
         H_CASE(forced_failover, 120),
         H_CASE(eviction_after_failover, 120),
         H_CASE(waiter_follows, 120),
