@@ -178,10 +178,12 @@ function abortError(signal) {
   return e;
 }
 
+const NO_OPTS = Object.freeze({});
 let owners = 0;
+const OWNER_PREFIX = `using-${process.pid}-`;
 
 function newOwner() {
-  return `using-${process.pid}-${++owners}`;
+  return OWNER_PREFIX + ++owners;
 }
 
 function ownOwner(opts) {
@@ -190,11 +192,77 @@ function ownOwner(opts) {
   return opts;
 }
 
-// Where a connection keeps the tokens of its anonymous holds (see
-// Leased.lock): by key (a group: by its sorted keys) and mode.
-function anonKey(key, mode) {
-  const k = Array.isArray(key) ? 'g' + JSON.stringify([...key].sort()) : 'k' + key;
-  return mode === undefined ? k : `${k}\0${mode}`;
+// At most this many anonymous holds are kept per connection, the oldest
+// forgotten first (a lock taken and never unlocked, left to expire): one
+// forgotten so is unlocked by its token only.
+const ANON_MAX = 10000;
+
+// The anonymous holds of a connection (see Leased.lock): for each key
+// and mode, a slot with their tokens, newest last; and each token's slot,
+// so that a token unlocked by itself or reported lost is forgotten. A
+// plain key is its own name in the map (a string's hash is kept with it,
+// so the caller's key costs no new string per call); a group (by its
+// sorted keys) or a side of a read-write lock goes in another.
+class AnonHolds {
+  constructor() {
+    this.plain = new Map();
+    this.other = new Map();
+    this.byToken = new Map();
+  }
+
+  get size() {
+    return this.byToken.size;
+  }
+
+  _slot(key, mode, make) {
+    const plain = typeof key === 'string' && mode === undefined;
+    const map = plain ? this.plain : this.other;
+    const k = plain ? key
+      : `${mode}\0${Array.isArray(key) ? JSON.stringify([...key].sort()) : key}`;
+    let slot = map.get(k);
+    if (slot === undefined && make) {
+      slot = { map, k, read: mode === 'read', ts: [] };
+      map.set(k, slot);
+    }
+    return slot;
+  }
+
+  // An exclusive grant ends every earlier anonymous hold of its key here
+  // (lost or expired: no two holders); read holds share the key.
+  keep(key, mode, token) {
+    const slot = this._slot(key, mode, true);
+    if (!slot.read && slot.ts.length !== 0) {
+      for (const t of slot.ts) this.byToken.delete(t);
+      slot.ts.length = 0;
+    }
+    slot.ts.push(token);
+    this.byToken.set(token, slot);
+    if (this.byToken.size > ANON_MAX) this.forget(this.byToken.keys().next().value);
+  }
+
+  // The token of the latest hold of KEY and MODE (TAKE: forgotten).
+  latest(key, mode, take) {
+    const slot = this._slot(key, mode, false);
+    if (slot === undefined) return undefined;
+    const token = slot.ts[slot.ts.length - 1];
+    if (take) this.forget(token);
+    return token;
+  }
+
+  forget(token) {
+    const slot = this.byToken.get(token);
+    if (slot === undefined) return;
+    this.byToken.delete(token);
+    const { ts } = slot;
+    ts.splice(ts.lastIndexOf(token), 1);
+    if (ts.length === 0) slot.map.delete(slot.k);
+  }
+
+  clear() {
+    this.plain.clear();
+    this.other.clear();
+    this.byToken.clear();
+  }
 }
 
 // KEY names one lock, or, as an array, a group of keys locked together
@@ -377,7 +445,7 @@ class Leased extends EventEmitter {
     this.pending = new Pending();
     this.chunks = [];       // the unfinished line, as received
     this.holds = new Map(); // key + '\0' + token -> Set of Hold
-    this.anon = new Map();  // anonKey -> tokens of the anonymous holds
+    this.anon = new AnonHolds();
     this.out = [];          // lines written in this tick, sent together
     this.flush = () => this._flush();
     this.closed = false;
@@ -487,12 +555,21 @@ class Leased extends EventEmitter {
     }
     if (!waiter) return true;
     this.pending.delete(waiter.id);
-    if (msg.ok) waiter.resolve(msg);
-    else waiter.reject(new LeasedError(msg));
+    if (msg.ok) {
+      if (waiter.anon !== undefined && msg.acquired) {
+        this.anon.keep(waiter.anon, waiter.mode, msg.token);
+      }
+      waiter.resolve(msg);
+    } else {
+      waiter.reject(new LeasedError(msg));
+    }
     return true;
   }
 
   _event(msg) {
+    if (msg.event === 'lock_lost' && this.anon.size !== 0) {
+      this.anon.forget(msg.token);
+    }
     const set = this.holds.get(`${msg.key}\0${msg.token}`);
     if (set && (msg.event === 'lock_lost' || msg.event === 'sem_lost')) {
       for (const h of set) {
@@ -550,14 +627,18 @@ class Leased extends EventEmitter {
 
   // OP: the op as a JSON string; BODY: the request's JSON after its id
   // (see body()).
-  _call(op, body, { signal, onLate } = {}) {
+  // ANON, MODE: the key and mode of a lock whose grant the connection
+  // keeps (see lock()), kept when the reply is read, before anything
+  // else runs.
+  _call(op, body, { signal, onLate } = NO_OPTS, anon = undefined,
+    mode = undefined) {
     if (this.closed) return Promise.reject(closedError());
     if (signal && signal.aborted) return Promise.reject(abortError(signal));
     const id = this.nextId++;
     const line = `{"op":${op},"id":${id}${body}}\n`;
     return new Promise((resolve, reject) => {
       if (!signal) {
-        this.pending.set(id, { id, resolve, reject });
+        this.pending.set(id, { id, resolve, reject, anon, mode });
         this._write(line);
         return;
       }
@@ -579,7 +660,7 @@ class Leased extends EventEmitter {
         fn(v);
       };
       this.pending.set(id, { id, resolve: done(resolve),
-        reject: done(reject) });
+        reject: done(reject), anon, mode });
       this._write(line);
       signal.addEventListener('abort', onAbort, { once: true });
     });
@@ -600,57 +681,45 @@ class Leased extends EventEmitter {
     if (typeof key !== 'string' && badKey(key, true)) {
       return Promise.reject(badKey(key, true));
     }
-    const o = opts === undefined ? {} : opts;
-    const anon = o.owner === undefined && o.token === undefined;
-    const owner = anon ? newOwner() : o.owner;
-    const p = this._lock(key, o, owner);
-    if (!anon) return p;
-    return p.then((r) => {
-      if (r.acquired) this._keepAnon(key, o.mode, r.token);
-      return r;
-    });
-  }
-
-  _lock(key, o, owner) {
-    if (!o.signal) {
-      const b = lockBody(key, o, owner);
-      if (b !== null) return this._call('"lock"', b);
+    if (opts === undefined) {
+      // The hot shape: the owner is digits and a dash, no escaping.
+      if (typeof key === 'string') {
+        return this._call('"lock"', `${keyBody(key)},"owner":"${newOwner()}"`,
+          NO_OPTS, key);
+      }
+      opts = {};
     }
-    const { wait_ms, ttl_ms, mode, detach, token, signal } = o;
+    const own = opts.owner === undefined && opts.token === undefined;
+    const owner = own ? newOwner() : opts.owner;
+    const anon = own ? key : undefined;
+    if (!opts.signal) {
+      const b = lockBody(key, opts, owner);
+      if (b !== null) return this._call('"lock"', b, NO_OPTS, anon, opts.mode);
+    }
+    const { wait_ms, ttl_ms, mode, detach, token, signal } = opts;
     const fields = { ...keyField(key), wait_ms, ttl_ms, owner, mode, detach,
       token };
-    if (!signal) return this._call('"lock"', body(fields));
+    if (!signal) return this._call('"lock"', body(fields), NO_OPTS, anon, mode);
     const onLate = (r) => {
       if (r.acquired) {
         this.call('unlock', { ...keyField(key), token: r.token, mode })
           .catch(() => {});
       }
     };
-    return this._call('"lock"', body(fields), { signal, onLate });
+    return this._call('"lock"', body(fields), { signal, onLate }, anon, mode);
   }
 
-  // An exclusive grant ends every earlier anonymous hold of its key here
-  // (lost or expired: no two holders); read holds share the key.
-  _keepAnon(key, mode, token) {
-    const k = anonKey(key, mode);
-    const ts = mode === 'read' ? this.anon.get(k) : undefined;
-    if (ts) ts.push(token);
-    else this.anon.set(k, [token]);
-  }
-
-  // OPTS with the token of the latest anonymous hold of KEY when it names
-  // neither an owner nor a token (TAKE: the unlock, which forgets it).
-  _anonOpts(key, opts, take) {
-    if (this.anon.size === 0 || (opts && (opts.owner !== undefined ||
-        opts.token !== undefined))) {
-      return opts;
+  // The token of the latest anonymous hold of KEY when OPTS names
+  // neither an owner nor a token, else undefined (TAKE: for the unlock,
+  // which forgets it).
+  _anonToken(key, opts, take) {
+    if (this.anon.size === 0) return undefined;
+    if (opts !== undefined && (opts.owner !== undefined ||
+        opts.token !== undefined)) {
+      if (take && typeof opts.token === 'string') this.anon.forget(opts.token);
+      return undefined;
     }
-    const k = anonKey(key, opts && opts.mode);
-    const ts = this.anon.get(k);
-    if (!ts) return opts;
-    const token = take ? ts.pop() : ts[ts.length - 1];
-    if (ts.length === 0) this.anon.delete(k);
-    return { ...opts, token };
+    return this.anon.latest(key, opts && opts.mode, take);
   }
 
   // opts.request_id (1 to 64 printable ASCII characters) makes the call
@@ -662,7 +731,13 @@ class Leased extends EventEmitter {
     if (typeof key !== 'string' && badKey(key, true)) {
       return Promise.reject(badKey(key, true));
     }
-    opts = this._anonOpts(key, opts, true);
+    const anon = this._anonToken(key, opts, true);
+    if (anon !== undefined) {
+      if (opts === undefined && typeof key === 'string') {
+        return this._call('"unlock"', `${keyBody(key)},"token":${JSON.stringify(anon)}`);
+      }
+      opts = { ...opts, token: anon };
+    }
     const b = opts === undefined ? keyBody(key) : unlockBody(key, opts);
     if (b !== null) return this._call('"unlock"', b);
     const { owner, token, mode, request_id } = opts || {};
@@ -672,7 +747,8 @@ class Leased extends EventEmitter {
 
   extend(key, ttl_ms, opts) {
     if (badKey(key, true)) return Promise.reject(badKey(key, true));
-    const { owner, token, mode } = this._anonOpts(key, opts, false) || {};
+    const { owner, token = this._anonToken(key, opts, false), mode } =
+      opts || {};
     return this.call('extend', { ...keyField(key), ttl_ms, owner, token,
       mode });
   }

@@ -691,6 +691,30 @@ test('callers sharing a connection exclude each other; unlock and extend by key 
   }
 });
 
+test('anonymous holds unlocked by token or lost are forgotten; a bounded number kept', async () => {
+  const ld = await Leased.connect(SOCK);
+  try {
+    const keys = [0, 1, 2].map((i) => `${TAG}:forget:${i}`);
+    const held = await Promise.all(keys.map((k) => ld.lock(k)));
+    assert.strictEqual(ld.anon.size, 3);
+    await ld.unlock(keys[0], { token: held[0].token });
+    assert.strictEqual(ld.anon.size, 2, 'unlocked by its token');
+    const lost = new Promise((resolve) => ld.once('lock_lost', resolve));
+    await redisDel(keys[1]);
+    assert.strictEqual((await within(WAIT_MS, lost, 'lock_lost')).key, keys[1]);
+    assert.strictEqual(ld.anon.size, 1, 'lost');
+    assert.strictEqual((await ld.unlock(keys[2])).released, true);
+    assert.strictEqual(ld.anon.size, 0);
+    // Locks left to expire: the oldest are forgotten past the bound.
+    for (let i = 0; i < 20000; i++) ld.anon.keep(`k${TAG}:${i}`, undefined, `t${i}`);
+    assert.ok(ld.anon.size > 0 && ld.anon.size <= 10000, String(ld.anon.size));
+    assert.strictEqual(ld.anon.latest(`k${TAG}:0`, undefined, false), undefined);
+    assert.strictEqual(ld.anon.latest(`k${TAG}:19999`, undefined, false), 't19999');
+  } finally {
+    ld.close();
+  }
+});
+
 test('a Pool sends each key to one session: lock and unlock meet', async () => {
   const pool = await Leased.connect(SOCK, { connections: 3 });
   const other = await Leased.connect(SOCK);

@@ -283,25 +283,41 @@ class _Anon:
     owner are reentrant, so two callers locking as the session's owner ""
     would both hold the key: each such call gets an owner of its own, and
     its token is kept for an unlock or extend that names neither (the
-    latest anonymous hold of the key and mode)."""
+    latest anonymous hold of the key and mode). A token unlocked by itself
+    or reported lost is forgotten; at most MAX are kept, the oldest
+    forgotten first (a lock left to expire), and one forgotten so is
+    unlocked by token only.
 
+    A slot is the key itself (a plain lock), else (sorted keys of a group,
+    mode); it holds the token of its hold, or a list of them for the read
+    side, which holds share."""
+
+    MAX = 10000
     _owners = itertools.count(1)
 
     def __init__(self):
-        self._tokens = {}
+        self._by_slot = {}
+        self._by_token = {}     # insertion-ordered: the oldest first
         self._mu = threading.Lock()
+
+    def __len__(self):
+        return len(self._by_token)
 
     @staticmethod
     def wanted(owner, extra):
         return owner is None and extra.get("token") is None
 
     def owner(self):
-        return "anon-%d-%d" % (os.getpid(), next(self._owners))
+        # Unique in the process, so in any session its callers share.
+        return "anon-%d" % next(self._owners)
 
     @staticmethod
     def _slot(key, extra):
-        k = tuple(sorted(key)) if isinstance(key, (list, tuple)) else key
-        return (k, extra.get("mode"))
+        mode = extra.get("mode") if extra else None
+        if mode is None and isinstance(key, str):
+            return key
+        return (tuple(sorted(key)) if isinstance(key, (list, tuple))
+                else key, mode)
 
     def keep(self, key, extra, reply):
         """An exclusive grant ends every earlier anonymous hold of its key
@@ -309,25 +325,56 @@ class _Anon:
         if not reply.get("acquired"):
             return
         slot = self._slot(key, extra)
+        token = reply["token"]
         with self._mu:
-            if slot[1] == "read":
-                self._tokens.setdefault(slot, []).append(reply["token"])
+            old = self._by_slot.get(slot)
+            if extra and extra.get("mode") == "read":
+                if old is None:
+                    self._by_slot[slot] = [token]
+                else:
+                    old.append(token)
             else:
-                self._tokens[slot] = [reply["token"]]
+                if old is not None:
+                    self._by_token.pop(old, None)
+                self._by_slot[slot] = token
+            self._by_token[token] = slot
+            if len(self._by_token) > self.MAX:
+                self._forget(next(iter(self._by_token)))
+
+    def forget(self, token):
+        """TOKEN was reported lost."""
+        if self._by_token:
+            with self._mu:
+                self._forget(token)
+
+    def _forget(self, token):
+        slot = self._by_token.pop(token, None)
+        if slot is None:
+            return
+        held = self._by_slot[slot]
+        if held.__class__ is list:
+            held.remove(token)
+            if held:
+                return
+        del self._by_slot[slot]
 
     def token(self, key, owner, token, extra, take):
         """TOKEN, or the latest anonymous hold's when neither it nor
-        OWNER is given (TAKE: for the unlock, which forgets it)."""
-        if owner is not None or token is not None or not self._tokens:
+        OWNER is given (TAKE: for the unlock, which forgets it, as it
+        forgets TOKEN)."""
+        if not self._by_token:
             return token
-        slot = self._slot(key, extra)
         with self._mu:
-            ts = self._tokens.get(slot)
-            if not ts:
+            if owner is not None or token is not None:
+                if take and token.__class__ is str:
+                    self._forget(token)
+                return token
+            held = self._by_slot.get(self._slot(key, extra))
+            if held is None:
                 return None
-            token = ts.pop() if take else ts[-1]
-            if not ts:
-                del self._tokens[slot]
+            token = held[-1] if held.__class__ is list else held
+            if take:
+                self._forget(token)
             return token
 
 
@@ -388,6 +435,7 @@ class _Holds:
     def __init__(self):
         self._by = {}
         self._mu = threading.Lock()
+        self.anon = None    # a Pool's _Anon, told of lost locks
 
     def add(self, held):
         with self._mu:
@@ -412,6 +460,8 @@ class _Holds:
             _lose(held)
 
     def lost(self, event):
+        if self.anon is not None and event.get("event") == "lock_lost":
+            self.anon.forget(event.get("token"))
         for held in self._of(event):
             held.lost_event = event
             held.lost.set()
@@ -1230,11 +1280,12 @@ class Leased:
         line = _encode(fields).encode() + b"\n"
         return self._request(rid, line, wait_ms, _on_late)
 
-    def _key_call(self, op, key, _on_late=None, token=None):
-        """call() of the hot shapes {"op":OP,"key":KEY} and, with TOKEN,
-        {"op":OP,"key":KEY,"token":TOKEN}, from a template."""
+    def _key_call(self, op, key, _on_late=None, token=None, owner=None):
+        """call() of the hot shapes {"op":OP,"key":KEY} and, with TOKEN
+        or OWNER, {"op":OP,"key":KEY,"token":TOKEN} or "owner", from a
+        template."""
         rid = next(self._ids)
-        line = _key_line(op, rid, key, token)
+        line = _key_line(op, rid, key, token, owner)
         return self._request(rid, line, 0, _on_late)
 
     def _request(self, rid, line, wait_ms, _on_late):
@@ -1433,11 +1484,12 @@ class Leased:
         call timed out is unlocked when its reply is read. Without OWNER
         the thread's (see _owner): a thread reenters its own holds."""
         owner = self._owner(owner)
-        if (not wait_ms and ttl_ms is None and owner is None and not extra
-                and isinstance(key, str)):
+        if (not wait_ms and ttl_ms is None and not extra
+                and isinstance(key, str)
+                and (owner is None or isinstance(owner, str))):
             return self._key_call(b"lock", key,
                                   functools.partial(self._late_unlock, key,
-                                                    {}))
+                                                    {}), owner=owner)
         return self.call("lock",
                          _on_late=functools.partial(self._late_unlock, key,
                                                     _mode(extra)),
@@ -1459,9 +1511,10 @@ class Leased:
             extra["request_id"] = request_id
         if token is None:
             owner = self._owner(owner)
-        if owner is None and not extra and isinstance(key, str) and \
-                (token is None or isinstance(token, str)):
-            return self._key_call(b"unlock", key, token=token)
+        if not extra and isinstance(key, str) and (
+                token is None and (owner is None or isinstance(owner, str))
+                or owner is None and isinstance(token, str)):
+            return self._key_call(b"unlock", key, token=token, owner=owner)
         fields = _key_fields(key)
         if owner is not None:
             fields["owner"] = owner
@@ -1764,7 +1817,10 @@ class Leased:
                                                   lease=lease)))
 
 
-def _key_line(op, rid, key, token):
+def _key_line(op, rid, key, token, owner=None):
+    if owner is not None:
+        return b'{"op":"%s","id":%d,"key":%s,"owner":%s}\n' % (
+            op, rid, _quote(key).encode(), _quote(owner).encode())
     if token is None:
         return b'{"op":"%s","id":%d,"key":%s}\n' % (op, rid,
                                                    _quote(key).encode())
@@ -1837,7 +1893,7 @@ class Pool:
         self._cv = threading.Condition(threading.Lock())
         self._local = threading.local()
         self._holds = _Holds()
-        self._anon = _Anon()
+        self._anon = self._holds.anon = _Anon()
         self._closed = False
         self.timeout = timeout
 
@@ -2214,6 +2270,8 @@ class AsyncLeased:
         self.events.append(msg)
         holds = list(self._holds.get((msg.get("key"), msg.get("token")),
                                      ()))
+        if msg.get("event") == "lock_lost":
+            self._anon.forget(msg.get("token"))
         if msg.get("event") in ("lock_lost", "sem_lost"):
             for held in holds:
                 held.lost_event = msg
@@ -2261,12 +2319,13 @@ class AsyncLeased:
         return await self._request(rid, _encode(fields).encode() + b"\n",
                                    wait_ms, _on_abandon)
 
-    async def _key_call(self, op, key, _on_abandon=None, token=None):
+    async def _key_call(self, op, key, _on_abandon=None, token=None,
+                        owner=None):
         """call() of the hot shapes, as Leased._key_call."""
         if self._closed:
             await self._reopen()
         rid = next(self._ids)
-        line = _key_line(op, rid, key, token)
+        line = _key_line(op, rid, key, token, owner)
         return await self._request(rid, line, 0, _on_abandon)
 
     async def _request(self, rid, line, wait_ms, _on_abandon):
@@ -2332,11 +2391,9 @@ class AsyncLeased:
         """The lock reply. Tasks share the session: without an owner the
         call gets one of its own (no reentry), and unlock() or extend()
         naming neither owner nor token find its hold by token."""
-        if _Anon.wanted(owner, extra):
-            reply = await self.try_lock(key, wait_ms, ttl_ms,
-                                        self._anon.owner(), **extra)
-            self._anon.keep(key, extra, reply)
-            return reply
+        anon = _Anon.wanted(owner, extra)
+        if anon:
+            owner = self._anon.owner()
         fields = _lock_fields(key, wait_ms, ttl_ms, owner, extra)
         mode = _mode(extra)
 
@@ -2345,10 +2402,17 @@ class AsyncLeased:
                 self._fire("unlock", token=reply["token"], **_key_fields(key),
                            **mode)
 
-        if len(fields) == 1 and isinstance(key, str):
-            return await self._key_call(b"lock", key, granted_too_late)
-        return await self.call("lock", _on_abandon=granted_too_late,
-                               **fields)
+        if isinstance(key, str) and (
+                len(fields) == 1 or len(fields) == 2 and
+                isinstance(fields.get("owner"), str)):
+            reply = await self._key_call(b"lock", key, granted_too_late,
+                                         owner=owner)
+        else:
+            reply = await self.call("lock", _on_abandon=granted_too_late,
+                                    **fields)
+        if anon:
+            self._anon.keep(key, extra, reply)
+        return reply
 
     async def unlock(self, key, owner=None, token=None, request_id=None,
                      **extra):

@@ -27,6 +27,7 @@ sys.path.insert(0, HERE)
 
 from leased import _decode as leased_decode  # noqa: E402
 from leased import _connect_error as leased_connect_error  # noqa: E402
+from leased import _Anon as LeasedAnon  # noqa: E402
 from leased import (AsyncLeased, Leased, LeasedError,  # noqa: E402
                     LeasedTypeError, LockNotAcquired, NoPermit, Pool,
                     RWLock)
@@ -522,6 +523,37 @@ class Locks(unittest.TestCase):
             # The first thread keeps the session's owner "": by hand.
             self.assertTrue(ld.try_lock(key)["acquired"])
             self.assertTrue(ld.call("unlock", key=key)["released"])
+
+    @needs_redis
+    def test_anonymous_holds_forgotten_and_bounded(self):
+        key = PREFIX + "share:forget"
+        with Pool(SOCKET, size=2, timeout=10) as pool:
+            r = pool.try_lock(key)
+            self.assertEqual(len(pool._anon), 1)
+            pool.unlock(key, token=r["token"])
+            self.assertEqual(len(pool._anon), 0, "unlocked by its token")
+
+        async def main():
+            ld = await AsyncLeased.connect(SOCKET)
+            try:
+                self.assertTrue((await ld.try_lock(key))["acquired"])
+                self.assertEqual(len(ld._anon), 1)
+                redis_del(key)
+                deadline = time.monotonic() + WAIT_S
+                while len(ld._anon) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                self.assertEqual(len(ld._anon), 0, "lost")
+            finally:
+                await ld.close()
+        asyncio.run(asyncio.wait_for(main(), 90))
+        # Locks left to expire: the oldest are forgotten past the bound.
+        anon = LeasedAnon()
+        for i in range(2 * anon.MAX):
+            anon.keep("k%d" % i, {}, {"acquired": True, "token": "t%d" % i})
+        self.assertEqual(len(anon), anon.MAX)
+        self.assertIsNone(anon.token("k0", None, None, {}, False))
+        self.assertEqual(anon.token("k%d" % (2 * anon.MAX - 1), None, None,
+                                    {}, False), "t%d" % (2 * anon.MAX - 1))
 
     def _shared_session_checks(self, name, try_lock, unlock, extend,
                                other):
