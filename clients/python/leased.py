@@ -50,6 +50,7 @@ import os
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -742,16 +743,14 @@ _NEAR_MAGIC = b"LDNEAR01"
 # magic, layout, header_bytes, total_bytes, nbuckets, ways, buckets_off,
 # ring_off, ring_bytes, stale_ns: fixed for the segment's life.
 _NEAR_GEOMETRY = struct.Struct("<8sIIQIIQQQQ")
-# epoch, heartbeat_ns, state (offset 64): read on every lookup.
-_NEAR_LIVE = struct.Struct("<QQI")
-_NEAR_EPOCH = struct.Struct("<Q")
+# epoch and heartbeat_ns (u64 at offset 64 and 72) and state (u32 at 80):
+# read on every lookup, through NearSegment's views.
 # A bucket's seq, then each way's hash and klen as one number (hash |
 # klen << 32, little-endian): the bucket's index in one unpack of five
 # numbers, searched with tuple.index. A way starts at 8 + 40 * n.
 _NEAR_INDEX = struct.Struct("<I4x" + "Q32x" * 3 + "Q")
 # A way's vlen, flags, off and deadline_ns (from its byte 8).
 _NEAR_WAY = struct.Struct("<IIQQ")
-_NEAR_SEQ = struct.Struct("<I")
 _NEAR_REC = struct.Struct("<II")
 _NEAR_HDR_BYTES = 256
 _NEAR_BUCKET_BYTES = 168
@@ -794,6 +793,11 @@ class NearSegment:
         size = os.fstat(fd).st_size
         if size < _NEAR_HDR_BYTES:
             raise ValueError("a shared near segment of %d bytes" % size)
+        if sys.byteorder != "little":
+            # The views below read in the host's order; layout 1 is
+            # little-endian.
+            raise ValueError("a little-endian segment on a %s-endian host"
+                             % sys.byteorder)
         self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         try:
             self._check(size)
@@ -801,6 +805,15 @@ class NearSegment:
             self._mm.close()
             raise
         self._mv = memoryview(self._mm)
+        # The seqs, the epoch and the heartbeat are read through views of
+        # their own width: an element of a memoryview cast to "I" or "Q"
+        # is read with one load of that width, where a struct unpack may
+        # read the bytes one by one and put together a seq that never was
+        # from before and after a write, equal to the seq read first.
+        whole = self._mv[:size & ~7]
+        self._mv32 = whole.cast("I")
+        self._mv64 = whole.cast("Q")
+        whole.release()
         self._memo = {}
         self.size = size
 
@@ -816,7 +829,7 @@ class NearSegment:
                              % (max(total, header_bytes), size))
         if nbuckets == 0 or nbuckets & (nbuckets - 1):
             raise ValueError("%d buckets is no power of two" % nbuckets)
-        if buckets_off < _NEAR_HDR_BYTES or \
+        if buckets_off % 8 or buckets_off < _NEAR_HDR_BYTES or \
                 buckets_off + nbuckets * _NEAR_BUCKET_BYTES > size:
             raise ValueError("the buckets lie outside the segment")
         if ring_off % 8 or ring_off < _NEAR_HDR_BYTES or \
@@ -835,14 +848,17 @@ class NearSegment:
         self._memo = {}
         mv, self._mv = self._mv, None
         if mv is not None:
+            self._mv32.release()
+            self._mv64.release()
             mv.release()
             self._mm.close()
 
     def _live(self):
         """(epoch, now) while the segment may be read; else _NEAR_MISS or
         _NEAR_CLOSED."""
-        epoch, beat, state = _NEAR_LIVE.unpack_from(self._mv, 64)
-        if state != _NEAR_LIVE_STATE:
+        mv64 = self._mv64
+        epoch, beat = mv64[8], mv64[9]
+        if self._mv32[20] != _NEAR_LIVE_STATE:
             return _NEAR_CLOSED
         self.now = now = _monotonic_ns()
         stale = self.stale_ns
@@ -880,8 +896,8 @@ class NearSegment:
             m = self._memo.get(key)
             if m is not None and m[0] == epoch and now < m[3] and \
                     now - m[4] < _NEAR_MEMO_NS and \
-                    _NEAR_SEQ.unpack_from(mv, m[1])[0] == m[2] and \
-                    _NEAR_EPOCH.unpack_from(mv, 64)[0] == epoch:
+                    self._mv32[m[1] >> 2] == m[2] and \
+                    self._mv64[8] == epoch:
                 return m[5]
             got = self._lookup(key.encode(), epoch, now)
             if got is _NEAR_MISS:
@@ -903,6 +919,7 @@ class NearSegment:
         following every rule of the layout; _NEAR_MISS when it is not
         there or the bucket would not hold still."""
         mv = self._mv
+        mv32 = self._mv32
         klen = len(kb)
         if not klen:
             return _NEAR_MISS   # an empty way says klen 0
@@ -910,8 +927,8 @@ class NearSegment:
         want = h | klen << 32
         boff = self._buckets_off + (h & self._mask) * _NEAR_BUCKET_BYTES
         for _ in range(_NEAR_TRIES):
+            seq = mv32[boff >> 2]
             b = _NEAR_INDEX.unpack_from(mv, boff)
-            seq = b[0]
             if seq & 1:
                 continue
             i = 0
@@ -936,10 +953,10 @@ class NearSegment:
                 val = None if flags & _NEAR_NULL else \
                     mv[vstart:vstart + vlen].tobytes()
                 break
-            if _NEAR_SEQ.unpack_from(mv, boff)[0] != seq:
+            if mv32[boff >> 2] != seq:
                 continue    # the daemon wrote the bucket meanwhile
             if val is _NEAR_MISS or \
-                    _NEAR_EPOCH.unpack_from(mv, 64)[0] != epoch:
+                    self._mv64[8] != epoch:
                 return _NEAR_MISS
             return val, boff, seq, deadline
         return _NEAR_MISS
