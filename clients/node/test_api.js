@@ -678,6 +678,15 @@ test('callers sharing a connection exclude each other; unlock and extend by key 
       assert.strictEqual((await other.lock(key, { mode: 'write' })).acquired, true,
         `${name}: both reads given back`);
       await other.unlock(key, { mode: 'write' });
+      // A group, and its unlock by key in another order.
+      const grp = [`${key}:g2`, `${key}:g1`];
+      const gs = await Promise.all([ld.lock(grp), ld.lock(grp)]);
+      assert.deepStrictEqual(gs.map((r) => r.acquired).sort(), [false, true],
+        `${name}: a group`);
+      assert.strictEqual((await ld.unlock(grp.slice().reverse())).released, true,
+        `${name}: the group by key`);
+      assert.strictEqual((await other.lock(grp)).acquired, true, `${name}: group free`);
+      await other.unlock(grp);
       // A named owner reenters.
       await ld.lock(key, { owner: 'w' });
       assert.strictEqual((await ld.lock(key, { owner: 'w' })).count, 2, name);

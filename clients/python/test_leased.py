@@ -582,6 +582,15 @@ class Locks(unittest.TestCase):
         w = other.try_lock(key, mode="write")
         self.assertTrue(w["acquired"], name + ": both reads given back")
         other.unlock(key, token=w["token"], mode="write")
+        group = [key + ":g2", key + ":g1"]
+        both = try_lock(group, both=True)
+        self.assertEqual(sorted(r["acquired"] for r in both), [False, True],
+                         name + ": a group")
+        self.assertTrue(unlock(list(reversed(group)))["released"],
+                        name + ": the group by key")
+        g = other.try_lock(group)
+        self.assertTrue(g["acquired"], name + ": the group given back")
+        other.unlock(group, token=g["token"])
         try_lock(key, owner="w")
         self.assertEqual(try_lock(key, owner="w")["count"], 2, name)
 
