@@ -747,7 +747,8 @@ _NEAR_GEOMETRY = struct.Struct("<8sIIQIIQQQQ")
 # read on every lookup, through NearSegment's views.
 # A bucket's seq, then each way's hash and klen as one number (hash |
 # klen << 32, little-endian): the bucket's index in one unpack of five
-# numbers, searched with tuple.index. A way starts at 8 + 40 * n.
+# numbers, searched with tuple.index from 1 (the seq itself is read apart,
+# through NearSegment's views). A way starts at 8 + 40 * n.
 _NEAR_INDEX = struct.Struct("<I4x" + "Q32x" * 3 + "Q")
 # A way's vlen, flags, off and deadline_ns (from its byte 8).
 _NEAR_WAY = struct.Struct("<IIQQ")
