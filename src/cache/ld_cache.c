@@ -200,6 +200,12 @@ cache_entry_ttl(bool is_null, bool ttl_given, long long ttl_ms)
     return ld_jitter_ttl(base, cfg->cache.ttl_jitter);
 }
 
+const char *
+cache_layout_arg(void)
+{
+    return cache_mod.ctx->cfg->cache.layout == 2 ? "2" : "1";
+}
+
 /* A write that got no answer: it may have happened when it left, and the
  * client is told so instead of "nothing changed". */
 static void
@@ -439,9 +445,10 @@ op_fill(struct ld_req *req)
              cache_entry_ttl(is_null, ttl_given, ttl_ms));
     size_t ifv_len = if_version_text(ifv, sizeof(ifv), if_version);
     const char *argv[] = {NULL, lease, is_null ? "n" : "v", value, ttl,
-                          NULL, ifv};
-    size_t argvlen[] = {0, lease_len, 1, value_len, strlen(ttl), 0, ifv_len};
-    run_write(req, LD_SCRIPT_cache_fill, key, len, 7, argv, argvlen, fill_cb);
+                          NULL, ifv,   cache_layout_arg()};
+    size_t argvlen[] = {0,           lease_len, 1,       value_len,
+                        strlen(ttl), 0,         ifv_len, 1};
+    run_write(req, LD_SCRIPT_cache_fill, key, len, 8, argv, argvlen, fill_cb);
 }
 
 static void
@@ -489,10 +496,11 @@ cache_send_set(const char *key, size_t len, const char *value,
     size_t ifv_len = if_version_text(ifv, sizeof(ifv), if_version);
     size_t elen, clen;
     char *names = cache_make_names(key, len, &elen, &clen);
-    const char *argv[] = {names, is_null ? "n" : "v", value, ttl, names, ifv};
-    size_t argvlen[] = {elen, 1, value_len, strlen(ttl), clen, ifv_len};
+    const char *argv[] = {names, is_null ? "n" : "v", value, ttl, names,
+                          ifv,   cache_layout_arg()};
+    size_t argvlen[] = {elen, 1, value_len, strlen(ttl), clen, ifv_len, 1};
     cache_key_touched(key, len);
-    ld_redis_script(LD_SCRIPT_cache_set, names, elen, 1, 6, argv, argvlen, cb,
+    ld_redis_script(LD_SCRIPT_cache_set, names, elen, 1, 7, argv, argvlen, cb,
                     arg);
     free(names);
 }

@@ -152,18 +152,25 @@ fetch_start(struct ckey *ck, bool grant)
     ck->fetch = f;
     ck->nfetch++;
 
-    /* Most reads are hits: a plain HMGET answers them in one cheap
-     * command, with no script and no lease token. Only when it finds no
-     * value does the script run, to decide about the lease atomically.
-     * The load time d matters only to a reader that may refresh early,
-     * and each field costs Redis about 0.8k instructions: it is last,
-     * asked for only then (parse_probe tells by the reply's length). */
+    /* Most reads are hits: one plain command answers them, with no
+     * script and no lease token. Only when it finds no value does the
+     * script run, to decide about the lease atomically. Under
+     * cache.layout 2 it is a GET of the entry's string. Under layout 1 an
+     * HMGET, where each field costs Redis about 0.8k instructions: the
+     * load time d matters only to a reader that may refresh early, so it
+     * is last, asked for only then (parse_probe tells by the reply's
+     * length). */
     static const char *fields[] = {"HMGET", NULL, "v", "n", "s", "r", "d"};
     const char *argv[7];
     size_t argvlen[7] = {5, ck->entry_len, 1, 1, 1, 1, 1};
     memcpy(argv, fields, sizeof(argv));
     argv[1] = ck->names;
     int argc = f->grant && cache_mod.ctx->cfg->cache.early_refresh ? 7 : 6;
+    if (cache_mod.ctx->cfg->cache.layout == 2) {
+        argv[0] = "GET";
+        argvlen[0] = 3;
+        argc = 2;
+    }
     f->probing = true;
     f->near = ld_near_read_begin(ck->key, ck->key_len, ck->names,
                                  ck->entry_len);
@@ -325,6 +332,13 @@ enum fres {
     R_ERROR
 };
 
+/* A value as a read found it: in a reply, maybe past the layout 2
+ * string's header. */
+struct cval {
+    const char *str;
+    size_t len;
+};
+
 static const struct {
     const char *name;
     enum fres res;
@@ -341,7 +355,7 @@ static const struct {
 };
 
 static enum fres
-parse_fetch(const redisReply *r, const redisReply **value, long long *pttl,
+parse_fetch(const redisReply *r, struct cval *value, long long *pttl,
             uint64_t *version)
 {
     /* A Redis refusing the script's writes (NOREPLICAS, OOM) cannot
@@ -374,7 +388,8 @@ parse_fetch(const redisReply *r, const redisReply **value, long long *pttl,
             r->element[2]->integer < 0) {
             return R_ERROR;
         }
-        *value = r->element[1];
+        value->str = r->element[1]->str;
+        value->len = r->element[1]->len;
         *version = (uint64_t)r->element[2]->integer;
         break;
     case R_NULL:
@@ -402,10 +417,28 @@ fetch_unlink(struct fetch *f)
     LIST_REMOVE(f, link);
 }
 
-/* The version field R as the probe read it: an entry written before
- * versions has none and reads as 1 (cache_shape.lua's entry_version).
- * False for anything but digits up to CACHE_VERSION_MAX: not ours, which
- * the script says. */
+/* Version digits S of N bytes (1..16, up to CACHE_VERSION_MAX) into
+ * *VERSION; false for anything else, which is not ours. */
+static bool
+version_digits(const char *s, size_t n, uint64_t *version)
+{
+    if (n == 0 || n > 16) {
+        return false;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return false;
+        }
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    *version = v;
+    return v <= (uint64_t)CACHE_VERSION_MAX;
+}
+
+/* The version field R as the HMGET probe read it: an entry written
+ * before versions has none and reads as 1 (cache_shape.lua's
+ * entry_version). */
 static bool
 probe_version(const redisReply *r, uint64_t *version)
 {
@@ -413,32 +446,71 @@ probe_version(const redisReply *r, uint64_t *version)
         *version = 1;
         return true;
     }
-    if (r->len == 0 || r->len > 16) {
-        return false;
-    }
-    uint64_t v = 0;
-    for (size_t i = 0; i < r->len; i++) {
-        if (r->str[i] < '0' || r->str[i] > '9') {
-            return false;
-        }
-        v = v * 10 + (uint64_t)(r->str[i] - '0');
-    }
-    *version = v;
-    return v <= (uint64_t)CACHE_VERSION_MAX;
+    return version_digits(r->str, r->len, version);
 }
 
-/* The HMGET probe (v, n, s, r and, from a reader that may refresh early,
- * d) decides hits, cached nulls, a key of another type and an unreachable
- * Redis; R_MISS means "ask the script", which a stale mark always does,
- * and so does a value whose load time d came back. */
+/* The GET probe's string S (cache.layout 2, as src/lua/lib/cache_text.lua
+ * reads it): 0xF5 "L", "v" or "n", the version's digits, ":", the load
+ * time's digits, ":", the value. WANT_D: a reader that may refresh early,
+ * for whom a value with a load time goes to the script. */
 static enum fres
-parse_probe(const redisReply *r, const redisReply **value, uint64_t *version)
+parse_text(const redisReply *r, bool want_d, struct cval *value,
+           uint64_t *version)
+{
+    const char *s = r->str, *end = s + r->len;
+    if (r->len < 5 || (unsigned char)s[0] != 0xF5 || s[1] != 'L' ||
+        (s[2] != 'v' && s[2] != 'n')) {
+        return R_MISS; /* not ours: the script says so */
+    }
+    const char *ver = s + 3;
+    const char *colon = memchr(ver, ':', (size_t)(end - ver));
+    if (colon == NULL ||
+        !version_digits(ver, (size_t)(colon - ver), version)) {
+        return R_MISS;
+    }
+    const char *d = colon + 1;
+    const char *vstart = memchr(d, ':', (size_t)(end - d));
+    if (vstart == NULL) {
+        return R_MISS;
+    }
+    for (const char *p = d; p < vstart; p++) {
+        if (*p < '0' || *p > '9') {
+            return R_MISS;
+        }
+    }
+    vstart++;
+    if (s[2] == 'n') {
+        return d == vstart - 1 && vstart == end ? R_NULL : R_MISS;
+    }
+    if (want_d && d < vstart - 1) {
+        return R_MISS;
+    }
+    value->str = vstart;
+    value->len = (size_t)(end - vstart);
+    return R_HIT;
+}
+
+/* The probe (a GET under cache.layout 2; else an HMGET of v, n, s, r and,
+ * from a reader that may refresh early, d) decides hits, cached nulls and
+ * an unreachable Redis; R_MISS means "ask the script", which a stale mark
+ * always does, and so does a value whose load time d came back, and a key
+ * of the other layout's type or of neither (the script reads both and
+ * tells what is not ours). */
+static enum fres
+parse_probe(const redisReply *r, bool want_d, struct cval *value,
+            uint64_t *version)
 {
     if (r == NULL) {
         return R_DOWN;
     }
     if (ld_reply_is_error(r, "WRONGTYPE")) {
-        return R_WRONG;
+        return R_MISS;
+    }
+    if (r->type == REDIS_REPLY_STRING) {
+        return parse_text(r, want_d, value, version);
+    }
+    if (r->type == REDIS_REPLY_NIL) {
+        return R_MISS;
     }
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 || r->elements > 5) {
         return R_ERROR;
@@ -450,7 +522,8 @@ parse_probe(const redisReply *r, const redisReply **value, uint64_t *version)
     }
     if (r->element[0]->type == REDIS_REPLY_STRING &&
         r->element[1]->type != REDIS_REPLY_STRING) {
-        *value = r->element[0];
+        value->str = r->element[0]->str;
+        value->len = r->element[0]->len;
         return R_HIT;
     }
     if (r->element[1]->type == REDIS_REPLY_STRING &&
@@ -513,11 +586,11 @@ cache_key_deleted(const char *key, size_t len)
 /* What a fetch found, as its getters are told. */
 struct answer {
     enum fres res;
-    const redisReply *value; /* R_HIT, R_STALE*, R_REFRESH */
-    uint64_t version;        /* of the value, or of R_NULL's null */
-    long long pttl;          /* R_HELD: the lease's, -1 if unknown */
-    const char *token;       /* the lease a grant brought */
-    bool given;              /* that lease went to a getter */
+    struct cval value; /* R_HIT, R_STALE*, R_REFRESH */
+    uint64_t version;  /* of the value, or of R_NULL's null */
+    long long pttl;    /* R_HELD: the lease's, -1 if unknown */
+    const char *token; /* the lease a grant brought */
+    bool given;        /* that lease went to a getter */
     uint64_t now;
     char downmsg[256]; /* R_DOWN */
     char errmsg[160];  /* R_ERROR, R_WRONG */
@@ -532,8 +605,9 @@ fetch_read(struct fetch *f, const redisReply *reply, struct answer *a)
     struct ckey *ck = f->ck;
     if (f->probing) {
         f->probing = false;
-        a->res = parse_probe(reply, &a->value, &a->version);
-        const redisReply *value = a->value;
+        bool want_d = f->grant && cache_mod.ctx->cfg->cache.early_refresh;
+        a->res = parse_probe(reply, want_d, &a->value, &a->version);
+        const struct cval *value = &a->value;
         bool keep = a->res == R_HIT && !cache_first_owed(ck->key, ck->key_len);
         ld_near_read_version(f->near, a->version);
         ld_near_read_done(f->near, ld_redis_conn_id(),
@@ -624,7 +698,7 @@ note_lease_end(struct ckey *ck, const struct answer *a)
 static bool
 settle_leased(struct getter *g, struct answer *a)
 {
-    const redisReply *value = a->value;
+    const struct cval *value = &a->value;
     bool given = a->given;
     switch (a->res) {
     case R_STALE_GRANTED:
@@ -665,7 +739,7 @@ settle_leased(struct getter *g, struct answer *a)
 static bool
 settle_from_answer(struct getter *g, struct answer *a)
 {
-    const redisReply *value = a->value;
+    const struct cval *value = &a->value;
     switch (a->res) {
     case R_HIT:
         cache_settle_hit(g, value->str, value->len, a->version);

@@ -301,6 +301,10 @@ bool cache_write_check(const redisReply *reply, const char *op,
 /* The TTL a stored entry gets (nulls cache.null_ttl_ms, values TTL_MS
  * when TTL_GIVEN, else cache.ttl_ms), spread by cache.ttl_jitter. */
 long long cache_entry_ttl(bool is_null, bool ttl_given, long long ttl_ms);
+/* The write scripts' layout argument: "2" writes a value or a null alone
+ * as a string (cache.layout 2, src/lua/lib/cache_text.lua), "1" as a
+ * hash. */
+const char *cache_layout_arg(void);
 /* cache.set's write of one entry, TTL_MS already jittered, only over
  * version IF_VERSION when that is not negative; CB gets the script's
  * reply ({rc, version}: enum cache_write_rc; DONE as the bare version:

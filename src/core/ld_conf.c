@@ -191,6 +191,7 @@ const struct conf_directive conf_directives[] = {
     DOUBLE("cache.early_refresh_beta", cache.early_refresh_beta, F_RELOAD,
            "1.0", 0.0, 1000.0),
     LLONG("cache.hot_keys", cache.hot_keys, 0, "64", 0, 10000),
+    INT("cache.layout", cache.layout, 0, "1", 1, 2),
     BOOL("cache.near.enabled", cache.near.enabled, 0, "false"),
     LLONG("cache.near.max_bytes", cache.near.max_bytes, 0, "67108864", 0,
           1LL << 40),

@@ -85,6 +85,7 @@ struct ld_config {
         bool early_refresh;
         double early_refresh_beta;
         long long hot_keys; /* top-K size; 0 = off */
+        int layout; /* 1: every entry a hash; 2: a value or null alone a string */
         struct {
             bool enabled;
             long long max_bytes;

@@ -1,9 +1,11 @@
 --@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- cache.fill: store a loaded value, only under the lease that is current.
--- KEYS[1] entry hash; ARGV[1] lease, ARGV[2] "v" (value) or "n" (null),
+-- KEYS[1] entry; ARGV[1] lease, ARGV[2] "v" (value) or "n" (null),
 -- ARGV[3] value, ARGV[4] ttl_ms (already jittered), ARGV[5] channel,
 -- ARGV[6] if_version ("" for none): store only when the entry's version
--- is that one (0: no value and no null there).
+-- is that one (0: no value and no null there); ARGV[7] cache.layout: "2"
+-- stores the entry as a string (lib/cache_text.lua), anything else as a
+-- hash.
 -- Returns {rc, version}, rc (enum cache_write_rc CACHE_WRITE_ + these
 -- names on the C side), or a bare number:
 --   version       DONE, stored with that version, as a bare number (a
@@ -19,6 +21,7 @@
 -- left it (the fields: lib/cache_read.lua). A lease alone always expires
 -- (PTTL).
 --@include cache_read.lua
+local kind, value, ttl = ARGV[2], ARGV[3], ARGV[4]
 if len == 1 and f[3] == ARGV[1] and redis.call('PTTL', KEYS[1]) >= 0 then
     if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= 0 then
         return {2, 0}
@@ -27,14 +30,19 @@ if len == 1 and f[3] == ARGV[1] and redis.call('PTTL', KEYS[1]) >= 0 then
     -- be printed with '%.17g').
     local t = redis.call('TIME')
     local ver = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    if ARGV[2] == 'v' then
+    if ARGV[7] == '2' then
+        local ver, d = string.format('%d', ver), ''
+--@include cache_put_text.lua
+    elseif ARGV[2] == 'v' then
         redis.call('HSET', KEYS[1], 'v', ARGV[3], 'r',
                    string.format('%d', ver))
     else
         redis.call('HSET', KEYS[1], 'n', '1', 'r', string.format('%d', ver))
     end
-    redis.call('HDEL', KEYS[1], 'l')
-    redis.call('PEXPIRE', KEYS[1], ARGV[4])
+    if ARGV[7] ~= '2' then
+        redis.call('HDEL', KEYS[1], 'l')
+        redis.call('PEXPIRE', KEYS[1], ARGV[4])
+    end
     redis.call('PUBLISH', ARGV[5], 'fill')
     return ver
 end
@@ -53,6 +61,17 @@ if ARGV[2] ~= 'v' and f[1] and not f[4] then
     return {REFUSED, cur}
 end
 local ver = version_text(next_version(cur))
+if ARGV[7] == '2' then
+    local d = ''
+    if kind == 'v' and f[6] then
+        -- Early refresh: how long this load took, lease grant to fill.
+        local x = redis_ms() - tonumber(f[6])
+        d = tostring(x > 0 and x or 0)
+    end
+--@include cache_put_text.lua
+    redis.call('PUBLISH', ARGV[5], 'fill')
+    return tonumber(ver)
+end
 if f[4] then
     -- The reload of a stale entry replaces it, "not found" included.
     redis.call('HDEL', KEYS[1], 'v', 's')

@@ -1,6 +1,7 @@
 --@batchable: may run as one item of a batch script (ld_redis_batch.c)
 -- cache.get: read an entry and, on a miss, maybe grant the fill lease.
--- KEYS[1] entry hash; ARGV[1] new lease token, ARGV[2] fill_lease_ms,
+-- KEYS[1] entry (a hash, or a string: lib/cache_text.lua); ARGV[1] new
+-- lease token, ARGV[2] fill_lease_ms,
 -- ARGV[3] "1" to grant a lease on a miss, "0" for a plain read;
 -- ARGV[4] "1" with cache.early_refresh (else "0": nothing below about
 -- refreshes happens), ARGV[5] its beta, ARGV[6] a uniform number in
@@ -48,10 +49,16 @@ if t == 'none' then
 end
 --@include cache_shape.lua
 local early = ARGV[4] == '1'
-if t ~= 'hash' then
-    return {'wrong_type'}
+local f, len
+if t == 'hash' then
+    f = entry_fields(KEYS[1])
+elseif t == 'string' then
+    -- A value or a null alone, under cache.layout 2: read here when the
+    -- daemon's probe found no hit in it (a reader that may refresh early,
+    -- or a daemon under layout 1).
+    local s = redis.call('GET', KEYS[1])
+--@include cache_text.lua
 end
-local f = entry_fields(KEYS[1])
 if not f then
     return {'wrong_type'}
 end
@@ -86,6 +93,14 @@ if f[1] then
             local x = -tonumber(f[5]) * tonumber(ARGV[5])
                       * math.log(tonumber(ARGV[6]))
             if ttl >= 0 and x >= ttl then
+                if t == 'string' then
+                    -- The lease needs the hash; its fill writes the
+                    -- string again.
+                    redis.call('DEL', KEYS[1])
+                    redis.call('HSET', KEYS[1], 'v', f[1], 'r', f[7], 'd',
+                               f[5])
+                    redis.call('PEXPIRE', KEYS[1], ttl)
+                end
                 redis.call('HSET', KEYS[1], 'l', ARGV[1], 'g', tostring(now))
                 return {'refresh', f[1], entry_version(f)}
             end

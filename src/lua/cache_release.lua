@@ -1,5 +1,5 @@
 -- cache.release: the loader gives its fill lease up without storing.
--- KEYS[1] entry hash; ARGV[1] lease, ARGV[2] channel.
+-- KEYS[1] entry; ARGV[1] lease, ARGV[2] channel.
 -- Returns (enum cache_write_rc CACHE_WRITE_ + these names on the C side):
 --   DONE 1        released
 --   REFUSED 0     the lease was no longer the current one

@@ -7,18 +7,34 @@
 -- Returns 2 when marked stale, else the number of keys removed (0 or 1).
 --@include cache_shape.lua
 local t = redis.call('TYPE', KEYS[1])['ok']
-local f = nil
+local f, len = nil, nil
 if t == 'hash' then
     f = entry_fields(KEYS[1])
+elseif t == 'string' then
+    local s = redis.call('GET', KEYS[1])
+--@include cache_text.lua
 end
 if not f or not f[1] then
     local n = redis.call('UNLINK', KEYS[1])
     redis.call('PUBLISH', ARGV[2], 'del')
     return n
 end
-redis.call('HDEL', KEYS[1], 'l', 'g')
-redis.call('HSET', KEYS[1], 's', '0')
 local ttl = redis.call('PTTL', KEYS[1])
+if t == 'string' then
+    -- A stale mark and the lease beside it need the hash (cache.layout
+    -- 2 writes the string again when the reload fills it).
+    redis.call('DEL', KEYS[1])
+    redis.call('HSET', KEYS[1], 'v', f[1], 'r', f[7], 's', '0')
+    if f[5] then
+        redis.call('HSET', KEYS[1], 'd', f[5])
+    end
+    if ttl >= 0 and ttl <= tonumber(ARGV[1]) then
+        redis.call('PEXPIRE', KEYS[1], ttl)
+    end
+else
+    redis.call('HDEL', KEYS[1], 'l', 'g')
+    redis.call('HSET', KEYS[1], 's', '0')
+end
 if ttl < 0 or ttl > tonumber(ARGV[1]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end

@@ -28,6 +28,11 @@ expand() {
             }
             close(path)
         }
+        # An indented mark would be left in as a comment, its code missing.
+        /^[ \t]+--@include / {
+            print "lua2c.sh: an indented --@include: " $0 > "/dev/stderr"
+            exit 1
+        }
         /^--@include / {
             put(lib "/" $2)
             next

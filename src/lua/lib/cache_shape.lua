@@ -16,7 +16,8 @@ local DONE, REFUSED, WRONG_TYPE, MOVED = 1, 0, -1, 2
 -- which the lease l of the stale entry is honoured; 0 while none was
 -- granted); d only beside v and g only beside l, both digits; r only
 -- beside v or n, digits (absent in entries written before versions: they
--- read as version 1).
+-- read as version 1). Under cache.layout 2 an entry of v or n, r and d
+-- alone is a string instead (lib/cache_text.lua); every script reads both.
 -- entry_fields returns {v, n, l, s, d, g, r} of such an entry, or nil for
 -- data leased did not write. KEY must be a hash. A caller that has read
 -- them already passes that HMGET's answer as F and HLEN's as LEN.
