@@ -26,6 +26,24 @@
 
 static struct h_redis R;
 static struct h_daemon D;
+
+/* Whether the entry of KEY has FIELD, in either layout. */
+static int
+has_field(const char *key, char field)
+{
+    char name[256], buf[64];
+    snprintf(name, sizeof name, PREFIX "{%s}", key);
+    return h_entry_field(&R, name, field, buf, sizeof buf) ? 1 : 0;
+}
+
+/* FIELD of the entry of KEY as a number, -1 when it has none. */
+static long long
+field_int(const char *key, char field)
+{
+    char name[256], buf[64];
+    snprintf(name, sizeof name, PREFIX "{%s}", key);
+    return h_entry_field(&R, name, field, buf, sizeof buf) ? atoll(buf) : -1;
+}
 static struct h_daemon D2;
 static const struct h_fixture fx = {
     .suite = "stale",
@@ -188,7 +206,7 @@ START_TEST(test_readers_two_daemons)
         json_decref(got[i]);
         h_close(c[i]);
     }
-    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{hot} s"), 0);
+    ck_assert_int_eq(has_field("hot", 's'), 0);
     h_close(s1);
     h_close(s2);
 }
@@ -371,8 +389,7 @@ struct marked_arg {
 static bool
 is_marked(void *arg)
 {
-    return h_r_int(&R, "HEXISTS " PREFIX "{%s} s",
-                   ((struct marked_arg *)arg)->key) == 1;
+    return has_field(((struct marked_arg *)arg)->key, 's');
 }
 
 START_TEST(test_second_step_marks_again)
@@ -579,9 +596,9 @@ START_TEST(test_early_refresh)
     json_decref(h_must(h_callf(c[0], T_MS, "{s:s,s:s,s:s,s:I}", "op",
                                "cache.set", "key", "set", "value", "s",
                                "ttl_ms", (json_int_t)HOT_TTL_MS + 700)));
-    long long d = h_r_int(&R, "HGET " PREFIX "{hot} d");
+    long long d = field_int("hot", 'd');
     ck_assert_msg(d >= 90 && d < HOT_TTL_MS / 20, "load time %lld", d);
-    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{set} d"), 0);
+    ck_assert_int_eq(has_field("set", 'd'), 0);
 
     /* Far from expiry nobody refreshes: each read would with probability
      * exp(-ttl_left / d), below 1e-5 while ttl_left > 12 d. */
@@ -639,7 +656,7 @@ START_TEST(test_early_refresh)
     ck_assert_str_eq(jstr(r, "value"), "v2");
     json_decref(r);
     /* The refreshed load was measured too. */
-    ck_assert_int_ge(h_r_int(&R, "HGET " PREFIX "{hot} d"), 190);
+    ck_assert_int_ge(field_int("hot", 'd'), 190);
     for (int i = 0; i < READERS; i++) {
         h_close(c[i]);
     }
@@ -714,12 +731,12 @@ START_TEST(test_early_refresh_leases)
     struct h_conn *b = h_connect_ok(&D2);
     ck_assert(!has_feature(b, "early_refresh"));
     load(b, "off", 20, 600000);
-    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{off} d"), 0);
-    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{off} g"), 0);
+    ck_assert_int_eq(has_field("off", 'd'), 0);
+    ck_assert_int_eq(has_field("off", 'g'), 0);
     expect_fresh(get(b, "off"), "v1");
     /* An entry with a load time from a daemon that had it on is read
      * as a plain hit. */
-    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{k2} d"), 1);
+    ck_assert_int_eq(has_field("k2", 'd'), 1);
     expect_fresh(get(b, "k2"), "v1");
     h_close(b);
 }
@@ -741,7 +758,7 @@ START_TEST(test_refresh_null_keeps_value)
                   "null fill under a refresh lease: %s", h_dump(r));
     json_decref(r);
     free(l);
-    ck_assert_int_eq(h_r_int(&R, "HEXISTS " PREFIX "{kn} n"), 0);
+    ck_assert_int_eq(has_field("kn", 'n'), 0);
     r = h_must(h_callf(a, T_MS, "{s:s,s:s,s:b}", "op", "cache.get", "key",
                        "kn", "lease", 0));
     ck_assert_msg(jtrue(r, "hit") && jstr(r, "value") != NULL &&

@@ -105,15 +105,14 @@ hit_version(struct h_conn *c, const char *key, const char *value)
     return ver;
 }
 
-/* The version field of KEY's hash, as Redis holds it (-1: none). */
+/* The version field of KEY's entry, as Redis holds it in either layout
+ * (-1: none). */
 static long long
 redis_version(const char *key)
 {
-    redisReply *rep = h_redis_cmd(&R, "HGET " PREFIX "{%s} r", key);
-    ck_assert_ptr_nonnull(rep);
-    long long v = rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : -1;
-    freeReplyObject(rep);
-    return v;
+    char name[256], buf[32];
+    snprintf(name, sizeof name, PREFIX "{%s}", key);
+    return h_entry_field(&R, name, 'r', buf, sizeof buf) ? atoll(buf) : -1;
 }
 
 static long long

@@ -1094,27 +1094,59 @@ subst_dir(const char *in, const char *dir, char *out, size_t len)
     return 0;
 }
 
+#if defined(H_SEM_LAYOUT) || defined(H_CACHE_LAYOUT)
+/* Does the section of EXTRA opening at AT set KEY (a line "  KEY:")? */
+static bool
+section_sets(const char *at, const char *key)
+{
+    size_t klen = strlen(key);
+    for (const char *line = strchr(at, '\n'); line && line[1] == ' ';
+         line = strchr(line + 1, '\n')) {
+        if (strncmp(line + 1, "  ", 2) == 0 &&
+            strncmp(line + 3, key, klen) == 0 && line[3 + klen] == ':') {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Put X into M with KEY: VALUE in its SECTION, unless that sets KEY
+ * already: after the section's line when X has it, else in a section of
+ * its own before X. What of X is left to put goes back. */
+static const char *
+put_default(FILE *m, const char *x, const char *section, const char *key,
+            int value)
+{
+    const char *at = section_at(x, section);
+    if (at == NULL) {
+        fprintf(m, "%s:\n  %s: %d\n", section, key, value);
+        return x;
+    }
+    if (section_sets(at, key)) {
+        return x;
+    }
+    /* After the section's line ("lock:", its last maybe). */
+    const char *end = strchr(at, '\n');
+    size_t n = end != NULL ? (size_t)(end - x) : strlen(x);
+    fwrite(x, 1, n, m);
+    fprintf(m, "\n  %s: %d\n", key, value);
+    return end != NULL ? end + 1 : "";
+}
+#endif
+
 /* The case's YAML X into M. A program built with H_SEM_LAYOUT (such as
- * check_sem_layout2) runs every daemon under that lock.sem_layout, unless
- * the case sets one itself: put into its lock section, or in one of its
- * own. */
+ * check_sem_layout2) runs every daemon under that lock.sem_layout, one
+ * built with H_CACHE_LAYOUT (check_cache_layout2...) under that
+ * cache.layout, unless the case sets one itself. A program is built with
+ * one of them at most. */
 static void
 put_extra(FILE *m, const char *x)
 {
 #ifdef H_SEM_LAYOUT
-    if (strstr(x, "sem_layout") == NULL) {
-        const char *at = section_at(x, "lock");
-        if (at == NULL) {
-            fprintf(m, "lock:\n  sem_layout: %d\n", H_SEM_LAYOUT);
-        } else {
-            /* After the section's line ("lock:", its last maybe). */
-            const char *end = strchr(at, '\n');
-            size_t n = end != NULL ? (size_t)(end - x) : strlen(x);
-            fwrite(x, 1, n, m);
-            fprintf(m, "\n  sem_layout: %d\n", H_SEM_LAYOUT);
-            x = end != NULL ? end + 1 : "";
-        }
-    }
+    x = put_default(m, x, "lock", "sem_layout", H_SEM_LAYOUT);
+#endif
+#ifdef H_CACHE_LAYOUT
+    x = put_default(m, x, "cache", "layout", H_CACHE_LAYOUT);
 #endif
     fputs(x, m);
     if (*x && x[strlen(x) - 1] != '\n') {
@@ -2366,6 +2398,89 @@ h_r_int(const struct h_redis *r, const char *fmt, ...)
         freeReplyObject(rep);
     }
     return v;
+}
+
+/* FIELD of the layout 2 string S of N bytes (src/lua/lib/cache_text.lua):
+ * 0xF5 "L", v or n, the version r, ":", the load time d, ":", the value. */
+static bool
+text_field(const char *s, size_t n, char field, char *buf, size_t len)
+{
+    const char *end = s + n, *c1, *c2;
+    if (n < 5 || (unsigned char)s[0] != 0xF5 || s[1] != 'L' ||
+        (c1 = memchr(s + 3, ':', n - 3)) == NULL ||
+        (c2 = memchr(c1 + 1, ':', (size_t)(end - c1 - 1))) == NULL) {
+        return false;
+    }
+    bool value = s[2] == 'v';
+    const char *at;
+    switch (field) {
+    case 'v':
+        if (!value) {
+            return false;
+        }
+        at = c2 + 1;
+        break;
+    case 'n':
+        if (value) {
+            return false;
+        }
+        at = "1", end = at + 1;
+        break;
+    case 'r':
+        at = s + 3, end = c1;
+        break;
+    case 'd':
+        if (c2 == c1 + 1) {
+            return false;
+        }
+        at = c1 + 1, end = c2;
+        break;
+    default:
+        return false;
+    }
+    snprintf(buf, len, "%.*s", (int)(end - at), at);
+    return true;
+}
+
+bool
+h_entry_field(const struct h_redis *r, const char *key, char field, char *buf,
+              size_t len)
+{
+    bool found = false;
+    redisReply *rep = h_redis_cmd(r, "TYPE %s", key);
+    bool str = rep != NULL && rep->type == REDIS_REPLY_STATUS &&
+               strcmp(rep->str, "string") == 0;
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    rep = str ? h_redis_cmd(r, "GET %s", key)
+              : h_redis_cmd(r, "HGET %s %b", key, &field, (size_t)1);
+    buf[0] = '\0';
+    if (rep != NULL && rep->type == REDIS_REPLY_STRING) {
+        found = str ? text_field(rep->str, rep->len, field, buf, len)
+                    : (snprintf(buf, len, "%.*s", (int)rep->len, rep->str),
+                       true);
+    }
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+    return found;
+}
+
+void
+h_entry_write(const struct h_redis *r, const char *key, const char *value,
+              size_t len)
+{
+#if defined(H_CACHE_LAYOUT) && H_CACHE_LAYOUT == 2
+    char *text = malloc(len + 6);
+    ck_assert_ptr_nonnull(text);
+    memcpy(text, "\xf5Lv1::", 6);
+    memcpy(text + 6, value, len);
+    h_r_do(r, "SET %s %b KEEPTTL", key, text, len + 6);
+    free(text);
+#else
+    h_r_do(r, "HSET %s v %b", key, value, len);
+#endif
 }
 
 void

@@ -264,6 +264,30 @@ json_t *h_lock_lost(struct h_conn *c, const char *key, int timeout_ms);
  * reply, -999 otherwise; h_r_do asserts it did not fail. */
 long long h_r_int(const struct h_redis *r, const char *fmt, ...);
 void h_r_do(const struct h_redis *r, const char *fmt, ...);
+/* Field FIELD (v, n, l, s, d, g or r) of the cache entry at Redis key
+ * KEY, in either layout (a hash; or under cache.layout 2 a value or null
+ * alone as a string), copied into BUF; false when the entry has none. */
+bool h_entry_field(const struct h_redis *r, const char *key, char field,
+                   char *buf, size_t len);
+/* Write VALUE (LEN bytes) into the cache entry at Redis key KEY behind
+ * the daemons' backs, as a hash field v under layout 1, as the string of
+ * a value of version 1 under cache.layout 2 (H_CACHE_LAYOUT), keeping
+ * the key's TTL. */
+void h_entry_write(const struct h_redis *r, const char *key, const char *value,
+                   size_t len);
+/* The command a cache.get hit costs Redis, as INFO commandstats names it:
+ * a GET of the entry's string under cache.layout 2, an HMGET else. */
+#if defined(H_CACHE_LAYOUT) && H_CACHE_LAYOUT == 2
+#define H_CACHE_PROBE "get"
+#else
+#define H_CACHE_PROBE "hmget"
+#endif
+/* The Redis type of an entry holding a value or a null alone. */
+#if defined(H_CACHE_LAYOUT) && H_CACHE_LAYOUT == 2
+#define H_CACHE_ENTRY_TYPE "string"
+#else
+#define H_CACHE_ENTRY_TYPE "hash"
+#endif
 /* Wait up to TIMEOUT_MS until Redis counts a subscriber on CHANNEL (a
  * message published earlier is lost to the subscriber), and assert it. */
 void h_wait_subscribed(const struct h_redis *r, const char *channel,
