@@ -98,7 +98,7 @@ struct fetch {
     bool grant;
     /* A lease was wanted but not asked for: a first delete was owed. */
     bool withheld;
-    bool probing; /* the HMGET is out, not yet the script */
+    bool probing; /* the probe is out, not yet the script */
     char token[LD_TOKEN_LEN + 1];
     struct ld_near_read *near; /* the probe may be kept near */
     LIST_ENTRY(fetch) link;    /* every fetch in flight */

@@ -4,7 +4,7 @@
  * and the reads on their way to becoming entries.
  *
  * Correctness rests on three rules. (1) A value is kept only when its
- * read was tracked: CLIENT CACHING yes, HMGET and PTTL all answered on
+ * read was tracked: CLIENT CACHING yes, the probe and PTTL all answered on
  * one connection that ld_near_track.c trusts (tracking on, redirected to
  * the live tracking connection). (2) A read is kept only when nothing
  * could have changed the key between the moment it was sent and the
@@ -19,7 +19,7 @@
  * before another near hit.
  *
  * The life of a key's near entry:
- *   ABSENT   a read from Redis (the HMGET probe of cache.get) of a key
+ *   ABSENT   a read from Redis (the probe of cache.get) of a key
  *            admitted (cache.near.min_hits) while tracking is armed
  *            begins a near read (ld_near_read_begin).
  *            -> READING
@@ -453,7 +453,7 @@ ld_near_read_begin(const char *key, size_t len, const char *entry,
     nr->parts = 3;
     LIST_INSERT_HEAD(&near_mod.reads, nr, link);
     /* Tracking is opt-in (OPTIN, see ld_near_track.c): only the next
-     * command, the HMGET, is remembered by Redis for us. */
+     * command, the probe, is remembered by Redis for us. */
     const char *argv[] = {"CLIENT", "CACHING", "yes"};
     size_t argvlen[] = {6, 7, 3};
     ld_redis_command(entry, entry_len, 3, argv, argvlen, caching_cb, nr);

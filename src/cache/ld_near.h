@@ -13,7 +13,7 @@ struct ld_ctx;
  *
  * A read that may be kept goes to Redis as three pipelined commands on one
  * connection: CLIENT CACHING yes (ld_near_read_begin), the cache's own
- * HMGET, PTTL (ld_near_read_sent); the HMGET's answer comes back through
+ * probe, PTTL (ld_near_read_sent); the probe's answer comes back through
  * ld_near_read_done. All of it is a no-op while cache.near.enabled is
  * false. */
 

@@ -12,7 +12,7 @@
  *
  * Tracking is per key (Redis' default mode, not BCAST) with OPTIN: only
  * the reads the near cache means to keep (CLIENT CACHING yes before the
- * HMGET) enter Redis' tracking table, so lock keys and keys not admitted
+ * probe) enter Redis' tracking table, so lock keys and keys not admitted
  * by cache.near.min_hits cost Redis nothing, and each daemon hears only of
  * the keys it keeps. BCAST would send every daemon every write under the
  * prefix.

@@ -20,6 +20,7 @@
 -- (each costs every call): the entry is this lease alone, as the miss
 -- left it (the fields: lib/cache_read.lua). A lease alone always expires
 -- (PTTL).
+local text_first = false
 --@include cache_read.lua
 local kind, value, ttl = ARGV[2], ARGV[3], ARGV[4]
 if len == 1 and f[3] == ARGV[1] and redis.call('PTTL', KEYS[1]) >= 0 then

@@ -8,6 +8,7 @@
 -- The common case first, before cache_shape.lua's closures are created
 -- (each costs every call): the entry is this lease alone, as the miss
 -- left it (see cache_fill.lua).
+local text_first = false
 --@include cache_read.lua
 if len == 1 and f[3] == ARGV[1] and redis.call('PTTL', KEYS[1]) >= 0 then
     redis.call('DEL', KEYS[1])

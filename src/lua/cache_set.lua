@@ -16,6 +16,7 @@
 -- The common cases come first, before cache_shape.lua's closures are
 -- created (each costs every call): no entry, or one holding a value or a
 -- null and its version alone (the fields: lib/cache_read.lua).
+local text_first = ARGV[6] == '2'
 --@include cache_read.lua
 local ver, plain
 if len == 0 or (len == 2 and f[7] and (f[1] or f[2] == '1') and
