@@ -138,6 +138,85 @@ attachable(const struct ckey *ck, bool want_lease)
            (ck->fetch->grant || !want_lease);
 }
 
+/* Send F's probe. Most reads are hits: one plain command answers them,
+ * with no script and no lease token. Only when it finds no value does
+ * the script run, to decide about the lease atomically. Under
+ * cache.layout 2 it is a GET of the entry's string. Under layout 1 an
+ * HMGET, where each field costs Redis about 0.8k instructions: the load
+ * time d matters only to a reader that may refresh early, so it is last,
+ * asked for only then (parse_probe tells by the reply's length). */
+static void
+probe_send(struct fetch *f)
+{
+    struct ckey *ck = f->ck;
+    static const char *fields[] = {"HMGET", NULL, "v", "n", "s", "r", "d"};
+    const char *argv[7];
+    size_t argvlen[7] = {5, ck->entry_len, 1, 1, 1, 1, 1};
+    memcpy(argv, fields, sizeof(argv));
+    argv[1] = ck->names;
+    int argc = f->grant && cache_mod.ctx->cfg->cache.early_refresh ? 7 : 6;
+    if (cache_mod.ctx->cfg->cache.layout == 2) {
+        argv[0] = "GET";
+        argvlen[0] = 3;
+        argc = 2;
+    }
+    ld_redis_command(ck->names, ck->entry_len, argc, argv, argvlen, fetch_cb,
+                     f);
+    ld_near_read_sent(f->near);
+}
+
+/* The probes a cache.mget holds back while it starts its fetches, to send
+ * them as one MGET (cache.layout 2; see cache_op_mget). */
+struct probes {
+    size_t n, cap;
+    struct fetch **f;
+};
+
+static struct probes *held_probes;
+
+static void
+probes_cb(redisReply *reply, void *arg)
+{
+    struct probes *p = arg;
+    bool each = reply != NULL && reply->type == REDIS_REPLY_ARRAY &&
+                reply->elements == p->n;
+    /* An element is what the fetch's own GET would have answered: a
+     * string, or nil for no key and for a key of another type (a hash:
+     * the script reads it). Anything else reaches every fetch. */
+    for (size_t i = 0; i < p->n; i++) {
+        fetch_cb(each ? reply->element[i] : reply, p->f[i]);
+    }
+    free(p->f);
+    free(p);
+}
+
+static void
+probes_send(struct probes *held)
+{
+    if (held->n <= 1) {
+        if (held->n == 1) {
+            probe_send(held->f[0]);
+        }
+        free(held->f);
+        return;
+    }
+    struct probes *p = ld_xcalloc(1, sizeof(*p));
+    *p = *held;
+    const char **argv = ld_xcalloc(p->n + 1, sizeof(*argv));
+    size_t *argvlen = ld_xcalloc(p->n + 1, sizeof(*argvlen));
+    argv[0] = "MGET";
+    argvlen[0] = 4;
+    for (size_t i = 0; i < p->n; i++) {
+        argv[i + 1] = p->f[i]->ck->names;
+        argvlen[i + 1] = p->f[i]->ck->entry_len;
+    }
+    struct ckey *first = p->f[0]->ck;
+    ld_redis_command(first->names, first->entry_len, (int)p->n + 1, argv,
+                     argvlen, probes_cb, p);
+    free(argv);
+    free(argvlen);
+}
+
 static struct fetch *
 fetch_start(struct ckey *ck, bool grant)
 {
@@ -151,32 +230,21 @@ fetch_start(struct ckey *ck, bool grant)
     LIST_INSERT_HEAD(&cache_mod.fetches, f, link);
     ck->fetch = f;
     ck->nfetch++;
-
-    /* Most reads are hits: one plain command answers them, with no
-     * script and no lease token. Only when it finds no value does the
-     * script run, to decide about the lease atomically. Under
-     * cache.layout 2 it is a GET of the entry's string. Under layout 1 an
-     * HMGET, where each field costs Redis about 0.8k instructions: the
-     * load time d matters only to a reader that may refresh early, so it
-     * is last, asked for only then (parse_probe tells by the reply's
-     * length). */
-    static const char *fields[] = {"HMGET", NULL, "v", "n", "s", "r", "d"};
-    const char *argv[7];
-    size_t argvlen[7] = {5, ck->entry_len, 1, 1, 1, 1, 1};
-    memcpy(argv, fields, sizeof(argv));
-    argv[1] = ck->names;
-    int argc = f->grant && cache_mod.ctx->cfg->cache.early_refresh ? 7 : 6;
-    if (cache_mod.ctx->cfg->cache.layout == 2) {
-        argv[0] = "GET";
-        argvlen[0] = 3;
-        argc = 2;
-    }
     f->probing = true;
     f->near = ld_near_read_begin(ck->key, ck->key_len, ck->names,
                                  ck->entry_len);
-    ld_redis_command(ck->names, ck->entry_len, argc, argv, argvlen, fetch_cb,
-                     f);
-    ld_near_read_sent(f->near);
+    /* A read the near cache may keep goes alone: its GET must sit between
+     * its CLIENT CACHING and its PTTL. */
+    if (held_probes != NULL && f->near == NULL) {
+        struct probes *p = held_probes;
+        if (p->n == p->cap) {
+            p->cap = p->cap ? 2 * p->cap : 16;
+            p->f = ld_xrealloc(p->f, p->cap * sizeof(*p->f));
+        }
+        p->f[p->n++] = f;
+        return f;
+    }
+    probe_send(f);
     return f;
 }
 
@@ -1135,6 +1203,14 @@ cache_op_mget(struct ld_req *req)
      * has settled. Callbacks are never synchronous, so that can only
      * happen here for slots that fail at once. */
     size_t real = op->left;
+    /* Under cache.layout 2 the probes of the keys leave as one MGET: one
+     * command instead of one per key, as an app would read them. Not on a
+     * cluster, where the keys' slots differ. */
+    struct probes held = {0};
+    if (cache_mod.ctx->cfg->cache.layout == 2 && real > 1 &&
+        !ld_redis_is_cluster()) {
+        held_probes = &held;
+    }
     for (size_t i = 0; i < n && real > 0; i++) {
         if (op->dup_of[i] != SIZE_MAX) {
             continue;
@@ -1144,4 +1220,6 @@ cache_op_mget(struct ld_req *req)
         getter_begin(op, i, json_string_value(k), json_string_length(k), lease,
                      wait_ms);
     }
+    held_probes = NULL;
+    probes_send(&held);
 }

@@ -851,6 +851,66 @@ END_TEST
 
 /* --- mget --------------------------------------------------------------- */
 
+/* What a cache.mget of hits costs Redis: one MGET under cache.layout 2,
+ * one probe per key under layout 1. An entry of the other layout, one
+ * absent and one held near the daemon's own answers are read as ever. */
+START_TEST(test_mget_one_command)
+{
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    set_value(a, "p1", "one");
+    set_value(a, "p2", NULL);
+    set_value(a, "p3", "three");
+    /* An entry as layout 1 writes it, version 7. */
+    h_r_do(&R, "HSET " PREFIX "{p4} v four r 7");
+    long long mget0 = cmd_calls("mget"), probe0 = cmd_calls(H_CACHE_PROBE);
+    json_t *r = h_callf(a, T_MS, "{s:s,s:[s,s,s,s,s]}", "op", "cache.mget",
+                        "keys", "p1", "p2", "p3", "p4", "p5");
+    h_must(r);
+    json_t *res = json_object_get(r, "results");
+    expect_hit(json_array_get(res, 0), "one");
+    expect_hit(json_array_get(res, 1), NULL);
+    expect_hit(json_array_get(res, 2), "three");
+    expect_hit(json_array_get(res, 3), "four");
+    ck_assert_int_eq(jint(json_array_get(res, 3), "version"), 7);
+    ck_assert(h_is_token(jstr(json_array_get(res, 4), "lease")));
+    json_decref(r);
+    /* On a cluster the keys' slots differ: a probe each, on their
+     * masters (INFO of one node would not see them all). */
+    if (!h_on_cluster()) {
+#if defined(H_CACHE_LAYOUT) && H_CACHE_LAYOUT == 2
+        ck_assert_int_eq(cmd_calls("mget") - mget0, 1);
+        ck_assert_int_eq(cmd_calls(H_CACHE_PROBE) - probe0, 0);
+#else
+        ck_assert_int_eq(cmd_calls("mget") - mget0, 0);
+        ck_assert_int_eq(cmd_calls(H_CACHE_PROBE) - probe0, 5);
+#endif
+    }
+    h_close(a);
+}
+END_TEST
+
+/* Redis away: every key of a cache.mget's one command is told so. */
+START_TEST(test_mget_redis_away)
+{
+    h_start(NULL);
+    struct h_conn *a = h_connect_ok(&D);
+    set_value(a, "p1", "one");
+    h_redis_kill(&R);
+    json_t *r = h_callf(a, T_MS, "{s:s,s:[s,s],s:i}", "op", "cache.mget",
+                        "keys", "p1", "p3", "wait_ms", 0);
+    h_must(r);
+    json_t *res = json_object_get(r, "results");
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert_msg(strcmp(h_errcode(json_array_get(res, i)),
+                             "redis_unavailable") == 0,
+                      "slot %zu with Redis away: %s", i, h_dump(r));
+    }
+    json_decref(r);
+    h_close(a);
+}
+END_TEST
+
 START_TEST(test_mget)
 {
     h_start(NULL);
@@ -2474,6 +2534,8 @@ main(void)
         H_CASE(wait_limits, 60),
         H_CASE(writes_wake_waiters, 60),
         H_CASE(mget, 60),
+        H_CASE(mget_one_command, 60),
+        H_CASE(mget_redis_away, 60),
         H_CASE(wrong_type, 60),
         H_CASE(bad_requests, 60),
         H_CASE(invalidate_keys, 60),

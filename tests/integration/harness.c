@@ -3074,6 +3074,7 @@ static const struct cluster_skip cluster_skips[] = {
     {"versioned", "redis_down", "kills the one Redis"},
     {"mset", "redis_stalled",
      "stops the one Redis process (SIGSTOP) to time a request out"},
+    {"cache", "mget_redis_away", "kills the one Redis"},
     {"cache", "second_delete_after_outage",
      "kills and restarts the one Redis"},
     {"cache", "second_delete_after_replay",
