@@ -8,8 +8,10 @@
  * must answer every request and must close the session on its client's
  * EOF.
  *
- * Input layout: byte 0 chooses how the requests are cut into writes (as
- * in fuzz_session); bytes 1-2 (little endian) the length of the requests
+ * Input layout: byte 0's low seven bits choose how the requests are cut
+ * into writes (as in fuzz_session), its high bit runs the input under
+ * cache.layout 2 (entries read with GET, a cache.mget's with one MGET);
+ * bytes 1-2 (little endian) the length of the requests
  * (newline-delimited JSON), which follow; the rest is the stream of
  * replies. A reply is the longest prefix of the stream that parses as one
  * RESP value; a stream that does not parse is written as it is and the
@@ -540,7 +542,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 3) {
         return 0;
     }
-    unsigned piece = data[0];
+    unsigned piece = data[0] & 0x7f;
+    cfg.cache.layout = data[0] & 0x80 ? 2 : 1;
     size_t reqlen = (size_t)data[1] | (size_t)data[2] << 8;
     data += 3;
     size -= 3;

@@ -72,6 +72,24 @@ SEEDS = {
     "get-wrongtype": seed([GET], arr(bulk("wrong_type"))),
     "get-binary": seed([GET], arr(bulk("hit"), bulk(b"\x00\xff\xfe\"\\"))),
     "get-int": seed([GET], i(5)),
+    # Under cache.layout 2 (piece's high bit): the probe's answer is a
+    # string, an entry (byte 0xF5, "L", kind, version, ":", load time,
+    # ":", value) or one that only begins like it; a cache.mget's probes
+    # are one MGET.
+    "get-text-hit": seed([GET], bulk(b'\xf5Lv17::{"a":1}'), piece=0x80),
+    "get-text-null": seed([GET], bulk(b"\xf5Ln17::"), piece=0x80),
+    "get-text-load-time": seed([GET], bulk(b"\xf5Lv17:250:x"),
+                               arr(bulk("hit"), bulk("x"), i(17)),
+                               piece=0x80),
+    "get-text-bad": seed([GET], bulk(b"\xf5Lv99999999999999999:x:"),
+                         arr(bulk("wrong_type")), piece=0x80),
+    "get-text-cut": seed([GET], bulk(b"\xf5Lv"), arr(bulk("miss")),
+                         piece=0x80),
+    "mget-text": seed([MGET], arr(bulk(b"\xf5Lv1::a"), bulk(None),
+                                  bulk(b"\xf5Ln2::")), i(1), piece=0x80),
+    "mget-text-short": seed([MGET], arr(bulk(b"\xf5Lv1::a")), piece=0x87),
+    # Under layout 1 a string answers the HMGET: the same reading.
+    "get-text-layout1": seed([GET], bulk(b"\xf5Lv17::x")),
     "mget": seed([MGET], arr(arr(bulk("hit"), bulk("1")),
                              arr(bulk("miss")), arr(bulk("granted")))),
     "mget-short": seed([MGET], arr(arr(bulk("hit"), bulk("1")))),
