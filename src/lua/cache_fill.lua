@@ -34,15 +34,16 @@ if len == 1 and f[3] == ARGV[1] and redis.call('PTTL', KEYS[1]) >= 0 then
     if ARGV[7] == '2' then
         local ver, d = string.format('%d', ver), ''
 --@include cache_put_text.lua
-    elseif ARGV[2] == 'v' then
-        redis.call('HSET', KEYS[1], 'v', ARGV[3], 'r',
-                   string.format('%d', ver))
     else
-        redis.call('HSET', KEYS[1], 'n', '1', 'r', string.format('%d', ver))
-    end
-    if ARGV[7] ~= '2' then
+        if kind == 'v' then
+            redis.call('HSET', KEYS[1], 'v', value, 'r',
+                       string.format('%d', ver))
+        else
+            redis.call('HSET', KEYS[1], 'n', '1', 'r',
+                       string.format('%d', ver))
+        end
         redis.call('HDEL', KEYS[1], 'l')
-        redis.call('PEXPIRE', KEYS[1], ARGV[4])
+        redis.call('PEXPIRE', KEYS[1], ttl)
     end
     redis.call('PUBLISH', ARGV[5], 'fill')
     return ver
