@@ -4,7 +4,7 @@
 #
 #   compare.sh (--before DIR | --before-rev REV) --after DIR [--out FILE]
 #              [--rounds N] [--duration S] [--redis-server PATH]
-#              [--label TEXT]
+#              [--label TEXT] [--after-config YAML] [--cells CELLS]
 #
 # DIR is a build tree holding src/leased (the benchmark client comes from
 # the --after tree); --before-rev REV builds the daemon of a git revision
@@ -15,7 +15,10 @@
 # Redis right beside it (leased-bench -t both). What is compared is the
 # ratio leased / direct of each build, so that the drift of a noisy
 # machine between rounds cancels out. Medians with min-max go to FILE
-# (markdown), or to stdout.
+# (markdown), or to stdout. --after-config adds YAML (whole sections) to
+# the "after" daemon's configuration: one build against itself under
+# another setting (--before and --after the same tree). --cells lists
+# the cells, MODE:CONNS:SIZE separated by spaces.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +30,8 @@ dur=3
 outfile=
 label=
 redis_server=redis-server
+after_config=
+cells="lock:50:100 lock:1:100 get:50:100 get:50:10000"
 while [ $# -gt 0 ]; do
     case $1 in
     --before) before=$2; shift 2 ;;
@@ -37,8 +42,11 @@ while [ $# -gt 0 ]; do
     --out) outfile=$2; shift 2 ;;
     --label) label=$2; shift 2 ;;
     --redis-server) redis_server=$2; shift 2 ;;
+    --after-config) after_config=$2; shift 2 ;;
+    --cells) cells=$2; shift 2 ;;
     *) echo "usage: $0 --before DIR --after DIR [--out FILE]" \
-            "[--rounds N] [--duration S] [--label TEXT]" >&2
+            "[--rounds N] [--duration S] [--label TEXT]" \
+            "[--after-config YAML] [--cells CELLS]" >&2
        exit 2 ;;
     esac
 done
@@ -73,7 +81,9 @@ pid_b=$leased_pid
 mv "$tmp/leased.yml" "$tmp/before.yml"
 leased=$after/src/leased
 sock=$sock_a
+leased_extra=$after_config
 start_leased 2
+leased_extra=
 pid_a=$leased_pid
 leased_pid=
 trap 'stop_pid "$pid_b"; stop_pid "$pid_a"; bench_cleanup; [ -z "$before_rev" ] || rm -rf "$before"' EXIT
@@ -88,7 +98,6 @@ one() {
         grep '"target":"both"' | sed "s|^|$1 $2 |" >>"$raw"
 }
 
-cells="lock:50:100 lock:1:100 get:50:100 get:50:10000"
 r=1
 while [ "$r" -le "$rounds" ]; do
     for c in $cells; do

@@ -59,7 +59,8 @@ class Resp:
             if n < 0:
                 return None
             data = self.f.read(n + 2)[:-2]
-            return data.decode()
+            # An entry of cache.layout 2 begins with the byte 0xF5.
+            return data.decode('utf-8', 'surrogateescape')
         n = int(rest)
         return None if n < 0 else [self.read() for _ in range(n)]
 
@@ -155,6 +156,89 @@ def sem_cases(a, ld, tag=''):
         return one
     return {'leased sem' + tag: pair(key, 10),
             'leased sem %d held%s' % (SEM_HELD, tag): pair(held, 100)}
+
+
+def cache_cases(ld, r, tag):
+    """leased's cache ops on 100 B values, on keys of their own for each
+    TAG (the run of a daemon configured otherwise): a hit, ten hits in one
+    cache.mget, a cached null, a miss with its fill and with its release,
+    a cache.mset of MSET_ENTRIES and as many cache.set pipelined. Beside
+    them, what a hit's command costs alone, sent by R (the client of the
+    plain GET) on the entry cache.set wrote: HGET of the value's field and
+    HGETALL of a hash, GET of a string (cache.layout 2)."""
+    sfx = re.sub(r'\W+', '.', tag)
+    cases = {}
+    keys = ['cost.h%d%s' % (k, sfx) for k in range(MGET_KEYS)]
+    for k in keys:
+        ld.call(op='cache.set', key=k, value=VALUE, ttl_ms=TTL_MS)
+    entry = 'leased:cache:{%s}' % keys[0]
+    if r.call('TYPE', entry) == 'hash':
+        if r.call('HGET', entry, 'v') != VALUE:
+            raise RuntimeError('no value where cost.py looks: %s' % entry)
+        cases['HGET v of the entry' + tag] = lambda i: r.call(
+            'HGET', entry, 'v')
+        cases['HGETALL of the entry' + tag] = lambda i: r.call(
+            'HGETALL', entry)
+    else:
+        if not r.call('GET', entry).endswith(VALUE):
+            raise RuntimeError('no value where cost.py looks: %s' % entry)
+        cases['GET of the entry' + tag] = lambda i: r.call('GET', entry)
+
+    def hit(i):
+        if ld.call(op='cache.get', key=keys[0])['value'] != VALUE:
+            raise RuntimeError('cache.get did not hit')
+    cases['leased cache.get hit 100 B' + tag] = hit
+    cases['leased cache.mget %d hits%s' % (MGET_KEYS, tag)] = \
+        lambda i: ld.call(op='cache.mget', keys=keys)
+    null_key = 'cost.null' + sfx
+    null_set = []
+
+    def null_get(i):
+        # Set by its own first warm-up call: a null lives
+        # cache.null_ttl_ms (60 s), less than the cases before it may take
+        # under callgrind.
+        if not null_set:
+            ld.call(op='cache.set', key=null_key, value=None)
+            null_set.append(True)
+        g = ld.call(op='cache.get', key=null_key)
+        if not g['hit'] or g['value'] is not None:
+            raise RuntimeError('cache.get did not read the cached null')
+    cases['leased cache.get cached null' + tag] = null_get
+
+    # A key read once each: its miss, then the release of its lease.
+    gone = itertools.count()
+
+    def miss_release(i):
+        k = 'cost.r%d%s' % (next(gone), sfx)
+        g = ld.call(op='cache.get', key=k)
+        if g['hit'] or not ld.call(op='cache.release', key=k,
+                                   lease=g['lease'])['released']:
+            raise RuntimeError('no miss and release of ' + k)
+    cases['leased cache.get miss + cache.release' + tag] = miss_release
+
+    # Cache-aside's miss: a key never read before each time (the warm-up
+    # and the window take their own), its fill lease and the fill.
+    fresh = itertools.count()
+
+    def miss_fill(i):
+        k = 'cost.f%d%s' % (next(fresh), sfx)
+        g = ld.call(op='cache.get', key=k)
+        if g['hit'] or not ld.call(op='cache.fill', key=k, lease=g['lease'],
+                                   value=VALUE, ttl_ms=TTL_MS)['stored']:
+            raise RuntimeError('no miss and fill of ' + k)
+    cases['leased cache.get miss + cache.fill' + tag] = miss_fill
+
+    # Bulk writes: one cache.mset, as many cache.set pipelined.
+    ments = [{'key': 'cost.m%d%s' % (k, sfx), 'value': VALUE,
+              'ttl_ms': TTL_MS} for k in range(MSET_ENTRIES)]
+
+    def mset(i):
+        if ld.call(op='cache.mset', entries=ments)['stored'] != MSET_ENTRIES:
+            raise RuntimeError('cache.mset did not store every entry')
+    cases['leased cache.mset %d%s' % (MSET_ENTRIES, tag)] = mset
+    cases['leased cache.set x%d pipelined%s' % (MSET_ENTRIES, tag)] = \
+        lambda i: ld.pipeline([dict(op='cache.set', **e) for e in ments])
+    return cases
 
 
 def pairs(a):
@@ -262,19 +346,9 @@ def pairs(a):
             raise RuntimeError('RRateLimiter refused')
     cases['redisson RRateLimiter'] = rrate
 
-    # Bulk writes of MSET_ENTRIES values of 100 B: one cache.mset, as many
-    # cache.set pipelined, and as many SET PX pipelined straight to Redis.
-    ments = [{'key': 'cost.m%d' % k, 'value': VALUE, 'ttl_ms': TTL_MS}
-             for k in range(MSET_ENTRIES)]
-
-    def mset(i):
-        if ld.call(op='cache.mset', entries=ments)['stored'] != MSET_ENTRIES:
-            raise RuntimeError('cache.mset did not store every entry')
-    cases['leased cache.mset %d' % MSET_ENTRIES] = mset
-    cases['leased cache.set x%d pipelined' % MSET_ENTRIES] = lambda i: (
-        ld.pipeline([dict(op='cache.set', **e) for e in ments]))
     cases['SET PX x%d pipelined' % MSET_ENTRIES] = lambda i: r.pipeline(
-        [('SET', 'plain:' + e['key'], VALUE, 'PX', TTL_MS) for e in ments])
+        [('SET', 'plain:cost.m%d' % k, VALUE, 'PX', TTL_MS)
+         for k in range(MSET_ENTRIES)])
 
     # The Bloom filter: 10000 keys in a filter for 1000000 at 1%, and
     # keys never stored that it rules out (asked once here, so that each
@@ -299,26 +373,6 @@ def pairs(a):
             raise RuntimeError('the filter did not rule the key out')
     cases['leased cache.get bloom ruled out'] = bloom_get
 
-    def miss_release(i):
-        k = absent[i % len(absent)]
-        g = ld.call(op='cache.get', key=k)
-        if g['hit'] or not ld.call(op='cache.release', key=k,
-                                   lease=g['lease'])['released']:
-            raise RuntimeError('no miss and release of ' + k)
-    cases['leased cache.get miss + cache.release'] = miss_release
-
-    # Cache-aside's miss: a key never read before each time (the warm-up
-    # and the window take their own), its fill lease and the fill, against
-    # what an app does by hand: GET, nothing there, SET PX of the value.
-    fresh = itertools.count()
-
-    def miss_fill(i):
-        k = 'cost.f%d' % next(fresh)
-        g = ld.call(op='cache.get', key=k)
-        if g['hit'] or not ld.call(op='cache.fill', key=k, lease=g['lease'],
-                                   value=VALUE, ttl_ms=TTL_MS)['stored']:
-            raise RuntimeError('no miss and fill of ' + k)
-    cases['leased cache.get miss + cache.fill'] = miss_fill
     plain = itertools.count()
 
     def get_set(i):
@@ -327,19 +381,6 @@ def pairs(a):
             raise RuntimeError('GET of %s found a value' % k)
         r.call('SET', k, VALUE, 'PX', TTL_MS)
     cases['GET miss + SET PX'] = get_set
-    null_set = []
-
-    def null_get(i):
-        # Set by its own first warm-up call: a null lives
-        # cache.null_ttl_ms (60 s), less than the cases before it may take
-        # under callgrind.
-        if not null_set:
-            ld.call(op='cache.set', key='cost.null', value=None)
-            null_set.append(True)
-        g = ld.call(op='cache.get', key='cost.null')
-        if not g['hit'] or g['value'] is not None:
-            raise RuntimeError('cache.get did not read the cached null')
-    cases['leased cache.get cached null'] = null_get
     cases['GET absent'] = lambda i: r.call(
         'GET', 'plain:' + absent[i % len(absent)])
     for n in (1, 100):
@@ -352,24 +393,9 @@ def pairs(a):
 
     keys = ['cost.h%d' % k for k in range(MGET_KEYS)]
     for k in keys:
-        ld.call(op='cache.set', key=k, value=VALUE, ttl_ms=3600000)
         r.call('SET', 'plain:' + k, VALUE)
-
-    def hit(i):
-        if ld.call(op='cache.get', key=keys[0])['value'] != VALUE:
-            raise RuntimeError('cache.get did not hit')
-    cases['leased cache.get hit 100 B'] = hit
     cases['GET 100 B'] = lambda i: r.call('GET', 'plain:' + keys[0])
-    # What a hit costs at least while the entry is a hash, read by a plain
-    # command from the same client as GET: the value's field, and every
-    # field, of the entry cache.set wrote.
-    entry = 'leased:cache:{%s}' % keys[0]
-    if r.call('HGET', entry, 'v') != VALUE:
-        raise RuntimeError('the entry is not where cost.py looks: %s' % entry)
-    cases['HGET v of the entry'] = lambda i: r.call('HGET', entry, 'v')
-    cases['HGETALL of the entry'] = lambda i: r.call('HGETALL', entry)
-    cases['leased cache.mget %d hits' % MGET_KEYS] = lambda i: ld.call(
-        op='cache.mget', keys=keys)
+    cases.update(cache_cases(ld, r, ''))
     cases['MGET %d' % MGET_KEYS] = lambda i: r.call(
         'MGET', *['plain:' + k for k in keys])
     return cases
@@ -447,12 +473,15 @@ def main():
     p.add_argument('--cases', default='',
                    help='only the cases whose name matches this regex')
     p.add_argument('--tag', default='',
-                   help="the semaphore's cases alone, their names ending "
-                   'with this (a daemon configured otherwise)')
+                   help="the semaphore's and the cache's cases alone, "
+                   'their names ending with this (a daemon configured '
+                   'otherwise)')
     a = p.parse_args()
     cg = Callgrind(a.pid, a.cg_out)
     if a.tag:
-        cases = sem_cases(a, Leased(a.sock), a.tag)
+        ld = Leased(a.sock)
+        cases = sem_cases(a, ld, a.tag)
+        cases.update(cache_cases(ld, Resp(a.port), a.tag))
         window_all(cg, a, cases)
         return
     window_all(cg, a, pairs(a))

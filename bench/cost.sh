@@ -9,7 +9,8 @@
 # cached null.
 # One redis-server under callgrind, leased native (lock.watchdog_ms 6000:
 # a pass of renewals every two seconds); the cases in bench/cost.py, then
-# the semaphore's again through a daemon under lock.sem_layout 2.
+# the semaphore's and the cache's again through a daemon under
+# lock.sem_layout 2 and cache.layout 2.
 # Writes key=value lines to --raw FILE (default stdout). Runs alone too:
 #   sh bench/cost.sh --builddir BUILD --srcdir SRC --redis-server PATH [--quick]
 #   sh bench/cost.sh --table RAW   prints the markdown table of RAW.
@@ -59,24 +60,32 @@ if [ "${1:-}" = --table ]; then
             "redisson RPermitExpirableSemaphore 20 held",
             "Redisson RPermitExpirableSemaphore scripts")
         row("semaphore acquire + release, lock.sem_layout 2, against " \
-            "RPermitExpirableSemaphore", "leased sem (sem_layout 2)",
+            "RPermitExpirableSemaphore", "leased sem (layout 2)",
             "redisson RPermitExpirableSemaphore",
             "Redisson RPermitExpirableSemaphore scripts")
         row("semaphore acquire + release, lock.sem_layout 2, 20 grants " \
             "held by others, against RPermitExpirableSemaphore",
-            "leased sem 20 held (sem_layout 2)",
+            "leased sem 20 held (layout 2)",
             "redisson RPermitExpirableSemaphore 20 held",
             "Redisson RPermitExpirableSemaphore scripts")
         row("watchdog renewal", "leased watchdog renewal",
             "redisson renewal", "Redisson renewExpiration")
         row("cache.get hit, 100 B", "leased cache.get hit 100 B",
             "GET 100 B", "GET")
+        row("cache.get hit, 100 B, cache.layout 2 (the entry a string)",
+            "leased cache.get hit 100 B (layout 2)", "GET 100 B", "GET")
         row("the least a hit on the entry\047s hash can cost: HGET of its " \
             "value", "HGET v of the entry", "GET 100 B", "GET")
         row("the same, every field (HGETALL)", "HGETALL of the entry",
             "GET 100 B", "GET")
+        row("the least a hit on the entry\047s string can cost " \
+            "(cache.layout 2): GET of it", "GET of the entry (layout 2)",
+            "GET 100 B", "GET")
         row("cache.mget, 10 hits of 100 B", "leased cache.mget 10 hits",
             "MGET 10", "MGET of 10 keys")
+        row("cache.mget, 10 hits of 100 B, cache.layout 2",
+            "leased cache.mget 10 hits (layout 2)", "MGET 10",
+            "MGET of 10 keys")
         row("rate.acquire, granted", "leased rate.acquire granted",
             "redisson RRateLimiter", "Redisson RRateLimiter tryAcquire")
         row("cache.mset of 10 entries of 100 B",
@@ -85,6 +94,12 @@ if [ "${1:-}" = --table ]; then
         row("10 cache.set of 100 B, pipelined",
             "leased cache.set x10 pipelined", "SET PX x10 pipelined",
             "10 SET PX pipelined")
+        row("cache.mset of 10 entries of 100 B, cache.layout 2",
+            "leased cache.mset 10 (layout 2)", "SET PX x10 pipelined",
+            "10 SET PX pipelined")
+        row("10 cache.set of 100 B, pipelined, cache.layout 2",
+            "leased cache.set x10 pipelined (layout 2)",
+            "SET PX x10 pipelined", "10 SET PX pipelined")
         row("cache.get of an absent key, ruled out by \"bloom\"",
             "leased cache.get bloom ruled out", "GET absent",
             "GET of the absent key")
@@ -96,6 +111,15 @@ if [ "${1:-}" = --table ]; then
             "GET, then SET PX")
         row("cache.get of a cached null", "leased cache.get cached null",
             "GET absent", "GET of the absent key")
+        row("cache.get miss + cache.release, cache.layout 2",
+            "leased cache.get miss + cache.release (layout 2)", "GET absent",
+            "GET of the absent key")
+        row("cache.get miss + cache.fill of 100 B, cache.layout 2",
+            "leased cache.get miss + cache.fill (layout 2)",
+            "GET miss + SET PX", "GET, then SET PX")
+        row("cache.get of a cached null, cache.layout 2",
+            "leased cache.get cached null (layout 2)", "GET absent",
+            "GET of the absent key")
         row("bloom.check of 1 key", "leased bloom.check 1", "", "")
         row("bloom.check of 100 keys", "leased bloom.check 100", "", "")
     }' "$2"
@@ -133,14 +157,17 @@ start_leased 2
 python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
     --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" \
     --cases "${COST_CASES:-}" >>"$raw"
-# The semaphore again through a daemon under lock.sem_layout 2 (the first
-# is stopped: its background work stays out of the windows).
+# The semaphore and the cache again through a daemon under
+# lock.sem_layout 2 and cache.layout 2 (the first is stopped: its
+# background work stays out of the windows).
 stop_leased
 leased_lock_extra="  sem_layout: 2"
+leased_extra="cache:
+  layout: 2"
 start_leased 2
 python3 "$here/cost.py" --port "$port" --sock "$sock" --pid "$redis_pid" \
     --cg-out "$tmp/cost.out" --srcdir "$srcdir" --ops "$ops" \
-    --cases "${COST_CASES:-}" --tag " (sem_layout 2)" >>"$raw"
+    --cases "${COST_CASES:-}" --tag " (layout 2)" >>"$raw"
 if [ -n "${COST_KEEP:-}" ]; then
     mkdir -p "$COST_KEEP"
     cp "$tmp"/cost.out.* "$COST_KEEP"/
