@@ -852,8 +852,9 @@ END_TEST
 /* --- mget --------------------------------------------------------------- */
 
 /* What a cache.mget of hits costs Redis: one MGET under cache.layout 2,
- * one probe per key under layout 1. An entry of the other layout, one
- * absent and one held near the daemon's own answers are read as ever. */
+ * one probe per key under layout 1. An entry of layout 1 (MGET answers it
+ * nil, as an absent key) and an absent one are read as ever, by the
+ * script. */
 START_TEST(test_mget_one_command)
 {
     h_start(NULL);

@@ -463,10 +463,15 @@ near_read_until(struct h_conn *c, const char *key, const char *value,
 }
 
 /* The near cache follows the master: a failover flushes it, tracking
- * starts again on the new master, and writes there evict. */
-START_TEST(test_near_cache_failover)
+ * starts again on the new master, and writes there evict; under either
+ * cache.layout (2: the entry a string, read by GET). */
+static void
+near_cache_failover(int layout)
 {
-    start_all("cache:\n  near: { enabled: true }\n");
+    char yaml[96];
+    snprintf(yaml, sizeof yaml,
+             "cache:\n  layout: %d\n  near: { enabled: true }\n", layout);
+    start_all(yaml);
     struct h_conn *c = h_connect_ok(&D);
     wait_master(c, M.port);
     h_assert_stat(c, "near_tracking", 1, T_MS);
@@ -484,9 +489,26 @@ START_TEST(test_near_cache_failover)
     ck_assert(h_wait_stat_min(c, "near_flushes", flushes + 1, T_MS));
     h_assert_stat(c, "near_tracking", 1, FAILOVER_MS);
     near_read_until(c, "n", "v1", true);
-    h_r_do(&Rp, "HSET leased:cache:{n} v v2");
+    /* A write behind the daemon's back, in the entry's layout. */
+    if (layout == 2) {
+        h_r_do(&Rp, "SET leased:cache:{n} %b KEEPTTL", "\xf5Lv1::v2",
+               (size_t)8);
+    } else {
+        h_r_do(&Rp, "HSET leased:cache:{n} v v2");
+    }
     near_read_until(c, "n", "v2", false);
     h_close(c);
+}
+
+START_TEST(test_near_cache_failover)
+{
+    near_cache_failover(1);
+}
+END_TEST
+
+START_TEST(test_near_cache_failover_layout2)
+{
+    near_cache_failover(2);
 }
 END_TEST
 
@@ -612,6 +634,7 @@ main(void)
         H_CASE(sentinel_auth, 60),
         H_CASE(no_sentinel, 60),
         H_CASE(near_cache_failover, 120),
+        H_CASE(near_cache_failover_layout2, 120),
     };
     return H_MAIN(fx, cases);
 }
