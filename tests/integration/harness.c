@@ -212,26 +212,50 @@ h_wait_until(bool (*cond)(void *), void *arg, int timeout_ms)
     }
 }
 
+/* A loopback port nobody listens on now. Not one this process was given
+ * before: a port closed a moment ago may well come back from bind(0), and
+ * a test that takes two in a row (leased's TCP listener, then its Redis)
+ * must not get the same one twice. The sockets of ports refused stay
+ * bound meanwhile, so that bind(0) moves on. */
 int
 h_free_port(void)
 {
-    struct sockaddr_in sa;
-    socklen_t len = sizeof sa;
-    int fd, port = -1;
+    enum { GIVEN = 256, TRIES = 32 };
+    static int given[GIVEN];
+    static size_t ngiven;
+    int fds[TRIES], nfds = 0, port = -1;
 
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        return -1;
+    while (port < 0 && nfds < TRIES) {
+        struct sockaddr_in sa;
+        socklen_t len = sizeof sa;
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            break;
+        }
+        fds[nfds++] = fd;
+        memset(&sa, 0, sizeof sa);
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        sa.sin_port = 0;
+        if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+            getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+            break;
+        }
+        int p = ntohs(sa.sin_port);
+        bool seen = false;
+        for (size_t i = 0; i < ngiven && i < GIVEN; i++) {
+            seen = seen || given[i] == p;
+        }
+        if (!seen) {
+            port = p;
+        }
     }
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    sa.sin_port = 0;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0) {
-        port = ntohs(sa.sin_port);
+    while (nfds > 0) {
+        close(fds[--nfds]);
     }
-    close(fd);
+    if (port > 0) {
+        given[ngiven++ % GIVEN] = port;
+    }
     return port;
 }
 

@@ -846,7 +846,7 @@ START_TEST(each_key_lists_the_table)
     struct key_seen s = {0, false, true, false};
 
     ld_conf_each_key(count_key, &s);
-    ck_assert_uint_eq(s.count, 66);
+    ck_assert_uint_eq(s.count, 67);
     ck_assert(s.pending_reloadable);
     ck_assert(!s.address_reloadable);
     ck_assert(s.near_seen);
