@@ -15,6 +15,7 @@ expand() {
         # checks inside a function of its own).
         function put(path,    line, r, w) {
             while ((r = (getline line < path)) > 0) {
+                indented(line)
                 if (line ~ /^--@include /) {
                     split(line, w, " ")
                     put(lib "/" w[2])
@@ -29,10 +30,13 @@ expand() {
             close(path)
         }
         # An indented mark would be left in as a comment, its code missing.
-        /^[ \t]+--@include / {
-            print "lua2c.sh: an indented --@include: " $0 > "/dev/stderr"
-            exit 1
+        function indented(line) {
+            if (line ~ /^[ \t]+--@include /) {
+                print "lua2c.sh: an indented --@include: " line > "/dev/stderr"
+                exit 1
+            }
         }
+        { indented($0) }
         /^--@include / {
             put(lib "/" $2)
             next
