@@ -2129,6 +2129,15 @@ expect_type(const char *key, const char *type)
     ck_assert_str_eq(r_str(buf, sizeof buf, "TYPE " PREFIX "{%s}", key), type);
 }
 
+/* A cache.get of KEY through C that hits VALUE (NULL: the cached null). */
+static void
+expect_hit_get(struct h_conn *c, const char *key, const char *value)
+{
+    json_t *r = get(c, key);
+    expect_hit(r, value);
+    json_decref(r);
+}
+
 /* D under cache.layout 1 and D2 under 2 share one Redis: each reads what
  * the other wrote, fills under the other's lease, overwrites the other's
  * entries, marks them stale and reloads them, with one version order. */
@@ -2142,32 +2151,32 @@ START_TEST(test_layouts_mixed)
 
     set_value(b, "m1", "two");
     expect_type("m1", "string");
-    expect_hit(get(a, "m1"), "two");
+    expect_hit_get(a, "m1", "two");
     set_value(a, "m2", "one");
     expect_type("m2", "hash");
-    expect_hit(get(b, "m2"), "one");
+    expect_hit_get(b, "m2", "one");
     set_value(b, "mn", NULL);
     expect_type("mn", "string");
-    expect_hit(get(a, "mn"), NULL);
+    expect_hit_get(a, "mn", NULL);
 
     /* A lease of either, filled through the other: the filler's layout. */
     char *lease = get_lease(a, "m3");
     ck_assert(fill(b, "m3", lease, NULL));
     free(lease);
     expect_type("m3", "string");
-    expect_hit(get(a, "m3"), NULL);
+    expect_hit_get(a, "m3", NULL);
     lease = get_lease(b, "m4");
     ck_assert(fill(a, "m4", lease, "four"));
     free(lease);
     expect_type("m4", "hash");
-    expect_hit(get(b, "m4"), "four");
+    expect_hit_get(b, "m4", "four");
     /* A lease is spent on the other layout's entry too. */
     lease = get_lease(a, "m5");
     ck_assert(fill(b, "m5", lease, "five"));
     ck_assert(!fill(a, "m5", lease, "again"));
     ck_assert(!fill(b, "m5", lease, "again"));
     free(lease);
-    expect_hit(get(a, "m5"), "five");
+    expect_hit_get(a, "m5", "five");
 
     /* Overwrites across, each version above the one before. */
     json_t *r = h_must(get(a, "m1"));
@@ -2185,7 +2194,7 @@ START_TEST(test_layouts_mixed)
     ck_assert_int_gt(jint(h_must(r), "version"), v2);
     json_decref(r);
     expect_type("m1", "string");
-    expect_hit(get(a, "m1"), "two now");
+    expect_hit_get(a, "m1", "two now");
 
     /* A stale mark on D2's string: the old value and a lease for D, whose
      * reload D2 reads. */
@@ -2199,7 +2208,7 @@ START_TEST(test_layouts_mixed)
                   "stale read: %s", h_dump(r));
     ck_assert(fill(a, "m1", jstr(r, "lease"), "reloaded"));
     json_decref(r);
-    expect_hit(get(b, "m1"), "reloaded");
+    expect_hit_get(b, "m1", "reloaded");
 
     h_close(a);
     h_close(b);
