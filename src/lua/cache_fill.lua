@@ -63,13 +63,14 @@ if ARGV[2] ~= 'v' and f[1] and not f[4] then
     return {REFUSED, cur}
 end
 local ver = version_text(next_version(cur))
+-- Early refresh: how long this value's load took, lease grant to fill
+-- ('' for none).
+local d = ''
+if kind == 'v' and f[6] then
+    local x = redis_ms() - tonumber(f[6])
+    d = tostring(x > 0 and x or 0)
+end
 if ARGV[7] == '2' then
-    local d = ''
-    if kind == 'v' and f[6] then
-        -- Early refresh: how long this load took, lease grant to fill.
-        local x = redis_ms() - tonumber(f[6])
-        d = tostring(x > 0 and x or 0)
-    end
 --@include cache_put_text.lua
     redis.call('PUBLISH', ARGV[5], 'fill')
     return tonumber(ver)
@@ -87,9 +88,7 @@ if ARGV[2] == 'v' then
     redis.call('HSET', KEYS[1], 'v', ARGV[3], 'r', ver)
     redis.call('HDEL', KEYS[1], 'l', 'n')
     if f[6] then
-        -- Early refresh: how long this load took, lease grant to fill.
-        local d = redis_ms() - tonumber(f[6])
-        redis.call('HSET', KEYS[1], 'd', tostring(d > 0 and d or 0))
+        redis.call('HSET', KEYS[1], 'd', d)
         redis.call('HDEL', KEYS[1], 'g')
     elseif f[5] then
         redis.call('HDEL', KEYS[1], 'd')

@@ -94,12 +94,7 @@ if f[1] then
                       * math.log(tonumber(ARGV[6]))
             if ttl >= 0 and x >= ttl then
                 if t == 'string' then
-                    -- The lease needs the hash; its fill writes the
-                    -- string again.
-                    redis.call('DEL', KEYS[1])
-                    redis.call('HSET', KEYS[1], 'v', f[1], 'r', f[7], 'd',
-                               f[5])
-                    redis.call('PEXPIRE', KEYS[1], ttl)
+--@include cache_to_hash.lua
                 end
                 redis.call('HSET', KEYS[1], 'l', ARGV[1], 'g', tostring(now))
                 return {'refresh', f[1], entry_version(f)}

@@ -21,20 +21,11 @@ if not f or not f[1] then
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if t == 'string' then
-    -- A stale mark and the lease beside it need the hash (cache.layout
-    -- 2 writes the string again when the reload fills it).
-    redis.call('DEL', KEYS[1])
-    redis.call('HSET', KEYS[1], 'v', f[1], 'r', f[7], 's', '0')
-    if f[5] then
-        redis.call('HSET', KEYS[1], 'd', f[5])
-    end
-    if ttl >= 0 and ttl <= tonumber(ARGV[1]) then
-        redis.call('PEXPIRE', KEYS[1], ttl)
-    end
+--@include cache_to_hash.lua
 else
     redis.call('HDEL', KEYS[1], 'l', 'g')
-    redis.call('HSET', KEYS[1], 's', '0')
 end
+redis.call('HSET', KEYS[1], 's', '0')
 if ttl < 0 or ttl > tonumber(ARGV[1]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end
