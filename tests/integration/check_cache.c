@@ -2125,8 +2125,9 @@ END_TEST
 static void
 expect_type(const char *key, const char *type)
 {
-    char buf[32];
-    ck_assert_str_eq(r_str(buf, sizeof buf, "TYPE " PREFIX "{%s}", key), type);
+    char name[256];
+    snprintf(name, sizeof name, PREFIX "{%s}", key);
+    h_assert_type(&R, name, type);
 }
 
 /* A cache.get of KEY through C that hits VALUE (NULL: the cached null). */

@@ -2492,6 +2492,17 @@ h_entry_field(const struct h_redis *r, const char *key, char field, char *buf,
 }
 
 void
+h_assert_type(const struct h_redis *r, const char *key, const char *type)
+{
+    redisReply *rep = h_redis_cmd(r, "TYPE %s", key);
+    ck_assert_msg(rep != NULL && rep->type == REDIS_REPLY_STATUS &&
+                      strcmp(rep->str, type) == 0,
+                  "%s: type %s, want %s", key,
+                  rep != NULL && rep->str != NULL ? rep->str : "(none)", type);
+    freeReplyObject(rep);
+}
+
+void
 h_entry_write(const struct h_redis *r, const char *key, const char *value,
               size_t len)
 {

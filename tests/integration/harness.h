@@ -269,6 +269,8 @@ void h_r_do(const struct h_redis *r, const char *fmt, ...);
  * alone as a string), copied into BUF; false when the entry has none. */
 bool h_entry_field(const struct h_redis *r, const char *key, char field,
                    char *buf, size_t len);
+/* Assert that Redis key KEY is of TYPE ("hash", "string", "none"...). */
+void h_assert_type(const struct h_redis *r, const char *key, const char *type);
 /* Write VALUE (LEN bytes) into the cache entry at Redis key KEY behind
  * the daemons' backs, as a hash field v under layout 1, as the string of
  * a value of version 1 under cache.layout 2 (H_CACHE_LAYOUT), keeping
