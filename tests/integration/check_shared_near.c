@@ -422,6 +422,38 @@ START_TEST(test_values_in_segment)
 }
 END_TEST
 
+/* Under cache.layout 2 the entry's string carries a header before the
+ * value: the segment holds the value alone, with the hit's version. */
+START_TEST(test_values_in_segment_layout2)
+{
+    start_shm(&D, SHM_YAML "  layout: 2\n");
+    struct seg g;
+    seg_open(&g, &D);
+    struct h_conn *c = h_connect_ok(&D);
+    set(c, "plain", "value-1");
+    h_assert_type(&R, PREFIX "{plain}", "string");
+    warm(c, &g, "plain", "value-1");
+    json_t *hit = near_get(c, "plain");
+    char vb[64];
+    struct leased_near_value val;
+    ck_assert_int_eq(leased_near_lookup(g.map, g.len, "plain", 5, mono_ns(),
+                                        vb, sizeof vb, &val),
+                     LEASED_NEAR_HIT);
+    ck_assert_msg(json_integer_value(json_object_get(hit, "version")) ==
+                      (json_int_t)val.version,
+                  "segment version %llu, hit %s",
+                  (unsigned long long)val.version, h_dump(hit));
+    json_decref(hit);
+    const char *odd = "q\"b\\s\n\xc3\xa9";
+    set(c, "odd", odd);
+    warm(c, &g, "odd", odd);
+    set(c, "empty", "");
+    warm(c, &g, "empty", "");
+    h_close(c);
+    seg_close(&g);
+}
+END_TEST
+
 /* A value over a quarter of the segment stays near, never shared. */
 START_TEST(test_large_value_not_shared)
 {
@@ -1092,6 +1124,7 @@ main(void)
     const struct h_case cases[] = {
         H_CASE(map_answer_and_fd, 60),
         H_CASE(values_in_segment, 60),
+        H_CASE(values_in_segment_layout2, 60),
         H_CASE(large_value_not_shared, 60),
         H_CASE(own_writes_before_answer, 90),
         H_CASE(outside_writes_drop, 60),
